@@ -1,0 +1,168 @@
+"""Figures of ch25 · paged KV cache: the slot of every token, and blocks carrying a sequence."""
+
+from __future__ import annotations
+
+from figures import figure
+from figures.kit import Figure, num, text_width
+from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
+
+
+def _pair(v: list) -> str:
+    return ", ".join(num(x) for x in v) if v else ""
+
+
+@figure("dim-slot-mapping", title="逐 token 的逻辑块 / 偏移 / 物理块 / slot",
+        zh="每个 token 由位置算出逻辑块(pos // 2)与块内偏移(pos % 2),查块表得到物理块,"
+           "slot = 物理块 × 2 + 偏移;它的 K 写进物理池里这个 slot 的格子。",
+        en="Per token: logical block, offset, physical block, slot. The position gives the logical block "
+           "(pos // 2) and the offset (pos % 2); the block table gives the physical block; "
+           "slot = physical · 2 + offset, and the token's K is written into that cell of the pool.",
+        needs={"slots": "25.1"})
+def slot_mapping_figure(f: Figure, r: dict) -> None:
+    table, bs, positions = r["table"], r["block_size"], r["positions"]
+    slots, expected, keys = r["slots"], r["expected"], r["keys"]
+    num_blocks = r["num_blocks"]
+    _instance(f, len(positions), bs, table)
+
+    # The table: one column per token, derivation top to bottom.
+    f.heading("每个 token 的推导 · how each token's slot is derived")
+    col_w, label_w, x0 = 78, 300, MARGIN
+    left = x0 + label_w
+    rows = [("token / position", [f"t{i} · {p}" for i, p in enumerate(positions)], "token"),
+            (f"logical block = pos // {bs}", [p // bs for p in positions], "token"),
+            (f"offset = pos % {bs}", [p % bs for p in positions], "token"),
+            ("physical = block_table[logical]", [table[p // bs] for p in positions], "block"),
+            (f"slot = physical · {bs} + offset", slots, "block"),
+            ("K of the token (2 wide)", [_pair(k) for k in keys], "k")]
+    top = f.y + 4
+    for i, (label, values, role) in enumerate(rows):
+        y = top + i * (CELL + 6)
+        f.text(left - 12, y + CELL / 2 + 4, label, anchor="end", size=LABEL, cls="label",
+               color=INK if i == 4 else MUTED, weight="bold" if i == 4 else "normal")
+        for j, v in enumerate(values):
+            bad = i == 4 and v != expected[j]
+            f.cell(left + j * col_w, y, v, role=role, w=col_w - 8, h=CELL, wrong=bad,
+                   expected=expected[j] if bad else None, bold=i == 4, fmt=str if i in (0, 5) else num)
+    keys_bottom = top + (len(rows) - 1) * (CELL + 6) + CELL
+    f.y = keys_bottom
+
+    # The pool: blocks side by side, two slots each, K values where a token's slot points.
+    pool = r.get("pool")
+    pool_expected = r.get("pool_expected")
+    by_slot = {s: j for j, s in enumerate(slots)}
+    cell_w, block_gap = 64, 18
+    block_w = bs * cell_w + block_gap
+    px = MARGIN + (f.width - 2 * MARGIN - num_blocks * block_w + block_gap) / 2
+    py = f.y + 90
+    centers = {}
+    for b in range(num_blocks):
+        bx = px + b * block_w
+        used = b in table
+        f.text(bx + bs * cell_w / 2, py - 8, f"block {b}" + ("" if used else " (not in table)"),
+               anchor="middle", size=SMALL + 1, color=INK if used else MUTED, cls="label")
+        for o in range(bs):
+            s = b * bs + o
+            x = bx + o * cell_w
+            centers[s] = x + (cell_w - 4) / 2
+            if pool is not None:
+                value, want = _pair(pool[s]) if any(pool[s]) else "", _pair(pool_expected[s]) if any(pool_expected[s]) else ""
+                role = "k" if value else ("plain" if used else "masked")
+                f.cell(x, py, value, role=role, w=cell_w - 4, h=CELL, fmt=str, wrong=value != want,
+                       expected=want or "·", size=VALUE - 1)
+            else:
+                j = by_slot.get(s)
+                f.cell(x, py, _pair(keys[j]) if j is not None else "", role="k" if j is not None else
+                       ("plain" if used else "masked"), w=cell_w - 4, h=CELL, fmt=str, size=VALUE - 1)
+            f.text(x + (cell_w - 4) / 2, py + CELL + 14, f"slot {s}", anchor="middle", size=SMALL, color=MUTED,
+                   mono=True, cls="label")
+
+    # Arrows from each token's slot (as the student computed it) to its cell.
+    for j, s in enumerate(slots):
+        sx = left + j * col_w + (col_w - 8) / 2
+        if s in centers:
+            color = stroke("block") if s == expected[j] else stroke("wrong")
+            f.curve(sx, keys_bottom + 2, centers[s], py - 22, color=color, width=1.1)
+    f.y = py + CELL + 40
+    f.heading(f"物理池 · the physical pool: {num_blocks} blocks × {bs} slots; each token's K lands in its slot")
+    source = "the K values in the pool are what your store_kv wrote" if pool is not None else \
+        "the K values are placed where your slots point (store_kv not checked yet)"
+    f.y += 4
+    f.note(f"Arrows follow your slots; {source}.", size=SMALL + 1)
+    wrong = slots != expected or (pool is not None and pool != pool_expected)
+    f.legend([("token", "token, position, logical block"), ("block", "physical block and slot"),
+              ("k", "K written into the cache"), ("masked", "block not in this sequence's table")], wrong=wrong)
+
+
+def _instance(f: Figure, num_tokens: int, block_size: int, table: list[int]) -> None:
+    """The instance as three small labelled boxes: T, block_size and the block table."""
+    y = f.y
+    f.box(MARGIN, y, 90, 30, role="token", label=f"T = {num_tokens}")
+    f.box(MARGIN + 104, y, 130, 30, role="plain", label=f"block_size = {block_size}")
+    x = MARGIN + 260
+    f.text(x, y + 20, "block_table", size=LABEL, cls="label")
+    x += text_width("block_table", LABEL) + 12
+    for i, b in enumerate(table):
+        f.text(x + i * 40 + 18, y - 3, f"[{i}]", anchor="middle", size=SMALL, color=MUTED, mono=True, cls="label")
+        f.cell(x + i * 40, y, b, role="block", w=36, h=30)
+    f.text(x + len(table) * 40 + 8, y + 20, "logical block i → physical block", size=SMALL + 1, color=MUTED,
+           cls="note")
+    f.y = y + 30 + 34
+
+
+@figure("ch25-blocks", title="离散物理块承载连续逻辑序列",
+        zh="一条 11 个 token 的序列在逻辑上是连续的;块表 [5, 1, 3] 把它的三个逻辑块放进池中不相邻、也不按顺序的物理块,"
+           "最后一个块只用了 3 个 slot。",
+        en="Discrete physical blocks carry one continuous logical sequence: the table [5, 1, 3] scatters the 11 "
+           "tokens' three logical blocks over the pool, out of order; the last block has one slot still free.",
+        needs={"slots": "25.1"})
+def blocks_figure(f: Figure, r: dict) -> None:
+    table, bs, slots, expected = r["table"], r["block_size"], r["slots"], r["expected"]
+    num_blocks, n = r["num_blocks"], len(r["slots"])
+    cw, block_gap = 40, 18
+    # The logical sequence, one strip, grouped by logical block.
+    f.heading("逻辑序列 · the logical sequence, grouped into logical blocks")
+    strip = len(table) * (bs * cw + block_gap) - block_gap
+    lx, ly = MARGIN + (f.width - 2 * MARGIN - strip) / 2, f.y + 30
+    centers = []
+    for p in range(len(table) * bs):
+        lb, off = divmod(p, bs)
+        x = lx + p * cw + lb * block_gap
+        f.cell(x, ly, p if p < n else "", role="token" if p < n else "masked", w=cw - 3, h=cw - 6, dashed=p >= n)
+        centers.append(x + (cw - 3) / 2)
+        if off == 0:
+            f.bracket(x, x + bs * cw - 3, ly - 6, f"logical {lb} → block_table[{lb}] = {table[lb]}",
+                      below=False, size=SMALL)
+    # The pool, physical blocks in id order, each with its slots.
+    py = ly + cw + 100
+    pw = (f.width - 2 * MARGIN) / num_blocks
+    cell = min(cw, (pw - 12) / bs)
+    slot_x = {}
+    owner = {s: p for p, s in enumerate(slots)}
+    for b in range(num_blocks):
+        bx = MARGIN + b * pw
+        used = b in table
+        label = f"block {b}" + (f" ← logical {table.index(b)}" if used else "")
+        f.text(bx + bs * cell / 2, py + cell + 16, label, anchor="middle", size=SMALL + 0.5,
+               color=INK if used else MUTED, cls="label")
+        for o in range(bs):
+            s = b * bs + o
+            p = owner.get(s)
+            f.cell(bx + o * cell, py, p if p is not None else "", role="token" if p is not None else
+                   ("block" if used else "masked"), w=cell - 2, h=cell, size=SMALL + 1)
+            f.text(bx + o * cell + (cell - 2) / 2, py - 4, str(s), anchor="middle", size=SMALL - 1, color=MUTED,
+                   mono=True, cls="label")
+            slot_x[s] = bx + o * cell + (cell - 2) / 2
+    for p, s in enumerate(slots):
+        if s in slot_x:
+            f.curve(centers[p], ly + cw - 4, slot_x[s], py - 14,
+                    color=stroke("block") if s == expected[p] else stroke("wrong"), width=0.9, head=5)
+    f.y = py + cell + 42
+    f.heading("物理池 · the pool (small numbers: slot ids; cells show the position your slots put there)")
+    f.y += 14
+    # The slots as a row, marked where wrong.
+    f.heading("slot_mapping · your slots for positions 0–10")
+    w, h = f.grid(MARGIN, f.y, [slots], expected=[expected], role="block", w=40, h=30,
+                  col_labels=[f"p{p}" for p in range(n)])
+    f.y += h + 26
+    f.legend([("token", "a token (its position)"), ("block", "a slot of this sequence's blocks"),
+              ("masked", "blocks and slots not in use")], wrong=slots != expected)

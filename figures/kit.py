@@ -1,0 +1,276 @@
+"""A small drawing kit on top of svgwrite: a figure with a header, cells that
+carry values, grids, boxes, arrows, brackets and a legend.
+
+Every text element gets a class ("title", "caption-zh", "caption-en", "label",
+"value", "expected", "legend", "note") so tests can read a figure as a document.
+A wrong cell shows the student's value struck through and the expected value
+under it, on a hatched vermillion background with a ✗.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import svgwrite
+
+from figures.style import (CAPTION, CELL, FONT, INK, LABEL, MARGIN, MONO, MUTED, PAPER, RULE, SMALL,
+                           TITLE, VALUE, WIDTH, fill, stroke)
+
+
+def text_width(s: str, size: float, mono: bool = False) -> float:
+    """An estimate of rendered width: wide for CJK, narrower for Latin."""
+    w = 0.0
+    for ch in s:
+        if ord(ch) >= 0x2E80:
+            w += size
+        elif mono:
+            w += size * 0.61
+        else:
+            w += size * (0.33 if ch in "il.,:;|!'" else 0.58)
+    return w
+
+
+def wrap(s: str, width: float, size: float) -> list[str]:
+    """Break `s` into lines no wider than `width` (at spaces for Latin, anywhere for CJK)."""
+    lines, line = [], ""
+    for token in _tokens(s):
+        if line and text_width(line + token, size) > width:
+            lines.append(line.rstrip())
+            line = token.lstrip()
+        else:
+            line += token
+    return lines + ([line.rstrip()] if line.strip() else [])
+
+
+def _tokens(s: str) -> list[str]:
+    out, word = [], ""
+    for ch in s:
+        if ord(ch) >= 0x2E80:
+            if word:
+                out.append(word)
+                word = ""
+            out.append(ch)
+        elif ch == " ":
+            out.append(word + " ")
+            word = ""
+        else:
+            word += ch
+    return out + ([word] if word else [])
+
+
+def num(x: Any, digits: int = 3) -> str:
+    """A value as it is printed in a cell."""
+    if isinstance(x, bool):
+        return "T" if x else "F"
+    if isinstance(x, float):
+        if math.isinf(x):
+            return "−∞" if x < 0 else "∞"
+        if math.isnan(x):
+            return "nan"
+        if x == int(x) and abs(x) < 1e6:
+            return str(int(x))
+        return f"{x:.{digits}g}".replace("-", "−")
+    return str(x).replace("-", "−") if isinstance(x, int) else str(x)
+
+
+class Figure:
+    """An SVG figure being drawn top to bottom; `y` is the next free row."""
+
+    def __init__(self, figure_id: str, *, title: str, zh: str, en: str, width: int = WIDTH) -> None:
+        self.id, self.width = figure_id, width
+        self.dwg = svgwrite.Drawing(size=(width, 100), profile="full", debug=False, id=figure_id)
+        self.dwg.set_desc(title=title, desc=en)
+        self._hatch()
+        self.dwg.add(self.dwg.rect((0, 0), ("100%", "100%"), fill=PAPER))
+        self.y = MARGIN + TITLE
+        self.text(MARGIN, self.y, title, size=TITLE, weight="bold", cls="title")
+        self.text(width - MARGIN, MARGIN, figure_id, size=SMALL, anchor="end", mono=True, color=MUTED, cls="figure-id")
+        self.y += 10
+        for cls, caption, size in (("caption-zh", zh, CAPTION + 1), ("caption-en", en, CAPTION)):
+            for line in wrap(caption, width - 2 * MARGIN, size):
+                self.y += size + 6
+                self.text(MARGIN, self.y, line, size=size, color=INK if cls == "caption-zh" else MUTED, cls=cls)
+        self.y += 14
+        self.dwg.add(self.dwg.line((MARGIN, self.y), (width - MARGIN, self.y), stroke=RULE, stroke_width=0.8))
+        self.y += 22
+
+    def _hatch(self) -> None:
+        pattern = self.dwg.pattern(id="hatch-wrong", size=(6, 6), patternUnits="userSpaceOnUse",
+                                   patternTransform="rotate(45)")
+        pattern.add(self.dwg.rect((0, 0), (6, 6), fill=fill("wrong")))
+        pattern.add(self.dwg.line((0, 0), (0, 6), stroke=stroke("wrong"), stroke_width=1.2, stroke_opacity=0.35))
+        self.dwg.defs.add(pattern)
+
+    # -- text -------------------------------------------------------------------------------
+    def text(self, x: float, y: float, s: str, *, size: float = LABEL, anchor: str = "start", mono: bool = False,
+             color: str = INK, weight: str = "normal", cls: str = "label", strike: bool = False) -> None:
+        el = self.dwg.text(s, insert=(x, y), font_size=size, font_family=MONO if mono else FONT, fill=color,
+                           text_anchor=anchor, font_weight=weight, class_=cls)
+        if strike:
+            el["text-decoration"] = "line-through"
+        self.dwg.add(el)
+
+    def paragraph(self, x: float, y: float, s: str, *, width: float, size: float = LABEL,
+                  color: str = MUTED, cls: str = "note") -> float:
+        """Wrapped text starting at baseline y; returns the baseline after the last line."""
+        for i, line in enumerate(wrap(s, width, size)):
+            self.text(x, y + i * (size + 5), line, size=size, color=color, cls=cls)
+        return y + max(len(wrap(s, width, size)) - 1, 0) * (size + 5)
+
+    def heading(self, s: str, *, x: float = MARGIN) -> None:
+        """A section label at the cursor; moves the cursor down."""
+        self.text(x, self.y, s, size=LABEL + 1, weight="bold", cls="heading")
+        self.y += 14
+
+    # -- cells ------------------------------------------------------------------------------
+    def cell(self, x: float, y: float, value: Any, *, role: str = "plain", w: float = CELL, h: float = CELL,
+             expected: Any = None, wrong: bool = False, bold: bool = False, size: float = VALUE,
+             fmt: Callable[[Any], str] = num, dashed: bool = False) -> None:
+        """One cell with its value; `wrong=True` shows `expected` under the struck-through value."""
+        if wrong:
+            self.dwg.add(self.dwg.rect((x, y), (w, h), fill="url(#hatch-wrong)", stroke=stroke("wrong"),
+                                       stroke_width=2, class_="cell wrong"))
+            self.text(x + w / 2, y + h * 0.44, fmt(value), size=size - 1, anchor="middle", mono=True,
+                      color=stroke("wrong"), cls="value wrong", strike=True)
+            self.text(x + w / 2, y + h * 0.86, fmt(expected), size=size - 1, anchor="middle", mono=True,
+                      weight="bold", cls="expected")
+            self.text(x + w - 2, y + 9, "✗", size=9, anchor="end", color=stroke("wrong"), cls="mark")
+            return
+        rect = self.dwg.rect((x, y), (w, h), fill=fill(role), stroke=stroke(role), stroke_width=1, class_="cell")
+        if dashed:
+            rect["stroke-dasharray"] = "3,2"
+        self.dwg.add(rect)
+        if value is not None and value != "":
+            self.text(x + w / 2, y + h / 2 + size * 0.36, fmt(value), size=size, anchor="middle", mono=True,
+                      weight="bold" if bold else "normal", cls="value")
+
+    def grid(self, x: float, y: float, values: Sequence[Sequence[Any]], *,
+             role: str | Callable[[int, int], str] = "plain", expected: Sequence[Sequence[Any]] | None = None,
+             row_labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None,
+             w: float = CELL, h: float = CELL, gap: float = 0, fmt: Callable[[Any], str] = num,
+             same: Callable[[Any, Any], bool] | None = None) -> tuple[float, float]:
+        """A matrix of cells; cells differing from `expected` are marked. Returns (width, height)."""
+        same = same or (lambda a, b: a == b)
+        top = y + (16 if col_labels else 0)
+        left = x + (max(text_width(s, SMALL + 1) for s in row_labels) + 8 if row_labels else 0)
+        for j, label in enumerate(col_labels or []):
+            self.text(left + j * (w + gap) + w / 2, top - 5, label, size=SMALL + 1, anchor="middle",
+                      color=MUTED, cls="label")
+        for i, row in enumerate(values):
+            if row_labels:
+                self.text(left - 8, top + i * (h + gap) + h / 2 + 4, row_labels[i], size=SMALL + 1,
+                          anchor="end", color=MUTED, cls="label")
+            for j, v in enumerate(row):
+                r = role(i, j) if callable(role) else role
+                bad = expected is not None and not same(v, expected[i][j])
+                self.cell(left + j * (w + gap), top + i * (h + gap), v, role=r, w=w, h=h, fmt=fmt, wrong=bad,
+                          expected=expected[i][j] if bad else None)
+        cols = max((len(r) for r in values), default=0)
+        return left - x + cols * (w + gap) - gap, top - y + len(values) * (h + gap) - gap
+
+    # -- shapes -----------------------------------------------------------------------------
+    def box(self, x: float, y: float, w: float, h: float, *, role: str = "plain", label: str | None = None,
+            size: float = LABEL, dashed: bool = False, rx: float = 5, mono: bool = False) -> None:
+        rect = self.dwg.rect((x, y), (w, h), rx=rx, fill=fill(role), stroke=stroke(role), stroke_width=1.3,
+                             class_="box")
+        if dashed:
+            rect["stroke-dasharray"] = "4,3"
+        self.dwg.add(rect)
+        if label:
+            self.text(x + w / 2, y + h / 2 + size * 0.36, label, size=size, anchor="middle", mono=mono, cls="label")
+
+    def arrow(self, x1: float, y1: float, x2: float, y2: float, *, color: str = MUTED, width: float = 1.3,
+              head: float = 6, dashed: bool = False) -> None:
+        """A straight arrow from (x1, y1) to (x2, y2)."""
+        angle = math.atan2(y2 - y1, x2 - x1)
+        bx, by = x2 - head * math.cos(angle), y2 - head * math.sin(angle)
+        line = self.dwg.line((x1, y1), (bx, by), stroke=color, stroke_width=width, class_="arrow")
+        if dashed:
+            line["stroke-dasharray"] = "4,3"
+        self.dwg.add(line)
+        left = (bx + head * 0.5 * math.sin(angle), by - head * 0.5 * math.cos(angle))
+        right = (bx - head * 0.5 * math.sin(angle), by + head * 0.5 * math.cos(angle))
+        self.dwg.add(self.dwg.polygon([(x2, y2), left, right], fill=color))
+
+    def curve(self, x1: float, y1: float, x2: float, y2: float, *, color: str = MUTED, width: float = 1.2,
+              head: float = 6) -> None:
+        """A vertical S-curve arrow from (x1, y1) down (or up) to (x2, y2)."""
+        my = (y1 + y2) / 2
+        path = self.dwg.path(d=f"M{x1},{y1} C{x1},{my} {x2},{my} {x2},{y2 - math.copysign(head, y2 - y1)}",
+                             fill="none", stroke=color, stroke_width=width, class_="arrow")
+        self.dwg.add(path)
+        s = math.copysign(1, y2 - y1)
+        self.dwg.add(self.dwg.polygon([(x2, y2), (x2 - head * 0.5, y2 - s * head), (x2 + head * 0.5, y2 - s * head)],
+                                      fill=color))
+
+    def bracket(self, x1: float, x2: float, y: float, label: str, *, below: bool = True, color: str = MUTED,
+                size: float = SMALL + 1) -> None:
+        """A bracket spanning x1..x2 with a label under (or over) it."""
+        d = 5 if below else -5
+        self.dwg.add(self.dwg.polyline([(x1, y), (x1, y + d), (x2, y + d), (x2, y)], fill="none", stroke=color,
+                                       stroke_width=1, class_="bracket"))
+        self.text((x1 + x2) / 2, y + d + (size + 3 if below else -4), label, size=size, anchor="middle",
+                  color=color, cls="label")
+
+    def legend(self, items: Sequence[tuple[str, str]], *, wrong: bool = False, x: float = MARGIN) -> None:
+        """Swatches with labels in a row (wrapping); `wrong=True` adds the swatch of wrong cells."""
+        cx, y = x, self.y
+        if wrong:
+            items = [*items, ("wrong", "wrong: yours struck through, expected below")]
+        for role, label in items:
+            width = 18 + 6 + text_width(label, SMALL + 1) + 18
+            if cx + width > self.width - MARGIN:
+                cx, y = x, y + 22
+            self.dwg.add(self.dwg.rect((cx, y - 11), (18, 14), fill="url(#hatch-wrong)" if role == "wrong" else fill(role),
+                                       stroke=stroke(role), stroke_width=1.5 if role == "wrong" else 1))
+            self.text(cx + 24, y, label, size=SMALL + 1, color=MUTED, cls="legend")
+            cx += width
+        self.y = y + 12
+
+    def bars(self, x: float, y: float, values: Sequence[float], *, labels: Sequence[str], height: float = 120,
+             bar_w: float = 44, gap: float = 14, role: str | Sequence[str] = "plain",
+             expected: Sequence[float] | None = None, top: float | None = None,
+             fmt: Callable[[Any], str] = num, tol: float = 1e-6) -> tuple[float, float]:
+        """Vertical bars on a baseline with their values above and labels below.
+
+        A bar whose value differs from `expected` is hatched, and the expected
+        height is drawn as a dashed outline with its value. Returns (width, height).
+        """
+        finite = [v for v in list(values) + list(expected or []) if isinstance(v, (int, float)) and math.isfinite(v)]
+        top = top or max([abs(v) for v in finite] + [1e-12])
+        base = y + height
+        for i, v in enumerate(values):
+            bx = x + i * (bar_w + gap)
+            r = role[i] if not isinstance(role, str) else role
+            want = expected[i] if expected is not None else v
+            bad = expected is not None and not (abs(v - want) <= tol * max(1.0, abs(want)) or v == want)
+            h = height * max(v, 0) / top if math.isfinite(v) else 0
+            if bad:
+                hw = height * max(want, 0) / top if math.isfinite(want) else 0
+                outline = self.dwg.rect((bx, base - hw), (bar_w, hw), fill="none", stroke=INK, stroke_width=1,
+                                        class_="expected-bar")
+                outline["stroke-dasharray"] = "3,2"
+                self.dwg.add(outline)
+                self.text(bx + bar_w / 2, base - max(h, hw) - 18, fmt(want), size=SMALL, anchor="middle", mono=True,
+                          weight="bold", cls="expected")
+            self.dwg.add(self.dwg.rect((bx, base - h), (bar_w, h), fill="url(#hatch-wrong)" if bad else fill(r),
+                                       stroke=stroke("wrong") if bad else stroke(r), stroke_width=1.5 if bad else 1,
+                                       class_="bar wrong" if bad else "bar"))
+            self.text(bx + bar_w / 2, base - h - 5, fmt(v), size=SMALL, anchor="middle", mono=True,
+                      color=stroke("wrong") if bad else INK, cls="value wrong" if bad else "value", strike=bad)
+            self.text(bx + bar_w / 2, base + 15, labels[i], size=SMALL + 0.5, anchor="middle", color=MUTED, cls="label")
+        width = len(values) * (bar_w + gap) - gap
+        self.dwg.add(self.dwg.line((x - 4, base), (x + width + 4, base), stroke=RULE, stroke_width=1))
+        return width, height + 22
+
+    def note(self, s: str, *, x: float = MARGIN, color: str = MUTED, size: float = LABEL) -> None:
+        """A wrapped note at the cursor, full width; moves the cursor below it."""
+        self.y = self.paragraph(x, self.y, s, width=self.width - x - MARGIN, size=size, color=color) + size + 8
+
+    def svg(self) -> str:
+        """The finished document, its height fitted to what was drawn."""
+        self.dwg["height"] = math.ceil(self.y + MARGIN)
+        self.dwg["viewBox"] = f"0 0 {self.width} {math.ceil(self.y + MARGIN)}"
+        return self.dwg.tostring()
+

@@ -1,0 +1,122 @@
+"""Chapters are found by file name: `solutions/chNN_<slug>.py` (or `exercises/` in a
+student release). A chapter's title is the first line of its module docstring
+("<zh> · <en>"); its tasks are the functions and classes whose docstring says
+`Task chNN.k`. Nothing here imports the chapter, so discovery is cheap and safe.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS = ROOT / "solutions"
+EXERCISES = ROOT / "exercises"
+
+FILE_RE = re.compile(r"^(ch\d{2})_(\w+)\.py$")
+TASK_RE = re.compile(r"\bTask (ch\d{2}\.\d+)\b")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One graded entry point: `id` is "25.1", `name` the function or class it grades."""
+
+    id: str
+    name: str
+    params: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.id} {self.name}"
+
+
+@dataclass(frozen=True)
+class Chapter:
+    """A chapter as its source file describes it."""
+
+    id: str
+    slug: str
+    title_zh: str
+    title_en: str
+    tasks: tuple[Task, ...]
+
+    @property
+    def filename(self) -> str:
+        return f"{self.id}_{self.slug}.py"
+
+    @property
+    def title(self) -> str:
+        return f"{self.title_zh} · {self.title_en}"
+
+    def task(self, task_id: str) -> Task:
+        """Look a task up by "25.1", "ch25.1" or "1"; raise UnknownName otherwise."""
+        wanted = task_id.removeprefix("ch")
+        if "." not in wanted:
+            wanted = f"{self.id[2:]}.{wanted}"
+        for t in self.tasks:
+            if t.id == wanted or t.name == task_id:
+                return t
+        raise UnknownName("task", task_id, [t.id for t in self.tasks] + [t.name for t in self.tasks])
+
+
+class UnknownName(LookupError):
+    """A chapter or task name that does not exist, with the closest real ones."""
+
+    def __init__(self, kind: str, name: str, known: list[str]) -> None:
+        self.kind, self.name = kind, name
+        self.suggestions = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+        hint = f" Did you mean {' or '.join(self.suggestions)}?" if self.suggestions else ""
+        super().__init__(f"No {kind} {name!r}.{hint} Known: {', '.join(known)}.")
+
+
+def source_dir() -> Path:
+    """Where chapter sources live: the reference solutions if present, else the stubs."""
+    return SOLUTIONS if any(SOLUTIONS.glob("ch[0-9][0-9]_*.py")) else EXERCISES
+
+
+@cache
+def all_chapters() -> tuple[Chapter, ...]:
+    """Every chapter, in course order."""
+    found = []
+    for path in sorted(source_dir().glob("ch[0-9][0-9]_*.py")):
+        m = FILE_RE.match(path.name)
+        if m:
+            found.append(parse(path.read_text(encoding="utf-8"), m.group(1), m.group(2)))
+    return tuple(found)
+
+
+def find(name: str) -> Chapter:
+    """Resolve "ch25", "25", "paged_kv" or "ch25_paged_kv" to a chapter."""
+    key = name.strip().lower().removesuffix(".py")
+    for ch in all_chapters():
+        if key in (ch.id, ch.id[2:], str(int(ch.id[2:])), ch.slug, f"{ch.id}_{ch.slug}"):
+            return ch
+    raise UnknownName("chapter", name, [ch.id for ch in all_chapters()])
+
+
+def parse(source: str, chapter_id: str, slug: str) -> Chapter:
+    """Read a chapter's title and tasks from its source text."""
+    tree = ast.parse(source)
+    title = (ast.get_docstring(tree) or slug).splitlines()[0].rstrip(".")
+    zh, _, en = title.partition(" · ")
+    tasks = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            m = TASK_RE.search(ast.get_docstring(node) or "")
+            if m:
+                if not m.group(1).startswith(chapter_id):
+                    raise ValueError(f"{node.name} in {chapter_id} is marked as task {m.group(1)}")
+                tasks.append(Task(m.group(1)[2:], node.name, _params(node)))
+    return Chapter(chapter_id, slug, zh.strip(), (en or zh).strip(), tuple(tasks))
+
+
+def _params(node: ast.FunctionDef | ast.ClassDef) -> tuple[str, ...]:
+    if isinstance(node, ast.ClassDef):
+        init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        return _params(init)[1:] if init else ()
+    a = node.args
+    return tuple(p.arg for p in a.posonlyargs + a.args + a.kwonlyargs)

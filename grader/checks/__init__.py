@@ -1,0 +1,79 @@
+"""Check definitions: `grader/checks/chNN.py` holds a chapter's public checks and
+`grader/hidden/chNN.py` its hidden ones (the student release leaves that folder out).
+
+A check is a function of one `Trial`, marked with `@public(task, name)` or
+`@hidden(task, name)`. It calls the student's code through the trial, computes
+what is expected from the reference, and raises `CheckFailed` with a teaching
+message when they disagree. Checks are collected in definition order.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from grader.trial import Trial
+
+DEFAULT_TIME_LIMIT = 10.0
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """One check: its task ("25.1"), its name, its body and how much it is worth."""
+
+    task: str
+    name: str
+    body: Callable[["Trial"], None]
+    hidden: bool
+    points: float = 1.0
+    time_limit: float | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.task}:{self.name}"
+
+
+def public(task: str, name: str, *, points: float = 1.0, time_limit: float | None = None) -> Callable:
+    """Mark a function as a public check of `task` (shipped to students)."""
+    return _mark(task, name, False, points, time_limit)
+
+
+def hidden(task: str, name: str, *, points: float = 1.0, time_limit: float | None = None) -> Callable:
+    """Mark a function as a hidden check of `task` (run only at grading time)."""
+    return _mark(task, name, True, points, time_limit)
+
+
+def _mark(task: str, name: str, is_hidden: bool, points: float, time_limit: float | None) -> Callable:
+    def wrap(fn: Callable[["Trial"], None]) -> Callable[["Trial"], None]:
+        fn.__check__ = CheckSpec(task, name, fn, is_hidden, points, time_limit)  # type: ignore[attr-defined]
+        return fn
+
+    return wrap
+
+
+def _collect(module: ModuleType) -> list[CheckSpec]:
+    return [v.__check__ for v in vars(module).values() if hasattr(v, "__check__")]
+
+
+def has_hidden(chapter_id: str) -> bool:
+    """Whether this installation carries the chapter's hidden checks."""
+    return importlib.util.find_spec(f"grader.hidden.{chapter_id}") is not None
+
+
+def load(chapter_id: str, *, with_hidden: bool) -> list[CheckSpec]:
+    """The chapter's checks, public first within each task, in definition order."""
+    specs = _collect(importlib.import_module(f"grader.checks.{chapter_id}"))
+    if with_hidden and has_hidden(chapter_id):
+        specs += _collect(importlib.import_module(f"grader.hidden.{chapter_id}"))
+    return sorted(specs, key=lambda s: (tuple(int(p) for p in s.task.split(".")), s.hidden))
+
+
+def hidden_count(chapter_id: str) -> int:
+    """How many hidden checks grading will run for this chapter."""
+    if not has_hidden(chapter_id):
+        return 0
+    return len(_collect(importlib.import_module(f"grader.hidden.{chapter_id}")))

@@ -1,0 +1,189 @@
+"""Public checks of ch25 · paged KV cache, and the messages they share with the hidden ones."""
+
+from __future__ import annotations
+
+import torch
+
+from grader.checks import public
+from grader.compare import CheckFailed, expect_tensor, first_wrong, fmt
+from grader.trial import Trial
+
+FIGURE_TABLE, FIGURE_BLOCK_SIZE, FIGURE_TOKENS = [3, 0, 4], 2, 5
+
+
+def token_keys(num_tokens: int, width: int = 2) -> torch.Tensor:
+    """Easy-to-read K vectors for figures: token t gets [10(t+1)+1, 10(t+1)+2, …], shape [T, 1, width]."""
+    t = torch.arange(1, num_tokens + 1, dtype=torch.float32)[:, None] * 10
+    return (t + torch.arange(1, width + 1, dtype=torch.float32))[:, None, :]
+
+
+def expect_slots(got, want: torch.Tensor, table: list[int], positions: list[int], block_size: int) -> torch.Tensor:
+    """Require the slots to equal `want`, explaining the first wrong token in block terms."""
+    n = len(positions)
+    slots = expect_tensor(got, what=f"the slots of {n} tokens", shape=[n], dtype=torch.int64)
+    idx = first_wrong(slots, want)
+    if idx is None:
+        return slots
+    i = idx[0]
+    p, yours = positions[i], int(slots[i])
+    logical, offset = divmod(p, block_size)
+    phys = table[logical]
+    lines = [f"inputs: block_size={block_size}, block_table={table}, positions={_short(positions)}",
+             f"token {i} is at position {p} → logical block {p} // {block_size} = {logical}, "
+             f"offset {p} % {block_size} = {offset}",
+             f"block_table[{logical}] = {phys}, so its slot is {phys}·{block_size} + {offset} = {int(want[i])}; "
+             f"yours: {yours}"]
+    hint = slot_hint(yours, p, logical, offset, phys, block_size, table)
+    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+
+
+def slot_hint(yours: int, p: int, logical: int, offset: int, phys: int, block_size: int, table: list[int]) -> str:
+    """The misconception a wrong slot most likely comes from ('' when none fits)."""
+    if yours == p:
+        return "the slot uses the physical block from the table, not the logical position"
+    if yours == phys:
+        return "a slot is a row of the flat pool, not a block id: multiply the block by block_size and add the offset"
+    if yours == phys * block_size:
+        return "add the offset p % block_size inside the block"
+    if p < len(table) and yours == table[p] * block_size + offset:
+        return "index the block table with the logical block p // block_size, not with the position"
+    if yours == logical * block_size + offset + phys:
+        return "the physical block replaces the logical block; it is not added to the position"
+    return ""
+
+
+def expect_cache(got_k: torch.Tensor, got_v: torch.Tensor, want_k: torch.Tensor, want_v: torch.Tensor,
+                 slots: list[int], block_size: int) -> None:
+    """Require both caches to equal the expected ones, explaining the first wrong slot."""
+    for name, got, want in (("k_cache", got_k, want_k), ("v_cache", got_v, want_v)):
+        expect_tensor(got, what=name, shape=list(want.shape), dtype=want.dtype)
+        flat_got, flat_want = got.reshape(-1, *got.shape[2:]), want.reshape(-1, *want.shape[2:])
+        idx = first_wrong(flat_got, flat_want)
+        if idx is None:
+            continue
+        slot = idx[0]
+        block, offset = divmod(slot, block_size)
+        where = f"{name} slot {slot} (block {block}, offset {offset})"
+        tokens = [i for i, s in enumerate(slots) if s == slot]
+        if tokens:
+            what = f"should hold token {tokens[0]}'s {name[0].upper()} {_vec(flat_want[slot])}"
+        else:
+            what = f"is not the slot of any token, so it must keep its old value {_vec(flat_want[slot])}"
+        hint = ""
+        if -1 in slots and slot == flat_want.shape[0] - 1:
+            hint = "\nhint: a slot of −1 marks a padding row: skip it (in Python, index −1 is the last row)"
+        raise CheckFailed(f"slots={slots}: {where} {what}; yours holds {_vec(flat_got[slot])}{hint}")
+
+
+def _vec(x: torch.Tensor) -> str:
+    return "[" + ", ".join(fmt(v) for v in x.reshape(-1)[:6].tolist()) + (", …]" if x.numel() > 6 else "]")
+
+
+def _short(xs: list[int]) -> str:
+    return str(xs) if len(xs) <= 12 else f"[{', '.join(map(str, xs[:10]))}, … ({len(xs)} positions)]"
+
+
+def run_slot_case(t: Trial, table: list[int], positions: list[int], block_size: int, *,
+                  as_tensor: bool = False) -> torch.Tensor:
+    """Call the student's slot_mapping on one case and compare it with the reference."""
+    arg = torch.tensor(positions, dtype=torch.int64) if as_tensor else list(positions)
+    got = t.call("slot_mapping", list(table), arg, block_size)
+    want = t.ref.slot_mapping(table, positions, block_size)
+    return expect_slots(got, want, table, positions, block_size)
+
+
+def run_store_case(t: Trial, cache_shape: tuple[int, int, int, int], slots: list[int], *, fill: float | None = None,
+                   dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Call the student's store_kv on fresh caches and compare both caches with the reference's."""
+    n, (_, block_size, heads, dim) = len(slots), cache_shape
+    k = torch.randn(n, heads, dim, generator=t.rng).to(dtype)
+    v = torch.randn(n, heads, dim, generator=t.rng).to(dtype)
+    if fill is None:
+        k_cache = torch.randn(cache_shape, generator=t.rng).to(dtype)
+        v_cache = torch.randn(cache_shape, generator=t.rng).to(dtype)
+    else:
+        k_cache, v_cache = torch.full(cache_shape, fill, dtype=dtype), torch.full(cache_shape, fill, dtype=dtype)
+    return check_store(t, k_cache, v_cache, k, v, slots, block_size)
+
+
+def check_store(t: Trial, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                slots: list[int], block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    call = t.run("store_kv", k_cache, v_cache, k, v, list(slots), mutates=("k_cache", "v_cache"))
+    if call.value is not None:
+        raise CheckFailed("store_kv writes the caches in place and returns None; yours returned a value")
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    t.ref.store_kv(want_k, want_v, k, v, list(slots))
+    got_k, got_v = call.args[0], call.args[1]
+    expect_cache(got_k, got_v, want_k, want_v, list(slots), block_size)
+    return got_k, want_k
+
+
+@public("25.1", "figure instance: T=5, block_size=2, block_table=[3, 0, 4]")
+def figure_instance(t: Trial) -> None:
+    positions = list(range(FIGURE_TOKENS))
+    got = t.call("slot_mapping", list(FIGURE_TABLE), positions, FIGURE_BLOCK_SIZE)
+    want = t.ref.slot_mapping(FIGURE_TABLE, positions, FIGURE_BLOCK_SIZE)
+    slots = expect_tensor(got, what=f"the slots of {FIGURE_TOKENS} tokens", shape=[FIGURE_TOKENS], dtype=torch.int64)
+    t.figure("dim-slot-mapping", table=FIGURE_TABLE, block_size=FIGURE_BLOCK_SIZE, num_blocks=5,
+             positions=positions, keys=token_keys(FIGURE_TOKENS)[:, 0], slots=slots, expected=want)
+    expect_slots(slots, want, FIGURE_TABLE, positions, FIGURE_BLOCK_SIZE)
+
+
+@public("25.1", "one sequence across three scattered blocks")
+def sequence_across_blocks(t: Trial) -> None:
+    table, block_size, positions = [5, 1, 3], 4, list(range(11))
+    got = t.call("slot_mapping", table, positions, block_size)
+    want = t.ref.slot_mapping(table, positions, block_size)
+    slots = expect_tensor(got, what="the slots of 11 tokens", shape=[11], dtype=torch.int64)
+    t.figure("ch25-blocks", table=table, block_size=block_size, num_blocks=6, slots=slots, expected=want)
+    expect_slots(slots, want, table, positions, block_size)
+
+
+@public("25.1", "a chunk that starts mid-block, positions as a tensor")
+def chunk_mid_block(t: Trial) -> None:
+    run_slot_case(t, [7, 2, 9], [5, 6, 7, 8, 9], 4, as_tensor=True)
+
+
+@public("25.1", "no positions at all")
+def no_positions(t: Trial) -> None:
+    got = t.call("slot_mapping", [1, 2], [], 4)
+    expect_tensor(got, what="the slots of 0 tokens", shape=[0], dtype=torch.int64)
+
+
+@public("25.1", "a position beyond the block table raises ValueError")
+def beyond_table(t: Trial) -> None:
+    t.expect_raises(ValueError, "slot_mapping", [3, 0, 4], [0, 6], 2,
+                    because="position 6 is in logical block 3, but the table has only 3 blocks")
+
+
+@public("25.2", "figure instance: the five tokens into a pool of five 2-slot blocks")
+def store_figure_instance(t: Trial) -> None:
+    keys = token_keys(FIGURE_TOKENS)
+    slots = t.ref.slot_mapping(FIGURE_TABLE, list(range(FIGURE_TOKENS)), FIGURE_BLOCK_SIZE).tolist()
+    shape = (5, FIGURE_BLOCK_SIZE, 1, 2)
+    call = t.run("store_kv", torch.zeros(shape), torch.zeros(shape), keys, -keys, slots,
+                 mutates=("k_cache", "v_cache"))
+    got = expect_tensor(call.args[0], what="k_cache", shape=list(shape), dtype=torch.float32)
+    want_k, want_v = torch.zeros(shape), torch.zeros(shape)
+    t.ref.store_kv(want_k, want_v, keys, -keys, slots)
+    t.figure("dim-slot-mapping", pool=got.reshape(-1, 2), pool_expected=want_k.reshape(-1, 2))
+    if call.value is not None:
+        raise CheckFailed("store_kv writes the caches in place and returns None; yours returned a value")
+    expect_cache(got, call.args[1], want_k, want_v, slots, FIGURE_BLOCK_SIZE)
+
+
+@public("25.2", "a padding row (slot −1) writes nothing")
+def padding_slot(t: Trial) -> None:
+    run_store_case(t, (3, 2, 1, 2), [4, -1, 1], fill=0.0)
+
+
+@public("25.2", "slots no token names keep their old values")
+def others_untouched(t: Trial) -> None:
+    run_store_case(t, (4, 4, 2, 3), [13, 2, 7])
+
+
+@public("25.2", "a slot outside the pool raises ValueError")
+def slot_out_of_pool(t: Trial) -> None:
+    k = torch.ones(2, 1, 2)
+    t.expect_raises(ValueError, "store_kv", torch.zeros(2, 2, 1, 2), torch.zeros(2, 2, 1, 2), k, k, [1, 4],
+                    because="slot 4 is outside a pool of 2 blocks × 2 slots (slots 0–3)")

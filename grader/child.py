@@ -1,0 +1,185 @@
+"""The process that runs student code: it loads one chapter module and answers calls.
+
+It is started by `grader.worker.Worker`, never imported by the grader itself. It
+sets its own limits (address space, output file size, one thread), refuses to
+import the reference solutions, and reports every call's value, the arguments as
+they were after the call, the tensors the call created (when asked) and any
+process the call left running. Verdicts are never made here.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import resource
+import sys
+import time
+import traceback
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from grader import wire
+from grader.procs import become_subreaper, kill_strays
+
+MAX_RECORDED = 20_000
+
+
+class _Refuse(importlib.abc.MetaPathFinder):
+    """Makes `import solutions` (and the hidden checks) fail inside the student's process."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if any(name == n or name.startswith(n + ".") for n in self.names):
+            raise ImportError(f"importing {name!r} is not allowed while grading: "
+                              "your code must not use the reference solutions")
+        return None
+
+
+class _Recorder(TorchDispatchMode):
+    """Records every new tensor an operation returns (views and in-place results excluded)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.created: list[list[Any]] = []
+        self.dropped = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        inputs = {_storage(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and _storage(t) not in inputs:
+                if len(self.created) < MAX_RECORDED:
+                    self.created.append([func.overloadpacket.__name__, list(t.shape), str(t.dtype)])
+                else:
+                    self.dropped += 1
+        return out
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:  # tensors without storage never alias an input
+        return id(t)
+
+
+class Child:
+    def __init__(self, req_fd: int, rep_fd: int, forbidden_dirs: list[str]) -> None:
+        self.req_fd, self.rep_fd = req_fd, rep_fd
+        self.forbidden_dirs = [os.path.realpath(d) + os.sep for d in forbidden_dirs]
+        self.module: Any = None
+        self.objects: dict[int, Any] = {}
+
+    def keep(self, obj: Any) -> int:
+        self.objects[id(obj)] = obj
+        return id(obj)
+
+    def resolve(self, i: int) -> Any:
+        if i not in self.objects:
+            raise wire.WireError("unknown handle")
+        return self.objects[i]
+
+    def serve(self) -> None:
+        wire.write_frame(self.rep_fd, {"ok": True, "pid": os.getpid()})
+        while True:
+            header, buffers = wire.read_frame(self.req_fd)
+            op = header.get("op")
+            if op == "exit":
+                return
+            try:
+                reply, out = getattr(self, "op_" + op)(header, buffers)
+            except BaseException as e:  # the student's exception, reported as data
+                reply, out = {"ok": False, "error": self.describe(e)}, []
+            _flush()
+            reply["spawned"] = kill_strays()
+            wire.write_frame(self.rep_fd, reply, out)
+
+    def op_load(self, header: dict, _: list[bytes]) -> tuple[dict, list[bytes]]:
+        spec = importlib.util.spec_from_file_location(header["name"], header["path"])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[header["name"]] = module
+        spec.loader.exec_module(module)
+        self.module = module
+        for m in list(sys.modules.values()):
+            f = os.path.realpath(getattr(m, "__file__", None) or "")
+            if any(f.startswith(d) for d in self.forbidden_dirs):
+                raise ImportError(f"your module loaded {f}: the reference solutions are off limits")
+        return {"ok": True}, []
+
+    def op_call(self, header: dict, buffers: list[bytes]) -> tuple[dict, list[bytes]]:
+        args = wire.decode(header["args"], buffers, self.resolve)
+        kwargs = wire.decode(header["kwargs"], buffers, self.resolve)
+        target = header["target"]
+        if isinstance(target, str):
+            fn = getattr(self.module, target, None)
+            if fn is None:
+                raise _Missing(f"your module has no function {target!r}")
+        else:
+            fn = getattr(self.resolve(target["handle"]), target["method"])
+        recorder = _Recorder() if header.get("record") else None
+        start = time.perf_counter()
+        if recorder:
+            with recorder:
+                value = fn(*args, **kwargs)
+        else:
+            value = fn(*args, **kwargs)
+        elapsed = time.perf_counter() - start
+        tree, out = wire.encode({"value": value, "args": args, "kwargs": kwargs}, self.keep)
+        reply = {"ok": True, "result": tree, "elapsed": elapsed}
+        if recorder:
+            reply["created"], reply["dropped"] = recorder.created, recorder.dropped
+        return reply, out
+
+    def op_getattr(self, header: dict, _: list[bytes]) -> tuple[dict, list[bytes]]:
+        value = getattr(self.resolve(header["handle"]), header["name"])
+        tree, out = wire.encode({"value": value, "args": [], "kwargs": {}}, self.keep)
+        return {"ok": True, "result": tree, "elapsed": 0.0}, out
+
+    def describe(self, e: BaseException) -> dict:
+        """An exception as plain data: its type chain, message and the student's frames."""
+        try:
+            message = str(e)
+        except BaseException:
+            message = "<the exception's message could not be printed>"
+        frames = [[f.filename, f.lineno, f.name, f.line or ""] for f in traceback.extract_tb(e.__traceback__)
+                  if self.module is not None and f.filename == getattr(self.module, "__file__", None)]
+        if isinstance(e, SyntaxError) and e.filename:
+            frames.append([e.filename, e.lineno or 0, "<module>", (e.text or "").rstrip()])
+        oom = isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "alloc" in message.lower()
+                                             and "memory" in message.lower())
+        return {"types": [f"{c.__module__}.{c.__qualname__}" for c in type(e).__mro__],
+                "name": type(e).__name__, "message": message[:4000], "frames": frames[-5:],
+                "missing": isinstance(e, _Missing), "out_of_memory": oom,
+                "exit_code": repr(e.code) if isinstance(e, SystemExit) else None}
+
+
+class _Missing(Exception):
+    """The module lacks the function the check calls."""
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+
+
+def main(argv: list[str]) -> None:
+    req_fd, rep_fd, memory, output = (int(a) for a in argv[:4])
+    forbidden = argv[4].split(os.pathsep) if len(argv) > 4 and argv[4] else []
+    torch.set_num_threads(1)
+    for fd in (req_fd, rep_fd):
+        os.set_inheritable(fd, False)
+    sys.meta_path.insert(0, _Refuse(["solutions", "grader.hidden"]))
+    become_subreaper()
+    if memory > 0:
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    if output > 0:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (output, output))
+    Child(req_fd, rep_fd, forbidden).serve()

@@ -1,0 +1,125 @@
+"""`course`: the command line. Each command is a thin layer over one grader function."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import click
+
+from grader import chapters, progress
+from grader.chapters import Chapter, UnknownName
+
+
+class ChapterType(click.ParamType):
+    """A chapter given as ch25, 25 or its slug; an unknown one gets "did you mean"."""
+
+    name = "chapter"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> Chapter:
+        if isinstance(value, Chapter):
+            return value
+        try:
+            return chapters.find(str(value))
+        except UnknownName as e:
+            self.fail(str(e), param, ctx)
+
+
+def _bytes(value: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)i?[bB]?\s*", value)
+    if not m:
+        raise click.BadParameter(f"{value!r} is not a size like 2G, 512M or 1073741824")
+    return int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()])
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Exercises and autograder of the LLM inference engine course (chapters 15–32).
+
+    Implement the TODOs in exercises/chNN_*.py, then run `course check chNN`.
+    """
+
+
+@main.command("list")
+def list_command() -> None:
+    """List the chapters, their tasks and how your last check went."""
+    rows = [(ch.id, ch.title, str(len(ch.tasks)), progress.status(chapters.EXERCISES, ch.id, len(ch.tasks)))
+            for ch in chapters.all_chapters()]
+    title_w = max(_width(r[1]) for r in rows) + 2
+    click.echo(f"{'chapter':<9}{'title':<{title_w}}{'tasks':>5}  status")
+    for cid, title, n, status in rows:
+        click.echo(f"{cid:<9}{title}{' ' * (title_w - _width(title))}{n:>5}  {status}")
+
+
+def _width(s: str) -> int:
+    return sum(2 if ord(c) >= 0x2E80 else 1 for c in s)
+
+
+@main.command()
+@click.argument("chapter", type=ChapterType())
+@click.option("--task", metavar="ID", help="Only this task, e.g. 25.1.")
+@click.option("--solutions", is_flag=True, help="Grade the reference solutions (instructors).")
+@click.option("--submission", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="DIR",
+              help="Grade the chapter module in DIR (same file names as exercises/).")
+@click.option("--seed", type=int, help="Grading seed of the hidden checks (printed after each run).")
+@click.option("--hidden/--no-hidden", default=None,
+              help="Run the hidden checks (default: with --solutions or --submission).")
+@click.option("--json", "as_json", is_flag=True, help="Print one results.json document (Gradescope format) only.")
+@click.option("--figures", "figures_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("course-figures"), show_default=True, help="Where to write the figures.")
+@click.option("--time-limit", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Seconds each check may spend in your code.")
+@click.option("--memory-limit", default="2G", show_default=True, help="Address-space limit of your code's process.")
+@click.option("-v", "--verbose", is_flag=True, help="Show every failing check, not just the first three per task.")
+def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path | None, seed: int | None,
+          hidden: bool | None, as_json: bool, figures_dir: Path, time_limit: float, memory_limit: str,
+          verbose: bool) -> None:
+    """Check CHAPTER (e.g. ch25) and draw its figures from your outputs.
+
+    Exit status: 0 all checks passed, 1 some failed, 2 some were blocked.
+    """
+    from grader.run import MissingModule, check as run_check, module_path
+    from grader.terminal import TerminalReport
+
+    if solutions and submission:
+        raise click.UsageError("--solutions and --submission exclude each other")
+    if task:
+        try:
+            chapter.task(task)
+        except UnknownName as e:
+            raise click.BadParameter(str(e), param_hint="--task") from None
+    try:
+        target = module_path(chapter, solutions=solutions, submission=submission)
+    except MissingModule as e:
+        raise click.ClickException(str(e)) from None
+    screen = None if as_json else TerminalReport(chapter, str(target), verbose=verbose)
+    report = run_check(chapter.id, task=task, solutions=solutions, submission=submission, seed=seed, hidden=hidden,
+                       figures_dir=figures_dir, time_limit=time_limit, memory_limit=_bytes(memory_limit),
+                       on_result=screen.add if screen else None)
+    if not solutions and not submission:
+        progress.record(report)
+    if screen:
+        screen.finish(report)
+    else:
+        click.echo(json.dumps(report.to_json(), ensure_ascii=False, indent=2))
+    sys.exit(report.exit_code)
+
+
+@main.command()
+@click.argument("chapter_names", metavar="[CHAPTER]...", nargs=-1, type=ChapterType())
+@click.option("--check", "check_only", is_flag=True, help="Only report stubs that differ; exit 1 if any do.")
+def stubs(chapter_names: tuple[Chapter, ...], check_only: bool) -> None:
+    """Regenerate exercises/ from solutions/ (all chapters by default)."""
+    from grader.stubs import write_stubs
+
+    if not any(chapters.SOLUTIONS.glob("ch[0-9][0-9]_*.py")):
+        raise click.ClickException("this installation has no solutions/ to generate stubs from")
+    changed = write_stubs(list(chapter_names) or list(chapters.all_chapters()), check_only=check_only)
+    verb = "differs" if check_only else "written"
+    for path in changed:
+        click.echo(f"{path.relative_to(chapters.ROOT)} {verb}")
+    if not changed:
+        click.echo("all stubs up to date")
+    sys.exit(1 if check_only and changed else 0)

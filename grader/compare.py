@@ -1,0 +1,121 @@
+"""Comparing the student's values with the expected ones, in words a student can use.
+
+Structure is checked before values ("expected a 1-D int64 tensor of 5 slots;
+yours: float32 [5, 1]"), so a later message can talk about elements safely.
+Every helper raises `CheckFailed` with the message to show.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from grader.wire import Handle
+
+
+class CheckFailed(Exception):
+    """The student's answer is wrong; the message says how, in the chapter's terms."""
+
+
+def describe(v: Any) -> str:
+    """A short description of a value's type and shape: "float32 [5, 1]", "int 3"."""
+    if isinstance(v, torch.Tensor):
+        return f"{str(v.dtype).removeprefix('torch.')} tensor {list(v.shape)}"
+    if isinstance(v, Handle):
+        return f"an object of type {v.type_name}"
+    if type(v) in (list, tuple):
+        kinds = sorted({type(x).__name__ for x in v})
+        return f"{type(v).__name__} of {len(v)}" + (f" {'/'.join(kinds)}" if kinds else "")
+    if v is None:
+        return "None"
+    return f"{type(v).__name__} {fmt(v) if type(v) in (int, float, bool) else ''}".rstrip()
+
+
+def fmt(x: Any, digits: int = 4) -> str:
+    """A number as a student would write it: ints plain, floats with `digits` significant digits."""
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        x = x.item()
+    if isinstance(x, bool) or isinstance(x, int):
+        return str(x)
+    if isinstance(x, float):
+        if math.isnan(x) or math.isinf(x):
+            return {"nan": "nan", "inf": "∞", "-inf": "−∞"}[repr(x)]
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def expect_tensor(v: Any, *, what: str, shape: tuple[int, ...] | list[int] | None = None,
+                  dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Require a tensor of the given shape and dtype; `what` names it ("slots")."""
+    want = " ".join(filter(None, [
+        f"a {len(shape)}-D" if shape is not None else "a",
+        str(dtype).removeprefix("torch.") if dtype is not None else "",
+        f"tensor of shape {list(shape)}" if shape is not None else "tensor"]))
+    if not isinstance(v, torch.Tensor):
+        raise CheckFailed(f"expected {what} as {want}; yours: {describe(v)}")
+    if (shape is not None and list(v.shape) != list(shape)) or (dtype is not None and v.dtype != dtype):
+        raise CheckFailed(f"expected {what} as {want}; yours: {describe(v)}")
+    return v
+
+
+def expect_int(v: Any, *, what: str) -> int:
+    """Require a plain Python int (not a bool, a float or a tensor)."""
+    if type(v) is not int:
+        raise CheckFailed(f"expected {what} as a Python int; yours: {describe(v)}"
+                          + ("  (use .item() to turn a one-element tensor into a number)"
+                             if isinstance(v, torch.Tensor) else ""))
+    return v
+
+
+def wrong_mask(got: torch.Tensor, want: torch.Tensor, *, atol: float = 0.0, rtol: float = 0.0) -> torch.Tensor:
+    """Elementwise: True where `got` differs from `want` beyond the tolerance (NaN equals NaN)."""
+    if got.dtype == torch.bool or want.dtype == torch.bool or (atol == 0 and rtol == 0):
+        return ~((got == want) | (_isnan(got) & _isnan(want)))
+    g, w = got.double(), want.double()
+    close = (g - w).abs() <= atol + rtol * w.abs()
+    return ~(close | (g == w) | (torch.isnan(g) & torch.isnan(w)))
+
+
+def _isnan(t: torch.Tensor) -> torch.Tensor:
+    return torch.isnan(t) if t.is_floating_point() else torch.zeros_like(t, dtype=torch.bool)
+
+
+def first_wrong(got: torch.Tensor, want: torch.Tensor, *, atol: float = 0.0, rtol: float = 0.0) -> tuple[int, ...] | None:
+    """The index of the first element that differs, or None when all agree."""
+    bad = wrong_mask(got, want, atol=atol, rtol=rtol)
+    if not bad.any():
+        return None
+    return tuple(int(i) for i in bad.nonzero()[0])
+
+
+def expect_close(got: torch.Tensor, want: torch.Tensor, *, what: str, atol: float = 0.0, rtol: float = 0.0,
+                 where: str = "") -> None:
+    """Require equal shapes and values within tolerance; name the first wrong element."""
+    expect_tensor(got, what=what, shape=tuple(want.shape), dtype=want.dtype)
+    idx = first_wrong(got, want, atol=atol, rtol=rtol)
+    if idx is not None:
+        count = int(wrong_mask(got, want, atol=atol, rtol=rtol).sum())
+        tol = f" (tolerance {atol:g} + {rtol:g}·|expected|)" if atol or rtol else ""
+        raise CheckFailed(f"{what}{where}: {count} of {want.numel()} elements differ{tol}; "
+                          f"first at {list(idx)}: expected {fmt(want[idx])}, yours {fmt(got[idx])}")
+
+
+def same(a: Any, b: Any) -> bool:
+    """Deep, exact equality of wire values (tensors compare dtype, shape and bits; NaN equals NaN)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+                and a.shape == b.shape and not wrong_mask(a, b).any())
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if type(a) is float and math.isnan(a):
+        return math.isnan(b)
+    return a == b

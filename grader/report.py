@@ -1,0 +1,86 @@
+"""The results of one chapter run, as data and as a Gradescope-compatible document."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import groupby
+
+from grader.chapters import Chapter
+
+STATUSES = ("passed", "failed", "error", "timeout", "blocked")
+
+
+@dataclass
+class CheckResult:
+    """The outcome of one check."""
+
+    task: str
+    function: str
+    name: str
+    hidden: bool
+    points: float
+    status: str
+    message: str = ""
+    printed: str = ""
+    elapsed: float = 0.0
+    todo: bool = False
+    """True when the student's code raised the stub's NotImplementedError."""
+
+    @property
+    def score(self) -> float:
+        return self.points if self.status == "passed" else 0.0
+
+    @property
+    def task_label(self) -> str:
+        return f"ch{self.task}"
+
+    def to_json(self) -> dict:
+        output = self.message
+        if self.printed:
+            output += f"\n(your code printed: {self.printed.strip()[:300]!r})"
+        return {"name": f"{self.task_label} {self.function}: {self.name}",
+                "number": self.task, "score": self.score, "max_score": self.points,
+                "status": "passed" if self.status == "passed" else "failed", "outcome": self.status,
+                "output": output, "tags": [self.task_label] + (["hidden"] if self.hidden else []),
+                "visibility": "after_due_date" if self.hidden else "visible"}
+
+
+@dataclass
+class Report:
+    """Everything one `course check` learned about one chapter."""
+
+    chapter: Chapter
+    target: str
+    seed: int
+    results: list[CheckResult] = field(default_factory=list)
+    figures: list[str] = field(default_factory=list)
+    records: dict[str, dict] = field(default_factory=dict)
+    """The figure data the checks recorded (plain data: what each figure is drawn from)."""
+    figure_notes: list[str] = field(default_factory=list)
+    hidden_not_run: int = 0
+    elapsed: float = 0.0
+
+    @property
+    def score(self) -> float:
+        return sum(r.score for r in self.results)
+
+    @property
+    def max_score(self) -> float:
+        return sum(r.points for r in self.results)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every check passed, 1 when one failed, 2 when some were blocked."""
+        if any(r.status in ("failed", "error", "timeout") for r in self.results):
+            return 1
+        return 2 if any(r.status == "blocked" for r in self.results) else 0
+
+    def by_task(self) -> list[tuple[str, list[CheckResult]]]:
+        return [(task, list(rs)) for task, rs in groupby(self.results, key=lambda r: r.task)]
+
+    def to_json(self) -> dict:
+        return {"chapter": self.chapter.id, "title": self.chapter.title, "target": self.target,
+                "score": self.score, "max_score": self.max_score, "execution_time": round(self.elapsed, 3),
+                "seed": self.seed, "hidden_not_run": self.hidden_not_run,
+                "tests": [r.to_json() for r in self.results],
+                "figures": self.figures, "figure_notes": self.figure_notes}

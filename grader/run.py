@@ -1,0 +1,150 @@
+"""Running a chapter's checks against one student module (or the reference).
+
+The student's module runs in a child process; inputs, expected values,
+comparisons, scores and figures all stay here, in the trusted process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import secrets
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from grader import chapters, checks, procs
+from grader.chapters import Chapter
+from grader.compare import CheckFailed
+from grader.report import CheckResult, Report
+from grader.trial import Session, StudentError, StudentRaised, Trial
+
+DEFAULT_MEMORY_LIMIT = 2 << 30
+DEFAULT_FIGURES_DIR = Path("course-figures")
+
+
+class MissingModule(FileNotFoundError):
+    """The folder being graded has no file for this chapter."""
+
+
+def module_path(chapter: Chapter, *, solutions: bool = False, submission: Path | None = None) -> Path:
+    """The file to grade: the reference, a submission folder's copy, or the stub in exercises/."""
+    folder = chapters.SOLUTIONS if solutions else Path(submission) if submission else chapters.EXERCISES
+    path = (folder / chapter.filename).resolve()
+    if not path.is_file():
+        raise MissingModule(f"{folder} has no {chapter.filename}; a submission holds the chapter "
+                            "modules under the same file names as exercises/")
+    return path
+
+
+def check(chapter: str, *, task: str | None = None, solutions: bool = False, submission: Path | None = None,
+          seed: int | None = None, hidden: bool | None = None, figures_dir: Path | None = DEFAULT_FIGURES_DIR,
+          time_limit: float = checks.DEFAULT_TIME_LIMIT, memory_limit: int = DEFAULT_MEMORY_LIMIT,
+          on_result: Callable[[CheckResult], None] | None = None) -> Report:
+    """Run a chapter's checks and draw its figures from the graded code's outputs.
+
+    Args:
+        chapter: "ch25", "25" or the slug.
+        task: only this task ("25.1").
+        solutions: grade the reference solutions instead of exercises/.
+        submission: grade the chapter module found in this folder.
+        seed: grading seed for the hidden checks (random when None; always reported).
+        hidden: run the hidden checks; by default only when grading solutions or a submission.
+        figures_dir: where figures go (as <dir>/<chapter>/<figure>.svg); None draws nothing.
+        time_limit: seconds each check may spend in student code.
+        memory_limit: bytes of address space for the student's process.
+        on_result: called with each result as soon as it is known.
+    """
+    started = time.monotonic()
+    ch = chapters.find(chapter)
+    only = ch.task(task).id if task else None
+    path = module_path(ch, solutions=solutions, submission=submission)
+    procs.become_subreaper()
+    baseline = procs.children()
+    forbidden = [chapters.ROOT / "grader" / "hidden"] + ([] if solutions else [chapters.SOLUTIONS])
+    session = Session(path, root=chapters.ROOT, time_limit=time_limit, memory_limit=memory_limit,
+                      forbidden_dirs=forbidden)
+    try:
+        with_hidden = (solutions or submission is not None) if hidden is None else hidden
+        specs = [s for s in checks.load(ch.id, with_hidden=with_hidden) if only in (None, s.task)]
+        ref = reference(ch)
+        report = Report(ch, str(path), secrets.randbelow(2**31) if seed is None else seed)
+        if not with_hidden or not checks.has_hidden(ch.id):
+            report.hidden_not_run = sum(1 for s in _hidden_specs(ch) if only in (None, s.task))
+        names = {t.id: t.name for t in ch.tasks}
+        params = {t.name: t.params for t in ch.tasks}
+        for spec in specs:
+            result = run_one(spec, names.get(spec.task, "?"), session=session, ref=ref, seed=report.seed,
+                             params=params, figures=report.records, time_limit=spec.time_limit or time_limit,
+                             known=baseline)
+            report.results.append(result)
+            if on_result:
+                on_result(result)
+    finally:
+        session.close()
+    if figures_dir is not None:
+        draw(report, Path(figures_dir))
+    report.elapsed = time.monotonic() - started
+    return report
+
+
+def _hidden_specs(ch: Chapter) -> list[checks.CheckSpec]:
+    return [s for s in checks.load(ch.id, with_hidden=True) if s.hidden]
+
+
+def reference(ch: Chapter):
+    """The reference solutions module, imported here in the trusted process (None if absent)."""
+    if not (chapters.SOLUTIONS / ch.filename).is_file():
+        return None
+    return importlib.import_module(f"solutions.{ch.filename[:-3]}")
+
+
+def run_one(spec: checks.CheckSpec, function: str, *, session: Session, ref, seed: int,
+            params: dict, figures: dict, time_limit: float, known: set[int]) -> CheckResult:
+    """Run one check and turn whatever happened into a result; never raises."""
+    result = CheckResult(spec.task, function, spec.name, spec.hidden, spec.points, "passed")
+    trial = Trial(spec, session=session, ref=ref, seed=seed, params=params, figures=figures, time_limit=time_limit)
+    t0 = time.monotonic()
+    try:
+        spec.body(trial)
+    except CheckFailed as e:
+        result.status, result.message = "failed", str(e)
+    except StudentRaised as e:
+        result.status, result.message, result.todo = "error", e.explain(), bool(e.not_implemented)
+    except StudentError as e:
+        result.status, result.message = e.status, str(e)
+    except Exception:
+        result.status = "error"
+        result.message = ("the grader could not interpret your result; if your answer looks right, "
+                          "show this to your instructor:\n" + traceback.format_exc(limit=-3))
+    result.elapsed = time.monotonic() - t0
+    strays = procs.kill_strays(known | session.pids)
+    if strays:
+        result.status = "error"
+        result.message = f"your code left a process running ({strays[0]}); graded code must not start processes"
+    result.printed = session.take_printed()
+    return result
+
+
+def draw(report: Report, out_dir: Path) -> None:
+    """Render every figure whose data the checks recorded; a drawing error never hides a verdict."""
+    import figures
+
+    chapter_dir = out_dir / report.chapter.id
+    for spec in figures.catalog(report.chapter.id):
+        record = report.records.get(spec.id)
+        missing = spec.missing(record)
+        if record is None:
+            continue
+        if missing:
+            report.figure_notes.append(f"{spec.id}: drawn once {', '.join(missing)} pass")
+            continue
+        try:
+            svg = spec.render(record)
+        except Exception as e:
+            report.figure_notes.append(f"{spec.id}: could not be drawn ({type(e).__name__}: {e})")
+            continue
+        chapter_dir.mkdir(parents=True, exist_ok=True)
+        path = chapter_dir / f"{spec.id}.svg"
+        path.write_text(svg, encoding="utf-8")
+        report.figures.append(str(path))

@@ -1,0 +1,83 @@
+"""The human-readable report: one line per task as its checks finish, teaching
+messages under failures, then the score and where the figures went."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from grader.chapters import Chapter
+from grader.report import CheckResult, Report
+
+MAX_MESSAGES = 3
+
+
+def _pts(x: float) -> str:
+    return str(int(x)) if x == int(x) else f"{x:.1f}"
+
+
+class TerminalReport:
+    """Prints a chapter run as it happens (feed it results, then `finish`)."""
+
+    def __init__(self, chapter: Chapter, target: str, *, verbose: bool = False) -> None:
+        self.chapter, self.verbose = chapter, verbose
+        self.pending: list[CheckResult] = []
+        self.width = max((len(t.label) for t in chapter.tasks), default=20) + 2
+        shown = _relative(target)
+        click.echo(click.style(f"{chapter.id} · {chapter.title}", bold=True) + f"    {shown}")
+
+    def add(self, result: CheckResult) -> None:
+        if self.pending and self.pending[0].task != result.task:
+            self.flush()
+        self.pending.append(result)
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        rs, self.pending = self.pending, []
+        score, total = sum(r.score for r in rs), sum(r.points for r in rs)
+        ok = all(r.status == "passed" for r in rs)
+        label = f"{rs[0].task} {rs[0].function}".ljust(self.width)
+        mark = click.style("✓", fg="green") if ok else click.style("✗", fg="red")
+        line = f"  {mark} {label} {_pts(score)}/{_pts(total)}"
+        bad = [r for r in rs if r.status != "passed"]
+        if bad and all(r.todo for r in bad):
+            click.echo(f"{line}  {bad[0].message}")
+            return
+        click.echo(line)
+        shown = bad if self.verbose else bad[:MAX_MESSAGES]
+        for r in shown:
+            tag = {"timeout": "timed out", "error": "error", "failed": "failed"}.get(r.status, r.status)
+            hidden = " (hidden)" if r.hidden else ""
+            click.echo(click.style(f"      case \"{r.name}\"{hidden}: {tag}", fg="yellow"))
+            for msg_line in r.message.splitlines():
+                click.echo(f"        {msg_line}")
+            if r.printed.strip():
+                click.echo(f"        (your code printed: {r.printed.strip()[:200]!r})")
+        if len(bad) > len(shown):
+            click.echo(f"      … and {len(bad) - len(shown)} more failing checks (--verbose shows them all)")
+
+    def finish(self, report: Report) -> None:
+        self.flush()
+        if report.hidden_not_run:
+            click.echo(f"  · hidden checks: {report.hidden_not_run} more run at grading time")
+        elif any(r.hidden for r in report.results):
+            click.echo(f"  · hidden checks ran on grading seed {report.seed} (repeat with --seed {report.seed})")
+        summary = f"score {_pts(report.score)}/{_pts(report.max_score)}"
+        wrong = report.exit_code != 0
+        if report.figures:
+            label = "figures (your wrong values marked)" if wrong else "figures"
+            summary += f" · {label}: " + ", ".join(_relative(p) for p in report.figures)
+        else:
+            summary += " · figures are drawn once a task passes"
+        click.echo(click.style(summary, bold=True))
+        for note in report.figure_notes:
+            click.echo(f"  · figure {note}")
+
+
+def _relative(path: str) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

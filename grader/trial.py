@@ -1,0 +1,254 @@
+"""What a check works with: the student's module behind a process boundary
+(`Session`) and, per check, a `Trial` holding the reference, seeded random
+sources and the figure data the check records.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from grader import wire
+from grader.checks import CheckSpec
+from grader.compare import CheckFailed, describe, same
+from grader.worker import Worker
+
+OUTPUT_LIMIT = 16 << 20
+PRINTED_KEEP = 600
+
+
+class StudentRaised(Exception):
+    """The student's code raised; `error` is the exception as the student's process described it."""
+
+    def __init__(self, label: str, error: dict) -> None:
+        self.label, self.error = label, error
+        super().__init__(f"{label} raised {error.get('name')}: {error.get('message')}")
+
+    def is_a(self, name: str) -> bool:
+        return f"builtins.{name}" in self.error.get("types", ())
+
+    @property
+    def not_implemented(self) -> str | None:
+        """The task id a stub's NotImplementedError names ("25.1"), if that is what this is."""
+        if not self.is_a("NotImplementedError"):
+            return None
+        m = re.search(r"\bch(\d{2}\.\d+)\b", self.error.get("message", ""))
+        return m.group(1) if m else "?"
+
+    def explain(self) -> str:
+        e = self.error
+        if e.get("missing"):
+            return f"{e['message']} (was it renamed or deleted?)"
+        if self.not_implemented:
+            m = re.search(r"\((about \d+ lines?)\)", e.get("message", ""))
+            return f"not implemented yet (ch{self.not_implemented}{': ' + m.group(1) if m else ''})"
+        if e.get("exit_code") is not None:
+            return f"{self.label} called sys.exit({e['exit_code']}); a graded function must return its result"
+        head = f"{self.label} raised {e.get('name')}: {e.get('message')}"
+        if e.get("out_of_memory"):
+            head = f"{self.label} ran out of memory (the limit is set by the grader): {e.get('message')}"
+        where = "".join(f"\n    at {Path(f).name}:{line} in {fn}: {code.strip()}" for f, line, fn, code in e.get("frames", []))
+        return head + where
+
+
+class StudentError(Exception):
+    """The student's process misbehaved (timed out, crashed, left processes); `status` says how."""
+
+    def __init__(self, status: str, message: str) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+@dataclass
+class Call:
+    """One call of student code: its value, its arguments afterwards, the tensors it created."""
+
+    value: Any
+    args: list = field(default_factory=list)
+    kwargs: dict = field(default_factory=dict)
+    created: list = field(default_factory=list)
+    elapsed: float = 0.0
+
+
+class Session:
+    """The student's chapter module loaded in a child process, restarted after a kill."""
+
+    def __init__(self, path: Path, *, root: Path, time_limit: float, memory_limit: int,
+                 forbidden_dirs: list[Path]) -> None:
+        self.path, self.root = path, root
+        self.time_limit, self.memory_limit = time_limit, memory_limit
+        self.forbidden_dirs = forbidden_dirs
+        self.workdir = Path(tempfile.mkdtemp(prefix="course-run-"))
+        self.worker: Worker | None = None
+        self.loaded = False
+        self.load_failure: StudentError | StudentRaised | None = None
+        self.printed: list[str] = []
+        self._log_offset = 0
+        self._spawn()
+
+    def _spawn(self) -> None:
+        self.worker = Worker(root=self.root, workdir=self.workdir, memory_limit=self.memory_limit,
+                             output_limit=OUTPUT_LIMIT, forbidden_dirs=self.forbidden_dirs)
+        self.loaded, self._log_offset = False, 0
+
+    @property
+    def pids(self) -> set[int]:
+        return {self.worker.pid} if self.worker else set()
+
+    def _ensure_loaded(self) -> None:
+        if self.load_failure:
+            raise self.load_failure
+        if self.worker is None:
+            self._spawn()
+        if not self.loaded:
+            try:
+                self._request({"op": "load", "path": str(self.path), "name": f"student_{self.path.stem}"},
+                              [], f"importing {self.path.name}", self.time_limit)
+            except (StudentError, StudentRaised) as e:
+                self.load_failure = e
+                raise
+            self.loaded = True
+
+    def _request(self, header: dict, buffers: list[bytes], label: str, timeout: float) -> tuple[dict, list[bytes]]:
+        worker = self.worker
+        try:
+            reply, out = worker.request(header, buffers, timeout=max(timeout, 0.0))
+        except wire.WireTimeout:
+            self._kill()
+            raise StudentError("timeout", f"{label} did not finish within {self.time_limit:g} s "
+                                          "(an endless loop, a sleep, or far too much work?)") from None
+        except wire.WireClosed:
+            reason = worker.exit_reason()
+            self._kill()
+            raise StudentError("error", f"{label} {reason}") from None
+        except wire.WireError as e:
+            self._kill()
+            raise StudentError("error", f"{label}: the grading process sent back something unreadable ({e})") from None
+        finally:
+            self._collect_output()
+        if reply.get("spawned"):
+            raise StudentError("error", f"{label} left a process running ({reply['spawned'][0]}); "
+                                        "graded code must not start processes")
+        if not reply.get("ok"):
+            raise StudentRaised(label, reply.get("error") or {})
+        return reply, out
+
+    def _collect_output(self) -> None:
+        if self.worker is None:
+            return
+        size = self.worker.printed_size()
+        if size > self._log_offset and sum(map(len, self.printed)) < PRINTED_KEEP:
+            self.printed.append(self.worker.printed_since(self._log_offset, PRINTED_KEEP))
+        self._log_offset = size
+
+    def _kill(self) -> None:
+        if self.worker:
+            self.worker.kill()
+        self.worker = None
+
+    def call(self, target: str | tuple[wire.Handle, str], args: list, kwargs: dict, *,
+             record: bool, deadline: float) -> Call:
+        """Call a function of the module (or a method of a handle) before `deadline`."""
+        self._ensure_loaded()
+        if isinstance(target, str):
+            label, where = target, target
+        else:
+            label, where = f"{target[0].type_name}.{target[1]}", {"handle": target[0].id, "method": target[1]}
+        (args_tree, kwargs_tree), buffers = wire.encode([list(args), dict(kwargs)])
+        reply, out = self._request({"op": "call", "target": where, "args": args_tree,
+                                    "kwargs": kwargs_tree, "record": record},
+                                   buffers, label, deadline - time.monotonic())
+        try:
+            result = wire.decode(reply["result"], out)
+            return Call(result["value"], result["args"], result["kwargs"],
+                        [tuple(c) for c in reply.get("created", [])], float(reply.get("elapsed", 0.0)))
+        except (wire.WireError, KeyError, TypeError, ValueError) as e:
+            self._kill()
+            raise StudentError("error", f"{label}: its result could not be read ({e})") from None
+
+    def take_printed(self) -> str:
+        """What the student's code printed since the last call of this method."""
+        text, self.printed = "".join(self.printed)[:PRINTED_KEEP], []
+        return text
+
+    def close(self) -> None:
+        if self.worker:
+            self.worker.stop()
+        self.worker = None
+        for f in self.workdir.glob("*"):
+            f.unlink(missing_ok=True)
+        self.workdir.rmdir()
+
+
+class Trial:
+    """One check's view: call student code, consult the reference, record figure data.
+
+    Random sources are seeded from the grading seed (hidden checks) or a fixed
+    seed (public checks), and the check's name, so every run can be repeated.
+    """
+
+    def __init__(self, spec: CheckSpec, *, session: Session, ref: ModuleType | None, seed: int,
+                 params: dict[str, tuple[str, ...]], figures: dict[str, dict], time_limit: float) -> None:
+        self.spec, self.session, self.ref = spec, session, ref
+        self.params, self.figures = params, figures
+        mixed = zlib.crc32(f"{seed if spec.hidden else 0}:{spec.key}".encode())
+        self.rng = torch.Generator().manual_seed(mixed)
+        self.random = random.Random(mixed)
+        self.deadline = time.monotonic() + time_limit
+
+    def run(self, fn: str, *args: Any, mutates: tuple[str, ...] = (), record: bool = False, **kwargs: Any) -> Call:
+        """Call the student's `fn`; fail if it changed an input not named in `mutates`."""
+        call = self.session.call(fn, list(args), kwargs, record=record, deadline=self.deadline)
+        names = self.params.get(fn, ())
+        for i, (before, after) in enumerate(zip(args, call.args)):
+            name = names[i] if i < len(names) else f"argument {i + 1}"
+            if name not in mutates and not same(before, after):
+                raise CheckFailed(f"{fn} changed its input `{name}`: functions in this course leave their "
+                                  f"inputs untouched (build a new tensor instead of writing into `{name}`)")
+        for name, before in kwargs.items():
+            if name not in mutates and not same(before, call.kwargs.get(name)):
+                raise CheckFailed(f"{fn} changed its input `{name}`: functions in this course leave their "
+                                  f"inputs untouched")
+        return call
+
+    def call(self, fn: str, *args: Any, **kwargs: Any) -> Any:
+        """Call the student's `fn` and return its value."""
+        return self.run(fn, *args, **kwargs).value
+
+    def expect_raises(self, error: type[Exception], fn: str, *args: Any, because: str, **kwargs: Any) -> None:
+        """Require `fn(*args)` to raise `error` (a builtin exception class) for the reason `because`."""
+        try:
+            value = self.session.call(fn, list(args), kwargs, record=False, deadline=self.deadline).value
+        except StudentRaised as e:
+            if e.not_implemented or e.is_a(error.__name__):
+                if e.not_implemented:
+                    raise
+                return
+            raise CheckFailed(f"{fn} should raise {error.__name__} because {because}; "
+                              f"yours raised {e.error.get('name')}: {e.error.get('message')}") from None
+        raise CheckFailed(f"{fn} should raise {error.__name__} because {because}; "
+                          f"yours returned {describe(value)} instead")
+
+    def figure(self, figure_id: str, **parts: Any) -> None:
+        """Record data for a figure (tensors become nested lists)."""
+        self.figures.setdefault(figure_id, {}).update({k: plain(v) for k, v in parts.items()})
+
+
+def plain(v: Any) -> Any:
+    """Tensors and tuples as nested lists, so figure records are plain data."""
+    if isinstance(v, torch.Tensor):
+        return v.tolist()
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: plain(x) for k, x in v.items()}
+    return v

@@ -1,0 +1,220 @@
+"""The wire format between the grader and the process that runs student code.
+
+A message is a JSON header plus raw byte buffers; nothing is pickled, so a value
+coming back from student code can only ever decode to plain data: None, bool,
+int, float, str, bytes, list, tuple, dict, torch tensors, numpy arrays and
+scalars. Anything else stays in the student's process and crosses as a
+`Handle` naming its type.
+
+Frame layout: 8-byte header length, the UTF-8 JSON header, 8-byte buffer count,
+then each buffer as 8-byte length and bytes (all lengths big-endian).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import select
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+MAX_DEPTH = 64
+_LEN = struct.Struct(">Q")
+
+
+class WireError(Exception):
+    """A frame could not be read or does not decode to allowed data."""
+
+
+class WireTimeout(WireError):
+    """No complete frame arrived before the deadline."""
+
+
+class WireClosed(WireError):
+    """The other side closed the pipe (it exited or was killed)."""
+
+
+@dataclass(frozen=True)
+class Handle:
+    """An object that stayed in the student's process; `type_name` says what it is."""
+
+    id: int
+    type_name: str
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name} object>"
+
+
+def encode(value: Any, keep: Callable[[Any], int] | None = None) -> tuple[Any, list[bytes]]:
+    """Turn `value` into a JSON-able tree and a list of buffers.
+
+    `keep` stores a value that is not plain data and returns its handle id;
+    without it such a value is an error.
+    """
+    buffers: list[bytes] = []
+
+    def walk(v: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise WireError(f"value nested deeper than {MAX_DEPTH} levels")
+        t = type(v)
+        if v is None or t is bool or t is str:
+            return v
+        if t is int:
+            return v if -(2**63) <= v < 2**63 else {"$": "bigint", "v": str(v)}
+        if t is float:
+            return v if v == v and abs(v) != float("inf") else {"$": "float", "v": repr(v)}
+        if t is list:
+            return [walk(x, depth + 1) for x in v]
+        if t is tuple:
+            return {"$": "tuple", "items": [walk(x, depth + 1) for x in v]}
+        if t is dict:
+            return {"$": "dict", "items": [[walk(k, depth + 1), walk(x, depth + 1)] for k, x in v.items()]}
+        if t is bytes:
+            buffers.append(v)
+            return {"$": "bytes", "buf": len(buffers) - 1}
+        if isinstance(v, Handle):
+            return {"$": "handle", "id": v.id, "type": v.type_name}
+        if isinstance(v, torch.Tensor) and v.layout == torch.strided and v.device.type == "cpu":
+            flat = v.detach().contiguous().reshape(-1)
+            buffers.append(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+            return {"$": "tensor", "dtype": str(v.dtype).removeprefix("torch."),
+                    "shape": list(v.shape), "cls": t.__name__, "buf": len(buffers) - 1}
+        if isinstance(v, (np.ndarray, np.generic)) and np.asarray(v).dtype.kind != "O":
+            out = io.BytesIO()
+            np.save(out, np.asarray(v), allow_pickle=False)
+            buffers.append(out.getvalue())
+            return {"$": "ndarray" if isinstance(v, np.ndarray) else "npscalar", "buf": len(buffers) - 1}
+        if keep is None:
+            raise WireError(f"cannot send a value of type {t.__name__}")
+        return {"$": "handle", "id": keep(v), "type": t.__name__}
+
+    return walk(value, 0), buffers
+
+
+def decode(tree: Any, buffers: list[bytes], resolve: Callable[[int], Any] | None = None) -> Any:
+    """Rebuild a value from `encode`'s output, accepting only the allowed types.
+
+    `resolve` maps handle ids back to objects (the student's side); without it
+    handles decode to `Handle` (the grader's side).
+    """
+
+    def buf(i: Any) -> bytes:
+        if type(i) is not int or not 0 <= i < len(buffers):
+            raise WireError("bad buffer index")
+        return buffers[i]
+
+    def walk(n: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise WireError("value nested too deeply")
+        if n is None or type(n) in (bool, int, float, str):
+            return n
+        if type(n) is list:
+            return [walk(x, depth + 1) for x in n]
+        if type(n) is not dict:
+            raise WireError(f"unexpected node {type(n).__name__}")
+        tag = n.get("$")
+        if tag == "tuple":
+            return tuple(walk(x, depth + 1) for x in n["items"])
+        if tag == "dict":
+            return {_hashable(walk(k, depth + 1)): walk(x, depth + 1) for k, x in n["items"]}
+        if tag == "bigint":
+            return int(n["v"])
+        if tag == "float":
+            return float(n["v"])
+        if tag == "bytes":
+            return buf(n["buf"])
+        if tag == "tensor":
+            return _tensor(n, buf(n["buf"]))
+        if tag in ("ndarray", "npscalar"):
+            arr = np.load(io.BytesIO(buf(n["buf"])), allow_pickle=False)
+            return arr if tag == "ndarray" else arr[()]
+        if tag == "handle":
+            if resolve is not None:
+                return resolve(int(n["id"]))
+            return Handle(int(n["id"]), str(n.get("type", "object")))
+        raise WireError(f"unknown tag {tag!r}")
+
+    return walk(tree, 0)
+
+
+def _hashable(key: Any) -> Any:
+    try:
+        hash(key)
+    except TypeError:
+        raise WireError("dict key is not hashable") from None
+    return key
+
+
+_DTYPES = {name: getattr(torch, name) for name in (
+    "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16",
+    "float32", "float64", "complex64", "complex128")}
+
+
+def _tensor(node: dict, data: bytes) -> torch.Tensor:
+    dtype = _DTYPES.get(node.get("dtype"))
+    shape = node.get("shape")
+    if dtype is None or type(shape) is not list or not all(type(s) is int and s >= 0 for s in shape):
+        raise WireError("bad tensor header")
+    numel = 1
+    for s in shape:
+        numel *= s
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if len(data) != numel * itemsize:
+        raise WireError("tensor data does not match its shape")
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
+
+
+def write_frame(fd: int, header: Any, buffers: list[bytes] = ()) -> None:
+    """Write one frame to a pipe (blocking)."""
+    head = json.dumps(header, separators=(",", ":")).encode()
+    parts = [_LEN.pack(len(head)), head, _LEN.pack(len(buffers))]
+    for b in buffers:
+        parts += [_LEN.pack(len(b)), b]
+    view = memoryview(b"".join(parts))
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def read_frame(fd: int, *, deadline: float | None = None, max_bytes: int = 1 << 30) -> tuple[Any, list[bytes]]:
+    """Read one frame; raise WireTimeout after `deadline` (a time.monotonic value)."""
+
+    def exactly(n: int) -> bytes:
+        chunks, need = [], n
+        while need:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    raise WireTimeout("no reply before the deadline")
+            chunk = os.read(fd, min(need, 1 << 20))
+            if not chunk:
+                raise WireClosed("pipe closed")
+            chunks.append(chunk)
+            need -= len(chunk)
+        return b"".join(chunks)
+
+    total = 0
+
+    def length() -> int:
+        nonlocal total
+        (n,) = _LEN.unpack(exactly(8))
+        total += n
+        if total > max_bytes:
+            raise WireError(f"message larger than {max_bytes >> 20} MiB")
+        return n
+
+    try:
+        header = json.loads(exactly(length()))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise WireError(f"unreadable header: {e}") from None
+    (count,) = _LEN.unpack(exactly(8))
+    if count > 1 << 16:
+        raise WireError("too many buffers")
+    return header, [exactly(length()) for _ in range(count)]
