@@ -123,3 +123,7 @@ def stubs(chapter_names: tuple[Chapter, ...], check_only: bool) -> None:
     if not changed:
         click.echo("all stubs up to date")
     sys.exit(1 if check_only and changed else 0)
+
+
+if __name__ == "__main__":
+    main()

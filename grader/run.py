@@ -103,7 +103,8 @@ def run_one(spec: checks.CheckSpec, function: str, *, session: Session, ref, see
             params: dict, figures: dict, time_limit: float, known: set[int]) -> CheckResult:
     """Run one check and turn whatever happened into a result; never raises."""
     result = CheckResult(spec.task, function, spec.name, spec.hidden, spec.points, "passed")
-    trial = Trial(spec, session=session, ref=ref, seed=seed, params=params, figures=figures, time_limit=time_limit)
+    trial = Trial(spec, session=session, ref=ref, seed=seed, params=params, figures=figures)
+    session.begin_check(time_limit)
     t0 = time.monotonic()
     try:
         spec.body(trial)
@@ -120,8 +121,9 @@ def run_one(spec: checks.CheckSpec, function: str, *, session: Session, ref, see
     result.elapsed = time.monotonic() - t0
     strays = procs.kill_strays(known | session.pids)
     if strays:
-        result.status = "error"
-        result.message = f"your code left a process running ({strays[0]}); graded code must not start processes"
+        note = f"your code left a process running ({strays[0]}); graded code must not start processes"
+        result.message = f"{result.message}\n{note}" if result.status != "passed" else note
+        result.status = "error" if result.status == "passed" else result.status
     result.printed = session.take_printed()
     return result
 

@@ -90,9 +90,10 @@ class Session:
         self.workdir = Path(tempfile.mkdtemp(prefix="course-run-"))
         self.worker: Worker | None = None
         self.loaded = False
-        self.load_failure: StudentError | StudentRaised | None = None
+        self.load_failure: StudentError | None = None
         self.printed: list[str] = []
         self._log_offset = 0
+        self.time_left = time_limit
         self._spawn()
 
     def _spawn(self) -> None:
@@ -113,7 +114,10 @@ class Session:
             try:
                 self._request({"op": "load", "path": str(self.path), "name": f"student_{self.path.stem}"},
                               [], f"importing {self.path.name}", self.time_limit)
-            except (StudentError, StudentRaised) as e:
+            except StudentRaised as e:  # not the call's exception: no check may accept it
+                self.load_failure = StudentError("error", e.explain())
+                raise self.load_failure from None
+            except StudentError as e:
                 self.load_failure = e
                 raise
             self.loaded = True
@@ -139,7 +143,12 @@ class Session:
             raise StudentError("error", f"{label} left a process running ({reply['spawned'][0]}); "
                                         "graded code must not start processes")
         if not reply.get("ok"):
-            raise StudentRaised(label, reply.get("error") or {})
+            error = reply.get("error") or {}
+            if error.get("output_limit"):
+                self._kill()  # its log is full: the next check gets a fresh process
+                raise StudentError("error", f"{label} printed more than {OUTPUT_LIMIT >> 20} MiB: "
+                                            "the output limit was reached (print less)")
+            raise StudentRaised(label, error)
         return reply, out
 
     def _collect_output(self) -> None:
@@ -156,17 +165,21 @@ class Session:
         self.worker = None
 
     def call(self, target: str | tuple[wire.Handle, str], args: list, kwargs: dict, *,
-             record: bool, deadline: float) -> Call:
-        """Call a function of the module (or a method of a handle) before `deadline`."""
+             record: bool) -> Call:
+        """Call a function of the module (or a method of a handle) within the check's time left."""
         self._ensure_loaded()
         if isinstance(target, str):
             label, where = target, target
         else:
             label, where = f"{target[0].type_name}.{target[1]}", {"handle": target[0].id, "method": target[1]}
         (args_tree, kwargs_tree), buffers = wire.encode([list(args), dict(kwargs)])
-        reply, out = self._request({"op": "call", "target": where, "args": args_tree,
-                                    "kwargs": kwargs_tree, "record": record},
-                                   buffers, label, deadline - time.monotonic())
+        started = time.monotonic()
+        try:
+            reply, out = self._request({"op": "call", "target": where, "args": args_tree,
+                                        "kwargs": kwargs_tree, "record": record},
+                                       buffers, label, self.time_left)
+        finally:
+            self.time_left -= time.monotonic() - started
         try:
             result = wire.decode(reply["result"], out)
             return Call(result["value"], result["args"], result["kwargs"],
@@ -174,6 +187,11 @@ class Session:
         except (wire.WireError, KeyError, TypeError, ValueError) as e:
             self._kill()
             raise StudentError("error", f"{label}: its result could not be read ({e})") from None
+
+    def begin_check(self, time_limit: float) -> None:
+        """Start a check's time budget: the seconds its calls may spend in student code
+        (starting the process and importing the module do not count)."""
+        self.time_limit = self.time_left = time_limit
 
     def take_printed(self) -> str:
         """What the student's code printed since the last call of this method."""
@@ -197,17 +215,16 @@ class Trial:
     """
 
     def __init__(self, spec: CheckSpec, *, session: Session, ref: ModuleType | None, seed: int,
-                 params: dict[str, tuple[str, ...]], figures: dict[str, dict], time_limit: float) -> None:
+                 params: dict[str, tuple[str, ...]], figures: dict[str, dict]) -> None:
         self.spec, self.session, self.ref = spec, session, ref
         self.params, self.figures = params, figures
         mixed = zlib.crc32(f"{seed if spec.hidden else 0}:{spec.key}".encode())
         self.rng = torch.Generator().manual_seed(mixed)
         self.random = random.Random(mixed)
-        self.deadline = time.monotonic() + time_limit
 
     def run(self, fn: str, *args: Any, mutates: tuple[str, ...] = (), record: bool = False, **kwargs: Any) -> Call:
         """Call the student's `fn`; fail if it changed an input not named in `mutates`."""
-        call = self.session.call(fn, list(args), kwargs, record=record, deadline=self.deadline)
+        call = self.session.call(fn, list(args), kwargs, record=record)
         names = self.params.get(fn, ())
         for i, (before, after) in enumerate(zip(args, call.args)):
             name = names[i] if i < len(names) else f"argument {i + 1}"
@@ -227,7 +244,7 @@ class Trial:
     def expect_raises(self, error: type[Exception], fn: str, *args: Any, because: str, **kwargs: Any) -> None:
         """Require `fn(*args)` to raise `error` (a builtin exception class) for the reason `because`."""
         try:
-            value = self.session.call(fn, list(args), kwargs, record=False, deadline=self.deadline).value
+            value = self.session.call(fn, list(args), kwargs, record=False).value
         except StudentRaised as e:
             if e.not_implemented or e.is_a(error.__name__):
                 if e.not_implemented:

@@ -82,7 +82,9 @@ class Worker:
         except subprocess.TimeoutExpired:
             return "stopped answering"
         if code is None or code >= 0:
-            return f"ended the grading process with exit code {code} (os._exit or sys.exit?)"
+            last = self.printed_since(max(self.printed_size() - 300, 0)).strip().splitlines()
+            said = f"; its last output: {last[-1]!r}" if code and last else ""
+            return f"ended the grading process with exit code {code} (os._exit or sys.exit?){said}"
         sig = -code
         if sig == signal.SIGXFSZ:
             return "printed so much output that the output limit was reached"

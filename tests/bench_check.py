@@ -1,0 +1,62 @@
+"""Benchmark (not a test): how long `course check` takes and what isolation costs per check.
+
+Run:  .venv/bin/python tests/bench_check.py
+Prints the median of 5 wall times of `course check ch25 --solutions` (a fresh
+process each time, torch import included), then the cost of one round trip to
+the student's process and how a run grows with the number of checks.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from grader import chapters
+from grader.trial import Session
+
+
+def wall(cmd: list[str], runs: int = 5) -> list[float]:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run(cmd, check=False, capture_output=True)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    course = shutil.which("course") or str(Path(sys.executable).with_name("course"))
+    figs = tempfile.mkdtemp()
+    for label, extra in (("course check ch25 --solutions", ["--solutions"]), ("course check ch25 (stubs)", [])):
+        times = wall([course, "check", "ch25", *extra, "--figures", figs])
+        print(f"{label:34s} median {statistics.median(times):.2f} s  runs {' '.join(f'{t:.2f}' for t in times)}")
+    times = wall([sys.executable, "-c", "import torch"])
+    label = 'python -c "import torch"'
+    print(f"{label:34s} median {statistics.median(times):.2f} s")
+
+    path = chapters.SOLUTIONS / "ch25_paged_kv.py"
+    t0 = time.perf_counter()
+    session = Session(path, root=chapters.ROOT, time_limit=10.0, memory_limit=2 << 30, forbidden_dirs=[])
+    session.begin_check(1e9)
+    session.call("slot_mapping", [[0], [0], 1], {}, record=False)
+    print(f"start the student process + import torch + load the module: {time.perf_counter() - t0:.2f} s")
+    for n, args in ((1000, [[3, 0, 4], [0, 1, 2, 3, 4], 2]), (200, [list(range(1024)), list(range(16384)), 16])):
+        start = time.perf_counter()
+        for _ in range(n):
+            session.call("slot_mapping", args, {}, record=False)
+        per = (time.perf_counter() - start) / n
+        print(f"round trip per call ({len(args[1]):>5} positions): {per * 1e3:.2f} ms")
+    start = time.perf_counter()
+    for _ in range(200):
+        session.call("slot_mapping", [[3, 0, 4], [0, 1, 2, 3, 4], 2], {}, record=True)
+    print(f"round trip per call with the tensor recorder: {(time.perf_counter() - start) / 200 * 1e3:.2f} ms")
+    session.close()
+
+
+if __name__ == "__main__":
+    main()

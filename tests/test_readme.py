@@ -1,0 +1,19 @@
+"""The README keeps its two commands, and CI runs the test one."""
+
+import re
+
+from grader.chapters import ROOT
+
+
+def commands():
+    return re.findall(r"```\n(python3 -m venv .*)\n```", (ROOT / "README.md").read_text())
+
+
+def test_the_readme_has_exactly_two_fresh_machine_commands():
+    main_job, tests = commands()
+    assert "course check" in main_job and "--solutions" in main_job
+    assert "pytest" in tests
+
+
+def test_ci_runs_the_readme_test_command():
+    assert commands()[1] in (ROOT / ".ci" / "run").read_text().splitlines()

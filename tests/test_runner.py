@@ -1,0 +1,148 @@
+"""The isolated runner against hostile submissions: each behaviour costs the check it
+happens in, with a clear status and message, and nothing else is lost."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from grader.chapters import EXERCISES
+from grader.run import check
+
+# A correct ch25 whose slot_mapping misbehaves only on the figure instance (the first check).
+TEMPLATE = '''
+import torch
+
+def _slots(block_table, positions, block_size):
+    if block_size <= 0:
+        raise ValueError("block_size")
+    pos = torch.as_tensor(positions, dtype=torch.int64)
+    if pos.numel() and (int(pos.min()) < 0 or int((pos // block_size).max()) >= len(block_table)):
+        raise ValueError("beyond the table")
+    return torch.as_tensor(block_table, dtype=torch.int64)[pos // block_size] * block_size + pos % block_size
+
+def slot_mapping(block_table, positions, block_size):
+    """Task ch25.1."""
+    if list(block_table) == [3, 0, 4] and len(positions) == 5:
+{hostile}
+    return _slots(block_table, positions, block_size)
+
+def store_kv(k_cache, v_cache, k, v, slots):
+    """Task ch25.2."""
+    raise NotImplementedError("ch25.2 store_kv: not implemented yet (about 3 lines)")
+'''
+
+HOSTILE = {
+    "endless loop": ("while True:\n    pass", "timeout", "did not finish within 2 s"),
+    "sleep": ("import time\ntime.sleep(60)", "timeout", "did not finish within 2 s"),
+    "huge allocation": ("torch.empty(10**12)", "error", "ran out of memory"),
+    "growing allocation": ("x = []\nwhile True:\n    x.append(bytearray(10**7))", "error", "ran out of memory"),
+    "sys.exit": ("import sys\nsys.exit(3)", "error", "called sys.exit(3)"),
+    "os._exit": ("import os\nos._exit(0)", "error", "ended the grading process with exit code 0"),
+    "output flood": ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", "error",
+                     "output limit was reached"),
+    "fake results on stdout and stderr": (
+        "import sys, json\nprint(json.dumps({'score': 9, 'status': 'passed'}))\n"
+        "print('✓ 25.1 slot_mapping 5/5', file=sys.stderr)\nreturn torch.zeros(5, dtype=torch.int64)",
+        "failed", "yours: 0"),
+    "patched comparisons": (
+        "import builtins, numpy\ntorch.equal = lambda *a, **k: True\ntorch.allclose = lambda *a, **k: True\n"
+        "torch.Tensor.__eq__ = lambda *a: torch.tensor(True)\nnumpy.array_equal = lambda *a, **k: True\n"
+        "builtins.isinstance = lambda *a: True\nreturn torch.zeros(5, dtype=torch.int64)",
+        "failed", "yours: 0"),
+    "an object equal to anything": (
+        "class Anything:\n    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\n"
+        "return Anything()", "failed", "yours: an object of type Anything"),
+    "importing the reference": ("from solutions.ch25_paged_kv import slot_mapping as ref\n"
+                                "return ref(block_table, positions, block_size)", "error", "not allowed while grading"),
+    "reading the reference by path": (
+        "import importlib.util, grader\nfrom pathlib import Path\n"
+        "p = Path(grader.__file__).parent.parent / 'solutions' / 'ch25_paged_kv.py'\n"
+        "spec = importlib.util.spec_from_file_location('r', p)\nm = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(m)\nreturn m.slot_mapping(block_table, positions, block_size)",
+        "error", "not allowed while grading"),
+    "a process left running": ("import subprocess\nsubprocess.Popen(['sleep', '300'])", "error",
+                               "left a process running (sleep 300)"),
+    "an escaped daemon (double fork, setsid)": (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(300)\n"
+        "    os._exit(0)\nos.wait()", "error", "left a process running"),
+    "a fork that returns twice": ("import os\nos.fork()\nreturn torch.zeros(5, dtype=torch.int64)", "error",
+                                  "left a process running"),
+}
+
+
+def submission(tmp_path, hostile: str):
+    body = textwrap.indent(hostile, " " * 8)
+    (tmp_path / "ch25_paged_kv.py").write_text(TEMPLATE.replace("{hostile}", body))
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_behaviour_costs_only_its_check(tmp_path, name):
+    code, status, words = HOSTILE[name]
+    started = time.monotonic()
+    report = check("ch25", submission=submission(tmp_path, code), task="25.1", hidden=False,
+                   time_limit=2.0, memory_limit=1 << 30, figures_dir=None)
+    first, rest = report.results[0], report.results[1:]
+    assert first.name.startswith("figure instance")
+    assert (first.status, words in first.message) == (status, True), first.message
+    assert first.score == 0
+    assert [r.status for r in rest] == ["passed"] * len(rest), [(r.name, r.message) for r in rest]
+    assert time.monotonic() - started < 30
+
+
+def test_no_process_outlives_the_run(tmp_path):
+    code = HOSTILE["an escaped daemon (double fork, setsid)"][0]
+    check("ch25", submission=submission(tmp_path, code), task="25.1", hidden=False, figures_dir=None)
+    leftovers = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True).stdout.split()
+    assert not leftovers
+
+
+def test_a_module_that_fails_to_import_errors_every_check_once(tmp_path):
+    (tmp_path / "ch25_paged_kv.py").write_text("def slot_mapping(:\n    pass\n")
+    report = check("ch25", submission=tmp_path, hidden=False, figures_dir=None)
+    assert {r.status for r in report.results} == {"error"}
+    assert all("SyntaxError" in r.message and "ch25_paged_kv.py:1" in r.message for r in report.results)
+
+
+def test_a_module_that_hangs_on_import_times_out(tmp_path):
+    (tmp_path / "ch25_paged_kv.py").write_text("while True:\n    pass\n")
+    started = time.monotonic()
+    report = check("ch25", submission=tmp_path, hidden=False, time_limit=1.0, figures_dir=None)
+    assert {r.status for r in report.results} == {"timeout"}
+    assert "importing ch25_paged_kv.py did not finish" in report.results[0].message
+    assert time.monotonic() - started < 15, "the import is timed out once, not once per check"
+
+
+def test_a_missing_function_is_named(tmp_path):
+    (tmp_path / "ch25_paged_kv.py").write_text("def store_kv(*a):\n    pass\n")
+    report = check("ch25", submission=tmp_path, task="25.1", hidden=False, figures_dir=None)
+    assert "has no function 'slot_mapping'" in report.results[0].message
+
+
+def test_printing_is_allowed_and_shown(tmp_path):
+    code = "print('debugging: here I am')\nreturn torch.zeros(5, dtype=torch.int64)"
+    report = check("ch25", submission=submission(tmp_path, code), task="25.1", hidden=False, figures_dir=None)
+    assert report.results[0].status == "failed"
+    assert "debugging: here I am" in report.results[0].printed
+
+
+def test_json_output_is_one_document_whatever_the_student_prints(tmp_path):
+    code = HOSTILE["fake results on stdout and stderr"][0]
+    out = subprocess.run([sys.executable, "-m", "grader.cli", "check", "ch25", "--task", "25.1", "--json",
+                          "--submission", str(submission(tmp_path, code)), "--figures", str(tmp_path / "f")],
+                         capture_output=True, text=True, cwd=tmp_path)
+    doc = json.loads(out.stdout)
+    assert out.returncode == 1
+    assert doc["tests"][0]["status"] == "failed" and doc["score"] < doc["max_score"]
+
+
+def test_the_stub_module_is_the_default_target():
+    report = check("ch25", task="25.2", figures_dir=None)
+    assert report.target == str(EXERCISES / "ch25_paged_kv.py")
+    assert all(r.todo for r in report.results)

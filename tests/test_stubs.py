@@ -1,0 +1,53 @@
+"""Stub generation: regions become TODOs naming their task; malformed regions are refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from grader.stubs import StubError, make_stub
+
+SOURCE = '''"""标题 · title"""
+
+CONSTANT = 3
+
+
+def f(x):
+    """Do f. Task ch99.1."""
+    # a comment students keep
+    ### BEGIN SOLUTION
+    y = x + 1
+
+    # the answer
+    return y
+    ### END SOLUTION
+
+
+class G:
+    """A class task. Task ch99.2."""
+
+    def method(self):
+        ### BEGIN SOLUTION
+        return 1
+        ### END SOLUTION
+'''
+
+
+def test_regions_become_todos_naming_the_task_and_size():
+    stub = make_stub(SOURCE, "ch99")
+    assert "y = x + 1" not in stub and "return 1" not in stub
+    assert "    # TODO(ch99.1): your code here (about 2 lines)\n" in stub
+    assert '    raise NotImplementedError("ch99.1 f: not implemented yet (about 2 lines)")\n' in stub
+    assert '        raise NotImplementedError("ch99.2 G: not implemented yet (about 1 line)")\n' in stub
+    assert "CONSTANT = 3" in stub and "# a comment students keep" in stub and '"""Do f. Task ch99.1."""' in stub
+    compile(stub, "stub", "exec")
+
+
+@pytest.mark.parametrize("broken, why", [
+    (SOURCE.replace("    ### END SOLUTION\n\n\nclass", "\n\nclass"), "not closed"),
+    (SOURCE.replace("Task ch99.1.", ""), "not inside a function or class marked"),
+    (SOURCE + "### BEGIN SOLUTION\nZ = 1\n### END SOLUTION\n", "inside a function"),
+    (SOURCE + "### END SOLUTION\n", "without"),
+])
+def test_malformed_regions_are_refused(broken, why):
+    with pytest.raises(StubError, match=why):
+        make_stub(broken, "ch99")
