@@ -130,13 +130,9 @@ class Child:
     def op_call(self, header: dict, buffers: list[bytes]) -> tuple[dict, list[bytes]]:
         args = wire.decode(header["args"], buffers, self.resolve)
         kwargs = wire.decode(header["kwargs"], buffers, self.resolve)
-        target = header["target"]
-        if isinstance(target, str):
-            fn = getattr(self.module, target, None)
-            if fn is None:
-                raise _Missing(f"your module has no function {target!r}")
-        else:
-            fn = getattr(self.resolve(target["handle"]), target["method"])
+        fn = getattr(self.module, header["target"], None)
+        if fn is None:
+            raise _Missing(f"your module has no function {header['target']!r}")
         recorder = _Recorder() if header.get("record") else None
         saved = dict(vars(builtins))
         start = time.perf_counter()
@@ -154,11 +150,6 @@ class Child:
         if recorder:
             reply["created"], reply["dropped"] = recorder.created, recorder.dropped
         return reply, out
-
-    def op_getattr(self, header: dict, _: list[bytes]) -> tuple[dict, list[bytes]]:
-        value = getattr(self.resolve(header["handle"]), header["name"])
-        tree, out = wire.encode({"value": value, "args": [], "kwargs": {}}, self.keep)
-        return {"ok": True, "result": tree, "elapsed": 0.0}, out
 
     def describe(self, e: BaseException) -> dict:
         """An exception as plain data: its type chain, message and the student's frames."""

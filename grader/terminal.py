@@ -46,17 +46,24 @@ class TerminalReport:
             click.echo(f"{line}  {bad[0].message}")
             return
         click.echo(line)
-        shown = bad if self.verbose else bad[:MAX_MESSAGES]
-        for r in shown:
-            tag = {"timeout": "timed out", "error": "error", "failed": "failed"}.get(r.status, r.status)
+        if ok and not self.verbose:
+            return
+        explained = 0
+        for r in rs:
             hidden = " (hidden)" if r.hidden else ""
-            click.echo(click.style(f"      case \"{r.name}\"{hidden}: {tag}", fg="yellow"))
-            for msg_line in r.message.splitlines():
-                click.echo(f"        {msg_line}")
-            if r.printed.strip():
-                click.echo(f"        (your code printed: {r.printed.strip()[:200]!r})")
-        if len(bad) > len(shown):
-            click.echo(f"      … and {len(bad) - len(shown)} more failing checks (--verbose shows them all)")
+            if r.status == "passed":
+                click.echo(f"      {click.style('✓', fg='green')} {r.name}{hidden}")
+                continue
+            tag = {"timeout": "timed out", "error": "error", "failed": "wrong"}.get(r.status, r.status)
+            click.echo(f"      {click.style('✗', fg='red')} {r.name}{hidden}  " + click.style(f"[{tag}]", fg="yellow"))
+            if explained < MAX_MESSAGES or self.verbose:
+                explained += 1
+                for msg_line in r.message.splitlines():
+                    click.echo(f"          {msg_line}")
+                if r.printed.strip():
+                    click.echo(f"          (your code printed: {r.printed.strip()[:200]!r})")
+        if len(bad) > explained:
+            click.echo(f"      ({len(bad) - explained} more failing checks not explained; --verbose explains all)")
 
     def finish(self, report: Report) -> None:
         self.flush()

@@ -164,20 +164,15 @@ class Session:
             self.worker.kill()
         self.worker = None
 
-    def call(self, target: str | tuple[wire.Handle, str], args: list, kwargs: dict, *,
-             record: bool) -> Call:
-        """Call a function of the module (or a method of a handle) within the check's time left."""
+    def call(self, name: str, args: list, kwargs: dict, *, record: bool) -> Call:
+        """Call a function of the module within the check's time left."""
         self._ensure_loaded()
-        if isinstance(target, str):
-            label, where = target, target
-        else:
-            label, where = f"{target[0].type_name}.{target[1]}", {"handle": target[0].id, "method": target[1]}
         (args_tree, kwargs_tree), buffers = wire.encode([list(args), dict(kwargs)])
         started = time.monotonic()
         try:
-            reply, out = self._request({"op": "call", "target": where, "args": args_tree,
+            reply, out = self._request({"op": "call", "target": name, "args": args_tree,
                                         "kwargs": kwargs_tree, "record": record},
-                                       buffers, label, self.time_left)
+                                       buffers, name, self.time_left)
         finally:
             self.time_left -= time.monotonic() - started
         try:
@@ -186,7 +181,7 @@ class Session:
                         [tuple(c) for c in reply.get("created", [])], float(reply.get("elapsed", 0.0)))
         except (wire.WireError, KeyError, TypeError, ValueError) as e:
             self._kill()
-            raise StudentError("error", f"{label}: its result could not be read ({e})") from None
+            raise StudentError("error", f"{name}: its result could not be read ({e})") from None
 
     def begin_check(self, time_limit: float) -> None:
         """Start a check's time budget: the seconds its calls may spend in student code

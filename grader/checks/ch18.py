@@ -1,0 +1,418 @@
+"""Public checks of ch18 · grouped-query attention, and the messages they share with the hidden ones."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from grader.checks import public
+from grader.compare import CheckFailed, describe, expect_int, expect_tensor, first_wrong, fmt, wrong_mask
+from grader.trial import Trial
+
+# Tolerances for float32 attention outputs.
+ATOL, RTOL = 1e-5, 1e-5
+
+# dim-gqa: two [3, 2] query heads, one K/V head, small integers a reader can recompute.
+DIM_Q = [[[1, 0], [0, 1]],        # token 0: head 0, head 1
+         [[0, 1], [1, 0]],        # token 1
+         [[2, 0], [0, 2]]]        # token 2
+DIM_K = [[[1, 0]], [[0, 1]], [[1, 1]]]
+DIM_V = [[[2, 0]], [[0, 2]], [[2, 2]]]
+
+# ch18-gqa-groups: 4 query heads over 2 K/V heads.
+GROUPS_HEADS, GROUPS_KV = 4, 2
+
+# ch18-kv-capacity: 8 query heads as MHA / GQA / MQA, Qwen3-0.6B-like layers, head_dim, a 4k context, bf16.
+CAPACITY = dict(num_layers=28, head_dim=128, num_tokens=4096, dtype_bytes=2)
+CAPACITY_CONFIGS = [("MHA", 8), ("GQA", 2), ("MQA", 1)]
+CAPACITY_HEADS = 8
+
+# Qwen3-0.6B (reference/nanovllm.md): 28 layers, 16 query heads, 8 K/V heads, head_dim 128, bf16.
+QWEN3 = dict(num_layers=28, num_kv_heads=8, head_dim=128, dtype_bytes=2)
+
+
+# -- 18.1 kv_head_for --------------------------------------------------------------------------------
+
+def collect_mapping(t: Trial, num_heads: int, num_kv_heads: int,
+                    heads: list[int] | None = None) -> tuple[list[int], list[int], list[int]]:
+    """The student's and the reference's K/V head for each query head in `heads` (default: all)."""
+    heads = list(range(num_heads)) if heads is None else heads
+    got = [expect_int(t.call("kv_head_for", h, num_heads, num_kv_heads),
+                      what=f"kv_head_for({h}, {num_heads}, {num_kv_heads})") for h in heads]
+    want = [t.ref.kv_head_for(h, num_heads, num_kv_heads) for h in heads]
+    return heads, got, want
+
+
+def explain_mapping(heads: list[int], got: list[int], want: list[int], num_heads: int, num_kv_heads: int) -> None:
+    """Raise a teaching message at the first query head mapped to the wrong K/V head."""
+    wrong = [i for i in range(len(heads)) if got[i] != want[i]]
+    if not wrong:
+        return
+    i = wrong[0]
+    h, yours, kv = heads[i], got[i], want[i]
+    group = num_heads // num_kv_heads
+    lines = [f"{num_heads} query heads share {num_kv_heads} K/V heads → group size {num_heads} // "
+             f"{num_kv_heads} = {group}",
+             f"query head {h} is in group {h} // {group} = {kv}, so it reads K/V head {kv}; yours: {yours}"]
+    if len(heads) > 1:
+        lines.append(f"  query heads        {_short(heads)}")
+        lines.append(f"  expected K/V heads {_short(want)}")
+        lines.append(f"  yours              {_short(got)}")
+    hint = mapping_hint(heads, got, num_heads, num_kv_heads)
+    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+
+
+def mapping_hint(heads: list[int], got: list[int], num_heads: int, num_kv_heads: int) -> str:
+    """The misconception the student's mapping comes from ('' when none fits)."""
+    group = num_heads // num_kv_heads
+    if got == [h % num_kv_heads for h in heads]:
+        return (f"q_head % num_kv_heads interleaves the heads (0, 1, 0, 1, …); nano-vllm and flash-attn group "
+                f"consecutive heads: heads 0 … {group - 1} share K/V head 0, heads {group} … {2 * group - 1} "
+                f"K/V head 1, …")
+    if got == [h // num_kv_heads for h in heads]:
+        return (f"divide by the group size num_heads // num_kv_heads = {group}, not by num_kv_heads = "
+                f"{num_kv_heads}")
+    if got == heads:
+        return "return the K/V head the query head reads, not the query head itself"
+    if got == [h % group for h in heads]:
+        return (f"h % group is the head's place inside its group; the group (and so the K/V head) is "
+                f"h // group = h // {group}")
+    return ""
+
+
+def run_mapping_case(t: Trial, num_heads: int, num_kv_heads: int, heads: list[int] | None = None) -> None:
+    heads, got, want = collect_mapping(t, num_heads, num_kv_heads, heads)
+    explain_mapping(heads, got, want, num_heads, num_kv_heads)
+
+
+def _short(xs: list) -> str:
+    return str(list(xs)) if len(xs) <= 16 else f"[{', '.join(map(str, xs[:14]))}, … ({len(xs)} heads)]"
+
+
+# -- 18.2 gqa_attention ------------------------------------------------------------------------------
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_of: list[int], allowed: torch.Tensor | None,
+           scale: float) -> torch.Tensor:
+    """Plain per-head attention (float64, K/V gathered per head): the grader's own model of a variant."""
+    kk, vv = k[:, kv_of].double(), v[:, kv_of].double()
+    s = torch.einsum("thd,shd->hts", q.double(), kk) * scale
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("hts,shd->thd", s.softmax(-1), vv).to(q.dtype)
+
+
+def end_aligned(T: int, S: int) -> torch.Tensor:
+    """The ch17 offset mask [T, S]: query i sees keys 0 … S − T + i."""
+    return torch.ones(T, S, dtype=torch.bool).tril(S - T)
+
+
+def attention_hint(got: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                   scale: float | None) -> str:
+    """Find the mistakes (grouping × mask × scale) that reproduce the student's output ('' when none)."""
+    (T, Hq, d), (S, Hkv, _) = q.shape, k.shape
+    group = Hq // Hkv
+    right = d ** -0.5 if scale is None else scale
+    groupings = [("", [h // group for h in range(Hq)])]
+    if Hkv > 1 and group > 1:
+        groupings.append((f"query head h reads K/V head h // group = h // {group} (consecutive groups), "
+                          f"not h % num_kv_heads (interleaved)", [h % Hkv for h in range(Hq)]))
+        if all(h // Hkv < Hkv for h in range(Hq)) and group != Hkv:
+            groupings.append((f"query head h reads K/V head h // {group}: divide by the group size, not by "
+                              f"num_kv_heads = {Hkv}", [h // Hkv for h in range(Hq)]))
+    masks = [("", end_aligned(T, S) if causal else None)]
+    if causal:
+        if S > T:
+            masks.append((f"the causal mask is aligned to the end: query i is the token at position S − T + i "
+                           f"= {S - T} + i and sees keys 0 … {S - T} + i; a top-left tril (or SDPA's "
+                           f"is_causal=True with T ≠ S) lets it see only keys 0 … i",
+                           torch.ones(T, S, dtype=torch.bool).tril()))
+        masks.append(("causal=True: mask the keys after each query's position", None))
+    else:
+        masks.append(("causal=False: every query sees every key, apply no mask", end_aligned(T, S)))
+    scales = [("", right)]
+    if scale is not None and not math.isclose(scale, d ** -0.5):
+        scales.append((f"use the scale argument ({fmt(scale)}) when one is given; 1/√d is only the default",
+                       d ** -0.5))
+    scales += [(f"scale the scores by 1/√d = 1/√{d}; you did not scale them", 1.0),
+               (f"the scale is 1/√d = 1/√{d}, not 1/d", 1.0 / d),
+               (f"the scale is 1/√head_dim = 1/√{d}, not 1/√(num_heads·head_dim)", (Hq * d) ** -0.5)]
+    scales = [(why, s) for why, s in scales if why == "" or not math.isclose(s, right)]
+    for (g_why, kv_of), (m_why, allowed), (s_why, s) in itertools.product(groupings, masks, scales):
+        if not (g_why or m_why or s_why):
+            continue
+        variant = attend(q, k, v, kv_of, allowed, s)
+        if torch.allclose(got.double(), variant.double(), atol=1e-4, rtol=1e-4, equal_nan=True):
+            return "; ".join(w for w in (g_why, m_why, s_why) if w)
+    return ""
+
+
+def expect_output(got, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True) -> torch.Tensor:
+    """Require a [T, Hq, d] tensor in q's dtype (the token-major layout)."""
+    (T, Hq, d), (S, Hkv, _) = q.shape, k.shape
+    what = f"the output of {T} queries × {Hq} heads × head_dim {d}"
+    if isinstance(got, torch.Tensor) and list(got.shape) == [Hq, T, d] and T != Hq:
+        raise CheckFailed(f"expected {what} as a 3-D {str(q.dtype).removeprefix('torch.')} tensor of shape "
+                          f"[{T}, {Hq}, {d}]; yours: {describe(got)}\n"
+                          f"hint: keep the token-major layout [T, Hq, d] of q: transpose back after working "
+                          f"head-major")
+    return expect_tensor(got, what=what, shape=[T, Hq, d], dtype=q.dtype)
+
+
+def explain_output(out: torch.Tensor, want: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                   causal: bool, scale: float | None, case: str, atol: float = ATOL, rtol: float = RTOL) -> None:
+    """Raise a teaching message at the first wrong output element: its query head, token and keys."""
+    idx = first_wrong(out, want, atol=atol, rtol=rtol)
+    if idx is None:
+        return
+    (T, Hq, d), (S, Hkv, _) = q.shape, k.shape
+    group = Hq // Hkv
+    t, h, j = idx
+    count = int(wrong_mask(out, want, atol=atol, rtol=rtol).sum())
+    scale_txt = f"1/√{d} (default)" if scale is None else fmt(scale)
+    kind = "MHA" if Hkv == Hq else "MQA" if Hkv == 1 else "GQA"
+    lines = [f'case "{case}": q [{T}, {Hq}, {d}], k/v [{S}, {Hkv}, {d}] ({kind}: {Hq} query heads over {Hkv} K/V '
+             f"heads, group {group}), causal={causal}, scale={scale_txt}"]
+    where = f"query head {h} reads K/V head {h} // {group} = {h // group}; token {t}"
+    if causal:
+        p = S - T + t
+        where += f" is at position {S} − {T} + {t} = {p} and sees keys 0 … {p}"
+    else:
+        where += f" sees all {S} keys"
+    lines.append(where)
+    lines.append(f"out[{t}, {h}, {j}]: expected {fmt(want[t, h, j])}, yours {fmt(out[t, h, j])} "
+                 f"({count} of {want.numel()} elements differ beyond {atol:g} + {rtol:g}·|expected|)")
+    if not torch.isfinite(out).all() and torch.isfinite(want).all():
+        hint = ("your output has inf/nan: subtract each row's maximum before exp (or use torch.softmax), and make "
+                "sure no query row is fully masked")
+    else:
+        hint = attention_hint(out, q, k, v, causal, scale)
+    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+
+
+def run_attention_case(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
+                       scale: float | None = None, case: str, want: torch.Tensor | None = None) -> torch.Tensor:
+    """Call the student's gqa_attention on one case and compare with the reference (or `want`)."""
+    kw = {"causal": causal} | ({"scale": scale} if scale is not None else {})
+    got = t.call("gqa_attention", q, k, v, **kw)
+    out = expect_output(got, q, k, v, causal=causal)
+    want = t.ref.gqa_attention(q, k, v, **kw) if want is None else want
+    explain_output(out, want, q, k, v, causal=causal, scale=scale, case=case)
+    return out
+
+
+def random_qkv(t: Trial, T: int, S: int, Hq: int, Hkv: int, d: int,
+               magnitude: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q = torch.randn(T, Hq, d, generator=t.rng) * magnitude
+    k = torch.randn(S, Hkv, d, generator=t.rng)
+    v = torch.randn(S, Hkv, d, generator=t.rng)
+    return q, k, v
+
+
+def kv_copies(created: list, S: int, Hq: int, d: int) -> list:
+    """Created tensors large enough to be a per-query-head copy of K or V: shape contains S, ≥ S·Hq·d numbers."""
+    return [c for c in created if S in c[1] and math.prod(c[1]) >= S * Hq * d]
+
+
+def dims_named(shape: list[int], sizes: dict[str, int]) -> str:
+    """Label a shape's dimensions by the sizes they match: [40, 8, 16] → 'S × Hq × d'."""
+    names = {}
+    for name, size in sizes.items():
+        names.setdefault(size, []).append(name)
+    return " × ".join("=".join(names.get(n, [str(n)])) for n in shape)
+
+
+def explain_copies(copies: list, T: int, S: int, Hq: int, Hkv: int, d: int) -> None:
+    """Fail with the GQA lesson if the student's call created a per-query-head copy of K or V."""
+    if not copies:
+        return
+    op, shape, _ = copies[0]
+    group = Hq // Hkv
+    sizes = {"T": T, "S": S, "Hq": Hq, "Hkv": Hkv, "group": group, "d": d}
+    lines = [f"case: T={T} queries, S={S} keys, Hq={Hq} query heads over Hkv={Hkv} K/V heads (group {group}), "
+             f"d={d}",
+             f"your gqa_attention created a tensor of shape {shape} ({dims_named(shape, sizes)}, made by aten.{op}): "
+             f"{math.prod(shape):,} numbers, a copy of K or V for every query head, while K itself holds only "
+             f"S·Hkv·d = {S * Hkv * d:,}.",
+             "The point of GQA is that the query heads of a group share one K/V head: view q as "
+             "[Hkv, group·T, d] (or [Hkv, group, T, d]) and multiply by k of its group instead of repeating "
+             "k and v (a library call that repeats them internally counts too)."]
+    if len(shape) >= 3 and sorted(shape[-2:]) == sorted([S, d]) and group in shape[:-2]:
+        lines.append(f"hint: torch.matmul broadcasting a [Hkv, 1, …] K against [Hkv, group, T, d] queries expands K "
+                     f"over the group and copies it ({shape}); fold the group into the rows instead: "
+                     f"[Hkv, group·T, d] @ [Hkv, d, S]")
+    elif op in ("repeat_interleave", "repeat", "index_select", "index", "cat", "stack"):
+        lines.append(f"hint: aten.{op} materialised the repeated K/V; index the shared head instead of copying it")
+    raise CheckFailed("\n".join(lines))
+
+
+def dim_gqa_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (torch.tensor(DIM_Q, dtype=torch.float32), torch.tensor(DIM_K, dtype=torch.float32),
+            torch.tensor(DIM_V, dtype=torch.float32))
+
+
+# -- 18.3 kv_cache_bytes -----------------------------------------------------------------------------
+
+def expect_bytes(got, want: int, num_layers: int, num_kv_heads: int, head_dim: int, num_tokens: int,
+                 dtype_bytes: int) -> int:
+    """Require the exact byte count as a Python int, explaining the formula and a known mistake."""
+    inputs = (f"num_layers={num_layers}, num_kv_heads={num_kv_heads}, head_dim={head_dim}, "
+              f"num_tokens={num_tokens:,}, dtype_bytes={dtype_bytes}")
+    if type(got) is not int:
+        hint = ""
+        if isinstance(got, float):
+            hint = ("\nhint: multiply the Python ints directly (no /, no float(), no math.pow): a float loses "
+                    "bytes above 2^53 and is not a count")
+        try:
+            expect_int(got, what=f"the byte count for {inputs}")
+        except CheckFailed as e:
+            raise CheckFailed(str(e) + hint) from None
+    if got == want:
+        return got
+    lines = [f"inputs: {inputs}",
+             f"expected 2 (K and V) · {num_layers} · {num_kv_heads} · {head_dim} · {num_tokens:,} · {dtype_bytes} "
+             f"= {want:,} bytes; yours: {got:,}"]
+    hint = bytes_hint(got, want, num_layers, dtype_bytes, num_tokens)
+    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+
+
+def bytes_hint(got: int, want: int, num_layers: int, dtype_bytes: int, num_tokens: int) -> str:
+    if want and 2 * got == want:
+        return "count both K and V: every token stores a key and a value vector per K/V head (the factor 2)"
+    if want and got == 2 * want:
+        return "the factor 2 (K and V) appears once"
+    if want and got == 8 * want:
+        return "dtype_bytes is already bytes per element: do not multiply by 8 (that counts bits)"
+    if want and num_layers > 1 and got * num_layers == want:
+        return "every layer has its own K/V cache: multiply by num_layers"
+    if want and dtype_bytes > 1 and got * dtype_bytes == want:
+        return "multiply by dtype_bytes: without it you counted elements, not bytes"
+    if want and num_tokens > 1 and got * num_tokens == want:
+        return "multiply by num_tokens: your count is for one token"
+    if want and abs(got - want) <= want * 1e-12:
+        return (f"off by {got - want:+,} bytes: float arithmetic rounds above 2^53; multiply Python ints, which "
+                f"are exact at any size")
+    return ""
+
+
+def run_bytes_case(t: Trial, num_layers: int, num_kv_heads: int, head_dim: int, num_tokens: int,
+                   dtype_bytes: int) -> int:
+    args = (num_layers, num_kv_heads, head_dim, num_tokens, dtype_bytes)
+    got = t.call("kv_cache_bytes", *args)
+    return expect_bytes(got, t.ref.kv_cache_bytes(*args), *args)
+
+
+# -- public checks -----------------------------------------------------------------------------------
+
+@public("18.1", "figure instance: 4 query heads over 2 K/V heads")
+def groups_figure_instance(t: Trial) -> None:
+    heads, got, want = collect_mapping(t, GROUPS_HEADS, GROUPS_KV)
+    t.figure("ch18-gqa-groups", num_heads=GROUPS_HEADS, num_kv_heads=GROUPS_KV, mapping=got, expected=want)
+    explain_mapping(heads, got, want, GROUPS_HEADS, GROUPS_KV)
+
+
+@public("18.1", "Qwen3-0.6B: 16 query heads over 8 K/V heads (groups of 2)")
+def qwen3_groups(t: Trial) -> None:
+    run_mapping_case(t, 16, 8)
+
+
+@public("18.1", "MHA (8 over 8) and MQA (8 over 1)")
+def mha_and_mqa(t: Trial) -> None:
+    run_mapping_case(t, 8, 8)
+    run_mapping_case(t, 8, 1)
+
+
+@public("18.1", "groups of 4: 12 query heads over 3 K/V heads")
+def groups_of_four(t: Trial) -> None:
+    run_mapping_case(t, 12, 3)
+
+
+@public("18.1", "head counts that do not divide raise ValueError")
+def counts_not_dividing(t: Trial) -> None:
+    t.expect_raises(ValueError, "kv_head_for", 0, 12, 5,
+                    because="12 query heads cannot be split into 5 groups of consecutive heads")
+
+
+@public("18.1", "a query head out of range raises ValueError")
+def head_out_of_range(t: Trial) -> None:
+    t.expect_raises(ValueError, "kv_head_for", 4, 4, 2, because="4 query heads are numbered 0 … 3")
+
+
+@public("18.2", "figure instance: 2 query heads share 1 K/V head (T=3, d=2)")
+def dim_gqa_instance(t: Trial) -> None:
+    q, k, v = dim_gqa_tensors()
+    got = t.call("gqa_attention", q, k, v)
+    out = expect_output(got, q, k, v)
+    want = t.ref.gqa_attention(q, k, v)
+    T, S, d = q.shape[0], k.shape[0], q.shape[-1]
+    allowed = end_aligned(T, S)
+    dots = torch.einsum("thd,sd->hts", q, k[:, 0])
+    weights = (dots * d ** -0.5).masked_fill(~allowed, float("-inf")).softmax(-1)
+    t.figure("dim-gqa", q=q.transpose(0, 1), k=k[:, 0], v=v[:, 0], dots=dots, allowed=allowed, weights=weights,
+             out=out.transpose(0, 1), expected=want.transpose(0, 1), head_dim=d)
+    explain_output(out, want, q, k, v, causal=True, scale=None, case="figure instance")
+
+
+@public("18.2", "MHA: every query head has its own K/V head (T = S = 4)")
+def mha_case(t: Trial) -> None:
+    q, k, v = random_qkv(t, 4, 4, 3, 3, 4)
+    run_attention_case(t, q, k, v, case="MHA, T = S = 4")
+
+
+@public("18.2", "GQA: a chunk of 3 queries after 4 cached tokens (S = 7)")
+def chunk_after_prefix(t: Trial) -> None:
+    q, k, v = random_qkv(t, 3, 7, 4, 2, 8)
+    run_attention_case(t, q, k, v, case="3 new tokens after 4 cached")
+
+
+@public("18.2", "not causal, with a custom scale")
+def not_causal_custom_scale(t: Trial) -> None:
+    q, k, v = random_qkv(t, 2, 5, 6, 3, 4)
+    run_attention_case(t, q, k, v, causal=False, scale=0.25, case="not causal, scale 0.25")
+
+
+@public("18.2", "MQA decode step: one query sees every cached key")
+def mqa_decode(t: Trial) -> None:
+    q, k, v = random_qkv(t, 1, 6, 4, 1, 8)
+    run_attention_case(t, q, k, v, case="MQA decode, 1 query over 6 keys")
+
+
+@public("18.2", "query heads that do not split over the K/V heads raise ValueError")
+def bad_grouping(t: Trial) -> None:
+    q, k, v = torch.zeros(2, 6, 4), torch.zeros(2, 4, 4), torch.zeros(2, 4, 4)
+    t.expect_raises(ValueError, "gqa_attention", q, k, v,
+                    because="6 query heads cannot be split into groups over 4 K/V heads")
+
+
+@public("18.3", "Qwen3-0.6B in bf16: bytes per token")
+def qwen3_per_token(t: Trial) -> None:
+    run_bytes_case(t, QWEN3["num_layers"], QWEN3["num_kv_heads"], QWEN3["head_dim"], 1, QWEN3["dtype_bytes"])
+
+
+@public("18.3", "figure instance: 8 query heads as MHA / GQA / MQA (L=28, d=128, T=4096, bf16)")
+def capacity_instance(t: Trial) -> None:
+    c = CAPACITY
+    args = [(c["num_layers"], kv, c["head_dim"], c["num_tokens"], c["dtype_bytes"]) for _, kv in CAPACITY_CONFIGS]
+    got = [t.call("kv_cache_bytes", *a) for a in args]
+    want = [t.ref.kv_cache_bytes(*a) for a in args]
+    if all(type(g) is int for g in got):
+        t.figure("ch18-kv-capacity", configs=CAPACITY_CONFIGS, num_heads=CAPACITY_HEADS, **c, sizes=got,
+                 expected=want)
+    for a, g, w in zip(args, got, want):
+        expect_bytes(g, w, *a)
+
+
+@public("18.3", "one nano-vllm block: 256 tokens of Qwen3-0.6B")
+def nanovllm_block(t: Trial) -> None:
+    run_bytes_case(t, QWEN3["num_layers"], QWEN3["num_kv_heads"], QWEN3["head_dim"], 256, QWEN3["dtype_bytes"])
+
+
+@public("18.3", "no tokens, no bytes")
+def no_tokens(t: Trial) -> None:
+    run_bytes_case(t, 28, 8, 128, 0, 2)
+
+
+@public("18.3", "a negative token count raises ValueError")
+def negative_tokens(t: Trial) -> None:
+    t.expect_raises(ValueError, "kv_cache_bytes", 28, 8, 128, -1, 2, because="a cache cannot hold −1 tokens")

@@ -1,0 +1,457 @@
+"""Public checks of ch23 · sampling, and the messages they share with the hidden ones."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from grader.checks import public
+from grader.compare import CheckFailed, expect_tensor, fmt, wrong_mask
+from grader.trial import Trial
+
+NEG_INF = float("-inf")
+ATOL, RTOL = 1e-6, 1e-5          # processed logits: one float32 rounding of logits / T
+TIE = 1e-6                        # a drawn token is accepted when its p / E is this close (relative) to the best
+ALPHA = 1e-6                      # a correct sampler fails a goodness-of-fit test with probability < ALPHA
+CLAMP = 1e-10                     # nano-vllm clamps the exponential noise to ≥ 1e-10
+
+# ch23-sampling-path: one row of 8 logits through temperature, top-k, top-p and the race.
+PATH_LOGITS = [1.2, 3.0, -0.5, 2.2, 0.3, 2.6, -1.4, 1.7]
+PATH_T, PATH_K, PATH_P = 0.8, 5, 0.8
+PATH_NOISE = [0.9, 1.6, 2.1, 0.9, 1.1, 0.7, 0.3, 2.5]
+
+# ch23-exponential-race: the instance of reference/nanovllm.md §13.
+RACE_LOGITS, RACE_T, RACE_NOISE = [2.0, 1.0, 0.0], 0.5, [3.0, 0.05, 1.0]
+RACE_DRAWS = 4000
+
+
+# -- formatting ---------------------------------------------------------------------------------
+def vec(xs, digits: int = 4, limit: int = 8) -> str:
+    """A short list of numbers: "[0.8668, 0.1173, …]" (at most `limit` shown)."""
+    xs = xs.reshape(-1).tolist() if isinstance(xs, torch.Tensor) else list(xs)
+    shown = ", ".join(fmt(float(x) if isinstance(x, float) else x, digits) for x in xs[:limit])
+    return f"[{shown}{', …' if len(xs) > limit else ''}]" + (f" ({len(xs)} values)" if len(xs) > limit else "")
+
+
+def ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _row_value(x, b: int, B: int):
+    """Row b's setting of a per-row or batch-wide parameter (None when it is off)."""
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        return x.reshape(-1)[b if x.numel() == B else 0].item()
+    return x
+
+
+def row_setting(temperature: torch.Tensor, top_k, top_p, b: int, B: int, V: int) -> str:
+    k, p = _row_value(top_k, b, B), _row_value(top_p, b, B)
+    parts = [f"T = {fmt(float(temperature[b]))}"]
+    if k is not None:
+        parts.append(f"top_k = {k}" + (" (= V, off)" if k == V else ""))
+    if p is not None:
+        parts.append(f"top_p = {fmt(p)}" + (" (off)" if p >= 1 else ""))
+    return ", ".join(parts)
+
+
+# -- 23.1: processed logits ---------------------------------------------------------------------
+def expect_processed(t: Trial, got, logits: torch.Tensor, temperature: torch.Tensor, top_k=None, top_p=None, *,
+                     case: str = "", want: torch.Tensor | None = None) -> torch.Tensor:
+    """Require the student's processed logits to equal the reference's, explaining the first wrong entry."""
+    B, V = logits.shape
+    if want is None:
+        want = t.ref.process_logits(logits, temperature, top_k, top_p)
+    mine = expect_tensor(got, what=f"the processed logits of {B} row{'s' if B != 1 else ''} × {V} tokens",
+                         shape=[B, V], dtype=torch.float32)
+    bad = wrong_mask(mine, want, atol=ATOL, rtol=RTOL)
+    if not bad.any():
+        return mine
+    b, j = (int(i) for i in bad.nonzero()[0])
+    raise CheckFailed(explain_processed(t, mine, want, logits, temperature, top_k, top_p, b, j, case=case))
+
+
+def _kept(row: torch.Tensor) -> torch.Tensor:
+    return row != NEG_INF
+
+
+def explain_processed(t: Trial, mine: torch.Tensor, want: torch.Tensor, logits: torch.Tensor,
+                      temperature: torch.Tensor, top_k, top_p, b: int, j: int, *, case: str = "") -> str:
+    B, V = logits.shape
+    k, p = _row_value(top_k, b, B), _row_value(top_p, b, B)
+    T = float(temperature[b])
+    row, temp = logits[b:b + 1], temperature[b:b + 1]
+    scaled = t.ref.process_logits(row, temp)[0]
+    lines = [case] if case else []
+    lines.append(f"row {b}{f' of {B}' if B > 1 else ''} ({row_setting(temperature, top_k, top_p, b, B, V)}): "
+                 f"logits {vec(logits[b])}")
+    expected, yours = float(want[b, j]), float(mine[b, j])
+    if want[b, j] != NEG_INF:
+        reasons = [r for r in (_topk_reason(scaled, k, j, V), _topp_reason(t, row, temp, k, p, j)) if r]
+        lines.append(f"token {j}: logits / T = {fmt(float(logits[b, j]))} / {fmt(T)} = {fmt(expected)}"
+                     + (f"; it stays: {'; '.join(reasons)}" if reasons else "") + f"; yours: {fmt(yours)}")
+    else:
+        removed_by_k = k is not None and t.ref.process_logits(row, temp, k)[0, j] == NEG_INF
+        reason = _topk_reason(scaled, k, j, V) if removed_by_k else _topp_reason(t, row, temp, k, p, j)
+        lines.append(f"token {j} (logits / T = {fmt(float(scaled[j]))}) should be −∞: {reason}; yours: {fmt(yours)}")
+    hint = processed_hint(t, mine[b], want[b], logits[b], temperature, b, k, p, j)
+    return "\n".join(lines + ([f"hint: {hint}"] if hint else []))
+
+
+def _topk_reason(scaled: torch.Tensor, k, j: int, V: int) -> str:
+    if k is None or k >= V:
+        return ""
+    kth = float(scaled.sort(descending=True).values[k - 1])
+    v = float(scaled[j])
+    if v >= kth:
+        return f"top-k = {k} keeps it ({fmt(v)} ≥ {fmt(kth)}, the {ordinal(k)} largest value of logits / T)"
+    return f"top-k = {k} removes it ({fmt(v)} < {fmt(kth)}, the {ordinal(k)} largest value of logits / T)"
+
+
+def _topp_reason(t: Trial, row: torch.Tensor, temp: torch.Tensor, k, p, j: int) -> str:
+    if p is None or p >= 1:
+        return ""
+    after_k = t.ref.process_logits(row, temp, k)[0]
+    if after_k[j] == NEG_INF:
+        return ""
+    q = after_k.softmax(-1)
+    above = float(q[after_k > after_k[j]].sum())
+    below = float(q[after_k <= after_k[j]].sum())
+    first = f"after top-k its probability is {fmt(float(q[j]))}" if k is not None else \
+        f"its probability softmax(logits / T) is {fmt(float(q[j]))}"
+    if above < p:
+        return f"{first}; the larger tokens hold {fmt(above)} < top_p = {fmt(p)}, so top-p keeps it"
+    return (f"{first}; it and the smaller tokens hold {fmt(below)} ≤ 1 − top_p = {fmt(1 - p)} "
+            f"(the larger ones already hold {fmt(above)} ≥ {fmt(p)}), so top-p removes it")
+
+
+def processed_hint(t: Trial, mine: torch.Tensor, want: torch.Tensor, logits_row: torch.Tensor,
+                   temperature: torch.Tensor, b: int, k, p, j: int) -> str:
+    """The misconception behind a wrong row of processed logits ('' when none fits)."""
+    T = float(temperature[b])
+    row, temp = logits_row[None], temperature[b:b + 1]
+    V = row.shape[1]
+    mk, wk = _kept(mine), _kept(want)
+    close = lambda a, c: math.isfinite(a) and abs(a - c) <= ATOL + RTOL * abs(c)
+    yours = float(mine[j])
+    if want[j] == NEG_INF and math.isfinite(yours) and yours < -1e4:
+        return "a filtered entry must be exactly −∞ (float('-inf')), not a large negative number"
+    if torch.equal(mk, wk):
+        l = float(logits_row[j])
+        if close(yours, l * T):
+            return "divide by the temperature (logits / T), don't multiply: T < 1 must sharpen the distribution"
+        if close(yours, l):
+            return "apply the temperature: divide row b by its own temperature[b]"
+        if close(yours, float(want.softmax(-1)[j])):
+            return "return logits (−∞ where filtered), not probabilities: the softmax comes later, in sample"
+        return ""
+
+    def kept_with(r=row, tp=temp, kk=k, pp=p) -> torch.Tensor:
+        return _kept(t.ref.process_logits(r, tp, kk, pp)[0])
+
+    variants = []
+    if k is not None and k >= 2:
+        variants.append((lambda: kept_with(kk=k - 1),
+                         f"top-k keeps the k = {k} largest entries; yours kept {k - 1}: the threshold is the "
+                         f"{ordinal(k)} largest value (index k − 1 of the row sorted in descending order)"))
+    if k is not None and k + 1 <= V:
+        variants.append((lambda: kept_with(kk=k + 1),
+                         f"top-k keeps the k = {k} largest entries; yours kept {k + 1}: the threshold is the "
+                         f"{ordinal(k)} largest value (index k − 1 of the row sorted in descending order)"))
+    if k is not None and k < V:
+        def strict_k() -> torch.Tensor:
+            scaled = t.ref.process_logits(row, temp)[0]
+            keep = torch.zeros(V, dtype=torch.bool)
+            keep[scaled.topk(k).indices] = True
+            if p is None:
+                return keep
+            return _kept(t.ref.process_logits(scaled.masked_fill(~keep, NEG_INF)[None], torch.ones(1), None, p)[0])
+        variants.append((strict_k, "entries equal to the k-th largest value stay too: keep every entry ≥ the "
+                                   "threshold (vLLM compares with the k-th value, it does not take exactly k indices)"))
+    if p is not None and p < 1:
+        def crossing_dropped() -> torch.Tensor:
+            keep = wk.clone()
+            keep[torch.where(wk, want, torch.full_like(want, math.inf)).argmin()] = False
+            return keep
+        variants.append((crossing_dropped,
+                         "the entry whose probability crosses top_p stays: an entry goes only when it and all "
+                         "smaller entries hold ≤ 1 − top_p (i.e. the larger ones already hold ≥ top_p)"))
+        if k is not None:
+            def topp_first() -> torch.Tensor:
+                after_p = t.ref.process_logits(row, temp, None, p)
+                return _kept(t.ref.process_logits(after_p, torch.ones(1), k)[0])
+            variants.append((topp_first, "run top-k first: top-p works on the softmax of what top-k kept "
+                                         "(renormalised), not on the full row"))
+        variants.append((lambda: kept_with(tp=torch.ones(1)),
+                         "apply the temperature before top-p: the probabilities are softmax(logits / T)"))
+        variants.append((lambda: kept_with(tp=1 / temp),
+                         "divide by the temperature (logits / T), don't multiply"))
+    for make, hint in variants:
+        alt = make()
+        if not torch.equal(alt, wk) and torch.equal(alt, mk):
+            return hint
+    return ""
+
+
+# -- 23.2: the exponential race -----------------------------------------------------------------
+def race_scores(logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor):
+    """p = softmax(logits / T) and the race's scores p / max(E, 1e-10), in float32."""
+    p = (logits.float() / temperature.float()[:, None]).softmax(-1)
+    return p, p / noise.float().clamp_min(CLAMP)
+
+
+def race_variants(logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor) -> list[tuple[str, torch.Tensor, str]]:
+    """Tokens drawn by the classic wrong samplers on the same noise, with the hint each one calls for."""
+    z, T, e = logits.float(), temperature.float()[:, None], noise.float().clamp_min(CLAMP)
+    p = (z / T).softmax(-1)
+    with torch.no_grad():
+        return [
+            ("argmax p", p.argmax(-1), "the race takes argmax(p / E), not argmax(p): the noise lets a less "
+                                       "likely token win, exactly as often as its probability"),
+            ("argmax E / p", (e / p).argmax(-1), "divide p by the noise (argmax p / E, or argmin E / p), not the "
+                                                 "noise by p: argmax E / p favours the unlikely tokens"),
+            ("argmax p · E", (p * e).argmax(-1), "divide p by the noise E; multiplying by E does not sample from p"),
+            ("temperature multiplied", ((z * T).softmax(-1) / e).argmax(-1),
+             "divide the logits by the temperature, don't multiply: p = softmax(logits / T)"),
+            ("temperature ignored", (z.softmax(-1) / e).argmax(-1),
+             "apply the temperature: p = softmax(logits / T), each row with its own T"),
+            ("logits / E", ((z / T) / e).argmax(-1), "race with the probabilities p = softmax(logits / T), "
+                                                     "not with the logits"),
+            ("noise not clamped", (p / noise.float()).argmax(-1),
+             "clamp the noise to ≥ 1e-10 as nano-vllm does: with E = 0, p / E is ∞ (or NaN = 0 / 0 on a "
+             "filtered token), and argmax picks it"),
+        ]
+
+
+def expect_in_vocab(got, B: int, V: int, *, case: str = "") -> torch.Tensor:
+    tokens = expect_tensor(got, what=f"the drawn tokens of {B} row{'s' if B != 1 else ''}", shape=[B],
+                           dtype=torch.int64)
+    out = ((tokens < 0) | (tokens >= V)).nonzero()
+    if len(out):
+        b = int(out[0])
+        raise CheckFailed((f"{case}\n" if case else "") +
+                          f"row {b}: token {int(tokens[b])} is not in the vocabulary 0 … {V - 1}")
+    return tokens
+
+
+def expect_tokens(t: Trial, got, logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor, *,
+                  case: str = "") -> torch.Tensor:
+    """Require the student's tokens to win the race with the given noise (near-ties of p / E accepted)."""
+    B, V = logits.shape
+    tokens = expect_in_vocab(got, B, V, case=case)
+    p, scores = race_scores(logits, temperature, noise)
+    best = scores.max(-1).values
+    ok = scores.gather(1, tokens[:, None])[:, 0] >= best * (1 - TIE)
+    if bool(ok.all()):
+        return tokens
+    b = int((~ok).nonzero()[0])
+    want = t.ref.sample(logits, temperature, noise)
+    w, y = int(want[b]), int(tokens[b])
+    E = noise[b].float()
+    lines = [case] if case else []
+    lines.append(f"row {b}{f' of {B}' if B > 1 else ''}: T = {fmt(float(temperature[b]))}, logits {vec(logits[b])}, "
+                 f"noise E {vec(E)}")
+    if V <= 8:
+        lines.append(f"p = softmax(logits / T) = {vec(p[b])}; p / E = {vec(scores[b])}")
+    lines.append(f"the largest p / E is token {w}'s: {fmt(float(p[b, w]))} / {fmt(float(E[w]))} = "
+                 f"{fmt(float(scores[b, w]))}, so the race draws token {w}; yours: token {y} "
+                 f"(p / E = {fmt(float(p[b, y]))} / {fmt(float(E[y]))} = {fmt(float(scores[b, y]))})")
+    hint = next((h for _, alt, h in race_variants(logits[b:b + 1], temperature[b:b + 1], noise[b:b + 1])
+                 if int(alt[0]) == y), "")
+    return_hint = [f"hint: {hint}"] if hint else []
+    raise CheckFailed("\n".join(lines + return_hint))
+
+
+# -- goodness of fit ----------------------------------------------------------------------------
+def chi2_threshold(df: int, alpha: float = ALPHA) -> float:
+    """The c with P(χ²_df > c) = alpha, by bisection on the regularised upper incomplete gamma."""
+    a = torch.tensor(df / 2, dtype=torch.float64)
+    lo, hi = 0.0, 10.0 * df + 200.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if float(torch.special.gammaincc(a, torch.tensor(mid / 2, dtype=torch.float64))) > alpha:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def chi2(counts: torch.Tensor, p: torch.Tensor) -> float:
+    n = float(counts.sum())
+    want = n * p.double()
+    live = want > 0
+    if bool((counts.double()[~live] > 0).any()):
+        return math.inf
+    return float(((counts.double()[live] - want[live]) ** 2 / want[live]).sum())
+
+
+def expect_distribution(tokens: torch.Tensor, logits_row: list[float], T: float, noise: torch.Tensor, *,
+                        case: str) -> dict:
+    """Chi-square goodness of fit of the drawn tokens to softmax(logits / T); returns the figure's numbers."""
+    V, n = len(logits_row), tokens.numel()
+    z = torch.tensor(logits_row, dtype=torch.float32)
+    p = (z / T).softmax(-1)
+    counts = torch.bincount(tokens, minlength=V)
+    stat, df = chi2(counts, p), V - 1
+    limit = chi2_threshold(df)
+    result = {"counts": counts.tolist(), "n": n, "p": p.tolist(), "chi2": stat, "limit": limit,
+              "passed": stat <= limit}
+    if stat <= limit:
+        return result
+    sd = (n * p * (1 - p)).double().sqrt()
+    off = ((counts.double() - n * p.double()).abs() / sd)
+    i = int(off.argmax())
+    lines = [case, f"logits {vec(z)}, T = {fmt(T)}: p = softmax(logits / T) = {vec(p)}",
+             f"token {i} was drawn {int(counts[i])} times ({fmt(100 * float(counts[i]) / n, 3)}%); expected "
+             f"N·p_{i} = {n} · {fmt(float(p[i]))} = {fmt(n * float(p[i]), 5)} ± {fmt(float(sd[i]), 3)} "
+             f"(one standard deviation √(N·p·(1 − p)))",
+             f"chi-square over {V} tokens = {fmt(stat, 5)} > {fmt(limit, 4)}, a level a correct sampler exceeds "
+             f"with probability < {ALPHA:g} ({df} degrees of freedom)"]
+    cause = likely_cause(tokens, counts, z, T, noise)
+    raise CheckFailed("\n".join(lines + ([f"likely cause: {cause}"] if cause else [])))
+
+
+def likely_cause(tokens: torch.Tensor, counts: torch.Tensor, z: torch.Tensor, T: float, noise: torch.Tensor) -> str:
+    n, V = tokens.numel(), z.numel()
+    logits = z.expand(n, V)
+    temps = torch.full((n,), T)
+    correct = race_scores(logits, temps, noise)[1].argmax(-1)
+    for name, alt, hint in race_variants(logits, temps, noise):
+        share = float((alt == tokens).double().mean())
+        if share >= 0.9 and float((alt == correct).double().mean()) < 0.9:
+            return f"your tokens equal {name} on {fmt(100 * share, 3)}% of the rows: {hint}"
+    limit = chi2_threshold(V - 1)
+    if chi2(counts, z.softmax(-1)) <= limit:
+        return "your draws follow softmax(logits), i.e. the temperature was not applied (p = softmax(logits / T))"
+    if chi2(counts, (z * T).softmax(-1)) <= limit:
+        return "your draws follow softmax(logits · T): divide by the temperature, don't multiply"
+    if int(counts.max()) == n:
+        return "every row drew the same token: the race must use each row's own noise, argmax(p / E) per row"
+    return "use the noise as given: one E per token and row, p / E, argmax over each row"
+
+
+# -- public checks of 23.1 ----------------------------------------------------------------------
+@public("23.1", "figure instance: one row of 8 logits, T = 0.8, top_k = 5, top_p = 0.8")
+def path_instance(t: Trial) -> None:
+    logits, temp = torch.tensor([PATH_LOGITS]), torch.tensor([PATH_T])
+    stages = [("temperature only", {}), (f"temperature and top_k = {PATH_K}", {"top_k": PATH_K}),
+              (f"temperature, top_k = {PATH_K} and top_p = {PATH_P}", {"top_k": PATH_K, "top_p": PATH_P})]
+    got, want = [], []
+    for label, kw in stages:
+        mine = t.call("process_logits", logits, temp, **kw)
+        got.append(expect_tensor(mine, what=f"the processed logits ({label})", shape=[1, 8], dtype=torch.float32))
+        want.append(t.ref.process_logits(logits, temp, **kw))
+    after_k = want[1][0]
+    q = after_k.softmax(-1)
+    above = [float(q[after_k > after_k[i]].sum()) if after_k[i] != NEG_INF else NEG_INF for i in range(8)]
+    t.figure("ch23-sampling-path", logits=PATH_LOGITS, T=PATH_T, k=PATH_K, p=PATH_P,
+             scaled=got[0][0], scaled_expected=want[0][0], topk=got[1][0], topk_expected=want[1][0],
+             q=q, above=above, topp=got[2][0], topp_expected=want[2][0],
+             probs=got[2][0].softmax(-1), probs_expected=want[2][0].softmax(-1))
+    for (label, kw), mine, w in zip(stages, got, want):
+        expect_processed(t, mine, logits, temp, kw.get("top_k"), kw.get("top_p"), want=w,
+                         case=f'case "figure instance", {label}')
+
+
+@public("23.1", "each row is divided by its own temperature")
+def per_row_temperature(t: Trial) -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [2.0, 1.0, 0.0, -1.0], [0.5, -0.5, 3.0, 1.5]])
+    temp = torch.tensor([0.5, 2.0, 1.0])
+    got = t.call("process_logits", logits, temp)
+    expect_processed(t, got, logits, temp, case='case "per-row temperature": T = [0.5, 2, 1], no top-k, no top-p')
+
+
+@public("23.1", "top-k keeps every entry tied with the k-th largest; k per row")
+def topk_ties(t: Trial) -> None:
+    logits = torch.tensor([[3.0, 1.0, 1.0, 0.0, -2.0], [0.0, 4.0, 2.0, 2.0, 1.0], [5.0, 4.0, 3.0, 2.0, 1.0]])
+    temp = torch.ones(3)
+    k = torch.tensor([2, 1, 5])
+    got = t.call("process_logits", logits, temp, top_k=k)
+    expect_processed(t, got, logits, temp, k, case='case "top-k ties": top_k = [2, 1, 5] (per row), T = 1')
+
+
+@public("23.1", "top-p keeps the token that crosses p; p = 1 is off")
+def topp_crossing(t: Trial) -> None:
+    # Row 0: p = [0.5, 0.3, 0.2] (logits = log p); top_p = 0.6 keeps tokens 0 and 1: the tokens larger
+    # than token 1 hold 0.5 < 0.6. Row 1: the same row with top_p = 1 keeps everything.
+    logits = torch.tensor([[0.5, 0.3, 0.2], [0.5, 0.3, 0.2]]).log()
+    temp = torch.ones(2)
+    top_p = torch.tensor([0.6, 1.0])
+    got = t.call("process_logits", logits, temp, top_p=top_p)
+    expect_processed(t, got, logits, temp, None, top_p,
+                     case='case "top-p crossing": softmax = [0.5, 0.3, 0.2], top_p = [0.6, 1.0] (per row), T = 1')
+
+
+@public("23.1", "bfloat16 logits give a new float32 tensor")
+def bf16_logits(t: Trial) -> None:
+    logits = torch.tensor([[1.5, -0.25, 0.75, 2.0], [0.0, 1.0, -1.0, 0.5]]).to(torch.bfloat16)
+    temp = torch.tensor([0.6, 1.3])
+    got = t.call("process_logits", logits, temp, top_k=3, top_p=0.9)
+    expect_processed(t, got, logits, temp, 3, 0.9,
+                     case='case "bfloat16": the logits arrive in bfloat16 (as from the LM head); compute and '
+                          'return float32')
+
+
+@public("23.1", "temperature 0 raises ValueError")
+def zero_temperature(t: Trial) -> None:
+    t.expect_raises(ValueError, "process_logits", torch.tensor([[1.0, 2.0]]), torch.tensor([0.0]),
+                    because="temperature must be > 0: like nano-vllm, the course has no greedy path")
+
+
+# -- public checks of 23.2 ----------------------------------------------------------------------
+@public("23.2", "figure instance: logits [2, 1, 0], T = 0.5, noise [3.0, 0.05, 1.0]")
+def race_instance(t: Trial) -> None:
+    logits, temp, noise = torch.tensor([RACE_LOGITS]), torch.tensor([RACE_T]), torch.tensor([RACE_NOISE])
+    got = t.call("sample", logits, temp, noise)
+    tokens = expect_in_vocab(got, 1, 3)
+    p, scores = race_scores(logits, temp, noise)
+    t.figure("ch23-exponential-race", logits=RACE_LOGITS, T=RACE_T, noise=RACE_NOISE, p=p[0], scores=scores[0],
+             token=int(tokens[0]), token_expected=int(t.ref.sample(logits, temp, noise)[0]))
+    expect_tokens(t, tokens, logits, temp, noise, case='case "figure instance": the race of reference §13')
+
+
+@public("23.2", "the sampling path's last step: the race on the processed row")
+def path_draw(t: Trial) -> None:
+    processed = t.ref.process_logits(torch.tensor([PATH_LOGITS]), torch.tensor([PATH_T]), PATH_K, PATH_P)
+    temp, noise = torch.ones(1), torch.tensor([PATH_NOISE])
+    got = t.call("sample", processed, temp, noise)
+    tokens = expect_in_vocab(got, 1, 8)
+    p, scores = race_scores(processed, temp, noise)
+    t.figure("ch23-sampling-path", noise=PATH_NOISE, race_p=p[0], race_scores=scores[0], token=int(tokens[0]),
+             token_expected=int(t.ref.sample(processed, temp, noise)[0]))
+    expect_tokens(t, tokens, processed, temp, noise,
+                  case='case "sampling path": the processed row (filtered entries −∞), T = 1, '
+                       f'noise {vec(PATH_NOISE)}')
+
+
+@public("23.2", f"{RACE_DRAWS} races on [2, 1, 0] at T = 0.5 follow p")
+def race_frequencies(t: Trial) -> None:
+    logits = torch.tensor([RACE_LOGITS]).expand(RACE_DRAWS, 3).contiguous()
+    temp = torch.full((RACE_DRAWS,), RACE_T)
+    noise = torch.empty(RACE_DRAWS, 3).exponential_(generator=t.rng)
+    tokens = expect_in_vocab(t.call("sample", logits, temp, noise), RACE_DRAWS, 3)
+    z = torch.tensor(RACE_LOGITS)
+    p = (z / RACE_T).softmax(-1)
+    counts = torch.bincount(tokens, minlength=3)
+    stat, limit = chi2(counts, p), chi2_threshold(2)
+    t.figure("ch23-exponential-race", counts=counts, n=RACE_DRAWS, chi2=stat, limit=limit)
+    expect_distribution(tokens, RACE_LOGITS, RACE_T, noise,
+                        case=f'case "{RACE_DRAWS} races": one row, logits [2, 1, 0], T = 0.5, Exp(1) noise '
+                             f'from a fixed seed')
+
+
+@public("23.2", "a batch: each row races with its own temperature and noise")
+def batch_rows(t: Trial) -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0], [0.5, 0.3, 0.2], [1.0, 1.0, 4.0], [0.0, -1.0, 3.0]])
+    temp = torch.tensor([0.5, 1.0, 2.0, 0.25])
+    noise = torch.tensor([[0.2, 0.9, 1.4], [1.2, 0.2, 0.9], [0.1, 2.0, 3.5], [0.3, 0.01, 2.0]])
+    got = t.call("sample", logits, temp, noise)
+    expect_tokens(t, got, logits, temp, noise, case='case "batch": 4 rows, T = [0.5, 1, 2, 0.25]')
+
+
+@public("23.2", "noise of the wrong shape raises ValueError")
+def bad_noise(t: Trial) -> None:
+    t.expect_raises(ValueError, "sample", torch.zeros(2, 4), torch.ones(2), torch.ones(2, 3),
+                    because="the noise needs one E per token: shape [2, 4] like the logits, not [2, 3]")

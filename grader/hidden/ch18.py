@@ -1,0 +1,170 @@
+"""Hidden checks of ch18 · grouped-query attention: random instances from the grading seed, real
+model shapes, agreement with torch's scaled_dot_product_attention, the no-copy recorder, edge cases."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from grader.checks import hidden
+from grader.checks.ch18 import (end_aligned, expect_output, explain_copies, explain_output, kv_copies,
+                                random_qkv, run_attention_case, run_bytes_case, run_mapping_case)
+from grader.trial import Trial
+
+# (name, num_layers, num_heads, num_kv_heads, head_dim) of real models, from their config.json.
+REAL_MODELS = [("Qwen3-0.6B", 28, 16, 8, 128), ("Qwen3-32B", 64, 64, 8, 128), ("Llama-3-8B", 32, 32, 8, 128),
+               ("Llama-3-70B", 80, 64, 8, 128), ("Qwen2.5-7B", 28, 28, 4, 128), ("Falcon-7B (MQA)", 32, 71, 1, 64),
+               ("GPT-2 (MHA)", 12, 12, 12, 64)]
+
+
+def sample_heads(t: Trial, num_heads: int, num_kv_heads: int, count: int = 10) -> list[int]:
+    """Group boundaries plus random heads, sorted, at most `count` + 4 of them."""
+    group = num_heads // num_kv_heads
+    heads = {0, group - 1, min(group, num_heads - 1), num_heads - 1}
+    heads |= {t.random.randrange(num_heads) for _ in range(count)}
+    return sorted(heads)
+
+
+@hidden("18.1", "random head counts, consecutive groups")
+def random_groups(t: Trial) -> None:
+    for _ in range(15):
+        num_kv_heads, group = t.random.choice([1, 2, 3, 4, 8, 16]), t.random.choice([1, 2, 3, 4, 5, 8])
+        num_heads = num_kv_heads * group
+        run_mapping_case(t, num_heads, num_kv_heads, sample_heads(t, num_heads, num_kv_heads))
+
+
+@hidden("18.1", "real models: Qwen3, Llama-3, Qwen2.5, Falcon (MQA), GPT-2 (MHA)")
+def real_model_groups(t: Trial) -> None:
+    for _, _, num_heads, num_kv_heads, _ in REAL_MODELS:
+        run_mapping_case(t, num_heads, num_kv_heads, sample_heads(t, num_heads, num_kv_heads, 6))
+
+
+@hidden("18.1", "tensor parallelism: each rank's heads keep the grouping")
+def tensor_parallel_groups(t: Trial) -> None:
+    # nano-vllm: rank r holds q heads [r·H/tp, …) and kv heads [r·Hkv/tp, …); per rank the same rule applies.
+    for tp in (2, 4, 8):
+        run_mapping_case(t, 64 // tp, 8 // tp)
+
+
+@hidden("18.1", "bad head counts and heads raise ValueError")
+def bad_mapping_inputs(t: Trial) -> None:
+    t.expect_raises(ValueError, "kv_head_for", 0, 4, 8, because="8 K/V heads do not divide 4 query heads")
+    t.expect_raises(ValueError, "kv_head_for", 0, 8, 0, because="0 K/V heads cannot be shared by anyone")
+    t.expect_raises(ValueError, "kv_head_for", 0, 0, 1, because="there must be at least one query head")
+    t.expect_raises(ValueError, "kv_head_for", 0, 8, -2, because="a head count cannot be negative")
+    t.expect_raises(ValueError, "kv_head_for", -1, 8, 2, because="query heads are numbered from 0")
+    t.expect_raises(ValueError, "kv_head_for", 16, 16, 8, because="16 query heads are numbered 0 … 15")
+    t.expect_raises(ValueError, "kv_head_for", 1.0, 4, 2, because="a head index is an int, not a float")
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None) -> torch.Tensor:
+    """torch's scaled_dot_product_attention in the course's layout, K/V repeated here (on the grader's side)
+    with consecutive groups, and an explicit end-aligned bool mask (SDPA's is_causal is top-left aligned)."""
+    group = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    mask = end_aligned(q.shape[0], k.shape[0]) if causal else None
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), kk.transpose(0, 1), vv.transpose(0, 1),
+                                         attn_mask=mask, scale=scale)
+    return out.transpose(0, 1)
+
+
+def random_shape(t: Trial) -> tuple[int, int, int, int, int]:
+    num_kv_heads, group = t.random.choice([1, 2, 4]), t.random.choice([1, 2, 4])
+    T = t.random.randint(1, 8)
+    return T, T + t.random.choice([0, 0, 1, 5, 17]), num_kv_heads * group, num_kv_heads, t.random.choice([8, 16, 64])
+
+
+@hidden("18.2", "agreement with scaled_dot_product_attention: MHA, GQA, MQA, causal, S ≥ T")
+def sdpa_causal(t: Trial) -> None:
+    for T, S, Hq, Hkv, d in [(4, 4, 4, 4, 16), (4, 9, 8, 2, 16), (3, 11, 8, 1, 32)] + [random_shape(t) for _ in range(7)]:
+        q, k, v = random_qkv(t, T, S, Hq, Hkv, d)
+        run_attention_case(t, q, k, v, case=f"T={T}, S={S}, Hq={Hq}, Hkv={Hkv}, d={d}, causal",
+                           want=sdpa(q, k, v, True, None))
+
+
+@hidden("18.2", "agreement with scaled_dot_product_attention: not causal, custom scales")
+def sdpa_not_causal(t: Trial) -> None:
+    for i in range(8):
+        T, S, Hq, Hkv, d = random_shape(t)
+        S = t.random.randint(1, 12)  # not causal: any number of keys, fewer than the queries too
+        scale = [None, 1.0, 0.05, round(t.random.uniform(0.1, 2.0), 3)][i % 4]
+        q, k, v = random_qkv(t, T, S, Hq, Hkv, d)
+        run_attention_case(t, q, k, v, causal=False, scale=scale,
+                           case=f"T={T}, S={S}, Hq={Hq}, Hkv={Hkv}, d={d}, not causal, scale {scale}",
+                           want=sdpa(q, k, v, False, scale))
+
+
+@hidden("18.2", "Qwen3-0.6B shapes: 16 query heads over 8 K/V heads, head_dim 128")
+def qwen3_shapes(t: Trial) -> None:
+    # A chunked prefill (5 new after 7 cached) and a decode step; the default scale is 1/√128.
+    for T, S in ((5, 12), (1, 30)):
+        q, k, v = random_qkv(t, T, S, 16, 8, 128)
+        run_attention_case(t, q, k, v, case=f"Qwen3-0.6B heads, T={T}, S={S}")
+
+
+@hidden("18.2", "no per-query-head copy of K or V is created (recorded)")
+def no_kv_copy(t: Trial) -> None:
+    # T=3 < d=16 and S=40: the scores have Hq·T·S = 960 numbers, a repeated K has S·Hq·d = 5120, and the
+    # sizes T, S, Hq, Hkv, group, d are all different in the GQA case, so a copy can be named by its dims.
+    for T, S, Hq, Hkv, d, causal in ((3, 40, 8, 2, 16, True), (3, 40, 8, 1, 16, False)):
+        q, k, v = random_qkv(t, T, S, Hq, Hkv, d)
+        call = t.run("gqa_attention", q, k, v, causal=causal, record=True)
+        out = expect_output(call.value, q, k, v, causal=causal)
+        explain_output(out, t.ref.gqa_attention(q, k, v, causal=causal), q, k, v, causal=causal, scale=None,
+                       case=f"T={T}, S={S}, Hq={Hq}, Hkv={Hkv}, d={d}")
+        explain_copies(kv_copies(call.created, S, Hq, d), T, S, Hq, Hkv, d)
+
+
+@hidden("18.2", "large scores stay finite (a stable softmax)")
+def large_scores(t: Trial) -> None:
+    # Scores up to ~±150: exp() of them overflows float32 unless each row's maximum is subtracted first.
+    q, k, v = random_qkv(t, 4, 10, 4, 2, 16, magnitude=50.0)
+    got = t.call("gqa_attention", q, k, v)
+    out = expect_output(got, q, k, v)
+    explain_output(out, t.ref.gqa_attention(q, k, v), q, k, v, causal=True, scale=None,
+                   case="scores up to about ±150", atol=1e-4, rtol=1e-4)
+
+
+@hidden("18.2", "mismatched shapes raise ValueError")
+def bad_attention_inputs(t: Trial) -> None:
+    z = torch.zeros
+    t.expect_raises(ValueError, "gqa_attention", z(2, 4, 8), z(5, 2, 8), z(5, 1, 8),
+                    because="k [5, 2, 8] and v [5, 1, 8] must have the same shape")
+    t.expect_raises(ValueError, "gqa_attention", z(2, 4, 8), z(5, 2, 16), z(5, 2, 16),
+                    because="q has head_dim 8 but k has head_dim 16")
+    t.expect_raises(ValueError, "gqa_attention", z(5, 4, 8), z(3, 2, 8), z(3, 2, 8),
+                    because="with causal=True the 5 queries must be the last 5 of at least 5 keys (S=3)")
+
+
+@hidden("18.3", "random configurations")
+def random_bytes(t: Trial) -> None:
+    for _ in range(20):
+        run_bytes_case(t, t.random.randint(1, 128), t.random.choice([1, 2, 4, 8, 16, 32]),
+                       t.random.choice([32, 64, 80, 96, 128, 256]), t.random.randint(0, 1 << 20),
+                       t.random.choice([1, 2, 4]))
+
+
+@hidden("18.3", "real models: a 32k context in bf16, fp8, fp32, per tensor-parallel rank")
+def real_model_bytes(t: Trial) -> None:
+    for _, layers, _, kv_heads, head_dim in REAL_MODELS:
+        for dtype_bytes in (2, 1, 4):
+            run_bytes_case(t, layers, kv_heads, head_dim, 32768, dtype_bytes)
+    for tp in (2, 4, 8):  # Qwen3-0.6B per rank: num_kv_heads = 8 / tp
+        run_bytes_case(t, 28, 8 // tp, 128, 256, 2)
+
+
+@hidden("18.3", "huge caches stay exact (beyond 2^53)")
+def huge_exact(t: Trial) -> None:
+    for _ in range(3):
+        args = (t.random.randint(10**5, 10**6) | 1, t.random.choice([3, 7, 9]), t.random.randint(10**4, 10**5) | 1,
+                t.random.randint(10**9, 10**10) | 1, t.random.choice([1, 3]))
+        assert float(t.ref.kv_cache_bytes(*args)) != t.ref.kv_cache_bytes(*args)  # a float cannot hold it
+        run_bytes_case(t, *args)
+
+
+@hidden("18.3", "bad sizes raise ValueError")
+def bad_bytes_inputs(t: Trial) -> None:
+    t.expect_raises(ValueError, "kv_cache_bytes", 28, 8, 128, 10, 0, because="an element takes at least one byte")
+    t.expect_raises(ValueError, "kv_cache_bytes", -28, 8, 128, 10, 2, because="a model has no negative layers")
+    t.expect_raises(ValueError, "kv_cache_bytes", 28, 0, 128, 10, 2, because="attention needs at least one K/V head")
+    t.expect_raises(ValueError, "kv_cache_bytes", 28, 8, -128, 10, 2, because="head_dim must be positive")

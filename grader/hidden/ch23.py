@@ -1,0 +1,196 @@
+"""Hidden checks of ch23 · sampling: random batches from the grading seed, a chi-square test, edge cases."""
+
+from __future__ import annotations
+
+import torch
+
+from grader.checks import hidden
+from grader.checks.ch23 import NEG_INF, expect_distribution, expect_in_vocab, expect_processed, expect_tokens
+from grader.compare import CheckFailed
+from grader.trial import Trial
+
+QWEN3_VOCAB = 151_936
+CHI_LOGITS, CHI_T, CHI_DRAWS = [1.0, 0.2, -0.5, 2.0, 0.0, -1.5], 0.7, 20_000
+MARGIN = 1e-3     # random top_p values stay this far from every row's cumulative masses (no float coin flips)
+
+
+def random_logits(t: Trial, B: int, V: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and temperatures whose probabilities never underflow to 0 in float32 (|logits / T| < 80)."""
+    scale = t.random.choice([0.5, 1.0, 3.0])
+    logits = (torch.randn(B, V, generator=t.rng) * scale).clamp(-11, 11)
+    temp = torch.rand(B, generator=t.rng) * 1.7 + 0.3
+    return logits, temp
+
+
+def safe_top_p(t: Trial, logits: torch.Tensor, temp: torch.Tensor, top_k, rows: list[int]) -> list[float]:
+    """For each row, a top_p in (0.05, 0.99) that no cumulative mass of the row comes within MARGIN of."""
+    after_k = t.ref.process_logits(logits, temp, top_k)
+    mass = after_k.sort(dim=-1).values.softmax(-1).cumsum(-1).double()
+    out = []
+    for b in rows:
+        for _ in range(100):
+            p = round(t.random.uniform(0.05, 0.99), 3)
+            if bool(((mass[b] - (1 - p)).abs() > MARGIN).all()):
+                break
+        out.append(p)
+    return out
+
+
+def safe_shared_top_p(t: Trial, logits: torch.Tensor, temp: torch.Tensor, top_k) -> float:
+    after_k = t.ref.process_logits(logits, temp, top_k)
+    mass = after_k.sort(dim=-1).values.softmax(-1).cumsum(-1).double()
+    for _ in range(200):
+        p = round(t.random.uniform(0.05, 0.99), 3)
+        if bool(((mass - (1 - p)).abs() > MARGIN).all()):
+            return p
+    return 1.0
+
+
+@hidden("23.1", "random batches with per-row top_k and top_p")
+def random_batches(t: Trial) -> None:
+    for i in range(24):
+        B, V = t.random.randint(1, 8), t.random.randint(2, 64)
+        logits, temp = random_logits(t, B, V)
+        k_mode, p_mode = t.random.choice(["none", "int", "rows"]), t.random.choice(["none", "float", "rows"])
+        if k_mode == "int":
+            top_k = t.random.randint(1, V)
+        elif k_mode == "rows":
+            top_k = torch.randint(1, V + 1, (B,), generator=t.rng)
+            top_k[t.random.randrange(B)] = V
+        else:
+            top_k = None
+        if p_mode == "float":
+            top_p = safe_shared_top_p(t, logits, temp, top_k)
+        elif p_mode == "rows":
+            ps = safe_top_p(t, logits, temp, top_k, list(range(B)))
+            ps[t.random.randrange(B)] = 1.0
+            top_p = torch.tensor(ps)
+        else:
+            top_p = None
+        got = t.call("process_logits", logits, temp, top_k, top_p)
+        what = {"none": "no top_k", "int": f"top_k = {top_k}", "rows": "top_k per row"}[k_mode] + ", " + \
+            {"none": "no top_p", "float": f"top_p = {top_p}", "rows": "top_p per row"}[p_mode]
+        expect_processed(t, got, logits, temp, top_k, top_p, case=f"random case {i + 1}: B = {B}, V = {V}, {what}")
+
+
+@hidden("23.1", "k = 1 leaves only the row max; k = V and p = 1 change nothing but the temperature")
+def extreme_settings(t: Trial) -> None:
+    B, V = 5, 17
+    logits, temp = random_logits(t, B, V)
+    got = t.call("process_logits", logits, temp, 1)
+    mine = expect_processed(t, got, logits, temp, 1, case="case \"top_k = 1\": only each row's largest entry stays")
+    if not bool(((mine != NEG_INF).sum(-1) == 1).all()):
+        raise CheckFailed("top_k = 1 must leave exactly one finite entry per row")
+    for top_k, top_p, label in ((V, None, f"top_k = V = {V}"), (None, 1.0, "top_p = 1.0"),
+                                (torch.full((B,), V), torch.ones(B), "per-row top_k = V and top_p = 1"),
+                                (V, 1.0, f"top_k = {V} and top_p = 1.0")):
+        got = t.call("process_logits", logits, temp, top_k, top_p)
+        expect_processed(t, got, logits, temp, top_k, top_p, want=t.ref.process_logits(logits, temp),
+                         case=f'case "{label}": nothing is filtered, the result is logits / T')
+
+
+@hidden("23.1", "Qwen3's vocabulary: 151,936 logits per row")
+def real_vocab(t: Trial) -> None:
+    logits, temp = random_logits(t, 2, QWEN3_VOCAB)
+    top_k = torch.tensor([50, 1000])
+    top_p = torch.tensor(safe_top_p(t, logits, temp, top_k, [0, 1]))
+    got = t.call("process_logits", logits, temp, top_k, top_p)
+    expect_processed(t, got, logits, temp, top_k, top_p,
+                     case=f"case \"Qwen3 vocabulary\": B = 2, V = {QWEN3_VOCAB}, top_k = [50, 1000], "
+                          f"top_p = {top_p.tolist()}")
+
+
+@hidden("23.1", "bad temperature, top_k or top_p raise ValueError")
+def bad_process_inputs(t: Trial) -> None:
+    logits = torch.randn(2, 5, generator=t.rng)
+    ok = torch.tensor([0.7, 1.0])
+    cases = [((logits, torch.tensor([0.7, -1.0])), {}, "temperature −1 is not > 0"),
+             ((logits, torch.tensor([0.7, 1.0, 1.0])), {}, "temperature has 3 entries for 2 rows"),
+             ((logits, ok), {"top_k": 0}, "top_k = 0 keeps nothing (k must lie in 1..V)"),
+             ((logits, ok), {"top_k": 6}, "top_k = 6 exceeds V = 5"),
+             ((logits, ok), {"top_k": torch.tensor([3, 0])}, "row 1's top_k = 0 keeps nothing"),
+             ((logits, ok), {"top_p": 0.0}, "top_p = 0 is outside (0, 1]"),
+             ((logits, ok), {"top_p": 1.5}, "top_p = 1.5 is outside (0, 1]"),
+             ((logits, ok), {"top_p": torch.tensor([0.9, -0.1])}, "row 1's top_p = −0.1 is outside (0, 1]")]
+    for args, kw, because in cases:
+        t.expect_raises(ValueError, "process_logits", *args, because=because, **kw)
+
+
+@hidden("23.2", "random batches: exact agreement with the given noise")
+def random_races(t: Trial) -> None:
+    for i in range(24):
+        B, V = t.random.randint(1, 16), t.random.randint(2, 300)
+        logits = torch.randn(B, V, generator=t.rng) * t.random.choice([0.5, 1.0, 3.0])
+        temp = torch.rand(B, generator=t.rng) * 2.9 + 0.1
+        for b in range(B):
+            if t.random.random() < 0.3:      # a processed row: some entries filtered to −∞
+                drop = torch.rand(V, generator=t.rng) < 0.5
+                drop[t.random.randrange(V)] = False
+                logits[b, drop] = NEG_INF
+        noise = torch.empty(B, V).exponential_(generator=t.rng)
+        got = t.call("sample", logits, temp, noise)
+        expect_tokens(t, got, logits, temp, noise, case=f"random case {i + 1}: B = {B}, V = {V}")
+
+
+@hidden("23.2", f"chi-square: {CHI_DRAWS} races on one row follow softmax(logits / T)")
+def chi_square(t: Trial) -> None:
+    V = len(CHI_LOGITS)
+    logits = torch.tensor([CHI_LOGITS]).expand(CHI_DRAWS, V).contiguous()
+    temp = torch.full((CHI_DRAWS,), CHI_T)
+    noise = torch.empty(CHI_DRAWS, V).exponential_(generator=t.rng)
+    tokens = expect_in_vocab(t.call("sample", logits, temp, noise), CHI_DRAWS, V)
+    expect_distribution(tokens, CHI_LOGITS, CHI_T, noise,
+                        case=f'case "chi-square": {CHI_DRAWS} rows of the same logits, T = {CHI_T}, '
+                             f'Exp(1) noise from the grading seed')
+
+
+@hidden("23.2", "the race is not argmax(p): rows where a less likely token wins")
+def not_argmax(t: Trial) -> None:
+    logits = torch.randn(256, 5, generator=t.rng) * 1.5
+    temp = torch.ones(256)
+    noise = torch.empty(256, 5).exponential_(generator=t.rng)
+    scores = logits.softmax(-1) / noise
+    differ = scores.argmax(-1) != logits.argmax(-1)
+    rows = differ.nonzero()[:, 0][:32]
+    logits, temp, noise = logits[rows], temp[rows], noise[rows]
+    got = t.call("sample", logits, temp, noise)
+    expect_tokens(t, got, logits, temp, noise,
+                  case=f'case "not argmax": {len(rows)} rows on which the race and argmax(p) disagree')
+
+
+@hidden("23.2", "noise 0 is clamped to 1e-10 (nano-vllm); a filtered token never wins")
+def zero_noise(t: Trial) -> None:
+    # Row 0: two zeros, the likelier token second: with the clamp, 0.6 / 1e-10 beats 0.3 / 1e-10;
+    # unclamped, both are ∞ and argmax takes the first. Row 1: E = 0 on a filtered token: 0 / 1e-10 = 0,
+    # unclamped 0 / 0 = NaN, which argmax would pick.
+    logits = torch.stack([torch.tensor([0.3, 0.6, 0.1]).log(), torch.tensor([NEG_INF, 1.0, 0.5])])
+    temp = torch.ones(2)
+    noise = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 2.0]])
+    got = t.call("sample", logits, temp, noise)
+    expect_tokens(t, got, logits, temp, noise,
+                  case='case "zero noise": row 0 p = [0.3, 0.6, 0.1], E = [0, 0, 1]; '
+                       'row 1 logits [−∞, 1, 0.5], E = [0, 1, 2]')
+
+
+@hidden("23.2", "Qwen3's vocabulary: 151,936 tokens per row")
+def real_vocab_race(t: Trial) -> None:
+    B = 3
+    logits = torch.randn(B, QWEN3_VOCAB, generator=t.rng) * 2
+    temp = torch.tensor([0.6, 0.8, 1.0])
+    noise = torch.empty(B, QWEN3_VOCAB).exponential_(generator=t.rng)
+    got = t.call("sample", logits, temp, noise)
+    expect_tokens(t, got, logits, temp, noise, case=f'case "Qwen3 vocabulary": B = 3, V = {QWEN3_VOCAB}')
+
+
+@hidden("23.2", "bad temperature or noise raise ValueError")
+def bad_sample_inputs(t: Trial) -> None:
+    logits = torch.randn(2, 4, generator=t.rng)
+    noise = torch.ones(2, 4)
+    t.expect_raises(ValueError, "sample", logits, torch.tensor([1.0, 0.0]), noise,
+                    because="temperature 0 is not > 0 (no greedy path, as in nano-vllm)")
+    t.expect_raises(ValueError, "sample", logits, torch.tensor([1.0]), noise,
+                    because="temperature has 1 entry for 2 rows")
+    t.expect_raises(ValueError, "sample", logits, torch.ones(2), torch.ones(4),
+                    because="the noise must be shaped [2, 4] like the logits, not [4]")
+    t.expect_raises(ValueError, "sample", logits, torch.ones(2), torch.ones(2, 5),
+                    because="the noise must be shaped [2, 4] like the logits, not [2, 5]")
