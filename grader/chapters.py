@@ -68,8 +68,9 @@ class UnknownName(LookupError):
 
     def __init__(self, kind: str, name: str, known: list[str]) -> None:
         self.kind, self.name = kind, name
-        self.suggestions = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
-        hint = f" Did you mean {' or '.join(self.suggestions)}?" if self.suggestions else ""
+        self.suggestions = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        options = ", ".join(self.suggestions[:-1]) + " or " * (len(self.suggestions) > 1) + "".join(self.suggestions[-1:])
+        hint = f" Did you mean {options}?" if self.suggestions else ""
         super().__init__(f"No {kind} {name!r}.{hint} Known: {', '.join(known)}.")
 
 

@@ -75,7 +75,7 @@ def wrong_mask(got: torch.Tensor, want: torch.Tensor, *, atol: float = 0.0, rtol
     if got.dtype == torch.bool or want.dtype == torch.bool or (atol == 0 and rtol == 0):
         return ~((got == want) | (_isnan(got) & _isnan(want)))
     g, w = got.double(), want.double()
-    close = (g - w).abs() <= atol + rtol * w.abs()
+    close = torch.isfinite(w) & ((g - w).abs() <= atol + rtol * w.abs())  # ±∞ only equals itself
     return ~(close | (g == w) | (torch.isnan(g) & torch.isnan(w)))
 
 

@@ -1,23 +1,26 @@
 """Running a chapter's checks against one student module (or the reference).
 
 The student's module runs in a child process; inputs, expected values,
-comparisons, scores and figures all stay here, in the trusted process.
+comparisons, scores and figures all stay here, in the trusted process. This
+module imports no torch: the student's process is started first, so its torch
+import overlaps the one this process needs for the checks.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import secrets
+import shutil
+import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Callable
 
 from grader import chapters, checks, procs
 from grader.chapters import Chapter
-from grader.compare import CheckFailed
 from grader.report import CheckResult, Report
-from grader.trial import Session, StudentError, StudentRaised, Trial
+from grader.worker import OUTPUT_LIMIT, Worker
 
 DEFAULT_MEMORY_LIMIT = 2 << 30
 DEFAULT_FIGURES_DIR = Path("course-figures")
@@ -61,9 +64,18 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
     path = module_path(ch, solutions=solutions, submission=submission)
     procs.become_subreaper()
     baseline = procs.children()
+    workdir = Path(tempfile.mkdtemp(prefix="course-run-"))
     forbidden = [chapters.ROOT / "grader" / "hidden"] + ([] if solutions else [chapters.SOLUTIONS])
-    session = Session(path, root=chapters.ROOT, time_limit=time_limit, memory_limit=memory_limit,
-                      forbidden_dirs=forbidden)
+    spawn = functools.partial(Worker, root=chapters.ROOT, workdir=workdir, memory_limit=memory_limit,
+                              output_limit=OUTPUT_LIMIT, forbidden_dirs=forbidden)
+    first = spawn()
+    import torch  # imported only now that the student's process is starting: the two imports overlap
+
+    from grader.session import Session
+    from grader.trial import run_one
+    session = Session(path, spawn=spawn, worker=first, time_limit=time_limit)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the student's process computes beside us on a small machine
     try:
         with_hidden = (solutions or submission is not None) if hidden is None else hidden
         specs = [s for s in checks.load(ch.id, with_hidden=with_hidden) if only in (None, s.task)]
@@ -82,6 +94,8 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
                 on_result(result)
     finally:
         session.close()
+        torch.set_num_threads(threads)
+        shutil.rmtree(workdir, ignore_errors=True)
     if figures_dir is not None:
         draw(report, Path(figures_dir))
     report.elapsed = time.monotonic() - started
@@ -97,35 +111,6 @@ def reference(ch: Chapter):
     if not (chapters.SOLUTIONS / ch.filename).is_file():
         return None
     return importlib.import_module(f"solutions.{ch.filename[:-3]}")
-
-
-def run_one(spec: checks.CheckSpec, function: str, *, session: Session, ref, seed: int,
-            params: dict, figures: dict, time_limit: float, known: set[int]) -> CheckResult:
-    """Run one check and turn whatever happened into a result; never raises."""
-    result = CheckResult(spec.task, function, spec.name, spec.hidden, spec.points, "passed")
-    trial = Trial(spec, session=session, ref=ref, seed=seed, params=params, figures=figures)
-    session.begin_check(time_limit)
-    t0 = time.monotonic()
-    try:
-        spec.body(trial)
-    except CheckFailed as e:
-        result.status, result.message = "failed", str(e)
-    except StudentRaised as e:
-        result.status, result.message, result.todo = "error", e.explain(), bool(e.not_implemented)
-    except StudentError as e:
-        result.status, result.message = e.status, str(e)
-    except Exception:
-        result.status = "error"
-        result.message = ("the grader could not interpret your result; if your answer looks right, "
-                          "show this to your instructor:\n" + traceback.format_exc(limit=-3))
-    result.elapsed = time.monotonic() - t0
-    strays = procs.kill_strays(known | session.pids)
-    if strays:
-        note = f"your code left a process running ({strays[0]}); graded code must not start processes"
-        result.message = f"{result.message}\n{note}" if result.status != "passed" else note
-        result.status = "error" if result.status == "passed" else result.status
-    result.printed = session.take_printed()
-    return result
 
 
 def draw(report: Report, out_dir: Path) -> None:

@@ -1,205 +1,25 @@
-"""What a check works with: the student's module behind a process boundary
-(`Session`) and, per check, a `Trial` holding the reference, seeded random
-sources and the figure data the check records.
+"""One check's view of the world (`Trial`), and running one check into a result (`run_one`).
+
+A Trial holds the student's module (through a `Session`), the reference, seeded
+random sources and the figure data the check records.
 """
 
 from __future__ import annotations
 
 import random
-import re
-import tempfile
 import time
+import traceback
 import zlib
-from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from grader import wire
+from grader import procs
 from grader.checks import CheckSpec
 from grader.compare import CheckFailed, describe, same
-from grader.worker import Worker
-
-OUTPUT_LIMIT = 16 << 20
-PRINTED_KEEP = 600
-
-
-class StudentRaised(Exception):
-    """The student's code raised; `error` is the exception as the student's process described it."""
-
-    def __init__(self, label: str, error: dict) -> None:
-        self.label, self.error = label, error
-        super().__init__(f"{label} raised {error.get('name')}: {error.get('message')}")
-
-    def is_a(self, name: str) -> bool:
-        return f"builtins.{name}" in self.error.get("types", ())
-
-    @property
-    def not_implemented(self) -> str | None:
-        """The task id a stub's NotImplementedError names ("25.1"), if that is what this is."""
-        if not self.is_a("NotImplementedError"):
-            return None
-        m = re.search(r"\bch(\d{2}\.\d+)\b", self.error.get("message", ""))
-        return m.group(1) if m else "?"
-
-    def explain(self) -> str:
-        e = self.error
-        if e.get("missing"):
-            return f"{e['message']} (was it renamed or deleted?)"
-        if self.not_implemented:
-            m = re.search(r"\((about \d+ lines?)\)", e.get("message", ""))
-            return f"not implemented yet (ch{self.not_implemented}{': ' + m.group(1) if m else ''})"
-        if e.get("exit_code") is not None:
-            return f"{self.label} called sys.exit({e['exit_code']}); a graded function must return its result"
-        head = f"{self.label} raised {e.get('name')}: {e.get('message')}"
-        if e.get("out_of_memory"):
-            head = f"{self.label} ran out of memory (the limit is set by the grader): {e.get('message')}"
-        where = "".join(f"\n    at {Path(f).name}:{line} in {fn}: {code.strip()}" for f, line, fn, code in e.get("frames", []))
-        return head + where
-
-
-class StudentError(Exception):
-    """The student's process misbehaved (timed out, crashed, left processes); `status` says how."""
-
-    def __init__(self, status: str, message: str) -> None:
-        self.status = status
-        super().__init__(message)
-
-
-@dataclass
-class Call:
-    """One call of student code: its value, its arguments afterwards, the tensors it created."""
-
-    value: Any
-    args: list = field(default_factory=list)
-    kwargs: dict = field(default_factory=dict)
-    created: list = field(default_factory=list)
-    elapsed: float = 0.0
-
-
-class Session:
-    """The student's chapter module loaded in a child process, restarted after a kill."""
-
-    def __init__(self, path: Path, *, root: Path, time_limit: float, memory_limit: int,
-                 forbidden_dirs: list[Path]) -> None:
-        self.path, self.root = path, root
-        self.time_limit, self.memory_limit = time_limit, memory_limit
-        self.forbidden_dirs = forbidden_dirs
-        self.workdir = Path(tempfile.mkdtemp(prefix="course-run-"))
-        self.worker: Worker | None = None
-        self.loaded = False
-        self.load_failure: StudentError | None = None
-        self.printed: list[str] = []
-        self._log_offset = 0
-        self.time_left = time_limit
-        self._spawn()
-
-    def _spawn(self) -> None:
-        self.worker = Worker(root=self.root, workdir=self.workdir, memory_limit=self.memory_limit,
-                             output_limit=OUTPUT_LIMIT, forbidden_dirs=self.forbidden_dirs)
-        self.loaded, self._log_offset = False, 0
-
-    @property
-    def pids(self) -> set[int]:
-        return {self.worker.pid} if self.worker else set()
-
-    def _ensure_loaded(self) -> None:
-        if self.load_failure:
-            raise self.load_failure
-        if self.worker is None:
-            self._spawn()
-        if not self.loaded:
-            try:
-                self._request({"op": "load", "path": str(self.path), "name": f"student_{self.path.stem}"},
-                              [], f"importing {self.path.name}", self.time_limit)
-            except StudentRaised as e:  # not the call's exception: no check may accept it
-                self.load_failure = StudentError("error", e.explain())
-                raise self.load_failure from None
-            except StudentError as e:
-                self.load_failure = e
-                raise
-            self.loaded = True
-
-    def _request(self, header: dict, buffers: list[bytes], label: str, timeout: float) -> tuple[dict, list[bytes]]:
-        worker = self.worker
-        try:
-            reply, out = worker.request(header, buffers, timeout=max(timeout, 0.0))
-        except wire.WireTimeout:
-            self._kill()
-            raise StudentError("timeout", f"{label} did not finish within {self.time_limit:g} s "
-                                          "(an endless loop, a sleep, or far too much work?)") from None
-        except wire.WireClosed:
-            reason = worker.exit_reason()
-            self._kill()
-            raise StudentError("error", f"{label} {reason}") from None
-        except wire.WireError as e:
-            self._kill()
-            raise StudentError("error", f"{label}: the grading process sent back something unreadable ({e})") from None
-        finally:
-            self._collect_output()
-        if reply.get("spawned"):
-            raise StudentError("error", f"{label} left a process running ({reply['spawned'][0]}); "
-                                        "graded code must not start processes")
-        if not reply.get("ok"):
-            error = reply.get("error") or {}
-            if error.get("output_limit"):
-                self._kill()  # its log is full: the next check gets a fresh process
-                raise StudentError("error", f"{label} printed more than {OUTPUT_LIMIT >> 20} MiB: "
-                                            "the output limit was reached (print less)")
-            raise StudentRaised(label, error)
-        return reply, out
-
-    def _collect_output(self) -> None:
-        if self.worker is None:
-            return
-        size = self.worker.printed_size()
-        if size > self._log_offset and sum(map(len, self.printed)) < PRINTED_KEEP:
-            self.printed.append(self.worker.printed_since(self._log_offset, PRINTED_KEEP))
-        self._log_offset = size
-
-    def _kill(self) -> None:
-        if self.worker:
-            self.worker.kill()
-        self.worker = None
-
-    def call(self, name: str, args: list, kwargs: dict, *, record: bool) -> Call:
-        """Call a function of the module within the check's time left."""
-        self._ensure_loaded()
-        (args_tree, kwargs_tree), buffers = wire.encode([list(args), dict(kwargs)])
-        started = time.monotonic()
-        try:
-            reply, out = self._request({"op": "call", "target": name, "args": args_tree,
-                                        "kwargs": kwargs_tree, "record": record},
-                                       buffers, name, self.time_left)
-        finally:
-            self.time_left -= time.monotonic() - started
-        try:
-            result = wire.decode(reply["result"], out)
-            return Call(result["value"], result["args"], result["kwargs"],
-                        [tuple(c) for c in reply.get("created", [])], float(reply.get("elapsed", 0.0)))
-        except (wire.WireError, KeyError, TypeError, ValueError) as e:
-            self._kill()
-            raise StudentError("error", f"{name}: its result could not be read ({e})") from None
-
-    def begin_check(self, time_limit: float) -> None:
-        """Start a check's time budget: the seconds its calls may spend in student code
-        (starting the process and importing the module do not count)."""
-        self.time_limit = self.time_left = time_limit
-
-    def take_printed(self) -> str:
-        """What the student's code printed since the last call of this method."""
-        text, self.printed = "".join(self.printed)[:PRINTED_KEEP], []
-        return text
-
-    def close(self) -> None:
-        if self.worker:
-            self.worker.stop()
-        self.worker = None
-        for f in self.workdir.glob("*"):
-            f.unlink(missing_ok=True)
-        self.workdir.rmdir()
+from grader.report import CheckResult
+from grader.session import Call, Session, StudentError, StudentRaised
 
 
 class Trial:
@@ -241,9 +61,9 @@ class Trial:
         try:
             value = self.session.call(fn, list(args), kwargs, record=False).value
         except StudentRaised as e:
-            if e.not_implemented or e.is_a(error.__name__):
-                if e.not_implemented:
-                    raise
+            if e.not_implemented:
+                raise
+            if e.is_a(error.__name__):
                 return
             raise CheckFailed(f"{fn} should raise {error.__name__} because {because}; "
                               f"yours raised {e.error.get('name')}: {e.error.get('message')}") from None
@@ -264,3 +84,34 @@ def plain(v: Any) -> Any:
     if isinstance(v, dict):
         return {k: plain(x) for k, x in v.items()}
     return v
+
+
+def run_one(spec: CheckSpec, function: str, *, session: Session, ref, seed: int,
+            params: dict, figures: dict, time_limit: float, known: set[int]) -> CheckResult:
+    """Run one check and turn whatever happened into a result; never raises."""
+    result = CheckResult(spec.task, function, spec.name, spec.hidden, spec.points, "passed")
+    trial = Trial(spec, session=session, ref=ref, seed=seed, params=params, figures=figures)
+    session.begin_check(time_limit)
+    t0 = time.monotonic()
+    try:
+        spec.body(trial)
+    except CheckFailed as e:
+        result.status, result.message = "failed", str(e)
+    except StudentRaised as e:
+        result.status, result.message, result.todo = "error", e.explain(), bool(e.not_implemented)
+    except StudentError as e:
+        result.status, result.message = e.status, str(e)
+    except Exception as e:  # a result the check did not foresee (or a grader bug): never a crash
+        where = f"({type(e).__name__}: {e})" if spec.hidden else "\n" + traceback.format_exc(limit=-3)
+        result.status = "error"
+        result.message = ("the grader could not interpret your result; if your answer looks right, "
+                          f"show this to your instructor {where}")
+    result.elapsed = time.monotonic() - t0
+    strays = procs.kill_strays(known | session.pids)
+    if strays:
+        note = f"your code left a process running ({strays[0]}); graded code must not start processes"
+        result.message = "\n".join(filter(None, [result.message, note]))
+        if result.status == "passed":
+            result.status = "error"
+    result.printed = session.take_printed()
+    return result

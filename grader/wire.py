@@ -1,43 +1,24 @@
-"""The wire format between the grader and the process that runs student code.
+"""Values on the wire between the grader and the process that runs student code.
 
-A message is a JSON header plus raw byte buffers; nothing is pickled, so a value
-coming back from student code can only ever decode to plain data: None, bool,
-int, float, str, bytes, list, tuple, dict, torch tensors, numpy arrays and
-scalars. Anything else stays in the student's process and crosses as a
-`Handle` naming its type.
-
-Frame layout: 8-byte header length, the UTF-8 JSON header, 8-byte buffer count,
-then each buffer as 8-byte length and bytes (all lengths big-endian).
+A value becomes a JSON-able tree plus raw byte buffers (sent as one frame, see
+`grader.frames`); nothing is pickled, so a value coming back from student code
+can only ever decode to plain data: None, bool, int, float, str, bytes, list,
+tuple, dict, torch tensors, numpy arrays and scalars. Anything else stays in the
+student's process and crosses as a `Handle` naming its type.
 """
 
 from __future__ import annotations
 
 import io
-import json
-import os
-import select
-import struct
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from grader.frames import WireError
+
 MAX_DEPTH = 64
-_LEN = struct.Struct(">Q")
-
-
-class WireError(Exception):
-    """A frame could not be read or does not decode to allowed data."""
-
-
-class WireTimeout(WireError):
-    """No complete frame arrived before the deadline."""
-
-
-class WireClosed(WireError):
-    """The other side closed the pipe (it exited or was killed)."""
 
 
 @dataclass(frozen=True)
@@ -170,51 +151,3 @@ def _tensor(node: dict, data: bytes) -> torch.Tensor:
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
-
-
-def write_frame(fd: int, header: Any, buffers: list[bytes] = ()) -> None:
-    """Write one frame to a pipe (blocking)."""
-    head = json.dumps(header, separators=(",", ":")).encode()
-    parts = [_LEN.pack(len(head)), head, _LEN.pack(len(buffers))]
-    for b in buffers:
-        parts += [_LEN.pack(len(b)), b]
-    view = memoryview(b"".join(parts))
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def read_frame(fd: int, *, deadline: float | None = None, max_bytes: int = 1 << 30) -> tuple[Any, list[bytes]]:
-    """Read one frame; raise WireTimeout after `deadline` (a time.monotonic value)."""
-
-    def exactly(n: int) -> bytes:
-        chunks, need = [], n
-        while need:
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([fd], [], [], left)[0]:
-                    raise WireTimeout("no reply before the deadline")
-            chunk = os.read(fd, min(need, 1 << 20))
-            if not chunk:
-                raise WireClosed("pipe closed")
-            chunks.append(chunk)
-            need -= len(chunk)
-        return b"".join(chunks)
-
-    total = 0
-
-    def length() -> int:
-        nonlocal total
-        (n,) = _LEN.unpack(exactly(8))
-        total += n
-        if total > max_bytes:
-            raise WireError(f"message larger than {max_bytes >> 20} MiB")
-        return n
-
-    try:
-        header = json.loads(exactly(length()))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise WireError(f"unreadable header: {e}") from None
-    (count,) = _LEN.unpack(exactly(8))
-    if count > 1 << 16:
-        raise WireError("too many buffers")
-    return header, [exactly(length()) for _ in range(count)]

@@ -15,11 +15,13 @@ import sys
 import time
 from pathlib import Path
 
-from grader import wire
+from grader import frames
 
 BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from grader.child import main; main(sys.argv[2:])"
 MAX_REPLY_BYTES = 512 << 20
 START_TIMEOUT = 120.0
+OUTPUT_LIMIT = 16 << 20
+"""Bytes the student's process may print (RLIMIT_FSIZE on its output file)."""
 
 
 class Worker:
@@ -48,17 +50,17 @@ class Worker:
         return self.proc.pid
 
     def request(self, header: dict, buffers: list[bytes] = (), *, timeout: float) -> tuple[dict, list[bytes]]:
-        """Send one request; raise wire.WireTimeout / wire.WireClosed / wire.WireError."""
+        """Send one request; raise frames.WireTimeout / WireClosed / WireError."""
         if not self.ready:
-            wire.read_frame(self.rep_r, deadline=time.monotonic() + START_TIMEOUT)
+            frames.read_frame(self.rep_r, deadline=time.monotonic() + START_TIMEOUT)
             self.ready = True
         try:
-            wire.write_frame(self.req_w, header, buffers)
+            frames.write_frame(self.req_w, header, buffers)
         except OSError:
-            raise wire.WireClosed("the student process is gone") from None
-        reply, out = wire.read_frame(self.rep_r, deadline=time.monotonic() + timeout, max_bytes=MAX_REPLY_BYTES)
+            raise frames.WireClosed("the student process is gone") from None
+        reply, out = frames.read_frame(self.rep_r, deadline=time.monotonic() + timeout, max_bytes=MAX_REPLY_BYTES)
         if type(reply) is not dict:
-            raise wire.WireError("reply is not a record")
+            raise frames.WireError("reply is not a record")
         return reply, out
 
     def printed_size(self) -> int:
@@ -104,16 +106,6 @@ class Worker:
         except subprocess.TimeoutExpired:
             pass
         self.close()
-
-    def stop(self) -> None:
-        """Ask the process to exit; kill it if it does not."""
-        if self.proc.poll() is None and self.ready:
-            try:
-                wire.write_frame(self.req_w, {"op": "exit"})
-                self.proc.wait(timeout=2)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        self.kill()
 
     def close(self) -> None:
         for fd in (self.req_w, self.rep_r):

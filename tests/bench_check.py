@@ -2,12 +2,14 @@
 
 Run:  .venv/bin/python tests/bench_check.py
 Prints the median of 5 wall times of `course check ch25 --solutions` (a fresh
-process each time, torch import included), then the cost of one round trip to
-the student's process and how a run grows with the number of checks.
+process each time, torch import included), then the cost of starting the
+student's process, of one round trip to it, and of a whole check around one
+call, for 10, 100 and 1000 checks (a run grows linearly with the checks).
 """
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import statistics
 import subprocess
@@ -17,7 +19,10 @@ import time
 from pathlib import Path
 
 from grader import chapters
-from grader.trial import Session
+from grader.checks import CheckSpec
+from grader.session import Session
+from grader.trial import run_one
+from grader.worker import OUTPUT_LIMIT, Worker
 
 
 def wall(cmd: list[str], runs: int = 5) -> list[float]:
@@ -41,7 +46,9 @@ def main() -> None:
 
     path = chapters.SOLUTIONS / "ch25_paged_kv.py"
     t0 = time.perf_counter()
-    session = Session(path, root=chapters.ROOT, time_limit=10.0, memory_limit=2 << 30, forbidden_dirs=[])
+    spawn = lambda: Worker(root=chapters.ROOT, workdir=Path(figs), memory_limit=2 << 30, output_limit=OUTPUT_LIMIT,
+                           forbidden_dirs=[])
+    session = Session(path, spawn=spawn, time_limit=10.0)
     session.begin_check(1e9)
     session.call("slot_mapping", [[0], [0], 1], {}, record=False)
     print(f"start the student process + import torch + load the module: {time.perf_counter() - t0:.2f} s")
@@ -55,6 +62,18 @@ def main() -> None:
     for _ in range(200):
         session.call("slot_mapping", [[3, 0, 4], [0, 1, 2, 3, 4], 2], {}, record=True)
     print(f"round trip per call with the tensor recorder: {(time.perf_counter() - start) / 200 * 1e3:.2f} ms")
+
+    # A whole check around one call: trial set-up, the call, the input comparison, the stray-process scan.
+    ref = importlib.import_module("solutions.ch25_paged_kv")
+    spec = CheckSpec("25.1", "one call", lambda t: t.call("slot_mapping", [3, 0, 4], [0, 1, 2, 3, 4], 2), False)
+    params = {"slot_mapping": ("block_table", "positions", "block_size")}
+    for n in (10, 100, 1000):
+        start = time.perf_counter()
+        for _ in range(n):
+            run_one(spec, "slot_mapping", session=session, ref=ref, seed=0, params=params, figures={},
+                    time_limit=10.0, known=set())
+        total = time.perf_counter() - start
+        print(f"{n:>5} one-call checks: {total:.3f} s, {total / n * 1e3:.2f} ms per check")
     session.close()
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from grader import wire
+from grader import frames, wire
 from grader.compare import same
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text() | st.binary()
@@ -22,8 +22,8 @@ def roundtrip(value, **kw):
     tree, buffers = wire.encode(value, **kw)
     r, w = os.pipe()
     try:
-        wire.write_frame(w, tree, buffers)
-        header, bufs = wire.read_frame(r)
+        frames.write_frame(w, tree, buffers)
+        header, bufs = frames.read_frame(r)
     finally:
         os.close(r)
         os.close(w)
@@ -75,19 +75,20 @@ def test_malformed_values_are_refused(tree):
 
 def test_a_closed_pipe_and_a_silent_pipe_are_told_apart():
     r, w = os.pipe()
-    with pytest.raises(wire.WireTimeout):
+    with pytest.raises(frames.WireTimeout):
         import time
-        wire.read_frame(r, deadline=time.monotonic() + 0.05)
+        frames.read_frame(r, deadline=time.monotonic() + 0.05)
     os.close(w)
-    with pytest.raises(wire.WireClosed):
-        wire.read_frame(r)
+    with pytest.raises(frames.WireClosed):
+        frames.read_frame(r)
     os.close(r)
 
 
 def test_oversized_frames_are_refused():
     r, w = os.pipe()
-    wire.write_frame(w, {"x": "y" * 2000})
-    with pytest.raises(wire.WireError, match="larger than"):
-        wire.read_frame(r, max_bytes=1000)
+    frames.write_frame(w, {"x": "y" * 2000})
+    with pytest.raises(frames.WireError, match="larger than"):
+        frames.read_frame(r, max_bytes=1000)
     os.close(r)
     os.close(w)
+

@@ -53,8 +53,8 @@ def explain_mapping(heads: list[int], got: list[int], want: list[int], num_heads
     i = wrong[0]
     h, yours, kv = heads[i], got[i], want[i]
     group = num_heads // num_kv_heads
-    lines = [f"{num_heads} query heads share {num_kv_heads} K/V heads → group size {num_heads} // "
-             f"{num_kv_heads} = {group}",
+    kv_heads = f"{num_kv_heads} K/V head{'s' if num_kv_heads > 1 else ''}"
+    lines = [f"{num_heads} query heads share {kv_heads} → group size {num_heads} // {num_kv_heads} = {group}",
              f"query head {h} is in group {h} // {group} = {kv}, so it reads K/V head {kv}; yours: {yours}"]
     if len(heads) > 1:
         lines.append(f"  query heads        {_short(heads)}")
@@ -148,9 +148,9 @@ def attention_hint(got: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     return ""
 
 
-def expect_output(got, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True) -> torch.Tensor:
+def expect_output(got, q: torch.Tensor) -> torch.Tensor:
     """Require a [T, Hq, d] tensor in q's dtype (the token-major layout)."""
-    (T, Hq, d), (S, Hkv, _) = q.shape, k.shape
+    T, Hq, d = q.shape
     what = f"the output of {T} queries × {Hq} heads × head_dim {d}"
     if isinstance(got, torch.Tensor) and list(got.shape) == [Hq, T, d] and T != Hq:
         raise CheckFailed(f"expected {what} as a 3-D {str(q.dtype).removeprefix('torch.')} tensor of shape "
@@ -173,7 +173,7 @@ def explain_output(out: torch.Tensor, want: torch.Tensor, q: torch.Tensor, k: to
     scale_txt = f"1/√{d} (default)" if scale is None else fmt(scale)
     kind = "MHA" if Hkv == Hq else "MQA" if Hkv == 1 else "GQA"
     lines = [f'case "{case}": q [{T}, {Hq}, {d}], k/v [{S}, {Hkv}, {d}] ({kind}: {Hq} query heads over {Hkv} K/V '
-             f"heads, group {group}), causal={causal}, scale={scale_txt}"]
+             f"head{'s' if Hkv > 1 else ''}, group {group}), causal={causal}, scale={scale_txt}"]
     where = f"query head {h} reads K/V head {h} // {group} = {h // group}; token {t}"
     if causal:
         p = S - T + t
@@ -196,7 +196,7 @@ def run_attention_case(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """Call the student's gqa_attention on one case and compare with the reference (or `want`)."""
     kw = {"causal": causal} | ({"scale": scale} if scale is not None else {})
     got = t.call("gqa_attention", q, k, v, **kw)
-    out = expect_output(got, q, k, v, causal=causal)
+    out = expect_output(got, q)
     want = t.ref.gqa_attention(q, k, v, **kw) if want is None else want
     explain_output(out, want, q, k, v, causal=causal, scale=scale, case=case)
     return out
@@ -343,7 +343,7 @@ def head_out_of_range(t: Trial) -> None:
 def dim_gqa_instance(t: Trial) -> None:
     q, k, v = dim_gqa_tensors()
     got = t.call("gqa_attention", q, k, v)
-    out = expect_output(got, q, k, v)
+    out = expect_output(got, q)
     want = t.ref.gqa_attention(q, k, v)
     T, S, d = q.shape[0], k.shape[0], q.shape[-1]
     allowed = end_aligned(T, S)

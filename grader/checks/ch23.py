@@ -66,11 +66,16 @@ def expect_processed(t: Trial, got, logits: torch.Tensor, temperature: torch.Ten
         want = t.ref.process_logits(logits, temperature, top_k, top_p)
     mine = expect_tensor(got, what=f"the processed logits of {B} row{'s' if B != 1 else ''} × {V} tokens",
                          shape=[B, V], dtype=torch.float32)
-    bad = wrong_mask(mine, want, atol=ATOL, rtol=RTOL)
+    bad = wrong_entries(mine, want)
     if not bad.any():
         return mine
     b, j = (int(i) for i in bad.nonzero()[0])
     raise CheckFailed(explain_processed(t, mine, want, logits, temperature, top_k, top_p, b, j, case=case))
+
+
+def wrong_entries(mine: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Entries of the processed logits that differ beyond ATOL + RTOL·|want| (±∞ only matches itself)."""
+    return wrong_mask(mine, want, atol=ATOL, rtol=RTOL)
 
 
 def _kept(row: torch.Tensor) -> torch.Tensor:
@@ -138,14 +143,15 @@ def processed_hint(t: Trial, mine: torch.Tensor, want: torch.Tensor, logits_row:
     yours = float(mine[j])
     if want[j] == NEG_INF and math.isfinite(yours) and yours < -1e4:
         return "a filtered entry must be exactly −∞ (float('-inf')), not a large negative number"
-    if torch.equal(mk, wk):
+    if math.isfinite(yours) and want[j] != NEG_INF:
         l = float(logits_row[j])
-        if close(yours, l * T):
+        if close(yours, l * T) and not close(yours, l / T):
             return "divide by the temperature (logits / T), don't multiply: T < 1 must sharpen the distribution"
-        if close(yours, l):
-            return "apply the temperature: divide row b by its own temperature[b]"
+        if close(yours, l) and not close(yours, l / T):
+            return f"apply the temperature: divide row {b} by its own temperature[{b}] = {fmt(T)}"
         if close(yours, float(want.softmax(-1)[j])):
             return "return logits (−∞ where filtered), not probabilities: the softmax comes later, in sample"
+    if torch.equal(mk, wk):
         return ""
 
     def kept_with(r=row, tp=temp, kk=k, pp=p) -> torch.Tensor:
@@ -202,24 +208,32 @@ def race_scores(logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Te
     return p, p / noise.float().clamp_min(CLAMP)
 
 
+MULTIPLIED_HINT = "divide the logits by the temperature, don't multiply: p = softmax(logits / T)"
+IGNORED_HINT = "apply the temperature: p = softmax(logits / T), each row with its own T"
+TEMPERATURE_HINT = ("p = softmax(logits / T): your tokens match a race that leaves the temperature out "
+                    "or multiplies by it")
+
+
+OWN_NOISE_HINT = ("the token must be argmax(p / E) with the noise passed in; a sampler with its own randomness "
+                  "(torch.multinomial, a fresh exponential_()) cannot reproduce the race")
+
+
 def race_variants(logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor) -> list[tuple[str, torch.Tensor, str]]:
     """Tokens drawn by the classic wrong samplers on the same noise, with the hint each one calls for."""
     z, T, e = logits.float(), temperature.float()[:, None], noise.float().clamp_min(CLAMP)
     p = (z / T).softmax(-1)
     with torch.no_grad():
         return [
-            ("argmax p", p.argmax(-1), "the race takes argmax(p / E), not argmax(p): the noise lets a less "
+            ("argmax(p)", p.argmax(-1), "the race takes argmax(p / E), not argmax(p): the noise lets a less "
                                        "likely token win, exactly as often as its probability"),
-            ("argmax E / p", (e / p).argmax(-1), "divide p by the noise (argmax p / E, or argmin E / p), not the "
+            ("argmax(E / p)", (e / p).argmax(-1), "divide p by the noise (argmax p / E, or argmin E / p), not the "
                                                  "noise by p: argmax E / p favours the unlikely tokens"),
-            ("argmax p · E", (p * e).argmax(-1), "divide p by the noise E; multiplying by E does not sample from p"),
-            ("temperature multiplied", ((z * T).softmax(-1) / e).argmax(-1),
-             "divide the logits by the temperature, don't multiply: p = softmax(logits / T)"),
-            ("temperature ignored", (z.softmax(-1) / e).argmax(-1),
-             "apply the temperature: p = softmax(logits / T), each row with its own T"),
-            ("logits / E", ((z / T) / e).argmax(-1), "race with the probabilities p = softmax(logits / T), "
+            ("argmax(p · E)", (p * e).argmax(-1), "divide p by the noise E; multiplying by E does not sample from p"),
+            ("the race on softmax(logits · T)", ((z * T).softmax(-1) / e).argmax(-1), MULTIPLIED_HINT),
+            ("the race on softmax(logits) (temperature left out)", (z.softmax(-1) / e).argmax(-1), IGNORED_HINT),
+            ("argmax((logits / T) / E)", ((z / T) / e).argmax(-1), "race with the probabilities p = softmax(logits / T), "
                                                      "not with the logits"),
-            ("noise not clamped", (p / noise.float()).argmax(-1),
+            ("the race with unclamped noise", (p / noise.float()).argmax(-1),
              "clamp the noise to ≥ 1e-10 as nano-vllm does: with E = 0, p / E is ∞ (or NaN = 0 / 0 on a "
              "filtered token), and argmax picks it"),
         ]
@@ -258,10 +272,12 @@ def expect_tokens(t: Trial, got, logits: torch.Tensor, temperature: torch.Tensor
     lines.append(f"the largest p / E is token {w}'s: {fmt(float(p[b, w]))} / {fmt(float(E[w]))} = "
                  f"{fmt(float(scores[b, w]))}, so the race draws token {w}; yours: token {y} "
                  f"(p / E = {fmt(float(p[b, y]))} / {fmt(float(E[y]))} = {fmt(float(scores[b, y]))})")
-    hint = next((h for _, alt, h in race_variants(logits[b:b + 1], temperature[b:b + 1], noise[b:b + 1])
-                 if int(alt[0]) == y), "")
-    return_hint = [f"hint: {hint}"] if hint else []
-    raise CheckFailed("\n".join(lines + return_hint))
+    # The wrong sampler that explains this row and agrees with the most other rows.
+    fits = [(int((alt == tokens).sum()), -i, h) for i, (_, alt, h) in
+            enumerate(race_variants(logits, temperature, noise)) if int(alt[b]) == y]
+    best = [h for n, _, h in sorted(fits, reverse=True) if n == max(fits)[0]] if fits else []
+    hint = TEMPERATURE_HINT if {MULTIPLIED_HINT, IGNORED_HINT} <= set(best) else (best[0] if best else OWN_NOISE_HINT)
+    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
 
 
 # -- goodness of fit ----------------------------------------------------------------------------
@@ -321,7 +337,7 @@ def likely_cause(tokens: torch.Tensor, counts: torch.Tensor, z: torch.Tensor, T:
     for name, alt, hint in race_variants(logits, temps, noise):
         share = float((alt == tokens).double().mean())
         if share >= 0.9 and float((alt == correct).double().mean()) < 0.9:
-            return f"your tokens equal {name} on {fmt(100 * share, 3)}% of the rows: {hint}"
+            return f"your tokens are those of {name} on {fmt(100 * share, 3)}% of the rows; {hint}"
     limit = chi2_threshold(V - 1)
     if chi2(counts, z.softmax(-1)) <= limit:
         return "your draws follow softmax(logits), i.e. the temperature was not applied (p = softmax(logits / T))"

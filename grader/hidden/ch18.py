@@ -76,7 +76,8 @@ def random_shape(t: Trial) -> tuple[int, int, int, int, int]:
 
 @hidden("18.2", "agreement with scaled_dot_product_attention: MHA, GQA, MQA, causal, S ≥ T")
 def sdpa_causal(t: Trial) -> None:
-    for T, S, Hq, Hkv, d in [(4, 4, 4, 4, 16), (4, 9, 8, 2, 16), (3, 11, 8, 1, 32)] + [random_shape(t) for _ in range(7)]:
+    fixed = [(4, 4, 4, 4, 16), (4, 9, 8, 2, 16), (3, 11, 8, 1, 32)]  # MHA, GQA, MQA
+    for T, S, Hq, Hkv, d in fixed + [random_shape(t) for _ in range(7)]:
         q, k, v = random_qkv(t, T, S, Hq, Hkv, d)
         run_attention_case(t, q, k, v, case=f"T={T}, S={S}, Hq={Hq}, Hkv={Hkv}, d={d}, causal",
                            want=sdpa(q, k, v, True, None))
@@ -86,7 +87,7 @@ def sdpa_causal(t: Trial) -> None:
 def sdpa_not_causal(t: Trial) -> None:
     for i in range(8):
         T, S, Hq, Hkv, d = random_shape(t)
-        S = t.random.randint(1, 12)  # not causal: any number of keys, fewer than the queries too
+        S = T + t.random.randint(0, 8)
         scale = [None, 1.0, 0.05, round(t.random.uniform(0.1, 2.0), 3)][i % 4]
         q, k, v = random_qkv(t, T, S, Hq, Hkv, d)
         run_attention_case(t, q, k, v, causal=False, scale=scale,
@@ -109,7 +110,7 @@ def no_kv_copy(t: Trial) -> None:
     for T, S, Hq, Hkv, d, causal in ((3, 40, 8, 2, 16, True), (3, 40, 8, 1, 16, False)):
         q, k, v = random_qkv(t, T, S, Hq, Hkv, d)
         call = t.run("gqa_attention", q, k, v, causal=causal, record=True)
-        out = expect_output(call.value, q, k, v, causal=causal)
+        out = expect_output(call.value, q)
         explain_output(out, t.ref.gqa_attention(q, k, v, causal=causal), q, k, v, causal=causal, scale=None,
                        case=f"T={T}, S={S}, Hq={Hq}, Hkv={Hkv}, d={d}")
         explain_copies(kv_copies(call.created, S, Hq, d), T, S, Hq, Hkv, d)
@@ -120,7 +121,7 @@ def large_scores(t: Trial) -> None:
     # Scores up to ~±150: exp() of them overflows float32 unless each row's maximum is subtracted first.
     q, k, v = random_qkv(t, 4, 10, 4, 2, 16, magnitude=50.0)
     got = t.call("gqa_attention", q, k, v)
-    out = expect_output(got, q, k, v)
+    out = expect_output(got, q)
     explain_output(out, t.ref.gqa_attention(q, k, v), q, k, v, causal=True, scale=None,
                    case="scores up to about ±150", atol=1e-4, rtol=1e-4)
 

@@ -1,0 +1,265 @@
+"""Figures of ch18 · grouped-query attention: two query heads sharing one K/V head, the grouping of
+4 query heads over 2 K/V heads, and the KV-cache size of MHA / GQA / MQA."""
+
+from __future__ import annotations
+
+from figures import figure
+from figures.kit import Figure, num, text_width
+from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, stroke
+
+ATOL = RTOL = 1e-5  # the tolerance of the 18.2 checks
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= ATOL + RTOL * abs(b)
+
+
+@figure("dim-gqa", title="共享 K/V 而非注意力权重",
+        zh="两个 [3, 2] 的查询头指向同一个 K/V 头。共享的是 K/V,而不是注意力权重:每个头用自己的 q 算出"
+           "自己的分数和 softmax。K/V 只存一份,无需物理复制。",
+        en="Two [3, 2] query heads point at the same K/V head: what is shared is K/V, not the attention weights "
+           "(each head computes its own scores and softmax); K/V is stored once, with no physical copy.",
+        needs={"out": "18.2"})
+def dim_gqa_figure(f: Figure, r: dict) -> None:
+    q, k, v, dots, allowed = r["q"], r["k"], r["v"], r["dots"], r["allowed"]
+    weights, out, expected, d = r["weights"], r["out"], r["expected"], r["head_dim"]
+    heads, T, S = len(q), len(q[0]), len(k)
+    _boxes(f, [(f"T = S = {T}", "token"), (f"d = {d}", "plain"), (f"{heads} query heads → 1 K/V head", "q"),
+               (f"causal, scale = 1/√{d}", "plain")])
+
+    # Column positions: Q_h | q·k | softmax weights | out_h; Kᵀ sits over q·k, V over out.
+    xq, cq = MARGIN + 178, CELL
+    xs, cs = xq + 2 * cq + 56, 40
+    xw, cw = xs + S * cs + 84, 48
+    xo, co = xw + S * cw + 52, 56
+    row_h = T * CELL
+
+    def head_row(h: int, y: float) -> None:
+        f.text(MARGIN, y + 14, f"query head {h}", size=LABEL + 1, weight="bold", cls="label")
+        f.text(MARGIN, y + 34, f"kv_head_for({h}, {heads}, 1)", size=SMALL + 1, color=MUTED, mono=True, cls="label")
+        f.text(MARGIN, y + 50, "= 0 → reads K/V head 0", size=SMALL + 1, color=MUTED, cls="label")
+        for t in range(T):
+            f.text(xq - 6, y + t * CELL + CELL / 2 + 4, f"t{t}", size=SMALL, anchor="end", color=MUTED,
+                   mono=True, cls="label")
+        f.grid(xq, y, q[h], role="q", w=cq, h=CELL)
+        f.grid(xs, y, [[dots[h][t][j] if allowed[t][j] else "−∞" for j in range(S)] for t in range(T)],
+               role=lambda t, j: "plain" if allowed[t][j] else "masked", w=cs, h=CELL, fmt=_str_num)
+        f.grid(xw, y, [[round(weights[h][t][j], 2) for j in range(S)] for t in range(T)],
+               role=lambda t, j: "attend" if allowed[t][j] else "masked", w=cw, h=CELL)
+        for t in range(T):
+            for j in range(d):
+                bad = not _close(out[h][t][j], expected[h][t][j])
+                f.cell(xo + j * co, y + t * CELL, round(out[h][t][j], 3), role="v", w=co, h=CELL, wrong=bad,
+                       expected=round(expected[h][t][j], 3) if bad else None)
+        mid = y + row_h / 2
+        for x0, x1, sym in ((xq + 2 * cq, xs, "· Kᵀ"), (xs + S * cs, xw, f"softmax(·/√{d})"), (xw + S * cw, xo, "· V")):
+            f.arrow(x0 + 5, mid, x1 - 5, mid)
+            f.text((x0 + x1) / 2, mid - 7, sym, size=SMALL, anchor="middle", color=MUTED, cls="label")
+
+    # Column titles.
+    y = f.y + 6
+    for x, w, label in ((xq, 2 * cq, "Q of the head"), (xs, S * cs, "q · k (future: −∞)"),
+                        (xw, S * cw, "its own weights"), (xo, d * co, "out = weights · V")):
+        f.text(x + w / 2, y, label, size=SMALL + 1, anchor="middle", color=INK, cls="label")
+    top0 = y + 10
+    head_row(0, top0)
+
+    # The shared K/V band between the two heads.
+    band = top0 + row_h + 62
+    kt = [[k[j][i] for j in range(S)] for i in range(d)]           # Kᵀ: columns are keys, like q · k
+    f.text(MARGIN, band + 14, "K/V head 0", size=LABEL + 1, weight="bold", cls="label")
+    f.text(MARGIN, band + 34, "stored once,", size=SMALL + 1, color=MUTED, cls="label")
+    f.text(MARGIN, band + 50, "read by both heads", size=SMALL + 1, color=MUTED, cls="label")
+    f.box(xs - 30, band - 30, S * cs + 40, d * CELL + 42, role="k", dashed=True, rx=6)
+    f.grid(xs, band - 16, kt, role="k", w=cs, h=CELL, col_labels=[f"k{j}" for j in range(S)])
+    f.text(xs - 8, band + d * CELL / 2 + 4, "Kᵀ", size=LABEL, anchor="end", weight="bold", cls="label")
+    f.box(xo - 30, band - 12, d * co + 40, S * CELL + 24, role="v", dashed=True, rx=6)
+    f.grid(xo, band, v, role="v", w=co, h=CELL)
+    f.text(xo - 8, band - 18, "V", size=LABEL, anchor="end", weight="bold", cls="label")
+    for j in range(S):
+        f.text(xo - 6, band + j * CELL + CELL / 2 + 4, f"k{j}", size=SMALL, anchor="end", color=MUTED, mono=True,
+               cls="label")
+    top1 = band + S * CELL + 46
+    # Arrows: the same K feeds both heads' dot products, the same V both heads' outputs.
+    for cx, y_band_top, y_band_bottom, role in ((xs + S * cs / 2, band - 30, band + d * CELL + 12, "k"),
+                                                (xo + d * co / 2, band - 12, band + S * CELL + 12, "v")):
+        f.arrow(cx, y_band_top, cx, top0 + row_h + 4, color=stroke(role), width=1.8)
+        f.arrow(cx, y_band_bottom, cx, top1 - 4, color=stroke(role), width=1.8)
+    head_row(1, top1)
+    f.y = top1 + row_h + 30
+
+    # What differs, read from the values above: the weights of one token in the two heads.
+    t = max(range(T), key=lambda i: sum(abs(weights[0][i][j] - weights[1][i][j]) for j in range(S)))
+    w0 = ", ".join(num(round(x, 2)) for x in weights[0][t][: S - T + t + 1])
+    w1 = ", ".join(num(round(x, 2)) for x in weights[1][t][: S - T + t + 1])
+    f.note(f"Same K, same V, different weights: token {t} weighs keys 0 … {S - T + t} as [{w0}] in head 0 and "
+           f"[{w1}] in head 1, because each head brings its own q. Only K and V are shared.", color=INK,
+           size=SMALL + 2)
+    stored, copied = 2 * S * d, 2 * S * d * heads
+    f.note(f"Memory: this layer stores K and V of 1 head: 2 × {S} × {d} = {stored} numbers. Repeating them for "
+           f"each query head would store {copied} and compute nothing new; GQA kernels index K/V head "
+           f"h // group instead.", size=SMALL + 2)
+    f.y += 4
+    bad = any(not _close(a, b) for ho, he in zip(out, expected) for ro, re in zip(ho, he) for a, b in zip(ro, re))
+    f.legend([("q", "query head"), ("k", "shared K"), ("v", "shared V, output"), ("attend", "attention weight"),
+              ("masked", "masked (future key)")], wrong=bad)
+
+
+def _str_num(x) -> str:
+    return x if isinstance(x, str) else num(x)
+
+
+@figure("ch18-gqa-groups", title="4 个 Q 头,2 组 K/V",
+        zh="4 个查询头按连续分组共享 2 个 K/V 头(kv_head = h // 2)。分组是逻辑上的:缓存只存 2 个头,"
+           "不是 4 个;kernel 按下标读取共享的头,无需复制缓存。",
+        en="4 query heads, 2 K/V groups: consecutive heads share a K/V head (kv_head = h // 2). The grouping is "
+           "logical: the cache holds 2 heads, not 4, and kernels read the shared head by index instead of "
+           "repeating the cache.",
+        needs={"mapping": "18.1"})
+def gqa_groups_figure(f: Figure, r: dict) -> None:
+    nh, nkv, mapping, expected = r["num_heads"], r["num_kv_heads"], r["mapping"], r["expected"]
+    group = nh // nkv
+    _boxes(f, [(f"num_heads = {nh}", "q"), (f"num_kv_heads = {nkv}", "k"),
+               (f"group = {nh} // {nkv} = {group}", "plain")])
+
+    span = f.width - 2 * MARGIN - 150
+    x0 = MARGIN + 150
+    slot = span / nh
+    qw = min(120, slot - 24)
+    qx = [x0 + i * slot + (slot - qw) / 2 for i in range(nh)]
+    y = f.y + 22
+    f.text(MARGIN, y + 24, "query heads", size=LABEL, weight="bold", cls="label")
+    for g in range(nkv):
+        f.bracket(qx[g * group], qx[g * group + group - 1] + qw, y - 6,
+                  f"group {g}: heads {g * group} … {g * group + group - 1}", below=False)
+    for h in range(nh):
+        f.box(qx[h], y, qw, 38, role="q", label=f"Q head {h}")
+    # The student's mapping, one cell per head.
+    my = y + 38 + 26
+    f.text(MARGIN, my + 20, f"kv_head_for(h, {nh}, {nkv})", size=SMALL + 1, mono=True, color=INK, cls="label")
+    f.text(MARGIN, my + 36, "(your values)", size=SMALL + 1, color=MUTED, cls="label")
+    cw = 44
+    for h in range(nh):
+        bad = mapping[h] != expected[h]
+        f.cell(qx[h] + qw / 2 - cw / 2, my, mapping[h], role="plain", w=cw, h=CELL, wrong=bad,
+               expected=expected[h] if bad else None, bold=True)
+        f.arrow(qx[h] + qw / 2, y + 38, qx[h] + qw / 2, my - 2, color=MUTED, width=1, head=5)
+        f.text(qx[h] + qw / 2 + cw / 2 + 6, my + CELL / 2 + 4, f"= {h} // {group}", size=SMALL, mono=True,
+               color=MUTED, cls="label")
+    # K/V heads, centred under their groups.
+    ky = my + CELL + 90
+    f.text(MARGIN, ky + 24, "K/V heads", size=LABEL, weight="bold", cls="label")
+    f.text(MARGIN, ky + 40, "(in the cache)", size=SMALL + 1, color=MUTED, cls="label")
+    kw = 84
+    kv_center = {}
+    for g in range(nkv):
+        cx = (qx[g * group] + qx[g * group + group - 1] + qw) / 2
+        kv_center[g] = cx
+        f.box(cx - kw - 3, ky, kw, 38, role="k", label=f"K head {g}")
+        f.box(cx + 3, ky, kw, 38, role="v", label=f"V head {g}")
+    for h in range(nh):
+        target = mapping[h]
+        if target in kv_center:
+            ok = target == expected[h]
+            f.curve(qx[h] + qw / 2, my + CELL + 2, kv_center[target], ky - 2,
+                    color=stroke("q") if ok else stroke("wrong"), width=1.6 if ok else 2)
+    f.y = ky + 38 + 40
+
+    # The cache: what is stored vs the copy no kernel needs.
+    f.heading(f"一层的 KV 缓存(每个 token)· one layer's KV cache per token")
+    cell_w = 62
+    sx = x0
+    f.text(MARGIN, f.y + 22, "stored", size=LABEL, weight="bold", cls="label")
+    f.text(MARGIN, f.y + 38, f"{nkv} heads", size=SMALL + 1, color=MUTED, cls="label")
+    items = [(f"K{g}", "k") for g in range(nkv)] + [(f"V{g}", "v") for g in range(nkv)]
+    for i, (label, role) in enumerate(items):
+        f.cell(sx + i * cell_w, f.y + 6, label, role=role, w=cell_w - 4, h=32, fmt=str, bold=True)
+    f.text(sx + len(items) * cell_w + 10, f.y + 27, f"2 × {nkv} × d numbers", size=SMALL + 1, color=INK,
+           cls="label")
+    f.y += 56
+    f.text(MARGIN, f.y + 22, "not needed", size=LABEL, weight="bold", color=MUTED, cls="label")
+    f.text(MARGIN, f.y + 38, f"{nh} heads", size=SMALL + 1, color=MUTED, cls="label")
+    copies = [(f"K{h // group}", "masked") for h in range(nh)] + [(f"V{h // group}", "masked") for h in range(nh)]
+    cwc = min(cell_w, (f.width - MARGIN - sx - 150) / len(copies))
+    for i, (label, role) in enumerate(copies):
+        f.cell(sx + i * cwc, f.y + 6, label, role=role, w=cwc - 4, h=32, fmt=str, dashed=True)
+    f.text(sx + len(copies) * cwc + 10, f.y + 27, f"2 × {nh} × d: {group}× the memory", size=SMALL + 1,
+           color=MUTED, cls="label")
+    f.y += 62
+    f.note(f"A repeat_interleave copy gives the same numbers but spends the memory GQA saves. flash-attn (as "
+           f"nano-vllm calls it) reads K/V head h // (num_heads / num_kv_heads) = h // {group} directly from the "
+           f"{nkv}-head cache.", size=SMALL + 2)
+    f.y += 4
+    f.legend([("q", "query head"), ("k", "K head"), ("v", "V head"), ("masked", "a repeated copy (not needed)")],
+             wrong=mapping != expected)
+
+
+@figure("ch18-kv-capacity", title="三种配置的 KV 容量",
+        zh="三种配置保持 Q 头数为 8。固定 L、d、T、dtype 时,KV 容量之比为 8:2:1。",
+        en="MHA / GQA / MQA with 8 query heads: at fixed layers L, head_dim d, tokens T and dtype, the KV cache "
+           "sizes are in the ratio 8 : 2 : 1.",
+        needs={"sizes": "18.3"})
+def kv_capacity_figure(f: Figure, r: dict) -> None:
+    configs, nh, sizes, expected = r["configs"], r["num_heads"], r["sizes"], r["expected"]
+    L, d, T, b = r["num_layers"], r["head_dim"], r["num_tokens"], r["dtype_bytes"]
+    _boxes(f, [(f"L = {L} layers", "plain"), (f"d = {d}", "plain"), (f"T = {T:,} tokens", "token"),
+               (f"bf16: {b} bytes", "plain"), (f"{nh} query heads", "q")])
+
+    bar_w, gap = 160, 100
+    total = len(configs) * bar_w + (len(configs) - 1) * gap
+    bx = MARGIN + 90 + (f.width - 2 * MARGIN - 90 - total) / 2
+    # Head schematics: 8 query heads above, their K/V heads below, consecutive groups.
+    y = f.y + 8
+    f.text(MARGIN, y + 12, "query heads", size=SMALL + 1, color=MUTED, cls="label")
+    f.text(MARGIN, y + 68, "K/V heads", size=SMALL + 1, color=MUTED, cls="label")
+    sq = (bar_w - 4) / nh
+    for i, (name, nkv) in enumerate(configs):
+        x = bx + i * (bar_w + gap)
+        group = nh // nkv
+        kx = [x + (g * group + group / 2) * sq - sq / 2 for g in range(nkv)]
+        for h in range(nh):
+            f.cell(x + h * sq, y, "", role="q", w=sq - 3, h=18)
+            g = h // group
+            f.arrow(x + h * sq + (sq - 3) / 2, y + 19, kx[g] + (sq - 3) / 2, y + 52, color=stroke("q"), width=0.8,
+                    head=4)
+        for g in range(nkv):
+            f.cell(kx[g], y + 54, "", role="k", w=sq - 3, h=18)
+        f.text(x + bar_w / 2, y - 8, f"{name}: {nh} Q → {nkv} K/V", size=SMALL + 1, anchor="middle", color=INK,
+               weight="bold", cls="label")
+    f.y = y + 54 + 18 + 42
+
+    def mib(x) -> str:
+        return f"{x / 2**20:,.0f} MiB" if isinstance(x, (int, float)) else str(x)
+
+    f.text(MARGIN, f.y + 70, "KV cache", size=SMALL + 1, color=MUTED, cls="label")
+    f.text(MARGIN, f.y + 86, "(your bytes)", size=SMALL + 1, color=MUTED, cls="label")
+    w, h = f.bars(bx, f.y, sizes, labels=[f"{name} · num_kv_heads = {nkv}" for name, nkv in configs],
+                  height=190, bar_w=bar_w, gap=gap, role="k", expected=expected,
+                  fmt=mib, tol=0.0)
+    f.y += h + 6
+    for i, (name, nkv) in enumerate(configs):
+        cx = bx + i * (bar_w + gap) + bar_w / 2
+        f.text(cx, f.y, f"2·{L}·{nkv}·{d}·{T}·{b}", size=SMALL, anchor="middle", mono=True, color=MUTED,
+               cls="label")
+        bad = sizes[i] != expected[i]
+        f.text(cx, f.y + 16, f"= {sizes[i]:,} B", size=SMALL, anchor="middle", mono=True,
+               color=stroke("wrong") if bad else INK, cls="value wrong" if bad else "value")
+    f.y += 40
+    smallest = min(sizes) if all(isinstance(s, int) and s > 0 for s in sizes) else None
+    ratio = " : ".join(num(s / smallest) for s in sizes) if smallest else "—"
+    f.note(f"Ratio of your sizes: {ratio} (expected {' : '.join(str(nkv) for _, nkv in configs)}). The query heads "
+           f"never enter the formula 2 · L · num_kv_heads · d · T · bytes: only K/V heads are cached, so at a fixed "
+           f"memory budget MQA holds {configs[0][1] // configs[-1][1]}× as many tokens as MHA.", color=INK,
+           size=SMALL + 2)
+    f.y += 2
+    f.legend([("q", "query head"), ("k", "K/V head, and the bytes its cache takes")], wrong=sizes != expected)
+
+
+def _boxes(f: Figure, items: list[tuple[str, str]]) -> None:
+    """The instance as a row of small labelled boxes."""
+    x, y = MARGIN, f.y
+    for label, role in items:
+        w = text_width(label, LABEL) + 24
+        f.box(x, y, w, 30, role=role, label=label)
+        x += w + 12
+    f.y = y + 30 + 30

@@ -1,0 +1,213 @@
+"""ch17 · causal masks: wrong submissions that embody real misconceptions get the teaching
+message meant for them, and the figures drawn from them mark the wrong cells."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from mutate import mutant
+
+from grader.checks import ch17 as checks
+from grader.run import check
+from solutions import ch17_causal_masks as ref
+
+SEED = 17
+N, C = checks.FIGURE_NEW, checks.FIGURE_CACHED
+T = checks.FIGURE_TOKENS
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Each mutant (the reference with `edits`) graded once (public and hidden checks), with its figures."""
+    cache = {}
+
+    def run(name: str, *edits: tuple[str, str]):
+        if (name, edits) not in cache:
+            submission = mutant(tmp_path_factory.mktemp(f"ch17_{name}"), "ch17", *edits)
+            out = tmp_path_factory.mktemp(name)
+            cache[name, edits] = (check("ch17", submission=submission, hidden=True, seed=SEED,
+                                        figures_dir=out), out)
+        return cache[name, edits]
+
+    return run
+
+
+def result(report, task: str, name_start: str):
+    found = [r for r in report.results if r.task == task and r.name.startswith(name_start)]
+    assert len(found) == 1, [r.name for r in report.results]
+    return found[0]
+
+
+def wrong_elements(out: Path, figure_id: str) -> list:
+    root = ET.parse(out / "ch17" / f"{figure_id}.svg").getroot()
+    return [el for el in root.iter() if "wrong" in (el.get("class") or "")]
+
+
+def statuses(report, task: str) -> set[str]:
+    return {r.status for r in report.results if r.task == task}
+
+
+def test_top_left_tril_for_a_chunk(runs):
+    """torch.tril(ones(L, S)) for a chunk: query 0 sees only key 0 instead of the cached prefix."""
+    report, out = runs("topleft",
+                       # the top-left tril: a chunk's mask taken from the corner, as if nothing were cached
+                       (".tril(diagonal=num_cached)", ".tril()"))
+    assert statuses(report, "17.1") == {"passed"}
+    r = result(report, "17.2", "figure instance")
+    assert r.status == "failed"
+    want = ref.causal_mask_with_offset(N, C)
+    last_visible = int(want[0].nonzero().max())
+    assert last_visible == C
+    assert f"inputs: num_new={N}, num_cached={C}" in r.message
+    assert f"query 0 is the token at absolute position {C} + 0 = {C}, so it sees keys 0–{last_visible}" in r.message
+    assert "your row 0 sees only key 0" in r.message
+    assert "hint: a chunk after a cached prefix is offset by num_cached: use tril with diagonal=num_cached" in r.message
+    assert result(report, "17.2", "a decode step").status == "failed"
+    # A mask without an offset is right when nothing is cached.
+    assert result(report, "17.2", "nothing cached").status == "passed"
+    assert result(report, "17.2", "num_cached 0 equals").status == "passed"
+    sdpa = result(report, "17.2", "agrees with scaled_dot_product_attention")
+    assert sdpa.status == "failed"
+    assert "must equal the last" in sdpa.message and "is_causal=True" in sdpa.message
+    assert "SDPA's own is_causal=True uses when L ≠ S" in sdpa.message
+    assert wrong_elements(out, "ch17-offset-mask")
+    assert not wrong_elements(out, "ch17-causal-mask")
+
+
+def test_inverted_mask(runs):
+    """True = masked: the additive-mask habit carried over to a bool mask."""
+    report, out = runs("inverted",
+                       # True = masked: the inverse of the scaled_dot_product_attention convention
+                       ("dtype=torch.bool).tril()", "dtype=torch.bool).triu(diagonal=1)"),
+                       (".tril(diagonal=num_cached)", ".triu(diagonal=num_cached + 1)"))
+    r = result(report, "17.1", "figure instance")
+    assert r.status == "failed"
+    assert f"inputs: num_tokens={T}" in r.message
+    assert "query 0 is the token at position 0, so it sees only key 0 (itself); your row 0 sees keys 1–" in r.message
+    assert "hint: True = may attend, the scaled_dot_product_attention convention; your mask is its inverse" in r.message
+    r2 = result(report, "17.2", "figure instance")
+    assert r2.status == "failed" and "your mask is its inverse" in r2.message
+    assert wrong_elements(out, "ch17-causal-mask")
+    assert wrong_elements(out, "ch17-offset-mask")
+
+
+def test_float_mask_with_the_right_values(runs):
+    """1.0/0.0 instead of True/False: SDPA would add it to the scores."""
+    report, out = runs("float",
+                       # the right values as a float tensor of 1s and 0s instead of a bool mask
+                       ("torch.ones(num_tokens, num_tokens, dtype=torch.bool)", "torch.ones(num_tokens, num_tokens)"),
+                       ("torch.ones(num_new, num_cached + num_new, dtype=torch.bool)",
+                        "torch.ones(num_new, num_cached + num_new)"))
+    for task in ("17.1", "17.2"):
+        assert statuses(report, task) <= {"failed", "passed"}
+        r = result(report, task, "figure instance")
+        shape = list((ref.causal_mask(T) if task == "17.1" else ref.causal_mask_with_offset(N, C)).shape)
+        assert r.status == "failed"
+        assert f"expected the mask as a 2-D bool tensor of shape {shape}; yours: float32 tensor {shape}" in r.message
+        assert "your values are right, but not bool" in r.message and "*adds* a float attn_mask" in r.message
+    # The structure check comes before the figure is recorded: nothing to draw.
+    assert not report.figures and not report.figure_notes
+
+
+def test_dropped_diagonal(runs):
+    """tril(diagonal=-1): a token that cannot see itself."""
+    report, out = runs("nodiag",
+                       # a token may not attend itself: the diagonal dropped
+                       ("dtype=torch.bool).tril()", "dtype=torch.bool).tril(diagonal=-1)"),
+                       (".tril(diagonal=num_cached)", ".tril(diagonal=num_cached - 1)"))
+    r = result(report, "17.1", "figure instance")
+    assert r.status == "failed"
+    assert "your row 0 sees no key at all" in r.message
+    assert "hint: keep the diagonal" in r.message
+    assert result(report, "17.1", "a single token").status == "failed"
+    assert "hint: keep the diagonal" in result(report, "17.1", "a single token").message
+    r2 = result(report, "17.2", "figure instance")
+    assert f"sees keys 0–{C}; your row 0 sees keys 0–{C - 1}" in r2.message
+    assert "tril's diagonal is num_cached, not num_cached − 1" in r2.message
+    assert wrong_elements(out, "ch17-causal-mask")
+    assert wrong_elements(out, "ch17-offset-mask")
+
+
+def test_missing_validation(runs):
+    """The right masks without checking the counts: only the bad-input checks fail."""
+    report, out = runs("novalidate",
+                       # the right masks, but the counts are never checked
+                       ("    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:\n"
+                        '        raise ValueError(f"num_tokens is a number of tokens, a non-negative int; '
+                        'got {num_tokens!r}")\n', ""),
+                       ('    for name, n in (("num_new", num_new), ("num_cached", num_cached)):\n'
+                        "        if isinstance(n, bool) or not isinstance(n, int) or n < 0:\n"
+                        '            raise ValueError(f"{name} is a number of tokens, a non-negative int; '
+                        'got {n!r}")\n', ""))
+    failed = {(r.task, r.name) for r in report.results if r.status != "passed"}
+    assert failed == {("17.1", "a negative or fractional length raises ValueError"),
+                      ("17.1", "bad lengths raise ValueError"),
+                      ("17.2", "a negative or fractional count raises ValueError"),
+                      ("17.2", "bad counts raise ValueError")}
+    r = result(report, "17.2", "a negative or fractional count")
+    assert "causal_mask_with_offset should raise ValueError because num_cached = −1" in r.message
+    assert "yours returned bool tensor" in r.message
+    assert not wrong_elements(out, "ch17-causal-mask") and not wrong_elements(out, "ch17-offset-mask")
+
+
+# -- the message helpers on misconceptions that need no submission ------------------------------
+
+def test_additive_float_mask_is_recognised():
+    want = ref.causal_mask_with_offset(N, C)
+    additive = torch.zeros(want.shape).masked_fill(~want, float("-inf"))
+    hint = checks.structure_hint(additive, list(want.shape), want, N, C, whole=False)
+    assert "additive form" in hint and "True = may attend" in hint
+
+
+def test_integer_mask_is_recognised():
+    want = ref.causal_mask(T)
+    hint = checks.structure_hint(want.long(), list(want.shape), want, T, 0, whole=True)
+    assert "refuses an integer attn_mask" in hint
+
+
+@pytest.mark.parametrize("shape, words", [((N, N), "num_cached + num_new columns"),
+                                          ((N + C, N + C), "one row per new query only"),
+                                          ((N, C), "the new tokens are keys too")])
+def test_wrong_shapes_are_explained(shape, words):
+    want = ref.causal_mask_with_offset(N, C)
+    got = torch.ones(shape, dtype=torch.bool).tril()
+    with pytest.raises(checks.CheckFailed) as e:
+        checks.expect_mask(got, want, N, C, whole=False)
+    assert f"shape {list(want.shape)}; yours: bool tensor {list(shape)}" in str(e.value)
+    assert words in str(e.value)
+
+
+def test_hidden_prefix_and_off_by_one_hints():
+    n, c = 3, 4
+    want = ref.causal_mask_with_offset(n, c)
+    no_prefix = want.clone()
+    no_prefix[:, :c] = False
+    assert "sees all num_cached cached keys" in "\n".join(checks.mask_problem(no_prefix, want, n, c, False))
+    ahead = torch.ones(n, n + c, dtype=torch.bool).tril(c + 1)
+    lines = checks.mask_problem(ahead, want, n, c, False)
+    assert f"so it sees keys 0–{c}; your row 0 sees keys 0–{c + 1}" in lines[0]
+    assert "off by one" in lines[-1]
+
+
+def test_keys_text():
+    assert checks.keys_text([True, False, False]) == "only key 0"
+    assert checks.keys_text([False, False]) == "no key at all"
+    assert checks.keys_text([True, True, False, True]) == "keys 0–1, 3"
+
+
+def test_sdpa_is_causal_is_top_left_for_a_chunk():
+    """The fact the chapter warns about: SDPA's is_causal=True with L ≠ S is the top-left tril,
+    so it disagrees with the chunk mask; the chunk mask reproduces full causal attention."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, N + C, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    full = F.scaled_dot_product_attention(q, k, v, is_causal=True)[:, C:]
+    chunk = F.scaled_dot_product_attention(q[:, C:], k, v, attn_mask=ref.causal_mask_with_offset(N, C))
+    torch.testing.assert_close(chunk, full)
+    sdpa_causal = F.scaled_dot_product_attention(q[:, C:], k, v, is_causal=True)
+    top_left = F.scaled_dot_product_attention(q[:, C:], k, v, attn_mask=torch.ones(N, N + C, dtype=torch.bool).tril())
+    torch.testing.assert_close(sdpa_causal, top_left)
+    assert not torch.allclose(sdpa_causal, full)

@@ -1,0 +1,246 @@
+"""ch18 · grouped-query attention: wrong submissions that embody real misconceptions fail with the
+message that teaches the fix, and their figures mark the wrong values."""
+
+from __future__ import annotations
+
+import math
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch
+from mutate import mutant
+
+from grader.checks import ch18 as checks18
+from grader.run import check
+from solutions import ch18_gqa as ref
+
+SEED = 7
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Each mutant (the reference with `edits`) graded once (public + hidden), on demand."""
+    cache = {}
+
+    def run(name: str, *edits: tuple[str, str], task: str | None = None):
+        if (name, edits, task) not in cache:
+            submission = mutant(tmp_path_factory.mktemp(f"{name}_src"), "ch18", *edits)
+            out = tmp_path_factory.mktemp(name)
+            cache[name, edits, task] = (check("ch18", submission=submission, hidden=True, seed=SEED, task=task,
+                                              figures_dir=out), out)
+        return cache[name, edits, task]
+
+    return run
+
+
+def result(report, name_start: str):
+    found = [r for r in report.results if r.name.startswith(name_start)]
+    assert len(found) == 1, [r.name for r in report.results]
+    return found[0]
+
+
+def failed(report) -> list[str]:
+    return [r.name for r in report.results if r.status != "passed"]
+
+
+def wrong_elements(out: Path, figure_id: str) -> list:
+    root = ET.parse(out / "ch18" / f"{figure_id}.svg").getroot()
+    return [el for el in root.iter() if "wrong" in (el.get("class") or "")]
+
+
+# -- 18.1 --------------------------------------------------------------------------------------------
+
+# q_head % num_kv_heads: the groups interleaved (heads 0, 2, … share K/V head 0) instead of consecutive
+INTERLEAVED = (("return q_head // (num_heads // num_kv_heads)", "return q_head % num_kv_heads"),
+               ("q.reshape(T, Hkv, group, d).permute(1, 2, 0, 3)", "q.reshape(T, group, Hkv, d).permute(2, 1, 0, 3)"),
+               ("out.view(Hkv, group, T, d).permute(2, 0, 1, 3)", "out.view(Hkv, group, T, d).permute(2, 1, 0, 3)"))
+
+
+def test_interleaved_grouping_is_explained_and_drawn(runs):
+    report, out = runs("ch18_interleaved", *INTERLEAVED)
+    r = result(report, "figure instance: 4 query heads")
+    assert r.status == "failed"
+    want = ref.kv_head_for(1, 4, 2)
+    assert f"query head 1 is in group 1 // 2 = {want}, so it reads K/V head {want}; yours: {1 % 2}" in r.message
+    assert "hint: q_head % num_kv_heads interleaves the heads" in r.message
+    assert "heads 0 … 1 share K/V head 0" in r.message
+    assert wrong_elements(out, "ch18-gqa-groups"), "the student's mapping cells are marked wrong"
+    # MHA and MQA cannot tell consecutive from interleaved groups: those checks pass.
+    assert result(report, "MHA (8 over 8) and MQA").status == "passed"
+
+
+def test_dividing_by_num_kv_heads_is_explained(runs):
+    report, out = runs("ch18_divide_by_kv_heads",
+                       # dividing by the number of K/V heads instead of by the group size
+                       ("return q_head // (num_heads // num_kv_heads)", "return q_head // num_kv_heads"),
+                       task="18.1")
+    # With 4 heads over 2, h // num_kv_heads happens to be right: the figure instance passes.
+    assert result(report, "figure instance: 4 query heads").status == "passed"
+    assert not wrong_elements(out, "ch18-gqa-groups")
+    r = result(report, "Qwen3-0.6B: 16 query heads")
+    assert r.status == "failed"
+    assert f"yours: {2 // 8}" in r.message and f"reads K/V head {ref.kv_head_for(2, 16, 8)}" in r.message
+    assert "hint: divide by the group size num_heads // num_kv_heads = 2, not by num_kv_heads = 8" in r.message
+
+
+def test_mapping_hint_recognises_each_misconception():
+    heads = list(range(12))
+    assert "interleaves" in checks18.mapping_hint(heads, [h % 3 for h in heads], 12, 3)
+    assert "divide by the group size" in checks18.mapping_hint(heads, [h // 3 for h in heads], 12, 3)
+    assert "place inside its group" in checks18.mapping_hint(heads, [h % 4 for h in heads], 12, 3)
+    assert checks18.mapping_hint(heads, [(h + 1) % 3 for h in heads], 12, 3) == ""
+
+
+# -- 18.2 --------------------------------------------------------------------------------------------
+
+def test_interleaved_attention_names_head_token_and_grouping(runs):
+    report, _ = runs("ch18_interleaved", *INTERLEAVED)
+    r = result(report, "GQA: a chunk of 3 queries")
+    assert r.status == "failed"
+    assert "q [3, 4, 8], k/v [7, 2, 8]" in r.message
+    assert "query head 1 reads K/V head 1 // 2 = 0" in r.message
+    assert "token 0 is at position 7 − 3 + 0 = 4 and sees keys 0 … 4" in r.message
+    assert "out[0, 1, 0]: expected" in r.message
+    assert ("hint: query head h reads K/V head h // group = h // 2 (consecutive groups), not h % num_kv_heads"
+            in r.message)
+
+
+def test_top_left_mask_is_explained(runs):
+    report, out = runs("ch18_topleft",
+                       # the top-left tril, as SDPA's is_causal=True, instead of the mask aligned to the end
+                       ("allowed = torch.arange(S) <= torch.arange(T)[:, None] + (S - T)",
+                        "allowed = torch.ones(T, S, dtype=torch.bool).tril()"),
+                       task="18.2")
+    r = result(report, "GQA: a chunk of 3 queries")
+    assert r.status == "failed"
+    assert "hint: the causal mask is aligned to the end" in r.message
+    assert "SDPA's is_causal=True" in r.message
+    # With T == S the two alignments agree: the figure instance and the MHA case pass, the figure is clean.
+    assert result(report, "figure instance: 2 query heads").status == "passed"
+    assert result(report, "MHA: every query head").status == "passed"
+    assert not wrong_elements(out, "dim-gqa")
+
+
+def test_unscaled_scores_are_explained_and_marked(runs):
+    report, out = runs("ch18_unscaled",
+                       # the default scale forgotten: scores not divided by √d
+                       ("scale = d ** -0.5 if scale is None else scale", "scale = 1.0 if scale is None else scale"),
+                       task="18.2")
+    r = result(report, "figure instance: 2 query heads")
+    assert r.status == "failed"
+    assert "hint: scale the scores by 1/√d = 1/√2; you did not scale them" in r.message
+    q, k, v = checks18.dim_gqa_tensors()
+    want = ref.gqa_attention(q, k, v)
+    t, h, j = (int(i) for i in ((want - checks18.attend(q, k, v, [0, 0], checks18.end_aligned(3, 3), 1.0)).abs()
+                                > 1e-5).nonzero()[0])
+    assert f"out[{t}, {h}, {j}]: expected {checks18.fmt(want[t, h, j])}" in r.message
+    assert wrong_elements(out, "dim-gqa"), "the student's wrong outputs are marked in dim-gqa"
+    # A custom scale is still honoured, so the non-causal custom-scale case passes.
+    assert result(report, "not causal, with a custom scale").status == "passed"
+
+
+def test_repeating_kv_is_caught_only_by_the_recorder(runs):
+    report, _ = runs("ch18_repeat_kv",
+                     # repeat_kv: a copy of K and V for every query head, then plain multi-head attention
+                     ("    group = Hq // Hkv\n",
+                      "    group = Hq // Hkv\n"
+                      "    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)\n"
+                      "    Hkv, group = Hq, 1\n"),
+                     task="18.2")
+    assert failed(report) == ["no per-query-head copy of K or V is created (recorded)"]
+    r = result(report, "no per-query-head copy")
+    S, Hq, d = 40, 8, 16
+    assert f"{S * Hq * d:,} numbers, a copy of K or V for every query head" in r.message
+    assert "[40, 2, 4, 16] (S × Hkv × group × d" in r.message
+    assert "view q as [Hkv, group·T, d]" in r.message
+
+
+def test_broadcasting_matmul_copy_is_caught_with_its_hint(runs):
+    report, _ = runs("ch18_broadcast_matmul",
+                     # a broadcasting matmul against K as [Hkv, 1, d, S]: torch expands (copies) K per query head
+                     ("permute(1, 2, 0, 3).reshape(Hkv, group * T, d)", "permute(1, 2, 0, 3)"),
+                     ("(qg @ k.permute(1, 2, 0))", "(qg @ k.permute(1, 2, 0).unsqueeze(1))"),
+                     ('float("-inf")).view(Hkv, group * T, S)', 'float("-inf"))'),
+                     ("@ v.permute(1, 0, 2)", "@ v.permute(1, 0, 2).unsqueeze(1)"),
+                     task="18.2")
+    assert failed(report) == ["no per-query-head copy of K or V is created (recorded)"]
+    r = result(report, "no per-query-head copy")
+    assert "(Hkv × group × d × S" in r.message
+    assert "hint: torch.matmul broadcasting a [Hkv, 1, …] K" in r.message
+
+
+def test_recorder_threshold_separates_legitimate_tensors_from_copies():
+    # The recorder instance: every legitimate tensor is smaller than one repeated K.
+    T, S, Hq, Hkv, d = 3, 40, 8, 2, 16
+    group = Hq // Hkv
+    legit = [[Hkv, group * T, S], [Hkv, group, T, S], [Hq, T, S], [T, S], [S, Hkv, d], [Hkv, group * T, d],
+             [S, S], [T, Hq, d]]
+    assert checks18.kv_copies([["x", s, "float32"] for s in legit], S, Hq, d) == []
+    copies = [[S, Hq, d], [S, Hkv, group, d], [Hkv, group, d, S], [Hq, S, d]]
+    assert len(checks18.kv_copies([["x", s, "float32"] for s in copies], S, Hq, d)) == len(copies)
+    assert len({T, S, Hq, Hkv, group, d}) == 6, "all sizes differ, so a copy's dims can be named"
+    assert checks18.dims_named([40, 8, 16], {"T": T, "S": S, "Hq": Hq, "Hkv": Hkv, "group": group, "d": d}) \
+        == "S × Hq × d"
+
+
+def test_reference_creates_no_copy_of_kv():
+    from grader.child import _Recorder
+
+    T, S, Hq, Hkv, d = 3, 40, 8, 2, 16
+    q, k, v = torch.randn(T, Hq, d), torch.randn(S, Hkv, d), torch.randn(S, Hkv, d)
+    with _Recorder() as rec:
+        ref.gqa_attention(q, k, v)
+    assert rec.created and checks18.kv_copies(rec.created, S, Hq, d) == []
+
+
+def test_attention_hint_finds_combined_mistakes():
+    g = torch.Generator().manual_seed(0)
+    T, S, Hq, Hkv, d = 3, 7, 4, 2, 8
+    q = torch.randn(T, Hq, d, generator=g)
+    k, v = torch.randn(S, Hkv, d, generator=g), torch.randn(S, Hkv, d, generator=g)
+    both = checks18.attend(q, k, v, [h % Hkv for h in range(Hq)], torch.ones(T, S, dtype=torch.bool).tril(), d ** -0.5)
+    hint = checks18.attention_hint(both, q, k, v, True, None)
+    assert "interleaved" in hint and "aligned to the end" in hint
+    full_width = checks18.attend(q, k, v, [h // 2 for h in range(Hq)], checks18.end_aligned(T, S), (Hq * d) ** -0.5)
+    assert "not 1/√(num_heads·head_dim)" in checks18.attention_hint(full_width, q, k, v, True, None)
+
+
+# -- 18.3 --------------------------------------------------------------------------------------------
+
+def test_forgetting_v_is_explained_and_drawn(runs):
+    report, out = runs("ch18_k_only",
+                       # only K counted: the factor 2 for K and V forgotten
+                       ("return 2 * num_layers", "return num_layers"),
+                       task="18.3")
+    r = result(report, "Qwen3-0.6B in bf16")
+    assert r.status == "failed"
+    want = ref.kv_cache_bytes(28, 8, 128, 1, 2)
+    assert f"= {want:,} bytes; yours: {want // 2:,}" in r.message
+    assert "hint: count both K and V" in r.message
+    assert wrong_elements(out, "ch18-kv-capacity"), "the student's bars are marked wrong"
+
+
+def test_float_bytes_are_refused_with_a_hint(runs):
+    report, out = runs("ch18_float_bytes",
+                       # the byte count computed in floats (2.0 · …), not as an exact Python int
+                       ("return 2 * num_layers", "return 2.0 * num_layers"),
+                       task="18.3")
+    r = result(report, "Qwen3-0.6B in bf16")
+    assert r.status == "failed"
+    assert "as a Python int; yours: float" in r.message
+    assert "hint: multiply the Python ints directly" in r.message
+    assert not (out / "ch18" / "ch18-kv-capacity.svg").exists(), "no figure from values of the wrong type"
+
+
+def test_bytes_hints():
+    L, kv, d, T, b = 28, 8, 128, 4096, 2
+    want = ref.kv_cache_bytes(L, kv, d, T, b)
+    assert "num_layers" in checks18.bytes_hint(want // L, want, L, b, T)
+    fp32 = ref.kv_cache_bytes(L, kv, d, T, 4)
+    assert "multiply by dtype_bytes" in checks18.bytes_hint(fp32 // 4, fp32, L, 4, T)
+    assert "bits" in checks18.bytes_hint(want * 8, want, L, b, T)
+    big = ref.kv_cache_bytes(100_003, 7, 10_001, 1_000_000_007, 3)
+    assert int(float(big)) != big
+    assert "float arithmetic rounds" in checks18.bytes_hint(int(float(big)), big, 100_003, 3, 1_000_000_007)
+    assert math.prod([2, L, kv, d, T, b]) == want

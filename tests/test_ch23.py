@@ -1,0 +1,243 @@
+"""ch23 · sampling: wrong submissions get the teaching message they need, the statistics are sound,
+and the reference agrees with an independent statement of vLLM's top-k/top-p and nano-vllm's race."""
+
+from __future__ import annotations
+
+import math
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch
+from mutate import mutant
+
+from grader.checks import ch23 as checks
+from grader.hidden import ch23 as hidden_checks
+from grader.run import check
+from solutions import ch23_sampling as ref
+
+SEED = 11
+NEG_INF = float("-inf")
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """Grade a mutant (the reference with `edits`) once per module: name, edits → (report, figures dir)."""
+    cache = {}
+
+    def run(name: str, *edits: tuple[str, str]):
+        if (name, edits) not in cache:
+            submission = mutant(tmp_path_factory.mktemp(f"ch23_{name}"), "ch23", *edits)
+            out = tmp_path_factory.mktemp(name)
+            cache[name, edits] = (check("ch23", submission=submission, hidden=True, seed=SEED,
+                                        figures_dir=out), out)
+        return cache[name, edits]
+
+    return run
+
+
+def result(report, name_start: str):
+    found = [r for r in report.results if r.name.startswith(name_start)]
+    assert found, [r.name for r in report.results]
+    return found[0]
+
+
+def wrong_elements(path: Path) -> list:
+    return [el for el in ET.parse(path).getroot().iter() if "wrong" in (el.get("class") or "")]
+
+
+def figure_path(report, figure_id: str) -> Path:
+    paths = [Path(p) for p in report.figures if p.endswith(f"/{figure_id}.svg")]
+    assert paths, report.figure_notes
+    return paths[0]
+
+
+# -- 23.1 process_logits ------------------------------------------------------------------------
+def test_temperature_multiplied_is_explained(graded):
+    report, _ = graded("temperature_multiplied",
+                       # the logits multiplied by the temperature instead of divided
+                       ("z = logits.to(torch.float32) / temp", "z = logits.to(torch.float32) * temp"))
+    r = result(report, "figure instance: one row of 8 logits")
+    assert r.status == "failed"
+    assert "token 0: logits / T = 1.2 / 0.8 = 1.5" in r.message
+    assert "yours: 0.96" in r.message
+    assert "hint: divide by the temperature" in r.message
+    assert {x.task for x in report.results if x.status != "passed"} == {"23.1"}, "sample is correct in this mutant"
+    assert wrong_elements(figure_path(report, "ch23-sampling-path"))
+
+
+def test_topk_keeping_one_more_is_explained(graded):
+    report, _ = graded("topk_off_by_one",
+                       # the threshold read at index k instead of k − 1: top-k keeps k + 1 entries
+                       ("gather(1, (k - 1)[:, None])", "gather(1, k.clamp(max=V - 1)[:, None])"))
+    r = result(report, "figure instance: one row of 8 logits")
+    assert r.status == "failed"
+    kth = sorted((torch.tensor(checks.PATH_LOGITS) / checks.PATH_T).tolist(), reverse=True)[checks.PATH_K - 1]
+    assert "token 4 (logits / T = 0.375) should be −∞" in r.message
+    assert f"the {checks.PATH_K}th largest value of logits / T" in r.message and f"< {kth:g}" in r.message
+    assert "yours: 0.375" in r.message
+    assert f"yours kept {checks.PATH_K + 1}" in r.message
+    assert wrong_elements(figure_path(report, "ch23-sampling-path"))
+    k1 = result(report, "k = 1 leaves only the row max")
+    assert k1.status == "failed" and "yours kept 2" in k1.message
+
+
+def test_topp_dropping_the_crossing_token_is_explained(graded):
+    report, _ = graded("topp_drops_crossing",
+                       # top-p keeps tokens only while the running total stays within p: the crossing token is lost
+                       ("ascending, order = z.sort(dim=-1)\n        mass = ascending",
+                        "descending, order = z.sort(dim=-1, descending=True)\n        mass = descending"),
+                       ("drop = mass <= (1 - p)[:, None]", "drop = mass > p[:, None]"),
+                       ("drop[:, -1] = False", "drop[:, 0] = False"))
+    r = result(report, "top-p keeps the token that crosses p")
+    assert r.status == "failed"
+    assert "token 1" in r.message and "the larger tokens hold 0.5 < top_p = 0.6, so top-p keeps it" in r.message
+    assert "yours: −∞" in r.message
+    assert "hint: the entry whose probability crosses top_p stays" in r.message
+    fig = figure_path(report, "ch23-sampling-path")
+    bad = wrong_elements(fig)
+    assert bad
+    # The figure marks token 3 of the top-p row: kept by the reference, −∞ in this mutant.
+    assert any(el.text == "2.75" and el.get("class") == "expected" for el in ET.parse(fig).getroot().iter())
+
+
+def test_a_kept_entry_where_minus_infinity_is_expected_is_caught():
+    # compare.wrong_mask treats any finite value as close to −∞ when rtol > 0; ch23 compares infinities exactly.
+    want = torch.tensor([[1.0, NEG_INF]])
+    assert checks.wrong_entries(torch.tensor([[1.0, 0.5]]), want).tolist() == [[False, True]]
+    assert checks.wrong_entries(torch.tensor([[1.0 + 1e-7, NEG_INF]]), want).tolist() == [[False, False]]
+
+
+# -- 23.2 sample --------------------------------------------------------------------------------
+def test_argmax_p_is_explained(graded):
+    report, _ = graded("argmax_p",
+                       # the most likely token, argmax(p), instead of the race argmax(p / E)
+                       ("(probs / noise.to(torch.float32).clamp_min(1e-10))", "probs"))
+    r = result(report, "figure instance: logits [2, 1, 0]")
+    assert r.status == "failed"
+    assert "p / E = [0.2889, 2.346, 0.01588]" in r.message
+    assert "so the race draws token 1; yours: token 0" in r.message
+    assert "hint: the race takes argmax(p / E), not argmax(p)" in r.message
+    chi = result(report, "chi-square")
+    assert chi.status == "failed" and "likely cause: your tokens are those of argmax(p)" in chi.message
+    fig = figure_path(report, "ch23-exponential-race")
+    assert wrong_elements(fig)
+    assert {x.task for x in report.results if x.status != "passed"} == {"23.2"}
+
+
+def test_noise_divided_by_p_is_explained(graded):
+    report, _ = graded("noise_over_p",
+                       # the race upside down: argmax(E / p) instead of argmax(p / E)
+                       ("(probs / noise.to(torch.float32).clamp_min(1e-10))",
+                        "(noise.to(torch.float32).clamp_min(1e-10) / probs)"))
+    r = result(report, "figure instance: logits [2, 1, 0]")
+    assert r.status == "failed"
+    assert "yours: token 2 (p / E = 0.01588 / 1 = 0.01588)" in r.message
+    assert "hint: divide p by the noise" in r.message
+    assert wrong_elements(figure_path(report, "ch23-exponential-race"))
+
+
+def test_temperature_left_out_of_the_race_fails_the_chi_square_test(graded):
+    report, _ = graded("sample_ignores_temperature",
+                       # the race run on softmax(logits): the temperature left out of sample
+                       ("(logits.to(torch.float32) / temp[:, None]).softmax", "logits.to(torch.float32).softmax"))
+    # T = 0.5 does not change the winner of the figure instance, so only the statistics expose it.
+    assert result(report, "figure instance: logits [2, 1, 0]").status == "passed"
+    chi = result(report, "chi-square")
+    assert chi.status == "failed"
+    p = (torch.tensor(hidden_checks.CHI_LOGITS) / hidden_checks.CHI_T).softmax(-1)
+    worst = int(p.argmax())   # the temperature sharpens towards the largest logit; leaving it out starves it
+    assert f"token {worst} was drawn" in chi.message and f"{float(p[worst]):.4g}" in chi.message
+    assert f"> {checks.chi2_threshold(len(hidden_checks.CHI_LOGITS) - 1):.4g}" in chi.message
+    assert "temperature left out" in chi.message
+    fig = figure_path(report, "ch23-exponential-race")
+    assert wrong_elements(fig), "the panel of many races marks the token that is furthest off"
+
+
+def test_a_sampler_with_its_own_randomness_passes_statistics_but_not_the_race(graded):
+    report, _ = graded("multinomial",
+                       # torch.multinomial: the right distribution, but its own randomness instead of the noise given
+                       ("(probs / noise.to(torch.float32).clamp_min(1e-10)).argmax(dim=-1)",
+                        "torch.multinomial(probs, 1)[:, 0]"))
+    assert result(report, "chi-square").status == "passed"
+    assert result(report, "random batches: exact agreement").status == "failed"
+
+
+def test_equivalent_formulations_pass_every_check(graded):
+    # reciprocal temperature, torch.topk, top-p by the mass of the larger tokens (descending sort),
+    # Gumbel-max in float64: other arithmetic, the same answers, so every check must accept them.
+    report, _ = graded(
+        "equivalent_forms",
+        # not a misconception: the same answers by other arithmetic
+        ("z = logits.to(torch.float32) / temp[:, None]", "z = logits.to(torch.float32) * (1.0 / temp)[:, None]"),
+        ("kth = z.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])",
+         "kth = torch.topk(z, int(k.max()), dim=-1).values.gather(1, k[:, None] - 1)"),
+        ("ascending, order = z.sort(dim=-1)\n"
+         "        mass = ascending.softmax(dim=-1).cumsum(dim=-1)      # mass of each entry and all smaller ones\n"
+         "        drop = mass <= (1 - p)[:, None]\n"
+         "        drop[:, -1] = False                                  # the largest entry always stays\n"
+         "        drop &= (p < 1)[:, None]                             # p = 1 is off\n",
+         "descending, order = z.sort(dim=-1, descending=True)\n"
+         "        probs = descending.softmax(dim=-1)\n"
+         "        larger = probs.cumsum(dim=-1) - probs                # mass of the entries larger than each\n"
+         "        drop = (larger >= p[:, None]) & (p < 1)[:, None]\n"),
+        ("probs = (logits.to(torch.float32) / temp[:, None]).softmax(dim=-1)\n"
+         "    return (probs / noise.to(torch.float32).clamp_min(1e-10)).argmax(dim=-1)",
+         "logp = (logits.double() / temp.double()[:, None]).log_softmax(dim=-1)\n"
+         "    return (logp - noise.double().clamp_min(1e-10).log()).argmax(dim=-1)"))
+    failed = [f"{r.name}: {r.message}" for r in report.results if r.status != "passed"]
+    assert not failed, failed
+
+
+# -- statistics and agreement with the real systems ---------------------------------------------
+def test_chi_square_threshold_matches_closed_forms():
+    # df = 2: P(X > c) = exp(−c/2); df = 4: exp(−c/2)(1 + c/2).
+    c2 = checks.chi2_threshold(2)
+    assert abs(c2 - (-2 * math.log(checks.ALPHA))) < 1e-6
+    c4 = checks.chi2_threshold(4)
+    assert abs(math.exp(-c4 / 2) * (1 + c4 / 2) - checks.ALPHA) < 1e-12
+
+
+def test_the_race_draws_follow_p():
+    g = torch.Generator().manual_seed(0)
+    n = 50_000
+    logits = torch.tensor([[2.0, 1.0, 0.0]]).expand(n, 3)
+    noise = torch.empty(n, 3).exponential_(generator=g)
+    tokens = ref.sample(logits, torch.full((n,), 0.5), noise)
+    p = torch.tensor([0.866813, 0.117310, 0.015876])
+    counts = torch.bincount(tokens, minlength=3)
+    assert checks.chi2(counts, p) < checks.chi2_threshold(2)
+
+
+def _vllm_style(logits: torch.Tensor, k, p) -> torch.Tensor:
+    """An independent statement of vLLM v1's PyTorch-native top-k/top-p (ascending sort, scatter back)."""
+    values, idx = logits.sort(dim=-1)
+    if k is not None:
+        threshold = values.gather(1, (values.shape[1] - k)[:, None])
+        values = values.masked_fill(values < threshold, NEG_INF)
+    if p is not None:
+        cum = values.softmax(-1).cumsum(-1)
+        drop = cum <= 1 - p[:, None]
+        drop[:, -1] = False
+        values = values.masked_fill(drop, NEG_INF)
+    return torch.empty_like(logits).scatter(1, idx, values)
+
+
+def test_reference_matches_vllm_top_k_top_p():
+    g = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        B, V = int(torch.randint(1, 8, (1,), generator=g)), int(torch.randint(1, 60, (1,), generator=g))
+        logits = torch.randn(B, V, generator=g) * 3
+        temp = torch.rand(B, generator=g) + 0.2
+        k = torch.randint(1, V + 1, (B,), generator=g)
+        p = torch.rand(B, generator=g) * 0.98 + 0.01
+        assert torch.equal(ref.process_logits(logits, temp, k, p), _vllm_style(logits / temp[:, None], k, p))
+
+
+def test_reference_race_matches_the_documented_instance():
+    # reference/nanovllm.md §13: ratios [0.288938, 2.346200, 0.015876] → token 1.
+    p, scores = checks.race_scores(torch.tensor([[2.0, 1.0, 0.0]]), torch.tensor([0.5]),
+                                   torch.tensor([[3.0, 0.05, 1.0]]))
+    assert torch.allclose(p, torch.tensor([[0.866813, 0.117310, 0.015876]]), atol=1e-6)
+    assert torch.allclose(scores, torch.tensor([[0.288938, 2.346200, 0.015876]]), atol=1e-5)
+    assert ref.sample(torch.tensor([[2.0, 1.0, 0.0]]), torch.tensor([0.5]), torch.tensor([[3.0, 0.05, 1.0]])).item() == 1
