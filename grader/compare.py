@@ -20,6 +20,10 @@ class CheckFailed(Exception):
     """The student's answer is wrong; the message says how, in the chapter's terms."""
 
 
+class Blocked(Exception):
+    """The check cannot run here (missing hardware or an optional package); says what it needs."""
+
+
 def describe(v: Any) -> str:
     """A short description of a value's type and shape: "float32 [5, 1]", "int 3"."""
     if isinstance(v, torch.Tensor):

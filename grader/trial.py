@@ -6,6 +6,7 @@ random sources and the figure data the check records.
 
 from __future__ import annotations
 
+import importlib
 import random
 import time
 import traceback
@@ -17,7 +18,7 @@ import torch
 
 from grader import procs
 from grader.checks import CheckSpec
-from grader.compare import CheckFailed, describe, same
+from grader.compare import Blocked, CheckFailed, describe, same
 from grader.report import CheckResult
 from grader.session import Call, Session, StudentError, StudentRaised
 
@@ -70,6 +71,14 @@ class Trial:
         raise CheckFailed(f"{fn} should raise {error.__name__} because {because}; "
                           f"yours returned {describe(value)} instead")
 
+    def require(self, module: str, extra: str = "oracle") -> ModuleType:
+        """Import an optional package an oracle check needs, or block the check (status "blocked")."""
+        try:
+            return importlib.import_module(module)
+        except ImportError:
+            raise Blocked(f"needs the {module} package, which this installation lacks "
+                          f"(pip install -e '.[{extra}]')") from None
+
     def figure(self, figure_id: str, **parts: Any) -> None:
         """Record data for a figure (tensors become nested lists)."""
         self.figures.setdefault(figure_id, {}).update({k: plain(v) for k, v in parts.items()})
@@ -97,6 +106,8 @@ def run_one(spec: CheckSpec, function: str, *, session: Session, ref, seed: int,
         spec.body(trial)
     except CheckFailed as e:
         result.status, result.message = "failed", str(e)
+    except Blocked as e:
+        result.status, result.message = "blocked", str(e)
     except StudentRaised as e:
         result.status, result.message, result.todo = "error", e.explain(), bool(e.not_implemented)
     except StudentError as e:

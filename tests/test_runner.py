@@ -146,3 +146,23 @@ def test_the_stub_module_is_the_default_target():
     report = check("ch25", task="25.2", figures_dir=None)
     assert report.target == str(EXERCISES / "ch25_paged_kv.py")
     assert all(r.todo for r in report.results)
+
+
+def test_a_check_whose_oracle_package_is_missing_is_blocked_with_its_points():
+    from grader.checks import CheckSpec
+    from grader.trial import run_one
+
+    class NoStudent:  # the check blocks before it would call student code
+        pids: set = set()
+
+        def begin_check(self, time_limit):
+            pass
+
+        def take_printed(self):
+            return ""
+
+    spec = CheckSpec("25.1", "needs an oracle", lambda t: t.require("a_package_nobody_has"), True, points=2.0)
+    result = run_one(spec, "slot_mapping", session=NoStudent(), ref=None, seed=0, params={}, figures={}, time_limit=1.0,
+                     known=set())
+    assert (result.status, result.score, result.points) == ("blocked", 0.0, 2.0)
+    assert "pip install -e '.[oracle]'" in result.message
