@@ -23,11 +23,16 @@ TASK_RE = re.compile(r"\bTask (ch\d{2}\.\d+)\b")
 
 @dataclass(frozen=True)
 class Task:
-    """One graded entry point: `id` is "25.1", `name` the function or class it grades."""
+    """One graded task: `id` is "25.1"; `names` the functions or classes it grades (often one)."""
 
     id: str
-    name: str
-    params: tuple[str, ...]
+    names: tuple[str, ...]
+    params: dict[str, tuple[str, ...]]
+    """Each graded name's parameter names, for messages about its arguments."""
+
+    @property
+    def name(self) -> str:
+        return ", ".join(self.names)
 
     @property
     def label(self) -> str:
@@ -58,9 +63,9 @@ class Chapter:
         if "." not in wanted:
             wanted = f"{self.id[2:]}.{wanted}"
         for t in self.tasks:
-            if t.id == wanted or t.name == task_id:
+            if t.id == wanted or task_id in t.names:
                 return t
-        raise UnknownName("task", task_id, [t.id for t in self.tasks] + [t.name for t in self.tasks])
+        raise UnknownName("task", task_id, [t.id for t in self.tasks] + [n for t in self.tasks for n in t.names])
 
 
 class UnknownName(LookupError):
@@ -104,15 +109,16 @@ def parse(source: str, chapter_id: str, slug: str) -> Chapter:
     tree = ast.parse(source)
     title = (ast.get_docstring(tree) or slug).splitlines()[0].rstrip(".")
     zh, _, en = title.partition(" · ")
-    tasks = []
+    graded: dict[str, dict[str, tuple[str, ...]]] = {}  # task id -> {name: params}, in source order
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             m = TASK_RE.search(ast.get_docstring(node) or "")
             if m:
-                if not m.group(1).startswith(chapter_id):
+                if not m.group(1).startswith(chapter_id + "."):
                     raise ValueError(f"{node.name} in {chapter_id} is marked as task {m.group(1)}")
-                tasks.append(Task(m.group(1)[2:], node.name, _params(node)))
-    return Chapter(chapter_id, slug, zh.strip(), (en or zh).strip(), tuple(tasks))
+                graded.setdefault(m.group(1)[2:], {})[node.name] = _params(node)
+    tasks = tuple(Task(tid, tuple(fns), fns) for tid, fns in graded.items())
+    return Chapter(chapter_id, slug, zh.strip(), (en or zh).strip(), tasks)
 
 
 def _params(node: ast.FunctionDef | ast.ClassDef) -> tuple[str, ...]:

@@ -84,7 +84,7 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
         if not with_hidden or not checks.has_hidden(ch.id):
             report.hidden_not_run = sum(1 for s in _hidden_specs(ch) if only in (None, s.task))
         names = {t.id: t.name for t in ch.tasks}
-        params = {t.name: t.params for t in ch.tasks}
+        params = {name: p for t in ch.tasks for name, p in t.params.items()}
         for spec in specs:
             result = run_one(spec, names.get(spec.task, "?"), session=session, ref=ref, seed=report.seed,
                              params=params, figures=report.records, time_limit=spec.time_limit or time_limit,

@@ -51,3 +51,13 @@ def test_regions_become_todos_naming_the_task_and_size():
 def test_malformed_regions_are_refused(broken, why):
     with pytest.raises(StubError, match=why):
         make_stub(broken, "ch99")
+
+
+def test_two_functions_may_share_a_task():
+    from grader.chapters import parse
+
+    source = SOURCE.replace("class G:\n    \"\"\"A class task. Task ch99.2.\"\"\"", "class G:\n    \"\"\"The same task. Task ch99.1.\"\"\"")
+    ch = parse(source, "ch99", "demo")
+    assert [(t.id, t.names) for t in ch.tasks] == [("99.1", ("f", "G"))]
+    assert ch.tasks[0].label == "99.1 f, G" and ch.task("G") is ch.tasks[0]
+    assert 'raise NotImplementedError("ch99.1 G: not implemented yet' in make_stub(source, "ch99")
