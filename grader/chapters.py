@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import json
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -16,6 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
+ANSWERS = ROOT / "grader" / "answers"
+"""Only in a student release: per chapter, its description and the reference's public answers."""
 
 FILE_RE = re.compile(r"^(ch\d{2})_(\w+)\.py$")
 TASK_RE = re.compile(r"\bTask (ch\d{2}\.\d+)\b")
@@ -79,20 +82,30 @@ class UnknownName(LookupError):
         super().__init__(f"No {kind} {name!r}.{hint} Known: {', '.join(known)}.")
 
 
-def source_dir() -> Path:
-    """Where chapter sources live: the reference solutions if present, else the stubs."""
-    return SOLUTIONS if any(SOLUTIONS.glob("ch[0-9][0-9]_*.py")) else EXERCISES
-
-
 @cache
 def all_chapters() -> tuple[Chapter, ...]:
-    """Every chapter, in course order."""
+    """Every chapter, in course order: from solutions/, or in a student release from its
+    recorded description (never from exercises/, which students edit)."""
     found = []
-    for path in sorted(source_dir().glob("ch[0-9][0-9]_*.py")):
+    for path in sorted(SOLUTIONS.glob("ch[0-9][0-9]_*.py")):
         m = FILE_RE.match(path.name)
         if m:
             found.append(parse(path.read_text(encoding="utf-8"), m.group(1), m.group(2)))
+    if not found:
+        for path in sorted(ANSWERS.glob("ch[0-9][0-9].json")):
+            found.append(from_record(json.loads(path.read_text(encoding="utf-8"))["chapter"]))
     return tuple(found)
+
+
+def to_record(ch: Chapter) -> dict:
+    """A chapter as plain data (what a student release stores)."""
+    return {"id": ch.id, "slug": ch.slug, "title_zh": ch.title_zh, "title_en": ch.title_en,
+            "tasks": [[t.id, list(t.names), {n: list(p) for n, p in t.params.items()}] for t in ch.tasks]}
+
+
+def from_record(r: dict) -> Chapter:
+    tasks = tuple(Task(tid, tuple(names), {n: tuple(p) for n, p in params.items()}) for tid, names, params in r["tasks"])
+    return Chapter(r["id"], r["slug"], r["title_zh"], r["title_en"], tasks)
 
 
 def find(name: str) -> Chapter:

@@ -43,7 +43,8 @@ def module_path(chapter: Chapter, *, solutions: bool = False, submission: Path |
 def check(chapter: str, *, task: str | None = None, solutions: bool = False, submission: Path | None = None,
           seed: int | None = None, hidden: bool | None = None, figures_dir: Path | None = DEFAULT_FIGURES_DIR,
           time_limit: float = checks.DEFAULT_TIME_LIMIT, memory_limit: int = DEFAULT_MEMORY_LIMIT,
-          on_result: Callable[[CheckResult], None] | None = None) -> Report:
+          on_result: Callable[[CheckResult], None] | None = None,
+          refs: Callable[[str], object] | None = None) -> Report:
     """Run a chapter's checks and draw its figures from the graded code's outputs.
 
     Args:
@@ -57,6 +58,8 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
         time_limit: seconds each check may spend in student code.
         memory_limit: bytes of address space for the student's process.
         on_result: called with each result as soon as it is known.
+        refs: who answers a check's `t.ref` (check key -> object); by default the reference
+            solutions, or in a student release the recorded answers.
     """
     started = time.monotonic()
     ch = chapters.find(chapter)
@@ -71,6 +74,7 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
     first = spawn()
     import torch  # imported only now that the student's process is starting: the two imports overlap
 
+    from grader import reference
     from grader.session import Session
     from grader.trial import run_one
     session = Session(path, spawn=spawn, worker=first, time_limit=time_limit)
@@ -79,14 +83,15 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
     try:
         with_hidden = (solutions or submission is not None) if hidden is None else hidden
         specs = [s for s in checks.load(ch.id, with_hidden=with_hidden) if only in (None, s.task)]
-        ref = reference(ch)
+        answers = reference.load_answers(ch.id)
+        refs = refs or reference.factory(solutions_module(ch), answers)
         report = Report(ch, str(path), secrets.randbelow(2**31) if seed is None else seed)
         if not with_hidden or not checks.has_hidden(ch.id):
-            report.hidden_not_run = sum(1 for s in _hidden_specs(ch) if only in (None, s.task))
+            report.hidden_not_run = hidden_count(ch, answers, only)
         names = {t.id: t.name for t in ch.tasks}
         params = {name: p for t in ch.tasks for name, p in t.params.items()}
         for spec in specs:
-            result = run_one(spec, names.get(spec.task, "?"), session=session, ref=ref, seed=report.seed,
+            result = run_one(spec, names.get(spec.task, "?"), session=session, ref=refs(spec.key), seed=report.seed,
                              params=params, figures=report.records, time_limit=spec.time_limit or time_limit,
                              known=baseline)
             report.results.append(result)
@@ -102,12 +107,19 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
     return report
 
 
-def _hidden_specs(ch: Chapter) -> list[checks.CheckSpec]:
-    return [s for s in checks.load(ch.id, with_hidden=True) if s.hidden]
+def hidden_count(ch: Chapter, answers: dict | None, only: str | None = None) -> int:
+    """How many hidden checks grading runs (for one task when `only`), here or in a release."""
+    if checks.has_hidden(ch.id):
+        counts: dict[str, int] = {}
+        for s in checks.load(ch.id, with_hidden=True):
+            counts[s.task] = counts.get(s.task, 0) + s.hidden
+    else:
+        counts = (answers or {}).get("hidden", {})
+    return sum(n for task, n in counts.items() if only in (None, task))
 
 
-def reference(ch: Chapter):
-    """The reference solutions module, imported here in the trusted process (None if absent)."""
+def solutions_module(ch: Chapter):
+    """The reference solutions, imported here in the trusted process (None in a student release)."""
     if not (chapters.SOLUTIONS / ch.filename).is_file():
         return None
     return importlib.import_module(f"solutions.{ch.filename[:-3]}")

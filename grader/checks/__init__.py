@@ -60,8 +60,11 @@ def _collect(module: ModuleType) -> list[CheckSpec]:
 
 
 def has_hidden(chapter_id: str) -> bool:
-    """Whether this installation carries the chapter's hidden checks."""
-    return importlib.util.find_spec(f"grader.hidden.{chapter_id}") is not None
+    """Whether this installation carries the chapter's hidden checks (a student release does not)."""
+    try:
+        return importlib.util.find_spec(f"grader.hidden.{chapter_id}") is not None
+    except ModuleNotFoundError:  # no grader.hidden package at all
+        return False
 
 
 def load(chapter_id: str, *, with_hidden: bool) -> list[CheckSpec]:
@@ -71,9 +74,3 @@ def load(chapter_id: str, *, with_hidden: bool) -> list[CheckSpec]:
         specs += _collect(importlib.import_module(f"grader.hidden.{chapter_id}"))
     return sorted(specs, key=lambda s: (tuple(int(p) for p in s.task.split(".")), s.hidden))
 
-
-def hidden_count(chapter_id: str) -> int:
-    """How many hidden checks grading will run for this chapter."""
-    if not has_hidden(chapter_id):
-        return 0
-    return len(_collect(importlib.import_module(f"grader.hidden.{chapter_id}")))

@@ -1,0 +1,98 @@
+"""What a check's `t.ref` is: the reference solutions, or, in a student release, a replay
+of the reference's answers to the public checks.
+
+The student release carries no solution code. `course release` runs every public
+check against the reference once, with `Recorder` standing in for `t.ref`, and
+stores each check's reference calls in order: the function, its result and any
+argument it changed in place (plain data, `grader.wire`'s encoding). In the
+release, `Replay` hands those results back in the same order. Public checks are
+deterministic (fixed seeds), so the same calls come in the same order, except when
+a wrong answer sends a check down an explanation path that consults the
+reference on new inputs: that call was never recorded, and `ReplayMiss` (a
+`CheckFailed`) fails the check with a shorter message.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from types import ModuleType
+from typing import Any, Callable
+
+import torch
+
+from grader import wire
+from grader.chapters import ANSWERS
+from grader.compare import CheckFailed, same
+
+
+class ReplayMiss(CheckFailed):
+    """A public check asked the reference something the release did not record."""
+
+
+def _pack(value: Any) -> dict:
+    tree, buffers = wire.encode(value)
+    return {"tree": tree, "buffers": [base64.b64encode(b).decode() for b in buffers]}
+
+
+def _unpack(packed: dict) -> Any:
+    return wire.decode(packed["tree"], [base64.b64decode(b) for b in packed["buffers"]])
+
+
+class Recorder:
+    """The reference module, with every function call it answers written down."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self._module = module
+        self.calls: list[dict] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._module, name)
+        if not callable(attr):
+            raise AttributeError(f"checks read only functions from t.ref (the release replays calls); {name} is not one")
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            before = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
+            value = attr(*args, **kwargs)
+            changed = {str(i): _pack(a) for i, (a, b) in enumerate(zip(args, before))
+                       if b is not None and not same(a, b)}
+            self.calls.append({"fn": name, "value": _pack(value), "changed": changed})
+            return value
+
+        return call
+
+
+class Replay:
+    """Answers a check's reference calls from a recording, in order."""
+
+    def __init__(self, calls: list[dict]) -> None:
+        self._calls, self._next = calls, 0
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self._next >= len(self._calls) or self._calls[self._next]["fn"] != name:
+                raise ReplayMiss("your answer differs from the expected one here; the step-by-step explanation "
+                                 "needs the reference solution, which the student release does not carry "
+                                 "(your graded feedback will have it)")
+            recorded = self._calls[self._next]
+            self._next += 1
+            for i, packed in recorded["changed"].items():
+                args[int(i)].copy_(_unpack(packed))
+            return _unpack(recorded["value"])
+
+        return call
+
+
+def load_answers(chapter_id: str) -> dict | None:
+    """A release's record of a chapter: {"chapter": …, "checks": {key: calls}, "hidden": {task: count}}."""
+    path = ANSWERS / f"{chapter_id}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def factory(solutions: ModuleType | None, answers: dict | None) -> Callable[[str], Any]:
+    """`check key -> t.ref`: the solutions module where present, else a replay of the answers."""
+    if solutions is not None:
+        return lambda key: solutions
+    if answers is not None:
+        return lambda key: Replay(answers["checks"].get(key, []))
+    return lambda key: None

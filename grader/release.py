@@ -1,0 +1,165 @@
+"""`course release`: the student release and the nbgrader course, built from this repository.
+
+The student release is an installable copy of the package without `solutions/`,
+without `grader/hidden/` and without `tests/`: the stubs, the grader's public
+part, the figures, and `grader/answers/chNN.json` (the reference's answers to the
+public checks, recorded here, plus how many hidden checks each task has).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from grader import chapters, checks
+from grader.chapters import Chapter
+
+MARKER = ".course-release"
+CHAPTER_FILE = re.compile(r"^(ch\d{2})(_\w+)?\.py$")
+PUBLIC_PACKAGES = ("grader", "figures", "exercises")
+LEFT_OUT = ("hidden", "answers", "__pycache__")
+
+
+class ReleaseError(RuntimeError):
+    """The release cannot be built (no solutions here, a reference that fails, a foreign folder)."""
+
+
+@dataclass
+class Release:
+    """What `build` wrote."""
+
+    student: Path
+    nbgrader: Path | None
+    chapters: list[str]
+
+    def size(self, path: Path) -> int:
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def build(out: Path, *, chapter_list: list[Chapter] | None = None, nbgrader: bool = True) -> Release:
+    """Write `out/student/` (and `out/nbgrader/`) for every chapter, or the given ones."""
+    if not any(chapters.SOLUTIONS.glob("ch[0-9][0-9]_*.py")):
+        raise ReleaseError("this installation has no solutions/: a release is built from the instructor's repository")
+    chosen = chapter_list or list(chapters.all_chapters())
+    student = _fresh(Path(out) / "student")
+    write_student(student, chosen)
+    course = None
+    if nbgrader:
+        from grader.notebook import write_course
+
+        course = _fresh(Path(out) / "nbgrader")
+        write_course(course, chosen)
+    return Release(student, course, [ch.id for ch in chosen])
+
+
+def _fresh(path: Path) -> Path:
+    """An empty folder at `path`; a previous release there is replaced, anything else refused."""
+    if path.exists():
+        if not (path / MARKER).is_file():
+            raise ReleaseError(f"{path} exists and is not a course release; choose another --out")
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    (path / MARKER).write_text("written by `course release`; replaced by the next one\n")
+    return path
+
+
+def write_student(dest: Path, chosen: list[Chapter]) -> None:
+    ids = {ch.id for ch in chosen}
+    for package in PUBLIC_PACKAGES:
+        _copy_package(chapters.ROOT / package, dest / package, ids)
+    answers = dest / chapters.ANSWERS.relative_to(chapters.ROOT)
+    answers.mkdir()
+    for ch in chosen:
+        record = record_answers(ch)
+        (answers / f"{ch.id}.json").write_text(json.dumps(record, separators=(",", ":")), encoding="utf-8")
+    (dest / "pyproject.toml").write_text(_pyproject(), encoding="utf-8")
+    (dest / "README.md").write_text(_readme(chosen), encoding="utf-8")
+
+
+def _copy_package(src: Path, dest: Path, ids: set[str]) -> None:
+    """Copy a package's Python files, leaving out hidden checks, recorded answers and other chapters."""
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src)
+        chapter = CHAPTER_FILE.match(path.name)
+        if any(part in LEFT_OUT for part in rel.parts) or (chapter and chapter.group(1) not in ids):
+            continue
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+
+
+def record_answers(ch: Chapter) -> dict:
+    """Run the chapter's public checks on the reference, recording every answer `t.ref` gives."""
+    from grader.reference import Recorder
+    from grader.run import check, solutions_module
+
+    module = solutions_module(ch)
+    recorders: dict[str, Recorder] = {}
+    report = check(ch.id, solutions=True, hidden=False, figures_dir=None,
+                   refs=lambda key: recorders.setdefault(key, Recorder(module)))
+    failed = [f"{r.task} {r.name}: {r.message}" for r in report.results if r.status != "passed"]
+    if failed:
+        raise ReleaseError(f"{ch.id}: the reference fails its own public checks:\n" + "\n".join(failed))
+    hidden: dict[str, int] = {}
+    for spec in checks.load(ch.id, with_hidden=True):
+        hidden[spec.task] = hidden.get(spec.task, 0) + spec.hidden
+    return {"chapter": chapters.to_record(ch), "checks": {key: rec.calls for key, rec in recorders.items()},
+            "hidden": hidden}
+
+
+def _pyproject() -> str:
+    project = tomllib.loads((chapters.ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    deps = "".join(f'  "{d}",\n' for d in project["dependencies"])
+    return f'''[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{project["name"]}"
+version = "{project["version"]}"
+description = "{project["description"]} (student release)"
+readme = "README.md"
+requires-python = "{project["requires-python"]}"
+dependencies = [
+{deps}]
+
+[project.scripts]
+course = "grader.cli:main"
+
+[tool.setuptools.packages.find]
+include = {json.dumps([p + "*" for p in PUBLIC_PACKAGES])}
+
+[tool.setuptools.package-data]
+grader = ["answers/*.json"]
+'''
+
+
+def _readme(chosen: list[Chapter]) -> str:
+    rows = "".join(f"| {ch.id} | {ch.title} | `exercises/{ch.filename}` |\n" for ch in chosen)
+    return f"""# LLM inference engines — exercises (student release)
+
+Install (Python 3.11 and pip; about a minute, once):
+
+```
+python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/course list
+```
+
+Then implement the `TODO`s of a chapter in `exercises/` and check your work:
+
+```
+.venv/bin/course check ch25            # public checks, and your figures in course-figures/ch25/
+.venv/bin/course check ch25 --task 25.1
+```
+
+Each docstring gives the convention, the shapes and a small example. `course check` runs
+your code in a separate process with time and memory limits, explains every failing check,
+says how many hidden checks will run at grading time, and draws the chapter's figures from
+your own outputs (wrong values marked next to the expected ones).
+
+| chapter | title | your file |
+|---|---|---|
+{rows}"""

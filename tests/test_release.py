@@ -1,0 +1,151 @@
+"""The student release: installable, free of solutions and hidden checks, and its public
+checks (replayed from recorded answers) grade and explain exactly as the repository's do."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from grader import chapters, reference
+from grader.release import build, record_answers
+from grader.run import check
+from grader.stubs import BEGIN, END
+
+CHAPTERS = chapters.all_chapters()
+IDS = [ch.id for ch in CHAPTERS]
+DISTINCTIVE = 20  # characters: shorter lines (`return out`, `B, V = x.shape`) are common idiom, not a leak
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("release"), nbgrader=False)
+
+
+def public_text() -> str:
+    """Everything that ships on purpose: stubs, the public grader, figures."""
+    files = [p for d in ("exercises", "grader", "figures") for p in (chapters.ROOT / d).rglob("*.py")
+             if "hidden" not in p.parts]
+    return "\n".join(p.read_text(encoding="utf-8") for p in files)
+
+
+def secret_lines() -> list[str]:
+    """Distinctive lines of every solution region and of every hidden check (not also public)."""
+    public = {line.strip() for line in public_text().splitlines()}
+    lines = []
+    for path in chapters.SOLUTIONS.glob("ch*.py"):
+        inside = False
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip() in (BEGIN, END):
+                inside = line.strip() == BEGIN
+            elif inside:
+                lines.append(line.strip())
+    for path in (chapters.ROOT / "grader" / "hidden").glob("ch*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        lines += [ast.get_source_segment(path.read_text(encoding="utf-8"), n).splitlines()[0].strip()
+                  for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+        lines += [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    return sorted({s for s in lines if len(s) >= DISTINCTIVE and not s.startswith("#") and s not in public})
+
+
+def test_the_release_carries_no_solution_and_no_hidden_check(release):
+    secrets = secret_lines()
+    assert len(secrets) > 100, "the scan has something to look for"
+    files = [p for p in release.student.rglob("*") if p.is_file()]
+    assert not [p for p in files if "solutions" in p.parts or "hidden" in p.parts or "tests" in p.parts]
+    leaks = [(p.name, s) for p in files for s in secrets if s in p.read_text(encoding="utf-8", errors="replace")]
+    assert not leaks, leaks[:5]
+
+
+def test_the_release_is_an_installable_package(release, tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path), str(release.student)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("course-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {f"grader/answers/{cid}.json" for cid in IDS} <= set(names)
+    assert {f"exercises/{ch.filename}" for ch in CHAPTERS} <= set(names)
+    assert not [n for n in names if n.startswith(("solutions/", "grader/hidden/", "tests/"))]
+    readme = (release.student / "README.md").read_text()
+    assert len(re.findall(r"```\n(python3 -m venv .* pip install .*)\n```", readme)) == 1
+
+
+def test_check_in_the_release_runs_public_checks_and_counts_hidden_ones(release):
+    env = dict(os.environ, PYTHONPATH=str(release.student))
+    out = subprocess.run([sys.executable, "-m", "grader.cli", "check", "ch25"], cwd=release.student, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 1, out.stderr
+    hidden = sum(1 for s in __import__("grader.checks", fromlist=["load"]).load("ch25", with_hidden=True) if s.hidden)
+    assert f"hidden checks: {hidden} more run at grading time" in out.stdout
+    assert "not implemented yet (ch25.1" in out.stdout
+    for ch in CHAPTERS:
+        (release.student / "exercises" / ch.filename).write_text((chapters.SOLUTIONS / ch.filename).read_text())
+        out = subprocess.run([sys.executable, "-m", "grader.cli", "check", ch.id, "--json"], cwd=release.student,
+                             env=env, capture_output=True, text=True)
+        doc = __import__("json").loads(out.stdout)
+        assert doc["score"] == doc["max_score"] > 0 and doc["hidden_not_run"] > 0, ch.id
+        assert all(Path(release.student, f).is_file() for f in doc["figures"]) and doc["figures"], ch.id
+
+
+# -- replayed answers explain wrong answers as well as the reference does ----------------------------
+
+PERTURB = '''
+
+def _perturbed(value, args):
+    """The reference's answer with its first number changed (or, for in-place functions, the first output)."""
+    import torch
+    def first(x):
+        if isinstance(x, torch.Tensor) and x.numel():
+            y = x.clone().reshape(-1)
+            y[0] = ~y[0] if y.dtype == torch.bool else y[0] + 1
+            return y.reshape(x.shape)
+        if type(x) in (int, float):
+            return x + 1
+        if isinstance(x, (list, tuple)) and x:
+            return type(x)([first(x[0]), *x[1:]])
+        if isinstance(x, dict) and x:
+            k = next(iter(x))
+            return {**x, k: first(x[k])}
+        return x
+    if value is None:
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.numel():
+                a.reshape(-1)[0] += 1
+                break
+        return None
+    return first(value)
+'''
+
+
+def perturbed_submission(ch, folder: Path) -> Path:
+    """The reference with every graded function's answer nudged: a generic wrong student."""
+    source = (chapters.SOLUTIONS / ch.filename).read_text(encoding="utf-8")
+    wrappers = ""
+    for task in ch.tasks:
+        for name in task.names:
+            source = re.sub(rf"^def {name}\(", f"def _ref_{name}(", source, flags=re.M)
+            wrappers += f"\n\ndef {name}(*args, **kwargs):\n    return _perturbed(_ref_{name}(*args, **kwargs), args)\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ch.filename).write_text(source + PERTURB + wrappers, encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize("ch", CHAPTERS, ids=IDS)
+def test_replayed_answers_grade_and_explain_like_the_reference(ch, tmp_path):
+    answers = record_answers(ch)
+    replay = reference.factory(None, answers)
+    solved = check(ch.id, solutions=True, hidden=False, figures_dir=None, refs=replay)
+    assert [r.status for r in solved.results] == ["passed"] * len(solved.results)
+    wrong = perturbed_submission(ch, tmp_path)
+    here = check(ch.id, submission=wrong, hidden=False, figures_dir=None)
+    there = check(ch.id, submission=wrong, hidden=False, figures_dir=None, refs=replay)
+    assert any(r.status != "passed" for r in here.results), "the perturbation makes answers wrong"
+    for a, b in zip(here.results, there.results):
+        assert (b.name, b.status, b.message) == (a.name, a.status, a.message), (
+            f"{ch.id} {a.task} {a.name}: in a release, explanations may only use reference answers computed "
+            "before the comparison (the release replays t.ref)")
