@@ -5,6 +5,12 @@ A check is a function of one `Trial`, marked with `@public(task, name)` or
 `@hidden(task, name)`. It calls the student's code through the trial, computes
 what is expected from the reference, and raises `CheckFailed` with a teaching
 message when they disagree. Checks are collected in definition order.
+
+Rules a public check keeps, because the student release replays `t.ref` from a
+recording of the reference's answers (`grader.reference`): it is deterministic
+(fixed inputs, `t.rng`/`t.random` only), and every `t.ref` call it makes happens
+whatever the student answered, i.e. before comparing; an explanation uses only
+values computed by then. `tests/test_release.py` checks both for every chapter.
 """
 
 from __future__ import annotations
