@@ -63,6 +63,8 @@ def _width(s: str) -> int:
 @click.option("--solutions", is_flag=True, help="Grade the reference solutions (instructors).")
 @click.option("--submission", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="DIR",
               help="Grade the chapter module in DIR (same file names as exercises/).")
+@click.option("--notebook", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="PATH.ipynb",
+              help="Grade the answer cells of a chapter notebook.")
 @click.option("--seed", type=int, help="Grading seed of the hidden checks (printed after each run).")
 @click.option("--hidden/--no-hidden", default=None,
               help="Run the hidden checks (default: with --solutions or --submission).")
@@ -73,18 +75,27 @@ def _width(s: str) -> int:
               help="Seconds each check may spend in your code.")
 @click.option("--memory-limit", default="2G", show_default=True, help="Address-space limit of your code's process.")
 @click.option("-v", "--verbose", is_flag=True, help="Show every failing check, not just the first three per task.")
-def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path | None, seed: int | None,
-          hidden: bool | None, as_json: bool, figures_dir: Path, time_limit: float, memory_limit: str,
-          verbose: bool) -> None:
+def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path | None, notebook: Path | None,
+          seed: int | None, hidden: bool | None, as_json: bool, figures_dir: Path, time_limit: float,
+          memory_limit: str, verbose: bool) -> None:
     """Check CHAPTER (e.g. ch25) and draw its figures from your outputs.
 
     Exit status: 0 all checks passed, 1 some failed, 2 some were blocked.
     """
+    import tempfile
+
+    from grader.notebook import cells_of, submission_from_cells
     from grader.run import MissingModule, check as run_check, module_path
     from grader.terminal import TerminalReport
 
-    if solutions and submission:
-        raise click.UsageError("--solutions and --submission exclude each other")
+    if sum(map(bool, (solutions, submission, notebook))) > 1:
+        raise click.UsageError("--solutions, --submission and --notebook exclude each other")
+    if notebook:
+        try:
+            cells = cells_of(notebook)
+        except ValueError as e:
+            raise click.ClickException(str(e)) from None
+        submission = submission_from_cells(chapter, cells, Path(tempfile.mkdtemp(prefix="course-notebook-")))
     if task:
         try:
             chapter.task(task)
@@ -100,11 +111,33 @@ def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path 
                        on_result=screen.add if screen else None)
     if not solutions and not submission:
         progress.record(report)
+    if notebook:
+        report.target = str(notebook)
     if screen:
         screen.finish(report)
     else:
         click.echo(json.dumps(report.to_json(), ensure_ascii=False, indent=2))
     sys.exit(report.exit_code)
+
+
+@main.command()
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, metavar="DIR",
+              help="Writes DIR/student/ (the student package) and DIR/nbgrader/ (the nbgrader course).")
+@click.option("--chapter", "chapter_names", multiple=True, type=ChapterType(), help="Only these chapters (repeatable).")
+@click.option("--no-nbgrader", is_flag=True, help="Write only the student package.")
+def release(out: Path, chapter_names: tuple[Chapter, ...], no_nbgrader: bool) -> None:
+    """Build the student release and the nbgrader course (no solutions, no hidden checks in the former)."""
+    from grader.release import ReleaseError, build
+
+    try:
+        built = build(out, chapter_list=list(chapter_names) or None, nbgrader=not no_nbgrader)
+    except ReleaseError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"student package: {built.student} ({built.size(built.student) / 1024:.0f} KiB, "
+               f"chapters {', '.join(built.chapters)}); install with: pip install -e {built.student}")
+    if built.nbgrader:
+        click.echo(f"nbgrader course: {built.nbgrader} (assignments {', '.join(built.chapters)}); "
+                   f"cd there and run: nbgrader generate_assignment <chapter>")
 
 
 @main.command()

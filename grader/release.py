@@ -44,7 +44,7 @@ def build(out: Path, *, chapter_list: list[Chapter] | None = None, nbgrader: boo
     """Write `out/student/` (and `out/nbgrader/`) for every chapter, or the given ones."""
     if not any(chapters.SOLUTIONS.glob("ch[0-9][0-9]_*.py")):
         raise ReleaseError("this installation has no solutions/: a release is built from the instructor's repository")
-    chosen = chapter_list or list(chapters.all_chapters())
+    chosen = sorted(chapter_list or chapters.all_chapters(), key=lambda ch: ch.id)
     student = _fresh(Path(out) / "student")
     write_student(student, chosen)
     course = None

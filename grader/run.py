@@ -41,7 +41,7 @@ def module_path(chapter: Chapter, *, solutions: bool = False, submission: Path |
 
 
 def check(chapter: str, *, task: str | None = None, solutions: bool = False, submission: Path | None = None,
-          seed: int | None = None, hidden: bool | None = None, figures_dir: Path | None = DEFAULT_FIGURES_DIR,
+          seed: int | None = None, hidden: bool | None = None, public: bool = True, figures_dir: Path | None = DEFAULT_FIGURES_DIR,
           time_limit: float = checks.DEFAULT_TIME_LIMIT, memory_limit: int = DEFAULT_MEMORY_LIMIT,
           on_result: Callable[[CheckResult], None] | None = None,
           refs: Callable[[str], object] | None = None) -> Report:
@@ -54,6 +54,7 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
         submission: grade the chapter module found in this folder.
         seed: grading seed for the hidden checks (random when None; always reported).
         hidden: run the hidden checks; by default only when grading solutions or a submission.
+        public: run the public checks (False with hidden=True runs the hidden ones alone).
         figures_dir: where figures go (as <dir>/<chapter>/<figure>.svg); None draws nothing.
         time_limit: seconds each check may spend in student code.
         memory_limit: bytes of address space for the student's process.
@@ -82,7 +83,8 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
     torch.set_num_threads(1)  # the student's process computes beside us on a small machine
     try:
         with_hidden = (solutions or submission is not None) if hidden is None else hidden
-        specs = [s for s in checks.load(ch.id, with_hidden=with_hidden) if only in (None, s.task)]
+        specs = [s for s in checks.load(ch.id, with_hidden=with_hidden)
+                 if only in (None, s.task) and (public or s.hidden)]
         answers = reference.load_answers(ch.id)
         refs = refs or reference.factory(solutions_module(ch), answers)
         report = Report(ch, str(path), secrets.randbelow(2**31) if seed is None else seed)

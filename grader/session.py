@@ -37,13 +37,15 @@ class StudentRaised(Exception):
         m = re.search(r"\bch(\d{2}\.\d+)\b", self.error.get("message", ""))
         return m.group(1) if m else "?"
 
-    def explain(self) -> str:
+    def explain(self, task: str = "?") -> str:
+        """The exception in a student's words; `task` names a stub whose message names none."""
         e = self.error
         if e.get("missing"):
             return f"{e['message']} (was it renamed or deleted?)"
         if self.not_implemented:
             m = re.search(r"\((about \d+ lines?)\)", e.get("message", ""))
-            return f"not implemented yet (ch{self.not_implemented}{': ' + m.group(1) if m else ''})"
+            todo = task if self.not_implemented == "?" else self.not_implemented
+            return f"not implemented yet (ch{todo}{': ' + m.group(1) if m else ''})"
         if e.get("exit_code") is not None:
             return f"{self.label} called sys.exit({e['exit_code']}); a graded function must return its result"
         head = f"{self.label} raised {e.get('name')}: {e.get('message')}"

@@ -20,12 +20,12 @@ def _pts(x: float) -> str:
 class TerminalReport:
     """Prints a chapter run as it happens (feed it results, then `finish`)."""
 
-    def __init__(self, chapter: Chapter, target: str, *, verbose: bool = False) -> None:
+    def __init__(self, chapter: Chapter, target: str, *, verbose: bool = False, header: bool = True) -> None:
         self.chapter, self.verbose = chapter, verbose
         self.pending: list[CheckResult] = []
         self.width = max((len(t.label) for t in chapter.tasks), default=20) + 2
-        shown = _relative(target)
-        click.echo(click.style(f"{chapter.id} · {chapter.title}", bold=True) + f"    {shown}")
+        if header:
+            click.echo(click.style(f"{chapter.id} · {chapter.title}", bold=True) + f"    {_relative(target)}")
 
     def add(self, result: CheckResult) -> None:
         if self.pending and self.pending[0].task != result.task:

@@ -109,7 +109,7 @@ def run_one(spec: CheckSpec, function: str, *, session: Session, ref, seed: int,
     except Blocked as e:
         result.status, result.message = "blocked", str(e)
     except StudentRaised as e:
-        result.status, result.message, result.todo = "error", e.explain(), bool(e.not_implemented)
+        result.status, result.message, result.todo = "error", e.explain(spec.task), bool(e.not_implemented)
     except StudentError as e:
         result.status, result.message = e.status, str(e)
     except Exception as e:  # a result the check did not foresee (or a grader bug): never a crash
