@@ -64,13 +64,43 @@ def expect_processed(t: Trial, got, logits: torch.Tensor, temperature: torch.Ten
     B, V = logits.shape
     if want is None:
         want = t.ref.process_logits(logits, temperature, top_k, top_p)
+    steps = reference_steps(t, logits, temperature, top_k, top_p)
     mine = expect_tensor(got, what=f"the processed logits of {B} row{'s' if B != 1 else ''} × {V} tokens",
                          shape=[B, V], dtype=torch.float32)
     bad = wrong_entries(mine, want)
     if not bad.any():
         return mine
     b, j = (int(i) for i in bad.nonzero()[0])
-    raise CheckFailed(explain_processed(t, mine, want, logits, temperature, top_k, top_p, b, j, case=case))
+    raise CheckFailed(explain_processed(mine, want, steps, logits, temperature, top_k, top_p, b, j, case=case))
+
+
+def reference_steps(t: Trial, logits: torch.Tensor, temperature: torch.Tensor, top_k, top_p) -> dict:
+    """The reference's processed batch after each step and under each classic mistake, for the explanations.
+
+    Computed for every row before comparing, whatever the answer (a student release replays t.ref in
+    order): "scaled" (temperature only), "after k" (+ top-k), and the misreadings that `processed_hint`
+    recognises: top-k with k ∓ 1, exactly k indices ("strict k"), top-p before top-k, top-p at T = 1 and
+    at 1 / T.
+    """
+    B, V = logits.shape
+    run = lambda x=logits, T=temperature, k=top_k, p=top_p: t.ref.process_logits(x, T, k, p)
+    ones = torch.ones(B)
+    steps = {"scaled": run(k=None, p=None)}
+    steps["after k"] = steps["scaled"] if top_k is None else run(p=None)
+    if top_k is not None:
+        ks = [_row_value(top_k, b, B) for b in range(B)]
+        steps["k - 1"] = run(k=torch.tensor([max(k - 1, 1) for k in ks]))
+        steps["k + 1"] = run(k=torch.tensor([min(k + 1, V) for k in ks]))
+        keep = torch.zeros(B, V, dtype=torch.bool)
+        for b, k in enumerate(ks):
+            keep[b, steps["scaled"][b].topk(k).indices] = True
+        strict = steps["scaled"].masked_fill(~keep, NEG_INF)
+        steps["strict k"] = strict if top_p is None else run(strict, ones, None)
+        if top_p is not None:
+            steps["top-p first"] = run(run(k=None), ones, p=None)
+    if top_p is not None:
+        steps["T = 1"], steps["1 / T"] = run(T=ones), run(T=1 / temperature)
+    return steps
 
 
 def wrong_entries(mine: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
@@ -82,26 +112,25 @@ def _kept(row: torch.Tensor) -> torch.Tensor:
     return row != NEG_INF
 
 
-def explain_processed(t: Trial, mine: torch.Tensor, want: torch.Tensor, logits: torch.Tensor,
+def explain_processed(mine: torch.Tensor, want: torch.Tensor, steps: dict, logits: torch.Tensor,
                       temperature: torch.Tensor, top_k, top_p, b: int, j: int, *, case: str = "") -> str:
     B, V = logits.shape
     k, p = _row_value(top_k, b, B), _row_value(top_p, b, B)
     T = float(temperature[b])
-    row, temp = logits[b:b + 1], temperature[b:b + 1]
-    scaled = t.ref.process_logits(row, temp)[0]
+    scaled, after_k = steps["scaled"][b], steps["after k"][b]
     lines = [case] if case else []
     lines.append(f"row {b}{f' of {B}' if B > 1 else ''} ({row_setting(temperature, top_k, top_p, b, B, V)}): "
                  f"logits {vec(logits[b])}")
     expected, yours = float(want[b, j]), float(mine[b, j])
     if want[b, j] != NEG_INF:
-        reasons = [r for r in (_topk_reason(scaled, k, j, V), _topp_reason(t, row, temp, k, p, j)) if r]
+        reasons = [r for r in (_topk_reason(scaled, k, j, V), _topp_reason(after_k, k, p, j)) if r]
         lines.append(f"token {j}: logits / T = {fmt(float(logits[b, j]))} / {fmt(T)} = {fmt(expected)}"
                      + (f"; it stays: {'; '.join(reasons)}" if reasons else "") + f"; yours: {fmt(yours)}")
     else:
-        removed_by_k = k is not None and t.ref.process_logits(row, temp, k)[0, j] == NEG_INF
-        reason = _topk_reason(scaled, k, j, V) if removed_by_k else _topp_reason(t, row, temp, k, p, j)
+        removed_by_k = k is not None and after_k[j] == NEG_INF
+        reason = _topk_reason(scaled, k, j, V) if removed_by_k else _topp_reason(after_k, k, p, j)
         lines.append(f"token {j} (logits / T = {fmt(float(scaled[j]))}) should be −∞: {reason}; yours: {fmt(yours)}")
-    hint = processed_hint(t, mine[b], want[b], logits[b], temperature, b, k, p, j)
+    hint = processed_hint(mine[b], want[b], logits[b], T, b, k, p, j, {name: x[b] for name, x in steps.items()})
     return "\n".join(lines + ([f"hint: {hint}"] if hint else []))
 
 
@@ -115,11 +144,8 @@ def _topk_reason(scaled: torch.Tensor, k, j: int, V: int) -> str:
     return f"top-k = {k} removes it ({fmt(v)} < {fmt(kth)}, the {ordinal(k)} largest value of logits / T)"
 
 
-def _topp_reason(t: Trial, row: torch.Tensor, temp: torch.Tensor, k, p, j: int) -> str:
-    if p is None or p >= 1:
-        return ""
-    after_k = t.ref.process_logits(row, temp, k)[0]
-    if after_k[j] == NEG_INF:
+def _topp_reason(after_k: torch.Tensor, k, p, j: int) -> str:
+    if p is None or p >= 1 or after_k[j] == NEG_INF:
         return ""
     q = after_k.softmax(-1)
     above = float(q[after_k > after_k[j]].sum())
@@ -132,12 +158,11 @@ def _topp_reason(t: Trial, row: torch.Tensor, temp: torch.Tensor, k, p, j: int) 
             f"(the larger ones already hold {fmt(above)} ≥ {fmt(p)}), so top-p removes it")
 
 
-def processed_hint(t: Trial, mine: torch.Tensor, want: torch.Tensor, logits_row: torch.Tensor,
-                   temperature: torch.Tensor, b: int, k, p, j: int) -> str:
-    """The misconception behind a wrong row of processed logits ('' when none fits)."""
-    T = float(temperature[b])
-    row, temp = logits_row[None], temperature[b:b + 1]
-    V = row.shape[1]
+def processed_hint(mine: torch.Tensor, want: torch.Tensor, logits_row: torch.Tensor, T: float, b: int, k, p,
+                   j: int, steps: dict) -> str:
+    """The misconception behind a wrong row of processed logits ('' when none fits); `steps` holds this
+    row of `reference_steps`."""
+    V = want.numel()
     mk, wk = _kept(mine), _kept(want)
     close = lambda a, c: math.isfinite(a) and abs(a - c) <= ATOL + RTOL * abs(c)
     yours = float(mine[j])
@@ -153,52 +178,31 @@ def processed_hint(t: Trial, mine: torch.Tensor, want: torch.Tensor, logits_row:
             return "return logits (−∞ where filtered), not probabilities: the softmax comes later, in sample"
     if torch.equal(mk, wk):
         return ""
-
-    def kept_with(r=row, tp=temp, kk=k, pp=p) -> torch.Tensor:
-        return _kept(t.ref.process_logits(r, tp, kk, pp)[0])
-
-    variants = []
-    if k is not None and k >= 2:
-        variants.append((lambda: kept_with(kk=k - 1),
-                         f"top-k keeps the k = {k} largest entries; yours kept {k - 1}: the threshold is the "
-                         f"{ordinal(k)} largest value (index k − 1 of the row sorted in descending order)"))
-    if k is not None and k + 1 <= V:
-        variants.append((lambda: kept_with(kk=k + 1),
-                         f"top-k keeps the k = {k} largest entries; yours kept {k + 1}: the threshold is the "
-                         f"{ordinal(k)} largest value (index k − 1 of the row sorted in descending order)"))
-    if k is not None and k < V:
-        def strict_k() -> torch.Tensor:
-            scaled = t.ref.process_logits(row, temp)[0]
-            keep = torch.zeros(V, dtype=torch.bool)
-            keep[scaled.topk(k).indices] = True
-            if p is None:
-                return keep
-            return _kept(t.ref.process_logits(scaled.masked_fill(~keep, NEG_INF)[None], torch.ones(1), None, p)[0])
-        variants.append((strict_k, "entries equal to the k-th largest value stay too: keep every entry ≥ the "
-                                   "threshold (vLLM compares with the k-th value, it does not take exactly k indices)"))
+    kept = {name: _kept(row) for name, row in steps.items()}
+    misreadings = []   # (name in `kept`, hint), tried in order
+    if k is not None:
+        for name, n, fits in (("k - 1", k - 1, k >= 2), ("k + 1", k + 1, k < V)):
+            if fits:
+                misreadings.append((name, f"top-k keeps the k = {k} largest entries; yours kept {n}: the threshold "
+                                          f"is the {ordinal(k)} largest value (index k − 1 of the row sorted in "
+                                          f"descending order)"))
+        if k < V:
+            misreadings.append(("strict k", "entries equal to the k-th largest value stay too: keep every entry ≥ "
+                                            "the threshold (vLLM compares with the k-th value, it does not take "
+                                            "exactly k indices)"))
     if p is not None and p < 1:
-        def crossing_dropped() -> torch.Tensor:
-            keep = wk.clone()
-            keep[torch.where(wk, want, torch.full_like(want, math.inf)).argmin()] = False
-            return keep
-        variants.append((crossing_dropped,
-                         "the entry whose probability crosses top_p stays: an entry goes only when it and all "
-                         "smaller entries hold ≤ 1 − top_p (i.e. the larger ones already hold ≥ top_p)"))
+        kept["crossing dropped"] = wk.clone()
+        kept["crossing dropped"][torch.where(wk, want, torch.full_like(want, math.inf)).argmin()] = False
+        misreadings.append(("crossing dropped", "the entry whose probability crosses top_p stays: an entry goes only "
+                                                "when it and all smaller entries hold ≤ 1 − top_p (i.e. the larger "
+                                                "ones already hold ≥ top_p)"))
         if k is not None:
-            def topp_first() -> torch.Tensor:
-                after_p = t.ref.process_logits(row, temp, None, p)
-                return _kept(t.ref.process_logits(after_p, torch.ones(1), k)[0])
-            variants.append((topp_first, "run top-k first: top-p works on the softmax of what top-k kept "
-                                         "(renormalised), not on the full row"))
-        variants.append((lambda: kept_with(tp=torch.ones(1)),
-                         "apply the temperature before top-p: the probabilities are softmax(logits / T)"))
-        variants.append((lambda: kept_with(tp=1 / temp),
-                         "divide by the temperature (logits / T), don't multiply"))
-    for make, hint in variants:
-        alt = make()
-        if not torch.equal(alt, wk) and torch.equal(alt, mk):
-            return hint
-    return ""
+            misreadings.append(("top-p first", "run top-k first: top-p works on the softmax of what top-k kept "
+                                               "(renormalised), not on the full row"))
+        misreadings += [("T = 1", "apply the temperature before top-p: the probabilities are softmax(logits / T)"),
+                        ("1 / T", "divide by the temperature (logits / T), don't multiply")]
+    return next((hint for name, hint in misreadings
+                 if not torch.equal(kept[name], wk) and torch.equal(kept[name], mk)), "")
 
 
 # -- 23.2: the exponential race -----------------------------------------------------------------
@@ -250,7 +254,7 @@ def expect_in_vocab(got, B: int, V: int, *, case: str = "") -> torch.Tensor:
     return tokens
 
 
-def expect_tokens(t: Trial, got, logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor, *,
+def expect_tokens(got, logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor, *,
                   case: str = "") -> torch.Tensor:
     """Require the student's tokens to win the race with the given noise (near-ties of p / E accepted)."""
     B, V = logits.shape
@@ -261,8 +265,7 @@ def expect_tokens(t: Trial, got, logits: torch.Tensor, temperature: torch.Tensor
     if bool(ok.all()):
         return tokens
     b = int((~ok).nonzero()[0])
-    want = t.ref.sample(logits, temperature, noise)
-    w, y = int(want[b]), int(tokens[b])
+    w, y = int(scores[b].argmax()), int(tokens[b])
     E = noise[b].float()
     lines = [case] if case else []
     lines.append(f"row {b}{f' of {B}' if B > 1 else ''}: T = {fmt(float(temperature[b]))}, logits {vec(logits[b])}, "
@@ -425,7 +428,7 @@ def race_instance(t: Trial) -> None:
     p, scores = race_scores(logits, temp, noise)
     t.figure("ch23-exponential-race", logits=RACE_LOGITS, T=RACE_T, noise=RACE_NOISE, p=p[0], scores=scores[0],
              token=int(tokens[0]), token_expected=int(t.ref.sample(logits, temp, noise)[0]))
-    expect_tokens(t, tokens, logits, temp, noise, case='case "figure instance": the race of reference §13')
+    expect_tokens(tokens, logits, temp, noise, case='case "figure instance": the race of reference §13')
 
 
 @public("23.2", "the sampling path's last step: the race on the processed row")
@@ -437,7 +440,7 @@ def path_draw(t: Trial) -> None:
     p, scores = race_scores(processed, temp, noise)
     t.figure("ch23-sampling-path", noise=PATH_NOISE, race_p=p[0], race_scores=scores[0], token=int(tokens[0]),
              token_expected=int(t.ref.sample(processed, temp, noise)[0]))
-    expect_tokens(t, tokens, processed, temp, noise,
+    expect_tokens(tokens, processed, temp, noise,
                   case='case "sampling path": the processed row (filtered entries −∞), T = 1, '
                        f'noise {vec(PATH_NOISE)}')
 
@@ -464,7 +467,7 @@ def batch_rows(t: Trial) -> None:
     temp = torch.tensor([0.5, 1.0, 2.0, 0.25])
     noise = torch.tensor([[0.2, 0.9, 1.4], [1.2, 0.2, 0.9], [0.1, 2.0, 3.5], [0.3, 0.01, 2.0]])
     got = t.call("sample", logits, temp, noise)
-    expect_tokens(t, got, logits, temp, noise, case='case "batch": 4 rows, T = [0.5, 1, 2, 0.25]')
+    expect_tokens(got, logits, temp, noise, case='case "batch": 4 rows, T = [0.5, 1, 2, 0.25]')
 
 
 @public("23.2", "noise of the wrong shape raises ValueError")

@@ -143,7 +143,7 @@ def random_races(t: Trial) -> None:
                 logits[b, drop] = NEG_INF
         noise = torch.empty(B, V).exponential_(generator=t.rng)
         got = t.call("sample", logits, temp, noise)
-        expect_tokens(t, got, logits, temp, noise, case=f"random case {i + 1}: B = {B}, V = {V}")
+        expect_tokens(got, logits, temp, noise, case=f"random case {i + 1}: B = {B}, V = {V}")
 
 
 @hidden("23.2", f"chi-square: {CHI_DRAWS} races on one row follow softmax(logits / T)")
@@ -168,7 +168,7 @@ def not_argmax(t: Trial) -> None:
     rows = differ.nonzero()[:, 0][:32]
     logits, temp, noise = logits[rows], temp[rows], noise[rows]
     got = t.call("sample", logits, temp, noise)
-    expect_tokens(t, got, logits, temp, noise,
+    expect_tokens(got, logits, temp, noise,
                   case=f'case "not argmax": {len(rows)} rows on which the race and argmax(p) disagree')
 
 
@@ -181,7 +181,7 @@ def zero_noise(t: Trial) -> None:
     temp = torch.ones(2)
     noise = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 2.0]])
     got = t.call("sample", logits, temp, noise)
-    expect_tokens(t, got, logits, temp, noise,
+    expect_tokens(got, logits, temp, noise,
                   case='case "zero noise": row 0 p = [0.3, 0.6, 0.1], E = [0, 0, 1]; '
                        'row 1 logits [−∞, 1, 0.5], E = [0, 1, 2]')
 
@@ -193,7 +193,7 @@ def real_vocab_race(t: Trial) -> None:
     temp = torch.tensor([0.6, 0.8, 1.0])
     noise = torch.empty(B, QWEN3_VOCAB).exponential_(generator=t.rng)
     got = t.call("sample", logits, temp, noise)
-    expect_tokens(t, got, logits, temp, noise, case=f'case "Qwen3 vocabulary": B = 3, V = {QWEN3_VOCAB}')
+    expect_tokens(got, logits, temp, noise, case=f'case "Qwen3 vocabulary": B = 3, V = {QWEN3_VOCAB}')
 
 
 @hidden("23.2", "bad temperature or noise raise ValueError")
