@@ -74,7 +74,7 @@ def test_a_submission_folder_is_graded(cli, tmp_path):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["check", "ch26"], "Did you mean ch25"),
+    (["check", "ch255"], "Did you mean ch25"),
     (["check", "ch25", "--task", "25.9"], "No task '25.9'"),
     (["check", "ch25", "--solutions", "--submission", "."], "exclude each other"),
     (["check", "ch25", "--memory-limit", "lots"], "not a size"),

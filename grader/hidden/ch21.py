@@ -1,0 +1,149 @@
+"""Hidden checks of ch21 · the KV cache and the decode step: random instances from the grading seed,
+edge cases, agreement with transformers' DynamicLayer and with a whole generation's decode steps."""
+
+from __future__ import annotations
+
+import torch
+
+from grader.checks import hidden
+from grader.checks.ch21 import append_once, expect_decode, explain_decode, run_appends, run_decode_case
+from grader.compare import CheckFailed, expect_int, expect_tensor, first_wrong
+from grader.trial import Trial
+
+
+def random_sizes(t: Trial, l_max: int) -> list[int]:
+    """Append sizes that fit in l_max: a prefill, decode steps of 1, and some empty appends."""
+    sizes, total = [], 0
+    while True:
+        n = t.random.choice([0, 1, 1, 1, t.random.randint(1, max(1, l_max // 2))])
+        if total + n > l_max or len(sizes) >= 8:
+            return sizes
+        sizes.append(n)
+        total += n
+
+
+# -- 21.1 append_kv -----------------------------------------------------------------------------------
+
+@hidden("21.1", "random shapes and sequences of appends (random cache contents)")
+def random_appends(t: Trial) -> None:
+    for _ in range(8):
+        l_max, heads, dim = t.random.randint(1, 24), t.random.choice([1, 2, 4, 8]), t.random.choice([1, 4, 16, 64])
+        length = t.random.randint(0, l_max // 2)
+        k_cache, v_cache = torch.randn(l_max, heads, dim, generator=t.rng), torch.randn(l_max, heads, dim, generator=t.rng)
+        run_appends(t, k_cache, v_cache, length, random_sizes(t, l_max - length),
+                    f"L_max {l_max}, {heads} kv heads, head_dim {dim}, starting at length {length}")
+
+
+@hidden("21.1", "appends of 0 tokens change nothing and return the same length")
+def empty_appends(t: Trial) -> None:
+    for l_max, length in ((5, 0), (5, 3), (5, 5)):
+        k_cache, v_cache = torch.randn(l_max, 2, 3, generator=t.rng), torch.randn(l_max, 2, 3, generator=t.rng)
+        run_appends(t, k_cache, v_cache, length, [0], f"an empty append at length {length} of L_max {l_max}")
+
+
+@hidden("21.1", "appends that fill the cache exactly to L_max")
+def exact_fill(t: Trial) -> None:
+    k_cache, v_cache = torch.randn(7, 1, 4, generator=t.rng), torch.randn(7, 1, 4, generator=t.rng)
+    run_appends(t, k_cache, v_cache, 0, [7], "a prefill of exactly L_max = 7 tokens")
+    k_cache, v_cache = torch.randn(7, 1, 4, generator=t.rng), torch.randn(7, 1, 4, generator=t.rng)
+    run_appends(t, k_cache, v_cache, 4, [2, 1], "decode steps up to the last row of L_max = 7")
+    k = torch.ones(1, 1, 4)
+    t.expect_raises(ValueError, "append_kv", torch.zeros(7, 1, 4), torch.zeros(7, 1, 4), 7, k, k,
+                    because="a full cache (7 of L_max = 7) has no row for one more token")
+
+
+@hidden("21.1", "a bfloat16 cache, as engines keep it")
+def bf16_cache(t: Trial) -> None:
+    k_cache = torch.randn(16, 8, 16, generator=t.rng).to(torch.bfloat16)
+    v_cache = torch.randn(16, 8, 16, generator=t.rng).to(torch.bfloat16)
+    run_appends(t, k_cache, v_cache, 0, [9, 1, 1], "a bfloat16 cache of L_max 16, 8 kv heads, head_dim 16")
+
+
+@hidden("21.1", "agrees with transformers' DynamicLayer over a prefill and decode steps")
+def agrees_with_transformers(t: Trial) -> None:
+    t.require("transformers")
+    from transformers.cache_utils import DynamicLayer
+    layer = DynamicLayer()
+    l_max, heads, dim, length = 12, 2, 8, 0
+    k_cache, v_cache = torch.zeros(l_max, heads, dim), torch.zeros(l_max, heads, dim)
+    for step, n in enumerate((5, 1, 1, 1)):
+        k_new, v_new = torch.randn(n, heads, dim, generator=t.rng), torch.randn(n, heads, dim, generator=t.rng)
+        call = t.run("append_kv", k_cache, v_cache, length, k_new, v_new, mutates=("k_cache", "v_cache"))
+        # transformers keeps [batch, heads, tokens, head_dim] and concatenates along the tokens.
+        keys, values = layer.update(k_new.transpose(0, 1)[None], v_new.transpose(0, 1)[None])
+        length = expect_int(call.value, what=f"append_kv's return value after append {step + 1}")
+        if length != layer.get_seq_length():
+            raise CheckFailed(f"after appends of {[5, 1, 1, 1][:step + 1]} transformers' DynamicLayer holds "
+                              f"{layer.get_seq_length()} tokens; your append_kv returned the length {length}")
+        for name, got, want in (("k_cache", call.args[0], keys), ("v_cache", call.args[1], values)):
+            got = expect_tensor(got, what=name, shape=[l_max, heads, dim], dtype=torch.float32)
+            want = want[0].transpose(0, 1)
+            idx = first_wrong(got[:length], want)
+            if idx is not None:
+                raise CheckFailed(f"after appends of {[5, 1, 1, 1][:step + 1]}: row {idx[0]} of your {name} "
+                                  f"differs from token {idx[0]} of transformers' DynamicLayer (kv head {idx[1]}); "
+                                  f"rows 0 … {length - 1} must hold the tokens in the order they were appended")
+        k_cache, v_cache = call.args[0], call.args[1]
+
+
+@hidden("21.1", "bad inputs raise ValueError")
+def bad_append_inputs(t: Trial) -> None:
+    cache = torch.zeros(6, 2, 4)
+    t.expect_raises(ValueError, "append_kv", cache, cache.clone(), 0, torch.ones(1, 2, 8), torch.ones(1, 2, 8),
+                    because="k_new has head_dim 8 but the cache has head_dim 4")
+    t.expect_raises(ValueError, "append_kv", cache, cache.clone(), 0, torch.ones(2, 2, 4), torch.ones(3, 2, 4),
+                    because="k_new has 2 tokens but v_new has 3")
+    t.expect_raises(ValueError, "append_kv", cache, cache.clone(), -1, torch.ones(1, 2, 4), torch.ones(1, 2, 4),
+                    because="a length of −1 is no length")
+    t.expect_raises(ValueError, "append_kv", cache, cache.clone(), 9, torch.ones(0, 2, 4), torch.ones(0, 2, 4),
+                    because="a length of 9 is more than L_max = 6 rows")
+    t.expect_raises(ValueError, "append_kv", cache, cache.clone(), 5, torch.ones(2, 2, 4), torch.ones(2, 2, 4),
+                    because="5 cached + 2 new = 7 tokens overflow L_max = 6")
+
+
+# -- 21.2 decode_inputs -------------------------------------------------------------------------------
+
+@hidden("21.2", "nano-vllm's block boundaries (block_size 256): len 1, 256, 257 and 512")
+def block_boundaries(t: Trial) -> None:
+    # reference/nanovllm.md §12: a sequence that has just reached len 257 with table [9, 4] → slot 1024.
+    for length, table in ((257, [9, 4]), (256, [3]), (1, [6]), (512, [2, 8]), (513, [2, 8, 0])):
+        ids = [t.random.randrange(151_936) for _ in range(length)]
+        run_decode_case(t, ids, table, 256, f"len {length}, table {table}, block_size 256")
+
+
+@hidden("21.2", "random sequences, block sizes and tables")
+def random_decodes(t: Trial) -> None:
+    for _ in range(30):
+        bs = t.random.choice([1, 2, 3, 4, 8, 16, 256])
+        length = t.random.randint(1, 6 * bs)
+        needed = -(-length // bs)
+        table = torch.randperm(64, generator=t.rng)[:needed + t.random.choice([0, 0, 0, 1, 2])].tolist()
+        ids = [t.random.randrange(1000) for _ in range(length)]
+        run_decode_case(t, ids, table, bs, f"random, block_size {bs}")
+
+
+@hidden("21.2", "a whole generation: 30 decode steps, the table growing as nano-vllm's may_append grows it")
+def whole_generation(t: Trial) -> None:
+    bs, free = 4, torch.randperm(40, generator=t.rng).tolist()
+    ids = [t.random.randrange(1000) for _ in range(6)]          # a 6-token prompt, prefilled
+    table = [free.pop() for _ in range(-(-len(ids) // bs))]
+    written = {}
+    for _ in range(30):
+        ids.append(t.random.randrange(1000))                     # the token the previous step sampled
+        if len(ids) % bs == 1:                                  # may_append: a new block for position len − 1
+            table.append(free.pop())
+        got = expect_decode(t.call("decode_inputs", list(ids), list(table), bs), ids, table, bs)
+        explain_decode(got, t.ref.decode_inputs(ids, table, bs), ids, table, bs,
+                       f"decode step {len(ids) - 6} of a generation")
+        if got["slot"] in written:
+            raise CheckFailed(f"decode steps at len {written[got['slot']]} and {len(ids)} both wrote slot "
+                              f"{got['slot']}: the second overwrote the K/V of the first")
+        written[got["slot"]] = len(ids)
+
+
+@hidden("21.2", "bad inputs raise ValueError")
+def bad_decode_hidden(t: Trial) -> None:
+    t.expect_raises(ValueError, "decode_inputs", [], [], 256, because="an empty sequence has no token to decode")
+    t.expect_raises(ValueError, "decode_inputs", [1] * 257, [9], 256,
+                    because="position 256 is in logical block 1, but the table has only block 0")
+    t.expect_raises(ValueError, "decode_inputs", [1, 2], [3], 0, because="block_size must be positive")
