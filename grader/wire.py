@@ -62,10 +62,18 @@ def encode(value: Any, keep: Callable[[Any], int] | None = None) -> tuple[Any, l
         if isinstance(v, Handle):
             return {"$": "handle", "id": v.id, "type": v.type_name}
         if isinstance(v, torch.Tensor) and v.layout == torch.strided and v.device.type == "cpu":
-            flat = v.detach().contiguous().reshape(-1)
-            buffers.append(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
-            return {"$": "tensor", "dtype": str(v.dtype).removeprefix("torch."),
-                    "shape": list(v.shape), "cls": t.__name__, "buf": len(buffers) - 1}
+            node = {"$": "tensor", "dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape),
+                    "cls": t.__name__}
+            v = v.detach()
+            if v.is_contiguous() or v.numel() == 0 or min(v.stride(), default=0) < 0:
+                flat = v.contiguous().reshape(-1)
+            else:  # a strided view crosses as a view: the storage span it reads, and its strides
+                span = 1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride()))
+                flat = torch.as_strided(v, (span,), (1,), v.storage_offset())
+                node["stride"] = list(v.stride())
+            buffers.append(flat.contiguous().view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+            node["buf"] = len(buffers) - 1
+            return node
         if isinstance(v, (np.ndarray, np.generic)) and np.asarray(v).dtype.kind != "O":
             out = io.BytesIO()
             np.save(out, np.asarray(v), allow_pickle=False)
@@ -146,6 +154,14 @@ def _tensor(node: dict, data: bytes) -> torch.Tensor:
     for s in shape:
         numel *= s
     itemsize = torch.empty((), dtype=dtype).element_size()
+    stride = node.get("stride")
+    if stride is not None:
+        if type(stride) is not list or len(stride) != len(shape) or not all(type(s) is int and s >= 0 for s in stride):
+            raise WireError("bad tensor strides")
+        span = 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+        if numel == 0 or len(data) != span * itemsize:
+            raise WireError("tensor data does not match its strides")
+        return torch.as_strided(torch.frombuffer(bytearray(data), dtype=dtype), shape, stride)
     if len(data) != numel * itemsize:
         raise WireError("tensor data does not match its shape")
     if numel == 0:

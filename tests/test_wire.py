@@ -46,7 +46,9 @@ def test_tensors_roundtrip_with_dtype_and_shape(dtype, shape):
 
 def test_views_and_numpy_values_arrive_as_what_they_are():
     base = torch.arange(24.0).reshape(4, 6)
-    assert same(roundtrip(base.t()[1:3]), base.t()[1:3].contiguous())
+    for view in (base.t()[1:3], base[:, ::2], base[1:, 2:5].t(), base[:1].expand(3, 6)):
+        got = roundtrip(view)
+        assert same(got, view.contiguous()) and got.stride() == view.stride() and not got.is_contiguous()
     arr = np.array([(1, 2.5)], dtype=[("id", "<i8"), ("x", "<f4")])
     assert same(roundtrip(arr), arr)
     assert type(roundtrip(np.int64(7))) is np.int64

@@ -1,0 +1,523 @@
+"""Public checks of ch16 · attention, step by step, and the messages they share with the hidden ones."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from grader.checks import public
+from grader.compare import CheckFailed, describe, expect_tensor, first_wrong, fmt, wrong_mask
+from grader.session import StudentRaised
+from grader.trial import Trial
+
+ATOL, RTOL = 1e-5, 1e-5          # float32 attention outputs
+NEG_INF = float("-inf")
+
+# dim-split-heads / dim-merge-heads: the numbers 0 … 11 as [1, 3, 4], 2 heads of width 2.
+NUMBERED_SHAPE, NUMBERED_HEADS = (1, 3, 4), 2
+# dim-one-head-attention: one causal head, T = 3, d = 2, small integers.
+ONE_Q = [[1., 0.], [2., 1.], [0., 1.]]
+ONE_K = [[1., 0.], [0., 1.], [1., 1.]]
+ONE_V = [[1., 0.], [0., 2.], [3., 1.]]
+# ch16-three-steps: 2 queries over 4 keys, d = 3, no mask; a second V shows the weights do not move.
+STEPS_Q = [[1., 0., 1.], [0., 2., 0.]]
+STEPS_K = [[1., 1., 0.], [0., 1., 1.], [2., 0., 0.], [0., 0., 1.]]
+STEPS_V = [[1., 0., 0.], [0., 1., 0.], [0., 0., 1.], [1., 1., 1.]]
+STEPS_V2 = [[2., 2., 0.], [0., 0., 3.], [1., 0., 0.], [0., 1., 0.]]
+# ch16-prob-rows: 5 causal queries.
+ROWS_T, ROWS_D = 5, 4
+
+SPLIT_AXES, MERGE_AXES = ("B", "T", "H", "d"), ("B", "H", "T", "d")
+CONVENTION = "True = may attend, the scaled_dot_product_attention convention"
+
+
+def numbered(shape: tuple[int, ...] = NUMBERED_SHAPE) -> torch.Tensor:
+    """The numbers 0, 1, 2, … in row order: every element shows where it came from."""
+    return torch.arange(float(math.prod(shape))).view(shape)
+
+
+def causal(T: int, S: int | None = None) -> torch.Tensor:
+    """The end-aligned causal mask [T, S] (query i is the token at position S − T + i)."""
+    S = T if S is None else S
+    return torch.ones(T, S, dtype=torch.bool).tril(S - T)
+
+
+def tensor(rows: list) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def rows_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fixed q, k, v for ch16-prob-rows: 5 tokens, d = 4, one decimal each."""
+    g = torch.Generator().manual_seed(1616)
+    q, k, v = ((torch.randn(ROWS_T, ROWS_D, generator=g) * 1.5).round(decimals=1) for _ in range(3))
+    return q, k, v
+
+
+def vec(x: torch.Tensor, n: int = 6) -> str:
+    vals = x.reshape(-1).tolist()
+    return "[" + ", ".join(fmt(v) for v in vals[:n]) + (", …]" if len(vals) > n else "]")
+
+
+def fail(lines: list[str], hint: str = "") -> None:
+    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+
+
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return list(a.shape) == list(b.shape) and torch.equal(a.to(torch.float64), b.to(torch.float64))
+
+
+def replayed(got: torch.Tensor, make) -> tuple[int, ...] | None:
+    """The axis order p for which make(p) reproduces the student's tensor, if any."""
+    return next((p for p in itertools.permutations(range(4)) if same_values(got, make(p))), None)
+
+
+def axes_text(p: tuple[int, ...], names: tuple[str, ...]) -> str:
+    return "[" + ", ".join(names[i] for i in p) + "]"
+
+
+def expect_layout(got, want: torch.Tensor, header: str, what: str, hint_of) -> torch.Tensor:
+    """Require a tensor of want's shape and dtype; a wrong one is explained by `hint_of(got)`."""
+    try:
+        return expect_tensor(got, what=what, shape=list(want.shape), dtype=want.dtype)
+    except CheckFailed as e:
+        hint = ""
+        if isinstance(got, torch.Tensor):
+            hint = ("moving numbers never converts them: keep the input's dtype" if list(got.shape) == list(want.shape)
+                    else hint_of(got))
+        fail([header, str(e)], hint)
+
+
+# -- 16.1 split_heads -----------------------------------------------------------------------------
+
+def split_case(x: torch.Tensor, num_heads: int, case: str) -> str:
+    B, T, W = x.shape
+    return (f'case "{case}": x [{B}, {T}, {W}] = [B, T, H·d], num_heads={num_heads} → d = {W} // {num_heads} = '
+            f"{W // num_heads}; the result is [B, H, T, d] = [{B}, {num_heads}, {T}, {W // num_heads}]")
+
+
+def split_hint(got: torch.Tensor, x: torch.Tensor, num_heads: int) -> str:
+    """The misconception a wrong split comes from, found by replaying it on x ('' when none fits)."""
+    B, T, W = x.shape
+    d = W // num_heads
+    if same_values(got, x.reshape(B, num_heads, T, d)):
+        return ("a reshape to [B, H, T, d] without a transpose keeps the numbers in x's order and cuts them again, "
+                "so a head's rows mix the columns of different tokens; view as [B, T, H, d] first, then "
+                "transpose(1, 2)")
+    if same_values(got, x.reshape(B, T, d, num_heads).permute(0, 3, 1, 2)):
+        return (f"head h is the contiguous block of columns h·d … (h+1)·d − 1 (nano-vllm views q as [N, nh, hd]), "
+                f"not every {num_heads}-th column: view the last dimension as (H, d), not (d, H)")
+    p = replayed(got, lambda p: x.reshape(B, T, num_heads, d).permute(p))
+    if p == (0, 1, 2, 3):
+        return ("you cut the last dimension into heads ([B, T, H, d]) but did not move the heads in front of the "
+                "tokens: transpose(1, 2) gives [B, H, T, d]")
+    if p is not None and p != (0, 2, 1, 3):
+        return (f"your result is the [B, T, H, d] view with its axes in the order {axes_text(p, SPLIT_AXES)} "
+                f"(permute{p}); only the token and head axes swap: transpose(1, 2) gives [B, H, T, d]")
+    return ""
+
+
+def expect_split(got, x: torch.Tensor, want: torch.Tensor, num_heads: int, case: str, *,
+                 values: bool = True) -> torch.Tensor:
+    """Require the student's split to be a [B, H, T, d] tensor in x's dtype (and, with `values`, to equal `want`)."""
+    out = expect_layout(got, want, split_case(x, num_heads, case), "the heads", lambda g: split_hint(g, x, num_heads))
+    if values:
+        explain_split(out, x, want, num_heads, case)
+    return out
+
+
+def explain_split(out: torch.Tensor, x: torch.Tensor, want: torch.Tensor, num_heads: int, case: str) -> None:
+    idx = first_wrong(out, want)
+    if idx is None:
+        return
+    b, h, t, _ = idx
+    B, T, W = x.shape
+    d = W // num_heads
+    hits = (x.reshape(B, T, num_heads, d).double() == out[b, h, t].double()).all(-1).nonzero().tolist()
+    origin = (f", which is head {hits[0][2]} of token {hits[0][1]} (x[{hits[0][0]}, {hits[0][1]}, "
+              f"{hits[0][2] * d}:{(hits[0][2] + 1) * d}])" if hits else ", which is not one head of one token of x")
+    fail([split_case(x, num_heads, case),
+          f"out[{b}, {h}, {t}, :] is head {h} of token {t}, the columns h·d … h·d + d − 1 = {h * d} … "
+          f"{h * d + d - 1} of row {t}: x[{b}, {t}, {h * d}:{(h + 1) * d}] = {vec(want[b, h, t])}; "
+          f"yours: {vec(out[b, h, t])}{origin}",
+          f"({int(wrong_mask(out, want).sum())} of {want.numel()} numbers differ)"], split_hint(out, x, num_heads))
+
+
+def run_split_case(t: Trial, x: torch.Tensor, num_heads: int, case: str) -> torch.Tensor:
+    want = t.ref.split_heads(x, num_heads)
+    return expect_split(t.call("split_heads", x, num_heads), x, want, num_heads, case)
+
+
+# -- 16.2 merge_heads -----------------------------------------------------------------------------
+
+def merge_case(x: torch.Tensor, case: str) -> str:
+    B, H, T, d = x.shape
+    return (f'case "{case}": x [{B}, {H}, {T}, {d}] = [B, H, T, d] → the result is [B, T, H·d] = '
+            f"[{B}, {T}, {H * d}], token t's heads side by side in row t")
+
+
+def merge_hint(got: torch.Tensor, x: torch.Tensor) -> str:
+    """The misconception a wrong merge comes from, found by replaying it on x ('' when none fits)."""
+    B, H, T, d = x.shape
+    if list(got.shape) == [B, T, H, d] and H > 1:
+        return "after transpose(1, 2) comes reshape(B, T, H·d): each token's heads side by side in one row"
+    p = replayed(got, lambda p: x.permute(p).reshape(B, T, H * d))
+    if p == (0, 1, 2, 3):
+        return ("a reshape without transpose(1, 2) keeps the numbers in their [B, H, T, d] order, so each row takes "
+                "consecutive tokens of one head: values of different tokens in one row; transpose(1, 2) back to "
+                "[B, T, H, d] first, then reshape")
+    if p == (0, 2, 3, 1):
+        return ("a token's row holds head 0's d numbers, then head 1's, …: column h·d + j is x[b, h, t, j]; yours "
+                "interleaves the heads ([B, T, d, H])")
+    if p is not None and p != (0, 2, 1, 3):
+        return (f"you brought x to {axes_text(p, MERGE_AXES)} (permute{p}) before the reshape; only the head and "
+                f"token axes swap back: transpose(1, 2) gives [B, T, H, d]")
+    return ""
+
+
+def expect_merge(got, x: torch.Tensor, want: torch.Tensor, case: str, *, values: bool = True) -> torch.Tensor:
+    """Require the student's merge to be a [B, T, H·d] tensor in x's dtype (and, with `values`, to equal `want`)."""
+    out = expect_layout(got, want, merge_case(x, case), "the merged heads", lambda g: merge_hint(g, x))
+    if values:
+        explain_merge(out, x, want, case)
+    return out
+
+
+def explain_merge(out: torch.Tensor, x: torch.Tensor, want: torch.Tensor, case: str) -> None:
+    idx = first_wrong(out, want)
+    if idx is None:
+        return
+    b, t, c = idx
+    B, H, T, d = x.shape
+    h, j = divmod(c, d)
+    lines = [merge_case(x, case),
+             f"out[{b}, {t}, {c}] is column {c} = {h}·{d} + {j} of token {t}'s row, i.e. head {h} of token {t}: "
+             f"x[{b}, {h}, {t}, {j}] = {fmt(want[idx])}; yours: {fmt(out[idx])}"]
+    rows = x.reshape(B * H * T, d).double()
+    origins = [(rows == piece).all(-1).nonzero().flatten().tolist() for piece in out[b, t].reshape(H, d).double()]
+    origins = [divmod(hit[0] % (H * T), T) if hit else None for hit in origins]   # (head, token) of each piece
+    if H <= 8 and any(origins):
+        tokens = {o[1] for o in origins if o is not None}
+        pieces = ", ".join("?" if o is None else f"head {o[0]} of token {o[1]}" for o in origins)
+        mixed = f" — values of {len(tokens)} different tokens in one row" if len(tokens) > 1 else ""
+        lines.append(f"your row {t} holds, piece by piece: {pieces}{mixed}")
+    fail(lines + [f"({int(wrong_mask(out, want).sum())} of {want.numel()} numbers differ)"], merge_hint(out, x))
+
+
+def call_merge(t: Trial, x: torch.Tensor, case: str):
+    """The student's merge_heads(x); view()'s complaint after a transpose is explained."""
+    try:
+        return t.call("merge_heads", x)
+    except StudentRaised as e:
+        message = str(e.error.get("message"))
+        if not e.not_implemented and e.is_a("RuntimeError") and "view size is not compatible" in message:
+            fail([merge_case(x, case), e.explain()],
+                 "after transpose(1, 2) the numbers are no longer in row order, so view() cannot cut them into rows "
+                 "without a copy; reshape copies once when it must (or call .contiguous() before view)")
+        raise
+
+
+def run_merge_case(t: Trial, x: torch.Tensor, case: str, want: torch.Tensor | None = None) -> torch.Tensor:
+    want = t.ref.merge_heads(x) if want is None else want
+    return expect_merge(call_merge(t, x, case), x, want, case)
+
+
+# -- 16.3 attention_steps -----------------------------------------------------------------------------
+
+def steps_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None,
+               case: str) -> str:
+    (T, d), S = q.shape, k.shape[0]
+    m = "none" if mask is None else "causal" if torch.equal(mask, causal(T, S)) else \
+        f"bool [{T}, {S}], {int(mask.sum())} of {mask.numel()} True"
+    return (f'case "{case}": q [{T}, {d}], k [{S}, {d}], v {list(v.shape)}, mask: {m}, scale = '
+            f"{f'1/√{d} (default)' if scale is None else fmt(scale)}")
+
+
+def call_steps(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+               scale: float | None = None, *, case: str) -> dict:
+    """The student's attention_steps on valid inputs, structure checked; a ValueError there is explained."""
+    head = steps_case(q, k, v, mask, scale, case)
+    kw = ({"mask": mask} if mask is not None else {}) | ({"scale": scale} if scale is not None else {})
+    try:
+        got = t.call("attention_steps", q, k, v, **kw)
+    except StudentRaised as e:
+        if e.not_implemented or not e.is_a("ValueError"):
+            raise
+        full = [] if mask is None else mask.all(-1).nonzero().flatten().tolist()
+        fail([head, f"your attention_steps raised ValueError ({e.error.get('message')}), but these inputs are valid"]
+             + ([f"every query may attend at least one key here ({CONVENTION})"
+                 + (f"; read as True = hidden, query {full[0]}'s row (all True) would hide every key" if full else "")]
+                if mask is not None else []))
+    if not isinstance(got, dict) or not {"scores", "probs", "out"} <= set(got):
+        have = f"a dict with the keys {', '.join(map(repr, got))}" if isinstance(got, dict) else describe(got)
+        fail([head, f"expected a dict with the keys 'scores', 'probs' and 'out'; yours: {have}"],
+             "keep every intermediate: return {'scores': scores, 'probs': probs, 'out': out}")
+    (T, d), S = q.shape, k.shape[0]
+    parts = {}
+    for key, shape, what in (("scores", [T, S], "scores (one row per query, one column per key)"),
+                             ("probs", [T, S], "probs (one row per query, one column per key)"),
+                             ("out", [T, v.shape[1]], "out (one row per query, v's width)")):
+        try:
+            parts[key] = expect_tensor(got[key], what=what, shape=shape, dtype=q.dtype)
+        except CheckFailed as e:
+            g = got[key]
+            fail([head, str(e)], "" if not isinstance(g, torch.Tensor) else
+                 "rows are queries and columns keys: q @ k.T is [T, S] (k @ q.T would be [S, T])"
+                 if list(g.shape) == shape[::-1] and T != S and key != "out" else
+                 f"keep q's dtype ({str(q.dtype).removeprefix('torch.')})" if list(g.shape) == shape else "")
+    return parts
+
+
+def keys_text(row: torch.Tensor) -> str:
+    idx = row.nonzero().flatten().tolist()
+    if len(idx) == len(row):
+        return f"all {len(row)} keys"
+    if idx == list(range(idx[0], idx[-1] + 1)):
+        return f"key {idx[0]}" if len(idx) == 1 else f"keys {idx[0]}–{idx[-1]}"
+    return "keys " + ", ".join(map(str, idx[:8])) + (", …" if len(idx) > 8 else "")
+
+
+def term(x: float) -> str:
+    """A factor in a written-out sum: negatives in parentheses."""
+    return f"({fmt(x)})" if x < 0 else fmt(x)
+
+
+def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-4) -> bool:
+    return list(a.shape) == list(b.shape) and torch.allclose(a.double(), b.double(), atol=tol, rtol=tol,
+                                                              equal_nan=True)
+
+
+def softmax_rows(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    e = (s - s.amax(dim=dim, keepdim=True)).exp()
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+def scores_hint(got: torch.Tensor, want: torch.Tensor, q: torch.Tensor, k: torch.Tensor, mask, scale) -> str:
+    (T, d), S = q.shape, k.shape[0]
+    raw = q.double() @ k.double().T
+    if mask is not None and not bool(mask.all()) and close(got[mask], want[mask]) \
+            and bool((got[~mask].double() <= -1e3).all()):
+        return ("return the scores before masking: the mask enters in step 2, on the way to the softmax "
+                "(masked_fill(~mask, −∞) on a copy); scores are the plain scaled dot products")
+    variants = [(raw, f"scale the dot products: the default scale is 1/√d = 1/√{d}; your scores are not scaled"),
+                (raw / d, f"the scale is 1/√d = 1/√{d} ≈ {fmt(d ** -0.5)}, not 1/d = 1/{d}")]
+    for n, name in ((S, "keys S"), (T, "queries T")):
+        if n != d:
+            variants.append((raw * n ** -0.5, f"d is the width of q and k (q.shape[-1] = {d}), not the number of "
+                                              f"{name} = {n}"))
+    if scale is not None and not math.isclose(scale, d ** -0.5):
+        variants.append((raw * d ** -0.5, f"use the scale argument ({fmt(scale)}) when it is given; 1/√d is only "
+                                          f"the default"))
+    if T == S:
+        variants.append((want.double().T, "rows are queries and columns keys: q @ k.T (yours is k @ q.T)"))
+    return next((hint for alt, hint in variants if close(got, alt)), "")
+
+
+def probs_hint(got: torch.Tensor, scores: torch.Tensor, q: torch.Tensor, k: torch.Tensor, mask, scale) -> str:
+    s = scores.double()
+    allowed = torch.ones_like(s, dtype=torch.bool) if mask is None else mask
+    variants = [(softmax_rows(s.masked_fill(~allowed, NEG_INF), 0),
+                 "softmax runs over the keys of each query (dim=-1, along a row), so every row sums to 1; yours "
+                 "normalises each column (dim=0, over the queries)")]
+    if not bool(allowed.all()):
+        variants += [
+            (softmax_rows(s).masked_fill(~mask, 0.0),
+             "mask before the softmax, not after: hidden keys get score −∞, so exp gives exactly 0 and the visible "
+             "keys of the row still sum to 1; zeroing probabilities afterwards leaves rows that sum to less than 1"),
+            (softmax_rows(s.masked_fill(mask, NEG_INF)),
+             f"{CONVENTION}: hide the keys where the mask is False (masked_fill(~mask, −∞)); yours hides the keys "
+             f"it allows"),
+            (softmax_rows(s), "apply the mask: the keys where it is False get score −∞ before the softmax")]
+    if not math.isclose(q.shape[-1] ** -0.5 if scale is None else scale, 1.0):
+        variants.append((softmax_rows((q.double() @ k.double().T).masked_fill(~allowed, NEG_INF)),
+                         "take the softmax of the scaled scores (step 1's output), not of the raw dot products"))
+    hint = next((hint for alt, hint in variants if close(got, alt)), "")
+    if not hint and bool((got[~allowed].double().abs() > 1e-4).any()):
+        hint = ("keys the mask hides got probability: give their scores −∞ (float('-inf')) before the softmax; a "
+                "finite fill such as −100 or −1e4 can still be larger than the visible scores")
+    if not hint and not bool(torch.isfinite(got).all()):
+        hint = ("your probabilities have inf/nan: exp of a large score overflows (exp(89) is already beyond "
+                "float32); subtract each row's maximum before exp, as torch.softmax does")
+    return hint
+
+
+def out_hint(got: torch.Tensor, want: dict, k: torch.Tensor, v: torch.Tensor) -> str:
+    p, s = want["probs"].double(), want["scores"].double()
+    variants = [(s @ v.double(), "out averages V with the probabilities (step 2), not with the raw scores")]
+    if k.shape == v.shape:
+        variants.append((p @ k.double(), "the content comes from V: out = probs @ v, not probs @ k"))
+    if p.shape[0] == p.shape[1]:
+        variants.append((p.T @ v.double(), "out[i] = Σ_j probs[i, j] · v[j], i.e. probs @ v (yours used probs.T)"))
+    return next((hint for alt, hint in variants if close(got, alt)), "")
+
+
+def explain_steps(parts: dict, want: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale,
+                  case: str, *, atol: float = ATOL, rtol: float = RTOL) -> None:
+    """Compare scores, then probs, then out with the reference; explain the first wrong number."""
+    (T, d), S = q.shape, k.shape[0]
+    head = steps_case(q, k, v, mask, scale, case)
+    allowed = torch.ones(T, S, dtype=torch.bool) if mask is None else mask
+    scores, probs, out = parts["scores"], parts["probs"], parts["out"]
+    tol = dict(atol=atol, rtol=rtol)
+    if (idx := first_wrong(scores, want["scores"], **tol)) is not None:
+        i, j = idx
+        terms = ("(" + " + ".join(f"{term(a)}·{term(b)}" for a, b in zip(q[i].tolist(), k[j].tolist())) + ")"
+                 if d <= 4 else fmt(float(q[i].double() @ k[j].double())))
+        where = "" if d <= 4 else f" (q[{i}] · k[{j}] is a sum of d = {d} products)"
+        fail([head, f"step 1: scores[{i}, {j}] = (q[{i}] · k[{j}]) × scale = {terms} × "
+                    f"{f'1/√{d}' if scale is None else fmt(scale)} = {fmt(want['scores'][i, j])}{where}; "
+                    f"yours: {fmt(scores[i, j])}",
+              f"({int(wrong_mask(scores, want['scores'], **tol).sum())} of {T * S} scores differ)"],
+             scores_hint(scores, want["scores"], q, k, mask, scale))
+    if (idx := first_wrong(probs, want["probs"], **tol)) is not None:
+        i = idx[0]
+        m = want["scores"][i].double().masked_fill(~allowed[i], NEG_INF).max()
+        fail([head, f"step 2: query {i} may attend {keys_text(allowed[i])}; probs[{i}, j] = exp(scores[{i}, j] − m) "
+                    f"/ Σ exp(scores[{i}, j'] − m) over those keys, m = the row's max = {fmt(m)}",
+              f"expected row {i}: {vec(want['probs'][i], 8)} (sums to 1); yours: {vec(probs[i], 8)} "
+              f"(sums to {fmt(probs[i].double().sum())})"], probs_hint(probs, want["scores"], q, k, mask, scale))
+    if (leak := ((~allowed) & (probs != 0)).nonzero().tolist()):
+        i, j = leak[0]
+        fail([head, f"step 2: query {i} may not attend key {j} (mask[{i}, {j}] is False), so probs[{i}, {j}] must "
+                    f"be exactly 0; yours: {fmt(probs[i, j])}"],
+             "fill the hidden scores with −∞ (float('-inf')) before the softmax: exp(−∞) is exactly 0, while a "
+             "finite fill such as −100 leaves exp(−100) ≈ 3.7e−44")
+    if (idx := first_wrong(out, want["out"], **tol)) is not None:
+        i, c = idx
+        terms = (" + ".join(f"{fmt(a, 3)}·{term(b)}" for a, b in zip(want["probs"][i].tolist(), v[:, c].tolist()))
+                 if S <= 4 else f"a sum over the S = {S} keys")
+        fail([head, f"step 3: out[{i}, {c}] = Σ_j probs[{i}, j] · v[j, {c}] = {terms} = {fmt(want['out'][i, c])}; "
+                    f"yours: {fmt(out[i, c])}",
+              f"({int(wrong_mask(out, want['out'], **tol).sum())} of {out.numel()} outputs differ)"],
+             out_hint(out, want, k, v))
+
+
+def run_steps_case(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+                   scale: float | None = None, *, case: str, **tol: float) -> dict:
+    kw = ({"mask": mask} if mask is not None else {}) | ({"scale": scale} if scale is not None else {})
+    want = t.ref.attention_steps(q, k, v, **kw)
+    parts = call_steps(t, q, k, v, mask, scale, case=case)
+    explain_steps(parts, want, q, k, v, mask, scale, case, **tol)
+    return parts
+
+
+# -- 16.1 public checks ------------------------------------------------------------------------------
+
+@public("16.1", "figure instance: the numbers 0 … 11 as [1, 3, 4], 2 heads of width 2")
+def split_figure_instance(t: Trial) -> None:
+    x, case = numbered(), "figure instance"
+    want = t.ref.split_heads(x, NUMBERED_HEADS)
+    out = expect_split(t.call("split_heads", x, NUMBERED_HEADS), x, want, NUMBERED_HEADS, case, values=False)
+    t.figure("dim-split-heads", x=x, num_heads=NUMBERED_HEADS, yours=out, expected=want)
+    explain_split(out, x, want, NUMBERED_HEADS, case)
+
+
+@public("16.1", "Qwen3-0.6B's queries: [2, 3, 2048] into 16 heads of width 128")
+def split_qwen3(t: Trial) -> None:
+    # q_size = num_attention_heads · head_dim = 16 · 128 = 2048 (head_dim from the config, not 1024 / 16).
+    run_split_case(t, torch.randn(2, 3, 2048, generator=t.rng), 16, "Qwen3-0.6B q, 2 sequences of 3 tokens")
+
+
+@public("16.1", "a batch of 2 sequences, 3 heads of width 4, T = 5")
+def split_batch(t: Trial) -> None:
+    run_split_case(t, torch.randn(2, 5, 12, generator=t.rng), 3, "B=2, T=5, 3 heads of width 4")
+
+
+@public("16.1", "one head: [B, 1, T, d] holds the same rows")
+def split_one_head(t: Trial) -> None:
+    run_split_case(t, numbered((2, 3, 5)), 1, "a single head of width 5")
+
+
+@public("16.1", "a width that does not divide into the heads raises ValueError")
+def split_not_divisible(t: Trial) -> None:
+    t.expect_raises(ValueError, "split_heads", torch.zeros(1, 2, 10), 4,
+                    because="a last dimension of 10 cannot be cut into 4 heads of equal width")
+
+
+# -- 16.2 public checks ------------------------------------------------------------------------------
+
+@public("16.2", "figure instance: [1, 2, 3, 2] back to [1, 3, 4]")
+def merge_figure_instance(t: Trial) -> None:
+    heads = t.ref.split_heads(numbered(), NUMBERED_HEADS).contiguous()  # a fresh [B, H, T, d], as attention makes
+    want = t.ref.merge_heads(heads)
+    out = expect_merge(call_merge(t, heads, "figure instance"), heads, want, "figure instance", values=False)
+    t.figure("dim-merge-heads", heads=heads, yours=out, expected=want, bare=heads.reshape(NUMBERED_SHAPE))
+    explain_merge(out, heads, want, "figure instance")
+
+
+@public("16.2", "merge undoes split: Qwen3-0.6B's 16 heads of width 128 back to [2, 3, 2048]")
+def merge_qwen3(t: Trial) -> None:
+    x = torch.randn(2, 3, 2048, generator=t.rng)
+    heads = t.ref.split_heads(x, 16).contiguous()
+    run_merge_case(t, heads, "Qwen3-0.6B attention output, 2 sequences of 3 tokens", want=x)
+
+
+@public("16.2", "2 sequences, 3 heads of width 4, T = 5")
+def merge_batch(t: Trial) -> None:
+    run_merge_case(t, torch.randn(2, 3, 5, 4, generator=t.rng), "B=2, 3 heads, T=5, d=4")
+
+
+@public("16.2", "a 3-D input raises ValueError")
+def merge_three_dims(t: Trial) -> None:
+    t.expect_raises(ValueError, "merge_heads", torch.zeros(2, 3, 4),
+                    because="[2, 3, 4] is not [B, H, T, d]: it has no head axis to merge")
+
+
+# -- 16.3 public checks ------------------------------------------------------------------------------
+
+@public("16.3", "figure instance: one causal head, T = 3, d = 2, small integers")
+def one_head_instance(t: Trial) -> None:
+    q, k, v, mask, case = tensor(ONE_Q), tensor(ONE_K), tensor(ONE_V), causal(3), "figure instance"
+    want = t.ref.attention_steps(q, k, v, mask=mask)
+    parts = call_steps(t, q, k, v, mask, case=case)
+    t.figure("dim-one-head-attention", q=q, k=k, v=v, mask=mask, **parts,
+             expected={key: want[key] for key in ("scores", "probs", "out")})
+    explain_steps(parts, want, q, k, v, mask, None, case)
+
+
+@public("16.3", "three steps: 2 queries over 4 keys; a second V changes out, not the weights")
+def three_steps(t: Trial) -> None:
+    q, k, v, v2 = tensor(STEPS_Q), tensor(STEPS_K), tensor(STEPS_V), tensor(STEPS_V2)
+    want, want2 = t.ref.attention_steps(q, k, v), t.ref.attention_steps(q, k, v2)
+    parts = call_steps(t, q, k, v, case="three steps, V")
+    parts2 = call_steps(t, q, k, v2, case="three steps, another V")
+    t.figure("ch16-three-steps", q=q, k=k, v=v, v2=v2, **parts, out2=parts2["out"],
+             expected={key: want[key] for key in ("scores", "probs", "out")}, expected_out2=want2["out"])
+    explain_steps(parts, want, q, k, v, None, None, "three steps, V")
+    explain_steps(parts2, want2, q, k, v2, None, None, "three steps, another V")
+    if not (torch.equal(parts["scores"], parts2["scores"]) and torch.equal(parts["probs"], parts2["probs"])):
+        raise CheckFailed("the same q and k with another v gave different scores or probs: Q and K alone decide "
+                          "the weights; V only supplies the content they average")
+
+
+@public("16.3", "causal, 5 queries: one row of probabilities per query")
+def prob_rows(t: Trial) -> None:
+    (q, k, v), mask, case = rows_inputs(), causal(ROWS_T), "5 causal queries"
+    want = t.ref.attention_steps(q, k, v, mask=mask)
+    parts = call_steps(t, q, k, v, mask, case=case)
+    t.figure("ch16-prob-rows", mask=mask, probs=parts["probs"], expected=want["probs"])
+    explain_steps(parts, want, q, k, v, mask, None, case)
+
+
+@public("16.3", "Qwen3-0.6B's head_dim 128: the default scale is 1/√128; a given scale is used as given")
+def qwen3_scale(t: Trial) -> None:
+    q, k, v = (torch.randn(n, 128, generator=t.rng) for n in (2, 3, 3))
+    run_steps_case(t, q, k, v, causal(2, 3), case="head_dim 128, 2 new tokens after 1 cached")
+    run_steps_case(t, q, k, v, scale=0.5, case="head_dim 128, scale 0.5")
+
+
+@public("16.3", "a padding mask: the last key is hidden from every query")
+def padding_mask(t: Trial) -> None:
+    q, k, v = (torch.randn(n, 4, generator=t.rng) for n in (3, 4, 4))
+    mask = torch.tensor([[True, True, True, False]] * 3)
+    run_steps_case(t, q, k, v, mask, case="key 3 is padding")
+
+
+@public("16.3", "a mask of the wrong shape, or a query that may attend no key, raises ValueError")
+def bad_masks(t: Trial) -> None:
+    q, k = torch.zeros(2, 4), torch.zeros(3, 4)
+    t.expect_raises(ValueError, "attention_steps", q, k, k, mask=torch.ones(3, 2, dtype=torch.bool),
+                    because="2 queries over 3 keys need a [2, 3] mask, not [3, 2]")
+    t.expect_raises(ValueError, "attention_steps", q, k, k, mask=torch.tensor([[True, False, False], [False] * 3]),
+                    because="query 1 may attend no key, and a softmax over no keys is undefined (0/0)")

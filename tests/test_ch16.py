@@ -1,0 +1,292 @@
+"""ch16 · attention, step by step: wrong submissions that embody real misconceptions fail with the
+message that teaches the fix, their figures mark the wrong values, and the reference agrees with the
+real conventions it claims (SDPA, nano-vllm's flatten, views without copies)."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from mutate import mutant
+
+from grader.checks import ch16 as checks
+from grader.compare import fmt
+from grader.run import check
+from solutions import ch16_attention_steps as ref
+
+SEED = 16
+
+SPLIT = "return x.view(B, T, num_heads, width // num_heads).transpose(1, 2)"
+MERGE = "return x.transpose(1, 2).reshape(B, T, H * d)"
+DEFAULT_SCALE = "scale = d ** -0.5 if scale is None else scale"
+FILL = 'hidden = scores.masked_fill(~mask, float("-inf"))'
+MAX = "e = (hidden - hidden.amax(dim=-1, keepdim=True)).exp()"
+NORMALISE = "probs = e / e.sum(dim=-1, keepdim=True)"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Each mutant (the reference with `edits`) graded once (public + hidden), with its figures."""
+    cache = {}
+
+    def run(name: str, *edits: tuple[str, str], task: str | None = None):
+        if (name, edits, task) not in cache:
+            submission = mutant(tmp_path_factory.mktemp(f"ch16_{name}"), "ch16", *edits)
+            out = tmp_path_factory.mktemp(name)
+            cache[name, edits, task] = (check("ch16", submission=submission, hidden=True, seed=SEED, task=task,
+                                              figures_dir=out), out)
+        return cache[name, edits, task]
+
+    return run
+
+
+def result(report, name_start: str):
+    found = [r for r in report.results if r.name.startswith(name_start)]
+    assert len(found) == 1, [r.name for r in report.results]
+    return found[0]
+
+
+def failed(report) -> set[str]:
+    return {r.name for r in report.results if r.status != "passed"}
+
+
+def svg(out: Path, figure_id: str) -> ET.Element:
+    return ET.parse(out / "ch16" / f"{figure_id}.svg").getroot()
+
+
+def wrong_elements(out: Path, figure_id: str) -> list:
+    return [el for el in svg(out, figure_id).iter() if "wrong" in (el.get("class") or "")]
+
+
+def texts(out: Path, figure_id: str, cls: str | None = None) -> list[str]:
+    return [el.text or "" for el in svg(out, figure_id).iter("{http://www.w3.org/2000/svg}text")
+            if cls is None or cls in (el.get("class") or "").split()]
+
+
+# -- 16.1 split_heads ----------------------------------------------------------------------------
+
+def test_reshape_without_transpose_is_explained_and_drawn(runs):
+    # a reshape straight to [B, H, T, d]: the heads' rows mix the columns of different tokens
+    report, out = runs("split_no_transpose", (SPLIT, "return x.view(B, num_heads, T, width // num_heads)"))
+    r = result(report, "figure instance: the numbers 0")
+    assert r.status == "failed"
+    x = checks.numbered()
+    want = ref.split_heads(x, 2)
+    assert "num_heads=2 → d = 4 // 2 = 2; the result is [B, H, T, d] = [1, 2, 3, 2]" in r.message
+    assert (f"out[0, 0, 1, :] is head 0 of token 1, the columns h·d … h·d + d − 1 = 0 … 1 of row 1: "
+            f"x[0, 1, 0:2] = {checks.vec(want[0, 0, 1])}; yours: {checks.vec(x[0, 0, 2:4])}, "
+            f"which is head 1 of token 0 (x[0, 0, 2:4])") in r.message
+    assert "hint: a reshape to [B, H, T, d] without a transpose" in r.message
+    assert "view as [B, T, H, d] first, then transpose(1, 2)" in r.message
+    assert wrong_elements(out, "dim-split-heads")
+    assert any("In your result #2 sits at out[0, 0, 1, 0]" in s for s in texts(out, "dim-split-heads"))
+    # A single head is the one case a bare reshape gets right.
+    assert result(report, "one head").status == "passed"
+    assert {r.task for r in report.results if r.status != "passed"} == {"16.1"}
+
+
+def test_wrong_axes_are_named_from_the_shape(runs):
+    # transpose(2, 3) instead of transpose(1, 2): the width and head axes swapped, tokens left in place
+    report, out = runs("split_wrong_axes", (".transpose(1, 2)\n    ### END", ".transpose(2, 3)\n    ### END"),
+                       task="16.1")
+    r = result(report, "figure instance: the numbers 0")
+    assert "expected the heads as a 4-D float32 tensor of shape [1, 2, 3, 2]; yours: float32 tensor [1, 3, 2, 2]" \
+        in r.message
+    assert "the [B, T, H, d] view with its axes in the order [B, T, d, H] (permute(0, 1, 3, 2))" in r.message
+    assert "only the token and head axes swap: transpose(1, 2)" in r.message
+    # Where every size is alike the shape is right, and the values give it away.
+    square = result(report, "T = H = d")
+    assert square.status == "failed" and "which is not one head of one token of x" in square.message
+    assert "permute(0, 1, 3, 2)" in square.message
+    assert not any(p.endswith("dim-split-heads.svg") for p in report.figures), "no figure from a wrong shape"
+
+
+def test_a_copy_is_caught_by_the_recorder(runs):
+    # .contiguous() after the transpose: right values, but a copy of every number
+    report, out = runs("split_copy", (SPLIT, SPLIT + ".contiguous()"), task="16.1")
+    assert failed(report) == {"the split is a view: no number is copied (recorded)"}
+    r = result(report, "the split is a view")
+    assert "created a new [2, 4, 6, 16] tensor (aten.clone)" in r.message
+    assert "nano-vllm's q.view(-1, num_heads, head_dim) is a view" in r.message
+    assert not wrong_elements(out, "dim-split-heads")
+
+
+# -- 16.2 merge_heads ----------------------------------------------------------------------------
+
+def test_bare_reshape_mixes_tokens(runs):
+    # reshape(B, T, H·d) without transpose(1, 2): each row takes consecutive tokens of one head
+    report, out = runs("merge_bare", (MERGE, "return x.reshape(B, T, H * d)"))
+    r = result(report, "figure instance: [1, 2, 3, 2]")
+    assert r.status == "failed"
+    heads = ref.split_heads(checks.numbered(), 2)
+    assert (f"out[0, 0, 2] is column 2 = 1·2 + 0 of token 0's row, i.e. head 1 of token 0: x[0, 1, 0, 0] = "
+            f"{fmt(ref.merge_heads(heads)[0, 0, 2])}; yours: {fmt(heads.reshape(1, 3, 4)[0, 0, 2])}") in r.message
+    assert "your row 0 holds, piece by piece: head 0 of token 0, head 0 of token 1 — values of 2 different tokens" \
+        in r.message
+    assert "hint: a reshape without transpose(1, 2) keeps the numbers in their [B, H, T, d] order" in r.message
+    # With one token or one head there is nothing to mix: those cases pass.
+    assert result(report, "one token, one head").status == "passed"
+    assert result(report, "T = H: a bare reshape").status == "failed"
+    assert wrong_elements(out, "dim-merge-heads")
+    assert "✗ mixed" in texts(out, "dim-merge-heads")
+    assert "16.1" not in {r.task for r in report.results if r.status != "passed"}
+
+
+def test_view_after_transpose_is_explained(runs):
+    # view() instead of reshape() after the transpose: torch refuses, the message says why
+    report, _ = runs("merge_view", (MERGE, "return x.transpose(1, 2).view(B, T, H * d)"), task="16.2")
+    r = result(report, "figure instance: [1, 2, 3, 2]")
+    assert r.status == "failed"
+    assert "merge_heads raised RuntimeError: view size is not compatible" in r.message
+    assert "hint: after transpose(1, 2) the numbers are no longer in row order" in r.message
+
+
+def test_reference_merge_figure_marks_the_mixed_rows(tmp_path):
+    report = check("ch16", solutions=True, seed=SEED, task="16.2", figures_dir=tmp_path)
+    assert report.exit_code == 0
+    mixed = texts(tmp_path, "dim-merge-heads", "mixed")
+    assert "row 0 holds t0 and t1 of head 0" in mixed
+    assert "row 1 holds t2 of head 0" in mixed and "and t0 of head 1" in mixed
+    assert not wrong_elements(tmp_path, "dim-merge-heads")
+
+
+# -- 16.3 attention_steps ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, scale, factor, hint", [
+    # 1/d: the square root forgotten
+    ("scale_one_over_d", "1 / d", 1 / 2, "hint: the scale is 1/√d = 1/√2 ≈ 0.7071, not 1/d = 1/2"),
+    # no scale at all: raw dot products
+    ("scale_none", "1.0", 1.0,
+     "hint: scale the dot products: the default scale is 1/√d = 1/√2; your scores are not scaled"),
+])
+def test_wrong_scales_are_explained(runs, name, scale, factor, hint):
+    report, out = runs(name, (DEFAULT_SCALE, f"scale = {scale} if scale is None else scale"), task="16.3")
+    r = result(report, "figure instance: one causal head")
+    assert r.status == "failed"
+    q, k = checks.tensor(checks.ONE_Q), checks.tensor(checks.ONE_K)
+    want = ref.attention_steps(q, k, k, mask=checks.causal(3))["scores"]
+    assert (f"step 1: scores[0, 0] = (q[0] · k[0]) × scale = (1·1 + 0·0) × 1/√2 = {fmt(want[0, 0])}; "
+            f"yours: {fmt(float(q[0] @ k[0]) * factor)}") in r.message
+    assert hint in r.message
+    qwen = result(report, "Qwen3-0.6B's head_dim 128")
+    assert "1/√128" in qwen.message and "is a sum of d = 128 products" in qwen.message
+    assert wrong_elements(out, "dim-one-head-attention")
+    # The validation of the mask does not depend on the scale.
+    assert result(report, "a mask of the wrong shape").status == "passed"
+
+
+def test_softmax_over_the_queries(runs):
+    # softmax along dim=0: each column sums to 1 instead of each row
+    report, out = runs("softmax_dim0", (MAX, MAX.replace("dim=-1", "dim=0")),
+                       (NORMALISE, NORMALISE.replace("dim=-1", "dim=0")), task="16.3")
+    r = result(report, "causal, 5 queries")
+    assert r.status == "failed"
+    assert "expected row 0: [1, 0, 0, 0, 0] (sums to 1)" in r.message
+    assert "hint: softmax runs over the keys of each query (dim=-1, along a row)" in r.message
+    assert wrong_elements(out, "ch16-prob-rows")
+    assert "← your columns sum to 1: the softmax ran over the queries (dim=0)" in texts(out, "ch16-prob-rows")
+    assert wrong_elements(out, "ch16-three-steps")
+
+
+def test_masking_after_softmax(runs):
+    # softmax over all keys, then the hidden ones zeroed: rows sum to less than 1
+    report, out = runs("mask_after", (FILL, "hidden = scores"),
+                       (NORMALISE, "probs = (e / e.sum(dim=-1, keepdim=True)).masked_fill(~mask, 0.0)"), task="16.3")
+    r = result(report, "figure instance: one causal head")
+    assert r.status == "failed"
+    assert "step 2: query 0 may attend key 0" in r.message and "expected row 0: [1, 0, 0] (sums to 1)" in r.message
+    assert "hint: mask before the softmax, not after" in r.message
+    # Without a mask, masking after the softmax changes nothing.
+    assert result(report, "three steps").status == "passed"
+    assert wrong_elements(out, "dim-one-head-attention")
+
+
+def test_inverted_mask_convention(runs):
+    # True = hidden: the additive-mask habit, consistently (default all False, a row of True is "blind")
+    report, out = runs("inverted", ("mask = torch.ones(T, S, dtype=torch.bool)",
+                                    "mask = torch.zeros(T, S, dtype=torch.bool)"),
+                       ("blind = (~mask.any(dim=-1)).nonzero()", "blind = mask.all(dim=-1).nonzero()"),
+                       (FILL, FILL.replace("~mask", "mask")), task="16.3")
+    r = result(report, "figure instance: one causal head")
+    assert r.status == "failed"
+    assert "your attention_steps raised ValueError" in r.message and "but these inputs are valid" in r.message
+    assert "read as True = hidden, query 2's row (all True) would hide every key" in r.message
+    pad = result(report, "a padding mask")
+    assert "hint: True = may attend, the scaled_dot_product_attention convention" in pad.message
+    assert "yours hides the keys it allows" in pad.message
+    assert not any(p.endswith("dim-one-head-attention.svg") for p in report.figures)
+
+
+def test_unstable_softmax_overflows(runs):
+    # exp of the raw scores: fine for small scores, inf/inf = nan at 1e4
+    report, _ = runs("unstable", (MAX, "e = hidden.exp()"), task="16.3")
+    assert failed(report) == {"large scores (about 1e4) stay finite: a stable softmax"}
+    r = result(report, "large scores")
+    assert "yours: [nan, nan, nan, nan]" in r.message
+    assert "hint: your probabilities have inf/nan" in r.message and "subtract each row's maximum" in r.message
+
+
+def test_finite_fill_is_not_exactly_zero(runs):
+    # −100 instead of −∞ for the hidden keys: exp(−100) is tiny but not 0
+    report, out = runs("finite_fill", (FILL, FILL.replace('float("-inf")', "-100.0")), task="16.3")
+    r = result(report, "masked keys get probability exactly 0")
+    assert r.status == "failed"
+    assert "must be exactly 0; yours:" in r.message and "fill the hidden scores with −∞" in r.message
+    big = result(report, "large scores")
+    assert "hint: keys the mask hides got probability" in big.message
+    assert wrong_elements(out, "ch16-prob-rows")
+
+
+# -- the reference against the conventions it claims ----------------------------------------------
+
+def test_split_is_a_view_with_swapped_strides():
+    x = checks.numbered()
+    out = ref.split_heads(x, 2)
+    assert out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    assert out.stride() == (12, 2, 4, 1)  # the strides the dim-split-heads figure prints
+
+
+def test_merge_is_nanovllm_flatten():
+    o = torch.randn(5, 16, 128)
+    assert torch.equal(ref.merge_heads(o.transpose(0, 1)[None]), o.flatten(1)[None])
+    assert torch.equal(ref.merge_heads(ref.split_heads(o.flatten(1)[None], 16)), o.flatten(1)[None])
+
+
+def test_sdpa_returns_zeros_for_a_blind_query_where_the_course_raises():
+    """The docstring's claim: torch's SDPA quietly returns a zero row; the course raises instead."""
+    q, k, v = torch.randn(2, 4), torch.randn(3, 4), torch.randn(3, 4)
+    mask = torch.tensor([[True, False, False], [False, False, False]])
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.equal(out[1], torch.zeros(4))
+    with pytest.raises(ValueError, match="query 1 may attend no key"):
+        ref.attention_steps(q, k, v, mask=mask)
+
+
+def test_reference_softmax_is_exact_on_large_scores():
+    q, k = torch.tensor([[0.5] * 4]), torch.tensor([10000., 9999., 9998., 5000.])[:, None].expand(4, 4)
+    steps = ref.attention_steps(q, k, torch.eye(4))
+    assert steps["scores"].tolist() == [[10000., 9999., 9998., 5000.]]
+    torch.testing.assert_close(steps["probs"], torch.tensor([[0., 1., 2., 5000.]]).neg().softmax(-1))
+    assert steps["probs"][0, 3] == 0
+
+
+# -- the hint helpers on misconceptions that need no submission ------------------------------------
+
+def test_interleaved_heads_are_recognised():
+    x = torch.randn(2, 3, 8)
+    interleaved = x.view(2, 3, 4, 2).permute(0, 3, 1, 2)  # 2 heads, every 2nd column
+    assert "not every 2-th column" in checks.split_hint(interleaved, x, 2)
+    heads = ref.split_heads(x, 2)
+    assert "interleaves the heads" in checks.merge_hint(heads.permute(0, 2, 3, 1).reshape(2, 3, 8), heads)
+
+
+def test_scale_from_the_wrong_dimension_and_wrong_out_are_recognised():
+    q, k, v = torch.randn(2, 16), torch.randn(5, 16), torch.randn(5, 16)
+    want = ref.attention_steps(q, k, v)
+    by_keys = (q @ k.T) / 5 ** 0.5
+    assert "not the number of keys S = 5" in checks.scores_hint(by_keys, want["scores"], q, k, None, None)
+    assert "not with the raw scores" in checks.out_hint(want["scores"] @ v, want, k, v)
+    assert "the content comes from V" in checks.out_hint(want["probs"] @ k, want, k, v)
