@@ -69,7 +69,7 @@ def num(x: Any, digits: int = 3) -> str:
         if math.isnan(x):
             return "nan"
         if x == int(x) and abs(x) < 1e6:
-            return str(int(x))
+            return str(int(x)).replace("-", "−")
         return f"{x:.{digits}g}".replace("-", "−")
     return str(x).replace("-", "−") if isinstance(x, int) else str(x)
 

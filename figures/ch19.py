@@ -1,0 +1,284 @@
+"""Figures of ch19 · rotary position embedding: one 2-D pair turned position by position, and the order
+of nano-vllm's q/k path (per-head norm, then RoPE; V never rotated).
+
+The kit has no vector-in-a-plane drawing; `_plane` below draws one locally (axes, a circle, arrows
+from the origin and angle arcs) with the kit's classes, so wrong vectors carry class "wrong"."""
+
+from __future__ import annotations
+
+import math
+
+from figures import figure
+from figures.kit import Figure, num
+from figures.style import CELL, INK, LABEL, MARGIN, MUTED, RULE, SMALL, VALUE, stroke
+
+TOL = 1e-5          # the float32 tolerance of the ch19 checks
+PAIR_ROLES = ("accent", "token")          # pair 0, pair 1 (channels j and j + d/2 share a colour)
+POS_COLORS = ("#5f5f5f", "#0072B2", "#CC79A7", "#009E73")
+
+
+def _close(a: float, b: float, tol: float = TOL) -> bool:
+    return abs(a - b) <= tol + tol * abs(b)
+
+
+def _small(v) -> str:
+    """3 significant digits, a real minus sign (also for whole numbers)."""
+    return num(round(v, 3) if isinstance(v, float) else v).replace("-", "−")
+
+
+def _row(f: Figure, x: float, y: float, values: list[float], role: str, w: float) -> None:
+    for c, v in enumerate(values):
+        f.cell(x + c * w, y, v, role=role, w=w, h=CELL, size=VALUE - 1, fmt=_small)
+
+
+def _num4(v) -> str:
+    return num(v, 4)
+
+
+def _boxes(f: Figure, items: list[tuple[str, str]], *, mono: bool = False) -> None:
+    x, y = MARGIN, f.y
+    for label, role in items:
+        w = max(90, len(label) * 7.6 + 28)
+        f.box(x, y, w, 30, role=role, label=label, mono=mono)
+        x += w + 14
+    f.y = y + 30 + 30
+
+
+def _vector(f: Figure, cx: float, cy: float, x: float, y: float, scale: float, color: str, *, cls: str = "arrow",
+            dashed: bool = False, width: float = 2.0) -> tuple[float, float]:
+    """An arrow from the plane's origin to (x, y) in math coordinates (y up); returns the tip in SVG space."""
+    tx, ty = cx + x * scale, cy - y * scale
+    length = math.hypot(tx - cx, ty - cy)
+    if length < 1:
+        return tx, ty
+    ux, uy = (tx - cx) / length, (ty - cy) / length
+    head = 9
+    bx, by = tx - head * ux, ty - head * uy
+    line = f.dwg.line((cx, cy), (bx, by), stroke=color, stroke_width=width, class_=cls)
+    if dashed:
+        line["stroke-dasharray"] = "4,3"
+    f.dwg.add(line)
+    f.dwg.add(f.dwg.polygon([(tx, ty), (bx - head * 0.45 * uy, by + head * 0.45 * ux),
+                             (bx + head * 0.45 * uy, by - head * 0.45 * ux)],
+                            fill="none" if dashed else color, stroke=color, stroke_width=1, class_=cls))
+    return tx, ty
+
+
+def _arc(f: Figure, cx: float, cy: float, r: float, a0: float, a1: float, color: str) -> None:
+    """A circular arc of radius r from angle a0 to a1 (radians, math orientation), with a small arrowhead."""
+    if abs(a1 - a0) < 1e-9:
+        return
+    x0, y0 = cx + r * math.cos(a0), cy - r * math.sin(a0)
+    x1, y1 = cx + r * math.cos(a1), cy - r * math.sin(a1)
+    large = 1 if abs(a1 - a0) % (2 * math.pi) > math.pi else 0
+    sweep = 0 if a1 > a0 else 1                 # counter-clockwise in math = sweep 0 in SVG (y down)
+    f.dwg.add(f.dwg.path(d=f"M{x0:.2f},{y0:.2f} A{r},{r} 0 {large},{sweep} {x1:.2f},{y1:.2f}", fill="none",
+                         stroke=color, stroke_width=1.2, class_="arc"))
+
+
+def _plane(f: Figure, left: float, top: float, size: float, j: int, half: int, x: list[float],
+           rotated: list[list[float]], expected: list[list[float]], positions: list[int], theta: float) -> None:
+    """Pair j of x (channels j and j + d/2) in the plane, turned to each position by the student's apply_rope."""
+    cx, cy = left + size / 2, top + size / 2
+    radius = math.hypot(x[j], x[j + half])
+    scale = (size / 2 - 26) / max(radius, 1e-9)
+    f.dwg.add(f.dwg.rect((left, top), (size, size), fill="#fcfcfc", stroke=RULE, stroke_width=0.6))
+    for x1, y1, x2, y2 in ((left + 8, cy, left + size - 8, cy), (cx, top + 8, cx, top + size - 8)):
+        f.dwg.add(f.dwg.line((x1, y1), (x2, y2), stroke=RULE, stroke_width=0.8))
+    circle = f.dwg.circle((cx, cy), radius * scale, fill="none", stroke=RULE, stroke_width=0.8)
+    circle["stroke-dasharray"] = "2,3"
+    f.dwg.add(circle)
+    f.text(left + size - 10, cy - 6, f"x[{j}]", size=SMALL, anchor="end", mono=True, color=MUTED, cls="label")
+    f.text(cx - 6, top + 18, f"x[{j + half}]", size=SMALL, anchor="end", mono=True, color=MUTED, cls="label")
+    base_angle = math.atan2(x[j + half], x[j])
+    spread = theta * max(positions) > 0.3      # slow pairs: the vectors lie on top of each other
+    any_bad = False
+    for i, p in enumerate(positions):
+        color = POS_COLORS[i % len(POS_COLORS)]
+        got = (rotated[i][j], rotated[i][j + half])
+        want = (expected[i][j], expected[i][j + half])
+        bad = not (_close(got[0], want[0]) and _close(got[1], want[1]))
+        any_bad |= bad
+        if bad:
+            _vector(f, cx, cy, *want, scale, INK, dashed=True, width=1.2, cls="expected-arrow")
+        _vector(f, cx, cy, *got, scale, stroke("wrong") if bad else color, cls="arrow wrong" if bad else "arrow")
+        angle = math.atan2(got[1], got[0])
+        lx, ly = cx + (radius * scale + 16) * math.cos(angle), cy - (radius * scale + 16) * math.sin(angle)
+        anchor = "middle"
+        if abs(math.cos(angle)) > 0.5:  # left or right: write inwards, beside the tip, so the label stays in the panel
+            anchor = "start" if math.cos(angle) < 0 else "end"
+            lx = cx + radius * scale * math.cos(angle)
+            ly = cy - radius * scale * math.sin(angle) + (-12 if math.sin(angle) >= 0 else 14)
+        if spread or i == 0:
+            tip = (f"p={p}" + (f" · {num(p * theta, 3)} rad" if p else "")) if spread else \
+                "p = " + ", ".join(map(str, positions))
+            f.text(lx, ly + 4, tip, size=SMALL,
+                   anchor=anchor, mono=True, color=stroke("wrong") if bad else color, weight="bold", cls="label")
+        if p and spread:
+            _arc(f, cx, cy, 22 + 13 * i, base_angle, base_angle + p * theta, color)
+    if not spread:
+        f.text(left + 8, top + size - 40, f"≈ {num(math.degrees(theta), 2)}° per position: the arrows overlap",
+               size=SMALL, color=MUTED, cls="label")
+        f.text(left + 8, top + size - 26, "slow pairs tell far positions apart", size=SMALL, color=MUTED,
+               cls="label")
+    if any_bad:
+        f.text(left + size - 8, top + size - 10, "dashed: expected", size=SMALL, anchor="end", color=INK,
+               cls="label")
+    f.text(left + 8, top + size - 10, f"pair {j}: θ_{j} = {num(theta, 4)} rad per position", size=SMALL + 0.5,
+           color=INK, cls="label")
+
+
+@figure("ch19-rope-pair", title="一个二维对子上的 RoPE",
+        zh="x = [1, 2, 3, 4] 的 4 个通道分成两个二维对子 (x0, x2) 与 (x1, x3)。位置 p 把第 j 对旋转 p·θ_j:"
+           "第 0 对每个位置转 1 弧度,第 1 对只转 0.01 弧度。真实 head 有 d/2 个对子,各有不同频率。",
+        en="RoPE rotating one 2-D pair: head_dim 4 splits x = [1, 2, 3, 4] into the pairs (x0, x2) and (x1, x3) "
+           "(half-split layout); position p turns pair j by p·θ_j, 1 radian per position for pair 0 and 0.01 for "
+           "pair 1. A real head has d/2 pairs, each with its own frequency.",
+        needs={"cos": "19.1", "rotated": "19.2"})
+def rope_pair_figure(f: Figure, r: dict) -> None:
+    x, positions, d, base = r["x"], r["positions"], r["head_dim"], r["base"]
+    cos, sin, cos_want, sin_want = r["cos"], r["sin"], r["cos_expected"], r["sin_expected"]
+    rotated, expected = r["rotated"], r["expected"]
+    half = d // 2
+    thetas = [1.0 / base ** (2 * j / d) for j in range(half)]
+    _boxes(f, [(f"x = [{', '.join(num(v) for v in x)}]", "plain"), (f"head_dim d = {d} → {half} pairs", "plain"),
+               (f"base = {num(base)}", "plain"), (f"positions {', '.join(map(str, positions))}", "token")])
+
+    # 1. One frequency per pair, and the student's cos / sin of each position's angle.
+    f.heading("每一对一个频率 · one frequency per pair: θ_j = 1 / base^(2j/d); your cos and sin of p·θ_j")
+    top = f.y + 22
+    label_w, cw = 250, 62
+    left = MARGIN + label_w
+    for i, p in enumerate(positions):
+        gx = left + i * (2 * cw + 22)
+        f.text(gx + cw, top - 8, f"position {p}", size=SMALL + 1, anchor="middle", color=MUTED, cls="label")
+        f.text(gx + cw / 2, top + 6, "cos", size=SMALL, anchor="middle", mono=True, color=MUTED, cls="label")
+        f.text(gx + cw * 1.5, top + 6, "sin", size=SMALL, anchor="middle", mono=True, color=MUTED, cls="label")
+    for j in range(half):
+        y = top + 12 + j * (CELL + 8)
+        f.cell(MARGIN, y, f"pair {j} = (x[{j}], x[{j + half}])", role=PAIR_ROLES[j % 2], w=150, h=CELL, fmt=str,
+               size=SMALL + 1)
+        f.text(MARGIN + 160, y + CELL / 2 + 4, f"θ_{j} = {num(thetas[j], 4)}", size=SMALL + 1, mono=True,
+               color=INK, cls="label")
+        for i in range(len(positions)):
+            gx = left + i * (2 * cw + 22)
+            for k, (vals, want) in enumerate(((cos, cos_want), (sin, sin_want))):
+                bad = not _close(vals[i][j], want[i][j])
+                f.cell(gx + k * cw, y, vals[i][j], role="plain", w=cw - 2, h=CELL, wrong=bad,
+                       expected=want[i][j] if bad else None, size=VALUE - 1, fmt=_num4)
+    f.y = top + 12 + half * (CELL + 8) + 16
+
+    # 2. The pairs in the plane, turned by the student's apply_rope.
+    f.heading("在平面里旋转 · each pair turns in its own plane (your apply_rope outputs)")
+    size = 300
+    gap = (f.width - 2 * MARGIN - 2 * size) / 1
+    ptop = f.y + 8
+    for j in range(min(half, 2)):
+        _plane(f, MARGIN + j * (size + gap), ptop, size, j, half, x, rotated, expected, positions, thetas[j])
+    mid = MARGIN + size + gap / 2
+    notes = ("same x,", "other frequency", "", "dashed circle:", "a rotation keeps", "the pair's length")
+    for i, line in enumerate(notes):
+        f.text(mid, ptop + size / 2 - 40 + 16 * i, line, size=SMALL + 1, anchor="middle", color=MUTED, cls="label")
+    f.y = ptop + size + 26
+
+    # 3. The rotated vectors, cell by cell.
+    f.heading("旋转结果 · y = apply_rope(x): y[j] = x[j]·cos − x[j+d/2]·sin, y[j+d/2] = x[j+d/2]·cos + x[j]·sin")
+    gtop = f.y + 20
+    cw = 78
+    for c in range(d):
+        j = c % half
+        f.text(left + c * cw + (cw - 4) / 2, gtop - 4, f"y[{c}] (pair {j})", size=SMALL, anchor="middle",
+               color=MUTED, cls="label")
+    for i, p in enumerate(positions):
+        y = gtop + i * (CELL + 4)
+        f.text(left - 12, y + CELL / 2 + 4, f"position {p}: angles {', '.join(num(p * t, 3) for t in thetas[:2])}",
+               size=SMALL + 1, anchor="end", color=INK, cls="label")
+        for c in range(d):
+            want = expected[i][c]
+            bad = not _close(rotated[i][c], want)
+            f.cell(left + c * cw, y, rotated[i][c], role=PAIR_ROLES[(c % half) % 2], w=cw - 4, h=CELL,
+                   wrong=bad, expected=want if bad else None, fmt=_num4)
+    f.y = gtop + len(positions) * (CELL + 4) + 22
+    f.note(f"Position {positions[1]}: pair 0 = ({num(x[0])}, {num(x[half])}) turned by {num(thetas[0], 3)} rad gives "
+           f"({num(expected[1][0], 4)}, {num(expected[1][half], 4)}); pair 1 barely moves. Pair j of a real head "
+           f"turns by θ_j = base^(−2j/d): Qwen3-0.6B has d = 128, i.e. 64 pairs, with base 1,000,000 their "
+           f"frequencies run from 1 down to {1e6 ** (-126 / 128):.7f} rad per position.", size=SMALL + 2,
+           color=INK)
+    bad = any(not _close(a, b) for ra, rb in zip(rotated, expected) for a, b in zip(ra, rb)) or \
+        any(not _close(a, b) for ra, rb in zip(cos + sin, cos_want + sin_want) for a, b in zip(ra, rb))
+    f.legend([("accent", "pair 0: channels 0 and 2"), ("token", "pair 1: channels 1 and 3")], wrong=bad)
+
+
+@figure("ch19-nanovllm-order", title="nano-vllm 的实际执行顺序",
+        zh="Qwen3Attention 的真实顺序:qkv 投影并切成 q | k | v,对 q、k 逐头做 RMSNorm(q_norm、k_norm),"
+           "再按位置旋转 q 和 k;V 既不归一化也不旋转。",
+        en="The real execution order in nano-vllm's Qwen3Attention: the qkv projection split into q | k | v, a "
+           "per-head RMSNorm of q and k (q_norm, k_norm), then RoPE on q and k at the token's position; V is "
+           "neither normalised nor rotated.",
+        needs={"q_out": "19.3"})
+def order_figure(f: Figure, r: dict) -> None:
+    q, k, v = r["q"], r["k"], r["v"][0]
+    qn, kn, qo, ko, qe, ke = r["q_normed"], r["k_normed"], r["q_out"], r["k_out"], r["q_expected"], r["k_expected"]
+    p, base, d = r["position"], r["base"], len(r["q"][0])
+    hq = len(q)
+    # Stage 0: the projection, with Qwen3-0.6B's shapes.
+    f.box(MARGIN, f.y, f.width - 2 * MARGIN, 34, role="plain",
+          label="hidden x [N, 1024] → qkv_proj → [N, 4096] = q (16·128) | k (8·128) | v (8·128)   (Qwen3-0.6B)",
+          size=LABEL)
+    f.y += 34
+    label_w, cw, gap = 100, 48, 52
+    col = [MARGIN + label_w + i * (d * cw + gap) for i in range(3)]
+    f.arrow(f.width / 2, f.y + 2, f.width / 2, f.y + 26)
+    f.y += 40
+    titles = [("① split into heads", "views of qkv: q [N, 2, 4], k, v [N, 1, 4]"),
+              ("② q_norm / k_norm", "per head, over head_dim: x / rms(x) · w"),
+              (f"③ RoPE at position {p}", "pairs (x[j], x[j+2]) turn by p·θ_j")]
+    for x0, (title, sub) in zip(col, titles):
+        f.text(x0, f.y, title, size=LABEL, weight="bold", cls="heading")
+        f.text(x0, f.y + 15, sub, size=SMALL, color=MUTED, cls="label")
+    top = f.y + 28
+    row_h = CELL + 26
+    rows = [(f"q head {h}", "q", q[h], qn[h], qo[h], qe[h], r["q_weight"]) for h in range(hq)]
+    rows += [("k head 0", "k", k[0], kn[0], ko[0], ke[0], r["k_weight"])]
+    wrong = False
+    for i, (label, role, raw, normed, out, want, weight) in enumerate(rows):
+        y = top + i * row_h
+        f.text(MARGIN, y + CELL / 2 + 4, label, size=LABEL, weight="bold", color=stroke(role), cls="label")
+        _row(f, col[0], y, raw, role, cw)
+        rms = math.sqrt(sum(a * a for a in raw) / d + 1e-6)
+        _row(f, col[1], y, normed, role, cw)
+        f.text(col[1], y + CELL + 13, f"rms {num(rms, 4)}, w = [{', '.join(num(a) for a in weight)}]", size=SMALL,
+               mono=True, color=MUTED, cls="label")
+        for c in range(d):
+            bad = not _close(out[c], want[c])
+            wrong |= bad
+            f.cell(col[2] + c * cw, y, out[c], role=role, w=cw, h=CELL, wrong=bad, expected=want[c] if bad else None,
+                   size=VALUE - 1, fmt=_small)
+        for a, b in ((col[0] + d * cw, col[1]), (col[1] + d * cw, col[2])):
+            f.arrow(a + 6, y + CELL / 2, b - 6, y + CELL / 2, color=stroke(role))
+    # V: straight past the norm and the rotation, into attention.
+    vy = top + len(rows) * row_h
+    f.text(MARGIN, vy + CELL / 2 + 4, "v head 0", size=LABEL, weight="bold", color=stroke("v"), cls="label")
+    _row(f, col[0], vy, v, "v", cw)
+    ay = vy + CELL + 40
+    vx = col[2] + d * cw - 28
+    line = f.dwg.polyline([(col[0] + d * cw + 6, vy + CELL / 2), (vx, vy + CELL / 2)], fill="none",
+                          stroke=stroke("v"), stroke_width=1.6, class_="arrow")
+    line["stroke-dasharray"] = "4,3"
+    f.dwg.add(line)
+    f.arrow(vx, vy + CELL / 2, vx, ay - 2, color=stroke("v"), width=1.6, dashed=True)
+    f.text(col[1] + d * cw / 2, vy + CELL / 2 - 6, "V: no norm, no rotation", size=SMALL + 1, anchor="middle",
+           color=stroke("v"), weight="bold", cls="label")
+    # Stage 4: attention, fed by the rotated q, k and the untouched v.
+    qx = col[2] + 40
+    f.arrow(qx, top + (len(rows) - 1) * row_h + CELL + 4, qx, ay - 2, color=INK, width=1.4)
+    f.text(qx + 6, ay - 8, "q, k", size=SMALL + 1, color=INK, cls="label")
+    f.text(vx + 6, ay - 8, "v", size=SMALL + 1, color=stroke("v"), cls="label")
+    f.box(col[2] - 20, ay, d * cw + 40, 34, role="attend", label="④ attention(q, k, v), then o_proj")
+    f.y = ay + 34 + 28
+    f.note("Order matters: the norm weight w scales channel j and channel j + d/2 differently, so it acts before "
+           "RoPE mixes them. With w = 1 both orders would agree, because a rotation keeps the rms. Hugging Face's "
+           "Qwen3Attention does the same: q_norm(q_proj(x).view(…)), then apply_rotary_pos_emb on q and k only.",
+           size=SMALL + 2, color=INK)
+    f.legend([("q", "query heads"), ("k", "key head"), ("v", "value head (untouched)"),
+              ("attend", "attention")], wrong=wrong)

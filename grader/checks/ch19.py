@@ -1,0 +1,450 @@
+"""Public checks of ch19 · rotary position embedding, and the messages they share with the hidden ones."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from grader.checks import public
+from grader.compare import CheckFailed, describe, expect_tensor, fmt, wrong_mask
+from grader.trial import Trial
+
+# ch19-rope-pair: the worked example of reference/nanovllm.md §4 at positions 0, 1, 2.
+PAIR_X, PAIR_POSITIONS, PAIR_D, PAIR_BASE = [1.0, 2.0, 3.0, 4.0], [0, 1, 2], 4, 10000.0
+
+# ch19-nanovllm-order: one token at position 1, 2 query heads over 1 K/V head, d = 4.
+ORDER_Q = [[[1.0, 2.0, 3.0, 4.0], [2.0, -1.0, 0.0, 1.0]]]
+ORDER_K = [[[1.0, 0.0, -1.0, 2.0]]]
+ORDER_V = [[[0.5, -1.0, 2.0, 1.0]]]
+ORDER_QW, ORDER_KW = [1.0, 0.5, 2.0, 1.0], [0.5, 1.0, 1.0, 2.0]
+ORDER_POSITIONS, ORDER_BASE, EPS = [1], 10000.0, 1e-6
+
+ATOL = RTOL = 1e-5          # float32 results
+ROUNDING_SHARE = 0.02       # bf16: at most this share of elements may differ by one rounding step
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# -- comparing values, float32 or bf16 -----------------------------------------------------------------
+
+def ulp(x: torch.Tensor) -> torch.Tensor:
+    """One rounding step of a 16-bit float at each value's magnitude (8 bits of mantissa for bf16)."""
+    bits = 8 if x.dtype == torch.bfloat16 else 11
+    _, e = torch.frexp(x.float().abs().clamp_min(1e-30))
+    return torch.ldexp(torch.ones_like(x, dtype=torch.float), e - bits)
+
+
+def wrong_values(got: torch.Tensor, want: torch.Tensor, atol: float = ATOL, rtol: float = RTOL) -> torch.Tensor:
+    """True where `got` is off: beyond the tolerance (float32), or more than one rounding step (bf16/fp16)."""
+    if want.dtype in (torch.bfloat16, torch.float16):
+        step = torch.maximum(ulp(want), ulp(got))
+        return ~((got.float() - want.float()).abs() <= step + 1e-6) & ~(got.isnan() & want.isnan())
+    return wrong_mask(got, want, atol=atol, rtol=rtol)
+
+
+def rounding_share(got: torch.Tensor, want: torch.Tensor) -> float:
+    """bf16/fp16: the share of elements whose bits differ from the reference (0 for float32)."""
+    if want.dtype not in (torch.bfloat16, torch.float16) or not want.numel():
+        return 0.0
+    return float((got != want).float().mean())
+
+
+def agrees(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-4, rtol: float = 1e-4) -> bool:
+    """Whether a variant reproduces the student's values (used to name a misconception)."""
+    if got.shape != want.shape:
+        return False
+    if want.dtype in (torch.bfloat16, torch.float16):
+        return not wrong_values(got, want).any() and rounding_share(got, want) <= ROUNDING_SHARE
+    return torch.allclose(got.double(), want.double(), atol=atol, rtol=rtol)
+
+
+def rounding_failure(what: str, share: float, hint: str) -> CheckFailed:
+    return CheckFailed(f"{what}: every value is within one bf16 rounding step of the reference, but {share:.0%} "
+                       f"of them are rounded differently (a faithful float32 computation rounded once at the "
+                       f"end differs in at most {ROUNDING_SHARE:.0%})\n"
+                       f"hint: {hint or 'compute in float32 and cast to bf16 once, at the end, as nano-vllm does'}")
+
+
+def par(v: float) -> str:
+    """A number inside a formula: negatives in parentheses."""
+    return f"({fmt(v)})" if v < 0 else fmt(v)
+
+
+def vec(x, n: int = 8) -> str:
+    xs = x.reshape(-1).tolist() if isinstance(x, torch.Tensor) else list(x)
+    return "[" + ", ".join(fmt(v) for v in xs[:n]) + (", …]" if len(xs) > n else "]")
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str = "half", direction: int = 1,
+           compute: torch.dtype = torch.float32) -> torch.Tensor:
+    """The grader's model of a rotation (and of its wrong variants): pairs in `layout`, in dtype `compute`."""
+    c, s = cos.to(compute)[:, None, :], (direction * sin).to(compute)[:, None, :]
+    xc = x.to(compute)
+    if layout == "half":
+        x1, x2 = xc.chunk(2, dim=-1)
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+    x1, x2 = xc[..., 0::2], xc[..., 1::2]                            # GPT-J: pairs (x[2j], x[2j + 1])
+    return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2).to(x.dtype)
+
+
+# -- 19.1 rope_cos_sin ------------------------------------------------------------------------------
+
+def angle_atol(positions: list[int]) -> float:
+    """float32 angles p·θ carry an error of about p·2⁻²⁴; allow it (float64 angles pass too)."""
+    return 1e-5 + 3e-7 * max(positions, default=0)
+
+
+def expect_cos_sin(got, positions: list[int], d: int, base: float, want: tuple[torch.Tensor, torch.Tensor],
+                   case: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Require (cos, sin) as two float32 [N, d/2] tensors equal to the reference's, explaining the first miss."""
+    n, half = len(positions), d // 2
+    what = f"(cos, sin) for {n} positions at head_dim {d}"
+    if type(got) not in (tuple, list) or len(got) != 2:
+        raise CheckFailed(f"expected {what} as a tuple of two float32 tensors [{n}, {half}]; yours: {describe(got)}")
+    out = []
+    for name, g in zip(("cos", "sin"), got):
+        if isinstance(g, torch.Tensor) and list(g.shape) == [n, d]:
+            raise CheckFailed(f"expected {name} as a 2-D float32 tensor of shape [{n}, {half}]; yours: {describe(g)}\n"
+                              f"hint: one angle per pair: head_dim {d} has d/2 = {half} pairs. Hugging Face repeats "
+                              f"the angles as cat((freqs, freqs)) to width d; nano-vllm and this course keep d/2")
+        out.append(expect_tensor(g, what=f"{name} ({n} positions × d/2 = {half} pairs)", shape=[n, half],
+                                 dtype=torch.float32))
+    atol = angle_atol(positions)
+    for name, g, w in zip(("cos", "sin"), out, want):
+        bad = wrong_mask(g, w, atol=atol)
+        if not bad.any():
+            continue
+        i, j = (int(v) for v in bad.nonzero()[0])
+        p = positions[i]
+        inv = 1.0 / base ** (2 * j / d)
+        lines = [f'case "{case}": positions {short(positions)}, head_dim {d}, base {fmt(base, 8)}',
+                 f"pair j = {j}: inv_freq[{j}] = 1 / {fmt(base, 8)}^(2·{j}/{d}) = {fmt(inv, 6)}; position {p} → "
+                 f"angle {p} · {fmt(inv, 6)} = {fmt(p * inv, 6)} rad",
+                 f"{name}[{i}, {j}] = {name}({fmt(p * inv, 6)}) = {fmt(w[i, j], 6)}; yours: {fmt(g[i, j], 6)} "
+                 f"({int(bad.sum())} of {bad.numel()} {name} values differ beyond {atol:.2g})"]
+        hint = cos_sin_hint(out[0], out[1], positions, d, base, want, atol)
+        raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+    return out[0], out[1]
+
+
+def cos_sin_hint(cos: torch.Tensor, sin: torch.Tensor, positions: list[int], d: int, base: float,
+                 want: tuple[torch.Tensor, torch.Tensor], atol: float) -> str:
+    """The misconception that reproduces the student's (cos, sin), or ''."""
+    close = lambda a, b: not wrong_mask(a, b, atol=max(atol, 1e-4)).any()
+    if close(cos, want[1]) and close(sin, want[0]):
+        return "you returned (sin, cos): the order is (cos, sin)"
+    p = torch.tensor(positions, dtype=torch.float64)[:, None]
+    j = torch.arange(d // 2, dtype=torch.float64)
+    inv = base ** (-2 * j / d)
+    variants = [
+        (p * base ** (-j / d), "the exponent is 2j/d (j = 0 … d/2 − 1, i.e. arange(0, d, 2) / d), not j/d"),
+        (p * base ** (2 * j / d), "inv_freq is 1 / base^(2j/d): the frequencies fall from 1 towards 1/base"),
+        ((p + 1) * inv, "positions are 0-based: position 0 is not rotated"),
+        ((p.bfloat16() * inv.bfloat16()).double(),
+         "compute the angles in float32: bf16 cannot hold large positions exactly (257 becomes 256)"),
+        (p * 0, "the angle of pair j at position p is p · inv_freq[j]: yours are all 0")]
+    for angles, why in variants:
+        if close(cos, angles.cos().float()) and close(sin, angles.sin().float()):
+            return why
+    return ""
+
+
+def short(xs: list) -> str:
+    return str(list(xs)) if len(xs) <= 10 else f"[{', '.join(map(str, xs[:8]))}, … ({len(xs)} positions)]"
+
+
+def run_cos_sin_case(t: Trial, positions: list[int], d: int, base: float, case: str, *,
+                     as_tensor: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    arg = torch.tensor(positions, dtype=torch.int64) if as_tensor else list(positions)
+    got = t.call("rope_cos_sin", arg, d, base)
+    return expect_cos_sin(got, positions, d, base, t.ref.rope_cos_sin(positions, d, base), case)
+
+
+# -- 19.2 apply_rope --------------------------------------------------------------------------------
+
+def expect_rotated(got, x: torch.Tensor, what: str = "the rotated x") -> torch.Tensor:
+    n, h, d = x.shape
+    return expect_tensor(got, what=f"{what} ({n} tokens × {h} heads × head_dim {d}, in x's dtype)",
+                         shape=[n, h, d], dtype=x.dtype)
+
+
+def rope_hint(y: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> str:
+    """The misconception that reproduces the student's rotation, or ''."""
+    variants = [(dict(layout="interleaved"), "the pairs are (x[j], x[j + d/2]) (half-split, NeoX / rotate_half, "
+                                             "as nano-vllm and Qwen3), not (x[2j], x[2j + 1]) (interleaved, GPT-J)"),
+                (dict(direction=-1), "the sign of sin is flipped (you rotate backwards): y1 = x1·cos − x2·sin, "
+                                     "y2 = x2·cos + x1·sin"),
+                (dict(layout="interleaved", direction=-1), "the pairs are (x[j], x[j + d/2]), not (x[2j], x[2j + 1]); "
+                                                           "and the sign of sin is flipped")]
+    for kw, why in variants:
+        if agrees(y, rotate(x, cos, sin, **kw)):
+            return why
+    if agrees(y, rotate(x, sin, cos)) or agrees(y, rotate(x, sin, cos, direction=-1)):
+        return "cos and sin are swapped: the cos of the angle multiplies x1 in y1 and x2 in y2"
+    if x.dtype != torch.float32 and agrees(y, rotate(x, cos, sin, compute=x.dtype)):
+        return (f"you rotated in {dtype_name(x.dtype)}: cast x (and cos, sin) to float32, rotate, and cast the "
+                f"result back once, as nano-vllm does")
+    x1, x2 = x.float().chunk(2, dim=-1)
+    c, s = cos.float()[:, None], sin.float()[:, None]
+    if agrees(y, torch.cat((x1 * c - x2 * s, x2 * c - x1 * s), -1).to(x.dtype)) or \
+            agrees(y, torch.cat((x1 * c + x2 * s, x2 * c + x1 * s), -1).to(x.dtype)):
+        return "one half has the wrong sign: y1 = x1·cos − x2·sin and y2 = x2·cos + x1·sin"
+    return ""
+
+
+def explain_rotated(y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    case: str, positions: list[int] | None = None) -> None:
+    """Raise a teaching message at the first wrong element: its pair, the angle's cos/sin and the formula."""
+    bad = wrong_values(y, want)
+    n, h, d = x.shape
+    head = f'case "{case}": x [{n}, {h}, {d}] {dtype_name(x.dtype)}, pairs (x[j], x[j + {d // 2}])'
+    if not bad.any():
+        share = rounding_share(y, want)
+        if share > ROUNDING_SHARE:
+            raise rounding_failure(head, share, rope_hint(y, x, cos, sin))
+        return
+    t, hh, i = (int(v) for v in bad.nonzero()[0])
+    half = d // 2
+    j = i % half
+    a, b = float(x[t, hh, j]), float(x[t, hh, j + half])
+    c, s = float(cos[t, j]), float(sin[t, j])
+    where = f"token {t}" + (f" (position {positions[t]})" if positions else "")
+    if i < half:
+        formula = f"y[{i}] = x[{j}]·cos − x[{j + half}]·sin = {par(a)}·{par(c)} − {par(b)}·{par(s)}"
+    else:
+        formula = f"y[{i}] = x[{i}]·cos + x[{j}]·sin = {par(b)}·{par(c)} + {par(a)}·{par(s)}"
+    lines = [head,
+             f"{where}, head {hh}, channel {i} belongs to pair {j} = (x[{j}], x[{j + half}]) = ({fmt(a)}, {fmt(b)}); "
+             f"cos[{t}, {j}] = {fmt(c)}, sin[{t}, {j}] = {fmt(s)}",
+             f"{formula} = {fmt(want[t, hh, i])}; yours: {fmt(y[t, hh, i])} "
+             f"({int(bad.sum())} of {bad.numel()} values differ)"]
+    hint = rope_hint(y, x, cos, sin)
+    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+
+
+def run_rope_case(t: Trial, x: torch.Tensor, positions: list[int], base: float, case: str) -> torch.Tensor:
+    """Rotate x with the reference's cos/sin through the student's apply_rope; compare with the reference."""
+    cos, sin = t.ref.rope_cos_sin(positions, x.shape[-1], base)
+    y = expect_rotated(t.call("apply_rope", x, cos, sin), x)
+    explain_rotated(y, t.ref.apply_rope(x, cos, sin), x, cos, sin, case, positions)
+    return y
+
+
+# -- 19.3 qk_norm_rope ------------------------------------------------------------------------------
+
+def head_norm(x: torch.Tensor, w: torch.Tensor, eps: float, *, dim=-1, weight_first: bool = False) -> torch.Tensor:
+    """The grader's model of q_norm/k_norm (and variants): RMSNorm over `dim` in float32."""
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(dim=dim, keepdim=True) + eps)
+    return (normed * w.float()).to(x.dtype) if weight_first else (normed.to(x.dtype) * w).to(x.dtype)
+
+
+def qk_hint(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, other_w: torch.Tensor, cos: torch.Tensor,
+            sin: torch.Tensor, eps: float) -> str:
+    rope = lambda z: rotate(z, cos, sin)
+    ones = torch.ones_like(w)
+    variants = [
+        (head_norm(rope(x), w, eps), "normalise first, then rotate: the weight scales channel j and j + d/2 "
+                                     "differently, so it must act before RoPE mixes them (nano-vllm: q_norm, "
+                                     "k_norm, then rotary_emb)"),
+        (rope(x), "apply the per-head RMSNorm (q_norm / k_norm) before rotating"),
+        (head_norm(x, w, eps), "rotate the normalised q and k with RoPE at the tokens' positions"),
+        (rope(head_norm(x, ones, eps)), "multiply by the norm weight after normalising"),
+        (rope(head_norm(x, other_w, eps)), "q_norm_weight belongs to q and k_norm_weight to k"),
+        (rope(head_norm(x, w, eps, dim=1)), "RMSNorm runs over head_dim (the last axis), not across the heads"),
+        (rope(head_norm(x.flatten(1), w.repeat(x.shape[1]), eps).view(x.shape)),
+         "q_norm and k_norm normalise every head separately over its head_dim, not the whole token"),
+        (rotate(head_norm(x, w, eps), cos, sin, layout="interleaved"),
+         "RoPE pairs (x[j], x[j + d/2]) (half-split), not (x[2j], x[2j + 1])")]
+    if x.dtype != torch.float32:
+        variants.append((rope(head_norm(x, w, eps, weight_first=True)),
+                         f"cast the normalised x back to {dtype_name(x.dtype)} before multiplying by the weight, "
+                         f"as nano-vllm and Hugging Face do"))
+        variants.append((rotate(head_norm(x, w, eps), cos, sin, compute=x.dtype),
+                         f"the rotation ran in {dtype_name(x.dtype)}: RoPE computes in float32 and casts back once "
+                         f"(see apply_rope, 19.2)"))
+    for variant, why in variants:
+        if agrees(y, variant):
+            return why
+    return ""
+
+
+def explain_qk(name: str, y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
+               other_w: torch.Tensor, positions: list[int], base: float, eps: float, case: str) -> None:
+    """Raise a teaching message at the first wrong element of q (or k): its head's rms, the norm and the turn."""
+    n, h, d = x.shape
+    cos, sin = rope_tables(positions, d, base)
+    bad = wrong_values(y, want)
+    head = (f'case "{case}": {name} [{n}, {h}, {d}] {dtype_name(x.dtype)}, positions {short(positions)}, '
+            f"base {fmt(base, 8)}")
+    if not bad.any():
+        share = rounding_share(y, want)
+        if share > ROUNDING_SHARE:
+            raise rounding_failure(head, share, qk_hint(y, x, w, other_w, cos, sin, eps))
+        return
+    t, hh, i = (int(v) for v in bad.nonzero()[0])
+    half, j = d // 2, i % (d // 2)
+    xf = x[t, hh].double()
+    rms = math.sqrt(float(xf.pow(2).mean()) + eps)
+    normed = head_norm(x, w, eps)[t, hh]
+    a, b = float(normed[j]), float(normed[j + half])
+    p, inv = positions[t], 1.0 / base ** (2 * j / d)
+    sign = "−" if i < half else "+"
+    first, second = (a, b) if i < half else (b, a)
+    c, s = float(cos[t, j]), float(sin[t, j])
+    lines = [head,
+             f"token {t} (position {p}), {name} head {hh} = {vec(x[t, hh])}: rms = √(mean(x²) + eps) = {fmt(rms)}",
+             f"normalised and weighted: x / {fmt(rms)} · {name}_norm_weight = {vec(normed)}",
+             f"channel {i} is in pair {j} = ({j}, {j + half}), angle {p} · {fmt(inv, 6)} = {fmt(p * inv, 6)}: "
+             f"{par(first)}·{par(c)} {sign} {par(second)}·{par(s)} = {fmt(want[t, hh, i])}; "
+             f"yours: {fmt(y[t, hh, i])} "
+             f"({int(bad.sum())} of {bad.numel()} values differ)"]
+    hint = qk_hint(y, x, w, other_w, cos, sin, eps)
+    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+
+
+def rope_tables(positions: list[int], d: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float) / d))
+    angles = torch.tensor(positions, dtype=torch.float)[:, None] * inv
+    return angles.cos(), angles.sin()
+
+
+def expect_qk(got, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if type(got) not in (tuple, list) or len(got) != 2:
+        hint = ("\nhint: V is neither normalised nor rotated, so qk_norm_rope returns only q and k"
+                if type(got) in (tuple, list) and len(got) == 3 else "")
+        raise CheckFailed(f"expected (q, k) as a tuple of two tensors shaped like the inputs; yours: "
+                          f"{describe(got)}{hint}")
+    return (expect_tensor(got[0], what=f"q (shape {list(q.shape)}, {dtype_name(q.dtype)} like the input)",
+                          shape=list(q.shape), dtype=q.dtype),
+            expect_tensor(got[1], what=f"k (shape {list(k.shape)}, {dtype_name(k.dtype)} like the input)",
+                          shape=list(k.shape), dtype=k.dtype))
+
+
+def run_qk_case(t: Trial, q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor,
+                positions: list[int], base: float, case: str, eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
+    got = t.call("qk_norm_rope", q, k, wq, wk, torch.tensor(positions), base, eps)
+    yq, yk = expect_qk(got, q, k)
+    want_q, want_k = t.ref.qk_norm_rope(q, k, wq, wk, positions, base, eps)
+    explain_qk("q", yq, want_q, q, wq, wk, positions, base, eps, case)
+    explain_qk("k", yk, want_k, k, wk, wq, positions, base, eps, case)
+    return yq, yk
+
+
+def random_weight(t: Trial, d: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A learned-looking norm weight: far from uniform, so norm-then-rotate and rotate-then-norm differ."""
+    return (torch.rand(d, generator=t.rng) * 1.5 + 0.25).to(dtype)
+
+
+# -- public checks -----------------------------------------------------------------------------------
+
+@public("19.1", "figure instance: positions 0, 1, 2 at head_dim 4, base 10000")
+def cos_sin_figure_instance(t: Trial) -> None:
+    got = t.call("rope_cos_sin", torch.tensor(PAIR_POSITIONS), PAIR_D, PAIR_BASE)
+    want = t.ref.rope_cos_sin(PAIR_POSITIONS, PAIR_D, PAIR_BASE)
+    if type(got) in (tuple, list) and len(got) == 2 and all(
+            isinstance(g, torch.Tensor) and list(g.shape) == [3, 2] and g.dtype == torch.float32 for g in got):
+        t.figure("ch19-rope-pair", positions=PAIR_POSITIONS, head_dim=PAIR_D, base=PAIR_BASE, cos=got[0],
+                 sin=got[1], cos_expected=want[0], sin_expected=want[1])
+    expect_cos_sin(got, PAIR_POSITIONS, PAIR_D, PAIR_BASE, want, "figure instance")
+
+
+@public("19.1", "Qwen3: head_dim 128, base 1,000,000, positions 0–7")
+def qwen3_cos_sin(t: Trial) -> None:
+    run_cos_sin_case(t, list(range(8)), 128, 1e6, "Qwen3, positions 0–7")
+
+
+@public("19.1", "positions as a list, out of order (a chunk after a prefix)")
+def list_positions(t: Trial) -> None:
+    run_cos_sin_case(t, [7, 5, 6, 100], 8, 10000.0, "positions [7, 5, 6, 100]", as_tensor=False)
+
+
+@public("19.1", "no positions at all")
+def no_positions(t: Trial) -> None:
+    got = t.call("rope_cos_sin", torch.zeros(0, dtype=torch.int64), 8, 10000.0)
+    expect_cos_sin(got, [], 8, 10000.0, t.ref.rope_cos_sin([], 8, 10000.0), "no positions")
+
+
+@public("19.1", "an odd head_dim raises ValueError")
+def odd_head_dim(t: Trial) -> None:
+    t.expect_raises(ValueError, "rope_cos_sin", torch.arange(3), 5, 10000.0,
+                    because="RoPE rotates pairs of channels, so head_dim = 5 cannot be split into pairs")
+
+
+@public("19.2", "figure instance: x = [1, 2, 3, 4] at positions 0, 1, 2 (d = 4, base 10000)")
+def rope_figure_instance(t: Trial) -> None:
+    x = torch.tensor(PAIR_X).expand(len(PAIR_POSITIONS), 1, PAIR_D).contiguous()
+    cos, sin = t.ref.rope_cos_sin(PAIR_POSITIONS, PAIR_D, PAIR_BASE)
+    y = expect_rotated(t.call("apply_rope", x, cos, sin), x)
+    want = t.ref.apply_rope(x, cos, sin)
+    t.figure("ch19-rope-pair", x=PAIR_X, rotated=y[:, 0], expected=want[:, 0])
+    explain_rotated(y, want, x, cos, sin, "figure instance", PAIR_POSITIONS)
+
+
+@public("19.2", "two tokens, three heads: each token's angles rotate all its heads")
+def heads_share_angles(t: Trial) -> None:
+    run_rope_case(t, torch.randn(2, 3, 8, generator=t.rng), [3, 10], 10000.0, "2 tokens at positions 3, 10, 3 heads")
+
+
+@public("19.2", "position 0 leaves x unchanged")
+def position_zero(t: Trial) -> None:
+    run_rope_case(t, torch.randn(1, 2, 6, generator=t.rng), [0], 10000.0, "position 0")
+
+
+@public("19.2", "bf16 queries: rotated in float32, cast back to bf16")
+def bf16_rope(t: Trial) -> None:
+    x = (torch.randn(16, 4, 64, generator=t.rng) * 4).bfloat16()
+    run_rope_case(t, x, list(range(100, 116)), 1e6, "16 bf16 tokens at positions 100–115")
+
+
+@public("19.2", "cos/sin of the wrong width raise ValueError")
+def full_width_tables(t: Trial) -> None:
+    cos = torch.ones(2, 8)
+    t.expect_raises(ValueError, "apply_rope", torch.zeros(2, 1, 8), cos, torch.zeros(2, 8),
+                    because="cos/sin must be [N, d/2] = [2, 4] (one angle per pair); these are [2, 8]")
+
+
+@public("19.3", "figure instance: one token at position 1, 2 query heads, 1 K/V head (d = 4)")
+def order_figure_instance(t: Trial) -> None:
+    q, k = torch.tensor(ORDER_Q), torch.tensor(ORDER_K)
+    wq, wk = torch.tensor(ORDER_QW), torch.tensor(ORDER_KW)
+    got = t.call("qk_norm_rope", q, k, wq, wk, torch.tensor(ORDER_POSITIONS), ORDER_BASE, EPS)
+    yq, yk = expect_qk(got, q, k)
+    want_q, want_k = t.ref.qk_norm_rope(q, k, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS)
+    t.figure("ch19-nanovllm-order", q=q[0], k=k[0], v=ORDER_V[0], q_weight=ORDER_QW, k_weight=ORDER_KW,
+             position=ORDER_POSITIONS[0], base=ORDER_BASE, q_normed=head_norm(q, wq, EPS)[0],
+             k_normed=head_norm(k, wk, EPS)[0], q_out=yq[0], k_out=yk[0], q_expected=want_q[0],
+             k_expected=want_k[0])
+    explain_qk("q", yq, want_q, q, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS, "figure instance")
+    explain_qk("k", yk, want_k, k, wk, wq, ORDER_POSITIONS, ORDER_BASE, EPS, "figure instance")
+
+
+@public("19.3", "the order: normalise, then rotate (weights that tell the orders apart)")
+def order_matters(t: Trial) -> None:
+    q, k = torch.randn(3, 2, 8, generator=t.rng), torch.randn(3, 1, 8, generator=t.rng)
+    wq = torch.tensor([2.0, 1.0, 0.5, 1.0, 0.25, 1.5, 1.0, 3.0])
+    run_qk_case(t, q, k, wq, wq.flip(0), [5, 6, 7], 10000.0, "3 tokens at positions 5–7")
+
+
+@public("19.3", "GQA shapes: 4 query heads, 2 K/V heads, base 1,000,000")
+def gqa_shapes(t: Trial) -> None:
+    q, k = torch.randn(4, 4, 16, generator=t.rng) * 3, torch.randn(4, 2, 16, generator=t.rng) * 3
+    run_qk_case(t, q, k, random_weight(t, 16), random_weight(t, 16), [0, 1, 2, 3], 1e6, "4 tokens, Hq=4, Hkv=2")
+
+
+@public("19.3", "bf16 q and k, as in nano-vllm")
+def bf16_qk(t: Trial) -> None:
+    q = (torch.randn(5, 4, 32, generator=t.rng) * 2).bfloat16()
+    k = (torch.randn(5, 2, 32, generator=t.rng) * 2).bfloat16()
+    run_qk_case(t, q, k, random_weight(t, 32, torch.bfloat16), random_weight(t, 32, torch.bfloat16),
+                [11, 12, 13, 14, 15], 1e6, "5 bf16 tokens at positions 11–15")
+
+
+@public("19.3", "a norm weight that is not [head_dim] raises ValueError")
+def weight_not_head_dim(t: Trial) -> None:
+    q, k = torch.zeros(2, 4, 8), torch.zeros(2, 2, 8)
+    t.expect_raises(ValueError, "qk_norm_rope", q, k, torch.ones(32), torch.ones(8), torch.arange(2), 10000.0, EPS,
+                    because="q_norm's weight is one [head_dim] = [8] vector shared by all heads, not [4·8]")

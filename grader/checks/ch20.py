@@ -1,0 +1,427 @@
+"""Public checks of ch20 · pre-norm, RMSNorm, SwiGLU, and the messages they share with the hidden ones."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from grader.checks import public
+from grader.checks.ch19 import (ROUNDING_SHARE, agrees, dtype_name, par, rounding_failure, rounding_share, ulp, vec,
+                                wrong_values)
+from grader.compare import CheckFailed, describe, expect_tensor, fmt, wrong_mask
+from grader.trial import Trial
+
+EPS = 1e-6
+
+# ch20-prenorm: layer 0's input_layernorm(e, None), its post_attention_layernorm(a, e), and layer 1's
+# input_layernorm(m, residual), which performs the add deferred from layer 0's MLP. Weight 1, as initialised.
+PRENORM_E, PRENORM_A, PRENORM_M = [0.0, 1.0, 2.0, 3.0], [1.0, 1.0, 1.0, 1.0], [0.5, -0.5, 0.5, -0.5]
+
+# dim-swiglu: one token, hidden 4, intermediate 6; small weights a reader can multiply out.
+SWIGLU_X = [1.0, 0.0, -1.0, 2.0]
+SWIGLU_GATE_UP = [[1, 0, 0, 0], [0, 0, 1, 0], [1, 1, 0, 1], [0, 0, 0, 1], [-1, 0, 1, 0], [0, 1, 0, -1],   # gate
+                  [0, 0, 0, 1], [1, 0, 0, 0], [1, 0, -1, 0], [0, 1, 0, 0], [0, 0, 1, 1], [-1, 0, 0, 1]]  # up
+SWIGLU_DOWN = [[1, 0, 0, 0.5, 0, -1], [0, 1, 0, 0, 0.5, 0], [0, 0, 1, 0, 1, 0], [0.5, 0, -1, 1, 0, 0.5]]
+
+# ch20-swiglu-branches: three tokens through the same weights, then the same tokens in another order.
+BRANCH_X = [[1.0, 0.0, -1.0, 2.0], [0.5, 1.0, 0.0, -1.0], [-1.0, 2.0, 1.0, 0.0]]
+BRANCH_ORDER = [2, 0, 1]
+
+
+def tensor(rows, dtype=torch.float32) -> torch.Tensor:
+    return torch.tensor(rows, dtype=dtype)
+
+
+# -- RMSNorm models (the grader's own, for the derivation and for naming a misconception) -------------
+
+def norm_model(x: torch.Tensor, w: torch.Tensor, eps: float = EPS, *, weight_first: bool = False,
+               dim=-1, eps_outside: bool = False, center: bool = False) -> torch.Tensor:
+    xf = x.float()
+    if center:
+        xf = xf - xf.mean(dim=dim, keepdim=True)
+    ms = xf.pow(2).mean(dim=dim, keepdim=True)
+    normed = xf / (ms.sqrt() + eps) if eps_outside else xf * torch.rsqrt(ms + eps)
+    return (normed * w.float()).to(x.dtype) if weight_first else (normed.to(x.dtype) * w).to(x.dtype)
+
+
+def norm_hint(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, eps: float) -> str:
+    variants = [(dict(center=True),
+                 "RMSNorm does not subtract the mean (that is LayerNorm): x / √(mean(x²) + eps) · w"),
+                (dict(dim=0),
+                 "normalise each token over its hidden channels (the last dimension), not over the tokens"),
+                (dict(eps_outside=True),
+                 "eps goes inside the root: x · rsqrt(mean(x²) + eps), not x / (√mean(x²) + eps)")]
+    if x.dim() > 1:
+        variants.append((dict(dim=tuple(range(x.dim()))), "normalise each token on its own, over the last dimension"))
+    if x.dtype != torch.float32:
+        variants.append((dict(weight_first=True),
+                         f"cast the normalised x back to {dtype_name(x.dtype)} first, then multiply by the weight "
+                         f"(nano-vllm: x.to(orig_dtype).mul_(weight)); multiplying in float32 rounds differently"))
+    for kw, why in variants:
+        if agrees(y, norm_model(x, w, eps, **kw)):
+            return why
+    if agrees(y, norm_model(x, torch.ones_like(w), eps)):
+        return "multiply by the weight after normalising"
+    xf = x.float()
+    if agrees(y, (xf / xf.pow(2).sum(-1, keepdim=True).add(eps).sqrt() * w.float()).to(x.dtype)):
+        return "use the mean of x², not the sum: divide by √(mean(x²) + eps)"
+    if agrees(y, (xf / (xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)):
+        return "divide by the root of the mean square, √(mean(x²) + eps), not by the mean square itself"
+    return ""
+
+
+def explain_norm(y: torch.Tensor, want: torch.Tensor, s: torch.Tensor, w: torch.Tensor, eps: float, case: str,
+                 *, what: str = "rms_norm(x)", source: str = "x", hint: str | None = None) -> None:
+    """Raise at the first wrong element of a normalised tensor: its row's mean square, root, weight."""
+    bad = wrong_values(y, want)
+    head = f'case "{case}": {source} {list(s.shape)} {dtype_name(y.dtype)}, eps {fmt(eps)}'
+    if not bad.any():
+        share = rounding_share(y, want)
+        if share > ROUNDING_SHARE:
+            raise rounding_failure(f"{head}, {what}", share, hint if hint is not None else "")
+        return
+    idx = tuple(int(v) for v in bad.nonzero()[0])
+    row, c = idx[:-1], idx[-1]
+    v = s[row].double()
+    ms = float(v.pow(2).mean())
+    r = (ms + eps) ** -0.5
+    where = f"row {list(row)}" if len(row) > 1 else f"token {row[0]}" if row else "the vector"
+    lines = [head,
+             f"{where} of {source} = {vec(v)}: mean({source[0]}²) over its {v.numel()} channels = {fmt(ms)}, "
+             f"rsqrt({fmt(ms)} + eps) = {fmt(r)}",
+             f"{what}[{', '.join(map(str, idx))}] = {par(float(v[c]))}·{fmt(r)}·w[{c}] = {par(float(v[c]))}·{fmt(r)}·"
+             f"{par(float(w[c]))} = {fmt(want[idx])}; yours: {fmt(y[idx])} ({int(bad.sum())} of {bad.numel()} "
+             f"values differ)"]
+    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+
+
+def run_norm_case(t: Trial, x: torch.Tensor, w: torch.Tensor, case: str, eps: float = EPS,
+                  want: torch.Tensor | None = None) -> torch.Tensor:
+    y = expect_tensor(t.call("rms_norm", x, w, eps), what=f"rms_norm of x {list(x.shape)} (x's shape and dtype)",
+                      shape=list(x.shape), dtype=x.dtype)
+    want = t.ref.rms_norm(x, w, eps) if want is None else want
+    explain_norm(y, want, x, w, eps, case, hint=norm_hint(y, x, w, eps))
+    return y
+
+
+# -- 20.2 add_rms_norm ----------------------------------------------------------------------------------
+
+def expect_pair(got, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if type(got) not in (tuple, list) or len(got) != 2:
+        raise CheckFailed(f"expected (normed, new_residual) as a tuple of two tensors shaped like x; "
+                          f"yours: {describe(got)}")
+    for name, g in zip(("new_residual", "normed"), (got[1], got[0])):
+        if g is None:
+            raise CheckFailed(f"expected (normed, new_residual); yours returned None as {name}\n"
+                              "hint: with residual None (layer 0) the new residual is x itself: the embedding "
+                              "starts the residual stream")
+    what = f"shaped like x {list(x.shape)}, {dtype_name(x.dtype)}"
+    return (expect_tensor(got[0], what=f"normed ({what})", shape=list(x.shape), dtype=x.dtype),
+            expect_tensor(got[1], what=f"new_residual ({what})", shape=list(x.shape), dtype=x.dtype))
+
+
+def explain_add(normed: torch.Tensor, res: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
+                w: torch.Tensor, eps: float, want: tuple[torch.Tensor, torch.Tensor], case: str) -> None:
+    want_n, want_r = want
+    s = x.float() if residual is None else x.float() + residual.float()
+    if wrong_values(res, want_r).any() or rounding_share(res, want_r) > ROUNDING_SHARE:
+        idx = tuple(int(v) for v in (wrong_values(res, want_r) | (res != want_r)).nonzero()[0])
+        if residual is None:
+            line = (f"residual None (layer 0): the new residual is x itself; new_residual{list(idx)} should be "
+                    f"x{list(idx)} = {fmt(x[idx])}; yours: {fmt(res[idx])}")
+        else:
+            line = (f"new_residual{list(idx)} = x + residual = {par(float(x[idx]))} + {par(float(residual[idx]))} = "
+                    f"{fmt(want_r[idx])}; yours: {fmt(res[idx])}")
+        hint = ""
+        if agrees(normed, want_r) and agrees(res, want_n):
+            hint = "the order is (normed, new_residual)"
+        elif agrees(res, want_n):
+            hint = ("the residual stream carries the un-normalised sum s = x + residual; the normalised s goes only "
+                    "into the sublayer. Return (normed, s)")
+        elif residual is not None and agrees(res, residual):
+            hint = "the new residual is the sum x + residual, not the old residual"
+        elif residual is not None and agrees(res, x):
+            hint = "the new residual is the sum x + residual, not x"
+        raise CheckFailed("\n".join([f'case "{case}": x {list(x.shape)} {dtype_name(x.dtype)}'
+                                     + (", residual None" if residual is None else ""), line]
+                                    + ([f"hint: {hint}"] if hint else [])))
+    hint = add_hint(normed, x, residual, w, eps, s)
+    explain_norm(normed, want_n, s, w, eps, case, what="normed", source="s = x + residual" if residual is not None
+                 else "x", hint=hint)
+
+
+def add_hint(normed: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, w: torch.Tensor, eps: float,
+             s: torch.Tensor) -> str:
+    if residual is not None and agrees(normed, norm_model(x, w, eps)):
+        return "normalise the sum s = x + residual, not x alone"
+    if x.dtype == torch.float32:
+        return norm_hint(normed, s, w, eps)
+    if residual is not None and agrees(normed, norm_model(s.to(x.dtype), w, eps)):
+        return (f"normalise the float32 sum s, not its {dtype_name(x.dtype)} copy (the new residual): nano-vllm "
+                f"rounds s for the residual stream but normalises the unrounded one")
+    if agrees(normed, norm_model(s, w, eps, weight_first=True).to(x.dtype)):
+        return f"cast the normalised sum back to {dtype_name(x.dtype)} first, then multiply by the weight"
+    return ""
+
+
+def run_add_case(t: Trial, x: torch.Tensor, residual: torch.Tensor | None, w: torch.Tensor, case: str,
+                 eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
+    normed, res = expect_pair(t.call("add_rms_norm", x, residual, w, eps), x)
+    explain_add(normed, res, x, residual, w, eps, t.ref.add_rms_norm(x, residual, w, eps), case)
+    return normed, res
+
+
+# -- 20.3 silu_and_mul / 20.4 swiglu_mlp --------------------------------------------------------------
+
+def act_variants(gu: torch.Tensor) -> list[tuple[torch.Tensor, str]]:
+    """Wrong activations of a gate_up tensor, each with the misconception it embodies."""
+    g = gu.float()
+    gate, up = g.chunk(2, dim=-1)
+    odd, even = g[..., 0::2], g[..., 1::2]
+    return [(F.silu(up) * gate, "the first half of gate_up is the gate and the second half is up: "
+                                "SiLU(gate_up[..., :I]) · gate_up[..., I:]"),
+            (F.silu(odd) * even, "gate and up are the two halves gate_up[..., :I] and gate_up[..., I:], "
+                                 "not the even and odd channels"),
+            (torch.sigmoid(gate) * up, "SiLU(z) = z · sigmoid(z), not sigmoid(z)"),
+            (F.relu(gate) * up, "SwiGLU uses SiLU(z) = z · sigmoid(z), not ReLU"),
+            (F.gelu(gate) * up, "SwiGLU uses SiLU(z) = z · sigmoid(z), not GELU"),
+            (F.silu(gate) * F.silu(up), "only the gate goes through SiLU; up is used as it is"),
+            (F.silu(gate), "multiply SiLU(gate) by the up half")]
+
+
+def act_hint(y: torch.Tensor, gu: torch.Tensor) -> str:
+    for variant, why in act_variants(gu):
+        if variant.shape == y.shape and agrees(y, variant.to(y.dtype)):
+            return why
+    return ""
+
+
+def act_wrong(y: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """float32: 1e-5; bf16: one rounding step (an eager bf16 SiLU·up rounds twice, nano-vllm's compiled one once)."""
+    return wrong_values(y, want)
+
+
+def explain_act(y: torch.Tensor, want: torch.Tensor, gu: torch.Tensor, case: str) -> None:
+    bad = act_wrong(y, want)
+    if not bad.any():
+        return
+    idx = tuple(int(v) for v in bad.nonzero()[0])
+    i, half = idx[-1], gu.shape[-1] // 2
+    g, u = float(gu[idx[:-1] + (i,)]), float(gu[idx[:-1] + (i + half,)])
+    silu = g / (1 + torch.exp(torch.tensor(-g, dtype=torch.float64)).item())
+    lines = [f'case "{case}": gate_up {list(gu.shape)} {dtype_name(gu.dtype)} → gate = [..., :{half}], '
+             f"up = [..., {half}:]",
+             f"output{list(idx)}: gate = gate_up[..., {i}] = {fmt(g)}, up = gate_up[..., {i + half}] = {fmt(u)}; "
+             f"SiLU({fmt(g)}) = {fmt(g)}·sigmoid({fmt(g)}) = {fmt(silu)}, times up: {fmt(want[idx])}; "
+             f"yours: {fmt(y[idx])} ({int(bad.sum())} of {bad.numel()} values differ)"]
+    hint = act_hint(y, gu)
+    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+
+
+def run_act_case(t: Trial, gu: torch.Tensor, case: str) -> torch.Tensor:
+    shape = [*gu.shape[:-1], gu.shape[-1] // 2]
+    y = expect_tensor(t.call("silu_and_mul", gu), what=f"SiLU(gate)·up of gate_up {list(gu.shape)} (last dim halved, "
+                      f"{dtype_name(gu.dtype)})", shape=shape, dtype=gu.dtype)
+    explain_act(y, t.ref.silu_and_mul(gu), gu, case)
+    return y
+
+
+def mlp_wrong(y: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """float32: 1e-4 · max(1, |expected|); bf16: a few percent of the output's typical size (the rounding of the
+    activation, once or twice, moves a sum of I terms by that much)."""
+    if want.dtype in (torch.bfloat16, torch.float16):
+        scale = float(want.float().abs().mean()) if want.numel() else 0.0
+        return (y.float() - want.float()).abs() > 0.08 * scale + 2 * ulp(want)
+    return wrong_mask(y, want, atol=1e-4, rtol=1e-4)
+
+
+def mlp_hint(y: torch.Tensor, x: torch.Tensor, w_gu: torch.Tensor, w_down: torch.Tensor) -> str:
+    gu = F.linear(x.float(), w_gu.float())
+    for act, why in act_variants(gu):
+        if act.shape[-1] == w_down.shape[1]:
+            variant = F.linear(act, w_down.float()).to(x.dtype)
+            if not mlp_wrong(y, variant).any():
+                return why
+    if not mlp_wrong(y, F.linear(gu, w_down.float().repeat(1, 2)).to(x.dtype)).any():
+        return "apply SiLU(gate)·up between the two projections"
+    return ""
+
+
+def explain_mlp(y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w_gu: torch.Tensor, w_down: torch.Tensor,
+                case: str) -> None:
+    bad = mlp_wrong(y, want)
+    if not bad.any():
+        return
+    idx = tuple(int(v) for v in bad.nonzero()[0])
+    tok, i = idx[:-1], idx[-1]
+    half = w_gu.shape[0] // 2
+    gu = F.linear(x[tok].float(), w_gu.float())
+    act = F.silu(gu[:half]) * gu[half:]
+    lines = [f'case "{case}": x {list(x.shape)} {dtype_name(x.dtype)}, gate_up_weight {list(w_gu.shape)} = [2I, H], '
+             f"down_weight {list(w_down.shape)} = [H, I]",
+             f"token {tok[0] if len(tok) == 1 else list(tok)}: gate_up = x·gate_up_weightᵀ → gate {vec(gu[:half], 6)}, "
+             f"up {vec(gu[half:], 6)}",
+             f"SiLU(gate)·up = {vec(act, 6)}; out[{i}] = Σ_j down_weight[{i}, j]·act[j] = {fmt(want[idx])}; "
+             f"yours: {fmt(y[idx])} ({int(bad.sum())} of {bad.numel()} values differ)"]
+    hint = mlp_hint(y, x, w_gu, w_down)
+    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+
+
+def run_mlp_case(t: Trial, x: torch.Tensor, w_gu: torch.Tensor, w_down: torch.Tensor, case: str,
+                 want: torch.Tensor | None = None) -> torch.Tensor:
+    y = expect_tensor(t.call("swiglu_mlp", x, w_gu, w_down), what=f"the MLP output ({list(x.shape)} like x, "
+                      f"{dtype_name(x.dtype)})", shape=list(x.shape), dtype=x.dtype)
+    explain_mlp(y, t.ref.swiglu_mlp(x, w_gu, w_down) if want is None else want, x, w_gu, w_down, case)
+    return y
+
+
+def random_mlp(t: Trial, h: int, i: int, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    return ((torch.randn(2 * i, h, generator=t.rng) * h ** -0.5).to(dtype),
+            (torch.randn(h, i, generator=t.rng) * i ** -0.5).to(dtype))
+
+
+# -- public checks -----------------------------------------------------------------------------------
+
+@public("20.1", "the worked example: x = [1, 2, 3, 4], weight 1 and [1, 0.5, 2, 1]")
+def norm_worked_example(t: Trial) -> None:
+    x = tensor([[1.0, 2.0, 3.0, 4.0]])
+    run_norm_case(t, x, torch.ones(4), "x = [1, 2, 3, 4], weight 1")
+    run_norm_case(t, x, tensor([1.0, 0.5, 2.0, 1.0]), "x = [1, 2, 3, 4], weight [1, 0.5, 2, 1]")
+
+
+@public("20.1", "each token normalised over its own hidden channels")
+def norm_per_token(t: Trial) -> None:
+    x = torch.randn(4, 8, generator=t.rng) * tensor([[0.1], [1.0], [10.0], [100.0]])
+    run_norm_case(t, x, torch.rand(8, generator=t.rng) + 0.5, "4 tokens of very different sizes, H = 8")
+
+
+@public("20.1", "bf16: cast back before multiplying by the weight")
+def norm_bf16_order(t: Trial) -> None:
+    x = (torch.randn(16, 64, generator=t.rng) * 3).bfloat16()
+    run_norm_case(t, x, (torch.rand(64, generator=t.rng) + 0.5).bfloat16(), "16 bf16 tokens, H = 64")
+
+
+@public("20.1", "a batch [B, T, H]")
+def norm_3d(t: Trial) -> None:
+    run_norm_case(t, torch.randn(2, 3, 16, generator=t.rng), torch.rand(16, generator=t.rng) + 0.5, "[2, 3, 16]")
+
+
+@public("20.1", "a weight of the wrong width raises ValueError")
+def norm_bad_weight(t: Trial) -> None:
+    t.expect_raises(ValueError, "rms_norm", torch.ones(3, 8), torch.ones(3), 1e-6,
+                    because="the weight has one scale per hidden channel: [8], not [3]")
+
+
+@public("20.2", "figure instance: layer 0, then the add deferred to layer 1 (hidden 4)")
+def prenorm_figure_instance(t: Trial) -> None:
+    w = torch.ones(4)
+    e, a, m = tensor([PRENORM_E]), tensor([PRENORM_A]), tensor([PRENORM_M])
+    got0 = expect_pair(t.call("add_rms_norm", e, None, w, EPS), e)
+    want0 = t.ref.add_rms_norm(e, None, w, EPS)
+    got1 = expect_pair(t.call("add_rms_norm", a, want0[1], w, EPS), a)
+    want1 = t.ref.add_rms_norm(a, want0[1], w, EPS)
+    got2 = expect_pair(t.call("add_rms_norm", m, want1[1], w, EPS), m)
+    want2 = t.ref.add_rms_norm(m, want1[1], w, EPS)
+    t.figure("ch20-prenorm", inputs=[PRENORM_E, PRENORM_A, PRENORM_M],
+             residual_in=[None, want0[1][0], want1[1][0]], normed=[g[0][0] for g in (got0, got1, got2)],
+             residual=[g[1][0] for g in (got0, got1, got2)], normed_expected=[g[0][0] for g in (want0, want1, want2)],
+             residual_expected=[g[1][0] for g in (want0, want1, want2)])
+    explain_add(*got0, e, None, w, EPS, want0, "layer 0: input_layernorm(embedding, None)")
+    explain_add(*got1, a, want0[1], w, EPS, want1, "layer 0: post_attention_layernorm(attention output, residual)")
+    explain_add(*got2, m, want1[1], w, EPS, want2, "layer 1: input_layernorm(MLP output, residual)")
+
+
+@public("20.2", "residual None (layer 0): the embedding becomes the residual")
+def add_layer0(t: Trial) -> None:
+    run_add_case(t, torch.randn(3, 8, generator=t.rng), None, torch.rand(8, generator=t.rng) + 0.5, "layer 0")
+
+
+@public("20.2", "the sum goes on as the residual, its norm into the sublayer")
+def add_with_residual(t: Trial) -> None:
+    x, r = torch.randn(4, 16, generator=t.rng), torch.randn(4, 16, generator=t.rng) * 5
+    run_add_case(t, x, r, torch.rand(16, generator=t.rng) + 0.5, "4 tokens, H = 16")
+
+
+@public("20.2", "bf16: the float32 sum is normalised, its bf16 copy carried")
+def add_bf16(t: Trial) -> None:
+    x = (torch.randn(16, 64, generator=t.rng) * 0.5).bfloat16()
+    r = (torch.randn(16, 64, generator=t.rng) * 8).bfloat16()
+    run_add_case(t, x, r, (torch.rand(64, generator=t.rng) + 0.5).bfloat16(), "16 bf16 tokens, H = 64")
+
+
+@public("20.2", "a residual of another shape raises ValueError")
+def add_bad_residual(t: Trial) -> None:
+    t.expect_raises(ValueError, "add_rms_norm", torch.ones(2, 8), torch.ones(3, 8), torch.ones(8), 1e-6,
+                    because="x [2, 8] and the residual [3, 8] must have the same shape to be added")
+
+
+@public("20.3", "the worked example: [1, −1, 2, 3] → [1.4621, −0.8068]")
+def act_worked_example(t: Trial) -> None:
+    run_act_case(t, tensor([1.0, -1.0, 2.0, 3.0]), "gate_up = [1, −1, 2, 3]")
+
+
+@public("20.3", "figure instance: one token's 12-wide gate_up (intermediate 6)")
+def act_figure_instance(t: Trial) -> None:
+    gu = tensor([SWIGLU_X]) @ tensor(SWIGLU_GATE_UP).T
+    y = expect_tensor(t.call("silu_and_mul", gu), what="SiLU(gate)·up of gate_up [1, 12]", shape=[1, 6],
+                      dtype=torch.float32)
+    want = t.ref.silu_and_mul(gu)
+    t.figure("dim-swiglu", x=SWIGLU_X, gate_up_weight=SWIGLU_GATE_UP, down_weight=SWIGLU_DOWN, gate_up=gu[0],
+             act=y[0], act_expected=want[0])
+    explain_act(y, want, gu, "figure instance")
+
+
+@public("20.3", "leading dimensions are kept: [2, 3, 8] → [2, 3, 4]")
+def act_leading_dims(t: Trial) -> None:
+    run_act_case(t, torch.randn(2, 3, 8, generator=t.rng) * 3, "[2, 3, 8]")
+
+
+@public("20.3", "bf16 gate_up")
+def act_bf16(t: Trial) -> None:
+    run_act_case(t, (torch.randn(8, 64, generator=t.rng) * 3).bfloat16(), "[8, 64] bf16")
+
+
+@public("20.3", "an odd width raises ValueError")
+def act_odd(t: Trial) -> None:
+    t.expect_raises(ValueError, "silu_and_mul", torch.ones(2, 7),
+                    because="7 channels cannot split into gate | up halves of equal width")
+
+
+@public("20.4", "figure instance: one token, hidden 4, intermediate 6")
+def mlp_figure_instance(t: Trial) -> None:
+    x, w_gu, w_down = tensor([SWIGLU_X]), tensor(SWIGLU_GATE_UP), tensor(SWIGLU_DOWN)
+    y = expect_tensor(t.call("swiglu_mlp", x, w_gu, w_down), what="the MLP output [1, 4]", shape=[1, 4],
+                      dtype=torch.float32)
+    want = t.ref.swiglu_mlp(x, w_gu, w_down)
+    t.figure("dim-swiglu", out=y[0], out_expected=want[0])
+    explain_mlp(y, want, x, w_gu, w_down, "figure instance")
+
+
+@public("20.4", "three tokens, then the same tokens in another order")
+def mlp_branches_instance(t: Trial) -> None:
+    x, w_gu, w_down = tensor(BRANCH_X), tensor(SWIGLU_GATE_UP), tensor(SWIGLU_DOWN)
+    y = expect_tensor(t.call("swiglu_mlp", x, w_gu, w_down), what="the MLP output [3, 4]", shape=[3, 4],
+                      dtype=torch.float32)
+    y2 = expect_tensor(t.call("swiglu_mlp", x[BRANCH_ORDER], w_gu, w_down), what="the MLP output [3, 4]",
+                       shape=[3, 4], dtype=torch.float32)
+    want = t.ref.swiglu_mlp(x, w_gu, w_down)
+    gu = x @ w_gu.T
+    t.figure("ch20-swiglu-branches", x=x, gate=F.silu(gu[:, :6]), up=gu[:, 6:], out=y, expected=want,
+             order=BRANCH_ORDER, out_permuted=y2, expected_permuted=want[BRANCH_ORDER])
+    explain_mlp(y, want, x, w_gu, w_down, "3 tokens")
+    explain_mlp(y2, want[BRANCH_ORDER], x[BRANCH_ORDER], w_gu, w_down, f"the same 3 tokens in the order {BRANCH_ORDER}")
+
+
+@public("20.4", "Qwen3-like proportions (H = 32, I = 96) with leading dims [2, 3]")
+def mlp_qwen_like(t: Trial) -> None:
+    w_gu, w_down = random_mlp(t, 32, 96)
+    run_mlp_case(t, torch.randn(2, 3, 32, generator=t.rng), w_gu, w_down, "x [2, 3, 32], I = 96")
+
+
+@public("20.4", "a weight stored [in, out] raises ValueError")
+def mlp_transposed(t: Trial) -> None:
+    w_gu, w_down = torch.ones(12, 4), torch.ones(4, 6)
+    t.expect_raises(ValueError, "swiglu_mlp", torch.ones(2, 4), w_gu.T, w_down,
+                    because="gate_up_weight is stored [out, in] = [2I, H] = [12, 4]; [4, 12] is transposed")
+    t.expect_raises(ValueError, "swiglu_mlp", torch.ones(2, 4), w_gu, w_down.T,
+                    because="down_weight is stored [out, in] = [H, I] = [4, 6]; [6, 4] is transposed")

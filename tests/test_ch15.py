@@ -1,0 +1,309 @@
+"""ch15 · token ids to logits: wrong submissions that embody real misconceptions get the teaching
+message meant for them, their figures mark the wrong values, and the reference agrees with the
+facts it is pinned to (nano-vllm's Qwen3-0.6B shapes, transformers' Qwen3ForCausalLM)."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from mutate import mutant
+
+from grader import chapters
+from grader.checks import ch15 as checks
+from grader.run import check
+from solutions import ch15_token_to_logits as ref
+
+SEED = 15
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Each mutant (the reference with `edits`) graded once (public and hidden checks), with its figures."""
+    cache = {}
+
+    def run(name: str, *edits: tuple[str, str]):
+        if (name, edits) not in cache:
+            submission = mutant(tmp_path_factory.mktemp(f"ch15_{name}"), "ch15", *edits)
+            out = tmp_path_factory.mktemp(name)
+            cache[name, edits] = (check("ch15", submission=submission, hidden=True, seed=SEED,
+                                        figures_dir=out), out)
+        return cache[name, edits]
+
+    return run
+
+
+def result(report, task: str, name_start: str):
+    found = [r for r in report.results if r.task == task and r.name.startswith(name_start)]
+    assert len(found) == 1, [r.name for r in report.results]
+    return found[0]
+
+
+def failing_tasks(report) -> set[str]:
+    return {r.task for r in report.results if r.status != "passed"}
+
+
+def wrong_elements(out: Path, figure_id: str) -> list:
+    root = ET.parse(out / "ch15" / f"{figure_id}.svg").getroot()
+    return [el for el in root.iter() if "wrong" in (el.get("class") or "")]
+
+
+# -- 15.1 ---------------------------------------------------------------------------------------------
+
+def test_lookup_as_a_reshape(runs):
+    report, out = runs("reshape",
+                       # a lookup done as a reshape: the first rows of E, whatever the ids say
+                       ("return weight[ids.long()]",
+                        "return weight.reshape(-1)[: ids.numel() * weight.shape[1]].reshape(*ids.shape, weight.shape[1])"))
+    r = result(report, "15.1", "figure instance")
+    assert r.status == "failed"
+    E = torch.tensor(checks.EMBED_TABLE, dtype=torch.float32)
+    assert "table E [6, 4], ids [1, 3] = [[2, 0, 4]]" in r.message
+    assert f"ids[0, 0] = 2, so its embedding is row 2 of E = {checks.vec(E[2])}; yours: {checks.vec(E[0])}" in r.message
+    assert "hint: your rows are rows 0 … 2 of E in order: the ids choose the rows (a lookup is not a reshape" in r.message
+    assert failing_tasks(report) == {"15.1"}
+    assert wrong_elements(out, "dim-embedding")
+    assert not wrong_elements(out, "dim-qkv-linear")
+
+
+def test_negative_ids_not_rejected(runs):
+    report, out = runs("no_range_check",
+                       # no range check: Python indexing wraps −1 to the last row, and an id ≥ V raises IndexError
+                       ("        if lo < 0 or hi >= V:\n", "        if False:\n"))
+    assert result(report, "15.1", "figure instance").status == "passed"
+    neg = result(report, "15.1", "a negative id")
+    assert neg.status == "failed"
+    assert "embedding_lookup should raise ValueError because id −1 is no token" in neg.message
+    assert "yours returned float32 tensor [1, 3, 4]" in neg.message
+    high = result(report, "15.1", "an id ≥ vocab_size")
+    assert high.status == "failed" and "yours raised IndexError" in high.message
+    assert not wrong_elements(out, "dim-embedding")
+
+
+# -- 15.2 ---------------------------------------------------------------------------------------------
+
+def test_reshape_instead_of_transpose(runs):
+    report, out = runs("reshape_weight",
+                       # W.reshape(in, out) taken for a transpose: the right shape, scrambled weights
+                       ("y = x @ weight.T", "y = x @ weight.reshape(in_features, out_features)"))
+    r = result(report, "15.2", "figure instance")
+    assert r.status == "failed"
+    x, w = torch.tensor(checks.QKV_X, dtype=torch.float32), torch.tensor(checks.QKV_W, dtype=torch.float32)
+    want, bad = x @ w.T, x @ w.reshape(4, 8)
+    i, j = checks.first_wrong(bad, want)
+    assert "x [3, 4], weight stored [out, in] = [8, 4]" in r.message
+    assert f"y[{i}, {j}] = Σ_c x[{i}, c]·W[{j}, c] = " in r.message
+    assert f"= {checks.fmt(want[i, j])}; yours: {checks.fmt(bad[i, j])}" in r.message
+    assert "hint: W.reshape(in, out) keeps the memory order and scrambles the weights; a transpose is W.T" in r.message
+    assert failing_tasks(report) == {"15.2"}
+    assert wrong_elements(out, "dim-qkv-linear")
+
+
+def test_math_convention_x_at_w(runs):
+    report, _ = runs("x_at_w",
+                     # the math [in, out] habit: x @ W with a weight stored [out, in]
+                     ("y = x @ weight.T", "y = x @ weight"))
+    square = result(report, "15.2", "a square weight")
+    assert square.status == "failed"
+    assert "y[0, 0] = Σ_c x[0, c]·W[0, c] = 1·1 + 2·0 + 3·0 = 1; yours: 3" in square.message
+    assert "hint: you computed x @ W, the math [in, out] view; nn.Linear stores W as [out, in]" in square.message
+    # With in ≠ out the product cannot even be formed: the student's own error is reported.
+    fig = result(report, "15.2", "figure instance")
+    assert fig.status == "error" and "RuntimeError" in fig.message
+
+
+def test_convention_named_in_the_error(runs):
+    report, _ = runs("vague_error",
+                     # a ValueError that does not say which convention the weight breaks
+                     ("weights are stored \"\n                             f\"[out, in] (the nn.Linear convention)",
+                      "the shapes \"\n                             f\"do not match"))
+    r = result(report, "15.2", "a weight passed as [in, out]")
+    assert r.status == "failed"
+    assert "its message does not name the convention" in r.message
+    assert "hint: say that weights are stored [out, in] (the nn.Linear convention)" in r.message
+    assert failing_tasks(report) == {"15.2"}
+
+
+# -- 15.3 ---------------------------------------------------------------------------------------------
+
+def test_k_and_v_swapped(runs):
+    report, out = runs("qvk",
+                       # the packing read as q | v | k
+                       ("q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)",
+                        "q, v, k = qkv.split([q_size, kv_size, kv_size], dim=-1)"))
+    r = result(report, "15.3", "Qwen3-0.6B")
+    assert r.status == "failed"
+    assert "the packing is q | k | v = 2048 | 1024 | 1024 columns, so k is columns 2048–3071 of qkv" in r.message
+    assert "yours holds columns 3072–4095" in r.message
+    assert "hint: your k is v's block: the order is q | k | v" in r.message
+    assert result(report, "15.3", "MHA").status == "failed"
+    assert failing_tasks(report) == {"15.3"}
+    assert wrong_elements(out, "dim-qkv-linear")
+
+
+def test_equal_thirds(runs):
+    report, _ = runs("thirds",
+                     # qkv.chunk(3): three equal parts, as if K and V had as many heads as Q
+                     ("qkv.split([q_size, kv_size, kv_size], dim=-1)", "qkv.chunk(3, dim=-1)"))
+    r = result(report, "15.3", "Qwen3-0.6B")
+    assert r.status == "failed"
+    assert "q is num_heads·head_dim = 16·128 = 2048 wide, k and v num_kv_heads·head_dim = 8·128 = 1024 each" in r.message
+    assert "yours: float32 tensor [2, 1366], float32 tensor [2, 1366], float32 tensor [2, 1364]" in r.message
+    assert "hint: under GQA the parts are not equal thirds" in r.message
+    assert result(report, "15.3", "MHA").status == "passed", "equal thirds are right for MHA"
+
+
+# -- 15.4 ---------------------------------------------------------------------------------------------
+
+def test_head_dim_derived_from_hidden(runs):
+    report, out = runs("derived_head_dim",
+                       # the Qwen3 trap: head_dim taken as hidden_size / num_attention_heads
+                       ('config["vocab_size"], config["head_dim"]',
+                        'config["vocab_size"], config["hidden_size"] // config["num_attention_heads"]'))
+    r = result(report, "15.4", "figure instance")
+    assert r.status == "failed"
+    assert "qkv_proj is stored [(Hq + 2·Hkv)·d, H] = [(16 + 2·8)·128, 1024] = [4096, 1024]; yours: [2048, 1024]" \
+        in r.message
+    assert "hint: head_dim is read from the config: 128, not hidden_size / num_attention_heads = 1024 / 16 = 64" \
+        in r.message
+    assert result(report, "15.4", "a synthetic config").status == "failed"
+    assert result(report, "15.4", "Llama-3-8B").status == "passed", "Llama's head_dim happens to be H / Hq"
+    oracle = result(report, "15.4", "agreement with transformers")
+    assert oracle.status == "failed" and "transformers' Qwen3ForCausalLM built from it holds q_proj" in oracle.message
+    assert failing_tasks(report) == {"15.4"}
+    assert wrong_elements(out, "ch15-qwen3-widths")
+
+
+# -- 15.5 ---------------------------------------------------------------------------------------------
+
+def test_logits_for_every_token(runs):
+    report, out = runs("all_logits",
+                       # logits for all N tokens instead of the last token of each request
+                       ('("logits", (B, V))', '("logits", (N, V))'))
+    r = result(report, "15.5", "figure instance")
+    assert r.status == "failed"
+    assert "N = 3 + 2 = 5 tokens flattened, B = 2 requests" in r.message
+    assert "logits is [B, V] = [2, 151936]; yours: [5, 151936]" in r.message
+    assert "hint: only the last token of each request predicts a next token: the LM head keeps the rows " \
+           "cu_seqlens_q[1:] − 1 = [2, 4]" in r.message
+    # A request of one token each cannot tell the two apart.
+    assert result(report, "15.5", "every request one token long").status == "passed"
+    assert failing_tasks(report) == {"15.5"}
+    assert wrong_elements(out, "ch15-checkpoints")
+
+
+# -- 15.6 ---------------------------------------------------------------------------------------------
+
+def test_row_partials_concatenated(runs):
+    report, out = runs("concat_partials",
+                       # the all-reduce taken for an all-gather: row-parallel partials concatenated
+                       ("    out = partials[0]\n    for p in partials[1:]:\n        out = out + p\n",
+                        "    out = torch.cat(partials, dim=1)\n"))
+    r = result(report, "15.6", "figure instance: row-parallel")
+    assert r.status == "failed"
+    assert "out should be [N, out] = [2, 3]; yours: float32 tensor [2, 6]" in r.message
+    assert "hint: row-parallel partials are summed (the all-reduce), not concatenated" in r.message
+    assert result(report, "15.6", "figure instance: column-parallel").status == "passed"
+    assert result(report, "15.6", "column-parallel over 4 ranks").status == "passed"
+    assert failing_tasks(report) == {"15.6"}
+    assert wrong_elements(out, "dim-tensor-parallel")
+    svg = (out / "ch15" / "dim-tensor-parallel.svg").read_text()
+    assert "yours [2, 6]; expected [2, 3]" in svg
+
+
+def test_interleaved_column_shards(runs):
+    report, out = runs("interleaved",
+                       # rank r takes every tp-th output column instead of one contiguous block
+                       ("shards = [x @ w for w in weight.split(out_features // tp, dim=1)]",
+                        "shards = [x @ weight[:, r::tp] for r in range(tp)]"))
+    r = result(report, "15.6", "figure instance: column-parallel")
+    assert r.status == "failed"
+    assert "rank 0 owns the output columns [0·2, 1·2) = [0, 2) of W" in r.message
+    assert "hint: a rank owns one contiguous block of out/tp = 2 columns, not the columns r, r + 2, r + 2·2, …" \
+        in r.message
+    assert wrong_elements(out, "dim-tensor-parallel")
+
+
+def test_two_functions_share_task_15_6(runs):
+    ch = chapters.find("ch15")
+    task = ch.task("15.6")
+    assert task.names == ("column_parallel_linear", "row_parallel_linear")
+    assert ch.task("row_parallel_linear") is task
+    report, _ = runs("interleaved",
+                     ("shards = [x @ w for w in weight.split(out_features // tp, dim=1)]",
+                      "shards = [x @ weight[:, r::tp] for r in range(tp)]"))
+    labels = {r.function for r in report.results if r.task == "15.6"}
+    assert labels == {"column_parallel_linear, row_parallel_linear"}
+
+
+# -- equivalent answers pass ---------------------------------------------------------------------------
+
+def test_equivalent_formulations_pass_every_check(runs):
+    report, _ = runs("equivalent",
+                     # not a misconception: library calls and other arithmetic with the same answers
+                     ("return weight[ids.long()]", "return F.embedding(ids.long(), weight)"),
+                     ("import torch\n", "import torch\nimport torch.nn.functional as F\n"),
+                     ("y = x @ weight.T\n    return y if bias is None else y + bias", "return F.linear(x, weight, bias)"),
+                     ("q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)",
+                      "q, k, v = qkv[..., :q_size], qkv[..., q_size:q_size + kv_size], qkv[..., q_size + kv_size:]"),
+                     ("    out = partials[0]\n    for p in partials[1:]:\n        out = out + p\n",
+                      "    out = torch.stack(partials).sum(dim=0)\n"))
+    failed = [f"{r.name}: {r.message}" for r in report.results if r.status != "passed"]
+    assert not failed, failed
+
+
+# -- the reference against the facts it is pinned to ---------------------------------------------------
+
+def test_qwen3_06b_shapes_add_up_to_the_documented_parameter_count():
+    # reference/nanovllm.md §0: 155,582,464 (tied embedding) + 28 × 15,730,944 + 1,024 = 596,049,920.
+    shapes = ref.projection_shapes(checks.QWEN3_06B)
+    numel = lambda s: torch.Size(s).numel()
+    layer = sum(numel(shapes[n]) for n in ("qkv_proj", "o_proj", "q_norm", "k_norm", "gate_up_proj", "down_proj"))
+    layer += 2 * checks.QWEN3_06B["hidden_size"]            # input and post-attention RMSNorm weights
+    assert numel(shapes["embed_tokens"]) == 155_582_464 and layer == 15_730_944
+    assert numel(shapes["embed_tokens"]) + 28 * layer + 1024 == 596_049_920
+
+
+def test_tying_shows_in_storage_not_in_shape():
+    transformers = pytest.importorskip("transformers")
+    for tied in (True, False):
+        cfg = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                   vocab_size=97, tie_word_embeddings=tied)
+        with torch.device("meta"):
+            model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**cfg, num_hidden_layers=1))
+        assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
+        assert ref.projection_shapes(cfg)["lm_head"] == tuple(model.lm_head.weight.shape)
+        attn = model.model.layers[0].self_attn
+        assert attn.q_proj.weight.shape[0] == 4 * 16 != cfg["hidden_size"], "head_dim is not hidden / heads here"
+
+
+def test_split_matches_the_fused_projection():
+    # Splitting x @ [Wq; Wk; Wv].T gives the three separate projections (nano-vllm's QKVParallelLinear at tp = 1).
+    g = torch.Generator().manual_seed(0)
+    wq, wk, wv = torch.randn(8, 6, generator=g), torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+    x = torch.randn(5, 6, generator=g)
+    q, k, v = ref.split_qkv(ref.linear(x, torch.cat([wq, wk, wv])), 4, 2, 2)
+    for part, w in ((q, wq), (k, wk), (v, wv)):
+        torch.testing.assert_close(part, F.linear(x, w))
+
+
+def test_column_then_row_matches_nanovllm_example():
+    # reference/nanovllm.md §2, RowParallelLinear example in nano-vllm's [out, in] storage:
+    # W = [[1, 2, 3, 4], [5, 6, 7, 8]], x = [1, 1, 1, 1], tp = 2 → partials [3, 11], [7, 15], sum [10, 26].
+    w_out_in = torch.tensor([[1.0, 2, 3, 4], [5, 6, 7, 8]])
+    x = torch.ones(1, 4)
+    partials, out = ref.row_parallel_linear(list(x.split(2, dim=1)), w_out_in.T, 2)
+    assert [p.tolist() for p in partials] == [[[3.0, 11.0]], [[7.0, 15.0]]]
+    assert out.tolist() == [[10.0, 26.0]]
+
+
+def test_shape_hints():
+    c = checks.QWEN3_06B
+    assert "[out, in]" in checks.shapes_hint("o_proj", (2048, 1024), (1024, 2048), c)
+    assert "GQA narrows them" in checks.shapes_hint("qkv_proj", (6144, 1024), (4096, 1024), c)
+    assert "gate and up" in checks.shapes_hint("gate_up_proj", (3072, 1024), (6144, 1024), c)
+    trap = ref.projection_shapes(dict(c, head_dim=64))
+    assert "not hidden_size / num_attention_heads" in checks.shapes_hint("q_norm", (64,), (128,), c, trap)

@@ -1,0 +1,263 @@
+"""ch19 · rotary position embedding: wrong submissions that embody real misconceptions get the teaching
+message meant for them, the figures drawn from them mark the wrong values, and the reference agrees with
+the documented worked example and with transformers' Qwen3."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch
+from mutate import mutant
+
+from grader.checks import ch19 as checks
+from grader.run import check
+from solutions import ch19_rope as ref
+
+SEED = 19
+
+ROTATE = ("    x1, x2 = x.float().chunk(2, dim=-1)\n"
+          "    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)")
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """Each mutant (the reference with `edits`) graded once (public and hidden checks), with its figures."""
+    cache = {}
+
+    def run(name: str, *edits: tuple[str, str]):
+        if (name, edits) not in cache:
+            submission = mutant(tmp_path_factory.mktemp(f"ch19_{name}"), "ch19", *edits)
+            out = tmp_path_factory.mktemp(name)
+            cache[name, edits] = (check("ch19", submission=submission, hidden=True, seed=SEED, figures_dir=out), out)
+        return cache[name, edits]
+
+    return run
+
+
+def result(report, task: str, name_start: str):
+    found = [r for r in report.results if r.task == task and r.name.startswith(name_start)]
+    assert len(found) == 1, [r.name for r in report.results]
+    return found[0]
+
+
+def failed_tasks(report) -> set[str]:
+    return {r.task for r in report.results if r.status != "passed"}
+
+
+def wrong_elements(out: Path, figure_id: str) -> list:
+    root = ET.parse(out / "ch19" / f"{figure_id}.svg").getroot()
+    return [el for el in root.iter() if "wrong" in (el.get("class") or "")]
+
+
+# -- 19.1 rope_cos_sin --------------------------------------------------------------------------------
+
+def test_cos_and_sin_swapped(graded):
+    report, out = graded("swapped",
+                         # (sin, cos) returned in the wrong order
+                         ("    return angles.cos(), angles.sin()", "    return angles.sin(), angles.cos()"))
+    r = result(report, "19.1", "figure instance")
+    assert r.status == "failed"
+    assert "positions [0, 1, 2], head_dim 4, base 10000" in r.message
+    assert "pair j = 0: inv_freq[0] = 1 / 10000^(2·0/4) = 1; position 0 → angle 0 · 1 = 0 rad" in r.message
+    assert "cos[0, 0] = cos(0) = 1; yours: 0" in r.message
+    assert "hint: you returned (sin, cos): the order is (cos, sin)" in r.message
+    assert result(report, "19.1", "agreement with transformers").status == "failed"
+    assert wrong_elements(out, "ch19-rope-pair")
+    assert "19.2" not in failed_tasks(report)      # apply_rope is graded with the reference's tables
+
+
+def test_exponent_without_the_two(graded):
+    report, out = graded("exponent",
+                         # inv_freq = base^(−j/d): arange(d/2) / d, the factor 2 of 2j/d forgotten
+                         ("torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim",
+                          "torch.arange(head_dim // 2, dtype=torch.float) / head_dim"))
+    r = result(report, "19.1", "figure instance")
+    assert r.status == "failed"
+    want = 1 / 10000 ** 0.5
+    assert f"pair j = 1: inv_freq[1] = 1 / 10000^(2·1/4) = {checks.fmt(want, 6)}" in r.message
+    assert "hint: the exponent is 2j/d" in r.message
+    assert wrong_elements(out, "ch19-rope-pair")
+    # qk_norm_rope uses the student's own tables, so it inherits the mistake
+    assert result(report, "19.3", "figure instance").status == "failed"
+
+
+def test_full_width_tables_are_a_shape_problem(graded):
+    report, _ = graded("full_width",
+                       # Hugging Face's cat((freqs, freqs)): cos and sin [N, d] instead of [N, d/2]
+                       ("    return angles.cos(), angles.sin()",
+                        "    angles = torch.cat((angles, angles), dim=-1)\n    return angles.cos(), angles.sin()"))
+    r = result(report, "19.1", "figure instance")
+    assert r.status == "failed"
+    assert "expected cos as a 2-D float32 tensor of shape [3, 2]; yours: float32 tensor [3, 4]" in r.message
+    assert "Hugging Face repeats the angles as cat((freqs, freqs))" in r.message
+    assert not report.figures   # the structure check comes before the figure is recorded
+
+
+# -- 19.2 apply_rope ----------------------------------------------------------------------------------
+
+def test_interleaved_layout(graded):
+    report, out = graded("interleaved",
+                         # the GPT-J layout: pairs (x[2j], x[2j + 1]) instead of (x[j], x[j + d/2])
+                         (ROTATE, "    x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]\n"
+                                  "    return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)"
+                                  ".flatten(-2).to(x.dtype)"))
+    assert "19.1" not in failed_tasks(report)
+    r = result(report, "19.2", "figure instance")
+    assert r.status == "failed"
+    assert "token 1 (position 1), head 0, channel 0 belongs to pair 0 = (x[0], x[2]) = (1, 3)" in r.message
+    assert "y[0] = x[0]·cos − x[2]·sin = 1·0.5403 − 3·0.8415 = -1.984; yours: -1.143" in r.message
+    assert "hint: the pairs are (x[j], x[j + d/2]) (half-split" in r.message and "GPT-J" in r.message
+    hf = result(report, "19.2", "agreement with transformers")
+    assert hf.status == "failed" and "GPT-J" in hf.message
+    # a rotation in the wrong planes still keeps lengths and relative positions: only the layout is wrong
+    assert result(report, "19.2", "a rotation keeps").status == "passed"
+    assert result(report, "19.2", "relative position").status == "passed"
+    assert wrong_elements(out, "ch19-rope-pair")
+
+
+def test_one_half_left_unrotated(graded):
+    report, out = graded("half_rotated",
+                         # only the first half rotated: y2 = x2, which is no rotation at all
+                         ("x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)",
+                          "x1 * c - x2 * s, x2), dim=-1).to(x.dtype)"))
+    r = result(report, "19.2", "a rotation keeps")
+    assert r.status == "failed"
+    assert "but |apply_rope(x)| = " in r.message and "a rotation keeps lengths" in r.message
+    assert result(report, "19.2", "relative position").status == "failed"
+    assert "must not change" in result(report, "19.2", "relative position").message
+    assert wrong_elements(out, "ch19-rope-pair")
+
+
+def test_sin_sign_flipped(graded):
+    report, out = graded("backwards",
+                         # rotating backwards: the sign of sin flipped in both halves
+                         ("x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)",
+                          "x1 * c + x2 * s, x2 * c - x1 * s), dim=-1).to(x.dtype)"))
+    r = result(report, "19.2", "figure instance")
+    assert r.status == "failed"
+    assert "hint: the sign of sin is flipped (you rotate backwards)" in r.message
+    assert wrong_elements(out, "ch19-rope-pair")
+    assert result(report, "19.2", "relative position").status == "passed"   # the property alone cannot see it
+
+
+def test_rotated_in_bf16(graded):
+    report, _ = graded("bf16_math",
+                       # the rotation computed in bf16 instead of float32
+                       ("    c, s = cos.float()[:, None, :], sin.float()[:, None, :]",
+                        "    c, s = cos.to(x.dtype)[:, None, :], sin.to(x.dtype)[:, None, :]"),
+                       ("    x1, x2 = x.float().chunk(2, dim=-1)", "    x1, x2 = x.chunk(2, dim=-1)"))
+    assert result(report, "19.2", "figure instance").status == "passed"
+    r = result(report, "19.2", "bf16 queries")
+    assert r.status == "failed"
+    assert "within one bf16 rounding step" in r.message or "values differ" in r.message
+    assert "hint: you rotated in bfloat16: cast x (and cos, sin) to float32" in r.message
+
+
+# -- 19.3 qk_norm_rope --------------------------------------------------------------------------------
+
+def test_rope_before_the_norm(graded):
+    report, out = graded("rope_first",
+                         # RoPE, then the per-head norm: the weight scales channels already mixed by the rotation
+                         ("    return (apply_rope(head_rms_norm(q, q_norm_weight), cos, sin),\n"
+                          "            apply_rope(head_rms_norm(k, k_norm_weight), cos, sin))",
+                          "    return (head_rms_norm(apply_rope(q, cos, sin), q_norm_weight),\n"
+                          "            head_rms_norm(apply_rope(k, cos, sin), k_norm_weight))"))
+    assert failed_tasks(report) == {"19.3"}
+    r = result(report, "19.3", "figure instance")
+    assert r.status == "failed"
+    assert "token 0 (position 1), q head 0 = [1, 2, 3, 4]: rms = √(mean(x²) + eps) = 2.739" in r.message
+    assert "x / 2.739 · q_norm_weight = [0.3651, 0.3651, 2.191, 1.461]" in r.message
+    assert "0.3651·0.5403 − 2.191·0.8415 = -1.646" in r.message
+    assert "hint: normalise first, then rotate" in r.message
+    oracle = result(report, "19.3", "agreement with transformers' Qwen3Attention")
+    assert oracle.status == "failed" and "normalise first, then rotate" in oracle.message
+    assert wrong_elements(out, "ch19-nanovllm-order")
+    assert not wrong_elements(out, "ch19-rope-pair")
+
+
+def test_norm_across_the_heads(graded):
+    report, out = graded("heads_axis",
+                         # RMSNorm over the heads axis instead of head_dim
+                         ("xf.pow(2).mean(dim=-1, keepdim=True) + eps)", "xf.pow(2).mean(dim=1, keepdim=True) + eps)"))
+    r = result(report, "19.3", "figure instance")
+    assert r.status == "failed"
+    assert "hint: RMSNorm runs over head_dim (the last axis), not across the heads" in r.message
+    assert wrong_elements(out, "ch19-nanovllm-order")
+
+
+def test_weight_before_the_cast_in_bf16(graded):
+    report, _ = graded("weight_fp32",
+                       # the weight multiplied in float32, before the cast back to bf16
+                       ("return (normed.to(x.dtype) * weight).to(x.dtype)",
+                        "return (normed * weight.float()).to(x.dtype)"))
+    assert result(report, "19.3", "figure instance").status == "passed"
+    r = result(report, "19.3", "bf16 q and k")
+    assert r.status == "failed"
+    assert "hint: cast the normalised x back to bfloat16 before multiplying by the weight" in r.message
+
+
+# -- the reference against the documented facts and transformers ----------------------------------------
+
+def test_reference_matches_the_worked_example():
+    # reference/nanovllm.md §4: d = 4, base 10000, x = [1, 2, 3, 4].
+    cos, sin = ref.rope_cos_sin([0, 1, 2], 4, 10000.0)
+    assert torch.allclose(cos[1], torch.tensor([0.540302, 0.999950]), atol=1e-6)
+    assert torch.allclose(sin[1], torch.tensor([0.841471, 0.010000]), atol=1e-6)
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0]).expand(3, 1, 4)
+    y = ref.apply_rope(x, cos, sin)[:, 0]
+    assert torch.equal(y[0], x[0, 0])
+    assert torch.allclose(y[1], torch.tensor([-1.984111, 1.959901, 2.462378, 4.019800]), atol=1e-5)
+    assert torch.allclose(y[2], torch.tensor([-3.144039, 1.919605, -0.339143, 4.039197]), atol=1e-5)
+    # the grader's model of the interleaved variant gives the documented GPT-J numbers
+    gptj = checks.rotate(x, cos, sin, layout="interleaved")[1, 0]
+    assert torch.allclose(gptj, torch.tensor([-1.142640, 1.922076, 2.959851, 4.029800]), atol=1e-5)
+
+
+def test_reference_matches_transformers_qwen3():
+    qwen3 = pytest.importorskip("transformers.models.qwen3.modeling_qwen3")
+    d, base, positions = 32, 1e6, [0, 3, 17, 4095]
+    config = qwen3.Qwen3Config(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=d,
+                               rope_theta=base, num_hidden_layers=1, vocab_size=8)
+    cos, sin = qwen3.Qwen3RotaryEmbedding(config)(torch.zeros(1), torch.tensor([positions]))
+    ours = ref.rope_cos_sin(positions, d, base)
+    assert torch.equal(ours[0], cos[0, :, : d // 2]) and torch.equal(ours[1], sin[0, :, : d // 2])
+    q = torch.randn(4, 2, d, generator=torch.Generator().manual_seed(0))
+    want, _ = qwen3.apply_rotary_pos_emb(q.transpose(0, 1)[None], q.transpose(0, 1)[None], cos, sin)
+    assert torch.allclose(ref.apply_rope(q, *ours), want[0].transpose(0, 1), atol=1e-6)
+
+
+def test_both_orders_agree_with_unit_weights():
+    # why the checks use non-uniform weights: with w = 1 a rotation keeps the rms, so the orders agree
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 2, 8, generator=g, dtype=torch.float64)
+    cos, sin = checks.rope_tables([4, 5, 6], 8, 10000.0)
+    ones, w = torch.ones(8, dtype=torch.float64), torch.rand(8, generator=g, dtype=torch.float64) + 0.5
+    rot = lambda z: checks.rotate(z, cos.double(), sin.double(), compute=torch.float64)
+    assert torch.allclose(rot(checks.head_norm(x, ones, 1e-6)), checks.head_norm(rot(x), ones, 1e-6))
+    assert not torch.allclose(rot(checks.head_norm(x, w, 1e-6)), checks.head_norm(rot(x), w, 1e-6), atol=1e-3)
+
+
+def test_rounding_rule_for_bf16():
+    want = torch.tensor([1.0, 2.0, 3.0, 100.0]).bfloat16()
+    one_step = torch.tensor([1.0078125, 2.0, 3.0, 100.0]).bfloat16()
+    two_steps = torch.tensor([1.015625, 2.0, 3.0, 100.0]).bfloat16()
+    assert not checks.wrong_values(one_step, want).any()
+    assert checks.wrong_values(two_steps, want).tolist() == [True, False, False, False]
+    assert checks.rounding_share(one_step, want) == 0.25
+
+
+def test_hints_for_swapped_tables_and_bf16_angles():
+    # cos and sin swapped inside the rotation; angles computed from bf16 positions
+    x = torch.randn(4, 2, 8, generator=torch.Generator().manual_seed(3))
+    cos, sin = ref.rope_cos_sin([1, 2, 3, 4], 8, 10000.0)
+    assert "cos and sin are swapped" in checks.rope_hint(checks.rotate(x, sin, cos), x, cos, sin)
+    assert "sign of sin is flipped" in checks.rope_hint(checks.rotate(x, cos, sin, direction=-1), x, cos, sin)
+    positions = [300, 1001, 40001]
+    inv = 1.0 / 1e6 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16)
+    angles = (torch.tensor(positions, dtype=torch.float64)[:, None].bfloat16() * inv.bfloat16()).double()
+    want = ref.rope_cos_sin(positions, 16, 1e6)
+    hint = checks.cos_sin_hint(angles.cos().float(), angles.sin().float(), positions, 16, 1e6, want,
+                               checks.angle_atol(positions))
+    assert "compute the angles in float32" in hint
