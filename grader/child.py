@@ -136,9 +136,16 @@ class Child:
     def op_call(self, header: dict, buffers: list[bytes]) -> tuple[dict, list[bytes]]:
         args = wire.decode(header["args"], buffers, self.resolve)
         kwargs = wire.decode(header["kwargs"], buffers, self.resolve)
-        fn = getattr(self.module, header["target"], None)
-        if fn is None:
-            raise _Missing(f"your module has no function {header['target']!r}")
+        target = header["target"]
+        if isinstance(target, str):
+            fn = getattr(self.module, target, None)
+            if fn is None:
+                raise _Missing(f"your module has no function {target!r}")
+        else:  # a method of an object that stayed here: {"handle": id, "method": name}
+            obj = self.resolve(target["handle"])
+            fn = getattr(obj, target["method"], None)
+            if fn is None:
+                raise _Missing(f"your {type(obj).__name__} has no method {target['method']!r}")
         recorder = _Recorder() if header.get("record") else None
         saved = dict(vars(builtins))
         start = time.perf_counter()
@@ -156,6 +163,19 @@ class Child:
         if recorder:
             reply["created"], reply["dropped"] = recorder.created, recorder.dropped
         return reply, out
+
+    def op_getattr(self, header: dict, _: list[bytes]) -> tuple[dict, list[bytes]]:
+        """Read attributes of an object that stayed here (its observable state)."""
+        obj = self.resolve(header["handle"])
+        saved = dict(vars(builtins))
+        try:  # properties run student code too
+            values = {name: getattr(obj, name) for name in header["names"]}
+        except AttributeError as e:
+            raise _Missing(f"your {type(obj).__name__} has no attribute {e.name!r}") from None
+        finally:
+            _restore(vars(builtins), saved)
+        tree, out = wire.encode({"value": values, "args": [], "kwargs": {}}, self.keep)
+        return {"ok": True, "result": tree, "elapsed": 0.0}, out
 
     def describe(self, e: BaseException) -> dict:
         """An exception as plain data: its type chain, message and the student's frames."""

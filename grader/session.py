@@ -158,15 +158,26 @@ class Session:
             self.worker.kill()
         self.worker = None
 
-    def call(self, name: str, args: list, kwargs: dict, *, record: bool) -> Call:
-        """Call a function of the module within the check's time left."""
-        self._ensure_loaded()
+    def call(self, target: str | tuple[wire.Handle, str], args: list, kwargs: dict, *, record: bool) -> Call:
+        """Call a function of the module, or a method of an object it made, within the check's time left."""
+        if isinstance(target, str):
+            label, where = target, target
+        else:
+            label, where = f"{target[0].type_name}.{target[1]}", {"handle": target[0].id, "method": target[1]}
         (args_tree, kwargs_tree), buffers = wire.encode([list(args), dict(kwargs)])
+        return self._timed({"op": "call", "target": where, "args": args_tree, "kwargs": kwargs_tree,
+                            "record": record}, buffers, label)
+
+    def attributes(self, handle: wire.Handle, names: list[str]) -> dict:
+        """Read attributes of an object the module made (its observable state)."""
+        return self._timed({"op": "getattr", "handle": handle.id, "names": list(names)}, [],
+                           f"{handle.type_name}.{'/'.join(names)}").value
+
+    def _timed(self, header: dict, buffers: list[bytes], label: str) -> Call:
+        self._ensure_loaded()
         started = time.monotonic()
         try:
-            reply, out = self._request({"op": "call", "target": name, "args": args_tree,
-                                        "kwargs": kwargs_tree, "record": record},
-                                       buffers, name, self.time_left)
+            reply, out = self._request(header, buffers, label, self.time_left)
         finally:
             self.time_left -= time.monotonic() - started
         try:
@@ -175,7 +186,7 @@ class Session:
                         [tuple(c) for c in reply.get("created", [])], float(reply.get("elapsed", 0.0)))
         except (frames.WireError, KeyError, TypeError, ValueError) as e:
             self._kill()
-            raise StudentError("error", f"{name}: its result could not be read ({e})") from None
+            raise StudentError("error", f"{label}: its result could not be read ({e})") from None
 
     def begin_check(self, time_limit: float) -> None:
         """Start a check's time budget: the seconds its calls may spend in student code

@@ -21,6 +21,7 @@ from grader.checks import CheckSpec
 from grader.compare import Blocked, CheckFailed, describe, same
 from grader.report import CheckResult
 from grader.session import Call, Session, StudentError, StudentRaised
+from grader.wire import Handle
 
 
 class Trial:
@@ -56,6 +57,16 @@ class Trial:
     def call(self, fn: str, *args: Any, **kwargs: Any) -> Any:
         """Call the student's `fn` and return its value."""
         return self.run(fn, *args, **kwargs).value
+
+    def method(self, obj: Handle, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call a method of an object the student's code made (it stays in their process; `obj`
+        is its `Handle`). Values come back as plain data, objects as handles (the same object,
+        the same handle)."""
+        return self.session.call((obj, name), list(args), kwargs, record=False).value
+
+    def attrs(self, obj: Handle, *names: str) -> dict[str, Any]:
+        """Read attributes (or properties) of an object the student's code made: its observable state."""
+        return self.session.attributes(obj, list(names))
 
     def expect_raises(self, error: type[Exception], fn: str, *args: Any, because: str, **kwargs: Any) -> None:
         """Require `fn(*args)` to raise `error` (a builtin exception class) for the reason `because`."""

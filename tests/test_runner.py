@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from grader.chapters import EXERCISES
+from grader.chapters import EXERCISES, ROOT
 from grader.run import check
 
 # A correct ch25 whose slot_mapping misbehaves only on the figure instance (the first check).
@@ -166,3 +166,36 @@ def test_a_check_whose_oracle_package_is_missing_is_blocked_with_its_points():
                      known=set())
     assert (result.status, result.score, result.points) == ("blocked", 0.0, 2.0)
     assert "pip install -e '.[oracle]'" in result.message
+
+
+def test_objects_stay_in_the_students_process_and_are_driven_by_handle(tmp_path):
+    from grader.checks import CheckSpec
+    from grader.session import Session
+    from grader.trial import run_one
+    from grader.worker import OUTPUT_LIMIT, Worker
+
+    (tmp_path / "ch25_paged_kv.py").write_text(
+        "class Counter:\n    def __init__(self, start):\n        self.n = start\n        self.log = []\n"
+        "    def add(self, k, other=None):\n        self.n += k\n        self.log.append(k)\n        return other\n"
+        "    @property\n    def twice(self):\n        return 2 * self.n\n\n"
+        "def slot_mapping(start):\n    return Counter(start)\n")
+    seen = {}
+
+    def body(t):
+        c = t.call("slot_mapping", 5)
+        other = t.call("slot_mapping", 0)
+        assert t.method(c, "add", 3) is None and t.method(c, "add", 2, other) == other != c
+        seen.update(t.attrs(c, "n", "log", "twice"), handle=c)
+        t.method(c, "nothing")
+
+    spawn = lambda: Worker(root=ROOT, workdir=tmp_path, memory_limit=1 << 30, output_limit=OUTPUT_LIMIT,
+                           forbidden_dirs=[])
+    session = Session(tmp_path / "ch25_paged_kv.py", spawn=spawn, time_limit=10.0)
+    try:
+        result = run_one(CheckSpec("25.1", "objects", body, False), "slot_mapping", session=session, ref=None,
+                         seed=0, params={}, figures={}, time_limit=10.0, known=set())
+    finally:
+        session.close()
+    assert {k: seen[k] for k in ("n", "log", "twice")} == {"n": 10, "log": [3, 2], "twice": 20}
+    assert seen["handle"].type_name == "Counter"
+    assert result.status == "error" and "your Counter has no method 'nothing'" in result.message
