@@ -1,6 +1,10 @@
 """What a check's `t.ref` is: the reference solutions, or, in a student release, a replay
 of the reference's answers to the public checks.
 
+Checks call reference functions (`t.ref.slot_mapping(...)`), or run a driver of their
+own over the reference module whose result is plain data (`t.reference(drive, ...)`,
+e.g. the state trace of a reference object under a script of operations).
+
 The student release carries no solution code. `course release` runs every public
 check against the reference once, with `Recorder` standing in for `t.ref`, and
 stores each check's reference calls in order: the function, its result and any
@@ -39,12 +43,31 @@ def _unpack(packed: dict) -> Any:
     return wire.decode(packed["tree"], [base64.b64decode(b) for b in packed["buffers"]])
 
 
+class Live:
+    """The reference module itself (the instructor's repository)."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+    def compute(self, label: str, thunk: Callable[[ModuleType], Any]) -> Any:
+        """Run a check's own driver of the reference (e.g. a trace of a reference object)."""
+        return thunk(self._module)
+
+
 class Recorder:
-    """The reference module, with every function call it answers written down."""
+    """The reference module, with every answer it gives written down."""
 
     def __init__(self, module: ModuleType) -> None:
         self._module = module
         self.calls: list[dict] = []
+
+    def compute(self, label: str, thunk: Callable[[ModuleType], Any]) -> Any:
+        value = thunk(self._module)
+        self.calls.append({"fn": label, "value": _pack(value), "changed": {}})
+        return value
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._module, name)
@@ -68,14 +91,20 @@ class Replay:
     def __init__(self, calls: list[dict]) -> None:
         self._calls, self._next = calls, 0
 
+    def _take(self, name: str) -> dict:
+        if self._next >= len(self._calls) or self._calls[self._next]["fn"] != name:
+            raise ReplayMiss("your answer differs from the expected one here; the step-by-step explanation "
+                             "needs the reference solution, which the student release does not carry "
+                             "(your graded feedback will have it)")
+        self._next += 1
+        return self._calls[self._next - 1]
+
+    def compute(self, label: str, thunk: Callable[[ModuleType], Any]) -> Any:
+        return _unpack(self._take(label)["value"])
+
     def __getattr__(self, name: str) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
-            if self._next >= len(self._calls) or self._calls[self._next]["fn"] != name:
-                raise ReplayMiss("your answer differs from the expected one here; the step-by-step explanation "
-                                 "needs the reference solution, which the student release does not carry "
-                                 "(your graded feedback will have it)")
-            recorded = self._calls[self._next]
-            self._next += 1
+            recorded = self._take(name)
             for i, packed in recorded["changed"].items():
                 args[int(i)].copy_(_unpack(packed))
             return _unpack(recorded["value"])
@@ -92,7 +121,8 @@ def load_answers(chapter_id: str) -> dict | None:
 def factory(solutions: ModuleType | None, answers: dict | None) -> Callable[[str], Any]:
     """`check key -> t.ref`: the solutions module where present, else a replay of the answers."""
     if solutions is not None:
-        return lambda key: solutions
+        live = Live(solutions)
+        return lambda key: live
     if answers is not None:
         return lambda key: Replay(answers["checks"].get(key, []))
     return lambda key: None

@@ -12,7 +12,7 @@ import time
 import traceback
 import zlib
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -57,6 +57,11 @@ class Trial:
     def call(self, fn: str, *args: Any, **kwargs: Any) -> Any:
         """Call the student's `fn` and return its value."""
         return self.run(fn, *args, **kwargs).value
+
+    def reference(self, driver: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`driver(reference_module, *args, **kwargs)`: a check's own use of the reference whose
+        result is plain data (a trace of a reference object, say); a student release replays it."""
+        return self.ref.compute(driver.__name__, lambda module: driver(module, *args, **kwargs))
 
     def method(self, obj: Handle, name: str, *args: Any, **kwargs: Any) -> Any:
         """Call a method of an object the student's code made (it stays in their process; `obj`

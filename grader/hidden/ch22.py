@@ -1,0 +1,205 @@
+"""Hidden checks of ch22 · naive attention vs FlashAttention: random instances from the grading seed,
+agreement with torch's scaled_dot_product_attention, many tilings with ragged edges, the trace of visited
+tiles, and the recorder that fails any [T, S]-sized tensor inside flash_attention."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from grader.checks import hidden
+from grader.checks.ch22 import (check_trace, end_aligned, expect_flash, expect_naive, expect_traffic, explain_flash,
+                                explain_naive, flash_expected, random_qkv, run_flash_case, run_naive_case,
+                                run_traffic_case)
+from grader.compare import CheckFailed, expect_int
+from grader.trial import Trial
+
+
+def random_causal_shape(t: Trial, most: int = 12) -> tuple[int, int, int]:
+    T = t.random.randint(1, most)
+    return T, T + t.random.choice([0, 0, 1, 3, 9]), t.random.choice([4, 8, 16])
+
+
+# -- 22.1 naive_attention ----------------------------------------------------------------------------
+
+@hidden("22.1", "naive attention: random shapes, causal with S ≥ T and not causal")
+def naive_random(t: Trial) -> None:
+    for n in range(10):
+        T, S, d = random_causal_shape(t)
+        causal = n % 3 != 2
+        if not causal:
+            S = t.random.randint(1, 12)
+        q, k, v = random_qkv(t, T, S, d)
+        run_naive_case(t, q, k, v, causal=causal, case=f"T={T}, S={S}, d={d}, causal={causal}")
+
+
+@hidden("22.1", "naive attention agrees with scaled_dot_product_attention (explicit end-aligned mask)")
+def naive_sdpa(t: Trial) -> None:
+    for causal in (True, False, True):
+        T, S, d = random_causal_shape(t)
+        q, k, v = random_qkv(t, T, S, d)
+        out_, scores_, probs_ = expect_naive(t.call("naive_attention", q, k, v, causal=causal), q, k)
+        # SDPA's own is_causal=True is aligned to the top-left: pass the end-aligned mask explicitly.
+        out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=end_aligned(T, S) if causal else None)[0]
+        scores = (q @ k.T) * d ** -0.5
+        if causal:
+            scores = scores.masked_fill(~end_aligned(T, S), float("-inf"))
+        explain_naive((scores_, probs_, out_), (scores, scores.softmax(-1), out), q, k, v, causal=causal,
+                      case=f"T={T}, S={S}, d={d}, against SDPA")
+
+
+@hidden("22.1", "naive attention: large scores stay finite (a stable softmax)")
+def naive_large(t: Trial) -> None:
+    q, k, v = random_qkv(t, 6, 9, 16, magnitude=60.0)
+    run_naive_case(t, q, k, v, case="scores up to about ±150", atol=1e-4, rtol=1e-4)
+
+
+@hidden("22.1", "HBM bytes: random sizes and dtypes, exact Python ints")
+def traffic_random(t: Trial) -> None:
+    for _ in range(12):
+        T, S = t.random.randint(0, 1 << 17), t.random.randint(0, 1 << 17)
+        d, b = t.random.choice([32, 64, 80, 96, 128, 256]), t.random.choice([1, 2, 4])
+        run_traffic_case(t, T, S, d, b, t.random.random() < 0.5)
+    run_traffic_case(t, 10**9 + 7, 10**9 + 9, 128, 2, False)      # beyond 2^53: exact only as an int
+
+
+@hidden("22.1", "HBM bytes: flash < naive whenever T, S ≥ d; flash traffic has no T·S term")
+def traffic_properties(t: Trial) -> None:
+    # The properties are checked on your values first (they hold for any sound model), then the values themselves.
+    for _ in range(8):
+        d, b = t.random.choice([16, 64, 128]), t.random.choice([1, 2, 4])
+        T, S = t.random.randint(d, 8192), t.random.randint(d, 8192)
+        cases = [(T, S, False), (T, S, True), (2 * T, 2 * S, True)]
+        got = [expect_int(t.call("attention_hbm_bytes", x, y, d, b, flash=f),
+                          what=f"the byte count for T={x}, S={y}, d={d}, dtype_bytes={b}, flash={f}") for x, y, f in cases]
+        naive, flash, doubled = got
+        if not flash < naive:
+            raise CheckFailed(f"T={T:,}, S={S:,}, d={d}, dtype_bytes={b}: FlashAttention must move fewer bytes than the "
+                              f"naive kernels, which also write and read back two [T, S] matrices; yours: flash "
+                              f"{flash:,} vs naive {naive:,}")
+        if doubled != 2 * flash:
+            raise CheckFailed(f"d={d}, dtype_bytes={b}: doubling T and S (from {T:,}, {S:,}) must double "
+                              f"FlashAttention's traffic, which is linear (no [T, S] matrix reaches HBM); yours goes "
+                              f"from {flash:,} to {doubled:,} bytes")
+        for (x, y, f), g in zip(cases, got):
+            expect_traffic(g, t.ref.attention_hbm_bytes(x, y, d, b, flash=f), x, y, d, b, f)
+
+
+@hidden("22.1", "bad inputs raise ValueError")
+def bad_inputs_22_1(t: Trial) -> None:
+    z = torch.zeros
+    t.expect_raises(ValueError, "naive_attention", z(2, 4), z(5, 4), z(4, 4),
+                    because="k [5, 4] and v [4, 4] must have the same shape")
+    t.expect_raises(ValueError, "naive_attention", z(2, 8), z(5, 4), z(5, 4), because="q has d=8 but k has d=4")
+    t.expect_raises(ValueError, "naive_attention", z(2, 2, 4), z(5, 4), z(5, 4),
+                    because="q must be one head's [T, d] matrix")
+    t.expect_raises(ValueError, "attention_hbm_bytes", 16, 16, 0, 2, flash=True, because="d must be positive")
+    t.expect_raises(ValueError, "attention_hbm_bytes", -1, 16, 64, 2, flash=False,
+                    because="there cannot be −1 queries")
+    t.expect_raises(ValueError, "attention_hbm_bytes", 16.0, 16, 64, 2, flash=False,
+                    because="a number of queries is an int, not a float")
+
+
+# -- 22.2 flash_attention ----------------------------------------------------------------------------
+
+@hidden("22.2", "many tilings, causal: ragged last tiles and S > T (aligned to the end)")
+def flash_tilings_causal(t: Trial) -> None:
+    for _ in range(12):
+        T, S, d = random_causal_shape(t, most=20)
+        bq, bk = t.random.randint(1, 8), t.random.randint(1, 8)
+        q, k, v = random_qkv(t, T, S, d)
+        run_flash_case(t, q, k, v, bq=bq, bk=bk, case=f"T={T}, S={S}, d={d}, {bq} × {bk} tiles")
+
+
+@hidden("22.2", "many tilings, not causal (S may be < T)")
+def flash_tilings_not_causal(t: Trial) -> None:
+    for _ in range(8):
+        T, S, d = t.random.randint(1, 16), t.random.randint(1, 16), t.random.choice([4, 8])
+        bq, bk = t.random.randint(1, 7), t.random.randint(1, 7)
+        q, k, v = random_qkv(t, T, S, d)
+        run_flash_case(t, q, k, v, causal=False, bq=bq, bk=bk, case=f"T={T}, S={S}, not causal, {bq} × {bk} tiles")
+
+
+@hidden("22.2", "extreme tilings: one tile for everything, one element per tile, a decode step")
+def flash_extreme_tilings(t: Trial) -> None:
+    q, k, v = random_qkv(t, 9, 13, 8)
+    run_flash_case(t, q, k, v, bq=64, bk=64, case="blocks larger than T and S: one tile")
+    q, k, v = random_qkv(t, 5, 7, 4)
+    run_flash_case(t, q, k, v, bq=1, bk=1, case="1 × 1 tiles")
+    q, k, v = random_qkv(t, 1, 37, 16)
+    run_flash_case(t, q, k, v, bq=4, bk=8, case="decode: 1 query over 37 keys")
+
+
+@hidden("22.2", "the trace: every visible tile once, no future tile, running max/sum per tile, lse = m + log l")
+def flash_trace(t: Trial) -> None:
+    shapes = [(10, 10, 4, 3), (6, 17, 4, 5), (12, 12, 5, 2)]
+    for _ in range(3):
+        T, S, d = random_causal_shape(t, most=14)
+        shapes.append((T, S, t.random.randint(1, 6), t.random.randint(1, 6)))
+    for n, (T, S, bq, bk) in enumerate(shapes):
+        q, k, v = random_qkv(t, T, S, 8, magnitude=3.0)   # spread scores: running maxima change from tile to tile
+        check_trace(t, q, k, v, causal=n != 2, bq=bq, bk=bk, case=f"T={T}, S={S}, {bq} × {bk} tiles")
+
+
+def big_tensors(created: list, T: int, S: int) -> list:
+    """Created tensors with T·S elements or more: a full score/probability matrix, or bigger."""
+    return [c for c in created if math.prod(c[1]) >= T * S]
+
+
+def explain_big(big: list, T: int, S: int, d: int, bq: int, bk: int) -> None:
+    """Fail with the chapter's lesson if flash_attention materialised a [T, S]-sized tensor."""
+    if not big:
+        return
+    op, shape, dtype = big[0]
+    names: dict[int, list[str]] = {}
+    for name, size in (("T", T), ("S", S), ("d", d)):
+        names.setdefault(size, []).append(name)
+    dims = " × ".join("=".join(names.get(n, [str(n)])) for n in shape)
+    lines = [f"case: T={T} queries, S={S} keys, d={d}, block_q={bq}, block_k={bk}",
+             f"your flash_attention created a {dtype.removeprefix('torch.')} tensor of shape {shape} ({dims}, made "
+             f"by aten.{op}): {math.prod(shape):,} numbers, at least as many as the whole T × S = {T * S:,} score matrix.",
+             f"FlashAttention never holds it: each step works on one tile [{bq}, {bk}] of scores and keeps only the "
+             f"running max m and sum l [{bq}] and the accumulator acc [{bq}, {d}] of its query block, so memory stays "
+             f"linear in T and S (the arithmetic is still T·S·d)."]
+    if "bool" in dtype:
+        lines.append(f"hint: a [T, S] causal mask is a full matrix too: compare positions inside each tile, "
+                     f"torch.arange(k0, k1) <= torch.arange(q0, q1)[:, None] + (S − T)")
+    elif len(shape) == 2 and sorted(shape) == sorted([T, S]):
+        lines.append("hint: compute the scores tile by tile, q[q0:q1] @ k[k0:k1].T, instead of q @ k.T once and "
+                     "slicing it")
+    raise CheckFailed("\n".join(lines))
+
+
+@hidden("22.2", "no tensor of T·S elements is ever created (recorded)")
+def flash_memory(t: Trial) -> None:
+    # Tiles of 32 × 32 and accumulators [32, 16] are far below T·S; out [T, 16] and lse [T] too.
+    for T, S, d, causal in ((256, 256, 16, True), (128, 320, 16, False)):
+        q, k, v = random_qkv(t, T, S, d)
+        call = t.run("flash_attention", q, k, v, causal=causal, block_q=32, block_k=32, record=True)
+        out, lse = expect_flash(call.value, q)
+        explain_big(big_tensors(call.created, T, S), T, S, d, 32, 32)
+        want_out, want_lse = flash_expected(t, q, k, v, causal)   # a cheap wrong answer does not pass either
+        explain_flash(out, lse, want_out, want_lse, q, k, v, causal=causal, bq=32, bk=32,
+                      case=f"T={T}, S={S}, d={d}, causal={causal}", atol=1e-4, rtol=1e-4)
+
+
+@hidden("22.2", "large scores: finite output, exact lse")
+def flash_large(t: Trial) -> None:
+    for T, S, bq, bk in ((7, 11, 3, 4), (9, 9, 2, 5)):
+        q, k, v = random_qkv(t, T, S, 16, magnitude=60.0)
+        run_flash_case(t, q, k, v, bq=bq, bk=bk, case=f"T={T}, S={S}, scores up to about ±150", atol=1e-4, rtol=1e-4)
+
+
+@hidden("22.2", "bad inputs raise ValueError")
+def bad_inputs_22_2(t: Trial) -> None:
+    z = torch.zeros
+    t.expect_raises(ValueError, "flash_attention", z(5, 4), z(3, 4), z(3, 4),
+                    because="with causal=True the 5 queries are the last 5 of the keys, and there are only 3")
+    t.expect_raises(ValueError, "flash_attention", z(2, 4), z(5, 4), z(5, 8),
+                    because="k [5, 4] and v [5, 8] must have the same shape")
+    t.expect_raises(ValueError, "flash_attention", z(2, 4), z(5, 4), z(5, 4), block_q=0,
+                    because="a block of 0 queries would never advance")
+    t.expect_raises(ValueError, "flash_attention", z(2, 4), z(5, 4), z(5, 4), block_k=-2,
+                    because="a block size must be positive")
