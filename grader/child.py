@@ -215,8 +215,13 @@ def _flush() -> None:
 
 
 def main(argv: list[str]) -> None:
+    """Entry point of a fresh interpreter: fds, limits and forbidden folders from the command line."""
     req_fd, rep_fd, memory, output = (int(a) for a in argv[:4])
-    forbidden = argv[4].split(os.pathsep) if len(argv) > 4 and argv[4] else []
+    run(req_fd, rep_fd, memory, output, argv[4].split(os.pathsep) if len(argv) > 4 and argv[4] else [])
+
+
+def run(req_fd: int, rep_fd: int, memory: int, output: int, forbidden: list[str]) -> None:
+    """Become the student's process: one thread, limits, no solutions, then serve requests."""
     torch.set_num_threads(1)
     for fd in (req_fd, rep_fd):
         os.set_inheritable(fd, False)

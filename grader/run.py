@@ -20,6 +20,7 @@ from typing import Callable
 from grader import chapters, checks, procs
 from grader.chapters import Chapter
 from grader.report import CheckResult, Report
+from grader import worker
 from grader.worker import OUTPUT_LIMIT, Worker
 
 DEFAULT_MEMORY_LIMIT = 2 << 30
@@ -44,7 +45,7 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
           seed: int | None = None, hidden: bool | None = None, public: bool = True, figures_dir: Path | None = DEFAULT_FIGURES_DIR,
           time_limit: float = checks.DEFAULT_TIME_LIMIT, memory_limit: int = DEFAULT_MEMORY_LIMIT,
           on_result: Callable[[CheckResult], None] | None = None,
-          refs: Callable[[str], object] | None = None) -> Report:
+          refs: Callable[[str], object] | None = None, launcher: Callable[..., Worker] | None = None) -> Report:
     """Run a chapter's checks and draw its figures from the graded code's outputs.
 
     Args:
@@ -61,6 +62,8 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
         on_result: called with each result as soon as it is known.
         refs: who answers a check's `t.ref` (check key -> object); by default the reference
             solutions, or in a student release the recorded answers.
+        launcher: starts a student process (keywords workdir, memory_limit, output_limit,
+            forbidden_dirs); by default a fresh interpreter, `grader.zygote.Zygote.start` forks one.
     """
     started = time.monotonic()
     ch = chapters.find(chapter)
@@ -70,8 +73,8 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
     baseline = procs.children()
     workdir = Path(tempfile.mkdtemp(prefix="course-run-"))
     forbidden = [chapters.ROOT / "grader" / "hidden"] + ([] if solutions else [chapters.SOLUTIONS])
-    spawn = functools.partial(Worker, root=chapters.ROOT, workdir=workdir, memory_limit=memory_limit,
-                              output_limit=OUTPUT_LIMIT, forbidden_dirs=forbidden)
+    spawn = functools.partial(launcher or functools.partial(worker.start, root=chapters.ROOT), workdir=workdir,
+                              memory_limit=memory_limit, output_limit=OUTPUT_LIMIT, forbidden_dirs=forbidden)
     first = spawn()
     import torch  # imported only now that the student's process is starting: the two imports overlap
 

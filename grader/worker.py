@@ -1,9 +1,11 @@
 """The grader's side of the student process: start it, talk to it, kill it.
 
-The child is a fresh interpreter (`subprocess`, never `fork`: forking a process
-that has run torch code deadlocks). It talks over two private pipes, so whatever
-the student's code prints goes to a log file and can never be mistaken for a
-result. It runs in its own session so that killing it kills its process group.
+`start` makes the child a fresh interpreter (`subprocess`, never a fork of the
+grader: forking a process that has run torch code deadlocks); `grader.zygote`
+forks it from a warm process that has only imported torch. Either way it talks
+over two private pipes, so whatever the student's code prints goes to a log file
+and can never be mistaken for a result, and it runs in its own session so that
+killing it kills its process group.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Protocol
 
 from grader import frames
 
@@ -24,30 +27,58 @@ OUTPUT_LIMIT = 16 << 20
 """Bytes the student's process may print (RLIMIT_FSIZE on its output file)."""
 
 
+ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1",
+       "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}
+"""The student's process environment: one thread, offline, no GPU."""
+
+
+class Process(Protocol):
+    """What a Worker needs of the process it talks to."""
+
+    pid: int
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit status once it has ended (negative: the signal), None if still running after `timeout`."""
+
+
+class _Popen:
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.pid = proc, proc.pid
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def start(*, root: Path, workdir: Path, memory_limit: int, output_limit: int, forbidden_dirs: list[Path]) -> "Worker":
+    """A student process in a fresh interpreter (about a second: it imports torch)."""
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    log_path = workdir / f"output-{time.monotonic_ns()}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", BOOT, str(root), str(req_r), str(rep_w),
+             str(memory_limit), str(output_limit), os.pathsep.join(map(str, forbidden_dirs))],
+            pass_fds=(req_r, rep_w), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            cwd=workdir, env=dict(os.environ, **ENV), start_new_session=True)
+    os.close(req_r)
+    os.close(rep_w)
+    return Worker(_Popen(proc), req_w, rep_r, log_path)
+
+
 class Worker:
     """One student process; `request` sends a frame and waits for the reply."""
 
-    def __init__(self, *, root: Path, workdir: Path, memory_limit: int, output_limit: int,
-                 forbidden_dirs: list[Path]) -> None:
-        req_r, self.req_w = os.pipe()
-        self.rep_r, rep_w = os.pipe()
-        self.log_path = workdir / f"output-{time.monotonic_ns()}.log"
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-                   PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", BOOT, str(root), str(req_r), str(rep_w),
-                 str(memory_limit), str(output_limit), os.pathsep.join(map(str, forbidden_dirs))],
-                pass_fds=(req_r, rep_w), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=workdir, env=env, start_new_session=True)
-        os.close(req_r)
-        os.close(rep_w)
+    def __init__(self, process: Process, req_w: int, rep_r: int, log_path: Path) -> None:
+        self.process, self.req_w, self.rep_r, self.log_path = process, req_w, rep_r, log_path
         self.ready = False
         self.killed_by_us = False
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.process.pid
 
     def request(self, header: dict, buffers: list[bytes] = (), *, timeout: float) -> tuple[dict, list[bytes]]:
         """Send one request; raise frames.WireTimeout / WireClosed / WireError."""
@@ -79,11 +110,10 @@ class Worker:
 
     def exit_reason(self) -> str:
         """Why the process ended, in words, once it has ended."""
-        try:
-            code = self.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
+        code = self.process.wait(timeout=2)
+        if code is None:
             return "stopped answering"
-        if code is None or code >= 0:
+        if code >= 0:
             last = self.printed_since(max(self.printed_size() - 300, 0)).strip().splitlines()
             said = f"; its last output: {last[-1]!r}" if code and last else ""
             return f"ended the grading process with exit code {code} (os._exit or sys.exit?){said}"
@@ -98,13 +128,10 @@ class Worker:
         """Kill the process and everything in its session."""
         self.killed_by_us = True
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(self.pid, signal.SIGKILL)
         except OSError:
             pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        self.process.wait(timeout=5)
         self.close()
 
     def close(self) -> None:

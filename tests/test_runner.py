@@ -82,12 +82,23 @@ def submission(tmp_path, hostile: str):
     return tmp_path
 
 
+@pytest.fixture(scope="module")
+def zygote():
+    from grader.zygote import Zygote
+
+    warm = Zygote()
+    yield warm
+    warm.close()
+
+
+@pytest.mark.parametrize("how", ["fresh", "zygote"])
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_hostile_behaviour_costs_only_its_check(tmp_path, name):
+def test_hostile_behaviour_costs_only_its_check(tmp_path, name, how, request):
     code, status, words = HOSTILE[name]
+    launcher = request.getfixturevalue("zygote").start if how == "zygote" else None
     started = time.monotonic()
     report = check("ch25", submission=submission(tmp_path, code), task="25.1", hidden=False,
-                   time_limit=2.0, memory_limit=1 << 30, figures_dir=None)
+                   time_limit=2.0, memory_limit=1 << 30, figures_dir=None, launcher=launcher)
     first, rest = report.results[0], report.results[1:]
     assert first.name.startswith("figure instance")
     assert (first.status, words in first.message) == (status, True), first.message
@@ -172,7 +183,7 @@ def test_objects_stay_in_the_students_process_and_are_driven_by_handle(tmp_path)
     from grader.checks import CheckSpec
     from grader.session import Session
     from grader.trial import run_one
-    from grader.worker import OUTPUT_LIMIT, Worker
+    from grader.worker import OUTPUT_LIMIT, start
 
     (tmp_path / "ch25_paged_kv.py").write_text(
         "class Counter:\n    def __init__(self, start):\n        self.n = start\n        self.log = []\n"
@@ -188,7 +199,7 @@ def test_objects_stay_in_the_students_process_and_are_driven_by_handle(tmp_path)
         seen.update(t.attrs(c, "n", "log", "twice"), handle=c)
         t.method(c, "nothing")
 
-    spawn = lambda: Worker(root=ROOT, workdir=tmp_path, memory_limit=1 << 30, output_limit=OUTPUT_LIMIT,
+    spawn = lambda: start(root=ROOT, workdir=tmp_path, memory_limit=1 << 30, output_limit=OUTPUT_LIMIT,
                            forbidden_dirs=[])
     session = Session(tmp_path / "ch25_paged_kv.py", spawn=spawn, time_limit=10.0)
     try:
