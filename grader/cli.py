@@ -121,6 +121,58 @@ def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path 
 
 
 @main.command()
+@click.argument("submissions", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--chapter", "chapter_names", multiple=True, required=True, type=ChapterType(),
+              help="A chapter to grade (repeatable).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, metavar="OUT",
+              help="Results: OUT/<student>/<chapter>/results.json, OUT/grades.csv, OUT/summary.md.")
+@click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Submissions graded at once.")
+@click.option("--force", is_flag=True, help="Grade again what OUT already holds (with a new seed unless --seed).")
+@click.option("--seed", type=int, help="Grading seed of the hidden checks (recorded in OUT/grading.json).")
+@click.option("--time-limit", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds each check may spend in a student's code.")
+@click.option("--memory-limit", default="2G", show_default=True, help="Address-space limit of a student's process.")
+@click.option("--no-sandbox", is_flag=True, help="Process isolation only, even where bubblewrap is installed.")
+def grade(submissions: Path, chapter_names: tuple[Chapter, ...], out: Path, jobs: int, force: bool, seed: int | None,
+          time_limit: float, memory_limit: str, no_sandbox: bool) -> None:
+    """Grade a class: SUBMISSIONS holds one folder per student with their chapter files or notebooks.
+
+    Reruns skip what is already graded (a killed run resumes where it stopped).
+    """
+    from grader.grade import GradeError, grade as grade_class
+
+    bar = None
+    tty = sys.stdout.isatty()
+
+    def plan(n: int, total: int, how: str) -> None:
+        nonlocal bar
+        style = {"fg": "yellow", "bold": True} if how.startswith("none") else {}
+        click.echo(click.style(f"sandbox: {how}", **style), err=how.startswith("none"))
+        click.echo(f"{n} of {total} chapter submissions to grade" + (f" ({total - n} graded already)" if n < total else ""))
+        if tty and n:
+            bar = click.progressbar(length=n, label="grading").__enter__()
+
+    def item(r: dict) -> None:
+        if bar:
+            bar.update(1)
+        else:
+            click.echo(f"{r['student']}  {r['chapter']}  {r['score']:g}/{r['max_score']:g}  {r['status']}")
+
+    try:
+        result = grade_class(submissions, list(chapter_names), out, jobs=jobs, force=force, seed=seed,
+                             time_limit=time_limit, memory_limit=_bytes(memory_limit), sandbox=not no_sandbox,
+                             on_plan=plan, on_item=item)
+    except GradeError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        if bar:
+            bar.__exit__(None, None, None)
+    errors = sum(r["status"].startswith("error") for r in result.rows)
+    click.echo(f"{len(result.rows)} results ({result.graded_now} graded now, {errors} could not be graded): "
+               f"{out / 'grades.csv'}, {out / 'summary.md'}")
+
+
+@main.command()
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, metavar="DIR",
               help="Writes DIR/student/ (the student package) and DIR/nbgrader/ (the nbgrader course).")
 @click.option("--chapter", "chapter_names", multiple=True, type=ChapterType(), help="Only these chapters (repeatable).")

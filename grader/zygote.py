@@ -35,8 +35,12 @@ class ZygoteError(RuntimeError):
 class Zygote:
     """The grader's side of the warm process; `start` has the signature of `grader.worker.start`."""
 
-    def __init__(self, *, root: Path = chapters.ROOT, prefix: list[str] = (), log: Path | None = None) -> None:
-        """`prefix` runs it under a sandbox command (bwrap …); `log` collects what it prints."""
+    def __init__(self, *, root: Path = chapters.ROOT, prefix: list[str] = (), log: Path | None = None,
+                 scratch: Path | None = None) -> None:
+        """`prefix` runs it under a sandbox command (bwrap …), where only `scratch` is writable: the
+        student processes then work and log there, whatever folder they are given; `log` collects
+        what the warm process itself prints."""
+        self.scratch = scratch
         mine, theirs = socket.socketpair()
         out = open(log, "ab") if log else subprocess.DEVNULL
         try:
@@ -76,7 +80,8 @@ class Zygote:
         """Fork a student process (what `grader.worker.start` makes, in milliseconds)."""
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
-        log_path = Path(workdir) / f"output-{time.monotonic_ns()}.log"
+        workdir = self.scratch or Path(workdir)
+        log_path = workdir / f"output-{time.monotonic_ns()}.log"
         try:
             self._send({"op": "spawn", "log": str(log_path), "cwd": str(workdir), "memory": memory_limit,
                         "output": output_limit, "forbidden": [str(d) for d in forbidden_dirs]}, [req_r, rep_w])
@@ -146,6 +151,11 @@ def serve(sock_fd: int) -> None:
                 os.dup2(log, 2)
                 os.chdir(message["cwd"])
                 child.run(fds[0], fds[1], message["memory"], message["output"], message["forbidden"])
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()  # into the log, or the warm process's own output before that
+                os._exit(1)
             finally:
                 os._exit(0)
         for fd in fds:
