@@ -192,6 +192,27 @@ def release(out: Path, chapter_names: tuple[Chapter, ...], no_nbgrader: bool) ->
                    f"cd there and run: nbgrader generate_assignment <chapter>")
 
 
+@main.group()
+def export() -> None:
+    """Export to a grading platform."""
+
+
+@export.command("gradescope")
+@click.argument("chapter", type=ChapterType())
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), required=True, metavar="ZIP",
+              help="The autograder bundle to write (upload it as the assignment's autograder).")
+@click.option("--seed", type=int, help="Grading seed of the hidden checks (random, fixed in the bundle, by default).")
+def export_gradescope(chapter: Chapter, out: Path, seed: int | None) -> None:
+    """A Gradescope autograder bundle for CHAPTER: setup.sh, run_autograder and the package with its hidden checks."""
+    from grader.gradescope import export as build
+
+    if not any(chapters.SOLUTIONS.glob("ch[0-9][0-9]_*.py")):
+        raise click.ClickException("a Gradescope bundle carries the hidden checks: build it from the instructor's repository")
+    build(chapter, out, seed=seed)
+    click.echo(f"{out} ({out.stat().st_size / 1024:.0f} KiB): upload it as the autograder of {chapter.id}; "
+               "students submit exercises/" + chapter.filename + " or their chapter notebook")
+
+
 @main.command()
 @click.argument("chapter_names", metavar="[CHAPTER]...", nargs=-1, type=ChapterType())
 @click.option("--check", "check_only", is_flag=True, help="Only report stubs that differ; exit 1 if any do.")
