@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import json
 import math
 import os
@@ -115,6 +116,26 @@ def _kernel_cells() -> list[str]:
     return [c for c in shell.user_ns.get("In", []) if c]
 
 
+_warm: dict = {}
+"""This kernel's warm process (grader.zygote), started by the first test cell: later cells fork
+their student process from it in milliseconds instead of starting an interpreter."""
+
+
+def _launcher():
+    """A launcher forking from this kernel's warm process (started now, before any check runs,
+    so that no check takes it for a process the student left behind)."""
+    from grader import worker
+    from grader.zygote import Zygote, ZygoteError
+
+    try:
+        if "zygote" not in _warm or _warm["zygote"].proc.poll() is not None:
+            _warm["zygote"] = Zygote()
+        return _warm["zygote"].start
+    except ZygoteError:
+        _warm.clear()
+        return functools.partial(worker.start, root=chapters.ROOT)
+
+
 def check_task(chapter_id: str, task_id: str, *, hidden: bool = False) -> float:
     """Grade one task from the cells this kernel has run; print the results and show the figures.
 
@@ -128,10 +149,12 @@ def check_task(chapter_id: str, task_id: str, *, hidden: bool = False) -> float:
     task = ch.task(task_id)
     if hidden and not checks.has_hidden(ch.id):
         raise RuntimeError("the hidden checks run at grading time, in the instructor's environment")
+    launcher = _launcher()
     with tempfile.TemporaryDirectory(prefix="course-nb-") as tmp, _quiet():
         folder = submission_from_cells(ch, _kernel_cells(), Path(tmp) / "submission")
         report = check(ch.id, task=task.id, submission=folder, hidden=hidden, public=not hidden,
-                       figures_dir=None if hidden else Path(tmp) / "figures", time_limit=_time_limit())
+                       figures_dir=None if hidden else Path(tmp) / "figures", time_limit=_time_limit(),
+                       launcher=launcher)
         if hidden:
             _print_hidden(report)
         else:

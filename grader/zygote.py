@@ -112,7 +112,10 @@ class _Forked:
         self.zygote, self.pid = zygote, pid
 
     def wait(self, timeout: float) -> int | None:
-        return self.zygote.wait(self.pid, timeout)
+        try:
+            return self.zygote.wait(self.pid, timeout)
+        except ZygoteError:  # nobody left to ask: say it stopped answering
+            return None
 
 
 # -- inside the warm process ------------------------------------------------------------------------------
