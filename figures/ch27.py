@@ -1,0 +1,260 @@
+"""Figures of ch27 · the engine core loop: the loop with its contracts and a step table from the student's
+trace, and the three boundaries (computed, placeholders, outputs) of an async request step by step."""
+
+from __future__ import annotations
+
+from figures import figure
+from figures.kit import Figure, text_width
+from figures.style import INK, LABEL, MARGIN, MUTED, SMALL, stroke
+
+STATUS = {"WAITING": "waiting", "RUNNING": "running", "FINISHED_LENGTH_CAPPED": "length", "FINISHED_STOPPED": "EOS"}
+
+
+def _requests(ops: list) -> list[tuple[str, int, int, int]]:
+    """(request id, prompt length, max_tokens, step after which it was added) for every added request."""
+    out, steps = [], 0
+    for op in ops:
+        if op[0] == "step":
+            steps += 1
+        elif op[0] == "add":
+            out.append((op[1], len(op[2]), op[3], steps))
+    return out
+
+
+def _instance(f: Figure, config: dict, ops: list) -> None:
+    x, y = MARGIN, f.y
+    items = [(f"budget = {config['budget']} tokens/step", "plain"), (f"max_num_seqs = {config['max_num_seqs']}", "plain")]
+    items += [(f"{rid}: prompt {p}, max_tokens {m}" + (f", added after step {s}" if s else ""), "token")
+              for rid, p, m, s in _requests(ops)]
+    for label, role in items:
+        w = text_width(label, LABEL) + 22
+        if x + w > f.width - MARGIN:
+            x, y = MARGIN, y + 38
+        f.box(x, y, w, 28, role=role, label=label)
+        x += w + 10
+    f.y = y + 28 + 30
+
+
+def _two_line_box(f: Figure, x: float, y: float, w: float, h: float, top: str, bottom: str, role: str) -> None:
+    f.box(x, y, w, h, role=role)
+    f.text(x + w / 2, y + h / 2 - 4, top, anchor="middle", size=SMALL + 1, color=MUTED, cls="label")
+    f.text(x + w / 2, y + h / 2 + 14, bottom, anchor="middle", size=LABEL + 1, mono=True, weight="bold", cls="label")
+
+
+def _lines(f: Figure, x: float, y: float, lines: list[str], *, anchor: str = "middle", color: str = MUTED,
+           size: float = SMALL + 0.5) -> None:
+    for i, s in enumerate(lines):
+        f.text(x, y + i * (size + 4), s, anchor=anchor, size=size, color=color, cls="label")
+
+
+def _loop_diagram(f: Figure) -> None:
+    """schedule() → execute_model() → update_from_output(), the contracts on the arrows, the way back."""
+    y, h, w = f.y + 4, 58, 196
+    xs = [MARGIN, MARGIN + 314, MARGIN + 628]
+    boxes = [("Scheduler · counters advance now", "schedule()", "block"),
+             ("Executor → worker · runs the model", "execute_model()", "k"),
+             ("Scheduler · append, check stop", "update_from_output()", "block")]
+    for x, (top, bottom, role) in zip(xs, boxes):
+        _two_line_box(f, x, y, w, h, top, bottom, role)
+    for i in range(2):
+        f.arrow(xs[i] + w + 4, y + h / 2, xs[i + 1] - 4, y + h / 2, color=INK, width=1.6)
+    gap_mid = [(xs[i] + w + xs[i + 1]) / 2 for i in range(2)]
+    _lines(f, gap_mid[0], y - 14, ["SchedulerOutput"], color=INK)
+    _lines(f, gap_mid[1], y - 14, ["ModelRunnerOutput"], color=INK)
+    _lines(f, gap_mid[0], y + h + 18, ["num_scheduled_tokens {id: n}", "prompt only for new requests",
+                                       "(scheduled_new_reqs), then diffs"])
+    _lines(f, gap_mid[1], y + h + 18, ["{id: [sampled token]}", "[] for a non-final prefill chunk",
+                                       "(the runner blanks it)"])
+    # The way back: from update_from_output down, left, and up into schedule().
+    by = y + h + 76
+    x_end, x_start = xs[0] + w / 2, xs[2] + w / 2
+    color = stroke("accent")
+    f.dwg.add(f.dwg.polyline([(x_start, y + h), (x_start, by), (x_end, by), (x_end, y + h + 52)], fill="none",
+                             stroke=color, stroke_width=1.6, class_="arrow"))
+    f.arrow(x_end, y + h + 52, x_end, y + h + 4, color=color, width=1.6)
+    f.text((x_start + x_end) / 2, by + 16, "the next step is scheduled only after this step's result is back "
+           "(a normal step waits, even with non_block=True)", anchor="middle", size=SMALL + 1, color=color, cls="label")
+    _lines(f, x_start + 8, y + h + 22, ["EngineCoreOutputs", "→ client:", "new_token_ids,", "finished"],
+           anchor="start", color=INK)
+    f.y = by + 40
+
+
+def _cells(step: dict | None, rid: str) -> list[str]:
+    """A request's four cells in one step: scheduled (positions), sampled, C / N, status."""
+    if step is None:
+        return ["", "", "", ""]
+    if rid not in step["requests"]:
+        return ["·", "·", "·", "later"]
+    sched, sampled = "—", "—"
+    for b in step["batches"]:
+        if rid in b["num_scheduled_tokens"]:
+            a, e = b["positions"][rid]
+            sched = f"{b['num_scheduled_tokens'][rid]} · {a}" + (f"–{e - 1}" if e - 1 > a else "")
+            s = b["sampled_token_ids"].get(rid, [])
+            sampled = str(s[0]) if s else "blank"
+    s = step["requests"].get(rid)
+    if s is None:
+        return [sched, sampled, "", ""]
+    return [sched, sampled, f"{s['num_computed_tokens']} / {s['num_tokens']}", STATUS.get(s["status"], s["status"])]
+
+
+def _emitted(step: dict | None) -> str:
+    if step is None:
+        return ""
+    outs = step.get("outputs") or []
+    return ", ".join(f"{o['request_id']} {' '.join(map(str, o['new_token_ids'])) or '[]'}"
+                     + (" ■" if o.get("finished") else "") for o in outs) or "—"
+
+
+@figure("ch27-enginecore-loop", title="EngineCore 闭环",
+        zh="每一步都走同一个闭环:schedule() 给出计划并当场推进 num_computed_tokens;execute_model() 运行模型并采样。"
+           "update_from_output() 追加 token、检查停止条件。普通 step 等结果回来才调度下一步,"
+           "non_block=True 本身并不带来重叠。",
+        en="The engine-core loop and its cross-layer contracts: schedule() plans the step and advances "
+           "num_computed_tokens at once, execute_model() runs and samples, update_from_output() appends and checks the "
+           "stop conditions; a normal step waits for its result before it schedules again (non_block=True alone "
+           "creates no overlap).",
+        needs={"trace": "27.1"})
+def enginecore_loop_figure(f: Figure, r: dict) -> None:
+    config, ops, trace, expected = r["config"], r["ops"], r["trace"], r["expected"]
+    _instance(f, config, ops)
+    _loop_diagram(f)
+
+    f.heading("你的每一步 · your steps (C / N = num_computed_tokens / num_tokens after the step)")
+    rids = [rid for rid, *_ in _requests(ops)]
+    widths = [76, 58, 66, 62]
+    step_w, emit_w, gap = 46, 170, 12
+    x0 = MARGIN
+    top = f.y + 8
+    for i, rid in enumerate(rids):
+        gx = x0 + step_w + i * (sum(widths) + gap)
+        f.box(gx, top, sum(widths) - 4, 20, role="token", label=f"request {rid}", size=SMALL + 1)
+        for j, label in enumerate(["scheduled · pos", "sampled", "C / N", "status"]):
+            f.text(gx + sum(widths[:j]) + (widths[j] - 4) / 2, top + 36, label, anchor="middle", size=SMALL,
+                   color=MUTED, cls="label")
+    ex = x0 + step_w + len(rids) * (sum(widths) + gap)
+    f.text(ex + emit_w / 2, top + 36, "emitted (■ finished)", anchor="middle", size=SMALL, color=MUTED, cls="label")
+    f.text(x0 + 18, top + 36, "step", anchor="middle", size=SMALL, color=MUTED, cls="label")
+    y = top + 44
+    wrong = False
+    for k in range(max(len(trace), len(expected))):
+        mine = trace[k] if k < len(trace) else None
+        want = expected[k] if k < len(expected) else None
+        f.text(x0 + 18, y + 19, str(k + 1), anchor="middle", size=LABEL, mono=True, cls="label")
+        for i, rid in enumerate(rids):
+            gx = x0 + step_w + i * (sum(widths) + gap)
+            got, exp = _cells(mine, rid), _cells(want, rid)
+            for j, (g, e) in enumerate(zip(got, exp)):
+                bad = g != e
+                wrong |= bad
+                role = "masked" if g in ("·", "later", "blank") else \
+                    ("block" if g not in ("—", "") else "plain") if j == 0 else \
+                    ("k" if g not in ("—", "") else "plain") if j == 1 else \
+                    ("accent" if g in ("length", "EOS") else "plain")
+                f.cell(gx + sum(widths[:j]), y, g, role=role, w=widths[j] - 4, h=30, fmt=str, wrong=bad,
+                       expected=e if bad else None, size=SMALL + 1.5)
+        g, e = _emitted(mine), _emitted(want)
+        wrong |= g != e
+        f.cell(ex, y, g, role="new" if g not in ("—", "") else "plain", w=emit_w, h=30, fmt=str, wrong=g != e,
+               expected=e if g != e else None, size=SMALL + 1.5)
+        y += 34
+    f.y = y + 16
+    blanks = [(k + 1, rid) for k, s in enumerate(trace) for b in s["batches"] for rid, v in
+              b["sampled_token_ids"].items() if not v]
+    if blanks:
+        steps = ", ".join(f"step {k} ({rid})" for k, rid in blanks)
+        f.note(f"Blank samples, {steps}: the chunk ends before the request's last known token (seq_len < num_tokens), "
+               "so the runner returns [] and nothing is appended or emitted. Every other sample is appended at once: "
+               "after each step a generating request has C = N − 1.", size=SMALL + 1.5)
+    f.legend([("block", "scheduler: tokens scheduled (positions)"), ("k", "worker: sampled and kept"),
+              ("masked", "blank: a non-final chunk's sample"), ("new", "emitted to the client"),
+              ("accent", "finished")], wrong=wrong)
+
+
+# -- ch27.2 -------------------------------------------------------------------------------------------
+def _row_label(step: dict, k: int) -> list[str]:
+    launched = [f"launch S{b['batch']} {{" + ", ".join(f"{r}: {n}" for r, n in b["num_scheduled_tokens"].items())
+                + "}" for b in step["batches"]]
+    got = [f"{o['request_id']} +{' '.join(map(str, o['new_token_ids']))}" for o in step.get("outputs") or []]
+    return [f"step {k}: " + (launched[0] if launched else "launch nothing"),
+            ("outputs back: " + ", ".join(got)) if got else "no output yet"]
+
+
+@figure("ch27-three-boundaries", title="三个边界分开看",
+        zh="异步调度提前一步调度:num_computed_tokens(已调度)先走,占位符 ? 记下还在路上的 token,"
+           "num_tokens(已输出)要等输出回来才前进;每次对账后 computed = num_tokens + placeholders − 1。",
+        en="Scheduled, computed and output boundaries differ under async steps and are reconciled: "
+           "num_computed_tokens runs ahead at schedule time, placeholders (?) count the tokens in flight, "
+           "num_tokens advances only when an output is processed; after each reconcile, C = N + ph − 1.",
+        needs={"trace": "27.2"})
+def three_boundaries_figure(f: Figure, r: dict) -> None:
+    config, ops, trace, expected = r["config"], r["ops"], r["trace"], r["expected"]
+    _instance(f, config, ops)
+    rid, plen, _, _ = _requests(ops)[0]
+    f.heading(f"请求 {rid} 每步之后 · request {rid} after each step (async: a batch queue of 2)")
+    label_w, cw = 196, 33
+    sx = MARGIN + label_w
+    npos = max([s["requests"][rid]["num_tokens"] + s["requests"][rid]["num_output_placeholders"]
+                for s in trace + expected if rid in s["requests"]] + [plen]) + 1
+    cx = sx + npos * cw + 16
+    top = f.y + 8
+    for p in range(npos):
+        f.text(sx + p * cw + (cw - 3) / 2, top + 8, str(p), anchor="middle", size=SMALL, color=MUTED, mono=True,
+               cls="label")
+    for j, label in enumerate(["C", "N", "ph"]):
+        f.text(cx + j * 44 + 20, top + 8, label, anchor="middle", size=SMALL + 1, weight="bold", cls="label")
+    f.text(cx + 3 * 44 + 4, top + 8, "C = N + ph − 1", size=SMALL, color=MUTED, cls="label")
+    y = top + 18
+    wrong = False
+    for k in range(max(len(trace), len(expected))):
+        mine = trace[k] if k < len(trace) else None
+        want = expected[k] if k < len(expected) else None
+        shown = mine or want
+        _lines(f, MARGIN, y + 12, _row_label(shown, k + 1), anchor="start", color=INK, size=SMALL + 1)
+        s = shown["requests"].get(rid)
+        if s is not None:
+            C, N, ph = s["num_computed_tokens"], s["num_tokens"], s["num_output_placeholders"]
+            arrived = sum(len(o["new_token_ids"]) for o in shown.get("outputs") or [] if o["request_id"] == rid)
+            outs = s["output_token_ids"]
+            for p in range(npos):
+                x = sx + p * cw
+                if p < N:
+                    f.cell(x, y, outs[p - plen] if p >= plen else f"p{p}", role="k" if p >= plen else "token", w=cw - 3,
+                           h=26, fmt=str, size=SMALL + 1)
+                    if p >= N - arrived:
+                        ring = f.dwg.rect((x - 1.5, y - 1.5), (cw, 29), fill="none", stroke=stroke("accent"),
+                                          stroke_width=2, class_="arrived")
+                        ring["stroke-dasharray"] = "3,2"
+                        f.dwg.add(ring)
+                elif p < N + ph:
+                    f.cell(x, y, "?", role="accent", w=cw - 3, h=26, fmt=str, dashed=True, size=SMALL + 2)
+                else:
+                    f.cell(x, y, "", role="plain", w=cw - 3, h=26, dashed=True)
+            # the computed boundary: a bar under the strip over positions 0 … C − 1
+            f.dwg.add(f.dwg.rect((sx, y + 29), (max(C * cw - 3, 0), 5), fill=stroke("block"), class_="boundary"))
+            f.dwg.add(f.dwg.line((sx + N * cw - 1.5, y - 3), (sx + N * cw - 1.5, y + 30), stroke=INK, stroke_width=2.2,
+                                 class_="boundary"))
+        got = [mine["requests"][rid][k2] if mine and rid in mine["requests"] else "" for k2 in
+               ("num_computed_tokens", "num_tokens", "num_output_placeholders")]
+        exp = [want["requests"][rid][k2] if want and rid in want["requests"] else "" for k2 in
+               ("num_computed_tokens", "num_tokens", "num_output_placeholders")]
+        for j, (g, e) in enumerate(zip(got, exp)):
+            bad = g != e
+            wrong |= bad
+            f.cell(cx + j * 44, y, g, role="block" if j == 0 else "plain" if j == 1 else "accent", w=40, h=26,
+                   wrong=bad, expected=e if bad else None, size=SMALL + 2)
+        mine_s = mine["requests"].get(rid) if mine else None
+        if mine_s is not None and mine_s["output_token_ids"]:
+            holds = mine_s["num_computed_tokens"] == mine_s["num_tokens"] + mine_s["num_output_placeholders"] - 1
+            f.text(cx + 3 * 44 + 4, y + 17, ("✓ " if holds else "✗ ") + f"{mine_s['num_computed_tokens']} = "
+                   f"{mine_s['num_tokens']} + {mine_s['num_output_placeholders']} − 1", size=SMALL + 0.5,
+                   color=INK if holds else stroke("wrong"), mono=True, cls="label")
+        y += 46
+    f.y = y + 6
+    f.note("The purple bar ends at C, the scheduled/computed boundary (advanced when a batch is launched); the black "
+           "line is N, the output boundary (advanced when a batch's output is reconciled); each ? is a placeholder, a "
+           "token sampled by a batch still in flight. A ringed token arrived in this step: until its batch was reconciled "
+           "it was still a ?, so right after the launch two tokens were in flight. A non-final chunk (step 1) adds no placeholder.",
+           size=SMALL + 1.5)
+    f.legend([("token", "prompt token p·"), ("k", "output token (reconciled)"), ("accent", "placeholder ?: in flight"),
+              ("block", "computed / scheduled (C)")], wrong=wrong)

@@ -1,0 +1,216 @@
+"""Figures of ch29 · from a schedule to execution metadata; measuring: §D.2's three requests flattened into six
+inputs and three candidates, and the client-side latency metrics of a small benchmark run."""
+
+from __future__ import annotations
+
+import math
+
+from figures import figure
+from figures.kit import Figure, text_width
+from figures.style import CELL, LABEL, MARGIN, MUTED, SMALL, fill, stroke
+
+
+def _n(x: float) -> str:
+    """A metric as a reader would write it: 466.7, 1298, 2.143."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f"{x:.4g}" if abs(x) < 1000 else f"{x:.0f}"
+
+
+def _close(a, b) -> bool:
+    return a is not None and b is not None and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+
+
+# -- ch29.1 -------------------------------------------------------------------------------------------
+def _situation(q: dict) -> str:
+    c, n, known = q["num_computed_tokens"], q["num_scheduled_tokens"], len(q["token_ids"])
+    what = "non-final chunk" if c + n < known else "1 token left" if n == 1 and c > 0 else "to the end"
+    return f"{what}: c {c}, n {n}, {known} known"
+
+
+@figure("ch29-schedule-to-metadata", title="调度计划翻译为执行元数据",
+        zh="无 CP、无投机解码、单一标准 KV group:三个请求共 6 个输入,但候选输出最多 3 个(每个请求最后一个被调度的 token),"
+           "R0 的 chunk 没到末尾,它的候选被丢弃,只追加 2 个 token。",
+        en="A scheduling plan becomes execution metadata (no context parallelism, no spec decode, one standard KV "
+           "group): three requests give 6 inputs but at most 3 candidate outputs, one per request at its last "
+           "scheduled token; R0's chunk stops short, so its candidate is discarded and 2 tokens are appended.",
+        needs={"yours": "29.1"})
+def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
+    reqs, B, mine, want = r["requests"], r["block_size"], r["yours"], r["expected"]
+    wrong = any(mine[k] != want[k] for k in want)
+    # 1. The plan, request by request: computed, scheduled and not-yet-run tokens over their blocks.
+    f.heading(f"调度计划 · the plan, block_size B = {B} (purple: KV already computed; blue: scheduled this step)")
+    cw, label_w = 44, 250
+    sx = MARGIN + label_w
+    y = f.y + 8
+    for i, q in enumerate(reqs):
+        c, n, tokens, table = q["num_computed_tokens"], q["num_scheduled_tokens"], q["token_ids"], q["block_table"]
+        f.text(MARGIN, y + 13, f"R{i}", size=LABEL + 1, weight="bold", cls="label")
+        f.text(MARGIN + 28, y + 13, f"table {table}", size=SMALL + 1, mono=True, color=MUTED, cls="label")
+        f.text(MARGIN, y + 30, _situation(q), size=SMALL, color=MUTED, cls="label")
+        for p, tok in enumerate(tokens):
+            role = "cached" if p < c else "new" if p < c + n else "plain"
+            f.cell(sx + p * cw, y, tok, role=role, w=cw - 3, h=26, size=SMALL + 1.5, bold=c <= p < c + n,
+                   dashed=p >= c + n)
+            f.text(sx + p * cw + (cw - 3) / 2, y - 3, str(p), anchor="middle", size=SMALL - 1.5, color=MUTED,
+                   mono=True, cls="label")
+        for b in range(-(-len(tokens) // B)):
+            x1, x2 = sx + b * B * cw, sx + min((b + 1) * B, len(tokens)) * cw - 3
+            label = f"block {table[b]}" if b < len(table) else "(no block yet)"
+            f.bracket(x1, x2, y + 29, label, size=SMALL)
+        y += 62
+    f.y = y + 12
+
+    # 2. The flattened batch: one column per input.
+    T = len(want["positions"])
+    f.heading(f"执行元数据 · the flattened batch: {T} inputs, one column each (the values are yours)")
+    cw2, lw = 72, 236
+    x0 = MARGIN + lw
+    top = f.y + 26
+    qsl, qsl_want = mine["query_start_loc"], want["query_start_loc"]
+    for i in range(len(reqs)):
+        a, e = qsl[i], qsl[i + 1]
+        if e > a:
+            f.bracket(x0 + a * cw2, x0 + e * cw2 - 6, top - 6, f"R{i}: rows {a}–{e - 1}", below=False, size=SMALL + 0.5)
+    req_of = [max(i for i in range(len(reqs)) if qsl_want[i] <= t) for t in range(T)]
+    rows = [("request", [f"R{i}" for i in req_of], None, "plain"),
+            ("position = c + j", mine["positions"], want["positions"], "token"),
+            ("input_id = token_ids[pos]", mine["input_ids"], want["input_ids"], "new"),
+            (f"slot = table[pos // {B}]·{B} + pos % {B}", mine["slot_mapping"], want["slot_mapping"], "block")]
+    for k, (label, values, expected, role) in enumerate(rows):
+        yy = top + k * (CELL + 4)
+        f.text(x0 - 10, yy + CELL / 2 + 4, label, anchor="end", size=LABEL - 0.5, color=MUTED, cls="label")
+        for t in range(T):
+            v = values[t] if t < len(values) else ""
+            bad = expected is not None and (t >= len(values) or v != expected[t])
+            f.cell(x0 + t * cw2, yy, v, role=role, w=cw2 - 6, h=CELL, fmt=str, wrong=bad,
+                   expected=expected[t] if bad else None)
+    yy = top + len(rows) * (CELL + 4)
+    for t in range(T):  # the slot's derivation under each column
+        q, p = reqs[req_of[t]], want["positions"][t]
+        blk = q["block_table"][p // B] if p // B < len(q["block_table"]) else "?"
+        f.text(x0 + t * cw2 + (cw2 - 6) / 2, yy + 9, f"{blk}·{B} + {p % B}", anchor="middle", size=SMALL - 0.5,
+               color=MUTED, mono=True, cls="label")
+    # logits rows: the student's logits_indices, each an arrow to "sample".
+    ly = yy + 24
+    f.text(x0 - 10, ly + CELL / 2 + 4, "logits_indices = qsl[1:] − 1", anchor="end", size=LABEL - 0.5, color=MUTED,
+           cls="label")
+    li, li_want = mine["logits_indices"], want["logits_indices"]
+    for t in range(T):
+        hit = t in li
+        should = t in li_want
+        bad = hit != should
+        f.cell(x0 + t * cw2, ly, "sample" if hit else "", role="accent" if hit else "plain", w=cw2 - 6, h=CELL - 6,
+               fmt=str, wrong=bad, expected=("sample" if should else "·") if bad else None, size=SMALL + 1)
+    f.y = ly + CELL + 24
+
+    # 3. Per request: query_start_loc, seq_lens and whether the candidate is kept.
+    f.heading("每个请求 · per request: seq_len = c + n; the candidate is kept only if seq_len reaches num_tokens")
+    R = len(reqs)
+    known = [len(q["token_ids"]) for q in reqs]
+    kept = ["keep" if k else "discard" for k in mine["kept"]]
+    kept_want = ["keep" if k else "discard" for k in want["kept"]]
+    gx = MARGIN + lw
+    f.y += 4
+    _, h = f.grid(gx, f.y, [mine["query_start_loc"]], expected=[want["query_start_loc"]], role="token", w=cw2 - 6,
+                  h=30, gap=6, row_labels=["query_start_loc"], col_labels=[f"[{i}]" for i in range(R + 1)])
+    f.y += h + 10
+    lab_w = text_width("kept (sample at logits row)", SMALL + 1) + 8
+    _, h = f.grid(gx - lab_w, f.y, [mine["seq_lens"], known, kept],
+                  expected=[want["seq_lens"], known, kept_want], w=cw2 - 6, h=30, gap=6, fmt=str,
+                  role=lambda i, j: "plain" if i < 2 else
+                  ("accent" if kept[j] == "keep" else "masked"),
+                  row_labels=["seq_len = c + n", "num_tokens known", "kept (sample at logits row)"],
+                  col_labels=[f"R{i}" for i in range(R)])
+    f.y += h + 22
+    appended = sum(1 for k in mine["kept"] if k)
+    f.note(f"{T} inputs, {len(li)} candidate outputs (logits rows {', '.join(map(str, li))}), {appended} tokens "
+           f"appended. A non-final chunk still gets a logits row (the runner samples every request at its last "
+           f"scheduled row); its token is thrown away.", size=SMALL + 1.5)
+    f.legend([("cached", "KV side: computed prefix, slots in the pool"), ("new", "scheduled this step, input ids"),
+              ("accent", "sampled and kept"), ("masked", "sample discarded")],
+             wrong=wrong)
+
+
+# -- ch29.2 -------------------------------------------------------------------------------------------
+@figure("ch29-latency-metrics", title="不要把耗时塞进一个 tok/s",
+        zh="TTFT、TPOT、ITL、端到端时延和吞吐各有定义:TPOT 按 token 计且不含首 token;ITL 按 chunk 计,合并所有请求的"
+           "间隔;吞吐除以整个运行的墙钟时间。图只给测量口径,不提供任何未实测的吞吐数字。",
+        en="Don't put everything into one tok/s: TTFT, TPOT, ITL, end-to-end latency and throughput are each defined "
+           "separately. TPOT is per token and leaves the first token out; ITL is per chunk, pooled over requests; "
+           "throughputs divide by the wall time of the whole run. Measuring rules only, no measured throughput.",
+        needs={"yours": "29.2"})
+def latency_metrics_figure(f: Figure, r: dict) -> None:
+    reqs, mine, want = r["requests"], r["yours"], r["expected"]
+    t0 = min(q["start"] for q in reqs)
+    t1 = max(q["chunk_times"][-1] for q in reqs)
+    ax0, ax1 = MARGIN + 60, 600
+    X = lambda t: ax0 + (t - t0) / (t1 - t0) * (ax1 - ax0)
+    f.heading("每个请求的时间线 · each request as the client saw it (a box per streamed chunk, its token count inside)")
+    y = f.y + 26
+    for i, q in enumerate(reqs):
+        s, ch, out = q["start"], q["chunk_times"], q["output_len"]
+        f.dwg.add(f.dwg.line((X(s), y + 12), (X(ch[-1]), y + 12), stroke=fill("token"), stroke_width=6))
+        f.text(MARGIN, y + 16, f"R{i}", size=LABEL + 1, weight="bold", cls="label")
+        f.dwg.add(f.dwg.polygon([(X(s), y + 5), (X(s) + 6, y + 12), (X(s), y + 19), (X(s) - 6, y + 12)],
+                                fill=stroke("token")))
+        counts = [1] + [0] * (len(ch) - 1)
+        rest = out - 1
+        for j in range(1, len(ch)):  # the tokens after the first chunk, spread evenly over the later chunks
+            counts[j] = rest // (len(ch) - 1) + (1 if j - 1 < rest % (len(ch) - 1) else 0)
+        for j, t in enumerate(ch):
+            f.cell(X(t) - 8, y + 3, counts[j], role="k", w=16, h=18, size=SMALL)
+        ttft, e2e = ch[0] - s, ch[-1] - s
+        f.bracket(X(s), X(ch[0]), y + 1, f"TTFT {_n(ttft * 1000)}", below=False, size=SMALL)
+        if len(ch) > 1:
+            f.bracket(X(s), X(ch[-1]), y + 25, f"E2E {_n(e2e * 1000)} ms", size=SMALL)
+        tp = f"TPOT ({_n(e2e * 1000)} − {_n(ttft * 1000)}) / ({out} − 1) = {_n((e2e - ttft) / (out - 1) * 1000)} ms" \
+            if out > 1 else f"one token: no TPOT; E2E {_n(e2e * 1000)} ms"
+        gaps = [b - a for a, b in zip(ch, ch[1:])]
+        f.text(ax1 + 20, y + 9, tp, size=SMALL, mono=True, cls="label")
+        f.text(ax1 + 20, y + 23, f"ITLs {', '.join(_n(g * 1000) for g in gaps[:5]) or 'none'}"
+               + (" ms" if gaps else ""), size=SMALL, mono=True, color=MUTED, cls="label")
+        y += 66
+    # the axis and the run's duration
+    f.dwg.add(f.dwg.line((ax0, y), (ax1, y), stroke=MUTED, stroke_width=1))
+    step = 0.2 if t1 - t0 <= 2 else 0.5 if t1 - t0 <= 5 else 1.0
+    tick = math.ceil(t0 / step) * step
+    while tick <= t1 + 1e-9:
+        f.dwg.add(f.dwg.line((X(tick), y), (X(tick), y + 4), stroke=MUTED, stroke_width=1))
+        f.text(X(tick), y + 15, f"{tick:.1f}", anchor="middle", size=SMALL - 0.5, color=MUTED, mono=True, cls="label")
+        tick += step
+    f.text(ax1 + 8, y + 4, "time (s)", size=SMALL, color=MUTED, cls="label")
+    f.bracket(ax0, ax1, y + 22, f"duration = last chunk − first start = {_n(want['duration'])} s", size=SMALL + 1)
+    f.y = y + 64
+
+    # the aggregates, the student's values
+    f.heading("你的统计量 · your statistics (ms), and the throughputs")
+    metrics = [("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL (pooled)"), ("e2el", "E2E")]
+    values = [[mine.get(f"{s}_{m}_ms") for s in ("mean", "median", "p99")] for m, _ in metrics]
+    expected = [[want[f"{s}_{m}_ms"] for s in ("mean", "median", "p99")] for m, _ in metrics]
+    gy = f.y + 4
+    w, h = f.grid(MARGIN, gy, values, expected=expected, w=82, h=30, gap=4, fmt=_n, same=_close,
+                  role=lambda i, j: "q" if i in (1, 2) else "plain",
+                  row_labels=[lab for _, lab in metrics], col_labels=["mean", "median", "p99"])
+    tx = MARGIN + w + 36
+    rows = [("request_throughput", f"{want['completed']} requests / {_n(want['duration'])} s", "req/s"),
+            ("output_throughput", f"{want['total_output_tokens']} output tokens / {_n(want['duration'])} s", "tok/s"),
+            ("total_token_throughput", f"({want['total_input_tokens']} + {want['total_output_tokens']}) tokens / "
+                                       f"{_n(want['duration'])} s", "tok/s")]
+    ty = gy + 16
+    for k, (key, how, unit) in enumerate(rows):
+        yy = ty + k * 34
+        f.text(tx, yy + 12, key, size=SMALL + 1, color=MUTED, mono=True, cls="label")
+        f.text(tx, yy + 26, f"= {how}", size=SMALL, color=MUTED, cls="label")
+        v, e = mine.get(key), want[key]
+        bad = not _close(v, e)
+        f.cell(tx + 262, yy + 2, v, role="v", w=66, h=28, fmt=_n, wrong=bad, expected=e if bad else None)
+        f.text(tx + 334, yy + 20, unit, size=SMALL, color=MUTED, cls="label")
+    f.y = gy + max(h, 3 * 34 + 16) + 20
+    note = (f"Mean TPOT {_n(mine.get('mean_tpot_ms'))} ms and mean ITL {_n(mine.get('mean_itl_ms'))} ms differ: a chunk "
+            "that carries 2 tokens is one ITL but two tokens of TPOT. A one-token request has no TPOT and no ITL; it "
+            "still counts in TTFT, E2E and the throughputs. These are measuring rules, not a benchmark result.")
+    f.note(note, size=SMALL + 1.5)
+    wrong = any(not _close(mine.get(k), v) for k, v in want.items())
+    f.legend([("token", "request in flight (start ◆ to last chunk)"), ("k", "streamed chunk (tokens in it)"),
+              ("q", "per-token / per-chunk latency"), ("v", "throughput over the whole run")], wrong=wrong)

@@ -1,0 +1,305 @@
+"""Public checks of ch29 · from a schedule to execution metadata; measuring, and the messages they share with
+the hidden ones."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from grader.checks import public
+from grader.compare import CheckFailed, describe, expect_tensor, fmt
+from grader.trial import Trial
+
+# ch29-schedule-to-metadata: reference §D.2 (checked): R0 mid-way through a chunked prefill, R1 a prefix hit
+# whose last prompt token is left, R2 a decode; B = 4. Token ids: request r's token at position p is 100(r+1) + p.
+D2 = [(10, 4, 4, [7, 3]), (9, 8, 1, [2, 5, 9]), (7, 6, 1, [4, 6])]
+D2_BLOCK = 4
+# ch29-latency-metrics: three requests; R1 streams two tokens per chunk after its first, R2 has one token.
+TIMES = [(0.0, [0.5, 0.7, 0.9, 1.1, 1.3], 8, 5), (0.2, [0.6, 1.0, 1.4], 6, 5), (0.4, [0.9], 4, 1)]
+FIELDS = ["query_start_loc", "positions", "input_ids", "slot_mapping", "seq_lens", "logits_indices", "kept"]
+METRICS = ["ttft", "tpot", "itl", "e2el"]
+STATS = ["mean", "median", "p99"]
+TOTALS = ["completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
+          "output_throughput", "total_token_throughput"]
+RTOL, ATOL = 1e-6, 1e-9
+
+
+def make_requests(spec: list[tuple[int, int, int, list[int]]]) -> list[dict]:
+    """(num_tokens, computed, scheduled, block_table) → request dicts with readable token ids."""
+    return [{"token_ids": [100 * (r + 1) + p for p in range(known)], "num_computed_tokens": c,
+             "num_scheduled_tokens": n, "block_table": list(table)} for r, (known, c, n, table) in enumerate(spec)]
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def make_times(spec: list[tuple[float, list[float], int, int]]) -> list[dict]:
+    return [{"start": s, "chunk_times": list(ch), "input_len": i, "output_len": o} for s, ch, i, o in spec]
+
+
+# -- 29.1 prepare_inputs ------------------------------------------------------------------------------------
+def describe_batch(requests: list[dict], block_size: int) -> str:
+    short = lambda t: str(t) if len(t) <= 5 else f"[{', '.join(map(str, t[:3]))}, …] ({len(t)} blocks)"
+    parts = [f"R{r}: knows {len(q['token_ids'])}, computed {q['num_computed_tokens']}, scheduled "
+             f"{q['num_scheduled_tokens']}, table {short(q['block_table'])}" for r, q in enumerate(requests[:4])]
+    more = f"; … {len(requests) - 4} more" if len(requests) > 4 else ""
+    return f"block_size {block_size}; " + "; ".join(parts) + more
+
+
+def expect_structure(got, requests: list[dict]) -> dict:
+    """Require the dict of seven tensors with the documented dtypes and shapes."""
+    if not isinstance(got, dict) or not set(FIELDS) <= set(got):
+        have = f"a dict with keys {sorted(got)}" if isinstance(got, dict) else describe(got)
+        raise CheckFailed(f"expected a dict with the keys {', '.join(FIELDS)}; yours: {have}")
+    T, R = sum(q["num_scheduled_tokens"] for q in requests), len(requests)
+    shapes = {"query_start_loc": R + 1, "seq_lens": R, "logits_indices": R, "kept": R}
+    for k in FIELDS:
+        n = shapes.get(k, T)
+        what = f"{k} ({'one per input token' if n == T and k not in shapes else 'per request'})"
+        expect_tensor(got[k], what=what, shape=[n], dtype=torch.bool if k == "kept" else torch.int64)
+    return got
+
+
+def explain_field(k: str, got: list, want: dict, requests: list[dict], block_size: int) -> list[str]:
+    """The derivation of the first wrong entry of field `k`, and a hint when a misconception fits."""
+    yours, exp = got, want[k].tolist()
+    i = next(i for i, (a, b) in enumerate(zip(yours, exp)) if a != b)
+    qsl = want["query_start_loc"].tolist()
+    if k in ("positions", "input_ids", "slot_mapping"):
+        r = max(j for j in range(len(requests)) if qsl[j] <= i)
+        q = requests[r]
+        c, j = q["num_computed_tokens"], i - qsl[r]
+        p = c + j
+        lines = [f"input {i} is request R{r}'s token {j} of this step (R{r} owns inputs {qsl[r]}…{qsl[r + 1] - 1}), "
+                 f"at position num_computed_tokens + {j} = {c} + {j} = {p}"]
+        if k == "input_ids":
+            lines.append(f"input_ids[{i}] = R{r}'s token_ids[{p}] = {exp[i]}; yours: {yours[i]}")
+            hint = "feed the token at the input's position (after the computed prefix)" \
+                if yours[i] == q["token_ids"][j] else ""
+        elif k == "positions":
+            lines[-1] += f"; yours: {yours[i]}"
+            hint = "positions continue after the computed prefix: c + j, not j" if yours[i] == j else ""
+        else:
+            table, b = q["block_table"], p // block_size
+            lines.append(f"logical block {p} // {block_size} = {b}, block_table[{b}] = {table[b]}, so the slot is "
+                         f"{table[b]}·{block_size} + {p % block_size} = {exp[i]}; yours: {yours[i]}")
+            hint = "the slot uses the physical block from the table, not the position" if yours[i] == p else \
+                "a slot counts from the start of the pool: multiply the physical block by block_size" \
+                if yours[i] == table[b] + p % block_size else ""
+        return lines + ([f"hint: {hint}"] if hint else [])
+    ns = [q["num_scheduled_tokens"] for q in requests]
+    if k == "query_start_loc":
+        known = [len(q["token_ids"]) for q in requests]
+        hint = ("query_start_loc is cumulative: entry r + 1 sums the scheduled tokens of requests 0…r"
+                if yours == [0] + ns else "it counts this step's inputs, num_scheduled_tokens, not every known token"
+                if yours == [sum(known[:j]) for j in range(len(known) + 1)] else "")
+        return [f"query_start_loc = [0] + running sums of num_scheduled_tokens {ns} = {exp}; yours: {yours}"] + \
+            ([f"hint: {hint}"] if hint else [])
+    q = requests[i]
+    c, n = q["num_computed_tokens"], q["num_scheduled_tokens"]
+    if k == "seq_lens":
+        hint = ("seq_lens is the KV length after this step, c + n, not the query length n" if yours[i] == n else
+                "seq_lens counts what is computed after this step, c + n, not every known token"
+                if yours[i] == len(q["token_ids"]) else "")
+        return [f"seq_lens[{i}] = R{i}'s num_computed_tokens + num_scheduled_tokens = {c} + {n} = {exp[i]}; "
+                f"yours: {yours[i]}"] + ([f"hint: {hint}"] if hint else [])
+    if k == "logits_indices":
+        hint = "sample at the *last* scheduled row of each request: query_start_loc[1:] − 1" \
+            if yours[i] in (qsl[i], qsl[i + 1]) else ""
+        return [f"logits_indices[{i}] = query_start_loc[{i + 1}] − 1 = {qsl[i + 1]} − 1 = {exp[i]}, R{i}'s last "
+                f"input; yours: {yours[i]}"] + ([f"hint: {hint}"] if hint else [])
+    known = len(q["token_ids"])
+    verdict = f"= its {known} known tokens" if exp[i] else f"< its {known} known tokens"
+    hint = ("a chunk that ends before the last known token is a non-final prefill chunk: its sample is thrown away"
+            if not exp[i] else "a step that reaches every known token keeps its sample (a 1-token step after a prefix "
+            "hit produces the first output)")
+    return [f"kept[{i}]: R{i}'s seq_len = {c} + {n} = {c + n} {verdict}, so its sample is "
+            f"{'kept' if exp[i] else 'discarded'}; yours: {yours[i]}", f"hint: {hint}"]
+
+
+def expect_metadata(got: dict, want: dict, requests: list[dict], block_size: int, case: str) -> None:
+    head = f'case "{case}": {describe_batch(requests, block_size)}'
+    for k in FIELDS:
+        if got[k].tolist() != want[k].tolist():
+            raise CheckFailed("\n".join([head] + explain_field(k, got[k].tolist(), want, requests, block_size)))
+
+
+def run_metadata_case(t: Trial, requests: list[dict], block_size: int, case: str, figure: str | None = None) -> dict:
+    want = t.ref.prepare_inputs(requests, block_size)
+    got = t.call("prepare_inputs", requests, block_size)
+    try:
+        expect_structure(got, requests)
+    except CheckFailed as e:
+        raise CheckFailed(f'case "{case}": {describe_batch(requests, block_size)}\n{e}') from None
+    if figure:
+        t.figure(figure, requests=requests, block_size=block_size, yours={k: got[k] for k in FIELDS},
+                 expected={k: want[k] for k in FIELDS})
+    expect_metadata(got, want, requests, block_size, case)
+    return got
+
+
+@public("29.1", "figure instance: §D.2's 3 requests, 6 inputs, at most 3 candidates (B = 4)")
+def d2_instance(t: Trial) -> None:
+    run_metadata_case(t, make_requests(D2), D2_BLOCK, "figure instance", figure="ch29-schedule-to-metadata")
+
+
+@public("29.1", "a decode batch: one input per request, every sample kept")
+def decode_batch(t: Trial) -> None:
+    run_metadata_case(t, make_requests([(5, 4, 1, [3, 1]), (9, 8, 1, [0, 2, 6]), (1, 0, 1, [5])]), 4, "decodes")
+
+
+@public("29.1", "whole prompts in one step, crossing block boundaries")
+def whole_prompts(t: Trial) -> None:
+    run_metadata_case(t, make_requests([(6, 0, 6, [2, 0]), (3, 0, 3, [1])]), 4, "whole prompts")
+
+
+@public("29.1", "a chunk that starts mid-block, block_size 2")
+def mid_block(t: Trial) -> None:
+    run_metadata_case(t, make_requests([(9, 3, 4, [6, 1, 4, 0, 3]), (4, 3, 1, [2, 5])]), 2, "mid-block")
+
+
+@public("29.1", "bad schedules raise ValueError")
+def bad_schedules(t: Trial) -> None:
+    t.expect_raises(ValueError, "prepare_inputs", make_requests([(5, 3, 3, [0, 1])]), 4,
+                    because="3 computed + 3 scheduled tokens go beyond the 5 the request knows")
+    t.expect_raises(ValueError, "prepare_inputs", make_requests([(9, 0, 9, [0, 1])]), 4,
+                    because="position 8 is in logical block 2, but the block table has only 2 blocks")
+
+
+# -- 29.2 latency_metrics -----------------------------------------------------------------------------------
+KEYS = TOTALS + [f"{s}_{m}_ms" for m in METRICS for s in STATS]
+
+
+def expect_metric_structure(got, head: str) -> dict:
+    """Require a dict with every metric as a number."""
+    if not isinstance(got, dict):
+        raise CheckFailed(f"{head}\nexpected a dict of metrics; yours: {describe(got)}")
+    for k in KEYS:
+        v = got.get(k)
+        if type(v) is bool or not isinstance(v, (int, float)):
+            raise CheckFailed(f"{head}\nexpected {k!r} as a number; yours: "
+                              f"{'missing' if k not in got else describe(v)}"
+                              + ("  (use .item())" if isinstance(v, torch.Tensor) else ""))
+    return got
+
+
+def expect_metrics(got: dict, want: dict, requests: list[dict], case: str) -> None:
+    """Require every metric within tolerance, explaining the first wrong one with its derivation."""
+    head = f'case "{case}": {plural(len(requests), "request")}'
+    expect_metric_structure(got, head)
+    for k in KEYS:
+        v = got[k]
+        if not math.isclose(float(v), want[k], rel_tol=RTOL, abs_tol=ATOL):
+            raise CheckFailed("\n".join([head] + explain_metric(k, float(v), want, requests)))
+
+
+def per_request(requests: list[dict]) -> dict:
+    """Each request's TTFT, E2E, TPOT (None when output_len is 1) and ITLs, in seconds."""
+    rows = []
+    for q in requests:
+        ch = q["chunk_times"]
+        ttft, e2e = ch[0] - q["start"], ch[-1] - q["start"]
+        rows.append({"ttft": ttft, "e2el": e2e, "itl": [b - a for a, b in zip(ch, ch[1:])],
+                     "tpot": (e2e - ttft) / (q["output_len"] - 1) if q["output_len"] > 1 else None})
+    return rows
+
+
+def _ms(xs: list[float]) -> str:
+    shown = ", ".join(fmt(x * 1000) for x in xs[:8])
+    return f"[{shown}{', …' if len(xs) > 8 else ''}] ms" + (f" ({len(xs)} values)" if len(xs) > 8 else "")
+
+
+def explain_metric(k: str, v: float, want: dict, requests: list[dict]) -> list[str]:
+    rows = per_request(requests)
+    dur = want["duration"]
+    close = lambda a, b: math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-9)
+    if k in TOTALS:
+        first, last = min(q["start"] for q in requests), max(q["chunk_times"][-1] for q in requests)
+        n, tin, tout = want["completed"], want["total_input_tokens"], want["total_output_tokens"]
+        how = {"completed": f"completed = the number of requests = {n}",
+               "duration": f"duration = last chunk − first start = {fmt(last)} − {fmt(first)} = {fmt(dur)} s",
+               "total_input_tokens": f"total_input_tokens = Σ input_len = {tin}",
+               "total_output_tokens": f"total_output_tokens = Σ output_len = {tout}",
+               "request_throughput": f"request_throughput = completed / duration = {n} / {fmt(dur)} s",
+               "output_throughput": f"output_throughput = Σ output_len / duration = {tout} / {fmt(dur)} s",
+               "total_token_throughput": f"total_token_throughput = (Σ input_len + Σ output_len) / duration = "
+                                         f"({tin} + {tout}) / {fmt(dur)} s"}[k]
+        lines = [f"{how} = {fmt(want[k])}; yours: {fmt(v)}" if k not in ("completed", "duration") or
+                 "throughput" in k else f"{how}; yours: {fmt(v)}"]
+        latencies = sum(r["e2el"] for r in rows)
+        hint = ""
+        if "throughput" in k and close(v, want[k] * dur / latencies):
+            hint = "divide by the wall time of the whole run, not by the sum of the requests' latencies"
+        elif k == "duration" and close(v, latencies):
+            hint = "the run's duration is its wall time, first start to last chunk, not the sum of the latencies"
+        elif k == "duration" and close(v, want["mean_e2el_ms"] / 1000):
+            hint = "the run's duration is its wall time, first start to last chunk, not the mean latency"
+        elif k == "total_token_throughput" and close(v, want["output_throughput"]):
+            hint = "total token throughput counts the input tokens too"
+        return lines + ([f"hint: {hint}"] if hint else [])
+    stat, metric = k.split("_")[0], k.split("_")[1]
+    values = [x for r in rows for x in r["itl"]] if metric == "itl" else \
+        [r[metric] for r in rows if r[metric] is not None]
+    how = {"ttft": "TTFT = first chunk − start, per request",
+           "e2el": "E2E = last chunk − start, per request",
+           "itl": "ITLs = gaps between successive chunks, of all requests pooled",
+           "tpot": "TPOT = (E2E − TTFT) / (output_len − 1), per request with output_len > 1"}[metric]
+    lines = [f"{how}: {_ms(values) if values else 'none, so 0.0 (vLLM’s np.mean(x or 0))'}",
+             f"{k} = {fmt(want[k])}; yours: {fmt(v)}"]
+    hint = ""
+    if close(v, want[k] / 1000):
+        hint = "report latencies in milliseconds (the timestamps are in seconds)"
+    elif metric == "tpot" and close(v, want[f"{stat}_itl_ms"]):
+        hint = "TPOT is per token, (E2E − TTFT) / (output_len − 1); ITL is per chunk, and a chunk may carry 2 tokens"
+    elif metric == "tpot" and stat == "mean" and close(v, 1000 * sum(
+            (r["e2el"] - r["ttft"]) / q["output_len"] for r, q in zip(rows, requests) if r["tpot"] is not None)
+            / max(len(values), 1)):
+        hint = "TPOT leaves the first token out: divide by output_len − 1"
+    elif metric == "tpot" and stat == "mean" and close(v, 1000 * sum(values) / len(rows)):
+        hint = "a request with one output token has no TPOT: leave it out instead of counting 0"
+    elif metric == "itl" and stat == "mean" and any(r["itl"] for r in rows) and close(v, 1000 * sum(
+            sum(r["itl"]) / len(r["itl"]) for r in rows if r["itl"]) / sum(1 for r in rows if r["itl"])):
+        hint = "mean ITL pools every gap of every request; it is not a mean of per-request means"
+    elif stat != "mean" and values and close(v, 1000 * sorted(values)[min(len(values) - 1, math.ceil(
+            len(values) * (0.5 if stat == "median" else 0.99)) - 1)]):
+        hint = "percentiles interpolate linearly between neighbours (numpy's default), not the nearest rank"
+    return lines + ([f"hint: {hint}"] if hint else [])
+
+
+def run_metrics_case(t: Trial, requests: list[dict], case: str, figure: str | None = None) -> dict:
+    want = t.ref.latency_metrics(requests)
+    got = t.call("latency_metrics", requests)
+    expect_metric_structure(got, f'case "{case}": {plural(len(requests), "request")}')
+    if figure:
+        t.figure(figure, requests=requests, yours={k: float(got[k]) for k in KEYS}, expected=want)
+    expect_metrics(got, want, requests, case)
+    return got
+
+
+@public("29.2", "figure instance: three requests, two tokens per chunk, a one-token answer")
+def metrics_instance(t: Trial) -> None:
+    run_metrics_case(t, make_times(TIMES), "figure instance", figure="ch29-latency-metrics")
+
+
+@public("29.2", "one request streaming one token per chunk")
+def one_request(t: Trial) -> None:
+    run_metrics_case(t, make_times([(1.0, [1.25, 1.5, 1.75, 2.0], 10, 4)]), "one request")
+
+
+@public("29.2", "throughput divides by the whole run, idle gaps included")
+def idle_gap(t: Trial) -> None:
+    run_metrics_case(t, make_times([(0.0, [0.2, 0.4], 5, 2), (3.0, [3.1, 3.3, 3.4], 7, 3)]), "idle gap")
+
+
+@public("29.2", "only one-token answers: no TPOT and no ITL at all")
+def single_tokens(t: Trial) -> None:
+    run_metrics_case(t, make_times([(0.0, [0.3], 4, 1), (0.1, [0.5], 2, 1)]), "single tokens")
+
+
+@public("29.2", "bad timestamps raise ValueError")
+def bad_timestamps(t: Trial) -> None:
+    t.expect_raises(ValueError, "latency_metrics", make_times([(0.0, [0.5, 0.4], 3, 2)]),
+                    because="the chunks arrive out of order")
+    t.expect_raises(ValueError, "latency_metrics", [], because="there is no request to measure")

@@ -1,0 +1,195 @@
+"""Hidden checks of ch27 · the engine core loop: random request mixes from the grading seed, traces compared
+with the reference, invariants checked on the student's own trace, edge cases and hundreds of requests."""
+
+from __future__ import annotations
+
+from grader.checks import hidden
+from grader.checks.ch27 import check_structure, drive_reference, drive_student, run_case
+from grader.compare import CheckFailed
+from grader.trial import Trial
+
+NAMES = [chr(c) for c in range(ord("A"), ord("Z") + 1)]
+
+
+def random_config(t: Trial, asyn: bool) -> dict:
+    return {"budget": t.random.choice([1, 2, 3, 4, 6, 8, 16, 32]), "max_num_seqs": t.random.randint(1, 4),
+            "async": asyn}
+
+
+def random_script(t: Trial, n: int, *, max_prompt: int = 12, max_out: int = 6, names: list | None = None) -> list:
+    """n requests with random prompts, max_tokens and EOS positions, arriving at random steps; then drain."""
+    names = names or NAMES
+    script, arrivals = [], sorted(t.random.randint(0, 2 * n) for _ in range(n))
+    now = 0
+    for i, at in enumerate(arrivals):
+        if at > now:
+            script.append(("step", at - now))
+            now = at
+        max_tokens = t.random.randint(1, max_out)
+        eos = t.random.randrange(max_tokens) if t.random.random() < 0.3 else None
+        script.append(("add", names[i], t.random.randint(1, max_prompt), max_tokens, eos))
+    return script + [("drain",)]
+
+
+def many(n: int) -> list[str]:
+    return [f"R{i}" for i in range(n)]
+
+
+def check_invariants(trace: list, ops: list, head: str, asyn: bool, drained: bool = True) -> None:
+    """Properties of any correct trace, checked on the student's own one."""
+    info = {op[1]: op for op in ops if op[0] == "add"}
+    emitted = {rid: [] for rid in info}
+    samples, finished_at = {}, {}
+    for k, entry in enumerate(trace, 1):
+        where = f"{head}\nafter step {k}"
+        for b in entry["batches"]:
+            for rid, (_, end) in b["positions"].items():
+                if b["sampled_token_ids"].get(rid):
+                    samples[rid, end] = b["sampled_token_ids"][rid][0]
+        for o in entry.get("outputs", []):
+            rid = o["request_id"]
+            if rid in finished_at:
+                raise CheckFailed(f"{where}: {rid} emitted {o['new_token_ids']} although it finished at step "
+                                  f"{finished_at[rid]}\nhint: an output that arrives for a finished request is stale: "
+                                  "drop it")
+            emitted.setdefault(rid, []).extend(o["new_token_ids"])
+            if o["finished"]:
+                finished_at[rid] = k
+        for rid, s in entry["requests"].items():
+            _, _, prompt, max_tokens, eos = info[rid]
+            outs = s["output_token_ids"]
+            if "run" not in entry and emitted.get(rid, []) != outs:
+                raise CheckFailed(f"{where}: {rid} has emitted {emitted.get(rid, [])} in all, but its "
+                                  f"output_token_ids are {outs}: every appended token is emitted exactly once")
+            for i, tok in enumerate(outs):
+                if samples.get((rid, len(prompt) + i)) != tok:
+                    raise CheckFailed(f"{where}: {rid}'s output {i} is {tok}, but the worker sampled "
+                                      f"{samples.get((rid, len(prompt) + i))} for position {len(prompt) + i}: tokens "
+                                      "are appended in position order (oldest batch first), each exactly once")
+            for what in problems(rid, s, max_tokens, eos, asyn):
+                raise CheckFailed(f"{where}: request {rid}: {what}")
+    last = trace[-1]["requests"] if trace and drained else {}
+    left = [rid for rid, s in last.items() if not s["status"].startswith("FINISHED") or s["num_output_placeholders"]]
+    if left:
+        raise CheckFailed(f"{head}\nat the end, {left[0]} is {last[left[0]]['status']} with "
+                          f"{last[left[0]]['num_output_placeholders']} placeholders; a drained engine has finished "
+                          "every request and resolved every placeholder")
+
+
+def problems(rid: str, s: dict, max_tokens: int, eos: int | None, asyn: bool):
+    """What is wrong with one request's state (generated lazily, first problem first)."""
+    outs, ph, done = s["output_token_ids"], s["num_output_placeholders"], s["status"].startswith("FINISHED")
+    if outs and s["num_tokens"] > s["num_computed_tokens"] + 1:
+        yield (f"num_tokens {s['num_tokens']} > num_computed_tokens {s['num_computed_tokens']} + 1: an output "
+               "beyond the scheduled boundary")
+    if s["num_computed_tokens"] > s["num_tokens"] + ph:
+        yield (f"num_computed_tokens {s['num_computed_tokens']} > num_tokens {s['num_tokens']} + placeholders {ph}: "
+               "scheduled beyond every token known or in flight")
+    if len(outs) > max_tokens:
+        yield f"{len(outs)} outputs, more than max_tokens {max_tokens}"
+    if ph < 0 or ph > (2 if asyn else 0):
+        yield f"num_output_placeholders {ph} (at most {2 if asyn else 0} batches are in flight)"
+    if not done and outs and s["num_computed_tokens"] != s["num_tokens"] + ph - 1:
+        yield (f"num_computed_tokens {s['num_computed_tokens']} ≠ num_tokens {s['num_tokens']} + placeholders {ph} "
+               "− 1, the invariant of a generating request once its output is reconciled")
+    if s["status"] == "FINISHED_LENGTH_CAPPED" and len(outs) != max_tokens:
+        yield f"FINISHED_LENGTH_CAPPED with {len(outs)} of max_tokens {max_tokens} outputs"
+    if s["status"] == "FINISHED_STOPPED" and (not outs or outs[-1] != eos or len(outs) >= max_tokens):
+        yield f"FINISHED_STOPPED, but its outputs {outs[-3:]} do not end in EOS {eos} below max_tokens"
+    if not done and outs and (len(outs) >= max_tokens or outs[-1] == eos):
+        yield f"still {s['status']} after output {outs[-1]} (eos {eos}, {len(outs)} of max_tokens {max_tokens})"
+
+
+def invariants_case(t: Trial, asyn: bool) -> None:
+    config = random_config(t, asyn) | {"budget": t.random.choice([3, 5, 8, 13])}
+    script = random_script(t, 24)
+    ops = t.reference(drive_reference, config, script)["ops"]
+    head = f'case "invariants": {config}, 24 random requests'
+    mine, error = drive_student(t, config, ops)
+    check_structure(mine, head)
+    check_invariants(mine, ops, head, asyn, drained=error is None)
+    if error is not None:
+        raise error
+
+
+def run_many(t: Trial, asyn: bool) -> None:
+    n = t.random.randint(150, 250)
+    config = {"budget": t.random.choice([8, 16, 32]), "max_num_seqs": t.random.choice([4, 8, 16]), "async": asyn}
+    script = [op for op in random_script(t, n, names=many(n)) if op[0] == "add"] + [("run",)]
+    run_case(t, f"{n} requests", config, script)
+
+
+EDGES = [
+    ({"budget": 1, "max_num_seqs": 2}, [("add", "A", 3, 2, None), ("add", "B", 1, 2, None), ("drain",)]),
+    ({"budget": 4, "max_num_seqs": 1}, [("add", "A", 1, 1, None), ("add", "B", 5, 3, 0), ("drain",)]),
+    ({"budget": 2, "max_num_seqs": 3}, [("add", "A", 4, 3, 2), ("step", 1), ("add", "B", 2, 1, 0), ("drain",),
+                                        ("step", 2)]),
+]
+
+
+# -- 27.1 ---------------------------------------------------------------------------------------------------
+@hidden("27.1", "random request mixes from the grading seed")
+def random_mixes(t: Trial) -> None:
+    for i in range(3):
+        run_case(t, f"random mix {i + 1}", random_config(t, False), random_script(t, t.random.randint(3, 7)))
+
+
+@hidden("27.1", "invariants on your own trace: tokens in order, each emitted once, counters consistent")
+def invariants(t: Trial) -> None:
+    invariants_case(t, False)
+
+
+@hidden("27.1", "edge cases: a budget of 1, max_tokens 1, one-token prompts, EOS first, idle steps")
+def edges(t: Trial) -> None:
+    for i, (config, script) in enumerate(EDGES):
+        run_case(t, f"edge {i + 1}", config | {"async": False}, script)
+
+
+@hidden("27.1", "hundreds of requests through run()", time_limit=5.0)
+def hundreds(t: Trial) -> None:
+    run_many(t, False)
+
+
+# -- 27.2 ---------------------------------------------------------------------------------------------------
+@hidden("27.2", "random request mixes from the grading seed")
+def async_random_mixes(t: Trial) -> None:
+    for i in range(3):
+        run_case(t, f"random mix {i + 1}", random_config(t, True), random_script(t, t.random.randint(3, 7)))
+
+
+@hidden("27.2", "invariants on your own trace: placeholders resolve in order, nothing emitted twice")
+def async_invariants(t: Trial) -> None:
+    invariants_case(t, True)
+
+
+@hidden("27.2", "edge cases: a budget of 1, max_tokens 1, one-token prompts, EOS first, idle steps")
+def async_edges(t: Trial) -> None:
+    for i, (config, script) in enumerate(EDGES):
+        run_case(t, f"edge {i + 1}", config | {"async": True}, script)
+
+
+def sync_outputs(ref, config: dict, script: list) -> dict:
+    return drive_reference(ref, config | {"async": False}, script)["trace"][-1]["run"]
+
+
+@hidden("27.2", "async scheduling changes when tokens arrive, not which tokens", time_limit=3.0)
+def same_tokens(t: Trial) -> None:
+    config = random_config(t, True)
+    script = [op for op in random_script(t, 12) if op[0] == "add"] + [("run",)]
+    want = t.reference(sync_outputs, config, script)
+    ops = t.reference(drive_reference, config, script)["ops"]
+    mine, error = drive_student(t, config, ops)
+    if error is not None:
+        raise error
+    got = mine[-1].get("run")
+    if got != want:
+        rid = next((r for r in want if not isinstance(got, dict) or got.get(r) != want[r]), None)
+        yours = got.get(rid) if isinstance(got, dict) else got
+        raise CheckFailed(f'case "same tokens": {config}, 12 requests\nwith or without async scheduling every request '
+                          f"gets the same tokens: {rid} gets {want[rid]} from the synchronous engine; your async run() "
+                          f"gave it {yours!r:.200}")
+
+
+@hidden("27.2", "hundreds of requests through run()", time_limit=5.0)
+def async_hundreds(t: Trial) -> None:
+    run_many(t, True)

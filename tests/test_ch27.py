@@ -1,0 +1,216 @@
+"""ch27 · the engine core loop: wrong engines that embody real misconceptions get the trace message meant for
+them (the first step that differs, in the chapter's terms), the invariants catch them on their own traces, and
+the figures drawn from them mark the wrong cells."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from mutate import mutant
+
+from grader.checks import ch27 as checks
+from grader.hidden import ch27 as hidden_checks
+from grader.run import check
+from solutions import ch27_engine_core as ref
+
+SEED = 27
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """Each mutant (the reference with `edits`) graded once (public and hidden checks), with its figures."""
+    cache = {}
+
+    def run(name: str, *edits: tuple[str, str]):
+        if (name, edits) not in cache:
+            submission = mutant(tmp_path_factory.mktemp(f"ch27_{name}"), "ch27", *edits)
+            out = tmp_path_factory.mktemp(name)
+            cache[name, edits] = check("ch27", submission=submission, hidden=True, seed=SEED, figures_dir=out)
+        return cache[name, edits]
+
+    return run
+
+
+def result(report, task: str, name_start: str):
+    found = [r for r in report.results if r.task == task and r.name.startswith(name_start)]
+    assert len(found) == 1, [r.name for r in report.results]
+    return found[0]
+
+
+def statuses(report, task: str) -> set[str]:
+    return {r.status for r in report.results if r.task == task}
+
+
+def wrong_elements(report, figure_id: str) -> list:
+    paths = [Path(p) for p in report.figures if p.endswith(f"/{figure_id}.svg")]
+    assert paths, report.figure_notes
+    return [el for el in ET.parse(paths[0]).getroot().iter() if "wrong" in (el.get("class") or "")]
+
+
+def trace_of(config: dict, script: list) -> list:
+    return checks.drive_reference(ref, config, script)["trace"]
+
+
+# -- the reference against the worked examples of reference/vllm_and_beyond.md ---------------------------------
+def test_the_sync_loop_reproduces_the_chunked_prefill_example():
+    # §A.5: prompt 10, max_tokens 2, 4 tokens per step: computed 4, 8, 10, 11; the first two samples blanked.
+    trace = trace_of({"budget": 4, "max_num_seqs": 1, "async": False}, [("add", "A", 10, 2, None), ("drain",)])
+    a = [s["requests"]["A"] for s in trace]
+    assert [s["num_computed_tokens"] for s in a] == [4, 8, 10, 11]
+    assert [s["num_tokens"] for s in a] == [10, 10, 11, 12]
+    assert [s["batches"][0]["sampled_token_ids"]["A"] == [] for s in trace] == [True, True, False, False]
+    assert a[-1]["status"] == "FINISHED_LENGTH_CAPPED"
+
+
+def test_the_async_loop_reproduces_the_placeholder_example():
+    # §B.4: prompt 5, budget large: S1 (5 tokens) then S2 (1 token) before S1's output, placeholders 1 → 2 → 1.
+    engine = ref.make_engine_core(16, 2, async_scheduling=True)
+    engine.add_request("A", [1, 2, 3, 4, 5], 3)
+    a = engine.requests["A"]
+    s1 = engine.schedule()
+    assert (a.num_computed_tokens, a.num_tokens, a.num_output_placeholders) == (5, 5, 1)
+    s2 = engine.schedule()
+    assert s2["num_scheduled_tokens"] == {"A": 1}
+    assert (a.num_computed_tokens, a.num_tokens, a.num_output_placeholders) == (6, 5, 2)
+    out1, out2 = engine.executor.execute_model(s1), engine.executor.execute_model(s2)
+    engine.reconcile(s1, out1)
+    assert (a.num_computed_tokens, a.num_tokens, a.num_output_placeholders) == (6, 6, 1)
+    engine.reconcile(s2, out2)
+    assert a.num_computed_tokens == a.num_tokens + a.num_output_placeholders - 1
+
+
+def test_async_and_sync_engines_produce_the_same_tokens():
+    script = [("add", r, p, m, e) for r, p, m, e in
+              [("A", 7, 4, None), ("B", 3, 5, 2), ("C", 1, 3, None), ("D", 9, 2, 0)]] + [("run",)]
+    for budget in (1, 3, 8):
+        runs = [trace_of({"budget": budget, "max_num_seqs": 2, "async": a}, script)[-1]["run"] for a in (False, True)]
+        assert runs[0] == runs[1]
+
+
+def test_the_invariants_hold_on_reference_traces_and_catch_a_token_out_of_order():
+    config = {"budget": 3, "max_num_seqs": 3, "async": True}
+    script = [("add", "A", 4, 4, None), ("add", "B", 2, 3, 1), ("drain",)]
+    expected = checks.drive_reference(ref, config, script)
+    hidden_checks.check_invariants(expected["trace"], expected["ops"], "case", True)
+    bad = [dict(s, requests={k: dict(v) for k, v in s["requests"].items()}) for s in expected["trace"]]
+    outs = bad[-1]["requests"]["A"]["output_token_ids"]
+    bad[-1]["requests"]["A"]["output_token_ids"] = [outs[1], outs[0], *outs[2:]]
+    with pytest.raises(checks.CheckFailed, match="exactly once"):
+        hidden_checks.check_invariants(bad, expected["ops"], "case", True)
+
+
+# -- 27.1 EngineCore ----------------------------------------------------------------------------------------
+def test_eos_checked_before_the_length_cap_is_explained(graded):
+    report = graded("eos_first",
+                    # EOS checked before the length cap: a last token that is EOS gives FINISHED_STOPPED
+                    ("""            for token in runner_output.get(rid, []):
+                request.output_token_ids.append(token)
+                new_token_ids.append(token)
+                if request.num_output_tokens >= request.max_tokens:
+                    request.status = FINISHED_LENGTH_CAPPED
+                elif token == request.eos_token_id:
+                    request.status = FINISHED_STOPPED""",
+                     """            for token in runner_output.get(rid, []):
+                request.output_token_ids.append(token)
+                new_token_ids.append(token)
+                if token == request.eos_token_id:
+                    request.status = FINISHED_STOPPED
+                elif request.num_output_tokens >= request.max_tokens:
+                    request.status = FINISHED_LENGTH_CAPPED"""))
+    r = result(report, "27.1", "EOS stops a request")
+    assert r.status == "failed"
+    assert "after step 3 request B should be FINISHED_LENGTH_CAPPED" in r.message
+    assert "yours: FINISHED_STOPPED" in r.message
+    assert "hint: num_output_tokens reached max_tokens: FINISHED_LENGTH_CAPPED (vLLM checks the length cap" in r.message
+    assert result(report, "27.1", "figure instance").status == "passed"
+    assert statuses(report, "27.2") == {"passed"}, "reconcile has its own stop check, untouched here"
+
+
+def test_an_empty_output_for_a_partial_prefill_is_explained_and_marked(graded):
+    report = graded("empty_outputs",
+                    # every scheduled request reports, even when the runner blanked its sample
+                    ("""            if new_token_ids:
+                outputs.append({"request_id": rid, "new_token_ids": new_token_ids, "finished": request.is_finished})
+        return outputs
+        ### END SOLUTION
+
+    def step(self) -> list[dict]:
+        \"\"\"One engine step: schedule, execute""", """            outputs.append({"request_id": rid, "new_token_ids": new_token_ids, "finished": request.is_finished})
+        return outputs
+        ### END SOLUTION
+
+    def step(self) -> list[dict]:
+        \"\"\"One engine step: schedule, execute"""))
+    r = result(report, "27.1", "figure instance")
+    assert r.status == "failed"
+    assert "step 1 ran batch 1 {A: 4} (positions A 0…3; sampled A: blank)" in r.message
+    assert "step 1 should return [] (nothing new)" in r.message and "yours: [('A', [], False)]" in r.message
+    assert "hint: a request that got no token this step (a non-final prefill chunk) emits nothing" in r.message
+    assert wrong_elements(report, "ch27-enginecore-loop")
+
+
+def test_computed_advanced_at_update_time_is_caught_by_the_piece_by_piece_check(graded):
+    report = graded("computed_at_update",
+                    # num_computed_tokens advanced when the output comes back instead of at schedule time
+                    ("            request.num_computed_tokens += n\n        return", "        return"),
+                    ("""            new_token_ids = []
+            for token in runner_output.get(rid, []):""",
+                     """            request.num_computed_tokens += scheduler_output["num_scheduled_tokens"][rid]
+            new_token_ids = []
+            for token in runner_output.get(rid, []):"""))
+    # After a whole sync step the counters agree again: only the piece-by-piece check sees the difference.
+    assert result(report, "27.1", "figure instance").status == "passed"
+    r = result(report, "27.1", "the contract piece by piece")
+    assert r.status == "failed"
+    assert "right after schedule() call 1, before the model runs, A should be RUNNING, num_computed_tokens 4" in r.message
+    assert "yours: RUNNING, num_computed_tokens 0" in r.message
+    assert "hint: num_computed_tokens is advanced at schedule time (optimistic)" in r.message
+
+
+# -- 27.2 AsyncEngineCore -----------------------------------------------------------------------------------
+def test_a_placeholder_for_a_partial_prefill_is_explained_and_marked(graded):
+    report = graded("placeholder_always",
+                    # a placeholder for every scheduled request, even a non-final prefill chunk
+                    ("""            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
+                request.num_output_placeholders += 1""", "            request.num_output_placeholders += 1"))
+    r = result(report, "27.2", "figure instance")
+    assert r.status == "failed"
+    assert "step 1 ran batch 1 {A: 3} (positions A 0…2; sampled A: blank)" in r.message
+    assert "num_output_placeholders 0\nyours: RUNNING, num_computed_tokens 3, num_tokens 5 (outputs []), " \
+           "num_output_placeholders 1" in r.message
+    assert "hint: a non-final prefill chunk produces no token, so it gets no placeholder" in r.message
+    assert wrong_elements(report, "ch27-three-boundaries")
+    assert statuses(report, "27.1") == {"passed"}
+
+
+def test_reconciling_the_newest_batch_first_is_explained(graded):
+    report = graded("newest_first",
+                    # the batch queue popped from the wrong end: the batch just launched is reconciled first
+                    ("self.batch_queue.pop()", "self.batch_queue.popleft()"))
+    r = result(report, "27.2", "one step ahead")
+    assert r.status == "failed"
+    assert "after step 2 request A should be RUNNING, num_computed_tokens 6, num_tokens 6 (outputs [305])" in r.message
+    assert "yours: RUNNING, num_computed_tokens 6, num_tokens 6 (outputs [306])" in r.message
+    assert "hint: 306 comes from the batch launched in this very step" in r.message
+    assert result(report, "27.2", "figure instance").status == "failed"
+    assert wrong_elements(report, "ch27-three-boundaries")
+
+
+def test_a_stale_output_after_eos_is_explained(graded):
+    report = graded("stale_kept",
+                    # an output that arrives after the request finished (EOS) is appended anyway
+                    ("""            if request.is_finished:
+                continue
+""", ""))
+    r = result(report, "27.2", "an output that arrives after EOS")
+    assert r.status == "failed"
+    assert "after step 4 request A should be FINISHED_STOPPED, num_computed_tokens 5, num_tokens 5 " \
+           "(outputs [303, 304])" in r.message
+    assert "yours: FINISHED_STOPPED, num_computed_tokens 5, num_tokens 6 (outputs [303, 304, 305])" in r.message
+    assert "hint: A had already finished (FINISHED_STOPPED): an output that arrives for a finished request is stale" \
+        in r.message
+    edges = result(report, "27.2", "edge cases")
+    assert edges.status == "failed" and "B had already finished (FINISHED_STOPPED)" in edges.message
+    assert statuses(report, "27.1") == {"passed"}

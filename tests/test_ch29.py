@@ -1,0 +1,163 @@
+"""ch29 · execution metadata and metrics: the reference reproduces the worked examples of
+reference/vllm_and_beyond.md §D.2 and §E.1 and agrees with numpy's statistics; wrong submissions get the
+teaching message meant for them and the figures drawn from them mark the wrong cells."""
+
+from __future__ import annotations
+
+import random
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from mutate import mutant
+
+from grader.checks import ch29 as checks
+from grader.hidden import ch29 as hidden_checks
+from grader.run import check
+from solutions import ch29_metadata_metrics as ref
+
+SEED = 29
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """Each mutant (the reference with `edits`) graded once (public and hidden checks), with its figures."""
+    cache = {}
+
+    def run(name: str, *edits: tuple[str, str]):
+        if (name, edits) not in cache:
+            submission = mutant(tmp_path_factory.mktemp(f"ch29_{name}"), "ch29", *edits)
+            out = tmp_path_factory.mktemp(name)
+            cache[name, edits] = check("ch29", submission=submission, hidden=True, seed=SEED, figures_dir=out)
+        return cache[name, edits]
+
+    return run
+
+
+def result(report, task: str, name_start: str):
+    found = [r for r in report.results if r.task == task and r.name.startswith(name_start)]
+    assert len(found) == 1, [r.name for r in report.results]
+    return found[0]
+
+
+def statuses(report, task: str) -> set[str]:
+    return {r.status for r in report.results if r.task == task}
+
+
+def wrong_elements(report, figure_id: str) -> list:
+    paths = [Path(p) for p in report.figures if p.endswith(f"/{figure_id}.svg")]
+    assert paths, report.figure_notes
+    return [el for el in ET.parse(paths[0]).getroot().iter() if "wrong" in (el.get("class") or "")]
+
+
+# -- the reference against the worked examples ---------------------------------------------------------------
+def test_prepare_inputs_reproduces_the_worked_example_of_d2():
+    out = ref.prepare_inputs(checks.make_requests(checks.D2), checks.D2_BLOCK)
+    assert out["query_start_loc"].tolist() == [0, 4, 5, 6]
+    assert out["positions"].tolist() == [4, 5, 6, 7, 8, 6]
+    assert out["seq_lens"].tolist() == [8, 9, 7]
+    assert out["slot_mapping"].tolist() == [12, 13, 14, 15, 36, 26]
+    assert out["logits_indices"].tolist() == [3, 4, 5]
+    assert out["kept"].tolist() == [False, True, True]
+    # input ids: R0's prompt tokens at positions 4…7, R1's token 8, R2's newest output (position 6)
+    assert out["input_ids"].tolist() == [104, 105, 106, 107, 208, 306]
+
+
+def test_latency_metrics_reproduce_the_worked_example_of_e1():
+    # 10 requests of 1000 input and 101 output tokens; TTFT 0.5 s, E2E 2.5 s; two tokens per chunk after the
+    # first; the run lasts 5 s. TPOT 20 ms, ITL 40 ms, 2 req/s, 202 and 2202 tok/s.
+    starts = [0.25 * i for i in range(9)] + [2.5]
+    requests = [{"start": s, "chunk_times": [s + 0.5 + 0.04 * k for k in range(51)], "input_len": 1000,
+                 "output_len": 101} for s in starts]
+    m = ref.latency_metrics(requests)
+    assert m["mean_ttft_ms"] == pytest.approx(500) and m["mean_e2el_ms"] == pytest.approx(2500)
+    assert m["mean_tpot_ms"] == pytest.approx(20) and m["mean_itl_ms"] == pytest.approx(40)
+    assert m["request_throughput"] == pytest.approx(2) and m["output_throughput"] == pytest.approx(202)
+    assert m["total_token_throughput"] == pytest.approx(2202)
+
+
+def test_latency_metrics_agree_with_numpy_on_random_sets():
+    class FakeTrial:
+        random = random.Random(3)
+
+    for n in (1, 2, 7, 50):
+        requests = hidden_checks.random_times(FakeTrial(), n)
+        got, want = ref.latency_metrics(requests), hidden_checks.numpy_metrics(requests)
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-9)
+
+
+# -- 29.1 prepare_inputs ------------------------------------------------------------------------------------
+def test_positions_from_zero_are_explained(graded):
+    report = graded("positions_from_zero",
+                    # positions counted within this step's chunk, as if nothing were computed before it
+                    ("            pos.append(p)\n", "            pos.append(p - c)\n"))
+    r = result(report, "29.1", "figure instance")
+    assert r.status == "failed"
+    assert "input 0 is request R0's token 0 of this step (R0 owns inputs 0…3), at position num_computed_tokens " \
+           "+ 0 = 4 + 0 = 4; yours: 0" in r.message
+    assert "hint: positions continue after the computed prefix: c + j, not j" in r.message
+    assert wrong_elements(report, "ch29-schedule-to-metadata")
+    assert statuses(report, "29.2") == {"passed"}
+
+
+def test_keeping_a_partial_prefill_sample_is_explained_and_marked(graded):
+    report = graded("keep_all",
+                    # every request's sample kept, even a chunk that stops before the last known token
+                    ("kept.append(c + n == len(tokens))", "kept.append(True)"))
+    r = result(report, "29.1", "figure instance")
+    assert r.status == "failed"
+    assert "kept[0]: R0's seq_len = 4 + 4 = 8 < its 10 known tokens, so its sample is discarded; yours: True" \
+        in r.message
+    assert "hint: a chunk that ends before the last known token is a non-final prefill chunk" in r.message
+    assert wrong_elements(report, "ch29-schedule-to-metadata")
+    assert result(report, "29.1", "a decode batch").status == "passed", "every decode sample is kept anyway"
+
+
+def test_sampling_the_first_row_is_explained(graded):
+    report = graded("first_row_logits",
+                    # logits taken at each request's first scheduled row instead of its last
+                    ('"logits_indices": query_start_loc[1:] - 1', '"logits_indices": query_start_loc[:-1]'))
+    r = result(report, "29.1", "figure instance")
+    assert r.status == "failed"
+    assert "logits_indices[0] = query_start_loc[1] − 1 = 4 − 1 = 3, R0's last input; yours: 0" in r.message
+    assert "hint: sample at the *last* scheduled row of each request" in r.message
+
+
+# -- 29.2 latency_metrics -----------------------------------------------------------------------------------
+def test_tpot_over_output_len_is_explained_and_marked(graded):
+    report = graded("tpot_over_n",
+                    # TPOT divided by every output token, the first one included
+                    ('tpots.append((e2el - ttft) / (req["output_len"] - 1))',
+                     'tpots.append((e2el - ttft) / req["output_len"])'))
+    r = result(report, "29.2", "figure instance")
+    assert r.status == "failed"
+    assert "TPOT = (E2E − TTFT) / (output_len − 1), per request with output_len > 1: [200, 200] ms" in r.message
+    assert "mean_tpot_ms = 200; yours: 160" in r.message
+    assert "hint: TPOT leaves the first token out: divide by output_len − 1" in r.message
+    assert wrong_elements(report, "ch29-latency-metrics")
+    assert statuses(report, "29.1") == {"passed"}
+
+
+def test_a_mean_of_per_request_itls_is_explained(graded):
+    report = graded("itl_mean_of_means",
+                    # one mean gap per request instead of every gap pooled
+                    ("itls += [b - a for a, b in zip(chunks, chunks[1:])]",
+                     "itls += [(chunks[-1] - chunks[0]) / (len(chunks) - 1)] if len(chunks) > 1 else []"))
+    r = result(report, "29.2", "figure instance")
+    assert r.status == "failed"
+    assert "ITLs = gaps between successive chunks, of all requests pooled: [200, 200, 200, 200, 400, 400] ms" \
+        in r.message
+    assert "mean_itl_ms = 266.7; yours: 300" in r.message
+    assert "hint: mean ITL pools every gap of every request" in r.message
+
+
+def test_dividing_by_the_sum_of_latencies_is_explained(graded):
+    report = graded("throughput_latency",
+                    # the run's duration taken as the sum of the requests' latencies
+                    ('duration = max(r["chunk_times"][-1] for r in requests) - min(r["start"] for r in requests)',
+                     'duration = sum(r["chunk_times"][-1] - r["start"] for r in requests)'))
+    r = result(report, "29.2", "throughput divides by the whole run")
+    assert r.status == "failed"
+    assert "duration = last chunk − first start = 3.4 − 0 = 3.4 s; yours: 0.8" in r.message
+    assert "hint: the run's duration is its wall time, first start to last chunk, not the sum of the latencies" \
+        in r.message
