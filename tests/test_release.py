@@ -106,6 +106,14 @@ def _perturbed(value, args):
             return y.reshape(x.shape)
         if type(x) in (int, float):
             return x + 1
+        import numpy as np
+        if isinstance(x, np.ndarray) and x.size:
+            y = x.copy()
+            field = y[y.dtype.names[0]] if y.dtype.names else y
+            field.flat[0] = ~field.flat[0] if field.dtype == bool else field.flat[0] + 1
+            return y
+        if isinstance(x, str):
+            return x + "?"
         if isinstance(x, (list, tuple)) and x:
             return type(x)([first(x[0]), *x[1:]])
         if isinstance(x, dict) and x:

@@ -1,0 +1,245 @@
+"""Figures of ch31 · mixture of experts across ranks: the rows of a dispatch leaving token order and coming
+back through the handle, and the per-GPU load before and after EPLB places replicas."""
+
+from __future__ import annotations
+
+from figures import figure
+from figures.kit import Figure, num
+from figures.style import INK, LABEL, MARGIN, MUTED, RULE, SMALL, VALUE, WIDTH, fill, stroke
+
+
+def _pair(v) -> str:
+    return "[" + ", ".join(num(round(float(x), 4)) for x in v) + "]"
+
+
+@figure("ch31-moe-roundtrip", title="非 MegaMoE 路径的数据往返",
+        zh="dispatch 把每个 (token, 专家) 对作为一行送到专家所在的 rank,按专家分组;handle 记下每行来自哪个 token、"
+           "第几个 top-k 选择;combine 按 handle 把专家输出送回 token 顺序并按权重求和,而不是把各 rank 的输出按物理顺序拼接。",
+        en="MoE dispatch and combine: every (token, expert) pair travels as one row to its expert's rank, grouped "
+           "by expert; the handle keeps each row's token and top-k slot, so combine returns the expert outputs to "
+           "token order, weighted, instead of concatenating the ranks' rows in physical order.",
+        needs={"handle": "31.2"})
+def roundtrip_figure(f: Figure, r: dict) -> None:
+    x, ids, w = r["x"], r["topk_ids"], r["topk_weights"]
+    h, hw = r["handle"], r["handle_expected"]
+    rows, rows_w = r["rows"], r["rows_expected"]
+    out, out_w = r.get("out"), r.get("out_expected")
+    N, E, R = len(x), len(hw["tokens_per_expert"]), len(hw["rows_per_rank"])
+    per_rank = E // R
+    src, slot, exp = h["src_token"], h["topk_slot"], h["expert"]
+    flat = [row for rank in rows for row in rank]
+    M = min(len(src), len(slot), len(exp), len(flat))
+    flat_w = [row for rank in rows_w for row in rank]
+    wrong_any = h != hw or rows != rows_w or (out is not None and out != out_w)
+    left = MARGIN + 74                                   # a band label column on the left
+
+    def band(y: float, *lines: str) -> None:
+        for i, line in enumerate(lines):
+            f.text(left - 10, y + i * (SMALL + 4), line, size=SMALL + 1, anchor="end",
+                   color=INK if i == 0 else MUTED, weight="bold" if i == 0 else "normal", cls="label")
+
+    f.heading("① route_topk → ② dispatch (labels from your handle) → ③ experts → ④ combine, back in token order")
+    # 1. The tokens and their routing.
+    gap = 14
+    tw = (WIDTH - MARGIN - left - (N - 1) * gap) / N
+    ty = f.y + 8
+    token_x = []
+    band(ty + 13, "① tokens", "x, top-k")
+    for t in range(N):
+        bx = left + t * (tw + gap)
+        token_x.append(bx + tw / 2)
+        f.cell(bx, ty, f"T{t}  x = {_pair(x[t])}", role="token", w=tw, h=30, fmt=str, size=VALUE - 0.5)
+        routes = ",  ".join(f"e{e}·{num(round(wt, 3))}" for e, wt in zip(ids[t], w[t]))
+        f.text(bx + tw / 2, ty + 46, "→ " + routes, size=SMALL + 1, anchor="middle", mono=True, color=MUTED,
+               cls="label")
+    token_bottom = ty + 52
+
+    # 2. The dispatched rows, one column per row, rank by rank.
+    ry = token_bottom + 100
+    col_gap, rank_gap = 5, 24
+    cw = (WIDTH - MARGIN - left - (R - 1) * rank_gap - (max(M, 1) - 1) * col_gap) / max(M, 1)
+    counts = h["rows_per_rank"] if len(h["rows_per_rank"]) == R else hw["rows_per_rank"]
+    col_x, start = [], 0
+    for rank in range(R):
+        for i in range(start, min(start + counts[rank], M)):
+            col_x.append(left + i * (cw + col_gap) + rank * rank_gap)
+        start += counts[rank]
+    while len(col_x) < M:                                   # counts that do not add up: keep going right
+        col_x.append(col_x[-1] + cw + col_gap if col_x else left)
+    start = 0
+    for rank in range(R):
+        cols = col_x[start:start + counts[rank]]
+        if cols:
+            f.box(cols[0] - 6, ry - 26, cols[-1] + cw - cols[0] + 12, 154, role="plain", dashed=True, rx=8)
+            f.text(cols[0], ry + 122, f"rank {rank} · experts e{rank * per_rank}–e{(rank + 1) * per_rank - 1} · "
+                                      f"{counts[rank]} rows", size=SMALL + 1, color=MUTED, cls="label")
+        start += counts[rank]
+    band(ry - 4, "② expert", "handle")
+    band(ry + 18, "", "src · slot")
+    band(ry + 52, "rows x", "(dispatched)")
+    band(ry + 92, "③ y = (e+1)·x", "(expert output)")
+    for i in range(M):
+        cx = col_x[i] + cw / 2
+        right = i < len(hw["src_token"]) and src[i] == hw["src_token"][i]
+        f.curve(token_x[src[i]] if 0 <= src[i] < N else cx, token_bottom + 2, cx, ry - 28,
+                color=stroke("block") if right else stroke("wrong"), width=1.0, head=5)
+        want = (hw["src_token"][i], hw["topk_slot"][i], hw["expert"][i]) if i < len(hw["src_token"]) else None
+        mine = (src[i], slot[i], exp[i])
+        f.text(cx, ry - 8, f"e{exp[i]}", size=SMALL + 1, anchor="middle", weight="bold",
+               color=INK if want and want[2] == exp[i] else stroke("wrong"), cls="label")
+        f.cell(col_x[i], ry, f"T{src[i]} · k{slot[i]}", role="block", w=cw, h=28, fmt=str, size=VALUE - 1.5,
+               wrong=mine != want, expected=f"T{want[0]}·k{want[1]}·e{want[2]}" if want and mine != want else None)
+        f.cell(col_x[i], ry + 34, _pair(flat[i]), role="block", w=cw, h=28, fmt=str, size=VALUE - 2,
+               wrong=i >= len(flat_w) or flat[i] != flat_w[i], expected=_pair(flat_w[i]) if i < len(flat_w) else "—")
+        f.cell(col_x[i], ry + 74, _pair([v * (exp[i] + 1) for v in flat[i]]), role="accent", w=cw, h=28, fmt=str,
+               size=VALUE - 2)
+    rows_bottom = ry + 128
+
+    # 4. Combine: back to token order, weighted.
+    oy = rows_bottom + 96
+    for i in range(M):
+        if 0 <= src[i] < N:
+            f.curve(col_x[i] + cw / 2, rows_bottom + 2, token_x[src[i]], oy - 30, color=stroke("accent"), width=1.0,
+                    head=5)
+    band(oy - 10, "④ combine", "Σ w · y")
+    for t in range(N):
+        bx = left + t * (tw + gap)
+        terms = [(w[t][j], ids[t][j]) for j in range(len(ids[t]))]
+        formula = " + ".join(f"{num(round(wt, 3))}·{e + 1}" for wt, e in terms)
+        factor = sum(wt * (e + 1) for wt, e in terms)
+        f.text(bx + tw / 2, oy - 14, f"out[T{t}] = ({formula})·x", size=SMALL - 0.5, anchor="middle", mono=True,
+               cls="label")
+        f.text(bx + tw / 2, oy - 1, f"= {num(round(factor, 4))}·x", size=SMALL - 0.5, anchor="middle", mono=True,
+               color=MUTED, cls="label")
+        if out is not None:
+            f.cell(bx, oy + 6, _pair(out[t]), role="token", w=tw, h=30, fmt=str, wrong=out[t] != out_w[t],
+                   expected=_pair(out_w[t]), size=VALUE - 0.5, bold=True)
+        else:
+            f.cell(bx, oy + 6, "combine not checked yet", role="masked", w=tw, h=30, fmt=str, size=SMALL)
+    f.y = oy + 6 + 30 + 28
+    order = ", ".join(f"T{hw['src_token'][i]}" for i in range(len(hw["src_token"])))
+    f.note(f"In physical order the rows are [{order}]: {len(hw['src_token'])} rows for {N} tokens, some twice and "
+           f"out of place. Concatenating them is wrong; the handle puts each one back. (The course keeps one row per "
+           f"(token, expert), like DeepEP's low-latency mode; its normal mode sends a token once per rank.)",
+           size=SMALL + 1)
+    f.legend([("token", "tokens and combined outputs, in token order"), ("block", "rows on a rank (handle, x)"),
+              ("accent", "expert outputs")], wrong=wrong_any)
+
+
+@figure("ch31-eplb-load", title="平均负载掩盖最慢 rank",
+        zh="平均负载掩盖最慢 rank:不做 EPLB 时每块 GPU 连续放两个专家,最忙的 GPU 负载 100、平均只有 75;"
+           "EPLB 给热门专家加冗余副本并装箱后,最忙的 GPU 降到 80,balancedness 从 0.75 升到 0.9375。"
+           "这是解释热点的示意数据,非实际 benchmark;EPLB 策略还看多步历史和槽位容量。",
+        en="Average load hides the slowest rank: without EPLB each GPU holds two contiguous experts and the busiest "
+           "carries 100 against a mean of 75; with redundant replicas of the hot experts packed by EPLB the busiest "
+           "carries 80, and balancedness rises from 0.75 to 0.9375. Illustrative loads, not a benchmark; EPLB also "
+           "weighs many steps of history and the slots available.",
+        needs={"phy2log": "31.3"})
+def eplb_load_figure(f: Figure, r: dict) -> None:
+    loads, (num_replicas, num_groups, num_nodes, num_gpus) = r["loads"], r["args"]
+    phy, cnt, phy_w, cnt_w = r["phy2log"], r["logcnt"], r["phy2log_expected"], r["logcnt_expected"]
+    E = len(loads)
+    per_gpu, static_per = num_replicas // num_gpus, E // num_gpus
+    wrong_any = phy != phy_w or cnt != cnt_w or r.get("balancedness") != r.get("balancedness_expected")
+
+    # The instance: loads per logical expert, in groups.
+    f.heading(f"一层的专家负载 · loads of {E} logical experts in {num_groups} groups; {num_nodes} nodes, "
+              f"{num_gpus} GPUs, {num_replicas} slots ({per_gpu} per GPU)")
+    y = f.y + 6
+    cw = 60
+    gs = E // num_groups
+    for e, load in enumerate(loads):
+        x = MARGIN + e * (cw + 4) + (e // gs) * 10
+        f.text(x + cw / 2, y + 10, f"e{e}", size=SMALL + 1, anchor="middle", color=MUTED, cls="label")
+        f.cell(x, y + 14, load, role="block", w=cw, h=28)
+    for g in range(num_groups):
+        x0 = MARGIN + g * gs * (cw + 4) + g * 10
+        f.bracket(x0, x0 + gs * (cw + 4) - 4, y + 48, f"group {g} = {num(sum(loads[g * gs:(g + 1) * gs]))}",
+                  size=SMALL + 0.5)
+    f.y = y + 48 + 44
+
+    # Two panels of stacked bars.
+    static = [[(e, loads[e]) for e in range(g * static_per, (g + 1) * static_per)] for g in range(num_gpus)]
+    stacks = [[(e, loads[e] / cnt[e]) for e in phy[g * per_gpu:(g + 1) * per_gpu]] for g in range(num_gpus)]
+    stacks_w = [[(e, loads[e] / cnt_w[e]) for e in phy_w[g * per_gpu:(g + 1) * per_gpu]] for g in range(num_gpus)]
+    top = max(sum(v for _, v in s) for s in static + stacks + stacks_w) * 1.08
+    panel_w = (WIDTH - 2 * MARGIN - 30) / 2
+    height = 210
+    base = f.y + 40 + height
+    for p, (title, data, want) in enumerate(((f"不做 EPLB · static: {static_per} contiguous experts per GPU", static, None),
+                                             ("EPLB 之后 · your placement: replicas of hot experts, packed", stacks,
+                                              stacks_w))):
+        px = MARGIN + p * (panel_w + 30)
+        f.text(px, f.y + 6, title, size=LABEL, weight="bold", cls="heading")
+        _stacked(f, px + 40, base, panel_w - 60, height, top, data, want, cnt, num_nodes, num_gpus)
+    f.y = base + 92
+
+    # Balancedness.
+    f.heading("balancedness = mean / max · the slowest GPU sets the step time; the average hides it")
+    y = f.y + 4
+    gots = r.get("balancedness") or [None, None]
+    wants = r.get("balancedness_expected") or [None, None]
+    for p, (data, got, want) in enumerate(((static, gots[0], wants[0]), (stacks, gots[1], wants[1]))):
+        totals = [sum(v for _, v in s) for s in data]
+        px = MARGIN + p * (panel_w + 30)
+        f.text(px, y + 20, f"{num(sum(totals) / len(totals))} / {num(max(totals))} =", size=LABEL, mono=True,
+               cls="value")
+        if want is None:
+            continue
+        shown = "not run" if got is None else f"{got:.4g}"
+        f.cell(px + 170, y, shown, role="accent", w=110, h=30, fmt=str, bold=True,
+               wrong=got is None or abs(got - want) > 1e-9, expected=f"{want:.4g}")
+        f.text(px + 290, y + 20, "your balancedness()", size=SMALL + 1, color=MUTED, cls="label")
+    f.y = y + 30 + 26
+    f.legend([("block", "an expert with one replica"), ("accent", "a replica of a hot expert (load / count)"),
+              ("plain", "dashed line: the mean GPU load; solid: the max, the step time")], wrong=wrong_any)
+
+
+def _stacked(f: Figure, x0: float, base: float, width: float, height: float, top: float, data: list, want,
+             cnt: list, num_nodes: int, num_gpus: int) -> None:
+    """One bar per GPU, a segment per replica; a GPU whose replicas differ from `want` is hatched."""
+    gap = 18
+    bw = (width - (num_gpus - 1) * gap) / num_gpus
+    totals = [sum(v for _, v in s) for s in data]
+    mean = sum(totals) / len(totals)
+    for g, stack in enumerate(data):
+        bx = x0 + g * (bw + gap)
+        bad = want is not None and sorted(stack) != sorted(want[g])
+        y = base
+        for e, v in stack:
+            hgt = height * v / top
+            role = "accent" if cnt[e] > 1 and want is not None else "block"
+            f.dwg.add(f.dwg.rect((bx, y - hgt), (bw, hgt), fill="url(#hatch-wrong)" if bad else fill(role),
+                                 stroke=stroke("wrong") if bad else stroke(role), stroke_width=1,
+                                 class_="bar wrong" if bad else "bar"))
+            if hgt >= 13:
+                f.text(bx + bw / 2, y - hgt / 2 + 4, f"e{e} {num(round(v, 2))}", size=SMALL, anchor="middle", mono=True,
+                       cls="value")
+            y -= hgt
+        if bad:
+            wt = sum(v for _, v in want[g])
+            hw = height * wt / top
+            outline = f.dwg.rect((bx - 3, base - hw), (bw + 6, hw), fill="none", stroke=INK, stroke_width=1,
+                                 class_="expected-bar")
+            outline["stroke-dasharray"] = "3,2"
+            f.dwg.add(outline)
+            f.text(bx + bw / 2, base + 58, "expected", size=SMALL - 1.5, anchor="middle", cls="expected")
+            f.text(bx + bw / 2, base + 69, " ".join(f"e{e}" for e, _ in want[g]) + f" = {num(round(wt, 2))}",
+                   size=SMALL - 1.5, anchor="middle", cls="expected")
+        f.text(bx + bw / 2, base + 14, f"GPU {g}: {num(round(totals[g], 2))}", size=SMALL + 1, anchor="middle",
+               weight="bold", color=stroke("wrong") if bad else INK, cls="value wrong" if bad else "value")
+    my = base - height * mean / top
+    line = f.dwg.line((x0 - 6, my), (x0 + width + 6, my), stroke=INK, stroke_width=1.2, class_="mean")
+    line["stroke-dasharray"] = "5,3"
+    f.dwg.add(line)
+    f.text(x0 - 8, my + 11, f"mean {num(round(mean, 2))}", size=SMALL, anchor="end", color=INK, cls="label")
+    mx = base - height * max(totals) / top
+    f.dwg.add(f.dwg.line((x0 - 6, mx), (x0 + width + 6, mx), stroke=stroke("accent"), stroke_width=1.4,
+                         class_="max"))
+    f.text(x0 - 8, mx - 3, f"max {num(round(max(totals), 2))}", size=SMALL, anchor="end", color=stroke("accent"),
+           weight="bold", cls="label")
+    per_node = num_gpus // num_nodes
+    for n in range(num_nodes):
+        a = x0 + n * per_node * (bw + gap)
+        f.bracket(a, a + per_node * (bw + gap) - gap, base + 22, f"node {n}", size=SMALL)
+    f.dwg.add(f.dwg.line((x0 - 4, base), (x0 + width + 4, base), stroke=RULE, stroke_width=1))
