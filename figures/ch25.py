@@ -166,3 +166,112 @@ def blocks_figure(f: Figure, r: dict) -> None:
     f.y += h + 26
     f.legend([("token", "a token (its position)"), ("block", "a slot of this sequence's blocks"),
               ("masked", "blocks and slots not in use")], wrong=slots != expected)
+
+
+_CIRCLED = "①②③④⑤⑥"
+
+
+def _state(m: dict | None) -> str:
+    """A block's state name, from its moment record."""
+    if m is None:
+        return "?"
+    if m["ref"] == 0:
+        return "FREE-CACHED" if m["hash"] != "none" else "FREE-CLEAN"
+    return ("SHARED" if m["ref"] > 1 else "HASHED") if m["hash"] != "none" else "FILLING"
+
+
+@figure("ch25-block-lifecycle", title="物理块的六个时刻",
+        zh="同一个物理块 0 的六个时刻:空闲、分配给 A、被 B 的前缀命中共享、释放后仍带 hash(可回收,内容未清零)、"
+           "被 C 的前缀命中复活、被 D 复用时旧 hash 被驱逐。",
+        en="Six moments in the life of physical block 0: free, allocated to A, shared by B's prefix hit, freed but "
+           "still cached (recyclable, not zeroed), revived by C's prefix hit, and evicted when D reuses it for new "
+           "tokens.",
+        needs={"moments": "25.3"})
+def lifecycle_figure(f: Figure, r: dict) -> None:
+    block, bs, moments = r["block"], r["block_size"], r["moments"]
+    # The instance: the pool and the four requests.
+    f.heading(f"实例 · {r['num_blocks']} blocks × {bs} slots; four requests, one after another")
+    reqs = [("A", "[1 … 9]", "9 tokens"), ("B", "[1 2 3 4 | 20 21 22]", "shares A's first block"),
+            ("C", "[1 2 3 4 | 30 31]", "arrives after A, B finished"), ("D", "[40 … 55]", "16 new tokens")]
+    x = MARGIN
+    for name, toks, note in reqs:
+        w = text_width(f"{name} = {toks}", LABEL, mono=True) + 20
+        f.box(x, f.y, w, 26, role="token", label=f"{name} = {toks}", mono=True, size=LABEL - 1)
+        f.text(x + w / 2, f.y + 40, note, anchor="middle", size=SMALL, color=MUTED, cls="note")
+        x += w + 12
+    f.y += 66
+    gap, cols = 16, 3
+    pw = (f.width - 2 * MARGIN - (cols - 1) * gap) / cols
+    ph = 322
+    wrong = False
+    for k, m in enumerate(moments):
+        px, py = MARGIN + (k % cols) * (pw + gap), f.y + (k // cols) * (ph + gap)
+        wrong |= _panel(f, px, py, pw, ph, k, m, block, bs)
+        if k % cols < cols - 1:
+            f.arrow(px + pw + 2, py + 24, px + pw + gap - 2, py + 24, color=MUTED, head=5)
+    f.y += 2 * ph + gap + 24
+    f.legend([("masked", "free, ref 0 (dashed): recyclable, not zeroed"), ("block", "in use, ref ≥ 1"),
+              ("k", "K/V of these tokens, still in the block"),
+              ("accent", f"block {block} in the free list (head on the left)")], wrong=wrong)
+
+
+def _panel(f: Figure, x: float, y: float, w: float, h: float, k: int, m: dict, block: int, bs: int) -> bool:
+    """One moment: the block as a card, its bookkeeping (yours, expected if different), the free list."""
+    yours, want = m["yours"], m["expected"]
+    f.dwg.add(f.dwg.rect((x, y), (w, h), rx=6, fill="none", stroke=MUTED, stroke_width=0.8, class_="panel"))
+    f.text(x + 10, y + 20, f"{_CIRCLED[k]} {m['label']}", size=LABEL + 0.5, weight="bold", cls="label")
+    f.paragraph(x + 10, y + 37, m["what"], width=w - 20, size=SMALL, color=MUTED)
+    f.text(x + 10, y + 86, f"after {m['op']}" if m["op"] else "at the start", size=SMALL, mono=True, color=INK,
+           cls="note")
+    shown = yours if yours is not None else want
+    state = _state(shown)
+    role = "masked" if state.startswith("FREE") else "block" if shown else "plain"
+    cy = y + 94
+    f.box(x + 10, cy, w - 20, 44, role=role, dashed=state.startswith("FREE"))
+    f.text(x + 18, cy + 14, f"block {block} · {state if yours is not None else 'not reached'}", size=SMALL,
+           mono=True, cls="label")
+    cw = (w - 36 - 3 * (bs - 1)) / bs
+    toks = shown["tokens"] if shown else []
+    for s in range(bs):
+        f.cell(x + 18 + s * (cw + 3), cy + 19, toks[s] if s < len(toks) else "", role="k" if toks else "plain",
+               w=cw, h=20, size=SMALL, dashed=not toks)
+    rows = [("ref_count", "ref"), ("hash", "hash"), ("map entry → it", "mapped"), ("held by", "holders")]
+    ry, bad_any = cy + 54, False
+    for label, key in rows:
+        got = _show(yours, key)
+        exp = _show(want, key)
+        bad = got != exp
+        bad_any |= bad
+        f.text(x + 12, ry + 18, label, size=SMALL + 0.5, color=MUTED, cls="label")
+        f.cell(x + 112, ry, got, role="plain", w=w - 122, h=28, fmt=str, size=SMALL + 0.5,
+               wrong=bad, expected=exp if bad else None)
+        ry += 32
+    free = yours["free"] if yours else []
+    free_want = want["free"] if want else []
+    f.text(x + 12, ry + 18, "free list", size=SMALL + 0.5, color=MUTED, cls="label")
+    fx = x + 112
+    n = max(len(free), len(free_want), 1)
+    fw = min(26, (w - 122) / n - 2)
+    for i in range(max(len(free), len(free_want))):
+        got = free[i] if i < len(free) else "·"
+        exp = free_want[i] if i < len(free_want) else "·"
+        bad = got != exp
+        bad_any |= bad
+        f.cell(fx + i * (fw + 2), ry, got, role="accent" if got == block else "masked", w=fw, h=28,
+               size=SMALL, wrong=bad, expected=exp if bad else None)
+    if not free and not free_want:
+        f.text(fx, ry + 18, "(empty)", size=SMALL, color=MUTED, cls="note")
+    return bad_any
+
+
+def _show(m: dict | None, key: str) -> str:
+    if m is None:
+        return "—"
+    v = m[key]
+    if key == "mapped":
+        return "yes" if v else "no"
+    if key == "holders":
+        return ", ".join(v) if v else "—"
+    if key == "hash":
+        return v if v == "none" else v[:10] + "…"
+    return str(v)

@@ -76,12 +76,15 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
     spawn = functools.partial(launcher or functools.partial(worker.start, root=chapters.ROOT), workdir=workdir,
                               memory_limit=memory_limit, output_limit=OUTPUT_LIMIT, forbidden_dirs=forbidden)
     first = spawn()
+    import gc
+
     import torch  # imported only now that the student's process is starting: the two imports overlap
 
     from grader import reference
     from grader.session import Session
     from grader.trial import run_one
     session = Session(path, spawn=spawn, worker=first, time_limit=time_limit)
+    gc.freeze()  # torch's many objects stay out of full garbage collections (about 0.1 s each)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the student's process computes beside us on a small machine
     try:

@@ -28,7 +28,7 @@ def test_list_shows_every_chapter_and_the_last_result(cli):
     for ch in chapters.all_chapters():
         assert re.search(rf"^{ch.id}\s+{re.escape(ch.title)}\s+{len(ch.tasks)}\s+not run$", out.output, re.M)
     cli("check", "ch25")
-    assert re.search(r"^ch25 .* 0/2 passed$", cli("list").output, re.M)
+    assert re.search(rf"^ch25 .* 0/{len(chapters.find('ch25').tasks)} passed$", cli("list").output, re.M)
 
 
 def test_check_on_the_stubs_says_not_implemented_without_a_traceback(cli):
@@ -54,7 +54,8 @@ def test_json_is_one_gradescope_document(cli, tmp_path):
     assert doc["score"] == doc["max_score"] > 0 and doc["seed"] == 3
     for test in doc["tests"]:
         assert {"name", "score", "max_score", "status", "output", "visibility"} <= set(test)
-        assert test["status"] == "passed" and test["name"].startswith(("ch25.1 slot_mapping: ", "ch25.2 store_kv: "))
+        assert test["status"] == "passed" and test["name"].startswith(
+            ("ch25.1 slot_mapping: ", "ch25.2 store_kv: ", "ch25.3 BlockManager: "))
     assert {t["visibility"] for t in doc["tests"]} == {"visible", "after_due_date"}
     assert all(Path(p).is_file() for p in doc["figures"])
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import random
+from collections import deque
+from typing import Callable
+
 import torch
 
 from grader.checks import hidden
-from grader.checks.ch25 import check_store, expect_slots, run_slot_case, run_store_case
+from grader.checks.ch25 import (check_store, drive_reference, expect_slots, expect_trace, describe_op, hx, states,
+                                run_slot_case, run_store_case)
+from grader.compare import CheckFailed, describe
 from grader.trial import Trial
 
 
@@ -87,3 +93,215 @@ def bad_store_inputs(t: Trial) -> None:
                     because="there are 2 tokens but only 1 slot")
     t.expect_raises(ValueError, "store_kv", cache, cache.clone(), torch.ones(1, 2, 4), torch.ones(1, 2, 4), [-2],
                     because="−2 is neither a slot nor the padding marker −1")
+
+
+# -- 25.3 the block manager under a scheduler ------------------------------------------------------------
+def workload(rnd: random.Random, *, num_requests: int, block_size: int, num_prefixes: int, max_new: int,
+             max_len: int, per_step: int) -> list[tuple[int, str, list[int], int]]:
+    """Requests (arrival step, name, prompt, new tokens): a few shared system prompts, some exact duplicates."""
+    prefixes = [[rnd.randrange(1, 100) for _ in range(rnd.randint(block_size, 4 * block_size))]
+                for _ in range(num_prefixes)]
+    out = []
+    for i in range(num_requests):
+        if out and rnd.random() < 0.1:
+            prompt = list(rnd.choice(out)[2])
+        else:
+            head = rnd.choice(prefixes) if rnd.random() < 0.8 else []
+            prompt = head + [rnd.randrange(1, 100) for _ in range(rnd.randint(1, 3 * block_size))]
+        prompt = prompt[:max_len - max_new]
+        out.append((i // per_step, f"R{i}", prompt, rnd.randint(1, max_new)))
+    return out
+
+
+def simulate(do: Callable[[list], object], seed: int, block_size: int, requests: list, max_seqs: int, budget: int,
+             max_ops: int = 20_000) -> list:
+    """nano-vllm's scheduler in miniature (prefill first, FCFS, only the first sequence of a batch chunked,
+    preemption from the tail of running), driving a block manager through `do(op) -> value`; returns the
+    script of its operations. It keeps its own view of each sequence (length, cached tokens, whether it
+    holds blocks), so it can drive any manager on that manager's own answers."""
+    rnd, script = random.Random(seed), []
+    view: dict[str, dict] = {}
+
+    def run(op: list):
+        script.append(op)
+        return do(op)
+
+    pending, waiting, running = deque(requests), deque(), deque()
+    step = 0
+    while (pending or waiting or running) and len(script) < max_ops:
+        while pending and pending[0][0] <= step:
+            _, name, prompt, n = pending.popleft()
+            run(["add", name, prompt])
+            view[name] = {"len": len(prompt), "prompt": len(prompt), "new": n, "cached": 0, "held": False}
+            waiting.append(name)
+        step += 1
+        batch, used = [], 0
+        while waiting and len(batch) < max_seqs and used < budget:
+            name = waiting[0]
+            v = view[name]
+            if not v["held"]:
+                hits = run(["can_allocate", name])
+                if hits == -1:
+                    break
+                todo = v["len"] - hits * block_size
+            else:
+                todo = v["len"] - v["cached"]
+            if budget - used < todo and batch:
+                break
+            if not v["held"]:
+                run(["allocate", name, hits])
+                v["held"], v["cached"] = True, hits * block_size
+            k = min(todo, budget - used)
+            batch.append((name, k))
+            used += k
+            if v["cached"] + k == v["len"]:
+                running.append(waiting.popleft())
+        if not batch:
+            if not running:
+                break  # nothing fits even in an empty pool: a manager that never admits
+            while running and len(batch) < max_seqs:
+                name = running.popleft()
+                while not run(["can_append", name]):
+                    victim = running.pop() if running else name
+                    run(["deallocate", victim])
+                    view[victim].update(held=False, cached=0)
+                    waiting.appendleft(victim)
+                    if victim == name:
+                        break
+                else:
+                    run(["may_append", name])
+                    batch.append((name, 1))
+            running.extendleft(name for name, _ in reversed(batch))
+        for name, k in batch:
+            v = view[name]
+            done = v["cached"] + k == v["len"]
+            run(["compute", name, k, rnd.randrange(1, 100) if done else None])
+            v["cached"] += k
+            v["len"] += done
+            if done and v["len"] - v["prompt"] == v["new"]:
+                run(["deallocate", name])
+                v.update(held=False, cached=0)
+                running.remove(name)
+    return script
+
+
+def reference_do(ref, num_blocks: int, block_size: int) -> Callable[[list], object]:
+    manager, seqs = ref.BlockManager(num_blocks, block_size), {}
+    return lambda op: ref.run_op(manager, seqs, op)
+
+
+def random_trace(t: Trial, *, num_blocks: int, block_size: int, num_requests: int, max_new: int, max_seqs: int,
+                 budget: int, per_step: int, case: str) -> tuple[list, list]:
+    """A random workload scheduled over the reference; your manager must give the same trace."""
+    requests = workload(t.random, num_requests=num_requests, block_size=block_size, num_prefixes=4, max_new=max_new,
+                        max_len=num_blocks * block_size, per_step=per_step)
+    script = simulate(reference_do(t.ref, num_blocks, block_size), t.random.randrange(2**31), block_size, requests,
+                      max_seqs, budget)
+    expected = t.reference(drive_reference, num_blocks, block_size, script)
+    got = t.call("replay", num_blocks, block_size, script)
+    expect_trace(script, got, expected, num_blocks, block_size, case=case)
+    return script, got
+
+
+@hidden("25.3", "200 requests sharing four system prompts")
+def many_requests(t: Trial) -> None:
+    random_trace(t, num_blocks=48, block_size=4, num_requests=200, max_new=4, max_seqs=8, budget=32, per_step=2,
+                 case="200 requests over 48 blocks")
+
+
+@hidden("25.3", "memory pressure: 60 requests over 12 blocks, preemption and re-admission")
+def memory_pressure(t: Trial) -> None:
+    random_trace(t, num_blocks=12, block_size=4, num_requests=60, max_new=12, max_seqs=6, budget=24, per_step=2,
+                 case="60 requests over 12 blocks")
+
+
+@hidden("25.3", "block sizes 2 and 16, long prompts prefilled in chunks")
+def block_sizes(t: Trial) -> None:
+    random_trace(t, num_blocks=40, block_size=2, num_requests=30, max_new=6, max_seqs=4, budget=10, per_step=1,
+                 case="block_size 2")
+    random_trace(t, num_blocks=12, block_size=16, num_requests=24, max_new=18, max_seqs=4, budget=20, per_step=1,
+                 case="block_size 16")
+
+
+@hidden("25.3", "invariants hold on your own trace, driven by your own answers")
+def invariants(t: Trial) -> None:
+    # The scheduler acts on your can_allocate / can_append, one operation at a time, so whatever order your
+    # manager hands blocks out in, the state after every step must still add up.
+    num_blocks, bs = 12, 4
+    requests = workload(t.random, num_requests=16, block_size=bs, num_prefixes=3, max_new=8, max_len=num_blocks * bs,
+                        per_step=2)
+    runner, ops, trace = t.call("ScriptRunner", num_blocks, bs), [], []
+
+    def do(op: list):
+        records = t.method(runner, "run", [op])
+        if not isinstance(records, list) or len(records) != 1 or not isinstance(records[0], dict):
+            raise CheckFailed(f"ScriptRunner.run should return one record per operation; yours: {describe(records)}")
+        ops.append(op)
+        trace.append(records[0])
+        if "error" in records[0]:
+            raise Stop
+        value = records[0]["value"]
+        if op[0] == "can_allocate" and not (type(value) is int and value >= -1):
+            raise CheckFailed(f"can_allocate({op[1]}) should return an int ≥ −1; yours: {describe(value)}")
+        if op[0] == "can_append" and type(value) is not bool:
+            raise CheckFailed(f"can_append({op[1]}) should return a bool; yours: {describe(value)}")
+        return value
+
+    try:
+        simulate(do, t.random.randrange(2**31), bs, requests, 6, 24, max_ops=1500)
+    except Stop:
+        pass
+    everything = set(range(num_blocks))
+    for i, (before, s) in enumerate(states(ops, trace, num_blocks)):
+        head = f"invariants on your own trace, step {i + 1}: {describe_op(ops[i], before, bs)}\n"
+        if "error" in s:
+            raise CheckFailed(head + f"your code raised {s['error']}")
+        problem = broken_invariant(s, everything, ops[i][1])
+        if problem:
+            raise CheckFailed(head + problem)
+
+
+class Stop(Exception):
+    """The manager raised: the scheduler stops and the trace so far is judged."""
+
+
+def broken_invariant(s: dict, everything: set[int], name: str) -> str | None:
+    """The first invariant this state breaks (they hold whatever the allocation order), or None."""
+    free, used = s["free"], s["used"]
+    if len(set(free)) != len(free):
+        return f"the free list {free} holds a block twice"
+    if set(free) & set(used) or set(free) | set(used) != everything:
+        return (f"free + used should be every block exactly once: free {sorted(free)}, used {sorted(used)}, "
+                f"{len(everything)} blocks")
+    count = [0] * len(everything)
+    for table in s["tables"].values():
+        for b in table:
+            count[b] += 1
+    for b, (r, c) in enumerate(zip(s["ref"], count)):
+        if r != c:
+            held = [n for n, tb in s["tables"].items() if b in tb]
+            return f"block {b} has ref_count {r}, but {c} block table{'s' * (c != 1)} hold it {held or ''}".rstrip()
+        if (r > 0) != (b in used):
+            return f"block {b} has ref_count {r} but is {'not ' * (r > 0)}in used_block_ids"
+    for h, b in s["map"].items():
+        if s["hash"][b] != h:
+            return (f"hash_to_block_id maps {hx(h)} to block {b}, whose hash is {hx(s['hash'][b])}: every entry must "
+                    "point at a block carrying that hash (evict an entry when its block is reused)")
+    if s["cached"].get(name, 0) > len(s["seqs"][name]):
+        return f"{name}.num_cached_tokens = {s['cached'][name]} exceeds its {len(s['seqs'][name])} tokens"
+    return None
+
+
+@hidden("25.3", "bad inputs raise ValueError")
+def bad_manager_inputs(t: Trial) -> None:
+    t.expect_raises(ValueError, "BlockManager", 0, 4, because="a pool needs at least one block")
+    t.expect_raises(ValueError, "BlockManager", 4, 1, because="block_size 1 cannot mark a new block by len % 1 == 1")
+    for script, because in (([["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", 0], ["allocate", "A", 0]],
+                             "A already has a block table"),
+                            ([["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", 2]],
+                             "A has 2 blocks and the last one never hits: num_cached_blocks must be 0 or 1")):
+        trace = t.call("replay", 4, 4, script)
+        last = trace[-1] if isinstance(trace, list) and trace and isinstance(trace[-1], dict) else {}
+        if not str(last.get("error", "")).startswith("ValueError"):
+            got = f"raised {last['error']}" if "error" in last else "returned normally"
+            raise CheckFailed(f"allocate should raise ValueError because {because}; yours {got}")

@@ -1,0 +1,165 @@
+"""ch28 · cache identity and the logits boundary: wrong submissions get the teaching message they need, and the
+reference agrees with the block manager of chapter 25 on the last-token rule."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch
+from mutate import mutant
+
+from grader.run import check
+from solutions import ch25_paged_kv as ch25
+from solutions import ch28_cache_identity as ref
+
+SEED = 11
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """Grade a mutant (the reference with `edits`) once per module: name, edits → report."""
+    cache = {}
+
+    def run(name: str, *edits: tuple[str, str]):
+        if name not in cache:
+            submission = mutant(tmp_path_factory.mktemp(f"ch28_{name}"), "ch28", *edits)
+            cache[name] = check("ch28", submission=submission, hidden=True, seed=SEED,
+                                figures_dir=tmp_path_factory.mktemp(name))
+        return cache[name]
+
+    return run
+
+
+def result(report, name_start: str):
+    found = [r for r in report.results if r.name.startswith(name_start)]
+    assert found, [r.name for r in report.results]
+    return found[0]
+
+
+def wrong_elements(report, figure_id: str) -> list:
+    paths = [Path(p) for p in report.figures if p.endswith(f"/{figure_id}.svg")]
+    assert paths, report.figure_notes
+    return [el for el in ET.parse(paths[0]).getroot().iter() if "wrong" in (el.get("class") or "")]
+
+
+# -- 28.1 ---------------------------------------------------------------------------------------------------
+def test_salt_in_every_block_is_explained(graded):
+    report = graded("salt_everywhere",
+                    # the salt added to every block's extra keys instead of block 0's only
+                    ("        if i == 0 and cache_salt is not None:", "        if cache_salt is not None:"))
+    r = result(report, "the salt enters block 0")
+    assert r.status == "failed"
+    want = ref.block_hashes([7] * 8, 4, cache_salt="s1")
+    assert f"block 1's hash should be {want[1].hex()}" in r.message
+    assert "its extra keys: none" in r.message
+    assert "hint: the salt enters block 0 only; later blocks inherit it through the parent hash" in r.message
+    assert {x.task for x in report.results if x.status != "passed"} == {"28.1"}
+    assert wrong_elements(report, "ch28-cache-identity")
+
+
+def test_unchained_blocks_are_explained(graded):
+    report = graded("unchained",
+                    # every block hashed with NONE_HASH as its parent: equal blocks after other prefixes collide
+                    ("parent = hashlib.sha256(parent + struct.pack", "parent = hashlib.sha256(NONE_HASH + struct.pack"))
+    r = result(report, "a plain chain")
+    assert r.status == "failed"
+    want = ref.block_hashes(list(range(1, 11)), 4)
+    assert f"block 1's hash should be {want[1].hex()}" in r.message
+    assert f"parent hash_0 ({want[0][:4].hex()}…, which yours matches)" in r.message
+    assert "hint: chain the blocks" in r.message
+    sens = result(report, "changing one key")
+    assert sens.status == "failed"
+    assert wrong_elements(report, "ch28-cache-identity")
+
+
+def test_absolute_image_offset_is_explained(graded):
+    report = graded("mm_absolute_offset",
+                    # the image's offset taken from the prompt start instead of the block start
+                    ('struct.pack("<q", offset - s)', 'struct.pack("<q", offset)'))
+    r = result(report, "an image that starts")
+    assert r.status == "failed"
+    assert "block 1's hash should be" in r.message
+    assert "its extra keys: mm ('img-1', offset 2 − 4 = -2)" in r.message
+
+
+# -- 28.2 ---------------------------------------------------------------------------------------------------
+def test_uncapped_hit_is_explained(graded):
+    report = graded("uncapped",
+                    # every hit block taken from the cache, even when that leaves no token to compute
+                    ("return min(num_hit_blocks, (prompt_len - 1) // block_size) * block_size",
+                     "return num_hit_blocks * block_size"))
+    r = result(report, "the 32-token example")
+    assert r.status == "failed"
+    assert "the hit is capped at 32 − 1 = 31 tokens, i.e. 31 // 16 = 1 whole block" in r.message
+    assert "min(2, 1)·16 = 16 tokens are cached and 16 computed; yours: 32" in r.message
+    assert "hint: at least the last token must be computed to get its logits" in r.message
+    assert result(report, "33 tokens").status == "passed"
+    assert wrong_elements(report, "ch28-last-token-logits")
+
+
+def test_token_granular_cap_is_explained(graded):
+    report = graded("token_cap",
+                    # the cap applied in tokens, not whole blocks
+                    ("return min(num_hit_blocks, (prompt_len - 1) // block_size) * block_size",
+                     "return min(num_hit_blocks * block_size, prompt_len - 1)"))
+    r = result(report, "the 32-token example")
+    assert "yours: 31" in r.message
+    assert "hint: hits come in whole blocks" in r.message
+
+
+# -- 28.3 ---------------------------------------------------------------------------------------------------
+def test_first_row_instead_of_last_is_explained(graded):
+    report = graded("first_row",
+                    # each request's first scheduled row taken for its logits
+                    ("return torch.cumsum(q, 0) - 1", "return torch.cumsum(q, 0) - q"))
+    r = result(report, "figure instance: 3 requests")
+    assert r.status == "failed"
+    assert "request 0 has 4 scheduled tokens, rows cu_seqlens_q[0] … cu_seqlens_q[1] − 1 = 0 … 3" in r.message
+    assert "its logits row is the last, 4 − 1 = 3; yours: 0" in r.message
+    assert "hint: the sampled row is the request's last scheduled token, not its first" in r.message
+    assert result(report, "a decode-only batch").status == "passed", "decodes have one row: first = last"
+    assert wrong_elements(report, "ch28-last-token-logits")
+
+
+def test_missing_minus_one_is_explained(graded):
+    report = graded("no_minus_one",
+                    # cu_seqlens_q[1:] taken as the rows themselves
+                    ("return torch.cumsum(q, 0) - 1", "return torch.cumsum(q, 0)"))
+    r = result(report, "a decode-only batch")
+    assert "yours: 1" in r.message and "hint: subtract 1" in r.message
+
+
+# -- the reference --------------------------------------------------------------------------------------------
+def test_hash_bytes_follow_the_docstring():
+    tokens, bs = [1, 2, 3, 4, 5, 6, 7, 8], 4
+    got = ref.block_hashes(tokens, bs, cache_salt="s", lora_id=7, mm_hashes=[("cat", 3, 2)])
+    lora = b"lora" + (7).to_bytes(8, "little")
+    mm = lambda rel: b"mm" + (3).to_bytes(4, "little") + b"cat" + rel.to_bytes(8, "little", signed=True)
+    h0 = hashlib.sha256(hashlib.sha256(b"vllm-none-hash").digest() + struct.pack("<4q", 1, 2, 3, 4) + lora + mm(3)
+                        + b"salt" + (1).to_bytes(4, "little") + b"s").digest()
+    h1 = hashlib.sha256(h0 + struct.pack("<4q", 5, 6, 7, 8) + lora + mm(-1)).digest()
+    assert got == [h0, h1]
+
+
+def test_last_token_rule_agrees_with_the_block_manager_of_chapter_25():
+    # nano-vllm never hits a prompt's last logical block; vLLM caps the hit at num_tokens − 1: the same numbers.
+    for bs in (2, 4, 16):
+        for prompt_len in range(1, 5 * bs):
+            m = ch25.BlockManager(64, bs)
+            done = ch25.Sequence(list(range(prompt_len)) + [10_000], bs)
+            m.allocate(done, 0)
+            done.num_scheduled_tokens = len(done)
+            m.hash_blocks(done)
+            again = ch25.Sequence(list(range(prompt_len)), bs)
+            hits = prompt_len // bs
+            assert m.can_allocate(again) * bs == ref.num_cached_tokens_on_hit(prompt_len, bs, hits)
+
+
+def test_logits_indices_of_the_worked_example():
+    # vllm_and_beyond.md §D.2: 3 requests, 6 inputs → rows [3, 4, 5]
+    assert ref.logits_indices([4, 1, 1]).tolist() == [3, 4, 5]
+    assert ref.logits_indices(torch.tensor([], dtype=torch.int64)).dtype == torch.int64
