@@ -16,8 +16,8 @@ values computed by then. `tests/test_release.py` checks both for every chapter.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Callable
 
@@ -66,11 +66,11 @@ def _collect(module: ModuleType) -> list[CheckSpec]:
 
 
 def has_hidden(chapter_id: str) -> bool:
-    """Whether this installation carries the chapter's hidden checks (a student release does not)."""
-    try:
-        return importlib.util.find_spec(f"grader.hidden.{chapter_id}") is not None
-    except ModuleNotFoundError:  # no grader.hidden package at all
-        return False
+    """Whether this installation carries the chapter's hidden checks (a student release does not).
+
+    Looked up by file, beside this package: an import could find another installation's.
+    """
+    return (Path(__file__).resolve().parent.parent / "hidden" / f"{chapter_id}.py").is_file()
 
 
 def load(chapter_id: str, *, with_hidden: bool) -> list[CheckSpec]:
