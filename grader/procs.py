@@ -34,16 +34,18 @@ def children() -> set[int]:
 
 
 def kill_strays(known: set[int] = frozenset()) -> list[str]:
-    """Kill every child not in `known`, and the orphans that killing them leaves; name them."""
+    """Kill every child not in `known`, and the orphans that killing them leaves; name the ones
+    that were still running (children that had already exited are only reaped)."""
     found: list[str] = []
     for _ in range(5):
         strays = children() - known
         if not strays:
             break
         for pid in strays:
+            name = _running(pid)
+            if name:
+                found.append(name)
             try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    found.append(f.read().replace(b"\0", b" ").decode(errors="replace").strip() or f"pid {pid}")
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
@@ -53,3 +55,15 @@ def kill_strays(known: set[int] = frozenset()) -> list[str]:
             except OSError:
                 pass
     return found[:10]
+
+
+def _running(pid: int) -> str | None:
+    """The command line of a live process, or None for one that has exited (a zombie) or vanished."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return None
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip() or f"pid {pid}"
+    except (OSError, IndexError):
+        return None

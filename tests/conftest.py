@@ -1,11 +1,29 @@
-"""Shared setup: offline, one thread, and a private progress file for every test."""
+"""Shared setup: offline, one thread, a private progress file for every test, and one warm
+process for the whole session, from which every in-process `check` forks its student
+process (tests that mean the fresh-interpreter path pass `launcher=FRESH`)."""
 
+import functools
 import os
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from grader import chapters, worker  # noqa: E402
+from grader.zygote import Zygote  # noqa: E402
+
+FRESH = functools.partial(worker.start, root=chapters.ROOT)
+"""Start a student process in a fresh interpreter, as `course check` does."""
+
+
+@pytest.fixture(autouse=True, scope="session")
+def warm_students():
+    warm = Zygote()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(worker, "start", lambda *, root, **kwargs: warm.start(**kwargs))
+        yield warm
+    warm.close()
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import pytest
+from conftest import FRESH
 
 from grader.chapters import EXERCISES, ROOT
 from grader.run import check
@@ -82,20 +83,11 @@ def submission(tmp_path, hostile: str):
     return tmp_path
 
 
-@pytest.fixture(scope="module")
-def zygote():
-    from grader.zygote import Zygote
-
-    warm = Zygote()
-    yield warm
-    warm.close()
-
-
 @pytest.mark.parametrize("how", ["fresh", "zygote"])
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_behaviour_costs_only_its_check(tmp_path, name, how, request):
     code, status, words = HOSTILE[name]
-    launcher = request.getfixturevalue("zygote").start if how == "zygote" else None
+    launcher = request.getfixturevalue("warm_students").start if how == "zygote" else FRESH
     started = time.monotonic()
     report = check("ch25", submission=submission(tmp_path, code), task="25.1", hidden=False,
                    time_limit=2.0, memory_limit=1 << 30, figures_dir=None, launcher=launcher)
