@@ -12,6 +12,7 @@ import time
 import pytest
 from conftest import FRESH
 
+from grader import procs
 from grader.chapters import EXERCISES, ROOT
 from grader.run import check
 
@@ -166,7 +167,7 @@ def test_a_check_whose_oracle_package_is_missing_is_blocked_with_its_points():
 
     spec = CheckSpec("25.1", "needs an oracle", lambda t: t.require("a_package_nobody_has"), True, points=2.0)
     result = run_one(spec, "slot_mapping", session=NoStudent(), ref=None, seed=0, params={}, figures={}, time_limit=1.0,
-                     known=set())
+                     known=procs.children())
     assert (result.status, result.score, result.points) == ("blocked", 0.0, 2.0)
     assert "pip install -e '.[oracle]'" in result.message
 
@@ -196,7 +197,7 @@ def test_objects_stay_in_the_students_process_and_are_driven_by_handle(tmp_path)
     session = Session(tmp_path / "ch25_paged_kv.py", spawn=spawn, time_limit=10.0)
     try:
         result = run_one(CheckSpec("25.1", "objects", body, False), "slot_mapping", session=session, ref=None,
-                         seed=0, params={}, figures={}, time_limit=10.0, known=set())
+                         seed=0, params={}, figures={}, time_limit=10.0, known=procs.children())
     finally:
         session.close()
     assert {k: seen[k] for k in ("n", "log", "twice")} == {"n": 10, "log": [3, 2], "twice": 20}
