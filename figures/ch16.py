@@ -91,10 +91,11 @@ def _strides(shape: list[int]) -> list[int]:
         needs={"yours": "16.1"})
 def split_heads_figure(f: Figure, r: dict) -> None:
     x, H, yours, expected = r["x"][0], r["num_heads"], r["yours"][0], r["expected"][0]
+    traced = r.get("traced", TRACED)  # a number of x (the lab lets the reader pick it)
     T, W = len(x), len(x[0])
     d = W // H
     _boxes(f, [(f"x: [1, {T}, {W}] = [B, T, H·d]", "q"), (f"num_heads = {H} → d = {W} // {H} = {d}", "plain"),
-               (f"element #{TRACED} traced", "accent")])
+               (f"element #{traced} traced", "accent")])
     cw, gap_h = 34, 10
     # Panel geometry, left to right (row labels sit in the gaps).
     ax = MARGIN + 24
@@ -109,7 +110,7 @@ def split_heads_figure(f: Figure, r: dict) -> None:
     for hx, hw, name, shape in headings:
         f.text(hx + hw / 2, top - 38, name, size=LABEL, anchor="middle", weight="bold", mono=True, cls="label")
         f.text(hx + hw / 2, top - 22, shape, size=SMALL + 1, anchor="middle", color=MUTED, mono=True, cls="label")
-    tr = _where(x, TRACED)  # [t, c]
+    tr = _where(x, traced)  # [t, c]
     tt, tc = tr
     th, tj = divmod(tc, d)
 
@@ -143,8 +144,8 @@ def split_heads_figure(f: Figure, r: dict) -> None:
                    cls="label")
     f.y = top + max(T, H) * cw + 60
 
-    # The trace of element #2 through its three coordinate triples.
-    f.heading(f"编号 {TRACED} 的三套坐标 · element #{TRACED} in the three shapes")
+    # The traced element through its three coordinate triples.
+    f.heading(f"编号 {traced} 的三套坐标 · element #{traced} in the three shapes")
     y = f.y + 4
     triples = [(f"x[0, {tt}, {tc}]", f"token {tt}, column {tc}"),
                (f"view[0, {tt}, {th}, {tj}]", f"column {tc} = {th}·{d} + {tj}: head {th}, j = {tj}"),
@@ -157,9 +158,9 @@ def split_heads_figure(f: Figure, r: dict) -> None:
         if i:
             f.arrow(bx_i - step + bw + 6, y + 15, bx_i - 6, y + 15, color=stroke("accent"))
     f.y = y + 72
-    found = _where(yours, TRACED)
+    found = _where(yours, traced)
     if found is not None and found != [th, tt, tj]:
-        f.note(f"In your result #{TRACED} sits at out[0, {found[0]}, {found[1]}, {found[2]}], not at "
+        f.note(f"In your result #{traced} sits at out[0, {found[0]}, {found[1]}, {found[2]}], not at "
                f"[0, {th}, {tt}, {tj}].", color=stroke("wrong"), size=SMALL + 2)
     view_shape, st = [1, T, H, d], _strides([1, T, H, d])
     moved = [st[0], st[2], st[1], st[3]]
@@ -167,7 +168,7 @@ def split_heads_figure(f: Figure, r: dict) -> None:
            f"two of them, ({', '.join(map(str, moved))}). Head h of token t is still the numbers at "
            f"t·{W} + h·{d} + j in memory, as in x.", size=SMALL + 2)
     bad = yours != expected
-    f.legend([("q", "a number of x (its value = its position in x)"), ("accent", f"element #{TRACED}")], wrong=bad)
+    f.legend([("q", "a number of x (its value = its position in x)"), ("accent", f"element #{traced}")], wrong=bad)
 
 
 # -- 16.2 ------------------------------------------------------------------------------------------

@@ -214,6 +214,98 @@ def export_gradescope(chapter: Chapter, out: Path, seed: int | None) -> None:
 
 
 @main.command()
+@click.option("--solutions", is_flag=True, help="Run the reference solutions (instructors).")
+@click.option("--submission", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="DIR",
+              help="Run the chapter modules in DIR (same file names as exercises/).")
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default="a free port",
+              help="Port on 127.0.0.1.")
+@click.option("--no-open", is_flag=True, help="Do not open a browser.")
+@click.option("--time-limit", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Seconds each experiment may spend in your code.")
+@click.option("--memory-limit", default="2G", show_default=True, help="Address-space limit of your code's process.")
+def lab(solutions: bool, submission: Path | None, port: int, no_open: bool, time_limit: float,
+        memory_limit: str) -> None:
+    """Interactive experiments: change an instance in the page, see your functions' outputs drawn.
+
+    Serves http://127.0.0.1:PORT/ until Ctrl-C. Your code runs with the limits of `course check`.
+    """
+    from grader.lab.runner import Lab
+    from grader.lab.server import serve
+
+    if solutions and submission:
+        raise click.UsageError("--solutions and --submission exclude each other")
+    limit = _bytes(memory_limit)
+    laboratory = Lab(solutions=solutions, submission=submission, time_limit=time_limit, memory_limit=limit)
+    try:
+        what = "the reference solutions" if solutions else f"{submission or chapters.EXERCISES}"
+        checked = "" if laboratory.checked else " (student release: your values are drawn unchecked)"
+        serve(laboratory, port=port, open_browser=not no_open,
+              on_ready=lambda url: click.echo(f"course lab: {url}  running {what}{checked}; Ctrl-C stops", err=False))
+    except OSError as e:
+        raise click.ClickException(f"cannot listen on 127.0.0.1:{port} ({e.strerror or e})") from None
+    finally:
+        laboratory.close()
+    click.echo("course lab stopped")
+
+
+@main.group("engine")
+def engine_group() -> None:
+    """The chapters as one inference engine: a Qwen3 model on the CPU, paged KV, prefix caching."""
+
+
+@engine_group.command("run")
+@click.option("--model", "model_name", default="tiny", show_default=True, metavar="tiny|DIR",
+              help="A preset (tiny, qwen3-0.6b-shape; weights from --seed) or a folder with config.json and "
+                   "model.safetensors.")
+@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              metavar="FILE", help="A JSON list of token-id lists, e.g. [[1, 2, 3], [1, 2, 4]].")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Completion tokens per request.")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 is greedy.")
+@click.option("--seed", type=int, default=0, show_default=True, help="A preset's weights and the sampler's noise.")
+@click.option("--block-size", type=click.IntRange(min=2), default=16, show_default=True, help="Tokens per KV block.")
+@click.option("--num-blocks", type=click.IntRange(min=1), help="KV blocks (default: enough for every request; "
+              "fewer force preemption).")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Sequences per step at most.")
+@click.option("--max-batched-tokens", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Prefill tokens per step (fewer force chunked prefill).")
+@click.option("--submission", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="DIR",
+              help="Your chapter files: your functions run wherever their public checks pass.")
+@click.option("--save-model", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="Also write the model to DIR (config.json + model.safetensors, Hugging Face's format).")
+@click.option("--json", "as_json", is_flag=True, help='Print {"outputs": …, "metrics": …} only.')
+@click.option("--figures", "figures_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("course-figures"), show_default=True, help="Where the overview figure goes.")
+def engine_run(model_name: str, prompts_file: Path | None, max_tokens: int, temperature: float, seed: int,
+               block_size: int, num_blocks: int | None, max_num_seqs: int, max_batched_tokens: int,
+               submission: Path | None, save_model: Path | None, as_json: bool, figures_dir: Path) -> None:
+    """Generate with the chapters' functions, measure the run, and draw the course overview from it."""
+    import engine
+    from engine.terminal import draw_overview, progress, read_prompts, summary
+
+    try:
+        model = engine.load(model_name, seed=seed)
+        if save_model:
+            model.save(save_model)
+            click.echo(f"model written to {save_model} (config.json, model.safetensors)", err=as_json)
+        if prompts_file is None:
+            if save_model:
+                return
+            raise click.UsageError("give --prompts FILE (or only --save-model DIR)")
+        prompts = read_prompts(prompts_file)
+        with progress(enabled=not as_json and sys.stderr.isatty()) as show:
+            result = engine.run(model=model, prompts=prompts, max_tokens=max_tokens, temperature=temperature,
+                                seed=seed, block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
+                                max_num_batched_tokens=max_batched_tokens, submission=submission,
+                                on_chapter=show.chapter, on_step=show.step)
+    except (engine.ModelError, engine.PartsUnavailable, engine.EngineError) as e:
+        raise click.ClickException(str(e)) from None
+    figure = draw_overview(result, model, figures_dir)
+    click.echo(json.dumps(result.to_json()) if as_json else summary(result, prompts, figure))
+
+
+@main.command()
 @click.argument("chapter_names", metavar="[CHAPTER]...", nargs=-1, type=ChapterType())
 @click.option("--check", "check_only", is_flag=True, help="Only report stubs that differ; exit 1 if any do.")
 def stubs(chapter_names: tuple[Chapter, ...], check_only: bool) -> None:

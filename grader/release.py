@@ -2,8 +2,9 @@
 
 The student release is an installable copy of the package without `solutions/`,
 without `grader/hidden/` and without `tests/`: the stubs, the grader's public
-part, the figures, and `grader/answers/chNN.json` (the reference's answers to the
-public checks, recorded here, plus how many hidden checks each task has).
+part, the figures, the engine (`course engine run`, which there runs the student's
+own chapter functions only), and `grader/answers/chNN.json` (the reference's answers
+to the public checks, recorded here, plus how many hidden checks each task has).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from grader.chapters import Chapter
 
 MARKER = ".course-release"
 CHAPTER_FILE = re.compile(r"^(ch\d{2})(_\w+)?\.py$")
-PUBLIC_PACKAGES = ("grader", "figures", "exercises")
+PUBLIC_PACKAGES = ("grader", "figures", "exercises", "engine")
 LEFT_OUT = ("hidden", "answers", "__pycache__")
 
 
@@ -80,9 +81,17 @@ def write_student(dest: Path, chosen: list[Chapter]) -> None:
     (dest / "README.md").write_text(_readme(chosen), encoding="utf-8")
 
 
+def _package_data(package: str) -> list[str]:
+    """The package's data files (patterns relative to it), as pyproject.toml declares them."""
+    tool = tomllib.loads((chapters.ROOT / "pyproject.toml").read_text(encoding="utf-8")).get("tool", {})
+    return list(tool.get("setuptools", {}).get("package-data", {}).get(package, []))
+
+
 def _copy_package(src: Path, dest: Path, ids: set[str]) -> None:
-    """Copy a package's Python files, leaving out hidden checks, recorded answers and other chapters."""
-    for path in sorted(src.rglob("*.py")):
+    """Copy a package's Python files and declared data files, leaving out hidden checks, recorded answers
+    and other chapters."""
+    data = [p for pattern in _package_data(src.name) for p in src.glob(pattern) if p.is_file()]
+    for path in sorted(src.rglob("*.py")) + sorted(data):
         rel = path.relative_to(src)
         chapter = CHAPTER_FILE.match(path.name)
         if any(part in LEFT_OUT for part in rel.parts) or (chapter and chapter.group(1) not in ids):
@@ -134,7 +143,7 @@ course = "grader.cli:main"
 include = {json.dumps([p + "*" for p in PUBLIC_PACKAGES])}
 
 [tool.setuptools.package-data]
-grader = ["answers/*.json"]
+grader = {json.dumps(["answers/*.json", *_package_data("grader")])}
 '''
 
 
@@ -159,6 +168,16 @@ Each docstring gives the convention, the shapes and a small example. `course che
 your code in a separate process with time and memory limits, explains every failing check,
 says how many hidden checks will run at grading time, and draws the chapter's figures from
 your own outputs (wrong values marked next to the expected ones).
+
+The chapters add up to an inference engine. Once their tasks pass, run it on your own code
+(a small Qwen3 model, paged KV blocks, prefix caching, chunked prefill, preemption):
+
+```
+echo '[[1, 2, 3, 4, 5], [1, 2, 3, 9]]' > prompts.json
+.venv/bin/course engine run --prompts prompts.json --max-tokens 16
+```
+
+Until then it lists the tasks it still needs; it draws `course-figures/engine/overview.svg`.
 
 | chapter | title | your file |
 |---|---|---|

@@ -4,8 +4,10 @@ checks (replayed from recorded answers) grade and explain exactly as the reposit
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -71,6 +73,7 @@ def test_the_release_is_an_installable_package(release, tmp_path):
     assert {f"grader/answers/{cid}.json" for cid in IDS} <= set(names)
     assert {f"exercises/{ch.filename}" for ch in CHAPTERS} <= set(names)
     assert not [n for n in names if n.startswith(("solutions/", "grader/hidden/", "tests/"))]
+    assert {"engine/core.py", "engine/oracle.py", "figures/overview.py"} <= set(names)
     readme = (release.student / "README.md").read_text()
     assert len(re.findall(r"```\n(python3 -m venv .*pip install .*)\n```", readme)) == 1
 
@@ -90,6 +93,34 @@ def test_check_in_the_release_runs_public_checks_and_counts_hidden_ones(release)
         doc = __import__("json").loads(out.stdout)
         assert doc["score"] == doc["max_score"] > 0 and doc["hidden_not_run"] > 0, ch.id
         assert all(Path(release.student, f).is_file() for f in doc["figures"]) and doc["figures"], ch.id
+
+
+def test_the_engine_in_the_release_runs_the_students_own_code_only(release, tmp_path):
+    from engine.parts import USED
+
+    env = dict(os.environ, PYTHONPATH=str(release.student))
+    (tmp_path / "prompts.json").write_text("[[1, 2, 3, 4, 5], [1, 2, 3, 9]]")
+    stubs, mine = tmp_path / "stubs", tmp_path / "mine"
+    stubs.mkdir()
+    mine.mkdir()
+    shutil.copy(chapters.EXERCISES / "ch15_token_to_logits.py", stubs)
+    for chapter_id in dict.fromkeys(ch for ch, _ in USED):
+        shutil.copy(chapters.SOLUTIONS / chapters.find(chapter_id).filename, mine)
+
+    def run(folder: Path) -> subprocess.CompletedProcess:
+        command = ["engine", "run", "--prompts", str(tmp_path / "prompts.json"), "--max-tokens", "3",
+                   "--submission", str(folder), "--json", "--figures", str(tmp_path)]
+        return subprocess.run([sys.executable, "-m", "grader.cli", *command], cwd=release.student, env=env,
+                              capture_output=True, text=True)
+
+    out = run(stubs)
+    assert out.returncode == 1 and "do not pass their public checks yet: ch15.1 embedding_lookup, ch15.2 linear" \
+        in out.stderr, out.stderr
+    out = run(mine)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert set(doc["parts"].values()) == {"yours"} and len(doc["outputs"]) == 2
+    assert (tmp_path / "engine" / "overview.svg").is_file()
 
 
 # -- replayed answers explain wrong answers as well as the reference does ----------------------------

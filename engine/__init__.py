@@ -1,0 +1,89 @@
+"""The chapters, assembled: a small nano-vllm-style inference engine that runs a Qwen3 model on the CPU.
+
+Every stage calls a chapter's graded function: ch15 (embedding, linear, split_qkv),
+ch18 (GQA attention), ch19 (q/k norm and RoPE), ch20 (fused add + RMSNorm, SwiGLU),
+ch23 (sampling), ch24 (the scheduler), ch25 (slots, the paged KV write, the block
+manager and its prefix cache), ch26 (varlen metadata), ch28 (logits indices) and ch29
+(step metadata, latency metrics). By default they are the reference solutions; with a
+submission folder they are the student's own wherever that task's public checks pass
+(see `engine.parts`). `course engine run` is the command; `run` below is its API.
+
+    model.py    the model: config, weights, Hugging Face–format load and save, presets
+    parts.py    which chapter function runs each stage, and whose it is
+    runner.py   the forward pass of one flattened step over the paged KV cache
+    core.py     the loop: scheduler, paged blocks with prefix caching, sampling, metrics
+    terminal.py `course engine run` on a terminal: prompts file, progress, summary, overview figure
+    oracle.py   the comparison with transformers' Qwen3ForCausalLM (needs `.[oracle]`)
+
+It ships in the student release (no solution code is in it): there, with no reference to
+fall back on, it runs only when the student's own functions pass every task it needs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from engine.core import Engine, EngineError, Run, Settings
+from engine.model import Model, ModelError, load
+from engine.parts import Parts, PartsUnavailable, reference_parts, student_parts
+
+__all__ = ["Engine", "EngineError", "Model", "ModelError", "Parts", "PartsUnavailable", "Run", "Settings", "load",
+           "overview_record", "reference_parts", "run", "student_parts"]
+
+
+def run(*, model: str | Path | Model = "tiny", prompts: list[list[int]], max_tokens: int, temperature: float = 0.0,
+        seed: int = 0, block_size: int = 16, num_blocks: int | None = None, max_num_seqs: int = 16,
+        max_num_batched_tokens: int = 512, submission: Path | None = None, parts: Parts | None = None,
+        on_chapter: Callable[[str], None] | None = None, on_step: Callable[[int, int], None] | None = None) -> Run:
+    """Generate from `prompts` with the chapters' functions; see `Engine.generate` and `Settings`.
+
+    Args:
+        model: a preset name ("tiny", "qwen3-0.6b-shape"), a Hugging Face–format folder, or a loaded Model.
+        submission: the student's chapter files: their functions run wherever their public checks pass.
+            Without it, the reference solutions, or in a student release the student's exercises/.
+        parts: the functions to use, overriding `submission` (tests plant wrong ones this way).
+        seed: the weights of a preset and the sampler's noise.
+    """
+    from grader import chapters
+
+    if parts is None:
+        if submission is None and not any(chapters.SOLUTIONS.glob("ch[0-9][0-9]_*.py")):
+            submission = chapters.EXERCISES
+        parts = reference_parts() if submission is None else student_parts(submission, on_chapter=on_chapter)
+    loaded = model if isinstance(model, Model) else load(model, seed=seed)
+    settings = Settings(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
+                        max_num_batched_tokens=max_num_batched_tokens, temperature=temperature, seed=seed)
+    result = Engine(loaded, parts, settings).generate(prompts, max_tokens, on_step=on_step)
+    result.model = loaded.source
+    return result
+
+
+def overview_record(result: Run, model: Model, *, trace_request: int = 0) -> dict:
+    """The data the course's `overview` figure is drawn from: the course map with each chapter's part in this
+    run (the student's, the reference's, or none), and the path of one request through the chapters."""
+    from grader import chapters
+
+    used: dict[str, set[str]] = {}
+    for label, source in result.sources.items():  # "ch19.3 qk_norm_rope" → "yours"
+        used.setdefault(label[:4], set()).add(source)
+    course = [{"id": ch.id, "zh": ch.title_zh, "en": ch.title_en, "part": _part_of(used.get(ch.id))}
+              for ch in chapters.all_chapters()]
+    c = model.config
+    m = result.metrics
+    return {"course": course, "path": result.trace, "request": trace_request,
+            "output": result.outputs[trace_request],
+            "model": {"layers": c.num_hidden_layers, "hidden": c.hidden_size, "heads": c.num_attention_heads,
+                      "kv_heads": c.num_key_value_heads, "head_dim": c.head_dim, "vocab": c.vocab_size,
+                      "source": model.source},
+            "counts": {k: m[k] for k in ("steps", "prefill_steps", "decode_steps", "chunked_prefill_steps",
+                                         "prefix_cache_hits", "preemptions")}}
+
+
+def _part_of(sources: set[str] | None) -> str | None:
+    """A chapter's part in a run: None (not called), "yours", "partly yours", "override" or "reference"."""
+    if not sources:
+        return None
+    if sources == {"yours"}:
+        return "yours"
+    return "partly yours" if "yours" in sources else "override" if "override" in sources else "reference"

@@ -1,0 +1,156 @@
+"""Qwen3's forward pass over one flattened step, on a paged KV cache, made of chapter functions.
+
+The step's N tokens run as one [N, H] batch through every token-wise layer (ch15's
+linear, ch20's norms and MLP, ch19's q/k norm and RoPE); only attention needs the
+sequences apart. Each layer writes the step's K/V into the paged cache with ch25's
+`store_kv`, then, per sequence, reads all its keys back from the cache slots of its
+block table (ch25's `slot_mapping` over positions 0 … seqlen_k − 1, the same for every
+layer) and runs ch18's `gqa_attention` with the end-aligned causal mask. Logits are computed only for the
+rows at ch28's `logits_indices`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from engine.model import Model
+from engine.parts import Parts
+
+
+@dataclass
+class Step:
+    """One step's execution metadata (from ch29's prepare_inputs, ch26's varlen_metadata, ch28's logits_indices)."""
+
+    input_ids: torch.Tensor         # [N] int64
+    positions: torch.Tensor         # [N] int64
+    slot_mapping: torch.Tensor      # [N] int64
+    cu_seqlens_q: torch.Tensor      # [B + 1]
+    cu_seqlens_k: torch.Tensor      # [B + 1]
+    block_tables: list[list[int]]   # B tables
+    logits_indices: torch.Tensor    # [B] int64
+    seq_ids: list[int]              # B request ids, in row order
+
+
+@dataclass
+class Probe:
+    """What a comparison reads: per stage name ("embedding", "layer 0" …, "final norm") the step's rows."""
+
+    stages: dict[str, torch.Tensor] = field(default_factory=dict)
+    logits: torch.Tensor | None = None
+
+
+class Trace:
+    """Records which function ran at each stage of the traced steps, with the shapes it saw (plain data)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.kind = ""
+        self.events: list[dict] = []
+
+    def record(self, stage: str, part: Any, shapes: str) -> None:
+        """Keep the first call of each stage per traced step (layer 0 stands for every layer)."""
+        if self.on and not any(e["stage"] == stage and e["kind"] == self.kind for e in self.events):
+            self.events.append({"kind": self.kind, "stage": stage, "chapter": part.chapter, "task": part.task,
+                                "fn": part.name, "source": part.source, "shapes": shapes})
+
+
+def shape(x: Any) -> str:
+    """A value's shape as the figure prints it: [12, 64], a tuple's parts joined, a scalar as itself."""
+    if isinstance(x, torch.Tensor):
+        return f"[{', '.join(map(str, x.shape))}]"
+    if isinstance(x, (tuple, list)) and x and all(isinstance(t, torch.Tensor) for t in x):
+        return " | ".join(shape(t) for t in x)
+    if isinstance(x, list):
+        return f"list[{len(x)}]"
+    return type(x).__name__ if x is not None else "None"
+
+
+def ints(x: Any, most: int = 8) -> str:
+    """A short integer list or tensor as its values, a longer one as its shape."""
+    values = x.tolist() if isinstance(x, torch.Tensor) else list(x)
+    return str(values) if len(values) <= most else f"[{len(values)} values]"
+
+
+class ModelRunner:
+    """Runs steps of one model with one set of parts over a paged cache of `num_blocks` × `block_size` tokens."""
+
+    def __init__(self, model: Model, parts: Parts, *, num_blocks: int, block_size: int, trace: Trace) -> None:
+        c = model.config
+        self.model, self.parts, self.trace, self.block_size = model, parts, trace, block_size
+        cache_shape = (c.num_hidden_layers, num_blocks, block_size, c.num_key_value_heads, c.head_dim)
+        self.k_cache = torch.zeros(cache_shape, dtype=c.torch_dtype)
+        self.v_cache = torch.zeros(cache_shape, dtype=c.torch_dtype)
+
+    def call(self, stage: str, name: str, *args: Any, shapes: Callable[[Any], str] | None = None) -> Any:
+        """Call the part `name` for `stage`, recording the shapes it saw when this step is traced."""
+        part = self.parts[name]
+        out = part.fn(*args)
+        if self.trace.on:
+            seen = shapes(out) if shapes else " · ".join(shape(a) for a in args if isinstance(a, torch.Tensor))
+            self.trace.record(stage, part, seen if shapes else f"{seen} → {shape(out)}")
+        return out
+
+    @torch.inference_mode()
+    def forward(self, step: Step, *, traced_seq: int | None = None, probe: Probe | None = None) -> torch.Tensor:
+        """Logits [B, V] of the rows at step.logits_indices; `probe` collects every stage's rows."""
+        c, w = self.model.config, self.model
+        N, Hq, Hkv, d = step.input_ids.numel(), c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        read_slots = self._read_slots(step, traced_seq)
+        h = self.call("embed_tokens", "embedding_lookup", w.embed, step.input_ids)
+        if probe is not None:
+            probe.stages["embedding"] = h.float().clone()
+        residual = None
+        for layer, lw in enumerate(w.layers):
+            x, residual = self.call("input_layernorm", "add_rms_norm", h, residual, lw.input_norm, c.rms_norm_eps)
+            qkv = self.call("qkv_proj", "linear", x, lw.qkv)
+            q, k, v = self.call("split q | k | v", "split_qkv", qkv, Hq, Hkv, d,
+                                shapes=lambda out: f"{shape(qkv)} → {shape(out)}")
+            q, k = self.call("q/k norm + RoPE", "qk_norm_rope", q.reshape(N, Hq, d), k.reshape(N, Hkv, d),
+                             lw.q_norm, lw.k_norm, step.positions, c.rope_theta, c.rms_norm_eps,
+                             shapes=lambda out: f"q {shape(out[0])} · k {shape(out[1])} at positions "
+                                                f"{ints(step.positions)}; V untouched")
+            v = v.reshape(N, Hkv, d)
+            self.call("write K/V to the cache", "store_kv", self.k_cache[layer], self.v_cache[layer], k, v,
+                      step.slot_mapping, shapes=lambda _: f"{shape(k)} ×2 → cache {shape(self.k_cache[layer])}")
+            o = self._attention(layer, q, step, read_slots, traced_seq)
+            h = self.call("o_proj", "linear", o.reshape(N, Hq * d), lw.o_proj)
+            x, residual = self.call("post_attention_layernorm", "add_rms_norm", h, residual, lw.post_norm,
+                                    c.rms_norm_eps)
+            h = self.call("mlp (SwiGLU)", "swiglu_mlp", x, lw.gate_up, lw.down)
+            if probe is not None:
+                probe.stages[f"layer {layer}"] = (h.float() + residual.float()).clone()
+        h, _ = self.call("final norm", "add_rms_norm", h, residual, w.norm, c.rms_norm_eps)
+        if probe is not None:
+            probe.stages["final norm"] = h.float().clone()
+        logits = self.call("lm_head", "linear", h[step.logits_indices], w.lm_head)
+        if probe is not None:
+            probe.logits = logits.float().clone()
+        return logits
+
+    def _read_slots(self, step: Step, traced_seq: int | None) -> list[torch.Tensor]:
+        """Per sequence, the cache slots of all its keys, positions 0 … seqlen_k − 1, through its block table
+        (the same in every layer, so computed once per step)."""
+        cu_k, traced, slots = step.cu_seqlens_k.tolist(), self.trace.on, []
+        for b, table in enumerate(step.block_tables):
+            self.trace.on = traced and step.seq_ids[b] == traced_seq
+            slots.append(self.call("K/V slots by block table", "slot_mapping", table,
+                                   torch.arange(cu_k[b + 1] - cu_k[b]), self.block_size,
+                                   shapes=lambda out: f"table {ints(table)} → slots {ints(out)}"))
+        self.trace.on = traced
+        return slots
+
+    def _attention(self, layer: int, q: torch.Tensor, step: Step, read_slots: list[torch.Tensor],
+                   traced_seq: int | None) -> torch.Tensor:
+        """Per sequence: its queries against all its keys, read back from the paged cache."""
+        k_flat = self.k_cache[layer].flatten(0, 1)          # [num_blocks · block_size, Hkv, d]
+        v_flat = self.v_cache[layer].flatten(0, 1)
+        cu_q, traced, outs = step.cu_seqlens_q.tolist(), self.trace.on, []
+        for b, slots in enumerate(read_slots):
+            self.trace.on = traced and step.seq_ids[b] == traced_seq
+            outs.append(self.call("attention (GQA, causal)", "gqa_attention", q[cu_q[b]:cu_q[b + 1]],
+                                  k_flat[slots], v_flat[slots]))
+        self.trace.on = traced
+        return torch.cat(outs) if outs else q.new_zeros(q.shape)

@@ -1,0 +1,99 @@
+"""`course engine run` on a terminal: reading the prompts, a progress display, the summary, the figure."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import click
+
+from engine.core import Run
+from engine.model import Model
+
+
+def read_prompts(path: Path) -> list[list[int]]:
+    """A JSON list of token-id lists (click.BadParameter otherwise)."""
+    try:
+        prompts = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise click.BadParameter(f"{path} is not a JSON file: {e}", param_hint="--prompts") from None
+    if not isinstance(prompts, list) or not prompts or not all(
+            isinstance(p, list) and p and all(type(t) is int for t in p) for p in prompts):
+        raise click.BadParameter(f"{path} must hold a non-empty JSON list of non-empty token-id lists, "
+                                 f"e.g. [[1, 2, 3], [1, 2, 4]]", param_hint="--prompts")
+    return prompts
+
+
+class _Progress:
+    """Which chapter's checks run, then a bar of generated tokens (on stderr, so stdout stays clean)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled, self.bar = enabled, None
+
+    def chapter(self, chapter_id: str) -> None:
+        if self.enabled:
+            click.echo(f"\rchecking your {chapter_id} (public checks) …", nl=False, err=True)
+
+    def step(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            click.echo("\r" + " " * 48 + "\r", nl=False, err=True)
+            self.bar = click.progressbar(length=total, label="generating", file=sys.stderr, show_pos=True)
+            self.bar.__enter__()
+        self.bar.update(done - self.bar.pos)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+
+
+@contextmanager
+def progress(*, enabled: bool) -> Iterator[_Progress]:
+    shown = _Progress(enabled)
+    try:
+        yield shown
+    finally:
+        shown.close()
+
+
+def draw_overview(result: Run, model: Model, folder: Path) -> str | None:
+    """Write the course overview figure of this run to folder/engine/overview.svg; None if it cannot be drawn."""
+    import figures
+    from engine import overview_record
+
+    (spec,) = figures.catalog("overview")
+    try:
+        svg = spec.render(overview_record(result, model))
+    except Exception as e:  # noqa: BLE001 (a drawing error never hides the run)
+        result.notes.append(f"overview figure not drawn ({type(e).__name__}: {e})")
+        return None
+    path = Path(folder) / "engine" / "overview.svg"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(svg, encoding="utf-8")
+    return str(path)
+
+
+def summary(result: Run, prompts: list[list[int]], figure: str | None) -> str:
+    """The run for a person: outputs, whose code ran, the counts and the latency metrics."""
+    m = result.metrics
+    lines = [click.style(f"engine · {result.model}", bold=True)]
+    for i, (prompt, out) in enumerate(zip(prompts, result.outputs)):
+        lines.append(f"  request {i}  prompt {len(prompt):>3} tokens → {out}")
+    yours = [label for label, source in result.sources.items() if source == "yours"]
+    lines.append(f"your code: {', '.join(yours) if yours else 'none (every stage ran the reference)'}")
+    if yours and len(yours) < len(result.sources):
+        lines.append("reference: " + ", ".join(label for label, s in result.sources.items() if s != "yours"))
+    lines += [f"  · {note}" for note in result.notes]
+    lines.append(f"steps {m['steps']} ({m['prefill_steps']} prefill, {m['decode_steps']} decode) · chunked prefill "
+                 f"steps {m['chunked_prefill_steps']} · prefix-cache hits {m['prefix_cache_hits']} "
+                 f"({m['prefix_cached_tokens']} tokens) · preemptions {m['preemptions']}")
+    lines.append(f"TTFT mean {m['mean_ttft_ms']:.1f} ms · TPOT mean {m['mean_tpot_ms']:.1f} ms · "
+                 f"ITL mean {m['mean_itl_ms']:.1f} ms · output {m['output_throughput']:.1f} tok/s · "
+                 f"total {m['total_token_throughput']:.1f} tok/s over {m['duration']:.2f} s")
+    if figure:
+        lines.append(f"figure: {figure}")
+    return "\n".join(lines)

@@ -1,0 +1,269 @@
+"""`course lab`: the course's interactive experiments, drawn from the student's own functions.
+
+`grader/lab/chNN.py` holds chapter NN's experiments, found by file name like the checks
+and the figures. An experiment is a function of a `Trial` and the instance the page asks
+for, marked with `@experiment(...)`: it calls the student's functions through the trial
+(in the student's process, with the limits of `course check`), consults the reference
+where this installation has one (`t.ref` is None in a student release), records the
+figure parts with `t.figure`, and explains a wrong answer with the chapter's own check
+helpers. Its parameters are declared with bounds, so the server refuses an instance the
+figure cannot show before any student code runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from grader import chapters
+
+if TYPE_CHECKING:
+    from grader.trial import Trial
+
+
+class ParamError(ValueError):
+    """An instance the page asked for is out of bounds; `errors` maps a parameter to what is wrong."""
+
+    def __init__(self, errors: dict[str, str]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+
+
+# -- parameters ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Param:
+    """One control of an experiment: its name in the body, its label on the page and its default."""
+
+    name: str
+    label: str
+    default: Any
+
+    kind = "text"
+
+    def parse(self, raw: Any) -> Any:
+        raise NotImplementedError
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "label": self.label, "kind": self.kind, "default": self.shown(self.default)}
+
+    def shown(self, value: Any) -> Any:
+        """The value as the page's control holds it."""
+        return value
+
+
+def _number(raw: Any, *, integer: bool) -> float | int:
+    if isinstance(raw, bool):
+        raise ValueError("a number, please")
+    if isinstance(raw, (int, float)):
+        value = raw
+    else:
+        text = str(raw).strip().replace("−", "-")
+        if not text:
+            raise ValueError("a number, please")
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            raise ValueError(f"{str(raw).strip()!r} is not {'a whole number' if integer else 'a number'}") from None
+    if integer:
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(f"{value:g} is not a whole number")
+        return int(value)
+    if not math.isfinite(value):
+        raise ValueError("a finite number, please")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Int(Param):
+    """A whole number in [low, high]."""
+
+    low: int = 0
+    high: int = 10
+    kind = "int"
+
+    def parse(self, raw: Any) -> int:
+        value = _number(raw, integer=True)
+        if not self.low <= value <= self.high:
+            raise ValueError(f"between {self.low} and {self.high} (the figure shows at most {self.high}); got {value}")
+        return value
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "min": self.low, "max": self.high}
+
+
+@dataclass(frozen=True)
+class Float(Param):
+    """A number in [low, high]."""
+
+    low: float = 0.0
+    high: float = 1.0
+    step: float = 0.1
+    kind = "float"
+
+    def parse(self, raw: Any) -> float:
+        value = _number(raw, integer=False)
+        if not self.low <= value <= self.high:
+            raise ValueError(f"between {self.low:g} and {self.high:g}; got {value:g}")
+        return value
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "min": self.low, "max": self.high, "step": self.step}
+
+
+@dataclass(frozen=True)
+class Numbers(Param):
+    """A list of numbers typed as "3, 0, 4": between `min_len` and `max_len` of them, each in [low, high]."""
+
+    min_len: int = 1
+    max_len: int = 6
+    low: float = 0
+    high: float = 9
+    integer: bool = True
+    kind = "list"
+
+    def parse(self, raw: Any) -> list:
+        items = raw if isinstance(raw, list) else [s for s in re.split(r"[\s,;\[\]]+", str(raw)) if s]
+        if not self.min_len <= len(items) <= self.max_len:
+            many = f"{self.min_len}" if self.min_len == self.max_len else f"{self.min_len} to {self.max_len}"
+            raise ValueError(f"{many} numbers separated by commas; got {len(items)}")
+        values = []
+        for i, item in enumerate(items):
+            try:
+                v = _number(item, integer=self.integer)
+            except ValueError as e:
+                raise ValueError(f"item {i}: {e}") from None
+            if not self.low <= v <= self.high:
+                raise ValueError(f"item {i} is {v:g}; each must be between {self.low:g} and {self.high:g}")
+            values.append(v)
+        return values
+
+    def shown(self, value: Any) -> str:
+        return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "min": self.low, "max": self.high, "min_len": self.min_len,
+                "max_len": self.max_len}
+
+
+@dataclass(frozen=True)
+class Flag(Param):
+    """On or off."""
+
+    kind = "bool"
+
+    def parse(self, raw: Any) -> bool:
+        if isinstance(raw, bool):
+            return raw
+        if str(raw).lower() in ("true", "1", "on", "yes"):
+            return True
+        if str(raw).lower() in ("false", "0", "off", "no", ""):
+            return False
+        raise ValueError(f"on or off; got {raw!r}")
+
+
+# -- experiments -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Experiment:
+    """One interactive experiment: its controls, the student functions it calls, the figures it draws."""
+
+    id: str
+    chapter: str
+    title: str
+    about: str
+    """What to try, one or two sentences (the page shows them above the controls)."""
+    figures: tuple[str, ...]
+    params: tuple[Param, ...]
+    calls: tuple[str, ...]
+    """The student functions the body calls (shown on the page)."""
+    body: Callable[["Trial", dict], None]
+    constraints: Callable[[dict], dict[str, str]] | None = None
+    """Checks across parameters: {parameter: what is wrong}; empty when the instance is fine."""
+    captions: Callable[[dict], dict[str, tuple[str, ...]]] | None = None
+    """The (zh, en) captions of this instance, or (zh, en, title), for figures whose catalog captions name
+    the canonical instance."""
+    varies: str = ""
+    """Said on the page when a figure keeps parts of its canonical instance."""
+    time_limit: float | None = None
+
+    def parse(self, raw: dict | None) -> dict:
+        """The instance from the page's values (defaults for missing ones); raises ParamError."""
+        raw = raw or {}
+        values, errors = {}, {}
+        for p in self.params:
+            try:
+                values[p.name] = p.parse(raw[p.name]) if p.name in raw else p.default
+            except ValueError as e:
+                errors[p.name] = str(e)
+        unknown = sorted(set(raw) - {p.name for p in self.params})
+        if unknown:
+            errors[unknown[0]] = f"this experiment has no control {unknown[0]!r}"
+        if not errors and self.constraints:
+            errors = self.constraints(values)
+        if errors:
+            raise ParamError(errors)
+        return values
+
+    def defaults(self) -> dict:
+        return {p.name: p.default for p in self.params}
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "chapter": self.chapter, "title": self.title, "about": self.about,
+                "figures": list(self.figures), "calls": list(self.calls), "varies": self.varies,
+                "params": [p.to_json() for p in self.params]}
+
+
+def experiment(experiment_id: str, *, title: str, about: str, figures: tuple[str, ...], params: list[Param],
+               calls: tuple[str, ...], constraints: Callable[[dict], dict[str, str]] | None = None,
+               captions: Callable[[dict], dict[str, tuple[str, ...]]] | None = None, varies: str = "",
+               time_limit: float | None = None) -> Callable:
+    """Mark `body(t, p)` as an experiment of the chapter whose lab module defines it (its id: "ch25-<id>")."""
+
+    def wrap(body: Callable[["Trial", dict], None]) -> Callable[["Trial", dict], None]:
+        chapter = body.__module__.rsplit(".", 1)[-1]
+        body.__experiment__ = Experiment(f"{chapter}-{experiment_id}", chapter, title, about, tuple(figures), tuple(params),  # type: ignore[attr-defined]
+                                         tuple(calls), body, constraints, captions, varies, time_limit)
+        return body
+
+    return wrap
+
+
+@dataclass
+class Catalog:
+    """Every experiment of the chapters this installation has, in course order."""
+
+    experiments: dict[str, Experiment] = field(default_factory=dict)
+
+    def find(self, experiment_id: str) -> Experiment:
+        try:
+            return self.experiments[experiment_id]
+        except KeyError:
+            raise chapters.UnknownName("experiment", experiment_id, list(self.experiments)) from None
+
+
+def of_chapter(chapter_id: str) -> list[Experiment]:
+    """A chapter's experiments, in definition order (none if it has no lab module)."""
+    name = f"grader.lab.{chapter_id}"
+    if importlib.util.find_spec(name) is None:
+        return []
+    module = importlib.import_module(name)
+    return [v.__experiment__ for v in vars(module).values() if hasattr(v, "__experiment__")]
+
+
+def catalog() -> Catalog:
+    found = Catalog()
+    for ch in chapters.all_chapters():
+        for exp in of_chapter(ch.id):
+            found.experiments[exp.id] = exp
+    return found
+
+
+def expected_or_own(want: Any, got: Any) -> Any:
+    """The expected value for a figure, or where this installation has no reference (a student release)
+    the student's own, so that the figure draws their values without marks."""
+    return got if want is None else want

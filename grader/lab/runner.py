@@ -1,0 +1,301 @@
+"""Running experiments on the student's code: one student process per experiment, newest request first.
+
+Each experiment has a `Lane`: its own student process (a `Session`, forked from one warm
+process), running one request at a time with the time and memory limits of `course check`.
+A request that arrives while an older one of the same experiment runs or waits replaces
+it: the waiting one returns at once as superseded, the running one is stopped by killing
+its process (the next request gets a fresh one in milliseconds). A hang therefore costs
+its own request the time limit and never holds up another experiment or a newer request.
+The chapter module is loaded again whenever its file changes, so an edit shows on the
+next change of a control.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from grader import chapters, checks, procs
+from grader.chapters import Chapter
+from grader.lab import Experiment, ParamError, catalog
+from grader.lab.draw import TooWide, fit
+from grader.run import DEFAULT_MEMORY_LIMIT, MissingModule, module_path, solutions_module
+from grader.worker import OUTPUT_LIMIT, Worker
+
+DEFAULT_TIME_LIMIT = checks.DEFAULT_TIME_LIMIT
+
+
+class Superseded(Exception):
+    """A newer request for the same experiment replaced this one."""
+
+
+def _session_class():
+    from grader.session import Session, StudentError
+
+    class LabSession(Session):
+        """A Session whose running call another thread can stop (by killing the student's process)."""
+
+        cancelled = False
+
+        def cancel(self) -> None:
+            self.cancelled = True
+            worker = self.worker
+            if worker is not None and worker.req_w != -1:
+                worker.killed_by_us = True
+                try:
+                    os.killpg(worker.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+        def _timed(self, header: dict, buffers: list[bytes], label: str):
+            if self.cancelled:
+                raise Superseded()
+            try:
+                return super()._timed(header, buffers, label)
+            except StudentError:
+                if self.cancelled:
+                    raise Superseded() from None
+                raise
+
+    return LabSession
+
+
+def shared_zygote():
+    """The warm process every lane forks its student process from (its socket serves one thread at a time)."""
+    from grader.zygote import Zygote
+
+    class SharedZygote(Zygote):
+        def __init__(self, **kwargs: Any) -> None:
+            self._lock = threading.RLock()
+            super().__init__(**kwargs)
+
+        def start(self, **kwargs: Any) -> Worker:
+            with self._lock:
+                return super().start(**kwargs)
+
+        def wait(self, pid: int, timeout: float) -> int | None:
+            with self._lock:
+                return super().wait(pid, timeout)
+
+    return SharedZygote()
+
+
+class Lane:
+    """One experiment's student process and its newest request."""
+
+    def __init__(self) -> None:
+        self.session = None
+        self.stamp: str | None = None
+        self._turn = threading.Lock()     # one request at a time in the student's process
+        self._state = threading.Lock()    # guards the fields below
+        self._latest = 0
+        self._running: int | None = None
+
+    def submit(self, seq: int, work: Callable[["Lane"], dict]) -> dict:
+        """Run `work(lane)` once the older requests are out of the way; a newer one replaces it."""
+        with self._state:
+            self._latest = seq
+            if self._running is not None and self.session is not None:
+                self.session.cancel()
+        with self._turn:
+            with self._state:
+                if seq != self._latest:
+                    return {"status": "superseded", "message": "a newer request replaced this one"}
+                self._running = seq
+                if self.session is not None:
+                    self.session.cancelled = False
+            try:
+                return work(self)
+            finally:
+                with self._state:
+                    self._running = None
+                    if self.session is not None and self.session.cancelled:
+                        self.session.close()
+                        self.session = None
+
+    def replace_session(self, session) -> None:
+        with self._state:
+            old, self.session = self.session, session
+        if old is not None:
+            old.close()
+
+    def close(self) -> None:
+        self.replace_session(None)
+
+
+class Lab:
+    """The experiments of every chapter, run on one target: exercises/, a submission folder or the solutions."""
+
+    def __init__(self, *, solutions: bool = False, submission: Path | None = None,
+                 time_limit: float = DEFAULT_TIME_LIMIT, memory_limit: int = DEFAULT_MEMORY_LIMIT,
+                 launcher: Callable[..., Worker] | None = None) -> None:
+        import torch
+
+        torch.set_num_threads(1)  # the student's processes compute beside us
+        self.solutions, self.submission = solutions, Path(submission) if submission else None
+        self.time_limit, self.memory_limit = time_limit, memory_limit
+        self.catalog = catalog()
+        self.workdir = Path(tempfile.mkdtemp(prefix="course-lab-"))
+        self._zygote = None
+        if launcher is None:
+            from grader.zygote import ZygoteError
+
+            try:
+                self._zygote = shared_zygote()
+                launcher = self._zygote.start
+            except ZygoteError:
+                from grader import worker
+
+                launcher = functools.partial(worker.start, root=chapters.ROOT)
+        forbidden = [chapters.ROOT / "grader" / "hidden"] + ([] if solutions else [chapters.SOLUTIONS])
+        self.spawn = functools.partial(launcher, workdir=self.workdir, memory_limit=memory_limit,
+                                       output_limit=OUTPUT_LIMIT, forbidden_dirs=forbidden)
+        self._lanes: dict[str, Lane] = {}
+        self._lanes_lock = threading.Lock()
+        self._seq = itertools.count(1)
+        self._refs: dict[str, Any] = {}
+        procs.become_subreaper()
+
+    # -- what the page shows about this lab --------------------------------------------------------
+    @property
+    def checked(self) -> bool:
+        """Whether expected values exist here (the reference solutions; a student release has none)."""
+        return any(chapters.SOLUTIONS.glob("ch[0-9][0-9]_*.py"))
+
+    def target(self, ch: Chapter) -> Path:
+        return module_path(ch, solutions=self.solutions, submission=self.submission)
+
+    def describe(self) -> dict:
+        folder = chapters.SOLUTIONS if self.solutions else self.submission or chapters.EXERCISES
+        groups: dict[str, dict] = {}
+        for exp in self.catalog.experiments.values():
+            ch = chapters.find(exp.chapter)
+            group = groups.setdefault(ch.id, {"id": ch.id, "title": ch.title, "file": ch.filename,
+                                              "experiments": []})
+            group["experiments"].append(exp.to_json())
+        return {"target": str(folder), "mode": "solutions" if self.solutions else
+                "submission" if self.submission else "exercises", "checked": self.checked,
+                "time_limit": self.time_limit, "chapters": list(groups.values())}
+
+    # -- running -------------------------------------------------------------------------------------
+    def run(self, experiment_id: str, raw: dict | None) -> dict:
+        """Validate the page's instance, run the experiment on it and draw its figures (never raises)."""
+        started = time.monotonic()
+        try:
+            exp = self.catalog.find(experiment_id)
+        except chapters.UnknownName as e:
+            return {"status": "invalid", "message": str(e), "errors": {}}
+        try:
+            params = exp.parse(raw)
+        except ParamError as e:
+            return {"status": "invalid", "message": "this instance cannot be drawn: " + str(e), "errors": e.errors}
+        result = self._lane(exp.id).submit(next(self._seq), lambda lane: self._execute(exp, params, lane))
+        result["elapsed"] = round(time.monotonic() - started, 4)
+        return result
+
+    def _lane(self, experiment_id: str) -> Lane:
+        with self._lanes_lock:
+            return self._lanes.setdefault(experiment_id, Lane())
+
+    def _reference(self, ch: Chapter):
+        if ch.id not in self._refs:
+            from grader.reference import Live
+
+            module = solutions_module(ch)
+            self._refs[ch.id] = Live(module) if module is not None else None
+        return self._refs[ch.id]
+
+    def _session(self, lane: Lane, path: Path):
+        """The lane's student process, started again when the chapter file has changed since it was loaded."""
+        stamp = hashlib.sha256(path.read_bytes()).hexdigest()
+        if lane.session is None or lane.stamp != stamp:
+            lane.replace_session(_session_class()(path, spawn=self.spawn, time_limit=self.time_limit))
+            lane.stamp = stamp
+        return lane.session
+
+    def _execute(self, exp: Experiment, params: dict, lane: Lane) -> dict:
+        from grader.checks import CheckSpec
+        from grader.compare import Blocked, CheckFailed
+        from grader.session import StudentError, StudentRaised
+        from grader.trial import Trial
+
+        ch = chapters.find(exp.chapter)
+        try:
+            path = self.target(ch)
+        except MissingModule as e:
+            return {"status": "error", "message": str(e)}
+        session = self._session(lane, path)
+        task = next((t.id for t in ch.tasks for name in exp.calls if name in t.names), "?")
+        ref = self._reference(ch)
+        records: dict[str, dict] = {}
+        spec = CheckSpec(task, exp.id, lambda t: exp.body(t, params), hidden=False)
+        trial = Trial(spec, session=session, ref=ref, seed=0,
+                      params={n: p for t in ch.tasks for n, p in t.params.items()}, figures=records)
+        session.begin_check(exp.time_limit or self.time_limit)
+        out: dict[str, Any] = {"status": "passed" if ref is not None else "unchecked", "message": ""}
+        try:
+            spec.body(trial)
+        except Superseded:
+            return {"status": "superseded", "message": "a newer request replaced this one"}
+        except CheckFailed as e:
+            out.update(status="failed", message=str(e))
+        except Blocked as e:
+            out.update(status="blocked", message=str(e))
+        except StudentRaised as e:
+            out.update(status="todo" if e.not_implemented else "error", message=e.explain(task))
+        except StudentError as e:
+            out.update(status=e.status, message=str(e))
+        except Exception as e:  # a result the experiment did not foresee (or a lab bug): shown, never a crash
+            out.update(status="error", message="the lab could not interpret your result; if your answer looks "
+                                                f"right, show this to your instructor ({type(e).__name__}: {e})\n"
+                                                + traceback.format_exc(limit=-3))
+        out["printed"] = session.take_printed()
+        out["figures"], out["notes"] = self._draw(exp, ch, params, records)
+        out["calls"] = [f"{name} ({path.name})" for name in exp.calls]
+        return out
+
+    def _draw(self, exp: Experiment, ch: Chapter, params: dict, records: dict) -> tuple[list[dict], list[str]]:
+        import figures
+
+        specs = {s.id: s for s in figures.catalog(ch.id)}
+        captions = exp.captions(params) if exp.captions else {}
+        drawn, notes = [], []
+        for fid in exp.figures:
+            spec, record = specs[fid], records.get(fid)
+            if record is None:
+                continue
+            missing = spec.missing(record)
+            if missing:
+                notes.append(f"{fid}: drawn once {', '.join(missing)} return the right shapes")
+                continue
+            if fid in captions:  # (zh, en) or (zh, en, title) of this instance
+                spec = replace(spec, zh=captions[fid][0], en=captions[fid][1], title=(*captions[fid], spec.title)[2])
+            try:
+                drawn.append({"id": fid, "svg": fit(spec, record)})
+            except TooWide as e:
+                notes.append(f"{fid}: {e}")
+            except Exception as e:  # a drawing error never hides the verdict
+                notes.append(f"{fid}: could not be drawn ({type(e).__name__}: {e})")
+        return drawn, notes
+
+    def close(self) -> None:
+        """Stop every student process and the warm process; remove the scratch folder."""
+        with self._lanes_lock:
+            lanes, self._lanes = list(self._lanes.values()), {}
+        for lane in lanes:
+            lane.close()
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
+        shutil.rmtree(self.workdir, ignore_errors=True)

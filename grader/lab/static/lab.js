@@ -1,0 +1,201 @@
+// course lab: controls -> POST /api/run/<experiment> -> the figures drawn from the student's outputs.
+// The newest change wins: an older request still in flight is aborted here and replaced on the server.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const DEBOUNCE_MS = 120;
+const STATUS = {
+  passed: "✓ 与参考答案一致 · your outputs match the reference",
+  unchecked: "已画出你的输出 · drawn from your outputs (unchecked: the student release has no reference answers)",
+  failed: "✗ 与参考答案不同 · your outputs differ from the reference (wrong cells are marked in the figure)",
+  error: "✗ 你的代码出错 · your code raised an error",
+  todo: "尚未实现 · not implemented yet",
+  timeout: "✗ 超时 · your code did not finish in time (the page stays usable: change the instance or fix the code)",
+  invalid: "这个实例画不出来 · this instance cannot be drawn",
+  blocked: "无法在本机运行 · cannot run on this machine",
+};
+
+const lab = { experiments: new Map(), current: null, seq: 0, inflight: null, timer: null, changedAt: null };
+window.labLatencies = [];   // ms from a control change to its figures on the page (read by the browser tests)
+
+async function start() {
+  const info = await (await fetch("/api/experiments")).json();
+  $("target").textContent = `running ${info.mode === "solutions" ? "the reference solutions" : info.target}` +
+    ` · time limit ${info.time_limit} s per change`;
+  const mode = $("mode");
+  if (info.checked) {
+    mode.textContent = "每次改动都在隔离进程里运行你的函数,并与参考答案比较 · Every change runs your functions in a " +
+      "separate process (the limits of course check) and compares them with the reference solutions; wrong cells " +
+      "are marked with the expected value.";
+  } else {
+    mode.classList.add("release");
+    mode.textContent = "学生版 · Student release: the reference answers do not ship, so the figures show your " +
+      "outputs without marks. The chapter's explanations still run where they need no reference (cu_seqlens are " +
+      "running sums, a sample wins the race); `course check chNN` compares the canonical instances with the " +
+      "recorded reference answers.";
+  }
+  const nav = $("nav");
+  for (const ch of info.chapters) {
+    const h = document.createElement("h3");
+    h.textContent = `${ch.id} · ${ch.title}`;
+    nav.append(h);
+    for (const exp of ch.experiments) {
+      exp.file = ch.file;
+      lab.experiments.set(exp.id, exp);
+      const b = document.createElement("button");
+      b.type = "button";
+      b.textContent = exp.title;
+      b.dataset.experiment = exp.id;
+      b.addEventListener("click", () => { location.hash = exp.id; });
+      nav.append(b);
+    }
+  }
+  window.addEventListener("hashchange", () => select(location.hash.slice(1)));
+  select(location.hash.slice(1));
+}
+
+function select(id) {
+  const exp = lab.experiments.get(id) || lab.experiments.values().next().value;
+  if (!exp) return;
+  lab.current = exp;
+  for (const b of document.querySelectorAll("nav button")) {
+    b.setAttribute("aria-current", String(b.dataset.experiment === exp.id));
+  }
+  $("title").textContent = exp.title;
+  $("about").textContent = exp.about;
+  $("calls").textContent = `calls your ${exp.calls.join(", ")} (${exp.file}) · draws ${exp.figures.join(", ")}`;
+  $("varies").hidden = !exp.varies;
+  $("varies").textContent = exp.varies;
+  buildControls(exp);
+  $("figures").replaceChildren();
+  show({ status: "running", message: "" }, null);
+  change();
+}
+
+function buildControls(exp) {
+  const form = $("controls");
+  form.replaceChildren();
+  form.onsubmit = (e) => { e.preventDefault(); change(0); };
+  for (const p of exp.params) {
+    const box = document.createElement("div");
+    box.className = "control";
+    const label = document.createElement("label");
+    label.textContent = p.label;
+    label.htmlFor = `param-${p.name}`;
+    const input = document.createElement("input");
+    input.id = `param-${p.name}`;
+    input.name = p.name;
+    if (p.kind === "bool") {
+      input.type = "checkbox";
+      input.checked = Boolean(p.default);
+    } else if (p.kind === "int" || p.kind === "float") {
+      input.type = "number";
+      input.min = p.min; input.max = p.max; input.step = p.kind === "int" ? 1 : p.step;
+      input.value = p.default;
+    } else {
+      input.type = "text";
+      input.value = p.default;
+      input.spellcheck = false;
+    }
+    const hint = document.createElement("span");
+    hint.className = "hint";
+    hint.textContent = p.kind === "list" ? `${p.min_len}–${p.max_len} numbers in ${p.min} … ${p.max}`
+      : p.kind === "bool" ? "" : `${p.min} … ${p.max}`;
+    const error = document.createElement("span");
+    error.className = "error";
+    error.id = `error-${p.name}`;
+    input.addEventListener("input", () => change());
+    box.append(label, input, hint, error);
+    form.append(box);
+  }
+  const reset = document.createElement("button");
+  reset.type = "button";
+  reset.textContent = "重置 · reset";
+  reset.addEventListener("click", () => { buildControls(exp); change(0); });
+  form.append(reset);
+}
+
+function values() {
+  const out = {};
+  for (const input of $("controls").querySelectorAll("input")) {
+    out[input.name] = input.type === "checkbox" ? input.checked : input.value;
+  }
+  return out;
+}
+
+function change(delay = DEBOUNCE_MS) {
+  if (lab.changedAt === null) lab.changedAt = performance.now();
+  clearTimeout(lab.timer);
+  lab.timer = setTimeout(run, delay);
+}
+
+async function run() {
+  const exp = lab.current;
+  const seq = ++lab.seq;
+  const changedAt = lab.changedAt;
+  lab.changedAt = null;
+  if (lab.inflight) lab.inflight.abort();
+  const ctrl = new AbortController();
+  lab.inflight = ctrl;
+  $("figures").classList.add("stale");
+  $("status").dataset.state = "running";
+  $("status").textContent = "运行中 · running your code…";
+  let data;
+  try {
+    const res = await fetch(`/api/run/${encodeURIComponent(exp.id)}`, {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ params: values() }), signal: ctrl.signal,
+    });
+    data = await res.json();
+  } catch (e) {
+    if (ctrl.signal.aborted) return;
+    data = { status: "error", message: `the lab server did not answer (${e}); is course lab still running?` };
+  }
+  if (seq !== lab.seq || exp !== lab.current || data.status === "superseded") return;
+  lab.inflight = null;
+  show(data, seq);
+  if (changedAt !== null) window.labLatencies.push(performance.now() - changedAt);
+}
+
+function show(data, seq) {
+  const status = $("status");
+  status.dataset.state = data.status;
+  status.textContent = data.status === "running" ? "运行中 · running your code…" : (STATUS[data.status] || data.status);
+  if (data.elapsed !== undefined) {
+    const t = document.createElement("span");
+    t.className = "time";
+    t.textContent = `${Math.round(data.elapsed * 1000)} ms`;
+    status.append(t);
+  }
+  const message = $("message");
+  message.hidden = !data.message;
+  message.textContent = data.message || "";
+  for (const input of $("controls").querySelectorAll("input")) {
+    const err = (data.errors || {})[input.name] || "";
+    input.setAttribute("aria-invalid", String(Boolean(err)));
+    $(`error-${input.name}`).textContent = err;
+  }
+  const notes = $("notes");
+  notes.replaceChildren(...(data.notes || []).map((n) => { const li = document.createElement("li"); li.textContent = n; return li; }));
+  const printed = $("printed");
+  printed.hidden = !data.printed;
+  printed.querySelector("pre").textContent = data.printed || "";
+  if (seq === null) return;
+  const figures = $("figures");
+  if (data.figures) {       // a new drawing (a failed check keeps its figure, with the wrong cells marked)
+    figures.replaceChildren(...data.figures.map((f) => {
+      const box = document.createElement("div");
+      box.className = "figure";
+      box.dataset.figure = f.id;
+      box.innerHTML = f.svg;  // SVG drawn by the course's figures module; values are escaped there
+      return box;
+    }));
+  } else if (data.status !== "invalid") {
+    figures.replaceChildren();
+  }
+  figures.classList.toggle("stale", data.status === "invalid");
+  figures.dataset.seq = String(seq);
+  figures.dataset.status = data.status;
+}
+
+start();

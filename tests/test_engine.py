@@ -1,0 +1,229 @@
+"""The capstone engine: the chapters' functions generate exactly what transformers' Qwen3 generates, under
+chunked prefill, prefix-cache hits and preemption; a wrong chapter function is named by step and layer; a
+student's functions run where their checks pass; the CLI and the overview figure."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import xml.etree.ElementTree as ET
+from dataclasses import replace
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import engine
+import figures
+from engine import oracle
+from engine.core import EngineError, Settings
+from engine.model import PRESETS, ModelError, load, random_model
+from grader import chapters
+from grader.cli import main
+from solutions import ch19_rope
+
+PROMPTS = [list(range(1, 12)), list(range(1, 9)) + [20, 21], list(range(1, 14)), [50, 51], list(range(1, 10))]
+"""Five requests, four sharing the prefix 1 … 8: with block_size 4 the later ones hit the cached blocks."""
+FORCING = Settings(block_size=4, num_blocks=9, max_num_seqs=2, max_num_batched_tokens=8)
+"""Prefill budget 8 < prompt lengths: chunked prefill; 9 blocks of 4 for five growing requests: preemption."""
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return load("tiny").save(tmp_path_factory.mktemp("tiny"))
+
+
+def test_a_saved_preset_loads_back_identically(tmp_path):
+    for tied in (True, False):
+        model = random_model(replace(PRESETS["tiny"], tie_word_embeddings=tied), seed=3)
+        again = load(model.save(tmp_path / str(tied)))
+        assert again.config == model.config
+        names = set(model.hf_state_dict())
+        assert ("lm_head.weight" in names) != tied and "model.layers.1.self_attn.q_norm.weight" in names
+        for a, b in zip(model.hf_state_dict().values(), again.hf_state_dict().values()):
+            assert torch.equal(a, b)
+        assert (again.lm_head is again.embed) == tied
+    config = json.loads((tmp_path / "True" / "config.json").read_text())
+    assert config["head_dim"] == 32 != config["hidden_size"] // config["num_attention_heads"]
+
+
+def test_unsupported_configs_are_refused_with_a_reason(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({**PRESETS["tiny"].to_hf(), "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 1e6}}))
+    with pytest.raises(ModelError, match="RoPE scaling 'yarn'"):
+        load(tmp_path)
+    no_head_dim = {k: v for k, v in PRESETS["tiny"].to_hf().items() if k != "head_dim"}
+    (tmp_path / "config.json").write_text(json.dumps(no_head_dim))
+    with pytest.raises(ModelError, match="head_dim is read from the config"):
+        load(tmp_path)
+    with pytest.raises(ModelError, match="neither a preset"):
+        load(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_the_engine_matches_transformers_token_for_token(tied, tmp_path):
+    folder = random_model(replace(PRESETS["tiny"], tie_word_embeddings=tied), seed=1).save(tmp_path)
+    result = oracle.compare(folder, PROMPTS, 10, settings=FORCING)
+    m = result.run.metrics
+    assert m["chunked_prefill_steps"] > 0 and m["prefix_cache_hits"] > 0 and m["preemptions"] > 0, m
+    assert result.ok, result.message
+    assert result.run.outputs == result.transformers_tokens
+    assert result.max_logit_diff <= oracle.ATOL + oracle.RTOL * 10
+
+
+def interleaved_qk_norm_rope(q, k, q_norm_weight, k_norm_weight, positions, base, eps=1e-6):
+    """ch19.3 with the GPT-J pairing (x[2j], x[2j+1]) instead of Qwen3's half-split (x[j], x[j + d/2])."""
+    cos, sin = ch19_rope.rope_cos_sin(torch.as_tensor(positions), q.shape[-1], base)
+
+    def norm(x, w):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+    def rotate(x):
+        x1, x2, c, s = x[..., 0::2], x[..., 1::2], cos[:, None], sin[:, None]
+        return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+
+    return rotate(norm(q, q_norm_weight)), rotate(norm(k, k_norm_weight))
+
+
+def test_a_wrong_rope_is_named_by_its_first_diverging_step_and_layer(tiny_dir):
+    parts = engine.reference_parts().replaced(qk_norm_rope=interleaved_qk_norm_rope)
+    result = oracle.compare(tiny_dir, PROMPTS[:2], 3, parts=parts, settings=FORCING)
+    assert not result.ok
+    assert re.search(r"first divergence at step 1 \(prefill, request 0, positions 0–7\), decoder layer 0 \(its "
+                     r"output, the residual stream\): at position [1-7], channel \d+", result.message), result.message
+
+
+def test_chunked_prefill_prefix_hits_and_preemption_change_no_token():
+    model = load("tiny")
+    plain = engine.Engine(model, engine.reference_parts()).generate(PROMPTS, 8)
+    forced = engine.Engine(model, engine.reference_parts(), FORCING).generate(PROMPTS, 8)
+    assert forced.outputs == plain.outputs
+    assert plain.metrics["preemptions"] == plain.metrics["chunked_prefill_steps"] == 0
+    assert forced.metrics["computed_tokens"] < plain.metrics["computed_tokens"] + forced.metrics["preemptions"] * 20
+
+
+def test_temperature_samples_with_ch23_and_is_repeatable():
+    model = load("tiny")
+    run = lambda seed: engine.Engine(model, engine.reference_parts(), Settings(temperature=1.0, seed=seed))\
+        .generate(PROMPTS, 12)
+    a, b, c = run(0), run(0), run(1)
+    assert a.outputs == b.outputs != c.outputs
+    assert any(e["fn"] == "sample" and e["chapter"] == "ch23" for e in a.trace)
+
+
+def test_eos_ends_a_request_and_stays_in_its_output():
+    model = load("tiny")
+    first = engine.Engine(model, engine.reference_parts()).generate([[50, 51]], 4).outputs[0]
+    model.config = replace(model.config, eos_token_id=first[0])
+    assert engine.Engine(model, engine.reference_parts()).generate([[50, 51]], 4).outputs == [[first[0]]]
+
+
+def test_chapters_that_disagree_about_the_batch_are_named():
+    parts = engine.reference_parts().replaced(logits_indices=lambda lens: torch.zeros(len(lens), dtype=torch.long))
+    with pytest.raises(EngineError, match=r"ch29's prepare_inputs .* and ch28's logits_indices .* disagree"):
+        engine.Engine(load("tiny"), parts).generate(PROMPTS[:2], 2)
+
+
+def test_a_submission_runs_where_its_tasks_pass_and_the_reference_elsewhere(tmp_path):
+    for name in ("ch15_token_to_logits.py", "ch20_norms_swiglu.py"):
+        shutil.copy(chapters.SOLUTIONS / name, tmp_path)
+    shutil.copy(chapters.EXERCISES / "ch19_rope.py", tmp_path)
+    parts = engine.student_parts(tmp_path)
+    sources = parts.sources()
+    assert {k for k, v in sources.items() if v == "yours"} == {
+        "ch15.1 embedding_lookup", "ch15.2 linear", "ch15.3 split_qkv", "ch20.2 add_rms_norm", "ch20.4 swiglu_mlp"}
+    assert sources["ch19.3 qk_norm_rope"] == "reference"
+    assert "ch19: ch19.1, ch19.2, ch19.3 not passing yet" in parts.notes
+    assert any("no ch25_paged_kv.py" in n for n in parts.notes)
+    assert parts["linear"].fn.__module__ == "course_student_ch15_token_to_logits"
+    model = load("tiny")
+    assert engine.Engine(model, parts).generate(PROMPTS, 4).outputs == \
+        engine.Engine(model, engine.reference_parts()).generate(PROMPTS, 4).outputs
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prompts.json").write_text(json.dumps(PROMPTS))
+    runner = CliRunner()
+    return lambda *args: runner.invoke(main, list(args), catch_exceptions=False)
+
+
+def test_engine_run_prints_outputs_and_metrics_as_json(cli, tmp_path):
+    out = cli("engine", "run", "--prompts", "prompts.json", "--max-tokens", "5", "--block-size", "4",
+              "--num-blocks", "9", "--max-num-seqs", "2", "--max-batched-tokens", "8", "--json",
+              "--save-model", "tiny")
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout.splitlines()[-1])
+    assert len(doc["outputs"]) == len(PROMPTS) and all(len(o) == 5 for o in doc["outputs"])
+    m = doc["metrics"]
+    for key in ("mean_ttft_ms", "mean_tpot_ms", "output_throughput", "prefix_cache_hits", "chunked_prefill_steps",
+                "preemptions"):
+        assert key in m
+    assert m["preemptions"] > 0 and m["prefix_cache_hits"] > 0 and m["chunked_prefill_steps"] > 0
+    assert set(doc["parts"].values()) == {"reference"}
+    assert (tmp_path / "tiny" / "config.json").is_file() and (tmp_path / "tiny" / "model.safetensors").is_file()
+    again = json.loads(cli("engine", "run", "--model", "tiny", "--prompts", "prompts.json", "--max-tokens", "5",
+                           "--json").output)
+    assert again["outputs"] == doc["outputs"]
+    assert (tmp_path / "course-figures" / "engine" / "overview.svg").is_file()
+
+
+def test_engine_run_for_people(cli):
+    out = cli("engine", "run", "--prompts", "prompts.json", "--max-tokens", "3")
+    assert out.exit_code == 0, out.output
+    assert re.search(r"request 4  prompt   9 tokens → \[\d+, \d+, \d+\]", out.output)
+    assert "your code: none (every stage ran the reference)" in out.output
+    assert re.search(r"TTFT mean [\d.]+ ms · TPOT mean [\d.]+ ms", out.output)
+    assert "figure: course-figures/engine/overview.svg" in out.output
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["--prompts", "bad.json"], 2, "must hold a non-empty JSON list"),
+    (["--prompts", "prompts.json", "--model", "nowhere"], 1, "neither a preset"),
+    (["--prompts", "prompts.json", "--block-size", "1"], 2, "--block-size"),
+    (["--prompts", "prompts.json", "--block-size", "4", "--num-blocks", "2"], 1, "can never fit"),
+    ([], 2, "give --prompts FILE"),
+])
+def test_engine_run_usage_errors(cli, tmp_path, args, code, words):
+    (tmp_path / "bad.json").write_text('{"not": "a list"}')
+    out = cli("engine", "run", *args)
+    assert out.exit_code == code and words in out.output, out.output
+
+
+def overview_of(parts) -> tuple[dict, ET.Element]:
+    model = load("tiny")
+    run = engine.Engine(model, parts, FORCING).generate(PROMPTS, 4)
+    record = engine.overview_record(run, model)
+    (spec,) = figures.catalog("overview")
+    return record, ET.fromstring(spec.render(record))
+
+
+def test_the_overview_figure_is_drawn_from_a_real_run(tmp_path):
+    for name in ("ch15_token_to_logits.py", "ch25_paged_kv.py"):
+        shutil.copy(chapters.SOLUTIONS / name, tmp_path)
+    record, root = overview_of(engine.student_parts(tmp_path))
+    (spec,) = figures.catalog("overview")
+    texts: dict[str, list[str]] = {}
+    for el in root.iter(f"{SVG}text"):
+        texts.setdefault(el.get("class"), []).append(el.text or "")
+    assert texts["title"] == [spec.title] and texts["figure-id"] == ["overview"]
+    assert "".join(texts["caption-zh"]).replace(" ", "") == spec.zh.replace(" ", "")
+    assert " ".join(texts["caption-en"]) == spec.en and texts["legend"]
+    assert 720 <= float(root.get("width")) <= 960
+    assert [c["id"] for c in record["course"]] == [f"ch{n}" for n in range(15, 33)]
+    labels = texts["label"]
+    assert [f"ch{n}" for n in range(15, 33)] == [t for t in labels if re.fullmatch(r"ch\d\d", t)][:18]
+    status = dict(zip([c["id"] for c in record["course"]], texts["status"]))
+    assert status["ch15"] == status["ch25"] == "yours ✓"
+    assert status["ch19"] == "reference" and status["ch16"] == "not called"
+    shapes = texts["shapes"]
+    assert any(s.startswith("q [8, 4, 32] · k [8, 2, 32] at positions") for s in shapes), shapes
+    assert "rows [7] of 8" in shapes and any("→ [1, 100]" in s for s in shapes)
+    functions = " ".join(texts["function"])
+    for name in ("Scheduler", "BlockManager", "prepare_inputs", "varlen_metadata", "logits_indices", "qk_norm_rope",
+                 "store_kv", "slot_mapping", "gqa_attention", "swiglu_mlp", "latency_metrics"):
+        assert name in functions

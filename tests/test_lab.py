@@ -1,0 +1,254 @@
+"""`course lab` without a browser: bounds, every experiment on the reference, wrong and hanging students,
+newer requests replacing older ones, edits picked up, the server's routes, and the student release."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from starlette.testclient import TestClient
+
+from grader import chapters
+from grader.cli import main
+from grader.lab import Float, Int, Numbers, ParamError, catalog
+from grader.lab.runner import Lab
+from grader.lab.server import app, bind
+from tests.mutate import mutant
+
+EXPERIMENTS = list(catalog().experiments.values())
+HANG = ("    return weight[ids.long()]", "    while ids.numel() > 3:\n        pass\n    return weight[ids.long()]")
+WRONG_SLOTS = ("    return table[logical] * block_size + pos % block_size",
+               "    return logical * block_size + pos % block_size")
+
+
+@pytest.fixture(scope="module")
+def reference_lab():
+    lab = Lab(solutions=True, time_limit=5)
+    yield lab
+    lab.close()
+
+
+@pytest.fixture(scope="module")
+def student_lab(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("student")
+    mutant(folder, "ch15", HANG)
+    mutant(folder, "ch25", WRONG_SLOTS)
+    lab = Lab(submission=folder, time_limit=1)
+    yield lab
+    lab.close()
+
+
+def cells(svg: str, cls: str) -> list[ET.Element]:
+    return [e for e in ET.fromstring(svg).iter() if cls in (e.get("class") or "").split()]
+
+
+def values(svg: str) -> list[str]:
+    return ["".join(e.itertext()) for e in cells(svg, "value")]
+
+
+def random_instance(exp, rng: random.Random) -> dict:
+    raw = {}
+    for p in exp.params:
+        if isinstance(p, Int):
+            raw[p.name] = rng.randint(p.low, p.high)
+        elif isinstance(p, Float):
+            raw[p.name] = round(rng.uniform(p.low, p.high), 2)
+        elif isinstance(p, Numbers):
+            n = rng.randint(p.min_len, p.max_len)
+            raw[p.name] = ", ".join(str(rng.randint(int(p.low), int(p.high))) if p.integer else
+                                    f"{rng.uniform(p.low, p.high):.2f}" for _ in range(n))
+        else:
+            raw[p.name] = rng.random() < 0.5
+    return raw
+
+
+def test_every_chapter_lab_module_defines_experiments_that_draw_catalog_figures():
+    import figures
+
+    assert {"ch15-embedding", "ch16-heads", "ch26-varlen", "ch25-paged-kv"} <= {e.id for e in EXPERIMENTS}
+    for exp in EXPERIMENTS:
+        known = {s.id for s in figures.catalog(exp.chapter)}
+        assert set(exp.figures) <= known, exp.id
+        ch = chapters.find(exp.chapter)
+        assert set(exp.calls) <= {n for t in ch.tasks for n in t.names}, exp.id
+
+
+@pytest.mark.parametrize("exp", EXPERIMENTS, ids=[e.id for e in EXPERIMENTS])
+def test_the_reference_passes_and_draws_at_the_defaults_and_at_random_instances(exp, reference_lab):
+    rng, drawn = random.Random(exp.id), 0
+    instances = [{}] + [random_instance(exp, rng) for _ in range(400)]
+    for raw in instances:
+        try:
+            exp.parse(raw)
+        except ParamError:
+            continue
+        result = reference_lab.run(exp.id, raw)
+        assert result["status"] == "passed", (raw, result["message"], result.get("notes"))
+        assert [f["id"] for f in result["figures"]] == list(exp.figures), (raw, result["notes"])
+        for f in result["figures"]:
+            root = ET.fromstring(f["svg"])
+            assert int(root.get("width")) <= 1400 and not cells(f["svg"], "wrong")
+        drawn += 1
+        if drawn == 6:
+            break
+    assert drawn >= 4, f"{exp.id}: the bounds admit too few drawable instances"
+
+
+def test_an_instance_changes_the_drawing(reference_lab):
+    result = reference_lab.run("ch15-embedding", {"V": "7", "H": "3", "ids": "6, 1"})
+    (fig,) = result["figures"]
+    assert "ids = [6, 1]" in fig["svg"] and "X[1, 2, 3]" in fig["svg"]
+    assert {"71", "72", "73", "21", "22", "23"} <= set(values(fig["svg"]))
+    slots = reference_lab.run("ch25-paged-kv", {"T": 3, "block_size": 1, "block_table": "4, 2, 0", "num_blocks": 5})
+    assert slots["status"] == "passed" and "block_size = 1" in slots["figures"][0]["svg"]
+
+
+def test_out_of_bounds_instances_are_refused_with_the_reason(reference_lab):
+    r = reference_lab.run("ch25-paged-kv", {"T": "60"})
+    assert r["status"] == "invalid" and "between 1 and 10" in r["errors"]["T"]
+    r = reference_lab.run("ch25-paged-kv", {"T": 7, "block_table": "3, 0, 4"})
+    assert "need 4 blocks" in r["errors"]["block_table"]
+    r = reference_lab.run("ch15-embedding", {"ids": "2, x"})
+    assert "is not a whole number" in r["errors"]["ids"]
+    r = reference_lab.run("ch15-embedding", {"V": 4, "ids": "5"})
+    assert "not a row of E" in r["errors"]["ids"]
+    r = reference_lab.run("ch18-groups", {"num_heads": 5, "num_kv_heads": 2})
+    assert "must divide" in r["errors"]["num_kv_heads"]
+    assert reference_lab.run("ch99-nothing", {})["status"] == "invalid"
+    assert reference_lab.run("ch25-paged-kv", {"nonsense": 1})["status"] == "invalid"
+
+
+def test_a_wrong_function_shows_the_teaching_message_and_marked_cells(student_lab):
+    r = student_lab.run("ch25-paged-kv", {})
+    assert r["status"] == "failed"
+    assert "block_table[0] = 3, so its slot is 3·2 + 0 = 6; yours: 0" in r["message"]
+    assert "hint: the slot uses the physical block from the table" in r["message"]
+    (fig,) = r["figures"]
+    assert len(cells(fig["svg"], "wrong")) >= 3
+
+
+def test_a_hang_times_out_and_the_experiment_recovers(student_lab):
+    t0 = time.monotonic()
+    r = student_lab.run("ch15-embedding", {"ids": "1, 2, 3, 4", "V": 8})
+    assert r["status"] == "timeout" and "did not finish within 1 s" in r["message"]
+    assert time.monotonic() - t0 < 5
+    r = student_lab.run("ch15-embedding", {"ids": "1, 2"})
+    assert r["status"] == "passed" and r["figures"]
+
+
+def test_a_newer_request_replaces_a_hanging_one_at_once(student_lab):
+    results = {}
+
+    def request(name: str, ids: str) -> None:
+        results[name] = (student_lab.run("ch15-embedding", {"ids": ids, "V": 8}), time.monotonic())
+
+    older = threading.Thread(target=request, args=("older", "1, 2, 3, 4"))
+    t0 = time.monotonic()
+    older.start()
+    time.sleep(0.3)   # the older one is now spinning in the student's process
+    request("newer", "0, 1")
+    older.join()
+    assert results["older"][0]["status"] == "superseded"
+    assert results["newer"][0]["status"] == "passed"
+    assert results["newer"][1] - t0 < 0.95, "the newer request did not wait for the older one's time limit"
+
+
+def test_other_experiments_answer_while_one_hangs(student_lab):
+    hang = threading.Thread(target=student_lab.run, args=("ch15-embedding", {"ids": "1, 2, 3, 4", "V": 8}))
+    hang.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    r = student_lab.run("ch25-paged-kv", {})
+    assert r["status"] == "failed" and time.monotonic() - t0 < 0.9
+    hang.join()
+
+
+def test_an_edited_file_is_loaded_again(tmp_path):
+    folder = tmp_path / "sub"
+    folder.mkdir()
+    ch = chapters.find("ch25")
+    shutil.copy(chapters.SOLUTIONS / ch.filename, folder / ch.filename)
+    lab = Lab(submission=folder, time_limit=2)
+    try:
+        assert lab.run("ch25-paged-kv", {})["status"] == "passed"
+        mutant(folder, "ch25", WRONG_SLOTS)
+        assert lab.run("ch25-paged-kv", {})["status"] == "failed"
+        (folder / ch.filename).write_text("def slot_mapping(:\n", encoding="utf-8")
+        broken = lab.run("ch25-paged-kv", {})
+        assert broken["status"] == "error" and "SyntaxError" in broken["message"]
+    finally:
+        lab.close()
+
+
+def test_the_server_serves_its_page_and_nothing_outside_the_package(reference_lab):
+    client = TestClient(app(reference_lab))
+    assert "course lab" in client.get("/").text
+    assert client.get("/static/lab.js").status_code == 200
+    for path in ("/static/../../pyproject.toml", "/static/%2e%2e/%2e%2e/pyproject.toml", "/static/../runner.py",
+                 "/pyproject.toml", "/static//etc/passwd"):
+        assert client.get(path).status_code == 404, path
+    info = client.get("/api/experiments").json()
+    assert info["checked"] and {c["id"] for c in info["chapters"]} >= {"ch15", "ch16", "ch25", "ch26"}
+    assert client.post("/api/run/ch25-paged-kv", content=b"not json").status_code == 400
+    assert client.post("/api/run/ch25-paged-kv", json={"params": {"T": 6}}).json()["status"] == "passed"
+    sock = bind(0)
+    assert sock.getsockname()[0] == "127.0.0.1"
+    sock.close()
+
+
+def test_the_command_line():
+    runner = CliRunner()
+    out = runner.invoke(main, ["lab", "--help"])
+    assert out.exit_code == 0 and "--no-open" in out.output and "--port" in out.output
+    out = runner.invoke(main, ["lab", "--solutions", "--submission", "."])
+    assert out.exit_code == 2 and "exclude each other" in out.output
+
+
+def test_the_lab_serves_in_a_student_release_without_expected_values(tmp_path):
+    from grader.release import build
+
+    built = build(tmp_path / "rel", chapter_list=[chapters.find("ch25"), chapters.find("ch26")], nbgrader=False)
+    student = built.student
+    assert (student / "grader" / "lab" / "static" / "lab.js").is_file()
+    assert not (student / "grader" / "lab" / "ch15.py").exists()
+    for cid in ("ch25", "ch26"):
+        ch = chapters.find(cid)
+        shutil.copy(chapters.SOLUTIONS / ch.filename, student / "exercises" / ch.filename)
+    script = """
+import json
+from grader.lab.runner import Lab
+lab = Lab(time_limit=5)
+try:
+    out = {"checked": lab.describe()["checked"], "ids": sorted(lab.catalog.experiments)}
+    for exp in out["ids"]:
+        r = lab.run(exp, {})
+        out[exp] = [r["status"], r["message"], [f["svg"] for f in r["figures"]]]
+    print(json.dumps(out))
+finally:
+    lab.close()
+"""
+    env = dict(os.environ, PYTHONPATH=str(student))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=student, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = __import__("json").loads(proc.stdout)
+    assert out["checked"] is False and out["ids"] == ["ch25-paged-kv", "ch26-varlen"]
+    for exp in out["ids"]:
+        status, message, svgs = out[exp]
+        assert status == "unchecked" and svgs, (exp, message)
+        assert not any(cells(svg, "wrong") for svg in svgs)
+    # A wrong cu_seqlens is still explained there: running sums need no reference answer.
+    mutant(student / "exercises", "ch26", ("    cu_seqlens[1:] = lens.cumsum(0)", "    cu_seqlens[1:] = lens"))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=student, env=env, capture_output=True, text=True,
+                          timeout=120)
+    wrong = __import__("json").loads(proc.stdout)["ch26-varlen"]
+    assert wrong[0] == "failed" and "hint: cu_seqlens are cumulative" in wrong[1], wrong[1]

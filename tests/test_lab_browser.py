@@ -1,0 +1,197 @@
+"""`course lab` in a real browser: Debian's chromium, headless, driven through /usr/bin/chromedriver.
+
+Two `course lab` servers run as the CLI starts them: one on the reference solutions, one on a student
+folder with a wrong slot_mapping (ch25) and an embedding_lookup that hangs on more than 3 ids (ch15).
+Screenshots of every experiment go to $COURSE_LAB_SCREENSHOTS when set. The median time from a
+control change to the new figure is printed (run with -s to see it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from grader.lab import catalog
+from tests.mutate import mutant
+from tests.test_lab import HANG, WRONG_SLOTS
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+pytestmark = pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+                                reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+WAIT = 15
+
+
+def start_lab(*args: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "grader.cli", "lab", "--no-open", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("course lab: http://127.0.0.1:"), line + proc.stdout.read()
+    return proc, line.split()[2]
+
+
+def stop_lab(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)   # what Ctrl-C sends
+    out, _ = proc.communicate(timeout=15)
+    assert proc.returncode == 0 and "course lab stopped" in out, out
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("student")
+    mutant(folder, "ch15", HANG)
+    mutant(folder, "ch25", WRONG_SLOTS)
+    good = start_lab("--solutions", "--time-limit", "5")
+    bad = start_lab("--submission", str(folder), "--time-limit", "1")
+    yield {"good": good[1], "bad": bad[1]}
+    stop_lab(good[0])
+    stop_lab(bad[0])
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    profile = tempfile.mkdtemp(prefix="course-lab-chromium-")
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={profile}", "--window-size=1440,1800", "--lang=zh-CN"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def open_experiment(driver, url: str, experiment: str) -> str:
+    driver.get("about:blank")   # a fresh page: a new hash alone would not load it again
+    driver.get(f"{url}#{experiment}")
+    return wait_for_result(driver, None)
+
+
+def wait_for_result(driver, after: str | None) -> str:
+    """Wait until the page shows a result newer than `after` (a data-seq); return its seq."""
+    def done(d):
+        fig = d.find_element(By.ID, "figures")
+        seq = fig.get_attribute("data-seq")
+        return seq if seq and seq != after and d.find_element(By.ID, "status").get_attribute("data-state") != \
+            "running" else False
+    return WebDriverWait(driver, WAIT).until(done)
+
+
+def type_into(driver, name: str, text: str) -> None:
+    box = driver.find_element(By.NAME, name)
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys(text)
+
+
+def svg_values(driver, figure: str) -> list[str]:
+    return [e.text for e in driver.find_elements(By.CSS_SELECTOR, f'[data-figure="{figure}"] svg text.value')]
+
+
+def state(driver) -> str:
+    return driver.find_element(By.ID, "status").get_attribute("data-state")
+
+
+def test_a_changed_control_redraws_the_figure_from_the_new_instance(browser, servers):
+    seq = open_experiment(browser, servers["good"], "ch15-embedding")
+    assert state(browser) == "passed"
+    assert {"31", "32", "33", "34"} <= set(svg_values(browser, "dim-embedding"))
+    type_into(browser, "ids", "5, 1")
+    seq = wait_for_result(browser, seq)
+    assert state(browser) == "passed"
+    svg = browser.find_element(By.CSS_SELECTOR, '[data-figure="dim-embedding"] svg')
+    assert "ids = [5, 1]" in svg.get_attribute("innerHTML")
+    got = svg_values(browser, "dim-embedding")
+    assert {"61", "62", "63", "64", "21", "22", "23", "24"} <= set(got)
+    type_into(browser, "H", "2")
+    wait_for_result(browser, seq)
+    assert "X[1, 2, 2]" in browser.find_element(By.ID, "figures").get_attribute("innerHTML")
+
+
+def test_a_bound_is_explained_beside_its_control_and_the_figure_stays(browser, servers):
+    seq = open_experiment(browser, servers["good"], "ch25-paged-kv")
+    type_into(browser, "T", "60")
+    wait_for_result(browser, seq)
+    assert state(browser) == "invalid"
+    assert "between 1 and 10" in browser.find_element(By.ID, "error-T").text
+    assert browser.find_elements(By.CSS_SELECTOR, '[data-figure="dim-slot-mapping"] svg')
+
+
+def test_slots_follow_the_block_table_and_the_median_latency(browser, servers):
+    seq = open_experiment(browser, servers["good"], "ch25-paged-kv")
+    browser.execute_script("window.labLatencies = []")
+    for n, table in enumerate(["1, 2, 0", "4, 3, 2", "0, 1, 2", "2, 4, 1", "3, 0, 4"] * 2):
+        type_into(browser, "block_table", table)
+        seq = wait_for_result(browser, seq)
+        assert state(browser) == "passed"
+        blocks = [int(b) for b in table.split(", ")]
+        want = [str(blocks[p // 2] * 2 + p % 2) for p in range(5)]
+        slots = [e.text for e in browser.find_elements(By.CSS_SELECTOR,
+                                                        '[data-figure="dim-slot-mapping"] svg text.value')]
+        assert " ".join(want) in " ".join(slots), (table, slots)
+    latencies = browser.execute_script("return window.labLatencies")
+    median = statistics.median(latencies)
+    print(f"\ncourse lab: control change → new figure, median {median:.0f} ms over {len(latencies)} changes "
+          f"(min {min(latencies):.0f}, max {max(latencies):.0f}; includes the page's {120} ms debounce)")
+    assert median < 2000
+
+
+def test_a_wrong_function_shows_the_message_and_the_marked_cells(browser, servers):
+    open_experiment(browser, servers["bad"], "ch25-paged-kv")
+    assert state(browser) == "failed"
+    message = browser.find_element(By.ID, "message").text
+    assert "yours: 0" in message and "hint: the slot uses the physical block from the table" in message
+    wrong = browser.find_elements(By.CSS_SELECTOR, '[data-figure="dim-slot-mapping"] svg rect.wrong')
+    assert len(wrong) >= 3
+    shoot(browser, "wrong-ch25-paged-kv")
+
+
+def test_a_hanging_function_times_out_and_the_page_stays_usable(browser, servers):
+    seq = open_experiment(browser, servers["bad"], "ch15-embedding")
+    assert state(browser) == "passed"
+    type_into(browser, "ids", "1, 2, 3, 4")
+    seq = wait_for_result(browser, seq)
+    assert state(browser) == "timeout"
+    assert "did not finish within 1 s" in browser.find_element(By.ID, "message").text
+    shoot(browser, "timeout-ch15-embedding")
+    type_into(browser, "ids", "1, 2, 3, 0")       # hangs again …
+    type_into(browser, "ids", "4, 2")             # … and is replaced before its time limit
+    seq = wait_for_result(browser, seq)
+    assert state(browser) == "passed" and {"51", "52", "31", "32"} <= set(svg_values(browser, "dim-embedding"))
+    browser.find_element(By.CSS_SELECTOR, 'nav button[data-experiment="ch25-paged-kv"]').click()
+    wait_for_result(browser, None)
+    assert state(browser) == "failed"
+
+
+@pytest.mark.parametrize("experiment", sorted(catalog().experiments))
+def test_screenshot_of_every_experiment(browser, servers, experiment):
+    open_experiment(browser, servers["good"], experiment)
+    assert state(browser) == "passed", browser.find_element(By.ID, "message").text
+    figures = browser.find_elements(By.CSS_SELECTOR, "#figures svg")
+    assert len(figures) == len(catalog().find(experiment).figures)
+    shoot(browser, experiment)
+
+
+def shoot(driver, name: str) -> None:
+    folder = os.environ.get("COURSE_LAB_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        height = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.set_window_size(1440, min(max(height + 40, 900), 4000))
+        driver.save_screenshot(str(Path(folder) / f"{name}.png"))
+        driver.set_window_size(1440, 1800)
