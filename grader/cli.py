@@ -130,7 +130,8 @@ def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path 
 @click.option("--force", is_flag=True, help="Grade again what OUT already holds (with a new seed unless --seed).")
 @click.option("--seed", type=int, help="Grading seed of the hidden checks (recorded in OUT/grading.json).")
 @click.option("--time-limit", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
-              help="Seconds each check may spend in a student's code.")
+              help="The most a check may spend in a student's code; each check gets 50x what the reference "
+                   "needs in it, at least 0.5 s, at most this (recorded in OUT/grading.json).")
 @click.option("--memory-limit", default="2G", show_default=True, help="Address-space limit of a student's process.")
 @click.option("--no-sandbox", is_flag=True, help="Process isolation only, even where bubblewrap is installed.")
 def grade(submissions: Path, chapter_names: tuple[Chapter, ...], out: Path, jobs: int, force: bool, seed: int | None,

@@ -30,6 +30,9 @@ from grader.chapters import Chapter
 
 MAX_FILE_BYTES = 1 << 20
 STATE = "grading.json"
+SLACK, FLOOR = 50.0, 0.5
+"""A check may spend SLACK times what the reference needs in it, at least FLOOR seconds and at
+most the class's time limit: a hanging submission then costs seconds, not minutes."""
 
 
 class GradeError(RuntimeError):
@@ -93,7 +96,7 @@ def module_text(item: Item) -> str:
 _job: dict = {}
 
 
-def _start_job(out: str, seed: int, time_limit: float, memory_limit: int, sandboxed: bool) -> None:
+def _start_job(out: str, seed: int, limits: dict, memory_limit: int, sandboxed: bool) -> None:
     from grader import sandbox
     from grader.zygote import Zygote
 
@@ -107,7 +110,7 @@ def _start_job(out: str, seed: int, time_limit: float, memory_limit: int, sandbo
                         scratch=scratch)
     else:
         zygote = Zygote()
-    _job.update(out=Path(out), seed=seed, time_limit=time_limit, memory_limit=memory_limit, inbox=inbox,
+    _job.update(out=Path(out), seed=seed, limits=limits, memory_limit=memory_limit, inbox=inbox,
                 scratch=scratch, zygote=zygote)
 
 
@@ -132,8 +135,10 @@ def _grade(item: Item) -> dict:
         for old in _job["inbox"].iterdir():
             old.unlink()
         (_job["inbox"] / ch.filename).write_text(text, encoding="utf-8")
+        limits = _job["limits"][ch.id]
         report = check(ch.id, submission=_job["inbox"], hidden=True, seed=_job["seed"], figures_dir=partial / "figures",
-                       time_limit=_job["time_limit"], memory_limit=_job["memory_limit"], launcher=_job["zygote"].start)
+                       time_limit=limits["max"], time_limits=limits["checks"], memory_limit=_job["memory_limit"],
+                       launcher=_job["zygote"].start)
         doc = report.to_json()
         doc["target"] = item.source
         doc["status"] = {0: "passed", 1: "failed", 2: "blocked"}[report.exit_code]
@@ -173,7 +178,7 @@ def grade(submissions: Path, chosen: list[Chapter], out: Path, *, jobs: int = 2,
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     items = find_items(Path(submissions), chosen)
-    seed = _seed(out, seed, force, [ch.id for ch in chosen])
+    seed, limits = _state(out, seed, force, chosen, time_limit)
     for stale in out.glob("*/.*.partial-*"):  # left by a run that was killed
         shutil.rmtree(stale, ignore_errors=True)
     todo = [i for i in items if force or not (out / i.student / i.chapter / "results.json").is_file()]
@@ -184,7 +189,7 @@ def grade(submissions: Path, chosen: list[Chapter], out: Path, *, jobs: int = 2,
     if todo:
         context = multiprocessing.get_context("spawn")
         with context.Pool(max(1, min(jobs, len(todo))), initializer=_start_job,
-                          initargs=(str(out), seed, time_limit, memory_limit, usable)) as pool:
+                          initargs=(str(out), seed, limits, memory_limit, usable)) as pool:
             for result in pool.imap_unordered(_grade, todo):
                 if on_item:
                     on_item(result)
@@ -197,18 +202,33 @@ def grade(submissions: Path, chosen: list[Chapter], out: Path, *, jobs: int = 2,
     return ClassResult(rows, len(todo), how, out)
 
 
-def _seed(out: Path, seed: int | None, force: bool, chapter_ids: list[str]) -> int:
-    """The class's grading seed: recorded on the first run, reused by every rerun."""
+def _state(out: Path, seed: int | None, force: bool, chosen: list[Chapter], time_limit: float) -> tuple[int, dict]:
+    """The class's grading seed and per-check time limits: set on the first run, reused by every
+    rerun (so a resumed run grades exactly as an uninterrupted one)."""
     state_file = out / STATE
-    if state_file.is_file() and not force:
-        recorded = json.loads(state_file.read_text())["seed"]
-        if seed is not None and seed != recorded:
-            raise GradeError(f"{out} was graded with seed {recorded}; rerun without --seed, or with --force "
-                             "to grade everything again")
-        return recorded
-    seed = secrets.randbelow(2**31) if seed is None else seed
-    _write_atomic(state_file, json.dumps({"seed": seed, "chapters": chapter_ids}))
-    return seed
+    state = json.loads(state_file.read_text()) if state_file.is_file() and not force else {}
+    if state and seed is not None and seed != state["seed"]:
+        raise GradeError(f"{out} was graded with seed {state['seed']}; rerun without --seed, or with --force "
+                         "to grade everything again")
+    state.setdefault("seed", secrets.randbelow(2**31) if seed is None else seed)
+    limits = state.setdefault("time_limits", {})
+    for ch in chosen:
+        if ch.id not in limits:
+            limits[ch.id] = calibrate(ch, state["seed"], time_limit)
+    state["chapters"] = sorted(set(state.get("chapters", [])) | {ch.id for ch in chosen})
+    _write_atomic(state_file, json.dumps(state, indent=1))
+    return state["seed"], limits
+
+
+def calibrate(ch: Chapter, seed: int, time_limit: float) -> dict:
+    """Per-check limits from the reference's own time in each check (the flat limit without solutions/)."""
+    from grader.run import check
+
+    if not (chapters.SOLUTIONS / ch.filename).is_file():
+        return {"max": time_limit, "checks": {}}
+    report = check(ch.id, solutions=True, hidden=True, seed=seed, figures_dir=None, time_limit=time_limit)
+    return {"max": time_limit, "checks": {f"{r.task}:{r.name}": round(min(time_limit, max(FLOOR, SLACK * r.student_seconds)), 3)
+                                          for r in report.results}}
 
 
 def _write_atomic(path: Path, text: str) -> None:

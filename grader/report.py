@@ -23,6 +23,8 @@ class CheckResult:
     message: str = ""
     printed: str = ""
     elapsed: float = 0.0
+    student_seconds: float = 0.0
+    """Of `elapsed`, the time spent in the graded code (what time limits count)."""
     todo: bool = False
     """True when the student's code raised the stub's NotImplementedError."""
 

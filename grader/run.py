@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from grader import chapters, checks, procs
 from grader.chapters import Chapter
@@ -45,7 +45,8 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
           seed: int | None = None, hidden: bool | None = None, public: bool = True, figures_dir: Path | None = DEFAULT_FIGURES_DIR,
           time_limit: float = checks.DEFAULT_TIME_LIMIT, memory_limit: int = DEFAULT_MEMORY_LIMIT,
           on_result: Callable[[CheckResult], None] | None = None,
-          refs: Callable[[str], object] | None = None, launcher: Callable[..., Worker] | None = None) -> Report:
+          refs: Callable[[str], object] | None = None, launcher: Callable[..., Worker] | None = None,
+          time_limits: Mapping[str, float] | None = None) -> Report:
     """Run a chapter's checks and draw its figures from the graded code's outputs.
 
     Args:
@@ -64,6 +65,7 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
             solutions, or in a student release the recorded answers.
         launcher: starts a student process (keywords workdir, memory_limit, output_limit,
             forbidden_dirs); by default a fresh interpreter, `grader.zygote.Zygote.start` forks one.
+        time_limits: per-check limits by check key, overriding `time_limit` (see grader.grade).
     """
     started = time.monotonic()
     ch = chapters.find(chapter)
@@ -100,7 +102,8 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
         params = {name: p for t in ch.tasks for name, p in t.params.items()}
         for spec in specs:
             result = run_one(spec, names.get(spec.task, "?"), session=session, ref=refs(spec.key), seed=report.seed,
-                             params=params, figures=report.records, time_limit=spec.time_limit or time_limit,
+                             params=params, figures=report.records,
+                             time_limit=spec.time_limit or (time_limits or {}).get(spec.key) or time_limit,
                              known=baseline)
             report.results.append(result)
             if on_result:

@@ -193,6 +193,11 @@ class Session:
         (starting the process and importing the module do not count)."""
         self.time_limit = self.time_left = time_limit
 
+    @property
+    def time_used(self) -> float:
+        """Seconds the current check has spent in student code so far."""
+        return self.time_limit - self.time_left
+
     def take_printed(self) -> str:
         """What the student's code printed since the last call of this method."""
         text, self.printed = "".join(self.printed)[:PRINTED_KEEP], []

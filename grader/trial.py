@@ -134,6 +134,7 @@ def run_one(spec: CheckSpec, function: str, *, session: Session, ref, seed: int,
         result.message = ("the grader could not interpret your result; if your answer looks right, "
                           f"show this to your instructor {where}")
     result.elapsed = time.monotonic() - t0
+    result.student_seconds = session.time_used
     strays = procs.kill_strays(known | session.pids)
     if strays:
         note = f"your code left a process running ({strays[0]}); graded code must not start processes"

@@ -176,3 +176,12 @@ def test_without_the_sandbox_the_grader_says_so(tmp_path):
     assert out.returncode == 0 and "sandbox: none" in out.stderr
     assert "ada  ch25  " in out.stdout and "passed" in out.stdout
     shutil.rmtree(tmp_path / "out")
+
+
+def test_time_limits_follow_the_reference_and_are_recorded(graded):
+    _, out, _ = graded
+    state = json.loads((out / "grading.json").read_text())
+    limits = state["time_limits"]["ch25"]
+    assert state["seed"] == 3 and limits["max"] == 5.0
+    assert set(limits["checks"]) == {s.key for s in checks.load("ch25", with_hidden=True)}
+    assert all(0.5 <= v <= 5.0 for v in limits["checks"].values())
