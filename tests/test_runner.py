@@ -158,6 +158,7 @@ def test_a_check_whose_oracle_package_is_missing_is_blocked_with_its_points():
 
     class NoStudent:  # the check blocks before it would call student code
         pids: set = set()
+        time_used = 0.0
 
         def begin_check(self, time_limit):
             pass
