@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from figures import figure
 from figures.kit import Figure, num, text_width
-from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, VALUE, fill, stroke
+from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, stroke
 
 ATOL = RTOL = 1e-5  # the tolerance of the ch15 checks
 RANK = ("token", "block")  # the kit has no rank roles: rank 0 sky blue, rank 1 purple, always labelled
@@ -466,7 +466,6 @@ def tensor_parallel_figure(f: Figure, r: dict) -> None:
     if row_out is None:
         wrong = True
         f.cell(xs_o, oy, "not a 2-D tensor", role="plain", w=150, h=c, wrong=True, expected="[2, 3]", fmt=str)
-        out_w = 150
     else:
         wrong |= _free_grid(f, xs_o, oy, row_out, row_want, role="plain", w=c, h=c)
         if len(row_out[0]) != len(row_want[0]) or len(row_out) != len(row_want):

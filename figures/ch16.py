@@ -7,7 +7,7 @@ import math
 
 from figures import figure
 from figures.kit import Figure, num, text_width
-from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, VALUE, fill, stroke
+from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
 
 ATOL = RTOL = 1e-5  # the tolerance of the 16.3 checks
 TRACED = 2          # the element followed through split_heads
@@ -162,7 +162,7 @@ def split_heads_figure(f: Figure, r: dict) -> None:
     if found is not None and found != [th, tt, tj]:
         f.note(f"In your result #{traced} sits at out[0, {found[0]}, {found[1]}, {found[2]}], not at "
                f"[0, {th}, {tt}, {tj}].", color=stroke("wrong"), size=SMALL + 2)
-    view_shape, st = [1, T, H, d], _strides([1, T, H, d])
+    st = _strides([1, T, H, d])
     moved = [st[0], st[2], st[1], st[3]]
     f.note(f"Nothing is copied: the view has strides ({', '.join(map(str, st))}) and transpose(1, 2) only swaps "
            f"two of them, ({', '.join(map(str, moved))}). Head h of token t is still the numbers at "

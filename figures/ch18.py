@@ -166,7 +166,7 @@ def gqa_groups_figure(f: Figure, r: dict) -> None:
     f.y = ky + 38 + 40
 
     # The cache: what is stored vs the copy no kernel needs.
-    f.heading(f"一层的 KV 缓存(每个 token)· one layer's KV cache per token")
+    f.heading("一层的 KV 缓存(每个 token)· one layer's KV cache per token")
     cell_w = 62
     sx = x0
     f.text(MARGIN, f.y + 22, "stored", size=LABEL, weight="bold", cls="label")

@@ -219,7 +219,7 @@ def rope_pair_figure(f: Figure, r: dict) -> None:
 def order_figure(f: Figure, r: dict) -> None:
     q, k, v = r["q"], r["k"], r["v"][0]
     qn, kn, qo, ko, qe, ke = r["q_normed"], r["k_normed"], r["q_out"], r["k_out"], r["q_expected"], r["k_expected"]
-    p, base, d = r["position"], r["base"], len(r["q"][0])
+    p, d = r["position"], len(r["q"][0])
     hq = len(q)
     # Stage 0: the projection, with Qwen3-0.6B's shapes.
     f.box(MARGIN, f.y, f.width - 2 * MARGIN, 34, role="plain",

@@ -160,7 +160,7 @@ def swiglu_figure(f: Figure, r: dict) -> None:
     role = lambda c: "accent" if c < inter else "block"
 
     # ① the merged projection: Wᵀ with x along its rows, gate_up below.
-    f.heading(f"① gate_up = x · W_gate_upᵀ: gate_up[c] = Σ_i x[i] · W[c, i]")
+    f.heading("① gate_up = x · W_gate_upᵀ: gate_up[c] = Σ_i x[i] · W[c, i]")
     top = f.y + 20
     for c in range(two_i):
         f.text(left + c * cw + cw / 2 - 1, top - 4, f"{'g' if c < inter else 'u'}{c % inter}", size=SMALL,
@@ -193,7 +193,7 @@ def swiglu_figure(f: Figure, r: dict) -> None:
         wrong |= _row(f, left, yy, vals, rl, cw, expected=want)
     f.curve(left + (inter + 0.5) * cw, y - 40, left + inter * cw + 6, y + CELL + 6 + CELL / 2, color=stroke("block"),
             width=1.1)
-    f.text(left + (inter + 1.2) * cw, y + 14, f"up[c] meets gate[c]: channel c of gate_up", size=SMALL,
+    f.text(left + (inter + 1.2) * cw, y + 14, "up[c] meets gate[c]: channel c of gate_up", size=SMALL,
            color=stroke("block"), cls="label")
     f.text(left + (inter + 1.2) * cw, y + 28, f"pairs with channel c + {inter}", size=SMALL, color=stroke("block"),
            cls="label")

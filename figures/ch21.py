@@ -162,7 +162,7 @@ def decode_step_figure(f: Figure, r: dict) -> None:
     f.heading("your decode_inputs · what this step feeds the model")
     lb, off = divmod(pos, bs)
     phys = table[lb] if lb < len(table) else "?"
-    rows = [("input_id", f"= token_ids[-1]  (the newest token)"),
+    rows = [("input_id", "= token_ids[-1]  (the newest token)"),
             ("position", f"= len − 1 = {n} − 1  (positions count from 0)"),
             ("context_len", f"= len = {n}  (the cache entries attention reads, the new one included)"),
             ("slot", f"= block_table[{pos} // {bs} = {lb}] · {bs} + {pos} % {bs} = {phys} · {bs} + {off}")]

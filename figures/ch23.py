@@ -91,7 +91,7 @@ def sampling_path(f: Figure, r: dict) -> None:
          kept, _n4, True),
         ("q = softmax(②)", "probabilities after top-k", [v if v > 0 else None for v in r["q"]], None,
          lambda i, v: "plain" if v is not None else "masked", _p3, False),
-        (f"mass of larger tokens", f"top-p keeps a token if < {num(p)}",
+        ("mass of larger tokens", f"top-p keeps a token if < {num(p)}",
          [None if v == NEG_INF else v for v in r["above"]], None,
          lambda i, v: "masked" if v is None or v >= p else "plain", _p3, False),
         (f"③ top-p = {num(p)}", "+ top_p", r["topp"], r["topp_expected"], kept, _n4, True),

@@ -4,8 +4,8 @@ flattened prefill with a prefix hit, and a decode batch padded into a captured g
 from __future__ import annotations
 
 from figures import figure
-from figures.kit import Figure, num, text_width
-from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
+from figures.kit import Figure, text_width
+from figures.style import INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
 
 REQUEST_ROLES = ("token", "accent")
 

@@ -4,8 +4,8 @@ rows of a flattened batch whose logits are sampled."""
 from __future__ import annotations
 
 from figures import figure
-from figures.kit import Figure, text_width
-from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, stroke
+from figures.kit import Figure
+from figures.style import LABEL, MARGIN, MUTED, SMALL, stroke
 
 
 def _short(h: str) -> str:

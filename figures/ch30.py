@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from figures import figure
 from figures.kit import Figure, num, text_width
-from figures.style import INK, LABEL, MARGIN, MUTED, SMALL, VALUE, WIDTH, stroke
+from figures.style import INK, LABEL, MARGIN, MUTED, SMALL, VALUE, WIDTH
 
 LENGTHS = {"prompt_len", "num_tokens", "num_computed_tokens", "num_new_tokens"}
 C_TYPES = {"<i8": "int64", "<i4": "int32", "|b1": "bool", "<f4": "float32"}

@@ -9,7 +9,7 @@ and one decode step.
 from __future__ import annotations
 
 from figures import figure
-from figures.kit import Figure, text_width, wrap
+from figures.kit import Figure, wrap
 from figures.style import FONT, INK, LABEL, MARGIN, MUTED, SMALL, fill, stroke
 
 ROLE = {"yours": "accent", "partly yours": "accent", "reference": "token", "override": "wrong", "engine": "plain",

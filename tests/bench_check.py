@@ -22,7 +22,7 @@ from grader import chapters
 from grader.checks import CheckSpec
 from grader.session import Session
 from grader.trial import run_one
-from grader.worker import OUTPUT_LIMIT, start
+from grader import worker
 
 
 def wall(cmd: list[str], runs: int = 5) -> list[float]:
@@ -46,8 +46,8 @@ def main() -> None:
 
     path = chapters.SOLUTIONS / "ch25_paged_kv.py"
     t0 = time.perf_counter()
-    spawn = lambda: start(root=chapters.ROOT, workdir=Path(figs), memory_limit=2 << 30, output_limit=OUTPUT_LIMIT,
-                           forbidden_dirs=[])
+    spawn = lambda: worker.start(root=chapters.ROOT, workdir=Path(figs), memory_limit=2 << 30,
+                                 output_limit=worker.OUTPUT_LIMIT, forbidden_dirs=[])
     session = Session(path, spawn=spawn, time_limit=10.0)
     session.begin_check(1e9)
     session.call("slot_mapping", [[0], [0], 1], {}, record=False)

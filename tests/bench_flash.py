@@ -71,7 +71,7 @@ def one(impl: str, T: int, d: int, block: int) -> dict:
         times.append(time.perf_counter() - start)
 
     with _Recorder() as rec:
-        result = fn(q, k, v)
+        fn(q, k, v)
     sizes = [math.prod(shape) * torch.empty(0, dtype=getattr(torch, dt.removeprefix("torch."))).element_size()
              for _, shape, dt in rec.created]
     return {"impl": impl, "T": T, "d": d, "peak_rss": peak, "largest": max(sizes), "created": len(rec.created),

@@ -11,6 +11,7 @@ pages split between the processes sharing them) over the grader's process tree.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -38,14 +39,16 @@ HOSTILE = [("    ### BEGIN SOLUTION\n    if block_size <= 0:", "    ### BEGIN SO
            ("    num_blocks, block_size = k_cache.shape[:2]", "    torch.empty(10**12)\n    num_blocks, block_size = k_cache.shape[:2]")]
 
 
-def sources(n: int, scratch: Path) -> list[str]:
+def sources(n: int, scratch: Path) -> list[tuple[str, str]]:
+    """(kind, source) of each submission: kind is correct, wrong0..2, hang or allocate."""
     correct = (chapters.SOLUTIONS / CH.filename).read_text()
     wrong = [(mutant(scratch / f"w{i}", "ch25", e) / CH.filename).read_text() for i, e in enumerate(WRONG)]
     hostile = [(mutant(scratch / f"h{i}", "ch25", e) / CH.filename).read_text() for i, e in enumerate(HOSTILE)]
     out = []
     for i in range(n):
-        k = i % 10
-        out.append(correct if k < 6 else wrong[k % 3] if k < 9 else hostile[(i // 10) % 2])
+        k, h = i % 10, (i // 10) % 2
+        out.append(("correct", correct) if k < 6 else (f"wrong{k % 3}", wrong[k % 3]) if k < 9 else
+                   (("hang", "allocate")[h], hostile[h]))
     return out
 
 
@@ -63,6 +66,13 @@ def pss_tree(root: int) -> int:
         except (OSError, StopIteration):
             pass
     return total
+
+
+def by_student(path: Path, id_column: str, n: int) -> list[float]:
+    """The scores of a grades CSV, in submission order (s000, s001, ...)."""
+    with open(path, newline="") as f:
+        score = {row[id_column]: float(row["score"]) for row in csv.DictReader(f)}
+    return [score[f"s{i:03d}"] for i in range(n)]
 
 
 def timed(cmd: list[str], **kw) -> tuple[float, int]:
@@ -89,7 +99,7 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
     work = Path(tempfile.mkdtemp(prefix="bench-grade-"))
     bin_dir = Path(sys.executable).parent
-    codes = sources(n, work / "mutants")
+    kinds, codes = zip(*sources(n, work / "mutants"))
 
     subs = work / "subs"
     for i, code in enumerate(codes):
@@ -97,7 +107,7 @@ def main() -> None:
         (subs / f"s{i:03d}" / CH.filename).write_text(code)
     ours, ours_peak = timed([str(bin_dir / "course"), "grade", str(subs), "--chapter", "ch25", "--out",
                              str(work / "out"), "--jobs", "2", "--seed", "1", "--time-limit", TIME_LIMIT])
-    scores = [float(line.split(",")[2]) for line in (work / "out" / "grades.csv").read_text().splitlines()[1:]]
+    scores = by_student(work / "out" / "grades.csv", "student", n)
 
     course = work / "nbgrader"
     write_course(course, [CH])
@@ -119,7 +129,7 @@ def main() -> None:
         (folder / "ch25.ipynb").write_text(json.dumps(sub))
     theirs, theirs_peak = timed([str(bin_dir / "nbgrader"), "autograde", "ch25", "--create"], cwd=course, env=env)
     nb("export")
-    nb_scores = [float(r.split(",")[9]) for r in (course / "grades.csv").read_text().splitlines()[1:]]
+    nb_scores = by_student(course / "grades.csv", "student_id", n)
 
     print(f"{n} ch25 submissions: 60% correct, 30% wrong, 10% hostile; per-check limit {TIME_LIMIT} s; 2 cores")
     print(f"{'grader':34s} {'wall':>8s} {'subs/s':>8s} {'peak PSS':>10s}  mean score")
@@ -127,6 +137,12 @@ def main() -> None:
                                  ("nbgrader autograde", theirs, theirs_peak, nb_scores)):
         print(f"{label:34s} {wall:7.1f}s {n / wall:8.2f} {peak / 2**20:8.0f} MiB  {sum(s) / len(s):.2f}")
     print(f"throughput ratio: {theirs / ours:.1f}x")
+    for kind in sorted(set(kinds)):
+        mine = [a for a, k in zip(scores, kinds) if k == kind]
+        other = [b for b, k in zip(nb_scores, kinds) if k == kind]
+        print(f"  {kind:9s} mean score: course grade {sum(mine) / len(mine):6.2f}, nbgrader {sum(other) / len(other):6.2f}")
+    differ = [(i, kinds[i], a, b) for i, (a, b) in enumerate(zip(scores, nb_scores)) if abs(a - b) > 1e-9]
+    print(f"submissions scored differently: {len(differ)}" + "".join(f"\n  s{i:03d} ({k}): {a} vs {b}" for i, k, a, b in differ))
     shutil.rmtree(work, ignore_errors=True)
 
 

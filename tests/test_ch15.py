@@ -4,92 +4,62 @@ facts it is pinned to (nano-vllm's Qwen3-0.6B shapes, transformers' Qwen3ForCaus
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
-from mutate import mutant
+from mutate import figure_file, mutant_grader, result, tasks_not_passed, wrong_elements
 
 from grader import chapters
 from grader.checks import ch15 as checks
-from grader.run import check
 from solutions import ch15_token_to_logits as ref
 
 SEED = 15
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Each mutant (the reference with `edits`) graded once (public and hidden checks), with its figures."""
-    cache = {}
-
-    def run(name: str, *edits: tuple[str, str]):
-        if (name, edits) not in cache:
-            submission = mutant(tmp_path_factory.mktemp(f"ch15_{name}"), "ch15", *edits)
-            out = tmp_path_factory.mktemp(name)
-            cache[name, edits] = (check("ch15", submission=submission, hidden=True, seed=SEED,
-                                        figures_dir=out), out)
-        return cache[name, edits]
-
-    return run
-
-
-def result(report, task: str, name_start: str):
-    found = [r for r in report.results if r.task == task and r.name.startswith(name_start)]
-    assert len(found) == 1, [r.name for r in report.results]
-    return found[0]
-
-
-def failing_tasks(report) -> set[str]:
-    return {r.task for r in report.results if r.status != "passed"}
-
-
-def wrong_elements(out: Path, figure_id: str) -> list:
-    root = ET.parse(out / "ch15" / f"{figure_id}.svg").getroot()
-    return [el for el in root.iter() if "wrong" in (el.get("class") or "")]
+def graded(tmp_path_factory):
+    return mutant_grader(tmp_path_factory, "ch15", SEED)
 
 
 # -- 15.1 ---------------------------------------------------------------------------------------------
 
-def test_lookup_as_a_reshape(runs):
-    report, out = runs("reshape",
-                       # a lookup done as a reshape: the first rows of E, whatever the ids say
-                       ("return weight[ids.long()]",
-                        "return weight.reshape(-1)[: ids.numel() * weight.shape[1]].reshape(*ids.shape, weight.shape[1])"))
-    r = result(report, "15.1", "figure instance")
+def test_lookup_as_a_reshape(graded):
+    report = graded("reshape",
+                    # a lookup done as a reshape: the first rows of E, whatever the ids say
+                    ("return weight[ids.long()]",
+                     "return weight.reshape(-1)[: ids.numel() * weight.shape[1]].reshape(*ids.shape, weight.shape[1])"))
+    r = result(report, "figure instance", task="15.1")
     assert r.status == "failed"
     E = torch.tensor(checks.EMBED_TABLE, dtype=torch.float32)
     assert "table E [6, 4], ids [1, 3] = [[2, 0, 4]]" in r.message
     assert f"ids[0, 0] = 2, so its embedding is row 2 of E = {checks.vec(E[2])}; yours: {checks.vec(E[0])}" in r.message
     assert "hint: your rows are rows 0 … 2 of E in order: the ids choose the rows (a lookup is not a reshape" in r.message
-    assert failing_tasks(report) == {"15.1"}
-    assert wrong_elements(out, "dim-embedding")
-    assert not wrong_elements(out, "dim-qkv-linear")
+    assert tasks_not_passed(report) == {"15.1"}
+    assert wrong_elements(report, "dim-embedding")
+    assert not wrong_elements(report, "dim-qkv-linear")
 
 
-def test_negative_ids_not_rejected(runs):
-    report, out = runs("no_range_check",
-                       # no range check: Python indexing wraps −1 to the last row, and an id ≥ V raises IndexError
-                       ("        if lo < 0 or hi >= V:\n", "        if False:\n"))
-    assert result(report, "15.1", "figure instance").status == "passed"
-    neg = result(report, "15.1", "a negative id")
+def test_negative_ids_not_rejected(graded):
+    report = graded("no_range_check",
+                    # no range check: Python indexing wraps −1 to the last row, and an id ≥ V raises IndexError
+                    ("        if lo < 0 or hi >= V:\n", "        if False:\n"))
+    assert result(report, "figure instance", task="15.1").status == "passed"
+    neg = result(report, "a negative id", task="15.1")
     assert neg.status == "failed"
     assert "embedding_lookup should raise ValueError because id −1 is no token" in neg.message
     assert "yours returned float32 tensor [1, 3, 4]" in neg.message
-    high = result(report, "15.1", "an id ≥ vocab_size")
+    high = result(report, "an id ≥ vocab_size", task="15.1")
     assert high.status == "failed" and "yours raised IndexError" in high.message
-    assert not wrong_elements(out, "dim-embedding")
+    assert not wrong_elements(report, "dim-embedding")
 
 
 # -- 15.2 ---------------------------------------------------------------------------------------------
 
-def test_reshape_instead_of_transpose(runs):
-    report, out = runs("reshape_weight",
-                       # W.reshape(in, out) taken for a transpose: the right shape, scrambled weights
-                       ("y = x @ weight.T", "y = x @ weight.reshape(in_features, out_features)"))
-    r = result(report, "15.2", "figure instance")
+def test_reshape_instead_of_transpose(graded):
+    report = graded("reshape_weight",
+                    # W.reshape(in, out) taken for a transpose: the right shape, scrambled weights
+                    ("y = x @ weight.T", "y = x @ weight.reshape(in_features, out_features)"))
+    r = result(report, "figure instance", task="15.2")
     assert r.status == "failed"
     x, w = torch.tensor(checks.QKV_X, dtype=torch.float32), torch.tensor(checks.QKV_W, dtype=torch.float32)
     want, bad = x @ w.T, x @ w.reshape(4, 8)
@@ -98,141 +68,141 @@ def test_reshape_instead_of_transpose(runs):
     assert f"y[{i}, {j}] = Σ_c x[{i}, c]·W[{j}, c] = " in r.message
     assert f"= {checks.fmt(want[i, j])}; yours: {checks.fmt(bad[i, j])}" in r.message
     assert "hint: W.reshape(in, out) keeps the memory order and scrambles the weights; a transpose is W.T" in r.message
-    assert failing_tasks(report) == {"15.2"}
-    assert wrong_elements(out, "dim-qkv-linear")
+    assert tasks_not_passed(report) == {"15.2"}
+    assert wrong_elements(report, "dim-qkv-linear")
 
 
-def test_math_convention_x_at_w(runs):
-    report, _ = runs("x_at_w",
-                     # the math [in, out] habit: x @ W with a weight stored [out, in]
-                     ("y = x @ weight.T", "y = x @ weight"))
-    square = result(report, "15.2", "a square weight")
+def test_math_convention_x_at_w(graded):
+    report = graded("x_at_w",
+                    # the math [in, out] habit: x @ W with a weight stored [out, in]
+                    ("y = x @ weight.T", "y = x @ weight"))
+    square = result(report, "a square weight", task="15.2")
     assert square.status == "failed"
     assert "y[0, 0] = Σ_c x[0, c]·W[0, c] = 1·1 + 2·0 + 3·0 = 1; yours: 3" in square.message
     assert "hint: you computed x @ W, the math [in, out] view; nn.Linear stores W as [out, in]" in square.message
     # With in ≠ out the product cannot even be formed: the student's own error is reported.
-    fig = result(report, "15.2", "figure instance")
+    fig = result(report, "figure instance", task="15.2")
     assert fig.status == "error" and "RuntimeError" in fig.message
 
 
-def test_convention_named_in_the_error(runs):
-    report, _ = runs("vague_error",
-                     # a ValueError that does not say which convention the weight breaks
-                     ("weights are stored \"\n                             f\"[out, in] (the nn.Linear convention)",
-                      "the shapes \"\n                             f\"do not match"))
-    r = result(report, "15.2", "a weight passed as [in, out]")
+def test_convention_named_in_the_error(graded):
+    report = graded("vague_error",
+                    # a ValueError that does not say which convention the weight breaks
+                    ("weights are stored \"\n                             f\"[out, in] (the nn.Linear convention)",
+                     "the shapes \"\n                             f\"do not match"))
+    r = result(report, "a weight passed as [in, out]", task="15.2")
     assert r.status == "failed"
     assert "its message does not name the convention" in r.message
     assert "hint: say that weights are stored [out, in] (the nn.Linear convention)" in r.message
-    assert failing_tasks(report) == {"15.2"}
+    assert tasks_not_passed(report) == {"15.2"}
 
 
 # -- 15.3 ---------------------------------------------------------------------------------------------
 
-def test_k_and_v_swapped(runs):
-    report, out = runs("qvk",
-                       # the packing read as q | v | k
-                       ("q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)",
-                        "q, v, k = qkv.split([q_size, kv_size, kv_size], dim=-1)"))
-    r = result(report, "15.3", "Qwen3-0.6B")
+def test_k_and_v_swapped(graded):
+    report = graded("qvk",
+                    # the packing read as q | v | k
+                    ("q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)",
+                     "q, v, k = qkv.split([q_size, kv_size, kv_size], dim=-1)"))
+    r = result(report, "Qwen3-0.6B", task="15.3")
     assert r.status == "failed"
     assert "the packing is q | k | v = 2048 | 1024 | 1024 columns, so k is columns 2048–3071 of qkv" in r.message
     assert "yours holds columns 3072–4095" in r.message
     assert "hint: your k is v's block: the order is q | k | v" in r.message
-    assert result(report, "15.3", "MHA").status == "failed"
-    assert failing_tasks(report) == {"15.3"}
-    assert wrong_elements(out, "dim-qkv-linear")
+    assert result(report, "MHA", task="15.3").status == "failed"
+    assert tasks_not_passed(report) == {"15.3"}
+    assert wrong_elements(report, "dim-qkv-linear")
 
 
-def test_equal_thirds(runs):
-    report, _ = runs("thirds",
-                     # qkv.chunk(3): three equal parts, as if K and V had as many heads as Q
-                     ("qkv.split([q_size, kv_size, kv_size], dim=-1)", "qkv.chunk(3, dim=-1)"))
-    r = result(report, "15.3", "Qwen3-0.6B")
+def test_equal_thirds(graded):
+    report = graded("thirds",
+                    # qkv.chunk(3): three equal parts, as if K and V had as many heads as Q
+                    ("qkv.split([q_size, kv_size, kv_size], dim=-1)", "qkv.chunk(3, dim=-1)"))
+    r = result(report, "Qwen3-0.6B", task="15.3")
     assert r.status == "failed"
     assert "q is num_heads·head_dim = 16·128 = 2048 wide, k and v num_kv_heads·head_dim = 8·128 = 1024 each" in r.message
     assert "yours: float32 tensor [2, 1366], float32 tensor [2, 1366], float32 tensor [2, 1364]" in r.message
     assert "hint: under GQA the parts are not equal thirds" in r.message
-    assert result(report, "15.3", "MHA").status == "passed", "equal thirds are right for MHA"
+    assert result(report, "MHA", task="15.3").status == "passed", "equal thirds are right for MHA"
 
 
 # -- 15.4 ---------------------------------------------------------------------------------------------
 
-def test_head_dim_derived_from_hidden(runs):
-    report, out = runs("derived_head_dim",
-                       # the Qwen3 trap: head_dim taken as hidden_size / num_attention_heads
-                       ('config["vocab_size"], config["head_dim"]',
-                        'config["vocab_size"], config["hidden_size"] // config["num_attention_heads"]'))
-    r = result(report, "15.4", "figure instance")
+def test_head_dim_derived_from_hidden(graded):
+    report = graded("derived_head_dim",
+                    # the Qwen3 trap: head_dim taken as hidden_size / num_attention_heads
+                    ('config["vocab_size"], config["head_dim"]',
+                     'config["vocab_size"], config["hidden_size"] // config["num_attention_heads"]'))
+    r = result(report, "figure instance", task="15.4")
     assert r.status == "failed"
     assert "qkv_proj is stored [(Hq + 2·Hkv)·d, H] = [(16 + 2·8)·128, 1024] = [4096, 1024]; yours: [2048, 1024]" \
         in r.message
     assert "hint: head_dim is read from the config: 128, not hidden_size / num_attention_heads = 1024 / 16 = 64" \
         in r.message
-    assert result(report, "15.4", "a synthetic config").status == "failed"
-    assert result(report, "15.4", "Llama-3-8B").status == "passed", "Llama's head_dim happens to be H / Hq"
-    oracle = result(report, "15.4", "agreement with transformers")
+    assert result(report, "a synthetic config", task="15.4").status == "failed"
+    assert result(report, "Llama-3-8B", task="15.4").status == "passed", "Llama's head_dim happens to be H / Hq"
+    oracle = result(report, "agreement with transformers", task="15.4")
     assert oracle.status == "failed" and "transformers' Qwen3ForCausalLM built from it holds q_proj" in oracle.message
-    assert failing_tasks(report) == {"15.4"}
-    assert wrong_elements(out, "ch15-qwen3-widths")
+    assert tasks_not_passed(report) == {"15.4"}
+    assert wrong_elements(report, "ch15-qwen3-widths")
 
 
 # -- 15.5 ---------------------------------------------------------------------------------------------
 
-def test_logits_for_every_token(runs):
-    report, out = runs("all_logits",
-                       # logits for all N tokens instead of the last token of each request
-                       ('("logits", (B, V))', '("logits", (N, V))'))
-    r = result(report, "15.5", "figure instance")
+def test_logits_for_every_token(graded):
+    report = graded("all_logits",
+                    # logits for all N tokens instead of the last token of each request
+                    ('("logits", (B, V))', '("logits", (N, V))'))
+    r = result(report, "figure instance", task="15.5")
     assert r.status == "failed"
     assert "N = 3 + 2 = 5 tokens flattened, B = 2 requests" in r.message
     assert "logits is [B, V] = [2, 151936]; yours: [5, 151936]" in r.message
     assert "hint: only the last token of each request predicts a next token: the LM head keeps the rows " \
            "cu_seqlens_q[1:] − 1 = [2, 4]" in r.message
     # A request of one token each cannot tell the two apart.
-    assert result(report, "15.5", "every request one token long").status == "passed"
-    assert failing_tasks(report) == {"15.5"}
-    assert wrong_elements(out, "ch15-checkpoints")
+    assert result(report, "every request one token long", task="15.5").status == "passed"
+    assert tasks_not_passed(report) == {"15.5"}
+    assert wrong_elements(report, "ch15-checkpoints")
 
 
 # -- 15.6 ---------------------------------------------------------------------------------------------
 
-def test_row_partials_concatenated(runs):
-    report, out = runs("concat_partials",
-                       # the all-reduce taken for an all-gather: row-parallel partials concatenated
-                       ("    out = partials[0]\n    for p in partials[1:]:\n        out = out + p\n",
-                        "    out = torch.cat(partials, dim=1)\n"))
-    r = result(report, "15.6", "figure instance: row-parallel")
+def test_row_partials_concatenated(graded):
+    report = graded("concat_partials",
+                    # the all-reduce taken for an all-gather: row-parallel partials concatenated
+                    ("    out = partials[0]\n    for p in partials[1:]:\n        out = out + p\n",
+                     "    out = torch.cat(partials, dim=1)\n"))
+    r = result(report, "figure instance: row-parallel", task="15.6")
     assert r.status == "failed"
     assert "out should be [N, out] = [2, 3]; yours: float32 tensor [2, 6]" in r.message
     assert "hint: row-parallel partials are summed (the all-reduce), not concatenated" in r.message
-    assert result(report, "15.6", "figure instance: column-parallel").status == "passed"
-    assert result(report, "15.6", "column-parallel over 4 ranks").status == "passed"
-    assert failing_tasks(report) == {"15.6"}
-    assert wrong_elements(out, "dim-tensor-parallel")
-    svg = (out / "ch15" / "dim-tensor-parallel.svg").read_text()
+    assert result(report, "figure instance: column-parallel", task="15.6").status == "passed"
+    assert result(report, "column-parallel over 4 ranks", task="15.6").status == "passed"
+    assert tasks_not_passed(report) == {"15.6"}
+    assert wrong_elements(report, "dim-tensor-parallel")
+    svg = figure_file(report, "dim-tensor-parallel").read_text()
     assert "yours [2, 6]; expected [2, 3]" in svg
 
 
-def test_interleaved_column_shards(runs):
-    report, out = runs("interleaved",
-                       # rank r takes every tp-th output column instead of one contiguous block
-                       ("shards = [x @ w for w in weight.split(out_features // tp, dim=1)]",
-                        "shards = [x @ weight[:, r::tp] for r in range(tp)]"))
-    r = result(report, "15.6", "figure instance: column-parallel")
+def test_interleaved_column_shards(graded):
+    report = graded("interleaved",
+                    # rank r takes every tp-th output column instead of one contiguous block
+                    ("shards = [x @ w for w in weight.split(out_features // tp, dim=1)]",
+                     "shards = [x @ weight[:, r::tp] for r in range(tp)]"))
+    r = result(report, "figure instance: column-parallel", task="15.6")
     assert r.status == "failed"
     assert "rank 0 owns the output columns [0·2, 1·2) = [0, 2) of W" in r.message
     assert "hint: a rank owns one contiguous block of out/tp = 2 columns, not the columns r, r + 2, r + 2·2, …" \
         in r.message
-    assert wrong_elements(out, "dim-tensor-parallel")
+    assert wrong_elements(report, "dim-tensor-parallel")
 
 
-def test_two_functions_share_task_15_6(runs):
+def test_two_functions_share_task_15_6(graded):
     ch = chapters.find("ch15")
     task = ch.task("15.6")
     assert task.names == ("column_parallel_linear", "row_parallel_linear")
     assert ch.task("row_parallel_linear") is task
-    report, _ = runs("interleaved",
+    report = graded("interleaved",
                      ("shards = [x @ w for w in weight.split(out_features // tp, dim=1)]",
                       "shards = [x @ weight[:, r::tp] for r in range(tp)]"))
     labels = {r.function for r in report.results if r.task == "15.6"}
@@ -241,16 +211,16 @@ def test_two_functions_share_task_15_6(runs):
 
 # -- equivalent answers pass ---------------------------------------------------------------------------
 
-def test_equivalent_formulations_pass_every_check(runs):
-    report, _ = runs("equivalent",
-                     # not a misconception: library calls and other arithmetic with the same answers
-                     ("return weight[ids.long()]", "return F.embedding(ids.long(), weight)"),
-                     ("import torch\n", "import torch\nimport torch.nn.functional as F\n"),
-                     ("y = x @ weight.T\n    return y if bias is None else y + bias", "return F.linear(x, weight, bias)"),
-                     ("q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)",
-                      "q, k, v = qkv[..., :q_size], qkv[..., q_size:q_size + kv_size], qkv[..., q_size + kv_size:]"),
-                     ("    out = partials[0]\n    for p in partials[1:]:\n        out = out + p\n",
-                      "    out = torch.stack(partials).sum(dim=0)\n"))
+def test_equivalent_formulations_pass_every_check(graded):
+    report = graded("equivalent",
+                    # not a misconception: library calls and other arithmetic with the same answers
+                    ("return weight[ids.long()]", "return F.embedding(ids.long(), weight)"),
+                    ("import torch\n", "import torch\nimport torch.nn.functional as F\n"),
+                    ("y = x @ weight.T\n    return y if bias is None else y + bias", "return F.linear(x, weight, bias)"),
+                    ("q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)",
+                     "q, k, v = qkv[..., :q_size], qkv[..., q_size:q_size + kv_size], qkv[..., q_size + kv_size:]"),
+                    ("    out = partials[0]\n    for p in partials[1:]:\n        out = out + p\n",
+                     "    out = torch.stack(partials).sum(dim=0)\n"))
     failed = [f"{r.name}: {r.message}" for r in report.results if r.status != "passed"]
     assert not failed, failed
 

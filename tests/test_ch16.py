@@ -4,13 +4,10 @@ real conventions it claims (SDPA, nano-vllm's flatten, views without copies)."""
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
-from mutate import mutant
+from mutate import checks_not_passed, figure, mutant_grader, result, wrong_elements
 
 from grader.checks import ch16 as checks
 from grader.compare import fmt
@@ -28,49 +25,21 @@ NORMALISE = "probs = e / e.sum(dim=-1, keepdim=True)"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Each mutant (the reference with `edits`) graded once (public + hidden), with its figures."""
-    cache = {}
-
-    def run(name: str, *edits: tuple[str, str], task: str | None = None):
-        if (name, edits, task) not in cache:
-            submission = mutant(tmp_path_factory.mktemp(f"ch16_{name}"), "ch16", *edits)
-            out = tmp_path_factory.mktemp(name)
-            cache[name, edits, task] = (check("ch16", submission=submission, hidden=True, seed=SEED, task=task,
-                                              figures_dir=out), out)
-        return cache[name, edits, task]
-
-    return run
+def graded(tmp_path_factory):
+    return mutant_grader(tmp_path_factory, "ch16", SEED)
 
 
-def result(report, name_start: str):
-    found = [r for r in report.results if r.name.startswith(name_start)]
-    assert len(found) == 1, [r.name for r in report.results]
-    return found[0]
-
-
-def failed(report) -> set[str]:
-    return {r.name for r in report.results if r.status != "passed"}
-
-
-def svg(out: Path, figure_id: str) -> ET.Element:
-    return ET.parse(out / "ch16" / f"{figure_id}.svg").getroot()
-
-
-def wrong_elements(out: Path, figure_id: str) -> list:
-    return [el for el in svg(out, figure_id).iter() if "wrong" in (el.get("class") or "")]
-
-
-def texts(out: Path, figure_id: str, cls: str | None = None) -> list[str]:
-    return [el.text or "" for el in svg(out, figure_id).iter("{http://www.w3.org/2000/svg}text")
+def texts(report, figure_id: str, cls: str | None = None) -> list[str]:
+    """The texts of a figure (those of class `cls`, when given)."""
+    return [el.text or "" for el in figure(report, figure_id).iter("{http://www.w3.org/2000/svg}text")
             if cls is None or cls in (el.get("class") or "").split()]
 
 
 # -- 16.1 split_heads ----------------------------------------------------------------------------
 
-def test_reshape_without_transpose_is_explained_and_drawn(runs):
+def test_reshape_without_transpose_is_explained_and_drawn(graded):
     # a reshape straight to [B, H, T, d]: the heads' rows mix the columns of different tokens
-    report, out = runs("split_no_transpose", (SPLIT, "return x.view(B, num_heads, T, width // num_heads)"))
+    report = graded("split_no_transpose", (SPLIT, "return x.view(B, num_heads, T, width // num_heads)"))
     r = result(report, "figure instance: the numbers 0")
     assert r.status == "failed"
     x = checks.numbered()
@@ -81,17 +50,17 @@ def test_reshape_without_transpose_is_explained_and_drawn(runs):
             f"which is head 1 of token 0 (x[0, 0, 2:4])") in r.message
     assert "hint: a reshape to [B, H, T, d] without a transpose" in r.message
     assert "view as [B, T, H, d] first, then transpose(1, 2)" in r.message
-    assert wrong_elements(out, "dim-split-heads")
-    assert any("In your result #2 sits at out[0, 0, 1, 0]" in s for s in texts(out, "dim-split-heads"))
+    assert wrong_elements(report, "dim-split-heads")
+    assert any("In your result #2 sits at out[0, 0, 1, 0]" in s for s in texts(report, "dim-split-heads"))
     # A single head is the one case a bare reshape gets right.
     assert result(report, "one head").status == "passed"
     assert {r.task for r in report.results if r.status != "passed"} == {"16.1"}
 
 
-def test_wrong_axes_are_named_from_the_shape(runs):
+def test_wrong_axes_are_named_from_the_shape(graded):
     # transpose(2, 3) instead of transpose(1, 2): the width and head axes swapped, tokens left in place
-    report, out = runs("split_wrong_axes", (".transpose(1, 2)\n    ### END", ".transpose(2, 3)\n    ### END"),
-                       task="16.1")
+    report = graded("split_wrong_axes", (".transpose(1, 2)\n    ### END", ".transpose(2, 3)\n    ### END"),
+                    task="16.1")
     r = result(report, "figure instance: the numbers 0")
     assert "expected the heads as a 4-D float32 tensor of shape [1, 2, 3, 2]; yours: float32 tensor [1, 3, 2, 2]" \
         in r.message
@@ -104,21 +73,21 @@ def test_wrong_axes_are_named_from_the_shape(runs):
     assert not any(p.endswith("dim-split-heads.svg") for p in report.figures), "no figure from a wrong shape"
 
 
-def test_a_copy_is_caught_by_the_recorder(runs):
+def test_a_copy_is_caught_by_the_recorder(graded):
     # .contiguous() after the transpose: right values, but a copy of every number
-    report, out = runs("split_copy", (SPLIT, SPLIT + ".contiguous()"), task="16.1")
-    assert failed(report) == {"the split is a view: no number is copied (recorded)"}
+    report = graded("split_copy", (SPLIT, SPLIT + ".contiguous()"), task="16.1")
+    assert checks_not_passed(report) == ["the split is a view: no number is copied (recorded)"]
     r = result(report, "the split is a view")
     assert "created a new [2, 4, 6, 16] tensor (aten.clone)" in r.message
     assert "nano-vllm's q.view(-1, num_heads, head_dim) is a view" in r.message
-    assert not wrong_elements(out, "dim-split-heads")
+    assert not wrong_elements(report, "dim-split-heads")
 
 
 # -- 16.2 merge_heads ----------------------------------------------------------------------------
 
-def test_bare_reshape_mixes_tokens(runs):
+def test_bare_reshape_mixes_tokens(graded):
     # reshape(B, T, H·d) without transpose(1, 2): each row takes consecutive tokens of one head
-    report, out = runs("merge_bare", (MERGE, "return x.reshape(B, T, H * d)"))
+    report = graded("merge_bare", (MERGE, "return x.reshape(B, T, H * d)"))
     r = result(report, "figure instance: [1, 2, 3, 2]")
     assert r.status == "failed"
     heads = ref.split_heads(checks.numbered(), 2)
@@ -130,14 +99,14 @@ def test_bare_reshape_mixes_tokens(runs):
     # With one token or one head there is nothing to mix: those cases pass.
     assert result(report, "one token, one head").status == "passed"
     assert result(report, "T = H: a bare reshape").status == "failed"
-    assert wrong_elements(out, "dim-merge-heads")
-    assert "✗ mixed" in texts(out, "dim-merge-heads")
+    assert wrong_elements(report, "dim-merge-heads")
+    assert "✗ mixed" in texts(report, "dim-merge-heads")
     assert "16.1" not in {r.task for r in report.results if r.status != "passed"}
 
 
-def test_view_after_transpose_is_explained(runs):
+def test_view_after_transpose_is_explained(graded):
     # view() instead of reshape() after the transpose: torch refuses, the message says why
-    report, _ = runs("merge_view", (MERGE, "return x.transpose(1, 2).view(B, T, H * d)"), task="16.2")
+    report = graded("merge_view", (MERGE, "return x.transpose(1, 2).view(B, T, H * d)"), task="16.2")
     r = result(report, "figure instance: [1, 2, 3, 2]")
     assert r.status == "failed"
     assert "merge_heads raised RuntimeError: view size is not compatible" in r.message
@@ -147,10 +116,10 @@ def test_view_after_transpose_is_explained(runs):
 def test_reference_merge_figure_marks_the_mixed_rows(tmp_path):
     report = check("ch16", solutions=True, seed=SEED, task="16.2", figures_dir=tmp_path)
     assert report.exit_code == 0
-    mixed = texts(tmp_path, "dim-merge-heads", "mixed")
+    mixed = texts(report, "dim-merge-heads", "mixed")
     assert "row 0 holds t0 and t1 of head 0" in mixed
     assert "row 1 holds t2 of head 0" in mixed and "and t0 of head 1" in mixed
-    assert not wrong_elements(tmp_path, "dim-merge-heads")
+    assert not wrong_elements(report, "dim-merge-heads")
 
 
 # -- 16.3 attention_steps ------------------------------------------------------------------------
@@ -162,8 +131,8 @@ def test_reference_merge_figure_marks_the_mixed_rows(tmp_path):
     ("scale_none", "1.0", 1.0,
      "hint: scale the dot products: the default scale is 1/√d = 1/√2; your scores are not scaled"),
 ])
-def test_wrong_scales_are_explained(runs, name, scale, factor, hint):
-    report, out = runs(name, (DEFAULT_SCALE, f"scale = {scale} if scale is None else scale"), task="16.3")
+def test_wrong_scales_are_explained(graded, name, scale, factor, hint):
+    report = graded(name, (DEFAULT_SCALE, f"scale = {scale} if scale is None else scale"), task="16.3")
     r = result(report, "figure instance: one causal head")
     assert r.status == "failed"
     q, k = checks.tensor(checks.ONE_Q), checks.tensor(checks.ONE_K)
@@ -173,43 +142,43 @@ def test_wrong_scales_are_explained(runs, name, scale, factor, hint):
     assert hint in r.message
     qwen = result(report, "Qwen3-0.6B's head_dim 128")
     assert "1/√128" in qwen.message and "is a sum of d = 128 products" in qwen.message
-    assert wrong_elements(out, "dim-one-head-attention")
+    assert wrong_elements(report, "dim-one-head-attention")
     # The validation of the mask does not depend on the scale.
     assert result(report, "a mask of the wrong shape").status == "passed"
 
 
-def test_softmax_over_the_queries(runs):
+def test_softmax_over_the_queries(graded):
     # softmax along dim=0: each column sums to 1 instead of each row
-    report, out = runs("softmax_dim0", (MAX, MAX.replace("dim=-1", "dim=0")),
-                       (NORMALISE, NORMALISE.replace("dim=-1", "dim=0")), task="16.3")
+    report = graded("softmax_dim0", (MAX, MAX.replace("dim=-1", "dim=0")),
+                    (NORMALISE, NORMALISE.replace("dim=-1", "dim=0")), task="16.3")
     r = result(report, "causal, 5 queries")
     assert r.status == "failed"
     assert "expected row 0: [1, 0, 0, 0, 0] (sums to 1)" in r.message
     assert "hint: softmax runs over the keys of each query (dim=-1, along a row)" in r.message
-    assert wrong_elements(out, "ch16-prob-rows")
-    assert "← your columns sum to 1: the softmax ran over the queries (dim=0)" in texts(out, "ch16-prob-rows")
-    assert wrong_elements(out, "ch16-three-steps")
+    assert wrong_elements(report, "ch16-prob-rows")
+    assert "← your columns sum to 1: the softmax ran over the queries (dim=0)" in texts(report, "ch16-prob-rows")
+    assert wrong_elements(report, "ch16-three-steps")
 
 
-def test_masking_after_softmax(runs):
+def test_masking_after_softmax(graded):
     # softmax over all keys, then the hidden ones zeroed: rows sum to less than 1
-    report, out = runs("mask_after", (FILL, "hidden = scores"),
-                       (NORMALISE, "probs = (e / e.sum(dim=-1, keepdim=True)).masked_fill(~mask, 0.0)"), task="16.3")
+    report = graded("mask_after", (FILL, "hidden = scores"),
+                    (NORMALISE, "probs = (e / e.sum(dim=-1, keepdim=True)).masked_fill(~mask, 0.0)"), task="16.3")
     r = result(report, "figure instance: one causal head")
     assert r.status == "failed"
     assert "step 2: query 0 may attend key 0" in r.message and "expected row 0: [1, 0, 0] (sums to 1)" in r.message
     assert "hint: mask before the softmax, not after" in r.message
     # Without a mask, masking after the softmax changes nothing.
     assert result(report, "three steps").status == "passed"
-    assert wrong_elements(out, "dim-one-head-attention")
+    assert wrong_elements(report, "dim-one-head-attention")
 
 
-def test_inverted_mask_convention(runs):
+def test_inverted_mask_convention(graded):
     # True = hidden: the additive-mask habit, consistently (default all False, a row of True is "blind")
-    report, out = runs("inverted", ("mask = torch.ones(T, S, dtype=torch.bool)",
-                                    "mask = torch.zeros(T, S, dtype=torch.bool)"),
-                       ("blind = (~mask.any(dim=-1)).nonzero()", "blind = mask.all(dim=-1).nonzero()"),
-                       (FILL, FILL.replace("~mask", "mask")), task="16.3")
+    report = graded("inverted", ("mask = torch.ones(T, S, dtype=torch.bool)",
+                                 "mask = torch.zeros(T, S, dtype=torch.bool)"),
+                    ("blind = (~mask.any(dim=-1)).nonzero()", "blind = mask.all(dim=-1).nonzero()"),
+                    (FILL, FILL.replace("~mask", "mask")), task="16.3")
     r = result(report, "figure instance: one causal head")
     assert r.status == "failed"
     assert "your attention_steps raised ValueError" in r.message and "but these inputs are valid" in r.message
@@ -220,24 +189,24 @@ def test_inverted_mask_convention(runs):
     assert not any(p.endswith("dim-one-head-attention.svg") for p in report.figures)
 
 
-def test_unstable_softmax_overflows(runs):
+def test_unstable_softmax_overflows(graded):
     # exp of the raw scores: fine for small scores, inf/inf = nan at 1e4
-    report, _ = runs("unstable", (MAX, "e = hidden.exp()"), task="16.3")
-    assert failed(report) == {"large scores (about 1e4) stay finite: a stable softmax"}
+    report = graded("unstable", (MAX, "e = hidden.exp()"), task="16.3")
+    assert checks_not_passed(report) == ["large scores (about 1e4) stay finite: a stable softmax"]
     r = result(report, "large scores")
     assert "yours: [nan, nan, nan, nan]" in r.message
     assert "hint: your probabilities have inf/nan" in r.message and "subtract each row's maximum" in r.message
 
 
-def test_finite_fill_is_not_exactly_zero(runs):
+def test_finite_fill_is_not_exactly_zero(graded):
     # −100 instead of −∞ for the hidden keys: exp(−100) is tiny but not 0
-    report, out = runs("finite_fill", (FILL, FILL.replace('float("-inf")', "-100.0")), task="16.3")
+    report = graded("finite_fill", (FILL, FILL.replace('float("-inf")', "-100.0")), task="16.3")
     r = result(report, "masked keys get probability exactly 0")
     assert r.status == "failed"
     assert "must be exactly 0; yours:" in r.message and "fill the hidden scores with −∞" in r.message
     big = result(report, "large scores")
     assert "hint: keys the mask hides got probability" in big.message
-    assert wrong_elements(out, "ch16-prob-rows")
+    assert wrong_elements(report, "ch16-prob-rows")
 
 
 # -- the reference against the conventions it claims ----------------------------------------------

@@ -3,16 +3,12 @@ message meant for them, and the figures drawn from them mark the wrong cells."""
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
-from mutate import mutant
+from mutate import mutant_grader, result, statuses, wrong_elements
 
 from grader.checks import ch17 as checks
-from grader.run import check
 from solutions import ch17_causal_masks as ref
 
 SEED = 17
@@ -21,43 +17,17 @@ T = checks.FIGURE_TOKENS
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Each mutant (the reference with `edits`) graded once (public and hidden checks), with its figures."""
-    cache = {}
-
-    def run(name: str, *edits: tuple[str, str]):
-        if (name, edits) not in cache:
-            submission = mutant(tmp_path_factory.mktemp(f"ch17_{name}"), "ch17", *edits)
-            out = tmp_path_factory.mktemp(name)
-            cache[name, edits] = (check("ch17", submission=submission, hidden=True, seed=SEED,
-                                        figures_dir=out), out)
-        return cache[name, edits]
-
-    return run
+def graded(tmp_path_factory):
+    return mutant_grader(tmp_path_factory, "ch17", SEED)
 
 
-def result(report, task: str, name_start: str):
-    found = [r for r in report.results if r.task == task and r.name.startswith(name_start)]
-    assert len(found) == 1, [r.name for r in report.results]
-    return found[0]
-
-
-def wrong_elements(out: Path, figure_id: str) -> list:
-    root = ET.parse(out / "ch17" / f"{figure_id}.svg").getroot()
-    return [el for el in root.iter() if "wrong" in (el.get("class") or "")]
-
-
-def statuses(report, task: str) -> set[str]:
-    return {r.status for r in report.results if r.task == task}
-
-
-def test_top_left_tril_for_a_chunk(runs):
+def test_top_left_tril_for_a_chunk(graded):
     """torch.tril(ones(L, S)) for a chunk: query 0 sees only key 0 instead of the cached prefix."""
-    report, out = runs("topleft",
-                       # the top-left tril: a chunk's mask taken from the corner, as if nothing were cached
-                       (".tril(diagonal=num_cached)", ".tril()"))
+    report = graded("topleft",
+                    # the top-left tril: a chunk's mask taken from the corner, as if nothing were cached
+                    (".tril(diagonal=num_cached)", ".tril()"))
     assert statuses(report, "17.1") == {"passed"}
-    r = result(report, "17.2", "figure instance")
+    r = result(report, "figure instance", task="17.2")
     assert r.status == "failed"
     want = ref.causal_mask_with_offset(N, C)
     last_visible = int(want[0].nonzero().max())
@@ -66,45 +36,45 @@ def test_top_left_tril_for_a_chunk(runs):
     assert f"query 0 is the token at absolute position {C} + 0 = {C}, so it sees keys 0–{last_visible}" in r.message
     assert "your row 0 sees only key 0" in r.message
     assert "hint: a chunk after a cached prefix is offset by num_cached: use tril with diagonal=num_cached" in r.message
-    assert result(report, "17.2", "a decode step").status == "failed"
+    assert result(report, "a decode step", task="17.2").status == "failed"
     # A mask without an offset is right when nothing is cached.
-    assert result(report, "17.2", "nothing cached").status == "passed"
-    assert result(report, "17.2", "num_cached 0 equals").status == "passed"
-    sdpa = result(report, "17.2", "agrees with scaled_dot_product_attention")
+    assert result(report, "nothing cached", task="17.2").status == "passed"
+    assert result(report, "num_cached 0 equals", task="17.2").status == "passed"
+    sdpa = result(report, "agrees with scaled_dot_product_attention", task="17.2")
     assert sdpa.status == "failed"
     assert "must equal the last" in sdpa.message and "is_causal=True" in sdpa.message
     assert "SDPA's own is_causal=True uses when L ≠ S" in sdpa.message
-    assert wrong_elements(out, "ch17-offset-mask")
-    assert not wrong_elements(out, "ch17-causal-mask")
+    assert wrong_elements(report, "ch17-offset-mask")
+    assert not wrong_elements(report, "ch17-causal-mask")
 
 
-def test_inverted_mask(runs):
+def test_inverted_mask(graded):
     """True = masked: the additive-mask habit carried over to a bool mask."""
-    report, out = runs("inverted",
-                       # True = masked: the inverse of the scaled_dot_product_attention convention
-                       ("dtype=torch.bool).tril()", "dtype=torch.bool).triu(diagonal=1)"),
+    report = graded("inverted",
+                    # True = masked: the inverse of the scaled_dot_product_attention convention
+                    ("dtype=torch.bool).tril()", "dtype=torch.bool).triu(diagonal=1)"),
                        (".tril(diagonal=num_cached)", ".triu(diagonal=num_cached + 1)"))
-    r = result(report, "17.1", "figure instance")
+    r = result(report, "figure instance", task="17.1")
     assert r.status == "failed"
     assert f"inputs: num_tokens={T}" in r.message
     assert "query 0 is the token at position 0, so it sees only key 0 (itself); your row 0 sees keys 1–" in r.message
     assert "hint: True = may attend, the scaled_dot_product_attention convention; your mask is its inverse" in r.message
-    r2 = result(report, "17.2", "figure instance")
+    r2 = result(report, "figure instance", task="17.2")
     assert r2.status == "failed" and "your mask is its inverse" in r2.message
-    assert wrong_elements(out, "ch17-causal-mask")
-    assert wrong_elements(out, "ch17-offset-mask")
+    assert wrong_elements(report, "ch17-causal-mask")
+    assert wrong_elements(report, "ch17-offset-mask")
 
 
-def test_float_mask_with_the_right_values(runs):
+def test_float_mask_with_the_right_values(graded):
     """1.0/0.0 instead of True/False: SDPA would add it to the scores."""
-    report, out = runs("float",
-                       # the right values as a float tensor of 1s and 0s instead of a bool mask
-                       ("torch.ones(num_tokens, num_tokens, dtype=torch.bool)", "torch.ones(num_tokens, num_tokens)"),
-                       ("torch.ones(num_new, num_cached + num_new, dtype=torch.bool)",
-                        "torch.ones(num_new, num_cached + num_new)"))
+    report = graded("float",
+                    # the right values as a float tensor of 1s and 0s instead of a bool mask
+                    ("torch.ones(num_tokens, num_tokens, dtype=torch.bool)", "torch.ones(num_tokens, num_tokens)"),
+                    ("torch.ones(num_new, num_cached + num_new, dtype=torch.bool)",
+                     "torch.ones(num_new, num_cached + num_new)"))
     for task in ("17.1", "17.2"):
         assert statuses(report, task) <= {"failed", "passed"}
-        r = result(report, task, "figure instance")
+        r = result(report, "figure instance", task=task)
         shape = list((ref.causal_mask(T) if task == "17.1" else ref.causal_mask_with_offset(N, C)).shape)
         assert r.status == "failed"
         assert f"expected the mask as a 2-D bool tensor of shape {shape}; yours: float32 tensor {shape}" in r.message
@@ -113,45 +83,45 @@ def test_float_mask_with_the_right_values(runs):
     assert not report.figures and not report.figure_notes
 
 
-def test_dropped_diagonal(runs):
+def test_dropped_diagonal(graded):
     """tril(diagonal=-1): a token that cannot see itself."""
-    report, out = runs("nodiag",
-                       # a token may not attend itself: the diagonal dropped
-                       ("dtype=torch.bool).tril()", "dtype=torch.bool).tril(diagonal=-1)"),
+    report = graded("nodiag",
+                    # a token may not attend itself: the diagonal dropped
+                    ("dtype=torch.bool).tril()", "dtype=torch.bool).tril(diagonal=-1)"),
                        (".tril(diagonal=num_cached)", ".tril(diagonal=num_cached - 1)"))
-    r = result(report, "17.1", "figure instance")
+    r = result(report, "figure instance", task="17.1")
     assert r.status == "failed"
     assert "your row 0 sees no key at all" in r.message
     assert "hint: keep the diagonal" in r.message
-    assert result(report, "17.1", "a single token").status == "failed"
-    assert "hint: keep the diagonal" in result(report, "17.1", "a single token").message
-    r2 = result(report, "17.2", "figure instance")
+    assert result(report, "a single token", task="17.1").status == "failed"
+    assert "hint: keep the diagonal" in result(report, "a single token", task="17.1").message
+    r2 = result(report, "figure instance", task="17.2")
     assert f"sees keys 0–{C}; your row 0 sees keys 0–{C - 1}" in r2.message
     assert "tril's diagonal is num_cached, not num_cached − 1" in r2.message
-    assert wrong_elements(out, "ch17-causal-mask")
-    assert wrong_elements(out, "ch17-offset-mask")
+    assert wrong_elements(report, "ch17-causal-mask")
+    assert wrong_elements(report, "ch17-offset-mask")
 
 
-def test_missing_validation(runs):
+def test_missing_validation(graded):
     """The right masks without checking the counts: only the bad-input checks fail."""
-    report, out = runs("novalidate",
-                       # the right masks, but the counts are never checked
-                       ("    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:\n"
-                        '        raise ValueError(f"num_tokens is a number of tokens, a non-negative int; '
-                        'got {num_tokens!r}")\n', ""),
-                       ('    for name, n in (("num_new", num_new), ("num_cached", num_cached)):\n'
-                        "        if isinstance(n, bool) or not isinstance(n, int) or n < 0:\n"
-                        '            raise ValueError(f"{name} is a number of tokens, a non-negative int; '
-                        'got {n!r}")\n', ""))
+    report = graded("novalidate",
+                    # the right masks, but the counts are never checked
+                    ("    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:\n"
+                     '        raise ValueError(f"num_tokens is a number of tokens, a non-negative int; '
+                     'got {num_tokens!r}")\n', ""),
+                    ('    for name, n in (("num_new", num_new), ("num_cached", num_cached)):\n'
+                     "        if isinstance(n, bool) or not isinstance(n, int) or n < 0:\n"
+                     '            raise ValueError(f"{name} is a number of tokens, a non-negative int; '
+                     'got {n!r}")\n', ""))
     failed = {(r.task, r.name) for r in report.results if r.status != "passed"}
     assert failed == {("17.1", "a negative or fractional length raises ValueError"),
                       ("17.1", "bad lengths raise ValueError"),
                       ("17.2", "a negative or fractional count raises ValueError"),
                       ("17.2", "bad counts raise ValueError")}
-    r = result(report, "17.2", "a negative or fractional count")
+    r = result(report, "a negative or fractional count", task="17.2")
     assert "causal_mask_with_offset should raise ValueError because num_cached = −1" in r.message
     assert "yours returned bool tensor" in r.message
-    assert not wrong_elements(out, "ch17-causal-mask") and not wrong_elements(out, "ch17-offset-mask")
+    assert not wrong_elements(report, "ch17-causal-mask") and not wrong_elements(report, "ch17-offset-mask")
 
 
 # -- the message helpers on misconceptions that need no submission ------------------------------

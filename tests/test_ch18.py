@@ -4,49 +4,20 @@ message that teaches the fix, and their figures mark the wrong values."""
 from __future__ import annotations
 
 import math
-import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 import torch
-from mutate import mutant
+from mutate import checks_not_passed, mutant_grader, result, wrong_elements
 
 from grader.checks import ch18 as checks18
-from grader.run import check
 from solutions import ch18_gqa as ref
 
 SEED = 7
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Each mutant (the reference with `edits`) graded once (public + hidden), on demand."""
-    cache = {}
-
-    def run(name: str, *edits: tuple[str, str], task: str | None = None):
-        if (name, edits, task) not in cache:
-            submission = mutant(tmp_path_factory.mktemp(f"{name}_src"), "ch18", *edits)
-            out = tmp_path_factory.mktemp(name)
-            cache[name, edits, task] = (check("ch18", submission=submission, hidden=True, seed=SEED, task=task,
-                                              figures_dir=out), out)
-        return cache[name, edits, task]
-
-    return run
-
-
-def result(report, name_start: str):
-    found = [r for r in report.results if r.name.startswith(name_start)]
-    assert len(found) == 1, [r.name for r in report.results]
-    return found[0]
-
-
-def failed(report) -> list[str]:
-    return [r.name for r in report.results if r.status != "passed"]
-
-
-def wrong_elements(out: Path, figure_id: str) -> list:
-    root = ET.parse(out / "ch18" / f"{figure_id}.svg").getroot()
-    return [el for el in root.iter() if "wrong" in (el.get("class") or "")]
+def graded(tmp_path_factory):
+    return mutant_grader(tmp_path_factory, "ch18", SEED)
 
 
 # -- 18.1 --------------------------------------------------------------------------------------------
@@ -57,27 +28,27 @@ INTERLEAVED = (("return q_head // (num_heads // num_kv_heads)", "return q_head %
                ("out.view(Hkv, group, T, d).permute(2, 0, 1, 3)", "out.view(Hkv, group, T, d).permute(2, 1, 0, 3)"))
 
 
-def test_interleaved_grouping_is_explained_and_drawn(runs):
-    report, out = runs("ch18_interleaved", *INTERLEAVED)
+def test_interleaved_grouping_is_explained_and_drawn(graded):
+    report = graded("ch18_interleaved", *INTERLEAVED)
     r = result(report, "figure instance: 4 query heads")
     assert r.status == "failed"
     want = ref.kv_head_for(1, 4, 2)
     assert f"query head 1 is in group 1 // 2 = {want}, so it reads K/V head {want}; yours: {1 % 2}" in r.message
     assert "hint: q_head % num_kv_heads interleaves the heads" in r.message
     assert "heads 0 … 1 share K/V head 0" in r.message
-    assert wrong_elements(out, "ch18-gqa-groups"), "the student's mapping cells are marked wrong"
+    assert wrong_elements(report, "ch18-gqa-groups"), "the student's mapping cells are marked wrong"
     # MHA and MQA cannot tell consecutive from interleaved groups: those checks pass.
     assert result(report, "MHA (8 over 8) and MQA").status == "passed"
 
 
-def test_dividing_by_num_kv_heads_is_explained(runs):
-    report, out = runs("ch18_divide_by_kv_heads",
-                       # dividing by the number of K/V heads instead of by the group size
-                       ("return q_head // (num_heads // num_kv_heads)", "return q_head // num_kv_heads"),
-                       task="18.1")
+def test_dividing_by_num_kv_heads_is_explained(graded):
+    report = graded("ch18_divide_by_kv_heads",
+                    # dividing by the number of K/V heads instead of by the group size
+                    ("return q_head // (num_heads // num_kv_heads)", "return q_head // num_kv_heads"),
+                    task="18.1")
     # With 4 heads over 2, h // num_kv_heads happens to be right: the figure instance passes.
     assert result(report, "figure instance: 4 query heads").status == "passed"
-    assert not wrong_elements(out, "ch18-gqa-groups")
+    assert not wrong_elements(report, "ch18-gqa-groups")
     r = result(report, "Qwen3-0.6B: 16 query heads")
     assert r.status == "failed"
     assert f"yours: {2 // 8}" in r.message and f"reads K/V head {ref.kv_head_for(2, 16, 8)}" in r.message
@@ -94,8 +65,8 @@ def test_mapping_hint_recognises_each_misconception():
 
 # -- 18.2 --------------------------------------------------------------------------------------------
 
-def test_interleaved_attention_names_head_token_and_grouping(runs):
-    report, _ = runs("ch18_interleaved", *INTERLEAVED)
+def test_interleaved_attention_names_head_token_and_grouping(graded):
+    report = graded("ch18_interleaved", *INTERLEAVED)
     r = result(report, "GQA: a chunk of 3 queries")
     assert r.status == "failed"
     assert "q [3, 4, 8], k/v [7, 2, 8]" in r.message
@@ -106,12 +77,12 @@ def test_interleaved_attention_names_head_token_and_grouping(runs):
             in r.message)
 
 
-def test_top_left_mask_is_explained(runs):
-    report, out = runs("ch18_topleft",
-                       # the top-left tril, as SDPA's is_causal=True, instead of the mask aligned to the end
-                       ("allowed = torch.arange(S) <= torch.arange(T)[:, None] + (S - T)",
-                        "allowed = torch.ones(T, S, dtype=torch.bool).tril()"),
-                       task="18.2")
+def test_top_left_mask_is_explained(graded):
+    report = graded("ch18_topleft",
+                    # the top-left tril, as SDPA's is_causal=True, instead of the mask aligned to the end
+                    ("allowed = torch.arange(S) <= torch.arange(T)[:, None] + (S - T)",
+                     "allowed = torch.ones(T, S, dtype=torch.bool).tril()"),
+                    task="18.2")
     r = result(report, "GQA: a chunk of 3 queries")
     assert r.status == "failed"
     assert "hint: the causal mask is aligned to the end" in r.message
@@ -119,14 +90,14 @@ def test_top_left_mask_is_explained(runs):
     # With T == S the two alignments agree: the figure instance and the MHA case pass, the figure is clean.
     assert result(report, "figure instance: 2 query heads").status == "passed"
     assert result(report, "MHA: every query head").status == "passed"
-    assert not wrong_elements(out, "dim-gqa")
+    assert not wrong_elements(report, "dim-gqa")
 
 
-def test_unscaled_scores_are_explained_and_marked(runs):
-    report, out = runs("ch18_unscaled",
-                       # the default scale forgotten: scores not divided by √d
-                       ("scale = d ** -0.5 if scale is None else scale", "scale = 1.0 if scale is None else scale"),
-                       task="18.2")
+def test_unscaled_scores_are_explained_and_marked(graded):
+    report = graded("ch18_unscaled",
+                    # the default scale forgotten: scores not divided by √d
+                    ("scale = d ** -0.5 if scale is None else scale", "scale = 1.0 if scale is None else scale"),
+                    task="18.2")
     r = result(report, "figure instance: 2 query heads")
     assert r.status == "failed"
     assert "hint: scale the scores by 1/√d = 1/√2; you did not scale them" in r.message
@@ -135,20 +106,20 @@ def test_unscaled_scores_are_explained_and_marked(runs):
     t, h, j = (int(i) for i in ((want - checks18.attend(q, k, v, [0, 0], checks18.end_aligned(3, 3), 1.0)).abs()
                                 > 1e-5).nonzero()[0])
     assert f"out[{t}, {h}, {j}]: expected {checks18.fmt(want[t, h, j])}" in r.message
-    assert wrong_elements(out, "dim-gqa"), "the student's wrong outputs are marked in dim-gqa"
+    assert wrong_elements(report, "dim-gqa"), "the student's wrong outputs are marked in dim-gqa"
     # A custom scale is still honoured, so the non-causal custom-scale case passes.
     assert result(report, "not causal, with a custom scale").status == "passed"
 
 
-def test_repeating_kv_is_caught_only_by_the_recorder(runs):
-    report, _ = runs("ch18_repeat_kv",
-                     # repeat_kv: a copy of K and V for every query head, then plain multi-head attention
-                     ("    group = Hq // Hkv\n",
-                      "    group = Hq // Hkv\n"
-                      "    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)\n"
-                      "    Hkv, group = Hq, 1\n"),
-                     task="18.2")
-    assert failed(report) == ["no per-query-head copy of K or V is created (recorded)"]
+def test_repeating_kv_is_caught_only_by_the_recorder(graded):
+    report = graded("ch18_repeat_kv",
+                    # repeat_kv: a copy of K and V for every query head, then plain multi-head attention
+                    ("    group = Hq // Hkv\n",
+                     "    group = Hq // Hkv\n"
+                     "    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)\n"
+                     "    Hkv, group = Hq, 1\n"),
+                    task="18.2")
+    assert checks_not_passed(report) == ["no per-query-head copy of K or V is created (recorded)"]
     r = result(report, "no per-query-head copy")
     S, Hq, d = 40, 8, 16
     assert f"{S * Hq * d:,} numbers, a copy of K or V for every query head" in r.message
@@ -156,15 +127,15 @@ def test_repeating_kv_is_caught_only_by_the_recorder(runs):
     assert "view q as [Hkv, group·T, d]" in r.message
 
 
-def test_broadcasting_matmul_copy_is_caught_with_its_hint(runs):
-    report, _ = runs("ch18_broadcast_matmul",
-                     # a broadcasting matmul against K as [Hkv, 1, d, S]: torch expands (copies) K per query head
-                     ("permute(1, 2, 0, 3).reshape(Hkv, group * T, d)", "permute(1, 2, 0, 3)"),
-                     ("(qg @ k.permute(1, 2, 0))", "(qg @ k.permute(1, 2, 0).unsqueeze(1))"),
-                     ('float("-inf")).view(Hkv, group * T, S)', 'float("-inf"))'),
+def test_broadcasting_matmul_copy_is_caught_with_its_hint(graded):
+    report = graded("ch18_broadcast_matmul",
+                    # a broadcasting matmul against K as [Hkv, 1, d, S]: torch expands (copies) K per query head
+                    ("permute(1, 2, 0, 3).reshape(Hkv, group * T, d)", "permute(1, 2, 0, 3)"),
+                    ("(qg @ k.permute(1, 2, 0))", "(qg @ k.permute(1, 2, 0).unsqueeze(1))"),
+                    ('float("-inf")).view(Hkv, group * T, S)', 'float("-inf"))'),
                      ("@ v.permute(1, 0, 2)", "@ v.permute(1, 0, 2).unsqueeze(1)"),
                      task="18.2")
-    assert failed(report) == ["no per-query-head copy of K or V is created (recorded)"]
+    assert checks_not_passed(report) == ["no per-query-head copy of K or V is created (recorded)"]
     r = result(report, "no per-query-head copy")
     assert "(Hkv × group × d × S" in r.message
     assert "hint: torch.matmul broadcasting a [Hkv, 1, …] K" in r.message
@@ -208,29 +179,30 @@ def test_attention_hint_finds_combined_mistakes():
 
 # -- 18.3 --------------------------------------------------------------------------------------------
 
-def test_forgetting_v_is_explained_and_drawn(runs):
-    report, out = runs("ch18_k_only",
-                       # only K counted: the factor 2 for K and V forgotten
-                       ("return 2 * num_layers", "return num_layers"),
-                       task="18.3")
+def test_forgetting_v_is_explained_and_drawn(graded):
+    report = graded("ch18_k_only",
+                    # only K counted: the factor 2 for K and V forgotten
+                    ("return 2 * num_layers", "return num_layers"),
+                    task="18.3")
     r = result(report, "Qwen3-0.6B in bf16")
     assert r.status == "failed"
     want = ref.kv_cache_bytes(28, 8, 128, 1, 2)
     assert f"= {want:,} bytes; yours: {want // 2:,}" in r.message
     assert "hint: count both K and V" in r.message
-    assert wrong_elements(out, "ch18-kv-capacity"), "the student's bars are marked wrong"
+    assert wrong_elements(report, "ch18-kv-capacity"), "the student's bars are marked wrong"
 
 
-def test_float_bytes_are_refused_with_a_hint(runs):
-    report, out = runs("ch18_float_bytes",
-                       # the byte count computed in floats (2.0 · …), not as an exact Python int
-                       ("return 2 * num_layers", "return 2.0 * num_layers"),
-                       task="18.3")
+def test_float_bytes_are_refused_with_a_hint(graded):
+    report = graded("ch18_float_bytes",
+                    # the byte count computed in floats (2.0 · …), not as an exact Python int
+                    ("return 2 * num_layers", "return 2.0 * num_layers"),
+                    task="18.3")
     r = result(report, "Qwen3-0.6B in bf16")
     assert r.status == "failed"
     assert "as a Python int; yours: float" in r.message
     assert "hint: multiply the Python ints directly" in r.message
-    assert not (out / "ch18" / "ch18-kv-capacity.svg").exists(), "no figure from values of the wrong type"
+    assert not any(p.endswith("/ch18-kv-capacity.svg") for p in report.figures), \
+        "no figure from values of the wrong type"
 
 
 def test_bytes_hints():

@@ -4,15 +4,11 @@ the documented numbers and with transformers' Qwen3RMSNorm / Qwen3MLP."""
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
-from pathlib import Path
-
 import pytest
 import torch
-from mutate import mutant
+from mutate import mutant_grader, result, tasks_not_passed, wrong_elements
 
 from grader.checks import ch20 as checks
-from grader.run import check
 from solutions import ch20_norms_swiglu as ref
 
 SEED = 20
@@ -22,68 +18,43 @@ RMS_RETURN = ("xf.pow(2).mean(dim=-1, keepdim=True) + eps)\n"
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Each mutant (the reference with `edits`) graded once (public and hidden checks), with its figures."""
-    cache = {}
-
-    def run(name: str, *edits: tuple[str, str]):
-        if (name, edits) not in cache:
-            submission = mutant(tmp_path_factory.mktemp(f"ch20_{name}"), "ch20", *edits)
-            out = tmp_path_factory.mktemp(name)
-            cache[name, edits] = (check("ch20", submission=submission, hidden=True, seed=SEED, figures_dir=out), out)
-        return cache[name, edits]
-
-    return run
-
-
-def result(report, task: str, name_start: str):
-    found = [r for r in report.results if r.task == task and r.name.startswith(name_start)]
-    assert len(found) == 1, [r.name for r in report.results]
-    return found[0]
-
-
-def failed_tasks(report) -> set[str]:
-    return {r.task for r in report.results if r.status != "passed"}
-
-
-def wrong_elements(out: Path, figure_id: str) -> list:
-    root = ET.parse(out / "ch20" / f"{figure_id}.svg").getroot()
-    return [el for el in root.iter() if "wrong" in (el.get("class") or "")]
+    return mutant_grader(tmp_path_factory, "ch20", SEED)
 
 
 # -- 20.1 rms_norm -------------------------------------------------------------------------------------
 
 def test_weight_multiplied_before_the_cast(graded):
-    report, out = graded("weight_fp32",
-                         # the weight multiplied in float32, before the cast back to bf16
-                         (RMS_RETURN, RMS_RETURN.replace("(normed.to(x.dtype) * weight)", "(normed * weight.float())")))
-    assert result(report, "20.1", "the worked example").status == "passed"     # float32: the order cannot matter
-    r = result(report, "20.1", "bf16: cast back")
+    report = graded("weight_fp32",
+                    # the weight multiplied in float32, before the cast back to bf16
+                    (RMS_RETURN, RMS_RETURN.replace("(normed.to(x.dtype) * weight)", "(normed * weight.float())")))
+    assert result(report, "the worked example", task="20.1").status == "passed"     # float32: the order cannot matter
+    r = result(report, "bf16: cast back", task="20.1")
     assert r.status == "failed"
     assert "every value is within one bf16 rounding step of the reference, but" in r.message
     assert "hint: cast the normalised x back to bfloat16 first, then multiply by the weight" in r.message
-    oracle = result(report, "20.1", "agreement with transformers' Qwen3RMSNorm")
+    oracle = result(report, "agreement with transformers' Qwen3RMSNorm", task="20.1")
     assert oracle.status == "failed" and "bfloat16" in oracle.message
-    assert not wrong_elements(out, "ch20-prenorm")      # the figure instance is float32
+    assert not wrong_elements(report, "ch20-prenorm")      # the figure instance is float32
 
 
 def test_layernorm_instead_of_rmsnorm(graded):
-    report, out = graded("layernorm",
-                         # LayerNorm's habit: the mean subtracted before the mean square
-                         ("    xf = x.float()\n", "    xf = x.float()\n    xf = xf - xf.mean(dim=-1, keepdim=True)\n"))
-    r = result(report, "20.1", "the worked example")
+    report = graded("layernorm",
+                    # LayerNorm's habit: the mean subtracted before the mean square
+                    ("    xf = x.float()\n", "    xf = x.float()\n    xf = xf - xf.mean(dim=-1, keepdim=True)\n"))
+    r = result(report, "the worked example", task="20.1")
     assert r.status == "failed"
     assert "token 0 of x = [1, 2, 3, 4]: mean(x²) over its 4 channels = 7.5, rsqrt(7.5 + eps) = 0.3651" in r.message
     assert "rms_norm(x)[0, 0] = 1·0.3651·w[0] = 1·0.3651·1 = 0.3651; yours: -1.342" in r.message
     assert "hint: RMSNorm does not subtract the mean (that is LayerNorm)" in r.message
     # layer 0's add_rms_norm normalises with rms_norm: the figure marks its normed row
-    assert wrong_elements(out, "ch20-prenorm")
+    assert wrong_elements(report, "ch20-prenorm")
 
 
 def test_norm_over_the_tokens(graded):
-    report, _ = graded("token_axis",
-                       # the mean square taken over the tokens instead of the hidden channels
-                       ("xf.pow(2).mean(dim=-1, keepdim=True)", "xf.pow(2).mean(dim=0, keepdim=True)"))
-    r = result(report, "20.1", "each token normalised")
+    report = graded("token_axis",
+                    # the mean square taken over the tokens instead of the hidden channels
+                    ("xf.pow(2).mean(dim=-1, keepdim=True)", "xf.pow(2).mean(dim=0, keepdim=True)"))
+    r = result(report, "each token normalised", task="20.1")
     assert r.status == "failed"
     assert "hint: normalise each token over its hidden channels (the last dimension), not over the tokens" in r.message
 
@@ -91,25 +62,25 @@ def test_norm_over_the_tokens(graded):
 # -- 20.2 add_rms_norm ---------------------------------------------------------------------------------
 
 def test_normed_value_returned_as_the_residual(graded):
-    report, out = graded("normed_residual",
-                         # the fused add hands the normalised sum on as the residual stream
-                         ("    return (normed.to(x.dtype) * weight).to(x.dtype), s.to(x.dtype)",
-                          "    out = (normed.to(x.dtype) * weight).to(x.dtype)\n    return out, out"))
-    assert failed_tasks(report) == {"20.2"}
-    r = result(report, "20.2", "figure instance")
+    report = graded("normed_residual",
+                    # the fused add hands the normalised sum on as the residual stream
+                    ("    return (normed.to(x.dtype) * weight).to(x.dtype), s.to(x.dtype)",
+                     "    out = (normed.to(x.dtype) * weight).to(x.dtype)\n    return out, out"))
+    assert tasks_not_passed(report) == {"20.2"}
+    r = result(report, "figure instance", task="20.2")
     assert r.status == "failed"
     assert 'case "layer 0: post_attention_layernorm(attention output, residual)"' in r.message
     assert "new_residual[0, 0] = x + residual = 1 + 0 = 1; yours: 0.3651" in r.message
     assert "hint: the residual stream carries the un-normalised sum s = x + residual" in r.message
-    assert result(report, "20.2", "a stack of pre-norm layers").status == "failed"
-    assert wrong_elements(out, "ch20-prenorm")
+    assert result(report, "a stack of pre-norm layers", task="20.2").status == "failed"
+    assert wrong_elements(report, "ch20-prenorm")
 
 
 def test_layer0_without_a_residual(graded):
-    report, _ = graded("layer0_none",
-                       # layer 0 hands on no residual at all
-                       ("        return rms_norm(x, weight, eps), x", "        return rms_norm(x, weight, eps), None"))
-    r = result(report, "20.2", "residual None (layer 0)")
+    report = graded("layer0_none",
+                    # layer 0 hands on no residual at all
+                    ("        return rms_norm(x, weight, eps), x", "        return rms_norm(x, weight, eps), None"))
+    r = result(report, "residual None (layer 0)", task="20.2")
     assert r.status == "failed"
     assert "yours returned None as new_residual" in r.message
     assert "hint: with residual None (layer 0) the new residual is x itself" in r.message
@@ -117,11 +88,11 @@ def test_layer0_without_a_residual(graded):
 
 
 def test_normalising_the_rounded_sum(graded):
-    report, _ = graded("rounded_sum",
-                       # the sum rounded to bf16 before it is normalised
-                       ("    s = x.float() + residual.float()", "    s = (x + residual).float()"))
-    assert result(report, "20.2", "the sum goes on").status == "passed"        # float32: no difference
-    r = result(report, "20.2", "bf16: the float32 sum")
+    report = graded("rounded_sum",
+                    # the sum rounded to bf16 before it is normalised
+                    ("    s = x.float() + residual.float()", "    s = (x + residual).float()"))
+    assert result(report, "the sum goes on", task="20.2").status == "passed"        # float32: no difference
+    r = result(report, "bf16: the float32 sum", task="20.2")
     assert r.status == "failed"
     assert "hint: normalise the float32 sum s, not its bfloat16 copy" in r.message
 
@@ -129,69 +100,69 @@ def test_normalising_the_rounded_sum(graded):
 # -- 20.3 silu_and_mul ---------------------------------------------------------------------------------
 
 def test_up_and_gate_swapped(graded):
-    report, out = graded("swapped",
-                         # up | gate: SiLU applied to the second half
-                         ("    gate, up = gate_up.float().chunk(2, dim=-1)",
-                          "    up, gate = gate_up.float().chunk(2, dim=-1)"))
-    r = result(report, "20.3", "the worked example")
+    report = graded("swapped",
+                    # up | gate: SiLU applied to the second half
+                    ("    gate, up = gate_up.float().chunk(2, dim=-1)",
+                     "    up, gate = gate_up.float().chunk(2, dim=-1)"))
+    r = result(report, "the worked example", task="20.3")
     assert r.status == "failed"
     assert "gate = gate_up[..., 0] = 1, up = gate_up[..., 2] = 2; SiLU(1) = 1·sigmoid(1) = 0.7311" in r.message
     assert "times up: 1.462; yours: 1.762" in r.message
     assert "hint: the first half of gate_up is the gate and the second half is up" in r.message
-    mlp = result(report, "20.4", "figure instance")        # swiglu_mlp builds on the student's silu_and_mul
+    mlp = result(report, "figure instance", task="20.4")        # swiglu_mlp builds on the student's silu_and_mul
     assert mlp.status == "failed" and "the first half of gate_up is the gate" in mlp.message
-    assert wrong_elements(out, "dim-swiglu")
-    assert wrong_elements(out, "ch20-swiglu-branches")
+    assert wrong_elements(report, "dim-swiglu")
+    assert wrong_elements(report, "ch20-swiglu-branches")
 
 
 def test_sigmoid_instead_of_silu(graded):
-    report, out = graded("sigmoid",
-                         # the gate's sigmoid without the factor z
-                         ("    return (F.silu(gate) * up).to(gate_up.dtype)",
-                          "    return (torch.sigmoid(gate) * up).to(gate_up.dtype)"))
-    r = result(report, "20.3", "the worked example")
+    report = graded("sigmoid",
+                    # the gate's sigmoid without the factor z
+                    ("    return (F.silu(gate) * up).to(gate_up.dtype)",
+                     "    return (torch.sigmoid(gate) * up).to(gate_up.dtype)"))
+    r = result(report, "the worked example", task="20.3")
     assert r.status == "failed"
     assert "SiLU(-1) = -1·sigmoid(-1) = -0.2689, times up: -0.8068; yours: 0.8068" in r.message
     assert "hint: SiLU(z) = z · sigmoid(z), not sigmoid(z)" in r.message
-    assert wrong_elements(out, "dim-swiglu")
+    assert wrong_elements(report, "dim-swiglu")
 
 
 # -- 20.4 swiglu_mlp -----------------------------------------------------------------------------------
 
 def test_gate_and_up_rows_swapped_in_the_weight(graded):
-    report, out = graded("weight_halves",
-                         # the merged weight read as up | gate
-                         ("F.linear(silu_and_mul(F.linear(x, gate_up_weight)), down_weight)",
-                          "F.linear(silu_and_mul(F.linear(x, gate_up_weight.roll(two_i // 2, 0))), down_weight)"))
-    assert failed_tasks(report) == {"20.4"}
-    r = result(report, "20.4", "figure instance")
+    report = graded("weight_halves",
+                    # the merged weight read as up | gate
+                    ("F.linear(silu_and_mul(F.linear(x, gate_up_weight)), down_weight)",
+                     "F.linear(silu_and_mul(F.linear(x, gate_up_weight.roll(two_i // 2, 0))), down_weight)"))
+    assert tasks_not_passed(report) == {"20.4"}
+    r = result(report, "figure instance", task="20.4")
     assert r.status == "failed"
     assert "token 0: gate_up = x·gate_up_weightᵀ → gate [1, -1, 3, 2, -2, -2], up [2, 1, 2, 0, 1, 1]" in r.message
     assert "hint: the first half of gate_up is the gate" in r.message
-    oracle = result(report, "20.4", "agreement with transformers' Qwen3MLP")
+    oracle = result(report, "agreement with transformers' Qwen3MLP", task="20.4")
     assert oracle.status == "failed" and "first half of gate_up is the gate" in oracle.message
-    assert wrong_elements(out, "dim-swiglu") and wrong_elements(out, "ch20-swiglu-branches")
+    assert wrong_elements(report, "dim-swiglu") and wrong_elements(report, "ch20-swiglu-branches")
 
 
 def test_transposed_weights_not_explained(graded):
-    report, _ = graded("no_validation",
-                       # no shape checks: a weight stored [in, out] crashes inside matmul instead of a clear error
-                       ("    if gate_up_weight.shape[1] != h:", "    if False:"),
-                       ("    if list(down_weight.shape) != [h, two_i // 2]:", "    if False:"))
-    r = result(report, "20.4", "a weight stored [in, out]")
+    report = graded("no_validation",
+                    # no shape checks: a weight stored [in, out] crashes inside matmul instead of a clear error
+                    ("    if gate_up_weight.shape[1] != h:", "    if False:"),
+                    ("    if list(down_weight.shape) != [h, two_i // 2]:", "    if False:"))
+    r = result(report, "a weight stored [in, out]", task="20.4")
     assert r.status == "failed"
     assert "should raise ValueError because gate_up_weight is stored [out, in] = [2I, H] = [12, 4]" in r.message
     assert "yours raised RuntimeError" in r.message
-    assert result(report, "20.4", "figure instance").status == "passed"
+    assert result(report, "figure instance", task="20.4").status == "passed"
 
 
 def test_a_token_mixing_mlp_fails_token_independence(graded):
-    report, _ = graded("mixing",
-                       # a bug that lets tokens see each other: every token's activation shifted by the batch mean
-                       ("F.linear(silu_and_mul(F.linear(x, gate_up_weight)), down_weight)",
-                        "F.linear((lambda a: a - a.mean(dim=0, keepdim=True) + a[:1])"
-                        "(silu_and_mul(F.linear(x, gate_up_weight))), down_weight)"))
-    r = result(report, "20.4", "token independence")
+    report = graded("mixing",
+                    # a bug that lets tokens see each other: every token's activation shifted by the batch mean
+                    ("F.linear(silu_and_mul(F.linear(x, gate_up_weight)), down_weight)",
+                     "F.linear((lambda a: a - a.mean(dim=0, keepdim=True) + a[:1])"
+                     "(silu_and_mul(F.linear(x, gate_up_weight))), down_weight)"))
+    r = result(report, "token independence", task="20.4")
     assert r.status == "failed"
     assert "gives a different output when the tokens come in another order" in r.message
     assert "the MLP transforms every token on its own and must never mix tokens" in r.message

@@ -4,16 +4,13 @@ and the reference agrees with an independent statement of vLLM's top-k/top-p and
 from __future__ import annotations
 
 import math
-import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 import torch
-from mutate import mutant
+from mutate import figure, mutant_grader, result, wrong_elements
 
 from grader.checks import ch23 as checks
 from grader.hidden import ch23 as hidden_checks
-from grader.run import check
 from solutions import ch23_sampling as ref
 
 SEED = 11
@@ -22,54 +19,27 @@ NEG_INF = float("-inf")
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Grade a mutant (the reference with `edits`) once per module: name, edits → (report, figures dir)."""
-    cache = {}
-
-    def run(name: str, *edits: tuple[str, str]):
-        if (name, edits) not in cache:
-            submission = mutant(tmp_path_factory.mktemp(f"ch23_{name}"), "ch23", *edits)
-            out = tmp_path_factory.mktemp(name)
-            cache[name, edits] = (check("ch23", submission=submission, hidden=True, seed=SEED,
-                                        figures_dir=out), out)
-        return cache[name, edits]
-
-    return run
-
-
-def result(report, name_start: str):
-    found = [r for r in report.results if r.name.startswith(name_start)]
-    assert found, [r.name for r in report.results]
-    return found[0]
-
-
-def wrong_elements(path: Path) -> list:
-    return [el for el in ET.parse(path).getroot().iter() if "wrong" in (el.get("class") or "")]
-
-
-def figure_path(report, figure_id: str) -> Path:
-    paths = [Path(p) for p in report.figures if p.endswith(f"/{figure_id}.svg")]
-    assert paths, report.figure_notes
-    return paths[0]
+    return mutant_grader(tmp_path_factory, "ch23", SEED)
 
 
 # -- 23.1 process_logits ------------------------------------------------------------------------
 def test_temperature_multiplied_is_explained(graded):
-    report, _ = graded("temperature_multiplied",
-                       # the logits multiplied by the temperature instead of divided
-                       ("z = logits.to(torch.float32) / temp", "z = logits.to(torch.float32) * temp"))
+    report = graded("temperature_multiplied",
+                    # the logits multiplied by the temperature instead of divided
+                    ("z = logits.to(torch.float32) / temp", "z = logits.to(torch.float32) * temp"))
     r = result(report, "figure instance: one row of 8 logits")
     assert r.status == "failed"
     assert "token 0: logits / T = 1.2 / 0.8 = 1.5" in r.message
     assert "yours: 0.96" in r.message
     assert "hint: divide by the temperature" in r.message
     assert {x.task for x in report.results if x.status != "passed"} == {"23.1"}, "sample is correct in this mutant"
-    assert wrong_elements(figure_path(report, "ch23-sampling-path"))
+    assert wrong_elements(report, "ch23-sampling-path")
 
 
 def test_topk_keeping_one_more_is_explained(graded):
-    report, _ = graded("topk_off_by_one",
-                       # the threshold read at index k instead of k − 1: top-k keeps k + 1 entries
-                       ("gather(1, (k - 1)[:, None])", "gather(1, k.clamp(max=V - 1)[:, None])"))
+    report = graded("topk_off_by_one",
+                    # the threshold read at index k instead of k − 1: top-k keeps k + 1 entries
+                    ("gather(1, (k - 1)[:, None])", "gather(1, k.clamp(max=V - 1)[:, None])"))
     r = result(report, "figure instance: one row of 8 logits")
     assert r.status == "failed"
     kth = sorted((torch.tensor(checks.PATH_LOGITS) / checks.PATH_T).tolist(), reverse=True)[checks.PATH_K - 1]
@@ -77,28 +47,27 @@ def test_topk_keeping_one_more_is_explained(graded):
     assert f"the {checks.PATH_K}th largest value of logits / T" in r.message and f"< {kth:g}" in r.message
     assert "yours: 0.375" in r.message
     assert f"yours kept {checks.PATH_K + 1}" in r.message
-    assert wrong_elements(figure_path(report, "ch23-sampling-path"))
+    assert wrong_elements(report, "ch23-sampling-path")
     k1 = result(report, "k = 1 leaves only the row max")
     assert k1.status == "failed" and "yours kept 2" in k1.message
 
 
 def test_topp_dropping_the_crossing_token_is_explained(graded):
-    report, _ = graded("topp_drops_crossing",
-                       # top-p keeps tokens only while the running total stays within p: the crossing token is lost
-                       ("ascending, order = z.sort(dim=-1)\n        mass = ascending",
-                        "descending, order = z.sort(dim=-1, descending=True)\n        mass = descending"),
-                       ("drop = mass <= (1 - p)[:, None]", "drop = mass > p[:, None]"),
-                       ("drop[:, -1] = False", "drop[:, 0] = False"))
+    report = graded("topp_drops_crossing",
+                    # top-p keeps tokens only while the running total stays within p: the crossing token is lost
+                    ("ascending, order = z.sort(dim=-1)\n        mass = ascending",
+                     "descending, order = z.sort(dim=-1, descending=True)\n        mass = descending"),
+                    ("drop = mass <= (1 - p)[:, None]", "drop = mass > p[:, None]"),
+                    ("drop[:, -1] = False", "drop[:, 0] = False"))
     r = result(report, "top-p keeps the token that crosses p")
     assert r.status == "failed"
     assert "token 1" in r.message and "the larger tokens hold 0.5 < top_p = 0.6, so top-p keeps it" in r.message
     assert "yours: −∞" in r.message
     assert "hint: the entry whose probability crosses top_p stays" in r.message
-    fig = figure_path(report, "ch23-sampling-path")
-    bad = wrong_elements(fig)
-    assert bad
+    assert wrong_elements(report, "ch23-sampling-path")
     # The figure marks token 3 of the top-p row: kept by the reference, −∞ in this mutant.
-    assert any(el.text == "2.75" and el.get("class") == "expected" for el in ET.parse(fig).getroot().iter())
+    drawn = figure(report, "ch23-sampling-path").iter()
+    assert any(el.text == "2.75" and el.get("class") == "expected" for el in drawn)
 
 
 def test_a_kept_entry_where_minus_infinity_is_expected_is_caught():
@@ -110,9 +79,9 @@ def test_a_kept_entry_where_minus_infinity_is_expected_is_caught():
 
 # -- 23.2 sample --------------------------------------------------------------------------------
 def test_argmax_p_is_explained(graded):
-    report, _ = graded("argmax_p",
-                       # the most likely token, argmax(p), instead of the race argmax(p / E)
-                       ("(probs / noise.to(torch.float32).clamp_min(1e-10))", "probs"))
+    report = graded("argmax_p",
+                    # the most likely token, argmax(p), instead of the race argmax(p / E)
+                    ("(probs / noise.to(torch.float32).clamp_min(1e-10))", "probs"))
     r = result(report, "figure instance: logits [2, 1, 0]")
     assert r.status == "failed"
     assert "p / E = [0.2889, 2.346, 0.01588]" in r.message
@@ -120,27 +89,26 @@ def test_argmax_p_is_explained(graded):
     assert "hint: the race takes argmax(p / E), not argmax(p)" in r.message
     chi = result(report, "chi-square")
     assert chi.status == "failed" and "likely cause: your tokens are those of argmax(p)" in chi.message
-    fig = figure_path(report, "ch23-exponential-race")
-    assert wrong_elements(fig)
+    assert wrong_elements(report, "ch23-exponential-race")
     assert {x.task for x in report.results if x.status != "passed"} == {"23.2"}
 
 
 def test_noise_divided_by_p_is_explained(graded):
-    report, _ = graded("noise_over_p",
-                       # the race upside down: argmax(E / p) instead of argmax(p / E)
-                       ("(probs / noise.to(torch.float32).clamp_min(1e-10))",
-                        "(noise.to(torch.float32).clamp_min(1e-10) / probs)"))
+    report = graded("noise_over_p",
+                    # the race upside down: argmax(E / p) instead of argmax(p / E)
+                    ("(probs / noise.to(torch.float32).clamp_min(1e-10))",
+                     "(noise.to(torch.float32).clamp_min(1e-10) / probs)"))
     r = result(report, "figure instance: logits [2, 1, 0]")
     assert r.status == "failed"
     assert "yours: token 2 (p / E = 0.01588 / 1 = 0.01588)" in r.message
     assert "hint: divide p by the noise" in r.message
-    assert wrong_elements(figure_path(report, "ch23-exponential-race"))
+    assert wrong_elements(report, "ch23-exponential-race")
 
 
 def test_temperature_left_out_of_the_race_fails_the_chi_square_test(graded):
-    report, _ = graded("sample_ignores_temperature",
-                       # the race run on softmax(logits): the temperature left out of sample
-                       ("(logits.to(torch.float32) / temp[:, None]).softmax", "logits.to(torch.float32).softmax"))
+    report = graded("sample_ignores_temperature",
+                    # the race run on softmax(logits): the temperature left out of sample
+                    ("(logits.to(torch.float32) / temp[:, None]).softmax", "logits.to(torch.float32).softmax"))
     # T = 0.5 does not change the winner of the figure instance, so only the statistics expose it.
     assert result(report, "figure instance: logits [2, 1, 0]").status == "passed"
     chi = result(report, "chi-square")
@@ -150,15 +118,15 @@ def test_temperature_left_out_of_the_race_fails_the_chi_square_test(graded):
     assert f"token {worst} was drawn" in chi.message and f"{float(p[worst]):.4g}" in chi.message
     assert f"> {checks.chi2_threshold(len(hidden_checks.CHI_LOGITS) - 1):.4g}" in chi.message
     assert "temperature left out" in chi.message
-    fig = figure_path(report, "ch23-exponential-race")
-    assert wrong_elements(fig), "the panel of many races marks the token that is furthest off"
+    assert wrong_elements(report, "ch23-exponential-race"), \
+        "the panel of many races marks the token that is furthest off"
 
 
 def test_a_sampler_with_its_own_randomness_passes_statistics_but_not_the_race(graded):
-    report, _ = graded("multinomial",
-                       # torch.multinomial: the right distribution, but its own randomness instead of the noise given
-                       ("(probs / noise.to(torch.float32).clamp_min(1e-10)).argmax(dim=-1)",
-                        "torch.multinomial(probs, 1)[:, 0]"))
+    report = graded("multinomial",
+                    # torch.multinomial: the right distribution, but its own randomness instead of the noise given
+                    ("(probs / noise.to(torch.float32).clamp_min(1e-10)).argmax(dim=-1)",
+                     "torch.multinomial(probs, 1)[:, 0]"))
     assert result(report, "chi-square").status == "passed"
     assert result(report, "random batches: exact agreement").status == "failed"
 
@@ -166,7 +134,7 @@ def test_a_sampler_with_its_own_randomness_passes_statistics_but_not_the_race(gr
 def test_equivalent_formulations_pass_every_check(graded):
     # reciprocal temperature, torch.topk, top-p by the mass of the larger tokens (descending sort),
     # Gumbel-max in float64: other arithmetic, the same answers, so every check must accept them.
-    report, _ = graded(
+    report = graded(
         "equivalent_forms",
         # not a misconception: the same answers by other arithmetic
         ("z = logits.to(torch.float32) / temp[:, None]", "z = logits.to(torch.float32) * (1.0 / temp)[:, None]"),

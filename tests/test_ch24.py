@@ -4,15 +4,12 @@ with the facts of nano-vllm bb823b3 and vLLM v1 (reference/nanovllm.md §11, vll
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
-from pathlib import Path
-
 import pytest
-from mutate import mutant
+from mutate import mutant_grader, result, tasks_not_passed, wrong_elements
 
 from grader.checks import ch24 as checks
+from grader.checks import ch24_trace as tracing
 from grader.hidden import ch24 as hidden_checks
-from grader.run import check
 from solutions import ch24_scheduler as ref
 
 SEED = 24
@@ -20,34 +17,7 @@ SEED = 24
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Grade a mutant (the reference with `edits`) once per module, public and hidden checks, with its figures."""
-    cache = {}
-
-    def run(name: str, *edits: tuple[str, str], task: str | None = None):
-        key = (name, edits, task)
-        if key not in cache:
-            submission = mutant(tmp_path_factory.mktemp(f"ch24_{name}"), "ch24", *edits)
-            out = tmp_path_factory.mktemp(name)
-            cache[key] = check("ch24", submission=submission, hidden=True, seed=SEED, task=task, figures_dir=out)
-        return cache[key]
-
-    return run
-
-
-def result(report, name_start: str):
-    found = [r for r in report.results if r.name.startswith(name_start)]
-    assert len(found) == 1, [r.name for r in report.results]
-    return found[0]
-
-
-def failed_tasks(report) -> set[str]:
-    return {r.task for r in report.results if r.status != "passed"}
-
-
-def wrong_elements(report, figure_id: str) -> list:
-    paths = [Path(p) for p in report.figures if p.endswith(f"/{figure_id}.svg")]
-    assert paths, report.figure_notes
-    return [el for el in ET.parse(paths[0]).getroot().iter() if "wrong" in (el.get("class") or "")]
+    return mutant_grader(tmp_path_factory, "ch24", SEED)
 
 
 # -- 24.1 the scheduler ---------------------------------------------------------------------------------
@@ -62,7 +32,7 @@ def test_chunk_not_counted(graded):
     assert ("after step 1 request A should be WAITING with num_computed_tokens 4; yours has 0: "
             "the chunk was not counted") in r.message
     assert "hint: postprocess adds each sequence's num_scheduled_tokens to num_computed_tokens" in r.message
-    assert failed_tasks(report) == {"24.1"}
+    assert tasks_not_passed(report) == {"24.1"}
     inv = result(report, "invariants of your own trace")
     assert inv.status == "failed" and "was scheduled but its num_computed_tokens did not grow" in inv.message
     assert wrong_elements(report, "ch24-control-loop")
@@ -251,7 +221,7 @@ def test_invariants_hold_on_reference_traces():
     for seed in range(5):
         sc = hidden_checks.random_script(random.Random(seed), "inv", n=30, prompts=(1, 20), max_tokens=(1, 8),
                                          block_size=4, num_blocks=10, max_num_seqs=4, budget=6, arrivals=20)
-        for phase, rec in checks.drive(checks.LocalOps(ref), sc, 10_000):
+        for phase, rec in tracing.drive(tracing.LocalOps(ref), sc, 10_000):
             assert hidden_checks.invariant_failure(sc, phase, rec) is None
 
 
@@ -260,7 +230,7 @@ def test_every_request_of_a_random_script_finishes_and_fits():
 
     sc = hidden_checks.random_script(random.Random(3), "fit", n=50, prompts=(1, 30), max_tokens=(1, 12),
                                      block_size=4, num_blocks=9, max_num_seqs=3, budget=5, arrivals=30)
-    trace = checks.drive_reference(ref, sc)
+    trace = tracing.drive_reference(ref, sc)
     done = {n for rec in trace for n, s in rec["after"]["seqs"].items() if s["status"] == ref.FINISHED}
     assert done == {r["name"] for r in sc["requests"]}
     assert any(n in rec["sched"]["waiting"] and n in prev["after"]["running"]

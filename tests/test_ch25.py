@@ -6,15 +6,12 @@ from __future__ import annotations
 import hashlib
 import random
 import struct
-import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
-from mutate import mutant
+from mutate import mutant_grader, result, wrong_elements
 
-from grader.checks import ch25 as checks
+from grader.checks import ch25_blocks as traces
 from grader.hidden import ch25 as hidden_checks
-from grader.run import check
 from solutions import ch25_paged_kv as ref
 
 SEED = 11
@@ -22,36 +19,14 @@ SEED = 11
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Grade a mutant (the reference with `edits`) once per module: name, task, edits → report."""
-    cache = {}
-
-    def run(name: str, task: str | None, *edits: tuple[str, str]):
-        if name not in cache:
-            submission = mutant(tmp_path_factory.mktemp(f"ch25_{name}"), "ch25", *edits)
-            cache[name] = check("ch25", task=task, submission=submission, hidden=True, seed=SEED,
-                                figures_dir=tmp_path_factory.mktemp(name))
-        return cache[name]
-
-    return run
-
-
-def result(report, name_start: str):
-    found = [r for r in report.results if r.name.startswith(name_start)]
-    assert found, [r.name for r in report.results]
-    return found[0]
-
-
-def wrong_elements(report, figure_id: str) -> list:
-    paths = [Path(p) for p in report.figures if p.endswith(f"/{figure_id}.svg")]
-    assert paths, report.figure_notes
-    return [el for el in ET.parse(paths[0]).getroot().iter() if "wrong" in (el.get("class") or "")]
+    return mutant_grader(tmp_path_factory, "ch25", SEED)
 
 
 # -- 25.1 and 25.2 ------------------------------------------------------------------------------------------
 def test_slot_equal_to_position_is_explained(graded):
-    report = graded("slot_is_position", "25.1",
+    report = graded("slot_is_position",
                     # the slot taken to be the token's position, as if the cache were one contiguous sequence
-                    ("return table[logical] * block_size + pos % block_size", "return pos.clone()"))
+                    ("return table[logical] * block_size + pos % block_size", "return pos.clone()"), task="25.1")
     r = result(report, "figure instance")
     assert r.status == "failed"
     assert "token 0 is at position 0 → logical block 0 // 2 = 0" in r.message
@@ -61,7 +36,7 @@ def test_slot_equal_to_position_is_explained(graded):
 
 
 def test_offset_dropped_in_store_is_explained(graded):
-    report = graded("store_offset_dropped", None,
+    report = graded("store_offset_dropped",
                     # every token written to the first row of its block: the offset inside the block forgotten
                     ("block, offset = s[keep] // block_size, s[keep] % block_size",
                      "block, offset = s[keep] // block_size, 0 * s[keep]"))
@@ -73,9 +48,9 @@ def test_offset_dropped_in_store_is_explained(graded):
 
 # -- 25.3 the block manager ---------------------------------------------------------------------------------
 def test_lifo_free_list_is_explained(graded):
-    report = graded("lifo", "25.3",
+    report = graded("lifo",
                     # the free list used as a stack: new blocks taken from the right end
-                    ("block_id = self.free_block_ids.popleft()", "block_id = self.free_block_ids.pop()"))
+                    ("block_id = self.free_block_ids.popleft()", "block_id = self.free_block_ids.pop()"), task="25.3")
     r = result(report, "figure instance")
     assert r.status == "failed"
     assert "step 3 of 18: allocate(A, num_cached_blocks=0)" in r.message
@@ -88,9 +63,9 @@ def test_lifo_free_list_is_explained(graded):
 
 
 def test_freeing_head_first_is_explained(graded):
-    report = graded("forward_free", "25.3",
+    report = graded("forward_free",
                     # deallocate walks the table from the first block: the shared prefix is evicted first
-                    ("for block_id in seq.block_table[::-1]:", "for block_id in seq.block_table:"))
+                    ("for block_id in seq.block_table[::-1]:", "for block_id in seq.block_table:"), task="25.3")
     r = result(report, "figure instance")
     assert r.status == "failed"
     assert "step 9 of 18: deallocate(A)" in r.message
@@ -101,11 +76,11 @@ def test_freeing_head_first_is_explained(graded):
 
 
 def test_zeroing_on_free_is_explained(graded):
-    report = graded("zeroed_on_free", "25.3",
+    report = graded("zeroed_on_free",
                     # "free" taken to mean "wiped": the hash is dropped when a block is freed
                     ("        self.used_block_ids.discard(block_id)\n        self.free_block_ids.append(block_id)\n",
                      "        self.used_block_ids.discard(block_id)\n        self.free_block_ids.append(block_id)\n"
-                     "        self.blocks[block_id].hash = NO_HASH\n"))
+                     "        self.blocks[block_id].hash = NO_HASH\n"), task="25.3")
     r = result(report, "figure instance")
     assert r.status == "failed"
     assert "block 1's hash should be 0x" in r.message and "yours: none" in r.message
@@ -117,9 +92,9 @@ def test_zeroing_on_free_is_explained(graded):
 
 
 def test_last_block_hit_is_explained(graded):
-    report = graded("last_block_hits", "25.3",
+    report = graded("last_block_hits",
                     # the walk over the hash chain includes the last logical block
-                    ("for i in range(seq.num_blocks - 1):", "for i in range(seq.num_blocks):"))
+                    ("for i in range(seq.num_blocks - 1):", "for i in range(seq.num_blocks):"), task="25.3")
     r = result(report, "nano-vllm's example")
     assert r.status == "failed"
     assert "can_allocate(C) should return 0" in r.message
@@ -131,10 +106,10 @@ def test_last_block_hit_is_explained(graded):
 
 
 def test_evicting_another_blocks_entry_is_explained(graded):
-    report = graded("evict_any", "25.3",
+    report = graded("evict_any",
                     # on reuse, the map entry of the block's old hash is deleted even when it points elsewhere
                     ("if block.hash != NO_HASH and self.hash_to_block_id.get(block.hash) == block_id:",
-                     "if block.hash in self.hash_to_block_id:"))
+                     "if block.hash in self.hash_to_block_id:"), task="25.3")
     r = result(report, "identical prompts")
     assert r.status == "failed"
     assert "step 13 of 16: allocate(C, num_cached_blocks=0)" in r.message
@@ -144,22 +119,23 @@ def test_evicting_another_blocks_entry_is_explained(graded):
 
 
 def test_unchained_hash_is_explained(graded):
-    report = graded("unchained", "25.3",
+    report = graded("unchained",
                     # each block hashed on its own tokens: equal blocks after different prefixes would collide
                     ("            h = self.compute_hash(tokens, h)\n            block.hash, block.token_ids = h, tokens",
-                     "            h = self.compute_hash(tokens)\n            block.hash, block.token_ids = h, tokens"))
+                     "            h = self.compute_hash(tokens)\n            block.hash, block.token_ids = h, tokens"),
+                    task="25.3")
     r = result(report, "figure instance")
     want = ref.BlockManager.compute_hash([5, 6, 7, 8], ref.BlockManager.compute_hash([1, 2, 3, 4]))
-    assert f"block 1's hash should be {checks.hx(want)}" in r.message
-    assert f"yours: {checks.hx(ref.BlockManager.compute_hash([5, 6, 7, 8]))}" in r.message
+    assert f"block 1's hash should be {traces.hx(want)}" in r.message
+    assert f"yours: {traces.hx(ref.BlockManager.compute_hash([5, 6, 7, 8]))}" in r.message
     assert "hint: chain the hashes" in r.message
 
 
 def test_free_cached_hit_costing_nothing_is_caught_under_pressure(graded):
-    report = graded("free_hit_costless", "25.3",
+    report = graded("free_hit_costless",
                     # every prefix hit assumed to save a block, also a hit on a block sitting in the free list
                     ("            if block_id in self.used_block_ids:\n                needed -= 1\n",
-                     "            needed -= 1\n"))
+                     "            needed -= 1\n"), task="25.3")
     failed = [r for r in report.results if r.status != "passed"]
     assert failed and all(r.hidden for r in failed), "the public scripts never run out of blocks"
     assert any("hint: a hit on a free (cached) block still takes a block out of the free list" in r.message
@@ -181,7 +157,7 @@ def scripts() -> list[tuple[int, int, list]]:
 def test_replayed_changes_rebuild_every_state():
     for num_blocks, bs, script in scripts():
         manager, seqs = ref.BlockManager(num_blocks, bs), {}
-        walk = checks.states(script, ref.replay(num_blocks, bs, script), num_blocks)
+        walk = traces.states(script, ref.replay(num_blocks, bs, script), num_blocks)
         for op, (_, s) in zip(script, walk, strict=True):
             ref.run_op(manager, seqs, op)
             snap = ref.snapshot(manager)
@@ -194,7 +170,7 @@ def test_replayed_changes_rebuild_every_state():
 
 def test_a_broken_invariant_is_named():
     num_blocks, bs, script = scripts()[0]
-    for op, (_, s) in zip(script, checks.states(script, ref.replay(num_blocks, bs, script), num_blocks)):
+    for op, (_, s) in zip(script, traces.states(script, ref.replay(num_blocks, bs, script), num_blocks)):
         if any(s["ref"]):
             break
     used = next(b for b, r in enumerate(s["ref"]) if r > 0)

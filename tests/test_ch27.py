@@ -4,15 +4,11 @@ the figures drawn from them mark the wrong cells."""
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
-from pathlib import Path
-
 import pytest
-from mutate import mutant
+from mutate import mutant_grader, result, statuses, wrong_elements
 
 from grader.checks import ch27 as checks
 from grader.hidden import ch27 as hidden_checks
-from grader.run import check
 from solutions import ch27_engine_core as ref
 
 SEED = 27
@@ -20,33 +16,7 @@ SEED = 27
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Each mutant (the reference with `edits`) graded once (public and hidden checks), with its figures."""
-    cache = {}
-
-    def run(name: str, *edits: tuple[str, str]):
-        if (name, edits) not in cache:
-            submission = mutant(tmp_path_factory.mktemp(f"ch27_{name}"), "ch27", *edits)
-            out = tmp_path_factory.mktemp(name)
-            cache[name, edits] = check("ch27", submission=submission, hidden=True, seed=SEED, figures_dir=out)
-        return cache[name, edits]
-
-    return run
-
-
-def result(report, task: str, name_start: str):
-    found = [r for r in report.results if r.task == task and r.name.startswith(name_start)]
-    assert len(found) == 1, [r.name for r in report.results]
-    return found[0]
-
-
-def statuses(report, task: str) -> set[str]:
-    return {r.status for r in report.results if r.task == task}
-
-
-def wrong_elements(report, figure_id: str) -> list:
-    paths = [Path(p) for p in report.figures if p.endswith(f"/{figure_id}.svg")]
-    assert paths, report.figure_notes
-    return [el for el in ET.parse(paths[0]).getroot().iter() if "wrong" in (el.get("class") or "")]
+    return mutant_grader(tmp_path_factory, "ch27", SEED)
 
 
 def trace_of(config: dict, script: list) -> list:
@@ -119,12 +89,12 @@ def test_eos_checked_before_the_length_cap_is_explained(graded):
                     request.status = FINISHED_STOPPED
                 elif request.num_output_tokens >= request.max_tokens:
                     request.status = FINISHED_LENGTH_CAPPED"""))
-    r = result(report, "27.1", "EOS stops a request")
+    r = result(report, "EOS stops a request", task="27.1")
     assert r.status == "failed"
     assert "after step 3 request B should be FINISHED_LENGTH_CAPPED" in r.message
     assert "yours: FINISHED_STOPPED" in r.message
     assert "hint: num_output_tokens reached max_tokens: FINISHED_LENGTH_CAPPED (vLLM checks the length cap" in r.message
-    assert result(report, "27.1", "figure instance").status == "passed"
+    assert result(report, "figure instance", task="27.1").status == "passed"
     assert statuses(report, "27.2") == {"passed"}, "reconcile has its own stop check, untouched here"
 
 
@@ -143,7 +113,7 @@ def test_an_empty_output_for_a_partial_prefill_is_explained_and_marked(graded):
 
     def step(self) -> list[dict]:
         \"\"\"One engine step: schedule, execute"""))
-    r = result(report, "27.1", "figure instance")
+    r = result(report, "figure instance", task="27.1")
     assert r.status == "failed"
     assert "step 1 ran batch 1 {A: 4} (positions A 0…3; sampled A: blank)" in r.message
     assert "step 1 should return [] (nothing new)" in r.message and "yours: [('A', [], False)]" in r.message
@@ -161,8 +131,8 @@ def test_computed_advanced_at_update_time_is_caught_by_the_piece_by_piece_check(
             new_token_ids = []
             for token in runner_output.get(rid, []):"""))
     # After a whole sync step the counters agree again: only the piece-by-piece check sees the difference.
-    assert result(report, "27.1", "figure instance").status == "passed"
-    r = result(report, "27.1", "the contract piece by piece")
+    assert result(report, "figure instance", task="27.1").status == "passed"
+    r = result(report, "the contract piece by piece", task="27.1")
     assert r.status == "failed"
     assert "right after schedule() call 1, before the model runs, A should be RUNNING, num_computed_tokens 4" in r.message
     assert "yours: RUNNING, num_computed_tokens 0" in r.message
@@ -175,7 +145,7 @@ def test_a_placeholder_for_a_partial_prefill_is_explained_and_marked(graded):
                     # a placeholder for every scheduled request, even a non-final prefill chunk
                     ("""            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
                 request.num_output_placeholders += 1""", "            request.num_output_placeholders += 1"))
-    r = result(report, "27.2", "figure instance")
+    r = result(report, "figure instance", task="27.2")
     assert r.status == "failed"
     assert "step 1 ran batch 1 {A: 3} (positions A 0…2; sampled A: blank)" in r.message
     assert "num_output_placeholders 0\nyours: RUNNING, num_computed_tokens 3, num_tokens 5 (outputs []), " \
@@ -189,12 +159,12 @@ def test_reconciling_the_newest_batch_first_is_explained(graded):
     report = graded("newest_first",
                     # the batch queue popped from the wrong end: the batch just launched is reconciled first
                     ("self.batch_queue.pop()", "self.batch_queue.popleft()"))
-    r = result(report, "27.2", "one step ahead")
+    r = result(report, "one step ahead", task="27.2")
     assert r.status == "failed"
     assert "after step 2 request A should be RUNNING, num_computed_tokens 6, num_tokens 6 (outputs [305])" in r.message
     assert "yours: RUNNING, num_computed_tokens 6, num_tokens 6 (outputs [306])" in r.message
     assert "hint: 306 comes from the batch launched in this very step" in r.message
-    assert result(report, "27.2", "figure instance").status == "failed"
+    assert result(report, "figure instance", task="27.2").status == "failed"
     assert wrong_elements(report, "ch27-three-boundaries")
 
 
@@ -204,13 +174,13 @@ def test_a_stale_output_after_eos_is_explained(graded):
                     ("""            if request.is_finished:
                 continue
 """, ""))
-    r = result(report, "27.2", "an output that arrives after EOS")
+    r = result(report, "an output that arrives after EOS", task="27.2")
     assert r.status == "failed"
     assert "after step 4 request A should be FINISHED_STOPPED, num_computed_tokens 5, num_tokens 5 " \
            "(outputs [303, 304])" in r.message
     assert "yours: FINISHED_STOPPED, num_computed_tokens 5, num_tokens 6 (outputs [303, 304, 305])" in r.message
     assert "hint: A had already finished (FINISHED_STOPPED): an output that arrives for a finished request is stale" \
         in r.message
-    edges = result(report, "27.2", "edge cases")
+    edges = result(report, "edge cases", task="27.2")
     assert edges.status == "failed" and "B had already finished (FINISHED_STOPPED)" in edges.message
     assert statuses(report, "27.1") == {"passed"}

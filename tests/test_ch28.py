@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import struct
-import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 import torch
-from mutate import mutant
+from mutate import mutant_grader, result, wrong_elements
 
-from grader.run import check
 from solutions import ch25_paged_kv as ch25
 from solutions import ch28_cache_identity as ref
 
@@ -21,29 +18,7 @@ SEED = 11
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Grade a mutant (the reference with `edits`) once per module: name, edits → report."""
-    cache = {}
-
-    def run(name: str, *edits: tuple[str, str]):
-        if name not in cache:
-            submission = mutant(tmp_path_factory.mktemp(f"ch28_{name}"), "ch28", *edits)
-            cache[name] = check("ch28", submission=submission, hidden=True, seed=SEED,
-                                figures_dir=tmp_path_factory.mktemp(name))
-        return cache[name]
-
-    return run
-
-
-def result(report, name_start: str):
-    found = [r for r in report.results if r.name.startswith(name_start)]
-    assert found, [r.name for r in report.results]
-    return found[0]
-
-
-def wrong_elements(report, figure_id: str) -> list:
-    paths = [Path(p) for p in report.figures if p.endswith(f"/{figure_id}.svg")]
-    assert paths, report.figure_notes
-    return [el for el in ET.parse(paths[0]).getroot().iter() if "wrong" in (el.get("class") or "")]
+    return mutant_grader(tmp_path_factory, "ch28", SEED)
 
 
 # -- 28.1 ---------------------------------------------------------------------------------------------------

@@ -5,15 +5,12 @@ teaching message meant for them and the figures drawn from them mark the wrong c
 from __future__ import annotations
 
 import random
-import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
-from mutate import mutant
+from mutate import mutant_grader, result, statuses, wrong_elements
 
 from grader.checks import ch29 as checks
 from grader.hidden import ch29 as hidden_checks
-from grader.run import check
 from solutions import ch29_metadata_metrics as ref
 
 SEED = 29
@@ -21,33 +18,7 @@ SEED = 29
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Each mutant (the reference with `edits`) graded once (public and hidden checks), with its figures."""
-    cache = {}
-
-    def run(name: str, *edits: tuple[str, str]):
-        if (name, edits) not in cache:
-            submission = mutant(tmp_path_factory.mktemp(f"ch29_{name}"), "ch29", *edits)
-            out = tmp_path_factory.mktemp(name)
-            cache[name, edits] = check("ch29", submission=submission, hidden=True, seed=SEED, figures_dir=out)
-        return cache[name, edits]
-
-    return run
-
-
-def result(report, task: str, name_start: str):
-    found = [r for r in report.results if r.task == task and r.name.startswith(name_start)]
-    assert len(found) == 1, [r.name for r in report.results]
-    return found[0]
-
-
-def statuses(report, task: str) -> set[str]:
-    return {r.status for r in report.results if r.task == task}
-
-
-def wrong_elements(report, figure_id: str) -> list:
-    paths = [Path(p) for p in report.figures if p.endswith(f"/{figure_id}.svg")]
-    assert paths, report.figure_notes
-    return [el for el in ET.parse(paths[0]).getroot().iter() if "wrong" in (el.get("class") or "")]
+    return mutant_grader(tmp_path_factory, "ch29", SEED)
 
 
 # -- the reference against the worked examples ---------------------------------------------------------------
@@ -91,7 +62,7 @@ def test_positions_from_zero_are_explained(graded):
     report = graded("positions_from_zero",
                     # positions counted within this step's chunk, as if nothing were computed before it
                     ("            pos.append(p)\n", "            pos.append(p - c)\n"))
-    r = result(report, "29.1", "figure instance")
+    r = result(report, "figure instance", task="29.1")
     assert r.status == "failed"
     assert "input 0 is request R0's token 0 of this step (R0 owns inputs 0…3), at position num_computed_tokens " \
            "+ 0 = 4 + 0 = 4; yours: 0" in r.message
@@ -104,20 +75,20 @@ def test_keeping_a_partial_prefill_sample_is_explained_and_marked(graded):
     report = graded("keep_all",
                     # every request's sample kept, even a chunk that stops before the last known token
                     ("kept.append(c + n == len(tokens))", "kept.append(True)"))
-    r = result(report, "29.1", "figure instance")
+    r = result(report, "figure instance", task="29.1")
     assert r.status == "failed"
     assert "kept[0]: R0's seq_len = 4 + 4 = 8 < its 10 known tokens, so its sample is discarded; yours: True" \
         in r.message
     assert "hint: a chunk that ends before the last known token is a non-final prefill chunk" in r.message
     assert wrong_elements(report, "ch29-schedule-to-metadata")
-    assert result(report, "29.1", "a decode batch").status == "passed", "every decode sample is kept anyway"
+    assert result(report, "a decode batch", task="29.1").status == "passed", "every decode sample is kept anyway"
 
 
 def test_sampling_the_first_row_is_explained(graded):
     report = graded("first_row_logits",
                     # logits taken at each request's first scheduled row instead of its last
                     ('"logits_indices": query_start_loc[1:] - 1', '"logits_indices": query_start_loc[:-1]'))
-    r = result(report, "29.1", "figure instance")
+    r = result(report, "figure instance", task="29.1")
     assert r.status == "failed"
     assert "logits_indices[0] = query_start_loc[1] − 1 = 4 − 1 = 3, R0's last input; yours: 0" in r.message
     assert "hint: sample at the *last* scheduled row of each request" in r.message
@@ -129,7 +100,7 @@ def test_tpot_over_output_len_is_explained_and_marked(graded):
                     # TPOT divided by every output token, the first one included
                     ('tpots.append((e2el - ttft) / (req["output_len"] - 1))',
                      'tpots.append((e2el - ttft) / req["output_len"])'))
-    r = result(report, "29.2", "figure instance")
+    r = result(report, "figure instance", task="29.2")
     assert r.status == "failed"
     assert "TPOT = (E2E − TTFT) / (output_len − 1), per request with output_len > 1: [200, 200] ms" in r.message
     assert "mean_tpot_ms = 200; yours: 160" in r.message
@@ -143,7 +114,7 @@ def test_a_mean_of_per_request_itls_is_explained(graded):
                     # one mean gap per request instead of every gap pooled
                     ("itls += [b - a for a, b in zip(chunks, chunks[1:])]",
                      "itls += [(chunks[-1] - chunks[0]) / (len(chunks) - 1)] if len(chunks) > 1 else []"))
-    r = result(report, "29.2", "figure instance")
+    r = result(report, "figure instance", task="29.2")
     assert r.status == "failed"
     assert "ITLs = gaps between successive chunks, of all requests pooled: [200, 200, 200, 200, 400, 400] ms" \
         in r.message
@@ -156,7 +127,7 @@ def test_dividing_by_the_sum_of_latencies_is_explained(graded):
                     # the run's duration taken as the sum of the requests' latencies
                     ('duration = max(r["chunk_times"][-1] for r in requests) - min(r["start"] for r in requests)',
                      'duration = sum(r["chunk_times"][-1] - r["start"] for r in requests)'))
-    r = result(report, "29.2", "throughput divides by the whole run")
+    r = result(report, "throughput divides by the whole run", task="29.2")
     assert r.status == "failed"
     assert "duration = last chunk − first start = 3.4 − 0 = 3.4 s; yours: 0.8" in r.message
     assert "hint: the run's duration is its wall time, first start to last chunk, not the sum of the latencies" \

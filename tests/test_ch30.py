@@ -4,15 +4,12 @@ from them mark what is wrong, and the record really is the C struct it claims to
 from __future__ import annotations
 
 import ctypes
-import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import numpy as np
 import pytest
-from mutate import mutant
+from mutate import figure, mutant_grader, result, tasks_not_passed, wrong_elements
 
 from grader.checks import ch30 as checks
-from grader.run import check
 from solutions import ch30_native_core as ref
 
 SEED = 30
@@ -20,68 +17,43 @@ SEED = 30
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Grade a mutant (the reference with `edits`) once per module: name, edits → (report, figures dir)."""
-    cache = {}
-
-    def run(name: str, *edits: tuple[str, str]):
-        if (name, edits) not in cache:
-            submission = mutant(tmp_path_factory.mktemp(f"ch30_{name}"), "ch30", *edits)
-            out = tmp_path_factory.mktemp(name)
-            cache[name, edits] = (check("ch30", submission=submission, hidden=True, seed=SEED, figures_dir=out), out)
-        return cache[name, edits]
-
-    return run
-
-
-def result(report, name_start: str, task: str | None = None):
-    found = [r for r in report.results if r.name.startswith(name_start) and task in (None, r.task)]
-    assert len(found) == 1, [r.name for r in report.results]
-    return found[0]
-
-
-def wrong_elements(out: Path, figure_id: str) -> list:
-    root = ET.parse(out / "ch30" / f"{figure_id}.svg").getroot()
-    return [el for el in root.iter() if "wrong" in (el.get("class") or "")]
-
-
-def failed_tasks(report) -> set[str]:
-    return {r.task for r in report.results if r.status != "passed"}
+    return mutant_grader(tmp_path_factory, "ch30", SEED)
 
 
 # -- 30.1 ---------------------------------------------------------------------------------------------
 def test_a_packed_record_is_explained_by_alignment(graded):
-    report, out = graded("packed",
-                         # the struct built without alignment: fields packed back to back, as in a byte stream
-                         ('("seed", "<i8")], align=True)', '("seed", "<i8")], align=False)'))
+    report = graded("packed",
+                    # the struct built without alignment: fields packed back to back, as in a byte stream
+                    ('("seed", "<i8")], align=True)', '("seed", "<i8")], align=False)'))
     r = result(report, "the record layout")
     assert r.status == "failed"
     assert "field max_tokens should be at byte offset 28; yours: 25" in r.message
     assert "is_prompt ends at byte 25" in r.message and "3 padding bytes come first" in r.message
     assert "hint: build the dtype with align=True" in r.message
-    assert failed_tasks(report) == {"30.1"}
-    bad = wrong_elements(out, "ch30-request-path")
+    assert tasks_not_passed(report) == {"30.1"}
+    bad = wrong_elements(report, "ch30-request-path")
     assert bad
-    texts = [el.text for el in ET.parse(out / "ch30" / "ch30-request-path.svg").getroot().iter() if el.text]
+    texts = [el.text for el in figure(report, "ch30-request-path").iter() if el.text]
     assert "@25 int32" in texts and "@28 int32" in texts, "the figure shows your offset and the C offset"
 
 
 def test_top_k_minus_one_left_unlowered_is_explained(graded):
-    report, out = graded("top_k_raw",
-                         # the front end's −1 ("off") copied into the record instead of the core's 0
-                         ("max_tokens, temperature, top_p, max(top_k, 0), seed)",
-                          "max_tokens, temperature, top_p, top_k, seed)"))
+    report = graded("top_k_raw",
+                    # the front end's −1 ("off") copied into the record instead of the core's 0
+                    ("max_tokens, temperature, top_p, max(top_k, 0), seed)",
+                     "max_tokens, temperature, top_p, top_k, seed)"))
     r = result(report, "figure instance", "30.1")
     assert r.status == "failed"
     assert "field top_k: top_k = -1, lowered to 0 (the core's 'off'), so 0; yours: -1" in r.message
     assert "hint: the core encodes 'top-k off' as 0" in r.message
     assert result(report, "the record layout").status == "passed"
-    assert wrong_elements(out, "ch30-request-path")
+    assert wrong_elements(report, "ch30-request-path")
 
 
 def test_outputs_mean_decode_is_explained(graded):
-    report, _ = graded("outputs_mean_decode",
-                       # "a request with output tokens decodes": a preempted request is not recomputed
-                       ("decode = computed == num_tokens - 1 and num_tokens > len(prompt)", "decode = len(output) > 0"))
+    report = graded("outputs_mean_decode",
+                    # "a request with output tokens decodes": a preempted request is not recomputed
+                    ("decode = computed == num_tokens - 1 and num_tokens > len(prompt)", "decode = len(output) > 0"))
     r = result(report, "a preempted request")
     assert r.status == "failed"
     assert "field is_prompt: prompt: 5 tokens from position 0 on lack KV" in r.message
@@ -90,26 +62,26 @@ def test_outputs_mean_decode_is_explained(graded):
 
 
 def test_decode_first_phase_selection_is_explained(graded):
-    report, out = graded("decode_first",
-                         # a prompt step only when every request is in its prompt phase
-                         ('return "prompt" if bool(batch["is_prompt"].any()) else "decode"',
-                          'return "prompt" if bool(batch["is_prompt"].all()) else "decode"'))
+    report = graded("decode_first",
+                    # a prompt step only when every request is in its prompt phase
+                    ('return "prompt" if bool(batch["is_prompt"].any()) else "decode"',
+                     'return "prompt" if bool(batch["is_prompt"].all()) else "decode"'))
     r = result(report, "figure instance", "30.1")
     assert r.status == "failed"
     assert "select_phase of the batch ['A', 'B', 'C']" in r.message
     assert "prompt work goes first, so 'prompt'; yours: 'decode'" in r.message
     assert result(report, "random batches").status == "failed"
-    assert wrong_elements(out, "ch30-request-path")
+    assert wrong_elements(report, "ch30-request-path")
 
 
 def test_a_core_that_trusts_any_buffer_fails(graded):
-    report, _ = graded("no_layout_check",
-                       # select_phase reads whatever bytes it is given
-                       ("    if got.names != want.names:\n        raise",
-                        "    if False:\n        raise"),
-                       ("        if t_got != t_want:\n            raise", "        if False:\n            raise"),
-                       ("        if off_got != off_want:\n            raise", "        if False:\n            raise"),
-                       ("    if got.itemsize != want.itemsize:\n        raise", "    if False:\n        raise"))
+    report = graded("no_layout_check",
+                    # select_phase reads whatever bytes it is given
+                    ("    if got.names != want.names:\n        raise",
+                     "    if False:\n        raise"),
+                    ("        if t_got != t_want:\n            raise", "        if False:\n            raise"),
+                    ("        if off_got != off_want:\n            raise", "        if False:\n            raise"),
+                    ("    if got.itemsize != want.itemsize:\n        raise", "    if False:\n        raise"))
     r = result(report, "a packed (unaligned) batch")
     assert r.status == "failed"
     assert "should raise ValueError because a packed record has max_tokens at byte 25" in r.message
@@ -119,22 +91,22 @@ def test_a_core_that_trusts_any_buffer_fails(graded):
 
 # -- 30.2 ---------------------------------------------------------------------------------------------
 def test_a_prefix_cache_taken_for_a_kv_service_is_explained(graded):
-    report, out = graded("prefix_is_kv_service",
-                         # "it has a KV cache, so it has KV service": a local prefix cache read as a KV service
-                         ('        elif not m["features"][f]:',
-                          '        elif not m["features"][f] and not (f == "kv_service" and m["features"].get("prefix_caching")):'))
+    report = graded("prefix_is_kv_service",
+                    # "it has a KV cache, so it has KV service": a local prefix cache read as a KV service
+                    ('        elif not m["features"][f]:',
+                     '        elif not m["features"][f] and not (f == "kv_service" and m["features"].get("prefix_caching")):'))
     r = result(report, "figure instance: Qwen3-0.6B")
     assert r.status == "failed"
     assert "feature kv_service is not supported by engine@0a1b2c3 (the matrix says no); yours does not name it" in r.message
     assert "hint: a local prefix cache (prefix_caching) is not a KV service" in r.message
-    assert failed_tasks(report) == {"30.2"}
-    assert wrong_elements(out, "ch30-system-boundary")
+    assert tasks_not_passed(report) == {"30.2"}
+    assert wrong_elements(report, "ch30-system-boundary")
 
 
 def test_an_exclusive_context_limit_is_explained(graded):
-    report, _ = graded("exclusive_context",
-                       # max_context read as exclusive
-                       ('    if context > m["max_context"]:', '    if context >= m["max_context"]:'))
+    report = graded("exclusive_context",
+                    # max_context read as exclusive
+                    ('    if context > m["max_context"]:', '    if context >= m["max_context"]:'))
     r = result(report, "a context exactly at max_context")
     assert r.status == "failed"
     assert "max_position_embeddings = 32768 is supported by engine@0a1b2c3 (allowed: ≤ 32768); yours lists it as unsupported" \
@@ -143,10 +115,10 @@ def test_an_exclusive_context_limit_is_explained(graded):
 
 
 def test_head_dim_derived_from_hidden_size_is_explained(graded):
-    report, _ = graded("derived_head_dim",
-                       # head_dim always derived as hidden_size // num_attention_heads (Qwen3 has its own)
-                       ('    head_dim = c.get("head_dim")\n    if head_dim is None:',
-                        '    head_dim = None\n    if head_dim is None:'))
+    report = graded("derived_head_dim",
+                    # head_dim always derived as hidden_size // num_attention_heads (Qwen3 has its own)
+                    ('    head_dim = c.get("head_dim")\n    if head_dim is None:',
+                     '    head_dim = None\n    if head_dim is None:'))
     r = result(report, "head_dim from the config")
     assert r.status == "failed"
     assert "head_dim = 96 is not supported" in r.message and "yours does not name it" in r.message
@@ -155,10 +127,10 @@ def test_head_dim_derived_from_hidden_size_is_explained(graded):
 
 
 def test_reasons_must_name_the_value(graded):
-    report, _ = graded("vague_reasons",
-                       # every reason is just "unsupported"
-                       ('out.append(f"dtype: {dtype} is not among the supported dtypes {m[\'dtypes\']}")',
-                        'out.append("dtype: unsupported")'))
+    report = graded("vague_reasons",
+                    # every reason is just "unsupported"
+                    ('out.append(f"dtype: {dtype} is not among the supported dtypes {m[\'dtypes\']}")',
+                     'out.append("dtype: unsupported")'))
     r = result(report, "every row unsupported at once")
     assert r.status == "failed"
     assert "the reason for dtype must say what is unsupported and name the value (float32)" in r.message

@@ -4,17 +4,13 @@ batch-invariant."""
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
-from pathlib import Path
-
 import pytest
 import torch
-from mutate import mutant
+from mutate import mutant_grader, result, tasks_not_passed, wrong_elements
 
 from grader.checks import ch23
 from grader.checks import ch32 as checks
 from grader.hidden import ch32 as hidden_checks
-from grader.run import check
 from solutions import ch32_spec_determinism as ref
 
 SEED = 11
@@ -26,33 +22,7 @@ LOOP = ("    for k in range(x.shape[1]):\n"
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Grade a mutant (the reference with `edits`) once per module: name, edits → report."""
-    cache = {}
-
-    def run(name: str, *edits: tuple[str, str]):
-        if (name, edits) not in cache:
-            submission = mutant(tmp_path_factory.mktemp(f"ch32_{name}"), "ch32", *edits)
-            cache[name, edits] = check("ch32", submission=submission, hidden=True, seed=SEED,
-                                       figures_dir=tmp_path_factory.mktemp(name))
-        return cache[name, edits]
-
-    return run
-
-
-def result(report, name_start: str):
-    found = [r for r in report.results if r.name.startswith(name_start)]
-    assert len(found) == 1, [r.name for r in report.results]
-    return found[0]
-
-
-def failing_tasks(report) -> set[str]:
-    return {r.task for r in report.results if r.status != "passed"}
-
-
-def wrong_elements(report, figure_id: str) -> list:
-    paths = [Path(p) for p in report.figures if p.endswith(f"/{figure_id}.svg")]
-    assert paths, report.figure_notes
-    return [el for el in ET.parse(paths[0]).getroot().iter() if "wrong" in (el.get("class") or "")]
+    return mutant_grader(tmp_path_factory, "ch32", SEED)
 
 
 # -- 32.1 verify_draft ------------------------------------------------------------------------------
@@ -71,7 +41,7 @@ def test_replacement_drawn_from_p_is_explained(graded):
     assert chi.status == "failed"
     assert f"> {ch23.chi2_threshold(3):.4g}" in chi.message
     assert "likely cause: your first tokens are those of 'replacement from p'" in chi.message
-    assert failing_tasks(report) == {"32.1"}
+    assert tasks_not_passed(report) == {"32.1"}
     assert wrong_elements(report, "ch32-spec-confidence")
     assert any(el.get("class") == "label wrong-pick" for el in wrong_elements(report, "ch32-spec-confidence"))
 
@@ -126,7 +96,7 @@ def test_confidence_on_its_own_is_explained(graded):
     assert f"s{n} = {surv[n]:.4g} < 0.3 is the first survival below the threshold, so n = {n}; yours: 5" in r.message
     assert "hint: the survival of draft j is the product c0 · … · cj" in r.message
     assert result(report, "the adaptive-verification example").status == "failed"
-    assert failing_tasks(report) == {"32.2"}
+    assert tasks_not_passed(report) == {"32.2"}
     assert wrong_elements(report, "ch32-spec-confidence")
 
 
@@ -158,7 +128,7 @@ def test_split_k_chosen_by_batch_size_is_caught(graded):
     assert "hint: nothing in a row's reduction may depend on the batch" in r.message
     assert result(report, "agrees with x @ w").status == "passed", "the values are right, only the bits move"
     assert result(report, "random shapes").status == "failed"
-    assert failing_tasks(report) == {"32.3"}
+    assert tasks_not_passed(report) == {"32.3"}
     bad = wrong_elements(report, "ch32-determinism")
     assert any((el.text or "").startswith("0x") for el in bad), "the changed bits of row 0 are marked"
 

@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner

@@ -253,7 +253,7 @@ def call_steps(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
         have = f"a dict with the keys {', '.join(map(repr, got))}" if isinstance(got, dict) else describe(got)
         fail([head, f"expected a dict with the keys 'scores', 'probs' and 'out'; yours: {have}"],
              "keep every intermediate: return {'scores': scores, 'probs': probs, 'out': out}")
-    (T, d), S = q.shape, k.shape[0]
+    T, S = q.shape[0], k.shape[0]
     parts = {}
     for key, shape, what in (("scores", [T, S], "scores (one row per query, one column per key)"),
                              ("probs", [T, S], "probs (one row per query, one column per key)"),

@@ -178,7 +178,7 @@ def expect_combined(got, want: torch.Tensor, outputs: list, weights: torch.Tenso
 def combine_hint(out: torch.Tensor, outputs: list, weights: torch.Tensor, handle: dict) -> str:
     """The misconception a wrong combine most likely comes from ('' when none fits)."""
     y = torch.cat(outputs).double()
-    src, slot = handle["src_token"], handle["topk_slot"]
+    src = handle["src_token"]
     if len(src) != len(y) or len(src) != weights.numel() or (len(src) and (int(src.min()) < 0 or
                                                                           int(src.max()) >= out.shape[0])):
         return ""

@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from grader.checks import hidden
-from grader.checks.ch16 import (ATOL, RTOL, call_steps, causal, explain_steps, expect_merge, expect_split,
-                                numbered, run_merge_case, run_split_case, run_steps_case, steps_case)
+from grader.checks.ch16 import (call_steps, causal, explain_steps, expect_split, numbered, run_merge_case, run_split_case, run_steps_case, steps_case)
 from grader.compare import CheckFailed, first_wrong, fmt
 from grader.trial import Trial
 

@@ -30,7 +30,7 @@ def sdpa_agreement(t: Trial, num_new: int, num_cached: int, heads: int, dim: int
     if idx is None:
         return
     h, i, d = idx
-    call = (f"scaled_dot_product_attention(q, k, v, attn_mask=your mask)" if whole else
+    call = ("scaled_dot_product_attention(q, k, v, attn_mask=your mask)" if whole else
             f"scaled_dot_product_attention(q[{num_cached}:], k, v, attn_mask=your mask)")
     lines = [inputs_line(num_new, num_cached, whole) + f"; {heads} head{'s' if heads > 1 else ''} of head_dim {dim}, random float64 q, k, v",
              f"{call} must equal "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from grader.checks import hidden
-from grader.checks.ch21 import append_once, expect_decode, explain_decode, run_appends, run_decode_case
+from grader.checks.ch21 import expect_decode, explain_decode, run_appends, run_decode_case
 from grader.compare import CheckFailed, expect_int, expect_tensor, first_wrong
 from grader.trial import Trial
 

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from grader.checks import hidden
-from grader.checks.ch22 import (check_trace, end_aligned, expect_flash, expect_naive, expect_traffic, explain_flash,
-                                explain_naive, flash_expected, random_qkv, run_flash_case, run_naive_case,
+from grader.checks.ch22 import (end_aligned, expect_naive, expect_traffic, explain_naive, random_qkv, run_naive_case,
                                 run_traffic_case)
+from grader.checks.ch22_flash import check_trace, expect_flash, explain_flash, flash_expected, run_flash_case
 from grader.compare import CheckFailed, expect_int
 from grader.trial import Trial
 
@@ -164,8 +164,8 @@ def explain_big(big: list, T: int, S: int, d: int, bq: int, bk: int) -> None:
              f"running max m and sum l [{bq}] and the accumulator acc [{bq}, {d}] of its query block, so memory stays "
              f"linear in T and S (the arithmetic is still T·S·d)."]
     if "bool" in dtype:
-        lines.append(f"hint: a [T, S] causal mask is a full matrix too: compare positions inside each tile, "
-                     f"torch.arange(k0, k1) <= torch.arange(q0, q1)[:, None] + (S − T)")
+        lines.append("hint: a [T, S] causal mask is a full matrix too: compare positions inside each tile, "
+                     "torch.arange(k0, k1) <= torch.arange(q0, q1)[:, None] + (S − T)")
     elif len(shape) == 2 and sorted(shape) == sorted([T, S]):
         lines.append("hint: compute the scores tile by tile, q[q0:q1] @ k[k0:k1].T, instead of q @ k.T once and "
                      "slicing it")

@@ -6,9 +6,10 @@ from __future__ import annotations
 import random
 
 from grader.checks import hidden
-from grader.checks.ch24 import (FINISHED, KEYS, StudentOps, describe_case, drive, drive_reference, expect_progress,
-                                expect_trace, explain_progress, lifecycle, request, run_lifecycle, script,
-                                start_progress, step_args, _expect_method_raises)
+from grader.checks.ch24 import (KEYS, _expect_method_raises, expect_progress, explain_progress, lifecycle,
+                                run_lifecycle, start_progress, step_args)
+from grader.checks.ch24_trace import (FINISHED, StudentOps, describe_case, drive, drive_reference, expect_trace,
+                                      request, script)
 from grader.compare import CheckFailed
 from grader.trial import Trial
 

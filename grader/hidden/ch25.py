@@ -9,8 +9,8 @@ from typing import Callable
 import torch
 
 from grader.checks import hidden
-from grader.checks.ch25 import (check_store, drive_reference, expect_slots, expect_trace, describe_op, hx, states,
-                                run_slot_case, run_store_case)
+from grader.checks.ch25 import check_store, expect_slots, run_slot_case, run_store_case
+from grader.checks.ch25_blocks import describe_op, drive_reference, expect_trace, hx, states
 from grader.compare import CheckFailed, describe
 from grader.trial import Trial
 

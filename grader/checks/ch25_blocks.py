@@ -1,0 +1,365 @@
+"""ch25's block-manager traces, shared by its public and hidden checks: the reference's trace of a
+script of allocate / append / deallocate steps, the student's trace of the same script, and the
+explanation of the first step where the two differ.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from grader.compare import CheckFailed, describe
+from grader.trial import Trial
+
+# -- 25.3 the block manager: traces ---------------------------------------------------------------------
+def drive_reference(ref, num_blocks: int, block_size: int, script: list) -> dict:
+    """The reference's trace of a script, plus per step the facts an explanation needs (plain data):
+    for can_allocate the walk over the hash chain, for compute each newly hashed block's unchained hash."""
+    manager, seqs, notes = ref.BlockManager(num_blocks, block_size), {}, []
+    for op in script:
+        note: dict = {}
+        seq = seqs.get(op[1])
+        if op[0] == "can_allocate":
+            h, walk = -1, []
+            for i in range(seq.num_blocks - 1):
+                h = ref.BlockManager.compute_hash(seq.block(i), h)
+                b = manager.hash_to_block_id.get(h)
+                hit = b is not None and manager.blocks[b].token_ids == seq.block(i)
+                walk.append([i, b if hit else None, hit and b in manager.used_block_ids])
+                if not hit:
+                    break
+            note = {"walk": walk, "free": len(manager.free_block_ids)}
+        elif op[0] == "compute":
+            first, end = seq.num_cached_tokens // block_size, (seq.num_cached_tokens + op[2]) // block_size
+            note = {"unchained": {seq.block_table[i]: ref.BlockManager.compute_hash(seq.block(i))
+                                  for i in range(first, end)}}
+        ref.run_op(manager, seqs, op)
+        notes.append(note)
+    return {"trace": ref.replay(num_blocks, block_size, script), "notes": notes}
+
+
+def states(script: list, trace, num_blocks: int, *, whose: str = "your") -> Iterator[tuple[dict, dict]]:
+    """Replay a trace of what changed: per step, the op's sequence and the pool before it (a small copy)
+    and the full state after it (one dict, updated in place). A step that raised yields a state with
+    "error" and ends the walk."""
+    if not isinstance(trace, list) or not all(isinstance(r, dict) for r in trace):
+        raise CheckFailed(f"replay should return a list of dicts, one per operation; {whose}s returned "
+                          f"{describe(trace)} (replay, run_op and snapshot are provided: keep them as they are)")
+    s = {"free": list(range(num_blocks)), "used": [], "ref": [0] * num_blocks, "hash": [-1] * num_blocks,
+         "tokens": [[] for _ in range(num_blocks)], "map": {}, "tables": {}, "cached": {}, "seqs": {}, "value": None}
+    try:
+        for op, rec in zip(script, trace):
+            name = op[1]
+            if op[0] == "add":
+                s["seqs"][name] = list(op[2])
+            before = {"free": list(s["free"]), "ref": list(s["ref"]), "hash": list(s["hash"]),
+                      "tables": {name: s["tables"].get(name, [])}, "cached": {name: s["cached"].get(name, 0)},
+                      "seqs": {name: list(s["seqs"][name])}}
+            if op[0] == "compute" and op[3] is not None:
+                s["seqs"][name].append(op[3])
+            if "error" in rec:
+                yield before, {**s, "error": f"{rec['error']}" + (f"\n    at {rec['where']}" if rec.get("where") else "")}
+                return
+            s["value"], s["tables"][name], s["cached"][name] = rec["value"], rec["table"], rec["cached"]
+            if "free" in rec:
+                s["free"] = rec["free"]
+            elif "free_appended" in rec:
+                gone = set(rec["free_removed"])
+                s["free"] = [b for b in s["free"] if b not in gone] + rec["free_appended"]
+            if "used_added" in rec:
+                s["used"] = sorted(set(s["used"]) - set(rec["used_removed"]) | set(rec["used_added"]))
+            for j, (r, h, toks) in rec.get("blocks", {}).items():
+                s["ref"][j], s["hash"][j], s["tokens"][j] = r, h, toks
+            for h, b in rec.get("map", {}).items():
+                if b is None:
+                    s["map"].pop(h, None)
+                else:
+                    s["map"][h] = b
+            yield before, s
+    except (KeyError, TypeError, IndexError, ValueError) as e:
+        raise CheckFailed(f"{whose} replay trace is not in the documented form ({type(e).__name__}: {e}); "
+                          "replay, run_op and snapshot are provided: keep them as they are") from None
+
+
+def hx(h) -> str:
+    """A block hash as a student reads it: 16 hex digits, or "none" for −1."""
+    return "none" if h == -1 else f"0x{h:016x}" if isinstance(h, int) and h >= 0 else repr(h)
+
+
+def short(xs: list, n: int = 12) -> str:
+    return str(xs) if len(xs) <= n else f"[{', '.join(map(str, xs[:n - 2]))}, … ({len(xs)} in all)]"
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
+def describe_op(op: list, s: dict, bs: int) -> str:
+    """One operation of a script in the chapter's terms, given the state before it."""
+    kind, name = op[0], op[1]
+    toks = s["seqs"].get(name, op[2] if kind == "add" else [])
+    if kind == "add":
+        return f"request {name} arrives: {len(toks)} tokens {short(toks)}, {plural(-(-len(toks) // bs), 'logical block')} of {bs}"
+    if kind == "allocate":
+        return f"allocate({name}, num_cached_blocks={op[2]}) with {name} = {short(toks)}"
+    if kind == "compute":
+        c = s["cached"].get(name, 0)
+        end = "appends the sampled token " + str(op[3]) if op[3] is not None else "discards its sample (prompt unfinished)"
+        where = f"position {c}" if op[2] == 1 else f"positions {c}–{c + op[2] - 1}"
+        return (f"{name}'s step computes {where} (num_scheduled_tokens {op[2]}), "
+                f"then hash_blocks({name}); the scheduler {end}")
+    if kind in ("can_append", "may_append"):
+        return f"{kind}({name}) with len({name}) = {len(toks)}, {len(toks)} % {bs} = {len(toks) % bs}"
+    return f"{kind}({name}) with {name}'s block_table {s['tables'].get(name, [])}" if kind == "deallocate" else \
+        f"{kind}({name}) with {name} = {short(toks)} ({len(toks)} tokens, {plural(-(-len(toks) // bs), 'block')})"
+
+
+def holders(s: dict, block: int) -> list[str]:
+    return [n for n, t in s["tables"].items() for b in t if b == block]
+
+
+def expect_trace(script: list, got, expected: dict, num_blocks: int, bs: int, *, case: str) -> None:
+    """Your trace against the reference's, step by step; the first difference is explained."""
+    want = states(script, expected["trace"], num_blocks, whose="the reference's")
+    yours = states(script, got, num_blocks)
+    for i, op in enumerate(script):
+        before, w = next(want)
+        head = f"{case}, step {i + 1} of {len(script)}: {describe_op(op, before, bs)}"
+        y = next(yours, (None, None))[1]
+        if y is None:
+            raise CheckFailed(f"{head}\nyour replay trace stopped before this step")
+        if "error" in y:
+            raise CheckFailed(f"{head}\nyour code raised {y['error']}")
+        why = explain_step(op, before, w, y, expected["notes"][i], bs)
+        if why:
+            raise CheckFailed(f"{head}\n" + why)
+
+
+def explain_step(op: list, before: dict, w: dict, y: dict, note: dict, bs: int) -> str | None:
+    """The first observable difference after one step, explained (None when there is none)."""
+    kind, name = op[0], op[1]
+    if y["value"] != w["value"]:
+        return explain_value(op, before, w["value"], y["value"], note, bs)
+    if y["tables"][name] != w["tables"][name]:
+        return explain_table(op, before, w, y, bs)
+    if y["cached"][name] != w["cached"][name]:
+        rule = {"allocate": f"allocate sets it to the hit: num_cached_blocks · block_size = {op[2]}·{bs}",
+                "deallocate": "deallocate resets it to 0"}.get(kind, "it counts the leading tokens already cached")
+        return f"{name}.num_cached_tokens should be {w['cached'][name]} ({rule}); yours: {y['cached'][name]}"
+    if y["free"] != w["free"]:
+        return explain_free(op, before, w, y)
+    if y["used"] != w["used"]:
+        return (f"used_block_ids should be {w['used']} (every block with ref_count ≥ 1); yours: {y['used']}")
+    for j in range(len(w["ref"])):
+        if y["ref"][j] != w["ref"][j]:
+            hold = holders(w, j)
+            hint = ""
+            if kind == "allocate" and j in w["tables"][name][:op[2]]:
+                hint = ("\nhint: a prefix hit on a block in use adds 1 to its ref_count" if before["ref"][j] else
+                        "\nhint: a prefix hit on a free block revives it with ref_count 1")
+            return (f"block {j} is held by {len(hold)} block table{'s' * (len(hold) != 1)}"
+                    f"{' (' + ', '.join(hold) + ')' if hold else ''}, so its ref_count is {w['ref'][j]}; "
+                    f"yours: {y['ref'][j]}{hint}")
+    for j in range(len(w["hash"])):
+        if y["hash"][j] != w["hash"][j]:
+            return explain_hash(op, j, before, w, y, note, bs)
+    for j in range(len(w["tokens"])):
+        if w["hash"][j] != -1 and y["tokens"][j] != w["tokens"][j]:
+            return (f"block {j} stores the tokens it was hashed with, {w['tokens'][j]} (can_allocate compares them "
+                    f"on a hit, against hash collisions); yours: {y['tokens'][j]}")
+    if y["map"] != w["map"]:
+        return explain_map(op, before, w, y)
+    return None
+
+
+def explain_value(op: list, before: dict, want, got, note: dict, bs: int) -> str:
+    kind, name = op[0], op[1]
+    toks = before["seqs"][name]
+    if kind == "can_allocate":
+        nblocks = -(-len(toks) // bs)
+        lines = []
+        for i, b, in_use in note["walk"]:
+            lines.append(f"  logical block {i} {toks[i * bs:(i + 1) * bs]}: " +
+                         ("miss: the walk stops" if b is None else
+                          f"hit, block {b} ({'in use: shared for free' if in_use else 'free but cached: revived, still takes a free block'})"))
+        hits = sum(b is not None for _, b, _ in note["walk"])
+        shared = sum(1 for _, b, u in note["walk"] if b is not None and u)
+        lines.append(f"  logical block {nblocks - 1} is the last one: never a hit")
+        lines.append(f"  blocks to take from the free list: {nblocks} − {shared} shared = {nblocks - shared}; "
+                     f"{note['free']} free → " + (f"{hits} hit{'s' * (hits != 1)}" if want >= 0 else "−1 (does not fit)"))
+        hint = ""
+        if isinstance(got, int) and want >= 0 and got == want + 1 and want + 1 == nblocks:
+            hint = "the last logical block never counts as a hit (one token must be computed for the logits)"
+        elif got == -1 and want >= 0:
+            hint = "a hit on a block in use needs no free block: subtract it from the blocks needed"
+        elif isinstance(got, int) and got >= 0 and want == -1:
+            hint = "a hit on a free (cached) block still takes a block out of the free list"
+        elif got == 0 and want > 0:
+            hint = "look each full block's chained hash up in hash_to_block_id: h_i = compute_hash(block i, h_(i−1))"
+        return (f"can_allocate({name}) should return {want}:\n" + "\n".join(lines) +
+                f"\nyours: {got!r}" + (f"\nhint: {hint}" if hint else ""))
+    if kind == "can_append":
+        n = len(toks)
+        need = 1 if n % bs == 1 else 0
+        hint = ("\nhint: len(seq) counts the newest token, which is not cached yet: a new block is needed when "
+                "len % block_size == 1" if n % bs in (0, 1) else "")
+        return (f"can_append({name}) should be {want}: len = {n}, {n} % {bs} = {n % bs}, so {need} free block"
+                f"{'s' * (need != 1)} needed and {len(before['free'])} free; yours: {got!r}{hint}")
+    return f"{kind} returns nothing; yours returned {describe(got)}"
+
+
+def explain_table(op: list, before: dict, w: dict, y: dict, bs: int) -> str:
+    kind, name = op[0], op[1]
+    want, got, free = w["tables"][name], y["tables"][name], before["free"]
+    line = f"{name}.block_table should be {want}; yours: {got}"
+    if kind == "allocate":
+        n, new = op[2], len(want) - op[2]
+        why = (f"logical blocks 0–{n - 1} are the prefix hit {want[:n]}, found through the hash chain; the other "
+               if n else "all ") + f"{new} come{'s' * (new == 1)} from the head of the free list {short(free)}"
+        hint = ""
+        if len(got) < len(want):
+            hint = "allocate gives the whole table at once: seq.num_blocks blocks, covering every token so far"
+        elif got[n:] == free[::-1][:new] and new > 0 and got[n:] != want[n:]:
+            hint = "the free list is a FIFO queue: take new blocks from its left end (popleft)"
+        elif got[:n] != want[:n]:
+            hint = "the first num_cached_blocks entries are the cached blocks themselves, looked up by hash"
+        return f"{line}\n{why}" + (f"\nhint: {hint}" if hint else "")
+    if kind == "may_append":
+        n = len(before["seqs"][name])
+        why = (f"{n} % {bs} == 1: the newest token starts logical block {n // bs}, so the head of the free list, "
+               f"block {free[0]}, is appended" if n % bs == 1 else f"{n} % {bs} = {n % bs}: the last block still "
+               "has room, nothing is appended")
+        return f"{line}\n{why}\nhint: a decode step needs a new block exactly when len(seq) % block_size == 1"
+    if kind == "deallocate":
+        return f"{line}\ndeallocate clears the block table"
+    return line
+
+
+def explain_free(op: list, before: dict, w: dict, y: dict) -> str:
+    kind, name = op[0], op[1]
+    want, got, free = w["free"], y["free"], before["free"]
+    line = f"the free list should be {short(want, 16)}; yours: {short(got, 16)}"
+    cut = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+    if cut > 10:
+        line += f"\n(they differ from position {cut} on: expected …{want[cut:cut + 8]}, yours …{got[cut:cut + 8]})"
+    if kind == "deallocate":
+        table = before["tables"][name]
+        freed = [b for b in table[::-1] if w["ref"][b] == 0 and before["ref"][b] > 0]
+        steps = ", ".join(f"block {b}: ref {before['ref'][b]}→{before['ref'][b] - 1}" for b in table[::-1])
+        why = f"{name}'s table {table} is walked in reverse ({steps}); blocks reaching 0 are appended: {freed}"
+        hint = ""
+        if got == free + freed[::-1]:
+            hint = "free the tail first: walk the block table in reverse, so the tail block is reused before the prefix"
+        elif got[:len(freed)] == freed or got[:len(freed)] == freed[::-1]:
+            hint = "freed blocks go to the right end of the free list (append); the allocator takes from the left"
+        return f"{line}\n{why}" + (f"\nhint: {hint}" if hint else "")
+    if kind == "allocate":
+        revived = [b for b in w["tables"][name][:op[2]] if b in free]
+        why = "new blocks leave from the head of the free list" + \
+              (f"; the hit{'s' * (len(revived) > 1)} on free block{'s' * (len(revived) > 1)} {revived} "
+               "revive them: they leave the free list too" if revived else "")
+        hint = "\nhint: a prefix hit on a free block takes it out of the free list" if any(b in got for b in revived) else ""
+        return f"{line}\n{why}{hint}"
+    return f"{line}\nthe new block is the head of the free list" if kind == "may_append" else line
+
+
+def explain_hash(op: list, j: int, before: dict, w: dict, y: dict, note: dict, bs: int) -> str:
+    kind, name = op[0], op[1]
+    want, got = w["hash"][j], y["hash"][j]
+    line = f"block {j}'s hash should be {hx(want)}; yours: {hx(got)}"
+    table = w["tables"].get(name, [])
+    if kind == "compute" and want != -1 and before["hash"][j] == -1:
+        i = table.index(j)
+        prev = f"the hash of {name}'s logical block {i - 1}, physical {table[i - 1]}" if i else "−1: it is the first block"
+        why = (f"block {j} is {name}'s logical block {i}, tokens {w['tokens'][j]}: full, and this step computed its "
+               f"last token, so hash_blocks hashes it with compute_hash(tokens, prefix = {prev})")
+        hint = ""
+        if got == note.get("unchained", {}).get(j) and i:
+            hint = "chain the hashes: the prefix of block i is the hash of block i − 1, so a hash names the whole prefix"
+        elif got == -1:
+            hint = ("hash every block the step completed: start = num_cached_tokens // block_size, "
+                    "end = (num_cached_tokens + num_scheduled_tokens) // block_size")
+        return f"{line}\n{why}" + (f"\nhint: {hint}" if hint else "")
+    if want == -1 and kind in ("allocate", "may_append") and before["hash"][j] != -1:
+        return f"{line}\nblock {j} was taken from the free list for new tokens: its old hash goes (ref 1, hash −1)"
+    if want == -1:
+        return (f"{line}\nonly full blocks whose last token has been computed get a hash, and only in hash_blocks "
+                f"(allocate and may_append hash nothing)")
+    if kind == "deallocate":
+        return f"{line}\nhint: freeing keeps the hash: a free block stays a cache candidate until it is reused"
+    return line
+
+
+def explain_map(op: list, before: dict, w: dict, y: dict) -> str:
+    kind = op[0]
+    want, got = w["map"], y["map"]
+    missing = [h for h in want if got.get(h) != want[h]]
+    extra = [h for h in got if h not in want]
+    if missing:
+        h = missing[0]
+        line = (f"hash_to_block_id[{hx(h)}] should be {want[h]}; yours: "
+                + (f"{got[h]}" if h in got else "no entry"))
+        if kind == "compute" and h in got:
+            return f"{line}\nhint: a newly hashed block overwrites the entry of an equal hash (the later hash_blocks wins)"
+        if kind == "compute":
+            return f"{line}\nhash_blocks publishes every block it hashes: hash_to_block_id[hash] = block id"
+        if kind == "deallocate":
+            return f"{line}\nhint: deallocate never removes map entries: a freed block can still be hit and revived"
+        reused = [b for b in w["tables"].get(op[1], []) if before["hash"][b] == h]
+        return (f"{line}\nthe entry points to block {want[h]}, not to the reused block "
+                f"{reused[0] if reused else '(none)'}\nhint: on reuse, delete a map entry only if it still points to "
+                "the block being reused")
+    h = extra[0]
+    if kind in ("allocate", "may_append"):
+        return (f"hash_to_block_id should have no entry {hx(h)}; yours maps it to {got[h]}\nblock {got[h]} was taken "
+                "from the free list for new tokens, so the entry of its old hash is evicted")
+    return f"hash_to_block_id should have no entry {hx(h)}; yours maps it to {got[h]}"
+
+
+def run_trace(t: Trial, script: list, num_blocks: int, block_size: int, case: str) -> list[dict]:
+    """Drive your BlockManager (through the provided replay) and the reference through one script."""
+    expected = t.reference(drive_reference, num_blocks, block_size, script)
+    got = t.call("replay", num_blocks, block_size, script)
+    return expect_trace(script, got, expected, num_blocks, block_size, case=case)
+
+
+def add(name: str, tokens: list[int], hits: int = 0) -> list[list]:
+    """A request arriving and being admitted: add, can_allocate, allocate."""
+    return [["add", name, tokens], ["can_allocate", name], ["allocate", name, hits]]
+
+
+def decode(*steps: tuple[str, int]) -> list[list]:
+    """One decode step of a batch: can_append and may_append for each, then each computes 1 token."""
+    return [op for name, _ in steps for op in (["can_append", name], ["may_append", name])] + \
+        [["compute", name, 1, token] for name, token in steps]
+
+
+# The life of physical block 0 (4 blocks of 4): the six moments are the states after these steps.
+LIFECYCLE = [*add("A", [1, 2, 3, 4, 5, 6, 7, 8, 9]), ["compute", "A", 9, 10],
+             *add("B", [1, 2, 3, 4, 20, 21, 22], 1), ["compute", "B", 3, 23],
+             ["deallocate", "A"], ["deallocate", "B"],
+             *add("C", [1, 2, 3, 4, 30, 31], 1), ["compute", "C", 2, 32], ["deallocate", "C"],
+             *add("D", list(range(40, 56)))]
+MOMENTS = [(0, "free · 空闲", "every block starts free: ref 0, no hash, in the free list"),
+           (4, "allocated · 已分配", "A's logical block 0; A's prefill computed it, so hash_blocks hashed it"),
+           (7, "shared · 前缀命中共享", "B's first block hits it: B takes no new block for it, ref_count 2"),
+           (10, "freed, still cached · 已释放仍可命中", "A, then B finished: ref 0, back in the free list, hash and "
+                                                   "map entry kept"),
+           (13, "revived · 被前缀命中复活", "C's first block hits it in the free list: taken out of it, ref 1"),
+           (18, "evicted on reuse · 复用时驱逐", "D takes all 4 free blocks; block 0 comes last: its old hash is "
+                                               "evicted, D's tokens 52–55 will overwrite it")]
+
+
+def op_label(op: list) -> str:
+    """An operation in a few characters: allocate(B, 1), compute(A, 9 tokens)."""
+    if op[0] == "compute":
+        return f"compute({op[1]}, {op[2]} token{'s' * (op[2] != 1)})"
+    return f"{op[0]}({', '.join(map(str, op[1:2] + op[2:3] if op[0] == 'allocate' else op[1:2]))})"
+
+
+def block_moment(s: dict | None, block: int) -> dict | None:
+    """One block's state at one moment, for the lifecycle figure (None past an error)."""
+    if s is None or "error" in s:
+        return None
+    h = s["hash"][block]
+    return {"ref": s["ref"][block], "hash": hx(h), "mapped": block in s["map"].values(), "free": list(s["free"]),
+            "holders": holders(s, block), "tokens": list(s["tokens"][block]) if h != -1 else []}
