@@ -4,7 +4,7 @@ the projection widths of Qwen3-0.6B, the six checkpoints of a prefill step, and 
 from __future__ import annotations
 
 from figures import figure
-from figures.kit import Figure, num, text_width
+from figures.kit import Figure, num
 from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, stroke
 
 ATOL = RTOL = 1e-5  # the tolerance of the ch15 checks
@@ -13,18 +13,6 @@ RANK = ("token", "block")  # the kit has no rank roles: rank 0 sky blue, rank 1 
 
 def _close(a, b) -> bool:
     return abs(a - b) <= ATOL + RTOL * abs(b)
-
-
-def _boxes(f: Figure, items: list[tuple[str, str]], *, gap: float = 12) -> None:
-    """The instance as a row of small labelled boxes."""
-    x, y = MARGIN, f.y
-    for label, role in items:
-        w = text_width(label, LABEL) + 24
-        if x + w > f.width - MARGIN:
-            x, y = MARGIN, y + 30 + 10
-        f.box(x, y, w, 30, role=role, label=label)
-        x += w + gap
-    f.y = y + 30 + 26
 
 
 def _matrix(f: Figure, x: float, y: float, values, *, expected=None, role="plain", w: float = CELL,
@@ -62,7 +50,7 @@ def _free_grid(f: Figure, x: float, y: float, values, expected, *, role="plain",
 def embedding_figure(f: Figure, r: dict) -> None:
     table, ids, out, expected = r["table"], r["ids"][0], r["out"][0], r["expected"][0]
     V, H = len(table), len(table[0])
-    _boxes(f, [(f"E: V = {V} rows × H = {H}", "plain"), (f"ids [1, {len(ids)}] = [[{', '.join(map(str, ids))}]]",
+    f.instance_row([(f"E: V = {V} rows × H = {H}", "plain"), (f"ids [1, {len(ids)}] = [[{', '.join(map(str, ids))}]]",
                                                            "token"), (f"X = E[ids]: [1, {len(ids)}, {H}]", "plain")])
     cw, ch = 46, 34
     xi, xe, xo = MARGIN + 60, MARGIN + 250, MARGIN + 590
@@ -124,7 +112,7 @@ def qkv_linear_figure(f: Figure, r: dict) -> None:
     sizes = [nh * d, nkv * d, nkv * d]
     roles = ["q"] * sizes[0] + ["k"] * sizes[1] + ["v"] * sizes[2]
     out_f, in_f, T = len(w), len(w[0]), len(x)
-    _boxes(f, [(f"num_heads = {nh}", "q"), (f"num_kv_heads = {nkv}", "k"), (f"head_dim = {d}", "plain"),
+    f.instance_row([(f"num_heads = {nh}", "q"), (f"num_kv_heads = {nkv}", "k"), (f"head_dim = {d}", "plain"),
                (f"out = ({nh} + 2·{nkv})·{d} = {out_f}", "plain"), (f"in = {in_f}", "plain")])
     c = 34
     # Stored W [out, in] on the left; the product laid out as X | Y with Wᵀ above Y.
@@ -226,7 +214,7 @@ def qwen3_widths_figure(f: Figure, r: dict) -> None:
     c, shapes, expected = r["config"], r["shapes"], r["expected"]
     H, I, V, d = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["head_dim"]
     Hq, Hkv, tied = c["num_attention_heads"], c["num_key_value_heads"], c["tie_word_embeddings"]
-    _boxes(f, [(f"hidden H = {H}", "plain"), (f"heads Hq = {Hq}", "q"), (f"kv heads Hkv = {Hkv}", "k"),
+    f.instance_row([(f"hidden H = {H}", "plain"), (f"heads Hq = {Hq}", "q"), (f"kv heads Hkv = {Hkv}", "k"),
                (f"head_dim d = {d}", "accent"), (f"intermediate I = {I}", "plain"), (f"vocab V = {V}", "token"),
                (f"tie_word_embeddings = {tied}", "token")])
     f.note(f"head_dim comes from the config: d = {d}. Deriving it as H / Hq = {H} / {Hq} = {H // Hq} would shrink "
@@ -325,7 +313,7 @@ def checkpoints_figure(f: Figure, r: dict) -> None:
         cu.append(cu[-1] + n)
     last = [e - 1 for e in cu[1:]]
     owner = [b for b, n in enumerate(lens) for _ in range(n)]
-    _boxes(f, [(f"prompt_lens = {lens}", "token"), (f"N = {' + '.join(map(str, lens))} = {N} tokens", "plain"),
+    f.instance_row([(f"prompt_lens = {lens}", "token"), (f"N = {' + '.join(map(str, lens))} = {N} tokens", "plain"),
                (f"B = {B} requests", "plain"), (f"cu_seqlens_q = {cu}", "plain"), (f"H = {H}, V = {V}", "plain")])
     steps = ["the prompts, concatenated", "embed_tokens: a row per id", "through every decoder layer",
              "the final RMSNorm", f"rows cu_seqlens_q[1:] − 1 = {last}", "lm_head: x @ W.T (W [V, H])"]
@@ -406,7 +394,7 @@ def tensor_parallel_figure(f: Figure, r: dict) -> None:
     row_out, row_want = r["row_out"], r["row_out_expected"]
     tp, N, in1, out1, out2 = len(shards), len(x), len(w1), len(w1[0]), len(w2[0])
     b1, b2 = out1 // tp, len(w2) // tp
-    _boxes(f, [(f"tp = {tp} ranks", "plain"), (f"x [{N}, {in1}]", "plain"), (f"W1 [in {in1}, out {out1}]", "plain"),
+    f.instance_row([(f"tp = {tp} ranks", "plain"), (f"x [{N}, {in1}]", "plain"), (f"W1 [in {in1}, out {out1}]", "plain"),
                (f"W2 [in {len(w2)}, out {out2}]", "plain"), ("math view: y = x @ W, W is [in, out]", "accent")])
     c = 32
     wrong = False

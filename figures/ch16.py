@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from figures import figure
-from figures.kit import Figure, num, text_width
+from figures.kit import Figure, num
 from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
 
 ATOL = RTOL = 1e-5  # the tolerance of the 16.3 checks
@@ -22,16 +22,6 @@ def _close(a: float, b: float) -> bool:
 def _r(x: float, digits: int = 3) -> str:
     """A value as a cell shows it: 0.667, 1.41, −∞."""
     return num(x, digits)
-
-
-def _boxes(f: Figure, items: list[tuple[str, str]]) -> None:
-    """The instance as a row of small labelled boxes."""
-    x, y = MARGIN, f.y
-    for label, role in items:
-        w = text_width(label, LABEL) + 28
-        f.box(x, y, w, 30, role=role, label=label)
-        x += w + 12
-    f.y = y + 30 + 30
 
 
 def _outline(f: Figure, x: float, y: float, w: float, h: float, *, role: str, dashed: bool = False,
@@ -94,7 +84,7 @@ def split_heads_figure(f: Figure, r: dict) -> None:
     traced = r.get("traced", TRACED)  # a number of x (the lab lets the reader pick it)
     T, W = len(x), len(x[0])
     d = W // H
-    _boxes(f, [(f"x: [1, {T}, {W}] = [B, T, H·d]", "q"), (f"num_heads = {H} → d = {W} // {H} = {d}", "plain"),
+    f.instance_row([(f"x: [1, {T}, {W}] = [B, T, H·d]", "q"), (f"num_heads = {H} → d = {W} // {H} = {d}", "plain"),
                (f"element #{traced} traced", "accent")])
     cw, gap_h = 34, 10
     # Panel geometry, left to right (row labels sit in the gaps).
@@ -199,7 +189,7 @@ def _tagged(f: Figure, x: float, y: float, rows: list[list], tags: list[list[str
 def merge_heads_figure(f: Figure, r: dict) -> None:
     heads, yours, expected, bare = r["heads"][0], r["yours"][0], r["expected"][0], r["bare"][0]
     H, T, d = len(heads), len(heads[0]), len(heads[0][0])
-    _boxes(f, [(f"x: [1, {H}, {T}, {d}] = [B, H, T, d]", "q"), (f"→ [1, {T}, {H * d}] = [B, T, H·d]", "plain")])
+    f.instance_row([(f"x: [1, {H}, {T}, {d}] = [B, H, T, d]", "q"), (f"→ [1, {T}, {H * d}] = [B, T, H·d]", "plain")])
     origin = {heads[h][t][j]: (t, h) for h in range(H) for t in range(T) for j in range(d)}
 
     # The input: one [T, d] matrix per head.
@@ -287,7 +277,7 @@ def one_head_figure(f: Figure, r: dict) -> None:
     T, d, S = len(q), len(q[0]), len(k)
     dots = [[sum(a * b for a, b in zip(q[i], k[j])) for j in range(S)] for i in range(T)]
     kt = [[k[j][c] for j in range(S)] for c in range(d)]
-    _boxes(f, [(f"T = {T} tokens", "token"), (f"d = {d}", "plain"), ("causal mask", "attend"),
+    f.instance_row([(f"T = {T} tokens", "token"), (f"d = {d}", "plain"), ("causal mask", "attend"),
                (f"scale = 1/√{d} ≈ {_r(d ** -0.5)}", "plain")])
     tl = [f"t{i}" for i in range(T)]
     kl = [f"k{j}" for j in range(S)]
@@ -389,7 +379,7 @@ def three_steps_figure(f: Figure, r: dict) -> None:
     scores, probs, out, out2 = r["scores"], r["probs"], r["out"], r["out2"]
     want, want2 = r["expected"], r["expected_out2"]
     T, d, S, dv = len(q), len(q[0]), len(k), len(v[0])
-    _boxes(f, [(f"T = {T} queries", "q"), (f"S = {S} keys", "k"), (f"d = {d}", "plain"),
+    f.instance_row([(f"T = {T} queries", "q"), (f"S = {S} keys", "k"), (f"d = {d}", "plain"),
                (f"no mask, scale = 1/√{d}", "plain")])
     cw, sw, ow = 34, 50, 46
     xq = MARGIN + 40
@@ -466,7 +456,7 @@ def three_steps_figure(f: Figure, r: dict) -> None:
 def prob_rows_figure(f: Figure, r: dict) -> None:
     mask, probs, want = r["mask"], r["probs"], r["expected"]
     T, S = len(mask), len(mask[0])
-    _boxes(f, [(f"T = S = {T} tokens", "token"), ("causal mask", "attend"), ("random q, k (d = 4)", "plain")])
+    f.instance_row([(f"T = S = {T} tokens", "token"), ("causal mask", "attend"), ("random q, k (d = 4)", "plain")])
     cw, pw, h = 34, 58, 38
     xm = MARGIN + 44
     xp = xm + S * cw + 110

@@ -24,7 +24,7 @@ def dim_gqa_figure(f: Figure, r: dict) -> None:
     q, k, v, dots, allowed = r["q"], r["k"], r["v"], r["dots"], r["allowed"]
     weights, out, expected, d = r["weights"], r["out"], r["expected"], r["head_dim"]
     heads, T, S = len(q), len(q[0]), len(k)
-    _boxes(f, [(f"T = S = {T}", "token"), (f"d = {d}", "plain"), (f"{heads} query heads → 1 K/V head", "q"),
+    f.instance_row([(f"T = S = {T}", "token"), (f"d = {d}", "plain"), (f"{heads} query heads → 1 K/V head", "q"),
                (f"causal, scale = 1/√{d}", "plain")])
 
     # Column positions: Q_h | q·k | softmax weights | out_h; Kᵀ sits over q·k, V over out.
@@ -119,7 +119,7 @@ def _str_num(x) -> str:
 def gqa_groups_figure(f: Figure, r: dict) -> None:
     nh, nkv, mapping, expected = r["num_heads"], r["num_kv_heads"], r["mapping"], r["expected"]
     group = nh // nkv
-    _boxes(f, [(f"num_heads = {nh}", "q"), (f"num_kv_heads = {nkv}", "k"),
+    f.instance_row([(f"num_heads = {nh}", "q"), (f"num_kv_heads = {nkv}", "k"),
                (f"group = {nh} // {nkv} = {group}", "plain")])
 
     span = f.width - 2 * MARGIN - 150
@@ -202,7 +202,7 @@ def gqa_groups_figure(f: Figure, r: dict) -> None:
 def kv_capacity_figure(f: Figure, r: dict) -> None:
     configs, nh, sizes, expected = r["configs"], r["num_heads"], r["sizes"], r["expected"]
     L, d, T, b = r["num_layers"], r["head_dim"], r["num_tokens"], r["dtype_bytes"]
-    _boxes(f, [(f"L = {L} layers", "plain"), (f"d = {d}", "plain"), (f"T = {T:,} tokens", "token"),
+    f.instance_row([(f"L = {L} layers", "plain"), (f"d = {d}", "plain"), (f"T = {T:,} tokens", "token"),
                (f"bf16: {b} bytes", "plain"), (f"{nh} query heads", "q")])
 
     bar_w, gap = 160, 100

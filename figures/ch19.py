@@ -35,15 +35,6 @@ def _num4(v) -> str:
     return num(v, 4)
 
 
-def _boxes(f: Figure, items: list[tuple[str, str]], *, mono: bool = False) -> None:
-    x, y = MARGIN, f.y
-    for label, role in items:
-        w = max(90, len(label) * 7.6 + 28)
-        f.box(x, y, w, 30, role=role, label=label, mono=mono)
-        x += w + 14
-    f.y = y + 30 + 30
-
-
 def _vector(f: Figure, cx: float, cy: float, x: float, y: float, scale: float, color: str, *, cls: str = "arrow",
             dashed: bool = False, width: float = 2.0) -> tuple[float, float]:
     """An arrow from the plane's origin to (x, y) in math coordinates (y up); returns the tip in SVG space."""
@@ -141,7 +132,7 @@ def rope_pair_figure(f: Figure, r: dict) -> None:
     rotated, expected = r["rotated"], r["expected"]
     half = d // 2
     thetas = [1.0 / base ** (2 * j / d) for j in range(half)]
-    _boxes(f, [(f"x = [{', '.join(num(v) for v in x)}]", "plain"), (f"head_dim d = {d} → {half} pairs", "plain"),
+    f.instance_row([(f"x = [{', '.join(num(v) for v in x)}]", "plain"), (f"head_dim d = {d} → {half} pairs", "plain"),
                (f"base = {num(base)}", "plain"), (f"positions {', '.join(map(str, positions))}", "token")])
 
     # 1. One frequency per pair, and the student's cos / sin of each position's angle.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from figures import figure
-from figures.kit import Figure, num, text_width
+from figures.kit import Figure, num
 from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
 
 TOL = 1e-4
@@ -48,15 +48,6 @@ def _row2(f: Figure, x: float, y: float, values: list, role: str, w: float, *, e
         f.cell(x + i * w, y, v, role=role, w=w - 2, h=CELL - 6, wrong=bad, expected=expected[i] if bad else None,
                size=SMALL + 1, fmt=_fmt2)
     return wrong
-
-
-def _boxes(f: Figure, items: list[tuple[str, str]]) -> None:
-    x, y = MARGIN, f.y
-    for label, role in items:
-        w = text_width(label, LABEL) + 30
-        f.box(x, y, w, 30, role=role, label=label)
-        x += w + 12
-    f.y = y + 30 + 30
 
 
 def _op(f: Figure, x: float, y: float, s: str, color: str = INK) -> None:
@@ -153,7 +144,7 @@ def swiglu_figure(f: Figure, r: dict) -> None:
     act, act_want, out, out_want = r["act"], r["act_expected"], r["out"], r["out_expected"]
     hdim, two_i = len(x), len(gu)
     inter = two_i // 2
-    _boxes(f, [(f"hidden H = {hdim}", "token"), (f"intermediate I = {inter}", "plain"),
+    f.instance_row([(f"hidden H = {hdim}", "token"), (f"intermediate I = {inter}", "plain"),
                (f"gate_up_weight [{two_i}, {hdim}]", "plain"), (f"down_weight [{hdim}, {inter}]", "plain")])
     label_w, cw = 176, 54
     left = MARGIN + label_w

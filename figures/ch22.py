@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from figures import figure
-from figures.kit import Figure, num, text_width
+from figures.kit import Figure, num
 from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, VALUE, fill, stroke
 
 TOL = 1e-5  # the 22.x checks' tolerance (absolute + relative)
@@ -38,16 +38,6 @@ def _pair(a, b) -> tuple[str, str]:
     return sa, sb
 
 
-def _boxes(f: Figure, items: list[tuple[str, str]]) -> None:
-    """The instance as a row of small labelled boxes."""
-    x, y = MARGIN, f.y
-    for label, role in items:
-        w = text_width(label, LABEL) + 24
-        f.box(x, y, w, 30, role=role, label=label)
-        x += w + 12
-    f.y = y + 30 + 28
-
-
 def _outline(f: Figure, x: float, y: float, w: float, h: float, *, color: str, width: float = 1.6,
              dashed: bool = False, cls: str = "outline", fill_: str = "none") -> None:
     rect = f.dwg.rect((x, y), (w, h), fill=fill_, stroke=color, stroke_width=width, class_=cls)
@@ -74,7 +64,7 @@ def _ghost(f: Figure, x: float, y: float, w: float, h: float, label: str, sub: s
 def naive_figure(f: Figure, r: dict) -> None:
     q, k, v = r["q"], r["k"], r["v"]
     T, S, d, b = len(q), len(k), len(q[0]), r["dtype_bytes"]
-    _boxes(f, [(f"T = S = {T}" if T == S else f"T = {T}, S = {S}", "token"), (f"d = {d}", "plain"),
+    f.instance_row([(f"T = S = {T}" if T == S else f"T = {T}, S = {S}", "token"), (f"d = {d}", "plain"),
                ("causal", "plain"), (f"scale = 1/√{d} ≈ {num(d ** -0.5, 3)}", "plain"),
                (f"fp32: {b} bytes per element", "plain")])
     visible = [[j <= S - T + i for j in range(S)] for i in range(T)]
@@ -193,7 +183,7 @@ def flash_tiles_figure(f: Figure, r: dict) -> None:
     order: dict[tuple, list[int]] = {}
     for n, x in enumerate(trace):
         order.setdefault((x[0], x[1]), []).append(n + 1)
-    _boxes(f, [(f"T = {T} new after {S - T} cached", "token"), (f"S = {S} keys", "k"), (f"d = {d}", "plain"),
+    f.instance_row([(f"T = {T} new after {S - T} cached", "token"), (f"S = {S} keys", "k"), (f"d = {d}", "plain"),
                (f"block_q = {bq}, block_k = {bk}", "accent"), ("causal (end-aligned)" if causal else "not causal",
                                                               "plain")])
 

@@ -10,6 +10,22 @@ from figures.style import INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
 ROW_H = 30
 
 
+def _table_header(f: Figure, sx: float, cw: float, span: int, cols: list[tuple[str, float]]) -> tuple[float, float]:
+    """Number the token positions above a row of `span` cells and name the columns right of them;
+    returns the x where the columns start and the y of the first row."""
+    cx = sx + span * cw + 14
+    top = f.y + 26
+    for p in range(span):
+        f.text(sx + p * cw + (cw - 3) / 2, top - 6, str(p), size=SMALL - 0.5, anchor="middle", mono=True,
+               color=MUTED, cls="label")
+    f.text(sx, top - 20, "token positions", size=SMALL + 0.5, color=MUTED, cls="label")
+    x = cx
+    for name, w in cols:
+        f.text(x + w / 2 - 3, top - 6, name, size=SMALL + 1, anchor="middle", color=MUTED, cls="label")
+        x += w
+    return cx, top
+
+
 def _outline(f: Figure, x: float, y: float, w: float, h: float, *, color: str, width: float = 1.8,
              dashed: bool = False) -> None:
     rect = f.dwg.rect((x, y), (w, h), fill="none", stroke=color, stroke_width=width, class_="outline")
@@ -100,16 +116,7 @@ def control_loop_figure(f: Figure, r: dict) -> None:
     label_w, cw = 112, 22
     sx = MARGIN + label_w
     cols = [("runner", 66), ("postprocess", 126), ("status", 88), ("computed", 70), ("num_tokens", 76)]
-    cx = sx + span * cw + 14
-    top = f.y + 26
-    for p in range(span):
-        f.text(sx + p * cw + (cw - 3) / 2, top - 6, str(p), size=SMALL - 0.5, anchor="middle", mono=True,
-               color=MUTED, cls="label")
-    f.text(sx, top - 20, "token positions", size=SMALL + 0.5, color=MUTED, cls="label")
-    x = cx
-    for name, w in cols:
-        f.text(x + w / 2 - 3, top - 6, name, size=SMALL + 1, anchor="middle", color=MUTED, cls="label")
-        x += w
+    cx, top = _table_header(f, sx, cw, span, cols)
     wrong = len(rounds) != len(expected)
     for i in range(n_rounds):
         yy = top + i * (ROW_H + 12)
@@ -188,16 +195,7 @@ def three_progress_figure(f: Figure, r: dict) -> None:
     label_w, cw = 196, 24
     sx = MARGIN + label_w
     cols = [("computed", 74), ("num_tokens", 82), ("cached", 70)]
-    cx = sx + span * cw + 14
-    top = f.y + 26
-    for p in range(span):
-        f.text(sx + p * cw + (cw - 3) / 2, top - 6, str(p), size=SMALL - 0.5, anchor="middle", mono=True,
-               color=MUTED, cls="label")
-    f.text(sx, top - 20, "token positions", size=SMALL + 0.5, color=MUTED, cls="label")
-    x = cx
-    for name, w in cols:
-        f.text(x + w / 2 - 4, top - 6, name, size=SMALL + 1, anchor="middle", color=MUTED, cls="label")
-        x += w
+    cx, top = _table_header(f, sx, cw, span, cols)
     row = ROW_H + 26
     wrong = False
     prev = {"num_prompt_tokens": P, "num_tokens": P, "num_computed_tokens": 0, "num_cached_tokens": -1}

@@ -24,15 +24,6 @@ def _tick(f: Figure, x: float, y1: float, y2: float, *, color: str, width: float
     f.dwg.add(f.dwg.line((x, y1), (x, y2), stroke=color, stroke_width=width, class_="boundary"))
 
 
-def _boxes(f: Figure, items: list[tuple[str, str, float]]) -> None:
-    """The instance as a row of labelled boxes: (label, role, width)."""
-    x = MARGIN
-    for label, role, w in items:
-        f.box(x, f.y, w, 30, role=role, label=label)
-        x += w + 12
-    f.y += 30 + 34
-
-
 # -- ch26.1 -------------------------------------------------------------------------------------------
 
 @figure("dim-varlen-pack", title="padded → packed + cu_seqlens",
@@ -47,7 +38,7 @@ def varlen_pack_figure(f: Figure, r: dict) -> None:
     B, T, H = len(padded), len(padded[0]), len(padded[0][0])
     N = len(packed)
     wrong_any = packed != expected or cu != cu_want
-    _boxes(f, [(f"B = {B}", "plain", 70), (f"T_max = {T}", "plain", 90), (f"H = {H}", "plain", 64),
+    f.instance_row([(f"B = {B}", "plain", 70), (f"T_max = {T}", "plain", 90), (f"H = {H}", "plain", 64),
                (f"lengths = {lengths}", "token", 150)])
     f.text(MARGIN + 424, f.y - 44, "value = 100·(request + 1) + 10·token + channel", size=SMALL + 1, color=MUTED,
            cls="note")
@@ -152,7 +143,7 @@ def flatten_figure(f: Figure, r: dict) -> None:
     names = [chr(ord("A") + b) for b in range(len(query))]
     keys = [c + q for c, q in zip(cached, query)]
     wrong_any = yours != want
-    _boxes(f, [(f"{n}: {c} cached + {q} new" if c else f"{n}: {q} new, nothing cached",
+    f.instance_row([(f"{n}: {c} cached + {q} new" if c else f"{n}: {q} new, nothing cached",
                 "cached" if c else "new", 230) for n, q, c in zip(names, query, cached)])
 
     cw, ch = 42, 32

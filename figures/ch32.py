@@ -5,18 +5,8 @@ of determinism."""
 from __future__ import annotations
 
 from figures import figure
-from figures.kit import Figure, num, text_width
+from figures.kit import Figure, num
 from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
-
-
-def _boxes(f: Figure, items: list[tuple[str, str]]) -> None:
-    """The instance as a row of small labelled boxes."""
-    x, y = MARGIN, f.y
-    for label, role in items:
-        w = text_width(label, LABEL) + 22
-        f.box(x, y, w, 28, role=role, label=label)
-        x += w + 10
-    f.y = y + 28 + 30
 
 
 def _label(f: Figure, x: float, y: float, text: str, sub: str = "", bold: bool = False) -> None:
@@ -48,7 +38,7 @@ def spec_confidence(f: Figure, r: dict) -> None:
     tokens, conf, surv, theta = r["tokens"], r["confidences"], r["survivals"], r["threshold"]
     n, n_want, sent = r["n"], r["n_expected"], r["verified"]
     k = len(tokens)
-    _boxes(f, [(f"k = {k} drafts", "token"), (f"V = {len(r['race_weights'])} tokens", "plain"),
+    f.instance_row([(f"k = {k} drafts", "token"), (f"V = {len(r['race_weights'])} tokens", "plain"),
                (f"threshold θ = {num(theta)}", "accent"),
                ("confidence c_i = max_j q_i(j): from q_i, not from x_i", "plain")])
 
@@ -190,7 +180,7 @@ def spec_confidence(f: Figure, r: dict) -> None:
         needs={"yours": "32.3"})
 def determinism(f: Figure, r: dict) -> None:
     K, N, batches, col = r["K"], r["N"], r["batches"], r["column"]
-    _boxes(f, [(f"x: [{max(batches)}, {K}] float32", "token"), (f"w: [{K}, {N}]", "plain"),
+    f.instance_row([(f"x: [{max(batches)}, {K}] float32", "token"), (f"w: [{K}, {N}]", "plain"),
                (f"row 0 computed in batches of B = {', '.join(map(str, batches))}", "plain")])
     label_w = 232
     left = MARGIN + label_w

@@ -180,6 +180,18 @@ class Figure:
         if label:
             self.text(x + w / 2, y + h / 2 + size * 0.36, label, size=size, anchor="middle", mono=mono, cls="label")
 
+    def instance_row(self, items: Sequence[tuple], *, mono: bool = False) -> None:
+        """The figure's instance as a row of small labelled boxes, each `(label, role)` or
+        `(label, role, width)`; the row wraps at the right margin."""
+        x, y = MARGIN, self.y
+        for label, role, *width in items:
+            w = width[0] if width else text_width(label, LABEL, mono) + 26
+            if x > MARGIN and x + w > self.width - MARGIN:
+                x, y = MARGIN, y + 30 + 10
+            self.box(x, y, w, 30, role=role, label=label, mono=mono)
+            x += w + 12
+        self.y = y + 30 + 30
+
     def arrow(self, x1: float, y1: float, x2: float, y2: float, *, color: str = MUTED, width: float = 1.3,
               head: float = 6, dashed: bool = False) -> None:
         """A straight arrow from (x1, y1) to (x2, y2)."""
