@@ -10,7 +10,7 @@ from typing import Iterator
 from grader.compare import CheckFailed, describe
 from grader.trial import Trial
 
-# -- 25.3 the block manager: traces ---------------------------------------------------------------------
+
 def drive_reference(ref, num_blocks: int, block_size: int, script: list) -> dict:
     """The reference's trace of a script, plus per step the facts an explanation needs (plain data):
     for can_allocate the walk over the hash chain, for compute each newly hashed block's unchained hash."""
