@@ -65,12 +65,12 @@ def expect_tensor(v: Any, *, what: str, shape: tuple[int, ...] | list[int] | Non
     return v
 
 
-def expect_int(v: Any, *, what: str) -> int:
-    """Require a plain Python int (not a bool, a float or a tensor)."""
+def expect_int(v: Any, *, what: str, hint: str = "") -> int:
+    """Require a plain Python int (not a bool, a float or a tensor); `hint` ends the message if not."""
     if type(v) is not int:
         raise CheckFailed(f"expected {what} as a Python int; yours: {describe(v)}"
                           + ("  (use .item() to turn a one-element tensor into a number)"
-                             if isinstance(v, torch.Tensor) else ""))
+                             if isinstance(v, torch.Tensor) else "") + hint)
     return v
 
 

@@ -259,15 +259,9 @@ def expect_bytes(got, want: int, num_layers: int, num_kv_heads: int, head_dim: i
     """Require the exact byte count as a Python int, explaining the formula and a known mistake."""
     inputs = (f"num_layers={num_layers}, num_kv_heads={num_kv_heads}, head_dim={head_dim}, "
               f"num_tokens={num_tokens:,}, dtype_bytes={dtype_bytes}")
-    if type(got) is not int:
-        hint = ""
-        if isinstance(got, float):
-            hint = ("\nhint: multiply the Python ints directly (no /, no float(), no math.pow): a float loses "
-                    "bytes above 2^53 and is not a count")
-        try:
-            expect_int(got, what=f"the byte count for {inputs}")
-        except CheckFailed as e:
-            raise CheckFailed(str(e) + hint) from None
+    hint = ("\nhint: multiply the Python ints directly (no /, no float(), no math.pow): a float loses "
+            "bytes above 2^53 and is not a count" if isinstance(got, float) else "")
+    expect_int(got, what=f"the byte count for {inputs}", hint=hint)
     if got == want:
         return got
     lines = [f"inputs: {inputs}",

@@ -202,13 +202,9 @@ def traffic_hint(got, T: int, S: int, d: int, b: int, flash: bool) -> str:
 def expect_traffic(got, want: int, T: int, S: int, d: int, b: int, flash: bool) -> int:
     """Require the exact byte count as a Python int, with the model's derivation on a difference."""
     inputs = f"T={T:,}, S={S:,}, d={d}, dtype_bytes={b}, flash={flash}"
-    if type(got) is not int:
-        hint = ("\nhint: multiply the Python ints directly (no /, no float(), no math.pow): a byte count is an "
-                "exact int" if isinstance(got, float) else "")
-        try:
-            expect_int(got, what=f"the byte count for {inputs}")
-        except CheckFailed as e:
-            raise CheckFailed(str(e) + hint) from None
+    hint = ("\nhint: multiply the Python ints directly (no /, no float(), no math.pow): a byte count is an "
+            "exact int" if isinstance(got, float) else "")
+    expect_int(got, what=f"the byte count for {inputs}", hint=hint)
     if got == want:
         return got
     hint = traffic_hint(got, T, S, d, b, flash)
