@@ -162,10 +162,10 @@ def passing_tasks(folder: Path, chapter_id: str, *, launcher: Callable[..., Any]
 
 @contextmanager
 def _warm_processes() -> Iterator[Callable[..., Any] | None]:
-    """A launcher forking the checks' student processes from one warm process (grader.zygote): ten chapters'
+    """A launcher forking the checks' student processes from one warm process (grader.isolation.zygote): ten chapters'
     checks then cost about a second in all, not one interpreter start each. None (fresh interpreters) if it
     cannot start."""
-    from grader.zygote import Zygote, ZygoteError
+    from grader.isolation.zygote import Zygote, ZygoteError
 
     try:
         zygote = Zygote()

@@ -2,5 +2,5 @@
 
 Python API: `grader.run.check(...)` runs a chapter's checks and returns a
 `grader.report.Report`; the `course` command (grader.cli) is a thin layer over it.
-This module stays import-light: the student's process imports `grader.wire` too.
+This module stays import-light: the student's process imports `grader.isolation.wire` too.
 """

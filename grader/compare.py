@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from grader.wire import Handle
+from grader.isolation.wire import Handle
 
 
 class CheckFailed(Exception):

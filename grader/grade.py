@@ -97,8 +97,8 @@ _job: dict = {}
 
 
 def _start_job(out: str, seed: int, limits: dict, memory_limit: int, sandboxed: bool) -> None:
-    from grader import sandbox
-    from grader.zygote import Zygote
+    from grader.isolation import sandbox
+    from grader.isolation.zygote import Zygote
 
     base = Path(tempfile.mkdtemp(prefix="course-grade-"))
     inbox, scratch = base / "inbox", base / "scratch"
@@ -173,7 +173,7 @@ def grade(submissions: Path, chosen: list[Chapter], out: Path, *, jobs: int = 2,
     `on_plan(n, total, sandbox)` hears how many of all items are graded now and how they are isolated;
     `on_item(row)` hears each grades row as it is written.
     """
-    from grader import sandbox as bwrap
+    from grader.isolation import sandbox as bwrap
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

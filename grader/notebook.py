@@ -117,15 +117,15 @@ def _kernel_cells() -> list[str]:
 
 
 _warm: dict = {}
-"""This kernel's warm process (grader.zygote), started by the first test cell: later cells fork
+"""This kernel's warm process (grader.isolation.zygote), started by the first test cell: later cells fork
 their student process from it in milliseconds instead of starting an interpreter."""
 
 
 def _launcher():
     """A launcher forking from this kernel's warm process (started now, before any check runs,
     so that no check takes it for a process the student left behind)."""
-    from grader import worker
-    from grader.zygote import Zygote, ZygoteError
+    from grader.isolation import worker
+    from grader.isolation.zygote import Zygote, ZygoteError
 
     try:
         if "zygote" not in _warm or _warm["zygote"].proc.poll() is not None:

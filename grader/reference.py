@@ -8,7 +8,7 @@ e.g. the state trace of a reference object under a script of operations).
 The student release carries no solution code. `course release` runs every public
 check against the reference once, with `Recorder` standing in for `t.ref`, and
 stores each check's reference calls in order: the function, its result and any
-argument it changed in place (plain data, `grader.wire`'s encoding). In the
+argument it changed in place (plain data, `grader.isolation.wire`'s encoding). In the
 release, `Replay` hands those results back in the same order. Public checks are
 deterministic (fixed seeds), so the same calls come in the same order, except when
 a wrong answer sends a check down an explanation path that consults the
@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from grader import wire
+from grader.isolation import wire
 from grader.chapters import ANSWERS
 from grader.compare import CheckFailed, same
 

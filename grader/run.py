@@ -17,11 +17,12 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping
 
-from grader import chapters, checks, procs
+from grader import chapters, checks
+from grader.isolation import procs
 from grader.chapters import Chapter
 from grader.report import CheckResult, Report
-from grader import worker
-from grader.worker import OUTPUT_LIMIT, Worker
+from grader.isolation import worker
+from grader.isolation.worker import OUTPUT_LIMIT, Worker
 
 DEFAULT_MEMORY_LIMIT = 2 << 30
 DEFAULT_FIGURES_DIR = Path("course-figures")
@@ -64,7 +65,7 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
         refs: who answers a check's `t.ref` (check key -> object); by default the reference
             solutions, or in a student release the recorded answers.
         launcher: starts a student process (keywords workdir, memory_limit, output_limit,
-            forbidden_dirs); by default a fresh interpreter, `grader.zygote.Zygote.start` forks one.
+            forbidden_dirs); by default a fresh interpreter, `grader.isolation.zygote.Zygote.start` forks one.
         time_limits: per-check limits by check key, overriding `time_limit` (see grader.grade).
     """
     started = time.monotonic()
@@ -83,7 +84,7 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
     import torch  # imported only now that the student's process is starting: the two imports overlap
 
     from grader import reference
-    from grader.session import Session
+    from grader.isolation.session import Session
     from grader.trial import run_one
     session = Session(path, spawn=spawn, worker=first, time_limit=time_limit)
     gc.freeze()  # torch's many objects stay out of full garbage collections (about 0.1 s each)

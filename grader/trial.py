@@ -16,12 +16,12 @@ from typing import Any, Callable
 
 import torch
 
-from grader import procs
+from grader.isolation import procs
 from grader.checks import CheckSpec
 from grader.compare import Blocked, CheckFailed, describe, same
 from grader.report import CheckResult
-from grader.session import Call, Session, StudentError, StudentRaised
-from grader.wire import Handle
+from grader.isolation.session import Call, Session, StudentError, StudentRaised
+from grader.isolation.wire import Handle
 
 
 class Trial:

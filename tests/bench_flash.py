@@ -46,7 +46,7 @@ def one(impl: str, T: int, d: int, block: int) -> dict:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from grader.child import _Recorder
+    from grader.isolation.child import _Recorder
     from solutions import ch22_flash_attention as ref
 
     torch.set_num_threads(1)

@@ -10,8 +10,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from grader import chapters, worker  # noqa: E402
-from grader.zygote import Zygote  # noqa: E402
+from grader import chapters  # noqa: E402
+from grader.isolation import worker  # noqa: E402
+from grader.isolation.zygote import Zygote  # noqa: E402
 
 FRESH = functools.partial(worker.start, root=chapters.ROOT)
 """Start a student process in a fresh interpreter, as `course check` does."""

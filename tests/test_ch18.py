@@ -156,7 +156,7 @@ def test_recorder_threshold_separates_legitimate_tensors_from_copies():
 
 
 def test_reference_creates_no_copy_of_kv():
-    from grader.child import _Recorder
+    from grader.isolation.child import _Recorder
 
     T, S, Hq, Hkv, d = 3, 40, 8, 2, 16
     q, k, v = torch.randn(T, Hq, d), torch.randn(S, Hkv, d), torch.randn(S, Hkv, d)

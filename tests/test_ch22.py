@@ -219,7 +219,7 @@ def test_lse_without_the_max(graded):
 # -- the recorder, the trace model, the hints --------------------------------------------------------
 
 def test_reference_creates_nothing_of_size_t_times_s():
-    from grader.child import _Recorder
+    from grader.isolation.child import _Recorder
 
     for T, S, causal in ((256, 256, True), (128, 320, False)):
         q, k, v = torch.randn(T, 16), torch.randn(S, 16), torch.randn(S, 16)

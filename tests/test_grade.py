@@ -19,7 +19,7 @@ from mutate import mutant
 from grader import chapters, checks
 from grader.grade import grade
 from grader.notebook import chapter_notebook
-from grader.sandbox import available
+from grader.isolation.sandbox import available
 
 CH25 = chapters.find("ch25")
 FULL = sum(s.points for s in checks.load("ch25", with_hidden=True))

@@ -12,7 +12,7 @@ import time
 import pytest
 from conftest import FRESH
 
-from grader import procs
+from grader.isolation import procs
 from grader.chapters import EXERCISES, ROOT
 from grader.run import check
 
@@ -175,9 +175,9 @@ def test_a_check_whose_oracle_package_is_missing_is_blocked_with_its_points():
 
 def test_objects_stay_in_the_students_process_and_are_driven_by_handle(tmp_path):
     from grader.checks import CheckSpec
-    from grader.session import Session
+    from grader.isolation.session import Session
     from grader.trial import run_one
-    from grader.worker import OUTPUT_LIMIT, start
+    from grader.isolation.worker import OUTPUT_LIMIT, start
 
     (tmp_path / "ch25_paged_kv.py").write_text(
         "class Counter:\n    def __init__(self, start):\n        self.n = start\n        self.log = []\n"

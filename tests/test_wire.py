@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from grader import frames, wire
+from grader.isolation import frames, wire
 from grader.compare import same
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text() | st.binary()

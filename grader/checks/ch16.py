@@ -9,7 +9,7 @@ import torch
 
 from grader.checks import public
 from grader.compare import CheckFailed, describe, expect_tensor, first_wrong, fmt, wrong_mask
-from grader.session import StudentRaised
+from grader.isolation.session import StudentRaised
 from grader.trial import Trial
 
 ATOL, RTOL = 1e-5, 1e-5          # float32 attention outputs

@@ -15,7 +15,7 @@ from grader.checks import public
 from grader.checks.ch24_trace import drive_reference, expect_trace, request, run_trace, script
 from grader.compare import CheckFailed, describe
 from grader.trial import Trial
-from grader.wire import Handle
+from grader.isolation.wire import Handle
 
 
 # -- 24.1 public checks -------------------------------------------------------------------------------
@@ -105,7 +105,7 @@ def bad_requests(t: Trial) -> None:
 
 
 def _expect_method_raises(t: Trial, obj: Handle, method: str, *args: Any, because: str) -> None:
-    from grader.session import StudentRaised
+    from grader.isolation.session import StudentRaised
 
     try:
         value = t.method(obj, method, *args)

@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 from grader.compare import CheckFailed, describe
 from grader.trial import Trial
-from grader.wire import Handle
+from grader.isolation.wire import Handle
 
 WAITING, RUNNING, FINISHED = "WAITING", "RUNNING", "FINISHED"
 FILLER = 999  # what the runner returns for an object the grader does not know
@@ -467,7 +467,7 @@ def run_trace(t: Trial, sc: dict, expected: list[dict], *, full: bool = False) -
     drive stops at the first difference; with it, it goes on (for the figure) until the script ends,
     the student's code fails after the difference, or a few steps past the reference's last.
     """
-    from grader.session import StudentError, StudentRaised
+    from grader.isolation.session import StudentError, StudentRaised
 
     records, message = [], None
     gen = drive(StudentOps(t), sc, len(expected) + (3 if full else 1))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from grader.checks import public
 from grader.compare import CheckFailed, describe
-from grader.session import StudentRaised
+from grader.isolation.session import StudentRaised
 from grader.trial import Trial
 
 # ch27-enginecore-loop: §A.5's request (prompt 10, max_tokens 2, budget 4), B arriving after step 2.

@@ -9,7 +9,7 @@ import numpy as np
 from grader.checks import public
 from grader.compare import CheckFailed, describe, fmt
 from grader.trial import Trial
-from grader.wire import Handle
+from grader.isolation.wire import Handle
 
 # ch30-request-path: three requests; A is lowered in detail, [A, B, C] and [B, C] are the two batches.
 REQ_A = {"request_id": 7, "prompt_token_ids": [151, 208, 33, 1024, 7], "prompt": "(text stays in Python)",

@@ -26,12 +26,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from grader import chapters, checks, procs
+from grader import chapters, checks
+from grader.isolation import procs
 from grader.chapters import Chapter
 from grader.lab import Experiment, ParamError, catalog
 from grader.lab.draw import TooWide, fit
 from grader.run import DEFAULT_MEMORY_LIMIT, MissingModule, module_path, solutions_module
-from grader.worker import OUTPUT_LIMIT, Worker
+from grader.isolation.worker import OUTPUT_LIMIT, Worker
 
 DEFAULT_TIME_LIMIT = checks.DEFAULT_TIME_LIMIT
 
@@ -41,7 +42,7 @@ class Superseded(Exception):
 
 
 def _session_class():
-    from grader.session import Session, StudentError
+    from grader.isolation.session import Session, StudentError
 
     class LabSession(Session):
         """A Session whose running call another thread can stop (by killing the student's process)."""
@@ -73,7 +74,7 @@ def _session_class():
 
 def shared_zygote():
     """The warm process every lane forks its student process from (its socket serves one thread at a time)."""
-    from grader.zygote import Zygote
+    from grader.isolation.zygote import Zygote
 
     class SharedZygote(Zygote):
         def __init__(self, **kwargs: Any) -> None:
@@ -149,13 +150,13 @@ class Lab:
         self.workdir = Path(tempfile.mkdtemp(prefix="course-lab-"))
         self._zygote = None
         if launcher is None:
-            from grader.zygote import ZygoteError
+            from grader.isolation.zygote import ZygoteError
 
             try:
                 self._zygote = shared_zygote()
                 launcher = self._zygote.start
             except ZygoteError:
-                from grader import worker
+                from grader.isolation import worker
 
                 launcher = functools.partial(worker.start, root=chapters.ROOT)
         forbidden = [chapters.ROOT / "grader" / "hidden"] + ([] if solutions else [chapters.SOLUTIONS])
@@ -227,7 +228,7 @@ class Lab:
     def _execute(self, exp: Experiment, params: dict, lane: Lane) -> dict:
         from grader.checks import CheckSpec
         from grader.compare import Blocked, CheckFailed
-        from grader.session import StudentError, StudentRaised
+        from grader.isolation.session import StudentError, StudentRaised
         from grader.trial import Trial
 
         ch = chapters.find(exp.chapter)

@@ -1,7 +1,7 @@
 """The grader's side of the student process: start it, talk to it, kill it.
 
 `start` makes the child a fresh interpreter (`subprocess`, never a fork of the
-grader: forking a process that has run torch code deadlocks); `grader.zygote`
+grader: forking a process that has run torch code deadlocks); `grader.isolation.zygote`
 forks it from a warm process that has only imported torch. Either way it talks
 over two private pipes, so whatever the student's code prints goes to a log file
 and can never be mistaken for a result, and it runs in its own session so that
@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from grader import frames
+from grader.isolation import frames
 
-BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from grader.child import main; main(sys.argv[2:])"
+BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from grader.isolation.child import main; main(sys.argv[2:])"
 MAX_REPLY_BYTES = 512 << 20
 START_TIMEOUT = 120.0
 OUTPUT_LIMIT = 16 << 20

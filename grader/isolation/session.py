@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from grader import frames, wire
-from grader.worker import OUTPUT_LIMIT, Worker
+from grader.isolation import frames, wire
+from grader.isolation.worker import OUTPUT_LIMIT, Worker
 
 PRINTED_KEEP = 600
 

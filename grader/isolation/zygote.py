@@ -4,10 +4,10 @@ Starting an interpreter and importing torch costs about a second, paid once per
 student process. A `Zygote` is a process that imports torch once, computes nothing
 (a fork after torch has computed deadlocks; after a bare import it is safe), and
 forks a student process on request in a few milliseconds. Each fork becomes
-exactly what `grader.worker.start` makes: its own session, its own limits, the
+exactly what `grader.isolation.worker.start` makes: its own session, its own limits, the
 same pipes and log file, one thread set before any torch operation.
 
-The zygote can itself run inside a sandbox (`grader.sandbox`): every student
+The zygote can itself run inside a sandbox (`grader.isolation.sandbox`): every student
 process forked from it then lives in that sandbox too.
 """
 
@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 from grader import chapters
-from grader.worker import ENV, Worker
+from grader.isolation.worker import ENV, Worker
 
-BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from grader.zygote import serve; serve(int(sys.argv[2]))"
+BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from grader.isolation.zygote import serve; serve(int(sys.argv[2]))"
 READY_TIMEOUT = 120.0
 
 
@@ -33,7 +33,7 @@ class ZygoteError(RuntimeError):
 
 
 class Zygote:
-    """The grader's side of the warm process; `start` has the signature of `grader.worker.start`."""
+    """The grader's side of the warm process; `start` has the signature of `grader.isolation.worker.start`."""
 
     def __init__(self, *, root: Path = chapters.ROOT, prefix: list[str] = (), log: Path | None = None,
                  scratch: Path | None = None) -> None:
@@ -77,7 +77,7 @@ class Zygote:
             raise ZygoteError(f"the warm process is gone ({e})") from None
 
     def start(self, *, workdir: Path, memory_limit: int, output_limit: int, forbidden_dirs: list[Path]) -> Worker:
-        """Fork a student process (what `grader.worker.start` makes, in milliseconds)."""
+        """Fork a student process (what `grader.isolation.worker.start` makes, in milliseconds)."""
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         workdir = self.scratch or Path(workdir)
@@ -121,8 +121,8 @@ class _Forked:
 # -- inside the warm process ------------------------------------------------------------------------------
 def serve(sock_fd: int) -> None:
     """Import torch, then fork a student process for every request until told to stop."""
-    from grader import child  # imports torch: nothing may be computed here before forking
-    from grader.procs import become_subreaper, children
+    from grader.isolation import child  # imports torch: nothing may be computed here before forking
+    from grader.isolation.procs import become_subreaper, children
 
     become_subreaper()
     sock = socket.socket(fileno=sock_fd)

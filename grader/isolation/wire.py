@@ -1,7 +1,7 @@
 """Values on the wire between the grader and the process that runs student code.
 
 A value becomes a JSON-able tree plus raw byte buffers (sent as one frame, see
-`grader.frames`); nothing is pickled, so a value coming back from student code
+`grader.isolation.frames`); nothing is pickled, so a value coming back from student code
 can only ever decode to plain data: None, bool, int, float, str, bytes, list,
 tuple, dict, torch tensors, numpy arrays and scalars. Anything else stays in the
 student's process and crosses as a `Handle` naming its type.
@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from grader.frames import WireError
+from grader.isolation.frames import WireError
 
 MAX_DEPTH = 64
 

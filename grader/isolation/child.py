@@ -1,6 +1,6 @@
 """The process that runs student code: it loads one chapter module and answers calls.
 
-It is started by `grader.worker.Worker`, never imported by the grader itself. It
+It is started by `grader.isolation.worker.Worker`, never imported by the grader itself. It
 sets its own limits (address space, output file size, one thread), refuses to
 import the reference solutions, and reports every call's value, the arguments as
 they were after the call, the tensors the call created (when asked) and any
@@ -25,8 +25,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from grader import frames, wire
-from grader.procs import become_subreaper, kill_strays
+from grader.isolation import frames, wire
+from grader.isolation.procs import become_subreaper, kill_strays
 
 MAX_RECORDED = 20_000
 
