@@ -7,7 +7,7 @@ from itertools import groupby
 
 from grader.chapters import Chapter
 
-STATUSES = ("passed", "failed", "error", "timeout", "blocked")
+STATUSES = ("passed", "failed", "error", "timeout", "not run", "blocked")
 
 
 @dataclass
@@ -73,7 +73,7 @@ class Report:
     @property
     def exit_code(self) -> int:
         """0 when every check passed, 1 when one failed, 2 when some were blocked."""
-        if any(r.status in ("failed", "error", "timeout") for r in self.results):
+        if any(r.status in ("failed", "error", "timeout", "not run") for r in self.results):
             return 1
         return 2 if any(r.status == "blocked" for r in self.results) else 0
 

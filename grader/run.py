@@ -35,19 +35,20 @@ class MissingModule(FileNotFoundError):
 def module_path(chapter: Chapter, *, solutions: bool = False, submission: Path | None = None) -> Path:
     """The file to grade: the reference, a submission folder's copy, or the stub in exercises/."""
     folder = chapters.SOLUTIONS if solutions else Path(submission) if submission else chapters.EXERCISES
-    path = (folder / chapter.filename).resolve()
-    if not path.is_file():
+    path = (folder / chapter.filename).absolute()
+    if not path.is_file() and not path.is_symlink():
         raise MissingModule(f"{folder} has no {chapter.filename}; a submission holds the chapter "
                             "modules under the same file names as exercises/")
     return path
 
 
 def check(chapter: str, *, task: str | None = None, solutions: bool = False, submission: Path | None = None,
-          seed: int | None = None, hidden: bool | None = None, public: bool = True, figures_dir: Path | None = DEFAULT_FIGURES_DIR,
-          time_limit: float = checks.DEFAULT_TIME_LIMIT, memory_limit: int = DEFAULT_MEMORY_LIMIT,
-          on_result: Callable[[CheckResult], None] | None = None,
+          seed: int | None = None, hidden: bool | None = None, public: bool = True,
+          figures_dir: Path | None = DEFAULT_FIGURES_DIR, time_limit: float = checks.DEFAULT_TIME_LIMIT,
+          memory_limit: int = DEFAULT_MEMORY_LIMIT, on_result: Callable[[CheckResult], None] | None = None,
           refs: Callable[[str], object] | None = None, launcher: Callable[..., Worker] | None = None,
-          time_limits: Mapping[str, float] | None = None) -> Report:
+          time_limits: Mapping[str, float] | None = None, sandbox: str | None = None,
+          source: bytes | None = None) -> Report:
     """Run a chapter's checks and draw its figures from the graded code's outputs.
 
     Args:
@@ -65,8 +66,16 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
         refs: who answers a check's `t.ref` (check key -> object); by default the reference
             solutions, or in a student release the recorded answers.
         launcher: starts a student process (keywords workdir, memory_limit, output_limit,
-            forbidden_dirs); by default a fresh interpreter, `grader.isolation.zygote.Zygote.start` forks one.
+            memory_extra); by default a fresh interpreter; `Zygote.start` forks one. Ignored with `sandbox`.
         time_limits: per-check limits by check key, overriding `time_limit` (see grader.grade).
+        sandbox: "bwrap" or "uid": the code runs in a sandbox made for this one run and torn down
+            (every process of it ended) before this returns; SandboxUnavailable if none can be made.
+        source: the module's text as the trusted side read it (`grader.submission`); by default
+            the file is read here, without following a link.
+
+    Public checks run first; the hidden ones then run in a fresh process, so nothing the student's
+    code saw during them can surface in a public check's output. After a check of a task runs
+    out of time, that task's remaining checks are not run (no credit; the reason is given).
     """
     started = time.monotonic()
     ch = chapters.find(chapter)
@@ -75,17 +84,40 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
     procs.become_subreaper()
     baseline = procs.children()
     workdir = Path(tempfile.mkdtemp(prefix="course-run-"))
-    forbidden = [chapters.ROOT / "grader" / "hidden"] + ([] if solutions else [chapters.SOLUTIONS])
-    spawn = functools.partial(launcher or functools.partial(worker.start, root=chapters.ROOT), workdir=workdir,
-                              memory_limit=memory_limit, output_limit=OUTPUT_LIMIT, forbidden_dirs=forbidden)
-    first = spawn()
+    box = zygote = None
+    try:
+        if sandbox:
+            from grader.isolation.sandbox import Box, probe
+            from grader.isolation.zygote import Zygote
+
+            probe(sandbox)
+            box = Box(sandbox, {ch.filename: read_module(path) if source is None else source})
+            path = box.inbox / ch.filename
+            zygote = Zygote(box=box)
+            launcher = zygote.start
+        spawn = functools.partial(launcher or functools.partial(worker.start, root=chapters.ROOT), workdir=workdir,
+                                  memory_limit=memory_limit, output_limit=OUTPUT_LIMIT)
+        strays = _stray_finder(launcher, baseline)
+        first = spawn()
+        return _run(ch, only, path, solutions, submission, seed, hidden, public, figures_dir, time_limit,
+                    on_result, refs, spawn, first, strays, time_limits, started)
+    finally:
+        if zygote is not None:
+            zygote.close()
+        if box is not None:
+            box.close()  # every process of the submission is gone before its result is used
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(ch, only, path, solutions, submission, seed, hidden, public, figures_dir, time_limit, on_result, refs,
+         spawn, first, strays, time_limits, started) -> Report:
     import gc
 
     import torch  # imported only now that the student's process is starting: the two imports overlap
 
     from grader import reference
     from grader.isolation.session import Session
-    from grader.trial import run_one
+    from grader.trial import not_run, run_one
     session = Session(path, spawn=spawn, worker=first, time_limit=time_limit)
     gc.freeze()  # torch's many objects stay out of full garbage collections (about 0.1 s each)
     threads = torch.get_num_threads()
@@ -94,6 +126,7 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
         with_hidden = (solutions or submission is not None) if hidden is None else hidden
         specs = [s for s in checks.load(ch.id, with_hidden=with_hidden)
                  if only in (None, s.task) and (public or s.hidden)]
+        specs.sort(key=lambda s: s.hidden)  # stable: public checks first, in order, then the hidden ones
         answers = reference.load_answers(ch.id)
         refs = refs or reference.factory(solutions_module(ch), answers)
         report = Report(ch, str(path), secrets.randbelow(2**31) if seed is None else seed)
@@ -101,22 +134,70 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
             report.hidden_not_run = hidden_count(ch, answers, only)
         names = {t.id: t.name for t in ch.tasks}
         params = {name: p for t in ch.tasks for name, p in t.params.items()}
-        for spec in specs:
-            result = run_one(spec, names.get(spec.task, "?"), session=session, ref=refs(spec.key), seed=report.seed,
-                             params=params, figures=report.records,
-                             time_limit=spec.time_limit or (time_limits or {}).get(spec.key) or time_limit,
-                             known=baseline)
+        hung: dict[str, str] = {}
+        for i, spec in enumerate(specs):
+            if spec.hidden and (i == 0 or not specs[i - 1].hidden):
+                session.fresh()  # the hidden checks meet a process that never saw a public one
+            if spec.task in hung:
+                result = not_run(spec, names.get(spec.task, "?"), hung[spec.task])
+            else:
+                result = run_one(spec, names.get(spec.task, "?"), session=session, ref=refs(spec.key),
+                                 seed=report.seed, params=params, figures=report.records,
+                                 time_limit=spec.time_limit or (time_limits or {}).get(spec.key) or time_limit,
+                                 strays=strays)
+                if result.status == "timeout":
+                    hung[spec.task] = f"{result.function} ran out of time in “{result.name}”"
             report.results.append(result)
             if on_result:
                 on_result(result)
     finally:
         session.close()
         torch.set_num_threads(threads)
-        shutil.rmtree(workdir, ignore_errors=True)
     if figures_dir is not None:
         draw(report, Path(figures_dir))
     report.elapsed = time.monotonic() - started
     return report
+
+
+def _stray_finder(launcher, baseline: set[int]) -> Callable[[set[int]], list[str]]:
+    """Who finds the processes student code left running: the box the warm process runs in (all
+    of its processes, seen from outside), or for a fresh interpreter this process, a subreaper."""
+    launcher = launcher or worker.start
+    zygote = getattr(getattr(launcher, "func", launcher), "__self__", None)
+    box = getattr(zygote, "box", None)
+    if box is not None:
+        return lambda keep: box.strays(keep)
+
+    def find(keep: set[int]) -> list[str]:
+        found = []
+        for pid in [d for k in keep for d in procs.descendants(k)]:
+            name = procs.describe(pid)
+            if name:
+                found.append(name)
+            procs.kill(pid)
+        return found + procs.kill_strays(baseline | keep)
+
+    return find
+
+
+def read_module(path: Path, max_bytes: int = 1 << 20) -> bytes:
+    """A chapter module's bytes, read without following a link, at most `max_bytes`."""
+    import os
+
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        import stat
+
+        if not stat.S_ISREG(info.st_mode):
+            raise MissingModule(f"{path.name} is not a regular file")
+        if info.st_size > max_bytes:
+            raise MissingModule(f"{path.name} is {info.st_size / 2**20:.1f} MiB, over the {max_bytes >> 20} MiB a "
+                                "chapter file may have")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
 
 
 def hidden_count(ch: Chapter, answers: dict | None, only: str | None = None) -> int:

@@ -28,7 +28,7 @@ class TerminalReport:
             click.echo(click.style(f"{chapter.id} · {chapter.title}", bold=True) + f"    {_relative(target)}")
 
     def add(self, result: CheckResult) -> None:
-        if self.pending and self.pending[0].task != result.task:
+        if self.pending and (self.pending[0].task, self.pending[0].hidden) != (result.task, result.hidden):
             self.flush()
         self.pending.append(result)
 
@@ -38,7 +38,7 @@ class TerminalReport:
         rs, self.pending = self.pending, []
         score, total = sum(r.score for r in rs), sum(r.points for r in rs)
         ok = all(r.status == "passed" for r in rs)
-        label = f"{rs[0].task} {rs[0].function}".ljust(self.width)
+        label = f"{rs[0].task} {rs[0].function}".ljust(self.width) + (" hidden" if rs[0].hidden else "")
         mark = click.style("✓", fg="green") if ok else click.style("✗", fg="red")
         line = f"  {mark} {label} {_pts(score)}/{_pts(total)}"
         bad = [r for r in rs if r.status != "passed"]
@@ -54,7 +54,7 @@ class TerminalReport:
             if r.status == "passed":
                 click.echo(f"      {click.style('✓', fg='green')} {r.name}{hidden}")
                 continue
-            tag = {"timeout": "timed out", "error": "error", "failed": "wrong"}.get(r.status, r.status)
+            tag = {"timeout": "timed out", "error": "error", "failed": "wrong", "not run": "not run"}.get(r.status, r.status)
             click.echo(f"      {click.style('✗', fg='red')} {r.name}{hidden}  " + click.style(f"[{tag}]", fg="yellow"))
             if explained < MAX_MESSAGES or self.verbose:
                 explained += 1

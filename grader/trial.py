@@ -16,7 +16,6 @@ from typing import Any, Callable
 
 import torch
 
-from grader.isolation import procs
 from grader.checks import CheckSpec
 from grader.compare import Blocked, CheckFailed, describe, same
 from grader.report import CheckResult
@@ -39,9 +38,15 @@ class Trial:
         self.rng = torch.Generator().manual_seed(mixed)
         self.random = random.Random(mixed)
 
-    def run(self, fn: str, *args: Any, mutates: tuple[str, ...] = (), record: bool = False, **kwargs: Any) -> Call:
-        """Call the student's `fn`; fail if it changed an input not named in `mutates`."""
-        call = self.session.call(fn, list(args), kwargs, record=record)
+    def run(self, fn: str, *args: Any, mutates: tuple[str, ...] = (), memory: int = 0, **kwargs: Any) -> Call:
+        """Call the student's `fn`; fail if it changed an input not named in `mutates`.
+
+        With `memory` (bytes) the call runs in a fresh process whose address space the kernel caps at
+        the warm process's size plus `memory` (the module, the inputs, the call and its reply all
+        count): a property like "no [T, S] tensor" is then measured outside the student's process.
+        Going over raises StudentRaised with `error["out_of_memory"]`, or StudentError.
+        """
+        call = self.session.call(fn, list(args), kwargs, memory=memory)
         names = self.params.get(fn, ())
         for i, (before, after) in enumerate(zip(args, call.args)):
             name = names[i] if i < len(names) else f"argument {i + 1}"
@@ -67,7 +72,7 @@ class Trial:
         """Call a method of an object the student's code made (it stays in their process; `obj`
         is its `Handle`). Values come back as plain data, objects as handles (the same object,
         the same handle)."""
-        return self.session.call((obj, name), list(args), kwargs, record=False).value
+        return self.session.call((obj, name), list(args), kwargs).value
 
     def attrs(self, obj: Handle, *names: str) -> dict[str, Any]:
         """Read attributes (or properties) of an object the student's code made: its observable state."""
@@ -76,7 +81,7 @@ class Trial:
     def expect_raises(self, error: type[Exception], fn: str, *args: Any, because: str, **kwargs: Any) -> None:
         """Require `fn(*args)` to raise `error` (a builtin exception class) for the reason `because`."""
         try:
-            value = self.session.call(fn, list(args), kwargs, record=False).value
+            value = self.session.call(fn, list(args), kwargs).value
         except StudentRaised as e:
             if e.not_implemented:
                 raise
@@ -96,7 +101,9 @@ class Trial:
                           f"(pip install -e '.[{extra}]')") from None
 
     def figure(self, figure_id: str, **parts: Any) -> None:
-        """Record data for a figure (tensors become nested lists)."""
+        """Record data for a figure (tensors become nested lists); hidden checks draw nothing."""
+        if self.spec.hidden:
+            return
         self.figures.setdefault(figure_id, {}).update({k: plain(v) for k, v in parts.items()})
 
 
@@ -111,9 +118,18 @@ def plain(v: Any) -> Any:
     return v
 
 
-def run_one(spec: CheckSpec, function: str, *, session: Session, ref, seed: int,
-            params: dict, figures: dict, time_limit: float, known: set[int]) -> CheckResult:
-    """Run one check and turn whatever happened into a result; never raises."""
+def not_run(spec: CheckSpec, function: str, reason: str) -> CheckResult:
+    """A check that was not run, and why (no credit)."""
+    return CheckResult(spec.task, function, spec.name, spec.hidden, spec.points, "not run",
+                       f"not run: {reason}, and each task gets one time limit (fix that first)")
+
+
+def run_one(spec: CheckSpec, function: str, *, session: Session, ref, seed: int, params: dict, figures: dict,
+            time_limit: float, strays: Callable[[set[int]], list[str]]) -> CheckResult:
+    """Run one check and turn whatever happened into a result; never raises.
+
+    `strays(keep)` kills and names the processes the student's code left running, apart from `keep`
+    (found from outside the student's process)."""
     result = CheckResult(spec.task, function, spec.name, spec.hidden, spec.points, "passed")
     trial = Trial(spec, session=session, ref=ref, seed=seed, params=params, figures=figures)
     session.begin_check(time_limit)
@@ -135,11 +151,13 @@ def run_one(spec: CheckSpec, function: str, *, session: Session, ref, seed: int,
                           f"show this to your instructor {where}")
     result.elapsed = time.monotonic() - t0
     result.student_seconds = session.time_used
-    strays = procs.kill_strays(known | session.pids)
-    if strays:
-        note = f"your code left a process running ({strays[0]}); graded code must not start processes"
+    left = strays(session.pids)
+    if left:
+        session.fresh()  # the next check meets a process with no children of its own
+        note = f"your code left a process running ({left[0]}); graded code must not start processes"
         result.message = "\n".join(filter(None, [result.message, note]))
-        if result.status == "passed":
+        if result.status in ("passed", "failed"):
             result.status = "error"
-    result.printed = session.take_printed()
+    printed = session.take_printed()
+    result.printed = "" if spec.hidden else printed  # what it printed during a hidden check is never shown
     return result

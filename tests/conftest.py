@@ -22,7 +22,7 @@ FRESH = functools.partial(worker.start, root=chapters.ROOT)
 def warm_students():
     warm = Zygote()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(worker, "start", lambda *, root, **kwargs: warm.start(**kwargs))
+        patch.setattr(worker, "start", warm.start)
         yield warm
     warm.close()
 

@@ -84,19 +84,31 @@ def submission(tmp_path, hostile: str):
     return tmp_path
 
 
-@pytest.mark.parametrize("how", ["fresh", "zygote"])
+IN_THE_SANDBOX = {"reading the reference by path": "No such file or directory"}
+"""What an attack meets in the sandbox instead, where the file is simply not there."""
+
+
+@pytest.mark.parametrize("how", ["fresh", "zygote", "sandbox"])
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_behaviour_costs_only_its_check(tmp_path, name, how, request):
     code, status, words = HOSTILE[name]
+    if how == "sandbox":
+        pytest.importorskip("grader.isolation.sandbox").probe()
+        words = IN_THE_SANDBOX.get(name, words)
+    elif name in IN_THE_SANDBOX:
+        pytest.skip("only the sandbox keeps a submission from the reference's files")
     launcher = request.getfixturevalue("warm_students").start if how == "zygote" else FRESH
     started = time.monotonic()
     report = check("ch25", submission=submission(tmp_path, code), task="25.1", hidden=False,
-                   time_limit=2.0, memory_limit=1 << 30, figures_dir=None, launcher=launcher)
+                   time_limit=2.0, memory_limit=1 << 30, figures_dir=None, launcher=launcher,
+                   sandbox="bwrap" if how == "sandbox" else None)
     first, rest = report.results[0], report.results[1:]
     assert first.name.startswith("figure instance")
     assert (first.status, words in first.message) == (status, True), first.message
     assert first.score == 0
-    assert [r.status for r in rest] == ["passed"] * len(rest), [(r.name, r.message) for r in rest]
+    # after a timeout the task's other checks are not run (one time limit per task); otherwise all pass
+    expected = "not run" if status == "timeout" else "passed"
+    assert [r.status for r in rest] == [expected] * len(rest), [(r.name, r.message) for r in rest]
     assert time.monotonic() - started < 30
 
 
@@ -118,7 +130,9 @@ def test_a_module_that_hangs_on_import_times_out(tmp_path):
     (tmp_path / "ch25_paged_kv.py").write_text("while True:\n    pass\n")
     started = time.monotonic()
     report = check("ch25", submission=tmp_path, hidden=False, time_limit=1.0, figures_dir=None)
-    assert {r.status for r in report.results} == {"timeout"}
+    firsts = {r.task: r for r in reversed(report.results)}  # each task's first check
+    assert {r.status for r in firsts.values()} == {"timeout"}
+    assert {r.status for r in report.results} - {"timeout"} == {"not run"}
     assert "importing ch25_paged_kv.py did not finish" in report.results[0].message
     assert time.monotonic() - started < 15, "the import is timed out once, not once per check"
 
@@ -168,7 +182,7 @@ def test_a_check_whose_oracle_package_is_missing_is_blocked_with_its_points():
 
     spec = CheckSpec("25.1", "needs an oracle", lambda t: t.require("a_package_nobody_has"), True, points=2.0)
     result = run_one(spec, "slot_mapping", session=NoStudent(), ref=None, seed=0, params={}, figures={}, time_limit=1.0,
-                     known=procs.children())
+                     strays=lambda keep: [])
     assert (result.status, result.score, result.points) == ("blocked", 0.0, 2.0)
     assert "pip install -e '.[oracle]'" in result.message
 
@@ -193,12 +207,12 @@ def test_objects_stay_in_the_students_process_and_are_driven_by_handle(tmp_path)
         seen.update(t.attrs(c, "n", "log", "twice"), handle=c)
         t.method(c, "nothing")
 
-    spawn = lambda: start(root=ROOT, workdir=tmp_path, memory_limit=1 << 30, output_limit=OUTPUT_LIMIT,
-                           forbidden_dirs=[])
+    spawn = lambda **kw: start(root=ROOT, workdir=tmp_path, memory_limit=1 << 30, output_limit=OUTPUT_LIMIT, **kw)
     session = Session(tmp_path / "ch25_paged_kv.py", spawn=spawn, time_limit=10.0)
     try:
         result = run_one(CheckSpec("25.1", "objects", body, False), "slot_mapping", session=session, ref=None,
-                         seed=0, params={}, figures={}, time_limit=10.0, known=procs.children())
+                         seed=0, params={}, figures={}, time_limit=10.0,
+                         strays=lambda keep: procs.kill_strays(procs.children() - keep))
     finally:
         session.close()
     assert {k: seen[k] for k in ("n", "log", "twice")} == {"n": 10, "log": [3, 2], "twice": 20}

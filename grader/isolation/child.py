@@ -1,10 +1,11 @@
 """The process that runs student code: it loads one chapter module and answers calls.
 
-It is started by `grader.isolation.worker.Worker`, never imported by the grader itself. It
-sets its own limits (address space, output file size, one thread), refuses to
-import the reference solutions, and reports every call's value, the arguments as
-they were after the call, the tensors the call created (when asked) and any
-process the call left running. Verdicts are never made here.
+It is started by `grader.isolation.worker.start` or forked by `grader.isolation.zygote`,
+never imported by the grader itself. Before any student code runs it sets its own
+limits (address space, output file size, one thread), then reports every call's
+value and the arguments as they were after the call. Verdicts are never made here,
+and nothing it says about itself is believed: its limits are read back from /proc by
+the grader, its leftover processes are found from outside (`grader.isolation.sandbox`).
 """
 
 from __future__ import annotations
@@ -22,13 +23,8 @@ import traceback
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from grader.isolation import frames, wire
-from grader.isolation.procs import become_subreaper, kill_strays
-
-MAX_RECORDED = 20_000
 
 
 class _Refuse(importlib.abc.MetaPathFinder):
@@ -42,55 +38,6 @@ class _Refuse(importlib.abc.MetaPathFinder):
             raise ImportError(f"importing {name!r} is not allowed while grading: "
                               "your code must not use the reference solutions")
         return None
-
-
-class _Recorder(TorchDispatchMode):
-    """Records every new tensor an operation returns (views and in-place results excluded)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.created: list[list[Any]] = []
-        self.dropped = 0
-
-
-def _record(self: _Recorder, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-    out = func(*args, **(kwargs or {}))
-    inputs = {_storage(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
-    for t in tree_flatten(out)[0]:
-        if isinstance(t, torch.Tensor) and _storage(t) not in inputs:
-            if len(self.created) < MAX_RECORDED:
-                self.created.append([func.overloadpacket.__name__, list(t.shape), str(t.dtype)])
-            else:
-                self.dropped += 1
-    return out
-
-
-# Assigned after the class is made: a __torch_dispatch__ defined in the class body gets wrapped
-# by torch in a dynamo guard whose first call imports torch._dynamo (0.8 s, billed to the student).
-_Recorder.__torch_dispatch__ = _record
-
-
-def _storage(t: torch.Tensor) -> int:
-    try:
-        return t.untyped_storage().data_ptr()
-    except Exception:  # tensors without storage never alias an input
-        return id(t)
-
-
-def _guard_files(forbidden_dirs: list[str]) -> None:
-    """Refuse to open any file under the forbidden folders (an audit hook cannot be removed)."""
-    prefixes = tuple(os.path.realpath(d) + os.sep for d in forbidden_dirs)
-    if not prefixes:
-        return
-
-    def hook(event: str, args: tuple) -> None:
-        if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
-            path = os.path.realpath(os.fsdecode(args[0]))
-            if path.startswith(prefixes):
-                raise PermissionError(f"reading {path} is not allowed while grading: "
-                                      "your code must not use the reference solutions or the hidden checks")
-
-    sys.addaudithook(hook)
 
 
 class Child:
@@ -123,7 +70,6 @@ class Child:
             if os.getpid() != self.pid:  # a copy made by os.fork() in student code: never reply twice
                 os._exit(0)
             _flush()
-            reply["spawned"] = kill_strays()
             frames.write_frame(self.rep_fd, reply, out)
 
     def op_load(self, header: dict, _: list[bytes]) -> tuple[dict, list[bytes]]:
@@ -147,23 +93,15 @@ class Child:
             fn = getattr(obj, target["method"], None)
             if fn is None:
                 raise _Missing(f"your {type(obj).__name__} has no method {target['method']!r}")
-        recorder = _Recorder() if header.get("record") else None
         saved = dict(vars(builtins))
         start = time.perf_counter()
         try:
-            if recorder:
-                with recorder:
-                    value = fn(*args, **kwargs)
-            else:
-                value = fn(*args, **kwargs)
+            value = fn(*args, **kwargs)
         finally:
             _restore(vars(builtins), saved)  # patched builtins must not break the reply
         elapsed = time.perf_counter() - start
         tree, out = wire.encode({"value": value, "args": args, "kwargs": kwargs}, self.keep)
-        reply = {"ok": True, "result": tree, "elapsed": elapsed}
-        if recorder:
-            reply["created"], reply["dropped"] = recorder.created, recorder.dropped
-        return reply, out
+        return {"ok": True, "result": tree, "elapsed": elapsed}, out
 
     def op_getattr(self, header: dict, _: list[bytes]) -> tuple[dict, list[bytes]]:
         """Read attributes of an object that stayed here (its observable state)."""
@@ -216,22 +154,38 @@ def _flush() -> None:
 
 
 def main(argv: list[str]) -> None:
-    """Entry point of a fresh interpreter: fds, limits and forbidden folders from the command line."""
-    req_fd, rep_fd, memory, output = (int(a) for a in argv[:4])
-    run(req_fd, rep_fd, memory, output, argv[4].split(os.pathsep) if len(argv) > 4 and argv[4] else [])
+    """Entry point of a fresh interpreter: fds and limits from the command line."""
+    req_fd, rep_fd, memory, extra, output = (int(a) for a in argv[:5])
+    run(req_fd, rep_fd, memory=memory, memory_extra=extra, output=output)
 
 
-def run(req_fd: int, rep_fd: int, memory: int, output: int, forbidden: list[str]) -> None:
-    """Become the student's process: one thread, limits, no solutions, then serve requests."""
+def run(req_fd: int, rep_fd: int, *, memory: int, memory_extra: int = 0, output: int) -> None:
+    """Become the student's process: one thread, limits, then serve requests.
+
+    `memory` caps the address space (bytes, 0: no cap); `memory_extra`, when given, caps it
+    instead at this process's present size plus that many bytes, so that loading the
+    student's module, the inputs and the call all count against it. Both are hard limits:
+    the student's code cannot raise them.
+    """
     torch.set_num_threads(1)
     gc.freeze()  # torch's many objects: keep them out of every full garbage collection (0.1 s each)
     for fd in (req_fd, rep_fd):
         os.set_inheritable(fd, False)
-    sys.meta_path.insert(0, _Refuse(["solutions", "grader.hidden"]))
-    become_subreaper()
+    sys.meta_path.insert(0, _Refuse(["solutions", "grader.hidden", "grader.checks"]))
+    if memory_extra > 0:
+        memory = address_space() + memory_extra
     if memory > 0:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     if output > 0:
         resource.setrlimit(resource.RLIMIT_FSIZE, (output, output))
-    _guard_files(forbidden)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     Child(req_fd, rep_fd).serve()
+
+
+def address_space(pid: int | str = "self") -> int:
+    """A process's virtual size in bytes (VmSize from /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0

@@ -4,6 +4,12 @@ A frame is an 8-byte header length, a UTF-8 JSON header, an 8-byte buffer count,
 then each buffer as an 8-byte length and its bytes (lengths big-endian). This
 module needs no torch, so the grader can start the student's process before it
 imports torch itself and the two imports overlap.
+
+Both directions have deadlines and bounds: a write that the other side does not
+drain in time raises `WireTimeout` (a stopped child cannot hang the grader), a
+length over the reader's bound is refused before a byte of it is read, and each
+buffer is read straight into its own `bytearray` and written from a memoryview,
+so a value of N bytes costs N bytes on each side, once.
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ import time
 from typing import Any
 
 _LEN = struct.Struct(">Q")
+MAX_HEADER = 8 << 20
+"""Bytes of JSON a header may have (values travel as buffers; the tree of a value is small)."""
+MAX_BUFFERS = 1 << 16
 
 
 class WireError(Exception):
@@ -23,56 +32,87 @@ class WireError(Exception):
 
 
 class WireTimeout(WireError):
-    """No complete frame arrived before the deadline."""
+    """No complete frame arrived (or could be sent) before the deadline."""
 
 
 class WireClosed(WireError):
     """The other side closed the pipe (it exited or was killed)."""
 
 
-def write_frame(fd: int, header: Any, buffers: list[bytes] = ()) -> None:
-    """Write one frame to a pipe (blocking)."""
+class FrameTooLarge(WireError):
+    """The other side announced more bytes than the reader accepts."""
+
+
+def write_frame(fd: int, header: Any, buffers: list = (), *, deadline: float | None = None) -> None:
+    """Write one frame; with a `deadline` (a time.monotonic value) the pipe must take it in time.
+
+    Buffers may be bytes, bytearrays or memoryviews; they are written as they are, never joined.
+    """
     head = json.dumps(header, separators=(",", ":")).encode()
-    parts = [_LEN.pack(len(head)), head, _LEN.pack(len(buffers))]
+    parts: list = [_LEN.pack(len(head)) + head + _LEN.pack(len(buffers))]
     for b in buffers:
-        parts += [_LEN.pack(len(b)), b]
-    view = memoryview(b"".join(parts))
-    while view:
-        view = view[os.write(fd, view):]
+        view = memoryview(b).cast("B")
+        parts += [_LEN.pack(view.nbytes), view]
+    blocking = deadline is None
+    if not blocking:
+        os.set_blocking(fd, False)
+    try:
+        for part in parts:
+            view = memoryview(part)
+            while view.nbytes:
+                if not blocking:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not select.select([], [fd], [], left)[1]:
+                        raise WireTimeout("the other side did not read in time")
+                try:
+                    view = view[os.write(fd, view[:1 << 20]):]
+                except BlockingIOError:
+                    continue
+                except (BrokenPipeError, ConnectionResetError):
+                    raise WireClosed("pipe closed") from None
+    finally:
+        if not blocking:
+            try:
+                os.set_blocking(fd, True)
+            except OSError:
+                pass
 
 
-def read_frame(fd: int, *, deadline: float | None = None, max_bytes: int = 1 << 30) -> tuple[Any, list[bytes]]:
-    """Read one frame; raise WireTimeout after `deadline` (a time.monotonic value)."""
+def read_frame(fd: int, *, deadline: float | None = None, max_bytes: int = 1 << 30) -> tuple[Any, list[bytearray]]:
+    """Read one frame; raise WireTimeout after `deadline`, FrameTooLarge past `max_bytes` in all."""
 
-    def exactly(n: int) -> bytes:
-        chunks, need = [], n
-        while need:
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([fd], [], [], left)[0]:
-                    raise WireTimeout("no reply before the deadline")
-            chunk = os.read(fd, min(need, 1 << 20))
-            if not chunk:
+    def wait() -> None:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise WireTimeout("no reply before the deadline")
+
+    def into(buf: bytearray) -> bytearray:
+        view, got = memoryview(buf), 0
+        while got < len(buf):
+            wait()
+            n = os.readv(fd, [view[got:]])
+            if not n:
                 raise WireClosed("pipe closed")
-            chunks.append(chunk)
-            need -= len(chunk)
-        return b"".join(chunks)
+            got += n
+        return buf
 
     total = 0
 
-    def length() -> int:
+    def length(bound: int) -> int:
         nonlocal total
-        (n,) = _LEN.unpack(exactly(8))
+        (n,) = _LEN.unpack(into(bytearray(8)))
         total += n
-        if total > max_bytes:
-            raise WireError(f"message larger than {max_bytes >> 20} MiB")
+        if n > bound or total > max_bytes:
+            raise FrameTooLarge(f"message larger than {min(bound, max_bytes) >> 20} MiB")
         return n
 
+    raw = into(bytearray(length(MAX_HEADER)))
     try:
-        header = json.loads(exactly(length()))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise WireError(f"unreadable header: {e}") from None
-    (count,) = _LEN.unpack(exactly(8))
-    if count > 1 << 16:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise WireError(f"unreadable header: {type(e).__name__}") from None
+    (count,) = _LEN.unpack(into(bytearray(8)))
+    if count > MAX_BUFFERS:
         raise WireError("too many buffers")
-    return header, [exactly(length()) for _ in range(count)]
+    return header, [into(bytearray(length(max_bytes))) for _ in range(count)]

@@ -67,3 +67,59 @@ def _running(pid: int) -> str | None:
             return f.read().replace(b"\0", b" ").decode(errors="replace").strip() or f"pid {pid}"
     except (OSError, IndexError):
         return None
+
+
+def descendants(root: int) -> list[int]:
+    """Every live descendant of `root`, from outside (its children files in /proc), parents first."""
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        for kid in children_of(pid):
+            if kid not in found:
+                found.append(kid)
+                todo.append(kid)
+    return found
+
+
+def children_of(pid: int) -> set[int]:
+    """The children of any process we may look at (empty once it is gone)."""
+    kids: set[int] = set()
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids.update(int(p) for p in f.read().split())
+    except OSError:
+        pass
+    return kids
+
+
+def status(pid: int) -> dict[str, str]:
+    """The fields of /proc/PID/status (empty once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    except OSError:
+        return {}
+
+
+def inner_pid(pid: int) -> int | None:
+    """The pid a process has in its own (innermost) pid namespace."""
+    nspid = status(pid).get("NSpid", "").split()
+    return int(nspid[-1]) if nspid else None
+
+
+def describe(pid: int) -> str | None:
+    """The command line of a process student code started, or None once it is gone: one that
+    exited but was never waited for (a zombie) is named too, it was started all the same."""
+    name = _running(pid)
+    if name is None and status(pid).get("State", "").startswith("Z"):
+        return f"{status(pid).get('Name', 'pid ' + str(pid))} (exited, never waited for)"
+    return name
+
+
+def kill(pid: int) -> None:
+    """SIGKILL, if it is still there."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass

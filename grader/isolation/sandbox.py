@@ -1,59 +1,402 @@
-"""A sandbox for untrusted submissions: bubblewrap (Debian's `bubblewrap`, the tool Flatpak uses).
+"""One sandbox per submission: where somebody else's code runs (bubblewrap, Debian's `bubblewrap`).
 
-The student's processes see a file system made of read-only mounts of the system
-libraries, the Python installation and a minimal copy of the grader's harness,
-the one submission being graded (read-only), a scratch folder, and a private
-/tmp; no network, no IPC with the host. The reference solutions, the hidden
-checks and other students' files are simply not there. Where bwrap is missing,
-`available()` says why and grading falls back to process isolation alone.
+A `Box` is made for one submission and torn down after it. Inside it the student's
+processes (a warm process and the student processes it forks) have:
+
+- their own user namespace with uid/gid 65534 and no capabilities, no further user
+  namespaces (`--disable-userns`); when the grader runs as root, the box first drops
+  to a host uid of its own (`setpriv`), so that nothing inside is root on the host
+  and the process limit counts the box's processes alone;
+- their own pid, network, IPC and UTS namespaces: no process of the grader is
+  visible, no network at all; `--die-with-parent`, `--new-session` (no terminal);
+- a read-only file system made of the system libraries, the Python standard library,
+  the third-party packages a student may import (`STUDENT_PACKAGES` and what they
+  need, by their installed file lists), a copy of `grader/isolation/` (this folder,
+  nothing else of the course package) and the submission's own files; a private
+  scratch folder and /tmp, small tmpfs mounts that vanish with the box;
+- an environment built from an allow-list, and limits on processes, open files,
+  file size (their output goes to files the grader opened and passed in).
+
+Every process of a box is a descendant of the box's first process (the pid
+namespace's init), so the grader finds them from outside and `close()` ends them
+all at once, before the submission's result is written. Where a box cannot be made
+(`probe()` says why), grading somebody else's code refuses unless the caller asks
+for no sandbox. A box of kind "uid" is the fallback for containers that forbid user
+namespaces (Gradescope's): a dedicated host uid with no privileges and the same
+limits, its processes found by their uid; the files it must not read are the
+caller's business (owned by root, mode 0700).
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import os
+import re
+import resource
 import shutil
+import signal
+import site
 import subprocess
 import sys
+import sysconfig
+import tempfile
+import time
+from importlib import metadata
 from pathlib import Path
 
-from grader import chapters
+from grader.isolation import procs
 
-HARNESS = ("__init__.py", "chapters.py", "child.py", "frames.py", "procs.py", "wire.py", "worker.py", "zygote.py")
-"""The grader modules a student's process imports: no check, no answer, no solution among them."""
-SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
+STUDENT_PACKAGES = ("torch", "numpy")
+"""What a student's code may import besides the standard library (with what these need)."""
+INSIDE_UID = 65534
+HOST_UID_BASE = 200_000
+"""As root, box k runs as host uid HOST_UID_BASE + k: a uid with no files, no other processes."""
+HOME = "/home/student"
+KINDS = ("bwrap", "uid")
+LIMITS = {"processes": 128, "open_files": 512, "file_size": 32 << 20, "tmp_size": 64 << 20}
+ENV_ALLOWED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+"""Host variables passed through (this machine's BLAS needs them); everything else is set here."""
+SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/ld.so.conf",
+          "/etc/ld.so.conf.d", "/etc/localtime")
+FIX = {"bwrap": "install Debian's bubblewrap (apt-get install bubblewrap)",
+       "userns": "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, or a container "
+                 "started without a seccomp profile that refuses them)",
+       "uid": "run the grader as root so it can drop student code to an unprivileged uid (setpriv)"}
 
 
-def available() -> tuple[bool, str]:
-    """Whether bwrap can sandbox here, and a sentence saying so (or why not)."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return False, ("bubblewrap (bwrap) is not installed: student code runs with process isolation only and "
-                       "could read this user's files and reach the network; install Debian's bubblewrap")
-    probe = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-net", "--die-with-parent", "true"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        return False, f"bwrap cannot make a sandbox here ({probe.stderr.strip()[:200]}): process isolation only"
-    version = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout.strip()
-    return True, f"{version}: no network, only the submission and the Python installation visible"
+class SandboxUnavailable(RuntimeError):
+    """No sandbox can be made here; the message says why and what fixes it."""
 
 
+def environment(home: str = HOME) -> dict[str, str]:
+    """The student's processes' whole environment: an allow-list, never the grader's own variables."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": "/tmp", "LANG": "C.UTF-8", "USER": "student",
+           "LOGNAME": "student", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1"}
+    env.update({k: os.environ[k] for k in ENV_ALLOWED if k in os.environ})
+    return env
+
+
+@functools.cache
+def probe(kind: str = "bwrap") -> str:
+    """A sentence describing the sandbox of this kind, or SandboxUnavailable naming the fix."""
+    if kind not in KINDS:
+        raise SandboxUnavailable(f"unknown sandbox kind {kind!r}: one of {', '.join(KINDS)}")
+    if kind == "uid":
+        if os.geteuid() != 0 or not shutil.which("setpriv"):
+            raise SandboxUnavailable(f"the uid boundary needs root and setpriv: {FIX['uid']}")
+        return "uid boundary: a dedicated unprivileged uid, no capabilities, limits (no namespaces)"
+    if not shutil.which("bwrap"):
+        raise SandboxUnavailable(f"bubblewrap (bwrap) is not installed: {FIX['bwrap']}")
+    box = Box("bwrap")
+    try:
+        out = subprocess.run(box.wrap(["/bin/sh", "-c", "id -u; test -w /usr && echo writable; echo ok"]),
+                             capture_output=True, text=True, timeout=30, env=environment(),
+                             preexec_fn=box.limit, pass_fds=())
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SandboxUnavailable(f"bwrap could not start ({e}): {FIX['userns']}") from None
+    finally:
+        box.close()
+    if out.returncode != 0 or out.stdout.split() != [str(INSIDE_UID), "ok"]:
+        why = (out.stderr.strip() or out.stdout.strip())[:300]
+        raise SandboxUnavailable(f"bwrap cannot make the sandbox here ({why}): {FIX['userns']}")
+    version = subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout.strip()
+    who = f"host uid {HOST_UID_BASE}+" if os.geteuid() == 0 else "this user's uid"
+    return (f"{version}: one sandbox per submission (user, pid, network, IPC namespaces; uid {INSIDE_UID} inside, "
+            f"{who} outside; no capabilities; only Python, {', '.join(STUDENT_PACKAGES)} and the submission visible)")
+
+
+class Box:
+    """One submission's sandbox: its folders, its command line, its processes, its end."""
+
+    _count = 0
+
+    def __init__(self, kind: str | None, files: dict[str, bytes] | None = None) -> None:
+        """`kind` "bwrap", "uid" or None (no sandbox: the student's own exercises); `files` the
+        submission (file name -> bytes), written into a folder the box sees read-only."""
+        if kind is not None and kind not in KINDS:
+            raise SandboxUnavailable(f"unknown sandbox kind {kind!r}: one of {', '.join(KINDS)}")
+        Box._count += 1
+        self.kind = kind
+        self.root = Path(tempfile.mkdtemp(prefix="course-box-"))
+        os.chmod(self.root, 0o711)
+        self.harness = write_harness(self.root / "harness")
+        self.inbox = self.root / "inbox"
+        self.inbox.mkdir(mode=0o755)
+        for name, data in (files or {}).items():
+            if "/" in name or name.startswith("."):
+                raise ValueError(f"not a plain file name: {name!r}")
+            (self.inbox / name).write_bytes(data)
+            os.chmod(self.inbox / name, 0o644)
+        self.logs = self.root / "logs"   # the grader's side only: never mounted
+        self.logs.mkdir(mode=0o700)
+        self.uid = HOST_UID_BASE + (os.getpid() * 64 + Box._count) % 1_000_000 if os.geteuid() == 0 else os.getuid()
+        self.home = HOME
+        if kind != "bwrap":  # a scratch folder on the host, the box's own
+            scratch = self.root / "home"
+            scratch.mkdir(mode=0o700)
+            if kind == "uid":
+                os.chown(scratch, self.uid, self.uid)
+            self.home = str(scratch)
+        self.proc: subprocess.Popen | None = None
+        self.init_pid: int | None = None
+        self.frame: set[int] = set()
+        """The box's own processes (bwrap's, the warm one), noted before any student code ran."""
+        self._info_r: int | None = None
+
+    # -- starting ----------------------------------------------------------------------------------------
+    def wrap(self, argv: list[str]) -> list[str]:
+        """The command line that runs `argv` in this box (argv itself for no sandbox)."""
+        if self.kind is None:
+            return list(argv)
+        if self.kind == "uid":
+            return [*_setpriv(self.uid), *argv]
+        inner = ["--unshare-user", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID), "--disable-userns",
+                 "--cap-drop", "ALL"]
+        args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                "--die-with-parent", "--new-session", "--clearenv"]
+        if self._info_r is not None:
+            args += ["--info-fd", str(self._info_w)]
+        for k, v in environment().items():
+            args += ["--setenv", k, v]
+        args += _mounts(self.harness, self.inbox)
+        args += ["--chdir", HOME, "--remount-ro", "/"]
+        if os.geteuid() != 0:
+            return [*args, *inner, "--", *argv]
+        # As root: the mounts are made as root, then the box drops to its own host uid and makes its
+        # user namespace from there (a second bwrap), so nothing inside is root on the host.
+        return [*args, "--", *_setpriv(self.uid), "bwrap", *inner, "--bind", "/", "/", "--dev", "/dev", "--", *argv]
+
+    def limit(self) -> None:
+        """Limits of every process of the box (run in the child before it becomes the box)."""
+        nproc = LIMITS["processes"]
+        if self.kind is not None and os.geteuid() != 0:  # the count is this user's: leave the grader its own
+            nproc += sum(1 for p in os.listdir("/proc") if p.isdigit())
+        if self.kind is not None:
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (LIMITS["open_files"], LIMITS["open_files"]))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (LIMITS["file_size"], LIMITS["file_size"]))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    def popen(self, argv: list[str], *, pass_fds: tuple[int, ...], stdout) -> subprocess.Popen:
+        """Start `argv` as the box's first process; remember how to find (and end) everything it starts."""
+        if self.kind == "bwrap":
+            self._info_r, self._info_w = os.pipe()
+            pass_fds = (*pass_fds, self._info_w)
+        try:
+            self.proc = subprocess.Popen(self.wrap(argv), pass_fds=pass_fds, stdin=subprocess.DEVNULL, stdout=stdout,
+                                         stderr=subprocess.STDOUT, env=environment(self.home), start_new_session=True,
+                                         preexec_fn=self.limit, cwd="/" if self.kind else None)
+        finally:
+            if self._info_r is not None:
+                os.close(self._info_w)
+        if self.kind == "bwrap":
+            self.init_pid = _child_pid(self._info_r)
+            os.close(self._info_r)
+        else:
+            self.init_pid = self.proc.pid
+        return self.proc
+
+    # -- what runs in it ---------------------------------------------------------------------------------
+    def processes(self, *, zombies: bool = False) -> list[int]:
+        """Every live process of the box, found from outside (host pids); with `zombies`, also those
+        that exited and wait to be reaped."""
+        if self.init_pid is None:
+            return []
+        if self.kind == "uid":
+            pool = [p for p in _all_pids() if procs.status(p).get("Uid", "").split()[:1] == [str(self.uid)]]
+        else:
+            pool = [self.init_pid, *procs.descendants(self.init_pid)]
+        return [p for p in pool if zombies or _alive(p)]
+
+    def host_pid(self, inner: int, parent: int | None = None) -> int | None:
+        """The host pid of the box's process that is `inner` in the box's pid namespace."""
+        pool = procs.children_of(parent) if parent else self.processes()
+        return next((p for p in pool if procs.inner_pid(p) == inner), None)
+
+    def strays(self, keep: set[int]) -> list[str]:
+        """Kill the box's processes outside `keep` and `frame`; name the ones that were running."""
+        found = []
+        for _ in range(5):
+            extra = [p for p in self.processes(zombies=True) if p not in keep and p not in self.frame]
+            if not extra:
+                break
+            for pid in extra:
+                name = procs.describe(pid)
+                if name:
+                    found.append(name)
+                _kill(pid)
+            time.sleep(0.01)
+        return found[:10]
+
+    # -- ending ------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """End every process of the box and remove its folders; every process is gone when this returns."""
+        try:
+            if self.kind == "uid" and self.init_pid is not None:
+                _kill_uid(self.uid)
+            elif self.init_pid is not None:
+                for pid in [self.init_pid] + procs.descendants(self.init_pid):
+                    _kill(pid)  # init first: the kernel then ends the whole pid namespace
+            if self.proc is not None:
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            deadline = time.monotonic() + 5
+            while (left := self.processes()) and time.monotonic() < deadline:
+                for pid in left:
+                    _kill(pid)
+                time.sleep(0.02)
+            if left:
+                raise RuntimeError(f"the sandbox's processes {left} outlived it")
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+# -- the file system ------------------------------------------------------------------------------------
 def write_harness(dest: Path) -> Path:
-    """Copy the harness modules into `dest/grader/`; `dest` is the root the student's process imports from."""
-    package = dest / "grader"
-    package.mkdir(parents=True, exist_ok=True)
-    for name in HARNESS:
-        shutil.copy2(chapters.ROOT / "grader" / name, package / name)
+    """Copy `grader/isolation/` (the whole folder: it is what enters the sandbox) into
+    `dest/grader/isolation/`; `dest` is the root the student's processes import from."""
+    package = dest / "grader" / "isolation"
+    package.mkdir(parents=True)
+    (dest / "grader" / "__init__.py").write_text("")
+    for path in Path(__file__).resolve().parent.glob("*.py"):
+        shutil.copyfile(path, package / path.name)
+    for path in [dest, dest / "grader", package, *dest.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
     return dest
 
 
-def command(*, harness: Path, inbox: Path, scratch: Path) -> list[str]:
-    """The bwrap command line that runs what follows it in the sandbox."""
-    args = [shutil.which("bwrap") or "bwrap", "--die-with-parent", "--unshare-net", "--unshare-ipc",
-            "--unshare-uts", "--unshare-cgroup-try", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+def _mounts(harness: Path, inbox: Path) -> list[str]:
+    """Mount options: system libraries, Python, the allowed packages, the harness, the submission."""
+    args: list[str] = []
+    made: set[str] = set()
+
+    def parents(path: str) -> None:
+        for parent in reversed(Path(path).parents):
+            p = str(parent)
+            if p != "/" and p not in made:
+                made.add(p)
+                args.extend(["--perms", "0755", "--dir", p])
+
+    def bind(path: str) -> None:
+        parents(path)
+        made.add(path)
+        args.extend(["--ro-bind", path, path])
+
     for path in SYSTEM:
-        if Path(path).exists():
-            args += ["--ro-bind", path, path]
-    for path in dict.fromkeys([sys.base_prefix, sys.prefix]):
-        args += ["--ro-bind", path, path]
-    args += ["--ro-bind", str(harness), str(harness), "--ro-bind", str(inbox), str(inbox),
-             "--bind", str(scratch), str(scratch), "--chdir", str(scratch), "--"]
+        if os.path.islink(path):
+            args.extend(["--symlink", os.readlink(path), path])
+        elif os.path.exists(path):
+            bind(path)
+    for path in python_paths():
+        bind(path)
+    for site_dir, entries in package_paths().items():
+        args.extend(["--perms", "0755", "--tmpfs", site_dir])  # hides whatever else is installed there
+        made.add(site_dir)
+        for entry in entries:
+            bind(entry)
+    args += ["--proc", "/proc", "--dev", "/dev",
+             "--size", str(LIMITS["tmp_size"]), "--perms", "1777", "--tmpfs", "/tmp",
+             "--size", str(LIMITS["tmp_size"]), "--perms", "1777", "--tmpfs", HOME]
+    bind(str(harness))
+    bind(str(inbox))
     return args
+
+
+@functools.cache
+def python_paths() -> list[str]:
+    """The Python installation: the interpreter, the standard library, a venv's bin/ and pyvenv.cfg."""
+    paths = [sys.base_prefix + "/bin", sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
+             sysconfig.get_config_var("LIBDIR") or "", sys.prefix + "/bin", sys.prefix + "/pyvenv.cfg",
+             str(Path(sys.executable).resolve().parent)]
+    return [p for p in dict.fromkeys(paths) if p and os.path.exists(p) and not p.startswith(("/usr/", "/etc/"))]
+
+
+@functools.cache
+def package_paths() -> dict[str, list[str]]:
+    """Per site-packages folder, its files and folders that STUDENT_PACKAGES need (nothing else)."""
+    sites = [s for s in dict.fromkeys(site.getsitepackages() + [site.getusersitepackages()]) if os.path.isdir(s)]
+    wanted: dict[str, list[str]] = {s: [] for s in sites}
+    for dist in _closure(STUDENT_PACKAGES):
+        for file in dist.files or ():
+            if file.parts and file.parts[0] != "..":
+                top = os.path.normpath(str(dist.locate_file(file.parts[0])))
+                home = next((s for s in sites if top.startswith(s + os.sep)), None)
+                if home and top not in wanted[home]:
+                    wanted[home].append(top)
+    return wanted
+
+
+def _closure(names: tuple[str, ...]) -> list[metadata.Distribution]:
+    """The installed distributions `names` need, following their requirements (extras left out)."""
+    seen: dict[str, metadata.Distribution] = {}
+    todo = list(names)
+    while todo:
+        name = re.split(r"[\s<>=!~;\[(]", todo.pop(), maxsplit=1)[0].lower().replace("_", "-")
+        if name in seen:
+            continue
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        seen[name] = dist
+        todo += [r for r in dist.requires or () if "extra ==" not in r]
+    return list(seen.values())
+
+
+# -- processes ------------------------------------------------------------------------------------------
+def _setpriv(uid: int) -> list[str]:
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
+            "--inh-caps=-all", "--bounding-set=-all", "--"]
+
+
+def _child_pid(fd: int, timeout: float = 30.0) -> int | None:
+    """bwrap's --info-fd: the host pid of the box's first process (its pid namespace's init)."""
+    import select
+
+    data = b""
+    deadline = time.monotonic() + timeout
+    while b"}" not in data and time.monotonic() < deadline:
+        if not select.select([fd], [], [], max(deadline - time.monotonic(), 0))[0]:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    try:
+        return int(json.loads(data[:data.index(b"}") + 1])["child-pid"])
+    except (ValueError, KeyError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Running or stopped, not a zombie that is only waiting to be reaped."""
+    state = procs.status(pid).get("State", "")
+    return bool(state) and not state.startswith(("Z", "X"))
+
+
+def _all_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _kill_uid(uid: int) -> None:
+    """End every process of `uid`: `kill -9 -1` as that uid reaches all of them at once, forks included."""
+    for _ in range(20):
+        pids = [p for p in _all_pids() if procs.status(p).get("Uid", "").split()[:1] == [str(uid)]]
+        if not pids:
+            return
+        subprocess.run([*_setpriv(uid), "kill", "-9", "-1"], capture_output=True, env=environment())
+        for pid in pids:
+            _kill(pid)
+        time.sleep(0.05)

@@ -1,8 +1,10 @@
 """The student's chapter module behind a process boundary.
 
 A `Session` loads the module in a `Worker` process, sends calls, turns whatever
-comes back (values, exceptions, timeouts, crashes) into data or into
-`StudentRaised` / `StudentError`, and starts a fresh process after one is killed.
+comes back (values, exceptions, timeouts, crashes, oversized replies) into data or
+into `StudentRaised` / `StudentError`, and starts a fresh process after one is
+killed, when asked (`fresh()`, before the hidden checks), and for a call that runs
+under a memory budget of its own.
 """
 
 from __future__ import annotations
@@ -65,21 +67,21 @@ class StudentError(Exception):
 
 @dataclass
 class Call:
-    """One call of student code: its value, its arguments afterwards, the tensors it created."""
+    """One call of student code: its value and its arguments afterwards."""
 
     value: Any
     args: list = field(default_factory=list)
     kwargs: dict = field(default_factory=dict)
-    created: list = field(default_factory=list)
     elapsed: float = 0.0
 
 
 class Session:
     """The student's chapter module loaded in a child process, restarted after a kill."""
 
-    def __init__(self, path: Path, *, spawn: Callable[[], Worker], worker: Worker | None = None,
+    def __init__(self, path: Path, *, spawn: Callable[..., Worker], worker: Worker | None = None,
                  time_limit: float) -> None:
-        """`spawn` starts a fresh student process; `worker`, if given, is one already starting."""
+        """`spawn(memory_extra=0)` starts a fresh student process (with `memory_extra`, one whose address
+        space is capped at its size plus that many bytes); `worker`, if given, is one already starting."""
         self.path, self.spawn, self.time_limit = path, spawn, time_limit
         self.worker: Worker | None = worker
         self.loaded = False
@@ -90,9 +92,17 @@ class Session:
         if worker is None:
             self._spawn()
 
-    def _spawn(self) -> None:
-        self.worker = self.spawn()
+    def _spawn(self, memory_extra: int = 0) -> None:
+        try:
+            self.worker = self.spawn(memory_extra=memory_extra) if memory_extra else self.spawn()
+        except Exception as e:  # the warm process is gone or stopped (the student's code may have signalled it)
+            self.worker = None
+            raise StudentError("error", f"no process could be started for your code ({e})") from None
         self.loaded, self._log_offset = False, 0
+
+    def fresh(self) -> None:
+        """Let the next call start a new process: nothing of the old one's state reaches it."""
+        self._kill()
 
     @property
     def pids(self) -> set[int]:
@@ -127,14 +137,15 @@ class Session:
             reason = worker.exit_reason()
             self._kill()
             raise StudentError("error", f"{label} {reason}") from None
+        except frames.FrameTooLarge as e:
+            self._kill()
+            raise StudentError("error", f"{label} sent back a result far too large ({e}): graded functions "
+                                        "return tensors of the sizes their docstrings give") from None
         except frames.WireError as e:
             self._kill()
             raise StudentError("error", f"{label}: the grading process sent back something unreadable ({e})") from None
         finally:
             self._collect_output()
-        if reply.get("spawned"):
-            raise StudentError("error", f"{label} left a process running ({reply['spawned'][0]}); "
-                                        "graded code must not start processes")
         if not reply.get("ok"):
             error = reply.get("error") or {}
             if error.get("output_limit"):
@@ -158,35 +169,47 @@ class Session:
             self.worker.kill()
         self.worker = None
 
-    def call(self, target: str | tuple[wire.Handle, str], args: list, kwargs: dict, *, record: bool) -> Call:
-        """Call a function of the module, or a method of an object it made, within the check's time left."""
+    def call(self, target: str | tuple[wire.Handle, str], args: list, kwargs: dict, *, memory: int = 0) -> Call:
+        """Call a function of the module, or a method of an object it made, within the check's time left.
+
+        With `memory` (bytes), the call runs in a process of its own whose address space is capped
+        at the warm process's size plus `memory`: loading the module, the inputs, the call and its
+        reply all count, and the kernel refuses anything beyond (objects of earlier calls are gone).
+        """
         if isinstance(target, str):
             label, where = target, target
         else:
             label, where = f"{target[0].type_name}.{target[1]}", {"handle": target[0].id, "method": target[1]}
         (args_tree, kwargs_tree), buffers = wire.encode([list(args), dict(kwargs)])
-        return self._timed({"op": "call", "target": where, "args": args_tree, "kwargs": kwargs_tree,
-                            "record": record}, buffers, label)
+        header = {"op": "call", "target": where, "args": args_tree, "kwargs": kwargs_tree}
+        if not memory:
+            return self._timed(header, buffers, label)
+        failure = self.load_failure  # an import that does not fit the budget fails this call only
+        self._kill()
+        self._spawn(memory_extra=memory)
+        try:
+            return self._timed(header, buffers, label)
+        finally:
+            self._kill()
+            self.load_failure = failure
 
     def attributes(self, handle: wire.Handle, names: list[str]) -> dict:
         """Read attributes of an object the module made (its observable state)."""
         return self._timed({"op": "getattr", "handle": handle.id, "names": list(names)}, [],
                            f"{handle.type_name}.{'/'.join(names)}").value
 
-    def _timed(self, header: dict, buffers: list[bytes], label: str) -> Call:
+    def _timed(self, header: dict, buffers: list, label: str) -> Call:
         self._ensure_loaded()
         started = time.monotonic()
-        try:
+        try:  # reading the reply counts in the check's time
             reply, out = self._request(header, buffers, label, self.time_left)
+            result = wire.decode(reply["result"], out)
+            return Call(result["value"], result["args"], result["kwargs"], float(reply.get("elapsed", 0.0)))
+        except (frames.WireError, KeyError, TypeError, ValueError, RecursionError, MemoryError) as e:
+            self._kill()
+            raise StudentError("error", f"{label}: its result could not be read ({type(e).__name__}: {e})") from None
         finally:
             self.time_left -= time.monotonic() - started
-        try:
-            result = wire.decode(reply["result"], out)
-            return Call(result["value"], result["args"], result["kwargs"],
-                        [tuple(c) for c in reply.get("created", [])], float(reply.get("elapsed", 0.0)))
-        except (frames.WireError, KeyError, TypeError, ValueError) as e:
-            self._kill()
-            raise StudentError("error", f"{label}: its result could not be read ({e})") from None
 
     def begin_check(self, time_limit: float) -> None:
         """Start a check's time budget: the seconds its calls may spend in student code

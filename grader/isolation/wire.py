@@ -19,6 +19,8 @@ import torch
 from grader.isolation.frames import WireError
 
 MAX_DEPTH = 64
+MAX_NODES = 2_000_000
+"""Parts (numbers, strings, lists, ...) a decoded value may have: decoding stays within a budget."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ def encode(value: Any, keep: Callable[[Any], int] | None = None) -> tuple[Any, l
                 span = 1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride()))
                 flat = torch.as_strided(v, (span,), (1,), v.storage_offset())
                 node["stride"] = list(v.stride())
-            buffers.append(flat.contiguous().view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+            buffers.append(memoryview(flat.contiguous().view(torch.uint8).numpy()) if flat.numel() else b"")
             node["buf"] = len(buffers) - 1
             return node
         if isinstance(v, (np.ndarray, np.generic)) and np.asarray(v).dtype.kind != "O":
@@ -98,9 +100,15 @@ def decode(tree: Any, buffers: list[bytes], resolve: Callable[[int], Any] | None
             raise WireError("bad buffer index")
         return buffers[i]
 
+    nodes = 0
+
     def walk(n: Any, depth: int) -> Any:
+        nonlocal nodes
+        nodes += 1
         if depth > MAX_DEPTH:
             raise WireError("value nested too deeply")
+        if nodes > MAX_NODES:
+            raise WireError(f"value has more than {MAX_NODES:,} parts")
         if n is None or type(n) in (bool, int, float, str):
             return n
         if type(n) is list:
@@ -117,7 +125,7 @@ def decode(tree: Any, buffers: list[bytes], resolve: Callable[[int], Any] | None
         if tag == "float":
             return float(n["v"])
         if tag == "bytes":
-            return buf(n["buf"])
+            return bytes(buf(n["buf"]))
         if tag == "tensor":
             return _tensor(n, buf(n["buf"]))
         if tag in ("ndarray", "npscalar"):
@@ -161,9 +169,14 @@ def _tensor(node: dict, data: bytes) -> torch.Tensor:
         span = 1 + sum((n - 1) * st for n, st in zip(shape, stride))
         if numel == 0 or len(data) != span * itemsize:
             raise WireError("tensor data does not match its strides")
-        return torch.as_strided(torch.frombuffer(bytearray(data), dtype=dtype), shape, stride)
+        return torch.as_strided(torch.frombuffer(_writable(data), dtype=dtype), shape, stride)
     if len(data) != numel * itemsize:
         raise WireError("tensor data does not match its shape")
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
+    return torch.frombuffer(_writable(data), dtype=dtype).reshape(shape)
+
+
+def _writable(data: bytes | bytearray) -> bytearray:
+    """The buffer itself when it is a bytearray (frames reads each buffer into its own): no copy."""
+    return data if type(data) is bytearray else bytearray(data)

@@ -21,15 +21,15 @@ from typing import Protocol
 from grader.isolation import frames
 
 BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from grader.isolation.child import main; main(sys.argv[2:])"
-MAX_REPLY_BYTES = 512 << 20
+MAX_REPLY_BYTES = 128 << 20
+"""Bytes a reply may have in all: larger is a failed check, refused before it is read."""
 START_TIMEOUT = 120.0
+WRITE_TIMEOUT = 10.0
+"""Seconds the student's process has to take in a request (a stopped one never does)."""
 OUTPUT_LIMIT = 16 << 20
 """Bytes the student's process may print (RLIMIT_FSIZE on its output file)."""
 
 
-ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1",
-       "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}
-"""The student's process environment: one thread, offline, no GPU."""
 
 
 class Process(Protocol):
@@ -52,17 +52,24 @@ class _Popen:
             return None
 
 
-def start(*, root: Path, workdir: Path, memory_limit: int, output_limit: int, forbidden_dirs: list[Path]) -> "Worker":
-    """A student process in a fresh interpreter (about a second: it imports torch)."""
+def start(*, root: Path, workdir: Path, memory_limit: int, output_limit: int, memory_extra: int = 0,
+          **_: object) -> "Worker":
+    """A student process in a fresh interpreter, with no sandbox (about a second: it imports torch).
+
+    For the student's own exercises and the tests; somebody else's code runs in a
+    `grader.isolation.sandbox.Box`, forked by the zygote inside it.
+    """
+    from grader.isolation.sandbox import environment
+
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
     log_path = workdir / f"output-{time.monotonic_ns()}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", BOOT, str(root), str(req_r), str(rep_w),
-             str(memory_limit), str(output_limit), os.pathsep.join(map(str, forbidden_dirs))],
+            [sys.executable, "-I", "-B", "-c", BOOT, str(root), str(req_r), str(rep_w),
+             str(memory_limit), str(memory_extra), str(output_limit)],
             pass_fds=(req_r, rep_w), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            cwd=workdir, env=dict(os.environ, **ENV), start_new_session=True)
+            cwd=workdir, env=environment(str(workdir)), start_new_session=True)
     os.close(req_r)
     os.close(rep_w)
     return Worker(_Popen(proc), req_w, rep_r, log_path)
@@ -80,16 +87,22 @@ class Worker:
     def pid(self) -> int:
         return self.process.pid
 
-    def request(self, header: dict, buffers: list[bytes] = (), *, timeout: float) -> tuple[dict, list[bytes]]:
-        """Send one request; raise frames.WireTimeout / WireClosed / WireError."""
+    def request(self, header: dict, buffers: list = (), *, timeout: float,
+                max_bytes: int = MAX_REPLY_BYTES) -> tuple[dict, list[bytearray]]:
+        """Send one request; raise frames.WireTimeout / WireClosed / FrameTooLarge / WireError.
+
+        Both directions have deadlines: the request must be taken in within WRITE_TIMEOUT
+        (counted in `timeout` too), the reply must come within `timeout`.
+        """
         if not self.ready:
-            frames.read_frame(self.rep_r, deadline=time.monotonic() + START_TIMEOUT)
+            frames.read_frame(self.rep_r, deadline=time.monotonic() + START_TIMEOUT, max_bytes=1 << 16)
             self.ready = True
+        deadline = time.monotonic() + timeout
         try:
-            frames.write_frame(self.req_w, header, buffers)
+            frames.write_frame(self.req_w, header, buffers, deadline=min(deadline, time.monotonic() + WRITE_TIMEOUT))
         except OSError:
             raise frames.WireClosed("the student process is gone") from None
-        reply, out = frames.read_frame(self.rep_r, deadline=time.monotonic() + timeout, max_bytes=MAX_REPLY_BYTES)
+        reply, out = frames.read_frame(self.rep_r, deadline=deadline, max_bytes=max_bytes)
         if type(reply) is not dict:
             raise frames.WireError("reply is not a record")
         return reply, out

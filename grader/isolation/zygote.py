@@ -1,14 +1,17 @@
 """A warm start for student processes: fork them from a process that has imported torch.
 
 Starting an interpreter and importing torch costs about a second, paid once per
-student process. A `Zygote` is a process that imports torch once, computes nothing
+submission. A `Zygote` is a process that imports torch once, computes nothing
 (a fork after torch has computed deadlocks; after a bare import it is safe), and
 forks a student process on request in a few milliseconds. Each fork becomes
-exactly what `grader.isolation.worker.start` makes: its own session, its own limits, the
-same pipes and log file, one thread set before any torch operation.
+exactly what `grader.isolation.worker.start` makes: its own session, its own
+limits, the pipes and the output file the grader opened and passed in, one thread.
 
-The zygote can itself run inside a sandbox (`grader.isolation.sandbox`): every student
-process forked from it then lives in that sandbox too.
+The zygote runs inside the submission's sandbox (`grader.isolation.sandbox.Box`),
+so every student process lives there too. It is not dumpable: the student
+processes it forks (same uid) cannot read or write its memory, and so cannot change
+the next process it forks. The grader believes nothing the zygote reports about the
+student process but its pid inside the box, which it looks up in /proc itself.
 """
 
 from __future__ import annotations
@@ -21,11 +24,14 @@ import sys
 import time
 from pathlib import Path
 
-from grader import chapters
-from grader.isolation.worker import ENV, Worker
+from grader.isolation.worker import Worker
 
-BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from grader.isolation.zygote import serve; serve(int(sys.argv[2]))"
+BOOT = ("import sys; sys.dont_write_bytecode = True; sys.path.insert(0, sys.argv[1]); "
+        "from grader.isolation.zygote import serve; serve(int(sys.argv[2]))")
 READY_TIMEOUT = 120.0
+REPLY_TIMEOUT = 5.0
+"""Seconds the warm process may take to answer (it only forks and waits; a stopped one is given up)."""
+HARNESS_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 class ZygoteError(RuntimeError):
@@ -35,27 +41,34 @@ class ZygoteError(RuntimeError):
 class Zygote:
     """The grader's side of the warm process; `start` has the signature of `grader.isolation.worker.start`."""
 
-    def __init__(self, *, root: Path = chapters.ROOT, prefix: list[str] = (), log: Path | None = None,
-                 scratch: Path | None = None) -> None:
-        """`prefix` runs it under a sandbox command (bwrap …), where only `scratch` is writable: the
-        student processes then work and log there, whatever folder they are given; `log` collects
-        what the warm process itself prints."""
-        self.scratch = scratch
+    def __init__(self, *, box=None, log: Path | None = None) -> None:
+        """`box` is the sandbox it runs in (`grader.isolation.sandbox.Box`; a Box of kind None by default:
+        no sandbox, for the student's own exercises and the tests); `log` collects what the warm process
+        itself prints."""
+        from grader.isolation.sandbox import Box
+
+        self.box = box if box is not None else Box(None)
+        self._own_box = box is None
         mine, theirs = socket.socketpair()
-        out = open(log, "ab") if log else subprocess.DEVNULL
+        out = open(log or self.box.logs / "zygote.log", "ab")
+        root = self.box.harness if self.box.kind else HARNESS_ROOT
         try:
-            self.proc = subprocess.Popen([*prefix, sys.executable, "-I", "-c", BOOT, str(root), str(theirs.fileno())],
-                                         pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.STDOUT, env=dict(os.environ, **ENV), start_new_session=True)
+            self.proc = self.box.popen([sys.executable, "-I", "-B", "-c", BOOT, str(root), str(theirs.fileno())],
+                                       pass_fds=(theirs.fileno(),), stdout=out)
         finally:
             theirs.close()
-            if log:
-                out.close()
+            out.close()
         self.sock = mine
         self.sock.settimeout(READY_TIMEOUT)
         self._buffer = b""
-        if self._receive().get("ready") is not True:
+        ready = self._receive()
+        if ready.get("ready") is not True:
             raise ZygoteError("the warm process did not start")
+        self.sock.settimeout(REPLY_TIMEOUT)
+        # Found now, before any student code has run: the box's one process that is this pid inside.
+        self.host_pid = self.box.host_pid(int(ready["pid"])) or self.proc.pid
+        self.box.frame = set(self.box.processes())
+        self.workdir = self.box.home
 
     def _receive(self) -> dict:
         while b"\n" not in self._buffer:
@@ -64,10 +77,25 @@ class Zygote:
             except (TimeoutError, OSError) as e:
                 raise ZygoteError(f"the warm process stopped answering ({e})") from None
             if not chunk:
-                raise ZygoteError(f"the warm process ended (exit status {self.proc.poll()})")
+                raise ZygoteError(f"the warm process ended (exit status {self.proc.poll()}; its output: "
+                                  f"{self._log_tail()!r})")
             self._buffer += chunk
+            if len(self._buffer) > 1 << 16:
+                raise ZygoteError("the warm process sent a reply far too long")
         line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
+        try:
+            message = json.loads(line)
+        except ValueError:
+            raise ZygoteError("the warm process sent something unreadable") from None
+        if type(message) is not dict:
+            raise ZygoteError("the warm process sent something unreadable")
+        return message
+
+    def _log_tail(self) -> str:
+        try:
+            return (self.box.logs / "zygote.log").read_bytes()[-300:].decode(errors="replace")
+        except OSError:
+            return ""
 
     def _send(self, message: dict, fds: list[int] = ()) -> None:
         data = json.dumps(message).encode() + b"\n"
@@ -76,24 +104,39 @@ class Zygote:
         except OSError as e:
             raise ZygoteError(f"the warm process is gone ({e})") from None
 
-    def start(self, *, workdir: Path, memory_limit: int, output_limit: int, forbidden_dirs: list[Path]) -> Worker:
+    def start(self, *, workdir: Path | None = None, memory_limit: int, output_limit: int, memory_extra: int = 0,
+              **_: object) -> Worker:
         """Fork a student process (what `grader.isolation.worker.start` makes, in milliseconds)."""
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
-        workdir = self.scratch or Path(workdir)
-        log_path = workdir / f"output-{time.monotonic_ns()}.log"
+        log_path = self.box.logs / f"output-{time.monotonic_ns()}.log"
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
         try:
-            self._send({"op": "spawn", "log": str(log_path), "cwd": str(workdir), "memory": memory_limit,
-                        "output": output_limit, "forbidden": [str(d) for d in forbidden_dirs]}, [req_r, rep_w])
-            pid = self._receive()["pid"]
+            self._send({"op": "spawn", "cwd": self.workdir, "memory": memory_limit, "memory_extra": memory_extra,
+                        "output": output_limit}, [req_r, rep_w, log])
+            inner = self._receive().get("pid")
+        except ZygoteError:
+            for fd in (req_w, rep_r):
+                os.close(fd)
+            raise
         finally:
-            os.close(req_r)
-            os.close(rep_w)
-        return Worker(_Forked(self, pid), req_w, rep_r, log_path)
+            for fd in (req_r, rep_w, log):
+                os.close(fd)
+        host = self.box.host_pid(inner, parent=self.host_pid) if type(inner) is int else None
+        if host is None:
+            os.close(req_w)
+            os.close(rep_r)
+            raise ZygoteError("the warm process's new student process is not to be found")
+        return Worker(_Forked(self, host, inner), req_w, rep_r, log_path)
 
-    def wait(self, pid: int, timeout: float) -> int | None:
-        self._send({"op": "wait", "pid": pid, "timeout": timeout})
-        return self._receive()["status"]
+    def wait(self, inner: int, timeout: float) -> int | None:
+        self._send({"op": "wait", "pid": inner, "timeout": timeout})
+        self.sock.settimeout(timeout + REPLY_TIMEOUT)
+        try:
+            status = self._receive().get("status")
+        finally:
+            self.sock.settimeout(REPLY_TIMEOUT)
+        return status if type(status) is int else None
 
     def close(self) -> None:
         try:
@@ -103,17 +146,19 @@ class Zygote:
             self.proc.kill()
             self.proc.wait()
         self.sock.close()
+        if self._own_box:
+            self.box.close()
 
 
 class _Forked:
-    """A student process forked by a zygote: only the zygote can wait for it."""
+    """A student process forked by a zygote: only the zygote can wait for it; `pid` is its host pid."""
 
-    def __init__(self, zygote: Zygote, pid: int) -> None:
-        self.zygote, self.pid = zygote, pid
+    def __init__(self, zygote: Zygote, pid: int, inner: int) -> None:
+        self.zygote, self.pid, self.inner = zygote, pid, inner
 
     def wait(self, timeout: float) -> int | None:
         try:
-            return self.zygote.wait(self.pid, timeout)
+            return self.zygote.wait(self.inner, timeout)
         except ZygoteError:  # nobody left to ask: say it stopped answering
             return None
 
@@ -124,12 +169,13 @@ def serve(sock_fd: int) -> None:
     from grader.isolation import child  # imports torch: nothing may be computed here before forking
     from grader.isolation.procs import become_subreaper, children
 
+    _not_dumpable()
     become_subreaper()
     sock = socket.socket(fileno=sock_fd)
     live: set[int] = set()
-    _reply(sock, {"ready": True})
+    _reply(sock, {"ready": True, "pid": os.getpid()})
     while True:
-        data, fds, _, _ = socket.recv_fds(sock, 65536, 2)
+        data, fds, _, _ = socket.recv_fds(sock, 65536, 3)
         if not data:
             return
         message = json.loads(data)
@@ -149,11 +195,12 @@ def serve(sock_fd: int) -> None:
             try:
                 sock.close()
                 os.setsid()
-                log = os.open(message["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                os.dup2(log, 1)
-                os.dup2(log, 2)
+                os.dup2(fds[2], 1)
+                os.dup2(fds[2], 2)
+                os.close(fds[2])
                 os.chdir(message["cwd"])
-                child.run(fds[0], fds[1], message["memory"], message["output"], message["forbidden"])
+                child.run(fds[0], fds[1], memory=message["memory"], memory_extra=message.get("memory_extra", 0),
+                          output=message["output"])
             except BaseException:
                 import traceback
 
@@ -165,6 +212,16 @@ def serve(sock_fd: int) -> None:
             os.close(fd)
         live.add(pid)
         _reply(sock, {"pid": pid})
+
+
+def _not_dumpable() -> None:
+    """PR_SET_DUMPABLE 0: processes of the same uid cannot ptrace this one or open its /proc/PID/mem."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+    except Exception:
+        pass
 
 
 def _reply(sock: socket.socket, message: dict) -> None:
