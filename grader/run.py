@@ -48,7 +48,7 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
           memory_limit: int = DEFAULT_MEMORY_LIMIT, on_result: Callable[[CheckResult], None] | None = None,
           refs: Callable[[str], object] | None = None, launcher: Callable[..., Worker] | None = None,
           time_limits: Mapping[str, float] | None = None, sandbox: str | None = None,
-          source: bytes | None = None) -> Report:
+          source: bytes | None = None, on_start: Callable[[str, str], None] | None = None) -> Report:
     """Run a chapter's checks and draw its figures from the graded code's outputs.
 
     Args:
@@ -63,6 +63,7 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
         time_limit: seconds each check may spend in student code.
         memory_limit: bytes of address space for the student's process.
         on_result: called with each result as soon as it is known.
+        on_start: called with (task, check name) as each check begins.
         refs: who answers a check's `t.ref` (check key -> object); by default the reference
             solutions, or in a student release the recorded answers.
         launcher: starts a student process (keywords workdir, memory_limit, output_limit,
@@ -100,7 +101,7 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
         strays = _stray_finder(launcher, baseline)
         first = spawn()
         return _run(ch, only, path, solutions, submission, seed, hidden, public, figures_dir, time_limit,
-                    on_result, refs, spawn, first, strays, time_limits, started)
+                    on_result, on_start, refs, spawn, first, strays, time_limits, started)
     finally:
         if zygote is not None:
             zygote.close()
@@ -109,8 +110,8 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run(ch, only, path, solutions, submission, seed, hidden, public, figures_dir, time_limit, on_result, refs,
-         spawn, first, strays, time_limits, started) -> Report:
+def _run(ch, only, path, solutions, submission, seed, hidden, public, figures_dir, time_limit, on_result, on_start,
+         refs, spawn, first, strays, time_limits, started) -> Report:
     import gc
 
     import torch  # imported only now that the student's process is starting: the two imports overlap
@@ -138,6 +139,8 @@ def _run(ch, only, path, solutions, submission, seed, hidden, public, figures_di
         for i, spec in enumerate(specs):
             if spec.hidden and (i == 0 or not specs[i - 1].hidden):
                 session.fresh()  # the hidden checks meet a process that never saw a public one
+            if on_start:
+                on_start(spec.task, spec.name)
             if spec.task in hung:
                 result = not_run(spec, names.get(spec.task, "?"), hung[spec.task])
             else:

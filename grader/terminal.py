@@ -3,6 +3,9 @@ messages under failures, then the score and where the figures went."""
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
 from pathlib import Path
 
 import click
@@ -11,6 +14,8 @@ from grader.chapters import Chapter
 from grader.report import CheckResult, Report
 
 MAX_MESSAGES = 3
+SLOW = 2.0
+"""Seconds after which a terminal shows which check is running."""
 
 
 def _pts(x: float) -> str:
@@ -24,10 +29,37 @@ class TerminalReport:
         self.chapter, self.verbose = chapter, verbose
         self.pending: list[CheckResult] = []
         self.width = max((len(t.label) for t in chapter.tasks), default=20) + 2
+        self._running: tuple[str, float] | None = None
+        self._shown = False
+        self._lock = threading.Lock()
+        if sys.stdout.isatty():
+            threading.Thread(target=self._tick, daemon=True).start()
         if header:
             click.echo(click.style(f"{chapter.id} · {chapter.title}", bold=True) + f"    {_relative(target)}")
 
+    def start(self, task: str, name: str) -> None:
+        """A check begins (on a terminal, it is named once it has run for SLOW seconds)."""
+        with self._lock:
+            self._running = (f"{task} {name}", time.monotonic())
+
+    def _tick(self) -> None:
+        while True:
+            time.sleep(0.5)
+            with self._lock:
+                if self._running and time.monotonic() - self._running[1] > SLOW:
+                    label, since = self._running
+                    click.echo(f"\r\033[K  … running {label[:70]} ({time.monotonic() - since:.0f} s)", nl=False)
+                    self._shown = True
+
+    def _clear(self) -> None:
+        with self._lock:
+            self._running = None
+            if self._shown:
+                click.echo("\r\033[K", nl=False)
+                self._shown = False
+
     def add(self, result: CheckResult) -> None:
+        self._clear()
         if self.pending and (self.pending[0].task, self.pending[0].hidden) != (result.task, result.hidden):
             self.flush()
         self.pending.append(result)
@@ -66,6 +98,7 @@ class TerminalReport:
             click.echo(f"      ({len(bad) - explained} more failing checks not explained; --verbose explains all)")
 
     def finish(self, report: Report) -> None:
+        self._clear()
         self.flush()
         if report.hidden_not_run:
             click.echo(f"  · hidden checks: {report.hidden_not_run} more run at grading time")
