@@ -1,17 +1,21 @@
 """`course lab` without a browser: bounds, every experiment on the reference, wrong and hanging students,
-newer requests replacing older ones, edits picked up, the server's routes, and the student release."""
+newer requests replacing older ones, edits picked up, the server's routes and defences, and the student release."""
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
 
+import httpx
 import pytest
 from click.testing import CliRunner
 from starlette.testclient import TestClient
@@ -20,7 +24,7 @@ from grader import chapters
 from grader.cli import main
 from grader.lab import Float, Int, Numbers, ParamError, catalog
 from grader.lab.runner import Lab
-from grader.lab.server import app, bind
+from grader.lab.server import MAX_BODY, app, bind
 from tests.mutate import mutant
 
 EXPERIMENTS = list(catalog().experiments.values())
@@ -188,20 +192,145 @@ def test_an_edited_file_is_loaded_again(tmp_path):
         lab.close()
 
 
+def start_lab(*args: str) -> tuple[subprocess.Popen, str]:
+    """`course lab --no-open ARGS` as the CLI starts it; the process and its URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "grader.cli", "lab", "--no-open", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("course lab: http://127.0.0.1:"), line + proc.stdout.read()
+    return proc, line.split()[2]
+
+
+def stop_lab(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)   # what Ctrl-C sends
+    out, _ = proc.communicate(timeout=15)
+    assert proc.returncode == 0 and "course lab stopped" in out, out
+
+
+@pytest.fixture(scope="module")
+def served():
+    """A `course lab --solutions` server: its port."""
+    proc, url = start_lab("--solutions", "--time-limit", "5")
+    yield int(url.rstrip("/").rsplit(":", 1)[1])
+    stop_lab(proc)
+
+
+def token_of(page: str) -> str:
+    (token,) = re.findall(r'<meta name="course-token" content="([^"]+)">', page)
+    return token
+
+
+def honest(page: str, origin: str) -> dict[str, str]:
+    """The headers the page's own script sends with a run: JSON, its Origin, the token the page carries."""
+    return {"Content-Type": "application/json", "Origin": origin, "X-Course-Token": token_of(page)}
+
+
+def raw(port: int, head: str, first: bytes = b"", *more: bytes) -> bytes:
+    """Send a request head with the `first` bytes of its body, then `more`, one write each, over a socket;
+    what the server answers until it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(head.replace("\n", "\r\n").encode() + b"\r\n" + first)
+        for data in more:
+            sock.sendall(data)
+        answer = b""
+        while data := sock.recv(1 << 16):
+            answer += data
+    return answer
+
+
 def test_the_server_serves_its_page_and_nothing_outside_the_package(reference_lab):
-    client = TestClient(app(reference_lab))
-    assert "course lab" in client.get("/").text
+    client = TestClient(app(reference_lab, 8765), base_url="http://127.0.0.1:8765")
+    page = client.get("/").text
+    assert "course lab" in page
     assert client.get("/static/lab.js").status_code == 200
     for path in ("/static/../../pyproject.toml", "/static/%2e%2e/%2e%2e/pyproject.toml", "/static/../runner.py",
                  "/pyproject.toml", "/static//etc/passwd"):
         assert client.get(path).status_code == 404, path
     info = client.get("/api/experiments").json()
     assert info["checked"] and {c["id"] for c in info["chapters"]} >= {"ch15", "ch16", "ch25", "ch26"}
-    assert client.post("/api/run/ch25-paged-kv", content=b"not json").status_code == 400
-    assert client.post("/api/run/ch25-paged-kv", json={"params": {"T": 6}}).json()["status"] == "passed"
+    headers = honest(page, "http://127.0.0.1:8765")
+    for body in (b"not json", b"[1]", b'{"params": 3}'):
+        assert client.post("/api/run/ch25-paged-kv", content=body, headers=headers).status_code == 400, body
+    run = client.post("/api/run/ch25-paged-kv", json={"params": {"T": 6}}, headers=headers)
+    assert run.json()["status"] == "passed"
+    assert TestClient(app(reference_lab, 8765)).get("/").status_code == 403   # Host: testserver
     sock = bind(0)
     assert sock.getsockname()[0] == "127.0.0.1"
     sock.close()
+
+
+def test_the_server_answers_only_for_its_own_host_and_port(served):
+    for host in (f"evil.example:{served}", "evil.example", f"127.0.0.1:{served + 1}", "localhost",
+                 f"127.0.0.1.evil.example:{served}", f"[::1]:{served}"):
+        for path in ("/", "/api/experiments", "/static/lab.js"):
+            r = httpx.get(f"http://127.0.0.1:{served}{path}", headers={"Host": host})
+            assert r.status_code == 403 and "forbidden" in r.text and "token" not in r.text, (host, path)
+        r = httpx.post(f"http://127.0.0.1:{served}/api/run/ch25-paged-kv", headers={"Host": host}, json={})
+        assert r.status_code == 403 and "forbidden" in r.text, host
+    assert raw(served, "GET / HTTP/1.0\n").startswith(b"HTTP/1.1 403 ")   # no Host at all
+    for host in (f"127.0.0.1:{served}", f"localhost:{served}"):
+        base = f"http://{host}"
+        page = httpx.get(base + "/")
+        assert page.status_code == 200 and "course lab" in page.text
+        assert httpx.get(base + "/static/lab.js").status_code == 200
+        assert httpx.get(base + "/api/experiments").json()["checked"]
+        r = httpx.post(base + "/api/run/ch15-embedding", json={"params": {"ids": "2, 0"}},
+                       headers=honest(page.text, base))
+        assert r.status_code == 200 and r.json()["status"] == "passed"
+
+
+def refused(port: int, status: int, *changes: dict[str, str | None]) -> None:
+    """The page's own run passes; with each of `changes` to its headers (None: left out) it is refused."""
+    base = f"http://127.0.0.1:{port}"
+    url, good, body = base + "/api/run/ch25-paged-kv", honest(httpx.get(base + "/").text, base), b'{"params": {"T": 6}}'
+    assert httpx.post(url, content=body, headers=good).json()["status"] == "passed"
+    for change in changes:
+        headers = {k: v for k, v in {**good, **change}.items() if v is not None}
+        r = httpx.post(url, content=body, headers=headers)
+        assert r.status_code == status, change
+        assert r.json()["status"] == "invalid" and r.json()["errors"] == {} and r.json()["message"], change
+
+
+def test_a_run_must_be_sent_as_json(served):
+    refused(served, 415, {"Content-Type": "text/plain"}, {"Content-Type": "application/x-www-form-urlencoded"},
+            {"Content-Type": "multipart/form-data; boundary=x"}, {"Content-Type": ""}, {"Content-Type": None})
+
+
+def test_a_run_must_come_from_the_page_s_own_origin(served):
+    refused(served, 403, {"Origin": "http://evil.example"}, {"Origin": "null"}, {"Origin": None},
+            {"Origin": f"http://127.0.0.1:{served + 1}"}, {"Origin": f"https://127.0.0.1:{served}"})
+
+
+def test_a_run_must_carry_the_session_token(served):
+    token = token_of(httpx.get(f"http://127.0.0.1:{served}/").text)
+    refused(served, 403, {"X-Course-Token": None}, {"X-Course-Token": ""}, {"X-Course-Token": "not-the-token"},
+            {"X-Course-Token": token[:-1]}, {"X-Course-Token": token + "x"})
+
+
+def run_head(port: int, *lines: str) -> str:
+    """The head of a POST /api/run the page could send, with the page's token, and `lines` of its own."""
+    token = token_of(httpx.get(f"http://127.0.0.1:{port}/").text)
+    return "\n".join(["POST /api/run/ch25-paged-kv HTTP/1.1", f"Host: 127.0.0.1:{port}",
+                      f"Origin: http://127.0.0.1:{port}", "Content-Type: application/json",
+                      f"X-Course-Token: {token}", *lines, ""])
+
+
+def test_a_body_announced_over_the_cap_is_refused_before_it_is_read(served):
+    # 300 MiB announced, 10 bytes sent: the 413 comes at once (reading the body first would wait for the rest).
+    answer = raw(served, run_head(served, f"Content-Length: {300 << 20}"), b'{"params":')
+    assert answer.startswith(b"HTTP/1.1 413 ") and b'"status":"invalid"' in answer and b"too large" in answer
+
+
+def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_cap(served):
+    chunk = b"%x\r\n%s\r\n" % (16 << 10, b" " * (16 << 10))
+    head = run_head(served, "Transfer-Encoding: chunked")
+    # MAX_BODY bytes, then one more: the 413 comes though the body has not ended (its last chunk is never sent).
+    answer = raw(served, head, chunk * (MAX_BODY // (16 << 10)), b"1\r\n \r\n")
+    assert answer.startswith(b"HTTP/1.1 413 ") and b'"status":"invalid"' in answer and b"too large" in answer
+    # A chunked body under the cap is read and run.
+    answer = raw(served, run_head(served, "Transfer-Encoding: chunked", "Connection: close"),
+                 b'6\r\n{"para\r\n', b'e\r\nms": {"T": 6}}\r\n', b"0\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200 ") and b'"status":"passed"' in answer
 
 
 def test_the_command_line():

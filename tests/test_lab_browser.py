@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -21,7 +18,7 @@ import pytest
 
 from grader.lab import catalog
 from tests.mutate import mutant
-from tests.test_lab import HANG, WRONG_SLOTS
+from tests.test_lab import HANG, WRONG_SLOTS, start_lab, stop_lab
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 pytestmark = pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
@@ -32,20 +29,6 @@ from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 WAIT = 15
-
-
-def start_lab(*args: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "grader.cli", "lab", "--no-open", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    line = proc.stdout.readline()
-    assert line.startswith("course lab: http://127.0.0.1:"), line + proc.stdout.read()
-    return proc, line.split()[2]
-
-
-def stop_lab(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)   # what Ctrl-C sends
-    out, _ = proc.communicate(timeout=15)
-    assert proc.returncode == 0 and "course lab stopped" in out, out
 
 
 @pytest.fixture(scope="module")
