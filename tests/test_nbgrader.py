@@ -1,14 +1,19 @@
-"""The nbgrader course, for real: generate_assignment → four submissions → autograde →
-export → generate_feedback, for two chapters. Scores must be exactly right and no
-release or feedback file may carry a solution, a hidden check's source or its data.
+"""The nbgrader course, for real, for two chapters: generate_assignment → five submissions
+(one hostile) → `course grade --nbgrader` (the sandboxed class grader writes the gradebook
+and autograded/; no `nbgrader autograde`) → generate_feedback → export. Scores must be
+exactly the checks' points, the hostile notebook gets nothing it did not earn, and no
+release, autograded notebook or feedback file carries a solution, a hidden check's source
+or a hidden check's message.
 
-Costs about two minutes (nbgrader starts a kernel per notebook, each test cell a
-student process); the hanging submission runs under a 1 s per-check limit.
+No kernel runs. Costs about a minute and a half on an idle machine (nbgrader's start-ups, the
+class grader's calibration and sandboxes); a hanging submission stops after its calibrated
+per-check limit.
 """
 
 from __future__ import annotations
 
 import csv
+import html
 import json
 import os
 import re
@@ -23,42 +28,91 @@ from grader.notebook import write_course
 from grader.stubs import BEGIN, END
 
 ROUND_TRIP = ("ch17", "ch25")
-STUDENTS = ("stub", "partial", "broken", "source")
-HIDDEN_LINE = re.compile(r"^(✓|✗) hidden check: .*$|^\d+/\d+ hidden checks passed$|^Exception reporting mode: Minimal$")
+HONEST = ("stub", "partial", "broken", "source")
+STUDENTS = HONEST + ("hostile",)
+TIMESTAMP = "2025-03-01 12:00:00.000000 UTC"
+HIDDEN_LINE = re.compile(r"^ch\d+\.\d+, hidden checks, graded by the course grader:$|^(✓|✗) hidden check: [^\n]*$"
+                         r"|^\d+/\d+ hidden checks passed: [\d.]+/[\d.]+ points$")
 
 
-def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               COURSE_NOTEBOOK_TIME_LIMIT="1")
-    out = subprocess.run(["nbgrader", *args], cwd=course, env=env, capture_output=True, text=True)
+def run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    out = subprocess.run(list(args), cwd=cwd, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     return out
 
 
-def answer_cell(nb: dict, task: str) -> dict:
-    (cell,) = [c for c in nb["cells"] if c["metadata"]["nbgrader"]["grade_id"] == f"answer_{task.replace('.', '_')}"]
-    return cell
+def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
+    return run(course, "nbgrader", *args)
 
 
-def src(cell: dict) -> str:
-    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+def cell(nb: dict, grade_id: str) -> dict:
+    (found,) = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id]
+    return found
+
+
+def tid(task: str) -> str:
+    return task.replace(".", "_")
+
+
+def src(c: dict) -> str:
+    return "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+
+
+def copy(nb: dict) -> dict:
+    return json.loads(json.dumps(nb))
+
+
+def hostile(ch, release: dict) -> dict:
+    """Stub answers, plus cells that try what a kernel allowed: replace check_task, read the hidden
+    checks and the solutions (at import time, so whatever they print would reach the feedback), and
+    rewrite a locked test cell and its points."""
+    nb = copy(release)
+    first, second = (cell(nb, f"answer_{tid(t.id)}") for t in ch.tasks[:2])
+    second["source"] = "import grader.notebook as g\ng.check_task = lambda *a, **k: None\n\n" + src(second)
+    targets = [f"grader.hidden.{ch.id}", f"solutions.{ch.filename[:-3]}"]
+    files = [str(chapters.ROOT / "grader" / "hidden" / f"{ch.id}.py"), str(chapters.SOLUTIONS / ch.filename)]
+    first["source"] = (
+        "import importlib, inspect\n"
+        "import grader.hidden.%s as h\nprint(inspect.getsource(h))\n\n"
+        "def _leak():\n"
+        "    for name in %r:\n"
+        "        try:\n            print(inspect.getsource(importlib.import_module(name)))\n"
+        "        except Exception as e:\n            print('blocked', type(e).__name__)\n"
+        "    for path in %r:\n"
+        "        try:\n            print(open(path).read())\n"
+        "        except Exception as e:\n            print('blocked', type(e).__name__)\n\n\n"
+        "_leaked = _leak()\n\n" % (ch.id, targets, files)) + src(first)
+    public = cell(nb, f"public_{tid(ch.tasks[0].id)}")
+    public["source"] = "print('all checks passed')\n100"
+    public["metadata"]["nbgrader"]["points"] = 100
+    return nb
 
 
 def submissions(ch, release: dict, source: dict) -> dict[str, dict]:
-    """The release as it is; its first task answered from the source; a broken one; the source."""
+    """The release as it is; its first task answered from the source; a broken one; the source; a hostile one."""
     first = ch.tasks[0].id
-    partial = json.loads(json.dumps(release))
-    answer_cell(partial, first)["source"] = src(answer_cell(source, first))
-    broken = json.loads(json.dumps(release))
-    cell = answer_cell(broken, first)
+    partial = copy(release)
+    cell(partial, f"answer_{tid(first)}")["source"] = src(cell(source, f"answer_{tid(first)}"))
+    broken = copy(release)
+    answer = cell(broken, f"answer_{tid(first)}")
     stub = "raise NotImplementedError()"
     # ch25 hangs (an endless loop), ch17 kills its process (os._exit)
-    cell["source"] = src(cell).replace(stub, "while True:\n        pass" if ch.id == "ch25" else "import os\n    os._exit(3)")
-    return {"stub": release, "partial": partial, "broken": broken, "source": source}
+    answer["source"] = src(answer).replace(stub, "while True:\n        pass" if ch.id == "ch25" else "import os\n    os._exit(3)")
+    return {"stub": release, "partial": partial, "broken": broken, "source": source, "hostile": hostile(ch, release)}
 
 
-def points(chapter_id: str, task: str | None = None) -> float:
-    return sum(s.points for s in checks.load(chapter_id, with_hidden=True) if task in (None, s.task))
+def points(chapter_id: str, task: str | None = None, hidden: bool | None = None) -> float:
+    return sum(s.points for s in checks.load(chapter_id, with_hidden=True)
+               if task in (None, s.task) and hidden in (None, s.hidden))
+
+
+def expected(cid: str, student: str) -> dict[str, float]:
+    """Each test cell's points: what the checks give the tasks a student answered right."""
+    ch = chapters.find(cid)
+    right = {"partial": {ch.tasks[0].id}, "source": {t.id for t in ch.tasks}}.get(student, set())
+    return {f"{kind}_{tid(t.id)}": points(cid, t.id, kind == "hidden") if t.id in right else 0.0
+            for t in ch.tasks for kind in ("public", "hidden")}
 
 
 @pytest.fixture(scope="module")
@@ -66,18 +120,18 @@ def course(tmp_path_factory):
     root = tmp_path_factory.mktemp("nbgrader")
     chosen = [chapters.find(c) for c in ROUND_TRIP]
     write_course(root, chosen)
-    for student in STUDENTS:
-        nbgrader(root, "db", "student", "add", student)
+    nbgrader(root, "generate_assignment", "*", "--force")  # every chapter in one run (nbgrader takes globs)
     for ch in chosen:
-        nbgrader(root, "generate_assignment", ch.id, "--force")
         release = json.loads((root / "release" / ch.id / f"{ch.id}.ipynb").read_text())
         source = json.loads((root / "source" / ch.id / f"{ch.id}.ipynb").read_text())
         for student, nb in submissions(ch, release, source).items():
-            folder = root / "submitted" / student / ch.id
+            folder = root / "submitted" / student / ch.id  # as `nbgrader collect` leaves it
             folder.mkdir(parents=True)
             (folder / f"{ch.id}.ipynb").write_text(json.dumps(nb))
-        nbgrader(root, "autograde", ch.id)
-        nbgrader(root, "generate_feedback", ch.id)
+            (folder / "timestamp.txt").write_text(TIMESTAMP)
+    args = [a for ch in chosen for a in ("--chapter", ch.id)]
+    run(root, sys.executable, "-m", "grader.cli", "grade", "--nbgrader", str(root), *args)
+    nbgrader(root, "generate_feedback", "*")
     nbgrader(root, "export")
     return root
 
@@ -92,6 +146,32 @@ def secret_lines(ch) -> list[str]:
     return lines
 
 
+def hidden_source_lines(ch) -> list[str]:
+    """The hidden checks' own lines: long ones that neither the solutions nor the public checks hold."""
+    grader = chapters.ROOT / "grader"
+    text = "".join(p.read_text() for p in sorted((grader / "hidden").glob(f"{ch.id}*.py")))
+    shared = (chapters.SOLUTIONS / ch.filename).read_text() + "".join(
+        p.read_text() for p in sorted((grader / "checks").glob(f"{ch.id}*.py")))
+    return [s for s in (line.strip() for line in text.splitlines())
+            if len(s) >= 30 and not s.startswith(("from ", "import ", "#", "@hidden(")) and s not in shared]
+
+
+def hidden_messages(course: Path, cid: str) -> set[str]:
+    """The hidden checks' failure messages in the class grader's own results (instructor-only), less
+    any a public check also gave."""
+    hidden, public = set(), set()
+    for path in (course / "course-grade").glob(f"*/{cid}/results.json"):
+        for test in json.loads(path.read_text())["tests"]:
+            lines = {s for s in (line.strip() for line in test["output"].splitlines()) if len(s) >= 12}
+            (hidden if "hidden" in test["tags"] else public).update(lines)
+    return hidden - public
+
+
+def outputs_text(nb: dict) -> str:
+    return "\n".join(src(c) + "\n" + "".join("".join(o.get("text", "")) + json.dumps(o.get("data", {}))
+                                             for o in c.get("outputs", [])) for c in nb["cells"])
+
+
 def test_release_notebooks_carry_no_solution_and_no_hidden_test(course):
     for cid in ROUND_TRIP:
         text = (course / "release" / cid / f"{cid}.ipynb").read_text()
@@ -103,33 +183,89 @@ def test_release_notebooks_carry_no_solution_and_no_hidden_test(course):
 
 
 def test_gradebook_scores_are_exactly_the_expected_ones(course):
-    rows = {(r["assignment"], r["student_id"]): float(r["score"])
-            for r in csv.DictReader(open(course / "grades.csv"))}
-    for cid in ROUND_TRIP:
-        first = chapters.find(cid).tasks[0].id
-        expected = {"stub": 0.0, "partial": points(cid, first), "broken": 0.0, "source": points(cid)}
-        assert {s: rows[cid, s] for s in STUDENTS} == expected, cid
+    from nbgrader.api import Gradebook
+
+    rows = {(r["assignment"], r["student_id"]): r for r in csv.DictReader(open(course / "grades.csv"))}
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        for cid in ROUND_TRIP:
+            for student in STUDENTS:
+                want = expected(cid, student)
+                got = {name: gb.find_grade(name, cid, cid, student).score for name in want}
+                assert got == want, (cid, student)
+                assert float(rows[cid, student]["score"]) == sum(want.values()), (cid, student)
+                assert float(rows[cid, student]["max_score"]) == points(cid)
+                assert rows[cid, student]["timestamp"].startswith("2025-03-01 12:00:00")
+    assert {r["student_id"] for r in rows.values()} == set(STUDENTS)
 
 
-def test_feedback_shows_figures_and_keeps_hidden_checks_hidden(course):
+def test_hostile_notebook_gets_nothing_and_its_locked_cells_are_restored(course):
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        for cid in ROUND_TRIP:
+            submission = gb.find_submission(cid, "hostile")
+            assert (submission.score, submission.max_score) == (0, points(cid))
     for cid in ROUND_TRIP:
+        ch = chapters.find(cid)
+        source = json.loads((course / "source" / cid / f"{cid}.ipynb").read_text())
+        graded = json.loads((course / "autograded" / "hostile" / cid / f"{cid}.ipynb").read_text())
+        public = f"public_{tid(ch.tasks[0].id)}"
+        assert src(cell(graded, public)) == src(cell(source, public))
+        assert cell(graded, public)["metadata"]["nbgrader"]["points"] == points(cid, ch.tasks[0].id, False)
+
+
+def test_feedback_and_autograded_notebooks_keep_secrets(course):
+    for cid in ROUND_TRIP:
+        ch = chapters.find(cid)
         passing = (course / "feedback" / "source" / cid / f"{cid}.html").read_text()
-        assert "image/svg+xml" in passing
+        assert "image/svg+xml" in passing or "<svg" in passing
+        secrets = hidden_source_lines(ch) + sorted(hidden_messages(course, cid))
+        assert secrets
         for student in STUDENTS:
-            html = (course / "feedback" / student / cid / f"{cid}.html").read_text()
-            assert "HIDDEN TESTS" not in html and "hidden=True" not in html
+            page = html.unescape((course / "feedback" / student / cid / f"{cid}.html").read_text())
             nb = json.loads((course / "autograded" / student / cid / f"{cid}.ipynb").read_text())
-            for cell in nb["cells"]:
-                if cell["metadata"].get("nbgrader", {}).get("grade_id", "").startswith("hidden_"):
-                    text = "".join("".join(o.get("text", "")) for o in cell["outputs"] if o["output_type"] == "stream")
-                    assert all(HIDDEN_LINE.match(line) for line in text.splitlines()), text
+            text = outputs_text(nb)
+            assert (course / "autograded" / student / cid / "timestamp.txt").read_text() == TIMESTAMP
+            assert "HIDDEN TESTS" not in page and "hidden=True" not in page
+            solution = secret_lines(ch) if student in ("stub", "broken", "hostile") else []
+            for line in secrets + solution:
+                assert line not in text and line not in page, (student, line)
+            for c in nb["cells"]:
+                grade_id = c["metadata"].get("nbgrader", {}).get("grade_id", "")
+                if grade_id.startswith(("public_", "hidden_")):
+                    value = [o for o in c["outputs"] if o["output_type"] == "execute_result"]
+                    assert float("".join(value[0]["data"]["text/plain"])) == expected(cid, student)[grade_id]
+                if grade_id.startswith("hidden_"):
+                    shown = "".join("".join(o.get("text", "")) for o in c["outputs"] if o["output_type"] == "stream")
+                    assert shown and all(HIDDEN_LINE.match(line) for line in shown.splitlines()), shown
 
 
-def test_course_check_grades_a_notebook_like_nbgrader(course):
-    first = chapters.find("ch25").tasks[0].id
-    for student, want in (("source", points("ch25")), ("partial", points("ch25", first))):
-        path = course / "submitted" / student / "ch25" / "ch25.ipynb"
-        out = subprocess.run([sys.executable, "-m", "grader.cli", "check", "ch25", "--notebook", str(path), "--json",
-                              "--hidden", "--figures", str(course / "figs")], capture_output=True, text=True)
-        doc = json.loads(out.stdout)
-        assert (doc["score"], doc["target"]) == (want, str(path)), out.stderr
+def test_course_check_grades_a_notebook_like_the_gradebook(course):
+    """`course check --notebook` on a submitted file (run here, forking from the tests' warm process)
+    gives what the gradebook holds, on the class's grading seed."""
+    from click.testing import CliRunner
+    from nbgrader.api import Gradebook
+
+    from grader.cli import main
+
+    seed = json.loads((course / "course-grade" / "grading.json").read_text())["seed"]
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        for cid in ROUND_TRIP:
+            for student in HONEST:
+                limit = ["--time-limit", "0.5"] if student == "broken" else []  # it hangs: every check times out
+                path = course / "submitted" / student / cid / f"{cid}.ipynb"
+                out = CliRunner().invoke(main, ["check", cid, "--notebook", str(path), "--json", "--hidden", "--seed",
+                                                str(seed), "--figures", str(course / "figs"), *limit])
+                doc = json.loads(out.stdout)
+                assert (doc["score"], doc["target"]) == (gb.find_submission(cid, student).score, str(path)), out.output
+
+
+def test_a_hidden_test_cell_runs_nothing_and_gives_zero():
+    """What the hidden test cell calls, run where it could (no kernel needed): no hidden check and no
+    solution imported, 0 points, a sentence saying where the hidden checks run."""
+    code = ("import sys; from grader.notebook import check_task; v = check_task('ch25', '25.1', hidden=True); "
+            "print(v, sorted(m for m in sys.modules if m.startswith(('grader.hidden', 'solutions', 'torch'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=chapters.ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "0.0 []"
+    assert "course grade --nbgrader" in out.stdout

@@ -69,7 +69,7 @@ HOSTILE = {
         "spec.loader.exec_module(m)\nreturn m.slot_mapping(block_table, positions, block_size)",
         "error", "not allowed while grading"),
     "a process left running": ("import subprocess\nsubprocess.Popen(['sleep', '300'])", "error",
-                               "left a process running (sleep 300)"),
+                               "left a process running"),
     "an escaped daemon (double fork, setsid)": (
         "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(300)\n"
         "    os._exit(0)\nos.wait()", "error", "left a process running"),
