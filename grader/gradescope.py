@@ -1,16 +1,47 @@
 """A Gradescope autograder bundle: Gradescope runs every submission in its own container.
 
-`export` writes a zip with `setup.sh` (installs the course package, hidden checks
-included, into a venv), `run_autograder` (grades /autograder/submission and
-writes /autograder/results/results.json) and the package source. The grading
-seed is fixed when the bundle is made, so every student meets the same hidden
-instances. `GRADESCOPE_ROOT` moves the /autograder root (tests use it).
+`export` writes a zip that Gradescope unpacks into /autograder/source:
+
+- `setup.sh`, run once as root to build the image: installs Python, bubblewrap and setpriv,
+  creates the unprivileged user `course-student` (it owns no file), installs the course package
+  (hidden checks included) into /autograder/venv with a plain, non-editable `pip install`, then
+  `protect`s it: /autograder/source and every folder of the installed course package in the
+  venv's site-packages (solutions/, the whole grader/ with its hidden checks and any recorded
+  answers, exercises/, figures/) become mode 0700, owned by root. The rest of the venv and
+  Python stay readable by everybody: the student's code needs Python, torch and numpy, and
+  nothing of the course package (the sandbox's harness is a copy the grader makes for the box);
+- `run_autograder`, run as root for each submission: the installed package
+  (`python -I -m grader.gradescope`, never the source tree) grades /autograder/submission;
+- the package source, `course/`.
+
+`run` grades the submission in one sandbox made for it and torn down before `grader.run.check`
+returns: bubblewrap where the container allows user namespaces, else the uid boundary (the
+student's code runs as `course-student`, no privileges, no capabilities, seeing the host's
+files: before any of it runs, `run` checks as that user that the source, the course package and
+the chapter's reference and hidden checks cannot be read, and the results folder cannot be
+written). Where neither boundary can be had it refuses to grade: score 0, a message naming the
+fix, exit status 1. The results folder is made root's alone to write (0755) before any student
+code runs; results.json says which boundary graded ("output") and is written only after the
+sandbox is gone: every process of the student's uid is killed right before, and the file is
+written atomically (a temporary file, then `os.replace`). The grading seed is fixed when the
+bundle is made, so every student meets the same hidden instances.
+
+`GRADESCOPE_ROOT` moves the /autograder root, `COURSE_PYTHON` the interpreter; `COURSE_SANDBOX`
+("bwrap" or "uid") forces a boundary and `COURSE_STUDENT_UID` the student's uid (tests use them).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import secrets
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -18,22 +49,50 @@ from grader import chapters
 from grader.chapters import Chapter
 
 SOURCE = ("pyproject.toml", "README.md", "grader", "figures", "solutions", "exercises")
+STUDENT_USER = "course-student"
+"""The unprivileged user the student's code runs as (setup.sh creates it)."""
+PACKAGES = ("grader", "solutions", "exercises", "figures", "engine")
+"""The course package's top-level folders, as installed in site-packages."""
 
-SETUP = """#!/usr/bin/env bash
-# Gradescope runs this once to build the image (choose a base image with Python 3.11+, e.g. Ubuntu 24.04).
+SETUP = f"""#!/usr/bin/env bash
+# Gradescope runs this once, as root, to build the image (a base image with Python 3.11+, e.g. Ubuntu 24.04).
 set -euo pipefail
+umask 022   # the venv and Python stay readable by the student's unprivileged user
 apt-get update
-apt-get install -y --no-install-recommends python3 python3-venv python3-pip bubblewrap
+apt-get install -y --no-install-recommends python3 python3-venv python3-pip bubblewrap util-linux passwd
+# The student's code runs as this user wherever bubblewrap cannot make its namespaces; it owns no file.
+id -u {STUDENT_USER} >/dev/null 2>&1 || useradd --system --no-create-home --home-dir /nonexistent \\
+    --shell /usr/sbin/nologin {STUDENT_USER}
 python3 -m venv /autograder/venv
-/autograder/venv/bin/pip install /autograder/source/course   # torch==2.13.0 is pinned by the package
+/autograder/venv/bin/pip install /autograder/source/course   # not editable; torch==2.13.0 is pinned by the package
+# Root alone may read the source and the installed course package (reference, hidden checks, answers).
+cd / && /autograder/venv/bin/python -I -m grader.gradescope --protect /autograder
 """
 
 RUN = """#!/usr/bin/env bash
-# Gradescope runs this for every submission; the results land in results/results.json.
+# Gradescope runs this as root for every submission; the results land in results/results.json.
 ROOT="${GRADESCOPE_ROOT:-/autograder}"
 PYTHON="${COURSE_PYTHON:-$ROOT/venv/bin/python}"
-cd "$ROOT/source/course" && exec "$PYTHON" -m grader.gradescope "$ROOT" CHAPTER SEED
+cd / && exec "$PYTHON" -I -m grader.gradescope "$ROOT" CHAPTER SEED
 """
+
+LEAK_TEST = r"""
+import os, sys
+leaks = []
+for path in sys.argv[2:]:
+    try:
+        os.listdir(path) if os.path.isdir(path) else open(path, "rb").close()
+        leaks.append("can read " + path)
+    except OSError:
+        pass
+try:
+    os.close(os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    leaks.append("can write " + os.path.dirname(sys.argv[1]))
+except OSError:
+    pass
+print("\n".join(leaks))
+"""
+"""Run as the student's uid before grading with the uid boundary: what it can read or write that it must not."""
 
 
 def export(chapter: Chapter, out: Path, *, seed: int | None = None) -> Path:
@@ -56,33 +115,231 @@ def _add(z: zipfile.ZipFile, name: str, text: str) -> None:
     z.writestr(info, text)
 
 
-def run(root: Path, chapter_id: str, seed: int) -> dict:
-    """Grade the submission under `root` and write `root/results/results.json` (never raises)."""
-    from grader.notebook import cells_of, submission_from_cells
-    from grader.run import check
+# -- the container's permissions ----------------------------------------------------------------------------
+def course_folders() -> list[Path]:
+    """The installed course package's folders in site-packages; none when this runs from a source
+    tree (an editable install), which `protect` leaves alone and the uid boundary then refuses."""
+    paths = sysconfig.get_paths()
+    if chapters.ROOT not in {Path(paths["purelib"]).resolve(), Path(paths["platlib"]).resolve()}:
+        return []
+    return [chapters.ROOT / name for name in PACKAGES if (chapters.ROOT / name).is_dir()]
+
+
+def protect(root: Path) -> list[Path]:
+    """Make root alone able to read the source tree, the installed course package and
+    run_autograder (mode 0700, owned by root), and to write the results folder (0755);
+    return the folders locked. Idempotent: setup.sh runs it once, `run` again before grading."""
+    locked = []
+    for path in [root / "source", *course_folders()]:
+        if path.is_dir() and not path.is_symlink():
+            _own(path, 0o700)
+            locked.append(path)
+    if (root / "run_autograder").is_file():  # it holds the grading seed
+        _own(root / "run_autograder", 0o700)
+    results = root / "results"
+    if results.is_symlink():
+        results.unlink()
+    results.mkdir(parents=True, exist_ok=True)
+    _own(results, 0o755)
+    return locked
+
+
+def _own(path: Path, mode: int) -> None:
+    if os.geteuid() == 0:
+        os.chown(path, 0, 0, follow_symlinks=False)
+    os.chmod(path, mode)
+
+
+# -- the sandbox ------------------------------------------------------------------------------------------
+def choose_sandbox() -> tuple[str, str]:
+    """(kind, description) of the boundary to grade in: bubblewrap where it works, else the uid
+    boundary; `COURSE_SANDBOX` forces one. SandboxUnavailable names the fixes when none works."""
+    from grader.isolation.sandbox import KINDS, SandboxUnavailable, probe
+
+    forced = os.environ.get("COURSE_SANDBOX", "")
+    if forced and forced not in KINDS:
+        raise SandboxUnavailable(f"COURSE_SANDBOX={forced!r} names no sandbox: {' or '.join(KINDS)}")
+    reasons = []
+    for kind in [forced] if forced else KINDS:
+        try:
+            return kind, probe(kind)
+        except SandboxUnavailable as e:
+            reasons.append(str(e))
+    raise SandboxUnavailable("no sandbox can be made in this container, so no submission is graded here: "
+                             + "; ".join(reasons) + f" (setup.sh installs bubblewrap and setpriv and creates the "
+                             f"user {STUDENT_USER}; Gradescope runs run_autograder as root)")
+
+
+def student_uid() -> tuple[int, str]:
+    """The host uid the student's code runs as, and how to name it: `COURSE_STUDENT_UID`, else the
+    user setup.sh made, else a uid of the sandbox's own range that has no user and no file."""
+    from grader.isolation.sandbox import HOST_UID_BASE
+
+    given = os.environ.get("COURSE_STUDENT_UID", "")
+    if given:
+        if not given.isdigit() or int(given) == 0:
+            raise Refused(f"COURSE_STUDENT_UID={given!r} is not the uid of an unprivileged user")
+        return int(given), f"uid {given}"
+    try:
+        uid = pwd.getpwnam(STUDENT_USER).pw_uid
+    except KeyError:
+        return HOST_UID_BASE, f"uid {HOST_UID_BASE} (no user {STUDENT_USER}: setup.sh creates it)"
+    return uid, f"user {STUDENT_USER} (uid {uid})"
+
+
+def leaks(uid: int, results: Path, private: list[Path]) -> list[str]:
+    """What the uid-boundary student (`uid`) could read of `private` or write in `results`, tried
+    as that uid with the Python it would run (a line each); a failure to run it is one too."""
+    from grader.isolation.sandbox import Box, environment
+
+    box = Box("uid", uid=uid)
+    canary = results / f".can-the-student-write-{secrets.token_hex(4)}"
+    try:
+        out = subprocess.run(box.wrap([sys.executable, "-I", "-S", "-c", LEAK_TEST, str(canary),
+                                       *map(str, private)]),
+                             capture_output=True, text=True, timeout=60, env=environment(box.home),
+                             preexec_fn=box.limit, cwd="/")
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [f"the student's Python could not be run as uid {uid} ({e})"]
+    finally:
+        canary.unlink(missing_ok=True)
+        box.close()
+    if out.returncode != 0:
+        return [f"the student's Python could not be run as uid {uid} (exit status {out.returncode}: "
+                f"{out.stderr.strip()[-300:]})"]
+    return [line for line in out.stdout.splitlines() if line]
+
+
+def processes_of(uid: int) -> list[int]:
+    """Every live process (not a zombie) that runs as `uid`, any of its ids."""
+    from grader.isolation import procs
+
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            info = procs.status(int(name))
+            if str(uid) in info.get("Uid", "").split() and not info.get("State", "Z").startswith(("Z", "X")):
+                found.append(int(name))
+    return found
+
+
+def end_processes(uid: int) -> list[int]:
+    """Kill every process of `uid` (the sandbox is gone already; this makes sure); the pids that
+    are still there afterwards, if any."""
+    from grader.isolation import sandbox
+
+    for _ in range(3):
+        if not processes_of(uid):
+            break
+        sandbox._kill_uid(uid)  # `kill -9 -1` as that uid: all of them at once, a forking one included
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:  # orphans this subreaper adopted
+            pass
+    except ChildProcessError:
+        pass
+    return processes_of(uid)
+
+
+# -- grading ----------------------------------------------------------------------------------------------
+class Refused(RuntimeError):
+    """This container cannot grade anybody's submission safely: no result but score 0."""
+
+
+def run(root: Path, chapter_id: str, seed: int) -> tuple[dict, int]:
+    """Grade the submission under `root` and write `root/results/results.json` (never raises);
+    the document and the exit status (1 when grading was refused or broke, else 0)."""
+    from grader.isolation.sandbox import SandboxUnavailable
+    from grader.run import MissingModule, check
+    from grader.submission import SubmissionError, find_answer, open_folder, read_answer
 
     results = root / "results"
-    results.mkdir(parents=True, exist_ok=True)
     ch = chapters.find(chapter_id)
-    submission = root / "submission"
-    notebooks = sorted(submission.glob("*.ipynb"))
+    private = Path(tempfile.mkdtemp(prefix="course-gradescope-"))  # 0700, root's
+    uid, boundary = None, ""
+    status = 0
     try:
-        if (submission / ch.filename).is_file():
-            folder = submission
-        elif notebooks:
-            folder = submission_from_cells(ch, cells_of(notebooks[0]), results / "module")
+        locked = protect(root)
+        kind, description = choose_sandbox()
+        if os.geteuid() == 0:
+            uid, who = student_uid()
+            if end_processes(uid):  # a dedicated uid runs nothing before the submission does
+                raise Refused(f"uid {uid} runs processes that cannot be ended: the student's uid must be its own")
+            boundary = f"sandbox: {description}; the student's code ran as {who} on the host"
         else:
-            raise ValueError(f"the submission has neither {ch.filename} nor a chapter notebook")
-        report = check(ch.id, submission=folder, hidden=True, seed=seed, figures_dir=results / "figures")
+            boundary = f"sandbox: {description}"
+        if kind == "uid":
+            secret = [*locked, chapters.SOLUTIONS / ch.filename, chapters.ROOT / "grader" / "hidden" / f"{ch.id}.py",
+                      chapters.ANSWERS]
+            found = leaks(uid, results, secret) if uid is not None else ["not root"]
+            if found:
+                raise Refused(f"the uid boundary does not hold here ({'; '.join(found)[:1000]}): run setup.sh "
+                              f"(it installs the course package non-editably and makes it root's alone)")
+        folder_fd = open_folder(root / "submission", follow=True)
+        try:
+            name = find_answer(folder_fd, ch)
+            if name is None:
+                raise SubmissionError(f"the submission has neither {ch.filename} nor a chapter notebook "
+                                      f"({ch.id}.ipynb or {ch.filename[:-3]}.ipynb)")
+            answer = read_answer(folder_fd, name, ch)
+        finally:
+            os.close(folder_fd)
+        (private / ch.filename).write_bytes(answer.source)
+        report = check(ch.id, submission=private, source=answer.source, hidden=True, seed=seed,
+                       figures_dir=results / "figures", sandbox=kind, uid=uid)
         doc = report.to_json()
-        doc.update(stdout_visibility="hidden", output=f"{ch.id} · {ch.title}: {report.score:g}/{report.max_score:g}")
-    except Exception as e:  # a submission that cannot be graded still gets a document
-        doc = {"score": 0, "output": f"could not grade this submission: {e}", "tests": []}
-    (results / "results.json").write_text(json.dumps(doc, ensure_ascii=False, indent=1), encoding="utf-8")
-    return doc
+        doc.update(stdout_visibility="hidden",
+                   output=f"{ch.id} · {ch.title}: {report.score:g}/{report.max_score:g}\n{boundary}")
+    except (SubmissionError, MissingModule) as e:  # the submission's own problem: graded 0, said why
+        doc = {"score": 0, "output": f"could not grade this submission: {e}" + f"\n{boundary}" * bool(boundary),
+               "tests": []}
+    except (Refused, SandboxUnavailable) as e:
+        doc = {"score": 0, "output": f"not graded: {e}", "tests": []}
+        status = 1
+    except Exception as e:  # the grader's own failure: still a document, and a status that says so
+        doc = {"score": 0, "output": f"could not grade this submission ({type(e).__name__}: {e})"
+                                     + f"\n{boundary}" * bool(boundary), "tests": []}
+        status = 1
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    if uid is not None:
+        left = end_processes(uid)
+        if left:
+            doc = {"score": 0, "output": f"not graded: processes of uid {uid} ({left[:10]}) outlived the sandbox",
+                   "tests": []}
+            status = 1
+    write_results(results, doc)
+    return doc, status
+
+
+def write_results(results: Path, doc: dict) -> None:
+    """results.json, written atomically (a temporary file beside it, then `os.replace`)."""
+    results.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=results, prefix=".results-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, ensure_ascii=False, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temp, 0o644)
+        os.replace(temp, results / "results.json")
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--protect"] and len(argv) == 2:
+        for path in protect(Path(argv[1])):
+            print(f"root's alone (0700): {path}")
+        return 0
+    if len(argv) != 3:
+        print("usage: python -m grader.gradescope ROOT CHAPTER SEED | --protect ROOT", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    doc, status = run(Path(argv[0]), argv[1], int(argv[2]))
+    print(doc["output"], f"({time.monotonic() - started:.1f} s)")
+    return status
 
 
 if __name__ == "__main__":
-    import sys
-
-    run(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]))
+    sys.exit(main(sys.argv[1:]))

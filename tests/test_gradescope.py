@@ -1,46 +1,452 @@
-"""The Gradescope bundle, unpacked and run against a fake /autograder layout."""
+"""The Gradescope bundle: exported, installed as setup.sh installs it, run against a fake /autograder.
+
+The bundle's venv is made once per session, the way setup.sh makes it but faster: a venv of
+Debian's /usr/bin/python3 (Gradescope's image has apt's python3, and this repository's editable
+install must not be visible), the course package's dependencies hard-linked from this venv's
+site-packages (the very files pip installed here: installing torch's wheel again takes about two
+minutes, linking it one second), then a plain, non-editable `pip install` of the bundle's course/
+as setup.sh runs it (15 to 30 s in all here). Everything lives in a folder every uid may traverse
+(/tmp/course-gradescope-test-*), so the student's uid meets only the permissions the bundle sets.
+
+Each boundary is forced in turn (`COURSE_SANDBOX`), with a uid of the tests' own for the student
+(`COURSE_STUDENT_UID`): the reference scores full marks, the stub 0, and attacks score 0 without
+reading a line of the reference or the hidden checks, and without touching results.json.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 import zipfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import pytest
 
 from grader import chapters
-from grader.gradescope import export
+from grader.gradescope import STUDENT_USER, export, processes_of
 
 CH25 = chapters.find("ch25")
+SEED = 9
+STUDENT = 1_250_000 + os.getpid() % 10_000
+"""The student's uid in these tests: outside the range the sandbox picks uids from, used by no one else."""
+KINDS = ["bwrap", "uid"]
+SYSTEM_PYTHON = "/usr/bin/python3"
 
 
-def run_bundle(tmp_path, files: dict[str, str]) -> dict:
-    bundle = export(CH25, tmp_path / "autograder.zip", seed=9)
-    root = tmp_path / "autograder"
-    zipfile.ZipFile(bundle).extractall(root / "source")
-    (root / "submission").mkdir()
-    for name, text in files.items():
-        (root / "submission" / name).write_text(text)
+@dataclass
+class Installed:
+    base: Path
+    bundle: Path
+    python: Path
+    site: Path
+
+
+@dataclass
+class Run:
+    root: Path
+    proc: subprocess.CompletedProcess
+    raw: bytes
+
+    @property
+    def doc(self) -> dict:
+        return json.loads(self.raw)
+
+    @property
+    def results(self) -> Path:
+        return self.root / "results" / "results.json"
+
+
+def _dependencies() -> list[metadata.Distribution]:
+    """The installed distributions the course package needs (extras left out), not itself."""
+    seen: dict[str, metadata.Distribution] = {}
+    todo = [r for r in metadata.distribution("course").requires or () if "extra ==" not in r]
+    while todo:
+        name = re.split(r"[\s<>=!~;\[(]", todo.pop(), maxsplit=1)[0].lower().replace("_", "-")
+        if name in seen:
+            continue
+        try:
+            seen[name] = dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:  # not needed here (a marker): pip decides
+            continue
+        todo += [r for r in dist.requires or () if "extra ==" not in r]
+    return list(seen.values())
+
+
+@pytest.fixture(scope="session")
+def installed() -> Installed:
+    if os.geteuid() != 0 or not shutil.which("bwrap") or not shutil.which("setpriv"):
+        pytest.skip("the bundle's sandboxes need root, bubblewrap and setpriv, as in Gradescope's container")
+    if not os.path.exists(SYSTEM_PYTHON):
+        pytest.skip(f"no {SYSTEM_PYTHON} to make the bundle's venv with")
+    base = Path(tempfile.mkdtemp(prefix="course-gradescope-test-"))
+    os.chmod(base, 0o755)
+    try:
+        zipfile.ZipFile(export(CH25, base / "autograder.zip", seed=SEED)).extractall(base / "bundle")
+        venv = base / "venv"
+        subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True)
+        python = venv / "bin" / "python"
+        site = Path(subprocess.run([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                   capture_output=True, text=True, check=True).stdout.strip())
+        for dist in _dependencies():  # hard links of what pip installed here: its folders, and its files one by one
+            files = [f for f in dist.files or () if f.parts[0] != ".."]
+            for top in sorted({f.parts[0] for f in files if len(f.parts) > 1 and f.parts[0] != "__pycache__"}):
+                if not (site / top).exists():
+                    subprocess.run(["cp", "-al", str(dist.locate_file(top)), str(site / top)], check=True)
+            for f in files:
+                if (len(f.parts) == 1 or f.parts[0] == "__pycache__") and Path(dist.locate_file(f)).is_file():
+                    (site / f).parent.mkdir(exist_ok=True)
+                    os.link(dist.locate_file(f), site / f)
+        pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
+                              str(base / "bundle" / "course")], capture_output=True, text=True)
+        assert pip.returncode == 0, pip.stderr[-3000:]
+        where = subprocess.run([str(python), "-I", "-c", "import grader, solutions; print(grader.__file__)"],
+                               capture_output=True, text=True, check=True, cwd="/").stdout.strip()
+        assert where == str(site / "grader" / "__init__.py")  # installed, not this work tree
+        assert {p.name for p in site.glob("*.pth")} <= {"distutils-precedence.pth"}  # no editable finder
+        yield Installed(base, base / "bundle", python, site)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def autograder(installed: Installed, files: dict[str, str] | None = None) -> Path:
+    """A fake /autograder as Gradescope lays it out before run_autograder: the bundle in source/,
+    the submission, a results folder (created open to all: the bundle must close it)."""
+    root = Path(tempfile.mkdtemp(prefix="autograder-", dir=installed.base))
+    os.chmod(root, 0o755)
+    shutil.copytree(installed.bundle, root / "source")
     shutil.copy(root / "source" / "run_autograder", root / "run_autograder")  # as Gradescope does
-    os.chmod(root / "run_autograder", 0o755)
-    env = dict(os.environ, GRADESCOPE_ROOT=str(root), COURSE_PYTHON=sys.executable)
-    subprocess.run([str(root / "run_autograder")], env=env, check=True, capture_output=True)
-    return json.loads((root / "results" / "results.json").read_text())
+    os.chmod(root / "run_autograder", 0o755)  # zipfile does not keep the mode the zip gives it
+    (root / "submission").mkdir()
+    (root / "results").mkdir()
+    os.chmod(root / "results", 0o777)
+    for name, text in (files or {}).items():
+        (root / "submission" / name).write_text(text)
+    return root
 
 
+def run_autograder(installed: Installed, root: Path, kind: str | None, **env: str) -> Run:
+    assert not processes_of(STUDENT), "the student's uid must be a dedicated one"
+    env = {"GRADESCOPE_ROOT": str(root), "COURSE_PYTHON": str(installed.python), "COURSE_STUDENT_UID": str(STUDENT),
+           **({"COURSE_SANDBOX": kind} if kind else {}), **env}
+    command = [str(root / "run_autograder")] if "PATH" not in env else ["/bin/bash", str(root / "run_autograder")]
+    proc = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
+    return Run(root, proc, (root / "results" / "results.json").read_bytes())
+
+
+def grade(installed: Installed, kind: str | None, files: dict[str, str], **env: str) -> Run:
+    return run_autograder(installed, autograder(installed, files), kind, **env)
+
+
+def as_student(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["setpriv", f"--reuid={STUDENT}", f"--regid={STUDENT}", "--clear-groups", "--no-new-privs",
+                           "--", *argv], capture_output=True, text=True, timeout=120, cwd="/")
+
+
+def texts(doc) -> str:
+    """Every string of a document, one per line: what the student may see."""
+    if isinstance(doc, dict):
+        return "\n".join(texts(v) for v in doc.values())
+    if isinstance(doc, list):
+        return "\n".join(texts(v) for v in doc)
+    return str(doc)
+
+
+# -- the bundle -------------------------------------------------------------------------------------------
 def test_the_bundle_has_what_gradescope_runs(tmp_path):
-    names = zipfile.ZipFile(export(CH25, tmp_path / "a.zip")).namelist()
+    z = zipfile.ZipFile(export(CH25, tmp_path / "a.zip", seed=SEED))
+    names = z.namelist()
     assert {"setup.sh", "run_autograder", "course/pyproject.toml"} <= set(names)
     assert "course/grader/hidden/ch25.py" in names and not [n for n in names if n.startswith("course/tests")]
+    setup, run = z.read("setup.sh").decode(), z.read("run_autograder").decode()
+    assert "useradd --system" in setup and STUDENT_USER in setup and "bubblewrap" in setup
+    assert "pip install /autograder/source/course" in setup and "-e " not in setup  # not editable
+    assert setup.index("pip install") < setup.index("-m grader.gradescope --protect /autograder")
+    assert '-I -m grader.gradescope "$ROOT" ch25 9' in run and "cd / &&" in run  # the installed package
 
 
-def test_run_autograder_writes_results_json(tmp_path):
-    doc = run_bundle(tmp_path, {CH25.filename: (chapters.SOLUTIONS / CH25.filename).read_text()})
-    assert doc["score"] == doc["max_score"] > 0 and doc["seed"] == 9
+def test_setup_leaves_the_answers_and_the_results_to_root(installed):
+    root = autograder(installed)
+    for path in (installed.site / "solutions", installed.site / "grader"):  # as pip installed them
+        path.chmod(0o755)
+    assert as_student("cat", str(installed.site / "solutions" / CH25.filename)).returncode == 0
+    out = subprocess.run([str(installed.python), "-I", "-m", "grader.gradescope", "--protect", str(root)],
+                         capture_output=True, text=True, cwd="/")  # what setup.sh runs after pip install
+    assert out.returncode == 0, out.stderr
+    for path in (root / "source", installed.site / "solutions", installed.site / "grader"):
+        info = path.stat()
+        assert (oct(info.st_mode & 0o777), info.st_uid) == ("0o700", 0), path
+    info = (root / "results").stat()
+    assert (oct(info.st_mode & 0o777), info.st_uid) == ("0o755", 0)
+    private = [installed.site / "solutions" / CH25.filename, installed.site / "grader" / "hidden" / "ch25.py",
+               root / "source" / "course" / "solutions" / CH25.filename, root / "run_autograder"]
+    for path in private:
+        assert as_student("cat", str(path)).returncode != 0, f"the student's uid reads {path}"
+    for path in (root / "source", installed.site / "solutions", installed.site / "grader" / "hidden"):
+        assert as_student("ls", str(path)).returncode != 0, f"the student's uid lists {path}"
+    for attempt in ("echo forged > results/results.json", "touch results/anything", "mkdir results/figures"):
+        assert as_student("/bin/sh", "-c", f"cd {root} && {attempt}").returncode != 0, attempt
+    assert not list((root / "results").iterdir())
+    # ...while Python, torch and numpy stay there for it: the venv is readable, only the course package is not
+    works = as_student(str(installed.python), "-I", "-c", "import torch, numpy; print(torch.__version__)")
+    assert works.returncode == 0 and works.stdout.startswith("2.13.0"), works.stderr[-2000:]
+
+
+# -- grading, in either boundary -----------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_reference_scores_full_marks(installed, kind):
+    run = grade(installed, kind, {CH25.filename: (chapters.SOLUTIONS / CH25.filename).read_text()})
+    doc = run.doc
+    assert run.proc.returncode == 0, run.proc.stdout + run.proc.stderr
+    assert doc["score"] == doc["max_score"] > 0 and doc["seed"] == SEED
     assert any("hidden" in t["tags"] for t in doc["tests"]) and all(t["status"] == "passed" for t in doc["tests"])
+    boundary = {"bwrap": "sandbox: bubblewrap", "uid": "sandbox: uid boundary"}[kind]
+    assert boundary in doc["output"] and f"uid {STUDENT}" in doc["output"]
+    assert not processes_of(STUDENT)
 
 
-def test_an_empty_submission_still_gets_a_document(tmp_path):
-    doc = run_bundle(tmp_path, {"notes.txt": "nothing"})
-    assert doc["score"] == 0 and "neither" in doc["output"]
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_stub_scores_zero(installed, kind):
+    stub = (chapters.EXERCISES / CH25.filename).read_text()
+    if kind == "uid":  # and as a chapter notebook, its one code cell the stub
+        files = {f"{CH25.id}.ipynb": json.dumps({"cells": [{"cell_type": "code", "source": stub}]})}
+    else:
+        files = {CH25.filename: stub}
+    run = grade(installed, kind, files)
+    assert run.proc.returncode == 0 and run.doc["score"] == 0 and run.doc["max_score"] > 0
+    assert "not implemented" in texts(run.doc["tests"])
+
+
+STEAL = '''
+import ctypes, importlib.util, os, site, subprocess, sys
+import torch
+
+TARGETS = TARGETS_HERE
+SOLUTION, HIDDEN = "solutions/ch25_paged_kv.py", "grader/hidden/ch25.py"
+
+
+def _candidates():
+    roots = list(sys.path) + site.getsitepackages()
+    return list(TARGETS) + [os.path.join(r, rel) for r in roots for rel in (SOLUTION, HIDDEN)]
+
+
+def _by_path(path):
+    with open(path) as f:
+        return f.read()
+
+
+def _by_dir_fd(path):
+    folder = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = os.open(os.path.basename(path), os.O_RDONLY, dir_fd=folder)
+    finally:
+        os.close(folder)
+    with os.fdopen(fd) as f:
+        return f.read()
+
+
+def _by_cat(path):
+    return subprocess.run(["cat", path], capture_output=True, text=True, timeout=10).stdout
+
+
+def _by_ctypes(path):
+    libc = ctypes.CDLL(None)
+    fd = libc.open(path.encode(), os.O_RDONLY)
+    if fd < 0:
+        return ""
+    buffer = ctypes.create_string_buffer(1 << 20)
+    n = libc.read(fd, buffer, len(buffer))
+    libc.close(fd)
+    return buffer.raw[:max(n, 0)].decode()
+
+
+_stolen, _tried, _calls = [], [], []
+
+
+def _steal():
+    """Once per process (a check has a time limit): open and os.open everywhere, cat and libc's
+    open on the known paths."""
+    if not _tried:
+        _tried.append(True)
+        for path in _candidates():
+            for way in (_by_path, _by_dir_fd) + (_by_cat, _by_ctypes) * (path in TARGETS):
+                try:
+                    text = way(path)
+                except Exception:
+                    continue
+                if text:
+                    _stolen.append(text)
+    return _stolen
+
+
+_found = []
+
+
+def _reference():
+    if _found:
+        return _found[0]
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "_Refuse"]  # the grader's import blocker
+    try:
+        import solutions.ch25_paged_kv as ref
+        _found.append(ref)
+        return ref
+    except Exception:
+        pass
+    for path in _candidates():
+        if path.endswith(SOLUTION):
+            try:
+                spec = importlib.util.spec_from_file_location("stolen_reference", path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+            except Exception:
+                continue
+            _found.append(module)
+            return module
+    return None
+
+
+def slot_mapping(block_table, positions, block_size):
+    """Task ch25.1: whatever could be read goes into the feedback, a file's end (its code) a call."""
+    stolen = _steal()
+    if not stolen:
+        raise RuntimeError("nothing could be read")
+    _calls.append(1)
+    raise RuntimeError("stolen:\\n" + stolen[len(_calls) % len(stolen)][-3500:])
+
+
+def __getattr__(name):
+    """Every other function, class and helper: the reference's, where it can be loaded."""
+    ref = _reference()
+    if ref is None or name.startswith("__"):
+        raise AttributeError(name)
+    return getattr(ref, name)
+'''
+
+
+def secret_lines(installed: Installed, submission: str) -> set[str]:
+    """Lines of the reference and of the hidden checks that nothing else the student sees has."""
+    def lines(path: Path) -> set[str]:
+        return {line.strip() for line in path.read_text().splitlines() if len(line.strip()) >= 25}
+
+    secret = lines(installed.site / "solutions" / CH25.filename) | lines(installed.site / "grader" / "hidden" / "ch25.py")
+    public = [installed.site / "exercises" / CH25.filename, *(installed.site / "grader" / "checks").glob("ch25*.py")]
+    return secret - set().union(*map(lines, public)) - {line.strip() for line in submission.splitlines()}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reading_the_reference_gets_nothing(installed, kind):
+    root = autograder(installed)
+    targets = [str(installed.site / "solutions" / CH25.filename), str(installed.site / "grader" / "hidden" / "ch25.py"),
+               str(root / "source" / "course" / "solutions" / CH25.filename),
+               str(root / "source" / "course" / "grader" / "hidden" / "ch25.py")]
+    code = STEAL.replace("TARGETS_HERE", repr(targets))
+    (root / "submission" / CH25.filename).write_text(code)
+    run = run_autograder(installed, root, kind)
+    doc, seen = run.doc, texts(run.doc)
+    assert run.proc.returncode == 0 and doc["score"] == 0 and doc["max_score"] > 0, doc["output"]
+    assert "nothing could be read" in seen  # slot_mapping tried every way and got nothing
+    assert "has no function 'store_kv'" in seen  # the reference could not be loaded to stand in
+    secret = secret_lines(installed, code)
+    assert len(secret) > 50
+    assert not [line for line in secret if line in seen]
+
+
+DAEMON = '''
+import json, os, time
+
+RESULTS = RESULTS_HERE
+FORGED = {"score": 1000, "max_score": 1000, "output": "forged", "tests": []}
+
+
+def _forge():
+    for attempt in (_overwrite, _replace):
+        try:
+            attempt()
+        except OSError:
+            pass
+
+
+def _overwrite():
+    with open(RESULTS, "w") as f:
+        json.dump(FORGED, f)
+
+
+def _replace():
+    temp = RESULTS + ".forged"
+    with open(temp, "w") as f:
+        json.dump(FORGED, f)
+    os.replace(temp, RESULTS)
+
+
+def _leave_a_daemon():
+    """setsid and a double fork: a process of no session of the grader's, that outlives this one."""
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            for _ in range(40):  # 8 s: while grading goes on, and after run_autograder returned
+                time.sleep(0.2)
+                _forge()
+            os._exit(0)
+        os._exit(0)
+    os.wait()
+
+
+_leave_a_daemon()
+
+
+def slot_mapping(block_table, positions, block_size):
+    """Task ch25.1."""
+    _leave_a_daemon()
+    raise NotImplementedError("no")
+'''
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_process_left_behind_cannot_rewrite_the_results(installed, kind):
+    root = autograder(installed)
+    (root / "submission" / CH25.filename).write_text(DAEMON.replace("RESULTS_HERE", repr(str(root / "results" /
+                                                                                              "results.json"))))
+    run = run_autograder(installed, root, kind)
+    assert run.proc.returncode == 0 and run.doc["score"] == 0 and run.doc["max_score"] > 0
+    assert not processes_of(STUDENT)  # every process of the student's uid is gone
+    time.sleep(3)  # the daemon, had it survived, would have rewritten the results by now
+    assert run.results.read_bytes() == run.raw and json.loads(run.results.read_bytes())["score"] == 0
+    assert {p.name for p in (root / "results").iterdir()} <= {"figures", "results.json"}
+    assert not processes_of(STUDENT)
+
+
+# -- refusing ---------------------------------------------------------------------------------------------
+def test_no_sandbox_no_grading(installed, tmp_path):
+    """Neither bubblewrap nor setpriv to be found: score 0, the fix named, a failing exit status; and
+    no value of COURSE_SANDBOX switches the sandbox off."""
+    tmp_path.chmod(0o755)
+    solution = {CH25.filename: (chapters.SOLUTIONS / CH25.filename).read_text()}
+    run = grade(installed, None, solution, PATH=str(tmp_path))
+    assert run.proc.returncode == 1 and run.doc["score"] == 0 and run.doc["tests"] == []
+    assert "not graded" in run.doc["output"] and "apt-get install bubblewrap" in run.doc["output"]
+    assert "setpriv" in run.doc["output"]
+    run = grade(installed, "none", solution)
+    assert run.proc.returncode == 1 and run.doc["score"] == 0 and "names no sandbox" in run.doc["output"]
+
+
+def test_the_uid_boundary_refuses_a_course_package_the_student_could_read(installed):
+    """Graded by this work tree's editable install instead of the bundle's venv: solutions/ is
+    readable by every uid, so the uid boundary refuses before any student code runs."""
+    run = grade(installed, "uid", {CH25.filename: (chapters.SOLUTIONS / CH25.filename).read_text()},
+                COURSE_PYTHON=sys.executable)
+    assert run.proc.returncode == 1 and run.doc["score"] == 0
+    assert "the uid boundary does not hold here" in run.doc["output"]
+    assert f"can read {chapters.SOLUTIONS / CH25.filename}" in run.doc["output"]
+
+
+def test_an_empty_submission_still_gets_a_document(installed):
+    run = grade(installed, "uid", {"notes.txt": "nothing"})
+    assert run.proc.returncode == 0 and run.doc["score"] == 0 and "neither" in run.doc["output"]
+    assert "sandbox: uid boundary" in run.doc["output"]

@@ -112,11 +112,15 @@ class Box:
 
     _count = 0
 
-    def __init__(self, kind: str | None, files: dict[str, bytes] | None = None) -> None:
+    def __init__(self, kind: str | None, files: dict[str, bytes] | None = None, *, uid: int | None = None) -> None:
         """`kind` "bwrap", "uid" or None (no sandbox: the student's own exercises); `files` the
-        submission (file name -> bytes), written into a folder the box sees read-only."""
+        submission (file name -> bytes), written into a folder the box sees read-only; `uid` the
+        host uid the box's processes run as (root only; by default HOST_UID_BASE + k): a uid of
+        its own, e.g. a dedicated user's, that no other process or box uses meanwhile."""
         if kind is not None and kind not in KINDS:
             raise SandboxUnavailable(f"unknown sandbox kind {kind!r}: one of {', '.join(KINDS)}")
+        if uid is not None and (os.geteuid() != 0 or uid <= 0):
+            raise SandboxUnavailable(f"a box's uid is chosen by root, and is not root's (uid {uid}): {FIX['uid']}")
         Box._count += 1
         self.kind = kind
         self.root = Path(tempfile.mkdtemp(prefix="course-box-"))
@@ -131,7 +135,9 @@ class Box:
             os.chmod(self.inbox / name, 0o644)
         self.logs = self.root / "logs"   # the grader's side only: never mounted
         self.logs.mkdir(mode=0o700)
-        self.uid = HOST_UID_BASE + (os.getpid() * 64 + Box._count) % 1_000_000 if os.geteuid() == 0 else os.getuid()
+        if uid is None:
+            uid = HOST_UID_BASE + (os.getpid() * 64 + Box._count) % 1_000_000 if os.geteuid() == 0 else os.getuid()
+        self.uid = uid
         self.home = HOME
         if kind != "bwrap":  # a scratch folder on the host, the box's own
             scratch = self.root / "home"
@@ -252,6 +258,11 @@ class Box:
                 time.sleep(0.02)
             if left:
                 raise RuntimeError(f"the sandbox's processes {left} outlived it")
+            for pid in {self.init_pid, *self.frame} - {None}:  # a subreaper adopts what bwrap's own leave
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -287,6 +298,10 @@ def _mounts(harness: Path, inbox: Path) -> list[str]:
         made.add(path)
         args.extend(["--ro-bind", path, path])
 
+    args += ["--proc", "/proc", "--dev", "/dev",  # first: what is bound below may live under /tmp
+             "--size", str(LIMITS["tmp_size"]), "--perms", "1777", "--tmpfs", "/tmp",
+             "--size", str(LIMITS["tmp_size"]), "--perms", "1777", "--tmpfs", HOME]
+    made.update({"/tmp", HOME})
     for path in SYSTEM:
         if os.path.islink(path):
             args.extend(["--symlink", os.readlink(path), path])
@@ -299,9 +314,6 @@ def _mounts(harness: Path, inbox: Path) -> list[str]:
         made.add(site_dir)
         for entry in entries:
             bind(entry)
-    args += ["--proc", "/proc", "--dev", "/dev",
-             "--size", str(LIMITS["tmp_size"]), "--perms", "1777", "--tmpfs", "/tmp",
-             "--size", str(LIMITS["tmp_size"]), "--perms", "1777", "--tmpfs", HOME]
     bind(str(harness))
     bind(str(inbox))
     return args
@@ -326,7 +338,7 @@ def package_paths() -> dict[str, list[str]]:
             if file.parts and file.parts[0] != "..":
                 top = os.path.normpath(str(dist.locate_file(file.parts[0])))
                 home = next((s for s in sites if top.startswith(s + os.sep)), None)
-                if home and top not in wanted[home]:
+                if home and top not in wanted[home] and os.path.lexists(top):  # a RECORD may list what is gone
                     wanted[home].append(top)
     return wanted
 
