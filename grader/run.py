@@ -48,7 +48,8 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
           memory_limit: int = DEFAULT_MEMORY_LIMIT, on_result: Callable[[CheckResult], None] | None = None,
           refs: Callable[[str], object] | None = None, launcher: Callable[..., Worker] | None = None,
           time_limits: Mapping[str, float] | None = None, sandbox: str | None = None,
-          source: bytes | None = None, on_start: Callable[[str, str], None] | None = None) -> Report:
+          source: bytes | None = None, on_start: Callable[[str, str], None] | None = None,
+          uid: int | None = None) -> Report:
     """Run a chapter's checks and draw its figures from the graded code's outputs.
 
     Args:
@@ -73,6 +74,8 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
             (every process of it ended) before this returns; SandboxUnavailable if none can be made.
         source: the module's text as the trusted side read it (`grader.submission`); by default
             the file is read here, without following a link.
+        uid: with `sandbox`, the host uid its processes run as (as root; by default one of its
+            own per box, `grader.isolation.sandbox.Box`), e.g. a dedicated user's.
 
     Public checks run first; the hidden ones then run in a fresh process, so nothing the student's
     code saw during them can surface in a public check's output. After a check of a task runs
@@ -92,7 +95,7 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
             from grader.isolation.zygote import Zygote
 
             probe(sandbox)
-            box = Box(sandbox, {ch.filename: read_module(path) if source is None else source})
+            box = Box(sandbox, {ch.filename: read_module(path) if source is None else source}, uid=uid)
             path = box.inbox / ch.filename
             zygote = Zygote(box=box)
             launcher = zygote.start
