@@ -4,6 +4,8 @@ real conventions it claims (SDPA, nano-vllm's flatten, views without copies)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +13,8 @@ from mutate import checks_not_passed, figure, mutant_grader, result, wrong_eleme
 
 from grader.checks import ch16 as checks
 from grader.compare import fmt
+from grader.hidden import ch16 as hidden
+from grader.hidden import ch16_models as models
 from grader.run import check
 from solutions import ch16_attention_steps as ref
 
@@ -73,14 +77,37 @@ def test_wrong_axes_are_named_from_the_shape(graded):
     assert not any(p.endswith("dim-split-heads.svg") for p in report.figures), "no figure from a wrong shape"
 
 
-def test_a_copy_is_caught_by_the_recorder(graded):
-    # .contiguous() after the transpose: right values, but a copy of every number
-    report = graded("split_copy", (SPLIT, SPLIT + ".contiguous()"), task="16.1")
-    assert checks_not_passed(report) == ["the split is a view: no number is copied (recorded)"]
+@pytest.mark.parametrize("name, new", [
+    ("split_copy", SPLIT + ".contiguous()"),     # .contiguous() after the transpose: right values, every number copied
+    ("split_stack", "return torch.stack(x.view(B, T, num_heads, width // num_heads).unbind(2), dim=1)"),
+])
+def test_a_copy_does_not_fit_the_measured_check(graded, name, new):
+    report = graded(name, (SPLIT, new), task="16.1")
+    assert checks_not_passed(report) == ["the split is a view: no number is copied (measured)"]
     r = result(report, "the split is a view")
-    assert "created a new [2, 4, 6, 16] tensor (aten.clone)" in r.message
+    x_bytes = math.prod(hidden.SPLIT_X) * 4
+    assert f"x [2, 512, 4096] float32 is {x_bytes >> 20} MiB" in r.message
+    assert f"needed more than {hidden.SPLIT_SPARE >> 20} MiB beyond x" in r.message
+    assert "ran out at ch16_attention_steps.py:" in r.message and f"asking for {x_bytes >> 20} MiB" in r.message
+    assert x_bytes >= 4 * hidden.SPLIT_SPARE, "a copy needs 4× the limit: no borderline verdicts"
     assert "nano-vllm's q.view(-1, num_heads, head_dim) is a view" in r.message
+    assert "hint: drop the .contiguous() / .clone() / torch.stack" in r.message
     assert not wrong_elements(report, "dim-split-heads")
+
+
+def test_a_copy_made_with_dispatch_modes_switched_off_is_still_measured(graded):
+    # Switching off torch's dispatch modes hid a copy from a recorder inside the student's process; the memory
+    # limit is the kernel's, outside it.
+    report = graded("split_copy_unseen", (SPLIT, "import torch.utils._python_dispatch\n"
+                                                 "    with torch.utils._python_dispatch._disable_current_modes():\n"
+                                                 "        " + SPLIT + ".contiguous()"), task="16.1")
+    assert checks_not_passed(report) == ["the split is a view: no number is copied (measured)"]
+    assert "asking for 16 MiB" in result(report, "the split is a view").message
+
+
+def test_reference_passes_the_measured_check():
+    r = result(check("ch16", solutions=True, task="16.1", hidden=True, seed=SEED), "the split is a view")
+    assert r.status == "passed", r.message
 
 
 # -- 16.2 merge_heads ----------------------------------------------------------------------------
@@ -136,7 +163,7 @@ def test_wrong_scales_are_explained(graded, name, scale, factor, hint):
     r = result(report, "figure instance: one causal head")
     assert r.status == "failed"
     q, k = checks.tensor(checks.ONE_Q), checks.tensor(checks.ONE_K)
-    want = ref.attention_steps(q, k, k, mask=checks.causal(3))["scores"]
+    want = ref.attention_steps(q, k, k, mask=models.causal(3))["scores"]
     assert (f"step 1: scores[0, 0] = (q[0] · k[0]) × scale = (1·1 + 0·0) × 1/√2 = {fmt(want[0, 0])}; "
             f"yours: {fmt(float(q[0] @ k[0]) * factor)}") in r.message
     assert hint in r.message
@@ -256,6 +283,8 @@ def test_scale_from_the_wrong_dimension_and_wrong_out_are_recognised():
     q, k, v = torch.randn(2, 16), torch.randn(5, 16), torch.randn(5, 16)
     want = ref.attention_steps(q, k, v)
     by_keys = (q @ k.T) / 5 ** 0.5
-    assert "not the number of keys S = 5" in checks.scores_hint(by_keys, want["scores"], q, k, None, None)
-    assert "not with the raw scores" in checks.out_hint(want["scores"] @ v, want, k, v)
-    assert "the content comes from V" in checks.out_hint(want["probs"] @ k, want, k, v)
+    variants = models.steps_variants(None, q, k, v, None, None, want)
+    assert "not the number of keys S = 5" in checks.scores_hint(by_keys, want["scores"], q, k, None, None,
+                                                                variants["scores"])
+    assert "not with the raw scores" in checks.out_hint(want["scores"] @ v, variants["out"])
+    assert "the content comes from V" in checks.out_hint(want["probs"] @ k, variants["out"])

@@ -10,6 +10,9 @@ import torch
 from mutate import checks_not_passed, mutant_grader, result, wrong_elements
 
 from grader.checks import ch18 as checks18
+from grader.hidden import ch18 as hidden18
+from grader.hidden import ch18_models as models18
+from grader.run import check
 from solutions import ch18_gqa as ref
 
 SEED = 7
@@ -103,7 +106,7 @@ def test_unscaled_scores_are_explained_and_marked(graded):
     assert "hint: scale the scores by 1/√d = 1/√2; you did not scale them" in r.message
     q, k, v = checks18.dim_gqa_tensors()
     want = ref.gqa_attention(q, k, v)
-    t, h, j = (int(i) for i in ((want - checks18.attend(q, k, v, [0, 0], checks18.end_aligned(3, 3), 1.0)).abs()
+    t, h, j = (int(i) for i in ((want - models18.attend(q, k, v, [0, 0], models18.end_aligned(3, 3), 1.0)).abs()
                                 > 1e-5).nonzero()[0])
     assert f"out[{t}, {h}, {j}]: expected {checks18.fmt(want[t, h, j])}" in r.message
     assert wrong_elements(report, "dim-gqa"), "the student's wrong outputs are marked in dim-gqa"
@@ -111,20 +114,38 @@ def test_unscaled_scores_are_explained_and_marked(graded):
     assert result(report, "not causal, with a custom scale").status == "passed"
 
 
-def test_repeating_kv_is_caught_only_by_the_recorder(graded):
-    report = graded("ch18_repeat_kv",
-                    # repeat_kv: a copy of K and V for every query head, then plain multi-head attention
-                    ("    group = Hq // Hkv\n",
-                     "    group = Hq // Hkv\n"
-                     "    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)\n"
-                     "    Hkv, group = Hq, 1\n"),
-                    task="18.2")
-    assert checks_not_passed(report) == ["no per-query-head copy of K or V is created (recorded)"]
+# A copy of K and V for every query head, then plain multi-head attention: repeat_kv, or expand(...).reshape.
+REPEAT_KV = ("    group = Hq // Hkv\n",
+             "    group = Hq // Hkv\n"
+             "    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)\n"
+             "    Hkv, group = Hq, 1\n")
+EXPAND_KV = ("    group = Hq // Hkv\n",
+             "    group = Hq // Hkv\n"
+             "    k = k[:, :, None].expand(S, Hkv, group, d).reshape(S, Hq, d)\n"
+             "    v = v[:, :, None].expand(S, Hkv, group, d).reshape(S, Hq, d)\n"
+             "    Hkv, group = Hq, 1\n")
+
+
+def copy_message(report) -> str:
+    """The measured check's message, after making sure it is the only check that failed."""
+    assert checks_not_passed(report) == ["no per-query-head copy of K or V is created (measured)"]
     r = result(report, "no per-query-head copy")
-    S, Hq, d = 40, 8, 16
-    assert f"{S * Hq * d:,} numbers, a copy of K or V for every query head" in r.message
-    assert "[40, 2, 4, 16] (S × Hkv × group × d" in r.message
+    T, S, Hq, Hkv, d, causal = hidden18.KV_CASES[0]
+    assert f"case: T={T} queries, S={S} keys, Hq={Hq} query heads over Hkv={Hkv} K/V heads" in r.message
+    assert f"needed more than {hidden18.KV_SPARE >> 20} MiB beyond its inputs, all this check allows" in r.message
+    assert f"S·Hq·d = {S * Hq * d:,} numbers ({S * Hq * d * 4 >> 20} MiB) and does not fit" in r.message
     assert "view q as [Hkv, group·T, d]" in r.message
+    return r.message
+
+
+@pytest.mark.parametrize("name, edit, hint", [
+    ("ch18_repeat_kv", REPEAT_KV, "hint: repeat_interleave materialises the repeated K/V"),
+    ("ch18_expand_kv", EXPAND_KV, "hint: expand is a view, but the reshape (or contiguous) after it"),
+])
+def test_repeating_kv_does_not_fit_the_measured_check(graded, name, edit, hint):
+    message = copy_message(graded(name, edit, task="18.2"))
+    assert "ran out at ch18_gqa.py:" in message and "asking for 64 MiB" in message
+    assert hint in message
 
 
 def test_broadcasting_matmul_copy_is_caught_with_its_hint(graded):
@@ -135,34 +156,25 @@ def test_broadcasting_matmul_copy_is_caught_with_its_hint(graded):
                     ('float("-inf")).view(Hkv, group * T, S)', 'float("-inf"))'),
                      ("@ v.permute(1, 0, 2)", "@ v.permute(1, 0, 2).unsqueeze(1)"),
                      task="18.2")
-    assert checks_not_passed(report) == ["no per-query-head copy of K or V is created (recorded)"]
+    message = copy_message(report)
+    assert "hint: a torch.matmul that broadcasts a [Hkv, 1, …] K" in message and "[2, 8, 128, 8192]" in message
+
+
+def test_a_copy_made_with_dispatch_modes_switched_off_is_still_measured(graded):
+    # Switching off torch's dispatch modes hid the copies from a recorder inside the student's process; the
+    # memory limit is the kernel's, outside it.
+    old, new = REPEAT_KV
+    unseen = new.replace("    k, v = k.repeat_interleave",
+                         "    import torch.utils._python_dispatch\n"
+                         "    with torch.utils._python_dispatch._disable_current_modes():\n"
+                         "        k, v = k.repeat_interleave")
+    assert "asking for 64 MiB" in copy_message(graded("ch18_repeat_kv_unseen", (old, unseen), task="18.2"))
+
+
+def test_reference_passes_the_measured_check():
+    report = check("ch18", solutions=True, task="18.2", hidden=True, seed=SEED)
     r = result(report, "no per-query-head copy")
-    assert "(Hkv × group × d × S" in r.message
-    assert "hint: torch.matmul broadcasting a [Hkv, 1, …] K" in r.message
-
-
-def test_recorder_threshold_separates_legitimate_tensors_from_copies():
-    # The recorder instance: every legitimate tensor is smaller than one repeated K.
-    T, S, Hq, Hkv, d = 3, 40, 8, 2, 16
-    group = Hq // Hkv
-    legit = [[Hkv, group * T, S], [Hkv, group, T, S], [Hq, T, S], [T, S], [S, Hkv, d], [Hkv, group * T, d],
-             [S, S], [T, Hq, d]]
-    assert checks18.kv_copies([["x", s, "float32"] for s in legit], S, Hq, d) == []
-    copies = [[S, Hq, d], [S, Hkv, group, d], [Hkv, group, d, S], [Hq, S, d]]
-    assert len(checks18.kv_copies([["x", s, "float32"] for s in copies], S, Hq, d)) == len(copies)
-    assert len({T, S, Hq, Hkv, group, d}) == 6, "all sizes differ, so a copy's dims can be named"
-    assert checks18.dims_named([40, 8, 16], {"T": T, "S": S, "Hq": Hq, "Hkv": Hkv, "group": group, "d": d}) \
-        == "S × Hq × d"
-
-
-def test_reference_creates_no_copy_of_kv():
-    from grader.isolation.child import _Recorder
-
-    T, S, Hq, Hkv, d = 3, 40, 8, 2, 16
-    q, k, v = torch.randn(T, Hq, d), torch.randn(S, Hkv, d), torch.randn(S, Hkv, d)
-    with _Recorder() as rec:
-        ref.gqa_attention(q, k, v)
-    assert rec.created and checks18.kv_copies(rec.created, S, Hq, d) == []
+    assert r.status == "passed", r.message
 
 
 def test_attention_hint_finds_combined_mistakes():
@@ -170,11 +182,12 @@ def test_attention_hint_finds_combined_mistakes():
     T, S, Hq, Hkv, d = 3, 7, 4, 2, 8
     q = torch.randn(T, Hq, d, generator=g)
     k, v = torch.randn(S, Hkv, d, generator=g), torch.randn(S, Hkv, d, generator=g)
-    both = checks18.attend(q, k, v, [h % Hkv for h in range(Hq)], torch.ones(T, S, dtype=torch.bool).tril(), d ** -0.5)
-    hint = checks18.attention_hint(both, q, k, v, True, None)
+    variants = models18.gqa_variants(None, q, k, v, True, None)
+    both = models18.attend(q, k, v, [h % Hkv for h in range(Hq)], torch.ones(T, S, dtype=torch.bool).tril(), d ** -0.5)
+    hint = checks18.attention_hint(both, q, k, v, True, None, variants)
     assert "interleaved" in hint and "aligned to the end" in hint
-    full_width = checks18.attend(q, k, v, [h // 2 for h in range(Hq)], checks18.end_aligned(T, S), (Hq * d) ** -0.5)
-    assert "not 1/√(num_heads·head_dim)" in checks18.attention_hint(full_width, q, k, v, True, None)
+    full_width = models18.attend(q, k, v, [h // 2 for h in range(Hq)], models18.end_aligned(T, S), (Hq * d) ** -0.5)
+    assert "not 1/√(num_heads·head_dim)" in checks18.attention_hint(full_width, q, k, v, True, None, variants)
 
 
 # -- 18.3 --------------------------------------------------------------------------------------------

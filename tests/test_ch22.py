@@ -13,6 +13,9 @@ from grader.checks import ch22 as checks
 from grader.checks import ch22_flash as flash
 from grader.compare import CheckFailed, fmt
 from grader.hidden import ch22 as hidden
+from grader.hidden import ch22_models as models
+from grader.isolation.session import StudentRaised
+from grader.run import check
 from solutions import ch22_flash_attention as ref
 
 SEED = 22
@@ -164,17 +167,51 @@ def test_visiting_future_tiles_is_caught_by_the_trace(graded):
     assert wrong_elements(report, "ch22-flash-tiles", "tile wrong")
 
 
-def test_full_score_matrix_is_caught_only_by_the_recorder(graded):
-    report = graded("ch22_full_scores",
-                    # the whole [T, S] score matrix computed once, then sliced into "tiles"
-                    ("scale, offset = d ** -0.5, S - T\n",
-                     "scale, offset = d ** -0.5, S - T\n    full = (q @ k.T) * scale\n"),
-                    ("s = (q[q0:q1] @ k[k0:k1].T) * scale", "s = full[q0:q1, k0:k1]"), task="22.2")
-    assert checks_not_passed(report) == ["no tensor of T·S elements is ever created (recorded)"]
+# The whole [T, S] score matrix computed once, then sliced into "tiles".
+FULL_SCORES = (("scale, offset = d ** -0.5, S - T\n",
+                "scale, offset = d ** -0.5, S - T\n    full = (q @ k.T) * scale\n"),
+               ("s = (q[q0:q1] @ k[k0:k1].T) * scale", "s = full[q0:q1, k0:k1]"))
+
+
+def memory_message(report) -> str:
+    """The measured check's message for the causal T = S = 8192 case, after making sure only it failed."""
+    assert checks_not_passed(report) == ["no tensor of T·S elements is ever created (measured)"]
     r = result(report, "no tensor of T·S")
-    assert "created a float32 tensor of shape [256, 256] (T=S × T=S, made by aten.mm): 65,536 numbers, at least as many" in r.message
-    assert "FlashAttention never holds it" in r.message
-    assert "hint: compute the scores tile by tile" in r.message
+    assert "case: T=8192 queries, S=8192 keys, d=16, causal=True, block_q=256, block_k=256" in r.message
+    assert f"needed more than {hidden.FLASH_SPARE >> 20} MiB beyond its inputs, all this check allows" in r.message
+    assert "ran out at ch22_flash_attention.py:" in r.message
+    assert "the whole T × S score matrix alone is 256 MiB (a [T, S] bool mask 64 MiB)" in r.message
+    assert "FlashAttention never holds it: each step works on one tile [256, 256] of scores (0.25 MiB)" in r.message
+    return r.message
+
+
+def test_full_score_matrix_does_not_fit_the_measured_check(graded):
+    message = memory_message(graded("ch22_full_scores", *FULL_SCORES, task="22.2"))
+    assert "full = (q @ k.T) * scale, asking for 256 MiB" in message
+    assert "hint: compute the scores tile by tile" in message
+
+
+def test_full_causal_mask_does_not_fit_the_measured_check(graded):
+    report = graded("ch22_full_mask",
+                    # the causal mask built once for all [T, S] positions, then sliced per tile
+                    ("scale, offset = d ** -0.5, S - T\n",
+                     "scale, offset = d ** -0.5, S - T\n"
+                     "    full_mask = torch.arange(S) <= torch.arange(T)[:, None] + offset\n"),
+                    ("visible = torch.arange(k0, k1) <= torch.arange(q0, q1)[:, None] + offset",
+                     "visible = full_mask[q0:q1, k0:k1]"), task="22.2")
+    message = memory_message(report)
+    assert "asking for 64 MiB" in message and "hint: a [T, S] causal mask is a full matrix too" in message
+
+
+def test_a_full_matrix_made_with_dispatch_modes_switched_off_is_still_measured(graded):
+    # Switching off torch's dispatch modes hid the matrix from a recorder inside the student's process; the
+    # memory limit is the kernel's, outside it.
+    (old, new), tiles = FULL_SCORES
+    unseen = new.replace("    full = ", "    import torch.utils._python_dispatch\n"
+                                      "    with torch.utils._python_dispatch._disable_current_modes():\n"
+                                      "        full = ")
+    message = memory_message(graded("ch22_full_scores_unseen", (old, unseen), tiles, task="22.2"))
+    assert "asking for 256 MiB" in message
 
 
 def test_ragged_query_block_dropped(graded):
@@ -216,24 +253,31 @@ def test_lse_without_the_max(graded):
     assert wrong_elements(report, "ch22-flash-tiles")
 
 
-# -- the recorder, the trace model, the hints --------------------------------------------------------
+# -- the memory limit, the trace model, the hints ----------------------------------------------------
 
-def test_reference_creates_nothing_of_size_t_times_s():
-    from grader.isolation.child import _Recorder
-
-    for T, S, causal in ((256, 256, True), (128, 320, False)):
-        q, k, v = torch.randn(T, 16), torch.randn(S, 16), torch.randn(S, 16)
-        with _Recorder() as rec:
-            ref.flash_attention(q, k, v, causal=causal, block_q=32, block_k=32)
-        assert rec.created and not rec.dropped and hidden.big_tensors(rec.created, T, S) == []
-        assert max(math.prod(c[1]) for c in rec.created) <= T * S // 16
+def test_reference_passes_the_measured_check():
+    report = check("ch22", solutions=True, task="22.2", hidden=True, seed=SEED)
+    r = result(report, "no tensor of T·S")
+    assert r.status == "passed", r.message
 
 
-def test_a_full_causal_mask_gets_its_own_hint():
-    with pytest.raises(CheckFailed, match="a \\[T, S\\] causal mask is a full matrix too"):
-        hidden.explain_big([("tril", [256, 256], "torch.bool")], 256, 256, 16, 32, 32)
-    strip = [("mm", [32, 256], "torch.float32")]           # a strip of one query block is below T·S
-    assert hidden.big_tensors(strip, 256, 256) == []
+def test_memory_hints_follow_the_refused_size():
+    def message(text: str, frames: list) -> str:
+        e = StudentRaised("flash_attention", {"name": "RuntimeError", "message": text, "frames": frames,
+                                              "out_of_memory": True})
+        return str(hidden.explain_memory(e, 8192, 8192, 16, True, 256, 256, 4))
+
+    refused = "DefaultCPUAllocator: can't allocate memory: you tried to allocate {} bytes. Error code 12"
+    line = [["/x/ch22_flash_attention.py", 12, "flash_attention",
+             "    m = torch.arange(S) <= torch.arange(T)[:, None]  # the whole mask"]]
+    mask = message(refused.format(8192 * 8192), line)
+    assert "it ran out at ch22_flash_attention.py:12, m = torch.arange(S) <= torch.arange(T)[:, None], asking for " \
+           "64 MiB" in mask and "hint: a [T, S] causal mask is a full matrix too" in mask
+    assert "hint: compute the scores tile by tile" in message(refused.format(4 * 8192 * 8192), line)
+    strip = message(refused.format(4 * 256 * 8192), [])                    # one query block against every key
+    assert "asking for 8 MiB" in strip and "hint: keep one tile at a time" in strip
+    bare = message("", [])                                                  # a MemoryError says nothing more
+    assert "all this check allows; the whole T × S" in bare and "hint: keep one tile at a time" in bare
 
 
 @pytest.mark.parametrize("T, S, bq, bk, causal", [(6, 8, 2, 3, True), (10, 10, 4, 3, True), (5, 17, 3, 4, True),
@@ -243,8 +287,8 @@ def test_tiles_and_model_agree_with_the_reference(T, S, bq, bk, causal):
         torch.randn(S, 8, dtype=torch.float64)
     trace: list = []
     out, lse = ref.flash_attention(q, k, v, causal, bq, bk, trace)
-    assert [(r["qb"], r["kb"]) for r in trace] == flash.tiles_to_visit(T, S, bq, bk, causal)
-    m_out, m_lse, m_trace = flash.flash_model(q, k, v, causal, bq, bk)
+    assert [(r["qb"], r["kb"]) for r in trace] == models.tiles_to_visit(T, S, bq, bk, causal)
+    m_out, m_lse, m_trace = models.flash_model(q, k, v, causal, bq, bk)
     assert torch.allclose(out, m_out) and torch.allclose(lse, m_lse)
     assert [(a[0], a[1]) for a in m_trace] == [(r["qb"], r["kb"]) for r in trace]
     naive, mid = ref.naive_attention(q, k, v, causal)
@@ -254,10 +298,11 @@ def test_tiles_and_model_agree_with_the_reference(T, S, bq, bk, causal):
 def test_stats_hints():
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(n, 4, generator=g) * 3 for n in (6, 8, 8))
-    trace = flash.flash_model(q, k, v, True, 2, 3)[2]
+    trace = models.flash_model(q, k, v, True, 2, 3)[2]
+    answers = flash.flash_models(None, q, k, v, True, 2, 3)
     qb, kb, m, l = next(r for r in trace if r[1] > 0 and r[2][1] > [x for x in trace if x[:2] == (r[0], r[1] - 1)][0][2][1])
-    assert "unscaled" in flash.stats_hint(qb, kb, 1, m[1] / 0.5, l[1], q, k, v, True, 2, 3)
+    assert "unscaled" in flash.stats_hint(qb, kb, 1, m[1] / 0.5, l[1], 4, answers)
     stale = [x for x in trace if x[:2] == (qb, kb - 1)][0]
-    assert "after the tile's update" in flash.stats_hint(qb, kb, 1, stale[2][1], stale[3][1], q, k, v, True, 2, 3)
-    no_rescale = {x[:2]: x for x in flash.flash_model(q, k, v, True, 2, 3, rescale_l=False)[2]}[qb, kb]
-    assert "l = exp(m − m_new)·l" in flash.stats_hint(qb, kb, 1, m[1], no_rescale[3][1], q, k, v, True, 2, 3)
+    assert "after the tile's update" in flash.stats_hint(qb, kb, 1, stale[2][1], stale[3][1], 4, answers)
+    no_rescale = {x[:2]: x for x in models.flash_model(q, k, v, True, 2, 3, rescale_l=False)[2]}[qb, kb]
+    assert "l = exp(m − m_new)·l" in flash.stats_hint(qb, kb, 1, m[1], no_rescale[3][1], 4, answers)

@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from releaselike import as_in_a_release
 
 from grader import chapters, reference
 from grader.release import build, record_answers
@@ -23,6 +24,12 @@ from grader.stubs import BEGIN, END
 CHAPTERS = chapters.all_chapters()
 IDS = [ch.id for ch in CHAPTERS]
 DISTINCTIVE = 20  # characters: shorter lines (`return out`, `B, V = x.shape`) are common idiom, not a leak
+IDIOMS = {  # longer lines a solution shares with the checks because anyone writes them so: no answer in them
+    "if top_k is not None:", "if top_p is not None:", "if residual is None:", "if got.names != want.names:",
+    "if off_got != off_want:", "if got.itemsize != want.itemsize:", "B, H, T, d = x.shape",
+    "(T, d), S = q.shape, k.shape[0]", 'H, V = config["hidden_size"], config["vocab_size"]',
+    "for rid, n in plan.items():",
+}
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +37,20 @@ def release(tmp_path_factory):
     return build(tmp_path_factory.mktemp("release"), nbgrader=False)
 
 
+def shipped_files() -> list[Path]:
+    """Every Python file that ships on purpose: stubs, the public grader (lab included), figures, the engine."""
+    return [p for d in ("exercises", "grader", "figures", "engine") for p in (chapters.ROOT / d).rglob("*.py")
+            if "hidden" not in p.parts]
+
+
 def public_text() -> str:
-    """Everything that ships on purpose: stubs, the public grader, figures."""
-    files = [p for d in ("exercises", "grader", "figures") for p in (chapters.ROOT / d).rglob("*.py")
-             if "hidden" not in p.parts]
-    return "\n".join(p.read_text(encoding="utf-8") for p in files)
+    return "\n".join(p.read_text(encoding="utf-8") for p in shipped_files())
 
 
-def secret_lines() -> list[str]:
-    """Distinctive lines of every solution region and of every hidden check (not found in public code)."""
-    public = public_text()
+def solution_lines() -> list[str]:
+    """Distinctive lines of every solution region that are not provided code (the stubs hold the solution
+    files' other lines, so those ship anyway), idioms left out."""
+    provided = "\n".join(p.read_text(encoding="utf-8") for p in chapters.EXERCISES.glob("ch*.py"))
     lines = []
     for path in chapters.SOLUTIONS.glob("ch*.py"):
         inside = False
@@ -48,12 +59,33 @@ def secret_lines() -> list[str]:
                 inside = line.strip() == BEGIN
             elif inside:
                 lines.append(line.strip())
+    return sorted({s for s in lines if len(s) >= DISTINCTIVE and not s.startswith("#") and s not in provided
+                   and s not in IDIOMS})
+
+
+def test_no_solution_line_in_a_shipped_module():
+    """A solution region's code must not reappear in shipped code (a check's model of the answer, say), unless
+    it is provided code anyway."""
+    secrets = solution_lines()
+    assert len(secrets) > 100, "the scan has something to look for"
+    found = [(str(p.relative_to(chapters.ROOT)), n, line.strip()) for p in shipped_files()
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if any(s in line for s in secrets)]
+    assert not found, found[:10]
+
+
+def secret_lines() -> list[str]:
+    """Distinctive lines of every solution region (unless provided code) and of every hidden check (not found in
+    public code: the hidden checks call the public helpers)."""
+    public = public_text()
+    hidden = []
     for path in (chapters.ROOT / "grader" / "hidden").glob("ch*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        lines += [ast.get_source_segment(path.read_text(encoding="utf-8"), n).splitlines()[0].strip()
-                  for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
-        lines += [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-    return sorted({s for s in lines if len(s) >= DISTINCTIVE and not s.startswith("#") and s not in public})
+        hidden += [ast.get_source_segment(path.read_text(encoding="utf-8"), n).splitlines()[0].strip()
+                   for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+        hidden += [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    hidden = [s for s in hidden if len(s) >= DISTINCTIVE and not s.startswith("#") and s not in public]
+    return sorted(set(solution_lines()) | set(hidden))
 
 
 def test_the_release_carries_no_solution_and_no_hidden_check(release):
@@ -178,11 +210,14 @@ def perturbed_submission(ch, folder: Path) -> Path:
 def test_replayed_answers_grade_and_explain_like_the_reference(ch, tmp_path):
     answers = record_answers(ch)
     replay = reference.factory(None, answers)
-    solved = check(ch.id, solutions=True, hidden=False, figures_dir=None, refs=replay)
-    assert [r.status for r in solved.results] == ["passed"] * len(solved.results)
+    with as_in_a_release():     # what the hidden side computes must come from the recording there
+        solved = check(ch.id, solutions=True, hidden=False, figures_dir=None, refs=replay)
+    assert [r.status for r in solved.results] == ["passed"] * len(solved.results), \
+        [(r.name, r.message) for r in solved.results if r.status != "passed"]
     wrong = perturbed_submission(ch, tmp_path)
     here = check(ch.id, submission=wrong, hidden=False, figures_dir=None)
-    there = check(ch.id, submission=wrong, hidden=False, figures_dir=None, refs=replay)
+    with as_in_a_release():
+        there = check(ch.id, submission=wrong, hidden=False, figures_dir=None, refs=replay)
     assert any(r.status != "passed" for r in here.results), "the perturbation makes answers wrong"
     for a, b in zip(here.results, there.results):
         assert (b.name, b.status, b.message) == (a.name, a.status, a.message), (

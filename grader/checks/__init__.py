@@ -11,6 +11,11 @@ recording of the reference's answers (`grader.reference`): it is deterministic
 (fixed inputs, `t.rng`/`t.random` only), and every `t.ref` call it makes happens
 whatever the student answered, i.e. before comparing; an explanation uses only
 values computed by then. `tests/test_release.py` checks both for every chapter.
+
+And since the public checks ship, they hold no working answer: what an explanation compares with beyond the
+reference's answers (a model of the task, what a misconception gives) comes from `hidden_model` drivers,
+asked for before comparing like `t.ref`. `tests/test_shipped_answers.py` calls every shipped chapter
+function on the public checks' inputs and fails if one reproduces an answer.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from grader.trial import Trial
@@ -59,6 +64,36 @@ def _mark(task: str, name: str, is_hidden: bool, points: float, time_limit: floa
         return fn
 
     return wrap
+
+
+def hidden_model(name: str) -> Callable[..., Any]:
+    """A `Trial.reference` driver whose body is `grader/hidden/<module>.py`'s `<function>` ("ch22_models.flash_models").
+
+    What a check needs that would compute an answer (the grader's closed-form models of a task, the variants a
+    misconception gives, an expected intermediate) lives on the hidden side, which never ships. A public check
+    asks for it with `t.reference(driver, ...)` before comparing: the instructor's repository runs the hidden
+    function on the reference module, and a student release replays what `course release` recorded for the
+    check's fixed inputs, so the release can explain its public instances without holding the model. Called
+    directly (`driver(None, ...)`), it needs the hidden side, i.e. the repository.
+    """
+    module_name, _, function = name.rpartition(".")
+
+    def driver(ref: Any, *args: Any, **kwargs: Any) -> Any:
+        module = importlib.import_module(f"grader.hidden.{module_name}")
+        return getattr(module, function)(ref, *args, **kwargs)
+
+    driver.__name__ = driver.__qualname__ = function
+    driver.__doc__ = f"grader.hidden.{name} (run on the hidden side; replayed in a student release)"
+    return driver
+
+
+def if_hidden(driver: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`driver(None, ...)` where this installation has the hidden side, else None: for helpers that also serve
+    outside a check (the lab), which in a student release explain without what only the hidden side knows."""
+    try:
+        return driver(None, *args, **kwargs)
+    except ImportError:
+        return None
 
 
 def _collect(module: ModuleType) -> list[CheckSpec]:

@@ -1,4 +1,8 @@
-"""Public checks of ch16 · attention, step by step, and the messages they share with the hidden ones."""
+"""Public checks of ch16 · attention, step by step, and the messages they share with the hidden ones.
+
+The causal masks the checks pass and the values a misconception of attention_steps gives come from the hidden
+side (`causal_mask`, `steps_variants`), asked for before comparing.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import math
 
 import torch
 
-from grader.checks import public
+from grader.checks import hidden_model, public
 from grader.compare import CheckFailed, describe, expect_tensor, first_wrong, fmt, wrong_mask
 from grader.isolation.session import StudentRaised
 from grader.trial import Trial
@@ -38,10 +42,18 @@ def numbered(shape: tuple[int, ...] = NUMBERED_SHAPE) -> torch.Tensor:
     return torch.arange(float(math.prod(shape))).view(shape)
 
 
-def causal(T: int, S: int | None = None) -> torch.Tensor:
-    """The end-aligned causal mask [T, S] (query i is the token at position S − T + i)."""
-    S = T if S is None else S
-    return torch.ones(T, S, dtype=torch.bool).tril(S - T)
+causal_mask = hidden_model("ch16_models.causal_mask")
+"""`t.reference(causal_mask, T, S)`: the end-aligned causal mask [T, S] a check passes as an input."""
+steps_variants = hidden_model("ch16_models.steps_variants")
+"""`t.reference(steps_variants, q, k, v, mask, scale, want)`: {scores | probs | out: {misconception: tensor}}."""
+
+
+def is_causal(mask: torch.Tensor) -> bool:
+    """Whether a bool [T, S] mask is the end-aligned causal one: True exactly on and below the diagonal S − T."""
+    T, S = mask.shape
+    hidden_keys = ~mask
+    return mask.dtype == torch.bool and bool(mask.equal(mask.tril(S - T))) and \
+        bool(hidden_keys.equal(hidden_keys.triu(S - T + 1)))
 
 
 def tensor(rows: list) -> torch.Tensor:
@@ -228,7 +240,7 @@ def run_merge_case(t: Trial, x: torch.Tensor, case: str, want: torch.Tensor | No
 def steps_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None,
                case: str) -> str:
     (T, d), S = q.shape, k.shape[0]
-    m = "none" if mask is None else "causal" if torch.equal(mask, causal(T, S)) else \
+    m = "none" if mask is None else "causal" if is_causal(mask) else \
         f"bool [{T}, {S}], {int(mask.sum())} of {mask.numel()} True"
     return (f'case "{case}": q [{T}, {d}], k [{S}, {d}], v {list(v.shape)}, mask: {m}, scale = '
             f"{f'1/√{d} (default)' if scale is None else fmt(scale)}")
@@ -288,51 +300,37 @@ def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-4) -> bool:
                                                               equal_nan=True)
 
 
-def softmax_rows(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    e = (s - s.amax(dim=dim, keepdim=True)).exp()
-    return e / e.sum(dim=dim, keepdim=True)
-
-
-def scores_hint(got: torch.Tensor, want: torch.Tensor, q: torch.Tensor, k: torch.Tensor, mask, scale) -> str:
+def scores_hint(got: torch.Tensor, want: torch.Tensor, q: torch.Tensor, k: torch.Tensor, mask, scale,
+                variants: dict) -> str:
+    """The misconception behind wrong scores ('' if none); `variants` is `steps_variants(...)["scores"]`."""
     (T, d), S = q.shape, k.shape[0]
-    raw = q.double() @ k.double().T
     if mask is not None and not bool(mask.all()) and close(got[mask], want[mask]) \
             and bool((got[~mask].double() <= -1e3).all()):
         return ("return the scores before masking: the mask enters in step 2, on the way to the softmax "
                 "(masked_fill(~mask, −∞) on a copy); scores are the plain scaled dot products")
-    variants = [(raw, f"scale the dot products: the default scale is 1/√d = 1/√{d}; your scores are not scaled"),
-                (raw / d, f"the scale is 1/√d = 1/√{d} ≈ {fmt(d ** -0.5)}, not 1/d = 1/{d}")]
-    for n, name in ((S, "keys S"), (T, "queries T")):
-        if n != d:
-            variants.append((raw * n ** -0.5, f"d is the width of q and k (q.shape[-1] = {d}), not the number of "
-                                              f"{name} = {n}"))
-    if scale is not None and not math.isclose(scale, d ** -0.5):
-        variants.append((raw * d ** -0.5, f"use the scale argument ({fmt(scale)}) when it is given; 1/√d is only "
-                                          f"the default"))
-    if T == S:
-        variants.append((want.double().T, "rows are queries and columns keys: q @ k.T (yours is k @ q.T)"))
-    return next((hint for alt, hint in variants if close(got, alt)), "")
+    whys = [("unscaled", f"scale the dot products: the default scale is 1/√d = 1/√{d}; your scores are not scaled"),
+            ("1/d", f"the scale is 1/√d = 1/√{d} ≈ {fmt(d ** -0.5)}, not 1/d = 1/{d}"),
+            ("√keys", f"d is the width of q and k (q.shape[-1] = {d}), not the number of keys S = {S}"),
+            ("√queries", f"d is the width of q and k (q.shape[-1] = {d}), not the number of queries T = {T}"),
+            ("default scale", f"use the scale argument ({fmt(scale or 0.0)}) when it is given; 1/√d is only the "
+                              f"default"),
+            ("transposed", "rows are queries and columns keys: q @ k.T (yours is k @ q.T)")]
+    return next((hint for key, hint in whys if key in variants and close(got, variants[key])), "")
 
 
-def probs_hint(got: torch.Tensor, scores: torch.Tensor, q: torch.Tensor, k: torch.Tensor, mask, scale) -> str:
-    s = scores.double()
-    allowed = torch.ones_like(s, dtype=torch.bool) if mask is None else mask
-    variants = [(softmax_rows(s.masked_fill(~allowed, NEG_INF), 0),
-                 "softmax runs over the keys of each query (dim=-1, along a row), so every row sums to 1; yours "
-                 "normalises each column (dim=0, over the queries)")]
-    if not bool(allowed.all()):
-        variants += [
-            (softmax_rows(s).masked_fill(~mask, 0.0),
-             "mask before the softmax, not after: hidden keys get score −∞, so exp gives exactly 0 and the visible "
-             "keys of the row still sum to 1; zeroing probabilities afterwards leaves rows that sum to less than 1"),
-            (softmax_rows(s.masked_fill(mask, NEG_INF)),
-             f"{CONVENTION}: hide the keys where the mask is False (masked_fill(~mask, −∞)); yours hides the keys "
-             f"it allows"),
-            (softmax_rows(s), "apply the mask: the keys where it is False get score −∞ before the softmax")]
-    if not math.isclose(q.shape[-1] ** -0.5 if scale is None else scale, 1.0):
-        variants.append((softmax_rows((q.double() @ k.double().T).masked_fill(~allowed, NEG_INF)),
-                         "take the softmax of the scaled scores (step 1's output), not of the raw dot products"))
-    hint = next((hint for alt, hint in variants if close(got, alt)), "")
+def probs_hint(got: torch.Tensor, mask, variants: dict) -> str:
+    """The misconception behind wrong probabilities ('' if none); `variants` is `steps_variants(...)["probs"]`."""
+    allowed = torch.ones_like(got, dtype=torch.bool) if mask is None else mask
+    whys = [("dim 0", "softmax runs over the keys of each query (dim=-1, along a row), so every row sums to 1; yours "
+                      "normalises each column (dim=0, over the queries)"),
+            ("masked after", "mask before the softmax, not after: hidden keys get score −∞, so exp gives exactly 0 "
+                             "and the visible keys of the row still sum to 1; zeroing probabilities afterwards leaves "
+                             "rows that sum to less than 1"),
+            ("mask inverted", f"{CONVENTION}: hide the keys where the mask is False (masked_fill(~mask, −∞)); "
+                              f"yours hides the keys it allows"),
+            ("no mask", "apply the mask: the keys where it is False get score −∞ before the softmax"),
+            ("raw scores", "take the softmax of the scaled scores (step 1's output), not of the raw dot products")]
+    hint = next((hint for key, hint in whys if key in variants and close(got, variants[key])), "")
     if not hint and bool((got[~allowed].double().abs() > 1e-4).any()):
         hint = ("keys the mask hides got probability: give their scores −∞ (float('-inf')) before the softmax; a "
                 "finite fill such as −100 or −1e4 can still be larger than the visible scores")
@@ -342,20 +340,20 @@ def probs_hint(got: torch.Tensor, scores: torch.Tensor, q: torch.Tensor, k: torc
     return hint
 
 
-def out_hint(got: torch.Tensor, want: dict, k: torch.Tensor, v: torch.Tensor) -> str:
-    p, s = want["probs"].double(), want["scores"].double()
-    variants = [(s @ v.double(), "out averages V with the probabilities (step 2), not with the raw scores")]
-    if k.shape == v.shape:
-        variants.append((p @ k.double(), "the content comes from V: out = probs @ v, not probs @ k"))
-    if p.shape[0] == p.shape[1]:
-        variants.append((p.T @ v.double(), "out[i] = Σ_j probs[i, j] · v[j], i.e. probs @ v (yours used probs.T)"))
-    return next((hint for alt, hint in variants if close(got, alt)), "")
+def out_hint(got: torch.Tensor, variants: dict) -> str:
+    """The misconception behind a wrong output ('' if none); `variants` is `steps_variants(...)["out"]`."""
+    whys = [("scores @ v", "out averages V with the probabilities (step 2), not with the raw scores"),
+            ("probs @ k", "the content comes from V: out = probs @ v, not probs @ k"),
+            ("probs.T @ v", "out[i] = Σ_j probs[i, j] · v[j], i.e. probs @ v (yours used probs.T)")]
+    return next((hint for key, hint in whys if key in variants and close(got, variants[key])), "")
 
 
 def explain_steps(parts: dict, want: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale,
-                  case: str, *, atol: float = ATOL, rtol: float = RTOL) -> None:
-    """Compare scores, then probs, then out with the reference; explain the first wrong number."""
+                  case: str, *, atol: float = ATOL, rtol: float = RTOL, variants: dict | None = None) -> None:
+    """Compare scores, then probs, then out with the reference; explain the first wrong number (`variants`:
+    `steps_variants`' answer; asked of the hidden side when needed if not given)."""
     (T, d), S = q.shape, k.shape[0]
+    hints = lambda: variants if variants is not None else steps_variants(None, q, k, v, mask, scale, want)
     head = steps_case(q, k, v, mask, scale, case)
     allowed = torch.ones(T, S, dtype=torch.bool) if mask is None else mask
     scores, probs, out = parts["scores"], parts["probs"], parts["out"]
@@ -369,14 +367,14 @@ def explain_steps(parts: dict, want: dict, q: torch.Tensor, k: torch.Tensor, v: 
                     f"{f'1/√{d}' if scale is None else fmt(scale)} = {fmt(want['scores'][i, j])}{where}; "
                     f"yours: {fmt(scores[i, j])}",
               f"({int(wrong_mask(scores, want['scores'], **tol).sum())} of {T * S} scores differ)"],
-             scores_hint(scores, want["scores"], q, k, mask, scale))
+             scores_hint(scores, want["scores"], q, k, mask, scale, hints()["scores"]))
     if (idx := first_wrong(probs, want["probs"], **tol)) is not None:
         i = idx[0]
         m = want["scores"][i].double().masked_fill(~allowed[i], NEG_INF).max()
         fail([head, f"step 2: query {i} may attend {keys_text(allowed[i])}; probs[{i}, j] = exp(scores[{i}, j] − m) "
                     f"/ Σ exp(scores[{i}, j'] − m) over those keys, m = the row's max = {fmt(m)}",
               f"expected row {i}: {vec(want['probs'][i], 8)} (sums to 1); yours: {vec(probs[i], 8)} "
-              f"(sums to {fmt(probs[i].double().sum())})"], probs_hint(probs, want["scores"], q, k, mask, scale))
+              f"(sums to {fmt(probs[i].double().sum())})"], probs_hint(probs, mask, hints()["probs"]))
     if (leak := ((~allowed) & (probs != 0)).nonzero().tolist()):
         i, j = leak[0]
         fail([head, f"step 2: query {i} may not attend key {j} (mask[{i}, {j}] is False), so probs[{i}, {j}] must "
@@ -390,15 +388,16 @@ def explain_steps(parts: dict, want: dict, q: torch.Tensor, k: torch.Tensor, v: 
         fail([head, f"step 3: out[{i}, {c}] = Σ_j probs[{i}, j] · v[j, {c}] = {terms} = {fmt(want['out'][i, c])}; "
                     f"yours: {fmt(out[i, c])}",
               f"({int(wrong_mask(out, want['out'], **tol).sum())} of {out.numel()} outputs differ)"],
-             out_hint(out, want, k, v))
+             out_hint(out, hints()["out"]))
 
 
 def run_steps_case(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
                    scale: float | None = None, *, case: str, **tol: float) -> dict:
     kw = ({"mask": mask} if mask is not None else {}) | ({"scale": scale} if scale is not None else {})
     want = t.ref.attention_steps(q, k, v, **kw)
+    variants = t.reference(steps_variants, q, k, v, mask, scale, want)
     parts = call_steps(t, q, k, v, mask, scale, case=case)
-    explain_steps(parts, want, q, k, v, mask, scale, case, **tol)
+    explain_steps(parts, want, q, k, v, mask, scale, case, **tol, variants=variants)
     return parts
 
 
@@ -468,24 +467,26 @@ def merge_three_dims(t: Trial) -> None:
 
 @public("16.3", "figure instance: one causal head, T = 3, d = 2, small integers")
 def one_head_instance(t: Trial) -> None:
-    q, k, v, mask, case = tensor(ONE_Q), tensor(ONE_K), tensor(ONE_V), causal(3), "figure instance"
+    q, k, v, mask, case = tensor(ONE_Q), tensor(ONE_K), tensor(ONE_V), t.reference(causal_mask, 3), "figure instance"
     want = t.ref.attention_steps(q, k, v, mask=mask)
+    variants = t.reference(steps_variants, q, k, v, mask, None, want)
     parts = call_steps(t, q, k, v, mask, case=case)
     t.figure("dim-one-head-attention", q=q, k=k, v=v, mask=mask, **parts,
              expected={key: want[key] for key in ("scores", "probs", "out")})
-    explain_steps(parts, want, q, k, v, mask, None, case)
+    explain_steps(parts, want, q, k, v, mask, None, case, variants=variants)
 
 
 @public("16.3", "three steps: 2 queries over 4 keys; a second V changes out, not the weights")
 def three_steps(t: Trial) -> None:
     q, k, v, v2 = tensor(STEPS_Q), tensor(STEPS_K), tensor(STEPS_V), tensor(STEPS_V2)
     want, want2 = t.ref.attention_steps(q, k, v), t.ref.attention_steps(q, k, v2)
+    variants = [t.reference(steps_variants, q, k, x, None, None, w) for x, w in ((v, want), (v2, want2))]
     parts = call_steps(t, q, k, v, case="three steps, V")
     parts2 = call_steps(t, q, k, v2, case="three steps, another V")
     t.figure("ch16-three-steps", q=q, k=k, v=v, v2=v2, **parts, out2=parts2["out"],
              expected={key: want[key] for key in ("scores", "probs", "out")}, expected_out2=want2["out"])
-    explain_steps(parts, want, q, k, v, None, None, "three steps, V")
-    explain_steps(parts2, want2, q, k, v2, None, None, "three steps, another V")
+    explain_steps(parts, want, q, k, v, None, None, "three steps, V", variants=variants[0])
+    explain_steps(parts2, want2, q, k, v2, None, None, "three steps, another V", variants=variants[1])
     if not (torch.equal(parts["scores"], parts2["scores"]) and torch.equal(parts["probs"], parts2["probs"])):
         raise CheckFailed("the same q and k with another v gave different scores or probs: Q and K alone decide "
                           "the weights; V only supplies the content they average")
@@ -493,17 +494,18 @@ def three_steps(t: Trial) -> None:
 
 @public("16.3", "causal, 5 queries: one row of probabilities per query")
 def prob_rows(t: Trial) -> None:
-    (q, k, v), mask, case = rows_inputs(), causal(ROWS_T), "5 causal queries"
+    (q, k, v), mask, case = rows_inputs(), t.reference(causal_mask, ROWS_T), "5 causal queries"
     want = t.ref.attention_steps(q, k, v, mask=mask)
+    variants = t.reference(steps_variants, q, k, v, mask, None, want)
     parts = call_steps(t, q, k, v, mask, case=case)
     t.figure("ch16-prob-rows", mask=mask, probs=parts["probs"], expected=want["probs"])
-    explain_steps(parts, want, q, k, v, mask, None, case)
+    explain_steps(parts, want, q, k, v, mask, None, case, variants=variants)
 
 
 @public("16.3", "Qwen3-0.6B's head_dim 128: the default scale is 1/√128; a given scale is used as given")
 def qwen3_scale(t: Trial) -> None:
     q, k, v = (torch.randn(n, 128, generator=t.rng) for n in (2, 3, 3))
-    run_steps_case(t, q, k, v, causal(2, 3), case="head_dim 128, 2 new tokens after 1 cached")
+    run_steps_case(t, q, k, v, t.reference(causal_mask, 2, 3), case="head_dim 128, 2 new tokens after 1 cached")
     run_steps_case(t, q, k, v, scale=0.5, case="head_dim 128, scale 0.5")
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import itertools
-import math
 
 import torch
 
-from grader.checks import public
+from grader.checks import hidden_model, public
 from grader.compare import CheckFailed, describe, expect_int, expect_tensor, first_wrong, fmt, wrong_mask
 from grader.trial import Trial
 
@@ -93,57 +92,36 @@ def _short(xs: list) -> str:
 
 # -- 18.2 gqa_attention ------------------------------------------------------------------------------
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_of: list[int], allowed: torch.Tensor | None,
-           scale: float) -> torch.Tensor:
-    """Plain per-head attention (float64, K/V gathered per head): the grader's own model of a variant."""
-    kk, vv = k[:, kv_of].double(), v[:, kv_of].double()
-    s = torch.einsum("thd,shd->hts", q.double(), kk) * scale
-    if allowed is not None:
-        s = s.masked_fill(~allowed, float("-inf"))
-    return torch.einsum("hts,shd->thd", s.softmax(-1), vv).to(q.dtype)
-
-
-def end_aligned(T: int, S: int) -> torch.Tensor:
-    """The ch17 offset mask [T, S]: query i sees keys 0 … S − T + i."""
-    return torch.ones(T, S, dtype=torch.bool).tril(S - T)
+gqa_variants = hidden_model("ch18_models.gqa_variants")
+"""`t.reference(gqa_variants, q, k, v, causal, scale)`: {"grouping|mask|scale": output} of the misconceptions."""
+gqa_figure = hidden_model("ch18_models.gqa_figure")
+"""`t.reference(gqa_figure, q, k, v)`: the figure instance's mask, q·k per head and weights."""
 
 
 def attention_hint(got: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                   scale: float | None) -> str:
-    """Find the mistakes (grouping × mask × scale) that reproduce the student's output ('' when none)."""
+                   scale: float | None, variants: dict) -> str:
+    """Find the mistakes (grouping × mask × scale) whose output (`gqa_variants`' answer) reproduces the student's
+    ('' when none)."""
     (T, Hq, d), (S, Hkv, _) = q.shape, k.shape
     group = Hq // Hkv
-    right = d ** -0.5 if scale is None else scale
-    groupings = [("", [h // group for h in range(Hq)])]
-    if Hkv > 1 and group > 1:
-        groupings.append((f"query head h reads K/V head h // group = h // {group} (consecutive groups), "
-                          f"not h % num_kv_heads (interleaved)", [h % Hkv for h in range(Hq)]))
-        if all(h // Hkv < Hkv for h in range(Hq)) and group != Hkv:
-            groupings.append((f"query head h reads K/V head h // {group}: divide by the group size, not by "
-                              f"num_kv_heads = {Hkv}", [h // Hkv for h in range(Hq)]))
-    masks = [("", end_aligned(T, S) if causal else None)]
-    if causal:
-        if S > T:
-            masks.append((f"the causal mask is aligned to the end: query i is the token at position S − T + i "
-                           f"= {S - T} + i and sees keys 0 … {S - T} + i; a top-left tril (or SDPA's "
-                           f"is_causal=True with T ≠ S) lets it see only keys 0 … i",
-                           torch.ones(T, S, dtype=torch.bool).tril()))
-        masks.append(("causal=True: mask the keys after each query's position", None))
-    else:
-        masks.append(("causal=False: every query sees every key, apply no mask", end_aligned(T, S)))
-    scales = [("", right)]
-    if scale is not None and not math.isclose(scale, d ** -0.5):
-        scales.append((f"use the scale argument ({fmt(scale)}) when one is given; 1/√d is only the default",
-                       d ** -0.5))
-    scales += [(f"scale the scores by 1/√d = 1/√{d}; you did not scale them", 1.0),
-               (f"the scale is 1/√d = 1/√{d}, not 1/d", 1.0 / d),
-               (f"the scale is 1/√head_dim = 1/√{d}, not 1/√(num_heads·head_dim)", (Hq * d) ** -0.5)]
-    scales = [(why, s) for why, s in scales if why == "" or not math.isclose(s, right)]
-    for (g_why, kv_of), (m_why, allowed), (s_why, s) in itertools.product(groupings, masks, scales):
-        if not (g_why or m_why or s_why):
-            continue
-        variant = attend(q, k, v, kv_of, allowed, s)
-        if torch.allclose(got.double(), variant.double(), atol=1e-4, rtol=1e-4, equal_nan=True):
+    groupings = [("", ""), ("interleaved", f"query head h reads K/V head h // group = h // {group} (consecutive "
+                                           f"groups), not h % num_kv_heads (interleaved)"),
+                 ("by num_kv_heads", f"query head h reads K/V head h // {group}: divide by the group size, not by "
+                                     f"num_kv_heads = {Hkv}")]
+    masks = [("", ""), ("top-left", f"the causal mask is aligned to the end: query i is the token at position "
+                                    f"S − T + i = {S - T} + i and sees keys 0 … {S - T} + i; a top-left tril (or "
+                                    f"SDPA's is_causal=True with T ≠ S) lets it see only keys 0 … i"),
+             ("no mask", "causal=True: mask the keys after each query's position"),
+             ("mask", "causal=False: every query sees every key, apply no mask")]
+    scales = [("", ""), ("default", f"use the scale argument ({fmt(scale or 0.0)}) when one is given; 1/√d is "
+                                    f"only the default"),
+              ("unscaled", f"scale the scores by 1/√d = 1/√{d}; you did not scale them"),
+              ("1/d", f"the scale is 1/√d = 1/√{d}, not 1/d"),
+              ("1/√(Hq·d)", f"the scale is 1/√head_dim = 1/√{d}, not 1/√(num_heads·head_dim)")]
+    for (g, g_why), (m, m_why), (s, s_why) in itertools.product(groupings, masks, scales):
+        variant = variants.get(f"{g}|{m}|{s}")
+        if variant is not None and torch.allclose(got.double(), variant.double(), atol=1e-4, rtol=1e-4,
+                                                  equal_nan=True):
             return "; ".join(w for w in (g_why, m_why, s_why) if w)
     return ""
 
@@ -161,8 +139,10 @@ def expect_output(got, q: torch.Tensor) -> torch.Tensor:
 
 
 def explain_output(out: torch.Tensor, want: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                   causal: bool, scale: float | None, case: str, atol: float = ATOL, rtol: float = RTOL) -> None:
-    """Raise a teaching message at the first wrong output element: its query head, token and keys."""
+                   causal: bool, scale: float | None, case: str, atol: float = ATOL, rtol: float = RTOL,
+                   variants: dict | None = None) -> None:
+    """Raise a teaching message at the first wrong output element: its query head, token and keys (`variants`:
+    `gqa_variants`' answer; asked of the hidden side when needed if not given)."""
     idx = first_wrong(out, want, atol=atol, rtol=rtol)
     if idx is None:
         return
@@ -187,7 +167,8 @@ def explain_output(out: torch.Tensor, want: torch.Tensor, q: torch.Tensor, k: to
         hint = ("your output has inf/nan: subtract each row's maximum before exp (or use torch.softmax), and make "
                 "sure no query row is fully masked")
     else:
-        hint = attention_hint(out, q, k, v, causal, scale)
+        variants = variants if variants is not None else gqa_variants(None, q, k, v, causal, scale)
+        hint = attention_hint(out, q, k, v, causal, scale, variants)
     raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
 
 
@@ -198,7 +179,8 @@ def run_attention_case(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     got = t.call("gqa_attention", q, k, v, **kw)
     out = expect_output(got, q)
     want = t.ref.gqa_attention(q, k, v, **kw) if want is None else want
-    explain_output(out, want, q, k, v, causal=causal, scale=scale, case=case)
+    variants = t.reference(gqa_variants, q, k, v, causal, scale)
+    explain_output(out, want, q, k, v, causal=causal, scale=scale, case=case, variants=variants)
     return out
 
 
@@ -208,43 +190,6 @@ def random_qkv(t: Trial, T: int, S: int, Hq: int, Hkv: int, d: int,
     k = torch.randn(S, Hkv, d, generator=t.rng)
     v = torch.randn(S, Hkv, d, generator=t.rng)
     return q, k, v
-
-
-def kv_copies(created: list, S: int, Hq: int, d: int) -> list:
-    """Created tensors large enough to be a per-query-head copy of K or V: shape contains S, ≥ S·Hq·d numbers."""
-    return [c for c in created if S in c[1] and math.prod(c[1]) >= S * Hq * d]
-
-
-def dims_named(shape: list[int], sizes: dict[str, int]) -> str:
-    """Label a shape's dimensions by the sizes they match: [40, 8, 16] → 'S × Hq × d'."""
-    names = {}
-    for name, size in sizes.items():
-        names.setdefault(size, []).append(name)
-    return " × ".join("=".join(names.get(n, [str(n)])) for n in shape)
-
-
-def explain_copies(copies: list, T: int, S: int, Hq: int, Hkv: int, d: int) -> None:
-    """Fail with the GQA lesson if the student's call created a per-query-head copy of K or V."""
-    if not copies:
-        return
-    op, shape, _ = copies[0]
-    group = Hq // Hkv
-    sizes = {"T": T, "S": S, "Hq": Hq, "Hkv": Hkv, "group": group, "d": d}
-    lines = [f"case: T={T} queries, S={S} keys, Hq={Hq} query heads over Hkv={Hkv} K/V heads (group {group}), "
-             f"d={d}",
-             f"your gqa_attention created a tensor of shape {shape} ({dims_named(shape, sizes)}, made by aten.{op}): "
-             f"{math.prod(shape):,} numbers, a copy of K or V for every query head, while K itself holds only "
-             f"S·Hkv·d = {S * Hkv * d:,}.",
-             "The point of GQA is that the query heads of a group share one K/V head: view q as "
-             "[Hkv, group·T, d] (or [Hkv, group, T, d]) and multiply by k of its group instead of repeating "
-             "k and v (a library call that repeats them internally counts too)."]
-    if len(shape) >= 3 and sorted(shape[-2:]) == sorted([S, d]) and group in shape[:-2]:
-        lines.append(f"hint: torch.matmul broadcasting a [Hkv, 1, …] K against [Hkv, group, T, d] queries expands K "
-                     f"over the group and copies it ({shape}); fold the group into the rows instead: "
-                     f"[Hkv, group·T, d] @ [Hkv, d, S]")
-    elif op in ("repeat_interleave", "repeat", "index_select", "index", "cat", "stack"):
-        lines.append(f"hint: aten.{op} materialised the repeated K/V; index the shared head instead of copying it")
-    raise CheckFailed("\n".join(lines))
 
 
 def dim_gqa_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -339,13 +284,10 @@ def dim_gqa_instance(t: Trial) -> None:
     got = t.call("gqa_attention", q, k, v)
     out = expect_output(got, q)
     want = t.ref.gqa_attention(q, k, v)
-    T, S, d = q.shape[0], k.shape[0], q.shape[-1]
-    allowed = end_aligned(T, S)
-    dots = torch.einsum("thd,sd->hts", q, k[:, 0])
-    weights = (dots * d ** -0.5).masked_fill(~allowed, float("-inf")).softmax(-1)
-    t.figure("dim-gqa", q=q.transpose(0, 1), k=k[:, 0], v=v[:, 0], dots=dots, allowed=allowed, weights=weights,
-             out=out.transpose(0, 1), expected=want.transpose(0, 1), head_dim=d)
-    explain_output(out, want, q, k, v, causal=True, scale=None, case="figure instance")
+    parts, variants = t.reference(gqa_figure, q, k, v), t.reference(gqa_variants, q, k, v, True, None)
+    t.figure("dim-gqa", q=q.transpose(0, 1), k=k[:, 0], v=v[:, 0], dots=parts["dots"], allowed=parts["allowed"],
+             weights=parts["weights"], out=out.transpose(0, 1), expected=want.transpose(0, 1), head_dim=q.shape[-1])
+    explain_output(out, want, q, k, v, causal=True, scale=None, case="figure instance", variants=variants)
 
 
 @public("18.2", "MHA: every query head has its own K/V head (T = S = 4)")

@@ -1,4 +1,8 @@
-"""Public checks of ch19 · rotary position embedding, and the messages they share with the hidden ones."""
+"""Public checks of ch19 · rotary position embedding, and the messages they share with the hidden ones.
+
+The rotations, angle tables and norms a misconception gives (and the normalised q, k of a derivation) come
+from the hidden side's models (`cos_sin_variants`, `rope_variants`, `qk_models`), asked for before comparing.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import math
 
 import torch
 
-from grader.checks import public
+from grader.checks import hidden_model, public
 from grader.compare import CheckFailed, describe, expect_tensor, fmt, wrong_mask
 from grader.trial import Trial
 
@@ -22,6 +26,13 @@ ORDER_POSITIONS, ORDER_BASE, EPS = [1], 10000.0, 1e-6
 
 ATOL = RTOL = 1e-5          # float32 results
 ROUNDING_SHARE = 0.02       # bf16: at most this share of elements may differ by one rounding step
+
+cos_sin_variants = hidden_model("ch19_models.cos_sin_variants")
+"""`t.reference(cos_sin_variants, positions, d, base)`: {misconception: (cos, sin)}."""
+rope_variants = hidden_model("ch19_models.rope_variants")
+"""`t.reference(rope_variants, x, cos, sin)`: {misconception: rotated x}."""
+qk_models = hidden_model("ch19_models.qk_models")
+"""`t.reference(qk_models, x, w, other_w, positions, base, eps)`: normalised heads, cos, sin, {misconception: y}."""
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -78,18 +89,6 @@ def vec(x, n: int = 8) -> str:
     return "[" + ", ".join(fmt(v) for v in xs[:n]) + (", …]" if len(xs) > n else "]")
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str = "half", direction: int = 1,
-           compute: torch.dtype = torch.float32) -> torch.Tensor:
-    """The grader's model of a rotation (and of its wrong variants): pairs in `layout`, in dtype `compute`."""
-    c, s = cos.to(compute)[:, None, :], (direction * sin).to(compute)[:, None, :]
-    xc = x.to(compute)
-    if layout == "half":
-        x1, x2 = xc.chunk(2, dim=-1)
-        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
-    x1, x2 = xc[..., 0::2], xc[..., 1::2]                            # GPT-J: pairs (x[2j], x[2j + 1])
-    return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2).to(x.dtype)
-
-
 # -- 19.1 rope_cos_sin ------------------------------------------------------------------------------
 
 def angle_atol(positions: list[int]) -> float:
@@ -98,8 +97,9 @@ def angle_atol(positions: list[int]) -> float:
 
 
 def expect_cos_sin(got, positions: list[int], d: int, base: float, want: tuple[torch.Tensor, torch.Tensor],
-                   case: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Require (cos, sin) as two float32 [N, d/2] tensors equal to the reference's, explaining the first miss."""
+                   case: str, variants: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Require (cos, sin) as two float32 [N, d/2] tensors equal to the reference's, explaining the first miss
+    (`variants`: `cos_sin_variants`' answer; asked of the hidden side when needed if not given)."""
     n, half = len(positions), d // 2
     what = f"(cos, sin) for {n} positions at head_dim {d}"
     if type(got) not in (tuple, list) or len(got) != 2:
@@ -125,29 +125,27 @@ def expect_cos_sin(got, positions: list[int], d: int, base: float, want: tuple[t
                  f"angle {p} · {fmt(inv, 6)} = {fmt(p * inv, 6)} rad",
                  f"{name}[{i}, {j}] = {name}({fmt(p * inv, 6)}) = {fmt(w[i, j], 6)}; yours: {fmt(g[i, j], 6)} "
                  f"({int(bad.sum())} of {bad.numel()} {name} values differ beyond {atol:.2g})"]
-        hint = cos_sin_hint(out[0], out[1], positions, d, base, want, atol)
+        variants = variants if variants is not None else cos_sin_variants(None, positions, d, base)
+        hint = cos_sin_hint(out[0], out[1], want, atol, variants)
         raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
     return out[0], out[1]
 
 
-def cos_sin_hint(cos: torch.Tensor, sin: torch.Tensor, positions: list[int], d: int, base: float,
-                 want: tuple[torch.Tensor, torch.Tensor], atol: float) -> str:
+COS_SIN_WHYS = [("j/d", "the exponent is 2j/d (j = 0 … d/2 − 1, i.e. arange(0, d, 2) / d), not j/d"),
+                ("inverted", "inv_freq is 1 / base^(2j/d): the frequencies fall from 1 towards 1/base"),
+                ("1-based", "positions are 0-based: position 0 is not rotated"),
+                ("bf16", "compute the angles in float32: bf16 cannot hold large positions exactly (257 becomes 256)"),
+                ("zero", "the angle of pair j at position p is p · inv_freq[j]: yours are all 0")]
+
+
+def cos_sin_hint(cos: torch.Tensor, sin: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor], atol: float,
+                 variants: dict) -> str:
     """The misconception that reproduces the student's (cos, sin), or ''."""
     close = lambda a, b: not wrong_mask(a, b, atol=max(atol, 1e-4)).any()
     if close(cos, want[1]) and close(sin, want[0]):
         return "you returned (sin, cos): the order is (cos, sin)"
-    p = torch.tensor(positions, dtype=torch.float64)[:, None]
-    j = torch.arange(d // 2, dtype=torch.float64)
-    inv = base ** (-2 * j / d)
-    variants = [
-        (p * base ** (-j / d), "the exponent is 2j/d (j = 0 … d/2 − 1, i.e. arange(0, d, 2) / d), not j/d"),
-        (p * base ** (2 * j / d), "inv_freq is 1 / base^(2j/d): the frequencies fall from 1 towards 1/base"),
-        ((p + 1) * inv, "positions are 0-based: position 0 is not rotated"),
-        ((p.bfloat16() * inv.bfloat16()).double(),
-         "compute the angles in float32: bf16 cannot hold large positions exactly (257 becomes 256)"),
-        (p * 0, "the angle of pair j at position p is p · inv_freq[j]: yours are all 0")]
-    for angles, why in variants:
-        if close(cos, angles.cos().float()) and close(sin, angles.sin().float()):
+    for key, why in COS_SIN_WHYS:
+        if close(cos, variants[key][0]) and close(sin, variants[key][1]):
             return why
     return ""
 
@@ -160,7 +158,8 @@ def run_cos_sin_case(t: Trial, positions: list[int], d: int, base: float, case: 
                      as_tensor: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     arg = torch.tensor(positions, dtype=torch.int64) if as_tensor else list(positions)
     got = t.call("rope_cos_sin", arg, d, base)
-    return expect_cos_sin(got, positions, d, base, t.ref.rope_cos_sin(positions, d, base), case)
+    want = t.ref.rope_cos_sin(positions, d, base)
+    return expect_cos_sin(got, positions, d, base, want, case, t.reference(cos_sin_variants, positions, d, base))
 
 
 # -- 19.2 apply_rope --------------------------------------------------------------------------------
@@ -171,40 +170,35 @@ def expect_rotated(got, x: torch.Tensor, what: str = "the rotated x") -> torch.T
                          shape=[n, h, d], dtype=x.dtype)
 
 
-def rope_hint(y: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> str:
-    """The misconception that reproduces the student's rotation, or ''."""
-    variants = [(dict(layout="interleaved"), "the pairs are (x[j], x[j + d/2]) (half-split, NeoX / rotate_half, "
-                                             "as nano-vllm and Qwen3), not (x[2j], x[2j + 1]) (interleaved, GPT-J)"),
-                (dict(direction=-1), "the sign of sin is flipped (you rotate backwards): y1 = x1·cos − x2·sin, "
-                                     "y2 = x2·cos + x1·sin"),
-                (dict(layout="interleaved", direction=-1), "the pairs are (x[j], x[j + d/2]), not (x[2j], x[2j + 1]); "
-                                                           "and the sign of sin is flipped")]
-    for kw, why in variants:
-        if agrees(y, rotate(x, cos, sin, **kw)):
-            return why
-    if agrees(y, rotate(x, sin, cos)) or agrees(y, rotate(x, sin, cos, direction=-1)):
-        return "cos and sin are swapped: the cos of the angle multiplies x1 in y1 and x2 in y2"
-    if x.dtype != torch.float32 and agrees(y, rotate(x, cos, sin, compute=x.dtype)):
-        return (f"you rotated in {dtype_name(x.dtype)}: cast x (and cos, sin) to float32, rotate, and cast the "
-                f"result back once, as nano-vllm does")
-    x1, x2 = x.float().chunk(2, dim=-1)
-    c, s = cos.float()[:, None], sin.float()[:, None]
-    if agrees(y, torch.cat((x1 * c - x2 * s, x2 * c - x1 * s), -1).to(x.dtype)) or \
-            agrees(y, torch.cat((x1 * c + x2 * s, x2 * c + x1 * s), -1).to(x.dtype)):
-        return "one half has the wrong sign: y1 = x1·cos − x2·sin and y2 = x2·cos + x1·sin"
-    return ""
+def rope_hint(y: torch.Tensor, x: torch.Tensor, variants: dict) -> str:
+    """The misconception whose rotation (`rope_variants`' answer) reproduces the student's, or ''."""
+    swapped = "cos and sin are swapped: the cos of the angle multiplies x1 in y1 and x2 in y2"
+    sign = "one half has the wrong sign: y1 = x1·cos − x2·sin and y2 = x2·cos + x1·sin"
+    whys = [("interleaved", "the pairs are (x[j], x[j + d/2]) (half-split, NeoX / rotate_half, as nano-vllm and "
+                            "Qwen3), not (x[2j], x[2j + 1]) (interleaved, GPT-J)"),
+            ("backwards", "the sign of sin is flipped (you rotate backwards): y1 = x1·cos − x2·sin, "
+                          "y2 = x2·cos + x1·sin"),
+            ("interleaved backwards", "the pairs are (x[j], x[j + d/2]), not (x[2j], x[2j + 1]); and the sign of sin "
+                                      "is flipped"),
+            ("swapped", swapped), ("swapped backwards", swapped),
+            ("low precision", f"you rotated in {dtype_name(x.dtype)}: cast x (and cos, sin) to float32, rotate, and "
+                              f"cast the result back once, as nano-vllm does"),
+            ("sign of y2", sign), ("sign of y1", sign)]
+    return next((why for key, why in whys if key in variants and agrees(y, variants[key])), "")
 
 
 def explain_rotated(y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                    case: str, positions: list[int] | None = None) -> None:
-    """Raise a teaching message at the first wrong element: its pair, the angle's cos/sin and the formula."""
+                    case: str, positions: list[int] | None = None, variants: dict | None = None) -> None:
+    """Raise a teaching message at the first wrong element: its pair, the angle's cos/sin and the formula
+    (`variants`: `rope_variants`' answer; asked of the hidden side when needed if not given)."""
     bad = wrong_values(y, want)
+    hint = lambda: rope_hint(y, x, variants if variants is not None else rope_variants(None, x, cos, sin))
     n, h, d = x.shape
     head = f'case "{case}": x [{n}, {h}, {d}] {dtype_name(x.dtype)}, pairs (x[j], x[j + {d // 2}])'
     if not bad.any():
         share = rounding_share(y, want)
         if share > ROUNDING_SHARE:
-            raise rounding_failure(head, share, rope_hint(y, x, cos, sin))
+            raise rounding_failure(head, share, hint())
         return
     t, hh, i = (int(v) for v in bad.nonzero()[0])
     half = d // 2
@@ -221,75 +215,65 @@ def explain_rotated(y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, cos: t
              f"cos[{t}, {j}] = {fmt(c)}, sin[{t}, {j}] = {fmt(s)}",
              f"{formula} = {fmt(want[t, hh, i])}; yours: {fmt(y[t, hh, i])} "
              f"({int(bad.sum())} of {bad.numel()} values differ)"]
-    hint = rope_hint(y, x, cos, sin)
-    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+    why = hint()
+    raise CheckFailed("\n".join(lines + ([f"hint: {why}"] if why else [])))
 
 
 def run_rope_case(t: Trial, x: torch.Tensor, positions: list[int], base: float, case: str) -> torch.Tensor:
     """Rotate x with the reference's cos/sin through the student's apply_rope; compare with the reference."""
     cos, sin = t.ref.rope_cos_sin(positions, x.shape[-1], base)
     y = expect_rotated(t.call("apply_rope", x, cos, sin), x)
-    explain_rotated(y, t.ref.apply_rope(x, cos, sin), x, cos, sin, case, positions)
+    want = t.ref.apply_rope(x, cos, sin)
+    explain_rotated(y, want, x, cos, sin, case, positions, t.reference(rope_variants, x, cos, sin))
     return y
 
 
 # -- 19.3 qk_norm_rope ------------------------------------------------------------------------------
 
-def head_norm(x: torch.Tensor, w: torch.Tensor, eps: float, *, dim=-1, weight_first: bool = False) -> torch.Tensor:
-    """The grader's model of q_norm/k_norm (and variants): RMSNorm over `dim` in float32."""
-    xf = x.float()
-    normed = xf * torch.rsqrt(xf.pow(2).mean(dim=dim, keepdim=True) + eps)
-    return (normed * w.float()).to(x.dtype) if weight_first else (normed.to(x.dtype) * w).to(x.dtype)
+QK_WHYS = [("rotate first", "normalise first, then rotate: the weight scales channel j and j + d/2 differently, so "
+                            "it must act before RoPE mixes them (nano-vllm: q_norm, k_norm, then rotary_emb)"),
+           ("no norm", "apply the per-head RMSNorm (q_norm / k_norm) before rotating"),
+           ("no rope", "rotate the normalised q and k with RoPE at the tokens' positions"),
+           ("no weight", "multiply by the norm weight after normalising"),
+           ("other weight", "q_norm_weight belongs to q and k_norm_weight to k"),
+           ("over heads", "RMSNorm runs over head_dim (the last axis), not across the heads"),
+           ("whole token", "q_norm and k_norm normalise every head separately over its head_dim, not the whole token"),
+           ("interleaved", "RoPE pairs (x[j], x[j + d/2]) (half-split), not (x[2j], x[2j + 1])"),
+           ("weight in float32", "cast the normalised x back to {dtype} before multiplying by the weight, as nano-vllm "
+                                 "and Hugging Face do"),
+           ("rotation in low precision", "the rotation ran in {dtype}: RoPE computes in float32 and casts back once "
+                                         "(see apply_rope, 19.2)")]
 
 
-def qk_hint(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, other_w: torch.Tensor, cos: torch.Tensor,
-            sin: torch.Tensor, eps: float) -> str:
-    rope = lambda z: rotate(z, cos, sin)
-    ones = torch.ones_like(w)
-    variants = [
-        (head_norm(rope(x), w, eps), "normalise first, then rotate: the weight scales channel j and j + d/2 "
-                                     "differently, so it must act before RoPE mixes them (nano-vllm: q_norm, "
-                                     "k_norm, then rotary_emb)"),
-        (rope(x), "apply the per-head RMSNorm (q_norm / k_norm) before rotating"),
-        (head_norm(x, w, eps), "rotate the normalised q and k with RoPE at the tokens' positions"),
-        (rope(head_norm(x, ones, eps)), "multiply by the norm weight after normalising"),
-        (rope(head_norm(x, other_w, eps)), "q_norm_weight belongs to q and k_norm_weight to k"),
-        (rope(head_norm(x, w, eps, dim=1)), "RMSNorm runs over head_dim (the last axis), not across the heads"),
-        (rope(head_norm(x.flatten(1), w.repeat(x.shape[1]), eps).view(x.shape)),
-         "q_norm and k_norm normalise every head separately over its head_dim, not the whole token"),
-        (rotate(head_norm(x, w, eps), cos, sin, layout="interleaved"),
-         "RoPE pairs (x[j], x[j + d/2]) (half-split), not (x[2j], x[2j + 1])")]
-    if x.dtype != torch.float32:
-        variants.append((rope(head_norm(x, w, eps, weight_first=True)),
-                         f"cast the normalised x back to {dtype_name(x.dtype)} before multiplying by the weight, "
-                         f"as nano-vllm and Hugging Face do"))
-        variants.append((rotate(head_norm(x, w, eps), cos, sin, compute=x.dtype),
-                         f"the rotation ran in {dtype_name(x.dtype)}: RoPE computes in float32 and casts back once "
-                         f"(see apply_rope, 19.2)"))
-    for variant, why in variants:
-        if agrees(y, variant):
-            return why
-    return ""
+def qk_hint(y: torch.Tensor, x: torch.Tensor, variants: dict) -> str:
+    """The misconception whose q (or k) in `qk_models(...)["variants"]` reproduces the student's, or ''."""
+    return next((why.format(dtype=dtype_name(x.dtype)) for key, why in QK_WHYS
+                 if key in variants and agrees(y, variants[key])), "")
 
 
 def explain_qk(name: str, y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
-               other_w: torch.Tensor, positions: list[int], base: float, eps: float, case: str) -> None:
-    """Raise a teaching message at the first wrong element of q (or k): its head's rms, the norm and the turn."""
+               other_w: torch.Tensor, positions: list[int], base: float, eps: float, case: str,
+               models: dict | None = None) -> None:
+    """Raise a teaching message at the first wrong element of q (or k): its head's rms, the norm and the turn
+    (`models`: `qk_models`' answer; asked of the hidden side when needed if not given)."""
     n, h, d = x.shape
-    cos, sin = rope_tables(positions, d, base)
     bad = wrong_values(y, want)
+    if not bad.any() and rounding_share(y, want) <= ROUNDING_SHARE:
+        return
+    models = models if models is not None else qk_models(None, x, w, other_w, positions, base, eps)
+    cos, sin = models["cos"], models["sin"]
     head = (f'case "{case}": {name} [{n}, {h}, {d}] {dtype_name(x.dtype)}, positions {short(positions)}, '
             f"base {fmt(base, 8)}")
     if not bad.any():
         share = rounding_share(y, want)
         if share > ROUNDING_SHARE:
-            raise rounding_failure(head, share, qk_hint(y, x, w, other_w, cos, sin, eps))
+            raise rounding_failure(head, share, qk_hint(y, x, models["variants"]))
         return
     t, hh, i = (int(v) for v in bad.nonzero()[0])
     half, j = d // 2, i % (d // 2)
     xf = x[t, hh].double()
     rms = math.sqrt(float(xf.pow(2).mean()) + eps)
-    normed = head_norm(x, w, eps)[t, hh]
+    normed = models["normed"][t, hh]
     a, b = float(normed[j]), float(normed[j + half])
     p, inv = positions[t], 1.0 / base ** (2 * j / d)
     sign = "−" if i < half else "+"
@@ -302,14 +286,8 @@ def explain_qk(name: str, y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, 
              f"{par(first)}·{par(c)} {sign} {par(second)}·{par(s)} = {fmt(want[t, hh, i])}; "
              f"yours: {fmt(y[t, hh, i])} "
              f"({int(bad.sum())} of {bad.numel()} values differ)"]
-    hint = qk_hint(y, x, w, other_w, cos, sin, eps)
+    hint = qk_hint(y, x, models["variants"])
     raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
-
-
-def rope_tables(positions: list[int], d: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float) / d))
-    angles = torch.tensor(positions, dtype=torch.float)[:, None] * inv
-    return angles.cos(), angles.sin()
 
 
 def expect_qk(got, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -329,8 +307,10 @@ def run_qk_case(t: Trial, q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk
     got = t.call("qk_norm_rope", q, k, wq, wk, torch.tensor(positions), base, eps)
     yq, yk = expect_qk(got, q, k)
     want_q, want_k = t.ref.qk_norm_rope(q, k, wq, wk, positions, base, eps)
-    explain_qk("q", yq, want_q, q, wq, wk, positions, base, eps, case)
-    explain_qk("k", yk, want_k, k, wk, wq, positions, base, eps, case)
+    models_q = t.reference(qk_models, q, wq, wk, positions, base, eps)
+    models_k = t.reference(qk_models, k, wk, wq, positions, base, eps)
+    explain_qk("q", yq, want_q, q, wq, wk, positions, base, eps, case, models_q)
+    explain_qk("k", yk, want_k, k, wk, wq, positions, base, eps, case, models_k)
     return yq, yk
 
 
@@ -345,11 +325,12 @@ def random_weight(t: Trial, d: int, dtype: torch.dtype = torch.float32) -> torch
 def cos_sin_figure_instance(t: Trial) -> None:
     got = t.call("rope_cos_sin", torch.tensor(PAIR_POSITIONS), PAIR_D, PAIR_BASE)
     want = t.ref.rope_cos_sin(PAIR_POSITIONS, PAIR_D, PAIR_BASE)
+    variants = t.reference(cos_sin_variants, PAIR_POSITIONS, PAIR_D, PAIR_BASE)
     if type(got) in (tuple, list) and len(got) == 2 and all(
             isinstance(g, torch.Tensor) and list(g.shape) == [3, 2] and g.dtype == torch.float32 for g in got):
         t.figure("ch19-rope-pair", positions=PAIR_POSITIONS, head_dim=PAIR_D, base=PAIR_BASE, cos=got[0],
                  sin=got[1], cos_expected=want[0], sin_expected=want[1])
-    expect_cos_sin(got, PAIR_POSITIONS, PAIR_D, PAIR_BASE, want, "figure instance")
+    expect_cos_sin(got, PAIR_POSITIONS, PAIR_D, PAIR_BASE, want, "figure instance", variants)
 
 
 @public("19.1", "Qwen3: head_dim 128, base 1,000,000, positions 0–7")
@@ -365,7 +346,8 @@ def list_positions(t: Trial) -> None:
 @public("19.1", "no positions at all")
 def no_positions(t: Trial) -> None:
     got = t.call("rope_cos_sin", torch.zeros(0, dtype=torch.int64), 8, 10000.0)
-    expect_cos_sin(got, [], 8, 10000.0, t.ref.rope_cos_sin([], 8, 10000.0), "no positions")
+    want = t.ref.rope_cos_sin([], 8, 10000.0)
+    expect_cos_sin(got, [], 8, 10000.0, want, "no positions", t.reference(cos_sin_variants, [], 8, 10000.0))
 
 
 @public("19.1", "an odd head_dim raises ValueError")
@@ -380,8 +362,9 @@ def rope_figure_instance(t: Trial) -> None:
     cos, sin = t.ref.rope_cos_sin(PAIR_POSITIONS, PAIR_D, PAIR_BASE)
     y = expect_rotated(t.call("apply_rope", x, cos, sin), x)
     want = t.ref.apply_rope(x, cos, sin)
+    variants = t.reference(rope_variants, x, cos, sin)
     t.figure("ch19-rope-pair", x=PAIR_X, rotated=y[:, 0], expected=want[:, 0])
-    explain_rotated(y, want, x, cos, sin, "figure instance", PAIR_POSITIONS)
+    explain_rotated(y, want, x, cos, sin, "figure instance", PAIR_POSITIONS, variants)
 
 
 @public("19.2", "two tokens, three heads: each token's angles rotate all its heads")
@@ -414,12 +397,14 @@ def order_figure_instance(t: Trial) -> None:
     got = t.call("qk_norm_rope", q, k, wq, wk, torch.tensor(ORDER_POSITIONS), ORDER_BASE, EPS)
     yq, yk = expect_qk(got, q, k)
     want_q, want_k = t.ref.qk_norm_rope(q, k, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS)
+    models_q = t.reference(qk_models, q, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS)
+    models_k = t.reference(qk_models, k, wk, wq, ORDER_POSITIONS, ORDER_BASE, EPS)
     t.figure("ch19-nanovllm-order", q=q[0], k=k[0], v=ORDER_V[0], q_weight=ORDER_QW, k_weight=ORDER_KW,
-             position=ORDER_POSITIONS[0], base=ORDER_BASE, q_normed=head_norm(q, wq, EPS)[0],
-             k_normed=head_norm(k, wk, EPS)[0], q_out=yq[0], k_out=yk[0], q_expected=want_q[0],
+             position=ORDER_POSITIONS[0], base=ORDER_BASE, q_normed=models_q["normed"][0],
+             k_normed=models_k["normed"][0], q_out=yq[0], k_out=yk[0], q_expected=want_q[0],
              k_expected=want_k[0])
-    explain_qk("q", yq, want_q, q, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS, "figure instance")
-    explain_qk("k", yk, want_k, k, wk, wq, ORDER_POSITIONS, ORDER_BASE, EPS, "figure instance")
+    explain_qk("q", yq, want_q, q, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS, "figure instance", models_q)
+    explain_qk("k", yk, want_k, k, wk, wq, ORDER_POSITIONS, ORDER_BASE, EPS, "figure instance", models_k)
 
 
 @public("19.3", "the order: normalise, then rotate (weights that tell the orders apart)")

@@ -1,11 +1,14 @@
-"""Public checks of ch20 · pre-norm, RMSNorm, SwiGLU, and the messages they share with the hidden ones."""
+"""Public checks of ch20 · pre-norm, RMSNorm, SwiGLU, and the messages they share with the hidden ones.
+
+What a misconception gives (and the MLP's intermediates of a derivation) comes from the hidden side's models
+(`norm_variants`, `add_variants`, `act_variants`, `mlp_models`), asked for before comparing.
+"""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from grader.checks import public
+from grader.checks import hidden_model, public
 from grader.checks.ch19 import (ROUNDING_SHARE, agrees, dtype_name, par, rounding_failure, rounding_share, ulp, vec,
                                 wrong_values)
 from grader.compare import CheckFailed, describe, expect_tensor, fmt, wrong_mask
@@ -32,42 +35,31 @@ def tensor(rows, dtype=torch.float32) -> torch.Tensor:
     return torch.tensor(rows, dtype=dtype)
 
 
-# -- RMSNorm models (the grader's own, for the derivation and for naming a misconception) -------------
-
-def norm_model(x: torch.Tensor, w: torch.Tensor, eps: float = EPS, *, weight_first: bool = False,
-               dim=-1, eps_outside: bool = False, center: bool = False) -> torch.Tensor:
-    xf = x.float()
-    if center:
-        xf = xf - xf.mean(dim=dim, keepdim=True)
-    ms = xf.pow(2).mean(dim=dim, keepdim=True)
-    normed = xf / (ms.sqrt() + eps) if eps_outside else xf * torch.rsqrt(ms + eps)
-    return (normed * w.float()).to(x.dtype) if weight_first else (normed.to(x.dtype) * w).to(x.dtype)
+norm_variants = hidden_model("ch20_models.norm_variants")
+"""`t.reference(norm_variants, x, w, eps)`: {misconception: rms_norm(x) as it computes it}."""
+add_variants = hidden_model("ch20_models.add_variants")
+"""`t.reference(add_variants, x, residual, w, eps)`: the normed outputs of add_rms_norm's misconceptions."""
+act_variants = hidden_model("ch20_models.act_variants")
+"""`t.reference(act_variants, gate_up)`: {misconception: activation}."""
+mlp_models = hidden_model("ch20_models.mlp_models")
+"""`t.reference(mlp_models, x, w_gu, w_down)`: gate_up, SiLU(gate), act and {misconception: output}."""
 
 
-def norm_hint(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, eps: float) -> str:
-    variants = [(dict(center=True),
-                 "RMSNorm does not subtract the mean (that is LayerNorm): x / √(mean(x²) + eps) · w"),
-                (dict(dim=0),
-                 "normalise each token over its hidden channels (the last dimension), not over the tokens"),
-                (dict(eps_outside=True),
-                 "eps goes inside the root: x · rsqrt(mean(x²) + eps), not x / (√mean(x²) + eps)")]
-    if x.dim() > 1:
-        variants.append((dict(dim=tuple(range(x.dim()))), "normalise each token on its own, over the last dimension"))
-    if x.dtype != torch.float32:
-        variants.append((dict(weight_first=True),
-                         f"cast the normalised x back to {dtype_name(x.dtype)} first, then multiply by the weight "
-                         f"(nano-vllm: x.to(orig_dtype).mul_(weight)); multiplying in float32 rounds differently"))
-    for kw, why in variants:
-        if agrees(y, norm_model(x, w, eps, **kw)):
-            return why
-    if agrees(y, norm_model(x, torch.ones_like(w), eps)):
-        return "multiply by the weight after normalising"
-    xf = x.float()
-    if agrees(y, (xf / xf.pow(2).sum(-1, keepdim=True).add(eps).sqrt() * w.float()).to(x.dtype)):
-        return "use the mean of x², not the sum: divide by √(mean(x²) + eps)"
-    if agrees(y, (xf / (xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)):
-        return "divide by the root of the mean square, √(mean(x²) + eps), not by the mean square itself"
-    return ""
+# -- 20.1 rms_norm ------------------------------------------------------------------------------------
+
+def norm_hint(y: torch.Tensor, x: torch.Tensor, variants: dict) -> str:
+    """The misconception whose rms_norm (`norm_variants`' answer) reproduces the student's, or ''."""
+    whys = [("center", "RMSNorm does not subtract the mean (that is LayerNorm): x / √(mean(x²) + eps) · w"),
+            ("dim 0", "normalise each token over its hidden channels (the last dimension), not over the tokens"),
+            ("eps outside", "eps goes inside the root: x · rsqrt(mean(x²) + eps), not x / (√mean(x²) + eps)"),
+            ("all dims", "normalise each token on its own, over the last dimension"),
+            ("weight first", f"cast the normalised x back to {dtype_name(x.dtype)} first, then multiply by the weight "
+                             f"(nano-vllm: x.to(orig_dtype).mul_(weight)); multiplying in float32 rounds differently"),
+            ("no weight", "multiply by the weight after normalising"),
+            ("sum", "use the mean of x², not the sum: divide by √(mean(x²) + eps)"),
+            ("mean square", "divide by the root of the mean square, √(mean(x²) + eps), not by the mean square "
+                            "itself")]
+    return next((why for key, why in whys if key in variants and agrees(y, variants[key])), "")
 
 
 def explain_norm(y: torch.Tensor, want: torch.Tensor, s: torch.Tensor, w: torch.Tensor, eps: float, case: str,
@@ -100,7 +92,8 @@ def run_norm_case(t: Trial, x: torch.Tensor, w: torch.Tensor, case: str, eps: fl
     y = expect_tensor(t.call("rms_norm", x, w, eps), what=f"rms_norm of x {list(x.shape)} (x's shape and dtype)",
                       shape=list(x.shape), dtype=x.dtype)
     want = t.ref.rms_norm(x, w, eps) if want is None else want
-    explain_norm(y, want, x, w, eps, case, hint=norm_hint(y, x, w, eps))
+    variants = t.reference(norm_variants, x, w, eps)
+    explain_norm(y, want, x, w, eps, case, hint=norm_hint(y, x, variants))
     return y
 
 
@@ -121,7 +114,10 @@ def expect_pair(got, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def explain_add(normed: torch.Tensor, res: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
-                w: torch.Tensor, eps: float, want: tuple[torch.Tensor, torch.Tensor], case: str) -> None:
+                w: torch.Tensor, eps: float, want: tuple[torch.Tensor, torch.Tensor], case: str,
+                variants: dict | None = None) -> None:
+    """Explain the first wrong new_residual, then normed (`variants`: `add_variants`' answer; asked of the hidden
+    side when needed if not given)."""
     want_n, want_r = want
     s = x.float() if residual is None else x.float() + residual.float()
     if wrong_values(res, want_r).any() or rounding_share(res, want_r) > ROUNDING_SHARE:
@@ -145,21 +141,23 @@ def explain_add(normed: torch.Tensor, res: torch.Tensor, x: torch.Tensor, residu
         raise CheckFailed("\n".join([f'case "{case}": x {list(x.shape)} {dtype_name(x.dtype)}'
                                      + (", residual None" if residual is None else ""), line]
                                     + ([f"hint: {hint}"] if hint else [])))
-    hint = add_hint(normed, x, residual, w, eps, s)
+    if not wrong_values(normed, want_n).any() and rounding_share(normed, want_n) <= ROUNDING_SHARE:
+        return
+    hint = add_hint(normed, x, residual, variants if variants is not None else add_variants(None, x, residual, w, eps))
     explain_norm(normed, want_n, s, w, eps, case, what="normed", source="s = x + residual" if residual is not None
                  else "x", hint=hint)
 
 
-def add_hint(normed: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, w: torch.Tensor, eps: float,
-             s: torch.Tensor) -> str:
-    if residual is not None and agrees(normed, norm_model(x, w, eps)):
+def add_hint(normed: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, variants: dict) -> str:
+    """The misconception whose normed output (`add_variants`' answer) reproduces the student's, or ''."""
+    if residual is not None and agrees(normed, variants["x alone"]):
         return "normalise the sum s = x + residual, not x alone"
     if x.dtype == torch.float32:
-        return norm_hint(normed, s, w, eps)
-    if residual is not None and agrees(normed, norm_model(s.to(x.dtype), w, eps)):
+        return norm_hint(normed, x.float(), variants["norm"])
+    if residual is not None and agrees(normed, variants["rounded sum"]):
         return (f"normalise the float32 sum s, not its {dtype_name(x.dtype)} copy (the new residual): nano-vllm "
                 f"rounds s for the residual stream but normalises the unrounded one")
-    if agrees(normed, norm_model(s, w, eps, weight_first=True).to(x.dtype)):
+    if agrees(normed, variants["weight first"]):
         return f"cast the normalised sum back to {dtype_name(x.dtype)} first, then multiply by the weight"
     return ""
 
@@ -167,30 +165,28 @@ def add_hint(normed: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | Non
 def run_add_case(t: Trial, x: torch.Tensor, residual: torch.Tensor | None, w: torch.Tensor, case: str,
                  eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
     normed, res = expect_pair(t.call("add_rms_norm", x, residual, w, eps), x)
-    explain_add(normed, res, x, residual, w, eps, t.ref.add_rms_norm(x, residual, w, eps), case)
+    want = t.ref.add_rms_norm(x, residual, w, eps)
+    explain_add(normed, res, x, residual, w, eps, want, case, t.reference(add_variants, x, residual, w, eps))
     return normed, res
 
 
 # -- 20.3 silu_and_mul / 20.4 swiglu_mlp --------------------------------------------------------------
 
-def act_variants(gu: torch.Tensor) -> list[tuple[torch.Tensor, str]]:
-    """Wrong activations of a gate_up tensor, each with the misconception it embodies."""
-    g = gu.float()
-    gate, up = g.chunk(2, dim=-1)
-    odd, even = g[..., 0::2], g[..., 1::2]
-    return [(F.silu(up) * gate, "the first half of gate_up is the gate and the second half is up: "
-                                "SiLU(gate_up[..., :I]) · gate_up[..., I:]"),
-            (F.silu(odd) * even, "gate and up are the two halves gate_up[..., :I] and gate_up[..., I:], "
-                                 "not the even and odd channels"),
-            (torch.sigmoid(gate) * up, "SiLU(z) = z · sigmoid(z), not sigmoid(z)"),
-            (F.relu(gate) * up, "SwiGLU uses SiLU(z) = z · sigmoid(z), not ReLU"),
-            (F.gelu(gate) * up, "SwiGLU uses SiLU(z) = z · sigmoid(z), not GELU"),
-            (F.silu(gate) * F.silu(up), "only the gate goes through SiLU; up is used as it is"),
-            (F.silu(gate), "multiply SiLU(gate) by the up half")]
+ACT_WHYS = [("halves swapped", "the first half of gate_up is the gate and the second half is up: "
+                              "SiLU(gate_up[..., :I]) · gate_up[..., I:]"),
+            ("even and odd", "gate and up are the two halves gate_up[..., :I] and gate_up[..., I:], not the even and "
+                             "odd channels"),
+            ("sigmoid", "SiLU(z) = z · sigmoid(z), not sigmoid(z)"),
+            ("relu", "SwiGLU uses SiLU(z) = z · sigmoid(z), not ReLU"),
+            ("gelu", "SwiGLU uses SiLU(z) = z · sigmoid(z), not GELU"),
+            ("silu of up too", "only the gate goes through SiLU; up is used as it is"),
+            ("no up", "multiply SiLU(gate) by the up half")]
+"""Each wrong activation's name in `act_variants` and the misconception it embodies, in the order tried."""
 
 
-def act_hint(y: torch.Tensor, gu: torch.Tensor) -> str:
-    for variant, why in act_variants(gu):
+def act_hint(y: torch.Tensor, variants: dict) -> str:
+    for key, why in ACT_WHYS:
+        variant = variants[key]
         if variant.shape == y.shape and agrees(y, variant.to(y.dtype)):
             return why
     return ""
@@ -201,7 +197,9 @@ def act_wrong(y: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     return wrong_values(y, want)
 
 
-def explain_act(y: torch.Tensor, want: torch.Tensor, gu: torch.Tensor, case: str) -> None:
+def explain_act(y: torch.Tensor, want: torch.Tensor, gu: torch.Tensor, case: str, variants: dict | None = None) -> None:
+    """Explain the first wrong activation (`variants`: `act_variants`' answer; asked of the hidden side when
+    needed if not given)."""
     bad = act_wrong(y, want)
     if not bad.any():
         return
@@ -214,7 +212,7 @@ def explain_act(y: torch.Tensor, want: torch.Tensor, gu: torch.Tensor, case: str
              f"output{list(idx)}: gate = gate_up[..., {i}] = {fmt(g)}, up = gate_up[..., {i + half}] = {fmt(u)}; "
              f"SiLU({fmt(g)}) = {fmt(g)}·sigmoid({fmt(g)}) = {fmt(silu)}, times up: {fmt(want[idx])}; "
              f"yours: {fmt(y[idx])} ({int(bad.sum())} of {bad.numel()} values differ)"]
-    hint = act_hint(y, gu)
+    hint = act_hint(y, variants if variants is not None else act_variants(None, gu))
     raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
 
 
@@ -222,7 +220,8 @@ def run_act_case(t: Trial, gu: torch.Tensor, case: str) -> torch.Tensor:
     shape = [*gu.shape[:-1], gu.shape[-1] // 2]
     y = expect_tensor(t.call("silu_and_mul", gu), what=f"SiLU(gate)·up of gate_up {list(gu.shape)} (last dim halved, "
                       f"{dtype_name(gu.dtype)})", shape=shape, dtype=gu.dtype)
-    explain_act(y, t.ref.silu_and_mul(gu), gu, case)
+    want = t.ref.silu_and_mul(gu)
+    explain_act(y, want, gu, case, t.reference(act_variants, gu))
     return y
 
 
@@ -235,35 +234,33 @@ def mlp_wrong(y: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     return wrong_mask(y, want, atol=1e-4, rtol=1e-4)
 
 
-def mlp_hint(y: torch.Tensor, x: torch.Tensor, w_gu: torch.Tensor, w_down: torch.Tensor) -> str:
-    gu = F.linear(x.float(), w_gu.float())
-    for act, why in act_variants(gu):
-        if act.shape[-1] == w_down.shape[1]:
-            variant = F.linear(act, w_down.float()).to(x.dtype)
-            if not mlp_wrong(y, variant).any():
-                return why
-    if not mlp_wrong(y, F.linear(gu, w_down.float().repeat(1, 2)).to(x.dtype)).any():
-        return "apply SiLU(gate)·up between the two projections"
+def mlp_hint(y: torch.Tensor, variants: dict) -> str:
+    """The misconception whose MLP output (`mlp_models(...)["variants"]`) reproduces the student's, or ''."""
+    for key, why in ACT_WHYS + [("no activation", "apply SiLU(gate)·up between the two projections")]:
+        if key in variants and not mlp_wrong(y, variants[key]).any():
+            return why
     return ""
 
 
 def explain_mlp(y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w_gu: torch.Tensor, w_down: torch.Tensor,
-                case: str) -> None:
+                case: str, models: dict | None = None) -> None:
+    """Explain the first wrong output through its token's gate_up and activation (`models`: `mlp_models`'
+    answer; asked of the hidden side when needed if not given)."""
     bad = mlp_wrong(y, want)
     if not bad.any():
         return
+    models = models if models is not None else mlp_models(None, x, w_gu, w_down)
     idx = tuple(int(v) for v in bad.nonzero()[0])
     tok, i = idx[:-1], idx[-1]
     half = w_gu.shape[0] // 2
-    gu = F.linear(x[tok].float(), w_gu.float())
-    act = F.silu(gu[:half]) * gu[half:]
+    gu, act = models["gate_up"][tok], models["act"][tok]
     lines = [f'case "{case}": x {list(x.shape)} {dtype_name(x.dtype)}, gate_up_weight {list(w_gu.shape)} = [2I, H], '
              f"down_weight {list(w_down.shape)} = [H, I]",
              f"token {tok[0] if len(tok) == 1 else list(tok)}: gate_up = x·gate_up_weightᵀ → gate {vec(gu[:half], 6)}, "
              f"up {vec(gu[half:], 6)}",
              f"SiLU(gate)·up = {vec(act, 6)}; out[{i}] = Σ_j down_weight[{i}, j]·act[j] = {fmt(want[idx])}; "
              f"yours: {fmt(y[idx])} ({int(bad.sum())} of {bad.numel()} values differ)"]
-    hint = mlp_hint(y, x, w_gu, w_down)
+    hint = mlp_hint(y, models["variants"])
     raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
 
 
@@ -271,7 +268,8 @@ def run_mlp_case(t: Trial, x: torch.Tensor, w_gu: torch.Tensor, w_down: torch.Te
                  want: torch.Tensor | None = None) -> torch.Tensor:
     y = expect_tensor(t.call("swiglu_mlp", x, w_gu, w_down), what=f"the MLP output ({list(x.shape)} like x, "
                       f"{dtype_name(x.dtype)})", shape=list(x.shape), dtype=x.dtype)
-    explain_mlp(y, t.ref.swiglu_mlp(x, w_gu, w_down) if want is None else want, x, w_gu, w_down, case)
+    want = t.ref.swiglu_mlp(x, w_gu, w_down) if want is None else want
+    explain_mlp(y, want, x, w_gu, w_down, case, t.reference(mlp_models, x, w_gu, w_down))
     return y
 
 
@@ -322,13 +320,15 @@ def prenorm_figure_instance(t: Trial) -> None:
     want1 = t.ref.add_rms_norm(a, want0[1], w, EPS)
     got2 = expect_pair(t.call("add_rms_norm", m, want1[1], w, EPS), m)
     want2 = t.ref.add_rms_norm(m, want1[1], w, EPS)
+    variants = [t.reference(add_variants, x, r, w, EPS) for x, r in ((e, None), (a, want0[1]), (m, want1[1]))]
     t.figure("ch20-prenorm", inputs=[PRENORM_E, PRENORM_A, PRENORM_M],
              residual_in=[None, want0[1][0], want1[1][0]], normed=[g[0][0] for g in (got0, got1, got2)],
              residual=[g[1][0] for g in (got0, got1, got2)], normed_expected=[g[0][0] for g in (want0, want1, want2)],
              residual_expected=[g[1][0] for g in (want0, want1, want2)])
-    explain_add(*got0, e, None, w, EPS, want0, "layer 0: input_layernorm(embedding, None)")
-    explain_add(*got1, a, want0[1], w, EPS, want1, "layer 0: post_attention_layernorm(attention output, residual)")
-    explain_add(*got2, m, want1[1], w, EPS, want2, "layer 1: input_layernorm(MLP output, residual)")
+    explain_add(*got0, e, None, w, EPS, want0, "layer 0: input_layernorm(embedding, None)", variants[0])
+    explain_add(*got1, a, want0[1], w, EPS, want1, "layer 0: post_attention_layernorm(attention output, residual)",
+                variants[1])
+    explain_add(*got2, m, want1[1], w, EPS, want2, "layer 1: input_layernorm(MLP output, residual)", variants[2])
 
 
 @public("20.2", "residual None (layer 0): the embedding becomes the residual")
@@ -366,9 +366,10 @@ def act_figure_instance(t: Trial) -> None:
     y = expect_tensor(t.call("silu_and_mul", gu), what="SiLU(gate)·up of gate_up [1, 12]", shape=[1, 6],
                       dtype=torch.float32)
     want = t.ref.silu_and_mul(gu)
+    variants = t.reference(act_variants, gu)
     t.figure("dim-swiglu", x=SWIGLU_X, gate_up_weight=SWIGLU_GATE_UP, down_weight=SWIGLU_DOWN, gate_up=gu[0],
              act=y[0], act_expected=want[0])
-    explain_act(y, want, gu, "figure instance")
+    explain_act(y, want, gu, "figure instance", variants)
 
 
 @public("20.3", "leading dimensions are kept: [2, 3, 8] → [2, 3, 4]")
@@ -393,8 +394,9 @@ def mlp_figure_instance(t: Trial) -> None:
     y = expect_tensor(t.call("swiglu_mlp", x, w_gu, w_down), what="the MLP output [1, 4]", shape=[1, 4],
                       dtype=torch.float32)
     want = t.ref.swiglu_mlp(x, w_gu, w_down)
+    models = t.reference(mlp_models, x, w_gu, w_down)
     t.figure("dim-swiglu", out=y[0], out_expected=want[0])
-    explain_mlp(y, want, x, w_gu, w_down, "figure instance")
+    explain_mlp(y, want, x, w_gu, w_down, "figure instance", models)
 
 
 @public("20.4", "three tokens, then the same tokens in another order")
@@ -405,11 +407,13 @@ def mlp_branches_instance(t: Trial) -> None:
     y2 = expect_tensor(t.call("swiglu_mlp", x[BRANCH_ORDER], w_gu, w_down), what="the MLP output [3, 4]",
                        shape=[3, 4], dtype=torch.float32)
     want = t.ref.swiglu_mlp(x, w_gu, w_down)
-    gu = x @ w_gu.T
-    t.figure("ch20-swiglu-branches", x=x, gate=F.silu(gu[:, :6]), up=gu[:, 6:], out=y, expected=want,
+    models = t.reference(mlp_models, x, w_gu, w_down)
+    models_permuted = t.reference(mlp_models, x[BRANCH_ORDER], w_gu, w_down)
+    t.figure("ch20-swiglu-branches", x=x, gate=models["silu_gate"], up=models["gate_up"][:, 6:], out=y, expected=want,
              order=BRANCH_ORDER, out_permuted=y2, expected_permuted=want[BRANCH_ORDER])
-    explain_mlp(y, want, x, w_gu, w_down, "3 tokens")
-    explain_mlp(y2, want[BRANCH_ORDER], x[BRANCH_ORDER], w_gu, w_down, f"the same 3 tokens in the order {BRANCH_ORDER}")
+    explain_mlp(y, want, x, w_gu, w_down, "3 tokens", models)
+    explain_mlp(y2, want[BRANCH_ORDER], x[BRANCH_ORDER], w_gu, w_down, f"the same 3 tokens in the order {BRANCH_ORDER}",
+                models_permuted)
 
 
 @public("20.4", "Qwen3-like proportions (H = 32, I = 96) with leading dims [2, 3]")

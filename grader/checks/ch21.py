@@ -187,17 +187,25 @@ def expect_decode(got, token_ids: list[int], table: list[int], block_size: int) 
     return {k: expect_int(got[k], what=f"{k}") for k in DECODE_KEYS}
 
 
-def _slot(table: list[int], pos: int, bs: int) -> int | None:
-    lb, off = divmod(pos, bs)
-    return table[lb] * bs + off if 0 <= pos and lb < len(table) else None
+def neighbour_slots(ref, token_ids: list[int], table: list[int], bs: int) -> dict:
+    """A driver of the reference: the slots of the positions before and after the newest token (None where the
+    reference refuses the sequence), for the hints of `explain_decode`."""
+    def slot(ids: list[int]) -> int | None:
+        try:
+            return ref.decode_inputs(ids, table, bs)["slot"]
+        except ValueError:
+            return None
+    return {"previous": slot(token_ids[:-1]), "next": slot(token_ids + token_ids[-1:])}
 
 
 def _tokens(ids: list[int]) -> str:
     return str(ids) if len(ids) <= 10 else f"[{', '.join(map(str, ids[:4]))}, …, {', '.join(map(str, ids[-3:]))}]"
 
 
-def explain_decode(got: dict, want: dict, token_ids: list[int], table: list[int], bs: int, case: str) -> None:
-    """Explain every wrong value of the decode inputs, with a hint for the first."""
+def explain_decode(got: dict, want: dict, token_ids: list[int], table: list[int], bs: int, case: str,
+                   neighbours: dict) -> None:
+    """Explain every wrong value of the decode inputs, with a hint for the first (`neighbours`:
+    `t.reference(neighbour_slots, token_ids, table, bs)`, asked before comparing)."""
     n = len(token_ids)
     pos = n - 1
     wrong = [k for k in DECODE_KEYS if got[k] != want[k]]
@@ -231,10 +239,10 @@ def explain_decode(got: dict, want: dict, token_ids: list[int], table: list[int]
             lines.append(f"position {pos} → logical block {pos} // {bs} = {lb}, offset {pos} % {bs} = {off}; "
                          f"block_table[{lb}] = {table[lb]}, so slot = {table[lb]}·{bs} + {off} = {want[k]}; "
                          f"yours: {y}")
-            if y == _slot(table, pos - 1, bs):
+            if y == neighbours["previous"]:
                 hints.append(f"that is the slot of the previous token (position {pos - 1}), whose K/V is already "
                              f"cached; this step writes the newest token's K/V, at position len − 1 = {pos}")
-            elif y == _slot(table, pos + 1, bs) or y == table[lb] * bs + off + 1:
+            elif y == neighbours["next"] or y == want[k] + 1:
                 hints.append(f"that is the slot of position len = {n}, where the next token will go; the newest "
                              f"token is at position len − 1 = {pos}")
             elif y == pos:
@@ -251,7 +259,9 @@ def explain_decode(got: dict, want: dict, token_ids: list[int], table: list[int]
 def run_decode_case(t: Trial, token_ids: list[int], table: list[int], block_size: int, case: str) -> dict:
     got = expect_decode(t.call("decode_inputs", list(token_ids), list(table), block_size), token_ids, table,
                         block_size)
-    explain_decode(got, t.ref.decode_inputs(token_ids, table, block_size), token_ids, table, block_size, case)
+    want = t.ref.decode_inputs(token_ids, table, block_size)
+    explain_decode(got, want, token_ids, table, block_size, case, t.reference(neighbour_slots, token_ids, table,
+                                                                              block_size))
     return got
 
 
@@ -260,9 +270,10 @@ def decode_figure_instance(t: Trial) -> None:
     got = expect_decode(t.call("decode_inputs", list(DECODE_TOKENS), list(DECODE_TABLE), DECODE_BS),
                         DECODE_TOKENS, DECODE_TABLE, DECODE_BS)
     want = t.ref.decode_inputs(DECODE_TOKENS, DECODE_TABLE, DECODE_BS)
+    neighbours = t.reference(neighbour_slots, DECODE_TOKENS, DECODE_TABLE, DECODE_BS)
     t.figure("ch21-decode-step", token_ids=DECODE_TOKENS, table=DECODE_TABLE, block_size=DECODE_BS,
              yours=got, expected=want)
-    explain_decode(got, want, DECODE_TOKENS, DECODE_TABLE, DECODE_BS, "figure instance")
+    explain_decode(got, want, DECODE_TOKENS, DECODE_TABLE, DECODE_BS, "figure instance", neighbours)
 
 
 @public("21.2", "nano-vllm's examples (block_size 256): len 300 with table [7, 2], len 10 with table [5]")
@@ -273,10 +284,10 @@ def nano_vllm_examples(t: Trial) -> None:
         got = expect_decode(t.call("decode_inputs", ids, list(table), 256), ids, table, 256)
         want = t.ref.decode_inputs(ids, table, 256)
         rows.append({"len": length, "table": table, "yours": got, "expected": want})
-        checks.append((got, want, ids, table))
+        checks.append((got, want, ids, table, t.reference(neighbour_slots, ids, table, 256)))
     t.figure("ch21-decode-step", examples=rows)
-    for got, want, ids, table in checks:
-        explain_decode(got, want, ids, table, 256, f"nano-vllm, len {len(ids)}, table {table}")
+    for got, want, ids, table, neighbours in checks:
+        explain_decode(got, want, ids, table, 256, f"nano-vllm, len {len(ids)}, table {table}", neighbours)
 
 
 @public("21.2", "the first token of a new block: len 5, block_size 4, block_table [3, 6]")

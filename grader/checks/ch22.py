@@ -1,5 +1,6 @@
 """Public checks of ch22 · naive attention vs FlashAttention, and the messages they share with the hidden ones
-(FlashAttention's are in `ch22_flash`)."""
+(FlashAttention's are in `ch22_flash`). The values a misconception gives come from the hidden side's models
+(`naive_variants`, `traffic_variants`), asked for before comparing."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 
 import torch
 
-from grader.checks import public
+from grader.checks import hidden_model, public
 from grader.checks.ch22_flash import ATOL, RTOL, case_line, check_trace, close_to_variant, run_flash_case, sees
 from grader.compare import CheckFailed, describe, expect_int, expect_tensor, first_wrong, fmt, wrong_mask
 from grader.trial import Trial
@@ -39,9 +40,10 @@ def random_qkv(t: Trial, T: int, S: int, d: int, magnitude: float = 1.0):
             torch.randn(S, d, generator=t.rng))
 
 
-def end_aligned(T: int, S: int) -> torch.Tensor:
-    """The ch17 offset mask [T, S]: query i is at position S − T + i and sees keys 0 … S − T + i."""
-    return torch.ones(T, S, dtype=torch.bool).tril(S - T)
+naive_variants = hidden_model("ch22_models.naive_variants")
+"""`t.reference(naive_variants, q, k, v, causal)`: (scores, probs, out) under each wrong mask, scale and softmax."""
+traffic_variants = hidden_model("ch22_models.traffic_variants")
+"""`t.reference(traffic_variants, T, S, d, b, flash)`: the byte counts `traffic_hint` recognises."""
 
 
 # -- 22.1 naive_attention ----------------------------------------------------------------------------
@@ -63,61 +65,49 @@ def expect_naive(got, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, t
     return out, scores, probs
 
 
-def naive_model(q, k, v, allowed, scale, fill=float("-inf"), dim=-1):
-    """The grader's own naive attention in float64, with the knobs a misconception turns."""
-    s = (q.double() @ k.double().T) * scale
-    if allowed is not None:
-        s = s.masked_fill(~allowed, fill)
-    p = s.softmax(dim=dim)
-    return s, p, p @ v.double()
-
-
-def mask_variants(T: int, S: int, causal: bool) -> list[tuple[str, torch.Tensor | None]]:
-    """(why, allowed) for the right mask and the masks a misconception gives."""
-    masks = [("", end_aligned(T, S) if causal else None)]
+def mask_whys(T: int, S: int, causal: bool) -> list[tuple[str, str]]:
+    """(mask, why) for the right mask ("", no why) and the masks a misconception gives."""
+    whys = [("", "")]
     if causal and S > T:
-        masks.append((f"the causal mask is aligned to the end: query i is the token at position S − T + i = "
-                      f"{S - T} + i and sees keys 0 … {S - T} + i; a top-left tril (or SDPA's is_causal=True "
-                      f"with T ≠ S) lets it see only keys 0 … i", torch.ones(T, S, dtype=torch.bool).tril()))
+        whys.append(("top-left", f"the causal mask is aligned to the end: query i is the token at position S − T + i "
+                                 f"= {S - T} + i and sees keys 0 … {S - T} + i; a top-left tril (or SDPA's "
+                                 f"is_causal=True with T ≠ S) lets it see only keys 0 … i"))
     if causal:
-        masks.append(("causal=True: the keys after each query's position get −inf before the softmax", None))
+        whys.append(("no mask", "causal=True: the keys after each query's position get −inf before the softmax"))
     else:
-        masks.append(("causal=False: every query sees every key, apply no mask", end_aligned(T, S)))
-    return masks
+        whys.append(("mask", "causal=False: every query sees every key, apply no mask"))
+    return whys
 
 
-def scale_variants(d: int) -> list[tuple[str, float]]:
-    return [("", d ** -0.5), (f"scale the scores by 1/√d = 1/√{d}; you did not scale them", 1.0),
-            (f"the scale is 1/√d = 1/√{d}, not 1/d", 1.0 / d)]
+def scale_whys(d: int) -> list[tuple[str, str]]:
+    return [("", ""), ("unscaled", f"scale the scores by 1/√d = 1/√{d}; you did not scale them"),
+            ("1/d", f"the scale is 1/√d = 1/√{d}, not 1/d")]
 
 
-def naive_hint(which: int, got: torch.Tensor, q, k, v, causal: bool) -> str:
-    """The misconception that reproduces the student's scores (0), probs (1) or out (2); '' if none."""
-    (T, d), S = q.shape, k.shape[0]
-    others = [("", {})]
+def naive_hint(which: int, got: torch.Tensor, variants: dict, T: int, S: int, d: int, causal: bool) -> str:
+    """The misconception whose (scores, probs, out) reproduces the student's scores (0), probs (1) or out (2);
+    '' if none. `variants` is `naive_variants`' answer for the instance."""
+    others = [("", "")]
     if causal:
-        others.append(("a masked score is −inf, not 0: exp(0) = 1 would still give the future key weight",
-                       {"fill": 0.0}))
+        others.append(("fill 0", "a masked score is −inf, not 0: exp(0) = 1 would still give the future key weight"))
     if which:
-        others.append(("softmax runs over the keys of each row (dim=-1), not over the queries (dim=0)", {"dim": 0}))
-    for m_why, allowed in mask_variants(T, S, causal):
-        for s_why, scale in scale_variants(d):
-            for o_why, kw in others:
-                if not (m_why or s_why or o_why) or ("fill" in kw and allowed is None):
-                    continue
-                if close_to_variant(got, naive_model(q, k, v, allowed, scale, **kw)[which]):
+        others.append(("dim 0", "softmax runs over the keys of each row (dim=-1), not over the queries (dim=0)"))
+    for m_key, m_why in mask_whys(T, S, causal):
+        for s_key, s_why in scale_whys(d):
+            for o_key, o_why in others:
+                alt = variants["combos"].get(f"{m_key}|{s_key}|{o_key}")
+                if alt is not None and close_to_variant(got, alt[which]):
                     return "; ".join(w for w in (m_why, s_why, o_why) if w)
-    if which == 2:
-        s = naive_model(q, k, v, end_aligned(T, S) if causal else None, d ** -0.5)[0]
-        if close_to_variant(got, s.nan_to_num(neginf=0.0) @ v.double()):
-            return "out = probs · v: apply the softmax to the scores before multiplying by v"
+    if which == 2 and close_to_variant(got, variants["no softmax"]):
+        return "out = probs · v: apply the softmax to the scores before multiplying by v"
     return ""
 
 
-def explain_naive(got: tuple, want: tuple, q, k, v, *, causal: bool, case: str, atol: float = ATOL,
+def explain_naive(got: tuple, want: tuple, q, k, v, *, causal: bool, case: str, variants: dict, atol: float = ATOL,
                   rtol: float = RTOL) -> None:
     """Raise a teaching message at the first wrong score, probability or output element.
-    `got` and `want` are (scores, probs, out), in the order naive attention computes them."""
+    `got` and `want` are (scores, probs, out), in the order naive attention computes them; `variants` is
+    `naive_variants`' answer for the instance."""
     (T, d), S = q.shape, k.shape[0]
     for which, name in enumerate(("scores", "probs", "out")):
         g, w = got[which], want[which]
@@ -141,7 +131,7 @@ def explain_naive(got: tuple, want: tuple, q, k, v, *, causal: bool, case: str, 
             lines.append(f"out[{i}, {j}]: expected Σ_keys probs[{i}, key]·v[key, {j}] = {fmt(w[i, j])}; "
                          f"yours {fmt(g[i, j])}")
         lines[-1] += f"  ({count} of {w.numel()} {name} differ beyond {atol:g} + {rtol:g}·|expected|)"
-        hint = naive_hint(which, g, q, k, v, causal)
+        hint = naive_hint(which, g, variants, T, S, d, causal)
         if not hint and name != "scores" and not torch.isfinite(g[torch.isfinite(w)]).all():
             hint = "inf/nan where the answer is finite: subtract each row's maximum before exp (or use torch.softmax)"
         raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
@@ -151,8 +141,9 @@ def run_naive_case(t: Trial, q, k, v, *, causal: bool = True, case: str, atol: f
                    rtol: float = RTOL) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out, scores, probs = expect_naive(t.call("naive_attention", q, k, v, causal=causal), q, k)
     want_out, mid = t.ref.naive_attention(q, k, v, causal=causal)
+    variants = t.reference(naive_variants, q, k, v, causal)
     explain_naive((scores, probs, out), (mid["scores"], mid["probs"], want_out), q, k, v, causal=causal, case=case,
-                  atol=atol, rtol=rtol)
+                  variants=variants, atol=atol, rtol=rtol)
     return out, scores, probs
 
 
@@ -167,31 +158,31 @@ def traffic_derivation(T: int, S: int, d: int, b: int, flash: bool, want: int) -
             f"(2·{T:,}·{d} + 2·{S:,}·{d} + 4·{T:,}·{S:,})·{b} = {want:,} bytes")
 
 
-def traffic_hint(got, T: int, S: int, d: int, b: int, flash: bool) -> str:
-    """The misconception that explains a wrong byte count ('' when none fits)."""
-    io = (2 * T * d + 2 * S * d) * b
-    naive, fl = io + 4 * T * S * b, io + 4 * T
+def traffic_hint(got, T: int, S: int, d: int, b: int, flash: bool, variants: dict | None = None) -> str:
+    """The misconception that explains a wrong byte count ('' when none fits); `variants` is `traffic_variants`'
+    answer for the inputs (asked of the hidden side here when not given)."""
+    v = variants if variants is not None else traffic_variants(None, T, S, d, b, flash)
     if flash:
-        if got == naive:
+        if got == v["naive"]:
             return "flash=True asks for the FlashAttention kernel: no T·S term at all"
-        if got == io:
+        if got == v["io"]:
             return "add the log-sum-exp the kernel writes: one float32 (4 bytes) per query row, 4·T"
-        if got == io + T * b and b != 4:
+        if got == v["lse at dtype_bytes"] and b != 4:
             return "the lse is float32 whatever the inputs' dtype: 4 bytes per query row, not dtype_bytes"
-        if got == (T * d + 2 * S * d) * b + 4 * T:
+        if got == v["flash without O"]:
             return "O is written to HBM too: 2·T·d counts reading Q and writing O"
     else:
-        if got == fl:
+        if got == v["flash"]:
             return "flash=False asks for the naive kernels, which move the [T, S] matrices"
-        if got == io + 2 * T * S * b:
+        if got == v["naive, one crossing"]:
             return ("the scores and the probabilities each cross HBM twice: written by one kernel and read back "
                     "by the next, 4·T·S elements in all, not 2·T·S")
-        if got == io + 3 * T * S * b:
+        if got == v["naive, three crossings"]:
             return ("count both round trips: the scores are written then read (2·T·S), the probabilities "
                     "written then read (2·T·S)")
-        if got == (T * d + 2 * S * d + 4 * T * S) * b:
+        if got == v["naive without O"]:
             return "O is written to HBM too: 2·T·d counts reading Q and writing O"
-    want = fl if flash else naive
+    want = v["flash"] if flash else v["naive"]
     if b > 1 and got * b == want:
         return "multiply by dtype_bytes: without it you counted elements, not bytes"
     if got == 8 * want:
@@ -199,22 +190,24 @@ def traffic_hint(got, T: int, S: int, d: int, b: int, flash: bool) -> str:
     return ""
 
 
-def expect_traffic(got, want: int, T: int, S: int, d: int, b: int, flash: bool) -> int:
-    """Require the exact byte count as a Python int, with the model's derivation on a difference."""
+def expect_traffic(got, want: int, T: int, S: int, d: int, b: int, flash: bool, variants: dict | None = None) -> int:
+    """Require the exact byte count as a Python int, with the model's derivation on a difference (`variants`:
+    `traffic_variants`' answer, which public checks ask for before comparing)."""
     inputs = f"T={T:,}, S={S:,}, d={d}, dtype_bytes={b}, flash={flash}"
     hint = ("\nhint: multiply the Python ints directly (no /, no float(), no math.pow): a byte count is an "
             "exact int" if isinstance(got, float) else "")
     expect_int(got, what=f"the byte count for {inputs}", hint=hint)
     if got == want:
         return got
-    hint = traffic_hint(got, T, S, d, b, flash)
+    hint = traffic_hint(got, T, S, d, b, flash, variants)
     raise CheckFailed("\n".join([f"inputs: {inputs}", traffic_derivation(T, S, d, b, flash, want),
                                  f"yours: {got:,}"] + ([f"hint: {hint}"] if hint else [])))
 
 
 def run_traffic_case(t: Trial, T: int, S: int, d: int, b: int, flash: bool) -> int:
     got = t.call("attention_hbm_bytes", T, S, d, b, flash=flash)
-    return expect_traffic(got, t.ref.attention_hbm_bytes(T, S, d, b, flash=flash), T, S, d, b, flash)
+    want = t.ref.attention_hbm_bytes(T, S, d, b, flash=flash)
+    return expect_traffic(got, want, T, S, d, b, flash, t.reference(traffic_variants, T, S, d, b, flash))
 
 
 # -- public checks -----------------------------------------------------------------------------------
@@ -224,10 +217,11 @@ def naive_figure_instance(t: Trial) -> None:
     q, k, v = naive_tensors()
     out, scores, probs = expect_naive(t.call("naive_attention", q, k, v), q, k)
     want_out, mid = t.ref.naive_attention(q, k, v)
+    variants = t.reference(naive_variants, q, k, v, True)
     t.figure("ch22-naive", q=q, k=k, v=v, scores=scores, probs=probs, out=out, expected_scores=mid["scores"],
              expected_probs=mid["probs"], expected_out=want_out)
     explain_naive((scores, probs, out), (mid["scores"], mid["probs"], want_out), q, k, v, causal=True,
-                  case="figure instance")
+                  case="figure instance", variants=variants)
 
 
 @public("22.1", "a chunk of 3 queries after 4 cached keys: the mask is aligned to the end")
@@ -249,11 +243,12 @@ def traffic_figure_instance(t: Trial) -> None:
     cases = [(args, flash) for args in (small, big) for flash in (False, True)]
     got = [t.call("attention_hbm_bytes", *args, flash=flash) for args, flash in cases]
     want = [t.ref.attention_hbm_bytes(*args, flash=flash) for args, flash in cases]
+    variants = [t.reference(traffic_variants, *args, flash) for args, flash in cases]
     if all(type(g) is int for g in got):
         t.figure("ch22-naive", small_bytes=got[:2], small_expected=want[:2], big=BIG, big_bytes=got[2:],
                  big_expected=want[2:], dtype_bytes=NAIVE_DTYPE_BYTES)
-    for (args, flash), g, w in zip(cases, got, want):
-        expect_traffic(g, w, *args, flash)
+    for (args, flash), g, w, v in zip(cases, got, want, variants):
+        expect_traffic(g, w, *args, flash, v)
 
 
 @public("22.1", "HBM bytes: fp32, T = 1024 queries over S = 3072 keys")

@@ -1,6 +1,10 @@
 """ch22's FlashAttention explanations, shared by its public and hidden checks: the values (out and
 lse) against naive attention, the tiles a causal loop must visit, and the running max and sum of each
 row after every tile, each explained where the student's answer first differs.
+
+What they compare with beyond the reference's answers (the tiles to visit, the per-tile statistics, the
+values each misconception gives) comes from `flash_models`, a driver of the hidden side's closed-form
+model (`grader/hidden/ch22_models.py`), asked for before comparing: a student release replays it.
 """
 
 from __future__ import annotations
@@ -9,11 +13,15 @@ import math
 
 import torch
 
+from grader.checks import hidden_model
 from grader.compare import CheckFailed, describe, expect_tensor, first_wrong, fmt, wrong_mask
 from grader.trial import Trial
 
 # Tolerances for float32 attention (flash_attention must agree with naive attention to these).
 ATOL, RTOL = 1e-5, 1e-5
+
+flash_models = hidden_model("ch22_models.flash_models")
+"""`t.reference(flash_models, q, k, v, causal, bq, bk)`: the trace, tiles and misconception values of one instance."""
 
 
 def sees(T: int, S: int, i: int, causal: bool) -> str:
@@ -49,89 +57,38 @@ def expect_flash(got, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
-def flash_model(q, k, v, causal: bool, bq: int, bk: int, *, scale: float | None = None, offset: int | None = None,
-                rescale_acc: bool = True, rescale_l: bool = True, mask_tiles: bool = True,
-                full_k_blocks: bool = False, running_max: bool = True) -> tuple:
-    """What the tiled computation yields, and what a misconception turns it into, in closed form (float64).
-
-    Not a way to compute attention: it builds the whole [T, S] score matrix (the thing FlashAttention avoids)
-    and reads off, per query row, the running max M after each key block (a cumulative max over the blocks'
-    maxima) and the running sum l = Σ_{blocks ≤ kb} rowsum(exp(s − M_block))·exp(M_block − M_kb), which is
-    what the per-tile updates telescope to. Returns (out, lse, trace) with trace [(qb, kb, m, l)] over the
-    tiles the variant visits.
-    """
-    q, k, v = q.double(), k.double(), v.double()
-    (T, d), S = q.shape, k.shape[0]
-    scale = d ** -0.5 if scale is None else scale
-    off = S - T if offset is None else offset
-    nk = -(-S // bk)
-    tiles = tiles_to_visit(T, S, bq, bk, causal, offset=off)
-    if full_k_blocks:
-        tiles = [(qb, kb) for qb, kb in tiles if kb < S // bk]
-    keys, rows = torch.arange(S), torch.arange(T)
-    if not causal:
-        visible = torch.ones(T, S, dtype=torch.bool)
-    elif mask_tiles:
-        visible = keys <= rows[:, None] + off
-    else:                                        # whole visited tiles, nothing masked inside them
-        visible = keys // bk * bk <= (off + ((rows // bq + 1) * bq).clamp(max=T) - 1)[:, None]
-    if full_k_blocks:
-        visible = visible & (keys < S // bk * bk)
-    s = (q @ k.T * scale).masked_fill(~visible, -math.inf)
-    pad = nk * bk - S
-    s = torch.cat([s, torch.full((T, pad), -math.inf, dtype=torch.float64)], 1).view(T, nk, bk)
-    vb = torch.cat([v, torch.zeros(pad, d, dtype=torch.float64)]).view(nk, bk, d)
-    block_max = s.amax(-1)                                                 # [T, nk]
-    M = block_max.cummax(1).values if running_max else block_max           # running max after each block
-    p = torch.exp(s - M[..., None])
-    rowsum, pv = p.sum(-1), torch.einsum("tnb,nbd->tnd", p, vb)            # per block, relative to its M
-    earlier = torch.ones(nk, nk, dtype=torch.bool).tril()                  # [kb, kb'] with kb' ≤ kb
-    factor = torch.where(earlier, torch.exp(M[:, None, :] - M[:, :, None]), 0.0)   # exp(M_kb' − M_kb)
-    l = (factor if rescale_l else earlier.double()) * rowsum[:, None, :]
-    l = l.sum(-1)                                                          # [T, nk]: l after each block
-    last = torch.tensor([max([kb for qb, kb in tiles if qb == i // bq], default=0) for i in range(T)])
-    weight = (factor if rescale_acc else earlier.double().expand(T, nk, nk))[rows, last]
-    weight = torch.where(torch.arange(nk) <= last[:, None], weight, 0.0)
-    out = torch.einsum("tn,tnd->td", weight, pv) / l[rows, last][:, None]
-    lse = M[rows, last] + torch.log(l[rows, last])
-    trace = [(qb, kb, M[qb * bq:(qb + 1) * bq, kb].tolist(), l[qb * bq:(qb + 1) * bq, kb].tolist())
-             for qb, kb in tiles]
-    return out, lse, trace
-
-
-def flash_variants(q, k, causal: bool, bq: int, bk: int) -> list[tuple[str, dict]]:
-    """(why, flash_model knobs) for the misconceptions the chapter names."""
-    (T, d), S = q.shape, k.shape[0]
+def flash_whys(T: int, S: int, d: int, bk: int, causal: bool) -> list[tuple[str, str]]:
+    """(misconception, why) for the mistakes the chapter names, in the order they are tried; `flash_models`
+    holds each one's (out, lse)."""
     rescale = ("when a tile raises a row's running max from m to m_new, everything summed so far was measured "
                "against the old max: multiply {what} by α = exp(m − m_new) before adding this tile's terms")
-    out = [(rescale.format(what="the accumulator acc"), {"rescale_acc": False}),
-           (rescale.format(what="the running sum l"), {"rescale_l": False}),
-           (rescale.format(what="both acc and l"), {"rescale_acc": False, "rescale_l": False})]
+    out = [("acc", rescale.format(what="the accumulator acc")), ("l", rescale.format(what="the running sum l")),
+           ("acc and l", rescale.format(what="both acc and l"))]
     if causal and S > T:
-        out.append((f"the causal mask is aligned to the end: query i is at position S − T + i = {S - T} + i and "
-                    f"sees keys 0 … {S - T} + i (the top-left alignment lets it see keys 0 … i only)", {"offset": 0}))
+        out.append(("top-left", f"the causal mask is aligned to the end: query i is at position S − T + i = {S - T} "
+                                f"+ i and sees keys 0 … {S - T} + i (the top-left alignment lets it see keys 0 … i "
+                                f"only)"))
     if causal:
-        out.append(("tiles that cross the diagonal must mask their future keys (key j > S − T + i gets −inf); "
-                    "skipping whole future tiles is not enough", {"mask_tiles": False}))
-        out.append(("causal=True: mask the keys after each query's position and skip the future tiles",
-                     {"causal": False}))
+        out.append(("whole tiles", "tiles that cross the diagonal must mask their future keys (key j > S − T + i "
+                                   "gets −inf); skipping whole future tiles is not enough"))
+        out.append(("causal flipped", "causal=True: mask the keys after each query's position and skip the future "
+                                      "tiles"))
     else:
-        out.append(("causal=False: every query sees every key, no tile is skipped or masked", {"causal": True}))
+        out.append(("causal flipped", "causal=False: every query sees every key, no tile is skipped or masked"))
     if S % bk:
-        out.append((f"the last key block is ragged: S = {S} = {S // bk}·{bk} + {S % bk}, so there are "
-                    f"⌈{S}/{bk}⌉ = {-(-S // bk)} key blocks and the last holds {S % bk} key(s); loop with "
-                    f"range(0, S, block_k) and end each block at min(start + block_k, S)", {"full_k_blocks": True}))
-    out += [(f"scale the scores by 1/√d = 1/√{d}; you did not scale them", {"scale": 1.0}),
-            (f"the scale is 1/√d = 1/√{d}, not 1/d", {"scale": 1.0 / d})]
+        out.append(("floor k blocks", f"the last key block is ragged: S = {S} = {S // bk}·{bk} + {S % bk}, so "
+                                      f"there are ⌈{S}/{bk}⌉ = {-(-S // bk)} key blocks and the last holds {S % bk} "
+                                      f"key(s); loop with range(0, S, block_k) and end each block at "
+                                      f"min(start + block_k, S)"))
+    out += [("unscaled", f"scale the scores by 1/√d = 1/√{d}; you did not scale them"),
+            ("1/d", f"the scale is 1/√d = 1/√{d}, not 1/d")]
     return out
 
 
-def flash_hint(which: int, got: torch.Tensor, q, k, v, causal: bool, bq: int, bk: int) -> str:
-    """The misconception that reproduces the student's out (0) or lse (1); '' if none."""
-    for why, knobs in flash_variants(q, k, causal, bq, bk):
-        kw = dict(knobs)
-        c = kw.pop("causal", causal)
-        if close_to_variant(got, flash_model(q, k, v, c, bq, bk, **kw)[which]):
+def flash_hint(which: int, got: torch.Tensor, models: dict, T: int, S: int, d: int, bk: int, causal: bool) -> str:
+    """The misconception whose (out, lse) reproduces the student's out (0) or lse (1); '' if none."""
+    for key, why in flash_whys(T, S, d, bk, causal):
+        if close_to_variant(got, models["variants"][key][which]):
             return why
     return ""
 
@@ -153,12 +110,12 @@ def last_records(trace: list) -> list:
     return [last[qb] for qb in sorted(last)]
 
 
-def lse_hint(lse: torch.Tensor, want: torch.Tensor, q, k, v, causal: bool, bq: int, bk: int) -> str:
+def lse_hint(lse: torch.Tensor, want: torch.Tensor, models: dict, T: int, S: int, d: int, bk: int,
+             causal: bool) -> str:
     if not torch.isfinite(lse).all() and torch.isfinite(want).all():
         return ("inf/nan: log Σ exp(score) computed directly overflows once a score passes ~88 in float32; keep "
                 "the running max m and return lse = m + log l, where l sums exp(score − m)")
-    final_m = torch.tensor([x for r in last_records(flash_model(q, k, v, causal, bq, bk)[2]) for x in r[2]],
-                           dtype=torch.float64)
+    final_m = torch.tensor([x for r in last_records(models["trace"]) for x in r[2]], dtype=torch.float64)
     if close_to_variant(lse, want.double() - final_m):
         return ("lse = m + log l: your lse is log l alone, but l sums exp(score − m), measured against the "
                 "running max m; add m back")
@@ -166,13 +123,15 @@ def lse_hint(lse: torch.Tensor, want: torch.Tensor, q, k, v, causal: bool, bq: i
         return "lse = m + log l, not the running max m alone"
     if close_to_variant(lse, want.double() / math.log(2)):
         return "lse is a natural logarithm (log, not log2)"
-    return flash_hint(1, lse, q, k, v, causal, bq, bk)
+    return flash_hint(1, lse, models, T, S, d, bk, causal)
 
 
 def explain_flash(out, lse, want_out, want_lse, q, k, v, *, causal: bool, bq: int, bk: int, case: str,
-                  atol: float = ATOL, rtol: float = RTOL) -> None:
-    """Raise a teaching message at the first wrong output or lse element."""
+                  atol: float = ATOL, rtol: float = RTOL, models: dict | None = None) -> None:
+    """Raise a teaching message at the first wrong output or lse element. `models` is `flash_models`' answer for
+    this instance; without it (hidden checks only) the hints ask the hidden side once they are needed."""
     (T, d), S = q.shape, k.shape[0]
+    need = lambda: models if models is not None else flash_models(None, q, k, v, causal, bq, bk)
     blocks = f", block_q={bq}, block_k={bk}"
     idx = first_wrong(out, want_out, atol=atol, rtol=rtol)
     if idx is not None:
@@ -183,7 +142,7 @@ def explain_flash(out, lse, want_out, want_lse, q, k, v, *, causal: bool, bq: in
                  f"{sees(T, S, i, causal)}: query block {i // bq} (its row {i % bq}), key blocks 0 … {last}",
                  f"out[{i}, {j}]: expected {fmt(want_out[i, j])} (naive attention); yours {fmt(out[i, j])}  "
                  f"({int(bad.sum())} of {want_out.numel()} elements differ beyond {atol:g} + {rtol:g}·|expected|)"]
-        hint = (flash_hint(0, out, q, k, v, causal, bq, bk)
+        hint = (flash_hint(0, out, need(), T, S, d, bk, causal)
                 or ragged_rows_hint(sorted({int(r) for r in bad.nonzero()[:, 0]}), T, bq))
         if not hint and not torch.isfinite(out).all() and torch.isfinite(want_out).all():
             hint = ("your output has inf/nan: subtract the running max before exp, and visit each query block's "
@@ -196,7 +155,7 @@ def explain_flash(out, lse, want_out, want_lse, q, k, v, *, causal: bool, bq: in
         lines = [case_line(case, q, k, causal, blocks), sees(T, S, i, causal),
                  f"lse[{i}]: expected log Σ_visible exp(q[{i}]·k/√{d}) = {fmt(want_lse[i])}; yours {fmt(lse[i])}  "
                  f"({int(bad.sum())} of {T} rows differ)"]
-        hint = (lse_hint(lse, want_lse, q, k, v, causal, bq, bk)
+        hint = (lse_hint(lse, want_lse, need(), T, S, d, bk, causal)
                 or ragged_rows_hint(sorted(int(r) for r in bad.nonzero()[:, 0]), T, bq))
         raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
 
@@ -212,8 +171,9 @@ def run_flash_case(t: Trial, q, k, v, *, causal: bool = True, bq: int, bk: int, 
     got = t.call("flash_attention", q, k, v, causal=causal, block_q=bq, block_k=bk)
     out, lse = expect_flash(got, q)
     want_out, want_lse = flash_expected(t, q, k, v, causal)
+    models = t.reference(flash_models, q, k, v, causal, bq, bk)
     explain_flash(out, lse, want_out, want_lse, q, k, v, causal=causal, bq=bq, bk=bk, case=case, atol=atol,
-                  rtol=rtol)
+                  rtol=rtol, models=models)
     return out, lse
 
 
@@ -227,13 +187,6 @@ def tile_text(qb: int, kb: int, T: int, S: int, bq: int, bk: int) -> str:
     q0, q1, k0, k1 = qb * bq, min(qb * bq + bq, T), kb * bk, min(kb * bk + bk, S)
     span = lambda one, many, a, b: f"{one} {a}" if a == b else f"{many} {a}–{b}"
     return f"tile (qb={qb}, kb={kb}): {span('query', 'queries', q0, q1 - 1)}, {span('key', 'keys', k0, k1 - 1)}"
-
-
-def tiles_to_visit(T: int, S: int, bq: int, bk: int, causal: bool, offset: int | None = None) -> list[tuple]:
-    """The (qb, kb) tiles holding at least one visible score, query block by query block."""
-    off = S - T if offset is None else offset
-    return [(qb, kb) for qb in range(-(-T // bq)) for kb in range(-(-S // bk))
-            if not causal or kb * bk <= off + min(qb * bq + bq, T) - 1]
 
 
 def expect_trace(raw, T: int, S: int, bq: int, bk: int) -> list[tuple[int, int, list[float], list[float]]]:
@@ -267,9 +220,10 @@ def expect_trace(raw, T: int, S: int, bq: int, bk: int) -> list[tuple[int, int, 
     return records
 
 
-def explain_tiles(records: list, T: int, S: int, bq: int, bk: int, causal: bool, case: str) -> None:
-    """Every tile with a visible score exactly once, no future tile, key blocks in increasing order."""
-    want = tiles_to_visit(T, S, bq, bk, causal)
+def explain_tiles(records: list, tiles: dict, T: int, S: int, bq: int, bk: int, causal: bool, case: str) -> None:
+    """Every tile with a visible score exactly once, no future tile, key blocks in increasing order
+    (`tiles` is `flash_models(...)["tiles"]`)."""
+    want = tiles["visit"]
     got = [(r[0], r[1]) for r in records]
     head = f'case "{case}": T={T}, S={S}, block_q={bq}, block_k={bk}, causal={causal}'
     nq, nk = -(-T // bq), -(-S // bk)
@@ -282,7 +236,7 @@ def explain_tiles(records: list, T: int, S: int, bq: int, bk: int, causal: bool,
         qb, kb = twice[0]
         raise CheckFailed(f"{head}\n{tile_text(qb, kb, T, S, bq, bk)} appears {got.count(twice[0])} times in your "
                           f"trace: each tile is visited once, its scores folded into m, l and acc once")
-    hint = tiles_hint(set(got), T, S, bq, bk, causal)
+    hint = tiles_hint(set(got), tiles, T, S, bq, bk, causal)
     extra = [x for x in got if x not in want]
     if extra:
         qb, kb = extra[0]
@@ -307,14 +261,14 @@ def explain_tiles(records: list, T: int, S: int, bq: int, bk: int, causal: bool,
                               f"increasing order, so each row's first tile holds key 0 (visible to every query)")
 
 
-def tiles_hint(got: set, T: int, S: int, bq: int, bk: int, causal: bool) -> str:
+def tiles_hint(got: set, tiles: dict, T: int, S: int, bq: int, bk: int, causal: bool) -> str:
     """The misconception behind a wrong set of visited tiles ('' when none fits)."""
-    want = set(tiles_to_visit(T, S, bq, bk, causal))
+    want = set(tiles["visit"])
     nq, nk = -(-T // bq), -(-S // bk)
-    if causal and S > T and got == set(tiles_to_visit(T, S, bq, bk, causal, offset=0)):
+    if causal and S > T and got == set(tiles["top-left"]):
         return (f"the causal mask is aligned to the end: query i is at position S − T + i = {S - T} + i, so a query "
                 f"block ending at query i needs keys up to {S - T} + i (a top-left alignment stops at key i)")
-    if causal and got == set(tiles_to_visit(T, S, bq, bk, False)):
+    if causal and got == set(tiles["all"]):
         return ("skip the tiles entirely in the future: for the query block ending at query q_end − 1, stop the "
                 "key loop at key S − T + q_end (exclusive), range(0, min(S, S − T + q_end), block_k)")
     missing = want - got
@@ -345,10 +299,10 @@ def explain_final_stats(records: list, lse: torch.Tensor, T: int, bq: int, case:
                                   f"return lse = m + log l from those running values")
 
 
-def explain_stats(records: list, q, k, v, *, causal: bool, bq: int, bk: int, case: str, tol: float = 1e-5) -> None:
-    """Each tile's recorded running max and sum, against the reference's after the same tile."""
-    (T, d), S = q.shape, k.shape[0]
-    ref = {(r[0], r[1]): r for r in flash_model(q, k, v, causal, bq, bk)[2]}
+def explain_stats(records: list, models: dict, *, T: int, S: int, d: int, causal: bool, bq: int, bk: int, case: str,
+                  tol: float = 1e-5) -> None:
+    """Each tile's recorded running max and sum, against the model's after the same tile."""
+    ref = {(r[0], r[1]): r for r in models["trace"]}
     for qb, kb, m, l in records:
         want = ref[qb, kb]
         for r in range(len(m)):
@@ -361,24 +315,24 @@ def explain_stats(records: list, q, k, v, *, causal: bool, bq: int, bk: int, cas
                      f"m = {fmt(want[2][r])} (the largest visible q·k/√{d} over key blocks 0 … {kb}) and the running "
                      f"sum l = {fmt(want[3][r])} (Σ exp(score − m) over the same keys); yours m = {fmt(m[r])}, "
                      f"l = {fmt(l[r])}"]
-            hint = stats_hint(qb, kb, r, m[r], l[r], q, k, v, causal, bq, bk)
+            hint = stats_hint(qb, kb, r, m[r], l[r], d, models)
             raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
 
 
-def stats_hint(qb: int, kb: int, r: int, m: float, l: float, q, k, v, causal: bool, bq: int, bk: int) -> str:
+def stats_hint(qb: int, kb: int, r: int, m: float, l: float, d: int, models: dict) -> str:
+    """The misconception behind a wrong running max m or sum l of row r after tile (qb, kb) ('' if none)."""
     close = lambda a, b: math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-4)
-    d = q.shape[1]
-    model = lambda **kw: {(x[0], x[1]): x for x in flash_model(q, k, v, causal, bq, bk, **kw)[2]}[qb, kb]
-    right = model()
+    tile = lambda trace: {(x[0], x[1]): x for x in models[trace]}.get((qb, kb))
+    right = tile("trace")
     if close(m, right[2][r] / d ** -0.5) or close(m, right[2][r] * d ** 0.5):
         return f"record m in units of the scaled scores q·k/√{d}; yours looks like the unscaled q·k"
-    if kb and close(m, model(running_max=False)[2][r]) and not close(m, right[2][r]):
+    if kb and close(m, tile("trace without running max")[2][r]) and not close(m, right[2][r]):
         return "m is the running max over all key blocks so far, max(m, rowmax(s)), not this tile's max alone"
-    if close(m, right[2][r]) and close(l, model(rescale_l=False)[3][r]):
+    if close(m, right[2][r]) and close(l, tile("trace without rescaled l")[3][r]):
         return ("when the max grows from m to m_new, the running sum was measured against the old max: "
                 "l = exp(m − m_new)·l + rowsum(exp(s − m_new))")
     if kb:
-        before = {(x[0], x[1]): x for x in flash_model(q, k, v, causal, bq, bk)[2]}.get((qb, kb - 1))
+        before = {(x[0], x[1]): x for x in models["trace"]}.get((qb, kb - 1))
         if before and close(m, before[2][r]) and close(l, before[3][r]):
             return "append the record after the tile's update: these are the values before it"
     return ""
@@ -391,15 +345,13 @@ def check_trace(t: Trial, q, k, v, *, causal: bool, bq: int, bk: int, case: str,
     out, lse = expect_flash(call.value, q)
     records = expect_trace(call.kwargs.get("trace"), T, S, bq, bk)
     want_out, want_lse = flash_expected(t, q, k, v, causal)
+    models = t.reference(flash_models, q, k, v, causal, bq, bk)
     if figure:
-        # The expected per-tile statistics come from the grader's closed-form model: the reference's own trace
-        # goes into a list argument, which a student release (replaying t.ref) cannot hand back.
-        scores = (q @ k.T) * d ** -0.5     # shown tile by tile in the figure, as each tile computes them
-        t.figure(figure, T=T, S=S, d=d, block_q=bq, block_k=bk, causal=causal, scores=scores,
-                 trace=[list(r) for r in records], expected_trace=[list(r) for r in flash_model(q, k, v, causal, bq,
-                                                                                             bk)[2]],
+        # scores: shown tile by tile in the figure, as each tile computes them
+        t.figure(figure, T=T, S=S, d=d, block_q=bq, block_k=bk, causal=causal, scores=models["scores"],
+                 trace=[list(r) for r in records], expected_trace=[list(r) for r in models["trace"]],
                  lse=lse, expected_lse=want_lse, out=out, expected_out=want_out)
-    explain_tiles(records, T, S, bq, bk, causal, case)
-    explain_flash(out, lse, want_out, want_lse, q, k, v, causal=causal, bq=bq, bk=bk, case=case)
+    explain_tiles(records, models["tiles"], T, S, bq, bk, causal, case)
+    explain_flash(out, lse, want_out, want_lse, q, k, v, causal=causal, bq=bq, bk=bk, case=case, models=models)
     explain_final_stats(records, lse, T, bq, case)
-    explain_stats(records, q, k, v, causal=causal, bq=bq, bk=bk, case=case)
+    explain_stats(records, models, T=T, S=S, d=d, causal=causal, bq=bq, bk=bk, case=case)

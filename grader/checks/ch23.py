@@ -1,4 +1,9 @@
-"""Public checks of ch23 · sampling, and the messages they share with the hidden ones."""
+"""Public checks of ch23 · sampling, and the messages they share with the hidden ones.
+
+The tokens the classic wrong samplers draw and the exact-k reading of top-k come from the hidden side
+(`race_variants`, `strict_top_k`), asked for before comparing. (`race_scores`, p and p / E of the race, stays
+here: the lab draws and checks a student's own instance with it in a student release.)
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import math
 
 import torch
 
-from grader.checks import public
+from grader.checks import hidden_model, if_hidden, public
 from grader.compare import CheckFailed, expect_tensor, fmt, wrong_mask
 from grader.trial import Trial
 
@@ -15,6 +20,11 @@ ATOL, RTOL = 1e-6, 1e-5          # processed logits: one float32 rounding of log
 TIE = 1e-6                        # a drawn token is accepted when its p / E is this close (relative) to the best
 ALPHA = 1e-6                      # a correct sampler fails a goodness-of-fit test with probability < ALPHA
 CLAMP = 1e-10                     # nano-vllm clamps the exponential noise to ≥ 1e-10
+
+race_variants = hidden_model("ch23_models.race_variants")
+"""`t.reference(race_variants, logits, temperature, noise)`: {wrong sampler: its tokens on the same noise}."""
+strict_top_k = hidden_model("ch23_models.strict_top_k")
+"""`t.reference(strict_top_k, scaled, ks)`: top-k read as exactly k indices."""
 
 # ch23-sampling-path: one row of 8 logits through temperature, top-k, top-p and the race.
 PATH_LOGITS = [1.2, 3.0, -0.5, 2.2, 0.3, 2.6, -1.4, 1.7]
@@ -91,10 +101,7 @@ def reference_steps(t: Trial, logits: torch.Tensor, temperature: torch.Tensor, t
         ks = [_row_value(top_k, b, B) for b in range(B)]
         steps["k - 1"] = run(k=torch.tensor([max(k - 1, 1) for k in ks]))
         steps["k + 1"] = run(k=torch.tensor([min(k + 1, V) for k in ks]))
-        keep = torch.zeros(B, V, dtype=torch.bool)
-        for b, k in enumerate(ks):
-            keep[b, steps["scaled"][b].topk(k).indices] = True
-        strict = steps["scaled"].masked_fill(~keep, NEG_INF)
+        strict = t.reference(strict_top_k, steps["scaled"], ks)
         steps["strict k"] = strict if top_p is None else run(strict, ones, None)
         if top_p is not None:
             steps["top-p first"] = run(run(k=None), ones, p=None)
@@ -222,25 +229,19 @@ OWN_NOISE_HINT = ("the token must be argmax(p / E) with the noise passed in; a s
                   "(torch.multinomial, a fresh exponential_()) cannot reproduce the race")
 
 
-def race_variants(logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor) -> list[tuple[str, torch.Tensor, str]]:
-    """Tokens drawn by the classic wrong samplers on the same noise, with the hint each one calls for."""
-    z, T, e = logits.float(), temperature.float()[:, None], noise.float().clamp_min(CLAMP)
-    p = (z / T).softmax(-1)
-    with torch.no_grad():
-        return [
-            ("argmax(p)", p.argmax(-1), "the race takes argmax(p / E), not argmax(p): the noise lets a less "
-                                       "likely token win, exactly as often as its probability"),
-            ("argmax(E / p)", (e / p).argmax(-1), "divide p by the noise (argmax p / E, or argmin E / p), not the "
-                                                 "noise by p: argmax E / p favours the unlikely tokens"),
-            ("argmax(p · E)", (p * e).argmax(-1), "divide p by the noise E; multiplying by E does not sample from p"),
-            ("the race on softmax(logits · T)", ((z * T).softmax(-1) / e).argmax(-1), MULTIPLIED_HINT),
-            ("the race on softmax(logits) (temperature left out)", (z.softmax(-1) / e).argmax(-1), IGNORED_HINT),
-            ("argmax((logits / T) / E)", ((z / T) / e).argmax(-1), "race with the probabilities p = softmax(logits / T), "
-                                                     "not with the logits"),
-            ("the race with unclamped noise", (p / noise.float()).argmax(-1),
-             "clamp the noise to ≥ 1e-10 as nano-vllm does: with E = 0, p / E is ∞ (or NaN = 0 / 0 on a "
-             "filtered token), and argmax picks it"),
-        ]
+RACE_HINTS = {
+    "argmax(p)": "the race takes argmax(p / E), not argmax(p): the noise lets a less likely token win, exactly as "
+                 "often as its probability",
+    "argmax(E / p)": "divide p by the noise (argmax p / E, or argmin E / p), not the noise by p: argmax E / p favours "
+                     "the unlikely tokens",
+    "argmax(p · E)": "divide p by the noise E; multiplying by E does not sample from p",
+    "the race on softmax(logits · T)": MULTIPLIED_HINT,
+    "the race on softmax(logits) (temperature left out)": IGNORED_HINT,
+    "argmax((logits / T) / E)": "race with the probabilities p = softmax(logits / T), not with the logits",
+    "the race with unclamped noise": "clamp the noise to ≥ 1e-10 as nano-vllm does: with E = 0, p / E is ∞ (or "
+                                     "NaN = 0 / 0 on a filtered token), and argmax picks it",
+}
+"""The classic wrong samplers (as `race_variants` names their tokens), with the hint each one calls for."""
 
 
 def expect_in_vocab(got, B: int, V: int, *, case: str = "") -> torch.Tensor:
@@ -255,8 +256,10 @@ def expect_in_vocab(got, B: int, V: int, *, case: str = "") -> torch.Tensor:
 
 
 def expect_tokens(got, logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor, *,
-                  case: str = "") -> torch.Tensor:
-    """Require the student's tokens to win the race with the given noise (near-ties of p / E accepted)."""
+                  case: str = "", variants: dict | None = None) -> torch.Tensor:
+    """Require the student's tokens to win the race with the given noise (near-ties of p / E accepted).
+    `variants` is `race_variants`' answer (asked of the hidden side when not given; a student release's lab
+    then names no wrong sampler)."""
     B, V = logits.shape
     tokens = expect_in_vocab(got, B, V, case=case)
     p, scores = race_scores(logits, temperature, noise)
@@ -276,10 +279,12 @@ def expect_tokens(got, logits: torch.Tensor, temperature: torch.Tensor, noise: t
                  f"{fmt(float(scores[b, w]))}, so the race draws token {w}; yours: token {y} "
                  f"(p / E = {fmt(float(p[b, y]))} / {fmt(float(E[y]))} = {fmt(float(scores[b, y]))})")
     # The wrong sampler that explains this row and agrees with the most other rows.
-    fits = [(int((alt == tokens).sum()), -i, h) for i, (_, alt, h) in
-            enumerate(race_variants(logits, temperature, noise)) if int(alt[b]) == y]
+    variants = variants if variants is not None else if_hidden(race_variants, logits, temperature, noise)
+    fits = [(int((variants[name] == tokens).sum()), -i, h) for i, (name, h) in enumerate(RACE_HINTS.items())
+            if int(variants[name][b]) == y] if variants is not None else []
     best = [h for n, _, h in sorted(fits, reverse=True) if n == max(fits)[0]] if fits else []
     hint = TEMPERATURE_HINT if {MULTIPLIED_HINT, IGNORED_HINT} <= set(best) else (best[0] if best else OWN_NOISE_HINT)
+    hint = hint if variants is not None else ""
     raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
 
 
@@ -307,8 +312,9 @@ def chi2(counts: torch.Tensor, p: torch.Tensor) -> float:
 
 
 def expect_distribution(tokens: torch.Tensor, logits_row: list[float], T: float, noise: torch.Tensor, *,
-                        case: str) -> dict:
-    """Chi-square goodness of fit of the drawn tokens to softmax(logits / T); returns the figure's numbers."""
+                        case: str, variants: dict | None = None) -> dict:
+    """Chi-square goodness of fit of the drawn tokens to softmax(logits / T); returns the figure's numbers.
+    `variants` is `race_variants`' answer for the rows (asked of the hidden side when not given)."""
     V, n = len(logits_row), tokens.numel()
     z = torch.tensor(logits_row, dtype=torch.float32)
     p = (z / T).softmax(-1)
@@ -328,16 +334,19 @@ def expect_distribution(tokens: torch.Tensor, logits_row: list[float], T: float,
              f"(one standard deviation √(N·p·(1 − p)))",
              f"chi-square over {V} tokens = {fmt(stat, 5)} > {fmt(limit, 4)}, a level a correct sampler exceeds "
              f"with probability < {ALPHA:g} ({df} degrees of freedom)"]
-    cause = likely_cause(tokens, counts, z, T, noise)
+    cause = likely_cause(tokens, counts, z, T, noise, variants)
     raise CheckFailed("\n".join(lines + ([f"likely cause: {cause}"] if cause else [])))
 
 
-def likely_cause(tokens: torch.Tensor, counts: torch.Tensor, z: torch.Tensor, T: float, noise: torch.Tensor) -> str:
+def likely_cause(tokens: torch.Tensor, counts: torch.Tensor, z: torch.Tensor, T: float, noise: torch.Tensor,
+                 variants: dict | None = None) -> str:
     n, V = tokens.numel(), z.numel()
     logits = z.expand(n, V)
     temps = torch.full((n,), T)
     correct = race_scores(logits, temps, noise)[1].argmax(-1)
-    for name, alt, hint in race_variants(logits, temps, noise):
+    variants = variants if variants is not None else if_hidden(race_variants, logits, temps, noise)
+    for name, hint in RACE_HINTS.items() if variants is not None else ():
+        alt = variants[name]
         share = float((alt == tokens).double().mean())
         if share >= 0.9 and float((alt == correct).double().mean()) < 0.9:
             return f"your tokens are those of {name} on {fmt(100 * share, 3)}% of the rows; {hint}"
@@ -426,9 +435,11 @@ def race_instance(t: Trial) -> None:
     got = t.call("sample", logits, temp, noise)
     tokens = expect_in_vocab(got, 1, 3)
     p, scores = race_scores(logits, temp, noise)
+    want, variants = t.ref.sample(logits, temp, noise), t.reference(race_variants, logits, temp, noise)
     t.figure("ch23-exponential-race", logits=RACE_LOGITS, T=RACE_T, noise=RACE_NOISE, p=p[0], scores=scores[0],
-             token=int(tokens[0]), token_expected=int(t.ref.sample(logits, temp, noise)[0]))
-    expect_tokens(tokens, logits, temp, noise, case='case "figure instance": the race of reference §13')
+             token=int(tokens[0]), token_expected=int(want[0]))
+    expect_tokens(tokens, logits, temp, noise, case='case "figure instance": the race of reference §13',
+                  variants=variants)
 
 
 @public("23.2", "the sampling path's last step: the race on the processed row")
@@ -438,11 +449,12 @@ def path_draw(t: Trial) -> None:
     got = t.call("sample", processed, temp, noise)
     tokens = expect_in_vocab(got, 1, 8)
     p, scores = race_scores(processed, temp, noise)
+    want, variants = t.ref.sample(processed, temp, noise), t.reference(race_variants, processed, temp, noise)
     t.figure("ch23-sampling-path", noise=PATH_NOISE, race_p=p[0], race_scores=scores[0], token=int(tokens[0]),
-             token_expected=int(t.ref.sample(processed, temp, noise)[0]))
+             token_expected=int(want[0]))
     expect_tokens(tokens, processed, temp, noise,
                   case='case "sampling path": the processed row (filtered entries −∞), T = 1, '
-                       f'noise {vec(PATH_NOISE)}')
+                       f'noise {vec(PATH_NOISE)}', variants=variants)
 
 
 @public("23.2", f"{RACE_DRAWS} races on [2, 1, 0] at T = 0.5 follow p")
@@ -451,6 +463,7 @@ def race_frequencies(t: Trial) -> None:
     temp = torch.full((RACE_DRAWS,), RACE_T)
     noise = torch.empty(RACE_DRAWS, 3).exponential_(generator=t.rng)
     tokens = expect_in_vocab(t.call("sample", logits, temp, noise), RACE_DRAWS, 3)
+    variants = t.reference(race_variants, logits, temp, noise)
     z = torch.tensor(RACE_LOGITS)
     p = (z / RACE_T).softmax(-1)
     counts = torch.bincount(tokens, minlength=3)
@@ -458,7 +471,7 @@ def race_frequencies(t: Trial) -> None:
     t.figure("ch23-exponential-race", counts=counts, n=RACE_DRAWS, chi2=stat, limit=limit)
     expect_distribution(tokens, RACE_LOGITS, RACE_T, noise,
                         case=f'case "{RACE_DRAWS} races": one row, logits [2, 1, 0], T = 0.5, Exp(1) noise '
-                             f'from a fixed seed')
+                             f'from a fixed seed', variants=variants)
 
 
 @public("23.2", "a batch: each row races with its own temperature and noise")
@@ -467,7 +480,8 @@ def batch_rows(t: Trial) -> None:
     temp = torch.tensor([0.5, 1.0, 2.0, 0.25])
     noise = torch.tensor([[0.2, 0.9, 1.4], [1.2, 0.2, 0.9], [0.1, 2.0, 3.5], [0.3, 0.01, 2.0]])
     got = t.call("sample", logits, temp, noise)
-    expect_tokens(got, logits, temp, noise, case='case "batch": 4 rows, T = [0.5, 1, 2, 0.25]')
+    expect_tokens(got, logits, temp, noise, case='case "batch": 4 rows, T = [0.5, 1, 2, 0.25]',
+                  variants=t.reference(race_variants, logits, temp, noise))
 
 
 @public("23.2", "noise of the wrong shape raises ValueError")

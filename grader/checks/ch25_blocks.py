@@ -1,40 +1,21 @@
 """ch25's block-manager traces, shared by its public and hidden checks: the reference's trace of a
-script of allocate / append / deallocate steps, the student's trace of the same script, and the
-explanation of the first step where the two differ.
+script of allocate / append / deallocate steps (from the hidden side), the student's trace of the same
+script, and the explanation of the first step where the two differ.
 """
 
 from __future__ import annotations
 
 from typing import Iterator
 
+from grader.checks import hidden_model
 from grader.compare import CheckFailed, describe
 from grader.trial import Trial
 
 
-def drive_reference(ref, num_blocks: int, block_size: int, script: list) -> dict:
-    """The reference's trace of a script, plus per step the facts an explanation needs (plain data):
-    for can_allocate the walk over the hash chain, for compute each newly hashed block's unchained hash."""
-    manager, seqs, notes = ref.BlockManager(num_blocks, block_size), {}, []
-    for op in script:
-        note: dict = {}
-        seq = seqs.get(op[1])
-        if op[0] == "can_allocate":
-            h, walk = -1, []
-            for i in range(seq.num_blocks - 1):
-                h = ref.BlockManager.compute_hash(seq.block(i), h)
-                b = manager.hash_to_block_id.get(h)
-                hit = b is not None and manager.blocks[b].token_ids == seq.block(i)
-                walk.append([i, b if hit else None, hit and b in manager.used_block_ids])
-                if not hit:
-                    break
-            note = {"walk": walk, "free": len(manager.free_block_ids)}
-        elif op[0] == "compute":
-            first, end = seq.num_cached_tokens // block_size, (seq.num_cached_tokens + op[2]) // block_size
-            note = {"unchained": {seq.block_table[i]: ref.BlockManager.compute_hash(seq.block(i))
-                                  for i in range(first, end)}}
-        ref.run_op(manager, seqs, op)
-        notes.append(note)
-    return {"trace": ref.replay(num_blocks, block_size, script), "notes": notes}
+drive_reference = hidden_model("ch25_models.drive_reference")
+"""`t.reference(drive_reference, num_blocks, block_size, script)`: the reference's trace of a script, plus per step
+the facts an explanation needs (for can_allocate the walk over the hash chain, for compute each newly hashed
+block's unchained hash). The walk repeats the prefix-cache lookup, so it runs on the hidden side."""
 
 
 def states(script: list, trace, num_blocks: int, *, whose: str = "your") -> Iterator[tuple[dict, dict]]:

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from grader.checks import public
+from grader.checks import hidden_model, public
 from grader.compare import CheckFailed, describe, expect_tensor, fmt
 from grader.trial import Trial
 
@@ -185,25 +185,20 @@ def expect_metric_structure(got, head: str) -> dict:
     return got
 
 
-def expect_metrics(got: dict, want: dict, requests: list[dict], case: str) -> None:
-    """Require every metric within tolerance, explaining the first wrong one with its derivation."""
+def expect_metrics(got: dict, want: dict, requests: list[dict], case: str, rows: list | None = None) -> None:
+    """Require every metric within tolerance, explaining the first wrong one with its derivation (`rows`:
+    `request_latencies`' answer; asked of the hidden side when needed if not given)."""
     head = f'case "{case}": {plural(len(requests), "request")}'
     expect_metric_structure(got, head)
     for k in KEYS:
         v = got[k]
         if not math.isclose(float(v), want[k], rel_tol=RTOL, abs_tol=ATOL):
-            raise CheckFailed("\n".join([head] + explain_metric(k, float(v), want, requests)))
+            rows = rows if rows is not None else request_latencies(None, requests)
+            raise CheckFailed("\n".join([head] + explain_metric(k, float(v), want, requests, rows)))
 
 
-def per_request(requests: list[dict]) -> dict:
-    """Each request's TTFT, E2E, TPOT (None when output_len is 1) and ITLs, in seconds."""
-    rows = []
-    for q in requests:
-        ch = q["chunk_times"]
-        ttft, e2e = ch[0] - q["start"], ch[-1] - q["start"]
-        rows.append({"ttft": ttft, "e2el": e2e, "itl": [b - a for a, b in zip(ch, ch[1:])],
-                     "tpot": (e2e - ttft) / (q["output_len"] - 1) if q["output_len"] > 1 else None})
-    return rows
+request_latencies = hidden_model("ch29_models.request_latencies")
+"""`t.reference(request_latencies, requests)`: each request's TTFT, E2E, TPOT and ITLs, for the derivations."""
 
 
 def _ms(xs: list[float]) -> str:
@@ -211,8 +206,7 @@ def _ms(xs: list[float]) -> str:
     return f"[{shown}{', …' if len(xs) > 8 else ''}] ms" + (f" ({len(xs)} values)" if len(xs) > 8 else "")
 
 
-def explain_metric(k: str, v: float, want: dict, requests: list[dict]) -> list[str]:
-    rows = per_request(requests)
+def explain_metric(k: str, v: float, want: dict, requests: list[dict], rows: list) -> list[str]:
     dur = want["duration"]
     close = lambda a, b: math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-9)
     if k in TOTALS:
@@ -270,11 +264,12 @@ def explain_metric(k: str, v: float, want: dict, requests: list[dict]) -> list[s
 
 def run_metrics_case(t: Trial, requests: list[dict], case: str, figure: str | None = None) -> dict:
     want = t.ref.latency_metrics(requests)
+    rows = t.reference(request_latencies, requests)
     got = t.call("latency_metrics", requests)
     expect_metric_structure(got, f'case "{case}": {plural(len(requests), "request")}')
     if figure:
         t.figure(figure, requests=requests, yours={k: float(got[k]) for k in KEYS}, expected=want)
-    expect_metrics(got, want, requests, case)
+    expect_metrics(got, want, requests, case, rows)
     return got
 
 

@@ -6,7 +6,7 @@ from collections import Counter
 
 import numpy as np
 
-from grader.checks import public
+from grader.checks import hidden_model, public
 from grader.compare import CheckFailed, describe, fmt
 from grader.trial import Trial
 from grader.isolation.wire import Handle
@@ -204,29 +204,9 @@ def run_lower_case(t: Trial, req: dict, case: str):
 
 # -- 30.2 check_support ---------------------------------------------------------------------------------
 
-def support_rows(config: dict, matrix: dict) -> list[dict]:
-    """Each requirement of the config: key, value, what the matrix allows, supported or not."""
-    head_dim = config.get("head_dim")
-    if head_dim is None:
-        head_dim = config["hidden_size"] // config["num_attention_heads"]
-    quant = config.get("quantization_config")
-    method = quant.get("quant_method") if isinstance(quant, dict) else None
-    dtype = config.get("dtype") or config.get("torch_dtype")
-    rows = [dict(key="architecture", value=a, allowed=matrix["architectures"], ok=a in matrix["architectures"])
-            for a in config["architectures"]]
-    rows += [dict(key="dtype", value=dtype, allowed=matrix["dtypes"], ok=dtype in matrix["dtypes"]),
-             dict(key="quantization", value=method if quant is not None else "none", allowed=matrix["quantization"],
-                  ok=quant is None or method in matrix["quantization"]),
-             dict(key="head_dim", value=head_dim, allowed=matrix["head_dims"], ok=head_dim in matrix["head_dims"]),
-             dict(key="max_position_embeddings", value=config["max_position_embeddings"],
-                  allowed=f"≤ {matrix['max_context']}", ok=config["max_position_embeddings"] <= matrix["max_context"]),
-             dict(key="tensor_parallel_size", value=config.get("tensor_parallel_size", 1),
-                  allowed=matrix["tensor_parallel_sizes"],
-                  ok=config.get("tensor_parallel_size", 1) in matrix["tensor_parallel_sizes"])]
-    for f in dict.fromkeys(config.get("features", [])):
-        allowed = ("yes" if matrix["features"][f] else "no") if f in matrix["features"] else "not listed"
-        rows.append(dict(key=f, value="requested", allowed=allowed, ok=allowed == "yes", feature=True))
-    return rows
+support_models = hidden_model("ch30_models.support_models")
+"""`t.reference(support_models, config, matrix)`: each requirement of the config (key, value, what the matrix
+allows, supported or not), for the explanations."""
 
 
 def split_entries(got, case: str) -> list[tuple[str, str]]:
@@ -258,10 +238,11 @@ def _support_hint(row: dict, config: dict, matrix: dict) -> str:
     return ""
 
 
-def expect_support(got, config: dict, matrix: dict, case: str) -> list[tuple[str, str]]:
-    """Require one entry per unsupported row (any order), each reason naming the offending value."""
+def expect_support(got, config: dict, matrix: dict, case: str, rows: list[dict] | None = None) -> list[tuple[str, str]]:
+    """Require one entry per unsupported row (any order), each reason naming the offending value (`rows`:
+    `support_models`' answer; asked of the hidden side if not given)."""
     entries = split_entries(got, case)
-    rows = support_rows(config, matrix)
+    rows = rows if rows is not None else support_models(None, config, matrix)
     want = Counter(r["key"] for r in rows if not r["ok"])
     have = Counter(k for k, _ in entries)
     for r in rows:
@@ -294,8 +275,8 @@ def expect_support(got, config: dict, matrix: dict, case: str) -> list[tuple[str
 
 def run_support_case(t: Trial, config: dict, matrix: dict, case: str) -> list:
     got = t.call("check_support", config, matrix)
-    t.ref.check_support(config, matrix)          # the reference is consulted before comparing (release replay)
-    return expect_support(got, config, matrix, case)
+    rows = t.reference(support_models, config, matrix)      # asked before comparing (a release replays it)
+    return expect_support(got, config, matrix, case, rows)
 
 
 # -- public checks: 30.1 -------------------------------------------------------------------------------
@@ -369,11 +350,10 @@ def lower_bad_inputs(t: Trial) -> None:
 @public("30.2", "figure instance: Qwen3-0.6B with tp 2, prefix caching and a KV service")
 def support_figure_instance(t: Trial) -> None:
     got = t.call("check_support", QWEN3_CONFIG, MATRIX)
-    t.ref.check_support(QWEN3_CONFIG, MATRIX)
+    rows = t.reference(support_models, QWEN3_CONFIG, MATRIX)
     entries = split_entries(got, "Qwen3-0.6B")
-    t.figure("ch30-system-boundary", config=QWEN3_CONFIG, matrix=MATRIX, rows=support_rows(QWEN3_CONFIG, MATRIX),
-             yours=[list(e) for e in entries])
-    expect_support(got, QWEN3_CONFIG, MATRIX, "Qwen3-0.6B")
+    t.figure("ch30-system-boundary", config=QWEN3_CONFIG, matrix=MATRIX, rows=rows, yours=[list(e) for e in entries])
+    expect_support(got, QWEN3_CONFIG, MATRIX, "Qwen3-0.6B", rows)
 
 
 @public("30.2", "a context exactly at max_context is supported")

@@ -1,4 +1,9 @@
-"""Public checks of ch32 · speculative decoding and determinism, and the messages they share with the hidden ones."""
+"""Public checks of ch32 · speculative decoding and determinism, and the messages they share with the hidden ones.
+
+What an explanation compares with beyond the reference's answers (each position's verdict and race, what a classic
+mistake emits, the survivals, the float64 product and its rounding bound) comes from the hidden side's models
+(`verify_models`, `count_models`, `product_models`), asked for before comparing.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grader.checks import public
+from grader.checks import hidden_model, public
 from grader.checks.ch23 import vec
 from grader.compare import CheckFailed, describe, expect_int, expect_tensor, fmt
 from grader.trial import Trial
@@ -58,124 +63,92 @@ def make_case(tokens, q, p, u, e, dtype=torch.float32) -> Case:
                 torch.tensor(u, dtype=torch.float32).reshape(-1), rows(e, len(e), torch.float32))
 
 
-def race(weights: torch.Tensor, noise: torch.Tensor, clamp: bool = True) -> tuple[int, torch.Tensor]:
-    """The exponential race in float64: (winner, weights / E)."""
-    scores = weights.double() / (noise.double().clamp_min(CLAMP) if clamp else noise.double())
-    return int(scores.argmax()), scores
+verify_models = hidden_model("ch32_models.verify_models")
+"""`t.reference(verify_models, case)`: each position's verdict and race, the first rejection, each mistake's tokens."""
+count_models = hidden_model("ch32_models.count_models")
+"""`t.reference(count_models, conf, threshold)`: the survivals and the counts of the classic misreadings."""
+product_models = hidden_model("ch32_models.product_models")
+"""`t.reference(product_models, x, w)`: x @ w in float64, its rounding bound, and a 16-bit accumulation."""
 
-
-def simulate(c: Case, accept: str = "ratio", recover: str = "residual", stop: bool = True, bonus: bool = True,
-             shift: int = 0, bonus_row: int = 0, clamp: bool = True, keep_rejected: bool = False) -> list[int]:
-    """Verification in float64, right (the defaults) or with one classic mistake, for the explanations."""
-    p, q = c.p.double(), c.q.double()
-    out = []
-    for i, x in enumerate(c.tokens):
-        px, qx, u = float(p[i, x]), float(q[i, x]), float(c.u[i])
-        ok = {"ratio": qx > 0 and u < min(1.0, px / qx), "inverse": px > 0 and u < min(1.0, qx / px),
-              "flipped": qx > 0 and u >= min(1.0, px / qx), "greedy": x == int(p[i].argmax()),
-              "q0": qx == 0 or u < min(1.0, px / qx)}[accept]
-        if ok:
-            out.append(x)
-            continue
-        weights = {"residual": (p[i] - q[i]).clamp_min(0), "p": p[i], "reverse": (q[i] - p[i]).clamp_min(0)}
-        if keep_rejected:
-            out.append(x)
-        if recover == "argmax":
-            out.append(int(p[i].argmax()))
-        else:
-            out.append(race(weights[recover], c.e[min(i + shift, c.k)], clamp)[0])
-        if stop:
-            return out
-    if bonus:
-        out.append(race(p[c.k - bonus_row], c.e[c.k - bonus_row], clamp)[0])
-    return out
-
-
-VARIANTS = [  # (how the tokens were made, simulate's keywords, hint)
-    ("no bonus", {"bonus": False}, "when all k drafts are accepted, add the bonus token drawn from target_probs[k] "
-                                   "with noise[k]: a verification emits accepted + 1 tokens"),
-    ("no stop", {"stop": False}, "stop at the first rejection: the later drafts were drafted after the rejected "
-                                 "token, which is not in the output"),
-    ("rejected draft kept", {"keep_rejected": True}, "a rejected draft is not emitted: the recovered token takes "
-                                                     "its place"),
-    ("replacement from p", {"recover": "p"},
-     "at a rejection draw from max(0, p − q) renormalised, not from p: the drafter already offers some tokens "
-     "too often, and only the mass it misses may be added back (else the output is not distributed as p)"),
-    ("residual q − p", {"recover": "reverse"}, "the recovered token comes from max(0, p − q): target minus draft"),
-    ("ratio q/p", {"accept": "inverse"}, "accept with probability min(1, p(x) / q(x)): target over draft"),
-    ("accept when u ≥ p/q", {"accept": "flipped"}, "accept when u < min(1, p(x) / q(x)): a small u accepts"),
-    ("greedy", {"accept": "greedy", "recover": "argmax"},
-     "that is greedy verification (accept while the draft equals argmax p); a sampled request accepts when "
-     "u < min(1, p(x) / q(x)) and draws the rest with the noise"),
-    ("next noise row", {"shift": 1}, "the race at position i uses noise[i]"),
-    ("bonus from row k − 1", {"bonus_row": 1}, "the bonus token comes from target_probs[k] with noise[k], the "
-                                               "target's distribution after the last draft"),
-    ("unclamped noise", {"clamp": False}, "clamp the noise to ≥ 1e-10 as in ch23: with E = 0, a zero weight gives "
-                                          "0 / 0 = NaN, which argmax picks"),
-    ("q(x) = 0 accepted", {"accept": "q0"}, "a draft with q(x) = 0 could not have been drafted: reject it (vLLM "
-                                            "does, since p(x) / q(x) is undefined)"),
+VARIANT_HINTS = [  # (a classic mistake, as `verify_models` names what it emits; the hint)
+    ("no bonus", "when all k drafts are accepted, add the bonus token drawn from target_probs[k] with noise[k]: a "
+                 "verification emits accepted + 1 tokens"),
+    ("no stop", "stop at the first rejection: the later drafts were drafted after the rejected token, which is not in "
+                "the output"),
+    ("rejected draft kept", "a rejected draft is not emitted: the recovered token takes its place"),
+    ("replacement from p", "at a rejection draw from max(0, p − q) renormalised, not from p: the drafter already "
+                           "offers some tokens too often, and only the mass it misses may be added back (else the "
+                           "output is not distributed as p)"),
+    ("residual q − p", "the recovered token comes from max(0, p − q): target minus draft"),
+    ("ratio q/p", "accept with probability min(1, p(x) / q(x)): target over draft"),
+    ("accept when u ≥ p/q", "accept when u < min(1, p(x) / q(x)): a small u accepts"),
+    ("greedy", "that is greedy verification (accept while the draft equals argmax p); a sampled request accepts when "
+               "u < min(1, p(x) / q(x)) and draws the rest with the noise"),
+    ("next noise row", "the race at position i uses noise[i]"),
+    ("bonus from row k − 1", "the bonus token comes from target_probs[k] with noise[k], the target's distribution "
+                             "after the last draft"),
+    ("unclamped noise", "clamp the noise to ≥ 1e-10 as in ch23: with E = 0, a zero weight gives 0 / 0 = NaN, which "
+                        "argmax picks"),
+    ("q(x) = 0 accepted", "a draft with q(x) = 0 could not have been drafted: reject it (vLLM does, since p(x) / q(x) "
+                          "is undefined)"),
 ]
 
 
-def variant_hint(c: Case, tokens: list[int], want: list[int]) -> str:
-    for _, kw, hint in VARIANTS:
-        alt = simulate(c, **kw)
-        if alt == tokens and alt != want:
-            return hint
-    return ""
+def variant_hint(tokens: list[int], want: list[int], variants: dict) -> str:
+    """The hint of the classic mistake that emits exactly the student's tokens (`verify_models(...)["variants"]`)."""
+    return next((hint for name, hint in VARIANT_HINTS if variants[name] == tokens != want), "")
 
 
-def _near(a: float, b: float) -> bool:
+def near(a: float, b: float) -> bool:
+    """Whether a verdict u < p/q (or a race) this close to a tie may go either way in float precision."""
     return abs(a - b) <= NEAR * max(abs(a), abs(b), 1e-30)
 
 
-def race_ok(weights: torch.Tensor, noise: torch.Tensor, y: int) -> bool:
-    """Whether token y wins the race (or ties with the winner within NEAR)."""
-    if not 0 <= y < weights.numel():
+def race_ok(race: dict, y: int) -> bool:
+    """Whether token y wins the race `race` (a position of `verify_models`), or ties with the winner within NEAR."""
+    scores, best = race["scores"], race["winner"]
+    if not 0 <= y < scores.numel():
         return False
-    best, scores = race(weights, noise)
     return float(scores[y]) > 0 and float(scores[y]) >= float(scores[best]) * (1 - NEAR) or y == best
 
 
-def first_problem(c: Case, got: list[int]) -> int | None:
-    """The first position where `got` is not a verification of c (near-ties allowed either way); None if valid."""
-    p, q = c.p.double(), c.q.double()
+def first_problem(c: Case, got: list[int], positions: list[dict]) -> int | None:
+    """The first position where `got` is not a verification of c (near-ties allowed either way); None if valid.
+    `positions` is `verify_models(...)["positions"]`."""
     for i, y in enumerate(got):
-        last = i == len(got) - 1
+        last, pos = i == len(got) - 1, positions[i]
         if i == c.k:
-            return None if race_ok(p[i], c.e[i], y) else i
-        x, u = c.tokens[i], float(c.u[i])
-        px, qx = float(p[i, x]), float(q[i, x])
-        ratio = min(1.0, px / qx) if qx > 0 else 0.0
-        accept, near = u < ratio, _near(u, ratio) and qx > 0
-        if not last and not (y == x and (accept or near)):
+            return None if race_ok(pos, y) else i
+        accept, close = pos["accept"], pos["near"]
+        if not last and not (y == c.tokens[i] and (accept or close)):
             return i
-        if last and not ((not accept or near) and race_ok((p[i] - q[i]).clamp_min(0), c.e[i], y)):
+        if last and not ((not accept or close) and race_ok(pos, y)):
             return i
     return None
 
 
-def describe_position(c: Case, i: int) -> tuple[str, int]:
-    """What verification does at position i (exactly, in float64), and the token it emits there."""
-    p, q = c.p.double(), c.q.double()
+def describe_position(c: Case, i: int, positions: list[dict]) -> tuple[str, int]:
+    """What verification does at position i (exactly, in float64), and the token it emits there (−1: it goes on)."""
+    p, q, pos = c.p.double(), c.q.double(), positions[min(i, c.k)]
     if i >= c.k:
-        w, scores = race(p[c.k], c.e[c.k])
         return (f"all {c.k} drafts were accepted, so the bonus token is the race on target_probs[{c.k}] = "
-                f"{vec(p[c.k])} with noise[{c.k}] = {vec(c.e[c.k])}: p / E = {vec(scores)} → token {w}", w)
+                f"{vec(p[c.k])} with noise[{c.k}] = {vec(c.e[c.k])}: p / E = {vec(pos['scores'])} → token "
+                f"{pos['winner']}", pos["winner"])
     x, u = c.tokens[i], float(c.u[i])
     px, qx = float(p[i, x]), float(q[i, x])
     head = f"position {i}: draft token {x}, q_{i}({x}) = {fmt(qx)}, p_{i}({x}) = {fmt(px)}"
-    if qx > 0 and u < min(1.0, px / qx):
-        return f"{head}, u_{i} = {fmt(u)} < min(1, p/q) = {fmt(min(1.0, px / qx))} → accepted: emit {x} and go on", -1
-    verdict = (f"u_{i} = {fmt(u)} ≥ min(1, p/q) = {fmt(min(1.0, px / qx))}" if qx > 0 else "q(x) = 0") + " → rejected"
-    residual = (p[i] - q[i]).clamp_min(0)
-    w, scores = race(residual, c.e[i])
-    return (f"{head}, {verdict}; the recovered token is the race on max(0, p_{i} − q_{i}) = {vec(residual)} with "
-            f"noise[{i}] = {vec(c.e[i])}: scores {vec(scores)} → token {w}, and verification stops", w)
+    if pos["accept"]:
+        return f"{head}, u_{i} = {fmt(u)} < min(1, p/q) = {fmt(pos['ratio'])} → accepted: emit {x} and go on", -1
+    verdict = (f"u_{i} = {fmt(u)} ≥ min(1, p/q) = {fmt(pos['ratio'])}" if pos["ratio"] is not None else "q(x) = 0") \
+        + " → rejected"
+    return (f"{head}, {verdict}; the recovered token is the race on max(0, p_{i} − q_{i}) = {vec(pos['weights'])} "
+            f"with noise[{i}] = {vec(c.e[i])}: scores {vec(pos['scores'])} → token {pos['winner']}, and verification "
+            f"stops", pos["winner"])
 
 
-def expect_emitted(got, c: Case, want: list[int], *, case: str) -> list[int]:
-    """Require the student's emitted tokens to be a verification of c; explain the first wrong position."""
+def expect_emitted(got, c: Case, want: list[int], *, case: str, models: dict | None = None) -> list[int]:
+    """Require the student's emitted tokens to be a verification of c; explain the first wrong position
+    (`models`: `verify_models`' answer; asked of the hidden side when needed if not given)."""
     V = c.p.shape[1]
     if type(got) not in (list, tuple) or any(type(y) is not int for y in got):
         raise CheckFailed(f"{case}\nexpected the emitted tokens as a list of Python ints; yours: {describe(got)}"
@@ -183,6 +156,7 @@ def expect_emitted(got, c: Case, want: list[int], *, case: str) -> list[int]:
     tokens = list(got)
     if tokens == want:
         return tokens
+    models = models if models is not None else verify_models(None, c)
     i, problem = None, ""
     if not 1 <= len(tokens) <= c.k + 1:
         problem = (f"{len(tokens)} tokens, but a verification of k = {c.k} drafts emits "
@@ -190,15 +164,15 @@ def expect_emitted(got, c: Case, want: list[int], *, case: str) -> list[int]:
     elif any(not 0 <= y < V for y in tokens):
         problem = f"token {next(y for y in tokens if not 0 <= y < V)} is outside the vocabulary 0 … {V - 1}"
     else:
-        i = first_problem(c, tokens)
+        i = first_problem(c, tokens, models["positions"])
         if i is None:
             return tokens
     lines = [case, f"expected {want}; yours {tokens}" + (f": {problem}" if problem else "")]
     if i is not None:
-        text, w = describe_position(c, i)
+        text, w = describe_position(c, i, models["positions"])
         y, rest = tokens[i], len(tokens) - i - 1
         if w >= 0 and y != w:
-            weights = c.p[i].double() if i >= c.k else (c.p[i].double() - c.q[i].double()).clamp_min(0)
+            weights = models["positions"][i]["weights"]
             zero = f" (its weight {'p' if i >= c.k else 'max(0, p − q)'} is 0: it can never win)" \
                 if float(weights[y]) == 0 else ""
             if i < c.k and y == c.tokens[i] and rest:
@@ -209,7 +183,7 @@ def expect_emitted(got, c: Case, want: list[int], *, case: str) -> list[int]:
         else:
             text += f"; yours: token {y}" if y != c.tokens[i] else "; yours: your list ends there"
         lines.append(text)
-    return _raise(lines, variant_hint(c, tokens, want))
+    return _raise(lines, variant_hint(tokens, want, models["variants"]))
 
 
 def _raise(lines: list[str], hint: str):
@@ -219,23 +193,19 @@ def _raise(lines: list[str], hint: str):
 def run_verify(t: Trial, c: Case, *, case: str) -> list[int]:
     got = t.call("verify_draft", *c.args())
     want = t.ref.verify_draft(*c.args())
-    return expect_emitted(got, c, want, case=f"{case} (k = {c.k}, V = {c.p.shape[1]})")
+    models = t.reference(verify_models, c)
+    return expect_emitted(got, c, want, case=f"{case} (k = {c.k}, V = {c.p.shape[1]})", models=models)
 
 
 # -- 32.2: how many drafts to verify ----------------------------------------------------------------
-def survivals(conf: list[float]) -> list[float]:
-    out, s = [], 1.0
-    for c in conf:
-        s *= c
-        out.append(s)
-    return out
-
-
-def expect_count(got, conf: list[float], threshold: float, want: int, *, case: str) -> int:
+def expect_count(got, conf: list[float], threshold: float, want: int, *, case: str, models: dict | None = None) -> int:
+    """Require the number of drafts to verify; explain with the survivals (`models`: `count_models`' answer;
+    asked of the hidden side when needed if not given)."""
     n = expect_int(got, what="the number of drafts to verify")
     if n == want:
         return n
-    k, surv = len(conf), survivals(conf)
+    models = models if models is not None else count_models(None, conf, threshold)
+    k, surv = len(conf), models["survivals"]
     lines = [case, f"confidences {vec(conf, limit=10)}, threshold {fmt(threshold)}",
              "survival = running product: " + ", ".join(f"s{j} = {fmt(s)}" for j, s in enumerate(surv[:10]))
              + (", …" if k > 10 else "")]
@@ -244,12 +214,11 @@ def expect_count(got, conf: list[float], threshold: float, want: int, *, case: s
                      f"so n = {want}; yours: {n}")
     else:
         lines.append(f"every survival stays ≥ {fmt(threshold)}, so all {k} drafts are verified; yours: {n}")
-    alone = next((j for j, c in enumerate(conf) if c < threshold), k)
     hint = ""
-    if n in (alone, sum(c >= threshold for c in conf)) and n != want:
+    if n in (models["first alone below"], models["alone at or above"]) and n != want:
         hint = ("the survival of draft j is the product c0 · … · cj, not cj on its own: a confident late draft "
                 "cannot rescue a weak prefix")
-    elif n == next((j for j, s in enumerate(surv) if s <= threshold), k) and n < want:
+    elif n == models["first at or below"] and n < want:
         hint = "a survival equal to the threshold still counts (≥)"
     elif n == want + 1:
         hint = "n counts the drafts whose survival is ≥ threshold: the first draft below it is not sent"
@@ -260,7 +229,7 @@ def run_count(t: Trial, conf, threshold: float, *, case: str) -> int:
     got = t.call("num_drafts_to_verify", conf, threshold)
     want = t.ref.num_drafts_to_verify(conf, threshold)
     values = conf.double().tolist() if isinstance(conf, torch.Tensor) else list(conf)
-    return expect_count(got, values, threshold, want, case=case)
+    return expect_count(got, values, threshold, want, case=case, models=t.reference(count_models, values, threshold))
 
 
 # -- 32.3: batch invariance ---------------------------------------------------------------------------
@@ -299,13 +268,13 @@ def machine() -> str:
     return f"{platform.machine() or 'cpu'}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
 
 
-def expect_product(got, x: torch.Tensor, w: torch.Tensor, *, case: str) -> torch.Tensor:
-    """Require x @ w within the rounding of a float32 (float64) accumulation and a cast to x's dtype."""
+def expect_product(got, x: torch.Tensor, w: torch.Tensor, *, case: str, models: dict | None = None) -> torch.Tensor:
+    """Require x @ w within the rounding of a float32 (float64) accumulation and a cast to x's dtype
+    (`models`: `product_models`' answer; asked of the hidden side if not given)."""
     B, K, N = x.shape[0], x.shape[1], w.shape[1]
     out = expect_tensor(got, what=f"x @ w for a batch of {B} rows", shape=[B, N], dtype=x.dtype)
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    exact = x.double() @ w.double()
-    bound = 2 * K * UNIT[acc] * (x.double().abs() @ w.double().abs()) + 2 * UNIT[x.dtype] * exact.abs() + 1e-30
+    models = models if models is not None else product_models(None, x, w)
+    exact, bound = models["exact"], models["bound"]
     bad = ~((out.double() - exact).abs() <= bound)
     if not bool(bad.any()):
         return out
@@ -314,11 +283,8 @@ def expect_product(got, x: torch.Tensor, w: torch.Tensor, *, case: str) -> torch
                    f"(float64), allowed error {fmt(float(bound[i, n]), 2)}; yours: {fmt(float(out[i, n]), 8)} "
                    f"({int(bad.sum())} of {bad.numel()} entries are off)"]
     hint = ""
-    if x.dtype in (torch.bfloat16, torch.float16):
-        low = torch.zeros(B, N, dtype=x.dtype)
-        for k in range(K):
-            low = low + x[:, k:k + 1] * w[k]
-        if bool((low == out).float().mean() > 0.9):
+    if "low" in models:
+        if bool((models["low"] == out).float().mean() > 0.9):
             hint = f"accumulate in float32 and cast the result to {str(x.dtype)[6:]} once at the end"
     return _raise(lines, hint)
 
@@ -330,11 +296,11 @@ def collect(t: Trial, pool: torch.Tensor, w: torch.Tensor, batches: list[list[in
 
 
 def expect_invariant(outs: list[torch.Tensor], pool: torch.Tensor, w: torch.Tensor, batches: list[list[int]], *,
-                     case: str) -> None:
+                     case: str, models: list[dict] | None = None) -> None:
     """Values close to x @ w, and each pool row with the same bits wherever it appears (batch size, position,
-    neighbours)."""
-    for idx, out in zip(batches, outs):
-        expect_product(out, pool[idx], w, case=f"{case}, batch of B = {len(idx)}")
+    neighbours); `models` holds `product_models`' answer for each batch."""
+    for n, (idx, out) in enumerate(zip(batches, outs)):
+        expect_product(out, pool[idx], w, case=f"{case}, batch of B = {len(idx)}", models=models and models[n])
     first: dict[int, tuple[int, int, torch.Tensor, torch.Tensor]] = {}
     for idx, out in zip(batches, outs):
         for pos, r in enumerate(idx):
@@ -362,8 +328,15 @@ def expect_invariant(outs: list[torch.Tensor], pool: torch.Tensor, w: torch.Tens
                           "chosen by B), not the row's position, not the other rows")
 
 
+def rows_of(models: dict, batches: list[list[int]]) -> list[dict]:
+    """`product_models`' answer for the whole pool, cut into each batch's rows (a row's product and bound do not
+    depend on the other rows)."""
+    return [{key: value[idx] for key, value in models.items()} for idx in batches]
+
+
 def run_invariance(t: Trial, pool: torch.Tensor, w: torch.Tensor, batches: list[list[int]], *, case: str) -> None:
-    expect_invariant(collect(t, pool, w, batches), pool, w, batches, case=case)
+    outs = collect(t, pool, w, batches)
+    expect_invariant(outs, pool, w, batches, case=case, models=rows_of(t.reference(product_models, pool, w), batches))
 
 
 # -- public checks of 32.1 ------------------------------------------------------------------------------
@@ -378,16 +351,18 @@ def spec_instance(t: Trial) -> None:
     c = spec_case(n)
     got = t.call("verify_draft", *c.args())
     want = t.ref.verify_draft(*c.args())
+    models = t.reference(verify_models, c)
     if type(got) in (list, tuple) and all(type(y) is int for y in got):
         p, q = c.p.double(), c.q.double()
         rows = [(float(q[i, x]), float(p[i, x]), float(c.u[i])) for i, x in enumerate(c.tokens)]
-        stop = next((i for i, (qx, px, u) in enumerate(rows) if not u < min(1.0, px / qx)), c.k)
-        weights = (p[stop] - q[stop]).clamp_min(0) if stop < c.k else p[c.k]
+        stop = models["stop"]
+        race = models["positions"][stop]
         t.figure("ch32-spec-confidence", tokens=SPEC_TOKENS, verified=n, q_x=[r[0] for r in rows],
                  p_x=[r[1] for r in rows], u=[r[2] for r in rows], stop=stop, race_p=p[stop],
-                 race_q=q[stop] if stop < c.k else None, race_weights=weights, race_noise=c.e[stop],
-                 race_scores=race(weights, c.e[stop])[1], emitted=list(got), emitted_expected=want)
-    expect_emitted(got, c, want, case=f'case "figure instance": drafts {c.tokens}, uniforms {SPEC_U[:n]}')
+                 race_q=q[stop] if stop < c.k else None, race_weights=race["weights"], race_noise=c.e[stop],
+                 race_scores=race["scores"], emitted=list(got), emitted_expected=want)
+    expect_emitted(got, c, want, case=f'case "figure instance": drafts {c.tokens}, uniforms {SPEC_U[:n]}',
+                   models=models)
 
 
 @public("32.1", "the worked example of vLLM's rejection sampler: q = (0.6, 0.3, 0.1), p = (0.3, 0.5, 0.2)")
@@ -428,10 +403,11 @@ def count_instance(t: Trial) -> None:
     conf = torch.tensor(SPEC_CONF)
     got = t.call("num_drafts_to_verify", conf, SPEC_THRESHOLD)
     want = t.ref.num_drafts_to_verify(conf, SPEC_THRESHOLD)
+    models = t.reference(count_models, conf.double().tolist(), SPEC_THRESHOLD)
     n = expect_int(got, what="the number of drafts to verify")
     t.figure("ch32-spec-confidence", confidences=conf.double(), threshold=SPEC_THRESHOLD,
-             survivals=survivals(conf.double().tolist()), n=n, n_expected=want)
-    expect_count(n, conf.double().tolist(), SPEC_THRESHOLD, want, case='case "figure instance"')
+             survivals=models["survivals"], n=n, n_expected=want)
+    expect_count(n, conf.double().tolist(), SPEC_THRESHOLD, want, case='case "figure instance"', models=models)
 
 
 @public("32.2", "the adaptive-verification example: R1 = (0.9, 0.8, 0.5), R2 = (0.6, 0.5, 0.9), threshold 0.35")
@@ -465,6 +441,7 @@ def determinism_instance(t: Trial) -> None:
     w = torch.randn(FIG_K, FIG_N, generator=t.rng)
     batches = [list(range(B)) for B in FIG_BATCHES]
     outs = collect(t, x, w, batches)
+    models = rows_of(t.reference(product_models, x, w), batches)
     mine, plain = [o[0] for o in outs], [(x[:B] @ w)[0] for B in FIG_BATCHES]
     differ = lambda rows: [int((~same_bits(r, rows[0])).sum()) for r in rows]
     first_col = lambda rows: next((int((~same_bits(r, rows[0])).nonzero()[0]) for r in rows
@@ -474,9 +451,9 @@ def determinism_instance(t: Trial) -> None:
              yours=[float(r[col]) for r in mine], yours_bits=[bits(r[col]) for r in mine], yours_changed=differ(mine),
              plain=[float(r[col]) for r in plain], plain_bits=[bits(r[col]) for r in plain],
              plain_changed=differ(plain),
-             exact=float((x[0].double() @ w.double())[col]), probe=probe_matmul(t.rng), machine=machine())
+             exact=float(models[0]["exact"][0, col]), probe=probe_matmul(t.rng), machine=machine())
     expect_invariant(outs, x, w, batches, case=f'case "figure instance": row 0 of x [64, {FIG_K}], w [{FIG_K}, '
-                                               f'{FIG_N}], in batches of B = {FIG_BATCHES}')
+                                               f'{FIG_N}], in batches of B = {FIG_BATCHES}', models=models)
 
 
 @public("32.3", "a row keeps its bits at any position, beside any neighbours")
@@ -490,14 +467,17 @@ def any_position(t: Trial) -> None:
 def agrees(t: Trial) -> None:
     for B, K, N in ((3, 5, 7), (1, 1, 4), (9, 130, 33), (0, 8, 3)):
         x, w = torch.randn(B, K, generator=t.rng), torch.randn(K, N, generator=t.rng)
-        expect_product(t.call("batch_invariant_matmul", x, w), x, w, case=f'case "agrees": B = {B}, K = {K}, N = {N}')
+        got = t.call("batch_invariant_matmul", x, w)
+        expect_product(got, x, w, case=f'case "agrees": B = {B}, K = {K}, N = {N}',
+                       models=t.reference(product_models, x, w))
 
 
 @public("32.3", "bfloat16 in, bfloat16 out, summed in float32")
 def bf16(t: Trial) -> None:
     x = torch.randn(6, 512, generator=t.rng).to(torch.bfloat16)
     w = (torch.randn(512, 24, generator=t.rng) * 0.05).to(torch.bfloat16)
-    expect_product(t.call("batch_invariant_matmul", x, w), x, w, case='case "bfloat16": B = 6, K = 512, N = 24')
+    got = t.call("batch_invariant_matmul", x, w)
+    expect_product(got, x, w, case='case "bfloat16": B = 6, K = 512, N = 24', models=t.reference(product_models, x, w))
 
 
 @public("32.3", "mismatched inner dimensions raise ValueError")

@@ -1,15 +1,21 @@
 """Hidden checks of ch16 · attention, step by step: random shapes and dtypes from the grading seed,
-the no-copy recorder, nano-vllm's flatten, agreement with torch's scaled_dot_product_attention,
+a split measured to copy nothing, nano-vllm's flatten, agreement with torch's scaled_dot_product_attention,
 large scores, and bad inputs."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from grader.checks import hidden
-from grader.checks.ch16 import (call_steps, causal, explain_steps, expect_split, numbered, run_merge_case, run_split_case, run_steps_case, steps_case)
+from grader.checks.ch16 import (call_steps, explain_steps, expect_split, numbered, run_merge_case, run_split_case,
+                                run_steps_case, steps_case)
 from grader.compare import CheckFailed, first_wrong, fmt
+from grader.hidden.ch16_models import causal
+from grader.isolation.session import StudentRaised
 from grader.trial import Trial
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64)
@@ -46,19 +52,47 @@ def split_qwen3_kv(t: Trial) -> None:
     run_split_case(t, torch.randn(1, 5, 1024, generator=t.rng), 8, "Qwen3-0.6B k, 5 tokens")
 
 
-@hidden("16.1", "the split is a view: no number is copied (recorded)")
+# x is 16 MiB; the call may use SPLIT_SPARE beyond it (loading the module and the reply count too). Measured with
+# this limit (a fresh student process capped at its own size plus the budget; 2-core machine): the reference needs
+# 0.25 MiB beyond x (0.15 s of student time, mostly moving x through the pipe); .contiguous(), .clone(),
+# torch.stack of the heads and reshape(…).permute(…).contiguous() each need 16.25 MiB, a full copy of x: 4×
+# SPLIT_SPARE.
+SPLIT_X, SPLIT_HEADS, SPLIT_SPARE = (2, 512, 4096), 32, 4 << 20
+
+
+@hidden("16.1", "the split is a view: no number is copied (measured)")
 def split_no_copy(t: Trial) -> None:
-    x, H = torch.randn(2, 6, 64, generator=t.rng), 4
-    call = t.run("split_heads", x, H, record=True)
-    expect_split(call.value, x, t.ref.split_heads(x, H), H, "B=2, T=6, 4 heads of width 16")
-    copies = [c for c in call.created if c[1] and torch.Size(c[1]).numel() >= x.numel() // H]
-    if copies:
-        op, shape, _ = copies[0]
-        raise CheckFailed(f"your split_heads created a new {shape} tensor (aten.{op}) for x [2, 6, 64]: splitting "
-                          f"heads moves no number. view(B, T, H, d) changes the shape and transpose(1, 2) swaps two "
-                          f"strides, both without copying (nano-vllm's q.view(-1, num_heads, head_dim) is a view of "
-                          f"the qkv output)\nhint: drop the .contiguous() / .clone() / torch.stack: the next matmul "
-                          f"reads the strided view as it is")
+    x, H = torch.randn(*SPLIT_X, generator=t.rng), SPLIT_HEADS
+    (B, T, W), case = x.shape, f"B={SPLIT_X[0]}, T={SPLIT_X[1]}, {H} heads of width {SPLIT_X[2] // H}"
+    try:
+        call = t.run("split_heads", x, H, memory=x.nbytes + SPLIT_SPARE)
+    except StudentRaised as e:
+        if not e.error.get("out_of_memory"):
+            raise
+        raise CheckFailed(f"case: {case}; x [{B}, {T}, {W}] float32 is {mib(x.nbytes)}\n"
+                          f"your split_heads needed more than {mib(SPLIT_SPARE)} beyond x, all this check allows"
+                          f"{where_it_ran_out(e)}: it copied the numbers. Splitting heads moves no number: "
+                          f"view(B, T, H, d) changes the shape and transpose(1, 2) swaps two strides, both without "
+                          f"copying (nano-vllm's q.view(-1, num_heads, head_dim) is a view of the qkv output)\n"
+                          f"hint: drop the .contiguous() / .clone() / torch.stack: the next matmul reads the strided "
+                          f"view as it is") from None
+    expect_split(call.value, x, t.ref.split_heads(x, H), H, case)
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:,.4g} MiB"
+
+
+def where_it_ran_out(e: StudentRaised) -> str:
+    """Where the student's process was refused memory, in their code, and how much it asked for ('' if unknown)."""
+    m = re.search(r"tried to allocate (\d+) bytes", str(e.error.get("message", "")))
+    asked = f", asking for {mib(int(m.group(1)))}" if m else ""
+    frames = e.error.get("frames") or []
+    if not frames:
+        return f"; it was refused memory{asked}" if asked else ""
+    file, line, _, code = frames[-1]
+    code = re.sub(r"\s+#.*$", "", str(code).strip())   # the line as written, without its comment
+    return f"; it ran out at {Path(str(file)).name}:{line}, {code}{asked}"
 
 
 @hidden("16.1", "bad inputs raise ValueError")

@@ -1,14 +1,20 @@
 """Hidden checks of ch18 · grouped-query attention: random instances from the grading seed, real
-model shapes, agreement with torch's scaled_dot_product_attention, the no-copy recorder, edge cases."""
+model shapes, agreement with torch's scaled_dot_product_attention, no copy of K/V (measured), edge cases."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from grader.checks import hidden
-from grader.checks.ch18 import (end_aligned, expect_output, explain_copies, explain_output, kv_copies,
-                                random_qkv, run_attention_case, run_bytes_case, run_mapping_case)
+from grader.checks.ch18 import (expect_output, explain_output, random_qkv, run_attention_case, run_bytes_case,
+                                run_mapping_case)
+from grader.compare import CheckFailed
+from grader.hidden.ch18_models import end_aligned
+from grader.isolation.session import StudentRaised
 from grader.trial import Trial
 
 # (name, num_layers, num_heads, num_kv_heads, head_dim) of real models, from their config.json.
@@ -103,17 +109,65 @@ def qwen3_shapes(t: Trial) -> None:
         run_attention_case(t, q, k, v, case=f"Qwen3-0.6B heads, T={T}, S={S}")
 
 
-@hidden("18.2", "no per-query-head copy of K or V is created (recorded)")
+# (T, S, Hq, Hkv, d, causal): a chunk of 3 queries under GQA (group 8) and an MQA decode step, over 8192 keys of
+# width 128: K and V are 8 MiB each (4 MiB with one K/V head), a copy of either for every query head 64 MiB. The
+# call may use KV_SPARE beyond q, k, v. Measured with this limit (a fresh student process capped at its own size
+# plus the budget; 2-core machine): the reference needs 3 MiB (GQA) and 1.5 MiB (MQA) beyond its inputs, in 0.05 s;
+# repeat_interleave of K and V and expand(…).reshape need 131 MiB, a broadcasting matmul against K as
+# [Hkv, 1, d, S] 67 MiB: 4× KV_SPARE and more. (With one K/V head the last two copy nothing: torch folds the
+# size-1 axis, so only the GQA case catches them.)
+KV_CASES = ((3, 8192, 16, 2, 128, True), (1, 8192, 16, 1, 128, False))
+KV_SPARE = 16 << 20
+
+
+@hidden("18.2", "no per-query-head copy of K or V is created (measured)")
 def no_kv_copy(t: Trial) -> None:
-    # T=3 < d=16 and S=40: the scores have Hq·T·S = 960 numbers, a repeated K has S·Hq·d = 5120, and the
-    # sizes T, S, Hq, Hkv, group, d are all different in the GQA case, so a copy can be named by its dims.
-    for T, S, Hq, Hkv, d, causal in ((3, 40, 8, 2, 16, True), (3, 40, 8, 1, 16, False)):
+    for T, S, Hq, Hkv, d, causal in KV_CASES:
         q, k, v = random_qkv(t, T, S, Hq, Hkv, d)
-        call = t.run("gqa_attention", q, k, v, causal=causal, record=True)
+        try:
+            call = t.run("gqa_attention", q, k, v, causal=causal, memory=q.nbytes + k.nbytes + v.nbytes + KV_SPARE)
+        except StudentRaised as e:
+            if not e.error.get("out_of_memory"):
+                raise
+            raise explain_copy(e, T, S, Hq, Hkv, d, k.element_size()) from None
         out = expect_output(call.value, q)
+        # No hints here (they would model every misconception at this size): the smaller checks explain values.
         explain_output(out, t.ref.gqa_attention(q, k, v, causal=causal), q, k, v, causal=causal, scale=None,
-                       case=f"T={T}, S={S}, Hq={Hq}, Hkv={Hkv}, d={d}")
-        explain_copies(kv_copies(call.created, S, Hq, d), T, S, Hq, Hkv, d)
+                       case=f"T={T}, S={S}, Hq={Hq}, Hkv={Hkv}, d={d}", variants={})
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:,.4g} MiB"
+
+
+def explain_copy(e: StudentRaised, T: int, S: int, Hq: int, Hkv: int, d: int, itemsize: int) -> CheckFailed:
+    """The GQA lesson for a call that ran out of memory under the limit (it fits easily without copies)."""
+    group = Hq // Hkv
+    m = re.search(r"tried to allocate (\d+) bytes", str(e.error.get("message", "")))
+    asked = f", asking for {mib(int(m.group(1)))}" if m else ""
+    frames = e.error.get("frames") or []
+    file, line, _, code = frames[-1] if frames else ("", 0, "", "")
+    code = re.sub(r"\s+#.*$", "", str(code).strip())   # the line as written, without its comment
+    where = f"; it ran out at {Path(str(file)).name}:{line}, {code}{asked}" if frames else asked
+    kv, per_head = S * Hkv * d, S * Hq * d
+    lines = [f"case: T={T} queries, S={S} keys, Hq={Hq} query heads over Hkv={Hkv} K/V head{'s' * (Hkv > 1)} "
+             f"(group {group}), d={d}; K and V hold S·Hkv·d = {kv:,} numbers each ({mib(kv * itemsize)})",
+             f"your gqa_attention needed more than {mib(KV_SPARE)} beyond its inputs, all this check "
+             f"allows{where}. A copy of K or V for every query head is S·Hq·d = {per_head:,} numbers "
+             f"({mib(per_head * itemsize)}) and does not fit.",
+             "The point of GQA is that the query heads of a group share one K/V head: view q as "
+             "[Hkv, group·T, d] (or [Hkv, group, T, d]) and multiply by k of its group instead of repeating "
+             "k and v (a library call that repeats them internally counts too)."]
+    if "@" in code or "matmul" in code:
+        lines.append(f"hint: a torch.matmul that broadcasts a [Hkv, 1, …] K against [Hkv, group, T, d] queries "
+                     f"expands K over the group and copies it ([{Hkv}, {group}, {d}, {S}]); fold the group into the "
+                     f"rows instead: [Hkv, group·T, d] @ [Hkv, d, S]")
+    elif "expand" in code:
+        lines.append("hint: expand is a view, but the reshape (or contiguous) after it writes every repeated K/V row "
+                     "out; keep the group axis in q instead of copying K and V")
+    elif op := next((op for op in ("repeat_interleave", "repeat", "index_select", "cat", "stack") if op in code), None):
+        lines.append(f"hint: {op} materialises the repeated K/V; index the shared head instead of copying it")
+    return CheckFailed("\n".join(lines))
 
 
 @hidden("18.2", "large scores stay finite (a stable softmax)")

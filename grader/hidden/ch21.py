@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from grader.checks import hidden
-from grader.checks.ch21 import expect_decode, explain_decode, run_appends, run_decode_case
+from grader.checks.ch21 import expect_decode, explain_decode, neighbour_slots, run_appends, run_decode_case
 from grader.compare import CheckFailed, expect_int, expect_tensor, first_wrong
 from grader.trial import Trial
 
@@ -134,7 +134,7 @@ def whole_generation(t: Trial) -> None:
             table.append(free.pop())
         got = expect_decode(t.call("decode_inputs", list(ids), list(table), bs), ids, table, bs)
         explain_decode(got, t.ref.decode_inputs(ids, table, bs), ids, table, bs,
-                       f"decode step {len(ids) - 6} of a generation")
+                       f"decode step {len(ids) - 6} of a generation", t.reference(neighbour_slots, ids, table, bs))
         if got["slot"] in written:
             raise CheckFailed(f"decode steps at len {written[got['slot']]} and {len(ids)} both wrote slot "
                               f"{got['slot']}: the second overwrote the K/V of the first")

@@ -1,19 +1,22 @@
 """Hidden checks of ch22 · naive attention vs FlashAttention: random instances from the grading seed,
 agreement with torch's scaled_dot_product_attention, many tilings with ragged edges, the trace of visited
-tiles, and the recorder that fails any [T, S]-sized tensor inside flash_attention."""
+tiles, and a memory limit that no [T, S]-sized tensor inside flash_attention fits."""
 
 from __future__ import annotations
 
-import math
+import re
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from grader.checks import hidden
-from grader.checks.ch22 import (end_aligned, expect_naive, expect_traffic, explain_naive, random_qkv, run_naive_case,
+from grader.checks.ch22 import (expect_naive, expect_traffic, explain_naive, naive_variants, random_qkv, run_naive_case,
                                 run_traffic_case)
-from grader.checks.ch22_flash import check_trace, expect_flash, explain_flash, flash_expected, run_flash_case
-from grader.compare import CheckFailed, expect_int
+from grader.checks.ch22_flash import check_trace, expect_flash, run_flash_case
+from grader.compare import CheckFailed, expect_int, first_wrong, fmt, wrong_mask
+from grader.hidden.ch22_models import end_aligned
+from grader.isolation.session import StudentRaised
 from grader.trial import Trial
 
 
@@ -47,7 +50,7 @@ def naive_sdpa(t: Trial) -> None:
         if causal:
             scores = scores.masked_fill(~end_aligned(T, S), float("-inf"))
         explain_naive((scores_, probs_, out_), (scores, scores.softmax(-1), out), q, k, v, causal=causal,
-                      case=f"T={T}, S={S}, d={d}, against SDPA")
+                      case=f"T={T}, S={S}, d={d}, against SDPA", variants=t.reference(naive_variants, q, k, v, causal))
 
 
 @hidden("22.1", "naive attention: large scores stay finite (a stable softmax)")
@@ -143,46 +146,75 @@ def flash_trace(t: Trial) -> None:
         check_trace(t, q, k, v, causal=n != 2, bq=bq, bk=bk, case=f"T={T}, S={S}, {bq} × {bk} tiles")
 
 
-def big_tensors(created: list, T: int, S: int) -> list:
-    """Created tensors with T·S elements or more: a full score/probability matrix, or bigger."""
-    return [c for c in created if math.prod(c[1]) >= T * S]
+# (T, S, causal) at d = 16 with 256 × 256 tiles (256 KiB of float32 scores each): the whole T × S float32 score
+# matrix is 256 MiB at T = S = 8192 (its bool causal mask 64 MiB) and 64 MiB at T = 1024, S = 16384. The call may
+# use FLASH_SPARE beyond q, k, v. Measured with this limit (a fresh student process capped at its own size plus the
+# budget; 2-core machine): the reference needs 2–9 MiB beyond its inputs (one tile and its few temporaries; the
+# rest is the allocator's slack, which varies from run to run), 0.2–0.6 s per case under load; a [T, S] causal
+# mask needs 66–73 MiB (about 3× FLASH_SPARE), q @ k.T once 520 MiB (T = S = 8192) and 137 MiB (1024 × 16384).
+FLASH_MEMORY_CASES = ((8192, 8192, True), (1024, 16384, False))
+FLASH_D, FLASH_TILE, FLASH_SPARE = 16, 256, 24 << 20
 
 
-def explain_big(big: list, T: int, S: int, d: int, bq: int, bk: int) -> None:
-    """Fail with the chapter's lesson if flash_attention materialised a [T, S]-sized tensor."""
-    if not big:
-        return
-    op, shape, dtype = big[0]
-    names: dict[int, list[str]] = {}
-    for name, size in (("T", T), ("S", S), ("d", d)):
-        names.setdefault(size, []).append(name)
-    dims = " × ".join("=".join(names.get(n, [str(n)])) for n in shape)
-    lines = [f"case: T={T} queries, S={S} keys, d={d}, block_q={bq}, block_k={bk}",
-             f"your flash_attention created a {dtype.removeprefix('torch.')} tensor of shape {shape} ({dims}, made "
-             f"by aten.{op}): {math.prod(shape):,} numbers, at least as many as the whole T × S = {T * S:,} score matrix.",
-             f"FlashAttention never holds it: each step works on one tile [{bq}, {bk}] of scores and keeps only the "
-             f"running max m and sum l [{bq}] and the accumulator acc [{bq}, {d}] of its query block, so memory stays "
-             f"linear in T and S (the arithmetic is still T·S·d)."]
-    if "bool" in dtype:
-        lines.append("hint: a [T, S] causal mask is a full matrix too: compare positions inside each tile, "
-                     "torch.arange(k0, k1) <= torch.arange(q0, q1)[:, None] + (S − T)")
-    elif len(shape) == 2 and sorted(shape) == sorted([T, S]):
-        lines.append("hint: compute the scores tile by tile, q[q0:q1] @ k[k0:k1].T, instead of q @ k.T once and "
-                     "slicing it")
-    raise CheckFailed("\n".join(lines))
-
-
-@hidden("22.2", "no tensor of T·S elements is ever created (recorded)")
+@hidden("22.2", "no tensor of T·S elements is ever created (measured)")
 def flash_memory(t: Trial) -> None:
-    # Tiles of 32 × 32 and accumulators [32, 16] are far below T·S; out [T, 16] and lse [T] too.
-    for T, S, d, causal in ((256, 256, 16, True), (128, 320, 16, False)):
+    d, b = FLASH_D, FLASH_TILE
+    for T, S, causal in FLASH_MEMORY_CASES:
         q, k, v = random_qkv(t, T, S, d)
-        call = t.run("flash_attention", q, k, v, causal=causal, block_q=32, block_k=32, record=True)
+        try:
+            call = t.run("flash_attention", q, k, v, causal=causal, block_q=b, block_k=b,
+                         memory=q.nbytes + k.nbytes + v.nbytes + FLASH_SPARE)
+        except StudentRaised as e:
+            if not e.error.get("out_of_memory"):
+                raise
+            raise explain_memory(e, T, S, d, causal, b, b, q.element_size()) from None
         out, lse = expect_flash(call.value, q)
-        explain_big(big_tensors(call.created, T, S), T, S, d, 32, 32)
-        want_out, want_lse = flash_expected(t, q, k, v, causal)   # a cheap wrong answer does not pass either
-        explain_flash(out, lse, want_out, want_lse, q, k, v, causal=causal, bq=32, bk=32,
-                      case=f"T={T}, S={S}, d={d}, causal={causal}", atol=1e-4, rtol=1e-4)
+        # A cheap wrong answer does not pass either. The reference's own tiled answer (in the grader's process):
+        # naive attention would hold the [T, S] matrices the limit keeps out of the student's.
+        want_out, want_lse = t.ref.flash_attention(q, k, v, causal=causal, block_q=b, block_k=b)
+        for name, got, want in (("out", out, want_out), ("lse", lse, want_lse)):
+            idx = first_wrong(got, want, atol=1e-4, rtol=1e-4)
+            if idx is not None:
+                bad = int(wrong_mask(got, want, atol=1e-4, rtol=1e-4).sum())
+                where = ", ".join(map(str, idx))
+                raise CheckFailed(f"case: T={T} queries, S={S} keys, d={d}, causal={causal}, block_q={b}, block_k={b}\n"
+                                  f"{name}[{where}]: expected {fmt(want[idx])}; yours {fmt(got[idx])} ({bad} of "
+                                  f"{want.numel()} differ beyond 1e-4 + 1e-4·|expected|)\nyour flash_attention fits "
+                                  f"in memory here, but its values are wrong: the checks on small instances show "
+                                  f"where they first differ")
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:,.4g} MiB"
+
+
+def explain_memory(e: StudentRaised, T: int, S: int, d: int, causal: bool, bq: int, bk: int,
+                   itemsize: int) -> CheckFailed:
+    """The chapter's lesson for a flash_attention that ran out of memory under the limit (one tile fits easily)."""
+    m = re.search(r"tried to allocate (\d+) bytes", str(e.error.get("message", "")))
+    asked = int(m.group(1)) if m else None
+    frames = e.error.get("frames") or []
+    code = re.sub(r"\s+#.*$", "", str(frames[-1][3]).strip()) if frames else ""   # without its comment
+    where = f"; it ran out at {Path(str(frames[-1][0])).name}:{frames[-1][1]}, {code}" if frames else ""
+    where += f", asking for {mib(asked)}" if asked else ""
+    lines = [f"case: T={T} queries, S={S} keys, d={d}, causal={causal}, block_q={bq}, block_k={bk}",
+             f"your flash_attention needed more than {mib(FLASH_SPARE)} beyond its inputs, all this "
+             f"check allows{where}; the whole T × S score matrix alone is {mib(T * S * itemsize)}"
+             + (f" (a [T, S] bool mask {mib(T * S)})." if causal else "."),
+             f"FlashAttention never holds it: each step works on one tile [{bq}, {bk}] of scores "
+             f"({mib(bq * bk * itemsize)}) and keeps only the running max m and sum l [{bq}] and the accumulator "
+             f"acc [{bq}, {d}] of its query block, so memory stays linear in T and S (the arithmetic is still "
+             f"T·S·d)."]
+    tiles = "compute the scores tile by tile, q[q0:q1] @ k[k0:k1].T, instead of q @ k.T once and slicing it"
+    mask = ("a [T, S] causal mask is a full matrix too: compare positions inside each tile, "
+            "torch.arange(k0, k1) <= torch.arange(q0, q1)[:, None] + (S − T)")
+    if asked is not None and asked >= T * S * itemsize:
+        lines.append(f"hint: {tiles}")
+    elif asked is not None and asked >= T * S and causal:
+        lines.append(f"hint: {mask}")
+    else:
+        lines.append(f"hint: keep one tile at a time: {tiles}" + (f"; and {mask}" if causal else ""))
+    return CheckFailed("\n".join(lines))
 
 
 @hidden("22.2", "large scores: finite output, exact lse")

@@ -7,9 +7,9 @@ import torch
 
 from grader.checks import hidden
 from grader.checks.ch23 import chi2, chi2_threshold, vec
-from grader.checks.ch32 import (VARIANTS, Case, expect_emitted,
-                                expect_product, make_case, run_count, run_invariance, run_verify, simulate)
+from grader.checks.ch32 import Case, expect_emitted, expect_product, make_case, run_count, run_invariance, run_verify
 from grader.compare import CheckFailed, fmt
+from grader.hidden.ch32_models import VARIANTS, simulate
 from grader.trial import Trial
 
 QWEN3_VOCAB, QWEN3_HIDDEN = 151_936, 1024

@@ -225,7 +225,8 @@ class Box:
         """Kill the box's processes outside `keep` and `frame`; name the ones that were running."""
         found = []
         for _ in range(5):
-            extra = [p for p in self.processes(zombies=True) if p not in keep and p not in self.frame]
+            extra = [p for p in self.processes(zombies=True) if p not in keep and p not in self.frame
+                     and not (not _alive(p) and _parent(p) in self.frame)]  # a killed worker not yet reaped
             if not extra:
                 break
             for pid in extra:
@@ -383,6 +384,11 @@ def _child_pid(fd: int, timeout: float = 30.0) -> int | None:
         return int(json.loads(data[:data.index(b"}") + 1])["child-pid"])
     except (ValueError, KeyError):
         return None
+
+
+def _parent(pid: int) -> int | None:
+    ppid = procs.status(pid).get("PPid", "")
+    return int(ppid) if ppid.isdigit() else None
 
 
 def _alive(pid: int) -> bool:

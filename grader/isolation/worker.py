@@ -140,10 +140,11 @@ class Worker:
     def kill(self) -> None:
         """Kill the process and everything in its session."""
         self.killed_by_us = True
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        for kill in (os.killpg, os.kill):  # the process too: killed before its setsid, it has no group yet
+            try:
+                kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
         self.process.wait(timeout=5)
         self.close()
 

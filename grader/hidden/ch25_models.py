@@ -1,0 +1,34 @@
+"""ch25's driver of the reference block manager, with the facts its explanations need (never shipped).
+
+Reached through `grader.checks.ch25_blocks.drive_reference` (a `grader.checks.hidden_model` driver): the walk
+over the hash chain repeats the prefix-cache lookup of 25.3, so a student release holds only what it gave for
+the public scripts.
+"""
+
+from __future__ import annotations
+
+
+def drive_reference(ref, num_blocks: int, block_size: int, script: list) -> dict:
+    """The reference's trace of a script, plus per step the facts an explanation needs (plain data):
+    for can_allocate the walk over the hash chain, for compute each newly hashed block's unchained hash."""
+    manager, seqs, notes = ref.BlockManager(num_blocks, block_size), {}, []
+    for op in script:
+        note: dict = {}
+        seq = seqs.get(op[1])
+        if op[0] == "can_allocate":
+            h, walk = -1, []
+            for i in range(seq.num_blocks - 1):
+                h = ref.BlockManager.compute_hash(seq.block(i), h)
+                b = manager.hash_to_block_id.get(h)
+                hit = b is not None and manager.blocks[b].token_ids == seq.block(i)
+                walk.append([i, b if hit else None, hit and b in manager.used_block_ids])
+                if not hit:
+                    break
+            note = {"walk": walk, "free": len(manager.free_block_ids)}
+        elif op[0] == "compute":
+            first, end = seq.num_cached_tokens // block_size, (seq.num_cached_tokens + op[2]) // block_size
+            note = {"unchained": {seq.block_table[i]: ref.BlockManager.compute_hash(seq.block(i))
+                                  for i in range(first, end)}}
+        ref.run_op(manager, seqs, op)
+        notes.append(note)
+    return {"trace": ref.replay(num_blocks, block_size, script), "notes": notes}

@@ -1,0 +1,108 @@
+"""ch32's models of verification, of the draft count and of the exact product, for the explanations of its
+public and hidden checks (never shipped).
+
+`grader.checks.ch32` explains with what these return for one instance: the verdict and the race at every
+position, what each classic mistake emits, the survivals, the float64 product and its rounding bound. Public
+checks reach them through `grader.checks.hidden_model` drivers, so a student release holds only those of its
+fixed instances.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grader.checks.ch32 import CLAMP, UNIT, VARIANT_HINTS, Case, near
+
+VARIANT_KNOBS = {"no bonus": {"bonus": False}, "no stop": {"stop": False},
+                 "rejected draft kept": {"keep_rejected": True},
+                 "replacement from p": {"recover": "p"}, "residual q − p": {"recover": "reverse"},
+                 "ratio q/p": {"accept": "inverse"}, "accept when u ≥ p/q": {"accept": "flipped"},
+                 "greedy": {"accept": "greedy", "recover": "argmax"}, "next noise row": {"shift": 1},
+                 "bonus from row k − 1": {"bonus_row": 1}, "unclamped noise": {"clamp": False},
+                 "q(x) = 0 accepted": {"accept": "q0"}}
+VARIANTS = [(name, VARIANT_KNOBS[name], hint) for name, hint in VARIANT_HINTS]
+"""(how the tokens were made, simulate's keywords, hint), as the hidden checks try them."""
+
+
+def race(weights: torch.Tensor, noise: torch.Tensor, clamp: bool = True) -> tuple[int, torch.Tensor]:
+    """The exponential race in float64: (winner, weights / E)."""
+    scores = weights.double() / (noise.double().clamp_min(CLAMP) if clamp else noise.double())
+    return int(scores.argmax()), scores
+
+
+def simulate(c: Case, accept: str = "ratio", recover: str = "residual", stop: bool = True, bonus: bool = True,
+             shift: int = 0, bonus_row: int = 0, clamp: bool = True, keep_rejected: bool = False) -> list[int]:
+    """Verification in float64, right (the defaults) or with one classic mistake."""
+    p, q = c.p.double(), c.q.double()
+    out = []
+    for i, x in enumerate(c.tokens):
+        px, qx, u = float(p[i, x]), float(q[i, x]), float(c.u[i])
+        ok = {"ratio": qx > 0 and u < min(1.0, px / qx), "inverse": px > 0 and u < min(1.0, qx / px),
+              "flipped": qx > 0 and u >= min(1.0, px / qx), "greedy": x == int(p[i].argmax()),
+              "q0": qx == 0 or u < min(1.0, px / qx)}[accept]
+        if ok:
+            out.append(x)
+            continue
+        weights = {"residual": (p[i] - q[i]).clamp_min(0), "p": p[i], "reverse": (q[i] - p[i]).clamp_min(0)}
+        if keep_rejected:
+            out.append(x)
+        if recover == "argmax":
+            out.append(int(p[i].argmax()))
+        else:
+            out.append(race(weights[recover], c.e[min(i + shift, c.k)], clamp)[0])
+        if stop:
+            return out
+    if bonus:
+        out.append(race(p[c.k - bonus_row], c.e[c.k - bonus_row], clamp)[0])
+    return out
+
+
+def verify_models(ref, c: Case) -> dict:
+    """What `grader.checks.ch32.expect_emitted` explains with: at every position i < k the draft's verdict
+    ("accept", "near" a tie, "ratio" min(1, p/q) or None when q(x) = 0) and the race on max(0, p − q); at
+    position k the bonus race on p[k] ("weights", "scores" = weights / E, "winner"); "stop", the first
+    rejected position (k if none); and "variants", what each classic mistake emits."""
+    p, q = c.p.double(), c.q.double()
+    positions = []
+    for i in range(c.k + 1):
+        weights = p[i] if i == c.k else (p[i] - q[i]).clamp_min(0)
+        winner, scores = race(weights, c.e[i])
+        pos = {"weights": weights, "scores": scores, "winner": winner}
+        if i < c.k:
+            x, u = c.tokens[i], float(c.u[i])
+            px, qx = float(p[i, x]), float(q[i, x])
+            ratio = min(1.0, px / qx) if qx > 0 else None
+            pos.update(accept=ratio is not None and u < ratio, near=ratio is not None and near(u, ratio), ratio=ratio)
+        positions.append(pos)
+    stop = next((i for i, pos in enumerate(positions[:c.k]) if not pos["accept"]), c.k)
+    return {"positions": positions, "stop": stop,
+            "variants": {name: simulate(c, **VARIANT_KNOBS[name]) for name, _ in VARIANT_HINTS}}
+
+
+def count_models(ref, conf: list[float], threshold: float) -> dict:
+    """The survivals (running products) of the confidences, and the counts the misreadings of
+    `grader.checks.ch32.expect_count` give: each confidence alone, the survivals ≤ threshold."""
+    out, s = [], 1.0
+    for c in conf:
+        s *= c
+        out.append(s)
+    k = len(conf)
+    return {"survivals": out, "first alone below": next((j for j, c in enumerate(conf) if c < threshold), k),
+            "alone at or above": sum(c >= threshold for c in conf),
+            "first at or below": next((j for j, v in enumerate(out) if v <= threshold), k)}
+
+
+def product_models(ref, x: torch.Tensor, w: torch.Tensor) -> dict:
+    """x @ w in float64 ("exact"), the error a float32 (float64) accumulation and one cast may make ("bound"),
+    and for 16-bit inputs the product accumulated in their own dtype ("low")."""
+    K = x.shape[1]
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    exact = x.double() @ w.double()
+    bound = 2 * K * UNIT[acc] * (x.double().abs() @ w.double().abs()) + 2 * UNIT[x.dtype] * exact.abs() + 1e-30
+    out = {"exact": exact, "bound": bound.float()}      # the bound needs no float64 precision
+    if x.dtype in (torch.bfloat16, torch.float16):
+        low = torch.zeros(x.shape[0], w.shape[1], dtype=x.dtype)
+        for k in range(K):
+            low = low + x[:, k:k + 1] * w[k]
+        out["low"] = low
+    return out
