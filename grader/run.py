@@ -97,12 +97,12 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
             probe(sandbox)
             box = Box(sandbox, {ch.filename: read_module(path) if source is None else source}, uid=uid)
             path = box.inbox / ch.filename
-            zygote = Zygote(box=box)
+            zygote = Zygote(box=box, lazy=True)  # its torch import overlaps ours
             launcher = zygote.start
         spawn = functools.partial(launcher or functools.partial(worker.start, root=chapters.ROOT), workdir=workdir,
                                   memory_limit=memory_limit, output_limit=OUTPUT_LIMIT)
         strays = _stray_finder(launcher, baseline)
-        first = spawn()
+        first = None if zygote else spawn()  # a lazy zygote is waited for once torch is imported here
         return _run(ch, only, path, solutions, submission, seed, hidden, public, figures_dir, time_limit,
                     on_result, on_start, refs, spawn, first, strays, time_limits, started)
     finally:

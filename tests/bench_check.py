@@ -46,24 +46,27 @@ def main() -> None:
 
     path = chapters.SOLUTIONS / "ch25_paged_kv.py"
     t0 = time.perf_counter()
-    spawn = lambda: worker.start(root=chapters.ROOT, workdir=Path(figs), memory_limit=2 << 30,
-                                 output_limit=worker.OUTPUT_LIMIT, forbidden_dirs=[])
+    spawn = lambda **kw: worker.start(root=chapters.ROOT, workdir=Path(figs), memory_limit=2 << 30,
+                                      output_limit=worker.OUTPUT_LIMIT, **kw)
     session = Session(path, spawn=spawn, time_limit=10.0)
     session.begin_check(1e9)
-    session.call("slot_mapping", [[0], [0], 1], {}, record=False)
+    session.call("slot_mapping", [[0], [0], 1], {})
     print(f"start the student process + import torch + load the module: {time.perf_counter() - t0:.2f} s")
     for n, args in ((1000, [[3, 0, 4], [0, 1, 2, 3, 4], 2]), (200, [list(range(1024)), list(range(16384)), 16])):
         start = time.perf_counter()
         for _ in range(n):
-            session.call("slot_mapping", args, {}, record=False)
+            session.call("slot_mapping", args, {})
         per = (time.perf_counter() - start) / n
         print(f"round trip per call ({len(args[1]):>5} positions): {per * 1e3:.2f} ms")
     start = time.perf_counter()
-    for _ in range(200):
-        session.call("slot_mapping", [[3, 0, 4], [0, 1, 2, 3, 4], 2], {}, record=True)
-    print(f"round trip per call with the tensor recorder: {(time.perf_counter() - start) / 200 * 1e3:.2f} ms")
+    for _ in range(20):
+        session.call("slot_mapping", [[3, 0, 4], [0, 1, 2, 3, 4], 2], {}, memory=16 << 20)
+    print(f"a call under a memory budget (a fresh process each): {(time.perf_counter() - start) / 20 * 1e3:.1f} ms")
 
     # A whole check around one call: trial set-up, the call, the input comparison, the stray-process scan.
+    from grader.isolation import procs
+    from grader.run import _stray_finder
+    finder = _stray_finder(spawn, procs.children())
     ref = importlib.import_module("solutions.ch25_paged_kv")
     spec = CheckSpec("25.1", "one call", lambda t: t.call("slot_mapping", [3, 0, 4], [0, 1, 2, 3, 4], 2), False)
     params = {"slot_mapping": ("block_table", "positions", "block_size")}
@@ -71,7 +74,7 @@ def main() -> None:
         start = time.perf_counter()
         for _ in range(n):
             run_one(spec, "slot_mapping", session=session, ref=ref, seed=0, params=params, figures={},
-                    time_limit=10.0, known=set())
+                    time_limit=10.0, strays=finder)
         total = time.perf_counter() - start
         print(f"{n:>5} one-call checks: {total:.3f} s, {total / n * 1e3:.2f} ms per check")
     session.close()

@@ -41,10 +41,11 @@ class ZygoteError(RuntimeError):
 class Zygote:
     """The grader's side of the warm process; `start` has the signature of `grader.isolation.worker.start`."""
 
-    def __init__(self, *, box=None, log: Path | None = None) -> None:
+    def __init__(self, *, box=None, log: Path | None = None, lazy: bool = False) -> None:
         """`box` is the sandbox it runs in (`grader.isolation.sandbox.Box`; a Box of kind None by default:
         no sandbox, for the student's own exercises and the tests); `log` collects what the warm process
-        itself prints."""
+        itself prints; `lazy` returns at once and waits for it to be ready on the first fork (so that
+        its torch import overlaps the caller's)."""
         from grader.isolation.sandbox import Box
 
         self.box = box if box is not None else Box(None)
@@ -59,16 +60,24 @@ class Zygote:
             theirs.close()
             out.close()
         self.sock = mine
-        self.sock.settimeout(READY_TIMEOUT)
         self._buffer = b""
+        self.host_pid: int | None = None
+        self.workdir = self.box.home
+        if not lazy:
+            self._await_ready()
+
+    def _await_ready(self) -> None:
+        """Wait for the warm process to have imported torch (once), and note the box's own processes."""
+        if self.host_pid is not None:
+            return
+        self.sock.settimeout(READY_TIMEOUT)
         ready = self._receive()
-        if ready.get("ready") is not True:
+        if ready.get("ready") is not True or type(ready.get("pid")) is not int:
             raise ZygoteError("the warm process did not start")
         self.sock.settimeout(REPLY_TIMEOUT)
         # Found now, before any student code has run: the box's one process that is this pid inside.
-        self.host_pid = self.box.host_pid(int(ready["pid"])) or self.proc.pid
+        self.host_pid = self.box.host_pid(ready["pid"]) or self.proc.pid
         self.box.frame = set(self.box.processes())
-        self.workdir = self.box.home
 
     def _receive(self) -> dict:
         while b"\n" not in self._buffer:
@@ -107,6 +116,7 @@ class Zygote:
     def start(self, *, workdir: Path | None = None, memory_limit: int, output_limit: int, memory_extra: int = 0,
               **_: object) -> Worker:
         """Fork a student process (what `grader.isolation.worker.start` makes, in milliseconds)."""
+        self._await_ready()
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         log_path = self.box.logs / f"output-{time.monotonic_ns()}.log"
