@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -75,10 +76,17 @@ def _width(s: str) -> int:
               help="Seconds each check may spend in your code.")
 @click.option("--memory-limit", default="2G", show_default=True, help="Address-space limit of your code's process.")
 @click.option("-v", "--verbose", is_flag=True, help="Show every failing check, not just the first three per task.")
+@click.option("--no-sandbox", is_flag=True,
+              help="UNSAFE: run a --submission or --notebook without the sandbox (its code can then read and "
+                   "change this user's files, the reference included).")
 def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path | None, notebook: Path | None,
           seed: int | None, hidden: bool | None, as_json: bool, figures_dir: Path, time_limit: float,
-          memory_limit: str, verbose: bool) -> None:
+          memory_limit: str, verbose: bool, no_sandbox: bool) -> None:
     """Check CHAPTER (e.g. ch25) and draw its figures from your outputs.
+
+    Your own exercises/ run in a separate process; somebody else's code (--submission,
+    --notebook) runs in a sandbox (bubblewrap) made for that one run, and without one
+    the command refuses, unless --no-sandbox.
 
     Exit status: 0 all checks passed, 1 some failed, 2 some were blocked.
     """
@@ -90,12 +98,14 @@ def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path 
 
     if sum(map(bool, (solutions, submission, notebook))) > 1:
         raise click.UsageError("--solutions, --submission and --notebook exclude each other")
+    scratch = None
     if notebook:
         try:
             cells = cells_of(notebook)
         except ValueError as e:
             raise click.ClickException(str(e)) from None
-        submission = submission_from_cells(chapter, cells, Path(tempfile.mkdtemp(prefix="course-notebook-")))
+        scratch = Path(tempfile.mkdtemp(prefix="course-notebook-"))
+        submission = submission_from_cells(chapter, cells, scratch)
     if task:
         try:
             chapter.task(task)
@@ -105,10 +115,18 @@ def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path 
         target = module_path(chapter, solutions=solutions, submission=submission)
     except MissingModule as e:
         raise click.ClickException(str(e)) from None
+    sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
     screen = None if as_json else TerminalReport(chapter, str(target), verbose=verbose)
-    report = run_check(chapter.id, task=task, solutions=solutions, submission=submission, seed=seed, hidden=hidden,
-                       figures_dir=figures_dir, time_limit=time_limit, memory_limit=_bytes(memory_limit),
-                       on_result=screen.add if screen else None)
+    try:
+        report = run_check(chapter.id, task=task, solutions=solutions, submission=submission, seed=seed,
+                           hidden=hidden, figures_dir=figures_dir, time_limit=time_limit,
+                           memory_limit=_bytes(memory_limit), on_result=screen.add if screen else None,
+                           on_start=screen.start if screen else None, sandbox=sandbox)
+    except MissingModule as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     if not solutions and not submission:
         progress.record(report)
     if notebook:
@@ -120,12 +138,37 @@ def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path 
     sys.exit(report.exit_code)
 
 
+def _sandbox_for(*, others: bool, no_sandbox: bool) -> str | None:
+    """The sandbox somebody else's code runs in: "bwrap", or None for the student's own exercises and
+    with --no-sandbox (said on every run). Where none can be made, refuse, naming the fix."""
+    from grader.isolation.sandbox import SandboxUnavailable, probe
+
+    if not others:
+        return None
+    if no_sandbox:
+        click.echo(click.style("warning: --no-sandbox: this code runs with your own rights and can read and change "
+                               "your files, the reference and the hidden checks included", fg="yellow", bold=True),
+                   err=True)
+        return None
+    try:
+        probe("bwrap")
+    except SandboxUnavailable as e:
+        raise click.ClickException(f"refusing to run somebody else's code without a sandbox: {e}; "
+                                   "or give --no-sandbox to run it anyway (unsafe)") from None
+    return "bwrap"
+
+
 @main.command()
-@click.argument("submissions", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("submissions", type=click.Path(exists=True, file_okay=False, path_type=Path), required=False)
 @click.option("--chapter", "chapter_names", multiple=True, required=True, type=ChapterType(),
               help="A chapter to grade (repeatable).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, metavar="OUT",
-              help="Results: OUT/<student>/<chapter>/results.json, OUT/grades.csv, OUT/summary.md.")
+@click.option("--nbgrader", "nbgrader_course", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              metavar="COURSE_DIR", help="Grade an nbgrader course's submitted/<student>/<chapter>/ notebooks "
+              "(no SUBMISSIONS) and write the scores into its gradebook and autograded/, for generate_feedback "
+              "and export (instead of nbgrader autograde).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), metavar="OUT",
+              help="Results: OUT/<student>/<chapter>/results.json, OUT/grades.csv, OUT/summary.md "
+                   "(required, except with --nbgrader: COURSE_DIR/course-grade).")
 @click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Submissions graded at once.")
 @click.option("--force", is_flag=True, help="Grade again what OUT already holds (with a new seed unless --seed).")
 @click.option("--seed", type=int, help="Grading seed of the hidden checks (recorded in OUT/grading.json).")
@@ -133,15 +176,29 @@ def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path 
               help="The most a check may spend in a student's code; each check gets 50x what the reference "
                    "needs in it, at least 0.5 s, at most this (recorded in OUT/grading.json).")
 @click.option("--memory-limit", default="2G", show_default=True, help="Address-space limit of a student's process.")
-@click.option("--no-sandbox", is_flag=True, help="Process isolation only, even where bubblewrap is installed.")
-def grade(submissions: Path, chapter_names: tuple[Chapter, ...], out: Path, jobs: int, force: bool, seed: int | None,
-          time_limit: float, memory_limit: str, no_sandbox: bool) -> None:
+@click.option("--no-sandbox", is_flag=True, help="Process isolation only (unsafe: a student's code could read your "
+              "files); without it grading refuses where no sandbox can be made.")
+def grade(submissions: Path | None, chapter_names: tuple[Chapter, ...], nbgrader_course: Path | None, out: Path | None,
+          jobs: int, force: bool, seed: int | None, time_limit: float, memory_limit: str, no_sandbox: bool) -> None:
     """Grade a class: SUBMISSIONS holds one folder per student with their chapter files or notebooks.
+
+    With --nbgrader COURSE_DIR instead, the course's submitted notebooks, scored into its gradebook.
 
     Reruns skip what is already graded (a killed run resumes where it stopped).
     """
     from grader.grade import GradeError, grade as grade_class
 
+    if (submissions is None) == (nbgrader_course is None):
+        raise click.UsageError("give SUBMISSIONS or --nbgrader COURSE_DIR, not both" if submissions
+                               else "missing argument SUBMISSIONS (or --nbgrader COURSE_DIR)")
+    if nbgrader_course:
+        try:
+            from grader.gradebook import grade_course as grade_class  # noqa: F811 (same options, nbgrader's folders)
+        except ImportError as e:
+            raise click.ClickException(f"--nbgrader needs nbgrader installed ({e})") from None
+        submissions, out = nbgrader_course, out or nbgrader_course / "course-grade"
+    elif out is None:
+        raise click.UsageError("missing option '--out'")
     bar = None
     tty = sys.stdout.isatty()
 
@@ -165,9 +222,22 @@ def grade(submissions: Path, chapter_names: tuple[Chapter, ...], out: Path, jobs
                              on_plan=plan, on_item=item)
     except GradeError as e:
         raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt:
+        if bar:
+            bar.__exit__(None, None, None)
+            bar = None
+        click.echo("\ninterrupted: what was graded is kept, nothing half-written; run the same command again to "
+                   "resume", err=True)
+        sys.exit(130)
     finally:
         if bar:
             bar.__exit__(None, None, None)
+    if nbgrader_course:
+        for note in result.notes:
+            click.echo(f"note: {note}", err=True)
+        click.echo(f"gradebook: {len(result.recorded)} submissions scored, autograded/ written; next: "
+                   f"nbgrader generate_feedback <chapter>, nbgrader export (in {nbgrader_course})")
+        result = result.graded
     errors = sum(r["status"].startswith("error") for r in result.rows)
     click.echo(f"{len(result.rows)} results ({result.graded_now} graded now, {errors} could not be graded): "
                f"{out / 'grades.csv'}, {out / 'summary.md'}")
@@ -224,8 +294,9 @@ def export_gradescope(chapter: Chapter, out: Path, seed: int | None) -> None:
 @click.option("--time-limit", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Seconds each experiment may spend in your code.")
 @click.option("--memory-limit", default="2G", show_default=True, help="Address-space limit of your code's process.")
+@click.option("--no-sandbox", is_flag=True, help="UNSAFE: run a --submission without the sandbox.")
 def lab(solutions: bool, submission: Path | None, port: int, no_open: bool, time_limit: float,
-        memory_limit: str) -> None:
+        memory_limit: str, no_sandbox: bool) -> None:
     """Interactive experiments: change an instance in the page, see your functions' outputs drawn.
 
     Serves http://127.0.0.1:PORT/ until Ctrl-C. Your code runs with the limits of `course check`.
@@ -236,7 +307,9 @@ def lab(solutions: bool, submission: Path | None, port: int, no_open: bool, time
     if solutions and submission:
         raise click.UsageError("--solutions and --submission exclude each other")
     limit = _bytes(memory_limit)
-    laboratory = Lab(solutions=solutions, submission=submission, time_limit=time_limit, memory_limit=limit)
+    sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
+    laboratory = Lab(solutions=solutions, submission=submission, time_limit=time_limit, memory_limit=limit,
+                     sandbox=sandbox)
     try:
         what = "the reference solutions" if solutions else f"{submission or chapters.EXERCISES}"
         checked = "" if laboratory.checked else " (student release: your values are drawn unchecked)"

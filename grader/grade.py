@@ -1,13 +1,40 @@
 """`course grade`: a whole class, chapter by chapter, resumable and sandboxed.
 
 SUBMISSIONS_DIR holds one folder per student with that student's chapter modules
-(the file names of exercises/) or chapter notebooks (`ch25.ipynb`). Each
-(student, chapter) is graded by a job process that keeps one warm zygote, inside
-a bubblewrap sandbox where available, and written atomically as
-`OUT/<student>/<chapter>/results.json` with the figures beside it. Everything
-else (`grades.csv`, the class summary) is rebuilt from those files, so a run
-killed at any moment and started again ends with exactly what one uninterrupted
-run writes. The grading seed is fixed for the whole class in `OUT/grading.json`.
+(the file names of exercises/) or chapter notebooks (`ch25.ipynb`). Each answer is
+read by the trusted side with `grader.submission` (no link followed, size bounds,
+any malformed file one clear error) and graded by `grader.run.check` in a sandbox
+made for that one submission and torn down before its result is written.
+
+Results. `OUT/<student>/<chapter>/results.json` (the Gradescope document) is written
+atomically, with the figures beside it. A student folder whose name is one of OUT's own
+files (`grades.csv`, `grading.json`, `summary.md`, `summary.json`, `nbgrader-staged.json`,
+compared case-insensitively), or such a name after leading underscores, is stored under
+that name with one more `_` in front (`OUT/_grades.csv/ch17/`), so that no two students
+share a folder and no student's folder takes the place of OUT's files (`results_dir`).
+Everything else (`grades.csv`, the class summary) is rebuilt from those files, so a run
+killed at any moment and started again ends with exactly what one uninterrupted run
+writes. The grading seed and the per-check time limits are fixed for the whole class in
+`OUT/grading.json`.
+
+One student never ends the run. Every malformed answer (no file, a link, a FIFO, too
+large, not UTF-8, not a notebook, not Python) is one row with status "error: <why>",
+recorded like a grade (a rerun keeps it; `--force` grades again). Anything unexpected
+while grading one item, and a job process that dies (killed from outside, a crash) or
+runs far over its time, costs that item only: its row says so, the job process is
+replaced and the others go on; such a row is marked `"retry": true` and the next run
+grades that item again. Folders whose name starts with a dot (`.alice`,
+`.ipynb_checkpoints`) are not graded: each gets a row saying so (not recorded in OUT).
+Other entries of SUBMISSIONS_DIR that are not folders are ignored, except a symbolic
+link, which gets an error row (links are never followed). Student names may hold any
+character; in grades.csv a cell that a spreadsheet would run as a formula (starting with
+= + - @, a tab or a carriage return) starts with a single quote instead.
+
+The job processes are plain processes of this one, each grading one item at a time (a
+process that dies is replaced). Each keeps all its temporary files (the submission it
+grades, what `grader.run.check` and the sandbox make) in one folder of its own, which
+the run removes when the process dies and when the run ends, also when it is interrupted
+(Ctrl-C, SIGTERM).
 """
 
 from __future__ import annotations
@@ -20,19 +47,30 @@ import multiprocessing
 import os
 import secrets
 import shutil
+import signal
+import sys
 import tempfile
+import time
+import traceback
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Callable
 
 from grader import chapters, checks
 from grader.chapters import Chapter
 
-MAX_FILE_BYTES = 1 << 20
 STATE = "grading.json"
+RESERVED = ("grades.csv", "grading.json", "summary.md", "summary.json", "nbgrader-staged.json")
+"""OUT's own files: a student folder of one of these names is stored with a `_` in front."""
 SLACK, FLOOR = 50.0, 0.5
 """A check may spend SLACK times what the reference needs in it, at least FLOOR seconds and at
 most the class's time limit: a hanging submission then costs seconds, not minutes."""
+ITEM_SLACK, CHECK_SLACK = 180.0, 10.0
+"""A job process that spends longer on one item than ITEM_SLACK seconds plus, per check, its time
+limit and CHECK_SLACK is stopped: that item gets an error row, the class goes on."""
+STOP_GRACE = 15.0
+"""Seconds a job process has to clean up (its sandbox, its folders) when the run is interrupted."""
 
 
 class GradeError(RuntimeError):
@@ -45,114 +83,363 @@ class Item:
 
     student: str
     chapter: str
-    source: str | None
+    folder: str
+    """SUBMISSIONS_DIR."""
+    name: str | None = None
+    """The answer's file name in the student's folder."""
     problem: str | None = None
+    """Why it cannot be graded (no answer, the student's folder is a link...)."""
+    recorded: bool = True
+    """False for a row that is not kept in OUT (a dot-folder's)."""
+
+    @property
+    def source(self) -> str | None:
+        return os.path.join(self.folder, self.student, self.name) if self.name else None
+
+
+def results_dir(out: Path, student: str, chapter: str) -> Path:
+    """Where a student's result of a chapter lives: OUT/<student>/<chapter>, the student's folder
+    name escaped (one more leading `_`) when it is, or could shadow, one of OUT's own files."""
+    folder = "_" + student if student.lstrip("_").casefold() in RESERVED else student
+    return Path(out) / folder / chapter
 
 
 def find_items(submissions: Path, chosen: list[Chapter]) -> list[Item]:
-    """Every (student, chapter) pair, in a stable order, with the file that answers it."""
+    """Every (student, chapter) pair, in a stable order, with the file that answers it (found
+    without following a link) or why there is none."""
+    from grader.submission import SubmissionError, answer_names, find_answer, open_folder
+
     if not submissions.is_dir():
         raise GradeError(f"{submissions} is not a folder of student folders")
     items = []
-    for folder in sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        for ch in chosen:
-            candidates = [folder / ch.filename, folder / f"{ch.id}.ipynb", folder / f"{ch.filename[:-3]}.ipynb"]
-            found = next((p for p in candidates if p.is_file()), None)
-            problem = None if found else (f"no {ch.filename} or {ch.id}.ipynb in {folder.name}/")
-            items.append(Item(folder.name, ch.id, str(found) if found else None, problem))
+    with os.scandir(submissions) as listing:
+        entries = sorted(listing, key=lambda e: e.name)
+    for entry in entries:
+        try:
+            is_dir, is_link = entry.is_dir(follow_symlinks=False), entry.is_symlink()
+        except OSError:
+            continue
+        if not is_dir and not is_link:
+            continue  # a file beside the student folders: not a student
+        student = entry.name
+        if student.startswith("."):
+            why = (f"{_text(student)}/ was skipped: its name starts with a dot (a hidden folder, such as "
+                   ".ipynb_checkpoints); rename it to grade it")
+            items += [Item(student, ch.id, str(submissions), problem=why, recorded=False) for ch in chosen]
+            continue
+        folder_fd = None
+        try:
+            folder_fd = open_folder(student, dir_fd=_open_dir(submissions))
+        except SubmissionError as e:
+            items += [Item(student, ch.id, str(submissions), problem=_text(str(e))) for ch in chosen]
+            continue
+        try:
+            for ch in chosen:
+                name = find_answer(folder_fd, ch)
+                names = answer_names(ch)
+                problem = None if name else f"no {names[0]} or {names[1]} in {_text(student)}/"
+                items.append(Item(student, ch.id, str(submissions), name, problem))
+        finally:
+            os.close(folder_fd)
     return items
 
 
-def module_text(item: Item) -> str:
-    """The chapter module an item amounts to, or GradeError saying clearly why it cannot be graded."""
-    if item.problem:
-        raise GradeError(item.problem)
-    path = Path(item.source)
-    size = path.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise GradeError(f"{path.name} is {size / 2**20:.0f} MiB, over the {MAX_FILE_BYTES >> 20} MiB a chapter "
-                         "file may have")
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise GradeError(f"{path.name} is not UTF-8 text (byte {e.start})") from None
-    ch = chapters.find(item.chapter)
-    if path.suffix == ".ipynb":
-        from grader.notebook import assemble, cells_of
+_dirs: dict[str, int] = {}
 
-        try:
-            json.loads(text)
-        except ValueError as e:
-            raise GradeError(f"{path.name} is not a notebook: not JSON ({e})") from None
-        text = assemble(ch, cells_of(path))
+
+def _open_dir(path: Path) -> int:
+    """SUBMISSIONS_DIR, opened once per run (it is the instructor's: followed if a link)."""
+    key = str(path)
+    if key not in _dirs:
+        _dirs[key] = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    return _dirs[key]
+
+
+def _close_dirs() -> None:
+    while _dirs:
+        os.close(_dirs.popitem()[1])
+
+
+def read_item(item: Item):
+    """The answer an item amounts to (`grader.submission.Answer`), or SubmissionError saying why
+    it cannot be graded."""
+    from grader.submission import SubmissionError, open_folder, read_answer
+
+    if item.problem:
+        raise SubmissionError(item.problem)
+    folder_fd = open_folder(item.student, dir_fd=_open_dir(Path(item.folder)))
     try:
-        compile(text, ch.filename, "exec")
-    except SyntaxError as e:
-        raise GradeError(f"{path.name} does not parse: SyntaxError at line {e.lineno}: {e.msg}") from None
-    return text
+        return read_answer(folder_fd, item.name, chapters.find(item.chapter))
+    finally:
+        os.close(folder_fd)
 
 
 # -- one job process -------------------------------------------------------------------------------------
-_job: dict = {}
+@dataclass(frozen=True)
+class _Config:
+    out: str
+    seed: int
+    limits: dict
+    memory_limit: int
+    sandbox: str | None
+    scratch: str
+    """The job's own temporary folder, where all its temporary files go (made and removed by the run)."""
 
 
-def _start_job(out: str, seed: int, limits: dict, memory_limit: int, sandboxed: bool) -> None:
-    from grader.isolation import sandbox
-    from grader.isolation.zygote import Zygote
+def _job_main(conn, config: _Config) -> None:
+    """A job process: grade the items the run sends, one at a time, until it sends None."""
+    signal.signal(signal.SIGTERM, _stop)  # how the run ends us: as Ctrl-C does, so that every finally runs
+    signal.signal(signal.SIGINT, _stop)
+    tempfile.tempdir = config.scratch  # check()'s folders and sandboxes too: the run removes them even if we die
+    try:
+        while True:
+            try:
+                item = conn.recv()
+            except (EOFError, OSError):
+                return
+            if item is None:
+                return
+            conn.send(_grade(item, config))
+    except KeyboardInterrupt:
+        return
 
-    base = Path(tempfile.mkdtemp(prefix="course-grade-"))
-    inbox, scratch = base / "inbox", base / "scratch"
-    inbox.mkdir()
-    scratch.mkdir()
-    if sandboxed:
-        harness = sandbox.write_harness(base / "harness")
-        zygote = Zygote(root=harness, prefix=sandbox.command(harness=harness, inbox=inbox, scratch=scratch),
-                        scratch=scratch)
-    else:
-        zygote = Zygote()
-    _job.update(out=Path(out), seed=seed, limits=limits, memory_limit=memory_limit, inbox=inbox,
-                scratch=scratch, zygote=zygote)
+
+def _stop(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once (Ctrl-C, then the run's SIGTERM): the cleanup
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # this starts (the sandbox, the folders) runs to its end
+    raise KeyboardInterrupt
 
 
-def _grade(item: Item) -> dict:
-    """Grade one item in this job process and write its folder atomically; return its grades row."""
+def _grade(item: Item, config: _Config) -> dict:
+    """Grade one item in this job process, write its folder atomically and return its grades row;
+    never raises (an unexpected exception becomes the item's error row)."""
+    out = Path(config.out)
+    partial = _partial(out, item, os.getpid())
+    try:
+        return _write(out, item, _document(item, config, partial), partial)
+    except Exception as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        print(f"course grade: {_text(item.student)}/{item.chapter}:\n{traceback.format_exc()}", file=sys.stderr,
+              flush=True)
+        doc = error_doc(item, f"the grader failed on this submission ({type(e).__name__}: {str(e)[:300]}); a rerun "
+                              "grades it again", seed=config.seed, retry=True)
+        try:
+            return _write(out, item, doc)
+        except Exception:
+            return row(item.student, doc)
+
+
+def _document(item: Item, config: _Config, partial: Path) -> dict:
     from grader.run import check
+    from grader.submission import SubmissionError
 
     ch = chapters.find(item.chapter)
-    final = _job["out"] / item.student / item.chapter
-    partial = final.parent / f".{item.chapter}.partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    max_score = sum(s.points for s in checks.load(ch.id, with_hidden=True))
     try:
-        text = module_text(item)
-    except GradeError as e:
-        doc = {"chapter": ch.id, "score": 0.0, "max_score": max_score, "status": "error", "error": str(e),
-               "seed": _job["seed"], "tests": [{"name": f"{ch.id} submission", "score": 0, "max_score": max_score,
-                                                "status": "failed", "output": str(e), "visibility": "visible"}],
-               "figures": []}
-    else:
-        for old in _job["inbox"].iterdir():
-            old.unlink()
-        (_job["inbox"] / ch.filename).write_text(text, encoding="utf-8")
-        limits = _job["limits"][ch.id]
-        report = check(ch.id, submission=_job["inbox"], hidden=True, seed=_job["seed"], figures_dir=partial / "figures",
-                       time_limit=limits["max"], time_limits=limits["checks"], memory_limit=_job["memory_limit"],
-                       launcher=_job["zygote"].start)
-        doc = report.to_json()
-        doc["target"] = item.source
-        doc["status"] = {0: "passed", 1: "failed", 2: "blocked"}[report.exit_code]
-        doc["figures"] = [str(Path(p).relative_to(partial)) for p in report.figures]
-        doc.pop("execution_time", None)
-    (partial / "results.json").write_text(json.dumps(doc, ensure_ascii=False, indent=1), encoding="utf-8")
-    shutil.rmtree(final, ignore_errors=True)
+        answer = read_item(item)
+    except SubmissionError as e:
+        return error_doc(item, str(e), seed=config.seed)
+    inbox = Path(tempfile.mkdtemp(prefix="inbox-", dir=config.scratch))
+    try:
+        (inbox / ch.filename).write_bytes(answer.source)
+        limits = config.limits[ch.id]
+        report = check(ch.id, submission=inbox, source=answer.source, hidden=True, seed=config.seed,
+                       figures_dir=partial / "figures", time_limit=limits["max"], time_limits=limits["checks"],
+                       memory_limit=config.memory_limit, sandbox=config.sandbox)
+    finally:
+        shutil.rmtree(inbox, ignore_errors=True)
+    doc = report.to_json()
+    doc["target"] = _text(item.source)
+    doc["status"] = {0: "passed", 1: "failed", 2: "blocked"}[report.exit_code]
+    doc["figures"] = [str(Path(p).relative_to(partial)) for p in report.figures]
+    doc.pop("execution_time", None)
+    return doc
+
+
+def error_doc(item: Item, message: str, *, seed: int, retry: bool = False) -> dict:
+    """The results document of an item that could not be graded: no points, and why."""
+    ch = chapters.find(item.chapter)
+    max_score = sum(s.points for s in checks.load(ch.id, with_hidden=True))
+    message = _text(message)
+    doc = {"chapter": ch.id, "score": 0.0, "max_score": max_score, "status": "error", "error": message,
+           "seed": seed, "tests": [{"name": f"{ch.id} submission", "score": 0, "max_score": max_score,
+                                    "status": "failed", "output": message, "visibility": "visible"}],
+           "figures": []}
+    if item.source:
+        doc["target"] = _text(item.source)
+    if retry:
+        doc["retry"] = True
+    return doc
+
+
+def _partial(out: Path, item: Item, pid: int) -> Path:
+    final = results_dir(out, item.student, item.chapter)
+    return final.parent / f".{item.chapter}.partial-{pid}"
+
+
+def _write(out: Path, item: Item, doc: dict, partial: Path | None = None) -> dict:
+    """Write an item's folder (results.json, and the figures already in `partial`) atomically."""
+    final = results_dir(out, item.student, item.chapter)
+    if partial is None:
+        partial = _partial(out, item, os.getpid())
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    (partial / "results.json").write_bytes(_utf8(json.dumps(doc, ensure_ascii=False, indent=1)))
+    if final.is_dir() and not final.is_symlink():
+        shutil.rmtree(final)
+    elif final.exists() or final.is_symlink():
+        final.unlink()
     os.replace(partial, final)
     return row(item.student, doc)
 
 
 def row(student: str, doc: dict) -> dict:
-    return {"student": student, "chapter": doc["chapter"], "score": doc["score"], "max_score": doc["max_score"],
+    """A grades.csv row (as data: unescaped) from a results document."""
+    return {"student": _text(student), "chapter": doc["chapter"], "score": doc["score"], "max_score": doc["max_score"],
             "status": doc["status"] if doc["status"] != "error" else f"error: {doc['error']}"}
+
+
+def _text(s: str) -> str:
+    """A name or message as text that can be written anywhere: bytes of a file name that are not
+    UTF-8 as \\xNN escapes."""
+    try:
+        return s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no file name makes
+        return _utf8(s).decode("utf-8")
+
+
+def _utf8(text: str) -> bytes:
+    """UTF-8, with whatever is not text (a lone surrogate) as a backslash escape (in JSON, the same one)."""
+    return text.encode("utf-8", "backslashreplace")
+
+
+# -- the job processes, from the run's side ----------------------------------------------------------------
+class _Job:
+    """One job process and the item it is grading."""
+
+    def __init__(self, context, config: _Config) -> None:
+        self.conn, theirs = context.Pipe()
+        self.proc = context.Process(target=_job_main, args=(theirs, config), name="course-grade-job", daemon=True)
+        self.proc.start()
+        theirs.close()
+        self.item: Item | None = None
+        self.deadline = 0.0
+        self.scratch = config.scratch
+
+    def give(self, item: Item, seconds: float) -> None:
+        self.conn.send(item)
+        self.item, self.deadline = item, time.monotonic() + seconds
+
+    def stop(self, grace: float) -> None:
+        """End the process: ask (None), then SIGTERM (it cleans up), then SIGKILL."""
+        if self.proc.is_alive():
+            try:
+                if self.item is None:
+                    self.conn.send(None)
+                else:
+                    self.proc.terminate()
+            except OSError:
+                pass
+            self.proc.join(grace)
+            if self.proc.is_alive():
+                self.proc.terminate()
+                self.proc.join(grace)
+            if self.proc.is_alive():
+                self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+
+
+def _death(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by signal {-exitcode} ({signal.Signals(-exitcode).name})"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit status {exitcode}"
+
+
+def _run_jobs(todo: list[Item], jobs: int, config: dict, out: Path, on_item: Callable[[dict], None] | None,
+              seconds: Callable[[Item], float]) -> None:
+    """Grade `todo` in at most `jobs` job processes; a process that dies or hangs costs its item only."""
+    context = multiprocessing.get_context("spawn")
+    pending = collections.deque(todo)
+    running: list[_Job] = []
+    scratch: list[str] = []
+
+    def new_job() -> _Job:
+        folder = tempfile.mkdtemp(prefix="course-grade-")
+        os.chmod(folder, 0o711)  # a sandbox of kind "uid" reaches its own folder inside (it cannot list this one)
+        scratch.append(folder)
+        return _Job(context, _Config(scratch=folder, **config))
+
+    def lost(job: _Job, why: str) -> None:
+        item = job.item
+        shutil.rmtree(_partial(out, item, job.proc.pid), ignore_errors=True)
+        shutil.rmtree(job.scratch, ignore_errors=True)  # what it left: the submission, its sandbox's folders
+        doc = error_doc(item, why, seed=config["seed"], retry=True)
+        try:
+            result = _write(out, item, doc)
+        except OSError:  # its row still says why; the next run grades it again
+            result = row(item.student, doc)
+        if on_item:
+            on_item(result)
+
+    try:
+        while pending or any(j.item for j in running):
+            while pending and sum(j.item is not None for j in running) < jobs:
+                idle = next((j for j in running if j.item is None), None)
+                if idle is None:
+                    idle = new_job()
+                    running.append(idle)
+                item = pending.popleft()
+                try:
+                    idle.give(item, seconds(item))
+                except OSError:  # died before it got the item: try another process
+                    pending.appendleft(item)
+                    idle.item = None
+                    running.remove(idle)
+                    idle.stop(0)
+            busy = [j for j in running if j.item is not None]
+            wait([j.conn for j in busy] + [j.proc.sentinel for j in busy], timeout=1.0)
+            for job in busy:
+                result, gone = None, False
+                try:
+                    if job.conn.poll():
+                        result = job.conn.recv()
+                except (EOFError, OSError):  # its end of the pipe closed: it is ending
+                    gone = True
+                if result is not None:
+                    job.item = None
+                    if on_item:
+                        on_item(result)
+                elif gone or not job.proc.is_alive():
+                    job.proc.join(STOP_GRACE)
+                    if job.proc.is_alive():
+                        job.proc.kill()
+                        job.proc.join()
+                    lost(job, f"the grading process died ({_death(job.proc.exitcode)}) while grading this "
+                              "submission; the rest of the class was graded, a rerun grades it again")
+                    job.item = None
+                    running.remove(job)
+                    job.stop(0)
+                elif time.monotonic() > job.deadline:
+                    job.proc.kill()
+                    job.proc.join()
+                    lost(job, f"grading took over {seconds(job.item):.0f} s, so its process was stopped; the rest "
+                              "of the class was graded, a rerun grades it again")
+                    job.item = None
+                    running.remove(job)
+                    job.stop(0)
+    finally:
+        for job in running:
+            job.stop(STOP_GRACE)
+        for job in running:
+            if job.item is not None:  # interrupted: what it was writing is not a result
+                shutil.rmtree(_partial(out, job.item, job.proc.pid), ignore_errors=True)
+        for folder in scratch:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 # -- the class ------------------------------------------------------------------------------------------------
@@ -165,41 +452,88 @@ class ClassResult:
 
 
 def grade(submissions: Path, chosen: list[Chapter], out: Path, *, jobs: int = 2, force: bool = False,
-          seed: int | None = None, time_limit: float = 5.0, memory_limit: int = 2 << 30, sandbox: bool = True,
-          on_plan: Callable[[int, int, str], None] | None = None, on_item: Callable[[dict], None] | None = None
-          ) -> ClassResult:
+          seed: int | None = None, time_limit: float = 5.0, memory_limit: int = 2 << 30,
+          sandbox: bool | str | None = True, on_plan: Callable[[int, int, str], None] | None = None,
+          on_item: Callable[[dict], None] | None = None) -> ClassResult:
     """Grade every student's chapters; write results, grades.csv and the class summary into `out`.
 
-    `on_plan(n, total, sandbox)` hears how many of all items are graded now and how they are isolated;
-    `on_item(row)` hears each grades row as it is written.
+    `sandbox`: True for the first kind of `grader.isolation.sandbox` that can be made here (GradeError
+    naming the fix when none can), a kind ("bwrap", "uid"), or False/None for none (process
+    isolation only). `on_plan(n, total, sandbox)` hears how many of all items are graded now and
+    how they are isolated; `on_item(row)` hears each grades row as it is written.
     """
-    from grader.isolation import sandbox as bwrap
-
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    items = find_items(Path(submissions), chosen)
-    seed, limits = _state(out, seed, force, chosen, time_limit)
-    for stale in out.glob("*/.*.partial-*"):  # left by a run that was killed
-        shutil.rmtree(stale, ignore_errors=True)
-    todo = [i for i in items if force or not (out / i.student / i.chapter / "results.json").is_file()]
-    usable, how = bwrap.available() if sandbox else (False, "sandbox switched off (--no-sandbox)")
-    how = how if usable else f"none: {how}"
-    if on_plan:
-        on_plan(len(todo), len(items), how)
-    if todo:
-        context = multiprocessing.get_context("spawn")
-        with context.Pool(max(1, min(jobs, len(todo))), initializer=_start_job,
-                          initargs=(str(out), seed, limits, memory_limit, usable)) as pool:
-            for result in pool.imap_unordered(_grade, todo):
-                if on_item:
-                    on_item(result)
-    rows = [row(i.student, json.loads((out / i.student / i.chapter / "results.json").read_text(encoding="utf-8")))
-            for i in items]
+    try:
+        kind, how = _sandbox(sandbox)
+        out.mkdir(parents=True, exist_ok=True)
+        items = find_items(Path(submissions), chosen)
+        seed, limits = _state(out, seed, force, chosen, time_limit)
+        for stale in out.glob("*/.*.partial-*"):  # left by a run that was killed
+            shutil.rmtree(stale, ignore_errors=True)
+        for stale in out.glob(".*.tmp-*"):
+            stale.unlink(missing_ok=True)
+        todo = [i for i in items if i.recorded and (force or _needs_grading(out, i))]
+        if on_plan:
+            on_plan(len(todo), sum(i.recorded for i in items), how)
+        per_check = {ch.id: [limits[ch.id]["checks"].get(s.key, limits[ch.id]["max"])
+                             for s in checks.load(ch.id, with_hidden=True)] for ch in chosen}
+
+        def seconds(item: Item) -> float:
+            return ITEM_SLACK + sum(t + CHECK_SLACK for t in per_check[item.chapter])
+
+        if todo:
+            config = dict(out=str(out), seed=seed, limits=limits, memory_limit=memory_limit, sandbox=kind)
+            _run_jobs(todo, max(1, min(jobs, len(todo))), config, out, on_item, seconds)
+        docs = [_doc_of(out, i, seed) for i in items]
+    finally:
+        _close_dirs()
+    rows = [row(i.student, d) for i, d in zip(items, docs)]
     _write_atomic(out / "grades.csv", _csv(rows))
-    summary = summarize(out, items, chosen)
+    summary = summarize(out, items, chosen, docs)
     _write_atomic(out / "summary.json", json.dumps(summary, ensure_ascii=False, indent=1))
     _write_atomic(out / "summary.md", summary_markdown(summary))
     return ClassResult(rows, len(todo), how, out)
+
+
+def _sandbox(sandbox: bool | str | None) -> tuple[str | None, str]:
+    """The sandbox kind to grade in and a sentence describing it; GradeError when none can be made."""
+    if not sandbox:
+        return None, ("none: sandbox switched off (--no-sandbox): student code runs with process isolation only "
+                      "and could read this user's files and reach the network")
+    from grader.isolation.sandbox import SandboxUnavailable, probe
+
+    reasons = []
+    # A class is graded in bubblewrap's sandbox only: the uid boundary shows the host's files, and only
+    # the Gradescope bundle makes those unreadable first.
+    for kind in ("bwrap",) if sandbox is True else (sandbox,):
+        try:
+            return kind, probe(kind)
+        except SandboxUnavailable as e:
+            reasons.append(str(e))
+    raise GradeError("no sandbox can be made here for the students' code: " + "; ".join(reasons)
+                     + "; or pass --no-sandbox to grade with process isolation only")
+
+
+def _needs_grading(out: Path, item: Item) -> bool:
+    """No result recorded yet, or only one saying the grader failed (graded again)."""
+    try:
+        doc = json.loads((results_dir(out, item.student, item.chapter) / "results.json").read_text(encoding="utf-8"))
+        return bool(doc.get("retry")) or doc.get("chapter") != item.chapter
+    except (OSError, ValueError, AttributeError):
+        return True
+
+
+def _doc_of(out: Path, item: Item, seed: int) -> dict:
+    """An item's results document: its results.json, or (a dot-folder's) the error it was given."""
+    if not item.recorded:
+        return error_doc(item, item.problem, seed=seed)
+    try:
+        doc = json.loads((results_dir(out, item.student, item.chapter) / "results.json").read_text(encoding="utf-8"))
+        if doc["chapter"] == item.chapter and {"score", "max_score", "status", "tests"} <= set(doc):
+            return doc
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return error_doc(item, "its result could not be read; a rerun grades it again", seed=seed, retry=True)
 
 
 def _state(out: Path, seed: int | None, force: bool, chosen: list[Chapter], time_limit: float) -> tuple[int, dict]:
@@ -232,26 +566,36 @@ def calibrate(ch: Chapter, seed: int, time_limit: float) -> dict:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, encoding="utf-8", newline="") as f:
-        f.write(text)
+    with tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=f".{path.name}.tmp-", delete=False) as f:
+        f.write(_utf8(text))
     os.replace(f.name, path)
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+"""A spreadsheet runs a cell that starts with one of these as a formula (OWASP's CSV injection list)."""
+
+
+def csv_cell(value: object) -> object:
+    """A grades.csv cell: text a spreadsheet would take for a formula gets a single quote in front."""
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
 
 
 def _csv(rows: list[dict]) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, ["student", "chapter", "score", "max_score", "status"], lineterminator="\n")
+    # RFC 4180's CRLF rows: the csv module then quotes a cell holding a CR (a name may), not only one with a LF
+    writer = csv.DictWriter(buffer, ["student", "chapter", "score", "max_score", "status"], lineterminator="\r\n")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({k: csv_cell(v) for k, v in r.items()} for r in rows)
     return buffer.getvalue()
 
 
-def summarize(out: Path, items: list[Item], chosen: list[Chapter]) -> dict:
+def summarize(out: Path, items: list[Item], chosen: list[Chapter], docs: list[dict] | None = None) -> dict:
     """Per chapter and check: how many students failed it, and the most common failure message."""
+    docs = docs if docs is not None else [_doc_of(out, i, 0) for i in items]
     summary = {}
     for ch in chosen:
-        docs = [json.loads((out / i.student / i.chapter / "results.json").read_text(encoding="utf-8"))
-                for i in items if i.chapter == ch.id]
-        graded = [d for d in docs if d["status"] != "error"]
+        mine = [d for i, d in zip(items, docs) if i.chapter == ch.id]
+        graded = [d for d in mine if d["status"] != "error"]
         failures: dict[str, list[str]] = collections.defaultdict(list)
         order: dict[str, None] = {}
         for doc in graded:
@@ -266,9 +610,9 @@ def summarize(out: Path, items: list[Item], chosen: list[Chapter]) -> dict:
             checks_summary.append({"check": name, "failed": len(failures.get(name, [])), "graded": len(graded),
                                    "most_common_message": common, "students_with_it": count})
         checks_summary.sort(key=lambda c: -c["failed"])
-        summary[ch.id] = {"title": ch.title, "students": len(docs), "errors": len(docs) - len(graded),
+        summary[ch.id] = {"title": ch.title, "students": len(mine), "errors": len(mine) - len(graded),
                           "mean_score": round(sum(d["score"] for d in graded) / max(len(graded), 1), 2),
-                          "max_score": docs[0]["max_score"] if docs else 0, "checks": checks_summary}
+                          "max_score": mine[0]["max_score"] if mine else 0, "checks": checks_summary}
     return summary
 
 

@@ -2,12 +2,14 @@
 
 A chapter notebook holds the chapter's prose, one answer cell per task (the task's
 functions from the reference, their `### BEGIN SOLUTION` regions left for nbgrader
-to strip) and two locked test cells per task: the public checks, and the hidden
-checks inside `### BEGIN HIDDEN TESTS` (one call into the instructor's grader, so
-the feedback can never show their source). A test cell grades the answers the
-kernel has run, rebuilt into the chapter module, through the same isolated runner
-as `course check`, prints what happened, shows the task's figures as SVG display
-data, and ends with the score as its value (nbgrader's partial credit).
+to strip) and two locked test cells per task. The public test cell grades the
+answers the kernel has run, rebuilt into the chapter module, through the same
+isolated runner as `course check`, prints what happened, shows the task's figures
+as SVG display data, and ends with the score as its value: the student's own
+feedback. The hidden test cell (inside `### BEGIN HIDDEN TESTS`) runs nothing: a
+kernel that runs the student's code cannot be trusted with hidden checks or with
+the score, so both come from the sandboxed class grader, which writes them into
+nbgrader's gradebook (`course grade --nbgrader`, grader.gradebook).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def assemble(ch: Chapter, cells: list[str]) -> str:
         code = "\n".join(line for line in cell.splitlines() if not line.lstrip().startswith(("%", "!")))
         try:
             tree = ast.parse(code)
-        except SyntaxError:
+        except (SyntaxError, ValueError, RecursionError, MemoryError):  # left for compile() to report
             defined.update({n: code for n in graded if f"def {n}(" in code or f"class {n}" in code})
             continue
         for node in tree.body:
@@ -87,13 +89,12 @@ def _grader_import(node: ast.Import | ast.ImportFrom) -> bool:
 
 
 def cells_of(notebook: Path) -> list[str]:
-    """The code cells of an .ipynb file, in order."""
-    try:
-        nb = json.loads(Path(notebook).read_text(encoding="utf-8"))
-        return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
-                for c in nb["cells"] if c.get("cell_type") == "code"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{notebook} is not a readable Jupyter notebook ({e})") from None
+    """The code cells of an .ipynb file, in order, read by `grader.submission` (the file itself is
+    never followed as a link, its size is bounded, any JSON that is not nbformat's shape is a clear
+    error): `grader.submission.SubmissionError`, a ValueError, saying why it cannot be read."""
+    from grader.submission import read_notebook
+
+    return read_notebook(notebook)
 
 
 def submission_from_cells(ch: Chapter, cells: list[str], folder: Path) -> Path:
@@ -140,26 +141,25 @@ def check_task(chapter_id: str, task_id: str, *, hidden: bool = False) -> float:
     """Grade one task from the cells this kernel has run; print the results and show the figures.
 
     Returns the points earned (the cell's value, which nbgrader reads as partial credit).
-    With `hidden=True` only the hidden checks run, and only their names and verdicts are
-    printed: no inputs, no expected values.
+    With `hidden=True` nothing runs: the hidden checks never run in a kernel that also runs the
+    student's code (it could replace this function or read them). The cell says where they run
+    and returns 0; `course grade --nbgrader` writes their points into the gradebook.
     """
-    from grader.run import check
-
     ch = chapters.find(chapter_id)
     task = ch.task(task_id)
-    if hidden and not checks.has_hidden(ch.id):
-        raise RuntimeError("the hidden checks run at grading time, in the instructor's environment")
+    if hidden:
+        print(f"The hidden checks of ch{task.id} run when the instructor grades the class with "
+              "`course grade --nbgrader`, in a sandbox, not in this notebook: this cell gives 0 points here.")
+        return 0.0
+    from grader.run import check
+
     launcher = _launcher()
     with tempfile.TemporaryDirectory(prefix="course-nb-") as tmp, _quiet():
         folder = submission_from_cells(ch, _kernel_cells(), Path(tmp) / "submission")
-        report = check(ch.id, task=task.id, submission=folder, hidden=hidden, public=not hidden,
-                       figures_dir=None if hidden else Path(tmp) / "figures", time_limit=_time_limit(),
-                       launcher=launcher)
-        if hidden:
-            _print_hidden(report)
-        else:
-            _print_public(report)
-            _show_figures(report, task.id)
+        report = check(ch.id, task=task.id, submission=folder, hidden=False, figures_dir=Path(tmp) / "figures",
+                       time_limit=_time_limit(), launcher=launcher)
+        _print_public(report)
+        _show_figures(report, task.id)
     return float(report.score)
 
 
@@ -184,14 +184,6 @@ def _print_public(report) -> None:
     screen.flush()
 
 
-def _print_hidden(report) -> None:
-    for r in report.results:
-        print(f"{'✓' if r.status == 'passed' else '✗'} hidden check: {r.name}"
-              + ("" if r.status == "passed" else f" ({r.status})"))
-    passed = sum(r.status == "passed" for r in report.results)
-    print(f"{passed}/{len(report.results)} hidden checks passed")
-
-
 def _show_figures(report, task_id: str) -> None:
     import figures
     from IPython.display import SVG, display
@@ -211,10 +203,9 @@ def write_course(dest: Path, chosen: list[Chapter]) -> None:
         folder = dest / "source" / ch.id
         folder.mkdir(parents=True)
         (folder / f"{ch.id}.ipynb").write_text(json.dumps(nb, ensure_ascii=False, indent=1), encoding="utf-8")
-        specs = checks.load(ch.id, with_hidden=True)
+        specs = checks.load(ch.id, with_hidden=False)  # only public test cells run checks in a kernel
         for task in ch.tasks:
-            for is_hidden in (False, True):
-                longest = max(longest, sum(1 for s in specs if s.task == task.id and s.hidden == is_hidden))
+            longest = max(longest, sum(1 for s in specs if s.task == task.id))
     timeout = math.ceil(longest * (NOTEBOOK_TIME_LIMIT + RESTART) + 60)
     (dest / "nbgrader_config.py").write_text(_config(timeout), encoding="utf-8")
 
@@ -228,11 +219,15 @@ here = os.path.dirname(os.path.abspath(__file__))
 c.CourseDirectory.root = here
 c.CourseDirectory.course_id = "{COURSE_ID}"
 c.CourseDirectory.db_url = "sqlite:///" + os.path.join(here, "gradebook.db")
-# Longer than the slowest test cell can take: its checks each stop after {NOTEBOOK_TIME_LIMIT:g} s.
+# Scores come from the sandboxed class grader, not from a kernel: after collecting, run
+#   course grade --nbgrader <this folder> --chapter chNN
+# which writes the gradebook and autograded/, then `nbgrader generate_feedback` and `nbgrader export`.
+# `nbgrader autograde` still runs, but its hidden test cells give 0 and a student's code can fake
+# the rest. Longer than the slowest public test cell can take: its checks each stop after {NOTEBOOK_TIME_LIMIT:g} s.
 c.Execute.timeout = {timeout}
 c.ExecutePreprocessor.kernel_name = "python3"
 c.ClearSolutions.code_stub = {{"python": "# YOUR CODE HERE\\nraise NotImplementedError()"}}
-# Feedback shows only what the hidden test cells print (check names and verdicts), not their source.
+# Feedback shows the hidden test cells' outputs (`course grade` writes check names and verdicts), not their source.
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
@@ -255,8 +250,11 @@ def chapter_notebook(ch: Chapter) -> dict:
     specs = checks.load(ch.id, with_hidden=True)
     cells = [_markdown(f"# {ch.id} · {ch.title}\n\n{prose}\n\n"
                        "Write your code in the answer cells, run them, then run the test cell under each. "
-                       "The test cells run the public checks and draw the chapter's figures from your outputs; "
-                       "hidden checks run when your notebook is graded.", "intro"),
+                       "The test cells run the public checks on your machine and draw the chapter's figures from "
+                       "your outputs: they are your feedback. Your grade comes from the instructor's grader "
+                       "(`course grade --nbgrader`), which runs the public and the hidden checks on your notebook "
+                       "in a sandbox; run by `nbgrader autograde` instead, the hidden test cells give 0 points.",
+                       "intro"),
              _code("\n\n".join(setup), "setup", locked=True)]
     for task in ch.tasks:
         public_points = sum(s.points for s in specs if s.task == task.id and not s.hidden)
@@ -268,7 +266,7 @@ def chapter_notebook(ch: Chapter) -> dict:
                   _code(code, f"answer_{tid}", solution=True),
                   _code(f'from grader.notebook import check_task\ncheck_task("{ch.id}", "{task.id}")',
                         f"public_{tid}", points=public_points),
-                  _code("### BEGIN HIDDEN TESTS\n%xmode Minimal\nfrom grader.notebook import check_task\n"
+                  _code("### BEGIN HIDDEN TESTS\nfrom grader.notebook import check_task\n"
                         f'check_task("{ch.id}", "{task.id}", hidden=True)\n### END HIDDEN TESTS',
                         f"hidden_{tid}", points=hidden_points)]
     return {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
