@@ -4,8 +4,11 @@ and by `nbgrader autograde` on the equivalent notebooks, in one run.
 Run:  .venv/bin/python tests/bench_grade.py [N]      (N submissions, default 200; nbgrader takes long)
 
 The class: 60 % correct, 30 % wrong (three misconceptions), 10 % hostile (half hang,
-half allocate 4 TB). Both graders use the same per-check time limit (2 s) and the same
-hidden checks. Peak memory is the largest sum of PSS (proportional set size: shared
+half allocate 4 TB). All graders use the same per-check time limit (2 s). `course grade`
+runs every submission in a sandbox of its own (a fresh warm process each) and runs the
+hidden checks; `nbgrader autograde` runs the notebooks' test cells, whose hidden cells
+no longer grade in the kernel (they score 0: the score of record is `course grade
+--nbgrader`, timed too, on the same submitted notebooks). Peak memory is the largest sum of PSS (proportional set size: shared
 pages split between the processes sharing them) over the grader's process tree.
 """
 
@@ -127,14 +130,19 @@ def main() -> None:
         folder = course / "submitted" / f"s{i:03d}" / "ch25"
         folder.mkdir(parents=True)
         (folder / "ch25.ipynb").write_text(json.dumps(sub))
-    theirs, theirs_peak = timed([str(bin_dir / "nbgrader"), "autograde", "ch25", "--create"], cwd=course, env=env)
+    flow, flow_peak = timed([str(bin_dir / "course"), "grade", "--nbgrader", str(course), "--chapter", "ch25", "--out",
+                             str(work / "nb-out"), "--jobs", "2", "--seed", "1", "--time-limit", TIME_LIMIT], env=env)
+    flow_scores = by_student(work / "nb-out" / "grades.csv", "student", n)
+    theirs, theirs_peak = timed([str(bin_dir / "nbgrader"), "autograde", "ch25", "--create", "--force"], cwd=course,
+                                env=env)
     nb("export")
     nb_scores = by_student(course / "grades.csv", "student_id", n)
 
     print(f"{n} ch25 submissions: 60% correct, 30% wrong, 10% hostile; per-check limit {TIME_LIMIT} s; 2 cores")
     print(f"{'grader':34s} {'wall':>8s} {'subs/s':>8s} {'peak PSS':>10s}  mean score")
-    for label, wall, peak, s in (("course grade --jobs 2 (bwrap+zygote)", ours, ours_peak, scores),
-                                 ("nbgrader autograde", theirs, theirs_peak, nb_scores)):
+    for label, wall, peak, s in (("course grade --jobs 2 (a sandbox each)", ours, ours_peak, scores),
+                                 ("course grade --nbgrader --jobs 2", flow, flow_peak, flow_scores),
+                                 ("nbgrader autograde (public only)", theirs, theirs_peak, nb_scores)):
         print(f"{label:34s} {wall:7.1f}s {n / wall:8.2f} {peak / 2**20:8.0f} MiB  {sum(s) / len(s):.2f}")
     print(f"throughput ratio: {theirs / ours:.1f}x")
     for kind in sorted(set(kinds)):
