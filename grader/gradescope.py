@@ -73,7 +73,8 @@ RUN = """#!/usr/bin/env bash
 # Gradescope runs this as root for every submission; the results land in results/results.json.
 ROOT="${GRADESCOPE_ROOT:-/autograder}"
 PYTHON="${COURSE_PYTHON:-$ROOT/venv/bin/python}"
-cd / && exec "$PYTHON" -I -m grader.gradescope "$ROOT" CHAPTER SEED
+# The seed goes in the environment, which only root may read (a command line is anybody's to read).
+cd / && COURSE_GRADING_SEED=@SEED@ exec "$PYTHON" -I -m grader.gradescope "$ROOT" @CHAPTER@
 """
 
 LEAK_TEST = r"""
@@ -100,7 +101,7 @@ def export(chapter: Chapter, out: Path, *, seed: int | None = None) -> Path:
     seed = secrets.randbelow(2**31) if seed is None else seed
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
         _add(z, "setup.sh", SETUP)
-        _add(z, "run_autograder", RUN.replace("CHAPTER", chapter.id).replace("SEED", str(seed)))
+        _add(z, "run_autograder", RUN.replace("@CHAPTER@", chapter.id).replace("@SEED@", str(seed)))
         for name in SOURCE:
             path = chapters.ROOT / name
             files = [path] if path.is_file() else sorted(p for p in path.rglob("*.py") if "__pycache__" not in p.parts)
@@ -332,11 +333,13 @@ def main(argv: list[str]) -> int:
         for path in protect(Path(argv[1])):
             print(f"root's alone (0700): {path}")
         return 0
-    if len(argv) != 3:
-        print("usage: python -m grader.gradescope ROOT CHAPTER SEED | --protect ROOT", file=sys.stderr)
+    seed = os.environ.get("COURSE_GRADING_SEED", "")
+    if len(argv) != 2 or not seed.isdigit():
+        print("usage: COURSE_GRADING_SEED=SEED python -m grader.gradescope ROOT CHAPTER | --protect ROOT",
+              file=sys.stderr)
         return 2
     started = time.monotonic()
-    doc, status = run(Path(argv[0]), argv[1], int(argv[2]))
+    doc, status = run(Path(argv[0]), argv[1], int(seed))
     print(doc["output"], f"({time.monotonic() - started:.1f} s)")
     return status
 

@@ -169,7 +169,8 @@ def test_the_bundle_has_what_gradescope_runs(tmp_path):
     assert "useradd --system" in setup and STUDENT_USER in setup and "bubblewrap" in setup
     assert "pip install /autograder/source/course" in setup and "-e " not in setup  # not editable
     assert setup.index("pip install") < setup.index("-m grader.gradescope --protect /autograder")
-    assert '-I -m grader.gradescope "$ROOT" ch25 9' in run and "cd / &&" in run  # the installed package
+    assert "COURSE_GRADING_SEED=9 exec" in run and '-I -m grader.gradescope "$ROOT" ch25\n' in run  # seed never in argv
+    assert "cd / &&" in run  # the installed package
 
 
 def test_setup_leaves_the_answers_and_the_results_to_root(installed):

@@ -168,8 +168,8 @@ class Box:
             args += ["--setenv", k, v]
         args += _mounts(self.harness, self.inbox)
         args += ["--chdir", HOME, "--remount-ro", "/"]
-        if os.geteuid() != 0:
-            return [*args, *inner, "--", *argv]
+        if os.geteuid() != 0:  # the warm process is the namespace's init: bwrap's own reaper would be the
+            return [*args, "--as-pid-1", *inner, "--", *argv]  # student's to ptrace, init ignores their signals
         # As root: the mounts are made as root, then the box drops to its own host uid and makes its
         # user namespace from there (a second bwrap), so nothing inside is root on the host.
         return [*args, "--", *_setpriv(self.uid), "bwrap", *inner, "--bind", "/", "/", "--dev", "/dev", "--", *argv]
