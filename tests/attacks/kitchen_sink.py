@@ -13,6 +13,7 @@
 import ctypes
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -229,11 +230,15 @@ def s_env():
 
 
 def s_procs():
-    """M2: the host's process list (a grader of this test, or pytest, seen from here)."""
+    """M2: the host's process list (a grader of this test, or pytest, seen from here). Any grader seen from
+    a sandbox with namespaces is a hole; the uid boundary has no pid namespace, so there a grader is
+    visible by design and only a secret on its command line (the old seed argument) is a hole."""
+    with open("/proc/self/uid_map") as f:
+        namespaced = f.read().split() != ["0", "0", "4294967295"]
     seen = _pids()
     for pid in seen:
         c = _cmd(pid)
-        if _is_grader(c):
+        if _is_grader(c) and (namespaced or re.search(r"grader\.gradescope \S+ ch\d\d \d+", c)):
             _hole("M2-procs", f"pid {pid}: {c[:100]}")
     print(f"PROCS {len(seen)} visible", flush=True)
 
