@@ -186,14 +186,17 @@ def grade(submissions: Path | None, chapter_names: tuple[Chapter, ...], nbgrader
 
     Reruns skip what is already graded (a killed run resumes where it stopped).
     """
-    from grader.grade import GradeError, grade as grade_class
+    from grader.grade import GradeError, grade as grade_folders
+
+    grade_class = grade_folders
 
     if (submissions is None) == (nbgrader_course is None):
         raise click.UsageError("give SUBMISSIONS or --nbgrader COURSE_DIR, not both" if submissions
                                else "missing argument SUBMISSIONS (or --nbgrader COURSE_DIR)")
     if nbgrader_course:
         try:
-            from grader.gradebook import grade_course as grade_class  # noqa: F811 (same options, nbgrader's folders)
+            from grader.gradebook import grade_course  # same options, nbgrader's folders
+            grade_class = grade_course
         except ImportError as e:
             raise click.ClickException(f"--nbgrader needs nbgrader installed ({e})") from None
         submissions, out = nbgrader_course, out or nbgrader_course / "course-grade"

@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from linkedvenv import link_distributions
 
 from grader import chapters, checks
 
@@ -258,16 +259,7 @@ def make_venv(venv: Path, package: Path, extra: tuple[str, ...] = ()) -> float:
     python = venv / "bin" / "python"
     site = _purelib(python)
     wanted = [r for r in metadata.distribution("course").requires or () if "extra ==" not in r] + list(extra)
-    for dist in _closure(wanted):
-        files = [f for f in dist.files or () if f.parts[0] != ".."]
-        for top in sorted({f.parts[0] for f in files if len(f.parts) > 1 and f.parts[0] != "__pycache__"}):
-            if not (site / top).exists():
-                subprocess.run(["cp", "-al", str(dist.locate_file(top)), str(site / top)], check=True)
-        for f in files:
-            if (len(f.parts) == 1 or f.parts[0] == "__pycache__") and Path(dist.locate_file(f)).is_file():
-                (site / f).parent.mkdir(exist_ok=True)
-                if not (site / f).exists():
-                    os.link(dist.locate_file(f), site / f)
+    link_distributions(_closure(wanted), site)
     pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
                           str(package)], capture_output=True, text=True)
     assert pip.returncode == 0, pip.stderr[-3000:]

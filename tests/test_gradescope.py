@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +28,9 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from linkedvenv import link_distributions
+
+from grader.isolation.sandbox import _closure
 
 from grader import chapters
 from grader.gradescope import STUDENT_USER, export, processes_of
@@ -66,18 +68,7 @@ class Run:
 
 def _dependencies() -> list[metadata.Distribution]:
     """The installed distributions the course package needs (extras left out), not itself."""
-    seen: dict[str, metadata.Distribution] = {}
-    todo = [r for r in metadata.distribution("course").requires or () if "extra ==" not in r]
-    while todo:
-        name = re.split(r"[\s<>=!~;\[(]", todo.pop(), maxsplit=1)[0].lower().replace("_", "-")
-        if name in seen:
-            continue
-        try:
-            seen[name] = dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:  # not needed here (a marker): pip decides
-            continue
-        todo += [r for r in dist.requires or () if "extra ==" not in r]
-    return list(seen.values())
+    return [d for d in _closure(("course",)) if d.metadata["Name"] != "course"]
 
 
 @pytest.fixture(scope="session")
@@ -95,15 +86,7 @@ def installed() -> Installed:
         python = venv / "bin" / "python"
         site = Path(subprocess.run([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                    capture_output=True, text=True, check=True).stdout.strip())
-        for dist in _dependencies():  # hard links of what pip installed here: its folders, and its files one by one
-            files = [f for f in dist.files or () if f.parts[0] != ".."]
-            for top in sorted({f.parts[0] for f in files if len(f.parts) > 1 and f.parts[0] != "__pycache__"}):
-                if not (site / top).exists():
-                    subprocess.run(["cp", "-al", str(dist.locate_file(top)), str(site / top)], check=True)
-            for f in files:
-                if (len(f.parts) == 1 or f.parts[0] == "__pycache__") and Path(dist.locate_file(f)).is_file():
-                    (site / f).parent.mkdir(exist_ok=True)
-                    os.link(dist.locate_file(f), site / f)
+        link_distributions(_dependencies(), site)  # hard links of what pip installed here
         pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
                               str(base / "bundle" / "course")], capture_output=True, text=True)
         assert pip.returncode == 0, pip.stderr[-3000:]
