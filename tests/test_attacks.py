@@ -79,6 +79,8 @@ ROOT = chapters.ROOT
 CH = chapters.find("ch17")
 FULL = sum(s.points for s in checks.load("ch17", with_hidden=True))
 ATTACKS = Path(__file__).parent / "attacks"
+CHECKOUT = Path(__file__).resolve().parents[1]
+"""This source tree: readable by every uid on a CI machine, absent from a Gradescope container."""
 TOKEN = secrets.token_hex(5)
 RUN_TAG = f"graderrun{TOKEN}"
 """In the argv of every grader command this module starts: how the attacks would recognise one."""
@@ -762,8 +764,9 @@ def bundle(base) -> Bundle:
 
 def container(command: str, keep: list[Path]) -> list[str]:
     """`command` (one program, no arguments) as in a Gradescope container, for the uid boundary (whose
-    student sees the host's files and processes): its own mount and pid namespaces, /tmp, /work (this
-    checkout), /root and /home empty but for the folders in `keep`, which stay where they are. Its init
+    student sees the host's files and processes): its own mount and pid namespaces, /tmp, /work, /root,
+    /home and this checkout (wherever CI cloned it: a container has no clone) empty but for the folders in
+    `keep`, which stay where they are. Its init
     waits 2 s after `command` ends, as the harness reads results.json after run_autograder (a leftover
     process would rewrite it then)."""
     # what to keep and run come in the environment, so that no argv but the grader's own names this test's folders
@@ -771,9 +774,10 @@ def container(command: str, keep: list[Path]) -> list[str]:
     back = "; ".join(f'mkdir -p "$CONTAINER_KEEP{i}" && mount --move /mnt/k{i} "$CONTAINER_KEEP{i}"'
                      for i in range(len(keep)))
     script = (f"set -e; mount -t tmpfs tmpfs /mnt; {stash}; mount -t tmpfs -o mode=1777 tmpfs /tmp; {back}; "
-              "for d in /work /root /home; do [ -d $d ] && mount -t tmpfs -o mode=755 tmpfs $d; done; set +e; "
-              '"$CONTAINER_RUN"; status=$?; sleep 2; exit $status')
-    env = [f"CONTAINER_KEEP{i}={p}" for i, p in enumerate(keep)] + [f"CONTAINER_RUN={command}"]
+              'for d in /work /root /home "$CONTAINER_CHECKOUT"; do [ -d "$d" ] && mount -t tmpfs -o mode=755 tmpfs "$d"; '
+              'done; set +e; "$CONTAINER_RUN"; status=$?; sleep 2; exit $status')
+    env = [f"CONTAINER_KEEP{i}={p}" for i, p in enumerate(keep)] + [f"CONTAINER_RUN={command}",
+                                                                    f"CONTAINER_CHECKOUT={CHECKOUT}"]
     return ["env", *env, "unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private",
             "/bin/sh", "-c", script]
 
