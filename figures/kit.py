@@ -5,6 +5,9 @@ Every text element gets a class ("title", "caption-zh", "caption-en", "label",
 "value", "expected", "legend", "note") so tests can read a figure as a document.
 A wrong cell shows the student's value struck through and the expected value
 under it, on a hatched vermillion background with a ✗.
+
+`Figure.svg()` embeds the fonts the figure's text needs (figures.typeface), and `text_width`
+measures with those same fonts, so what a layout computes is what every viewer draws.
 """
 
 from __future__ import annotations
@@ -14,15 +17,20 @@ from typing import Any, Callable, Sequence
 
 import svgwrite
 
+from figures import typeface
 from figures.style import (CAPTION, CELL, FONT, INK, LABEL, MARGIN, MONO, MUTED, PAPER, RULE, SMALL,
                            TITLE, VALUE, WIDTH, fill, stroke)
 
 
-def text_width(s: str, size: float, mono: bool = False) -> float:
-    """An estimate of rendered width: wide for CJK, narrower for Latin."""
+def text_width(s: str, size: float, mono: bool = False, bold: bool = False) -> float:
+    """The rendered width: the sum of the embedded fonts' advance widths (figures.typeface; they
+    have no kerning), or an estimate for a character no shipped font has (wide for CJK)."""
     w = 0.0
     for ch in s:
-        if ord(ch) >= 0x2E80:
+        em = typeface.advance(ch, mono=mono, bold=bold)
+        if em is not None:
+            w += size * em
+        elif ord(ch) >= 0x2E80:
             w += size
         elif mono:
             w += size * 0.61
@@ -79,6 +87,7 @@ class Figure:
 
     def __init__(self, figure_id: str, *, title: str, zh: str, en: str, width: int = WIDTH) -> None:
         self.id, self.width = figure_id, width
+        self._fonts = None  # the <style> with the embedded fonts, made by svg()
         self.dwg = svgwrite.Drawing(size=(width, 100), profile="full", debug=False, id=figure_id)
         self.dwg.set_desc(title=title, desc=en)
         self._hatch()
@@ -180,12 +189,16 @@ class Figure:
         if label:
             self.text(x + w / 2, y + h / 2 + size * 0.36, label, size=size, anchor="middle", mono=mono, cls="label")
 
+    CHIP_PAD = 14
+    """The least room between a chip's text and each of its sides (`instance_row`)."""
+
     def instance_row(self, items: Sequence[tuple], *, mono: bool = False) -> None:
         """The figure's instance as a row of small labelled boxes, each `(label, role)` or
-        `(label, role, width)`; the row wraps at the right margin."""
+        `(label, role, width)`; the row wraps at the right margin. A box is never narrower than
+        its text plus `CHIP_PAD` on either side, whatever width is asked for."""
         x, y = MARGIN, self.y
         for label, role, *width in items:
-            w = width[0] if width else text_width(label, LABEL, mono) + 26
+            w = max([text_width(label, LABEL, mono) + 2 * self.CHIP_PAD] + width[:1])
             if x > MARGIN and x + w > self.width - MARGIN:
                 x, y = MARGIN, y + 30 + 10
             self.box(x, y, w, 30, role=role, label=label, mono=mono)
@@ -281,8 +294,50 @@ class Figure:
         self.y = self.paragraph(x, self.y, s, width=self.width - x - MARGIN, size=size, color=color) + size + 8
 
     def svg(self) -> str:
-        """The finished document, its height fitted to what was drawn."""
+        """The finished document, its height fitted to what was drawn, with its fonts embedded."""
         self.dwg["height"] = math.ceil(self.y + MARGIN)
         self.dwg["viewBox"] = f"0 0 {self.width} {math.ceil(self.y + MARGIN)}"
+        self._embed_fonts()
         return self.dwg.tostring()
 
+    def _embed_fonts(self) -> None:
+        """Subsets of the shipped fonts holding the characters drawn, as @font-face rules in the
+        figure's <style>; every text element names those families before its own."""
+        texts = []
+        for el in _texts(self.dwg):
+            family = el.attribs.get("font-family") or FONT
+            own = ", ".join(f for f in family.split(", ") if not f.startswith("cf-"))  # svg() may run twice
+            el["font-family"] = own
+            kind = typeface.kind_of(own)
+            bold = str(el.attribs.get("font-weight", "normal")) in ("bold", "bolder", "600", "700", "800", "900")
+            texts.append((el, kind, bold, "".join(_strings(el))))
+        css, prefix = typeface.embed((s, kind, bold) for _, kind, bold, s in texts)
+        for el, kind, _, _ in texts:
+            if prefix.get(kind):
+                el["font-family"] = f"{prefix[kind]}, {el['font-family']}"
+        if self._fonts is not None:
+            self.dwg.defs.elements.remove(self._fonts)
+            self._fonts = None
+        if css:
+            self._fonts = self.dwg.style(css)
+            self.dwg.defs.add(self._fonts)
+
+
+def _texts(element) -> list:
+    """The text elements under an svgwrite element, in document order."""
+    out = []
+    for child in getattr(element, "elements", []):
+        if getattr(child, "elementname", "") == "text":
+            out.append(child)
+        else:
+            out.extend(_texts(child))
+    return out
+
+
+def _strings(element) -> list[str]:
+    """The characters a text element draws: its own text and its tspans'."""
+    text = getattr(element, "text", None)
+    out = [] if text is None else [str(text)]
+    for child in getattr(element, "elements", []):
+        out.extend(_strings(child))
+    return out

@@ -9,9 +9,12 @@ WIDTH = 880
 MARGIN = 28
 CELL = 36
 
+# Every figure embeds subsets of the fonts in figures/fonts/ and names them before these
+# (figures.typeface, Figure.svg): these lists matter only to a viewer that ignores @font-face.
+# "monospace" marks monospaced text (figures.typeface.kind_of, the lab's width estimate).
 FONT = ('"Noto Sans CJK SC", "Source Han Sans SC", "PingFang SC", "Microsoft YaHei", '
         '"WenQuanYi Micro Hei", sans-serif')
-MONO = '"DejaVu Sans Mono", "Menlo", "Consolas", "Noto Sans Mono CJK SC", monospace'
+MONO = '"Noto Sans Mono", "DejaVu Sans Mono", "Menlo", "Consolas", "Noto Sans Mono CJK SC", monospace'
 
 TITLE = 21
 CAPTION = 14

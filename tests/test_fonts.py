@@ -1,0 +1,167 @@
+"""The figures embed their fonts: every character a figure draws is in a font it carries, so it
+looks the same on a machine without any CJK font (no tofu, no serif fallback)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib
+import io
+import re
+import shutil
+import tomllib
+import xml.etree.ElementTree as ET
+
+import pytest
+from fontTools.ttLib import TTFont
+
+import figures
+from figures import typeface
+from figures.kit import Figure, text_width
+from figures.style import LABEL, MONO
+from grader import chapters
+from grader.run import check
+
+SVG = "{http://www.w3.org/2000/svg}"
+FACE = re.compile(r'@font-face\{font-family:"([^"]+)";src:url\(data:font/woff2;base64,([A-Za-z0-9+/=]+)\) '
+                  r'format\("woff2"\);font-weight:(\d+);font-style:normal\}')
+CHAPTERS = [ch.id for ch in chapters.all_chapters()]
+REBUILD = "add it to the shipped fonts: .venv/bin/python figures/fonts/build.py (its docstring says how)"
+
+
+def embedded(root: ET.Element) -> dict[str, dict[int, TTFont]]:
+    """The fonts a figure's <style> embeds: family -> weight -> font."""
+    css = "".join(el.text or "" for el in root.iter(f"{SVG}style"))
+    faces: dict[str, dict[int, TTFont]] = {}
+    data: dict[str, list[bytes]] = {}
+    for family, b64, weight in FACE.findall(css):
+        raw = base64.b64decode(b64)
+        assert raw[:4] == b"wOF2", family
+        faces.setdefault(family, {})[int(weight)] = TTFont(io.BytesIO(raw))
+        data.setdefault(family, []).append(raw)
+    assert css.count("@font-face") == sum(map(len, faces.values())), "an @font-face rule the test cannot read"
+    for family, parts in data.items():
+        # Named by content: two inline SVGs in one page that name the same family embed the same fonts.
+        assert family.rsplit("-", 1)[1] == hashlib.sha256(b"".join(parts)).hexdigest()[:10], family
+    return faces
+
+
+def weight_of(faces: dict[int, TTFont], bold: bool) -> int:
+    """The face a browser draws with: the family's face of the text's weight, else the one it has."""
+    want = 700 if bold else 400
+    return want if want in faces else next(iter(faces))
+
+
+def undrawable(svg: str) -> list[str]:
+    """The characters of the figure's text elements that no embedded font it names can draw."""
+    root = ET.fromstring(svg)
+    faces = embedded(root)
+    cmaps = {(fam, w): set(map(chr, font.getBestCmap())) for fam, ws in faces.items() for w, font in ws.items()}
+    problems = []
+    for el in root.iter(f"{SVG}text"):
+        families = [f.strip().strip('"') for f in el.get("font-family", "").split(",")]
+        if not families or families[0] not in faces:
+            problems.append(f"{el.get('class')} {''.join(el.itertext())!r} does not name an embedded font first")
+            continue
+        bold = el.get("font-weight") == "bold"
+        for ch in set("".join(el.itertext())):
+            if not any(ch in cmaps[(f, weight_of(faces[f], bold))] for f in families if f in faces):
+                problems.append(f"{ch} U+{ord(ch):04X} in {el.get('class')} {''.join(el.itertext())[:50]!r}")
+    return problems
+
+
+def test_the_shipped_fonts_draw_every_character_the_figure_code_holds():
+    build = importlib.import_module("figures.fonts.build")
+    lacking = [f"{c} U+{ord(c):04X}" for c in sorted(build.course_characters(extra=False))
+               for kind in ("sans", "mono") for bold in (False, True) if typeface.pick(c, kind, bold) is None]
+    assert not lacking, f"figures/*.py or a chapter's title uses characters the shipped fonts lack: " \
+                        f"{sorted(set(lacking))}; {REBUILD}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_figure_draws_every_character_from_the_fonts_it_embeds(chapter, tmp_path):
+    report = check(chapter, solutions=True, hidden=False, seed=11, figures_dir=tmp_path)
+    assert len(report.figures) == len(figures.catalog(chapter)) and not report.figure_notes
+    for path in report.figures:
+        svg = open(path, encoding="utf-8").read()
+        assert not undrawable(svg), f"{path}: {undrawable(svg)}; {REBUILD}"
+        assert len(re.search(r"<style.*</style>", svg, re.S)[0]) < 120_000, "a figure embeds over 120 kB of fonts"
+
+
+def test_the_overview_draws_every_character_from_the_fonts_it_embeds(tmp_path):
+    import engine
+    from engine.core import Settings
+    from engine.model import load
+
+    for name in ("ch15_token_to_logits.py", "ch25_paged_kv.py"):
+        shutil.copy(chapters.SOLUTIONS / name, tmp_path)
+    model = load("tiny")
+    run = engine.Engine(model, engine.student_parts(tmp_path), Settings(block_size=4, num_blocks=9, max_num_seqs=2,
+                                                                        max_num_batched_tokens=8))
+    (spec,) = figures.catalog("overview")
+    svg = spec.render(engine.overview_record(run.generate([[1, 2, 3, 4, 5], [1, 2, 9]], 4), model))
+    assert not undrawable(svg), undrawable(svg)
+
+
+def drawn(fig: Figure) -> tuple[ET.Element, dict[str, dict[int, TTFont]]]:
+    root = ET.fromstring(fig.svg())
+    return root, embedded(root)
+
+
+def test_text_width_is_the_width_the_embedded_fonts_draw():
+    fig = Figure("fonts-test", title="字体 · fonts", zh="每个图都带着自己的字体:≤ √ − → ✓ ✗", en="Kᵀ · q·k / √d ≤ 1 — “x”")
+    samples = [("q0 · pos 3: k0–k3 ≤ √2 → Kᵀ ✓", False, "normal"), ("你的 mask · yours", False, "bold"),
+               ("0.557 −∞ [8, 64] → ✗ 中", True, "normal"), ("−0.033", True, "bold")]
+    for s, mono, weight in samples:
+        fig.text(40, 300, s, size=LABEL, mono=mono, weight=weight, cls="sample")
+    root, faces = drawn(fig)
+    for el, (s, mono, weight) in zip([e for e in root.iter(f"{SVG}text") if e.get("class") == "sample"], samples):
+        bold = weight == "bold"
+        families = [f.strip().strip('"') for f in el.get("font-family").split(",") if f.strip() in faces]
+        width = 0.0
+        for ch in s:
+            for fam in families:
+                font = faces[fam][weight_of(faces[fam], bold)]
+                glyph = font.getBestCmap().get(ord(ch))
+                if glyph is not None:
+                    width += font["hmtx"][glyph][0] / font["head"].unitsPerEm * LABEL
+                    break
+            else:
+                pytest.fail(f"{ch!r} is in no embedded font")
+        assert text_width(s, LABEL, mono=mono, bold=bold) == pytest.approx(width), s
+    for ws in faces.values():
+        for font in ws.values():
+            assert not {"GPOS", "GSUB", "kern"} & set(font.keys()), "no kerning: widths add up"
+
+
+def test_monospaced_text_names_the_monospaced_font_first():
+    fig = Figure("fonts-test", title="t", zh="中", en="e")
+    fig.text(10, 200, "k0–k3 中", mono=True, cls="sample")
+    root, faces = drawn(fig)
+    (el,) = [e for e in root.iter(f"{SVG}text") if e.get("class") == "sample"]
+    families = [f.strip() for f in el.get("font-family").split(",")]
+    assert families[0].startswith("cf-mono-") and families[1].startswith("cf-sans-")  # 中 comes from the sans
+    assert el.get("font-family").endswith(MONO) and "monospace" in el.get("font-family")
+
+
+def test_a_figure_is_the_same_document_however_often_it_is_drawn():
+    fig = Figure("fonts-test", title="完整序列的因果遮罩", zh="上三角被屏蔽", en="masked")
+    first = fig.svg()
+    assert fig.svg() == first and first.count("<style") == 1 and first.count('font-family="cf-') == first.count("<text")
+    again = Figure("fonts-test", title="完整序列的因果遮罩", zh="上三角被屏蔽", en="masked")
+    assert again.svg() == first
+
+
+def test_the_fonts_ship_as_package_data_with_their_license():
+    tool = tomllib.loads((chapters.ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]
+    patterns = tool["setuptools"]["package-data"]["figures"]
+    folder = chapters.ROOT / "figures"
+    shipped = {p.name for pattern in patterns for p in folder.glob(pattern)}
+    assert shipped == {p.name for p in (folder / "fonts").iterdir() if p.suffix in (".woff2", ".txt")}
+    assert {f"{face}.woff2" for face in ("sans-regular", "sans-bold", "mono-regular", "mono-bold")} <= shipped
+    license_text = (folder / "fonts" / "OFL.txt").read_text(encoding="utf-8")
+    assert "SIL OPEN FONT LICENSE" in license_text and "Version 1.1" in license_text
+    for path in (folder / "fonts").glob("*.woff2"):
+        names = TTFont(path)["name"]
+        assert names.getDebugName(1).startswith("Course ") and "Source" not in names.getDebugName(1)
+        assert "Open Font License" in names.getDebugName(13), path.name
