@@ -7,10 +7,32 @@ import math
 
 from figures import figure
 from figures.kit import Figure, num
-from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
+from figures.style import CELL, FONT, INK, LABEL, MARGIN, MONO, MUTED, SMALL, VALUE, stroke
 
 ATOL = RTOL = 1e-5  # the tolerance of the 16.3 checks
 TRACED = 2          # the element followed through split_heads
+
+
+TRANSPOSE = "ᵀ"
+"""How the figures' strings write a transpose (Kᵀ, Wᵀ); `text_t` draws it as a raised "T"."""
+
+
+def text_t(f: Figure, x: float, y: float, s: str, *, size: float = LABEL, anchor: str = "start", mono: bool = False,
+           color: str = INK, weight: str = "normal", cls: str = "label") -> None:
+    """`f.text`, with every "ᵀ" drawn as a smaller "T" raised by a baseline shift: the modifier letter ᵀ is a
+    different font's glyph, tiny and in another style, beside the text it sits in. One way for every figure."""
+    if TRANSPOSE not in s:
+        f.text(x, y, s, size=size, anchor=anchor, mono=mono, color=color, weight=weight, cls=cls)
+        return
+    el = f.dwg.text("", insert=(x, y), font_size=size, font_family=MONO if mono else FONT, fill=color,
+                    text_anchor=anchor, font_weight=weight, class_=cls)
+    for i, part in enumerate(s.split(TRANSPOSE)):
+        if i:
+            el.add(f.dwg.tspan("T", font_size=f"{size * 0.72:g}", baseline_shift=f"{size * 0.36:g}",
+                               class_="transpose"))
+        if part:
+            el.add(f.dwg.tspan(part))
+    f.dwg.add(el)
 
 
 def _close(a: float, b: float) -> bool:
@@ -299,7 +321,7 @@ def one_head_figure(f: Figure, r: dict) -> None:
                color=MUTED, mono=True, cls="label")
     for xx, ww, label in ((x1, d * cw, "Q [T, d]"), (x2, S * cw, "Kᵀ [d, Tk]"), (x3, S * (cw + 4), "q·k"),
                           (x4, S * sw, "scores [T, Tk]")):
-        f.text(xx + ww / 2, y + max(T, d) * cw + 16, label, size=SMALL + 1, anchor="middle", color=INK, cls="label")
+        text_t(f, xx + ww / 2, y + max(T, d) * cw + 16, label, size=SMALL + 1, anchor="middle", color=INK, cls="label")
     i, j = T - 2, 0
     f.y = y + max(T, d) * cw + 40
     terms = " + ".join(f"{num(a)}·{num(b)}" for a, b in zip(q[i], k[j]))
@@ -401,7 +423,7 @@ def three_steps_figure(f: Figure, r: dict) -> None:
     kt = [[k[j][c] for j in range(S)] for c in range(d)]
     kl, tl = [f"k{j}" for j in range(S)], [f"q{i}" for i in range(T)]
     _matrix(f, xs, y0, kt, role="k", row_labels=[f"d{c}" for c in range(d)], col_labels=kl, w=sw, h=cw)
-    f.text(xs - 30, y0 + d * cw / 2 + 4, f"Kᵀ [{d}, {S}]", size=SMALL + 1, anchor="end", color=INK, cls="label")
+    text_t(f, xs - 30, y0 + d * cw / 2 + 4, f"Kᵀ [{d}, {S}]", size=SMALL + 1, anchor="end", color=INK, cls="label")
     _matrix(f, xq, y1, q, role="q", row_labels=tl, w=cw, h=cw)
     f.text(xq + d * cw / 2, y1 + T * cw + 16, f"Q [{T}, {d}]", size=SMALL + 1, anchor="middle", color=INK,
            cls="label")

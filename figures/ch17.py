@@ -125,8 +125,8 @@ def causal_mask_figure(f: Figure, r: dict) -> None:
     i = min(3, n - 1)
     f.heading(f"一行的用法 · row {i} in attention: a False key gets score −∞ before softmax, so probability 0")
     y = f.y + 4
-    lx = MARGIN + label_w
     rows_in_use = [("your mask row", yours[i], None), ("masked score", None, "bias"), ("softmax weight", None, "prob")]
+    lx = MARGIN + max(label_w, max(text_width(label, SMALL + 1) for label, _, _ in rows_in_use) + 12)
     for k, (label, _, _) in enumerate(rows_in_use):
         f.text(lx - 8, y + k * (CELL + 6) + CELL / 2 + 4, label, size=SMALL + 1, anchor="end", color=MUTED,
                cls="label")

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 from figures import figure
+from figures.ch16 import text_t
 from figures.kit import Figure, num, text_width
 from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, stroke
 
 ATOL = RTOL = 1e-5  # the tolerance of the 18.2 checks
+ARROW_ROOM = 14
+"""The room, at least, between an arrow's label and the boxes on either side of the arrow."""
 
 
 def _close(a: float, b: float) -> bool:
@@ -27,11 +30,23 @@ def dim_gqa_figure(f: Figure, r: dict) -> None:
     f.instance_row([(f"T = S = {T}", "token"), (f"d = {d}", "plain"), (f"{heads} query heads → 1 K/V head", "q"),
                (f"causal, scale = 1/√{d}", "plain")])
 
-    # Column positions: Q_h | q·k | softmax weights | out_h; Kᵀ sits over q·k, V over out.
-    xq, cq = MARGIN + 178, CELL
-    xs, cs = xq + 2 * cq + 56, 40
-    xw, cw = xs + S * cs + 84, 48
-    xo, co = xw + S * cw + 52, 56
+    # Column positions: Q_h | q·k | softmax weights | out_h; Kᵀ sits over q·k, V over out. The left column is as
+    # wide as its texts, each gap as its arrow's label and ARROW_ROOM on either side; the rest widens the gaps.
+    cq, cs, cw, co = CELL, 40, 48, 50
+    ops = ["· Kᵀ", f"softmax(·/√{d})", "· V"]
+    left_texts = [(f"query head {h}", LABEL + 1, False, True) for h in range(heads)] + \
+        [(f"kv_head_for({h}, {heads}, 1)", SMALL + 1, True, False) for h in range(heads)] + \
+        [("= 0 → reads K/V head 0", SMALL + 1, False, False), ("K/V head 0", LABEL + 1, False, True),
+         ("read by both heads", SMALL + 1, False, False)]
+    left_w = max(text_width(t, size, mono=mono, bold=bold) for t, size, mono, bold in left_texts) + 8 + \
+        text_width("t0", SMALL, mono=True) + 6
+    gaps = [text_width(op.replace("ᵀ", "T"), SMALL) + 2 * ARROW_ROOM for op in ops]
+    slack = f.width - 2 * MARGIN - left_w - (2 * cq + S * cs + S * cw + d * co + 10) - sum(gaps)  # 10: V's box
+    gaps = [g + max(slack, 0) / len(gaps) for g in gaps]
+    xq = MARGIN + left_w
+    xs = xq + 2 * cq + gaps[0]
+    xw = xs + S * cs + gaps[1]
+    xo = xw + S * cw + gaps[2]
     row_h = T * CELL
 
     def head_row(h: int, y: float) -> None:
@@ -52,9 +67,9 @@ def dim_gqa_figure(f: Figure, r: dict) -> None:
                 f.cell(xo + j * co, y + t * CELL, round(out[h][t][j], 3), role="v", w=co, h=CELL, wrong=bad,
                        expected=round(expected[h][t][j], 3) if bad else None)
         mid = y + row_h / 2
-        for x0, x1, sym in ((xq + 2 * cq, xs, "· Kᵀ"), (xs + S * cs, xw, f"softmax(·/√{d})"), (xw + S * cw, xo, "· V")):
+        for x0, x1, sym in zip((xq + 2 * cq, xs + S * cs, xw + S * cw), (xs, xw, xo), ops):
             f.arrow(x0 + 5, mid, x1 - 5, mid)
-            f.text((x0 + x1) / 2, mid - 7, sym, size=SMALL, anchor="middle", color=MUTED, cls="label")
+            text_t(f, (x0 + x1) / 2, mid - 7, sym, size=SMALL, anchor="middle", color=MUTED, cls="label")
 
     # Column titles.
     y = f.y + 6
@@ -72,7 +87,7 @@ def dim_gqa_figure(f: Figure, r: dict) -> None:
     f.text(MARGIN, band + 50, "read by both heads", size=SMALL + 1, color=MUTED, cls="label")
     f.box(xs - 30, band - 30, S * cs + 40, d * CELL + 42, role="k", dashed=True, rx=6)
     f.grid(xs, band - 16, kt, role="k", w=cs, h=CELL, col_labels=[f"k{j}" for j in range(S)])
-    f.text(xs - 8, band + d * CELL / 2 + 4, "Kᵀ", size=LABEL, anchor="end", weight="bold", cls="label")
+    text_t(f, xs - 8, band + d * CELL / 2 + 4, "Kᵀ", size=LABEL, anchor="end", weight="bold", cls="label")
     f.box(xo - 30, band - 12, d * co + 40, S * CELL + 24, role="v", dashed=True, rx=6)
     f.grid(xo, band, v, role="v", w=co, h=CELL)
     f.text(xo - 8, band - 18, "V", size=LABEL, anchor="end", weight="bold", cls="label")

@@ -2,14 +2,16 @@
 of nano-vllm's q/k path (per-head norm, then RoPE; V never rotated).
 
 The kit has no vector-in-a-plane drawing; `_plane` below draws one locally (axes, a circle, arrows
-from the origin and angle arcs) with the kit's classes, so wrong vectors carry class "wrong"."""
+from the origin and angle arcs) with the kit's classes, so wrong vectors carry class "wrong". Labels
+are placed clear of the circle, the arrows and each other (`_place`); a slow pair, whose arrows lie
+on top of each other, gets a zoomed inset where the positions part (`_zoom`)."""
 
 from __future__ import annotations
 
 import math
 
 from figures import figure
-from figures.kit import Figure, num
+from figures.kit import Figure, num, text_width
 from figures.style import CELL, INK, LABEL, MARGIN, MUTED, RULE, SMALL, VALUE, stroke
 
 TOL = 1e-5          # the float32 tolerance of the ch19 checks
@@ -67,56 +69,238 @@ def _arc(f: Figure, cx: float, cy: float, r: float, a0: float, a1: float, color:
                          stroke=color, stroke_width=1.2, class_="arc"))
 
 
+Box = tuple[float, float, float, float]   # x0, y0, x1, y1 in SVG coordinates
+
+
+def label_box(x: float, y: float, s: str, size: float, anchor: str, mono: bool = True) -> Box:
+    """The box a one-line text drawn at baseline (x, y) covers (ascent 0.8·size, descent 0.25·size)."""
+    w = text_width(s, size, mono=mono, bold=True)
+    x0 = x - (w if anchor == "end" else w / 2 if anchor == "middle" else 0)
+    return x0, y - 0.8 * size, x0 + w, y + 0.25 * size
+
+
+def crosses_ring(box: Box, cx: float, cy: float, r: float, margin: float = 3.0) -> bool:
+    """Whether a box touches the circle of radius r around (cx, cy), within `margin`."""
+    x0, y0, x1, y1 = box
+    near = math.hypot(max(x0 - cx, 0, cx - x1), max(y0 - cy, 0, cy - y1))
+    far = max(math.hypot(x - cx, y - cy) for x in (x0, x1) for y in (y0, y1))
+    return near <= r + margin and far >= r - margin
+
+
+def _overlaps(a: Box, b: Box, pad: float = 2.0) -> bool:
+    return a[0] < b[2] + pad and b[0] < a[2] + pad and a[1] < b[3] + pad and b[1] < a[3] + pad
+
+
+def _hits_segment(box: Box, x1: float, y1: float, x2: float, y2: float, pad: float = 2.0) -> bool:
+    """Whether the segment (x1, y1)–(x2, y2) passes through the box grown by `pad` (Liang–Barsky)."""
+    t0, t1 = 0.0, 1.0
+    dx, dy = x2 - x1, y2 - y1
+    for p, q in ((-dx, x1 - (box[0] - pad)), (dx, box[2] + pad - x1), (-dy, y1 - (box[1] - pad)),
+                 (dy, box[3] + pad - y1)):
+        if p == 0:
+            if q < 0:
+                return False
+        elif p < 0:
+            t0 = max(t0, q / p)
+        else:
+            t1 = min(t1, q / p)
+        if t0 > t1:
+            return False
+    return True
+
+
+def _place(text: str, size: float, tip: tuple[float, float], centre: tuple[float, float], r: float, bounds: Box,
+           taken: list[Box], segments: list[tuple]) -> tuple[float, float, str]:
+    """Where to write an arrow's label: beside its tip, clear of the circle, the panel's edge, the
+    other labels and the lines in `segments` (arrows, angle arcs). Tries spots just inside the
+    circle along the arrow, then outside it."""
+    cx, cy = centre
+    ux, uy = (tip[0] - cx) / max(r, 1e-9), (tip[1] - cy) / max(r, 1e-9)
+    nx, ny = -uy, ux                              # across the arrow
+    candidates = []
+    for d, off in ((-16, 9), (-30, 9), (-16, 16), (-46, 9), (14, 9), (-62, 9), (-30, 20)):  # d < 0: inside
+        for side in (1, -1):
+            px, py = cx + ux * (r + d) + nx * off * side, cy + uy * (r + d) + ny * off * side
+            # write away from the arrow (the side of the normal decides the anchor), else towards the centre
+            sx = nx * side
+            baseline = py + (0.3 * size if abs(ny * side) < 0.5 else (size if ny * side > 0 else -2))
+            inward = "start" if ux < 0 else "end"
+            for anchor in dict.fromkeys(("start" if sx > 0.35 else "end" if sx < -0.35 else "middle", inward)):
+                candidates.append((px, baseline, anchor))
+    for px, py, anchor in candidates:
+        box = label_box(px, py, text, size, anchor)
+        inside = bounds[0] <= box[0] and box[2] <= bounds[2] and bounds[1] <= box[1] and box[3] <= bounds[3]
+        if inside and not crosses_ring(box, cx, cy, r) and \
+                not any(_overlaps(box, t) for t in taken) and not any(_hits_segment(box, *seg) for seg in segments):
+            taken.append(box)
+            return px, py, anchor
+    px, py, anchor = candidates[0]
+    taken.append(label_box(px, py, text, size, anchor))
+    return px, py, anchor
+
+
+ZOOM_SEPARATION = 30
+"""Pixels between the tips of neighbouring positions in the zoomed inset of a slow pair."""
+
+
 def _plane(f: Figure, left: float, top: float, size: float, j: int, half: int, x: list[float],
-           rotated: list[list[float]], expected: list[list[float]], positions: list[int], theta: float) -> None:
-    """Pair j of x (channels j and j + d/2) in the plane, turned to each position by the student's apply_rope."""
+           rotated: list[list[float]], expected: list[list[float]], positions: list[int], theta: float) -> float:
+    """Pair j of x (channels j and j + d/2) in the plane, turned to each position by the student's apply_rope;
+    returns the y below its captions."""
     cx, cy = left + size / 2, top + size / 2
     radius = math.hypot(x[j], x[j + half])
     scale = (size / 2 - 26) / max(radius, 1e-9)
-    f.dwg.add(f.dwg.rect((left, top), (size, size), fill="#fcfcfc", stroke=RULE, stroke_width=0.6))
+    R = radius * scale
+    f.dwg.add(f.dwg.rect((left, top), (size, size), fill="#fcfcfc", stroke=RULE, stroke_width=0.6, class_="plane"))
     for x1, y1, x2, y2 in ((left + 8, cy, left + size - 8, cy), (cx, top + 8, cx, top + size - 8)):
         f.dwg.add(f.dwg.line((x1, y1), (x2, y2), stroke=RULE, stroke_width=0.8))
-    circle = f.dwg.circle((cx, cy), radius * scale, fill="none", stroke=RULE, stroke_width=0.8)
+    circle = f.dwg.circle((cx, cy), R, fill="none", stroke=RULE, stroke_width=0.8, class_="orbit")
     circle["stroke-dasharray"] = "2,3"
     f.dwg.add(circle)
-    f.text(left + size - 10, cy - 6, f"x[{j}]", size=SMALL, anchor="end", mono=True, color=MUTED, cls="label")
-    f.text(cx - 6, top + 18, f"x[{j + half}]", size=SMALL, anchor="end", mono=True, color=MUTED, cls="label")
     base_angle = math.atan2(x[j + half], x[j])
     spread = theta * max(positions) > 0.3      # slow pairs: the vectors lie on top of each other
-    any_bad = False
+    vectors = []                               # (p, got, want, bad, color)
     for i, p in enumerate(positions):
-        color = POS_COLORS[i % len(POS_COLORS)]
         got = (rotated[i][j], rotated[i][j + half])
         want = (expected[i][j], expected[i][j + half])
         bad = not (_close(got[0], want[0]) and _close(got[1], want[1]))
-        any_bad |= bad
+        vectors.append((p, got, want, bad, stroke("wrong") if bad else POS_COLORS[i % len(POS_COLORS)]))
+    for p, got, want, bad, color in vectors:
         if bad:
             _vector(f, cx, cy, *want, scale, INK, dashed=True, width=1.2, cls="expected-arrow")
-        _vector(f, cx, cy, *got, scale, stroke("wrong") if bad else color, cls="arrow wrong" if bad else "arrow")
+        _vector(f, cx, cy, *got, scale, color, cls="arrow wrong" if bad else "arrow")
+    segments = [(cx, cy, cx + g[0] * scale, cy - g[1] * scale) for _, g, _, _, _ in vectors]
+    segments += [(cx, cy, cx + w[0] * scale, cy - w[1] * scale) for _, _, w, bad, _ in vectors if bad]
+    bounds = (left + 4, top + 4, left + size - 4, top + size - 4)
+    zoom = None if spread else _zoom_box(left, top, size, cx, cy, vectors)
+    # the axes' names just inside the circle at the axes' ends, on the side away from the inset
+    zx = zoom is not None and zoom[0] > cx               # the inset is right of the vertical axis
+    zy = zoom is not None and zoom[1] < cy               # the inset is above the horizontal axis
+    upper_left = zoom is not None and zy and not zx
+    axis_labels = ((cx + R - 8, cy + (14 if zx and zy else -6), f"x[{j}]", "end"),
+                   (cx + (6 if upper_left else -6), cy - R + (32 if upper_left else 20), f"x[{j + half}]",
+                    "start" if upper_left else "end"))   # (lower beside an inset: clear of its connector)
+    taken = [label_box(lx, ly, s, SMALL, a) for lx, ly, s, a in axis_labels]
+    for lx, ly, s, a in axis_labels:
+        f.text(lx, ly, s, size=SMALL, anchor=a, mono=True, color=MUTED, cls="label")
+    if zoom is not None:
+        taken.append(zoom)
+    arcs = []                                  # the angle arcs, as short segments
+    for i, (p, *_) in enumerate(vectors):
+        if p and spread:
+            r_arc, steps = 22 + 13 * i, max(2, int(abs(p * theta) / 0.1))
+            pts = [(cx + r_arc * math.cos(base_angle + p * theta * k / steps),
+                    cy - r_arc * math.sin(base_angle + p * theta * k / steps)) for k in range(steps + 1)]
+            arcs += [(*a, *b) for a, b in zip(pts, pts[1:])]
+    for i, (p, got, want, bad, color) in enumerate(vectors):
+        if not spread and i:
+            continue
+        label = (f"p={p}" + (f" · {num(p * theta, 3)} rad" if p else "")) if spread else \
+            "p = " + ", ".join(map(str, positions))
         angle = math.atan2(got[1], got[0])
-        lx, ly = cx + (radius * scale + 16) * math.cos(angle), cy - (radius * scale + 16) * math.sin(angle)
-        anchor = "middle"
-        if abs(math.cos(angle)) > 0.5:  # left or right: write inwards, beside the tip, so the label stays in the panel
-            anchor = "start" if math.cos(angle) < 0 else "end"
-            lx = cx + radius * scale * math.cos(angle)
-            ly = cy - radius * scale * math.sin(angle) + (-12 if math.sin(angle) >= 0 else 14)
-        if spread or i == 0:
-            tip = (f"p={p}" + (f" · {num(p * theta, 3)} rad" if p else "")) if spread else \
-                "p = " + ", ".join(map(str, positions))
-            f.text(lx, ly + 4, tip, size=SMALL,
-                   anchor=anchor, mono=True, color=stroke("wrong") if bad else color, weight="bold", cls="label")
+        tip = (cx + R * math.cos(angle), cy - R * math.sin(angle))
+        lx, ly, anchor = _place(label, SMALL, tip, (cx, cy), R, bounds, taken, segments + arcs)
+        f.text(lx, ly, label, size=SMALL, anchor=anchor, mono=True, color=color, weight="bold", cls="label")
         if p and spread:
             _arc(f, cx, cy, 22 + 13 * i, base_angle, base_angle + p * theta, color)
+    if zoom is not None:
+        _zoom(f, zoom, cx, cy, R, scale, vectors, theta)
+    # Captions under the panel, never over the circle.
+    y = top + size + 15
+    f.text(left, y, f"pair {j}: θ_{j} = {num(theta, 4)} rad per position", size=SMALL + 0.5, color=INK, cls="label")
+    if any(bad for *_, bad, _ in vectors):
+        f.text(left + size, y, "dashed: expected", size=SMALL, anchor="end", color=INK, cls="label")
     if not spread:
-        f.text(left + 8, top + size - 40, f"≈ {num(math.degrees(theta), 2)}° per position: the arrows overlap",
+        y += 14
+        f.text(left, y, f"≈ {num(math.degrees(theta), 2)}° per position: the arrows overlap (zoomed in the inset);",
                size=SMALL, color=MUTED, cls="label")
-        f.text(left + 8, top + size - 26, "slow pairs tell far positions apart", size=SMALL, color=MUTED,
-               cls="label")
-    if any_bad:
-        f.text(left + size - 8, top + size - 10, "dashed: expected", size=SMALL, anchor="end", color=INK,
-               cls="label")
-    f.text(left + 8, top + size - 10, f"pair {j}: θ_{j} = {num(theta, 4)} rad per position", size=SMALL + 0.5,
-           color=INK, cls="label")
+        y += 13
+        f.text(left, y, "slow pairs tell far positions apart", size=SMALL, color=MUTED, cls="label")
+    return y
+
+
+def _zoom_box(left: float, top: float, size: float, cx: float, cy: float, vectors: list) -> Box:
+    """The inset's place: the quadrant beside the one the expected tips point into (same half, other side)."""
+    mx = sum(w[0] for _, _, w, _, _ in vectors) / len(vectors)
+    my = sum(w[1] for _, _, w, _, _ in vectors) / len(vectors)
+    w, h = size / 2 - 26, size / 2 - 44
+    x0 = left + 10 if mx >= 0 else cx + 16
+    y0 = top + 30 if my >= 0 else cy + 14
+    return x0, y0, x0 + w, y0 + h
+
+
+def _zoom(f: Figure, box: Box, cx: float, cy: float, R: float, scale: float, vectors: list, theta: float) -> None:
+    """A magnified view of the expected tips of a slow pair, where the arrows of neighbouring positions
+    part: the circle, the arrows (clipped to the inset) and a label at each tip."""
+    x0, y0, x1, y1 = box
+    # The inset shows the expected tips, and those of yours that lie among them.
+    tips = [(cx + w[0] * scale, cy - w[1] * scale) for _, _, w, _, _ in vectors]
+    ex, ey = sum(t[0] for t in tips) / len(tips), sum(t[1] for t in tips) / len(tips)
+    reach = max(8.0, 3 * max(math.hypot(t[0] - ex, t[1] - ey) for t in tips))
+    for _, g, _, bad, _ in vectors:
+        tip = (cx + g[0] * scale, cy - g[1] * scale)
+        if bad and math.hypot(tip[0] - ex, tip[1] - ey) <= reach:
+            tips.append(tip)
+    xs, ys = [t[0] for t in tips], [t[1] for t in tips]
+    mx, my = (min(xs) + max(xs)) / 2, (min(ys) + max(ys)) / 2
+    zoom = ZOOM_SEPARATION / max(R * theta, 1e-9)
+    zoom = max(1.0, min(zoom, (x1 - x0 - 40) / max(max(xs) - min(xs), 1e-9),
+                        (y1 - y0 - 40) / max(max(ys) - min(ys), 1e-9)))
+    ix, iy = (x0 + x1) / 2, (y0 + y1) / 2
+    to_inset = lambda px, py: (ix + zoom * (px - mx), iy + zoom * (py - my))
+    # where the inset looks, in the panel, joined to the inset
+    sw, sh = (x1 - x0) / zoom, (y1 - y0) / zoom
+    f.dwg.add(f.dwg.rect((mx - sw / 2, my - sh / 2), (sw, sh), fill="none", stroke=MUTED, stroke_width=0.8,
+                         class_="zoom-source"))
+    near = min(((x, y) for x in (x0, x1) for y in (y0, y1)), key=lambda c: math.hypot(c[0] - mx, c[1] - my))
+    f.dwg.add(f.dwg.line(near, (mx, my), stroke=MUTED, stroke_width=0.6, class_="zoom-source"))
+    f.dwg.add(f.dwg.rect((x0, y0), (x1 - x0, y1 - y0), fill="#ffffff", stroke=MUTED, stroke_width=0.8, class_="zoom"))
+    clip = f.dwg.defs.add(f.dwg.clipPath(id=f"{f.id}-zoom-{int(x0)}-{int(y0)}"))
+    clip.add(f.dwg.rect((x0, y0), (x1 - x0, y1 - y0)))
+    group = f.dwg.g(clip_path=f"url(#{clip['id']})", class_="zoomed")
+    f.dwg.add(group)
+    ocx, ocy = to_inset(cx, cy)
+    orbit = f.dwg.circle((ocx, ocy), R * zoom, fill="none", stroke=RULE, stroke_width=0.8, class_="orbit zoomed")
+    orbit["stroke-dasharray"] = "2,3"
+    group.add(orbit)
+    labels, segments = [], []
+    for p, got, want, bad, color in vectors:
+        for (vx, vy), c, dashed, cls in ([(want, INK, True, "expected-arrow zoomed")] if bad else []) + \
+                [(got, color, False, "arrow wrong zoomed" if bad else "arrow zoomed")]:
+            tx, ty = to_inset(cx + vx * scale, cy - vy * scale)
+            length = math.hypot(tx - ocx, ty - ocy)
+            ux, uy = (tx - ocx) / length, (ty - ocy) / length
+            head = 8
+            line = f.dwg.line((ocx, ocy), (tx - head * ux, ty - head * uy), stroke=c,
+                              stroke_width=1.2 if dashed else 1.6, class_=cls)
+            if dashed:
+                line["stroke-dasharray"] = "4,3"
+            group.add(line)
+            group.add(f.dwg.polygon([(tx, ty), (tx - head * ux - head * 0.45 * uy, ty - head * uy + head * 0.45 * ux),
+                                     (tx - head * ux + head * 0.45 * uy, ty - head * uy - head * 0.45 * ux)],
+                                    fill="none" if dashed else c, stroke=c, stroke_width=1, class_=cls))
+            segments.append((ocx, ocy, tx, ty))
+            if not dashed:
+                labels.append((tx, ty, ux, uy, f"p={p}", c))
+    taken: list[Box] = []
+    for tx, ty, ux, uy, label, c in labels:
+        for d in (11, 15, 20, 26):              # outwards from the tip, until clear of the circle
+            lx, ly = tx + ux * d, ty + uy * d + 0.3 * SMALL
+            lbox = label_box(lx, ly, label, SMALL, "middle")
+            if not crosses_ring(lbox, ocx, ocy, R * zoom, margin=1.5):
+                break
+        if x0 + 2 <= lbox[0] and lbox[2] <= x1 - 2 and y0 + 2 <= lbox[1] and lbox[3] <= y1 - 2:
+            f.text(lx, ly, label, size=SMALL, anchor="middle", mono=True, color=c, weight="bold", cls="label zoomed")
+            taken.append(lbox)
+    # the magnification, in a corner no arrow or label uses
+    note = f"zoom ×{zoom:.0f}"
+    for nx, ny, anchor in ((x0 + 4, y1 - 5, "start"), (x1 - 4, y1 - 5, "end"), (x0 + 4, y0 + 12, "start"),
+                           (x1 - 4, y0 + 12, "end")):
+        nbox = label_box(nx, ny, note, SMALL - 1, anchor, mono=False)
+        if not any(_overlaps(nbox, t) for t in taken) and not any(_hits_segment(nbox, *g) for g in segments) and \
+                not crosses_ring(nbox, ocx, ocy, R * zoom, margin=1.5):
+            break
+    f.text(nx, ny, note, size=SMALL - 1, anchor=anchor, color=MUTED, cls="label zoomed")
 
 
 @figure("ch19-rope-pair", title="一个二维对子上的 RoPE",
@@ -164,13 +348,15 @@ def rope_pair_figure(f: Figure, r: dict) -> None:
     size = 300
     gap = (f.width - 2 * MARGIN - 2 * size) / 1
     ptop = f.y + 8
+    bottom = ptop + size
     for j in range(min(half, 2)):
-        _plane(f, MARGIN + j * (size + gap), ptop, size, j, half, x, rotated, expected, positions, thetas[j])
+        bottom = max(bottom, _plane(f, MARGIN + j * (size + gap), ptop, size, j, half, x, rotated, expected,
+                                    positions, thetas[j]))
     mid = MARGIN + size + gap / 2
     notes = ("same x,", "other frequency", "", "dashed circle:", "a rotation keeps", "the pair's length")
     for i, line in enumerate(notes):
         f.text(mid, ptop + size / 2 - 40 + 16 * i, line, size=SMALL + 1, anchor="middle", color=MUTED, cls="label")
-    f.y = ptop + size + 26
+    f.y = bottom + 26
 
     # 3. The rotated vectors, cell by cell.
     f.heading("旋转结果 · y = apply_rope(x): y[j] = x[j]·cos − x[j+d/2]·sin, y[j+d/2] = x[j+d/2]·cos + x[j]·sin")

@@ -6,10 +6,15 @@ from __future__ import annotations
 import math
 
 from figures import figure
-from figures.kit import Figure, num
+from figures.ch16 import text_t
+from figures.kit import Figure, num, text_width
 from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
 
 TOL = 1e-4
+FUSED_SIZE = VALUE - 1.5
+"""The size of the values in the fused add + norm rows."""
+CELL_PAD = 5
+"""The least room between a value and either side of its cell."""
 
 
 def _close(a: float, b: float, tol: float = TOL) -> bool:
@@ -48,6 +53,12 @@ def _row2(f: Figure, x: float, y: float, values: list, role: str, w: float, *, e
         f.cell(x + i * w, y, v, role=role, w=w - 2, h=CELL - 6, wrong=bad, expected=expected[i] if bad else None,
                size=SMALL + 1, fmt=_fmt2)
     return wrong
+
+
+def _heading_t(f: Figure, s: str) -> None:
+    """`f.heading` for a heading with a transpose in it (drawn by `text_t`)."""
+    text_t(f, MARGIN, f.y, s, size=LABEL + 1, weight="bold", cls="heading")
+    f.y += 14
 
 
 def _op(f: Figure, x: float, y: float, s: str, color: str = INK) -> None:
@@ -91,8 +102,13 @@ def prenorm_figure(f: Figure, r: dict) -> None:
 
     # 2. The fused form, with the student's add_rms_norm.
     f.heading("nano-vllm 的融合形式 · the fused add + RMSNorm, three calls of your add_rms_norm (hidden 4, weight 1)")
-    cw, gap = 40, 40
-    groups = [MARGIN + i * (4 * cw + gap) for i in range(4)]
+    shown = [v for rows in (inputs, [r for r in res_in if r is not None], residual, residual_want, normed, normed_want)
+             for row in rows for v in row]
+    cw = max(text_width(_fmt(v), FUSED_SIZE, mono=True) for v in shown) + 2 * CELL_PAD + 2
+    n = len(inputs[0])
+    cw = min(cw, (f.width - 2 * MARGIN - 3 * 30) / (4 * n))       # at the least 30 between the groups
+    gap = (f.width - 2 * MARGIN - 4 * n * cw) / 3
+    groups = [MARGIN + i * (n * cw + gap) for i in range(4)]
     titles = ["x (sublayer output)", "residual in", "new residual = x + residual", "normed → the next sublayer"]
     top = f.y + 26
     for gx, title in zip(groups, titles):
@@ -105,24 +121,25 @@ def prenorm_figure(f: Figure, r: dict) -> None:
     for k, (title, sub) in enumerate(calls):
         y = top + k * row_h + 22
         f.text(MARGIN, y - 8, title, size=LABEL, weight="bold", color=INK, cls="label")
-        f.text(groups[2] + 2 * cw + 16, y - 8, sub, size=SMALL + 1, color=MUTED, cls="label")
-        _row(f, groups[0], y, inputs[k], "token", cw)
+        f.text(f.width - MARGIN, y - 8, sub, size=SMALL + 1, anchor="end", color=MUTED, cls="label")
+        _row(f, groups[0], y, inputs[k], "token", cw, size=FUSED_SIZE)
         _op(f, groups[1] - gap / 2, y, "+")
         if res_in[k] is None:
-            f.cell(groups[1], y, "None", role="masked", w=4 * cw - 2, h=CELL, fmt=str, dashed=True)
+            f.cell(groups[1], y, "None", role="masked", w=n * cw - 2, h=CELL, fmt=str, dashed=True)
         else:
-            _row(f, groups[1], y, res_in[k], "block", cw)
+            _row(f, groups[1], y, res_in[k], "block", cw, size=FUSED_SIZE)
         _op(f, groups[2] - gap / 2, y, "=")
-        wrong |= _row(f, groups[2], y, residual[k], "block", cw, expected=residual_want[k])
+        wrong |= _row(f, groups[2], y, residual[k], "block", cw, expected=residual_want[k], size=FUSED_SIZE)
         f.arrow(groups[3] - gap + 6, y + CELL / 2, groups[3] - 6, y + CELL / 2)
-        wrong |= _row(f, groups[3], y, normed[k], "attend", cw, expected=normed_want[k])
+        wrong |= _row(f, groups[3], y, normed[k], "attend", cw, expected=normed_want[k], size=FUSED_SIZE)
         s = residual_want[k]
         rms = math.sqrt(sum(v * v for v in s) / len(s) + 1e-6)
         f.text(groups[3], y + CELL + 13, f"s / rms(s), rms(s) = {num(rms, 4)}", size=SMALL, mono=True, color=MUTED,
                cls="label")
         if k + 1 < len(calls):   # the new residual is the next call's residual input
             nx = top + (k + 1) * row_h + 22
-            f.curve(groups[2] + 2 * cw, y + CELL + 2, groups[1] + 2 * cw, nx - 2, color=stroke("block"), width=1.2)
+            f.curve(groups[2] + n * cw / 2, y + CELL + 2, groups[1] + n * cw / 2, nx - 2, color=stroke("block"),
+                    width=1.2)
     f.y = top + len(calls) * row_h + 8
     f.note("Layer 0 returns (MLP output, residual) without adding them; layer 1's input_layernorm performs that add "
            "(after the last layer, the final norm does). Every residual equals the logical h + sublayer outputs; "
@@ -151,14 +168,14 @@ def swiglu_figure(f: Figure, r: dict) -> None:
     role = lambda c: "accent" if c < inter else "block"
 
     # ① the merged projection: Wᵀ with x along its rows, gate_up below.
-    f.heading("① gate_up = x · W_gate_upᵀ: gate_up[c] = Σ_i x[i] · W[c, i]")
+    _heading_t(f, "① gate_up = x · W_gate_upᵀ: gate_up[c] = Σ_i x[i] · W[c, i]")
     top = f.y + 20
     for c in range(two_i):
         f.text(left + c * cw + cw / 2 - 1, top - 4, f"{'g' if c < inter else 'u'}{c % inter}", size=SMALL,
                anchor="middle", mono=True, color=stroke(role(c)), cls="label")
     for i in range(hdim):
         y = top + i * (CELL - 6)
-        f.text(left - 10, y + (CELL - 6) / 2 + 4, f"x[{i}] = {_fmt(x[i])}  ×  Wᵀ row {i}", size=SMALL + 1,
+        text_t(f, left - 10, y + (CELL - 6) / 2 + 4, f"x[{i}] = {_fmt(x[i])}  ×  Wᵀ row {i}", size=SMALL + 1,
                anchor="end", color=INK, mono=True, cls="label")
         for c in range(two_i):
             f.cell(left + c * cw, y, w_gu[c][i], role="plain", w=cw - 2, h=CELL - 8, size=SMALL + 1, fmt=_fmt)
@@ -191,7 +208,7 @@ def swiglu_figure(f: Figure, r: dict) -> None:
     f.y = y + 3 * (CELL + 6) + 20
 
     # ③ the down projection: out[i] = Σ_j W_down[i, j] · act[j].
-    f.heading("③ out = act · W_downᵀ: out[i] = Σ_j W_down[i, j] · act[j]  (your swiglu_mlp)")
+    _heading_t(f, "③ out = act · W_downᵀ: out[i] = Σ_j W_down[i, j] · act[j]  (your swiglu_mlp)")
     y = f.y + 8
     for i in range(hdim):
         yy = y + i * (CELL - 4)

@@ -6,7 +6,7 @@ import math
 
 from figures import figure
 from figures.kit import Figure, num, text_width
-from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
+from figures.style import CELL, INK, LABEL, MARGIN, MUTED, RULE, SMALL, VALUE, fill, stroke
 
 NEG_INF = float("-inf")
 
@@ -195,34 +195,105 @@ def exponential_race(f: Figure, r: dict) -> None:
 
     # Many races: the empirical frequencies against p.
     if "counts" in r:
-        counts, n = r["counts"], r["n"]
-        freq = [c / n for c in counts]
-        ok = r["chi2"] <= r["limit"]
-        sd = [math.sqrt(pi * (1 - pi) / n) for pi in p]
-        off = [abs(fi - pi) / s if s > 0 else 0.0 for fi, pi, s in zip(freq, p, sd)]
-        worst = max(range(V), key=lambda i: off[i])
-        f.heading(f"{n} 次竞赛(固定种子)· {n} races from a fixed seed: how often each token won, against p")
-        f.y += 8
-        bw, g, group_gap = 52, 8, 70
-        total = V * (2 * bw + g) + (V - 1) * group_gap
-        x0 = MARGIN + (f.width - 2 * MARGIN - total) / 2
-        top = max(p + freq)
-        for i in range(V):
-            gx = x0 + i * (2 * bw + g + group_gap)
-            bad = not ok and i == worst
-            f.bars(gx, f.y + 14, [p[i], freq[i]], labels=["p", "won"], height=110, bar_w=bw, gap=g,
-                   role=["plain", "token"], expected=[p[i], p[i] if bad else freq[i]], top=top,
-                   fmt=lambda v: f"{v:.3f}")
-            f.text(gx + bw + g / 2, f.y + 14 + 110 + 32, f"token {i}: {counts[i]} of {n}", anchor="middle",
-                   size=SMALL + 1, color=INK, cls="label")
-        f.y += 14 + 110 + 56
-        verdict = "≤" if ok else ">"
-        f.note(f"chi-square = Σ (count − N·p)² / (N·p) = {r['chi2']:.2f} {verdict} {r['limit']:.1f} "
-               f"(a correct sampler exceeds {r['limit']:.1f} with probability < 1e-6; {V - 1} degrees of freedom)"
-               + ("" if ok else f"; token {worst} is furthest off"), size=SMALL + 1,
-               color=MUTED if ok else stroke("wrong"))
+        _race_frequencies(f, r["counts"], r["n"], p, r["chi2"], r["limit"])
     else:
         f.note("The panel of many races is drawn once the check of many races passes its shape check.",
                size=SMALL + 1)
     f.legend([("token", "argmax p / how often a token won"), ("accent", "the race's winner"),
               ("plain", "p and other values")], wrong=token != want or ("counts" in r and r["chi2"] > r["limit"]))
+
+
+def race_intervals(p: list[float], n: int, limit: float) -> list[float]:
+    """Half-width of each token's interval for its share of n races: √(limit · p(1 − p) / n).
+
+    It is the chi-square test's own bound, token by token: Σ (count − N·p)² / (N·p) ≤ limit allows
+    one token's count at most √limit standard deviations √(N·p·(1 − p)) from N·p, so a share
+    outside p ± this half-width fails the test on its own (and in a passing run every share is
+    inside its interval)."""
+    return [math.sqrt(limit * pi * (1 - pi) / n) for pi in p]
+
+
+def race_outliers(counts: list[int], n: int, p: list[float], chi2: float, limit: float) -> list[int]:
+    """The tokens the figure marks: those whose share is outside its interval, or, when the test
+    fails with every share inside, the token furthest off in standard deviations."""
+    if chi2 <= limit:
+        return []
+    half = race_intervals(p, n, limit)
+    out = [i for i, (c, pi, h) in enumerate(zip(counts, p, half)) if abs(c / n - pi) > h]
+    if out:
+        return out
+    sd = [math.sqrt(pi * (1 - pi) / n) for pi in p]
+    return [max(range(len(p)), key=lambda i: abs(counts[i] / n - p[i]) / sd[i] if sd[i] > 0 else 0.0)]
+
+
+def _race_frequencies(f: Figure, counts: list[int], n: int, p: list[float], chi2: float, limit: float) -> None:
+    """Per token: the bar of p, the bar of how often it won, and on the latter the interval the
+    chi-square test allows it; a share outside it is marked wrong (yours struck, expected below)."""
+    V = len(p)
+    freq = [c / n for c in counts]
+    half = race_intervals(p, n, limit)
+    marked = race_outliers(counts, n, p, chi2, limit)
+    ok = chi2 <= limit
+    f.heading(f"{n} 次竞赛(固定种子)· {n} races from a fixed seed: how often each token won, against p")
+    f.y += 8
+    bw, g, group_gap, height = 52, 24, 100, 110
+    total = V * (2 * bw + g) + (V - 1) * group_gap
+    x0 = MARGIN + (f.width - 2 * MARGIN - total) / 2
+    top = max([pi + h for pi, h in zip(p, half)] + freq + [1e-12])
+    base = f.y + (44 if marked else 30) + height
+    ys = lambda v: base - height * max(v, 0) / top
+    for i in range(V):
+        gx = x0 + i * (2 * bw + g + group_gap)
+        wx = gx + bw + g
+        bad = i in marked
+        # p
+        f.dwg.add(f.dwg.rect((gx, ys(p[i])), (bw, base - ys(p[i])), fill=fill("plain"), stroke=stroke("plain"),
+                             stroke_width=1, class_="bar"))
+        f.text(gx + bw / 2, ys(p[i]) - 5, f"{p[i]:.3f}", size=SMALL, anchor="middle", mono=True, cls="value")
+        # how often it won; where it should be (dashed) when it is marked
+        if bad:
+            outline = f.dwg.rect((wx, ys(p[i])), (bw, base - ys(p[i])), fill="none", stroke=INK, stroke_width=1,
+                                 class_="expected-bar")
+            outline["stroke-dasharray"] = "3,2"
+            f.dwg.add(outline)
+        f.dwg.add(f.dwg.rect((wx, ys(freq[i])), (bw, base - ys(freq[i])),
+                             fill="url(#hatch-wrong)" if bad else fill("token"),
+                             stroke=stroke("wrong") if bad else stroke("token"), stroke_width=1.5 if bad else 1,
+                             class_="bar won wrong" if bad else "bar won"))
+        # the interval the test allows: a whisker from p − h to p + h across the won bar
+        lo, hi, cx = ys(max(p[i] - half[i], 0)), ys(p[i] + half[i]), wx + bw / 2
+        f.dwg.add(f.dwg.line((cx, lo), (cx, hi), stroke=INK, stroke_width=1.2, class_="interval"))
+        for yy in (lo, hi):
+            f.dwg.add(f.dwg.line((cx - 9, yy), (cx + 9, yy), stroke=INK, stroke_width=1.2, class_="interval"))
+        label_y = min(ys(freq[i]), hi) - 5
+        if bad:
+            f.text(cx, label_y - 13, f"{freq[i]:.3f}", size=SMALL, anchor="middle", mono=True, color=stroke("wrong"),
+                   cls="value wrong", strike=True)
+            f.text(cx, label_y, f"{p[i]:.3f} ± {half[i]:.3f}", size=SMALL, anchor="middle", mono=True, weight="bold",
+                   cls="expected")
+        else:
+            f.text(cx, label_y, f"{freq[i]:.3f}", size=SMALL, anchor="middle", mono=True, cls="value")
+        for x, label in ((gx, "p"), (wx, "won")):
+            f.text(x + bw / 2, base + 15, label, size=SMALL + 0.5, anchor="middle", color=MUTED, cls="label")
+        f.text(wx - g / 2, base + 32, f"token {i}: {counts[i]} of {n}", anchor="middle", size=SMALL + 1, color=INK,
+               cls="label")
+    f.dwg.add(f.dwg.line((x0 - 4, base), (x0 + total + 4, base), stroke=RULE, stroke_width=1))
+    f.y = base + 56
+    verdict = "≤" if ok else ">"
+    text = (f"chi-square = Σ (count − N·p)² / (N·p) = {chi2:.2f} {verdict} {limit:.1f} (a correct sampler exceeds "
+            f"{limit:.1f} with probability < 1e-6; {V - 1} degrees of freedom). The whisker on each won bar is "
+            f"p ± √({limit:.1f} · p(1 − p) / N): a share outside it alone exceeds the limit")
+    if not ok:
+        off = [i for i in marked if abs(freq[i] - p[i]) > half[i]]
+        names = _tokens_phrase(marked)
+        one = len(marked) == 1
+        text += (f"; {names} {'is' if one else 'are'} outside {'its interval' if one else 'their intervals'}" if off
+                 else f"; every share is inside its interval, but together they exceed it: {names} is furthest off")
+    f.note(text + ".", size=SMALL + 1, color=MUTED if ok else stroke("wrong"))
+
+
+def _tokens_phrase(tokens: list[int]) -> str:
+    """"token 2", "tokens 0 and 2", "tokens 0, 1 and 2"."""
+    if len(tokens) == 1:
+        return f"token {tokens[0]}"
+    return "tokens " + ", ".join(map(str, tokens[:-1])) + f" and {tokens[-1]}"

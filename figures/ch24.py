@@ -4,7 +4,7 @@ and the three progresses a request's counters keep apart."""
 from __future__ import annotations
 
 from figures import figure
-from figures.kit import Figure, num
+from figures.kit import Figure, num, text_width
 from figures.style import INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
 
 ROW_H = 30
@@ -52,13 +52,15 @@ def _value(f: Figure, x: float, y: float, w: float, yours, want, *, role: str = 
 
 def _loop_diagram(f: Figure, labels: list[tuple[str, str]], back: str) -> None:
     """Three boxes left to right with arrows, and a return arrow underneath: the same loop every round."""
-    y, h, gap = f.y, 46, 58
+    y, h, gap = f.y, 46, 44
     w = (f.width - 2 * MARGIN - 2 * gap) / 3
+    # One size for the three subtitles, the largest at which each keeps 8 px from its box's sides.
+    sub_size = min([SMALL + 0.5] + [(SMALL + 0.5) * (w - 16) / text_width(sub, SMALL + 0.5) for _, sub in labels])
     for i, (title, sub) in enumerate(labels):
         x = MARGIN + i * (w + gap)
         f.box(x, y, w, h, role="accent" if i == 1 else "plain")
         f.text(x + w / 2, y + 19, title, size=LABEL + 1, anchor="middle", mono=True, weight="bold", cls="label")
-        f.text(x + w / 2, y + 36, sub, size=SMALL + 0.5, anchor="middle", color=MUTED, cls="label")
+        f.text(x + w / 2, y + 36, sub, size=round(sub_size, 2), anchor="middle", color=MUTED, cls="label")
         if i < 2:
             f.arrow(x + w + 4, y + h / 2, x + w + gap - 4, y + h / 2, color=INK, width=1.4)
     right, left, low = MARGIN + 2.5 * w + 2 * gap, MARGIN + w / 2, y + h + 22
@@ -95,13 +97,9 @@ def control_loop_figure(f: Figure, r: dict) -> None:
     rounds, expected = r["rounds"], r["expected"]
     P = len(prompt)
 
-    y = f.y
-    for x, w, role, label in ((MARGIN, 200, "token", f"A: {P}-token prompt, max_tokens {max_tokens}"),
-                              (MARGIN + 212, 220, "plain", f"max_num_batched_tokens = {cfg['max_num_batched_tokens']}"),
-                              (MARGIN + 444, 160, "plain", f"block_size = {cfg['block_size']}"),
-                              (MARGIN + 616, 96, "plain", f"eos = {cfg['eos']}")):
-        f.box(x, y, w, 30, role=role, label=label, size=LABEL - 0.5)
-    f.y = y + 30 + 30
+    f.instance_row([(f"A: {P}-token prompt, max_tokens {max_tokens}", "token"),
+                    (f"max_num_batched_tokens = {cfg['max_num_batched_tokens']}", "plain"),
+                    (f"block_size = {cfg['block_size']}", "plain"), (f"eos = {cfg['eos']}", "plain")])
 
     f.heading("控制环 · the loop every round goes through")
     f.y += 6
@@ -243,6 +241,9 @@ def three_progress_figure(f: Figure, r: dict) -> None:
             wrong |= _value(f, x, yy, w - 8, got[key], want[key],
                             role={"num_computed_tokens": "new", "num_tokens": "plain",
                                   "num_cached_tokens": "block"}[key])
+            if key == "num_cached_tokens" and want[key] < 0:
+                f.text(x + (w - 8) / 2, yy + ROW_H + 12, f"{num(want[key])}: not set until admitted", size=SMALL - 1,
+                       anchor="middle", color=stroke("block"), cls="note unset")
             x += w
         before = want
     bottom = top + len(rows) * row - 26
@@ -250,7 +251,9 @@ def three_progress_figure(f: Figure, r: dict) -> None:
     f.text(sx + P * cw + 3, bottom + 18, "← prompt | output →", size=SMALL, anchor="middle", color=MUTED,
            cls="label")
     f.y = bottom + 40
-    f.note(_moral(steps, expected), size=SMALL + 1)
+    f.note(_moral(steps, expected) + " num_cached_tokens starts at −1, vLLM's mark for “not set yet”: the first "
+           "time the request is scheduled it becomes the prefix hit found then, and it never changes afterwards.",
+           size=SMALL + 1)
     f.legend([("cached", "K/V computed before this step (or a prefix hit)"), ("new", "computed in this step"),
               ("plain", "known, no K/V"), ("accent", "sampled and kept in this step"),
               ("block", "num_cached_tokens and the prefix hits"), ("masked", "no token yet")], wrong=wrong)

@@ -46,10 +46,13 @@ def slot_mapping_figure(f: Figure, r: dict) -> None:
     keys_bottom = top + (len(rows) - 1) * (CELL + 6) + CELL
     f.y = keys_bottom
 
-    # The pool: blocks side by side, two slots each, K values where a token's slot points.
+    # The pool: blocks side by side, two slots each. The arrows go to the slots the tokens belong in
+    # (those store_kv is given); the cells hold what your store_kv wrote there, or, before store_kv is
+    # checked, the K values that belong there. A slot of yours that differs is tagged under the slot it
+    # points to instead.
     pool = r.get("pool")
     pool_expected = r.get("pool_expected")
-    by_slot = {s: j for j, s in enumerate(slots)}
+    belongs = {s: j for j, s in enumerate(expected)}
     cell_w, block_gap = 64, 18
     block_w = bs * cell_w + block_gap
     px = MARGIN + (f.width - 2 * MARGIN - num_blocks * block_w + block_gap) / 2
@@ -70,27 +73,44 @@ def slot_mapping_figure(f: Figure, r: dict) -> None:
                 f.cell(x, py, value, role=role, w=cell_w - 4, h=CELL, fmt=str, wrong=value != want,
                        expected=want or "·", size=VALUE - 1)
             else:
-                j = by_slot.get(s)
+                j = belongs.get(s)
                 f.cell(x, py, _pair(keys[j]) if j is not None else "", role="k" if j is not None else
                        ("plain" if used else "masked"), w=cell_w - 4, h=CELL, fmt=str, size=VALUE - 1)
             f.text(x + (cell_w - 4) / 2, py + CELL + 14, f"slot {s}", anchor="middle", size=SMALL, color=MUTED,
                    mono=True, cls="label")
-
-    # Arrows from each token's slot (as the student computed it) to its cell.
-    for j, s in enumerate(slots):
-        sx = left + j * col_w + (col_w - 8) / 2
+    for j, s in enumerate(expected):
         if s in centers:
-            color = stroke("block") if s == expected[j] else stroke("wrong")
-            f.curve(sx, keys_bottom + 2, centers[s], py - 22, color=color, width=1.1)
-    f.y = py + CELL + 40
+            f.curve(left + j * col_w + (col_w - 8) / 2, keys_bottom + 2, centers[s], py - 22, color=stroke("block"),
+                    width=1.1)
+    misplaced = slot_tags(slots, expected, num_blocks * bs)
+    for s, tokens in misplaced.items():
+        for k, j in enumerate(tokens):
+            f.text(centers[s], py + CELL + 29 + 12 * k, f"✗ t{j}", anchor="middle", size=SMALL, weight="bold",
+                   color=stroke("wrong"), cls="mark slot-tag")
+    deepest = max((len(t) for t in misplaced.values()), default=0)
+    f.y = py + CELL + 40 + (12 * deepest + 8 if deepest else 0)
     f.heading(f"物理池 · the physical pool: {num_blocks} blocks × {bs} slots; each token's K lands in its slot")
-    source = "the K values in the pool are what your store_kv wrote" if pool is not None else \
-        "the K values are placed where your slots point (store_kv not checked yet)"
+    source = "the K values are what your store_kv wrote, given these slots" if pool is not None else \
+        "the K values are placed in them (store_kv not checked yet)"
+    outside = [f"t{j} → {s}" for j, s in enumerate(slots) if s != expected[j] and not 0 <= s < num_blocks * bs]
     f.y += 4
-    f.note(f"Arrows follow your slots; {source}.", size=SMALL + 1)
+    f.note(f"Arrows: the slot each token belongs in; {source}."
+           + (" ✗ tN under a slot: your slot_mapping sends token N there instead." if misplaced else "")
+           + (f" Yours outside the pool (slots 0–{num_blocks * bs - 1}): {', '.join(outside)}." if outside else ""),
+           size=SMALL + 1)
     wrong = slots != expected or (pool is not None and pool != pool_expected)
     f.legend([("token", "token, position, logical block"), ("block", "physical block and slot"),
               ("k", "K written into the cache"), ("masked", "block not in this sequence's table")], wrong=wrong)
+
+
+def slot_tags(slots: list[int], expected: list[int], pool_slots: int) -> dict[int, list[int]]:
+    """The tokens whose slot of yours differs from the expected one, by the slot of yours they point to
+    (only slots inside the pool)."""
+    tags: dict[int, list[int]] = {}
+    for j, (s, want) in enumerate(zip(slots, expected)):
+        if s != want and 0 <= s < pool_slots:
+            tags.setdefault(s, []).append(j)
+    return tags
 
 
 def _instance(f: Figure, num_tokens: int, block_size: int, table: list[int]) -> None:
@@ -123,21 +143,18 @@ def blocks_figure(f: Figure, r: dict) -> None:
     f.heading("逻辑序列 · the logical sequence, grouped into logical blocks")
     strip = len(table) * (bs * cw + block_gap) - block_gap
     lx, ly = MARGIN + (f.width - 2 * MARGIN - strip) / 2, f.y + 30
-    centers = []
     for p in range(len(table) * bs):
         lb, off = divmod(p, bs)
         x = lx + p * cw + lb * block_gap
         f.cell(x, ly, p if p < n else "", role="token" if p < n else "masked", w=cw - 3, h=cw - 6, dashed=p >= n)
-        centers.append(x + (cw - 3) / 2)
         if off == 0:
             f.bracket(x, x + bs * cw - 3, ly - 6, f"logical {lb} → block_table[{lb}] = {table[lb]}",
                       below=False, size=SMALL)
-    # The pool, physical blocks in id order, each with its slots.
+    # The pool, physical blocks in id order: each cell shows the position your slots put there.
     py = ly + cw + 100
     pw = (f.width - 2 * MARGIN) / num_blocks
     cell = min(cw, (pw - 12) / bs)
-    slot_x = {}
-    owner = {s: p for p, s in enumerate(slots)}
+    got, want = pool_positions(slots, num_blocks * bs), pool_positions(expected, num_blocks * bs)
     for b in range(num_blocks):
         bx = MARGIN + b * pw
         used = b in table
@@ -146,26 +163,52 @@ def blocks_figure(f: Figure, r: dict) -> None:
                color=INK if used else MUTED, cls="label")
         for o in range(bs):
             s = b * bs + o
-            p = owner.get(s)
-            f.cell(bx + o * cell, py, p if p is not None else "", role="token" if p is not None else
-                   ("block" if used else "masked"), w=cell - 2, h=cell, size=SMALL + 1)
+            mine, right = _positions(got.get(s, [])), _positions(want.get(s, []))
+            bad = mine != right
+            # the largest size at which the text fits the cell (a wrong cell writes one point smaller)
+            size = min(SMALL + 1, (cell - 5) / max(text_width(max(mine, right, key=len), 1, mono=True), 1e-9) + bad)
+            f.cell(bx + o * cell, py, mine, role="token" if mine else ("block" if used else "masked"), w=cell - 2,
+                   h=cell, size=round(size, 2), fmt=str, wrong=bad, expected=right or "·")
             f.text(bx + o * cell + (cell - 2) / 2, py - 4, str(s), anchor="middle", size=SMALL - 1, color=MUTED,
                    mono=True, cls="label")
-            slot_x[s] = bx + o * cell + (cell - 2) / 2
-    for p, s in enumerate(slots):
-        if s in slot_x:
-            f.curve(centers[p], ly + cw - 4, slot_x[s], py - 14,
-                    color=stroke("block") if s == expected[p] else stroke("wrong"), width=0.9, head=5)
+    # One arrow per logical block, to the physical block the table names: a token follows its block's
+    # arrow and keeps its offset, so position p is cell p % block_size of block block_table[p // block_size].
+    # Each is a band from the logical block's cells to the physical block's cells, with an arrow down its middle.
+    top, bottom = ly + cw - 3, py - 14
+    for lb, b in enumerate(table):
+        l0, l1 = lx + lb * (bs * cw + block_gap), lx + lb * (bs * cw + block_gap) + bs * cw - 3
+        p0, p1 = MARGIN + b * pw, MARGIN + b * pw + bs * cell - 2
+        f.dwg.add(f.dwg.polygon([(l0, top), (l1, top), (p1, bottom), (p0, bottom)], fill=stroke("block"),
+                                fill_opacity=0.10, stroke=stroke("block"), stroke_opacity=0.45, stroke_width=0.8,
+                                class_="band"))
+        f.arrow((l0 + l1) / 2, top + 2, (p0 + p1) / 2, bottom - 1, color=stroke("block"), width=1.6, head=7)
     f.y = py + cell + 42
     f.heading("物理池 · the pool (small numbers: slot ids; cells show the position your slots put there)")
     f.y += 14
     # The slots as a row, marked where wrong.
-    f.heading("slot_mapping · your slots for positions 0–10")
+    f.heading(f"slot_mapping · your slots for positions 0–{n - 1}")
     w, h = f.grid(MARGIN, f.y, [slots], expected=[expected], role="block", w=40, h=30,
                   col_labels=[f"p{p}" for p in range(n)])
     f.y += h + 26
+    outside = [f"p{p} → {s}" for p, s in enumerate(slots) if not 0 <= s < num_blocks * bs]
+    f.note("Arrows: logical block i lives in physical block block_table[i], and each token keeps its offset there."
+           + (f" Yours outside the pool (slots 0–{num_blocks * bs - 1}): {', '.join(outside)}." if outside else ""),
+           size=SMALL + 1)
     f.legend([("token", "a token (its position)"), ("block", "a slot of this sequence's blocks"),
               ("masked", "blocks and slots not in use")], wrong=slots != expected)
+
+
+def pool_positions(slots: list[int], pool_slots: int) -> dict[int, list[int]]:
+    """The positions each slot of the pool holds under `slots` (slots outside the pool left out)."""
+    held: dict[int, list[int]] = {}
+    for p, s in enumerate(slots):
+        if 0 <= s < pool_slots:
+            held.setdefault(s, []).append(p)
+    return held
+
+
+def _positions(held: list[int]) -> str:
+    return ",".join(map(str, held))
 
 
 _CIRCLED = "①②③④⑤⑥"
@@ -204,9 +247,12 @@ def lifecycle_figure(f: Figure, r: dict) -> None:
     pw = (f.width - 2 * MARGIN - (cols - 1) * gap) / cols
     ph = 322
     wrong = False
+    # One size for the six panel titles, the largest at which every title keeps 10 px from its panel's sides.
+    titles = [f"{_CIRCLED[k]} {m['label']}" for k, m in enumerate(moments)]
+    title_size = min([TITLE_SIZE] + [TITLE_SIZE * (pw - 20) / text_width(t, TITLE_SIZE, bold=True) for t in titles])
     for k, m in enumerate(moments):
         px, py = MARGIN + (k % cols) * (pw + gap), f.y + (k // cols) * (ph + gap)
-        wrong |= _panel(f, px, py, pw, ph, k, m, block, bs)
+        wrong |= _panel(f, px, py, pw, ph, k, m, block, bs, title_size=round(title_size, 2))
         if k % cols < cols - 1:
             f.arrow(px + pw + 2, py + 24, px + pw + gap - 2, py + 24, color=MUTED, head=5)
     f.y += 2 * ph + gap + 24
@@ -215,11 +261,16 @@ def lifecycle_figure(f: Figure, r: dict) -> None:
               ("accent", f"block {block} in the free list (head on the left)")], wrong=wrong)
 
 
-def _panel(f: Figure, x: float, y: float, w: float, h: float, k: int, m: dict, block: int, bs: int) -> bool:
+TITLE_SIZE = LABEL + 0.5
+"""The size of a lifecycle panel's title, unless a title would not fit its panel."""
+
+
+def _panel(f: Figure, x: float, y: float, w: float, h: float, k: int, m: dict, block: int, bs: int, *,
+           title_size: float = TITLE_SIZE) -> bool:
     """One moment: the block as a card, its bookkeeping (yours, expected if different), the free list."""
     yours, want = m["yours"], m["expected"]
     f.dwg.add(f.dwg.rect((x, y), (w, h), rx=6, fill="none", stroke=MUTED, stroke_width=0.8, class_="panel"))
-    f.text(x + 10, y + 20, f"{_CIRCLED[k]} {m['label']}", size=LABEL + 0.5, weight="bold", cls="label")
+    f.text(x + 10, y + 20, f"{_CIRCLED[k]} {m['label']}", size=title_size, weight="bold", cls="label panel-title")
     f.paragraph(x + 10, y + 37, m["what"], width=w - 20, size=SMALL, color=MUTED)
     f.text(x + 10, y + 86, f"after {m['op']}" if m["op"] else "at the start", size=SMALL, mono=True, color=INK,
            cls="note")

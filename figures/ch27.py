@@ -4,7 +4,7 @@ trace, and the three boundaries (computed, placeholders, outputs) of an async re
 from __future__ import annotations
 
 from figures import figure
-from figures.kit import Figure, text_width
+from figures.kit import Figure, text_width, wrap
 from figures.style import INK, LABEL, MARGIN, MUTED, SMALL, stroke
 
 STATUS = {"WAITING": "waiting", "RUNNING": "running", "FINISHED_LENGTH_CAPPED": "length", "FINISHED_STOPPED": "EOS"}
@@ -27,7 +27,7 @@ def _instance(f: Figure, config: dict, ops: list) -> None:
     items += [(f"{rid}: prompt {p}, max_tokens {m}" + (f", added after step {s}" if s else ""), "token")
               for rid, p, m, s in _requests(ops)]
     for label, role in items:
-        w = text_width(label, LABEL) + 22
+        w = text_width(label, LABEL) + 2 * BOX_PAD
         if x + w > f.width - MARGIN:
             x, y = MARGIN, y + 38
         f.box(x, y, w, 28, role=role, label=label)
@@ -35,10 +35,36 @@ def _instance(f: Figure, config: dict, ops: list) -> None:
     f.y = y + 28 + 30
 
 
-def _two_line_box(f: Figure, x: float, y: float, w: float, h: float, top: str, bottom: str, role: str) -> None:
+BOX_PAD = 14
+"""The room, at least, between a box's widest line and either side of it."""
+GAP_PAD = 5
+"""The room, at least, between a contract's text under an arrow and the boxes on either side."""
+
+LOOP = [("Scheduler", "schedule()", "counters advance now", "block"),
+        ("Executor → worker", "execute_model()", "runs the model", "k"),
+        ("Scheduler", "update_from_output()", "append, check stop", "block")]
+"""The loop's three boxes: who, the call, what it does (its state change)."""
+
+CONTRACTS = [("SchedulerOutput", ["num_scheduled_tokens {id: n};", "new requests with their prompt",
+                                  "(scheduled_new_reqs), the", "others as diffs"]),
+             ("ModelRunnerOutput", ["{id: [sampled token]};", "[] for a non-final prefill chunk",
+                                    "(the runner blanks it)"])]
+"""What crosses each arrow between two boxes: its name and its contents, line by line (a line wider than
+the gap between the boxes wraps)."""
+
+
+def _box_width(who: str, call: str, does: str) -> float:
+    """A loop box's width: its widest line, with BOX_PAD on either side."""
+    return max(text_width(who, SMALL + 1), text_width(call, LABEL + 1, mono=True),
+               text_width(does, SMALL + 0.5)) + 2 * BOX_PAD
+
+
+def _three_line_box(f: Figure, x: float, y: float, w: float, h: float, who: str, call: str, does: str,
+                    role: str) -> None:
     f.box(x, y, w, h, role=role)
-    f.text(x + w / 2, y + h / 2 - 4, top, anchor="middle", size=SMALL + 1, color=MUTED, cls="label")
-    f.text(x + w / 2, y + h / 2 + 14, bottom, anchor="middle", size=LABEL + 1, mono=True, weight="bold", cls="label")
+    f.text(x + w / 2, y + 17, who, anchor="middle", size=SMALL + 1, color=MUTED, cls="label")
+    f.text(x + w / 2, y + 37, call, anchor="middle", size=LABEL + 1, mono=True, weight="bold", cls="label")
+    f.text(x + w / 2, y + 55, does, anchor="middle", size=SMALL + 0.5, color=MUTED, cls="label")
 
 
 def _lines(f: Figure, x: float, y: float, lines: list[str], *, anchor: str = "middle", color: str = MUTED,
@@ -48,35 +74,40 @@ def _lines(f: Figure, x: float, y: float, lines: list[str], *, anchor: str = "mi
 
 
 def _loop_diagram(f: Figure) -> None:
-    """schedule() → execute_model() → update_from_output(), the contracts on the arrows, the way back."""
-    y, h, w = f.y + 4, 58, 196
-    xs = [MARGIN, MARGIN + 314, MARGIN + 628]
-    boxes = [("Scheduler · counters advance now", "schedule()", "block"),
-             ("Executor → worker · runs the model", "execute_model()", "k"),
-             ("Scheduler · append, check stop", "update_from_output()", "block")]
-    for x, (top, bottom, role) in zip(xs, boxes):
-        _two_line_box(f, x, y, w, h, top, bottom, role)
-    for i in range(2):
-        f.arrow(xs[i] + w + 4, y + h / 2, xs[i + 1] - 4, y + h / 2, color=INK, width=1.6)
-    gap_mid = [(xs[i] + w + xs[i + 1]) / 2 for i in range(2)]
-    _lines(f, gap_mid[0], y - 14, ["SchedulerOutput"], color=INK)
-    _lines(f, gap_mid[1], y - 14, ["ModelRunnerOutput"], color=INK)
-    _lines(f, gap_mid[0], y + h + 18, ["num_scheduled_tokens {id: n}", "prompt only for new requests",
-                                       "(scheduled_new_reqs), then diffs"])
-    _lines(f, gap_mid[1], y + h + 18, ["{id: [sampled token]}", "[] for a non-final prefill chunk",
-                                       "(the runner blanks it)"])
+    """schedule() → execute_model() → update_from_output(), the contracts on the arrows, the way back, and the
+    outputs leaving for the client. Every box is as wide as its text; the gaps share what is left."""
+    widths = [_box_width(who, call, does) for who, call, does, _ in LOOP]
+    gap = (f.width - 2 * MARGIN - sum(widths)) / (len(LOOP) - 1)
+    xs = [MARGIN + sum(widths[:i]) + i * gap for i in range(len(LOOP))]
+    h, size = 66, SMALL
+    # The outputs leave update_from_output() upwards, to the client; the loop closes below.
+    out_y = f.y + 10
+    f.text(f.width - MARGIN, out_y, "EngineCoreOutputs → client: new_token_ids, finished", anchor="end",
+           size=SMALL + 0.5, color=INK, cls="label")
+    y = out_y + 40
+    for x, w, (who, call, does, role) in zip(xs, widths, LOOP):
+        _three_line_box(f, x, y, w, h, who, call, does, role)
+    f.arrow(xs[2] + widths[2] / 2, y - 2, xs[2] + widths[2] / 2, out_y + 6, color=INK, width=1.4)
+    bottom = y + h
+    for i, (name, contents) in enumerate(CONTRACTS):
+        a, b = xs[i] + widths[i], xs[i + 1]
+        f.arrow(a + 4, y + h / 2, b - 4, y + h / 2, color=INK, width=1.6)
+        f.text((a + b) / 2, y + h / 2 - 8, name, anchor="middle", size=size, color=INK, cls="label")
+        lines = [part for line in contents for part in wrap(line, b - a - 2 * GAP_PAD, size)]
+        _lines(f, (a + b) / 2, y + h / 2 + 18, lines, size=size)
+        bottom = max(bottom, y + h / 2 + 18 + (len(lines) - 1) * (size + 4) + 4)
     # The way back: from update_from_output down, left, and up into schedule().
-    by = y + h + 76
-    x_end, x_start = xs[0] + w / 2, xs[2] + w / 2
+    by = bottom + 14
+    x_end, x_start = xs[0] + widths[0] / 2, xs[2] + widths[2] / 2
     color = stroke("accent")
-    f.dwg.add(f.dwg.polyline([(x_start, y + h), (x_start, by), (x_end, by), (x_end, y + h + 52)], fill="none",
+    f.dwg.add(f.dwg.polyline([(x_start, y + h), (x_start, by), (x_end, by), (x_end, y + h + 10)], fill="none",
                              stroke=color, stroke_width=1.6, class_="arrow"))
-    f.arrow(x_end, y + h + 52, x_end, y + h + 4, color=color, width=1.6)
-    f.text((x_start + x_end) / 2, by + 16, "the next step is scheduled only after this step's result is back "
-           "(a normal step waits, even with non_block=True)", anchor="middle", size=SMALL + 1, color=color, cls="label")
-    _lines(f, x_start + 8, y + h + 22, ["EngineCoreOutputs", "→ client:", "new_token_ids,", "finished"],
-           anchor="start", color=INK)
-    f.y = by + 40
+    f.arrow(x_end, y + h + 10, x_end, y + h + 3, color=color, width=1.6)
+    note = ("the next step is scheduled only after this step's result is back (a normal step waits, even with "
+            "non_block=True)")
+    for i, line in enumerate(wrap(note, f.width - 2 * MARGIN, SMALL + 1)):
+        f.text(f.width / 2, by + 16 + i * (SMALL + 5), line, anchor="middle", size=SMALL + 1, color=color, cls="label")
+    f.y = by + 16 + (len(wrap(note, f.width - 2 * MARGIN, SMALL + 1)) - 1) * (SMALL + 5) + 24
 
 
 def _cells(step: dict | None, rid: str) -> list[str]:
@@ -256,5 +287,5 @@ def three_boundaries_figure(f: Figure, r: dict) -> None:
            "token sampled by a batch still in flight. A ringed token arrived in this step: until its batch was reconciled "
            "it was still a ?, so right after the launch two tokens were in flight. A non-final chunk (step 1) adds no placeholder.",
            size=SMALL + 1.5)
-    f.legend([("token", "prompt token p·"), ("k", "output token (reconciled)"), ("accent", "placeholder ?: in flight"),
+    f.legend([("token", "prompt token (p0, p1, …)"), ("k", "output token (reconciled)"), ("accent", "placeholder ?: in flight"),
               ("block", "computed / scheduled (C)")], wrong=wrong)

@@ -22,6 +22,11 @@ def _close(a, b) -> bool:
 
 
 # -- ch29.1 -------------------------------------------------------------------------------------------
+def rows_of(a: int, e: int) -> str:
+    """The rows a … e − 1 of the flattened batch as a reader writes them: "row 4", "rows 0–3"."""
+    return f"row {a}" if e - a == 1 else f"rows {a}–{e - 1}"
+
+
 def _situation(q: dict) -> str:
     c, n, known = q["num_computed_tokens"], q["num_scheduled_tokens"], len(q["token_ids"])
     what = "non-final chunk" if c + n < known else "1 token left" if n == 1 and c > 0 else "to the end"
@@ -71,7 +76,7 @@ def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
     for i in range(len(reqs)):
         a, e = qsl[i], qsl[i + 1]
         if e > a:
-            f.bracket(x0 + a * cw2, x0 + e * cw2 - 6, top - 6, f"R{i}: rows {a}–{e - 1}", below=False, size=SMALL + 0.5)
+            f.bracket(x0 + a * cw2, x0 + e * cw2 - 6, top - 6, f"R{i}: {rows_of(a, e)}", below=False, size=SMALL + 0.5)
     req_of = [max(i for i in range(len(reqs)) if qsl_want[i] <= t) for t in range(T)]
     rows = [("request", [f"R{i}" for i in req_of], None, "plain"),
             ("position = c + j", mine["positions"], want["positions"], "token"),

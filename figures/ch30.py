@@ -23,6 +23,11 @@ def _value(v) -> str:
     return num(v)
 
 
+def _keep_spaces(f: Figure) -> None:
+    """The text just drawn keeps its runs of spaces (SVG collapses them): a code line's columns stay aligned."""
+    f.dwg.elements[-1].attribs["xml:space"] = "preserve"
+
+
 def _code_box(f: Figure, x: float, y: float, w: float, lines: list[str], *, title: str) -> float:
     """A box of monospace lines (a Python value as the front end holds it); returns its height."""
     h = 30 + 17 * len(lines)
@@ -30,6 +35,7 @@ def _code_box(f: Figure, x: float, y: float, w: float, lines: list[str], *, titl
     f.text(x + 10, y + 16, title, size=SMALL + 1, color=MUTED, cls="label")
     for i, line in enumerate(lines):
         f.text(x + 12, y + 36 + 17 * i, line, size=VALUE - 1.5, mono=True, cls="value")
+        _keep_spaces(f)
     return h
 
 
@@ -111,6 +117,7 @@ def request_path_figure(f: Figure, r: dict) -> None:
     for i, (name, tstr, off, size) in enumerate(layout_want):
         f.text(sx + 14, y0 + 22 + i * 17, f"{ctype.get(tstr, tstr):8} {name};", size=SMALL + 0.5, mono=True,
                cls="value")
+        _keep_spaces(f)
         f.text(WIDTH - MARGIN, y0 + 22 + i * 17, f"// {off}", size=SMALL + 0.5, mono=True, anchor="end",
                color=MUTED, cls="value")
     f.text(sx, y0 + 22 + len(layout_want) * 17, "};", size=SMALL + 0.5, mono=True, cls="value")
@@ -210,22 +217,25 @@ def system_boundary_figure(f: Figure, r: dict) -> None:
     chip_h, gap = 30, 8
     inside = [v for v in verdicts if v[1]]
     outside = [v for v in verdicts if not v[1]]
-    n_in = max(len(inside), 1)
-    box_h = 34 + n_in * (chip_h + gap) + 8
+    heights = [_chip_height(row, ok, inner_w - 24, chip_h) for row, ok, _ in inside] or [chip_h]
+    box_h = 34 + sum(h + gap for h in heights) + 8
     f.box(bx, by, inner_w, box_h, role="cached", dashed=True, rx=10)
     f.text(bx + 12, by + 20, f"inside {matrix['release']}: supported", size=LABEL, weight="bold", cls="label")
-    for i, (row, ok, _) in enumerate(inside):
-        _chip(f, bx + 12, by + 34 + i * (chip_h + gap), inner_w - 24, chip_h, row, ok)
+    cy = by + 34
+    for (row, ok, _), h in zip(inside, heights):
+        _chip(f, bx + 12, cy, inner_w - 24, h, row, ok)
+        cy += h + gap
     ox = bx + inner_w + 24
     ow = WIDTH - MARGIN - ox
     f.text(ox, by + 20, "outside: your reasons", size=LABEL, weight="bold", cls="label")
     y = by + 34
     for row, ok, reason in outside:
-        _chip(f, ox, y, ow, chip_h, row, ok)
+        h = _chip_height(row, ok, ow, chip_h)
+        _chip(f, ox, y, ow, h, row, ok)
         if reason:
-            y = f.paragraph(ox + 8, y + chip_h + 14, f"“{reason}”", width=ow - 12, size=SMALL, color=MUTED) + 10
+            y = f.paragraph(ox + 8, y + h + 14, f"“{reason}”", width=ow - 12, size=SMALL, color=MUTED) + 10
         else:
-            y += chip_h + gap
+            y += h + gap
     for k in extra:
         f.cell(ox, y, f"{k}: not a requirement of this config", role="plain", w=ow, h=chip_h, wrong=True,
                expected="(no entry)", fmt=str, size=SMALL + 1)
@@ -255,6 +265,29 @@ def system_boundary_figure(f: Figure, r: dict) -> None:
               ("masked", "outside: unsupported")], wrong=wrong_any)
 
 
+CHIP_PAD = 8
+"""The room between a chip's texts and its sides, and between its two texts on one line."""
+
+
+def _chip_texts(row: dict, ok: bool, w: float) -> tuple[str, str, bool]:
+    """A requirement chip's two texts, "✓ key = value" and what the matrix allows, and whether the second needs a
+    line of its own: it does when the whole list does not fit beside the first."""
+    text = f"feature {row['key']}" if row.get("feature") else f"{row['key']} = {row['value']}"
+    shown = ("✓ " if ok else "✗ ") + text
+    beside = w - 3 * CHIP_PAD - text_width(shown, SMALL + 1.5, mono=True)
+    whole = allowed_note(row, float("inf"))
+    if text_width(whole, SMALL) <= beside:
+        return shown, whole, False
+    return shown, allowed_note(row, w - 2 * CHIP_PAD - 16), True
+
+
+def _chip_height(row: dict, placed_inside: bool, w: float, h: float) -> float:
+    """A chip is one line high, or two when what the matrix allows needs its own line."""
+    if placed_inside != row["ok"]:
+        return h
+    return h + 16 if _chip_texts(row, row["ok"], w)[2] else h
+
+
 def _chip(f: Figure, x: float, y: float, w: float, h: float, row: dict, placed_inside: bool) -> None:
     """A requirement (key = value, what the matrix allows); wrong when your verdict differs."""
     text = f"feature {row['key']}" if row.get("feature") else f"{row['key']} = {row['value']}"
@@ -264,8 +297,31 @@ def _chip(f: Figure, x: float, y: float, w: float, h: float, row: dict, placed_i
                expected="supported" if row["ok"] else f"unsupported (allowed: {allowed})")
         return
     f.cell(x, y, "", role="cached" if row["ok"] else "masked", w=w, h=h)
-    f.text(x + 8, y + h / 2 + 4, ("✓ " if row["ok"] else "✗ ") + text, size=SMALL + 1.5, mono=True, cls="value")
-    note = f"allowed: {allowed}"
-    while text_width(note, SMALL) > w - text_width(text, SMALL + 1.5, mono=True) - 40 and len(note) > 12:
-        note = note[:-4] + "…"
-    f.text(x + w - 8, y + h / 2 + 4, note, size=SMALL, anchor="end", color=MUTED, cls="label")
+    shown, note, below = _chip_texts(row, row["ok"], w)
+    if below:   # the list on a line of its own, under the value
+        f.text(x + CHIP_PAD, y + 19, shown, size=SMALL + 1.5, mono=True, cls="value")
+        f.text(x + CHIP_PAD + 16, y + h - 9, note, size=SMALL, color=MUTED, cls="label")
+        return
+    f.text(x + CHIP_PAD, y + h / 2 + 4, shown, size=SMALL + 1.5, mono=True, cls="value")
+    f.text(x + w - CHIP_PAD, y + h / 2 + 4, note, size=SMALL, anchor="end", color=MUTED, cls="label")
+
+
+def allowed_note(row: dict, room: float) -> str:
+    """What the matrix allows, in `room` pixels: the whole list if it fits; else the config's own value first
+    (the one the reader looks for) and how many others there are; never a name cut short."""
+    allowed = row["allowed"] if isinstance(row["allowed"], str) else [str(a) for a in row["allowed"]]
+    if isinstance(allowed, str) or not allowed:
+        return f"allowed: {allowed or '—'}"
+    note = f"allowed: {', '.join(allowed)}"
+    if text_width(note, SMALL) <= room:
+        return note
+    value = str(row["value"])
+    first = [value] if value in allowed else []
+    rest = [a for a in allowed if a not in first]
+    for keep in range(len(rest), -1, -1):
+        shown = first + rest[:keep]
+        more = len(allowed) - len(shown)
+        note = "allowed: " + ", ".join(shown) + (f" + {more} more" if more else "")
+        if text_width(note, SMALL) <= room or not shown[1:]:
+            return note
+    return note

@@ -4,12 +4,25 @@ back through the handle, and the per-GPU load before and after EPLB places repli
 from __future__ import annotations
 
 from figures import figure
-from figures.kit import Figure, num
-from figures.style import INK, LABEL, MARGIN, MUTED, RULE, SMALL, VALUE, WIDTH, fill, stroke
+from figures.kit import Figure, num, text_width
+from figures.style import INK, LABEL, MARGIN, MUTED, PAPER, RULE, SMALL, VALUE, WIDTH, fill, stroke
 
 
 def _pair(v) -> str:
     return "[" + ", ".join(num(round(float(x), 4)) for x in v) + "]"
+
+
+def strand_ends(src: list[int], col_x: list[float], token_left: list[float], tw: float) -> list[float]:
+    """Where each row's curve meets its token's box (x), the rows of one token spread over the box's middle half
+    in the order of their columns: a token's strands never cross one another, and strands of different tokens
+    cross only where the rows' order makes them (a row of a later token in a column left of an earlier token's).
+    A row naming no token of the batch gets its own column's x (a straight line)."""
+    ends = list(col_x)
+    for t, left in enumerate(token_left):
+        mine = sorted((x, i) for i, (x, s) in enumerate(zip(col_x, src)) if s == t)
+        for k, (_, i) in enumerate(mine):
+            ends[i] = left + tw / 4 + tw / 2 * (k + 0.5) / len(mine)
+    return ends
 
 
 @figure("ch31-moe-roundtrip", title="非 MegaMoE 路径的数据往返",
@@ -31,10 +44,14 @@ def roundtrip_figure(f: Figure, r: dict) -> None:
     M = min(len(src), len(slot), len(exp), len(flat))
     flat_w = [row for rank in rows_w for row in rank]
     wrong_any = h != hw or rows != rows_w or (out is not None and out != out_w)
-    left = MARGIN + 74                                   # a band label column on the left
+    bands = {"tokens": ("① tokens", "x, top-k"), "handle": ("② expert", "handle"), "slot": ("", "src · slot"),
+             "rows": ("rows x", "(dispatched)"), "experts": ("③ y = (e+1)·x", "(expert output)"),
+             "combine": ("④ combine", "Σ w · y")}
+    left = MARGIN + 10 + max(text_width(s, SMALL + 1, bold=i == 0) for lines in bands.values()  # the band labels
+                             for i, s in enumerate(lines))
 
-    def band(y: float, *lines: str) -> None:
-        for i, line in enumerate(lines):
+    def band(y: float, name: str) -> None:
+        for i, line in enumerate(bands[name]):
             f.text(left - 10, y + i * (SMALL + 4), line, size=SMALL + 1, anchor="end",
                    color=INK if i == 0 else MUTED, weight="bold" if i == 0 else "normal", cls="label")
 
@@ -44,7 +61,7 @@ def roundtrip_figure(f: Figure, r: dict) -> None:
     tw = (WIDTH - MARGIN - left - (N - 1) * gap) / N
     ty = f.y + 8
     token_x = []
-    band(ty + 13, "① tokens", "x, top-k")
+    band(ty + 13, "tokens")
     for t in range(N):
         bx = left + t * (tw + gap)
         token_x.append(bx + tw / 2)
@@ -74,14 +91,15 @@ def roundtrip_figure(f: Figure, r: dict) -> None:
             f.text(cols[0], ry + 122, f"rank {rank} · experts e{rank * per_rank}–e{(rank + 1) * per_rank - 1} · "
                                       f"{counts[rank]} rows", size=SMALL + 1, color=MUTED, cls="label")
         start += counts[rank]
-    band(ry - 4, "② expert", "handle")
-    band(ry + 18, "", "src · slot")
-    band(ry + 52, "rows x", "(dispatched)")
-    band(ry + 92, "③ y = (e+1)·x", "(expert output)")
+    band(ry - 4, "handle")
+    band(ry + 18, "slot")
+    band(ry + 52, "rows")
+    band(ry + 92, "experts")
+    ends = strand_ends(src, [x + cw / 2 for x in col_x[:M]], [left + t * (tw + gap) for t in range(N)], tw)
     for i in range(M):
         cx = col_x[i] + cw / 2
         right = i < len(hw["src_token"]) and src[i] == hw["src_token"][i]
-        f.curve(token_x[src[i]] if 0 <= src[i] < N else cx, token_bottom + 2, cx, ry - 28,
+        f.curve(ends[i], token_bottom + 2, cx, ry - 28,
                 color=stroke("block") if right else stroke("wrong"), width=1.0, head=5)
         want = (hw["src_token"][i], hw["topk_slot"][i], hw["expert"][i]) if i < len(hw["src_token"]) else None
         mine = (src[i], slot[i], exp[i])
@@ -99,9 +117,8 @@ def roundtrip_figure(f: Figure, r: dict) -> None:
     oy = rows_bottom + 96
     for i in range(M):
         if 0 <= src[i] < N:
-            f.curve(col_x[i] + cw / 2, rows_bottom + 2, token_x[src[i]], oy - 30, color=stroke("accent"), width=1.0,
-                    head=5)
-    band(oy - 10, "④ combine", "Σ w · y")
+            f.curve(col_x[i] + cw / 2, rows_bottom + 2, ends[i], oy - 30, color=stroke("accent"), width=1.0, head=5)
+    band(oy - 10, "combine")
     for t in range(N):
         bx = left + t * (tw + gap)
         terms = [(w[t][j], ids[t][j]) for j in range(len(ids[t]))]
@@ -166,12 +183,15 @@ def eplb_load_figure(f: Figure, r: dict) -> None:
     panel_w = (WIDTH - 2 * MARGIN - 30) / 2
     height = 210
     base = f.y + 40 + height
+    totals = [sum(v for _, v in s) for s in static + stacks]
+    gutter = max(text_width(line_label("max", max(totals)), SMALL, bold=True),
+                 text_width(line_label("mean", sum(totals) / len(totals)), SMALL)) + 12   # the lines' labels
     for p, (title, data, want) in enumerate(((f"不做 EPLB · static: {static_per} contiguous experts per GPU", static, None),
                                              ("EPLB 之后 · your placement: replicas of hot experts, packed", stacks,
                                               stacks_w))):
         px = MARGIN + p * (panel_w + 30)
         f.text(px, f.y + 6, title, size=LABEL, weight="bold", cls="heading")
-        _stacked(f, px + 40, base, panel_w - 60, height, top, data, want, cnt, num_nodes, num_gpus)
+        _stacked(f, px + gutter, base, panel_w - gutter - 20, height, top, data, want, cnt, num_nodes, num_gpus)
     f.y = base + 92
 
     # Balancedness.
@@ -187,21 +207,53 @@ def eplb_load_figure(f: Figure, r: dict) -> None:
         if want is None:
             continue
         shown = "not run" if got is None else f"{got:.4g}"
-        f.cell(px + 170, y, shown, role="accent", w=110, h=30, fmt=str, bold=True,
+        f.cell(px + 150, y, shown, role="accent", w=110, h=30, fmt=str, bold=True,
                wrong=got is None or abs(got - want) > 1e-9, expected=f"{want:.4g}")
-        f.text(px + 290, y + 20, "your balancedness()", size=SMALL + 1, color=MUTED, cls="label")
+        f.text(px + 270, y + 20, "your balancedness()", size=SMALL + 1, color=MUTED, cls="label")
     f.y = y + 30 + 26
     f.legend([("block", "an expert with one replica"), ("accent", "a replica of a hot expert (load / count)"),
               ("plain", "dashed line: the mean GPU load; solid: the max, the step time")], wrong=wrong_any)
 
 
+def line_label(name: str, value: float) -> str:
+    return f"{name} {num(round(value, 2))}"
+
+
+LABEL_H = SMALL + 2
+"""The height a segment's label takes (its font size and a little room); a segment shorter than this is unlabelled."""
+
+
+def label_box(x: float, baseline: float, text: str) -> tuple[float, float, float, float]:
+    """The box (left, top, right, bottom) a centred segment label takes: its estimated width, LABEL_H high."""
+    w = text_width(text, SMALL, mono=True)
+    return x - w / 2, baseline - LABEL_H + 1.5, x + w / 2, baseline + 3
+
+
+def _label_y(top: float, bottom: float, lines: list[float]) -> float | None:
+    """The baseline of a label inside a segment spanning top..bottom (y grows downwards): at its middle, or moved
+    up or down within it so that no reference line at a y in `lines` crosses it; None if no place is clear."""
+    middle = (top + bottom) / 2 + LABEL_H / 2 - 1.5           # the baseline that centres the label
+    candidates = [middle] + [b for y in lines for b in (y - 5.5, y + LABEL_H + 1)]   # just above, just below
+    for b in sorted(candidates, key=lambda b: abs(b - middle)):
+        _, t, _, u = label_box(0, b, "")
+        if top + 1 <= t and u <= bottom - 1 and all(y < t - 1.5 or y > u + 1.5 for y in lines):
+            return b
+    return None
+
+
 def _stacked(f: Figure, x0: float, base: float, width: float, height: float, top: float, data: list, want,
              cnt: list, num_nodes: int, num_gpus: int) -> None:
-    """One bar per GPU, a segment per replica; a GPU whose replicas differ from `want` is hatched."""
+    """One bar per GPU, a segment per replica; a GPU whose replicas differ from `want` is hatched.
+
+    The mean (dashed) and the max (solid) cross the bars; a segment's label sits where neither line crosses it,
+    or, in a segment too short for that, on a patch of the segment's colour drawn over the line."""
     gap = 18
     bw = (width - (num_gpus - 1) * gap) / num_gpus
     totals = [sum(v for _, v in s) for s in data]
     mean = sum(totals) / len(totals)
+    my = base - height * mean / top
+    mx = base - height * max(totals) / top
+    labels = []
     for g, stack in enumerate(data):
         bx = x0 + g * (bw + gap)
         bad = want is not None and sorted(stack) != sorted(want[g])
@@ -212,9 +264,8 @@ def _stacked(f: Figure, x0: float, base: float, width: float, height: float, top
             f.dwg.add(f.dwg.rect((bx, y - hgt), (bw, hgt), fill="url(#hatch-wrong)" if bad else fill(role),
                                  stroke=stroke("wrong") if bad else stroke(role), stroke_width=1,
                                  class_="bar wrong" if bad else "bar"))
-            if hgt >= 13:
-                f.text(bx + bw / 2, y - hgt / 2 + 4, f"e{e} {num(round(v, 2))}", size=SMALL, anchor="middle", mono=True,
-                       cls="value")
+            if hgt >= LABEL_H + 2:
+                labels.append((bx + bw / 2, y - hgt, y, f"e{e} {num(round(v, 2))}", "wrong" if bad else role))
             y -= hgt
         if bad:
             wt = sum(v for _, v in want[g])
@@ -228,16 +279,25 @@ def _stacked(f: Figure, x0: float, base: float, width: float, height: float, top
                    size=SMALL - 1.5, anchor="middle", cls="expected")
         f.text(bx + bw / 2, base + 14, f"GPU {g}: {num(round(totals[g], 2))}", size=SMALL + 1, anchor="middle",
                weight="bold", color=stroke("wrong") if bad else INK, cls="value wrong" if bad else "value")
-    my = base - height * mean / top
     line = f.dwg.line((x0 - 6, my), (x0 + width + 6, my), stroke=INK, stroke_width=1.2, class_="mean")
     line["stroke-dasharray"] = "5,3"
     f.dwg.add(line)
-    f.text(x0 - 8, my + 11, f"mean {num(round(mean, 2))}", size=SMALL, anchor="end", color=INK, cls="label")
-    mx = base - height * max(totals) / top
     f.dwg.add(f.dwg.line((x0 - 6, mx), (x0 + width + 6, mx), stroke=stroke("accent"), stroke_width=1.4,
                          class_="max"))
-    f.text(x0 - 8, mx - 3, f"max {num(round(max(totals), 2))}", size=SMALL, anchor="end", color=stroke("accent"),
-           weight="bold", cls="label")
+    # The two lines' labels, left of the bars: the max above its line, the mean below its own, so they never meet.
+    f.text(x0 - 8, mx - 3, line_label("max", max(totals)), size=SMALL, anchor="end", color=stroke("accent"),
+           weight="bold", cls="label line-label")
+    f.text(x0 - 8, my + 11, line_label("mean", mean), size=SMALL, anchor="end", color=INK,
+           cls="label line-label")
+    # The segments' labels, drawn after the lines: clear of them, or on a patch that hides the line behind.
+    for cx, seg_top, seg_bottom, text, role in labels:
+        b = _label_y(seg_top, seg_bottom, [my, mx])
+        if b is None:
+            b = (seg_top + seg_bottom) / 2 + LABEL_H / 2 - 1.5
+            left, t, right, bottom = label_box(cx, b, text)
+            f.dwg.add(f.dwg.rect((left - 2, t), (right - left + 4, bottom - t), rx=2,
+                                 fill=PAPER if role == "wrong" else fill(role), class_="label-patch"))
+        f.text(cx, b, text, size=SMALL, anchor="middle", mono=True, cls="value")
     per_node = num_gpus // num_nodes
     for n in range(num_nodes):
         a = x0 + n * per_node * (bw + gap)

@@ -8,34 +8,45 @@ and one decode step.
 
 from __future__ import annotations
 
+import re
+
 from figures import figure
-from figures.kit import Figure, wrap
+from figures.kit import Figure, text_width, wrap
 from figures.style import FONT, INK, LABEL, MARGIN, MUTED, SMALL, fill, stroke
 
 ROLE = {"yours": "accent", "partly yours": "accent", "reference": "token", "override": "wrong", "engine": "plain",
         None: "masked"}
 TAG = {"yours": "yours ✓", "partly yours": "partly yours", "reference": "reference", "override": "planted",
-       "engine": "engine", None: "not called"}
+       "engine": "engine's own", None: "not called"}
 LAYER_STAGES = ("input_layernorm", "qkv_proj", "split q | k | v", "q/k norm + RoPE", "write K/V to the cache",
                 "attention (GQA, causal)", "o_proj", "post_attention_layernorm", "mlp (SwiGLU)")
 
 
 @figure("overview", title="课程地图:一个请求走过的章节",
-        zh="第 15–32 章合起来是一个推理引擎:一次真实运行中,一个请求依次经过哪些章节的函数、"
-           "每一步看到的形状,以及其中哪些是你自己的代码。",
+        zh="第 15–32 章合起来是一个推理引擎:一次真实运行中,一个请求经过的章节函数、每一步看到的形状,以及哪些是你的代码。",
         en="The course map, chapters 15–32, drawn from a real engine run: the chapter function that ran at each "
            "stage of one request's path, the shapes it saw, and which of them were your own code.",
         needs={})
 def overview_figure(f: Figure, r: dict) -> None:
-    _course_map(f, r["course"])
+    _course_map(f, r["course"], r["path"])
     _path(f, r)
     m, n = r["model"], r["counts"]
-    f.note(f"This run: {_count(n['steps'], 'step')} ({n['prefill_steps']} prefill, {n['decode_steps']} decode), "
-           f"{n['chunked_prefill_steps']} with a chunked prefill, "
-           f"{_count(n['prefix_cache_hits'], 'prefix-cache hit')}, {_count(n['preemptions'], 'preemption')}. "
-           f"Model: {m['layers']} layers, hidden {m['hidden']}, {m['heads']} query / {m['kv_heads']} KV heads of "
-           f"head_dim {m['head_dim']}, vocab {m['vocab']} ({m['source']}). "
-           f"Request {r['request']} generated {_tokens(r['output'])}.", size=SMALL + 1)
+    note = (f"This run: {_count(n['steps'], 'step')} ({n['prefill_steps']} prefill, {n['decode_steps']} decode), "
+            f"{n['chunked_prefill_steps']} with a chunked prefill, "
+            f"{_count(n['prefix_cache_hits'], 'prefix-cache hit')}, {_count(n['preemptions'], 'preemption')}. "
+            f"Model: {m['layers']} layers, hidden {m['hidden']}, {m['heads']} query / {m['kv_heads']} KV heads of "
+            f"head_dim {m['head_dim']}, vocab {m['vocab']} ({m['source']}). "
+            f"Request {r['request']} generated {_tokens(r['output'])}")
+    if "random weights" in m["source"]:
+        note += ": random weights, so the tokens mean nothing and often repeat."
+    else:
+        note += "."
+    own = [e for e in r["path"] if e["source"] == "engine"]
+    if any(e["fn"] == "argmax" for e in own):
+        note += (" At temperature 0 the engine takes the argmax itself (greedy, as real engines do); ch23's sample "
+                 "runs only at a temperature above 0 (--temperature).")
+    f.note(note, size=SMALL + 1)
+    f.y -= 4
     f.legend([("accent", "your function (its task's checks pass)"), ("token", "the reference solution"),
               ("plain", "the engine's own step"), ("masked", "a chapter the engine does not call")]
              + ([("wrong", "planted (a test's override)")] if any(c["part"] == "override" for c in r["course"])
@@ -47,62 +58,91 @@ def _count(n: int, noun: str) -> str:
 
 
 def _tokens(ids: list[int]) -> str:
-    shown = ", ".join(map(str, ids[:12]))
-    return f"[{shown}{', …' if len(ids) > 12 else ''}]"
+    shown = ", ".join(map(str, ids[:6]))
+    return f"[{shown}{', …' if len(ids) > 6 else ''}]"
 
 
-def _course_map(f: Figure, course: list[dict]) -> None:
-    """The chapters as tiles, 9 to a row, lit by their part in the run."""
+def parts_in_run(course: list[dict], path: list[dict]) -> list[str | None]:
+    """Each chapter's part in the run as the map shows it: its part (whose functions) when one of its functions
+    ran on the traced path, "engine" when the engine did that chapter's job itself (the argmax at temperature 0
+    instead of ch23's sample), None when nothing of it ran. The engine calls every function it holds on every
+    step but ch23's sample, so the path (one request's first prefill and decode steps) tells which ran."""
+    ran = {e["chapter"] for e in path if e["source"] != "engine"}
+    own = {e["chapter"] for e in path if e["source"] == "engine"}
+    return [ch["part"] if ch["id"] in ran else "engine" if ch["id"] in own else None for ch in course]
+
+
+MAP_PER_ROW = 6
+
+
+def _course_map(f: Figure, course: list[dict], path: list[dict]) -> None:
+    """The chapters as tiles, six to a row, lit by their part in the run: the id and the part on the first line,
+    the title under them."""
     f.heading("课程地图 · the course map: which chapters' functions the engine ran, and whose they were")
-    per_row, gap, h = 9, 8, 84
-    w = (f.width - 2 * MARGIN - (per_row - 1) * gap) / per_row
-    y0 = f.y + 4
-    for i, ch in enumerate(course):
-        x, y = MARGIN + (i % per_row) * (w + gap), y0 + (i // per_row) * (h + gap)
-        part = ch["part"]
+    gap, pad = 8, 7
+    w = (f.width - 2 * MARGIN - (MAP_PER_ROW - 1) * gap) / MAP_PER_ROW
+    titles = [wrap(ch["zh"], w - 2 * pad, SMALL) for ch in course]
+    h = 22 + 12 * max(len(t) for t in titles)
+    y0 = f.y + 2
+    for i, (ch, part, lines) in enumerate(zip(course, parts_in_run(course, path), titles)):
+        x, y = MARGIN + (i % MAP_PER_ROW) * (w + gap), y0 + (i // MAP_PER_ROW) * (h + gap)
         f.box(x, y, w, h, role=ROLE[part], dashed=part is None, rx=4)
-        f.text(x + 6, y + 15, ch["id"], size=LABEL, weight="bold", mono=True, cls="label")
-        for j, line in enumerate(wrap(ch["zh"], w - 10, SMALL)[:3]):
-            f.text(x + 6, y + 31 + j * 13, line, size=SMALL, color=INK if part else MUTED, cls="label")
-        f.text(x + 6, y + h - 8, TAG[part], size=SMALL - 0.5, color=stroke(ROLE[part]) if part else MUTED,
+        f.text(x + pad, y + 15, ch["id"], size=LABEL, weight="bold", mono=True, cls="label")
+        f.text(x + w - pad, y + 14, TAG[part], size=SMALL - 0.5, anchor="end",
+               color=stroke(ROLE[part]) if part not in (None, "engine") else MUTED,
                weight="bold" if part in ("yours", "partly yours") else "normal", cls="status")
-    f.y = y0 + -(-len(course) // per_row) * (h + gap) + 14
+        for j, line in enumerate(lines):
+            f.text(x + pad, y + 29 + j * 12, line, size=SMALL, color=INK if part else MUTED, cls="label")
+    f.y = y0 + -(-len(course) // MAP_PER_ROW) * (h + gap) + 14
+
+
+PATH = {"stage": LABEL - 2, "fn": SMALL - 1, "shapes": SMALL - 1, "line": 12}
+"""The path table's text sizes and its line pitch."""
 
 
 def _path(f: Figure, r: dict) -> None:
-    """One row per stage: the chapter badge, the function, and the shapes in the prefill and the decode step."""
+    """One row per stage: the chapter badge, the stage, the function, and the shapes it saw in the prefill and in
+    the decode step side by side (a long one wraps in its column)."""
     events = {(e["kind"], e["stage"]): e for e in r["path"]}
     stages = list(dict.fromkeys(e["stage"] for e in r["path"] if e["kind"] == "prefill"))
     stages += [e["stage"] for e in r["path"] if e["kind"] == "run"]
     i = r["request"]
     f.heading(f"请求 {i} 的路径 · request {i}'s path: its first prefill step, then its first decode step "
               f"(layer 0 stands for every layer)")
-    badge_w, name_w, kind_w = 44, 196, 50
-    sx = MARGIN + badge_w + 8 + name_w + kind_w
-    y = f.y + 2
+    firsts = [events[("run", s)] if ("run", s) in events else events[("prefill", s)] for s in stages]
+    badge_w, gap = 44, 14
+    x_stage = MARGIN + badge_w + 8
+    x_fn = x_stage + max(text_width(s, PATH["stage"]) for s in stages) + gap
+    x_pre = x_fn + max(text_width(_function(e), PATH["fn"], mono=True) for e in firsts) + gap
+    col_w = (f.width - MARGIN - x_pre - gap) / 2
+    x_dec = x_pre + col_w + gap
+    y = f.y + 10
+    for x, label in ((x_stage, "stage"), (x_fn, "function"), (x_pre, "prefill"), (x_dec, "decode")):
+        f.text(x, y, label, size=SMALL - 0.5, color=MUTED, cls="label column")
+    y += 6
     layer_rows = []
-    for stage in stages:
-        kinds = ["run"] if ("run", stage) in events else ["prefill", "decode"]
-        first = events[(kinds[0], stage)]
-        h = 40
-        f.cell(MARGIN, y + 2, first["chapter"], role=ROLE[first["source"]], w=badge_w, h=h - 4, fmt=str,
-               size=SMALL + 0.5, bold=True)
-        f.text(MARGIN + badge_w + 8, y + 15, stage, size=LABEL - 0.5, cls="label")
-        f.text(MARGIN + badge_w + 8, y + 31, f"{first['fn']}  (ch{first['task']})", size=SMALL, mono=True,
-               color=MUTED, cls="function")
-        limit = int((f.width - MARGIN - sx) / (SMALL * 0.61))
-        for j, kind in enumerate(kinds):
-            e = events.get((kind, stage))
-            shapes = e["shapes"] if e else "—"
-            f.text(sx - 8, y + 15 + 16 * j, "whole run" if kind == "run" else kind, size=SMALL - 0.5, anchor="end",
-                   color=MUTED, cls="label")
-            f.text(sx, y + 15 + 16 * j, shapes if len(shapes) <= limit else shapes[:limit - 1] + "…", size=SMALL,
-                   mono=True, cls="shapes")
+    for stage, first in zip(stages, firsts):
+        if ("run", stage) in events:
+            cells = [(x_pre, f.width - MARGIN - x_pre, _shown(events[("run", stage)]))]
+        else:
+            cells = [(x, col_w, _shown(events.get((kind, stage)), kind)) for x, kind in ((x_pre, "prefill"),
+                                                                                         (x_dec, "decode"))]
+        lines = [wrap_shapes(s, w) for _, w, s in cells]
+        h = 7 + PATH["line"] * max(1, *map(len, lines))
+        own = first["source"] == "engine"
+        f.cell(MARGIN, y + 2, first["chapter"] if own else f"ch{first['task']}", role=ROLE[first["source"]],
+               w=badge_w, h=h - 4, fmt=str, size=SMALL - 0.5, bold=True)
+        base = y + 3 + PATH["line"] - 3
+        f.text(x_stage, base, stage, size=PATH["stage"], cls="label")
+        f.text(x_fn, base, _function(first), size=PATH["fn"], mono=True, color=MUTED, cls="function")
+        for (x, _, _), shown in zip(cells, lines):
+            for j, line in enumerate(shown):
+                f.text(x, base + j * PATH["line"], line, size=PATH["shapes"], mono=True, cls="shapes")
         if stage in LAYER_STAGES:
             layer_rows.append((y, y + h))
-        f.dwg.add(f.dwg.line((MARGIN, y + h + 1), (f.width - MARGIN, y + h + 1), stroke=fill("plain"),
+        f.dwg.add(f.dwg.line((MARGIN, y + h + 0.5), (f.width - MARGIN, y + h + 0.5), stroke=fill("plain"),
                              stroke_width=1))
-        y += h + 3
+        y += h + 1
     if layer_rows:
         top, bottom = layer_rows[0][0], layer_rows[-1][1]
         x = MARGIN - 10
@@ -112,4 +152,36 @@ def _path(f: Figure, r: dict) -> None:
                            font_family=FONT, fill=MUTED, text_anchor="middle", class_="label",
                            transform=f"rotate(-90 {x - 4} {(top + bottom) / 2})")
         f.dwg.add(label)
-    f.y = y + 18
+    f.y = y + 20
+
+
+def _function(e: dict) -> str:
+    """The function of a stage as the table names it (the badge's colour says whose it is)."""
+    return e["fn"]
+
+
+def _shown(e: dict | None, kind: str | None = None) -> str:
+    """The shapes a stage saw, without a leading "prefill: " that the column already says."""
+    if e is None:
+        return "—"
+    s = re.sub(r"positions (\d+)–\1\b", r"position \1", e["shapes"])     # one position is not a range
+    return s[len(kind) + 2:] if kind and s.startswith(f"{kind}: ") else s
+
+
+def wrap_shapes(s: str, width: float, *, lines: int = 3) -> list[str]:
+    """`s` in lines no wider than `width` (monospaced, the table's size), at most `lines` of them (the last one
+    cut short with "…" if even that is not enough)."""
+    out, line = [], ""
+    for word in s.split(" "):
+        if line and text_width(f"{line} {word}", PATH["shapes"], mono=True) > width:
+            out.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    out.append(line)
+    if len(out) > lines:
+        out = out[:lines]
+        while out[-1] and text_width(out[-1] + " …", PATH["shapes"], mono=True) > width:
+            out[-1] = out[-1][:-1]
+        out[-1] += " …"
+    return out

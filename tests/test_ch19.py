@@ -4,15 +4,22 @@ the documented worked example and with transformers' Qwen3."""
 
 from __future__ import annotations
 
+import math
+import xml.etree.ElementTree as ET
+
 import pytest
 import torch
 from mutate import mutant_grader, result, tasks_not_passed, wrong_elements
+
+import figures
+from figures import ch19 as rope_figures
 
 from grader.checks import ch19 as checks
 from grader.hidden import ch19_models as models
 from solutions import ch19_rope as ref
 
 SEED = 19
+SVG = "{http://www.w3.org/2000/svg}"
 
 ROTATE = ("    x1, x2 = x.float().chunk(2, dim=-1)\n"
           "    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)")
@@ -102,11 +109,14 @@ def test_one_half_left_unrotated(graded):
     assert wrong_elements(report, "ch19-rope-pair")
 
 
+BACKWARDS = ("x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)",
+             "x1 * c + x2 * s, x2 * c - x1 * s), dim=-1).to(x.dtype)")
+
+
 def test_sin_sign_flipped(graded):
     report = graded("backwards",
                     # rotating backwards: the sign of sin flipped in both halves
-                    ("x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)",
-                          "x1 * c + x2 * s, x2 * c - x1 * s), dim=-1).to(x.dtype)"))
+                    BACKWARDS)
     r = result(report, "figure instance", task="19.2")
     assert r.status == "failed"
     assert "hint: the sign of sin is flipped (you rotate backwards)" in r.message
@@ -168,6 +178,65 @@ def test_weight_before_the_cast_in_bf16(graded):
     r = result(report, "bf16 q and k", task="19.3")
     assert r.status == "failed"
     assert "hint: cast the normalised x back to bfloat16 before multiplying by the weight" in r.message
+
+
+# -- the figure of one pair in the plane ----------------------------------------------------------------
+
+def _boxes(root) -> list[tuple[str, tuple[float, float, float, float]]]:
+    """Every text of a figure with the box it covers (by the kit's own width measure)."""
+    out = []
+    for el in root.iter(f"{SVG}text"):
+        s, size = "".join(el.itertext()), float(el.get("font-size"))
+        out.append((s, rope_figures.label_box(float(el.get("x")), float(el.get("y")), s, size,
+                                              el.get("text-anchor", "start"), mono="Mono" in el.get("font-family"))))
+    return out
+
+
+def _inside(box, rect) -> bool:
+    x, y, w, h = (float(rect.get(k)) for k in ("x", "y", "width", "height"))
+    return x <= box[0] and box[2] <= x + w and y <= box[1] and box[3] <= y + h
+
+
+def _rope_figures(record: dict) -> list[ET.Element]:
+    """The figure drawn from the record, and drawn from the same inputs with the reference's answers."""
+    spec = next(s for s in figures.catalog("ch19") if s.id == "ch19-rope-pair")
+    right = {**record, "rotated": record["expected"], "cos": record["cos_expected"], "sin": record["sin_expected"]}
+    return [ET.fromstring(spec.render(record)), ET.fromstring(spec.render(right))]
+
+
+def test_rope_pair_labels_and_captions_keep_off_the_circles(graded):
+    record = graded("backwards", BACKWARDS).records["ch19-rope-pair"]
+    for root in _rope_figures(record):
+        circles = [c for c in root.iter(f"{SVG}circle") if c.get("class") == "orbit"]
+        zooms = [z for z in root.iter(f"{SVG}rect") if z.get("class") == "zoom"]
+        zoomed = [c for c in root.iter(f"{SVG}circle") if c.get("class") == "orbit zoomed"]
+        assert len(circles) == 2
+        for s, box in _boxes(root):
+            inset = [k for k, z in enumerate(zooms) if _inside(box, z)]
+            # over a main circle unless inside an inset (which hides the circle), over an inset's circle never
+            rings = [zoomed[k] for k in inset] if inset else circles
+            for c in rings:
+                assert not rope_figures.crosses_ring(box, float(c.get("cx")), float(c.get("cy")), float(c.get("r")),
+                                                     margin=1.0), (s, box)
+
+
+def test_a_slow_pairs_positions_are_told_apart_in_a_zoomed_inset(graded):
+    record = graded("backwards", BACKWARDS).records["ch19-rope-pair"]
+    d, base, positions = record["head_dim"], record["base"], record["positions"]
+    slow = [j for j in range(d // 2) if max(positions) / base ** (2 * j / d) <= 0.3]
+    assert slow, "the instance has a slow pair"
+    for root in _rope_figures(record):
+        assert len([z for z in root.iter(f"{SVG}rect") if z.get("class") == "zoom"]) == len(slow)
+        groups = [g for g in root.iter(f"{SVG}g") if g.get("class") == "zoomed"]
+        for g in groups:
+            heads = [p for p in g.iter(f"{SVG}polygon") if "arrow" in p.get("class") and
+                     "expected" not in p.get("class")]
+            tips = [tuple(map(float, p.get("points").split()[0].split(","))) for p in heads]
+            assert len(tips) == len(positions)
+            gaps = [math.dist(a, b) for a, b in zip(tips, tips[1:])]
+            assert min(gaps) >= 0.5 * rope_figures.ZOOM_SEPARATION, gaps
+        labels = {t for t, _ in _boxes(root)}
+        assert {f"p={p}" for p in positions} <= labels
 
 
 # -- the reference against the documented facts and transformers ----------------------------------------

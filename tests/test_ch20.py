@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mutate import mutant_grader, result, tasks_not_passed, wrong_elements
+from figure_layout import cramped, off_canvas, rects, reference_figures, reference_records, texts, transposes
+from mutate import figure_file, mutant_grader, result, tasks_not_passed, wrong_elements
 
+from figures import ch20 as drawn
+from figures.style import MARGIN
 from grader.checks import ch20 as checks
 from solutions import ch20_norms_swiglu as ref
 
@@ -48,6 +51,7 @@ def test_layernorm_instead_of_rmsnorm(graded):
     assert "hint: RMSNorm does not subtract the mean (that is LayerNorm)" in r.message
     # layer 0's add_rms_norm normalises with rms_norm: the figure marks its normed row
     assert wrong_elements(report, "ch20-prenorm")
+    assert off_canvas(figure_file(report, "ch20-prenorm").read_text(encoding="utf-8"), margin=MARGIN - 1) == []
 
 
 def test_norm_over_the_tokens(graded):
@@ -213,3 +217,23 @@ def test_bf16_mlp_tolerance_accepts_eager_rounding_and_rejects_swapped_halves():
     swapped = torch.nn.functional.linear(torch.nn.functional.silu(gu[:, i:]) * gu[:, :i], w_down)
     assert not checks.mlp_wrong(eager, want).any()
     assert checks.mlp_wrong(swapped, want).float().mean() > 0.5
+
+
+# -- the figures' layout ------------------------------------------------------------------------------------
+def test_the_fused_rows_cells_are_wide_enough_for_their_values():
+    svg = reference_figures("ch20")["ch20-prenorm"]
+    cells = rects(svg, cls="cell")
+    values = texts(svg, cls="value")
+    assert any(t.s == "0.557" for t in values), "the value that used to touch its cell's borders"
+    held = [c for c in cells if any(c.holds(t) for t in values)]
+    assert len(held) >= 40
+    for c in held:
+        assert cramped(svg, c, pad=drawn.CELL_PAD - 0.5, cls="value") == []
+    assert off_canvas(svg, margin=MARGIN - 1) == []
+
+
+def test_a_transpose_is_a_raised_t_in_the_figures_own_font():
+    svg = reference_figures("ch20")["dim-swiglu"]
+    assert "ᵀ" not in svg, "the modifier letter ᵀ is another font's glyph"
+    assert len([s for s in transposes(svg) if "WT row" in s]) == len(reference_records("ch20")["dim-swiglu"]["x"])
+    assert [s for s in transposes(svg) if s.startswith(("① gate_up = x · W_gate_upT", "③ out = act · W_downT"))]

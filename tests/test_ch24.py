@@ -5,7 +5,9 @@ with the facts of nano-vllm bb823b3 and vLLM v1 (reference/nanovllm.md §11, vll
 from __future__ import annotations
 
 import pytest
-from mutate import mutant_grader, result, tasks_not_passed, wrong_elements
+from mutate import figure, mutant_grader, result, tasks_not_passed, wrong_elements
+
+from figures.kit import Figure, text_width
 
 from grader.checks import ch24 as checks
 from grader.checks import ch24_trace as tracing
@@ -13,6 +15,7 @@ from grader.hidden import ch24 as hidden_checks
 from solutions import ch24_scheduler as ref
 
 SEED = 24
+SVG = "{http://www.w3.org/2000/svg}"
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +24,13 @@ def graded(tmp_path_factory):
 
 
 # -- 24.1 the scheduler ---------------------------------------------------------------------------------
+NO_COUNT = ("            seq.num_computed_tokens += seq.num_scheduled_tokens\n", "")
+
+
 def test_chunk_not_counted(graded):
     report = graded("no_count",
                     # postprocess forgets to count the chunk: num_computed_tokens never advances
-                    ("            seq.num_computed_tokens += seq.num_scheduled_tokens\n", ""))
+                    NO_COUNT)
     r = result(report, "figure instance: one request")
     assert r.status == "failed"
     assert "step 1: schedule() → prefill [A: tokens 0–3 of 10]" in r.message
@@ -37,6 +43,31 @@ def test_chunk_not_counted(graded):
     assert inv.status == "failed" and "was scheduled but its num_computed_tokens did not grow" in inv.message
     assert wrong_elements(report, "ch24-control-loop")
     assert not wrong_elements(report, "ch24-three-progress")
+
+
+def test_instance_chips_hold_their_text(graded):
+    root = figure(graded("no_count", NO_COUNT), "ch24-control-loop")
+    elements = list(root.iter())
+    boxes = [el for el in elements if el.get("class") == "box" and el.get("height") == "30"]
+    assert len(boxes) == 4
+    right = 0.0
+    for box in boxes:
+        x, y, w = float(box.get("x")), float(box.get("y")), float(box.get("width"))
+        label = elements[elements.index(box) + 1]
+        assert label.tag == f"{SVG}text" and abs(float(label.get("x")) - (x + w / 2)) < 0.5
+        need = text_width(label.text, float(label.get("font-size")), "Mono" in label.get("font-family"))
+        assert w >= need + 2 * Figure.CHIP_PAD, (label.text, w, need)
+        assert x >= right, "chips do not overlap"
+        right = x + w
+
+
+def test_unset_cached_count_is_explained(graded):
+    texts = list(figure(graded("no_count", NO_COUNT), "ch24-three-progress").iter(f"{SVG}text"))
+    # the start row's num_cached_tokens is vLLM's −1, "not set yet": the figure says what it means
+    start = next(i for i, el in enumerate(texts) if el.text == "before the first step")
+    assert "−1" in [el.text for el in texts[start:start + 20] if el.get("class") == "value"]
+    assert [el.text for el in texts if el.get("class") == "note unset"] == ["−1: not set until admitted"]
+    assert any("num_cached_tokens starts at −1" in (el.text or "") for el in texts)
 
 
 def test_candidate_of_an_unfinished_chunk_appended(graded):

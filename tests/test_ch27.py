@@ -5,8 +5,11 @@ the figures drawn from them mark the wrong cells."""
 from __future__ import annotations
 
 import pytest
-from mutate import mutant_grader, result, statuses, wrong_elements
+from figure_layout import cramped, off_canvas, reference_figures, rects, texts
+from mutate import figure_file, mutant_grader, result, statuses, wrong_elements
 
+from figures import ch27 as drawn
+from figures.style import MARGIN
 from grader.checks import ch27 as checks
 from grader.hidden import ch27 as hidden_checks
 from solutions import ch27_engine_core as ref
@@ -119,6 +122,8 @@ def test_an_empty_output_for_a_partial_prefill_is_explained_and_marked(graded):
     assert "step 1 should return [] (nothing new)" in r.message and "yours: [('A', [], False)]" in r.message
     assert "hint: a request that got no token this step (a non-final prefill chunk) emits nothing" in r.message
     assert wrong_elements(report, "ch27-enginecore-loop")
+    svg = figure_file(report, "ch27-enginecore-loop").read_text(encoding="utf-8")
+    assert off_canvas(svg, margin=MARGIN - 1) == [], "the marked figure stays inside the page margins too"
 
 
 def test_computed_advanced_at_update_time_is_caught_by_the_piece_by_piece_check(graded):
@@ -184,3 +189,30 @@ def test_a_stale_output_after_eos_is_explained(graded):
     edges = result(report, "edge cases", task="27.2")
     assert edges.status == "failed" and "B had already finished (FINISHED_STOPPED)" in edges.message
     assert statuses(report, "27.1") == {"passed"}
+
+
+# -- the figures' layout ------------------------------------------------------------------------------------
+def test_the_loop_boxes_are_as_wide_as_their_text_and_nothing_leaves_the_page():
+    svg = reference_figures("ch27")["ch27-enginecore-loop"]
+    assert off_canvas(svg, margin=MARGIN - 1) == []
+    calls = {call for _, call, _, _ in drawn.LOOP}
+    loop = sorted((b for b in rects(svg, cls="box") if any(b.holds(t) and t.s in calls for t in texts(svg))),
+                  key=lambda b: b.x)
+    assert len(loop) == len(drawn.LOOP)
+    for box in loop:
+        assert cramped(svg, box, pad=drawn.BOX_PAD - 0.5) == [], "every line of a loop box has room on both sides"
+    for box in rects(svg, cls="box"):
+        assert cramped(svg, box, pad=drawn.BOX_PAD - 0.5) == [], "and so has every chip of the instance"
+    # What crosses an arrow is written between the two boxes it joins.
+    for (name, contents), a, b in zip(drawn.CONTRACTS, loop, loop[1:]):
+        words = " ".join(contents).split()
+        mine = [t for t in texts(svg) if t.s == name or (a.x + a.w < t.x < b.x and t.s.split()
+                                                          and set(t.s.split()) <= set(words))]
+        assert len(mine) >= 1 + len(contents)
+        assert all(a.x + a.w + drawn.GAP_PAD - 0.5 <= t.left and t.right <= b.x - drawn.GAP_PAD + 0.5 for t in mine)
+
+
+def test_no_label_of_the_figures_ends_on_a_dangling_separator():
+    # ("·" alone is a cell's value: the request is not there yet.)
+    for figure_id, svg in reference_figures("ch27").items():
+        assert [t.s for t in texts(svg) if t.s.rstrip().endswith("·") and t.s.strip() != "·"] == [], figure_id

@@ -5,10 +5,14 @@ teaching message meant for them and the figures drawn from them mark the wrong c
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
+from figure_layout import off_canvas, reference_figures, reference_records, texts
 from mutate import mutant_grader, result, statuses, wrong_elements
 
+from figures import ch29 as drawn
+from figures.style import MARGIN
 from grader.checks import ch29 as checks
 from grader.hidden import ch29 as hidden_checks
 from solutions import ch29_metadata_metrics as ref
@@ -132,3 +136,18 @@ def test_dividing_by_the_sum_of_latencies_is_explained(graded):
     assert "duration = last chunk − first start = 3.4 − 0 = 3.4 s; yours: 0.8" in r.message
     assert "hint: the run's duration is its wall time, first start to last chunk, not the sum of the latencies" \
         in r.message
+
+
+# -- the figures' layout ------------------------------------------------------------------------------------
+def test_a_range_of_one_row_reads_row_n():
+    assert drawn.rows_of(4, 5) == "row 4" and drawn.rows_of(0, 4) == "rows 0–3"
+    svg = reference_figures("ch29")["ch29-schedule-to-metadata"]
+    qsl = reference_records("ch29")["ch29-schedule-to-metadata"]["expected"]["query_start_loc"]
+    ranges = [t for t in texts(svg) if re.fullmatch(r"R\d+: rows? .*", t.s)]
+    assert [t.s for t in ranges] == [f"R{i}: {drawn.rows_of(a, e)}" for i, (a, e) in enumerate(zip(qsl, qsl[1:]))
+                                     if e > a]
+    assert any(e - a == 1 for a, e in zip(qsl, qsl[1:])), "the instance has a one-row range"
+    assert [t.s for t in texts(svg) if re.search(r"\b(\d+)–\1\b", t.s)] == [], "no range from a row to itself"
+    for a, b in zip(ranges, ranges[1:]):
+        assert a.right < b.left, "neighbouring ranges' labels do not run into each other"
+    assert off_canvas(svg, margin=MARGIN - 1) == []

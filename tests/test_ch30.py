@@ -7,8 +7,12 @@ import ctypes
 
 import numpy as np
 import pytest
+from figure_layout import off_canvas, overlap, reference_figures, reference_records, texts
 from mutate import figure, mutant_grader, result, tasks_not_passed, wrong_elements
 
+from figures import ch30 as drawn
+from figures.kit import text_width
+from figures.style import MARGIN, SMALL
 from grader.checks import ch30 as checks
 from solutions import ch30_native_core as ref
 
@@ -159,3 +163,22 @@ def test_records_of_many_requests_form_one_buffer():
     batch = np.concatenate(recs)
     assert batch.dtype == ref.record_dtype() and batch.nbytes == 3 * 56
     assert ref.select_phase(batch) == "prompt" and ref.select_phase(batch[1:]) == "decode"
+
+
+# -- the figures' layout ------------------------------------------------------------------------------------
+def test_what_the_matrix_allows_is_shown_whole_or_with_the_configs_value_first():
+    arch = next(row for row in reference_records("ch30")["ch30-system-boundary"]["rows"]
+                if row["key"] == "architecture")
+    assert arch["ok"] and len(arch["allowed"]) > 1 and arch["value"] != arch["allowed"][0]
+    whole = drawn.allowed_note(arch, float("inf"))
+    assert whole == "allowed: " + ", ".join(arch["allowed"])
+    narrow = drawn.allowed_note(arch, text_width(whole, SMALL) - 1)
+    assert narrow.startswith(f"allowed: {arch['value']}") and "more" in narrow and "…" not in narrow
+    assert text_width(narrow, SMALL) <= text_width(whole, SMALL) - 1
+    svg = reference_figures("ch30")["ch30-system-boundary"]
+    notes = [t for t in texts(svg) if t.s.startswith("allowed: ")]
+    assert [t.s for t in notes if "…" in t.s] == [], "no name cut short"
+    assert any(arch["value"] in t.s for t in notes), "the architecture asked about is in view"
+    chips = [t for t in texts(svg, cls="value") if t.s.startswith(("✓ ", "✗ "))]
+    assert chips and not [(a.s, b.s) for a in chips for b in notes if overlap(a, b)]
+    assert off_canvas(svg, margin=MARGIN - 1) == []

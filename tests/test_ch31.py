@@ -4,10 +4,14 @@ and DeepSeek's EPLB (§H.3)."""
 
 from __future__ import annotations
 
+from itertools import combinations
+
 import pytest
 import torch
-from mutate import mutant_grader, result, tasks_not_passed, wrong_elements
+from figure_layout import curves, lines, off_canvas, overlap, rects, reference_figures, reference_records, texts
+from mutate import figure_file, mutant_grader, result, tasks_not_passed, wrong_elements
 
+from figures.style import MARGIN
 from grader.checks import ch31 as checks
 from solutions import ch31_moe_eplb as ref
 
@@ -139,6 +143,7 @@ def test_round_robin_packing_is_caught(graded):
     assert "node 0 should hold groups [0, 3]; yours holds experts of groups [0, 1]" in r.message
     assert "hint: each group goes to the lightest node that still has room" in r.message
     assert wrong_elements(report, "ch31-eplb-load")
+    assert_no_line_crosses_a_label(figure_file(report, "ch31-eplb-load").read_text(encoding="utf-8"))
     g = result(report, "the global policy")     # one node: step 1 is trivial, so step 3's packing is what differs
     assert g.status == "failed" and "should carry experts" in g.message and "expected GPU loads" in g.message
 
@@ -223,3 +228,42 @@ def test_eplb_invariants_on_random_loads():
             for e in range(16):
                 slots = log2phy[layer, e][log2phy[layer, e] >= 0]
                 assert len(set((slots // 12).tolist())) == 1
+
+
+# -- the figures' layout ------------------------------------------------------------------------------------
+def assert_no_line_crosses_a_label(svg: str) -> None:
+    """No mean or max line runs through a text unless a patch drawn over the line hides it behind that text;
+    the lines' own labels never meet; nothing leaves the page."""
+    refs = lines(svg, cls="mean") + lines(svg, cls="max")
+    assert len(refs) == 4, "a mean and a max line in each panel"
+    patches = rects(svg, cls="label-patch")
+    for t in texts(svg):
+        for x1, y, x2, _ in refs:
+            if x1 <= t.x <= x2 and t.top - 1 <= y <= t.bottom + 1:
+                assert any(p.x <= t.left and t.right <= p.x + p.w and p.y <= y <= p.y + p.h for p in patches), \
+                    f"the line at y {y} crosses {t.s!r}"
+    labels = texts(svg, cls="line-label")
+    assert len(labels) == 4 and not [(a.s, b.s) for a, b in combinations(labels, 2) if overlap(a, b)]
+    assert off_canvas(svg, margin=MARGIN - 1) == []
+
+
+def test_no_reference_line_crosses_a_label_of_the_load_figure():
+    svg = reference_figures("ch31")["ch31-eplb-load"]
+    assert_no_line_crosses_a_label(svg)
+    shown = [t.s for t in texts(svg)]
+    assert "e5 30" in shown and "mean 75" in shown, "the label the mean line used to strike through is drawn"
+
+
+def test_the_roundtrip_strands_cross_only_where_the_rows_order_makes_them():
+    src = reference_records("ch31")["ch31-moe-roundtrip"]["handle_expected"]["src_token"]
+    svg = reference_figures("ch31")["ch31-moe-roundtrip"]
+    strands = curves(svg)
+    assert len(strands) == 2 * len(src), "a dispatch and a combine strand per row"
+    least = sum(1 for i, j in combinations(range(len(src)), 2) if src[i] > src[j])
+    assert least > 0, "the rows leave token order (that is the point of the figure)"
+    for group in (strands[:len(src)], strands[len(src):]):
+        ends = [x1 for x1, _, _, _ in group] if group is strands[:len(src)] else [x2 for _, _, x2, _ in group]
+        assert len({round(x, 1) for x in ends}) == len(src), "every strand meets its token at a point of its own"
+        crossings = sum(1 for a, b in combinations(group, 2) if (a[0] - b[0]) * (a[2] - b[2]) < 0)
+        assert crossings == least, "two strands cross only when a later token's row lies left of an earlier one's"
+    assert off_canvas(svg, margin=MARGIN - 1) == []

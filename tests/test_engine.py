@@ -17,8 +17,10 @@ from click.testing import CliRunner
 import engine
 import figures
 from engine import oracle
+from figure_layout import height, off_canvas, overlap, texts
 from engine.core import EngineError, Settings
 from engine.model import PRESETS, ModelError, load, random_model
+from figures.style import MARGIN
 from grader import chapters
 from grader.cli import main
 from solutions import ch19_rope
@@ -194,9 +196,9 @@ def test_engine_run_usage_errors(cli, tmp_path, args, code, words):
     assert out.exit_code == code and words in out.output, out.output
 
 
-def overview_of(parts) -> tuple[dict, ET.Element]:
+def overview_of(parts, settings: Settings = FORCING) -> tuple[dict, ET.Element]:
     model = load("tiny")
-    run = engine.Engine(model, parts, FORCING).generate(PROMPTS, 4)
+    run = engine.Engine(model, parts, settings).generate(PROMPTS, 4)
     record = engine.overview_record(run, model)
     (spec,) = figures.catalog("overview")
     return record, ET.fromstring(spec.render(record))
@@ -227,3 +229,31 @@ def test_the_overview_figure_is_drawn_from_a_real_run(tmp_path):
     for name in ("Scheduler", "BlockManager", "prepare_inputs", "varlen_metadata", "logits_indices", "qk_norm_rope",
                  "store_kv", "slot_mapping", "gqa_attention", "swiglu_mlp", "latency_metrics"):
         assert name in functions
+
+
+def test_the_overview_fits_a_slide_and_says_what_ran_at_temperature_0():
+    record, root = overview_of(engine.reference_parts())
+    assert height(root) <= 1000, "one slide"
+    assert off_canvas(root, margin=MARGIN - 1) == []
+    status = dict(zip([c["id"] for c in record["course"]], [t.s for t in texts(root, cls="status")]))
+    assert record["course"][8]["id"] == "ch23" and record["course"][8]["part"] == "reference", \
+        "the engine holds ch23's sample"
+    assert status["ch23"] == "engine's own", "but at temperature 0 it takes the argmax itself"
+    assert status["ch19"] == "reference" and status["ch16"] == "not called"
+    shown = [t.s for t in texts(root)]
+    assert "argmax" in [t.s for t in texts(root, cls="function")] and "ch23" in shown
+    assert not [s for s in shown if "23.2" in s], "the argmax is not ch23.2 (that is sample)"
+    note = " ".join(t.s for t in texts(root, cls="note"))
+    assert "random weights, so the tokens mean" in note and "ch23's sample runs only at a temperature above" in note
+    # The prefill and the decode column never run into each other; a one-position range is a position.
+    shapes = texts(root, cls="shapes")
+    assert not [(a.s, b.s) for i, a in enumerate(shapes) for b in shapes[i + 1:] if overlap(a, b)]
+    assert not [s for s in shown if re.search(r"positions (\d+)–\1\b", s)]
+
+
+def test_the_overview_shows_ch23s_sample_when_the_engine_samples():
+    record, root = overview_of(engine.reference_parts(), replace(FORCING, temperature=0.8, seed=3))
+    status = dict(zip([c["id"] for c in record["course"]], [t.s for t in texts(root, cls="status")]))
+    assert status["ch23"] == "reference"
+    assert "sample" in [t.s for t in texts(root, cls="function")] and "ch23.2" in [t.s for t in texts(root)]
+    assert "argmax" not in " ".join(t.s for t in texts(root))
