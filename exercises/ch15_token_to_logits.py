@@ -243,8 +243,8 @@ def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, tp: int) -> tu
         >>> [s.shape for s in shards], out.shape
         ([torch.Size([2, 2]), torch.Size([2, 2])], torch.Size([2, 4]))
     """
-    # TODO(ch15.6): your code here (about 10 lines)
-    raise NotImplementedError("ch15.6 column_parallel_linear: not implemented yet (about 10 lines)")
+    # TODO(ch15.6): your code here (about 10 of the task's 29 lines, in 2 places)
+    raise NotImplementedError("ch15.6 column_parallel_linear: not implemented yet (about 29 lines)")
 
 
 def row_parallel_linear(x_shards: list[torch.Tensor], weight: torch.Tensor,
@@ -277,5 +277,5 @@ def row_parallel_linear(x_shards: list[torch.Tensor], weight: torch.Tensor,
         >>> partials[0].shape, out[0, 0].item()
         (torch.Size([2, 3]), 4.0)
     """
-    # TODO(ch15.6): your code here (about 19 lines)
-    raise NotImplementedError("ch15.6 row_parallel_linear: not implemented yet (about 19 lines)")
+    # TODO(ch15.6): your code here (about 19 of the task's 29 lines, in 2 places)
+    raise NotImplementedError("ch15.6 row_parallel_linear: not implemented yet (about 29 lines)")

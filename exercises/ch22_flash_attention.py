@@ -89,8 +89,8 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         >>> mid["probs"][0].tolist()            # query 0 sees key 0 only
         [1.0, 0.0]
     """
-    # TODO(ch22.1): your code here (about 21 lines)
-    raise NotImplementedError("ch22.1 naive_attention: not implemented yet (about 21 lines)")
+    # TODO(ch22.1): your code here (about 21 of the task's 32 lines, in 2 places)
+    raise NotImplementedError("ch22.1 naive_attention: not implemented yet (about 32 lines)")
 
 
 def attention_hbm_bytes(T: int, S: int, d: int, dtype_bytes: int, *, flash: bool) -> int:
@@ -137,8 +137,8 @@ def attention_hbm_bytes(T: int, S: int, d: int, dtype_bytes: int, *, flash: bool
         >>> attention_hbm_bytes(4096, 4096, 128, 2, flash=True)
         4210688
     """
-    # TODO(ch22.1): your code here (about 11 lines)
-    raise NotImplementedError("ch22.1 attention_hbm_bytes: not implemented yet (about 11 lines)")
+    # TODO(ch22.1): your code here (about 11 of the task's 32 lines, in 2 places)
+    raise NotImplementedError("ch22.1 attention_hbm_bytes: not implemented yet (about 32 lines)")
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, block_q: int = 64,

@@ -298,28 +298,28 @@ class Scheduler:
 
     def is_finished(self) -> bool:
         """True when no sequence is waiting or running."""
-        # TODO(ch24.1): your code here (about 1 line)
-        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 1 line)")
+        # TODO(ch24.1): your code here (about 1 of the task's 72 lines, in 5 places)
+        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 72 lines)")
 
     def add(self, seq: Sequence) -> None:
         """Queue a new request at the right end of `waiting` (ValueError if it is not new or can never fit)."""
-        # TODO(ch24.1): your code here (about 11 lines)
-        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 11 lines)")
+        # TODO(ch24.1): your code here (about 11 of the task's 72 lines, in 5 places)
+        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 72 lines)")
 
     def schedule(self) -> tuple[list[Sequence], bool]:
         """Pick this step's batch: (sequences, is_prefill). See the class docstring for the rules."""
-        # TODO(ch24.1): your code here (about 43 lines)
-        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 43 lines)")
+        # TODO(ch24.1): your code here (about 43 of the task's 72 lines, in 5 places)
+        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 72 lines)")
 
     def preempt(self, seq: Sequence) -> None:
         """Send a running sequence back to the front of `waiting`, freeing its blocks (it will be recomputed)."""
-        # TODO(ch24.1): your code here (about 4 lines)
-        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 4 lines)")
+        # TODO(ch24.1): your code here (about 4 of the task's 72 lines, in 5 places)
+        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 72 lines)")
 
     def postprocess(self, seqs: list[Sequence], token_ids: list[int], is_prefill: bool) -> None:
         """Fold one step's sampled tokens (one per sequence, in batch order) back into the sequences."""
-        # TODO(ch24.1): your code here (about 13 lines)
-        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 13 lines)")
+        # TODO(ch24.1): your code here (about 13 of the task's 72 lines, in 5 places)
+        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 72 lines)")
 
 
 def make_scheduler(num_blocks: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,

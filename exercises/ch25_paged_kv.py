@@ -233,8 +233,8 @@ class BlockManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        # TODO(ch25.3): your code here (about 6 lines)
-        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 6 lines)")
+        # TODO(ch25.3): your code here (about 6 of the task's 69 lines, in 10 places)
+        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 69 lines)")
 
     @staticmethod
     def compute_hash(token_ids: list[int], prefix: int = NO_HASH) -> int:
@@ -258,8 +258,8 @@ class BlockManager:
             >>> h0 = BlockManager.compute_hash([1, 2, 3, 4])
             >>> h1 = BlockManager.compute_hash([5, 6, 7, 8], h0)   # covers tokens 1 … 8
         """
-        # TODO(ch25.3): your code here (about 3 lines)
-        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 3 lines)")
+        # TODO(ch25.3): your code here (about 3 of the task's 69 lines, in 10 places)
+        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 69 lines)")
 
     def _allocate_block(self) -> int:
         """Take the block at the head of the free list for new tokens; return its id.
@@ -267,14 +267,14 @@ class BlockManager:
         Evicts the block's old map entry if the entry still points to it, resets the
         block (ref_count 1, no hash, no tokens) and marks it used.
         """
-        # TODO(ch25.3): your code here (about 7 lines)
-        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 7 lines)")
+        # TODO(ch25.3): your code here (about 7 of the task's 69 lines, in 10 places)
+        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 69 lines)")
 
     def _deallocate_block(self, block_id: int) -> None:
         """Return a block whose ref_count just reached 0 to the right end of the free list
         (its hash, tokens and map entry stay)."""
-        # TODO(ch25.3): your code here (about 2 lines)
-        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 2 lines)")
+        # TODO(ch25.3): your code here (about 2 of the task's 69 lines, in 10 places)
+        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 69 lines)")
 
     def can_allocate(self, seq: Sequence) -> int:
         """How many leading blocks of a new sequence hit the cache, or −1 if it does not fit.
@@ -296,8 +296,8 @@ class BlockManager:
             >>> m.can_allocate(a)      # nothing cached yet
             0
         """
-        # TODO(ch25.3): your code here (about 11 lines)
-        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 11 lines)")
+        # TODO(ch25.3): your code here (about 11 of the task's 69 lines, in 10 places)
+        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 69 lines)")
 
     def allocate(self, seq: Sequence, num_cached_blocks: int) -> None:
         """Give a new sequence its whole block table: the cached prefix, then new blocks.
@@ -320,8 +320,8 @@ class BlockManager:
             >>> m.allocate(a, 0); a.block_table, a.num_cached_tokens
             ([0, 1], 0)
         """
-        # TODO(ch25.3): your code here (about 20 lines)
-        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 20 lines)")
+        # TODO(ch25.3): your code here (about 20 of the task's 69 lines, in 10 places)
+        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 69 lines)")
 
     def deallocate(self, seq: Sequence) -> None:
         """Release a finished or preempted sequence's blocks, tail first.
@@ -340,8 +340,8 @@ class BlockManager:
             >>> m.deallocate(a); list(m.free_block_ids)
             [2, 3, 1, 0]
         """
-        # TODO(ch25.3): your code here (about 7 lines)
-        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 7 lines)")
+        # TODO(ch25.3): your code here (about 7 of the task's 69 lines, in 10 places)
+        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 69 lines)")
 
     def can_append(self, seq: Sequence) -> bool:
         """Whether a decoding sequence can get the block its next step may need.
@@ -355,14 +355,14 @@ class BlockManager:
             >>> m.can_append(a)         # token 5 starts block 1: one free block needed
             True
         """
-        # TODO(ch25.3): your code here (about 2 lines)
-        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 2 lines)")
+        # TODO(ch25.3): your code here (about 2 of the task's 69 lines, in 10 places)
+        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 69 lines)")
 
     def may_append(self, seq: Sequence) -> None:
         """Append a new block to a decoding sequence's table when its newest token starts one
         (len(seq) % block_size == 1). Hashes nothing."""
-        # TODO(ch25.3): your code here (about 2 lines)
-        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 2 lines)")
+        # TODO(ch25.3): your code here (about 2 of the task's 69 lines, in 10 places)
+        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 69 lines)")
 
     def hash_blocks(self, seq: Sequence) -> None:
         """Hash and publish the blocks that this step's computed tokens completed.
@@ -384,8 +384,8 @@ class BlockManager:
             >>> [b.hash != -1 for b in m.blocks[:3]]
             [True, True, False]
         """
-        # TODO(ch25.3): your code here (about 9 lines)
-        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 9 lines)")
+        # TODO(ch25.3): your code here (about 9 of the task's 69 lines, in 10 places)
+        raise NotImplementedError("ch25.3 BlockManager: not implemented yet (about 69 lines)")
 
 
 def run_op(manager: BlockManager, seqs: dict[str, Sequence], op: list) -> object:

@@ -63,8 +63,8 @@ def pack_varlen(padded: torch.Tensor, lengths: list[int] | torch.Tensor) -> tupl
         >>> packed.tolist(), cu.tolist()
         ([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]], [0, 3, 4])
     """
-    # TODO(ch26.1): your code here (about 12 lines)
-    raise NotImplementedError("ch26.1 pack_varlen: not implemented yet (about 12 lines)")
+    # TODO(ch26.1): your code here (about 12 of the task's 28 lines, in 2 places)
+    raise NotImplementedError("ch26.1 pack_varlen: not implemented yet (about 28 lines)")
 
 
 def unpack_varlen(packed: torch.Tensor, cu_seqlens: list[int] | torch.Tensor, T_max: int) -> torch.Tensor:
@@ -89,8 +89,8 @@ def unpack_varlen(packed: torch.Tensor, cu_seqlens: list[int] | torch.Tensor, T_
         >>> unpack_varlen(torch.tensor([[1.], [2.], [3.]]), [0, 2, 3], 2)[:, :, 0].tolist()
         [[1.0, 2.0], [3.0, 0.0]]
     """
-    # TODO(ch26.1): your code here (about 16 lines)
-    raise NotImplementedError("ch26.1 unpack_varlen: not implemented yet (about 16 lines)")
+    # TODO(ch26.1): your code here (about 16 of the task's 28 lines, in 2 places)
+    raise NotImplementedError("ch26.1 unpack_varlen: not implemented yet (about 28 lines)")
 
 
 def varlen_metadata(query_lens: list[int], cached_lens: list[int]) -> dict:
@@ -147,8 +147,8 @@ def graph_batch_size(batch_size: int, captured_sizes: list[int]) -> int:
         >>> graph_batch_size(5, [1, 2, 4, 8, 16])
         8
     """
-    # TODO(ch26.3): your code here (about 8 lines)
-    raise NotImplementedError("ch26.3 graph_batch_size: not implemented yet (about 8 lines)")
+    # TODO(ch26.3): your code here (about 8 of the task's 26 lines, in 2 places)
+    raise NotImplementedError("ch26.3 graph_batch_size: not implemented yet (about 26 lines)")
 
 
 def pad_decode_batch(slots: list[int] | torch.Tensor, context_lens: list[int] | torch.Tensor,
@@ -188,5 +188,5 @@ def pad_decode_batch(slots: list[int] | torch.Tensor, context_lens: list[int] | 
         >>> out["slot_mapping"].tolist(), out["context_lens"].tolist(), out["block_tables"].tolist()
         ([10, 33, -1, -1], [7, 2, 0, 0], [[7, 2], [8, -1], [-1, -1], [-1, -1]])
     """
-    # TODO(ch26.3): your code here (about 18 lines)
-    raise NotImplementedError("ch26.3 pad_decode_batch: not implemented yet (about 18 lines)")
+    # TODO(ch26.3): your code here (about 18 of the task's 26 lines, in 2 places)
+    raise NotImplementedError("ch26.3 pad_decode_batch: not implemented yet (about 26 lines)")

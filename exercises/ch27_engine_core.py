@@ -325,8 +325,8 @@ class EngineCore(EngineCoreBase):
             scheduled for the first time}. Every planned request's num_computed_tokens
             has grown by its n.
         """
-        # TODO(ch27.1): your code here (about 9 lines)
-        raise NotImplementedError("ch27.1 EngineCore: not implemented yet (about 9 lines)")
+        # TODO(ch27.1): your code here (about 9 of the task's 35 lines, in 4 places)
+        raise NotImplementedError("ch27.1 EngineCore: not implemented yet (about 35 lines)")
 
     def update_from_output(self, scheduler_output: dict, runner_output: dict) -> list[dict]:
         """Apply one batch's sampled tokens to its requests and report what is new.
@@ -340,8 +340,8 @@ class EngineCore(EngineCoreBase):
             {"request_id": str, "new_token_ids": [int, ...], "finished": bool}.
             A request whose list was empty (a partial prefill) reports nothing.
         """
-        # TODO(ch27.1): your code here (about 16 lines)
-        raise NotImplementedError("ch27.1 EngineCore: not implemented yet (about 16 lines)")
+        # TODO(ch27.1): your code here (about 16 of the task's 35 lines, in 4 places)
+        raise NotImplementedError("ch27.1 EngineCore: not implemented yet (about 35 lines)")
 
     def step(self) -> list[dict]:
         """One engine step: schedule, execute (and wait for the result), update.
@@ -349,8 +349,8 @@ class EngineCore(EngineCoreBase):
         Returns:
             the outputs of `update_from_output` ([] when there is nothing to run).
         """
-        # TODO(ch27.1): your code here (about 7 lines)
-        raise NotImplementedError("ch27.1 EngineCore: not implemented yet (about 7 lines)")
+        # TODO(ch27.1): your code here (about 7 of the task's 35 lines, in 4 places)
+        raise NotImplementedError("ch27.1 EngineCore: not implemented yet (about 35 lines)")
 
     def run(self) -> dict[str, list[int]]:
         """Step until every request has finished.
@@ -358,8 +358,8 @@ class EngineCore(EngineCoreBase):
         Returns:
             {request_id: output token ids} for every request added, in arrival order.
         """
-        # TODO(ch27.1): your code here (about 3 lines)
-        raise NotImplementedError("ch27.1 EngineCore: not implemented yet (about 3 lines)")
+        # TODO(ch27.1): your code here (about 3 of the task's 35 lines, in 4 places)
+        raise NotImplementedError("ch27.1 EngineCore: not implemented yet (about 35 lines)")
 
 
 class AsyncEngineCore(EngineCore):
@@ -419,8 +419,8 @@ class AsyncEngineCore(EngineCore):
         Returns:
             the scheduler output, as EngineCore.schedule.
         """
-        # TODO(ch27.2): your code here (about 6 lines)
-        raise NotImplementedError("ch27.2 AsyncEngineCore: not implemented yet (about 6 lines)")
+        # TODO(ch27.2): your code here (about 6 of the task's 40 lines, in 4 places)
+        raise NotImplementedError("ch27.2 AsyncEngineCore: not implemented yet (about 40 lines)")
 
     def reconcile(self, scheduler_output: dict, runner_output: dict) -> list[dict]:
         """Bring a batch's output into the counters: placeholders resolve into tokens.
@@ -433,8 +433,8 @@ class AsyncEngineCore(EngineCore):
             the new tokens per request, as EngineCore.update_from_output (stale outputs
             of requests that already finished are not reported).
         """
-        # TODO(ch27.2): your code here (about 20 lines)
-        raise NotImplementedError("ch27.2 AsyncEngineCore: not implemented yet (about 20 lines)")
+        # TODO(ch27.2): your code here (about 20 of the task's 40 lines, in 4 places)
+        raise NotImplementedError("ch27.2 AsyncEngineCore: not implemented yet (about 40 lines)")
 
     def step(self) -> list[dict]:
         """One engine step with the batch queue: launch a batch if possible, and reconcile
@@ -443,8 +443,8 @@ class AsyncEngineCore(EngineCore):
         Returns:
             the outputs of `reconcile` ([] when nothing was reconciled this step).
         """
-        # TODO(ch27.2): your code here (about 11 lines)
-        raise NotImplementedError("ch27.2 AsyncEngineCore: not implemented yet (about 11 lines)")
+        # TODO(ch27.2): your code here (about 11 of the task's 40 lines, in 4 places)
+        raise NotImplementedError("ch27.2 AsyncEngineCore: not implemented yet (about 40 lines)")
 
     def run(self) -> dict[str, list[int]]:
         """Step until every request has finished and no batch is in flight.
@@ -452,8 +452,8 @@ class AsyncEngineCore(EngineCore):
         Returns:
             {request_id: output token ids} for every request added, in arrival order.
         """
-        # TODO(ch27.2): your code here (about 3 lines)
-        raise NotImplementedError("ch27.2 AsyncEngineCore: not implemented yet (about 3 lines)")
+        # TODO(ch27.2): your code here (about 3 of the task's 40 lines, in 4 places)
+        raise NotImplementedError("ch27.2 AsyncEngineCore: not implemented yet (about 40 lines)")
 
 
 def make_engine_core(max_num_batched_tokens: int, max_num_seqs: int, *,

@@ -127,8 +127,8 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
         >>> [r.flatten().tolist() for r in inputs], handle["src_token"].tolist()
         ([[1.0, 2.0], [1.0, 2.0]], [0, 1, 0, 1])
     """
-    # TODO(ch31.2): your code here (about 24 lines)
-    raise NotImplementedError("ch31.2 dispatch: not implemented yet (about 24 lines)")
+    # TODO(ch31.2): your code here (about 24 of the task's 45 lines, in 2 places)
+    raise NotImplementedError("ch31.2 dispatch: not implemented yet (about 45 lines)")
 
 
 def combine(per_rank_outputs: list[torch.Tensor], handle: dict[str, torch.Tensor],
@@ -170,8 +170,8 @@ def combine(per_rank_outputs: list[torch.Tensor], handle: dict[str, torch.Tensor
         >>> combine(inputs, handle, w).flatten().tolist()
         [1.0, 2.0]
     """
-    # TODO(ch31.2): your code here (about 21 lines)
-    raise NotImplementedError("ch31.2 combine: not implemented yet (about 21 lines)")
+    # TODO(ch31.2): your code here (about 21 of the task's 45 lines, in 2 places)
+    raise NotImplementedError("ch31.2 combine: not implemented yet (about 45 lines)")
 
 
 def rebalance_experts(weight: torch.Tensor, num_replicas: int, num_groups: int, num_nodes: int,
@@ -230,8 +230,8 @@ def rebalance_experts(weight: torch.Tensor, num_replicas: int, num_groups: int, 
         >>> phy2log.tolist(), logcnt.tolist()
         ([[0, 0, 0, 1]], [[3, 1]])
     """
-    # TODO(ch31.3): your code here (about 65 lines)
-    raise NotImplementedError("ch31.3 rebalance_experts: not implemented yet (about 65 lines)")
+    # TODO(ch31.3): your code here (about 65 of the task's 73 lines, in 2 places)
+    raise NotImplementedError("ch31.3 rebalance_experts: not implemented yet (about 73 lines)")
 
 
 def balancedness(load_per_rank: torch.Tensor) -> float:
@@ -257,5 +257,5 @@ def balancedness(load_per_rank: torch.Tensor) -> float:
         >>> balancedness(torch.tensor([100.0, 60.0, 90.0, 50.0]))
         0.75
     """
-    # TODO(ch31.3): your code here (about 8 lines)
-    raise NotImplementedError("ch31.3 balancedness: not implemented yet (about 8 lines)")
+    # TODO(ch31.3): your code here (about 8 of the task's 73 lines, in 2 places)
+    raise NotImplementedError("ch31.3 balancedness: not implemented yet (about 73 lines)")

@@ -21,6 +21,24 @@ ANSWERS = ROOT / "grader" / "answers"
 """Only in a student release: per chapter, its description and the reference's public answers."""
 
 FILE_RE = re.compile(r"^(ch\d{2})_(\w+)\.py$")
+
+
+def has_solutions() -> bool:
+    """Whether this installation holds the reference solutions: the instructor's repository, not a student release
+    (which `course release` writes without solutions/). The command line shows instructor parts only here."""
+    return any(SOLUTIONS.glob("ch[0-9][0-9]_*.py"))
+
+
+def missing_exercise(chapter: "Chapter") -> str:
+    """What a student whose exercises/ lacks the chapter's file is told: how to get it back."""
+    rel = f"exercises/{chapter.filename}"
+    if has_solutions():
+        how = (f"`course stubs {chapter.id}` writes a fresh stub, or `git checkout -- {rel}` restores the "
+               "committed one")
+    else:
+        how = (f"copy it back from the release you were given (the same file in its exercises/), or, if you keep "
+               f"your work in git, `git checkout -- {rel}`")
+    return f"{rel} is missing (renamed, moved or deleted?): {how}"
 TASK_RE = re.compile(r"\bTask (ch\d{2}\.\d+)\b")
 
 
@@ -68,17 +86,27 @@ class Chapter:
         for t in self.tasks:
             if t.id == wanted or task_id in t.names:
                 return t
-        raise UnknownName("task", task_id, [t.id for t in self.tasks] + [n for t in self.tasks for n in t.names])
+        known = [t.id for t in self.tasks] + [n for t in self.tasks for n in t.names]
+        elsewhere = next(((ch, t) for ch in all_chapters() if ch.id != self.id for t in ch.tasks
+                          if t.id == wanted or task_id in t.names), None)
+        if elsewhere:
+            ch, t = elsewhere
+            what = f"{t.id} is a task" if t.id == wanted else f"{task_id} is task {t.id}"
+            raise UnknownName("task", task_id, known, note=f"{what} of {ch.id} ({ch.title_en}), not of {self.id}: "
+                              f"run `course check {ch.id} --task {t.id}`.")
+        raise UnknownName("task", task_id, known)
 
 
 class UnknownName(LookupError):
     """A chapter or task name that does not exist, with the closest real ones."""
 
-    def __init__(self, kind: str, name: str, known: list[str]) -> None:
+    def __init__(self, kind: str, name: str, known: list[str], *, suggestions: list[str] | None = None,
+                 note: str = "") -> None:
         self.kind, self.name = kind, name
-        self.suggestions = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        self.suggestions = (difflib.get_close_matches(name, known, n=3, cutoff=0.6) if suggestions is None
+                            else suggestions)
         options = ", ".join(self.suggestions[:-1]) + " or " * (len(self.suggestions) > 1) + "".join(self.suggestions[-1:])
-        hint = f" Did you mean {options}?" if self.suggestions else ""
+        hint = f" {note}" if note else f" Did you mean {options}?" if self.suggestions else ""
         super().__init__(f"No {kind} {name!r}.{hint} Known: {', '.join(known)}.")
 
 
@@ -109,12 +137,30 @@ def from_record(r: dict) -> Chapter:
 
 
 def find(name: str) -> Chapter:
-    """Resolve "ch25", "25", "paged_kv" or "ch25_paged_kv" to a chapter."""
+    """Resolve "ch25", "25", "paged_kv", "ch25_paged_kv", a word of its slug or English title ("paged") or a
+    function it grades ("slot_mapping") to a chapter. A word several chapters share names them all."""
     key = name.strip().lower().removesuffix(".py")
     for ch in all_chapters():
         if key in (ch.id, ch.id[2:], str(int(ch.id[2:])), ch.slug, f"{ch.id}_{ch.slug}"):
             return ch
-    raise UnknownName("chapter", name, [ch.id for ch in all_chapters()])
+    known = [ch.id for ch in all_chapters()]
+    matches = [ch for ch in all_chapters()
+               if key in _words(ch) or key in {n.lower() for t in ch.tasks for n in t.names}]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise UnknownName("chapter", name, known, note=f"{name!r} fits " + ", ".join(
+            f"{ch.id} ({ch.title_en})" for ch in matches) + ": name one of them.")
+    raise UnknownName("chapter", name, known)
+
+
+_NOT_A_NAME = {"the", "and", "its", "from", "into", "with", "step", "vs"}
+
+
+def _words(ch: Chapter) -> set[str]:
+    """The words a chapter can be called by: its slug's and its English title's (without filler words)."""
+    words = set(ch.slug.split("_")) | set(re.findall(r"[a-z0-9]+", ch.title_en.lower()))
+    return {w for w in words if len(w) > 2 and w not in _NOT_A_NAME}
 
 
 def parse(source: str, chapter_id: str, slug: str) -> Chapter:

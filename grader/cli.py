@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import difflib
+import functools
 import json
 import re
 import shutil
@@ -35,7 +38,56 @@ def _bytes(value: str) -> int:
     return int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()])
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+INSTRUCTOR_COMMANDS = ("grade", "release", "export", "stubs")
+"""Commands that need the instructor's repository (solutions, hidden checks): absent from a student release."""
+INSTRUCTOR_OPTIONS = {"check": ("solutions", "hidden", "seed"), "lab": ("solutions",)}
+"""Per command, the options that need it (the reference, the hidden checks and their seed)."""
+
+
+class CourseGroup(click.Group):
+    """`course`'s commands. In a student release (no solutions/) the instructor parts are absent: neither listed
+    in --help nor parsed nor suggested, so one command line serves both installations."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        return names if chapters.has_solutions() else [n for n in names if n not in INSTRUCTOR_COMMANDS]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        command = super().get_command(ctx, name)
+        if command is None or chapters.has_solutions():
+            return command
+        if name in INSTRUCTOR_COMMANDS:
+            return None
+        return _without(command, INSTRUCTOR_OPTIONS.get(name, ()))
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple:
+        name = click.utils.make_str(args[0])
+        shown = self.list_commands(ctx)
+        if chapters.has_solutions() or name in shown or name.startswith("-") or ctx.resilient_parsing:
+            return super().resolve_command(ctx, args)
+        close = difflib.get_close_matches(name, shown, n=1)  # never an instructor command
+        ctx.fail(f"No such command {name!r}." + (f" Did you mean {close[0]!r}?" if close else ""))
+
+
+def _without(command: click.Command, names: tuple[str, ...]) -> click.Command:
+    """A copy of `command` without the options `names`, which its function then gets at their defaults."""
+    dropped = [p for p in command.params if p.name in names]
+    if not dropped:
+        return command
+    student = copy.copy(command)
+    student.params = [p for p in command.params if p not in dropped]
+    student.callback = functools.partial(command.callback, **{p.name: _default(command, p) for p in dropped})
+    return student
+
+
+def _default(command: click.Command, param: click.Parameter) -> object:
+    """The value `param` takes when not given, as click would pass it (False for a flag, None for an option
+    without a default: click marks those with a sentinel of its own that is not None)."""
+    value = param.get_default(click.Context(command))
+    return None if value is getattr(click.core, "UNSET", None) else value
+
+
+@click.group(cls=CourseGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Exercises and autograder of the LLM inference engine course (chapters 15–32).
 
@@ -44,14 +96,49 @@ def main() -> None:
 
 
 @main.command("list")
-def list_command() -> None:
-    """List the chapters, their tasks and how your last check went."""
-    rows = [(ch.id, ch.title, str(len(ch.tasks)), progress.status(chapters.EXERCISES, ch.id, len(ch.tasks)))
-            for ch in chapters.all_chapters()]
-    title_w = max(_width(r[1]) for r in rows) + 2
-    click.echo(f"{'chapter':<9}{'title':<{title_w}}{'tasks':>5}  status")
-    for cid, title, n, status in rows:
-        click.echo(f"{cid:<9}{title}{' ' * (title_w - _width(title))}{n:>5}  {status}")
+@click.argument("chapter", type=ChapterType(), required=False)
+def list_command(chapter: Chapter | None) -> None:
+    """List the chapters with their points and how your last check went; with CHAPTER (e.g. ch25), its tasks."""
+    from grader import checks
+
+    if chapter is not None:
+        _list_tasks(chapter, checks.points(chapter.id))
+        return
+    rows = [("chapter", "title", "tasks", "points", "status")]
+    for ch in chapters.all_chapters():
+        worth = checks.points(ch.id)
+        rows.append((ch.id, ch.title, str(len(ch.tasks)), _points(sum(p for p, _ in worth.values()),
+                                                                   sum(h for _, h in worth.values())),
+                     progress.status(chapters.EXERCISES, ch.id, [t.id for t in ch.tasks])))
+    _table(rows, right={2})
+    click.echo("`course list ch25` lists a chapter's tasks; hidden points are scored at grading time")
+
+
+def _list_tasks(ch: Chapter, worth: dict[str, tuple[float, float]]) -> None:
+    """`course list CHAPTER`: each task with what it grades, its points and its last status."""
+    last = progress.tasks(chapters.EXERCISES, ch.id)
+    click.echo(f"{ch.id} · {ch.title}    exercises/{ch.filename}")
+    rows = [("task", "implement", "points", "status")]
+    for t in ch.tasks:
+        graded = ", ".join(f"{name}({', '.join(t.params.get(name, ()))})" for name in t.names)
+        rows.append((t.id, graded, _points(*worth.get(t.id, (0.0, 0.0))), progress.task_status(last.get(t.id))))
+    _table(rows)
+    todo = next((t.id for t in ch.tasks if not last.get(t.id) or last[t.id]["passed"] != last[t.id]["checks"]), None)
+    click.echo((f"next: `course check {ch.id} --task {todo}`" if todo else "every task passes its public checks")
+               + "; hidden points are scored at grading time")
+
+
+def _points(public: float, hidden: float) -> str:
+    return f"{public:g}" + (f" + {hidden:g} hidden" if hidden else "")
+
+
+def _table(rows: list[tuple[str, ...]], right: set[int] = frozenset()) -> None:
+    """Print rows in columns aligned by display width (a CJK character takes two)."""
+    widths = [max(_width(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = [" " * (w - _width(c)) + c if i in right else c + " " * (w - _width(c))
+                 for i, (c, w) in enumerate(zip(row, widths))]
+        click.echo("  ".join(cells).rstrip())
 
 
 def _width(s: str) -> int:
@@ -70,17 +157,19 @@ def _width(s: str) -> int:
 @click.option("--hidden/--no-hidden", default=None,
               help="Run the hidden checks (default: with --solutions or --submission).")
 @click.option("--json", "as_json", is_flag=True, help="Print one results.json document (Gradescope format) only.")
-@click.option("--figures", "figures_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("course-figures"), show_default=True, help="Where to write the figures.")
+@click.option("--figures", "figures_dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="Write the figures to DIR/<chapter>/<figure>.svg (default: course-figures/ in the project "
+                   "folder, the one holding exercises/). A run replaces that chapter's figures there.")
 @click.option("--time-limit", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Seconds each check may spend in your code.")
 @click.option("--memory-limit", default="2G", show_default=True, help="Address-space limit of your code's process.")
-@click.option("-v", "--verbose", is_flag=True, help="Show every failing check, not just the first three per task.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Explain every failing check (by default: each different explanation once, at most three per task).")
 @click.option("--no-sandbox", is_flag=True,
               help="UNSAFE: run a --submission or --notebook without the sandbox (its code can then read and "
                    "change this user's files, the reference included).")
 def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path | None, notebook: Path | None,
-          seed: int | None, hidden: bool | None, as_json: bool, figures_dir: Path, time_limit: float,
+          seed: int | None, hidden: bool | None, as_json: bool, figures_dir: Path | None, time_limit: float,
           memory_limit: str, verbose: bool, no_sandbox: bool) -> None:
     """Check CHAPTER (e.g. ch25) and draw its figures from your outputs.
 
@@ -93,7 +182,7 @@ def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path 
     import tempfile
 
     from grader.notebook import cells_of, submission_from_cells
-    from grader.run import MissingModule, check as run_check, module_path
+    from grader.run import MissingModule, check as run_check, default_figures_dir, module_path
     from grader.terminal import TerminalReport
 
     if sum(map(bool, (solutions, submission, notebook))) > 1:
@@ -115,6 +204,8 @@ def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path 
         target = module_path(chapter, solutions=solutions, submission=submission)
     except MissingModule as e:
         raise click.ClickException(str(e)) from None
+    if figures_dir is None:
+        figures_dir = default_figures_dir(notebook if notebook else target)
     sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
     screen = None if as_json else TerminalReport(chapter, str(target), verbose=verbose)
     try:
@@ -128,7 +219,10 @@ def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path 
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     if not solutions and not submission:
-        progress.record(report)
+        try:
+            progress.record(report)
+        except OSError as e:  # only `course list` reads it: never worth losing the report for
+            click.echo(f"note: your progress could not be saved for `course list` ({e})", err=True)
     if notebook:
         report.target = str(notebook)
     if screen:
@@ -352,13 +446,19 @@ def engine_group() -> None:
 @click.option("--save-model", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Also write the model to DIR (config.json + model.safetensors, Hugging Face's format).")
 @click.option("--json", "as_json", is_flag=True, help='Print {"outputs": …, "metrics": …} only.')
-@click.option("--figures", "figures_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("course-figures"), show_default=True, help="Where the overview figure goes.")
+@click.option("--figures", "figures_dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="Write the overview to DIR/engine/overview.svg (default: course-figures/ in the project "
+                   "folder, the one holding exercises/).")
 def engine_run(model_name: str, prompts_file: Path | None, max_tokens: int, temperature: float, seed: int,
                block_size: int, num_blocks: int | None, max_num_seqs: int, max_batched_tokens: int,
-               submission: Path | None, save_model: Path | None, as_json: bool, figures_dir: Path) -> None:
+               submission: Path | None, save_model: Path | None, as_json: bool, figures_dir: Path | None) -> None:
     """Generate with the chapters' functions, measure the run, and draw the course overview from it."""
     import engine
+
+    if figures_dir is None:
+        from grader.run import default_figures_dir
+
+        figures_dir = default_figures_dir(chapters.EXERCISES / "__init__.py")
     from engine.terminal import draw_overview, progress, read_prompts, summary
 
     try:
@@ -379,6 +479,10 @@ def engine_run(model_name: str, prompts_file: Path | None, max_tokens: int, temp
     except (engine.ModelError, engine.PartsUnavailable, engine.EngineError) as e:
         raise click.ClickException(str(e)) from None
     figure = draw_overview(result, model, figures_dir)
+    if figure is not None:
+        from grader.terminal import relative
+
+        figure = relative(figure)
     click.echo(json.dumps(result.to_json()) if as_json else summary(result, prompts, figure))
 
 

@@ -1,32 +1,44 @@
 """`course grade`: a whole class, chapter by chapter, resumable and sandboxed.
 
-SUBMISSIONS_DIR holds one folder per student with that student's chapter modules
-(the file names of exercises/) or chapter notebooks (`ch25.ipynb`). Each answer is
-read by the trusted side with `grader.submission` (no link followed, size bounds,
-any malformed file one clear error) and graded by `grader.run.check` in a sandbox
-made for that one submission and torn down before its result is written.
+SUBMISSIONS_DIR holds one folder or one zip per student (`alice/`, `alice.zip`: student
+`alice`) with that student's chapter modules (the file names of exercises/) or chapter
+notebooks (`ch25.ipynb`), at the top, one folder down (`alice/ch25/ch25_paged_kv.py`, as an
+LMS download has it) or, when no other file could be meant, under a name that names the
+chapter (`alice/ch25.py`): `grader.layout` says exactly what is accepted, and what a zip must
+satisfy (it is never extracted). Each answer is read by the trusted side with
+`grader.submission` (no link followed, size bounds, any malformed file one clear error) and
+graded by `grader.run.check` in a sandbox made for that one submission and torn down before
+its result is written. A check that met the stub's NotImplementedError is marked `"todo"` in
+results.json, and an item whose only failures are those is "not implemented" (nothing passed:
+an untouched stub) or "incomplete", not "failed".
+
+Order. The items are graded in parallel jobs; grades.csv, the rows `on_item` hears (what
+`course grade` prints) and the summary all come alphabetically by student (case aside),
+then by chapter (`InOrder` says why and what it costs).
 
 Results. `OUT/<student>/<chapter>/results.json` (the Gradescope document) is written
 atomically, with the figures beside it. A student folder whose name is one of OUT's own
-files (`grades.csv`, `grading.json`, `summary.md`, `summary.json`, `nbgrader-staged.json`,
-compared case-insensitively), or such a name after leading underscores, is stored under
-that name with one more `_` in front (`OUT/_grades.csv/ch17/`), so that no two students
-share a folder and no student's folder takes the place of OUT's files (`results_dir`).
-Everything else (`grades.csv`, the class summary) is rebuilt from those files, so a run
-killed at any moment and started again ends with exactly what one uninterrupted run
-writes. The grading seed and the per-check time limits are fixed for the whole class in
-`OUT/grading.json`.
+files (`grades.csv`, `grading.json`, `summary.md`, `summary.json`, `summary-histogram.svg`,
+`nbgrader-staged.json`, compared case-insensitively), or such a name after leading
+underscores, is stored under that name with one more `_` in front (`OUT/_grades.csv/ch17/`),
+so that no two students share a folder and no student's folder takes the place of OUT's
+files (`results_dir`). Everything else (`grades.csv`, the class summary of `grader.summary`)
+is rebuilt from those files, so a run killed at any moment and started again ends with
+exactly what one uninterrupted run writes. The grading seed and the per-check time limits
+are fixed for the whole class in `OUT/grading.json`.
 
 One student never ends the run. Every malformed answer (no file, a link, a FIFO, too
 large, not UTF-8, not a notebook, not Python) is one row with status "error: <why>",
-recorded like a grade (a rerun keeps it; `--force` grades again). Anything unexpected
-while grading one item, and a job process that dies (killed from outside, a crash) or
-runs far over its time, costs that item only: its row says so, the job process is
-replaced and the others go on; such a row is marked `"retry": true` and the next run
+recorded like a grade (a rerun keeps it unless the answer found is now another file;
+`--force` grades again). Anything unexpected while grading one item, and a job process
+that dies (killed from outside, a crash) or runs far over its time, costs that item only:
+its row says so, the job process is replaced and the others go on; such a row is marked `"retry": true` and the next run
 grades that item again. Folders whose name starts with a dot (`.alice`,
 `.ipynb_checkpoints`) are not graded: each gets a row saying so (not recorded in OUT).
-Other entries of SUBMISSIONS_DIR that are not folders are ignored, except a symbolic
-link, which gets an error row (links are never followed). Student names may hold any
+Other entries of SUBMISSIONS_DIR that are not folders or zips are ignored, except a symbolic
+link, which gets an error row (links are never followed), an archive of another kind
+(`alice.tar.gz`), whose row says to zip it, and a folder and a zip of the same student
+(`alice/`, `alice.zip`), whose row says to keep one. Student names may hold any
 character; in grades.csv a cell that a spreadsheet would run as a formula (starting with
 = + - @, a tab or a carriage return) starts with a single quote instead.
 
@@ -59,9 +71,11 @@ from typing import Callable
 
 from grader import chapters, checks
 from grader.chapters import Chapter
+from grader.summary import HISTOGRAM, histogram_svg, summarize, summary_markdown
 
 STATE = "grading.json"
-RESERVED = ("grades.csv", "grading.json", "summary.md", "summary.json", "nbgrader-staged.json")
+RESERVED = ("grades.csv", "grading.json", "summary.md", "summary.json", HISTOGRAM,
+            "nbgrader-staged.json")
 """OUT's own files: a student folder of one of these names is stored with a `_` in front."""
 SLACK, FLOOR = 50.0, 0.5
 """A check may spend SLACK times what the reference needs in it, at least FLOOR seconds and at
@@ -86,15 +100,27 @@ class Item:
     folder: str
     """SUBMISSIONS_DIR."""
     name: str | None = None
-    """The answer's file name in the student's folder."""
+    """The answer's path in the student's folder (`ch25_paged_kv.py`, `ch25/ch25_paged_kv.py`), or
+    its member name in the student's zip."""
     problem: str | None = None
     """Why it cannot be graded (no answer, the student's folder is a link...)."""
     recorded: bool = True
     """False for a row that is not kept in OUT (a dot-folder's)."""
+    archive: str | None = None
+    """The student's zip in SUBMISSIONS_DIR (`alice.zip`) when the answer is in one."""
+    renamed: bool = False
+    """The answer's file name is not the chapter's own (`grader.layout`, rung 3)."""
+
+    @property
+    def where(self) -> str | None:
+        """The answer as the instructor finds it: `alice/ch25/ch25_paged_kv.py`, `alice.zip: ch25.py`."""
+        if not self.name:
+            return None
+        return f"{self.archive}: {self.name}" if self.archive else f"{self.student}/{self.name}"
 
     @property
     def source(self) -> str | None:
-        return os.path.join(self.folder, self.student, self.name) if self.name else None
+        return os.path.join(self.folder, self.where) if self.name else None
 
 
 def results_dir(out: Path, student: str, chapter: str) -> Path:
@@ -105,42 +131,86 @@ def results_dir(out: Path, student: str, chapter: str) -> Path:
 
 
 def find_items(submissions: Path, chosen: list[Chapter]) -> list[Item]:
-    """Every (student, chapter) pair, in a stable order, with the file that answers it (found
-    without following a link) or why there is none."""
-    from grader.submission import SubmissionError, answer_names, find_answer, open_folder
+    """Every (student, chapter) pair, alphabetically by student (case aside), with the answer
+    found by `grader.layout` (nothing followed) or why there is none. A student is a folder of
+    SUBMISSIONS_DIR or a zip in it (`alice.zip` is student `alice`); a symbolic link gets an error
+    row, an archive of another kind a row saying to zip it, and other files are not students."""
+    from grader.layout import OTHER_ARCHIVES
 
     if not submissions.is_dir():
         raise GradeError(f"{submissions} is not a folder of student folders")
-    items = []
+    students: dict[str, list[tuple[str, str]]] = collections.defaultdict(list)  # student -> (entry, kind)
     with os.scandir(submissions) as listing:
-        entries = sorted(listing, key=lambda e: e.name)
-    for entry in entries:
+        for entry in listing:
+            try:
+                is_dir, is_link = entry.is_dir(follow_symlinks=False), entry.is_symlink()
+                is_file = entry.is_file(follow_symlinks=False)
+            except OSError:
+                continue
+            name = entry.name
+            lower = name.lower()
+            archive = next((s for s in OTHER_ARCHIVES if lower.endswith(s) and len(name) > len(s)), None)
+            if lower.endswith(".zip") and len(name) > 4 and (is_file or is_link):
+                students[name[:-4]].append((name, "link" if is_link else "zip"))
+            elif is_dir or is_link:
+                students[name].append((name, "link" if is_link else "folder"))
+            elif is_file and archive:
+                students[name[:-len(archive)]].append((name, "other archive"))
+            # any other file beside the student folders is not a student
+    items = []
+    for student in sorted(students, key=lambda s: (_text(s).casefold(), s)):  # as shown, case aside
+        items += _items_of(submissions, student, students[student], chosen)
+    return items
+
+
+def _items_of(submissions: Path, student: str, entries: list[tuple[str, str]], chosen: list[Chapter]) -> list[Item]:
+    """One student's items: the answer to each chapter in their folder or zip, or why not."""
+    from grader.layout import folder_tree, locate, open_zip, zip_tree
+    from grader.submission import SubmissionError, open_folder
+
+    def problem(why: str, recorded: bool = True) -> list[Item]:
+        return [Item(student, ch.id, str(submissions), problem=_text(why), recorded=recorded) for ch in chosen]
+
+    if student.startswith("."):
+        shown = _text(entries[0][0]) + ("/" if entries[0][1] == "folder" else "")
+        return problem(f"{shown} was skipped: its name starts with a dot (a hidden folder, such as "
+                       ".ipynb_checkpoints); rename it to grade it", recorded=False)
+    if len(entries) > 1:
+        shown = " and ".join(_text(e) + ("/" if kind == "folder" else "") for e, kind in sorted(entries))
+        return problem(f"{shown} are both in {submissions.name}/, each could be {_text(student)}'s submission: "
+                       "keep one of them")
+    (entry, kind), = entries
+    if kind == "other archive":
+        return problem(f"{_text(entry)}: only zip files are opened; make it {_text(student)}.zip, or unpack it into "
+                       f"a folder {_text(student)}/")
+    archive = entry if kind == "zip" or entry.lower().endswith(".zip") else None
+    top = _open_dir(submissions)
+    try:
+        if archive:
+            zipped = open_zip(top, entry)
+            try:
+                tree = zip_tree(zipped)
+            finally:
+                zipped.close()
+            where = _text(entry) + (f" (in its folder {_text(tree.top)}/)" if tree.top else "")
+        else:
+            folder_fd = open_folder(entry, dir_fd=top)
+            try:
+                tree = folder_tree(folder_fd)
+            finally:
+                os.close(folder_fd)
+            where = f"{_text(entry)}/"
+    except SubmissionError as e:
+        return problem(str(e))
+    items = []
+    for ch in chosen:
         try:
-            is_dir, is_link = entry.is_dir(follow_symlinks=False), entry.is_symlink()
-        except OSError:
-            continue
-        if not is_dir and not is_link:
-            continue  # a file beside the student folders: not a student
-        student = entry.name
-        if student.startswith("."):
-            why = (f"{_text(student)}/ was skipped: its name starts with a dot (a hidden folder, such as "
-                   ".ipynb_checkpoints); rename it to grade it")
-            items += [Item(student, ch.id, str(submissions), problem=why, recorded=False) for ch in chosen]
-            continue
-        folder_fd = None
-        try:
-            folder_fd = open_folder(student, dir_fd=_open_dir(submissions))
+            found = locate(tree, ch, where)
         except SubmissionError as e:
-            items += [Item(student, ch.id, str(submissions), problem=_text(str(e))) for ch in chosen]
+            items.append(Item(student, ch.id, str(submissions), problem=_text(str(e)), archive=archive))
             continue
-        try:
-            for ch in chosen:
-                name = find_answer(folder_fd, ch)
-                names = answer_names(ch)
-                problem = None if name else f"no {names[0]} or {names[1]} in {_text(student)}/"
-                items.append(Item(student, ch.id, str(submissions), name, problem))
-        finally:
-            os.close(folder_fd)
+        items.append(Item(student, ch.id, str(submissions), tree.name_of(found.path), archive=archive,
+                          renamed=found.renamed))
     return items
 
 
@@ -163,15 +233,13 @@ def _close_dirs() -> None:
 def read_item(item: Item):
     """The answer an item amounts to (`grader.submission.Answer`), or SubmissionError saying why
     it cannot be graded."""
-    from grader.submission import SubmissionError, open_folder, read_answer
+    from grader.layout import read_found
+    from grader.submission import SubmissionError
 
     if item.problem:
         raise SubmissionError(item.problem)
-    folder_fd = open_folder(item.student, dir_fd=_open_dir(Path(item.folder)))
-    try:
-        return read_answer(folder_fd, item.name, chapters.find(item.chapter))
-    finally:
-        os.close(folder_fd)
+    return read_found(_open_dir(Path(item.folder)), item.archive or item.student, item.name,
+                      chapters.find(item.chapter), archive=item.archive is not None)
 
 
 # -- one job process -------------------------------------------------------------------------------------
@@ -250,11 +318,29 @@ def _document(item: Item, config: _Config, partial: Path) -> dict:
     finally:
         shutil.rmtree(inbox, ignore_errors=True)
     doc = report.to_json()
+    for test, result in zip(doc["tests"], report.results):
+        if result.todo:
+            test["todo"] = True  # the stub's NotImplementedError: "not implemented" in the summary
     doc["target"] = _text(item.source)
-    doc["status"] = {0: "passed", 1: "failed", 2: "blocked"}[report.exit_code]
+    doc["answer"] = _text(item.where)
+    if item.renamed:
+        doc["renamed"] = True
+    doc["status"] = status_of(report)
     doc["figures"] = [str(Path(p).relative_to(partial)) for p in report.figures]
     doc.pop("execution_time", None)
     return doc
+
+
+def status_of(report) -> str:
+    """A graded item's status: "passed", "blocked", "not implemented" (every check that did not pass
+    met the stub's NotImplementedError, and none passed: an untouched stub), "incomplete" (the
+    same, but some passed) or "failed"."""
+    if report.exit_code != 1:
+        return {0: "passed", 2: "blocked"}[report.exit_code]
+    bad = [r for r in report.results if r.status != "passed"]
+    if bad and all(r.todo for r in bad):
+        return "incomplete" if len(bad) < len(report.results) else "not implemented"
+    return "failed"
 
 
 def error_doc(item: Item, message: str, *, seed: int, retry: bool = False) -> dict:
@@ -268,6 +354,7 @@ def error_doc(item: Item, message: str, *, seed: int, retry: bool = False) -> di
            "figures": []}
     if item.source:
         doc["target"] = _text(item.source)
+    doc["answer"] = _text(item.where) if item.name else None
     if retry:
         doc["retry"] = True
     return doc
@@ -360,9 +447,10 @@ def _death(exitcode: int | None) -> str:
     return f"exit status {exitcode}"
 
 
-def _run_jobs(todo: list[Item], jobs: int, config: dict, out: Path, on_item: Callable[[dict], None] | None,
+def _run_jobs(todo: list[Item], jobs: int, config: dict, out: Path, on_item: Callable[[Item, dict], None] | None,
               seconds: Callable[[Item], float]) -> None:
-    """Grade `todo` in at most `jobs` job processes; a process that dies or hangs costs its item only."""
+    """Grade `todo` in at most `jobs` job processes, telling `on_item(item, row)` as each item is
+    written (in the order they finish); a process that dies or hangs costs its item only."""
     context = multiprocessing.get_context("spawn")
     pending = collections.deque(todo)
     running: list[_Job] = []
@@ -384,7 +472,7 @@ def _run_jobs(todo: list[Item], jobs: int, config: dict, out: Path, on_item: Cal
         except OSError:  # its row still says why; the next run grades it again
             result = row(item.student, doc)
         if on_item:
-            on_item(result)
+            on_item(item, result)
 
     try:
         while pending or any(j.item for j in running):
@@ -411,9 +499,9 @@ def _run_jobs(todo: list[Item], jobs: int, config: dict, out: Path, on_item: Cal
                 except (EOFError, OSError):  # its end of the pipe closed: it is ending
                     gone = True
                 if result is not None:
-                    job.item = None
+                    item, job.item = job.item, None
                     if on_item:
-                        on_item(result)
+                        on_item(item, result)
                 elif gone or not job.proc.is_alive():
                     job.proc.join(STOP_GRACE)
                     if job.proc.is_alive():
@@ -460,7 +548,9 @@ def grade(submissions: Path, chosen: list[Chapter], out: Path, *, jobs: int = 2,
     `sandbox`: True for the first kind of `grader.isolation.sandbox` that can be made here (GradeError
     naming the fix when none can), a kind ("bwrap", "uid"), or False/None for none (process
     isolation only). `on_plan(n, total, sandbox)` hears how many of all items are graded now and
-    how they are isolated; `on_item(row)` hears each grades row as it is written.
+    how they are isolated; `on_item(row)` hears the grades row of each item graded now, in the
+    order of grades.csv (alphabetically by student), each as soon as it and every row before it
+    are written (`InOrder`).
     """
     out = Path(out)
     try:
@@ -483,16 +573,37 @@ def grade(submissions: Path, chosen: list[Chapter], out: Path, *, jobs: int = 2,
 
         if todo:
             config = dict(out=str(out), seed=seed, limits=limits, memory_limit=memory_limit, sandbox=kind)
-            _run_jobs(todo, max(1, min(jobs, len(todo))), config, out, on_item, seconds)
+            _run_jobs(todo, max(1, min(jobs, len(todo))), config, out, InOrder(todo, on_item) if on_item else None,
+                      seconds)
         docs = [_doc_of(out, i, seed) for i in items]
     finally:
         _close_dirs()
     rows = [row(i.student, d) for i, d in zip(items, docs)]
     _write_atomic(out / "grades.csv", _csv(rows))
-    summary = summarize(out, items, chosen, docs)
+    summary = summarize(items, chosen, docs)
     _write_atomic(out / "summary.json", json.dumps(summary, ensure_ascii=False, indent=1))
-    _write_atomic(out / "summary.md", summary_markdown(summary))
+    _write_atomic(out / HISTOGRAM, histogram_svg(summary))
+    _write_atomic(out / "summary.md", summary_markdown(summary, histogram=HISTOGRAM))
     return ClassResult(rows, len(todo), how, out)
+
+
+class InOrder:
+    """Hands the rows of `items` to `emit` in the order of `items`, whatever order they come in:
+    each as soon as it and all before it have come.
+
+    Why not as they finish: the jobs finish in an order that changes from run to run, and a
+    log read or compared like grades.csv should not. What it costs: a row waits for the rows
+    before it, at most the time the slowest of them takes, which its checks' time limits bound."""
+
+    def __init__(self, items: list[Item], emit: Callable[[dict], None]) -> None:
+        self.index = {item: n for n, item in enumerate(items)}
+        self.emit, self.waiting, self.next = emit, {}, 0
+
+    def __call__(self, item: Item, result: dict) -> None:
+        self.waiting[self.index[item]] = result
+        while self.next in self.waiting:
+            self.emit(self.waiting.pop(self.next))
+            self.next += 1
 
 
 def _sandbox(sandbox: bool | str | None) -> tuple[str | None, str]:
@@ -515,10 +626,13 @@ def _sandbox(sandbox: bool | str | None) -> tuple[str | None, str]:
 
 
 def _needs_grading(out: Path, item: Item) -> bool:
-    """No result recorded yet, or only one saying the grader failed (graded again)."""
+    """No result recorded yet, only one saying the grader failed, or an error row about another
+    file than the one found now (a student's folder reorganized, a layout newly accepted): graded
+    again. A graded result is kept whatever changed (`--force` grades it again)."""
     try:
         doc = json.loads((results_dir(out, item.student, item.chapter) / "results.json").read_text(encoding="utf-8"))
-        return bool(doc.get("retry")) or doc.get("chapter") != item.chapter
+        moved = doc.get("status") == "error" and doc.get("answer") != (_text(item.where) if item.name else None)
+        return bool(doc.get("retry")) or doc.get("chapter") != item.chapter or moved
     except (OSError, ValueError, AttributeError):
         return True
 
@@ -587,44 +701,3 @@ def _csv(rows: list[dict]) -> str:
     writer.writeheader()
     writer.writerows({k: csv_cell(v) for k, v in r.items()} for r in rows)
     return buffer.getvalue()
-
-
-def summarize(out: Path, items: list[Item], chosen: list[Chapter], docs: list[dict] | None = None) -> dict:
-    """Per chapter and check: how many students failed it, and the most common failure message."""
-    docs = docs if docs is not None else [_doc_of(out, i, 0) for i in items]
-    summary = {}
-    for ch in chosen:
-        mine = [d for i, d in zip(items, docs) if i.chapter == ch.id]
-        graded = [d for d in mine if d["status"] != "error"]
-        failures: dict[str, list[str]] = collections.defaultdict(list)
-        order: dict[str, None] = {}
-        for doc in graded:
-            for test in doc["tests"]:
-                order.setdefault(test["name"])
-                if test["status"] != "passed":
-                    failures[test["name"]].append(test["output"].split("\n(your code printed")[0])
-        checks_summary = []
-        for name in order:
-            messages = collections.Counter(failures.get(name, []))
-            common, count = messages.most_common(1)[0] if messages else ("", 0)
-            checks_summary.append({"check": name, "failed": len(failures.get(name, [])), "graded": len(graded),
-                                   "most_common_message": common, "students_with_it": count})
-        checks_summary.sort(key=lambda c: -c["failed"])
-        summary[ch.id] = {"title": ch.title, "students": len(mine), "errors": len(mine) - len(graded),
-                          "mean_score": round(sum(d["score"] for d in graded) / max(len(graded), 1), 2),
-                          "max_score": mine[0]["max_score"] if mine else 0, "checks": checks_summary}
-    return summary
-
-
-def summary_markdown(summary: dict) -> str:
-    lines = ["# Class summary", ""]
-    for cid, s in summary.items():
-        lines += [f"## {cid} · {s['title']}", "",
-                  f"{s['students']} students, {s['errors']} could not be graded; mean {s['mean_score']}/{s['max_score']}.",
-                  "", "| check | failed | most common failure (students) |", "|---|---|---|"]
-        for c in s["checks"]:
-            message = c["most_common_message"].replace("\n", " ⏎ ").replace("|", "\\|")[:300]
-            lines.append(f"| {c['check']} | {c['failed']}/{c['graded']} | "
-                         + (f"{message} ({c['students_with_it']})" if c["failed"] else "") + " |")
-        lines.append("")
-    return "\n".join(lines)

@@ -51,6 +51,7 @@ from traitlets.config.loader import PyFileConfigLoader
 from grader import checks
 from grader.chapters import Chapter
 from grader.grade import ClassResult, GradeError, grade, results_dir
+from grader.notebook import figure_output, wrap_lines
 from grader.submission import MAX_NOTEBOOK_BYTES, SubmissionError, read_file
 
 STAGED = "nbgrader-staged.json"
@@ -270,11 +271,12 @@ def _write_autograded(coursedir: CourseDirectory, ch: Chapter, item: _Staged, do
         task, hidden, count = tasks[tid], kind == "hidden", count + 1
         outputs = [nbformat.v4.new_output("stream", name="stdout", text=task_report(doc, task.id, hidden))]
         if not hidden:
-            mine = {spec.id for spec in figures.catalog(ch.id) if task.id in spec.needs.values()}
+            mine = {spec.id: spec for spec in figures.catalog(ch.id) if task.id in spec.needs.values()}
             for rel in doc.get("figures", []):
                 if Path(rel).stem in mine and (results / rel).is_file():
                     svg = (results / rel).read_text(encoding="utf-8")
-                    outputs.append(nbformat.v4.new_output("display_data", data={"image/svg+xml": svg}))
+                    data = figure_output(mine[Path(rel).stem], svg)  # the SVG, and an image with alt text
+                    outputs.append(nbformat.v4.new_output("display_data", data=data))
         outputs.append(nbformat.v4.new_output("execute_result", execution_count=count,
                                               data={"text/plain": repr(task_points(doc, task.id, hidden))}))
         cell.outputs, cell.execution_count = outputs, count
@@ -298,13 +300,15 @@ def _write_autograded(coursedir: CourseDirectory, ch: Chapter, item: _Staged, do
 
 
 def task_report(doc: dict, task_id: str, hidden: bool) -> str:
-    """The plain text a test cell shows: the public checks with their messages, or the hidden checks
-    with their names and verdicts only (never their inputs, expected values or messages)."""
+    """The plain text a test cell shows, as one output (one box in the feedback), wrapped to
+    `grader.notebook.WIDTH` columns (continuation lines indented): the public checks with their
+    messages, or the hidden checks with their names and verdicts only (never their inputs, expected
+    values or messages)."""
     tests = _tests(doc, task_id, hidden)
     kind = "hidden" if hidden else "public"
     if doc.get("status") == "error":
         why = "" if hidden else f": {doc.get('error', '')}"
-        return f"ch{task_id}: your notebook could not be graded{why}\n0 points\n"
+        return wrap_lines(f"ch{task_id}: your notebook could not be graded{why}\n0 points\n")
     lines = [f"ch{task_id}, {kind} checks, graded by the course grader:"]
     for t in tests:
         verdict = "✓" if t["status"] == "passed" else "✗"
@@ -315,7 +319,7 @@ def task_report(doc: dict, task_id: str, hidden: bool) -> str:
     passed = sum(t["status"] == "passed" for t in tests)
     score, total = sum(t["score"] for t in tests), sum(t["max_score"] for t in tests)
     lines.append(f"{passed}/{len(tests)} {kind} checks passed: {score:g}/{total:g} points")
-    return "\n".join(lines) + "\n"
+    return wrap_lines("\n".join(lines) + "\n")
 
 
 def _resources(coursedir: CourseDirectory, ch: Chapter, student: str) -> dict:

@@ -1,28 +1,43 @@
 """Notebooks: the nbgrader course, and grading answers written in notebook cells.
 
-A chapter notebook holds the chapter's prose, one answer cell per task (the task's
-functions from the reference, their `### BEGIN SOLUTION` regions left for nbgrader
-to strip) and two locked test cells per task. The public test cell grades the
-answers the kernel has run, rebuilt into the chapter module, through the same
-isolated runner as `course check`, prints what happened, shows the task's figures
-as SVG display data, and ends with the score as its value: the student's own
-feedback. The hidden test cell (inside `### BEGIN HIDDEN TESTS`) runs nothing: a
-kernel that runs the student's code cannot be trusted with hidden checks or with
-the score, so both come from the sandboxed class grader, which writes them into
+A chapter notebook holds the chapter's prose, a locked setup cell (the module's provided
+code), one answer cell per task (the task's functions from the reference, their
+`### BEGIN SOLUTION` regions left for nbgrader to strip) and two locked test cells per
+task. It runs top to bottom with no error before a single answer. The public test cell
+grades the cells the kernel has run, made into the chapter module (`assemble`), through
+the same isolated runner as `course check`, prints what happened as one block, shows
+the task's figures (SVG, with their caption as alt text), and ends with the score as its
+value: the student's own feedback. The hidden test cell (inside `### BEGIN HIDDEN TESTS`)
+runs nothing: a kernel that runs the student's code cannot be trusted with hidden checks
+or with the score, so both come from the sandboxed class grader, which writes them into
 nbgrader's gradebook (`course grade --nbgrader`, grader.gradebook).
+
+Grading is per cell in every channel (a test cell, `course check --notebook`, `course
+grade`): each cell is compiled and run as itself, under its label ("answer cell 25.2"),
+so a message cites the cell and the line in it, and a cell that does not parse costs
+only the tasks it answers. This process only parses and compiles the cells; they run
+in the student's process.
 """
 
 from __future__ import annotations
 
+import __future__
 import ast
+import base64
 import contextlib
 import functools
+import html
+import inspect
+import io
 import json
 import math
 import os
+import re
 import sys
 import tempfile
+import textwrap
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from grader import chapters, checks
@@ -37,37 +52,197 @@ COURSE_ID = "llm-inference"
 
 
 # -- from cells to a chapter module -------------------------------------------------------------------
-def assemble(ch: Chapter, cells: list[str]) -> str:
-    """The chapter module a student's cells amount to: the stub, with every task function or class
-    the cells define (their last definition) in place of the stub's, and the cells' other
-    imports, helpers and constants after it. Cell magics and statements that only run code
-    (prints, calls, tests) are left out."""
+CELLS_FILE = "<notebook cells>"
+"""The file name of the code that runs a notebook's cells inside the student's process: frames of it
+are the grader's, never shown (`grader.isolation.child` shows only the module's and the cells')."""
+
+
+@dataclass(frozen=True)
+class _Cell:
+    """One code cell as the assembled module carries it (plain data, written as a Python literal)."""
+
+    label: str
+    """What messages call it: "answer cell 25.2", or its place ("code cell 7", "In [7]")."""
+    source: str
+    """Its code, magic lines blanked (line numbers are the cell's own)."""
+    kept: tuple[int, ...]
+    """The indices of the top-level statements that run (definitions, imports, assignments)."""
+    graded: tuple[str, ...]
+    """The task functions and classes it defines."""
+    error: tuple[str, int, int, str] | None
+    """(message, line, column, text of the line) when it cannot be compiled: then nothing of it runs."""
+
+
+class CompilerLimit(ValueError):
+    """A cell that Python's compiler cannot take at all (an expression nested too deeply for it:
+    RecursionError or MemoryError), when `assemble` is told to refuse one."""
+
+
+def assemble(ch: Chapter, cells: list[str], where: list[str] | None = None, *, strict: bool = False) -> str:
+    """The chapter module a student's code cells amount to: the stub, then every cell in order, each
+    compiled as itself (its file name is its label, such as "answer cell 25.2", so tracebacks give the
+    cell and the line in it), as the kernel ran them.
+
+    Of a cell, the definitions run: functions, classes, imports (not of the grader), assignments.
+    Other top-level statements (calls, prints, loops, tests) and magics are left out. A statement
+    that raises when it runs is reported, one line naming the cell and the line, printed by the
+    student's process, and grading goes on without it (a task function or class it was to define
+    reports that error when called). A cell that does not compile (SyntaxError, NUL byte, nested too
+    deeply) contributes nothing: each task function or class it defines reports "answer cell 25.2
+    does not parse …" with the line, so only its tasks lose points. `where[i]` names cell i when it
+    is no answer cell (default "code cell i+1"; a kernel gives "In [n]"). With `strict`, a cell that
+    exhausts Python's compiler (RecursionError, MemoryError: no mistake a student types) raises
+    CompilerLimit instead, as such a `.py` file is refused (`grader.submission`).
+
+    Nothing is executed here: the cells are parsed and compiled (to learn whether they compile), and
+    written into the module as string literals that the student's process runs.
+    """
     stub = (chapters.EXERCISES / ch.filename).read_text(encoding="utf-8")
-    graded = {name for t in ch.tasks for name in t.names}
-    defined: dict[str, str] = {}
-    extra: list[str] = []
-    for cell in cells:
-        code = "\n".join(line for line in cell.splitlines() if not line.lstrip().startswith(("%", "!")))
+    flags = compile(stub, ch.filename, "exec", dont_inherit=True).co_flags & _FUTURE_FLAGS
+    task_of = {name: t.id for t in ch.tasks for name in t.names}
+    order = {t.id: i for i, t in enumerate(ch.tasks)}
+    read = []
+    for i, text in enumerate(cells):
+        place = where[i] if where else f"code cell {i + 1}"
+        source, tree, error = _compile_cell(text, place, flags)
+        if strict and error is not None and error[0].startswith(_TOO_DEEP):
+            raise CompilerLimit(f"{place}: {error[0]}")
+        if tree is None:
+            graded = tuple(n for n in task_of if re.search(rf"^[ \t]*(?:async[ \t]+def|def|class)[ \t]+{n}\b",
+                                                           source, re.M))
+            kept: tuple[int, ...] = ()
+        else:
+            kept = tuple(j for j, node in enumerate(tree.body) if _kept(node))
+            graded = tuple(dict.fromkeys(n for j in kept for n in _defines(tree.body[j]) if n in task_of))
+        tasks = sorted({task_of[n] for n in graded}, key=order.get)
+        read.append((place, f"answer cell {' and '.join(tasks)}" if tasks else place, source, kept, graded, error))
+    count: dict[str, int] = {}
+    for _, label, *_ in read:
+        count[label] = count.get(label, 0) + 1
+    units = [_Cell(f"{label} ({place})" if count[label] > 1 and label != place else label, source, kept, graded,
+                   error) for place, label, source, kept, graded, error in read]
+    runner = inspect.getsource(_run_cells)
+    return (stub.rstrip("\n") + "\n\n\n"
+            "# -- your notebook's code cells (grader.notebook.assemble): each runs as itself, its definitions\n"
+            "# taken, its other statements left out; a message about them names the cell and the line in it.\n"
+            f"__course_cells__ = {tuple(u.label for u in units)!r}\n"
+            "_course_cells = {'__name__': __name__}\n"
+            f"exec(compile({runner!r}, {CELLS_FILE!r}, 'exec'), _course_cells)\n"
+            f"_course_cells['_run_cells'](globals(), {[tuple(vars(u).values()) for u in units]!r})\n"
+            "del _course_cells\n")
+
+
+_FUTURE_FLAGS = functools.reduce(lambda a, b: a | b, (getattr(__future__, f).compiler_flag
+                                                      for f in __future__.all_feature_names))
+_MAGIC = re.compile(r"^[ \t]*(?:%|!(?!=))")
+_TOO_DEEP = "an expression is nested too deeply for Python's compiler"
+
+
+def _compile_cell(text: str, label: str, flags: int) -> tuple[str, ast.Module | None, tuple | None]:
+    """A cell's code (magic lines blanked if it does not compile with them), its syntax tree, and why it
+    cannot be compiled (None when it can), compiled as the kernel would (the stub's __future__ flags)."""
+    source, error = text, None
+    for attempt in (text, "\n".join("" if _MAGIC.match(line) else line for line in text.split("\n"))):
         try:
-            tree = ast.parse(code)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):  # left for compile() to report
-            defined.update({n: code for n in graded if f"def {n}(" in code or f"class {n}" in code})
+            compile(attempt, label, "exec", flags=flags, dont_inherit=True)
+            return attempt, ast.parse(attempt, label), None
+        except SyntaxError as e:
+            if "null bytes" in str(e.msg):
+                return attempt, None, ("it holds a NUL byte, which Python source cannot hold", 1, 0, "")
+            what = e.msg if type(e) is SyntaxError else f"{type(e).__name__}: {e.msg}"
+            source, error = attempt, (what, e.lineno or 1, e.offset or 0, (e.text or "").rstrip("\n"))
+        except ValueError as e:  # a NUL byte, on Pythons before 3.11.4
+            return attempt, None, (f"it cannot be compiled: {e}", 1, 0, "")
+        except (RecursionError, MemoryError) as e:
+            return attempt, None, (f"{_TOO_DEEP} ({type(e).__name__})", 1, 0, "")
+    return source, None, error
+
+
+def _kept(node: ast.stmt) -> bool:
+    """Whether a cell's top-level statement is taken into the module: a definition, an import (not of the
+    grader, the reference or the figures) or an assignment."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return not _grader_import(node)
+    return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign,
+                             ast.AugAssign))
+
+
+def _defines(node: ast.stmt) -> list[str]:
+    """The module-level names a statement binds."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return [(a.asname or a.name).split(".")[0] for a in node.names]
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if hasattr(node, "target") else []
+    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+
+
+def _run_cells(namespace: dict, cells: list) -> None:
+    """Run a notebook's cells into the module's namespace: this function's source is written into the
+    assembled module and runs only in the student's process (`assemble`).
+
+    Each cell is registered with linecache under its label (tracebacks then show its lines) and its kept
+    statements run one at a time. One that raises is reported in one line and left out; a task name it
+    was to define, or that a cell which cannot be compiled defines, becomes a function raising why."""
+    import ast
+    import linecache
+    import re
+
+    class AnswerCellFailed(Exception):
+        """A task function or class that a cell failed to define."""
+
+    def failing(name: str, kind: type, *details):
+        def fail(*args, **kwargs):
+            raise kind(*details)  # a new exception each call: one raised twice would pile up tracebacks
+
+        fail.__name__ = fail.__qualname__ = name
+        return fail
+
+    def say(text: str) -> None:
+        try:
+            print(text, flush=True)
+        except Exception:  # the cells replaced or closed stdout: the note is lost, grading goes on
+            pass
+
+    def words(e: BaseException) -> str:
+        try:
+            return str(e).strip().split("\n")[0][:200]
+        except Exception:
+            return "(its message cannot be printed)"
+
+    for label, source, kept, graded, error in cells:
+        lines = [line + "\n" for line in re.split(r"\r\n|\r|\n", source)]  # as Python counts lines
+        if error is None:
+            linecache.cache[label] = (len(source), None, lines, label)
+            try:
+                body = ast.parse(source, label).body
+            except Exception as e:  # the grader's compile said it can: only a parser out of memory gets here
+                error = (f"{type(e).__name__}: {e}", 1, 0, "")
+        if error is not None:
+            message, line, column, text = error
+            why = f"{label} does not parse, so none of its code is graded: {message}"
+            for name in graded:
+                namespace[name] = failing(name, SyntaxError, why, (label, line, column, text))
+            if not graded:
+                say(f"{label}, line {line}: does not parse ({message}); left out")
             continue
-        for node in tree.body:
-            text = _segment(code, node)
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in graded:
-                defined[node.name] = text
-            elif isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)) or (
-                    isinstance(node, (ast.Import, ast.ImportFrom)) and not _grader_import(node)):
-                extra.append(text)
-    lines = stub.splitlines(keepends=True)
-    stub_tree = ast.parse(stub)
-    for node in sorted(stub_tree.body, key=lambda n: n.lineno, reverse=True):
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in defined:
-            start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
-            lines[start:node.end_lineno] = [defined[node.name].rstrip() + "\n"]
-    tail = "\n\n# -- more code from your cells\n" + "\n\n".join(extra) + "\n" if extra else ""
-    return "".join(lines) + tail
+        for index in kept:
+            node = body[index]
+            try:
+                exec(compile(ast.Module([node], []), label, "exec"), namespace)
+            except Exception as e:
+                first = lines[node.lineno - 1].strip() if node.lineno <= len(lines) else ""
+                said = words(e)
+                say(f"{label}, line {node.lineno}: `{first[:80]}` raised {type(e).__name__}: {said}; "
+                    "left out, the rest is graded without it")
+                names = [node.name] if hasattr(node, "name") else [
+                    n.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if t is not None
+                    for n in ast.walk(t) if isinstance(n, ast.Name)]
+                for name in names:
+                    if name in graded:
+                        why = (f"{label}, line {node.lineno}: `{first[:80]}` raised {type(e).__name__}: {said}, "
+                               f"so {name} was never defined")
+                        namespace[name] = failing(name, AnswerCellFailed, why)
 
 
 def _segment(code: str, node: ast.stmt) -> str:
@@ -97,15 +272,17 @@ def cells_of(notebook: Path) -> list[str]:
     return read_notebook(notebook)
 
 
-def submission_from_cells(ch: Chapter, cells: list[str], folder: Path) -> Path:
-    """Write the module the cells amount to into `folder` (a submission folder) and return it."""
+def submission_from_cells(ch: Chapter, cells: list[str], folder: Path, where: list[str] | None = None) -> Path:
+    """Write the module the cells amount to (`assemble`) into `folder` (a submission folder) and return it."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / ch.filename).write_text(assemble(ch, cells), encoding="utf-8")
+    (folder / ch.filename).write_text(assemble(ch, cells, where), encoding="utf-8")
     return folder
 
 
 # -- grading inside the notebook -----------------------------------------------------------------------
-def _kernel_cells() -> list[str]:
+def _kernel_cells() -> tuple[list[str], list[str]]:
+    """The cells this kernel has run, in order (re-runs included, as the kernel ran them), and their
+    names ("In [7]")."""
     try:
         from IPython import get_ipython
 
@@ -114,7 +291,8 @@ def _kernel_cells() -> list[str]:
         shell = None
     if shell is None:
         raise RuntimeError("grader.notebook.check_task runs inside a Jupyter notebook; use `course check` elsewhere")
-    return [c for c in shell.user_ns.get("In", []) if c]
+    ran = [(f"In [{n}]", c) for n, c in enumerate(shell.user_ns.get("In", [])) if c]
+    return [c for _, c in ran], [n for n, _ in ran]
 
 
 _warm: dict = {}
@@ -137,13 +315,50 @@ def _launcher():
         return functools.partial(worker.start, root=chapters.ROOT)
 
 
+@dataclass
+class CellGrade:
+    """What a public test cell shows: the task's report, as one text, and its figures."""
+
+    report: object
+    """The `grader.report.Report` of the task's public checks."""
+    text: str
+    """The report as the cell prints it: one block, lines wrapped to `WIDTH` columns."""
+    figures: list[dict]
+    """Display data of the task's figures (`figure_output`)."""
+
+    @property
+    def score(self) -> float:
+        return float(self.report.score)
+
+
+WIDTH = 100
+"""Columns a test cell's report is wrapped to (an output box in a notebook or its HTML does not wrap)."""
+
+
+def grade_cells(chapter_id: str, task_id: str, cells: list[str], *, where: list[str] | None = None,
+                launcher=None) -> CellGrade:
+    """Run one task's public checks on the module `cells` amount to (`assemble`), in a student process
+    started by `launcher` (default: a fresh interpreter), as a public test cell does with the cells its
+    kernel has run. Nothing of the cells runs in this process."""
+    from grader.run import check
+
+    ch = chapters.find(chapter_id)
+    task = ch.task(task_id)
+    with tempfile.TemporaryDirectory(prefix="course-nb-") as tmp, _quiet():
+        folder = submission_from_cells(ch, cells, Path(tmp) / "submission", where)
+        report = check(ch.id, task=task.id, submission=folder, hidden=False, figures_dir=Path(tmp) / "figures",
+                       time_limit=_time_limit(), launcher=launcher)
+        return CellGrade(report, _public_text(report), _figures_of(report, task.id))
+
+
 def check_task(chapter_id: str, task_id: str, *, hidden: bool = False) -> float:
     """Grade one task from the cells this kernel has run; print the results and show the figures.
 
-    Returns the points earned (the cell's value, which nbgrader reads as partial credit).
-    With `hidden=True` nothing runs: the hidden checks never run in a kernel that also runs the
-    student's code (it could replace this function or read them). The cell says where they run
-    and returns 0; `course grade --nbgrader` writes their points into the gradebook.
+    Returns the points earned (the cell's value, which nbgrader reads as partial credit). The report
+    is printed once, as one block (one output box). With `hidden=True` nothing runs: the hidden checks
+    never run in a kernel that also runs the student's code (it could replace this function or read
+    them). The cell says where they run and returns 0; `course grade --nbgrader` writes their points
+    into the gradebook.
     """
     ch = chapters.find(chapter_id)
     task = ch.task(task_id)
@@ -151,16 +366,14 @@ def check_task(chapter_id: str, task_id: str, *, hidden: bool = False) -> float:
         print(f"The hidden checks of ch{task.id} run when the instructor grades the class with "
               "`course grade --nbgrader`, in a sandbox, not in this notebook: this cell gives 0 points here.")
         return 0.0
-    from grader.run import check
+    from IPython.display import display
 
-    launcher = _launcher()
-    with tempfile.TemporaryDirectory(prefix="course-nb-") as tmp, _quiet():
-        folder = submission_from_cells(ch, _kernel_cells(), Path(tmp) / "submission")
-        report = check(ch.id, task=task.id, submission=folder, hidden=False, figures_dir=Path(tmp) / "figures",
-                       time_limit=_time_limit(), launcher=launcher)
-        _print_public(report)
-        _show_figures(report, task.id)
-    return float(report.score)
+    cells, where = _kernel_cells()
+    graded = grade_cells(ch.id, task.id, cells, where=where, launcher=_launcher())
+    print(graded.text, end="")
+    for data in graded.figures:
+        display(data, raw=True)
+    return graded.score
 
 
 def _time_limit() -> float:
@@ -175,23 +388,45 @@ def _quiet():
         yield
 
 
-def _print_public(report) -> None:
+def _public_text(report) -> str:
+    """The task's report as `course check --verbose` words it (without its header), wrapped to WIDTH."""
     from grader.terminal import TerminalReport
 
-    screen = TerminalReport(report.chapter, report.target, verbose=True, header=False)
-    for result in report.results:
-        screen.add(result)
-    screen.flush()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        screen = TerminalReport(report.chapter, report.target, verbose=True, header=False, width=WIDTH, tty=False,
+                                ticker=False)
+        for result in report.results:
+            screen.add(result)
+        screen.flush()
+    return wrap_lines(out.getvalue())
 
 
-def _show_figures(report, task_id: str) -> None:
+def wrap_lines(text: str, width: int = WIDTH) -> str:
+    """`text` with every line longer than `width` broken at spaces, its continuation lines indented
+    two more than the line itself (a notebook's output box, or its HTML, clips long lines)."""
+    lines = []
+    for line in text.splitlines():
+        indent = line[:len(line) - len(line.lstrip(" "))]
+        lines += textwrap.wrap(line, width, subsequent_indent=indent + "  ", break_long_words=False,
+                               break_on_hyphens=False, drop_whitespace=True) or [line]
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def figure_output(spec, svg: str) -> dict:
+    """Display data of a figure: the SVG, and an HTML image of it with the figure's caption as its alt
+    text (what HTML renderers, nbgrader's feedback included, show), and the caption as plain text."""
+    alt = f"{spec.title} · {spec.en}"
+    src = "data:image/svg+xml;base64," + base64.b64encode(svg.encode("utf-8")).decode("ascii")
+    return {"text/html": f'<img alt="{html.escape(alt)}" src="{src}">', "image/svg+xml": svg, "text/plain": alt}
+
+
+def _figures_of(report, task_id: str) -> list[dict]:
     import figures
-    from IPython.display import SVG, display
 
-    mine = {spec.id for spec in figures.catalog(report.chapter.id) if task_id in spec.needs.values()}
-    for path in report.figures:
-        if Path(path).stem in mine:
-            display(SVG(filename=path))
+    mine = {spec.id: spec for spec in figures.catalog(report.chapter.id) if task_id in spec.needs.values()}
+    return [figure_output(mine[Path(path).stem], Path(path).read_text(encoding="utf-8"))
+            for path in report.figures if Path(path).stem in mine]
 
 
 # -- the nbgrader course ---------------------------------------------------------------------------------
@@ -239,14 +474,18 @@ c.Autograde.exclude_overwriting = {{}}
 
 
 def chapter_notebook(ch: Chapter) -> dict:
-    """The source notebook of a chapter (nbformat 4, as plain JSON data)."""
+    """The source notebook of a chapter (nbformat 4, as plain JSON data).
+
+    Its locked setup cell holds the module's provided code (all but the task functions and classes) as
+    the module has it, so that the notebook runs top to bottom with no error before a single answer:
+    an annotation naming a task class is written as a string (looked up when used, never when
+    defined), and provided code that needs a task's names when it is defined goes into a locked
+    "provided" cell after that task's answer cell.
+    """
     source = (chapters.SOLUTIONS / ch.filename).read_text(encoding="utf-8")
     tree = ast.parse(source)
     prose = (ast.get_docstring(tree) or "").split("\n", 1)[-1].strip()
-    graded = {name for t in ch.tasks for name in t.names}
-    body = tree.body[1:] if ast.get_docstring(tree) else tree.body
-    setup = [_segment(source, n) for n in body
-             if not isinstance(n, (ast.FunctionDef, ast.ClassDef)) or n.name not in graded]
+    setup, provided = _provided_code(ch, source, tree)
     specs = checks.load(ch.id, with_hidden=True)
     cells = [_markdown(f"# {ch.id} · {ch.title}\n\n{prose}\n\n"
                        "Write your code in the answer cells, run them, then run the test cell under each. "
@@ -255,16 +494,18 @@ def chapter_notebook(ch: Chapter) -> dict:
                        "(`course grade --nbgrader`), which runs the public and the hidden checks on your notebook "
                        "in a sandbox; run by `nbgrader autograde` instead, the hidden test cells give 0 points.",
                        "intro"),
-             _code("\n\n".join(setup), "setup", locked=True)]
-    for task in ch.tasks:
+             _code(setup, "setup", locked=True)]
+    for i, task in enumerate(ch.tasks):
         public_points = sum(s.points for s in specs if s.task == task.id and not s.hidden)
         hidden_points = sum(s.points for s in specs if s.task == task.id and s.hidden)
         code = "\n\n\n".join(_segment(source, n) for n in tree.body
                              if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in task.names)
         tid = task.id.replace(".", "_")
         cells += [_markdown(f"## ch{task.id} · {task.name}", f"task_{tid}"),
-                  _code(code, f"answer_{tid}", solution=True),
-                  _code(f'from grader.notebook import check_task\ncheck_task("{ch.id}", "{task.id}")',
+                  _code(code, f"answer_{tid}", solution=True)]
+        if provided.get(i):
+            cells.append(_code(provided[i], f"provided_{tid}", locked=True))
+        cells += [_code(f'from grader.notebook import check_task\ncheck_task("{ch.id}", "{task.id}")',
                         f"public_{tid}", points=public_points),
                   _code("### BEGIN HIDDEN TESTS\nfrom grader.notebook import check_task\n"
                         f'check_task("{ch.id}", "{task.id}", hidden=True)\n### END HIDDEN TESTS',
@@ -272,6 +513,83 @@ def chapter_notebook(ch: Chapter) -> dict:
     return {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
             "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
                          "language_info": {"name": "python"}}}
+
+
+def _provided_code(ch: Chapter, source: str, tree: ast.Module) -> tuple[str, dict[int, str]]:
+    """The setup cell's code, and the code of the "provided" cell after task i's answer cell (by i).
+
+    The setup cell is the module's text with its docstring and task definitions cut out (its own
+    spacing and comments kept), with every single-line annotation that names a task's name quoted.
+    A statement that still needs a task's name when it runs (a base class, a default, a decorator, a
+    class attribute, a call), or that needs such a statement, goes after the last task it needs."""
+    task_of = {name: i for i, t in enumerate(ch.tasks) for name in t.names}
+    lazy = any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and
+               any(a.name == "annotations" for a in n.names) for n in tree.body)
+    body = tree.body[1:] if ast.get_docstring(tree) else tree.body
+    graded = [n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in task_of]
+    setup = [n for n in body if n not in graded]
+    quote: list[ast.expr] = []
+    level: dict[int, int] = {}
+    needs: dict[int, set[str]] = {}
+    for node in setup:
+        annotations, expressions = _when_defined(node, lazy)
+        for a in annotations:
+            if {n.id for n in ast.walk(a) if isinstance(n, ast.Name)} & task_of.keys():
+                (quote if a.lineno == a.end_lineno else expressions).append(a)
+        needs[id(node)] = {n.id for e in expressions for n in ast.walk(e) if isinstance(n, ast.Name)}
+        level[id(node)] = max((task_of[n] for n in needs[id(node)] & task_of.keys()), default=-1)
+    binder = {name: node for node in setup for name in _defines(node)}
+    changed = True
+    while changed:  # a statement runs after what it needs
+        changed = False
+        for node in setup:
+            after = max((level[id(binder[n])] for n in needs[id(node)] if n in binder and binder[n] is not node),
+                        default=-1)
+            if after > level[id(node)]:
+                level[id(node)], changed = after, True
+    lines = source.splitlines(keepends=True)
+    for a in sorted(quote, key=lambda a: (a.lineno, a.col_offset), reverse=True):
+        raw = lines[a.lineno - 1].encode("utf-8")
+        text = raw[a.col_offset:a.end_col_offset].decode("utf-8")
+        quoted = f'"{text}"' if '"' not in text and "\\" not in text else repr(text)
+        lines[a.lineno - 1] = (raw[:a.col_offset].decode("utf-8") + quoted + raw[a.end_col_offset:].decode("utf-8"))
+    edited = "".join(lines)
+    moved = [n for n in setup if level[id(n)] >= 0]
+    cut = set()
+    for node in ([tree.body[0]] if body is not tree.body else []) + graded + moved:
+        first = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
+        last = first + _segment(edited, node).count("\n")
+        cut.update(range(first - 1, last))
+    kept = [line for i, line in enumerate(edited.splitlines()) if i not in cut]
+    setup_text = re.sub(r"\n{4,}", "\n\n\n", "\n".join(kept)).strip("\n")
+    provided: dict[int, list[str]] = {}
+    for node in moved:
+        provided.setdefault(level[id(node)], []).append(_segment(edited, node))
+    return setup_text, {i: "\n\n\n".join(parts) for i, parts in provided.items()}
+
+
+def _when_defined(node: ast.stmt, lazy: bool) -> tuple[list[ast.expr], list[ast.AST]]:
+    """What a top-level statement evaluates when it runs: its annotations (none when they are lazy,
+    `from __future__ import annotations`) and its other expressions. A function's body runs when it is
+    called, not when it is defined; a class's body runs when it is defined."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        args = node.args
+        every = args.posonlyargs + args.args + args.kwonlyargs + [a for a in (args.vararg, args.kwarg) if a]
+        annotations = [a.annotation for a in every if a.annotation] + ([node.returns] if node.returns else [])
+        expressions = node.decorator_list + args.defaults + [d for d in args.kw_defaults if d]
+        return ([] if lazy else annotations), expressions
+    if isinstance(node, ast.ClassDef):
+        annotations, expressions = [], node.decorator_list + node.bases + [k.value for k in node.keywords]
+        for stmt in node.body:
+            if isinstance(stmt, ast.AnnAssign):
+                annotations.append(stmt.annotation)
+                expressions += [stmt.target] + ([stmt.value] if stmt.value else [])
+            else:
+                more, other = _when_defined(stmt, lazy)
+                annotations += more
+                expressions += other
+        return ([] if lazy else annotations), expressions
+    return [], [node]
 
 
 def _meta(grade_id: str, *, grade: bool = False, solution: bool = False, locked: bool = False,

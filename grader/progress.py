@@ -27,13 +27,25 @@ def load() -> dict:
 
 
 def record(report: Report) -> None:
-    """Remember how this folder did on this chapter (atomically; failures are ignored)."""
+    """Remember how this folder did on this chapter (atomically; failures are ignored).
+
+    Per task, the public checks of its last run: a run of one task (`--task`) replaces that task's line and
+    keeps the others'.
+    """
     folder = str(Path(report.target).parent)
-    tasks = report.by_task()
     state = load()
-    state.setdefault(folder, {})[report.chapter.id] = {
-        "tasks_passed": sum(all(r.status == "passed" for r in rs) for _, rs in tasks),
-        "tasks_run": len(tasks), "score": report.score, "max_score": report.max_score}
+    entry = state.setdefault(folder, {}).get(report.chapter.id, {})
+    tasks = dict(entry.get("tasks", {}))
+    ran: dict[str, list[int]] = {}
+    for r in report.results:
+        if not r.hidden:
+            counts = ran.setdefault(r.task, [0, 0, 0])
+            counts[0] += r.status == "passed"
+            counts[1] += 1
+            counts[2] += bool(r.todo)
+    for task, (passed, total, todo) in ran.items():
+        tasks[task] = {"passed": passed, "checks": total, "not_implemented": todo == total}
+    state[folder][report.chapter.id] = {"tasks": tasks}
     try:
         path = _file()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -44,12 +56,27 @@ def record(report: Report) -> None:
         pass
 
 
-def status(folder: Path, chapter_id: str, num_tasks: int) -> str:
-    """"not run", "passed 2/2" or "1/3 passed" for `course list`."""
-    entry = load().get(str(folder.resolve()), {}).get(chapter_id)
-    if not entry:
+def tasks(folder: Path, chapter_id: str) -> dict[str, dict]:
+    """Task id → {"passed": checks passed, "checks": public checks run, "not_implemented": all were stubs} of
+    each task's last run in `folder`; a task never run is absent."""
+    return load().get(str(folder.resolve()), {}).get(chapter_id, {}).get("tasks", {})
+
+
+def task_status(last: dict | None) -> str:
+    """A task's status for `course list CHAPTER`: "not run", "not implemented yet" or "3/5 passed" (checks)."""
+    if not last:
         return "not run"
-    passed = entry["tasks_passed"]
-    if entry["tasks_run"] < num_tasks:
-        return f"{passed}/{num_tasks} passed (partial run)"
-    return f"passed {passed}/{num_tasks}" if passed == num_tasks else f"{passed}/{num_tasks} passed"
+    if last.get("not_implemented"):
+        return "not implemented yet"
+    return f"{last['passed']}/{last['checks']} passed"
+
+
+def status(folder: Path, chapter_id: str, task_ids: list[str]) -> str:
+    """A chapter's status for `course list`: "not run", "1/3 passed" (tasks whose every check passed) or
+    "1/3 passed, 1 not run"."""
+    last = tasks(folder, chapter_id)
+    if not any(t in last for t in task_ids):
+        return "not run"
+    passed = sum(1 for t in task_ids if t in last and last[t]["passed"] == last[t]["checks"])
+    not_run = sum(1 for t in task_ids if t not in last)
+    return f"{passed}/{len(task_ids)} passed" + (f", {not_run} not run" if not_run else "")

@@ -43,7 +43,7 @@ class Release:
 
 def build(out: Path, *, chapter_list: list[Chapter] | None = None, nbgrader: bool = True) -> Release:
     """Write `out/student/` (and `out/nbgrader/`) for every chapter, or the given ones."""
-    if not any(chapters.SOLUTIONS.glob("ch[0-9][0-9]_*.py")):
+    if not chapters.has_solutions():
         raise ReleaseError("this installation has no solutions/: a release is built from the instructor's repository")
     chosen = sorted(chapter_list or chapters.all_chapters(), key=lambda ch: ch.id)
     student = _fresh(Path(out) / "student")
@@ -114,10 +114,12 @@ def record_answers(ch: Chapter) -> dict:
     if failed:
         raise ReleaseError(f"{ch.id}: the reference fails its own public checks:\n" + "\n".join(failed))
     hidden: dict[str, int] = {}
+    hidden_points: dict[str, float] = {}
     for spec in checks.load(ch.id, with_hidden=True):
         hidden[spec.task] = hidden.get(spec.task, 0) + spec.hidden
+        hidden_points[spec.task] = hidden_points.get(spec.task, 0.0) + spec.points * spec.hidden
     return {"chapter": chapters.to_record(ch), "checks": {key: rec.calls for key, rec in recorders.items()},
-            "hidden": hidden}
+            "hidden": hidden, "hidden_points": hidden_points}
 
 
 def _pyproject() -> str:
@@ -144,6 +146,7 @@ include = {json.dumps([p + "*" for p in PUBLIC_PACKAGES])}
 
 [tool.setuptools.package-data]
 grader = {json.dumps(["answers/*.json", *_package_data("grader")])}
+figures = {json.dumps(_package_data("figures"))}
 '''
 
 
@@ -162,6 +165,7 @@ Then implement the `TODO`s of a chapter in `exercises/` and check your work:
 ```
 .venv/bin/course check ch25            # public checks, and your figures in course-figures/ch25/
 .venv/bin/course check ch25 --task 25.1
+.venv/bin/course list ch25             # its tasks, their points (public + hidden) and your last results
 ```
 
 Each docstring gives the convention, the shapes and a small example. `course check` runs

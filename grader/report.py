@@ -27,6 +27,9 @@ class CheckResult:
     """Of `elapsed`, the time spent in the graded code (what time limits count)."""
     todo: bool = False
     """True when the student's code raised the stub's NotImplementedError."""
+    import_failed: bool = False
+    """True when the check could not run because the module failed to import (or its import ran out
+    of time): `message` is then the import's, the same for every check of the run."""
 
     @property
     def score(self) -> float:
@@ -59,6 +62,14 @@ class Report:
     records: dict[str, dict] = field(default_factory=dict)
     """The figure data the checks recorded (plain data: what each figure is drawn from)."""
     figure_notes: list[str] = field(default_factory=list)
+    """Figures that had data but could not be drawn or written, and why ("<id>: …")."""
+    undrawn: dict[str, str] = field(default_factory=dict)
+    """Figure id -> why this run recorded no data for it: "ch25.1 left out of this run", or
+    "waits for ch25.1" (no output of the right shape and type from it yet)."""
+    marked: list[str] = field(default_factory=list)
+    """Of `figures`, those that mark a value of the student's as wrong (an element of class "wrong")."""
+    removed: list[str] = field(default_factory=list)
+    """Figure files of this chapter left by an earlier run and removed, since this run did not draw them."""
     hidden_not_run: int = 0
     elapsed: float = 0.0
 

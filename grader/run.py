@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 import secrets
 import shutil
 import tempfile
@@ -37,6 +38,8 @@ def module_path(chapter: Chapter, *, solutions: bool = False, submission: Path |
     folder = chapters.SOLUTIONS if solutions else Path(submission) if submission else chapters.EXERCISES
     path = (folder / chapter.filename).absolute()
     if not path.is_file() and not path.is_symlink():
+        if not solutions and submission is None:  # the student's own exercises/: say how to get the stub back
+            raise MissingModule(chapters.missing_exercise(chapter))
         raise MissingModule(f"{folder} has no {chapter.filename}; a submission holds the chapter "
                             "modules under the same file names as exercises/")
     return path
@@ -152,7 +155,12 @@ def _run(ch, only, path, solutions, submission, seed, hidden, public, figures_di
                                  time_limit=spec.time_limit or (time_limits or {}).get(spec.key) or time_limit,
                                  strays=strays)
                 if result.status == "timeout":
-                    hung[spec.task] = f"{result.function} ran out of time in “{result.name}”"
+                    hung[spec.task] = (f"importing {path.name} ran out of time" if session.load_failure
+                                       else f"{result.function} ran out of time in “{result.name}”")
+            failure = session.load_failure
+            if failure is not None and result.status != "passed" and (
+                    str(failure) in result.message or result.status == "not run"):
+                result.import_failed = True  # one cause for the whole run, reported once
             report.results.append(result)
             if on_result:
                 on_result(result)
@@ -224,25 +232,84 @@ def solutions_module(ch: Chapter):
     return importlib.import_module(f"solutions.{ch.filename[:-3]}")
 
 
+def project_root(start: Path) -> Path | None:
+    """The nearest folder at or above `start` that holds an exercises/ folder or a pyproject.toml
+    (a course project: the instructor's repository or a student release), or None."""
+    for folder in [start, *start.parents]:
+        if (folder / "exercises").is_dir() or (folder / "pyproject.toml").is_file():
+            return folder
+    return None
+
+
+def default_figures_dir(module: Path, cwd: Path | None = None) -> Path:
+    """Where `course check` puts figures unless told: course-figures/ at the project root, found from
+    the graded module's folder, else by walking up from `cwd`; the cwd itself outside any project."""
+    cwd = Path.cwd() if cwd is None else cwd
+    root = project_root(Path(module).absolute().parent) or project_root(cwd.absolute()) or cwd
+    return root / DEFAULT_FIGURES_DIR
+
+
+_WRONG_MARK = re.compile(r'<[^<>]*\sclass="(?:[^"]*\s)?wrong[\s"-]')
+"""An element the figure marks as the student's wrong value: the figures give those a class
+"wrong" (or "wrong-…"); a figure drawn from the reference has none. Only a tag matches, never
+text (a value shown in the figure cannot hold a "<")."""
+
+
 def draw(report: Report, out_dir: Path) -> None:
-    """Render every figure whose data the checks recorded; a drawing error never hides a verdict."""
+    """Render every figure whose data the checks recorded into out_dir/<chapter>/<id>.svg, and remove
+    that chapter's figures this run did not draw although it ran their tasks (an older file could
+    show a right answer beside wrong code); files other than the chapter's own figures are never
+    touched. A figure that cannot be drawn or written is a note: a drawing error never hides a verdict."""
     import figures
 
     chapter_dir = out_dir / report.chapter.id
-    for spec in figures.catalog(report.chapter.id):
+    ran = {r.task for r in report.results}
+    drawn: set[str] = set()
+    unwritable = None
+    specs = figures.catalog(report.chapter.id)
+    for spec in specs:
         record = report.records.get(spec.id)
         missing = spec.missing(record)
         if record is None:
+            tasks = list(dict.fromkeys(spec.needs.values()))
+            left_out = [f"ch{t}" for t in tasks if t not in ran]
+            report.undrawn[spec.id] = (f"{', '.join(left_out)} left out of this run" if left_out else
+                                       f"waits for {', '.join(f'ch{t}' for t in tasks)}")
             continue
         if missing:
-            report.figure_notes.append(f"{spec.id}: drawn once {', '.join(missing)} pass")
+            verb = "passes its" if len(missing) == 1 else "pass their"
+            report.figure_notes.append(f"{spec.id}: drawn once {', '.join(missing)} {verb} shape and type checks")
+            continue
+        if unwritable:
             continue
         try:
             svg = spec.render(record)
         except Exception as e:
             report.figure_notes.append(f"{spec.id}: could not be drawn ({type(e).__name__}: {e})")
             continue
-        chapter_dir.mkdir(parents=True, exist_ok=True)
         path = chapter_dir / f"{spec.id}.svg"
-        path.write_text(svg, encoding="utf-8")
+        try:
+            chapter_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(svg, encoding="utf-8")
+        except OSError as e:
+            unwritable = f"figures not written: {chapter_dir} cannot be written ({e.strerror or e})"
+            report.figure_notes.append(unwritable)
+            continue
+        drawn.add(spec.id)
         report.figures.append(str(path))
+        if _WRONG_MARK.search(svg):
+            report.marked.append(str(path))
+    for spec in specs:
+        old = chapter_dir / f"{spec.id}.svg"
+        if not set(spec.needs.values()) <= ran:  # `--task`: the figure of a task not run now stays as it was
+            if old.is_file() and spec.id in report.undrawn:
+                report.undrawn[spec.id] += ", its file from an earlier run kept"
+            continue
+        if spec.id not in drawn and (old.is_file() or old.is_symlink()):
+            try:
+                old.unlink()
+            except OSError as e:
+                report.figure_notes.append(f"{spec.id}: not drawn, and its older file could not be removed "
+                                           f"({e.strerror or e}): {old} is out of date")
+                continue
+            report.removed.append(str(old))

@@ -24,6 +24,7 @@ def make_stub(source: str, chapter_id: str) -> str:
     """The exercise file for a solution file's text."""
     owners = _task_owners(source)
     lines = source.splitlines(keepends=True)
+    sizes = _task_sizes(lines, owners)
     out = [f"# {chapter_id} exercises: replace each TODO with your code, then run `course check {chapter_id}`.\n"]
     i = 0
     while i < len(lines):
@@ -43,12 +44,39 @@ def make_stub(source: str, chapter_id: str) -> str:
         task = owners.get(i + 1)
         if task is None:
             raise StubError(f"line {i + 1}: the region is not inside a function or class marked 'Task chNN.k'")
-        n = sum(1 for ln in lines[i + 1:end] if ln.strip() and not ln.strip().startswith("#"))
-        size = f"about {n} line{'s' if n != 1 else ''}"
-        out.append(f"{indent}# TODO({task[0]}): your code here ({size})\n")
+        n = _code_lines(lines[i + 1:end])
+        total, places = sizes[task[0]]
+        size = _about(total)
+        here = size if places == 1 else f"about {n} of the task's {total} lines, in {places} places"
+        out.append(f"{indent}# TODO({task[0]}): your code here ({here})\n")
         out.append(f'{indent}raise NotImplementedError("{task[0]} {task[1]}: not implemented yet ({size})")\n')
         i = end + 1
     return "".join(out)
+
+
+def _code_lines(region: list[str]) -> int:
+    return sum(1 for ln in region if ln.strip() and not ln.strip().startswith("#"))
+
+
+def _about(n: int) -> str:
+    return f"about {n} line{'s' if n != 1 else ''}"
+
+
+def _task_sizes(lines: list[str], owners: dict[int, tuple[str, str]]) -> dict[str, tuple[int, int]]:
+    """Task id → (code lines over all its solution regions, number of regions): a class task's estimate
+    counts every method, not only the one whose TODO shows it."""
+    sizes: dict[str, tuple[int, int]] = {}
+    start = None
+    for i, line in enumerate(lines):
+        if line.strip() == BEGIN:
+            start = i
+        elif line.strip() == END and start is not None:
+            task = owners.get(start + 1)
+            if task:
+                total, places = sizes.get(task[0], (0, 0))
+                sizes[task[0]] = (total + _code_lines(lines[start + 1:i]), places + 1)
+            start = None
+    return sizes
 
 
 def _task_owners(source: str) -> dict[int, tuple[str, str]]:

@@ -15,9 +15,12 @@ solutions and the hidden checks. So a file is read only as itself:
   UTF-8 byte-order mark accepted (a notebook is UTF-8 JSON, a byte-order mark accepted too);
 - a notebook's JSON parsed with every failure (not JSON, nested too deeply, out of memory,
   any shape but nbformat's) turned into one clear error naming the convention broken;
-- the module (for a notebook, the one its cells amount to, `grader.notebook.assemble`)
-  compiled once here, so that a module Python cannot compile (a SyntaxError, a NUL byte, an
-  expression nested too deeply: RecursionError or MemoryError) is one clear error too.
+- a `.py` module compiled once here, so that a module Python cannot compile (a SyntaxError, a
+  NUL byte, an expression nested too deeply: RecursionError or MemoryError) is one clear error too;
+- a notebook's code cells made into the chapter module (`grader.notebook.assemble`), each cell
+  compiled here on its own: one that does not parse (or holds a NUL byte) costs only the tasks it
+  answers (their checks say "answer cell 25.2 does not parse … (answer cell 25.2, line 42)"), never
+  the notebook; one that exhausts Python's compiler (nested too deeply) is refused, as such a `.py`.
 
 Every failure is a `SubmissionError` (a ValueError) whose message is meant for the student.
 """
@@ -275,12 +278,16 @@ def compile_module(text: str, name: str, filename: str, *, where: str = "") -> N
 
 
 def module_of_notebook(ch: Chapter, cells: list[str], name: str) -> str:
-    """The chapter module a notebook's code cells amount to (`grader.notebook.assemble`), guarded
-    like `compile_module`."""
-    from grader.notebook import assemble
+    """The chapter module a notebook's code cells amount to (`grader.notebook.assemble`: each cell
+    compiled on its own, one that does not parse graded as such, in its own tasks only); a cell that
+    exhausts Python's compiler (nested too deeply) is refused as such a `.py` module is, and a failure
+    of the assembling itself is a SubmissionError too."""
+    from grader.notebook import CompilerLimit, assemble
 
     try:
-        return assemble(ch, cells)
+        return assemble(ch, cells, strict=True)
+    except CompilerLimit as e:
+        raise SubmissionError(f"{name} cannot be compiled: {e}") from None
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         raise SubmissionError(f"{name}: its code cells cannot be made into the chapter module "
                               f"({type(e).__name__}: {str(e)[:200]})") from None
@@ -288,11 +295,13 @@ def module_of_notebook(ch: Chapter, cells: list[str], name: str) -> str:
 
 def read_answer(folder: int | str | os.PathLike, name: str, ch: Chapter) -> Answer:
     """Read, bound, decode and compile one chapter answer (`name`: a `.py` module or an `.ipynb`
-    notebook in `folder`, an open folder descriptor or a path); SubmissionError says what is wrong."""
+    notebook in `folder`, an open folder descriptor or a path); SubmissionError says what is wrong.
+    A notebook is refused only when it cannot be read as one: a code cell that does not compile is
+    graded as such, in the tasks it answers (`module_of_notebook`)."""
     if name.endswith(".ipynb"):
         cells = notebook_cells(read_file(folder, name, MAX_NOTEBOOK_BYTES), name)
         text = module_of_notebook(ch, cells, name)
-        where = " of the module your code cells amount to"
+        where = " of the module your code cells amount to (a grader error: show it to your instructor)"
         try:
             source = text.encode("utf-8")
         except UnicodeEncodeError:  # cannot happen: notebook_cells refused lone surrogates

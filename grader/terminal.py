@@ -1,12 +1,24 @@
 """The human-readable report: one line per task as its checks finish, teaching
-messages under failures, then the score and where the figures went."""
+messages under failures, then the score and where the figures went.
+
+Each thing is said once: an import error of the module once for the chapter,
+failures with the same diagnosis (the same "hint:" lines, or the same message)
+once per task, followed by the names of the other checks it covers. Every line is
+wrapped to the terminal with a hanging indent; text that came from the student's
+process is shown with its control characters escaped.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 import sys
 import threading
 import time
+import unicodedata
 from pathlib import Path
+from typing import Callable
 
 import click
 
@@ -14,109 +26,319 @@ from grader.chapters import Chapter
 from grader.report import CheckResult, Report
 
 MAX_MESSAGES = 3
+"""Different explanations shown per task (--verbose shows every failing check's)."""
 SLOW = 2.0
 """Seconds after which a terminal shows which check is running."""
+PRINTED_LINES = 6
+"""Lines of what the student's code printed shown under a failure."""
+NAMES_SHOWN = 3
+"""Checks named in "(same for N more checks: …)" before "and N more"."""
+NAME_CHARS = 64
+MIN_WIDTH = 40
+TAGS = {"timeout": "timed out", "error": "error", "failed": "wrong", "not run": "not run"}
+"""A failing check's status as its tag: `✗ name  [wrong]`."""
+
+_LABEL = re.compile(r"(?:[a-z][a-z ]{0,14}: |[✗✓·…] )")
+"""A line's own lead ("hint: ", "inputs: ", a mark): its continuation lines are indented past it."""
 
 
 def _pts(x: float) -> str:
+    """Points as the report writes them: 5, 2.5."""
     return str(int(x)) if x == int(x) else f"{x:.1f}"
 
 
-class TerminalReport:
-    """Prints a chapter run as it happens (feed it results, then `finish`)."""
+def _plural(n: int, word: str) -> str:
+    """`n word`, the word in the plural unless n is 1: "1 check", "2 checks"."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
-    def __init__(self, chapter: Chapter, target: str, *, verbose: bool = False, header: bool = True) -> None:
+
+def terminal_width() -> int:
+    """Columns to wrap to: $COLUMNS when set, else the terminal's width, else 0 (no wrapping).
+
+    Output that is not a terminal (a pipe, a file, CI logs) is not wrapped: it has no width of its
+    own, whatever shows it wraps (or scrolls) by itself, and whole lines stay greppable."""
+    value = os.environ.get("COLUMNS", "")
+    if value.isdigit() and int(value) > 0:
+        return max(int(value), MIN_WIDTH)
+    if sys.stdout.isatty():
+        return max(shutil.get_terminal_size().columns, MIN_WIDTH)
+    return 0
+
+
+def columns(text: str) -> int:
+    """The width of `text` on a terminal: styles take none, wide (CJK) characters two, combining none."""
+    plain = click.unstyle(text)
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+               for c in plain)
+
+
+def wrap(text: str, width: int, indent: str = "") -> list[str]:
+    """`indent + text` as lines of at most `width` columns (0: one line), broken at spaces only, so a
+    path, a number or a tensor shape is never split (a longer word overflows instead). Continuation
+    lines keep the text's own indentation and are indented past its lead ("hint: ", "✗ "), or by 2."""
+    own = text[:len(text) - len(text.lstrip(" "))]
+    body = text[len(own):]
+    if not width or columns(indent + text) <= width:
+        return [indent + text]
+    lead = _LABEL.match(click.unstyle(body))
+    hang = indent + own + " " * (columns(lead.group(0)) if lead else 2)
+    if columns(hang) > width // 2:
+        hang = indent + own + "  "
+    lines, line, gap = [], indent + own, ""
+    for i, part in enumerate(re.split(r"( +)", _bind(body))):
+        part = part.replace(_BOUND, " ")
+        if i % 2:  # a run of spaces: kept inside a line (aligned columns), dropped at a break
+            gap = part
+        elif part:
+            if gap and columns(line + gap + part) > width:
+                lines.append(line)
+                line = hang + part
+            else:
+                line += gap + part
+            gap = ""
+    lines.append(line)
+    return lines
+
+
+_BOUND = "\x00"
+_PAIRS = {"(": ")", "[": "]", "{": "}"}
+
+
+def _bind(text: str, short: int = 12) -> str:
+    """`text` with the spaces inside a short bracketed group ("[6, 6]", "ones(L, S)") made unbreakable
+    (as _BOUND): a shape or a call is a token too."""
+    chars, stack = list(text), []
+    for i, c in enumerate(chars):
+        if c in _PAIRS:
+            stack.append(i)
+        elif c in _PAIRS.values() and stack and _PAIRS[chars[stack[-1]]] == c:
+            start = stack.pop()
+            if i - start <= short:
+                for j in range(start, i):
+                    if chars[j] == " ":
+                        chars[j] = _BOUND
+    return "".join(chars)
+
+
+def sanitize(text: str) -> str:
+    """Text from the student's process, safe to print: tabs as spaces, control and format characters
+    (terminal escapes, bidirectional overrides) as their escapes, e.g. \\x1b."""
+    out = []
+    for c in text.replace("\t", "    "):
+        out.append(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co")
+                   else c)
+    return "".join(out)
+
+
+def _diagnosis(r: CheckResult) -> tuple:
+    """What makes two failures "the same": their status and their hint lines; without a hint, their
+    message, where for an exception the numbers of its first line do not count (the same IndexError
+    at the same line of the student's code, whatever the index)."""
+    lines = [line.strip() for line in r.message.splitlines()]
+    hints = tuple(line for line in lines if line.startswith("hint:"))
+    if not hints and r.status == "error" and lines:
+        lines[0] = re.sub(r"\d+", "#", lines[0])
+    return (r.status, hints or tuple(lines))
+
+
+def _names(rs: list[CheckResult]) -> str:
+    """Check names, compactly: quoted, each cut to NAME_CHARS, at most NAMES_SHOWN and "N more"."""
+    cut = [f"“{r.name if len(r.name) <= NAME_CHARS else r.name[:NAME_CHARS].rsplit(' ', 1)[0] + ' …'}”"
+           for r in rs]
+    if len(cut) > NAMES_SHOWN:
+        cut = cut[:NAMES_SHOWN - 1] + [f"{len(cut) - NAMES_SHOWN + 1} more"]
+    return ", ".join(cut[:-1]) + (" and " if len(cut) > 1 else "") + cut[-1]
+
+
+class TerminalReport:
+    """Prints a chapter run as it happens (feed it results, then `finish`).
+
+    `width` is the wrapping width (default `terminal_width()`, 0 for none); `tty` whether a line may
+    show the running check (default: stdout is a terminal), refreshed by a thread unless `ticker` is
+    False (then call `tick`); `clock` gives seconds (time.monotonic)."""
+
+    def __init__(self, chapter: Chapter, target: str, *, verbose: bool = False, header: bool = True,
+                 width: int | None = None, tty: bool | None = None, ticker: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.chapter, self.verbose = chapter, verbose
         self.pending: list[CheckResult] = []
-        self.width = max((len(t.label) for t in chapter.tasks), default=20) + 2
-        self._running: tuple[str, float] | None = None
-        self._shown = False
+        self.label_width = max((len(t.label) for t in chapter.tasks), default=20) + 2
+        self.width = terminal_width() if width is None else width
+        self.tty = sys.stdout.isatty() if tty is None else tty
+        self.clock = clock
+        self._running: tuple[str, float] | None = ("starting", clock())
+        self._shown = ""
+        """The running line on the screen now ("" for none)."""
+        self._done = False
+        self._import_shown = False
         self._lock = threading.Lock()
-        if sys.stdout.isatty():
-            threading.Thread(target=self._tick, daemon=True).start()
+        if self.tty and ticker:
+            threading.Thread(target=self._ticker, daemon=True).start()
         if header:
-            click.echo(click.style(f"{chapter.id} · {chapter.title}", bold=True) + f"    {_relative(target)}")
+            self._echo("", click.style(f"{chapter.id} · {chapter.title}", bold=True) + f"    {relative(target)}")
+
+    def _echo(self, indent: str, text: str) -> None:
+        """Print `indent + text`, wrapped to the width."""
+        for line in wrap(text, self.width, indent):
+            click.echo(line)
 
     def start(self, task: str, name: str) -> None:
         """A check begins (on a terminal, it is named once it has run for SLOW seconds)."""
         with self._lock:
-            self._running = (f"{task} {name}", time.monotonic())
+            self._running = (f"running {task} {name}", self.clock())
 
-    def _tick(self) -> None:
-        while True:
+    def tick(self) -> None:
+        """On a terminal, show (or refresh) the line naming the check that has run over SLOW seconds."""
+        with self._lock:
+            if not self.tty or not self._running or self.clock() - self._running[1] <= SLOW:
+                return
+            label, since = self._running
+            room = (self.width or 100) - 12
+            if len(label) > room:
+                label = label[:room - 1] + "…"
+            text = f"  … {label} ({int(self.clock() - since)} s)"
+            if text != self._shown:
+                click.echo(f"\r\033[K{text}", nl=False, color=True)  # cursor control, kept whatever the colours
+                self._shown = text
+
+    def _ticker(self) -> None:
+        """The thread that refreshes the running line until `finish`."""
+        while not self._done:
             time.sleep(0.5)
-            with self._lock:
-                if self._running and time.monotonic() - self._running[1] > SLOW:
-                    label, since = self._running
-                    click.echo(f"\r\033[K  … running {label[:70]} ({time.monotonic() - since:.0f} s)", nl=False)
-                    self._shown = True
+            self.tick()
 
     def _clear(self) -> None:
+        """No check is running: erase the running line if one is shown."""
         with self._lock:
             self._running = None
             if self._shown:
-                click.echo("\r\033[K", nl=False)
-                self._shown = False
+                click.echo("\r\033[K", nl=False, color=True)
+                self._shown = ""
 
     def add(self, result: CheckResult) -> None:
+        """A check finished: its task's line is printed once the next task's first result comes."""
         self._clear()
         if self.pending and (self.pending[0].task, self.pending[0].hidden) != (result.task, result.hidden):
             self.flush()
         self.pending.append(result)
 
+    def _message(self, r: CheckResult, indent: str = " " * 10) -> None:
+        """A failure's explanation, then what the student's code printed as indented lines (bounded)."""
+        for line in r.message.splitlines():
+            self._echo(indent, sanitize(line))
+        printed = r.printed.strip("\n")
+        if printed.strip():
+            lines = printed.splitlines()
+            self._echo(indent, "your code printed:")
+            for line in lines[:PRINTED_LINES]:
+                self._echo(indent + "  ", sanitize(line.rstrip()))
+            if len(lines) > PRINTED_LINES:
+                self._echo(indent + "  ", f"… ({_plural(len(lines) - PRINTED_LINES, 'more line')})")
+
+    def _import_failure(self, r: CheckResult) -> None:
+        """The module's import failed: said once for the chapter, before the first task's line."""
+        self._import_shown = True
+        self._echo("  ", click.style("✗", fg="red") + " your module could not be imported, so no check could run:")
+        self._message(r, " " * 6)
+
     def flush(self) -> None:
+        """Print the pending task: its line, then its failures, each different explanation once."""
         if not self.pending:
             return
         rs, self.pending = self.pending, []
         score, total = sum(r.score for r in rs), sum(r.points for r in rs)
         ok = all(r.status == "passed" for r in rs)
-        label = f"{rs[0].task} {rs[0].function}".ljust(self.width) + (" hidden" if rs[0].hidden else "")
+        label = f"{rs[0].task} {rs[0].function}".ljust(self.label_width) + (" hidden" if rs[0].hidden else "")
         mark = click.style("✓", fg="green") if ok else click.style("✗", fg="red")
         line = f"  {mark} {label} {_pts(score)}/{_pts(total)}"
         bad = [r for r in rs if r.status != "passed"]
+        unimported = [r for r in bad if r.import_failed]
+        if unimported and not self._import_shown:
+            self._import_failure(unimported[0])
         if bad and all(r.todo for r in bad):
-            click.echo(f"{line}  {bad[0].message}")
+            self._echo("", f"{line}  {sanitize(bad[0].message)}")
             return
-        click.echo(line)
+        if bad and len(unimported) == len(bad):
+            self._echo("", f"{line}  not run: your module could not be imported (above)")
+            return
+        if bad and len(bad) == len(rs) > 1 and len({_diagnosis(r) for r in bad}) == 1 \
+                and "\n" not in bad[0].message and not any(r.printed.strip() for r in bad) and not self.verbose:
+            self._echo("", f"{line}  {sanitize(bad[0].message)}")  # e.g. a renamed function: every check alike
+            return
+        self._echo("", line)
         if ok and not self.verbose:
             return
-        explained = 0
+        groups: dict[tuple, list[CheckResult]] = {}
+        for r in bad:
+            if not r.import_failed:
+                groups.setdefault(_diagnosis(r), []).append(r)
+        explained: set[tuple] = set()
+        unexplained = 0
         for r in rs:
             hidden = " (hidden)" if r.hidden else ""
             if r.status == "passed":
-                click.echo(f"      {click.style('✓', fg='green')} {r.name}{hidden}")
+                self._echo(" " * 6, f"{click.style('✓', fg='green')} {r.name}{hidden}")
                 continue
-            tag = {"timeout": "timed out", "error": "error", "failed": "wrong", "not run": "not run"}.get(r.status, r.status)
-            click.echo(f"      {click.style('✗', fg='red')} {r.name}{hidden}  " + click.style(f"[{tag}]", fg="yellow"))
-            if explained < MAX_MESSAGES or self.verbose:
-                explained += 1
-                for msg_line in r.message.splitlines():
-                    click.echo(f"          {msg_line}")
-                if r.printed.strip():
-                    click.echo(f"          (your code printed: {r.printed.strip()[:200]!r})")
-        if len(bad) > explained:
-            click.echo(f"      ({len(bad) - explained} more failing checks not explained; --verbose explains all)")
+            if r.import_failed:
+                continue
+            key = _diagnosis(r)
+            if key in explained and not self.verbose:
+                continue  # named under the first check with this diagnosis
+            tag = TAGS.get(r.status, r.status)
+            self._echo(" " * 6, f"{click.style('✗', fg='red')} {r.name}{hidden}  "
+                                + click.style(f"[{tag}]", fg="yellow"))
+            if len(explained) < MAX_MESSAGES or self.verbose or key in explained:
+                self._message(r)
+                same = groups[key][1:]
+                if same and not self.verbose:
+                    named = (f"all {len(same)} other checks of {r.task}" if len(same) == len(rs) - 1 > 1
+                             else f"{_plural(len(same), 'more check')}: {_names(same)}")
+                    self._echo(" " * 10, f"(same for {named})")
+                explained.add(key)
+            else:
+                unexplained += 1
+        if unimported:
+            self._echo(" " * 6, f"({_plural(len(unimported), 'more check')} not run: your module could not be "
+                                "imported, above)")
+        if unexplained:
+            self._echo(" " * 6, f"({_plural(unexplained, 'more failing check')} not explained; --verbose "
+                                "explains all)")
 
     def finish(self, report: Report) -> None:
+        """The rest of the run, then the footer: the score (which half it is), the figures drawn
+        and why the others were not."""
+        self._done = True
         self._clear()
         self.flush()
+        if not report.hidden_not_run and any(r.hidden for r in report.results):
+            self._echo("  ", f"· hidden checks ran on grading seed {report.seed} (repeat with --seed {report.seed})")
+        summary = click.style(f"score {_pts(report.score)}/{_pts(report.max_score)}", bold=True)
         if report.hidden_not_run:
-            click.echo(f"  · hidden checks: {report.hidden_not_run} more run at grading time")
-        elif any(r.hidden for r in report.results):
-            click.echo(f"  · hidden checks ran on grading seed {report.seed} (repeat with --seed {report.seed})")
-        summary = f"score {_pts(report.score)}/{_pts(report.max_score)}"
-        wrong = report.exit_code != 0
+            n = report.hidden_not_run
+            summary += (f" on the public checks · {_plural(n, 'hidden check')} "
+                        f"{'runs' if n == 1 else 'run'} at grading time")
+        self._echo("", summary)
         if report.figures:
-            label = "figures (your wrong values marked)" if wrong else "figures"
-            summary += f" · {label}: " + ", ".join(_relative(p) for p in report.figures)
-        else:
-            summary += " · figures are drawn once a task passes"
-        click.echo(click.style(summary, bold=True))
+            marked = set(report.marked)
+            if marked >= set(report.figures):
+                self._echo("  ", "· figures (your wrong values marked): " + ", ".join(map(relative, report.figures)))
+            else:
+                shown = [relative(p) + (" (your wrong values marked)" if p in marked else "") for p in report.figures]
+                self._echo("  ", "· figures: " + ", ".join(shown))
+        removed = {Path(p).stem for p in report.removed}
+        gone = lambda f: ", its older file removed" if f in removed else ""
+        if report.undrawn:
+            shown = ", ".join(f"{f} ({why}{gone(f)})" for f, why in report.undrawn.items())
+            waits = any(why.startswith("waits") for why in report.undrawn.values())
+            self._echo("  ", f"· not drawn: {shown}" + ("; a figure is drawn once its task returns an output "
+                                                        "of the right shape and type" if waits else ""))
         for note in report.figure_notes:
-            click.echo(f"  · figure {note}")
+            figure_id = note.split(":", 1)[0]
+            self._echo("  ", f"· {note}" if note.startswith("figures ") else f"· figure {note}{gone(figure_id)}")
 
 
-def _relative(path: str) -> str:
+def relative(path: str) -> str:
+    """`path` relative to the working directory when it lies below it, else as given."""
     try:
         return str(Path(path).resolve().relative_to(Path.cwd()))
     except ValueError:

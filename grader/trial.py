@@ -6,13 +6,14 @@ random sources and the figure data the check records.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import random
 import time
 import traceback
 import zlib
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -46,7 +47,8 @@ class Trial:
         count): a property like "no [T, S] tensor" is then measured outside the student's process.
         Going over raises StudentRaised with `error["out_of_memory"]`, or StudentError.
         """
-        call = self.session.call(fn, list(args), kwargs, memory=memory)
+        with _missing_is_an_error():
+            call = self.session.call(fn, list(args), kwargs, memory=memory)
         names = self.params.get(fn, ())
         for i, (before, after) in enumerate(zip(args, call.args)):
             name = names[i] if i < len(names) else f"argument {i + 1}"
@@ -72,16 +74,19 @@ class Trial:
         """Call a method of an object the student's code made (it stays in their process; `obj`
         is its `Handle`). Values come back as plain data, objects as handles (the same object,
         the same handle)."""
-        return self.session.call((obj, name), list(args), kwargs).value
+        with _missing_is_an_error():
+            return self.session.call((obj, name), list(args), kwargs).value
 
     def attrs(self, obj: Handle, *names: str) -> dict[str, Any]:
         """Read attributes (or properties) of an object the student's code made: its observable state."""
-        return self.session.attributes(obj, list(names))
+        with _missing_is_an_error():
+            return self.session.attributes(obj, list(names))
 
     def expect_raises(self, error: type[Exception], fn: str, *args: Any, because: str, **kwargs: Any) -> None:
         """Require `fn(*args)` to raise `error` (a builtin exception class) for the reason `because`."""
         try:
-            value = self.session.call(fn, list(args), kwargs).value
+            with _missing_is_an_error():
+                value = self.session.call(fn, list(args), kwargs).value
         except StudentRaised as e:
             if e.not_implemented:
                 raise
@@ -105,6 +110,19 @@ class Trial:
         if self.spec.hidden:
             return
         self.figures.setdefault(figure_id, {}).update({k: plain(v) for k, v in parts.items()})
+
+
+@contextlib.contextmanager
+def _missing_is_an_error() -> Iterator[None]:
+    """A function, method or attribute the module lacks is an error of the check ("your module has no
+    function 'x' (was it renamed or deleted?)"), never an exception a check could take for the
+    student's own (a check that expects ValueError would otherwise report "yours raised _Missing")."""
+    try:
+        yield
+    except StudentRaised as e:
+        if e.error.get("missing"):
+            raise StudentError("error", e.explain()) from None
+        raise
 
 
 def plain(v: Any) -> Any:

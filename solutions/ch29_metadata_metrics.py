@@ -43,9 +43,8 @@ def prepare_inputs(requests: list[dict], block_size: int) -> dict:
     Requests are taken in the order given (the persistent batch order). For request
     r with c = num_computed_tokens and n = num_scheduled_tokens, rows
     query_start_loc[r] … query_start_loc[r+1] − 1 of the flat batch are its tokens at
-    positions c … c + n − 1. The course assumes, as the worked example of
-    reference §D.2 does, no context parallelism, no speculative decoding and one
-    standard KV-cache group.
+    positions c … c + n − 1. The course assumes no context parallelism, no
+    speculative decoding and one standard KV-cache group.
 
     Args:
         requests: R dicts, each with

@@ -764,18 +764,21 @@ def bundle(base) -> Bundle:
 
 def container(command: str, keep: list[Path]) -> list[str]:
     """`command` (one program, no arguments) as in a Gradescope container, for the uid boundary (whose
-    student sees the host's files and processes): its own mount and pid namespaces, /tmp, /work, /root,
-    /home and this checkout (wherever CI cloned it: a container has no clone) empty but for the folders in
-    `keep`, which stay where they are. Its init
-    waits 2 s after `command` ends, as the harness reads results.json after run_autograder (a leftover
-    process would rewrite it then)."""
+    student sees the host's files and processes): its own mount and pid namespaces, and of the host's
+    folders only the system's (/usr, /etc, /lib…, /dev, /proc, /sys, /run), every other top-level folder
+    (/tmp, /work, /root, /home, /srv, /opt, /var…) and this checkout empty, but for the folders in `keep`,
+    which stay where they are. A container has no clone of the course or other copies of its files;
+    a CI machine may have many, readable by every uid. Its init waits 2 s after `command` ends, as the
+    harness reads results.json after run_autograder (a leftover process would rewrite it then)."""
     # what to keep and run come in the environment, so that no argv but the grader's own names this test's folders
     stash = "; ".join(f'mkdir /mnt/k{i} && mount --bind "$CONTAINER_KEEP{i}" /mnt/k{i}' for i in range(len(keep)))
     back = "; ".join(f'mkdir -p "$CONTAINER_KEEP{i}" && mount --move /mnt/k{i} "$CONTAINER_KEEP{i}"'
                      for i in range(len(keep)))
-    script = (f"set -e; mount -t tmpfs tmpfs /mnt; {stash}; mount -t tmpfs -o mode=1777 tmpfs /tmp; {back}; "
-              'for d in /work /root /home "$CONTAINER_CHECKOUT"; do [ -d "$d" ] && mount -t tmpfs -o mode=755 tmpfs "$d"; '
-              'done; set +e; "$CONTAINER_RUN"; status=$?; sleep 2; exit $status')
+    hide = ('for d in /* "$CONTAINER_CHECKOUT"; do case "$d" in /bin|/dev|/etc|/lib|/lib32|/lib64|/libx32|/mnt|'
+            '/proc|/run|/sbin|/sys|/usr) ;; *) if [ -d "$d" ] && [ ! -L "$d" ]; then '
+            'mount -t tmpfs -o mode=755 tmpfs "$d"; fi ;; esac; done; chmod 1777 /tmp')
+    script = (f"set -e; mount -t tmpfs tmpfs /mnt; {stash}; {hide}; {back}; "
+              'set +e; "$CONTAINER_RUN"; status=$?; sleep 2; exit $status')
     env = [f"CONTAINER_KEEP{i}={p}" for i, p in enumerate(keep)] + [f"CONTAINER_RUN={command}",
                                                                     f"CONTAINER_CHECKOUT={CHECKOUT}"]
     return ["env", *env, "unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private",

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from figure_layout import reference_figures, transposes
 from mutate import checks_not_passed, figure, mutant_grader, result, wrong_elements
 
 from grader.checks import ch16 as checks
@@ -77,11 +78,11 @@ def test_wrong_axes_are_named_from_the_shape(graded):
     assert not any(p.endswith("dim-split-heads.svg") for p in report.figures), "no figure from a wrong shape"
 
 
-@pytest.mark.parametrize("name, new", [
-    ("split_copy", SPLIT + ".contiguous()"),     # .contiguous() after the transpose: right values, every number copied
-    ("split_stack", "return torch.stack(x.view(B, T, num_heads, width // num_heads).unbind(2), dim=1)"),
+@pytest.mark.parametrize("name, new, call", [
+    ("split_copy", SPLIT + ".contiguous()", ".contiguous("),  # after the transpose: right values, every number copied
+    ("split_stack", "return torch.stack(x.view(B, T, num_heads, width // num_heads).unbind(2), dim=1)", "stack("),
 ])
-def test_a_copy_does_not_fit_the_measured_check(graded, name, new):
+def test_a_copy_does_not_fit_the_measured_check(graded, name, new, call):
     report = graded(name, (SPLIT, new), task="16.1")
     assert checks_not_passed(report) == ["the split is a view: no number is copied (measured)"]
     r = result(report, "the split is a view")
@@ -91,7 +92,8 @@ def test_a_copy_does_not_fit_the_measured_check(graded, name, new):
     assert "ran out at ch16_attention_steps.py:" in r.message and f"asking for {x_bytes >> 20} MiB" in r.message
     assert x_bytes >= 4 * hidden.SPLIT_SPARE, "a copy needs 4× the limit: no borderline verdicts"
     assert "nano-vllm's q.view(-1, num_heads, head_dim) is a view" in r.message
-    assert "hint: drop the .contiguous() / .clone() / torch.stack" in r.message
+    hints = [line for line in r.message.splitlines() if line.startswith("hint: ")]
+    assert hints == [f"hint: {hidden.COPIES[call]}"], "the hint names the copying call on that line, no other"
     assert not wrong_elements(report, "dim-split-heads")
 
 
@@ -288,3 +290,11 @@ def test_scale_from_the_wrong_dimension_and_wrong_out_are_recognised():
                                                                 variants["scores"])
     assert "not with the raw scores" in checks.out_hint(want["scores"] @ v, variants["out"])
     assert "the content comes from V" in checks.out_hint(want["probs"] @ k, variants["out"])
+
+
+# -- the figures' layout ------------------------------------------------------------------------------------
+def test_a_transpose_is_a_raised_t_in_the_figures_own_font():
+    drawn = reference_figures("ch16")
+    for figure_id in ("ch16-three-steps", "dim-one-head-attention"):
+        assert "ᵀ" not in drawn[figure_id], "the modifier letter ᵀ is another font's glyph"
+        assert [s for s in transposes(drawn[figure_id]) if s.startswith("KT [")], figure_id

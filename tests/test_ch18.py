@@ -7,7 +7,11 @@ import math
 
 import pytest
 import torch
+from figure_layout import lines, off_canvas, reference_figures, texts, transposes
 from mutate import checks_not_passed, mutant_grader, result, wrong_elements
+
+from figures import ch18 as drawn
+from figures.style import MARGIN
 
 from grader.checks import ch18 as checks18
 from grader.hidden import ch18 as hidden18
@@ -229,3 +233,28 @@ def test_bytes_hints():
     assert int(float(big)) != big
     assert "float arithmetic rounds" in checks18.bytes_hint(int(float(big)), big, 100_003, 3, 1_000_000_007)
     assert math.prod([2, L, kv, d, T, b]) == want
+
+
+def test_a_count_two_misconceptions_give_names_both():
+    # bf16: dtype_bytes = 2, so half the answer is the factor 2 forgotten or dtype_bytes forgotten
+    L, kv, d, T = 28, 8, 128, 1
+    want = ref.kv_cache_bytes(L, kv, d, T, 2)
+    hint = checks18.bytes_hint(want // 2, want, L, 2, T)
+    assert "count both K and V" in hint and "multiply by dtype_bytes" in hint
+    fp32 = ref.kv_cache_bytes(L, kv, d, T, 4)
+    assert "dtype_bytes" not in checks18.bytes_hint(fp32 // 2, fp32, L, 4, T), "in fp32 only the factor 2 fits"
+    assert checks18.bytes_hint(want + 3, want, L, 2, T) == "", "no misconception gives want + 3"
+
+
+# -- the figures' layout ------------------------------------------------------------------------------------
+def test_the_arrow_labels_between_the_blocks_have_room_and_the_transpose_is_a_raised_t():
+    svg = reference_figures("ch18")["dim-gqa"]
+    assert "ᵀ" not in svg and "KT" in transposes(svg) and transposes(svg).count("· KT") == 2
+    arrows = [(x1, y, x2) for x1, y, x2, y2 in lines(svg, cls="arrow") if y == y2 and x2 > x1]
+    labels = [t for t in texts(svg) if t.s in ("· KT", "softmax(·/√2)", "· V")]
+    assert len(labels) == 6
+    for t in labels:
+        (x1, _, x2), = [(x1, y, x2) for x1, y, x2 in arrows if x1 < t.x < x2 and 0 < y - t.y < 12]
+        gap_left, gap_right = x1 - 5, x2 + 6 + 5          # the arrow starts 5 after a block, its head ends 5 before
+        assert t.left - gap_left >= drawn.ARROW_ROOM - 0.5 and gap_right - t.right >= drawn.ARROW_ROOM - 0.5, t.s
+    assert off_canvas(svg, margin=MARGIN - 1) == []

@@ -14,6 +14,7 @@ from grader.hidden import ch23 as hidden_checks
 from solutions import ch23_sampling as ref
 
 SEED = 11
+SVG = "{http://www.w3.org/2000/svg}"
 NEG_INF = float("-inf")
 
 
@@ -91,6 +92,9 @@ def test_argmax_p_is_explained(graded):
     assert chi.status == "failed" and "likely cause: your tokens are those of argmax(p)" in chi.message
     assert wrong_elements(report, "ch23-exponential-race")
     assert {x.task for x in report.results if x.status != "passed"} == {"23.2"}
+    # argmax(p) wins every race with token 0: all three shares are outside their intervals
+    assert _marked_tokens(report) == _outside_their_intervals(report) == [0, 1, 2]
+    _assert_yours_above_expected(report)
 
 
 def test_noise_divided_by_p_is_explained(graded):
@@ -118,8 +122,9 @@ def test_temperature_left_out_of_the_race_fails_the_chi_square_test(graded):
     assert f"token {worst} was drawn" in chi.message and f"{float(p[worst]):.4g}" in chi.message
     assert f"> {checks.chi2_threshold(len(hidden_checks.CHI_LOGITS) - 1):.4g}" in chi.message
     assert "temperature left out" in chi.message
-    assert wrong_elements(report, "ch23-exponential-race"), \
-        "the panel of many races marks the token that is furthest off"
+    assert _marked_tokens(report) == _outside_their_intervals(report) == [0, 1, 2], \
+        "the panel of many races marks every token whose share of wins is outside its interval"
+    _assert_yours_above_expected(report)
 
 
 def test_a_sampler_with_its_own_randomness_passes_statistics_but_not_the_race(graded):
@@ -128,7 +133,21 @@ def test_a_sampler_with_its_own_randomness_passes_statistics_but_not_the_race(gr
                     ("(probs / noise.to(torch.float32).clamp_min(1e-10)).argmax(dim=-1)",
                      "torch.multinomial(probs, 1)[:, 0]"))
     assert result(report, "chi-square").status == "passed"
-    assert result(report, "random batches: exact agreement").status == "failed"
+    exact = result(report, "random batches: exact agreement")
+    assert exact.status == "failed"
+    assert "one row, repeated 16 times" in exact.message
+    assert "have the same logits, T and noise, yet yours drew token" in exact.message
+    assert f"hint: {checks.OWN_NOISE_HINT}" in exact.message
+
+
+def test_an_unknown_deterministic_sampler_gets_the_derivation_and_no_hint(graded):
+    report = graded("argmin_race",
+                    # a sampler no known misconception gives: the loser of the race
+                    ("(probs / noise.to(torch.float32).clamp_min(1e-10)).argmax(dim=-1)",
+                     "(probs / noise.to(torch.float32).clamp_min(1e-10)).argmin(dim=-1)"))
+    failed = [r for r in report.results if r.task == "23.2" and r.status == "failed" and "race draws token" in r.message]
+    assert failed
+    assert not [r.name for r in failed if f"hint: {checks.OWN_NOISE_HINT}" in r.message]
 
 
 def test_equivalent_formulations_pass_every_check(graded):
@@ -155,6 +174,37 @@ def test_equivalent_formulations_pass_every_check(graded):
          "    return (logp - noise.double().clamp_min(1e-10).log()).argmax(dim=-1)"))
     failed = [f"{r.name}: {r.message}" for r in report.results if r.status != "passed"]
     assert not failed, failed
+    assert not wrong_elements(report, "ch23-exponential-race") and _outside_their_intervals(report) == []
+    won = [el for el in figure(report, "ch23-exponential-race").iter() if el.get("class") == "bar won"]
+    assert len(won) == len(report.records["ch23-exponential-race"]["p"])
+
+
+# -- the figure's panel of many races -----------------------------------------------------------------
+def _outside_their_intervals(report) -> list[int]:
+    """The tokens whose share of the races lies outside N·p ± √limit·√(N·p(1 − p)), from the figure's inputs:
+    the chi-square test's bound token by token (a share outside it fails the test on its own)."""
+    r = report.records["ch23-exponential-race"]
+    n, limit = r["n"], r["limit"]
+    return [i for i, (c, p) in enumerate(zip(r["counts"], r["p"]))
+            if abs(c - n * p) > math.sqrt(limit * n * p * (1 - p))]
+
+
+def _marked_tokens(report) -> list[int]:
+    """The tokens whose bar of wins the figure draws as wrong (hatched)."""
+    won = [el for el in figure(report, "ch23-exponential-race").iter() if "won" in (el.get("class") or "")]
+    return [i for i, el in enumerate(won) if "wrong" in el.get("class")]
+
+
+def _assert_yours_above_expected(report) -> None:
+    """The legend's order: yours struck through, the expected value below it (above each marked bar)."""
+    root = figure(report, "ch23-exponential-race")
+    won = [el for el in root.iter() if "won" in (el.get("class") or "")]
+    texts = [el for el in root.iter(f"{SVG}text") if el.get("class") in ("value wrong", "expected")]
+    for i in _marked_tokens(report):
+        bar = won[i]
+        cx = float(bar.get("x")) + float(bar.get("width")) / 2
+        at = {el.get("class"): float(el.get("y")) for el in texts if abs(float(el.get("x")) - cx) < 0.5}
+        assert at.keys() == {"value wrong", "expected"} and at["value wrong"] < at["expected"], at
 
 
 # -- statistics and agreement with the real systems ---------------------------------------------

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 import struct
 
 import pytest
-from mutate import mutant_grader, result, wrong_elements
+from mutate import figure, mutant_grader, result, wrong_elements
 
+from figures.kit import text_width
+
+from grader.checks import ch25 as public_checks
 from grader.checks import ch25_blocks as traces
 from grader.hidden import ch25 as hidden_checks
 from solutions import ch25_paged_kv as ref
 
 SEED = 11
+SVG = "{http://www.w3.org/2000/svg}"
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +38,118 @@ def test_slot_equal_to_position_is_explained(graded):
     assert "block_table[0] = 3, so its slot is 3·2 + 0 = 6; yours: 0" in r.message
     assert "hint: the slot uses the physical block from the table, not the logical position" in r.message
     assert wrong_elements(report, "dim-slot-mapping")
+
+
+SLOT_RETURN = "return table[logical] * block_size + pos % block_size"
+SLOT_MISTAKES = {
+    # misconception (a key of SLOT_HINTS): the reference's slot_mapping with that mistake
+    "position": (SLOT_RETURN, "return pos.clone()"),
+    "block × offset": (SLOT_RETURN, "return table[logical] * (pos % block_size)"),
+    "block id": (SLOT_RETURN, "return table[logical]"),
+    "offset dropped": (SLOT_RETURN, "return table[logical] * block_size"),
+    "block + offset": (SLOT_RETURN, "return table[logical] + pos % block_size"),
+    "whole position as offset": (SLOT_RETURN, "return table[logical] * block_size + pos"),
+    "added to the position": (SLOT_RETURN, "return pos + table[logical]"),
+    "ceiling": ("logical = pos // block_size", "logical = (pos + block_size - 1) // block_size"),
+    "divmod swapped": (SLOT_RETURN, "return table[pos % block_size] * block_size + pos // block_size"),
+}
+
+
+def test_every_slot_misconception_has_a_mutant():
+    assert set(SLOT_MISTAKES) == set(public_checks.SLOT_HINTS)
+
+
+@pytest.mark.parametrize("mistake", list(SLOT_MISTAKES))
+def test_a_slot_misconception_gets_its_own_hint_and_no_other(graded, mistake):
+    report = graded(f"slots_{mistake}", SLOT_MISTAKES[mistake], task="25.1")
+    figure = result(report, "figure instance")
+    formula, why = public_checks.SLOT_HINTS[mistake]
+    assert figure.status == "failed"
+    assert f"each of your 5 slots is {formula.format(bs=2)}\nhint: {why}" in figure.message
+    wrong = [r for r in report.results if r.status == "failed"]
+    for r in wrong:
+        hints = [line for line in r.message.splitlines() if line.startswith("hint: ")]
+        assert hints in ([], [f"hint: {why}"]), (r.name, hints)
+    assert wrong_elements(report, "dim-slot-mapping")
+
+
+def test_a_slot_fitting_two_misconceptions_gets_no_hint(graded):
+    # a decode step at position 0: slot 0 is both "the position" and "block × offset"
+    report = graded("slots_block × offset", SLOT_MISTAKES["block × offset"], task="25.1")
+    decode = result(report, "the decode step")
+    assert decode.status == "failed" and "yours: 0" in decode.message
+    assert "hint:" not in decode.message and "slots is" not in decode.message
+
+
+def test_a_written_padding_row_is_explained_and_only_then(graded):
+    report = graded("store_padding_written", ("keep = s != PAD_SLOT", "keep = s == s"), task="25.2")
+    r = result(report, "a padding row")
+    assert r.status == "failed"
+    assert "hint: a slot of −1 marks a padding row: skip it (in Python, index −1 is the last row)" in r.message
+    dropped = graded("store_offset_dropped",
+                     ("block, offset = s[keep] // block_size, s[keep] % block_size",
+                      "block, offset = s[keep] // block_size, 0 * s[keep]"))
+    assert not [r.name for r in dropped.results if "padding row: skip it" in r.message]
+
+
+SLOT_TIMES_OFFSET = ("return table[logical] * block_size + pos % block_size",
+                     "return table[logical] * (pos % block_size)")
+
+
+def _crossings(lines: list[tuple[float, float, float, float]]) -> int:
+    """Pairs of segments that cross (not merely touch)."""
+    def side(ax, ay, bx, by, px, py):
+        return (bx - ax) * (py - ay) - (by - ay) * (px - ax)
+    n = 0
+    for i, (a, b, c, d) in enumerate(lines):
+        for e, g, h, k in lines[i + 1:]:
+            if side(a, b, c, d, e, g) * side(a, b, c, d, h, k) < 0 and \
+                    side(e, g, h, k, a, b) * side(e, g, h, k, c, d) < 0:
+                n += 1
+    return n
+
+
+def test_blocks_figure_draws_one_arrow_per_block_and_marks_the_cells_yours_fill_wrongly(graded):
+    # slot = block · offset: wrong slots, many of them on the same slot
+    report = graded("slot_times_offset", SLOT_TIMES_OFFSET)
+    r = report.records["ch25-blocks"]
+    table, slots, want = r["table"], r["slots"], r["expected"]
+    root = figure(report, "ch25-blocks")
+    arrows = [tuple(float(el.get(k)) for k in ("x1", "y1", "x2", "y2")) for el in root.iter(f"{SVG}line")
+              if el.get("class") == "arrow"]
+    # a token follows its logical block's arrow: one per logical block, crossing only where the table is out of order
+    assert len(arrows) == len(table)
+    inversions = sum(a > b for i, a in enumerate(table) for b in table[i + 1:])
+    assert _crossings(arrows) == inversions < len(slots)
+    # the pool cells that hold other positions than they should, plus the slots of the slot row that differ
+    pool = range(r["num_blocks"] * r["block_size"])
+    held = lambda ss: {s: sorted(p for p, t in enumerate(ss) if t == s) for s in pool}
+    mine, right = held(slots), held(want)
+    bad_cells = sum(mine[s] != right[s] for s in mine) + sum(a != b for a, b in zip(slots, want))
+    assert len([el for el in root.iter(f"{SVG}rect") if el.get("class") == "cell wrong"]) == bad_cells
+
+
+def test_slot_mapping_figure_agrees_with_itself_when_only_the_slots_are_wrong(graded):
+    # wrong slots, right store_kv: the pool holds what store_kv wrote at the right slots, and the arrows go there
+    report = graded("slot_times_offset", SLOT_TIMES_OFFSET)
+    r = report.records["dim-slot-mapping"]
+    assert r["slots"] != r["expected"] and r["pool"] == r["pool_expected"]
+    root = figure(report, "dim-slot-mapping")
+    texts = list(root.iter(f"{SVG}text"))
+    slot_labels = [el for el in texts if re.fullmatch(r"slot \d+", el.text or "")]
+    slot_x = {int(el.text.split()[1]): float(el.get("x")) for el in slot_labels}
+    label_y = min(float(el.get("y")) for el in slot_labels)
+    k_at = {float(el.get("x")): el.text for el in texts           # the K values in the pool's cells, above their labels
+            if el.get("class") == "value" and label_y - 40 < float(el.get("y")) < label_y}
+    ends = [float(el.get("d").split()[-1].split(",")[0]) for el in root.iter(f"{SVG}path")
+            if el.get("class") == "arrow"]
+    assert len(ends) == len(r["expected"])
+    for j, (end, s) in enumerate(zip(ends, r["expected"])):
+        assert abs(end - slot_x[s]) < 0.5, "the arrow of each token goes to its slot"
+        assert k_at[slot_x[s]] == ", ".join(f"{v:g}" for v in r["keys"][j]), "and that slot holds its K"
+    tags = {(el.text, float(el.get("x"))) for el in texts if el.get("class") == "mark slot-tag"}
+    assert tags == {(f"✗ t{j}", slot_x[s]) for j, (s, w) in enumerate(zip(r["slots"], r["expected"]))
+                    if s != w and s in slot_x}
 
 
 def test_offset_dropped_in_store_is_explained(graded):
@@ -58,6 +175,15 @@ def test_lifo_free_list_is_explained(graded):
     assert "all 3 come from the head of the free list [0, 1, 2, 3]" in r.message
     assert "hint: the free list is a FIFO queue: take new blocks from its left end (popleft)" in r.message
     assert wrong_elements(report, "ch25-block-lifecycle")
+    # every panel's title stays inside its panel, 10 px from the border
+    elements = list(figure(report, "ch25-block-lifecycle").iter())
+    panels = [el for el in elements if el.get("class") == "panel"]
+    titles = [el for el in elements if el.get("class") == "label panel-title"]
+    assert len(panels) == len(titles) == 6
+    for panel, title in zip(panels, titles):
+        right = float(panel.get("x")) + float(panel.get("width"))
+        width = text_width(title.text, float(title.get("font-size")), bold=True)
+        assert float(title.get("x")) + width <= right - 10 + 1e-6, title.text
     # its own answers are consistent: the invariants hold whatever order blocks are handed out in
     assert result(report, "invariants hold").status == "passed"
 
@@ -207,3 +333,62 @@ def test_nano_vllm_worked_example():
     m.may_append(c)
     m.deallocate(c)
     assert list(m.free_block_ids)[-2:] == [5, 4], "C frees 5, then 4"
+
+
+# -- 25.3: each hint only for the mistake it names ----------------------------------------------------------
+def hints_of(report) -> set[str]:
+    """Every hint line the failing checks of `report` give."""
+    return {line for r in report.results if r.status == "failed" for line in r.message.splitlines()
+            if line.startswith("hint: ")}
+
+
+def test_a_decode_block_from_the_wrong_end_is_not_called_a_timing_mistake(graded):
+    report = graded("may_append_from_the_right",
+                    # may_append takes the new block from the right end of the free list; allocate is right
+                    ("        if len(seq) % self.block_size == 1:\n            seq.block_table.append(",
+                     "        if len(seq) % self.block_size == 1:\n            self.free_block_ids.rotate(1)\n"
+                     "            seq.block_table.append("),
+                    task="25.3")
+    hints = hints_of(report)
+    assert "hint: the free list is a FIFO queue: take new blocks from its left end (popleft)" in hints
+    assert not [h for h in hints if "len(seq) % block_size == 1" in h], hints
+
+
+def test_a_decode_block_at_the_wrong_length_is_a_timing_mistake(graded):
+    report = graded("may_append_on_full_block",
+                    # the new block appended when the last one is full, one token too early
+                    ("        if len(seq) % self.block_size == 1:\n            seq.block_table.append",
+                     "        if len(seq) % self.block_size == 0:\n            seq.block_table.append"), task="25.3")
+    hints = hints_of(report)
+    assert "hint: a decode step needs a new block exactly when len(seq) % block_size == 1" in hints
+    assert not [h for h in hints if "FIFO" in h], hints
+
+
+def test_an_older_entry_kept_is_told_the_later_hash_wins(graded):
+    report = graded("first_hash_wins",
+                    # an equal hash already in the map keeps its older block
+                    ("            self.hash_to_block_id[h] = block.block_id",
+                     "            self.hash_to_block_id.setdefault(h, block.block_id)"), task="25.3")
+    hints = hints_of(report)
+    assert "hint: a newly hashed block overwrites the entry of an equal hash (the later hash_blocks wins)" in hints
+    assert not [h for h in hints if "deallocate never removes" in h or "on reuse" in h], hints
+
+
+def test_entries_dropped_on_free_are_told_deallocate_keeps_them(graded):
+    report = graded("map_entry_dropped_on_free",
+                    # freeing a block also deletes the map entry of its hash
+                    ("        self.used_block_ids.discard(block_id)\n        self.free_block_ids.append(block_id)\n",
+                     "        self.used_block_ids.discard(block_id)\n        self.free_block_ids.append(block_id)\n"
+                     "        self.hash_to_block_id.pop(self.blocks[block_id].hash, None)\n"), task="25.3")
+    hints = hints_of(report)
+    assert "hint: deallocate never removes map entries: a freed block can still be hit and revived" in hints
+    assert not [h for h in hints if "overwrites the entry" in h or "freeing keeps the hash" in h], hints
+
+
+def test_a_shared_hit_counted_as_a_new_block_is_explained(graded):
+    report = graded("shared_hit_costs_a_block",
+                    # a hit on a block in use still counted among the blocks to take from the free list
+                    ("            if block_id in self.used_block_ids:\n                needed -= 1\n", ""), task="25.3")
+    hints = hints_of(report)
+    assert "hint: a hit on a block in use needs no free block: subtract it from the blocks needed" in hints
+    assert not [h for h in hints if "free (cached) block still takes" in h], hints

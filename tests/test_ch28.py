@@ -49,6 +49,9 @@ def test_unchained_blocks_are_explained(graded):
     sens = result(report, "changing one key")
     assert sens.status == "failed"
     assert wrong_elements(report, "ch28-cache-identity")
+    salted = result(report, "the salt enters block 0")
+    assert salted.status == "failed" and "block 1's hash should be" in salted.message
+    assert "hint:" not in salted.message, "an unchained block is not a salt in every block"
 
 
 def test_absolute_image_offset_is_explained(graded):

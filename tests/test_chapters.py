@@ -6,13 +6,17 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import re
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
 import figures
 from grader import chapters, checks, stubs
 from grader.run import check
+
+from figure_fonts import REBUILD, undrawable
 
 CHAPTERS = chapters.all_chapters()
 IDS = [ch.id for ch in CHAPTERS]
@@ -63,6 +67,9 @@ def test_every_figure_is_drawn_from_reference_outputs(reference_runs):
         assert not [el for el in root.iter() if "wrong" in (el.get("class") or "")], \
             f"{spec.id} marks a reference value as wrong"
         assert 720 <= float(root.get("width")) <= 960
+        svg = Path(drawn[spec.id]).read_text(encoding="utf-8")
+        assert not undrawable(svg), f"{spec.id}: {undrawable(svg)}; {REBUILD}"
+        assert len(re.search(r"<style.*</style>", svg, re.S)[0]) < 120_000, f"{spec.id} embeds over 120 kB of fonts"
 
 
 def test_stubs_fail_every_check_as_not_implemented(tmp_path):

@@ -148,7 +148,10 @@ def test_a_submission_runs_where_its_tasks_pass_and_the_reference_elsewhere(tmp_
 
 @pytest.fixture
 def cli(tmp_path, monkeypatch):
+    """`course …` in a project folder of its own (tmp_path, with an exercises/), where figures go by default."""
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "exercises").mkdir()
+    monkeypatch.setattr(chapters, "EXERCISES", tmp_path / "exercises")
     (tmp_path / "prompts.json").write_text(json.dumps(PROMPTS))
     runner = CliRunner()
     return lambda *args: runner.invoke(main, list(args), catch_exceptions=False)

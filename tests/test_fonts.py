@@ -3,11 +3,7 @@ looks the same on a machine without any CJK font (no tofu, no serif fallback).""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import importlib
-import io
-import re
 import shutil
 import tomllib
 import xml.etree.ElementTree as ET
@@ -20,55 +16,8 @@ from figures import typeface
 from figures.kit import Figure, text_width
 from figures.style import LABEL, MONO
 from grader import chapters
-from grader.run import check
 
-SVG = "{http://www.w3.org/2000/svg}"
-FACE = re.compile(r'@font-face\{font-family:"([^"]+)";src:url\(data:font/woff2;base64,([A-Za-z0-9+/=]+)\) '
-                  r'format\("woff2"\);font-weight:(\d+);font-style:normal\}')
-CHAPTERS = [ch.id for ch in chapters.all_chapters()]
-REBUILD = "add it to the shipped fonts: .venv/bin/python figures/fonts/build.py (its docstring says how)"
-
-
-def embedded(root: ET.Element) -> dict[str, dict[int, TTFont]]:
-    """The fonts a figure's <style> embeds: family -> weight -> font."""
-    css = "".join(el.text or "" for el in root.iter(f"{SVG}style"))
-    faces: dict[str, dict[int, TTFont]] = {}
-    data: dict[str, list[bytes]] = {}
-    for family, b64, weight in FACE.findall(css):
-        raw = base64.b64decode(b64)
-        assert raw[:4] == b"wOF2", family
-        faces.setdefault(family, {})[int(weight)] = TTFont(io.BytesIO(raw))
-        data.setdefault(family, []).append(raw)
-    assert css.count("@font-face") == sum(map(len, faces.values())), "an @font-face rule the test cannot read"
-    for family, parts in data.items():
-        # Named by content: two inline SVGs in one page that name the same family embed the same fonts.
-        assert family.rsplit("-", 1)[1] == hashlib.sha256(b"".join(parts)).hexdigest()[:10], family
-    return faces
-
-
-def weight_of(faces: dict[int, TTFont], bold: bool) -> int:
-    """The face a browser draws with: the family's face of the text's weight, else the one it has."""
-    want = 700 if bold else 400
-    return want if want in faces else next(iter(faces))
-
-
-def undrawable(svg: str) -> list[str]:
-    """The characters of the figure's text elements that no embedded font it names can draw."""
-    root = ET.fromstring(svg)
-    faces = embedded(root)
-    cmaps = {(fam, w): set(map(chr, font.getBestCmap())) for fam, ws in faces.items() for w, font in ws.items()}
-    problems = []
-    for el in root.iter(f"{SVG}text"):
-        families = [f.strip().strip('"') for f in el.get("font-family", "").split(",")]
-        if not families or families[0] not in faces:
-            problems.append(f"{el.get('class')} {''.join(el.itertext())!r} does not name an embedded font first")
-            continue
-        bold = el.get("font-weight") == "bold"
-        for ch in set("".join(el.itertext())):
-            if not any(ch in cmaps[(f, weight_of(faces[f], bold))] for f in families if f in faces):
-                problems.append(f"{ch} U+{ord(ch):04X} in {el.get('class')} {''.join(el.itertext())[:50]!r}")
-    return problems
-
+from figure_fonts import REBUILD, SVG, embedded, undrawable, weight_of
 
 def test_the_shipped_fonts_draw_every_character_the_figure_code_holds():
     build = importlib.import_module("figures.fonts.build")
@@ -76,16 +25,6 @@ def test_the_shipped_fonts_draw_every_character_the_figure_code_holds():
                for kind in ("sans", "mono") for bold in (False, True) if typeface.pick(c, kind, bold) is None]
     assert not lacking, f"figures/*.py or a chapter's title uses characters the shipped fonts lack: " \
                         f"{sorted(set(lacking))}; {REBUILD}"
-
-
-@pytest.mark.parametrize("chapter", CHAPTERS)
-def test_every_figure_draws_every_character_from_the_fonts_it_embeds(chapter, tmp_path):
-    report = check(chapter, solutions=True, hidden=False, seed=11, figures_dir=tmp_path)
-    assert len(report.figures) == len(figures.catalog(chapter)) and not report.figure_notes
-    for path in report.figures:
-        svg = open(path, encoding="utf-8").read()
-        assert not undrawable(svg), f"{path}: {undrawable(svg)}; {REBUILD}"
-        assert len(re.search(r"<style.*</style>", svg, re.S)[0]) < 120_000, "a figure embeds over 120 kB of fonts"
 
 
 def test_the_overview_draws_every_character_from_the_fonts_it_embeds(tmp_path):

@@ -8,21 +8,27 @@ import csv
 import io
 import json
 import os
+import random
+import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import xml.etree.ElementTree as ET
+import zipfile
 from pathlib import Path
 
 import pytest
 from mutate import mutant
 
 from grader import chapters, checks
-from grader.grade import Item, _Config, _grade, _needs_grading, grade, results_dir
+from grader.grade import InOrder, Item, _Config, _grade, _needs_grading, grade, results_dir
+from grader.summary import HISTOGRAM, clip, message_group, summarize, summary_markdown
 from grader.notebook import chapter_notebook
 from grader.isolation.sandbox import SandboxUnavailable, probe
 
@@ -88,7 +94,7 @@ def test_every_student_gets_one_row_and_malformed_ones_a_clear_error(graded):
     assert set(rows) == {"ada", "bo", "cy", "di", "ed", "fa", "gu", "hi", "io"}
     assert (rows["ada"]["score"], rows["ada"]["status"]) == (FULL, "passed")
     assert (rows["io"]["score"], rows["io"]["status"]) == (FULL, "passed")
-    assert rows["bo"]["status"] == "failed" and rows["bo"]["score"] == 0
+    assert rows["bo"]["status"] == "not implemented" and rows["bo"]["score"] == 0  # the stub as given
     assert rows["cy"]["status"] == "failed" and 0 < rows["cy"]["score"] < FULL
     for student, words in (("di", "SyntaxError at line 1"), ("ed", "not UTF-8"), ("fa", "not JSON"),
                            ("gu", "no ch25_paged_kv.py or ch25.ipynb"), ("hi", "200 MiB")):
@@ -112,6 +118,84 @@ def test_the_summary_names_the_misconception_to_teach_again(graded):
     assert first["failed"] == 2 and first["graded"] == 4  # bo (stub) and cy (logical block)
     assert summary["errors"] == 5
     assert "## ch25" in (out / "summary.md").read_text()
+
+
+def table_of(out: Path) -> list[dict]:
+    return list(csv.DictReader(io.StringIO((out / "grades.csv").read_bytes().decode(), newline="")))
+
+
+def test_an_untouched_stub_is_not_implemented_check_by_check(graded):
+    _, out, _ = graded
+    doc = json.loads((out / "bo" / "ch25" / "results.json").read_text())
+    assert doc["status"] == "not implemented" and doc["tests"] and all(t.get("todo") for t in doc["tests"])
+    wrong = json.loads((out / "cy" / "ch25" / "results.json").read_text())
+    assert wrong["status"] == "failed" and not any(t.get("todo") for t in wrong["tests"])
+
+
+def test_the_summary_counts_every_student_and_says_over_whom(graded):
+    _, out, _ = graded
+    s = json.loads((out / "summary.json").read_text())["ch25"]
+    table = table_of(out)
+    scores = [float(r["score"]) for r in table]
+    errors = {r["student"]: r["status"].removeprefix("error: ") for r in table if r["status"].startswith("error: ")}
+    assert s["students"] == len(table) and s["errors"] == len(errors) > 0
+    assert s["mean_score"] == round(statistics.fmean(scores), 2)  # over everybody, the ungraded at 0
+    assert s["median_score"] == round(statistics.median(scores), 2)
+    assert s["mean_score_graded"] == round(statistics.fmean([float(r["score"]) for r in table
+                                                              if r["student"] not in errors]), 2)
+    assert {r["student"]: r["reason"] for r in s["not_graded"]} == errors
+    statuses = {}
+    for r in table:
+        key = "not graded" if r["status"].startswith("error: ") else r["status"]
+        statuses[key] = statuses.get(key, 0) + 1
+    assert s["statuses"] == statuses
+    md = (out / "summary.md").read_text()
+    assert f"over all {len(table)} students (the {len(errors)} not graded count as 0)" in md
+    assert f"median **{s['median_score']:g}**" in md
+    assert all(f"- `{student}`: " in md for student in errors)
+
+
+def test_wrong_answers_are_grouped_by_their_hint_and_counted_among_wrong_answers(graded):
+    _, out, _ = graded
+    s = json.loads((out / "summary.json").read_text())["ch25"]
+    docs = [json.loads(p.read_text()) for p in sorted(out.glob("*/ch25/results.json"))]
+    docs = [d for d in docs if d["status"] != "error"]
+    assert any(c["most_common_message"].startswith("hint: ") for c in s["checks"])
+    for c in s["checks"]:
+        failing = [t for d in docs for t in d["tests"] if t["name"] == c["check"] and t["status"] != "passed"]
+        wrong = [t["output"] for t in failing if not t.get("todo")]
+        assert (c["failed"], c["wrong"], c["not_implemented"]) == (len(failing), len(wrong), len(failing) - len(wrong))
+        assert c["percent_failing"] == round(100 * len(failing) / len(docs))
+        if c["most_common_message"].startswith("hint: "):  # the hint line itself, counted over the wrong answers
+            assert c["students_with_it"] == sum(c["most_common_message"] in o.splitlines() for o in wrong)
+    first = next(c for c in s["checks"] if c["check"].startswith("ch25.1 slot_mapping: figure instance"))
+    assert first["not_implemented"] == 1 and first["wrong"] == 1  # bo's stub apart from cy's wrong answer
+    assert first["most_common_message"] == "hint: the slot uses the physical block from the table, not the logical position"
+    md = (out / "summary.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| ch25.1 slot_mapping: figure instance"))
+    assert f"| {first['percent_failing']}% (2 of {first['graded']}) | 1 | 1 of 1: `{first['most_common_message']}` |" in row
+    for line in md.splitlines():  # every message shown whole, or cut at a word boundary
+        for shown in re.findall(r"`([^`]*)…`", line):
+            full = next(c["most_common_message"] for c in s["checks"] if c["check"] in line.replace("\\|", "|"))
+            assert full.startswith(shown) and not (shown[-1].isalnum() and full[len(shown)].isalnum()), line
+
+
+def test_the_histogram_is_beside_the_summary_and_counts_everybody(graded):
+    _, out, _ = graded
+    md = (out / "summary.md").read_text()
+    assert f"]({HISTOGRAM})" in md and (out / HISTOGRAM).is_file()
+    svg = ET.fromstring((out / HISTOGRAM).read_text())
+    texts = {cls: [el.text for el in svg.iter("{http://www.w3.org/2000/svg}text") if el.get("class") == cls]
+             for cls in ("count", "label")}
+    table = table_of(out)
+    assert sum(int(t) for t in texts["count"]) == len(table)
+    assert "0–10%" in texts["label"] and "90–100%" in texts["label"]
+    bars = [el.get("class") for el in svg.iter("{http://www.w3.org/2000/svg}rect") if (el.get("class") or "").startswith("bar")]
+    assert {"bar graded", "bar not-implemented", "bar not-graded"} <= set(bars)
+    s = json.loads((out / "summary.json").read_text())["ch25"]
+    assert sum(b["not_graded"] for b in s["histogram"]) == s["errors"]
+    full = sum(float(r["score"]) == float(r["max_score"]) for r in table)
+    assert s["histogram"][-1]["graded"] == full  # full marks fall in the last band
 
 
 def test_a_rerun_skips_finished_work_and_changes_nothing(graded):
@@ -239,6 +323,16 @@ MALFORMED = {  # student: (file, contents, words its error row must have)
     "py-syntax-error": (CH17.filename, "def causal_mask(:\n", ["SyntaxError at line 1"]),
     "py-not-utf8": (CH17.filename, b"\xff\xfe not utf-8", ["not UTF-8"]),
 }
+LAYOUTS = {  # student: the files of their folder, each graded like the reference (made by make_odd_class)
+    "lms-nested": {f"ch17/{CH17.filename}": SOLUTION17, "ch17/README.txt": "my notes"},
+    "misnamed": {"ch17.py": SOLUTION17, "notes.txt": "x", ".ipynb_checkpoints/ch17-checkpoint.ipynb": "{}"},
+}
+ZIPS = {  # a student's zip in SUBMISSIONS: its members
+    "zipped.zip": {f"zipped/ch17/{CH17.filename}": SOLUTION17, "__MACOSX/zipped/._notes": "junk"},
+    "zip-evil.zip": {f"../{CH17.filename}": SOLUTION17},
+    "twice.zip": {CH17.filename: SOLUTION17},
+    "zip-nothing.zip": {"work/notes.txt": "x", "work/ch17.txt": "x"},
+}
 SPECIAL = {  # student: words its error row must have (made by make_odd_class)
     "link-to-proc": ["symbolic link (to '/proc/self/pagemap')", "never followed"],
     "link-to-another-student": ["symbolic link", "never followed"],
@@ -247,6 +341,12 @@ SPECIAL = {  # student: words its error row must have (made by make_odd_class)
     "file-is-a-folder": ["is a folder, not a regular file"],
     "py-over-1mib": ["2 MiB, over the 1 MiB"],
     "nothing": ["no ch17_causal_masks.py or ch17.ipynb in nothing/"],
+    "zip-evil": ["zip-evil.zip holds '../ch17_causal_masks.py', a path that leaves the zip (..)"],
+    "zip-link": ["zip-link.zip is a symbolic link: links are never followed"],
+    "zip-nothing": ["no ch17_causal_masks.py or ch17.ipynb in zip-nothing.zip (in its folder work/), nor one folder "
+                    "down; found: ch17.txt (rename it ch17_causal_masks.py), notes.txt"],
+    "twice": ["twice/ and twice.zip are both in subs/, each could be twice's submission: keep one of them"],
+    "tarball": ["tarball.tar.gz: only zip files are opened; make it tarball.zip"],
 }
 RESERVED = ["grades.csv", "grading.json", "summary.md", "summary.json", "_grades.csv"]
 FORMULAS = ['=HYPERLINK("evil.example","x")', "+1+1", "-2+3", "@SUM(A1)", "\tx", "\rx"]
@@ -283,6 +383,16 @@ def make_odd_class(root: Path) -> Path:
     write(subs / STRANGE, CH17.filename, SOLUTION17)
     os.mkdir(os.fsencode(subs) + b"/\xff-not-utf8")
     (subs / "a-file-beside-the-folders.txt").write_text("not a student")
+    for student, files in LAYOUTS.items():
+        for name, data in files.items():
+            write((subs / student / name).parent, Path(name).name, data)
+    for name, members in ZIPS.items():
+        with zipfile.ZipFile(subs / name, "w", zipfile.ZIP_DEFLATED) as z:
+            for member, data in members.items():
+                z.writestr(member, data)
+    write(subs / "twice", CH17.filename, SOLUTION17)
+    (subs / "tarball.tar.gz").write_bytes(b"\x1f\x8b not a zip")
+    (subs / "zip-link.zip").symlink_to(subs / "zipped.zip")
     return subs
 
 
@@ -291,13 +401,14 @@ def odd(tmp_path_factory):
     root = tmp_path_factory.mktemp("odd")
     subs = make_odd_class(root)
     out = root / "out"
-    result = grade(subs, [CH17], out, jobs=2, seed=7, sandbox=SANDBOX)
-    return subs, out, result, {r["student"]: r for r in result.rows}
+    heard = []
+    result = grade(subs, [CH17], out, jobs=2, seed=7, sandbox=SANDBOX, on_item=heard.append)
+    return subs, out, result, {r["student"]: r for r in result.rows}, heard
 
 
 @pytest.mark.parametrize("student", list(MALFORMED) + list(SPECIAL))
 def test_each_malformed_input_is_one_clear_error_row(odd, student):
-    _, out, _, rows = odd
+    _, out, _, rows, _ = odd
     words = MALFORMED[student][2] if student in MALFORMED else SPECIAL[student]
     assert rows[student]["status"].startswith("error: ") and rows[student]["score"] == 0, rows[student]
     assert all(w in rows[student]["status"] for w in words), rows[student]["status"]
@@ -306,13 +417,13 @@ def test_each_malformed_input_is_one_clear_error_row(odd, student):
 
 
 def test_a_link_to_another_students_file_is_not_their_grade(odd):
-    _, _, _, rows = odd
+    _, _, _, rows, _ = odd
     assert rows["ok"]["score"] == FULL17
     assert rows["link-to-another-student"]["score"] == rows["folder-is-a-link"]["score"] == 0
 
 
 def test_a_byte_order_mark_scores_like_the_same_file_without(odd):
-    _, out, _, rows = odd
+    _, out, _, rows, _ = odd
     assert (rows["bom"]["score"], rows["bom"]["status"]) == (FULL17, "passed")
     verdicts = [[(t["name"], t["score"], t["status"]) for t in
                  json.loads((out / s / "ch17" / "results.json").read_text())["tests"]] for s in ("ok", "bom")]
@@ -320,12 +431,12 @@ def test_a_byte_order_mark_scores_like_the_same_file_without(odd):
 
 
 def test_a_notebooks_outputs_and_prose_do_not_count_against_the_bound(odd):
-    _, _, _, rows = odd
+    _, _, _, rows, _ = odd
     assert (rows["nb-big-outputs"]["score"], rows["nb-big-outputs"]["status"]) == (FULL17, "passed")
 
 
 def test_reserved_folder_names_neither_collide_nor_overwrite(odd):
-    _, out, _, rows = odd
+    _, out, _, rows, _ = odd
     assert (out / "grades.csv").read_bytes().startswith(b"student,chapter,score,max_score,status\r\n")
     assert json.loads((out / "grading.json").read_text())["seed"] == 7
     assert "ch17" in json.loads((out / "summary.json").read_text())
@@ -341,14 +452,14 @@ def test_reserved_folder_names_neither_collide_nor_overwrite(odd):
 
 
 def test_a_dot_folder_gets_a_row_saying_it_was_skipped(odd):
-    _, out, _, rows = odd
+    _, out, _, rows, _ = odd
     assert rows[".alice"]["score"] == 0
     assert "was skipped: its name starts with a dot" in rows[".alice"]["status"]
     assert not (out / ".alice").exists()
 
 
 def test_csv_cells_a_spreadsheet_would_run_are_escaped(odd):
-    _, out, _, rows = odd
+    _, out, _, rows, _ = odd
     table = list(csv.DictReader(io.StringIO((out / "grades.csv").read_bytes().decode(), newline="")))
     students = [r["student"] for r in table]
     for name in FORMULAS:
@@ -358,14 +469,48 @@ def test_csv_cells_a_spreadsheet_would_run_are_escaped(odd):
 
 
 def test_any_student_name_works(odd):
-    subs, out, result, rows = odd
+    subs, out, result, rows, _ = odd
     assert (rows[STRANGE]["score"], rows[STRANGE]["status"]) == (FULL17, "passed")
     assert json.loads((out / STRANGE / "ch17" / "results.json").read_text())["score"] == FULL17
     table = list(csv.DictReader(io.StringIO((out / "grades.csv").read_bytes().decode(), newline="")))
     assert STRANGE in [r["student"] for r in table]
     assert rows["\\xff-not-utf8"]["status"].startswith("error: no ch17")  # a name that is not UTF-8, escaped
-    folders = {p.name for p in subs.iterdir() if p.is_dir() or p.is_symlink()}
-    assert len(result.rows) == len(folders) == len(table)  # one row per folder, nothing else
+    students = {re.sub(r"(\.zip|\.tar\.gz)$", "", p.name) for p in subs.iterdir()
+                if p.is_dir() or p.is_symlink() or p.name.endswith((".zip", ".tar.gz"))}
+    assert len(result.rows) == len(students) == len(table)  # one row per student folder or zip, nothing else
+
+
+def test_each_accepted_layout_is_graded_like_the_reference(odd):
+    _, out, _, rows, _ = odd
+    wheres = {"lms-nested": f"lms-nested/ch17/{CH17.filename}", "misnamed": "misnamed/ch17.py",
+              "zipped": f"zipped.zip: zipped/ch17/{CH17.filename}"}
+    for student, where in wheres.items():
+        assert (rows[student]["score"], rows[student]["status"]) == (FULL17, "passed"), rows[student]
+        assert json.loads((out / student / "ch17" / "results.json").read_text())["answer"] == where
+    md = (out / "summary.md").read_text()
+    renamed = md.split("### Graded under another name", 1)[1].split("###", 1)[0]
+    assert "`misnamed`: `misnamed/ch17.py`" in renamed and "lms-nested" not in renamed and "zipped" not in renamed
+
+
+def test_rows_come_alphabetically_whatever_order_the_jobs_finish_in(odd):
+    _, _, result, _, heard = odd
+    students = [r["student"] for r in result.rows]
+    assert students == sorted(students, key=lambda s: (s.casefold(), s))
+    assert heard == [r for r in result.rows if not r["student"].startswith(".")]  # what `course grade` prints
+
+
+def test_rows_are_handed_on_in_order_each_as_soon_as_it_can_be():
+    items = [Item(f"s{i}", "ch17", "subs") for i in range(8)]
+    arrival = items[:]
+    random.Random(1).shuffle(arrival)
+    emitted, seen = [], []
+    in_order = InOrder(items, emitted.append)
+    for item in arrival:
+        in_order(item, {"student": item.student})
+        seen.append(item)
+        ready = next((n for n, i in enumerate(items) if i not in seen), len(items))  # all before it have come
+        assert [r["student"] for r in emitted] == [i.student for i in items[:ready]]
+    assert arrival != items and [r["student"] for r in emitted] == [i.student for i in items]
 
 
 def test_an_unexpected_exception_is_that_items_error_row(tmp_path, monkeypatch):
@@ -448,3 +593,96 @@ def test_an_interrupted_run_removes_its_temporary_folders(tmp_path):
     assert not list(out.glob("*/.*.partial-*"))
     assert (out / "a-done" / "ch17" / "results.json").is_file()
     assert not (out / "b-hangs" / "ch17").exists()
+
+
+# -- the class summary from made-up results (grader.summary) ----------------------------------------------------
+LONG = ("the free list should be [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, "
+        "33, 34, 35, 36, 37, 38, 39, 40] after freeing sequence 3; yours keeps blocks 12 and 13 allocated although "
+        "their reference counts reached zero")
+HINTED = ["slot 3 should be 7; yours: 2\nhint: use the block table", "slot 9 should be 11; yours: 0\nhint: use the block table"]
+UNHINTED = "slot 4 should be 2; yours: 1"
+
+
+def made_up_class() -> tuple[list[Item], list[dict]]:
+    """Six students of two-point checks t1..t3: their outcomes (None: passed, "todo": the stub, else the message)."""
+    outcomes = {"a": {}, "b": {"t1": HINTED[0], "t3": "the mask is upside down"},
+                "c": {"t1": HINTED[1], "t2": LONG}, "d": {"t1": UNHINTED, "t3": "the mask has the wrong shape"},
+                "e": {"t1": "todo", "t2": "todo", "t3": "todo"}}
+    items, docs = [], []
+    for student, failed in outcomes.items():
+        tests = [{"name": t, "status": "failed" if t in failed else "passed", "output": failed.get(t, ""),
+                  **({"todo": True} if failed.get(t) == "todo" else {})} for t in ("t1", "t2", "t3")]
+        status = "passed" if not failed else "not implemented" if all(v == "todo" for v in failed.values()) else "failed"
+        docs.append({"chapter": "ch17", "score": 2.0 * sum(t["status"] == "passed" for t in tests), "max_score": 6.0,
+                     "status": status, "tests": tests})
+        items.append(Item(student, "ch17", "subs", CH17.filename, renamed=student == "d"))
+    items.append(Item("f|`x\ny", "ch17", "subs", problem="no file"))
+    docs.append({"chapter": "ch17", "score": 0.0, "max_score": 6.0, "status": "error", "error": "no file", "tests": []})
+    return items, docs
+
+
+def test_the_summary_of_a_made_up_class():
+    items, docs = made_up_class()
+    s = summarize(items, [CH17], docs)["ch17"]
+    scores = [d["score"] for d in docs]
+    assert (s["mean_score"], s["median_score"]) == (round(statistics.fmean(scores), 2), statistics.median(scores))
+    assert s["mean_score_graded"] == round(statistics.fmean(scores[:-1]), 2)
+    assert s["not_graded"] == [{"student": "f|`x\ny", "reason": "no file"}]
+    checks_ = {c["check"]: c for c in s["checks"]}
+    t1 = checks_["t1"]
+    assert (t1["failed"], t1["not_implemented"], t1["wrong"]) == (4, 1, 3)
+    assert (t1["most_common_message"], t1["students_with_it"], t1["kinds_of_message"]) == (
+        "hint: use the block table", len(HINTED), 2)
+    failing = {t: sum(any(x["name"] == t and x["status"] != "passed" for x in d["tests"]) for d in docs)
+               for t in ("t1", "t2", "t3")}
+    assert [c["check"] for c in s["checks"]] == sorted(failing, key=lambda t: -failing[t])  # most failing first
+    assert s["not_implemented"] == [{"task": t, "students": 1} for t in ("t1", "t2", "t3")]
+    assert [b["graded"] + b["not_implemented"] + b["not_graded"] for b in s["histogram"]] == [
+        sum(min(9, int(10 * d["score"] / 6.0 + 1e-9)) == band for d in docs) for band in range(10)]
+    md = summary_markdown(summarize(items, [CH17], docs))
+    assert f"| t1 | {t1['percent_failing']}% (4 of 5) | 1 | 2 of 3: `hint: use the block table` (+1 other) |" in md
+    assert f"| t3 | {round(100 * failing['t3'] / 5)}% ({failing['t3']} of 5) | 1 | no two alike (2 different); one: " \
+           "`the mask is upside down` |" in md
+    t2 = next(line for line in md.splitlines() if line.startswith("| t2 |"))
+    shown = re.search(r"`([^`]*)…`", t2).group(1)
+    assert LONG.startswith(shown) and not LONG[len(shown)].isalnum() and len(shown) < len(LONG)
+    assert "- `f\\|'x y`: no file" in md and not any(line.startswith("y") for line in md.splitlines())
+    assert "- `d`: `d/ch17_causal_masks.py` graded as the chapter's module" in md
+
+
+def test_messages_group_by_hint_or_by_first_line_whatever_their_numbers():
+    assert message_group(HINTED[0])[1] == message_group(HINTED[1])[1] != message_group(UNHINTED)[1]
+    assert message_group(UNHINTED)[1] == message_group("slot 40 should be -1; yours: 0.5\nmore lines")[1]
+    assert message_group("wrong\n(your code printed: 'hint: fake')")[0] == "first line"  # the student's print is not a hint
+    assert message_group("")[2] == "(no message)"
+    case = "inputs: block_size=2, positions=[0, 1]\nslot 1 should be 7; yours: 1"  # the case, the same for everybody
+    assert message_group(case)[2] == "slot 1 should be 7; yours: 1"
+    assert message_group(case)[1] == message_group(UNHINTED)[1]
+
+
+@pytest.mark.parametrize("limit", [10, 33, 60, 159])
+def test_a_message_is_cut_at_a_word_boundary(limit):
+    cut = clip(LONG, limit)
+    assert len(cut) <= limit and cut.endswith("…")
+    kept = cut[:-1]
+    assert LONG.startswith(kept) and not (kept[-1].isalnum() and LONG[len(kept)].isalnum())
+    assert clip("short", limit) == "short"
+    assert clip("x" * 200, limit) == "x" * (limit - 1) + "…"  # one word longer than the line: cut, marked
+
+
+def test_printed_rows_are_sorted_and_a_layout_fixed_later_is_graded_on_rerun(tmp_path):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    write(subs / "a-graded", CH17.filename, SOLUTION17)  # takes seconds: the error rows after it are done first
+    for student in ("B-nothing", "c-nothing", "d-fixed-later"):
+        write(subs / student, "notes.txt", "x")
+    command = [sys.executable, "-m", "grader.cli", "grade", str(subs), "--chapter", "ch17", "--out", str(out),
+               "--jobs", "2", "--seed", "3"] + ([] if SANDBOX else ["--no-sandbox"])
+    first = subprocess.run(command, capture_output=True, text=True, check=True)
+    printed = [line.split("  ")[0] for line in first.stdout.splitlines() if "  ch17  " in line]
+    names = [p.name for p in subs.iterdir()]
+    assert printed == sorted(names, key=str.casefold) != sorted(names)  # alphabetically, case aside: a before B
+    write(subs / "d-fixed-later" / "ch17", CH17.filename, SOLUTION17)  # the LMS layout, now accepted
+    again = subprocess.run(command, capture_output=True, text=True, check=True)
+    assert "1 of 4 chapter submissions to grade (3 graded already)" in again.stdout
+    rows = {r["student"]: r for r in table_of(out)}
+    assert (float(rows["d-fixed-later"]["score"]), rows["d-fixed-later"]["status"]) == (FULL17, "passed")

@@ -1,9 +1,10 @@
-"""The nbgrader course, for real, for two chapters: generate_assignment → five submissions
-(one hostile) → `course grade --nbgrader` (the sandboxed class grader writes the gradebook
-and autograded/; no `nbgrader autograde`) → generate_feedback → export. Scores must be
-exactly the checks' points, the hostile notebook gets nothing it did not earn, and no
-release, autograded notebook or feedback file carries a solution, a hidden check's source
-or a hidden check's message.
+"""The nbgrader course, for real, for two chapters: generate_assignment → six submissions
+(one hostile, one whose second answer cell does not parse) → `course grade --nbgrader` (the
+sandboxed class grader writes the gradebook and autograded/; no `nbgrader autograde`) →
+generate_feedback → export. Scores must be exactly the checks' points (a cell that does not
+parse costing only its task), the hostile notebook gets nothing it did not earn, no release,
+autograded notebook or feedback file carries a solution, a hidden check's source or a hidden
+check's message, and the feedback shows one box per test cell and describes its figures.
 
 No kernel runs. Costs about a minute and a half on an idle machine (nbgrader's start-ups, the
 class grader's calibration and sandboxes); a hanging submission stops after its calibrated
@@ -28,7 +29,7 @@ from grader.notebook import write_course
 from grader.stubs import BEGIN, END
 
 ROUND_TRIP = ("ch17", "ch25")
-HONEST = ("stub", "partial", "broken", "source")
+HONEST = ("stub", "partial", "broken", "carol", "source")
 STUDENTS = HONEST + ("hostile",)
 TIMESTAMP = "2025-03-01 12:00:00.000000 UTC"
 HIDDEN_LINE = re.compile(r"^ch\d+\.\d+, hidden checks, graded by the course grader:$|^(✓|✗) hidden check: [^\n]*$"
@@ -89,8 +90,22 @@ def hostile(ch, release: dict) -> dict:
     return nb
 
 
+def carol(ch, source: dict) -> dict:
+    """The source with a syntax error in its second task's answer cell, and a scratch line that raises on
+    top of its first: only the second task may lose points."""
+    nb = copy(source)
+    first, second = (cell(nb, f"answer_{tid(t.id)}") for t in ch.tasks[:2])
+    first["source"] = f"demo = {ch.tasks[0].names[0]}()\n" + src(first)  # a TypeError: it takes arguments
+    lines = src(second).split("\n")
+    n = next(i for i, line in enumerate(lines) if "BEGIN SOLUTION" in line) + 1
+    lines[n] += " )("
+    second["source"] = "\n".join(lines)
+    return nb
+
+
 def submissions(ch, release: dict, source: dict) -> dict[str, dict]:
-    """The release as it is; its first task answered from the source; a broken one; the source; a hostile one."""
+    """The release as it is; its first task answered from the source; a broken one; carol's (one cell does
+    not parse); the source; a hostile one."""
     first = ch.tasks[0].id
     partial = copy(release)
     cell(partial, f"answer_{tid(first)}")["source"] = src(cell(source, f"answer_{tid(first)}"))
@@ -99,7 +114,8 @@ def submissions(ch, release: dict, source: dict) -> dict[str, dict]:
     stub = "raise NotImplementedError()"
     # ch25 hangs (an endless loop), ch17 kills its process (os._exit)
     answer["source"] = src(answer).replace(stub, "while True:\n        pass" if ch.id == "ch25" else "import os\n    os._exit(3)")
-    return {"stub": release, "partial": partial, "broken": broken, "source": source, "hostile": hostile(ch, release)}
+    return {"stub": release, "partial": partial, "broken": broken, "carol": carol(ch, source), "source": source,
+            "hostile": hostile(ch, release)}
 
 
 def points(chapter_id: str, task: str | None = None, hidden: bool | None = None) -> float:
@@ -110,7 +126,8 @@ def points(chapter_id: str, task: str | None = None, hidden: bool | None = None)
 def expected(cid: str, student: str) -> dict[str, float]:
     """Each test cell's points: what the checks give the tasks a student answered right."""
     ch = chapters.find(cid)
-    right = {"partial": {ch.tasks[0].id}, "source": {t.id for t in ch.tasks}}.get(student, set())
+    every = {t.id for t in ch.tasks}
+    right = {"partial": {ch.tasks[0].id}, "carol": every - {ch.tasks[1].id}, "source": every}.get(student, set())
     return {f"{kind}_{tid(t.id)}": points(cid, t.id, kind == "hidden") if t.id in right else 0.0
             for t in ch.tasks for kind in ("public", "hidden")}
 
@@ -131,7 +148,8 @@ def course(tmp_path_factory):
             (folder / "timestamp.txt").write_text(TIMESTAMP)
     args = [a for ch in chosen for a in ("--chapter", ch.id)]
     run(root, sys.executable, "-m", "grader.cli", "grade", "--nbgrader", str(root), *args)
-    nbgrader(root, "generate_feedback", "*")
+    feedback = nbgrader(root, "generate_feedback", "*")
+    (root / "generate_feedback.log").write_text(feedback.stdout + feedback.stderr)
     nbgrader(root, "export")
     return root
 
@@ -237,7 +255,8 @@ def test_feedback_and_autograded_notebooks_keep_secrets(course):
                     assert float("".join(value[0]["data"]["text/plain"])) == expected(cid, student)[grade_id]
                 if grade_id.startswith("hidden_"):
                     shown = "".join("".join(o.get("text", "")) for o in c["outputs"] if o["output_type"] == "stream")
-                    assert shown and all(HIDDEN_LINE.match(line) for line in shown.splitlines()), shown
+                    unwrapped = re.sub(r"\n {2,}", " ", shown)  # a long line's continuations back on it
+                    assert shown and all(HIDDEN_LINE.match(line) for line in unwrapped.splitlines()), shown
 
 
 def test_course_check_grades_a_notebook_like_the_gradebook(course):
@@ -269,3 +288,40 @@ def test_a_hidden_test_cell_runs_nothing_and_gives_zero():
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "0.0 []"
     assert "course grade --nbgrader" in out.stdout
+
+
+def test_feedback_reads_as_one_block_per_cell_with_described_figures(course):
+    """Each test cell's report is one output (one box), wrapped to WIDTH columns; every figure has alt text
+    (nbgrader does not warn), no cell says "Exception reporting mode"; carol's broken cell is named with its
+    line."""
+    from grader.notebook import WIDTH
+
+    log = (course / "generate_feedback.log").read_text()
+    assert "Alternative text is missing" not in log, log
+    for cid in ROUND_TRIP:
+        ch = chapters.find(cid)
+        for student in STUDENTS:
+            nb = json.loads((course / "autograded" / student / cid / f"{cid}.ipynb").read_text())
+            page = (course / "feedback" / student / cid / f"{cid}.html").read_text()
+            assert "Exception reporting mode" not in page
+            images = re.findall(r"<img\b[^>]*>", page)
+            assert all(re.search(r'\balt="[^"]+"', image) for image in images), images
+            for c in nb["cells"]:
+                if not c["metadata"].get("nbgrader", {}).get("grade_id", "").startswith(("public_", "hidden_")):
+                    continue
+                streams = [o for o in c["outputs"] if o["output_type"] == "stream"]
+                assert len(streams) == 1, (student, c["outputs"])
+                text = "".join(streams[0]["text"])
+                assert all(len(line) <= WIDTH or " " not in line.strip() for line in text.splitlines()), text
+                for o in c["outputs"]:
+                    if o["output_type"] == "display_data":
+                        shown = {kind: "".join(value) for kind, value in o["data"].items()}  # nbformat: lists of lines
+                        assert 'alt="' in shown["text/html"] and "<svg" in shown["image/svg+xml"]
+        graded = json.loads((course / "autograded" / "carol" / cid / f"{cid}.ipynb").read_text())
+        second = ch.tasks[1].id
+        report = "".join("".join(o.get("text", "")) for o in cell(graded, f"public_{tid(second)}")["outputs"])
+        answer = src(cell(json.loads((course / "submitted" / "carol" / cid / f"{cid}.ipynb").read_text()),
+                          f"answer_{tid(second)}"))
+        line = next(i for i, text in enumerate(answer.split("\n"), 1) if text.endswith(" )("))
+        said = " ".join(report.split())  # as wrapped
+        assert f"answer cell {second} does not parse" in said and f"(answer cell {second}, line {line})" in said, report

@@ -106,6 +106,9 @@ def test_the_release_is_an_installable_package(release, tmp_path):
     assert {f"exercises/{ch.filename}" for ch in CHAPTERS} <= set(names)
     assert not [n for n in names if n.startswith(("solutions/", "grader/hidden/", "tests/"))]
     assert {"engine/core.py", "engine/oracle.py", "figures/overview.py"} <= set(names)
+    fonts = {f"figures/fonts/{p.name}" for p in (chapters.ROOT / "figures" / "fonts").iterdir()
+             if p.suffix == ".woff2" or p.name == "OFL.txt"}
+    assert fonts and fonts <= set(names), "a non-editable install of the release draws its figures with the fonts"
     readme = (release.student / "README.md").read_text()
     assert len(re.findall(r"```\n(python3 -m venv .*pip install .*)\n```", readme)) == 1
 
@@ -116,7 +119,7 @@ def test_check_in_the_release_runs_public_checks_and_counts_hidden_ones(release)
                          capture_output=True, text=True)
     assert out.returncode == 1, out.stderr
     hidden = sum(1 for s in __import__("grader.checks", fromlist=["load"]).load("ch25", with_hidden=True) if s.hidden)
-    assert f"hidden checks: {hidden} more run at grading time" in out.stdout
+    assert f"{hidden} hidden checks run at grading time" in out.stdout
     assert "not implemented yet (ch25.1" in out.stdout
     for ch in CHAPTERS:
         (release.student / "exercises" / ch.filename).write_text((chapters.SOLUTIONS / ch.filename).read_text())
@@ -125,6 +128,29 @@ def test_check_in_the_release_runs_public_checks_and_counts_hidden_ones(release)
         doc = __import__("json").loads(out.stdout)
         assert doc["score"] == doc["max_score"] > 0 and doc["hidden_not_run"] > 0, ch.id
         assert all(Path(release.student, f).is_file() for f in doc["figures"]) and doc["figures"], ch.id
+
+
+def test_the_release_speaks_to_students(release):
+    """Its --help lists no instructor command or option, and `course list` shows the hidden points it recorded."""
+    from grader.cli import INSTRUCTOR_COMMANDS
+
+    env = dict(os.environ, PYTHONPATH=str(release.student))
+    run = lambda *args: subprocess.run([sys.executable, "-m", "grader.cli", *args], cwd=release.student, env=env,
+                                       capture_output=True, text=True)
+    top = run("--help")
+    assert top.returncode == 0, top.stderr
+    commands = set(re.findall(r"^  (\w+)  ", top.stdout.split("Commands:")[1], re.M))
+    assert {"check", "list", "lab", "engine"} <= commands and not commands & set(INSTRUCTOR_COMMANDS)
+    shown = run("check", "--help").stdout
+    assert "--task" in shown and "--submission" in shown
+    assert not re.search(r"--solutions|--hidden|--no-hidden|--seed", shown), shown
+    refused = run("check", "ch25", "--solutions")
+    assert refused.returncode == 2 and "No such option '--solutions'" in refused.stderr
+    listed = run("list").stdout
+    for ch in CHAPTERS:
+        specs = __import__("grader.checks", fromlist=["load"]).load(ch.id, with_hidden=True)
+        public, hidden = (sum(s.points for s in specs if s.hidden == h) for h in (False, True))
+        assert re.search(rf"^{ch.id} .*  {public:g} \+ {hidden:g} hidden  ", listed, re.M), ch.id
 
 
 def test_the_engine_in_the_release_runs_the_students_own_code_only(release, tmp_path):

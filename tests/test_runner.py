@@ -4,6 +4,7 @@ happens in, with a clear status and message, and nothing else is lost."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -124,6 +125,7 @@ def test_a_module_that_fails_to_import_errors_every_check_once(tmp_path):
     report = check("ch25", submission=tmp_path, hidden=False, figures_dir=None)
     assert {r.status for r in report.results} == {"error"}
     assert all("SyntaxError" in r.message and "ch25_paged_kv.py:1" in r.message for r in report.results)
+    assert all(r.import_failed for r in report.results), "one cause, so the terminal can say it once"
 
 
 def test_a_module_that_hangs_on_import_times_out(tmp_path):
@@ -135,12 +137,36 @@ def test_a_module_that_hangs_on_import_times_out(tmp_path):
     assert {r.status for r in report.results} - {"timeout"} == {"not run"}
     assert "importing ch25_paged_kv.py did not finish" in report.results[0].message
     assert time.monotonic() - started < 15, "the import is timed out once, not once per check"
+    assert all(r.import_failed for r in report.results)
+    assert all("importing ch25_paged_kv.py ran out of time" in r.message for r in report.results
+               if r.status == "not run"), "a check not run names the import as the reason, not a check"
 
 
 def test_a_missing_function_is_named(tmp_path):
     (tmp_path / "ch25_paged_kv.py").write_text("def store_kv(*a):\n    pass\n")
     report = check("ch25", submission=tmp_path, task="25.1", hidden=False, figures_dir=None)
     assert "has no function 'slot_mapping'" in report.results[0].message
+
+
+def test_a_missing_function_is_an_error_even_where_a_check_expects_an_exception(tmp_path):
+    """The ValueError checks once reported a missing function as "yours raised _Missing" ([wrong])."""
+    (tmp_path / "ch25_paged_kv.py").write_text("def store_kv(*a):\n    pass\n")
+    report = check("ch25", submission=tmp_path, task="25.1", hidden=False, figures_dir=None)
+    expect = "your module has no function 'slot_mapping' (was it renamed or deleted?)"
+    assert any("raises ValueError" in r.name for r in report.results), "the case this test is about"
+    assert [(r.status, r.message) for r in report.results] == [("error", expect)] * len(report.results)
+    assert not any(r.import_failed for r in report.results)
+
+
+def test_a_missing_method_of_a_students_object_is_an_error(tmp_path):
+    (tmp_path / "ch25_paged_kv.py").write_text(
+        "class BlockManager:\n    def __init__(self, num_blocks, block_size):\n        pass\n")
+    report = check("ch25", submission=tmp_path, task="25.3", hidden=False, figures_dir=None)
+    assert {r.status for r in report.results} == {"error"}, [(r.status, r.message) for r in report.results]
+    said = [r.message for r in report.results]
+    assert all(re.fullmatch(r"your (module has no function|BlockManager has no (method|attribute)) '\w+' "
+                            r"\(was it renamed or deleted\?\)", m) for m in said), said
+    assert any(m.startswith("your BlockManager has no method") for m in said), said
 
 
 def test_printing_is_allowed_and_shown(tmp_path):

@@ -61,3 +61,41 @@ def test_two_functions_may_share_a_task():
     assert [(t.id, t.names) for t in ch.tasks] == [("99.1", ("f", "G"))]
     assert ch.tasks[0].label == "99.1 f, G" and ch.task("G") is ch.tasks[0]
     assert 'raise NotImplementedError("ch99.1 G: not implemented yet' in make_stub(source, "ch99")
+
+
+def test_a_task_in_several_places_is_estimated_over_all_of_them():
+    source = SOURCE.replace('''    def method(self):
+        ### BEGIN SOLUTION
+        return 1
+        ### END SOLUTION
+''', '''    def __init__(self):
+        ### BEGIN SOLUTION
+        self.x = 1
+        ### END SOLUTION
+
+    def method(self):
+        ### BEGIN SOLUTION
+        y = self.x
+        # a comment does not count
+        z = y + 1
+        return z
+        ### END SOLUTION
+''')
+    stub = make_stub(source, "ch99")
+    # 1 line in __init__ and 3 in method: both TODOs and both errors speak of the task's 4
+    assert stub.count('raise NotImplementedError("ch99.2 G: not implemented yet (about 4 lines)")') == 2
+    assert "        # TODO(ch99.2): your code here (about 1 of the task's 4 lines, in 2 places)\n" in stub
+    assert "        # TODO(ch99.2): your code here (about 3 of the task's 4 lines, in 2 places)\n" in stub
+    assert "    # TODO(ch99.1): your code here (about 2 lines)\n" in stub, "a task in one place is unchanged"
+
+
+def test_the_block_manager_stub_names_the_whole_task():
+    import re
+
+    from grader import chapters
+    from grader.stubs import stub_for
+
+    stub = stub_for(chapters.find("ch25"))
+    here = [int(n) for n in re.findall(r"TODO\(ch25\.3\): your code here \(about (\d+) of", stub)]
+    total = {int(n) for n in re.findall(r'"ch25\.3 BlockManager: not implemented yet \(about (\d+) lines\)"', stub)}
+    assert len(here) > 3 and total == {sum(here)}

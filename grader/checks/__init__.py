@@ -20,7 +20,9 @@ function on the public checks' inputs and fails if one reproduces an answer.
 
 from __future__ import annotations
 
+import ast
 import importlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -106,6 +108,33 @@ def has_hidden(chapter_id: str) -> bool:
     Looked up by file, beside this package: an import could find another installation's.
     """
     return (Path(__file__).resolve().parent.parent / "hidden" / f"{chapter_id}.py").is_file()
+
+
+def points(chapter_id: str) -> dict[str, tuple[float, float]]:
+    """Task id → (public points, hidden points) of a chapter, read from the check files' decorators without
+    importing them (`course list` stays quick); in a student release the hidden points are those `course release`
+    recorded. Equal to what `load` collects (`tests/test_list.py`)."""
+    here = Path(__file__).resolve().parent
+    out: dict[str, list[float]] = {}
+    for path, kind in ((here / f"{chapter_id}.py", "public"), (here.parent / "hidden" / f"{chapter_id}.py", "hidden")):
+        if not path.is_file():
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for dec in getattr(node, "decorator_list", ()):
+                if isinstance(dec, ast.Call) and isinstance(dec.func, ast.Name) and dec.func.id == kind:
+                    task = ast.literal_eval(dec.args[0])
+                    worth = next((ast.literal_eval(k.value) for k in dec.keywords if k.arg == "points"), 1.0)
+                    out.setdefault(task, [0.0, 0.0])[kind == "hidden"] += worth
+    if not has_hidden(chapter_id):
+        from grader import chapters
+
+        try:
+            record = json.loads((chapters.ANSWERS / f"{chapter_id}.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            record = {}
+        for task, worth in record.get("hidden_points", record.get("hidden", {})).items():
+            out.setdefault(task, [0.0, 0.0])[1] = float(worth)
+    return {task: (pub, hid) for task, (pub, hid) in out.items()}
 
 
 def load(chapter_id: str, *, with_hidden: bool) -> list[CheckSpec]:

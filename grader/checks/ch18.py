@@ -217,22 +217,23 @@ def expect_bytes(got, want: int, num_layers: int, num_kv_heads: int, head_dim: i
 
 
 def bytes_hint(got: int, want: int, num_layers: int, dtype_bytes: int, num_tokens: int) -> str:
-    if want and 2 * got == want:
-        return "count both K and V: every token stores a key and a value vector per K/V head (the factor 2)"
-    if want and got == 2 * want:
-        return "the factor 2 (K and V) appears once"
-    if want and got == 8 * want:
-        return "dtype_bytes is already bytes per element: do not multiply by 8 (that counts bits)"
-    if want and num_layers > 1 and got * num_layers == want:
-        return "every layer has its own K/V cache: multiply by num_layers"
-    if want and dtype_bytes > 1 and got * dtype_bytes == want:
-        return "multiply by dtype_bytes: without it you counted elements, not bytes"
-    if want and num_tokens > 1 and got * num_tokens == want:
-        return "multiply by num_tokens: your count is for one token"
-    if want and abs(got - want) <= want * 1e-12:
-        return (f"off by {got - want:+,} bytes: float arithmetic rounds above 2^53; multiply Python ints, which "
-                f"are exact at any size")
-    return ""
+    """The misconceptions that give the student's count: one hint, or, where two give the same count here (a
+    forgotten factor 2 and a forgotten dtype_bytes = 2), both; '' when none does."""
+    if not want:
+        return ""
+    fits = [why for fit, why in (
+        (2 * got == want,
+         "count both K and V: every token stores a key and a value vector per K/V head (the factor 2)"),
+        (got == 2 * want, "the factor 2 (K and V) appears once"),
+        (got == 8 * want, "dtype_bytes is already bytes per element: do not multiply by 8 (that counts bits)"),
+        (num_layers > 1 and got * num_layers == want, "every layer has its own K/V cache: multiply by num_layers"),
+        (dtype_bytes > 1 and got * dtype_bytes == want,
+         "multiply by dtype_bytes: without it you counted elements, not bytes"),
+        (num_tokens > 1 and got * num_tokens == want, "multiply by num_tokens: your count is for one token")) if fit]
+    if not fits and abs(got - want) <= want * 1e-12:
+        fits = [f"off by {got - want:+,} bytes: float arithmetic rounds above 2^53; multiply Python ints, which are "
+                f"exact at any size"]
+    return "; or, as it gives the same count here: ".join(fits)
 
 
 def run_bytes_case(t: Trial, num_layers: int, num_kv_heads: int, head_dim: int, num_tokens: int,

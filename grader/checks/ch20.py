@@ -99,15 +99,16 @@ def run_norm_case(t: Trial, x: torch.Tensor, w: torch.Tensor, case: str, eps: fl
 
 # -- 20.2 add_rms_norm ----------------------------------------------------------------------------------
 
-def expect_pair(got, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def expect_pair(got, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Require (normed, new_residual), two tensors shaped like x (`residual`: the residual add_rms_norm was given)."""
     if type(got) not in (tuple, list) or len(got) != 2:
         raise CheckFailed(f"expected (normed, new_residual) as a tuple of two tensors shaped like x; "
                           f"yours: {describe(got)}")
     for name, g in zip(("new_residual", "normed"), (got[1], got[0])):
         if g is None:
-            raise CheckFailed(f"expected (normed, new_residual); yours returned None as {name}\n"
-                              "hint: with residual None (layer 0) the new residual is x itself: the embedding "
-                              "starts the residual stream")
+            hint = ("\nhint: with residual None (layer 0) the new residual is x itself: the embedding starts the "
+                    "residual stream" if name == "new_residual" and residual is None else "")
+            raise CheckFailed(f"expected (normed, new_residual); yours returned None as {name}{hint}")
     what = f"shaped like x {list(x.shape)}, {dtype_name(x.dtype)}"
     return (expect_tensor(got[0], what=f"normed ({what})", shape=list(x.shape), dtype=x.dtype),
             expect_tensor(got[1], what=f"new_residual ({what})", shape=list(x.shape), dtype=x.dtype))
@@ -164,7 +165,7 @@ def add_hint(normed: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | Non
 
 def run_add_case(t: Trial, x: torch.Tensor, residual: torch.Tensor | None, w: torch.Tensor, case: str,
                  eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
-    normed, res = expect_pair(t.call("add_rms_norm", x, residual, w, eps), x)
+    normed, res = expect_pair(t.call("add_rms_norm", x, residual, w, eps), x, residual)
     want = t.ref.add_rms_norm(x, residual, w, eps)
     explain_add(normed, res, x, residual, w, eps, want, case, t.reference(add_variants, x, residual, w, eps))
     return normed, res
@@ -316,9 +317,9 @@ def prenorm_figure_instance(t: Trial) -> None:
     e, a, m = tensor([PRENORM_E]), tensor([PRENORM_A]), tensor([PRENORM_M])
     got0 = expect_pair(t.call("add_rms_norm", e, None, w, EPS), e)
     want0 = t.ref.add_rms_norm(e, None, w, EPS)
-    got1 = expect_pair(t.call("add_rms_norm", a, want0[1], w, EPS), a)
+    got1 = expect_pair(t.call("add_rms_norm", a, want0[1], w, EPS), a, want0[1])
     want1 = t.ref.add_rms_norm(a, want0[1], w, EPS)
-    got2 = expect_pair(t.call("add_rms_norm", m, want1[1], w, EPS), m)
+    got2 = expect_pair(t.call("add_rms_norm", m, want1[1], w, EPS), m, want1[1])
     want2 = t.ref.add_rms_norm(m, want1[1], w, EPS)
     variants = [t.reference(add_variants, x, r, w, EPS) for x, r in ((e, None), (a, want0[1]), (m, want1[1]))]
     t.figure("ch20-prenorm", inputs=[PRENORM_E, PRENORM_A, PRENORM_M],

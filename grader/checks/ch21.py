@@ -239,20 +239,22 @@ def explain_decode(got: dict, want: dict, token_ids: list[int], table: list[int]
             lines.append(f"position {pos} → logical block {pos} // {bs} = {lb}, offset {pos} % {bs} = {off}; "
                          f"block_table[{lb}] = {table[lb]}, so slot = {table[lb]}·{bs} + {off} = {want[k]}; "
                          f"yours: {y}")
+            fits = []  # every misconception this one slot fits; a hint only when it fits just one
             if y == neighbours["previous"]:
-                hints.append(f"that is the slot of the previous token (position {pos - 1}), whose K/V is already "
-                             f"cached; this step writes the newest token's K/V, at position len − 1 = {pos}")
-            elif y == neighbours["next"] or y == want[k] + 1:
-                hints.append(f"that is the slot of position len = {n}, where the next token will go; the newest "
-                             f"token is at position len − 1 = {pos}")
-            elif y == pos:
-                hints.append("the slot uses the physical block from the block table, not the position")
-            elif len(table) - 1 != lb and y == table[-1] * bs + off:
-                hints.append(f"block_table[-1] = {table[-1]} is the last block of the table, not the block of "
-                             f"position {pos}: use block_table[(len − 1) // block_size] (nano-vllm's table[-1] "
-                             f"works only because its table has exactly ceil(len / block_size) entries)")
-            elif y == table[lb]:
-                hints.append("a slot is a row of the flat pool: block · block_size + offset, not the block id")
+                fits.append(f"that is the slot of the previous token (position {pos - 1}), whose K/V is already "
+                            f"cached; this step writes the newest token's K/V, at position len − 1 = {pos}")
+            if y == neighbours["next"] or y == want[k] + 1:
+                fits.append(f"that is the slot of position len = {n}, where the next token will go; the newest "
+                            f"token is at position len − 1 = {pos}")
+            if y == pos:
+                fits.append("the slot uses the physical block from the block table, not the position")
+            if len(table) - 1 != lb and y == table[-1] * bs + off:
+                fits.append(f"block_table[-1] = {table[-1]} is the last block of the table, not the block of "
+                            f"position {pos}: use block_table[(len − 1) // block_size] (nano-vllm's table[-1] "
+                            f"works only because its table has exactly ceil(len / block_size) entries)")
+            if y == table[lb]:
+                fits.append("a slot is a row of the flat pool: block · block_size + offset, not the block id")
+            hints += fits if len(fits) == 1 else []
     raise CheckFailed("\n".join(lines + ([f"hint: {hints[0]}"] if hints else [])))
 
 

@@ -283,9 +283,29 @@ def expect_tokens(got, logits: torch.Tensor, temperature: torch.Tensor, noise: t
     fits = [(int((variants[name] == tokens).sum()), -i, h) for i, (name, h) in enumerate(RACE_HINTS.items())
             if int(variants[name][b]) == y] if variants is not None else []
     best = [h for n, _, h in sorted(fits, reverse=True) if n == max(fits)[0]] if fits else []
-    hint = TEMPERATURE_HINT if {MULTIPLIED_HINT, IGNORED_HINT} <= set(best) else (best[0] if best else OWN_NOISE_HINT)
+    hint = TEMPERATURE_HINT if {MULTIPLIED_HINT, IGNORED_HINT} <= set(best) else best[0] if best else ""
     hint = hint if variants is not None else ""
+    twins = own_randomness(tokens, logits, temperature, noise)  # no deterministic sampler, whatever it matches
+    if twins:
+        (i, a), (j, c) = twins
+        lines.append(f"rows {i} and {j} have the same logits, T and noise, yet yours drew token {a} for one and "
+                     f"token {c} for the other")
+        hint = OWN_NOISE_HINT
     raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+
+
+def own_randomness(tokens: torch.Tensor, logits: torch.Tensor, temperature: torch.Tensor,
+                   noise: torch.Tensor) -> tuple | None:
+    """Two rows with the same inputs whose tokens differ, ((row, token), (row, token)), the proof that a sampler
+    draws its own randomness; None when there is none."""
+    first: dict = {}
+    for b in range(tokens.shape[0]):
+        key = (logits[b].tolist(), float(temperature[b]), noise[b].tolist())
+        key = repr(key)
+        if key in first and int(tokens[first[key]]) != int(tokens[b]):
+            return (first[key], int(tokens[first[key]])), (b, int(tokens[b]))
+        first.setdefault(key, b)
+    return None
 
 
 # -- goodness of fit ----------------------------------------------------------------------------
@@ -438,7 +458,8 @@ def race_instance(t: Trial) -> None:
     want, variants = t.ref.sample(logits, temp, noise), t.reference(race_variants, logits, temp, noise)
     t.figure("ch23-exponential-race", logits=RACE_LOGITS, T=RACE_T, noise=RACE_NOISE, p=p[0], scores=scores[0],
              token=int(tokens[0]), token_expected=int(want[0]))
-    expect_tokens(tokens, logits, temp, noise, case='case "figure instance": the race of reference §13',
+    expect_tokens(tokens, logits, temp, noise,
+                  case='case "figure instance": the exponential race, token = argmax(p / E)',
                   variants=variants)
 
 

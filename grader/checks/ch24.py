@@ -194,7 +194,7 @@ def explain_progress(case: dict, k: int, before: dict, step: dict, want: dict, g
         elif want[key] == total + 1:
             why = (f"{start} + {n} = {start + n} = num_tokens: the step computed every known token, so its "
                    f"sampled token is kept: {total} + 1 = {want[key]}")
-            hint = "the sample of a step that reaches num_tokens is appended"
+            hint = "the sample of a step that reaches num_tokens is appended" if got[key] == total else ""
         else:
             why = (f"{start} + {n} = {start + n} < num_tokens {total}: an unfinished prefill chunk, its sample is "
                    f"thrown away, num_tokens stays {total}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks import public
+from grader.checks import hidden_model, if_hidden, public
 from grader.checks.ch25_blocks import (LIFECYCLE, MOMENTS, add, block_moment, decode, drive_reference, expect_trace,
                                        hx, op_label, run_trace, states)
 from grader.compare import CheckFailed, expect_tensor, first_wrong, fmt
@@ -20,8 +20,53 @@ def token_keys(num_tokens: int, width: int = 2) -> torch.Tensor:
     return (t + torch.arange(1, width + 1, dtype=torch.float32))[:, None, :]
 
 
-def expect_slots(got, want: torch.Tensor, table: list[int], positions: list[int], block_size: int) -> torch.Tensor:
-    """Require the slots to equal `want`, explaining the first wrong token in block terms."""
+slot_variants = hidden_model("ch25_models.slot_variants")
+"""`t.reference(slot_variants, block_table, positions, block_size)`: {misconception: the slots it gives}."""
+
+SLOT_HINTS = {
+    # misconception: (its slot of position p, for the student; what to do instead)
+    "position": ("p", "the slot uses the physical block from the table, not the logical position"),
+    "block × offset": ("block_table[p // {bs}] · (p % {bs})",
+                       "the slot is the block's first row plus the offset: block · block_size + offset, not "
+                       "block · offset"),
+    "block id": ("block_table[p // {bs}]",
+                 "a slot is a row of the flat pool, not a block id: multiply the block by block_size and add the "
+                 "offset"),
+    "offset dropped": ("block_table[p // {bs}] · {bs}", "add the offset p % block_size inside the block"),
+    "block + offset": ("block_table[p // {bs}] + p % {bs}",
+                       "multiply the physical block by block_size first: its first row is block · block_size"),
+    "whole position as offset": ("block_table[p // {bs}] · {bs} + p",
+                                 "the offset inside the block is p % block_size, not the whole position p"),
+    "added to the position": ("p + block_table[p // {bs}]",
+                              "the physical block replaces the logical block; it is not added to the position"),
+    "ceiling": ("block_table[(p + {bs} − 1) // {bs}] · {bs} + p % {bs}",
+                "the logical block of position p is p // block_size, rounded down: positions 0 … block_size − 1 "
+                "are block 0. Rounded up, (p + block_size − 1) // block_size counts the blocks that p tokens "
+                "need, one too many for a position inside a block"),
+    "divmod swapped": ("block_table[p % {bs}] · {bs} + p // {bs}",
+                       "p // block_size is the logical block and p % block_size the offset inside it, not the other "
+                       "way round"),
+}
+
+
+def slot_hint(slots: torch.Tensor, variants: dict, block_size: int) -> str:
+    """The lines naming the one misconception whose slots (`slot_variants`' answer) equal all of the student's,
+    or '' when none does or several do (then the derivation alone speaks)."""
+    matching = [key for key, want in variants.items()
+                if key in SLOT_HINTS and want.shape == slots.shape and torch.equal(want, slots)]
+    if len(matching) != 1:
+        return ""
+    formula, why = SLOT_HINTS[matching[0]]
+    n = slots.numel()
+    every = "your slot is" if n == 1 else f"each of your {n} slots is"
+    return f"{every} {formula.format(bs=block_size)}\nhint: {why}"
+
+
+def expect_slots(got, want: torch.Tensor, table: list[int], positions: list[int], block_size: int,
+                 variants: dict | None = None) -> torch.Tensor:
+    """Require the slots to equal `want`, explaining the first wrong token in block terms, and naming the
+    misconception whose slots (`variants`, asked of `slot_variants` before comparing; asked of the hidden side
+    when not given, so a student release's lab names none) are all of the student's."""
     n = len(positions)
     slots = expect_tensor(got, what=f"the slots of {n} tokens", shape=[n], dtype=torch.int64)
     idx = first_wrong(slots, want)
@@ -36,28 +81,16 @@ def expect_slots(got, want: torch.Tensor, table: list[int], positions: list[int]
              f"offset {p} % {block_size} = {offset}",
              f"block_table[{logical}] = {phys}, so its slot is {phys}·{block_size} + {offset} = {int(want[i])}; "
              f"yours: {yours}"]
-    hint = slot_hint(yours, p, logical, offset, phys, block_size, table)
-    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
-
-
-def slot_hint(yours: int, p: int, logical: int, offset: int, phys: int, block_size: int, table: list[int]) -> str:
-    """The misconception a wrong slot most likely comes from ('' when none fits)."""
-    if yours == p:
-        return "the slot uses the physical block from the table, not the logical position"
-    if yours == phys:
-        return "a slot is a row of the flat pool, not a block id: multiply the block by block_size and add the offset"
-    if yours == phys * block_size:
-        return "add the offset p % block_size inside the block"
-    if p < len(table) and yours == table[p] * block_size + offset:
-        return "index the block table with the logical block p // block_size, not with the position"
-    if yours == logical * block_size + offset + phys:
-        return "the physical block replaces the logical block; it is not added to the position"
-    return ""
+    if variants is None:
+        variants = if_hidden(slot_variants, list(table), list(positions), block_size) or {}
+    hint = slot_hint(slots, variants, block_size)
+    raise CheckFailed("\n".join(lines + ([hint] if hint else [])))
 
 
 def expect_cache(got_k: torch.Tensor, got_v: torch.Tensor, want_k: torch.Tensor, want_v: torch.Tensor,
-                 slots: list[int], block_size: int) -> None:
-    """Require both caches to equal the expected ones, explaining the first wrong slot."""
+                 slots: list[int], block_size: int, new: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """Require both caches to equal the expected ones, explaining the first wrong slot (`new`: the k and v
+    written, to recognise a padding row's K or V in the pool's last slot)."""
     for name, got, want in (("k_cache", got_k, want_k), ("v_cache", got_v, want_v)):
         expect_tensor(got, what=name, shape=list(want.shape), dtype=want.dtype)
         flat_got, flat_want = got.reshape(-1, *got.shape[2:]), want.reshape(-1, *want.shape[2:])
@@ -73,9 +106,15 @@ def expect_cache(got_k: torch.Tensor, got_v: torch.Tensor, want_k: torch.Tensor,
         else:
             what = f"is not the slot of any token, so it must keep its old value {_vec(flat_want[slot])}"
         hint = ""
-        if -1 in slots and slot == flat_want.shape[0] - 1:
+        if new is not None and slot == flat_want.shape[0] - 1 and _holds_padding(flat_got[slot], new[name[0] == "v"],
+                                                                                 slots):
             hint = "\nhint: a slot of −1 marks a padding row: skip it (in Python, index −1 is the last row)"
         raise CheckFailed(f"slots={slots}: {where} {what}; yours holds {_vec(flat_got[slot])}{hint}")
+
+
+def _holds_padding(row: torch.Tensor, written: torch.Tensor, slots: list[int]) -> bool:
+    """Whether a cache row holds what one of the padding tokens (slot −1) brought: the padding row was written."""
+    return any(s == -1 and torch.equal(row, written[i].to(row.dtype)) for i, s in enumerate(slots))
 
 
 def _vec(x: torch.Tensor) -> str:
@@ -92,7 +131,8 @@ def run_slot_case(t: Trial, table: list[int], positions: list[int], block_size: 
     arg = torch.tensor(positions, dtype=torch.int64) if as_tensor else list(positions)
     got = t.call("slot_mapping", list(table), arg, block_size)
     want = t.ref.slot_mapping(table, positions, block_size)
-    return expect_slots(got, want, table, positions, block_size)
+    variants = t.reference(slot_variants, list(table), list(positions), block_size)
+    return expect_slots(got, want, table, positions, block_size, variants)
 
 
 def run_store_case(t: Trial, cache_shape: tuple[int, int, int, int], slots: list[int], *, fill: float | None = None,
@@ -117,7 +157,7 @@ def check_store(t: Trial, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch
     want_k, want_v = k_cache.clone(), v_cache.clone()
     t.ref.store_kv(want_k, want_v, k, v, list(slots))
     got_k, got_v = call.args[0], call.args[1]
-    expect_cache(got_k, got_v, want_k, want_v, list(slots), block_size)
+    expect_cache(got_k, got_v, want_k, want_v, list(slots), block_size, (k, v))
     return got_k, want_k
 
 
@@ -126,10 +166,11 @@ def figure_instance(t: Trial) -> None:
     positions = list(range(FIGURE_TOKENS))
     got = t.call("slot_mapping", list(FIGURE_TABLE), positions, FIGURE_BLOCK_SIZE)
     want = t.ref.slot_mapping(FIGURE_TABLE, positions, FIGURE_BLOCK_SIZE)
+    variants = t.reference(slot_variants, list(FIGURE_TABLE), positions, FIGURE_BLOCK_SIZE)
     slots = expect_tensor(got, what=f"the slots of {FIGURE_TOKENS} tokens", shape=[FIGURE_TOKENS], dtype=torch.int64)
     t.figure("dim-slot-mapping", table=FIGURE_TABLE, block_size=FIGURE_BLOCK_SIZE, num_blocks=5,
              positions=positions, keys=token_keys(FIGURE_TOKENS)[:, 0], slots=slots, expected=want)
-    expect_slots(slots, want, FIGURE_TABLE, positions, FIGURE_BLOCK_SIZE)
+    expect_slots(slots, want, FIGURE_TABLE, positions, FIGURE_BLOCK_SIZE, variants)
 
 
 @public("25.1", "one sequence across three scattered blocks")
@@ -137,9 +178,10 @@ def sequence_across_blocks(t: Trial) -> None:
     table, block_size, positions = [5, 1, 3], 4, list(range(11))
     got = t.call("slot_mapping", table, positions, block_size)
     want = t.ref.slot_mapping(table, positions, block_size)
+    variants = t.reference(slot_variants, table, positions, block_size)
     slots = expect_tensor(got, what="the slots of 11 tokens", shape=[11], dtype=torch.int64)
     t.figure("ch25-blocks", table=table, block_size=block_size, num_blocks=6, slots=slots, expected=want)
-    expect_slots(slots, want, table, positions, block_size)
+    expect_slots(slots, want, table, positions, block_size, variants)
 
 
 @public("25.1", "a chunk that starts mid-block, positions as a tensor")
@@ -172,7 +214,7 @@ def store_figure_instance(t: Trial) -> None:
     t.figure("dim-slot-mapping", pool=got.reshape(-1, 2), pool_expected=want_k.reshape(-1, 2))
     if call.value is not None:
         raise CheckFailed("store_kv writes the caches in place and returns None; yours returned a value")
-    expect_cache(got, call.args[1], want_k, want_v, slots, FIGURE_BLOCK_SIZE)
+    expect_cache(got, call.args[1], want_k, want_v, slots, FIGURE_BLOCK_SIZE, (keys, -keys))
 
 
 @public("25.2", "a padding row (slot −1) writes nothing")

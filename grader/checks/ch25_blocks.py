@@ -32,7 +32,7 @@ def states(script: list, trace, num_blocks: int, *, whose: str = "your") -> Iter
             name = op[1]
             if op[0] == "add":
                 s["seqs"][name] = list(op[2])
-            before = {"free": list(s["free"]), "ref": list(s["ref"]), "hash": list(s["hash"]),
+            before = {"free": list(s["free"]), "ref": list(s["ref"]), "hash": list(s["hash"]), "map": dict(s["map"]),
                       "tables": {name: s["tables"].get(name, [])}, "cached": {name: s["cached"].get(name, 0)},
                       "seqs": {name: list(s["seqs"][name])}}
             if op[0] == "compute" and op[3] is not None:
@@ -170,9 +170,9 @@ def explain_value(op: list, before: dict, want, got, note: dict, bs: int) -> str
         hint = ""
         if isinstance(got, int) and want >= 0 and got == want + 1 and want + 1 == nblocks:
             hint = "the last logical block never counts as a hit (one token must be computed for the logits)"
-        elif got == -1 and want >= 0:
+        elif got == -1 and want >= 0 and shared and note["free"] < nblocks:  # fits only with the shared hits free
             hint = "a hit on a block in use needs no free block: subtract it from the blocks needed"
-        elif isinstance(got, int) and got >= 0 and want == -1:
+        elif got == hits and want == -1 and hits > shared and note["free"] >= nblocks - hits:  # every hit free
             hint = "a hit on a free (cached) block still takes a block out of the free list"
         elif got == 0 and want > 0:
             hint = "look each full block's chained hash up in hash_to_block_id: h_i = compute_hash(block i, h_(i−1))"
@@ -209,7 +209,12 @@ def explain_table(op: list, before: dict, w: dict, y: dict, bs: int) -> str:
         why = (f"{n} % {bs} == 1: the newest token starts logical block {n // bs}, so the head of the free list, "
                f"block {free[0]}, is appended" if n % bs == 1 else f"{n} % {bs} = {n % bs}: the last block still "
                "has room, nothing is appended")
-        return f"{line}\n{why}\nhint: a decode step needs a new block exactly when len(seq) % block_size == 1"
+        hint = ""
+        if len(got) != len(want):
+            hint = "a decode step needs a new block exactly when len(seq) % block_size == 1"
+        elif free and got[-1] == free[-1] != free[0]:
+            hint = "the free list is a FIFO queue: take new blocks from its left end (popleft)"
+        return f"{line}\n{why}" + (f"\nhint: {hint}" if hint else "")
     if kind == "deallocate":
         return f"{line}\ndeallocate clears the block table"
     return line
@@ -265,8 +270,10 @@ def explain_hash(op: list, j: int, before: dict, w: dict, y: dict, note: dict, b
     if want == -1:
         return (f"{line}\nonly full blocks whose last token has been computed get a hash, and only in hash_blocks "
                 f"(allocate and may_append hash nothing)")
-    if kind == "deallocate":
+    if kind == "deallocate" and got == -1:
         return f"{line}\nhint: freeing keeps the hash: a free block stays a cache candidate until it is reused"
+    if kind == "deallocate":
+        return f"{line}\ndeallocate changes no hash: a free block keeps its hash until it is reused"
     return line
 
 
@@ -279,16 +286,20 @@ def explain_map(op: list, before: dict, w: dict, y: dict) -> str:
         h = missing[0]
         line = (f"hash_to_block_id[{hx(h)}] should be {want[h]}; yours: "
                 + (f"{got[h]}" if h in got else "no entry"))
-        if kind == "compute" and h in got:
-            return f"{line}\nhint: a newly hashed block overwrites the entry of an equal hash (the later hash_blocks wins)"
+        if kind == "compute" and h in got and got[h] == before["map"].get(h):  # the older entry kept
+            return (f"{line}\nhint: a newly hashed block overwrites the entry of an equal hash (the later "
+                    "hash_blocks wins)")
         if kind == "compute":
             return f"{line}\nhash_blocks publishes every block it hashes: hash_to_block_id[hash] = block id"
-        if kind == "deallocate":
+        if kind == "deallocate" and h not in got:
             return f"{line}\nhint: deallocate never removes map entries: a freed block can still be hit and revived"
+        if kind == "deallocate":
+            return f"{line}\ndeallocate changes no map entry"
         reused = [b for b in w["tables"].get(op[1], []) if before["hash"][b] == h]
-        return (f"{line}\nthe entry points to block {want[h]}, not to the reused block "
-                f"{reused[0] if reused else '(none)'}\nhint: on reuse, delete a map entry only if it still points to "
-                "the block being reused")
+        if h not in got and reused:  # the entry of another block deleted with the reused block's equal hash
+            return (f"{line}\nthe entry points to block {want[h]}, not to the reused block {reused[0]}\nhint: on "
+                    "reuse, delete a map entry only if it still points to the block being reused")
+        return f"{line}\nonly the entry of a reused block's own old hash goes, and only if it points to that block"
     h = extra[0]
     if kind in ("allocate", "may_append"):
         return (f"hash_to_block_id should have no entry {hx(h)}; yours maps it to {got[h]}\nblock {got[h]} was taken "

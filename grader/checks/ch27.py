@@ -298,9 +298,13 @@ def pieces(t: Trial) -> None:
             raise CheckFailed(f"{head}\nschedule() call {k + 1} should return {want[2 * k]['schedule']}; "
                               f"yours: {so!r:.300}{extra}")
         if state["num_computed_tokens"] != ws["num_computed_tokens"] or state["status"] != ws["status"]:
+            before = want[2 * k - 1]["requests"]["A"]["num_computed_tokens"] if k else 0
+            hint = ("\nhint: num_computed_tokens is advanced at schedule time (optimistic), not when the output comes "
+                    "back" if state["num_computed_tokens"] == before != ws["num_computed_tokens"] else
+                    "\nhint: a request becomes RUNNING when it is scheduled for the first time"
+                    if state["status"] == "WAITING" != ws["status"] else "")
             raise CheckFailed(f"{head}\nright after schedule() call {k + 1}, before the model runs, A should be "
-                              f"{state_str(ws, False)}; yours: {state_str(state, False)}\nhint: num_computed_tokens "
-                              f"is advanced at schedule time (optimistic), not when the output comes back")
+                              f"{state_str(ws, False)}; yours: {state_str(state, False)}{hint}")
         ro = t.method(executor, "execute_model", so)
         got = t.method(engine, "update_from_output", so, ro)
         state, ws = t.method(engine, "snapshot")["requests"]["A"], want[2 * k + 1]["requests"]["A"]
@@ -310,7 +314,8 @@ def pieces(t: Trial) -> None:
                               f"{out_key(want[2 * k + 1]['update']) or '[]'} and leave A {state_str(ws, False)}; "
                               f"yours: {out_key(got) or '[]'}, A {state_str(state, False)}"
                               + ("\nhint: an empty list from the runner is a partial prefill: nothing to append, "
-                                 "nothing to report" if not ro.get("A") else ""))
+                                 "nothing to report" if not ro.get("A") and (
+                                     out_key(got) or state["output_token_ids"] != ws["output_token_ids"]) else ""))
 
 
 @public("27.1", "EOS stops a request; the length cap is checked first")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks import public
+from grader.checks import hidden_model, public
 from grader.compare import CheckFailed, describe, expect_int, expect_tensor, first_wrong
 from grader.trial import Trial
 
@@ -40,6 +40,10 @@ def short(h) -> str:
     return h[:4].hex() + "…" if isinstance(h, bytes) and len(h) >= 4 else repr(h)
 
 
+salt_everywhere = hidden_model("ch28_models.salt_everywhere")
+"""`t.reference(salt_everywhere, tokens, block_size, cache_salt)`: the hashes with the salt in every block."""
+
+
 def reference_variants(t: Trial, tokens: list[int], bs: int, keys: dict) -> tuple[list, dict]:
     """The reference's hashes, and for hints the hashes with each key left out (computed before comparing)."""
     want = t.ref.block_hashes(tokens, bs, **keys)
@@ -49,6 +53,8 @@ def reference_variants(t: Trial, tokens: list[int], bs: int, keys: dict) -> tupl
     n = len(tokens) // bs
     variants["unchained"] = [t.ref.block_hashes(tokens[i * bs:(i + 1) * bs], bs)[0] for i in range(n)] \
         if not keys and n <= 64 else []
+    if keys.keys() == {"cache_salt"} and keys["cache_salt"] is not None:
+        variants["salt everywhere"] = t.reference(salt_everywhere, list(tokens), bs, keys["cache_salt"])
     return want, variants
 
 
@@ -85,7 +91,7 @@ def expect_hashes(got, want: list[bytes], variants: dict, tokens: list[int], bs:
         hint = "each multimodal item enters the extra keys of every block it overlaps"
     elif variants.get("unchained") and got[i] == variants["unchained"][i]:
         hint = "chain the blocks: block i's parent is hash_(i−1), only block 0's is NONE_HASH"
-    elif i and keys.get("cache_salt") is not None and keys.keys() == {"cache_salt"}:
+    elif i and got == variants.get("salt everywhere"):
         hint = "the salt enters block 0 only; later blocks inherit it through the parent hash"
     raise CheckFailed("\n".join(lines) + (f"\nhint: {hint}" if hint else ""))
 

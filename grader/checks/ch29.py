@@ -140,7 +140,7 @@ def run_metadata_case(t: Trial, requests: list[dict], block_size: int, case: str
     return got
 
 
-@public("29.1", "figure instance: §D.2's 3 requests, 6 inputs, at most 3 candidates (B = 4)")
+@public("29.1", "figure instance: a prefill chunk, a prefix hit and a decode; 6 inputs, at most 3 candidates (B = 4)")
 def d2_instance(t: Trial) -> None:
     run_metadata_case(t, make_requests(D2), D2_BLOCK, "figure instance", figure="ch29-schedule-to-metadata")
 

@@ -242,11 +242,11 @@ def dispatch_figure_instance(t: Trial) -> None:
     x, ids, w = g3_instance()
     want = t.ref.dispatch(x, ids, G3_EXPERTS, G3_RANKS)
     got = t.call("dispatch", x, ids, G3_EXPERTS, G3_RANKS)
-    per_rank, handle = dispatch_structure(got, x, G3_RANKS, "§G.3")
+    per_rank, handle = dispatch_structure(got, x, G3_RANKS, "figure instance")
     t.figure("ch31-moe-roundtrip", x=x, topk_ids=ids, topk_weights=w,
              handle={k: handle[k] for k in HANDLE_KEYS}, handle_expected=want[1],
              rows=per_rank, rows_expected=want[0])
-    expect_dispatch(got, want, x, ids, G3_EXPERTS, G3_RANKS, "§G.3")
+    expect_dispatch(got, want, x, ids, G3_EXPERTS, G3_RANKS, "figure instance")
 
 
 @public("31.2", "figure instance: combine with experts y = (e + 1)·x")
@@ -258,7 +258,7 @@ def combine_figure_instance(t: Trial) -> None:
     want = t.ref.combine(outputs, handle, w)
     if isinstance(got, torch.Tensor) and got.shape == want.shape:
         t.figure("ch31-moe-roundtrip", out=got, out_expected=want)
-    expect_combined(got, want, outputs, w, handle, "§G.3", " with y = (e + 1)·x")
+    expect_combined(got, want, outputs, w, handle, "figure instance", " with y = (e + 1)·x")
 
 
 @public("31.2", "identity experts: the round trip gives x · Σ weights")
@@ -274,9 +274,10 @@ def identity_round_trip(t: Trial) -> None:
     if idx is not None:
         tok = idx[0]
         fail([f"identity experts return their inputs, so combine(dispatch(x)) = x · Σ_j w: token {tok}: "
-              f"{vec(x[tok])} · ({' + '.join(fmt(v) for v in w[tok].tolist())}) = {vec(want[tok])}; yours: {vec(out[tok])}"],
-             combine_hint(out, rows, w, handle) or "your handle and your combine must agree: row i goes back to "
-             "token src_token[i] with weight topk_weights[src_token[i], topk_slot[i]]")
+              f"{vec(x[tok])} · ({' + '.join(fmt(v) for v in w[tok].tolist())}) = {vec(want[tok])}; yours: {vec(out[tok])}",
+              "your handle and your combine must agree: row i goes back to token src_token[i] with weight "
+              "topk_weights[src_token[i], topk_slot[i]]"],
+             combine_hint(out, rows, w, handle))
 
 
 @public("31.2", "a rank that receives nothing")
@@ -438,10 +439,10 @@ def eplb_figure_instance(t: Trial) -> None:
     want = t.ref.rebalance_experts(weight, *H3_ARGS)
     glob = t.ref.rebalance_experts(weight, H3_ARGS[0], 1, 1, H3_ARGS[3])
     got = t.call("rebalance_experts", weight, *H3_ARGS)
-    phy2log, _, logcnt = placement_structure(got, weight, H3_ARGS[0], "§H.3")
+    phy2log, _, logcnt = placement_structure(got, weight, H3_ARGS[0], "figure instance (EPLB's worked example)")
     t.figure("ch31-eplb-load", loads=H3_LOADS, args=list(H3_ARGS), phy2log=phy2log[0], logcnt=logcnt[0],
              phy2log_expected=want[0][0], logcnt_expected=want[2][0])
-    expect_placement(got, want, weight, H3_ARGS, "§H.3", glob)
+    expect_placement(got, want, weight, H3_ARGS, "figure instance (EPLB's worked example)", glob)
 
 
 @public("31.3", "balancedness before and after EPLB: 0.75 and 0.9375")

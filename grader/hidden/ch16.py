@@ -73,14 +73,28 @@ def split_no_copy(t: Trial) -> None:
                           f"your split_heads needed more than {mib(SPLIT_SPARE)} beyond x, all this check allows"
                           f"{where_it_ran_out(e)}: it copied the numbers. Splitting heads moves no number: "
                           f"view(B, T, H, d) changes the shape and transpose(1, 2) swaps two strides, both without "
-                          f"copying (nano-vllm's q.view(-1, num_heads, head_dim) is a view of the qkv output)\n"
-                          f"hint: drop the .contiguous() / .clone() / torch.stack: the next matmul reads the strided "
-                          f"view as it is") from None
+                          f"copying (nano-vllm's q.view(-1, num_heads, head_dim) is a view of the qkv output)"
+                          + copy_hint(e)) from None
     expect_split(call.value, x, t.ref.split_heads(x, H), H, case)
 
 
 def mib(n: int) -> str:
     return f"{n / 2**20:,.4g} MiB"
+
+
+COPIES = {".contiguous(": "drop the .contiguous(): the next matmul reads the strided view as it is",
+          ".clone(": "drop the .clone(): a view shares x's numbers, which is the point",
+          "stack(": "torch.stack writes every number into a new tensor; view and transpose x itself instead",
+          "cat(": "torch.cat writes every number into a new tensor; view and transpose x itself instead",
+          ".copy_(": "copy_ writes every number; view and transpose x itself instead"}
+"""The copying calls a line of the student's can hold, with what to do instead."""
+
+
+def copy_hint(e: StudentRaised) -> str:
+    """'\nhint: …' for the copying call on the line where the student's code ran out of memory ('' if none)."""
+    frames = e.error.get("frames") or []
+    code = re.sub(r"\s+#.*$", "", str(frames[-1][3])) if frames else ""
+    return next((f"\nhint: {why}" for call, why in COPIES.items() if call in code), "")
 
 
 def where_it_ran_out(e: StudentRaised) -> str:

@@ -82,7 +82,7 @@ def residual_stream(t: Trial) -> None:
     hidden_out, residual, logical = emb, None, emb.double()
     for k in range(2 * layers + 1):          # the last call is the model's final norm
         case = f"sublayer {k} of a {layers}-layer stack" if k < 2 * layers else "the final norm"
-        got = expect_pair(t.call("add_rms_norm", hidden_out, residual, weights[k], EPS), hidden_out)
+        got = expect_pair(t.call("add_rms_norm", hidden_out, residual, weights[k], EPS), hidden_out, residual)
         explain_add(*got, hidden_out, residual, weights[k], EPS,
                     t.ref.add_rms_norm(hidden_out, residual, weights[k], EPS), case)
         if k:

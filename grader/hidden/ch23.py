@@ -132,6 +132,10 @@ def bad_process_inputs(t: Trial) -> None:
 
 @hidden("23.2", "random batches: exact agreement with the given noise")
 def random_races(t: Trial) -> None:
+    # one row 16 times: a sampler with its own randomness draws different tokens for equal rows
+    logits, noise = torch.randn(1, 12, generator=t.rng), torch.empty(1, 12).exponential_(generator=t.rng)
+    got = t.call("sample", logits.repeat(16, 1), torch.ones(16), noise.repeat(16, 1))
+    expect_tokens(got, logits.repeat(16, 1), torch.ones(16), noise.repeat(16, 1), case="one row, repeated 16 times")
     for i in range(24):
         B, V = t.random.randint(1, 16), t.random.randint(2, 300)
         logits = torch.randn(B, V, generator=t.rng) * t.random.choice([0.5, 1.0, 3.0])

@@ -32,3 +32,31 @@ def drive_reference(ref, num_blocks: int, block_size: int, script: list) -> dict
         ref.run_op(manager, seqs, op)
         notes.append(note)
     return {"trace": ref.replay(num_blocks, block_size, script), "notes": notes}
+
+
+def slot_variants(ref, block_table: list[int], positions: list[int], block_size: int) -> dict:
+    """{misconception: the slots it gives every position}, by the names `grader.checks.ch25.SLOT_HINTS` uses; a
+    misconception that would index past the block table (and so raise) is left out."""
+    import torch
+
+    p = torch.as_tensor(positions, dtype=torch.int64)
+    table = torch.as_tensor(block_table, dtype=torch.int64)
+    logical, offset = p // block_size, p % block_size
+
+    def through(index: torch.Tensor) -> torch.Tensor | None:
+        ok = not index.numel() or (int(index.min()) >= 0 and int(index.max()) < len(block_table))
+        return table[index] if ok else None
+
+    block = through(logical)
+    if block is None:
+        return {"position": p.clone()}
+    out = {"position": p.clone(), "block × offset": block * offset, "block id": block.clone(),
+           "offset dropped": block * block_size, "block + offset": block + offset,
+           "whole position as offset": block * block_size + p, "added to the position": p + block}
+    ceiling = through((p + block_size - 1) // block_size)
+    if ceiling is not None:
+        out["ceiling"] = ceiling * block_size + offset
+    swapped = through(offset)
+    if swapped is not None:
+        out["divmod swapped"] = swapped * block_size + logical
+    return out

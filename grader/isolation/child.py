@@ -122,8 +122,9 @@ class Child:
             message = str(e)
         except BaseException:
             message = "<the exception's message could not be printed>"
+        own = _own_files(self.module)
         frames = [[f.filename, f.lineno, f.name, f.line or ""] for f in traceback.extract_tb(e.__traceback__)
-                  if self.module is not None and f.filename == getattr(self.module, "__file__", None)]
+                  if f.filename in own]
         if isinstance(e, SyntaxError) and e.filename:
             frames.append([e.filename, e.lineno or 0, "<module>", (e.text or "").rstrip()])
         oom = isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "alloc" in message.lower()
@@ -137,6 +138,20 @@ class Child:
 
 class _Missing(Exception):
     """The module lacks the function the check calls."""
+
+
+def _own_files(module: Any) -> set:
+    """The file names of the student's code: the module's file, and the notebook cells a module made
+    from a notebook compiles its code under (their labels, listed in its `__course_cells__`)."""
+    if module is None:
+        return set()
+    own = {getattr(module, "__file__", None)}
+    try:
+        names = vars(module).get("__course_cells__", ())
+        own |= {n for n in names if type(n) is str} if type(names) is tuple else set()
+    except BaseException:  # whatever the module made of that name, the frames of its file still count
+        pass
+    return own
 
 
 def _restore(namespace: dict, saved: dict) -> None:

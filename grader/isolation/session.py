@@ -53,7 +53,7 @@ class StudentRaised(Exception):
         head = f"{self.label} raised {e.get('name')}: {e.get('message')}"
         if e.get("out_of_memory"):
             head = f"{self.label} ran out of memory (the limit is set by the grader): {e.get('message')}"
-        where = "".join(f"\n    at {Path(f).name}:{line} in {fn}: {code.strip()}" for f, line, fn, code in e.get("frames", []))
+        where = "".join(f"\n    at {_place(f, line)} in {fn}: {code.strip()}" for f, line, fn, code in e.get("frames", []))
         return head + where
 
 
@@ -229,3 +229,11 @@ class Session:
     def close(self) -> None:
         """End the student's process (killed: it holds nothing worth a clean exit)."""
         self._kill()
+
+
+def _place(filename: str, line: int) -> str:
+    """Where a frame is, for a student: "ch25_paged_kv.py:76", or "answer cell 25.2, line 31" for a
+    notebook cell (grader.notebook labels each cell's code with its name)."""
+    if filename.startswith(("answer cell ", "code cell ", "In [")):
+        return f"{filename}, line {line}"
+    return f"{Path(filename).name}:{line}"

@@ -1,0 +1,306 @@
+"""The class summary `course grade` writes beside grades.csv: summary.json, summary.md and a
+score histogram, summary-histogram.svg.
+
+Per chapter it gives:
+
+- every student counted: one who could not be graded (no answer, a file that does not parse,
+  a broken zip) scores 0 and is listed by name with the reason. The mean and the median are
+  over all the chapter's students, those at 0 included, as grades.csv has them (and the mean
+  over the graded alone beside them);
+- each check some graded student did not pass: the share of graded students failing it, how
+  many of those met the stub's NotImplementedError ("not implemented"), and the most common
+  wrong answer among the others. Messages are grouped by their hint line (`hint: ...`) when
+  they have one, else by their first line with its numbers left out, since the numbers are each
+  student's own; the count is how many wrong answers fall in that group, and a message is cut
+  at a word boundary;
+- the students whose answer was found under another name (`grader.layout`, rung 3), so that
+  they can be told to rename it;
+- a histogram of the scores in ten bands of the chapter's points (summary-histogram.svg, drawn
+  with the course's figure kit), students not graded and not implemented shown apart.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import re
+import statistics
+
+from grader.chapters import Chapter
+
+HISTOGRAM = "summary-histogram.svg"
+"""The histogram's file in OUT, beside summary.md."""
+BANDS = 10
+"""Score bands of the histogram, each a tenth of the chapter's points (full marks in the last)."""
+MESSAGE_CHARS = 160
+"""A message in summary.md is cut at the last word boundary before this many characters."""
+REASON_CHARS = 300
+"""So is the reason a student could not be graded."""
+KINDS = (("graded", "q", "graded"), ("not_implemented", "k", "not implemented (the stub as given)"),
+         ("not_graded", "masked", "not graded: 0 points"))
+"""The histogram's stacked segments: summary key, figure role (colour), legend."""
+_NUMBER = re.compile(r"[-−]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def summarize(items: list, chosen: list[Chapter], docs: list[dict]) -> dict:
+    """The summary of each chapter (summary.json) from the class's items (`grader.grade.Item`)
+    and their results documents, in the same order."""
+    summary = {}
+    for ch in chosen:
+        mine = [(i, d) for i, d in zip(items, docs) if i.chapter == ch.id]
+        max_score = mine[0][1]["max_score"] if mine else 0
+        graded = [(i, d) for i, d in mine if d["status"] != "error"]
+        scores = [float(d["score"]) for _, d in mine]
+        statuses = collections.Counter("not graded" if d["status"] == "error" else d["status"] for _, d in mine)
+        summary[ch.id] = {
+            "title": ch.title, "students": len(mine), "errors": len(mine) - len(graded), "graded": len(graded),
+            "statuses": dict(statuses), "max_score": max_score,
+            "mean_score": round(statistics.fmean(scores), 2) if scores else 0.0,
+            "median_score": round(statistics.median(scores), 2) if scores else 0.0,
+            "mean_score_graded": round(statistics.fmean([float(d["score"]) for _, d in graded]), 2) if graded else 0.0,
+            "not_graded": [{"student": i.student, "reason": d.get("error", "")} for i, d in mine
+                           if d["status"] == "error"],
+            "renamed": [{"student": i.student, "answer": d.get("answer") or i.where} for i, d in graded if i.renamed],
+            "checks": _checks([d for _, d in graded]),
+            "not_implemented": _not_implemented([d for _, d in graded]),
+            "histogram": _bands(mine, max_score),
+        }
+    return summary
+
+
+def _checks(graded: list[dict]) -> list[dict]:
+    """Per check, over the graded documents: how many failed it, how many of those had not
+    implemented it, and the wrong answers' messages in groups, most common first."""
+    order: dict[str, int] = {}
+    failing: dict[str, int] = collections.Counter()
+    todo: dict[str, int] = collections.Counter()
+    groups: dict[str, dict[str, list[str]]] = collections.defaultdict(dict)
+    for doc in graded:
+        for test in doc["tests"]:
+            name = test["name"]
+            order.setdefault(name, len(order))
+            if test["status"] == "passed":
+                continue
+            failing[name] += 1
+            if test.get("todo"):
+                todo[name] += 1
+                continue
+            kind, key, shown = message_group(test.get("output", ""))
+            groups[name].setdefault(key, []).append(shown)
+    result = []
+    for name in order:
+        ranked = sorted(groups[name].values(), key=len, reverse=True)  # stable: the first seen wins a tie
+        wrong = failing[name] - todo[name]
+        result.append({
+            "check": name, "failed": failing[name], "not_implemented": todo[name], "wrong": wrong,
+            "graded": len(graded), "percent_failing": round(100 * failing[name] / len(graded)) if graded else 0,
+            "most_common_message": ranked[0][0] if ranked else "", "students_with_it": len(ranked[0]) if ranked else 0,
+            "kinds_of_message": len(ranked),
+        })
+    result.sort(key=lambda c: (-c["failed"], order[c["check"]]))
+    return result
+
+
+def _not_implemented(graded: list[dict]) -> list[dict]:
+    """Per task (a check name's part before its colon, `ch25.1 slot_mapping`), how many graded
+    students left it as the stub gave it (a check of it met the stub's NotImplementedError)."""
+    students: dict[str, int] = collections.Counter()
+    for doc in graded:
+        for task in dict.fromkeys(t["name"].split(":", 1)[0] for t in doc["tests"] if t.get("todo")):
+            students[task] += 1
+    return [{"task": task, "students": n} for task, n in students.items()]
+
+
+def message_group(output: str) -> tuple[str, str, str]:
+    """Which group a failing check's message falls in: ("hint" or "first line", the key that groups
+    it, the line to show). The key is the hint line, else the first line, with numbers left out;
+    a leading `inputs: ...` line (the checks' way of stating the case, the same for every student)
+    does not count as the first, and neither does what the student's code printed."""
+    text = output.split("\n(your code printed")[0]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    hint = next((line for line in lines if line.casefold().startswith("hint:")), None)
+    first = next((line for line in lines if not line.startswith("inputs:")), lines[0] if lines else "(no message)")
+    kind, line = ("hint", hint) if hint else ("first line", first)
+    return kind, f"{kind}: {_NUMBER.sub('#', line)}", line
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` at most `limit` characters, cut at the last word boundary (never inside a word
+    unless it is one word longer than the limit), an ellipsis marking the cut."""
+    if len(text) <= limit:
+        return text
+    room = limit - 1
+    cuts = [i for i in range(1, room + 1) if not (text[i - 1].isalnum() and text[i].isalnum())]
+    at = max((i for i in cuts if i > room // 3), default=room)
+    return text[:at].rstrip(" ,;:(") + "…"
+
+
+def _bands(mine: list, max_score: float) -> list[dict]:
+    bands = [{"from": 100 * b // BANDS, "to": 100 * (b + 1) // BANDS, "graded": 0, "not_implemented": 0,
+              "not_graded": 0} for b in range(BANDS)]
+    for _, doc in mine:
+        share = float(doc["score"]) / max_score if max_score else 0.0
+        band = bands[min(BANDS - 1, max(0, math.floor(share * BANDS + 1e-9)))]
+        key = {"error": "not_graded", "not implemented": "not_implemented"}.get(doc["status"], "graded")
+        band[key] += 1
+    return bands
+
+
+# -- summary.md -------------------------------------------------------------------------------------------------
+def summary_markdown(summary: dict, *, histogram: str | None = HISTOGRAM) -> str:
+    """summary.md: per chapter, the counts, mean and median over all students, who was not
+    graded and why, and the checks students fail with their most common wrong answer."""
+    lines = ["# Class summary", "",
+             "A student who could not be graded scores 0, and means and medians are over all of a chapter's "
+             "students, as in grades.csv.", ""]
+    if histogram:
+        lines += [f"![Scores of each chapter, in bands of a tenth of its points]({histogram})", ""]
+    for cid, s in summary.items():
+        n, max_score = s["students"], s["max_score"]
+        counts = ", ".join(f"{v} {k}" for k, v in sorted(s["statuses"].items(), key=lambda kv: _status_rank(kv[0])))
+        lines += [f"## {cid} · {s['title']}", "",
+                  f"{n} students: {counts or 'none'}.", "",
+                  f"Mean **{s['mean_score']:g}** / {max_score:g} over all {n} students"
+                  + (f" (the {s['errors']} not graded count as 0)" if s["errors"] else "")
+                  + f", median **{s['median_score']:g}**"
+                  + (f"; mean {s['mean_score_graded']:g} over the {s['graded']} graded." if s["errors"] else "."), ""]
+        if s["not_graded"]:
+            lines += [f"### Not graded ({len(s['not_graded'])}, 0 points each)", ""]
+            lines += [f"- {_code(r['student'])}: {_escape(clip(r['reason'], REASON_CHARS))}" for r in s["not_graded"]]
+            lines.append("")
+        if s["renamed"]:
+            lines += ["### Graded under another name (ask them to rename the file)", ""]
+            lines += [f"- {_code(r['student'])}: {_code(r['answer'])} graded as the chapter's module"
+                      for r in s["renamed"]]
+            lines.append("")
+        wrong = [c for c in s["checks"] if c["wrong"]]
+        only_todo = [c for c in s["checks"] if c["failed"] and not c["wrong"]]
+        if s["graded"]:
+            lines += [f"### Checks failed, as a share of the {s['graded']} graded students", ""]
+        if wrong:
+            lines += ["Wrong answers are grouped by their hint line, or else by their first line with its numbers "
+                      "left out; a count is out of the check's wrong answers, checks not implemented aside.", "",
+                      "| check | failing | not implemented | most common wrong answer |", "|---|---:|---:|---|"]
+            for c in wrong:
+                lines.append(f"| {_cell(c['check'])} | {c['percent_failing']}% ({c['failed']} of {c['graded']}) | "
+                             f"{c['not_implemented']} | {_common(c)} |")
+            lines.append("")
+        if s["not_implemented"]:
+            lines.append("Not implemented (the stub's NotImplementedError): " + ", ".join(
+                f"{_cell(t['task'])} by {t['students']} student{'s' * (t['students'] != 1)}"
+                for t in s["not_implemented"]) + (f"; {len(only_todo)} checks failed for no other reason." if only_todo
+                                                  else "."))
+            lines.append("")
+        passed = len(s["checks"]) - len(wrong) - len(only_todo)
+        if s["graded"] and passed:
+            lines += [(f"All {passed} checks" if passed == len(s["checks"]) else f"The other {passed} checks")
+                      + " passed for every graded student.", ""]
+    return "\n".join(lines)
+
+
+def _status_rank(status: str) -> tuple[int, str]:
+    known = ["passed", "incomplete", "failed", "not implemented", "blocked", "not graded"]
+    return (known.index(status) if status in known else len(known), status)
+
+
+def _common(c: dict) -> str:
+    if not c["wrong"]:
+        return "(all not implemented)"
+    message = _code(clip(c["most_common_message"], MESSAGE_CHARS))
+    if c["students_with_it"] == 1 and c["wrong"] > 1:
+        return f"no two alike ({c['wrong']} different); one: {message}"
+    others = c["kinds_of_message"] - 1
+    return f"{c['students_with_it']} of {c['wrong']}: {message}" + (f" (+{others} other)" if others else "")
+
+
+def _code(text: str) -> str:
+    """Text as a Markdown code span that survives a table cell: no backtick, no bare pipe, one line."""
+    text = re.sub(r"[\r\n\t]+", " ", text).replace("`", "'").replace("|", "\\|")
+    return f"`{text}`"
+
+
+def _cell(text: str) -> str:
+    """The course's own text (a check's name) in a table cell: one line, no bare pipe."""
+    return re.sub(r"[\r\n\t]+", " ", text).replace("|", "\\|")
+
+
+def _escape(text: str) -> str:
+    """Text a student's files chose (a reason naming their files) for a Markdown line: one line,
+    and what Markdown would read as markup (emphasis, a link, HTML, a cell's end) escaped; `_` is
+    left alone, since inside a word (`slot_mapping`) it is no emphasis."""
+    text = re.sub(r"[\r\n\t]+", " ", text)
+    return re.sub(r"([\\`*\[\]<>|])", r"\\\1", text)
+
+
+# -- the histogram -------------------------------------------------------------------------------------------
+def histogram_svg(summary: dict) -> str:
+    """summary-histogram.svg: one panel per chapter, students per band of a tenth of its points,
+    stacked by graded / not implemented / not graded, with the mean (dashed) and median (solid)."""
+    from figures.kit import Figure
+
+    fig = Figure("summary-histogram", title="Class scores", zh="",
+                 en="Students in each band of a tenth of the chapter's points (full marks in the last band); a "
+                    "student who could not be graded counts as 0. Dashed line: the mean; solid line: the median.")
+    for cid, s in summary.items():
+        _panel(fig, cid, s)
+    return fig.svg()
+
+
+def _panel(fig, cid: str, s: dict) -> None:
+    from figures.kit import text_width
+    from figures.style import LABEL, MARGIN, MUTED, RULE, SMALL, fill, stroke
+
+    title = s["title"].split(" · ", 1)[-1]  # the English half: the Chinese one needs a CJK font to render
+    fig.heading(f"{cid} · {title}: {s['students']} students, {s['max_score']:g} points")
+    bar_w, gap, height = 64, 12, 150
+    x0 = MARGIN + 12
+    top_y = fig.y + 52
+    base = top_y + height
+    width = BANDS * (bar_w + gap) - gap
+    marks = []  # (x, name, value, dash); drawn first, so that the bars cover them
+    for name, value, dash in (("mean", s["mean_score"], "4,3"), ("median", s["median_score"], None)):
+        share = value / s["max_score"] if s["max_score"] else 0.0
+        marks.append((x0 + min(max(share * BANDS * (bar_w + gap) - gap / 2, 0), width), name, value, dash))
+    marks.sort()
+    labels = [f"{name} {value:g}" for _, name, value, _ in marks]
+    wide = [text_width(label, LABEL - 1) for label in labels]
+    (xl, *_), (xr, *_) = marks
+    if xr - xl >= (wide[0] + wide[1]) / 2 + 8:  # apart: each label centred over its line
+        placed = [(xl, "middle"), (xr, "middle")]
+    elif xl - 4 - wide[0] < 2:  # close, at the left edge: both to the right of the lines
+        placed = [(xl + 4, "start"), (max(xr + 4, xl + wide[0] + 14), "start")]
+    elif xr + 4 + wide[1] > fig.width - 2:  # close, at the right edge: both to the left
+        placed = [(min(xl - 4, xr - wide[1] - 14), "end"), (xr - 4, "end")]
+    else:  # close: one on either side
+        placed = [(xl - 4, "end"), (xr + 4, "start")]
+    for (x, name, _, dash), label, (at, anchor) in zip(marks, labels, placed):
+        line = fig.dwg.line((x, top_y - 18), (x, base), stroke=stroke("accent"), stroke_width=1.6, class_=f"mark {name}")
+        if dash:
+            line["stroke-dasharray"] = dash
+        fig.dwg.add(line)
+        fig.text(at, top_y - 22, label, size=LABEL - 1, anchor=anchor, color=stroke("accent"), cls=f"mark-label {name}")
+    tallest = max([sum(b[k] for k, _, _ in KINDS) for b in s["histogram"]] + [1])
+    for i, band in enumerate(s["histogram"]):
+        x, y = x0 + i * (bar_w + gap), base
+        for key, role, _ in KINDS:
+            n = band[key]
+            if not n:
+                continue
+            h = height * n / tallest
+            fig.dwg.add(fig.dwg.rect((x, y - h), (bar_w, h), fill=fill(role), stroke=stroke(role), stroke_width=1,
+                                     class_=f"bar {key.replace('_', '-')}"))
+            if h >= 18 and any(band[k] for k, _, _ in KINDS if k != key):
+                fig.text(x + bar_w / 2, y - h / 2 + 4, str(n), size=SMALL, anchor="middle", color=MUTED,
+                         cls="segment-count")
+            y -= h
+        total = sum(band[k] for k, _, _ in KINDS)
+        if total:
+            fig.text(x + bar_w / 2, y - 6, str(total), size=LABEL, anchor="middle", weight="bold", cls="count")
+        fig.text(x + bar_w / 2, base + 17, f"{band['from']}–{band['to']}%", size=LABEL - 1, anchor="middle",
+                 color=MUTED, cls="label")
+    fig.dwg.add(fig.dwg.line((x0 - 4, base), (x0 + width + 4, base), stroke=RULE, stroke_width=1))
+    fig.text(x0 + width / 2, base + 37, f"score, as a share of the {s['max_score']:g} points", size=LABEL - 1,
+             anchor="middle", color=MUTED, cls="label")
+    fig.y = base + 62
+    fig.legend([(role, label) for _, role, label in KINDS])
+    fig.y += 26
