@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from conftest import FRESH
@@ -114,10 +115,15 @@ def test_hostile_behaviour_costs_only_its_check(tmp_path, name, how, request):
 
 
 def test_no_process_outlives_the_run(tmp_path):
-    code = HOSTILE["an escaped daemon (double fork, setsid)"][0]
+    pidfile = tmp_path / "daemon.pid"
+    code = HOSTILE["an escaped daemon (double fork, setsid)"][0].replace(
+        "time.sleep(300)", f"open({str(pidfile)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(300)")
     check("ch25", submission=submission(tmp_path, code), task="25.1", hidden=False, figures_dir=None)
-    leftovers = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True).stdout.split()
-    assert not leftovers
+    pids = [int(line) for line in pidfile.read_text().split()]
+    assert pids, "the daemon ran (and said its pid)"
+    alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()
+             and not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"]
+    assert not alive, f"the student's daemon {alive} outlived the run"
 
 
 def test_a_module_that_fails_to_import_errors_every_check_once(tmp_path):
