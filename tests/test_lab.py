@@ -246,6 +246,12 @@ def test_the_server_serves_its_page_and_nothing_outside_the_package(reference_la
     for path in ("/static/../../pyproject.toml", "/static/%2e%2e/%2e%2e/pyproject.toml", "/static/../runner.py",
                  "/pyproject.toml", "/static//etc/passwd"):
         assert client.get(path).status_code == 404, path
+    css = client.get("/static/lab.css").text
+    for font in re.findall(r'url\("(/fonts/[^"]+)"\)', css) or ["lab.css names no font"]:
+        got = client.get(font)
+        assert got.status_code == 200 and got.content[:4] == b"wOF2", f"{font}: the page draws with the shipped fonts"
+    for path in ("/fonts/build.py", "/fonts/OFL.txt", "/fonts/..%2f..%2fpyproject.toml", "/fonts/x.woff2"):
+        assert client.get(path).status_code == 404, path
     info = client.get("/api/experiments").json()
     assert info["checked"] and {c["id"] for c in info["chapters"]} >= {"ch15", "ch16", "ch25", "ch26"}
     headers = honest(page, "http://127.0.0.1:8765")

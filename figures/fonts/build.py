@@ -9,8 +9,9 @@ or, without installing them system-wide (the machine keeps its own fonts):
     for d in fonts-noto-*.deb; do dpkg-deb -x "$d" /tmp/noto; done
     .venv/bin/python figures/fonts/build.py --root /tmp/noto
 
-Each shipped file is a subset holding the characters the course's figures can draw: every
-character of a string literal in figures/*.py, the chapters' titles, printable ASCII and
+Each shipped file is a subset holding the characters the course's figures and the lab's page can
+draw: every character of a string literal in figures/*.py and grader/lab/*.py and of the lab's
+static files, the chapters' titles, printable ASCII and
 `EXTRA` (what the figure code builds at run time: minus signs, infinities, subscripts, arrows).
 `figures.typeface` subsets these files again per figure, to what that figure uses, and embeds
 the result in the SVG.
@@ -55,23 +56,30 @@ EXTRA = ("−∞…·×÷±≈≠≤≥√∑∏∂∫⊙⊗→←↑↓↔⇒�
 
 
 def course_characters(extra: bool = True) -> set[str]:
-    """Every character the figures can draw: their string literals (not docstrings), the chapters'
-    titles, printable ASCII, and `EXTRA` unless `extra` is false."""
+    """Every character the figures and the lab's page can draw: the string literals (not docstrings) of
+    figures/*.py and grader/lab/*.py, the text of the lab's static files, the chapters' titles,
+    printable ASCII, and `EXTRA` unless `extra` is false."""
     chars = {chr(c) for c in range(0x20, 0x7F)} | (set(EXTRA) if extra else set())
-    for path in sorted((ROOT / "figures").glob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                      if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
-                      and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
-                chars |= set(node.value)
+    for path in sorted((ROOT / "figures").glob("*.py")) + sorted((ROOT / "grader" / "lab").glob("*.py")):
+        chars |= _literals(path)
+    for path in sorted((ROOT / "grader" / "lab" / "static").iterdir()):
+        chars |= set(path.read_text(encoding="utf-8"))
     sys.path.insert(0, str(ROOT))
     from grader import chapters
 
     for ch in chapters.all_chapters():
         chars |= set(ch.title)  # the overview draws the chapters' titles
     return {c for c in chars if c.isprintable() or c in "\u00a0\u3000"}
+
+
+def _literals(path: Path) -> set[str]:
+    """The characters of a module's string literals, its docstrings left out."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return {c for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docstrings for c in node.value}
 
 
 def _open(path: Path, face: str | None):

@@ -28,7 +28,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -36,6 +36,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from grader.lab.runner import Lab
 
 STATIC = Path(__file__).resolve().parent / "static"
+FONTS = Path(__file__).resolve().parents[2] / "figures" / "fonts"
+"""The shipped fonts (figures/fonts/*.woff2): lab.css draws the page with them, as the figures do, so a
+machine without a CJK font shows Chinese too."""
 HOST = "127.0.0.1"
 MAX_BODY = 64 << 10
 TOKEN_META = '<meta name="course-token" content="">'   # in index.html; filled in when the page is served
@@ -100,6 +103,12 @@ def app(lab: Lab, port: int) -> Starlette:
     async def page(request: Request) -> HTMLResponse:
         return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
+    async def font(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in {p.name for p in FONTS.glob("*.woff2")}:  # only the fonts: nothing else of the folder
+            return PlainTextResponse("no such font", 404)
+        return FileResponse(FONTS / name, media_type="font/woff2", headers={"Cache-Control": "max-age=3600"})
+
     async def experiments(request: Request) -> JSONResponse:
         return JSONResponse(lab.describe())
 
@@ -121,6 +130,7 @@ def app(lab: Lab, port: int) -> Starlette:
 
     return Starlette(routes=[
         Route("/", page),
+        Route("/fonts/{name}", font),
         Route("/api/experiments", experiments),
         Route("/api/run/{experiment}", run, methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
