@@ -242,7 +242,8 @@ def offset_mask_figure(f: Figure, r: dict) -> None:
                   f"positions 0–{k - 1}: what torch.tril(ones({n}, {s})) copies\n(top-left aligned: rows of other tokens)",
                   color=stroke("accent"))
     if c > n:
-        _vbracket(f, right + 10, top + n * CELL, top + c * CELL, (f"position {n}" if c - n == 1 else f"positions {n}–{c - 1}") + ": cached, computed in an earlier step",
+        span = f"position {n}" if c - n == 1 else f"positions {n}–{c - 1}"
+        _vbracket(f, right + 10, top + n * CELL, top + c * CELL, span + ": cached, computed in an earlier step",
                   color=MUTED)
     f.y = top + s * CELL + 26
     f.note("nano-vllm passes causal=True to flash_attn_varlen_func; since flash-attn 2.1 the triangle of a "

@@ -18,8 +18,24 @@ from typing import Any, Callable, Sequence
 import svgwrite
 
 from figures import typeface
-from figures.style import (CAPTION, CELL, FONT, INK, LABEL, MARGIN, MONO, MUTED, PAPER, RULE, SMALL,
-                           TITLE, VALUE, WIDTH, fill, stroke)
+from figures.style import (
+    CAPTION,
+    CELL,
+    FONT,
+    INK,
+    LABEL,
+    MARGIN,
+    MONO,
+    MUTED,
+    PAPER,
+    RULE,
+    SMALL,
+    TITLE,
+    VALUE,
+    WIDTH,
+    fill,
+    stroke,
+)
 
 
 def text_width(s: str, size: float, mono: bool = False, bold: bool = False) -> float:

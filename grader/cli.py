@@ -182,7 +182,8 @@ def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path 
     import tempfile
 
     from grader.notebook import cells_of, submission_from_cells
-    from grader.run import MissingModule, check as run_check, default_figures_dir, module_path
+    from grader.run import MissingModule, default_figures_dir, module_path
+    from grader.run import check as run_check
     from grader.terminal import TerminalReport
 
     if sum(map(bool, (solutions, submission, notebook))) > 1:
@@ -280,7 +281,8 @@ def grade(submissions: Path | None, chapter_names: tuple[Chapter, ...], nbgrader
 
     Reruns skip what is already graded (a killed run resumes where it stopped).
     """
-    from grader.grade import GradeError, grade as grade_folders
+    from grader.grade import GradeError
+    from grader.grade import grade as grade_folders
 
     grade_class = grade_folders
 

@@ -54,8 +54,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader.chapters import Chapter
-from grader.submission import (MAX_MODULE_BYTES, MAX_NOTEBOOK_BYTES, Answer, SubmissionError, answer_names,
-                               open_folder, read_answer, what_it_is)
+from grader.submission import (
+    MAX_MODULE_BYTES,
+    MAX_NOTEBOOK_BYTES,
+    Answer,
+    SubmissionError,
+    answer_names,
+    open_folder,
+    read_answer,
+    what_it_is,
+)
 
 MAX_ZIP_BYTES = 128 << 20
 """A student's zip file, as stored."""

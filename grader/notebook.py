@@ -20,8 +20,8 @@ in the student's process.
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import base64
 import contextlib

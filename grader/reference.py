@@ -25,9 +25,9 @@ from typing import Any, Callable
 
 import torch
 
-from grader.isolation import wire
 from grader.chapters import ANSWERS
 from grader.compare import CheckFailed, same
+from grader.isolation import wire
 
 
 class ReplayMiss(CheckFailed):

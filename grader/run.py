@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from grader import chapters, checks
-from grader.isolation import procs
 from grader.chapters import Chapter
-from grader.report import CheckResult, Report
-from grader.isolation import worker
+from grader.isolation import procs, worker
 from grader.isolation.worker import OUTPUT_LIMIT, Worker
+from grader.report import CheckResult, Report
 
 DEFAULT_MEMORY_LIMIT = 2 << 30
 DEFAULT_FIGURES_DIR = Path("course-figures")

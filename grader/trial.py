@@ -19,9 +19,9 @@ import torch
 
 from grader.checks import CheckSpec
 from grader.compare import Blocked, CheckFailed, describe, same
-from grader.report import CheckResult
 from grader.isolation.session import Call, Session, StudentError, StudentRaised
 from grader.isolation.wire import Handle
+from grader.report import CheckResult
 
 
 class Trial:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from grader import chapters
 from grader.checks import CheckSpec
+from grader.isolation import worker
 from grader.isolation.session import Session
 from grader.trial import run_one
-from grader.isolation import worker
 
 
 def wall(cmd: list[str], runs: int = 5) -> list[float]:

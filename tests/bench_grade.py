@@ -38,7 +38,8 @@ WRONG = [  # (old, new) edits of the reference, each a misconception
     ("return table[logical] * block_size + pos % block_size", "return table[logical] * block_size"),
     ("    keep = s != PAD_SLOT\n", "    keep = s == s\n"),
 ]
-HOSTILE = [("    ### BEGIN SOLUTION\n    if block_size <= 0:", "    ### BEGIN SOLUTION\n    while True:\n        pass\n    if block_size <= 0:"),
+HOSTILE = [("    ### BEGIN SOLUTION\n    if block_size <= 0:",
+            "    ### BEGIN SOLUTION\n    while True:\n        pass\n    if block_size <= 0:"),
            ("    num_blocks, block_size = k_cache.shape[:2]", "    torch.empty(10**12)\n    num_blocks, block_size = k_cache.shape[:2]")]
 
 

@@ -12,7 +12,6 @@ from mutate import checks_not_passed, mutant_grader, result, wrong_elements
 
 from figures import ch18 as drawn
 from figures.style import MARGIN
-
 from grader.checks import ch18 as checks18
 from grader.hidden import ch18 as hidden18
 from grader.hidden import ch18_models as models18

@@ -13,7 +13,6 @@ from mutate import mutant_grader, result, tasks_not_passed, wrong_elements
 
 import figures
 from figures import ch19 as rope_figures
-
 from grader.checks import ch19 as checks
 from grader.hidden import ch19_models as models
 from solutions import ch19_rope as ref

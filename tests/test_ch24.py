@@ -8,7 +8,6 @@ import pytest
 from mutate import figure, mutant_grader, result, tasks_not_passed, wrong_elements
 
 from figures.kit import Figure, text_width
-
 from grader.checks import ch24 as checks
 from grader.checks import ch24_trace as tracing
 from grader.hidden import ch24 as hidden_checks
@@ -52,7 +51,7 @@ def test_instance_chips_hold_their_text(graded):
     assert len(boxes) == 4
     right = 0.0
     for box in boxes:
-        x, y, w = float(box.get("x")), float(box.get("y")), float(box.get("width"))
+        x, w = float(box.get("x")), float(box.get("width"))
         label = elements[elements.index(box) + 1]
         assert label.tag == f"{SVG}text" and abs(float(label.get("x")) - (x + w / 2)) < 0.5
         need = text_width(label.text, float(label.get("font-size")), "Mono" in label.get("font-family"))

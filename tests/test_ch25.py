@@ -12,7 +12,6 @@ import pytest
 from mutate import figure, mutant_grader, result, wrong_elements
 
 from figures.kit import text_width
-
 from grader.checks import ch25 as public_checks
 from grader.checks import ch25_blocks as traces
 from grader.hidden import ch25 as hidden_checks

@@ -5,7 +5,7 @@ the figures drawn from them mark the wrong cells."""
 from __future__ import annotations
 
 import pytest
-from figure_layout import cramped, off_canvas, reference_figures, rects, texts
+from figure_layout import cramped, off_canvas, rects, reference_figures, texts
 from mutate import figure_file, mutant_grader, result, statuses, wrong_elements
 
 from figures import ch27 as drawn
@@ -110,7 +110,8 @@ def test_an_empty_output_for_a_partial_prefill_is_explained_and_marked(graded):
         ### END SOLUTION
 
     def step(self) -> list[dict]:
-        \"\"\"One engine step: schedule, execute""", """            outputs.append({"request_id": rid, "new_token_ids": new_token_ids, "finished": request.is_finished})
+        \"\"\"One engine step: schedule, execute""",
+                     """            outputs.append({"request_id": rid, "new_token_ids": new_token_ids, "finished": request.is_finished})
         return outputs
         ### END SOLUTION
 

@@ -11,12 +11,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from figure_fonts import REBUILD, undrawable
 
 import figures
 from grader import chapters, checks, stubs
 from grader.run import check
-
-from figure_fonts import REBUILD, undrawable
 
 CHAPTERS = chapters.all_chapters()
 IDS = [ch.id for ch in CHAPTERS]

@@ -13,11 +13,11 @@ from dataclasses import replace
 import pytest
 import torch
 from click.testing import CliRunner
+from figure_layout import height, off_canvas, overlap, texts
 
 import engine
 import figures
 from engine import oracle
-from figure_layout import height, off_canvas, overlap, texts
 from engine.core import EngineError, Settings
 from engine.model import PRESETS, ModelError, load, random_model
 from figures.style import MARGIN

@@ -9,6 +9,7 @@ import tomllib
 import xml.etree.ElementTree as ET
 
 import pytest
+from figure_fonts import REBUILD, SVG, embedded, undrawable, weight_of
 from fontTools.ttLib import TTFont
 
 import figures
@@ -17,7 +18,6 @@ from figures.kit import Figure, text_width
 from figures.style import LABEL, MONO
 from grader import chapters
 
-from figure_fonts import REBUILD, SVG, embedded, undrawable, weight_of
 
 def test_the_shipped_fonts_draw_every_character_the_figure_code_holds():
     build = importlib.import_module("figures.fonts.build")

@@ -28,9 +28,9 @@ from mutate import mutant
 
 from grader import chapters, checks
 from grader.grade import InOrder, Item, _Config, _grade, _needs_grading, grade, results_dir
-from grader.summary import HISTOGRAM, clip, message_group, summarize, summary_markdown
-from grader.notebook import chapter_notebook
 from grader.isolation.sandbox import SandboxUnavailable, probe
+from grader.notebook import chapter_notebook
+from grader.summary import HISTOGRAM, clip, message_group, summarize, summary_markdown
 
 CH25 = chapters.find("ch25")
 FULL = sum(s.points for s in checks.load("ch25", with_hidden=True))

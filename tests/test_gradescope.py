@@ -30,10 +30,9 @@ from pathlib import Path
 import pytest
 from linkedvenv import link_distributions
 
-from grader.isolation.sandbox import _closure
-
 from grader import chapters
 from grader.gradescope import STUDENT_USER, export, processes_of
+from grader.isolation.sandbox import _closure
 
 CH25 = chapters.find("ch25")
 SEED = 9

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import FRESH
 
-from grader.isolation import procs
 from grader.chapters import EXERCISES, ROOT
+from grader.isolation import procs
 from grader.run import check
 
 # A correct ch25 whose slot_mapping misbehaves only on the figure instance (the first check).
@@ -122,7 +122,7 @@ def test_no_process_outlives_the_run(tmp_path):
     pids = [int(line) for line in pidfile.read_text().split()]
     assert pids, "the daemon ran (and said its pid)"
     alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()
-             and not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"]
+             and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"]
     assert not alive, f"the student's daemon {alive} outlived the run"
 
 
@@ -222,8 +222,8 @@ def test_a_check_whose_oracle_package_is_missing_is_blocked_with_its_points():
 def test_objects_stay_in_the_students_process_and_are_driven_by_handle(tmp_path):
     from grader.checks import CheckSpec
     from grader.isolation.session import Session
-    from grader.trial import run_one
     from grader.isolation.worker import OUTPUT_LIMIT, start
+    from grader.trial import run_one
 
     (tmp_path / "ch25_paged_kv.py").write_text(
         "class Counter:\n    def __init__(self, start):\n        self.n = start\n        self.log = []\n"

@@ -16,8 +16,18 @@ import pytest
 from grader import chapters, layout
 from grader.layout import folder_tree, locate, names_chapter, open_zip, read_found, zip_tree
 from grader.notebook import assemble, cells_of
-from grader.submission import (MAX_MODULE_BYTES, NOTEBOOK_SHAPE, SubmissionError, compile_module, decode_module,
-                               find_answer, notebook_cells, open_folder, read_answer, read_file)
+from grader.submission import (
+    MAX_MODULE_BYTES,
+    NOTEBOOK_SHAPE,
+    SubmissionError,
+    compile_module,
+    decode_module,
+    find_answer,
+    notebook_cells,
+    open_folder,
+    read_answer,
+    read_file,
+)
 
 CH17 = chapters.find("ch17")
 SOLUTION = (chapters.SOLUTIONS / CH17.filename).read_bytes()

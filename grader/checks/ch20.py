@@ -9,8 +9,17 @@ from __future__ import annotations
 import torch
 
 from grader.checks import hidden_model, public
-from grader.checks.ch19 import (ROUNDING_SHARE, agrees, dtype_name, par, rounding_failure, rounding_share, ulp, vec,
-                                wrong_values)
+from grader.checks.ch19 import (
+    ROUNDING_SHARE,
+    agrees,
+    dtype_name,
+    par,
+    rounding_failure,
+    rounding_share,
+    ulp,
+    vec,
+    wrong_values,
+)
 from grader.compare import CheckFailed, describe, expect_tensor, fmt, wrong_mask
 from grader.trial import Trial
 

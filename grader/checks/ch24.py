@@ -14,9 +14,8 @@ from typing import Any
 from grader.checks import public
 from grader.checks.ch24_trace import drive_reference, expect_trace, request, run_trace, script
 from grader.compare import CheckFailed, describe
-from grader.trial import Trial
 from grader.isolation.wire import Handle
-
+from grader.trial import Trial
 
 # -- 24.1 public checks -------------------------------------------------------------------------------
 LOOP_EOS = 0

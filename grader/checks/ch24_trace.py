@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from grader.compare import CheckFailed, describe
-from grader.trial import Trial
 from grader.isolation.wire import Handle
+from grader.trial import Trial
 
 WAITING, RUNNING, FINISHED = "WAITING", "RUNNING", "FINISHED"
 FILLER = 999  # what the runner returns for an object the grader does not know

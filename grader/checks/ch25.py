@@ -6,8 +6,19 @@ from __future__ import annotations
 import torch
 
 from grader.checks import hidden_model, if_hidden, public
-from grader.checks.ch25_blocks import (LIFECYCLE, MOMENTS, add, block_moment, decode, drive_reference, expect_trace,
-                                       hx, op_label, run_trace, states)
+from grader.checks.ch25_blocks import (
+    LIFECYCLE,
+    MOMENTS,
+    add,
+    block_moment,
+    decode,
+    drive_reference,
+    expect_trace,
+    hx,
+    op_label,
+    run_trace,
+    states,
+)
 from grader.compare import CheckFailed, expect_tensor, first_wrong, fmt
 from grader.trial import Trial
 

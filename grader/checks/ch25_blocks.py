@@ -11,7 +11,6 @@ from grader.checks import hidden_model
 from grader.compare import CheckFailed, describe
 from grader.trial import Trial
 
-
 drive_reference = hidden_model("ch25_models.drive_reference")
 """`t.reference(drive_reference, num_blocks, block_size, script)`: the reference's trace of a script, plus per step
 the facts an explanation needs (for can_allocate the walk over the hash chain, for compute each newly hashed
@@ -161,7 +160,8 @@ def explain_value(op: list, before: dict, want, got, note: dict, bs: int) -> str
         for i, b, in_use in note["walk"]:
             lines.append(f"  logical block {i} {toks[i * bs:(i + 1) * bs]}: " +
                          ("miss: the walk stops" if b is None else
-                          f"hit, block {b} ({'in use: shared for free' if in_use else 'free but cached: revived, still takes a free block'})"))
+                          f"hit, block {b} ("
+                          f"{'in use: shared for free' if in_use else 'free but cached: revived, still takes a free block'})"))
         hits = sum(b is not None for _, b, _ in note["walk"])
         shared = sum(1 for _, b, u in note["walk"] if b is not None and u)
         lines.append(f"  logical block {nblocks - 1} is the last one: never a hit")

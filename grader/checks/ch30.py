@@ -8,8 +8,8 @@ import numpy as np
 
 from grader.checks import hidden_model, public
 from grader.compare import CheckFailed, describe, fmt
-from grader.trial import Trial
 from grader.isolation.wire import Handle
+from grader.trial import Trial
 
 # ch30-request-path: three requests; A is lowered in detail, [A, B, C] and [B, C] are the two batches.
 REQ_A = {"request_id": 7, "prompt_token_ids": [151, 208, 33, 1024, 7], "prompt": "(text stays in Python)",

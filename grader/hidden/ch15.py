@@ -7,10 +7,25 @@ import torch
 import torch.nn.functional as F
 
 from grader.checks import hidden
-from grader.checks.ch15 import (NAMES, QWEN3_06B, coded_qkv, column_structure, expect_linear,
-                                expect_value_error_naming, explain_column, explain_row, fail, row_structure,
-                                run_checkpoints_case, run_column_case, run_lookup_case, run_row_case,
-                                run_shapes_case, run_split_case, shapes_structure)
+from grader.checks.ch15 import (
+    NAMES,
+    QWEN3_06B,
+    coded_qkv,
+    column_structure,
+    expect_linear,
+    expect_value_error_naming,
+    explain_column,
+    explain_row,
+    fail,
+    row_structure,
+    run_checkpoints_case,
+    run_column_case,
+    run_lookup_case,
+    run_row_case,
+    run_shapes_case,
+    run_split_case,
+    shapes_structure,
+)
 from grader.compare import first_wrong
 from grader.trial import Trial
 

@@ -11,8 +11,16 @@ import torch
 import torch.nn.functional as F
 
 from grader.checks import hidden
-from grader.checks.ch16 import (call_steps, explain_steps, expect_split, numbered, run_merge_case, run_split_case,
-                                run_steps_case, steps_case)
+from grader.checks.ch16 import (
+    call_steps,
+    expect_split,
+    explain_steps,
+    numbered,
+    run_merge_case,
+    run_split_case,
+    run_steps_case,
+    steps_case,
+)
 from grader.compare import CheckFailed, first_wrong, fmt
 from grader.hidden.ch16_models import causal
 from grader.isolation.session import StudentRaised

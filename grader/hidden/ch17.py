@@ -7,8 +7,14 @@ import torch
 import torch.nn.functional as F
 
 from grader.checks import hidden
-from grader.checks.ch17 import (expect_mask, expect_mask_structure, inputs_line, mask_problem, run_offset_case,
-                                run_whole_case)
+from grader.checks.ch17 import (
+    expect_mask,
+    expect_mask_structure,
+    inputs_line,
+    mask_problem,
+    run_offset_case,
+    run_whole_case,
+)
 from grader.compare import CheckFailed, first_wrong, fmt
 from grader.trial import Trial
 
@@ -32,7 +38,8 @@ def sdpa_agreement(t: Trial, num_new: int, num_cached: int, heads: int, dim: int
     h, i, d = idx
     call = ("scaled_dot_product_attention(q, k, v, attn_mask=your mask)" if whole else
             f"scaled_dot_product_attention(q[{num_cached}:], k, v, attn_mask=your mask)")
-    lines = [inputs_line(num_new, num_cached, whole) + f"; {heads} head{'s' if heads > 1 else ''} of head_dim {dim}, random float64 q, k, v",
+    lines = [inputs_line(num_new, num_cached, whole)
+             + f"; {heads} head{'s' if heads > 1 else ''} of head_dim {dim}, random float64 q, k, v",
              f"{call} must equal "
              + (f"is_causal=True attention over the {s} tokens" if whole else
                 f"the last {num_new} rows of scaled_dot_product_attention(q, k, v, is_causal=True) over all {s} tokens"),

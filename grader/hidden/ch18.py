@@ -10,8 +10,14 @@ import torch
 import torch.nn.functional as F
 
 from grader.checks import hidden
-from grader.checks.ch18 import (expect_output, explain_output, random_qkv, run_attention_case, run_bytes_case,
-                                run_mapping_case)
+from grader.checks.ch18 import (
+    expect_output,
+    explain_output,
+    random_qkv,
+    run_attention_case,
+    run_bytes_case,
+    run_mapping_case,
+)
 from grader.compare import CheckFailed
 from grader.hidden.ch18_models import end_aligned
 from grader.isolation.session import StudentRaised

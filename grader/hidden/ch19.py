@@ -7,8 +7,21 @@ from __future__ import annotations
 import torch
 
 from grader.checks import hidden
-from grader.checks.ch19 import (EPS, agrees, expect_cos_sin, expect_qk, expect_rotated, explain_qk, explain_rotated,
-                                fmt, random_weight, run_cos_sin_case, run_qk_case, run_rope_case, short)
+from grader.checks.ch19 import (
+    EPS,
+    agrees,
+    expect_cos_sin,
+    expect_qk,
+    expect_rotated,
+    explain_qk,
+    explain_rotated,
+    fmt,
+    random_weight,
+    run_cos_sin_case,
+    run_qk_case,
+    run_rope_case,
+    short,
+)
 from grader.compare import CheckFailed
 from grader.trial import Trial
 

@@ -7,8 +7,19 @@ from __future__ import annotations
 import torch
 
 from grader.checks import hidden
-from grader.checks.ch20 import (EPS, expect_pair, explain_act, explain_add, explain_mlp, mlp_wrong, random_mlp,
-                                run_act_case, run_add_case, run_mlp_case, run_norm_case)
+from grader.checks.ch20 import (
+    EPS,
+    expect_pair,
+    explain_act,
+    explain_add,
+    explain_mlp,
+    mlp_wrong,
+    random_mlp,
+    run_act_case,
+    run_add_case,
+    run_mlp_case,
+    run_norm_case,
+)
 from grader.compare import CheckFailed, expect_tensor, fmt
 from grader.trial import Trial
 

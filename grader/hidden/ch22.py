@@ -11,8 +11,15 @@ import torch
 import torch.nn.functional as F
 
 from grader.checks import hidden
-from grader.checks.ch22 import (expect_naive, expect_traffic, explain_naive, naive_variants, random_qkv, run_naive_case,
-                                run_traffic_case)
+from grader.checks.ch22 import (
+    expect_naive,
+    expect_traffic,
+    explain_naive,
+    naive_variants,
+    random_qkv,
+    run_naive_case,
+    run_traffic_case,
+)
 from grader.checks.ch22_flash import check_trace, expect_flash, run_flash_case
 from grader.compare import CheckFailed, expect_int, first_wrong, fmt, wrong_mask
 from grader.hidden.ch22_models import end_aligned

@@ -6,10 +6,26 @@ from __future__ import annotations
 import random
 
 from grader.checks import hidden
-from grader.checks.ch24 import (KEYS, _expect_method_raises, expect_progress, explain_progress, lifecycle,
-                                run_lifecycle, start_progress, step_args)
-from grader.checks.ch24_trace import (FINISHED, StudentOps, describe_case, drive, drive_reference, expect_trace,
-                                      request, script)
+from grader.checks.ch24 import (
+    KEYS,
+    _expect_method_raises,
+    expect_progress,
+    explain_progress,
+    lifecycle,
+    run_lifecycle,
+    start_progress,
+    step_args,
+)
+from grader.checks.ch24_trace import (
+    FINISHED,
+    StudentOps,
+    describe_case,
+    drive,
+    drive_reference,
+    expect_trace,
+    request,
+    script,
+)
 from grader.compare import CheckFailed
 from grader.trial import Trial
 

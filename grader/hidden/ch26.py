@@ -6,8 +6,16 @@ from __future__ import annotations
 import torch
 
 from grader.checks import hidden
-from grader.checks.ch26 import (NANO_SIZES, explain_graph_size, explain_padded, explain_unpacked, run_metadata_case,
-                                run_pack_case, run_pad_case, run_unpack_case)
+from grader.checks.ch26 import (
+    NANO_SIZES,
+    explain_graph_size,
+    explain_padded,
+    explain_unpacked,
+    run_metadata_case,
+    run_pack_case,
+    run_pad_case,
+    run_unpack_case,
+)
 from grader.compare import CheckFailed, first_wrong
 from grader.trial import Trial
 

@@ -6,8 +6,14 @@ from __future__ import annotations
 import torch
 
 from grader.checks import hidden
-from grader.checks.ch28 import expect_cached, expect_hashes, fmt_keys, reference_variants, run_hash_case, \
-    run_indices_case
+from grader.checks.ch28 import (
+    expect_cached,
+    expect_hashes,
+    fmt_keys,
+    reference_variants,
+    run_hash_case,
+    run_indices_case,
+)
 from grader.compare import CheckFailed
 from grader.trial import Trial
 

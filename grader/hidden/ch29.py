@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from grader.checks import hidden
-from grader.checks.ch29 import (METRICS, STATS, expect_metrics, make_times, run_metadata_case,
-                                run_metrics_case)
+from grader.checks.ch29 import METRICS, STATS, expect_metrics, make_times, run_metadata_case, run_metrics_case
 from grader.hidden.ch29_models import per_request
 from grader.trial import Trial
 

@@ -5,8 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from grader.checks import hidden
-from grader.checks.ch30 import (MATRIX, QWEN3_CONFIG, batch_of, expect_lowered, expect_value_error, fail,
-                                run_support_case)
+from grader.checks.ch30 import (
+    MATRIX,
+    QWEN3_CONFIG,
+    batch_of,
+    expect_lowered,
+    expect_value_error,
+    fail,
+    run_support_case,
+)
 from grader.trial import Trial
 
 

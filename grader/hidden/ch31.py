@@ -5,9 +5,17 @@ from __future__ import annotations
 import torch
 
 from grader.checks import hidden
-from grader.checks.ch31 import (dispatch_structure, expect_balancedness, expect_dispatch,
-                                fail, run_combine_case, run_placement_case, run_routing_case,
-                                scaled_experts, vec)
+from grader.checks.ch31 import (
+    dispatch_structure,
+    expect_balancedness,
+    expect_dispatch,
+    fail,
+    run_combine_case,
+    run_placement_case,
+    run_routing_case,
+    scaled_experts,
+    vec,
+)
 from grader.compare import expect_tensor, first_wrong
 from grader.trial import Trial
 

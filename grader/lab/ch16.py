@@ -11,7 +11,6 @@ from grader.lab.draw import MAX_WIDTH
 from grader.trial import Trial
 
 
-
 def numbered_heads(B: int, H: int, T: int, d: int) -> torch.Tensor:
     """[B, H, T, d] whose element (b, h, t, j) is the number of x[b, t, h·d + j] in numbered x [B, T, H·d]:
     the heads of x, as attention hands them back."""

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks.ch26 import META_KEYS, expect_cu, expect_metadata, explain_metadata, explain_packed, \
-    explain_unpacked, padded_batch
+from grader.checks.ch26 import (
+    META_KEYS,
+    expect_cu,
+    expect_metadata,
+    explain_metadata,
+    explain_packed,
+    explain_unpacked,
+    padded_batch,
+)
 from grader.compare import CheckFailed, describe, expect_tensor
 from grader.lab import Int, Numbers, expected_or_own, experiment
 from grader.trial import Trial

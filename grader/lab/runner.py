@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grader import chapters, checks
-from grader.isolation import procs
 from grader.chapters import Chapter
+from grader.isolation import procs
+from grader.isolation.worker import OUTPUT_LIMIT, Worker
 from grader.lab import Experiment, ParamError, catalog
 from grader.lab.draw import TooWide, fit
 from grader.run import DEFAULT_MEMORY_LIMIT, MissingModule, module_path, solutions_module
-from grader.isolation.worker import OUTPUT_LIMIT, Worker
 
 DEFAULT_TIME_LIMIT = checks.DEFAULT_TIME_LIMIT
 
