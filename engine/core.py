@@ -324,7 +324,7 @@ class _Loop:
             tokens = logits.argmax(dim=-1)
             if self.trace.on:
                 self.trace.events.append({"kind": self.trace.kind, "stage": "greedy (temperature 0)",
-                                          "chapter": "ch23", "task": "23.2", "fn": "argmax", "source": "engine",
+                                          "chapter": "ch23", "task": "ch23.2", "fn": "argmax", "source": "engine",
                                           "shapes": f"{shape(logits)} → {shape(tokens)}"})
             return tokens
         noise = torch.empty(logits.shape, dtype=torch.float32).exponential_(generator=self.generator)

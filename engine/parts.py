@@ -66,7 +66,7 @@ class Part:
 
     @property
     def label(self) -> str:
-        return f"ch{self.task} {self.name}"
+        return f"{self.task} {self.name}"
 
 
 class Parts:
@@ -155,7 +155,7 @@ def passing_tasks(folder: Path, chapter_id: str, *, launcher: Callable[..., Any]
     report = check(chapter_id, submission=folder, hidden=False, figures_dir=None, launcher=launcher)
     failing = {r.task for r in report.results if r.status != "passed"}
     passed = {r.task for r in report.results} - failing
-    note = f"{chapter_id}: " + (f"{', '.join(f'ch{t}' for t in sorted(failing))} not passing yet" if failing
+    note = f"{chapter_id}: " + (f"{', '.join(sorted(failing))} not passing yet" if failing
                                 else "every task passes")
     return passed, note
 
@@ -206,7 +206,7 @@ def student_parts(folder: Path, *, on_chapter: Callable[[str], None] | None = No
                 continue
             reference = reference or _reference_module(chapter_id)
             if reference is None:
-                missing.append(f"ch{_task_of(chapter_id, name)} {name}")
+                missing.append(f"{_task_of(chapter_id, name)} {name}")
             else:
                 parts[name] = _part(chapter_id, name, reference, REFERENCE)
     if missing:

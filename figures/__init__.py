@@ -15,29 +15,38 @@ from typing import Callable
 from figures.kit import Figure
 
 
+Caption = str | Callable[[dict], str]
+"""A caption, or a function of the figure's record that gives it (when it names the record's values)."""
+
+
 @dataclass(frozen=True)
 class FigureSpec:
     """A figure's id and captions, the record parts it needs (and the tasks supplying them), and how to draw it."""
 
     id: str
     title: str
-    zh: str
-    en: str
+    zh: Caption
+    en: Caption
     draw: Callable[[Figure, dict], None]
     needs: dict[str, str] = field(default_factory=dict)
+
+    def captions(self, record: dict) -> tuple[str, str]:
+        """The Chinese and English captions, for this record."""
+        return tuple(c(record) if callable(c) else c for c in (self.zh, self.en))  # type: ignore[return-value]
 
     def missing(self, record: dict | None) -> list[str]:
         """The tasks whose data the record still lacks ("ch25.1"), in order."""
         have = record or {}
-        return list(dict.fromkeys(f"ch{task}" for part, task in self.needs.items() if part not in have))
+        return list(dict.fromkeys(task for part, task in self.needs.items() if part not in have))
 
     def render(self, record: dict) -> str:
-        fig = Figure(self.id, title=self.title, zh=self.zh, en=self.en)
+        zh, en = self.captions(record)
+        fig = Figure(self.id, title=self.title, zh=zh, en=en)
         self.draw(fig, record)
         return fig.svg()
 
 
-def figure(figure_id: str, *, title: str, zh: str, en: str, needs: dict[str, str]) -> Callable:
+def figure(figure_id: str, *, title: str, zh: Caption, en: Caption, needs: dict[str, str]) -> Callable:
     """Mark a drawing function as the figure `figure_id`; `needs` maps record parts to tasks."""
 
     def wrap(fn: Callable[[Figure, dict], None]) -> Callable[[Figure, dict], None]:

@@ -39,14 +39,14 @@ def _free_grid(f: Figure, x: float, y: float, values, expected, *, role="plain",
     return bad_any
 
 
-# -- dim-embedding ----------------------------------------------------------------------------------
+# -- ch15-dim-embedding ----------------------------------------------------------------------------------
 
-@figure("dim-embedding", title="查表不是 reshape",
+@figure("ch15-dim-embedding", title="查表不是 reshape",
         zh="ids = [2, 0, 4] 从 E[6, 4] 中读出第 2、0、4 行,得到 X[1, 3, 4]:输入是 3 个整数下标,输出是 3 × 4 = 12 个浮点数。"
            "查表按 id 选行,而不是把 E 重新排成另一个形状。",
         en="ids = [2, 0, 4] read rows 2, 0 and 4 of E[6, 4] to give X[1, 3, 4]: 3 integer indices go in, "
            "3 × 4 = 12 floats come out. A lookup selects rows by id; it is not a reshape of E.",
-        needs={"out": "15.1"})
+        needs={"out": "ch15.1"})
 def embedding_figure(f: Figure, r: dict) -> None:
     table, ids, out, expected = r["table"], r["ids"][0], r["out"][0], r["expected"][0]
     V, H = len(table), len(table[0])
@@ -97,15 +97,15 @@ def embedding_figure(f: Figure, r: dict) -> None:
     f.legend([("token", "the ids and the rows they read"), ("plain", "rows no id reads")], wrong=wrong)
 
 
-# -- dim-qkv-linear ---------------------------------------------------------------------------------
+# -- ch15-dim-qkv-linear ---------------------------------------------------------------------------------
 
-@figure("dim-qkv-linear", title="收缩轴与 Linear.weight 转置约定",
+@figure("ch15-dim-qkv-linear", title="收缩轴与 Linear.weight 转置约定",
         zh="X[3, 4] 乘以 Wᵀ 得到 Y[3, 8]:W 按 nn.Linear 的约定存成 [out, in] = [8, 4],计算时用 x·Wᵀ;"
            "求和沿 in = 4 这一轴进行。Y 的 8 列依次是 Q 的 4 列(2 个头 × head_dim 2)、K 的 2 列、V 的 2 列。",
         en="X[3, 4] @ W.T gives Y[3, 8]: Linear.weight is stored [out, in] = [8, 4] and applied as x @ W.T, so "
            "the sum runs over the contraction axis in = 4. Y's 8 columns: Q's 4 (2 heads × head_dim 2), K's 2, "
            "V's 2.",
-        needs={"y": "15.2", "q": "15.3"})
+        needs={"y": "ch15.2", "q": "ch15.3"})
 def qkv_linear_figure(f: Figure, r: dict) -> None:
     x, w, y, y_want = r["x"], r["weight"], r["y"], r["y_expected"]
     nh, nkv, d = r["num_heads"], r["num_kv_heads"], r["head_dim"]
@@ -209,7 +209,7 @@ def _vbracket(f: Figure, x: float, y1: float, y2: float, label: str) -> None:
         en="The projection widths of Qwen3-0.6B, from its config: every weight's [out, in] shape. head_dim = 128 is "
            "a config value, not hidden / heads = 1024 / 16 = 64, so the attention width 16 × 128 = 2048 exceeds "
            "hidden = 1024.",
-        needs={"shapes": "15.4"})
+        needs={"shapes": "ch15.4"})
 def qwen3_widths_figure(f: Figure, r: dict) -> None:
     c, shapes, expected = r["config"], r["shapes"], r["expected"]
     H, I, V, d = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["head_dim"]
@@ -303,7 +303,7 @@ def qwen3_widths_figure(f: Figure, r: dict) -> None:
         en="Six checkpoints from token ids to logits in one prefill step. The varlen batch is flattened to "
            "[total_tokens, H] with no padding; only each request's last token (rows cu_seqlens_q[1:] − 1) reaches "
            "the LM head, so the logits are [B, V], not [N, V].",
-        needs={"shapes": "15.5"})
+        needs={"shapes": "ch15.5"})
 def checkpoints_figure(f: Figure, r: dict) -> None:
     lens, H, V = r["prompt_lens"], r["hidden_size"], r["vocab_size"]
     names, shapes, expected = r["names"], r["shapes"], r["expected"]
@@ -376,9 +376,9 @@ def checkpoints_figure(f: Figure, r: dict) -> None:
               ("accent", "arrows: the last-token rows kept"), ("plain", "shape dimensions")], wrong=wrong)
 
 
-# -- dim-tensor-parallel ----------------------------------------------------------------------------
+# -- ch15-dim-tensor-parallel ----------------------------------------------------------------------------
 
-@figure("dim-tensor-parallel", title="列切分与行切分",
+@figure("ch15-dim-tensor-parallel", title="列切分与行切分",
         zh="张量并行,2 个 rank,权重用数学上的 [in, out] 视角(y = x @ W)。列切分:输入复制到每个 rank,"
            "每个 rank 算出输出的一段列,拼接得到完整输出。行切分:下一层的输入按列切开、W 按行切开,"
            "每个 rank 得到一个与输出同形状的部分和,由 all-reduce 相加。",
@@ -386,7 +386,7 @@ def checkpoints_figure(f: Figure, r: dict) -> None:
            "input is replicated, each rank computes a block of output columns, and the blocks are concatenated. "
            "Row-parallel: the next layer's input is split (W by rows), each rank produces a same-shaped partial, "
            "and the all-reduce sums them.",
-        needs={"shards": "15.6", "partials": "15.6"})
+        needs={"shards": "ch15.6", "partials": "ch15.6"})
 def tensor_parallel_figure(f: Figure, r: dict) -> None:
     x, w1, shards, shards_want = r["x"], r["w1"], r["shards"], r["shards_expected"]
     col_out, col_want = r["col_out"], r["col_out_expected"]

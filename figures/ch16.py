@@ -9,7 +9,7 @@ from figures import figure
 from figures.kit import Figure, num
 from figures.style import CELL, FONT, INK, LABEL, MARGIN, MONO, MUTED, SMALL, VALUE, stroke
 
-ATOL = RTOL = 1e-5  # the tolerance of the 16.3 checks
+ATOL = RTOL = 1e-5  # the tolerance of the ch16.3 checks
 TRACED = 2          # the element followed through split_heads
 
 
@@ -93,14 +93,14 @@ def _strides(shape: list[int]) -> list[int]:
     return out
 
 
-# -- 16.1 ------------------------------------------------------------------------------------------
+# -- ch16.1 ------------------------------------------------------------------------------------------
 
-@figure("dim-split-heads", title="拆头与转置",
+@figure("ch16-dim-split-heads", title="拆头与转置",
         zh="编号 0 至 11 的 [1, 3, 4] 先 view 成 [1, 3, 2, 2],再 transpose 成 [1, 2, 3, 2];逐 head 画出矩阵,"
            "并追踪编号 2 的三套坐标。",
         en="The numbers 0–11 as [1, 3, 4] are viewed as [1, 3, 2, 2], then transposed to [1, 2, 3, 2]; each head "
            "is drawn as a matrix, and element #2 is traced through its three coordinate triples.",
-        needs={"yours": "16.1"})
+        needs={"yours": "ch16.1"})
 def split_heads_figure(f: Figure, r: dict) -> None:
     x, H, yours, expected = r["x"][0], r["num_heads"], r["yours"][0], r["expected"][0]
     traced = r.get("traced", TRACED)  # a number of x (the lab lets the reader pick it)
@@ -183,7 +183,7 @@ def split_heads_figure(f: Figure, r: dict) -> None:
     f.legend([("q", "a number of x (its value = its position in x)"), ("accent", f"element #{traced}")], wrong=bad)
 
 
-# -- 16.2 ------------------------------------------------------------------------------------------
+# -- ch16.2 ------------------------------------------------------------------------------------------
 
 def _tagged(f: Figure, x: float, y: float, rows: list[list], tags: list[list[str]], *, expected=None,
             w: float = 48, h: float = 40) -> None:
@@ -203,11 +203,11 @@ def _tagged(f: Figure, x: float, y: float, rows: list[list], tags: list[list[str
                    color=MUTED, mono=True, cls="label")
 
 
-@figure("dim-merge-heads", title="transpose 后合头 vs 直接 reshape",
+@figure("ch16-dim-merge-heads", title="transpose 后合头 vs 直接 reshape",
         zh="同一组 12 个编号分别按 transpose 后合头与直接 reshape 排列:直接 reshape 把不同 token 的值混到一行。",
         en="The same 12 numbers merged back by transpose-then-reshape and by a bare reshape: the bare reshape "
            "mixes values of different tokens into one row.",
-        needs={"yours": "16.2"})
+        needs={"yours": "ch16.2"})
 def merge_heads_figure(f: Figure, r: dict) -> None:
     heads, yours, expected, bare = r["heads"][0], r["yours"][0], r["expected"][0], r["bare"][0]
     H, T, d = len(heads), len(heads[0]), len(heads[0][0])
@@ -272,7 +272,7 @@ def merge_heads_figure(f: Figure, r: dict) -> None:
               ("accent", "a row that mixes tokens (bare reshape)")], wrong=yours != expected)
 
 
-# -- 16.3 ------------------------------------------------------------------------------------------
+# -- ch16.3 ------------------------------------------------------------------------------------------
 
 def _sym(x) -> str:
     return x if isinstance(x, str) else _r(x)
@@ -287,12 +287,12 @@ def _step_label(f: Figure, x: float, y: float, mark: str, text: str) -> None:
     f.text(x + 20, y, text, size=LABEL, weight="bold", cls="label")
 
 
-@figure("dim-one-head-attention", title="一个 head 的完整注意力",
+@figure("ch16-dim-one-head-attention", title="一个 head 的完整注意力",
         zh="完整展示一个 head 的 Q、K 转置、分数、因果 softmax、V 和输出:第一次沿 d 求和得到分数,第二次沿 Tk "
            "(key 的个数)求和得到输出;每个数都可以复算。",
         en="One head in full: Q, K transposed, the scores, the causal softmax, V and the output. The first sum runs over d "
            "(giving the scores), the second over the keys Tk (giving the output); every number can be recomputed.",
-        needs={"out": "16.3"})
+        needs={"out": "ch16.3"})
 def one_head_figure(f: Figure, r: dict) -> None:
     q, k, v, mask = r["q"], r["k"], r["v"], r["mask"]
     scores, probs, out, want = r["scores"], r["probs"], r["out"], r["expected"]
@@ -395,7 +395,7 @@ def one_head_figure(f: Figure, r: dict) -> None:
            "也不变,只有输出改变。",
         en="Attention's three steps with every intermediate kept: Q and K decide the weights, V supplies the "
            "content. With another V not one score or probability changes; only the output does.",
-        needs={"out": "16.3"})
+        needs={"out": "ch16.3"})
 def three_steps_figure(f: Figure, r: dict) -> None:
     q, k, v, v2 = r["q"], r["k"], r["v"], r["v2"]
     scores, probs, out, out2 = r["scores"], r["probs"], r["out"], r["out2"]
@@ -474,7 +474,7 @@ def three_steps_figure(f: Figure, r: dict) -> None:
         en="Each query owns one row of probabilities, and each row sums to 1. The mask on the left only shows "
            "causal visibility, not computed probabilities; on the right, the computed ones: a hidden key gets "
            "exactly 0. Column sums mean nothing.",
-        needs={"probs": "16.3"})
+        needs={"probs": "ch16.3"})
 def prob_rows_figure(f: Figure, r: dict) -> None:
     mask, probs, want = r["mask"], r["probs"], r["expected"]
     T, S = len(mask), len(mask[0])

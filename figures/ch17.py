@@ -4,14 +4,11 @@ cached prefix beside the top-left tril it must not be."""
 from __future__ import annotations
 
 from figures import figure
-from figures.kit import Figure, text_width
-from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, stroke
+from figures.kit import Figure
+from figures.layout import column, pad, row
+from figures.style import CELL, INK, LABEL_SMALL, MUTED, stroke
 
 CW = 44  # mask cell width
-
-
-def _cell_role(v: bool) -> str:
-    return "attend" if v else "masked"
 
 
 def _keys(row: list[bool]) -> str:
@@ -29,47 +26,6 @@ def _keys(row: list[bool]) -> str:
     return ", ".join(f"k{a}" if a == b else f"k{a}–k{b}" for a, b in ranges)
 
 
-def _mask(f: Figure, x: float, y: float, values: list[list[bool]], *, expected: list[list[bool]] | None = None,
-          row_labels: list[str], col_labels: list[str], label_w: float, w: float = CW, h: float = CELL,
-          lost: list[list[bool]] | None = None) -> tuple[float, float]:
-    """A bool mask as cells (True blue, False grey), wrong cells marked against `expected`;
-    cells flagged in `lost` get a dashed accent outline (used for a wrong mask drawn on purpose).
-    Returns the (left, top) of the first cell."""
-    left, top = x + label_w, y + 16
-    for j, label in enumerate(col_labels):
-        f.text(left + j * w + w / 2, top - 5, label, size=SMALL + 1, anchor="middle", color=MUTED, mono=True,
-               cls="label")
-    for i, row in enumerate(values):
-        f.text(left - 8, top + i * h + h / 2 + 4, row_labels[i], size=SMALL + 1, anchor="end", color=INK,
-               cls="label")
-        for j, v in enumerate(row):
-            bad = expected is not None and v != expected[i][j]
-            f.cell(left + j * w, top + i * h, v, role=_cell_role(v), w=w, h=h, wrong=bad,
-                   expected=expected[i][j] if bad else None)
-            if lost is not None and lost[i][j]:
-                _outline(f, left + j * w + 2, top + i * h + 2, w - 4, h - 4, color=stroke("accent"), dashed=True)
-    return left, top
-
-
-def _outline(f: Figure, x: float, y: float, w: float, h: float, *, color: str, dashed: bool = False,
-             width: float = 2.2) -> None:
-    rect = f.dwg.rect((x, y), (w, h), fill="none", stroke=color, stroke_width=width, class_="outline")
-    if dashed:
-        rect["stroke-dasharray"] = "4,3"
-    f.dwg.add(rect)
-
-
-def _vbracket(f: Figure, x: float, y1: float, y2: float, label: str, *, color: str = MUTED,
-              size: float = SMALL + 1) -> None:
-    """A vertical bracket on the right of rows y1..y2 with a label to its right (the kit has horizontal ones)."""
-    f.dwg.add(f.dwg.polyline([(x, y1 + 2), (x + 6, y1 + 2), (x + 6, y2 - 2), (x, y2 - 2)], fill="none",
-                             stroke=color, stroke_width=1.3, class_="bracket"))
-    lines = label.split("\n")
-    mid = (y1 + y2) / 2 - (len(lines) - 1) * (size + 3) / 2
-    for k, line in enumerate(lines):
-        f.text(x + 14, mid + k * (size + 3) + size * 0.36, line, size=size, color=color, cls="label")
-
-
 # -- ch17.1 -----------------------------------------------------------------------------------
 
 @figure("ch17-causal-mask", title="完整序列的因果遮罩",
@@ -78,72 +34,45 @@ def _vbracket(f: Figure, x: float, y1: float, y2: float, label: str, *, color: s
         en="The causal mask of a whole sequence of 6 tokens: row i is the query at position i and may attend "
            "keys 0 … i. The upper triangle (j > i, the future) is masked; the diagonal is kept, because the "
            "output at position i predicts token i + 1 and must see token i itself.",
-        needs={"yours": "17.1"})
+        needs={"yours": "ch17.1"})
 def causal_mask_figure(f: Figure, r: dict) -> None:
     n, yours, expected = r["num_tokens"], r["yours"], r["expected"]
     wrong = yours != expected
-
-    # The instance.
-    y = f.y
-    f.box(MARGIN, y, 96, 30, role="token", label=f"T = {n}")
-    f.box(MARGIN + 110, y, 196, 30, role="plain", label=f"causal_mask({n})", mono=True)
-    f.text(MARGIN + 322, y + 20, f"bool [{n}, {n}]; True = may attend (the scaled_dot_product_attention convention)",
-           size=SMALL + 1.5, color=MUTED, cls="note")
-    f.y = y + 30 + 30
+    f.instance_row([(f"T = {n}", "token"), (f"causal_mask({n})", "plain")],
+                   note=f"bool [{n}, {n}]; True = may attend (the scaled_dot_product_attention convention)")
 
     f.heading(f"你的 mask · your causal_mask({n}): row i = query at position i, column j = key at position j")
-    top_y = f.y + 4
-    rows = [f"q{i} · pos {i}" for i in range(n)]
-    label_w = max(text_width(s, SMALL + 1) for s in rows) + 12
-    left, top = _mask(f, MARGIN, top_y, yours, expected=expected, row_labels=rows,
-                      col_labels=[f"k{j}" for j in range(n)], label_w=label_w)
-    # The kept diagonal, outlined.
-    for i in range(n):
-        _outline(f, left + i * CW + 1.5, top + i * CELL + 1.5, CW - 3, CELL - 3, color=stroke("accent"))
-    # Per row: what the query sees, read from your mask, and the rule.
-    rx = left + n * CW + 18
-    f.text(rx, top - 5, "your row sees", size=SMALL + 1, color=MUTED, cls="label")
-    f.text(rx + 150, top - 5, "rule: j ≤ i", size=SMALL + 1, color=MUTED, cls="label")
-    for i in range(n):
-        cy = top + i * CELL + CELL / 2 + 4
-        ok = yours[i] == expected[i]
-        f.text(rx, cy, _keys(yours[i]), size=LABEL, mono=True, color=INK if ok else stroke("wrong"),
-               weight="normal" if ok else "bold", cls="value")
-        f.text(rx + 150, cy, f"k0–k{i}" if i else "k0", size=LABEL, mono=True, color=MUTED, cls="label")
-        f.text(rx + 230, cy, f"{i + 1} key" + ("s" if i else ""), size=SMALL + 1, color=MUTED, cls="label")
-    # Where the triangle's parts are.
-    bx = rx + 300
-    f.text(bx, top + 14, "上三角 j > i: 未来, 屏蔽", size=SMALL + 1.5, color=INK, cls="label")
-    f.text(bx, top + 30, "upper triangle: the future,", size=SMALL + 1, color=MUTED, cls="label")
-    f.text(bx, top + 44, "False (hidden)", size=SMALL + 1, color=MUTED, cls="label")
-    f.text(bx, top + 3 * CELL + 14, "对角线 j = i: 保留", size=SMALL + 1.5, color=stroke("accent"), cls="label")
-    f.text(bx, top + 3 * CELL + 30, "diagonal: kept, position i", size=SMALL + 1, color=MUTED, cls="label")
-    f.text(bx, top + 3 * CELL + 44, "sees itself", size=SMALL + 1, color=MUTED, cls="label")
-    f.y = top + n * CELL + 34
+    mask = f.mask(yours, expected=expected, row_labels=[f"q{i} · pos {i}" for i in range(n)],
+                  col_labels=[f"k{j}" for j in range(n)], w=CW)
+    seen = f.table([[(_keys(yours[i]), {} if yours[i] == expected[i] else {"color": stroke("wrong"), "bold": True}),
+                     (f"k0–k{i}" if i else "k0", {"color": MUTED}),
+                     (f"{i + 1} key" + ("s" if i else ""), {"color": MUTED, "mono": False})] for i in range(n)],
+                   header=["your row sees", "rule: j ≤ i", ""], mono=True)
+    parts = column(f.lines("上三角 j > i: 未来, 屏蔽", size=LABEL_SMALL + 0.5, color=INK),
+                   f.lines("upper triangle: the future,", "False (hidden)"),
+                   pad(f.lines("对角线 j = i: 保留", size=LABEL_SMALL + 0.5, color=stroke("accent")), top=26),
+                   f.lines("diagonal: kept, position i", "sees itself"), gap=3)
+    f.place(row(mask, seen, pad(parts, top=18), gap=22))
+    for i in range(n):  # the kept diagonal, outlined
+        f.outline(*mask.cell_box(i, i), role="accent", inset=1.5)
 
     # One row in use: what SDPA does with it.
     i = min(3, n - 1)
     f.heading(f"一行的用法 · row {i} in attention: a False key gets score −∞ before softmax, so probability 0")
-    y = f.y + 4
-    rows_in_use = [("your mask row", yours[i], None), ("masked score", None, "bias"), ("softmax weight", None, "prob")]
-    lx = MARGIN + max(label_w, max(text_width(label, SMALL + 1) for label, _, _ in rows_in_use) + 12)
-    for k, (label, _, _) in enumerate(rows_in_use):
-        f.text(lx - 8, y + k * (CELL + 6) + CELL / 2 + 4, label, size=SMALL + 1, anchor="end", color=MUTED,
-               cls="label")
-    for j in range(n):
-        v, x = yours[i][j], lx + j * CW
-        bad = v != expected[i][j]
-        f.cell(x, y, v, role=_cell_role(v), w=CW, h=CELL, wrong=bad, expected=expected[i][j] if bad else None)
-        f.cell(x, y + CELL + 6, f"s{i}{j}" if v else "−∞", role="plain" if v else "masked", w=CW, h=CELL, fmt=str)
-        f.cell(x, y + 2 * (CELL + 6), "> 0" if v else "0", role="attend" if v else "masked", w=CW, h=CELL, fmt=str)
-    f.text(lx + n * CW + 18, y + CELL + 6 + CELL / 2 + 4, f"s{i}j = q{i}·k_j / √d where True, −∞ where False",
-           size=SMALL + 1, color=MUTED, cls="note")
-    f.text(lx + n * CW + 18, y + 2 * (CELL + 6) + CELL / 2 + 4,
-           f"q{i} mixes the values of {_keys(yours[i])} only", size=SMALL + 1, color=MUTED, cls="note")
-    f.y = y + 3 * (CELL + 6) + 22
+    labels = ["your mask row", "masked score", "softmax weight"]
+    use = f.matrix([yours[i], [f"s{i}{j}" if v else "−∞" for j, v in enumerate(yours[i])],
+                    ["> 0" if v else "0" for v in yours[i]]],
+                   role=lambda k, j: ("attend" if yours[i][j] else "masked") if k != 1 else
+                   ("plain" if yours[i][j] else "masked"),
+                   expected=[expected[i], *([[None] * n] * 2)], wrong=[[a != b for a, b in zip(yours[i], expected[i])],
+                                                                      [False] * n, [False] * n],
+                   row_labels=labels, w=CW, gap=6, fmt=lambda v: v if isinstance(v, str) else "T" if v else "F")
+    f.place(row(use, f.table([[""], [f"s{i}j = q{i}·k_j / √d where True, −∞ where False"],
+                              [f"q{i} mixes the values of {_keys(yours[i])} only"]],
+                             h=CELL + 6, size=LABEL_SMALL, color=MUTED), gap=18), after=10)
     f.note(f"torch.tril(torch.ones({n}, {n}, dtype=torch.bool)) builds this mask; for a square mask it is also "
            "what scaled_dot_product_attention(..., is_causal=True) applies. A float mask would be added to the "
-           "scores instead, so the answer must be bool.", size=SMALL + 1.5)
+           "scores instead, so the answer must be bool.", size=LABEL_SMALL + 0.5)
     f.y += 6
     f.legend([("attend", "T: may attend (j ≤ i)"), ("masked", "F: hidden, the future (j > i)"),
               ("accent", "pink outline: the diagonal j = i, kept")], wrong=wrong)
@@ -158,98 +87,82 @@ def causal_mask_figure(f: Figure, r: dict) -> None:
            "computed, at absolute positions 3 and 4, so the [2, 5] mask is the last two rows of the full 5 × 5 "
            "causal mask (tril with diagonal = 3, aligned to the bottom-right), not a tril taken from the "
            "top-left corner.",
-        needs={"yours": "17.2"})
+        needs={"yours": "ch17.2"})
 def offset_mask_figure(f: Figure, r: dict) -> None:
     n, c, yours, expected = r["num_new"], r["num_cached"], r["yours"], r["expected"]
     s = n + c
     wrong = yours != expected
     top_left = [[j <= i for j in range(s)] for i in range(n)]
-    lost = [[expected[i][j] and not top_left[i][j] for j in range(s)] for i in range(n)]
 
-    # The instance.
-    y = f.y
-    f.box(MARGIN, y, 150, 30, role="cached", label=f"num_cached = {c}")
-    f.box(MARGIN + 162, y, 130, 30, role="new", label=f"num_new = {n}")
-    f.box(MARGIN + 304, y, 150, 30, role="plain", label=f"S = {c} + {n} = {s} keys")
-    f.text(MARGIN + 470, y + 13, f"query i is the token at absolute position {c} + i,", size=SMALL + 1.5,
-           color=MUTED, cls="note")
-    f.text(MARGIN + 470, y + 29, f"so it sees keys 0 … {c} + i", size=SMALL + 1.5, color=MUTED, cls="note")
-    f.y = y + 30 + 30
+    f.instance_row([(f"num_cached = {c}", "cached"), (f"num_new = {n}", "new"), (f"S = {c} + {n} = {s} keys", "plain")],
+                   note=f"query i is the token at absolute position {c} + i, so it sees keys 0 … {c} + i")
 
-    # Two panels: yours and the top-left tril.
+    # Two panels: yours, and the top-left tril.
     rows = [f"q{i} · pos {c + i}" for i in range(n)]
     cols = [f"k{j}" for j in range(s)]
-    label_w = max(text_width(x, SMALL + 1) for x in rows) + 12
-    panel_w = (f.width - 2 * MARGIN) / 2
-    heads = [(f"你的 mask · yours: causal_mask_with_offset({n}, {c})", yours, expected, None),
-             (f"错误 · wrong: torch.tril(torch.ones({n}, {s}))", top_left, None, lost)]
-    py = f.y + 30
-    for k, (head, values, exp, lost_cells) in enumerate(heads):
-        x = MARGIN + k * panel_w
-        f.text(x, f.y, head, size=LABEL, weight="bold", color=INK if k == 0 else stroke("accent"), cls="heading")
-        left = x + label_w
-        # Column groups: cached prefix and new tokens.
-        if c:
-            f.bracket(left, left + c * CW, py - 2, f"cached 0–{c - 1}" if c > 1 else "cached 0", below=False,
-                      color=stroke("cached"))
-        if n:
-            f.bracket(left + c * CW, left + s * CW, py - 2, f"new {c}–{s - 1}" if n > 1 else f"new {c}",
-                      below=False, color=stroke("new"))
-        left, top = _mask(f, x, py, values, expected=exp, row_labels=rows, col_labels=cols, label_w=label_w,
-                          lost=lost_cells)
-        for i in range(n):
-            cy = top + i * CELL + CELL / 2 + 4
-            ok = exp is None or values[i] == exp[i]
-            color = INK if ok and k == 0 else stroke("accent") if k == 1 else stroke("wrong")
-            f.text(left + s * CW + 10, cy, "sees " + _keys(values[i]), size=SMALL + 1.5, mono=True, color=color,
-                   cls="value")
-        note_y = top + n * CELL + 18
-        if k == 0:
-            f.text(x, note_y, f"= tril(ones({n}, {s}), diagonal={c}): row i sees keys 0 … {c} + i",
-                   size=SMALL + 1, color=MUTED, cls="note")
-            f.text(x, note_y + 15, "the last rows of the full causal mask (bottom-right)", size=SMALL + 1,
-                   color=MUTED, cls="note")
-        else:
-            f.text(x, note_y, f"q0 (pos {c}) sees only k0: the cached prefix is lost", size=SMALL + 1,
-                   color=stroke("accent"), cls="note")
-            f.text(x, note_y + 15, "SDPA's is_causal=True with L ≠ S aligns here (top-left)", size=SMALL + 1,
-                   color=MUTED, cls="note")
-    f.y = py + 16 + n * CELL + 66
+    yours_mask = f.mask(yours, expected=expected, row_labels=rows, col_labels=cols, w=CW)
+    tril_mask = f.mask(top_left, row_labels=rows, col_labels=cols, w=CW)
+    sees = lambda values, color: f.table([[("sees " + _keys(v), {"color": color})] for v in values], header=[""],
+                                         size=LABEL_SMALL + 0.5, mono=True)
+    panel_w = (f.width - 2 * 28) / 2 - 12
+    mine = f.titled(f"你的 mask · yours: causal_mask_with_offset({n}, {c})",
+                    column(pad(row(yours_mask, sees(yours, stroke("wrong") if wrong else INK), gap=10), top=22),
+                           f.lines(f"= tril(ones({n}, {s}), diagonal={c}): row i sees keys 0 … {c} + i",
+                                   "the last rows of the full causal mask (bottom-right)"), gap=8))
+    theirs = f.titled(f"错误 · wrong: torch.tril(torch.ones({n}, {s}))",
+                      column(pad(row(tril_mask, sees(top_left, stroke("accent")), gap=10), top=22),
+                             column(f.label(f"q0 (pos {c}) sees only k0: the cached prefix is lost", color=stroke("accent")),
+                                    f.label("SDPA's is_causal=True with L ≠ S aligns here (top-left)"), gap=3), gap=8),
+                      color=stroke("accent"))
+    f.place(row(pad(mine, right=max(0, panel_w - mine.w)), theirs, gap=24))
+    for grid in (yours_mask, tril_mask):
+        _prefix_brackets(f, grid, c, n)
+    for i in range(n):  # the keys the top-left tril hides by mistake
+        for j in range(s):
+            if expected[i][j] and not top_left[i][j]:
+                f.outline(*tril_mask.cell_box(i, j), role="accent", inset=3, width=1.6, dashed=True)
 
     # The full sequence: where both sets of rows come from.
     f.heading(f"从完整序列看 · the full {s} × {s} causal mask (j ≤ i): which rows each mask takes")
-    full = [[j <= i for j in range(s)] for i in range(s)]
-    full_rows = [f"pos {i}" + (f" · q{i - c}" if i >= c else "") for i in range(s)]
-    fl_w = max(text_width(x, SMALL + 1) for x in full_rows) + 12
-    fx = MARGIN + 60
-    gy = f.y + 22
-    if c:
-        f.bracket(fx + fl_w, fx + fl_w + c * CW, gy - 2, "cached", below=False, color=stroke("cached"))
+    full = f.mask([[j <= i for j in range(s)] for i in range(s)], col_labels=cols, w=CW,
+                  row_labels=[f"pos {i}" + (f" · q{i - c}" if i >= c else "") for i in range(s)])
+    f.place(pad(full, left=60, top=26), after=26)
+    _prefix_brackets(f, full, c, n, short=True)
+    x, y, w, _ = full.span_box(0, 0, 0, s - 1)
+    right = x + w + 10
     if n:
-        f.bracket(fx + fl_w + c * CW, fx + fl_w + s * CW, gy - 2, "new", below=False, color=stroke("new"))
-    left, top = _mask(f, fx, gy, full, row_labels=full_rows, col_labels=cols, label_w=fl_w)
-    right = left + s * CW
-    # Rows of the chunk (bottom-right) and the rows the top-left tril copies.
-    if n:
-        _outline(f, left - 3, top + c * CELL - 3, s * CW + 6, n * CELL + 6, color=stroke("new"), width=2.5)
-        _vbracket(f, right + 10, top + c * CELL, top + s * CELL,
-                  f"positions {c}–{s - 1}: this chunk's queries\n= your [{n}, {s}] mask (bottom-right aligned)",
-                  color=INK)
+        f.outline(*full.span_box(c, 0, s - 1, s - 1), role="new", inset=-3, width=2.5)
+        f.vbracket(right, full.cell_box(c, 0)[1], full.cell_box(s, 0)[1],
+                   f"positions {c}–{s - 1}: this chunk's queries\n= your [{n}, {s}] mask (bottom-right aligned)",
+                   color=INK)
     if c and n:
         k = min(n, c)
-        _outline(f, left - 4, top - 3, s * CW + 8, k * CELL + 6, color=stroke("accent"), width=2, dashed=True)
-        _vbracket(f, right + 10, top, top + k * CELL,
-                  f"positions 0–{k - 1}: what torch.tril(ones({n}, {s})) copies\n(top-left aligned: rows of other tokens)",
-                  color=stroke("accent"))
+        f.outline(*full.span_box(0, 0, k - 1, s - 1), role="accent", inset=-3.5, width=2, dashed=True)
+        f.vbracket(right, y, full.cell_box(k, 0)[1],
+                   f"positions 0–{k - 1}: what torch.tril(ones({n}, {s})) copies\n(top-left aligned: rows of other tokens)",
+                   color=stroke("accent"))
     if c > n:
         span = f"position {n}" if c - n == 1 else f"positions {n}–{c - 1}"
-        _vbracket(f, right + 10, top + n * CELL, top + c * CELL, span + ": cached, computed in an earlier step",
-                  color=MUTED)
-    f.y = top + s * CELL + 26
+        f.vbracket(right, full.cell_box(n, 0)[1], full.cell_box(c, 0)[1],
+                   span + ": cached, computed in an earlier step", color=MUTED)
     f.note("nano-vllm passes causal=True to flash_attn_varlen_func; since flash-attn 2.1 the triangle of a "
            "query block shorter than its keys is aligned to the bottom-right, as here. PyTorch's "
            "scaled_dot_product_attention(..., is_causal=True) aligns it to the top-left when L ≠ S: for a chunk, "
-           "pass this mask (or torch.nn.attention.bias.causal_lower_right) instead.", size=SMALL + 1.5)
+           "pass this mask (or torch.nn.attention.bias.causal_lower_right) instead.", size=LABEL_SMALL + 0.5)
     f.legend([("cached", "cached prefix keys (K/V already in the cache)"), ("new", "new tokens of this step"),
               ("attend", "T: may attend"), ("masked", "F: hidden"),
               ("accent", "dashed: keys the top-left tril hides by mistake")], wrong=wrong)
+
+
+def _prefix_brackets(f: Figure, grid, c: int, n: int, *, short: bool = False) -> None:
+    """Brackets over a mask's columns: the cached prefix and the new tokens."""
+    _, y, _, _ = grid.cell_box(0, 0)
+    top = y - 22
+    if c:
+        f.bracket(grid.cell_box(0, 0)[0], grid.cell_box(0, c)[0], top,
+                  "cached" if short else f"cached 0–{c - 1}" if c > 1 else "cached 0", below=False,
+                  color=stroke("cached"))
+    if n:
+        f.bracket(grid.cell_box(0, c)[0], grid.cell_box(0, c + n)[0], top,
+                  "new" if short else f"new {c}–{c + n - 1}" if n > 1 else f"new {c}", below=False,
+                  color=stroke("new"))

@@ -8,7 +8,7 @@ from figures.ch16 import text_t
 from figures.kit import Figure, num, text_width
 from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, stroke
 
-ATOL = RTOL = 1e-5  # the tolerance of the 18.2 checks
+ATOL = RTOL = 1e-5  # the tolerance of the ch18.2 checks
 ARROW_ROOM = 14
 """The room, at least, between an arrow's label and the boxes on either side of the arrow."""
 
@@ -17,12 +17,12 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= ATOL + RTOL * abs(b)
 
 
-@figure("dim-gqa", title="共享 K/V 而非注意力权重",
+@figure("ch18-dim-gqa", title="共享 K/V 而非注意力权重",
         zh="两个 [3, 2] 的查询头指向同一个 K/V 头。共享的是 K/V,而不是注意力权重:每个头用自己的 q 算出"
            "自己的分数和 softmax。K/V 只存一份,无需物理复制。",
         en="Two [3, 2] query heads point at the same K/V head: what is shared is K/V, not the attention weights "
            "(each head computes its own scores and softmax); K/V is stored once, with no physical copy.",
-        needs={"out": "18.2"})
+        needs={"out": "ch18.2"})
 def dim_gqa_figure(f: Figure, r: dict) -> None:
     q, k, v, dots, allowed = r["q"], r["k"], r["v"], r["dots"], r["allowed"]
     weights, out, expected, d = r["weights"], r["out"], r["expected"], r["head_dim"]
@@ -130,7 +130,7 @@ def _str_num(x) -> str:
         en="4 query heads, 2 K/V groups: consecutive heads share a K/V head (kv_head = h // 2). The grouping is "
            "logical: the cache holds 2 heads, not 4, and kernels read the shared head by index instead of "
            "repeating the cache.",
-        needs={"mapping": "18.1"})
+        needs={"mapping": "ch18.1"})
 def gqa_groups_figure(f: Figure, r: dict) -> None:
     nh, nkv, mapping, expected = r["num_heads"], r["num_kv_heads"], r["mapping"], r["expected"]
     group = nh // nkv
@@ -213,7 +213,7 @@ def gqa_groups_figure(f: Figure, r: dict) -> None:
         zh="三种配置保持 Q 头数为 8。固定 L、d、T、dtype 时,KV 容量之比为 8:2:1。",
         en="MHA / GQA / MQA with 8 query heads: at fixed layers L, head_dim d, tokens T and dtype, the KV cache "
            "sizes are in the ratio 8 : 2 : 1.",
-        needs={"sizes": "18.3"})
+        needs={"sizes": "ch18.3"})
 def kv_capacity_figure(f: Figure, r: dict) -> None:
     configs, nh, sizes, expected = r["configs"], r["num_heads"], r["sizes"], r["expected"]
     L, d, T, b = r["num_layers"], r["head_dim"], r["num_tokens"], r["dtype_bytes"]

@@ -309,7 +309,7 @@ def _zoom(f: Figure, box: Box, cx: float, cy: float, R: float, scale: float, vec
         en="RoPE rotating one 2-D pair: head_dim 4 splits x = [1, 2, 3, 4] into the pairs (x0, x2) and (x1, x3) "
            "(half-split layout); position p turns pair j by p·θ_j, 1 radian per position for pair 0 and 0.01 for "
            "pair 1. A real head has d/2 pairs, each with its own frequency.",
-        needs={"cos": "19.1", "rotated": "19.2"})
+        needs={"cos": "ch19.1", "rotated": "ch19.2"})
 def rope_pair_figure(f: Figure, r: dict) -> None:
     x, positions, d, base = r["x"], r["positions"], r["head_dim"], r["base"]
     cos, sin, cos_want, sin_want = r["cos"], r["sin"], r["cos_expected"], r["sin_expected"]
@@ -392,7 +392,7 @@ def rope_pair_figure(f: Figure, r: dict) -> None:
         en="The real execution order in nano-vllm's Qwen3Attention: the qkv projection split into q | k | v, a "
            "per-head RMSNorm of q and k (q_norm, k_norm), then RoPE on q and k at the token's position; V is "
            "neither normalised nor rotated.",
-        needs={"q_out": "19.3"})
+        needs={"q_out": "ch19.3"})
 def order_figure(f: Figure, r: dict) -> None:
     q, k, v = r["q"], r["k"], r["v"][0]
     qn, kn, qo, ko, qe, ke = r["q_normed"], r["k_normed"], r["q_out"], r["k_out"], r["q_expected"], r["k_expected"]

@@ -72,7 +72,7 @@ def _op(f: Figure, x: float, y: float, s: str, color: str = INK) -> None:
            "nano-vllm fuses the residual add into the next norm: layer 0 starts the residual with the embedding, and "
            "the MLP output is added by the next layer's input_layernorm. A fused add+norm may defer the add but "
            "keeps the data flow.",
-        needs={"normed": "20.2"})
+        needs={"normed": "ch20.2"})
 def prenorm_figure(f: Figure, r: dict) -> None:
     inputs, res_in = r["inputs"], r["residual_in"]
     normed, residual = r["normed"], r["residual"]
@@ -149,13 +149,13 @@ def prenorm_figure(f: Figure, r: dict) -> None:
              wrong=wrong)
 
 
-@figure("dim-swiglu", title="一个 token 的 SwiGLU",
+@figure("ch20-dim-swiglu", title="一个 token 的 SwiGLU",
         zh="一个 token 的 SwiGLU:合并投影得到 12 维的 gate_up,前 6 维是 gate、后 6 维是 up。SiLU(gate) 与 up "
            "逐元素相乘,再由 down 权重投影回 4 维 hidden;每个格子都是真实计算的值。",
         en="One token through SwiGLU: the merged projection gives a 12-wide gate_up whose first 6 channels are the "
            "gate and last 6 are up; SiLU(gate)·up elementwise, then the down weight projects back to hidden width 4. "
            "Every cell holds its computed value.",
-        needs={"act": "20.3", "out": "20.4"})
+        needs={"act": "ch20.3", "out": "ch20.4"})
 def swiglu_figure(f: Figure, r: dict) -> None:
     x, w_gu, w_down, gu = r["x"], r["gate_up_weight"], r["down_weight"], r["gate_up"]
     act, act_want, out, out_want = r["act"], r["act_expected"], r["out"], r["out_expected"]
@@ -237,7 +237,7 @@ def swiglu_figure(f: Figure, r: dict) -> None:
         en="SwiGLU's two projection branches: the gate branch goes through SiLU, is multiplied elementwise with the "
            "up branch and projected back to hidden. A per-token channel transform: row t of the output depends "
            "only on row t of the input, so shuffling the tokens shuffles the outputs; the FFN never mixes tokens.",
-        needs={"out": "20.4"})
+        needs={"out": "ch20.4"})
 def branches_figure(f: Figure, r: dict) -> None:
     x, gate, up, out, want = r["x"], r["gate"], r["up"], r["out"], r["expected"]
     order, out_p, want_p = r["order"], r["out_permuted"], r["expected_permuted"]

@@ -32,7 +32,7 @@ def _outline(f: Figure, x: float, y: float, w: float, h: float, *, color: str, w
         en="The cache grows along the token axis, per layer: a prefill writes 3 rows at once, then every "
            "decode step appends one row after the current length. Each layer has its own K/V cache; "
            "no layer shares another's.",
-        needs={"caches": "21.1"})
+        needs={"caches": "ch21.1"})
 def cache_growth_figure(f: Figure, r: dict) -> None:
     l_max, steps, caches, expected, lengths = r["l_max"], r["steps"], r["caches"], r["expected"], r["lengths"]
     layers = len(caches)
@@ -118,7 +118,7 @@ def cache_growth_figure(f: Figure, r: dict) -> None:
         en="What one decode step does: the newest sampled token is already in token_ids but has no KV yet. "
            "The step feeds it at position len − 1, writes its K/V into its slot first, then attention reads "
            "all context_len = len entries.",
-        needs={"yours": "21.2"})
+        needs={"yours": "ch21.2"})
 def decode_step_figure(f: Figure, r: dict) -> None:
     ids, table, bs, yours, want = r["token_ids"], r["table"], r["block_size"], r["yours"], r["expected"]
     n = len(ids)

@@ -60,7 +60,7 @@ def _ghost(f: Figure, x: float, y: float, w: float, h: float, label: str, sub: s
            "各写入 HBM 一次、再读回一次。大中间矩阵在 HBM 中往返,访存量随 T·S 增长。",
         en="Naive attention materialises the full score and probability matrices: three kernels, and both [T, S] "
            "matrices are written to HBM and read back by the next kernel, so the traffic grows with T·S.",
-        needs={"scores": "22.1", "big_bytes": "22.1"})
+        needs={"scores": "ch22.1", "big_bytes": "ch22.1"})
 def naive_figure(f: Figure, r: dict) -> None:
     q, k, v = r["q"], r["k"], r["v"]
     T, S, d, b = len(q), len(k), len(q[0]), r["dtype_bytes"]
@@ -174,7 +174,7 @@ def naive_figure(f: Figure, r: dict) -> None:
         en="FlashAttention's tiles and online softmax: 6 queries after 2 cached tokens (S = 8) in tiles of 2 × 3. "
            "Each query block visits its key blocks in order, keeping only a running max m and sum l per row; "
            "tiles entirely in the future are skipped. No full score matrix, still quadratic arithmetic.",
-        needs={"trace": "22.2"})
+        needs={"trace": "ch22.2"})
 def flash_tiles_figure(f: Figure, r: dict) -> None:
     T, S, d, bq, bk, causal = r["T"], r["S"], r["d"], r["block_q"], r["block_k"], r["causal"]
     trace, expected, scores = r["trace"], r["expected_trace"], r["scores"]

@@ -65,7 +65,7 @@ def _row(f: Figure, y: float, left: float, col_w: float, label: str, values: lis
         en="The sampling path of one row of 8 logits: divide by T = 0.8, top-k (k = 5), top-p (p = 0.8), softmax, "
            "then the exponential race draws one token. Filtered entries become −∞ (grey) and get probability "
            "exactly 0. Top-k/top-p are extensions written as in vLLM v1; nano-vllm implements temperature only.",
-        needs={"topp": "23.1"})
+        needs={"topp": "ch23.1"})
 def sampling_path(f: Figure, r: dict) -> None:
     logits, T, k, p = r["logits"], r["T"], r["k"], r["p"]
     V = len(logits)
@@ -136,7 +136,7 @@ def sampling_path(f: Figure, r: dict) -> None:
         en="The exponential race: draw E ~ Exp(1) per token and take argmax(p / E) = argmin(E / p), not argmax(p). "
            "With logits [2, 1, 0] and T = 0.5, token 0 has the largest p (0.867), but the noise [3.0, 0.05, 1.0] "
            "makes token 1 win; over many races each token wins exactly as often as its probability p.",
-        needs={"token": "23.2"})
+        needs={"token": "ch23.2"})
 def exponential_race(f: Figure, r: dict) -> None:
     logits, T, noise, p, scores = r["logits"], r["T"], r["noise"], r["p"], r["scores"]
     token, want = r["token"], r["token_expected"]

@@ -91,7 +91,7 @@ def _verdict(rd: dict | None) -> str | None:
            "computed in chunks of 4 + 4 + 2; after an unfinished chunk the runner still returns a candidate token "
            "(the second one is even EOS), and postprocess does not append it. Only the token sampled after the "
            "last chunk is kept; then every round decodes one token.",
-        needs={"rounds": "24.1"})
+        needs={"rounds": "ch24.1"})
 def control_loop_figure(f: Figure, r: dict) -> None:
     cfg, prompt, max_tokens = r["config"], r["prompt"], r["max_tokens"]
     rounds, expected = r["rounds"], r["expected"]
@@ -177,7 +177,7 @@ def control_loop_figure(f: Figure, r: dict) -> None:
            "tokens (prompt + kept outputs), num_cached_tokens the prefix-cache hit at the first admission. A "
            "preemption resets the computed count and touches neither of the others. The prompt/output line is "
            "not what the scheduler tracks: the counters are the contract.",
-        needs={"yours": "24.2"})
+        needs={"yours": "ch24.2"})
 def three_progress_figure(f: Figure, r: dict) -> None:
     P, steps, yours, expected = r["prompt"], r["steps"], r["yours"], r["expected"]
     span = max([P + 1] + [s["num_tokens"] for s in yours + expected]) + 1

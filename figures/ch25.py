@@ -11,13 +11,13 @@ def _pair(v: list) -> str:
     return ", ".join(num(x) for x in v) if v else ""
 
 
-@figure("dim-slot-mapping", title="逐 token 的逻辑块 / 偏移 / 物理块 / slot",
+@figure("ch25-dim-slot-mapping", title="逐 token 的逻辑块 / 偏移 / 物理块 / slot",
         zh="每个 token 由位置算出逻辑块(pos // 2)与块内偏移(pos % 2),查块表得到物理块,"
            "slot = 物理块 × 2 + 偏移;它的 K 写进物理池里这个 slot 的格子。",
         en="Per token: logical block, offset, physical block, slot. The position gives the logical block "
            "(pos // 2) and the offset (pos % 2); the block table gives the physical block; "
            "slot = physical · 2 + offset, and the token's K is written into that cell of the pool.",
-        needs={"slots": "25.1"})
+        needs={"slots": "ch25.1"})
 def slot_mapping_figure(f: Figure, r: dict) -> None:
     table, bs, positions = r["table"], r["block_size"], r["positions"]
     slots, expected, keys = r["slots"], r["expected"], r["keys"]
@@ -134,7 +134,7 @@ def _instance(f: Figure, num_tokens: int, block_size: int, table: list[int]) -> 
            "最后一个块只用了 3 个 slot。",
         en="Discrete physical blocks carry one continuous logical sequence: the table [5, 1, 3] scatters the 11 "
            "tokens' three logical blocks over the pool, out of order; the last block has one slot still free.",
-        needs={"slots": "25.1"})
+        needs={"slots": "ch25.1"})
 def blocks_figure(f: Figure, r: dict) -> None:
     table, bs, slots, expected = r["table"], r["block_size"], r["slots"], r["expected"]
     num_blocks, n = r["num_blocks"], len(r["slots"])
@@ -229,7 +229,7 @@ def _state(m: dict | None) -> str:
         en="Six moments in the life of physical block 0: free, allocated to A, shared by B's prefix hit, freed but "
            "still cached (recyclable, not zeroed), revived by C's prefix hit, and evicted when D reuses it for new "
            "tokens.",
-        needs={"moments": "25.3"})
+        needs={"moments": "ch25.3"})
 def lifecycle_figure(f: Figure, r: dict) -> None:
     block, bs, moments = r["block"], r["block_size"], r["moments"]
     # The instance: the pool and the four requests.

@@ -26,12 +26,12 @@ def _tick(f: Figure, x: float, y1: float, y2: float, *, color: str, width: float
 
 # -- ch26.1 -------------------------------------------------------------------------------------------
 
-@figure("dim-varlen-pack", title="padded → packed + cu_seqlens",
+@figure("ch26-dim-varlen-pack", title="padded → packed + cu_seqlens",
         zh="长度为 3 和 2 的两条请求从 padded [2, 3, 4] 收集到 packed [5, 4],逐行标出来源;"
            "用 cu_seqlens = [0, 3, 5] 恢复请求边界。",
         en="Two requests of lengths 3 and 2 gathered from padded [2, 3, 4] into packed [5, 4], each row labelled "
            "with its source; the request boundaries are recovered from cu_seqlens = [0, 3, 5].",
-        needs={"packed": "26.1"})
+        needs={"packed": "ch26.1"})
 def varlen_pack_figure(f: Figure, r: dict) -> None:
     padded, lengths, packed, expected = r["padded"], r["lengths"], r["packed"], r["expected"]
     cu, cu_want = r["cu_seqlens"], r["expected_cu"]
@@ -137,7 +137,7 @@ def varlen_pack_figure(f: Figure, r: dict) -> None:
         en="Two sequences flattened without losing their boundaries, which cu_seqlens keeps. A has nothing cached; "
            "B hits an 8-token prefix and computes only 3 new tokens: its query length is 3, its key length "
            "8 + 3 = 11 (nano-vllm's 300 / 512 + 88 example, scaled down).",
-        needs={"yours": "26.2"})
+        needs={"yours": "ch26.2"})
 def flatten_figure(f: Figure, r: dict) -> None:
     query, cached, yours, want = r["query"], r["cached"], r["yours"], r["expected"]
     names = [chr(ord("A") + b) for b in range(len(query))]
@@ -225,7 +225,7 @@ def flatten_figure(f: Figure, r: dict) -> None:
         en="Graph replay uses pre-allocated buffers: a decode batch of 5 replays the graph captured for 8; rows "
            "0–4 carry this step's values, rows 5–7 are padding (slot −1 writes no cache, context_len 0 reads "
            "none). Values and the valid length vary; shapes and addresses are a contract.",
-        needs={"chosen": "26.3", "padded": "26.3"})
+        needs={"chosen": "ch26.3", "padded": "ch26.3"})
 def graph_replay_figure(f: Figure, r: dict) -> None:
     sizes, batches, chosen, chosen_want = r["sizes"], r["batches"], r["chosen"], r["chosen_expected"]
     wrong_any = chosen != chosen_want

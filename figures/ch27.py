@@ -145,7 +145,7 @@ def _emitted(step: dict | None) -> str:
            "num_computed_tokens at once, execute_model() runs and samples, update_from_output() appends and checks the "
            "stop conditions; a normal step waits for its result before it schedules again (non_block=True alone "
            "creates no overlap).",
-        needs={"trace": "27.1"})
+        needs={"trace": "ch27.1"})
 def enginecore_loop_figure(f: Figure, r: dict) -> None:
     config, ops, trace, expected = r["config"], r["ops"], r["trace"], r["expected"]
     _instance(f, config, ops)
@@ -217,7 +217,7 @@ def _row_label(step: dict, k: int) -> list[str]:
         en="Scheduled, computed and output boundaries differ under async steps and are reconciled: "
            "num_computed_tokens runs ahead at schedule time, placeholders (?) count the tokens in flight, "
            "num_tokens advances only when an output is processed; after each reconcile, C = N + ph − 1.",
-        needs={"trace": "27.2"})
+        needs={"trace": "ch27.2"})
 def three_boundaries_figure(f: Figure, r: dict) -> None:
     config, ops, trace, expected = r["config"], r["ops"], r["trace"], r["expected"]
     _instance(f, config, ops)

@@ -18,7 +18,7 @@ def _short(h: str) -> str:
         en="Cache identity needs more than the tokens: five requests with the same 12 token ids, but another image, "
            "a cache_salt or a LoRA adapter changes the block hashes, so they cannot share KV just because their "
            "tokens match.",
-        needs={"rows": "28.1"})
+        needs={"rows": "ch28.1"})
 def identity_figure(f: Figure, r: dict) -> None:
     tokens, bs, rows = r["tokens"], r["block_size"], r["rows"]
     nblocks = len(tokens) // bs
@@ -75,7 +75,7 @@ def identity_figure(f: Figure, r: dict) -> None:
            "logits_indices = cu_seqlens_q[1:] − 1; a prompt that is cached entirely still recomputes its whole "
            "last block. Block size 4 here for readable addresses; the 32-token example with block size 16 is in "
            "the text.",
-        needs={"indices": "28.3", "cached": "28.2"})
+        needs={"indices": "ch28.3", "cached": "ch28.2"})
 def logits_figure(f: Figure, r: dict) -> None:
     reqs, idx, want, bs, prompt = r["requests"], r["indices"], r["expected"], r["block_size"], r["prompt"]
     cached, cached_want = r["cached"], r["cached_expected"]

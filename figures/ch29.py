@@ -39,7 +39,7 @@ def _situation(q: dict) -> str:
         en="A scheduling plan becomes execution metadata (no context parallelism, no spec decode, one standard KV "
            "group): three requests give 6 inputs but at most 3 candidate outputs, one per request at its last "
            "scheduled token; R0's chunk stops short, so its candidate is discarded and 2 tokens are appended.",
-        needs={"yours": "29.1"})
+        needs={"yours": "ch29.1"})
 def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
     reqs, B, mine, want = r["requests"], r["block_size"], r["yours"], r["expected"]
     wrong = any(mine[k] != want[k] for k in want)
@@ -144,7 +144,7 @@ def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
         en="Don't put everything into one tok/s: TTFT, TPOT, ITL, end-to-end latency and throughput are each defined "
            "separately. TPOT is per token and leaves the first token out; ITL is per chunk, pooled over requests; "
            "throughputs divide by the wall time of the whole run. Measuring rules only, no measured throughput.",
-        needs={"yours": "29.2"})
+        needs={"yours": "ch29.2"})
 def latency_metrics_figure(f: Figure, r: dict) -> None:
     reqs, mine, want = r["requests"], r["yours"], r["expected"]
     t0 = min(q["start"] for q in reqs)

@@ -48,7 +48,7 @@ def _code_box(f: Figure, x: float, y: float, w: float, lines: list[str], *, titl
            "arrays; the C++ core picks the next step's phase from the records: prompt first while any prompt "
            "work remains, else decode. The public engines keep this phase selection rather than copying every "
            "abstraction of vLLM.",
-        needs={"record": "30.1"})
+        needs={"record": "ch30.1"})
 def request_path_figure(f: Figure, r: dict) -> None:
     req, rec, want = r["request"], r["record"], r["record_expected"]
     layout, layout_want = r["layout"], r["layout_expected"]
@@ -181,7 +181,7 @@ def request_path_figure(f: Figure, r: dict) -> None:
            "Qwen3-0.6B served with tp 2 is inside for its architecture, dtype, head_dim, parallelism and local "
            "prefix cache, and outside for its 40960-token context and a KV service. Lacking a KV service is not "
            "lacking a local KV cache.",
-        needs={"yours": "30.2"})
+        needs={"yours": "ch30.2"})
 def system_boundary_figure(f: Figure, r: dict) -> None:
     matrix, rows, yours = r["matrix"], r["rows"], r["yours"]
     named = {}

@@ -31,7 +31,7 @@ def strand_ends(src: list[int], col_x: list[float], token_left: list[float], tw:
         en="MoE dispatch and combine: every (token, expert) pair travels as one row to its expert's rank, grouped "
            "by expert; the handle keeps each row's token and top-k slot, so combine returns the expert outputs to "
            "token order, weighted, instead of concatenating the ranks' rows in physical order.",
-        needs={"handle": "31.2"})
+        needs={"handle": "ch31.2"})
 def roundtrip_figure(f: Figure, r: dict) -> None:
     x, ids, w = r["x"], r["topk_ids"], r["topk_weights"]
     h, hw = r["handle"], r["handle_expected"]
@@ -151,7 +151,7 @@ def roundtrip_figure(f: Figure, r: dict) -> None:
            "carries 100 against a mean of 75; with redundant replicas of the hot experts packed by EPLB the busiest "
            "carries 80, and balancedness rises from 0.75 to 0.9375. Illustrative loads, not a benchmark; EPLB also "
            "weighs many steps of history and the slots available.",
-        needs={"phy2log": "31.3"})
+        needs={"phy2log": "ch31.3"})
 def eplb_load_figure(f: Figure, r: dict) -> None:
     loads, (num_replicas, num_groups, num_nodes, num_gpus) = r["loads"], r["args"]
     phy, cnt, phy_w, cnt_w = r["phy2log"], r["logcnt"], r["phy2log_expected"], r["logcnt_expected"]

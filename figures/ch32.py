@@ -33,7 +33,7 @@ def _dashed_line(f: Figure, x1: float, y: float, x2: float, color: str) -> None:
         en="Confidence sets how much is verified; acceptance is decided by verification. Drafts whose survival "
            "(the running product of confidences) falls below the threshold are not sent; the drafts sent are judged "
            "one by one by rejection sampling, and a confident draft can still be rejected.",
-        needs={"n": "32.2", "emitted": "32.1"})
+        needs={"n": "ch32.2", "emitted": "ch32.1"})
 def spec_confidence(f: Figure, r: dict) -> None:
     tokens, conf, surv, theta = r["tokens"], r["confidences"], r["survivals"], r["threshold"]
     n, n_want, sent = r["n"], r["n_expected"], r["verified"]
@@ -177,7 +177,7 @@ def spec_confidence(f: Figure, r: dict) -> None:
            "invariance). Row 0 computed in batches of 1 to 64 keeps its bits under your function; plain x @ w, "
            "measured on this machine, need not. It is a recipe at a pinned commit, not bitwise equality across "
            "hardware or versions.",
-        needs={"yours": "32.3"})
+        needs={"yours": "ch32.3"})
 def determinism(f: Figure, r: dict) -> None:
     K, N, batches, col = r["K"], r["N"], r["batches"], r["column"]
     f.instance_row([(f"x: [{max(batches)}, {K}] float32", "token"), (f"w: [{K}, {N}]", "plain"),

@@ -1,6 +1,10 @@
 """A small drawing kit on top of svgwrite: a figure with a header, cells that
 carry values, grids, boxes, arrows, brackets and a legend.
 
+Two ways to place things: at coordinates (`f.cell(x, y, …)`, `f.box(…)`), or as parts whose size is known
+before they are placed (`f.matrix(…)`, `f.chip(…)`, `f.label(…)`, stacked with `figures.layout.row` and
+`column`, put at the cursor by `f.place(…)`). Prefer parts: a figure then says what goes next to what.
+
 Every text element gets a class ("title", "caption-zh", "caption-en", "label",
 "value", "expected", "legend", "note") so tests can read a figure as a document.
 A wrong cell shows the student's value struck through and the expected value
@@ -18,12 +22,14 @@ from typing import Any, Callable, Sequence
 import svgwrite
 
 from figures import typeface
+from figures.layout import Part, column
 from figures.style import (
     CAPTION,
     CELL,
     FONT,
     INK,
     LABEL,
+    LABEL_SMALL,
     MARGIN,
     MONO,
     MUTED,
@@ -174,8 +180,10 @@ class Figure:
              role: str | Callable[[int, int], str] = "plain", expected: Sequence[Sequence[Any]] | None = None,
              row_labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None,
              w: float = CELL, h: float = CELL, gap: float = 0, fmt: Callable[[Any], str] = num,
-             same: Callable[[Any, Any], bool] | None = None) -> tuple[float, float]:
-        """A matrix of cells; cells differing from `expected` are marked. Returns (width, height)."""
+             same: Callable[[Any, Any], bool] | None = None,
+             wrong: Sequence[Sequence[bool]] | None = None) -> tuple[float, float]:
+        """A matrix of cells; cells the check found wrong (`wrong`, its verdict per cell), or else differing from
+        `expected`, are marked with the expected value. Returns (width, height)."""
         same = same or (lambda a, b: a == b)
         top = y + (16 if col_labels else 0)
         left = x + (max(text_width(s, SMALL + 1) for s in row_labels) + 8 if row_labels else 0)
@@ -188,7 +196,7 @@ class Figure:
                           anchor="end", color=MUTED, cls="label")
             for j, v in enumerate(row):
                 r = role(i, j) if callable(role) else role
-                bad = expected is not None and not same(v, expected[i][j])
+                bad = bool(wrong[i][j]) if wrong is not None else expected is not None and not same(v, expected[i][j])
                 self.cell(left + j * (w + gap), top + i * (h + gap), v, role=r, w=w, h=h, fmt=fmt, wrong=bad,
                           expected=expected[i][j] if bad else None)
         cols = max((len(r) for r in values), default=0)
@@ -208,10 +216,11 @@ class Figure:
     CHIP_PAD = 14
     """The least room between a chip's text and each of its sides (`instance_row`)."""
 
-    def instance_row(self, items: Sequence[tuple], *, mono: bool = False) -> None:
+    def instance_row(self, items: Sequence[tuple], *, mono: bool = False, note: str = "") -> None:
         """The figure's instance as a row of small labelled boxes, each `(label, role)` or
         `(label, role, width)`; the row wraps at the right margin. A box is never narrower than
-        its text plus `CHIP_PAD` on either side, whatever width is asked for."""
+        its text plus `CHIP_PAD` on either side, whatever width is asked for. `note` follows the boxes
+        (wrapped beside them when it fits in two lines, else on lines of its own below)."""
         x, y = MARGIN, self.y
         for label, role, *width in items:
             w = max([text_width(label, LABEL, mono) + 2 * self.CHIP_PAD] + width[:1])
@@ -220,6 +229,17 @@ class Figure:
             self.box(x, y, w, 30, role=role, label=label, mono=mono)
             x += w + 12
         self.y = y + 30 + 30
+        if note:
+            size, room = LABEL_SMALL + 0.5, self.width - MARGIN - x - 4
+            lines = wrap(note, room, size) if room > 120 else []
+            if lines and len(lines) <= 2:
+                top = y + 15 - (len(lines) - 1) * (size + 4) / 2 + size * 0.36
+                for k, line in enumerate(lines):
+                    self.text(x + 4, top + k * (size + 4), line, size=size, color=MUTED, cls="note")
+            else:
+                self.y -= 14
+                self.note(note, size=size)
+                self.y += 8
 
     def arrow(self, x1: float, y1: float, x2: float, y2: float, *, color: str = MUTED, width: float = 1.3,
               head: float = 6, dashed: bool = False) -> None:
@@ -305,6 +325,102 @@ class Figure:
         self.dwg.add(self.dwg.line((x - 4, base), (x + width + 4, base), stroke=RULE, stroke_width=1))
         return width, height + 22
 
+    def outline(self, x: float, y: float, w: float, h: float, *, role: str = "accent", dashed: bool = False,
+                width: float = 2.2, inset: float = 0, cls: str = "outline", color: str | None = None) -> None:
+        """An empty rectangle around (x, y, w, h), `inset` inside it (negative: outside), in the role's colour."""
+        rect = self.dwg.rect((x + inset, y + inset), (w - 2 * inset, h - 2 * inset), fill="none",
+                             stroke=color or stroke(role), stroke_width=width, class_=cls)
+        if dashed:
+            rect["stroke-dasharray"] = "4,3"
+        self.dwg.add(rect)
+
+    def vbracket(self, x: float, y1: float, y2: float, label: str = "", *, side: str = "right",
+                 color: str = MUTED, size: float = LABEL_SMALL) -> None:
+        """A vertical bracket spanning y1..y2 at x, opening towards the rows; its label (lines split at "\n")
+        beside it on `side`, the side away from the rows."""
+        d = 6 if side == "right" else -6
+        self.dwg.add(self.dwg.polyline([(x, y1 + 2), (x + d, y1 + 2), (x + d, y2 - 2), (x, y2 - 2)], fill="none",
+                                       stroke=color, stroke_width=1.3, class_="bracket"))
+        lines = label.split("\n") if label else []
+        mid = (y1 + y2) / 2 - (len(lines) - 1) * (size + 3) / 2
+        for k, line in enumerate(lines):
+            self.text(x + (14 if side == "right" else -14), mid + k * (size + 3) + size * 0.36, line, size=size,
+                      color=color, anchor="start" if side == "right" else "end", cls="label")
+
+    # -- parts (figures.layout) ---------------------------------------------------------------
+    def place(self, part: Part, *, x: float = MARGIN, after: float = 24) -> Part:
+        """Draw `part` at the cursor (left edge `x`) and move the cursor `after` below it."""
+        part.at(x, self.y)
+        self.y += part.h + after
+        return part
+
+    def label(self, s: str, *, size: float = LABEL_SMALL, color: str = MUTED, mono: bool = False,
+              bold: bool = False, cls: str = "label") -> Part:
+        """One line of text as a part (its box: the line's width, one line high)."""
+        return Part(text_width(s, size, mono, bold), size * 1.25,
+                    lambda x, y: self.text(x, y + size, s, size=size, color=color, mono=mono,
+                                           weight="bold" if bold else "normal", cls=cls))
+
+    def lines(self, *lines: str, size: float = LABEL_SMALL, color: str = MUTED, mono: bool = False,
+              cls: str = "label", gap: float = 3) -> Part:
+        """Several lines of text, one under another."""
+        return column(*(self.label(s, size=size, color=color, mono=mono, cls=cls) for s in lines), gap=gap)
+
+    def text_block(self, s: str, *, width: float, size: float = LABEL_SMALL, color: str = MUTED,
+                   cls: str = "note") -> Part:
+        """Text wrapped to `width`."""
+        return self.lines(*wrap(s, width, size), size=size, color=color, cls=cls, gap=5)
+
+    def chip(self, label: str, *, role: str = "plain", mono: bool = False, w: float = 0, h: float = 30) -> Part:
+        """A small labelled box, never narrower than its text plus `CHIP_PAD` on either side."""
+        width = max(text_width(label, LABEL, mono) + 2 * self.CHIP_PAD, w)
+        return Part(width, h, lambda x, y: self.box(x, y, width, h, role=role, label=label, mono=mono))
+
+    def table(self, rows: Sequence[Sequence[Any]], *, header: Sequence[str] | None = None, h: float = CELL,
+              gap: float = 18, size: float = LABEL, mono: bool = False, color: str = INK) -> Part:
+        """Columns of text, one line per row, each row `h` high and centred in it, under an optional `header`
+        16 px high: beside a `matrix` of the same row height (placed with `row(..., align="top")`), row i of
+        the text sits on row i of the cells. A cell is a string, or `(string, {"color", "bold", "mono"})`."""
+        cells = [[c if isinstance(c, tuple) else (str(c), {}) for c in r] for r in rows]
+        ncols = max([len(r) for r in cells] + [len(header or [])])
+        widths = [max([text_width(r[j][0], size, r[j][1].get("mono", mono), r[j][1].get("bold", False))
+                       for r in cells if j < len(r)] + ([text_width(header[j], LABEL_SMALL)]
+                                                        if header and j < len(header) else []) + [0])
+                  for j in range(ncols)]
+        top = 16 if header else 0
+
+        def draw(x: float, y: float) -> None:
+            xs = [x + sum(widths[:j]) + gap * j for j in range(ncols)]
+            for j, label in enumerate(header or []):
+                self.text(xs[j], y + top - 5, label, size=LABEL_SMALL, color=MUTED, cls="label")
+            for i, r in enumerate(cells):
+                for j, (s, style) in enumerate(r):
+                    self.text(xs[j], y + top + i * h + h / 2 + size * 0.36, s, size=size,
+                              mono=style.get("mono", mono), color=style.get("color", color),
+                              weight="bold" if style.get("bold") else "normal", cls=style.get("cls", "value"))
+
+        return Part(sum(widths) + gap * max(ncols - 1, 0), top + len(cells) * h, draw)
+
+    def titled(self, title: str, part: Part, *, color: str = INK, size: float = LABEL, gap: float = 8) -> Part:
+        """A part with a bold title above it."""
+        return column(self.label(title, size=size, color=color, bold=True, cls="heading"), part, gap=gap)
+
+    def matrix(self, values: Sequence[Sequence[Any]], *, role: str | Callable[[int, int], str] = "plain",
+               expected: Sequence[Sequence[Any]] | None = None, wrong: Sequence[Sequence[bool]] | None = None,
+               row_labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None,
+               w: float = CELL, h: float = CELL, gap: float = 0, fmt: Callable[[Any], str] = num) -> "Grid":
+        """A grid of cells as a part (`grid`'s cells, labels and wrong marks); `cell_box(i, j)` once placed."""
+        return Grid(self, values, role=role, expected=expected, wrong=wrong, row_labels=row_labels,
+                    col_labels=col_labels, w=w, h=h, gap=gap, fmt=fmt)
+
+    def mask(self, values: Sequence[Sequence[bool]], *, expected: Sequence[Sequence[bool]] | None = None,
+             row_labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None,
+             w: float = CELL, h: float = CELL) -> "Grid":
+        """A bool mask as cells: True may attend (blue), False hidden (grey); wrong cells marked against
+        `expected` (a mask's verdict is exact)."""
+        return self.matrix(values, role=lambda i, j: "attend" if values[i][j] else "masked", expected=expected,
+                           row_labels=row_labels, col_labels=col_labels, w=w, h=h)
+
     def note(self, s: str, *, x: float = MARGIN, color: str = MUTED, size: float = LABEL) -> None:
         """A wrapped note at the cursor, full width; moves the cursor below it."""
         self.y = self.paragraph(x, self.y, s, width=self.width - x - MARGIN, size=size, color=color) + size + 8
@@ -357,3 +473,30 @@ def _strings(element) -> list[str]:
     for child in getattr(element, "elements", []):
         out.extend(_strings(child))
     return out
+
+
+class Grid(Part):
+    """`Figure.matrix`: a grid of cells whose cells can be found once it is placed (`cell_box`)."""
+
+    def __init__(self, f: Figure, values: Sequence[Sequence[Any]], *, row_labels: Sequence[str] | None,
+                 col_labels: Sequence[str] | None, w: float, h: float, gap: float, **cells: Any) -> None:
+        self.rows, self.cols = len(values), max((len(r) for r in values), default=0)
+        self.cw, self.ch, self.gap = w, h, gap
+        self.label_w = max(text_width(s, LABEL_SMALL) for s in row_labels) + 8 if row_labels else 0
+        self.label_h = 16 if col_labels else 0
+        super().__init__(self.label_w + self.cols * (w + gap) - (gap if self.cols else 0),
+                         self.label_h + self.rows * (h + gap) - (gap if self.rows else 0),
+                         lambda x, y: f.grid(x, y, values, row_labels=row_labels, col_labels=col_labels, w=w, h=h,
+                                             gap=gap, **cells) and None)
+
+    def cell_box(self, i: int, j: int) -> tuple[float, float, float, float]:
+        """(x, y, w, h) of cell (i, j); j may be `cols` (the right edge) and i `rows` (the bottom edge)."""
+        x, y = self._placed()
+        return (x + self.label_w + j * (self.cw + self.gap), y + self.label_h + i * (self.ch + self.gap),
+                self.cw, self.ch)
+
+    def span_box(self, i1: int, j1: int, i2: int, j2: int) -> tuple[float, float, float, float]:
+        """(x, y, w, h) of the cells from (i1, j1) to (i2, j2) inclusive."""
+        x1, y1, _, _ = self.cell_box(i1, j1)
+        x2, y2, w, h = self.cell_box(i2, j2)
+        return x1, y1, x2 + w - x1, y2 + h - y1

@@ -1,4 +1,4 @@
-"""The course's overview figure: chapters 15–32 as one engine, drawn from a real run of `course engine run`.
+"""The course's overview figure: the chapters as one engine, drawn from a real run of `course engine run`.
 
 The record (`engine.overview_record`) holds the course map, each chapter's part in the
 run (the student's functions, the reference's, or none), and the path of one request:
@@ -22,10 +22,17 @@ LAYER_STAGES = ("input_layernorm", "qkv_proj", "split q | k | v", "q/k norm + Ro
                 "attention (GQA, causal)", "o_proj", "post_attention_layernorm", "mlp (SwiGLU)")
 
 
+def _chapter_span(r: dict) -> str:
+    """The chapters of the record's course map, as "15–32"."""
+    numbers = [int(c["id"][2:]) for c in r["course"]]
+    return f"{min(numbers)}–{max(numbers)}" if numbers else "?"
+
+
 @figure("overview", title="课程地图:一个请求走过的章节",
-        zh="第 15–32 章合起来是一个推理引擎:一次真实运行中,一个请求经过的章节函数、每一步看到的形状,以及哪些是你的代码。",
-        en="The course map, chapters 15–32, drawn from a real engine run: the chapter function that ran at each "
-           "stage of one request's path, the shapes it saw, and which of them were your own code.",
+        zh=lambda r: f"第 {_chapter_span(r)} 章合起来是一个推理引擎:一次真实运行中,一个请求经过的章节函数、每一步看到的形状,"
+                     "以及哪些是你的代码。",
+        en=lambda r: f"The course map, chapters {_chapter_span(r)}, drawn from a real engine run: the chapter function that "
+                     "ran at each stage of one request's path, the shapes it saw, and which of them were your own code.",
         needs={})
 def overview_figure(f: Figure, r: dict) -> None:
     _course_map(f, r["course"], r["path"])
@@ -130,7 +137,7 @@ def _path(f: Figure, r: dict) -> None:
         lines = [wrap_shapes(s, w) for _, w, s in cells]
         h = 7 + PATH["line"] * max(1, *map(len, lines))
         own = first["source"] == "engine"
-        f.cell(MARGIN, y + 2, first["chapter"] if own else f"ch{first['task']}", role=ROLE[first["source"]],
+        f.cell(MARGIN, y + 2, first["chapter"] if own else first['task'], role=ROLE[first["source"]],
                w=badge_w, h=h - 4, fmt=str, size=SMALL - 0.5, bold=True)
         base = y + 3 + PATH["line"] - 3
         f.text(x_stage, base, stage, size=PATH["stage"], cls="label")

@@ -21,6 +21,7 @@ CAPTION = 14
 LABEL = 13
 VALUE = 13
 SMALL = 10.5
+LABEL_SMALL = SMALL + 1  # row and column labels, notes beside a panel, legends
 
 INK = "#1f1f1f"
 MUTED = "#5f5f5f"

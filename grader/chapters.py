@@ -44,7 +44,8 @@ TASK_RE = re.compile(r"\bTask (ch\d{2}\.\d+)\b")
 
 @dataclass(frozen=True)
 class Task:
-    """One graded task: `id` is "25.1"; `names` the functions or classes it grades (often one)."""
+    """One graded task: `id` is "ch25.1" (everywhere: checks, figures, messages, the CLI); `names` the functions or
+    classes it grades (often one)."""
 
     id: str
     names: tuple[str, ...]
@@ -54,6 +55,12 @@ class Task:
     @property
     def name(self) -> str:
         return ", ".join(self.names)
+
+    @property
+    def number(self) -> tuple[int, int]:
+        """(25, 1) for ch25.1: the order of tasks."""
+        chapter, _, k = self.id.removeprefix("ch").partition(".")
+        return int(chapter), int(k)
 
     @property
     def label(self) -> str:
@@ -79,10 +86,10 @@ class Chapter:
         return f"{self.title_zh} · {self.title_en}"
 
     def task(self, task_id: str) -> Task:
-        """Look a task up by "25.1", "ch25.1" or "1"; raise UnknownName otherwise."""
-        wanted = task_id.removeprefix("ch")
+        """Look a task up by "ch25.1" (also "25.1" or "1"); raise UnknownName otherwise."""
+        wanted = task_id if task_id.startswith("ch") else f"ch{task_id}"
         if "." not in wanted:
-            wanted = f"{self.id[2:]}.{wanted}"
+            wanted = f"{self.id}.{task_id}"
         for t in self.tasks:
             if t.id == wanted or task_id in t.names:
                 return t
@@ -175,7 +182,7 @@ def parse(source: str, chapter_id: str, slug: str) -> Chapter:
             if m:
                 if not m.group(1).startswith(chapter_id + "."):
                     raise ValueError(f"{node.name} in {chapter_id} is marked as task {m.group(1)}")
-                graded.setdefault(m.group(1)[2:], {})[node.name] = _params(node)
+                graded.setdefault(m.group(1), {})[node.name] = _params(node)
     tasks = tuple(Task(tid, tuple(fns), fns) for tid, fns in graded.items())
     return Chapter(chapter_id, slug, zh.strip(), (en or zh).strip(), tasks)
 

@@ -89,7 +89,7 @@ def _default(command: click.Command, param: click.Parameter) -> object:
 
 @click.group(cls=CourseGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
-    """Exercises and autograder of the LLM inference engine course (chapters 15–32).
+    """Exercises and autograder of the LLM inference engine course (`course list` shows its chapters).
 
     Implement the TODOs in exercises/chNN_*.py, then run `course check chNN`.
     """
@@ -147,7 +147,7 @@ def _width(s: str) -> int:
 
 @main.command()
 @click.argument("chapter", type=ChapterType())
-@click.option("--task", metavar="ID", help="Only this task, e.g. 25.1.")
+@click.option("--task", metavar="ID", help="Only this task, e.g. ch25.1.")
 @click.option("--solutions", is_flag=True, help="Grade the reference solutions (instructors).")
 @click.option("--submission", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="DIR",
               help="Grade the chapter module in DIR (same file names as exercises/).")
@@ -181,7 +181,7 @@ def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path 
     """
     import tempfile
 
-    from grader.notebook import cells_of, submission_from_cells
+    from grader.delivery.cells import cells_of, submission_from_cells
     from grader.run import MissingModule, default_figures_dir, module_path
     from grader.run import check as run_check
     from grader.terminal import TerminalReport
@@ -281,8 +281,8 @@ def grade(submissions: Path | None, chapter_names: tuple[Chapter, ...], nbgrader
 
     Reruns skip what is already graded (a killed run resumes where it stopped).
     """
-    from grader.grade import GradeError
-    from grader.grade import grade as grade_folders
+    from grader.delivery.grade import GradeError
+    from grader.delivery.grade import grade as grade_folders
 
     grade_class = grade_folders
 
@@ -291,7 +291,7 @@ def grade(submissions: Path | None, chapter_names: tuple[Chapter, ...], nbgrader
                                else "missing argument SUBMISSIONS (or --nbgrader COURSE_DIR)")
     if nbgrader_course:
         try:
-            from grader.gradebook import grade_course  # same options, nbgrader's folders
+            from grader.delivery.gradebook import grade_course  # same options, nbgrader's folders
             grade_class = grade_course
         except ImportError as e:
             raise click.ClickException(f"--nbgrader needs nbgrader installed ({e})") from None
@@ -349,7 +349,7 @@ def grade(submissions: Path | None, chapter_names: tuple[Chapter, ...], nbgrader
 @click.option("--no-nbgrader", is_flag=True, help="Write only the student package.")
 def release(out: Path, chapter_names: tuple[Chapter, ...], no_nbgrader: bool) -> None:
     """Build the student release and the nbgrader course (no solutions, no hidden checks in the former)."""
-    from grader.release import ReleaseError, build
+    from grader.delivery.release import ReleaseError, build
 
     try:
         built = build(out, chapter_list=list(chapter_names) or None, nbgrader=not no_nbgrader)
@@ -374,7 +374,7 @@ def export() -> None:
 @click.option("--seed", type=int, help="Grading seed of the hidden checks (random, fixed in the bundle, by default).")
 def export_gradescope(chapter: Chapter, out: Path, seed: int | None) -> None:
     """A Gradescope autograder bundle for CHAPTER: setup.sh, run_autograder and the package with its hidden checks."""
-    from grader.gradescope import export as build
+    from grader.delivery.gradescope import export as build
 
     if not any(chapters.SOLUTIONS.glob("ch[0-9][0-9]_*.py")):
         raise click.ClickException("a Gradescope bundle carries the hidden checks: build it from the instructor's repository")
@@ -493,7 +493,7 @@ def engine_run(model_name: str, prompts_file: Path | None, max_tokens: int, temp
 @click.option("--check", "check_only", is_flag=True, help="Only report stubs that differ; exit 1 if any do.")
 def stubs(chapter_names: tuple[Chapter, ...], check_only: bool) -> None:
     """Regenerate exercises/ from solutions/ (all chapters by default)."""
-    from grader.stubs import write_stubs
+    from grader.delivery.stubs import write_stubs
 
     if not any(chapters.SOLUTIONS.glob("ch[0-9][0-9]_*.py")):
         raise click.ClickException("this installation has no solutions/ to generate stubs from")

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import groupby
+from typing import Literal
 
 from grader.chapters import Chapter
 
-STATUSES = ("passed", "failed", "error", "timeout", "not run", "blocked")
+Status = Literal["passed", "failed", "error", "timeout", "not run", "blocked"]
+"""How a check ended: its answer right, wrong, raising, out of time, not run (a task's time already spent),
+or blocked (this machine lacks what it needs)."""
 
 
 @dataclass
@@ -19,7 +22,7 @@ class CheckResult:
     name: str
     hidden: bool
     points: float
-    status: str
+    status: Status
     message: str = ""
     printed: str = ""
     elapsed: float = 0.0
@@ -27,6 +30,8 @@ class CheckResult:
     """Of `elapsed`, the time spent in the graded code (what time limits count)."""
     todo: bool = False
     """True when the student's code raised the stub's NotImplementedError."""
+    hints: list[str] = field(default_factory=list)
+    """The ids of the common mistakes the message names (`grader.authoring.misconceptions`)."""
     import_failed: bool = False
     """True when the check could not run because the module failed to import (or its import ran out
     of time): `message` is then the import's, the same for every check of the run."""
@@ -35,18 +40,14 @@ class CheckResult:
     def score(self) -> float:
         return self.points if self.status == "passed" else 0.0
 
-    @property
-    def task_label(self) -> str:
-        return f"ch{self.task}"
-
     def to_json(self) -> dict:
         output = self.message
         if self.printed:
             output += f"\n(your code printed: {self.printed.strip()[:300]!r})"
-        return {"name": f"{self.task_label} {self.function}: {self.name}",
+        return {"name": f"{self.task} {self.function}: {self.name}",
                 "number": self.task, "score": self.score, "max_score": self.points,
                 "status": "passed" if self.status == "passed" else "failed", "outcome": self.status,
-                "output": output, "tags": [self.task_label] + (["hidden"] if self.hidden else []),
+                "output": output, "tags": [self.task] + (["hidden"] if self.hidden else []),
                 "visibility": "after_due_date" if self.hidden else "visible"}
 
 

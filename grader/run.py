@@ -56,7 +56,7 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
 
     Args:
         chapter: "ch25", "25" or the slug.
-        task: only this task ("25.1").
+        task: only this task ("ch25.1").
         solutions: grade the reference solutions instead of exercises/.
         submission: grade the chapter module found in this folder.
         seed: grading seed for the hidden checks (random when None; always reported).
@@ -71,10 +71,10 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
             solutions, or in a student release the recorded answers.
         launcher: starts a student process (keywords workdir, memory_limit, output_limit,
             memory_extra); by default a fresh interpreter; `Zygote.start` forks one. Ignored with `sandbox`.
-        time_limits: per-check limits by check key, overriding `time_limit` (see grader.grade).
+        time_limits: per-check limits by check key, overriding `time_limit` (see grader.delivery.grade).
         sandbox: "bwrap" or "uid": the code runs in a sandbox made for this one run and torn down
             (every process of it ended) before this returns; SandboxUnavailable if none can be made.
-        source: the module's text as the trusted side read it (`grader.submission`); by default
+        source: the module's text as the trusted side read it (`grader.delivery.submission`); by default
             the file is read here, without following a link.
         uid: with `sandbox`, the host uid its processes run as (as root; by default one of its
             own per box, `grader.isolation.sandbox.Box`), e.g. a dedicated user's.
@@ -121,9 +121,9 @@ def _run(ch, only, path, solutions, submission, seed, hidden, public, figures_di
 
     import torch  # imported only now that the student's process is starting: the two imports overlap
 
-    from grader import reference
+    from grader.authoring import reference
+    from grader.authoring.trial import not_run, run_one
     from grader.isolation.session import Session
-    from grader.trial import not_run, run_one
     session = Session(path, spawn=spawn, worker=first, time_limit=time_limit)
     gc.freeze()  # torch's many objects stay out of full garbage collections (about 0.1 s each)
     threads = torch.get_num_threads()
@@ -271,9 +271,9 @@ def draw(report: Report, out_dir: Path) -> None:
         missing = spec.missing(record)
         if record is None:
             tasks = list(dict.fromkeys(spec.needs.values()))
-            left_out = [f"ch{t}" for t in tasks if t not in ran]
+            left_out = [t for t in tasks if t not in ran]
             report.undrawn[spec.id] = (f"{', '.join(left_out)} left out of this run" if left_out else
-                                       f"waits for {', '.join(f'ch{t}' for t in tasks)}")
+                                       f"waits for {', '.join(tasks)}")
             continue
         if missing:
             verb = "passes its" if len(missing) == 1 else "pass their"

@@ -30,3 +30,11 @@ def warm_students():
 @pytest.fixture(autouse=True)
 def private_state(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_STATE_DIR", str(tmp_path / "state"))
+
+
+def pytest_collection_modifyitems(items):
+    """A test that grades a mutant (the `graded` fixture of the chapter tests) is slow: the fast loop
+    (`pytest -m "not slow"`) keeps the tests that grade nothing."""
+    for item in items:
+        if "graded" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

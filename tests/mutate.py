@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from grader import chapters
+from grader.authoring.misconceptions import table
 from grader.run import check
 
 
@@ -53,7 +54,24 @@ def mutant_grader(tmp_path_factory, chapter_id: str, seed: int):
                                figures_dir=tmp_path_factory.mktemp(f"{name}_figures"))
         return cache[key]
 
+    def mistake(mistake_id: str, *more: tuple[str, str], task: str | None = None):
+        """The chapter's mistake `mistake_id` (its row's edits, then `more`), graded as `grade` does."""
+        return grade(mistake_id, *row(chapter_id, mistake_id).edits, *more, task=task)
+
+    grade.mistake = mistake  # type: ignore[attr-defined]
     return grade
+
+
+def row(chapter_id: str, mistake_id: str):
+    """The row `mistake_id` of a chapter's table of mistakes (grader/hidden/chNN_mistakes.py)."""
+    rows = {m.id: m for m in table(chapter_id)}
+    assert mistake_id in rows, f"{chapter_id} has no mistake {mistake_id!r}: {sorted(rows)}"
+    return rows[mistake_id]
+
+
+def hints(report, task: str | None = None) -> set[str]:
+    """The ids of the mistakes named by `report`'s checks (of `task`, when given)."""
+    return {h for r in report.results if task in (None, r.task) for h in r.hints}
 
 
 def result(report, name_start: str, task: str | None = None):

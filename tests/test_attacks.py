@@ -329,8 +329,8 @@ def module_for(role: str, targets: "Targets", nonce: str, **options) -> str:
 
 
 def notebook_for(role: str, targets: "Targets", nonce: str) -> dict:
-    """A chapter notebook (grader.notebook.chapter_notebook's layout) whose answer cells hold the module."""
-    from grader.notebook import chapter_notebook
+    """A chapter notebook (grader.delivery.notebook.chapter_notebook's layout) whose answer cells hold the module."""
+    from grader.delivery.notebook import chapter_notebook
 
     nb = chapter_notebook(CH)
     answers = [c for c in nb["cells"] if c["metadata"]["nbgrader"]["grade_id"].startswith("answer_")]
@@ -749,7 +749,7 @@ class Bundle:
 @pytest.fixture(scope="session")
 def bundle(base) -> Bundle:
     """The ch17 Gradescope bundle, installed once as setup.sh installs it (tests/test_gradescope.py's way)."""
-    from grader.gradescope import export
+    from grader.delivery.gradescope import export
 
     folder = base / "gradescope"
     folder.mkdir()
@@ -829,7 +829,7 @@ _NBGRADER_TEMPLATE: dict[str, Path] = {}
 
 
 def campaign_nbgrader(user: User, c: Campaign, folder: Path) -> None:
-    from grader.notebook import write_course
+    from grader.delivery.notebook import write_course
 
     if "course" not in _NBGRADER_TEMPLATE:
         template = folder.parent / "nbgrader-template"
@@ -1002,7 +1002,7 @@ def test_the_grader_memory_stays_bounded(campaign):
 def test_grading_others_code_refuses_without_bubblewrap_unless_no_sandbox(root_user, base):
     """With bwrap off the PATH, `course check --submission/--notebook` and `course grade` refuse, naming
     the fix; with --no-sandbox they run and warn."""
-    from grader.notebook import chapter_notebook
+    from grader.delivery.notebook import chapter_notebook
 
     folder = base / "fail-closed"
     (folder / "subs" / "a").mkdir(parents=True)

@@ -28,29 +28,29 @@ def test_lookup_as_a_reshape(graded):
                     # a lookup done as a reshape: the first rows of E, whatever the ids say
                     ("return weight[ids.long()]",
                      "return weight.reshape(-1)[: ids.numel() * weight.shape[1]].reshape(*ids.shape, weight.shape[1])"))
-    r = result(report, "figure instance", task="15.1")
+    r = result(report, "figure instance", task="ch15.1")
     assert r.status == "failed"
     E = torch.tensor(checks.EMBED_TABLE, dtype=torch.float32)
     assert "table E [6, 4], ids [1, 3] = [[2, 0, 4]]" in r.message
     assert f"ids[0, 0] = 2, so its embedding is row 2 of E = {checks.vec(E[2])}; yours: {checks.vec(E[0])}" in r.message
     assert "hint: your rows are rows 0 … 2 of E in order: the ids choose the rows (a lookup is not a reshape" in r.message
-    assert tasks_not_passed(report) == {"15.1"}
-    assert wrong_elements(report, "dim-embedding")
-    assert not wrong_elements(report, "dim-qkv-linear")
+    assert tasks_not_passed(report) == {"ch15.1"}
+    assert wrong_elements(report, "ch15-dim-embedding")
+    assert not wrong_elements(report, "ch15-dim-qkv-linear")
 
 
 def test_negative_ids_not_rejected(graded):
     report = graded("no_range_check",
                     # no range check: Python indexing wraps −1 to the last row, and an id ≥ V raises IndexError
                     ("        if lo < 0 or hi >= V:\n", "        if False:\n"))
-    assert result(report, "figure instance", task="15.1").status == "passed"
-    neg = result(report, "a negative id", task="15.1")
+    assert result(report, "figure instance", task="ch15.1").status == "passed"
+    neg = result(report, "a negative id", task="ch15.1")
     assert neg.status == "failed"
     assert "embedding_lookup should raise ValueError because id −1 is no token" in neg.message
     assert "yours returned float32 tensor [1, 3, 4]" in neg.message
-    high = result(report, "an id ≥ vocab_size", task="15.1")
+    high = result(report, "an id ≥ vocab_size", task="ch15.1")
     assert high.status == "failed" and "yours raised IndexError" in high.message
-    assert not wrong_elements(report, "dim-embedding")
+    assert not wrong_elements(report, "ch15-dim-embedding")
 
 
 # -- 15.2 ---------------------------------------------------------------------------------------------
@@ -59,7 +59,7 @@ def test_reshape_instead_of_transpose(graded):
     report = graded("reshape_weight",
                     # W.reshape(in, out) taken for a transpose: the right shape, scrambled weights
                     ("y = x @ weight.T", "y = x @ weight.reshape(in_features, out_features)"))
-    r = result(report, "figure instance", task="15.2")
+    r = result(report, "figure instance", task="ch15.2")
     assert r.status == "failed"
     x, w = torch.tensor(checks.QKV_X, dtype=torch.float32), torch.tensor(checks.QKV_W, dtype=torch.float32)
     want, bad = x @ w.T, x @ w.reshape(4, 8)
@@ -68,20 +68,20 @@ def test_reshape_instead_of_transpose(graded):
     assert f"y[{i}, {j}] = Σ_c x[{i}, c]·W[{j}, c] = " in r.message
     assert f"= {checks.fmt(want[i, j])}; yours: {checks.fmt(bad[i, j])}" in r.message
     assert "hint: W.reshape(in, out) keeps the memory order and scrambles the weights; a transpose is W.T" in r.message
-    assert tasks_not_passed(report) == {"15.2"}
-    assert wrong_elements(report, "dim-qkv-linear")
+    assert tasks_not_passed(report) == {"ch15.2"}
+    assert wrong_elements(report, "ch15-dim-qkv-linear")
 
 
 def test_math_convention_x_at_w(graded):
     report = graded("x_at_w",
                     # the math [in, out] habit: x @ W with a weight stored [out, in]
                     ("y = x @ weight.T", "y = x @ weight"))
-    square = result(report, "a square weight", task="15.2")
+    square = result(report, "a square weight", task="ch15.2")
     assert square.status == "failed"
     assert "y[0, 0] = Σ_c x[0, c]·W[0, c] = 1·1 + 2·0 + 3·0 = 1; yours: 3" in square.message
     assert "hint: you computed x @ W, the math [in, out] view; nn.Linear stores W as [out, in]" in square.message
     # With in ≠ out the product cannot even be formed: the student's own error is reported.
-    fig = result(report, "figure instance", task="15.2")
+    fig = result(report, "figure instance", task="ch15.2")
     assert fig.status == "error" and "RuntimeError" in fig.message
 
 
@@ -90,11 +90,11 @@ def test_convention_named_in_the_error(graded):
                     # a ValueError that does not say which convention the weight breaks
                     ("weights are stored \"\n                             f\"[out, in] (the nn.Linear convention)",
                      "the shapes \"\n                             f\"do not match"))
-    r = result(report, "a weight passed as [in, out]", task="15.2")
+    r = result(report, "a weight passed as [in, out]", task="ch15.2")
     assert r.status == "failed"
     assert "its message does not name the convention" in r.message
     assert "hint: say that weights are stored [out, in] (the nn.Linear convention)" in r.message
-    assert tasks_not_passed(report) == {"15.2"}
+    assert tasks_not_passed(report) == {"ch15.2"}
 
 
 # -- 15.3 ---------------------------------------------------------------------------------------------
@@ -104,26 +104,26 @@ def test_k_and_v_swapped(graded):
                     # the packing read as q | v | k
                     ("q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)",
                      "q, v, k = qkv.split([q_size, kv_size, kv_size], dim=-1)"))
-    r = result(report, "Qwen3-0.6B", task="15.3")
+    r = result(report, "Qwen3-0.6B", task="ch15.3")
     assert r.status == "failed"
     assert "the packing is q | k | v = 2048 | 1024 | 1024 columns, so k is columns 2048–3071 of qkv" in r.message
     assert "yours holds columns 3072–4095" in r.message
     assert "hint: your k is v's block: the order is q | k | v" in r.message
-    assert result(report, "MHA", task="15.3").status == "failed"
-    assert tasks_not_passed(report) == {"15.3"}
-    assert wrong_elements(report, "dim-qkv-linear")
+    assert result(report, "MHA", task="ch15.3").status == "failed"
+    assert tasks_not_passed(report) == {"ch15.3"}
+    assert wrong_elements(report, "ch15-dim-qkv-linear")
 
 
 def test_equal_thirds(graded):
     report = graded("thirds",
                     # qkv.chunk(3): three equal parts, as if K and V had as many heads as Q
                     ("qkv.split([q_size, kv_size, kv_size], dim=-1)", "qkv.chunk(3, dim=-1)"))
-    r = result(report, "Qwen3-0.6B", task="15.3")
+    r = result(report, "Qwen3-0.6B", task="ch15.3")
     assert r.status == "failed"
     assert "q is num_heads·head_dim = 16·128 = 2048 wide, k and v num_kv_heads·head_dim = 8·128 = 1024 each" in r.message
     assert "yours: float32 tensor [2, 1366], float32 tensor [2, 1366], float32 tensor [2, 1364]" in r.message
     assert "hint: under GQA the parts are not equal thirds" in r.message
-    assert result(report, "MHA", task="15.3").status == "passed", "equal thirds are right for MHA"
+    assert result(report, "MHA", task="ch15.3").status == "passed", "equal thirds are right for MHA"
 
 
 # -- 15.4 ---------------------------------------------------------------------------------------------
@@ -133,17 +133,17 @@ def test_head_dim_derived_from_hidden(graded):
                     # the Qwen3 trap: head_dim taken as hidden_size / num_attention_heads
                     ('config["vocab_size"], config["head_dim"]',
                      'config["vocab_size"], config["hidden_size"] // config["num_attention_heads"]'))
-    r = result(report, "figure instance", task="15.4")
+    r = result(report, "figure instance", task="ch15.4")
     assert r.status == "failed"
     assert "qkv_proj is stored [(Hq + 2·Hkv)·d, H] = [(16 + 2·8)·128, 1024] = [4096, 1024]; yours: [2048, 1024]" \
         in r.message
     assert "hint: head_dim is read from the config: 128, not hidden_size / num_attention_heads = 1024 / 16 = 64" \
         in r.message
-    assert result(report, "a synthetic config", task="15.4").status == "failed"
-    assert result(report, "Llama-3-8B", task="15.4").status == "passed", "Llama's head_dim happens to be H / Hq"
-    oracle = result(report, "agreement with transformers", task="15.4")
+    assert result(report, "a synthetic config", task="ch15.4").status == "failed"
+    assert result(report, "Llama-3-8B", task="ch15.4").status == "passed", "Llama's head_dim happens to be H / Hq"
+    oracle = result(report, "agreement with transformers", task="ch15.4")
     assert oracle.status == "failed" and "transformers' Qwen3ForCausalLM built from it holds q_proj" in oracle.message
-    assert tasks_not_passed(report) == {"15.4"}
+    assert tasks_not_passed(report) == {"ch15.4"}
     assert wrong_elements(report, "ch15-qwen3-widths")
 
 
@@ -153,15 +153,15 @@ def test_logits_for_every_token(graded):
     report = graded("all_logits",
                     # logits for all N tokens instead of the last token of each request
                     ('("logits", (B, V))', '("logits", (N, V))'))
-    r = result(report, "figure instance", task="15.5")
+    r = result(report, "figure instance", task="ch15.5")
     assert r.status == "failed"
     assert "N = 3 + 2 = 5 tokens flattened, B = 2 requests" in r.message
     assert "logits is [B, V] = [2, 151936]; yours: [5, 151936]" in r.message
     assert "hint: only the last token of each request predicts a next token: the LM head keeps the rows " \
            "cu_seqlens_q[1:] − 1 = [2, 4]" in r.message
     # A request of one token each cannot tell the two apart.
-    assert result(report, "every request one token long", task="15.5").status == "passed"
-    assert tasks_not_passed(report) == {"15.5"}
+    assert result(report, "every request one token long", task="ch15.5").status == "passed"
+    assert tasks_not_passed(report) == {"ch15.5"}
     assert wrong_elements(report, "ch15-checkpoints")
 
 
@@ -172,15 +172,15 @@ def test_row_partials_concatenated(graded):
                     # the all-reduce taken for an all-gather: row-parallel partials concatenated
                     ("    out = partials[0]\n    for p in partials[1:]:\n        out = out + p\n",
                      "    out = torch.cat(partials, dim=1)\n"))
-    r = result(report, "figure instance: row-parallel", task="15.6")
+    r = result(report, "figure instance: row-parallel", task="ch15.6")
     assert r.status == "failed"
     assert "out should be [N, out] = [2, 3]; yours: float32 tensor [2, 6]" in r.message
     assert "hint: row-parallel partials are summed (the all-reduce), not concatenated" in r.message
-    assert result(report, "figure instance: column-parallel", task="15.6").status == "passed"
-    assert result(report, "column-parallel over 4 ranks", task="15.6").status == "passed"
-    assert tasks_not_passed(report) == {"15.6"}
-    assert wrong_elements(report, "dim-tensor-parallel")
-    svg = figure_file(report, "dim-tensor-parallel").read_text()
+    assert result(report, "figure instance: column-parallel", task="ch15.6").status == "passed"
+    assert result(report, "column-parallel over 4 ranks", task="ch15.6").status == "passed"
+    assert tasks_not_passed(report) == {"ch15.6"}
+    assert wrong_elements(report, "ch15-dim-tensor-parallel")
+    svg = figure_file(report, "ch15-dim-tensor-parallel").read_text()
     assert "yours [2, 6]; expected [2, 3]" in svg
 
 
@@ -189,23 +189,23 @@ def test_interleaved_column_shards(graded):
                     # rank r takes every tp-th output column instead of one contiguous block
                     ("shards = [x @ w for w in weight.split(out_features // tp, dim=1)]",
                      "shards = [x @ weight[:, r::tp] for r in range(tp)]"))
-    r = result(report, "figure instance: column-parallel", task="15.6")
+    r = result(report, "figure instance: column-parallel", task="ch15.6")
     assert r.status == "failed"
     assert "rank 0 owns the output columns [0·2, 1·2) = [0, 2) of W" in r.message
     assert "hint: a rank owns one contiguous block of out/tp = 2 columns, not the columns r, r + 2, r + 2·2, …" \
         in r.message
-    assert wrong_elements(report, "dim-tensor-parallel")
+    assert wrong_elements(report, "ch15-dim-tensor-parallel")
 
 
 def test_two_functions_share_task_15_6(graded):
     ch = chapters.find("ch15")
-    task = ch.task("15.6")
+    task = ch.task("ch15.6")
     assert task.names == ("column_parallel_linear", "row_parallel_linear")
     assert ch.task("row_parallel_linear") is task
     report = graded("interleaved",
                      ("shards = [x @ w for w in weight.split(out_features // tp, dim=1)]",
                       "shards = [x @ weight[:, r::tp] for r in range(tp)]"))
-    labels = {r.function for r in report.results if r.task == "15.6"}
+    labels = {r.function for r in report.results if r.task == "ch15.6"}
     assert labels == {"column_parallel_linear, row_parallel_linear"}
 
 

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from figure_layout import reference_figures, transposes
 from mutate import checks_not_passed, figure, mutant_grader, result, wrong_elements
 
+from grader.authoring.compare import fmt
 from grader.checks import ch16 as checks
-from grader.compare import fmt
 from grader.hidden import ch16 as hidden
 from grader.hidden import ch16_models as models
 from grader.run import check
@@ -55,17 +55,17 @@ def test_reshape_without_transpose_is_explained_and_drawn(graded):
             f"which is head 1 of token 0 (x[0, 0, 2:4])") in r.message
     assert "hint: a reshape to [B, H, T, d] without a transpose" in r.message
     assert "view as [B, T, H, d] first, then transpose(1, 2)" in r.message
-    assert wrong_elements(report, "dim-split-heads")
-    assert any("In your result #2 sits at out[0, 0, 1, 0]" in s for s in texts(report, "dim-split-heads"))
+    assert wrong_elements(report, "ch16-dim-split-heads")
+    assert any("In your result #2 sits at out[0, 0, 1, 0]" in s for s in texts(report, "ch16-dim-split-heads"))
     # A single head is the one case a bare reshape gets right.
     assert result(report, "one head").status == "passed"
-    assert {r.task for r in report.results if r.status != "passed"} == {"16.1"}
+    assert {r.task for r in report.results if r.status != "passed"} == {"ch16.1"}
 
 
 def test_wrong_axes_are_named_from_the_shape(graded):
     # transpose(2, 3) instead of transpose(1, 2): the width and head axes swapped, tokens left in place
     report = graded("split_wrong_axes", (".transpose(1, 2)\n    ### END", ".transpose(2, 3)\n    ### END"),
-                    task="16.1")
+                    task="ch16.1")
     r = result(report, "figure instance: the numbers 0")
     assert "expected the heads as a 4-D float32 tensor of shape [1, 2, 3, 2]; yours: float32 tensor [1, 3, 2, 2]" \
         in r.message
@@ -75,7 +75,7 @@ def test_wrong_axes_are_named_from_the_shape(graded):
     square = result(report, "T = H = d")
     assert square.status == "failed" and "which is not one head of one token of x" in square.message
     assert "permute(0, 1, 3, 2)" in square.message
-    assert not any(p.endswith("dim-split-heads.svg") for p in report.figures), "no figure from a wrong shape"
+    assert not any(p.endswith("ch16-dim-split-heads.svg") for p in report.figures), "no figure from a wrong shape"
 
 
 @pytest.mark.parametrize("name, new, call", [
@@ -83,7 +83,7 @@ def test_wrong_axes_are_named_from_the_shape(graded):
     ("split_stack", "return torch.stack(x.view(B, T, num_heads, width // num_heads).unbind(2), dim=1)", "stack("),
 ])
 def test_a_copy_does_not_fit_the_measured_check(graded, name, new, call):
-    report = graded(name, (SPLIT, new), task="16.1")
+    report = graded(name, (SPLIT, new), task="ch16.1")
     assert checks_not_passed(report) == ["the split is a view: no number is copied (measured)"]
     r = result(report, "the split is a view")
     x_bytes = math.prod(hidden.SPLIT_X) * 4
@@ -94,7 +94,7 @@ def test_a_copy_does_not_fit_the_measured_check(graded, name, new, call):
     assert "nano-vllm's q.view(-1, num_heads, head_dim) is a view" in r.message
     hints = [line for line in r.message.splitlines() if line.startswith("hint: ")]
     assert hints == [f"hint: {hidden.COPIES[call]}"], "the hint names the copying call on that line, no other"
-    assert not wrong_elements(report, "dim-split-heads")
+    assert not wrong_elements(report, "ch16-dim-split-heads")
 
 
 def test_a_copy_made_with_dispatch_modes_switched_off_is_still_measured(graded):
@@ -102,13 +102,13 @@ def test_a_copy_made_with_dispatch_modes_switched_off_is_still_measured(graded):
     # limit is the kernel's, outside it.
     report = graded("split_copy_unseen", (SPLIT, "import torch.utils._python_dispatch\n"
                                                  "    with torch.utils._python_dispatch._disable_current_modes():\n"
-                                                 "        " + SPLIT + ".contiguous()"), task="16.1")
+                                                 "        " + SPLIT + ".contiguous()"), task="ch16.1")
     assert checks_not_passed(report) == ["the split is a view: no number is copied (measured)"]
     assert "asking for 16 MiB" in result(report, "the split is a view").message
 
 
 def test_reference_passes_the_measured_check():
-    r = result(check("ch16", solutions=True, task="16.1", hidden=True, seed=SEED), "the split is a view")
+    r = result(check("ch16", solutions=True, task="ch16.1", hidden=True, seed=SEED), "the split is a view")
     assert r.status == "passed", r.message
 
 
@@ -128,14 +128,14 @@ def test_bare_reshape_mixes_tokens(graded):
     # With one token or one head there is nothing to mix: those cases pass.
     assert result(report, "one token, one head").status == "passed"
     assert result(report, "T = H: a bare reshape").status == "failed"
-    assert wrong_elements(report, "dim-merge-heads")
-    assert "✗ mixed" in texts(report, "dim-merge-heads")
-    assert "16.1" not in {r.task for r in report.results if r.status != "passed"}
+    assert wrong_elements(report, "ch16-dim-merge-heads")
+    assert "✗ mixed" in texts(report, "ch16-dim-merge-heads")
+    assert "ch16.1" not in {r.task for r in report.results if r.status != "passed"}
 
 
 def test_view_after_transpose_is_explained(graded):
     # view() instead of reshape() after the transpose: torch refuses, the message says why
-    report = graded("merge_view", (MERGE, "return x.transpose(1, 2).view(B, T, H * d)"), task="16.2")
+    report = graded("merge_view", (MERGE, "return x.transpose(1, 2).view(B, T, H * d)"), task="ch16.2")
     r = result(report, "figure instance: [1, 2, 3, 2]")
     assert r.status == "failed"
     assert "merge_heads raised RuntimeError: view size is not compatible" in r.message
@@ -143,12 +143,12 @@ def test_view_after_transpose_is_explained(graded):
 
 
 def test_reference_merge_figure_marks_the_mixed_rows(tmp_path):
-    report = check("ch16", solutions=True, seed=SEED, task="16.2", figures_dir=tmp_path)
+    report = check("ch16", solutions=True, seed=SEED, task="ch16.2", figures_dir=tmp_path)
     assert report.exit_code == 0
-    mixed = texts(report, "dim-merge-heads", "mixed")
+    mixed = texts(report, "ch16-dim-merge-heads", "mixed")
     assert "row 0 holds t0 and t1 of head 0" in mixed
     assert "row 1 holds t2 of head 0" in mixed and "and t0 of head 1" in mixed
-    assert not wrong_elements(report, "dim-merge-heads")
+    assert not wrong_elements(report, "ch16-dim-merge-heads")
 
 
 # -- 16.3 attention_steps ------------------------------------------------------------------------
@@ -161,7 +161,7 @@ def test_reference_merge_figure_marks_the_mixed_rows(tmp_path):
      "hint: scale the dot products: the default scale is 1/√d = 1/√2; your scores are not scaled"),
 ])
 def test_wrong_scales_are_explained(graded, name, scale, factor, hint):
-    report = graded(name, (DEFAULT_SCALE, f"scale = {scale} if scale is None else scale"), task="16.3")
+    report = graded(name, (DEFAULT_SCALE, f"scale = {scale} if scale is None else scale"), task="ch16.3")
     r = result(report, "figure instance: one causal head")
     assert r.status == "failed"
     q, k = checks.tensor(checks.ONE_Q), checks.tensor(checks.ONE_K)
@@ -171,7 +171,7 @@ def test_wrong_scales_are_explained(graded, name, scale, factor, hint):
     assert hint in r.message
     qwen = result(report, "Qwen3-0.6B's head_dim 128")
     assert "1/√128" in qwen.message and "is a sum of d = 128 products" in qwen.message
-    assert wrong_elements(report, "dim-one-head-attention")
+    assert wrong_elements(report, "ch16-dim-one-head-attention")
     # The validation of the mask does not depend on the scale.
     assert result(report, "a mask of the wrong shape").status == "passed"
 
@@ -179,7 +179,7 @@ def test_wrong_scales_are_explained(graded, name, scale, factor, hint):
 def test_softmax_over_the_queries(graded):
     # softmax along dim=0: each column sums to 1 instead of each row
     report = graded("softmax_dim0", (MAX, MAX.replace("dim=-1", "dim=0")),
-                    (NORMALISE, NORMALISE.replace("dim=-1", "dim=0")), task="16.3")
+                    (NORMALISE, NORMALISE.replace("dim=-1", "dim=0")), task="ch16.3")
     r = result(report, "causal, 5 queries")
     assert r.status == "failed"
     assert "expected row 0: [1, 0, 0, 0, 0] (sums to 1)" in r.message
@@ -192,14 +192,14 @@ def test_softmax_over_the_queries(graded):
 def test_masking_after_softmax(graded):
     # softmax over all keys, then the hidden ones zeroed: rows sum to less than 1
     report = graded("mask_after", (FILL, "hidden = scores"),
-                    (NORMALISE, "probs = (e / e.sum(dim=-1, keepdim=True)).masked_fill(~mask, 0.0)"), task="16.3")
+                    (NORMALISE, "probs = (e / e.sum(dim=-1, keepdim=True)).masked_fill(~mask, 0.0)"), task="ch16.3")
     r = result(report, "figure instance: one causal head")
     assert r.status == "failed"
     assert "step 2: query 0 may attend key 0" in r.message and "expected row 0: [1, 0, 0] (sums to 1)" in r.message
     assert "hint: mask before the softmax, not after" in r.message
     # Without a mask, masking after the softmax changes nothing.
     assert result(report, "three steps").status == "passed"
-    assert wrong_elements(report, "dim-one-head-attention")
+    assert wrong_elements(report, "ch16-dim-one-head-attention")
 
 
 def test_inverted_mask_convention(graded):
@@ -207,7 +207,7 @@ def test_inverted_mask_convention(graded):
     report = graded("inverted", ("mask = torch.ones(T, S, dtype=torch.bool)",
                                  "mask = torch.zeros(T, S, dtype=torch.bool)"),
                     ("blind = (~mask.any(dim=-1)).nonzero()", "blind = mask.all(dim=-1).nonzero()"),
-                    (FILL, FILL.replace("~mask", "mask")), task="16.3")
+                    (FILL, FILL.replace("~mask", "mask")), task="ch16.3")
     r = result(report, "figure instance: one causal head")
     assert r.status == "failed"
     assert "your attention_steps raised ValueError" in r.message and "but these inputs are valid" in r.message
@@ -215,12 +215,12 @@ def test_inverted_mask_convention(graded):
     pad = result(report, "a padding mask")
     assert "hint: True = may attend, the scaled_dot_product_attention convention" in pad.message
     assert "yours hides the keys it allows" in pad.message
-    assert not any(p.endswith("dim-one-head-attention.svg") for p in report.figures)
+    assert not any(p.endswith("ch16-dim-one-head-attention.svg") for p in report.figures)
 
 
 def test_unstable_softmax_overflows(graded):
     # exp of the raw scores: fine for small scores, inf/inf = nan at 1e4
-    report = graded("unstable", (MAX, "e = hidden.exp()"), task="16.3")
+    report = graded("unstable", (MAX, "e = hidden.exp()"), task="ch16.3")
     assert checks_not_passed(report) == ["large scores (about 1e4) stay finite: a stable softmax"]
     r = result(report, "large scores")
     assert "yours: [nan, nan, nan, nan]" in r.message
@@ -229,7 +229,7 @@ def test_unstable_softmax_overflows(graded):
 
 def test_finite_fill_is_not_exactly_zero(graded):
     # −100 instead of −∞ for the hidden keys: exp(−100) is tiny but not 0
-    report = graded("finite_fill", (FILL, FILL.replace('float("-inf")', "-100.0")), task="16.3")
+    report = graded("finite_fill", (FILL, FILL.replace('float("-inf")', "-100.0")), task="ch16.3")
     r = result(report, "masked keys get probability exactly 0")
     assert r.status == "failed"
     assert "must be exactly 0; yours:" in r.message and "fill the hidden scores with −∞" in r.message
@@ -244,7 +244,7 @@ def test_split_is_a_view_with_swapped_strides():
     x = checks.numbered()
     out = ref.split_heads(x, 2)
     assert out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
-    assert out.stride() == (12, 2, 4, 1)  # the strides the dim-split-heads figure prints
+    assert out.stride() == (12, 2, 4, 1)  # the strides the ch16-dim-split-heads figure prints
 
 
 def test_merge_is_nanovllm_flatten():
@@ -295,6 +295,6 @@ def test_scale_from_the_wrong_dimension_and_wrong_out_are_recognised():
 # -- the figures' layout ------------------------------------------------------------------------------------
 def test_a_transpose_is_a_raised_t_in_the_figures_own_font():
     drawn = reference_figures("ch16")
-    for figure_id in ("ch16-three-steps", "dim-one-head-attention"):
+    for figure_id in ("ch16-three-steps", "ch16-dim-one-head-attention"):
         assert "ᵀ" not in drawn[figure_id], "the modifier letter ᵀ is another font's glyph"
         assert [s for s in transposes(drawn[figure_id]) if s.startswith("KT [")], figure_id

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from mutate import mutant_grader, result, statuses, wrong_elements
+from mutate import mutant_grader, result, row, statuses, wrong_elements
 
 from grader.checks import ch17 as checks
 from solutions import ch17_causal_masks as ref
@@ -23,11 +23,9 @@ def graded(tmp_path_factory):
 
 def test_top_left_tril_for_a_chunk(graded):
     """torch.tril(ones(L, S)) for a chunk: query 0 sees only key 0 instead of the cached prefix."""
-    report = graded("topleft",
-                    # the top-left tril: a chunk's mask taken from the corner, as if nothing were cached
-                    (".tril(diagonal=num_cached)", ".tril()"))
-    assert statuses(report, "17.1") == {"passed"}
-    r = result(report, "figure instance", task="17.2")
+    report = graded.mistake("topleft")
+    assert statuses(report, "ch17.1") == {"passed"}
+    r = result(report, "figure instance", task="ch17.2")
     assert r.status == "failed"
     want = ref.causal_mask_with_offset(N, C)
     last_visible = int(want[0].nonzero().max())
@@ -35,12 +33,12 @@ def test_top_left_tril_for_a_chunk(graded):
     assert f"inputs: num_new={N}, num_cached={C}" in r.message
     assert f"query 0 is the token at absolute position {C} + 0 = {C}, so it sees keys 0–{last_visible}" in r.message
     assert "your row 0 sees only key 0" in r.message
-    assert "hint: a chunk after a cached prefix is offset by num_cached: use tril with diagonal=num_cached" in r.message
-    assert result(report, "a decode step", task="17.2").status == "failed"
+    assert r.hints == ["topleft"]
+    assert result(report, "a decode step", task="ch17.2").status == "failed"
     # A mask without an offset is right when nothing is cached.
-    assert result(report, "nothing cached", task="17.2").status == "passed"
-    assert result(report, "num_cached 0 equals", task="17.2").status == "passed"
-    sdpa = result(report, "agrees with scaled_dot_product_attention", task="17.2")
+    assert result(report, "nothing cached", task="ch17.2").status == "passed"
+    assert result(report, "num_cached 0 equals", task="ch17.2").status == "passed"
+    sdpa = result(report, "agrees with scaled_dot_product_attention", task="ch17.2")
     assert sdpa.status == "failed"
     assert "must equal the last" in sdpa.message and "is_causal=True" in sdpa.message
     assert "SDPA's own is_causal=True uses when L ≠ S" in sdpa.message
@@ -50,54 +48,44 @@ def test_top_left_tril_for_a_chunk(graded):
 
 def test_inverted_mask(graded):
     """True = masked: the additive-mask habit carried over to a bool mask."""
-    report = graded("inverted",
-                    # True = masked: the inverse of the scaled_dot_product_attention convention
-                    ("dtype=torch.bool).tril()", "dtype=torch.bool).triu(diagonal=1)"),
-                       (".tril(diagonal=num_cached)", ".triu(diagonal=num_cached + 1)"))
-    r = result(report, "figure instance", task="17.1")
+    report = graded.mistake("inverted")
+    r = result(report, "figure instance", task="ch17.1")
     assert r.status == "failed"
     assert f"inputs: num_tokens={T}" in r.message
     assert "query 0 is the token at position 0, so it sees only key 0 (itself); your row 0 sees keys 1–" in r.message
-    assert "hint: True = may attend, the scaled_dot_product_attention convention; your mask is its inverse" in r.message
-    r2 = result(report, "figure instance", task="17.2")
-    assert r2.status == "failed" and "your mask is its inverse" in r2.message
+    assert r.hints == ["inverted"]
+    r2 = result(report, "figure instance", task="ch17.2")
+    assert r2.status == "failed" and r2.hints == ["inverted"]
     assert wrong_elements(report, "ch17-causal-mask")
     assert wrong_elements(report, "ch17-offset-mask")
 
 
 def test_float_mask_with_the_right_values(graded):
     """1.0/0.0 instead of True/False: SDPA would add it to the scores."""
-    report = graded("float",
-                    # the right values as a float tensor of 1s and 0s instead of a bool mask
-                    ("torch.ones(num_tokens, num_tokens, dtype=torch.bool)", "torch.ones(num_tokens, num_tokens)"),
-                    ("torch.ones(num_new, num_cached + num_new, dtype=torch.bool)",
-                     "torch.ones(num_new, num_cached + num_new)"))
-    for task in ("17.1", "17.2"):
+    report = graded.mistake("float_values")
+    for task in ("ch17.1", "ch17.2"):
         assert statuses(report, task) <= {"failed", "passed"}
         r = result(report, "figure instance", task=task)
-        shape = list((ref.causal_mask(T) if task == "17.1" else ref.causal_mask_with_offset(N, C)).shape)
+        shape = list((ref.causal_mask(T) if task == "ch17.1" else ref.causal_mask_with_offset(N, C)).shape)
         assert r.status == "failed"
         assert f"expected the mask as a 2-D bool tensor of shape {shape}; yours: float32 tensor {shape}" in r.message
-        assert "your values are right, but not bool" in r.message and "*adds* a float attn_mask" in r.message
+        assert r.hints == ["float_values"]
     # The structure check comes before the figure is recorded: nothing to draw.
     assert not report.figures and not report.figure_notes
 
 
 def test_dropped_diagonal(graded):
     """tril(diagonal=-1): a token that cannot see itself."""
-    report = graded("nodiag",
-                    # a token may not attend itself: the diagonal dropped
-                    ("dtype=torch.bool).tril()", "dtype=torch.bool).tril(diagonal=-1)"),
-                       (".tril(diagonal=num_cached)", ".tril(diagonal=num_cached - 1)"))
-    r = result(report, "figure instance", task="17.1")
+    report = graded.mistake("drop_diagonal", *row("ch17", "drop_diagonal_offset").edits)
+    r = result(report, "figure instance", task="ch17.1")
     assert r.status == "failed"
     assert "your row 0 sees no key at all" in r.message
-    assert "hint: keep the diagonal" in r.message
-    assert result(report, "a single token", task="17.1").status == "failed"
-    assert "hint: keep the diagonal" in result(report, "a single token", task="17.1").message
-    r2 = result(report, "figure instance", task="17.2")
+    assert r.hints == ["drop_diagonal"]
+    assert result(report, "a single token", task="ch17.1").status == "failed"
+    assert result(report, "a single token", task="ch17.1").hints == ["drop_diagonal"]
+    r2 = result(report, "figure instance", task="ch17.2")
     assert f"sees keys 0–{C}; your row 0 sees keys 0–{C - 1}" in r2.message
-    assert "tril's diagonal is num_cached, not num_cached − 1" in r2.message
+    assert r2.hints == ["drop_diagonal_offset"]
     assert wrong_elements(report, "ch17-causal-mask")
     assert wrong_elements(report, "ch17-offset-mask")
 
@@ -114,11 +102,11 @@ def test_missing_validation(graded):
                      '            raise ValueError(f"{name} is a number of tokens, a non-negative int; '
                      'got {n!r}")\n', ""))
     failed = {(r.task, r.name) for r in report.results if r.status != "passed"}
-    assert failed == {("17.1", "a negative or fractional length raises ValueError"),
-                      ("17.1", "bad lengths raise ValueError"),
-                      ("17.2", "a negative or fractional count raises ValueError"),
-                      ("17.2", "bad counts raise ValueError")}
-    r = result(report, "a negative or fractional count", task="17.2")
+    assert failed == {("ch17.1", "a negative or fractional length raises ValueError"),
+                      ("ch17.1", "bad lengths raise ValueError"),
+                      ("ch17.2", "a negative or fractional count raises ValueError"),
+                      ("ch17.2", "bad counts raise ValueError")}
+    r = result(report, "a negative or fractional count", task="ch17.2")
     assert "causal_mask_with_offset should raise ValueError because num_cached = −1" in r.message
     assert "yours returned bool tensor" in r.message
     assert not wrong_elements(report, "ch17-causal-mask") and not wrong_elements(report, "ch17-offset-mask")
@@ -130,25 +118,24 @@ def test_additive_float_mask_is_recognised():
     want = ref.causal_mask_with_offset(N, C)
     additive = torch.zeros(want.shape).masked_fill(~want, float("-inf"))
     hint = checks.structure_hint(additive, list(want.shape), want, N, C, whole=False)
-    assert "additive form" in hint and "True = may attend" in hint
+    assert hint.id == "additive"
 
 
 def test_integer_mask_is_recognised():
     want = ref.causal_mask(T)
     hint = checks.structure_hint(want.long(), list(want.shape), want, T, 0, whole=True)
-    assert "refuses an integer attn_mask" in hint
+    assert hint.id == "int_values"
 
 
-@pytest.mark.parametrize("shape, words", [((N, N), "num_cached + num_new columns"),
-                                          ((N + C, N + C), "one row per new query only"),
-                                          ((N, C), "the new tokens are keys too")])
-def test_wrong_shapes_are_explained(shape, words):
+@pytest.mark.parametrize("shape, mistake", [((N, N), "new_keys_only"), ((N + C, N + C), "every_row"),
+                                            ((N, C), "cached_keys_only"), ((N + C, N), "keys_by_queries")])
+def test_wrong_shapes_are_explained(shape, mistake):
     want = ref.causal_mask_with_offset(N, C)
     got = torch.ones(shape, dtype=torch.bool).tril()
     with pytest.raises(checks.CheckFailed) as e:
         checks.expect_mask(got, want, N, C, whole=False)
     assert f"shape {list(want.shape)}; yours: bool tensor {list(shape)}" in str(e.value)
-    assert words in str(e.value)
+    assert e.value.hints == [mistake]
 
 
 def test_hidden_prefix_and_off_by_one_hints():
@@ -156,11 +143,12 @@ def test_hidden_prefix_and_off_by_one_hints():
     want = ref.causal_mask_with_offset(n, c)
     no_prefix = want.clone()
     no_prefix[:, :c] = False
-    assert "sees all num_cached cached keys" in "\n".join(checks.mask_problem(no_prefix, want, n, c, False))
+    assert checks.mask_problem(no_prefix, want, n, c, False).hints == ["prefix_hidden"]
     ahead = torch.ones(n, n + c, dtype=torch.bool).tril(c + 1)
-    lines = checks.mask_problem(ahead, want, n, c, False)
-    assert f"so it sees keys 0–{c}; your row 0 sees keys 0–{c + 1}" in lines[0]
-    assert "off by one" in lines[-1]
+    problem = checks.mask_problem(ahead, want, n, c, False)
+    assert f"so it sees keys 0–{c}; your row 0 sees keys 0–{c + 1}" in problem.lines[0]
+    assert problem.hints == ["one_ahead"]
+    assert checks.mask_problem(want, want, n, c, False) is None
 
 
 def test_keys_text():

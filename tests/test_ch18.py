@@ -51,7 +51,7 @@ def test_dividing_by_num_kv_heads_is_explained(graded):
     report = graded("ch18_divide_by_kv_heads",
                     # dividing by the number of K/V heads instead of by the group size
                     ("return q_head // (num_heads // num_kv_heads)", "return q_head // num_kv_heads"),
-                    task="18.1")
+                    task="ch18.1")
     # With 4 heads over 2, h // num_kv_heads happens to be right: the figure instance passes.
     assert result(report, "figure instance: 4 query heads").status == "passed"
     assert not wrong_elements(report, "ch18-gqa-groups")
@@ -88,7 +88,7 @@ def test_top_left_mask_is_explained(graded):
                     # the top-left tril, as SDPA's is_causal=True, instead of the mask aligned to the end
                     ("allowed = torch.arange(S) <= torch.arange(T)[:, None] + (S - T)",
                      "allowed = torch.ones(T, S, dtype=torch.bool).tril()"),
-                    task="18.2")
+                    task="ch18.2")
     r = result(report, "GQA: a chunk of 3 queries")
     assert r.status == "failed"
     assert "hint: the causal mask is aligned to the end" in r.message
@@ -96,14 +96,14 @@ def test_top_left_mask_is_explained(graded):
     # With T == S the two alignments agree: the figure instance and the MHA case pass, the figure is clean.
     assert result(report, "figure instance: 2 query heads").status == "passed"
     assert result(report, "MHA: every query head").status == "passed"
-    assert not wrong_elements(report, "dim-gqa")
+    assert not wrong_elements(report, "ch18-dim-gqa")
 
 
 def test_unscaled_scores_are_explained_and_marked(graded):
     report = graded("ch18_unscaled",
                     # the default scale forgotten: scores not divided by √d
                     ("scale = d ** -0.5 if scale is None else scale", "scale = 1.0 if scale is None else scale"),
-                    task="18.2")
+                    task="ch18.2")
     r = result(report, "figure instance: 2 query heads")
     assert r.status == "failed"
     assert "hint: scale the scores by 1/√d = 1/√2; you did not scale them" in r.message
@@ -112,7 +112,7 @@ def test_unscaled_scores_are_explained_and_marked(graded):
     t, h, j = (int(i) for i in ((want - models18.attend(q, k, v, [0, 0], models18.end_aligned(3, 3), 1.0)).abs()
                                 > 1e-5).nonzero()[0])
     assert f"out[{t}, {h}, {j}]: expected {checks18.fmt(want[t, h, j])}" in r.message
-    assert wrong_elements(report, "dim-gqa"), "the student's wrong outputs are marked in dim-gqa"
+    assert wrong_elements(report, "ch18-dim-gqa"), "the student's wrong outputs are marked in ch18-dim-gqa"
     # A custom scale is still honoured, so the non-causal custom-scale case passes.
     assert result(report, "not causal, with a custom scale").status == "passed"
 
@@ -146,7 +146,7 @@ def copy_message(report) -> str:
     ("ch18_expand_kv", EXPAND_KV, "hint: expand is a view, but the reshape (or contiguous) after it"),
 ])
 def test_repeating_kv_does_not_fit_the_measured_check(graded, name, edit, hint):
-    message = copy_message(graded(name, edit, task="18.2"))
+    message = copy_message(graded(name, edit, task="ch18.2"))
     assert "ran out at ch18_gqa.py:" in message and "asking for 64 MiB" in message
     assert hint in message
 
@@ -158,7 +158,7 @@ def test_broadcasting_matmul_copy_is_caught_with_its_hint(graded):
                     ("(qg @ k.permute(1, 2, 0))", "(qg @ k.permute(1, 2, 0).unsqueeze(1))"),
                     ('float("-inf")).view(Hkv, group * T, S)', 'float("-inf"))'),
                      ("@ v.permute(1, 0, 2)", "@ v.permute(1, 0, 2).unsqueeze(1)"),
-                     task="18.2")
+                     task="ch18.2")
     message = copy_message(report)
     assert "hint: a torch.matmul that broadcasts a [Hkv, 1, …] K" in message and "[2, 8, 128, 8192]" in message
 
@@ -171,11 +171,11 @@ def test_a_copy_made_with_dispatch_modes_switched_off_is_still_measured(graded):
                          "    import torch.utils._python_dispatch\n"
                          "    with torch.utils._python_dispatch._disable_current_modes():\n"
                          "        k, v = k.repeat_interleave")
-    assert "asking for 64 MiB" in copy_message(graded("ch18_repeat_kv_unseen", (old, unseen), task="18.2"))
+    assert "asking for 64 MiB" in copy_message(graded("ch18_repeat_kv_unseen", (old, unseen), task="ch18.2"))
 
 
 def test_reference_passes_the_measured_check():
-    report = check("ch18", solutions=True, task="18.2", hidden=True, seed=SEED)
+    report = check("ch18", solutions=True, task="ch18.2", hidden=True, seed=SEED)
     r = result(report, "no per-query-head copy")
     assert r.status == "passed", r.message
 
@@ -199,7 +199,7 @@ def test_forgetting_v_is_explained_and_drawn(graded):
     report = graded("ch18_k_only",
                     # only K counted: the factor 2 for K and V forgotten
                     ("return 2 * num_layers", "return num_layers"),
-                    task="18.3")
+                    task="ch18.3")
     r = result(report, "Qwen3-0.6B in bf16")
     assert r.status == "failed"
     want = ref.kv_cache_bytes(28, 8, 128, 1, 2)
@@ -212,7 +212,7 @@ def test_float_bytes_are_refused_with_a_hint(graded):
     report = graded("ch18_float_bytes",
                     # the byte count computed in floats (2.0 · …), not as an exact Python int
                     ("return 2 * num_layers", "return 2.0 * num_layers"),
-                    task="18.3")
+                    task="ch18.3")
     r = result(report, "Qwen3-0.6B in bf16")
     assert r.status == "failed"
     assert "as a Python int; yours: float" in r.message
@@ -247,7 +247,7 @@ def test_a_count_two_misconceptions_give_names_both():
 
 # -- the figures' layout ------------------------------------------------------------------------------------
 def test_the_arrow_labels_between_the_blocks_have_room_and_the_transpose_is_a_raised_t():
-    svg = reference_figures("ch18")["dim-gqa"]
+    svg = reference_figures("ch18")["ch18-dim-gqa"]
     assert "ᵀ" not in svg and "KT" in transposes(svg) and transposes(svg).count("· KT") == 2
     arrows = [(x1, y, x2) for x1, y, x2, y2 in lines(svg, cls="arrow") if y == y2 and x2 > x1]
     labels = [t for t in texts(svg) if t.s in ("· KT", "softmax(·/√2)", "· V")]

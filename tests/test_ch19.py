@@ -35,15 +35,15 @@ def test_cos_and_sin_swapped(graded):
     report = graded("swapped",
                     # (sin, cos) returned in the wrong order
                     ("    return angles.cos(), angles.sin()", "    return angles.sin(), angles.cos()"))
-    r = result(report, "figure instance", task="19.1")
+    r = result(report, "figure instance", task="ch19.1")
     assert r.status == "failed"
     assert "positions [0, 1, 2], head_dim 4, base 10000" in r.message
     assert "pair j = 0: inv_freq[0] = 1 / 10000^(2·0/4) = 1; position 0 → angle 0 · 1 = 0 rad" in r.message
     assert "cos[0, 0] = cos(0) = 1; yours: 0" in r.message
     assert "hint: you returned (sin, cos): the order is (cos, sin)" in r.message
-    assert result(report, "agreement with transformers", task="19.1").status == "failed"
+    assert result(report, "agreement with transformers", task="ch19.1").status == "failed"
     assert wrong_elements(report, "ch19-rope-pair")
-    assert "19.2" not in tasks_not_passed(report)      # apply_rope is graded with the reference's tables
+    assert "ch19.2" not in tasks_not_passed(report)      # apply_rope is graded with the reference's tables
 
 
 def test_exponent_without_the_two(graded):
@@ -51,14 +51,14 @@ def test_exponent_without_the_two(graded):
                     # inv_freq = base^(−j/d): arange(d/2) / d, the factor 2 of 2j/d forgotten
                     ("torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim",
                      "torch.arange(head_dim // 2, dtype=torch.float) / head_dim"))
-    r = result(report, "figure instance", task="19.1")
+    r = result(report, "figure instance", task="ch19.1")
     assert r.status == "failed"
     want = 1 / 10000 ** 0.5
     assert f"pair j = 1: inv_freq[1] = 1 / 10000^(2·1/4) = {checks.fmt(want, 6)}" in r.message
     assert "hint: the exponent is 2j/d" in r.message
     assert wrong_elements(report, "ch19-rope-pair")
     # qk_norm_rope uses the student's own tables, so it inherits the mistake
-    assert result(report, "figure instance", task="19.3").status == "failed"
+    assert result(report, "figure instance", task="ch19.3").status == "failed"
 
 
 def test_full_width_tables_are_a_shape_problem(graded):
@@ -66,7 +66,7 @@ def test_full_width_tables_are_a_shape_problem(graded):
                     # Hugging Face's cat((freqs, freqs)): cos and sin [N, d] instead of [N, d/2]
                     ("    return angles.cos(), angles.sin()",
                      "    angles = torch.cat((angles, angles), dim=-1)\n    return angles.cos(), angles.sin()"))
-    r = result(report, "figure instance", task="19.1")
+    r = result(report, "figure instance", task="ch19.1")
     assert r.status == "failed"
     assert "expected cos as a 2-D float32 tensor of shape [3, 2]; yours: float32 tensor [3, 4]" in r.message
     assert "Hugging Face repeats the angles as cat((freqs, freqs))" in r.message
@@ -81,17 +81,17 @@ def test_interleaved_layout(graded):
                     (ROTATE, "    x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]\n"
                              "    return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)"
                              ".flatten(-2).to(x.dtype)"))
-    assert "19.1" not in tasks_not_passed(report)
-    r = result(report, "figure instance", task="19.2")
+    assert "ch19.1" not in tasks_not_passed(report)
+    r = result(report, "figure instance", task="ch19.2")
     assert r.status == "failed"
     assert "token 1 (position 1), head 0, channel 0 belongs to pair 0 = (x[0], x[2]) = (1, 3)" in r.message
     assert "y[0] = x[0]·cos − x[2]·sin = 1·0.5403 − 3·0.8415 = -1.984; yours: -1.143" in r.message
     assert "hint: the pairs are (x[j], x[j + d/2]) (half-split" in r.message and "GPT-J" in r.message
-    hf = result(report, "agreement with transformers", task="19.2")
+    hf = result(report, "agreement with transformers", task="ch19.2")
     assert hf.status == "failed" and "GPT-J" in hf.message
     # a rotation in the wrong planes still keeps lengths and relative positions: only the layout is wrong
-    assert result(report, "a rotation keeps", task="19.2").status == "passed"
-    assert result(report, "relative position", task="19.2").status == "passed"
+    assert result(report, "a rotation keeps", task="ch19.2").status == "passed"
+    assert result(report, "relative position", task="ch19.2").status == "passed"
     assert wrong_elements(report, "ch19-rope-pair")
 
 
@@ -100,11 +100,11 @@ def test_one_half_left_unrotated(graded):
                     # only the first half rotated: y2 = x2, which is no rotation at all
                     ("x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)",
                           "x1 * c - x2 * s, x2), dim=-1).to(x.dtype)"))
-    r = result(report, "a rotation keeps", task="19.2")
+    r = result(report, "a rotation keeps", task="ch19.2")
     assert r.status == "failed"
     assert "but |apply_rope(x)| = " in r.message and "a rotation keeps lengths" in r.message
-    assert result(report, "relative position", task="19.2").status == "failed"
-    assert "must not change" in result(report, "relative position", task="19.2").message
+    assert result(report, "relative position", task="ch19.2").status == "failed"
+    assert "must not change" in result(report, "relative position", task="ch19.2").message
     assert wrong_elements(report, "ch19-rope-pair")
 
 
@@ -116,11 +116,11 @@ def test_sin_sign_flipped(graded):
     report = graded("backwards",
                     # rotating backwards: the sign of sin flipped in both halves
                     BACKWARDS)
-    r = result(report, "figure instance", task="19.2")
+    r = result(report, "figure instance", task="ch19.2")
     assert r.status == "failed"
     assert "hint: the sign of sin is flipped (you rotate backwards)" in r.message
     assert wrong_elements(report, "ch19-rope-pair")
-    assert result(report, "relative position", task="19.2").status == "passed"   # the property alone cannot see it
+    assert result(report, "relative position", task="ch19.2").status == "passed"   # the property alone cannot see it
 
 
 def test_rotated_in_bf16(graded):
@@ -129,8 +129,8 @@ def test_rotated_in_bf16(graded):
                     ("    c, s = cos.float()[:, None, :], sin.float()[:, None, :]",
                      "    c, s = cos.to(x.dtype)[:, None, :], sin.to(x.dtype)[:, None, :]"),
                     ("    x1, x2 = x.float().chunk(2, dim=-1)", "    x1, x2 = x.chunk(2, dim=-1)"))
-    assert result(report, "figure instance", task="19.2").status == "passed"
-    r = result(report, "bf16 queries", task="19.2")
+    assert result(report, "figure instance", task="ch19.2").status == "passed"
+    r = result(report, "bf16 queries", task="ch19.2")
     assert r.status == "failed"
     assert "within one bf16 rounding step" in r.message or "values differ" in r.message
     assert "hint: you rotated in bfloat16: cast x (and cos, sin) to float32" in r.message
@@ -145,14 +145,14 @@ def test_rope_before_the_norm(graded):
                      "            apply_rope(head_rms_norm(k, k_norm_weight), cos, sin))",
                      "    return (head_rms_norm(apply_rope(q, cos, sin), q_norm_weight),\n"
                      "            head_rms_norm(apply_rope(k, cos, sin), k_norm_weight))"))
-    assert tasks_not_passed(report) == {"19.3"}
-    r = result(report, "figure instance", task="19.3")
+    assert tasks_not_passed(report) == {"ch19.3"}
+    r = result(report, "figure instance", task="ch19.3")
     assert r.status == "failed"
     assert "token 0 (position 1), q head 0 = [1, 2, 3, 4]: rms = √(mean(x²) + eps) = 2.739" in r.message
     assert "x / 2.739 · q_norm_weight = [0.3651, 0.3651, 2.191, 1.461]" in r.message
     assert "0.3651·0.5403 − 2.191·0.8415 = -1.646" in r.message
     assert "hint: normalise first, then rotate" in r.message
-    oracle = result(report, "agreement with transformers' Qwen3Attention", task="19.3")
+    oracle = result(report, "agreement with transformers' Qwen3Attention", task="ch19.3")
     assert oracle.status == "failed" and "normalise first, then rotate" in oracle.message
     assert wrong_elements(report, "ch19-nanovllm-order")
     assert not wrong_elements(report, "ch19-rope-pair")
@@ -162,7 +162,7 @@ def test_norm_across_the_heads(graded):
     report = graded("heads_axis",
                     # RMSNorm over the heads axis instead of head_dim
                     ("xf.pow(2).mean(dim=-1, keepdim=True) + eps)", "xf.pow(2).mean(dim=1, keepdim=True) + eps)"))
-    r = result(report, "figure instance", task="19.3")
+    r = result(report, "figure instance", task="ch19.3")
     assert r.status == "failed"
     assert "hint: RMSNorm runs over head_dim (the last axis), not across the heads" in r.message
     assert wrong_elements(report, "ch19-nanovllm-order")
@@ -173,8 +173,8 @@ def test_weight_before_the_cast_in_bf16(graded):
                     # the weight multiplied in float32, before the cast back to bf16
                     ("return (normed.to(x.dtype) * weight).to(x.dtype)",
                      "return (normed * weight.float()).to(x.dtype)"))
-    assert result(report, "figure instance", task="19.3").status == "passed"
-    r = result(report, "bf16 q and k", task="19.3")
+    assert result(report, "figure instance", task="ch19.3").status == "passed"
+    r = result(report, "bf16 q and k", task="ch19.3")
     assert r.status == "failed"
     assert "hint: cast the normalised x back to bfloat16 before multiplying by the weight" in r.message
 

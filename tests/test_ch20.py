@@ -30,12 +30,12 @@ def test_weight_multiplied_before_the_cast(graded):
     report = graded("weight_fp32",
                     # the weight multiplied in float32, before the cast back to bf16
                     (RMS_RETURN, RMS_RETURN.replace("(normed.to(x.dtype) * weight)", "(normed * weight.float())")))
-    assert result(report, "the worked example", task="20.1").status == "passed"     # float32: the order cannot matter
-    r = result(report, "bf16: cast back", task="20.1")
+    assert result(report, "the worked example", task="ch20.1").status == "passed"     # float32: the order cannot matter
+    r = result(report, "bf16: cast back", task="ch20.1")
     assert r.status == "failed"
     assert "every value is within one bf16 rounding step of the reference, but" in r.message
     assert "hint: cast the normalised x back to bfloat16 first, then multiply by the weight" in r.message
-    oracle = result(report, "agreement with transformers' Qwen3RMSNorm", task="20.1")
+    oracle = result(report, "agreement with transformers' Qwen3RMSNorm", task="ch20.1")
     assert oracle.status == "failed" and "bfloat16" in oracle.message
     assert not wrong_elements(report, "ch20-prenorm")      # the figure instance is float32
 
@@ -44,7 +44,7 @@ def test_layernorm_instead_of_rmsnorm(graded):
     report = graded("layernorm",
                     # LayerNorm's habit: the mean subtracted before the mean square
                     ("    xf = x.float()\n", "    xf = x.float()\n    xf = xf - xf.mean(dim=-1, keepdim=True)\n"))
-    r = result(report, "the worked example", task="20.1")
+    r = result(report, "the worked example", task="ch20.1")
     assert r.status == "failed"
     assert "token 0 of x = [1, 2, 3, 4]: mean(x²) over its 4 channels = 7.5, rsqrt(7.5 + eps) = 0.3651" in r.message
     assert "rms_norm(x)[0, 0] = 1·0.3651·w[0] = 1·0.3651·1 = 0.3651; yours: -1.342" in r.message
@@ -58,7 +58,7 @@ def test_norm_over_the_tokens(graded):
     report = graded("token_axis",
                     # the mean square taken over the tokens instead of the hidden channels
                     ("xf.pow(2).mean(dim=-1, keepdim=True)", "xf.pow(2).mean(dim=0, keepdim=True)"))
-    r = result(report, "each token normalised", task="20.1")
+    r = result(report, "each token normalised", task="ch20.1")
     assert r.status == "failed"
     assert "hint: normalise each token over its hidden channels (the last dimension), not over the tokens" in r.message
 
@@ -70,13 +70,13 @@ def test_normed_value_returned_as_the_residual(graded):
                     # the fused add hands the normalised sum on as the residual stream
                     ("    return (normed.to(x.dtype) * weight).to(x.dtype), s.to(x.dtype)",
                      "    out = (normed.to(x.dtype) * weight).to(x.dtype)\n    return out, out"))
-    assert tasks_not_passed(report) == {"20.2"}
-    r = result(report, "figure instance", task="20.2")
+    assert tasks_not_passed(report) == {"ch20.2"}
+    r = result(report, "figure instance", task="ch20.2")
     assert r.status == "failed"
     assert 'case "layer 0: post_attention_layernorm(attention output, residual)"' in r.message
     assert "new_residual[0, 0] = x + residual = 1 + 0 = 1; yours: 0.3651" in r.message
     assert "hint: the residual stream carries the un-normalised sum s = x + residual" in r.message
-    assert result(report, "a stack of pre-norm layers", task="20.2").status == "failed"
+    assert result(report, "a stack of pre-norm layers", task="ch20.2").status == "failed"
     assert wrong_elements(report, "ch20-prenorm")
 
 
@@ -84,7 +84,7 @@ def test_layer0_without_a_residual(graded):
     report = graded("layer0_none",
                     # layer 0 hands on no residual at all
                     ("        return rms_norm(x, weight, eps), x", "        return rms_norm(x, weight, eps), None"))
-    r = result(report, "residual None (layer 0)", task="20.2")
+    r = result(report, "residual None (layer 0)", task="ch20.2")
     assert r.status == "failed"
     assert "yours returned None as new_residual" in r.message
     assert "hint: with residual None (layer 0) the new residual is x itself" in r.message
@@ -95,8 +95,8 @@ def test_normalising_the_rounded_sum(graded):
     report = graded("rounded_sum",
                     # the sum rounded to bf16 before it is normalised
                     ("    s = x.float() + residual.float()", "    s = (x + residual).float()"))
-    assert result(report, "the sum goes on", task="20.2").status == "passed"        # float32: no difference
-    r = result(report, "bf16: the float32 sum", task="20.2")
+    assert result(report, "the sum goes on", task="ch20.2").status == "passed"        # float32: no difference
+    r = result(report, "bf16: the float32 sum", task="ch20.2")
     assert r.status == "failed"
     assert "hint: normalise the float32 sum s, not its bfloat16 copy" in r.message
 
@@ -108,14 +108,14 @@ def test_up_and_gate_swapped(graded):
                     # up | gate: SiLU applied to the second half
                     ("    gate, up = gate_up.float().chunk(2, dim=-1)",
                      "    up, gate = gate_up.float().chunk(2, dim=-1)"))
-    r = result(report, "the worked example", task="20.3")
+    r = result(report, "the worked example", task="ch20.3")
     assert r.status == "failed"
     assert "gate = gate_up[..., 0] = 1, up = gate_up[..., 2] = 2; SiLU(1) = 1·sigmoid(1) = 0.7311" in r.message
     assert "times up: 1.462; yours: 1.762" in r.message
     assert "hint: the first half of gate_up is the gate and the second half is up" in r.message
-    mlp = result(report, "figure instance", task="20.4")        # swiglu_mlp builds on the student's silu_and_mul
+    mlp = result(report, "figure instance", task="ch20.4")        # swiglu_mlp builds on the student's silu_and_mul
     assert mlp.status == "failed" and "the first half of gate_up is the gate" in mlp.message
-    assert wrong_elements(report, "dim-swiglu")
+    assert wrong_elements(report, "ch20-dim-swiglu")
     assert wrong_elements(report, "ch20-swiglu-branches")
 
 
@@ -124,11 +124,11 @@ def test_sigmoid_instead_of_silu(graded):
                     # the gate's sigmoid without the factor z
                     ("    return (F.silu(gate) * up).to(gate_up.dtype)",
                      "    return (torch.sigmoid(gate) * up).to(gate_up.dtype)"))
-    r = result(report, "the worked example", task="20.3")
+    r = result(report, "the worked example", task="ch20.3")
     assert r.status == "failed"
     assert "SiLU(-1) = -1·sigmoid(-1) = -0.2689, times up: -0.8068; yours: 0.8068" in r.message
     assert "hint: SiLU(z) = z · sigmoid(z), not sigmoid(z)" in r.message
-    assert wrong_elements(report, "dim-swiglu")
+    assert wrong_elements(report, "ch20-dim-swiglu")
 
 
 # -- 20.4 swiglu_mlp -----------------------------------------------------------------------------------
@@ -138,14 +138,14 @@ def test_gate_and_up_rows_swapped_in_the_weight(graded):
                     # the merged weight read as up | gate
                     ("F.linear(silu_and_mul(F.linear(x, gate_up_weight)), down_weight)",
                      "F.linear(silu_and_mul(F.linear(x, gate_up_weight.roll(two_i // 2, 0))), down_weight)"))
-    assert tasks_not_passed(report) == {"20.4"}
-    r = result(report, "figure instance", task="20.4")
+    assert tasks_not_passed(report) == {"ch20.4"}
+    r = result(report, "figure instance", task="ch20.4")
     assert r.status == "failed"
     assert "token 0: gate_up = x·gate_up_weightᵀ → gate [1, -1, 3, 2, -2, -2], up [2, 1, 2, 0, 1, 1]" in r.message
     assert "hint: the first half of gate_up is the gate" in r.message
-    oracle = result(report, "agreement with transformers' Qwen3MLP", task="20.4")
+    oracle = result(report, "agreement with transformers' Qwen3MLP", task="ch20.4")
     assert oracle.status == "failed" and "first half of gate_up is the gate" in oracle.message
-    assert wrong_elements(report, "dim-swiglu") and wrong_elements(report, "ch20-swiglu-branches")
+    assert wrong_elements(report, "ch20-dim-swiglu") and wrong_elements(report, "ch20-swiglu-branches")
 
 
 def test_transposed_weights_not_explained(graded):
@@ -153,11 +153,11 @@ def test_transposed_weights_not_explained(graded):
                     # no shape checks: a weight stored [in, out] crashes inside matmul instead of a clear error
                     ("    if gate_up_weight.shape[1] != h:", "    if False:"),
                     ("    if list(down_weight.shape) != [h, two_i // 2]:", "    if False:"))
-    r = result(report, "a weight stored [in, out]", task="20.4")
+    r = result(report, "a weight stored [in, out]", task="ch20.4")
     assert r.status == "failed"
     assert "should raise ValueError because gate_up_weight is stored [out, in] = [2I, H] = [12, 4]" in r.message
     assert "yours raised RuntimeError" in r.message
-    assert result(report, "figure instance", task="20.4").status == "passed"
+    assert result(report, "figure instance", task="ch20.4").status == "passed"
 
 
 def test_a_token_mixing_mlp_fails_token_independence(graded):
@@ -166,7 +166,7 @@ def test_a_token_mixing_mlp_fails_token_independence(graded):
                     ("F.linear(silu_and_mul(F.linear(x, gate_up_weight)), down_weight)",
                      "F.linear((lambda a: a - a.mean(dim=0, keepdim=True) + a[:1])"
                      "(silu_and_mul(F.linear(x, gate_up_weight))), down_weight)"))
-    r = result(report, "token independence", task="20.4")
+    r = result(report, "token independence", task="ch20.4")
     assert r.status == "failed"
     assert "gives a different output when the tokens come in another order" in r.message
     assert "the MLP transforms every token on its own and must never mix tokens" in r.message
@@ -233,7 +233,7 @@ def test_the_fused_rows_cells_are_wide_enough_for_their_values():
 
 
 def test_a_transpose_is_a_raised_t_in_the_figures_own_font():
-    svg = reference_figures("ch20")["dim-swiglu"]
+    svg = reference_figures("ch20")["ch20-dim-swiglu"]
     assert "ᵀ" not in svg, "the modifier letter ᵀ is another font's glyph"
-    assert len([s for s in transposes(svg) if "WT row" in s]) == len(reference_records("ch20")["dim-swiglu"]["x"])
+    assert len([s for s in transposes(svg) if "WT row" in s]) == len(reference_records("ch20")["ch20-dim-swiglu"]["x"])
     assert [s for s in transposes(svg) if s.startswith(("① gate_up = x · W_gate_upT", "③ out = act · W_downT"))]

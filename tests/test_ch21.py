@@ -24,7 +24,7 @@ def test_appending_at_row_zero_is_explained(graded):
                     # every append written from row 0, as if the cache were empty: decode steps overwrite the prompt
                     ("k_cache[length:length + n] = k_new", "k_cache[:n] = k_new"),
                     ("v_cache[length:length + n] = v_new", "v_cache[:n] = v_new"))
-    r = result(report, "figure instance", task="21.1")
+    r = result(report, "figure instance", task="ch21.1")
     assert r.status == "failed"
     k0, _ = checks.growth_kv(0, 0, 1)
     k3, _ = checks.growth_kv(0, 3, 1)
@@ -32,11 +32,11 @@ def test_appending_at_row_zero_is_explained(graded):
     assert f"k_cache row 0 holds a token cached before this append and must keep its K {checks.vec(k0[0])}" in r.message
     assert f"yours holds {checks.vec(k3[0])}" in r.message
     assert "hint: the new rows go after the 3 cached ones: write row length = 3, not row 0" in r.message
-    assert result(report, "rows beyond the new length", task="21.1").status == "failed"
-    assert result(report, "agrees with transformers", task="21.1").status == "failed"
+    assert result(report, "rows beyond the new length", task="ch21.1").status == "failed"
+    assert result(report, "agrees with transformers", task="ch21.1").status == "failed"
     # The prefill (length 0) is right even so, and appends of nothing change nothing.
-    assert result(report, "appends of 0 tokens", task="21.1").status == "passed"
-    assert statuses(report, "21.2") == {"passed"}
+    assert result(report, "appends of 0 tokens", task="ch21.1").status == "passed"
+    assert statuses(report, "ch21.2") == {"passed"}
     assert wrong_elements(report, "ch21-cache-growth")
 
 
@@ -44,11 +44,11 @@ def test_returning_the_old_length_is_explained(graded):
     report = graded("old_length",
                     # the length before the append returned, so the caller never sees the cache grow
                     ("return int(length + n)", "return int(length)"))
-    r = result(report, "figure instance", task="21.1")
+    r = result(report, "figure instance", task="ch21.1")
     assert r.status == "failed"
     assert "layer 0, prefill: 0 cached + 3 new → the new length is 0 + 3 = 3; yours: 0" in r.message
     assert "hint: return the new length length + n, not the length before the append" in r.message
-    dyn = result(report, "agrees with transformers", task="21.1")
+    dyn = result(report, "agrees with transformers", task="ch21.1")
     assert dyn.status == "failed" and "DynamicLayer holds 5 tokens; your append_kv returned the length 0" in dyn.message
     assert wrong_elements(report, "ch21-cache-growth"), "the returned lengths are marked"
 
@@ -59,8 +59,8 @@ def test_clearing_the_rest_of_the_cache_is_explained(graded):
                     ("    return int(length + n)", "    k_cache[length + n:] = 0\n    v_cache[length + n:] = 0\n"
                                                      "    return int(length + n)"))
     # Zeros where the cache already held zeros: the figure instance cannot tell.
-    assert result(report, "figure instance", task="21.1").status == "passed"
-    r = result(report, "rows beyond the new length", task="21.1")
+    assert result(report, "figure instance", task="ch21.1").status == "passed"
+    r = result(report, "rows beyond the new length", task="ch21.1")
     assert r.status == "failed"
     assert "k_cache row 5 is beyond the new length 5 and must keep its old value" in r.message
     assert "yours holds [0, 0, 0, 0" in r.message
@@ -71,9 +71,9 @@ def test_overflow_without_an_error_is_caught(graded):
     report = graded("no_overflow_check",
                     # no bounds check: slicing past L_max silently writes fewer rows
                     ("    if length + n > L_max:\n", "    if False:\n"))
-    assert result(report, "an append that would overflow", task="21.1").status == "failed"
-    assert result(report, "appends that fill the cache exactly", task="21.1").status == "failed"
-    assert result(report, "figure instance", task="21.1").status == "passed"
+    assert result(report, "an append that would overflow", task="ch21.1").status == "failed"
+    assert result(report, "appends that fill the cache exactly", task="ch21.1").status == "failed"
+    assert result(report, "figure instance", task="ch21.1").status == "passed"
 
 
 # -- 21.2 decode_inputs -------------------------------------------------------------------------------
@@ -81,13 +81,13 @@ def test_position_len_is_explained(graded):
     report = graded("position_len",
                     # the newest token put at position len (nano-vllm's own bug before f5b4840)
                     ("position = n - 1", "position = n"))
-    r = result(report, "figure instance", task="21.2")
+    r = result(report, "figure instance", task="ch21.2")
     assert r.status == "failed"
     want = ref.decode_inputs(checks.DECODE_TOKENS, checks.DECODE_TABLE, checks.DECODE_BS)
     n = len(checks.DECODE_TOKENS)
     assert f"position = len − 1 = {n} − 1 = {want['position']}; yours: {n}" in r.message
     assert "hint: positions count from 0" in r.message
-    assert statuses(report, "21.1") == {"passed"}
+    assert statuses(report, "ch21.1") == {"passed"}
     assert wrong_elements(report, "ch21-decode-step")
 
 
@@ -96,16 +96,16 @@ def test_slot_of_the_previous_token_is_explained(graded):
                     # the slot of the last token whose K/V is cached, not of the newest one
                     ("logical, offset = divmod(position, block_size)",
                      "logical, offset = divmod(position - 1, block_size)"))
-    r = result(report, "figure instance", task="21.2")
+    r = result(report, "figure instance", task="ch21.2")
     assert r.status == "failed"
     want = ref.decode_inputs(checks.DECODE_TOKENS, checks.DECODE_TABLE, checks.DECODE_BS)
     prev = ref.decode_inputs(checks.DECODE_TOKENS[:-1], checks.DECODE_TABLE, checks.DECODE_BS)["slot"]
     assert f"block_table[1] = 2, so slot = 2·4 + 2 = {want['slot']}; yours: {prev}" in r.message
     assert "hint: that is the slot of the previous token (position 5), whose K/V is already cached" in r.message
     assert "position = " not in r.message, "only the slot is wrong"
-    nano = result(report, "nano-vllm's examples", task="21.2")
+    nano = result(report, "nano-vllm's examples", task="ch21.2")
     assert nano.status == "failed" and "= 555; yours: 554" in nano.message
-    assert result(report, "a whole generation", task="21.2").status == "failed"
+    assert result(report, "a whole generation", task="ch21.2").status == "failed"
     assert wrong_elements(report, "ch21-decode-step")
 
 
@@ -113,7 +113,7 @@ def test_context_without_the_newest_token_is_explained(graded):
     report = graded("context_short",
                     # context_len = len − 1: the newest token's K/V left out of attention
                     ('"context_len": n,', '"context_len": n - 1,'))
-    r = result(report, "figure instance", task="21.2")
+    r = result(report, "figure instance", task="ch21.2")
     assert r.status == "failed"
     assert "context_len = len = 7" in r.message and "yours: 6" in r.message
     assert "hint: count the newest token too" in r.message
@@ -124,9 +124,9 @@ def test_last_block_of_a_longer_table_is_explained(graded):
     report = graded("table_last",
                     # nano-vllm's block_table[-1]: right only when the table has exactly ceil(len / bs) blocks
                     ("int(block_table[logical])", "int(block_table[-1])"))
-    assert result(report, "figure instance", task="21.2").status == "passed"
-    assert result(report, "a whole generation", task="21.2").status == "passed"
-    r = result(report, "a block table with a spare block", task="21.2")
+    assert result(report, "figure instance", task="ch21.2").status == "passed"
+    assert result(report, "a whole generation", task="ch21.2").status == "passed"
+    r = result(report, "a block table with a spare block", task="ch21.2")
     assert r.status == "failed"
     assert "block_table[1] = 0, so slot = 0·4 + 1 = 1; yours: 37" in r.message
     assert "hint: block_table[-1] = 9 is the last block of the table, not the block of position 5" in r.message

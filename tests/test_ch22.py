@@ -9,9 +9,9 @@ import pytest
 import torch
 from mutate import checks_not_passed, mutant_grader, result, wrong_elements
 
+from grader.authoring.compare import CheckFailed, fmt
 from grader.checks import ch22 as checks
 from grader.checks import ch22_flash as flash
-from grader.compare import CheckFailed, fmt
 from grader.hidden import ch22 as hidden
 from grader.hidden import ch22_models as models
 from grader.isolation.session import StudentRaised
@@ -32,7 +32,7 @@ def test_top_left_mask_is_explained(graded):
     report = graded("ch22_naive_topleft",
                     # the top-left tril, as SDPA's is_causal=True does, instead of the mask aligned to the end
                     ("visible = torch.arange(S) <= torch.arange(T)[:, None] + (S - T)",
-                     "visible = torch.arange(S) <= torch.arange(T)[:, None]"), task="22.1")
+                     "visible = torch.arange(S) <= torch.arange(T)[:, None]"), task="ch22.1")
     r = result(report, "a chunk of 3 queries after 4 cached keys")
     assert r.status == "failed"
     assert "query 0 is at position 7 − 3 + 0 = 4 and sees keys 0 … 4" in r.message
@@ -46,7 +46,7 @@ def test_top_left_mask_is_explained(graded):
 def test_unscaled_scores_are_explained_and_drawn(graded):
     report = graded("ch22_naive_unscaled",
                     # the 1/√d forgotten: raw dot products go into the softmax
-                    ("scores = (q @ k.T) * d ** -0.5", "scores = q @ k.T"), task="22.1")
+                    ("scores = (q @ k.T) * d ** -0.5", "scores = q @ k.T"), task="ch22.1")
     r = result(report, "figure instance: naive attention")
     assert r.status == "failed"
     q, k, v = checks.naive_tensors()
@@ -63,7 +63,7 @@ def test_masking_with_zero_is_explained(graded):
     report = graded("ch22_naive_zero_fill",
                     # future scores set to 0 instead of −inf: exp(0) = 1 still weighs the future keys
                     ('scores = scores.masked_fill(~visible, float("-inf"))', "scores = scores.masked_fill(~visible, 0.0)"),
-                    task="22.1")
+                    task="ch22.1")
     r = result(report, "figure instance: naive attention")
     assert r.status == "failed"
     assert "scores[0, 1]: expected −∞ (key 1 is in the future of query 0); yours 0" in r.message
@@ -75,7 +75,7 @@ def test_masking_with_zero_is_explained(graded):
 def test_one_crossing_per_matrix_is_explained_and_drawn(graded):
     report = graded("ch22_bytes_once",
                     # the scores and probabilities counted once (written) instead of written and read back
-                    ("4 * T * S * dtype_bytes", "2 * T * S * dtype_bytes"), task="22.1")
+                    ("4 * T * S * dtype_bytes", "2 * T * S * dtype_bytes"), task="ch22.1")
     r = result(report, "figure instance: HBM bytes")
     assert r.status == "failed"
     want = ref.attention_hbm_bytes(4, 4, 2, 4, flash=False)
@@ -90,7 +90,7 @@ def test_lse_in_the_inputs_dtype_is_explained(graded):
     report = graded("ch22_bytes_lse_dtype",
                     # the log-sum-exp counted at dtype_bytes instead of float32
                     ("return inputs_and_output + 4 * T                           #",
-                     "return inputs_and_output + T * dtype_bytes  #"), task="22.1")
+                     "return inputs_and_output + T * dtype_bytes  #"), task="ch22.1")
     r = result(report, "figure instance: HBM bytes")
     assert r.status == "failed"
     assert "flash=True" in r.message and f"= {ref.attention_hbm_bytes(4096, 4096, 128, 2, flash=True):,} bytes" \
@@ -117,7 +117,7 @@ def test_traffic_hints():
 def test_forgetting_to_rescale_the_accumulator(graded):
     report = graded("ch22_no_acc_rescale",
                     # acc += p·V without multiplying the old acc by α = exp(m − m_new) when the max grows
-                    ("acc = alpha[:, None] * acc + p @ v[k0:k1]", "acc = acc + p @ v[k0:k1]"), task="22.2")
+                    ("acc = alpha[:, None] * acc + p @ v[k0:k1]", "acc = acc + p @ v[k0:k1]"), task="ch22.2")
     r = result(report, "figure instance: 6 queries")
     assert r.status == "failed"
     assert "(naive attention); yours" in r.message
@@ -131,7 +131,7 @@ def test_forgetting_to_rescale_the_accumulator(graded):
 def test_forgetting_to_rescale_the_running_sum(graded):
     report = graded("ch22_no_l_rescale",
                     # l += rowsum(p) without α: the old terms stay measured against the old max
-                    ("l = alpha * l + p.sum(dim=1)", "l = l + p.sum(dim=1)"), task="22.2")
+                    ("l = alpha * l + p.sum(dim=1)", "l = l + p.sum(dim=1)"), task="ch22.2")
     r = result(report, "ragged tiles")
     assert r.status == "failed"
     assert "multiply the running sum l by α = exp(m − m_new)" in r.message
@@ -141,7 +141,7 @@ def test_forgetting_to_rescale_the_running_sum(graded):
 def test_top_left_causal_tiles(graded):
     report = graded("ch22_flash_topleft",
                     # positions counted from 0 for the new queries: the top-left alignment
-                    ("scale, offset = d ** -0.5, S - T", "scale, offset = d ** -0.5, 0"), task="22.2")
+                    ("scale, offset = d ** -0.5, S - T", "scale, offset = d ** -0.5, 0"), task="ch22.2")
     r = result(report, "figure instance: 6 queries")
     assert r.status == "failed"
     assert "tile (qb=0, kb=1): queries 0–1, keys 3–5 is missing from your trace" in r.message
@@ -156,7 +156,7 @@ def test_top_left_causal_tiles(graded):
 def test_visiting_future_tiles_is_caught_by_the_trace(graded):
     report = graded("ch22_no_skip",
                     # every key block visited: future tiles masked entirely instead of skipped
-                    ("k_end = min(S, offset + q1) if causal else S", "k_end = S"), task="22.2")
+                    ("k_end = min(S, offset + q1) if causal else S", "k_end = S"), task="ch22.2")
     # The output is right (a fully masked tile adds exp(−inf) = 0); only the trace shows the wasted tiles.
     assert checks_not_passed(report) == [result(report, "figure instance: 6 queries").name,
                                          result(report, "the trace:").name]
@@ -186,7 +186,7 @@ def memory_message(report) -> str:
 
 
 def test_full_score_matrix_does_not_fit_the_measured_check(graded):
-    message = memory_message(graded("ch22_full_scores", *FULL_SCORES, task="22.2"))
+    message = memory_message(graded("ch22_full_scores", *FULL_SCORES, task="ch22.2"))
     assert "full = (q @ k.T) * scale, asking for 256 MiB" in message
     assert "hint: compute the scores tile by tile" in message
 
@@ -198,7 +198,7 @@ def test_full_causal_mask_does_not_fit_the_measured_check(graded):
                      "scale, offset = d ** -0.5, S - T\n"
                      "    full_mask = torch.arange(S) <= torch.arange(T)[:, None] + offset\n"),
                     ("visible = torch.arange(k0, k1) <= torch.arange(q0, q1)[:, None] + offset",
-                     "visible = full_mask[q0:q1, k0:k1]"), task="22.2")
+                     "visible = full_mask[q0:q1, k0:k1]"), task="ch22.2")
     message = memory_message(report)
     assert "asking for 64 MiB" in message and "hint: a [T, S] causal mask is a full matrix too" in message
 
@@ -210,7 +210,7 @@ def test_a_full_matrix_made_with_dispatch_modes_switched_off_is_still_measured(g
     unseen = new.replace("    full = ", "    import torch.utils._python_dispatch\n"
                                       "    with torch.utils._python_dispatch._disable_current_modes():\n"
                                       "        full = ")
-    message = memory_message(graded("ch22_full_scores_unseen", (old, unseen), tiles, task="22.2"))
+    message = memory_message(graded("ch22_full_scores_unseen", (old, unseen), tiles, task="ch22.2"))
     assert "asking for 256 MiB" in message
 
 
@@ -218,7 +218,7 @@ def test_ragged_query_block_dropped(graded):
     report = graded("ch22_floor_q",
                     # ⌊T / block_q⌋ query blocks: the last, ragged block is never computed
                     ("enumerate(range(0, T, block_q))", "enumerate(range(0, T - block_q + 1, block_q))"),
-                    ("out = torch.empty(T, d, dtype=q.dtype)", "out = torch.zeros(T, d, dtype=q.dtype)"), task="22.2")
+                    ("out = torch.empty(T, d, dtype=q.dtype)", "out = torch.zeros(T, d, dtype=q.dtype)"), task="ch22.2")
     assert result(report, "figure instance: 6 queries").status == "passed"   # T = 6 is a multiple of 2
     r = result(report, "ragged tiles")
     assert r.status == "failed"
@@ -231,7 +231,7 @@ def test_ragged_key_block_dropped(graded):
                     # ⌊S / block_k⌋ key blocks: the last, ragged block of keys is never read
                     ("k_end = min(S, offset + q1) if causal else S",
                      "k_end = min(S // block_k * block_k, offset + q1) if causal else S // block_k * block_k"),
-                    task="22.2")
+                    task="ch22.2")
     r = result(report, "figure instance: 6 queries")
     assert r.status == "failed"
     assert "tile (qb=2, kb=2): queries 4–5, keys 6–7 is missing from your trace" in r.message
@@ -243,7 +243,7 @@ def test_ragged_key_block_dropped(graded):
 def test_lse_without_the_max(graded):
     report = graded("ch22_lse_no_max",
                     # lse = log l, forgetting that l was summed relative to the running max m
-                    ("lse[q0:q1] = m + torch.log(l)", "lse[q0:q1] = torch.log(l)"), task="22.2")
+                    ("lse[q0:q1] = m + torch.log(l)", "lse[q0:q1] = torch.log(l)"), task="ch22.2")
     r = result(report, "figure instance: 6 queries")
     assert r.status == "failed"
     q, k, v = checks.flash_tensors()
@@ -256,7 +256,7 @@ def test_lse_without_the_max(graded):
 # -- the memory limit, the trace model, the hints ----------------------------------------------------
 
 def test_reference_passes_the_measured_check():
-    report = check("ch22", solutions=True, task="22.2", hidden=True, seed=SEED)
+    report = check("ch22", solutions=True, task="ch22.2", hidden=True, seed=SEED)
     r = result(report, "no tensor of T·S")
     assert r.status == "passed", r.message
 

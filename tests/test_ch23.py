@@ -33,7 +33,7 @@ def test_temperature_multiplied_is_explained(graded):
     assert "token 0: logits / T = 1.2 / 0.8 = 1.5" in r.message
     assert "yours: 0.96" in r.message
     assert "hint: divide by the temperature" in r.message
-    assert {x.task for x in report.results if x.status != "passed"} == {"23.1"}, "sample is correct in this mutant"
+    assert {x.task for x in report.results if x.status != "passed"} == {"ch23.1"}, "sample is correct in this mutant"
     assert wrong_elements(report, "ch23-sampling-path")
 
 
@@ -91,7 +91,7 @@ def test_argmax_p_is_explained(graded):
     chi = result(report, "chi-square")
     assert chi.status == "failed" and "likely cause: your tokens are those of argmax(p)" in chi.message
     assert wrong_elements(report, "ch23-exponential-race")
-    assert {x.task for x in report.results if x.status != "passed"} == {"23.2"}
+    assert {x.task for x in report.results if x.status != "passed"} == {"ch23.2"}
     # argmax(p) wins every race with token 0: all three shares are outside their intervals
     assert _marked_tokens(report) == _outside_their_intervals(report) == [0, 1, 2]
     _assert_yours_above_expected(report)
@@ -145,7 +145,7 @@ def test_an_unknown_deterministic_sampler_gets_the_derivation_and_no_hint(graded
                     # a sampler no known misconception gives: the loser of the race
                     ("(probs / noise.to(torch.float32).clamp_min(1e-10)).argmax(dim=-1)",
                      "(probs / noise.to(torch.float32).clamp_min(1e-10)).argmin(dim=-1)"))
-    failed = [r for r in report.results if r.task == "23.2" and r.status == "failed" and "race draws token" in r.message]
+    failed = [r for r in report.results if r.task == "ch23.2" and r.status == "failed" and "race draws token" in r.message]
     assert failed
     assert not [r.name for r in failed if f"hint: {checks.OWN_NOISE_HINT}" in r.message]
 

@@ -37,7 +37,7 @@ def test_chunk_not_counted(graded):
     assert ("after step 1 request A should be WAITING with num_computed_tokens 4; yours has 0: "
             "the chunk was not counted") in r.message
     assert "hint: postprocess adds each sequence's num_scheduled_tokens to num_computed_tokens" in r.message
-    assert tasks_not_passed(report) == {"24.1"}
+    assert tasks_not_passed(report) == {"ch24.1"}
     inv = result(report, "invariants of your own trace")
     assert inv.status == "failed" and "was scheduled but its num_computed_tokens did not grow" in inv.message
     assert wrong_elements(report, "ch24-control-loop")
@@ -73,7 +73,7 @@ def test_candidate_of_an_unfinished_chunk_appended(graded):
     report = graded("append_candidate",
                     # the runner's token is appended after every prefill chunk, finished or not
                     ("            if is_prefill and seq.num_computed_tokens < seq.num_tokens:\n                continue\n",
-                     ""), task="24.1")
+                     ""), task="ch24.1")
     r = result(report, "figure instance: one request")
     assert r.status == "failed"
     assert ("after step 1 request A should be WAITING with num_tokens 10; yours has 11: "
@@ -87,7 +87,7 @@ def test_candidate_of_an_unfinished_chunk_appended(graded):
 def test_preempted_from_the_head(graded):
     report = graded("head_victim",
                     # the victim taken from the left end of running (the oldest) instead of the right end
-                    ("self.preempt(self.running.pop())", "self.preempt(self.running.popleft())"), task="24.1")
+                    ("self.preempt(self.running.pop())", "self.preempt(self.running.popleft())"), task="ch24.1")
     r = result(report, "memory pressure: preemption from the tail")
     assert r.status == "failed"
     assert "after step 3's schedule() waiting should be [D] and running [A, B, C]; yours: waiting [C]" in r.message
@@ -100,7 +100,7 @@ def test_decode_before_prefill(graded):
                     # waiting requests are admitted only when nothing is running: decodes go first
                     ("        while self.waiting and len(scheduled) < self.max_num_seqs:",
                      "        while self.waiting and len(scheduled) < self.max_num_seqs and not self.running:"),
-                    task="24.1")
+                    task="ch24.1")
     r = result(report, "prefill before decode")
     assert r.status == "failed"
     assert "step 3 should be a prefill of [B, C]; yours decodes [A]" in r.message
@@ -110,7 +110,7 @@ def test_decode_before_prefill(graded):
 def test_second_sequence_chunked(graded):
     report = graded("second_chunked",
                     # any sequence may take a chunk of what is left of the budget, not only the first
-                    ("            if remaining < to_compute and scheduled:\n                break\n", ""), task="24.1")
+                    ("            if remaining < to_compute and scheduled:\n                break\n", ""), task="ch24.1")
     r = result(report, "only the first sequence of a batch is chunked")
     assert r.status == "failed"
     assert "step 1's prefill batch should be [A]; yours is [A, B]" in r.message
@@ -121,7 +121,7 @@ def test_second_sequence_chunked(graded):
 def test_preempted_to_the_back_of_waiting(graded):
     report = graded("victim_to_back",
                     # a preempted sequence queued behind the requests that never ran
-                    ("self.waiting.appendleft(seq)", "self.waiting.append(seq)"), task="24.1")
+                    ("self.waiting.appendleft(seq)", "self.waiting.append(seq)"), task="ch24.1")
     r = result(report, "hundreds of requests")
     assert r.status == "failed"
     assert "hint: a preempted sequence goes to the front of waiting (appendleft)" in r.message
@@ -131,7 +131,7 @@ def test_finished_sequence_keeps_its_blocks(graded):
     report = graded("no_free_on_finish",
                     # a finished sequence is removed from running but its blocks are never returned
                     ("                seq.status = FINISHED\n                self.block_manager.deallocate(seq)\n",
-                     "                seq.status = FINISHED\n"), task="24.1")
+                     "                seq.status = FINISHED\n"), task="ch24.1")
     r = result(report, "figure instance")
     assert r.status == "failed"
     assert "after step 5 request A should be FINISHED with blocks 0; yours has 3" in r.message
@@ -143,7 +143,7 @@ def test_finished_sequence_keeps_its_blocks(graded):
 def test_no_fit_check(graded):
     report = graded("no_fit_check",
                     # add() accepts a request that can never fit in the pool (nano-vllm would stall on it)
-                    ("        if need > self.block_manager.num_blocks:", "        if False:"), task="24.1")
+                    ("        if need > self.block_manager.num_blocks:", "        if False:"), task="ch24.1")
     r = result(report, "a request that can never fit")
     assert r.status == "failed"
     assert "add should raise ValueError because 7 prompt tokens + 3 − 1 generated need 3 blocks" in r.message
@@ -155,7 +155,7 @@ def test_cached_set_again_on_readmission(graded):
     report = graded("cached_again",
                     # num_cached_tokens overwritten by every admission instead of set once
                     ("            if cached < 0:\n                cached = prefix_hit\n",
-                     "            cached = prefix_hit\n"), task="24.2")
+                     "            cached = prefix_hit\n"), task="ch24.2")
     r = result(report, "figure instance: a prefix hit")
     assert r.status == "failed"
     assert ("num_cached_tokens after step 6 should be 4 (it was set at the first admission and never changes: 4); "
@@ -168,7 +168,7 @@ def test_cached_is_the_computed_count(graded):
     report = graded("cached_is_computed",
                     # num_cached_tokens read as nano-vllm HEAD's name: the computed count
                     ('            "num_cached_tokens": cached}', '            "num_cached_tokens": computed}'),
-                    task="24.2")
+                    task="ch24.2")
     r = result(report, "figure instance: a prefix hit")
     assert r.status == "failed"
     assert "num_cached_tokens after step 1 should be 4 (the first admission sets it, once, to the prefix hit" \
@@ -179,7 +179,7 @@ def test_cached_is_the_computed_count(graded):
 def test_sample_of_a_partial_chunk_kept(graded):
     report = graded("keep_every_sample",
                     # every scheduled step appends its sample, finished prompt or not
-                    ("        if computed == total:\n            total += 1\n", "        total += 1\n"), task="24.2")
+                    ("        if computed == total:\n            total += 1\n", "        total += 1\n"), task="ch24.2")
     r = result(report, "vLLM's worked example")
     assert r.status == "failed"
     assert "step 1: admitted (no prefix hit), 4 tokens scheduled" in r.message
@@ -190,7 +190,7 @@ def test_sample_of_a_partial_chunk_kept(graded):
 def test_admission_ignores_the_prefix_hit(graded):
     report = graded("hit_ignored",
                     # the prefix hit not counted as computed on admission
-                    ("            computed = prefix_hit\n", "            computed = 0\n"), task="24.2")
+                    ("            computed = prefix_hit\n", "            computed = 0\n"), task="ch24.2")
     r = result(report, "figure instance: a prefix hit")
     assert r.status == "failed"
     assert "num_computed_tokens after step 1 should be 8 (admission starts from the prefix hit: 4 + 4 = 8); yours: 4" \

@@ -30,13 +30,13 @@ def graded(tmp_path_factory):
 def test_slot_equal_to_position_is_explained(graded):
     report = graded("slot_is_position",
                     # the slot taken to be the token's position, as if the cache were one contiguous sequence
-                    ("return table[logical] * block_size + pos % block_size", "return pos.clone()"), task="25.1")
+                    ("return table[logical] * block_size + pos % block_size", "return pos.clone()"), task="ch25.1")
     r = result(report, "figure instance")
     assert r.status == "failed"
     assert "token 0 is at position 0 → logical block 0 // 2 = 0" in r.message
     assert "block_table[0] = 3, so its slot is 3·2 + 0 = 6; yours: 0" in r.message
     assert "hint: the slot uses the physical block from the table, not the logical position" in r.message
-    assert wrong_elements(report, "dim-slot-mapping")
+    assert wrong_elements(report, "ch25-dim-slot-mapping")
 
 
 SLOT_RETURN = "return table[logical] * block_size + pos % block_size"
@@ -60,7 +60,7 @@ def test_every_slot_misconception_has_a_mutant():
 
 @pytest.mark.parametrize("mistake", list(SLOT_MISTAKES))
 def test_a_slot_misconception_gets_its_own_hint_and_no_other(graded, mistake):
-    report = graded(f"slots_{mistake}", SLOT_MISTAKES[mistake], task="25.1")
+    report = graded(f"slots_{mistake}", SLOT_MISTAKES[mistake], task="ch25.1")
     figure = result(report, "figure instance")
     formula, why = public_checks.SLOT_HINTS[mistake]
     assert figure.status == "failed"
@@ -69,19 +69,19 @@ def test_a_slot_misconception_gets_its_own_hint_and_no_other(graded, mistake):
     for r in wrong:
         hints = [line for line in r.message.splitlines() if line.startswith("hint: ")]
         assert hints in ([], [f"hint: {why}"]), (r.name, hints)
-    assert wrong_elements(report, "dim-slot-mapping")
+    assert wrong_elements(report, "ch25-dim-slot-mapping")
 
 
 def test_a_slot_fitting_two_misconceptions_gets_no_hint(graded):
     # a decode step at position 0: slot 0 is both "the position" and "block × offset"
-    report = graded("slots_block × offset", SLOT_MISTAKES["block × offset"], task="25.1")
+    report = graded("slots_block × offset", SLOT_MISTAKES["block × offset"], task="ch25.1")
     decode = result(report, "the decode step")
     assert decode.status == "failed" and "yours: 0" in decode.message
     assert "hint:" not in decode.message and "slots is" not in decode.message
 
 
 def test_a_written_padding_row_is_explained_and_only_then(graded):
-    report = graded("store_padding_written", ("keep = s != PAD_SLOT", "keep = s == s"), task="25.2")
+    report = graded("store_padding_written", ("keep = s != PAD_SLOT", "keep = s == s"), task="ch25.2")
     r = result(report, "a padding row")
     assert r.status == "failed"
     assert "hint: a slot of −1 marks a padding row: skip it (in Python, index −1 is the last row)" in r.message
@@ -131,9 +131,9 @@ def test_blocks_figure_draws_one_arrow_per_block_and_marks_the_cells_yours_fill_
 def test_slot_mapping_figure_agrees_with_itself_when_only_the_slots_are_wrong(graded):
     # wrong slots, right store_kv: the pool holds what store_kv wrote at the right slots, and the arrows go there
     report = graded("slot_times_offset", SLOT_TIMES_OFFSET)
-    r = report.records["dim-slot-mapping"]
+    r = report.records["ch25-dim-slot-mapping"]
     assert r["slots"] != r["expected"] and r["pool"] == r["pool_expected"]
-    root = figure(report, "dim-slot-mapping")
+    root = figure(report, "ch25-dim-slot-mapping")
     texts = list(root.iter(f"{SVG}text"))
     slot_labels = [el for el in texts if re.fullmatch(r"slot \d+", el.text or "")]
     slot_x = {int(el.text.split()[1]): float(el.get("x")) for el in slot_labels}
@@ -159,14 +159,14 @@ def test_offset_dropped_in_store_is_explained(graded):
     r = result(report, "figure instance: the five tokens")
     assert r.status == "failed"
     assert "k_cache slot 0 (block 0, offset 0) should hold token 2's K [31, 32]; yours holds [41, 42]" in r.message
-    assert wrong_elements(report, "dim-slot-mapping")
+    assert wrong_elements(report, "ch25-dim-slot-mapping")
 
 
 # -- 25.3 the block manager ---------------------------------------------------------------------------------
 def test_lifo_free_list_is_explained(graded):
     report = graded("lifo",
                     # the free list used as a stack: new blocks taken from the right end
-                    ("block_id = self.free_block_ids.popleft()", "block_id = self.free_block_ids.pop()"), task="25.3")
+                    ("block_id = self.free_block_ids.popleft()", "block_id = self.free_block_ids.pop()"), task="ch25.3")
     r = result(report, "figure instance")
     assert r.status == "failed"
     assert "step 3 of 18: allocate(A, num_cached_blocks=0)" in r.message
@@ -190,7 +190,7 @@ def test_lifo_free_list_is_explained(graded):
 def test_freeing_head_first_is_explained(graded):
     report = graded("forward_free",
                     # deallocate walks the table from the first block: the shared prefix is evicted first
-                    ("for block_id in seq.block_table[::-1]:", "for block_id in seq.block_table:"), task="25.3")
+                    ("for block_id in seq.block_table[::-1]:", "for block_id in seq.block_table:"), task="ch25.3")
     r = result(report, "figure instance")
     assert r.status == "failed"
     assert "step 9 of 18: deallocate(A)" in r.message
@@ -205,7 +205,7 @@ def test_zeroing_on_free_is_explained(graded):
                     # "free" taken to mean "wiped": the hash is dropped when a block is freed
                     ("        self.used_block_ids.discard(block_id)\n        self.free_block_ids.append(block_id)\n",
                      "        self.used_block_ids.discard(block_id)\n        self.free_block_ids.append(block_id)\n"
-                     "        self.blocks[block_id].hash = NO_HASH\n"), task="25.3")
+                     "        self.blocks[block_id].hash = NO_HASH\n"), task="ch25.3")
     r = result(report, "figure instance")
     assert r.status == "failed"
     assert "block 1's hash should be 0x" in r.message and "yours: none" in r.message
@@ -219,7 +219,7 @@ def test_zeroing_on_free_is_explained(graded):
 def test_last_block_hit_is_explained(graded):
     report = graded("last_block_hits",
                     # the walk over the hash chain includes the last logical block
-                    ("for i in range(seq.num_blocks - 1):", "for i in range(seq.num_blocks):"), task="25.3")
+                    ("for i in range(seq.num_blocks - 1):", "for i in range(seq.num_blocks):"), task="ch25.3")
     r = result(report, "nano-vllm's example")
     assert r.status == "failed"
     assert "can_allocate(C) should return 0" in r.message
@@ -234,7 +234,7 @@ def test_evicting_another_blocks_entry_is_explained(graded):
     report = graded("evict_any",
                     # on reuse, the map entry of the block's old hash is deleted even when it points elsewhere
                     ("if block.hash != NO_HASH and self.hash_to_block_id.get(block.hash) == block_id:",
-                     "if block.hash in self.hash_to_block_id:"), task="25.3")
+                     "if block.hash in self.hash_to_block_id:"), task="ch25.3")
     r = result(report, "identical prompts")
     assert r.status == "failed"
     assert "step 13 of 16: allocate(C, num_cached_blocks=0)" in r.message
@@ -248,7 +248,7 @@ def test_unchained_hash_is_explained(graded):
                     # each block hashed on its own tokens: equal blocks after different prefixes would collide
                     ("            h = self.compute_hash(tokens, h)\n            block.hash, block.token_ids = h, tokens",
                      "            h = self.compute_hash(tokens)\n            block.hash, block.token_ids = h, tokens"),
-                    task="25.3")
+                    task="ch25.3")
     r = result(report, "figure instance")
     want = ref.BlockManager.compute_hash([5, 6, 7, 8], ref.BlockManager.compute_hash([1, 2, 3, 4]))
     assert f"block 1's hash should be {traces.hx(want)}" in r.message
@@ -260,7 +260,7 @@ def test_free_cached_hit_costing_nothing_is_caught_under_pressure(graded):
     report = graded("free_hit_costless",
                     # every prefix hit assumed to save a block, also a hit on a block sitting in the free list
                     ("            if block_id in self.used_block_ids:\n                needed -= 1\n",
-                     "            needed -= 1\n"), task="25.3")
+                     "            needed -= 1\n"), task="ch25.3")
     failed = [r for r in report.results if r.status != "passed"]
     assert failed and all(r.hidden for r in failed), "the public scripts never run out of blocks"
     assert any("hint: a hit on a free (cached) block still takes a block out of the free list" in r.message
@@ -347,7 +347,7 @@ def test_a_decode_block_from_the_wrong_end_is_not_called_a_timing_mistake(graded
                     ("        if len(seq) % self.block_size == 1:\n            seq.block_table.append(",
                      "        if len(seq) % self.block_size == 1:\n            self.free_block_ids.rotate(1)\n"
                      "            seq.block_table.append("),
-                    task="25.3")
+                    task="ch25.3")
     hints = hints_of(report)
     assert "hint: the free list is a FIFO queue: take new blocks from its left end (popleft)" in hints
     assert not [h for h in hints if "len(seq) % block_size == 1" in h], hints
@@ -357,7 +357,7 @@ def test_a_decode_block_at_the_wrong_length_is_a_timing_mistake(graded):
     report = graded("may_append_on_full_block",
                     # the new block appended when the last one is full, one token too early
                     ("        if len(seq) % self.block_size == 1:\n            seq.block_table.append",
-                     "        if len(seq) % self.block_size == 0:\n            seq.block_table.append"), task="25.3")
+                     "        if len(seq) % self.block_size == 0:\n            seq.block_table.append"), task="ch25.3")
     hints = hints_of(report)
     assert "hint: a decode step needs a new block exactly when len(seq) % block_size == 1" in hints
     assert not [h for h in hints if "FIFO" in h], hints
@@ -367,7 +367,7 @@ def test_an_older_entry_kept_is_told_the_later_hash_wins(graded):
     report = graded("first_hash_wins",
                     # an equal hash already in the map keeps its older block
                     ("            self.hash_to_block_id[h] = block.block_id",
-                     "            self.hash_to_block_id.setdefault(h, block.block_id)"), task="25.3")
+                     "            self.hash_to_block_id.setdefault(h, block.block_id)"), task="ch25.3")
     hints = hints_of(report)
     assert "hint: a newly hashed block overwrites the entry of an equal hash (the later hash_blocks wins)" in hints
     assert not [h for h in hints if "deallocate never removes" in h or "on reuse" in h], hints
@@ -378,7 +378,7 @@ def test_entries_dropped_on_free_are_told_deallocate_keeps_them(graded):
                     # freeing a block also deletes the map entry of its hash
                     ("        self.used_block_ids.discard(block_id)\n        self.free_block_ids.append(block_id)\n",
                      "        self.used_block_ids.discard(block_id)\n        self.free_block_ids.append(block_id)\n"
-                     "        self.hash_to_block_id.pop(self.blocks[block_id].hash, None)\n"), task="25.3")
+                     "        self.hash_to_block_id.pop(self.blocks[block_id].hash, None)\n"), task="ch25.3")
     hints = hints_of(report)
     assert "hint: deallocate never removes map entries: a freed block can still be hit and revived" in hints
     assert not [h for h in hints if "overwrites the entry" in h or "freeing keeps the hash" in h], hints
@@ -387,7 +387,7 @@ def test_entries_dropped_on_free_are_told_deallocate_keeps_them(graded):
 def test_a_shared_hit_counted_as_a_new_block_is_explained(graded):
     report = graded("shared_hit_costs_a_block",
                     # a hit on a block in use still counted among the blocks to take from the free list
-                    ("            if block_id in self.used_block_ids:\n                needed -= 1\n", ""), task="25.3")
+                    ("            if block_id in self.used_block_ids:\n                needed -= 1\n", ""), task="ch25.3")
     hints = hints_of(report)
     assert "hint: a hit on a block in use needs no free block: subtract it from the blocks needed" in hints
     assert not [h for h in hints if "free (cached) block still takes" in h], hints

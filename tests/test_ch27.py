@@ -92,13 +92,13 @@ def test_eos_checked_before_the_length_cap_is_explained(graded):
                     request.status = FINISHED_STOPPED
                 elif request.num_output_tokens >= request.max_tokens:
                     request.status = FINISHED_LENGTH_CAPPED"""))
-    r = result(report, "EOS stops a request", task="27.1")
+    r = result(report, "EOS stops a request", task="ch27.1")
     assert r.status == "failed"
     assert "after step 3 request B should be FINISHED_LENGTH_CAPPED" in r.message
     assert "yours: FINISHED_STOPPED" in r.message
     assert "hint: num_output_tokens reached max_tokens: FINISHED_LENGTH_CAPPED (vLLM checks the length cap" in r.message
-    assert result(report, "figure instance", task="27.1").status == "passed"
-    assert statuses(report, "27.2") == {"passed"}, "reconcile has its own stop check, untouched here"
+    assert result(report, "figure instance", task="ch27.1").status == "passed"
+    assert statuses(report, "ch27.2") == {"passed"}, "reconcile has its own stop check, untouched here"
 
 
 def test_an_empty_output_for_a_partial_prefill_is_explained_and_marked(graded):
@@ -117,7 +117,7 @@ def test_an_empty_output_for_a_partial_prefill_is_explained_and_marked(graded):
 
     def step(self) -> list[dict]:
         \"\"\"One engine step: schedule, execute"""))
-    r = result(report, "figure instance", task="27.1")
+    r = result(report, "figure instance", task="ch27.1")
     assert r.status == "failed"
     assert "step 1 ran batch 1 {A: 4} (positions A 0…3; sampled A: blank)" in r.message
     assert "step 1 should return [] (nothing new)" in r.message and "yours: [('A', [], False)]" in r.message
@@ -137,8 +137,8 @@ def test_computed_advanced_at_update_time_is_caught_by_the_piece_by_piece_check(
             new_token_ids = []
             for token in runner_output.get(rid, []):"""))
     # After a whole sync step the counters agree again: only the piece-by-piece check sees the difference.
-    assert result(report, "figure instance", task="27.1").status == "passed"
-    r = result(report, "the contract piece by piece", task="27.1")
+    assert result(report, "figure instance", task="ch27.1").status == "passed"
+    r = result(report, "the contract piece by piece", task="ch27.1")
     assert r.status == "failed"
     assert "right after schedule() call 1, before the model runs, A should be RUNNING, num_computed_tokens 4" in r.message
     assert "yours: RUNNING, num_computed_tokens 0" in r.message
@@ -151,26 +151,26 @@ def test_a_placeholder_for_a_partial_prefill_is_explained_and_marked(graded):
                     # a placeholder for every scheduled request, even a non-final prefill chunk
                     ("""            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
                 request.num_output_placeholders += 1""", "            request.num_output_placeholders += 1"))
-    r = result(report, "figure instance", task="27.2")
+    r = result(report, "figure instance", task="ch27.2")
     assert r.status == "failed"
     assert "step 1 ran batch 1 {A: 3} (positions A 0…2; sampled A: blank)" in r.message
     assert "num_output_placeholders 0\nyours: RUNNING, num_computed_tokens 3, num_tokens 5 (outputs []), " \
            "num_output_placeholders 1" in r.message
     assert "hint: a non-final prefill chunk produces no token, so it gets no placeholder" in r.message
     assert wrong_elements(report, "ch27-three-boundaries")
-    assert statuses(report, "27.1") == {"passed"}
+    assert statuses(report, "ch27.1") == {"passed"}
 
 
 def test_reconciling_the_newest_batch_first_is_explained(graded):
     report = graded("newest_first",
                     # the batch queue popped from the wrong end: the batch just launched is reconciled first
                     ("self.batch_queue.pop()", "self.batch_queue.popleft()"))
-    r = result(report, "one step ahead", task="27.2")
+    r = result(report, "one step ahead", task="ch27.2")
     assert r.status == "failed"
     assert "after step 2 request A should be RUNNING, num_computed_tokens 6, num_tokens 6 (outputs [305])" in r.message
     assert "yours: RUNNING, num_computed_tokens 6, num_tokens 6 (outputs [306])" in r.message
     assert "hint: 306 comes from the batch launched in this very step" in r.message
-    assert result(report, "figure instance", task="27.2").status == "failed"
+    assert result(report, "figure instance", task="ch27.2").status == "failed"
     assert wrong_elements(report, "ch27-three-boundaries")
 
 
@@ -180,16 +180,16 @@ def test_a_stale_output_after_eos_is_explained(graded):
                     ("""            if request.is_finished:
                 continue
 """, ""))
-    r = result(report, "an output that arrives after EOS", task="27.2")
+    r = result(report, "an output that arrives after EOS", task="ch27.2")
     assert r.status == "failed"
     assert "after step 4 request A should be FINISHED_STOPPED, num_computed_tokens 5, num_tokens 5 " \
            "(outputs [303, 304])" in r.message
     assert "yours: FINISHED_STOPPED, num_computed_tokens 5, num_tokens 6 (outputs [303, 304, 305])" in r.message
     assert "hint: A had already finished (FINISHED_STOPPED): an output that arrives for a finished request is stale" \
         in r.message
-    edges = result(report, "edge cases", task="27.2")
+    edges = result(report, "edge cases", task="ch27.2")
     assert edges.status == "failed" and "B had already finished (FINISHED_STOPPED)" in edges.message
-    assert statuses(report, "27.1") == {"passed"}
+    assert statuses(report, "ch27.1") == {"passed"}
 
 
 # -- the figures' layout ------------------------------------------------------------------------------------

@@ -66,33 +66,33 @@ def test_positions_from_zero_are_explained(graded):
     report = graded("positions_from_zero",
                     # positions counted within this step's chunk, as if nothing were computed before it
                     ("            pos.append(p)\n", "            pos.append(p - c)\n"))
-    r = result(report, "figure instance", task="29.1")
+    r = result(report, "figure instance", task="ch29.1")
     assert r.status == "failed"
     assert "input 0 is request R0's token 0 of this step (R0 owns inputs 0…3), at position num_computed_tokens " \
            "+ 0 = 4 + 0 = 4; yours: 0" in r.message
     assert "hint: positions continue after the computed prefix: c + j, not j" in r.message
     assert wrong_elements(report, "ch29-schedule-to-metadata")
-    assert statuses(report, "29.2") == {"passed"}
+    assert statuses(report, "ch29.2") == {"passed"}
 
 
 def test_keeping_a_partial_prefill_sample_is_explained_and_marked(graded):
     report = graded("keep_all",
                     # every request's sample kept, even a chunk that stops before the last known token
                     ("kept.append(c + n == len(tokens))", "kept.append(True)"))
-    r = result(report, "figure instance", task="29.1")
+    r = result(report, "figure instance", task="ch29.1")
     assert r.status == "failed"
     assert "kept[0]: R0's seq_len = 4 + 4 = 8 < its 10 known tokens, so its sample is discarded; yours: True" \
         in r.message
     assert "hint: a chunk that ends before the last known token is a non-final prefill chunk" in r.message
     assert wrong_elements(report, "ch29-schedule-to-metadata")
-    assert result(report, "a decode batch", task="29.1").status == "passed", "every decode sample is kept anyway"
+    assert result(report, "a decode batch", task="ch29.1").status == "passed", "every decode sample is kept anyway"
 
 
 def test_sampling_the_first_row_is_explained(graded):
     report = graded("first_row_logits",
                     # logits taken at each request's first scheduled row instead of its last
                     ('"logits_indices": query_start_loc[1:] - 1', '"logits_indices": query_start_loc[:-1]'))
-    r = result(report, "figure instance", task="29.1")
+    r = result(report, "figure instance", task="ch29.1")
     assert r.status == "failed"
     assert "logits_indices[0] = query_start_loc[1] − 1 = 4 − 1 = 3, R0's last input; yours: 0" in r.message
     assert "hint: sample at the *last* scheduled row of each request" in r.message
@@ -104,13 +104,13 @@ def test_tpot_over_output_len_is_explained_and_marked(graded):
                     # TPOT divided by every output token, the first one included
                     ('tpots.append((e2el - ttft) / (req["output_len"] - 1))',
                      'tpots.append((e2el - ttft) / req["output_len"])'))
-    r = result(report, "figure instance", task="29.2")
+    r = result(report, "figure instance", task="ch29.2")
     assert r.status == "failed"
     assert "TPOT = (E2E − TTFT) / (output_len − 1), per request with output_len > 1: [200, 200] ms" in r.message
     assert "mean_tpot_ms = 200; yours: 160" in r.message
     assert "hint: TPOT leaves the first token out: divide by output_len − 1" in r.message
     assert wrong_elements(report, "ch29-latency-metrics")
-    assert statuses(report, "29.1") == {"passed"}
+    assert statuses(report, "ch29.1") == {"passed"}
 
 
 def test_a_mean_of_per_request_itls_is_explained(graded):
@@ -118,7 +118,7 @@ def test_a_mean_of_per_request_itls_is_explained(graded):
                     # one mean gap per request instead of every gap pooled
                     ("itls += [b - a for a, b in zip(chunks, chunks[1:])]",
                      "itls += [(chunks[-1] - chunks[0]) / (len(chunks) - 1)] if len(chunks) > 1 else []"))
-    r = result(report, "figure instance", task="29.2")
+    r = result(report, "figure instance", task="ch29.2")
     assert r.status == "failed"
     assert "ITLs = gaps between successive chunks, of all requests pooled: [200, 200, 200, 200, 400, 400] ms" \
         in r.message
@@ -131,7 +131,7 @@ def test_dividing_by_the_sum_of_latencies_is_explained(graded):
                     # the run's duration taken as the sum of the requests' latencies
                     ('duration = max(r["chunk_times"][-1] for r in requests) - min(r["start"] for r in requests)',
                      'duration = sum(r["chunk_times"][-1] - r["start"] for r in requests)'))
-    r = result(report, "throughput divides by the whole run", task="29.2")
+    r = result(report, "throughput divides by the whole run", task="ch29.2")
     assert r.status == "failed"
     assert "duration = last chunk − first start = 3.4 − 0 = 3.4 s; yours: 0.8" in r.message
     assert "hint: the run's duration is its wall time, first start to last chunk, not the sum of the latencies" \

@@ -34,7 +34,7 @@ def test_a_packed_record_is_explained_by_alignment(graded):
     assert "field max_tokens should be at byte offset 28; yours: 25" in r.message
     assert "is_prompt ends at byte 25" in r.message and "3 padding bytes come first" in r.message
     assert "hint: build the dtype with align=True" in r.message
-    assert tasks_not_passed(report) == {"30.1"}
+    assert tasks_not_passed(report) == {"ch30.1"}
     bad = wrong_elements(report, "ch30-request-path")
     assert bad
     texts = [el.text for el in figure(report, "ch30-request-path").iter() if el.text]
@@ -46,7 +46,7 @@ def test_top_k_minus_one_left_unlowered_is_explained(graded):
                     # the front end's −1 ("off") copied into the record instead of the core's 0
                     ("max_tokens, temperature, top_p, max(top_k, 0), seed)",
                      "max_tokens, temperature, top_p, top_k, seed)"))
-    r = result(report, "figure instance", "30.1")
+    r = result(report, "figure instance", "ch30.1")
     assert r.status == "failed"
     assert "field top_k: top_k = -1, lowered to 0 (the core's 'off'), so 0; yours: -1" in r.message
     assert "hint: the core encodes 'top-k off' as 0" in r.message
@@ -70,7 +70,7 @@ def test_decode_first_phase_selection_is_explained(graded):
                     # a prompt step only when every request is in its prompt phase
                     ('return "prompt" if bool(batch["is_prompt"].any()) else "decode"',
                      'return "prompt" if bool(batch["is_prompt"].all()) else "decode"'))
-    r = result(report, "figure instance", "30.1")
+    r = result(report, "figure instance", "ch30.1")
     assert r.status == "failed"
     assert "select_phase of the batch ['A', 'B', 'C']" in r.message
     assert "prompt work goes first, so 'prompt'; yours: 'decode'" in r.message
@@ -103,7 +103,7 @@ def test_a_prefix_cache_taken_for_a_kv_service_is_explained(graded):
     assert r.status == "failed"
     assert "feature kv_service is not supported by engine@0a1b2c3 (the matrix says no); yours does not name it" in r.message
     assert "hint: a local prefix cache (prefix_caching) is not a KV service" in r.message
-    assert tasks_not_passed(report) == {"30.2"}
+    assert tasks_not_passed(report) == {"ch30.2"}
     assert wrong_elements(report, "ch30-system-boundary")
 
 

@@ -33,7 +33,7 @@ def test_weights_left_unnormalised_are_explained(graded):
     assert "divided by their sum" in r.message
     assert "hint: renormalize: divide the k weights by their sum" in r.message
     assert result(report, "renormalize=False").status == "passed"
-    assert tasks_not_passed(report) == {"31.1"}
+    assert tasks_not_passed(report) == {"ch31.1"}
 
 
 def test_ties_to_the_higher_expert_id_are_explained(graded):

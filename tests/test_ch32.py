@@ -42,7 +42,7 @@ def test_replacement_drawn_from_p_is_explained(graded):
     assert chi.status == "failed"
     assert f"> {ch23.chi2_threshold(3):.4g}" in chi.message
     assert "likely cause: your first tokens are those of 'replacement from p'" in chi.message
-    assert tasks_not_passed(report) == {"32.1"}
+    assert tasks_not_passed(report) == {"ch32.1"}
     assert wrong_elements(report, "ch32-spec-confidence")
     assert any(el.get("class") == "label wrong-pick" for el in wrong_elements(report, "ch32-spec-confidence"))
 
@@ -97,7 +97,7 @@ def test_confidence_on_its_own_is_explained(graded):
     assert f"s{n} = {surv[n]:.4g} < 0.3 is the first survival below the threshold, so n = {n}; yours: 5" in r.message
     assert "hint: the survival of draft j is the product c0 · … · cj" in r.message
     assert result(report, "the adaptive-verification example").status == "failed"
-    assert tasks_not_passed(report) == {"32.2"}
+    assert tasks_not_passed(report) == {"ch32.2"}
     assert wrong_elements(report, "ch32-spec-confidence")
 
 
@@ -129,7 +129,7 @@ def test_split_k_chosen_by_batch_size_is_caught(graded):
     assert "hint: nothing in a row's reduction may depend on the batch" in r.message
     assert result(report, "agrees with x @ w").status == "passed", "the values are right, only the bits move"
     assert result(report, "random shapes").status == "failed"
-    assert tasks_not_passed(report) == {"32.3"}
+    assert tasks_not_passed(report) == {"ch32.3"}
     bad = wrong_elements(report, "ch32-determinism")
     assert any((el.text or "").startswith("0x") for el in bad), "the changed bits of row 0 are marked"
 

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 import figures
-from grader import chapters, checks, reference
+from grader import chapters, checks
+from grader.authoring import reference
 from grader.cli import main
 from grader.report import CheckResult, Report
 from grader.run import hidden_count
@@ -58,12 +59,12 @@ def test_list_shows_every_chapter_and_the_last_result(cli):
 def test_check_on_the_stubs_says_not_implemented_without_a_traceback(cli):
     out = cli("check", "ch25")
     assert out.exit_code == 1
-    assert re.search(r"✗ 25\.1 slot_mapping\s+0/\d+\s+not implemented yet \(ch25\.1: about \d+ lines\)", out.output)
+    assert re.search(r"✗ ch25\.1 slot_mapping\s+0/\d+\s+not implemented yet \(ch25\.1: about \d+ lines\)", out.output)
     ch = chapters.find("ch25")
     hidden = hidden_count(ch, reference.load_answers(ch.id))
     public = sum(s.points for s in checks.load(ch.id, with_hidden=False) if not s.hidden)
     assert f"score 0/{_pts(public)} on the public checks · {hidden} hidden checks run at grading time" in out.output
-    waiting = ", ".join(f"{f.id} (waits for {', '.join(dict.fromkeys(f'ch{t}' for t in f.needs.values()))})"
+    waiting = ", ".join(f"{f.id} (waits for {', '.join(dict.fromkeys(f.needs.values()))})"
                         for f in figures.catalog(ch.id))
     assert f"· not drawn: {waiting}; a figure is drawn once its task returns an output" in out.output
     assert "Traceback" not in out.output and "figures are drawn once a task passes" not in out.output
@@ -73,8 +74,8 @@ def test_check_solutions_writes_figures_and_prints_the_seed(cli, tmp_path):
     out = cli("check", "25", "--solutions", "--seed", "7", "--figures", "figs")
     assert out.exit_code == 0, out.output
     assert "hidden checks ran on grading seed 7 (repeat with --seed 7)" in out.output
-    assert (tmp_path / "figs" / "ch25" / "dim-slot-mapping.svg").is_file()
-    assert "figs/ch25/dim-slot-mapping.svg" in out.output
+    assert (tmp_path / "figs" / "ch25" / "ch25-dim-slot-mapping.svg").is_file()
+    assert "figs/ch25/ch25-dim-slot-mapping.svg" in out.output
 
 
 def test_json_is_one_gradescope_document(cli, tmp_path):
@@ -91,8 +92,8 @@ def test_json_is_one_gradescope_document(cli, tmp_path):
 
 
 def test_task_filter_runs_one_task(cli):
-    doc = json.loads(cli("check", "ch25", "--task", "25.2", "--solutions", "--json").output)
-    assert {t["number"] for t in doc["tests"]} == {"25.2"}
+    doc = json.loads(cli("check", "ch25", "--task", "ch25.2", "--solutions", "--json").output)
+    assert {t["number"] for t in doc["tests"]} == {"ch25.2"}
 
 
 def test_a_submission_folder_is_graded(cli, tmp_path):
@@ -106,7 +107,7 @@ def test_a_submission_folder_is_graded(cli, tmp_path):
 
 @pytest.mark.parametrize("args, words", [
     (["check", "ch255"], "Did you mean ch25"),
-    (["check", "ch25", "--task", "25.9"], "No task '25.9'"),
+    (["check", "ch25", "--task", "ch25.9"], "No task 'ch25.9'"),
     (["check", "ch25", "--solutions", "--submission", "."], "exclude each other"),
     (["check", "ch25", "--memory-limit", "lots"], "not a size"),
 ])
@@ -127,7 +128,7 @@ def test_stubs_check_reports_no_drift(cli):
 
 def test_exit_codes_follow_the_worst_status():
     ch = chapters.find("ch25")
-    result = lambda status: CheckResult("25.1", "slot_mapping", "x", False, 1.0, status)
+    result = lambda status: CheckResult("ch25.1", "slot_mapping", "x", False, 1.0, status)
     assert Report(ch, "t", 0, [result("passed")]).exit_code == 0
     assert Report(ch, "t", 0, [result("passed"), result("blocked")]).exit_code == 2
     assert Report(ch, "t", 0, [result("blocked"), result("timeout")]).exit_code == 1
@@ -148,7 +149,7 @@ def test_a_syntax_error_is_reported_once_for_the_chapter(cli, tmp_path):
 
 def test_a_renamed_function_is_an_error_named_once(cli, tmp_path):
     sub = solution_with(tmp_path, "sub", ("def causal_mask_with_offset(", "def causal_mask_offset("))
-    args = ["check", "ch17", "--task", "17.2", "--submission", str(sub), "--no-sandbox", "--no-hidden"]
+    args = ["check", "ch17", "--task", "ch17.2", "--submission", str(sub), "--no-sandbox", "--no-hidden"]
     doc = json.loads(cli(*args, "--json").stdout)
     message = "your module has no function 'causal_mask_with_offset' (was it renamed or deleted?)"
     assert [(t["outcome"], t["output"]) for t in doc["tests"]] == [("error", message)] * len(doc["tests"])
@@ -160,7 +161,7 @@ def test_the_budget_of_explanations_goes_to_different_failures(cli, tmp_path):
     sub = solution_with(tmp_path, "sub", DROPPED_DIAGONAL,
                         ("if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:",
                          "if False:"))
-    out = cli("check", "ch17", "--task", "17.1", "--submission", str(sub), "--no-sandbox", "--no-hidden",
+    out = cli("check", "ch17", "--task", "ch17.1", "--submission", str(sub), "--no-sandbox", "--no-hidden",
               env={"COLUMNS": "80"}).stdout
     hints = [line for line in out.splitlines() if line.strip().startswith("hint: keep the diagonal")]
     assert len(hints) == 1, out
@@ -209,7 +210,7 @@ def test_a_run_removes_the_chapters_figures_it_did_not_draw_and_nothing_else(cli
     assert sorted(p.stem for p in folder.glob("*.svg")) == sorted(ids)
     (folder / "mine.svg").write_text("<svg/>")
     (folder / "notes.txt").write_text("keep me")
-    sub = solution_with(tmp_path, "sub", FLOAT_OFFSET_MASK)  # 17.2's output has the wrong type: nothing to draw
+    sub = solution_with(tmp_path, "sub", FLOAT_OFFSET_MASK)  # ch17.2's output has the wrong type: nothing to draw
     out = cli("check", "ch17", "--submission", str(sub), "--no-sandbox", "--no-hidden", "--figures", str(figs))
     assert not (folder / "ch17-offset-mask.svg").exists(), "a correct figure must not stay beside wrong code"
     assert (folder / "ch17-causal-mask.svg").is_file() and (folder / "mine.svg").is_file()
@@ -218,7 +219,7 @@ def test_a_run_removes_the_chapters_figures_it_did_not_draw_and_nothing_else(cli
     assert "figs/ch17/ch17-causal-mask.svg" in out.stdout and "wrong values marked" not in out.stdout
     cli("check", "ch17", "--solutions", "--no-hidden", "--figures", str(figs))
     before = (folder / "ch17-offset-mask.svg").read_bytes()
-    out = cli("check", "ch17", "--task", "17.1", "--submission", str(sub), "--no-sandbox", "--no-hidden",
+    out = cli("check", "ch17", "--task", "ch17.1", "--submission", str(sub), "--no-sandbox", "--no-hidden",
               "--figures", str(figs))
     assert (folder / "ch17-offset-mask.svg").read_bytes() == before, "--task leaves the other tasks' figures alone"
     assert "ch17-offset-mask (ch17.2 left out of this run, its file from an earlier run kept)" in out.stdout
@@ -233,7 +234,7 @@ def test_wrong_values_marked_only_when_a_figure_marks_one(cli, tmp_path):
     out = cli("check", "ch17", "--submission", str(unchecked), "--no-sandbox", "--no-hidden", "--figures", "f")
     assert "· figures: " in out.stdout and "wrong values marked" not in out.stdout
     wrong = solution_with(tmp_path, "wrong", DROPPED_DIAGONAL)
-    out = cli("check", "ch17", "--task", "17.1", "--submission", str(wrong), "--no-sandbox", "--no-hidden",
+    out = cli("check", "ch17", "--task", "ch17.1", "--submission", str(wrong), "--no-sandbox", "--no-hidden",
               "--figures", "g")
     assert "· figures (your wrong values marked): g/ch17/ch17-causal-mask.svg\n" in out.stdout
     assert "ch17-offset-mask (ch17.2 left out of this run)" in out.stdout

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grader.compare import CheckFailed, expect_int, expect_tensor, first_wrong, wrong_mask
+from grader.authoring.compare import CheckFailed, expect_int, expect_tensor, first_wrong, wrong_mask
 
 
 def test_infinities_only_match_themselves_under_a_tolerance():

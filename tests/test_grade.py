@@ -27,10 +27,10 @@ import pytest
 from mutate import mutant
 
 from grader import chapters, checks
-from grader.grade import InOrder, Item, _Config, _grade, _needs_grading, grade, results_dir
+from grader.delivery.grade import InOrder, Item, _Config, _grade, _needs_grading, grade, results_dir
+from grader.delivery.notebook import chapter_notebook
+from grader.delivery.summary import HISTOGRAM, clip, message_group, summarize, summary_markdown
 from grader.isolation.sandbox import SandboxUnavailable, probe
-from grader.notebook import chapter_notebook
-from grader.summary import HISTOGRAM, clip, message_group, summarize, summary_markdown
 
 CH25 = chapters.find("ch25")
 FULL = sum(s.points for s in checks.load("ch25", with_hidden=True))
@@ -595,7 +595,7 @@ def test_an_interrupted_run_removes_its_temporary_folders(tmp_path):
     assert not (out / "b-hangs" / "ch17").exists()
 
 
-# -- the class summary from made-up results (grader.summary) ----------------------------------------------------
+# -- the class summary from made-up results (grader.delivery.summary) ----------------------------------------------------
 LONG = ("the free list should be [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, "
         "33, 34, 35, 36, 37, 38, 39, 40] after freeing sequence 3; yours keeps blocks 12 and 13 allocated although "
         "their reference counts reached zero")

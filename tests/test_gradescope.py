@@ -31,7 +31,7 @@ import pytest
 from linkedvenv import link_distributions
 
 from grader import chapters
-from grader.gradescope import STUDENT_USER, export, processes_of
+from grader.delivery.gradescope import STUDENT_USER, export, processes_of
 from grader.isolation.sandbox import _closure
 
 CH25 = chapters.find("ch25")
@@ -150,8 +150,8 @@ def test_the_bundle_has_what_gradescope_runs(tmp_path):
     setup, run = z.read("setup.sh").decode(), z.read("run_autograder").decode()
     assert "useradd --system" in setup and STUDENT_USER in setup and "bubblewrap" in setup
     assert "pip install /autograder/source/course" in setup and "-e " not in setup  # not editable
-    assert setup.index("pip install") < setup.index("-m grader.gradescope --protect /autograder")
-    assert "COURSE_GRADING_SEED=9 exec" in run and '-I -m grader.gradescope "$ROOT" ch25\n' in run  # seed never in argv
+    assert setup.index("pip install") < setup.index("-m grader.delivery.gradescope --protect /autograder")
+    assert "COURSE_GRADING_SEED=9 exec" in run and '-I -m grader.delivery.gradescope "$ROOT" ch25\n' in run  # seed never in argv
     assert "cd / &&" in run  # the installed package
 
 
@@ -160,7 +160,7 @@ def test_setup_leaves_the_answers_and_the_results_to_root(installed):
     for path in (installed.site / "solutions", installed.site / "grader"):  # as pip installed them
         path.chmod(0o755)
     assert as_student("cat", str(installed.site / "solutions" / CH25.filename)).returncode == 0
-    out = subprocess.run([str(installed.python), "-I", "-m", "grader.gradescope", "--protect", str(root)],
+    out = subprocess.run([str(installed.python), "-I", "-m", "grader.delivery.gradescope", "--protect", str(root)],
                          capture_output=True, text=True, cwd="/")  # what setup.sh runs after pip install
     assert out.returncode == 0, out.stderr
     for path in (root / "source", installed.site / "solutions", installed.site / "grader"):

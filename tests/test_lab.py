@@ -348,7 +348,7 @@ def test_the_command_line():
 
 
 def test_the_lab_serves_in_a_student_release_without_expected_values(tmp_path):
-    from grader.release import build
+    from grader.delivery.release import build
 
     built = build(tmp_path / "rel", chapter_list=[chapters.find("ch25"), chapters.find("ch26")], nbgrader=False)
     student = built.student

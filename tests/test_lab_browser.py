@@ -93,13 +93,13 @@ def state(driver) -> str:
 def test_a_changed_control_redraws_the_figure_from_the_new_instance(browser, servers):
     seq = open_experiment(browser, servers["good"], "ch15-embedding")
     assert state(browser) == "passed"
-    assert {"31", "32", "33", "34"} <= set(svg_values(browser, "dim-embedding"))
+    assert {"31", "32", "33", "34"} <= set(svg_values(browser, "ch15-dim-embedding"))
     type_into(browser, "ids", "5, 1")
     seq = wait_for_result(browser, seq)
     assert state(browser) == "passed"
-    svg = browser.find_element(By.CSS_SELECTOR, '[data-figure="dim-embedding"] svg')
+    svg = browser.find_element(By.CSS_SELECTOR, '[data-figure="ch15-dim-embedding"] svg')
     assert "ids = [5, 1]" in svg.get_attribute("innerHTML")
-    got = svg_values(browser, "dim-embedding")
+    got = svg_values(browser, "ch15-dim-embedding")
     assert {"61", "62", "63", "64", "21", "22", "23", "24"} <= set(got)
     type_into(browser, "H", "2")
     wait_for_result(browser, seq)
@@ -112,7 +112,7 @@ def test_a_bound_is_explained_beside_its_control_and_the_figure_stays(browser, s
     wait_for_result(browser, seq)
     assert state(browser) == "invalid"
     assert "between 1 and 10" in browser.find_element(By.ID, "error-T").text
-    assert browser.find_elements(By.CSS_SELECTOR, '[data-figure="dim-slot-mapping"] svg')
+    assert browser.find_elements(By.CSS_SELECTOR, '[data-figure="ch25-dim-slot-mapping"] svg')
 
 
 def test_slots_follow_the_block_table_and_the_median_latency(browser, servers):
@@ -125,7 +125,7 @@ def test_slots_follow_the_block_table_and_the_median_latency(browser, servers):
         blocks = [int(b) for b in table.split(", ")]
         want = [str(blocks[p // 2] * 2 + p % 2) for p in range(5)]
         slots = [e.text for e in browser.find_elements(By.CSS_SELECTOR,
-                                                        '[data-figure="dim-slot-mapping"] svg text.value')]
+                                                        '[data-figure="ch25-dim-slot-mapping"] svg text.value')]
         assert " ".join(want) in " ".join(slots), (table, slots)
     latencies = browser.execute_script("return window.labLatencies")
     median = statistics.median(latencies)
@@ -139,7 +139,7 @@ def test_a_wrong_function_shows_the_message_and_the_marked_cells(browser, server
     assert state(browser) == "failed"
     message = browser.find_element(By.ID, "message").text
     assert "yours: 0" in message and "hint: the slot uses the physical block from the table" in message
-    wrong = browser.find_elements(By.CSS_SELECTOR, '[data-figure="dim-slot-mapping"] svg rect.wrong')
+    wrong = browser.find_elements(By.CSS_SELECTOR, '[data-figure="ch25-dim-slot-mapping"] svg rect.wrong')
     assert len(wrong) >= 3
     shoot(browser, "wrong-ch25-paged-kv")
 
@@ -155,7 +155,7 @@ def test_a_hanging_function_times_out_and_the_page_stays_usable(browser, servers
     type_into(browser, "ids", "1, 2, 3, 0")       # hangs again …
     type_into(browser, "ids", "4, 2")             # … and is replaced before its time limit
     seq = wait_for_result(browser, seq)
-    assert state(browser) == "passed" and {"51", "52", "31", "32"} <= set(svg_values(browser, "dim-embedding"))
+    assert state(browser) == "passed" and {"51", "52", "31", "32"} <= set(svg_values(browser, "ch15-dim-embedding"))
     browser.find_element(By.CSS_SELECTOR, 'nav button[data-experiment="ch25-paged-kv"]').click()
     wait_for_result(browser, None)
     assert state(browser) == "failed"

@@ -64,20 +64,20 @@ def test_a_release_lists_the_hidden_points_it_recorded(cli, monkeypatch, tmp_pat
     ch = chapters.find("ch17")
     answers = tmp_path / "answers"
     answers.mkdir()
-    (answers / "ch17.json").write_text('{"hidden_points": {"17.1": 7, "17.2": 2}}')
+    (answers / "ch17.json").write_text('{"hidden_points": {"ch17.1": 7, "ch17.2": 2}}')
     monkeypatch.setattr(chapters, "ANSWERS", answers)
     monkeypatch.setattr(checks, "has_hidden", lambda chapter_id: False)
     public = {task: p for task, (p, _) in loaded_points("ch17").items()}
-    assert checks.points("ch17") == {"17.1": (public["17.1"], 7.0), "17.2": (public["17.2"], 2.0)}
-    assert re.search(rf"^17\.2\s+causal_mask_with_offset\(num_new, num_cached\)\s+{public['17.2']:g} \+ 2 hidden",
+    assert checks.points("ch17") == {"ch17.1": (public["ch17.1"], 7.0), "ch17.2": (public["ch17.2"], 2.0)}
+    assert re.search(rf"^ch17\.2\s+causal_mask_with_offset\(num_new, num_cached\)\s+{public['ch17.2']:g} \+ 2 hidden",
                      cli("list", ch.id).output, re.M)
 
 
 # -- status ------------------------------------------------------------------------------------------------
 def test_the_status_reads_the_same_whether_all_or_some_tasks_passed(cli):
     ch17, ch25 = chapters.find("ch17"), chapters.find("ch25")
-    ran(ch17, {"17.1": ["passed"] * 3, "17.2": ["passed", "passed"]})
-    ran(ch25, {"25.1": ["passed", "failed"], "25.2": ["passed"], "25.3": ["error"]})
+    ran(ch17, {"ch17.1": ["passed"] * 3, "ch17.2": ["passed", "passed"]})
+    ran(ch25, {"ch25.1": ["passed", "failed"], "ch25.2": ["passed"], "ch25.3": ["error"]})
     out = cli("list").output
     assert re.search(r"^ch17 .*  2/2 passed$", out, re.M)
     assert re.search(r"^ch25 .*  1/3 passed$", out, re.M)
@@ -86,15 +86,15 @@ def test_the_status_reads_the_same_whether_all_or_some_tasks_passed(cli):
 
 def test_a_run_of_one_task_keeps_the_other_tasks_status(cli):
     ch = chapters.find("ch25")
-    ran(ch, {"25.1": ["passed"] * 5})
+    ran(ch, {"ch25.1": ["passed"] * 5})
     assert re.search(r"^ch25 .*  1/3 passed, 2 not run$", cli("list").output, re.M)
-    ran(ch, {"25.3": ["failed", "passed"]})
+    ran(ch, {"ch25.3": ["failed", "passed"]})
     assert re.search(r"^ch25 .*  1/3 passed, 1 not run$", cli("list").output, re.M)
     lines = cli("list", "ch25").output
-    assert re.search(r"^25\.1\s+slot_mapping\(block_table, positions, block_size\)\s+.*5/5 passed$", lines, re.M)
-    assert re.search(r"^25\.2\s+store_kv\(.*not run$", lines, re.M)
-    assert re.search(r"^25\.3\s+BlockManager\(num_blocks, block_size\)\s+.*1/2 passed$", lines, re.M)
-    assert "next: `course check ch25 --task 25.2`" in lines, "the first task not passed yet"
+    assert re.search(r"^ch25\.1\s+slot_mapping\(block_table, positions, block_size\)\s+.*5/5 passed$", lines, re.M)
+    assert re.search(r"^ch25\.2\s+store_kv\(.*not run$", lines, re.M)
+    assert re.search(r"^ch25\.3\s+BlockManager\(num_blocks, block_size\)\s+.*1/2 passed$", lines, re.M)
+    assert "next: `course check ch25 --task ch25.2`" in lines, "the first task not passed yet"
 
 
 def test_a_chapter_lists_its_tasks_functions_and_points(cli):
@@ -112,11 +112,11 @@ def test_a_chapter_lists_its_tasks_functions_and_points(cli):
 def test_stubs_that_raised_are_listed_as_not_implemented(cli):
     ch = chapters.find("ch17")
     report = Report(ch, str(chapters.EXERCISES / ch.filename), 0)
-    report.results.append(CheckResult("17.1", "causal_mask", "a", False, 1.0, "error", todo=True))
-    report.results.append(CheckResult("17.2", "causal_mask_with_offset", "b", False, 1.0, "failed"))
+    report.results.append(CheckResult("ch17.1", "causal_mask", "a", False, 1.0, "error", todo=True))
+    report.results.append(CheckResult("ch17.2", "causal_mask_with_offset", "b", False, 1.0, "failed"))
     progress.record(report)
     out = cli("list", "ch17").output
-    assert re.search(r"^17\.1 .* not implemented yet$", out, re.M) and re.search(r"^17\.2 .* 0/1 passed$", out, re.M)
+    assert re.search(r"^ch17\.1 .* not implemented yet$", out, re.M) and re.search(r"^ch17\.2 .* 0/1 passed$", out, re.M)
 
 
 # -- finding chapters and tasks ------------------------------------------------------------------------------
@@ -134,11 +134,11 @@ def test_a_word_several_chapters_share_names_them_all():
 
 
 def test_a_task_of_another_chapter_names_its_chapter(cli):
-    out = cli("check", "ch17", "--task", "25.1")
+    out = cli("check", "ch17", "--task", "ch25.1")
     assert out.exit_code == 2
-    assert "25.1 is a task of ch25 (paged KV cache), not of ch17: run `course check ch25 --task 25.1`" in out.output
+    assert "ch25.1 is a task of ch25 (paged KV cache), not of ch17: run `course check ch25 --task ch25.1`" in out.output
     out = cli("check", "ch17", "--task", "store_kv")
-    assert "store_kv is task 25.2 of ch25" in out.output
+    assert "store_kv is task ch25.2 of ch25" in out.output
 
 
 # -- the student release's command line ----------------------------------------------------------------------

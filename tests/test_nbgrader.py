@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from grader import chapters, checks
-from grader.notebook import write_course
-from grader.stubs import BEGIN, END
+from grader.delivery.notebook import write_course
+from grader.delivery.stubs import BEGIN, END
 
 ROUND_TRIP = ("ch17", "ch25")
 HONEST = ("stub", "partial", "broken", "carol", "source")
@@ -70,7 +70,7 @@ def hostile(ch, release: dict) -> dict:
     rewrite a locked test cell and its points."""
     nb = copy(release)
     first, second = (cell(nb, f"answer_{tid(t.id)}") for t in ch.tasks[:2])
-    second["source"] = "import grader.notebook as g\ng.check_task = lambda *a, **k: None\n\n" + src(second)
+    second["source"] = "import grader.delivery.notebook as g\ng.check_task = lambda *a, **k: None\n\n" + src(second)
     targets = [f"grader.hidden.{ch.id}", f"solutions.{ch.filename[:-3]}"]
     files = [str(chapters.ROOT / "grader" / "hidden" / f"{ch.id}.py"), str(chapters.SOLUTIONS / ch.filename)]
     first["source"] = (
@@ -282,7 +282,7 @@ def test_course_check_grades_a_notebook_like_the_gradebook(course):
 def test_a_hidden_test_cell_runs_nothing_and_gives_zero():
     """What the hidden test cell calls, run where it could (no kernel needed): no hidden check and no
     solution imported, 0 points, a sentence saying where the hidden checks run."""
-    code = ("import sys; from grader.notebook import check_task; v = check_task('ch25', '25.1', hidden=True); "
+    code = ("import sys; from grader.delivery.notebook import check_task; v = check_task('ch25', 'ch25.1', hidden=True); "
             "print(v, sorted(m for m in sys.modules if m.startswith(('grader.hidden', 'solutions', 'torch'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=chapters.ROOT)
     assert out.returncode == 0, out.stderr
@@ -294,7 +294,7 @@ def test_feedback_reads_as_one_block_per_cell_with_described_figures(course):
     """Each test cell's report is one output (one box), wrapped to WIDTH columns; every figure has alt text
     (nbgrader does not warn), no cell says "Exception reporting mode"; carol's broken cell is named with its
     line."""
-    from grader.notebook import WIDTH
+    from grader.delivery.notebook import WIDTH
 
     log = (course / "generate_feedback.log").read_text()
     assert "Alternative text is missing" not in log, log

@@ -23,7 +23,8 @@ import nbformat
 import pytest
 
 from grader import chapters, checks
-from grader.notebook import WIDTH, CompilerLimit, assemble, chapter_notebook, grade_cells
+from grader.delivery.cells import CompilerLimit, assemble
+from grader.delivery.notebook import WIDTH, chapter_notebook, grade_cells
 
 CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
 """nbgrader's stub for a solution region, as `write_course` configures it."""
@@ -138,6 +139,7 @@ def test_setup_cells_keep_the_module_layout():
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 @pytest.mark.parametrize("cid", [c.id for c in chapters.all_chapters()])
 def test_every_notebook_runs_in_a_kernel(cid, tmp_path):
     """nbclient runs the source and the release notebook, test cells included: no error in a cell that is
@@ -268,9 +270,9 @@ def test_a_traceback_names_the_answer_cell_and_its_line(warm_students):
     """An exception in the student's function points at the cell and the line in it, not at the module."""
     ch = chapters.find("ch17")
     code = "import torch\n\n\ndef causal_mask(num_tokens):\n    rows = [][num_tokens]\n    return rows\n"
-    graded = grade_cells("ch17", "17.1", ["import torch", code], launcher=warm_students.start)
+    graded = grade_cells("ch17", "ch17.1", ["import torch", code], launcher=warm_students.start)
     assert graded.score == 0
-    assert "at answer cell 17.1, line 5 in causal_mask: rows = [][num_tokens]" in graded.text, graded.text
+    assert "at answer cell ch17.1, line 5 in causal_mask: rows = [][num_tokens]" in graded.text, graded.text
     assert ch.filename not in graded.text
 
 
@@ -289,8 +291,8 @@ def test_assemble_keeps_definitions_and_names_every_cell():
     tree = ast.parse(module)
     (labels,) = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                  and getattr(n.targets[0], "id", "") == "__course_cells__"]
-    assert labels == ("code cell 1", "answer cell 17.1 (code cell 2)", "code cell 3", "answer cell 17.1 (code cell 4)",
-                      "answer cell 17.1 (code cell 5)", "code cell 6", "code cell 7")
+    assert labels == ("code cell 1", "answer cell ch17.1 (code cell 2)", "code cell 3", "answer cell ch17.1 (code cell 4)",
+                      "answer cell ch17.1 (code cell 5)", "code cell 6", "code cell 7")
     run = [n for n in tree.body if isinstance(n, ast.Expr)][-1]
     units = ast.literal_eval(run.value.args[1])
     first, _, scratch, _, bad, nul, nested = units
@@ -308,12 +310,12 @@ def test_a_statement_that_raises_costs_only_what_it_defines(warm_students):
     task function undefined, and that task's checks say which cell, which line and why."""
     ch = chapters.find("ch17")
     source = chapter_notebook(ch)
-    right = "import not_a_module_of_this_course\n" + src(answer(source, "17.1"))
-    raising = "@(lambda f: 1 / 0)\n" + src(answer(source, "17.2"))
+    right = "import not_a_module_of_this_course\n" + src(answer(source, "ch17.1"))
+    raising = "@(lambda f: 1 / 0)\n" + src(answer(source, "ch17.2"))
     cells = ["import torch", right, raising]
-    first = grade_cells("ch17", "17.1", cells, launcher=warm_students.start)
-    second = grade_cells("ch17", "17.2", cells, launcher=warm_students.start)
-    assert first.score == public_points("ch17", "17.1") and second.score == 0
+    first = grade_cells("ch17", "ch17.1", cells, launcher=warm_students.start)
+    second = grade_cells("ch17", "ch17.2", cells, launcher=warm_students.start)
+    assert first.score == public_points("ch17", "ch17.1") and second.score == 0
     said = " ".join(second.text.split())
-    assert ("answer cell 17.2, line 2: `def causal_mask_with_offset(num_new: int, num_cached: int) -> torch.Tensor:` "
+    assert ("answer cell ch17.2, line 2: `def causal_mask_with_offset(num_new: int, num_cached: int) -> torch.Tensor:` "
             "raised ZeroDivisionError: division by zero, so causal_mask_with_offset was never defined") in said, said

@@ -17,3 +17,15 @@ def test_the_readme_has_exactly_two_fresh_machine_commands():
 
 def test_ci_runs_the_readme_test_command():
     assert commands()[1] in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_the_readme_names_the_chapters_there_are():
+    """The one place the chapter range is written by hand; everything else derives it from the chapters."""
+    from grader import chapters
+
+    numbers = [int(ch.id[2:]) for ch in chapters.all_chapters()]
+    assert f"Chapters {min(numbers)}–{max(numbers)} " in (ROOT / "README.md").read_text()
+
+
+def test_the_readme_names_the_fast_loop():
+    assert 'pytest -m "not slow"' in (ROOT / "README.md").read_text()

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from releaselike import as_in_a_release
 
-from grader import chapters, reference
-from grader.release import build, record_answers
+from grader import chapters
+from grader.authoring import reference
+from grader.delivery.release import build, record_answers
+from grader.delivery.stubs import BEGIN, END
 from grader.run import check
-from grader.stubs import BEGIN, END
 
 CHAPTERS = chapters.all_chapters()
 IDS = [ch.id for ch in CHAPTERS]

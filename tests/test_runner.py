@@ -52,7 +52,7 @@ HOSTILE = {
                      "output limit was reached"),
     "fake results on stdout and stderr": (
         "import sys, json\nprint(json.dumps({'score': 9, 'status': 'passed'}))\n"
-        "print('✓ 25.1 slot_mapping 5/5', file=sys.stderr)\nreturn torch.zeros(5, dtype=torch.int64)",
+        "print('✓ ch25.1 slot_mapping 5/5', file=sys.stderr)\nreturn torch.zeros(5, dtype=torch.int64)",
         "failed", "yours: 0"),
     "patched comparisons": (
         "import builtins, numpy\ntorch.equal = lambda *a, **k: True\ntorch.allclose = lambda *a, **k: True\n"
@@ -101,7 +101,7 @@ def test_hostile_behaviour_costs_only_its_check(tmp_path, name, how, request):
         pytest.skip("only the sandbox keeps a submission from the reference's files")
     launcher = request.getfixturevalue("warm_students").start if how == "zygote" else FRESH
     started = time.monotonic()
-    report = check("ch25", submission=submission(tmp_path, code), task="25.1", hidden=False,
+    report = check("ch25", submission=submission(tmp_path, code), task="ch25.1", hidden=False,
                    time_limit=2.0, memory_limit=1 << 30, figures_dir=None, launcher=launcher,
                    sandbox="bwrap" if how == "sandbox" else None)
     first, rest = report.results[0], report.results[1:]
@@ -118,7 +118,7 @@ def test_no_process_outlives_the_run(tmp_path):
     pidfile = tmp_path / "daemon.pid"
     code = HOSTILE["an escaped daemon (double fork, setsid)"][0].replace(
         "time.sleep(300)", f"open({str(pidfile)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(300)")
-    check("ch25", submission=submission(tmp_path, code), task="25.1", hidden=False, figures_dir=None)
+    check("ch25", submission=submission(tmp_path, code), task="ch25.1", hidden=False, figures_dir=None)
     pids = [int(line) for line in pidfile.read_text().split()]
     assert pids, "the daemon ran (and said its pid)"
     alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()
@@ -150,14 +150,14 @@ def test_a_module_that_hangs_on_import_times_out(tmp_path):
 
 def test_a_missing_function_is_named(tmp_path):
     (tmp_path / "ch25_paged_kv.py").write_text("def store_kv(*a):\n    pass\n")
-    report = check("ch25", submission=tmp_path, task="25.1", hidden=False, figures_dir=None)
+    report = check("ch25", submission=tmp_path, task="ch25.1", hidden=False, figures_dir=None)
     assert "has no function 'slot_mapping'" in report.results[0].message
 
 
 def test_a_missing_function_is_an_error_even_where_a_check_expects_an_exception(tmp_path):
     """The ValueError checks once reported a missing function as "yours raised _Missing" ([wrong])."""
     (tmp_path / "ch25_paged_kv.py").write_text("def store_kv(*a):\n    pass\n")
-    report = check("ch25", submission=tmp_path, task="25.1", hidden=False, figures_dir=None)
+    report = check("ch25", submission=tmp_path, task="ch25.1", hidden=False, figures_dir=None)
     expect = "your module has no function 'slot_mapping' (was it renamed or deleted?)"
     assert any("raises ValueError" in r.name for r in report.results), "the case this test is about"
     assert [(r.status, r.message) for r in report.results] == [("error", expect)] * len(report.results)
@@ -167,7 +167,7 @@ def test_a_missing_function_is_an_error_even_where_a_check_expects_an_exception(
 def test_a_missing_method_of_a_students_object_is_an_error(tmp_path):
     (tmp_path / "ch25_paged_kv.py").write_text(
         "class BlockManager:\n    def __init__(self, num_blocks, block_size):\n        pass\n")
-    report = check("ch25", submission=tmp_path, task="25.3", hidden=False, figures_dir=None)
+    report = check("ch25", submission=tmp_path, task="ch25.3", hidden=False, figures_dir=None)
     assert {r.status for r in report.results} == {"error"}, [(r.status, r.message) for r in report.results]
     said = [r.message for r in report.results]
     assert all(re.fullmatch(r"your (module has no function|BlockManager has no (method|attribute)) '\w+' "
@@ -177,14 +177,14 @@ def test_a_missing_method_of_a_students_object_is_an_error(tmp_path):
 
 def test_printing_is_allowed_and_shown(tmp_path):
     code = "print('debugging: here I am')\nreturn torch.zeros(5, dtype=torch.int64)"
-    report = check("ch25", submission=submission(tmp_path, code), task="25.1", hidden=False, figures_dir=None)
+    report = check("ch25", submission=submission(tmp_path, code), task="ch25.1", hidden=False, figures_dir=None)
     assert report.results[0].status == "failed"
     assert "debugging: here I am" in report.results[0].printed
 
 
 def test_json_output_is_one_document_whatever_the_student_prints(tmp_path):
     code = HOSTILE["fake results on stdout and stderr"][0]
-    out = subprocess.run([sys.executable, "-m", "grader.cli", "check", "ch25", "--task", "25.1", "--json",
+    out = subprocess.run([sys.executable, "-m", "grader.cli", "check", "ch25", "--task", "ch25.1", "--json",
                           "--submission", str(submission(tmp_path, code)), "--figures", str(tmp_path / "f")],
                          capture_output=True, text=True, cwd=tmp_path)
     doc = json.loads(out.stdout)
@@ -193,14 +193,14 @@ def test_json_output_is_one_document_whatever_the_student_prints(tmp_path):
 
 
 def test_the_stub_module_is_the_default_target():
-    report = check("ch25", task="25.2", figures_dir=None)
+    report = check("ch25", task="ch25.2", figures_dir=None)
     assert report.target == str(EXERCISES / "ch25_paged_kv.py")
     assert all(r.todo for r in report.results)
 
 
 def test_a_check_whose_oracle_package_is_missing_is_blocked_with_its_points():
-    from grader.checks import CheckSpec
-    from grader.trial import run_one
+    from grader.authoring.spec import CheckSpec
+    from grader.authoring.trial import run_one
 
     class NoStudent:  # the check blocks before it would call student code
         pids: set = set()
@@ -212,7 +212,7 @@ def test_a_check_whose_oracle_package_is_missing_is_blocked_with_its_points():
         def take_printed(self):
             return ""
 
-    spec = CheckSpec("25.1", "needs an oracle", lambda t: t.require("a_package_nobody_has"), True, points=2.0)
+    spec = CheckSpec("ch25.1", "needs an oracle", lambda t: t.require("a_package_nobody_has"), True, points=2.0)
     result = run_one(spec, "slot_mapping", session=NoStudent(), ref=None, seed=0, params={}, figures={}, time_limit=1.0,
                      strays=lambda keep: [])
     assert (result.status, result.score, result.points) == ("blocked", 0.0, 2.0)
@@ -220,10 +220,10 @@ def test_a_check_whose_oracle_package_is_missing_is_blocked_with_its_points():
 
 
 def test_objects_stay_in_the_students_process_and_are_driven_by_handle(tmp_path):
-    from grader.checks import CheckSpec
+    from grader.authoring.spec import CheckSpec
+    from grader.authoring.trial import run_one
     from grader.isolation.session import Session
     from grader.isolation.worker import OUTPUT_LIMIT, start
-    from grader.trial import run_one
 
     (tmp_path / "ch25_paged_kv.py").write_text(
         "class Counter:\n    def __init__(self, start):\n        self.n = start\n        self.log = []\n"
@@ -233,16 +233,16 @@ def test_objects_stay_in_the_students_process_and_are_driven_by_handle(tmp_path)
     seen = {}
 
     def body(t):
-        c = t.call("slot_mapping", 5)
-        other = t.call("slot_mapping", 0)
-        assert t.method(c, "add", 3) is None and t.method(c, "add", 2, other) == other != c
+        c = t.yours.slot_mapping(5)
+        other = t.yours.slot_mapping(0)
+        assert c.add(3) is None and c.add(2, other) == other != c
         seen.update(t.attrs(c, "n", "log", "twice"), handle=c)
-        t.method(c, "nothing")
+        c.nothing()
 
     spawn = lambda **kw: start(root=ROOT, workdir=tmp_path, memory_limit=1 << 30, output_limit=OUTPUT_LIMIT, **kw)
     session = Session(tmp_path / "ch25_paged_kv.py", spawn=spawn, time_limit=10.0)
     try:
-        result = run_one(CheckSpec("25.1", "objects", body, False), "slot_mapping", session=session, ref=None,
+        result = run_one(CheckSpec("ch25.1", "objects", body, False), "slot_mapping", session=session, ref=None,
                          seed=0, params={}, figures={}, time_limit=10.0,
                          strays=lambda keep: procs.kill_strays(procs.children() - keep))
     finally:

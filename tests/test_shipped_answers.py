@@ -2,7 +2,7 @@
 
 The public checks, their helper modules, the figures and the lab ship in the student release; the answers of
 the public checks' instances ship too, recorded (`grader/answers/`). What must not ship is code that turns a
-task's inputs into its answer: a student could call it (flash_model once gave 13/13 on 22.2 without an online
+task's inputs into its answer: a student could call it (flash_model once gave 13/13 on ch22.2 without an online
 softmax). So every public check of every chapter is run on the reference here, every input a graded function
 or the reference is given is written down with its answer, and every function the shipped chapter modules
 define is called on those inputs, in the ways its signature can take them, as in a release (the hidden side
@@ -23,10 +23,10 @@ import pytest
 import torch
 from releaselike import as_in_a_release
 
-import grader.trial
+import grader.authoring.trial
 from grader import chapters
+from grader.authoring.reference import Live
 from grader.isolation.wire import Handle
-from grader.reference import Live
 from grader.run import check, solutions_module
 
 CHAPTERS = chapters.all_chapters()
@@ -181,15 +181,13 @@ def instances(ch) -> list[Instance]:
     """Run the chapter's public checks on the reference, noting each graded call and each reference driver."""
     names = {n for t in ch.tasks for n in t.names}
     seen: list[Instance] = []
-    run, reference = grader.trial.Trial.run, grader.trial.Trial.reference
-    control = ("mutates", "memory", "record")
+    run, reference = grader.authoring.trial.Trial._call, Live.drive
 
-    def spy_run(self, fn, *args, **kwargs):
-        own = {k: v for k, v in kwargs.items() if k not in control}
-        before = copy.deepcopy((args, own))
-        call = run(self, fn, *args, **kwargs)
-        if isinstance(fn, str) and fn in names and not has_handle((before, call.value)):
-            seen.append(Instance(ch.id, fn, *before, answer_parts(call.value, *before, after=tuple(call.args))))
+    def spy_run(self, target, label, args, kwargs, **control):
+        before = copy.deepcopy((args, kwargs))
+        call = run(self, target, label, args, kwargs, **control)
+        if isinstance(target, str) and target in names and not has_handle((before, call.value)):
+            seen.append(Instance(ch.id, target, *before, answer_parts(call.value, *before, after=tuple(call.args))))
         return call
 
     def spy_reference(self, driver, *args, **kwargs):
@@ -201,8 +199,8 @@ def instances(ch) -> list[Instance]:
 
     module = solutions_module(ch)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(grader.trial.Trial, "run", spy_run)
-        patch.setattr(grader.trial.Trial, "reference", spy_reference)
+        patch.setattr(grader.authoring.trial.Trial, "_call", spy_run)
+        patch.setattr(Live, "drive", spy_reference)
         report = check(ch.id, solutions=True, hidden=False, figures_dir=None,
                        refs=lambda key: Spy(module, ch.id, names, seen))
     assert all(r.status == "passed" for r in report.results), [(r.name, r.message) for r in report.results

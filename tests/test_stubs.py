@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grader.stubs import StubError, make_stub
+from grader.delivery.stubs import StubError, make_stub
 
 SOURCE = '''"""标题 · title"""
 
@@ -58,8 +58,8 @@ def test_two_functions_may_share_a_task():
 
     source = SOURCE.replace("class G:\n    \"\"\"A class task. Task ch99.2.\"\"\"", "class G:\n    \"\"\"The same task. Task ch99.1.\"\"\"")
     ch = parse(source, "ch99", "demo")
-    assert [(t.id, t.names) for t in ch.tasks] == [("99.1", ("f", "G"))]
-    assert ch.tasks[0].label == "99.1 f, G" and ch.task("G") is ch.tasks[0]
+    assert [(t.id, t.names) for t in ch.tasks] == [("ch99.1", ("f", "G"))]
+    assert ch.tasks[0].label == "ch99.1 f, G" and ch.task("G") is ch.tasks[0]
     assert 'raise NotImplementedError("ch99.1 G: not implemented yet' in make_stub(source, "ch99")
 
 
@@ -93,7 +93,7 @@ def test_the_block_manager_stub_names_the_whole_task():
     import re
 
     from grader import chapters
-    from grader.stubs import stub_for
+    from grader.delivery.stubs import stub_for
 
     stub = stub_for(chapters.find("ch25"))
     here = [int(n) for n in re.findall(r"TODO\(ch25\.3\): your code here \(about (\d+) of", stub)]

@@ -1,4 +1,4 @@
-"""grader.submission: a student's file read as itself (no link followed, bounded), and every
+"""grader.delivery.submission: a student's file read as itself (no link followed, bounded), and every
 malformed module or notebook one clear SubmissionError, never another exception."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from grader import chapters, layout
-from grader.layout import folder_tree, locate, names_chapter, open_zip, read_found, zip_tree
-from grader.notebook import assemble, cells_of
-from grader.submission import (
+from grader import chapters
+from grader.delivery import layout
+from grader.delivery.cells import assemble, cells_of
+from grader.delivery.layout import folder_tree, locate, names_chapter, open_zip, read_found, zip_tree
+from grader.delivery.submission import (
     MAX_MODULE_BYTES,
     NOTEBOOK_SHAPE,
     SubmissionError,
@@ -189,7 +190,7 @@ def test_a_good_answer_is_its_own_bytes(tmp_path):
     assert answer.source == b"\xef\xbb\xbf" + SOLUTION and answer.text == SOLUTION.decode()
 
 
-# -- layouts: where in a student's folder or zip the answer is (grader.layout) --------------------------------
+# -- layouts: where in a student's folder or zip the answer is (grader.delivery.layout) --------------------------------
 CH25 = chapters.find("ch25")
 SOLUTION25 = (chapters.SOLUTIONS / CH25.filename).read_bytes()
 

@@ -24,13 +24,13 @@ CH17 = chapters.find("ch17")
 HINT = "hint: keep the diagonal: the output at position i predicts token i + 1 and must see token i itself"
 
 
-def failing(name: str, message: str, *, task: str = "17.1", status: str = "failed", **kw) -> CheckResult:
+def failing(name: str, message: str, *, task: str = "ch17.1", status: str = "failed", **kw) -> CheckResult:
     """A failed check of ch17 worth one point."""
-    return CheckResult(task, "causal_mask" if task == "17.1" else "causal_mask_with_offset", name, False, 1.0,
+    return CheckResult(task, "causal_mask" if task == "ch17.1" else "causal_mask_with_offset", name, False, 1.0,
                        status, message, **kw)
 
 
-def passing(name: str, task: str = "17.1") -> CheckResult:
+def passing(name: str, task: str = "ch17.1") -> CheckResult:
     """A passed check of ch17 worth one point."""
     return CheckResult(task, "causal_mask", name, False, 1.0, "passed")
 
@@ -60,7 +60,7 @@ def test_wrap_fits_the_width_keeps_indentation_and_never_splits_a_word():
 
 
 def test_wrap_keeps_aligned_columns_and_counts_wide_characters():
-    line = "  ✗ 17.1 causal_mask               0/5"
+    line = "  ✗ ch17.1 causal_mask               0/5"
     assert wrap(line, 80) == [line], "the padding that aligns task lines survives"
     shapes = " ".join(["a [6, 6] mask, tril(ones(L, S))"] * 8)
     for part in wrap(shapes, 30):
@@ -109,18 +109,18 @@ def test_an_import_failure_is_reported_once_for_the_chapter(capsys):
     message = ("importing ch17_causal_masks.py raised SyntaxError: unmatched ')' (ch17_causal_masks.py, line 7)\n"
                "    at ch17_causal_masks.py:7 in <module>: S = num_cached + num_new)")
     results = [failing(f"check {i}", message, task=task, status="error", import_failed=True)
-               for task in ("17.1", "17.2") for i in range(3)]
+               for task in ("ch17.1", "ch17.2") for i in range(3)]
     out = shown(capsys, results)
     assert out.count("SyntaxError") == 1 and out.count("S = num_cached + num_new)") == 1
-    assert out.index("could not be imported, so no check could run") < out.index("17.1 causal_mask")
-    for task in ("17.1", "17.2"):
+    assert out.index("could not be imported, so no check could run") < out.index("ch17.1 causal_mask")
+    for task in ("ch17.1", "ch17.2"):
         assert re.search(rf"✗ {re.escape(task)} \S+\s+0/3  not run: your module could not be imported", out)
 
 
 def test_a_task_failing_every_check_alike_says_it_on_its_line(capsys):
     message = "your module has no function 'causal_mask_with_offset' (was it renamed or deleted?)"
-    out = shown(capsys, [failing(f"c{i}", message, task="17.2", status="error") for i in range(5)])
-    assert out.count(message) == 1 and re.search(rf"17\.2 causal_mask_with_offset\s+0/5  {re.escape(message)}", out)
+    out = shown(capsys, [failing(f"c{i}", message, task="ch17.2", status="error") for i in range(5)])
+    assert out.count(message) == 1 and re.search(rf"ch17\.2 causal_mask_with_offset\s+0/5  {re.escape(message)}", out)
     assert "[error]" not in out
 
 
@@ -147,20 +147,20 @@ def test_every_line_fits_the_width(capsys):
 def test_the_running_check_is_named_after_slow_seconds_on_a_terminal(capsys):
     now = [100.0]
     screen = TerminalReport(CH17, "t", header=False, width=80, tty=True, ticker=False, clock=lambda: now[0])
-    screen.start("17.1", "every length from 1 to 9")
+    screen.start("ch17.1", "every length from 1 to 9")
     now[0] += SLOW - 0.1
     screen.tick()
     assert capsys.readouterr().out == "", "nothing before SLOW seconds"
     now[0] += 1.6
     screen.tick()
     out = capsys.readouterr().out
-    assert out == f"\r\033[K  … running 17.1 every length from 1 to 9 ({int(SLOW + 1.5)} s)"
+    assert out == f"\r\033[K  … running ch17.1 every length from 1 to 9 ({int(SLOW + 1.5)} s)"
     screen.tick()
     assert capsys.readouterr().out == "", "the same line is not written again"
     screen.add(passing("every length from 1 to 9"))
     assert capsys.readouterr().out == "\r\033[K", "the line is erased when the check finishes"
     quiet = TerminalReport(CH17, "t", header=False, width=80, tty=False, ticker=False, clock=lambda: now[0])
-    quiet.start("17.1", "x")
+    quiet.start("ch17.1", "x")
     now[0] += 10
     quiet.tick()
     assert capsys.readouterr().out == "", "not a terminal: no running line"
@@ -200,7 +200,7 @@ def test_a_pseudo_terminal_shows_the_running_check(tmp_path):
     (tmp_path / "ch17_causal_masks.py").write_text(SLOW_MASK.replace("{seconds}", str(SLOW + 1.5)))
     main, child = pty.openpty()
     env = {**os.environ, "COLUMNS": "100", "COURSE_STATE_DIR": str(tmp_path / "state")}
-    proc = subprocess.Popen([sys.executable, "-m", "grader.cli", "check", "ch17", "--task", "17.1", "--no-hidden",
+    proc = subprocess.Popen([sys.executable, "-m", "grader.cli", "check", "ch17", "--task", "ch17.1", "--no-hidden",
                              "--submission", str(tmp_path), "--no-sandbox", "--figures", str(tmp_path / "f")],
                             stdin=subprocess.DEVNULL, stdout=child, stderr=child, cwd=tmp_path, env=env)
     os.close(child)
@@ -218,7 +218,7 @@ def test_a_pseudo_terminal_shows_the_running_check(tmp_path):
     proc.wait(timeout=30)
     os.close(main)
     text = out.decode("utf-8", "replace")
-    assert re.search(r"… running 17\.1 figure instance: a whole sequence of 6 tokens \(\d+ s\)", text), text
-    running = text.index("… running 17.1")
+    assert re.search(r"… running ch17\.1 figure instance: a whole sequence of 6 tokens \(\d+ s\)", text), text
+    running = text.index("… running ch17.1")
     erased = re.compile(r"\r\x1b\[K(?!  …)").search(text, running)
-    assert erased and erased.start() < text.index("17.1 causal_mask"), "the running line is erased before the report"
+    assert erased and erased.start() < text.index("ch17.1 causal_mask"), "the running line is erased before the report"

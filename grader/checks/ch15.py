@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks import public
-from grader.compare import CheckFailed, describe, expect_tensor, first_wrong, fmt, wrong_mask
-from grader.isolation.session import StudentRaised
-from grader.trial import Trial
+from grader.authoring import (
+    CheckFailed,
+    StudentCallable,
+    StudentRaised,
+    Trial,
+    describe,
+    expect_tensor,
+    first_wrong,
+    fmt,
+    public,
+    wrong_mask,
+)
 
 ATOL = RTOL = 1e-5  # float32 products may sum in another order than the reference's
 
-# dim-embedding: E [6, 4] whose row r holds 10(r+1)+1 … 10(r+1)+4, ids [[2, 0, 4]] → X [1, 3, 4].
+# ch15-dim-embedding: E [6, 4] whose row r holds 10(r+1)+1 … 10(r+1)+4, ids [[2, 0, 4]] → X [1, 3, 4].
 EMBED_TABLE = [[10 * (r + 1) + c + 1 for c in range(4)] for r in range(6)]
 EMBED_IDS = [[2, 0, 4]]
 
-# dim-qkv-linear: X [3, 4] · Wᵀ, W stored [8, 4] = [(2 + 2·1)·2, 4]: q 4 columns, k 2, v 2.
+# ch15-dim-qkv-linear: X [3, 4] · Wᵀ, W stored [8, 4] = [(2 + 2·1)·2, 4]: q 4 columns, k 2, v 2.
 QKV_X = [[1, 0, 2, 1], [0, 1, 1, 0], [2, 1, 0, 1]]
 QKV_W = [[1, 0, 0, 1], [0, 1, 1, 0], [1, 1, 0, 0], [0, 0, 1, -1],     # q: heads 0 and 1, head_dim 2
          [1, 0, 1, 0], [0, -1, 0, 1],                                 # k: one K/V head
@@ -27,7 +35,7 @@ QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=1
                  head_dim=128, vocab_size=151936, tie_word_embeddings=True)
 CHECKPOINT_LENS = [3, 2]
 
-# dim-tensor-parallel: x [2, 3] → column-parallel W1 [3, 4] → row-parallel W2 [4, 3], 2 ranks (math [in, out]).
+# ch15-dim-tensor-parallel: x [2, 3] → column-parallel W1 [3, 4] → row-parallel W2 [4, 3], 2 ranks (math [in, out]).
 TP_X = [[1, 2, 0], [0, 1, 3]]
 TP_W1 = [[1, 0, 2, 1], [0, 1, 1, 0], [1, 1, 0, 2]]
 TP_W2 = [[1, 0, 1], [0, 1, 1], [1, 0, 0], [0, 1, 1]]
@@ -51,19 +59,19 @@ def span(cols: list[int | None]) -> str:
     return f"columns [{shown}{', …' if len(cols) > 8 else ''}]"
 
 
-def expect_value_error_naming(t: Trial, fn: str, *args, because: str, words: str) -> None:
+def expect_value_error_naming(t: Trial, fn: StudentCallable, *args, because: str, words: str) -> None:
     """Require a ValueError whose message contains `words` (spaces ignored)."""
     try:
-        value = t.call(fn, *args)
+        value = fn(*args)
     except StudentRaised as e:
         if e.not_implemented or not e.is_a("ValueError"):
             raise
         message = e.error.get("message", "")
         if words.replace(" ", "") not in message.replace(" ", ""):
-            fail([f"{fn} raised ValueError because {because}, but its message does not name the convention",
+            fail([f"{fn.label} raised ValueError because {because}, but its message does not name the convention",
                   f"your message: {message!r}"], f"say that weights are stored {words} (the nn.Linear convention)")
         return
-    fail([f"{fn} should raise ValueError because {because}; yours returned {describe(value)} instead"])
+    fail([f"{fn.label} should raise ValueError because {because}; yours returned {describe(value)} instead"])
 
 
 # -- 15.1 embedding_lookup ---------------------------------------------------------------------------
@@ -115,7 +123,7 @@ def _ids(ids: torch.Tensor) -> str:
 
 
 def run_lookup_case(t: Trial, weight: torch.Tensor, ids: torch.Tensor, case: str) -> torch.Tensor:
-    got = t.call("embedding_lookup", weight, ids)
+    got = t.yours.embedding_lookup(weight, ids)
     return expect_lookup(got, t.ref.embedding_lookup(weight, ids), weight, ids, case)
 
 
@@ -167,7 +175,7 @@ def linear_hint(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: to
 
 
 def run_linear_case(t: Trial, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, case: str) -> None:
-    got = t.call("linear", x, weight, bias)
+    got = t.yours.linear(x, weight, bias)
     expect_linear(got, t.ref.linear(x, weight, bias), x, weight, bias, case)
 
 
@@ -226,7 +234,7 @@ def explain_split(parts: list[torch.Tensor], want: tuple, qkv: torch.Tensor, hea
 
 
 def run_split_case(t: Trial, qkv: torch.Tensor, heads: int, kv_heads: int, d: int, case: str) -> list[torch.Tensor]:
-    got = t.call("split_qkv", qkv, heads, kv_heads, d)
+    got = t.yours.split_qkv(qkv, heads, kv_heads, d)
     parts = split_structure(got, qkv, heads, kv_heads, d, case)
     explain_split(parts, t.ref.split_qkv(qkv, heads, kv_heads, d), qkv, heads, kv_heads, d, case)
     return parts
@@ -306,7 +314,7 @@ def shapes_hint(name: str, got: tuple, want: tuple, c: dict, trap: dict | None =
 
 
 def run_shapes_case(t: Trial, config: dict, case: str) -> dict:
-    got = t.call("projection_shapes", dict(config))
+    got = t.yours.projection_shapes(dict(config))
     want, trap = t.ref.projection_shapes(config), trap_shapes(t, config)
     explain_shapes(shapes_structure(got, want, case), want, config, case, trap)
     return got
@@ -367,7 +375,7 @@ def _cumsum(lens: list[int]) -> list[int]:
 
 def run_checkpoints_case(t: Trial, config: dict, lens: list[int], case: str) -> list:
     want = t.ref.forward_checkpoints(config, lens)
-    got = checkpoints_structure(t.call("forward_checkpoints", dict(config), list(lens)), want, case)
+    got = checkpoints_structure(t.yours.forward_checkpoints(dict(config), list(lens)), want, case)
     explain_checkpoints(got, want, config, lens, case)
     return got
 
@@ -477,199 +485,199 @@ def tp_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def run_column_case(t: Trial, x: torch.Tensor, weight: torch.Tensor, tp: int, case: str) -> None:
-    shards, out = column_structure(t.call("column_parallel_linear", x, weight, tp), x, weight, tp, case)
+    shards, out = column_structure(t.yours.column_parallel_linear(x, weight, tp), x, weight, tp, case)
     explain_column(shards, out, x, weight, tp, case, t.ref)
 
 
 def run_row_case(t: Trial, x_shards: list, weight: torch.Tensor, tp: int, case: str) -> None:
-    partials, out = row_structure(t.call("row_parallel_linear", list(x_shards), weight, tp), x_shards, weight, tp,
+    partials, out = row_structure(t.yours.row_parallel_linear(list(x_shards), weight, tp), x_shards, weight, tp,
                                   case)
     explain_row(partials, out, x_shards, weight, tp, case, t.ref)
 
 
 # == public checks ===================================================================================
 
-@public("15.1", "figure instance: ids [[2, 0, 4]] read three rows of E [6, 4]")
+@public("ch15.1", "figure instance: ids [[2, 0, 4]] read three rows of E [6, 4]")
 def embed_figure_instance(t: Trial) -> None:
     weight, ids = torch.tensor(EMBED_TABLE, dtype=torch.float32), torch.tensor(EMBED_IDS)
-    got = t.call("embedding_lookup", weight, ids)
+    got = t.yours.embedding_lookup(weight, ids)
     want = t.ref.embedding_lookup(weight, ids)
     if isinstance(got, torch.Tensor) and list(got.shape) == list(want.shape) and got.dtype == want.dtype:
-        t.figure("dim-embedding", table=weight, ids=ids, out=got, expected=want)
+        t.figure("ch15-dim-embedding", table=weight, ids=ids, out=got, expected=want)
     expect_lookup(got, want, weight, ids, "figure instance")
 
 
-@public("15.1", "a flattened batch: ids [N] → [N, H], a repeated id reads its row twice")
+@public("ch15.1", "a flattened batch: ids [N] → [N, H], a repeated id reads its row twice")
 def embed_flat(t: Trial) -> None:
     weight = torch.randn(10, 5, generator=t.rng)
     run_lookup_case(t, weight, torch.tensor([7, 7, 3, 0, 9]), "ids [5] with a repeat")
 
 
-@public("15.1", "one id (a 0-d tensor) gives one row [H]")
+@public("ch15.1", "one id (a 0-d tensor) gives one row [H]")
 def embed_scalar(t: Trial) -> None:
     run_lookup_case(t, torch.randn(6, 3, generator=t.rng), torch.tensor(5), "one id")
 
 
-@public("15.1", "an id ≥ vocab_size raises ValueError")
+@public("ch15.1", "an id ≥ vocab_size raises ValueError")
 def embed_out_of_range(t: Trial) -> None:
-    t.expect_raises(ValueError, "embedding_lookup", torch.zeros(6, 4), torch.tensor([2, 6]),
+    t.expect_raises(ValueError, t.yours.embedding_lookup, torch.zeros(6, 4), torch.tensor([2, 6]),
                     because="id 6 has no row in a table of 6 rows (ids 0 … 5)")
 
 
-@public("15.2", "figure instance: X [3, 4] · Wᵀ with W stored [8, 4]")
+@public("ch15.2", "figure instance: X [3, 4] · Wᵀ with W stored [8, 4]")
 def linear_figure_instance(t: Trial) -> None:
     x, weight = torch.tensor(QKV_X, dtype=torch.float32), torch.tensor(QKV_W, dtype=torch.float32)
-    got = t.call("linear", x, weight)
+    got = t.yours.linear(x, weight)
     want = t.ref.linear(x, weight)
     if isinstance(got, torch.Tensor) and list(got.shape) == list(want.shape) and got.dtype == want.dtype:
-        t.figure("dim-qkv-linear", x=x, weight=weight, y=got, y_expected=want, num_heads=QKV_HEADS,
+        t.figure("ch15-dim-qkv-linear", x=x, weight=weight, y=got, y_expected=want, num_heads=QKV_HEADS,
                  num_kv_heads=QKV_KV_HEADS, head_dim=QKV_HEAD_DIM)
     expect_linear(got, want, x, weight, None, "figure instance")
 
 
-@public("15.2", "a square weight: y = x @ W.T, not x @ W")
+@public("ch15.2", "a square weight: y = x @ W.T, not x @ W")
 def linear_square(t: Trial) -> None:
     x = torch.tensor([[1.0, 2.0, 3.0]])
     weight = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 2.0]])
     run_linear_case(t, x, weight, None, "square weight [3, 3]")
 
 
-@public("15.2", "leading batch axes and a bias: x [2, 3, 5], W [4, 5], b [4]")
+@public("ch15.2", "leading batch axes and a bias: x [2, 3, 5], W [4, 5], b [4]")
 def linear_batched_bias(t: Trial) -> None:
     x, weight, bias = (torch.randn(s, generator=t.rng) for s in ((2, 3, 5), (4, 5), (4,)))
     run_linear_case(t, x, weight, bias, "x [2, 3, 5] with bias")
 
 
-@public("15.2", "a weight passed as [in, out] raises ValueError naming the convention")
+@public("ch15.2", "a weight passed as [in, out] raises ValueError naming the convention")
 def linear_transposed_weight(t: Trial) -> None:
-    expect_value_error_naming(t, "linear", torch.zeros(3, 4), torch.zeros(4, 8),
+    expect_value_error_naming(t, t.yours.linear, torch.zeros(3, 4), torch.zeros(4, 8),
                               because="x has 4 features and the weight [4, 8] is [in, out], not [out, in]",
                               words="[out, in]")
 
 
-@public("15.3", "figure instance: Y [3, 8] split into q 4 | k 2 | v 2")
+@public("ch15.3", "figure instance: Y [3, 8] split into q 4 | k 2 | v 2")
 def split_figure_instance(t: Trial) -> None:
     y = t.ref.linear(torch.tensor(QKV_X, dtype=torch.float32), torch.tensor(QKV_W, dtype=torch.float32))
     case = "figure instance"
-    got = t.call("split_qkv", y, QKV_HEADS, QKV_KV_HEADS, QKV_HEAD_DIM)
+    got = t.yours.split_qkv(y, QKV_HEADS, QKV_KV_HEADS, QKV_HEAD_DIM)
     parts = split_structure(got, y, QKV_HEADS, QKV_KV_HEADS, QKV_HEAD_DIM, case)
     want = t.ref.split_qkv(y, QKV_HEADS, QKV_KV_HEADS, QKV_HEAD_DIM)
-    t.figure("dim-qkv-linear", q=parts[0], k=parts[1], v=parts[2], q_expected=want[0], k_expected=want[1],
+    t.figure("ch15-dim-qkv-linear", q=parts[0], k=parts[1], v=parts[2], q_expected=want[0], k_expected=want[1],
              v_expected=want[2])
     explain_split(parts, want, y, QKV_HEADS, QKV_KV_HEADS, QKV_HEAD_DIM, case)
 
 
-@public("15.3", "Qwen3-0.6B: 4096 = 2048 | 1024 | 1024")
+@public("ch15.3", "Qwen3-0.6B: 4096 = 2048 | 1024 | 1024")
 def split_qwen3(t: Trial) -> None:
     run_split_case(t, coded_qkv([2], 4096), 16, 8, 128, "Qwen3-0.6B, 2 tokens")
 
 
-@public("15.3", "MHA (equal parts) with leading axes [2, 3]")
+@public("ch15.3", "MHA (equal parts) with leading axes [2, 3]")
 def split_mha(t: Trial) -> None:
     run_split_case(t, coded_qkv([2, 3], 3 * 4 * 8), 4, 4, 8, "MHA, qkv [2, 3, 96]")
 
 
-@public("15.3", "a width that does not match the heads raises ValueError")
+@public("ch15.3", "a width that does not match the heads raises ValueError")
 def split_bad_width(t: Trial) -> None:
-    t.expect_raises(ValueError, "split_qkv", torch.zeros(2, 4096), 16, 8, 64,
+    t.expect_raises(ValueError, t.yours.split_qkv, torch.zeros(2, 4096), 16, 8, 64,
                     because="(16 + 2·8)·64 = 2048 ≠ 4096 columns (head_dim 64 is 1024/16, not Qwen3's 128)")
 
 
-@public("15.4", "figure instance: Qwen3-0.6B (head_dim 128, not 1024/16)")
+@public("ch15.4", "figure instance: Qwen3-0.6B (head_dim 128, not 1024/16)")
 def shapes_figure_instance(t: Trial) -> None:
     case, want, trap = "Qwen3-0.6B", t.ref.projection_shapes(QWEN3_06B), trap_shapes(t, QWEN3_06B)
-    got = shapes_structure(t.call("projection_shapes", dict(QWEN3_06B)), want, case)
+    got = shapes_structure(t.yours.projection_shapes(dict(QWEN3_06B)), want, case)
     t.figure("ch15-qwen3-widths", config=QWEN3_06B, shapes={k: list(v) for k, v in got.items()},
              expected={k: list(v) for k, v in want.items()})
     explain_shapes(got, want, QWEN3_06B, case, trap)
 
 
-@public("15.4", "a synthetic config where hidden_size ≠ heads·head_dim, untied")
+@public("ch15.4", "a synthetic config where hidden_size ≠ heads·head_dim, untied")
 def shapes_synthetic(t: Trial) -> None:
     run_shapes_case(t, dict(hidden_size=48, intermediate_size=80, num_attention_heads=4, num_key_value_heads=2,
                             head_dim=16, vocab_size=100, tie_word_embeddings=False), "hidden 48, 4 heads × 16")
 
 
-@public("15.4", "Llama-3-8B sizes (MHA-sized head_dim, untied, GQA 32/8)")
+@public("ch15.4", "Llama-3-8B sizes (MHA-sized head_dim, untied, GQA 32/8)")
 def shapes_llama(t: Trial) -> None:
     run_shapes_case(t, dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                             head_dim=128, vocab_size=128256, tie_word_embeddings=False), "Llama-3-8B sizes")
 
 
-@public("15.4", "a config without head_dim raises ValueError")
+@public("ch15.4", "a config without head_dim raises ValueError")
 def shapes_no_head_dim(t: Trial) -> None:
     config = {k: v for k, v in QWEN3_06B.items() if k != "head_dim"}
-    t.expect_raises(ValueError, "projection_shapes", config,
+    t.expect_raises(ValueError, t.yours.projection_shapes, config,
                     because="head_dim is read from the config, never derived as hidden_size / heads")
 
 
-@public("15.5", "figure instance: Qwen3-0.6B, two prompts of 3 and 2 tokens")
+@public("ch15.5", "figure instance: Qwen3-0.6B, two prompts of 3 and 2 tokens")
 def checkpoints_figure_instance(t: Trial) -> None:
     case, want = "figure instance", t.ref.forward_checkpoints(QWEN3_06B, CHECKPOINT_LENS)
-    got = checkpoints_structure(t.call("forward_checkpoints", dict(QWEN3_06B), list(CHECKPOINT_LENS)), want, case)
+    got = checkpoints_structure(t.yours.forward_checkpoints(dict(QWEN3_06B), list(CHECKPOINT_LENS)), want, case)
     t.figure("ch15-checkpoints", prompt_lens=CHECKPOINT_LENS, hidden_size=QWEN3_06B["hidden_size"],
              vocab_size=QWEN3_06B["vocab_size"], names=[n for n, _ in got], shapes=[list(s) for _, s in got],
              expected=[list(s) for _, s in want])
     explain_checkpoints(got, want, QWEN3_06B, CHECKPOINT_LENS, case)
 
 
-@public("15.5", "one request of 7 tokens")
+@public("ch15.5", "one request of 7 tokens")
 def checkpoints_one_request(t: Trial) -> None:
     run_checkpoints_case(t, QWEN3_06B, [7], "one request")
 
 
-@public("15.5", "a synthetic config, three requests of different lengths")
+@public("ch15.5", "a synthetic config, three requests of different lengths")
 def checkpoints_three(t: Trial) -> None:
     run_checkpoints_case(t, dict(hidden_size=64, vocab_size=1000), [5, 1, 4], "three requests")
 
 
-@public("15.5", "no requests raises ValueError")
+@public("ch15.5", "no requests raises ValueError")
 def checkpoints_empty(t: Trial) -> None:
-    t.expect_raises(ValueError, "forward_checkpoints", dict(QWEN3_06B), [],
+    t.expect_raises(ValueError, t.yours.forward_checkpoints, dict(QWEN3_06B), [],
                     because="a prefill step needs at least one request")
 
 
-@public("15.6", "figure instance: column-parallel x [2, 3] · W1 [3, 4] over 2 ranks")
+@public("ch15.6", "figure instance: column-parallel x [2, 3] · W1 [3, 4] over 2 ranks")
 def column_figure_instance(t: Trial) -> None:
     x, w1, _ = tp_tensors()
     case = "figure instance, column-parallel"
-    shards, out = column_structure(t.call("column_parallel_linear", x, w1, TP_RANKS), x, w1, TP_RANKS, case)
+    shards, out = column_structure(t.yours.column_parallel_linear(x, w1, TP_RANKS), x, w1, TP_RANKS, case)
     want_shards, want_out = t.ref.column_parallel_linear(x, w1, TP_RANKS)
-    t.figure("dim-tensor-parallel", x=x, w1=w1, shards=shards, shards_expected=want_shards, col_out=out,
+    t.figure("ch15-dim-tensor-parallel", x=x, w1=w1, shards=shards, shards_expected=want_shards, col_out=out,
              col_out_expected=want_out)
     explain_column(shards, out, x, w1, TP_RANKS, case, t.ref)
 
 
-@public("15.6", "figure instance: row-parallel over the 2 shards · W2 [4, 3]")
+@public("ch15.6", "figure instance: row-parallel over the 2 shards · W2 [4, 3]")
 def row_figure_instance(t: Trial) -> None:
     x, w1, w2 = tp_tensors()
     x_shards, _ = t.ref.column_parallel_linear(x, w1, TP_RANKS)
     case = "figure instance, row-parallel"
-    partials, out = row_structure(t.call("row_parallel_linear", list(x_shards), w2, TP_RANKS), x_shards, w2,
+    partials, out = row_structure(t.yours.row_parallel_linear(list(x_shards), w2, TP_RANKS), x_shards, w2,
                                   TP_RANKS, case)
     want_partials, want_out = t.ref.row_parallel_linear(x_shards, w2, TP_RANKS)
     drawable = isinstance(out, torch.Tensor) and out.dim() == 2 and out.dtype == want_out.dtype
-    t.figure("dim-tensor-parallel", w2=w2, x_shards=x_shards, partials=partials, partials_expected=want_partials,
+    t.figure("ch15-dim-tensor-parallel", w2=w2, x_shards=x_shards, partials=partials, partials_expected=want_partials,
              row_out=out if drawable else None, row_out_expected=want_out)
     explain_row(partials, out, x_shards, w2, TP_RANKS, case, t.ref)
 
 
-@public("15.6", "column-parallel over 4 ranks, and tp = 1 is the plain product")
+@public("ch15.6", "column-parallel over 4 ranks, and tp = 1 is the plain product")
 def column_four_ranks(t: Trial) -> None:
     x, w = torch.randn(3, 5, generator=t.rng), torch.randn(5, 8, generator=t.rng)
     run_column_case(t, x, w, 4, "tp = 4")
     run_column_case(t, x, w, 1, "tp = 1")
 
 
-@public("15.6", "row-parallel over 4 ranks sums to x @ W")
+@public("ch15.6", "row-parallel over 4 ranks sums to x @ W")
 def row_four_ranks(t: Trial) -> None:
     x, w = torch.randn(3, 8, generator=t.rng), torch.randn(8, 5, generator=t.rng)
     run_row_case(t, list(x.split(2, dim=1)), w, 4, "tp = 4")
 
 
-@public("15.6", "tp that does not divide the split dimension raises ValueError")
+@public("ch15.6", "tp that does not divide the split dimension raises ValueError")
 def tp_not_dividing(t: Trial) -> None:
-    t.expect_raises(ValueError, "column_parallel_linear", torch.zeros(2, 3), torch.zeros(3, 6), 4,
+    t.expect_raises(ValueError, t.yours.column_parallel_linear, torch.zeros(2, 3), torch.zeros(3, 6), 4,
                     because="4 ranks cannot split 6 output columns evenly")
-    t.expect_raises(ValueError, "row_parallel_linear", [torch.zeros(2, 2)] * 3, torch.zeros(6, 3), 4,
+    t.expect_raises(ValueError, t.yours.row_parallel_linear, [torch.zeros(2, 2)] * 3, torch.zeros(6, 3), 4,
                     because="4 ranks cannot split 6 input rows evenly")

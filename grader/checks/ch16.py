@@ -11,17 +11,25 @@ import math
 
 import torch
 
-from grader.checks import hidden_model, public
-from grader.compare import CheckFailed, describe, expect_tensor, first_wrong, fmt, wrong_mask
-from grader.isolation.session import StudentRaised
-from grader.trial import Trial
+from grader.authoring import (
+    CheckFailed,
+    StudentRaised,
+    Trial,
+    describe,
+    expect_tensor,
+    first_wrong,
+    fmt,
+    hidden_model,
+    public,
+    wrong_mask,
+)
 
 ATOL, RTOL = 1e-5, 1e-5          # float32 attention outputs
 NEG_INF = float("-inf")
 
-# dim-split-heads / dim-merge-heads: the numbers 0 … 11 as [1, 3, 4], 2 heads of width 2.
+# ch16-dim-split-heads / ch16-dim-merge-heads: the numbers 0 … 11 as [1, 3, 4], 2 heads of width 2.
 NUMBERED_SHAPE, NUMBERED_HEADS = (1, 3, 4), 2
-# dim-one-head-attention: one causal head, T = 3, d = 2, small integers.
+# ch16-dim-one-head-attention: one causal head, T = 3, d = 2, small integers.
 ONE_Q = [[1., 0.], [2., 1.], [0., 1.]]
 ONE_K = [[1., 0.], [0., 1.], [1., 1.]]
 ONE_V = [[1., 0.], [0., 2.], [3., 1.]]
@@ -43,9 +51,9 @@ def numbered(shape: tuple[int, ...] = NUMBERED_SHAPE) -> torch.Tensor:
 
 
 causal_mask = hidden_model("ch16_models.causal_mask")
-"""`t.reference(causal_mask, T, S)`: the end-aligned causal mask [T, S] a check passes as an input."""
+"""`t.ref.drive(causal_mask, T, S)`: the end-aligned causal mask [T, S] a check passes as an input."""
 steps_variants = hidden_model("ch16_models.steps_variants")
-"""`t.reference(steps_variants, q, k, v, mask, scale, want)`: {scores | probs | out: {misconception: tensor}}."""
+"""`t.ref.drive(steps_variants, q, k, v, mask, scale, want)`: {scores | probs | out: {misconception: tensor}}."""
 
 
 def is_causal(mask: torch.Tensor) -> bool:
@@ -158,7 +166,7 @@ def explain_split(out: torch.Tensor, x: torch.Tensor, want: torch.Tensor, num_he
 
 def run_split_case(t: Trial, x: torch.Tensor, num_heads: int, case: str) -> torch.Tensor:
     want = t.ref.split_heads(x, num_heads)
-    return expect_split(t.call("split_heads", x, num_heads), x, want, num_heads, case)
+    return expect_split(t.yours.split_heads(x, num_heads), x, want, num_heads, case)
 
 
 # -- 16.2 merge_heads -----------------------------------------------------------------------------
@@ -220,7 +228,7 @@ def explain_merge(out: torch.Tensor, x: torch.Tensor, want: torch.Tensor, case: 
 def call_merge(t: Trial, x: torch.Tensor, case: str):
     """The student's merge_heads(x); view()'s complaint after a transpose is explained."""
     try:
-        return t.call("merge_heads", x)
+        return t.yours.merge_heads(x)
     except StudentRaised as e:
         message = str(e.error.get("message"))
         if not e.not_implemented and e.is_a("RuntimeError") and "view size is not compatible" in message:
@@ -252,7 +260,7 @@ def call_steps(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
     head = steps_case(q, k, v, mask, scale, case)
     kw = ({"mask": mask} if mask is not None else {}) | ({"scale": scale} if scale is not None else {})
     try:
-        got = t.call("attention_steps", q, k, v, **kw)
+        got = t.yours.attention_steps(q, k, v, **kw)
     except StudentRaised as e:
         if e.not_implemented or not e.is_a("ValueError"):
             raise
@@ -395,7 +403,7 @@ def run_steps_case(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                    scale: float | None = None, *, case: str, **tol: float) -> dict:
     kw = ({"mask": mask} if mask is not None else {}) | ({"scale": scale} if scale is not None else {})
     want = t.ref.attention_steps(q, k, v, **kw)
-    variants = t.reference(steps_variants, q, k, v, mask, scale, want)
+    variants = t.ref.drive(steps_variants, q, k, v, mask, scale, want)
     parts = call_steps(t, q, k, v, mask, scale, case=case)
     explain_steps(parts, want, q, k, v, mask, scale, case, **tol, variants=variants)
     return parts
@@ -403,84 +411,84 @@ def run_steps_case(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 # -- 16.1 public checks ------------------------------------------------------------------------------
 
-@public("16.1", "figure instance: the numbers 0 … 11 as [1, 3, 4], 2 heads of width 2")
+@public("ch16.1", "figure instance: the numbers 0 … 11 as [1, 3, 4], 2 heads of width 2")
 def split_figure_instance(t: Trial) -> None:
     x, case = numbered(), "figure instance"
     want = t.ref.split_heads(x, NUMBERED_HEADS)
-    out = expect_split(t.call("split_heads", x, NUMBERED_HEADS), x, want, NUMBERED_HEADS, case, values=False)
-    t.figure("dim-split-heads", x=x, num_heads=NUMBERED_HEADS, yours=out, expected=want)
+    out = expect_split(t.yours.split_heads(x, NUMBERED_HEADS), x, want, NUMBERED_HEADS, case, values=False)
+    t.figure("ch16-dim-split-heads", x=x, num_heads=NUMBERED_HEADS, yours=out, expected=want)
     explain_split(out, x, want, NUMBERED_HEADS, case)
 
 
-@public("16.1", "Qwen3-0.6B's queries: [2, 3, 2048] into 16 heads of width 128")
+@public("ch16.1", "Qwen3-0.6B's queries: [2, 3, 2048] into 16 heads of width 128")
 def split_qwen3(t: Trial) -> None:
     # q_size = num_attention_heads · head_dim = 16 · 128 = 2048 (head_dim from the config, not 1024 / 16).
     run_split_case(t, torch.randn(2, 3, 2048, generator=t.rng), 16, "Qwen3-0.6B q, 2 sequences of 3 tokens")
 
 
-@public("16.1", "a batch of 2 sequences, 3 heads of width 4, T = 5")
+@public("ch16.1", "a batch of 2 sequences, 3 heads of width 4, T = 5")
 def split_batch(t: Trial) -> None:
     run_split_case(t, torch.randn(2, 5, 12, generator=t.rng), 3, "B=2, T=5, 3 heads of width 4")
 
 
-@public("16.1", "one head: [B, 1, T, d] holds the same rows")
+@public("ch16.1", "one head: [B, 1, T, d] holds the same rows")
 def split_one_head(t: Trial) -> None:
     run_split_case(t, numbered((2, 3, 5)), 1, "a single head of width 5")
 
 
-@public("16.1", "a width that does not divide into the heads raises ValueError")
+@public("ch16.1", "a width that does not divide into the heads raises ValueError")
 def split_not_divisible(t: Trial) -> None:
-    t.expect_raises(ValueError, "split_heads", torch.zeros(1, 2, 10), 4,
+    t.expect_raises(ValueError, t.yours.split_heads, torch.zeros(1, 2, 10), 4,
                     because="a last dimension of 10 cannot be cut into 4 heads of equal width")
 
 
 # -- 16.2 public checks ------------------------------------------------------------------------------
 
-@public("16.2", "figure instance: [1, 2, 3, 2] back to [1, 3, 4]")
+@public("ch16.2", "figure instance: [1, 2, 3, 2] back to [1, 3, 4]")
 def merge_figure_instance(t: Trial) -> None:
     heads = t.ref.split_heads(numbered(), NUMBERED_HEADS).contiguous()  # a fresh [B, H, T, d], as attention makes
     want = t.ref.merge_heads(heads)
     out = expect_merge(call_merge(t, heads, "figure instance"), heads, want, "figure instance", values=False)
-    t.figure("dim-merge-heads", heads=heads, yours=out, expected=want, bare=heads.reshape(NUMBERED_SHAPE))
+    t.figure("ch16-dim-merge-heads", heads=heads, yours=out, expected=want, bare=heads.reshape(NUMBERED_SHAPE))
     explain_merge(out, heads, want, "figure instance")
 
 
-@public("16.2", "merge undoes split: Qwen3-0.6B's 16 heads of width 128 back to [2, 3, 2048]")
+@public("ch16.2", "merge undoes split: Qwen3-0.6B's 16 heads of width 128 back to [2, 3, 2048]")
 def merge_qwen3(t: Trial) -> None:
     x = torch.randn(2, 3, 2048, generator=t.rng)
     heads = t.ref.split_heads(x, 16).contiguous()
     run_merge_case(t, heads, "Qwen3-0.6B attention output, 2 sequences of 3 tokens", want=x)
 
 
-@public("16.2", "2 sequences, 3 heads of width 4, T = 5")
+@public("ch16.2", "2 sequences, 3 heads of width 4, T = 5")
 def merge_batch(t: Trial) -> None:
     run_merge_case(t, torch.randn(2, 3, 5, 4, generator=t.rng), "B=2, 3 heads, T=5, d=4")
 
 
-@public("16.2", "a 3-D input raises ValueError")
+@public("ch16.2", "a 3-D input raises ValueError")
 def merge_three_dims(t: Trial) -> None:
-    t.expect_raises(ValueError, "merge_heads", torch.zeros(2, 3, 4),
+    t.expect_raises(ValueError, t.yours.merge_heads, torch.zeros(2, 3, 4),
                     because="[2, 3, 4] is not [B, H, T, d]: it has no head axis to merge")
 
 
 # -- 16.3 public checks ------------------------------------------------------------------------------
 
-@public("16.3", "figure instance: one causal head, T = 3, d = 2, small integers")
+@public("ch16.3", "figure instance: one causal head, T = 3, d = 2, small integers")
 def one_head_instance(t: Trial) -> None:
-    q, k, v, mask, case = tensor(ONE_Q), tensor(ONE_K), tensor(ONE_V), t.reference(causal_mask, 3), "figure instance"
+    q, k, v, mask, case = tensor(ONE_Q), tensor(ONE_K), tensor(ONE_V), t.ref.drive(causal_mask, 3), "figure instance"
     want = t.ref.attention_steps(q, k, v, mask=mask)
-    variants = t.reference(steps_variants, q, k, v, mask, None, want)
+    variants = t.ref.drive(steps_variants, q, k, v, mask, None, want)
     parts = call_steps(t, q, k, v, mask, case=case)
-    t.figure("dim-one-head-attention", q=q, k=k, v=v, mask=mask, **parts,
+    t.figure("ch16-dim-one-head-attention", q=q, k=k, v=v, mask=mask, **parts,
              expected={key: want[key] for key in ("scores", "probs", "out")})
     explain_steps(parts, want, q, k, v, mask, None, case, variants=variants)
 
 
-@public("16.3", "three steps: 2 queries over 4 keys; a second V changes out, not the weights")
+@public("ch16.3", "three steps: 2 queries over 4 keys; a second V changes out, not the weights")
 def three_steps(t: Trial) -> None:
     q, k, v, v2 = tensor(STEPS_Q), tensor(STEPS_K), tensor(STEPS_V), tensor(STEPS_V2)
     want, want2 = t.ref.attention_steps(q, k, v), t.ref.attention_steps(q, k, v2)
-    variants = [t.reference(steps_variants, q, k, x, None, None, w) for x, w in ((v, want), (v2, want2))]
+    variants = [t.ref.drive(steps_variants, q, k, x, None, None, w) for x, w in ((v, want), (v2, want2))]
     parts = call_steps(t, q, k, v, case="three steps, V")
     parts2 = call_steps(t, q, k, v2, case="three steps, another V")
     t.figure("ch16-three-steps", q=q, k=k, v=v, v2=v2, **parts, out2=parts2["out"],
@@ -492,34 +500,34 @@ def three_steps(t: Trial) -> None:
                           "the weights; V only supplies the content they average")
 
 
-@public("16.3", "causal, 5 queries: one row of probabilities per query")
+@public("ch16.3", "causal, 5 queries: one row of probabilities per query")
 def prob_rows(t: Trial) -> None:
-    (q, k, v), mask, case = rows_inputs(), t.reference(causal_mask, ROWS_T), "5 causal queries"
+    (q, k, v), mask, case = rows_inputs(), t.ref.drive(causal_mask, ROWS_T), "5 causal queries"
     want = t.ref.attention_steps(q, k, v, mask=mask)
-    variants = t.reference(steps_variants, q, k, v, mask, None, want)
+    variants = t.ref.drive(steps_variants, q, k, v, mask, None, want)
     parts = call_steps(t, q, k, v, mask, case=case)
     t.figure("ch16-prob-rows", mask=mask, probs=parts["probs"], expected=want["probs"])
     explain_steps(parts, want, q, k, v, mask, None, case, variants=variants)
 
 
-@public("16.3", "Qwen3-0.6B's head_dim 128: the default scale is 1/√128; a given scale is used as given")
+@public("ch16.3", "Qwen3-0.6B's head_dim 128: the default scale is 1/√128; a given scale is used as given")
 def qwen3_scale(t: Trial) -> None:
     q, k, v = (torch.randn(n, 128, generator=t.rng) for n in (2, 3, 3))
-    run_steps_case(t, q, k, v, t.reference(causal_mask, 2, 3), case="head_dim 128, 2 new tokens after 1 cached")
+    run_steps_case(t, q, k, v, t.ref.drive(causal_mask, 2, 3), case="head_dim 128, 2 new tokens after 1 cached")
     run_steps_case(t, q, k, v, scale=0.5, case="head_dim 128, scale 0.5")
 
 
-@public("16.3", "a padding mask: the last key is hidden from every query")
+@public("ch16.3", "a padding mask: the last key is hidden from every query")
 def padding_mask(t: Trial) -> None:
     q, k, v = (torch.randn(n, 4, generator=t.rng) for n in (3, 4, 4))
     mask = torch.tensor([[True, True, True, False]] * 3)
     run_steps_case(t, q, k, v, mask, case="key 3 is padding")
 
 
-@public("16.3", "a mask of the wrong shape, or a query that may attend no key, raises ValueError")
+@public("ch16.3", "a mask of the wrong shape, or a query that may attend no key, raises ValueError")
 def bad_masks(t: Trial) -> None:
     q, k = torch.zeros(2, 4), torch.zeros(3, 4)
-    t.expect_raises(ValueError, "attention_steps", q, k, k, mask=torch.ones(3, 2, dtype=torch.bool),
+    t.expect_raises(ValueError, t.yours.attention_steps, q, k, k, mask=torch.ones(3, 2, dtype=torch.bool),
                     because="2 queries over 3 keys need a [2, 3] mask, not [3, 2]")
-    t.expect_raises(ValueError, "attention_steps", q, k, k, mask=torch.tensor([[True, False, False], [False] * 3]),
+    t.expect_raises(ValueError, t.yours.attention_steps, q, k, k, mask=torch.tensor([[True, False, False], [False] * 3]),
                     because="query 1 may attend no key, and a softmax over no keys is undefined (0/0)")

@@ -6,14 +6,23 @@ import itertools
 
 import torch
 
-from grader.checks import hidden_model, public
-from grader.compare import CheckFailed, describe, expect_int, expect_tensor, first_wrong, fmt, wrong_mask
-from grader.trial import Trial
+from grader.authoring import (
+    CheckFailed,
+    Trial,
+    describe,
+    expect_int,
+    expect_tensor,
+    first_wrong,
+    fmt,
+    hidden_model,
+    public,
+    wrong_mask,
+)
 
 # Tolerances for float32 attention outputs.
 ATOL, RTOL = 1e-5, 1e-5
 
-# dim-gqa: two [3, 2] query heads, one K/V head, small integers a reader can recompute.
+# ch18-dim-gqa: two [3, 2] query heads, one K/V head, small integers a reader can recompute.
 DIM_Q = [[[1, 0], [0, 1]],        # token 0: head 0, head 1
          [[0, 1], [1, 0]],        # token 1
          [[2, 0], [0, 2]]]        # token 2
@@ -38,7 +47,7 @@ def collect_mapping(t: Trial, num_heads: int, num_kv_heads: int,
                     heads: list[int] | None = None) -> tuple[list[int], list[int], list[int]]:
     """The student's and the reference's K/V head for each query head in `heads` (default: all)."""
     heads = list(range(num_heads)) if heads is None else heads
-    got = [expect_int(t.call("kv_head_for", h, num_heads, num_kv_heads),
+    got = [expect_int(t.yours.kv_head_for(h, num_heads, num_kv_heads),
                       what=f"kv_head_for({h}, {num_heads}, {num_kv_heads})") for h in heads]
     want = [t.ref.kv_head_for(h, num_heads, num_kv_heads) for h in heads]
     return heads, got, want
@@ -93,9 +102,9 @@ def _short(xs: list) -> str:
 # -- 18.2 gqa_attention ------------------------------------------------------------------------------
 
 gqa_variants = hidden_model("ch18_models.gqa_variants")
-"""`t.reference(gqa_variants, q, k, v, causal, scale)`: {"grouping|mask|scale": output} of the misconceptions."""
+"""`t.ref.drive(gqa_variants, q, k, v, causal, scale)`: {"grouping|mask|scale": output} of the misconceptions."""
 gqa_figure = hidden_model("ch18_models.gqa_figure")
-"""`t.reference(gqa_figure, q, k, v)`: the figure instance's mask, q·k per head and weights."""
+"""`t.ref.drive(gqa_figure, q, k, v)`: the figure instance's mask, q·k per head and weights."""
 
 
 def attention_hint(got: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
@@ -176,10 +185,10 @@ def run_attention_case(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                        scale: float | None = None, case: str, want: torch.Tensor | None = None) -> torch.Tensor:
     """Call the student's gqa_attention on one case and compare with the reference (or `want`)."""
     kw = {"causal": causal} | ({"scale": scale} if scale is not None else {})
-    got = t.call("gqa_attention", q, k, v, **kw)
+    got = t.yours.gqa_attention(q, k, v, **kw)
     out = expect_output(got, q)
     want = t.ref.gqa_attention(q, k, v, **kw) if want is None else want
-    variants = t.reference(gqa_variants, q, k, v, causal, scale)
+    variants = t.ref.drive(gqa_variants, q, k, v, causal, scale)
     explain_output(out, want, q, k, v, causal=causal, scale=scale, case=case, variants=variants)
     return out
 
@@ -239,99 +248,99 @@ def bytes_hint(got: int, want: int, num_layers: int, dtype_bytes: int, num_token
 def run_bytes_case(t: Trial, num_layers: int, num_kv_heads: int, head_dim: int, num_tokens: int,
                    dtype_bytes: int) -> int:
     args = (num_layers, num_kv_heads, head_dim, num_tokens, dtype_bytes)
-    got = t.call("kv_cache_bytes", *args)
+    got = t.yours.kv_cache_bytes(*args)
     return expect_bytes(got, t.ref.kv_cache_bytes(*args), *args)
 
 
 # -- public checks -----------------------------------------------------------------------------------
 
-@public("18.1", "figure instance: 4 query heads over 2 K/V heads")
+@public("ch18.1", "figure instance: 4 query heads over 2 K/V heads")
 def groups_figure_instance(t: Trial) -> None:
     heads, got, want = collect_mapping(t, GROUPS_HEADS, GROUPS_KV)
     t.figure("ch18-gqa-groups", num_heads=GROUPS_HEADS, num_kv_heads=GROUPS_KV, mapping=got, expected=want)
     explain_mapping(heads, got, want, GROUPS_HEADS, GROUPS_KV)
 
 
-@public("18.1", "Qwen3-0.6B: 16 query heads over 8 K/V heads (groups of 2)")
+@public("ch18.1", "Qwen3-0.6B: 16 query heads over 8 K/V heads (groups of 2)")
 def qwen3_groups(t: Trial) -> None:
     run_mapping_case(t, 16, 8)
 
 
-@public("18.1", "MHA (8 over 8) and MQA (8 over 1)")
+@public("ch18.1", "MHA (8 over 8) and MQA (8 over 1)")
 def mha_and_mqa(t: Trial) -> None:
     run_mapping_case(t, 8, 8)
     run_mapping_case(t, 8, 1)
 
 
-@public("18.1", "groups of 4: 12 query heads over 3 K/V heads")
+@public("ch18.1", "groups of 4: 12 query heads over 3 K/V heads")
 def groups_of_four(t: Trial) -> None:
     run_mapping_case(t, 12, 3)
 
 
-@public("18.1", "head counts that do not divide raise ValueError")
+@public("ch18.1", "head counts that do not divide raise ValueError")
 def counts_not_dividing(t: Trial) -> None:
-    t.expect_raises(ValueError, "kv_head_for", 0, 12, 5,
+    t.expect_raises(ValueError, t.yours.kv_head_for, 0, 12, 5,
                     because="12 query heads cannot be split into 5 groups of consecutive heads")
 
 
-@public("18.1", "a query head out of range raises ValueError")
+@public("ch18.1", "a query head out of range raises ValueError")
 def head_out_of_range(t: Trial) -> None:
-    t.expect_raises(ValueError, "kv_head_for", 4, 4, 2, because="4 query heads are numbered 0 … 3")
+    t.expect_raises(ValueError, t.yours.kv_head_for, 4, 4, 2, because="4 query heads are numbered 0 … 3")
 
 
-@public("18.2", "figure instance: 2 query heads share 1 K/V head (T=3, d=2)")
+@public("ch18.2", "figure instance: 2 query heads share 1 K/V head (T=3, d=2)")
 def dim_gqa_instance(t: Trial) -> None:
     q, k, v = dim_gqa_tensors()
-    got = t.call("gqa_attention", q, k, v)
+    got = t.yours.gqa_attention(q, k, v)
     out = expect_output(got, q)
     want = t.ref.gqa_attention(q, k, v)
-    parts, variants = t.reference(gqa_figure, q, k, v), t.reference(gqa_variants, q, k, v, True, None)
-    t.figure("dim-gqa", q=q.transpose(0, 1), k=k[:, 0], v=v[:, 0], dots=parts["dots"], allowed=parts["allowed"],
+    parts, variants = t.ref.drive(gqa_figure, q, k, v), t.ref.drive(gqa_variants, q, k, v, True, None)
+    t.figure("ch18-dim-gqa", q=q.transpose(0, 1), k=k[:, 0], v=v[:, 0], dots=parts["dots"], allowed=parts["allowed"],
              weights=parts["weights"], out=out.transpose(0, 1), expected=want.transpose(0, 1), head_dim=q.shape[-1])
     explain_output(out, want, q, k, v, causal=True, scale=None, case="figure instance", variants=variants)
 
 
-@public("18.2", "MHA: every query head has its own K/V head (T = S = 4)")
+@public("ch18.2", "MHA: every query head has its own K/V head (T = S = 4)")
 def mha_case(t: Trial) -> None:
     q, k, v = random_qkv(t, 4, 4, 3, 3, 4)
     run_attention_case(t, q, k, v, case="MHA, T = S = 4")
 
 
-@public("18.2", "GQA: a chunk of 3 queries after 4 cached tokens (S = 7)")
+@public("ch18.2", "GQA: a chunk of 3 queries after 4 cached tokens (S = 7)")
 def chunk_after_prefix(t: Trial) -> None:
     q, k, v = random_qkv(t, 3, 7, 4, 2, 8)
     run_attention_case(t, q, k, v, case="3 new tokens after 4 cached")
 
 
-@public("18.2", "not causal, with a custom scale")
+@public("ch18.2", "not causal, with a custom scale")
 def not_causal_custom_scale(t: Trial) -> None:
     q, k, v = random_qkv(t, 2, 5, 6, 3, 4)
     run_attention_case(t, q, k, v, causal=False, scale=0.25, case="not causal, scale 0.25")
 
 
-@public("18.2", "MQA decode step: one query sees every cached key")
+@public("ch18.2", "MQA decode step: one query sees every cached key")
 def mqa_decode(t: Trial) -> None:
     q, k, v = random_qkv(t, 1, 6, 4, 1, 8)
     run_attention_case(t, q, k, v, case="MQA decode, 1 query over 6 keys")
 
 
-@public("18.2", "query heads that do not split over the K/V heads raise ValueError")
+@public("ch18.2", "query heads that do not split over the K/V heads raise ValueError")
 def bad_grouping(t: Trial) -> None:
     q, k, v = torch.zeros(2, 6, 4), torch.zeros(2, 4, 4), torch.zeros(2, 4, 4)
-    t.expect_raises(ValueError, "gqa_attention", q, k, v,
+    t.expect_raises(ValueError, t.yours.gqa_attention, q, k, v,
                     because="6 query heads cannot be split into groups over 4 K/V heads")
 
 
-@public("18.3", "Qwen3-0.6B in bf16: bytes per token")
+@public("ch18.3", "Qwen3-0.6B in bf16: bytes per token")
 def qwen3_per_token(t: Trial) -> None:
     run_bytes_case(t, QWEN3["num_layers"], QWEN3["num_kv_heads"], QWEN3["head_dim"], 1, QWEN3["dtype_bytes"])
 
 
-@public("18.3", "figure instance: 8 query heads as MHA / GQA / MQA (L=28, d=128, T=4096, bf16)")
+@public("ch18.3", "figure instance: 8 query heads as MHA / GQA / MQA (L=28, d=128, T=4096, bf16)")
 def capacity_instance(t: Trial) -> None:
     c = CAPACITY
     args = [(c["num_layers"], kv, c["head_dim"], c["num_tokens"], c["dtype_bytes"]) for _, kv in CAPACITY_CONFIGS]
-    got = [t.call("kv_cache_bytes", *a) for a in args]
+    got = [t.yours.kv_cache_bytes(*a) for a in args]
     want = [t.ref.kv_cache_bytes(*a) for a in args]
     if all(type(g) is int for g in got):
         t.figure("ch18-kv-capacity", configs=CAPACITY_CONFIGS, num_heads=CAPACITY_HEADS, **c, sizes=got,
@@ -340,16 +349,16 @@ def capacity_instance(t: Trial) -> None:
         expect_bytes(g, w, *a)
 
 
-@public("18.3", "one nano-vllm block: 256 tokens of Qwen3-0.6B")
+@public("ch18.3", "one nano-vllm block: 256 tokens of Qwen3-0.6B")
 def nanovllm_block(t: Trial) -> None:
     run_bytes_case(t, QWEN3["num_layers"], QWEN3["num_kv_heads"], QWEN3["head_dim"], 256, QWEN3["dtype_bytes"])
 
 
-@public("18.3", "no tokens, no bytes")
+@public("ch18.3", "no tokens, no bytes")
 def no_tokens(t: Trial) -> None:
     run_bytes_case(t, 28, 8, 128, 0, 2)
 
 
-@public("18.3", "a negative token count raises ValueError")
+@public("ch18.3", "a negative token count raises ValueError")
 def negative_tokens(t: Trial) -> None:
-    t.expect_raises(ValueError, "kv_cache_bytes", 28, 8, 128, -1, 2, because="a cache cannot hold −1 tokens")
+    t.expect_raises(ValueError, t.yours.kv_cache_bytes, 28, 8, 128, -1, 2, because="a cache cannot hold −1 tokens")

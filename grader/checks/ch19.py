@@ -10,9 +10,7 @@ import math
 
 import torch
 
-from grader.checks import hidden_model, public
-from grader.compare import CheckFailed, describe, expect_tensor, fmt, wrong_mask
-from grader.trial import Trial
+from grader.authoring import CheckFailed, Trial, describe, expect_tensor, fmt, hidden_model, public, wrong_mask
 
 # ch19-rope-pair: the worked example of reference/nanovllm.md §4 at positions 0, 1, 2.
 PAIR_X, PAIR_POSITIONS, PAIR_D, PAIR_BASE = [1.0, 2.0, 3.0, 4.0], [0, 1, 2], 4, 10000.0
@@ -28,11 +26,11 @@ ATOL = RTOL = 1e-5          # float32 results
 ROUNDING_SHARE = 0.02       # bf16: at most this share of elements may differ by one rounding step
 
 cos_sin_variants = hidden_model("ch19_models.cos_sin_variants")
-"""`t.reference(cos_sin_variants, positions, d, base)`: {misconception: (cos, sin)}."""
+"""`t.ref.drive(cos_sin_variants, positions, d, base)`: {misconception: (cos, sin)}."""
 rope_variants = hidden_model("ch19_models.rope_variants")
-"""`t.reference(rope_variants, x, cos, sin)`: {misconception: rotated x}."""
+"""`t.ref.drive(rope_variants, x, cos, sin)`: {misconception: rotated x}."""
 qk_models = hidden_model("ch19_models.qk_models")
-"""`t.reference(qk_models, x, w, other_w, positions, base, eps)`: normalised heads, cos, sin, {misconception: y}."""
+"""`t.ref.drive(qk_models, x, w, other_w, positions, base, eps)`: normalised heads, cos, sin, {misconception: y}."""
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -89,7 +87,7 @@ def vec(x, n: int = 8) -> str:
     return "[" + ", ".join(fmt(v) for v in xs[:n]) + (", …]" if len(xs) > n else "]")
 
 
-# -- 19.1 rope_cos_sin ------------------------------------------------------------------------------
+# -- ch19.1 rope_cos_sin ------------------------------------------------------------------------------
 
 def angle_atol(positions: list[int]) -> float:
     """float32 angles p·θ carry an error of about p·2⁻²⁴; allow it (float64 angles pass too)."""
@@ -157,12 +155,12 @@ def short(xs: list) -> str:
 def run_cos_sin_case(t: Trial, positions: list[int], d: int, base: float, case: str, *,
                      as_tensor: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     arg = torch.tensor(positions, dtype=torch.int64) if as_tensor else list(positions)
-    got = t.call("rope_cos_sin", arg, d, base)
+    got = t.yours.rope_cos_sin(arg, d, base)
     want = t.ref.rope_cos_sin(positions, d, base)
-    return expect_cos_sin(got, positions, d, base, want, case, t.reference(cos_sin_variants, positions, d, base))
+    return expect_cos_sin(got, positions, d, base, want, case, t.ref.drive(cos_sin_variants, positions, d, base))
 
 
-# -- 19.2 apply_rope --------------------------------------------------------------------------------
+# -- ch19.2 apply_rope --------------------------------------------------------------------------------
 
 def expect_rotated(got, x: torch.Tensor, what: str = "the rotated x") -> torch.Tensor:
     n, h, d = x.shape
@@ -222,13 +220,13 @@ def explain_rotated(y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, cos: t
 def run_rope_case(t: Trial, x: torch.Tensor, positions: list[int], base: float, case: str) -> torch.Tensor:
     """Rotate x with the reference's cos/sin through the student's apply_rope; compare with the reference."""
     cos, sin = t.ref.rope_cos_sin(positions, x.shape[-1], base)
-    y = expect_rotated(t.call("apply_rope", x, cos, sin), x)
+    y = expect_rotated(t.yours.apply_rope(x, cos, sin), x)
     want = t.ref.apply_rope(x, cos, sin)
-    explain_rotated(y, want, x, cos, sin, case, positions, t.reference(rope_variants, x, cos, sin))
+    explain_rotated(y, want, x, cos, sin, case, positions, t.ref.drive(rope_variants, x, cos, sin))
     return y
 
 
-# -- 19.3 qk_norm_rope ------------------------------------------------------------------------------
+# -- ch19.3 qk_norm_rope ------------------------------------------------------------------------------
 
 QK_WHYS = [("rotate first", "normalise first, then rotate: the weight scales channel j and j + d/2 differently, so "
                             "it must act before RoPE mixes them (nano-vllm: q_norm, k_norm, then rotary_emb)"),
@@ -242,7 +240,7 @@ QK_WHYS = [("rotate first", "normalise first, then rotate: the weight scales cha
            ("weight in float32", "cast the normalised x back to {dtype} before multiplying by the weight, as nano-vllm "
                                  "and Hugging Face do"),
            ("rotation in low precision", "the rotation ran in {dtype}: RoPE computes in float32 and casts back once "
-                                         "(see apply_rope, 19.2)")]
+                                         "(see apply_rope, ch19.2)")]
 
 
 def qk_hint(y: torch.Tensor, x: torch.Tensor, variants: dict) -> str:
@@ -304,11 +302,11 @@ def expect_qk(got, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torc
 
 def run_qk_case(t: Trial, q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor,
                 positions: list[int], base: float, case: str, eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
-    got = t.call("qk_norm_rope", q, k, wq, wk, torch.tensor(positions), base, eps)
+    got = t.yours.qk_norm_rope(q, k, wq, wk, torch.tensor(positions), base, eps)
     yq, yk = expect_qk(got, q, k)
     want_q, want_k = t.ref.qk_norm_rope(q, k, wq, wk, positions, base, eps)
-    models_q = t.reference(qk_models, q, wq, wk, positions, base, eps)
-    models_k = t.reference(qk_models, k, wk, wq, positions, base, eps)
+    models_q = t.ref.drive(qk_models, q, wq, wk, positions, base, eps)
+    models_k = t.ref.drive(qk_models, k, wk, wq, positions, base, eps)
     explain_qk("q", yq, want_q, q, wq, wk, positions, base, eps, case, models_q)
     explain_qk("k", yk, want_k, k, wk, wq, positions, base, eps, case, models_k)
     return yq, yk
@@ -321,11 +319,11 @@ def random_weight(t: Trial, d: int, dtype: torch.dtype = torch.float32) -> torch
 
 # -- public checks -----------------------------------------------------------------------------------
 
-@public("19.1", "figure instance: positions 0, 1, 2 at head_dim 4, base 10000")
+@public("ch19.1", "figure instance: positions 0, 1, 2 at head_dim 4, base 10000")
 def cos_sin_figure_instance(t: Trial) -> None:
-    got = t.call("rope_cos_sin", torch.tensor(PAIR_POSITIONS), PAIR_D, PAIR_BASE)
+    got = t.yours.rope_cos_sin(torch.tensor(PAIR_POSITIONS), PAIR_D, PAIR_BASE)
     want = t.ref.rope_cos_sin(PAIR_POSITIONS, PAIR_D, PAIR_BASE)
-    variants = t.reference(cos_sin_variants, PAIR_POSITIONS, PAIR_D, PAIR_BASE)
+    variants = t.ref.drive(cos_sin_variants, PAIR_POSITIONS, PAIR_D, PAIR_BASE)
     if type(got) in (tuple, list) and len(got) == 2 and all(
             isinstance(g, torch.Tensor) and list(g.shape) == [3, 2] and g.dtype == torch.float32 for g in got):
         t.figure("ch19-rope-pair", positions=PAIR_POSITIONS, head_dim=PAIR_D, base=PAIR_BASE, cos=got[0],
@@ -333,72 +331,72 @@ def cos_sin_figure_instance(t: Trial) -> None:
     expect_cos_sin(got, PAIR_POSITIONS, PAIR_D, PAIR_BASE, want, "figure instance", variants)
 
 
-@public("19.1", "Qwen3: head_dim 128, base 1,000,000, positions 0–7")
+@public("ch19.1", "Qwen3: head_dim 128, base 1,000,000, positions 0–7")
 def qwen3_cos_sin(t: Trial) -> None:
     run_cos_sin_case(t, list(range(8)), 128, 1e6, "Qwen3, positions 0–7")
 
 
-@public("19.1", "positions as a list, out of order (a chunk after a prefix)")
+@public("ch19.1", "positions as a list, out of order (a chunk after a prefix)")
 def list_positions(t: Trial) -> None:
     run_cos_sin_case(t, [7, 5, 6, 100], 8, 10000.0, "positions [7, 5, 6, 100]", as_tensor=False)
 
 
-@public("19.1", "no positions at all")
+@public("ch19.1", "no positions at all")
 def no_positions(t: Trial) -> None:
-    got = t.call("rope_cos_sin", torch.zeros(0, dtype=torch.int64), 8, 10000.0)
+    got = t.yours.rope_cos_sin(torch.zeros(0, dtype=torch.int64), 8, 10000.0)
     want = t.ref.rope_cos_sin([], 8, 10000.0)
-    expect_cos_sin(got, [], 8, 10000.0, want, "no positions", t.reference(cos_sin_variants, [], 8, 10000.0))
+    expect_cos_sin(got, [], 8, 10000.0, want, "no positions", t.ref.drive(cos_sin_variants, [], 8, 10000.0))
 
 
-@public("19.1", "an odd head_dim raises ValueError")
+@public("ch19.1", "an odd head_dim raises ValueError")
 def odd_head_dim(t: Trial) -> None:
-    t.expect_raises(ValueError, "rope_cos_sin", torch.arange(3), 5, 10000.0,
+    t.expect_raises(ValueError, t.yours.rope_cos_sin, torch.arange(3), 5, 10000.0,
                     because="RoPE rotates pairs of channels, so head_dim = 5 cannot be split into pairs")
 
 
-@public("19.2", "figure instance: x = [1, 2, 3, 4] at positions 0, 1, 2 (d = 4, base 10000)")
+@public("ch19.2", "figure instance: x = [1, 2, 3, 4] at positions 0, 1, 2 (d = 4, base 10000)")
 def rope_figure_instance(t: Trial) -> None:
     x = torch.tensor(PAIR_X).expand(len(PAIR_POSITIONS), 1, PAIR_D).contiguous()
     cos, sin = t.ref.rope_cos_sin(PAIR_POSITIONS, PAIR_D, PAIR_BASE)
-    y = expect_rotated(t.call("apply_rope", x, cos, sin), x)
+    y = expect_rotated(t.yours.apply_rope(x, cos, sin), x)
     want = t.ref.apply_rope(x, cos, sin)
-    variants = t.reference(rope_variants, x, cos, sin)
+    variants = t.ref.drive(rope_variants, x, cos, sin)
     t.figure("ch19-rope-pair", x=PAIR_X, rotated=y[:, 0], expected=want[:, 0])
     explain_rotated(y, want, x, cos, sin, "figure instance", PAIR_POSITIONS, variants)
 
 
-@public("19.2", "two tokens, three heads: each token's angles rotate all its heads")
+@public("ch19.2", "two tokens, three heads: each token's angles rotate all its heads")
 def heads_share_angles(t: Trial) -> None:
     run_rope_case(t, torch.randn(2, 3, 8, generator=t.rng), [3, 10], 10000.0, "2 tokens at positions 3, 10, 3 heads")
 
 
-@public("19.2", "position 0 leaves x unchanged")
+@public("ch19.2", "position 0 leaves x unchanged")
 def position_zero(t: Trial) -> None:
     run_rope_case(t, torch.randn(1, 2, 6, generator=t.rng), [0], 10000.0, "position 0")
 
 
-@public("19.2", "bf16 queries: rotated in float32, cast back to bf16")
+@public("ch19.2", "bf16 queries: rotated in float32, cast back to bf16")
 def bf16_rope(t: Trial) -> None:
     x = (torch.randn(16, 4, 64, generator=t.rng) * 4).bfloat16()
     run_rope_case(t, x, list(range(100, 116)), 1e6, "16 bf16 tokens at positions 100–115")
 
 
-@public("19.2", "cos/sin of the wrong width raise ValueError")
+@public("ch19.2", "cos/sin of the wrong width raise ValueError")
 def full_width_tables(t: Trial) -> None:
     cos = torch.ones(2, 8)
-    t.expect_raises(ValueError, "apply_rope", torch.zeros(2, 1, 8), cos, torch.zeros(2, 8),
+    t.expect_raises(ValueError, t.yours.apply_rope, torch.zeros(2, 1, 8), cos, torch.zeros(2, 8),
                     because="cos/sin must be [N, d/2] = [2, 4] (one angle per pair); these are [2, 8]")
 
 
-@public("19.3", "figure instance: one token at position 1, 2 query heads, 1 K/V head (d = 4)")
+@public("ch19.3", "figure instance: one token at position 1, 2 query heads, 1 K/V head (d = 4)")
 def order_figure_instance(t: Trial) -> None:
     q, k = torch.tensor(ORDER_Q), torch.tensor(ORDER_K)
     wq, wk = torch.tensor(ORDER_QW), torch.tensor(ORDER_KW)
-    got = t.call("qk_norm_rope", q, k, wq, wk, torch.tensor(ORDER_POSITIONS), ORDER_BASE, EPS)
+    got = t.yours.qk_norm_rope(q, k, wq, wk, torch.tensor(ORDER_POSITIONS), ORDER_BASE, EPS)
     yq, yk = expect_qk(got, q, k)
     want_q, want_k = t.ref.qk_norm_rope(q, k, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS)
-    models_q = t.reference(qk_models, q, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS)
-    models_k = t.reference(qk_models, k, wk, wq, ORDER_POSITIONS, ORDER_BASE, EPS)
+    models_q = t.ref.drive(qk_models, q, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS)
+    models_k = t.ref.drive(qk_models, k, wk, wq, ORDER_POSITIONS, ORDER_BASE, EPS)
     t.figure("ch19-nanovllm-order", q=q[0], k=k[0], v=ORDER_V[0], q_weight=ORDER_QW, k_weight=ORDER_KW,
              position=ORDER_POSITIONS[0], base=ORDER_BASE, q_normed=models_q["normed"][0],
              k_normed=models_k["normed"][0], q_out=yq[0], k_out=yk[0], q_expected=want_q[0],
@@ -407,20 +405,20 @@ def order_figure_instance(t: Trial) -> None:
     explain_qk("k", yk, want_k, k, wk, wq, ORDER_POSITIONS, ORDER_BASE, EPS, "figure instance", models_k)
 
 
-@public("19.3", "the order: normalise, then rotate (weights that tell the orders apart)")
+@public("ch19.3", "the order: normalise, then rotate (weights that tell the orders apart)")
 def order_matters(t: Trial) -> None:
     q, k = torch.randn(3, 2, 8, generator=t.rng), torch.randn(3, 1, 8, generator=t.rng)
     wq = torch.tensor([2.0, 1.0, 0.5, 1.0, 0.25, 1.5, 1.0, 3.0])
     run_qk_case(t, q, k, wq, wq.flip(0), [5, 6, 7], 10000.0, "3 tokens at positions 5–7")
 
 
-@public("19.3", "GQA shapes: 4 query heads, 2 K/V heads, base 1,000,000")
+@public("ch19.3", "GQA shapes: 4 query heads, 2 K/V heads, base 1,000,000")
 def gqa_shapes(t: Trial) -> None:
     q, k = torch.randn(4, 4, 16, generator=t.rng) * 3, torch.randn(4, 2, 16, generator=t.rng) * 3
     run_qk_case(t, q, k, random_weight(t, 16), random_weight(t, 16), [0, 1, 2, 3], 1e6, "4 tokens, Hq=4, Hkv=2")
 
 
-@public("19.3", "bf16 q and k, as in nano-vllm")
+@public("ch19.3", "bf16 q and k, as in nano-vllm")
 def bf16_qk(t: Trial) -> None:
     q = (torch.randn(5, 4, 32, generator=t.rng) * 2).bfloat16()
     k = (torch.randn(5, 2, 32, generator=t.rng) * 2).bfloat16()
@@ -428,8 +426,8 @@ def bf16_qk(t: Trial) -> None:
                 [11, 12, 13, 14, 15], 1e6, "5 bf16 tokens at positions 11–15")
 
 
-@public("19.3", "a norm weight that is not [head_dim] raises ValueError")
+@public("ch19.3", "a norm weight that is not [head_dim] raises ValueError")
 def weight_not_head_dim(t: Trial) -> None:
     q, k = torch.zeros(2, 4, 8), torch.zeros(2, 2, 8)
-    t.expect_raises(ValueError, "qk_norm_rope", q, k, torch.ones(32), torch.ones(8), torch.arange(2), 10000.0, EPS,
+    t.expect_raises(ValueError, t.yours.qk_norm_rope, q, k, torch.ones(32), torch.ones(8), torch.arange(2), 10000.0, EPS,
                     because="q_norm's weight is one [head_dim] = [8] vector shared by all heads, not [4·8]")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks import hidden_model, public
+from grader.authoring import CheckFailed, Trial, describe, expect_tensor, fmt, hidden_model, public, wrong_mask
 from grader.checks.ch19 import (
     ROUNDING_SHARE,
     agrees,
@@ -20,8 +20,6 @@ from grader.checks.ch19 import (
     vec,
     wrong_values,
 )
-from grader.compare import CheckFailed, describe, expect_tensor, fmt, wrong_mask
-from grader.trial import Trial
 
 EPS = 1e-6
 
@@ -29,7 +27,7 @@ EPS = 1e-6
 # input_layernorm(m, residual), which performs the add deferred from layer 0's MLP. Weight 1, as initialised.
 PRENORM_E, PRENORM_A, PRENORM_M = [0.0, 1.0, 2.0, 3.0], [1.0, 1.0, 1.0, 1.0], [0.5, -0.5, 0.5, -0.5]
 
-# dim-swiglu: one token, hidden 4, intermediate 6; small weights a reader can multiply out.
+# ch20-dim-swiglu: one token, hidden 4, intermediate 6; small weights a reader can multiply out.
 SWIGLU_X = [1.0, 0.0, -1.0, 2.0]
 SWIGLU_GATE_UP = [[1, 0, 0, 0], [0, 0, 1, 0], [1, 1, 0, 1], [0, 0, 0, 1], [-1, 0, 1, 0], [0, 1, 0, -1],   # gate
                   [0, 0, 0, 1], [1, 0, 0, 0], [1, 0, -1, 0], [0, 1, 0, 0], [0, 0, 1, 1], [-1, 0, 0, 1]]  # up
@@ -45,13 +43,13 @@ def tensor(rows, dtype=torch.float32) -> torch.Tensor:
 
 
 norm_variants = hidden_model("ch20_models.norm_variants")
-"""`t.reference(norm_variants, x, w, eps)`: {misconception: rms_norm(x) as it computes it}."""
+"""`t.ref.drive(norm_variants, x, w, eps)`: {misconception: rms_norm(x) as it computes it}."""
 add_variants = hidden_model("ch20_models.add_variants")
-"""`t.reference(add_variants, x, residual, w, eps)`: the normed outputs of add_rms_norm's misconceptions."""
+"""`t.ref.drive(add_variants, x, residual, w, eps)`: the normed outputs of add_rms_norm's misconceptions."""
 act_variants = hidden_model("ch20_models.act_variants")
-"""`t.reference(act_variants, gate_up)`: {misconception: activation}."""
+"""`t.ref.drive(act_variants, gate_up)`: {misconception: activation}."""
 mlp_models = hidden_model("ch20_models.mlp_models")
-"""`t.reference(mlp_models, x, w_gu, w_down)`: gate_up, SiLU(gate), act and {misconception: output}."""
+"""`t.ref.drive(mlp_models, x, w_gu, w_down)`: gate_up, SiLU(gate), act and {misconception: output}."""
 
 
 # -- 20.1 rms_norm ------------------------------------------------------------------------------------
@@ -98,10 +96,10 @@ def explain_norm(y: torch.Tensor, want: torch.Tensor, s: torch.Tensor, w: torch.
 
 def run_norm_case(t: Trial, x: torch.Tensor, w: torch.Tensor, case: str, eps: float = EPS,
                   want: torch.Tensor | None = None) -> torch.Tensor:
-    y = expect_tensor(t.call("rms_norm", x, w, eps), what=f"rms_norm of x {list(x.shape)} (x's shape and dtype)",
+    y = expect_tensor(t.yours.rms_norm(x, w, eps), what=f"rms_norm of x {list(x.shape)} (x's shape and dtype)",
                       shape=list(x.shape), dtype=x.dtype)
     want = t.ref.rms_norm(x, w, eps) if want is None else want
-    variants = t.reference(norm_variants, x, w, eps)
+    variants = t.ref.drive(norm_variants, x, w, eps)
     explain_norm(y, want, x, w, eps, case, hint=norm_hint(y, x, variants))
     return y
 
@@ -174,9 +172,9 @@ def add_hint(normed: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | Non
 
 def run_add_case(t: Trial, x: torch.Tensor, residual: torch.Tensor | None, w: torch.Tensor, case: str,
                  eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
-    normed, res = expect_pair(t.call("add_rms_norm", x, residual, w, eps), x, residual)
+    normed, res = expect_pair(t.yours.add_rms_norm(x, residual, w, eps), x, residual)
     want = t.ref.add_rms_norm(x, residual, w, eps)
-    explain_add(normed, res, x, residual, w, eps, want, case, t.reference(add_variants, x, residual, w, eps))
+    explain_add(normed, res, x, residual, w, eps, want, case, t.ref.drive(add_variants, x, residual, w, eps))
     return normed, res
 
 
@@ -228,10 +226,10 @@ def explain_act(y: torch.Tensor, want: torch.Tensor, gu: torch.Tensor, case: str
 
 def run_act_case(t: Trial, gu: torch.Tensor, case: str) -> torch.Tensor:
     shape = [*gu.shape[:-1], gu.shape[-1] // 2]
-    y = expect_tensor(t.call("silu_and_mul", gu), what=f"SiLU(gate)·up of gate_up {list(gu.shape)} (last dim halved, "
+    y = expect_tensor(t.yours.silu_and_mul(gu), what=f"SiLU(gate)·up of gate_up {list(gu.shape)} (last dim halved, "
                       f"{dtype_name(gu.dtype)})", shape=shape, dtype=gu.dtype)
     want = t.ref.silu_and_mul(gu)
-    explain_act(y, want, gu, case, t.reference(act_variants, gu))
+    explain_act(y, want, gu, case, t.ref.drive(act_variants, gu))
     return y
 
 
@@ -276,10 +274,10 @@ def explain_mlp(y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w_gu: torc
 
 def run_mlp_case(t: Trial, x: torch.Tensor, w_gu: torch.Tensor, w_down: torch.Tensor, case: str,
                  want: torch.Tensor | None = None) -> torch.Tensor:
-    y = expect_tensor(t.call("swiglu_mlp", x, w_gu, w_down), what=f"the MLP output ({list(x.shape)} like x, "
+    y = expect_tensor(t.yours.swiglu_mlp(x, w_gu, w_down), what=f"the MLP output ({list(x.shape)} like x, "
                       f"{dtype_name(x.dtype)})", shape=list(x.shape), dtype=x.dtype)
     want = t.ref.swiglu_mlp(x, w_gu, w_down) if want is None else want
-    explain_mlp(y, want, x, w_gu, w_down, case, t.reference(mlp_models, x, w_gu, w_down))
+    explain_mlp(y, want, x, w_gu, w_down, case, t.ref.drive(mlp_models, x, w_gu, w_down))
     return y
 
 
@@ -290,47 +288,47 @@ def random_mlp(t: Trial, h: int, i: int, dtype=torch.float32) -> tuple[torch.Ten
 
 # -- public checks -----------------------------------------------------------------------------------
 
-@public("20.1", "the worked example: x = [1, 2, 3, 4], weight 1 and [1, 0.5, 2, 1]")
+@public("ch20.1", "the worked example: x = [1, 2, 3, 4], weight 1 and [1, 0.5, 2, 1]")
 def norm_worked_example(t: Trial) -> None:
     x = tensor([[1.0, 2.0, 3.0, 4.0]])
     run_norm_case(t, x, torch.ones(4), "x = [1, 2, 3, 4], weight 1")
     run_norm_case(t, x, tensor([1.0, 0.5, 2.0, 1.0]), "x = [1, 2, 3, 4], weight [1, 0.5, 2, 1]")
 
 
-@public("20.1", "each token normalised over its own hidden channels")
+@public("ch20.1", "each token normalised over its own hidden channels")
 def norm_per_token(t: Trial) -> None:
     x = torch.randn(4, 8, generator=t.rng) * tensor([[0.1], [1.0], [10.0], [100.0]])
     run_norm_case(t, x, torch.rand(8, generator=t.rng) + 0.5, "4 tokens of very different sizes, H = 8")
 
 
-@public("20.1", "bf16: cast back before multiplying by the weight")
+@public("ch20.1", "bf16: cast back before multiplying by the weight")
 def norm_bf16_order(t: Trial) -> None:
     x = (torch.randn(16, 64, generator=t.rng) * 3).bfloat16()
     run_norm_case(t, x, (torch.rand(64, generator=t.rng) + 0.5).bfloat16(), "16 bf16 tokens, H = 64")
 
 
-@public("20.1", "a batch [B, T, H]")
+@public("ch20.1", "a batch [B, T, H]")
 def norm_3d(t: Trial) -> None:
     run_norm_case(t, torch.randn(2, 3, 16, generator=t.rng), torch.rand(16, generator=t.rng) + 0.5, "[2, 3, 16]")
 
 
-@public("20.1", "a weight of the wrong width raises ValueError")
+@public("ch20.1", "a weight of the wrong width raises ValueError")
 def norm_bad_weight(t: Trial) -> None:
-    t.expect_raises(ValueError, "rms_norm", torch.ones(3, 8), torch.ones(3), 1e-6,
+    t.expect_raises(ValueError, t.yours.rms_norm, torch.ones(3, 8), torch.ones(3), 1e-6,
                     because="the weight has one scale per hidden channel: [8], not [3]")
 
 
-@public("20.2", "figure instance: layer 0, then the add deferred to layer 1 (hidden 4)")
+@public("ch20.2", "figure instance: layer 0, then the add deferred to layer 1 (hidden 4)")
 def prenorm_figure_instance(t: Trial) -> None:
     w = torch.ones(4)
     e, a, m = tensor([PRENORM_E]), tensor([PRENORM_A]), tensor([PRENORM_M])
-    got0 = expect_pair(t.call("add_rms_norm", e, None, w, EPS), e)
+    got0 = expect_pair(t.yours.add_rms_norm(e, None, w, EPS), e)
     want0 = t.ref.add_rms_norm(e, None, w, EPS)
-    got1 = expect_pair(t.call("add_rms_norm", a, want0[1], w, EPS), a, want0[1])
+    got1 = expect_pair(t.yours.add_rms_norm(a, want0[1], w, EPS), a, want0[1])
     want1 = t.ref.add_rms_norm(a, want0[1], w, EPS)
-    got2 = expect_pair(t.call("add_rms_norm", m, want1[1], w, EPS), m, want1[1])
+    got2 = expect_pair(t.yours.add_rms_norm(m, want1[1], w, EPS), m, want1[1])
     want2 = t.ref.add_rms_norm(m, want1[1], w, EPS)
-    variants = [t.reference(add_variants, x, r, w, EPS) for x, r in ((e, None), (a, want0[1]), (m, want1[1]))]
+    variants = [t.ref.drive(add_variants, x, r, w, EPS) for x, r in ((e, None), (a, want0[1]), (m, want1[1]))]
     t.figure("ch20-prenorm", inputs=[PRENORM_E, PRENORM_A, PRENORM_M],
              residual_in=[None, want0[1][0], want1[1][0]], normed=[g[0][0] for g in (got0, got1, got2)],
              residual=[g[1][0] for g in (got0, got1, got2)], normed_expected=[g[0][0] for g in (want0, want1, want2)],
@@ -341,84 +339,84 @@ def prenorm_figure_instance(t: Trial) -> None:
     explain_add(*got2, m, want1[1], w, EPS, want2, "layer 1: input_layernorm(MLP output, residual)", variants[2])
 
 
-@public("20.2", "residual None (layer 0): the embedding becomes the residual")
+@public("ch20.2", "residual None (layer 0): the embedding becomes the residual")
 def add_layer0(t: Trial) -> None:
     run_add_case(t, torch.randn(3, 8, generator=t.rng), None, torch.rand(8, generator=t.rng) + 0.5, "layer 0")
 
 
-@public("20.2", "the sum goes on as the residual, its norm into the sublayer")
+@public("ch20.2", "the sum goes on as the residual, its norm into the sublayer")
 def add_with_residual(t: Trial) -> None:
     x, r = torch.randn(4, 16, generator=t.rng), torch.randn(4, 16, generator=t.rng) * 5
     run_add_case(t, x, r, torch.rand(16, generator=t.rng) + 0.5, "4 tokens, H = 16")
 
 
-@public("20.2", "bf16: the float32 sum is normalised, its bf16 copy carried")
+@public("ch20.2", "bf16: the float32 sum is normalised, its bf16 copy carried")
 def add_bf16(t: Trial) -> None:
     x = (torch.randn(16, 64, generator=t.rng) * 0.5).bfloat16()
     r = (torch.randn(16, 64, generator=t.rng) * 8).bfloat16()
     run_add_case(t, x, r, (torch.rand(64, generator=t.rng) + 0.5).bfloat16(), "16 bf16 tokens, H = 64")
 
 
-@public("20.2", "a residual of another shape raises ValueError")
+@public("ch20.2", "a residual of another shape raises ValueError")
 def add_bad_residual(t: Trial) -> None:
-    t.expect_raises(ValueError, "add_rms_norm", torch.ones(2, 8), torch.ones(3, 8), torch.ones(8), 1e-6,
+    t.expect_raises(ValueError, t.yours.add_rms_norm, torch.ones(2, 8), torch.ones(3, 8), torch.ones(8), 1e-6,
                     because="x [2, 8] and the residual [3, 8] must have the same shape to be added")
 
 
-@public("20.3", "the worked example: [1, −1, 2, 3] → [1.4621, −0.8068]")
+@public("ch20.3", "the worked example: [1, −1, 2, 3] → [1.4621, −0.8068]")
 def act_worked_example(t: Trial) -> None:
     run_act_case(t, tensor([1.0, -1.0, 2.0, 3.0]), "gate_up = [1, −1, 2, 3]")
 
 
-@public("20.3", "figure instance: one token's 12-wide gate_up (intermediate 6)")
+@public("ch20.3", "figure instance: one token's 12-wide gate_up (intermediate 6)")
 def act_figure_instance(t: Trial) -> None:
     gu = tensor([SWIGLU_X]) @ tensor(SWIGLU_GATE_UP).T
-    y = expect_tensor(t.call("silu_and_mul", gu), what="SiLU(gate)·up of gate_up [1, 12]", shape=[1, 6],
+    y = expect_tensor(t.yours.silu_and_mul(gu), what="SiLU(gate)·up of gate_up [1, 12]", shape=[1, 6],
                       dtype=torch.float32)
     want = t.ref.silu_and_mul(gu)
-    variants = t.reference(act_variants, gu)
-    t.figure("dim-swiglu", x=SWIGLU_X, gate_up_weight=SWIGLU_GATE_UP, down_weight=SWIGLU_DOWN, gate_up=gu[0],
+    variants = t.ref.drive(act_variants, gu)
+    t.figure("ch20-dim-swiglu", x=SWIGLU_X, gate_up_weight=SWIGLU_GATE_UP, down_weight=SWIGLU_DOWN, gate_up=gu[0],
              act=y[0], act_expected=want[0])
     explain_act(y, want, gu, "figure instance", variants)
 
 
-@public("20.3", "leading dimensions are kept: [2, 3, 8] → [2, 3, 4]")
+@public("ch20.3", "leading dimensions are kept: [2, 3, 8] → [2, 3, 4]")
 def act_leading_dims(t: Trial) -> None:
     run_act_case(t, torch.randn(2, 3, 8, generator=t.rng) * 3, "[2, 3, 8]")
 
 
-@public("20.3", "bf16 gate_up")
+@public("ch20.3", "bf16 gate_up")
 def act_bf16(t: Trial) -> None:
     run_act_case(t, (torch.randn(8, 64, generator=t.rng) * 3).bfloat16(), "[8, 64] bf16")
 
 
-@public("20.3", "an odd width raises ValueError")
+@public("ch20.3", "an odd width raises ValueError")
 def act_odd(t: Trial) -> None:
-    t.expect_raises(ValueError, "silu_and_mul", torch.ones(2, 7),
+    t.expect_raises(ValueError, t.yours.silu_and_mul, torch.ones(2, 7),
                     because="7 channels cannot split into gate | up halves of equal width")
 
 
-@public("20.4", "figure instance: one token, hidden 4, intermediate 6")
+@public("ch20.4", "figure instance: one token, hidden 4, intermediate 6")
 def mlp_figure_instance(t: Trial) -> None:
     x, w_gu, w_down = tensor([SWIGLU_X]), tensor(SWIGLU_GATE_UP), tensor(SWIGLU_DOWN)
-    y = expect_tensor(t.call("swiglu_mlp", x, w_gu, w_down), what="the MLP output [1, 4]", shape=[1, 4],
+    y = expect_tensor(t.yours.swiglu_mlp(x, w_gu, w_down), what="the MLP output [1, 4]", shape=[1, 4],
                       dtype=torch.float32)
     want = t.ref.swiglu_mlp(x, w_gu, w_down)
-    models = t.reference(mlp_models, x, w_gu, w_down)
-    t.figure("dim-swiglu", out=y[0], out_expected=want[0])
+    models = t.ref.drive(mlp_models, x, w_gu, w_down)
+    t.figure("ch20-dim-swiglu", out=y[0], out_expected=want[0])
     explain_mlp(y, want, x, w_gu, w_down, "figure instance", models)
 
 
-@public("20.4", "three tokens, then the same tokens in another order")
+@public("ch20.4", "three tokens, then the same tokens in another order")
 def mlp_branches_instance(t: Trial) -> None:
     x, w_gu, w_down = tensor(BRANCH_X), tensor(SWIGLU_GATE_UP), tensor(SWIGLU_DOWN)
-    y = expect_tensor(t.call("swiglu_mlp", x, w_gu, w_down), what="the MLP output [3, 4]", shape=[3, 4],
+    y = expect_tensor(t.yours.swiglu_mlp(x, w_gu, w_down), what="the MLP output [3, 4]", shape=[3, 4],
                       dtype=torch.float32)
-    y2 = expect_tensor(t.call("swiglu_mlp", x[BRANCH_ORDER], w_gu, w_down), what="the MLP output [3, 4]",
+    y2 = expect_tensor(t.yours.swiglu_mlp(x[BRANCH_ORDER], w_gu, w_down), what="the MLP output [3, 4]",
                        shape=[3, 4], dtype=torch.float32)
     want = t.ref.swiglu_mlp(x, w_gu, w_down)
-    models = t.reference(mlp_models, x, w_gu, w_down)
-    models_permuted = t.reference(mlp_models, x[BRANCH_ORDER], w_gu, w_down)
+    models = t.ref.drive(mlp_models, x, w_gu, w_down)
+    models_permuted = t.ref.drive(mlp_models, x[BRANCH_ORDER], w_gu, w_down)
     t.figure("ch20-swiglu-branches", x=x, gate=models["silu_gate"], up=models["gate_up"][:, 6:], out=y, expected=want,
              order=BRANCH_ORDER, out_permuted=y2, expected_permuted=want[BRANCH_ORDER])
     explain_mlp(y, want, x, w_gu, w_down, "3 tokens", models)
@@ -426,16 +424,16 @@ def mlp_branches_instance(t: Trial) -> None:
                 models_permuted)
 
 
-@public("20.4", "Qwen3-like proportions (H = 32, I = 96) with leading dims [2, 3]")
+@public("ch20.4", "Qwen3-like proportions (H = 32, I = 96) with leading dims [2, 3]")
 def mlp_qwen_like(t: Trial) -> None:
     w_gu, w_down = random_mlp(t, 32, 96)
     run_mlp_case(t, torch.randn(2, 3, 32, generator=t.rng), w_gu, w_down, "x [2, 3, 32], I = 96")
 
 
-@public("20.4", "a weight stored [in, out] raises ValueError")
+@public("ch20.4", "a weight stored [in, out] raises ValueError")
 def mlp_transposed(t: Trial) -> None:
     w_gu, w_down = torch.ones(12, 4), torch.ones(4, 6)
-    t.expect_raises(ValueError, "swiglu_mlp", torch.ones(2, 4), w_gu.T, w_down,
+    t.expect_raises(ValueError, t.yours.swiglu_mlp, torch.ones(2, 4), w_gu.T, w_down,
                     because="gate_up_weight is stored [out, in] = [2I, H] = [12, 4]; [4, 12] is transposed")
-    t.expect_raises(ValueError, "swiglu_mlp", torch.ones(2, 4), w_gu, w_down.T,
+    t.expect_raises(ValueError, t.yours.swiglu_mlp, torch.ones(2, 4), w_gu, w_down.T,
                     because="down_weight is stored [out, in] = [H, I] = [4, 6]; [6, 4] is transposed")

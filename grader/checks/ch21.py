@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks import public
-from grader.compare import CheckFailed, describe, expect_int, expect_tensor, fmt, wrong_mask
-from grader.trial import Trial
+from grader.authoring import CheckFailed, Trial, describe, expect_int, expect_tensor, fmt, public, wrong_mask
 
 # ch21-cache-growth: two layers, each with its own cache of L_max 6 rows, one K/V head of width 2;
 # a prefill of 3 tokens, then two decode steps of one token each.
@@ -100,7 +98,7 @@ def explain_length(label: str, got, length: int, n: int) -> int:
 def append_once(t: Trial, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int, k_new: torch.Tensor,
                 v_new: torch.Tensor, label: str) -> tuple[torch.Tensor, torch.Tensor]:
     """One call of the student's append_kv, compared with the reference; returns the caches it wrote."""
-    call = t.run("append_kv", k_cache, v_cache, length, k_new, v_new, mutates=("k_cache", "v_cache"))
+    call = t.yours.append_kv.run(k_cache, v_cache, length, k_new, v_new, mutates=("k_cache", "v_cache"))
     want_k, want_v = k_cache.clone(), v_cache.clone()
     t.ref.append_kv(want_k, want_v, length, k_new, v_new)
     explain_length(label, call.value, length, k_new.shape[0])
@@ -121,7 +119,7 @@ def run_appends(t: Trial, k_cache: torch.Tensor, v_cache: torch.Tensor, length: 
     return k_cache, v_cache
 
 
-@public("21.1", "figure instance: a prefill of 3, then two decode steps, in each of two layers")
+@public("ch21.1", "figure instance: a prefill of 3, then two decode steps, in each of two layers")
 def growth_figure_instance(t: Trial) -> None:
     shape = (GROWTH_LMAX, 1, 2)
     yours, expected, lengths, calls = [], [], [], []
@@ -131,7 +129,7 @@ def growth_figure_instance(t: Trial) -> None:
         snaps, want_snaps, returned = [], [], []
         for n in GROWTH_STEPS:
             k_new, v_new = growth_kv(layer, length, n)
-            call = t.run("append_kv", k_cache, v_cache, length, k_new, v_new, mutates=("k_cache", "v_cache"))
+            call = t.yours.append_kv.run(k_cache, v_cache, length, k_new, v_new, mutates=("k_cache", "v_cache"))
             got_k = expect_tensor(call.args[0], what="k_cache", shape=list(shape), dtype=torch.float32)
             got_v = expect_tensor(call.args[1], what="v_cache", shape=list(shape), dtype=torch.float32)
             before = (want_k.clone(), want_v.clone())
@@ -154,23 +152,23 @@ def growth_figure_instance(t: Trial) -> None:
                        length)
 
 
-@public("21.1", "rows beyond the new length keep their values")
+@public("ch21.1", "rows beyond the new length keep their values")
 def rows_beyond_untouched(t: Trial) -> None:
     k_cache, v_cache = torch.randn(8, 2, 4, generator=t.rng), torch.randn(8, 2, 4, generator=t.rng)
     run_appends(t, k_cache, v_cache, 2, [3], "a cache of L_max 8 with 2 cached rows (random contents)")
 
 
-@public("21.1", "an append that would overflow the cache raises ValueError")
+@public("ch21.1", "an append that would overflow the cache raises ValueError")
 def overflow(t: Trial) -> None:
     k = torch.ones(2, 1, 2)
-    t.expect_raises(ValueError, "append_kv", torch.zeros(4, 1, 2), torch.zeros(4, 1, 2), 3, k, k,
+    t.expect_raises(ValueError, t.yours.append_kv, torch.zeros(4, 1, 2), torch.zeros(4, 1, 2), 3, k, k,
                     because="3 cached + 2 new = 5 tokens do not fit in L_max = 4 rows")
 
 
-@public("21.1", "K/V with other head counts than the cache raise ValueError")
+@public("ch21.1", "K/V with other head counts than the cache raise ValueError")
 def mismatched_heads(t: Trial) -> None:
     k = torch.ones(1, 2, 4)
-    t.expect_raises(ValueError, "append_kv", torch.zeros(5, 4, 4), torch.zeros(5, 4, 4), 0, k, k,
+    t.expect_raises(ValueError, t.yours.append_kv, torch.zeros(5, 4, 4), torch.zeros(5, 4, 4), 0, k, k,
                     because="k_new has 2 kv heads but the cache has 4")
 
 
@@ -205,7 +203,7 @@ def _tokens(ids: list[int]) -> str:
 def explain_decode(got: dict, want: dict, token_ids: list[int], table: list[int], bs: int, case: str,
                    neighbours: dict) -> None:
     """Explain every wrong value of the decode inputs, with a hint for the first (`neighbours`:
-    `t.reference(neighbour_slots, token_ids, table, bs)`, asked before comparing)."""
+    `t.ref.drive(neighbour_slots, token_ids, table, bs)`, asked before comparing)."""
     n = len(token_ids)
     pos = n - 1
     wrong = [k for k in DECODE_KEYS if got[k] != want[k]]
@@ -259,51 +257,51 @@ def explain_decode(got: dict, want: dict, token_ids: list[int], table: list[int]
 
 
 def run_decode_case(t: Trial, token_ids: list[int], table: list[int], block_size: int, case: str) -> dict:
-    got = expect_decode(t.call("decode_inputs", list(token_ids), list(table), block_size), token_ids, table,
+    got = expect_decode(t.yours.decode_inputs(list(token_ids), list(table), block_size), token_ids, table,
                         block_size)
     want = t.ref.decode_inputs(token_ids, table, block_size)
-    explain_decode(got, want, token_ids, table, block_size, case, t.reference(neighbour_slots, token_ids, table,
+    explain_decode(got, want, token_ids, table, block_size, case, t.ref.drive(neighbour_slots, token_ids, table,
                                                                               block_size))
     return got
 
 
-@public("21.2", "figure instance: 7 tokens, block_table [7, 2], block_size 4")
+@public("ch21.2", "figure instance: 7 tokens, block_table [7, 2], block_size 4")
 def decode_figure_instance(t: Trial) -> None:
-    got = expect_decode(t.call("decode_inputs", list(DECODE_TOKENS), list(DECODE_TABLE), DECODE_BS),
+    got = expect_decode(t.yours.decode_inputs(list(DECODE_TOKENS), list(DECODE_TABLE), DECODE_BS),
                         DECODE_TOKENS, DECODE_TABLE, DECODE_BS)
     want = t.ref.decode_inputs(DECODE_TOKENS, DECODE_TABLE, DECODE_BS)
-    neighbours = t.reference(neighbour_slots, DECODE_TOKENS, DECODE_TABLE, DECODE_BS)
+    neighbours = t.ref.drive(neighbour_slots, DECODE_TOKENS, DECODE_TABLE, DECODE_BS)
     t.figure("ch21-decode-step", token_ids=DECODE_TOKENS, table=DECODE_TABLE, block_size=DECODE_BS,
              yours=got, expected=want)
     explain_decode(got, want, DECODE_TOKENS, DECODE_TABLE, DECODE_BS, "figure instance", neighbours)
 
 
-@public("21.2", "nano-vllm's examples (block_size 256): len 300 with table [7, 2], len 10 with table [5]")
+@public("ch21.2", "nano-vllm's examples (block_size 256): len 300 with table [7, 2], len 10 with table [5]")
 def nano_vllm_examples(t: Trial) -> None:
     rows, checks = [], []
     for length, table in NANO_EXAMPLES:
         ids = [(7 * i + 3) % 1000 for i in range(length)]
-        got = expect_decode(t.call("decode_inputs", ids, list(table), 256), ids, table, 256)
+        got = expect_decode(t.yours.decode_inputs(ids, list(table), 256), ids, table, 256)
         want = t.ref.decode_inputs(ids, table, 256)
         rows.append({"len": length, "table": table, "yours": got, "expected": want})
-        checks.append((got, want, ids, table, t.reference(neighbour_slots, ids, table, 256)))
+        checks.append((got, want, ids, table, t.ref.drive(neighbour_slots, ids, table, 256)))
     t.figure("ch21-decode-step", examples=rows)
     for got, want, ids, table, neighbours in checks:
         explain_decode(got, want, ids, table, 256, f"nano-vllm, len {len(ids)}, table {table}", neighbours)
 
 
-@public("21.2", "the first token of a new block: len 5, block_size 4, block_table [3, 6]")
+@public("ch21.2", "the first token of a new block: len 5, block_size 4, block_table [3, 6]")
 def new_block(t: Trial) -> None:
     run_decode_case(t, [4, 4, 1, 9, 7], [3, 6], 4, "the first token of a new block")
 
 
-@public("21.2", "a block table with a spare block (pre-allocated, as in vLLM)")
+@public("ch21.2", "a block table with a spare block (pre-allocated, as in vLLM)")
 def spare_block(t: Trial) -> None:
     run_decode_case(t, [1, 2, 3, 4, 5, 6], [4, 0, 9], 4, "a block table with a spare block")
 
 
-@public("21.2", "no tokens, or a block table too short, raise ValueError")
+@public("ch21.2", "no tokens, or a block table too short, raise ValueError")
 def bad_decode_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, "decode_inputs", [], [3], 4, because="an empty sequence has no token to decode")
-    t.expect_raises(ValueError, "decode_inputs", [1, 2, 3, 4, 5], [3], 4,
+    t.expect_raises(ValueError, t.yours.decode_inputs, [], [3], 4, because="an empty sequence has no token to decode")
+    t.expect_raises(ValueError, t.yours.decode_inputs, [1, 2, 3, 4, 5], [3], 4,
                     because="position 4 is in logical block 1, but the table has only 1 block")

@@ -8,10 +8,19 @@ import math
 
 import torch
 
-from grader.checks import hidden_model, public
+from grader.authoring import (
+    CheckFailed,
+    Trial,
+    describe,
+    expect_int,
+    expect_tensor,
+    first_wrong,
+    fmt,
+    hidden_model,
+    public,
+    wrong_mask,
+)
 from grader.checks.ch22_flash import ATOL, RTOL, case_line, check_trace, close_to_variant, run_flash_case, sees
-from grader.compare import CheckFailed, describe, expect_int, expect_tensor, first_wrong, fmt, wrong_mask
-from grader.trial import Trial
 
 # ch22-naive: one head, T = S = 4, d = 2, small integers a reader can recompute; fp32 (4 bytes).
 NAIVE_Q = [[1, 0], [0, 1], [1, 1], [2, 0]]
@@ -41,9 +50,9 @@ def random_qkv(t: Trial, T: int, S: int, d: int, magnitude: float = 1.0):
 
 
 naive_variants = hidden_model("ch22_models.naive_variants")
-"""`t.reference(naive_variants, q, k, v, causal)`: (scores, probs, out) under each wrong mask, scale and softmax."""
+"""`t.ref.drive(naive_variants, q, k, v, causal)`: (scores, probs, out) under each wrong mask, scale and softmax."""
 traffic_variants = hidden_model("ch22_models.traffic_variants")
-"""`t.reference(traffic_variants, T, S, d, b, flash)`: the byte counts `traffic_hint` recognises."""
+"""`t.ref.drive(traffic_variants, T, S, d, b, flash)`: the byte counts `traffic_hint` recognises."""
 
 
 # -- 22.1 naive_attention ----------------------------------------------------------------------------
@@ -139,9 +148,9 @@ def explain_naive(got: tuple, want: tuple, q, k, v, *, causal: bool, case: str, 
 
 def run_naive_case(t: Trial, q, k, v, *, causal: bool = True, case: str, atol: float = ATOL,
                    rtol: float = RTOL) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    out, scores, probs = expect_naive(t.call("naive_attention", q, k, v, causal=causal), q, k)
+    out, scores, probs = expect_naive(t.yours.naive_attention(q, k, v, causal=causal), q, k)
     want_out, mid = t.ref.naive_attention(q, k, v, causal=causal)
-    variants = t.reference(naive_variants, q, k, v, causal)
+    variants = t.ref.drive(naive_variants, q, k, v, causal)
     explain_naive((scores, probs, out), (mid["scores"], mid["probs"], want_out), q, k, v, causal=causal, case=case,
                   variants=variants, atol=atol, rtol=rtol)
     return out, scores, probs
@@ -205,45 +214,45 @@ def expect_traffic(got, want: int, T: int, S: int, d: int, b: int, flash: bool, 
 
 
 def run_traffic_case(t: Trial, T: int, S: int, d: int, b: int, flash: bool) -> int:
-    got = t.call("attention_hbm_bytes", T, S, d, b, flash=flash)
+    got = t.yours.attention_hbm_bytes(T, S, d, b, flash=flash)
     want = t.ref.attention_hbm_bytes(T, S, d, b, flash=flash)
-    return expect_traffic(got, want, T, S, d, b, flash, t.reference(traffic_variants, T, S, d, b, flash))
+    return expect_traffic(got, want, T, S, d, b, flash, t.ref.drive(traffic_variants, T, S, d, b, flash))
 
 
 # -- public checks -----------------------------------------------------------------------------------
 
-@public("22.1", "figure instance: naive attention materialises scores and probs (T = S = 4, d = 2)")
+@public("ch22.1", "figure instance: naive attention materialises scores and probs (T = S = 4, d = 2)")
 def naive_figure_instance(t: Trial) -> None:
     q, k, v = naive_tensors()
-    out, scores, probs = expect_naive(t.call("naive_attention", q, k, v), q, k)
+    out, scores, probs = expect_naive(t.yours.naive_attention(q, k, v), q, k)
     want_out, mid = t.ref.naive_attention(q, k, v)
-    variants = t.reference(naive_variants, q, k, v, True)
+    variants = t.ref.drive(naive_variants, q, k, v, True)
     t.figure("ch22-naive", q=q, k=k, v=v, scores=scores, probs=probs, out=out, expected_scores=mid["scores"],
              expected_probs=mid["probs"], expected_out=want_out)
     explain_naive((scores, probs, out), (mid["scores"], mid["probs"], want_out), q, k, v, causal=True,
                   case="figure instance", variants=variants)
 
 
-@public("22.1", "a chunk of 3 queries after 4 cached keys: the mask is aligned to the end")
+@public("ch22.1", "a chunk of 3 queries after 4 cached keys: the mask is aligned to the end")
 def naive_chunk(t: Trial) -> None:
     q, k, v = random_qkv(t, 3, 7, 8)
     run_naive_case(t, q, k, v, case="3 new tokens after 4 cached")
 
 
-@public("22.1", "not causal: 5 queries over 3 keys")
+@public("ch22.1", "not causal: 5 queries over 3 keys")
 def naive_not_causal(t: Trial) -> None:
     q, k, v = random_qkv(t, 5, 3, 4)
     run_naive_case(t, q, k, v, causal=False, case="not causal, T=5, S=3")
 
 
-@public("22.1", "figure instance: HBM bytes of the 4 × 4 example and of a 4k prompt (bf16)")
+@public("ch22.1", "figure instance: HBM bytes of the 4 × 4 example and of a 4k prompt (bf16)")
 def traffic_figure_instance(t: Trial) -> None:
     small = (len(NAIVE_Q), len(NAIVE_K), len(NAIVE_Q[0]), NAIVE_DTYPE_BYTES)
     big = (BIG["T"], BIG["S"], BIG["d"], BIG["dtype_bytes"])
     cases = [(args, flash) for args in (small, big) for flash in (False, True)]
-    got = [t.call("attention_hbm_bytes", *args, flash=flash) for args, flash in cases]
+    got = [t.yours.attention_hbm_bytes(*args, flash=flash) for args, flash in cases]
     want = [t.ref.attention_hbm_bytes(*args, flash=flash) for args, flash in cases]
-    variants = [t.reference(traffic_variants, *args, flash) for args, flash in cases]
+    variants = [t.ref.drive(traffic_variants, *args, flash) for args, flash in cases]
     if all(type(g) is int for g in got):
         t.figure("ch22-naive", small_bytes=got[:2], small_expected=want[:2], big=BIG, big_bytes=got[2:],
                  big_expected=want[2:], dtype_bytes=NAIVE_DTYPE_BYTES)
@@ -251,50 +260,50 @@ def traffic_figure_instance(t: Trial) -> None:
         expect_traffic(g, w, *args, flash, v)
 
 
-@public("22.1", "HBM bytes: fp32, T = 1024 queries over S = 3072 keys")
+@public("ch22.1", "HBM bytes: fp32, T = 1024 queries over S = 3072 keys")
 def traffic_rectangular(t: Trial) -> None:
     for flash in (False, True):
         run_traffic_case(t, 1024, 3072, 64, 4, flash)
 
 
-@public("22.1", "causal attention with S < T raises ValueError")
+@public("ch22.1", "causal attention with S < T raises ValueError")
 def naive_bad_causal(t: Trial) -> None:
-    t.expect_raises(ValueError, "naive_attention", torch.zeros(5, 4), torch.zeros(3, 4), torch.zeros(3, 4),
+    t.expect_raises(ValueError, t.yours.naive_attention, torch.zeros(5, 4), torch.zeros(3, 4), torch.zeros(3, 4),
                     because="with causal=True the 5 queries are the last 5 of the keys, and there are only 3")
 
 
-@public("22.2", "figure instance: 6 queries after 2 cached, tiles of 2 × 3 (trace of running max and sum)")
+@public("ch22.2", "figure instance: 6 queries after 2 cached, tiles of 2 × 3 (trace of running max and sum)")
 def flash_figure_instance(t: Trial) -> None:
     q, k, v = flash_tensors()
     check_trace(t, q, k, v, causal=True, bq=FLASH_BQ, bk=FLASH_BK, case="figure instance",
                 figure="ch22-flash-tiles")
 
 
-@public("22.2", "agrees with naive attention: T = S = 16, tiles of 4 × 4, causal")
+@public("ch22.2", "agrees with naive attention: T = S = 16, tiles of 4 × 4, causal")
 def flash_square(t: Trial) -> None:
     q, k, v = random_qkv(t, 16, 16, 8)
     run_flash_case(t, q, k, v, bq=4, bk=4, case="T = S = 16, 4 × 4 tiles")
 
 
-@public("22.2", "ragged tiles: T = S = 10, tiles of 4 × 3")
+@public("ch22.2", "ragged tiles: T = S = 10, tiles of 4 × 3")
 def flash_ragged(t: Trial) -> None:
     q, k, v = random_qkv(t, 10, 10, 8)
     run_flash_case(t, q, k, v, bq=4, bk=3, case="ragged tiles")
 
 
-@public("22.2", "a chunk of 5 queries after 7 cached keys: causal aligned to the end")
+@public("ch22.2", "a chunk of 5 queries after 7 cached keys: causal aligned to the end")
 def flash_chunk(t: Trial) -> None:
     q, k, v = random_qkv(t, 5, 12, 8)
     run_flash_case(t, q, k, v, bq=2, bk=4, case="5 new tokens after 7 cached")
 
 
-@public("22.2", "not causal: 7 queries over 5 keys, every tile visited")
+@public("ch22.2", "not causal: 7 queries over 5 keys, every tile visited")
 def flash_not_causal(t: Trial) -> None:
     q, k, v = random_qkv(t, 7, 5, 4)
     run_flash_case(t, q, k, v, causal=False, bq=3, bk=2, case="not causal, T=7, S=5")
 
 
-@public("22.2", "large scores: the online softmax stays finite, lse = m + log l")
+@public("ch22.2", "large scores: the online softmax stays finite, lse = m + log l")
 def flash_large_scores(t: Trial) -> None:
     # Scores up to about ±100: exp(score) overflows float32 (above ~88) unless the running max is subtracted.
     q, k, v = random_qkv(t, 8, 8, 16, magnitude=40.0)

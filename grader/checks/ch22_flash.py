@@ -13,15 +13,13 @@ import math
 
 import torch
 
-from grader.checks import hidden_model
-from grader.compare import CheckFailed, describe, expect_tensor, first_wrong, fmt, wrong_mask
-from grader.trial import Trial
+from grader.authoring import CheckFailed, Trial, describe, expect_tensor, first_wrong, fmt, hidden_model, wrong_mask
 
 # Tolerances for float32 attention (flash_attention must agree with naive attention to these).
 ATOL, RTOL = 1e-5, 1e-5
 
 flash_models = hidden_model("ch22_models.flash_models")
-"""`t.reference(flash_models, q, k, v, causal, bq, bk)`: the trace, tiles and misconception values of one instance."""
+"""`t.ref.drive(flash_models, q, k, v, causal, bq, bk)`: the trace, tiles and misconception values of one instance."""
 
 
 def sees(T: int, S: int, i: int, causal: bool) -> str:
@@ -168,10 +166,10 @@ def flash_expected(t: Trial, q, k, v, causal: bool) -> tuple[torch.Tensor, torch
 
 def run_flash_case(t: Trial, q, k, v, *, causal: bool = True, bq: int, bk: int, case: str, atol: float = ATOL,
                    rtol: float = RTOL) -> tuple[torch.Tensor, torch.Tensor]:
-    got = t.call("flash_attention", q, k, v, causal=causal, block_q=bq, block_k=bk)
+    got = t.yours.flash_attention(q, k, v, causal=causal, block_q=bq, block_k=bk)
     out, lse = expect_flash(got, q)
     want_out, want_lse = flash_expected(t, q, k, v, causal)
-    models = t.reference(flash_models, q, k, v, causal, bq, bk)
+    models = t.ref.drive(flash_models, q, k, v, causal, bq, bk)
     explain_flash(out, lse, want_out, want_lse, q, k, v, causal=causal, bq=bq, bk=bk, case=case, atol=atol,
                   rtol=rtol, models=models)
     return out, lse
@@ -341,11 +339,11 @@ def stats_hint(qb: int, kb: int, r: int, m: float, l: float, d: int, models: dic
 def check_trace(t: Trial, q, k, v, *, causal: bool, bq: int, bk: int, case: str, figure: str | None = None) -> None:
     """One call with a trace list: tiles, output, lse, final statistics and per-tile statistics."""
     (T, d), S = q.shape, k.shape[0]
-    call = t.run("flash_attention", q, k, v, causal=causal, block_q=bq, block_k=bk, trace=[], mutates=("trace",))
+    call = t.yours.flash_attention.run(q, k, v, causal=causal, block_q=bq, block_k=bk, trace=[], mutates=("trace",))
     out, lse = expect_flash(call.value, q)
     records = expect_trace(call.kwargs.get("trace"), T, S, bq, bk)
     want_out, want_lse = flash_expected(t, q, k, v, causal)
-    models = t.reference(flash_models, q, k, v, causal, bq, bk)
+    models = t.ref.drive(flash_models, q, k, v, causal, bq, bk)
     if figure:
         # scores: shown tile by tile in the figure, as each tile computes them
         t.figure(figure, T=T, S=S, d=d, block_q=bq, block_k=bk, causal=causal, scores=models["scores"],

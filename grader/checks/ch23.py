@@ -11,9 +11,7 @@ import math
 
 import torch
 
-from grader.checks import hidden_model, if_hidden, public
-from grader.compare import CheckFailed, expect_tensor, fmt, wrong_mask
-from grader.trial import Trial
+from grader.authoring import CheckFailed, Trial, expect_tensor, fmt, hidden_model, if_hidden, public, wrong_mask
 
 NEG_INF = float("-inf")
 ATOL, RTOL = 1e-6, 1e-5          # processed logits: one float32 rounding of logits / T
@@ -22,9 +20,9 @@ ALPHA = 1e-6                      # a correct sampler fails a goodness-of-fit te
 CLAMP = 1e-10                     # nano-vllm clamps the exponential noise to ≥ 1e-10
 
 race_variants = hidden_model("ch23_models.race_variants")
-"""`t.reference(race_variants, logits, temperature, noise)`: {wrong sampler: its tokens on the same noise}."""
+"""`t.ref.drive(race_variants, logits, temperature, noise)`: {wrong sampler: its tokens on the same noise}."""
 strict_top_k = hidden_model("ch23_models.strict_top_k")
-"""`t.reference(strict_top_k, scaled, ks)`: top-k read as exactly k indices."""
+"""`t.ref.drive(strict_top_k, scaled, ks)`: top-k read as exactly k indices."""
 
 # ch23-sampling-path: one row of 8 logits through temperature, top-k, top-p and the race.
 PATH_LOGITS = [1.2, 3.0, -0.5, 2.2, 0.3, 2.6, -1.4, 1.7]
@@ -101,7 +99,7 @@ def reference_steps(t: Trial, logits: torch.Tensor, temperature: torch.Tensor, t
         ks = [_row_value(top_k, b, B) for b in range(B)]
         steps["k - 1"] = run(k=torch.tensor([max(k - 1, 1) for k in ks]))
         steps["k + 1"] = run(k=torch.tensor([min(k + 1, V) for k in ks]))
-        strict = t.reference(strict_top_k, steps["scaled"], ks)
+        strict = t.ref.drive(strict_top_k, steps["scaled"], ks)
         steps["strict k"] = strict if top_p is None else run(strict, ones, None)
         if top_p is not None:
             steps["top-p first"] = run(run(k=None), ones, p=None)
@@ -381,14 +379,14 @@ def likely_cause(tokens: torch.Tensor, counts: torch.Tensor, z: torch.Tensor, T:
 
 
 # -- public checks of 23.1 ----------------------------------------------------------------------
-@public("23.1", "figure instance: one row of 8 logits, T = 0.8, top_k = 5, top_p = 0.8")
+@public("ch23.1", "figure instance: one row of 8 logits, T = 0.8, top_k = 5, top_p = 0.8")
 def path_instance(t: Trial) -> None:
     logits, temp = torch.tensor([PATH_LOGITS]), torch.tensor([PATH_T])
     stages = [("temperature only", {}), (f"temperature and top_k = {PATH_K}", {"top_k": PATH_K}),
               (f"temperature, top_k = {PATH_K} and top_p = {PATH_P}", {"top_k": PATH_K, "top_p": PATH_P})]
     got, want = [], []
     for label, kw in stages:
-        mine = t.call("process_logits", logits, temp, **kw)
+        mine = t.yours.process_logits(logits, temp, **kw)
         got.append(expect_tensor(mine, what=f"the processed logits ({label})", shape=[1, 8], dtype=torch.float32))
         want.append(t.ref.process_logits(logits, temp, **kw))
     after_k = want[1][0]
@@ -403,59 +401,59 @@ def path_instance(t: Trial) -> None:
                          case=f'case "figure instance", {label}')
 
 
-@public("23.1", "each row is divided by its own temperature")
+@public("ch23.1", "each row is divided by its own temperature")
 def per_row_temperature(t: Trial) -> None:
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [2.0, 1.0, 0.0, -1.0], [0.5, -0.5, 3.0, 1.5]])
     temp = torch.tensor([0.5, 2.0, 1.0])
-    got = t.call("process_logits", logits, temp)
+    got = t.yours.process_logits(logits, temp)
     expect_processed(t, got, logits, temp, case='case "per-row temperature": T = [0.5, 2, 1], no top-k, no top-p')
 
 
-@public("23.1", "top-k keeps every entry tied with the k-th largest; k per row")
+@public("ch23.1", "top-k keeps every entry tied with the k-th largest; k per row")
 def topk_ties(t: Trial) -> None:
     logits = torch.tensor([[3.0, 1.0, 1.0, 0.0, -2.0], [0.0, 4.0, 2.0, 2.0, 1.0], [5.0, 4.0, 3.0, 2.0, 1.0]])
     temp = torch.ones(3)
     k = torch.tensor([2, 1, 5])
-    got = t.call("process_logits", logits, temp, top_k=k)
+    got = t.yours.process_logits(logits, temp, top_k=k)
     expect_processed(t, got, logits, temp, k, case='case "top-k ties": top_k = [2, 1, 5] (per row), T = 1')
 
 
-@public("23.1", "top-p keeps the token that crosses p; p = 1 is off")
+@public("ch23.1", "top-p keeps the token that crosses p; p = 1 is off")
 def topp_crossing(t: Trial) -> None:
     # Row 0: p = [0.5, 0.3, 0.2] (logits = log p); top_p = 0.6 keeps tokens 0 and 1: the tokens larger
     # than token 1 hold 0.5 < 0.6. Row 1: the same row with top_p = 1 keeps everything.
     logits = torch.tensor([[0.5, 0.3, 0.2], [0.5, 0.3, 0.2]]).log()
     temp = torch.ones(2)
     top_p = torch.tensor([0.6, 1.0])
-    got = t.call("process_logits", logits, temp, top_p=top_p)
+    got = t.yours.process_logits(logits, temp, top_p=top_p)
     expect_processed(t, got, logits, temp, None, top_p,
                      case='case "top-p crossing": softmax = [0.5, 0.3, 0.2], top_p = [0.6, 1.0] (per row), T = 1')
 
 
-@public("23.1", "bfloat16 logits give a new float32 tensor")
+@public("ch23.1", "bfloat16 logits give a new float32 tensor")
 def bf16_logits(t: Trial) -> None:
     logits = torch.tensor([[1.5, -0.25, 0.75, 2.0], [0.0, 1.0, -1.0, 0.5]]).to(torch.bfloat16)
     temp = torch.tensor([0.6, 1.3])
-    got = t.call("process_logits", logits, temp, top_k=3, top_p=0.9)
+    got = t.yours.process_logits(logits, temp, top_k=3, top_p=0.9)
     expect_processed(t, got, logits, temp, 3, 0.9,
                      case='case "bfloat16": the logits arrive in bfloat16 (as from the LM head); compute and '
                           'return float32')
 
 
-@public("23.1", "temperature 0 raises ValueError")
+@public("ch23.1", "temperature 0 raises ValueError")
 def zero_temperature(t: Trial) -> None:
-    t.expect_raises(ValueError, "process_logits", torch.tensor([[1.0, 2.0]]), torch.tensor([0.0]),
+    t.expect_raises(ValueError, t.yours.process_logits, torch.tensor([[1.0, 2.0]]), torch.tensor([0.0]),
                     because="temperature must be > 0: like nano-vllm, the course has no greedy path")
 
 
 # -- public checks of 23.2 ----------------------------------------------------------------------
-@public("23.2", "figure instance: logits [2, 1, 0], T = 0.5, noise [3.0, 0.05, 1.0]")
+@public("ch23.2", "figure instance: logits [2, 1, 0], T = 0.5, noise [3.0, 0.05, 1.0]")
 def race_instance(t: Trial) -> None:
     logits, temp, noise = torch.tensor([RACE_LOGITS]), torch.tensor([RACE_T]), torch.tensor([RACE_NOISE])
-    got = t.call("sample", logits, temp, noise)
+    got = t.yours.sample(logits, temp, noise)
     tokens = expect_in_vocab(got, 1, 3)
     p, scores = race_scores(logits, temp, noise)
-    want, variants = t.ref.sample(logits, temp, noise), t.reference(race_variants, logits, temp, noise)
+    want, variants = t.ref.sample(logits, temp, noise), t.ref.drive(race_variants, logits, temp, noise)
     t.figure("ch23-exponential-race", logits=RACE_LOGITS, T=RACE_T, noise=RACE_NOISE, p=p[0], scores=scores[0],
              token=int(tokens[0]), token_expected=int(want[0]))
     expect_tokens(tokens, logits, temp, noise,
@@ -463,14 +461,14 @@ def race_instance(t: Trial) -> None:
                   variants=variants)
 
 
-@public("23.2", "the sampling path's last step: the race on the processed row")
+@public("ch23.2", "the sampling path's last step: the race on the processed row")
 def path_draw(t: Trial) -> None:
     processed = t.ref.process_logits(torch.tensor([PATH_LOGITS]), torch.tensor([PATH_T]), PATH_K, PATH_P)
     temp, noise = torch.ones(1), torch.tensor([PATH_NOISE])
-    got = t.call("sample", processed, temp, noise)
+    got = t.yours.sample(processed, temp, noise)
     tokens = expect_in_vocab(got, 1, 8)
     p, scores = race_scores(processed, temp, noise)
-    want, variants = t.ref.sample(processed, temp, noise), t.reference(race_variants, processed, temp, noise)
+    want, variants = t.ref.sample(processed, temp, noise), t.ref.drive(race_variants, processed, temp, noise)
     t.figure("ch23-sampling-path", noise=PATH_NOISE, race_p=p[0], race_scores=scores[0], token=int(tokens[0]),
              token_expected=int(want[0]))
     expect_tokens(tokens, processed, temp, noise,
@@ -478,13 +476,13 @@ def path_draw(t: Trial) -> None:
                        f'noise {vec(PATH_NOISE)}', variants=variants)
 
 
-@public("23.2", f"{RACE_DRAWS} races on [2, 1, 0] at T = 0.5 follow p")
+@public("ch23.2", f"{RACE_DRAWS} races on [2, 1, 0] at T = 0.5 follow p")
 def race_frequencies(t: Trial) -> None:
     logits = torch.tensor([RACE_LOGITS]).expand(RACE_DRAWS, 3).contiguous()
     temp = torch.full((RACE_DRAWS,), RACE_T)
     noise = torch.empty(RACE_DRAWS, 3).exponential_(generator=t.rng)
-    tokens = expect_in_vocab(t.call("sample", logits, temp, noise), RACE_DRAWS, 3)
-    variants = t.reference(race_variants, logits, temp, noise)
+    tokens = expect_in_vocab(t.yours.sample(logits, temp, noise), RACE_DRAWS, 3)
+    variants = t.ref.drive(race_variants, logits, temp, noise)
     z = torch.tensor(RACE_LOGITS)
     p = (z / RACE_T).softmax(-1)
     counts = torch.bincount(tokens, minlength=3)
@@ -495,17 +493,17 @@ def race_frequencies(t: Trial) -> None:
                              f'from a fixed seed', variants=variants)
 
 
-@public("23.2", "a batch: each row races with its own temperature and noise")
+@public("ch23.2", "a batch: each row races with its own temperature and noise")
 def batch_rows(t: Trial) -> None:
     logits = torch.tensor([[2.0, 1.0, 0.0], [0.5, 0.3, 0.2], [1.0, 1.0, 4.0], [0.0, -1.0, 3.0]])
     temp = torch.tensor([0.5, 1.0, 2.0, 0.25])
     noise = torch.tensor([[0.2, 0.9, 1.4], [1.2, 0.2, 0.9], [0.1, 2.0, 3.5], [0.3, 0.01, 2.0]])
-    got = t.call("sample", logits, temp, noise)
+    got = t.yours.sample(logits, temp, noise)
     expect_tokens(got, logits, temp, noise, case='case "batch": 4 rows, T = [0.5, 1, 2, 0.25]',
-                  variants=t.reference(race_variants, logits, temp, noise))
+                  variants=t.ref.drive(race_variants, logits, temp, noise))
 
 
-@public("23.2", "noise of the wrong shape raises ValueError")
+@public("ch23.2", "noise of the wrong shape raises ValueError")
 def bad_noise(t: Trial) -> None:
-    t.expect_raises(ValueError, "sample", torch.zeros(2, 4), torch.ones(2), torch.ones(2, 3),
+    t.expect_raises(ValueError, t.yours.sample, torch.zeros(2, 4), torch.ones(2), torch.ones(2, 3),
                     because="the noise needs one E per token: shape [2, 4] like the logits, not [2, 3]")

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from grader.compare import CheckFailed, describe
-from grader.isolation.wire import Handle
-from grader.trial import Trial
+from grader.authoring import CheckFailed, Remote, Trial, describe
 
 WAITING, RUNNING, FINISHED = "WAITING", "RUNNING", "FINISHED"
 FILLER = 999  # what the runner returns for an object the grader does not know
@@ -81,31 +79,31 @@ class StudentOps(LocalOps):
         self.t = t
 
     def start(self, cfg: dict) -> None:
-        self.s = self.t.call("make_scheduler", cfg["num_blocks"], cfg["block_size"], cfg["max_num_seqs"],
+        self.s = self.t.yours.make_scheduler(cfg["num_blocks"], cfg["block_size"], cfg["max_num_seqs"],
                              cfg["max_num_batched_tokens"], eos=cfg["eos"])
-        if not isinstance(self.s, Handle):
+        if not isinstance(self.s, Remote):
             raise CheckFailed(f"make_scheduler should return a Scheduler object; yours returned {describe(self.s)}")
 
     def sequence(self, req: dict, seq_id: int):
-        return self.t.call("Sequence", list(req["prompt"]), max_tokens=req["max_tokens"],
+        return self.t.yours.Sequence(list(req["prompt"]), max_tokens=req["max_tokens"],
                            ignore_eos=req["ignore_eos"], seq_id=seq_id)
 
     def add(self, seq) -> None:
-        self.t.method(self.s, "add", seq)
+        self.s.add(seq)
 
     def schedule(self):
-        got = self.t.method(self.s, "schedule")
+        got = self.s.schedule()
         if not (isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[0], list)
-                and all(isinstance(x, Handle) for x in got[0]) and isinstance(got[1], bool)):
+                and all(isinstance(x, Remote) for x in got[0]) and isinstance(got[1], bool)):
             raise CheckFailed("schedule() should return (seqs, is_prefill): a list of Sequence objects and a bool; "
                               f"yours returned {describe(got)}")
         return got
 
     def postprocess(self, seqs, tokens, is_prefill) -> None:
-        self.t.method(self.s, "postprocess", list(seqs), list(tokens), is_prefill)
+        self.s.postprocess(list(seqs), list(tokens), is_prefill)
 
     def snapshot(self, seqs) -> dict:
-        return self.t.call("snapshot", self.s, list(seqs))
+        return self.t.yours.snapshot(self.s, list(seqs))
 
     key = staticmethod(lambda h: h)
 
@@ -502,7 +500,7 @@ def run_trace(t: Trial, sc: dict, expected: list[dict], *, full: bool = False) -
 
 def expect_trace(t: Trial, sc: dict) -> list[dict]:
     """Compare the student's trace of `sc` with the reference's; raise the first difference."""
-    expected = t.reference(drive_reference, sc)
+    expected = t.ref.drive(drive_reference, sc)
     records, message = run_trace(t, sc, expected)
     if message:
         raise CheckFailed(message)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks import hidden_model, if_hidden, public
+from grader.authoring import CheckFailed, Trial, expect_tensor, first_wrong, fmt, hidden_model, if_hidden, public
 from grader.checks.ch25_blocks import (
     LIFECYCLE,
     MOMENTS,
@@ -19,8 +19,6 @@ from grader.checks.ch25_blocks import (
     run_trace,
     states,
 )
-from grader.compare import CheckFailed, expect_tensor, first_wrong, fmt
-from grader.trial import Trial
 
 FIGURE_TABLE, FIGURE_BLOCK_SIZE, FIGURE_TOKENS = [3, 0, 4], 2, 5
 
@@ -32,7 +30,7 @@ def token_keys(num_tokens: int, width: int = 2) -> torch.Tensor:
 
 
 slot_variants = hidden_model("ch25_models.slot_variants")
-"""`t.reference(slot_variants, block_table, positions, block_size)`: {misconception: the slots it gives}."""
+"""`t.ref.drive(slot_variants, block_table, positions, block_size)`: {misconception: the slots it gives}."""
 
 SLOT_HINTS = {
     # misconception: (its slot of position p, for the student; what to do instead)
@@ -140,9 +138,9 @@ def run_slot_case(t: Trial, table: list[int], positions: list[int], block_size: 
                   as_tensor: bool = False) -> torch.Tensor:
     """Call the student's slot_mapping on one case and compare it with the reference."""
     arg = torch.tensor(positions, dtype=torch.int64) if as_tensor else list(positions)
-    got = t.call("slot_mapping", list(table), arg, block_size)
+    got = t.yours.slot_mapping(list(table), arg, block_size)
     want = t.ref.slot_mapping(table, positions, block_size)
-    variants = t.reference(slot_variants, list(table), list(positions), block_size)
+    variants = t.ref.drive(slot_variants, list(table), list(positions), block_size)
     return expect_slots(got, want, table, positions, block_size, variants)
 
 
@@ -162,7 +160,7 @@ def run_store_case(t: Trial, cache_shape: tuple[int, int, int, int], slots: list
 
 def check_store(t: Trial, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 slots: list[int], block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    call = t.run("store_kv", k_cache, v_cache, k, v, list(slots), mutates=("k_cache", "v_cache"))
+    call = t.yours.store_kv.run(k_cache, v_cache, k, v, list(slots), mutates=("k_cache", "v_cache"))
     if call.value is not None:
         raise CheckFailed("store_kv writes the caches in place and returns None; yours returned a value")
     want_k, want_v = k_cache.clone(), v_cache.clone()
@@ -172,88 +170,88 @@ def check_store(t: Trial, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch
     return got_k, want_k
 
 
-@public("25.1", "figure instance: T=5, block_size=2, block_table=[3, 0, 4]")
+@public("ch25.1", "figure instance: T=5, block_size=2, block_table=[3, 0, 4]")
 def figure_instance(t: Trial) -> None:
     positions = list(range(FIGURE_TOKENS))
-    got = t.call("slot_mapping", list(FIGURE_TABLE), positions, FIGURE_BLOCK_SIZE)
+    got = t.yours.slot_mapping(list(FIGURE_TABLE), positions, FIGURE_BLOCK_SIZE)
     want = t.ref.slot_mapping(FIGURE_TABLE, positions, FIGURE_BLOCK_SIZE)
-    variants = t.reference(slot_variants, list(FIGURE_TABLE), positions, FIGURE_BLOCK_SIZE)
+    variants = t.ref.drive(slot_variants, list(FIGURE_TABLE), positions, FIGURE_BLOCK_SIZE)
     slots = expect_tensor(got, what=f"the slots of {FIGURE_TOKENS} tokens", shape=[FIGURE_TOKENS], dtype=torch.int64)
-    t.figure("dim-slot-mapping", table=FIGURE_TABLE, block_size=FIGURE_BLOCK_SIZE, num_blocks=5,
+    t.figure("ch25-dim-slot-mapping", table=FIGURE_TABLE, block_size=FIGURE_BLOCK_SIZE, num_blocks=5,
              positions=positions, keys=token_keys(FIGURE_TOKENS)[:, 0], slots=slots, expected=want)
     expect_slots(slots, want, FIGURE_TABLE, positions, FIGURE_BLOCK_SIZE, variants)
 
 
-@public("25.1", "one sequence across three scattered blocks")
+@public("ch25.1", "one sequence across three scattered blocks")
 def sequence_across_blocks(t: Trial) -> None:
     table, block_size, positions = [5, 1, 3], 4, list(range(11))
-    got = t.call("slot_mapping", table, positions, block_size)
+    got = t.yours.slot_mapping(table, positions, block_size)
     want = t.ref.slot_mapping(table, positions, block_size)
-    variants = t.reference(slot_variants, table, positions, block_size)
+    variants = t.ref.drive(slot_variants, table, positions, block_size)
     slots = expect_tensor(got, what="the slots of 11 tokens", shape=[11], dtype=torch.int64)
     t.figure("ch25-blocks", table=table, block_size=block_size, num_blocks=6, slots=slots, expected=want)
     expect_slots(slots, want, table, positions, block_size, variants)
 
 
-@public("25.1", "a chunk that starts mid-block, positions as a tensor")
+@public("ch25.1", "a chunk that starts mid-block, positions as a tensor")
 def chunk_mid_block(t: Trial) -> None:
     run_slot_case(t, [7, 2, 9], [5, 6, 7, 8, 9], 4, as_tensor=True)
 
 
-@public("25.1", "no positions at all")
+@public("ch25.1", "no positions at all")
 def no_positions(t: Trial) -> None:
-    got = t.call("slot_mapping", [1, 2], [], 4)
+    got = t.yours.slot_mapping([1, 2], [], 4)
     expect_tensor(got, what="the slots of 0 tokens", shape=[0], dtype=torch.int64)
 
 
-@public("25.1", "a position beyond the block table raises ValueError")
+@public("ch25.1", "a position beyond the block table raises ValueError")
 def beyond_table(t: Trial) -> None:
-    t.expect_raises(ValueError, "slot_mapping", [3, 0, 4], [0, 6], 2,
+    t.expect_raises(ValueError, t.yours.slot_mapping, [3, 0, 4], [0, 6], 2,
                     because="position 6 is in logical block 3, but the table has only 3 blocks")
 
 
-@public("25.2", "figure instance: the five tokens into a pool of five 2-slot blocks")
+@public("ch25.2", "figure instance: the five tokens into a pool of five 2-slot blocks")
 def store_figure_instance(t: Trial) -> None:
     keys = token_keys(FIGURE_TOKENS)
     slots = t.ref.slot_mapping(FIGURE_TABLE, list(range(FIGURE_TOKENS)), FIGURE_BLOCK_SIZE).tolist()
     shape = (5, FIGURE_BLOCK_SIZE, 1, 2)
-    call = t.run("store_kv", torch.zeros(shape), torch.zeros(shape), keys, -keys, slots,
+    call = t.yours.store_kv.run(torch.zeros(shape), torch.zeros(shape), keys, -keys, slots,
                  mutates=("k_cache", "v_cache"))
     got = expect_tensor(call.args[0], what="k_cache", shape=list(shape), dtype=torch.float32)
     want_k, want_v = torch.zeros(shape), torch.zeros(shape)
     t.ref.store_kv(want_k, want_v, keys, -keys, slots)
-    t.figure("dim-slot-mapping", pool=got.reshape(-1, 2), pool_expected=want_k.reshape(-1, 2))
+    t.figure("ch25-dim-slot-mapping", pool=got.reshape(-1, 2), pool_expected=want_k.reshape(-1, 2))
     if call.value is not None:
         raise CheckFailed("store_kv writes the caches in place and returns None; yours returned a value")
     expect_cache(got, call.args[1], want_k, want_v, slots, FIGURE_BLOCK_SIZE, (keys, -keys))
 
 
-@public("25.2", "a padding row (slot −1) writes nothing")
+@public("ch25.2", "a padding row (slot −1) writes nothing")
 def padding_slot(t: Trial) -> None:
     run_store_case(t, (3, 2, 1, 2), [4, -1, 1], fill=0.0)
 
 
-@public("25.2", "slots no token names keep their old values")
+@public("ch25.2", "slots no token names keep their old values")
 def others_untouched(t: Trial) -> None:
     run_store_case(t, (4, 4, 2, 3), [13, 2, 7])
 
 
-@public("25.2", "a slot outside the pool raises ValueError")
+@public("ch25.2", "a slot outside the pool raises ValueError")
 def slot_out_of_pool(t: Trial) -> None:
     k = torch.ones(2, 1, 2)
-    t.expect_raises(ValueError, "store_kv", torch.zeros(2, 2, 1, 2), torch.zeros(2, 2, 1, 2), k, k, [1, 4],
+    t.expect_raises(ValueError, t.yours.store_kv, torch.zeros(2, 2, 1, 2), torch.zeros(2, 2, 1, 2), k, k, [1, 4],
                     because="slot 4 is outside a pool of 2 blocks × 2 slots (slots 0–3)")
 
 
-@public("25.3", "compute_hash: one block, then a chain of two")
+@public("ch25.3", "compute_hash: one block, then a chain of two")
 def hash_format(t: Trial) -> None:
     cases = [([1, 2, 3, 4], None), ([5, 6, 7, 8], 0), (list(range(16)), None), ([70000, -1, 2**40, 3], None)]
-    want = t.reference(reference_hashes, cases)
-    manager = t.call("BlockManager", 4, 4)
+    want = t.ref.drive(reference_hashes, cases)
+    manager = t.yours.BlockManager(4, 4)
     prefix = -1
     for (tokens, chained), (h, unchained) in zip(cases, want):
         args = (tokens,) if chained is None else (tokens, prefix)
-        got = t.method(manager, "compute_hash", *args)
+        got = manager.compute_hash(*args)
         call = f"compute_hash({tokens}{'' if chained is None else ', prefix=' + hx(prefix)})"
         if got != h:
             hint = ("feed the prefix first: its 8 bytes little-endian, then the tokens" if got == unchained and chained is not None
@@ -272,10 +270,10 @@ def reference_hashes(ref, cases: list) -> list:
     return out
 
 
-@public("25.3", "figure instance: the six moments of physical block 0")
+@public("ch25.3", "figure instance: the six moments of physical block 0")
 def lifecycle(t: Trial) -> None:
-    expected = t.reference(drive_reference, 4, 4, LIFECYCLE)
-    got = t.call("replay", 4, 4, LIFECYCLE)
+    expected = t.ref.drive(drive_reference, 4, 4, LIFECYCLE)
+    got = t.yours.replay(4, 4, LIFECYCLE)
     at = {k: i for i, (k, _, _) in enumerate(MOMENTS)}
     start = {"ref": 0, "hash": "none", "mapped": False, "free": [0, 1, 2, 3], "holders": [], "tokens": []}
     moments = [{"label": label, "what": what, "op": "", "yours": start if k == 0 else None,
@@ -290,7 +288,7 @@ def lifecycle(t: Trial) -> None:
     expect_trace(LIFECYCLE, got, expected, 4, 4, case="the life of block 0")
 
 
-@public("25.3", "nano-vllm's example: a shared prefix, a duplicate hash, the last block never hits")
+@public("ch25.3", "nano-vllm's example: a shared prefix, a duplicate hash, the last block never hits")
 def worked_example(t: Trial) -> None:
     # nanovllm.md §10 (8 blocks of 4), then a request D that finds the duplicate hash's newer block.
     script = [*add("A", list(range(1, 11))), ["compute", "A", 10, 100],
@@ -301,7 +299,7 @@ def worked_example(t: Trial) -> None:
     run_trace(t, script, 8, 4, "nano-vllm's worked example")
 
 
-@public("25.3", "preemption with 4 blocks: a reused block loses its hash, a freed one is revived")
+@public("ch25.3", "preemption with 4 blocks: a reused block loses its hash, a freed one is revived")
 def preemption(t: Trial) -> None:
     # nanovllm.md §11: A, B, C with 4-token prompts in a pool of 4 blocks.
     script = [*add("A", [1, 2, 3, 4]), *add("B", [5, 6, 7, 8]), *add("C", [9, 10, 11, 12]),
@@ -315,7 +313,7 @@ def preemption(t: Trial) -> None:
     run_trace(t, script, 4, 4, "preemption with 4 blocks")
 
 
-@public("25.3", "identical prompts in one step: the later hash wins, a stale entry survives another block's reuse")
+@public("ch25.3", "identical prompts in one step: the later hash wins, a stale entry survives another block's reuse")
 def duplicates(t: Trial) -> None:
     # nano-vllm issue #219 (duplicates) and #163 (evict only the entry that points to the reused block).
     script = [["add", "A", [1, 2, 3, 4, 5, 6]], ["add", "B", [1, 2, 3, 4, 5, 6]],
@@ -325,7 +323,7 @@ def duplicates(t: Trial) -> None:
     run_trace(t, script, 6, 4, "identical prompts")
 
 
-@public("25.3", "a chunked prefill, decode across a block boundary, a full prompt that hits all but its last block")
+@public("ch25.3", "a chunked prefill, decode across a block boundary, a full prompt that hits all but its last block")
 def chunks_and_decode(t: Trial) -> None:
     prompt = list(range(1, 14))
     script = [*add("A", prompt), ["compute", "A", 5, None], ["compute", "A", 5, None], ["compute", "A", 3, 14],

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from grader.checks import hidden_model
-from grader.compare import CheckFailed, describe
-from grader.trial import Trial
+from grader.authoring import CheckFailed, Trial, describe, hidden_model
 
 drive_reference = hidden_model("ch25_models.drive_reference")
-"""`t.reference(drive_reference, num_blocks, block_size, script)`: the reference's trace of a script, plus per step
+"""`t.ref.drive(drive_reference, num_blocks, block_size, script)`: the reference's trace of a script, plus per step
 the facts an explanation needs (for can_allocate the walk over the hash chain, for compute each newly hashed
 block's unchained hash). The walk repeats the prefix-cache lookup, so it runs on the hidden side."""
 
@@ -309,8 +307,8 @@ def explain_map(op: list, before: dict, w: dict, y: dict) -> str:
 
 def run_trace(t: Trial, script: list, num_blocks: int, block_size: int, case: str) -> list[dict]:
     """Drive your BlockManager (through the provided replay) and the reference through one script."""
-    expected = t.reference(drive_reference, num_blocks, block_size, script)
-    got = t.call("replay", num_blocks, block_size, script)
+    expected = t.ref.drive(drive_reference, num_blocks, block_size, script)
+    got = t.yours.replay(num_blocks, block_size, script)
     return expect_trace(script, got, expected, num_blocks, block_size, case=case)
 
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks import public
-from grader.compare import CheckFailed, describe, expect_int, expect_tensor, first_wrong, fmt
-from grader.trial import Trial
+from grader.authoring import CheckFailed, Trial, describe, expect_int, expect_tensor, first_wrong, fmt, public
 
-# dim-varlen-pack: two requests of lengths 3 and 2 in padded [2, 3, 4].
+# ch26-dim-varlen-pack: two requests of lengths 3 and 2 in padded [2, 3, 4].
 PACK_LENGTHS, PACK_T, PACK_H = [3, 2], 3, 4
 # ch26-flatten: nano-vllm's worked example (A 300 new; B 512 cached + 88 new) scaled down.
 FLAT_QUERY, FLAT_CACHED = [5, 3], [0, 8]
@@ -122,7 +120,7 @@ def explain_unpacked(got, packed: torch.Tensor, cu: list[int], T_max: int, case:
 
 def run_pack_case(t: Trial, padded: torch.Tensor, lengths: list[int], case: str, *, as_tensor: bool = False):
     arg = torch.tensor(lengths, dtype=torch.int64) if as_tensor else list(lengths)
-    got = t.call("pack_varlen", padded, arg)
+    got = t.yours.pack_varlen(padded, arg)
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         raise CheckFailed(f"pack_varlen returns a pair (packed, cu_seqlens); yours: {describe(got)}")
     packed = explain_packed(got[0], padded, lengths, case)
@@ -131,50 +129,50 @@ def run_pack_case(t: Trial, padded: torch.Tensor, lengths: list[int], case: str,
 
 
 def run_unpack_case(t: Trial, packed: torch.Tensor, cu: list[int], T_max: int, case: str) -> torch.Tensor:
-    got = t.call("unpack_varlen", packed, torch.tensor(cu, dtype=torch.int32), T_max)
+    got = t.yours.unpack_varlen(packed, torch.tensor(cu, dtype=torch.int32), T_max)
     return explain_unpacked(got, packed, cu, T_max, case)
 
 
-@public("26.1", "figure instance: pack lengths [3, 2] from padded [2, 3, 4]")
+@public("ch26.1", "figure instance: pack lengths [3, 2] from padded [2, 3, 4]")
 def pack_figure_instance(t: Trial) -> None:
     padded = padded_batch(PACK_LENGTHS, PACK_T, PACK_H)
-    got = t.call("pack_varlen", padded, list(PACK_LENGTHS))
+    got = t.yours.pack_varlen(padded, list(PACK_LENGTHS))
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         raise CheckFailed(f"pack_varlen returns a pair (packed, cu_seqlens); yours: {describe(got)}")
     want_packed, want_cu = t.ref.pack_varlen(padded, PACK_LENGTHS)
     if isinstance(got[0], torch.Tensor) and isinstance(got[1], torch.Tensor) and \
             list(got[0].shape) == list(want_packed.shape) and got[0].dtype == want_packed.dtype and \
             got[1].shape == want_cu.shape and got[1].dtype == torch.int32:
-        t.figure("dim-varlen-pack", padded=padded, lengths=PACK_LENGTHS, packed=got[0], expected=want_packed,
+        t.figure("ch26-dim-varlen-pack", padded=padded, lengths=PACK_LENGTHS, packed=got[0], expected=want_packed,
                  cu_seqlens=got[1], expected_cu=want_cu)
     explain_packed(got[0], padded, PACK_LENGTHS, "figure instance")
     expect_cu(got[1], PACK_LENGTHS, "cu_seqlens")
 
 
-@public("26.1", "figure instance: unpack back to [2, 3, 4], padding zero")
+@public("ch26.1", "figure instance: unpack back to [2, 3, 4], padding zero")
 def unpack_figure_instance(t: Trial) -> None:
     padded = padded_batch(PACK_LENGTHS, PACK_T, PACK_H)
     packed, cu = t.ref.pack_varlen(padded, PACK_LENGTHS)
-    got = t.call("unpack_varlen", packed, cu, PACK_T)
+    got = t.yours.unpack_varlen(packed, cu, PACK_T)
     out = expect_tensor(got, what="the unpacked batch", shape=list(padded.shape), dtype=padded.dtype)
-    t.figure("dim-varlen-pack", unpacked=out, unpacked_expected=padded)
+    t.figure("ch26-dim-varlen-pack", unpacked=out, unpacked_expected=padded)
     explain_unpacked(out, packed, cu.tolist(), PACK_T, "figure instance")
 
 
-@public("26.1", "a request of length 0 between two others")
+@public("ch26.1", "a request of length 0 between two others")
 def zero_length_request(t: Trial) -> None:
     padded = torch.randn(3, 4, 2, generator=t.rng)
     run_pack_case(t, padded, [2, 0, 3], "a zero-length request")
 
 
-@public("26.1", "unpack fills padding positions with zeros (T_max larger than every request)")
+@public("ch26.1", "unpack fills padding positions with zeros (T_max larger than every request)")
 def unpack_padding_zero(t: Trial) -> None:
     run_unpack_case(t, torch.randn(5, 3, generator=t.rng), [0, 1, 5], 6, "T_max 6")
 
 
-@public("26.1", "a length longer than T_max raises ValueError")
+@public("ch26.1", "a length longer than T_max raises ValueError")
 def length_beyond_t_max(t: Trial) -> None:
-    t.expect_raises(ValueError, "pack_varlen", torch.zeros(2, 3, 4), [3, 4],
+    t.expect_raises(ValueError, t.yours.pack_varlen, torch.zeros(2, 3, 4), [3, 4],
                     because="request 1 claims 4 tokens but padded holds only T_max = 3 per request")
 
 
@@ -216,14 +214,14 @@ def explain_metadata(got: dict, query: list[int], cached: list[int], case: str) 
 
 
 def run_metadata_case(t: Trial, query: list[int], cached: list[int], case: str) -> dict:
-    got = expect_metadata(t.call("varlen_metadata", list(query), list(cached)))
+    got = expect_metadata(t.yours.varlen_metadata(list(query), list(cached)))
     explain_metadata(got, query, cached, case)
     return got
 
 
-@public("26.2", "figure instance: A 5 new tokens; B 8 cached (a prefix hit) + 3 new")
+@public("ch26.2", "figure instance: A 5 new tokens; B 8 cached (a prefix hit) + 3 new")
 def flatten_figure_instance(t: Trial) -> None:
-    got = expect_metadata(t.call("varlen_metadata", list(FLAT_QUERY), list(FLAT_CACHED)))
+    got = expect_metadata(t.yours.varlen_metadata(list(FLAT_QUERY), list(FLAT_CACHED)))
     want = t.ref.varlen_metadata(FLAT_QUERY, FLAT_CACHED)
     parts = {k: got[k] for k in META_KEYS}
     if all(isinstance(parts[k], torch.Tensor) and parts[k].shape == want[k].shape and parts[k].dtype == torch.int32
@@ -233,19 +231,19 @@ def flatten_figure_instance(t: Trial) -> None:
     explain_metadata(got, FLAT_QUERY, FLAT_CACHED, "figure instance")
 
 
-@public("26.2", "no prefix hit: cu_seqlens_k equals cu_seqlens_q")
+@public("ch26.2", "no prefix hit: cu_seqlens_k equals cu_seqlens_q")
 def no_prefix_hit(t: Trial) -> None:
     run_metadata_case(t, [4, 1, 6], [0, 0, 0], "no prefix hit")
 
 
-@public("26.2", "a continuing chunk of a chunked prefill: 16 new after 32 computed")
+@public("ch26.2", "a continuing chunk of a chunked prefill: 16 new after 32 computed")
 def continuing_chunk(t: Trial) -> None:
     run_metadata_case(t, [16], [32], "a continuing chunk")
 
 
-@public("26.2", "lists of different lengths raise ValueError")
+@public("ch26.2", "lists of different lengths raise ValueError")
 def mismatched_lists(t: Trial) -> None:
-    t.expect_raises(ValueError, "varlen_metadata", [3, 2], [0], because="2 query lengths but 1 cached length")
+    t.expect_raises(ValueError, t.yours.varlen_metadata, [3, 2], [0], because="2 query lengths but 1 cached length")
 
 
 # -- 26.3 graph_batch_size / pad_decode_batch -----------------------------------------------------------
@@ -328,13 +326,13 @@ def explain_padded(got, slots: list[int], ctx: list[int], tables: list[list[int]
 
 def run_pad_case(t: Trial, slots: list[int], ctx: list[int], tables: list[list[int]], graph_bs: int,
                  case: str, block_size: int | None = None) -> dict:
-    got = t.call("pad_decode_batch", list(slots), list(ctx), [list(r) for r in tables], graph_bs)
+    got = t.yours.pad_decode_batch(list(slots), list(ctx), [list(r) for r in tables], graph_bs)
     return explain_padded(got, slots, ctx, tables, graph_bs, case, block_size)
 
 
-@public("26.3", "figure instance: nano-vllm's captured sizes; a batch of 5 and others")
+@public("ch26.3", "figure instance: nano-vllm's captured sizes; a batch of 5 and others")
 def graph_size_figure_instance(t: Trial) -> None:
-    got = [expect_int(t.call("graph_batch_size", bs, list(NANO_SIZES)), what=f"graph_batch_size({bs}, …)")
+    got = [expect_int(t.yours.graph_batch_size(bs, list(NANO_SIZES)), what=f"graph_batch_size({bs}, …)")
            for bs in MAPPED_BATCHES]
     want = [t.ref.graph_batch_size(bs, NANO_SIZES) for bs in MAPPED_BATCHES]
     t.figure("ch26-graph-replay", sizes=NANO_SIZES, batches=MAPPED_BATCHES, chosen=got, chosen_expected=want)
@@ -342,10 +340,10 @@ def graph_size_figure_instance(t: Trial) -> None:
         explain_graph_size(value, bs, NANO_SIZES)
 
 
-@public("26.3", "figure instance: 5 sequences padded to the graph of 8")
+@public("ch26.3", "figure instance: 5 sequences padded to the graph of 8")
 def pad_figure_instance(t: Trial) -> None:
     slots = replay_slots()
-    got = t.call("pad_decode_batch", slots, list(REPLAY_CTX), [list(r) for r in REPLAY_TABLES], 8)
+    got = t.yours.pad_decode_batch(slots, list(REPLAY_CTX), [list(r) for r in REPLAY_TABLES], 8)
     want = t.ref.pad_decode_batch(slots, REPLAY_CTX, REPLAY_TABLES, 8)
     if type(got) is dict and all(isinstance(got.get(k), torch.Tensor) and got[k].shape == want[k].shape and
                                  got[k].dtype == torch.int32 for k in want):
@@ -354,18 +352,18 @@ def pad_figure_instance(t: Trial) -> None:
     explain_padded(got, slots, REPLAY_CTX, REPLAY_TABLES, 8, "figure instance", REPLAY_BS)
 
 
-@public("26.3", "a batch that fills its graph exactly has no padding rows")
+@public("ch26.3", "a batch that fills its graph exactly has no padding rows")
 def no_padding_rows(t: Trial) -> None:
     run_pad_case(t, [5, 9, 14, 2], [6, 2, 7, 3], [[1, 0], [2], [3, 4], [0]], 4, "a full graph")
 
 
-@public("26.3", "a batch larger than every captured graph raises ValueError")
+@public("ch26.3", "a batch larger than every captured graph raises ValueError")
 def no_graph_fits(t: Trial) -> None:
-    t.expect_raises(ValueError, "graph_batch_size", 20, [1, 2, 4, 8, 16],
+    t.expect_raises(ValueError, t.yours.graph_batch_size, 20, [1, 2, 4, 8, 16],
                     because="no captured size holds 20 sequences: the batch must run eagerly")
 
 
-@public("26.3", "a graph smaller than the batch raises ValueError")
+@public("ch26.3", "a graph smaller than the batch raises ValueError")
 def graph_too_small(t: Trial) -> None:
-    t.expect_raises(ValueError, "pad_decode_batch", [1, 2, 3], [1, 1, 1], [[0], [0], [0]], 2,
+    t.expect_raises(ValueError, t.yours.pad_decode_batch, [1, 2, 3], [1, 1, 1], [[0], [0], [0]], 2,
                     because="a graph of 2 rows cannot hold 3 sequences")

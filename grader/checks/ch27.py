@@ -9,10 +9,7 @@ explained in the chapter's terms.
 
 from __future__ import annotations
 
-from grader.checks import public
-from grader.compare import CheckFailed, describe
-from grader.isolation.session import StudentRaised
-from grader.trial import Trial
+from grader.authoring import CheckFailed, StudentRaised, Trial, describe, public
 
 # ch27-enginecore-loop: §A.5's request (prompt 10, max_tokens 2, budget 4), B arriving after step 2.
 LOOP = {"budget": 4, "max_num_seqs": 2, "async": False}
@@ -51,16 +48,16 @@ def drive_reference(ref, config: dict, script: list) -> dict:
 
 def drive_student(t: Trial, config: dict, ops: list) -> tuple[list, StudentRaised | None]:
     """Run the concrete `ops` on the student's engine; stop at the first exception it raises."""
-    engine = t.call("make_engine_core", config["budget"], config["max_num_seqs"], async_scheduling=config["async"])
+    engine = t.yours.make_engine_core(config["budget"], config["max_num_seqs"], async_scheduling=config["async"])
     trace = []
     try:
         for op in ops:
             if op[0] == "add":
-                t.method(engine, "add_request", *op[1:])
+                engine.add_request(*op[1:])
             elif op[0] == "run":
-                trace.append({"run": t.method(engine, "run"), **t.method(engine, "snapshot")})
+                trace.append({"run": engine.run(), **engine.snapshot()})
             else:
-                trace.append({"outputs": t.method(engine, "step"), **t.method(engine, "snapshot")})
+                trace.append({"outputs": engine.step(), **engine.snapshot()})
     except StudentRaised as e:
         if e.not_implemented:
             raise
@@ -70,7 +67,7 @@ def drive_student(t: Trial, config: dict, ops: list) -> tuple[list, StudentRaise
 
 def run_case(t: Trial, case: str, config: dict, script: list, figure: str | None = None) -> list:
     """Drive both engines through `script`, record the figure, and compare the traces."""
-    expected = t.reference(drive_reference, config, script)
+    expected = t.ref.drive(drive_reference, config, script)
     ops, want = expected["ops"], expected["trace"]
     mine, error = drive_student(t, config, ops)
     head = f'case "{case}": {describe_case(config, ops)}'
@@ -262,7 +259,7 @@ def fail_outputs(head: str, where: str, mo: list, wo: list, w: dict, prev: dict)
 
 
 # -- 27.1 EngineCore ----------------------------------------------------------------------------------------
-@public("27.1", "figure instance: A (prompt 10, max_tokens 2), B arriving after step 2, budget 4")
+@public("ch27.1", "figure instance: A (prompt 10, max_tokens 2), B arriving after step 2, budget 4")
 def loop_figure_instance(t: Trial) -> None:
     run_case(t, "figure instance", LOOP, LOOP_SCRIPT, figure="ch27-enginecore-loop")
 
@@ -280,18 +277,18 @@ def drive_pieces(ref, config: dict) -> dict:
     return {"prompt": engine.requests["A"].prompt_token_ids, "trace": out}
 
 
-@public("27.1", "the contract piece by piece: schedule, execute_model, update_from_output")
+@public("ch27.1", "the contract piece by piece: schedule, execute_model, update_from_output")
 def pieces(t: Trial) -> None:
     config = {"budget": 4, "max_num_seqs": 2, "async": False}
-    expected = t.reference(drive_pieces, config)
+    expected = t.ref.drive(drive_pieces, config)
     want = expected["trace"]
     head = 'case "piece by piece": budget 4; A: prompt 6, max_tokens 3'
-    engine = t.call("make_engine_core", 4, 2, async_scheduling=False)
+    engine = t.yours.make_engine_core(4, 2, async_scheduling=False)
     executor = t.attrs(engine, "executor")["executor"]
-    t.method(engine, "add_request", "A", expected["prompt"], 3)
+    engine.add_request("A", expected["prompt"], 3)
     for k in range(3):
-        so = t.method(engine, "schedule")
-        state, ws = t.method(engine, "snapshot")["requests"]["A"], want[2 * k]["requests"]["A"]
+        so = engine.schedule()
+        state, ws = engine.snapshot()["requests"]["A"], want[2 * k]["requests"]["A"]
         if so != want[2 * k]["schedule"]:
             extra = ("\nhint: the worker sees the prompt only the first time (scheduled_new_reqs), diffs afterwards"
                      if isinstance(so, dict) and so.get("scheduled_new_reqs") and k else "")
@@ -305,9 +302,9 @@ def pieces(t: Trial) -> None:
                     if state["status"] == "WAITING" != ws["status"] else "")
             raise CheckFailed(f"{head}\nright after schedule() call {k + 1}, before the model runs, A should be "
                               f"{state_str(ws, False)}; yours: {state_str(state, False)}{hint}")
-        ro = t.method(executor, "execute_model", so)
-        got = t.method(engine, "update_from_output", so, ro)
-        state, ws = t.method(engine, "snapshot")["requests"]["A"], want[2 * k + 1]["requests"]["A"]
+        ro = executor.execute_model(so)
+        got = engine.update_from_output(so, ro)
+        state, ws = engine.snapshot()["requests"]["A"], want[2 * k + 1]["requests"]["A"]
         check_structure([{"outputs": got}], head)
         if out_key(got) != out_key(want[2 * k + 1]["update"]) or state != ws:
             raise CheckFailed(f"{head}\nupdate_from_output after batch {k + 1} (runner output {ro}) should return "
@@ -318,19 +315,19 @@ def pieces(t: Trial) -> None:
                                      out_key(got) or state["output_token_ids"] != ws["output_token_ids"]) else ""))
 
 
-@public("27.1", "EOS stops a request; the length cap is checked first")
+@public("ch27.1", "EOS stops a request; the length cap is checked first")
 def eos_and_length(t: Trial) -> None:
     run_case(t, "eos and length", {"budget": 8, "max_num_seqs": 2, "async": False},
              [("add", "A", 3, 5, 1), ("add", "B", 2, 3, 2), ("drain",)])
 
 
-@public("27.1", "max_num_seqs: later requests wait for a seat")
+@public("ch27.1", "max_num_seqs: later requests wait for a seat")
 def seats(t: Trial) -> None:
     run_case(t, "two seats", {"budget": 16, "max_num_seqs": 2, "async": False},
              [("add", "A", 4, 2, None), ("add", "B", 3, 3, None), ("add", "C", 2, 2, None), ("drain",)])
 
 
-@public("27.1", "run() returns every request's outputs")
+@public("ch27.1", "run() returns every request's outputs")
 def run_all(t: Trial) -> None:
     run_case(t, "run", {"budget": 5, "max_num_seqs": 3, "async": False},
              [("add", "A", 7, 3, None), ("add", "B", 2, 4, 0), ("add", "C", 4, 1, None), ("run",)])
@@ -340,28 +337,28 @@ def run_all(t: Trial) -> None:
 ASYNC = {"budget": 8, "max_num_seqs": 2, "async": True}
 
 
-@public("27.2", "figure instance: prompt 5 chunked by a budget of 3, max_tokens 4")
+@public("ch27.2", "figure instance: prompt 5 chunked by a budget of 3, max_tokens 4")
 def bounds_figure_instance(t: Trial) -> None:
     run_case(t, "figure instance", BOUNDS, BOUNDS_SCRIPT, figure="ch27-three-boundaries")
 
 
-@public("27.2", "one step ahead: step 2 launches before step 1's output is back")
+@public("ch27.2", "one step ahead: step 2 launches before step 1's output is back")
 def one_ahead(t: Trial) -> None:
     run_case(t, "one ahead", ASYNC, [("add", "A", 5, 3, None), ("step", 2)])
 
 
-@public("27.2", "an output that arrives after EOS is stale and dropped")
+@public("ch27.2", "an output that arrives after EOS is stale and dropped")
 def stale_after_eos(t: Trial) -> None:
     run_case(t, "stale after eos", ASYNC, [("add", "A", 3, 5, 1), ("drain",)])
 
 
-@public("27.2", "two requests, chunked prefill and decodes interleaved")
+@public("ch27.2", "two requests, chunked prefill and decodes interleaved")
 def two_requests(t: Trial) -> None:
     run_case(t, "two requests", {"budget": 4, "max_num_seqs": 2, "async": True},
              [("add", "A", 6, 3, None), ("add", "B", 3, 3, 1), ("step", 3), ("add", "C", 2, 2, None), ("drain",)])
 
 
-@public("27.2", "run() drains the batch queue and returns every request's outputs")
+@public("ch27.2", "run() drains the batch queue and returns every request's outputs")
 def async_run(t: Trial) -> None:
     run_case(t, "run", {"budget": 6, "max_num_seqs": 3, "async": True},
              [("add", "A", 7, 3, None), ("add", "B", 2, 4, 0), ("add", "C", 4, 2, None), ("run",)])

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks import hidden_model, public
-from grader.compare import CheckFailed, describe, expect_int, expect_tensor, first_wrong
-from grader.trial import Trial
+from grader.authoring import CheckFailed, Trial, describe, expect_int, expect_tensor, first_wrong, hidden_model, public
 
 # ch28-cache-identity: the same 12 tokens (an image behind placeholders 4–7) under five identities, block 4.
 IDENTITY_TOKENS = [11, 12, 13, 14, 99, 99, 99, 99, 21, 22, 23, 24]
@@ -41,7 +39,7 @@ def short(h) -> str:
 
 
 salt_everywhere = hidden_model("ch28_models.salt_everywhere")
-"""`t.reference(salt_everywhere, tokens, block_size, cache_salt)`: the hashes with the salt in every block."""
+"""`t.ref.drive(salt_everywhere, tokens, block_size, cache_salt)`: the hashes with the salt in every block."""
 
 
 def reference_variants(t: Trial, tokens: list[int], bs: int, keys: dict) -> tuple[list, dict]:
@@ -54,7 +52,7 @@ def reference_variants(t: Trial, tokens: list[int], bs: int, keys: dict) -> tupl
     variants["unchained"] = [t.ref.block_hashes(tokens[i * bs:(i + 1) * bs], bs)[0] for i in range(n)] \
         if not keys and n <= 64 else []
     if keys.keys() == {"cache_salt"} and keys["cache_salt"] is not None:
-        variants["salt everywhere"] = t.reference(salt_everywhere, list(tokens), bs, keys["cache_salt"])
+        variants["salt everywhere"] = t.ref.drive(salt_everywhere, list(tokens), bs, keys["cache_salt"])
     return want, variants
 
 
@@ -102,16 +100,16 @@ def fmt_keys(keys: dict) -> str:
 
 def run_hash_case(t: Trial, tokens: list[int], bs: int, keys: dict, *, case: str) -> list:
     want, variants = reference_variants(t, tokens, bs, keys)
-    got = t.call("block_hashes", list(tokens), bs, **keys)
+    got = t.yours.block_hashes(list(tokens), bs, **keys)
     return expect_hashes(got, want, variants, tokens, bs, keys, case=case)
 
 
-@public("28.1", "figure instance: the same 12 tokens under five identities")
+@public("ch28.1", "figure instance: the same 12 tokens under five identities")
 def identity_figure(t: Trial) -> None:
     rows = []
     for label, what, keys in IDENTITY_ROWS:
         want, variants = reference_variants(t, IDENTITY_TOKENS, IDENTITY_BS, keys)
-        got = t.call("block_hashes", list(IDENTITY_TOKENS), IDENTITY_BS, **keys)
+        got = t.yours.block_hashes(list(IDENTITY_TOKENS), IDENTITY_BS, **keys)
         rows.append((label, what, keys, got, want, variants))
     ok = lambda g: isinstance(g, list) and all(isinstance(h, bytes) for h in g)
     t.figure("ch28-cache-identity", tokens=IDENTITY_TOKENS, block_size=IDENTITY_BS,
@@ -122,33 +120,33 @@ def identity_figure(t: Trial) -> None:
         expect_hashes(got, want, variants, IDENTITY_TOKENS, IDENTITY_BS, keys, case=f"request {label!r}")
 
 
-@public("28.1", "a plain chain over the full blocks only")
+@public("ch28.1", "a plain chain over the full blocks only")
 def plain_chain(t: Trial) -> None:
     run_hash_case(t, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 4, {}, case="10 tokens, no keys")
 
 
-@public("28.1", "the salt enters block 0 and reaches the rest through the chain")
+@public("ch28.1", "the salt enters block 0 and reaches the rest through the chain")
 def salt_chain(t: Trial) -> None:
     run_hash_case(t, [7, 7, 7, 7, 7, 7, 7, 7], 4, {"cache_salt": "s1"}, case="a salted request")
 
 
-@public("28.1", "an image that starts in the middle of a block, and an adapter")
+@public("ch28.1", "an image that starts in the middle of a block, and an adapter")
 def image_across_blocks(t: Trial) -> None:
     tokens = [1, 2, 9, 9, 9, 9, 3, 4, 5, 6, 7]
     run_hash_case(t, tokens, 4, {"mm_hashes": [("img-1", 2, 4)]}, case="an image at tokens 2–5")
     run_hash_case(t, tokens, 4, {"mm_hashes": [("img-1", 2, 4)], "lora_id": 3}, case="the same under LoRA 3")
 
 
-@public("28.1", "an empty salt raises ValueError")
+@public("ch28.1", "an empty salt raises ValueError")
 def empty_salt(t: Trial) -> None:
-    t.expect_raises(ValueError, "block_hashes", [1, 2, 3, 4], 2, cache_salt="",
+    t.expect_raises(ValueError, t.yours.block_hashes, [1, 2, 3, 4], 2, cache_salt="",
                     because="a cache_salt, when given, is a non-empty string")
 
 
 # -- 28.2 the last-token rule -------------------------------------------------------------------------------------
 def expect_cached(t: Trial, prompt_len: int, bs: int, hits: int) -> int:
     want = t.ref.num_cached_tokens_on_hit(prompt_len, bs, hits)
-    got = expect_int(t.call("num_cached_tokens_on_hit", prompt_len, bs, hits), what="the number of cached tokens")
+    got = expect_int(t.yours.num_cached_tokens_on_hit(prompt_len, bs, hits), what="the number of cached tokens")
     if got != want:
         cap = (prompt_len - 1) // bs
         hint = ""
@@ -164,34 +162,34 @@ def expect_cached(t: Trial, prompt_len: int, bs: int, hits: int) -> int:
     return got
 
 
-@public("28.2", "the 32-token example: block size 16, both blocks cached")
+@public("ch28.2", "the 32-token example: block size 16, both blocks cached")
 def full_hit_32(t: Trial) -> None:
     expect_cached(t, 32, 16, 2)
 
 
-@public("28.2", "figure instance: an 8-token prompt, block size 4, both blocks cached")
+@public("ch28.2", "figure instance: an 8-token prompt, block size 4, both blocks cached")
 def figure_hit(t: Trial) -> None:
     want = t.ref.num_cached_tokens_on_hit(*FIGURE_HIT)
-    got = t.call("num_cached_tokens_on_hit", *FIGURE_HIT)
+    got = t.yours.num_cached_tokens_on_hit(*FIGURE_HIT)
     if type(got) is int:
         t.figure("ch28-last-token-logits", cached=got, cached_expected=want)
     expect_cached(t, *FIGURE_HIT)
 
 
-@public("28.2", "33 tokens: one token into a new block, so only it is computed")
+@public("ch28.2", "33 tokens: one token into a new block, so only it is computed")
 def full_hit_33(t: Trial) -> None:
     expect_cached(t, 33, 16, 2)
 
 
-@public("28.2", "partial hits are taken whole, and no hit is no hit")
+@public("ch28.2", "partial hits are taken whole, and no hit is no hit")
 def partial_hits(t: Trial) -> None:
     for prompt_len, bs, hits in ((40, 16, 1), (40, 16, 2), (40, 16, 0), (1, 16, 0)):
         expect_cached(t, prompt_len, bs, hits)
 
 
-@public("28.2", "more hit blocks than full blocks raises ValueError")
+@public("ch28.2", "more hit blocks than full blocks raises ValueError")
 def too_many_hits(t: Trial) -> None:
-    t.expect_raises(ValueError, "num_cached_tokens_on_hit", 31, 16, 2,
+    t.expect_raises(ValueError, t.yours.num_cached_tokens_on_hit, 31, 16, 2,
                     because="a 31-token prompt has only 1 full block of 16")
 
 
@@ -219,40 +217,40 @@ def expect_indices(got, want: torch.Tensor, lens: list[int], *, case: str) -> to
 
 def run_indices_case(t: Trial, lens, *, case: str) -> torch.Tensor:
     want = t.ref.logits_indices(lens)
-    got = t.call("logits_indices", lens)
+    got = t.yours.logits_indices(lens)
     plain = lens.tolist() if isinstance(lens, torch.Tensor) else list(lens)
     return expect_indices(got, want, plain, case=case)
 
 
-@public("28.3", "figure instance: 3 requests, 9 rows (chunk, full-prompt hit, decode)")
+@public("ch28.3", "figure instance: 3 requests, 9 rows (chunk, full-prompt hit, decode)")
 def logits_figure(t: Trial) -> None:
     lens = [n for *_, n in LOGITS_REQUESTS]
     want = t.ref.logits_indices(lens)
-    got = t.call("logits_indices", lens)
+    got = t.yours.logits_indices(lens)
     idx = expect_tensor(got, what="the logits rows of 3 requests", shape=[3], dtype=torch.int64)
     t.figure("ch28-last-token-logits", requests=[[name, what, c, n] for name, what, c, n in LOGITS_REQUESTS],
              indices=idx, expected=want, block_size=4, prompt=FIGURE_HIT[0])
     expect_indices(idx, want, lens, case=f"query_lens {lens}")
 
 
-@public("28.3", "a decode-only batch: every row is sampled")
+@public("ch28.3", "a decode-only batch: every row is sampled")
 def decode_batch(t: Trial) -> None:
     run_indices_case(t, [1, 1, 1, 1, 1], case="five decodes")
 
 
-@public("28.3", "one prefill chunk, then requests of several lengths")
+@public("ch28.3", "one prefill chunk, then requests of several lengths")
 def mixed_lengths(t: Trial) -> None:
     run_indices_case(t, [16], case="one 16-token chunk")
     run_indices_case(t, [3, 5, 1, 2], case="query_lens [3, 5, 1, 2]")
 
 
-@public("28.3", "query_lens as an int32 tensor give int64 indices")
+@public("ch28.3", "query_lens as an int32 tensor give int64 indices")
 def int32_lengths(t: Trial) -> None:
     run_indices_case(t, torch.tensor([2, 7, 1], dtype=torch.int32), case="int32 query_lens [2, 7, 1]")
 
 
-@public("28.3", "a request with no scheduled token raises ValueError")
+@public("ch28.3", "a request with no scheduled token raises ValueError")
 def zero_length(t: Trial) -> None:
-    t.expect_raises(ValueError, "logits_indices", [3, 0, 2],
+    t.expect_raises(ValueError, t.yours.logits_indices, [3, 0, 2],
                     because="a request in the batch has at least one scheduled token (a 0 would take the previous "
                             "request's last row)")

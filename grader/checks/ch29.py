@@ -7,9 +7,7 @@ import math
 
 import torch
 
-from grader.checks import hidden_model, public
-from grader.compare import CheckFailed, describe, expect_tensor, fmt
-from grader.trial import Trial
+from grader.authoring import CheckFailed, Trial, describe, expect_tensor, fmt, hidden_model, public
 
 # ch29-schedule-to-metadata: reference §D.2 (checked): R0 mid-way through a chunked prefill, R1 a prefix hit
 # whose last prompt token is left, R2 a decode; B = 4. Token ids: request r's token at position p is 100(r+1) + p.
@@ -128,7 +126,7 @@ def expect_metadata(got: dict, want: dict, requests: list[dict], block_size: int
 
 def run_metadata_case(t: Trial, requests: list[dict], block_size: int, case: str, figure: str | None = None) -> dict:
     want = t.ref.prepare_inputs(requests, block_size)
-    got = t.call("prepare_inputs", requests, block_size)
+    got = t.yours.prepare_inputs(requests, block_size)
     try:
         expect_structure(got, requests)
     except CheckFailed as e:
@@ -140,31 +138,31 @@ def run_metadata_case(t: Trial, requests: list[dict], block_size: int, case: str
     return got
 
 
-@public("29.1", "figure instance: a prefill chunk, a prefix hit and a decode; 6 inputs, at most 3 candidates (B = 4)")
+@public("ch29.1", "figure instance: a prefill chunk, a prefix hit and a decode; 6 inputs, at most 3 candidates (B = 4)")
 def d2_instance(t: Trial) -> None:
     run_metadata_case(t, make_requests(D2), D2_BLOCK, "figure instance", figure="ch29-schedule-to-metadata")
 
 
-@public("29.1", "a decode batch: one input per request, every sample kept")
+@public("ch29.1", "a decode batch: one input per request, every sample kept")
 def decode_batch(t: Trial) -> None:
     run_metadata_case(t, make_requests([(5, 4, 1, [3, 1]), (9, 8, 1, [0, 2, 6]), (1, 0, 1, [5])]), 4, "decodes")
 
 
-@public("29.1", "whole prompts in one step, crossing block boundaries")
+@public("ch29.1", "whole prompts in one step, crossing block boundaries")
 def whole_prompts(t: Trial) -> None:
     run_metadata_case(t, make_requests([(6, 0, 6, [2, 0]), (3, 0, 3, [1])]), 4, "whole prompts")
 
 
-@public("29.1", "a chunk that starts mid-block, block_size 2")
+@public("ch29.1", "a chunk that starts mid-block, block_size 2")
 def mid_block(t: Trial) -> None:
     run_metadata_case(t, make_requests([(9, 3, 4, [6, 1, 4, 0, 3]), (4, 3, 1, [2, 5])]), 2, "mid-block")
 
 
-@public("29.1", "bad schedules raise ValueError")
+@public("ch29.1", "bad schedules raise ValueError")
 def bad_schedules(t: Trial) -> None:
-    t.expect_raises(ValueError, "prepare_inputs", make_requests([(5, 3, 3, [0, 1])]), 4,
+    t.expect_raises(ValueError, t.yours.prepare_inputs, make_requests([(5, 3, 3, [0, 1])]), 4,
                     because="3 computed + 3 scheduled tokens go beyond the 5 the request knows")
-    t.expect_raises(ValueError, "prepare_inputs", make_requests([(9, 0, 9, [0, 1])]), 4,
+    t.expect_raises(ValueError, t.yours.prepare_inputs, make_requests([(9, 0, 9, [0, 1])]), 4,
                     because="position 8 is in logical block 2, but the block table has only 2 blocks")
 
 
@@ -198,7 +196,7 @@ def expect_metrics(got: dict, want: dict, requests: list[dict], case: str, rows:
 
 
 request_latencies = hidden_model("ch29_models.request_latencies")
-"""`t.reference(request_latencies, requests)`: each request's TTFT, E2E, TPOT and ITLs, for the derivations."""
+"""`t.ref.drive(request_latencies, requests)`: each request's TTFT, E2E, TPOT and ITLs, for the derivations."""
 
 
 def _ms(xs: list[float]) -> str:
@@ -264,8 +262,8 @@ def explain_metric(k: str, v: float, want: dict, requests: list[dict], rows: lis
 
 def run_metrics_case(t: Trial, requests: list[dict], case: str, figure: str | None = None) -> dict:
     want = t.ref.latency_metrics(requests)
-    rows = t.reference(request_latencies, requests)
-    got = t.call("latency_metrics", requests)
+    rows = t.ref.drive(request_latencies, requests)
+    got = t.yours.latency_metrics(requests)
     expect_metric_structure(got, f'case "{case}": {plural(len(requests), "request")}')
     if figure:
         t.figure(figure, requests=requests, yours={k: float(got[k]) for k in KEYS}, expected=want)
@@ -273,28 +271,28 @@ def run_metrics_case(t: Trial, requests: list[dict], case: str, figure: str | No
     return got
 
 
-@public("29.2", "figure instance: three requests, two tokens per chunk, a one-token answer")
+@public("ch29.2", "figure instance: three requests, two tokens per chunk, a one-token answer")
 def metrics_instance(t: Trial) -> None:
     run_metrics_case(t, make_times(TIMES), "figure instance", figure="ch29-latency-metrics")
 
 
-@public("29.2", "one request streaming one token per chunk")
+@public("ch29.2", "one request streaming one token per chunk")
 def one_request(t: Trial) -> None:
     run_metrics_case(t, make_times([(1.0, [1.25, 1.5, 1.75, 2.0], 10, 4)]), "one request")
 
 
-@public("29.2", "throughput divides by the whole run, idle gaps included")
+@public("ch29.2", "throughput divides by the whole run, idle gaps included")
 def idle_gap(t: Trial) -> None:
     run_metrics_case(t, make_times([(0.0, [0.2, 0.4], 5, 2), (3.0, [3.1, 3.3, 3.4], 7, 3)]), "idle gap")
 
 
-@public("29.2", "only one-token answers: no TPOT and no ITL at all")
+@public("ch29.2", "only one-token answers: no TPOT and no ITL at all")
 def single_tokens(t: Trial) -> None:
     run_metrics_case(t, make_times([(0.0, [0.3], 4, 1), (0.1, [0.5], 2, 1)]), "single tokens")
 
 
-@public("29.2", "bad timestamps raise ValueError")
+@public("ch29.2", "bad timestamps raise ValueError")
 def bad_timestamps(t: Trial) -> None:
-    t.expect_raises(ValueError, "latency_metrics", make_times([(0.0, [0.5, 0.4], 3, 2)]),
+    t.expect_raises(ValueError, t.yours.latency_metrics, make_times([(0.0, [0.5, 0.4], 3, 2)]),
                     because="the chunks arrive out of order")
-    t.expect_raises(ValueError, "latency_metrics", [], because="there is no request to measure")
+    t.expect_raises(ValueError, t.yours.latency_metrics, [], because="there is no request to measure")

@@ -6,10 +6,7 @@ from collections import Counter
 
 import numpy as np
 
-from grader.checks import hidden_model, public
-from grader.compare import CheckFailed, describe, fmt
-from grader.isolation.wire import Handle
-from grader.trial import Trial
+from grader.authoring import CheckFailed, Remote, Trial, describe, fmt, hidden_model, public
 
 # ch30-request-path: three requests; A is lowered in detail, [A, B, C] and [B, C] are the two batches.
 REQ_A = {"request_id": 7, "prompt_token_ids": [151, 208, 33, 1024, 7], "prompt": "(text stays in Python)",
@@ -36,9 +33,6 @@ SUPPORT_ORDER = ["architecture", "dtype", "quantization", "head_dim", "max_posit
 def fail(lines: list[str], hint: str = "") -> None:
     raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
 
-
-def expect_value_error(t: Trial, fn: str, *args, because: str) -> None:
-    t.expect_raises(ValueError, fn, *args, because=because)
 
 
 # -- 30.1 the record layout ---------------------------------------------------------------------------
@@ -95,7 +89,7 @@ def explain_layout(got: np.dtype, want: np.dtype, what: str) -> None:
 
 def student_dtype(t: Trial, value) -> np.dtype:
     """The dtype the student's record_dtype() returned (it stays in their process; read its descr)."""
-    if not isinstance(value, Handle) or not value.type_name.endswith("DType"):
+    if not isinstance(value, Remote) or not value.type_name.endswith("DType"):
         fail([f"expected record_dtype() to return a numpy dtype (np.dtype([...], align=True)); yours: {describe(value)}"])
     descr = t.attrs(value, "descr")["descr"]
     try:
@@ -198,14 +192,14 @@ def expect_lowered(got, want: tuple, req: dict, case: str) -> tuple[np.ndarray, 
 
 
 def run_lower_case(t: Trial, req: dict, case: str):
-    got = t.call("lower_request", req)
+    got = t.yours.lower_request(req)
     return expect_lowered(got, t.ref.lower_request(req), req, case)
 
 
 # -- 30.2 check_support ---------------------------------------------------------------------------------
 
 support_models = hidden_model("ch30_models.support_models")
-"""`t.reference(support_models, config, matrix)`: each requirement of the config (key, value, what the matrix
+"""`t.ref.drive(support_models, config, matrix)`: each requirement of the config (key, value, what the matrix
 allows, supported or not), for the explanations."""
 
 
@@ -274,25 +268,25 @@ def expect_support(got, config: dict, matrix: dict, case: str, rows: list[dict] 
 
 
 def run_support_case(t: Trial, config: dict, matrix: dict, case: str) -> list:
-    got = t.call("check_support", config, matrix)
-    rows = t.reference(support_models, config, matrix)      # asked before comparing (a release replays it)
+    got = t.yours.check_support(config, matrix)
+    rows = t.ref.drive(support_models, config, matrix)      # asked before comparing (a release replays it)
     return expect_support(got, config, matrix, case, rows)
 
 
 # -- public checks: 30.1 -------------------------------------------------------------------------------
 
-@public("30.1", "the record layout: fields, types, offsets, itemsize")
+@public("ch30.1", "the record layout: fields, types, offsets, itemsize")
 def layout(t: Trial) -> None:
-    want = np.lib.format.descr_to_dtype(t.reference(reference_layout))
-    explain_layout(student_dtype(t, t.call("record_dtype")), want, "record_dtype()")
+    want = np.lib.format.descr_to_dtype(t.ref.drive(reference_layout))
+    explain_layout(student_dtype(t, t.yours.record_dtype()), want, "record_dtype()")
 
 
-@public("30.1", "figure instance: a fresh prompt, a decode step, and the two batches")
+@public("ch30.1", "figure instance: a fresh prompt, a decode step, and the two batches")
 def figure_instance(t: Trial) -> None:
     wants = {k: t.ref.lower_request(r) for k, r in FIGURE_REQUESTS.items()}
     batches = [batch_of([wants[k][0] for k in b]) for b in FIGURE_BATCHES]
     want_phases = [t.ref.select_phase(b) for b in batches]
-    got = t.call("lower_request", REQ_A)
+    got = t.yours.lower_request(REQ_A)
     rec, ids, pos = lowered_structure(got, "request A (a fresh prompt)")
     w_rec, w_ids, w_pos = wants["A"]
     t.figure("ch30-request-path", request=REQ_A, record=record_values(rec), record_expected=record_values(w_rec),
@@ -301,10 +295,10 @@ def figure_instance(t: Trial) -> None:
              input_ids=ids.tolist(), positions=pos.tolist(), input_ids_expected=w_ids.tolist(),
              positions_expected=w_pos.tolist(), batch={k: record_values(w[0]) for k, w in wants.items()},
              batches=FIGURE_BATCHES, phases_expected=want_phases)
-    phases = [t.call("select_phase", b) for b in batches]
+    phases = [t.yours.select_phase(b) for b in batches]
     t.figure("ch30-request-path", phases=[p if isinstance(p, str) else describe(p) for p in phases])
     expect_lowered(got, wants["A"], REQ_A, "request A (a fresh prompt)")
-    expect_lowered(t.call("lower_request", REQ_B), wants["B"], REQ_B, "request B (decode)")
+    expect_lowered(t.yours.lower_request(REQ_B), wants["B"], REQ_B, "request B (decode)")
     for b, p, w in zip(FIGURE_BATCHES, phases, want_phases):
         if p != w:
             fail([f"select_phase of the batch {b}: "
@@ -314,14 +308,14 @@ def figure_instance(t: Trial) -> None:
                  "select_phase returns the string 'prompt' or 'decode'" if not isinstance(p, str) else "")
 
 
-@public("30.1", "defaults and encodings: top_k −1 → 0, seed None → −1, max_tokens 16")
+@public("ch30.1", "defaults and encodings: top_k −1 → 0, seed None → −1, max_tokens 16")
 def defaults(t: Trial) -> None:
     run_lower_case(t, {"request_id": 3, "prompt_token_ids": [1, 2]}, "a request without sampling_params")
     run_lower_case(t, {"request_id": 4, "prompt_token_ids": [9], "sampling_params": {"top_k": -1, "seed": None}},
                    "top_k −1 and seed None")
 
 
-@public("30.1", "a preempted request recomputes prompt and outputs in a prompt step")
+@public("ch30.1", "a preempted request recomputes prompt and outputs in a prompt step")
 def preempted(t: Trial) -> None:
     run_lower_case(t, {"request_id": 5, "prompt_token_ids": [4, 5, 6], "output_token_ids": [7, 8],
                        "num_computed_tokens": 0}, "a preempted request")
@@ -329,40 +323,40 @@ def preempted(t: Trial) -> None:
                    "a prompt after a 4-token prefix-cache hit")
 
 
-@public("30.1", "a packed (unaligned) batch is rejected, not reinterpreted")
+@public("ch30.1", "a packed (unaligned) batch is rejected, not reinterpreted")
 def packed_batch(t: Trial) -> None:
     rec = t.ref.lower_request(REQ_C)[0]
     packed = np.dtype([(n, rec.dtype.fields[n][0]) for n in rec.dtype.names])   # no padding: offsets shift
-    expect_value_error(t, "select_phase", rec.astype(packed),
+    t.expect_raises(ValueError, t.yours.select_phase, rec.astype(packed),
                        because="a packed record has max_tokens at byte 25, not 28: the bytes are not the C struct's")
 
 
-@public("30.1", "values that do not fit the record raise ValueError")
+@public("ch30.1", "values that do not fit the record raise ValueError")
 def lower_bad_inputs(t: Trial) -> None:
-    expect_value_error(t, "lower_request", {"request_id": 1, "prompt_token_ids": [1, 2**31]},
+    t.expect_raises(ValueError, t.yours.lower_request, {"request_id": 1, "prompt_token_ids": [1, 2**31]},
                        because="token id 2**31 does not fit int32")
-    expect_value_error(t, "lower_request", {"request_id": 1, "prompt_token_ids": [1], "sampling_params": {"min_p": 0.1}},
+    t.expect_raises(ValueError, t.yours.lower_request, {"request_id": 1, "prompt_token_ids": [1], "sampling_params": {"min_p": 0.1}},
                        because="the record has no field for min_p, and dropping it would change the sampling")
 
 
 # -- public checks: 30.2 -------------------------------------------------------------------------------
 
-@public("30.2", "figure instance: Qwen3-0.6B with tp 2, prefix caching and a KV service")
+@public("ch30.2", "figure instance: Qwen3-0.6B with tp 2, prefix caching and a KV service")
 def support_figure_instance(t: Trial) -> None:
-    got = t.call("check_support", QWEN3_CONFIG, MATRIX)
-    rows = t.reference(support_models, QWEN3_CONFIG, MATRIX)
+    got = t.yours.check_support(QWEN3_CONFIG, MATRIX)
+    rows = t.ref.drive(support_models, QWEN3_CONFIG, MATRIX)
     entries = split_entries(got, "Qwen3-0.6B")
     t.figure("ch30-system-boundary", config=QWEN3_CONFIG, matrix=MATRIX, rows=rows, yours=[list(e) for e in entries])
     expect_support(got, QWEN3_CONFIG, MATRIX, "Qwen3-0.6B", rows)
 
 
-@public("30.2", "a context exactly at max_context is supported")
+@public("ch30.2", "a context exactly at max_context is supported")
 def everything_supported(t: Trial) -> None:
     config = dict(QWEN3_CONFIG, max_position_embeddings=32768, features=["prefix_caching"])
     run_support_case(t, config, MATRIX, "Qwen3-0.6B at 32768 tokens")
 
 
-@public("30.2", "every row unsupported at once")
+@public("ch30.2", "every row unsupported at once")
 def everything_unsupported(t: Trial) -> None:
     config = {"architectures": ["MixtralForCausalLM", "DeepseekV3ForCausalLM"], "torch_dtype": "float32",
               "quantization_config": {"quant_method": "awq"}, "hidden_size": 4096, "num_attention_heads": 16,
@@ -371,7 +365,7 @@ def everything_unsupported(t: Trial) -> None:
     run_support_case(t, config, MATRIX, "a config outside every row")
 
 
-@public("30.2", "head_dim from the config, derived only when absent")
+@public("ch30.2", "head_dim from the config, derived only when absent")
 def head_dim_source(t: Trial) -> None:
     llama = {"architectures": ["LlamaForCausalLM"], "torch_dtype": "float16", "hidden_size": 4096,
              "num_attention_heads": 32, "max_position_embeddings": 8192}
@@ -379,7 +373,7 @@ def head_dim_source(t: Trial) -> None:
     run_support_case(t, dict(QWEN3_CONFIG, head_dim=96, features=[]), MATRIX, "head_dim 96 (1024 / 16 would be 64)")
 
 
-@public("30.2", "a matrix without its features row raises ValueError")
+@public("ch30.2", "a matrix without its features row raises ValueError")
 def support_bad_matrix(t: Trial) -> None:
     matrix = {k: v for k, v in MATRIX.items() if k != "features"}
-    expect_value_error(t, "check_support", QWEN3_CONFIG, matrix, because="the matrix has no 'features' entry")
+    t.expect_raises(ValueError, t.yours.check_support, QWEN3_CONFIG, matrix, because="the matrix has no 'features' entry")

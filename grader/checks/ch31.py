@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks import public
-from grader.compare import CheckFailed, describe, expect_tensor, first_wrong, fmt
-from grader.trial import Trial
+from grader.authoring import CheckFailed, Trial, describe, expect_tensor, first_wrong, fmt, public
 
 ATOL, RTOL = 1e-6, 1e-5
 HANDLE_KEYS = ("src_token", "topk_slot", "expert", "rows_per_rank", "tokens_per_expert")
@@ -81,7 +79,7 @@ def expect_routing(got, logits: torch.Tensor, k: int, renormalize: bool, want: t
 
 
 def run_routing_case(t: Trial, logits: torch.Tensor, k: int, renormalize: bool, case: str):
-    got = t.call("route_topk", logits, k, renormalize=renormalize)
+    got = t.yours.route_topk(logits, k, renormalize=renormalize)
     return expect_routing(got, logits, k, renormalize, t.ref.route_topk(logits, k, renormalize=renormalize), case)
 
 
@@ -196,7 +194,7 @@ def combine_hint(out: torch.Tensor, outputs: list, weights: torch.Tensor, handle
 
 def run_combine_case(t: Trial, per_rank_out: list, handle: dict, weights: torch.Tensor, case: str,
                      scale_note: str = "") -> torch.Tensor:
-    got = t.call("combine", per_rank_out, handle, weights)
+    got = t.yours.combine(per_rank_out, handle, weights)
     want = t.ref.combine(per_rank_out, handle, weights)
     return expect_combined(got, want, per_rank_out, weights, handle, case, scale_note)
 
@@ -207,41 +205,41 @@ def g3_instance() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 # -- public checks: 31.1 --------------------------------------------------------------------------
 
-@public("31.1", "four tokens, four experts, top-2")
+@public("ch31.1", "four tokens, four experts, top-2")
 def route_small(t: Trial) -> None:
     logits = torch.tensor([[2.0, 0.5, 1.0, -1.0], [1.5, 2.5, 0.0, 0.2], [-0.3, 0.1, 1.1, 1.6], [0.0, 3.0, -2.0, 1.0]])
     run_routing_case(t, logits, 2, True, "router logits [4, 4]")
 
 
-@public("31.1", "ties go to the lower expert id")
+@public("ch31.1", "ties go to the lower expert id")
 def route_ties(t: Trial) -> None:
     run_routing_case(t, torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [0.0, 1.0, 0.0, 1.0]]), 2, True,
                      "tied logits")
 
 
-@public("31.1", "renormalize=False keeps the softmax probabilities")
+@public("ch31.1", "renormalize=False keeps the softmax probabilities")
 def route_raw(t: Trial) -> None:
     run_routing_case(t, torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]]), 3, False, "one token, 6 experts, top-3")
 
 
-@public("31.1", "k = E routes to every expert")
+@public("ch31.1", "k = E routes to every expert")
 def route_all(t: Trial) -> None:
     run_routing_case(t, torch.tensor([[0.3, -1.2, 2.0], [1.0, 1.0, 0.0]]), 3, True, "k = E = 3")
 
 
-@public("31.1", "k outside 1 … E raises ValueError")
+@public("ch31.1", "k outside 1 … E raises ValueError")
 def route_bad_k(t: Trial) -> None:
-    t.expect_raises(ValueError, "route_topk", torch.zeros(2, 4), 5, because="k = 5 > E = 4 experts")
-    t.expect_raises(ValueError, "route_topk", torch.zeros(2, 4), 0, because="k = 0 routes a token nowhere")
+    t.expect_raises(ValueError, t.yours.route_topk, torch.zeros(2, 4), 5, because="k = 5 > E = 4 experts")
+    t.expect_raises(ValueError, t.yours.route_topk, torch.zeros(2, 4), 0, because="k = 0 routes a token nowhere")
 
 
 # -- public checks: 31.2 --------------------------------------------------------------------------
 
-@public("31.2", "figure instance: dispatch of 4 tokens to 4 experts on 2 ranks, top-2")
+@public("ch31.2", "figure instance: dispatch of 4 tokens to 4 experts on 2 ranks, top-2")
 def dispatch_figure_instance(t: Trial) -> None:
     x, ids, w = g3_instance()
     want = t.ref.dispatch(x, ids, G3_EXPERTS, G3_RANKS)
-    got = t.call("dispatch", x, ids, G3_EXPERTS, G3_RANKS)
+    got = t.yours.dispatch(x, ids, G3_EXPERTS, G3_RANKS)
     per_rank, handle = dispatch_structure(got, x, G3_RANKS, "figure instance")
     t.figure("ch31-moe-roundtrip", x=x, topk_ids=ids, topk_weights=w,
              handle={k: handle[k] for k in HANDLE_KEYS}, handle_expected=want[1],
@@ -249,25 +247,25 @@ def dispatch_figure_instance(t: Trial) -> None:
     expect_dispatch(got, want, x, ids, G3_EXPERTS, G3_RANKS, "figure instance")
 
 
-@public("31.2", "figure instance: combine with experts y = (e + 1)·x")
+@public("ch31.2", "figure instance: combine with experts y = (e + 1)·x")
 def combine_figure_instance(t: Trial) -> None:
     x, ids, w = g3_instance()
     rows, handle = t.ref.dispatch(x, ids, G3_EXPERTS, G3_RANKS)
     outputs = scaled_experts(rows, handle)
-    got = t.call("combine", outputs, handle, w)
+    got = t.yours.combine(outputs, handle, w)
     want = t.ref.combine(outputs, handle, w)
     if isinstance(got, torch.Tensor) and got.shape == want.shape:
         t.figure("ch31-moe-roundtrip", out=got, out_expected=want)
     expect_combined(got, want, outputs, w, handle, "figure instance", " with y = (e + 1)·x")
 
 
-@public("31.2", "identity experts: the round trip gives x · Σ weights")
+@public("ch31.2", "identity experts: the round trip gives x · Σ weights")
 def identity_round_trip(t: Trial) -> None:
     x = torch.arange(12, dtype=torch.float32).view(6, 2) + 1
     ids = torch.tensor([[3, 0], [1, 2], [2, 3], [0, 1], [3, 1], [2, 0]])
     w = torch.tensor([[0.5, 0.25], [1.0, 0.5], [0.25, 0.25], [0.75, 0.5], [0.5, 0.5], [1.0, 1.0]])
-    rows, handle = dispatch_structure(t.call("dispatch", x, ids, 4, 2), x, 2, "6 tokens, 4 experts, 2 ranks")
-    got = t.call("combine", rows, handle, w)
+    rows, handle = dispatch_structure(t.yours.dispatch(x, ids, 4, 2), x, 2, "6 tokens, 4 experts, 2 ranks")
+    got = t.yours.combine(rows, handle, w)
     want = x * w.sum(1, keepdim=True)
     out = expect_tensor(got, what="the round trip", shape=[6, 2], dtype=torch.float32)
     idx = first_wrong(out, want, atol=1e-5, rtol=1e-5)
@@ -280,17 +278,17 @@ def identity_round_trip(t: Trial) -> None:
              combine_hint(out, rows, w, handle))
 
 
-@public("31.2", "a rank that receives nothing")
+@public("ch31.2", "a rank that receives nothing")
 def empty_rank(t: Trial) -> None:
     x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     ids = torch.tensor([[1, 0], [0, 1]])
     want = t.ref.dispatch(x, ids, 4, 2)
-    expect_dispatch(t.call("dispatch", x, ids, 4, 2), want, x, ids, 4, 2, "every token on rank 0's experts")
+    expect_dispatch(t.yours.dispatch(x, ids, 4, 2), want, x, ids, 4, 2, "every token on rank 0's experts")
 
 
-@public("31.2", "ranks that do not divide the experts raise ValueError")
+@public("ch31.2", "ranks that do not divide the experts raise ValueError")
 def dispatch_bad(t: Trial) -> None:
-    t.expect_raises(ValueError, "dispatch", torch.zeros(2, 3), torch.tensor([[0, 1], [2, 0]]), 6, 4,
+    t.expect_raises(ValueError, t.yours.dispatch, torch.zeros(2, 3), torch.tensor([[0, 1], [2, 0]]), 6, 4,
                     because="4 ranks cannot own contiguous blocks of 6 experts")
 
 
@@ -408,7 +406,7 @@ def explain_nodes(phy2log: torch.Tensor, w_phy: torch.Tensor, weight: torch.Tens
 
 
 def run_placement_case(t: Trial, weight: torch.Tensor, args: tuple, case: str):
-    got = t.call("rebalance_experts", weight, *args)
+    got = t.yours.rebalance_experts(weight, *args)
     want = t.ref.rebalance_experts(weight, *args)
     glob = t.ref.rebalance_experts(weight, args[0], 1, 1, args[3])
     return expect_placement(got, want, weight, args, case, glob)
@@ -433,51 +431,51 @@ def expect_balancedness(got, loads: torch.Tensor, want: float, case: str) -> flo
 
 # -- public checks: 31.3 --------------------------------------------------------------------------
 
-@public("31.3", "figure instance: EPLB's worked example, 8 experts on 4 GPUs with 4 redundant slots")
+@public("ch31.3", "figure instance: EPLB's worked example, 8 experts on 4 GPUs with 4 redundant slots")
 def eplb_figure_instance(t: Trial) -> None:
     weight = torch.tensor([H3_LOADS])
     want = t.ref.rebalance_experts(weight, *H3_ARGS)
     glob = t.ref.rebalance_experts(weight, H3_ARGS[0], 1, 1, H3_ARGS[3])
-    got = t.call("rebalance_experts", weight, *H3_ARGS)
+    got = t.yours.rebalance_experts(weight, *H3_ARGS)
     phy2log, _, logcnt = placement_structure(got, weight, H3_ARGS[0], "figure instance (EPLB's worked example)")
     t.figure("ch31-eplb-load", loads=H3_LOADS, args=list(H3_ARGS), phy2log=phy2log[0], logcnt=logcnt[0],
              phy2log_expected=want[0][0], logcnt_expected=want[2][0])
     expect_placement(got, want, weight, H3_ARGS, "figure instance (EPLB's worked example)", glob)
 
 
-@public("31.3", "balancedness before and after EPLB: 0.75 and 0.9375")
+@public("ch31.3", "balancedness before and after EPLB: 0.75 and 0.9375")
 def balancedness_instance(t: Trial) -> None:
     weight = torch.tensor([H3_LOADS])
     want_phy, _, want_cnt = t.ref.rebalance_experts(weight, *H3_ARGS)
     before = static_loads(weight, H3_ARGS[3])[0].float()
     after = gpu_loads(weight, want_phy, want_cnt, H3_ARGS[3])[0].float()
     wants = [t.ref.balancedness(before), t.ref.balancedness(after)]
-    gots = [t.call("balancedness", before), t.call("balancedness", after)]
+    gots = [t.yours.balancedness(before), t.yours.balancedness(after)]
     t.figure("ch31-eplb-load", balancedness=[g if type(g) is float else None for g in gots], balancedness_expected=wants)
     for got, loads, want, case in zip(gots, (before, after), wants, ("static placement", "EPLB placement")):
         expect_balancedness(got, loads, want, case)
 
 
-@public("31.3", "the global policy when groups do not divide over nodes")
+@public("ch31.3", "the global policy when groups do not divide over nodes")
 def eplb_global(t: Trial) -> None:
     run_placement_case(t, torch.tensor([H3_LOADS]), (12, 1, 2, 4), "one group, two nodes")
 
 
-@public("31.3", "no redundant slots: placement only")
+@public("ch31.3", "no redundant slots: placement only")
 def eplb_no_redundancy(t: Trial) -> None:
     run_placement_case(t, torch.tensor([[5.0, 80.0, 20.0, 41.0, 7.0, 66.0], [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]]),
                        (6, 3, 1, 2), "6 experts in 6 slots, 2 layers")
 
 
-@public("31.3", "balancedness over layers is Σ mean / Σ max")
+@public("ch31.3", "balancedness over layers is Σ mean / Σ max")
 def balancedness_layers(t: Trial) -> None:
     loads = torch.tensor([[100.0, 60.0, 90.0, 50.0], [10.0, 10.0, 10.0, 30.0]])
-    expect_balancedness(t.call("balancedness", loads), loads, t.ref.balancedness(loads), "two layers")
+    expect_balancedness(t.yours.balancedness(loads), loads, t.ref.balancedness(loads), "two layers")
     zeros = torch.zeros(3)
-    expect_balancedness(t.call("balancedness", zeros), zeros, t.ref.balancedness(zeros), "no load at all")
+    expect_balancedness(t.yours.balancedness(zeros), zeros, t.ref.balancedness(zeros), "no load at all")
 
 
-@public("31.3", "slots that do not split over the GPUs raise ValueError")
+@public("ch31.3", "slots that do not split over the GPUs raise ValueError")
 def eplb_bad(t: Trial) -> None:
-    t.expect_raises(ValueError, "rebalance_experts", torch.ones(1, 8), 10, 4, 2, 4,
+    t.expect_raises(ValueError, t.yours.rebalance_experts, torch.ones(1, 8), 10, 4, 2, 4,
                     because="10 slots cannot be split evenly over 4 GPUs")

@@ -12,10 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from grader.checks import hidden_model, public
+from grader.authoring import CheckFailed, Trial, describe, expect_int, expect_tensor, fmt, hidden_model, public
 from grader.checks.ch23 import vec
-from grader.compare import CheckFailed, describe, expect_int, expect_tensor, fmt
-from grader.trial import Trial
 
 CLAMP = 1e-10      # the race clamps its noise to ≥ 1e-10, as in ch23
 NEAR = 1e-5        # a verdict u < p/q or a race this close (relative) to a tie may go either way
@@ -64,11 +62,11 @@ def make_case(tokens, q, p, u, e, dtype=torch.float32) -> Case:
 
 
 verify_models = hidden_model("ch32_models.verify_models")
-"""`t.reference(verify_models, case)`: each position's verdict and race, the first rejection, each mistake's tokens."""
+"""`t.ref.drive(verify_models, case)`: each position's verdict and race, the first rejection, each mistake's tokens."""
 count_models = hidden_model("ch32_models.count_models")
-"""`t.reference(count_models, conf, threshold)`: the survivals and the counts of the classic misreadings."""
+"""`t.ref.drive(count_models, conf, threshold)`: the survivals and the counts of the classic misreadings."""
 product_models = hidden_model("ch32_models.product_models")
-"""`t.reference(product_models, x, w)`: x @ w in float64, its rounding bound, and a 16-bit accumulation."""
+"""`t.ref.drive(product_models, x, w)`: x @ w in float64, its rounding bound, and a 16-bit accumulation."""
 
 VARIANT_HINTS = [  # (a classic mistake, as `verify_models` names what it emits; the hint)
     ("no bonus", "when all k drafts are accepted, add the bonus token drawn from target_probs[k] with noise[k]: a "
@@ -191,9 +189,9 @@ def _raise(lines: list[str], hint: str):
 
 
 def run_verify(t: Trial, c: Case, *, case: str) -> list[int]:
-    got = t.call("verify_draft", *c.args())
+    got = t.yours.verify_draft(*c.args())
     want = t.ref.verify_draft(*c.args())
-    models = t.reference(verify_models, c)
+    models = t.ref.drive(verify_models, c)
     return expect_emitted(got, c, want, case=f"{case} (k = {c.k}, V = {c.p.shape[1]})", models=models)
 
 
@@ -226,10 +224,10 @@ def expect_count(got, conf: list[float], threshold: float, want: int, *, case: s
 
 
 def run_count(t: Trial, conf, threshold: float, *, case: str) -> int:
-    got = t.call("num_drafts_to_verify", conf, threshold)
+    got = t.yours.num_drafts_to_verify(conf, threshold)
     want = t.ref.num_drafts_to_verify(conf, threshold)
     values = conf.double().tolist() if isinstance(conf, torch.Tensor) else list(conf)
-    return expect_count(got, values, threshold, want, case=case, models=t.reference(count_models, values, threshold))
+    return expect_count(got, values, threshold, want, case=case, models=t.ref.drive(count_models, values, threshold))
 
 
 # -- 32.3: batch invariance ---------------------------------------------------------------------------
@@ -291,7 +289,7 @@ def expect_product(got, x: torch.Tensor, w: torch.Tensor, *, case: str, models: 
 
 def collect(t: Trial, pool: torch.Tensor, w: torch.Tensor, batches: list[list[int]]) -> list[torch.Tensor]:
     """The student's outputs for batches of pool rows, shape and dtype checked."""
-    return [expect_tensor(t.call("batch_invariant_matmul", pool[idx], w), what=f"x @ w for a batch of {len(idx)} rows",
+    return [expect_tensor(t.yours.batch_invariant_matmul(pool[idx], w), what=f"x @ w for a batch of {len(idx)} rows",
                           shape=[len(idx), w.shape[1]], dtype=pool.dtype) for idx in batches]
 
 
@@ -336,7 +334,7 @@ def rows_of(models: dict, batches: list[list[int]]) -> list[dict]:
 
 def run_invariance(t: Trial, pool: torch.Tensor, w: torch.Tensor, batches: list[list[int]], *, case: str) -> None:
     outs = collect(t, pool, w, batches)
-    expect_invariant(outs, pool, w, batches, case=case, models=rows_of(t.reference(product_models, pool, w), batches))
+    expect_invariant(outs, pool, w, batches, case=case, models=rows_of(t.ref.drive(product_models, pool, w), batches))
 
 
 # -- public checks of 32.1 ------------------------------------------------------------------------------
@@ -345,13 +343,13 @@ def spec_case(n: int) -> Case:
     return make_case(SPEC_TOKENS[:n], SPEC_Q[:n], SPEC_P[:n + 1], SPEC_U[:n], SPEC_NOISE[:n + 1])
 
 
-@public("32.1", "figure instance: the 3 drafts sent for verification, 1 accepted, 1 rejected")
+@public("ch32.1", "figure instance: the 3 drafts sent for verification, 1 accepted, 1 rejected")
 def spec_instance(t: Trial) -> None:
     n = t.ref.num_drafts_to_verify(SPEC_CONF, SPEC_THRESHOLD)
     c = spec_case(n)
-    got = t.call("verify_draft", *c.args())
+    got = t.yours.verify_draft(*c.args())
     want = t.ref.verify_draft(*c.args())
-    models = t.reference(verify_models, c)
+    models = t.ref.drive(verify_models, c)
     if type(got) in (list, tuple) and all(type(y) is int for y in got):
         p, q = c.p.double(), c.q.double()
         rows = [(float(q[i, x]), float(p[i, x]), float(c.u[i])) for i, x in enumerate(c.tokens)]
@@ -365,7 +363,7 @@ def spec_instance(t: Trial) -> None:
                    models=models)
 
 
-@public("32.1", "the worked example of vLLM's rejection sampler: q = (0.6, 0.3, 0.1), p = (0.3, 0.5, 0.2)")
+@public("ch32.1", "the worked example of vLLM's rejection sampler: q = (0.6, 0.3, 0.1), p = (0.3, 0.5, 0.2)")
 def worked_example(t: Trial) -> None:
     # Draft A (token 0): accepted with probability min(1, 0.3 / 0.6) = 0.5. u = 0.4 accepts it and the bonus
     # follows; u = 0.7 rejects it, and max(0, p − q) = (0, 0.2, 0.1) races with the noise (0.2, 1.5, 0.6).
@@ -375,7 +373,7 @@ def worked_example(t: Trial) -> None:
         run_verify(t, c, case=f'case "worked example": draft A = token 0, u = {u}')
 
 
-@public("32.1", "all k drafts accepted: k + 1 tokens, the bonus from target_probs[k] with noise[k]")
+@public("ch32.1", "all k drafts accepted: k + 1 tokens, the bonus from target_probs[k] with noise[k]")
 def all_accepted(t: Trial) -> None:
     c = make_case([1, 3, 0], [[0.2, 0.5, 0.2, 0.1], [0.1, 0.1, 0.2, 0.6], [0.4, 0.3, 0.2, 0.1]],
                   [[0.1, 0.6, 0.2, 0.1], [0.1, 0.2, 0.1, 0.6], [0.5, 0.2, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4]],
@@ -383,65 +381,65 @@ def all_accepted(t: Trial) -> None:
     run_verify(t, c, case='case "all accepted": every u < min(1, p/q)')
 
 
-@public("32.1", "q = p: every draft is accepted, even with u = 0.999")
+@public("ch32.1", "q = p: every draft is accepted, even with u = 0.999")
 def same_distributions(t: Trial) -> None:
     p = [[0.25, 0.25, 0.5], [0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]
     c = make_case([2, 1], p[:2], p, [0.999, 0.999], [[1.0, 0.5, 2.0], [0.5, 1.0, 1.0], [2.0, 0.3, 1.0]])
     run_verify(t, c, case='case "q = p": p(x) / q(x) = 1 > u')
 
 
-@public("32.1", "target_probs with k rows instead of k + 1 raises ValueError")
+@public("ch32.1", "target_probs with k rows instead of k + 1 raises ValueError")
 def missing_bonus_row(t: Trial) -> None:
     q = torch.tensor([[0.5, 0.5], [0.5, 0.5]])
-    t.expect_raises(ValueError, "verify_draft", torch.tensor([0, 1]), q, q.clone(), torch.tensor([0.1, 0.2]),
+    t.expect_raises(ValueError, t.yours.verify_draft, torch.tensor([0, 1]), q, q.clone(), torch.tensor([0.1, 0.2]),
                     torch.ones(3, 2), because="k = 2 drafts need k + 1 = 3 target rows (the last for the bonus)")
 
 
 # -- public checks of 32.2 ------------------------------------------------------------------------------
-@public("32.2", "figure instance: confidences 0.7, 0.8, 0.6, 0.5, 0.6 with threshold 0.3")
+@public("ch32.2", "figure instance: confidences 0.7, 0.8, 0.6, 0.5, 0.6 with threshold 0.3")
 def count_instance(t: Trial) -> None:
     conf = torch.tensor(SPEC_CONF)
-    got = t.call("num_drafts_to_verify", conf, SPEC_THRESHOLD)
+    got = t.yours.num_drafts_to_verify(conf, SPEC_THRESHOLD)
     want = t.ref.num_drafts_to_verify(conf, SPEC_THRESHOLD)
-    models = t.reference(count_models, conf.double().tolist(), SPEC_THRESHOLD)
+    models = t.ref.drive(count_models, conf.double().tolist(), SPEC_THRESHOLD)
     n = expect_int(got, what="the number of drafts to verify")
     t.figure("ch32-spec-confidence", confidences=conf.double(), threshold=SPEC_THRESHOLD,
              survivals=models["survivals"], n=n, n_expected=want)
     expect_count(n, conf.double().tolist(), SPEC_THRESHOLD, want, case='case "figure instance"', models=models)
 
 
-@public("32.2", "the adaptive-verification example: R1 = (0.9, 0.8, 0.5), R2 = (0.6, 0.5, 0.9), threshold 0.35")
+@public("ch32.2", "the adaptive-verification example: R1 = (0.9, 0.8, 0.5), R2 = (0.6, 0.5, 0.9), threshold 0.35")
 def two_requests(t: Trial) -> None:
     run_count(t, [0.9, 0.8, 0.5], 0.35, case='case "R1": survivals 0.9, 0.72, 0.36')
     run_count(t, [0.6, 0.5, 0.9], 0.35, case='case "R2": survivals 0.6, 0.30, 0.27 (the 0.9 comes too late)')
 
 
-@public("32.2", "a survival exactly equal to the threshold is still verified")
+@public("ch32.2", "a survival exactly equal to the threshold is still verified")
 def equal_threshold(t: Trial) -> None:
     run_count(t, torch.tensor([0.5, 0.5, 0.5], dtype=torch.float64), 0.25,
               case='case "equal": survivals 0.5, 0.25, 0.125 (exact in binary), threshold 0.25')
 
 
-@public("32.2", "no drafts, and a first draft below the threshold: nothing to verify")
+@public("ch32.2", "no drafts, and a first draft below the threshold: nothing to verify")
 def nothing_to_verify(t: Trial) -> None:
     run_count(t, torch.zeros(0), 0.5, case='case "k = 0"')
     run_count(t, torch.tensor([0.2, 1.0, 1.0]), 0.5, case='case "weak first draft": c0 = 0.2 < 0.5')
 
 
-@public("32.2", "a confidence above 1 raises ValueError")
+@public("ch32.2", "a confidence above 1 raises ValueError")
 def bad_confidence(t: Trial) -> None:
-    t.expect_raises(ValueError, "num_drafts_to_verify", torch.tensor([0.9, 1.2]), 0.5,
+    t.expect_raises(ValueError, t.yours.num_drafts_to_verify, torch.tensor([0.9, 1.2]), 0.5,
                     because="a confidence is a probability in [0, 1]; 1.2 is not")
 
 
 # -- public checks of 32.3 ------------------------------------------------------------------------------
-@public("32.3", f"figure instance: row 0 in batches of {FIG_BATCHES[0]} … {FIG_BATCHES[-1]}, beside plain x @ w")
+@public("ch32.3", f"figure instance: row 0 in batches of {FIG_BATCHES[0]} … {FIG_BATCHES[-1]}, beside plain x @ w")
 def determinism_instance(t: Trial) -> None:
     x = torch.randn(max(FIG_BATCHES), FIG_K, generator=t.rng)
     w = torch.randn(FIG_K, FIG_N, generator=t.rng)
     batches = [list(range(B)) for B in FIG_BATCHES]
     outs = collect(t, x, w, batches)
-    models = rows_of(t.reference(product_models, x, w), batches)
+    models = rows_of(t.ref.drive(product_models, x, w), batches)
     mine, plain = [o[0] for o in outs], [(x[:B] @ w)[0] for B in FIG_BATCHES]
     differ = lambda rows: [int((~same_bits(r, rows[0])).sum()) for r in rows]
     first_col = lambda rows: next((int((~same_bits(r, rows[0])).nonzero()[0]) for r in rows
@@ -456,31 +454,31 @@ def determinism_instance(t: Trial) -> None:
                                                f'{FIG_N}], in batches of B = {FIG_BATCHES}', models=models)
 
 
-@public("32.3", "a row keeps its bits at any position, beside any neighbours")
+@public("ch32.3", "a row keeps its bits at any position, beside any neighbours")
 def any_position(t: Trial) -> None:
     pool, w = torch.randn(12, 96, generator=t.rng), torch.randn(96, 40, generator=t.rng)
     batches = [[0], [3, 0], [5, 1, 0, 7], [11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0], [0, 0, 0, 4, 4], [4], [7, 3, 11]]
     run_invariance(t, pool, w, batches, case='case "positions": 12 rows of K = 96, N = 40, shuffled into 7 batches')
 
 
-@public("32.3", "agrees with x @ w up to float32 rounding, K = 1 and odd sizes included")
+@public("ch32.3", "agrees with x @ w up to float32 rounding, K = 1 and odd sizes included")
 def agrees(t: Trial) -> None:
     for B, K, N in ((3, 5, 7), (1, 1, 4), (9, 130, 33), (0, 8, 3)):
         x, w = torch.randn(B, K, generator=t.rng), torch.randn(K, N, generator=t.rng)
-        got = t.call("batch_invariant_matmul", x, w)
+        got = t.yours.batch_invariant_matmul(x, w)
         expect_product(got, x, w, case=f'case "agrees": B = {B}, K = {K}, N = {N}',
-                       models=t.reference(product_models, x, w))
+                       models=t.ref.drive(product_models, x, w))
 
 
-@public("32.3", "bfloat16 in, bfloat16 out, summed in float32")
+@public("ch32.3", "bfloat16 in, bfloat16 out, summed in float32")
 def bf16(t: Trial) -> None:
     x = torch.randn(6, 512, generator=t.rng).to(torch.bfloat16)
     w = (torch.randn(512, 24, generator=t.rng) * 0.05).to(torch.bfloat16)
-    got = t.call("batch_invariant_matmul", x, w)
-    expect_product(got, x, w, case='case "bfloat16": B = 6, K = 512, N = 24', models=t.reference(product_models, x, w))
+    got = t.yours.batch_invariant_matmul(x, w)
+    expect_product(got, x, w, case='case "bfloat16": B = 6, K = 512, N = 24', models=t.ref.drive(product_models, x, w))
 
 
-@public("32.3", "mismatched inner dimensions raise ValueError")
+@public("ch32.3", "mismatched inner dimensions raise ValueError")
 def bad_shapes(t: Trial) -> None:
-    t.expect_raises(ValueError, "batch_invariant_matmul", torch.ones(2, 3), torch.ones(4, 5),
+    t.expect_raises(ValueError, t.yours.batch_invariant_matmul, torch.ones(2, 3), torch.ones(4, 5),
                     because="x is [2, 3] and w is [4, 5]: x's K = 3 differs from w's K = 4")

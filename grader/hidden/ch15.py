@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from grader.checks import hidden
+from grader.authoring import Trial, first_wrong, hidden
 from grader.checks.ch15 import (
     NAMES,
     QWEN3_06B,
@@ -26,8 +26,6 @@ from grader.checks.ch15 import (
     run_split_case,
     shapes_structure,
 )
-from grader.compare import first_wrong
-from grader.trial import Trial
 
 # Public config.json values (Hugging Face model cards); Llama-3-8B's head_dim is implied (4096 / 32).
 REAL_CONFIGS = {
@@ -61,7 +59,7 @@ def random_config(t: Trial) -> dict:
 
 # -- 15.1 --------------------------------------------------------------------------------------------
 
-@hidden("15.1", "random tables and ids of any shape (0-d to 3-d, int64 and int32)")
+@hidden("ch15.1", "random tables and ids of any shape (0-d to 3-d, int64 and int32)")
 def embed_random(t: Trial) -> None:
     for i in range(12):
         V, H = t.random.randint(1, 40), t.random.randint(1, 12)
@@ -71,39 +69,39 @@ def embed_random(t: Trial) -> None:
         run_lookup_case(t, torch.randn(V, H, generator=t.rng).to(dtype), ids, f"V={V}, H={H}, ids {shape}")
 
 
-@hidden("15.1", "the first and last rows, and no ids at all")
+@hidden("ch15.1", "the first and last rows, and no ids at all")
 def embed_edges(t: Trial) -> None:
     weight = torch.randn(7, 3, generator=t.rng)
     run_lookup_case(t, weight, torch.tensor([[6, 0], [0, 6]]), "ids 0 and V − 1")
     run_lookup_case(t, weight, torch.zeros(0, dtype=torch.int64), "no ids")
 
 
-@hidden("15.1", "a vocabulary of 151,936 rows (Qwen3's), narrow rows")
+@hidden("ch15.1", "a vocabulary of 151,936 rows (Qwen3's), narrow rows")
 def embed_qwen_vocab(t: Trial) -> None:
     weight = torch.randn(151936, 4, generator=t.rng)
     ids = torch.cat([torch.tensor([151935, 0]), torch.randint(0, 151936, (30,), generator=t.rng)])
     run_lookup_case(t, weight, ids, "V = 151936")
 
 
-@hidden("15.1", "a negative id raises ValueError (Python indexing would wrap it to the last row)")
+@hidden("ch15.1", "a negative id raises ValueError (Python indexing would wrap it to the last row)")
 def embed_negative(t: Trial) -> None:
-    t.expect_raises(ValueError, "embedding_lookup", torch.zeros(6, 4), torch.tensor([[2, -1, 4]]),
+    t.expect_raises(ValueError, t.yours.embedding_lookup, torch.zeros(6, 4), torch.tensor([[2, -1, 4]]),
                     because="id −1 is no token; weight[−1] would silently read the last row")
-    t.expect_raises(ValueError, "embedding_lookup", torch.zeros(6, 4), torch.tensor([[[0, 1], [7, 2]]]),
+    t.expect_raises(ValueError, t.yours.embedding_lookup, torch.zeros(6, 4), torch.tensor([[[0, 1], [7, 2]]]),
                     because="id 7 has no row in a table of 6 rows")
 
 
-@hidden("15.1", "non-integer ids raise ValueError")
+@hidden("ch15.1", "non-integer ids raise ValueError")
 def embed_not_integer(t: Trial) -> None:
-    t.expect_raises(ValueError, "embedding_lookup", torch.zeros(6, 4), torch.tensor([2.0, 0.0]),
+    t.expect_raises(ValueError, t.yours.embedding_lookup, torch.zeros(6, 4), torch.tensor([2.0, 0.0]),
                     because="token ids are integers, not floats")
-    t.expect_raises(ValueError, "embedding_lookup", torch.zeros(6, 4), torch.tensor([True, False]),
+    t.expect_raises(ValueError, t.yours.embedding_lookup, torch.zeros(6, 4), torch.tensor([True, False]),
                     because="a bool tensor is a mask, not token ids")
 
 
 # -- 15.2 --------------------------------------------------------------------------------------------
 
-@hidden("15.2", "random shapes, with and without bias: agreement with torch.nn.functional.linear")
+@hidden("ch15.2", "random shapes, with and without bias: agreement with torch.nn.functional.linear")
 def linear_random(t: Trial) -> None:
     for i in range(10):
         in_f, out_f = t.random.randint(1, 24), t.random.randint(1, 24)
@@ -112,40 +110,40 @@ def linear_random(t: Trial) -> None:
         x = torch.randn(*lead, in_f, generator=t.rng, dtype=dtype)
         weight = torch.randn(out_f, in_f, generator=t.rng, dtype=dtype)
         bias = torch.randn(out_f, generator=t.rng, dtype=dtype) if i % 2 else None
-        got = t.call("linear", x, weight, bias)
+        got = t.yours.linear(x, weight, bias)
         expect_linear(got, F.linear(x, weight, bias), x, weight, bias, f"x {list(x.shape)}, W [{out_f}, {in_f}]")
 
 
-@hidden("15.2", "square weights of random values: x @ W.T, never x @ W")
+@hidden("ch15.2", "square weights of random values: x @ W.T, never x @ W")
 def linear_square_random(t: Trial) -> None:
     for n in (2, 5, 16):
         x, weight = torch.randn(3, n, generator=t.rng), torch.randn(n, n, generator=t.rng)
-        got = t.call("linear", x, weight)
+        got = t.yours.linear(x, weight)
         expect_linear(got, F.linear(x, weight), x, weight, None, f"square W [{n}, {n}]")
 
 
-@hidden("15.2", "Qwen3-0.6B's o_proj: [1024, 2048] applied to 3 tokens")
+@hidden("ch15.2", "Qwen3-0.6B's o_proj: [1024, 2048] applied to 3 tokens")
 def linear_o_proj(t: Trial) -> None:
     x, weight = torch.randn(3, 2048, generator=t.rng), torch.randn(1024, 2048, generator=t.rng) * 0.02
-    got = t.call("linear", x, weight)
+    got = t.yours.linear(x, weight)
     expect_linear(got, F.linear(x, weight), x, weight, None, "o_proj [1024, 2048]")
 
 
-@hidden("15.2", "transposed or mismatched weights and bad biases raise ValueError")
+@hidden("ch15.2", "transposed or mismatched weights and bad biases raise ValueError")
 def linear_bad(t: Trial) -> None:
     in_f, out_f = t.random.randint(2, 9), t.random.randint(10, 20)
-    expect_value_error_naming(t, "linear", torch.zeros(2, in_f), torch.zeros(in_f, out_f),
+    expect_value_error_naming(t, t.yours.linear, torch.zeros(2, in_f), torch.zeros(in_f, out_f),
                               because=f"the weight [{in_f}, {out_f}] is [in, out] for x with {in_f} features",
                               words="[out, in]")
-    t.expect_raises(ValueError, "linear", torch.zeros(2, 5), torch.zeros(3, 4),
+    t.expect_raises(ValueError, t.yours.linear, torch.zeros(2, 5), torch.zeros(3, 4),
                     because="x has 5 features and W [3, 4] takes 4")
-    t.expect_raises(ValueError, "linear", torch.zeros(2, 4), torch.zeros(3, 4), torch.zeros(4),
+    t.expect_raises(ValueError, t.yours.linear, torch.zeros(2, 4), torch.zeros(3, 4), torch.zeros(4),
                     because="the bias must have one value per output feature (3), not 4")
 
 
 # -- 15.3 --------------------------------------------------------------------------------------------
 
-@hidden("15.3", "random head counts, head_dim and leading axes")
+@hidden("ch15.3", "random head counts, head_dim and leading axes")
 def split_random(t: Trial) -> None:
     for _ in range(10):
         kv = t.random.choice([1, 2, 3, 4])
@@ -155,49 +153,49 @@ def split_random(t: Trial) -> None:
                        f"{heads} heads over {kv}, head_dim {d}, qkv {lead + [(heads + 2 * kv) * d]}")
 
 
-@hidden("15.3", "real models and tensor-parallel ranks: Qwen3-4B, Qwen3-32B, Llama-3-8B, MQA")
+@hidden("ch15.3", "real models and tensor-parallel ranks: Qwen3-4B, Qwen3-32B, Llama-3-8B, MQA")
 def split_real(t: Trial) -> None:
     for name, heads, kv, d in (("Qwen3-4B", 32, 8, 128), ("Qwen3-32B", 64, 8, 128), ("Llama-3-8B", 32, 8, 128),
                                ("Qwen3-0.6B, one of 2 ranks", 8, 4, 128), ("an MQA model", 8, 1, 64)):
         run_split_case(t, coded_qkv([3], (heads + 2 * kv) * d), heads, kv, d, name)
 
 
-@hidden("15.3", "bfloat16 qkv keeps its dtype and values")
+@hidden("ch15.3", "bfloat16 qkv keeps its dtype and values")
 def split_bf16(t: Trial) -> None:
     qkv = torch.randn(4, (4 + 2 * 2) * 16, generator=t.rng).to(torch.bfloat16)
     run_split_case(t, qkv, 4, 2, 16, "bfloat16 qkv")
 
 
-@hidden("15.3", "bad widths and head counts raise ValueError")
+@hidden("ch15.3", "bad widths and head counts raise ValueError")
 def split_bad(t: Trial) -> None:
-    t.expect_raises(ValueError, "split_qkv", torch.zeros(2, 4095), 16, 8, 128,
+    t.expect_raises(ValueError, t.yours.split_qkv, torch.zeros(2, 4095), 16, 8, 128,
                     because="(16 + 2·8)·128 = 4096 ≠ 4095 columns")
-    t.expect_raises(ValueError, "split_qkv", torch.zeros(2, 3 * 1024), 16, 8, 128,
+    t.expect_raises(ValueError, t.yours.split_qkv, torch.zeros(2, 3 * 1024), 16, 8, 128,
                     because="(16 + 2·8)·128 = 4096 ≠ 3072 (three equal parts of hidden 1024 is not Qwen3's layout)")
-    t.expect_raises(ValueError, "split_qkv", torch.zeros(2, 0), 0, 0, 128, because="a model has at least one head")
+    t.expect_raises(ValueError, t.yours.split_qkv, torch.zeros(2, 0), 0, 0, 128, because="a model has at least one head")
 
 
 # -- 15.4 --------------------------------------------------------------------------------------------
 
-@hidden("15.4", "real configs: Qwen3-1.7B, 4B, 8B, 32B and Llama-3-8B sizes")
+@hidden("ch15.4", "real configs: Qwen3-1.7B, 4B, 8B, 32B and Llama-3-8B sizes")
 def shapes_real(t: Trial) -> None:
     for name, config in REAL_CONFIGS.items():
         run_shapes_case(t, config, name)
 
 
-@hidden("15.4", "random synthetic configs where hidden_size ≠ heads·head_dim")
+@hidden("ch15.4", "random synthetic configs where hidden_size ≠ heads·head_dim")
 def shapes_random(t: Trial) -> None:
     for _ in range(12):
         config = random_config(t)
         run_shapes_case(t, config, f"synthetic {config}")
 
 
-@hidden("15.4", "a whole config.json dict: extra keys are ignored")
+@hidden("ch15.4", "a whole config.json dict: extra keys are ignored")
 def shapes_full_config(t: Trial) -> None:
     run_shapes_case(t, QWEN3_06B_FULL, "Qwen3-0.6B config.json")
 
 
-@hidden("15.4", "agreement with transformers' Qwen3ForCausalLM built from the config (offline, tiny)")
+@hidden("ch15.4", "agreement with transformers' Qwen3ForCausalLM built from the config (offline, tiny)")
 def shapes_transformers(t: Trial) -> None:
     transformers = t.require("transformers")
     transformers.logging.set_verbosity_error()
@@ -216,7 +214,7 @@ def shapes_transformers(t: Trial) -> None:
                   "o_proj": tuple(attn.o_proj.weight.shape), "q_norm": tuple(attn.q_norm.weight.shape),
                   "k_norm": tuple(attn.k_norm.weight.shape), "gate_up_proj": (gate[0] + up[0], gate[1]),
                   "down_proj": tuple(mlp.down_proj.weight.shape), "lm_head": tuple(model.lm_head.weight.shape)}
-        got = shapes_structure(t.call("projection_shapes", dict(config)), oracle, "transformers oracle")
+        got = shapes_structure(t.yours.projection_shapes(dict(config)), oracle, "transformers oracle")
         for name in NAMES:
             if got[name] != oracle[name]:
                 fail([f"config {config}",
@@ -227,20 +225,20 @@ def shapes_transformers(t: Trial) -> None:
                      "and up_proj" if name in ("qkv_proj", "gate_up_proj") else "")
 
 
-@hidden("15.4", "missing keys, non-dividing heads and non-positive sizes raise ValueError")
+@hidden("ch15.4", "missing keys, non-dividing heads and non-positive sizes raise ValueError")
 def shapes_bad(t: Trial) -> None:
     for key in ("head_dim", t.random.choice(["hidden_size", "num_key_value_heads", "vocab_size",
                                              "intermediate_size"])):
         config = {k: v for k, v in QWEN3_06B.items() if k != key}
-        t.expect_raises(ValueError, "projection_shapes", config, because=f"the config has no {key}")
-    t.expect_raises(ValueError, "projection_shapes", dict(QWEN3_06B, num_key_value_heads=6),
+        t.expect_raises(ValueError, t.yours.projection_shapes, config, because=f"the config has no {key}")
+    t.expect_raises(ValueError, t.yours.projection_shapes, dict(QWEN3_06B, num_key_value_heads=6),
                     because="6 K/V heads cannot group 16 query heads")
-    t.expect_raises(ValueError, "projection_shapes", dict(QWEN3_06B, head_dim=0), because="head_dim must be positive")
+    t.expect_raises(ValueError, t.yours.projection_shapes, dict(QWEN3_06B, head_dim=0), because="head_dim must be positive")
 
 
 # -- 15.5 --------------------------------------------------------------------------------------------
 
-@hidden("15.5", "random batches and configs")
+@hidden("ch15.5", "random batches and configs")
 def checkpoints_random(t: Trial) -> None:
     for _ in range(10):
         config = dict(hidden_size=t.random.choice([8, 64, 1024, 5120]), vocab_size=t.random.randint(2, 200000))
@@ -248,29 +246,29 @@ def checkpoints_random(t: Trial) -> None:
         run_checkpoints_case(t, config, lens, f"prompt_lens={lens}")
 
 
-@hidden("15.5", "real configs with long and short prompts together")
+@hidden("ch15.5", "real configs with long and short prompts together")
 def checkpoints_real(t: Trial) -> None:
     for name, config in REAL_CONFIGS.items():
         run_checkpoints_case(t, config, [4096, 1, 300], name)
 
 
-@hidden("15.5", "every request one token long (N = B)")
+@hidden("ch15.5", "every request one token long (N = B)")
 def checkpoints_one_token_each(t: Trial) -> None:
     run_checkpoints_case(t, QWEN3_06B, [1] * 8, "eight one-token requests")
 
 
-@hidden("15.5", "bad lengths and configs raise ValueError")
+@hidden("ch15.5", "bad lengths and configs raise ValueError")
 def checkpoints_bad(t: Trial) -> None:
     for lens, why in (([3, 0], "a request of 0 tokens has nothing to prefill"),
                       ([-2], "a prompt cannot have −2 tokens"), ([2.0], "a length is an int")):
-        t.expect_raises(ValueError, "forward_checkpoints", dict(QWEN3_06B), lens, because=why)
-    t.expect_raises(ValueError, "forward_checkpoints", {"hidden_size": 1024}, [3],
+        t.expect_raises(ValueError, t.yours.forward_checkpoints, dict(QWEN3_06B), lens, because=why)
+    t.expect_raises(ValueError, t.yours.forward_checkpoints, {"hidden_size": 1024}, [3],
                     because="the logits' width needs vocab_size")
 
 
 # -- 15.6 --------------------------------------------------------------------------------------------
 
-@hidden("15.6", "random column-parallel shapes, tp ∈ {1, 2, 4, 8}")
+@hidden("ch15.6", "random column-parallel shapes, tp ∈ {1, 2, 4, 8}")
 def column_random(t: Trial) -> None:
     for _ in range(8):
         tp = t.random.choice([1, 2, 4, 8])
@@ -279,7 +277,7 @@ def column_random(t: Trial) -> None:
                         f"x [{n}, {in_f}], W [{in_f}, {out_f}], tp={tp}")
 
 
-@hidden("15.6", "random row-parallel shapes, tp ∈ {1, 2, 4, 8}")
+@hidden("ch15.6", "random row-parallel shapes, tp ∈ {1, 2, 4, 8}")
 def row_random(t: Trial) -> None:
     for _ in range(8):
         tp = t.random.choice([1, 2, 4, 8])
@@ -289,14 +287,14 @@ def row_random(t: Trial) -> None:
                      f"x [{n}, {in_f}], W [{in_f}, {out_f}], tp={tp}")
 
 
-@hidden("15.6", "column then row: one all-reduce gives the unsharded product x·W1·W2")
+@hidden("ch15.6", "column then row: one all-reduce gives the unsharded product x·W1·W2")
 def column_then_row(t: Trial) -> None:
     for tp in (2, 4):
         x, w1, w2 = (torch.randn(s, generator=t.rng) for s in ((3, 6), (6, 8), (8, 5)))
         case = f"MLP-shaped pair, tp={tp}"
-        shards, col_out = column_structure(t.call("column_parallel_linear", x, w1, tp), x, w1, tp, case)
+        shards, col_out = column_structure(t.yours.column_parallel_linear(x, w1, tp), x, w1, tp, case)
         explain_column(shards, col_out, x, w1, tp, case, t.ref)
-        partials, out = row_structure(t.call("row_parallel_linear", shards, w2, tp), shards, w2, tp, case)
+        partials, out = row_structure(t.yours.row_parallel_linear(shards, w2, tp), shards, w2, tp, case)
         explain_row(partials, out, shards, w2, tp, case, t.ref)
         want = x @ w1 @ w2
         if first_wrong(out, want, atol=1e-4, rtol=1e-4) is not None:
@@ -304,19 +302,19 @@ def column_then_row(t: Trial) -> None:
                   f"(row 0); yours: {out[0, :4].tolist()} …"])
 
 
-@hidden("15.6", "Qwen3-0.6B's o_proj at tp = 2: each rank's 8 heads · 128 = 1024 inputs")
+@hidden("ch15.6", "Qwen3-0.6B's o_proj at tp = 2: each rank's 8 heads · 128 = 1024 inputs")
 def row_o_proj(t: Trial) -> None:
     x, w = torch.randn(2, 2048, generator=t.rng), torch.randn(2048, 1024, generator=t.rng) * 0.02
     run_row_case(t, list(x.split(1024, dim=1)), w, 2, "o_proj [in 2048, out 1024], tp=2")
 
 
-@hidden("15.6", "bad ranks and shards raise ValueError")
+@hidden("ch15.6", "bad ranks and shards raise ValueError")
 def tp_bad(t: Trial) -> None:
-    t.expect_raises(ValueError, "column_parallel_linear", torch.zeros(2, 3), torch.zeros(3, 4), 0,
+    t.expect_raises(ValueError, t.yours.column_parallel_linear, torch.zeros(2, 3), torch.zeros(3, 4), 0,
                     because="tp = 0 ranks cannot compute anything")
-    t.expect_raises(ValueError, "column_parallel_linear", torch.zeros(2, 5), torch.zeros(3, 4), 2,
+    t.expect_raises(ValueError, t.yours.column_parallel_linear, torch.zeros(2, 5), torch.zeros(3, 4), 2,
                     because="x has 5 features and W [in, out] = [3, 4] takes 3")
-    t.expect_raises(ValueError, "row_parallel_linear", [torch.zeros(2, 2)] * 3, torch.zeros(4, 3), 2,
+    t.expect_raises(ValueError, t.yours.row_parallel_linear, [torch.zeros(2, 2)] * 3, torch.zeros(4, 3), 2,
                     because="tp = 2 ranks need 2 input shards, not 3")
-    t.expect_raises(ValueError, "row_parallel_linear", [torch.zeros(2, 3), torch.zeros(2, 1)], torch.zeros(4, 3), 2,
+    t.expect_raises(ValueError, t.yours.row_parallel_linear, [torch.zeros(2, 3), torch.zeros(2, 1)], torch.zeros(4, 3), 2,
                     because="each rank's shard must be [N, in/tp] = [2, 2]")

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from grader.checks import hidden
+from grader.authoring import CheckFailed, StudentRaised, Trial, first_wrong, fmt, hidden
 from grader.checks.ch16 import (
     call_steps,
     expect_split,
@@ -21,10 +21,7 @@ from grader.checks.ch16 import (
     run_steps_case,
     steps_case,
 )
-from grader.compare import CheckFailed, first_wrong, fmt
 from grader.hidden.ch16_models import causal
-from grader.isolation.session import StudentRaised
-from grader.trial import Trial
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64)
 
@@ -37,7 +34,7 @@ def random_tensor(t: Trial, shape: tuple[int, ...], dtype: torch.dtype) -> torch
 
 # -- 16.1 ------------------------------------------------------------------------------------------
 
-@hidden("16.1", "random shapes and dtypes")
+@hidden("ch16.1", "random shapes and dtypes")
 def split_random(t: Trial) -> None:
     for _ in range(12):
         B, T, H, d = t.random.randint(1, 3), t.random.randint(0, 7), t.random.choice([1, 2, 3, 4, 8]), \
@@ -47,14 +44,14 @@ def split_random(t: Trial) -> None:
         run_split_case(t, x, H, f"B={B}, T={T}, H={H}, d={d}, {str(dtype).removeprefix('torch.')}")
 
 
-@hidden("16.1", "T = H = d: a right shape with the wrong axes still fails")
+@hidden("ch16.1", "T = H = d: a right shape with the wrong axes still fails")
 def split_square(t: Trial) -> None:
     # Every size alike, so any permutation of the [B, T, H, d] view has the expected shape.
     for B, n in ((2, 4), (1, 3)):
         run_split_case(t, torch.randn(B, n, n * n, generator=t.rng), n, f"B={B}, T = H = d = {n}")
 
 
-@hidden("16.1", "Qwen3-0.6B's keys: [1, 5, 1024] into 8 K/V heads of width 128")
+@hidden("ch16.1", "Qwen3-0.6B's keys: [1, 5, 1024] into 8 K/V heads of width 128")
 def split_qwen3_kv(t: Trial) -> None:
     # kv_size = num_key_value_heads · head_dim = 8 · 128 = 1024.
     run_split_case(t, torch.randn(1, 5, 1024, generator=t.rng), 8, "Qwen3-0.6B k, 5 tokens")
@@ -68,12 +65,12 @@ def split_qwen3_kv(t: Trial) -> None:
 SPLIT_X, SPLIT_HEADS, SPLIT_SPARE = (2, 512, 4096), 32, 4 << 20
 
 
-@hidden("16.1", "the split is a view: no number is copied (measured)")
+@hidden("ch16.1", "the split is a view: no number is copied (measured)")
 def split_no_copy(t: Trial) -> None:
     x, H = torch.randn(*SPLIT_X, generator=t.rng), SPLIT_HEADS
     (B, T, W), case = x.shape, f"B={SPLIT_X[0]}, T={SPLIT_X[1]}, {H} heads of width {SPLIT_X[2] // H}"
     try:
-        call = t.run("split_heads", x, H, memory=x.nbytes + SPLIT_SPARE)
+        call = t.yours.split_heads.run(x, H, memory=x.nbytes + SPLIT_SPARE)
     except StudentRaised as e:
         if not e.error.get("out_of_memory"):
             raise
@@ -117,20 +114,20 @@ def where_it_ran_out(e: StudentRaised) -> str:
     return f"; it ran out at {Path(str(file)).name}:{line}, {code}{asked}"
 
 
-@hidden("16.1", "bad inputs raise ValueError")
+@hidden("ch16.1", "bad inputs raise ValueError")
 def split_bad_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, "split_heads", torch.zeros(2, 3, 2048), 12,
+    t.expect_raises(ValueError, t.yours.split_heads, torch.zeros(2, 3, 2048), 12,
                     because="2048 columns cannot be cut into 12 heads of equal width")
-    t.expect_raises(ValueError, "split_heads", torch.zeros(1, 4, 8), 0, because="there must be at least one head")
-    t.expect_raises(ValueError, "split_heads", torch.zeros(3, 8), 2,
+    t.expect_raises(ValueError, t.yours.split_heads, torch.zeros(1, 4, 8), 0, because="there must be at least one head")
+    t.expect_raises(ValueError, t.yours.split_heads, torch.zeros(3, 8), 2,
                     because="x [3, 8] has no batch axis: split_heads takes [B, T, H·d]")
-    t.expect_raises(ValueError, "split_heads", torch.zeros(1, 2, 3, 8), 2,
+    t.expect_raises(ValueError, t.yours.split_heads, torch.zeros(1, 2, 3, 8), 2,
                     because="x [1, 2, 3, 8] is not [B, T, H·d]")
 
 
 # -- 16.2 ------------------------------------------------------------------------------------------
 
-@hidden("16.2", "merge undoes split for random shapes and dtypes")
+@hidden("ch16.2", "merge undoes split for random shapes and dtypes")
 def merge_random(t: Trial) -> None:
     for _ in range(12):
         B, T, H, d = t.random.randint(1, 3), t.random.randint(0, 7), t.random.choice([1, 2, 3, 4, 8]), \
@@ -141,13 +138,13 @@ def merge_random(t: Trial) -> None:
                                                    f"{str(dtype).removeprefix('torch.')}", want=x)
 
 
-@hidden("16.2", "T = H: a bare reshape has the right shape and the wrong rows")
+@hidden("ch16.2", "T = H: a bare reshape has the right shape and the wrong rows")
 def merge_square(t: Trial) -> None:
     for B, n, d in ((2, 4, 8), (1, 3, 3)):
         run_merge_case(t, torch.randn(B, n, n, d, generator=t.rng), f"B={B}, H = T = {n}, d={d}")
 
 
-@hidden("16.2", "nano-vllm's layout: merging [1, nh, N, hd] gives o.flatten(1) of the token-major o [N, nh, hd]")
+@hidden("ch16.2", "nano-vllm's layout: merging [1, nh, N, hd] gives o.flatten(1) of the token-major o [N, nh, hd]")
 def merge_like_nanovllm(t: Trial) -> None:
     # nano-vllm's attention output is o [N, nh, hd]; Qwen3Attention flattens it from dim 1 for o_proj.
     o = torch.randn(7, 16, 128, generator=t.rng)
@@ -155,22 +152,22 @@ def merge_like_nanovllm(t: Trial) -> None:
     run_merge_case(t, heads, "Qwen3-0.6B: 7 tokens, 16 heads of width 128", want=o.flatten(1)[None])
 
 
-@hidden("16.2", "a non-contiguous input: [B, H, T, d] as a transposed view of [B, T, H, d]")
+@hidden("ch16.2", "a non-contiguous input: [B, H, T, d] as a transposed view of [B, T, H, d]")
 def merge_view(t: Trial) -> None:
     x = torch.randn(2, 5, 3, 4, generator=t.rng).transpose(1, 2)  # crosses to the student as a view
     run_merge_case(t, x, f"B=2, H=3, T=5, d=4, a view with strides {list(x.stride())}")
 
 
-@hidden("16.2", "one token, one head: the edges")
+@hidden("ch16.2", "one token, one head: the edges")
 def merge_edges(t: Trial) -> None:
     run_merge_case(t, torch.randn(4, 8, 1, 16, generator=t.rng), "a decode step: 4 sequences of 1 token")
     run_merge_case(t, numbered((2, 1, 3, 5)), "a single head")
 
 
-@hidden("16.2", "inputs that are not 4-D raise ValueError")
+@hidden("ch16.2", "inputs that are not 4-D raise ValueError")
 def merge_bad_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, "merge_heads", torch.zeros(1, 2, 3, 4, 5), because="[1, 2, 3, 4, 5] is not [B, H, T, d]")
-    t.expect_raises(ValueError, "merge_heads", torch.zeros(6, 8), because="[6, 8] is not [B, H, T, d]")
+    t.expect_raises(ValueError, t.yours.merge_heads, torch.zeros(1, 2, 3, 4, 5), because="[1, 2, 3, 4, 5] is not [B, H, T, d]")
+    t.expect_raises(ValueError, t.yours.merge_heads, torch.zeros(6, 8), because="[6, 8] is not [B, H, T, d]")
 
 
 # -- 16.3 ------------------------------------------------------------------------------------------
@@ -201,7 +198,7 @@ def sdpa_case(t: Trial, q, k, v, mask, scale, case: str) -> None:
                           f"{fmt(sums[bad])}: each query's probabilities over the keys must sum to 1")
 
 
-@hidden("16.3", "agreement with scaled_dot_product_attention, no mask, S ≠ T, custom scales")
+@hidden("ch16.3", "agreement with scaled_dot_product_attention, no mask, S ≠ T, custom scales")
 def sdpa_no_mask(t: Trial) -> None:
     for i in range(8):
         T, S = t.random.randint(1, 6), t.random.randint(1, 12)
@@ -212,7 +209,7 @@ def sdpa_no_mask(t: Trial) -> None:
                   f"T={T}, S={S}, d={d}, dv={dv}, {str(dtype).removeprefix('torch.')}")
 
 
-@hidden("16.3", "agreement with scaled_dot_product_attention, random and causal masks")
+@hidden("ch16.3", "agreement with scaled_dot_product_attention, random and causal masks")
 def sdpa_masks(t: Trial) -> None:
     for i in range(8):
         T = t.random.randint(1, 6)
@@ -222,7 +219,7 @@ def sdpa_masks(t: Trial) -> None:
         sdpa_case(t, *random_qkv(t, T, S, d, d), mask, None, f"T={T}, S={S}, d={d}, {'causal' if i % 2 else 'random'} mask")
 
 
-@hidden("16.3", "masked keys get probability exactly 0, rows sum to 1 (scores near 0)")
+@hidden("ch16.3", "masked keys get probability exactly 0, rows sum to 1 (scores near 0)")
 def exact_zeros(t: Trial) -> None:
     # Scores near 0: a finite fill such as −100 would leave exp(−100) ≈ 3.7e−44, not 0, in float32.
     for _ in range(4):
@@ -230,7 +227,7 @@ def exact_zeros(t: Trial) -> None:
         sdpa_case(t, q * 0.1, k, v, random_mask(t, 6, 9), None, "6 queries over 9 keys, scores near 0")
 
 
-@hidden("16.3", "large scores (about 1e4) stay finite: a stable softmax")
+@hidden("ch16.3", "large scores (about 1e4) stay finite: a stable softmax")
 def large_scores(t: Trial) -> None:
     # q = [0.5]·4 and k_j = c_j·[1, 1, 1, 1]: scores[0, j] = 0.5·4·c_j / √4 = c_j, exactly, in float32.
     c = torch.tensor([10000., 9999., 9998., 5000.])
@@ -241,16 +238,16 @@ def large_scores(t: Trial) -> None:
     run_steps_case(t, q, k, v, mask, case="scores about ±1e4, the largest key hidden")
 
 
-@hidden("16.3", "bad inputs raise ValueError")
+@hidden("ch16.3", "bad inputs raise ValueError")
 def steps_bad_inputs(t: Trial) -> None:
     z = torch.zeros
-    t.expect_raises(ValueError, "attention_steps", z(2, 4), z(3, 8), z(3, 8), because="q has width 4 but k has width 8")
-    t.expect_raises(ValueError, "attention_steps", z(2, 4), z(3, 4), z(5, 4), because="3 keys but 5 value rows")
-    t.expect_raises(ValueError, "attention_steps", z(1, 2, 4), z(3, 4), z(3, 4),
+    t.expect_raises(ValueError, t.yours.attention_steps, z(2, 4), z(3, 8), z(3, 8), because="q has width 4 but k has width 8")
+    t.expect_raises(ValueError, t.yours.attention_steps, z(2, 4), z(3, 4), z(5, 4), because="3 keys but 5 value rows")
+    t.expect_raises(ValueError, t.yours.attention_steps, z(1, 2, 4), z(3, 4), z(3, 4),
                     because="q [1, 2, 4] is not one head's [T, d]")
-    t.expect_raises(ValueError, "attention_steps", z(2, 4), z(3, 4), z(3, 4), mask=torch.ones(2, 3),
+    t.expect_raises(ValueError, t.yours.attention_steps, z(2, 4), z(3, 4), z(3, 4), mask=torch.ones(2, 3),
                     because="a float mask would be added to the scores; the mask must be bool (True = may attend)")
-    t.expect_raises(ValueError, "attention_steps", z(3, 4), z(3, 4), z(3, 4), mask=~causal(3),
+    t.expect_raises(ValueError, t.yours.attention_steps, z(3, 4), z(3, 4), z(3, 4), mask=~causal(3),
                     because="in this (inverted causal) mask query 2 may attend no key: its row is all False")
-    t.expect_raises(ValueError, "attention_steps", z(2, 4), z(0, 4), z(0, 4),
+    t.expect_raises(ValueError, t.yours.attention_steps, z(2, 4), z(0, 4), z(0, 4),
                     because="with no keys at all no query has anything to attend")

@@ -1,7 +1,7 @@
 """ch16's causal masks and the values a misconception of attention_steps gives (never shipped).
 
 `grader.checks.ch16` names each misconception and compares; the values come from here, through
-`grader.checks.hidden_model` drivers, so a student release holds only those of its fixed instances.
+`grader.authoring.hidden_model` drivers, so a student release holds only those of its fixed instances.
 """
 
 from __future__ import annotations

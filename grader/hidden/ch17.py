@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from grader.checks import hidden
+from grader.authoring import CheckFailed, Trial, first_wrong, fmt, hidden
 from grader.checks.ch17 import (
     expect_mask,
     expect_mask_structure,
@@ -15,9 +15,82 @@ from grader.checks.ch17 import (
     run_offset_case,
     run_whole_case,
 )
-from grader.compare import CheckFailed, first_wrong, fmt
-from grader.trial import Trial
 
+# -- 17.1 -------------------------------------------------------------------------------------
+
+@hidden("ch17.1", "random lengths from the grading seed")
+def random_lengths(t: Trial) -> None:
+    for _ in range(12):
+        run_whole_case(t, t.random.randint(0, 300))
+
+
+@hidden("ch17.1", "a long sequence (T = 2500)")
+def long_sequence(t: Trial) -> None:
+    run_whole_case(t, 2500)
+
+
+@hidden("ch17.1", "agrees with scaled_dot_product_attention(is_causal=True)")
+def agrees_with_sdpa(t: Trial) -> None:
+    for _ in range(3):
+        sdpa_agreement(t, t.random.randint(1, 40), 0, t.random.choice([1, 2, 4]), t.random.choice([4, 8, 16]),
+                       whole=True)
+
+
+@hidden("ch17.1", "bad lengths raise ValueError")
+def bad_lengths(t: Trial) -> None:
+    t.expect_raises(ValueError, t.yours.causal_mask, -t.random.randint(1, 50), because="a length cannot be negative")
+    t.expect_raises(ValueError, t.yours.causal_mask, True, because="True is a bool, not a number of tokens")
+    t.expect_raises(ValueError, t.yours.causal_mask, 3.5, because="3.5 is not a whole number of tokens")
+    t.expect_raises(ValueError, t.yours.causal_mask, "4", because="'4' is a string, not a number of tokens")
+
+
+# -- 17.2 -------------------------------------------------------------------------------------
+
+@hidden("ch17.2", "num_cached 0 equals causal_mask of the chunk")
+def no_cache_equals_whole(t: Trial) -> None:
+    for n in [1, 2] + [t.random.randint(3, 200) for _ in range(4)]:
+        got = t.yours.causal_mask_with_offset(n, 0)
+        expect_mask(got, t.ref.causal_mask(n), n, 0, whole=False)
+
+
+@hidden("ch17.2", "no new tokens: an empty [0, num_cached] mask")
+def no_new_tokens(t: Trial) -> None:
+    for c in (0, 1, 7, t.random.randint(8, 500)):
+        run_offset_case(t, 0, c)
+
+
+@hidden("ch17.2", "random chunks and decode steps from the grading seed")
+def random_chunks(t: Trial) -> None:
+    for _ in range(16):
+        num_new = 1 if t.random.random() < 0.3 else t.random.randint(1, 120)
+        run_offset_case(t, num_new, t.random.randint(0, 300))
+
+
+@hidden("ch17.2", "a long chunk: 2048 new tokens after 3000 cached")
+def long_chunk_after_long_prefix(t: Trial) -> None:
+    run_offset_case(t, 2048, 3000)
+
+
+@hidden("ch17.2", "agrees with scaled_dot_product_attention on a chunk after a prefix")
+def offset_agrees_with_sdpa(t: Trial) -> None:
+    cases = [(t.random.randint(2, 24), t.random.randint(1, 40)), (1, t.random.randint(1, 60)),
+             (t.random.randint(20, 60), t.random.randint(1, 10))]
+    for num_new, num_cached in cases:
+        sdpa_agreement(t, num_new, num_cached, t.random.choice([1, 2, 4]), t.random.choice([4, 8, 16]),
+                       whole=False)
+
+
+@hidden("ch17.2", "bad counts raise ValueError")
+def bad_offset_counts(t: Trial) -> None:
+    t.expect_raises(ValueError, t.yours.causal_mask_with_offset, -1, 4, because="num_new = −1 is not a number of tokens")
+    t.expect_raises(ValueError, t.yours.causal_mask_with_offset, 3, -t.random.randint(1, 50),
+                    because="a negative num_cached is not a number of tokens")
+    t.expect_raises(ValueError, t.yours.causal_mask_with_offset, True, 3, because="True is a bool, not a number of tokens")
+    t.expect_raises(ValueError, t.yours.causal_mask_with_offset, 2, 2.5, because="2.5 is not a whole number of tokens")
+    t.expect_raises(ValueError, t.yours.causal_mask_with_offset, "2", 3, because="'2' is a string, not a number of tokens")
+
+
+# -- helpers -------------------------------------------------------------------------------------
 
 def sdpa_agreement(t: Trial, num_new: int, num_cached: int, heads: int, dim: int, *, whole: bool) -> None:
     """The student's mask as `attn_mask` for the new queries against all keys must reproduce the last
@@ -26,9 +99,9 @@ def sdpa_agreement(t: Trial, num_new: int, num_cached: int, heads: int, dim: int
     q, k, v = (torch.randn(heads, s, dim, generator=t.rng, dtype=torch.float64) for _ in range(3))
     full = F.scaled_dot_product_attention(q, k, v, is_causal=True)[:, num_cached:]
     if whole:
-        got, want = t.call("causal_mask", num_new), t.ref.causal_mask(num_new)
+        got, want = t.yours.causal_mask(num_new), t.ref.causal_mask(num_new)
     else:
-        got = t.call("causal_mask_with_offset", num_new, num_cached)
+        got = t.yours.causal_mask_with_offset(num_new, num_cached)
         want = t.ref.causal_mask_with_offset(num_new, num_cached)
     mask = expect_mask_structure(got, want, num_new, num_cached, whole=whole)
     out = F.scaled_dot_product_attention(q[:, num_cached:], k, v, attn_mask=mask)
@@ -38,89 +111,15 @@ def sdpa_agreement(t: Trial, num_new: int, num_cached: int, heads: int, dim: int
     h, i, d = idx
     call = ("scaled_dot_product_attention(q, k, v, attn_mask=your mask)" if whole else
             f"scaled_dot_product_attention(q[{num_cached}:], k, v, attn_mask=your mask)")
-    lines = [inputs_line(num_new, num_cached, whole)
-             + f"; {heads} head{'s' if heads > 1 else ''} of head_dim {dim}, random float64 q, k, v",
-             f"{call} must equal "
-             + (f"is_causal=True attention over the {s} tokens" if whole else
-                f"the last {num_new} rows of scaled_dot_product_attention(q, k, v, is_causal=True) over all {s} tokens"),
-             f"head {h}, output row {i} (position {num_cached + i}), component {d}: expected {fmt(full[idx])}, "
-             f"yours {fmt(out[idx])}"]
-    lines += mask_problem(mask, want, num_new, num_cached, whole)
-    if num_cached and torch.equal(mask, torch.ones_like(mask).tril()):
-        lines.append("note: this top-left triangle is what SDPA's own is_causal=True uses when L ≠ S; "
-                     "flash-attn ≥ 2.1, and nano-vllm through it, aligns the triangle to the bottom-right")
-    raise CheckFailed("\n".join(lines))
-
-
-# -- 17.1 -------------------------------------------------------------------------------------
-
-@hidden("17.1", "random lengths from the grading seed")
-def random_lengths(t: Trial) -> None:
-    for _ in range(12):
-        run_whole_case(t, t.random.randint(0, 300))
-
-
-@hidden("17.1", "a long sequence (T = 2500)")
-def long_sequence(t: Trial) -> None:
-    run_whole_case(t, 2500)
-
-
-@hidden("17.1", "agrees with scaled_dot_product_attention(is_causal=True)")
-def agrees_with_sdpa(t: Trial) -> None:
-    for _ in range(3):
-        sdpa_agreement(t, t.random.randint(1, 40), 0, t.random.choice([1, 2, 4]), t.random.choice([4, 8, 16]),
-                       whole=True)
-
-
-@hidden("17.1", "bad lengths raise ValueError")
-def bad_lengths(t: Trial) -> None:
-    t.expect_raises(ValueError, "causal_mask", -t.random.randint(1, 50), because="a length cannot be negative")
-    t.expect_raises(ValueError, "causal_mask", True, because="True is a bool, not a number of tokens")
-    t.expect_raises(ValueError, "causal_mask", 3.5, because="3.5 is not a whole number of tokens")
-    t.expect_raises(ValueError, "causal_mask", "4", because="'4' is a string, not a number of tokens")
-
-
-# -- 17.2 -------------------------------------------------------------------------------------
-
-@hidden("17.2", "num_cached 0 equals causal_mask of the chunk")
-def no_cache_equals_whole(t: Trial) -> None:
-    for n in [1, 2] + [t.random.randint(3, 200) for _ in range(4)]:
-        got = t.call("causal_mask_with_offset", n, 0)
-        expect_mask(got, t.ref.causal_mask(n), n, 0, whole=False)
-
-
-@hidden("17.2", "no new tokens: an empty [0, num_cached] mask")
-def no_new_tokens(t: Trial) -> None:
-    for c in (0, 1, 7, t.random.randint(8, 500)):
-        run_offset_case(t, 0, c)
-
-
-@hidden("17.2", "random chunks and decode steps from the grading seed")
-def random_chunks(t: Trial) -> None:
-    for _ in range(16):
-        num_new = 1 if t.random.random() < 0.3 else t.random.randint(1, 120)
-        run_offset_case(t, num_new, t.random.randint(0, 300))
-
-
-@hidden("17.2", "a long chunk: 2048 new tokens after 3000 cached")
-def long_chunk_after_long_prefix(t: Trial) -> None:
-    run_offset_case(t, 2048, 3000)
-
-
-@hidden("17.2", "agrees with scaled_dot_product_attention on a chunk after a prefix")
-def offset_agrees_with_sdpa(t: Trial) -> None:
-    cases = [(t.random.randint(2, 24), t.random.randint(1, 40)), (1, t.random.randint(1, 60)),
-             (t.random.randint(20, 60), t.random.randint(1, 10))]
-    for num_new, num_cached in cases:
-        sdpa_agreement(t, num_new, num_cached, t.random.choice([1, 2, 4]), t.random.choice([4, 8, 16]),
-                       whole=False)
-
-
-@hidden("17.2", "bad counts raise ValueError")
-def bad_offset_counts(t: Trial) -> None:
-    t.expect_raises(ValueError, "causal_mask_with_offset", -1, 4, because="num_new = −1 is not a number of tokens")
-    t.expect_raises(ValueError, "causal_mask_with_offset", 3, -t.random.randint(1, 50),
-                    because="a negative num_cached is not a number of tokens")
-    t.expect_raises(ValueError, "causal_mask_with_offset", True, 3, because="True is a bool, not a number of tokens")
-    t.expect_raises(ValueError, "causal_mask_with_offset", 2, 2.5, because="2.5 is not a whole number of tokens")
-    t.expect_raises(ValueError, "causal_mask_with_offset", "2", 3, because="'2' is a string, not a number of tokens")
+    problem = mask_problem(mask, want, num_new, num_cached, whole) or CheckFailed()
+    raise problem.within(
+        inputs_line(num_new, num_cached, whole)
+        + f"; {heads} head{'s' if heads > 1 else ''} of head_dim {dim}, random float64 q, k, v",
+        f"{call} must equal "
+        + (f"is_causal=True attention over the {s} tokens" if whole else
+           f"the last {num_new} rows of scaled_dot_product_attention(q, k, v, is_causal=True) over all {s} tokens"),
+        f"head {h}, output row {i} (position {num_cached + i}), component {d}: expected {fmt(full[idx])}, "
+        f"yours {fmt(out[idx])}",
+        *(["note: this top-left triangle is what SDPA's own is_causal=True uses when L ≠ S; flash-attn ≥ 2.1, "
+           "and nano-vllm through it, aligns the triangle to the bottom-right"]
+          if num_cached and torch.equal(mask, torch.ones_like(mask).tril()) else []))

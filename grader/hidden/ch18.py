@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from grader.checks import hidden
+from grader.authoring import CheckFailed, StudentRaised, Trial, hidden
 from grader.checks.ch18 import (
     expect_output,
     explain_output,
@@ -18,10 +18,7 @@ from grader.checks.ch18 import (
     run_bytes_case,
     run_mapping_case,
 )
-from grader.compare import CheckFailed
 from grader.hidden.ch18_models import end_aligned
-from grader.isolation.session import StudentRaised
-from grader.trial import Trial
 
 # (name, num_layers, num_heads, num_kv_heads, head_dim) of real models, from their config.json.
 REAL_MODELS = [("Qwen3-0.6B", 28, 16, 8, 128), ("Qwen3-32B", 64, 64, 8, 128), ("Llama-3-8B", 32, 32, 8, 128),
@@ -37,7 +34,7 @@ def sample_heads(t: Trial, num_heads: int, num_kv_heads: int, count: int = 10) -
     return sorted(heads)
 
 
-@hidden("18.1", "random head counts, consecutive groups")
+@hidden("ch18.1", "random head counts, consecutive groups")
 def random_groups(t: Trial) -> None:
     for _ in range(15):
         num_kv_heads, group = t.random.choice([1, 2, 3, 4, 8, 16]), t.random.choice([1, 2, 3, 4, 5, 8])
@@ -45,28 +42,28 @@ def random_groups(t: Trial) -> None:
         run_mapping_case(t, num_heads, num_kv_heads, sample_heads(t, num_heads, num_kv_heads))
 
 
-@hidden("18.1", "real models: Qwen3, Llama-3, Qwen2.5, Falcon (MQA), GPT-2 (MHA)")
+@hidden("ch18.1", "real models: Qwen3, Llama-3, Qwen2.5, Falcon (MQA), GPT-2 (MHA)")
 def real_model_groups(t: Trial) -> None:
     for _, _, num_heads, num_kv_heads, _ in REAL_MODELS:
         run_mapping_case(t, num_heads, num_kv_heads, sample_heads(t, num_heads, num_kv_heads, 6))
 
 
-@hidden("18.1", "tensor parallelism: each rank's heads keep the grouping")
+@hidden("ch18.1", "tensor parallelism: each rank's heads keep the grouping")
 def tensor_parallel_groups(t: Trial) -> None:
     # nano-vllm: rank r holds q heads [r·H/tp, …) and kv heads [r·Hkv/tp, …); per rank the same rule applies.
     for tp in (2, 4, 8):
         run_mapping_case(t, 64 // tp, 8 // tp)
 
 
-@hidden("18.1", "bad head counts and heads raise ValueError")
+@hidden("ch18.1", "bad head counts and heads raise ValueError")
 def bad_mapping_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, "kv_head_for", 0, 4, 8, because="8 K/V heads do not divide 4 query heads")
-    t.expect_raises(ValueError, "kv_head_for", 0, 8, 0, because="0 K/V heads cannot be shared by anyone")
-    t.expect_raises(ValueError, "kv_head_for", 0, 0, 1, because="there must be at least one query head")
-    t.expect_raises(ValueError, "kv_head_for", 0, 8, -2, because="a head count cannot be negative")
-    t.expect_raises(ValueError, "kv_head_for", -1, 8, 2, because="query heads are numbered from 0")
-    t.expect_raises(ValueError, "kv_head_for", 16, 16, 8, because="16 query heads are numbered 0 … 15")
-    t.expect_raises(ValueError, "kv_head_for", 1.0, 4, 2, because="a head index is an int, not a float")
+    t.expect_raises(ValueError, t.yours.kv_head_for, 0, 4, 8, because="8 K/V heads do not divide 4 query heads")
+    t.expect_raises(ValueError, t.yours.kv_head_for, 0, 8, 0, because="0 K/V heads cannot be shared by anyone")
+    t.expect_raises(ValueError, t.yours.kv_head_for, 0, 0, 1, because="there must be at least one query head")
+    t.expect_raises(ValueError, t.yours.kv_head_for, 0, 8, -2, because="a head count cannot be negative")
+    t.expect_raises(ValueError, t.yours.kv_head_for, -1, 8, 2, because="query heads are numbered from 0")
+    t.expect_raises(ValueError, t.yours.kv_head_for, 16, 16, 8, because="16 query heads are numbered 0 … 15")
+    t.expect_raises(ValueError, t.yours.kv_head_for, 1.0, 4, 2, because="a head index is an int, not a float")
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None) -> torch.Tensor:
@@ -86,7 +83,7 @@ def random_shape(t: Trial) -> tuple[int, int, int, int, int]:
     return T, T + t.random.choice([0, 0, 1, 5, 17]), num_kv_heads * group, num_kv_heads, t.random.choice([8, 16, 64])
 
 
-@hidden("18.2", "agreement with scaled_dot_product_attention: MHA, GQA, MQA, causal, S ≥ T")
+@hidden("ch18.2", "agreement with scaled_dot_product_attention: MHA, GQA, MQA, causal, S ≥ T")
 def sdpa_causal(t: Trial) -> None:
     fixed = [(4, 4, 4, 4, 16), (4, 9, 8, 2, 16), (3, 11, 8, 1, 32)]  # MHA, GQA, MQA
     for T, S, Hq, Hkv, d in fixed + [random_shape(t) for _ in range(7)]:
@@ -95,7 +92,7 @@ def sdpa_causal(t: Trial) -> None:
                            want=sdpa(q, k, v, True, None))
 
 
-@hidden("18.2", "agreement with scaled_dot_product_attention: not causal, custom scales")
+@hidden("ch18.2", "agreement with scaled_dot_product_attention: not causal, custom scales")
 def sdpa_not_causal(t: Trial) -> None:
     for i in range(8):
         T, S, Hq, Hkv, d = random_shape(t)
@@ -107,7 +104,7 @@ def sdpa_not_causal(t: Trial) -> None:
                            want=sdpa(q, k, v, False, scale))
 
 
-@hidden("18.2", "Qwen3-0.6B shapes: 16 query heads over 8 K/V heads, head_dim 128")
+@hidden("ch18.2", "Qwen3-0.6B shapes: 16 query heads over 8 K/V heads, head_dim 128")
 def qwen3_shapes(t: Trial) -> None:
     # A chunked prefill (5 new after 7 cached) and a decode step; the default scale is 1/√128.
     for T, S in ((5, 12), (1, 30)):
@@ -126,12 +123,12 @@ KV_CASES = ((3, 8192, 16, 2, 128, True), (1, 8192, 16, 1, 128, False))
 KV_SPARE = 16 << 20
 
 
-@hidden("18.2", "no per-query-head copy of K or V is created (measured)")
+@hidden("ch18.2", "no per-query-head copy of K or V is created (measured)")
 def no_kv_copy(t: Trial) -> None:
     for T, S, Hq, Hkv, d, causal in KV_CASES:
         q, k, v = random_qkv(t, T, S, Hq, Hkv, d)
         try:
-            call = t.run("gqa_attention", q, k, v, causal=causal, memory=q.nbytes + k.nbytes + v.nbytes + KV_SPARE)
+            call = t.yours.gqa_attention.run(q, k, v, causal=causal, memory=q.nbytes + k.nbytes + v.nbytes + KV_SPARE)
         except StudentRaised as e:
             if not e.error.get("out_of_memory"):
                 raise
@@ -176,28 +173,28 @@ def explain_copy(e: StudentRaised, T: int, S: int, Hq: int, Hkv: int, d: int, it
     return CheckFailed("\n".join(lines))
 
 
-@hidden("18.2", "large scores stay finite (a stable softmax)")
+@hidden("ch18.2", "large scores stay finite (a stable softmax)")
 def large_scores(t: Trial) -> None:
     # Scores up to ~±150: exp() of them overflows float32 unless each row's maximum is subtracted first.
     q, k, v = random_qkv(t, 4, 10, 4, 2, 16, magnitude=50.0)
-    got = t.call("gqa_attention", q, k, v)
+    got = t.yours.gqa_attention(q, k, v)
     out = expect_output(got, q)
     explain_output(out, t.ref.gqa_attention(q, k, v), q, k, v, causal=True, scale=None,
                    case="scores up to about ±150", atol=1e-4, rtol=1e-4)
 
 
-@hidden("18.2", "mismatched shapes raise ValueError")
+@hidden("ch18.2", "mismatched shapes raise ValueError")
 def bad_attention_inputs(t: Trial) -> None:
     z = torch.zeros
-    t.expect_raises(ValueError, "gqa_attention", z(2, 4, 8), z(5, 2, 8), z(5, 1, 8),
+    t.expect_raises(ValueError, t.yours.gqa_attention, z(2, 4, 8), z(5, 2, 8), z(5, 1, 8),
                     because="k [5, 2, 8] and v [5, 1, 8] must have the same shape")
-    t.expect_raises(ValueError, "gqa_attention", z(2, 4, 8), z(5, 2, 16), z(5, 2, 16),
+    t.expect_raises(ValueError, t.yours.gqa_attention, z(2, 4, 8), z(5, 2, 16), z(5, 2, 16),
                     because="q has head_dim 8 but k has head_dim 16")
-    t.expect_raises(ValueError, "gqa_attention", z(5, 4, 8), z(3, 2, 8), z(3, 2, 8),
+    t.expect_raises(ValueError, t.yours.gqa_attention, z(5, 4, 8), z(3, 2, 8), z(3, 2, 8),
                     because="with causal=True the 5 queries must be the last 5 of at least 5 keys (S=3)")
 
 
-@hidden("18.3", "random configurations")
+@hidden("ch18.3", "random configurations")
 def random_bytes(t: Trial) -> None:
     for _ in range(20):
         run_bytes_case(t, t.random.randint(1, 128), t.random.choice([1, 2, 4, 8, 16, 32]),
@@ -205,7 +202,7 @@ def random_bytes(t: Trial) -> None:
                        t.random.choice([1, 2, 4]))
 
 
-@hidden("18.3", "real models: a 32k context in bf16, fp8, fp32, per tensor-parallel rank")
+@hidden("ch18.3", "real models: a 32k context in bf16, fp8, fp32, per tensor-parallel rank")
 def real_model_bytes(t: Trial) -> None:
     for _, layers, _, kv_heads, head_dim in REAL_MODELS:
         for dtype_bytes in (2, 1, 4):
@@ -214,7 +211,7 @@ def real_model_bytes(t: Trial) -> None:
         run_bytes_case(t, 28, 8 // tp, 128, 256, 2)
 
 
-@hidden("18.3", "huge caches stay exact (beyond 2^53)")
+@hidden("ch18.3", "huge caches stay exact (beyond 2^53)")
 def huge_exact(t: Trial) -> None:
     for _ in range(3):
         args = (t.random.randint(10**5, 10**6) | 1, t.random.choice([3, 7, 9]), t.random.randint(10**4, 10**5) | 1,
@@ -223,9 +220,9 @@ def huge_exact(t: Trial) -> None:
         run_bytes_case(t, *args)
 
 
-@hidden("18.3", "bad sizes raise ValueError")
+@hidden("ch18.3", "bad sizes raise ValueError")
 def bad_bytes_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, "kv_cache_bytes", 28, 8, 128, 10, 0, because="an element takes at least one byte")
-    t.expect_raises(ValueError, "kv_cache_bytes", -28, 8, 128, 10, 2, because="a model has no negative layers")
-    t.expect_raises(ValueError, "kv_cache_bytes", 28, 0, 128, 10, 2, because="attention needs at least one K/V head")
-    t.expect_raises(ValueError, "kv_cache_bytes", 28, 8, -128, 10, 2, because="head_dim must be positive")
+    t.expect_raises(ValueError, t.yours.kv_cache_bytes, 28, 8, 128, 10, 0, because="an element takes at least one byte")
+    t.expect_raises(ValueError, t.yours.kv_cache_bytes, -28, 8, 128, 10, 2, because="a model has no negative layers")
+    t.expect_raises(ValueError, t.yours.kv_cache_bytes, 28, 0, 128, 10, 2, because="attention needs at least one K/V head")
+    t.expect_raises(ValueError, t.yours.kv_cache_bytes, 28, 8, -128, 10, 2, because="head_dim must be positive")

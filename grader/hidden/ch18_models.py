@@ -2,7 +2,7 @@
 shipped).
 
 `grader.checks.ch18` names each misconception and compares; the values come from here, through
-`grader.checks.hidden_model` drivers, so a student release holds only those of its fixed instances.
+`grader.authoring.hidden_model` drivers, so a student release holds only those of its fixed instances.
 """
 
 from __future__ import annotations

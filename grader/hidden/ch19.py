@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks import hidden
+from grader.authoring import CheckFailed, Trial, hidden
 from grader.checks.ch19 import (
     EPS,
     agrees,
@@ -22,8 +22,6 @@ from grader.checks.ch19 import (
     run_rope_case,
     short,
 )
-from grader.compare import CheckFailed
-from grader.trial import Trial
 
 
 def tiny_qwen3(t: Trial, *, head_dim: int, base: float, heads: int = 4, kv_heads: int = 2):
@@ -45,7 +43,7 @@ def hf_cos_sin(qwen3, config, positions: list[int]) -> tuple[torch.Tensor, torch
 
 # -- 19.1 ---------------------------------------------------------------------------------------------
 
-@hidden("19.1", "random head_dims, bases and positions")
+@hidden("ch19.1", "random head_dims, bases and positions")
 def random_cos_sin(t: Trial) -> None:
     for _ in range(12):
         d = t.random.choice([2, 4, 8, 16, 64, 128, 256])
@@ -54,7 +52,7 @@ def random_cos_sin(t: Trial) -> None:
         run_cos_sin_case(t, positions, d, base, f"d={d}, base {fmt(base, 8)}", as_tensor=t.random.random() < 0.7)
 
 
-@hidden("19.1", "agreement with transformers' Qwen3RotaryEmbedding")
+@hidden("ch19.1", "agreement with transformers' Qwen3RotaryEmbedding")
 def hf_rotary_table(t: Trial) -> None:
     for d, base in ((8, 10000.0), (64, 1e6), (128, 1e6)):
         config, qwen3 = tiny_qwen3(t, head_dim=d, base=base)
@@ -62,31 +60,31 @@ def hf_rotary_table(t: Trial) -> None:
         cos, sin = hf_cos_sin(qwen3, config, positions)
         if not torch.equal(cos[:, : d // 2], cos[:, d // 2:]):  # HF repeats the d/2 angles: cat((freqs, freqs))
             raise CheckFailed("grader error: transformers' table is not cat((freqs, freqs)); tell your instructor")
-        got = t.call("rope_cos_sin", torch.tensor(positions), d, base)
+        got = t.yours.rope_cos_sin(torch.tensor(positions), d, base)
         expect_cos_sin(got, positions, d, base, (cos[:, : d // 2], sin[:, : d // 2]),
                        f"transformers Qwen3RotaryEmbedding, head_dim {d}, rope_theta {fmt(base, 8)}")
 
 
-@hidden("19.1", "long context: positions up to Qwen3's 40960, in float32")
+@hidden("ch19.1", "long context: positions up to Qwen3's 40960, in float32")
 def long_context(t: Trial) -> None:
     positions = [257, 4097, 32767, 40959] + [t.random.randrange(40960) for _ in range(8)]
     run_cos_sin_case(t, positions, 128, 1e6, "Qwen3-0.6B, max_position_embeddings 40960")
 
 
-@hidden("19.1", "bad inputs raise ValueError")
+@hidden("ch19.1", "bad inputs raise ValueError")
 def bad_cos_sin_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, "rope_cos_sin", torch.arange(2), 7, 10000.0, because="head_dim 7 is odd: no pairs")
-    t.expect_raises(ValueError, "rope_cos_sin", torch.arange(2), 0, 10000.0, because="head_dim 0 has no channels")
-    t.expect_raises(ValueError, "rope_cos_sin", torch.tensor([0, -1]), 8, 10000.0,
+    t.expect_raises(ValueError, t.yours.rope_cos_sin, torch.arange(2), 7, 10000.0, because="head_dim 7 is odd: no pairs")
+    t.expect_raises(ValueError, t.yours.rope_cos_sin, torch.arange(2), 0, 10000.0, because="head_dim 0 has no channels")
+    t.expect_raises(ValueError, t.yours.rope_cos_sin, torch.tensor([0, -1]), 8, 10000.0,
                     because="positions are 0-based: −1 is not a position")
-    t.expect_raises(ValueError, "rope_cos_sin", torch.tensor([0.5, 1.0]), 8, 10000.0,
+    t.expect_raises(ValueError, t.yours.rope_cos_sin, torch.tensor([0.5, 1.0]), 8, 10000.0,
                     because="positions are integers, not float32 values")
-    t.expect_raises(ValueError, "rope_cos_sin", torch.arange(2), 8, 0.0, because="the RoPE base must be positive")
+    t.expect_raises(ValueError, t.yours.rope_cos_sin, torch.arange(2), 8, 0.0, because="the RoPE base must be positive")
 
 
 # -- 19.2 ---------------------------------------------------------------------------------------------
 
-@hidden("19.2", "agreement with transformers' apply_rotary_pos_emb (Qwen3)")
+@hidden("ch19.2", "agreement with transformers' apply_rotary_pos_emb (Qwen3)")
 def hf_apply_rotary(t: Trial) -> None:
     for d, base in ((8, 10000.0), (64, 1e6)):
         config, qwen3 = tiny_qwen3(t, head_dim=d, base=base)
@@ -98,12 +96,12 @@ def hf_apply_rotary(t: Trial) -> None:
                                                     sin[None])
         half = (cos[:, : d // 2], sin[:, : d // 2])
         for name, x, want in (("q", q, want_q), ("k", k, want_k)):
-            y = expect_rotated(t.call("apply_rope", x, *half), x, f"the rotated {name}")
+            y = expect_rotated(t.yours.apply_rope(x, *half), x, f"the rotated {name}")
             explain_rotated(y, want[0].transpose(0, 1), x, *half, f"transformers apply_rotary_pos_emb, {name}, d={d}",
                             positions)
 
 
-@hidden("19.2", "random shapes and positions, float32 and bf16")
+@hidden("ch19.2", "random shapes and positions, float32 and bf16")
 def random_rope(t: Trial) -> None:
     for i in range(8):
         n, h, d = t.random.randint(1, 9), t.random.randint(1, 5), t.random.choice([2, 8, 32, 128])
@@ -114,12 +112,12 @@ def random_rope(t: Trial) -> None:
                       f"{n} tokens, {h} heads, d={d}, {str(x.dtype)[6:]}")
 
 
-@hidden("19.2", "a rotation keeps every head's length")
+@hidden("ch19.2", "a rotation keeps every head's length")
 def norm_preserved(t: Trial) -> None:
     x = torch.randn(12, 3, 64, generator=t.rng, dtype=torch.float64).float()
     positions = [t.random.randrange(10000) for _ in range(12)]
     cos, sin = t.ref.rope_cos_sin(positions, 64, 1e6)
-    y = expect_rotated(t.call("apply_rope", x, cos, sin), x)
+    y = expect_rotated(t.yours.apply_rope(x, cos, sin), x)
     before, after = x.double().norm(dim=-1), y.double().norm(dim=-1)
     bad = ((after - before).abs() > 1e-5 * before).nonzero()
     if len(bad):
@@ -129,7 +127,7 @@ def norm_preserved(t: Trial) -> None:
                           f"lengths: (x1·cos − x2·sin)² + (x2·cos + x1·sin)² = x1² + x2²")
 
 
-@hidden("19.2", "relative position: q·k depends only on the position difference")
+@hidden("ch19.2", "relative position: q·k depends only on the position difference")
 def relative_position(t: Trial) -> None:
     n, d = 8, 32
     q, k = torch.randn(n, 1, d, generator=t.rng), torch.randn(n, 1, d, generator=t.rng)
@@ -138,8 +136,8 @@ def relative_position(t: Trial) -> None:
     shift = t.random.randint(100, 3000)
 
     def scores(offset: int) -> torch.Tensor:
-        rq = expect_rotated(t.call("apply_rope", q, *t.ref.rope_cos_sin([p + offset for p in pq], d, 10000.0)), q)
-        rk = expect_rotated(t.call("apply_rope", k, *t.ref.rope_cos_sin([p + offset for p in pk], d, 10000.0)), k)
+        rq = expect_rotated(t.yours.apply_rope(q, *t.ref.rope_cos_sin([p + offset for p in pq], d, 10000.0)), q)
+        rk = expect_rotated(t.yours.apply_rope(k, *t.ref.rope_cos_sin([p + offset for p in pk], d, 10000.0)), k)
         return (rq.double() * rk.double()).sum((1, 2))
 
     near, far = scores(0), scores(shift)
@@ -153,19 +151,19 @@ def relative_position(t: Trial) -> None:
                           f"same position; do not add or mix anything else into q and k")
 
 
-@hidden("19.2", "bad shapes raise ValueError")
+@hidden("ch19.2", "bad shapes raise ValueError")
 def bad_rope_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, "apply_rope", torch.zeros(2, 1, 5), torch.ones(2, 2), torch.zeros(2, 2),
+    t.expect_raises(ValueError, t.yours.apply_rope, torch.zeros(2, 1, 5), torch.ones(2, 2), torch.zeros(2, 2),
                     because="head_dim 5 is odd: channels cannot be split into pairs (x[j], x[j + d/2])")
-    t.expect_raises(ValueError, "apply_rope", torch.zeros(3, 2, 8), torch.ones(2, 4), torch.zeros(2, 4),
+    t.expect_raises(ValueError, t.yours.apply_rope, torch.zeros(3, 2, 8), torch.ones(2, 4), torch.zeros(2, 4),
                     because="x has 3 tokens but cos/sin have rows for 2")
-    t.expect_raises(ValueError, "apply_rope", torch.zeros(3, 8), torch.ones(3, 4), torch.zeros(3, 4),
+    t.expect_raises(ValueError, t.yours.apply_rope, torch.zeros(3, 8), torch.ones(3, 4), torch.zeros(3, 4),
                     because="x must be [tokens, heads, head_dim]")
 
 
 # -- 19.3 ---------------------------------------------------------------------------------------------
 
-@hidden("19.3", "agreement with transformers' Qwen3Attention (q_norm, k_norm, RoPE; V untouched)")
+@hidden("ch19.3", "agreement with transformers' Qwen3Attention (q_norm, k_norm, RoPE; V untouched)")
 def hf_qwen3_attention(t: Trial) -> None:
     config, qwen3 = tiny_qwen3(t, head_dim=16, base=1e6, heads=4, kv_heads=2)
     attn = qwen3.Qwen3Attention(config, layer_idx=0).eval()
@@ -188,7 +186,7 @@ def hf_qwen3_attention(t: Trial) -> None:
         # transformers' own order of operations gives the expected q and k
         hq, hk = qwen3.apply_rotary_pos_emb(attn.q_norm(q).transpose(0, 1)[None], attn.k_norm(k).transpose(0, 1)[None],
                                             cos[None], sin[None])
-    got = t.call("qk_norm_rope", q, k, wq, wk, torch.tensor(positions), 1e6, config.rms_norm_eps)
+    got = t.yours.qk_norm_rope(q, k, wq, wk, torch.tensor(positions), 1e6, config.rms_norm_eps)
     yq, yk = expect_qk(got, q, k)
     case = "transformers Qwen3Attention, 7 tokens, Hq=4, Hkv=2, d=16"
     explain_qk("q", yq, hq[0].transpose(0, 1), q, wq, wk, positions, 1e6, config.rms_norm_eps, case)
@@ -202,7 +200,7 @@ def hf_qwen3_attention(t: Trial) -> None:
                           f"output differs from Qwen3Attention's by up to {fmt((out - want_out).abs().max())}")
 
 
-@hidden("19.3", "random shapes, positions, bases and dtypes")
+@hidden("ch19.3", "random shapes, positions, bases and dtypes")
 def random_qk(t: Trial) -> None:
     for i in range(6):
         n, kv, group = t.random.randint(1, 6), t.random.choice([1, 2]), t.random.choice([1, 2, 4])
@@ -217,7 +215,7 @@ def random_qk(t: Trial) -> None:
                     eps=t.random.choice([1e-6, 1e-5]))
 
 
-@hidden("19.3", "Qwen3-0.6B shapes: 16 query heads, 8 K/V heads, head_dim 128, bf16")
+@hidden("ch19.3", "Qwen3-0.6B shapes: 16 query heads, 8 K/V heads, head_dim 128, bf16")
 def qwen3_shapes(t: Trial) -> None:
     q = torch.randn(3, 16, 128, generator=t.rng).bfloat16()
     k = torch.randn(3, 8, 128, generator=t.rng).bfloat16()
@@ -225,7 +223,7 @@ def qwen3_shapes(t: Trial) -> None:
                 [40, 41, 42], 1e6, "Qwen3-0.6B, a chunk at positions 40–42")
 
 
-@hidden("19.3", "tokens in any order: each token rotated at its own position")
+@hidden("ch19.3", "tokens in any order: each token rotated at its own position")
 def unordered_positions(t: Trial) -> None:
     positions = [9, 0, 4, 4, 30]
     q, k = torch.randn(5, 2, 8, generator=t.rng), torch.randn(5, 2, 8, generator=t.rng)
@@ -233,14 +231,14 @@ def unordered_positions(t: Trial) -> None:
                 f"positions {short(positions)}")
 
 
-@hidden("19.3", "bad inputs raise ValueError")
+@hidden("ch19.3", "bad inputs raise ValueError")
 def bad_qk_inputs(t: Trial) -> None:
     w = torch.ones(8)
-    t.expect_raises(ValueError, "qk_norm_rope", torch.zeros(2, 4, 8), torch.zeros(3, 2, 8), w, w, torch.arange(2),
+    t.expect_raises(ValueError, t.yours.qk_norm_rope, torch.zeros(2, 4, 8), torch.zeros(3, 2, 8), w, w, torch.arange(2),
                     1e6, EPS, because="q has 2 tokens and k has 3")
-    t.expect_raises(ValueError, "qk_norm_rope", torch.zeros(2, 4, 8), torch.zeros(2, 2, 8), w, w, torch.arange(3),
+    t.expect_raises(ValueError, t.yours.qk_norm_rope, torch.zeros(2, 4, 8), torch.zeros(2, 2, 8), w, w, torch.arange(3),
                     1e6, EPS, because="there are 2 tokens but 3 positions")
-    t.expect_raises(ValueError, "qk_norm_rope", torch.zeros(2, 4, 7), torch.zeros(2, 2, 7), torch.ones(7),
+    t.expect_raises(ValueError, t.yours.qk_norm_rope, torch.zeros(2, 4, 7), torch.zeros(2, 2, 7), torch.ones(7),
                     torch.ones(7), torch.arange(2), 1e6, EPS, because="head_dim 7 is odd: RoPE rotates pairs")
-    t.expect_raises(ValueError, "qk_norm_rope", torch.zeros(2, 4, 8), torch.zeros(2, 2, 16), w, torch.ones(16),
+    t.expect_raises(ValueError, t.yours.qk_norm_rope, torch.zeros(2, 4, 8), torch.zeros(2, 2, 16), w, torch.ones(16),
                     torch.arange(2), 1e6, EPS, because="q has head_dim 8 and k has head_dim 16")

@@ -1,7 +1,7 @@
 """ch19's models of RoPE and of the per-head norm, with the variants a misconception gives (never shipped).
 
 `grader.checks.ch19` names each misconception and compares; the values come from here, through
-`grader.checks.hidden_model` drivers, so a student release holds only those of its fixed instances.
+`grader.authoring.hidden_model` drivers, so a student release holds only those of its fixed instances.
 """
 
 from __future__ import annotations

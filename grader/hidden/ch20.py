@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks import hidden
+from grader.authoring import CheckFailed, Trial, expect_tensor, fmt, hidden
 from grader.checks.ch20 import (
     EPS,
     expect_pair,
@@ -20,8 +20,6 @@ from grader.checks.ch20 import (
     run_mlp_case,
     run_norm_case,
 )
-from grader.compare import CheckFailed, expect_tensor, fmt
-from grader.trial import Trial
 
 
 def qwen3(t: Trial):
@@ -32,7 +30,7 @@ def qwen3(t: Trial):
 
 # -- 20.1 ---------------------------------------------------------------------------------------------
 
-@hidden("20.1", "agreement with transformers' Qwen3RMSNorm (float32 and bf16)")
+@hidden("ch20.1", "agreement with transformers' Qwen3RMSNorm (float32 and bf16)")
 def hf_rms_norm(t: Trial) -> None:
     m = qwen3(t)
     for dtype, h in ((torch.float32, 32), (torch.bfloat16, 128), (torch.bfloat16, 1024)):
@@ -44,7 +42,7 @@ def hf_rms_norm(t: Trial) -> None:
         run_norm_case(t, x, norm.weight.detach().clone(), f"Qwen3RMSNorm({h}), {str(dtype)[6:]}", want=want)
 
 
-@hidden("20.1", "random shapes, sizes and dtypes")
+@hidden("ch20.1", "random shapes, sizes and dtypes")
 def random_norms(t: Trial) -> None:
     for i in range(8):
         shape = [t.random.randint(1, 5) for _ in range(t.random.randint(0, 2))] + [t.random.choice([1, 2, 8, 64, 256])]
@@ -54,24 +52,24 @@ def random_norms(t: Trial) -> None:
                       eps=t.random.choice([1e-6, 1e-5]))
 
 
-@hidden("20.1", "tiny activations: eps inside the root")
+@hidden("ch20.1", "tiny activations: eps inside the root")
 def tiny_norms(t: Trial) -> None:
     # mean(x²) ≈ 1e-8 ≪ eps = 1e-6: the result is about x / 1e-3, far from x / rms(x)
     x = torch.randn(3, 16, generator=t.rng) * 1e-4
     run_norm_case(t, x, torch.ones(16), "x ≈ 1e-4, eps 1e-6")
 
 
-@hidden("20.1", "bad inputs raise ValueError")
+@hidden("ch20.1", "bad inputs raise ValueError")
 def bad_norm_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, "rms_norm", torch.ones(4, 8), torch.ones(4), 1e-6,
+    t.expect_raises(ValueError, t.yours.rms_norm, torch.ones(4, 8), torch.ones(4), 1e-6,
                     because="the weight must be [8] (the last dimension), not [4] (the tokens)")
-    t.expect_raises(ValueError, "rms_norm", torch.ones(4, 8), torch.ones(1, 8), 1e-6,
+    t.expect_raises(ValueError, t.yours.rms_norm, torch.ones(4, 8), torch.ones(1, 8), 1e-6,
                     because="the weight is 1-D [H]")
 
 
 # -- 20.2 ---------------------------------------------------------------------------------------------
 
-@hidden("20.2", "random batches, float32 and bf16, with and without a residual")
+@hidden("ch20.2", "random batches, float32 and bf16, with and without a residual")
 def random_adds(t: Trial) -> None:
     for i in range(8):
         n, h = t.random.randint(1, 6), t.random.choice([4, 16, 64, 256])
@@ -82,7 +80,7 @@ def random_adds(t: Trial) -> None:
                      f"{n} tokens, H = {h}, {str(dtype)[6:]}, residual {'None' if r is None else 'given'}")
 
 
-@hidden("20.2", "a stack of pre-norm layers: the residual stream is the running sum")
+@hidden("ch20.2", "a stack of pre-norm layers: the residual stream is the running sum")
 def residual_stream(t: Trial) -> None:
     # Toy sublayers (fixed linear maps) in nano-vllm's fused form; the residual must equal the logical
     # h_{l+1} = h_l + sublayer(norm(h_l)) computed without any fusion.
@@ -93,7 +91,7 @@ def residual_stream(t: Trial) -> None:
     hidden_out, residual, logical = emb, None, emb.double()
     for k in range(2 * layers + 1):          # the last call is the model's final norm
         case = f"sublayer {k} of a {layers}-layer stack" if k < 2 * layers else "the final norm"
-        got = expect_pair(t.call("add_rms_norm", hidden_out, residual, weights[k], EPS), hidden_out, residual)
+        got = expect_pair(t.yours.add_rms_norm(hidden_out, residual, weights[k], EPS), hidden_out, residual)
         explain_add(*got, hidden_out, residual, weights[k], EPS,
                     t.ref.add_rms_norm(hidden_out, residual, weights[k], EPS), case)
         if k:
@@ -109,17 +107,17 @@ def residual_stream(t: Trial) -> None:
                           f"dropped")
 
 
-@hidden("20.2", "bad inputs raise ValueError")
+@hidden("ch20.2", "bad inputs raise ValueError")
 def bad_add_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, "add_rms_norm", torch.ones(2, 8), torch.ones(2, 4), torch.ones(8), 1e-6,
+    t.expect_raises(ValueError, t.yours.add_rms_norm, torch.ones(2, 8), torch.ones(2, 4), torch.ones(8), 1e-6,
                     because="the residual [2, 4] cannot be added to x [2, 8]")
-    t.expect_raises(ValueError, "add_rms_norm", torch.ones(2, 8), torch.ones(2, 8), torch.ones(2), 1e-6,
+    t.expect_raises(ValueError, t.yours.add_rms_norm, torch.ones(2, 8), torch.ones(2, 8), torch.ones(2), 1e-6,
                     because="the weight must be [8]")
 
 
 # -- 20.3 ---------------------------------------------------------------------------------------------
 
-@hidden("20.3", "random shapes and dtypes")
+@hidden("ch20.3", "random shapes and dtypes")
 def random_acts(t: Trial) -> None:
     for i in range(8):
         shape = [t.random.randint(1, 4) for _ in range(t.random.randint(0, 2))] + [2 * t.random.choice([1, 3, 64])]
@@ -127,32 +125,32 @@ def random_acts(t: Trial) -> None:
         run_act_case(t, (torch.randn(shape, generator=t.rng) * 4).to(dtype), f"gate_up {shape} {str(dtype)[6:]}")
 
 
-@hidden("20.3", "large gates: SiLU saturates without inf or nan")
+@hidden("ch20.3", "large gates: SiLU saturates without inf or nan")
 def large_gates(t: Trial) -> None:
     gate = torch.tensor([[-500.0, -90.0, -20.0, 0.0, 20.0, 90.0, 500.0]])
     run_act_case(t, torch.cat((gate, torch.full_like(gate, 2.0)), dim=-1), "gates from −500 to 500, up = 2")
 
 
-@hidden("20.3", "agreement with transformers' SiLU (ACT2FN['silu']) on Qwen3-0.6B's width")
+@hidden("ch20.3", "agreement with transformers' SiLU (ACT2FN['silu']) on Qwen3-0.6B's width")
 def hf_silu(t: Trial) -> None:
     t.require("transformers")
     from transformers.activations import ACT2FN
     gu = torch.randn(3, 2 * 3072, generator=t.rng) * 3
     want = ACT2FN["silu"](gu[:, :3072]) * gu[:, 3072:]
-    got = expect_tensor(t.call("silu_and_mul", gu), what="SiLU(gate)·up [3, 3072]", shape=[3, 3072],
+    got = expect_tensor(t.yours.silu_and_mul(gu), what="SiLU(gate)·up [3, 3072]", shape=[3, 3072],
                         dtype=torch.float32)
     explain_act(got, want, gu, "Qwen3-0.6B width, I = 3072")
 
 
-@hidden("20.3", "bad inputs raise ValueError")
+@hidden("ch20.3", "bad inputs raise ValueError")
 def bad_act_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, "silu_and_mul", torch.ones(3, 4, 5), because="5 channels cannot split in two")
-    t.expect_raises(ValueError, "silu_and_mul", torch.tensor(1.0), because="a scalar has no gate | up dimension")
+    t.expect_raises(ValueError, t.yours.silu_and_mul, torch.ones(3, 4, 5), because="5 channels cannot split in two")
+    t.expect_raises(ValueError, t.yours.silu_and_mul, torch.tensor(1.0), because="a scalar has no gate | up dimension")
 
 
 # -- 20.4 ---------------------------------------------------------------------------------------------
 
-@hidden("20.4", "agreement with transformers' Qwen3MLP (float32 and bf16)")
+@hidden("ch20.4", "agreement with transformers' Qwen3MLP (float32 and bf16)")
 def hf_mlp(t: Trial) -> None:
     m = qwen3(t)
     for dtype, h, i in ((torch.float32, 32, 48), (torch.bfloat16, 64, 192)):
@@ -170,14 +168,14 @@ def hf_mlp(t: Trial) -> None:
         run_mlp_case(t, x, w_gu, w_down, f"Qwen3MLP(hidden {h}, intermediate {i}), {str(dtype)[6:]}", want=want)
 
 
-@hidden("20.4", "token independence: permuting the tokens permutes the outputs")
+@hidden("ch20.4", "token independence: permuting the tokens permutes the outputs")
 def token_independence(t: Trial) -> None:
     w_gu, w_down = random_mlp(t, 16, 40)
     x = torch.randn(9, 16, generator=t.rng)
     perm = torch.randperm(9, generator=t.rng)
-    y = expect_tensor(t.call("swiglu_mlp", x, w_gu, w_down), what="the MLP output [9, 16]", shape=[9, 16],
+    y = expect_tensor(t.yours.swiglu_mlp(x, w_gu, w_down), what="the MLP output [9, 16]", shape=[9, 16],
                       dtype=torch.float32)
-    y_perm = expect_tensor(t.call("swiglu_mlp", x[perm], w_gu, w_down), what="the MLP output [9, 16]",
+    y_perm = expect_tensor(t.yours.swiglu_mlp(x[perm], w_gu, w_down), what="the MLP output [9, 16]",
                            shape=[9, 16], dtype=torch.float32)
     bad = mlp_wrong(y_perm, y[perm]).any(dim=-1).nonzero()
     if len(bad):
@@ -187,12 +185,12 @@ def token_independence(t: Trial) -> None:
                           f"never mix tokens\nhint: the projections act on the last dimension (x · Wᵀ); nothing "
                           f"may reduce or mix along the token dimension")
     explain_mlp(y, t.ref.swiglu_mlp(x, w_gu, w_down), x, w_gu, w_down, "9 tokens")
-    alone = expect_tensor(t.call("swiglu_mlp", x[3:4], w_gu, w_down), what="the MLP output [1, 16]", shape=[1, 16],
+    alone = expect_tensor(t.yours.swiglu_mlp(x[3:4], w_gu, w_down), what="the MLP output [1, 16]", shape=[1, 16],
                           dtype=torch.float32)
     explain_mlp(alone, y[3:4], x[3:4], w_gu, w_down, "token 3 alone must give its row of the batch")
 
 
-@hidden("20.4", "random widths, leading shapes and bf16")
+@hidden("ch20.4", "random widths, leading shapes and bf16")
 def random_mlps(t: Trial) -> None:
     for k in range(6):
         h, i = t.random.choice([4, 16, 64]), t.random.choice([1, 6, 48, 96])
@@ -203,11 +201,11 @@ def random_mlps(t: Trial) -> None:
                      f"x {lead + [h]}, I = {i}, {str(dtype)[6:]}")
 
 
-@hidden("20.4", "mismatched or odd weights raise ValueError")
+@hidden("ch20.4", "mismatched or odd weights raise ValueError")
 def bad_mlp_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, "swiglu_mlp", torch.ones(2, 4), torch.ones(11, 4), torch.ones(4, 5),
+    t.expect_raises(ValueError, t.yours.swiglu_mlp, torch.ones(2, 4), torch.ones(11, 4), torch.ones(4, 5),
                     because="gate_up_weight has 11 rows, which cannot split into gate | up")
-    t.expect_raises(ValueError, "swiglu_mlp", torch.ones(2, 4), torch.ones(12, 4), torch.ones(4, 5),
+    t.expect_raises(ValueError, t.yours.swiglu_mlp, torch.ones(2, 4), torch.ones(12, 4), torch.ones(4, 5),
                     because="down_weight must be [H, I] = [4, 6] to take the 6-wide activation back to 4")
-    t.expect_raises(ValueError, "swiglu_mlp", torch.ones(2, 5), torch.ones(12, 4), torch.ones(4, 6),
+    t.expect_raises(ValueError, t.yours.swiglu_mlp, torch.ones(2, 5), torch.ones(12, 4), torch.ones(4, 6),
                     because="x has 5 channels but gate_up_weight expects H = 4")

@@ -2,7 +2,7 @@
 misconception gives (never shipped).
 
 `grader.checks.ch20` names each misconception and compares; the values come from here, through
-`grader.checks.hidden_model` drivers, so a student release holds only those of its fixed instances.
+`grader.authoring.hidden_model` drivers, so a student release holds only those of its fixed instances.
 """
 
 from __future__ import annotations

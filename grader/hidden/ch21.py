@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks import hidden
+from grader.authoring import CheckFailed, Trial, expect_int, expect_tensor, first_wrong, hidden
 from grader.checks.ch21 import expect_decode, explain_decode, neighbour_slots, run_appends, run_decode_case
-from grader.compare import CheckFailed, expect_int, expect_tensor, first_wrong
-from grader.trial import Trial
 
 
 def random_sizes(t: Trial, l_max: int) -> list[int]:
@@ -24,7 +22,7 @@ def random_sizes(t: Trial, l_max: int) -> list[int]:
 
 # -- 21.1 append_kv -----------------------------------------------------------------------------------
 
-@hidden("21.1", "random shapes and sequences of appends (random cache contents)")
+@hidden("ch21.1", "random shapes and sequences of appends (random cache contents)")
 def random_appends(t: Trial) -> None:
     for _ in range(8):
         l_max, heads, dim = t.random.randint(1, 24), t.random.choice([1, 2, 4, 8]), t.random.choice([1, 4, 16, 64])
@@ -34,32 +32,32 @@ def random_appends(t: Trial) -> None:
                     f"L_max {l_max}, {heads} kv heads, head_dim {dim}, starting at length {length}")
 
 
-@hidden("21.1", "appends of 0 tokens change nothing and return the same length")
+@hidden("ch21.1", "appends of 0 tokens change nothing and return the same length")
 def empty_appends(t: Trial) -> None:
     for l_max, length in ((5, 0), (5, 3), (5, 5)):
         k_cache, v_cache = torch.randn(l_max, 2, 3, generator=t.rng), torch.randn(l_max, 2, 3, generator=t.rng)
         run_appends(t, k_cache, v_cache, length, [0], f"an empty append at length {length} of L_max {l_max}")
 
 
-@hidden("21.1", "appends that fill the cache exactly to L_max")
+@hidden("ch21.1", "appends that fill the cache exactly to L_max")
 def exact_fill(t: Trial) -> None:
     k_cache, v_cache = torch.randn(7, 1, 4, generator=t.rng), torch.randn(7, 1, 4, generator=t.rng)
     run_appends(t, k_cache, v_cache, 0, [7], "a prefill of exactly L_max = 7 tokens")
     k_cache, v_cache = torch.randn(7, 1, 4, generator=t.rng), torch.randn(7, 1, 4, generator=t.rng)
     run_appends(t, k_cache, v_cache, 4, [2, 1], "decode steps up to the last row of L_max = 7")
     k = torch.ones(1, 1, 4)
-    t.expect_raises(ValueError, "append_kv", torch.zeros(7, 1, 4), torch.zeros(7, 1, 4), 7, k, k,
+    t.expect_raises(ValueError, t.yours.append_kv, torch.zeros(7, 1, 4), torch.zeros(7, 1, 4), 7, k, k,
                     because="a full cache (7 of L_max = 7) has no row for one more token")
 
 
-@hidden("21.1", "a bfloat16 cache, as engines keep it")
+@hidden("ch21.1", "a bfloat16 cache, as engines keep it")
 def bf16_cache(t: Trial) -> None:
     k_cache = torch.randn(16, 8, 16, generator=t.rng).to(torch.bfloat16)
     v_cache = torch.randn(16, 8, 16, generator=t.rng).to(torch.bfloat16)
     run_appends(t, k_cache, v_cache, 0, [9, 1, 1], "a bfloat16 cache of L_max 16, 8 kv heads, head_dim 16")
 
 
-@hidden("21.1", "agrees with transformers' DynamicLayer over a prefill and decode steps")
+@hidden("ch21.1", "agrees with transformers' DynamicLayer over a prefill and decode steps")
 def agrees_with_transformers(t: Trial) -> None:
     t.require("transformers")
     from transformers.cache_utils import DynamicLayer
@@ -68,7 +66,7 @@ def agrees_with_transformers(t: Trial) -> None:
     k_cache, v_cache = torch.zeros(l_max, heads, dim), torch.zeros(l_max, heads, dim)
     for step, n in enumerate((5, 1, 1, 1)):
         k_new, v_new = torch.randn(n, heads, dim, generator=t.rng), torch.randn(n, heads, dim, generator=t.rng)
-        call = t.run("append_kv", k_cache, v_cache, length, k_new, v_new, mutates=("k_cache", "v_cache"))
+        call = t.yours.append_kv.run(k_cache, v_cache, length, k_new, v_new, mutates=("k_cache", "v_cache"))
         # transformers keeps [batch, heads, tokens, head_dim] and concatenates along the tokens.
         keys, values = layer.update(k_new.transpose(0, 1)[None], v_new.transpose(0, 1)[None])
         length = expect_int(call.value, what=f"append_kv's return value after append {step + 1}")
@@ -86,24 +84,24 @@ def agrees_with_transformers(t: Trial) -> None:
         k_cache, v_cache = call.args[0], call.args[1]
 
 
-@hidden("21.1", "bad inputs raise ValueError")
+@hidden("ch21.1", "bad inputs raise ValueError")
 def bad_append_inputs(t: Trial) -> None:
     cache = torch.zeros(6, 2, 4)
-    t.expect_raises(ValueError, "append_kv", cache, cache.clone(), 0, torch.ones(1, 2, 8), torch.ones(1, 2, 8),
+    t.expect_raises(ValueError, t.yours.append_kv, cache, cache.clone(), 0, torch.ones(1, 2, 8), torch.ones(1, 2, 8),
                     because="k_new has head_dim 8 but the cache has head_dim 4")
-    t.expect_raises(ValueError, "append_kv", cache, cache.clone(), 0, torch.ones(2, 2, 4), torch.ones(3, 2, 4),
+    t.expect_raises(ValueError, t.yours.append_kv, cache, cache.clone(), 0, torch.ones(2, 2, 4), torch.ones(3, 2, 4),
                     because="k_new has 2 tokens but v_new has 3")
-    t.expect_raises(ValueError, "append_kv", cache, cache.clone(), -1, torch.ones(1, 2, 4), torch.ones(1, 2, 4),
+    t.expect_raises(ValueError, t.yours.append_kv, cache, cache.clone(), -1, torch.ones(1, 2, 4), torch.ones(1, 2, 4),
                     because="a length of −1 is no length")
-    t.expect_raises(ValueError, "append_kv", cache, cache.clone(), 9, torch.ones(0, 2, 4), torch.ones(0, 2, 4),
+    t.expect_raises(ValueError, t.yours.append_kv, cache, cache.clone(), 9, torch.ones(0, 2, 4), torch.ones(0, 2, 4),
                     because="a length of 9 is more than L_max = 6 rows")
-    t.expect_raises(ValueError, "append_kv", cache, cache.clone(), 5, torch.ones(2, 2, 4), torch.ones(2, 2, 4),
+    t.expect_raises(ValueError, t.yours.append_kv, cache, cache.clone(), 5, torch.ones(2, 2, 4), torch.ones(2, 2, 4),
                     because="5 cached + 2 new = 7 tokens overflow L_max = 6")
 
 
 # -- 21.2 decode_inputs -------------------------------------------------------------------------------
 
-@hidden("21.2", "nano-vllm's block boundaries (block_size 256): len 1, 256, 257 and 512")
+@hidden("ch21.2", "nano-vllm's block boundaries (block_size 256): len 1, 256, 257 and 512")
 def block_boundaries(t: Trial) -> None:
     # reference/nanovllm.md §12: a sequence that has just reached len 257 with table [9, 4] → slot 1024.
     for length, table in ((257, [9, 4]), (256, [3]), (1, [6]), (512, [2, 8]), (513, [2, 8, 0])):
@@ -111,7 +109,7 @@ def block_boundaries(t: Trial) -> None:
         run_decode_case(t, ids, table, 256, f"len {length}, table {table}, block_size 256")
 
 
-@hidden("21.2", "random sequences, block sizes and tables")
+@hidden("ch21.2", "random sequences, block sizes and tables")
 def random_decodes(t: Trial) -> None:
     for _ in range(30):
         bs = t.random.choice([1, 2, 3, 4, 8, 16, 256])
@@ -122,7 +120,7 @@ def random_decodes(t: Trial) -> None:
         run_decode_case(t, ids, table, bs, f"random, block_size {bs}")
 
 
-@hidden("21.2", "a whole generation: 30 decode steps, the table growing as nano-vllm's may_append grows it")
+@hidden("ch21.2", "a whole generation: 30 decode steps, the table growing as nano-vllm's may_append grows it")
 def whole_generation(t: Trial) -> None:
     bs, free = 4, torch.randperm(40, generator=t.rng).tolist()
     ids = [t.random.randrange(1000) for _ in range(6)]          # a 6-token prompt, prefilled
@@ -132,18 +130,18 @@ def whole_generation(t: Trial) -> None:
         ids.append(t.random.randrange(1000))                     # the token the previous step sampled
         if len(ids) % bs == 1:                                  # may_append: a new block for position len − 1
             table.append(free.pop())
-        got = expect_decode(t.call("decode_inputs", list(ids), list(table), bs), ids, table, bs)
+        got = expect_decode(t.yours.decode_inputs(list(ids), list(table), bs), ids, table, bs)
         explain_decode(got, t.ref.decode_inputs(ids, table, bs), ids, table, bs,
-                       f"decode step {len(ids) - 6} of a generation", t.reference(neighbour_slots, ids, table, bs))
+                       f"decode step {len(ids) - 6} of a generation", t.ref.drive(neighbour_slots, ids, table, bs))
         if got["slot"] in written:
             raise CheckFailed(f"decode steps at len {written[got['slot']]} and {len(ids)} both wrote slot "
                               f"{got['slot']}: the second overwrote the K/V of the first")
         written[got["slot"]] = len(ids)
 
 
-@hidden("21.2", "bad inputs raise ValueError")
+@hidden("ch21.2", "bad inputs raise ValueError")
 def bad_decode_hidden(t: Trial) -> None:
-    t.expect_raises(ValueError, "decode_inputs", [], [], 256, because="an empty sequence has no token to decode")
-    t.expect_raises(ValueError, "decode_inputs", [1] * 257, [9], 256,
+    t.expect_raises(ValueError, t.yours.decode_inputs, [], [], 256, because="an empty sequence has no token to decode")
+    t.expect_raises(ValueError, t.yours.decode_inputs, [1] * 257, [9], 256,
                     because="position 256 is in logical block 1, but the table has only block 0")
-    t.expect_raises(ValueError, "decode_inputs", [1, 2], [3], 0, because="block_size must be positive")
+    t.expect_raises(ValueError, t.yours.decode_inputs, [1, 2], [3], 0, because="block_size must be positive")

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from grader.checks import hidden
+from grader.authoring import CheckFailed, StudentRaised, Trial, expect_int, first_wrong, fmt, hidden, wrong_mask
 from grader.checks.ch22 import (
     expect_naive,
     expect_traffic,
@@ -21,10 +21,7 @@ from grader.checks.ch22 import (
     run_traffic_case,
 )
 from grader.checks.ch22_flash import check_trace, expect_flash, run_flash_case
-from grader.compare import CheckFailed, expect_int, first_wrong, fmt, wrong_mask
 from grader.hidden.ch22_models import end_aligned
-from grader.isolation.session import StudentRaised
-from grader.trial import Trial
 
 
 def random_causal_shape(t: Trial, most: int = 12) -> tuple[int, int, int]:
@@ -34,7 +31,7 @@ def random_causal_shape(t: Trial, most: int = 12) -> tuple[int, int, int]:
 
 # -- 22.1 naive_attention ----------------------------------------------------------------------------
 
-@hidden("22.1", "naive attention: random shapes, causal with S ≥ T and not causal")
+@hidden("ch22.1", "naive attention: random shapes, causal with S ≥ T and not causal")
 def naive_random(t: Trial) -> None:
     for n in range(10):
         T, S, d = random_causal_shape(t)
@@ -45,28 +42,28 @@ def naive_random(t: Trial) -> None:
         run_naive_case(t, q, k, v, causal=causal, case=f"T={T}, S={S}, d={d}, causal={causal}")
 
 
-@hidden("22.1", "naive attention agrees with scaled_dot_product_attention (explicit end-aligned mask)")
+@hidden("ch22.1", "naive attention agrees with scaled_dot_product_attention (explicit end-aligned mask)")
 def naive_sdpa(t: Trial) -> None:
     for causal in (True, False, True):
         T, S, d = random_causal_shape(t)
         q, k, v = random_qkv(t, T, S, d)
-        out_, scores_, probs_ = expect_naive(t.call("naive_attention", q, k, v, causal=causal), q, k)
+        out_, scores_, probs_ = expect_naive(t.yours.naive_attention(q, k, v, causal=causal), q, k)
         # SDPA's own is_causal=True is aligned to the top-left: pass the end-aligned mask explicitly.
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=end_aligned(T, S) if causal else None)[0]
         scores = (q @ k.T) * d ** -0.5
         if causal:
             scores = scores.masked_fill(~end_aligned(T, S), float("-inf"))
         explain_naive((scores_, probs_, out_), (scores, scores.softmax(-1), out), q, k, v, causal=causal,
-                      case=f"T={T}, S={S}, d={d}, against SDPA", variants=t.reference(naive_variants, q, k, v, causal))
+                      case=f"T={T}, S={S}, d={d}, against SDPA", variants=t.ref.drive(naive_variants, q, k, v, causal))
 
 
-@hidden("22.1", "naive attention: large scores stay finite (a stable softmax)")
+@hidden("ch22.1", "naive attention: large scores stay finite (a stable softmax)")
 def naive_large(t: Trial) -> None:
     q, k, v = random_qkv(t, 6, 9, 16, magnitude=60.0)
     run_naive_case(t, q, k, v, case="scores up to about ±150", atol=1e-4, rtol=1e-4)
 
 
-@hidden("22.1", "HBM bytes: random sizes and dtypes, exact Python ints")
+@hidden("ch22.1", "HBM bytes: random sizes and dtypes, exact Python ints")
 def traffic_random(t: Trial) -> None:
     for _ in range(12):
         T, S = t.random.randint(0, 1 << 17), t.random.randint(0, 1 << 17)
@@ -75,14 +72,14 @@ def traffic_random(t: Trial) -> None:
     run_traffic_case(t, 10**9 + 7, 10**9 + 9, 128, 2, False)      # beyond 2^53: exact only as an int
 
 
-@hidden("22.1", "HBM bytes: flash < naive whenever T, S ≥ d; flash traffic has no T·S term")
+@hidden("ch22.1", "HBM bytes: flash < naive whenever T, S ≥ d; flash traffic has no T·S term")
 def traffic_properties(t: Trial) -> None:
     # The properties are checked on your values first (they hold for any sound model), then the values themselves.
     for _ in range(8):
         d, b = t.random.choice([16, 64, 128]), t.random.choice([1, 2, 4])
         T, S = t.random.randint(d, 8192), t.random.randint(d, 8192)
         cases = [(T, S, False), (T, S, True), (2 * T, 2 * S, True)]
-        got = [expect_int(t.call("attention_hbm_bytes", x, y, d, b, flash=f),
+        got = [expect_int(t.yours.attention_hbm_bytes(x, y, d, b, flash=f),
                           what=f"the byte count for T={x}, S={y}, d={d}, dtype_bytes={b}, flash={f}") for x, y, f in cases]
         naive, flash, doubled = got
         if not flash < naive:
@@ -97,24 +94,24 @@ def traffic_properties(t: Trial) -> None:
             expect_traffic(g, t.ref.attention_hbm_bytes(x, y, d, b, flash=f), x, y, d, b, f)
 
 
-@hidden("22.1", "bad inputs raise ValueError")
+@hidden("ch22.1", "bad inputs raise ValueError")
 def bad_inputs_22_1(t: Trial) -> None:
     z = torch.zeros
-    t.expect_raises(ValueError, "naive_attention", z(2, 4), z(5, 4), z(4, 4),
+    t.expect_raises(ValueError, t.yours.naive_attention, z(2, 4), z(5, 4), z(4, 4),
                     because="k [5, 4] and v [4, 4] must have the same shape")
-    t.expect_raises(ValueError, "naive_attention", z(2, 8), z(5, 4), z(5, 4), because="q has d=8 but k has d=4")
-    t.expect_raises(ValueError, "naive_attention", z(2, 2, 4), z(5, 4), z(5, 4),
+    t.expect_raises(ValueError, t.yours.naive_attention, z(2, 8), z(5, 4), z(5, 4), because="q has d=8 but k has d=4")
+    t.expect_raises(ValueError, t.yours.naive_attention, z(2, 2, 4), z(5, 4), z(5, 4),
                     because="q must be one head's [T, d] matrix")
-    t.expect_raises(ValueError, "attention_hbm_bytes", 16, 16, 0, 2, flash=True, because="d must be positive")
-    t.expect_raises(ValueError, "attention_hbm_bytes", -1, 16, 64, 2, flash=False,
+    t.expect_raises(ValueError, t.yours.attention_hbm_bytes, 16, 16, 0, 2, flash=True, because="d must be positive")
+    t.expect_raises(ValueError, t.yours.attention_hbm_bytes, -1, 16, 64, 2, flash=False,
                     because="there cannot be −1 queries")
-    t.expect_raises(ValueError, "attention_hbm_bytes", 16.0, 16, 64, 2, flash=False,
+    t.expect_raises(ValueError, t.yours.attention_hbm_bytes, 16.0, 16, 64, 2, flash=False,
                     because="a number of queries is an int, not a float")
 
 
 # -- 22.2 flash_attention ----------------------------------------------------------------------------
 
-@hidden("22.2", "many tilings, causal: ragged last tiles and S > T (aligned to the end)")
+@hidden("ch22.2", "many tilings, causal: ragged last tiles and S > T (aligned to the end)")
 def flash_tilings_causal(t: Trial) -> None:
     for _ in range(12):
         T, S, d = random_causal_shape(t, most=20)
@@ -123,7 +120,7 @@ def flash_tilings_causal(t: Trial) -> None:
         run_flash_case(t, q, k, v, bq=bq, bk=bk, case=f"T={T}, S={S}, d={d}, {bq} × {bk} tiles")
 
 
-@hidden("22.2", "many tilings, not causal (S may be < T)")
+@hidden("ch22.2", "many tilings, not causal (S may be < T)")
 def flash_tilings_not_causal(t: Trial) -> None:
     for _ in range(8):
         T, S, d = t.random.randint(1, 16), t.random.randint(1, 16), t.random.choice([4, 8])
@@ -132,7 +129,7 @@ def flash_tilings_not_causal(t: Trial) -> None:
         run_flash_case(t, q, k, v, causal=False, bq=bq, bk=bk, case=f"T={T}, S={S}, not causal, {bq} × {bk} tiles")
 
 
-@hidden("22.2", "extreme tilings: one tile for everything, one element per tile, a decode step")
+@hidden("ch22.2", "extreme tilings: one tile for everything, one element per tile, a decode step")
 def flash_extreme_tilings(t: Trial) -> None:
     q, k, v = random_qkv(t, 9, 13, 8)
     run_flash_case(t, q, k, v, bq=64, bk=64, case="blocks larger than T and S: one tile")
@@ -142,7 +139,7 @@ def flash_extreme_tilings(t: Trial) -> None:
     run_flash_case(t, q, k, v, bq=4, bk=8, case="decode: 1 query over 37 keys")
 
 
-@hidden("22.2", "the trace: every visible tile once, no future tile, running max/sum per tile, lse = m + log l")
+@hidden("ch22.2", "the trace: every visible tile once, no future tile, running max/sum per tile, lse = m + log l")
 def flash_trace(t: Trial) -> None:
     shapes = [(10, 10, 4, 3), (6, 17, 4, 5), (12, 12, 5, 2)]
     for _ in range(3):
@@ -163,13 +160,13 @@ FLASH_MEMORY_CASES = ((8192, 8192, True), (1024, 16384, False))
 FLASH_D, FLASH_TILE, FLASH_SPARE = 16, 256, 24 << 20
 
 
-@hidden("22.2", "no tensor of T·S elements is ever created (measured)")
+@hidden("ch22.2", "no tensor of T·S elements is ever created (measured)")
 def flash_memory(t: Trial) -> None:
     d, b = FLASH_D, FLASH_TILE
     for T, S, causal in FLASH_MEMORY_CASES:
         q, k, v = random_qkv(t, T, S, d)
         try:
-            call = t.run("flash_attention", q, k, v, causal=causal, block_q=b, block_k=b,
+            call = t.yours.flash_attention.run(q, k, v, causal=causal, block_q=b, block_k=b,
                          memory=q.nbytes + k.nbytes + v.nbytes + FLASH_SPARE)
         except StudentRaised as e:
             if not e.error.get("out_of_memory"):
@@ -224,21 +221,21 @@ def explain_memory(e: StudentRaised, T: int, S: int, d: int, causal: bool, bq: i
     return CheckFailed("\n".join(lines))
 
 
-@hidden("22.2", "large scores: finite output, exact lse")
+@hidden("ch22.2", "large scores: finite output, exact lse")
 def flash_large(t: Trial) -> None:
     for T, S, bq, bk in ((7, 11, 3, 4), (9, 9, 2, 5)):
         q, k, v = random_qkv(t, T, S, 16, magnitude=60.0)
         run_flash_case(t, q, k, v, bq=bq, bk=bk, case=f"T={T}, S={S}, scores up to about ±150", atol=1e-4, rtol=1e-4)
 
 
-@hidden("22.2", "bad inputs raise ValueError")
+@hidden("ch22.2", "bad inputs raise ValueError")
 def bad_inputs_22_2(t: Trial) -> None:
     z = torch.zeros
-    t.expect_raises(ValueError, "flash_attention", z(5, 4), z(3, 4), z(3, 4),
+    t.expect_raises(ValueError, t.yours.flash_attention, z(5, 4), z(3, 4), z(3, 4),
                     because="with causal=True the 5 queries are the last 5 of the keys, and there are only 3")
-    t.expect_raises(ValueError, "flash_attention", z(2, 4), z(5, 4), z(5, 8),
+    t.expect_raises(ValueError, t.yours.flash_attention, z(2, 4), z(5, 4), z(5, 8),
                     because="k [5, 4] and v [5, 8] must have the same shape")
-    t.expect_raises(ValueError, "flash_attention", z(2, 4), z(5, 4), z(5, 4), block_q=0,
+    t.expect_raises(ValueError, t.yours.flash_attention, z(2, 4), z(5, 4), z(5, 4), block_q=0,
                     because="a block of 0 queries would never advance")
-    t.expect_raises(ValueError, "flash_attention", z(2, 4), z(5, 4), z(5, 4), block_k=-2,
+    t.expect_raises(ValueError, t.yours.flash_attention, z(2, 4), z(5, 4), z(5, 4), block_k=-2,
                     because="a block size must be positive")

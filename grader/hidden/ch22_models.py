@@ -2,7 +2,7 @@
 
 Naive attention and FlashAttention in float64 with the knobs a misconception turns, the tiles a causal
 loop visits, and the running max and sum of every row after every tile. Public checks reach them through
-`grader.checks.hidden_model` drivers (`t.reference(...)`), so a student release holds only what they gave
+`grader.authoring.hidden_model` drivers (`t.ref.drive(...)`), so a student release holds only what they gave
 for its fixed instances.
 """
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks import hidden
+from grader.authoring import CheckFailed, Trial, hidden
 from grader.checks.ch23 import NEG_INF, expect_distribution, expect_in_vocab, expect_processed, expect_tokens, vec
-from grader.compare import CheckFailed
-from grader.trial import Trial
 
 QWEN3_VOCAB = 151_936
 CHI_LOGITS, CHI_T, CHI_DRAWS = [1.0, 0.2, -0.5, 2.0, 0.0, -1.5], 0.7, 20_000
@@ -60,7 +58,7 @@ def safe_shared_top_p(t: Trial, logits: torch.Tensor, temp: torch.Tensor, top_k)
     return _first_far(masses, [round(t.random.uniform(0.05, 0.99), 3) for _ in range(100)])
 
 
-@hidden("23.1", "random batches with per-row top_k and top_p")
+@hidden("ch23.1", "random batches with per-row top_k and top_p")
 def random_batches(t: Trial) -> None:
     for i in range(24):
         B, V = t.random.randint(1, 8), t.random.randint(2, 64)
@@ -81,40 +79,40 @@ def random_batches(t: Trial) -> None:
             top_p = torch.tensor(ps)
         else:
             top_p = None
-        got = t.call("process_logits", logits, temp, top_k, top_p)
+        got = t.yours.process_logits(logits, temp, top_k, top_p)
         what = {"none": "no top_k", "int": f"top_k = {top_k}", "rows": "top_k per row"}[k_mode] + ", " + \
             {"none": "no top_p", "float": f"top_p = {top_p}", "rows": "top_p per row"}[p_mode]
         expect_processed(t, got, logits, temp, top_k, top_p, case=f"random case {i + 1}: B = {B}, V = {V}, {what}")
 
 
-@hidden("23.1", "k = 1 leaves only the row max; k = V and p = 1 change nothing but the temperature")
+@hidden("ch23.1", "k = 1 leaves only the row max; k = V and p = 1 change nothing but the temperature")
 def extreme_settings(t: Trial) -> None:
     B, V = 5, 17
     logits, temp = random_logits(t, B, V)
-    got = t.call("process_logits", logits, temp, 1)
+    got = t.yours.process_logits(logits, temp, 1)
     mine = expect_processed(t, got, logits, temp, 1, case="case \"top_k = 1\": only each row's largest entry stays")
     if not bool(((mine != NEG_INF).sum(-1) == 1).all()):
         raise CheckFailed("top_k = 1 must leave exactly one finite entry per row")
     for top_k, top_p, label in ((V, None, f"top_k = V = {V}"), (None, 1.0, "top_p = 1.0"),
                                 (torch.full((B,), V), torch.ones(B), "per-row top_k = V and top_p = 1"),
                                 (V, 1.0, f"top_k = {V} and top_p = 1.0")):
-        got = t.call("process_logits", logits, temp, top_k, top_p)
+        got = t.yours.process_logits(logits, temp, top_k, top_p)
         expect_processed(t, got, logits, temp, top_k, top_p, want=t.ref.process_logits(logits, temp),
                          case=f'case "{label}": nothing is filtered, the result is logits / T')
 
 
-@hidden("23.1", "Qwen3's vocabulary: 151,936 logits per row")
+@hidden("ch23.1", "Qwen3's vocabulary: 151,936 logits per row")
 def real_vocab(t: Trial) -> None:
     logits, temp = random_logits(t, 2, QWEN3_VOCAB)
     top_k = torch.tensor([50, 1000])
     top_p = torch.tensor(safe_top_p(t, logits, temp, top_k, [0, 1]))
-    got = t.call("process_logits", logits, temp, top_k, top_p)
+    got = t.yours.process_logits(logits, temp, top_k, top_p)
     expect_processed(t, got, logits, temp, top_k, top_p,
                      case=f"case \"Qwen3 vocabulary\": B = 2, V = {QWEN3_VOCAB}, top_k = [50, 1000], "
                           f"top_p = {vec(top_p)}")
 
 
-@hidden("23.1", "bad temperature, top_k or top_p raise ValueError")
+@hidden("ch23.1", "bad temperature, top_k or top_p raise ValueError")
 def bad_process_inputs(t: Trial) -> None:
     logits = torch.randn(2, 5, generator=t.rng)
     ok = torch.tensor([0.7, 1.0])
@@ -127,14 +125,14 @@ def bad_process_inputs(t: Trial) -> None:
              ((logits, ok), {"top_p": 1.5}, "top_p = 1.5 is outside (0, 1]"),
              ((logits, ok), {"top_p": torch.tensor([0.9, -0.1])}, "row 1's top_p = −0.1 is outside (0, 1]")]
     for args, kw, because in cases:
-        t.expect_raises(ValueError, "process_logits", *args, because=because, **kw)
+        t.expect_raises(ValueError, t.yours.process_logits, *args, because=because, **kw)
 
 
-@hidden("23.2", "random batches: exact agreement with the given noise")
+@hidden("ch23.2", "random batches: exact agreement with the given noise")
 def random_races(t: Trial) -> None:
     # one row 16 times: a sampler with its own randomness draws different tokens for equal rows
     logits, noise = torch.randn(1, 12, generator=t.rng), torch.empty(1, 12).exponential_(generator=t.rng)
-    got = t.call("sample", logits.repeat(16, 1), torch.ones(16), noise.repeat(16, 1))
+    got = t.yours.sample(logits.repeat(16, 1), torch.ones(16), noise.repeat(16, 1))
     expect_tokens(got, logits.repeat(16, 1), torch.ones(16), noise.repeat(16, 1), case="one row, repeated 16 times")
     for i in range(24):
         B, V = t.random.randint(1, 16), t.random.randint(2, 300)
@@ -146,23 +144,23 @@ def random_races(t: Trial) -> None:
                 drop[t.random.randrange(V)] = False
                 logits[b, drop] = NEG_INF
         noise = torch.empty(B, V).exponential_(generator=t.rng)
-        got = t.call("sample", logits, temp, noise)
+        got = t.yours.sample(logits, temp, noise)
         expect_tokens(got, logits, temp, noise, case=f"random case {i + 1}: B = {B}, V = {V}")
 
 
-@hidden("23.2", f"chi-square: {CHI_DRAWS} races on one row follow softmax(logits / T)")
+@hidden("ch23.2", f"chi-square: {CHI_DRAWS} races on one row follow softmax(logits / T)")
 def chi_square(t: Trial) -> None:
     V = len(CHI_LOGITS)
     logits = torch.tensor([CHI_LOGITS]).expand(CHI_DRAWS, V).contiguous()
     temp = torch.full((CHI_DRAWS,), CHI_T)
     noise = torch.empty(CHI_DRAWS, V).exponential_(generator=t.rng)
-    tokens = expect_in_vocab(t.call("sample", logits, temp, noise), CHI_DRAWS, V)
+    tokens = expect_in_vocab(t.yours.sample(logits, temp, noise), CHI_DRAWS, V)
     expect_distribution(tokens, CHI_LOGITS, CHI_T, noise,
                         case=f'case "chi-square": {CHI_DRAWS} rows of the same logits, T = {CHI_T}, '
                              f'Exp(1) noise from the grading seed')
 
 
-@hidden("23.2", "the race is not argmax(p): rows where a less likely token wins")
+@hidden("ch23.2", "the race is not argmax(p): rows where a less likely token wins")
 def not_argmax(t: Trial) -> None:
     logits = torch.randn(256, 5, generator=t.rng) * 1.5
     temp = torch.ones(256)
@@ -171,12 +169,12 @@ def not_argmax(t: Trial) -> None:
     differ = scores.argmax(-1) != logits.argmax(-1)
     rows = differ.nonzero()[:, 0][:32]
     logits, temp, noise = logits[rows], temp[rows], noise[rows]
-    got = t.call("sample", logits, temp, noise)
+    got = t.yours.sample(logits, temp, noise)
     expect_tokens(got, logits, temp, noise,
                   case=f'case "not argmax": {len(rows)} rows on which the race and argmax(p) disagree')
 
 
-@hidden("23.2", "noise 0 is clamped to 1e-10 (nano-vllm); a filtered token never wins")
+@hidden("ch23.2", "noise 0 is clamped to 1e-10 (nano-vllm); a filtered token never wins")
 def zero_noise(t: Trial) -> None:
     # Row 0: two zeros, the likelier token second: with the clamp, 0.6 / 1e-10 beats 0.3 / 1e-10;
     # unclamped, both are ∞ and argmax takes the first. Row 1: E = 0 on a filtered token: 0 / 1e-10 = 0,
@@ -184,31 +182,31 @@ def zero_noise(t: Trial) -> None:
     logits = torch.stack([torch.tensor([0.3, 0.6, 0.1]).log(), torch.tensor([NEG_INF, 1.0, 0.5])])
     temp = torch.ones(2)
     noise = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 2.0]])
-    got = t.call("sample", logits, temp, noise)
+    got = t.yours.sample(logits, temp, noise)
     expect_tokens(got, logits, temp, noise,
                   case='case "zero noise": row 0 p = [0.3, 0.6, 0.1], E = [0, 0, 1]; '
                        'row 1 logits [−∞, 1, 0.5], E = [0, 1, 2]')
 
 
-@hidden("23.2", "Qwen3's vocabulary: 151,936 tokens per row")
+@hidden("ch23.2", "Qwen3's vocabulary: 151,936 tokens per row")
 def real_vocab_race(t: Trial) -> None:
     B = 3
     logits = torch.randn(B, QWEN3_VOCAB, generator=t.rng) * 2
     temp = torch.tensor([0.6, 0.8, 1.0])
     noise = torch.empty(B, QWEN3_VOCAB).exponential_(generator=t.rng)
-    got = t.call("sample", logits, temp, noise)
+    got = t.yours.sample(logits, temp, noise)
     expect_tokens(got, logits, temp, noise, case=f'case "Qwen3 vocabulary": B = 3, V = {QWEN3_VOCAB}')
 
 
-@hidden("23.2", "bad temperature or noise raise ValueError")
+@hidden("ch23.2", "bad temperature or noise raise ValueError")
 def bad_sample_inputs(t: Trial) -> None:
     logits = torch.randn(2, 4, generator=t.rng)
     noise = torch.ones(2, 4)
-    t.expect_raises(ValueError, "sample", logits, torch.tensor([1.0, 0.0]), noise,
+    t.expect_raises(ValueError, t.yours.sample, logits, torch.tensor([1.0, 0.0]), noise,
                     because="temperature 0 is not > 0 (no greedy path, as in nano-vllm)")
-    t.expect_raises(ValueError, "sample", logits, torch.tensor([1.0]), noise,
+    t.expect_raises(ValueError, t.yours.sample, logits, torch.tensor([1.0]), noise,
                     because="temperature has 1 entry for 2 rows")
-    t.expect_raises(ValueError, "sample", logits, torch.ones(2), torch.ones(4),
+    t.expect_raises(ValueError, t.yours.sample, logits, torch.ones(2), torch.ones(4),
                     because="the noise must be shaped [2, 4] like the logits, not [4]")
-    t.expect_raises(ValueError, "sample", logits, torch.ones(2), torch.ones(2, 5),
+    t.expect_raises(ValueError, t.yours.sample, logits, torch.ones(2), torch.ones(2, 5),
                     because="the noise must be shaped [2, 4] like the logits, not [2, 5]")

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import random
 
-from grader.checks import hidden
+from grader.authoring import CheckFailed, Trial, hidden
 from grader.checks.ch24 import (
     KEYS,
-    _expect_method_raises,
     expect_progress,
     explain_progress,
     lifecycle,
@@ -26,8 +25,6 @@ from grader.checks.ch24_trace import (
     request,
     script,
 )
-from grader.compare import CheckFailed
-from grader.trial import Trial
 
 
 # -- 24.1: random scripts ---------------------------------------------------------------------------------
@@ -51,13 +48,13 @@ def random_script(rnd: random.Random, name: str, *, n: int, prompts: tuple[int, 
                   max_num_batched_tokens=budget, eos=eos)
 
 
-@hidden("24.1", "hundreds of requests under memory pressure (preemption)", time_limit=30)
+@hidden("ch24.1", "hundreds of requests under memory pressure (preemption)", time_limit=30)
 def random_memory_pressure(t: Trial) -> None:
     expect_trace(t, random_script(t.random, "memory pressure", n=150, prompts=(1, 20), max_tokens=(1, 8),
                                   block_size=4, num_blocks=14, max_num_seqs=8, budget=16, arrivals=60))
 
 
-@hidden("24.1", "long prompts chunked by small token budgets", time_limit=30)
+@hidden("ch24.1", "long prompts chunked by small token budgets", time_limit=30)
 def random_small_budgets(t: Trial) -> None:
     expect_trace(t, random_script(t.random, "token budget 1", n=10, prompts=(1, 12), max_tokens=(1, 4),
                                   block_size=4, num_blocks=40, max_num_seqs=4, budget=1, arrivals=20))
@@ -65,7 +62,7 @@ def random_small_budgets(t: Trial) -> None:
                                   block_size=4, num_blocks=40, max_num_seqs=4, budget=5, arrivals=30))
 
 
-@hidden("24.1", "many short requests, few sequences per batch, decode beyond the token budget", time_limit=30)
+@hidden("ch24.1", "many short requests, few sequences per batch, decode beyond the token budget", time_limit=30)
 def random_many_short(t: Trial) -> None:
     expect_trace(t, random_script(t.random, "short requests", n=60, prompts=(1, 6), max_tokens=(1, 8),
                                   block_size=2, num_blocks=30, max_num_seqs=6, budget=4, arrivals=40))
@@ -73,7 +70,7 @@ def random_many_short(t: Trial) -> None:
                                   block_size=3, num_blocks=8, max_num_seqs=1, budget=7, arrivals=10))
 
 
-@hidden("24.1", "edge cases: block_size 1, block-aligned prompts, a request that fills the pool, EOS first")
+@hidden("ch24.1", "edge cases: block_size 1, block-aligned prompts, a request that fills the pool, EOS first")
 def edge_cases(t: Trial) -> None:
     expect_trace(t, script("block_size 1", [request("A", [5, 6, 7], 4, [8, 9, 10, 11]),
                                             request("B", [1, 2], 3, [3, 4, 5])],
@@ -128,11 +125,11 @@ def invariant_failure(sc: dict, phase: str, rec: dict) -> str | None:
     return None
 
 
-@hidden("24.1", "invariants of your own trace (blocks, counters, limits, every request finishes)", time_limit=30)
+@hidden("ch24.1", "invariants of your own trace (blocks, counters, limits, every request finishes)", time_limit=30)
 def invariants(t: Trial) -> None:
     sc = random_script(t.random, "invariants", n=40, prompts=(1, 24), max_tokens=(1, 12), block_size=4,
                        num_blocks=12, max_num_seqs=5, budget=9, arrivals=30)
-    limit = 2 * len(t.reference(drive_reference, sc)) + 20
+    limit = 2 * len(t.ref.drive(drive_reference, sc)) + 20
     steps = 0
     for phase, rec in drive(StudentOps(t), sc, limit):
         steps = rec["step"]
@@ -143,18 +140,18 @@ def invariants(t: Trial) -> None:
         raise CheckFailed(f"{describe_case(sc)}\nafter {limit} steps some requests have not finished")
 
 
-@hidden("24.1", "bad uses raise ValueError; a request that exactly fits is accepted")
+@hidden("ch24.1", "bad uses raise ValueError; a request that exactly fits is accepted")
 def bad_uses(t: Trial) -> None:
-    sched = t.call("make_scheduler", 3, 4, 4, 16, eos=0)
-    t.method(sched, "add", t.call("Sequence", list(range(1, 10)), max_tokens=4))  # 9 + 4 − 1 = 12 = 3 blocks of 4
-    _expect_method_raises(t, sched, "add", t.call("Sequence", list(range(1, 10)), max_tokens=5),
+    sched = t.yours.make_scheduler(3, 4, 4, 16, eos=0)
+    sched.add(t.yours.Sequence(list(range(1, 10)), max_tokens=4))  # 9 + 4 − 1 = 12 = 3 blocks of 4
+    t.expect_raises(ValueError, sched.add, t.yours.Sequence(list(range(1, 10)), max_tokens=5),
                           because="9 prompt tokens + 5 − 1 generated need 4 blocks of 4, the pool has 3")
-    seqs, is_prefill = t.method(sched, "schedule")
-    _expect_method_raises(t, sched, "add", seqs[0], because="this sequence is already running")
-    _expect_method_raises(t, sched, "postprocess", seqs, [], is_prefill,
+    seqs, is_prefill = sched.schedule()
+    t.expect_raises(ValueError, sched.add, seqs[0], because="this sequence is already running")
+    t.expect_raises(ValueError, sched.postprocess, seqs, [], is_prefill,
                           because="one sampled token per scheduled sequence is needed (1 sequence, 0 tokens)")
-    empty = t.call("make_scheduler", 3, 4, 4, 16, eos=0)
-    _expect_method_raises(t, empty, "schedule", because="nothing is waiting or running")
+    empty = t.yours.make_scheduler(3, 4, 4, 16, eos=0)
+    t.expect_raises(ValueError, empty.schedule, because="nothing is waiting or running")
 
 
 # -- 24.2 ---------------------------------------------------------------------------------------------------
@@ -183,20 +180,20 @@ def random_lifecycle(rnd: random.Random, name: str) -> dict:
     return lifecycle(name, prompt, steps)
 
 
-@hidden("24.2", "random request lives from the grading seed")
+@hidden("ch24.2", "random request lives from the grading seed")
 def random_lives(t: Trial) -> None:
     for i in range(25):
         run_lifecycle(t, random_lifecycle(t.random, f"random life {i + 1}"))
 
 
-@hidden("24.2", "edge cases: the largest allowed hit, a 1-token prompt, preemption before any output")
+@hidden("ch24.2", "edge cases: the largest allowed hit, a 1-token prompt, preemption before any output")
 def progress_edges(t: Trial) -> None:
     run_lifecycle(t, lifecycle("hit of num_tokens − 1", 13, [(1, 12), (1,)]))
     run_lifecycle(t, lifecycle("1-token prompt", 1, [(1,), (1,), ("preempt",), (2,), (1,)]))
     run_lifecycle(t, lifecycle("preempted mid-prefill", 12, [(5,), ("preempt",), (0,), (8, 4), (1,)]))
 
 
-@hidden("24.2", "invariants of your counters along random lives")
+@hidden("ch24.2", "invariants of your counters along random lives")
 def progress_invariants(t: Trial) -> None:
     for i in range(12):
         case = random_lifecycle(t.random, f"life {i + 1}")
@@ -204,7 +201,7 @@ def progress_invariants(t: Trial) -> None:
         cached_set = False
         for k, step in enumerate(case["steps"]):
             args, kwargs = step_args(step)
-            got = expect_progress(t.call("progress_after_step", dict(p), *args, **kwargs), p, case["name"])
+            got = expect_progress(t.yours.progress_after_step(dict(p), *args, **kwargs), p, case["name"])
             where = f'case "{case["name"]}" step {k + 1} ({", ".join(f"{x} {p[x]}" for x in KEYS)} before)'
             if not 0 <= got["num_computed_tokens"] <= got["num_tokens"]:
                 raise CheckFailed(f"{where}: num_computed_tokens {got['num_computed_tokens']} must stay within "
@@ -221,11 +218,11 @@ def progress_invariants(t: Trial) -> None:
             p = t.ref.progress_after_step(dict(p), *args, **kwargs)  # go on from the right state
 
 
-@hidden("24.2", "the counters agree with the scheduler's trace (no prefix cache: hits are 0)")
+@hidden("ch24.2", "the counters agree with the scheduler's trace (no prefix cache: hits are 0)")
 def agrees_with_scheduler(t: Trial) -> None:
     sc = random_script(t.random, "scheduler trace", n=12, prompts=(1, 14), max_tokens=(1, 6), block_size=4,
                        num_blocks=6, max_num_seqs=3, budget=5, arrivals=6)
-    trace = t.reference(drive_reference, sc)
+    trace = t.ref.drive(drive_reference, sc)
     prompts = {r["name"]: len(r["prompt"]) for r in sc["requests"]}
     progress = {}
     for rec in trace:
@@ -236,7 +233,7 @@ def agrees_with_scheduler(t: Trial) -> None:
             if preempted and n in rec["batch"]:  # never happens in nano-vllm: a victim is not scheduled that step
                 continue
             args, kwargs = step_args(step)
-            got = expect_progress(t.call("progress_after_step", dict(before), *args, **kwargs), before, n)
+            got = expect_progress(t.yours.progress_after_step(dict(before), *args, **kwargs), before, n)
             after = rec["after"]["seqs"][n]
             want = {**before, "num_computed_tokens": after["num_computed_tokens"], "num_tokens": after["num_tokens"],
                     "num_cached_tokens": 0 if before["num_cached_tokens"] >= 0 or step["n"] else -1}
@@ -246,14 +243,14 @@ def agrees_with_scheduler(t: Trial) -> None:
             progress[n] = want
 
 
-@hidden("24.2", "more impossible steps raise ValueError")
+@hidden("ch24.2", "more impossible steps raise ValueError")
 def bad_progress_hidden(t: Trial) -> None:
     running = {"num_prompt_tokens": 6, "num_tokens": 7, "num_computed_tokens": 6, "num_cached_tokens": 0}
-    t.expect_raises(ValueError, "progress_after_step", running, 1, preempted=True,
+    t.expect_raises(ValueError, t.yours.progress_after_step, running, 1, preempted=True,
                     because="a request preempted in a step is not scheduled in it")
-    t.expect_raises(ValueError, "progress_after_step", running, 1, prefix_hit=4,
+    t.expect_raises(ValueError, t.yours.progress_after_step, running, 1, prefix_hit=4,
                     because="a prefix hit happens only at admission (num_computed_tokens = 0)")
-    t.expect_raises(ValueError, "progress_after_step", running, -1, because="num_scheduled cannot be negative")
-    t.expect_raises(ValueError, "progress_after_step", {"num_tokens": 3}, 1, because="the counters are incomplete")
-    t.expect_raises(ValueError, "progress_after_step", {**running, "num_computed_tokens": 9}, 1,
+    t.expect_raises(ValueError, t.yours.progress_after_step, running, -1, because="num_scheduled cannot be negative")
+    t.expect_raises(ValueError, t.yours.progress_after_step, {"num_tokens": 3}, 1, because="the counters are incomplete")
+    t.expect_raises(ValueError, t.yours.progress_after_step, {**running, "num_computed_tokens": 9}, 1,
                     because="num_computed_tokens 9 exceeds num_tokens 7")

@@ -8,18 +8,16 @@ from typing import Callable
 
 import torch
 
-from grader.checks import hidden
+from grader.authoring import CheckFailed, Trial, describe, hidden
 from grader.checks.ch25 import check_store, expect_slots, run_slot_case, run_store_case, slot_variants
 from grader.checks.ch25_blocks import describe_op, drive_reference, expect_trace, hx, states
-from grader.compare import CheckFailed, describe
-from grader.trial import Trial
 
 
 def random_table(t: Trial, num_blocks: int, pool: int) -> list[int]:
     return torch.randperm(pool, generator=t.rng)[:num_blocks].tolist()
 
 
-@hidden("25.1", "random sequences, whole prompts")
+@hidden("ch25.1", "random sequences, whole prompts")
 def random_prompts(t: Trial) -> None:
     for _ in range(20):
         block_size = t.random.choice([1, 2, 3, 4, 8, 16, 256])
@@ -28,7 +26,7 @@ def random_prompts(t: Trial) -> None:
         run_slot_case(t, table, list(range(length)), block_size, as_tensor=t.random.random() < 0.5)
 
 
-@hidden("25.1", "random chunks after a cached prefix, in shuffled order")
+@hidden("ch25.1", "random chunks after a cached prefix, in shuffled order")
 def random_chunks(t: Trial) -> None:
     for _ in range(20):
         block_size = t.random.choice([2, 4, 16])
@@ -38,7 +36,7 @@ def random_chunks(t: Trial) -> None:
         run_slot_case(t, table, positions, block_size, as_tensor=True)
 
 
-@hidden("25.1", "the decode step: the newest token's slot")
+@hidden("ch25.1", "the decode step: the newest token's slot")
 def decode_step(t: Trial) -> None:
     # nano-vllm's prepare_decode: slot = block_table[-1]·bs + last_block_num_tokens − 1.
     for length in (1, 255, 256, 257, 300, 512):
@@ -46,24 +44,24 @@ def decode_step(t: Trial) -> None:
         run_slot_case(t, table, [length - 1], 256)
 
 
-@hidden("25.1", "a long prompt (100k tokens)")
+@hidden("ch25.1", "a long prompt (100k tokens)")
 def long_prompt(t: Trial) -> None:
     block_size, length = 16, 100_000
     table = random_table(t, -(-length // block_size), 10_000)
     positions = list(range(length))
-    got = t.call("slot_mapping", table, torch.tensor(positions), block_size)
+    got = t.yours.slot_mapping(table, torch.tensor(positions), block_size)
     expect_slots(got, t.ref.slot_mapping(table, positions, block_size), table, positions, block_size,
-                 t.reference(slot_variants, table, positions, block_size))
+                 t.ref.drive(slot_variants, table, positions, block_size))
 
 
-@hidden("25.1", "bad inputs raise ValueError")
+@hidden("ch25.1", "bad inputs raise ValueError")
 def bad_slot_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, "slot_mapping", [0, 1], [-1, 0], 2, because="position −1 does not exist")
-    t.expect_raises(ValueError, "slot_mapping", [0, 1], [0, 1], 0, because="block_size must be positive")
-    t.expect_raises(ValueError, "slot_mapping", [], [0], 4, because="an empty block table holds no position")
+    t.expect_raises(ValueError, t.yours.slot_mapping, [0, 1], [-1, 0], 2, because="position −1 does not exist")
+    t.expect_raises(ValueError, t.yours.slot_mapping, [0, 1], [0, 1], 0, because="block_size must be positive")
+    t.expect_raises(ValueError, t.yours.slot_mapping, [], [0], 4, because="an empty block table holds no position")
 
 
-@hidden("25.2", "random pools, slots and padding")
+@hidden("ch25.2", "random pools, slots and padding")
 def random_stores(t: Trial) -> None:
     for _ in range(10):
         num_blocks, block_size = t.random.randint(1, 6), t.random.choice([1, 2, 4, 16])
@@ -74,25 +72,25 @@ def random_stores(t: Trial) -> None:
         run_store_case(t, (num_blocks, block_size, heads, dim), slots)
 
 
-@hidden("25.2", "a bfloat16 cache, as in nano-vllm")
+@hidden("ch25.2", "a bfloat16 cache, as in nano-vllm")
 def bf16_cache(t: Trial) -> None:
     run_store_case(t, (4, 16, 8, 16), [0, 17, 63, -1, 5], dtype=torch.bfloat16)
 
 
-@hidden("25.2", "the last slot of the pool is a real slot")
+@hidden("ch25.2", "the last slot of the pool is a real slot")
 def last_slot(t: Trial) -> None:
     k = torch.randn(2, 2, 4, generator=t.rng)
     check_store(t, torch.zeros(3, 4, 2, 4), torch.zeros(3, 4, 2, 4), k, 2 * k, [11, 0], 4)
 
 
-@hidden("25.2", "mismatched shapes raise ValueError")
+@hidden("ch25.2", "mismatched shapes raise ValueError")
 def bad_store_inputs(t: Trial) -> None:
     cache = torch.zeros(2, 2, 2, 4)
-    t.expect_raises(ValueError, "store_kv", cache, cache.clone(), torch.ones(2, 1, 4), torch.ones(2, 1, 4), [0, 1],
+    t.expect_raises(ValueError, t.yours.store_kv, cache, cache.clone(), torch.ones(2, 1, 4), torch.ones(2, 1, 4), [0, 1],
                     because="k has 1 kv head but the cache has 2")
-    t.expect_raises(ValueError, "store_kv", cache, cache.clone(), torch.ones(2, 2, 4), torch.ones(2, 2, 4), [0],
+    t.expect_raises(ValueError, t.yours.store_kv, cache, cache.clone(), torch.ones(2, 2, 4), torch.ones(2, 2, 4), [0],
                     because="there are 2 tokens but only 1 slot")
-    t.expect_raises(ValueError, "store_kv", cache, cache.clone(), torch.ones(1, 2, 4), torch.ones(1, 2, 4), [-2],
+    t.expect_raises(ValueError, t.yours.store_kv, cache, cache.clone(), torch.ones(1, 2, 4), torch.ones(1, 2, 4), [-2],
                     because="−2 is neither a slot nor the padding marker −1")
 
 
@@ -198,25 +196,25 @@ def random_trace(t: Trial, *, num_blocks: int, block_size: int, num_requests: in
                         max_len=num_blocks * block_size, per_step=per_step)
     script = simulate(reference_do(t.ref, num_blocks, block_size), t.random.randrange(2**31), block_size, requests,
                       max_seqs, budget)
-    expected = t.reference(drive_reference, num_blocks, block_size, script)
-    got = t.call("replay", num_blocks, block_size, script)
+    expected = t.ref.drive(drive_reference, num_blocks, block_size, script)
+    got = t.yours.replay(num_blocks, block_size, script)
     expect_trace(script, got, expected, num_blocks, block_size, case=case)
     return script, got
 
 
-@hidden("25.3", "200 requests sharing four system prompts")
+@hidden("ch25.3", "200 requests sharing four system prompts")
 def many_requests(t: Trial) -> None:
     random_trace(t, num_blocks=48, block_size=4, num_requests=200, max_new=4, max_seqs=8, budget=32, per_step=2,
                  case="200 requests over 48 blocks")
 
 
-@hidden("25.3", "memory pressure: 60 requests over 12 blocks, preemption and re-admission")
+@hidden("ch25.3", "memory pressure: 60 requests over 12 blocks, preemption and re-admission")
 def memory_pressure(t: Trial) -> None:
     random_trace(t, num_blocks=12, block_size=4, num_requests=60, max_new=12, max_seqs=6, budget=24, per_step=2,
                  case="60 requests over 12 blocks")
 
 
-@hidden("25.3", "block sizes 2 and 16, long prompts prefilled in chunks")
+@hidden("ch25.3", "block sizes 2 and 16, long prompts prefilled in chunks")
 def block_sizes(t: Trial) -> None:
     random_trace(t, num_blocks=40, block_size=2, num_requests=30, max_new=6, max_seqs=4, budget=10, per_step=1,
                  case="block_size 2")
@@ -224,17 +222,17 @@ def block_sizes(t: Trial) -> None:
                  case="block_size 16")
 
 
-@hidden("25.3", "invariants hold on your own trace, driven by your own answers")
+@hidden("ch25.3", "invariants hold on your own trace, driven by your own answers")
 def invariants(t: Trial) -> None:
     # The scheduler acts on your can_allocate / can_append, one operation at a time, so whatever order your
     # manager hands blocks out in, the state after every step must still add up.
     num_blocks, bs = 12, 4
     requests = workload(t.random, num_requests=16, block_size=bs, num_prefixes=3, max_new=8, max_len=num_blocks * bs,
                         per_step=2)
-    runner, ops, trace = t.call("ScriptRunner", num_blocks, bs), [], []
+    runner, ops, trace = t.yours.ScriptRunner(num_blocks, bs), [], []
 
     def do(op: list):
-        records = t.method(runner, "run", [op])
+        records = runner.run([op])
         if not isinstance(records, list) or len(records) != 1 or not isinstance(records[0], dict):
             raise CheckFailed(f"ScriptRunner.run should return one record per operation; yours: {describe(records)}")
         ops.append(op)
@@ -293,15 +291,15 @@ def broken_invariant(s: dict, everything: set[int], name: str) -> str | None:
     return None
 
 
-@hidden("25.3", "bad inputs raise ValueError")
+@hidden("ch25.3", "bad inputs raise ValueError")
 def bad_manager_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, "BlockManager", 0, 4, because="a pool needs at least one block")
-    t.expect_raises(ValueError, "BlockManager", 4, 1, because="block_size 1 cannot mark a new block by len % 1 == 1")
+    t.expect_raises(ValueError, t.yours.BlockManager, 0, 4, because="a pool needs at least one block")
+    t.expect_raises(ValueError, t.yours.BlockManager, 4, 1, because="block_size 1 cannot mark a new block by len % 1 == 1")
     for script, because in (([["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", 0], ["allocate", "A", 0]],
                              "A already has a block table"),
                             ([["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", 2]],
                              "A has 2 blocks and the last one never hits: num_cached_blocks must be 0 or 1")):
-        trace = t.call("replay", 4, 4, script)
+        trace = t.yours.replay(4, 4, script)
         last = trace[-1] if isinstance(trace, list) and trace and isinstance(trace[-1], dict) else {}
         if not str(last.get("error", "")).startswith("ValueError"):
             got = f"raised {last['error']}" if "error" in last else "returned normally"

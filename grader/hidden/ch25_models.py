@@ -1,7 +1,7 @@
 """ch25's driver of the reference block manager, with the facts its explanations need (never shipped).
 
-Reached through `grader.checks.ch25_blocks.drive_reference` (a `grader.checks.hidden_model` driver): the walk
-over the hash chain repeats the prefix-cache lookup of 25.3, so a student release holds only what it gave for
+Reached through `grader.checks.ch25_blocks.drive_reference` (a `grader.authoring.hidden_model` driver): the walk
+over the hash chain repeats the prefix-cache lookup of ch25.3, so a student release holds only what it gave for
 the public scripts.
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks import hidden
+from grader.authoring import CheckFailed, Trial, first_wrong, hidden
 from grader.checks.ch26 import (
     NANO_SIZES,
     explain_graph_size,
@@ -16,8 +16,6 @@ from grader.checks.ch26 import (
     run_pad_case,
     run_unpack_case,
 )
-from grader.compare import CheckFailed, first_wrong
-from grader.trial import Trial
 
 
 def random_lengths(t: Trial, B: int, T_max: int) -> list[int]:
@@ -26,7 +24,7 @@ def random_lengths(t: Trial, B: int, T_max: int) -> list[int]:
 
 # -- 26.1 pack_varlen / unpack_varlen -------------------------------------------------------------------
 
-@hidden("26.1", "random batches: pack, unpack and the round trip")
+@hidden("ch26.1", "random batches: pack, unpack and the round trip")
 def random_round_trips(t: Trial) -> None:
     for i in range(10):
         B, T_max, H = t.random.randint(1, 6), t.random.randint(1, 9), t.random.choice([1, 3, 8, 64])
@@ -43,7 +41,7 @@ def random_round_trips(t: Trial) -> None:
                               f"zeros at padding; position {list(idx)} differs")
 
 
-@hidden("26.1", "zero-length requests, and a batch of only empty requests")
+@hidden("ch26.1", "zero-length requests, and a batch of only empty requests")
 def zero_lengths(t: Trial) -> None:
     padded = torch.randn(4, 3, 2, generator=t.rng)
     run_pack_case(t, padded, [0, 3, 0, 1], "lengths [0, 3, 0, 1]")
@@ -52,42 +50,42 @@ def zero_lengths(t: Trial) -> None:
     run_unpack_case(t, torch.randn(2, 2, generator=t.rng), [0, 0, 2, 2], 2, "empty requests around one of 2")
 
 
-@hidden("26.1", "cu_seqlens is int32 even when the lengths come as an int64 tensor")
+@hidden("ch26.1", "cu_seqlens is int32 even when the lengths come as an int64 tensor")
 def int32_from_int64(t: Trial) -> None:
     padded = torch.randn(3, 5, 4, generator=t.rng)
     run_pack_case(t, padded, [5, 2, 4], "lengths as an int64 tensor", as_tensor=True)
 
 
-@hidden("26.1", "unpack works from the packed rows of a real prefill (long requests)")
+@hidden("ch26.1", "unpack works from the packed rows of a real prefill (long requests)")
 def long_requests(t: Trial) -> None:
     lengths, H = [300, 88, 1, 512], 16
     packed = torch.randn(sum(lengths), H, generator=t.rng)
     cu = [0] + torch.tensor(lengths).cumsum(0).tolist()
-    got = t.call("unpack_varlen", packed, torch.tensor(cu, dtype=torch.int32), 512)
+    got = t.yours.unpack_varlen(packed, torch.tensor(cu, dtype=torch.int32), 512)
     explain_unpacked(got, packed, cu, 512, "lengths [300, 88, 1, 512], T_max 512")
 
 
-@hidden("26.1", "bad inputs raise ValueError")
+@hidden("ch26.1", "bad inputs raise ValueError")
 def bad_pack_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, "pack_varlen", torch.zeros(2, 3, 4), [1, 2, 3],
+    t.expect_raises(ValueError, t.yours.pack_varlen, torch.zeros(2, 3, 4), [1, 2, 3],
                     because="3 lengths for a batch of B = 2")
-    t.expect_raises(ValueError, "pack_varlen", torch.zeros(2, 3, 4), [1, -1], because="a length cannot be negative")
-    t.expect_raises(ValueError, "pack_varlen", torch.zeros(1, 3, 4), [5], because="5 tokens do not fit in T_max = 3")
-    t.expect_raises(ValueError, "unpack_varlen", torch.zeros(5, 2), [0, 3, 5], 2,
+    t.expect_raises(ValueError, t.yours.pack_varlen, torch.zeros(2, 3, 4), [1, -1], because="a length cannot be negative")
+    t.expect_raises(ValueError, t.yours.pack_varlen, torch.zeros(1, 3, 4), [5], because="5 tokens do not fit in T_max = 3")
+    t.expect_raises(ValueError, t.yours.unpack_varlen, torch.zeros(5, 2), [0, 3, 5], 2,
                     because="request 0 has 3 tokens, more than T_max = 2")
-    t.expect_raises(ValueError, "unpack_varlen", torch.zeros(5, 2), [0, 3, 4], 4,
+    t.expect_raises(ValueError, t.yours.unpack_varlen, torch.zeros(5, 2), [0, 3, 4], 4,
                     because="cu_seqlens ends at 4 but packed has N = 5 rows")
 
 
 # -- 26.2 varlen_metadata -----------------------------------------------------------------------------
 
-@hidden("26.2", "nano-vllm's worked example: A 300 new; B 512 cached + 88 new")
+@hidden("ch26.2", "nano-vllm's worked example: A 300 new; B 512 cached + 88 new")
 def nano_vllm_example(t: Trial) -> None:
     # reference/nanovllm.md §12: cu_seqlens_q [0, 300, 388], cu_seqlens_k [0, 300, 900], max 300 / 600.
     run_metadata_case(t, [300, 88], [0, 512], "nano-vllm's worked prefill")
 
 
-@hidden("26.2", "random batches with prefix hits and continuing chunks")
+@hidden("ch26.2", "random batches with prefix hits and continuing chunks")
 def random_metadata(t: Trial) -> None:
     for i in range(20):
         B = t.random.randint(1, 8)
@@ -96,50 +94,50 @@ def random_metadata(t: Trial) -> None:
         run_metadata_case(t, query, cached, f"random batch {i + 1}")
 
 
-@hidden("26.2", "edge cases: one sequence, zero new tokens, nothing cached")
+@hidden("ch26.2", "edge cases: one sequence, zero new tokens, nothing cached")
 def metadata_edges(t: Trial) -> None:
     run_metadata_case(t, [1], [0], "one token, nothing cached")
     run_metadata_case(t, [7, 0, 2], [3, 256, 0], "a sequence with 0 new tokens (nano-vllm issue #144)")
     run_metadata_case(t, [512], [0], "one full prompt")
 
 
-@hidden("26.2", "bad inputs raise ValueError")
+@hidden("ch26.2", "bad inputs raise ValueError")
 def bad_metadata_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, "varlen_metadata", [1], [0, 4], because="1 query length but 2 cached lengths")
-    t.expect_raises(ValueError, "varlen_metadata", [3, -1], [0, 0], because="a query length cannot be negative")
-    t.expect_raises(ValueError, "varlen_metadata", [3, 1], [0, -8], because="a cached length cannot be negative")
+    t.expect_raises(ValueError, t.yours.varlen_metadata, [1], [0, 4], because="1 query length but 2 cached lengths")
+    t.expect_raises(ValueError, t.yours.varlen_metadata, [3, -1], [0, 0], because="a query length cannot be negative")
+    t.expect_raises(ValueError, t.yours.varlen_metadata, [3, 1], [0, -8], because="a cached length cannot be negative")
 
 
 # -- 26.3 graph_batch_size / pad_decode_batch -----------------------------------------------------------
 
-@hidden("26.3", "nano-vllm's captured sizes: batches 1 … 64 and random ones up to 512")
+@hidden("ch26.3", "nano-vllm's captured sizes: batches 1 … 64 and random ones up to 512")
 def nano_vllm_sizes(t: Trial) -> None:
     batches = list(range(1, 65)) + [t.random.randint(65, 512) for _ in range(30)] + [511, 512]
     for bs in batches:
-        explain_graph_size(t.call("graph_batch_size", bs, list(NANO_SIZES)), bs, NANO_SIZES)
+        explain_graph_size(t.yours.graph_batch_size(bs, list(NANO_SIZES)), bs, NANO_SIZES)
 
 
-@hidden("26.3", "random captured sizes in any order")
+@hidden("ch26.3", "random captured sizes in any order")
 def random_captured_sizes(t: Trial) -> None:
     for _ in range(20):
         sizes = t.random.sample(range(1, 200), t.random.randint(1, 8))
         bs = t.random.randint(1, max(sizes))
-        explain_graph_size(t.call("graph_batch_size", bs, list(sizes)), bs, sizes)
+        explain_graph_size(t.yours.graph_batch_size(bs, list(sizes)), bs, sizes)
 
 
-@hidden("26.3", "max_num_seqs 20 captures up to 16: batches 17–20 find no graph")
+@hidden("ch26.3", "max_num_seqs 20 captures up to 16: batches 17–20 find no graph")
 def no_graph_for_large_batches(t: Trial) -> None:
     # nano-vllm's edge case: max_num_seqs = 20 gives graph_bs [1, 2, 4, 8, 16]; its next(...) raises StopIteration.
     sizes = [1, 2, 4, 8, 16]
-    explain_graph_size(t.call("graph_batch_size", 16, sizes), 16, sizes)
+    explain_graph_size(t.yours.graph_batch_size(16, sizes), 16, sizes)
     for bs in (17, 20):
-        t.expect_raises(ValueError, "graph_batch_size", bs, sizes,
+        t.expect_raises(ValueError, t.yours.graph_batch_size, bs, sizes,
                         because=f"no captured size holds {bs} sequences (the largest is 16)")
-    t.expect_raises(ValueError, "graph_batch_size", 1, [], because="nothing was captured")
-    t.expect_raises(ValueError, "graph_batch_size", 0, sizes, because="a decode batch has at least one sequence")
+    t.expect_raises(ValueError, t.yours.graph_batch_size, 1, [], because="nothing was captured")
+    t.expect_raises(ValueError, t.yours.graph_batch_size, 0, sizes, because="a decode batch has at least one sequence")
 
 
-@hidden("26.3", "random decode batches padded to their graph")
+@hidden("ch26.3", "random decode batches padded to their graph")
 def random_padding(t: Trial) -> None:
     for i in range(12):
         bs, block_size = t.random.randint(1, 40), t.random.choice([4, 16, 256])
@@ -151,19 +149,19 @@ def random_padding(t: Trial) -> None:
         run_pad_case(t, slots, ctx, tables, graph_bs, f"random batch {i + 1}", block_size)
 
 
-@hidden("26.3", "inputs as int32 tensors, as nano-vllm holds them")
+@hidden("ch26.3", "inputs as int32 tensors, as nano-vllm holds them")
 def tensor_inputs(t: Trial) -> None:
     slots, ctx, tables = [10, 18, 12], [7, 3, 9], [[7, 2], [4], [1, 6, 3]]
-    got = t.call("pad_decode_batch", torch.tensor(slots, dtype=torch.int32), torch.tensor(ctx, dtype=torch.int32),
+    got = t.yours.pad_decode_batch(torch.tensor(slots, dtype=torch.int32), torch.tensor(ctx, dtype=torch.int32),
                  tables, 4)
     explain_padded(got, slots, ctx, tables, 4, "int32 tensor inputs", 4)
 
 
-@hidden("26.3", "bad inputs raise ValueError")
+@hidden("ch26.3", "bad inputs raise ValueError")
 def bad_pad_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, "pad_decode_batch", [1, 2], [1], [[0], [0]], 4,
+    t.expect_raises(ValueError, t.yours.pad_decode_batch, [1, 2], [1], [[0], [0]], 4,
                     because="2 slots but only 1 context_len")
-    t.expect_raises(ValueError, "pad_decode_batch", [1, 2], [1, 1], [[0]], 4,
+    t.expect_raises(ValueError, t.yours.pad_decode_batch, [1, 2], [1, 1], [[0]], 4,
                     because="2 slots but only 1 block table")
-    t.expect_raises(ValueError, "pad_decode_batch", [1] * 9, [1] * 9, [[0]] * 9, 8,
+    t.expect_raises(ValueError, t.yours.pad_decode_batch, [1] * 9, [1] * 9, [[0]] * 9, 8,
                     because="a graph of 8 rows cannot hold 9 sequences")

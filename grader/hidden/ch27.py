@@ -3,10 +3,8 @@ with the reference, invariants checked on the student's own trace, edge cases an
 
 from __future__ import annotations
 
-from grader.checks import hidden
+from grader.authoring import CheckFailed, Trial, hidden
 from grader.checks.ch27 import check_structure, drive_reference, drive_student, run_case
-from grader.compare import CheckFailed
-from grader.trial import Trial
 
 NAMES = [chr(c) for c in range(ord("A"), ord("Z") + 1)]
 
@@ -103,7 +101,7 @@ def problems(rid: str, s: dict, max_tokens: int, eos: int | None, asyn: bool):
 def invariants_case(t: Trial, asyn: bool) -> None:
     config = random_config(t, asyn) | {"budget": t.random.choice([3, 5, 8, 13])}
     script = random_script(t, 24)
-    ops = t.reference(drive_reference, config, script)["ops"]
+    ops = t.ref.drive(drive_reference, config, script)["ops"]
     head = f'case "invariants": {config}, 24 random requests'
     mine, error = drive_student(t, config, ops)
     check_structure(mine, head)
@@ -128,41 +126,41 @@ EDGES = [
 
 
 # -- 27.1 ---------------------------------------------------------------------------------------------------
-@hidden("27.1", "random request mixes from the grading seed")
+@hidden("ch27.1", "random request mixes from the grading seed")
 def random_mixes(t: Trial) -> None:
     for i in range(3):
         run_case(t, f"random mix {i + 1}", random_config(t, False), random_script(t, t.random.randint(3, 7)))
 
 
-@hidden("27.1", "invariants on your own trace: tokens in order, each emitted once, counters consistent")
+@hidden("ch27.1", "invariants on your own trace: tokens in order, each emitted once, counters consistent")
 def invariants(t: Trial) -> None:
     invariants_case(t, False)
 
 
-@hidden("27.1", "edge cases: a budget of 1, max_tokens 1, one-token prompts, EOS first, idle steps")
+@hidden("ch27.1", "edge cases: a budget of 1, max_tokens 1, one-token prompts, EOS first, idle steps")
 def edges(t: Trial) -> None:
     for i, (config, script) in enumerate(EDGES):
         run_case(t, f"edge {i + 1}", config | {"async": False}, script)
 
 
-@hidden("27.1", "hundreds of requests through run()", time_limit=5.0)
+@hidden("ch27.1", "hundreds of requests through run()", time_limit=5.0)
 def hundreds(t: Trial) -> None:
     run_many(t, False)
 
 
 # -- 27.2 ---------------------------------------------------------------------------------------------------
-@hidden("27.2", "random request mixes from the grading seed")
+@hidden("ch27.2", "random request mixes from the grading seed")
 def async_random_mixes(t: Trial) -> None:
     for i in range(3):
         run_case(t, f"random mix {i + 1}", random_config(t, True), random_script(t, t.random.randint(3, 7)))
 
 
-@hidden("27.2", "invariants on your own trace: placeholders resolve in order, nothing emitted twice")
+@hidden("ch27.2", "invariants on your own trace: placeholders resolve in order, nothing emitted twice")
 def async_invariants(t: Trial) -> None:
     invariants_case(t, True)
 
 
-@hidden("27.2", "edge cases: a budget of 1, max_tokens 1, one-token prompts, EOS first, idle steps")
+@hidden("ch27.2", "edge cases: a budget of 1, max_tokens 1, one-token prompts, EOS first, idle steps")
 def async_edges(t: Trial) -> None:
     for i, (config, script) in enumerate(EDGES):
         run_case(t, f"edge {i + 1}", config | {"async": True}, script)
@@ -172,12 +170,12 @@ def sync_outputs(ref, config: dict, script: list) -> dict:
     return drive_reference(ref, config | {"async": False}, script)["trace"][-1]["run"]
 
 
-@hidden("27.2", "async scheduling changes when tokens arrive, not which tokens", time_limit=3.0)
+@hidden("ch27.2", "async scheduling changes when tokens arrive, not which tokens", time_limit=3.0)
 def same_tokens(t: Trial) -> None:
     config = random_config(t, True)
     script = [op for op in random_script(t, 12) if op[0] == "add"] + [("run",)]
-    want = t.reference(sync_outputs, config, script)
-    ops = t.reference(drive_reference, config, script)["ops"]
+    want = t.ref.drive(sync_outputs, config, script)
+    ops = t.ref.drive(drive_reference, config, script)["ops"]
     mine, error = drive_student(t, config, ops)
     if error is not None:
         raise error
@@ -190,6 +188,6 @@ def same_tokens(t: Trial) -> None:
                           f"gave it {yours!r:.200}")
 
 
-@hidden("27.2", "hundreds of requests through run()", time_limit=5.0)
+@hidden("ch27.2", "hundreds of requests through run()", time_limit=5.0)
 def async_hundreds(t: Trial) -> None:
     run_many(t, True)

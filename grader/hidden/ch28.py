@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks import hidden
+from grader.authoring import CheckFailed, Trial, hidden
 from grader.checks.ch28 import (
     expect_cached,
     expect_hashes,
@@ -14,8 +14,6 @@ from grader.checks.ch28 import (
     run_hash_case,
     run_indices_case,
 )
-from grader.compare import CheckFailed
-from grader.trial import Trial
 
 
 def random_request(t: Trial, *, max_len: int = 80) -> tuple[list[int], int, dict]:
@@ -37,14 +35,14 @@ def random_request(t: Trial, *, max_len: int = 80) -> tuple[list[int], int, dict
     return tokens, bs, keys
 
 
-@hidden("28.1", "random requests, block sizes and identity keys")
+@hidden("ch28.1", "random requests, block sizes and identity keys")
 def random_hashes(t: Trial) -> None:
     for k in range(25):
         tokens, bs, keys = random_request(t)
         run_hash_case(t, tokens, bs, keys, case=f"random request {k}")
 
 
-@hidden("28.1", "changing one key changes its first block and every later one, never an earlier one")
+@hidden("ch28.1", "changing one key changes its first block and every later one, never an earlier one")
 def key_sensitivity(t: Trial) -> None:
     bs = 4
     tokens = [t.random.randrange(1000) for _ in range(32)]
@@ -64,21 +62,21 @@ def key_sensitivity(t: Trial) -> None:
                               f"block {i}'s")
 
 
-@hidden("28.1", "a long prompt: 8192 tokens in blocks of 16")
+@hidden("ch28.1", "a long prompt: 8192 tokens in blocks of 16")
 def long_prompt(t: Trial) -> None:
     tokens = [t.random.randrange(151_936) for _ in range(8192)]
     run_hash_case(t, tokens, 16, {"cache_salt": "long", "mm_hashes": [("video", 100, 5000)]}, case="8192 tokens")
 
 
-@hidden("28.1", "short prompts: no full block means no hash; block size 1")
+@hidden("ch28.1", "short prompts: no full block means no hash; block size 1")
 def short_prompts(t: Trial) -> None:
     for tokens, bs in (([], 4), ([5, 6, 7], 4), ([5, 6, 7], 1), ([0], 1)):
         want, variants = reference_variants(t, tokens, bs, {"cache_salt": "s"})
-        got = t.call("block_hashes", list(tokens), bs, cache_salt="s")
+        got = t.yours.block_hashes(list(tokens), bs, cache_salt="s")
         expect_hashes(got, want, variants, tokens, bs, {"cache_salt": "s"}, case=f"{len(tokens)} tokens")
 
 
-@hidden("28.1", "bad inputs raise ValueError")
+@hidden("ch28.1", "bad inputs raise ValueError")
 def bad_hash_inputs(t: Trial) -> None:
     tokens = list(range(8))
     for kwargs, because in (({"lora_id": 0}, "LoRA ids start at 1"),
@@ -87,12 +85,12 @@ def bad_hash_inputs(t: Trial) -> None:
                             ({"mm_hashes": [("a", 4, 2), ("b", 1, 2)]}, "the items are not sorted by offset"),
                             ({"mm_hashes": [("a", 1, 3), ("b", 2, 2)]}, "the items overlap"),
                             ({"mm_hashes": [("a", 1, 0)]}, "an item occupies at least one token")):
-        t.expect_raises(ValueError, "block_hashes", tokens, 4, because=because, **kwargs)
-    t.expect_raises(ValueError, "block_hashes", tokens, 0, because="block_size must be ≥ 1")
-    t.expect_raises(ValueError, "block_hashes", [1, -2, 3], 1, because="token ids are ≥ 0")
+        t.expect_raises(ValueError, t.yours.block_hashes, tokens, 4, because=because, **kwargs)
+    t.expect_raises(ValueError, t.yours.block_hashes, tokens, 0, because="block_size must be ≥ 1")
+    t.expect_raises(ValueError, t.yours.block_hashes, [1, -2, 3], 1, because="token ids are ≥ 0")
 
 
-@hidden("28.2", "prompts ending just before, on and just after a block boundary")
+@hidden("ch28.2", "prompts ending just before, on and just after a block boundary")
 def block_boundaries(t: Trial) -> None:
     for bs in (1, 2, 4, 16):
         for prompt_len in sorted({max(1, k * bs + d) for k in (1, 2, 3) for d in (-1, 0, 1)}):
@@ -101,7 +99,7 @@ def block_boundaries(t: Trial) -> None:
                 expect_cached(t, prompt_len, bs, hits)
 
 
-@hidden("28.2", "random large prompts")
+@hidden("ch28.2", "random large prompts")
 def large_prompts(t: Trial) -> None:
     for _ in range(30):
         bs = t.random.choice([16, 32, 256])
@@ -110,15 +108,15 @@ def large_prompts(t: Trial) -> None:
         expect_cached(t, prompt_len, bs, t.random.choice([full, max(full - 1, 0), t.random.randint(0, full)]))
 
 
-@hidden("28.2", "bad inputs raise ValueError")
+@hidden("ch28.2", "bad inputs raise ValueError")
 def bad_hit_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, "num_cached_tokens_on_hit", 0, 16, 0, because="a prompt has at least one token")
-    t.expect_raises(ValueError, "num_cached_tokens_on_hit", 32, 0, 0, because="block_size must be ≥ 1")
-    t.expect_raises(ValueError, "num_cached_tokens_on_hit", 32, 16, -1, because="a hit count is ≥ 0")
-    t.expect_raises(ValueError, "num_cached_tokens_on_hit", 32, 16, 3, because="32 tokens are only 2 blocks of 16")
+    t.expect_raises(ValueError, t.yours.num_cached_tokens_on_hit, 0, 16, 0, because="a prompt has at least one token")
+    t.expect_raises(ValueError, t.yours.num_cached_tokens_on_hit, 32, 0, 0, because="block_size must be ≥ 1")
+    t.expect_raises(ValueError, t.yours.num_cached_tokens_on_hit, 32, 16, -1, because="a hit count is ≥ 0")
+    t.expect_raises(ValueError, t.yours.num_cached_tokens_on_hit, 32, 16, 3, because="32 tokens are only 2 blocks of 16")
 
 
-@hidden("28.3", "random batches")
+@hidden("ch28.3", "random batches")
 def random_batches(t: Trial) -> None:
     for k in range(20):
         lens = [t.random.choice([1, 1, 1, t.random.randint(1, 600)]) for _ in range(t.random.randint(1, 64))]
@@ -126,18 +124,18 @@ def random_batches(t: Trial) -> None:
         run_indices_case(t, torch.tensor(lens) if as_tensor else lens, case=f"random batch {k} of {len(lens)} requests")
 
 
-@hidden("28.3", "a batch of 4096 requests")
+@hidden("ch28.3", "a batch of 4096 requests")
 def large_batch(t: Trial) -> None:
     lens = torch.randint(1, 512, (4096,), generator=t.rng)
     run_indices_case(t, lens, case="4096 requests")
 
 
-@hidden("28.3", "an empty batch has no logits rows")
+@hidden("ch28.3", "an empty batch has no logits rows")
 def empty_batch(t: Trial) -> None:
     run_indices_case(t, [], case="no requests")
 
 
-@hidden("28.3", "bad inputs raise ValueError")
+@hidden("ch28.3", "bad inputs raise ValueError")
 def bad_lengths(t: Trial) -> None:
-    t.expect_raises(ValueError, "logits_indices", [[1, 2], [3, 4]], because="query_lens is 1-D, one length per request")
-    t.expect_raises(ValueError, "logits_indices", torch.tensor([2, -1]), because="a length is ≥ 1")
+    t.expect_raises(ValueError, t.yours.logits_indices, [[1, 2], [3, 4]], because="query_lens is 1-D, one length per request")
+    t.expect_raises(ValueError, t.yours.logits_indices, torch.tensor([2, -1]), because="a length is ≥ 1")

@@ -1,7 +1,7 @@
 """ch28's models of what a misconception hashes, for the explanations of its checks (never shipped).
 
 `grader.checks.ch28` names each misconception and compares; the values come from here, through
-`grader.checks.hidden_model` drivers, so a student release holds only those of its fixed instances.
+`grader.authoring.hidden_model` drivers, so a student release holds only those of its fixed instances.
 """
 
 from __future__ import annotations

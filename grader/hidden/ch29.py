@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from grader.checks import hidden
+from grader.authoring import Trial, hidden
 from grader.checks.ch29 import METRICS, STATS, expect_metrics, make_times, run_metadata_case, run_metrics_case
 from grader.hidden.ch29_models import per_request
-from grader.trial import Trial
 
 
 def random_batch(t: Trial, num_requests: int, block_size: int, pool: int = 4096) -> list[dict]:
@@ -43,19 +42,19 @@ def random_times(t: Trial, n: int) -> list[dict]:
 
 
 # -- 29.1 ---------------------------------------------------------------------------------------------------
-@hidden("29.1", "random batches: chunks, prefix hits and decodes mixed")
+@hidden("ch29.1", "random batches: chunks, prefix hits and decodes mixed")
 def random_batches(t: Trial) -> None:
     for i in range(15):
         block_size = t.random.choice([1, 2, 4, 16])
         run_metadata_case(t, random_batch(t, t.random.randint(1, 8), block_size), block_size, f"random batch {i + 1}")
 
 
-@hidden("29.1", "a large batch: 300 requests, block_size 16")
+@hidden("ch29.1", "a large batch: 300 requests, block_size 16")
 def large_batch(t: Trial) -> None:
     run_metadata_case(t, random_batch(t, 300, 16, pool=20_000), 16, "300 requests")
 
 
-@hidden("29.1", "edge cases: an empty batch, block_size 1, a 1-token step after a full-block prefix hit")
+@hidden("ch29.1", "edge cases: an empty batch, block_size 1, a 1-token step after a full-block prefix hit")
 def metadata_edges(t: Trial) -> None:
     run_metadata_case(t, [], 4, "empty batch")
     run_metadata_case(t, [{"token_ids": [7, 8, 9], "num_computed_tokens": 0, "num_scheduled_tokens": 3,
@@ -64,20 +63,20 @@ def metadata_edges(t: Trial) -> None:
                            "block_table": [4, 9, 1]}], 16, "prefix hit of 32, one token left")
 
 
-@hidden("29.1", "bad inputs raise ValueError")
+@hidden("ch29.1", "bad inputs raise ValueError")
 def bad_metadata(t: Trial) -> None:
     ok = {"token_ids": [1, 2, 3], "num_computed_tokens": 0, "num_scheduled_tokens": 3, "block_table": [0]}
-    t.expect_raises(ValueError, "prepare_inputs", [ok], 0, because="block_size must be ≥ 1")
-    t.expect_raises(ValueError, "prepare_inputs", [{k: v for k, v in ok.items() if k != "block_table"}], 4,
+    t.expect_raises(ValueError, t.yours.prepare_inputs, [ok], 0, because="block_size must be ≥ 1")
+    t.expect_raises(ValueError, t.yours.prepare_inputs, [{k: v for k, v in ok.items() if k != "block_table"}], 4,
                     because="the request has no block_table")
-    t.expect_raises(ValueError, "prepare_inputs", [ok | {"num_scheduled_tokens": 0}], 4,
+    t.expect_raises(ValueError, t.yours.prepare_inputs, [ok | {"num_scheduled_tokens": 0}], 4,
                     because="a scheduled request runs at least one token")
-    t.expect_raises(ValueError, "prepare_inputs", [ok | {"num_computed_tokens": -1}], 4,
+    t.expect_raises(ValueError, t.yours.prepare_inputs, [ok | {"num_computed_tokens": -1}], 4,
                     because="num_computed_tokens cannot be negative")
 
 
 # -- 29.2 ---------------------------------------------------------------------------------------------------
-@hidden("29.2", "random timestamp sets from the grading seed")
+@hidden("ch29.2", "random timestamp sets from the grading seed")
 def random_timestamps(t: Trial) -> None:
     for i in range(10):
         run_metrics_case(t, random_times(t, t.random.randint(1, 12)), f"random set {i + 1}")
@@ -101,31 +100,31 @@ def numpy_metrics(requests: list[dict]) -> dict:
     return out
 
 
-@hidden("29.2", "agreement with numpy's mean, median and percentile, as vLLM's benchmark computes them")
+@hidden("ch29.2", "agreement with numpy's mean, median and percentile, as vLLM's benchmark computes them")
 def numpy_agreement(t: Trial) -> None:
     for i in range(5):
         requests = random_times(t, t.random.randint(2, 30))
-        expect_metrics(t.call("latency_metrics", requests), numpy_metrics(requests), requests, f"numpy set {i + 1}")
+        expect_metrics(t.yours.latency_metrics(requests), numpy_metrics(requests), requests, f"numpy set {i + 1}")
 
 
-@hidden("29.2", "p99 over 200 requests: linear interpolation between neighbours")
+@hidden("ch29.2", "p99 over 200 requests: linear interpolation between neighbours")
 def many_requests(t: Trial) -> None:
     run_metrics_case(t, random_times(t, 200), "200 requests")
 
 
-@hidden("29.2", "edge cases: one one-token request, one chunk carrying every token, equal chunk times")
+@hidden("ch29.2", "edge cases: one one-token request, one chunk carrying every token, equal chunk times")
 def metric_edges(t: Trial) -> None:
     run_metrics_case(t, make_times([(0.5, [0.9], 3, 1)]), "one token")
     run_metrics_case(t, make_times([(0.0, [0.4], 3, 6), (0.1, [0.3, 0.6], 5, 2)]), "one chunk, six tokens")
     run_metrics_case(t, make_times([(0.0, [0.2, 0.2, 0.5], 1, 3)]), "equal chunk times")
 
 
-@hidden("29.2", "bad inputs raise ValueError")
+@hidden("ch29.2", "bad inputs raise ValueError")
 def bad_metrics(t: Trial) -> None:
-    t.expect_raises(ValueError, "latency_metrics", make_times([(1.0, [0.5], 3, 1)]),
+    t.expect_raises(ValueError, t.yours.latency_metrics, make_times([(1.0, [0.5], 3, 1)]),
                     because="the first chunk arrives before the request was sent")
-    t.expect_raises(ValueError, "latency_metrics", make_times([(0.0, [0.1, 0.2, 0.3], 3, 2)]),
+    t.expect_raises(ValueError, t.yours.latency_metrics, make_times([(0.0, [0.1, 0.2, 0.3], 3, 2)]),
                     because="three chunks cannot carry two output tokens")
-    t.expect_raises(ValueError, "latency_metrics", make_times([(0.0, [], 3, 1)]), because="there is no chunk")
-    t.expect_raises(ValueError, "latency_metrics", make_times([(0.0, [0.0], 3, 1)]),
+    t.expect_raises(ValueError, t.yours.latency_metrics, make_times([(0.0, [], 3, 1)]), because="there is no chunk")
+    t.expect_raises(ValueError, t.yours.latency_metrics, make_times([(0.0, [0.0], 3, 1)]),
                     because="a run of 0 s has no throughput")

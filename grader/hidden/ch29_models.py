@@ -1,7 +1,7 @@
 """ch29's per-request latencies, for the derivations of its metric checks (never shipped).
 
 Each request's TTFT, E2E, TPOT and inter-token latencies are most of `latency_metrics` (29.2); public checks
-reach them through `grader.checks.ch29.request_latencies` (a `grader.checks.hidden_model` driver).
+reach them through `grader.checks.ch29.request_latencies` (a `grader.authoring.hidden_model` driver).
 """
 
 from __future__ import annotations

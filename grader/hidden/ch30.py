@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from grader.checks import hidden
+from grader.authoring import Trial, hidden
 from grader.checks.ch30 import (
     MATRIX,
     QWEN3_CONFIG,
     batch_of,
     expect_lowered,
-    expect_value_error,
     fail,
     run_support_case,
 )
-from grader.trial import Trial
 
 
 def random_request(t: Trial, request_id: int) -> dict:
@@ -45,14 +43,14 @@ def random_request(t: Trial, request_id: int) -> dict:
     return req
 
 
-@hidden("30.1", "random requests: every field, ids and positions")
+@hidden("ch30.1", "random requests: every field, ids and positions")
 def random_requests(t: Trial) -> None:
     for i in range(40):
         req = random_request(t, i)
-        expect_lowered(t.call("lower_request", req), t.ref.lower_request(req), req, f"random request {i}")
+        expect_lowered(t.yours.lower_request(req), t.ref.lower_request(req), req, f"random request {i}")
 
 
-@hidden("30.1", "edge values that still fit")
+@hidden("ch30.1", "edge values that still fit")
 def edge_values(t: Trial) -> None:
     cases = [({"request_id": 2**63 - 1, "prompt_token_ids": [2**31 - 1, 0]}, "the largest request_id and token id"),
              ({"request_id": 0, "prompt_token_ids": [5]}, "a one-token prompt"),
@@ -65,10 +63,10 @@ def edge_values(t: Trial) -> None:
              ({"request_id": 4, "prompt_token_ids": [1, 2], "arrival_time": 3.5, "prompt": "hi"},
               "front-end keys stay in Python")]
     for req, case in cases:
-        expect_lowered(t.call("lower_request", req), t.ref.lower_request(req), req, case)
+        expect_lowered(t.yours.lower_request(req), t.ref.lower_request(req), req, case)
 
 
-@hidden("30.1", "values that do not fit their C type raise ValueError")
+@hidden("ch30.1", "values that do not fit their C type raise ValueError")
 def lower_violations(t: Trial) -> None:
     base = {"request_id": 1, "prompt_token_ids": [1, 2, 3]}
     sp = lambda **kw: dict(base, sampling_params=kw)
@@ -94,15 +92,15 @@ def lower_violations(t: Trial) -> None:
              (dict(base, output_token_ids=[4, 5], sampling_params={"max_tokens": 2}), "the request is finished"),
              ({"request_id": 1}, "the request has no prompt_token_ids")]
     for req, because in cases:
-        expect_value_error(t, "lower_request", req, because=because)
+        t.expect_raises(ValueError, t.yours.lower_request, req, because=because)
 
 
-@hidden("30.1", "random batches: prompt first, else decode")
+@hidden("ch30.1", "random batches: prompt first, else decode")
 def random_batches(t: Trial) -> None:
     pool = [t.ref.lower_request(random_request(t, i))[0] for i in range(30)]
     for _ in range(25):
         batch = batch_of(t.random.sample(pool, t.random.randint(1, 8)))
-        got, want = t.call("select_phase", batch), t.ref.select_phase(batch)
+        got, want = t.yours.select_phase(batch), t.ref.select_phase(batch)
         if got != want:
             fail([f"a batch of {len(batch)} records, is_prompt = {batch['is_prompt'].tolist()}: "
                   + ("some record has prompt work, and prompt goes first" if want == "prompt" else
@@ -118,7 +116,7 @@ def _rebuilt(rec: np.ndarray, names: list[str], **retype) -> np.ndarray:
     return out
 
 
-@hidden("30.1", "layout violations are rejected")
+@hidden("ch30.1", "layout violations are rejected")
 def layout_violations(t: Trial) -> None:
     rec = batch_of([t.ref.lower_request(random_request(t, i))[0] for i in range(3)])
     dt = rec.dtype
@@ -138,20 +136,20 @@ def layout_violations(t: Trial) -> None:
              (rec[:0], "an empty batch has no phase"),
              (np.zeros(3, dtype=np.int32), "plain int32 numbers are not records")]
     for batch, because in cases:
-        expect_value_error(t, "select_phase", batch, because=because)
+        t.expect_raises(ValueError, t.yours.select_phase, batch, because=because)
 
 
-@hidden("30.1", "inconsistent records are rejected")
+@hidden("ch30.1", "inconsistent records are rejected")
 def inconsistent_records(t: Trial) -> None:
     rec = t.ref.lower_request({"request_id": 3, "prompt_token_ids": [1, 2], "output_token_ids": [3],
                                "num_computed_tokens": 2})[0]
     flipped = rec.copy()
     flipped["is_prompt"] = True
-    expect_value_error(t, "select_phase", flipped, because="is_prompt says prompt, but only the newest output token "
+    t.expect_raises(ValueError, t.yours.select_phase, flipped, because="is_prompt says prompt, but only the newest output token "
                                                             "lacks KV: that is a decode step")
     stale = rec.copy()
     stale["num_new_tokens"] = 3
-    expect_value_error(t, "select_phase", stale, because="num_new_tokens 3 ≠ num_tokens − num_computed_tokens = 1")
+    t.expect_raises(ValueError, t.yours.select_phase, stale, because="num_new_tokens 3 ≠ num_tokens − num_computed_tokens = 1")
 
 
 def random_matrix(t: Trial) -> dict:
@@ -185,14 +183,14 @@ def random_config(t: Trial, matrix: dict) -> dict:
     return c
 
 
-@hidden("30.2", "random configurations against random matrices")
+@hidden("ch30.2", "random configurations against random matrices")
 def random_support(t: Trial) -> None:
     for i in range(30):
         matrix = random_matrix(t)
         run_support_case(t, random_config(t, matrix), matrix, f"random case {i}")
 
 
-@hidden("30.2", "the edges of each row")
+@hidden("ch30.2", "the edges of each row")
 def support_edges(t: Trial) -> None:
     cases = [(dict(QWEN3_CONFIG, max_position_embeddings=32769, features=[]), "one token over max_context"),
              (dict(QWEN3_CONFIG, tensor_parallel_size=8, features=[]), "the largest listed tp"),
@@ -212,7 +210,7 @@ def support_edges(t: Trial) -> None:
                      "a release with a local prefix cache that does not list a KV service")
 
 
-@hidden("30.2", "bad configurations and matrices raise ValueError")
+@hidden("ch30.2", "bad configurations and matrices raise ValueError")
 def support_bad_inputs(t: Trial) -> None:
     no = lambda key: {k: v for k, v in QWEN3_CONFIG.items() if k != key}
     cases = [(dict(QWEN3_CONFIG, tensor_parallel_size=0), MATRIX, "tensor_parallel_size 0"),
@@ -226,10 +224,10 @@ def support_bad_inputs(t: Trial) -> None:
              (QWEN3_CONFIG, dict(MATRIX, max_context="32768"), "the matrix's max_context is a str"),
              (QWEN3_CONFIG, {k: v for k, v in MATRIX.items() if k != "dtypes"}, "the matrix has no dtypes row")]
     for config, matrix, because in cases:
-        expect_value_error(t, "check_support", config, matrix, because=because)
+        t.expect_raises(ValueError, t.yours.check_support, config, matrix, because=because)
 
 
-@hidden("30.2", "real model configurations (their config.json) in several deployments")
+@hidden("ch30.2", "real model configurations (their config.json) in several deployments")
 def real_configs(t: Trial) -> None:
     llama3_8b = {"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16", "hidden_size": 4096,
                  "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 8192}

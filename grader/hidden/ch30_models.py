@@ -1,7 +1,7 @@
 """ch30's reading of a configuration against a support matrix, for the explanations of 30.2 (never shipped).
 
 Which requirement a release supports is check_support's answer; public checks reach these rows through
-`grader.checks.ch30.support_models` (a `grader.checks.hidden_model` driver).
+`grader.checks.ch30.support_models` (a `grader.authoring.hidden_model` driver).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks import hidden
+from grader.authoring import Trial, expect_tensor, first_wrong, hidden
 from grader.checks.ch31 import (
     dispatch_structure,
     expect_balancedness,
@@ -16,8 +16,6 @@ from grader.checks.ch31 import (
     scaled_experts,
     vec,
 )
-from grader.compare import expect_tensor, first_wrong
-from grader.trial import Trial
 
 
 def random_routing(t: Trial, N: int, E: int, k: int) -> torch.Tensor:
@@ -29,7 +27,7 @@ def random_routing(t: Trial, N: int, E: int, k: int) -> torch.Tensor:
 
 # -- 31.1 -------------------------------------------------------------------------------------------
 
-@hidden("31.1", "random router logits")
+@hidden("ch31.1", "random router logits")
 def random_routes(t: Trial) -> None:
     for i in range(25):
         N, E = t.random.randint(1, 40), t.random.choice([2, 4, 8, 16, 64])
@@ -38,13 +36,13 @@ def random_routes(t: Trial) -> None:
         run_routing_case(t, logits, k, t.random.random() < 0.7, f"random case {i} ({N} tokens, {E} experts, top-{k})")
 
 
-@hidden("31.1", "DeepSeek-V3's shape: 256 experts, top-8, bfloat16 logits")
+@hidden("ch31.1", "DeepSeek-V3's shape: 256 experts, top-8, bfloat16 logits")
 def route_deepseek(t: Trial) -> None:
     logits = (torch.randn(64, 256, generator=t.rng) * 2).to(torch.bfloat16)
     run_routing_case(t, logits, 8, True, "64 tokens, 256 experts, top-8, bfloat16")
 
 
-@hidden("31.1", "many ties")
+@hidden("ch31.1", "many ties")
 def route_many_ties(t: Trial) -> None:
     for i in range(10):
         E = t.random.choice([4, 6, 8])
@@ -52,18 +50,18 @@ def route_many_ties(t: Trial) -> None:
         run_routing_case(t, logits, t.random.randint(1, E), t.random.random() < 0.5, f"integer logits {i}")
 
 
-@hidden("31.1", "bad inputs raise ValueError")
+@hidden("ch31.1", "bad inputs raise ValueError")
 def route_bad(t: Trial) -> None:
-    t.expect_raises(ValueError, "route_topk", torch.zeros(4), 1, because="logits must be [N, E], not 1-D")
-    t.expect_raises(ValueError, "route_topk", torch.zeros(2, 4, dtype=torch.int64), 1,
+    t.expect_raises(ValueError, t.yours.route_topk, torch.zeros(4), 1, because="logits must be [N, E], not 1-D")
+    t.expect_raises(ValueError, t.yours.route_topk, torch.zeros(2, 4, dtype=torch.int64), 1,
                     because="integer logits are not router scores")
-    t.expect_raises(ValueError, "route_topk", torch.tensor([[0.0, float("nan")]]), 1, because="a NaN logit")
-    t.expect_raises(ValueError, "route_topk", torch.zeros(2, 4), -1, because="k = −1")
+    t.expect_raises(ValueError, t.yours.route_topk, torch.tensor([[0.0, float("nan")]]), 1, because="a NaN logit")
+    t.expect_raises(ValueError, t.yours.route_topk, torch.zeros(2, 4), -1, because="k = −1")
 
 
 # -- 31.2 -------------------------------------------------------------------------------------------
 
-@hidden("31.2", "random routing: rows and handle")
+@hidden("ch31.2", "random routing: rows and handle")
 def random_dispatch(t: Trial) -> None:
     for i in range(15):
         R = t.random.choice([1, 2, 4, 8])
@@ -72,11 +70,11 @@ def random_dispatch(t: Trial) -> None:
         N, H = t.random.randint(0, 30), t.random.choice([1, 3, 8])
         x = torch.randn(N, H, generator=t.rng)
         ids = random_routing(t, N, E, k)
-        expect_dispatch(t.call("dispatch", x, ids, E, R), t.ref.dispatch(x, ids, E, R), x, ids, E, R,
+        expect_dispatch(t.yours.dispatch(x, ids, E, R), t.ref.dispatch(x, ids, E, R), x, ids, E, R,
                         f"random case {i}")
 
 
-@hidden("31.2", "round trips through your dispatch and combine, checked against a dense MoE")
+@hidden("ch31.2", "round trips through your dispatch and combine, checked against a dense MoE")
 def random_round_trips(t: Trial) -> None:
     for i in range(12):
         R = t.random.choice([1, 2, 4])
@@ -87,11 +85,11 @@ def random_round_trips(t: Trial) -> None:
         ids = random_routing(t, N, E, k)
         w = torch.rand(N, k, generator=t.rng)
         mats = torch.randn(E, H, H, generator=t.rng)
-        rows, handle = dispatch_structure(t.call("dispatch", x, ids, E, R), x, R, f"round trip {i}")
+        rows, handle = dispatch_structure(t.yours.dispatch(x, ids, E, R), x, R, f"round trip {i}")
         out_rows = [r @ mats[e].T for r, e in zip(torch.cat(rows).split(1), handle["expert"].clamp(0, E - 1).tolist())]
         outputs = list(torch.cat(out_rows).split(handle["rows_per_rank"].tolist())) if out_rows else \
             [torch.zeros(0, H)] * R
-        got = t.call("combine", outputs, handle, w)
+        got = t.yours.combine(outputs, handle, w)
         dense = sum(w[:, j:j + 1] * torch.einsum("nh,noh->no", x, mats[ids[:, j]]) for j in range(k))
         out = expect_tensor(got, what=f"round trip {i}: the output", shape=[N, H], dtype=torch.float32)
         idx = first_wrong(out, dense, atol=1e-4, rtol=1e-4)
@@ -103,7 +101,7 @@ def random_round_trips(t: Trial) -> None:
                  "your handle and your combine must agree on where each row came from")
 
 
-@hidden("31.2", "combine alone on random expert outputs")
+@hidden("ch31.2", "combine alone on random expert outputs")
 def random_combine(t: Trial) -> None:
     for i in range(10):
         R, k = t.random.choice([2, 4]), t.random.randint(1, 3)
@@ -114,28 +112,28 @@ def random_combine(t: Trial) -> None:
         run_combine_case(t, outputs, handle, torch.rand(N, k, generator=t.rng), f"random case {i}")
 
 
-@hidden("31.2", "bfloat16 rows, top-1, one rank")
+@hidden("ch31.2", "bfloat16 rows, top-1, one rank")
 def dispatch_edges(t: Trial) -> None:
     x = torch.randn(9, 8, generator=t.rng).to(torch.bfloat16)
     ids = random_routing(t, 9, 4, 1)
     want = t.ref.dispatch(x, ids, 4, 1)
-    rows, handle = expect_dispatch(t.call("dispatch", x, ids, 4, 1), want, x, ids, 4, 1, "bfloat16, top-1, R = 1")
+    rows, handle = expect_dispatch(t.yours.dispatch(x, ids, 4, 1), want, x, ids, 4, 1, "bfloat16, top-1, R = 1")
     outputs = scaled_experts(want[0], want[1])
     run_combine_case(t, outputs, want[1], torch.ones(9, 1), "bfloat16, top-1", " with y = (e + 1)·x")
 
 
-@hidden("31.2", "bad inputs raise ValueError")
+@hidden("ch31.2", "bad inputs raise ValueError")
 def dispatch_bad_inputs(t: Trial) -> None:
     x = torch.zeros(3, 2)
-    t.expect_raises(ValueError, "dispatch", x, torch.tensor([[0, 0], [1, 2], [3, 1]]), 4, 2,
+    t.expect_raises(ValueError, t.yours.dispatch, x, torch.tensor([[0, 0], [1, 2], [3, 1]]), 4, 2,
                     because="token 0 is routed to expert 0 twice")
-    t.expect_raises(ValueError, "dispatch", x, torch.tensor([[0, 4], [1, 2], [3, 1]]), 4, 2,
+    t.expect_raises(ValueError, t.yours.dispatch, x, torch.tensor([[0, 4], [1, 2], [3, 1]]), 4, 2,
                     because="expert 4 does not exist among 4 experts")
-    t.expect_raises(ValueError, "dispatch", x, torch.tensor([[0, 1], [1, 2]]), 4, 2,
+    t.expect_raises(ValueError, t.yours.dispatch, x, torch.tensor([[0, 1], [1, 2]]), 4, 2,
                     because="2 rows of topk_ids for 3 tokens")
     rows, handle = t.ref.dispatch(x, torch.tensor([[0, 1], [1, 2], [3, 1]]), 4, 2)
-    t.expect_raises(ValueError, "combine", rows[:1], handle, torch.ones(3, 2), because="one output for 2 ranks")
-    t.expect_raises(ValueError, "combine", rows, handle, torch.ones(2, 2),
+    t.expect_raises(ValueError, t.yours.combine, rows[:1], handle, torch.ones(3, 2), because="one output for 2 ranks")
+    t.expect_raises(ValueError, t.yours.combine, rows, handle, torch.ones(2, 2),
                     because="weights for 2 tokens, but the handle has 3")
 
 
@@ -158,48 +156,48 @@ def random_shape(t: Trial, hierarchical: bool) -> tuple[int, tuple]:
     return E, (replicas, groups, nodes, gpus)
 
 
-@hidden("31.3", "random loads, hierarchical policy")
+@hidden("ch31.3", "random loads, hierarchical policy")
 def eplb_random_hierarchical(t: Trial) -> None:
     for i in range(12):
         E, args = random_shape(t, True)
         run_placement_case(t, random_loads(t, t.random.choice([1, 2]), E), args, f"random case {i}")
 
 
-@hidden("31.3", "random loads, global policy")
+@hidden("ch31.3", "random loads, global policy")
 def eplb_random_global(t: Trial) -> None:
     for i in range(10):
         E, args = random_shape(t, False)
         run_placement_case(t, random_loads(t, t.random.choice([1, 2]), E), args, f"random case {i}")
 
 
-@hidden("31.3", "DeepSeek-V3's shape: 256 experts in 8 groups, 288 slots on 32 GPUs in 4 nodes")
+@hidden("ch31.3", "DeepSeek-V3's shape: 256 experts in 8 groups, 288 slots on 32 GPUs in 4 nodes")
 def eplb_deepseek(t: Trial) -> None:
     run_placement_case(t, random_loads(t, 2, 256), (288, 8, 4, 32), "256 experts, 2 layers")
 
 
-@hidden("31.3", "one slot per GPU and one group per node keep the identity")
+@hidden("ch31.3", "one slot per GPU and one group per node keep the identity")
 def eplb_identity(t: Trial) -> None:
     run_placement_case(t, random_loads(t, 1, 4), (4, 4, 4, 4), "4 experts, 4 nodes, 4 GPUs")
     run_placement_case(t, random_loads(t, 1, 8), (8, 4, 2, 8), "8 experts on 8 GPUs, one slot each")
 
 
-@hidden("31.3", "balancedness on random loads")
+@hidden("ch31.3", "balancedness on random loads")
 def balancedness_random(t: Trial) -> None:
     for i in range(12):
         shape = [t.random.randint(1, 16)] if t.random.random() < 0.5 else [t.random.randint(1, 4), t.random.randint(1, 16)]
         loads = torch.rand(shape, generator=t.rng) * 100
         if t.random.random() < 0.3:
             loads = loads.round()
-        expect_balancedness(t.call("balancedness", loads), loads, t.ref.balancedness(loads), f"random loads {i}")
+        expect_balancedness(t.yours.balancedness(loads), loads, t.ref.balancedness(loads), f"random loads {i}")
 
 
-@hidden("31.3", "bad inputs raise ValueError")
+@hidden("ch31.3", "bad inputs raise ValueError")
 def eplb_bad_inputs(t: Trial) -> None:
     w = torch.rand(1, 8, generator=t.rng)
-    t.expect_raises(ValueError, "rebalance_experts", w, 6, 4, 2, 2, because="6 slots cannot hold 8 experts")
-    t.expect_raises(ValueError, "rebalance_experts", w, 12, 3, 1, 4, because="3 groups do not divide 8 experts")
-    t.expect_raises(ValueError, "rebalance_experts", w, 12, 4, 3, 4, because="3 nodes do not divide 4 GPUs")
-    t.expect_raises(ValueError, "rebalance_experts", -w, 12, 4, 2, 4, because="a negative load")
-    t.expect_raises(ValueError, "rebalance_experts", w[0], 12, 4, 2, 4, because="weight must be [layers, experts]")
-    t.expect_raises(ValueError, "balancedness", torch.tensor([1.0, -2.0]), because="a negative load")
-    t.expect_raises(ValueError, "balancedness", torch.zeros(0), because="no rank at all")
+    t.expect_raises(ValueError, t.yours.rebalance_experts, w, 6, 4, 2, 2, because="6 slots cannot hold 8 experts")
+    t.expect_raises(ValueError, t.yours.rebalance_experts, w, 12, 3, 1, 4, because="3 groups do not divide 8 experts")
+    t.expect_raises(ValueError, t.yours.rebalance_experts, w, 12, 4, 3, 4, because="3 nodes do not divide 4 GPUs")
+    t.expect_raises(ValueError, t.yours.rebalance_experts, -w, 12, 4, 2, 4, because="a negative load")
+    t.expect_raises(ValueError, t.yours.rebalance_experts, w[0], 12, 4, 2, 4, because="weight must be [layers, experts]")
+    t.expect_raises(ValueError, t.yours.balancedness, torch.tensor([1.0, -2.0]), because="a negative load")
+    t.expect_raises(ValueError, t.yours.balancedness, torch.zeros(0), because="no rank at all")

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks import hidden
+from grader.authoring import CheckFailed, Trial, fmt, hidden
 from grader.checks.ch23 import chi2, chi2_threshold, vec
 from grader.checks.ch32 import Case, expect_emitted, expect_product, make_case, run_count, run_invariance, run_verify
-from grader.compare import CheckFailed, fmt
 from grader.hidden.ch32_models import VARIANTS, simulate
-from grader.trial import Trial
 
 QWEN3_VOCAB, QWEN3_HIDDEN = 151_936, 1024
 # Chi-square instance: the drafter never proposes token 3, the target's favourite, and proposes token 4, which
@@ -52,14 +50,14 @@ def random_case(t: Trial, k: int, V: int, dtype=torch.float32) -> Case:
 
 
 # -- 32.1 ----------------------------------------------------------------------------------------------
-@hidden("32.1", "random verifications: exact agreement with the given uniforms and noise")
+@hidden("ch32.1", "random verifications: exact agreement with the given uniforms and noise")
 def random_verifications(t: Trial) -> None:
     for i in range(40):
         c = random_case(t, t.random.randint(1, 8), t.random.choice([2, 3, 5, 17, 64, 500]))
         run_verify(t, c, case=f"random case {i + 1}")
 
 
-@hidden("32.1", f"chi-square: the first emitted token of {CHI_DRAWS} verifications follows the target")
+@hidden("ch32.1", f"chi-square: the first emitted token of {CHI_DRAWS} verifications follows the target")
 def first_token_distribution(t: Trial) -> None:
     V, k, n = len(CHI_P), 2, CHI_DRAWS
     p0, q0 = torch.tensor(CHI_P, dtype=torch.float64), torch.tensor(CHI_Q, dtype=torch.float64)
@@ -71,7 +69,7 @@ def first_token_distribution(t: Trial) -> None:
     firsts, cases = [], []
     for d in range(n):
         c = Case(drafts[d].tolist(), q[d].float(), p[d].float(), u[d], e[d])
-        got = t.call("verify_draft", *c.args())
+        got = t.yours.verify_draft(*c.args())
         if type(got) not in (list, tuple) or not got or type(got[0]) is not int or not 0 <= got[0] < V:
             expect_emitted(got, c, simulate(c), case="chi-square draw")   # explains the structure problem
         firsts.append(got[0])
@@ -103,7 +101,7 @@ def first_token_distribution(t: Trial) -> None:
     raise CheckFailed("\n".join(lines))
 
 
-@hidden("32.1", "edge cases: k = 0, q = p, disjoint supports, p(x) = 0 with u = 0, q(x) = 0, zero noise")
+@hidden("ch32.1", "edge cases: k = 0, q = p, disjoint supports, p(x) = 0 with u = 0, q(x) = 0, zero noise")
 def edge_cases(t: Trial) -> None:
     V = 6
     run_verify(t, make_case([], [], [distribution(t, V).tolist()], [], [[1.3, 0.2, 0.9, 1.1, 0.5, 2.0]]),
@@ -128,7 +126,7 @@ def edge_cases(t: Trial) -> None:
                case='case "zero noise": E = 0 on the rejected token, whose weight max(0, p − q) is 0')
 
 
-@hidden("32.1", "Qwen3's vocabulary: 151,936 tokens per row")
+@hidden("ch32.1", "Qwen3's vocabulary: 151,936 tokens per row")
 def real_vocab(t: Trial) -> None:
     run_verify(t, random_case(t, 3, QWEN3_VOCAB), case='case "Qwen3 vocabulary"')
 
@@ -149,7 +147,7 @@ def separated(c: Case, margin: float = 0.01) -> bool:
     return True
 
 
-@hidden("32.1", "float64 and float16 probabilities")
+@hidden("ch32.1", "float64 and float16 probabilities")
 def dtypes(t: Trial) -> None:
     for dtype in (torch.float64, torch.float16):
         for i in range(6):
@@ -159,7 +157,7 @@ def dtypes(t: Trial) -> None:
             run_verify(t, c, case=f'case "{str(dtype)[6:]}" {i + 1}')
 
 
-@hidden("32.1", "bad inputs raise ValueError")
+@hidden("ch32.1", "bad inputs raise ValueError")
 def bad_verify_inputs(t: Trial) -> None:
     q, p = torch.full((2, 3), 1 / 3), torch.full((3, 3), 1 / 3)
     ok = (torch.tensor([0, 1]), q, p, torch.tensor([0.2, 0.4]), torch.ones(3, 3))
@@ -172,7 +170,7 @@ def bad_verify_inputs(t: Trial) -> None:
              ((ok[0], q, 2 * p, ok[3], ok[4]), "target_probs rows sum to 2, not 1"),
              ((ok[0], q[:, :2], p, ok[3], ok[4]), "draft_probs has V = 2 but target_probs V = 3")]
     for args, because in cases:
-        t.expect_raises(ValueError, "verify_draft", *args, because=because)
+        t.expect_raises(ValueError, t.yours.verify_draft, *args, because=because)
 
 
 # -- 32.2 ----------------------------------------------------------------------------------------------
@@ -189,7 +187,7 @@ def far_threshold(t: Trial, conf: list[float], margin: float = 1e-6) -> float:
     return 0.0
 
 
-@hidden("32.2", "random confidences and thresholds, as tensors and lists")
+@hidden("ch32.2", "random confidences and thresholds, as tensors and lists")
 def random_counts(t: Trial) -> None:
     for i in range(40):
         k = t.random.randint(0, 12)
@@ -200,7 +198,7 @@ def random_counts(t: Trial) -> None:
         run_count(t, arg, th, case=f"random case {i + 1}: k = {k}")
 
 
-@hidden("32.2", "edge cases: threshold 0 and 1, confidences of 1 and 0")
+@hidden("ch32.2", "edge cases: threshold 0 and 1, confidences of 1 and 0")
 def count_edges(t: Trial) -> None:
     run_count(t, torch.rand(7, generator=t.rng), 0.0, case='case "threshold 0": everything is verified')
     run_count(t, torch.ones(5), 1.0, case='case "all 1, threshold 1": survivals stay exactly 1')
@@ -209,19 +207,19 @@ def count_edges(t: Trial) -> None:
     run_count(t, [1, 1, 0.5], 0.5, case='case "ints in a list": [1, 1, 0.5], threshold 0.5')
 
 
-@hidden("32.2", "long drafts: k = 256 with a slowly falling survival")
+@hidden("ch32.2", "long drafts: k = 256 with a slowly falling survival")
 def long_drafts(t: Trial) -> None:
     conf = 1 - torch.rand(256, generator=t.rng, dtype=torch.float64) * 0.02
     run_count(t, conf, far_threshold(t, conf.tolist(), 1e-4) or 0.05, case='case "long": k = 256, each c in (0.98, 1]')
 
 
-@hidden("32.2", "bad inputs raise ValueError")
+@hidden("ch32.2", "bad inputs raise ValueError")
 def bad_count_inputs(t: Trial) -> None:
     for args, because in (((torch.tensor([0.5, -0.1]), 0.2), "a confidence of −0.1 is not a probability"),
                           ((torch.full((2, 2), 0.5), 0.2), "confidences must be 1-D [k]"),
                           ((torch.tensor([0.5]), 1.5), "a threshold of 1.5 is outside [0, 1]"),
                           ((torch.tensor([0.5]), -0.5), "a threshold of −0.5 is outside [0, 1]")):
-        t.expect_raises(ValueError, "num_drafts_to_verify", *args, because=because)
+        t.expect_raises(ValueError, t.yours.num_drafts_to_verify, *args, because=because)
 
 
 # -- 32.3 ----------------------------------------------------------------------------------------------
@@ -234,7 +232,7 @@ def random_batches(t: Trial, pool: int) -> list[list[int]]:
     return batches + [[r] for r in torch.randperm(pool, generator=t.rng)[:4].tolist()]
 
 
-@hidden("32.3", "random shapes: every row keeps its bits across 12 batch sizes, positions and neighbours")
+@hidden("ch32.3", "random shapes: every row keeps its bits across 12 batch sizes, positions and neighbours")
 def random_invariance(t: Trial) -> None:
     for i in range(3):
         K, N = t.random.choice([7, 64, 100, 257]), t.random.choice([1, 16, 33])
@@ -242,7 +240,7 @@ def random_invariance(t: Trial) -> None:
         run_invariance(t, pool, w, random_batches(t, 64), case=f"random case {i + 1}: K = {K}, N = {N}, float32")
 
 
-@hidden("32.3", "a decode batch growing from 1 to 16 requests at Qwen3-0.6B's hidden size")
+@hidden("ch32.3", "a decode batch growing from 1 to 16 requests at Qwen3-0.6B's hidden size")
 def growing_decode_batch(t: Trial) -> None:
     pool = torch.randn(16, QWEN3_HIDDEN, generator=t.rng) * 0.5
     w = torch.randn(QWEN3_HIDDEN, 48, generator=t.rng) * QWEN3_HIDDEN ** -0.5
@@ -250,7 +248,7 @@ def growing_decode_batch(t: Trial) -> None:
                    case=f'case "decode batch": K = {QWEN3_HIDDEN}, N = 48, request 0 joined by 1 … 15 others')
 
 
-@hidden("32.3", "float64, bfloat16 and float16: output dtype, values and bitwise invariance")
+@hidden("ch32.3", "float64, bfloat16 and float16: output dtype, values and bitwise invariance")
 def invariance_dtypes(t: Trial) -> None:
     for dtype in (torch.float64, torch.bfloat16, torch.float16):
         K, N = t.random.choice([48, 200]), t.random.choice([8, 24])
@@ -259,25 +257,25 @@ def invariance_dtypes(t: Trial) -> None:
         run_invariance(t, pool, w, random_batches(t, 40), case=f'case "{str(dtype)[6:]}": K = {K}, N = {N}')
 
 
-@hidden("32.3", "views: w as the transpose of a [N, K] weight, x a strided slice; empty and K = 0 shapes")
+@hidden("ch32.3", "views: w as the transpose of a [N, K] weight, x a strided slice; empty and K = 0 shapes")
 def views_and_edges(t: Trial) -> None:
     W = torch.randn(20, 72, generator=t.rng)               # nn.Linear stores [out, in]; x @ W.T is a view
     big = torch.randn(30, 72, generator=t.rng)
     run_invariance(t, big, W.T, [[0], list(range(0, 30, 3)), list(range(30))],
                    case='case "views": w = W.T for W [20, 72], rows of a [30, 72] batch')
     x = big[::3]
-    expect_product(t.call("batch_invariant_matmul", x, W.T), x, W.T, case='case "strided x": big[::3]')
+    expect_product(t.yours.batch_invariant_matmul(x, W.T), x, W.T, case='case "strided x": big[::3]')
     for B, K, N in ((0, 5, 3), (4, 0, 3), (2, 3, 0)):
         a, b = torch.randn(B, K, generator=t.rng), torch.randn(K, N, generator=t.rng)
-        expect_product(t.call("batch_invariant_matmul", a, b), a, b,
+        expect_product(t.yours.batch_invariant_matmul(a, b), a, b,
                        case=f'case "empty": B = {B}, K = {K}, N = {N} (K = 0 sums nothing: zeros)')
 
 
-@hidden("32.3", "bad inputs raise ValueError")
+@hidden("ch32.3", "bad inputs raise ValueError")
 def bad_matmul_inputs(t: Trial) -> None:
     for args, because in (((torch.ones(3), torch.ones(3, 2)), "x must be 2-D [B, K]"),
                           ((torch.ones(2, 3), torch.ones(3)), "w must be 2-D [K, N]"),
                           ((torch.ones(2, 3), torch.ones(3, 2, dtype=torch.float64)), "x and w differ in dtype"),
                           ((torch.ones(2, 3, dtype=torch.int64), torch.ones(3, 2, dtype=torch.int64)),
                            "integer tensors are not floating")):
-        t.expect_raises(ValueError, "batch_invariant_matmul", *args, because=because)
+        t.expect_raises(ValueError, t.yours.batch_invariant_matmul, *args, because=because)

@@ -3,7 +3,7 @@ public and hidden checks (never shipped).
 
 `grader.checks.ch32` explains with what these return for one instance: the verdict and the race at every
 position, what each classic mistake emits, the survivals, the float64 product and its rounding bound. Public
-checks reach them through `grader.checks.hidden_model` drivers, so a student release holds only those of its
+checks reach them through `grader.authoring.hidden_model` drivers, so a student release holds only those of its
 fixed instances.
 """
 

@@ -33,7 +33,7 @@ class StudentRaised(Exception):
 
     @property
     def not_implemented(self) -> str | None:
-        """The task id a stub's NotImplementedError names ("25.1"), if that is what this is."""
+        """The task id a stub's NotImplementedError names ("ch25.1"), if that is what this is."""
         if not self.is_a("NotImplementedError"):
             return None
         m = re.search(r"\bch(\d{2}\.\d+)\b", self.error.get("message", ""))
@@ -232,8 +232,8 @@ class Session:
 
 
 def _place(filename: str, line: int) -> str:
-    """Where a frame is, for a student: "ch25_paged_kv.py:76", or "answer cell 25.2, line 31" for a
-    notebook cell (grader.notebook labels each cell's code with its name)."""
+    """Where a frame is, for a student: "ch25_paged_kv.py:76", or "answer cell ch25.2, line 31" for a
+    notebook cell (grader.delivery.cells labels each cell's code with its name)."""
     if filename.startswith(("answer cell ", "code cell ", "In [")):
         return f"{filename}, line {line}"
     return f"{Path(filename).name}:{line}"

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from grader import chapters
 
 if TYPE_CHECKING:
-    from grader.trial import Trial
+    from grader.authoring.trial import Trial
 
 
 class ParamError(ValueError):

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from grader.authoring import CheckFailed, Trial, expect_tensor
 from grader.checks.ch16 import call_merge, explain_merge, explain_split, merge_hint, numbered, split_hint
-from grader.compare import CheckFailed, expect_tensor
 from grader.lab import Int, expected_or_own, experiment
 from grader.lab.draw import MAX_WIDTH
-from grader.trial import Trial
 
 
 def numbered_heads(B: int, H: int, T: int, d: int) -> torch.Tensor:
@@ -19,7 +18,7 @@ def numbered_heads(B: int, H: int, T: int, d: int) -> torch.Tensor:
 
 
 def _panels_width(T: int, H: int, d: int) -> int:
-    """How wide dim-split-heads draws its three panels (x, the view, the heads) side by side, margins included."""
+    """How wide ch16-dim-split-heads draws its three panels (x, the view, the heads) side by side, margins included."""
     W = H * d
     return (W * 34 + (H - 1) * 10) + (T * d * 34 + (T - 1) * 18) + (H * d * 34 + (H - 1) * 24) + 290
 
@@ -40,13 +39,13 @@ def _captions(p: dict) -> dict[str, tuple[str, str]]:
     W, n = H * d, B * T * H * d
     shown = f"(图中画出编号 {k} 所在的那条序列)" if B > 1 else ""
     shown_en = f" (the figure draws the sequence that holds #{k})" if B > 1 else ""
-    return {"dim-split-heads": (
+    return {"ch16-dim-split-heads": (
         f"编号 0 至 {n - 1} 的 [{B}, {T}, {W}] 先 view 成 [{B}, {T}, {H}, {d}],再 transpose 成 [{B}, {H}, {T}, {d}];"
         f"逐 head 画出矩阵,并追踪编号 {k} 的三套坐标{shown}。",
         f"The numbers 0–{n - 1} as [{B}, {T}, {W}] are viewed as [{B}, {T}, {H}, {d}], then transposed to "
         f"[{B}, {H}, {T}, {d}]; each head is drawn as a matrix, and element #{k} is traced through its three "
         f"coordinate triples{shown_en}."),
-        "dim-merge-heads": (
+        "ch16-dim-merge-heads": (
         f"同一组 {T * W} 个编号分别按 transpose 后合头与直接 reshape 排列:直接 reshape 把不同 token 的值混到一行{shown}。",
         f"The same {T * W} numbers merged back by transpose-then-reshape and by a bare reshape: the bare reshape "
         f"mixes values of different tokens into one row{shown_en}.")}
@@ -64,7 +63,7 @@ def _layout(got, shape: list[int], what: str, header: str, hint) -> torch.Tensor
 @experiment("heads", title="拆头与合头 · split and merge heads",
             about="Change B, T, H and d and pick a number of x: follow it through your split_heads (view, then "
                   "transpose) and back through your merge_heads, beside the bare reshape that mixes tokens.",
-            figures=("dim-split-heads", "dim-merge-heads"), calls=("split_heads", "merge_heads"),
+            figures=("ch16-dim-split-heads", "ch16-dim-merge-heads"), calls=("split_heads", "merge_heads"),
             params=[Int("B", "B (sequences)", 1, 1, 2), Int("T", "T (tokens)", 3, 1, 4),
                     Int("H", "H (heads)", 2, 1, 4), Int("d", "d (head width)", 2, 1, 3),
                     Int("traced", "traced number", 2, 0, 95)],
@@ -77,16 +76,16 @@ def heads(t: Trial, p: dict) -> None:
     b = k // (T * W)                       # the sequence the figures draw
     x = numbered((B, T, W))
     header = f'case "{case}": x [{B}, {T}, {W}] = [B, T, H·d], num_heads={H} → [B, H, T, d] = [{B}, {H}, {T}, {d}]'
-    out = _layout(t.call("split_heads", x, H), [B, H, T, d], "the heads", header, lambda g: split_hint(g, x, H))
+    out = _layout(t.yours.split_heads(x, H), [B, H, T, d], "the heads", header, lambda g: split_hint(g, x, H))
     want = t.ref.split_heads(x, H) if t.ref else None
-    t.figure("dim-split-heads", x=x[b:b + 1], num_heads=H, traced=k, yours=out[b:b + 1],
+    t.figure("ch16-dim-split-heads", x=x[b:b + 1], num_heads=H, traced=k, yours=out[b:b + 1],
              expected=expected_or_own(want, out)[b:b + 1])
     heads_in = numbered_heads(B, H, T, d)
     header = f'case "{case}": x [{B}, {H}, {T}, {d}] = [B, H, T, d] → [B, T, H·d] = [{B}, {T}, {W}]'
     merged = _layout(call_merge(t, heads_in, case), [B, T, W], "the merged heads", header,
                      lambda g: merge_hint(g, heads_in))
     want_m = t.ref.merge_heads(heads_in) if t.ref else None
-    t.figure("dim-merge-heads", heads=heads_in[b:b + 1], yours=merged[b:b + 1],
+    t.figure("ch16-dim-merge-heads", heads=heads_in[b:b + 1], yours=merged[b:b + 1],
              expected=expected_or_own(want_m, merged)[b:b + 1], bare=heads_in.reshape(B, T, W)[b:b + 1])
     if want is not None:
         explain_split(out, x, want, H, case)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from grader.authoring import Trial, expect_tensor
 from grader.checks.ch17 import expect_mask, expect_mask_structure
-from grader.compare import expect_tensor
 from grader.lab import Int, expected_or_own, experiment
-from grader.trial import Trial
 
 MAX_KEYS = 8
 
@@ -45,12 +44,12 @@ def _captions(p: dict) -> dict[str, tuple[str, str]]:
 def masks(t: Trial, p: dict) -> None:
     c, n = p["num_cached"], p["num_new"]
     s = c + n
-    whole = t.call("causal_mask", s)
+    whole = t.yours.causal_mask(s)
     want = t.ref.causal_mask(s) if t.ref else None
     whole = expect_mask_structure(whole, want, s, 0, whole=True) if want is not None else \
         expect_tensor(whole, what="the mask", shape=[s, s], dtype=torch.bool)
     t.figure("ch17-causal-mask", num_tokens=s, yours=whole, expected=expected_or_own(want, whole))
-    chunk = t.call("causal_mask_with_offset", n, c)
+    chunk = t.yours.causal_mask_with_offset(n, c)
     want_c = t.ref.causal_mask_with_offset(n, c) if t.ref else None
     chunk = expect_mask_structure(chunk, want_c, n, c, whole=False) if want_c is not None else \
         expect_tensor(chunk, what="the mask", shape=[n, s], dtype=torch.bool)

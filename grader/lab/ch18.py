@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from grader.authoring import Trial, expect_int
 from grader.checks.ch18 import explain_mapping
-from grader.compare import expect_int
 from grader.lab import Int, expected_or_own, experiment
-from grader.trial import Trial
 
 
 def _constraints(p: dict) -> dict[str, str]:
@@ -38,7 +37,7 @@ def _captions(p: dict) -> dict[str, tuple[str, ...]]:
 def groups(t: Trial, p: dict) -> None:
     nh, nkv = p["num_heads"], p["num_kv_heads"]
     heads = list(range(nh))
-    got = [expect_int(t.call("kv_head_for", h, nh, nkv), what=f"kv_head_for({h}, {nh}, {nkv})") for h in heads]
+    got = [expect_int(t.yours.kv_head_for(h, nh, nkv), what=f"kv_head_for({h}, {nh}, {nkv})") for h in heads]
     want = [t.ref.kv_head_for(h, nh, nkv) for h in heads] if t.ref else None
     t.figure("ch18-gqa-groups", num_heads=nh, num_kv_heads=nkv, mapping=got, expected=expected_or_own(want, got))
     if want is not None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from grader.authoring import Trial
 from grader.checks.ch23 import chi2, chi2_threshold, expect_distribution, expect_in_vocab, expect_tokens, race_scores
 from grader.lab import Float, Numbers, expected_or_own, experiment
-from grader.trial import Trial
 
 RACES = 4000  # the panel of many races: one call with this many rows of fresh Exp(1) noise
 
@@ -46,14 +46,14 @@ def _captions(p: dict) -> dict[str, tuple[str, str]]:
 def race(t: Trial, p: dict) -> None:
     z, T, E = p["logits"], p["temperature"], p["noise"]
     logits, temp, noise = torch.tensor([z]), torch.tensor([T]), torch.tensor([E])
-    tokens = expect_in_vocab(t.call("sample", logits, temp, noise), 1, len(z))
+    tokens = expect_in_vocab(t.yours.sample(logits, temp, noise), 1, len(z))
     probs, scores = race_scores(logits, temp, noise)
     want = int(t.ref.sample(logits, temp, noise)[0]) if t.ref else None
     t.figure("ch23-exponential-race", logits=z, T=T, noise=E, p=probs[0], scores=scores[0], token=int(tokens[0]),
              token_expected=expected_or_own(want, int(tokens[0])))
     expect_tokens(tokens, logits, temp, noise, case=f'case "your instance": logits {z}, T = {T:g}, noise {E}')
     many = torch.empty(RACES, len(z)).exponential_(generator=t.rng)
-    drawn = expect_in_vocab(t.call("sample", logits.expand(RACES, -1).contiguous(), temp.expand(RACES).contiguous(),
+    drawn = expect_in_vocab(t.yours.sample(logits.expand(RACES, -1).contiguous(), temp.expand(RACES).contiguous(),
                                    many), RACES, len(z))
     counts = torch.bincount(drawn, minlength=len(z))
     t.figure("ch23-exponential-race", counts=counts, n=RACES, chi2=chi2(counts, probs[0]),

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from grader.authoring import CheckFailed, Trial, expect_tensor
 from grader.checks.ch25 import expect_cache, expect_slots, token_keys
-from grader.compare import CheckFailed, expect_tensor
 from grader.lab import Int, Numbers, expected_or_own, experiment
-from grader.trial import Trial
 
 MAX_POOL_SLOTS = 16
 
@@ -30,7 +29,7 @@ def _constraints(p: dict) -> dict[str, str]:
 
 def _captions(p: dict) -> dict[str, tuple[str, str]]:
     bs = p["block_size"]
-    return {"dim-slot-mapping": (
+    return {"ch25-dim-slot-mapping": (
         f"T = {p['T']}、block_size = {bs}、block_table = {p['block_table']}:每个 token 由位置算出逻辑块(pos // {bs})"
         f"与块内偏移(pos % {bs}),查块表得到物理块,slot = 物理块 × {bs} + 偏移;它的 K 写进物理池里这个 slot 的格子。",
         f"T = {p['T']}, block_size = {bs}, block_table = {p['block_table']}. Per token: the position gives the logical "
@@ -42,7 +41,7 @@ def _captions(p: dict) -> dict[str, tuple[str, str]]:
             about="Change T, the block size and the block table: every token's logical block, offset, physical "
                   "block and slot are recomputed by your slot_mapping, and your store_kv writes each token's K "
                   "into its slot of the pool.",
-            figures=("dim-slot-mapping",), calls=("slot_mapping", "store_kv"),
+            figures=("ch25-dim-slot-mapping",), calls=("slot_mapping", "store_kv"),
             params=[Int("T", "T (tokens)", 5, 1, 10), Int("block_size", "block_size", 2, 1, 4),
                     Numbers("block_table", "block_table", [3, 0, 4], 1, 8, 0, 7),
                     Int("num_blocks", "blocks in the pool", 5, 1, 8)],
@@ -50,11 +49,11 @@ def _captions(p: dict) -> dict[str, tuple[str, str]]:
 def paged_kv(t: Trial, p: dict) -> None:
     T, bs, table, nb = p["T"], p["block_size"], p["block_table"], p["num_blocks"]
     positions = list(range(T))
-    got = t.call("slot_mapping", list(table), positions, bs)
+    got = t.yours.slot_mapping(list(table), positions, bs)
     want = t.ref.slot_mapping(list(table), positions, bs) if t.ref else None
     slots = expect_tensor(got, what=f"the slots of {T} tokens", shape=[T], dtype=torch.int64)
     keys = token_keys(T)
-    t.figure("dim-slot-mapping", table=table, block_size=bs, num_blocks=nb, positions=positions, keys=keys[:, 0],
+    t.figure("ch25-dim-slot-mapping", table=table, block_size=bs, num_blocks=nb, positions=positions, keys=keys[:, 0],
              slots=slots, expected=expected_or_own(want, slots))
     if want is not None:
         expect_slots(slots, want, table, positions, bs)
@@ -63,14 +62,14 @@ def paged_kv(t: Trial, p: dict) -> None:
         raise CheckFailed(f"your slots {written} point outside the pool of {nb} × {bs} = {nb * bs} slots: "
                           "store_kv is not called")
     shape = (nb, bs, 1, 2)
-    call = t.run("store_kv", torch.zeros(shape), torch.zeros(shape), keys, -keys, written,
+    call = t.yours.store_kv.run(torch.zeros(shape), torch.zeros(shape), keys, -keys, written,
                  mutates=("k_cache", "v_cache"))
     pool = expect_tensor(call.args[0], what="k_cache", shape=list(shape), dtype=torch.float32)
     want_k = want_v = None
     if t.ref:
         want_k, want_v = torch.zeros(shape), torch.zeros(shape)
         t.ref.store_kv(want_k, want_v, keys, -keys, written)
-    t.figure("dim-slot-mapping", pool=pool.reshape(-1, 2), pool_expected=expected_or_own(want_k, pool).reshape(-1, 2))
+    t.figure("ch25-dim-slot-mapping", pool=pool.reshape(-1, 2), pool_expected=expected_or_own(want_k, pool).reshape(-1, 2))
     if call.value is not None:
         raise CheckFailed("store_kv writes the caches in place and returns None; yours returned a value")
     if want_k is not None:

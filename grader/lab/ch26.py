@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from grader.authoring import CheckFailed, Trial, describe, expect_tensor
 from grader.checks.ch26 import (
     META_KEYS,
     expect_cu,
@@ -13,9 +14,7 @@ from grader.checks.ch26 import (
     explain_unpacked,
     padded_batch,
 )
-from grader.compare import CheckFailed, describe, expect_tensor
 from grader.lab import Int, Numbers, expected_or_own, experiment
-from grader.trial import Trial
 
 MAX_KEYS = 24  # ch26-flatten draws one cell per key, all sequences in one row
 
@@ -40,7 +39,7 @@ def _captions(p: dict) -> dict[str, tuple[str, str]]:
     keys = [c + q for c, q in zip(cached, query)]
     hits = [f"{chr(65 + b)} 命中 {c} 个 token 的前缀" for b, c in enumerate(cached) if c]
     hits_en = [f"{chr(65 + b)} hits a {c}-token prefix" for b, c in enumerate(cached) if c]
-    return {"dim-varlen-pack": (
+    return {"ch26-dim-varlen-pack": (
         f"长度为 {query} 的 {B} 条请求从 padded [{B}, {T}, {H}] 收集到 packed [{N}, {H}],逐行标出来源;"
         f"用 cu_seqlens = {_cu(query)} 恢复请求边界。",
         f"{B} requests of lengths {query} gathered from padded [{B}, {T}, {H}] into packed [{N}, {H}], each row "
@@ -58,7 +57,7 @@ def _captions(p: dict) -> dict[str, tuple[str, str]]:
             about="Edit the requests' lengths (their new tokens) and their prefix hits (tokens already cached): "
                   "your pack_varlen and unpack_varlen move the rows, your varlen_metadata gives cu_seqlens_q and "
                   "cu_seqlens_k.",
-            figures=("dim-varlen-pack", "ch26-flatten"), calls=("pack_varlen", "unpack_varlen", "varlen_metadata"),
+            figures=("ch26-dim-varlen-pack", "ch26-flatten"), calls=("pack_varlen", "unpack_varlen", "varlen_metadata"),
             params=[Numbers("query_lens", "query_lens (new tokens)", [3, 2], 1, 4, 1, 6),
                     Numbers("cached_lens", "cached_lens (prefix hits)", [0, 4], 1, 4, 0, 12),
                     Int("H", "H (channels)", 4, 1, 4)],
@@ -67,14 +66,14 @@ def varlen(t: Trial, p: dict) -> None:
     query, cached, H = p["query_lens"], p["cached_lens"], p["H"]
     T, N, case = max(query), sum(query), "your instance"
     padded = padded_batch(query, T, H)
-    got = t.call("pack_varlen", padded, list(query))
+    got = t.yours.pack_varlen(padded, list(query))
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         raise CheckFailed(f"pack_varlen returns a pair (packed, cu_seqlens); yours: {describe(got)}")
     packed, cu = got
     want = t.ref.pack_varlen(padded, query) if t.ref else (None, None)
     if isinstance(packed, torch.Tensor) and isinstance(cu, torch.Tensor) and list(packed.shape) == [N, H] and \
             packed.dtype == padded.dtype and list(cu.shape) == [len(query) + 1] and cu.dtype == torch.int32:
-        t.figure("dim-varlen-pack", padded=padded, lengths=query, packed=packed,
+        t.figure("ch26-dim-varlen-pack", padded=padded, lengths=query, packed=packed,
                  expected=expected_or_own(want[0], packed), cu_seqlens=cu, expected_cu=expected_or_own(want[1], cu))
     try:  # the chapter's explanations know the answer without the reference: running sums, rows in order
         explain_packed(packed, padded, query, case)
@@ -83,10 +82,10 @@ def varlen(t: Trial, p: dict) -> None:
     except CheckFailed as e:
         wrong_pack = e
     if wrong_pack is None:                                     # unpack the (correct) packed batch back
-        unpacked = t.call("unpack_varlen", packed, cu, T)
+        unpacked = t.yours.unpack_varlen(packed, cu, T)
         out = expect_tensor(unpacked, what="the unpacked batch", shape=list(padded.shape), dtype=padded.dtype)
-        t.figure("dim-varlen-pack", unpacked=out, unpacked_expected=padded)
-    meta = expect_metadata(t.call("varlen_metadata", list(query), list(cached)))
+        t.figure("ch26-dim-varlen-pack", unpacked=out, unpacked_expected=padded)
+    meta = expect_metadata(t.yours.varlen_metadata(list(query), list(cached)))
     parts = {k: meta[k] for k in META_KEYS}
     want_meta = t.ref.varlen_metadata(query, cached) if t.ref else None
     if all(isinstance(parts[k], torch.Tensor) and list(parts[k].shape) == [len(query) + 1] and

@@ -30,7 +30,8 @@ class TooWide(ValueError):
 
 
 def render(spec: FigureSpec, record: dict, width: int = WIDTH) -> str:
-    fig = Figure(spec.id, title=spec.title, zh=spec.zh, en=spec.en, width=width)
+    zh, en = spec.captions(record)
+    fig = Figure(spec.id, title=spec.title, zh=zh, en=en, width=width)
     spec.draw(fig, record)
     return fig.svg()
 

@@ -219,7 +219,7 @@ class Lab:
 
     def _reference(self, ch: Chapter):
         if ch.id not in self._refs:
-            from grader.reference import Live
+            from grader.authoring.reference import Live
 
             module = solutions_module(ch)
             self._refs[ch.id] = Live(module) if module is not None else None
@@ -245,10 +245,10 @@ class Lab:
         return lane.session
 
     def _execute(self, exp: Experiment, params: dict, lane: Lane) -> dict:
-        from grader.checks import CheckSpec
-        from grader.compare import Blocked, CheckFailed
+        from grader.authoring.compare import Blocked, CheckFailed
+        from grader.authoring.spec import CheckSpec
+        from grader.authoring.trial import Trial
         from grader.isolation.session import StudentError, StudentRaised
-        from grader.trial import Trial
 
         ch = chapters.find(exp.chapter)
         try:

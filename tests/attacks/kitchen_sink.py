@@ -7,7 +7,7 @@
 # found, a disk filled past its cap) it says so ("HOLE ...") and from then on answers right: with the
 # leaked reference when it has it, else with its own code. So from outside, any score above 0 is a hole.
 #
-# Only imports, definitions and assignments at the top level: `grader.notebook.assemble` keeps exactly
+# Only imports, definitions and assignments at the top level: `grader.delivery.cells.assemble` keeps exactly
 # those, so the same text works as a chapter file and as a notebook's answer cells.
 # The test replaces __CFG_JSON__ with its configuration (host paths to aim at, markers; see CFG below).
 import ctypes

@@ -5,7 +5,7 @@ A class download holds one entry per student: a folder (`SUBMISSIONS/alice/`) or
 holds everything else, as zipping a folder makes) the answer to a chapter is, by these rungs in order:
 
 1. a file of the chapter's own name at the top: `ch25_paged_kv.py`, `ch25.ipynb` or
-   `ch25_paged_kv.ipynb` (`grader.submission.answer_names`, the first present wins);
+   `ch25_paged_kv.ipynb` (`grader.delivery.submission.answer_names`, the first present wins);
 2. else such a file one folder down, in exactly one folder: `alice/ch25/ch25_paged_kv.py`, the
    layout of an LMS download or of a zipped project folder;
 3. else one `.py` or `.ipynb` file at either depth whose name names the chapter without being
@@ -24,7 +24,7 @@ for a file that names the chapter but is not a `.py` file or a notebook.
 Names starting with a dot (`.ipynb_checkpoints/`, `.DS_Store`, macOS's `._` files), `__MACOSX/`
 and `__pycache__/` are not searched. No link is followed: a folder that is a link is listed as
 one and not entered, and a link under an answer's name is found, so that reading it says it
-is a link (`grader.submission.read_file` never reads through one).
+is a link (`grader.delivery.submission.read_file` never reads through one).
 
 A zip is hostile input, and is never extracted. Before anything in it is used:
 
@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader.chapters import Chapter
-from grader.submission import (
+from grader.delivery.submission import (
     MAX_MODULE_BYTES,
     MAX_NOTEBOOK_BYTES,
     Answer,
@@ -415,7 +415,7 @@ def shown_name(name: str) -> str:
 
 # -- reading the answer that was found ------------------------------------------------------------------------
 def read_found(dir_fd: int, entry: str, name: str, ch: Chapter, *, archive: bool) -> Answer:
-    """Read a located answer (`grader.submission.read_answer`'s checks): `name` in the student's
+    """Read a located answer (`grader.delivery.submission.read_answer`'s checks): `name` in the student's
     folder `entry` of the folder `dir_fd`, each folder on the way opened without following a link;
     or, with `archive`, the member `name` of the zip `entry`, read from it bounded into a private
     temporary folder. A SubmissionError's message names the file where it really is."""

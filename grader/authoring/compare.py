@@ -16,8 +16,41 @@ import torch
 from grader.isolation.wire import Handle
 
 
+class Hint(str):
+    """A hint's text that knows which common mistake it names (`id`, a row of the chapter's table of
+    mistakes, `grader.authoring.misconceptions`); an empty `id` is a hint that names no mistake in particular."""
+
+    id: str
+
+    def __new__(cls, text: str, id: str = "") -> "Hint":
+        hint = super().__new__(cls, text)
+        hint.id = id
+        return hint
+
+    def format(self, *args: Any, **kwargs: Any) -> "Hint":
+        return Hint(str.format(self, *args, **kwargs), self.id)
+
+
 class CheckFailed(Exception):
-    """The student's answer is wrong; the message says how, in the chapter's terms."""
+    """The student's answer is wrong; the message says how, in the chapter's terms.
+
+    `CheckFailed(line, line, ..., hint=h)`: the lines of the explanation, then "hint: h" when a hint is
+    given (a `Hint` from the chapter's table of mistakes, or plain text); empty lines are left out.
+    `hints` lists the ids of the mistakes the message names (what tests assert, not the prose).
+    """
+
+    def __init__(self, *lines: str, hint: str | None = None) -> None:
+        self.lines = [str(line) for line in lines if line]
+        self.hint = hint or None
+        self.hints = [hint.id] if isinstance(hint, Hint) and hint.id else []
+        super().__init__("\n".join(self.lines + ([f"hint: {hint}"] if hint else [])))
+
+    def within(self, *lines: str) -> "CheckFailed":
+        """The same failure with `lines` of context before it (the inputs, the case, the step)."""
+        failed = type(self).__new__(type(self))
+        CheckFailed.__init__(failed, *lines, *self.lines, hint=self.hint)
+        failed.hints = list(dict.fromkeys(self.hints + failed.hints))
+        return failed
 
 
 class Blocked(Exception):
@@ -49,6 +82,29 @@ def fmt(x: Any, digits: int = 4) -> str:
             return {"nan": "nan", "inf": "∞", "-inf": "−∞"}[repr(x)]
         return f"{x:.{digits}g}"
     return str(x)
+
+
+def vec(xs: Any, limit: int = 8, digits: int = 4) -> str:
+    """A short list of numbers as a student reads it: "[0.5, −1, 2]", cut after `limit` entries
+    ("[1, 2, 3, … (40 in all)]"); tensors of any shape are flattened."""
+    if isinstance(xs, torch.Tensor):
+        xs = xs.reshape(-1).tolist()
+    xs = list(xs)
+    shown = ", ".join(fmt(x, digits) for x in xs[:limit])
+    return f"[{shown}]" if len(xs) <= limit else f"[{shown}, … ({len(xs)} in all)]"
+
+
+def short(xs: Any, limit: int = 12) -> str:
+    """A list as Python prints it, cut in the middle of a long one: "[3, 0, 4]", "[1, 2, …, 40] (40 in all)"."""
+    xs = list(xs)
+    if len(xs) <= limit:
+        return str(xs)
+    return f"[{', '.join(map(str, xs[:limit - 2]))}, … ({len(xs)} in all)]"
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """"1 block", "3 blocks" ("2 indices" with `words`)."""
+    return f"{n} {word if n == 1 else words or word + 's'}"
 
 
 def expect_tensor(v: Any, *, what: str, shape: tuple[int, ...] | list[int] | None = None,
@@ -93,18 +149,6 @@ def first_wrong(got: torch.Tensor, want: torch.Tensor, *, atol: float = 0.0, rto
     if not bad.any():
         return None
     return tuple(int(i) for i in bad.nonzero()[0])
-
-
-def expect_close(got: torch.Tensor, want: torch.Tensor, *, what: str, atol: float = 0.0, rtol: float = 0.0,
-                 where: str = "") -> None:
-    """Require equal shapes and values within tolerance; name the first wrong element."""
-    expect_tensor(got, what=what, shape=tuple(want.shape), dtype=want.dtype)
-    idx = first_wrong(got, want, atol=atol, rtol=rtol)
-    if idx is not None:
-        count = int(wrong_mask(got, want, atol=atol, rtol=rtol).sum())
-        tol = f" (tolerance {atol:g} + {rtol:g}·|expected|)" if atol or rtol else ""
-        raise CheckFailed(f"{what}{where}: {count} of {want.numel()} elements differ{tol}; "
-                          f"first at {list(idx)}: expected {fmt(want[idx])}, yours {fmt(got[idx])}")
 
 
 def same(a: Any, b: Any) -> bool:

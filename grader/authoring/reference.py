@@ -2,7 +2,7 @@
 of the reference's answers to the public checks.
 
 Checks call reference functions (`t.ref.slot_mapping(...)`), or run a driver of their
-own over the reference module whose result is plain data (`t.reference(drive, ...)`,
+own over the reference module whose result is plain data (`t.ref.drive(driver, ...)`,
 e.g. the state trace of a reference object under a script of operations).
 
 The student release carries no solution code. `course release` runs every public
@@ -25,8 +25,8 @@ from typing import Any, Callable
 
 import torch
 
+from grader.authoring.compare import CheckFailed, same
 from grader.chapters import ANSWERS
-from grader.compare import CheckFailed, same
 from grader.isolation import wire
 
 
@@ -43,7 +43,19 @@ def _unpack(packed: dict) -> Any:
     return wire.decode(packed["tree"], [base64.b64decode(b) for b in packed["buffers"]])
 
 
-class Live:
+class _Reference:
+    """What every kind of `t.ref` offers beside the reference's functions."""
+
+    def compute(self, label: str, thunk: Callable[[ModuleType], Any]) -> Any:
+        raise NotImplementedError
+
+    def drive(self, driver: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`driver(reference_module, *args, **kwargs)`: a check's own use of the reference whose result is plain
+        data (a trace of a reference object, a hidden model's answer); a student release replays it."""
+        return self.compute(driver.__name__, lambda module: driver(module, *args, **kwargs))
+
+
+class Live(_Reference):
     """The reference module itself (the instructor's repository)."""
 
     def __init__(self, module: ModuleType) -> None:
@@ -57,7 +69,7 @@ class Live:
         return thunk(self._module)
 
 
-class Recorder:
+class Recorder(_Reference):
     """The reference module, with every answer it gives written down."""
 
     def __init__(self, module: ModuleType) -> None:
@@ -85,7 +97,7 @@ class Recorder:
         return call
 
 
-class Replay:
+class Replay(_Reference):
     """Answers a check's reference calls from a recording, in order."""
 
     def __init__(self, calls: list[dict]) -> None:

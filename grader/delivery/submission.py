@@ -17,9 +17,9 @@ solutions and the hidden checks. So a file is read only as itself:
   any shape but nbformat's) turned into one clear error naming the convention broken;
 - a `.py` module compiled once here, so that a module Python cannot compile (a SyntaxError, a
   NUL byte, an expression nested too deeply: RecursionError or MemoryError) is one clear error too;
-- a notebook's code cells made into the chapter module (`grader.notebook.assemble`), each cell
+- a notebook's code cells made into the chapter module (`grader.delivery.cells.assemble`), each cell
   compiled here on its own: one that does not parse (or holds a NUL byte) costs only the tasks it
-  answers (their checks say "answer cell 25.2 does not parse … (answer cell 25.2, line 42)"), never
+  answers (their checks say "answer cell ch25.2 does not parse … (answer cell ch25.2, line 42)"), never
   the notebook; one that exhausts Python's compiler (nested too deeply) is refused, as such a `.py`.
 
 Every failure is a `SubmissionError` (a ValueError) whose message is meant for the student.
@@ -278,11 +278,11 @@ def compile_module(text: str, name: str, filename: str, *, where: str = "") -> N
 
 
 def module_of_notebook(ch: Chapter, cells: list[str], name: str) -> str:
-    """The chapter module a notebook's code cells amount to (`grader.notebook.assemble`: each cell
+    """The chapter module a notebook's code cells amount to (`grader.delivery.cells.assemble`: each cell
     compiled on its own, one that does not parse graded as such, in its own tasks only); a cell that
     exhausts Python's compiler (nested too deeply) is refused as such a `.py` module is, and a failure
     of the assembling itself is a SubmissionError too."""
-    from grader.notebook import CompilerLimit, assemble
+    from grader.delivery.cells import CompilerLimit, assemble
 
     try:
         return assemble(ch, cells, strict=True)

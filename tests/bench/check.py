@@ -1,6 +1,6 @@
 """Benchmark (not a test): how long `course check` takes and what isolation costs per check.
 
-Run:  .venv/bin/python tests/bench_check.py
+Run:  .venv/bin/python tests/bench/check.py
 Prints the median of 5 wall times of `course check ch25 --solutions` (a fresh
 process each time, torch import included), then the cost of starting the
 student's process, of one round trip to it, and of a whole check around one
@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 from grader import chapters
-from grader.checks import CheckSpec
+from grader.authoring.spec import CheckSpec
+from grader.authoring.trial import run_one
 from grader.isolation import worker
 from grader.isolation.session import Session
-from grader.trial import run_one
 
 
 def wall(cmd: list[str], runs: int = 5) -> list[float]:
@@ -68,7 +68,7 @@ def main() -> None:
     from grader.run import _stray_finder
     finder = _stray_finder(spawn, procs.children())
     ref = importlib.import_module("solutions.ch25_paged_kv")
-    spec = CheckSpec("25.1", "one call", lambda t: t.call("slot_mapping", [3, 0, 4], [0, 1, 2, 3, 4], 2), False)
+    spec = CheckSpec("ch25.1", "one call", lambda t: t.yours.slot_mapping([3, 0, 4], [0, 1, 2, 3, 4], 2), False)
     params = {"slot_mapping": ("block_table", "positions", "block_size")}
     for n in (10, 100, 1000):
         start = time.perf_counter()

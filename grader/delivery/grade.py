@@ -4,9 +4,9 @@ SUBMISSIONS_DIR holds one folder or one zip per student (`alice/`, `alice.zip`: 
 `alice`) with that student's chapter modules (the file names of exercises/) or chapter
 notebooks (`ch25.ipynb`), at the top, one folder down (`alice/ch25/ch25_paged_kv.py`, as an
 LMS download has it) or, when no other file could be meant, under a name that names the
-chapter (`alice/ch25.py`): `grader.layout` says exactly what is accepted, and what a zip must
+chapter (`alice/ch25.py`): `grader.delivery.layout` says exactly what is accepted, and what a zip must
 satisfy (it is never extracted). Each answer is read by the trusted side with
-`grader.submission` (no link followed, size bounds, any malformed file one clear error) and
+`grader.delivery.submission` (no link followed, size bounds, any malformed file one clear error) and
 graded by `grader.run.check` in a sandbox made for that one submission and torn down before
 its result is written. A check that met the stub's NotImplementedError is marked `"todo"` in
 results.json, and an item whose only failures are those is "not implemented" (nothing passed:
@@ -22,7 +22,7 @@ files (`grades.csv`, `grading.json`, `summary.md`, `summary.json`, `summary-hist
 `nbgrader-staged.json`, compared case-insensitively), or such a name after leading
 underscores, is stored under that name with one more `_` in front (`OUT/_grades.csv/ch17/`),
 so that no two students share a folder and no student's folder takes the place of OUT's
-files (`results_dir`). Everything else (`grades.csv`, the class summary of `grader.summary`)
+files (`results_dir`). Everything else (`grades.csv`, the class summary of `grader.delivery.summary`)
 is rebuilt from those files, so a run killed at any moment and started again ends with
 exactly what one uninterrupted run writes. The grading seed and the per-check time limits
 are fixed for the whole class in `OUT/grading.json`.
@@ -71,7 +71,7 @@ from typing import Callable
 
 from grader import chapters, checks
 from grader.chapters import Chapter
-from grader.summary import HISTOGRAM, histogram_svg, summarize, summary_markdown
+from grader.delivery.summary import HISTOGRAM, histogram_svg, summarize, summary_markdown
 
 STATE = "grading.json"
 RESERVED = ("grades.csv", "grading.json", "summary.md", "summary.json", HISTOGRAM,
@@ -109,7 +109,7 @@ class Item:
     archive: str | None = None
     """The student's zip in SUBMISSIONS_DIR (`alice.zip`) when the answer is in one."""
     renamed: bool = False
-    """The answer's file name is not the chapter's own (`grader.layout`, rung 3)."""
+    """The answer's file name is not the chapter's own (`grader.delivery.layout`, rung 3)."""
 
     @property
     def where(self) -> str | None:
@@ -132,10 +132,10 @@ def results_dir(out: Path, student: str, chapter: str) -> Path:
 
 def find_items(submissions: Path, chosen: list[Chapter]) -> list[Item]:
     """Every (student, chapter) pair, alphabetically by student (case aside), with the answer
-    found by `grader.layout` (nothing followed) or why there is none. A student is a folder of
+    found by `grader.delivery.layout` (nothing followed) or why there is none. A student is a folder of
     SUBMISSIONS_DIR or a zip in it (`alice.zip` is student `alice`); a symbolic link gets an error
     row, an archive of another kind a row saying to zip it, and other files are not students."""
-    from grader.layout import OTHER_ARCHIVES
+    from grader.delivery.layout import OTHER_ARCHIVES
 
     if not submissions.is_dir():
         raise GradeError(f"{submissions} is not a folder of student folders")
@@ -165,8 +165,8 @@ def find_items(submissions: Path, chosen: list[Chapter]) -> list[Item]:
 
 def _items_of(submissions: Path, student: str, entries: list[tuple[str, str]], chosen: list[Chapter]) -> list[Item]:
     """One student's items: the answer to each chapter in their folder or zip, or why not."""
-    from grader.layout import folder_tree, locate, open_zip, zip_tree
-    from grader.submission import SubmissionError, open_folder
+    from grader.delivery.layout import folder_tree, locate, open_zip, zip_tree
+    from grader.delivery.submission import SubmissionError, open_folder
 
     def problem(why: str, recorded: bool = True) -> list[Item]:
         return [Item(student, ch.id, str(submissions), problem=_text(why), recorded=recorded) for ch in chosen]
@@ -231,10 +231,10 @@ def _close_dirs() -> None:
 
 
 def read_item(item: Item):
-    """The answer an item amounts to (`grader.submission.Answer`), or SubmissionError saying why
+    """The answer an item amounts to (`grader.delivery.submission.Answer`), or SubmissionError saying why
     it cannot be graded."""
-    from grader.layout import read_found
-    from grader.submission import SubmissionError
+    from grader.delivery.layout import read_found
+    from grader.delivery.submission import SubmissionError
 
     if item.problem:
         raise SubmissionError(item.problem)
@@ -298,8 +298,8 @@ def _grade(item: Item, config: _Config) -> dict:
 
 
 def _document(item: Item, config: _Config, partial: Path) -> dict:
+    from grader.delivery.submission import SubmissionError
     from grader.run import check
-    from grader.submission import SubmissionError
 
     ch = chapters.find(item.chapter)
     shutil.rmtree(partial, ignore_errors=True)

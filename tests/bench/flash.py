@@ -1,6 +1,6 @@
 """Benchmark (not a test): the reference naive_attention vs flash_attention of ch22 on CPU.
 
-Run:  /work/venv/bin/python tests/bench_flash.py [--sizes 1024 2048 4096 8192] [--d 64] [--block 64]
+Run:  .venv/bin/python tests/bench/flash.py [--sizes 1024 2048 4096 8192] [--d 64] [--block 64]
 
 One head, T = S (a causal prefill), float32, one thread (torch.set_num_threads(1), so the
 numbers do not depend on what else the machine runs). Every (implementation, T) runs in a
@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _status(field: str) -> int:

@@ -50,7 +50,7 @@ def build(out: Path, *, chapter_list: list[Chapter] | None = None, nbgrader: boo
     write_student(student, chosen)
     course = None
     if nbgrader:
-        from grader.notebook import write_course
+        from grader.delivery.notebook import write_course
 
         course = _fresh(Path(out) / "nbgrader")
         write_course(course, chosen)
@@ -102,8 +102,10 @@ def _copy_package(src: Path, dest: Path, ids: set[str]) -> None:
 
 
 def record_answers(ch: Chapter) -> dict:
-    """Run the chapter's public checks on the reference, recording every answer `t.ref` gives."""
-    from grader.reference import Recorder
+    """Run the chapter's public checks on the reference, recording every answer `t.ref` gives, and keep the hints of
+    the chapter's table of mistakes (not their edits, which are pieces of the reference)."""
+    from grader.authoring import misconceptions
+    from grader.authoring.reference import Recorder
     from grader.run import check, solutions_module
 
     module = solutions_module(ch)
@@ -119,7 +121,7 @@ def record_answers(ch: Chapter) -> dict:
         hidden[spec.task] = hidden.get(spec.task, 0) + spec.hidden
         hidden_points[spec.task] = hidden_points.get(spec.task, 0.0) + spec.points * spec.hidden
     return {"chapter": chapters.to_record(ch), "checks": {key: rec.calls for key, rec in recorders.items()},
-            "hidden": hidden, "hidden_points": hidden_points}
+            "hidden": hidden, "hidden_points": hidden_points, "mistakes": misconceptions.recorded(ch.id)}
 
 
 def _pyproject() -> str:
@@ -164,7 +166,7 @@ Then implement the `TODO`s of a chapter in `exercises/` and check your work:
 
 ```
 .venv/bin/course check ch25            # public checks, and your figures in course-figures/ch25/
-.venv/bin/course check ch25 --task 25.1
+.venv/bin/course check ch25 --task ch25.1
 .venv/bin/course list ch25             # its tasks, their points (public + hidden) and your last results
 ```
 

@@ -13,7 +13,7 @@ Per chapter it gives:
   they have one, else by their first line with its numbers left out, since the numbers are each
   student's own; the count is how many wrong answers fall in that group, and a message is cut
   at a word boundary;
-- the students whose answer was found under another name (`grader.layout`, rung 3), so that
+- the students whose answer was found under another name (`grader.delivery.layout`, rung 3), so that
   they can be told to rename it;
 - a histogram of the scores in ten bands of the chapter's points (summary-histogram.svg, drawn
   with the course's figure kit), students not graded and not implemented shown apart.
@@ -43,7 +43,7 @@ _NUMBER = re.compile(r"[-−]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
 
 def summarize(items: list, chosen: list[Chapter], docs: list[dict]) -> dict:
-    """The summary of each chapter (summary.json) from the class's items (`grader.grade.Item`)
+    """The summary of each chapter (summary.json) from the class's items (`grader.delivery.grade.Item`)
     and their results documents, in the same order."""
     summary = {}
     for ch in chosen:

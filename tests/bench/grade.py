@@ -1,7 +1,7 @@
 """Benchmark (not a test): a class of 200 ch25 submissions graded by `course grade --jobs 2`
 and by `nbgrader autograde` on the equivalent notebooks, in one run.
 
-Run:  .venv/bin/python tests/bench_grade.py [N]      (N submissions, default 200; nbgrader takes long)
+Run:  .venv/bin/python tests/bench/grade.py [N]      (N submissions, default 200; nbgrader takes long)
 
 The class: 60 % correct, 30 % wrong (three misconceptions), 10 % hostile (half hang,
 half allocate 4 TB). All graders use the same per-check time limit (2 s). `course grade`
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from mutate import mutant  # noqa: E402
 
 from grader import chapters  # noqa: E402
-from grader.notebook import write_course  # noqa: E402
+from grader.delivery.notebook import write_course  # noqa: E402
 
 CH = chapters.find("ch25")
 TIME_LIMIT = "2"

@@ -2,7 +2,7 @@
 
 A notebook kernel runs the student's code, so nothing it computes can be trusted: an answer
 cell can replace the test cells' function or read the hidden checks. The score of record
-therefore comes from `grader.grade.grade`, the class grader, and is written here into
+therefore comes from `grader.delivery.grade.grade`, the class grader, and is written here into
 nbgrader's gradebook through nbgrader's own API. The instructor's flow is
 
     nbgrader collect chNN                                  (or place submitted/ by hand)
@@ -11,7 +11,7 @@ nbgrader's gradebook through nbgrader's own API. The instructor's flow is
 
 Submissions are read from `submitted/<student>/<chNN>/<chNN>.ipynb` only, what `collect`
 writes: `autograded/` is this module's output (as it is autograde's), never its input. Each
-notebook is read as `grader.submission` reads answers (no link followed, bounded size),
+notebook is read as `grader.delivery.submission` reads answers (no link followed, bounded size),
 sanitized as autograde does (nbgrader's preprocessors restore its locked cells
 from the gradebook's source cells), staged as SUBS/<student>/<chNN>.ipynb and graded with
 the rest of the class; then, per submission, the gradebook gets its student, submission
@@ -56,9 +56,9 @@ from traitlets.config.loader import PyFileConfigLoader
 
 from grader import checks
 from grader.chapters import Chapter
-from grader.grade import ClassResult, GradeError, grade, results_dir
-from grader.notebook import figure_output, wrap_lines
-from grader.submission import MAX_NOTEBOOK_BYTES, SubmissionError, read_file
+from grader.delivery.grade import ClassResult, GradeError, grade, results_dir
+from grader.delivery.notebook import figure_output, wrap_lines
+from grader.delivery.submission import MAX_NOTEBOOK_BYTES, SubmissionError, read_file
 
 STAGED = "nbgrader-staged.json"
 """In OUT: the hash of each notebook last staged, so that a resubmitted notebook is graded again."""
@@ -102,7 +102,7 @@ def course_directory(root: Path) -> tuple[CourseDirectory, Config]:
 def grade_course(root: Path, chosen: list[Chapter], out: Path | None = None, **options) -> NbgraderResult:
     """Grade the chapters' submitted notebooks with the class grader and write nbgrader's gradebook
     and `autograded/`. `out` (default COURSE_DIR/course-grade) is the class grader's OUT; `options`
-    are `grader.grade.grade`'s (jobs, force, seed, time_limit, memory_limit, sandbox, on_plan, ...)."""
+    are `grader.delivery.grade.grade`'s (jobs, force, seed, time_limit, memory_limit, sandbox, on_plan, ...)."""
     coursedir, config = course_directory(root)
     out = Path(out) if out else Path(coursedir.root) / "course-grade"
     for ch in chosen:
@@ -165,7 +165,7 @@ def _check_assignment(coursedir: CourseDirectory, ch: Chapter) -> None:
 
 def _stage(coursedir: CourseDirectory, chosen: list[Chapter], subs: Path) -> dict[tuple[str, str], _Staged]:
     """Every submitted/<student>/<chNN>/ folder: its notebook sanitized as autograde does, written as
-    subs/<student>/<chNN>.ipynb. The file is read as `grader.submission` reads answers (no link
+    subs/<student>/<chNN>.ipynb. The file is read as `grader.delivery.submission` reads answers (no link
     followed, size-bounded); one nbgrader cannot read is staged as it is (the class grader grades its
     answer cells if it can, or gives its own error row)."""
     staged = {}
@@ -307,15 +307,15 @@ def _write_autograded(coursedir: CourseDirectory, ch: Chapter, item: _Staged, do
 
 def task_report(doc: dict, task_id: str, hidden: bool) -> str:
     """The plain text a test cell shows, as one output (one box in the feedback), wrapped to
-    `grader.notebook.WIDTH` columns (continuation lines indented): the public checks with their
+    `grader.delivery.notebook.WIDTH` columns (continuation lines indented): the public checks with their
     messages, or the hidden checks with their names and verdicts only (never their inputs, expected
     values or messages)."""
     tests = _tests(doc, task_id, hidden)
     kind = "hidden" if hidden else "public"
     if doc.get("status") == "error":
         why = "" if hidden else f": {doc.get('error', '')}"
-        return wrap_lines(f"ch{task_id}: your notebook could not be graded{why}\n0 points\n")
-    lines = [f"ch{task_id}, {kind} checks, graded by the course grader:"]
+        return wrap_lines(f"{task_id}: your notebook could not be graded{why}\n0 points\n")
+    lines = [f"{task_id}, {kind} checks, graded by the course grader:"]
     for t in tests:
         verdict = "✓" if t["status"] == "passed" else "✗"
         outcome = "" if t["status"] == "passed" else f" ({t.get('outcome', t['status'])})"

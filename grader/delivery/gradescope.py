@@ -11,7 +11,7 @@
   Python stay readable by everybody: the student's code needs Python, torch and numpy, and
   nothing of the course package (the sandbox's harness is a copy the grader makes for the box);
 - `run_autograder`, run as root for each submission: the installed package
-  (`python -I -m grader.gradescope`, never the source tree) grades /autograder/submission;
+  (`python -I -m grader.delivery.gradescope`, never the source tree) grades /autograder/submission;
 - the package source, `course/`.
 
 `run` grades the submission in one sandbox made for it and torn down before `grader.run.check`
@@ -66,7 +66,7 @@ id -u {STUDENT_USER} >/dev/null 2>&1 || useradd --system --no-create-home --home
 python3 -m venv /autograder/venv
 /autograder/venv/bin/pip install /autograder/source/course   # not editable; torch==2.13.0 is pinned by the package
 # Root alone may read the source and the installed course package (reference, hidden checks, answers).
-cd / && /autograder/venv/bin/python -I -m grader.gradescope --protect /autograder
+cd / && /autograder/venv/bin/python -I -m grader.delivery.gradescope --protect /autograder
 """
 
 RUN = """#!/usr/bin/env bash
@@ -74,7 +74,7 @@ RUN = """#!/usr/bin/env bash
 ROOT="${GRADESCOPE_ROOT:-/autograder}"
 PYTHON="${COURSE_PYTHON:-$ROOT/venv/bin/python}"
 # The seed goes in the environment, which only root may read (a command line is anybody's to read).
-cd / && COURSE_GRADING_SEED=@SEED@ exec "$PYTHON" -I -m grader.gradescope "$ROOT" @CHAPTER@
+cd / && COURSE_GRADING_SEED=@SEED@ exec "$PYTHON" -I -m grader.delivery.gradescope "$ROOT" @CHAPTER@
 """
 
 LEAK_TEST = r"""
@@ -249,9 +249,9 @@ class Refused(RuntimeError):
 def run(root: Path, chapter_id: str, seed: int) -> tuple[dict, int]:
     """Grade the submission under `root` and write `root/results/results.json` (never raises);
     the document and the exit status (1 when grading was refused or broke, else 0)."""
+    from grader.delivery.submission import SubmissionError, find_answer, open_folder, read_answer
     from grader.isolation.sandbox import SandboxUnavailable
     from grader.run import MissingModule, check
-    from grader.submission import SubmissionError, find_answer, open_folder, read_answer
 
     results = root / "results"
     ch = chapters.find(chapter_id)
@@ -335,7 +335,7 @@ def main(argv: list[str]) -> int:
         return 0
     seed = os.environ.get("COURSE_GRADING_SEED", "")
     if len(argv) != 2 or not seed.isdigit():
-        print("usage: COURSE_GRADING_SEED=SEED python -m grader.gradescope ROOT CHAPTER | --protect ROOT",
+        print("usage: COURSE_GRADING_SEED=SEED python -m grader.delivery.gradescope ROOT CHAPTER | --protect ROOT",
               file=sys.stderr)
         return 2
     started = time.monotonic()

@@ -1,0 +1,71 @@
+"""Every chapter's table of common mistakes (grader/hidden/chNN_mistakes.py), checked row by row: the row's edits
+of the reference, graded, get the row's hint in each of its tasks. Tests assert hint ids, never the prose."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from mutate import mutant
+
+from grader import chapters
+from grader.authoring.misconceptions import Mistake, mistakes, recorded, table
+from grader.run import check
+
+SEED = 2024
+ROWS = [(ch.id, m) for ch in chapters.all_chapters() for m in table(ch.id)]
+
+
+def _sources(chapter_id: str) -> str:
+    """The chapter's check modules (public and hidden, helpers included)."""
+    here = chapters.ROOT / "grader"
+    files = sorted((here / "checks").glob(f"{chapter_id}*.py")) + sorted((here / "hidden").glob(f"{chapter_id}*.py"))
+    return "\n".join(p.read_text(encoding="utf-8") for p in files if not p.name.endswith("_mistakes.py"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter_id, row", [r for r in ROWS if r[1].edits], ids=lambda v: getattr(v, "id", v))
+def test_each_mistake_gets_its_hint(tmp_path, chapter_id: str, row: Mistake):
+    submission = mutant(tmp_path / "submission", chapter_id, *row.edits)
+    for task in row.tasks:
+        report = check(chapter_id, submission=submission, task=task, hidden=True, seed=SEED, figures_dir=None)
+        named = {h for r in report.results if r.status != "passed" for h in r.hints}
+        assert row.id in named, (f"{chapter_id} mistake {row.id!r} should be named by a failing check of {task}; "
+                                 f"named: {sorted(named)}; " +
+                                 "; ".join(f"{r.name}: {r.status} {r.message[:200]}" for r in report.results
+                                           if r.status != "passed"))
+
+
+@pytest.mark.parametrize("chapter_id", sorted({c for c, _ in ROWS}))
+def test_a_table_is_well_formed(chapter_id: str):
+    """Ids are unique names, tasks exist, every row is used by a check, and every hint a check names is a row."""
+    rows = table(chapter_id)
+    ids = [m.id for m in rows]
+    assert len(ids) == len(set(ids)), ids
+    assert all(re.fullmatch(r"[a-z][a-z0-9_]*", i) for i in ids), ids
+    tasks = {t.id for t in chapters.find(chapter_id).tasks}
+    assert all(set(m.tasks) <= tasks for m in rows), [(m.id, m.task) for m in rows]
+    source = _sources(chapter_id)
+    used = set(re.findall(r"\bM\.(\w+)", source)) | set(re.findall(r"""\bM\.hint\(\s*["'](\w+)""", source))
+    assert not used - set(ids) - {"hint", "rows"}, f"hints named by the checks but not in the table: {used - set(ids)}"
+    unused = [i for i in ids if i not in used]
+    assert not unused, f"rows no check names (M.<id>): {unused}"
+    for m in rows:
+        if not m.edits:  # a mistake no edit of the reference makes is shown by a test of the chapter's own
+            own = (chapters.ROOT / "tests" / f"test_{chapter_id}.py").read_text(encoding="utf-8")
+            assert f'"{m.id}"' in own, f"{m.id} has no edits, so tests/test_{chapter_id}.py must show its hint"
+
+
+def test_a_release_carries_the_hints_without_the_edits():
+    for chapter_id in sorted({c for c, _ in ROWS}):
+        record = recorded(chapter_id)
+        assert set(record) == {m.id for m in table(chapter_id)}
+        assert all(set(v) == {"task", "message"} for v in record.values())
+
+
+def test_hints_are_filled_and_carry_their_id():
+    chapter_id, row = next((c, m) for c, m in ROWS if "{" not in m.message)
+    hint = mistakes(chapter_id).hint(row.id)
+    assert hint == row.message and hint.id == row.id
+    with pytest.raises(KeyError, match="no mistake"):
+        mistakes(chapter_id).hint("no_such_mistake")
