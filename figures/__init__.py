@@ -14,7 +14,6 @@ from typing import Callable
 
 from figures.kit import Figure
 
-
 Caption = str | Callable[[dict], str]
 """A caption, or a function of the figure's record that gives it (when it names the record's values)."""
 
