@@ -7,23 +7,31 @@ import difflib
 import functools
 import json
 import re
+import secrets
 import shutil
 import sys
 from pathlib import Path
+from typing import Any, Callable, Collection, Sequence
 
 import click
 
 from grader import chapters, progress
 from grader.chapters import Chapter, UnknownName
 
+ALL = "all"
+"""`course check all`: every chapter."""
+
 
 class ChapterType(click.ParamType):
-    """A chapter given as ch25, 25 or its slug; an unknown one gets "did you mean"."""
+    """A chapter given as ch25, 25 or its slug (or, where `whole`, "all"); an unknown one gets "did you mean"."""
 
     name = "chapter"
 
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> Chapter:
-        if isinstance(value, Chapter):
+    def __init__(self, *, whole: bool = False) -> None:
+        self.whole = whole
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, Chapter) or (self.whole and value == ALL):
             return value
         try:
             return chapters.find(str(value))
@@ -31,11 +39,28 @@ class ChapterType(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
-def _bytes(value: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)i?[bB]?\s*", value)
-    if not m:
-        raise click.BadParameter(f"{value!r} is not a size like 2G, 512M or 1073741824")
-    return int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()])
+class ByteSize(click.ParamType):
+    """A size in bytes written as people write it: 2G, 512M, 64k or 1073741824."""
+
+    name = "size"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)i?[bB]?\s*", str(value))
+        if not m:
+            self.fail(f"{value!r} is not a size like 2G, 512M or 1073741824", param, ctx)
+        return int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()])
+
+
+def memory_limit_option(whose: str) -> Callable[[Callable], Callable]:
+    return click.option("--memory-limit", type=ByteSize(), default="2G", show_default=True,
+                        help=f"Address-space limit of {whose} process.")
+
+
+solutions_option = click.option("--solutions", is_flag=True, help="Run the reference solutions (instructors).")
+submission_option = click.option("--submission", type=click.Path(exists=True, file_okay=False, path_type=Path),
+                                 metavar="DIR", help="Run the chapter module(s) in DIR (same file names as exercises/).")
 
 
 INSTRUCTOR_COMMANDS = ("grade", "release", "export", "stubs")
@@ -76,7 +101,8 @@ def _without(command: click.Command, names: tuple[str, ...]) -> click.Command:
         return command
     student = copy.copy(command)
     student.params = [p for p in command.params if p not in dropped]
-    student.callback = functools.partial(command.callback, **{p.name: _default(command, p) for p in dropped})
+    assert command.callback is not None
+    student.callback = functools.partial(command.callback, **{p.name: _default(command, p) for p in dropped if p.name})
     return student
 
 
@@ -132,7 +158,7 @@ def _points(public: float, hidden: float) -> str:
     return f"{public:g}" + (f" + {hidden:g} hidden" if hidden else "")
 
 
-def _table(rows: list[tuple[str, ...]], right: set[int] = frozenset()) -> None:
+def _table(rows: Sequence[Sequence[str]], right: Collection[int] = ()) -> None:
     """Print rows in columns aligned by display width (a CJK character takes two)."""
     widths = [max(_width(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -146,11 +172,10 @@ def _width(s: str) -> int:
 
 
 @main.command()
-@click.argument("chapter", type=ChapterType())
+@click.argument("chapter", type=ChapterType(whole=True))
 @click.option("--task", metavar="ID", help="Only this task, e.g. ch25.1.")
-@click.option("--solutions", is_flag=True, help="Grade the reference solutions (instructors).")
-@click.option("--submission", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="DIR",
-              help="Grade the chapter module in DIR (same file names as exercises/).")
+@solutions_option
+@submission_option
 @click.option("--notebook", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="PATH.ipynb",
               help="Grade the answer cells of a chapter notebook.")
 @click.option("--seed", type=int, help="Grading seed of the hidden checks (printed after each run).")
@@ -162,16 +187,18 @@ def _width(s: str) -> int:
                    "folder, the one holding exercises/). A run replaces that chapter's figures there.")
 @click.option("--time-limit", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Seconds each check may spend in your code.")
-@click.option("--memory-limit", default="2G", show_default=True, help="Address-space limit of your code's process.")
+@memory_limit_option("your code's")
 @click.option("-v", "--verbose", is_flag=True,
               help="Explain every failing check (by default: each different explanation once, at most three per task).")
 @click.option("--no-sandbox", is_flag=True,
               help="UNSAFE: run a --submission or --notebook without the sandbox (its code can then read and "
                    "change this user's files, the reference included).")
-def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path | None, notebook: Path | None,
+@click.option("--jobs", type=click.IntRange(min=1), metavar="N",
+              help="With `all`: chapters checked at once (default: one per core).")
+def check(chapter: Chapter | str, task: str | None, solutions: bool, submission: Path | None, notebook: Path | None,
           seed: int | None, hidden: bool | None, as_json: bool, figures_dir: Path | None, time_limit: float,
-          memory_limit: str, verbose: bool, no_sandbox: bool) -> None:
-    """Check CHAPTER (e.g. ch25) and draw its figures from your outputs.
+          memory_limit: int, verbose: bool, no_sandbox: bool, jobs: int | None) -> None:
+    """Check CHAPTER (e.g. ch25, or `all` for every chapter) and draw its figures from your outputs.
 
     Your own exercises/ run in a separate process; somebody else's code (--submission,
     --notebook) runs in a sandbox (bubblewrap) made for that one run, and without one
@@ -179,6 +206,13 @@ def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path 
 
     Exit status: 0 all checks passed, 1 some failed, 2 some were blocked.
     """
+    if not isinstance(chapter, Chapter):
+        if task or notebook:
+            raise click.UsageError("`course check all` checks whole chapters: --task and --notebook name one chapter")
+        _check_all(solutions=solutions, submission=submission, seed=seed, hidden=hidden, as_json=as_json,
+                   figures_dir=figures_dir, time_limit=time_limit, memory_limit=memory_limit, no_sandbox=no_sandbox,
+                   jobs=jobs)
+        return
     import tempfile
 
     from grader.delivery.cells import cells_of, submission_from_cells
@@ -212,7 +246,7 @@ def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path 
     try:
         report = run_check(chapter.id, task=task, solutions=solutions, submission=submission, seed=seed,
                            hidden=hidden, figures_dir=figures_dir, time_limit=time_limit,
-                           memory_limit=_bytes(memory_limit), on_result=screen.add if screen else None,
+                           memory_limit=memory_limit, on_result=screen.add if screen else None,
                            on_start=screen.start if screen else None, sandbox=sandbox)
     except MissingModule as e:
         raise click.ClickException(str(e)) from None
@@ -231,6 +265,48 @@ def check(chapter: Chapter, task: str | None, solutions: bool, submission: Path 
     else:
         click.echo(json.dumps(report.to_json(), ensure_ascii=False, indent=2))
     sys.exit(report.exit_code)
+
+
+def _check_all(*, solutions: bool, submission: Path | None, seed: int | None, hidden: bool | None, as_json: bool,
+               figures_dir: Path | None, time_limit: float, memory_limit: int, no_sandbox: bool,
+               jobs: int | None) -> None:
+    """`course check all`: every chapter, spread over the cores, on one grading seed."""
+    from grader.course import check_all, default_jobs
+    from grader.run import default_figures_dir
+    from grader.terminal import CourseScreen
+
+    if solutions and submission:
+        raise click.UsageError("--solutions and --submission exclude each other")
+    ids = [ch.id for ch in chapters.all_chapters()]
+    folder = chapters.SOLUTIONS if solutions else submission if submission else chapters.EXERCISES
+    missing = [ch.id for ch in chapters.all_chapters() if not (Path(folder) / ch.filename).is_file()]
+    if submission and len(missing) == len(ids):
+        raise click.ClickException(f"{submission} holds no chapter module (file names as in exercises/)")
+    only = [i for i in ids if i not in missing] if submission else None
+    figures_dir = figures_dir or default_figures_dir(Path(folder) / "x.py")
+    sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
+    seed = seed if seed is not None else secrets.randbelow(2**31)
+    workers = min(jobs or default_jobs(), len(only or ids))
+    what = "the reference solutions" if solutions else f"{submission}" if submission else "your exercises/"
+    screen = None if as_json else CourseScreen(only or ids, what, jobs=workers, seed=seed)
+    course = check_all(solutions=solutions, submission=submission, seed=seed, hidden=hidden, jobs=workers,
+                       figures_dir=figures_dir, sandbox=sandbox, time_limit=time_limit, memory_limit=memory_limit,
+                       only=only, on_report=screen.add if screen else None,
+                       on_failure=screen.failed if screen else None)
+    if not solutions and not submission:
+        for report in course.reports:
+            try:
+                progress.record(report)
+            except OSError as e:
+                click.echo(f"note: your progress could not be saved for `course list` ({e})", err=True)
+                break
+    if screen:
+        if submission and missing:
+            click.echo(f"  · not in {submission}: {', '.join(missing)}")
+        screen.finish(course, figures_dir)
+    else:
+        click.echo(json.dumps(course.to_json(), ensure_ascii=False, indent=2))
+    sys.exit(course.exit_code)
 
 
 def _sandbox_for(*, others: bool, no_sandbox: bool) -> str | None:
@@ -270,11 +346,11 @@ def _sandbox_for(*, others: bool, no_sandbox: bool) -> str | None:
 @click.option("--time-limit", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
               help="The most a check may spend in a student's code; each check gets 50x what the reference "
                    "needs in it, at least 0.5 s, at most this (recorded in OUT/grading.json).")
-@click.option("--memory-limit", default="2G", show_default=True, help="Address-space limit of a student's process.")
+@memory_limit_option("a student's")
 @click.option("--no-sandbox", is_flag=True, help="Process isolation only (unsafe: a student's code could read your "
               "files); without it grading refuses where no sandbox can be made.")
 def grade(submissions: Path | None, chapter_names: tuple[Chapter, ...], nbgrader_course: Path | None, out: Path | None,
-          jobs: int, force: bool, seed: int | None, time_limit: float, memory_limit: str, no_sandbox: bool) -> None:
+          jobs: int, force: bool, seed: int | None, time_limit: float, memory_limit: int, no_sandbox: bool) -> None:
     """Grade a class: SUBMISSIONS holds one folder per student with their chapter files or notebooks.
 
     With --nbgrader COURSE_DIR instead, the course's submitted notebooks, scored into its gradebook.
@@ -284,7 +360,7 @@ def grade(submissions: Path | None, chapter_names: tuple[Chapter, ...], nbgrader
     from grader.delivery.grade import GradeError
     from grader.delivery.grade import grade as grade_folders
 
-    grade_class = grade_folders
+    grade_class: Callable[..., Any] = grade_folders
 
     if (submissions is None) == (nbgrader_course is None):
         raise click.UsageError("give SUBMISSIONS or --nbgrader COURSE_DIR, not both" if submissions
@@ -298,13 +374,14 @@ def grade(submissions: Path | None, chapter_names: tuple[Chapter, ...], nbgrader
         submissions, out = nbgrader_course, out or nbgrader_course / "course-grade"
     elif out is None:
         raise click.UsageError("missing option '--out'")
+    assert submissions is not None and out is not None
     bar = None
     tty = sys.stdout.isatty()
 
     def plan(n: int, total: int, how: str) -> None:
         nonlocal bar
-        style = {"fg": "yellow", "bold": True} if how.startswith("none") else {}
-        click.echo(click.style(f"sandbox: {how}", **style), err=how.startswith("none"))
+        unsafe = how.startswith("none")
+        click.echo(click.style(f"sandbox: {how}", fg="yellow" if unsafe else None, bold=unsafe), err=unsafe)
         click.echo(f"{n} of {total} chapter submissions to grade" + (f" ({total - n} graded already)" if n < total else ""))
         if tty and n:
             bar = click.progressbar(length=n, label="grading").__enter__()
@@ -317,7 +394,7 @@ def grade(submissions: Path | None, chapter_names: tuple[Chapter, ...], nbgrader
 
     try:
         result = grade_class(submissions, list(chapter_names), out, jobs=jobs, force=force, seed=seed,
-                             time_limit=time_limit, memory_limit=_bytes(memory_limit), sandbox=not no_sandbox,
+                             time_limit=time_limit, memory_limit=memory_limit, sandbox=not no_sandbox,
                              on_plan=plan, on_item=item)
     except GradeError as e:
         raise click.ClickException(str(e)) from None
@@ -384,18 +461,56 @@ def export_gradescope(chapter: Chapter, out: Path, seed: int | None) -> None:
 
 
 @main.command()
-@click.option("--solutions", is_flag=True, help="Run the reference solutions (instructors).")
-@click.option("--submission", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="DIR",
-              help="Run the chapter modules in DIR (same file names as exercises/).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("course-book"),
+              show_default=True, metavar="DIR", help="Where index.html and the figures go.")
+@submission_option
+@click.option("--jobs", type=click.IntRange(min=1), metavar="N", help="Chapters checked at once (default: one per core).")
+@click.option("--no-sandbox", is_flag=True, help="UNSAFE: run a --submission without the sandbox.")
+def figures(out: Path, submission: Path | None, jobs: int | None, no_sandbox: bool) -> None:
+    """Draw the figure book: every figure of the course, and OUT/index.html showing them in course order.
+
+    The figures are drawn by the chapters' public checks: from the reference solutions in the instructor's
+    repository, from --submission DIR, or in a student release from your own exercises/ (your passing tasks
+    drawn, wrong values marked, the others as placeholders naming the task that draws them). Nothing is
+    fetched when the page is opened.
+    """
+    from grader.delivery.book import write_book
+
+    if submission and not any((submission / ch.filename).is_file() for ch in chapters.all_chapters()):
+        raise click.ClickException(f"{submission} holds no chapter module (file names as in exercises/)")
+    sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
+    done: list[str] = []
+
+    def report(r) -> None:
+        done.append(r.chapter.id)
+        if sys.stderr.isatty():
+            click.echo(f"\rdrawing the figures · {len(done)} chapters done", nl=False, err=True)
+
+    book = write_book(out, submission=submission, sandbox=sandbox, jobs=jobs, on_report=report)
+    if sys.stderr.isatty():
+        click.echo("", err=True)
+    waiting = [e for e in book.entries if e.status == "placeholder"]
+    marked = [e for e in book.entries if e.status == "marked"]
+    click.echo(f"{book.index}: {book.drawn} of {len(book.entries)} figures drawn from {book.source}"
+               + (f", {len(marked)} with wrong values marked" if marked else ""))
+    if waiting:
+        click.echo(f"  · not drawn yet: {', '.join(e.id for e in waiting[:6])}"
+                   + (f" and {len(waiting) - 6} more" if len(waiting) > 6 else "") + " (placeholders on the page)")
+    click.echo(f"  · open it in a browser: file://{book.index.resolve()}")
+
+
+@main.command()
+@solutions_option
+@submission_option
 @click.option("--port", type=click.IntRange(0, 65535), default=0, show_default="a free port",
               help="Port on 127.0.0.1.")
 @click.option("--no-open", is_flag=True, help="Do not open a browser.")
 @click.option("--time-limit", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Seconds each experiment may spend in your code.")
-@click.option("--memory-limit", default="2G", show_default=True, help="Address-space limit of your code's process.")
+@memory_limit_option("your code's")
 @click.option("--no-sandbox", is_flag=True, help="UNSAFE: run a --submission without the sandbox.")
 def lab(solutions: bool, submission: Path | None, port: int, no_open: bool, time_limit: float,
-        memory_limit: str, no_sandbox: bool) -> None:
+        memory_limit: int, no_sandbox: bool) -> None:
     """Interactive experiments: change an instance in the page, see your functions' outputs drawn.
 
     Serves http://127.0.0.1:PORT/ until Ctrl-C. Your code runs with the limits of `course check`.
@@ -405,7 +520,7 @@ def lab(solutions: bool, submission: Path | None, port: int, no_open: bool, time
 
     if solutions and submission:
         raise click.UsageError("--solutions and --submission exclude each other")
-    limit = _bytes(memory_limit)
+    limit = memory_limit
     sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
     laboratory = Lab(solutions=solutions, submission=submission, time_limit=time_limit, memory_limit=limit,
                      sandbox=sandbox)

@@ -18,7 +18,7 @@ import threading
 import time
 import unicodedata
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import click
 
@@ -328,9 +328,9 @@ class TerminalReport:
         removed = {Path(p).stem for p in report.removed}
         gone = lambda f: ", its older file removed" if f in removed else ""
         if report.undrawn:
-            shown = ", ".join(f"{f} ({why}{gone(f)})" for f, why in report.undrawn.items())
+            undrawn = ", ".join(f"{f} ({why}{gone(f)})" for f, why in report.undrawn.items())
             waits = any(why.startswith("waits") for why in report.undrawn.values())
-            self._echo("  ", f"· not drawn: {shown}" + ("; a figure is drawn once its task returns an output "
+            self._echo("  ", f"· not drawn: {undrawn}" + ("; a figure is drawn once its task returns an output "
                                                         "of the right shape and type" if waits else ""))
         for note in report.figure_notes:
             figure_id = note.split(":", 1)[0]
@@ -343,3 +343,60 @@ def relative(path: str) -> str:
         return str(Path(path).resolve().relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+class CourseScreen:
+    """`course check all` on a terminal: one line per chapter, in course order, each printed as soon as the
+    chapters before it are done (a line for a chapter names its failing tasks, not their explanations:
+    `course check chNN` gives those), then the total."""
+
+    def __init__(self, ids: list[str], what: str, *, jobs: int, seed: int) -> None:
+        self.ids, self.next = ids, 0
+        self.done: dict[str, Report | str] = {}
+        self.width = max((len(ch.title_en) for ch in _chapters(ids)), default=0)
+        click.echo(f"course · {_plural(len(ids), 'chapter')} · {what} · {_plural(jobs, 'worker')}, "
+                   f"grading seed {seed}")
+
+    def add(self, report: Report) -> None:
+        self.done[report.chapter.id] = report
+        self._flush()
+
+    def failed(self, chapter_id: str, reason: str) -> None:
+        self.done[chapter_id] = reason
+        self._flush()
+
+    def _flush(self) -> None:
+        while self.next < len(self.ids) and self.ids[self.next] in self.done:
+            chapter_id = self.ids[self.next]
+            outcome = self.done[chapter_id]
+            self.next += 1
+            if isinstance(outcome, str):
+                click.echo(f"  ✗ {chapter_id}  not run: {sanitize(outcome)}")
+                continue
+            title = outcome.chapter.title_en.ljust(self.width)
+            score = f"{_pts(outcome.score)}/{_pts(outcome.max_score)}".rjust(7)
+            bad = [task for task, rs in outcome.by_task() if any(r.status != "passed" for r in rs)]
+            mark = "✓" if not bad else "✗"
+            tail = f"  ({outcome.elapsed:.1f} s)" if not bad else \
+                f"  {', '.join(bad)} not passing → course check {chapter_id}"
+            click.echo(f"  {mark} {chapter_id}  {title}  {score}{tail}")
+
+    def finish(self, course: Any, figures: Path | None) -> None:
+        self._flush()
+        hidden = sum(r.hidden_not_run for r in course.reports)
+        line = click.style(f"score {_pts(course.score)}/{_pts(course.max_score)}", bold=True)
+        line += f" · {_plural(len(course.reports), 'chapter')} in {course.elapsed:.1f} s"
+        if hidden:
+            line += f" · {_plural(hidden, 'hidden check')} run at grading time"
+        click.echo(line)
+        if any(r.hidden for rep in course.reports for r in rep.results):
+            click.echo(f"  · hidden checks ran on grading seed {course.seed} (repeat with --seed {course.seed})")
+        drawn = sum(len(r.figures) for r in course.reports)
+        if figures is not None and drawn:
+            click.echo(f"  · {_plural(drawn, 'figure')} in {relative(str(figures))}/<chapter>/")
+
+
+def _chapters(ids: list[str]) -> list[Chapter]:
+    from grader import chapters
+
+    return [chapters.find(i) for i in ids]

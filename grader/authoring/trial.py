@@ -239,7 +239,7 @@ def run_one(spec: CheckSpec, function: str, *, session: Session, ref, seed: int,
     except StudentRaised as e:
         result.status, result.message, result.todo = "error", e.explain(spec.task), bool(e.not_implemented)
     except StudentError as e:
-        result.status, result.message = e.status, str(e)
+        result.status, result.message = ("timeout" if e.status == "timeout" else "error"), str(e)
     except Exception as e:  # a result the check did not foresee (or a grader bug): never a crash
         where = f"({type(e).__name__}: {e})" if spec.hidden else "\n" + traceback.format_exc(limit=-3)
         result.status = "error"

@@ -1,0 +1,294 @@
+"""The figure book: every figure of the course on one offline page, `index.html`, with the SVG files beside it.
+
+Laid out as the course's own figure index is: the dimension figures first (each takes one tensor
+transformation apart cell by cell), then the overview (the course map, from an engine run), then two or three
+figures per chapter, in course order. Each figure shows its id, its title, its Chinese and English captions,
+and a thumbnail that opens the full SVG; a last card points to `course lab`.
+
+Figures are drawn by the chapters' public checks (`grader.course.check_all`), from the reference, from a
+submission folder (in its sandbox) or, in a student release, from the student's own exercises/: passing tasks
+as drawn, wrong values marked as `course check` marks them, and a figure whose task does not yet return an
+output of the right shape and type as a placeholder naming the task that draws it. The page embeds the subset
+of the shipped fonts its own text needs (`figures.typeface`), as every SVG does: nothing is fetched.
+"""
+
+from __future__ import annotations
+
+import html
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from grader import chapters
+from grader.report import Report
+
+LAB_PAGE = "lab.html"
+
+
+@dataclass
+class Entry:
+    """One figure of the book: what the page says of it."""
+
+    id: str
+    chapter: str
+    title: str
+    zh: str
+    en: str
+    status: str
+    """"drawn", "marked" (wrong values marked), "placeholder" (not drawn yet) or "reference"."""
+    note: str = ""
+
+    @property
+    def file(self) -> str:
+        return f"{self.id}.svg"
+
+    @property
+    def dimension(self) -> bool:
+        return "-dim-" in self.id
+
+
+@dataclass
+class Book:
+    """What `write_book` wrote: the page, its entries, and the run behind them."""
+
+    index: Path
+    entries: list[Entry]
+    source: str
+    reports: list[Report]
+
+    @property
+    def drawn(self) -> int:
+        return sum(e.status != "placeholder" for e in self.entries)
+
+
+def write_book(out: Path, *, submission: Path | None = None, sandbox: str | None = None, jobs: int | None = None,
+               on_report: Callable[[Report], None] | None = None) -> Book:
+    """Draw every figure of the course into `out` and write `out/index.html`.
+
+    Args:
+        out: the folder of the book (made if missing; the book's own files in it are replaced, nothing else).
+        submission: a student's folder: its chapter modules draw the figures (in `sandbox`). Without it, the
+            reference solutions draw them, or in a student release the student's own exercises/.
+        jobs: chapters checked at once (default: one per core).
+    """
+    from grader.course import check_all
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    release = not any(chapters.SOLUTIONS.glob("ch[0-9][0-9]_*.py"))
+    folder = submission or (chapters.EXERCISES if release else chapters.SOLUTIONS)
+    ids = [ch.id for ch in chapters.all_chapters() if (Path(folder) / ch.filename).is_file()]
+    source = ("the reference solutions" if folder == chapters.SOLUTIONS else
+              "your exercises/" if folder == chapters.EXERCISES else f"the submission in {submission}")
+    with tempfile.TemporaryDirectory(prefix="course-book-") as tmp:
+        course = check_all(solutions=folder == chapters.SOLUTIONS,
+                           submission=None if folder in (chapters.SOLUTIONS, chapters.EXERCISES) else submission,
+                           hidden=False, jobs=jobs, figures_dir=Path(tmp), sandbox=sandbox, only=ids,
+                           on_report=on_report)
+        entries = _chapter_entries(course.reports, Path(tmp), out, folder)
+    entries.insert(0, _overview_entry(out, course.reports, folder, release))
+    dims = [e for e in entries if e.dimension]
+    ordered = dims + [e for e in entries if not e.dimension]
+    index = out / "index.html"
+    index.write_text(page(ordered, source), encoding="utf-8")
+    (out / LAB_PAGE).write_text(lab_page(), encoding="utf-8")
+    return Book(index, ordered, source, course.reports)
+
+
+def _chapter_entries(reports: list[Report], drawn_in: Path, out: Path, folder: Path) -> list[Entry]:
+    """Every chapter figure, drawn or as a placeholder, written flat into `out`."""
+    import figures
+
+    by_chapter = {r.chapter.id: r for r in reports}
+    entries = []
+    for ch in chapters.all_chapters():
+        report = by_chapter.get(ch.id)
+        for spec in figures.catalog(ch.id):
+            record = report.records.get(spec.id) if report else None
+            zh, en = spec.captions(record) if record else _static(spec)
+            drawn = drawn_in / ch.id / f"{spec.id}.svg"
+            entry = Entry(spec.id, ch.id, spec.title, zh, en, "drawn")
+            if drawn.is_file():
+                shutil.copyfile(drawn, out / entry.file)
+                if report and any(p.endswith(f"/{spec.id}.svg") for p in report.marked):
+                    entry.status, entry.note = "marked", "your wrong values are marked"
+            else:
+                tasks = list(dict.fromkeys(spec.needs.values()))
+                why = (f"{ch.filename} is not in {folder}" if report is None else
+                       (report.undrawn.get(spec.id) or next((n for n in report.figure_notes if n.startswith(spec.id)),
+                                                            f"waits for {', '.join(tasks)}")))
+                entry.status, entry.note = "placeholder", why
+                (out / entry.file).write_text(placeholder(spec.id, spec.title, zh, en, tasks, why), encoding="utf-8")
+            entries.append(entry)
+    return entries
+
+
+def _static(spec: Any) -> tuple[str, str]:
+    """A figure's captions without a record (a caption that names the record's values gives its id)."""
+    return tuple(c if isinstance(c, str) else spec.title for c in (spec.zh, spec.en))  # type: ignore[return-value]
+
+
+def _overview_entry(out: Path, reports: list[Report], folder: Path, release: bool) -> Entry:
+    """The course map, from a short engine run: the reference's functions in the instructor's repository and
+    for a submission (whose code never runs outside its sandbox: the map then lights the chapters whose
+    engine tasks pass its public checks), the student's own functions in a student release."""
+    import engine
+    import figures
+
+    (spec,) = figures.catalog("overview")
+    try:
+        if release:
+            parts = engine.student_parts(folder)
+        else:
+            parts = engine.reference_parts()
+        model = engine.load("tiny", seed=0)
+        result = engine.run(model=model, prompts=[[1, 2, 3, 4, 5, 6], [1, 2, 3, 7]], max_tokens=4, parts=parts,
+                            block_size=4)
+        record = engine.overview_record(result, model)
+        if folder not in (chapters.SOLUTIONS, chapters.EXERCISES):
+            _light_passing(record, reports)
+        zh, en = spec.captions(record)
+        (out / "overview.svg").write_text(spec.render(record), encoding="utf-8")
+        return Entry("overview", "", spec.title, zh, en, "drawn")
+    except Exception as e:  # noqa: BLE001 (the engine needs every task it uses: say which are missing)
+        zh, en = _static(spec)
+        why = str(e).split(". Run")[0]
+        (out / "overview.svg").write_text(placeholder("overview", spec.title, zh, en, [], why), encoding="utf-8")
+        return Entry("overview", "", spec.title, zh, en, "placeholder", why)
+
+
+def _light_passing(record: dict, reports: list[Report]) -> None:
+    """Mark, on a reference run's course map, the chapters whose tasks pass in a submission's reports."""
+    passing = {r.chapter.id: all(x.status == "passed" for x in r.results) for r in reports}
+    for entry in record["course"]:
+        if entry["part"] is not None:
+            entry["part"] = "yours" if passing.get(entry["id"]) else "reference"
+
+
+def placeholder(figure_id: str, title: str, zh: str, en: str, tasks: list[str], why: str) -> str:
+    """A figure not drawn yet: its header, and a dashed frame saying which task draws it."""
+    from figures.kit import Figure
+    from figures.style import LABEL, MARGIN
+
+    f = Figure(figure_id, title=title, zh=zh, en=en)
+    top = f.y
+    f.y += 34
+    f.text(f.width / 2, f.y, "尚未绘制 · not drawn yet", size=LABEL + 3, anchor="middle", weight="bold",
+           cls="placeholder")
+    f.y += 26
+    for line in ([f"drawn by {', '.join(tasks)} once it returns an output of the right shape and type"] if tasks
+                 else []) + [why]:
+        f.paragraph(MARGIN + 20, f.y, line, width=f.width - 2 * MARGIN - 40, size=LABEL)
+        f.y += 22
+    f.y += 12
+    f.box(MARGIN, top, f.width - 2 * MARGIN, f.y - top, role="masked", dashed=True)
+    f.dwg.elements.insert(3, f.dwg.elements.pop())  # the frame under the words
+    f.y += 8
+    return f.svg()
+
+
+# -- the page --------------------------------------------------------------------------------------------------
+STYLE = """
+:root { --ink: #1f1f1f; --muted: #5f5f5f; --rule: #d8d8d8; --accent: #0072B2; --wrong: #D55E00; }
+* { box-sizing: border-box; }
+body { margin: 0 auto; max-width: 1240px; padding: 24px 20px 64px; color: var(--ink); font: 15px/1.55 %(sans)s; }
+header h1 { font-size: 28px; margin: 0 0 4px; }
+header p { margin: 2px 0; color: var(--muted); }
+h2 { font-size: 20px; margin: 40px 0 4px; padding-top: 12px; border-top: 1px solid var(--rule); }
+h2 small, .id, code { font: 12.5px/1.4 %(mono)s; color: var(--muted); }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(min(100%%, 380px), 1fr)); gap: 18px; margin-top: 14px; }
+.card { border: 1px solid var(--rule); border-radius: 8px; padding: 12px 14px 14px; background: #fff; min-width: 0; }
+.card.wide { grid-column: 1 / -1; }
+.card h3 { font-size: 16px; margin: 2px 0 6px; }
+.card img { display: block; width: 100%%; height: auto; border: 1px solid #eee; border-radius: 4px; margin: 8px 0; }
+.card .zh { margin: 4px 0; }
+.card .en { margin: 4px 0; color: var(--muted); font-size: 13.5px; }
+.card a.open { font-size: 13.5px; color: var(--accent); text-decoration: none; }
+.status { display: inline-block; font-size: 12px; padding: 1px 8px; border-radius: 10px; margin-left: 6px;
+          background: #eef4fa; color: var(--accent); }
+.status.marked { background: #fbe7dc; color: var(--wrong); }
+.status.placeholder { background: #eee; color: var(--muted); }
+.lab { background: #f7f9fb; }
+"""
+
+
+def page(entries: list[Entry], source: str) -> str:
+    """The book's index.html: sections of cards, the embedded fonts, nothing fetched."""
+    titles = {ch.id: ch for ch in chapters.all_chapters()}
+    drawn = sum(e.status != "placeholder" for e in entries)
+    head = [f"图解索引 · {len(entries)} 张离线 SVG 图",
+            "先看元素与坐标,再看完整计算流程。 First the elements and their coordinates, then the whole computation.",
+            f"Drawn from {source}: {drawn} of {len(entries)} figures so far."]
+    sections: list[tuple[str, str, list[Entry]]] = [
+        ("逐格拆解维度转换 · dimensions, cell by cell", "", [e for e in entries if e.dimension]),
+        ("课程概览图 · the course map", "", [e for e in entries if e.id == "overview"])]
+    for ch_id, ch in titles.items():
+        own = [e for e in entries if e.chapter == ch_id and not e.dimension]
+        if own:
+            sections.append((f"{int(ch_id[2:])} · {ch.title_zh} · {ch.title_en}", ch_id, own))
+    body = ["<header>", f"<h1>{html.escape(head[0])}</h1>"] + [f"<p>{html.escape(s)}</p>" for s in head[1:]]
+    body += [f'<p><a class="open" href="{LAB_PAGE}">交互实验 · the interactive experiments (course lab) →</a></p>',
+             "</header>"]
+    for title, anchor, items in sections:
+        body.append(f'<h2 id="{anchor or _slug(title)}">{html.escape(title)}</h2>')
+        body.append('<div class="grid">')
+        body += [_card(e, wide=e.id == "overview") for e in items]
+        body.append("</div>")
+    body.append(f'<h2 id="lab">交互实验 · interactive experiments</h2><div class="grid"><div class="card lab wide">'
+                f'<p>Run <code>course lab</code>: it opens the experiments in your browser, where you change an '
+                f'instance and the figure is drawn again from your functions. <a class="open" href="{LAB_PAGE}">'
+                f'What the lab holds →</a></p></div></div>')
+    text = "\n".join(body)
+    return _document("图解索引 · course figures", text)
+
+
+def lab_page() -> str:
+    """lab.html: what `course lab` offers, and how to start it (the lab itself runs only while served)."""
+    from grader.lab import of_chapter
+
+    items = []
+    for ch in chapters.all_chapters():
+        for exp in of_chapter(ch.id):
+            items.append(f"<li><b>{html.escape(ch.id)}</b> · {html.escape(exp.title)}: {html.escape(exp.about)}</li>")
+    body = ("<header><h1>交互实验 · course lab</h1><p>The experiments run your own functions: start them with</p>"
+            "<p><code>course lab</code></p><p>which serves them on http://127.0.0.1 and opens your browser "
+            "(Ctrl-C stops it).</p></header><ul>" + "\n".join(items) + '</ul><p><a class="open" href="index.html">'
+            "← 图解索引 · back to the figures</a></p>")
+    return _document("course lab", body)
+
+
+def _card(e: Entry, *, wide: bool = False) -> str:
+    label = {"drawn": "drawn", "marked": "wrong values marked", "placeholder": "not drawn yet",
+             "reference": "reference"}[e.status]
+    note = f'<p class="en">{html.escape(e.note)}</p>' if e.note and e.status == "placeholder" else ""
+    alt = html.escape(f"{e.title} · {e.en}")
+    return (f'<div class="card{" wide" if wide else ""}" id="{e.id}"><div class="id">{e.id}'
+            f'<span class="status {e.status}">{label}</span></div><h3>{html.escape(e.title)}</h3>'
+            f'<a href="{e.file}"><img src="{e.file}" alt="{alt}" loading="lazy"></a>'
+            f'<p class="zh">{html.escape(e.zh)}</p><p class="en">{html.escape(e.en)}</p>{note}'
+            f'<a class="open" href="{e.file}">打开原图放大 ↗ open the full figure</a></div>')
+
+
+def _document(title: str, body: str) -> str:
+    """A whole page whose text draws with the shipped fonts, embedded as the figures embed theirs."""
+    import re
+
+    from figures import typeface
+
+    words = re.sub(r"<[^>]+>", " ", body)
+    css, prefix = typeface.embed([(html.unescape(words) + title, "sans", False),
+                                  (html.unescape(words), "sans", True), (html.unescape(words), "mono", False)])
+    sans = ", ".join(filter(None, [prefix.get("sans", ""), "sans-serif"]))
+    mono = ", ".join(filter(None, [prefix.get("mono", ""), "monospace"]))
+    return (f'<!doctype html>\n<html lang="zh-Hans"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{html.escape(title)}</title>\n<style>\n{css}\n{STYLE % {'sans': sans, 'mono': mono}}</style>"
+            f"</head>\n<body>\n{body}\n</body></html>\n")
+
+
+def _slug(text: str) -> str:
+    import re
+
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "section"
