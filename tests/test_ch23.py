@@ -45,10 +45,10 @@ def test_topk_keeping_one_more_is_explained(graded):
     assert "token 4 (logits / T = 0.375) should be −∞" in r.message
     assert f"the {checks.PATH_K}th largest value of logits / T" in r.message and f"< {kth:g}" in r.message
     assert "yours: 0.375" in r.message
-    assert f"yours kept {checks.PATH_K + 1}" in r.message and r.hints == ["topk_off_by_one"]
+    assert r.hints == ["topk_off_by_one"]
     assert wrong_elements(report, "ch23-sampling-path")
     k1 = result(report, "k = 1 leaves only the row max")
-    assert k1.status == "failed" and "yours kept 2" in k1.message
+    assert k1.status == "failed" and k1.hints == ["topk_off_by_one"]
 
 
 def test_topp_dropping_the_crossing_token_is_explained(graded):
@@ -80,8 +80,7 @@ def test_argmax_p_is_explained(graded):
     assert "so the race draws token 1; yours: token 0" in r.message
     assert r.hints == ["argmax_p"]
     chi = result(report, "chi-square")
-    assert chi.status == "failed" and "your tokens are those of argmax(p)" in chi.message
-    assert chi.hints == ["argmax_p"]
+    assert chi.status == "failed" and chi.hints == ["argmax_p"]
     assert wrong_elements(report, "ch23-exponential-race")
     assert {x.task for x in report.results if x.status != "passed"} == {"ch23.2"}
     # argmax(p) wins every race with token 0: all three shares are outside their intervals
