@@ -3,25 +3,18 @@ and what one decode step feeds the model and where it writes."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 from figures import figure
-from figures.kit import Figure, num, text_width
-from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
+from figures.kit import Figure, num
+from figures.layout import column, pad, row
+from figures.style import CELL, INK, LABEL, LABEL_SMALL, MUTED, stroke
 
 
-def _pair(v: list) -> str:
-    return ", ".join(num(x) for x in v)
-
-
-def _is_empty(v: list) -> bool:
-    return not any(v)
-
-
-def _outline(f: Figure, x: float, y: float, w: float, h: float, *, color: str, width: float = 2.2,
-             dashed: bool = False) -> None:
-    rect = f.dwg.rect((x, y), (w, h), fill="none", stroke=color, stroke_width=width, class_="outline")
-    if dashed:
-        rect["stroke-dasharray"] = "4,3"
-    f.dwg.add(rect)
+def _pair(v: list, shown: bool = False) -> str:
+    """A row of a one-head cache of head_dim 2, as the figure writes it: "11, 12" ("" for a row of zeros, unless
+    `shown`)."""
+    return ", ".join(num(x) for x in v) if any(v) or shown else ""
 
 
 # -- ch21.1 -------------------------------------------------------------------------------------------
@@ -34,78 +27,52 @@ def _outline(f: Figure, x: float, y: float, w: float, h: float, *, color: str, w
            "no layer shares another's.",
         needs={"caches": "ch21.1"})
 def cache_growth_figure(f: Figure, r: dict) -> None:
-    l_max, steps, caches, expected, lengths = r["l_max"], r["steps"], r["caches"], r["expected"], r["lengths"]
+    l_max, steps, caches, expected, wrong, lengths = (r["l_max"], r["steps"], r["caches"], r["expected"], r["wrong"],
+                                                      r["lengths"])
     layers = len(caches)
-    wrong_any = caches != expected
+    f.instance_row([(f"{layers} layers", "plain"), (f"L_max = {l_max}", "plain"), ("1 kv head, head_dim 2", "plain")],
+                   note="K of layer ℓ, token t = [100ℓ + 10(t+1) + 1, … + 2]; V = −K; every cache starts as zeros")
 
-    y = f.y
-    f.box(MARGIN, y, 104, 30, role="plain", label=f"{layers} layers")
-    f.box(MARGIN + 116, y, 110, 30, role="plain", label=f"L_max = {l_max}")
-    f.box(MARGIN + 238, y, 196, 30, role="plain", label="1 kv head, head_dim 2")
-    f.text(MARGIN + 450, y + 13, "K of layer ℓ, token t = [100ℓ + 10(t+1) + 1, … + 2]", size=SMALL + 1,
-           color=MUTED, cls="note")
-    f.text(MARGIN + 450, y + 28, "V = −K; every cache starts as zeros", size=SMALL + 1, color=MUTED, cls="note")
-    f.y = y + 30 + 34
-
-    label_w, cw, ch = 118, 94, 28
-    left = MARGIN + label_w
+    cw, ch = 88, 28
     length = 0
     for s, n in enumerate(steps):
         kind = "prefill" if s == 0 else f"decode step {s}"
         f.heading(f"{'①②③④⑤'[s] if s < 5 else s + 1} {kind}: append_kv(…, length={length}, n={n} new tokens)")
-        top = f.y + 16
-        for j in range(l_max):
-            f.text(left + j * cw + (cw - 6) / 2, top - 5, f"row {j}", size=SMALL + 1, anchor="middle",
-                   color=MUTED, mono=True, cls="label")
-        if s == 0:
-            f.arrow(left + l_max * cw + 2, top - 9, left + l_max * cw + 40, top - 9, width=1.1)
-            f.text(left + l_max * cw + 2, top - 16, "token axis", size=SMALL, color=MUTED, cls="label")
-        row_y = top
+        # One row of cells per layer and K/V, one column per cache row (token).
+        rows = [(layer, kv) for layer in range(layers) for kv in (0, 1)]
+        role = lambda i, j: "cached" if j < length else ("kv"[rows[i][1]] if j < length + n else "masked")
+        cache = f.matrix([[_pair(x, bad) for x, bad in zip(caches[layer][s][kv], wrong[layer][s][kv])]
+                          for layer, kv in rows], role=role, fmt=str,
+                         expected=[[_pair(x) or "·" for x in expected[layer][s][kv]] for layer, kv in rows],
+                         wrong=[wrong[layer][s][kv] for layer, kv in rows], w=cw, h=ch, gap=5,
+                         row_labels=[f"layer {layer} · {'KV'[kv]}" for layer, kv in rows],
+                         col_labels=[f"row {j}" for j in range(l_max)])
+        # Beside each layer's K row: the length its append_kv returned.
+        returned = []
         for layer in range(layers):
-            group_top = row_y
-            for kv, name, role in ((0, "K", "k"), (1, "V", "v")):
-                f.text(left - 10, row_y + ch / 2 + 4, f"layer {layer} · {name}", size=LABEL - 1, anchor="end",
-                       color=INK, cls="label")
-                got_rows, want_rows = caches[layer][s][kv], expected[layer][s][kv]
-                for j in range(l_max):
-                    got, want = got_rows[j], want_rows[j]
-                    x = left + j * cw
-                    if got != want:
-                        f.cell(x, row_y, _pair(got), w=cw - 6, h=ch, wrong=True,
-                               expected="·" if _is_empty(want) else _pair(want), fmt=str, size=VALUE - 1)
-                        continue
-                    if j < length:
-                        cell_role = "cached"
-                    elif j < length + n:
-                        cell_role = role
-                    else:
-                        cell_role = "masked"
-                    empty = cell_role == "masked" and _is_empty(got)
-                    f.cell(x, row_y, "" if empty else _pair(got), role=cell_role, w=cw - 6, h=ch, fmt=str,
-                           size=VALUE - 1, dashed=cell_role == "masked", bold=cell_role == role)
-                row_y += ch + 3
-            # The length this layer's append_kv returned, to the right of its two rows.
-            ret = lengths[layer][s]
-            want_len = length + n
-            rx = left + l_max * cw + 4
-            ok = ret == want_len
-            f.text(rx, group_top + ch / 2 + 5, f"→ {ret if ret is not None else '?'}", size=LABEL, mono=True,
-                   weight="bold", color=INK if ok else stroke("wrong"), cls="value" if ok else "value wrong")
-            f.text(rx, group_top + ch + 3 + ch / 2 + 4, "returned" if ok else f"expected {want_len}", size=SMALL,
-                   color=MUTED if ok else INK, cls="label" if ok else "expected")
-            row_y += 8
-        # The valid prefix after this step, as a bracket under the rows.
+            got = lengths[layer][s]
+            ok = got == length + n
+            returned += [(f"→ {'?' if got is None else got}",
+                          {"bold": True, "color": INK if ok else stroke("wrong"),
+                           "cls": "value" if ok else "value wrong"}),
+                         ("returned" if ok else f"expected {length + n}",
+                          {"color": MUTED if ok else INK, "cls": "label" if ok else "expected"})]
+        f.place(row(cache, f.table([[x] for x in returned], header=["token axis →" if s == 0 else ""], h=ch + 5,
+                                   size=LABEL_SMALL), gap=10), after=30)
         end = length + n
-        if end:
-            f.bracket(left, left + end * cw - 6, row_y - 4,
+        if end:  # the valid prefix after this step, as a bracket under the rows
+            x, y, _, h = cache.cell_box(len(rows) - 1, 0)
+            f.bracket(x, cache.cell_box(0, end - 1)[0] + cw, y + h + 4,
                       f"valid prefix: rows 0 … {end - 1} (length {end})" + (" — grew by 1 row" if s else ""))
-        f.y = row_y + 42
+        f.y += 12
         length = end
 
     f.note("Rows 0 … length − 1 are the sequence's tokens in order; each append writes rows length … "
            "length + n − 1 and nothing else. The two layers never share rows: layer 1's cache holds layer 1's "
-           "K/V (values 1xx), computed from layer 0's output.", size=SMALL + 1)
+           "K/V (values 1xx), computed from layer 0's output.", size=LABEL_SMALL)
     f.y += 4
+    wrong_any = any(any(any(kv) for kv in step) for layer in wrong for step in layer) or any(
+        got != sum(steps[:s + 1]) for layer in lengths for s, got in enumerate(layer))
     f.legend([("cached", "written by an earlier step"), ("k", "K appended by this step"),
               ("v", "V appended by this step"), ("masked", "free row, beyond the length")], wrong=wrong_any)
 
@@ -124,132 +91,86 @@ def decode_step_figure(f: Figure, r: dict) -> None:
     n = len(ids)
     pos = n - 1
     wrong_any = yours != want
+    f.instance_row([(f"len = {n}", "token"), (f"block_size = {bs}", "plain"), (f"block_table = {table}", "block")],
+                   note=f"nano-vllm's {table} example, with blocks of {bs} instead of 256")
 
-    # The instance.
-    y = f.y
-    f.box(MARGIN, y, 96, 30, role="token", label=f"len = {n}")
-    f.box(MARGIN + 108, y, 130, 30, role="plain", label=f"block_size = {bs}")
-    x = MARGIN + 262
-    f.text(x, y + 20, "block_table", size=LABEL, cls="label")
-    x += text_width("block_table", LABEL) + 12
-    for i, b in enumerate(table):
-        f.text(x + i * 40 + 18, y - 3, f"[{i}]", anchor="middle", size=SMALL, color=MUTED, mono=True, cls="label")
-        f.cell(x + i * 40, y, b, role="block", w=36, h=30)
-    f.text(x + len(table) * 40 + 8, y + 20, "nano-vllm's [7, 2] example, with blocks of 4 instead of 256",
-           size=SMALL + 1, color=MUTED, cls="note")
-    f.y = y + 30 + 34
-
-    # token_ids: cached prefix and the newest token.
+    # token_ids: the cached prefix and the newest token.
     f.heading("token_ids · the sequence as the scheduler holds it after the previous step")
-    cw, ch = 64, CELL
-    tx = MARGIN + 110
-    top = f.y + 16
-    f.text(tx - 10, top + ch / 2 + 4, "token id", size=SMALL + 1, anchor="end", color=MUTED, cls="label")
-    for j, t in enumerate(ids):
-        f.text(tx + j * cw + (cw - 6) / 2, top - 5, f"pos {j}", size=SMALL + 1, anchor="middle", color=MUTED,
-               mono=True, cls="label")
-        f.cell(tx + j * cw, top, t, role="cached" if j < pos else "new", w=cw - 6, h=ch, bold=j == pos)
-    _outline(f, tx + pos * cw - 2, top - 2, cw - 2, ch + 4, color=stroke("accent"))
+    tokens = f.matrix([ids], role=lambda i, j: "cached" if j < pos else "new", row_labels=["token id"], w=58,
+                      gap=6, col_labels=[f"pos {j}" for j in range(n)])
+    f.place(pad(tokens, left=50), after=60)
+    f.outline(*tokens.cell_box(0, pos), inset=-2)
+    x, y, w, h = tokens.cell_box(0, pos)
     if pos:
-        f.bracket(tx, tx + pos * cw - 6, top + ch + 4, f"{pos} tokens with K/V in the cache (num_cached = len − 1)")
-    f.text(tx + pos * cw + cw / 2 + 2, top + ch + 22, "sampled last step:", size=SMALL + 1, anchor="middle",
-           color=stroke("accent"), cls="label")
-    f.text(tx + pos * cw + cw / 2 + 2, top + ch + 36, "no K/V yet", size=SMALL + 1, anchor="middle",
-           color=stroke("accent"), cls="label")
-    f.y = top + ch + 62
+        f.bracket(tokens.cell_box(0, 0)[0], x - 6, y + h + 4,
+                  f"{pos} tokens with K/V in the cache (num_cached = len − 1)")
+    for k, line in enumerate(("sampled last step:", "no K/V yet")):
+        f.text(x + w / 2, y + h + 18 + 13 * k, line, size=LABEL_SMALL, anchor="middle", color=stroke("accent"),
+               cls="label")
 
-    # The four inputs, derived.
+    # The four inputs, each beside the rule that derives it.
     f.heading("your decode_inputs · what this step feeds the model")
     lb, off = divmod(pos, bs)
     phys = table[lb] if lb < len(table) else "?"
-    rows = [("input_id", "= token_ids[-1]  (the newest token)"),
-            ("position", f"= len − 1 = {n} − 1  (positions count from 0)"),
-            ("context_len", f"= len = {n}  (the cache entries attention reads, the new one included)"),
-            ("slot", f"= block_table[{pos} // {bs} = {lb}] · {bs} + {pos} % {bs} = {phys} · {bs} + {off}")]
-    top = f.y + 6
-    for i, (key, rule) in enumerate(rows):
-        yy = top + i * (ch + 6)
-        f.text(MARGIN + 96, yy + ch / 2 + 4, key, size=LABEL, anchor="end", mono=True, cls="label")
-        bad = yours[key] != want[key]
-        f.cell(MARGIN + 106, yy, yours[key], role="plain", w=70, h=ch, wrong=bad,
-               expected=want[key] if bad else None, bold=True)
-        f.text(MARGIN + 190, yy + ch / 2 + 4, rule, size=LABEL - 0.5, mono=True, color=MUTED, cls="label")
-    f.y = top + 4 * (ch + 6) + 16
+    keys = ("input_id", "position", "context_len", "slot")
+    rules = ["= token_ids[-1]  (the newest token)", f"= len − 1 = {n} − 1  (positions count from 0)",
+             f"= len = {n}  (the cache entries attention reads, the new one included)",
+             f"= block_table[{pos} // {bs} = {lb}] · {bs} + {pos} % {bs} = {phys} · {bs} + {off}"]
+    inputs = f.matrix([[yours[k]] for k in keys], expected=[[want[k]] for k in keys],
+                      wrong=[[yours[k] != want[k]] for k in keys], row_labels=keys, w=70, gap=6)
+    rules_text = f.table([[x] for x in rules], h=CELL + 6, size=LABEL - 0.5, mono=True, color=MUTED)
+    f.place(pad(row(inputs, pad(rules_text, top=-3), gap=14), left=30, top=4), after=40)
 
     # The sequence's blocks in the pool, the new token's slot, and what attention reads.
-    scw, gap = 70, 40
-    width = len(table) * bs * scw + (len(table) - 1) * gap
-    px = MARGIN + (f.width - 2 * MARGIN - width) / 2
-    py = f.y + 40
-    centers = {}
-    for i, b in enumerate(table):
-        bx = px + i * (bs * scw + gap)
-        f.text(bx + bs * scw / 2, py + ch + 40, f"block {b} = block_table[{i}]", size=SMALL + 1.5, anchor="middle",
-               color=INK, cls="label")
-        for o in range(bs):
-            p, s = i * bs + o, b * bs + o
-            x = bx + o * scw
-            centers[s] = x + (scw - 4) / 2
-            role = "cached" if p < pos else ("new" if p == pos else "masked")
-            label = f"pos {p}" if p <= pos else ""
-            f.cell(x, py, label, role=role, w=scw - 4, h=ch, fmt=str, dashed=role == "masked",
-                   bold=p == pos, size=VALUE - 1)
-            f.text(x + (scw - 4) / 2, py - 6, f"slot {s}", size=SMALL, anchor="middle", color=MUTED, mono=True,
-                   cls="label")
+    def role(i: int) -> Callable[[int, int], str]:  # logical block i's cells
+        return lambda _, o: "cached" if i * bs + o < pos else "new" if i * bs + o == pos else "masked"
+
+    blocks = [f.matrix([[f"pos {i * bs + o}" if i * bs + o <= pos else "" for o in range(bs)]], role=role(i), w=66,
+                       gap=4, fmt=str, col_labels=[f"slot {b * bs + o}" for o in range(bs)]) for i, b in enumerate(table)]
+    pool = column(row(*(column(grid, pad(f.label(f"block {b} = block_table[{i}]", color=INK), top=30), gap=0,
+                               align="center") for i, (grid, b) in enumerate(zip(blocks, table))), gap=40),
+                  f.label("the sequence's blocks in the pool (each cell: the position whose K/V it holds)",
+                          size=LABEL, color=INK, bold=True), gap=14, align="center")
+    f.place(pool, x=(f.width - pool.w) / 2, after=18)
+    cells = {b * bs + o: blocks[i].cell_box(0, o) for i, b in enumerate(table) for o in range(bs)}
+    # ① The curve from your slot to the cell it names; the right cell is outlined.
     slot = yours["slot"]
-    # ① The arrow from your slot to the cell it names; the right cell is outlined.
-    slot_row_y = top + 3 * (ch + 6)
-    if want["slot"] in centers:
-        _outline(f, centers[want["slot"]] - (scw - 4) / 2 - 2, py - 2, scw, ch + 4, color=stroke("accent"))
-    if slot in centers:
+    if want["slot"] in cells:
+        f.outline(*cells[want["slot"]], inset=-2)
+    if slot in cells:
+        x, y, w, _ = cells[slot]
+        ix, iy, iw, ih = inputs.cell_box(3, 0)
         color = stroke("accent") if slot == want["slot"] else stroke("wrong")
-        f.curve(MARGIN + 106 + 35, slot_row_y + ch, centers[slot], py - 18, color=color, width=1.3)
-        f.text(centers[slot] + 8, py - 21, "① store the new K/V here" if slot == want["slot"] else "① yours writes here",
-               size=SMALL + 1, color=color, cls="label")
+        f.curve(ix + iw / 2, iy + ih, x + w / 2, y - 20, color=color, width=1.3)
+        f.text(x + w / 2 + 8, y - 23, "① store the new K/V here" if slot == want["slot"] else "① yours writes here",
+               size=LABEL_SMALL, color=color, cls="label")
     # ② What attention reads: the first context_len positions, wherever their blocks are.
     ctx = yours["context_len"]
-    read = [table[p // bs] * bs + p % bs for p in range(min(ctx, len(table) * bs)) if p // bs < len(table)]
-    for i, b in enumerate(table):
-        in_block = [s for s in read if b * bs <= s < b * bs + bs]
-        if in_block:
-            x1 = centers[min(in_block)] - (scw - 4) / 2
-            x2 = centers[max(in_block)] + (scw - 4) / 2
-            f.bracket(x1, x2, py + ch + 4, f"② read by attention: {len(in_block)}")
-    f.y = py + ch + 66
-    f.heading("the sequence's blocks in the pool (each cell: the position whose K/V it holds)")
+    for i, grid in enumerate(blocks):
+        read = [o for o in range(bs) if i * bs + o < ctx]
+        if read:
+            x, y, _, h = grid.cell_box(0, read[0])
+            f.bracket(x, grid.cell_box(0, read[-1])[0] + grid.cw, y + h + 4, f"② read by attention: {len(read)}")
     expect_ctx = "" if ctx == want["context_len"] else f" (expected {want['context_len']})"
-    missing = "" if slot in centers else f" Your slot {slot} is in none of this sequence's blocks."
-    f.y += 2
+    missing = "" if slot in cells else f" Your slot {slot} is in none of this sequence's blocks."
     f.note(f"Attention reads context_len = {ctx} entries{expect_ctx}: the {pos} cached ones and the one this "
            f"step just wrote. The sampler then draws the token at position {n}; it joins token_ids without K/V, "
-           f"and the next step starts from len = {n + 1}.{missing}", size=SMALL + 1)
+           f"and the next step starts from len = {n + 1}.{missing}", size=LABEL_SMALL)
     f.y += 10
 
     examples = r.get("examples")
     if examples:
         f.heading("nano-vllm's examples (block_size 256) · your values")
-        cols = ["len", "block_table", "position", "context_len", "slot"]
-        widths = [70, 120, 100, 110, 100]
-        x0 = MARGIN + 20
-        top = f.y + 4
-        xs = [x0 + sum(widths[:k]) for k in range(len(cols))]
-        for k, c in enumerate(cols):
-            f.text(xs[k] + (widths[k] - 8) / 2, top + 10, c, size=SMALL + 1, anchor="middle", color=MUTED,
-                   mono=True, cls="label")
-        for i, e in enumerate(examples):
-            yy = top + 18 + i * (30 + 4)
-            f.cell(xs[0], yy, e["len"], role="plain", w=widths[0] - 8, h=30)
-            f.cell(xs[1], yy, str(e["table"]), role="plain", w=widths[1] - 8, h=30, fmt=str)
-            for k, key in enumerate(("position", "context_len", "slot"), start=2):
-                bad = e["yours"][key] != e["expected"][key]
-                f.cell(xs[k], yy, e["yours"][key], role="plain", w=widths[k] - 8,
-                       h=30, wrong=bad, expected=e["expected"][key] if bad else None, bold=key == "slot")
-            last = e["len"] - 1
-            f.text(xs[-1] + widths[-1] + 4, yy + 20,
-                   f"pos {last} → block_table[{last // 256}]·256 + {last % 256}", size=SMALL + 1, color=MUTED,
-                   mono=True, cls="label")
-            wrong_any = wrong_any or e["yours"] != e["expected"]
-        f.y = top + 18 + len(examples) * 34 + 22
+        cols = ("position", "context_len", "slot")
+        bad = [[False, False] + [e["yours"][c] != e["expected"][c] for c in cols] for e in examples]
+        grid = f.matrix([[e["len"], str(e["table"])] + [e["yours"][c] for c in cols] for e in examples],
+                        expected=[[e["len"], str(e["table"])] + [e["expected"][c] for c in cols] for e in examples],
+                        wrong=bad, col_labels=["len", "block_table", *cols], w=100, h=30, gap=8, fmt=str)
+        derivations = f.table([[f"pos {e['len'] - 1} → block_table[{(e['len'] - 1) // 256}]·256 + "
+                                f"{(e['len'] - 1) % 256}"] for e in examples], header=[""], h=38,
+                              size=LABEL_SMALL, mono=True, color=MUTED)
+        f.place(pad(row(grid, pad(derivations, top=-4), gap=12), left=20, top=8))  # on the cells' centres
+        wrong_any = wrong_any or any(any(b) for b in bad)
     f.legend([("cached", "token whose K/V is already in the cache"),
               ("new", "the newest token: computed and written this step"), ("masked", "free slot")],
              wrong=wrong_any)

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import Any, Callable, Sequence
 
 from figures import figure
-from figures.kit import Figure, num, text_width
-from figures.style import CELL, INK, LABEL, MARGIN, MUTED, RULE, SMALL, VALUE, fill, stroke
+from figures.kit import Figure, Grid, num, text_width
+from figures.layout import Part, column, pad, row, wide
+from figures.style import CELL, INK, LABEL, LABEL_SMALL, MARGIN, MUTED, RULE, SMALL, VALUE, fill, stroke
 
 NEG_INF = float("-inf")
-
-
-def _same(a: float, b: float, rtol: float = 1e-5, atol: float = 1e-6) -> bool:
-    if a == b:
-        return True
-    if not (math.isfinite(a) and math.isfinite(b)):
-        return False
-    return abs(a - b) <= atol + rtol * abs(b)
 
 
 def _p3(x) -> str:
@@ -34,29 +28,33 @@ def _n4(x) -> str:
     return num(x, 4)
 
 
-def _instance(f: Figure, items: list[tuple[str, str]]) -> None:
-    """The instance as a row of small labelled boxes."""
-    x, y = MARGIN, f.y
-    for role, label in items:
-        w = text_width(label, LABEL, mono=True) + 22
-        f.box(x, y, w, 28, role=role, label=label, mono=True)
-        x += w + 10
-    f.y = y + 28 + 30
+def _step(f: Figure, label_w: float, label: str, sub: str, values: Sequence[Any], *, col_w: float,
+          bold: bool = False, tokens: bool = False, **cells: Any) -> tuple[Part, Grid]:
+    """One step of a derivation: its name (and what it is, below) right-aligned in `label_w`, then one cell per
+    token (`cells`: the matrix's role, expected, wrong and fmt, for this one row); `tokens` labels the columns."""
+    grid = f.matrix([values], w=col_w - 6, gap=6, col_labels=[f"token {i}" for i in range(len(values))] if tokens
+                    else None, **cells)
+    text = column(f.label(label, size=LABEL, color=INK if bold else MUTED, bold=bold),
+                  f.label(sub, size=SMALL) if sub else None, gap=0, align="right")
+    return row(pad(text, left=label_w - text.w, top=grid.label_h + (CELL - text.h) / 2), grid, gap=12), grid
 
 
-def _row(f: Figure, y: float, left: float, col_w: float, label: str, values: list, *, expected: list | None = None,
-         role=lambda i, v: "token", fmt=num, bold: bool = False, sub: str = "") -> None:
-    """One labelled row of cells; a value that differs from `expected` is marked wrong."""
-    f.text(left - 12, y + (CELL / 2 + 4 if not sub else CELL / 2 - 2), label, anchor="end", size=LABEL,
-           cls="label", color=INK if bold else MUTED, weight="bold" if bold else "normal")
-    if sub:
-        f.text(left - 12, y + CELL / 2 + 11, sub, anchor="end", size=SMALL, cls="label", color=MUTED)
-    for i, v in enumerate(values):
-        want = expected[i] if expected is not None else v
-        bad = expected is not None and not _same(v, want)
-        f.cell(left + i * col_w, y, "" if v is None else v, role=role(i, v), w=col_w - 6, h=CELL, wrong=bad,
-               expected=want if bad else None, fmt=fmt, bold=bold)
+def _bars(f: Figure, values: Sequence[float], *, height: float, bar_w: float, gap: float, **bars: Any) -> Part:
+    """`Figure.bars` as a part, with room above for the tallest bar's value (the kit draws bars at coordinates)."""
+    return Part(len(values) * (bar_w + gap) - gap, 18 + height + 22,
+                lambda x, y: f.bars(x, y + 18, values, height=height, bar_w=bar_w, gap=gap, **bars) and None)
 
+
+def _row(values: Sequence[Any], wrong: Sequence[bool] | None = None, role: Callable[[int, Any], str] | None = None,
+         expected: Sequence[Any] | None = None) -> dict:
+    """The matrix arguments of one row of cells: the check's verdict per cell (`wrong`), and a role per token."""
+    cells: dict[str, Any] = {"role": (lambda _, j: role(j, values[j])) if role else "plain"}
+    if wrong is not None:
+        cells.update(expected=[expected], wrong=[wrong])
+    return cells
+
+
+# -- ch23.1 -------------------------------------------------------------------------------------------
 
 @figure("ch23-sampling-path", title="生成采样的概念路径",
         zh="一行 8 个 logits 依次经过:除以温度 T = 0.8 → top-k(k = 5)→ top-p(p = 0.8)→ softmax → "
@@ -70,64 +68,55 @@ def sampling_path(f: Figure, r: dict) -> None:
     logits, T, k, p = r["logits"], r["T"], r["k"], r["p"]
     V = len(logits)
     has_draw = "token" in r
-    _instance(f, [("plain", f"logits z: {V} tokens"), ("token", f"T = {num(T)}"), ("token", f"top_k = {k}"),
-                  ("token", f"top_p = {num(p)}")] + ([("plain", "noise E ~ Exp(1)")] if has_draw else []))
+    f.instance_row([(f"logits z: {V} tokens", "plain"), (f"T = {num(T)}", "token"), (f"top_k = {k}", "token"),
+                    (f"top_p = {num(p)}", "token")] + ([("noise E ~ Exp(1)", "plain")] if has_draw else []), mono=True)
 
     kth = sorted(r["scaled_expected"], reverse=True)[k - 1]
-    col_w, label_w = 68, 300
-    left = MARGIN + label_w
     kept = lambda i, v: "token" if v is not None and v != NEG_INF else "masked"
+    step = lambda *a, **kw: _step(f, 290, *a, col_w=68, **kw)[0]
     f.heading("每一步都是一行 · one row per step; ①②③ are your process_logits, ④ your row's softmax")
-    f.y += 4
-    for i in range(V):
-        f.text(left + i * col_w + (col_w - 6) / 2, f.y + 8, f"token {i}", anchor="middle", size=SMALL + 0.5,
-               color=MUTED, cls="label")
-    y = f.y + 16
-    step = CELL + 8
-    rows = [
-        ("logits z", "", r["logits"], None, lambda i, v: "plain", _n4, False),
-        (f"① z / T = z / {num(T)}", "process_logits(z, T)", r["scaled"], r["scaled_expected"], kept, _n4, True),
-        (f"② top-k = {k}: keep ≥ {num(kth)}", f"the {k}th largest of ①; + top_k", r["topk"], r["topk_expected"],
-         kept, _n4, True),
-        ("q = softmax(②)", "probabilities after top-k", [v if v > 0 else None for v in r["q"]], None,
-         lambda i, v: "plain" if v is not None else "masked", _p3, False),
-        ("mass of larger tokens", f"top-p keeps a token if < {num(p)}",
-         [None if v == NEG_INF else v for v in r["above"]], None,
-         lambda i, v: "masked" if v is None or v >= p else "plain", _p3, False),
-        (f"③ top-p = {num(p)}", "+ top_p", r["topp"], r["topp_expected"], kept, _n4, True),
-        ("④ p = softmax(③)", "the distribution sampled", r["probs"], r["probs_expected"],
-         lambda i, v: "token" if v > 0 else "masked", _p3, True),
-    ]
-    for label, sub, values, expected, role, fmt, bold in rows:
-        _row(f, y, left, col_w, label, values, expected=expected, role=role, fmt=fmt, bold=bold, sub=sub)
-        y += step
-    f.y = y
-    if has_draw:
-        scores, noise, token, want = r["race_scores"], r["noise"], r["token"], r["token_expected"]
-        _row(f, y, left, col_w, "noise E", noise, role=lambda i, v: "plain", fmt=num)
-        y += step
-        _row(f, y, left, col_w, "⑤ p / E", scores, sub="the race: the largest wins",
-             role=lambda i, v: "accent" if i == want else ("plain" if v > 0 else "masked"), fmt=_p3, bold=True)
-        wx = left + want * col_w + (col_w - 6) / 2
-        y += CELL + 16
-        f.arrow(wx, y - 14, wx, y + 6, color=stroke("accent"), width=1.6)
-        label = f"sample(③, T = 1, E) → token {token}"
-        w = text_width(label, VALUE, mono=True) + 28
-        f.cell(wx - w / 2, y + 8, label if token == want else f"token {token}", role="accent", w=w, h=CELL,
-               wrong=token != want, expected=f"token {want}", fmt=str, bold=True)
-        note = (f"p / E of token {want}: {_p3(r['race_p'][want])} / {num(noise[want])} = {_p3(scores[want])}; "
-                f"a filtered token has p = 0 and cannot win, whatever its noise.")
-        f.y = y + 8 + CELL + 24
-        f.note(note, size=SMALL + 1)
-        f.y += 6
+    q = [v if v > 0 else None for v in r["q"]]
+    above = [None if v == NEG_INF else v for v in r["above"]]
+    steps = [
+        step("logits z", "", logits, fmt=_n4, tokens=True, **_row(logits)),
+        step(f"① z / T = z / {num(T)}", "process_logits(z, T)", r["scaled"], bold=True, fmt=_n4,
+             **_row(r["scaled"], r["scaled_wrong"], kept, r["scaled_expected"])),
+        step(f"② top-k = {k}: keep ≥ {num(kth)}", f"the {k}th largest of ①; + top_k", r["topk"], bold=True, fmt=_n4,
+             **_row(r["topk"], r["topk_wrong"], kept, r["topk_expected"])),
+        step("q = softmax(②)", "probabilities after top-k", q, fmt=_p3,
+             **_row(q, role=lambda i, v: "plain" if v is not None else "masked")),
+        step("mass of larger tokens", f"top-p keeps a token if < {num(p)}", above, fmt=_p3,
+             **_row(above, role=lambda i, v: "masked" if v is None or v >= p else "plain")),
+        step(f"③ top-p = {num(p)}", "+ top_p", r["topp"], bold=True, fmt=_n4,
+             **_row(r["topp"], r["topp_wrong"], kept, r["topp_expected"])),
+        step("④ p = softmax(③)", "the distribution sampled", r["probs"], bold=True, fmt=_p3,
+             **_row(r["probs"], r["probs_wrong"], lambda i, v: "token" if v > 0 else "masked", r["probs_expected"]))]
+    wrong = any(any(r[f"{key}_wrong"]) for key in ("scaled", "topk", "topp", "probs"))
+    if not has_draw:
+        f.place(column(*steps, gap=8), after=6)
+        f.note("⑤ the race (p / E and the drawn token) is drawn once ch23.2 passes.", size=LABEL_SMALL)
     else:
-        f.y += 6
-        f.note("⑤ the race (p / E and the drawn token) is drawn once ch23.2 passes.", size=SMALL + 1)
-    wrong = any(not _same(a, b) for key in ("scaled", "topk", "topp", "probs")
-                for a, b in zip(r[key], r[key + "_expected"])) or (has_draw and r["token"] != r["token_expected"])
+        scores, noise, token, want = r["race_scores"], r["noise"], r["token"], r["token_expected"]
+        race, race_grid = _step(f, 290, "⑤ p / E", "the race: the largest wins", scores, col_w=68, bold=True, fmt=_p3,
+                                **_row(scores, role=lambda i, v: "accent" if i == want else "plain" if v > 0
+                                       else "masked"))
+        f.place(column(*steps, step("noise E", "", noise, fmt=num, **_row(noise)), race, gap=8), after=28)
+        # The winner, drawn below its column: yours, struck through where it is not the race's.
+        x, y, w, h = race_grid.cell_box(0, want)
+        label = f"sample(③, T = 1, E) → token {token}" if token == want else f"token {token}"
+        drawn = f.matrix([[label]], expected=[[f"token {want}"]], wrong=[[token != want]], fmt=str, role="accent",
+                         w=text_width(f"sample(③, T = 1, E) → token {want}", VALUE, mono=True) + 28)
+        f.arrow(x + w / 2, y + h + 4, x + w / 2, f.y - 2, color=stroke("accent"), width=1.6)
+        f.place(drawn, x=min(x + w / 2 - drawn.w / 2, f.width - MARGIN - drawn.w), after=24)
+        wrong = wrong or token != want
+        f.note(f"p / E of token {want}: {_p3(r['race_p'][want])} / {num(noise[want])} = {_p3(scores[want])}; "
+               f"a filtered token has p = 0 and cannot win, whatever its noise.", size=LABEL_SMALL)
+    f.y += 6
     f.legend([("token", "kept: z / T"), ("masked", "filtered: −∞, probability 0"),
               ("plain", "inputs and derivations"), ("accent", "the race's winner")], wrong=wrong)
 
+
+# -- ch23.2 -------------------------------------------------------------------------------------------
 
 @figure("ch23-exponential-race", title="本地 sampler 的指数竞赛",
         zh="指数竞赛:给每个 token 抽一个 E ~ Exp(1),取 argmax(p / E) = argmin(E / p),而不是 argmax(p)。"
@@ -141,98 +130,62 @@ def exponential_race(f: Figure, r: dict) -> None:
     logits, T, noise, p, scores = r["logits"], r["T"], r["noise"], r["p"], r["scores"]
     token, want = r["token"], r["token_expected"]
     V = len(logits)
-    _instance(f, [("plain", f"logits z = [{', '.join(num(x) for x in logits)}]"), ("token", f"T = {num(T)}"),
-                  ("plain", f"noise E = [{', '.join(num(x) for x in noise)}]")])
+    f.instance_row([(f"logits z = [{', '.join(num(x) for x in logits)}]", "plain"), (f"T = {num(T)}", "token"),
+                    (f"noise E = [{', '.join(num(x) for x in noise)}]", "plain")], mono=True)
 
     # The derivation, one column per token.
     f.heading("逐 token 推导 · per token")
-    col_w, label_w = 120, 250
-    left = MARGIN + label_w
-    for i in range(V):
-        f.text(left + i * col_w + (col_w - 6) / 2, f.y + 8, f"token {i}", anchor="middle", size=SMALL + 1,
-               color=MUTED, cls="label")
-    y, step = f.y + 16, CELL + 8
     top_p = max(range(V), key=lambda i: p[i])
-    rows = [("logits z", "", logits, lambda i, v: "plain", num),
-            (f"z / T = z / {num(T)}", "", [x / T for x in logits], lambda i, v: "plain", num),
-            ("p = softmax(z / T)", f"argmax p = token {top_p}", p,
-             lambda i, v: "token" if i == top_p else "plain", lambda v: f"{v:.6f}"),
-            ("E ~ Exp(1)", "the noise", noise, lambda i, v: "plain", num),
-            ("p / E", "the race: largest wins", scores, lambda i, v: "accent" if i == want else "plain",
-             lambda v: f"{v:.6f}")]
-    for label, sub, values, role, fmt in rows:
-        _row(f, y, left, col_w, label, values, role=role, fmt=fmt, bold=label == "p / E", sub=sub)
-        y += step
-    label = f"sample(z, T, E) → token {token}"
-    w = text_width(label, VALUE, mono=True) + 28
-    f.text(left - 12, y + CELL / 2 + 4, "your sample", anchor="end", size=LABEL, weight="bold", cls="label")
-    f.cell(left, y, label if token == want else f"token {token}", role="accent", w=w, h=CELL, wrong=token != want,
-           expected=f"token {want}", fmt=str, bold=True)
-    f.text(left + w + 12, y + CELL / 2 + 4,
-           f"p_{want} / E_{want} = {p[want]:.6f} / {num(noise[want])} = {scores[want]:.6f} is the largest",
-           size=SMALL + 1, color=MUTED, cls="note")
-    f.y = y + CELL + 30
+    six = lambda v: f"{v:.6f}"
+    step = lambda *a, **kw: _step(f, 236, *a, col_w=120, **kw)[0]
+    f.place(column(
+        step("logits z", "", logits, fmt=num, tokens=True, **_row(logits)),
+        step(f"z / T = z / {num(T)}", "", [x / T for x in logits], fmt=num, **_row(logits)),
+        step("p = softmax(z / T)", f"argmax p = token {top_p}", p, fmt=six,
+             **_row(p, role=lambda i, v: "token" if i == top_p else "plain")),
+        step("E ~ Exp(1)", "the noise", noise, fmt=num, **_row(noise)),
+        step("p / E", "the race: largest wins", scores, fmt=six, bold=True,
+             **_row(scores, role=lambda i, v: "accent" if i == want else "plain")), gap=8), after=8)
+    label = f"sample(z, T, E) → token {token}" if token == want else f"token {token}"
+    drawn = f.matrix([[label]], expected=[[f"token {want}"]], wrong=[[token != want]], fmt=str, role="accent",
+                     w=text_width(f"sample(z, T, E) → token {want}", VALUE, mono=True) + 28)
+    why = f.label(f"p_{want} / E_{want} = {p[want]:.6f} / {num(noise[want])} = {scores[want]:.6f} is the largest")
+    name = f.label("your sample", size=LABEL, color=INK, bold=True)
+    f.place(row(pad(name, left=236 - name.w), drawn, why, gap=12, align="middle"), after=30)
 
     # Two bar panels: p and p / E.
     f.heading("argmax p 与 argmax p / E 不是一回事 · the race is not argmax p")
-    f.y += 8
     half = (f.width - 2 * MARGIN) / 2
-    bar_w, gap = 56, 22
-    panel_w = V * (bar_w + gap) - gap
-    for j, (title, values, roles) in enumerate([
-            (f"p: the most likely token is {top_p}", p, ["token" if i == top_p else "plain" for i in range(V)]),
-            (f"p / E: token {token} {'wins (yours)' if token == want else '(yours)'}", scores,
-             ["accent" if i == want else "plain" for i in range(V)])]):
-        x0 = MARGIN + j * half + (half - panel_w) / 2
-        f.text(x0 + panel_w / 2, f.y + 4, title, anchor="middle", size=LABEL, cls="label",
-               color=stroke("wrong") if j == 1 and token != want else INK)
-        f.bars(x0, f.y + 30, values, labels=[f"token {i}" for i in range(V)], height=110, bar_w=bar_w, gap=gap,
-               role=roles, fmt=lambda v: f"{v:.3f}")
-        if j == 1 and token != want and 0 <= token < V:
-            f.text(x0 + token * (bar_w + gap) + bar_w / 2, f.y + 30 + 110 + 30, "▲ yours", anchor="middle",
-                   size=SMALL + 1, color=stroke("wrong"), weight="bold", cls="label wrong-pick")
-    f.y += 30 + 110 + 58
+    bar: dict[str, Any] = dict(height=110, bar_w=56, gap=22, labels=[f"token {i}" for i in range(V)], fmt=lambda v: f"{v:.3f}")
+    panels = [f.titled(f"p: the most likely token is {top_p}",
+                       _bars(f, p, role=["token" if i == top_p else "plain" for i in range(V)], **bar)),
+              f.titled(f"p / E: token {token} {'wins (yours)' if token == want else '(yours)'}",
+                       _bars(f, scores, role=["accent" if i == want else "plain" for i in range(V)], **bar),
+                       color=stroke("wrong") if token != want else INK)]
+    placed = f.place(row(*(wide(pad(panel, left=(half - panel.w) / 2, top=8), half) for panel in panels), gap=0),
+                     after=36)
+    if token != want and 0 <= token < V:
+        right = panels[1]
+        f.text(right.right - right.w + token * (56 + 22) + 28, placed.bottom + 8, "▲ yours", anchor="middle",
+               size=LABEL_SMALL, color=stroke("wrong"), weight="bold", cls="label wrong-pick")
 
     # Many races: the empirical frequencies against p.
     if "counts" in r:
-        _race_frequencies(f, r["counts"], r["n"], p, r["chi2"], r["limit"])
+        _race_frequencies(f, r["counts"], r["n"], p, r["chi2"], r["limit"], r["intervals"], r["wrong"])
     else:
         f.note("The panel of many races is drawn once the check of many races passes its shape check.",
-               size=SMALL + 1)
+               size=LABEL_SMALL)
     f.legend([("token", "argmax p / how often a token won"), ("accent", "the race's winner"),
-              ("plain", "p and other values")], wrong=token != want or ("counts" in r and r["chi2"] > r["limit"]))
+              ("plain", "p and other values")], wrong=token != want or any(r.get("wrong", [])))
 
 
-def race_intervals(p: list[float], n: int, limit: float) -> list[float]:
-    """Half-width of each token's interval for its share of n races: √(limit · p(1 − p) / n).
-
-    It is the chi-square test's own bound, token by token: Σ (count − N·p)² / (N·p) ≤ limit allows
-    one token's count at most √limit standard deviations √(N·p·(1 − p)) from N·p, so a share
-    outside p ± this half-width fails the test on its own (and in a passing run every share is
-    inside its interval)."""
-    return [math.sqrt(limit * pi * (1 - pi) / n) for pi in p]
-
-
-def race_outliers(counts: list[int], n: int, p: list[float], chi2: float, limit: float) -> list[int]:
-    """The tokens the figure marks: those whose share is outside its interval, or, when the test
-    fails with every share inside, the token furthest off in standard deviations."""
-    if chi2 <= limit:
-        return []
-    half = race_intervals(p, n, limit)
-    out = [i for i, (c, pi, h) in enumerate(zip(counts, p, half)) if abs(c / n - pi) > h]
-    if out:
-        return out
-    sd = [math.sqrt(pi * (1 - pi) / n) for pi in p]
-    return [max(range(len(p)), key=lambda i: abs(counts[i] / n - p[i]) / sd[i] if sd[i] > 0 else 0.0)]
-
-
-def _race_frequencies(f: Figure, counts: list[int], n: int, p: list[float], chi2: float, limit: float) -> None:
-    """Per token: the bar of p, the bar of how often it won, and on the latter the interval the
-    chi-square test allows it; a share outside it is marked wrong (yours struck, expected below)."""
+def _race_frequencies(f: Figure, counts: list[int], n: int, p: list[float], chi2: float, limit: float,
+                      half: list[float], marked: list[bool]) -> None:
+    """Per token: the bar of p, the bar of how often it won, and on the latter the interval the chi-square test
+    allows it (`half`: half-widths); a token the check's verdict falls on (`marked`) is drawn wrong (yours struck,
+    expected below)."""
     V = len(p)
     freq = [c / n for c in counts]
-    half = race_intervals(p, n, limit)
-    marked = race_outliers(counts, n, p, chi2, limit)
     ok = chi2 <= limit
     f.heading(f"{n} 次竞赛(固定种子)· {n} races from a fixed seed: how often each token won, against p")
     f.y += 8
@@ -240,22 +193,19 @@ def _race_frequencies(f: Figure, counts: list[int], n: int, p: list[float], chi2
     total = V * (2 * bw + g) + (V - 1) * group_gap
     x0 = MARGIN + (f.width - 2 * MARGIN - total) / 2
     top = max([pi + h for pi, h in zip(p, half)] + freq + [1e-12])
-    base = f.y + (44 if marked else 30) + height
+    base = f.y + (44 if any(marked) else 30) + height
     ys = lambda v: base - height * max(v, 0) / top
     for i in range(V):
         gx = x0 + i * (2 * bw + g + group_gap)
         wx = gx + bw + g
-        bad = i in marked
+        bad = marked[i]
         # p
         f.dwg.add(f.dwg.rect((gx, ys(p[i])), (bw, base - ys(p[i])), fill=fill("plain"), stroke=stroke("plain"),
                              stroke_width=1, class_="bar"))
         f.text(gx + bw / 2, ys(p[i]) - 5, f"{p[i]:.3f}", size=SMALL, anchor="middle", mono=True, cls="value")
         # how often it won; where it should be (dashed) when it is marked
         if bad:
-            outline = f.dwg.rect((wx, ys(p[i])), (bw, base - ys(p[i])), fill="none", stroke=INK, stroke_width=1,
-                                 class_="expected-bar")
-            outline["stroke-dasharray"] = "3,2"
-            f.dwg.add(outline)
+            f.outline(wx, ys(p[i]), bw, base - ys(p[i]), color=INK, width=1, dashed=True, cls="expected-bar")
         f.dwg.add(f.dwg.rect((wx, ys(freq[i])), (bw, base - ys(freq[i])),
                              fill="url(#hatch-wrong)" if bad else fill("token"),
                              stroke=stroke("wrong") if bad else stroke("token"), stroke_width=1.5 if bad else 1,
@@ -275,7 +225,7 @@ def _race_frequencies(f: Figure, counts: list[int], n: int, p: list[float], chi2
             f.text(cx, label_y, f"{freq[i]:.3f}", size=SMALL, anchor="middle", mono=True, cls="value")
         for x, label in ((gx, "p"), (wx, "won")):
             f.text(x + bw / 2, base + 15, label, size=SMALL + 0.5, anchor="middle", color=MUTED, cls="label")
-        f.text(wx - g / 2, base + 32, f"token {i}: {counts[i]} of {n}", anchor="middle", size=SMALL + 1, color=INK,
+        f.text(wx - g / 2, base + 32, f"token {i}: {counts[i]} of {n}", anchor="middle", size=LABEL_SMALL, color=INK,
                cls="label")
     f.dwg.add(f.dwg.line((x0 - 4, base), (x0 + total + 4, base), stroke=RULE, stroke_width=1))
     f.y = base + 56
@@ -284,12 +234,13 @@ def _race_frequencies(f: Figure, counts: list[int], n: int, p: list[float], chi2
             f"{limit:.1f} with probability < 1e-6; {V - 1} degrees of freedom). The whisker on each won bar is "
             f"p ± √({limit:.1f} · p(1 − p) / N): a share outside it alone exceeds the limit")
     if not ok:
-        off = [i for i in marked if abs(freq[i] - p[i]) > half[i]]
-        names = _tokens_phrase(marked)
-        one = len(marked) == 1
+        tokens = [i for i in range(V) if marked[i]]
+        off = [i for i in tokens if abs(freq[i] - p[i]) > half[i]]
+        names = _tokens_phrase(tokens)
+        one = len(tokens) == 1
         text += (f"; {names} {'is' if one else 'are'} outside {'its interval' if one else 'their intervals'}" if off
                  else f"; every share is inside its interval, but together they exceed it: {names} is furthest off")
-    f.note(text + ".", size=SMALL + 1, color=MUTED if ok else stroke("wrong"))
+    f.note(text + ".", size=LABEL_SMALL, color=MUTED if ok else stroke("wrong"))
 
 
 def _tokens_phrase(tokens: list[int]) -> str:

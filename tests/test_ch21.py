@@ -7,6 +7,7 @@ import pytest
 import torch
 from mutate import mutant_grader, result, statuses, wrong_elements
 
+from grader.authoring import vec
 from grader.checks import ch21 as checks
 from solutions import ch21_kv_cache as ref
 
@@ -20,18 +21,15 @@ def graded(tmp_path_factory):
 
 # -- 21.1 append_kv -----------------------------------------------------------------------------------
 def test_appending_at_row_zero_is_explained(graded):
-    report = graded("row_zero",
-                    # every append written from row 0, as if the cache were empty: decode steps overwrite the prompt
-                    ("k_cache[length:length + n] = k_new", "k_cache[:n] = k_new"),
-                    ("v_cache[length:length + n] = v_new", "v_cache[:n] = v_new"))
+    report = graded.mistake("row_zero")   # every append written from row 0: decode steps overwrite the prompt
     r = result(report, "figure instance", task="ch21.1")
     assert r.status == "failed"
     k0, _ = checks.growth_kv(0, 0, 1)
     k3, _ = checks.growth_kv(0, 3, 1)
     assert "layer 0, decode step 1: length=3, n=1, L_max=6" in r.message
-    assert f"k_cache row 0 holds a token cached before this append and must keep its K {checks.vec(k0[0])}" in r.message
-    assert f"yours holds {checks.vec(k3[0])}" in r.message
-    assert "hint: the new rows go after the 3 cached ones: write row length = 3, not row 0" in r.message
+    assert f"k_cache row 0 holds a token cached before this append and must keep its K {vec(k0[0])}" in r.message
+    assert f"yours holds {vec(k3[0])}" in r.message
+    assert r.hints == ["row_zero"]
     assert result(report, "rows beyond the new length", task="ch21.1").status == "failed"
     assert result(report, "agrees with transformers", task="ch21.1").status == "failed"
     # The prefill (length 0) is right even so, and appends of nothing change nothing.
@@ -41,30 +39,25 @@ def test_appending_at_row_zero_is_explained(graded):
 
 
 def test_returning_the_old_length_is_explained(graded):
-    report = graded("old_length",
-                    # the length before the append returned, so the caller never sees the cache grow
-                    ("return int(length + n)", "return int(length)"))
+    report = graded.mistake("old_length")   # the caller never sees the cache grow
     r = result(report, "figure instance", task="ch21.1")
     assert r.status == "failed"
     assert "layer 0, prefill: 0 cached + 3 new → the new length is 0 + 3 = 3; yours: 0" in r.message
-    assert "hint: return the new length length + n, not the length before the append" in r.message
+    assert r.hints == ["old_length"]
     dyn = result(report, "agrees with transformers", task="ch21.1")
     assert dyn.status == "failed" and "DynamicLayer holds 5 tokens; your append_kv returned the length 0" in dyn.message
     assert wrong_elements(report, "ch21-cache-growth"), "the returned lengths are marked"
 
 
 def test_clearing_the_rest_of_the_cache_is_explained(graded):
-    report = graded("clears_rest",
-                    # the rows after the new tokens zeroed "to keep the cache clean"
-                    ("    return int(length + n)", "    k_cache[length + n:] = 0\n    v_cache[length + n:] = 0\n"
-                                                     "    return int(length + n)"))
+    report = graded.mistake("clears_rest")   # the rows after the new tokens zeroed "to keep the cache clean"
     # Zeros where the cache already held zeros: the figure instance cannot tell.
     assert result(report, "figure instance", task="ch21.1").status == "passed"
     r = result(report, "rows beyond the new length", task="ch21.1")
     assert r.status == "failed"
     assert "k_cache row 5 is beyond the new length 5 and must keep its old value" in r.message
     assert "yours holds [0, 0, 0, 0" in r.message
-    assert "hint: the rows after length + n are not part of the sequence yet" in r.message
+    assert r.hints == ["clears_rest"]
 
 
 def test_overflow_without_an_error_is_caught(graded):
@@ -78,30 +71,25 @@ def test_overflow_without_an_error_is_caught(graded):
 
 # -- 21.2 decode_inputs -------------------------------------------------------------------------------
 def test_position_len_is_explained(graded):
-    report = graded("position_len",
-                    # the newest token put at position len (nano-vllm's own bug before f5b4840)
-                    ("position = n - 1", "position = n"))
+    report = graded.mistake("position_len")   # nano-vllm's own bug before f5b4840
     r = result(report, "figure instance", task="ch21.2")
     assert r.status == "failed"
     want = ref.decode_inputs(checks.DECODE_TOKENS, checks.DECODE_TABLE, checks.DECODE_BS)
     n = len(checks.DECODE_TOKENS)
     assert f"position = len − 1 = {n} − 1 = {want['position']}; yours: {n}" in r.message
-    assert "hint: positions count from 0" in r.message
+    assert r.hints == ["position_len"]
     assert statuses(report, "ch21.1") == {"passed"}
     assert wrong_elements(report, "ch21-decode-step")
 
 
 def test_slot_of_the_previous_token_is_explained(graded):
-    report = graded("previous_slot",
-                    # the slot of the last token whose K/V is cached, not of the newest one
-                    ("logical, offset = divmod(position, block_size)",
-                     "logical, offset = divmod(position - 1, block_size)"))
+    report = graded.mistake("previous_slot")   # the slot of the last token whose K/V is cached
     r = result(report, "figure instance", task="ch21.2")
     assert r.status == "failed"
     want = ref.decode_inputs(checks.DECODE_TOKENS, checks.DECODE_TABLE, checks.DECODE_BS)
     prev = ref.decode_inputs(checks.DECODE_TOKENS[:-1], checks.DECODE_TABLE, checks.DECODE_BS)["slot"]
     assert f"block_table[1] = 2, so slot = 2·4 + 2 = {want['slot']}; yours: {prev}" in r.message
-    assert "hint: that is the slot of the previous token (position 5), whose K/V is already cached" in r.message
+    assert r.hints == ["previous_slot"]
     assert "position = " not in r.message, "only the slot is wrong"
     nano = result(report, "nano-vllm's examples", task="ch21.2")
     assert nano.status == "failed" and "= 555; yours: 554" in nano.message
@@ -110,26 +98,22 @@ def test_slot_of_the_previous_token_is_explained(graded):
 
 
 def test_context_without_the_newest_token_is_explained(graded):
-    report = graded("context_short",
-                    # context_len = len − 1: the newest token's K/V left out of attention
-                    ('"context_len": n,', '"context_len": n - 1,'))
+    report = graded.mistake("context_short")   # the newest token's K/V left out of attention
     r = result(report, "figure instance", task="ch21.2")
     assert r.status == "failed"
     assert "context_len = len = 7" in r.message and "yours: 6" in r.message
-    assert "hint: count the newest token too" in r.message
+    assert r.hints == ["context_short"]
     assert wrong_elements(report, "ch21-decode-step")
 
 
 def test_last_block_of_a_longer_table_is_explained(graded):
-    report = graded("table_last",
-                    # nano-vllm's block_table[-1]: right only when the table has exactly ceil(len / bs) blocks
-                    ("int(block_table[logical])", "int(block_table[-1])"))
+    report = graded.mistake("table_last")   # right only when the table has exactly ceil(len / bs) blocks
     assert result(report, "figure instance", task="ch21.2").status == "passed"
     assert result(report, "a whole generation", task="ch21.2").status == "passed"
     r = result(report, "a block table with a spare block", task="ch21.2")
     assert r.status == "failed"
     assert "block_table[1] = 0, so slot = 0·4 + 1 = 1; yours: 37" in r.message
-    assert "hint: block_table[-1] = 9 is the last block of the table, not the block of position 5" in r.message
+    assert r.hints == ["table_last"]
 
 
 def test_reference_decode_matches_nano_vllm_examples():

@@ -9,8 +9,10 @@ import pytest
 import torch
 from mutate import figure, mutant_grader, result, wrong_elements
 
+from grader.authoring import CheckFailed
 from grader.checks import ch23 as checks
 from grader.hidden import ch23 as hidden_checks
+from grader.hidden import ch23_models as models
 from solutions import ch23_sampling as ref
 
 SEED = 11
@@ -25,46 +27,37 @@ def graded(tmp_path_factory):
 
 # -- 23.1 process_logits ------------------------------------------------------------------------
 def test_temperature_multiplied_is_explained(graded):
-    report = graded("temperature_multiplied",
-                    # the logits multiplied by the temperature instead of divided
-                    ("z = logits.to(torch.float32) / temp", "z = logits.to(torch.float32) * temp"))
+    report = graded.mistake("temperature_multiplied")
     r = result(report, "figure instance: one row of 8 logits")
     assert r.status == "failed"
     assert "token 0: logits / T = 1.2 / 0.8 = 1.5" in r.message
     assert "yours: 0.96" in r.message
-    assert "hint: divide by the temperature" in r.message
+    assert r.hints == ["temperature_multiplied"]
     assert {x.task for x in report.results if x.status != "passed"} == {"ch23.1"}, "sample is correct in this mutant"
     assert wrong_elements(report, "ch23-sampling-path")
 
 
 def test_topk_keeping_one_more_is_explained(graded):
-    report = graded("topk_off_by_one",
-                    # the threshold read at index k instead of k − 1: top-k keeps k + 1 entries
-                    ("gather(1, (k - 1)[:, None])", "gather(1, k.clamp(max=V - 1)[:, None])"))
+    report = graded.mistake("topk_off_by_one")   # the threshold read at index k: top-k keeps k + 1 entries
     r = result(report, "figure instance: one row of 8 logits")
     assert r.status == "failed"
     kth = sorted((torch.tensor(checks.PATH_LOGITS) / checks.PATH_T).tolist(), reverse=True)[checks.PATH_K - 1]
     assert "token 4 (logits / T = 0.375) should be −∞" in r.message
     assert f"the {checks.PATH_K}th largest value of logits / T" in r.message and f"< {kth:g}" in r.message
     assert "yours: 0.375" in r.message
-    assert f"yours kept {checks.PATH_K + 1}" in r.message
+    assert r.hints == ["topk_off_by_one"]
     assert wrong_elements(report, "ch23-sampling-path")
     k1 = result(report, "k = 1 leaves only the row max")
-    assert k1.status == "failed" and "yours kept 2" in k1.message
+    assert k1.status == "failed" and k1.hints == ["topk_off_by_one"]
 
 
 def test_topp_dropping_the_crossing_token_is_explained(graded):
-    report = graded("topp_drops_crossing",
-                    # top-p keeps tokens only while the running total stays within p: the crossing token is lost
-                    ("ascending, order = z.sort(dim=-1)\n        mass = ascending",
-                     "descending, order = z.sort(dim=-1, descending=True)\n        mass = descending"),
-                    ("drop = mass <= (1 - p)[:, None]", "drop = mass > p[:, None]"),
-                    ("drop[:, -1] = False", "drop[:, 0] = False"))
+    report = graded.mistake("crossing_dropped")   # top-p keeps tokens only while the running total stays within p
     r = result(report, "top-p keeps the token that crosses p")
     assert r.status == "failed"
     assert "token 1" in r.message and "the larger tokens hold 0.5 < top_p = 0.6, so top-p keeps it" in r.message
     assert "yours: −∞" in r.message
-    assert "hint: the entry whose probability crosses top_p stays" in r.message
+    assert r.hints == ["crossing_dropped"]
     assert wrong_elements(report, "ch23-sampling-path")
     # The figure marks token 3 of the top-p row: kept by the reference, −∞ in this mutant.
     drawn = figure(report, "ch23-sampling-path").iter()
@@ -80,16 +73,14 @@ def test_a_kept_entry_where_minus_infinity_is_expected_is_caught():
 
 # -- 23.2 sample --------------------------------------------------------------------------------
 def test_argmax_p_is_explained(graded):
-    report = graded("argmax_p",
-                    # the most likely token, argmax(p), instead of the race argmax(p / E)
-                    ("(probs / noise.to(torch.float32).clamp_min(1e-10))", "probs"))
+    report = graded.mistake("argmax_p")   # the most likely token instead of the race argmax(p / E)
     r = result(report, "figure instance: logits [2, 1, 0]")
     assert r.status == "failed"
     assert "p / E = [0.2889, 2.346, 0.01588]" in r.message
     assert "so the race draws token 1; yours: token 0" in r.message
-    assert "hint: the race takes argmax(p / E), not argmax(p)" in r.message
+    assert r.hints == ["argmax_p"]
     chi = result(report, "chi-square")
-    assert chi.status == "failed" and "likely cause: your tokens are those of argmax(p)" in chi.message
+    assert chi.status == "failed" and chi.hints == ["argmax_p"]
     assert wrong_elements(report, "ch23-exponential-race")
     assert {x.task for x in report.results if x.status != "passed"} == {"ch23.2"}
     # argmax(p) wins every race with token 0: all three shares are outside their intervals
@@ -98,21 +89,16 @@ def test_argmax_p_is_explained(graded):
 
 
 def test_noise_divided_by_p_is_explained(graded):
-    report = graded("noise_over_p",
-                    # the race upside down: argmax(E / p) instead of argmax(p / E)
-                    ("(probs / noise.to(torch.float32).clamp_min(1e-10))",
-                     "(noise.to(torch.float32).clamp_min(1e-10) / probs)"))
+    report = graded.mistake("noise_over_p")   # the race upside down: argmax(E / p)
     r = result(report, "figure instance: logits [2, 1, 0]")
     assert r.status == "failed"
     assert "yours: token 2 (p / E = 0.01588 / 1 = 0.01588)" in r.message
-    assert "hint: divide p by the noise" in r.message
+    assert r.hints == ["noise_over_p"]
     assert wrong_elements(report, "ch23-exponential-race")
 
 
 def test_temperature_left_out_of_the_race_fails_the_chi_square_test(graded):
-    report = graded("sample_ignores_temperature",
-                    # the race run on softmax(logits): the temperature left out of sample
-                    ("(logits.to(torch.float32) / temp[:, None]).softmax", "logits.to(torch.float32).softmax"))
+    report = graded.mistake("race_temperature_ignored")   # the race run on softmax(logits)
     # T = 0.5 does not change the winner of the figure instance, so only the statistics expose it.
     assert result(report, "figure instance: logits [2, 1, 0]").status == "passed"
     chi = result(report, "chi-square")
@@ -121,23 +107,20 @@ def test_temperature_left_out_of_the_race_fails_the_chi_square_test(graded):
     worst = int(p.argmax())   # the temperature sharpens towards the largest logit; leaving it out starves it
     assert f"token {worst} was drawn" in chi.message and f"{float(p[worst]):.4g}" in chi.message
     assert f"> {checks.chi2_threshold(len(hidden_checks.CHI_LOGITS) - 1):.4g}" in chi.message
-    assert "temperature left out" in chi.message
+    assert chi.hints == ["race_temperature_ignored"]
     assert _marked_tokens(report) == _outside_their_intervals(report) == [0, 1, 2], \
         "the panel of many races marks every token whose share of wins is outside its interval"
     _assert_yours_above_expected(report)
 
 
 def test_a_sampler_with_its_own_randomness_passes_statistics_but_not_the_race(graded):
-    report = graded("multinomial",
-                    # torch.multinomial: the right distribution, but its own randomness instead of the noise given
-                    ("(probs / noise.to(torch.float32).clamp_min(1e-10)).argmax(dim=-1)",
-                     "torch.multinomial(probs, 1)[:, 0]"))
+    report = graded.mistake("own_randomness")   # torch.multinomial: the right distribution, its own randomness
     assert result(report, "chi-square").status == "passed"
     exact = result(report, "random batches: exact agreement")
     assert exact.status == "failed"
     assert "one row, repeated 16 times" in exact.message
     assert "have the same logits, T and noise, yet yours drew token" in exact.message
-    assert f"hint: {checks.OWN_NOISE_HINT}" in exact.message
+    assert exact.hints == ["own_randomness"]
 
 
 def test_an_unknown_deterministic_sampler_gets_the_derivation_and_no_hint(graded):
@@ -147,7 +130,7 @@ def test_an_unknown_deterministic_sampler_gets_the_derivation_and_no_hint(graded
                      "(probs / noise.to(torch.float32).clamp_min(1e-10)).argmin(dim=-1)"))
     failed = [r for r in report.results if r.task == "ch23.2" and r.status == "failed" and "race draws token" in r.message]
     assert failed
-    assert not [r.name for r in failed if f"hint: {checks.OWN_NOISE_HINT}" in r.message]
+    assert not [r.name for r in failed if "own_randomness" in r.hints]
 
 
 def test_equivalent_formulations_pass_every_check(graded):
@@ -177,6 +160,33 @@ def test_equivalent_formulations_pass_every_check(graded):
     assert not wrong_elements(report, "ch23-exponential-race") and _outside_their_intervals(report) == []
     won = [el for el in figure(report, "ch23-exponential-race").iter() if el.get("class") == "bar won"]
     assert len(won) == len(report.records["ch23-exponential-race"]["p"])
+
+
+def test_a_race_that_ignores_or_multiplies_the_temperature_is_named_once():
+    """One row where leaving T out and multiplying by it both draw token 1 (the race draws token 0): the hint
+    names the temperature without guessing which of the two mistakes it is."""
+    logits, temp, noise = torch.tensor([[2.0, 1.0, 0.0]]), torch.tensor([0.5]), torch.tensor([[1.0, 0.25, 5.0]])
+    variants = models.race_variants(None, logits, temp, noise)
+    assert int(variants["the race on softmax(logits · T)"][0]) == 1 == \
+        int(variants["the race on softmax(logits) (temperature left out)"][0])
+    with pytest.raises(CheckFailed) as e:
+        checks.expect_tokens(torch.tensor([1]), logits, temp, noise, variants=variants)
+    assert "so the race draws token 0; yours: token 1" in str(e.value)
+    assert e.value.hints == ["race_temperature"]
+
+
+def test_every_row_drawing_the_same_token_is_named():
+    """A sampler that draws one token for every race (one row's noise for all): no known sampler matches, the
+    goodness-of-fit test fails, and the hint says why."""
+    n = 2000
+    logits, temp = torch.tensor([checks.RACE_LOGITS]).expand(n, 3), torch.full((n,), checks.RACE_T)
+    noise = torch.empty(n, 3).exponential_(generator=torch.Generator().manual_seed(5))
+    tokens = torch.ones(n, dtype=torch.int64)
+    with pytest.raises(CheckFailed) as e:
+        checks.expect_distribution(tokens, checks.RACE_LOGITS, checks.RACE_T, noise, case="every race",
+                                   variants=models.race_variants(None, logits, temp, noise))
+    assert "token 1 was drawn 2000 times" in str(e.value)
+    assert e.value.hints == ["same_token"]
 
 
 # -- the figure's panel of many races -----------------------------------------------------------------

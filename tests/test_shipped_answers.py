@@ -285,8 +285,8 @@ def functions():
 
 def test_the_scan_sees_the_shipped_code(functions):
     modules = {n.split(":")[0] for n, _ in functions}
-    assert len(functions) > 300 and "grader.checks.ch22_flash:explain_flash" in {n for n, _ in functions}
-    assert {"grader.checks.ch22_flash", "grader.checks.ch25_blocks", "figures.ch22", "grader.lab.ch26"} <= modules
+    assert len(functions) > 300 and "grader.checks.ch22_explain:explain_flash" in {n for n, _ in functions}
+    assert {"grader.checks.ch22_explain", "grader.checks.ch25_blocks", "figures.ch22", "grader.lab.ch26"} <= modules
 
 
 @pytest.mark.parametrize("ch", CHAPTERS, ids=[ch.id for ch in CHAPTERS])
@@ -300,6 +300,6 @@ def test_the_scan_finds_a_closed_form_answer(functions):
     """The scan can fail: a closed-form FlashAttention in a shipped module is caught."""
     from grader.hidden import ch22_models
 
-    planted = [("grader.checks.ch22_flash:flash_model", ch22_models.flash_model)]
+    planted = [("grader.checks.ch22_explain:flash_model", ch22_models.flash_model)]
     found = answers_made_by_shipped_code(chapters.find("ch22"), planted)
-    assert ("flash_attention", "grader.checks.ch22_flash:flash_model") in found
+    assert ("flash_attention", "grader.checks.ch22_explain:flash_model") in found

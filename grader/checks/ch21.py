@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, describe, expect_int, expect_tensor, fmt, public, wrong_mask
+from grader.authoring import (
+    CheckFailed,
+    Trial,
+    describe,
+    expect_int,
+    expect_tensor,
+    mistakes,
+    public,
+    short,
+    vec,
+    wrong_mask,
+)
 
 # ch21-cache-growth: two layers, each with its own cache of L_max 6 rows, one K/V head of width 2;
 # a prefill of 3 tokens, then two decode steps of one token each.
@@ -16,117 +27,19 @@ DECODE_TOKENS, DECODE_TABLE, DECODE_BS = [5, 9, 2, 8, 4, 6, 3], [7, 2], 4
 NANO_EXAMPLES = [(300, [7, 2]), (10, [5])]
 
 DECODE_KEYS = ("input_id", "position", "context_len", "slot")
+M = mistakes("ch21")
 
 
-def vec(x: torch.Tensor) -> str:
-    flat = x.reshape(-1).tolist()
-    return "[" + ", ".join(fmt(v) for v in flat[:6]) + (", …]" if len(flat) > 6 else "]")
-
-
-# -- 21.1 append_kv -----------------------------------------------------------------------------------
-
-def growth_kv(layer: int, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Readable K/V for the figure: layer ℓ's token t has K = [100ℓ + 10(t+1) + 1, … + 2] and V = −K."""
-    t = torch.arange(start + 1, start + n + 1, dtype=torch.float32)[:, None] * 10 + 100 * layer
-    k = (t + torch.tensor([1.0, 2.0]))[:, None, :]
-    return k, -k
-
-
-def append_hint(got: torch.Tensor, want: torch.Tensor, before: torch.Tensor, new: torch.Tensor,
-                other_new: torch.Tensor, length: int) -> str:
-    """The misconception a wrong cache most likely comes from ('' when none fits)."""
-    n, L = new.shape[0], got.shape[0]
-    if n and torch.equal(got[length:length + n], other_new.to(got.dtype)):
-        return "k_new goes into k_cache and v_new into v_cache"
-    if n and length and torch.equal(got[:n], new.to(got.dtype)):
-        rows = f"row length = {length}, not row 0" if n == 1 else \
-            f"rows length … length + n − 1 = {length} … {length + n - 1}, not 0 … {n - 1}"
-        return f"the new rows go after the {length} cached ones: write {rows} (that overwrites cached tokens)"
-    if n and length and torch.equal(got[length - 1:length - 1 + n], new.to(got.dtype)):
-        return f"rows 0 … length − 1 are taken: the first free row is row length = {length}, not {length - 1}"
-    if n and length + n < L and torch.equal(got[length + 1:length + 1 + n], new.to(got.dtype)):
-        return f"the first free row is row length = {length}; you left it empty and started at {length + 1}"
-    rest = slice(length + n, L)
-    if L > length + n and not torch.equal(got[rest], before[rest]) and torch.equal(got[:length + n], want[:length + n]):
-        return ("the rows after length + n are not part of the sequence yet: leave them exactly as they were "
-                "(clearing or rewriting them costs a write of the whole cache every step)")
-    return ""
-
-
-def explain_append(label: str, got_k: torch.Tensor, got_v: torch.Tensor, want_k: torch.Tensor,
-                   want_v: torch.Tensor, before_k: torch.Tensor, before_v: torch.Tensor, k_new: torch.Tensor,
-                   v_new: torch.Tensor, length: int) -> None:
-    """Require both caches to equal the expected ones, explaining the first wrong row in token terms."""
-    n = k_new.shape[0]
-    for name, got, want, before, new, other in (("k_cache", got_k, want_k, before_k, k_new, v_new),
-                                                ("v_cache", got_v, want_v, before_v, v_new, k_new)):
-        expect_tensor(got, what=name, shape=list(want.shape), dtype=want.dtype)
-        bad = wrong_mask(got, want).reshape(got.shape[0], -1).any(dim=1)
-        if not bad.any():
-            continue
-        r = int(bad.nonzero()[0])
-        kv = name[0].upper()
-        if length <= r < length + n:
-            what = (f"row {r} is new token {r - length} of this append (new rows go to length … length + n − 1 = "
-                    f"{length} … {length + n - 1}), so it should hold its {kv} {vec(want[r])}")
-        elif r < length:
-            what = f"row {r} holds a token cached before this append and must keep its {kv} {vec(want[r])}"
-        else:
-            what = f"row {r} is beyond the new length {length + n} and must keep its old value {vec(want[r])}"
-        lines = [f"{label}: length={length}, n={n}, L_max={got.shape[0]}",
-                 f"{name} {what}; yours holds {vec(got[r])}"]
-        hint = append_hint(got, want, before, new, other, length)
-        raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
-
-
-def explain_length(label: str, got, length: int, n: int) -> int:
-    """Require the returned length to be the Python int length + n."""
-    value = expect_int(got, what=f"append_kv's return value (the new length) {label}")
-    if value == length + n:
-        return value
-    hint = ""
-    if value == length:
-        hint = "return the new length length + n, not the length before the append"
-    elif value == n:
-        hint = "return the total length length + n, not the number of tokens appended"
-    elif value == length + n - 1:
-        hint = "length + n − 1 is the index of the last filled row; the length is one more"
-    msg = f"{label}: {length} cached + {n} new → the new length is {length} + {n} = {length + n}; yours: {value}"
-    raise CheckFailed(msg + (f"\nhint: {hint}" if hint and n else ""))
-
-
-def append_once(t: Trial, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int, k_new: torch.Tensor,
-                v_new: torch.Tensor, label: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """One call of the student's append_kv, compared with the reference; returns the caches it wrote."""
-    call = t.yours.append_kv.run(k_cache, v_cache, length, k_new, v_new, mutates=("k_cache", "v_cache"))
-    want_k, want_v = k_cache.clone(), v_cache.clone()
-    t.ref.append_kv(want_k, want_v, length, k_new, v_new)
-    explain_length(label, call.value, length, k_new.shape[0])
-    explain_append(label, call.args[0], call.args[1], want_k, want_v, k_cache, v_cache, k_new, v_new, length)
-    return call.args[0], call.args[1]
-
-
-def run_appends(t: Trial, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int, sizes: list[int],
-                what: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Several appends in a row, each into the caches the previous call wrote (random K/V)."""
-    _, heads, dim = k_cache.shape
-    for step, n in enumerate(sizes):
-        k_new = torch.randn(n, heads, dim, generator=t.rng).to(k_cache.dtype)
-        v_new = torch.randn(n, heads, dim, generator=t.rng).to(k_cache.dtype)
-        k_cache, v_cache = append_once(t, k_cache, v_cache, length, k_new, v_new,
-                                       f"{what}, append {step + 1} of {len(sizes)} (sizes {list(sizes)})")
-        length += n
-    return k_cache, v_cache
-
+# -- ch21.1 append_kv ---------------------------------------------------------------------------------
 
 @public("ch21.1", "figure instance: a prefill of 3, then two decode steps, in each of two layers")
 def growth_figure_instance(t: Trial) -> None:
     shape = (GROWTH_LMAX, 1, 2)
-    yours, expected, lengths, calls = [], [], [], []
+    yours, expected, wrong, lengths, calls = [], [], [], [], []
     for layer in range(GROWTH_LAYERS):
         k_cache, v_cache, want_k, want_v = (torch.zeros(shape) for _ in range(4))
         length = 0
-        snaps, want_snaps, returned = [], [], []
+        snaps, want_snaps, bad, returned = [], [], [], []
         for n in GROWTH_STEPS:
             k_new, v_new = growth_kv(layer, length, n)
             call = t.yours.append_kv.run(k_cache, v_cache, length, k_new, v_new, mutates=("k_cache", "v_cache"))
@@ -136,15 +49,17 @@ def growth_figure_instance(t: Trial) -> None:
             t.ref.append_kv(want_k, want_v, length, k_new, v_new)
             snaps.append([got_k[:, 0].tolist(), got_v[:, 0].tolist()])
             want_snaps.append([want_k[:, 0].tolist(), want_v[:, 0].tolist()])
+            bad.append([wrong_rows(got_k, want_k).tolist(), wrong_rows(got_v, want_v).tolist()])
             returned.append(call.value if type(call.value) is int else None)
             calls.append((layer, length, n, call, before, want_k.clone(), want_v.clone(), k_new, v_new))
             k_cache, v_cache = got_k, got_v      # the next step appends to the cache this one wrote
             length += n
         yours.append(snaps)
         expected.append(want_snaps)
+        wrong.append(bad)
         lengths.append(returned)
     t.figure("ch21-cache-growth", l_max=GROWTH_LMAX, steps=list(GROWTH_STEPS), caches=yours, expected=expected,
-             lengths=lengths)
+             wrong=wrong, lengths=lengths)
     for layer, length, n, call, (before_k, before_v), want_k, want_v, k_new, v_new in calls:
         label = f"layer {layer}, " + ("prefill" if length == 0 else f"decode step {length - GROWTH_STEPS[0] + 1}")
         explain_length(label, call.value, length, n)
@@ -172,98 +87,7 @@ def mismatched_heads(t: Trial) -> None:
                     because="k_new has 2 kv heads but the cache has 4")
 
 
-# -- 21.2 decode_inputs -------------------------------------------------------------------------------
-
-def expect_decode(got, token_ids: list[int], table: list[int], block_size: int) -> dict:
-    """Require a dict of the four Python ints; return it (values not yet compared)."""
-    if type(got) is not dict:
-        raise CheckFailed(f"expected a dict with keys {', '.join(DECODE_KEYS)}; yours: {describe(got)}")
-    missing = [k for k in DECODE_KEYS if k not in got]
-    if missing:
-        raise CheckFailed(f"the dict lacks {', '.join(missing)}; expected keys {', '.join(DECODE_KEYS)}, "
-                          f"yours: {', '.join(map(str, got))}")
-    return {k: expect_int(got[k], what=f"{k}") for k in DECODE_KEYS}
-
-
-def neighbour_slots(ref, token_ids: list[int], table: list[int], bs: int) -> dict:
-    """A driver of the reference: the slots of the positions before and after the newest token (None where the
-    reference refuses the sequence), for the hints of `explain_decode`."""
-    def slot(ids: list[int]) -> int | None:
-        try:
-            return ref.decode_inputs(ids, table, bs)["slot"]
-        except ValueError:
-            return None
-    return {"previous": slot(token_ids[:-1]), "next": slot(token_ids + token_ids[-1:])}
-
-
-def _tokens(ids: list[int]) -> str:
-    return str(ids) if len(ids) <= 10 else f"[{', '.join(map(str, ids[:4]))}, …, {', '.join(map(str, ids[-3:]))}]"
-
-
-def explain_decode(got: dict, want: dict, token_ids: list[int], table: list[int], bs: int, case: str,
-                   neighbours: dict) -> None:
-    """Explain every wrong value of the decode inputs, with a hint for the first (`neighbours`:
-    `t.ref.drive(neighbour_slots, token_ids, table, bs)`, asked before comparing)."""
-    n = len(token_ids)
-    pos = n - 1
-    wrong = [k for k in DECODE_KEYS if got[k] != want[k]]
-    if not wrong:
-        return
-    lines = [f"case \"{case}\": token_ids={_tokens(token_ids)} (len {n}), block_table={table}, block_size={bs}",
-             f"the newest token, token_ids[-1] = {token_ids[-1]}, was sampled by the previous step and has no K/V "
-             f"yet: this step computes it"]
-    hints = []
-    for k in wrong:
-        y = got[k]
-        if k == "input_id":
-            lines.append(f"input_id = token_ids[-1] = {want[k]}; yours: {y}")
-            if n > 1 and y == token_ids[-2]:
-                hints.append("token_ids[-2] is already cached; the step feeds the newest token, token_ids[-1]")
-        elif k == "position":
-            lines.append(f"position = len − 1 = {n} − 1 = {want[k]}; yours: {y}")
-            if y == n:
-                hints.append("positions count from 0: the newest of len tokens is at position len − 1 "
-                             "(nano-vllm itself had this off-by-one until commit f5b4840)")
-            elif y == n - 2:
-                hints.append("len − 2 is the previous token's position; token_ids already holds the newest token")
-        elif k == "context_len":
-            lines.append(f"context_len = len = {want[k]}: attention reads every cached entry, the newest one "
-                         f"included; yours: {y}")
-            if y == n - 1:
-                hints.append("count the newest token too: its K/V is written into the cache before attention "
-                             "reads it, so attention sees len entries")
-        else:
-            lb, off = divmod(pos, bs)
-            lines.append(f"position {pos} → logical block {pos} // {bs} = {lb}, offset {pos} % {bs} = {off}; "
-                         f"block_table[{lb}] = {table[lb]}, so slot = {table[lb]}·{bs} + {off} = {want[k]}; "
-                         f"yours: {y}")
-            fits = []  # every misconception this one slot fits; a hint only when it fits just one
-            if y == neighbours["previous"]:
-                fits.append(f"that is the slot of the previous token (position {pos - 1}), whose K/V is already "
-                            f"cached; this step writes the newest token's K/V, at position len − 1 = {pos}")
-            if y == neighbours["next"] or y == want[k] + 1:
-                fits.append(f"that is the slot of position len = {n}, where the next token will go; the newest "
-                            f"token is at position len − 1 = {pos}")
-            if y == pos:
-                fits.append("the slot uses the physical block from the block table, not the position")
-            if len(table) - 1 != lb and y == table[-1] * bs + off:
-                fits.append(f"block_table[-1] = {table[-1]} is the last block of the table, not the block of "
-                            f"position {pos}: use block_table[(len − 1) // block_size] (nano-vllm's table[-1] "
-                            f"works only because its table has exactly ceil(len / block_size) entries)")
-            if y == table[lb]:
-                fits.append("a slot is a row of the flat pool: block · block_size + offset, not the block id")
-            hints += fits if len(fits) == 1 else []
-    raise CheckFailed("\n".join(lines + ([f"hint: {hints[0]}"] if hints else [])))
-
-
-def run_decode_case(t: Trial, token_ids: list[int], table: list[int], block_size: int, case: str) -> dict:
-    got = expect_decode(t.yours.decode_inputs(list(token_ids), list(table), block_size), token_ids, table,
-                        block_size)
-    want = t.ref.decode_inputs(token_ids, table, block_size)
-    explain_decode(got, want, token_ids, table, block_size, case, t.ref.drive(neighbour_slots, token_ids, table,
-                                                                              block_size))
-    return got
-
+# -- ch21.2 decode_inputs -----------------------------------------------------------------------------
 
 @public("ch21.2", "figure instance: 7 tokens, block_table [7, 2], block_size 4")
 def decode_figure_instance(t: Trial) -> None:
@@ -305,3 +129,180 @@ def bad_decode_inputs(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.decode_inputs, [], [3], 4, because="an empty sequence has no token to decode")
     t.expect_raises(ValueError, t.yours.decode_inputs, [1, 2, 3, 4, 5], [3], 4,
                     because="position 4 is in logical block 1, but the table has only 1 block")
+
+
+# -- helpers of ch21.1: the caches an append wrote, explained ------------------------------------------------
+
+def growth_kv(layer: int, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Readable K/V for the figure: layer ℓ's token t has K = [100ℓ + 10(t+1) + 1, … + 2] and V = −K."""
+    t = torch.arange(start + 1, start + n + 1, dtype=torch.float32)[:, None] * 10 + 100 * layer
+    k = (t + torch.tensor([1.0, 2.0]))[:, None, :]
+    return k, -k
+
+
+def wrong_rows(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Per row of a cache (a token), whether any of its values differs: the verdict of `explain_append`."""
+    return wrong_mask(got, want).reshape(got.shape[0], -1).any(dim=1)
+
+
+def run_appends(t: Trial, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int, sizes: list[int],
+                what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Several appends in a row, each into the caches the previous call wrote (random K/V)."""
+    _, heads, dim = k_cache.shape
+    for step, n in enumerate(sizes):
+        k_new = torch.randn(n, heads, dim, generator=t.rng).to(k_cache.dtype)
+        v_new = torch.randn(n, heads, dim, generator=t.rng).to(k_cache.dtype)
+        k_cache, v_cache = append_once(t, k_cache, v_cache, length, k_new, v_new,
+                                       f"{what}, append {step + 1} of {len(sizes)} (sizes {list(sizes)})")
+        length += n
+    return k_cache, v_cache
+
+
+def append_once(t: Trial, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int, k_new: torch.Tensor,
+                v_new: torch.Tensor, label: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One call of the student's append_kv, compared with the reference; returns the caches it wrote."""
+    call = t.yours.append_kv.run(k_cache, v_cache, length, k_new, v_new, mutates=("k_cache", "v_cache"))
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    t.ref.append_kv(want_k, want_v, length, k_new, v_new)
+    explain_length(label, call.value, length, k_new.shape[0])
+    explain_append(label, call.args[0], call.args[1], want_k, want_v, k_cache, v_cache, k_new, v_new, length)
+    return call.args[0], call.args[1]
+
+
+def explain_length(label: str, got, length: int, n: int) -> int:
+    """Require the returned length to be the Python int length + n."""
+    value = expect_int(got, what=f"append_kv's return value (the new length) {label}")
+    if value == length + n:
+        return value
+    hint = (M.old_length if value == length else M.count_only if value == n
+            else M.last_index if value == length + n - 1 else "")
+    raise CheckFailed(f"{label}: {length} cached + {n} new → the new length is {length} + {n} = {length + n}; "
+                      f"yours: {value}", hint=hint if n else "")
+
+
+def explain_append(label: str, got_k: torch.Tensor, got_v: torch.Tensor, want_k: torch.Tensor,
+                   want_v: torch.Tensor, before_k: torch.Tensor, before_v: torch.Tensor, k_new: torch.Tensor,
+                   v_new: torch.Tensor, length: int) -> None:
+    """Require both caches to equal the expected ones, explaining the first wrong row in token terms."""
+    n = k_new.shape[0]
+    for name, got, want, before, new, other in (("k_cache", got_k, want_k, before_k, k_new, v_new),
+                                                ("v_cache", got_v, want_v, before_v, v_new, k_new)):
+        expect_tensor(got, what=name, shape=list(want.shape), dtype=want.dtype)
+        bad = wrong_rows(got, want)
+        if not bad.any():
+            continue
+        r = int(bad.nonzero()[0])
+        kv = name[0].upper()
+        if length <= r < length + n:
+            what = (f"row {r} is new token {r - length} of this append (new rows go to length … length + n − 1 = "
+                    f"{length} … {length + n - 1}), so it should hold its {kv} {vec(want[r])}")
+        elif r < length:
+            what = f"row {r} holds a token cached before this append and must keep its {kv} {vec(want[r])}"
+        else:
+            what = f"row {r} is beyond the new length {length + n} and must keep its old value {vec(want[r])}"
+        raise CheckFailed(f"{label}: length={length}, n={n}, L_max={got.shape[0]}",
+                          f"{name} {what}; yours holds {vec(got[r])}",
+                          hint=append_hint(got, want, before, new, other, length))
+
+
+def append_hint(got: torch.Tensor, want: torch.Tensor, before: torch.Tensor, new: torch.Tensor,
+                other_new: torch.Tensor, length: int) -> str:
+    """The misconception a wrong cache most likely comes from ('' when none fits)."""
+    n, L = new.shape[0], got.shape[0]
+    if n and torch.equal(got[length:length + n], other_new.to(got.dtype)):
+        return M.swapped_kv
+    if n and length and torch.equal(got[:n], new.to(got.dtype)):
+        rows = f"row length = {length}, not row 0" if n == 1 else \
+            f"rows length … length + n − 1 = {length} … {length + n - 1}, not 0 … {n - 1}"
+        return M.row_zero.format(length=length, rows=rows)
+    if n and length and torch.equal(got[length - 1:length - 1 + n], new.to(got.dtype)):
+        return M.one_early.format(length=length, before=length - 1)
+    if n and length + n < L and torch.equal(got[length + 1:length + 1 + n], new.to(got.dtype)):
+        return M.one_late.format(length=length, after=length + 1)
+    rest = slice(length + n, L)
+    if L > length + n and not torch.equal(got[rest], before[rest]) and torch.equal(got[:length + n], want[:length + n]):
+        return M.clears_rest
+    return ""
+
+
+# -- helpers of ch21.2: the four inputs of a decode step, explained --------------------------------------------
+
+def expect_decode(got, token_ids: list[int], table: list[int], block_size: int) -> dict:
+    """Require a dict of the four Python ints; return it (values not yet compared)."""
+    if type(got) is not dict:
+        raise CheckFailed(f"expected a dict with keys {', '.join(DECODE_KEYS)}; yours: {describe(got)}")
+    missing = [k for k in DECODE_KEYS if k not in got]
+    if missing:
+        raise CheckFailed(f"the dict lacks {', '.join(missing)}; expected keys {', '.join(DECODE_KEYS)}, "
+                          f"yours: {', '.join(map(str, got))}")
+    return {k: expect_int(got[k], what=f"{k}") for k in DECODE_KEYS}
+
+
+def neighbour_slots(ref, token_ids: list[int], table: list[int], bs: int) -> dict:
+    """A driver of the reference: the slots of the positions before and after the newest token (None where the
+    reference refuses the sequence), for the hints of `explain_decode`."""
+    def slot(ids: list[int]) -> int | None:
+        try:
+            return ref.decode_inputs(ids, table, bs)["slot"]
+        except ValueError:
+            return None
+    return {"previous": slot(token_ids[:-1]), "next": slot(token_ids + token_ids[-1:])}
+
+
+def run_decode_case(t: Trial, token_ids: list[int], table: list[int], block_size: int, case: str) -> dict:
+    got = expect_decode(t.yours.decode_inputs(list(token_ids), list(table), block_size), token_ids, table,
+                        block_size)
+    want = t.ref.decode_inputs(token_ids, table, block_size)
+    explain_decode(got, want, token_ids, table, block_size, case, t.ref.drive(neighbour_slots, token_ids, table,
+                                                                              block_size))
+    return got
+
+
+def explain_decode(got: dict, want: dict, token_ids: list[int], table: list[int], bs: int, case: str,
+                   neighbours: dict) -> None:
+    """Explain every wrong value of the decode inputs, with a hint for the first (`neighbours`:
+    `t.ref.drive(neighbour_slots, token_ids, table, bs)`, asked before comparing)."""
+    n = len(token_ids)
+    pos = n - 1
+    wrong = [k for k in DECODE_KEYS if got[k] != want[k]]
+    if not wrong:
+        return
+    lines = [f"case \"{case}\": token_ids={short(token_ids, limit=10)} (len {n}), block_table={table}, block_size={bs}",
+             f"the newest token, token_ids[-1] = {token_ids[-1]}, was sampled by the previous step and has no K/V "
+             f"yet: this step computes it"]
+    hints: list[str] = []
+    for k in wrong:
+        y = got[k]
+        if k == "input_id":
+            lines.append(f"input_id = token_ids[-1] = {want[k]}; yours: {y}")
+            if n > 1 and y == token_ids[-2]:
+                hints.append(M.previous_token)
+        elif k == "position":
+            lines.append(f"position = len − 1 = {n} − 1 = {want[k]}; yours: {y}")
+            if y == n:
+                hints.append(M.position_len)
+            elif y == n - 2:
+                hints.append(M.position_previous)
+        elif k == "context_len":
+            lines.append(f"context_len = len = {want[k]}: attention reads every cached entry, the newest one "
+                         f"included; yours: {y}")
+            if y == n - 1:
+                hints.append(M.context_short)
+        else:
+            lb, off = divmod(pos, bs)
+            lines.append(f"position {pos} → logical block {pos} // {bs} = {lb}, offset {pos} % {bs} = {off}; "
+                         f"block_table[{lb}] = {table[lb]}, so slot = {table[lb]}·{bs} + {off} = {want[k]}; "
+                         f"yours: {y}")
+            fits = []  # every misconception this one slot fits; a hint only when it fits just one
+            if y == neighbours["previous"]:
+                fits.append(M.previous_slot.format(previous=pos - 1, position=pos))
+            if y == neighbours["next"] or y == want[k] + 1:
+                fits.append(M.next_slot.format(n=n, position=pos))
+            if y == pos:
+                fits.append(M.position_as_slot)
+            if len(table) - 1 != lb and y == table[-1] * bs + off:
+                fits.append(M.table_last.format(last=table[-1], position=pos))
+            if y == table[lb]:
+                fits.append(M.block_id_as_slot)
+            hints += fits if len(fits) == 1 else []
+    raise CheckFailed(*lines, hint=hints[0] if hints else "")

@@ -1,5 +1,5 @@
 """Public checks of ch22 · naive attention vs FlashAttention, and the messages they share with the hidden ones
-(FlashAttention's are in `ch22_flash`). The values a misconception gives come from the hidden side's models
+(FlashAttention's are in `ch22_explain`). The values a misconception gives come from the hidden side's models
 (`naive_variants`, `traffic_variants`), asked for before comparing."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import torch
 
 from grader.authoring import (
     CheckFailed,
+    Hint,
     Trial,
     describe,
     expect_int,
@@ -17,10 +18,11 @@ from grader.authoring import (
     first_wrong,
     fmt,
     hidden_model,
+    mistakes,
     public,
     wrong_mask,
 )
-from grader.checks.ch22_flash import ATOL, RTOL, case_line, check_trace, close_to_variant, run_flash_case, sees
+from grader.checks.ch22_explain import ATOL, RTOL, case_line, check_trace, close_to_variant, run_flash_case, sees
 
 # ch22-naive: one head, T = S = 4, d = 2, small integers a reader can recompute; fp32 (4 bytes).
 NAIVE_Q = [[1, 0], [0, 1], [1, 1], [2, 0]]
@@ -33,193 +35,14 @@ BIG = dict(T=4096, S=4096, d=128, dtype_bytes=2)
 # ch22-flash-tiles: 6 new queries after 2 cached tokens (S = 8), d = 4, tiles of 2 queries × 3 keys.
 FLASH_T, FLASH_S, FLASH_D, FLASH_BQ, FLASH_BK = 6, 8, 4, 2, 3
 
-
-def naive_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return tuple(torch.tensor(x, dtype=torch.float32) for x in (NAIVE_Q, NAIVE_K, NAIVE_V))
-
-
-def flash_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(2022)
-    return tuple(torch.randn(n, FLASH_D, generator=g).mul(1.5).round(decimals=1)
-                 for n in (FLASH_T, FLASH_S, FLASH_S))
-
-
-def random_qkv(t: Trial, T: int, S: int, d: int, magnitude: float = 1.0):
-    return (torch.randn(T, d, generator=t.rng) * magnitude, torch.randn(S, d, generator=t.rng),
-            torch.randn(S, d, generator=t.rng))
-
-
 naive_variants = hidden_model("ch22_models.naive_variants")
 """`t.ref.drive(naive_variants, q, k, v, causal)`: (scores, probs, out) under each wrong mask, scale and softmax."""
 traffic_variants = hidden_model("ch22_models.traffic_variants")
 """`t.ref.drive(traffic_variants, T, S, d, b, flash)`: the byte counts `traffic_hint` recognises."""
+M = mistakes("ch22")
 
 
-# -- 22.1 naive_attention ----------------------------------------------------------------------------
-
-def expect_naive(got, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Require (out [T, d], {"scores": [T, S], "probs": [T, S]}) in q's dtype."""
-    (T, d), S = q.shape, k.shape[0]
-    dt = str(q.dtype).removeprefix("torch.")
-    if type(got) not in (tuple, list) or len(got) != 2:
-        raise CheckFailed(f"naive_attention returns a pair (out, intermediates); yours: {describe(got)}")
-    out, mid = got
-    out = expect_tensor(out, what=f"out, the output of {T} queries (d = {d})", shape=[T, d], dtype=q.dtype)
-    if type(mid) is not dict or not {"scores", "probs"} <= set(mid):
-        keys = sorted(map(str, mid)) if type(mid) is dict else describe(mid)
-        raise CheckFailed(f'expected the intermediates as a dict with the keys "scores" and "probs" (the two '
-                          f"[{T}, {S}] matrices a naive kernel writes to HBM); yours: {keys}")
-    scores, probs = (expect_tensor(mid[n], what=f'intermediates["{n}"] ({T} queries × {S} keys, {dt})',
-                                   shape=[T, S], dtype=q.dtype) for n in ("scores", "probs"))
-    return out, scores, probs
-
-
-def mask_whys(T: int, S: int, causal: bool) -> list[tuple[str, str]]:
-    """(mask, why) for the right mask ("", no why) and the masks a misconception gives."""
-    whys = [("", "")]
-    if causal and S > T:
-        whys.append(("top-left", f"the causal mask is aligned to the end: query i is the token at position S − T + i "
-                                 f"= {S - T} + i and sees keys 0 … {S - T} + i; a top-left tril (or SDPA's "
-                                 f"is_causal=True with T ≠ S) lets it see only keys 0 … i"))
-    if causal:
-        whys.append(("no mask", "causal=True: the keys after each query's position get −inf before the softmax"))
-    else:
-        whys.append(("mask", "causal=False: every query sees every key, apply no mask"))
-    return whys
-
-
-def scale_whys(d: int) -> list[tuple[str, str]]:
-    return [("", ""), ("unscaled", f"scale the scores by 1/√d = 1/√{d}; you did not scale them"),
-            ("1/d", f"the scale is 1/√d = 1/√{d}, not 1/d")]
-
-
-def naive_hint(which: int, got: torch.Tensor, variants: dict, T: int, S: int, d: int, causal: bool) -> str:
-    """The misconception whose (scores, probs, out) reproduces the student's scores (0), probs (1) or out (2);
-    '' if none. `variants` is `naive_variants`' answer for the instance."""
-    others = [("", "")]
-    if causal:
-        others.append(("fill 0", "a masked score is −inf, not 0: exp(0) = 1 would still give the future key weight"))
-    if which:
-        others.append(("dim 0", "softmax runs over the keys of each row (dim=-1), not over the queries (dim=0)"))
-    for m_key, m_why in mask_whys(T, S, causal):
-        for s_key, s_why in scale_whys(d):
-            for o_key, o_why in others:
-                alt = variants["combos"].get(f"{m_key}|{s_key}|{o_key}")
-                if alt is not None and close_to_variant(got, alt[which]):
-                    return "; ".join(w for w in (m_why, s_why, o_why) if w)
-    if which == 2 and close_to_variant(got, variants["no softmax"]):
-        return "out = probs · v: apply the softmax to the scores before multiplying by v"
-    return ""
-
-
-def explain_naive(got: tuple, want: tuple, q, k, v, *, causal: bool, case: str, variants: dict, atol: float = ATOL,
-                  rtol: float = RTOL) -> None:
-    """Raise a teaching message at the first wrong score, probability or output element.
-    `got` and `want` are (scores, probs, out), in the order naive attention computes them; `variants` is
-    `naive_variants`' answer for the instance."""
-    (T, d), S = q.shape, k.shape[0]
-    for which, name in enumerate(("scores", "probs", "out")):
-        g, w = got[which], want[which]
-        idx = first_wrong(g, w, atol=atol, rtol=rtol)
-        if idx is None:
-            continue
-        i, j = idx
-        count = int(wrong_mask(g, w, atol=atol, rtol=rtol).sum())
-        lines = [case_line(case, q, k, causal), sees(T, S, i, causal)]
-        visible = not causal or j <= S - T + i
-        if name == "scores":
-            dot = float(q[i].double() @ k[j].double())
-            how = (f"q[{i}]·k[{j}]/√{d} = {fmt(dot)}/{fmt(math.sqrt(d))} = {fmt(dot / math.sqrt(d))}" if visible
-                   else f"−∞ (key {j} is in the future of query {i})")
-            lines.append(f"scores[{i}, {j}]: expected {how}; yours {fmt(g[i, j])}")
-        elif name == "probs":
-            lines.append(f"probs[{i}, {j}]: expected softmax(scores[{i}])[{j}] = {fmt(w[i, j])}"
-                         + ("" if visible else " (a future key gets probability 0)")
-                         + f"; yours {fmt(g[i, j])} (your row {i} sums to {fmt(g[i].sum())}, a softmax row to 1)")
-        else:
-            lines.append(f"out[{i}, {j}]: expected Σ_keys probs[{i}, key]·v[key, {j}] = {fmt(w[i, j])}; "
-                         f"yours {fmt(g[i, j])}")
-        lines[-1] += f"  ({count} of {w.numel()} {name} differ beyond {atol:g} + {rtol:g}·|expected|)"
-        hint = naive_hint(which, g, variants, T, S, d, causal)
-        if not hint and name != "scores" and not torch.isfinite(g[torch.isfinite(w)]).all():
-            hint = "inf/nan where the answer is finite: subtract each row's maximum before exp (or use torch.softmax)"
-        raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
-
-
-def run_naive_case(t: Trial, q, k, v, *, causal: bool = True, case: str, atol: float = ATOL,
-                   rtol: float = RTOL) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    out, scores, probs = expect_naive(t.yours.naive_attention(q, k, v, causal=causal), q, k)
-    want_out, mid = t.ref.naive_attention(q, k, v, causal=causal)
-    variants = t.ref.drive(naive_variants, q, k, v, causal)
-    explain_naive((scores, probs, out), (mid["scores"], mid["probs"], want_out), q, k, v, causal=causal, case=case,
-                  variants=variants, atol=atol, rtol=rtol)
-    return out, scores, probs
-
-
-# -- 22.1 attention_hbm_bytes ------------------------------------------------------------------------
-
-def traffic_derivation(T: int, S: int, d: int, b: int, flash: bool, want: int) -> str:
-    if flash:
-        return (f"FlashAttention reads Q, K, V once and writes O: (2·T·d + 2·S·d)·dtype_bytes, plus the lse in "
-                f"float32, 4·T: (2·{T:,}·{d} + 2·{S:,}·{d})·{b} + 4·{T:,} = {want:,} bytes")
-    return (f"naive: read Q, K (T·d + S·d), write and read back the scores (2·T·S), write and read back the "
-            f"probabilities (2·T·S), read V (S·d), write O (T·d): (2·T·d + 2·S·d + 4·T·S)·dtype_bytes = "
-            f"(2·{T:,}·{d} + 2·{S:,}·{d} + 4·{T:,}·{S:,})·{b} = {want:,} bytes")
-
-
-def traffic_hint(got, T: int, S: int, d: int, b: int, flash: bool, variants: dict | None = None) -> str:
-    """The misconception that explains a wrong byte count ('' when none fits); `variants` is `traffic_variants`'
-    answer for the inputs (asked of the hidden side here when not given)."""
-    v = variants if variants is not None else traffic_variants(None, T, S, d, b, flash)
-    if flash:
-        if got == v["naive"]:
-            return "flash=True asks for the FlashAttention kernel: no T·S term at all"
-        if got == v["io"]:
-            return "add the log-sum-exp the kernel writes: one float32 (4 bytes) per query row, 4·T"
-        if got == v["lse at dtype_bytes"] and b != 4:
-            return "the lse is float32 whatever the inputs' dtype: 4 bytes per query row, not dtype_bytes"
-        if got == v["flash without O"]:
-            return "O is written to HBM too: 2·T·d counts reading Q and writing O"
-    else:
-        if got == v["flash"]:
-            return "flash=False asks for the naive kernels, which move the [T, S] matrices"
-        if got == v["naive, one crossing"]:
-            return ("the scores and the probabilities each cross HBM twice: written by one kernel and read back "
-                    "by the next, 4·T·S elements in all, not 2·T·S")
-        if got == v["naive, three crossings"]:
-            return ("count both round trips: the scores are written then read (2·T·S), the probabilities "
-                    "written then read (2·T·S)")
-        if got == v["naive without O"]:
-            return "O is written to HBM too: 2·T·d counts reading Q and writing O"
-    want = v["flash"] if flash else v["naive"]
-    if b > 1 and got * b == want:
-        return "multiply by dtype_bytes: without it you counted elements, not bytes"
-    if got == 8 * want:
-        return "count bytes, not bits"
-    return ""
-
-
-def expect_traffic(got, want: int, T: int, S: int, d: int, b: int, flash: bool, variants: dict | None = None) -> int:
-    """Require the exact byte count as a Python int, with the model's derivation on a difference (`variants`:
-    `traffic_variants`' answer, which public checks ask for before comparing)."""
-    inputs = f"T={T:,}, S={S:,}, d={d}, dtype_bytes={b}, flash={flash}"
-    hint = ("\nhint: multiply the Python ints directly (no /, no float(), no math.pow): a byte count is an "
-            "exact int" if isinstance(got, float) else "")
-    expect_int(got, what=f"the byte count for {inputs}", hint=hint)
-    if got == want:
-        return got
-    hint = traffic_hint(got, T, S, d, b, flash, variants)
-    raise CheckFailed("\n".join([f"inputs: {inputs}", traffic_derivation(T, S, d, b, flash, want),
-                                 f"yours: {got:,}"] + ([f"hint: {hint}"] if hint else [])))
-
-
-def run_traffic_case(t: Trial, T: int, S: int, d: int, b: int, flash: bool) -> int:
-    got = t.yours.attention_hbm_bytes(T, S, d, b, flash=flash)
-    want = t.ref.attention_hbm_bytes(T, S, d, b, flash=flash)
-    return expect_traffic(got, want, T, S, d, b, flash, t.ref.drive(traffic_variants, T, S, d, b, flash))
-
-
-# -- public checks -----------------------------------------------------------------------------------
+# -- ch22.1 naive_attention, attention_hbm_bytes ----------------------------------------------------
 
 @public("ch22.1", "figure instance: naive attention materialises scores and probs (T = S = 4, d = 2)")
 def naive_figure_instance(t: Trial) -> None:
@@ -228,7 +51,9 @@ def naive_figure_instance(t: Trial) -> None:
     want_out, mid = t.ref.naive_attention(q, k, v)
     variants = t.ref.drive(naive_variants, q, k, v, True)
     t.figure("ch22-naive", q=q, k=k, v=v, scores=scores, probs=probs, out=out, expected_scores=mid["scores"],
-             expected_probs=mid["probs"], expected_out=want_out)
+             expected_probs=mid["probs"], expected_out=want_out,
+             **{f"{name}_wrong": wrong_mask(got, want, atol=ATOL, rtol=RTOL) for name, got, want in
+                (("scores", scores, mid["scores"]), ("probs", probs, mid["probs"]), ("out", out, want_out))})
     explain_naive((scores, probs, out), (mid["scores"], mid["probs"], want_out), q, k, v, causal=True,
                   case="figure instance", variants=variants)
 
@@ -272,6 +97,8 @@ def naive_bad_causal(t: Trial) -> None:
                     because="with causal=True the 5 queries are the last 5 of the keys, and there are only 3")
 
 
+# -- ch22.2 flash_attention (explained in ch22_explain) -----------------------------------------------
+
 @public("ch22.2", "figure instance: 6 queries after 2 cached, tiles of 2 × 3 (trace of running max and sum)")
 def flash_figure_instance(t: Trial) -> None:
     q, k, v = flash_tensors()
@@ -308,3 +135,185 @@ def flash_large_scores(t: Trial) -> None:
     # Scores up to about ±100: exp(score) overflows float32 (above ~88) unless the running max is subtracted.
     q, k, v = random_qkv(t, 8, 8, 16, magnitude=40.0)
     run_flash_case(t, q, k, v, bq=4, bk=4, case="scores up to about ±100", atol=1e-4, rtol=1e-4)
+
+
+# -- helpers: the instances -------------------------------------------------------------------------
+
+def naive_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v = (torch.tensor(x, dtype=torch.float32) for x in (NAIVE_Q, NAIVE_K, NAIVE_V))
+    return q, k, v
+
+
+def flash_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(2022)
+    q, k, v = (torch.randn(n, FLASH_D, generator=g).mul(1.5).round(decimals=1) for n in (FLASH_T, FLASH_S, FLASH_S))
+    return q, k, v
+
+
+def random_qkv(t: Trial, T: int, S: int, d: int, magnitude: float = 1.0):
+    return (torch.randn(T, d, generator=t.rng) * magnitude, torch.randn(S, d, generator=t.rng),
+            torch.randn(S, d, generator=t.rng))
+
+
+# -- helpers of ch22.1: naive attention, explained ----------------------------------------------------
+
+def expect_naive(got, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Require (out [T, d], {"scores": [T, S], "probs": [T, S]}) in q's dtype."""
+    (T, d), S = q.shape, k.shape[0]
+    dt = str(q.dtype).removeprefix("torch.")
+    if type(got) not in (tuple, list) or len(got) != 2:
+        raise CheckFailed(f"naive_attention returns a pair (out, intermediates); yours: {describe(got)}")
+    out, mid = got
+    out = expect_tensor(out, what=f"out, the output of {T} queries (d = {d})", shape=[T, d], dtype=q.dtype)
+    if type(mid) is not dict or not {"scores", "probs"} <= set(mid):
+        keys = sorted(map(str, mid)) if type(mid) is dict else describe(mid)
+        raise CheckFailed(f'expected the intermediates as a dict with the keys "scores" and "probs" (the two '
+                          f"[{T}, {S}] matrices a naive kernel writes to HBM); yours: {keys}")
+    scores, probs = (expect_tensor(mid[n], what=f'intermediates["{n}"] ({T} queries × {S} keys, {dt})',
+                                   shape=[T, S], dtype=q.dtype) for n in ("scores", "probs"))
+    return out, scores, probs
+
+
+def mask_whys(T: int, S: int, causal: bool) -> list[tuple[str, Hint | None]]:
+    """(mask, mistake) for the right mask ("", None) and the masks a misconception gives."""
+    whys: list[tuple[str, Hint | None]] = [("", None)]
+    if causal and S > T:
+        whys.append(("top-left", M.naive_topleft.format(offset=S - T)))
+    whys.append(("no mask", M.naive_no_mask) if causal else ("mask", M.naive_mask_not_causal))
+    return whys
+
+
+def scale_whys(d: int) -> list[tuple[str, Hint | None]]:
+    return [("", None), ("unscaled", M.unscaled.format(d=d)), ("1/d", M.scale_1_over_d.format(d=d))]
+
+
+def naive_hint(which: int, got: torch.Tensor, variants: dict, T: int, S: int, d: int, causal: bool) -> list[Hint]:
+    """The misconceptions whose (scores, probs, out) reproduce the student's scores (0), probs (1) or out (2), one
+    to three at once (a mask, a scale, a fill or softmax dimension); [] if none. `variants` is `naive_variants`'
+    answer for the instance."""
+    others: list[tuple[str, Hint | None]] = [("", None)]
+    if causal:
+        others.append(("fill 0", M.fill_zero))
+    if which:
+        others.append(("dim 0", M.softmax_dim0))
+    for m_key, m_why in mask_whys(T, S, causal):
+        for s_key, s_why in scale_whys(d):
+            for o_key, o_why in others:
+                alt = variants["combos"].get(f"{m_key}|{s_key}|{o_key}")
+                if alt is not None and close_to_variant(got, alt[which]):
+                    return [w for w in (m_why, s_why, o_why) if w]
+    if which == 2 and close_to_variant(got, variants["no softmax"]):
+        return [M.no_softmax]
+    return []
+
+
+def explain_naive(got: tuple, want: tuple, q, k, v, *, causal: bool, case: str, variants: dict, atol: float = ATOL,
+                  rtol: float = RTOL) -> None:
+    """Raise a teaching message at the first wrong score, probability or output element.
+    `got` and `want` are (scores, probs, out), in the order naive attention computes them; `variants` is
+    `naive_variants`' answer for the instance."""
+    (T, d), S = q.shape, k.shape[0]
+    for which, name in enumerate(("scores", "probs", "out")):
+        g, w = got[which], want[which]
+        idx = first_wrong(g, w, atol=atol, rtol=rtol)
+        if idx is None:
+            continue
+        i, j = idx
+        count = int(wrong_mask(g, w, atol=atol, rtol=rtol).sum())
+        visible = not causal or j <= S - T + i
+        if name == "scores":
+            dot = float(q[i].double() @ k[j].double())
+            how = (f"q[{i}]·k[{j}]/√{d} = {fmt(dot)}/{fmt(math.sqrt(d))} = {fmt(dot / math.sqrt(d))}" if visible
+                   else f"−∞ (key {j} is in the future of query {i})")
+            line = f"scores[{i}, {j}]: expected {how}; yours {fmt(g[i, j])}"
+        elif name == "probs":
+            line = (f"probs[{i}, {j}]: expected softmax(scores[{i}])[{j}] = {fmt(w[i, j])}"
+                    + ("" if visible else " (a future key gets probability 0)")
+                    + f"; yours {fmt(g[i, j])} (your row {i} sums to {fmt(g[i].sum())}, a softmax row to 1)")
+        else:
+            line = f"out[{i}, {j}]: expected Σ_keys probs[{i}, key]·v[key, {j}] = {fmt(w[i, j])}; yours {fmt(g[i, j])}"
+        hints = naive_hint(which, g, variants, T, S, d, causal)
+        if not hints and name != "scores" and not torch.isfinite(g[torch.isfinite(w)]).all():
+            hints = [M.unstable_softmax]
+        raise failed(case_line(case, q, k, causal), sees(T, S, i, causal),
+                     f"{line}  ({count} of {w.numel()} {name} differ beyond {atol:g} + {rtol:g}·|expected|)",
+                     hints=hints)
+
+
+def failed(*lines: str, hints: list[Hint]) -> CheckFailed:
+    """A failure naming one mistake or several at once (a wrong mask and a wrong scale): their hints joined in
+    one sentence, every id listed."""
+    failure = CheckFailed(*lines, hint="; ".join(hints))
+    failure.hints = [h.id for h in hints]
+    return failure
+
+
+def run_naive_case(t: Trial, q, k, v, *, causal: bool = True, case: str, atol: float = ATOL,
+                   rtol: float = RTOL) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    out, scores, probs = expect_naive(t.yours.naive_attention(q, k, v, causal=causal), q, k)
+    want_out, mid = t.ref.naive_attention(q, k, v, causal=causal)
+    variants = t.ref.drive(naive_variants, q, k, v, causal)
+    explain_naive((scores, probs, out), (mid["scores"], mid["probs"], want_out), q, k, v, causal=causal, case=case,
+                  variants=variants, atol=atol, rtol=rtol)
+    return out, scores, probs
+
+
+# -- helpers of ch22.1: the traffic model, explained ------------------------------------------------
+
+def traffic_derivation(T: int, S: int, d: int, b: int, flash: bool, want: int) -> str:
+    if flash:
+        return (f"FlashAttention reads Q, K, V once and writes O: (2·T·d + 2·S·d)·dtype_bytes, plus the lse in "
+                f"float32, 4·T: (2·{T:,}·{d} + 2·{S:,}·{d})·{b} + 4·{T:,} = {want:,} bytes")
+    return (f"naive: read Q, K (T·d + S·d), write and read back the scores (2·T·S), write and read back the "
+            f"probabilities (2·T·S), read V (S·d), write O (T·d): (2·T·d + 2·S·d + 4·T·S)·dtype_bytes = "
+            f"(2·{T:,}·{d} + 2·{S:,}·{d} + 4·{T:,}·{S:,})·{b} = {want:,} bytes")
+
+
+def traffic_hint(got, T: int, S: int, d: int, b: int, flash: bool, variants: dict | None = None) -> str:
+    """The misconception that explains a wrong byte count ('' when none fits); `variants` is `traffic_variants`'
+    answer for the inputs (asked of the hidden side here when not given)."""
+    v = variants if variants is not None else traffic_variants(None, T, S, d, b, flash)
+    if flash:
+        if got == v["naive"]:
+            return M.flash_counts_matrices
+        if got == v["io"]:
+            return M.no_lse
+        if got == v["lse at dtype_bytes"] and b != 4:
+            return M.lse_dtype
+        if got == v["flash without O"]:
+            return M.no_output
+    else:
+        if got == v["flash"]:
+            return M.naive_without_matrices
+        if got == v["naive, one crossing"]:
+            return M.one_crossing
+        if got == v["naive, three crossings"]:
+            return M.three_crossings
+        if got == v["naive without O"]:
+            return M.no_output
+    want = v["flash"] if flash else v["naive"]
+    if b > 1 and got * b == want:
+        return M.elements
+    if got == 8 * want:
+        return M.bits
+    return ""
+
+
+def expect_traffic(got, want: int, T: int, S: int, d: int, b: int, flash: bool, variants: dict | None = None) -> int:
+    """Require the exact byte count as a Python int, with the model's derivation on a difference (`variants`:
+    `traffic_variants`' answer, which public checks ask for before comparing)."""
+    inputs = f"T={T:,}, S={S:,}, d={d}, dtype_bytes={b}, flash={flash}"
+    try:
+        expect_int(got, what=f"the byte count for {inputs}")
+    except CheckFailed as e:
+        raise CheckFailed(*e.lines, hint=M.float_bytes if isinstance(got, float) else "") from None
+    if got == want:
+        return got
+    raise CheckFailed(f"inputs: {inputs}", traffic_derivation(T, S, d, b, flash, want), f"yours: {got:,}",
+                      hint=traffic_hint(got, T, S, d, b, flash, variants))
+
+
+def run_traffic_case(t: Trial, T: int, S: int, d: int, b: int, flash: bool) -> int:
+    got = t.yours.attention_hbm_bytes(T, S, d, b, flash=flash)
+    want = t.ref.attention_hbm_bytes(T, S, d, b, flash=flash)
+    return expect_traffic(got, want, T, S, d, b, flash, t.ref.drive(traffic_variants, T, S, d, b, flash))

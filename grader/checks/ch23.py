@@ -8,10 +8,24 @@ here: the lab draws and checks a student's own instance with it in a student rel
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, expect_tensor, fmt, hidden_model, if_hidden, public, wrong_mask
+from grader.authoring import (
+    CheckFailed,
+    Hint,
+    Trial,
+    expect_tensor,
+    fmt,
+    hidden_model,
+    if_hidden,
+    mistakes,
+    plural,
+    public,
+    vec,
+    wrong_mask,
+)
 
 NEG_INF = float("-inf")
 ATOL, RTOL = 1e-6, 1e-5          # processed logits: one float32 rounding of logits / T
@@ -33,357 +47,17 @@ PATH_NOISE = [0.9, 1.6, 2.1, 0.9, 1.1, 0.7, 0.3, 2.5]
 RACE_LOGITS, RACE_T, RACE_NOISE = [2.0, 1.0, 0.0], 0.5, [3.0, 0.05, 1.0]
 RACE_DRAWS = 4000
 
-
-# -- formatting ---------------------------------------------------------------------------------
-def vec(xs, digits: int = 4, limit: int = 8) -> str:
-    """A short list of numbers: "[0.8668, 0.1173, …]" (at most `limit` shown)."""
-    xs = xs.reshape(-1).tolist() if isinstance(xs, torch.Tensor) else list(xs)
-    shown = ", ".join(fmt(float(x) if isinstance(x, float) else x, digits) for x in xs[:limit])
-    return f"[{shown}{', …' if len(xs) > limit else ''}]" + (f" ({len(xs)} values)" if len(xs) > limit else "")
+M = mistakes("ch23")
 
 
-def ordinal(n: int) -> str:
-    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+# -- ch23.1 process_logits ------------------------------------------------------------------------
 
-
-def _row_value(x, b: int, B: int):
-    """Row b's setting of a per-row or batch-wide parameter (None when it is off)."""
-    if x is None:
-        return None
-    if isinstance(x, torch.Tensor):
-        return x.reshape(-1)[b if x.numel() == B else 0].item()
-    return x
-
-
-def row_setting(temperature: torch.Tensor, top_k, top_p, b: int, B: int, V: int) -> str:
-    k, p = _row_value(top_k, b, B), _row_value(top_p, b, B)
-    parts = [f"T = {fmt(float(temperature[b]))}"]
-    if k is not None:
-        parts.append(f"top_k = {k}" + (" (= V, off)" if k == V else ""))
-    if p is not None:
-        parts.append(f"top_p = {fmt(p)}" + (" (off)" if p >= 1 else ""))
-    return ", ".join(parts)
-
-
-# -- 23.1: processed logits ---------------------------------------------------------------------
-def expect_processed(t: Trial, got, logits: torch.Tensor, temperature: torch.Tensor, top_k=None, top_p=None, *,
-                     case: str = "", want: torch.Tensor | None = None) -> torch.Tensor:
-    """Require the student's processed logits to equal the reference's, explaining the first wrong entry."""
-    B, V = logits.shape
-    if want is None:
-        want = t.ref.process_logits(logits, temperature, top_k, top_p)
-    steps = reference_steps(t, logits, temperature, top_k, top_p)
-    mine = expect_tensor(got, what=f"the processed logits of {B} row{'s' if B != 1 else ''} × {V} tokens",
-                         shape=[B, V], dtype=torch.float32)
-    bad = wrong_entries(mine, want)
-    if not bad.any():
-        return mine
-    b, j = (int(i) for i in bad.nonzero()[0])
-    raise CheckFailed(explain_processed(mine, want, steps, logits, temperature, top_k, top_p, b, j, case=case))
-
-
-def reference_steps(t: Trial, logits: torch.Tensor, temperature: torch.Tensor, top_k, top_p) -> dict:
-    """The reference's processed batch after each step and under each classic mistake, for the explanations.
-
-    Computed for every row before comparing, whatever the answer (a student release replays t.ref in
-    order): "scaled" (temperature only), "after k" (+ top-k), and the misreadings that `processed_hint`
-    recognises: top-k with k ∓ 1, exactly k indices ("strict k"), top-p before top-k, top-p at T = 1 and
-    at 1 / T.
-    """
-    B, V = logits.shape
-    run = lambda x=logits, T=temperature, k=top_k, p=top_p: t.ref.process_logits(x, T, k, p)
-    ones = torch.ones(B)
-    steps = {"scaled": run(k=None, p=None)}
-    steps["after k"] = steps["scaled"] if top_k is None else run(p=None)
-    if top_k is not None:
-        ks = [_row_value(top_k, b, B) for b in range(B)]
-        steps["k - 1"] = run(k=torch.tensor([max(k - 1, 1) for k in ks]))
-        steps["k + 1"] = run(k=torch.tensor([min(k + 1, V) for k in ks]))
-        strict = t.ref.drive(strict_top_k, steps["scaled"], ks)
-        steps["strict k"] = strict if top_p is None else run(strict, ones, None)
-        if top_p is not None:
-            steps["top-p first"] = run(run(k=None), ones, p=None)
-    if top_p is not None:
-        steps["T = 1"], steps["1 / T"] = run(T=ones), run(T=1 / temperature)
-    return steps
-
-
-def wrong_entries(mine: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
-    """Entries of the processed logits that differ beyond ATOL + RTOL·|want| (±∞ only matches itself)."""
-    return wrong_mask(mine, want, atol=ATOL, rtol=RTOL)
-
-
-def _kept(row: torch.Tensor) -> torch.Tensor:
-    return row != NEG_INF
-
-
-def explain_processed(mine: torch.Tensor, want: torch.Tensor, steps: dict, logits: torch.Tensor,
-                      temperature: torch.Tensor, top_k, top_p, b: int, j: int, *, case: str = "") -> str:
-    B, V = logits.shape
-    k, p = _row_value(top_k, b, B), _row_value(top_p, b, B)
-    T = float(temperature[b])
-    scaled, after_k = steps["scaled"][b], steps["after k"][b]
-    lines = [case] if case else []
-    lines.append(f"row {b}{f' of {B}' if B > 1 else ''} ({row_setting(temperature, top_k, top_p, b, B, V)}): "
-                 f"logits {vec(logits[b])}")
-    expected, yours = float(want[b, j]), float(mine[b, j])
-    if want[b, j] != NEG_INF:
-        reasons = [r for r in (_topk_reason(scaled, k, j, V), _topp_reason(after_k, k, p, j)) if r]
-        lines.append(f"token {j}: logits / T = {fmt(float(logits[b, j]))} / {fmt(T)} = {fmt(expected)}"
-                     + (f"; it stays: {'; '.join(reasons)}" if reasons else "") + f"; yours: {fmt(yours)}")
-    else:
-        removed_by_k = k is not None and after_k[j] == NEG_INF
-        reason = _topk_reason(scaled, k, j, V) if removed_by_k else _topp_reason(after_k, k, p, j)
-        lines.append(f"token {j} (logits / T = {fmt(float(scaled[j]))}) should be −∞: {reason}; yours: {fmt(yours)}")
-    hint = processed_hint(mine[b], want[b], logits[b], T, b, k, p, j, {name: x[b] for name, x in steps.items()})
-    return "\n".join(lines + ([f"hint: {hint}"] if hint else []))
-
-
-def _topk_reason(scaled: torch.Tensor, k, j: int, V: int) -> str:
-    if k is None or k >= V:
-        return ""
-    kth = float(scaled.sort(descending=True).values[k - 1])
-    v = float(scaled[j])
-    if v >= kth:
-        return f"top-k = {k} keeps it ({fmt(v)} ≥ {fmt(kth)}, the {ordinal(k)} largest value of logits / T)"
-    return f"top-k = {k} removes it ({fmt(v)} < {fmt(kth)}, the {ordinal(k)} largest value of logits / T)"
-
-
-def _topp_reason(after_k: torch.Tensor, k, p, j: int) -> str:
-    if p is None or p >= 1 or after_k[j] == NEG_INF:
-        return ""
-    q = after_k.softmax(-1)
-    above = float(q[after_k > after_k[j]].sum())
-    below = float(q[after_k <= after_k[j]].sum())
-    first = f"after top-k its probability is {fmt(float(q[j]))}" if k is not None else \
-        f"its probability softmax(logits / T) is {fmt(float(q[j]))}"
-    if above < p:
-        return f"{first}; the larger tokens hold {fmt(above)} < top_p = {fmt(p)}, so top-p keeps it"
-    return (f"{first}; it and the smaller tokens hold {fmt(below)} ≤ 1 − top_p = {fmt(1 - p)} "
-            f"(the larger ones already hold {fmt(above)} ≥ {fmt(p)}), so top-p removes it")
-
-
-def processed_hint(mine: torch.Tensor, want: torch.Tensor, logits_row: torch.Tensor, T: float, b: int, k, p,
-                   j: int, steps: dict) -> str:
-    """The misconception behind a wrong row of processed logits ('' when none fits); `steps` holds this
-    row of `reference_steps`."""
-    V = want.numel()
-    mk, wk = _kept(mine), _kept(want)
-    close = lambda a, c: math.isfinite(a) and abs(a - c) <= ATOL + RTOL * abs(c)
-    yours = float(mine[j])
-    if want[j] == NEG_INF and math.isfinite(yours) and yours < -1e4:
-        return "a filtered entry must be exactly −∞ (float('-inf')), not a large negative number"
-    if math.isfinite(yours) and want[j] != NEG_INF:
-        l = float(logits_row[j])
-        if close(yours, l * T) and not close(yours, l / T):
-            return "divide by the temperature (logits / T), don't multiply: T < 1 must sharpen the distribution"
-        if close(yours, l) and not close(yours, l / T):
-            return f"apply the temperature: divide row {b} by its own temperature[{b}] = {fmt(T)}"
-        if close(yours, float(want.softmax(-1)[j])):
-            return "return logits (−∞ where filtered), not probabilities: the softmax comes later, in sample"
-    if torch.equal(mk, wk):
-        return ""
-    kept = {name: _kept(row) for name, row in steps.items()}
-    misreadings = []   # (name in `kept`, hint), tried in order
-    if k is not None:
-        for name, n, fits in (("k - 1", k - 1, k >= 2), ("k + 1", k + 1, k < V)):
-            if fits:
-                misreadings.append((name, f"top-k keeps the k = {k} largest entries; yours kept {n}: the threshold "
-                                          f"is the {ordinal(k)} largest value (index k − 1 of the row sorted in "
-                                          f"descending order)"))
-        if k < V:
-            misreadings.append(("strict k", "entries equal to the k-th largest value stay too: keep every entry ≥ "
-                                            "the threshold (vLLM compares with the k-th value, it does not take "
-                                            "exactly k indices)"))
-    if p is not None and p < 1:
-        kept["crossing dropped"] = wk.clone()
-        kept["crossing dropped"][torch.where(wk, want, torch.full_like(want, math.inf)).argmin()] = False
-        misreadings.append(("crossing dropped", "the entry whose probability crosses top_p stays: an entry goes only "
-                                                "when it and all smaller entries hold ≤ 1 − top_p (i.e. the larger "
-                                                "ones already hold ≥ top_p)"))
-        if k is not None:
-            misreadings.append(("top-p first", "run top-k first: top-p works on the softmax of what top-k kept "
-                                               "(renormalised), not on the full row"))
-        misreadings += [("T = 1", "apply the temperature before top-p: the probabilities are softmax(logits / T)"),
-                        ("1 / T", "divide by the temperature (logits / T), don't multiply")]
-    return next((hint for name, hint in misreadings
-                 if not torch.equal(kept[name], wk) and torch.equal(kept[name], mk)), "")
-
-
-# -- 23.2: the exponential race -----------------------------------------------------------------
-def race_scores(logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor):
-    """p = softmax(logits / T) and the race's scores p / max(E, 1e-10), in float32."""
-    p = (logits.float() / temperature.float()[:, None]).softmax(-1)
-    return p, p / noise.float().clamp_min(CLAMP)
-
-
-MULTIPLIED_HINT = "divide the logits by the temperature, don't multiply: p = softmax(logits / T)"
-IGNORED_HINT = "apply the temperature: p = softmax(logits / T), each row with its own T"
-TEMPERATURE_HINT = ("p = softmax(logits / T): your tokens match a race that leaves the temperature out "
-                    "or multiplies by it")
-
-
-OWN_NOISE_HINT = ("the token must be argmax(p / E) with the noise passed in; a sampler with its own randomness "
-                  "(torch.multinomial, a fresh exponential_()) cannot reproduce the race")
-
-
-RACE_HINTS = {
-    "argmax(p)": "the race takes argmax(p / E), not argmax(p): the noise lets a less likely token win, exactly as "
-                 "often as its probability",
-    "argmax(E / p)": "divide p by the noise (argmax p / E, or argmin E / p), not the noise by p: argmax E / p favours "
-                     "the unlikely tokens",
-    "argmax(p · E)": "divide p by the noise E; multiplying by E does not sample from p",
-    "the race on softmax(logits · T)": MULTIPLIED_HINT,
-    "the race on softmax(logits) (temperature left out)": IGNORED_HINT,
-    "argmax((logits / T) / E)": "race with the probabilities p = softmax(logits / T), not with the logits",
-    "the race with unclamped noise": "clamp the noise to ≥ 1e-10 as nano-vllm does: with E = 0, p / E is ∞ (or "
-                                     "NaN = 0 / 0 on a filtered token), and argmax picks it",
-}
-"""The classic wrong samplers (as `race_variants` names their tokens), with the hint each one calls for."""
-
-
-def expect_in_vocab(got, B: int, V: int, *, case: str = "") -> torch.Tensor:
-    tokens = expect_tensor(got, what=f"the drawn tokens of {B} row{'s' if B != 1 else ''}", shape=[B],
-                           dtype=torch.int64)
-    out = ((tokens < 0) | (tokens >= V)).nonzero()
-    if len(out):
-        b = int(out[0])
-        raise CheckFailed((f"{case}\n" if case else "") +
-                          f"row {b}: token {int(tokens[b])} is not in the vocabulary 0 … {V - 1}")
-    return tokens
-
-
-def expect_tokens(got, logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor, *,
-                  case: str = "", variants: dict | None = None) -> torch.Tensor:
-    """Require the student's tokens to win the race with the given noise (near-ties of p / E accepted).
-    `variants` is `race_variants`' answer (asked of the hidden side when not given; a student release's lab
-    then names no wrong sampler)."""
-    B, V = logits.shape
-    tokens = expect_in_vocab(got, B, V, case=case)
-    p, scores = race_scores(logits, temperature, noise)
-    best = scores.max(-1).values
-    ok = scores.gather(1, tokens[:, None])[:, 0] >= best * (1 - TIE)
-    if bool(ok.all()):
-        return tokens
-    b = int((~ok).nonzero()[0])
-    w, y = int(scores[b].argmax()), int(tokens[b])
-    E = noise[b].float()
-    lines = [case] if case else []
-    lines.append(f"row {b}{f' of {B}' if B > 1 else ''}: T = {fmt(float(temperature[b]))}, logits {vec(logits[b])}, "
-                 f"noise E {vec(E)}")
-    if V <= 8:
-        lines.append(f"p = softmax(logits / T) = {vec(p[b])}; p / E = {vec(scores[b])}")
-    lines.append(f"the largest p / E is token {w}'s: {fmt(float(p[b, w]))} / {fmt(float(E[w]))} = "
-                 f"{fmt(float(scores[b, w]))}, so the race draws token {w}; yours: token {y} "
-                 f"(p / E = {fmt(float(p[b, y]))} / {fmt(float(E[y]))} = {fmt(float(scores[b, y]))})")
-    # The wrong sampler that explains this row and agrees with the most other rows.
-    variants = variants if variants is not None else if_hidden(race_variants, logits, temperature, noise)
-    fits = [(int((variants[name] == tokens).sum()), -i, h) for i, (name, h) in enumerate(RACE_HINTS.items())
-            if int(variants[name][b]) == y] if variants is not None else []
-    best = [h for n, _, h in sorted(fits, reverse=True) if n == max(fits)[0]] if fits else []
-    hint = TEMPERATURE_HINT if {MULTIPLIED_HINT, IGNORED_HINT} <= set(best) else best[0] if best else ""
-    hint = hint if variants is not None else ""
-    twins = own_randomness(tokens, logits, temperature, noise)  # no deterministic sampler, whatever it matches
-    if twins:
-        (i, a), (j, c) = twins
-        lines.append(f"rows {i} and {j} have the same logits, T and noise, yet yours drew token {a} for one and "
-                     f"token {c} for the other")
-        hint = OWN_NOISE_HINT
-    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
-
-
-def own_randomness(tokens: torch.Tensor, logits: torch.Tensor, temperature: torch.Tensor,
-                   noise: torch.Tensor) -> tuple | None:
-    """Two rows with the same inputs whose tokens differ, ((row, token), (row, token)), the proof that a sampler
-    draws its own randomness; None when there is none."""
-    first: dict = {}
-    for b in range(tokens.shape[0]):
-        key = (logits[b].tolist(), float(temperature[b]), noise[b].tolist())
-        key = repr(key)
-        if key in first and int(tokens[first[key]]) != int(tokens[b]):
-            return (first[key], int(tokens[first[key]])), (b, int(tokens[b]))
-        first.setdefault(key, b)
-    return None
-
-
-# -- goodness of fit ----------------------------------------------------------------------------
-def chi2_threshold(df: int, alpha: float = ALPHA) -> float:
-    """The c with P(χ²_df > c) = alpha, by bisection on the regularised upper incomplete gamma."""
-    a = torch.tensor(df / 2, dtype=torch.float64)
-    lo, hi = 0.0, 10.0 * df + 200.0
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if float(torch.special.gammaincc(a, torch.tensor(mid / 2, dtype=torch.float64))) > alpha:
-            lo = mid
-        else:
-            hi = mid
-    return hi
-
-
-def chi2(counts: torch.Tensor, p: torch.Tensor) -> float:
-    n = float(counts.sum())
-    want = n * p.double()
-    live = want > 0
-    if bool((counts.double()[~live] > 0).any()):
-        return math.inf
-    return float(((counts.double()[live] - want[live]) ** 2 / want[live]).sum())
-
-
-def expect_distribution(tokens: torch.Tensor, logits_row: list[float], T: float, noise: torch.Tensor, *,
-                        case: str, variants: dict | None = None) -> dict:
-    """Chi-square goodness of fit of the drawn tokens to softmax(logits / T); returns the figure's numbers.
-    `variants` is `race_variants`' answer for the rows (asked of the hidden side when not given)."""
-    V, n = len(logits_row), tokens.numel()
-    z = torch.tensor(logits_row, dtype=torch.float32)
-    p = (z / T).softmax(-1)
-    counts = torch.bincount(tokens, minlength=V)
-    stat, df = chi2(counts, p), V - 1
-    limit = chi2_threshold(df)
-    result = {"counts": counts.tolist(), "n": n, "p": p.tolist(), "chi2": stat, "limit": limit,
-              "passed": stat <= limit}
-    if stat <= limit:
-        return result
-    sd = (n * p * (1 - p)).double().sqrt()
-    off = ((counts.double() - n * p.double()).abs() / sd)
-    i = int(off.argmax())
-    lines = [case, f"logits {vec(z)}, T = {fmt(T)}: p = softmax(logits / T) = {vec(p)}",
-             f"token {i} was drawn {int(counts[i])} times ({fmt(100 * float(counts[i]) / n, 3)}%); expected "
-             f"N·p_{i} = {n} · {fmt(float(p[i]))} = {fmt(n * float(p[i]), 5)} ± {fmt(float(sd[i]), 3)} "
-             f"(one standard deviation √(N·p·(1 − p)))",
-             f"chi-square over {V} tokens = {fmt(stat, 5)} > {fmt(limit, 4)}, a level a correct sampler exceeds "
-             f"with probability < {ALPHA:g} ({df} degrees of freedom)"]
-    cause = likely_cause(tokens, counts, z, T, noise, variants)
-    raise CheckFailed("\n".join(lines + ([f"likely cause: {cause}"] if cause else [])))
-
-
-def likely_cause(tokens: torch.Tensor, counts: torch.Tensor, z: torch.Tensor, T: float, noise: torch.Tensor,
-                 variants: dict | None = None) -> str:
-    n, V = tokens.numel(), z.numel()
-    logits = z.expand(n, V)
-    temps = torch.full((n,), T)
-    correct = race_scores(logits, temps, noise)[1].argmax(-1)
-    variants = variants if variants is not None else if_hidden(race_variants, logits, temps, noise)
-    for name, hint in RACE_HINTS.items() if variants is not None else ():
-        alt = variants[name]
-        share = float((alt == tokens).double().mean())
-        if share >= 0.9 and float((alt == correct).double().mean()) < 0.9:
-            return f"your tokens are those of {name} on {fmt(100 * share, 3)}% of the rows; {hint}"
-    limit = chi2_threshold(V - 1)
-    if chi2(counts, z.softmax(-1)) <= limit:
-        return "your draws follow softmax(logits), i.e. the temperature was not applied (p = softmax(logits / T))"
-    if chi2(counts, (z * T).softmax(-1)) <= limit:
-        return "your draws follow softmax(logits · T): divide by the temperature, don't multiply"
-    if int(counts.max()) == n:
-        return "every row drew the same token: the race must use each row's own noise, argmax(p / E) per row"
-    return "use the noise as given: one E per token and row, p / E, argmax over each row"
-
-
-# -- public checks of 23.1 ----------------------------------------------------------------------
 @public("ch23.1", "figure instance: one row of 8 logits, T = 0.8, top_k = 5, top_p = 0.8")
 def path_instance(t: Trial) -> None:
     logits, temp = torch.tensor([PATH_LOGITS]), torch.tensor([PATH_T])
-    stages = [("temperature only", {}), (f"temperature and top_k = {PATH_K}", {"top_k": PATH_K}),
-              (f"temperature, top_k = {PATH_K} and top_p = {PATH_P}", {"top_k": PATH_K, "top_p": PATH_P})]
+    stages: list[tuple[str, dict[str, Any]]] = [
+        ("temperature only", {}), (f"temperature and top_k = {PATH_K}", {"top_k": PATH_K}),
+        (f"temperature, top_k = {PATH_K} and top_p = {PATH_P}", {"top_k": PATH_K, "top_p": PATH_P})]
     got, want = [], []
     for label, kw in stages:
         mine = t.yours.process_logits(logits, temp, **kw)
@@ -392,10 +66,12 @@ def path_instance(t: Trial) -> None:
     after_k = want[1][0]
     q = after_k.softmax(-1)
     above = [float(q[after_k > after_k[i]].sum()) if after_k[i] != NEG_INF else NEG_INF for i in range(8)]
+    probs, probs_expected = got[2][0].softmax(-1), want[2][0].softmax(-1)
     t.figure("ch23-sampling-path", logits=PATH_LOGITS, T=PATH_T, k=PATH_K, p=PATH_P,
-             scaled=got[0][0], scaled_expected=want[0][0], topk=got[1][0], topk_expected=want[1][0],
-             q=q, above=above, topp=got[2][0], topp_expected=want[2][0],
-             probs=got[2][0].softmax(-1), probs_expected=want[2][0].softmax(-1))
+             scaled=got[0][0], scaled_expected=want[0][0], scaled_wrong=wrong_entries(got[0], want[0])[0],
+             topk=got[1][0], topk_expected=want[1][0], topk_wrong=wrong_entries(got[1], want[1])[0],
+             q=q, above=above, topp=got[2][0], topp_expected=want[2][0], topp_wrong=wrong_entries(got[2], want[2])[0],
+             probs=probs, probs_expected=probs_expected, probs_wrong=wrong_entries(probs, probs_expected))
     for (label, kw), mine, w in zip(stages, got, want):
         expect_processed(t, mine, logits, temp, kw.get("top_k"), kw.get("top_p"), want=w,
                          case=f'case "figure instance", {label}')
@@ -446,7 +122,8 @@ def zero_temperature(t: Trial) -> None:
                     because="temperature must be > 0: like nano-vllm, the course has no greedy path")
 
 
-# -- public checks of 23.2 ----------------------------------------------------------------------
+# -- ch23.2 sample --------------------------------------------------------------------------------
+
 @public("ch23.2", "figure instance: logits [2, 1, 0], T = 0.5, noise [3.0, 0.05, 1.0]")
 def race_instance(t: Trial) -> None:
     logits, temp, noise = torch.tensor([RACE_LOGITS]), torch.tensor([RACE_T]), torch.tensor([RACE_NOISE])
@@ -483,11 +160,7 @@ def race_frequencies(t: Trial) -> None:
     noise = torch.empty(RACE_DRAWS, 3).exponential_(generator=t.rng)
     tokens = expect_in_vocab(t.yours.sample(logits, temp, noise), RACE_DRAWS, 3)
     variants = t.ref.drive(race_variants, logits, temp, noise)
-    z = torch.tensor(RACE_LOGITS)
-    p = (z / RACE_T).softmax(-1)
-    counts = torch.bincount(tokens, minlength=3)
-    stat, limit = chi2(counts, p), chi2_threshold(2)
-    t.figure("ch23-exponential-race", counts=counts, n=RACE_DRAWS, chi2=stat, limit=limit)
+    t.figure("ch23-exponential-race", **frequencies_figure(tokens, RACE_LOGITS, RACE_T))
     expect_distribution(tokens, RACE_LOGITS, RACE_T, noise,
                         case=f'case "{RACE_DRAWS} races": one row, logits [2, 1, 0], T = 0.5, Exp(1) noise '
                              f'from a fixed seed', variants=variants)
@@ -507,3 +180,353 @@ def batch_rows(t: Trial) -> None:
 def bad_noise(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.sample, torch.zeros(2, 4), torch.ones(2), torch.ones(2, 3),
                     because="the noise needs one E per token: shape [2, 4] like the logits, not [2, 3]")
+
+
+# -- helpers: settings of a row -------------------------------------------------------------------
+
+def ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _row_value(x, b: int, B: int):
+    """Row b's setting of a per-row or batch-wide parameter (None when it is off)."""
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        return x.reshape(-1)[b if x.numel() == B else 0].item()
+    return x
+
+
+def row_setting(temperature: torch.Tensor, top_k, top_p, b: int, B: int, V: int) -> str:
+    k, p = _row_value(top_k, b, B), _row_value(top_p, b, B)
+    parts = [f"T = {fmt(float(temperature[b]))}"]
+    if k is not None:
+        parts.append(f"top_k = {k}" + (" (= V, off)" if k == V else ""))
+    if p is not None:
+        parts.append(f"top_p = {fmt(p)}" + (" (off)" if p >= 1 else ""))
+    return ", ".join(parts)
+
+
+# -- helpers of ch23.1: processed logits, explained -------------------------------------------------
+
+def expect_processed(t: Trial, got, logits: torch.Tensor, temperature: torch.Tensor, top_k=None, top_p=None, *,
+                     case: str = "", want: torch.Tensor | None = None) -> torch.Tensor:
+    """Require the student's processed logits to equal the reference's, explaining the first wrong entry."""
+    B, V = logits.shape
+    if want is None:
+        want = t.ref.process_logits(logits, temperature, top_k, top_p)
+    steps = reference_steps(t, logits, temperature, top_k, top_p)
+    mine = expect_tensor(got, what=f"the processed logits of {plural(B, 'row')} × {V} tokens", shape=[B, V],
+                         dtype=torch.float32)
+    bad = wrong_entries(mine, want)
+    if not bad.any():
+        return mine
+    b, j = (int(i) for i in bad.nonzero()[0])
+    raise explain_processed(mine, want, steps, logits, temperature, top_k, top_p, b, j, case=case)
+
+
+def reference_steps(t: Trial, logits: torch.Tensor, temperature: torch.Tensor, top_k, top_p) -> dict:
+    """The reference's processed batch after each step and under each classic mistake, for the explanations.
+
+    Computed for every row before comparing, whatever the answer (a student release replays t.ref in
+    order): "scaled" (temperature only), "after k" (+ top-k), and the misreadings that `processed_hint`
+    recognises: top-k with k ∓ 1, exactly k indices ("strict k"), top-p before top-k, top-p at T = 1 and
+    at 1 / T.
+    """
+    B, V = logits.shape
+    run = lambda x=logits, T=temperature, k=top_k, p=top_p: t.ref.process_logits(x, T, k, p)
+    ones = torch.ones(B)
+    steps = {"scaled": run(k=None, p=None)}
+    steps["after k"] = steps["scaled"] if top_k is None else run(p=None)
+    if top_k is not None:
+        ks = [_row_value(top_k, b, B) for b in range(B)]
+        steps["k - 1"] = run(k=torch.tensor([max(k - 1, 1) for k in ks]))
+        steps["k + 1"] = run(k=torch.tensor([min(k + 1, V) for k in ks]))
+        strict = t.ref.drive(strict_top_k, steps["scaled"], ks)
+        steps["strict k"] = strict if top_p is None else run(strict, ones, None)
+        if top_p is not None:
+            steps["top-p first"] = run(run(k=None), ones, p=None)
+    if top_p is not None:
+        steps["T = 1"], steps["1 / T"] = run(T=ones), run(T=1 / temperature)
+    return steps
+
+
+def wrong_entries(mine: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Entries of the processed logits that differ beyond ATOL + RTOL·|want| (±∞ only matches itself)."""
+    return wrong_mask(mine, want, atol=ATOL, rtol=RTOL)
+
+
+def _kept(row: torch.Tensor) -> torch.Tensor:
+    return row != NEG_INF
+
+
+def explain_processed(mine: torch.Tensor, want: torch.Tensor, steps: dict, logits: torch.Tensor,
+                      temperature: torch.Tensor, top_k, top_p, b: int, j: int, *, case: str = "") -> CheckFailed:
+    B, V = logits.shape
+    k, p = _row_value(top_k, b, B), _row_value(top_p, b, B)
+    T = float(temperature[b])
+    scaled, after_k = steps["scaled"][b], steps["after k"][b]
+    row = (f"row {b}{f' of {B}' if B > 1 else ''} ({row_setting(temperature, top_k, top_p, b, B, V)}): "
+           f"logits {vec(logits[b])}")
+    expected, yours = float(want[b, j]), float(mine[b, j])
+    if want[b, j] != NEG_INF:
+        reasons = [r for r in (_topk_reason(scaled, k, j, V), _topp_reason(after_k, k, p, j)) if r]
+        token = (f"token {j}: logits / T = {fmt(float(logits[b, j]))} / {fmt(T)} = {fmt(expected)}"
+                 + (f"; it stays: {'; '.join(reasons)}" if reasons else "") + f"; yours: {fmt(yours)}")
+    else:
+        removed_by_k = k is not None and after_k[j] == NEG_INF
+        reason = _topk_reason(scaled, k, j, V) if removed_by_k else _topp_reason(after_k, k, p, j)
+        token = f"token {j} (logits / T = {fmt(float(scaled[j]))}) should be −∞: {reason}; yours: {fmt(yours)}"
+    hint = processed_hint(mine[b], want[b], logits[b], T, b, k, p, j, {name: x[b] for name, x in steps.items()})
+    return CheckFailed(case, row, token, hint=hint)
+
+
+def _topk_reason(scaled: torch.Tensor, k, j: int, V: int) -> str:
+    if k is None or k >= V:
+        return ""
+    kth = float(scaled.sort(descending=True).values[k - 1])
+    v = float(scaled[j])
+    if v >= kth:
+        return f"top-k = {k} keeps it ({fmt(v)} ≥ {fmt(kth)}, the {ordinal(k)} largest value of logits / T)"
+    return f"top-k = {k} removes it ({fmt(v)} < {fmt(kth)}, the {ordinal(k)} largest value of logits / T)"
+
+
+def _topp_reason(after_k: torch.Tensor, k, p, j: int) -> str:
+    if p is None or p >= 1 or after_k[j] == NEG_INF:
+        return ""
+    q = after_k.softmax(-1)
+    above = float(q[after_k > after_k[j]].sum())
+    below = float(q[after_k <= after_k[j]].sum())
+    first = f"after top-k its probability is {fmt(float(q[j]))}" if k is not None else \
+        f"its probability softmax(logits / T) is {fmt(float(q[j]))}"
+    if above < p:
+        return f"{first}; the larger tokens hold {fmt(above)} < top_p = {fmt(p)}, so top-p keeps it"
+    return (f"{first}; it and the smaller tokens hold {fmt(below)} ≤ 1 − top_p = {fmt(1 - p)} "
+            f"(the larger ones already hold {fmt(above)} ≥ {fmt(p)}), so top-p removes it")
+
+
+def processed_hint(mine: torch.Tensor, want: torch.Tensor, logits_row: torch.Tensor, T: float, b: int, k, p,
+                   j: int, steps: dict) -> str:
+    """The misconception behind a wrong row of processed logits ('' when none fits); `steps` holds this
+    row of `reference_steps`."""
+    V = want.numel()
+    mk, wk = _kept(mine), _kept(want)
+    close = lambda a, c: math.isfinite(a) and abs(a - c) <= ATOL + RTOL * abs(c)
+    yours = float(mine[j])
+    if want[j] == NEG_INF and math.isfinite(yours) and yours < -1e4:
+        return M.large_negative
+    if math.isfinite(yours) and want[j] != NEG_INF:
+        l = float(logits_row[j])
+        if close(yours, l * T) and not close(yours, l / T):
+            return M.temperature_multiplied
+        if close(yours, l) and not close(yours, l / T):
+            return M.temperature_ignored.format(b=b, T=fmt(T))
+        if close(yours, float(want.softmax(-1)[j])):
+            return M.probabilities
+    if torch.equal(mk, wk):
+        return ""
+    kept = {name: _kept(row) for name, row in steps.items()}
+    misreadings: list[tuple[str, str]] = []   # (name in `kept`, hint), tried in order
+    if k is not None:
+        for name, n, fits in (("k - 1", k - 1, k >= 2), ("k + 1", k + 1, k < V)):
+            if fits:
+                misreadings.append((name, M.topk_off_by_one.format(k=k, n=n, kth=ordinal(k))))
+        if k < V:
+            misreadings.append(("strict k", M.strict_k))
+    if p is not None and p < 1:
+        kept["crossing dropped"] = wk.clone()
+        kept["crossing dropped"][torch.where(wk, want, torch.full_like(want, math.inf)).argmin()] = False
+        misreadings.append(("crossing dropped", M.crossing_dropped))
+        if k is not None:
+            misreadings.append(("top-p first", M.topp_first))
+        misreadings += [("T = 1", M.topp_before_temperature), ("1 / T", M.temperature_multiplied)]
+    return next((hint for name, hint in misreadings
+                 if not torch.equal(kept[name], wk) and torch.equal(kept[name], mk)), "")
+
+
+# -- helpers of ch23.2: the exponential race, explained ------------------------------------------------
+
+def race_scores(logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor):
+    """p = softmax(logits / T) and the race's scores p / max(E, 1e-10), in float32."""
+    p = (logits.float() / temperature.float()[:, None]).softmax(-1)
+    return p, p / noise.float().clamp_min(CLAMP)
+
+
+def race_hints() -> dict[str, Hint]:
+    """The classic wrong samplers (as `race_variants` names their tokens), with the hint each one calls for."""
+    return {"argmax(p)": M.argmax_p, "argmax(E / p)": M.noise_over_p, "argmax(p · E)": M.times_noise,
+            "the race on softmax(logits · T)": M.race_temperature_multiplied,
+            "the race on softmax(logits) (temperature left out)": M.race_temperature_ignored,
+            "argmax((logits / T) / E)": M.race_logits, "the race with unclamped noise": M.unclamped}
+
+
+def expect_in_vocab(got, B: int, V: int, *, case: str = "") -> torch.Tensor:
+    tokens = expect_tensor(got, what=f"the drawn tokens of {plural(B, 'row')}", shape=[B], dtype=torch.int64)
+    out = ((tokens < 0) | (tokens >= V)).nonzero()
+    if len(out):
+        b = int(out[0])
+        raise CheckFailed(case, f"row {b}: token {int(tokens[b])} is not in the vocabulary 0 … {V - 1}")
+    return tokens
+
+
+def expect_tokens(got, logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor, *,
+                  case: str = "", variants: dict | None = None) -> torch.Tensor:
+    """Require the student's tokens to win the race with the given noise (near-ties of p / E accepted).
+    `variants` is `race_variants`' answer (asked of the hidden side when not given; a student release's lab
+    then names no wrong sampler)."""
+    B, V = logits.shape
+    tokens = expect_in_vocab(got, B, V, case=case)
+    p, scores = race_scores(logits, temperature, noise)
+    best = scores.max(-1).values
+    ok = scores.gather(1, tokens[:, None])[:, 0] >= best * (1 - TIE)
+    if bool(ok.all()):
+        return tokens
+    b = int((~ok).nonzero()[0])
+    w, y = int(scores[b].argmax()), int(tokens[b])
+    E = noise[b].float()
+    lines = [case, f"row {b}{f' of {B}' if B > 1 else ''}: T = {fmt(float(temperature[b]))}, logits {vec(logits[b])}, "
+                   f"noise E {vec(E)}"]
+    if V <= 8:
+        lines.append(f"p = softmax(logits / T) = {vec(p[b])}; p / E = {vec(scores[b])}")
+    lines.append(f"the largest p / E is token {w}'s: {fmt(float(p[b, w]))} / {fmt(float(E[w]))} = "
+                 f"{fmt(float(scores[b, w]))}, so the race draws token {w}; yours: token {y} "
+                 f"(p / E = {fmt(float(p[b, y]))} / {fmt(float(E[y]))} = {fmt(float(scores[b, y]))})")
+    # The wrong sampler that explains this row and agrees with the most other rows.
+    variants = variants if variants is not None else if_hidden(race_variants, logits, temperature, noise)
+    hint: str = ""
+    if variants is not None:
+        fits = [(int((variants[name] == tokens).sum()), -i, h) for i, (name, h) in enumerate(race_hints().items())
+                if int(variants[name][b]) == y]
+        best_fits = [h for n, _, h in sorted(fits, reverse=True) if n == max(fits)[0]] if fits else []
+        both = {M.race_temperature_multiplied.id, M.race_temperature_ignored.id} <= {h.id for h in best_fits}
+        hint = M.race_temperature if both else best_fits[0] if best_fits else ""
+    twins = own_randomness(tokens, logits, temperature, noise)  # no deterministic sampler, whatever it matches
+    if twins:
+        (i, a), (j, c) = twins
+        lines.append(f"rows {i} and {j} have the same logits, T and noise, yet yours drew token {a} for one and "
+                     f"token {c} for the other")
+        hint = M.own_randomness
+    raise CheckFailed(*lines, hint=hint)
+
+
+def own_randomness(tokens: torch.Tensor, logits: torch.Tensor, temperature: torch.Tensor,
+                   noise: torch.Tensor) -> tuple | None:
+    """Two rows with the same inputs whose tokens differ, ((row, token), (row, token)), the proof that a sampler
+    draws its own randomness; None when there is none."""
+    first: dict[str, int] = {}
+    for b in range(tokens.shape[0]):
+        key = repr((logits[b].tolist(), float(temperature[b]), noise[b].tolist()))
+        if key in first and int(tokens[first[key]]) != int(tokens[b]):
+            return (first[key], int(tokens[first[key]])), (b, int(tokens[b]))
+        first.setdefault(key, b)
+    return None
+
+
+# -- helpers of ch23.2: goodness of fit ------------------------------------------------------------------
+
+def chi2_threshold(df: int, alpha: float = ALPHA) -> float:
+    """The c with P(χ²_df > c) = alpha, by bisection on the regularised upper incomplete gamma."""
+    a = torch.tensor(df / 2, dtype=torch.float64)
+    lo, hi = 0.0, 10.0 * df + 200.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if float(torch.special.gammaincc(a, torch.tensor(mid / 2, dtype=torch.float64))) > alpha:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def chi2(counts: torch.Tensor, p: torch.Tensor) -> float:
+    n = float(counts.sum())
+    want = n * p.double()
+    live = want > 0
+    if bool((counts.double()[~live] > 0).any()):
+        return math.inf
+    return float(((counts.double()[live] - want[live]) ** 2 / want[live]).sum())
+
+
+def race_intervals(p: list[float], n: int, limit: float) -> list[float]:
+    """Half-width of each token's interval for its share of n races: √(limit · p(1 − p) / n).
+
+    It is the chi-square test's own bound, token by token: Σ (count − N·p)² / (N·p) ≤ limit allows
+    one token's count at most √limit standard deviations √(N·p·(1 − p)) from N·p, so a share
+    outside p ± this half-width fails the test on its own (and in a passing run every share is
+    inside its interval)."""
+    return [math.sqrt(limit * pi * (1 - pi) / n) for pi in p]
+
+
+def race_outliers(counts: list[int], n: int, p: list[float], chi2: float, limit: float) -> list[bool]:
+    """Per token, whether the test's verdict falls on it: its share is outside its interval, or, when the test
+    fails with every share inside, it is the token furthest off in standard deviations."""
+    if chi2 <= limit:
+        return [False] * len(p)
+    half = race_intervals(p, n, limit)
+    out = [abs(c / n - pi) > h for c, pi, h in zip(counts, p, half)]
+    if any(out):
+        return out
+    sd = [math.sqrt(pi * (1 - pi) / n) for pi in p]
+    worst = max(range(len(p)), key=lambda i: abs(counts[i] / n - p[i]) / sd[i] if sd[i] > 0 else 0.0)
+    return [i == worst for i in range(len(p))]
+
+
+def frequencies_figure(tokens: torch.Tensor, logits_row: list[float], T: float) -> dict:
+    """The panel of many races of ch23-exponential-race: how often each token won, the test's interval of each
+    share and its verdict per token (`wrong`)."""
+    p = (torch.tensor(logits_row, dtype=torch.float32) / T).softmax(-1)
+    counts = torch.bincount(tokens, minlength=len(logits_row))
+    n, stat, limit = tokens.numel(), chi2(counts, p), chi2_threshold(len(logits_row) - 1)
+    return {"counts": counts.tolist(), "n": n, "chi2": stat, "limit": limit,
+            "intervals": race_intervals(p.tolist(), n, limit), "wrong": race_outliers(counts.tolist(), n, p.tolist(),
+                                                                                   stat, limit)}
+
+
+def expect_distribution(tokens: torch.Tensor, logits_row: list[float], T: float, noise: torch.Tensor, *,
+                        case: str, variants: dict | None = None) -> dict:
+    """Chi-square goodness of fit of the drawn tokens to softmax(logits / T); returns the figure's numbers.
+    `variants` is `race_variants`' answer for the rows (asked of the hidden side when not given)."""
+    V, n = len(logits_row), tokens.numel()
+    z = torch.tensor(logits_row, dtype=torch.float32)
+    p = (z / T).softmax(-1)
+    counts = torch.bincount(tokens, minlength=V)
+    stat, df = chi2(counts, p), V - 1
+    limit = chi2_threshold(df)
+    result = {"counts": counts.tolist(), "n": n, "p": p.tolist(), "chi2": stat, "limit": limit,
+              "passed": stat <= limit}
+    if stat <= limit:
+        return result
+    sd = (n * p * (1 - p)).double().sqrt()
+    off = ((counts.double() - n * p.double()).abs() / sd)
+    i = int(off.argmax())
+    raise CheckFailed(case, f"logits {vec(z)}, T = {fmt(T)}: p = softmax(logits / T) = {vec(p)}",
+                      f"token {i} was drawn {int(counts[i])} times ({fmt(100 * float(counts[i]) / n, 3)}%); expected "
+                      f"N·p_{i} = {n} · {fmt(float(p[i]))} = {fmt(n * float(p[i]), 5)} ± {fmt(float(sd[i]), 3)} "
+                      f"(one standard deviation √(N·p·(1 − p)))",
+                      f"chi-square over {V} tokens = {fmt(stat, 5)} > {fmt(limit, 4)}, a level a correct sampler "
+                      f"exceeds with probability < {ALPHA:g} ({df} degrees of freedom)",
+                      hint=likely_cause(tokens, counts, z, T, noise, variants))
+
+
+def likely_cause(tokens: torch.Tensor, counts: torch.Tensor, z: torch.Tensor, T: float, noise: torch.Tensor,
+                 variants: dict | None = None) -> str:
+    """The sampler the draws of a failed goodness-of-fit test most likely come from."""
+    n, V = tokens.numel(), z.numel()
+    logits = z.expand(n, V)
+    temps = torch.full((n,), T)
+    correct = race_scores(logits, temps, noise)[1].argmax(-1)
+    variants = variants if variants is not None else if_hidden(race_variants, logits, temps, noise)
+    for name, hint in race_hints().items() if variants is not None else ():
+        alt = variants[name]
+        share = float((alt == tokens).double().mean())
+        if share >= 0.9 and float((alt == correct).double().mean()) < 0.9:
+            return Hint(f"your tokens are those of {name} on {fmt(100 * share, 3)}% of the rows; {hint}", hint.id)
+    limit = chi2_threshold(V - 1)
+    if chi2(counts, z.softmax(-1)) <= limit:
+        hint = M.race_temperature_ignored
+        return Hint(f"your draws follow softmax(logits), i.e. the temperature was not applied: {hint}", hint.id)
+    if chi2(counts, (z * T).softmax(-1)) <= limit:
+        hint = M.race_temperature_multiplied
+        return Hint(f"your draws follow softmax(logits · T): {hint}", hint.id)
+    if int(counts.max()) == n:
+        return M.same_token
+    return "use the noise as given: one E per token and row, p / E, argmax over each row"

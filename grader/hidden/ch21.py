@@ -8,19 +8,7 @@ import torch
 from grader.authoring import CheckFailed, Trial, expect_int, expect_tensor, first_wrong, hidden
 from grader.checks.ch21 import expect_decode, explain_decode, neighbour_slots, run_appends, run_decode_case
 
-
-def random_sizes(t: Trial, l_max: int) -> list[int]:
-    """Append sizes that fit in l_max: a prefill, decode steps of 1, and some empty appends."""
-    sizes, total = [], 0
-    while True:
-        n = t.random.choice([0, 1, 1, 1, t.random.randint(1, max(1, l_max // 2))])
-        if total + n > l_max or len(sizes) >= 8:
-            return sizes
-        sizes.append(n)
-        total += n
-
-
-# -- 21.1 append_kv -----------------------------------------------------------------------------------
+# -- ch21.1 append_kv ---------------------------------------------------------------------------------
 
 @hidden("ch21.1", "random shapes and sequences of appends (random cache contents)")
 def random_appends(t: Trial) -> None:
@@ -99,7 +87,7 @@ def bad_append_inputs(t: Trial) -> None:
                     because="5 cached + 2 new = 7 tokens overflow L_max = 6")
 
 
-# -- 21.2 decode_inputs -------------------------------------------------------------------------------
+# -- ch21.2 decode_inputs -----------------------------------------------------------------------------
 
 @hidden("ch21.2", "nano-vllm's block boundaries (block_size 256): len 1, 256, 257 and 512")
 def block_boundaries(t: Trial) -> None:
@@ -125,7 +113,7 @@ def whole_generation(t: Trial) -> None:
     bs, free = 4, torch.randperm(40, generator=t.rng).tolist()
     ids = [t.random.randrange(1000) for _ in range(6)]          # a 6-token prompt, prefilled
     table = [free.pop() for _ in range(-(-len(ids) // bs))]
-    written = {}
+    written: dict[int, int] = {}
     for _ in range(30):
         ids.append(t.random.randrange(1000))                     # the token the previous step sampled
         if len(ids) % bs == 1:                                  # may_append: a new block for position len − 1
@@ -145,3 +133,17 @@ def bad_decode_hidden(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.decode_inputs, [1] * 257, [9], 256,
                     because="position 256 is in logical block 1, but the table has only block 0")
     t.expect_raises(ValueError, t.yours.decode_inputs, [1, 2], [3], 0, because="block_size must be positive")
+
+
+# -- helpers ------------------------------------------------------------------------------------------
+
+def random_sizes(t: Trial, l_max: int) -> list[int]:
+    """Append sizes that fit in l_max: a prefill, decode steps of 1, and some empty appends."""
+    sizes: list[int] = []
+    total = 0
+    while True:
+        n = t.random.choice([0, 1, 1, 1, t.random.randint(1, max(1, l_max // 2))])
+        if total + n > l_max or len(sizes) >= 8:
+            return sizes
+        sizes.append(n)
+        total += n

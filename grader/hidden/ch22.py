@@ -10,7 +10,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from grader.authoring import CheckFailed, StudentRaised, Trial, expect_int, first_wrong, fmt, hidden, wrong_mask
+from grader.authoring import (
+    CheckFailed,
+    StudentRaised,
+    Trial,
+    expect_int,
+    first_wrong,
+    fmt,
+    hidden,
+    mistakes,
+    wrong_mask,
+)
 from grader.checks.ch22 import (
     expect_naive,
     expect_traffic,
@@ -20,16 +30,21 @@ from grader.checks.ch22 import (
     run_naive_case,
     run_traffic_case,
 )
-from grader.checks.ch22_flash import check_trace, expect_flash, run_flash_case
+from grader.checks.ch22_explain import check_trace, expect_flash, run_flash_case
 from grader.hidden.ch22_models import end_aligned
 
+# (T, S, causal) at d = 16 with 256 × 256 tiles (256 KiB of float32 scores each): the whole T × S float32 score
+# matrix is 256 MiB at T = S = 8192 (its bool causal mask 64 MiB) and 64 MiB at T = 1024, S = 16384. The call may
+# use FLASH_SPARE beyond q, k, v. Measured with this limit (a fresh student process capped at its own size plus the
+# budget; 2-core machine): the reference needs 2–9 MiB beyond its inputs (one tile and its few temporaries; the
+# rest is the allocator's slack, which varies from run to run), 0.2–0.6 s per case under load; a [T, S] causal
+# mask needs 66–73 MiB (about 3× FLASH_SPARE), q @ k.T once 520 MiB (T = S = 8192) and 137 MiB (1024 × 16384).
+FLASH_MEMORY_CASES = ((8192, 8192, True), (1024, 16384, False))
+FLASH_D, FLASH_TILE, FLASH_SPARE = 16, 256, 24 << 20
+M = mistakes("ch22")
 
-def random_causal_shape(t: Trial, most: int = 12) -> tuple[int, int, int]:
-    T = t.random.randint(1, most)
-    return T, T + t.random.choice([0, 0, 1, 3, 9]), t.random.choice([4, 8, 16])
 
-
-# -- 22.1 naive_attention ----------------------------------------------------------------------------
+# -- ch22.1 naive_attention, attention_hbm_bytes ----------------------------------------------------
 
 @hidden("ch22.1", "naive attention: random shapes, causal with S ≥ T and not causal")
 def naive_random(t: Trial) -> None:
@@ -109,7 +124,7 @@ def bad_inputs_22_1(t: Trial) -> None:
                     because="a number of queries is an int, not a float")
 
 
-# -- 22.2 flash_attention ----------------------------------------------------------------------------
+# -- ch22.2 flash_attention ----------------------------------------------------------------------------
 
 @hidden("ch22.2", "many tilings, causal: ragged last tiles and S > T (aligned to the end)")
 def flash_tilings_causal(t: Trial) -> None:
@@ -150,16 +165,6 @@ def flash_trace(t: Trial) -> None:
         check_trace(t, q, k, v, causal=n != 2, bq=bq, bk=bk, case=f"T={T}, S={S}, {bq} × {bk} tiles")
 
 
-# (T, S, causal) at d = 16 with 256 × 256 tiles (256 KiB of float32 scores each): the whole T × S float32 score
-# matrix is 256 MiB at T = S = 8192 (its bool causal mask 64 MiB) and 64 MiB at T = 1024, S = 16384. The call may
-# use FLASH_SPARE beyond q, k, v. Measured with this limit (a fresh student process capped at its own size plus the
-# budget; 2-core machine): the reference needs 2–9 MiB beyond its inputs (one tile and its few temporaries; the
-# rest is the allocator's slack, which varies from run to run), 0.2–0.6 s per case under load; a [T, S] causal
-# mask needs 66–73 MiB (about 3× FLASH_SPARE), q @ k.T once 520 MiB (T = S = 8192) and 137 MiB (1024 × 16384).
-FLASH_MEMORY_CASES = ((8192, 8192, True), (1024, 16384, False))
-FLASH_D, FLASH_TILE, FLASH_SPARE = 16, 256, 24 << 20
-
-
 @hidden("ch22.2", "no tensor of T·S elements is ever created (measured)")
 def flash_memory(t: Trial) -> None:
     d, b = FLASH_D, FLASH_TILE
@@ -181,11 +186,38 @@ def flash_memory(t: Trial) -> None:
             if idx is not None:
                 bad = int(wrong_mask(got, want, atol=1e-4, rtol=1e-4).sum())
                 where = ", ".join(map(str, idx))
-                raise CheckFailed(f"case: T={T} queries, S={S} keys, d={d}, causal={causal}, block_q={b}, block_k={b}\n"
+                raise CheckFailed(f"case: T={T} queries, S={S} keys, d={d}, causal={causal}, block_q={b}, block_k={b}",
                                   f"{name}[{where}]: expected {fmt(want[idx])}; yours {fmt(got[idx])} ({bad} of "
-                                  f"{want.numel()} differ beyond 1e-4 + 1e-4·|expected|)\nyour flash_attention fits "
-                                  f"in memory here, but its values are wrong: the checks on small instances show "
-                                  f"where they first differ")
+                                  f"{want.numel()} differ beyond 1e-4 + 1e-4·|expected|)",
+                                  "your flash_attention fits in memory here, but its values are wrong: the checks on "
+                                  "small instances show where they first differ")
+
+
+@hidden("ch22.2", "large scores: finite output, exact lse")
+def flash_large(t: Trial) -> None:
+    for T, S, bq, bk in ((7, 11, 3, 4), (9, 9, 2, 5)):
+        q, k, v = random_qkv(t, T, S, 16, magnitude=60.0)
+        run_flash_case(t, q, k, v, bq=bq, bk=bk, case=f"T={T}, S={S}, scores up to about ±150", atol=1e-4, rtol=1e-4)
+
+
+@hidden("ch22.2", "bad inputs raise ValueError")
+def bad_inputs_22_2(t: Trial) -> None:
+    z = torch.zeros
+    t.expect_raises(ValueError, t.yours.flash_attention, z(5, 4), z(3, 4), z(3, 4),
+                    because="with causal=True the 5 queries are the last 5 of the keys, and there are only 3")
+    t.expect_raises(ValueError, t.yours.flash_attention, z(2, 4), z(5, 4), z(5, 8),
+                    because="k [5, 4] and v [5, 8] must have the same shape")
+    t.expect_raises(ValueError, t.yours.flash_attention, z(2, 4), z(5, 4), z(5, 4), block_q=0,
+                    because="a block of 0 queries would never advance")
+    t.expect_raises(ValueError, t.yours.flash_attention, z(2, 4), z(5, 4), z(5, 4), block_k=-2,
+                    because="a block size must be positive")
+
+
+# -- helpers ------------------------------------------------------------------------------------------
+
+def random_causal_shape(t: Trial, most: int = 12) -> tuple[int, int, int]:
+    T = t.random.randint(1, most)
+    return T, T + t.random.choice([0, 0, 1, 3, 9]), t.random.choice([4, 8, 16])
 
 
 def mib(n: int) -> str:
@@ -209,33 +241,10 @@ def explain_memory(e: StudentRaised, T: int, S: int, d: int, causal: bool, bq: i
              f"({mib(bq * bk * itemsize)}) and keeps only the running max m and sum l [{bq}] and the accumulator "
              f"acc [{bq}, {d}] of its query block, so memory stays linear in T and S (the arithmetic is still "
              f"T·S·d)."]
-    tiles = "compute the scores tile by tile, q[q0:q1] @ k[k0:k1].T, instead of q @ k.T once and slicing it"
-    mask = ("a [T, S] causal mask is a full matrix too: compare positions inside each tile, "
-            "torch.arange(k0, k1) <= torch.arange(q0, q1)[:, None] + (S − T)")
     if asked is not None and asked >= T * S * itemsize:
-        lines.append(f"hint: {tiles}")
+        hint = M.full_scores
     elif asked is not None and asked >= T * S and causal:
-        lines.append(f"hint: {mask}")
+        hint = M.full_mask
     else:
-        lines.append(f"hint: keep one tile at a time: {tiles}" + (f"; and {mask}" if causal else ""))
-    return CheckFailed("\n".join(lines))
-
-
-@hidden("ch22.2", "large scores: finite output, exact lse")
-def flash_large(t: Trial) -> None:
-    for T, S, bq, bk in ((7, 11, 3, 4), (9, 9, 2, 5)):
-        q, k, v = random_qkv(t, T, S, 16, magnitude=60.0)
-        run_flash_case(t, q, k, v, bq=bq, bk=bk, case=f"T={T}, S={S}, scores up to about ±150", atol=1e-4, rtol=1e-4)
-
-
-@hidden("ch22.2", "bad inputs raise ValueError")
-def bad_inputs_22_2(t: Trial) -> None:
-    z = torch.zeros
-    t.expect_raises(ValueError, t.yours.flash_attention, z(5, 4), z(3, 4), z(3, 4),
-                    because="with causal=True the 5 queries are the last 5 of the keys, and there are only 3")
-    t.expect_raises(ValueError, t.yours.flash_attention, z(2, 4), z(5, 4), z(5, 8),
-                    because="k [5, 4] and v [5, 8] must have the same shape")
-    t.expect_raises(ValueError, t.yours.flash_attention, z(2, 4), z(5, 4), z(5, 4), block_q=0,
-                    because="a block of 0 queries would never advance")
-    t.expect_raises(ValueError, t.yours.flash_attention, z(2, 4), z(5, 4), z(5, 4), block_k=-2,
-                    because="a block size must be positive")
+        hint = M.one_tile.format(mask=f"; and {M.full_mask}" if causal else "")
+    return CheckFailed(*lines, hint=hint)

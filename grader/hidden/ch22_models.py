@@ -9,6 +9,7 @@ for its fixed instances.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -45,7 +46,7 @@ def naive_variants(ref, q, k, v, causal: bool) -> dict:
     """{"mask|scale|other": (scores, probs, out)} for every wrong combination, and the output without softmax."""
     (T, d), S = q.shape, k.shape[0]
     scales = {"": d ** -0.5, "unscaled": 1.0, "1/d": 1.0 / d}
-    others = {"": {}, "fill 0": {"fill": 0.0}, "dim 0": {"dim": 0}}
+    others: dict[str, dict[str, Any]] = {"": {}, "fill 0": {"fill": 0.0}, "dim 0": {"dim": 0}}
     out = {}
     for m, allowed in naive_masks(T, S, causal).items():
         for s, scale in scales.items():
@@ -123,11 +124,12 @@ def flash_model(q, k, v, causal: bool, bq: int, bk: int, *, scale: float | None 
     return out, lse, trace
 
 
-FLASH_KNOBS = {"acc": {"rescale_acc": False}, "l": {"rescale_l": False},
-               "acc and l": {"rescale_acc": False, "rescale_l": False}, "top-left": {"offset": 0},
-               "whole tiles": {"mask_tiles": False}, "causal flipped": {}, "floor k blocks": {"full_k_blocks": True},
-               "unscaled": {"scale": 1.0}}
-"""flash_model's knobs for each misconception `grader.checks.ch22_flash.flash_whys` names (plus "1/d")."""
+FLASH_KNOBS: dict[str, dict[str, Any]] = {"acc": {"rescale_acc": False}, "l": {"rescale_l": False},
+                                          "acc and l": {"rescale_acc": False, "rescale_l": False},
+                                          "top-left": {"offset": 0}, "whole tiles": {"mask_tiles": False},
+                                          "causal flipped": {}, "floor k blocks": {"full_k_blocks": True},
+                                          "unscaled": {"scale": 1.0}}
+"""flash_model's knobs for each misconception `grader.checks.ch22_explain.flash_whys` names (plus "1/d")."""
 
 
 def flash_models(ref, q, k, v, causal: bool, bq: int, bk: int) -> dict:

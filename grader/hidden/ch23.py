@@ -2,61 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from grader.authoring import CheckFailed, Trial, hidden
-from grader.checks.ch23 import NEG_INF, expect_distribution, expect_in_vocab, expect_processed, expect_tokens, vec
+from grader.authoring import CheckFailed, Trial, hidden, vec
+from grader.checks.ch23 import NEG_INF, expect_distribution, expect_in_vocab, expect_processed, expect_tokens
 
 QWEN3_VOCAB = 151_936
 CHI_LOGITS, CHI_T, CHI_DRAWS = [1.0, 0.2, -0.5, 2.0, 0.0, -1.5], 0.7, 20_000
 MARGIN = 1e-4     # random top_p values stay this far from every row's cumulative masses (no float coin flips)
 
 
-def random_logits(t: Trial, B: int, V: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Distinct logits and temperatures whose probabilities never underflow to 0 in float32.
-
-    Small rows are Gaussian; a vocabulary-sized row uses the Gaussian quantiles of a random permutation of
-    its ranks, because 151,936 float32 Gaussian draws contain exact ties, and where top-p cuts between tied
-    entries the result depends on the sort order (vLLM's as much as anyone's).
-    """
-    scale = t.random.choice([0.5, 1.0, 3.0])
-    if V <= 1024:
-        logits = torch.randn(B, V, generator=t.rng) * scale
-    else:
-        ranks = torch.stack([torch.randperm(V, generator=t.rng) for _ in range(B)])
-        logits = torch.special.ndtri((ranks.double() + 0.5) / V).float() * scale
-    temp = torch.rand(B, generator=t.rng) * 1.7 + 0.3
-    return logits, temp
-
-
-def _masses(t: Trial, logits: torch.Tensor, temp: torch.Tensor, top_k) -> torch.Tensor:
-    """Each row's cumulative masses in ascending order after top-k: top-p compares them with 1 − p."""
-    after_k = t.ref.process_logits(logits, temp, top_k)
-    return after_k.sort(dim=-1).values.softmax(-1).cumsum(-1).double().contiguous()
-
-
-def _first_far(masses: torch.Tensor, candidates: list[float]) -> float:
-    """The first candidate p such that no cumulative mass in `masses` lies within MARGIN of 1 − p (else 1.0)."""
-    live = torch.cat([masses[masses > 0], torch.zeros(1, dtype=masses.dtype)])
-    gaps = (live[:, None] - (1 - torch.tensor(candidates, dtype=masses.dtype))[None, :]).abs().amin(0)
-    ok = (gaps > MARGIN).nonzero()
-    return candidates[int(ok[0])] if len(ok) else 1.0
-
-
-def safe_top_p(t: Trial, logits: torch.Tensor, temp: torch.Tensor, top_k, rows: list[int]) -> list[float]:
-    """For each row, a top_p in (0.05, 0.99) that no cumulative mass of the row comes within MARGIN of
-    (1.0, i.e. off, if none is found), so that float rounding never decides which token stays."""
-    masses = _masses(t, logits, temp, top_k)
-    out = []
-    for b in rows:
-        out.append(_first_far(masses[b], [round(t.random.uniform(0.05, 0.99), 3) for _ in range(50)]))
-    return out
-
-
-def safe_shared_top_p(t: Trial, logits: torch.Tensor, temp: torch.Tensor, top_k) -> float:
-    masses = _masses(t, logits, temp, top_k)
-    return _first_far(masses, [round(t.random.uniform(0.05, 0.99), 3) for _ in range(100)])
-
+# -- ch23.1 process_logits ------------------------------------------------------------------------
 
 @hidden("ch23.1", "random batches with per-row top_k and top_p")
 def random_batches(t: Trial) -> None:
@@ -64,6 +22,8 @@ def random_batches(t: Trial) -> None:
         B, V = t.random.randint(1, 8), t.random.randint(2, 64)
         logits, temp = random_logits(t, B, V)
         k_mode, p_mode = t.random.choice(["none", "int", "rows"]), t.random.choice(["none", "float", "rows"])
+        top_k: int | torch.Tensor | None
+        top_p: float | torch.Tensor | None
         if k_mode == "int":
             top_k = t.random.randint(1, V)
         elif k_mode == "rows":
@@ -116,17 +76,20 @@ def real_vocab(t: Trial) -> None:
 def bad_process_inputs(t: Trial) -> None:
     logits = torch.randn(2, 5, generator=t.rng)
     ok = torch.tensor([0.7, 1.0])
-    cases = [((logits, torch.tensor([0.7, -1.0])), {}, "temperature −1 is not > 0"),
-             ((logits, torch.tensor([0.7, 1.0, 1.0])), {}, "temperature has 3 entries for 2 rows"),
-             ((logits, ok), {"top_k": 0}, "top_k = 0 keeps nothing (k must lie in 1..V)"),
-             ((logits, ok), {"top_k": 6}, "top_k = 6 exceeds V = 5"),
-             ((logits, ok), {"top_k": torch.tensor([3, 0])}, "row 1's top_k = 0 keeps nothing"),
-             ((logits, ok), {"top_p": 0.0}, "top_p = 0 is outside (0, 1]"),
-             ((logits, ok), {"top_p": 1.5}, "top_p = 1.5 is outside (0, 1]"),
-             ((logits, ok), {"top_p": torch.tensor([0.9, -0.1])}, "row 1's top_p = −0.1 is outside (0, 1]")]
+    cases: list[tuple[tuple, dict[str, Any], str]] = [
+        ((logits, torch.tensor([0.7, -1.0])), {}, "temperature −1 is not > 0"),
+        ((logits, torch.tensor([0.7, 1.0, 1.0])), {}, "temperature has 3 entries for 2 rows"),
+        ((logits, ok), {"top_k": 0}, "top_k = 0 keeps nothing (k must lie in 1..V)"),
+        ((logits, ok), {"top_k": 6}, "top_k = 6 exceeds V = 5"),
+        ((logits, ok), {"top_k": torch.tensor([3, 0])}, "row 1's top_k = 0 keeps nothing"),
+        ((logits, ok), {"top_p": 0.0}, "top_p = 0 is outside (0, 1]"),
+        ((logits, ok), {"top_p": 1.5}, "top_p = 1.5 is outside (0, 1]"),
+        ((logits, ok), {"top_p": torch.tensor([0.9, -0.1])}, "row 1's top_p = −0.1 is outside (0, 1]")]
     for args, kw, because in cases:
         t.expect_raises(ValueError, t.yours.process_logits, *args, because=because, **kw)
 
+
+# -- ch23.2 sample --------------------------------------------------------------------------------
 
 @hidden("ch23.2", "random batches: exact agreement with the given noise")
 def random_races(t: Trial) -> None:
@@ -210,3 +173,51 @@ def bad_sample_inputs(t: Trial) -> None:
                     because="the noise must be shaped [2, 4] like the logits, not [4]")
     t.expect_raises(ValueError, t.yours.sample, logits, torch.ones(2), torch.ones(2, 5),
                     because="the noise must be shaped [2, 4] like the logits, not [2, 5]")
+
+
+# -- helpers: random instances whose answers no float rounding decides ------------------------------
+
+def random_logits(t: Trial, B: int, V: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct logits and temperatures whose probabilities never underflow to 0 in float32.
+
+    Small rows are Gaussian; a vocabulary-sized row uses the Gaussian quantiles of a random permutation of
+    its ranks, because 151,936 float32 Gaussian draws contain exact ties, and where top-p cuts between tied
+    entries the result depends on the sort order (vLLM's as much as anyone's).
+    """
+    scale = t.random.choice([0.5, 1.0, 3.0])
+    if V <= 1024:
+        logits = torch.randn(B, V, generator=t.rng) * scale
+    else:
+        ranks = torch.stack([torch.randperm(V, generator=t.rng) for _ in range(B)])
+        logits = torch.special.ndtri((ranks.double() + 0.5) / V).float() * scale
+    temp = torch.rand(B, generator=t.rng) * 1.7 + 0.3
+    return logits, temp
+
+
+def _masses(t: Trial, logits: torch.Tensor, temp: torch.Tensor, top_k) -> torch.Tensor:
+    """Each row's cumulative masses in ascending order after top-k: top-p compares them with 1 − p."""
+    after_k = t.ref.process_logits(logits, temp, top_k)
+    return after_k.sort(dim=-1).values.softmax(-1).cumsum(-1).double().contiguous()
+
+
+def _first_far(masses: torch.Tensor, candidates: list[float]) -> float:
+    """The first candidate p such that no cumulative mass in `masses` lies within MARGIN of 1 − p (else 1.0)."""
+    live = torch.cat([masses[masses > 0], torch.zeros(1, dtype=masses.dtype)])
+    gaps = (live[:, None] - (1 - torch.tensor(candidates, dtype=masses.dtype))[None, :]).abs().amin(0)
+    ok = (gaps > MARGIN).nonzero()
+    return candidates[int(ok[0])] if len(ok) else 1.0
+
+
+def safe_top_p(t: Trial, logits: torch.Tensor, temp: torch.Tensor, top_k, rows: list[int]) -> list[float]:
+    """For each row, a top_p in (0.05, 0.99) that no cumulative mass of the row comes within MARGIN of
+    (1.0, i.e. off, if none is found), so that float rounding never decides which token stays."""
+    masses = _masses(t, logits, temp, top_k)
+    out = []
+    for b in rows:
+        out.append(_first_far(masses[b], [round(t.random.uniform(0.05, 0.99), 3) for _ in range(50)]))
+    return out
+
+
+def safe_shared_top_p(t: Trial, logits: torch.Tensor, temp: torch.Tensor, top_k) -> float:
+    masses = _masses(t, logits, temp, top_k)
+    return _first_far(masses, [round(t.random.uniform(0.05, 0.99), 3) for _ in range(100)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from grader.authoring import Trial
-from grader.checks.ch23 import chi2, chi2_threshold, expect_distribution, expect_in_vocab, expect_tokens, race_scores
+from grader.checks.ch23 import expect_distribution, expect_in_vocab, expect_tokens, frequencies_figure, race_scores
 from grader.lab import Float, Numbers, expected_or_own, experiment
 
 RACES = 4000  # the panel of many races: one call with this many rows of fresh Exp(1) noise
@@ -17,7 +17,7 @@ def _constraints(p: dict) -> dict[str, str]:
     return {}
 
 
-def _captions(p: dict) -> dict[str, tuple[str, str]]:
+def _captions(p: dict) -> dict[str, tuple[str, ...]]:
     z, T, E = p["logits"], p["temperature"], p["noise"]
     probs, scores = race_scores(torch.tensor([z]), torch.tensor([T]), torch.tensor([E]))
     top, win = int(probs[0].argmax()), int(scores[0].argmax())
@@ -55,8 +55,6 @@ def race(t: Trial, p: dict) -> None:
     many = torch.empty(RACES, len(z)).exponential_(generator=t.rng)
     drawn = expect_in_vocab(t.yours.sample(logits.expand(RACES, -1).contiguous(), temp.expand(RACES).contiguous(),
                                    many), RACES, len(z))
-    counts = torch.bincount(drawn, minlength=len(z))
-    t.figure("ch23-exponential-race", counts=counts, n=RACES, chi2=chi2(counts, probs[0]),
-             limit=chi2_threshold(len(z) - 1))
+    t.figure("ch23-exponential-race", **frequencies_figure(drawn, z, T))
     expect_distribution(drawn, z, T, many, case=f'case "{RACES} races": logits {z}, T = {T:g}, Exp(1) noise '
                                                 "from a fixed seed")

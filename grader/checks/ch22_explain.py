@@ -13,13 +13,27 @@ import math
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, describe, expect_tensor, first_wrong, fmt, hidden_model, wrong_mask
+from grader.authoring import (
+    CheckFailed,
+    Hint,
+    Trial,
+    describe,
+    expect_tensor,
+    first_wrong,
+    fmt,
+    hidden_model,
+    mistakes,
+    plural,
+    wrong_mask,
+)
 
 # Tolerances for float32 attention (flash_attention must agree with naive attention to these).
 ATOL, RTOL = 1e-5, 1e-5
+STATS_TOL = 1e-5  # a recorded running max or sum agrees with the model's (relative or absolute)
 
 flash_models = hidden_model("ch22_models.flash_models")
 """`t.ref.drive(flash_models, q, k, v, causal, bq, bk)`: the trace, tiles and misconception values of one instance."""
+M = mistakes("ch22")
 
 
 def sees(T: int, S: int, i: int, causal: bool) -> str:
@@ -42,7 +56,7 @@ def close_to_variant(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-4) -> boo
     return bool(((a == b) | finite).all()) and torch.allclose(a[finite], b[finite], atol=tol, rtol=tol)
 
 
-# -- 22.2 flash_attention: values --------------------------------------------------------------------
+# -- ch22.2 flash_attention: values ------------------------------------------------------------------
 
 def expect_flash(got, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Require (out [T, d], lse [T]) in q's dtype."""
@@ -55,32 +69,19 @@ def expect_flash(got, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
-def flash_whys(T: int, S: int, d: int, bk: int, causal: bool) -> list[tuple[str, str]]:
-    """(misconception, why) for the mistakes the chapter names, in the order they are tried; `flash_models`
+def flash_whys(T: int, S: int, d: int, bk: int, causal: bool) -> list[tuple[str, Hint]]:
+    """(misconception, hint) for the mistakes the chapter names, in the order they are tried; `flash_models`
     holds each one's (out, lse)."""
-    rescale = ("when a tile raises a row's running max from m to m_new, everything summed so far was measured "
-               "against the old max: multiply {what} by α = exp(m − m_new) before adding this tile's terms")
-    out = [("acc", rescale.format(what="the accumulator acc")), ("l", rescale.format(what="the running sum l")),
-           ("acc and l", rescale.format(what="both acc and l"))]
+    out = [("acc", M.acc_not_rescaled), ("l", M.l_not_rescaled), ("acc and l", M.acc_and_l_not_rescaled)]
     if causal and S > T:
-        out.append(("top-left", f"the causal mask is aligned to the end: query i is at position S − T + i = {S - T} "
-                                f"+ i and sees keys 0 … {S - T} + i (the top-left alignment lets it see keys 0 … i "
-                                f"only)"))
+        out.append(("top-left", M.flash_topleft.format(offset=S - T)))
     if causal:
-        out.append(("whole tiles", "tiles that cross the diagonal must mask their future keys (key j > S − T + i "
-                                   "gets −inf); skipping whole future tiles is not enough"))
-        out.append(("causal flipped", "causal=True: mask the keys after each query's position and skip the future "
-                                      "tiles"))
+        out += [("whole tiles", M.whole_tiles), ("causal flipped", M.flash_not_causal)]
     else:
-        out.append(("causal flipped", "causal=False: every query sees every key, no tile is skipped or masked"))
+        out.append(("causal flipped", M.flash_causal_always))
     if S % bk:
-        out.append(("floor k blocks", f"the last key block is ragged: S = {S} = {S // bk}·{bk} + {S % bk}, so "
-                                      f"there are ⌈{S}/{bk}⌉ = {-(-S // bk)} key blocks and the last holds {S % bk} "
-                                      f"key(s); loop with range(0, S, block_k) and end each block at "
-                                      f"min(start + block_k, S)"))
-    out += [("unscaled", f"scale the scores by 1/√d = 1/√{d}; you did not scale them"),
-            ("1/d", f"the scale is 1/√d = 1/√{d}, not 1/d")]
-    return out
+        out.append(("floor k blocks", ragged_keys_hint(S, bk)))
+    return out + [("unscaled", M.unscaled.format(d=d)), ("1/d", M.scale_1_over_d.format(d=d))]
 
 
 def flash_hint(which: int, got: torch.Tensor, models: dict, T: int, S: int, d: int, bk: int, causal: bool) -> str:
@@ -95,9 +96,12 @@ def ragged_rows_hint(rows: list[int], T: int, bq: int) -> str:
     """The hint for wrong rows that all lie in the last, ragged query block ('' otherwise)."""
     if T % bq == 0 or not rows or min(rows) < T // bq * bq:
         return ""
-    return (f"the last query block is ragged: T = {T} = {T // bq}·{bq} + {T % bq}, so there are ⌈{T}/{bq}⌉ = "
-            f"{-(-T // bq)} query blocks and the last holds {T % bq} row(s); loop with range(0, T, block_q) and "
-            f"end each block at min(start + block_q, T) (T // block_q = {T // bq} blocks misses it)")
+    return M.floor_q_blocks.format(T=T, bq=bq, full=T // bq, rest=T % bq, n=-(-T // bq))
+
+
+def ragged_keys_hint(S: int, bk: int) -> Hint:
+    """The hint for a last, ragged key block left out."""
+    return M.floor_k_blocks.format(S=S, bk=bk, full=S // bk, rest=S % bk, n=-(-S // bk))
 
 
 def last_records(trace: list) -> list:
@@ -111,16 +115,14 @@ def last_records(trace: list) -> list:
 def lse_hint(lse: torch.Tensor, want: torch.Tensor, models: dict, T: int, S: int, d: int, bk: int,
              causal: bool) -> str:
     if not torch.isfinite(lse).all() and torch.isfinite(want).all():
-        return ("inf/nan: log Σ exp(score) computed directly overflows once a score passes ~88 in float32; keep "
-                "the running max m and return lse = m + log l, where l sums exp(score − m)")
+        return M.lse_overflow
     final_m = torch.tensor([x for r in last_records(models["trace"]) for x in r[2]], dtype=torch.float64)
     if close_to_variant(lse, want.double() - final_m):
-        return ("lse = m + log l: your lse is log l alone, but l sums exp(score − m), measured against the "
-                "running max m; add m back")
+        return M.lse_without_max
     if close_to_variant(lse, final_m):
-        return "lse = m + log l, not the running max m alone"
+        return M.lse_max_only
     if close_to_variant(lse, want.double() / math.log(2)):
-        return "lse is a natural logarithm (log, not log2)"
+        return M.lse_log2
     return flash_hint(1, lse, models, T, S, d, bk, causal)
 
 
@@ -136,26 +138,24 @@ def explain_flash(out, lse, want_out, want_lse, q, k, v, *, causal: bool, bq: in
         i, j = idx
         bad = wrong_mask(out, want_out, atol=atol, rtol=rtol)
         last = (S - T + i if causal else S - 1) // bk
-        lines = [case_line(case, q, k, causal, blocks),
-                 f"{sees(T, S, i, causal)}: query block {i // bq} (its row {i % bq}), key blocks 0 … {last}",
-                 f"out[{i}, {j}]: expected {fmt(want_out[i, j])} (naive attention); yours {fmt(out[i, j])}  "
-                 f"({int(bad.sum())} of {want_out.numel()} elements differ beyond {atol:g} + {rtol:g}·|expected|)"]
         hint = (flash_hint(0, out, need(), T, S, d, bk, causal)
                 or ragged_rows_hint(sorted({int(r) for r in bad.nonzero()[:, 0]}), T, bq))
         if not hint and not torch.isfinite(out).all() and torch.isfinite(want_out).all():
-            hint = ("your output has inf/nan: subtract the running max before exp, and visit each query block's "
-                    "key blocks from 0 upward (key 0 is visible to every query, so the first tile sets a finite m)")
-        raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+            hint = M.flash_unstable
+        raise CheckFailed(case_line(case, q, k, causal, blocks),
+                          f"{sees(T, S, i, causal)}: query block {i // bq} (its row {i % bq}), key blocks 0 … {last}",
+                          f"out[{i}, {j}]: expected {fmt(want_out[i, j])} (naive attention); yours {fmt(out[i, j])}  "
+                          f"({int(bad.sum())} of {want_out.numel()} elements differ beyond {atol:g} + "
+                          f"{rtol:g}·|expected|)", hint=hint)
     idx = first_wrong(lse, want_lse, atol=atol, rtol=rtol)
     if idx is not None:
         (i,) = idx
         bad = wrong_mask(lse, want_lse, atol=atol, rtol=rtol)
-        lines = [case_line(case, q, k, causal, blocks), sees(T, S, i, causal),
-                 f"lse[{i}]: expected log Σ_visible exp(q[{i}]·k/√{d}) = {fmt(want_lse[i])}; yours {fmt(lse[i])}  "
-                 f"({int(bad.sum())} of {T} rows differ)"]
-        hint = (lse_hint(lse, want_lse, need(), T, S, d, bk, causal)
-                or ragged_rows_hint(sorted(int(r) for r in bad.nonzero()[:, 0]), T, bq))
-        raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+        raise CheckFailed(case_line(case, q, k, causal, blocks), sees(T, S, i, causal),
+                          f"lse[{i}]: expected log Σ_visible exp(q[{i}]·k/√{d}) = {fmt(want_lse[i])}; yours "
+                          f"{fmt(lse[i])}  ({int(bad.sum())} of {T} rows differ)",
+                          hint=(lse_hint(lse, want_lse, need(), T, S, d, bk, causal)
+                                or ragged_rows_hint(sorted(int(r) for r in bad.nonzero()[:, 0]), T, bq)))
 
 
 def flash_expected(t: Trial, q, k, v, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,7 +175,7 @@ def run_flash_case(t: Trial, q, k, v, *, causal: bool = True, bq: int, bk: int, 
     return out, lse
 
 
-# -- 22.2 flash_attention: the trace -----------------------------------------------------------------
+# -- ch22.2 flash_attention: the trace ---------------------------------------------------------------
 
 TRACE_FORMAT = ('one dict per visited tile, {"qb": query block, "kb": key block, "m": [running max of each row], '
                 '"l": [running sum of each row]}')
@@ -205,7 +205,7 @@ def expect_trace(raw, T: int, S: int, bq: int, bk: int) -> list[tuple[int, int, 
             raise CheckFailed(f'trace[{n}]: "qb" and "kb" are block indices as Python ints; yours: {describe(qb)}, '
                               f"{describe(kb)}")
         rows = min(qb * bq + bq, T) - qb * bq if 0 <= qb < -(-T // bq) else None
-        stats = []
+        stats: list[list[float]] = []
         for key in ("m", "l"):
             x = r[key]
             x = x.tolist() if isinstance(x, torch.Tensor) and x.dim() == 1 else x
@@ -214,7 +214,7 @@ def expect_trace(raw, T: int, S: int, bq: int, bk: int) -> list[tuple[int, int, 
                 raise CheckFailed(f'trace[{n}] ("qb": {qb}, "kb": {kb}): "{key}" should list one float per row of '
                                   f"query block {qb}" + (f" ({rows} rows)" if rows else "") + f"; yours: {describe(x)}")
             stats.append([float(e) for e in x])
-        records.append((qb, kb, *stats))
+        records.append((qb, kb, stats[0], stats[1]))
     return records
 
 
@@ -227,36 +227,36 @@ def explain_tiles(records: list, tiles: dict, T: int, S: int, bq: int, bk: int, 
     nq, nk = -(-T // bq), -(-S // bk)
     for qb, kb in got:
         if not (0 <= qb < nq and 0 <= kb < nk):
-            raise CheckFailed(f"{head}\nyour trace has tile (qb={qb}, kb={kb}), which does not exist: ⌈{T}/{bq}⌉ = "
-                              f"{nq} query blocks (0 … {nq - 1}) and ⌈{S}/{bk}⌉ = {nk} key blocks (0 … {nk - 1})")
+            raise CheckFailed(head, f"your trace has tile (qb={qb}, kb={kb}), which does not exist: ⌈{T}/{bq}⌉ = "
+                                    f"{nq} query blocks (0 … {nq - 1}) and ⌈{S}/{bk}⌉ = {nk} key blocks "
+                                    f"(0 … {nk - 1})")
     twice = [x for x in dict.fromkeys(got) if got.count(x) > 1]
     if twice:
         qb, kb = twice[0]
-        raise CheckFailed(f"{head}\n{tile_text(qb, kb, T, S, bq, bk)} appears {got.count(twice[0])} times in your "
-                          f"trace: each tile is visited once, its scores folded into m, l and acc once")
+        raise CheckFailed(head, f"{tile_text(qb, kb, T, S, bq, bk)} appears {got.count(twice[0])} times in your "
+                                f"trace: each tile is visited once, its scores folded into m, l and acc once")
     hint = tiles_hint(set(got), tiles, T, S, bq, bk, causal)
     extra = [x for x in got if x not in want]
     if extra:
         qb, kb = extra[0]
         p = S - T + min(qb * bq + bq, T) - 1
-        raise CheckFailed(f"{head}\nyour trace visits {tile_text(qb, kb, T, S, bq, bk)}; its last query, at position "
-                          f"{p}, sees keys 0 … {p} < {kb * bk}: the whole tile is in the future, so FlashAttention "
-                          f"skips it (no scores, no exp, no record). {len(extra)} future tile"
-                          f"{'s' if len(extra) > 1 else ''} visited" + (f"\nhint: {hint}" if hint else ""))
+        raise CheckFailed(head, f"your trace visits {tile_text(qb, kb, T, S, bq, bk)}; its last query, at position "
+                                f"{p}, sees keys 0 … {p} < {kb * bk}: the whole tile is in the future, so "
+                                f"FlashAttention skips it (no scores, no exp, no record). "
+                                f"{plural(len(extra), 'future tile')} visited", hint=hint)
     missing = [x for x in want if x not in got]
     if missing:
         qb, kb = missing[0]
         why = (f"its last query, at position {S - T + min(qb * bq + bq, T) - 1}, sees key {kb * bk}" if causal
                else "not causal: every tile holds visible scores")
-        raise CheckFailed(f"{head}\n{tile_text(qb, kb, T, S, bq, bk)} is missing from your trace ({why}); "
-                          f"{len(missing)} of the {len(want)} tiles with visible scores "
-                          f"{'was' if len(missing) == 1 else 'were'} not visited"
-                          + (f"\nhint: {hint}" if hint else ""))
+        raise CheckFailed(head, f"{tile_text(qb, kb, T, S, bq, bk)} is missing from your trace ({why}); "
+                                f"{len(missing)} of the {len(want)} tiles with visible scores "
+                                f"{'was' if len(missing) == 1 else 'were'} not visited", hint=hint)
     for qb in range(nq):
         kbs = [kb for b, kb in got if b == qb]
         if kbs != sorted(kbs):
-            raise CheckFailed(f"{head}\nquery block {qb} visits key blocks in the order {kbs}: visit them in "
-                              f"increasing order, so each row's first tile holds key 0 (visible to every query)")
+            raise CheckFailed(head, f"query block {qb} visits key blocks in the order {kbs}: visit them in "
+                                    f"increasing order, so each row's first tile holds key 0 (visible to every query)")
 
 
 def tiles_hint(got: set, tiles: dict, T: int, S: int, bq: int, bk: int, causal: bool) -> str:
@@ -264,18 +264,15 @@ def tiles_hint(got: set, tiles: dict, T: int, S: int, bq: int, bk: int, causal: 
     want = set(tiles["visit"])
     nq, nk = -(-T // bq), -(-S // bk)
     if causal and S > T and got == set(tiles["top-left"]):
-        return (f"the causal mask is aligned to the end: query i is at position S − T + i = {S - T} + i, so a query "
-                f"block ending at query i needs keys up to {S - T} + i (a top-left alignment stops at key i)")
+        return M.flash_topleft.format(offset=S - T)
     if causal and got == set(tiles["all"]):
-        return ("skip the tiles entirely in the future: for the query block ending at query q_end − 1, stop the "
-                "key loop at key S − T + q_end (exclusive), range(0, min(S, S − T + q_end), block_k)")
+        return M.no_skip
     missing = want - got
     if missing and got <= want:
         if T % bq and missing == {x for x in want if x[0] == nq - 1}:
             return ragged_rows_hint([T - 1], T, bq)
         if S % bk and missing == {x for x in want if x[1] == nk - 1}:
-            return (f"the last key block is ragged: S = {S} = {S // bk}·{bk} + {S % bk}, so there are ⌈{S}/{bk}⌉ = "
-                    f"{nk} key blocks; loop with range(0, S, block_k) so its {S % bk} key(s) are read")
+            return ragged_keys_hint(S, bk)
     return ""
 
 
@@ -297,42 +294,51 @@ def explain_final_stats(records: list, lse: torch.Tensor, T: int, bq: int, case:
                                   f"return lse = m + log l from those running values")
 
 
-def explain_stats(records: list, models: dict, *, T: int, S: int, d: int, causal: bool, bq: int, bk: int, case: str,
-                  tol: float = 1e-5) -> None:
+def stats_wrong(records: list, expected: list, tol: float = STATS_TOL) -> list[tuple[list[bool], list[bool]]]:
+    """Per record of a trace, per row: whether its running max m and its running sum l differ from those the model
+    has after the same tile (`expected`: `flash_models(...)["trace"]`); a tile the model never visits is all wrong."""
+    ref = {(r[0], r[1]): r for r in expected}
+    close = lambda a, b: math.isclose(a, b, rel_tol=tol, abs_tol=tol)
+    out = []
+    for qb, kb, m, l in records:
+        want = ref.get((qb, kb))
+        out.append(([want is None or not close(x, want[2][r]) for r, x in enumerate(m)],
+                    [want is None or not close(x, want[3][r]) for r, x in enumerate(l)]))
+    return out
+
+
+def explain_stats(records: list, models: dict, *, T: int, S: int, d: int, causal: bool, bq: int, bk: int,
+                  case: str) -> None:
     """Each tile's recorded running max and sum, against the model's after the same tile."""
     ref = {(r[0], r[1]): r for r in models["trace"]}
-    for qb, kb, m, l in records:
+    for (qb, kb, m, l), (m_bad, l_bad) in zip(records, stats_wrong(records, models["trace"])):
         want = ref[qb, kb]
         for r in range(len(m)):
-            if math.isclose(m[r], want[2][r], rel_tol=tol, abs_tol=tol) and \
-                    math.isclose(l[r], want[3][r], rel_tol=tol, abs_tol=tol):
+            if not (m_bad[r] or l_bad[r]):
                 continue
-            i = qb * bq + r
-            lines = [f'case "{case}": T={T}, S={S}, d={d}, block_q={bq}, block_k={bk}, causal={causal}',
-                     f"after {tile_text(qb, kb, T, S, bq, bk)}, row {r} (query {i}): expected the running max "
-                     f"m = {fmt(want[2][r])} (the largest visible q·k/√{d} over key blocks 0 … {kb}) and the running "
-                     f"sum l = {fmt(want[3][r])} (Σ exp(score − m) over the same keys); yours m = {fmt(m[r])}, "
-                     f"l = {fmt(l[r])}"]
-            hint = stats_hint(qb, kb, r, m[r], l[r], d, models)
-            raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+            raise CheckFailed(f'case "{case}": T={T}, S={S}, d={d}, block_q={bq}, block_k={bk}, causal={causal}',
+                              f"after {tile_text(qb, kb, T, S, bq, bk)}, row {r} (query {qb * bq + r}): expected the "
+                              f"running max m = {fmt(want[2][r])} (the largest visible q·k/√{d} over key blocks "
+                              f"0 … {kb}) and the running sum l = {fmt(want[3][r])} (Σ exp(score − m) over the same "
+                              f"keys); yours m = {fmt(m[r])}, l = {fmt(l[r])}",
+                              hint=stats_hint(qb, kb, r, m[r], l[r], d, models))
 
 
 def stats_hint(qb: int, kb: int, r: int, m: float, l: float, d: int, models: dict) -> str:
     """The misconception behind a wrong running max m or sum l of row r after tile (qb, kb) ('' if none)."""
     close = lambda a, b: math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-4)
-    tile = lambda trace: {(x[0], x[1]): x for x in models[trace]}.get((qb, kb))
+    tile = lambda trace: {(x[0], x[1]): x for x in models[trace]}[qb, kb]
     right = tile("trace")
     if close(m, right[2][r] / d ** -0.5) or close(m, right[2][r] * d ** 0.5):
-        return f"record m in units of the scaled scores q·k/√{d}; yours looks like the unscaled q·k"
+        return M.trace_unscaled_m.format(d=d)
     if kb and close(m, tile("trace without running max")[2][r]) and not close(m, right[2][r]):
-        return "m is the running max over all key blocks so far, max(m, rowmax(s)), not this tile's max alone"
+        return M.trace_tile_max
     if close(m, right[2][r]) and close(l, tile("trace without rescaled l")[3][r]):
-        return ("when the max grows from m to m_new, the running sum was measured against the old max: "
-                "l = exp(m − m_new)·l + rowsum(exp(s − m_new))")
+        return M.l_not_rescaled
     if kb:
         before = {(x[0], x[1]): x for x in models["trace"]}.get((qb, kb - 1))
         if before and close(m, before[2][r]) and close(l, before[3][r]):
-            return "append the record after the tile's update: these are the values before it"
+            return M.trace_stale
     return ""
 
 
@@ -345,10 +351,13 @@ def check_trace(t: Trial, q, k, v, *, causal: bool, bq: int, bk: int, case: str,
     want_out, want_lse = flash_expected(t, q, k, v, causal)
     models = t.ref.drive(flash_models, q, k, v, causal, bq, bk)
     if figure:
-        # scores: shown tile by tile in the figure, as each tile computes them
+        # scores: shown tile by tile in the figure, as each tile computes them; the verdicts are the checks' below
         t.figure(figure, T=T, S=S, d=d, block_q=bq, block_k=bk, causal=causal, scores=models["scores"],
                  trace=[list(r) for r in records], expected_trace=[list(r) for r in models["trace"]],
-                 lse=lse, expected_lse=want_lse, out=out, expected_out=want_out)
+                 trace_wrong=[list(w) for w in stats_wrong(records, models["trace"])],
+                 lse=lse, expected_lse=want_lse, lse_wrong=wrong_mask(lse, want_lse, atol=ATOL, rtol=RTOL),
+                 out=out, expected_out=want_out,
+                 out_wrong=wrong_mask(out, want_out, atol=ATOL, rtol=RTOL).any(dim=1))
     explain_tiles(records, models["tiles"], T, S, bq, bk, causal, case)
     explain_flash(out, lse, want_out, want_lse, q, k, v, causal=causal, bq=bq, bk=bk, case=case, models=models)
     explain_final_stats(records, lse, T, bq, case)
