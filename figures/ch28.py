@@ -3,13 +3,17 @@ rows of a flattened batch whose logits are sampled."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 from figures import figure
 from figures.kit import Figure
-from figures.style import LABEL, MARGIN, MUTED, SMALL, stroke
+from figures.layout import column, pad, row, wide
+from figures.style import INK, LABEL, LABEL_SMALL, MUTED, SMALL, stroke
 
 
-def _short(h: str) -> str:
-    return h[:8] if h else "—"
+def roles(of_column: list[str]) -> Callable[[int, int], str]:
+    """A one-row matrix's roles, column by column."""
+    return lambda _, j: of_column[j]
 
 
 @figure("ch28-cache-identity", title="缓存身份不止 token 子串",
@@ -22,49 +26,44 @@ def _short(h: str) -> str:
 def identity_figure(f: Figure, r: dict) -> None:
     tokens, bs, rows = r["tokens"], r["block_size"], r["rows"]
     nblocks = len(tokens) // bs
-    label_w, cw, gap = 236, 168, 22
-    left = MARGIN + label_w
+    label_w, block_w, gap = 236, 159, 31
+    prefix = lambda h: h[:8] if h else "—"  # noqa: E731  (a hash's first 4 bytes)
     # The tokens, grouped into blocks, the image's placeholders marked.
     f.heading(f"同一串 token · the same {len(tokens)} token ids in every request, blocks of {bs}; "
               "99 = image placeholder")
-    ty = f.y + 8
-    tw = (cw - 6) / bs
-    for i, tok in enumerate(tokens):
-        b, o = divmod(i, bs)
-        x = left + b * (cw + gap) + o * tw
-        f.cell(x, ty, tok, role="accent" if tok == 99 else "plain", w=tw - 3, h=26, size=SMALL + 1)
-    for b in range(nblocks):
-        x = left + b * (cw + gap)
-        f.bracket(x, x + cw - 9, ty + 30, f"block {b}: tokens {b * bs}–{(b + 1) * bs - 1}", size=SMALL)
-    f.y = ty + 74
+    blocks = [f.matrix([block], role=roles(["accent" if tok == 99 else "plain" for tok in block]),
+                       w=(block_w + 3) / bs - 3, h=26, gap=3)
+              for block in (tokens[b * bs:(b + 1) * bs] for b in range(nblocks))]
+    f.place(pad(row(*blocks, gap=gap), left=label_w, top=8), after=44)
+    for b, block in enumerate(blocks):
+        x, y, _, h = block.span_box(0, 0, 0, bs - 1)
+        f.bracket(x, x + block.w, y + h + 4, f"block {b}: tokens {b * bs}–{(b + 1) * bs - 1}", size=SMALL)
     f.heading("每个块的 hash(前 4 字节)· each block's hash, first 4 bytes; → the parent chain")
+    f.y += 6
     base = rows[0]["yours"] or rows[0]["expected"]
-    y = f.y + 6
-    wrong = False
-    for row in rows:
-        yours, want = row["yours"], row["expected"]
-        f.text(left - 14, y + 17, row["label"], anchor="end", size=LABEL, weight="bold", cls="label")
-        f.text(left - 14, y + 33, row["what"], anchor="end", size=SMALL, color=MUTED, cls="label")
+    for line in rows:
+        yours, want = line["yours"], line["expected"]
+        names = column(f.label(line["label"], size=LABEL, color=INK, bold=True), f.label(line["what"], size=SMALL),
+                       gap=2, align="right")
+        hashes = f.matrix([[prefix(yours[b] if b < len(yours) else "") for b in range(nblocks)]],
+                          expected=[[prefix(h) for h in want]], wrong=[line["wrong"]], w=block_w, h=28, gap=gap,
+                          fmt=str, role=lambda _, b: "cached" if b < len(yours) and b < len(base) and
+                          yours[b] == base[b] else "new")
+        f.place(row(wide(pad(names, left=label_w - 14 - names.w), label_w), hashes, gap=0), after=30)
         for b in range(nblocks):
-            x = left + b * (cw + gap)
-            got = yours[b] if b < len(yours) else ""
-            bad = got != want[b]
-            wrong |= bad
-            same = got == (base[b] if b < len(base) else None)
-            f.cell(x, y, _short(got), role="cached" if same else "new", w=cw - 9, h=28, fmt=str, wrong=bad,
-                   expected=_short(want[b]) if bad else None)
-            f.text(x + (cw - 9) / 2, y + 42, "keys: " + row["keys"][b], anchor="middle", size=SMALL - 1,
-                   color=MUTED, cls="note")
+            x, y, w, h = hashes.cell_box(0, b)
+            f.text(x + w / 2, y + h + 14, "keys: " + line["keys"][b], anchor="middle", size=SMALL - 1, color=MUTED,
+                   cls="note")
             if b:
-                f.arrow(x - gap + 1, y + 14, x - 2, y + 14, color=MUTED, head=5)
-        y += 58
-    f.y = y + 6
+                f.arrow(x - gap + 1, y + h / 2, x - 2, y + h / 2, color=MUTED, head=5)
+    f.y += 6
     f.note("A hash covers its block's tokens, its parent's hash and the block's identity keys. Changing the image "
            "changes block 1 (which overlaps it) and block 2 (through the chain), never block 0; the salt enters block 0 "
            "and the adapter every block, so the whole chain changes. Only the repeated request A can share A's blocks.",
-           size=SMALL + 1)
+           size=LABEL_SMALL)
     f.legend([("cached", "same hash as A's block: its K/V can be reused"),
-              ("new", "another hash: computed again"), ("accent", "image placeholder token")], wrong=wrong)
+              ("new", "another hash: computed again"), ("accent", "image placeholder token")],
+             wrong=any(any(line["wrong"]) for line in rows))
 
 
 @figure("ch28-last-token-logits", title="最后一个 token 的 logits 边界",
@@ -78,76 +77,57 @@ def identity_figure(f: Figure, r: dict) -> None:
         needs={"indices": "ch28.3", "cached": "ch28.2"})
 def logits_figure(f: Figure, r: dict) -> None:
     reqs, idx, want, bs, prompt = r["requests"], r["indices"], r["expected"], r["block_size"], r["prompt"]
-    cached, cached_want = r["cached"], r["cached_expected"]
+    cached, cached_want, cached_wrong = r["cached"], r["cached_expected"], r["cached_wrong"]
     lens = [n for *_, n in reqs]
     cu = [sum(lens[:i]) for i in range(len(lens) + 1)]
     hits = prompt // bs
+    side = 120  # the labels' column
     # R1's prompt: the prefix hit capped by the last-token rule (from num_cached_tokens_on_hit).
     f.heading(f"R1 的前缀命中 · R1: a prompt of {prompt} tokens whose {hits} full blocks of {bs} are all in the cache")
-    y, cw = f.y + 8, 34
-    for p in range(prompt):
-        b, o = divmod(p, bs)
-        x = MARGIN + 120 + p * cw + b * 14
-        f.cell(x, y, p, role="cached" if p < cached else "new", w=cw - 4, h=28, size=SMALL + 1)
-        if o == 0:
-            f.bracket(x, x + min(bs, prompt - p) * cw - 4, y + 32,
-                      f"block {b}: hit, " + ("cached" if (b + 1) * bs <= cached else "recomputed"), size=SMALL)
-    f.text(MARGIN, y + 19, "positions", size=LABEL, color=MUTED, cls="label")
-    bad = cached != cached_want
-    cx = MARGIN + 120 + prompt * cw + (hits - 1) * 14 + 28
-    f.text(cx, y + 8, f"num_cached_tokens_on_hit({prompt}, {bs}, {hits})", size=SMALL + 1, mono=True, cls="label")
-    f.cell(cx, y + 16, cached, role="cached", w=60, h=30, wrong=bad, expected=cached_want if bad else None, bold=True)
-    f.text(cx + 70, y + 36, f"= min({hits}, ({prompt} − 1) // {bs})·{bs}", size=SMALL + 1, mono=True, color=MUTED,
-           cls="label")
-    f.y = y + 72
+    blocks = [f.matrix([positions], w=30, h=28, gap=4, role=roles(["cached" if p < cached else "new" for p in positions]))
+              for positions in (list(range(b * bs, min((b + 1) * bs, prompt))) for b in range(hits))]
+    call = column(f.label(f"num_cached_tokens_on_hit({prompt}, {bs}, {hits})", size=LABEL_SMALL, mono=True, color=INK),
+                  row(f.matrix([[cached]], role="cached", expected=[[cached_want]], wrong=[[cached_wrong]], w=60, h=30),
+                      f.label(f"= min({hits}, ({prompt} − 1) // {bs})·{bs}", size=LABEL_SMALL, mono=True),
+                      gap=10, align="middle"), gap=4)
+    f.place(pad(row(wide(f.label("positions", size=LABEL), side), *blocks, pad(call, left=14), gap=14,
+                    align="bottom"), top=2), after=50)
+    for b, block in enumerate(blocks):
+        x, y, _, h = block.cell_box(0, 0)
+        f.bracket(x, x + block.w, y + h + 4, f"block {b}: hit, " + ("cached" if (b + 1) * bs <= cached else "recomputed"),
+                  size=SMALL)
     yours = f" Yours: {cached} cached, {prompt - cached} to compute" + (": no row, no logits." if cached >= prompt else ".")
     f.note(f"The hit is capped at {prompt} − 1 = {prompt - 1} tokens so that R1 computes at least its last token, and "
            f"hits are whole blocks: {cached_want} cached, {prompt - cached_want} recomputed, the last of them gives "
-           "R1's first output token." + (yours if bad else ""), size=SMALL + 1)
+           "R1's first output token." + (yours if cached_wrong else ""), size=LABEL_SMALL)
     # The flattened batch.
     f.y += 6
     f.heading(f"压平的批 · the flattened batch: query_lens {lens}, cu_seqlens_q {cu}")
-    for name, what, c, n in reqs:
-        f.y += 2
-        f.text(MARGIN + 12, f.y + 4, f"{name} · {what}: positions {c}–{c + n - 1}" if n > 1 else
-               f"{name} · {what}: position {c}", size=SMALL + 1, color=MUTED, cls="note")
-        f.y += 16
-    rw, x0 = 77, MARGIN + 120
-    y = f.y + 26
-    f.text(MARGIN, y + 24, "rows", size=LABEL, color=MUTED, cls="label")
-    centers = []
-    for r_i, (name, what, c, n) in enumerate(reqs):
-        for k in range(n):
-            row = cu[r_i] + k
-            x = x0 + row * rw
-            last = k == n - 1
-            f.cell(x, y, f"{name} p{c + k}", role="accent" if last else "new", w=rw - 7, h=36, fmt=str,
-                   size=SMALL + 1, bold=last)
-            f.text(x + (rw - 7) / 2, y - 6, f"row {row}", anchor="middle", size=SMALL, color=MUTED, cls="label")
-            centers.append(x + (rw - 7) / 2)
-        xa, xb = x0 + cu[r_i] * rw, x0 + cu[r_i + 1] * rw - 7
-        f.bracket(xa, xb, y + 42, f"{name}: rows {cu[r_i]}–{cu[r_i + 1] - 1}" if n > 1 else f"{name}: row {cu[r_i]}",
-                  size=SMALL)
+    f.place(pad(f.lines(*(f"{name} · {what}: positions {c}–{c + n - 1}" if n > 1 else f"{name} · {what}: position {c}"
+                          for name, what, c, n in reqs), size=LABEL_SMALL, gap=4), left=12), after=14)
+    last = {cu[i + 1] - 1 for i in range(len(reqs))}
+    cells = f.matrix([[f"{name} p{c + k}" for name, _, c, n in reqs for k in range(n)]], fmt=str, w=70, h=36, gap=7,
+                     role=lambda _, j: "accent" if j in last else "new", col_labels=[f"row {j}" for j in range(cu[-1])])
+    f.place(row(wide(pad(f.label("rows", size=LABEL), top=24), side), cells, gap=0), after=30)
+    for i, (name, _, _, n) in enumerate(reqs):
+        x, y, w, h = cells.span_box(0, cu[i], 0, cu[i + 1] - 1)
+        f.bracket(x, x + w, y + h + 6,
+                  f"{name}: rows {cu[i]}–{cu[i + 1] - 1}" if n > 1 else f"{name}: row {cu[i]}", size=SMALL)
     # The logits rows, as the student computed them.
-    ly = y + 108
-    f.text(MARGIN, ly + 22, "logits_indices", size=LABEL, weight="bold", cls="label")
-    f.text(MARGIN, ly + 38, "= cu[1:] − 1", size=SMALL + 1, color=MUTED, mono=True, cls="label")
-    wrong = bad
-    for r_i, (got, exp) in enumerate(zip(idx, want)):
-        x = x0 + r_i * (rw + 60)
-        miss = got != exp
-        wrong |= miss
-        f.cell(x, ly, got, role="accent", w=rw - 7, h=36, wrong=miss, expected=exp if miss else None, bold=True)
-        f.text(x + (rw - 7) / 2, ly + 50, f"{reqs[r_i][0]}: {cu[r_i + 1]} − 1", anchor="middle", size=SMALL,
-               color=MUTED, mono=True, cls="label")
-        if 0 <= got < len(centers):
-            f.curve(centers[got], y + 64, x + (rw - 7) / 2, ly - 4,
-                    color=stroke("accent") if not miss else stroke("wrong"), width=1.2)
-    sx = x0 + 3 * (rw + 60) + 10
-    f.box(sx, ly, f.width - MARGIN - sx, 36, role="plain", label=f"→ LM head → sample: {len(reqs)} candidates",
-          size=SMALL + 1)
-    f.y = ly + 72
+    picked = f.matrix([idx], role="accent", expected=[want], wrong=[r["wrong"]], w=70, h=36, gap=67)
+    head = f.chip(f"→ LM head → sample: {len(reqs)} candidates", w=250)
+    f.place(pad(row(wide(column(f.label("logits_indices", size=LABEL, color=INK, bold=True),
+                                f.label("= cu[1:] − 1", size=LABEL_SMALL, mono=True), gap=2), side),
+                    picked, pad(head, left=40), gap=0, align="middle"), top=56), after=40)
+    for i, (got, bad) in enumerate(zip(idx, r["wrong"])):
+        x, y, w, h = picked.cell_box(0, i)
+        f.text(x + w / 2, y + h + 14, f"{reqs[i][0]}: {cu[i + 1]} − 1", anchor="middle", size=SMALL, color=MUTED,
+               mono=True, cls="label")
+        if 0 <= got < cu[-1]:
+            src_x, src_y, src_w, src_h = cells.cell_box(0, got)
+            f.curve(src_x + src_w / 2, src_y + src_h + 28, x + w / 2, y - 4,
+                    color=stroke("wrong") if bad else stroke("accent"), width=1.2)
     f.note(f"{cu[-1]} inputs, {len(reqs)} candidate outputs. R0's chunk ends at position 7 of a 10-token prompt, so its "
-           "sample is discarded; R1 and R2 keep theirs.", size=SMALL + 1)
+           "sample is discarded; R1 and R2 keep theirs.", size=LABEL_SMALL)
     f.legend([("cached", "K/V taken from the prefix cache"), ("new", "computed in this step"),
-              ("accent", "the row whose logits are sampled")], wrong=wrong)
+              ("accent", "the row whose logits are sampled")], wrong=cached_wrong or any(r["wrong"]))

@@ -4,10 +4,14 @@ inputs and three candidates, and the client-side latency metrics of a small benc
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from figures import figure
-from figures.kit import Figure, text_width
-from figures.style import CELL, LABEL, MARGIN, MUTED, SMALL, fill, stroke
+from figures.kit import Figure, Grid
+from figures.layout import Part, column, pad, row, wide
+from figures.style import CELL, INK, LABEL, LABEL_SMALL, MARGIN, MUTED, SMALL, fill, stroke
+
+LABELS = 236  # the column of row labels: every grid's cells start there
 
 
 def _n(x: float) -> str:
@@ -17,8 +21,9 @@ def _n(x: float) -> str:
     return f"{x:.4g}" if abs(x) < 1000 else f"{x:.0f}"
 
 
-def _close(a, b) -> bool:
-    return a is not None and b is not None and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+def _aligned(grid: Grid, *, top: float = 0) -> Part:
+    """`grid` with room on its left so that its cells start `LABELS` from the left, whatever its row labels."""
+    return pad(grid, left=LABELS - grid.label_w, top=top)
 
 
 # -- ch29.1 -------------------------------------------------------------------------------------------
@@ -41,73 +46,62 @@ def _situation(q: dict) -> str:
            "scheduled token; R0's chunk stops short, so its candidate is discarded and 2 tokens are appended.",
         needs={"yours": "ch29.1"})
 def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
-    reqs, B, mine, want = r["requests"], r["block_size"], r["yours"], r["expected"]
-    wrong = any(mine[k] != want[k] for k in want)
+    reqs, B, mine, want, wrong = r["requests"], r["block_size"], r["yours"], r["expected"], r["wrong"]
     # 1. The plan, request by request: computed, scheduled and not-yet-run tokens over their blocks.
     f.heading(f"调度计划 · the plan, block_size B = {B} (purple: KV already computed; blue: scheduled this step)")
-    cw, label_w = 44, 250
-    sx = MARGIN + label_w
-    y = f.y + 8
+    f.y += 8
     for i, q in enumerate(reqs):
         c, n, tokens, table = q["num_computed_tokens"], q["num_scheduled_tokens"], q["token_ids"], q["block_table"]
-        f.text(MARGIN, y + 13, f"R{i}", size=LABEL + 1, weight="bold", cls="label")
-        f.text(MARGIN + 28, y + 13, f"table {table}", size=SMALL + 1, mono=True, color=MUTED, cls="label")
-        f.text(MARGIN, y + 30, _situation(q), size=SMALL, color=MUTED, cls="label")
-        for p, tok in enumerate(tokens):
-            role = "cached" if p < c else "new" if p < c + n else "plain"
-            f.cell(sx + p * cw, y, tok, role=role, w=cw - 3, h=26, size=SMALL + 1.5, bold=c <= p < c + n,
-                   dashed=p >= c + n)
-            f.text(sx + p * cw + (cw - 3) / 2, y - 3, str(p), anchor="middle", size=SMALL - 1.5, color=MUTED,
-                   mono=True, cls="label")
+        who = column(row(f.label(f"R{i}", size=LABEL + 1, color=INK, bold=True),
+                         pad(f.label(f"table {table}", mono=True), top=3), gap=8),
+                     f.label(_situation(q), size=SMALL), gap=2)
+        plan = f.matrix([tokens], w=41, h=26, gap=3,
+                        role=lambda _, p: "cached" if p < c else "new" if p < c + n else "plain")
+        f.place(row(wide(who, LABELS), plan, gap=0), after=29)
+        for p in range(len(tokens)):  # each token's position above it; dashed: known, but not run this step
+            x, y, w, _ = plan.cell_box(0, p)
+            f.text(x + w / 2, y - 3, str(p), anchor="middle", size=SMALL - 1.5, color=MUTED, mono=True, cls="label")
+            if p >= c + n:
+                f.outline(*plan.cell_box(0, p), role="plain", dashed=True, width=1.2, inset=-1)
         for b in range(-(-len(tokens) // B)):
-            x1, x2 = sx + b * B * cw, sx + min((b + 1) * B, len(tokens)) * cw - 3
-            label = f"block {table[b]}" if b < len(table) else "(no block yet)"
-            f.bracket(x1, x2, y + 29, label, size=SMALL)
-        y += 62
-    f.y = y + 12
+            x1, y, _, h = plan.cell_box(0, b * B)
+            x2 = plan.cell_box(0, min((b + 1) * B, len(tokens)))[0] - 3
+            f.bracket(x1, x2, y + h + 3, f"block {table[b]}" if b < len(table) else "(no block yet)", size=SMALL)
+    f.y += 8
 
     # 2. The flattened batch: one column per input.
     T = len(want["positions"])
     f.heading(f"执行元数据 · the flattened batch: {T} inputs, one column each (the values are yours)")
-    cw2, lw = 72, 236
-    x0 = MARGIN + lw
-    top = f.y + 26
     qsl, qsl_want = mine["query_start_loc"], want["query_start_loc"]
+    req_of = [max(i for i in range(len(reqs)) if qsl_want[i] <= t) for t in range(T)]
+    lines = [("request", [f"R{i}" for i in req_of], [f"R{i}" for i in req_of], [False] * T, "plain"),
+             ("position = c + j", mine["positions"], want["positions"], wrong["positions"], "token"),
+             ("input_id = token_ids[pos]", mine["input_ids"], want["input_ids"], wrong["input_ids"], "new"),
+             (f"slot = table[pos // {B}]·{B} + pos % {B}", mine["slot_mapping"], want["slot_mapping"],
+              wrong["slot_mapping"], "block")]
+    batch = f.matrix([values for _, values, *_ in lines], expected=[e for *_, e, _, _ in lines],
+                     wrong=[w for *_, w, _ in lines], role=lambda k, _: lines[k][4], fmt=str, w=66, h=CELL, gap=5,
+                     row_labels=[label for label, *_ in lines])
+    f.place(_aligned(batch, top=26), after=0)
     for i in range(len(reqs)):
         a, e = qsl[i], qsl[i + 1]
         if e > a:
-            f.bracket(x0 + a * cw2, x0 + e * cw2 - 6, top - 6, f"R{i}: {rows_of(a, e)}", below=False, size=SMALL + 0.5)
-    req_of = [max(i for i in range(len(reqs)) if qsl_want[i] <= t) for t in range(T)]
-    rows = [("request", [f"R{i}" for i in req_of], None, "plain"),
-            ("position = c + j", mine["positions"], want["positions"], "token"),
-            ("input_id = token_ids[pos]", mine["input_ids"], want["input_ids"], "new"),
-            (f"slot = table[pos // {B}]·{B} + pos % {B}", mine["slot_mapping"], want["slot_mapping"], "block")]
-    for k, (label, values, expected, role) in enumerate(rows):
-        yy = top + k * (CELL + 4)
-        f.text(x0 - 10, yy + CELL / 2 + 4, label, anchor="end", size=LABEL - 0.5, color=MUTED, cls="label")
-        for t in range(T):
-            v = values[t] if t < len(values) else ""
-            bad = expected is not None and (t >= len(values) or v != expected[t])
-            f.cell(x0 + t * cw2, yy, v, role=role, w=cw2 - 6, h=CELL, fmt=str, wrong=bad,
-                   expected=expected[t] if bad else None)
-    yy = top + len(rows) * (CELL + 4)
+            x, y, _, _ = batch.cell_box(0, a)
+            f.bracket(x, batch.cell_box(0, e)[0] - 5 - 6, y - 6, f"R{i}: {rows_of(a, e)}", below=False, size=SMALL + 0.5)
     for t in range(T):  # the slot's derivation under each column
         q, p = reqs[req_of[t]], want["positions"][t]
         blk = q["block_table"][p // B] if p // B < len(q["block_table"]) else "?"
-        f.text(x0 + t * cw2 + (cw2 - 6) / 2, yy + 9, f"{blk}·{B} + {p % B}", anchor="middle", size=SMALL - 0.5,
-               color=MUTED, mono=True, cls="label")
-    # logits rows: the student's logits_indices, each an arrow to "sample".
-    ly = yy + 24
-    f.text(x0 - 10, ly + CELL / 2 + 4, "logits_indices = qsl[1:] − 1", anchor="end", size=LABEL - 0.5, color=MUTED,
-           cls="label")
+        x, y, w, h = batch.cell_box(len(lines) - 1, t)
+        f.text(x + w / 2, y + h + 13, f"{blk}·{B} + {p % B}", anchor="middle", size=SMALL - 0.5, color=MUTED,
+               mono=True, cls="label")
+    # logits rows: the student's logits_indices, each a "sample" in its column.
     li, li_want = mine["logits_indices"], want["logits_indices"]
-    for t in range(T):
-        hit = t in li
-        should = t in li_want
-        bad = hit != should
-        f.cell(x0 + t * cw2, ly, "sample" if hit else "", role="accent" if hit else "plain", w=cw2 - 6, h=CELL - 6,
-               fmt=str, wrong=bad, expected=("sample" if should else "·") if bad else None, size=SMALL + 1)
-    f.y = ly + CELL + 24
+    samples = f.matrix([["sample" if t in li else "" for t in range(T)]], fmt=str, w=66, h=CELL - 6, gap=5,
+                       role=lambda _, t: "accent" if t in li else "plain",
+                       expected=[["sample" if t in li_want else "·" for t in range(T)]],
+                       wrong=[[(t in li) != (t in li_want) for t in range(T)]],
+                       row_labels=["logits_indices = qsl[1:] − 1"])
+    f.place(_aligned(samples, top=24), after=24)
 
     # 3. Per request: query_start_loc, seq_lens and whether the candidate is kept.
     f.heading("每个请求 · per request: seq_len = c + n; the candidate is kept only if seq_len reaches num_tokens")
@@ -115,26 +109,22 @@ def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
     known = [len(q["token_ids"]) for q in reqs]
     kept = ["keep" if k else "discard" for k in mine["kept"]]
     kept_want = ["keep" if k else "discard" for k in want["kept"]]
-    gx = MARGIN + lw
-    f.y += 4
-    _, h = f.grid(gx, f.y, [mine["query_start_loc"]], expected=[want["query_start_loc"]], role="token", w=cw2 - 6,
-                  h=30, gap=6, row_labels=["query_start_loc"], col_labels=[f"[{i}]" for i in range(R + 1)])
-    f.y += h + 10
-    lab_w = text_width("kept (sample at logits row)", SMALL + 1) + 8
-    _, h = f.grid(gx - lab_w, f.y, [mine["seq_lens"], known, kept],
-                  expected=[want["seq_lens"], known, kept_want], w=cw2 - 6, h=30, gap=6, fmt=str,
-                  role=lambda i, j: "plain" if i < 2 else
-                  ("accent" if kept[j] == "keep" else "masked"),
-                  row_labels=["seq_len = c + n", "num_tokens known", "kept (sample at logits row)"],
-                  col_labels=[f"R{i}" for i in range(R)])
-    f.y += h + 22
+    cells: dict[str, Any] = {"w": 66, "h": 30, "gap": 6}
+    starts = f.matrix([qsl], expected=[qsl_want], wrong=[wrong["query_start_loc"]], role="token", **cells,
+                      row_labels=["query_start_loc"], col_labels=[f"[{i}]" for i in range(R + 1)])
+    per_request = f.matrix([mine["seq_lens"], known, kept], expected=[want["seq_lens"], known, kept_want],
+                           wrong=[wrong["seq_lens"], [False] * R, wrong["kept"]], fmt=str, **cells,
+                           role=lambda i, j: "plain" if i < 2 else "accent" if kept[j] == "keep" else "masked",
+                           row_labels=["seq_len = c + n", "num_tokens known", "kept (sample at logits row)"],
+                           col_labels=[f"R{i}" for i in range(R)])
+    f.place(column(_aligned(starts, top=4), _aligned(per_request), gap=10), after=22)
     appended = sum(1 for k in mine["kept"] if k)
     f.note(f"{T} inputs, {len(li)} candidate outputs (logits rows {', '.join(map(str, li))}), {appended} tokens "
            f"appended. A non-final chunk still gets a logits row (the runner samples every request at its last "
-           f"scheduled row); its token is thrown away.", size=SMALL + 1.5)
+           f"scheduled row); its token is thrown away.", size=LABEL_SMALL + 0.5)
     f.legend([("cached", "KV side: computed prefix, slots in the pool"), ("new", "scheduled this step, input ids"),
               ("accent", "sampled and kept"), ("masked", "sample discarded")],
-             wrong=wrong)
+             wrong=any(any(v) for v in wrong.values()))
 
 
 # -- ch29.2 -------------------------------------------------------------------------------------------
@@ -188,34 +178,29 @@ def latency_metrics_figure(f: Figure, r: dict) -> None:
     f.bracket(ax0, ax1, y + 22, f"duration = last chunk − first start = {_n(want['duration'])} s", size=SMALL + 1)
     f.y = y + 64
 
-    # the aggregates, the student's values
+    # the aggregates, the student's values, marked where the check found them wrong
+    wrong = r["wrong"]
     f.heading("你的统计量 · your statistics (ms), and the throughputs")
     metrics = [("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL (pooled)"), ("e2el", "E2E")]
-    values = [[mine.get(f"{s}_{m}_ms") for s in ("mean", "median", "p99")] for m, _ in metrics]
-    expected = [[want[f"{s}_{m}_ms"] for s in ("mean", "median", "p99")] for m, _ in metrics]
-    gy = f.y + 4
-    w, h = f.grid(MARGIN, gy, values, expected=expected, w=82, h=30, gap=4, fmt=_n, same=_close,
-                  role=lambda i, j: "q" if i in (1, 2) else "plain",
-                  row_labels=[lab for _, lab in metrics], col_labels=["mean", "median", "p99"])
-    tx = MARGIN + w + 36
-    rows = [("request_throughput", f"{want['completed']} requests / {_n(want['duration'])} s", "req/s"),
-            ("output_throughput", f"{want['total_output_tokens']} output tokens / {_n(want['duration'])} s", "tok/s"),
-            ("total_token_throughput", f"({want['total_input_tokens']} + {want['total_output_tokens']}) tokens / "
-                                       f"{_n(want['duration'])} s", "tok/s")]
-    ty = gy + 16
-    for k, (key, how, unit) in enumerate(rows):
-        yy = ty + k * 34
-        f.text(tx, yy + 12, key, size=SMALL + 1, color=MUTED, mono=True, cls="label")
-        f.text(tx, yy + 26, f"= {how}", size=SMALL, color=MUTED, cls="label")
-        v, e = mine.get(key), want[key]
-        bad = not _close(v, e)
-        f.cell(tx + 262, yy + 2, v, role="v", w=66, h=28, fmt=_n, wrong=bad, expected=e if bad else None)
-        f.text(tx + 334, yy + 20, unit, size=SMALL, color=MUTED, cls="label")
-    f.y = gy + max(h, 3 * 34 + 16) + 20
-    note = (f"Mean TPOT {_n(mine.get('mean_tpot_ms'))} ms and mean ITL {_n(mine.get('mean_itl_ms'))} ms differ: a chunk "
+    keys = [[f"{s}_{m}_ms" for s in ("mean", "median", "p99")] for m, _ in metrics]
+    stats = f.matrix([[mine[k] for k in line] for line in keys], expected=[[want[k] for k in line] for line in keys],
+                     wrong=[[wrong[k] for k in line] for line in keys], w=82, h=30, gap=4, fmt=_n,
+                     role=lambda i, _: "q" if i in (1, 2) else "plain",
+                     row_labels=[label for _, label in metrics], col_labels=["mean", "median", "p99"])
+    duration = _n(want["duration"])
+    rates = [("request_throughput", f"{want['completed']} requests / {duration} s", "req/s"),
+             ("output_throughput", f"{want['total_output_tokens']} output tokens / {duration} s", "tok/s"),
+             ("total_token_throughput", f"({want['total_input_tokens']} + {want['total_output_tokens']}) tokens / "
+                                        f"{duration} s", "tok/s")]
+    throughputs = column(*(row(wide(column(f.label(key, mono=True), f.label(f"= {how}", size=SMALL), gap=1), 262),
+                               f.matrix([[mine[key]]], expected=[[want[key]]], wrong=[[wrong[key]]], role="v", w=66, h=28,
+                                        fmt=_n),
+                               f.label(unit, size=SMALL), gap=6, align="middle") for key, how, unit in rates), gap=6)
+    f.place(pad(row(stats, pad(throughputs, top=16), gap=36), top=4), after=20)
+    note = (f"Mean TPOT {_n(mine['mean_tpot_ms'])} ms and mean ITL {_n(mine['mean_itl_ms'])} ms differ: a chunk "
             "that carries 2 tokens is one ITL but two tokens of TPOT. A one-token request has no TPOT and no ITL; it "
             "still counts in TTFT, E2E and the throughputs. These are measuring rules, not a benchmark result.")
-    f.note(note, size=SMALL + 1.5)
-    wrong = any(not _close(mine.get(k), v) for k, v in want.items())
+    f.note(note, size=LABEL_SMALL + 0.5)
     f.legend([("token", "request in flight (start ◆ to last chunk)"), ("k", "streamed chunk (tokens in it)"),
-              ("q", "per-token / per-chunk latency"), ("v", "throughput over the whole run")], wrong=wrong)
+              ("q", "per-token / per-chunk latency"), ("v", "throughput over the whole run")],
+             wrong=any(wrong.values()))

@@ -63,79 +63,63 @@ def test_latency_metrics_agree_with_numpy_on_random_sets():
 
 # -- 29.1 prepare_inputs ------------------------------------------------------------------------------------
 def test_positions_from_zero_are_explained(graded):
-    report = graded("positions_from_zero",
-                    # positions counted within this step's chunk, as if nothing were computed before it
-                    ("            pos.append(p)\n", "            pos.append(p - c)\n"))
+    report = graded.mistake("positions_from_zero")  # positions counted within this step's chunk
     r = result(report, "figure instance", task="ch29.1")
     assert r.status == "failed"
     assert "input 0 is request R0's token 0 of this step (R0 owns inputs 0…3), at position num_computed_tokens " \
            "+ 0 = 4 + 0 = 4; yours: 0" in r.message
-    assert "hint: positions continue after the computed prefix: c + j, not j" in r.message
+    assert r.hints == ["positions_from_zero"]
     assert wrong_elements(report, "ch29-schedule-to-metadata")
     assert statuses(report, "ch29.2") == {"passed"}
 
 
 def test_keeping_a_partial_prefill_sample_is_explained_and_marked(graded):
-    report = graded("keep_all",
-                    # every request's sample kept, even a chunk that stops before the last known token
-                    ("kept.append(c + n == len(tokens))", "kept.append(True)"))
+    report = graded.mistake("kept_partial")  # every sample kept, even a chunk's that stops before the last known token
     r = result(report, "figure instance", task="ch29.1")
     assert r.status == "failed"
     assert "kept[0]: R0's seq_len = 4 + 4 = 8 < its 10 known tokens, so its sample is discarded; yours: True" \
         in r.message
-    assert "hint: a chunk that ends before the last known token is a non-final prefill chunk" in r.message
+    assert r.hints == ["kept_partial"]
     assert wrong_elements(report, "ch29-schedule-to-metadata")
     assert result(report, "a decode batch", task="ch29.1").status == "passed", "every decode sample is kept anyway"
 
 
 def test_sampling_the_first_row_is_explained(graded):
-    report = graded("first_row_logits",
-                    # logits taken at each request's first scheduled row instead of its last
-                    ('"logits_indices": query_start_loc[1:] - 1', '"logits_indices": query_start_loc[:-1]'))
+    report = graded.mistake("first_row_logits")  # logits taken at each request's first scheduled row, not its last
     r = result(report, "figure instance", task="ch29.1")
     assert r.status == "failed"
     assert "logits_indices[0] = query_start_loc[1] − 1 = 4 − 1 = 3, R0's last input; yours: 0" in r.message
-    assert "hint: sample at the *last* scheduled row of each request" in r.message
+    assert r.hints == ["first_row_logits"]
 
 
 # -- 29.2 latency_metrics -----------------------------------------------------------------------------------
 def test_tpot_over_output_len_is_explained_and_marked(graded):
-    report = graded("tpot_over_n",
-                    # TPOT divided by every output token, the first one included
-                    ('tpots.append((e2el - ttft) / (req["output_len"] - 1))',
-                     'tpots.append((e2el - ttft) / req["output_len"])'))
+    report = graded.mistake("tpot_over_n")  # TPOT divided by every output token, the first one included
     r = result(report, "figure instance", task="ch29.2")
     assert r.status == "failed"
     assert "TPOT = (E2E − TTFT) / (output_len − 1), per request with output_len > 1: [200, 200] ms" in r.message
     assert "mean_tpot_ms = 200; yours: 160" in r.message
-    assert "hint: TPOT leaves the first token out: divide by output_len − 1" in r.message
+    assert r.hints == ["tpot_over_n"]
     assert wrong_elements(report, "ch29-latency-metrics")
     assert statuses(report, "ch29.1") == {"passed"}
 
 
 def test_a_mean_of_per_request_itls_is_explained(graded):
-    report = graded("itl_mean_of_means",
-                    # one mean gap per request instead of every gap pooled
-                    ("itls += [b - a for a, b in zip(chunks, chunks[1:])]",
-                     "itls += [(chunks[-1] - chunks[0]) / (len(chunks) - 1)] if len(chunks) > 1 else []"))
+    report = graded.mistake("itl_mean_of_means")  # one mean gap per request instead of every gap pooled
     r = result(report, "figure instance", task="ch29.2")
     assert r.status == "failed"
     assert "ITLs = gaps between successive chunks, of all requests pooled: [200, 200, 200, 200, 400, 400] ms" \
         in r.message
     assert "mean_itl_ms = 266.7; yours: 300" in r.message
-    assert "hint: mean ITL pools every gap of every request" in r.message
+    assert r.hints == ["itl_mean_of_means"]
 
 
 def test_dividing_by_the_sum_of_latencies_is_explained(graded):
-    report = graded("throughput_latency",
-                    # the run's duration taken as the sum of the requests' latencies
-                    ('duration = max(r["chunk_times"][-1] for r in requests) - min(r["start"] for r in requests)',
-                     'duration = sum(r["chunk_times"][-1] - r["start"] for r in requests)'))
+    report = graded.mistake("duration_latencies")  # the run's duration taken as the sum of the requests' latencies
     r = result(report, "throughput divides by the whole run", task="ch29.2")
     assert r.status == "failed"
     assert "duration = last chunk − first start = 3.4 − 0 = 3.4 s; yours: 0.8" in r.message
-    assert "hint: the run's duration is its wall time, first start to last chunk, not the sum of the latencies" \
-        in r.message
+    assert r.hints == ["duration_latencies"]
 
 
 # -- the figures' layout ------------------------------------------------------------------------------------

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, describe, expect_int, expect_tensor, first_wrong, fmt, public
+from grader.authoring import (
+    CheckFailed,
+    Hint,
+    Trial,
+    describe,
+    expect_int,
+    expect_tensor,
+    first_wrong,
+    mistakes,
+    plural,
+    public,
+    vec,
+    wrong_mask,
+)
 
 # ch26-dim-varlen-pack: two requests of lengths 3 and 2 in padded [2, 3, 4].
 PACK_LENGTHS, PACK_T, PACK_H = [3, 2], 3, 4
@@ -18,120 +31,13 @@ REPLAY_BS = 4
 NANO_SIZES = [1, 2, 4, 8] + list(range(16, 513, 16))
 MAPPED_BATCHES = [1, 3, 5, 9, 17, 37, 100, 512]
 
+META_KEYS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+PAD_KEYS = ("slot_mapping", "context_lens", "block_tables")
 
-def padded_batch(lengths: list[int], T_max: int, H: int) -> torch.Tensor:
-    """Readable activations: request b, token t, channel h → 100(b+1) + 10t + h; padding positions 0."""
-    b, t, h = torch.meshgrid(torch.arange(len(lengths)), torch.arange(T_max), torch.arange(H), indexing="ij")
-    x = (100 * (b + 1) + 10 * t + h).float()
-    return x * (t < torch.tensor(lengths)[:, None, None])
+M = mistakes("ch26")
 
 
-def replay_slots() -> list[int]:
-    return [tab[(c - 1) // REPLAY_BS] * REPLAY_BS + (c - 1) % REPLAY_BS for c, tab in zip(REPLAY_CTX, REPLAY_TABLES)]
-
-
-def _vec(x) -> str:
-    xs = x.reshape(-1).tolist() if isinstance(x, torch.Tensor) else list(x)
-    return "[" + ", ".join(fmt(v) for v in xs[:8]) + (", …]" if len(xs) > 8 else "]")
-
-
-def _running(lens: list[int]) -> str:
-    """'[0, 3, 3 + 2 = 5]': the running sums written out."""
-    out, total = ["0"], 0
-    for i, n in enumerate(lens):
-        out.append(f"{n}" if i == 0 else f"{total} + {n} = {total + n}")
-        total += n
-    return "[" + ", ".join(out) + "]" if len(lens) <= 6 else _vec([0] + torch.tensor(lens).cumsum(0).tolist())
-
-
-def expect_cu(got, lens: list[int], what: str, hint_from: dict[str, list[int]] | None = None,
-              of: str = "lengths") -> torch.Tensor:
-    """Require cu_seqlens as int32 [B + 1] equal to the running sums of `lens`, explaining the difference."""
-    want = [0] + torch.tensor(lens, dtype=torch.int64).cumsum(0).tolist()
-    if isinstance(got, torch.Tensor) and got.dim() == 1 and got.numel() == len(lens) and \
-            got.tolist() == want[1:] and lens:
-        raise CheckFailed(f"expected {what} with B + 1 = {len(lens) + 1} entries, {_running(lens)}; yours: "
-                          f"{_vec(got)}\nhint: cu_seqlens starts with 0: sequence b owns rows "
-                          f"cu_seqlens[b] … cu_seqlens[b+1] − 1, so sequence 0 needs its start too")
-    if isinstance(got, torch.Tensor) and got.dtype != torch.int32 and got.shape == (len(lens) + 1,):
-        raise CheckFailed(f"expected {what} as an int32 tensor (flash-attn and nano-vllm take cu_seqlens as "
-                          f"int32); yours: {describe(got)}")
-    cu = expect_tensor(got, what=what, shape=[len(lens) + 1], dtype=torch.int32)
-    if cu.tolist() == want:
-        return cu
-    yours = cu.tolist()
-    lines = [f"{what} = 0, then running sums of the {of} {lens} = {_running(lens)}; yours: {_vec(cu)}"]
-    if yours == [0] + list(lens):
-        lines.append("hint: cu_seqlens are cumulative: entry b + 1 is the sum of the first b + 1 lengths, "
-                     "not the length of sequence b")
-    for why, other in (hint_from or {}).items():
-        if yours == [0] + torch.tensor(other, dtype=torch.int64).cumsum(0).tolist():
-            lines.append(f"hint: {why}")
-            break
-    raise CheckFailed("\n".join(lines))
-
-
-# -- 26.1 pack_varlen / unpack_varlen -------------------------------------------------------------------
-
-def explain_packed(got, padded: torch.Tensor, lengths: list[int], case: str) -> torch.Tensor:
-    """Require the packed rows to be the requests' tokens, request by request."""
-    B, T_max, H = padded.shape
-    N = sum(lengths)
-    if isinstance(got, torch.Tensor) and got.dim() == 2 and got.shape[0] == B * T_max != N:
-        raise CheckFailed(f"{case}: expected packed as [N, H] = [{N}, {H}] with N = Σ lengths = "
-                          f"{' + '.join(map(str, lengths))}; yours: {describe(got)}\nhint: drop the padding "
-                          f"positions: a flattened batch holds only real tokens, not B·T_max = {B * T_max} rows")
-    packed = expect_tensor(got, what="packed", shape=[N, H], dtype=padded.dtype)
-    want = torch.cat([padded[b, :n] for b, n in enumerate(lengths)]) if lengths else padded.new_zeros(0, H)
-    idx = first_wrong(packed, want)
-    if idx is None:
-        return packed
-    r = idx[0]
-    b = next(i for i in range(B) if r < sum(lengths[:i + 1]))
-    t = r - sum(lengths[:b])
-    msg = [f"{case}: lengths={lengths}, T_max={T_max}",
-           f"packed row {r} is request {b}'s token {t} (rows of request {b} start at {sum(lengths[:b])}), "
-           f"padded[{b}, {t}] = {_vec(want[r])}; yours: {_vec(packed[r])}"]
-    keep = torch.arange(T_max)[None, :] < torch.tensor(lengths)[:, None]
-    if torch.equal(packed, padded.transpose(0, 1)[keep.T]):
-        msg.append("hint: pack request by request (all of request 0's tokens, then request 1's), not token by "
-                   "token across requests")
-    raise CheckFailed("\n".join(msg))
-
-
-def explain_unpacked(got, packed: torch.Tensor, cu: list[int], T_max: int, case: str) -> torch.Tensor:
-    B, H = len(cu) - 1, packed.shape[1]
-    out = expect_tensor(got, what="the unpacked batch", shape=[B, T_max, H], dtype=packed.dtype)
-    want = packed.new_zeros(B, T_max, H)
-    for b in range(B):
-        want[b, :cu[b + 1] - cu[b]] = packed[cu[b]:cu[b + 1]]
-    idx = first_wrong(out, want)
-    if idx is None:
-        return out
-    b, t = idx[0], idx[1]
-    n = cu[b + 1] - cu[b]
-    if t < n:
-        what = (f"padded[{b}, {t}] is request {b}'s token {t}, packed row cu_seqlens[{b}] + {t} = {cu[b] + t}: "
-                f"{_vec(want[b, t])}")
-    else:
-        what = f"padded[{b}, {t}] is padding (request {b} has {n} tokens), so it must be 0"
-    raise CheckFailed(f"{case}: cu_seqlens={cu}, T_max={T_max}\n{what}; yours: {_vec(out[b, t])}")
-
-
-def run_pack_case(t: Trial, padded: torch.Tensor, lengths: list[int], case: str, *, as_tensor: bool = False):
-    arg = torch.tensor(lengths, dtype=torch.int64) if as_tensor else list(lengths)
-    got = t.yours.pack_varlen(padded, arg)
-    if not (isinstance(got, (tuple, list)) and len(got) == 2):
-        raise CheckFailed(f"pack_varlen returns a pair (packed, cu_seqlens); yours: {describe(got)}")
-    packed = explain_packed(got[0], padded, lengths, case)
-    expect_cu(got[1], lengths, "cu_seqlens")
-    return packed, got[1]
-
-
-def run_unpack_case(t: Trial, packed: torch.Tensor, cu: list[int], T_max: int, case: str) -> torch.Tensor:
-    got = t.yours.unpack_varlen(packed, torch.tensor(cu, dtype=torch.int32), T_max)
-    return explain_unpacked(got, packed, cu, T_max, case)
-
+# -- ch26.1 pack_varlen / unpack_varlen -------------------------------------------------------------------
 
 @public("ch26.1", "figure instance: pack lengths [3, 2] from padded [2, 3, 4]")
 def pack_figure_instance(t: Trial) -> None:
@@ -140,13 +46,15 @@ def pack_figure_instance(t: Trial) -> None:
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         raise CheckFailed(f"pack_varlen returns a pair (packed, cu_seqlens); yours: {describe(got)}")
     want_packed, want_cu = t.ref.pack_varlen(padded, PACK_LENGTHS)
-    if isinstance(got[0], torch.Tensor) and isinstance(got[1], torch.Tensor) and \
-            list(got[0].shape) == list(want_packed.shape) and got[0].dtype == want_packed.dtype and \
-            got[1].shape == want_cu.shape and got[1].dtype == torch.int32:
-        t.figure("ch26-dim-varlen-pack", padded=padded, lengths=PACK_LENGTHS, packed=got[0], expected=want_packed,
-                 cu_seqlens=got[1], expected_cu=want_cu)
-    explain_packed(got[0], padded, PACK_LENGTHS, "figure instance")
-    expect_cu(got[1], PACK_LENGTHS, "cu_seqlens")
+    packed, cu = got
+    if isinstance(packed, torch.Tensor) and isinstance(cu, torch.Tensor) and \
+            list(packed.shape) == list(want_packed.shape) and packed.dtype == want_packed.dtype and \
+            cu.shape == want_cu.shape and cu.dtype == torch.int32:
+        t.figure("ch26-dim-varlen-pack", padded=padded, lengths=PACK_LENGTHS, packed=packed, expected=want_packed,
+                 wrong=wrong_mask(packed, want_packed), cu_seqlens=cu, expected_cu=want_cu,
+                 cu_wrong=wrong_mask(cu, want_cu))
+    explain_packed(packed, padded, PACK_LENGTHS, "figure instance")
+    expect_cu(cu, PACK_LENGTHS, "cu_seqlens")
 
 
 @public("ch26.1", "figure instance: unpack back to [2, 3, 4], padding zero")
@@ -155,7 +63,7 @@ def unpack_figure_instance(t: Trial) -> None:
     packed, cu = t.ref.pack_varlen(padded, PACK_LENGTHS)
     got = t.yours.unpack_varlen(packed, cu, PACK_T)
     out = expect_tensor(got, what="the unpacked batch", shape=list(padded.shape), dtype=padded.dtype)
-    t.figure("ch26-dim-varlen-pack", unpacked=out, unpacked_expected=padded)
+    t.figure("ch26-dim-varlen-pack", unpacked=out, unpacked_expected=padded, unpacked_wrong=wrong_mask(out, padded))
     explain_unpacked(out, packed, cu.tolist(), PACK_T, "figure instance")
 
 
@@ -176,48 +84,7 @@ def length_beyond_t_max(t: Trial) -> None:
                     because="request 1 claims 4 tokens but padded holds only T_max = 3 per request")
 
 
-# -- 26.2 varlen_metadata -----------------------------------------------------------------------------
-
-META_KEYS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
-
-
-def expect_metadata(got) -> dict:
-    if type(got) is not dict or any(k not in got for k in META_KEYS):
-        raise CheckFailed(f"expected a dict with keys {', '.join(META_KEYS)}; yours: "
-                          f"{describe(got) if type(got) is not dict else 'keys ' + ', '.join(map(str, got))}")
-    return got
-
-
-def explain_metadata(got: dict, query: list[int], cached: list[int], case: str) -> None:
-    keys = [c + q for c, q in zip(cached, query)]
-    pre = f"case \"{case}\": query_lens={query}, cached_lens={cached} → key lengths cached + query = {keys}\n"
-    try:
-        expect_cu(got["cu_seqlens_q"], query, "cu_seqlens_q", {
-            "cu_seqlens_q counts the queries, the new tokens only; the cached ones are not computed again":
-                keys}, of="query lengths")
-        expect_cu(got["cu_seqlens_k"], keys, "cu_seqlens_k", {
-            "after a prefix hit (or earlier chunks) the keys include the cached tokens: seqlen_k = cached + query; "
-            "built from the query lengths, attention would never see the cached prefix": query,
-            "seqlen_k = cached + query: the new tokens are keys too": cached}, of="key lengths")
-    except CheckFailed as e:
-        raise CheckFailed(pre + str(e)) from None
-    for key, lens, other, other_name in (("max_seqlen_q", query, keys, "key"), ("max_seqlen_k", keys, query, "query")):
-        value = expect_int(got[key], what=key)
-        want = max(lens, default=0)
-        if value != want:
-            hint = ""
-            if value == sum(lens):
-                hint = f"\nhint: {key} is the longest single sequence, not the total Σ = {sum(lens)}"
-            elif value == max(other, default=0):
-                hint = f"\nhint: {key} is taken over the {key[-1]} lengths, not the {other_name} lengths"
-            raise CheckFailed(f"{pre}{key} = max({lens}) = {want}; yours: {value}{hint}")
-
-
-def run_metadata_case(t: Trial, query: list[int], cached: list[int], case: str) -> dict:
-    got = expect_metadata(t.yours.varlen_metadata(list(query), list(cached)))
-    explain_metadata(got, query, cached, case)
-    return got
-
+# -- ch26.2 varlen_metadata -----------------------------------------------------------------------------
 
 @public("ch26.2", "figure instance: A 5 new tokens; B 8 cached (a prefix hit) + 3 new")
 def flatten_figure_instance(t: Trial) -> None:
@@ -225,9 +92,9 @@ def flatten_figure_instance(t: Trial) -> None:
     want = t.ref.varlen_metadata(FLAT_QUERY, FLAT_CACHED)
     parts = {k: got[k] for k in META_KEYS}
     if all(isinstance(parts[k], torch.Tensor) and parts[k].shape == want[k].shape and parts[k].dtype == torch.int32
-           for k in META_KEYS[:2]) and \
-            all(type(parts[k]) is int for k in META_KEYS[2:]):
-        t.figure("ch26-flatten", query=FLAT_QUERY, cached=FLAT_CACHED, yours=parts, expected=want)
+           for k in META_KEYS[:2]) and all(type(parts[k]) is int for k in META_KEYS[2:]):
+        t.figure("ch26-flatten", query=FLAT_QUERY, cached=FLAT_CACHED, yours=parts, expected=want,
+                 wrong=metadata_wrong(parts, want))
     explain_metadata(got, FLAT_QUERY, FLAT_CACHED, "figure instance")
 
 
@@ -246,96 +113,15 @@ def mismatched_lists(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.varlen_metadata, [3, 2], [0], because="2 query lengths but 1 cached length")
 
 
-# -- 26.3 graph_batch_size / pad_decode_batch -----------------------------------------------------------
-
-def _sizes(sizes: list[int]) -> str:
-    s = sorted(sizes)
-    return str(s) if len(s) <= 10 else f"[{', '.join(map(str, s[:8]))}, …, {s[-1]}]"
-
-
-def explain_graph_size(got, bs: int, sizes: list[int]) -> int:
-    value = expect_int(got, what=f"graph_batch_size({bs}, …)")
-    want = min(s for s in sizes if s >= bs)
-    if value == want:
-        return value
-    lines = [f"batch of {bs}, captured sizes {_sizes(sizes)}: the smallest captured size ≥ {bs} is {want}; "
-             f"yours: {value}"]
-    if value < bs:
-        lines.append(f"hint: round up: a graph of {value} rows cannot hold {bs} sequences")
-    elif value not in sizes:
-        lines.append(f"hint: only captured sizes can be replayed; there is no graph of {value} rows")
-    else:
-        lines.append(f"hint: {value} holds the batch too, but the smallest size ≥ {bs} wastes the fewest padding rows")
-    raise CheckFailed("\n".join(lines))
-
-
-def explain_padded(got, slots: list[int], ctx: list[int], tables: list[list[int]], graph_bs: int, case: str,
-                   block_size: int | None = None) -> dict:
-    """Require the three padded buffers, explaining the first wrong entry in row terms."""
-    keys = ("slot_mapping", "context_lens", "block_tables")
-    if type(got) is not dict or any(k not in got for k in keys):
-        raise CheckFailed(f"expected a dict with keys {', '.join(keys)}; yours: {describe(got)}")
-    bs, width = len(slots), max((len(r) for r in tables), default=0)
-    pre = (f"case \"{case}\": {bs} sequences in the graph of {graph_bs} rows ({graph_bs - bs} padding "
-           f"row{'' if graph_bs - bs == 1 else 's'})\n")
-    for key, shape in (("slot_mapping", [graph_bs]), ("context_lens", [graph_bs]), ("block_tables", [graph_bs, width])):
-        v = got[key]
-        hint = ""
-        if isinstance(v, torch.Tensor) and list(v.shape) != shape:
-            if v.shape[0] == bs and bs != graph_bs:
-                hint = f"\nhint: the graph was captured for {graph_bs} rows: pad to graph_bs rows, not bs"
-            elif key == "block_tables" and v.dim() == 2 and v.shape[0] == graph_bs:
-                hint = f"\nhint: pad every block table with −1 to the widest one ({width} blocks)"
-        elif isinstance(v, torch.Tensor) and v.dtype != torch.int32:
-            hint = "\nhint: nano-vllm's graph buffers, and flash-attn's cache_seqlens and block_table, are int32"
-        try:
-            expect_tensor(v, what=key, shape=shape, dtype=torch.int32)
-        except CheckFailed as e:
-            raise CheckFailed(pre + str(e) + hint) from None
-    owner = {b: (i, j) for i, row in enumerate(tables) for j, b in enumerate(row)}
-    for i in range(graph_bs):
-        pad = i >= bs
-        s, c = int(got["slot_mapping"][i]), int(got["context_lens"][i])
-        if s != (-1 if pad else slots[i]):
-            if pad:
-                line = f"row {i} is a padding row: its slot must be −1 so the cache write skips it; yours: {s}"
-                if s >= 0:
-                    b = s // block_size if block_size else None
-                    where = f" (block {b} is sequence {owner[b][0]}'s block_table[{owner[b][1]}])" \
-                        if b is not None and b in owner else ""
-                    line += (f"\nhint: slot {s} is a real slot{where}: a padding row would overwrite the K/V "
-                             f"stored there; pad with −1, which store_kvcache skips")
-            else:
-                line = f"row {i} is sequence {i}: slot_mapping[{i}] = slots[{i}] = {slots[i]}; yours: {s}"
-            raise CheckFailed(pre + line)
-        if c != (0 if pad else ctx[i]):
-            line = (f"row {i} is a padding row: its context_len must be 0 so attention reads nothing; yours: {c}"
-                    if pad else f"row {i} is sequence {i}: context_lens[{i}] = {ctx[i]}; yours: {c}")
-            raise CheckFailed(pre + line)
-        row = got["block_tables"][i].tolist()
-        want = [-1] * width if pad else tables[i] + [-1] * (width - len(tables[i]))
-        if row != want:
-            j = next(j for j in range(width) if row[j] != want[j])
-            why = ("a padding row has no blocks" if pad else
-                   f"sequence {i} has {len(tables[i])} blocks; the rest of its row is padding" if j >= len(tables[i])
-                   else f"it is sequence {i}'s block_table[{j}]")
-            hint = "\nhint: block 0 is a real block; pad block tables with −1" if row[j] == 0 and want[j] == -1 else ""
-            raise CheckFailed(f"{pre}block_tables[{i}, {j}] = {want[j]} ({why}); yours: {row[j]}{hint}")
-    return got
-
-
-def run_pad_case(t: Trial, slots: list[int], ctx: list[int], tables: list[list[int]], graph_bs: int,
-                 case: str, block_size: int | None = None) -> dict:
-    got = t.yours.pad_decode_batch(list(slots), list(ctx), [list(r) for r in tables], graph_bs)
-    return explain_padded(got, slots, ctx, tables, graph_bs, case, block_size)
-
+# -- ch26.3 graph_batch_size / pad_decode_batch -----------------------------------------------------------
 
 @public("ch26.3", "figure instance: nano-vllm's captured sizes; a batch of 5 and others")
 def graph_size_figure_instance(t: Trial) -> None:
     got = [expect_int(t.yours.graph_batch_size(bs, list(NANO_SIZES)), what=f"graph_batch_size({bs}, …)")
            for bs in MAPPED_BATCHES]
     want = [t.ref.graph_batch_size(bs, NANO_SIZES) for bs in MAPPED_BATCHES]
-    t.figure("ch26-graph-replay", sizes=NANO_SIZES, batches=MAPPED_BATCHES, chosen=got, chosen_expected=want)
+    t.figure("ch26-graph-replay", sizes=NANO_SIZES, batches=MAPPED_BATCHES, chosen=got, chosen_expected=want,
+             chosen_wrong=[g != w for g, w in zip(got, want)])
     for bs, value in zip(MAPPED_BATCHES, got):
         explain_graph_size(value, bs, NANO_SIZES)
 
@@ -348,7 +134,8 @@ def pad_figure_instance(t: Trial) -> None:
     if type(got) is dict and all(isinstance(got.get(k), torch.Tensor) and got[k].shape == want[k].shape and
                                  got[k].dtype == torch.int32 for k in want):
         t.figure("ch26-graph-replay", slots=slots, ctx=REPLAY_CTX, tables=REPLAY_TABLES, block_size=REPLAY_BS,
-                 graph_bs=8, padded={k: got[k] for k in want}, padded_expected=want)
+                 graph_bs=8, padded={k: got[k] for k in want}, padded_expected=want,
+                 padded_wrong={k: wrong_mask(got[k], want[k]) for k in want})
     explain_padded(got, slots, REPLAY_CTX, REPLAY_TABLES, 8, "figure instance", REPLAY_BS)
 
 
@@ -367,3 +154,230 @@ def no_graph_fits(t: Trial) -> None:
 def graph_too_small(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.pad_decode_batch, [1, 2, 3], [1, 1, 1], [[0], [0], [0]], 2,
                     because="a graph of 2 rows cannot hold 3 sequences")
+
+
+# -- helpers: the instances --------------------------------------------------------------------------------------
+
+def padded_batch(lengths: list[int], T_max: int, H: int) -> torch.Tensor:
+    """Readable activations: request b, token t, channel h → 100(b+1) + 10t + h; padding positions 0."""
+    b, t, h = torch.meshgrid(torch.arange(len(lengths)), torch.arange(T_max), torch.arange(H), indexing="ij")
+    x = (100 * (b + 1) + 10 * t + h).float()
+    return x * (t < torch.tensor(lengths)[:, None, None])
+
+
+def replay_slots() -> list[int]:
+    return [tab[(c - 1) // REPLAY_BS] * REPLAY_BS + (c - 1) % REPLAY_BS for c, tab in zip(REPLAY_CTX, REPLAY_TABLES)]
+
+
+def running(lens: list[int]) -> list[int]:
+    """[0, l0, l0 + l1, …]: the cu_seqlens of `lens`."""
+    return [0] + torch.tensor(lens, dtype=torch.int64).cumsum(0).tolist()
+
+
+def _running(lens: list[int]) -> str:
+    """'[0, 3, 3 + 2 = 5]': the running sums written out."""
+    out, total = ["0"], 0
+    for i, n in enumerate(lens):
+        out.append(f"{n}" if i == 0 else f"{total} + {n} = {total + n}")
+        total += n
+    return "[" + ", ".join(out) + "]" if len(lens) <= 6 else vec(running(lens))
+
+
+# -- helpers: ch26.1 -------------------------------------------------------------------------------------------
+
+def expect_cu(got: object, lens: list[int], what: str, hints_from: tuple[tuple[Hint, list[int]], ...] = (),
+              of: str = "lengths") -> torch.Tensor:
+    """Require cu_seqlens as int32 [B + 1] equal to the running sums of `lens`, explaining the difference;
+    `hints_from`: (hint, other lengths) for a cu_seqlens that is the running sums of other lengths."""
+    want = running(lens)
+    if isinstance(got, torch.Tensor) and got.dim() == 1 and got.numel() == len(lens) and \
+            got.tolist() == want[1:] and lens:
+        raise CheckFailed(f"expected {what} with B + 1 = {len(lens) + 1} entries, {_running(lens)}; yours: {vec(got)}",
+                          hint=M.no_leading_zero)
+    if isinstance(got, torch.Tensor) and got.dtype != torch.int32 and got.shape == (len(lens) + 1,):
+        raise CheckFailed(f"expected {what} as an int32 tensor; yours: {describe(got)}",
+                          hint=M.int64_cu if got.dtype == torch.int64 else "flash-attn and nano-vllm take cu_seqlens as int32")
+    cu = expect_tensor(got, what=what, shape=[len(lens) + 1], dtype=torch.int32)
+    yours = cu.tolist()
+    if yours == want:
+        return cu
+    hint = M.not_cumulative if yours == [0] + list(lens) else \
+        next((h for h, other in hints_from if yours == running(other)), "")
+    raise CheckFailed(f"{what} = 0, then running sums of the {of} {lens} = {_running(lens)}; yours: {vec(cu)}",
+                      hint=hint)
+
+
+def explain_packed(got: object, padded: torch.Tensor, lengths: list[int], case: str) -> torch.Tensor:
+    """Require the packed rows to be the requests' tokens, request by request."""
+    B, T_max, H = padded.shape
+    N = sum(lengths)
+    if isinstance(got, torch.Tensor) and got.dim() == 2 and got.shape[0] == B * T_max != N:
+        raise CheckFailed(f"{case}: expected packed as [N, H] = [{N}, {H}] with N = Σ lengths = "
+                          f"{' + '.join(map(str, lengths))}; yours: {describe(got)}",
+                          hint=M.padding_kept.format(rows=B * T_max))
+    packed = expect_tensor(got, what="packed", shape=[N, H], dtype=padded.dtype)
+    want = torch.cat([padded[b, :n] for b, n in enumerate(lengths)]) if lengths else padded.new_zeros(0, H)
+    idx = first_wrong(packed, want)
+    if idx is None:
+        return packed
+    r = idx[0]
+    b = next(i for i in range(B) if r < sum(lengths[:i + 1]))
+    t = r - sum(lengths[:b])
+    keep = torch.arange(T_max)[None, :] < torch.tensor(lengths)[:, None]
+    raise CheckFailed(f"{case}: lengths={lengths}, T_max={T_max}",
+                      f"packed row {r} is request {b}'s token {t} (rows of request {b} start at {sum(lengths[:b])}), "
+                      f"padded[{b}, {t}] = {vec(want[r])}; yours: {vec(packed[r])}",
+                      hint=M.token_major if torch.equal(packed, padded.transpose(0, 1)[keep.T]) else "")
+
+
+def explain_unpacked(got: object, packed: torch.Tensor, cu: list[int], T_max: int, case: str) -> torch.Tensor:
+    """Require the unpacked batch: each request's packed rows on top, zeros below."""
+    B, H = len(cu) - 1, packed.shape[1]
+    out = expect_tensor(got, what="the unpacked batch", shape=[B, T_max, H], dtype=packed.dtype)
+    want = packed.new_zeros(B, T_max, H)
+    for b in range(B):
+        want[b, :cu[b + 1] - cu[b]] = packed[cu[b]:cu[b + 1]]
+    idx = first_wrong(out, want)
+    if idx is None:
+        return out
+    b, t = idx[0], idx[1]
+    n = cu[b + 1] - cu[b]
+    real = torch.arange(T_max)[None, :] < torch.tensor([cu[i + 1] - cu[i] for i in range(B)])[:, None]
+    if t < n:
+        what = (f"padded[{b}, {t}] is request {b}'s token {t}, packed row cu_seqlens[{b}] + {t} = {cu[b] + t}: "
+                f"{vec(want[b, t])}")
+    else:
+        what = f"padded[{b}, {t}] is padding (request {b} has {plural(n, 'token')}), so it must be 0"
+    only_padding = not bool(wrong_mask(out, want)[real].any())
+    raise CheckFailed(f"{case}: cu_seqlens={cu}, T_max={T_max}", f"{what}; yours: {vec(out[b, t])}",
+                      hint=M.padding_not_zero if only_padding else "")
+
+
+def run_pack_case(t: Trial, padded: torch.Tensor, lengths: list[int], case: str, *,
+                  as_tensor: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    arg = torch.tensor(lengths, dtype=torch.int64) if as_tensor else list(lengths)
+    got = t.yours.pack_varlen(padded, arg)
+    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        raise CheckFailed(f"pack_varlen returns a pair (packed, cu_seqlens); yours: {describe(got)}")
+    packed = explain_packed(got[0], padded, lengths, case)
+    return packed, expect_cu(got[1], lengths, "cu_seqlens")
+
+
+def run_unpack_case(t: Trial, packed: torch.Tensor, cu: list[int], T_max: int, case: str) -> torch.Tensor:
+    got = t.yours.unpack_varlen(packed, torch.tensor(cu, dtype=torch.int32), T_max)
+    return explain_unpacked(got, packed, cu, T_max, case)
+
+
+# -- helpers: ch26.2 -------------------------------------------------------------------------------------------
+
+def expect_metadata(got: object) -> dict:
+    if type(got) is not dict or any(k not in got for k in META_KEYS):
+        raise CheckFailed(f"expected a dict with keys {', '.join(META_KEYS)}; yours: "
+                          f"{'keys ' + ', '.join(map(str, got)) if type(got) is dict else describe(got)}")
+    return got
+
+
+def metadata_wrong(got: dict, want: dict) -> dict:
+    """The check's verdict per entry of varlen_metadata's answer (cu_seqlens as masks, the maxima as bools)."""
+    return {k: wrong_mask(got[k], want[k]) if isinstance(got[k], torch.Tensor) else got[k] != want[k]
+            for k in META_KEYS}
+
+
+def explain_metadata(got: dict, query: list[int], cached: list[int], case: str) -> None:
+    keys = [c + q for c, q in zip(cached, query)]
+    pre = f"case \"{case}\": query_lens={query}, cached_lens={cached} → key lengths cached + query = {keys}"
+    try:
+        expect_cu(got["cu_seqlens_q"], query, "cu_seqlens_q", ((M.queries_with_cache, keys),), of="query lengths")
+        expect_cu(got["cu_seqlens_k"], keys, "cu_seqlens_k",
+                  ((M.keys_without_cache, query), (M.keys_without_new, cached)), of="key lengths")
+    except CheckFailed as e:
+        raise e.within(pre) from None
+    for key, lens, other, other_name in (("max_seqlen_q", query, keys, "key"), ("max_seqlen_k", keys, query, "query")):
+        value = expect_int(got[key], what=key)
+        want = max(lens, default=0)
+        if value != want:
+            hint = (M.max_total.format(key=key, total=sum(lens)) if value == sum(lens) else
+                    M.max_other_side.format(key=key, side=key[-1], other=other_name) if value == max(other, default=0)
+                    else "")
+            raise CheckFailed(pre, f"{key} = max({lens}) = {want}; yours: {value}", hint=hint)
+
+
+def run_metadata_case(t: Trial, query: list[int], cached: list[int], case: str) -> dict:
+    got = expect_metadata(t.yours.varlen_metadata(list(query), list(cached)))
+    explain_metadata(got, query, cached, case)
+    return got
+
+
+# -- helpers: ch26.3 -------------------------------------------------------------------------------------------
+
+def _sizes(sizes: list[int]) -> str:
+    s = sorted(sizes)
+    return str(s) if len(s) <= 10 else f"[{', '.join(map(str, s[:8]))}, …, {s[-1]}]"
+
+
+def explain_graph_size(got: object, bs: int, sizes: list[int]) -> int:
+    value = expect_int(got, what=f"graph_batch_size({bs}, …)")
+    want = min(s for s in sizes if s >= bs)
+    if value == want:
+        return value
+    hint = (M.round_down if value < bs else M.not_captured if value not in sizes else M.not_smallest)
+    raise CheckFailed(f"batch of {bs}, captured sizes {_sizes(sizes)}: the smallest captured size ≥ {bs} is {want}; "
+                      f"yours: {value}", hint=hint.format(value=value, bs=bs))
+
+
+def explain_padded(got: object, slots: list[int], ctx: list[int], tables: list[list[int]], graph_bs: int, case: str,
+                   block_size: int | None = None) -> dict:
+    """Require the three padded buffers, explaining the first wrong entry in row terms."""
+    if type(got) is not dict or any(k not in got for k in PAD_KEYS):
+        raise CheckFailed(f"expected a dict with keys {', '.join(PAD_KEYS)}; yours: {describe(got)}")
+    bs, width = len(slots), max((len(r) for r in tables), default=0)
+    pre = f"case \"{case}\": {bs} sequences in the graph of {graph_bs} rows ({plural(graph_bs - bs, 'padding row')})"
+    for key, shape in (("slot_mapping", [graph_bs]), ("context_lens", [graph_bs]), ("block_tables", [graph_bs, width])):
+        v = got[key]
+        hint: str = ""
+        if isinstance(v, torch.Tensor) and list(v.shape) != shape:
+            if v.dim() and v.shape[0] == bs and bs != graph_bs:
+                hint = M.pad_to_bs.format(graph_bs=graph_bs)
+            elif key == "block_tables" and v.dim() == 2 and v.shape[0] == graph_bs:
+                hint = M.table_width.format(width=width)
+        elif isinstance(v, torch.Tensor) and v.dtype == torch.int64:
+            hint = M.int64_buffers
+        try:
+            expect_tensor(v, what=key, shape=shape, dtype=torch.int32)
+        except CheckFailed as e:
+            raise CheckFailed(pre, *e.lines, hint=hint) from None
+    owner = {b: (i, j) for i, row in enumerate(tables) for j, b in enumerate(row)}
+    for i in range(graph_bs):
+        pad = i >= bs
+        s, c = int(got["slot_mapping"][i]), int(got["context_lens"][i])
+        if s != (-1 if pad else slots[i]):
+            if not pad:
+                raise CheckFailed(pre, f"row {i} is sequence {i}: slot_mapping[{i}] = slots[{i}] = {slots[i]}; yours: {s}")
+            hint = ""
+            if s >= 0:
+                b = s // block_size if block_size else None
+                where = f" (block {b} is sequence {owner[b][0]}'s block_table[{owner[b][1]}])" \
+                    if b is not None and b in owner else ""
+                hint = M.pad_slot_real.format(slot=s, where=where)
+            raise CheckFailed(pre, f"row {i} is a padding row: its slot must be −1 so the cache write skips it; "
+                                   f"yours: {s}", hint=hint)
+        if c != (0 if pad else ctx[i]):
+            raise CheckFailed(pre, f"row {i} is a padding row: its context_len must be 0 so attention reads nothing; "
+                                   f"yours: {c}" if pad else f"row {i} is sequence {i}: context_lens[{i}] = {ctx[i]}; "
+                                                             f"yours: {c}")
+        row = got["block_tables"][i].tolist()
+        want = [-1] * width if pad else tables[i] + [-1] * (width - len(tables[i]))
+        if row != want:
+            j = next(j for j in range(width) if row[j] != want[j])
+            why = ("a padding row has no blocks" if pad else
+                   f"sequence {i} has {plural(len(tables[i]), 'block')}; the rest of its row is padding"
+                   if j >= len(tables[i]) else f"it is sequence {i}'s block_table[{j}]")
+            raise CheckFailed(pre, f"block_tables[{i}, {j}] = {want[j]} ({why}); yours: {row[j]}",
+                              hint=M.pad_block_zero if row[j] == 0 and want[j] == -1 else "")
+    return got
+
+
+def run_pad_case(t: Trial, slots: list[int], ctx: list[int], tables: list[list[int]], graph_bs: int,
+                 case: str, block_size: int | None = None) -> dict:
+    got = t.yours.pad_decode_batch(list(slots), list(ctx), [list(r) for r in tables], graph_bs)
+    return explain_padded(got, slots, ctx, tables, graph_bs, case, block_size)

@@ -3,18 +3,33 @@ hidden ones."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from grader.authoring import CheckFailed, Trial, describe, expect_int, expect_tensor, first_wrong, hidden_model, public
+from grader.authoring import (
+    CheckFailed,
+    Trial,
+    describe,
+    expect_int,
+    expect_tensor,
+    first_wrong,
+    hidden_model,
+    mistakes,
+    plural,
+    public,
+    wrong_mask,
+)
 
 # ch28-cache-identity: the same 12 tokens (an image behind placeholders 4–7) under five identities, block 4.
 IDENTITY_TOKENS = [11, 12, 13, 14, 99, 99, 99, 99, 21, 22, 23, 24]
 IDENTITY_BS = 4
-IDENTITY_ROWS = [("A", "image cat", {"mm_hashes": [("cat", 4, 4)]}),
-                 ("A again", "image cat (the same request)", {"mm_hashes": [("cat", 4, 4)]}),
-                 ("other image", "image dog behind the same placeholders", {"mm_hashes": [("dog", 4, 4)]}),
-                 ("salted", "image cat, cache_salt \"tenant-b\"", {"mm_hashes": [("cat", 4, 4)], "cache_salt": "tenant-b"}),
-                 ("LoRA 7", "image cat, lora_id 7", {"mm_hashes": [("cat", 4, 4)], "lora_id": 7})]
+IDENTITY_ROWS: list[tuple[str, str, dict[str, Any]]] = [
+    ("A", "image cat", {"mm_hashes": [("cat", 4, 4)]}),
+    ("A again", "image cat (the same request)", {"mm_hashes": [("cat", 4, 4)]}),
+    ("other image", "image dog behind the same placeholders", {"mm_hashes": [("dog", 4, 4)]}),
+    ("salted", "image cat, cache_salt \"tenant-b\"", {"mm_hashes": [("cat", 4, 4)], "cache_salt": "tenant-b"}),
+    ("LoRA 7", "image cat, lora_id 7", {"mm_hashes": [("cat", 4, 4)], "lora_id": 7})]
 
 # ch28-last-token-logits: three requests flattened into 9 rows, block size 4 (after vllm_and_beyond.md §D.2,
 # with R1 a full-prompt hit so that the last-token rule shows): (name, situation, computed before, scheduled).
@@ -23,86 +38,13 @@ LOGITS_REQUESTS = [("R0", "chunked prefill: 10-token prompt, 4 done, the next 4"
                    ("R2", "decode: 7 tokens, the newest not yet fed", 6, 1)]
 FIGURE_HIT = (8, 4, 2)
 
-
-# -- 28.1 block hashes -----------------------------------------------------------------------------------------
-def key_list(i: int, bs: int, keys: dict) -> str:
-    """The identity keys that enter block i, in the chapter's words."""
-    s, e = i * bs, (i + 1) * bs
-    out = [f"lora {keys['lora_id']}"] if keys.get("lora_id") is not None else []
-    out += [f"mm ({ident!r}, offset {o} − {s} = {o - s})" for ident, o, n in keys.get("mm_hashes") or [] if o < e and o + n > s]
-    out += [f"salt {keys['cache_salt']!r}"] if i == 0 and keys.get("cache_salt") is not None else []
-    return ", ".join(out) or "none"
-
-
-def short(h) -> str:
-    return h[:4].hex() + "…" if isinstance(h, bytes) and len(h) >= 4 else repr(h)
-
+M = mistakes("ch28")
 
 salt_everywhere = hidden_model("ch28_models.salt_everywhere")
 """`t.ref.drive(salt_everywhere, tokens, block_size, cache_salt)`: the hashes with the salt in every block."""
 
 
-def reference_variants(t: Trial, tokens: list[int], bs: int, keys: dict) -> tuple[list, dict]:
-    """The reference's hashes, and for hints the hashes with each key left out (computed before comparing)."""
-    want = t.ref.block_hashes(tokens, bs, **keys)
-    variants = {"keys": t.ref.block_hashes(tokens, bs)} if len(keys) > 1 else {}
-    for k in keys:
-        variants[k] = t.ref.block_hashes(tokens, bs, **{n: v for n, v in keys.items() if n != k})
-    n = len(tokens) // bs
-    variants["unchained"] = [t.ref.block_hashes(tokens[i * bs:(i + 1) * bs], bs)[0] for i in range(n)] \
-        if not keys and n <= 64 else []
-    if keys.keys() == {"cache_salt"} and keys["cache_salt"] is not None:
-        variants["salt everywhere"] = t.ref.drive(salt_everywhere, list(tokens), bs, keys["cache_salt"])
-    return want, variants
-
-
-def expect_hashes(got, want: list[bytes], variants: dict, tokens: list[int], bs: int, keys: dict, *, case: str) -> list:
-    """Require your hashes to equal the reference's; explain the first wrong block."""
-    n = len(tokens) // bs
-    head = f"{case} ({len(tokens)} tokens, block_size {bs}{', ' + fmt_keys(keys) if keys else ''})"
-    if not isinstance(got, list) or not all(isinstance(h, bytes) for h in got):
-        hint = ("\nhint: return the digests (hashlib.sha256(…).digest()), not hex strings"
-                if isinstance(got, list) and got and all(isinstance(h, str) for h in got) else "")
-        raise CheckFailed(f"{head}: expected a list of {n} hashes as 32-byte bytes objects; yours: {describe(got)}{hint}")
-    if len(got) != n:
-        hint = (f"\nhint: only full blocks are hashed: the last {len(tokens) % bs} tokens do not fill a block"
-                if len(got) == n + 1 else "")
-        raise CheckFailed(f"{head}: expected {n} hashes ({len(tokens)} // {bs} full blocks); yours: {len(got)}{hint}")
-    i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
-    if i is None:
-        return got
-    s = i * bs
-    lines = [f"{head}: block {i}'s hash should be {want[i].hex()}; yours: {got[i].hex() if len(got[i]) < 64 else short(got[i])}",
-             f"block {i} = tokens {s}–{s + bs - 1} {tokens[s:s + bs]}, parent "
-             + (f"hash_{i - 1} ({short(want[i - 1])}, which yours matches)" if i else "NONE_HASH = sha256(b\"vllm-none-hash\")"),
-             f"its extra keys: {key_list(i, bs, keys)}"]
-    hint = ""
-    if len(got[i]) != 32:
-        hint = f"a hash is SHA-256's 32-byte digest; yours has {len(got[i])} bytes"
-    elif got == variants.get("keys"):
-        hint = "the identity keys are missing: the same tokens must hash differently under another salt, adapter or image"
-    elif got == variants.get("cache_salt") and i == 0:
-        hint = "the salt is missing: it enters block 0's extra keys (and every later block through the chain)"
-    elif got == variants.get("lora_id"):
-        hint = "the LoRA id enters every block's extra keys"
-    elif got == variants.get("mm_hashes"):
-        hint = "each multimodal item enters the extra keys of every block it overlaps"
-    elif variants.get("unchained") and got[i] == variants["unchained"][i]:
-        hint = "chain the blocks: block i's parent is hash_(i−1), only block 0's is NONE_HASH"
-    elif i and got == variants.get("salt everywhere"):
-        hint = "the salt enters block 0 only; later blocks inherit it through the parent hash"
-    raise CheckFailed("\n".join(lines) + (f"\nhint: {hint}" if hint else ""))
-
-
-def fmt_keys(keys: dict) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in keys.items())
-
-
-def run_hash_case(t: Trial, tokens: list[int], bs: int, keys: dict, *, case: str) -> list:
-    want, variants = reference_variants(t, tokens, bs, keys)
-    got = t.yours.block_hashes(list(tokens), bs, **keys)
-    return expect_hashes(got, want, variants, tokens, bs, keys, case=case)
-
+# -- ch28.1 block hashes ---------------------------------------------------------------------------------------
 
 @public("ch28.1", "figure instance: the same 12 tokens under five identities")
 def identity_figure(t: Trial) -> None:
@@ -111,10 +53,10 @@ def identity_figure(t: Trial) -> None:
         want, variants = reference_variants(t, IDENTITY_TOKENS, IDENTITY_BS, keys)
         got = t.yours.block_hashes(list(IDENTITY_TOKENS), IDENTITY_BS, **keys)
         rows.append((label, what, keys, got, want, variants))
-    ok = lambda g: isinstance(g, list) and all(isinstance(h, bytes) for h in g)
     t.figure("ch28-cache-identity", tokens=IDENTITY_TOKENS, block_size=IDENTITY_BS,
              rows=[{"label": label, "what": what, "keys": [key_list(i, IDENTITY_BS, keys) for i in range(3)],
-                    "yours": [h.hex() for h in got] if ok(got) else [], "expected": [h.hex() for h in want]}
+                    "yours": [h.hex() for h in got] if are_hashes(got) else [], "expected": [h.hex() for h in want],
+                    "wrong": [not are_hashes(got) or b >= len(got) or got[b] != h for b, h in enumerate(want)]}
                    for label, what, keys, got, want, _ in rows])
     for label, _, keys, got, want, variants in rows:
         expect_hashes(got, want, variants, IDENTITY_TOKENS, IDENTITY_BS, keys, case=f"request {label!r}")
@@ -143,24 +85,7 @@ def empty_salt(t: Trial) -> None:
                     because="a cache_salt, when given, is a non-empty string")
 
 
-# -- 28.2 the last-token rule -------------------------------------------------------------------------------------
-def expect_cached(t: Trial, prompt_len: int, bs: int, hits: int) -> int:
-    want = t.ref.num_cached_tokens_on_hit(prompt_len, bs, hits)
-    got = expect_int(t.yours.num_cached_tokens_on_hit(prompt_len, bs, hits), what="the number of cached tokens")
-    if got != want:
-        cap = (prompt_len - 1) // bs
-        hint = ""
-        if got == hits * bs:
-            hint = ("at least the last token must be computed to get its logits: the hit is capped at "
-                    "prompt_len − 1 tokens, in whole blocks")
-        elif got == min(hits * bs, prompt_len - 1):
-            hint = "hits come in whole blocks: round prompt_len − 1 down to a multiple of block_size"
-        raise CheckFailed(f"prompt_len={prompt_len}, block_size={bs}, {hits} leading block{'s' * (hits != 1)} hit: "
-                          f"the hit is capped at {prompt_len} − 1 = {prompt_len - 1} tokens, i.e. {prompt_len - 1} // "
-                          f"{bs} = {cap} whole block{'s' * (cap != 1)}, so min({hits}, {cap})·{bs} = {want} tokens are "
-                          f"cached and {prompt_len - want} computed; yours: {got}" + (f"\nhint: {hint}" if hint else ""))
-    return got
-
+# -- ch28.2 the last-token rule -------------------------------------------------------------------------------------
 
 @public("ch28.2", "the 32-token example: block size 16, both blocks cached")
 def full_hit_32(t: Trial) -> None:
@@ -172,7 +97,7 @@ def figure_hit(t: Trial) -> None:
     want = t.ref.num_cached_tokens_on_hit(*FIGURE_HIT)
     got = t.yours.num_cached_tokens_on_hit(*FIGURE_HIT)
     if type(got) is int:
-        t.figure("ch28-last-token-logits", cached=got, cached_expected=want)
+        t.figure("ch28-last-token-logits", cached=got, cached_expected=want, cached_wrong=got != want)
     expect_cached(t, *FIGURE_HIT)
 
 
@@ -193,34 +118,7 @@ def too_many_hits(t: Trial) -> None:
                     because="a 31-token prompt has only 1 full block of 16")
 
 
-# -- 28.3 logits indices --------------------------------------------------------------------------------------------
-def expect_indices(got, want: torch.Tensor, lens: list[int], *, case: str) -> torch.Tensor:
-    b = len(lens)
-    idx = expect_tensor(got, what=f"the logits rows of {b} requests", shape=[b], dtype=torch.int64)
-    wrong = first_wrong(idx, want)
-    if wrong is None:
-        return idx
-    r = wrong[0]
-    start, end = sum(lens[:r]), sum(lens[:r + 1])
-    yours = int(idx[r])
-    hint = ""
-    if yours == start and lens[r] > 1:
-        hint = "the sampled row is the request's last scheduled token, not its first"
-    elif yours == end:
-        hint = "subtract 1: cu_seqlens_q[r + 1] is already the first row of the next request"
-    elif yours == lens[r] - 1 and r:
-        hint = "the indices are rows of the flattened batch: add the request's start cu_seqlens_q[r]"
-    raise CheckFailed(f"{case}: request {r} has {lens[r]} scheduled token{'s' * (lens[r] != 1)}, rows "
-                      f"cu_seqlens_q[{r}] … cu_seqlens_q[{r + 1}] − 1 = {start} … {end - 1}; its logits row is the last, "
-                      f"{end} − 1 = {end - 1}; yours: {yours}" + (f"\nhint: {hint}" if hint else ""))
-
-
-def run_indices_case(t: Trial, lens, *, case: str) -> torch.Tensor:
-    want = t.ref.logits_indices(lens)
-    got = t.yours.logits_indices(lens)
-    plain = lens.tolist() if isinstance(lens, torch.Tensor) else list(lens)
-    return expect_indices(got, want, plain, case=case)
-
+# -- ch28.3 logits indices --------------------------------------------------------------------------------------------
 
 @public("ch28.3", "figure instance: 3 requests, 9 rows (chunk, full-prompt hit, decode)")
 def logits_figure(t: Trial) -> None:
@@ -229,7 +127,7 @@ def logits_figure(t: Trial) -> None:
     got = t.yours.logits_indices(lens)
     idx = expect_tensor(got, what="the logits rows of 3 requests", shape=[3], dtype=torch.int64)
     t.figure("ch28-last-token-logits", requests=[[name, what, c, n] for name, what, c, n in LOGITS_REQUESTS],
-             indices=idx, expected=want, block_size=4, prompt=FIGURE_HIT[0])
+             indices=idx, expected=want, wrong=wrong_mask(idx, want), block_size=4, prompt=FIGURE_HIT[0])
     expect_indices(idx, want, lens, case=f"query_lens {lens}")
 
 
@@ -254,3 +152,127 @@ def zero_length(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.logits_indices, [3, 0, 2],
                     because="a request in the batch has at least one scheduled token (a 0 would take the previous "
                             "request's last row)")
+
+
+# -- helpers: ch28.1 --------------------------------------------------------------------------------------------
+
+def key_list(i: int, bs: int, keys: dict) -> str:
+    """The identity keys that enter block i, in the chapter's words."""
+    s, e = i * bs, (i + 1) * bs
+    out = [f"lora {keys['lora_id']}"] if keys.get("lora_id") is not None else []
+    out += [f"mm ({ident!r}, offset {o} − {s} = {o - s})" for ident, o, n in keys.get("mm_hashes") or [] if o < e and o + n > s]
+    out += [f"salt {keys['cache_salt']!r}"] if i == 0 and keys.get("cache_salt") is not None else []
+    return ", ".join(out) or "none"
+
+
+def hash_prefix(h: object) -> str:
+    """A hash as the messages name it: its first 4 bytes in hex, "be97af41…"."""
+    return h[:4].hex() + "…" if isinstance(h, bytes) and len(h) >= 4 else repr(h)
+
+
+def fmt_keys(keys: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in keys.items())
+
+
+def are_hashes(got: object) -> bool:
+    return isinstance(got, list) and all(isinstance(h, bytes) for h in got)
+
+
+def reference_variants(t: Trial, tokens: list[int], bs: int, keys: dict) -> tuple[list, dict]:
+    """The reference's hashes, and for hints the hashes with each key left out (computed before comparing)."""
+    want = t.ref.block_hashes(tokens, bs, **keys)
+    variants = {"keys": t.ref.block_hashes(tokens, bs)} if len(keys) > 1 else {}
+    for k in keys:
+        variants[k] = t.ref.block_hashes(tokens, bs, **{n: v for n, v in keys.items() if n != k})
+    n = len(tokens) // bs
+    variants["unchained"] = [t.ref.block_hashes(tokens[i * bs:(i + 1) * bs], bs)[0] for i in range(n)] \
+        if not keys and n <= 64 else []
+    if keys.keys() == {"cache_salt"} and keys["cache_salt"] is not None:
+        variants["salt everywhere"] = t.ref.drive(salt_everywhere, list(tokens), bs, keys["cache_salt"])
+    return want, variants
+
+
+def expect_hashes(got: object, want: list[bytes], variants: dict, tokens: list[int], bs: int, keys: dict, *,
+                  case: str) -> list:
+    """Require your hashes to equal the reference's; explain the first wrong block."""
+    n = len(tokens) // bs
+    head = f"{case} ({len(tokens)} tokens, block_size {bs}{', ' + fmt_keys(keys) if keys else ''})"
+    if not isinstance(got, list) or not are_hashes(got):
+        raise CheckFailed(f"{head}: expected a list of {n} hashes as 32-byte bytes objects; yours: {describe(got)}",
+                          hint=M.hex_strings if isinstance(got, list) and got and all(isinstance(h, str) for h in got)
+                          else "")
+    if len(got) != n:
+        raise CheckFailed(f"{head}: expected {n} hashes ({len(tokens)} // {bs} full blocks); yours: {len(got)}",
+                          hint=M.partial_block.format(n=len(tokens) % bs) if len(got) == n + 1 else "")
+    i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    if i is None:
+        return got
+    s = i * bs
+    hint: str = ""
+    if len(got[i]) != 32:
+        hint = M.digest_size.format(n=len(got[i]))
+    elif got == variants.get("keys"):
+        hint = M.keys_missing
+    elif got == variants.get("cache_salt") and i == 0:
+        hint = M.salt_missing
+    elif got == variants.get("lora_id"):
+        hint = M.lora_missing
+    elif got == variants.get("mm_hashes"):
+        hint = M.mm_missing
+    elif variants.get("unchained") and got[i] == variants["unchained"][i]:
+        hint = M.unchained
+    elif i and got == variants.get("salt everywhere"):
+        hint = M.salt_everywhere
+    raise CheckFailed(f"{head}: block {i}'s hash should be {want[i].hex()}; yours: "
+                      f"{got[i].hex() if len(got[i]) < 64 else hash_prefix(got[i])}",
+                      f"block {i} = tokens {s}–{s + bs - 1} {tokens[s:s + bs]}, parent " +
+                      (f"hash_{i - 1} ({hash_prefix(want[i - 1])}, which yours matches)" if i
+                       else "NONE_HASH = sha256(b\"vllm-none-hash\")"),
+                      f"its extra keys: {key_list(i, bs, keys)}", hint=hint)
+
+
+def run_hash_case(t: Trial, tokens: list[int], bs: int, keys: dict, *, case: str) -> list:
+    want, variants = reference_variants(t, tokens, bs, keys)
+    got = t.yours.block_hashes(list(tokens), bs, **keys)
+    return expect_hashes(got, want, variants, tokens, bs, keys, case=case)
+
+
+# -- helpers: ch28.2 --------------------------------------------------------------------------------------------
+
+def expect_cached(t: Trial, prompt_len: int, bs: int, hits: int) -> int:
+    want = t.ref.num_cached_tokens_on_hit(prompt_len, bs, hits)
+    got = expect_int(t.yours.num_cached_tokens_on_hit(prompt_len, bs, hits), what="the number of cached tokens")
+    if got != want:
+        cap = (prompt_len - 1) // bs
+        raise CheckFailed(f"prompt_len={prompt_len}, block_size={bs}, {plural(hits, 'leading block')} hit: "
+                          f"the hit is capped at {prompt_len} − 1 = {prompt_len - 1} tokens, i.e. {prompt_len - 1} // "
+                          f"{bs} = {plural(cap, 'whole block')}, so min({hits}, {cap})·{bs} = {want} tokens are "
+                          f"cached and {prompt_len - want} computed; yours: {got}",
+                          hint=M.uncapped if got == hits * bs else
+                          M.token_cap if got == min(hits * bs, prompt_len - 1) else "")
+    return got
+
+
+# -- helpers: ch28.3 --------------------------------------------------------------------------------------------
+
+def expect_indices(got: object, want: torch.Tensor, lens: list[int], *, case: str) -> torch.Tensor:
+    b = len(lens)
+    idx = expect_tensor(got, what=f"the logits rows of {plural(b, 'request')}", shape=[b], dtype=torch.int64)
+    wrong = first_wrong(idx, want)
+    if wrong is None:
+        return idx
+    r = wrong[0]
+    start, end = sum(lens[:r]), sum(lens[:r + 1])
+    yours = int(idx[r])
+    hint = (M.first_row if yours == start and lens[r] > 1 else M.no_minus_one if yours == end else
+            M.local_row if yours == lens[r] - 1 and r else "")
+    raise CheckFailed(f"{case}: request {r} has {plural(lens[r], 'scheduled token')}, rows "
+                      f"cu_seqlens_q[{r}] … cu_seqlens_q[{r + 1}] − 1 = {start} … {end - 1}; its logits row is the last, "
+                      f"{end} − 1 = {end - 1}; yours: {yours}", hint=hint)
+
+
+def run_indices_case(t: Trial, lens: list[int] | torch.Tensor, *, case: str) -> torch.Tensor:
+    want = t.ref.logits_indices(lens)
+    got = t.yours.logits_indices(lens)
+    plain = lens.tolist() if isinstance(lens, torch.Tensor) else list(lens)
+    return expect_indices(got, want, plain, case=case)

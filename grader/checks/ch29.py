@@ -7,7 +7,21 @@ import math
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, describe, expect_tensor, fmt, hidden_model, public
+from grader.authoring import (
+    CheckFailed,
+    Hint,
+    Trial,
+    describe,
+    expect_tensor,
+    fmt,
+    hidden_model,
+    mistakes,
+    plural,
+    public,
+    short,
+    vec,
+    wrong_mask,
+)
 
 # ch29-schedule-to-metadata: reference §D.2 (checked): R0 mid-way through a chunked prefill, R1 a prefix hit
 # whose last prompt token is left, R2 a decode; B = 4. Token ids: request r's token at position p is 100(r+1) + p.
@@ -20,123 +34,16 @@ METRICS = ["ttft", "tpot", "itl", "e2el"]
 STATS = ["mean", "median", "p99"]
 TOTALS = ["completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
           "output_throughput", "total_token_throughput"]
+KEYS = TOTALS + [f"{s}_{m}_ms" for m in METRICS for s in STATS]
 RTOL, ATOL = 1e-6, 1e-9
 
+M = mistakes("ch29")
 
-def make_requests(spec: list[tuple[int, int, int, list[int]]]) -> list[dict]:
-    """(num_tokens, computed, scheduled, block_table) → request dicts with readable token ids."""
-    return [{"token_ids": [100 * (r + 1) + p for p in range(known)], "num_computed_tokens": c,
-             "num_scheduled_tokens": n, "block_table": list(table)} for r, (known, c, n, table) in enumerate(spec)]
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
+request_latencies = hidden_model("ch29_models.request_latencies")
+"""`t.ref.drive(request_latencies, requests)`: each request's TTFT, E2E, TPOT and ITLs, for the derivations."""
 
 
-def make_times(spec: list[tuple[float, list[float], int, int]]) -> list[dict]:
-    return [{"start": s, "chunk_times": list(ch), "input_len": i, "output_len": o} for s, ch, i, o in spec]
-
-
-# -- 29.1 prepare_inputs ------------------------------------------------------------------------------------
-def describe_batch(requests: list[dict], block_size: int) -> str:
-    short = lambda t: str(t) if len(t) <= 5 else f"[{', '.join(map(str, t[:3]))}, …] ({len(t)} blocks)"
-    parts = [f"R{r}: knows {len(q['token_ids'])}, computed {q['num_computed_tokens']}, scheduled "
-             f"{q['num_scheduled_tokens']}, table {short(q['block_table'])}" for r, q in enumerate(requests[:4])]
-    more = f"; … {len(requests) - 4} more" if len(requests) > 4 else ""
-    return f"block_size {block_size}; " + "; ".join(parts) + more
-
-
-def expect_structure(got, requests: list[dict]) -> dict:
-    """Require the dict of seven tensors with the documented dtypes and shapes."""
-    if not isinstance(got, dict) or not set(FIELDS) <= set(got):
-        have = f"a dict with keys {sorted(got)}" if isinstance(got, dict) else describe(got)
-        raise CheckFailed(f"expected a dict with the keys {', '.join(FIELDS)}; yours: {have}")
-    T, R = sum(q["num_scheduled_tokens"] for q in requests), len(requests)
-    shapes = {"query_start_loc": R + 1, "seq_lens": R, "logits_indices": R, "kept": R}
-    for k in FIELDS:
-        n = shapes.get(k, T)
-        what = f"{k} ({'one per input token' if n == T and k not in shapes else 'per request'})"
-        expect_tensor(got[k], what=what, shape=[n], dtype=torch.bool if k == "kept" else torch.int64)
-    return got
-
-
-def explain_field(k: str, got: list, want: dict, requests: list[dict], block_size: int) -> list[str]:
-    """The derivation of the first wrong entry of field `k`, and a hint when a misconception fits."""
-    yours, exp = got, want[k].tolist()
-    i = next(i for i, (a, b) in enumerate(zip(yours, exp)) if a != b)
-    qsl = want["query_start_loc"].tolist()
-    if k in ("positions", "input_ids", "slot_mapping"):
-        r = max(j for j in range(len(requests)) if qsl[j] <= i)
-        q = requests[r]
-        c, j = q["num_computed_tokens"], i - qsl[r]
-        p = c + j
-        lines = [f"input {i} is request R{r}'s token {j} of this step (R{r} owns inputs {qsl[r]}…{qsl[r + 1] - 1}), "
-                 f"at position num_computed_tokens + {j} = {c} + {j} = {p}"]
-        if k == "input_ids":
-            lines.append(f"input_ids[{i}] = R{r}'s token_ids[{p}] = {exp[i]}; yours: {yours[i]}")
-            hint = "feed the token at the input's position (after the computed prefix)" \
-                if yours[i] == q["token_ids"][j] else ""
-        elif k == "positions":
-            lines[-1] += f"; yours: {yours[i]}"
-            hint = "positions continue after the computed prefix: c + j, not j" if yours[i] == j else ""
-        else:
-            table, b = q["block_table"], p // block_size
-            lines.append(f"logical block {p} // {block_size} = {b}, block_table[{b}] = {table[b]}, so the slot is "
-                         f"{table[b]}·{block_size} + {p % block_size} = {exp[i]}; yours: {yours[i]}")
-            hint = "the slot uses the physical block from the table, not the position" if yours[i] == p else \
-                "a slot counts from the start of the pool: multiply the physical block by block_size" \
-                if yours[i] == table[b] + p % block_size else ""
-        return lines + ([f"hint: {hint}"] if hint else [])
-    ns = [q["num_scheduled_tokens"] for q in requests]
-    if k == "query_start_loc":
-        known = [len(q["token_ids"]) for q in requests]
-        hint = ("query_start_loc is cumulative: entry r + 1 sums the scheduled tokens of requests 0…r"
-                if yours == [0] + ns else "it counts this step's inputs, num_scheduled_tokens, not every known token"
-                if yours == [sum(known[:j]) for j in range(len(known) + 1)] else "")
-        return [f"query_start_loc = [0] + running sums of num_scheduled_tokens {ns} = {exp}; yours: {yours}"] + \
-            ([f"hint: {hint}"] if hint else [])
-    q = requests[i]
-    c, n = q["num_computed_tokens"], q["num_scheduled_tokens"]
-    if k == "seq_lens":
-        hint = ("seq_lens is the KV length after this step, c + n, not the query length n" if yours[i] == n else
-                "seq_lens counts what is computed after this step, c + n, not every known token"
-                if yours[i] == len(q["token_ids"]) else "")
-        return [f"seq_lens[{i}] = R{i}'s num_computed_tokens + num_scheduled_tokens = {c} + {n} = {exp[i]}; "
-                f"yours: {yours[i]}"] + ([f"hint: {hint}"] if hint else [])
-    if k == "logits_indices":
-        hint = "sample at the *last* scheduled row of each request: query_start_loc[1:] − 1" \
-            if yours[i] in (qsl[i], qsl[i + 1]) else ""
-        return [f"logits_indices[{i}] = query_start_loc[{i + 1}] − 1 = {qsl[i + 1]} − 1 = {exp[i]}, R{i}'s last "
-                f"input; yours: {yours[i]}"] + ([f"hint: {hint}"] if hint else [])
-    known = len(q["token_ids"])
-    verdict = f"= its {known} known tokens" if exp[i] else f"< its {known} known tokens"
-    hint = ("a chunk that ends before the last known token is a non-final prefill chunk: its sample is thrown away"
-            if not exp[i] else "a step that reaches every known token keeps its sample (a 1-token step after a prefix "
-            "hit produces the first output)")
-    return [f"kept[{i}]: R{i}'s seq_len = {c} + {n} = {c + n} {verdict}, so its sample is "
-            f"{'kept' if exp[i] else 'discarded'}; yours: {yours[i]}", f"hint: {hint}"]
-
-
-def expect_metadata(got: dict, want: dict, requests: list[dict], block_size: int, case: str) -> None:
-    head = f'case "{case}": {describe_batch(requests, block_size)}'
-    for k in FIELDS:
-        if got[k].tolist() != want[k].tolist():
-            raise CheckFailed("\n".join([head] + explain_field(k, got[k].tolist(), want, requests, block_size)))
-
-
-def run_metadata_case(t: Trial, requests: list[dict], block_size: int, case: str, figure: str | None = None) -> dict:
-    want = t.ref.prepare_inputs(requests, block_size)
-    got = t.yours.prepare_inputs(requests, block_size)
-    try:
-        expect_structure(got, requests)
-    except CheckFailed as e:
-        raise CheckFailed(f'case "{case}": {describe_batch(requests, block_size)}\n{e}') from None
-    if figure:
-        t.figure(figure, requests=requests, block_size=block_size, yours={k: got[k] for k in FIELDS},
-                 expected={k: want[k] for k in FIELDS})
-    expect_metadata(got, want, requests, block_size, case)
-    return got
-
+# -- ch29.1 prepare_inputs ------------------------------------------------------------------------------------
 
 @public("ch29.1", "figure instance: a prefill chunk, a prefix hit and a decode; 6 inputs, at most 3 candidates (B = 4)")
 def d2_instance(t: Trial) -> None:
@@ -166,110 +73,7 @@ def bad_schedules(t: Trial) -> None:
                     because="position 8 is in logical block 2, but the block table has only 2 blocks")
 
 
-# -- 29.2 latency_metrics -----------------------------------------------------------------------------------
-KEYS = TOTALS + [f"{s}_{m}_ms" for m in METRICS for s in STATS]
-
-
-def expect_metric_structure(got, head: str) -> dict:
-    """Require a dict with every metric as a number."""
-    if not isinstance(got, dict):
-        raise CheckFailed(f"{head}\nexpected a dict of metrics; yours: {describe(got)}")
-    for k in KEYS:
-        v = got.get(k)
-        if type(v) is bool or not isinstance(v, (int, float)):
-            raise CheckFailed(f"{head}\nexpected {k!r} as a number; yours: "
-                              f"{'missing' if k not in got else describe(v)}"
-                              + ("  (use .item())" if isinstance(v, torch.Tensor) else ""))
-    return got
-
-
-def expect_metrics(got: dict, want: dict, requests: list[dict], case: str, rows: list | None = None) -> None:
-    """Require every metric within tolerance, explaining the first wrong one with its derivation (`rows`:
-    `request_latencies`' answer; asked of the hidden side when needed if not given)."""
-    head = f'case "{case}": {plural(len(requests), "request")}'
-    expect_metric_structure(got, head)
-    for k in KEYS:
-        v = got[k]
-        if not math.isclose(float(v), want[k], rel_tol=RTOL, abs_tol=ATOL):
-            rows = rows if rows is not None else request_latencies(None, requests)
-            raise CheckFailed("\n".join([head] + explain_metric(k, float(v), want, requests, rows)))
-
-
-request_latencies = hidden_model("ch29_models.request_latencies")
-"""`t.ref.drive(request_latencies, requests)`: each request's TTFT, E2E, TPOT and ITLs, for the derivations."""
-
-
-def _ms(xs: list[float]) -> str:
-    shown = ", ".join(fmt(x * 1000) for x in xs[:8])
-    return f"[{shown}{', …' if len(xs) > 8 else ''}] ms" + (f" ({len(xs)} values)" if len(xs) > 8 else "")
-
-
-def explain_metric(k: str, v: float, want: dict, requests: list[dict], rows: list) -> list[str]:
-    dur = want["duration"]
-    close = lambda a, b: math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-9)
-    if k in TOTALS:
-        first, last = min(q["start"] for q in requests), max(q["chunk_times"][-1] for q in requests)
-        n, tin, tout = want["completed"], want["total_input_tokens"], want["total_output_tokens"]
-        how = {"completed": f"completed = the number of requests = {n}",
-               "duration": f"duration = last chunk − first start = {fmt(last)} − {fmt(first)} = {fmt(dur)} s",
-               "total_input_tokens": f"total_input_tokens = Σ input_len = {tin}",
-               "total_output_tokens": f"total_output_tokens = Σ output_len = {tout}",
-               "request_throughput": f"request_throughput = completed / duration = {n} / {fmt(dur)} s",
-               "output_throughput": f"output_throughput = Σ output_len / duration = {tout} / {fmt(dur)} s",
-               "total_token_throughput": f"total_token_throughput = (Σ input_len + Σ output_len) / duration = "
-                                         f"({tin} + {tout}) / {fmt(dur)} s"}[k]
-        lines = [f"{how} = {fmt(want[k])}; yours: {fmt(v)}" if k not in ("completed", "duration") or
-                 "throughput" in k else f"{how}; yours: {fmt(v)}"]
-        latencies = sum(r["e2el"] for r in rows)
-        hint = ""
-        if "throughput" in k and close(v, want[k] * dur / latencies):
-            hint = "divide by the wall time of the whole run, not by the sum of the requests' latencies"
-        elif k == "duration" and close(v, latencies):
-            hint = "the run's duration is its wall time, first start to last chunk, not the sum of the latencies"
-        elif k == "duration" and close(v, want["mean_e2el_ms"] / 1000):
-            hint = "the run's duration is its wall time, first start to last chunk, not the mean latency"
-        elif k == "total_token_throughput" and close(v, want["output_throughput"]):
-            hint = "total token throughput counts the input tokens too"
-        return lines + ([f"hint: {hint}"] if hint else [])
-    stat, metric = k.split("_")[0], k.split("_")[1]
-    values = [x for r in rows for x in r["itl"]] if metric == "itl" else \
-        [r[metric] for r in rows if r[metric] is not None]
-    how = {"ttft": "TTFT = first chunk − start, per request",
-           "e2el": "E2E = last chunk − start, per request",
-           "itl": "ITLs = gaps between successive chunks, of all requests pooled",
-           "tpot": "TPOT = (E2E − TTFT) / (output_len − 1), per request with output_len > 1"}[metric]
-    lines = [f"{how}: {_ms(values) if values else 'none, so 0.0 (vLLM’s np.mean(x or 0))'}",
-             f"{k} = {fmt(want[k])}; yours: {fmt(v)}"]
-    hint = ""
-    if close(v, want[k] / 1000):
-        hint = "report latencies in milliseconds (the timestamps are in seconds)"
-    elif metric == "tpot" and close(v, want[f"{stat}_itl_ms"]):
-        hint = "TPOT is per token, (E2E − TTFT) / (output_len − 1); ITL is per chunk, and a chunk may carry 2 tokens"
-    elif metric == "tpot" and stat == "mean" and close(v, 1000 * sum(
-            (r["e2el"] - r["ttft"]) / q["output_len"] for r, q in zip(rows, requests) if r["tpot"] is not None)
-            / max(len(values), 1)):
-        hint = "TPOT leaves the first token out: divide by output_len − 1"
-    elif metric == "tpot" and stat == "mean" and close(v, 1000 * sum(values) / len(rows)):
-        hint = "a request with one output token has no TPOT: leave it out instead of counting 0"
-    elif metric == "itl" and stat == "mean" and any(r["itl"] for r in rows) and close(v, 1000 * sum(
-            sum(r["itl"]) / len(r["itl"]) for r in rows if r["itl"]) / sum(1 for r in rows if r["itl"])):
-        hint = "mean ITL pools every gap of every request; it is not a mean of per-request means"
-    elif stat != "mean" and values and close(v, 1000 * sorted(values)[min(len(values) - 1, math.ceil(
-            len(values) * (0.5 if stat == "median" else 0.99)) - 1)]):
-        hint = "percentiles interpolate linearly between neighbours (numpy's default), not the nearest rank"
-    return lines + ([f"hint: {hint}"] if hint else [])
-
-
-def run_metrics_case(t: Trial, requests: list[dict], case: str, figure: str | None = None) -> dict:
-    want = t.ref.latency_metrics(requests)
-    rows = t.ref.drive(request_latencies, requests)
-    got = t.yours.latency_metrics(requests)
-    expect_metric_structure(got, f'case "{case}": {plural(len(requests), "request")}')
-    if figure:
-        t.figure(figure, requests=requests, yours={k: float(got[k]) for k in KEYS}, expected=want)
-    expect_metrics(got, want, requests, case, rows)
-    return got
-
+# -- ch29.2 latency_metrics -----------------------------------------------------------------------------------
 
 @public("ch29.2", "figure instance: three requests, two tokens per chunk, a one-token answer")
 def metrics_instance(t: Trial) -> None:
@@ -296,3 +100,205 @@ def bad_timestamps(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.latency_metrics, make_times([(0.0, [0.5, 0.4], 3, 2)]),
                     because="the chunks arrive out of order")
     t.expect_raises(ValueError, t.yours.latency_metrics, [], because="there is no request to measure")
+
+
+# -- helpers: the instances -------------------------------------------------------------------------------------
+
+def make_requests(spec: list[tuple[int, int, int, list[int]]]) -> list[dict]:
+    """(num_tokens, computed, scheduled, block_table) → request dicts with readable token ids."""
+    return [{"token_ids": [100 * (r + 1) + p for p in range(known)], "num_computed_tokens": c,
+             "num_scheduled_tokens": n, "block_table": list(table)} for r, (known, c, n, table) in enumerate(spec)]
+
+
+def make_times(spec: list[tuple[float, list[float], int, int]]) -> list[dict]:
+    return [{"start": s, "chunk_times": list(ch), "input_len": i, "output_len": o} for s, ch, i, o in spec]
+
+
+# -- helpers: ch29.1 -------------------------------------------------------------------------------------------
+
+def describe_batch(requests: list[dict], block_size: int) -> str:
+    parts = [f"R{r}: knows {len(q['token_ids'])}, computed {q['num_computed_tokens']}, scheduled "
+             f"{q['num_scheduled_tokens']}, table {short(q['block_table'], limit=5)}" for r, q in enumerate(requests[:4])]
+    more = f"; … {len(requests) - 4} more" if len(requests) > 4 else ""
+    return f"block_size {block_size}; " + "; ".join(parts) + more
+
+
+def expect_structure(got: object, requests: list[dict]) -> dict:
+    """Require the dict of seven tensors with the documented dtypes and shapes."""
+    if not isinstance(got, dict) or not set(FIELDS) <= set(got):
+        have = f"a dict with keys {sorted(got)}" if isinstance(got, dict) else describe(got)
+        raise CheckFailed(f"expected a dict with the keys {', '.join(FIELDS)}; yours: {have}")
+    T, R = sum(q["num_scheduled_tokens"] for q in requests), len(requests)
+    shapes = {"query_start_loc": R + 1, "seq_lens": R, "logits_indices": R, "kept": R}
+    for k in FIELDS:
+        n = shapes.get(k, T)
+        what = f"{k} ({'one per input token' if n == T and k not in shapes else 'per request'})"
+        expect_tensor(got[k], what=what, shape=[n], dtype=torch.bool if k == "kept" else torch.int64)
+    return got
+
+
+def explain_field(k: str, yours: list, want: dict, requests: list[dict], block_size: int) -> tuple[list[str], str]:
+    """The derivation of the first wrong entry of field `k`, and a hint when a misconception fits."""
+    exp = want[k].tolist()
+    i = next(i for i, (a, b) in enumerate(zip(yours, exp)) if a != b)
+    qsl = want["query_start_loc"].tolist()
+    hint: Hint | str = ""
+    if k in ("positions", "input_ids", "slot_mapping"):
+        r = max(j for j in range(len(requests)) if qsl[j] <= i)
+        q = requests[r]
+        c, j = q["num_computed_tokens"], i - qsl[r]
+        p = c + j
+        line = (f"input {i} is request R{r}'s token {j} of this step (R{r} owns inputs {qsl[r]}…{qsl[r + 1] - 1}), "
+                f"at position num_computed_tokens + {j} = {c} + {j} = {p}")
+        if k == "positions":
+            return [f"{line}; yours: {yours[i]}"], M.positions_from_zero if yours[i] == j else ""
+        if k == "input_ids":
+            return [line, f"input_ids[{i}] = R{r}'s token_ids[{p}] = {exp[i]}; yours: {yours[i]}"], \
+                M.input_ids_from_zero if yours[i] == q["token_ids"][j] else ""
+        table, b = q["block_table"], p // block_size
+        hint = M.slot_from_position if yours[i] == p else \
+            M.slot_not_scaled if yours[i] == table[b] + p % block_size else ""
+        return [line, f"logical block {p} // {block_size} = {b}, block_table[{b}] = {table[b]}, so the slot is "
+                      f"{table[b]}·{block_size} + {p % block_size} = {exp[i]}; yours: {yours[i]}"], hint
+    ns = [q["num_scheduled_tokens"] for q in requests]
+    if k == "query_start_loc":
+        known_lens = [len(q["token_ids"]) for q in requests]
+        hint = M.qsl_not_cumulative if yours == [0] + ns else \
+            M.qsl_known_tokens if yours == [sum(known_lens[:j]) for j in range(len(known_lens) + 1)] else ""
+        return [f"query_start_loc = [0] + running sums of num_scheduled_tokens {ns} = {exp}; yours: {yours}"], hint
+    q = requests[i]
+    c, n = q["num_computed_tokens"], q["num_scheduled_tokens"]
+    if k == "seq_lens":
+        hint = M.seq_len_query if yours[i] == n else M.seq_len_known if yours[i] == len(q["token_ids"]) else ""
+        return [f"seq_lens[{i}] = R{i}'s num_computed_tokens + num_scheduled_tokens = {c} + {n} = {exp[i]}; "
+                f"yours: {yours[i]}"], hint
+    if k == "logits_indices":
+        return [f"logits_indices[{i}] = query_start_loc[{i + 1}] − 1 = {qsl[i + 1]} − 1 = {exp[i]}, R{i}'s last "
+                f"input; yours: {yours[i]}"], M.first_row_logits if yours[i] in (qsl[i], qsl[i + 1]) else ""
+    known = len(q["token_ids"])
+    verdict = f"= its {known} known tokens" if exp[i] else f"< its {known} known tokens"
+    return [f"kept[{i}]: R{i}'s seq_len = {c} + {n} = {c + n} {verdict}, so its sample is "
+            f"{'kept' if exp[i] else 'discarded'}; yours: {yours[i]}"], M.kept_final if exp[i] else M.kept_partial
+
+
+def expect_metadata(got: dict, want: dict, requests: list[dict], block_size: int, case: str) -> None:
+    for k in FIELDS:
+        if got[k].tolist() != want[k].tolist():
+            lines, hint = explain_field(k, got[k].tolist(), want, requests, block_size)
+            raise CheckFailed(f'case "{case}": {describe_batch(requests, block_size)}', *lines, hint=hint)
+
+
+def run_metadata_case(t: Trial, requests: list[dict], block_size: int, case: str, figure: str | None = None) -> dict:
+    want = t.ref.prepare_inputs(requests, block_size)
+    got = t.yours.prepare_inputs(requests, block_size)
+    try:
+        expect_structure(got, requests)
+    except CheckFailed as e:
+        raise e.within(f'case "{case}": {describe_batch(requests, block_size)}') from None
+    if figure:
+        t.figure(figure, requests=requests, block_size=block_size, yours={k: got[k] for k in FIELDS},
+                 expected={k: want[k] for k in FIELDS}, wrong={k: wrong_mask(got[k], want[k]) for k in FIELDS})
+    expect_metadata(got, want, requests, block_size, case)
+    return got
+
+
+# -- helpers: ch29.2 -------------------------------------------------------------------------------------------
+
+def expect_metric_structure(got: object, head: str) -> dict:
+    """Require a dict with every metric as a number."""
+    if not isinstance(got, dict):
+        raise CheckFailed(head, f"expected a dict of metrics; yours: {describe(got)}")
+    for k in KEYS:
+        v = got.get(k)
+        if type(v) is bool or not isinstance(v, (int, float)):
+            raise CheckFailed(head, f"expected {k!r} as a number; yours: {'missing' if k not in got else describe(v)}"
+                              + ("  (use .item())" if isinstance(v, torch.Tensor) else ""))
+    return got
+
+
+def metric_wrong(value: float, want: float) -> bool:
+    """The checks' verdict on one metric: outside RTOL / ATOL of the expected value."""
+    return not math.isclose(float(value), want, rel_tol=RTOL, abs_tol=ATOL)
+
+
+def expect_metrics(got: object, want: dict, requests: list[dict], case: str, rows: list | None = None) -> None:
+    """Require every metric within tolerance, explaining the first wrong one with its derivation (`rows`:
+    `request_latencies`' answer; asked of the hidden side when needed if not given)."""
+    head = f'case "{case}": {plural(len(requests), "request")}'
+    metrics = expect_metric_structure(got, head)
+    for k in KEYS:
+        if metric_wrong(metrics[k], want[k]):
+            rows = rows if rows is not None else request_latencies(None, requests)
+            lines, hint = explain_metric(k, float(metrics[k]), want, requests, rows)
+            raise CheckFailed(head, *lines, hint=hint)
+
+
+def _ms(xs: list[float]) -> str:
+    return f"{vec([x * 1000 for x in xs])} ms"
+
+
+def explain_metric(k: str, v: float, want: dict, requests: list[dict], rows: list) -> tuple[list[str], str]:
+    """The derivation of metric `k` (yours: `v`), and a hint when a misconception fits."""
+    dur = want["duration"]
+    close = lambda a, b: math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-9)  # noqa: E731
+    if k in TOTALS:
+        first, last = min(q["start"] for q in requests), max(q["chunk_times"][-1] for q in requests)
+        n, tin, tout = want["completed"], want["total_input_tokens"], want["total_output_tokens"]
+        how = {"completed": f"completed = the number of requests = {n}",
+               "duration": f"duration = last chunk − first start = {fmt(last)} − {fmt(first)} = {fmt(dur)} s",
+               "total_input_tokens": f"total_input_tokens = Σ input_len = {tin}",
+               "total_output_tokens": f"total_output_tokens = Σ output_len = {tout}",
+               "request_throughput": f"request_throughput = completed / duration = {n} / {fmt(dur)} s",
+               "output_throughput": f"output_throughput = Σ output_len / duration = {tout} / {fmt(dur)} s",
+               "total_token_throughput": f"total_token_throughput = (Σ input_len + Σ output_len) / duration = "
+                                         f"({tin} + {tout}) / {fmt(dur)} s"}[k]
+        line = f"{how}; yours: {fmt(v)}" if k in ("completed", "duration") else f"{how} = {fmt(want[k])}; yours: {fmt(v)}"
+        latencies = sum(r["e2el"] for r in rows)
+        hint: Hint | str = ""
+        if "throughput" in k and close(v, want[k] * dur / latencies):
+            hint = M.throughput_latencies
+        elif k == "duration" and close(v, latencies):
+            hint = M.duration_latencies
+        elif k == "duration" and close(v, want["mean_e2el_ms"] / 1000):
+            hint = M.duration_mean
+        elif k == "total_token_throughput" and close(v, want["output_throughput"]):
+            hint = M.total_tokens_input
+        return [line], hint
+    stat, metric = k.split("_")[0], k.split("_")[1]
+    values = [x for r in rows for x in r["itl"]] if metric == "itl" else \
+        [r[metric] for r in rows if r[metric] is not None]
+    how = {"ttft": "TTFT = first chunk − start, per request",
+           "e2el": "E2E = last chunk − start, per request",
+           "itl": "ITLs = gaps between successive chunks, of all requests pooled",
+           "tpot": "TPOT = (E2E − TTFT) / (output_len − 1), per request with output_len > 1"}[metric]
+    lines = [f"{how}: {_ms(values) if values else 'none, so 0.0 (vLLM’s np.mean(x or 0))'}",
+             f"{k} = {fmt(want[k])}; yours: {fmt(v)}"]
+    hint = ""
+    if close(v, want[k] / 1000):
+        hint = M.seconds
+    elif metric == "tpot" and close(v, want[f"{stat}_itl_ms"]):
+        hint = M.tpot_is_itl
+    elif metric == "tpot" and stat == "mean" and close(v, 1000 * sum(
+            (r["e2el"] - r["ttft"]) / q["output_len"] for r, q in zip(rows, requests) if r["tpot"] is not None)
+            / max(len(values), 1)):
+        hint = M.tpot_over_n
+    elif metric == "tpot" and stat == "mean" and close(v, 1000 * sum(values) / len(rows)):
+        hint = M.tpot_zero
+    elif metric == "itl" and stat == "mean" and any(r["itl"] for r in rows) and close(v, 1000 * sum(
+            sum(r["itl"]) / len(r["itl"]) for r in rows if r["itl"]) / sum(1 for r in rows if r["itl"])):
+        hint = M.itl_mean_of_means
+    elif stat != "mean" and values and close(v, 1000 * sorted(values)[min(len(values) - 1, math.ceil(
+            len(values) * (0.5 if stat == "median" else 0.99)) - 1)]):
+        hint = M.nearest_rank
+    return lines, hint
+
+
+def run_metrics_case(t: Trial, requests: list[dict], case: str, figure: str | None = None) -> dict:
+    want = t.ref.latency_metrics(requests)
+    rows = t.ref.drive(request_latencies, requests)
+    got = expect_metric_structure(t.yours.latency_metrics(requests), f'case "{case}": {plural(len(requests), "request")}')
+    if figure:
+        t.figure(figure, requests=requests, yours={k: float(got[k]) for k in KEYS}, expected=want,
+                 wrong={k: metric_wrong(got[k], want[k]) for k in KEYS})
+    expect_metrics(got, want, requests, case, rows)
+    return got

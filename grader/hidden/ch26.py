@@ -17,12 +17,7 @@ from grader.checks.ch26 import (
     run_unpack_case,
 )
 
-
-def random_lengths(t: Trial, B: int, T_max: int) -> list[int]:
-    return [t.random.choice([0, T_max, t.random.randint(0, T_max)]) for _ in range(B)]
-
-
-# -- 26.1 pack_varlen / unpack_varlen -------------------------------------------------------------------
+# -- ch26.1 pack_varlen / unpack_varlen -------------------------------------------------------------------
 
 @hidden("ch26.1", "random batches: pack, unpack and the round trip")
 def random_round_trips(t: Trial) -> None:
@@ -77,7 +72,7 @@ def bad_pack_inputs(t: Trial) -> None:
                     because="cu_seqlens ends at 4 but packed has N = 5 rows")
 
 
-# -- 26.2 varlen_metadata -----------------------------------------------------------------------------
+# -- ch26.2 varlen_metadata -----------------------------------------------------------------------------
 
 @hidden("ch26.2", "nano-vllm's worked example: A 300 new; B 512 cached + 88 new")
 def nano_vllm_example(t: Trial) -> None:
@@ -108,7 +103,7 @@ def bad_metadata_inputs(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.varlen_metadata, [3, 1], [0, -8], because="a cached length cannot be negative")
 
 
-# -- 26.3 graph_batch_size / pad_decode_batch -----------------------------------------------------------
+# -- ch26.3 graph_batch_size / pad_decode_batch -----------------------------------------------------------
 
 @hidden("ch26.3", "nano-vllm's captured sizes: batches 1 … 64 and random ones up to 512")
 def nano_vllm_sizes(t: Trial) -> None:
@@ -153,7 +148,7 @@ def random_padding(t: Trial) -> None:
 def tensor_inputs(t: Trial) -> None:
     slots, ctx, tables = [10, 18, 12], [7, 3, 9], [[7, 2], [4], [1, 6, 3]]
     got = t.yours.pad_decode_batch(torch.tensor(slots, dtype=torch.int32), torch.tensor(ctx, dtype=torch.int32),
-                 tables, 4)
+                                   tables, 4)
     explain_padded(got, slots, ctx, tables, 4, "int32 tensor inputs", 4)
 
 
@@ -165,3 +160,9 @@ def bad_pad_inputs(t: Trial) -> None:
                     because="2 slots but only 1 block table")
     t.expect_raises(ValueError, t.yours.pad_decode_batch, [1] * 9, [1] * 9, [[0]] * 9, 8,
                     because="a graph of 8 rows cannot hold 9 sequences")
+
+
+# -- helpers ----------------------------------------------------------------------------------------------------
+
+def random_lengths(t: Trial, B: int, T_max: int) -> list[int]:
+    return [t.random.choice([0, T_max, t.random.randint(0, T_max)]) for _ in range(B)]

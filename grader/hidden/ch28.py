@@ -15,25 +15,7 @@ from grader.checks.ch28 import (
     run_indices_case,
 )
 
-
-def random_request(t: Trial, *, max_len: int = 80) -> tuple[list[int], int, dict]:
-    """Tokens, a block size and a random set of identity keys (images at random places)."""
-    bs = t.random.choice([1, 2, 3, 4, 8, 16])
-    tokens = [t.random.randrange(0, 151_936) for _ in range(t.random.randint(0, max_len))]
-    keys: dict = {}
-    if t.random.random() < 0.4:
-        keys["cache_salt"] = t.random.choice(["tenant-a", "b", "用户-7", "x" * 40])
-    if t.random.random() < 0.4:
-        keys["lora_id"] = t.random.randint(1, 2**40)
-    if tokens and t.random.random() < 0.6:
-        items, pos = [], t.random.randrange(0, len(tokens))
-        while pos < len(tokens) and len(items) < 3:
-            length = t.random.randint(1, min(len(tokens) - pos, 3 * bs))
-            items.append((f"img{t.random.randrange(10**6):06d}", pos, length))
-            pos += length + t.random.randint(0, 2 * bs)
-        keys["mm_hashes"] = items
-    return tokens, bs, keys
-
+# -- ch28.1 block hashes ---------------------------------------------------------------------------------------
 
 @hidden("ch28.1", "random requests, block sizes and identity keys")
 def random_hashes(t: Trial) -> None:
@@ -90,6 +72,8 @@ def bad_hash_inputs(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.block_hashes, [1, -2, 3], 1, because="token ids are ≥ 0")
 
 
+# -- ch28.2 the last-token rule -------------------------------------------------------------------------------------
+
 @hidden("ch28.2", "prompts ending just before, on and just after a block boundary")
 def block_boundaries(t: Trial) -> None:
     for bs in (1, 2, 4, 16):
@@ -116,6 +100,8 @@ def bad_hit_inputs(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.num_cached_tokens_on_hit, 32, 16, 3, because="32 tokens are only 2 blocks of 16")
 
 
+# -- ch28.3 logits indices --------------------------------------------------------------------------------------------
+
 @hidden("ch28.3", "random batches")
 def random_batches(t: Trial) -> None:
     for k in range(20):
@@ -139,3 +125,25 @@ def empty_batch(t: Trial) -> None:
 def bad_lengths(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.logits_indices, [[1, 2], [3, 4]], because="query_lens is 1-D, one length per request")
     t.expect_raises(ValueError, t.yours.logits_indices, torch.tensor([2, -1]), because="a length is ≥ 1")
+
+
+# -- helpers --------------------------------------------------------------------------------------------------
+
+def random_request(t: Trial, *, max_len: int = 80) -> tuple[list[int], int, dict]:
+    """Tokens, a block size and a random set of identity keys (images at random places)."""
+    bs = t.random.choice([1, 2, 3, 4, 8, 16])
+    tokens = [t.random.randrange(0, 151_936) for _ in range(t.random.randint(0, max_len))]
+    keys: dict = {}
+    if t.random.random() < 0.4:
+        keys["cache_salt"] = t.random.choice(["tenant-a", "b", "用户-7", "x" * 40])
+    if t.random.random() < 0.4:
+        keys["lora_id"] = t.random.randint(1, 2**40)
+    if tokens and t.random.random() < 0.6:
+        items: list[tuple[str, int, int]] = []
+        pos = t.random.randrange(0, len(tokens))
+        while pos < len(tokens) and len(items) < 3:
+            length = t.random.randint(1, min(len(tokens) - pos, 3 * bs))
+            items.append((f"img{t.random.randrange(10**6):06d}", pos, length))
+            pos += length + t.random.randint(0, 2 * bs)
+        keys["mm_hashes"] = items
+    return tokens, bs, keys

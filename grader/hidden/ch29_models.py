@@ -7,7 +7,7 @@ reach them through `grader.checks.ch29.request_latencies` (a `grader.authoring.h
 from __future__ import annotations
 
 
-def per_request(requests: list[dict]) -> dict:
+def per_request(requests: list[dict]) -> list[dict]:
     """Each request's TTFT, E2E, TPOT (None when output_len is 1) and ITLs, in seconds."""
     rows = []
     for q in requests:
@@ -18,6 +18,6 @@ def per_request(requests: list[dict]) -> dict:
     return rows
 
 
-def request_latencies(ref, requests: list[dict]) -> list:
+def request_latencies(ref: object, requests: list[dict]) -> list[dict]:
     """`per_request` as a driver."""
     return per_request(requests)

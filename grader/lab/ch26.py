@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, describe, expect_tensor
+from grader.authoring import CheckFailed, Trial, describe, expect_tensor, wrong_mask
 from grader.checks.ch26 import (
     META_KEYS,
     expect_cu,
@@ -12,6 +12,7 @@ from grader.checks.ch26 import (
     explain_metadata,
     explain_packed,
     explain_unpacked,
+    metadata_wrong,
     padded_batch,
 )
 from grader.lab import Int, Numbers, expected_or_own, experiment
@@ -33,7 +34,7 @@ def _cu(lens: list[int]) -> list[int]:
     return [0] + torch.tensor(lens).cumsum(0).tolist()
 
 
-def _captions(p: dict) -> dict[str, tuple[str, str]]:
+def _captions(p: dict) -> dict[str, tuple[str, ...]]:
     query, cached, H = p["query_lens"], p["cached_lens"], p["H"]
     B, T, N = len(query), max(query), sum(query)
     keys = [c + q for c, q in zip(cached, query)]
@@ -73,8 +74,10 @@ def varlen(t: Trial, p: dict) -> None:
     want = t.ref.pack_varlen(padded, query) if t.ref else (None, None)
     if isinstance(packed, torch.Tensor) and isinstance(cu, torch.Tensor) and list(packed.shape) == [N, H] and \
             packed.dtype == padded.dtype and list(cu.shape) == [len(query) + 1] and cu.dtype == torch.int32:
-        t.figure("ch26-dim-varlen-pack", padded=padded, lengths=query, packed=packed,
-                 expected=expected_or_own(want[0], packed), cu_seqlens=cu, expected_cu=expected_or_own(want[1], cu))
+        expected, expected_cu = expected_or_own(want[0], packed), expected_or_own(want[1], cu)
+        t.figure("ch26-dim-varlen-pack", padded=padded, lengths=query, packed=packed, expected=expected,
+                 wrong=wrong_mask(packed, expected), cu_seqlens=cu, expected_cu=expected_cu,
+                 cu_wrong=wrong_mask(cu, expected_cu))
     try:  # the chapter's explanations know the answer without the reference: running sums, rows in order
         explain_packed(packed, padded, query, case)
         expect_cu(cu, query, "cu_seqlens")
@@ -84,13 +87,15 @@ def varlen(t: Trial, p: dict) -> None:
     if wrong_pack is None:                                     # unpack the (correct) packed batch back
         unpacked = t.yours.unpack_varlen(packed, cu, T)
         out = expect_tensor(unpacked, what="the unpacked batch", shape=list(padded.shape), dtype=padded.dtype)
-        t.figure("ch26-dim-varlen-pack", unpacked=out, unpacked_expected=padded)
+        t.figure("ch26-dim-varlen-pack", unpacked=out, unpacked_expected=padded, unpacked_wrong=wrong_mask(out, padded))
     meta = expect_metadata(t.yours.varlen_metadata(list(query), list(cached)))
     parts = {k: meta[k] for k in META_KEYS}
     want_meta = t.ref.varlen_metadata(query, cached) if t.ref else None
     if all(isinstance(parts[k], torch.Tensor) and list(parts[k].shape) == [len(query) + 1] and
            parts[k].dtype == torch.int32 for k in META_KEYS[:2]) and all(type(parts[k]) is int for k in META_KEYS[2:]):
-        t.figure("ch26-flatten", query=query, cached=cached, yours=parts, expected=expected_or_own(want_meta, parts))
+        expected_meta = expected_or_own(want_meta, parts)
+        t.figure("ch26-flatten", query=query, cached=cached, yours=parts, expected=expected_meta,
+                 wrong=metadata_wrong(parts, expected_meta))
     if wrong_pack is not None:
         raise wrong_pack
     explain_unpacked(out, packed, cu.tolist(), T, case)
