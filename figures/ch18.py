@@ -6,15 +6,11 @@ from __future__ import annotations
 from figures import figure
 from figures.ch16 import text_t
 from figures.kit import Figure, num, text_width
+from figures.layout import Part, column, row, wide
 from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, stroke
 
-ATOL = RTOL = 1e-5  # the tolerance of the ch18.2 checks
 ARROW_ROOM = 14
 """The room, at least, between an arrow's label and the boxes on either side of the arrow."""
-
-
-def _close(a: float, b: float) -> bool:
-    return abs(a - b) <= ATOL + RTOL * abs(b)
 
 
 @figure("ch18-dim-gqa", title="共享 K/V 而非注意力权重",
@@ -25,83 +21,72 @@ def _close(a: float, b: float) -> bool:
         needs={"out": "ch18.2"})
 def dim_gqa_figure(f: Figure, r: dict) -> None:
     q, k, v, dots, allowed = r["q"], r["k"], r["v"], r["dots"], r["allowed"]
-    weights, out, expected, d = r["weights"], r["out"], r["expected"], r["head_dim"]
+    weights, out, expected, wrong, d = r["weights"], r["out"], r["expected"], r["wrong"], r["head_dim"]
     heads, T, S = len(q), len(q[0]), len(k)
     f.instance_row([(f"T = S = {T}", "token"), (f"d = {d}", "plain"), (f"{heads} query heads → 1 K/V head", "q"),
-               (f"causal, scale = 1/√{d}", "plain")])
+                    (f"causal, scale = 1/√{d}", "plain")])
 
-    # Column positions: Q_h | q·k | softmax weights | out_h; Kᵀ sits over q·k, V over out. The left column is as
-    # wide as its texts, each gap as its arrow's label and ARROW_ROOM on either side; the rest widens the gaps.
-    cq, cs, cw, co = CELL, 40, 48, 50
+    # A row per query head: Q_h → q·k → its own softmax weights → out_h, arrows between (one part each).
+    tokens = [f"t{t}" for t in range(T)]
     ops = ["· Kᵀ", f"softmax(·/√{d})", "· V"]
-    left_texts = [(f"query head {h}", LABEL + 1, False, True) for h in range(heads)] + \
-        [(f"kv_head_for({h}, {heads}, 1)", SMALL + 1, True, False) for h in range(heads)] + \
-        [("= 0 → reads K/V head 0", SMALL + 1, False, False), ("K/V head 0", LABEL + 1, False, True),
-         ("read by both heads", SMALL + 1, False, False)]
-    left_w = max(text_width(t, size, mono=mono, bold=bold) for t, size, mono, bold in left_texts) + 8 + \
-        text_width("t0", SMALL, mono=True) + 6
+
+    def blocks(h: int) -> list:
+        return [f.matrix(q[h], role="q", row_labels=tokens),
+                f.matrix([[dots[h][t][j] if allowed[t][j] else "−∞" for j in range(S)] for t in range(T)],
+                         role=lambda t, j: "plain" if allowed[t][j] else "masked", w=40, fmt=_str_num),
+                f.matrix(weights[h], role=lambda t, j: "attend" if allowed[t][j] else "masked", w=48,
+                         fmt=lambda x: num(round(x, 2))),
+                f.matrix(out[h], role="v", expected=expected[h], wrong=wrong[h], w=50)]
+
+    def caption(*lines: tuple[str, dict]) -> Part:
+        return column(*(f.label(s, size=LABEL + 1, color=INK, bold=True) if i == 0 else f.label(s, **kw)
+                        for i, (s, kw) in enumerate(lines)), gap=4)
+
+    captions = [caption((f"query head {h}", {}), (f"kv_head_for({h}, {heads}, 1)", {"mono": True}),
+                        ("= 0 → reads K/V head 0", {})) for h in range(heads)]
+    kv_caption = caption(("K/V head 0", {}), ("stored once,", {}), ("read by both heads", {}))
+    left_w = max(p.w for p in captions + [kv_caption]) + 8
+    # Each gap is as wide as its arrow's label and ARROW_ROOM on either side; what is left (less the room of
+    # V's dashed box) widens the gaps.
+    rows = [blocks(h) for h in range(heads)]
     gaps = [text_width(op.replace("ᵀ", "T"), SMALL) + 2 * ARROW_ROOM for op in ops]
-    slack = f.width - 2 * MARGIN - left_w - (2 * cq + S * cs + S * cw + d * co + 10) - sum(gaps)  # 10: V's box
+    slack = f.width - 2 * MARGIN - left_w - sum(b.w for b in rows[0]) - sum(gaps) - 10
     gaps = [g + max(slack, 0) / len(gaps) for g in gaps]
-    xq = MARGIN + left_w
-    xs = xq + 2 * cq + gaps[0]
-    xw = xs + S * cs + gaps[1]
-    xo = xw + S * cw + gaps[2]
-    row_h = T * CELL
 
-    def head_row(h: int, y: float) -> None:
-        f.text(MARGIN, y + 14, f"query head {h}", size=LABEL + 1, weight="bold", cls="label")
-        f.text(MARGIN, y + 34, f"kv_head_for({h}, {heads}, 1)", size=SMALL + 1, color=MUTED, mono=True, cls="label")
-        f.text(MARGIN, y + 50, "= 0 → reads K/V head 0", size=SMALL + 1, color=MUTED, cls="label")
-        for t in range(T):
-            f.text(xq - 6, y + t * CELL + CELL / 2 + 4, f"t{t}", size=SMALL, anchor="end", color=MUTED,
-                   mono=True, cls="label")
-        f.grid(xq, y, q[h], role="q", w=cq, h=CELL)
-        f.grid(xs, y, [[dots[h][t][j] if allowed[t][j] else "−∞" for j in range(S)] for t in range(T)],
-               role=lambda t, j: "plain" if allowed[t][j] else "masked", w=cs, h=CELL, fmt=_str_num)
-        f.grid(xw, y, [[round(weights[h][t][j], 2) for j in range(S)] for t in range(T)],
-               role=lambda t, j: "attend" if allowed[t][j] else "masked", w=cw, h=CELL)
-        for t in range(T):
-            for j in range(d):
-                bad = not _close(out[h][t][j], expected[h][t][j])
-                f.cell(xo + j * co, y + t * CELL, round(out[h][t][j], 3), role="v", w=co, h=CELL, wrong=bad,
-                       expected=round(expected[h][t][j], 3) if bad else None)
-        mid = y + row_h / 2
-        for x0, x1, sym in zip((xq + 2 * cq, xs + S * cs, xw + S * cw), (xs, xw, xo), ops):
-            f.arrow(x0 + 5, mid, x1 - 5, mid)
-            text_t(f, (x0 + x1) / 2, mid - 7, sym, size=SMALL, anchor="middle", color=MUTED, cls="label")
+    def head_row(h: int) -> Part:
+        a, b, c, o = rows[h]
+        return row(wide(captions[h], left_w), a, _arrow(f, gaps[0], a.h, ops[0]), b, _arrow(f, gaps[1], a.h, ops[1]),
+                   c, _arrow(f, gaps[2], a.h, ops[2]), o, gap=0)
 
-    # Column titles.
-    y = f.y + 6
-    for x, w, label in ((xq, 2 * cq, "Q of the head"), (xs, S * cs, "q · k (future: −∞)"),
-                        (xw, S * cw, "its own weights"), (xo, d * co, "out = weights · V")):
-        f.text(x + w / 2, y, label, size=SMALL + 1, anchor="middle", color=INK, cls="label")
-    top0 = y + 10
-    head_row(0, top0)
+    f.y += 16                       # the columns' titles
+    top = f.place(head_row(0), after=0)
+    for block, label in zip(rows[0], ("Q of the head", "q · k (future: −∞)", "its own weights", "out = weights · V")):
+        x, y, w, _ = block.span_box(0, 0, 0, block.cols - 1)
+        f.text(x + w / 2, y - 10, label, size=SMALL + 1, anchor="middle", color=INK, cls="label")
 
-    # The shared K/V band between the two heads.
-    band = top0 + row_h + 62
-    kt = [[k[j][i] for j in range(S)] for i in range(d)]           # Kᵀ: columns are keys, like q · k
-    f.text(MARGIN, band + 14, "K/V head 0", size=LABEL + 1, weight="bold", cls="label")
-    f.text(MARGIN, band + 34, "stored once,", size=SMALL + 1, color=MUTED, cls="label")
-    f.text(MARGIN, band + 50, "read by both heads", size=SMALL + 1, color=MUTED, cls="label")
-    f.box(xs - 30, band - 30, S * cs + 40, d * CELL + 42, role="k", dashed=True, rx=6)
-    f.grid(xs, band - 16, kt, role="k", w=cs, h=CELL, col_labels=[f"k{j}" for j in range(S)])
-    text_t(f, xs - 8, band + d * CELL / 2 + 4, "Kᵀ", size=LABEL, anchor="end", weight="bold", cls="label")
-    f.box(xo - 30, band - 12, d * co + 40, S * CELL + 24, role="v", dashed=True, rx=6)
-    f.grid(xo, band, v, role="v", w=co, h=CELL)
-    f.text(xo - 8, band - 18, "V", size=LABEL, anchor="end", weight="bold", cls="label")
-    for j in range(S):
-        f.text(xo - 6, band + j * CELL + CELL / 2 + 4, f"k{j}", size=SMALL, anchor="end", color=MUTED, mono=True,
-               cls="label")
-    top1 = band + S * CELL + 46
-    # Arrows: the same K feeds both heads' dot products, the same V both heads' outputs.
-    for cx, y_band_top, y_band_bottom, role in ((xs + S * cs / 2, band - 30, band + d * CELL + 12, "k"),
-                                                (xo + d * co / 2, band - 12, band + S * CELL + 12, "v")):
-        f.arrow(cx, y_band_top, cx, top0 + row_h + 4, color=stroke(role), width=1.8)
-        f.arrow(cx, y_band_bottom, cx, top1 - 4, color=stroke(role), width=1.8)
-    head_row(1, top1)
-    f.y = top1 + row_h + 30
+    # The shared K/V head between the two rows, under the columns it feeds: Kᵀ (columns are keys, like q · k)
+    # and V (rows are keys, like the weights' columns).
+    dots0, out0 = rows[0][1], rows[0][3]
+    band = round(top.bottom) + 62
+    kt = f.matrix([[k[j][i] for j in range(S)] for i in range(d)], role="k", w=40,
+                  col_labels=[f"k{j}" for j in range(S)])
+    vv = f.matrix(v, role="v", w=50, row_labels=[f"k{j}" for j in range(S)])
+    kx, vx = dots0.cell_box(0, 0)[0], out0.cell_box(0, 0)[0]
+    f.box(kx - 30, band - 30, kt.w + 40, kt.h + 26, role="k", dashed=True, rx=6)
+    f.box(vx - 30, band - 12, vv.w - vv.label_w + 40, vv.h + 24, role="v", dashed=True, rx=6)
+    kt.at(kx, band - 16)
+    vv.at(vx - vv.label_w, band)
+    kv_caption.at(MARGIN, band)
+    text_t(f, kx - 8, band + d * CELL / 2 + 4, "Kᵀ", size=LABEL, anchor="end", weight="bold", cls="label")
+    f.text(vx - 8, band - 18, "V", size=LABEL, anchor="end", weight="bold", cls="label")
+    f.y = band + S * CELL + 46
+    # The same K feeds both heads' dot products, the same V both heads' outputs.
+    for cx, band_top, band_bottom, role in ((kx + kt.w / 2, band - 30, band - 4 + kt.h, "k"),
+                                            (vx + out0.w / 2, band - 12, band + vv.h + 12, "v")):
+        f.arrow(cx, band_top, cx, top.bottom + 4, color=stroke(role), width=1.8)
+        f.arrow(cx, band_bottom, cx, f.y - 4, color=stroke(role), width=1.8)
+    for h in range(1, heads):
+        f.place(head_row(h), after=30)
 
     # What differs, read from the values above: the weights of one token in the two heads.
     t = max(range(T), key=lambda i: sum(abs(weights[0][i][j] - weights[1][i][j]) for j in range(S)))
@@ -115,9 +100,17 @@ def dim_gqa_figure(f: Figure, r: dict) -> None:
            f"each query head would store {copied} and compute nothing new; GQA kernels index K/V head "
            f"h // group instead.", size=SMALL + 2)
     f.y += 4
-    bad = any(not _close(a, b) for ho, he in zip(out, expected) for ro, re in zip(ho, he) for a, b in zip(ro, re))
     f.legend([("q", "query head"), ("k", "shared K"), ("v", "shared V, output"), ("attend", "attention weight"),
-              ("masked", "masked (future key)")], wrong=bad)
+              ("masked", "masked (future key)")], wrong=any(any(any(c) for c in rw) for rw in wrong))
+
+
+def _arrow(f: Figure, w: float, h: float, label: str) -> Part:
+    """A right arrow across a gap `w` wide, at mid-height of `h`, its label over it: the arrow starts 5 after
+    the block on its left and its head ends 5 before the block on its right."""
+    def draw(x: float, y: float) -> None:
+        f.arrow(x + 5, y + h / 2, x + w - 5, y + h / 2)
+        text_t(f, x + w / 2, y + h / 2 - 7, label, size=SMALL, anchor="middle", color=MUTED, cls="label")
+    return Part(w, h, draw)
 
 
 def _str_num(x) -> str:
@@ -135,7 +128,7 @@ def gqa_groups_figure(f: Figure, r: dict) -> None:
     nh, nkv, mapping, expected = r["num_heads"], r["num_kv_heads"], r["mapping"], r["expected"]
     group = nh // nkv
     f.instance_row([(f"num_heads = {nh}", "q"), (f"num_kv_heads = {nkv}", "k"),
-               (f"group = {nh} // {nkv} = {group}", "plain")])
+                    (f"group = {nh} // {nkv} = {group}", "plain")])
 
     span = f.width - 2 * MARGIN - 150
     x0 = MARGIN + 150
@@ -218,7 +211,7 @@ def kv_capacity_figure(f: Figure, r: dict) -> None:
     configs, nh, sizes, expected = r["configs"], r["num_heads"], r["sizes"], r["expected"]
     L, d, T, b = r["num_layers"], r["head_dim"], r["num_tokens"], r["dtype_bytes"]
     f.instance_row([(f"L = {L} layers", "plain"), (f"d = {d}", "plain"), (f"T = {T:,} tokens", "token"),
-               (f"bf16: {b} bytes", "plain"), (f"{nh} query heads", "q")])
+                    (f"bf16: {b} bytes", "plain"), (f"{nh} query heads", "q")])
 
     bar_w, gap = 160, 100
     total = len(configs) * bar_w + (len(configs) - 1) * gap
@@ -248,10 +241,10 @@ def kv_capacity_figure(f: Figure, r: dict) -> None:
 
     f.text(MARGIN, f.y + 70, "KV cache", size=SMALL + 1, color=MUTED, cls="label")
     f.text(MARGIN, f.y + 86, "(your bytes)", size=SMALL + 1, color=MUTED, cls="label")
-    w, h = f.bars(bx, f.y, sizes, labels=[f"{name} · num_kv_heads = {nkv}" for name, nkv in configs],
+    _, bars_h = f.bars(bx, f.y, sizes, labels=[f"{name} · num_kv_heads = {nkv}" for name, nkv in configs],
                   height=190, bar_w=bar_w, gap=gap, role="k", expected=expected,
                   fmt=mib, tol=0.0)
-    f.y += h + 6
+    f.y += round(bars_h) + 6
     for i, (name, nkv) in enumerate(configs):
         cx = bx + i * (bar_w + gap) + bar_w / 2
         f.text(cx, f.y, f"2·{L}·{nkv}·{d}·{T}·{b}", size=SMALL, anchor="middle", mono=True, color=MUTED,
@@ -269,12 +262,3 @@ def kv_capacity_figure(f: Figure, r: dict) -> None:
     f.y += 2
     f.legend([("q", "query head"), ("k", "K/V head, and the bytes its cache takes")], wrong=sizes != expected)
 
-
-def _boxes(f: Figure, items: list[tuple[str, str]]) -> None:
-    """The instance as a row of small labelled boxes."""
-    x, y = MARGIN, f.y
-    for label, role in items:
-        w = text_width(label, LABEL) + 24
-        f.box(x, y, w, 30, role=role, label=label)
-        x += w + 12
-    f.y = y + 30 + 30

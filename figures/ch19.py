@@ -9,18 +9,15 @@ on top of each other, gets a zoomed inset where the positions part (`_zoom`)."""
 from __future__ import annotations
 
 import math
+from typing import Any, Callable, Sequence
 
 from figures import figure
 from figures.kit import Figure, num, text_width
+from figures.layout import Part, column, pad, row, space, wide
 from figures.style import CELL, INK, LABEL, MARGIN, MUTED, RULE, SMALL, VALUE, stroke
 
-TOL = 1e-5          # the float32 tolerance of the ch19 checks
 PAIR_ROLES = ("accent", "token")          # pair 0, pair 1 (channels j and j + d/2 share a colour)
 POS_COLORS = ("#5f5f5f", "#0072B2", "#CC79A7", "#009E73")
-
-
-def _close(a: float, b: float, tol: float = TOL) -> bool:
-    return abs(a - b) <= tol + tol * abs(b)
 
 
 def _small(v) -> str:
@@ -28,9 +25,23 @@ def _small(v) -> str:
     return num(round(v, 3) if isinstance(v, float) else v).replace("-", "−")
 
 
-def _row(f: Figure, x: float, y: float, values: list[float], role: str, w: float) -> None:
-    for c, v in enumerate(values):
-        f.cell(x + c * w, y, v, role=role, w=w, h=CELL, size=VALUE - 1, fmt=_small)
+def cells(f: Figure, values: Sequence[Any], *, role: str | Callable[[int], str] = "plain", w: float,
+          h: float = CELL, gap: float = 0, size: float = VALUE - 1, fmt: Callable[[Any], str] = num, bold: bool = False,
+          dashed: bool = False, wrong: Sequence[bool] | None = None, expected: Sequence[Any] | None = None) -> Part:
+    """One row of value cells as a part: `f.matrix([values], wrong=[wrong])` with the values drawn at `size`
+    (the kit's matrix draws them at VALUE, too wide for these cells). `role` may depend on the cell's index;
+    `wrong` is the check's verdict per cell, and a wrong cell shows its `expected` value."""
+    def draw(x: float, y: float) -> None:
+        for c, v in enumerate(values):
+            bad = wrong is not None and bool(wrong[c])
+            f.cell(x + c * (w + gap), y, v, role=role(c) if callable(role) else role, w=w, h=h, size=size, fmt=fmt,
+                   bold=bold, dashed=dashed, wrong=bad, expected=expected[c] if bad and expected is not None else None)
+    return Part(len(values) * (w + gap) - (gap if values else 0), h, draw)
+
+
+def centred(part: Part, w: float) -> Part:
+    """`part` in the middle of a slot `w` wide."""
+    return column(space(w), part, gap=0, align="center")
 
 
 def _num4(v) -> str:
@@ -144,9 +155,10 @@ ZOOM_SEPARATION = 30
 
 
 def _plane(f: Figure, left: float, top: float, size: float, j: int, half: int, x: list[float],
-           rotated: list[list[float]], expected: list[list[float]], positions: list[int], theta: float) -> float:
-    """Pair j of x (channels j and j + d/2) in the plane, turned to each position by the student's apply_rope;
-    returns the y below its captions."""
+           rotated: list[list[float]], expected: list[list[float]], wrong: list[list[bool]], positions: list[int],
+           theta: float) -> float:
+    """Pair j of x (channels j and j + d/2) in the plane, turned to each position by the student's apply_rope
+    (`wrong`: the check's verdict per value); returns the y below its captions."""
     cx, cy = left + size / 2, top + size / 2
     radius = math.hypot(x[j], x[j + half])
     scale = (size / 2 - 26) / max(radius, 1e-9)
@@ -163,7 +175,7 @@ def _plane(f: Figure, left: float, top: float, size: float, j: int, half: int, x
     for i, p in enumerate(positions):
         got = (rotated[i][j], rotated[i][j + half])
         want = (expected[i][j], expected[i][j + half])
-        bad = not (_close(got[0], want[0]) and _close(got[1], want[1]))
+        bad = bool(wrong[i][j] or wrong[i][j + half])
         vectors.append((p, got, want, bad, stroke("wrong") if bad else POS_COLORS[i % len(POS_COLORS)]))
     for p, got, want, bad, color in vectors:
         if bad:
@@ -313,76 +325,58 @@ def _zoom(f: Figure, box: Box, cx: float, cy: float, R: float, scale: float, vec
 def rope_pair_figure(f: Figure, r: dict) -> None:
     x, positions, d, base = r["x"], r["positions"], r["head_dim"], r["base"]
     cos, sin, cos_want, sin_want = r["cos"], r["sin"], r["cos_expected"], r["sin_expected"]
-    rotated, expected = r["rotated"], r["expected"]
+    rotated, expected, wrong = r["rotated"], r["expected"], r["wrong"]
     half = d // 2
     thetas = [1.0 / base ** (2 * j / d) for j in range(half)]
     f.instance_row([(f"x = [{', '.join(num(v) for v in x)}]", "plain"), (f"head_dim d = {d} → {half} pairs", "plain"),
-               (f"base = {num(base)}", "plain"), (f"positions {', '.join(map(str, positions))}", "token")])
+                    (f"base = {num(base)}", "plain"), (f"positions {', '.join(map(str, positions))}", "token")])
 
     # 1. One frequency per pair, and the student's cos / sin of each position's angle.
     f.heading("每一对一个频率 · one frequency per pair: θ_j = 1 / base^(2j/d); your cos and sin of p·θ_j")
-    top = f.y + 22
-    label_w, cw = 250, 62
-    left = MARGIN + label_w
-    for i, p in enumerate(positions):
-        gx = left + i * (2 * cw + 22)
-        f.text(gx + cw, top - 8, f"position {p}", size=SMALL + 1, anchor="middle", color=MUTED, cls="label")
-        f.text(gx + cw / 2, top + 6, "cos", size=SMALL, anchor="middle", mono=True, color=MUTED, cls="label")
-        f.text(gx + cw * 1.5, top + 6, "sin", size=SMALL, anchor="middle", mono=True, color=MUTED, cls="label")
-    for j in range(half):
-        y = top + 12 + j * (CELL + 8)
-        f.cell(MARGIN, y, f"pair {j} = (x[{j}], x[{j + half}])", role=PAIR_ROLES[j % 2], w=150, h=CELL, fmt=str,
-               size=SMALL + 1)
-        f.text(MARGIN + 160, y + CELL / 2 + 4, f"θ_{j} = {num(thetas[j], 4)}", size=SMALL + 1, mono=True,
-               color=INK, cls="label")
-        for i in range(len(positions)):
-            gx = left + i * (2 * cw + 22)
-            for k, (vals, want) in enumerate(((cos, cos_want), (sin, sin_want))):
-                bad = not _close(vals[i][j], want[i][j])
-                f.cell(gx + k * cw, y, vals[i][j], role="plain", w=cw - 2, h=CELL, wrong=bad,
-                       expected=want[i][j] if bad else None, size=VALUE - 1, fmt=_num4)
-    f.y = top + 12 + half * (CELL + 8) + 16
+    cw = 60
+
+    def position(i: int, p: int) -> Part:
+        names = row(*(centred(f.label(s, size=SMALL, mono=True), cw) for s in ("cos", "sin")), gap=2)
+        values = column(*(cells(f, [cos[i][j], sin[i][j]], w=cw, gap=2, fmt=_num4,
+                                wrong=[r["cos_wrong"][i][j], r["sin_wrong"][i][j]],
+                                expected=[cos_want[i][j], sin_want[i][j]]) for j in range(half)), gap=8)
+        return column(centred(f.label(f"position {p}"), names.w), names, values, gap=2)
+
+    tables = [position(i, p) for i, p in enumerate(positions)]
+    pairs = column(*(row(cells(f, [f"pair {j} = (x[{j}], x[{j + half}])"], role=PAIR_ROLES[j % 2], w=150,
+                               size=SMALL + 1, fmt=str),
+                         f.label(f"θ_{j} = {num(thetas[j], 4)}", mono=True, color=INK), gap=10, align="middle")
+                     for j in range(half)), gap=8)
+    f.place(row(pad(pairs, top=tables[0].h - pairs.h, right=12), *tables, gap=22, align="top"), after=28)
 
     # 2. The pairs in the plane, turned by the student's apply_rope.
     f.heading("在平面里旋转 · each pair turns in its own plane (your apply_rope outputs)")
     size = 300
     gap = (f.width - 2 * MARGIN - 2 * size) / 1
     ptop = f.y + 8
-    bottom = ptop + size
+    bottom: float = ptop + size
     for j in range(min(half, 2)):
-        bottom = max(bottom, _plane(f, MARGIN + j * (size + gap), ptop, size, j, half, x, rotated, expected,
+        bottom = max(bottom, _plane(f, MARGIN + j * (size + gap), ptop, size, j, half, x, rotated, expected, wrong,
                                     positions, thetas[j]))
     mid = MARGIN + size + gap / 2
     notes = ("same x,", "other frequency", "", "dashed circle:", "a rotation keeps", "the pair's length")
     for i, line in enumerate(notes):
         f.text(mid, ptop + size / 2 - 40 + 16 * i, line, size=SMALL + 1, anchor="middle", color=MUTED, cls="label")
-    f.y = bottom + 26
+    f.y = round(bottom) + 26
 
-    # 3. The rotated vectors, cell by cell.
+    # 3. The rotated vectors, cell by cell, under the tables of part 1.
     f.heading("旋转结果 · y = apply_rope(x): y[j] = x[j]·cos − x[j+d/2]·sin, y[j+d/2] = x[j+d/2]·cos + x[j]·sin")
-    gtop = f.y + 20
-    cw = 78
-    for c in range(d):
-        j = c % half
-        f.text(left + c * cw + (cw - 4) / 2, gtop - 4, f"y[{c}] (pair {j})", size=SMALL, anchor="middle",
-               color=MUTED, cls="label")
-    for i, p in enumerate(positions):
-        y = gtop + i * (CELL + 4)
-        f.text(left - 12, y + CELL / 2 + 4, f"position {p}: angles {', '.join(num(p * t, 3) for t in thetas[:2])}",
-               size=SMALL + 1, anchor="end", color=INK, cls="label")
-        for c in range(d):
-            want = expected[i][c]
-            bad = not _close(rotated[i][c], want)
-            f.cell(left + c * cw, y, rotated[i][c], role=PAIR_ROLES[(c % half) % 2], w=cw - 4, h=CELL,
-                   wrong=bad, expected=want if bad else None, fmt=_num4)
-    f.y = gtop + len(positions) * (CELL + 4) + 22
+    ys = f.matrix(rotated, role=lambda i, c: PAIR_ROLES[(c % half) % 2], expected=expected, wrong=wrong, w=74,
+                  gap=4, fmt=_num4, col_labels=[f"y[{c}] (pair {c % half})" for c in range(d)],
+                  row_labels=[f"position {p}: angles {', '.join(num(p * t, 3) for t in thetas[:2])}"
+                              for p in positions])
+    f.place(ys, x=max(MARGIN, tables[0].right - tables[0].w - ys.label_w), after=22)
     f.note(f"Position {positions[1]}: pair 0 = ({num(x[0])}, {num(x[half])}) turned by {num(thetas[0], 3)} rad gives "
            f"({num(expected[1][0], 4)}, {num(expected[1][half], 4)}); pair 1 barely moves. Pair j of a real head "
            f"turns by θ_j = base^(−2j/d): Qwen3-0.6B has d = 128, i.e. 64 pairs, with base 1,000,000 their "
            f"frequencies run from 1 down to {1e6 ** (-126 / 128):.7f} rad per position.", size=SMALL + 2,
            color=INK)
-    bad = any(not _close(a, b) for ra, rb in zip(rotated, expected) for a, b in zip(ra, rb)) or \
-        any(not _close(a, b) for ra, rb in zip(cos + sin, cos_want + sin_want) for a, b in zip(ra, rb))
+    bad = any(any(row) for row in wrong + r["cos_wrong"] + r["sin_wrong"])
     f.legend([("accent", "pair 0: channels 0 and 2"), ("token", "pair 1: channels 1 and 3")], wrong=bad)
 
 
@@ -395,67 +389,66 @@ def rope_pair_figure(f: Figure, r: dict) -> None:
         needs={"q_out": "ch19.3"})
 def order_figure(f: Figure, r: dict) -> None:
     q, k, v = r["q"], r["k"], r["v"][0]
-    qn, kn, qo, ko, qe, ke = r["q_normed"], r["k_normed"], r["q_out"], r["k_out"], r["q_expected"], r["k_expected"]
     p, d = r["position"], len(r["q"][0])
-    hq = len(q)
     # Stage 0: the projection, with Qwen3-0.6B's shapes.
     f.box(MARGIN, f.y, f.width - 2 * MARGIN, 34, role="plain",
           label="hidden x [N, 1024] → qkv_proj → [N, 4096] = q (16·128) | k (8·128) | v (8·128)   (Qwen3-0.6B)",
           size=LABEL)
     f.y += 34
-    label_w, cw, gap = 100, 48, 52
-    col = [MARGIN + label_w + i * (d * cw + gap) for i in range(3)]
     f.arrow(f.width / 2, f.y + 2, f.width / 2, f.y + 26)
-    f.y += 40
-    titles = [("① split into heads", "views of qkv: q [N, 2, 4], k, v [N, 1, 4]"),
-              ("② q_norm / k_norm", "per head, over head_dim: x / rms(x) · w"),
-              (f"③ RoPE at position {p}", "pairs (x[j], x[j+2]) turn by p·θ_j")]
-    for x0, (title, sub) in zip(col, titles):
-        f.text(x0, f.y, title, size=LABEL, weight="bold", cls="heading")
-        f.text(x0, f.y + 15, sub, size=SMALL, color=MUTED, cls="label")
-    top = f.y + 28
-    row_h = CELL + 26
-    rows = [(f"q head {h}", "q", q[h], qn[h], qo[h], qe[h], r["q_weight"]) for h in range(hq)]
-    rows += [("k head 0", "k", k[0], kn[0], ko[0], ke[0], r["k_weight"])]
-    wrong = False
-    for i, (label, role, raw, normed, out, want, weight) in enumerate(rows):
-        y = top + i * row_h
-        f.text(MARGIN, y + CELL / 2 + 4, label, size=LABEL, weight="bold", color=stroke(role), cls="label")
-        _row(f, col[0], y, raw, role, cw)
-        rms = math.sqrt(sum(a * a for a in raw) / d + 1e-6)
-        _row(f, col[1], y, normed, role, cw)
-        f.text(col[1], y + CELL + 13, f"rms {num(rms, 4)}, w = [{', '.join(num(a) for a in weight)}]", size=SMALL,
-               mono=True, color=MUTED, cls="label")
-        for c in range(d):
-            bad = not _close(out[c], want[c])
-            wrong |= bad
-            f.cell(col[2] + c * cw, y, out[c], role=role, w=cw, h=CELL, wrong=bad, expected=want[c] if bad else None,
-                   size=VALUE - 1, fmt=_small)
-        for a, b in ((col[0] + d * cw, col[1]), (col[1] + d * cw, col[2])):
-            f.arrow(a + 6, y + CELL / 2, b - 6, y + CELL / 2, color=stroke(role))
-    # V: straight past the norm and the rotation, into attention.
-    vy = top + len(rows) * row_h
-    f.text(MARGIN, vy + CELL / 2 + 4, "v head 0", size=LABEL, weight="bold", color=stroke("v"), cls="label")
-    _row(f, col[0], vy, v, "v", cw)
-    ay = vy + CELL + 40
-    vx = col[2] + d * cw - 28
-    line = f.dwg.polyline([(col[0] + d * cw + 6, vy + CELL / 2), (vx, vy + CELL / 2)], fill="none",
-                          stroke=stroke("v"), stroke_width=1.6, class_="arrow")
+    f.y += 26
+
+    # One column per stage, one row per head: q heads, the k head, then v (split only).
+    heads = [(f"q head {h}", "q", q[h], r["q_normed"][h], r["q_out"][h], r["q_expected"][h], r["q_wrong"][h],
+              r["q_weight"]) for h in range(len(q))]
+    heads += [("k head 0", "k", k[0], r["k_normed"][0], r["k_out"][0], r["k_expected"][0], r["k_wrong"][0],
+               r["k_weight"])]
+    cw, row_h = 48, CELL + 26
+    raw = [cells(f, x, role=role, w=cw, fmt=_small) for _, role, x, *_ in heads] + [cells(f, v, role="v", w=cw,
+                                                                                             fmt=_small)]
+    normed = [cells(f, n, role=role, w=cw, fmt=_small) for _, role, _, n, *_ in heads]
+    out = [cells(f, o, role=role, w=cw, fmt=_small, wrong=bad, expected=want)
+           for _, role, _, _, o, want, bad, _ in heads]
+    rms = [f"rms {num(math.sqrt(sum(a * a for a in x) / d + 1e-6), 4)}, w = [{', '.join(num(a) for a in w)}]"
+           for _, _, x, *_, w in heads]
+
+    def stage(title: str, sub: str, parts: list[Part]) -> Part:
+        return column(f.label(title, size=LABEL, color=INK, bold=True, cls="heading"), f.label(sub, size=SMALL),
+                      space(h=6), *(pad(part, bottom=row_h - part.h) for part in parts), gap=2)
+
+    def name(s: str, role: str) -> Part:           # beside its row's cells, centred on them
+        label = f.label(s, size=LABEL, color=stroke(role), bold=True)
+        return pad(label, top=(CELL - label.h) / 2, bottom=row_h - (CELL + label.h) / 2)
+
+    names = [name(s, role) for s, role, *_ in heads] + [name("v head 0", "v")]
+    labels = column(space(h=stage("", "", []).h), *names, gap=2)
+    stages = row(stage("① split into heads", f"views of qkv: q [N, {len(q)}, {d}], k, v [N, 1, {d}]", raw),
+                 stage("② q_norm / k_norm", "per head, over head_dim: x / rms(x) · w",
+                       [column(n, f.label(note, size=SMALL, mono=True), gap=4) for n, note in zip(normed, rms)]),
+                 stage(f"③ RoPE at position {p}", f"pairs (x[j], x[j+{d // 2}]) turn by p·θ_j", out), gap=52)
+    f.place(row(wide(labels, 100), stages, gap=0), after=0)
+    for h, (_, role, *_) in enumerate(heads):      # each head: split → normed → rotated
+        for a, b in ((raw[h], normed[h]), (normed[h], out[h])):
+            f.arrow(a.right + 6, a.bottom - CELL / 2, b.right - b.w - 6, a.bottom - CELL / 2, color=stroke(role))
+
+    # V: straight past the norm and the rotation, into attention, fed by the rotated q, k and the untouched v.
+    vy, ay = raw[-1].bottom - CELL / 2, raw[-1].bottom + 40
+    vx, qx = out[-1].right - 28, out[-1].right - out[-1].w + 40
+    line = f.dwg.polyline([(raw[-1].right + 6, vy), (vx, vy)], fill="none", stroke=stroke("v"), stroke_width=1.6,
+                          class_="arrow")
     line["stroke-dasharray"] = "4,3"
     f.dwg.add(line)
-    f.arrow(vx, vy + CELL / 2, vx, ay - 2, color=stroke("v"), width=1.6, dashed=True)
-    f.text(col[1] + d * cw / 2, vy + CELL / 2 - 6, "V: no norm, no rotation", size=SMALL + 1, anchor="middle",
+    f.arrow(vx, vy, vx, ay - 2, color=stroke("v"), width=1.6, dashed=True)
+    f.text(normed[0].right - normed[0].w / 2, vy - 6, "V: no norm, no rotation", size=SMALL + 1, anchor="middle",
            color=stroke("v"), weight="bold", cls="label")
-    # Stage 4: attention, fed by the rotated q, k and the untouched v.
-    qx = col[2] + 40
-    f.arrow(qx, top + (len(rows) - 1) * row_h + CELL + 4, qx, ay - 2, color=INK, width=1.4)
+    f.arrow(qx, out[-1].bottom + 4, qx, ay - 2, color=INK, width=1.4)
     f.text(qx + 6, ay - 8, "q, k", size=SMALL + 1, color=INK, cls="label")
     f.text(vx + 6, ay - 8, "v", size=SMALL + 1, color=stroke("v"), cls="label")
-    f.box(col[2] - 20, ay, d * cw + 40, 34, role="attend", label="④ attention(q, k, v), then o_proj")
-    f.y = ay + 34 + 28
+    f.box(out[-1].right - out[-1].w - 20, ay, out[-1].w + 40, 34, role="attend", label="④ attention(q, k, v), then o_proj")
+    f.y = round(ay) + 34 + 28
     f.note("Order matters: the norm weight w scales channel j and channel j + d/2 differently, so it acts before "
            "RoPE mixes them. With w = 1 both orders would agree, because a rotation keeps the rms. Hugging Face's "
            "Qwen3Attention does the same: q_norm(q_proj(x).view(…)), then apply_rotary_pos_emb on q and k only.",
            size=SMALL + 2, color=INK)
     f.legend([("q", "query heads"), ("k", "key head"), ("v", "value head (untouched)"),
-              ("attend", "attention")], wrong=wrong)
+              ("attend", "attention")], wrong=any(any(bad) for *_, bad, _ in heads))

@@ -7,18 +7,15 @@ import math
 
 from figures import figure
 from figures.ch16 import text_t
+from figures.ch19 import cells, centred
 from figures.kit import Figure, num, text_width
+from figures.layout import Part, column, pad, row, wide
 from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
 
-TOL = 1e-4
 FUSED_SIZE = VALUE - 1.5
 """The size of the values in the fused add + norm rows."""
 CELL_PAD = 5
 """The least room between a value and either side of its cell."""
-
-
-def _close(a: float, b: float, tol: float = TOL) -> bool:
-    return abs(a - b) <= tol + tol * abs(b)
 
 
 def _fmt(v) -> str:
@@ -28,31 +25,8 @@ def _fmt(v) -> str:
     return num(v).replace("-", "−")
 
 
-def _row(f: Figure, x: float, y: float, values: list, role: str, w: float, *, expected: list | None = None,
-         h: float = CELL, size: float = VALUE - 1, dashed: bool = False) -> bool:
-    """A row of value cells; cells off from `expected` are marked. Returns whether any was wrong."""
-    wrong = False
-    for i, v in enumerate(values):
-        bad = expected is not None and not _close(v, expected[i])
-        wrong |= bad
-        f.cell(x + i * w, y, v, role=role, w=w - 2, h=h, wrong=bad, expected=expected[i] if bad else None,
-               size=size, fmt=_fmt, dashed=dashed)
-    return wrong
-
-
 def _fmt2(v) -> str:
     return f"{v:.2f}".replace("-", "−") if isinstance(v, float) and v != int(v) else _fmt(v)
-
-
-def _row2(f: Figure, x: float, y: float, values: list, role: str, w: float, *, expected: list | None = None) -> bool:
-    """A compact row (2 decimals) for the token grids."""
-    wrong = False
-    for i, v in enumerate(values):
-        bad = expected is not None and not _close(v, expected[i])
-        wrong |= bad
-        f.cell(x + i * w, y, v, role=role, w=w - 2, h=CELL - 6, wrong=bad, expected=expected[i] if bad else None,
-               size=SMALL + 1, fmt=_fmt2)
-    return wrong
 
 
 def _heading_t(f: Figure, s: str) -> None:
@@ -100,53 +74,59 @@ def prenorm_figure(f: Figure, r: dict) -> None:
     f.text(centers[1][0], y + 52, "only the sublayer's input is normalised", size=SMALL + 1, color=MUTED, cls="label")
     f.y = y + 84
 
-    # 2. The fused form, with the student's add_rms_norm.
+    # 2. The fused form, with the student's add_rms_norm: one row of four groups per call.
     f.heading("nano-vllm 的融合形式 · the fused add + RMSNorm, three calls of your add_rms_norm (hidden 4, weight 1)")
     shown = [v for rows in (inputs, [r for r in res_in if r is not None], residual, residual_want, normed, normed_want)
-             for row in rows for v in row]
+             for row_ in rows for v in row_]
     cw = max(text_width(_fmt(v), FUSED_SIZE, mono=True) for v in shown) + 2 * CELL_PAD + 2
     n = len(inputs[0])
     cw = min(cw, (f.width - 2 * MARGIN - 3 * 30) / (4 * n))       # at the least 30 between the groups
-    gap = (f.width - 2 * MARGIN - 4 * n * cw) / 3
-    groups = [MARGIN + i * (n * cw + gap) for i in range(4)]
-    titles = ["x (sublayer output)", "residual in", "new residual = x + residual", "normed → the next sublayer"]
-    top = f.y + 26
-    for gx, title in zip(groups, titles):
-        f.text(gx, top - 8, title, size=SMALL + 1, color=MUTED, cls="label")
+    gap = (f.width - 2 * MARGIN - 4 * n * cw) / 3 + 2
+
+    def group(values: list, role: str, wrong: list | None = None, expected: list | None = None) -> Part:
+        return cells(f, values, role=role, w=cw - 2, gap=2, size=FUSED_SIZE, fmt=_fmt, wrong=wrong, expected=expected)
+
+    def joint(s: str) -> Part:
+        """What joins two groups: "+", "=" or (empty) an arrow."""
+        def draw(x: float, y: float) -> None:
+            if s:
+                _op(f, x + gap / 2, y, s)
+            else:
+                f.arrow(x + 6, y + CELL / 2, x + gap - 6, y + CELL / 2)
+        return Part(gap, CELL, draw)
+
     calls = [("layer 0 · input_layernorm", "add_rms_norm(e, None): x = the embedding e, no residual yet"),
              ("layer 0 · post_attention_layernorm", "add_rms_norm(a, residual): a = attention output (given)"),
              ("layer 1 · input_layernorm", "add_rms_norm(m, residual): m = MLP output, its add deferred")]
-    row_h = CELL + 62
-    wrong = False
+    given, new = [], []             # each call's residual in, and the new residual it returns
+    rows = []
     for k, (title, sub) in enumerate(calls):
-        y = top + k * row_h + 22
-        f.text(MARGIN, y - 8, title, size=LABEL, weight="bold", color=INK, cls="label")
-        f.text(f.width - MARGIN, y - 8, sub, size=SMALL + 1, anchor="end", color=MUTED, cls="label")
-        _row(f, groups[0], y, inputs[k], "token", cw, size=FUSED_SIZE)
-        _op(f, groups[1] - gap / 2, y, "+")
-        if res_in[k] is None:
-            f.cell(groups[1], y, "None", role="masked", w=n * cw - 2, h=CELL, fmt=str, dashed=True)
-        else:
-            _row(f, groups[1], y, res_in[k], "block", cw, size=FUSED_SIZE)
-        _op(f, groups[2] - gap / 2, y, "=")
-        wrong |= _row(f, groups[2], y, residual[k], "block", cw, expected=residual_want[k], size=FUSED_SIZE)
-        f.arrow(groups[3] - gap + 6, y + CELL / 2, groups[3] - 6, y + CELL / 2)
-        wrong |= _row(f, groups[3], y, normed[k], "attend", cw, expected=normed_want[k], size=FUSED_SIZE)
+        given.append(group(res_in[k], "block") if res_in[k] is not None else
+                     cells(f, ["None"], role="masked", w=n * cw - 2, fmt=str, dashed=True))
+        new.append(group(residual[k], "block", r["residual_wrong"][k], residual_want[k]))
         s = residual_want[k]
         rms = math.sqrt(sum(v * v for v in s) / len(s) + 1e-6)
-        f.text(groups[3], y + CELL + 13, f"s / rms(s), rms(s) = {num(rms, 4)}", size=SMALL, mono=True, color=MUTED,
-               cls="label")
-        if k + 1 < len(calls):   # the new residual is the next call's residual input
-            nx = top + (k + 1) * row_h + 22
-            f.curve(groups[2] + n * cw / 2, y + CELL + 2, groups[1] + n * cw / 2, nx - 2, color=stroke("block"),
-                    width=1.2)
-    f.y = top + len(calls) * row_h + 8
+        sub_label = f.label(sub, color=MUTED)
+        rows.append(column(
+            row(wide(f.label(title, size=LABEL, color=INK, bold=True), f.width - 2 * MARGIN - sub_label.w), sub_label,
+                gap=0),
+            row(group(inputs[k], "token"), joint("+"), given[k], joint("="), new[k], joint(""),
+                column(group(normed[k], "attend", r["normed_wrong"][k], normed_want[k]),
+                       f.label(f"s / rms(s), rms(s) = {num(rms, 4)}", size=SMALL, mono=True), gap=3), gap=0),
+            gap=4))
+    titles = row(*(wide(f.label(t), n * cw - 2 + gap) for t in
+                   ["x (sublayer output)", "residual in", "new residual = x + residual", "normed → the next sublayer"]),
+                 gap=0)
+    f.place(column(titles, column(*rows, gap=26), gap=6), after=32)
+    for a, b in zip(new, given[1:]):       # the new residual is the next call's residual input
+        f.curve(a.right - a.w / 2, a.bottom + 2, b.right - b.w / 2, b.bottom - b.h - 2, color=stroke("block"),
+                width=1.2)
     f.note("Layer 0 returns (MLP output, residual) without adding them; layer 1's input_layernorm performs that add "
            "(after the last layer, the final norm does). Every residual equals the logical h + sublayer outputs; "
            "the normalised value never enters the residual stream.", size=SMALL + 2, color=INK)
     f.legend([("token", "x: the sublayer output"), ("block", "the residual stream (raw sums)"),
               ("attend", "normalised: into the next sublayer only"), ("masked", "no residual yet (layer 0)")],
-             wrong=wrong)
+             wrong=any(any(w) for w in r["normed_wrong"] + r["residual_wrong"]))
 
 
 @figure("ch20-dim-swiglu", title="一个 token 的 SwiGLU",
@@ -167,68 +147,57 @@ def swiglu_figure(f: Figure, r: dict) -> None:
     left = MARGIN + label_w
     role = lambda c: "accent" if c < inter else "block"
 
+    def labelled(rows: list[tuple[str, Part]], *, size: float = SMALL + 1, mono: bool = True, bold: bool = False) -> None:
+        """Each placed row's label, right-aligned before the cells (a transpose drawn as a raised T)."""
+        for label, part in rows:
+            text_t(f, left - 10, part.bottom - part.h / 2 + 4, label, size=size, anchor="end", mono=mono, color=INK,
+                   weight="bold" if bold else "normal", cls="label")
+
     # ① the merged projection: Wᵀ with x along its rows, gate_up below.
     _heading_t(f, "① gate_up = x · W_gate_upᵀ: gate_up[c] = Σ_i x[i] · W[c, i]")
-    top = f.y + 20
-    for c in range(two_i):
-        f.text(left + c * cw + cw / 2 - 1, top - 4, f"{'g' if c < inter else 'u'}{c % inter}", size=SMALL,
-               anchor="middle", mono=True, color=stroke(role(c)), cls="label")
-    for i in range(hdim):
-        y = top + i * (CELL - 6)
-        text_t(f, left - 10, y + (CELL - 6) / 2 + 4, f"x[{i}] = {_fmt(x[i])}  ×  Wᵀ row {i}", size=SMALL + 1,
-               anchor="end", color=INK, mono=True, cls="label")
-        for c in range(two_i):
-            f.cell(left + c * cw, y, w_gu[c][i], role="plain", w=cw - 2, h=CELL - 8, size=SMALL + 1, fmt=_fmt)
-    y = top + hdim * (CELL - 6) + 10
-    f.text(left - 10, y + CELL / 2 + 4, "gate_up (12 wide)", size=LABEL, anchor="end", weight="bold", cls="label")
-    for c in range(two_i):
-        f.cell(left + c * cw, y, gu[c], role=role(c), w=cw - 2, h=CELL, fmt=_fmt, bold=True)
-    f.bracket(left, left + inter * cw - 2, y + CELL + 4, "gate = gate_up[:6] (first half)", size=SMALL + 1)
-    f.bracket(left + inter * cw, left + two_i * cw - 2, y + CELL + 4, "up = gate_up[6:] (second half)",
+    names = row(*(centred(f.label(f"{'g' if c < inter else 'u'}{c % inter}", size=SMALL, mono=True,
+                                  color=stroke(role(c))), cw - 2) for c in range(two_i)), gap=2)
+    weights = [cells(f, [w_gu[c][i] for c in range(two_i)], w=cw - 2, gap=2, h=CELL - 8, size=SMALL + 1, fmt=_fmt)
+               for i in range(hdim)]
+    gate_up = cells(f, gu, role=role, w=cw - 2, gap=2, size=VALUE, fmt=_fmt, bold=True)
+    f.place(column(names, column(*weights, gap=2), gate_up, gap=8), x=left, after=44)
+    labelled([(f"x[{i}] = {_fmt(x[i])}  ×  Wᵀ row {i}", w) for i, w in enumerate(weights)])
+    labelled([("gate_up (12 wide)", gate_up)], size=LABEL, mono=False, bold=True)
+    f.bracket(left, left + inter * cw - 2, gate_up.bottom + 4, "gate = gate_up[:6] (first half)", size=SMALL + 1)
+    f.bracket(left + inter * cw, left + two_i * cw - 2, gate_up.bottom + 4, "up = gate_up[6:] (second half)",
               size=SMALL + 1)
-    f.y = y + CELL + 44
 
     # ② SiLU(gate) · up, under the gate columns.
     f.heading("② act = SiLU(gate) · up, with SiLU(z) = z · sigmoid(z)  (your silu_and_mul)")
-    y = f.y + 8
+    f.y += 8
     silu = [g / (1 + math.exp(-g)) for g in gu[:inter]]
-    rows = [("SiLU(gate)", silu, "accent", None), ("× up", gu[inter:], "block", None),
-            ("= act", act, "attend", act_want)]
-    wrong = False
-    for k, (label, vals, rl, want) in enumerate(rows):
-        yy = y + k * (CELL + 6)
-        f.text(left - 10, yy + CELL / 2 + 4, label, size=LABEL, anchor="end", weight="bold", cls="label")
-        wrong |= _row(f, left, yy, vals, rl, cw, expected=want)
-    f.curve(left + (inter + 0.5) * cw, y - 40, left + inter * cw + 6, y + CELL + 6 + CELL / 2, color=stroke("block"),
-            width=1.1)
-    f.text(left + (inter + 1.2) * cw, y + 14, "up[c] meets gate[c]: channel c of gate_up", size=SMALL,
-           color=stroke("block"), cls="label")
-    f.text(left + (inter + 1.2) * cw, y + 28, f"pairs with channel c + {inter}", size=SMALL, color=stroke("block"),
-           cls="label")
-    f.y = y + 3 * (CELL + 6) + 20
+    steps = [("SiLU(gate)", cells(f, silu, role="accent", w=cw - 2, gap=2, fmt=_fmt)),
+             ("× up", cells(f, gu[inter:], role="block", w=cw - 2, gap=2, fmt=_fmt)),
+             ("= act", cells(f, act, role="attend", w=cw - 2, gap=2, fmt=_fmt, wrong=r["act_wrong"],
+                             expected=act_want))]
+    f.place(column(*(part for _, part in steps), gap=6), x=left, after=20)
+    labelled(steps, size=LABEL, mono=False, bold=True)
+    up = steps[1][1]
+    f.curve(left + (inter + 0.5) * cw, up.bottom - up.h - CELL - 46, up.right + 8, up.bottom - CELL / 2,
+            color=stroke("block"), width=1.1)
+    f.lines("up[c] meets gate[c]: channel c of gate_up", f"pairs with channel c + {inter}", size=SMALL,
+            color=stroke("block"), gap=1).at(left + (inter + 1.2) * cw, up.bottom - up.h - CELL - 6 + 4)
 
     # ③ the down projection: out[i] = Σ_j W_down[i, j] · act[j].
     _heading_t(f, "③ out = act · W_downᵀ: out[i] = Σ_j W_down[i, j] · act[j]  (your swiglu_mlp)")
-    y = f.y + 8
-    for i in range(hdim):
-        yy = y + i * (CELL - 4)
-        f.text(left - 10, yy + (CELL - 4) / 2 + 4, f"W_down row {i}", size=SMALL + 1, anchor="end", mono=True,
-               color=INK, cls="label")
-        for j in range(inter):
-            f.cell(left + j * cw, yy, w_down[i][j], role="plain", w=cw - 2, h=CELL - 6, size=SMALL + 1, fmt=_fmt)
-        f.text(left + inter * cw + 18, yy + (CELL - 4) / 2 + 4, "→", size=LABEL, anchor="middle", color=MUTED,
-               cls="label")
-        bad = not _close(out[i], out_want[i])
-        wrong |= bad
-        f.cell(left + inter * cw + 36, yy, out[i], role="token", w=2 * cw - 10, h=CELL - 6, wrong=bad,
-               expected=out_want[i] if bad else None, fmt=_fmt, bold=True)
-        f.text(left + inter * cw + 36 + 2 * cw, yy + (CELL - 4) / 2 + 4, f"out[{i}]", size=SMALL + 1, mono=True,
-               color=MUTED, cls="label")
-    f.y = y + hdim * (CELL - 4) + 18
+    f.y += 8
+    downs = [row(cells(f, w_down[i], w=cw - 2, gap=2, h=CELL - 6, size=SMALL + 1, fmt=_fmt),
+                 centred(f.label("→", size=LABEL), 38),
+                 cells(f, [out[i]], role="token", w=2 * cw - 10, h=CELL - 6, size=VALUE, fmt=_fmt, bold=True,
+                       wrong=[r["out_wrong"][i]], expected=[out_want[i]]),
+                 pad(f.label(f"out[{i}]", mono=True), left=10), gap=0, align="middle") for i in range(hdim)]
+    f.place(column(*downs, gap=2), x=left, after=18)
+    labelled([(f"W_down row {i}", part) for i, part in enumerate(downs)])
     f.note(f"Widths: H = {hdim} → 2I = {two_i} → I = {inter} → H = {hdim}. Qwen3-0.6B: 1024 → 6144 → 3072 → 1024, "
            f"the same three steps for every token.", size=SMALL + 2, color=INK)
     f.legend([("token", "hidden (x, out)"), ("accent", "gate half"), ("block", "up half"),
-              ("attend", "act = SiLU(gate)·up"), ("plain", "weights")], wrong=wrong)
+              ("attend", "act = SiLU(gate)·up"), ("plain", "weights")],
+             wrong=any(r["act_wrong"]) or any(r["out_wrong"]))
 
 
 @figure("ch20-swiglu-branches", title="SwiGLU 的两条支路",
@@ -251,18 +220,17 @@ def branches_figure(f: Figure, r: dict) -> None:
     band = n * (CELL - 4)
     gate_y, up_y = top, top + band + 56
     mid = (gate_y + up_y + band) / 2 - band / 2
-    wrong = False
 
-    def token_rows(x0: float, y0: float, rows: list, role: str, expected: list | None = None,
-                   labels: list[str] | None = None) -> bool:
-        bad = False
-        for t, vals in enumerate(rows):
-            yy = y0 + t * (CELL - 4)
-            if labels:
-                f.text(x0 - 8, yy + (CELL - 4) / 2 + 4, labels[t], size=SMALL + 1, anchor="end", mono=True,
-                       color=MUTED, cls="label")
-            bad |= _row2(f, x0, yy, vals, role, cw, expected=expected[t] if expected else None)
-        return bad
+    def token_rows(x0: float, y0: float, rows: list, role: str, wrong: list | None = None,
+                   expected: list | None = None, labels: list[str] | None = None) -> None:
+        """A block of token rows (values to 2 decimals) with its top-left at (x0, y0); `wrong`: the check's
+        verdict per value."""
+        column(*(cells(f, vals, role=role, w=cw - 2, gap=2, h=CELL - 6, size=SMALL + 1, fmt=_fmt2,
+                       wrong=wrong[t] if wrong else None, expected=expected[t] if expected else None)
+                 for t, vals in enumerate(rows)), gap=2).at(x0, y0)
+        for t, label in enumerate(labels or []):
+            f.text(x0 - 8, y0 + t * (CELL - 4) + (CELL - 4) / 2 + 4, label, size=SMALL + 1, anchor="end", mono=True,
+                   color=MUTED, cls="label")
 
     f.text(xl, mid - 10, f"X [{n}, {hdim}]", size=SMALL + 1, color=MUTED, cls="label")
     token_rows(xl, mid, x, "token", labels=[f"t{t}" for t in range(n)])
@@ -276,7 +244,7 @@ def branches_figure(f: Figure, r: dict) -> None:
         f.arrow(xl + hdim * cw + 6, mid + band / 2, bl - 8, yy + band / 2, color=stroke(role), width=1.4)
         f.arrow(bl + inter * cw + 4, yy + band / 2, yl - 10, mid + band / 2, color=stroke(role), width=1.4)
     f.text(yl, mid - 10, f"Y = your swiglu_mlp(X)  [{n}, {hdim}]", size=SMALL + 1, color=MUTED, cls="label")
-    wrong |= token_rows(yl, mid, out, "token", expected=want)
+    token_rows(yl, mid, out, "token", r["wrong"], want)
     f.text(yl, mid + band + 18, "Y = down_proj(gate ⊙ up)", size=SMALL + 1, color=INK, cls="label")
     f.y = up_y + band + 36
 
@@ -289,7 +257,7 @@ def branches_figure(f: Figure, r: dict) -> None:
     f.text((xl + hdim * cw + yl) / 2, top + band / 2 - 8, "the same swiglu_mlp, the same weights", size=SMALL + 1,
            anchor="middle", color=MUTED, cls="label")
     f.text(yl, top - 10, "your swiglu_mlp(X[order])", size=SMALL + 1, color=MUTED, cls="label")
-    wrong |= token_rows(yl, top, out_p, "token", expected=want_p)
+    token_rows(yl, top, out_p, "token", r["wrong_permuted"], want_p)
     for k, t in enumerate(order):
         f.text(yl + hdim * cw + 8, top + k * (CELL - 4) + (CELL - 4) / 2 + 4, f"= Y t{t}", size=SMALL + 1,
                mono=True, color=MUTED, cls="label")
@@ -297,4 +265,4 @@ def branches_figure(f: Figure, r: dict) -> None:
     f.note("Both projections and SiLU act along the channels of one row; nothing reduces over the token axis. "
            "Tokens meet only in attention, so the MLP of a batch is the MLP of each token.", size=SMALL + 2, color=INK)
     f.legend([("token", "tokens: X and Y rows"), ("accent", "gate branch (after SiLU)"), ("block", "up branch")],
-             wrong=wrong)
+             wrong=any(any(w) for w in r["wrong"] + r["wrong_permuted"]))

@@ -20,9 +20,6 @@ from solutions import ch19_rope as ref
 SEED = 19
 SVG = "{http://www.w3.org/2000/svg}"
 
-ROTATE = ("    x1, x2 = x.float().chunk(2, dim=-1)\n"
-          "    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)")
-
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
@@ -32,63 +29,55 @@ def graded(tmp_path_factory):
 # -- 19.1 rope_cos_sin --------------------------------------------------------------------------------
 
 def test_cos_and_sin_swapped(graded):
-    report = graded("swapped",
-                    # (sin, cos) returned in the wrong order
-                    ("    return angles.cos(), angles.sin()", "    return angles.sin(), angles.cos()"))
+    """(sin, cos) returned in the wrong order."""
+    report = graded.mistake("sin_cos_order")
     r = result(report, "figure instance", task="ch19.1")
     assert r.status == "failed"
     assert "positions [0, 1, 2], head_dim 4, base 10000" in r.message
     assert "pair j = 0: inv_freq[0] = 1 / 10000^(2·0/4) = 1; position 0 → angle 0 · 1 = 0 rad" in r.message
     assert "cos[0, 0] = cos(0) = 1; yours: 0" in r.message
-    assert "hint: you returned (sin, cos): the order is (cos, sin)" in r.message
+    assert r.hints == ["sin_cos_order"]
     assert result(report, "agreement with transformers", task="ch19.1").status == "failed"
     assert wrong_elements(report, "ch19-rope-pair")
     assert "ch19.2" not in tasks_not_passed(report)      # apply_rope is graded with the reference's tables
 
 
 def test_exponent_without_the_two(graded):
-    report = graded("exponent",
-                    # inv_freq = base^(−j/d): arange(d/2) / d, the factor 2 of 2j/d forgotten
-                    ("torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim",
-                     "torch.arange(head_dim // 2, dtype=torch.float) / head_dim"))
+    """inv_freq = base^(−j/d): arange(d/2) / d, the factor 2 of 2j/d forgotten."""
+    report = graded.mistake("exponent_j_over_d")
     r = result(report, "figure instance", task="ch19.1")
     assert r.status == "failed"
     want = 1 / 10000 ** 0.5
     assert f"pair j = 1: inv_freq[1] = 1 / 10000^(2·1/4) = {checks.fmt(want, 6)}" in r.message
-    assert "hint: the exponent is 2j/d" in r.message
+    assert r.hints == ["exponent_j_over_d"]
     assert wrong_elements(report, "ch19-rope-pair")
     # qk_norm_rope uses the student's own tables, so it inherits the mistake
     assert result(report, "figure instance", task="ch19.3").status == "failed"
 
 
 def test_full_width_tables_are_a_shape_problem(graded):
-    report = graded("full_width",
-                    # Hugging Face's cat((freqs, freqs)): cos and sin [N, d] instead of [N, d/2]
-                    ("    return angles.cos(), angles.sin()",
-                     "    angles = torch.cat((angles, angles), dim=-1)\n    return angles.cos(), angles.sin()"))
+    """Hugging Face's cat((freqs, freqs)): cos and sin [N, d] instead of [N, d/2]."""
+    report = graded.mistake("full_width")
     r = result(report, "figure instance", task="ch19.1")
     assert r.status == "failed"
     assert "expected cos as a 2-D float32 tensor of shape [3, 2]; yours: float32 tensor [3, 4]" in r.message
-    assert "Hugging Face repeats the angles as cat((freqs, freqs))" in r.message
+    assert r.hints == ["full_width"]
     assert not report.figures   # the structure check comes before the figure is recorded
 
 
 # -- 19.2 apply_rope ----------------------------------------------------------------------------------
 
 def test_interleaved_layout(graded):
-    report = graded("interleaved",
-                    # the GPT-J layout: pairs (x[2j], x[2j + 1]) instead of (x[j], x[j + d/2])
-                    (ROTATE, "    x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]\n"
-                             "    return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)"
-                             ".flatten(-2).to(x.dtype)"))
+    """The GPT-J layout: pairs (x[2j], x[2j + 1]) instead of (x[j], x[j + d/2])."""
+    report = graded.mistake("interleaved")
     assert "ch19.1" not in tasks_not_passed(report)
     r = result(report, "figure instance", task="ch19.2")
     assert r.status == "failed"
     assert "token 1 (position 1), head 0, channel 0 belongs to pair 0 = (x[0], x[2]) = (1, 3)" in r.message
     assert "y[0] = x[0]·cos − x[2]·sin = 1·0.5403 − 3·0.8415 = -1.984; yours: -1.143" in r.message
-    assert "hint: the pairs are (x[j], x[j + d/2]) (half-split" in r.message and "GPT-J" in r.message
+    assert r.hints == ["interleaved"]
     hf = result(report, "agreement with transformers", task="ch19.2")
-    assert hf.status == "failed" and "GPT-J" in hf.message
+    assert hf.status == "failed" and hf.hints == ["interleaved"]
     # a rotation in the wrong planes still keeps lengths and relative positions: only the layout is wrong
     assert result(report, "a rotation keeps", task="ch19.2").status == "passed"
     assert result(report, "relative position", task="ch19.2").status == "passed"
@@ -108,75 +97,60 @@ def test_one_half_left_unrotated(graded):
     assert wrong_elements(report, "ch19-rope-pair")
 
 
-BACKWARDS = ("x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)",
-             "x1 * c + x2 * s, x2 * c - x1 * s), dim=-1).to(x.dtype)")
-
-
 def test_sin_sign_flipped(graded):
-    report = graded("backwards",
-                    # rotating backwards: the sign of sin flipped in both halves
-                    BACKWARDS)
+    """Rotating backwards: the sign of sin flipped in both halves."""
+    report = graded.mistake("backwards")
     r = result(report, "figure instance", task="ch19.2")
     assert r.status == "failed"
-    assert "hint: the sign of sin is flipped (you rotate backwards)" in r.message
+    assert r.hints == ["backwards"]
     assert wrong_elements(report, "ch19-rope-pair")
     assert result(report, "relative position", task="ch19.2").status == "passed"   # the property alone cannot see it
 
 
 def test_rotated_in_bf16(graded):
-    report = graded("bf16_math",
-                    # the rotation computed in bf16 instead of float32
-                    ("    c, s = cos.float()[:, None, :], sin.float()[:, None, :]",
-                     "    c, s = cos.to(x.dtype)[:, None, :], sin.to(x.dtype)[:, None, :]"),
-                    ("    x1, x2 = x.float().chunk(2, dim=-1)", "    x1, x2 = x.chunk(2, dim=-1)"))
+    """The rotation computed in bf16 instead of float32."""
+    report = graded.mistake("low_precision")
     assert result(report, "figure instance", task="ch19.2").status == "passed"
     r = result(report, "bf16 queries", task="ch19.2")
     assert r.status == "failed"
     assert "within one bf16 rounding step" in r.message or "values differ" in r.message
-    assert "hint: you rotated in bfloat16: cast x (and cos, sin) to float32" in r.message
+    assert r.hints == ["low_precision"]
 
 
 # -- 19.3 qk_norm_rope --------------------------------------------------------------------------------
 
 def test_rope_before_the_norm(graded):
-    report = graded("rope_first",
-                    # RoPE, then the per-head norm: the weight scales channels already mixed by the rotation
-                    ("    return (apply_rope(head_rms_norm(q, q_norm_weight), cos, sin),\n"
-                     "            apply_rope(head_rms_norm(k, k_norm_weight), cos, sin))",
-                     "    return (head_rms_norm(apply_rope(q, cos, sin), q_norm_weight),\n"
-                     "            head_rms_norm(apply_rope(k, cos, sin), k_norm_weight))"))
+    """RoPE, then the per-head norm: the weight scales channels already mixed by the rotation."""
+    report = graded.mistake("rotate_first")
     assert tasks_not_passed(report) == {"ch19.3"}
     r = result(report, "figure instance", task="ch19.3")
     assert r.status == "failed"
     assert "token 0 (position 1), q head 0 = [1, 2, 3, 4]: rms = √(mean(x²) + eps) = 2.739" in r.message
     assert "x / 2.739 · q_norm_weight = [0.3651, 0.3651, 2.191, 1.461]" in r.message
     assert "0.3651·0.5403 − 2.191·0.8415 = -1.646" in r.message
-    assert "hint: normalise first, then rotate" in r.message
+    assert r.hints == ["rotate_first"]
     oracle = result(report, "agreement with transformers' Qwen3Attention", task="ch19.3")
-    assert oracle.status == "failed" and "normalise first, then rotate" in oracle.message
+    assert oracle.status == "failed" and oracle.hints == ["rotate_first"]
     assert wrong_elements(report, "ch19-nanovllm-order")
     assert not wrong_elements(report, "ch19-rope-pair")
 
 
 def test_norm_across_the_heads(graded):
-    report = graded("heads_axis",
-                    # RMSNorm over the heads axis instead of head_dim
-                    ("xf.pow(2).mean(dim=-1, keepdim=True) + eps)", "xf.pow(2).mean(dim=1, keepdim=True) + eps)"))
+    """RMSNorm over the heads axis instead of head_dim."""
+    report = graded.mistake("over_heads")
     r = result(report, "figure instance", task="ch19.3")
     assert r.status == "failed"
-    assert "hint: RMSNorm runs over head_dim (the last axis), not across the heads" in r.message
+    assert r.hints == ["over_heads"]
     assert wrong_elements(report, "ch19-nanovllm-order")
 
 
 def test_weight_before_the_cast_in_bf16(graded):
-    report = graded("weight_fp32",
-                    # the weight multiplied in float32, before the cast back to bf16
-                    ("return (normed.to(x.dtype) * weight).to(x.dtype)",
-                     "return (normed * weight.float()).to(x.dtype)"))
+    """The weight multiplied in float32, before the cast back to bf16: only the bf16 check can see it."""
+    report = graded.mistake("weight_in_float32")
     assert result(report, "figure instance", task="ch19.3").status == "passed"
     r = result(report, "bf16 q and k", task="ch19.3")
     assert r.status == "failed"
-    assert "hint: cast the normalised x back to bfloat16 before multiplying by the weight" in r.message
+    assert r.hints == ["weight_in_float32"]
 
 
 # -- the figure of one pair in the plane ----------------------------------------------------------------
@@ -199,12 +173,13 @@ def _inside(box, rect) -> bool:
 def _rope_figures(record: dict) -> list[ET.Element]:
     """The figure drawn from the record, and drawn from the same inputs with the reference's answers."""
     spec = next(s for s in figures.catalog("ch19") if s.id == "ch19-rope-pair")
-    right = {**record, "rotated": record["expected"], "cos": record["cos_expected"], "sin": record["sin_expected"]}
+    right = {**record, "rotated": record["expected"], "cos": record["cos_expected"], "sin": record["sin_expected"],
+             **{k: [[False] * len(row) for row in record[k]] for k in ("wrong", "cos_wrong", "sin_wrong")}}
     return [ET.fromstring(spec.render(record)), ET.fromstring(spec.render(right))]
 
 
 def test_rope_pair_labels_and_captions_keep_off_the_circles(graded):
-    record = graded("backwards", BACKWARDS).records["ch19-rope-pair"]
+    record = graded.mistake("backwards").records["ch19-rope-pair"]
     for root in _rope_figures(record):
         circles = [c for c in root.iter(f"{SVG}circle") if c.get("class") == "orbit"]
         zooms = [z for z in root.iter(f"{SVG}rect") if z.get("class") == "zoom"]
@@ -220,7 +195,7 @@ def test_rope_pair_labels_and_captions_keep_off_the_circles(graded):
 
 
 def test_a_slow_pairs_positions_are_told_apart_in_a_zoomed_inset(graded):
-    record = graded("backwards", BACKWARDS).records["ch19-rope-pair"]
+    record = graded.mistake("backwards").records["ch19-rope-pair"]
     d, base, positions = record["head_dim"], record["base"], record["positions"]
     slow = [j for j in range(d // 2) if max(positions) / base ** (2 * j / d) <= 0.3]
     assert slow, "the instance has a slow pair"
@@ -293,12 +268,18 @@ def test_hints_for_swapped_tables_and_bf16_angles():
     x = torch.randn(4, 2, 8, generator=torch.Generator().manual_seed(3))
     cos, sin = ref.rope_cos_sin([1, 2, 3, 4], 8, 10000.0)
     variants = models.rope_variants(None, x, cos, sin)
-    assert "cos and sin are swapped" in checks.rope_hint(models.rotate(x, sin, cos), x, variants)
-    assert "sign of sin is flipped" in checks.rope_hint(models.rotate(x, cos, sin, direction=-1), x, variants)
+    ids = lambda hints: [h.id for h in hints]
+    assert ids(checks.rope_hints(models.rotate(x, sin, cos), x, variants)) == ["swapped_tables"]
+    assert ids(checks.rope_hints(models.rotate(x, cos, sin, direction=-1), x, variants)) == ["backwards"]
+    both = models.rotate(x, cos, sin, layout="interleaved", direction=-1)
+    assert ids(checks.rope_hints(both, x, variants)) == ["interleaved", "backwards"]
+    with pytest.raises(checks.CheckFailed) as e:
+        checks.explain_rotated(both, ref.apply_rope(x, cos, sin), x, cos, sin, "both", variants=variants)
+    assert e.value.hints == ["interleaved", "backwards"]
     positions = [300, 1001, 40001]
     inv = 1.0 / 1e6 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16)
     angles = (torch.tensor(positions, dtype=torch.float64)[:, None].bfloat16() * inv.bfloat16()).double()
     want = ref.rope_cos_sin(positions, 16, 1e6)
     hint = checks.cos_sin_hint(angles.cos().float(), angles.sin().float(), want, checks.angle_atol(positions),
                                models.cos_sin_variants(None, positions, 16, 1e6))
-    assert "compute the angles in float32" in hint
+    assert hint.id == "bf16_angles"

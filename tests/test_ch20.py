@@ -15,8 +15,6 @@ from grader.checks import ch20 as checks
 from solutions import ch20_norms_swiglu as ref
 
 SEED = 20
-RMS_RETURN = ("xf.pow(2).mean(dim=-1, keepdim=True) + eps)\n"
-              "    return (normed.to(x.dtype) * weight).to(x.dtype)")
 
 
 @pytest.fixture(scope="module")
@@ -27,107 +25,88 @@ def graded(tmp_path_factory):
 # -- 20.1 rms_norm -------------------------------------------------------------------------------------
 
 def test_weight_multiplied_before_the_cast(graded):
-    report = graded("weight_fp32",
-                    # the weight multiplied in float32, before the cast back to bf16
-                    (RMS_RETURN, RMS_RETURN.replace("(normed.to(x.dtype) * weight)", "(normed * weight.float())")))
+    """The weight multiplied in float32, before the cast back to bf16."""
+    report = graded.mistake("weight_first")
     assert result(report, "the worked example", task="ch20.1").status == "passed"     # float32: the order cannot matter
     r = result(report, "bf16: cast back", task="ch20.1")
     assert r.status == "failed"
     assert "every value is within one bf16 rounding step of the reference, but" in r.message
-    assert "hint: cast the normalised x back to bfloat16 first, then multiply by the weight" in r.message
+    assert r.hints == ["weight_first"]
     oracle = result(report, "agreement with transformers' Qwen3RMSNorm", task="ch20.1")
-    assert oracle.status == "failed" and "bfloat16" in oracle.message
+    assert oracle.status == "failed" and oracle.hints == ["weight_first"]
     assert not wrong_elements(report, "ch20-prenorm")      # the figure instance is float32
 
 
 def test_layernorm_instead_of_rmsnorm(graded):
-    report = graded("layernorm",
-                    # LayerNorm's habit: the mean subtracted before the mean square
-                    ("    xf = x.float()\n", "    xf = x.float()\n    xf = xf - xf.mean(dim=-1, keepdim=True)\n"))
+    """LayerNorm's habit: the mean subtracted before the mean square."""
+    report = graded.mistake("layernorm")
     r = result(report, "the worked example", task="ch20.1")
     assert r.status == "failed"
     assert "token 0 of x = [1, 2, 3, 4]: mean(x²) over its 4 channels = 7.5, rsqrt(7.5 + eps) = 0.3651" in r.message
     assert "rms_norm(x)[0, 0] = 1·0.3651·w[0] = 1·0.3651·1 = 0.3651; yours: -1.342" in r.message
-    assert "hint: RMSNorm does not subtract the mean (that is LayerNorm)" in r.message
+    assert r.hints == ["layernorm"]
     # layer 0's add_rms_norm normalises with rms_norm: the figure marks its normed row
     assert wrong_elements(report, "ch20-prenorm")
     assert off_canvas(figure_file(report, "ch20-prenorm").read_text(encoding="utf-8"), margin=MARGIN - 1) == []
 
 
-def test_norm_over_the_tokens(graded):
-    report = graded("token_axis",
-                    # the mean square taken over the tokens instead of the hidden channels
-                    ("xf.pow(2).mean(dim=-1, keepdim=True)", "xf.pow(2).mean(dim=0, keepdim=True)"))
-    r = result(report, "each token normalised", task="ch20.1")
-    assert r.status == "failed"
-    assert "hint: normalise each token over its hidden channels (the last dimension), not over the tokens" in r.message
-
-
 # -- 20.2 add_rms_norm ---------------------------------------------------------------------------------
 
 def test_normed_value_returned_as_the_residual(graded):
-    report = graded("normed_residual",
-                    # the fused add hands the normalised sum on as the residual stream
-                    ("    return (normed.to(x.dtype) * weight).to(x.dtype), s.to(x.dtype)",
-                     "    out = (normed.to(x.dtype) * weight).to(x.dtype)\n    return out, out"))
+    """The fused add hands the normalised sum on as the residual stream."""
+    report = graded.mistake("normed_residual")
     assert tasks_not_passed(report) == {"ch20.2"}
     r = result(report, "figure instance", task="ch20.2")
     assert r.status == "failed"
     assert 'case "layer 0: post_attention_layernorm(attention output, residual)"' in r.message
     assert "new_residual[0, 0] = x + residual = 1 + 0 = 1; yours: 0.3651" in r.message
-    assert "hint: the residual stream carries the un-normalised sum s = x + residual" in r.message
+    assert r.hints == ["normed_residual"]
     assert result(report, "a stack of pre-norm layers", task="ch20.2").status == "failed"
     assert wrong_elements(report, "ch20-prenorm")
 
 
 def test_layer0_without_a_residual(graded):
-    report = graded("layer0_none",
-                    # layer 0 hands on no residual at all
-                    ("        return rms_norm(x, weight, eps), x", "        return rms_norm(x, weight, eps), None"))
+    """Layer 0 hands on no residual at all."""
+    report = graded.mistake("layer0_none")
     r = result(report, "residual None (layer 0)", task="ch20.2")
     assert r.status == "failed"
     assert "yours returned None as new_residual" in r.message
-    assert "hint: with residual None (layer 0) the new residual is x itself" in r.message
+    assert r.hints == ["layer0_none"]
     assert "ch20-prenorm" not in " ".join(report.figures)   # nothing to draw before the structure is right
 
 
 def test_normalising_the_rounded_sum(graded):
-    report = graded("rounded_sum",
-                    # the sum rounded to bf16 before it is normalised
-                    ("    s = x.float() + residual.float()", "    s = (x + residual).float()"))
+    """The sum rounded to bf16 before it is normalised: only the bf16 check can see it."""
+    report = graded.mistake("rounded_sum")
     assert result(report, "the sum goes on", task="ch20.2").status == "passed"        # float32: no difference
     r = result(report, "bf16: the float32 sum", task="ch20.2")
     assert r.status == "failed"
-    assert "hint: normalise the float32 sum s, not its bfloat16 copy" in r.message
+    assert r.hints == ["rounded_sum"]
 
 
 # -- 20.3 silu_and_mul ---------------------------------------------------------------------------------
 
 def test_up_and_gate_swapped(graded):
-    report = graded("swapped",
-                    # up | gate: SiLU applied to the second half
-                    ("    gate, up = gate_up.float().chunk(2, dim=-1)",
-                     "    up, gate = gate_up.float().chunk(2, dim=-1)"))
+    """up | gate: SiLU applied to the second half."""
+    report = graded.mistake("halves_swapped")
     r = result(report, "the worked example", task="ch20.3")
     assert r.status == "failed"
     assert "gate = gate_up[..., 0] = 1, up = gate_up[..., 2] = 2; SiLU(1) = 1·sigmoid(1) = 0.7311" in r.message
     assert "times up: 1.462; yours: 1.762" in r.message
-    assert "hint: the first half of gate_up is the gate and the second half is up" in r.message
+    assert r.hints == ["halves_swapped"]
     mlp = result(report, "figure instance", task="ch20.4")        # swiglu_mlp builds on the student's silu_and_mul
-    assert mlp.status == "failed" and "the first half of gate_up is the gate" in mlp.message
+    assert mlp.status == "failed" and mlp.hints == ["halves_swapped"]
     assert wrong_elements(report, "ch20-dim-swiglu")
     assert wrong_elements(report, "ch20-swiglu-branches")
 
 
 def test_sigmoid_instead_of_silu(graded):
-    report = graded("sigmoid",
-                    # the gate's sigmoid without the factor z
-                    ("    return (F.silu(gate) * up).to(gate_up.dtype)",
-                     "    return (torch.sigmoid(gate) * up).to(gate_up.dtype)"))
+    """The gate's sigmoid without the factor z."""
+    report = graded.mistake("sigmoid")
     r = result(report, "the worked example", task="ch20.3")
     assert r.status == "failed"
     assert "SiLU(-1) = -1·sigmoid(-1) = -0.2689, times up: -0.8068; yours: 0.8068" in r.message
-    assert "hint: SiLU(z) = z · sigmoid(z), not sigmoid(z)" in r.message
+    assert r.hints == ["sigmoid"]
     assert wrong_elements(report, "ch20-dim-swiglu")
 
 
@@ -142,9 +121,9 @@ def test_gate_and_up_rows_swapped_in_the_weight(graded):
     r = result(report, "figure instance", task="ch20.4")
     assert r.status == "failed"
     assert "token 0: gate_up = x·gate_up_weightᵀ → gate [1, -1, 3, 2, -2, -2], up [2, 1, 2, 0, 1, 1]" in r.message
-    assert "hint: the first half of gate_up is the gate" in r.message
+    assert r.hints == ["halves_swapped"]
     oracle = result(report, "agreement with transformers' Qwen3MLP", task="ch20.4")
-    assert oracle.status == "failed" and "first half of gate_up is the gate" in oracle.message
+    assert oracle.status == "failed" and oracle.hints == ["halves_swapped"]
     assert wrong_elements(report, "ch20-dim-swiglu") and wrong_elements(report, "ch20-swiglu-branches")
 
 
@@ -161,15 +140,13 @@ def test_transposed_weights_not_explained(graded):
 
 
 def test_a_token_mixing_mlp_fails_token_independence(graded):
-    report = graded("mixing",
-                    # a bug that lets tokens see each other: every token's activation shifted by the batch mean
-                    ("F.linear(silu_and_mul(F.linear(x, gate_up_weight)), down_weight)",
-                     "F.linear((lambda a: a - a.mean(dim=0, keepdim=True) + a[:1])"
-                     "(silu_and_mul(F.linear(x, gate_up_weight))), down_weight)"))
+    """A bug that lets tokens see each other: every token's activation shifted by the batch mean."""
+    report = graded.mistake("mixes_tokens")
     r = result(report, "token independence", task="ch20.4")
     assert r.status == "failed"
     assert "gives a different output when the tokens come in another order" in r.message
     assert "the MLP transforms every token on its own and must never mix tokens" in r.message
+    assert r.hints == ["mixes_tokens"]
 
 
 # -- the reference against the documented numbers and transformers --------------------------------------

@@ -10,7 +10,21 @@ import math
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, describe, expect_tensor, fmt, hidden_model, public, wrong_mask
+from grader.authoring import (
+    CheckFailed,
+    Hint,
+    Trial,
+    describe,
+    expect_tensor,
+    fmt,
+    hidden_model,
+    mistakes,
+    public,
+    short,
+    vec,
+    wrong_mask,
+)
+from grader.checks.ch18 import naming
 
 # ch19-rope-pair: the worked example of reference/nanovllm.md §4 at positions 0, 1, 2.
 PAIR_X, PAIR_POSITIONS, PAIR_D, PAIR_BASE = [1.0, 2.0, 3.0, 4.0], [0, 1, 2], 4, 10000.0
@@ -25,6 +39,8 @@ ORDER_POSITIONS, ORDER_BASE, EPS = [1], 10000.0, 1e-6
 ATOL = RTOL = 1e-5          # float32 results
 ROUNDING_SHARE = 0.02       # bf16: at most this share of elements may differ by one rounding step
 
+M = mistakes("ch19")
+
 cos_sin_variants = hidden_model("ch19_models.cos_sin_variants")
 """`t.ref.drive(cos_sin_variants, positions, d, base)`: {misconception: (cos, sin)}."""
 rope_variants = hidden_model("ch19_models.rope_variants")
@@ -33,11 +49,133 @@ qk_models = hidden_model("ch19_models.qk_models")
 """`t.ref.drive(qk_models, x, w, other_w, positions, base, eps)`: normalised heads, cos, sin, {misconception: y}."""
 
 
+# -- ch19.1 rope_cos_sin ------------------------------------------------------------------------------
+
+@public("ch19.1", "figure instance: positions 0, 1, 2 at head_dim 4, base 10000")
+def cos_sin_figure_instance(t: Trial) -> None:
+    got = t.yours.rope_cos_sin(torch.tensor(PAIR_POSITIONS), PAIR_D, PAIR_BASE)
+    want = t.ref.rope_cos_sin(PAIR_POSITIONS, PAIR_D, PAIR_BASE)
+    variants = t.ref.drive(cos_sin_variants, PAIR_POSITIONS, PAIR_D, PAIR_BASE)
+    if type(got) in (tuple, list) and len(got) == 2 and all(
+            isinstance(g, torch.Tensor) and list(g.shape) == [3, 2] and g.dtype == torch.float32 for g in got):
+        atol = angle_atol(PAIR_POSITIONS)
+        t.figure("ch19-rope-pair", positions=PAIR_POSITIONS, head_dim=PAIR_D, base=PAIR_BASE, cos=got[0],
+                 sin=got[1], cos_expected=want[0], sin_expected=want[1],
+                 cos_wrong=wrong_mask(got[0], want[0], atol=atol), sin_wrong=wrong_mask(got[1], want[1], atol=atol))
+    expect_cos_sin(got, PAIR_POSITIONS, PAIR_D, PAIR_BASE, want, "figure instance", variants)
+
+
+@public("ch19.1", "Qwen3: head_dim 128, base 1,000,000, positions 0–7")
+def qwen3_cos_sin(t: Trial) -> None:
+    run_cos_sin_case(t, list(range(8)), 128, 1e6, "Qwen3, positions 0–7")
+
+
+@public("ch19.1", "positions as a list, out of order (a chunk after a prefix)")
+def list_positions(t: Trial) -> None:
+    run_cos_sin_case(t, [7, 5, 6, 100], 8, 10000.0, "positions [7, 5, 6, 100]", as_tensor=False)
+
+
+@public("ch19.1", "no positions at all")
+def no_positions(t: Trial) -> None:
+    got = t.yours.rope_cos_sin(torch.zeros(0, dtype=torch.int64), 8, 10000.0)
+    want = t.ref.rope_cos_sin([], 8, 10000.0)
+    expect_cos_sin(got, [], 8, 10000.0, want, "no positions", t.ref.drive(cos_sin_variants, [], 8, 10000.0))
+
+
+@public("ch19.1", "an odd head_dim raises ValueError")
+def odd_head_dim(t: Trial) -> None:
+    t.expect_raises(ValueError, t.yours.rope_cos_sin, torch.arange(3), 5, 10000.0,
+                    because="RoPE rotates pairs of channels, so head_dim = 5 cannot be split into pairs")
+
+
+# -- ch19.2 apply_rope --------------------------------------------------------------------------------
+
+@public("ch19.2", "figure instance: x = [1, 2, 3, 4] at positions 0, 1, 2 (d = 4, base 10000)")
+def rope_figure_instance(t: Trial) -> None:
+    x = torch.tensor(PAIR_X).expand(len(PAIR_POSITIONS), 1, PAIR_D).contiguous()
+    cos, sin = t.ref.rope_cos_sin(PAIR_POSITIONS, PAIR_D, PAIR_BASE)
+    y = expect_rotated(t.yours.apply_rope(x, cos, sin), x)
+    want = t.ref.apply_rope(x, cos, sin)
+    variants = t.ref.drive(rope_variants, x, cos, sin)
+    t.figure("ch19-rope-pair", x=PAIR_X, rotated=y[:, 0], expected=want[:, 0], wrong=wrong_values(y, want)[:, 0])
+    explain_rotated(y, want, x, cos, sin, "figure instance", PAIR_POSITIONS, variants)
+
+
+@public("ch19.2", "two tokens, three heads: each token's angles rotate all its heads")
+def heads_share_angles(t: Trial) -> None:
+    run_rope_case(t, torch.randn(2, 3, 8, generator=t.rng), [3, 10], 10000.0, "2 tokens at positions 3, 10, 3 heads")
+
+
+@public("ch19.2", "position 0 leaves x unchanged")
+def position_zero(t: Trial) -> None:
+    run_rope_case(t, torch.randn(1, 2, 6, generator=t.rng), [0], 10000.0, "position 0")
+
+
+@public("ch19.2", "bf16 queries: rotated in float32, cast back to bf16")
+def bf16_rope(t: Trial) -> None:
+    x = (torch.randn(16, 4, 64, generator=t.rng) * 4).bfloat16()
+    run_rope_case(t, x, list(range(100, 116)), 1e6, "16 bf16 tokens at positions 100–115")
+
+
+@public("ch19.2", "cos/sin of the wrong width raise ValueError")
+def full_width_tables(t: Trial) -> None:
+    cos = torch.ones(2, 8)
+    t.expect_raises(ValueError, t.yours.apply_rope, torch.zeros(2, 1, 8), cos, torch.zeros(2, 8),
+                    because="cos/sin must be [N, d/2] = [2, 4] (one angle per pair); these are [2, 8]")
+
+
+# -- ch19.3 qk_norm_rope ------------------------------------------------------------------------------
+
+@public("ch19.3", "figure instance: one token at position 1, 2 query heads, 1 K/V head (d = 4)")
+def order_figure_instance(t: Trial) -> None:
+    q, k = torch.tensor(ORDER_Q), torch.tensor(ORDER_K)
+    wq, wk = torch.tensor(ORDER_QW), torch.tensor(ORDER_KW)
+    got = t.yours.qk_norm_rope(q, k, wq, wk, torch.tensor(ORDER_POSITIONS), ORDER_BASE, EPS)
+    yq, yk = expect_qk(got, q, k)
+    want_q, want_k = t.ref.qk_norm_rope(q, k, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS)
+    models_q = t.ref.drive(qk_models, q, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS)
+    models_k = t.ref.drive(qk_models, k, wk, wq, ORDER_POSITIONS, ORDER_BASE, EPS)
+    t.figure("ch19-nanovllm-order", q=q[0], k=k[0], v=ORDER_V[0], q_weight=ORDER_QW, k_weight=ORDER_KW,
+             position=ORDER_POSITIONS[0], base=ORDER_BASE, q_normed=models_q["normed"][0],
+             k_normed=models_k["normed"][0], q_out=yq[0], k_out=yk[0], q_expected=want_q[0],
+             k_expected=want_k[0], q_wrong=wrong_values(yq, want_q)[0], k_wrong=wrong_values(yk, want_k)[0])
+    explain_qk("q", yq, want_q, q, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS, "figure instance", models_q)
+    explain_qk("k", yk, want_k, k, wk, wq, ORDER_POSITIONS, ORDER_BASE, EPS, "figure instance", models_k)
+
+
+@public("ch19.3", "the order: normalise, then rotate (weights that tell the orders apart)")
+def order_matters(t: Trial) -> None:
+    q, k = torch.randn(3, 2, 8, generator=t.rng), torch.randn(3, 1, 8, generator=t.rng)
+    wq = torch.tensor([2.0, 1.0, 0.5, 1.0, 0.25, 1.5, 1.0, 3.0])
+    run_qk_case(t, q, k, wq, wq.flip(0), [5, 6, 7], 10000.0, "3 tokens at positions 5–7")
+
+
+@public("ch19.3", "GQA shapes: 4 query heads, 2 K/V heads, base 1,000,000")
+def gqa_shapes(t: Trial) -> None:
+    q, k = torch.randn(4, 4, 16, generator=t.rng) * 3, torch.randn(4, 2, 16, generator=t.rng) * 3
+    run_qk_case(t, q, k, random_weight(t, 16), random_weight(t, 16), [0, 1, 2, 3], 1e6, "4 tokens, Hq=4, Hkv=2")
+
+
+@public("ch19.3", "bf16 q and k, as in nano-vllm")
+def bf16_qk(t: Trial) -> None:
+    q = (torch.randn(5, 4, 32, generator=t.rng) * 2).bfloat16()
+    k = (torch.randn(5, 2, 32, generator=t.rng) * 2).bfloat16()
+    run_qk_case(t, q, k, random_weight(t, 32, torch.bfloat16), random_weight(t, 32, torch.bfloat16),
+                [11, 12, 13, 14, 15], 1e6, "5 bf16 tokens at positions 11–15")
+
+
+@public("ch19.3", "a norm weight that is not [head_dim] raises ValueError")
+def weight_not_head_dim(t: Trial) -> None:
+    q, k = torch.zeros(2, 4, 8), torch.zeros(2, 2, 8)
+    t.expect_raises(ValueError, t.yours.qk_norm_rope, q, k, torch.ones(32), torch.ones(8), torch.arange(2), 10000.0, EPS,
+                    because="q_norm's weight is one [head_dim] = [8] vector shared by all heads, not [4·8]")
+
+
+# -- helpers: values in float32 or bf16 (ch20 compares with these too) --------------------------------------
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
-
-# -- comparing values, float32 or bf16 -----------------------------------------------------------------
 
 def ulp(x: torch.Tensor) -> torch.Tensor:
     """One rounding step of a 16-bit float at each value's magnitude (8 bits of mantissa for bf16)."""
@@ -70,11 +208,13 @@ def agrees(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-4, rtol: floa
     return torch.allclose(got.double(), want.double(), atol=atol, rtol=rtol)
 
 
-def rounding_failure(what: str, share: float, hint: str) -> CheckFailed:
+def rounding_failure(what: str, share: float, hint: str = "") -> CheckFailed:
+    """Every value within one rounding step, but too many rounded differently; `hint` names the mistake that
+    does it (a `Hint`), else the general advice."""
     return CheckFailed(f"{what}: every value is within one bf16 rounding step of the reference, but {share:.0%} "
                        f"of them are rounded differently (a faithful float32 computation rounded once at the "
-                       f"end differs in at most {ROUNDING_SHARE:.0%})\n"
-                       f"hint: {hint or 'compute in float32 and cast to bf16 once, at the end, as nano-vllm does'}")
+                       f"end differs in at most {ROUNDING_SHARE:.0%})",
+                       hint=hint or "compute in float32 and cast to bf16 once, at the end, as nano-vllm does")
 
 
 def par(v: float) -> str:
@@ -82,16 +222,19 @@ def par(v: float) -> str:
     return f"({fmt(v)})" if v < 0 else fmt(v)
 
 
-def vec(x, n: int = 8) -> str:
-    xs = x.reshape(-1).tolist() if isinstance(x, torch.Tensor) else list(x)
-    return "[" + ", ".join(fmt(v) for v in xs[:n]) + (", …]" if len(xs) > n else "]")
-
-
-# -- ch19.1 rope_cos_sin ------------------------------------------------------------------------------
+# -- helpers: ch19.1, the angle tables ----------------------------------------------------------------------
 
 def angle_atol(positions: list[int]) -> float:
     """float32 angles p·θ carry an error of about p·2⁻²⁴; allow it (float64 angles pass too)."""
     return 1e-5 + 3e-7 * max(positions, default=0)
+
+
+def run_cos_sin_case(t: Trial, positions: list[int], d: int, base: float, case: str, *,
+                     as_tensor: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    arg = torch.tensor(positions, dtype=torch.int64) if as_tensor else list(positions)
+    got = t.yours.rope_cos_sin(arg, d, base)
+    want = t.ref.rope_cos_sin(positions, d, base)
+    return expect_cos_sin(got, positions, d, base, want, case, t.ref.drive(cos_sin_variants, positions, d, base))
 
 
 def expect_cos_sin(got, positions: list[int], d: int, base: float, want: tuple[torch.Tensor, torch.Tensor],
@@ -105,9 +248,8 @@ def expect_cos_sin(got, positions: list[int], d: int, base: float, want: tuple[t
     out = []
     for name, g in zip(("cos", "sin"), got):
         if isinstance(g, torch.Tensor) and list(g.shape) == [n, d]:
-            raise CheckFailed(f"expected {name} as a 2-D float32 tensor of shape [{n}, {half}]; yours: {describe(g)}\n"
-                              f"hint: one angle per pair: head_dim {d} has d/2 = {half} pairs. Hugging Face repeats "
-                              f"the angles as cat((freqs, freqs)) to width d; nano-vllm and this course keep d/2")
+            raise CheckFailed(f"expected {name} as a 2-D float32 tensor of shape [{n}, {half}]; yours: {describe(g)}",
+                              hint=M.full_width.format(d=d, half=half))
         out.append(expect_tensor(g, what=f"{name} ({n} positions × d/2 = {half} pairs)", shape=[n, half],
                                  dtype=torch.float32))
     atol = angle_atol(positions)
@@ -118,22 +260,15 @@ def expect_cos_sin(got, positions: list[int], d: int, base: float, want: tuple[t
         i, j = (int(v) for v in bad.nonzero()[0])
         p = positions[i]
         inv = 1.0 / base ** (2 * j / d)
-        lines = [f'case "{case}": positions {short(positions)}, head_dim {d}, base {fmt(base, 8)}',
-                 f"pair j = {j}: inv_freq[{j}] = 1 / {fmt(base, 8)}^(2·{j}/{d}) = {fmt(inv, 6)}; position {p} → "
-                 f"angle {p} · {fmt(inv, 6)} = {fmt(p * inv, 6)} rad",
-                 f"{name}[{i}, {j}] = {name}({fmt(p * inv, 6)}) = {fmt(w[i, j], 6)}; yours: {fmt(g[i, j], 6)} "
-                 f"({int(bad.sum())} of {bad.numel()} {name} values differ beyond {atol:.2g})"]
         variants = variants if variants is not None else cos_sin_variants(None, positions, d, base)
-        hint = cos_sin_hint(out[0], out[1], want, atol, variants)
-        raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+        raise CheckFailed(f'case "{case}": positions {short(positions, limit=10)}, head_dim {d}, base {fmt(base, 8)}',
+                          f"pair j = {j}: inv_freq[{j}] = 1 / {fmt(base, 8)}^(2·{j}/{d}) = {fmt(inv, 6)}; position "
+                          f"{p} → angle {p} · {fmt(inv, 6)} = {fmt(p * inv, 6)} rad",
+                          f"{name}[{i}, {j}] = {name}({fmt(p * inv, 6)}) = {fmt(w[i, j], 6)}; yours: "
+                          f"{fmt(g[i, j], 6)} ({int(bad.sum())} of {bad.numel()} {name} values differ beyond "
+                          f"{atol:.2g})",
+                          hint=cos_sin_hint(out[0], out[1], want, atol, variants))
     return out[0], out[1]
-
-
-COS_SIN_WHYS = [("j/d", "the exponent is 2j/d (j = 0 … d/2 − 1, i.e. arange(0, d, 2) / d), not j/d"),
-                ("inverted", "inv_freq is 1 / base^(2j/d): the frequencies fall from 1 towards 1/base"),
-                ("1-based", "positions are 0-based: position 0 is not rotated"),
-                ("bf16", "compute the angles in float32: bf16 cannot hold large positions exactly (257 becomes 256)"),
-                ("zero", "the angle of pair j at position p is p · inv_freq[j]: yours are all 0")]
 
 
 def cos_sin_hint(cos: torch.Tensor, sin: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor], atol: float,
@@ -141,26 +276,22 @@ def cos_sin_hint(cos: torch.Tensor, sin: torch.Tensor, want: tuple[torch.Tensor,
     """The misconception that reproduces the student's (cos, sin), or ''."""
     close = lambda a, b: not wrong_mask(a, b, atol=max(atol, 1e-4)).any()
     if close(cos, want[1]) and close(sin, want[0]):
-        return "you returned (sin, cos): the order is (cos, sin)"
-    for key, why in COS_SIN_WHYS:
-        if close(cos, variants[key][0]) and close(sin, variants[key][1]):
-            return why
-    return ""
+        return M.sin_cos_order
+    whys = [("j/d", M.exponent_j_over_d), ("inverted", M.inverted_frequencies), ("1-based", M.one_based),
+            ("bf16", M.bf16_angles), ("zero", M.zero_angles)]
+    return next((why for key, why in whys if close(cos, variants[key][0]) and close(sin, variants[key][1])), "")
 
 
-def short(xs: list) -> str:
-    return str(list(xs)) if len(xs) <= 10 else f"[{', '.join(map(str, xs[:8]))}, … ({len(xs)} positions)]"
+# -- helpers: ch19.2, the rotation --------------------------------------------------------------------------
 
+def run_rope_case(t: Trial, x: torch.Tensor, positions: list[int], base: float, case: str) -> torch.Tensor:
+    """Rotate x with the reference's cos/sin through the student's apply_rope; compare with the reference."""
+    cos, sin = t.ref.rope_cos_sin(positions, x.shape[-1], base)
+    y = expect_rotated(t.yours.apply_rope(x, cos, sin), x)
+    want = t.ref.apply_rope(x, cos, sin)
+    explain_rotated(y, want, x, cos, sin, case, positions, t.ref.drive(rope_variants, x, cos, sin))
+    return y
 
-def run_cos_sin_case(t: Trial, positions: list[int], d: int, base: float, case: str, *,
-                     as_tensor: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    arg = torch.tensor(positions, dtype=torch.int64) if as_tensor else list(positions)
-    got = t.yours.rope_cos_sin(arg, d, base)
-    want = t.ref.rope_cos_sin(positions, d, base)
-    return expect_cos_sin(got, positions, d, base, want, case, t.ref.drive(cos_sin_variants, positions, d, base))
-
-
-# -- ch19.2 apply_rope --------------------------------------------------------------------------------
 
 def expect_rotated(got, x: torch.Tensor, what: str = "the rotated x") -> torch.Tensor:
     n, h, d = x.shape
@@ -168,35 +299,19 @@ def expect_rotated(got, x: torch.Tensor, what: str = "the rotated x") -> torch.T
                          shape=[n, h, d], dtype=x.dtype)
 
 
-def rope_hint(y: torch.Tensor, x: torch.Tensor, variants: dict) -> str:
-    """The misconception whose rotation (`rope_variants`' answer) reproduces the student's, or ''."""
-    swapped = "cos and sin are swapped: the cos of the angle multiplies x1 in y1 and x2 in y2"
-    sign = "one half has the wrong sign: y1 = x1·cos − x2·sin and y2 = x2·cos + x1·sin"
-    whys = [("interleaved", "the pairs are (x[j], x[j + d/2]) (half-split, NeoX / rotate_half, as nano-vllm and "
-                            "Qwen3), not (x[2j], x[2j + 1]) (interleaved, GPT-J)"),
-            ("backwards", "the sign of sin is flipped (you rotate backwards): y1 = x1·cos − x2·sin, "
-                          "y2 = x2·cos + x1·sin"),
-            ("interleaved backwards", "the pairs are (x[j], x[j + d/2]), not (x[2j], x[2j + 1]); and the sign of sin "
-                                      "is flipped"),
-            ("swapped", swapped), ("swapped backwards", swapped),
-            ("low precision", f"you rotated in {dtype_name(x.dtype)}: cast x (and cos, sin) to float32, rotate, and "
-                              f"cast the result back once, as nano-vllm does"),
-            ("sign of y2", sign), ("sign of y1", sign)]
-    return next((why for key, why in whys if key in variants and agrees(y, variants[key])), "")
-
-
 def explain_rotated(y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     case: str, positions: list[int] | None = None, variants: dict | None = None) -> None:
     """Raise a teaching message at the first wrong element: its pair, the angle's cos/sin and the formula
     (`variants`: `rope_variants`' answer; asked of the hidden side when needed if not given)."""
     bad = wrong_values(y, want)
-    hint = lambda: rope_hint(y, x, variants if variants is not None else rope_variants(None, x, cos, sin))
+    hints = lambda: rope_hints(y, x, variants if variants is not None else rope_variants(None, x, cos, sin))
     n, h, d = x.shape
     head = f'case "{case}": x [{n}, {h}, {d}] {dtype_name(x.dtype)}, pairs (x[j], x[j + {d // 2}])'
     if not bad.any():
         share = rounding_share(y, want)
         if share > ROUNDING_SHARE:
-            raise rounding_failure(head, share, hint())
+            named = hints()
+            raise naming(rounding_failure(head, share, "; ".join(named)), named)
         return
     t, hh, i = (int(v) for v in bad.nonzero()[0])
     half = d // 2
@@ -208,97 +323,26 @@ def explain_rotated(y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, cos: t
         formula = f"y[{i}] = x[{j}]·cos − x[{j + half}]·sin = {par(a)}·{par(c)} − {par(b)}·{par(s)}"
     else:
         formula = f"y[{i}] = x[{i}]·cos + x[{j}]·sin = {par(b)}·{par(c)} + {par(a)}·{par(s)}"
-    lines = [head,
-             f"{where}, head {hh}, channel {i} belongs to pair {j} = (x[{j}], x[{j + half}]) = ({fmt(a)}, {fmt(b)}); "
-             f"cos[{t}, {j}] = {fmt(c)}, sin[{t}, {j}] = {fmt(s)}",
-             f"{formula} = {fmt(want[t, hh, i])}; yours: {fmt(y[t, hh, i])} "
-             f"({int(bad.sum())} of {bad.numel()} values differ)"]
-    why = hint()
-    raise CheckFailed("\n".join(lines + ([f"hint: {why}"] if why else [])))
+    named = hints()
+    raise naming(CheckFailed(head,
+                             f"{where}, head {hh}, channel {i} belongs to pair {j} = (x[{j}], x[{j + half}]) = "
+                             f"({fmt(a)}, {fmt(b)}); cos[{t}, {j}] = {fmt(c)}, sin[{t}, {j}] = {fmt(s)}",
+                             f"{formula} = {fmt(want[t, hh, i])}; yours: {fmt(y[t, hh, i])} "
+                             f"({int(bad.sum())} of {bad.numel()} values differ)",
+                             hint="; ".join(named)), named)
 
 
-def run_rope_case(t: Trial, x: torch.Tensor, positions: list[int], base: float, case: str) -> torch.Tensor:
-    """Rotate x with the reference's cos/sin through the student's apply_rope; compare with the reference."""
-    cos, sin = t.ref.rope_cos_sin(positions, x.shape[-1], base)
-    y = expect_rotated(t.yours.apply_rope(x, cos, sin), x)
-    want = t.ref.apply_rope(x, cos, sin)
-    explain_rotated(y, want, x, cos, sin, case, positions, t.ref.drive(rope_variants, x, cos, sin))
-    return y
+def rope_hints(y: torch.Tensor, x: torch.Tensor, variants: dict) -> list[Hint]:
+    """The mistakes whose rotation (`rope_variants`' answer) reproduces the student's ([] when none does)."""
+    whys = [("interleaved", [M.interleaved]), ("backwards", [M.backwards]),
+            ("interleaved backwards", [M.interleaved, M.backwards]),
+            ("swapped", [M.swapped_tables]), ("swapped backwards", [M.swapped_tables]),
+            ("low precision", [M.low_precision.format(dtype=dtype_name(x.dtype))]),
+            ("sign of y2", [M.one_sign]), ("sign of y1", [M.one_sign])]
+    return next((why for key, why in whys if key in variants and agrees(y, variants[key])), [])
 
 
-# -- ch19.3 qk_norm_rope ------------------------------------------------------------------------------
-
-QK_WHYS = [("rotate first", "normalise first, then rotate: the weight scales channel j and j + d/2 differently, so "
-                            "it must act before RoPE mixes them (nano-vllm: q_norm, k_norm, then rotary_emb)"),
-           ("no norm", "apply the per-head RMSNorm (q_norm / k_norm) before rotating"),
-           ("no rope", "rotate the normalised q and k with RoPE at the tokens' positions"),
-           ("no weight", "multiply by the norm weight after normalising"),
-           ("other weight", "q_norm_weight belongs to q and k_norm_weight to k"),
-           ("over heads", "RMSNorm runs over head_dim (the last axis), not across the heads"),
-           ("whole token", "q_norm and k_norm normalise every head separately over its head_dim, not the whole token"),
-           ("interleaved", "RoPE pairs (x[j], x[j + d/2]) (half-split), not (x[2j], x[2j + 1])"),
-           ("weight in float32", "cast the normalised x back to {dtype} before multiplying by the weight, as nano-vllm "
-                                 "and Hugging Face do"),
-           ("rotation in low precision", "the rotation ran in {dtype}: RoPE computes in float32 and casts back once "
-                                         "(see apply_rope, ch19.2)")]
-
-
-def qk_hint(y: torch.Tensor, x: torch.Tensor, variants: dict) -> str:
-    """The misconception whose q (or k) in `qk_models(...)["variants"]` reproduces the student's, or ''."""
-    return next((why.format(dtype=dtype_name(x.dtype)) for key, why in QK_WHYS
-                 if key in variants and agrees(y, variants[key])), "")
-
-
-def explain_qk(name: str, y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
-               other_w: torch.Tensor, positions: list[int], base: float, eps: float, case: str,
-               models: dict | None = None) -> None:
-    """Raise a teaching message at the first wrong element of q (or k): its head's rms, the norm and the turn
-    (`models`: `qk_models`' answer; asked of the hidden side when needed if not given)."""
-    n, h, d = x.shape
-    bad = wrong_values(y, want)
-    if not bad.any() and rounding_share(y, want) <= ROUNDING_SHARE:
-        return
-    models = models if models is not None else qk_models(None, x, w, other_w, positions, base, eps)
-    cos, sin = models["cos"], models["sin"]
-    head = (f'case "{case}": {name} [{n}, {h}, {d}] {dtype_name(x.dtype)}, positions {short(positions)}, '
-            f"base {fmt(base, 8)}")
-    if not bad.any():
-        share = rounding_share(y, want)
-        if share > ROUNDING_SHARE:
-            raise rounding_failure(head, share, qk_hint(y, x, models["variants"]))
-        return
-    t, hh, i = (int(v) for v in bad.nonzero()[0])
-    half, j = d // 2, i % (d // 2)
-    xf = x[t, hh].double()
-    rms = math.sqrt(float(xf.pow(2).mean()) + eps)
-    normed = models["normed"][t, hh]
-    a, b = float(normed[j]), float(normed[j + half])
-    p, inv = positions[t], 1.0 / base ** (2 * j / d)
-    sign = "−" if i < half else "+"
-    first, second = (a, b) if i < half else (b, a)
-    c, s = float(cos[t, j]), float(sin[t, j])
-    lines = [head,
-             f"token {t} (position {p}), {name} head {hh} = {vec(x[t, hh])}: rms = √(mean(x²) + eps) = {fmt(rms)}",
-             f"normalised and weighted: x / {fmt(rms)} · {name}_norm_weight = {vec(normed)}",
-             f"channel {i} is in pair {j} = ({j}, {j + half}), angle {p} · {fmt(inv, 6)} = {fmt(p * inv, 6)}: "
-             f"{par(first)}·{par(c)} {sign} {par(second)}·{par(s)} = {fmt(want[t, hh, i])}; "
-             f"yours: {fmt(y[t, hh, i])} "
-             f"({int(bad.sum())} of {bad.numel()} values differ)"]
-    hint = qk_hint(y, x, models["variants"])
-    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
-
-
-def expect_qk(got, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if type(got) not in (tuple, list) or len(got) != 2:
-        hint = ("\nhint: V is neither normalised nor rotated, so qk_norm_rope returns only q and k"
-                if type(got) in (tuple, list) and len(got) == 3 else "")
-        raise CheckFailed(f"expected (q, k) as a tuple of two tensors shaped like the inputs; yours: "
-                          f"{describe(got)}{hint}")
-    return (expect_tensor(got[0], what=f"q (shape {list(q.shape)}, {dtype_name(q.dtype)} like the input)",
-                          shape=list(q.shape), dtype=q.dtype),
-            expect_tensor(got[1], what=f"k (shape {list(k.shape)}, {dtype_name(k.dtype)} like the input)",
-                          shape=list(k.shape), dtype=k.dtype))
-
+# -- helpers: ch19.3, norm then rotation --------------------------------------------------------------------
 
 def run_qk_case(t: Trial, q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor,
                 positions: list[int], base: float, case: str, eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
@@ -312,122 +356,63 @@ def run_qk_case(t: Trial, q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk
     return yq, yk
 
 
+def expect_qk(got, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if type(got) not in (tuple, list) or len(got) != 2:
+        raise CheckFailed(f"expected (q, k) as a tuple of two tensors shaped like the inputs; yours: {describe(got)}",
+                          hint=M.returns_v if type(got) in (tuple, list) and len(got) == 3 else "")
+    return (expect_tensor(got[0], what=f"q (shape {list(q.shape)}, {dtype_name(q.dtype)} like the input)",
+                          shape=list(q.shape), dtype=q.dtype),
+            expect_tensor(got[1], what=f"k (shape {list(k.shape)}, {dtype_name(k.dtype)} like the input)",
+                          shape=list(k.shape), dtype=k.dtype))
+
+
+def explain_qk(name: str, y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
+               other_w: torch.Tensor, positions: list[int], base: float, eps: float, case: str,
+               models: dict | None = None) -> None:
+    """Raise a teaching message at the first wrong element of q (or k): its head's rms, the norm and the turn
+    (`models`: `qk_models`' answer; asked of the hidden side when needed if not given)."""
+    n, h, d = x.shape
+    bad = wrong_values(y, want)
+    if not bad.any() and rounding_share(y, want) <= ROUNDING_SHARE:
+        return
+    models = models if models is not None else qk_models(None, x, w, other_w, positions, base, eps)
+    cos, sin = models["cos"], models["sin"]
+    head = (f'case "{case}": {name} [{n}, {h}, {d}] {dtype_name(x.dtype)}, positions {short(positions, limit=10)}, '
+            f"base {fmt(base, 8)}")
+    hint = qk_hint(y, x, models["variants"])
+    if not bad.any():
+        raise rounding_failure(head, rounding_share(y, want), hint)
+    t, hh, i = (int(v) for v in bad.nonzero()[0])
+    half, j = d // 2, i % (d // 2)
+    xf = x[t, hh].double()
+    rms = math.sqrt(float(xf.pow(2).mean()) + eps)
+    normed = models["normed"][t, hh]
+    a, b = float(normed[j]), float(normed[j + half])
+    p, inv = positions[t], 1.0 / base ** (2 * j / d)
+    sign = "−" if i < half else "+"
+    first, second = (a, b) if i < half else (b, a)
+    c, s = float(cos[t, j]), float(sin[t, j])
+    raise CheckFailed(head,
+                      f"token {t} (position {p}), {name} head {hh} = {vec(x[t, hh])}: rms = √(mean(x²) + eps) = "
+                      f"{fmt(rms)}",
+                      f"normalised and weighted: x / {fmt(rms)} · {name}_norm_weight = {vec(normed)}",
+                      f"channel {i} is in pair {j} = ({j}, {j + half}), angle {p} · {fmt(inv, 6)} = {fmt(p * inv, 6)}: "
+                      f"{par(first)}·{par(c)} {sign} {par(second)}·{par(s)} = {fmt(want[t, hh, i])}; "
+                      f"yours: {fmt(y[t, hh, i])} ({int(bad.sum())} of {bad.numel()} values differ)",
+                      hint=hint)
+
+
+def qk_hint(y: torch.Tensor, x: torch.Tensor, variants: dict) -> str:
+    """The misconception whose q (or k) in `qk_models(...)["variants"]` reproduces the student's, or ''."""
+    dtype = dtype_name(x.dtype)
+    whys = [("rotate first", M.rotate_first), ("no norm", M.no_norm), ("no rope", M.no_rope),
+            ("no weight", M.no_weight), ("other weight", M.other_weight), ("over heads", M.over_heads),
+            ("whole token", M.whole_token), ("interleaved", M.interleaved),
+            ("weight in float32", M.weight_in_float32.format(dtype=dtype)),
+            ("rotation in low precision", M.low_precision.format(dtype=dtype))]
+    return next((why for key, why in whys if key in variants and agrees(y, variants[key])), "")
+
+
 def random_weight(t: Trial, d: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A learned-looking norm weight: far from uniform, so norm-then-rotate and rotate-then-norm differ."""
     return (torch.rand(d, generator=t.rng) * 1.5 + 0.25).to(dtype)
-
-
-# -- public checks -----------------------------------------------------------------------------------
-
-@public("ch19.1", "figure instance: positions 0, 1, 2 at head_dim 4, base 10000")
-def cos_sin_figure_instance(t: Trial) -> None:
-    got = t.yours.rope_cos_sin(torch.tensor(PAIR_POSITIONS), PAIR_D, PAIR_BASE)
-    want = t.ref.rope_cos_sin(PAIR_POSITIONS, PAIR_D, PAIR_BASE)
-    variants = t.ref.drive(cos_sin_variants, PAIR_POSITIONS, PAIR_D, PAIR_BASE)
-    if type(got) in (tuple, list) and len(got) == 2 and all(
-            isinstance(g, torch.Tensor) and list(g.shape) == [3, 2] and g.dtype == torch.float32 for g in got):
-        t.figure("ch19-rope-pair", positions=PAIR_POSITIONS, head_dim=PAIR_D, base=PAIR_BASE, cos=got[0],
-                 sin=got[1], cos_expected=want[0], sin_expected=want[1])
-    expect_cos_sin(got, PAIR_POSITIONS, PAIR_D, PAIR_BASE, want, "figure instance", variants)
-
-
-@public("ch19.1", "Qwen3: head_dim 128, base 1,000,000, positions 0–7")
-def qwen3_cos_sin(t: Trial) -> None:
-    run_cos_sin_case(t, list(range(8)), 128, 1e6, "Qwen3, positions 0–7")
-
-
-@public("ch19.1", "positions as a list, out of order (a chunk after a prefix)")
-def list_positions(t: Trial) -> None:
-    run_cos_sin_case(t, [7, 5, 6, 100], 8, 10000.0, "positions [7, 5, 6, 100]", as_tensor=False)
-
-
-@public("ch19.1", "no positions at all")
-def no_positions(t: Trial) -> None:
-    got = t.yours.rope_cos_sin(torch.zeros(0, dtype=torch.int64), 8, 10000.0)
-    want = t.ref.rope_cos_sin([], 8, 10000.0)
-    expect_cos_sin(got, [], 8, 10000.0, want, "no positions", t.ref.drive(cos_sin_variants, [], 8, 10000.0))
-
-
-@public("ch19.1", "an odd head_dim raises ValueError")
-def odd_head_dim(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.rope_cos_sin, torch.arange(3), 5, 10000.0,
-                    because="RoPE rotates pairs of channels, so head_dim = 5 cannot be split into pairs")
-
-
-@public("ch19.2", "figure instance: x = [1, 2, 3, 4] at positions 0, 1, 2 (d = 4, base 10000)")
-def rope_figure_instance(t: Trial) -> None:
-    x = torch.tensor(PAIR_X).expand(len(PAIR_POSITIONS), 1, PAIR_D).contiguous()
-    cos, sin = t.ref.rope_cos_sin(PAIR_POSITIONS, PAIR_D, PAIR_BASE)
-    y = expect_rotated(t.yours.apply_rope(x, cos, sin), x)
-    want = t.ref.apply_rope(x, cos, sin)
-    variants = t.ref.drive(rope_variants, x, cos, sin)
-    t.figure("ch19-rope-pair", x=PAIR_X, rotated=y[:, 0], expected=want[:, 0])
-    explain_rotated(y, want, x, cos, sin, "figure instance", PAIR_POSITIONS, variants)
-
-
-@public("ch19.2", "two tokens, three heads: each token's angles rotate all its heads")
-def heads_share_angles(t: Trial) -> None:
-    run_rope_case(t, torch.randn(2, 3, 8, generator=t.rng), [3, 10], 10000.0, "2 tokens at positions 3, 10, 3 heads")
-
-
-@public("ch19.2", "position 0 leaves x unchanged")
-def position_zero(t: Trial) -> None:
-    run_rope_case(t, torch.randn(1, 2, 6, generator=t.rng), [0], 10000.0, "position 0")
-
-
-@public("ch19.2", "bf16 queries: rotated in float32, cast back to bf16")
-def bf16_rope(t: Trial) -> None:
-    x = (torch.randn(16, 4, 64, generator=t.rng) * 4).bfloat16()
-    run_rope_case(t, x, list(range(100, 116)), 1e6, "16 bf16 tokens at positions 100–115")
-
-
-@public("ch19.2", "cos/sin of the wrong width raise ValueError")
-def full_width_tables(t: Trial) -> None:
-    cos = torch.ones(2, 8)
-    t.expect_raises(ValueError, t.yours.apply_rope, torch.zeros(2, 1, 8), cos, torch.zeros(2, 8),
-                    because="cos/sin must be [N, d/2] = [2, 4] (one angle per pair); these are [2, 8]")
-
-
-@public("ch19.3", "figure instance: one token at position 1, 2 query heads, 1 K/V head (d = 4)")
-def order_figure_instance(t: Trial) -> None:
-    q, k = torch.tensor(ORDER_Q), torch.tensor(ORDER_K)
-    wq, wk = torch.tensor(ORDER_QW), torch.tensor(ORDER_KW)
-    got = t.yours.qk_norm_rope(q, k, wq, wk, torch.tensor(ORDER_POSITIONS), ORDER_BASE, EPS)
-    yq, yk = expect_qk(got, q, k)
-    want_q, want_k = t.ref.qk_norm_rope(q, k, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS)
-    models_q = t.ref.drive(qk_models, q, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS)
-    models_k = t.ref.drive(qk_models, k, wk, wq, ORDER_POSITIONS, ORDER_BASE, EPS)
-    t.figure("ch19-nanovllm-order", q=q[0], k=k[0], v=ORDER_V[0], q_weight=ORDER_QW, k_weight=ORDER_KW,
-             position=ORDER_POSITIONS[0], base=ORDER_BASE, q_normed=models_q["normed"][0],
-             k_normed=models_k["normed"][0], q_out=yq[0], k_out=yk[0], q_expected=want_q[0],
-             k_expected=want_k[0])
-    explain_qk("q", yq, want_q, q, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS, "figure instance", models_q)
-    explain_qk("k", yk, want_k, k, wk, wq, ORDER_POSITIONS, ORDER_BASE, EPS, "figure instance", models_k)
-
-
-@public("ch19.3", "the order: normalise, then rotate (weights that tell the orders apart)")
-def order_matters(t: Trial) -> None:
-    q, k = torch.randn(3, 2, 8, generator=t.rng), torch.randn(3, 1, 8, generator=t.rng)
-    wq = torch.tensor([2.0, 1.0, 0.5, 1.0, 0.25, 1.5, 1.0, 3.0])
-    run_qk_case(t, q, k, wq, wq.flip(0), [5, 6, 7], 10000.0, "3 tokens at positions 5–7")
-
-
-@public("ch19.3", "GQA shapes: 4 query heads, 2 K/V heads, base 1,000,000")
-def gqa_shapes(t: Trial) -> None:
-    q, k = torch.randn(4, 4, 16, generator=t.rng) * 3, torch.randn(4, 2, 16, generator=t.rng) * 3
-    run_qk_case(t, q, k, random_weight(t, 16), random_weight(t, 16), [0, 1, 2, 3], 1e6, "4 tokens, Hq=4, Hkv=2")
-
-
-@public("ch19.3", "bf16 q and k, as in nano-vllm")
-def bf16_qk(t: Trial) -> None:
-    q = (torch.randn(5, 4, 32, generator=t.rng) * 2).bfloat16()
-    k = (torch.randn(5, 2, 32, generator=t.rng) * 2).bfloat16()
-    run_qk_case(t, q, k, random_weight(t, 32, torch.bfloat16), random_weight(t, 32, torch.bfloat16),
-                [11, 12, 13, 14, 15], 1e6, "5 bf16 tokens at positions 11–15")
-
-
-@public("ch19.3", "a norm weight that is not [head_dim] raises ValueError")
-def weight_not_head_dim(t: Trial) -> None:
-    q, k = torch.zeros(2, 4, 8), torch.zeros(2, 2, 8)
-    t.expect_raises(ValueError, t.yours.qk_norm_rope, q, k, torch.ones(32), torch.ones(8), torch.arange(2), 10000.0, EPS,
-                    because="q_norm's weight is one [head_dim] = [8] vector shared by all heads, not [4·8]")

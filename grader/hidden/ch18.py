@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from grader.authoring import CheckFailed, StudentRaised, Trial, hidden
+from grader.authoring import CheckFailed, StudentRaised, Trial, hidden, mistakes
 from grader.checks.ch18 import (
     expect_output,
     explain_output,
@@ -25,14 +25,20 @@ REAL_MODELS = [("Qwen3-0.6B", 28, 16, 8, 128), ("Qwen3-32B", 64, 64, 8, 128), ("
                ("Llama-3-70B", 80, 64, 8, 128), ("Qwen2.5-7B", 28, 28, 4, 128), ("Falcon-7B (MQA)", 32, 71, 1, 64),
                ("GPT-2 (MHA)", 12, 12, 12, 64)]
 
+# (T, S, Hq, Hkv, d, causal): a chunk of 3 queries under GQA (group 8) and an MQA decode step, over 8192 keys of
+# width 128: K and V are 8 MiB each (4 MiB with one K/V head), a copy of either for every query head 64 MiB. The
+# call may use KV_SPARE beyond q, k, v. Measured with this limit (a fresh student process capped at its own size
+# plus the budget; 2-core machine): the reference needs 3 MiB (GQA) and 1.5 MiB (MQA) beyond its inputs, in 0.05 s;
+# repeat_interleave of K and V and expand(…).reshape need 131 MiB, a broadcasting matmul against K as
+# [Hkv, 1, d, S] 67 MiB: 4× KV_SPARE and more. (With one K/V head the last two copy nothing: torch folds the
+# size-1 axis, so only the GQA case catches them.)
+KV_CASES = ((3, 8192, 16, 2, 128, True), (1, 8192, 16, 1, 128, False))
+KV_SPARE = 16 << 20
 
-def sample_heads(t: Trial, num_heads: int, num_kv_heads: int, count: int = 10) -> list[int]:
-    """Group boundaries plus random heads, sorted, at most `count` + 4 of them."""
-    group = num_heads // num_kv_heads
-    heads = {0, group - 1, min(group, num_heads - 1), num_heads - 1}
-    heads |= {t.random.randrange(num_heads) for _ in range(count)}
-    return sorted(heads)
+M = mistakes("ch18")
 
+
+# -- ch18.1 ---------------------------------------------------------------------------------------------
 
 @hidden("ch18.1", "random head counts, consecutive groups")
 def random_groups(t: Trial) -> None:
@@ -66,22 +72,7 @@ def bad_mapping_inputs(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.kv_head_for, 1.0, 4, 2, because="a head index is an int, not a float")
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None) -> torch.Tensor:
-    """torch's scaled_dot_product_attention in the course's layout, K/V repeated here (on the grader's side)
-    with consecutive groups, and an explicit end-aligned bool mask (SDPA's is_causal is top-left aligned)."""
-    group = q.shape[1] // k.shape[1]
-    kk, vv = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    mask = end_aligned(q.shape[0], k.shape[0]) if causal else None
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), kk.transpose(0, 1), vv.transpose(0, 1),
-                                         attn_mask=mask, scale=scale)
-    return out.transpose(0, 1)
-
-
-def random_shape(t: Trial) -> tuple[int, int, int, int, int]:
-    num_kv_heads, group = t.random.choice([1, 2, 4]), t.random.choice([1, 2, 4])
-    T = t.random.randint(1, 8)
-    return T, T + t.random.choice([0, 0, 1, 5, 17]), num_kv_heads * group, num_kv_heads, t.random.choice([8, 16, 64])
-
+# -- ch18.2 ---------------------------------------------------------------------------------------------
 
 @hidden("ch18.2", "agreement with scaled_dot_product_attention: MHA, GQA, MQA, causal, S ≥ T")
 def sdpa_causal(t: Trial) -> None:
@@ -112,17 +103,6 @@ def qwen3_shapes(t: Trial) -> None:
         run_attention_case(t, q, k, v, case=f"Qwen3-0.6B heads, T={T}, S={S}")
 
 
-# (T, S, Hq, Hkv, d, causal): a chunk of 3 queries under GQA (group 8) and an MQA decode step, over 8192 keys of
-# width 128: K and V are 8 MiB each (4 MiB with one K/V head), a copy of either for every query head 64 MiB. The
-# call may use KV_SPARE beyond q, k, v. Measured with this limit (a fresh student process capped at its own size
-# plus the budget; 2-core machine): the reference needs 3 MiB (GQA) and 1.5 MiB (MQA) beyond its inputs, in 0.05 s;
-# repeat_interleave of K and V and expand(…).reshape need 131 MiB, a broadcasting matmul against K as
-# [Hkv, 1, d, S] 67 MiB: 4× KV_SPARE and more. (With one K/V head the last two copy nothing: torch folds the
-# size-1 axis, so only the GQA case catches them.)
-KV_CASES = ((3, 8192, 16, 2, 128, True), (1, 8192, 16, 1, 128, False))
-KV_SPARE = 16 << 20
-
-
 @hidden("ch18.2", "no per-query-head copy of K or V is created (measured)")
 def no_kv_copy(t: Trial) -> None:
     for T, S, Hq, Hkv, d, causal in KV_CASES:
@@ -137,40 +117,6 @@ def no_kv_copy(t: Trial) -> None:
         # No hints here (they would model every misconception at this size): the smaller checks explain values.
         explain_output(out, t.ref.gqa_attention(q, k, v, causal=causal), q, k, v, causal=causal, scale=None,
                        case=f"T={T}, S={S}, Hq={Hq}, Hkv={Hkv}, d={d}", variants={})
-
-
-def mib(n: int) -> str:
-    return f"{n / 2**20:,.4g} MiB"
-
-
-def explain_copy(e: StudentRaised, T: int, S: int, Hq: int, Hkv: int, d: int, itemsize: int) -> CheckFailed:
-    """The GQA lesson for a call that ran out of memory under the limit (it fits easily without copies)."""
-    group = Hq // Hkv
-    m = re.search(r"tried to allocate (\d+) bytes", str(e.error.get("message", "")))
-    asked = f", asking for {mib(int(m.group(1)))}" if m else ""
-    frames = e.error.get("frames") or []
-    file, line, _, code = frames[-1] if frames else ("", 0, "", "")
-    code = re.sub(r"\s+#.*$", "", str(code).strip())   # the line as written, without its comment
-    where = f"; it ran out at {Path(str(file)).name}:{line}, {code}{asked}" if frames else asked
-    kv, per_head = S * Hkv * d, S * Hq * d
-    lines = [f"case: T={T} queries, S={S} keys, Hq={Hq} query heads over Hkv={Hkv} K/V head{'s' * (Hkv > 1)} "
-             f"(group {group}), d={d}; K and V hold S·Hkv·d = {kv:,} numbers each ({mib(kv * itemsize)})",
-             f"your gqa_attention needed more than {mib(KV_SPARE)} beyond its inputs, all this check "
-             f"allows{where}. A copy of K or V for every query head is S·Hq·d = {per_head:,} numbers "
-             f"({mib(per_head * itemsize)}) and does not fit.",
-             "The point of GQA is that the query heads of a group share one K/V head: view q as "
-             "[Hkv, group·T, d] (or [Hkv, group, T, d]) and multiply by k of its group instead of repeating "
-             "k and v (a library call that repeats them internally counts too)."]
-    if "@" in code or "matmul" in code:
-        lines.append(f"hint: a torch.matmul that broadcasts a [Hkv, 1, …] K against [Hkv, group, T, d] queries "
-                     f"expands K over the group and copies it ([{Hkv}, {group}, {d}, {S}]); fold the group into the "
-                     f"rows instead: [Hkv, group·T, d] @ [Hkv, d, S]")
-    elif "expand" in code:
-        lines.append("hint: expand is a view, but the reshape (or contiguous) after it writes every repeated K/V row "
-                     "out; keep the group axis in q instead of copying K and V")
-    elif op := next((op for op in ("repeat_interleave", "repeat", "index_select", "cat", "stack") if op in code), None):
-        lines.append(f"hint: {op} materialises the repeated K/V; index the shared head instead of copying it")
-    return CheckFailed("\n".join(lines))
 
 
 @hidden("ch18.2", "large scores stay finite (a stable softmax)")
@@ -193,6 +139,8 @@ def bad_attention_inputs(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.gqa_attention, z(5, 4, 8), z(3, 2, 8), z(3, 2, 8),
                     because="with causal=True the 5 queries must be the last 5 of at least 5 keys (S=3)")
 
+
+# -- ch18.3 ---------------------------------------------------------------------------------------------
 
 @hidden("ch18.3", "random configurations")
 def random_bytes(t: Trial) -> None:
@@ -226,3 +174,58 @@ def bad_bytes_inputs(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.kv_cache_bytes, -28, 8, 128, 10, 2, because="a model has no negative layers")
     t.expect_raises(ValueError, t.yours.kv_cache_bytes, 28, 0, 128, 10, 2, because="attention needs at least one K/V head")
     t.expect_raises(ValueError, t.yours.kv_cache_bytes, 28, 8, -128, 10, 2, because="head_dim must be positive")
+
+
+# -- helpers ---------------------------------------------------------------------------------------------
+
+def sample_heads(t: Trial, num_heads: int, num_kv_heads: int, count: int = 10) -> list[int]:
+    """Group boundaries plus random heads, sorted, at most `count` + 4 of them."""
+    group = num_heads // num_kv_heads
+    heads = {0, group - 1, min(group, num_heads - 1), num_heads - 1}
+    heads |= {t.random.randrange(num_heads) for _ in range(count)}
+    return sorted(heads)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None) -> torch.Tensor:
+    """torch's scaled_dot_product_attention in the course's layout, K/V repeated here (on the grader's side)
+    with consecutive groups, and an explicit end-aligned bool mask (SDPA's is_causal is top-left aligned)."""
+    group = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    mask = end_aligned(q.shape[0], k.shape[0]) if causal else None
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), kk.transpose(0, 1), vv.transpose(0, 1),
+                                         attn_mask=mask, scale=scale)
+    return out.transpose(0, 1)
+
+
+def random_shape(t: Trial) -> tuple[int, int, int, int, int]:
+    num_kv_heads, group = t.random.choice([1, 2, 4]), t.random.choice([1, 2, 4])
+    T = t.random.randint(1, 8)
+    return T, T + t.random.choice([0, 0, 1, 5, 17]), num_kv_heads * group, num_kv_heads, t.random.choice([8, 16, 64])
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:,.4g} MiB"
+
+
+def explain_copy(e: StudentRaised, T: int, S: int, Hq: int, Hkv: int, d: int, itemsize: int) -> CheckFailed:
+    """The GQA lesson for a call that ran out of memory under the limit (it fits easily without copies)."""
+    group = Hq // Hkv
+    m = re.search(r"tried to allocate (\d+) bytes", str(e.error.get("message", "")))
+    asked = f", asking for {mib(int(m.group(1)))}" if m else ""
+    frames = e.error.get("frames") or []
+    file, line, _, code = frames[-1] if frames else ("", 0, "", "")
+    code = re.sub(r"\s+#.*$", "", str(code).strip())   # the line as written, without its comment
+    where = f"; it ran out at {Path(str(file)).name}:{line}, {code}{asked}" if frames else asked
+    kv, per_head = S * Hkv * d, S * Hq * d
+    lines = [f"case: T={T} queries, S={S} keys, Hq={Hq} query heads over Hkv={Hkv} K/V head{'s' * (Hkv > 1)} "
+             f"(group {group}), d={d}; K and V hold S·Hkv·d = {kv:,} numbers each ({mib(kv * itemsize)})",
+             f"your gqa_attention needed more than {mib(KV_SPARE)} beyond its inputs, all this check "
+             f"allows{where}. A copy of K or V for every query head is S·Hq·d = {per_head:,} numbers "
+             f"({mib(per_head * itemsize)}) and does not fit.",
+             "The point of GQA is that the query heads of a group share one K/V head: view q as "
+             "[Hkv, group·T, d] (or [Hkv, group, T, d]) and multiply by k of its group instead of repeating "
+             "k and v (a library call that repeats them internally counts too)."]
+    op = next((op for op in ("repeat_interleave", "repeat", "index_select", "cat", "stack") if op in code), None)
+    hint = (M.broadcast_matmul.format(kv_heads=Hkv, group=group, d=d, S=S) if "@" in code or "matmul" in code
+            else M.expand_kv if "expand" in code else M.repeat_kv.format(op=op) if op else "")
+    return CheckFailed(*lines, hint=hint)

@@ -29,7 +29,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_of: list[int], 
 
 
 def gqa_variants(ref, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None) -> dict:
-    """{"grouping|mask|scale": output} for every wrong combination `grader.checks.ch18.attention_hint` names."""
+    """{"grouping|mask|scale": output} for every wrong combination `grader.checks.ch18.attention_hints` names."""
     (T, Hq, d), (S, Hkv, _) = q.shape, k.shape
     group = Hq // Hkv
     right = d ** -0.5 if scale is None else scale

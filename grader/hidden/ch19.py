@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, hidden
+from grader.authoring import CheckFailed, Trial, fmt, hidden, short
 from grader.checks.ch19 import (
     EPS,
     agrees,
@@ -15,33 +15,13 @@ from grader.checks.ch19 import (
     expect_rotated,
     explain_qk,
     explain_rotated,
-    fmt,
     random_weight,
     run_cos_sin_case,
     run_qk_case,
     run_rope_case,
-    short,
 )
 
-
-def tiny_qwen3(t: Trial, *, head_dim: int, base: float, heads: int = 4, kv_heads: int = 2):
-    """A tiny Qwen3 config built in code (no download), and the modeling module."""
-    t.require("transformers")
-    from transformers.models.qwen3 import modeling_qwen3 as qwen3
-    config = qwen3.Qwen3Config(hidden_size=32, intermediate_size=48, num_attention_heads=heads,
-                               num_key_value_heads=kv_heads, head_dim=head_dim, rope_theta=base, num_hidden_layers=1,
-                               vocab_size=16, max_position_embeddings=4096, attn_implementation="eager")
-    return config, qwen3
-
-
-def hf_cos_sin(qwen3, config, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Qwen3RotaryEmbedding's full-width [N, d] cos and sin (float32) for one sequence."""
-    rotary = qwen3.Qwen3RotaryEmbedding(config)
-    cos, sin = rotary(torch.zeros(1, dtype=torch.float32), torch.tensor([positions]))
-    return cos[0], sin[0]
-
-
-# -- 19.1 ---------------------------------------------------------------------------------------------
+# -- ch19.1 -------------------------------------------------------------------------------------------
 
 @hidden("ch19.1", "random head_dims, bases and positions")
 def random_cos_sin(t: Trial) -> None:
@@ -82,7 +62,7 @@ def bad_cos_sin_inputs(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.rope_cos_sin, torch.arange(2), 8, 0.0, because="the RoPE base must be positive")
 
 
-# -- 19.2 ---------------------------------------------------------------------------------------------
+# -- ch19.2 -------------------------------------------------------------------------------------------
 
 @hidden("ch19.2", "agreement with transformers' apply_rotary_pos_emb (Qwen3)")
 def hf_apply_rotary(t: Trial) -> None:
@@ -147,8 +127,9 @@ def relative_position(t: Trial) -> None:
         raise CheckFailed(f"q at position {pq[i]} and k at {pk[i]} score q·k = {fmt(near[i])}; shifted by {shift} "
                           f"(positions {pq[i] + shift} and {pk[i] + shift}) the score becomes {fmt(far[i])}. "
                           f"RoPE rotates both by angles p·θ, so q·k depends only on p − p′ = {pq[i] - pk[i]} and "
-                          f"must not change\nhint: rotate every pair by its own angle p·θ_j with cos and sin of the "
-                          f"same position; do not add or mix anything else into q and k")
+                          f"must not change",
+                          hint="rotate every pair by its own angle p·θ_j with cos and sin of the same position; do not "
+                               "add or mix anything else into q and k")
 
 
 @hidden("ch19.2", "bad shapes raise ValueError")
@@ -161,7 +142,7 @@ def bad_rope_inputs(t: Trial) -> None:
                     because="x must be [tokens, heads, head_dim]")
 
 
-# -- 19.3 ---------------------------------------------------------------------------------------------
+# -- ch19.3 -------------------------------------------------------------------------------------------
 
 @hidden("ch19.3", "agreement with transformers' Qwen3Attention (q_norm, k_norm, RoPE; V untouched)")
 def hf_qwen3_attention(t: Trial) -> None:
@@ -242,3 +223,24 @@ def bad_qk_inputs(t: Trial) -> None:
                     torch.ones(7), torch.arange(2), 1e6, EPS, because="head_dim 7 is odd: RoPE rotates pairs")
     t.expect_raises(ValueError, t.yours.qk_norm_rope, torch.zeros(2, 4, 8), torch.zeros(2, 2, 16), w, torch.ones(16),
                     torch.arange(2), 1e6, EPS, because="q has head_dim 8 and k has head_dim 16")
+
+
+# -- helpers ---------------------------------------------------------------------------------------------
+
+def tiny_qwen3(t: Trial, *, head_dim: int, base: float, heads: int = 4, kv_heads: int = 2):
+    """A tiny Qwen3 config built in code (no download), and the modeling module."""
+    t.require("transformers")
+    from transformers.models.qwen3 import modeling_qwen3 as qwen3
+    # transformers 5 still takes rope_theta and attn_implementation (as legacy keywords it maps onto rope_parameters
+    # and the attention setting) but no longer declares them; 4.x declares both
+    config = qwen3.Qwen3Config(hidden_size=32, intermediate_size=48, num_attention_heads=heads,  # type: ignore[call-arg]
+                               num_key_value_heads=kv_heads, head_dim=head_dim, rope_theta=base, num_hidden_layers=1,
+                               vocab_size=16, max_position_embeddings=4096, attn_implementation="eager")
+    return config, qwen3
+
+
+def hf_cos_sin(qwen3, config, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3RotaryEmbedding's full-width [N, d] cos and sin (float32) for one sequence."""
+    rotary = qwen3.Qwen3RotaryEmbedding(config)
+    cos, sin = rotary(torch.zeros(1, dtype=torch.float32), torch.tensor([positions]))
+    return cos[0], sin[0]

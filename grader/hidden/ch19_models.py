@@ -45,7 +45,7 @@ def cos_sin_variants(ref, positions: list[int], d: int, base: float) -> dict:
 
 
 def rope_variants(ref, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict:
-    """{misconception: y} for the wrong rotations `grader.checks.ch19.rope_hint` names."""
+    """{misconception: y} for the wrong rotations `grader.checks.ch19.rope_hints` names."""
     out = {"interleaved": rotate(x, cos, sin, layout="interleaved"), "backwards": rotate(x, cos, sin, direction=-1),
            "interleaved backwards": rotate(x, cos, sin, layout="interleaved", direction=-1),
            "swapped": rotate(x, sin, cos), "swapped backwards": rotate(x, sin, cos, direction=-1)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, expect_tensor, fmt, hidden
+from grader.authoring import CheckFailed, Trial, expect_tensor, fmt, hidden, mistakes
 from grader.checks.ch20 import (
     EPS,
     expect_pair,
@@ -21,14 +21,10 @@ from grader.checks.ch20 import (
     run_norm_case,
 )
 
-
-def qwen3(t: Trial):
-    t.require("transformers")
-    from transformers.models.qwen3 import modeling_qwen3
-    return modeling_qwen3
+M = mistakes("ch20")
 
 
-# -- 20.1 ---------------------------------------------------------------------------------------------
+# -- ch20.1 -------------------------------------------------------------------------------------------
 
 @hidden("ch20.1", "agreement with transformers' Qwen3RMSNorm (float32 and bf16)")
 def hf_rms_norm(t: Trial) -> None:
@@ -67,7 +63,7 @@ def bad_norm_inputs(t: Trial) -> None:
                     because="the weight is 1-D [H]")
 
 
-# -- 20.2 ---------------------------------------------------------------------------------------------
+# -- ch20.2 -------------------------------------------------------------------------------------------
 
 @hidden("ch20.2", "random batches, float32 and bf16, with and without a residual")
 def random_adds(t: Trial) -> None:
@@ -88,7 +84,9 @@ def residual_stream(t: Trial) -> None:
     maps = [torch.randn(h, h, generator=t.rng) * 0.3 for _ in range(2 * layers)]
     weights = [torch.rand(h, generator=t.rng) + 0.5 for _ in range(2 * layers + 1)]
     emb = torch.randn(n, h, generator=t.rng)
-    hidden_out, residual, logical = emb, None, emb.double()
+    hidden_out, logical = emb, emb.double()
+    residual: torch.Tensor | None = None
+    stream = emb                             # the residual each call returns
     for k in range(2 * layers + 1):          # the last call is the model's final norm
         case = f"sublayer {k} of a {layers}-layer stack" if k < 2 * layers else "the final norm"
         got = expect_pair(t.yours.add_rms_norm(hidden_out, residual, weights[k], EPS), hidden_out, residual)
@@ -96,15 +94,16 @@ def residual_stream(t: Trial) -> None:
                     t.ref.add_rms_norm(hidden_out, residual, weights[k], EPS), case)
         if k:
             logical = logical + hidden_out.double()
-        normed, residual = got
+        normed, stream = got
+        residual = stream
         if k < 2 * layers:
             hidden_out = normed @ maps[k].T
-    gap = float((residual.double() - logical).abs().max())
+    gap = float((stream.double() - logical).abs().max())
     if gap > 1e-4 * float(logical.abs().max()) + 1e-5:
         raise CheckFailed(f"after {layers} layers (the final norm adds the last MLP output), your residual differs "
-                          f"from the logical sum embedding + every sublayer output by up to {fmt(gap)}\n"
-                          f"hint: each add_rms_norm returns the new sum as the residual; nothing is added twice or "
-                          f"dropped")
+                          f"from the logical sum embedding + every sublayer output by up to {fmt(gap)}",
+                          hint="each add_rms_norm returns the new sum as the residual; nothing is added twice or "
+                               "dropped")
 
 
 @hidden("ch20.2", "bad inputs raise ValueError")
@@ -115,7 +114,7 @@ def bad_add_inputs(t: Trial) -> None:
                     because="the weight must be [8]")
 
 
-# -- 20.3 ---------------------------------------------------------------------------------------------
+# -- ch20.3 -------------------------------------------------------------------------------------------
 
 @hidden("ch20.3", "random shapes and dtypes")
 def random_acts(t: Trial) -> None:
@@ -148,7 +147,7 @@ def bad_act_inputs(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.silu_and_mul, torch.tensor(1.0), because="a scalar has no gate | up dimension")
 
 
-# -- 20.4 ---------------------------------------------------------------------------------------------
+# -- ch20.4 -------------------------------------------------------------------------------------------
 
 @hidden("ch20.4", "agreement with transformers' Qwen3MLP (float32 and bf16)")
 def hf_mlp(t: Trial) -> None:
@@ -182,8 +181,7 @@ def token_independence(t: Trial) -> None:
         row = int(bad[0])
         raise CheckFailed(f"token {int(perm[row])} gives a different output when the tokens come in another order "
                           f"(row {row} of the permuted batch): the MLP transforms every token on its own and must "
-                          f"never mix tokens\nhint: the projections act on the last dimension (x · Wᵀ); nothing "
-                          f"may reduce or mix along the token dimension")
+                          f"never mix tokens", hint=M.mixes_tokens)
     explain_mlp(y, t.ref.swiglu_mlp(x, w_gu, w_down), x, w_gu, w_down, "9 tokens")
     alone = expect_tensor(t.yours.swiglu_mlp(x[3:4], w_gu, w_down), what="the MLP output [1, 16]", shape=[1, 16],
                           dtype=torch.float32)
@@ -209,3 +207,11 @@ def bad_mlp_inputs(t: Trial) -> None:
                     because="down_weight must be [H, I] = [4, 6] to take the 6-wide activation back to 4")
     t.expect_raises(ValueError, t.yours.swiglu_mlp, torch.ones(2, 5), torch.ones(12, 4), torch.ones(4, 6),
                     because="x has 5 channels but gate_up_weight expects H = 4")
+
+
+# -- helpers ---------------------------------------------------------------------------------------------
+
+def qwen3(t: Trial):
+    t.require("transformers")
+    from transformers.models.qwen3 import modeling_qwen3
+    return modeling_qwen3

@@ -7,6 +7,8 @@ misconception gives (never shipped).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -40,7 +42,7 @@ def norm_variants(ref, x: torch.Tensor, w: torch.Tensor, eps: float) -> dict:
 def add_variants(ref, x: torch.Tensor, residual: torch.Tensor | None, w: torch.Tensor, eps: float) -> dict:
     """The normed outputs of add_rms_norm's misconceptions, for `grader.checks.ch20.add_hint`."""
     s = x.float() if residual is None else x.float() + residual.float()
-    out = {}
+    out: dict[str, Any] = {}
     if residual is not None:
         out["x alone"] = norm_model(x, w, eps)
     if x.dtype == torch.float32:
