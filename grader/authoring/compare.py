@@ -8,7 +8,7 @@ Every helper raises `CheckFailed` with the message to show.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -35,21 +35,23 @@ class CheckFailed(Exception):
     """The student's answer is wrong; the message says how, in the chapter's terms.
 
     `CheckFailed(line, line, ..., hint=h)`: the lines of the explanation, then "hint: h" when a hint is
-    given (a `Hint` from the chapter's table of mistakes, or plain text); empty lines are left out.
-    `hints` lists the ids of the mistakes the message names (what tests assert, not the prose).
+    given (a `Hint` from the chapter's table of mistakes, or plain text; several hints, when one answer makes
+    several mistakes at once, are joined in one sentence); empty lines are left out. `hints` lists the ids of
+    the mistakes the message names (what tests assert, not the prose).
     """
 
-    def __init__(self, *lines: str, hint: str | None = None) -> None:
+    def __init__(self, *lines: str, hint: str | Sequence[str] | None = None) -> None:
+        named = [h for h in ([hint] if isinstance(hint, str) or hint is None else list(hint)) if h]
         self.lines = [str(line) for line in lines if line]
-        self.hint = hint or None
-        self.hints = [hint.id] if isinstance(hint, Hint) and hint.id else []
-        super().__init__("\n".join(self.lines + ([f"hint: {hint}"] if hint else [])))
+        self.hint = "; ".join(named) or None
+        self.hints = [h.id for h in named if isinstance(h, Hint) and h.id]
+        super().__init__("\n".join(self.lines + ([f"hint: {self.hint}"] if self.hint else [])))
 
     def within(self, *lines: str) -> "CheckFailed":
         """The same failure with `lines` of context before it (the inputs, the case, the step)."""
         failed = type(self).__new__(type(self))
         CheckFailed.__init__(failed, *lines, *self.lines, hint=self.hint)
-        failed.hints = list(dict.fromkeys(self.hints + failed.hints))
+        failed.hints = list(self.hints)
         return failed
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
 
 import torch
 
@@ -263,13 +262,13 @@ def explain_output(out: torch.Tensor, want: torch.Tensor, q: torch.Tensor, k: to
     else:
         variants = variants if variants is not None else gqa_variants(None, q, k, v, causal, scale)
         hints = attention_hints(out, q, k, v, causal, scale, variants)
-    raise naming(CheckFailed(
+    raise CheckFailed(
         f'case "{case}": q [{T}, {Hq}, {d}], k/v [{S}, {Hkv}, {d}] ({kind}: {Hq} query heads over '
         f"{plural(Hkv, 'K/V head')}, group {group}), causal={causal}, scale={scale_txt}",
         f"query head {h} reads K/V head {h} // {group} = {h // group}; token {t} {sees}",
         f"out[{t}, {h}, {j}]: expected {fmt(want[t, h, j])}, yours {fmt(out[t, h, j])} "
         f"({count} of {want.numel()} elements differ beyond {atol:g} + {rtol:g}·|expected|)",
-        hint="; ".join(hints)), hints)
+        hint=hints)
 
 
 def attention_hints(got: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
@@ -327,11 +326,13 @@ def expect_bytes(got: object, want: int, num_layers: int, num_kv_heads: int, hea
     if count == want:
         return count
     hints = bytes_hints(count, want, num_layers, dtype_bytes, num_tokens)
-    raise naming(CheckFailed(
+    failure = CheckFailed(
         f"inputs: {inputs}",
         f"expected 2 (K and V) · {num_layers} · {num_kv_heads} · {head_dim} · {num_tokens:,} · {dtype_bytes} "
         f"= {want:,} bytes; yours: {count:,}",
-        hint="; or, as it gives the same count here: ".join(hints)), hints)
+        hint="; or, as it gives the same count here: ".join(hints))
+    failure.hints = [h.id for h in hints]  # both mistakes give this count
+    raise failure
 
 
 def bytes_hints(got: int, want: int, num_layers: int, dtype_bytes: int, num_tokens: int) -> list[Hint]:
@@ -353,7 +354,3 @@ def bytes_hints(got: int, want: int, num_layers: int, dtype_bytes: int, num_toke
 
 # -- helpers: several mistakes at once ------------------------------------------------------------------
 
-def naming(failure: CheckFailed, hints: Sequence[str]) -> CheckFailed:
-    """`failure` naming every mistake of `hints` (its hint text joins them; `CheckFailed(hint=)` names one)."""
-    failure.hints = [h.id for h in hints if isinstance(h, Hint) and h.id]
-    return failure

@@ -24,7 +24,6 @@ from grader.authoring import (
     vec,
     wrong_mask,
 )
-from grader.checks.ch18 import naming
 
 # ch19-rope-pair: the worked example of reference/nanovllm.md §4 at positions 0, 1, 2.
 PAIR_X, PAIR_POSITIONS, PAIR_D, PAIR_BASE = [1.0, 2.0, 3.0, 4.0], [0, 1, 2], 4, 10000.0
@@ -208,7 +207,7 @@ def agrees(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-4, rtol: floa
     return torch.allclose(got.double(), want.double(), atol=atol, rtol=rtol)
 
 
-def rounding_failure(what: str, share: float, hint: str = "") -> CheckFailed:
+def rounding_failure(what: str, share: float, hint: str | list[Hint] = "") -> CheckFailed:
     """Every value within one rounding step, but too many rounded differently; `hint` names the mistake that
     does it (a `Hint`), else the general advice."""
     return CheckFailed(f"{what}: every value is within one bf16 rounding step of the reference, but {share:.0%} "
@@ -311,7 +310,7 @@ def explain_rotated(y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, cos: t
         share = rounding_share(y, want)
         if share > ROUNDING_SHARE:
             named = hints()
-            raise naming(rounding_failure(head, share, "; ".join(named)), named)
+            raise rounding_failure(head, share, named)
         return
     t, hh, i = (int(v) for v in bad.nonzero()[0])
     half = d // 2
@@ -324,12 +323,12 @@ def explain_rotated(y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, cos: t
     else:
         formula = f"y[{i}] = x[{i}]·cos + x[{j}]·sin = {par(b)}·{par(c)} + {par(a)}·{par(s)}"
     named = hints()
-    raise naming(CheckFailed(head,
-                             f"{where}, head {hh}, channel {i} belongs to pair {j} = (x[{j}], x[{j + half}]) = "
-                             f"({fmt(a)}, {fmt(b)}); cos[{t}, {j}] = {fmt(c)}, sin[{t}, {j}] = {fmt(s)}",
-                             f"{formula} = {fmt(want[t, hh, i])}; yours: {fmt(y[t, hh, i])} "
-                             f"({int(bad.sum())} of {bad.numel()} values differ)",
-                             hint="; ".join(named)), named)
+    raise CheckFailed(head,
+                      f"{where}, head {hh}, channel {i} belongs to pair {j} = (x[{j}], x[{j + half}]) = "
+                      f"({fmt(a)}, {fmt(b)}); cos[{t}, {j}] = {fmt(c)}, sin[{t}, {j}] = {fmt(s)}",
+                      f"{formula} = {fmt(want[t, hh, i])}; yours: {fmt(y[t, hh, i])} "
+                      f"({int(bad.sum())} of {bad.numel()} values differ)",
+                      hint=named)
 
 
 def rope_hints(y: torch.Tensor, x: torch.Tensor, variants: dict) -> list[Hint]:

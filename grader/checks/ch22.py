@@ -235,17 +235,9 @@ def explain_naive(got: tuple, want: tuple, q, k, v, *, causal: bool, case: str, 
         hints = naive_hint(which, g, variants, T, S, d, causal)
         if not hints and name != "scores" and not torch.isfinite(g[torch.isfinite(w)]).all():
             hints = [M.unstable_softmax]
-        raise failed(case_line(case, q, k, causal), sees(T, S, i, causal),
-                     f"{line}  ({count} of {w.numel()} {name} differ beyond {atol:g} + {rtol:g}·|expected|)",
-                     hints=hints)
-
-
-def failed(*lines: str, hints: list[Hint]) -> CheckFailed:
-    """A failure naming one mistake or several at once (a wrong mask and a wrong scale): their hints joined in
-    one sentence, every id listed."""
-    failure = CheckFailed(*lines, hint="; ".join(hints))
-    failure.hints = [h.id for h in hints]
-    return failure
+        raise CheckFailed(case_line(case, q, k, causal), sees(T, S, i, causal),
+                          f"{line}  ({count} of {w.numel()} {name} differ beyond {atol:g} + {rtol:g}·|expected|)",
+                          hint=hints)
 
 
 def run_naive_case(t: Trial, q, k, v, *, causal: bool = True, case: str, atol: float = ATOL,
