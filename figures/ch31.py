@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from figures import figure
 from figures.kit import Figure, num, text_width
-from figures.style import INK, LABEL, MARGIN, MUTED, PAPER, RULE, SMALL, VALUE, WIDTH, fill, stroke
+from figures.layout import column, pad, row, wide
+from figures.style import INK, LABEL, LABEL_SMALL, MARGIN, MUTED, PAPER, RULE, SMALL, fill, stroke
 
 
 def _pair(v) -> str:
@@ -36,14 +37,14 @@ def roundtrip_figure(f: Figure, r: dict) -> None:
     x, ids, w = r["x"], r["topk_ids"], r["topk_weights"]
     h, hw = r["handle"], r["handle_expected"]
     rows, rows_w = r["rows"], r["rows_expected"]
-    out, out_w = r.get("out"), r.get("out_expected")
+    out, out_w, out_wrong = r.get("out"), r.get("out_expected"), r.get("out_wrong")
     N, E, R = len(x), len(hw["tokens_per_expert"]), len(hw["rows_per_rank"])
     per_rank = E // R
     src, slot, exp = h["src_token"], h["topk_slot"], h["expert"]
     flat = [row for rank in rows for row in rank]
     M = min(len(src), len(slot), len(exp), len(flat))
     flat_w = [row for rank in rows_w for row in rank]
-    wrong_any = h != hw or rows != rows_w or (out is not None and out != out_w)
+    wrong_any = h != hw or rows != rows_w or bool(out_wrong and any(out_wrong))
     bands = {"tokens": ("① tokens", "x, top-k"), "handle": ("② expert", "handle"), "slot": ("", "src · slot"),
              "rows": ("rows x", "(dispatched)"), "experts": ("③ y = (e+1)·x", "(expert output)"),
              "combine": ("④ combine", "Σ w · y")}
@@ -58,60 +59,64 @@ def roundtrip_figure(f: Figure, r: dict) -> None:
     f.heading("① route_topk → ② dispatch (labels from your handle) → ③ experts → ④ combine, back in token order")
     # 1. The tokens and their routing.
     gap = 14
-    tw = (WIDTH - MARGIN - left - (N - 1) * gap) / N
-    ty = f.y + 8
-    token_x = []
-    band(ty + 13, "tokens")
+    tw = (f.width - MARGIN - left - (N - 1) * gap) / N
+    tokens = f.matrix([[f"T{t}  x = {_pair(x[t])}" for t in range(N)]], role="token", w=tw, h=30, gap=gap, fmt=str)
+    f.place(tokens, x=left, after=0)
+    token_left = [tokens.cell_box(0, t)[0] for t in range(N)]
+    band(tokens.cell_box(0, 0)[1] + 13, "tokens")
     for t in range(N):
-        bx = left + t * (tw + gap)
-        token_x.append(bx + tw / 2)
-        f.cell(bx, ty, f"T{t}  x = {_pair(x[t])}", role="token", w=tw, h=30, fmt=str, size=VALUE - 0.5)
         routes = ",  ".join(f"e{e}·{num(round(wt, 3))}" for e, wt in zip(ids[t], w[t]))
-        f.text(bx + tw / 2, ty + 46, "→ " + routes, size=SMALL + 1, anchor="middle", mono=True, color=MUTED,
-               cls="label")
-    token_bottom = ty + 52
+        f.text(token_left[t] + tw / 2, tokens.bottom + 16, "→ " + routes, size=SMALL + 1, anchor="middle", mono=True,
+               color=MUTED, cls="label")
+    token_bottom = tokens.bottom + 22
 
-    # 2. The dispatched rows, one column per row, rank by rank.
-    ry = token_bottom + 100
-    col_gap, rank_gap = 5, 24
-    cw = (WIDTH - MARGIN - left - (R - 1) * rank_gap - (max(M, 1) - 1) * col_gap) / max(M, 1)
+    # 2. The dispatched rows, one column per row, rank by rank: your handle, your rows, the experts' outputs.
     counts = h["rows_per_rank"] if len(h["rows_per_rank"]) == R else hw["rows_per_rank"]
-    col_x, start = [], 0
+    spans, start = [], 0
     for rank in range(R):
-        for i in range(start, min(start + counts[rank], M)):
-            col_x.append(left + i * (cw + col_gap) + rank * rank_gap)
-        start += counts[rank]
-    while len(col_x) < M:                                   # counts that do not add up: keep going right
-        col_x.append(col_x[-1] + cw + col_gap if col_x else left)
-    start = 0
-    for rank in range(R):
-        cols = col_x[start:start + counts[rank]]
-        if cols:
-            f.box(cols[0] - 6, ry - 26, cols[-1] + cw - cols[0] + 12, 154, role="plain", dashed=True, rx=8)
-            f.text(cols[0], ry + 122, f"rank {rank} · experts e{rank * per_rank}–e{(rank + 1) * per_rank - 1} · "
-                                      f"{counts[rank]} rows", size=SMALL + 1, color=MUTED, cls="label")
-        start += counts[rank]
+        spans.append([rank, min(start, M), min(start + max(counts[rank], 0), M)])
+        start += max(counts[rank], 0)
+    spans[-1][2] = max(spans[-1][2], M)                  # counts that do not add up: the rest on the last rank
+    spans = [s for s in spans if s[2] > s[1]]
+    col_gap, rank_gap = 6, 24
+    cw = (f.width - MARGIN - left - (len(spans) - 1) * rank_gap - (M - len(spans)) * col_gap) / max(M, 1)
+    want = [(hw["src_token"][i], hw["topk_slot"][i], hw["expert"][i]) if i < len(hw["src_token"]) else None
+            for i in range(M)]
+    expert_ok = [v is not None and v[2] == exp[i] for i, v in enumerate(want)]
+    handle = [f"T{src[i]} · k{slot[i]}" for i in range(M)]
+    handle_w = [f"T{v[0]}·k{v[1]}·e{v[2]}" if v else "—" for v in want]
+    dispatched = [_pair(flat[i]) for i in range(M)]
+    dispatched_w = [_pair(flat_w[i]) if i < len(flat_w) else "—" for i in range(M)]
+    grids = [f.matrix([handle[lo:hi], dispatched[lo:hi], [_pair([v * (exp[i] + 1) for v in flat[i]]) for i in range(lo, hi)]],
+                      role=lambda i, j: "accent" if i == 2 else "block",
+                      expected=[handle_w[lo:hi], dispatched_w[lo:hi], [None] * (hi - lo)],
+                      wrong=[[(src[i], slot[i], exp[i]) != want[i] for i in range(lo, hi)],
+                             [i >= len(flat_w) or flat[i] != flat_w[i] for i in range(lo, hi)], [False] * (hi - lo)],
+                      w=cw, h=28, gap=col_gap, fmt=str) for _, lo, hi in spans]
+    ranks = [column(grid, f.label(f"rank {rank} · experts e{rank * per_rank}–e{(rank + 1) * per_rank - 1} · "
+                                  f"{counts[rank]} rows", size=LABEL_SMALL), gap=10)
+             for grid, (rank, _, _) in zip(grids, spans)]
+    f.y = round(token_bottom + 100)
+    f.place(row(*ranks, gap=rank_gap), x=left, after=0)
+    for part in ranks:                                  # each rank in a dashed box, its experts' labels included
+        f.outline(part.right - part.w, part.bottom - part.h - 20, part.w, part.h + 22, role="plain", dashed=True,
+                  width=1, inset=-6)
+    col_x = [grid.cell_box(0, j)[0] for grid, (_, lo, hi) in zip(grids, spans) for j in range(hi - lo)]
+    ry = grids[0].cell_box(0, 0)[1] if grids else f.y
     band(ry - 4, "handle")
     band(ry + 18, "slot")
-    band(ry + 52, "rows")
-    band(ry + 92, "experts")
-    ends = strand_ends(src, [x + cw / 2 for x in col_x[:M]], [left + t * (tw + gap) for t in range(N)], tw)
+    if grids:
+        band(grids[0].cell_box(1, 0)[1] + 18, "rows")
+        band(grids[0].cell_box(2, 0)[1] + 18, "experts")
+    ends = strand_ends(src, [bx + cw / 2 for bx in col_x], token_left, tw)
     for i in range(M):
         cx = col_x[i] + cw / 2
         right = i < len(hw["src_token"]) and src[i] == hw["src_token"][i]
-        f.curve(ends[i], token_bottom + 2, cx, ry - 28,
-                color=stroke("block") if right else stroke("wrong"), width=1.0, head=5)
-        want = (hw["src_token"][i], hw["topk_slot"][i], hw["expert"][i]) if i < len(hw["src_token"]) else None
-        mine = (src[i], slot[i], exp[i])
+        f.curve(ends[i], token_bottom + 2, cx, ry - 28, color=stroke("block") if right else stroke("wrong"),
+                width=1.0, head=5)
         f.text(cx, ry - 8, f"e{exp[i]}", size=SMALL + 1, anchor="middle", weight="bold",
-               color=INK if want and want[2] == exp[i] else stroke("wrong"), cls="label")
-        f.cell(col_x[i], ry, f"T{src[i]} · k{slot[i]}", role="block", w=cw, h=28, fmt=str, size=VALUE - 1.5,
-               wrong=mine != want, expected=f"T{want[0]}·k{want[1]}·e{want[2]}" if want and mine != want else None)
-        f.cell(col_x[i], ry + 34, _pair(flat[i]), role="block", w=cw, h=28, fmt=str, size=VALUE - 2,
-               wrong=i >= len(flat_w) or flat[i] != flat_w[i], expected=_pair(flat_w[i]) if i < len(flat_w) else "—")
-        f.cell(col_x[i], ry + 74, _pair([v * (exp[i] + 1) for v in flat[i]]), role="accent", w=cw, h=28, fmt=str,
-               size=VALUE - 2)
-    rows_bottom = ry + 128
+               color=INK if expert_ok[i] else stroke("wrong"), cls="label")
+    rows_bottom = max((part.bottom for part in ranks), default=ry) + 8
 
     # 4. Combine: back to token order, weighted.
     oy = rows_bottom + 96
@@ -120,25 +125,25 @@ def roundtrip_figure(f: Figure, r: dict) -> None:
             f.curve(col_x[i] + cw / 2, rows_bottom + 2, ends[i], oy - 30, color=stroke("accent"), width=1.0, head=5)
     band(oy - 10, "combine")
     for t in range(N):
-        bx = left + t * (tw + gap)
         terms = [(w[t][j], ids[t][j]) for j in range(len(ids[t]))]
         formula = " + ".join(f"{num(round(wt, 3))}·{e + 1}" for wt, e in terms)
         factor = sum(wt * (e + 1) for wt, e in terms)
-        f.text(bx + tw / 2, oy - 14, f"out[T{t}] = ({formula})·x", size=SMALL - 0.5, anchor="middle", mono=True,
-               cls="label")
-        f.text(bx + tw / 2, oy - 1, f"= {num(round(factor, 4))}·x", size=SMALL - 0.5, anchor="middle", mono=True,
-               color=MUTED, cls="label")
-        if out is not None:
-            f.cell(bx, oy + 6, _pair(out[t]), role="token", w=tw, h=30, fmt=str, wrong=out[t] != out_w[t],
-                   expected=_pair(out_w[t]), size=VALUE - 0.5, bold=True)
-        else:
-            f.cell(bx, oy + 6, "combine not checked yet", role="masked", w=tw, h=30, fmt=str, size=SMALL)
-    f.y = oy + 6 + 30 + 28
+        f.text(token_left[t] + tw / 2, oy - 14, f"out[T{t}] = ({formula})·x", size=SMALL - 0.5, anchor="middle",
+               mono=True, cls="label")
+        f.text(token_left[t] + tw / 2, oy - 1, f"= {num(round(factor, 4))}·x", size=SMALL - 0.5, anchor="middle",
+               mono=True, color=MUTED, cls="label")
+    f.y = round(oy + 6)
+    if out is not None and out_w is not None:
+        combined = f.matrix([[_pair(v) for v in out]], expected=[[_pair(v) for v in out_w]],
+                            wrong=[out_wrong or [False] * N], role="token", w=tw, h=30, gap=gap, fmt=str)
+    else:
+        combined = f.matrix([["combine not checked yet"] * N], role="masked", w=tw, h=30, gap=gap, fmt=str)
+    f.place(combined, x=left, after=28)
     order = ", ".join(f"T{hw['src_token'][i]}" for i in range(len(hw["src_token"])))
     f.note(f"In physical order the rows are [{order}]: {len(hw['src_token'])} rows for {N} tokens, some twice and "
            f"out of place. Concatenating them is wrong; the handle puts each one back. (The course keeps one row per "
            f"(token, expert), like DeepEP's low-latency mode; its normal mode sends a token once per rank.)",
-           size=SMALL + 1)
+           size=LABEL_SMALL)
     f.legend([("token", "tokens and combined outputs, in token order"), ("block", "rows on a rank (handle, x)"),
               ("accent", "expert outputs")], wrong=wrong_any)
 
@@ -157,30 +162,26 @@ def eplb_load_figure(f: Figure, r: dict) -> None:
     phy, cnt, phy_w, cnt_w = r["phy2log"], r["logcnt"], r["phy2log_expected"], r["logcnt_expected"]
     E = len(loads)
     per_gpu, static_per = num_replicas // num_gpus, E // num_gpus
-    wrong_any = phy != phy_w or cnt != cnt_w or r.get("balancedness") != r.get("balancedness_expected")
+    bal_wrong = r.get("balancedness_wrong") or [False, False]
+    wrong_any = phy != phy_w or cnt != cnt_w or any(bal_wrong)
 
     # The instance: loads per logical expert, in groups.
     f.heading(f"一层的专家负载 · loads of {E} logical experts in {num_groups} groups; {num_nodes} nodes, "
               f"{num_gpus} GPUs, {num_replicas} slots ({per_gpu} per GPU)")
-    y = f.y + 6
-    cw = 60
     gs = E // num_groups
-    for e, load in enumerate(loads):
-        x = MARGIN + e * (cw + 4) + (e // gs) * 10
-        f.text(x + cw / 2, y + 10, f"e{e}", size=SMALL + 1, anchor="middle", color=MUTED, cls="label")
-        f.cell(x, y + 14, load, role="block", w=cw, h=28)
-    for g in range(num_groups):
-        x0 = MARGIN + g * gs * (cw + 4) + g * 10
-        f.bracket(x0, x0 + gs * (cw + 4) - 4, y + 48, f"group {g} = {num(sum(loads[g * gs:(g + 1) * gs]))}",
-                  size=SMALL + 0.5)
-    f.y = y + 48 + 44
+    groups = [f.matrix([loads[g * gs:(g + 1) * gs]], col_labels=[f"e{e}" for e in range(g * gs, (g + 1) * gs)],
+                       role="block", w=60, h=28, gap=4) for g in range(num_groups)]
+    f.place(row(*groups, gap=10), after=44)
+    for g, grid in enumerate(groups):
+        x, y, w, h = grid.span_box(0, 0, 0, gs - 1)
+        f.bracket(x, x + w, y + h + 6, f"group {g} = {num(sum(loads[g * gs:(g + 1) * gs]))}", size=SMALL + 0.5)
 
     # Two panels of stacked bars.
     static = [[(e, loads[e]) for e in range(g * static_per, (g + 1) * static_per)] for g in range(num_gpus)]
     stacks = [[(e, loads[e] / cnt[e]) for e in phy[g * per_gpu:(g + 1) * per_gpu]] for g in range(num_gpus)]
     stacks_w = [[(e, loads[e] / cnt_w[e]) for e in phy_w[g * per_gpu:(g + 1) * per_gpu]] for g in range(num_gpus)]
     top = max(sum(v for _, v in s) for s in static + stacks + stacks_w) * 1.08
-    panel_w = (WIDTH - 2 * MARGIN - 30) / 2
+    panel_w = (f.width - 2 * MARGIN - 30) / 2
     height = 210
     base = f.y + 40 + height
     totals = [sum(v for _, v in s) for s in static + stacks]
@@ -194,23 +195,21 @@ def eplb_load_figure(f: Figure, r: dict) -> None:
         _stacked(f, px + gutter, base, panel_w - gutter - 20, height, top, data, want, cnt, num_nodes, num_gpus)
     f.y = base + 92
 
-    # Balancedness.
+    # Balancedness: the check's verdict on each of your two values.
     f.heading("balancedness = mean / max · the slowest GPU sets the step time; the average hides it")
-    y = f.y + 4
     gots = r.get("balancedness") or [None, None]
     wants = r.get("balancedness_expected") or [None, None]
-    for p, (data, got, want) in enumerate(((static, gots[0], wants[0]), (stacks, gots[1], wants[1]))):
+    panels = []
+    for data, got, want, bad in zip((static, stacks), gots, wants, bal_wrong):
         totals = [sum(v for _, v in s) for s in data]
-        px = MARGIN + p * (panel_w + 30)
-        f.text(px, y + 20, f"{num(sum(totals) / len(totals))} / {num(max(totals))} =", size=LABEL, mono=True,
-               cls="value")
-        if want is None:
-            continue
-        shown = "not run" if got is None else f"{got:.4g}"
-        f.cell(px + 150, y, shown, role="accent", w=110, h=30, fmt=str, bold=True,
-               wrong=got is None or abs(got - want) > 1e-9, expected=f"{want:.4g}")
-        f.text(px + 270, y + 20, "your balancedness()", size=SMALL + 1, color=MUTED, cls="label")
-    f.y = y + 30 + 26
+        ratio = f.label(f"{num(sum(totals) / len(totals))} / {num(max(totals))} =", size=LABEL, mono=True, color=INK,
+                        cls="value")
+        mine = None if want is None else row(
+            f.matrix([["not run" if got is None else f"{got:.4g}"]], expected=[[f"{want:.4g}"]], wrong=[[bad]],
+                     role="accent", w=110, h=30, fmt=str),
+            f.label("your balancedness()", size=LABEL_SMALL), gap=10, align="middle")
+        panels.append(wide(row(wide(ratio, 140), mine, gap=10, align="middle"), panel_w + 30))
+    f.place(pad(row(*panels, gap=0), top=4), after=26)
     f.legend([("block", "an expert with one replica"), ("accent", "a replica of a hot expert (load / count)"),
               ("plain", "dashed line: the mean GPU load; solid: the max, the step time")], wrong=wrong_any)
 

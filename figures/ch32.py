@@ -5,16 +5,23 @@ of determinism."""
 from __future__ import annotations
 
 from figures import figure
-from figures.kit import Figure, num
-from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
+from figures.kit import Figure, Grid, num
+from figures.layout import Part, column, pad, row
+from figures.style import CELL, INK, LABEL, LABEL_SMALL, MARGIN, MUTED, SMALL, VALUE, stroke
 
 
-def _label(f: Figure, x: float, y: float, text: str, sub: str = "", bold: bool = False) -> None:
-    """A row label ending at x, with an optional second line in small type."""
-    f.text(x, y + (CELL / 2 - 2 if sub else CELL / 2 + 4), text, anchor="end", size=LABEL, cls="label",
-           color=INK if bold else MUTED, weight="bold" if bold else "normal")
-    if sub:
-        f.text(x, y + CELL / 2 + 11, sub, anchor="end", size=SMALL, cls="label", color=MUTED)
+def row_label(f: Figure, text: str, sub: str = "", *, bold: bool = False, mono: bool = False, h: float = CELL) -> Part:
+    """A row's label, with an optional second line in small type, right-aligned and centred on a row `h` high."""
+    part = column(f.label(text, size=LABEL, color=INK if bold else MUTED, bold=bold, mono=mono),
+                  f.label(sub, size=SMALL) if sub else None, gap=1, align="right")
+    return pad(part, top=(h - part.h) / 2, bottom=(h - part.h) / 2)
+
+
+def labelled(f: Figure, grid: Grid, labels: list[Part], gutter: float, gap: float = 12) -> Part:
+    """`grid` with a label left of each of its rows (`row_label`), right-aligned in a gutter `gutter` wide, so that
+    grids labelled with the same gutter line up."""
+    side = column(*labels, gap=grid.gap, align="right")
+    return row(pad(side, left=max(0.0, gutter - gap - side.w), top=grid.label_h), grid, gap=gap)
 
 
 def _p(x) -> str:
@@ -39,119 +46,97 @@ def spec_confidence(f: Figure, r: dict) -> None:
     n, n_want, sent = r["n"], r["n_expected"], r["verified"]
     k = len(tokens)
     f.instance_row([(f"k = {k} drafts", "token"), (f"V = {len(r['race_weights'])} tokens", "plain"),
-               (f"threshold θ = {num(theta)}", "accent"),
-               ("confidence c_i = max_j q_i(j): from q_i, not from x_i", "plain")])
+                    (f"threshold θ = {num(theta)}", "accent")],
+                   note="confidence c_i = max_j q_i(j): a function of q_i, not of the draft x_i")
+    gutter, cw, gap = 262, 102, 10             # the row labels' room; a draft's column
 
-    label_w, col_w = 262, 112
-    left = MARGIN + label_w
-    cols = lambda i: left + i * col_w
-    cw = col_w - 10
-
-    # ① the workload.
+    # 1. The workload: confidences, survivals, and your n.
     f.heading("① 置信度决定验证多少 · confidence sets the workload: your num_drafts_to_verify")
-    f.y += 4
-    for i in range(k):
-        f.text(cols(i) + cw / 2, f.y + 8, f"draft {i}", anchor="middle", size=SMALL + 0.5, color=MUTED, cls="label")
-    y = f.y + 16
-    rows = [("draft token x_i", "", [f"token {x}" for x in tokens], lambda i: "token", str),
-            ("confidence c_i", "largest probability of q_i", conf, lambda i: "plain", _p),
-            ("survival s_i = c_0 · … · c_i", f"sent while s_i ≥ θ = {num(theta)}", surv,
-             lambda i: "token" if surv[i] >= theta else "masked", _p)]
-    for label, sub, values, role, fmt in rows:
-        _label(f, left - 12, y, label, sub, bold=label.startswith("survival"))
-        for i, v in enumerate(values):
-            f.cell(cols(i), y, v, role=role(i), w=cw, h=CELL, fmt=fmt)
-        y += CELL + 8
-    # Survival bars against the threshold.
-    height = 80
+    workload = f.matrix([[f"token {x}" for x in tokens], conf, surv], col_labels=[f"draft {i}" for i in range(k)],
+                        role=lambda i, j: "plain" if i == 1 else "masked" if i == 2 and surv[j] < theta else "token",
+                        w=cw, h=CELL, gap=gap, fmt=_p)
+    f.place(labelled(f, workload, [row_label(f, "draft token x_i"),
+                                   row_label(f, "confidence c_i", "largest probability of q_i"),
+                                   row_label(f, "survival s_i = c_0 · … · c_i", f"sent while s_i ≥ θ = {num(theta)}",
+                                             bold=True)], gutter), after=16)
+    cols = [workload.cell_box(0, i)[0] for i in range(k)]
+    height = 80                                # survival bars against the threshold
     top = max(max(surv, default=0), theta) * 1.08
-    f.bars(cols(0), y + 16, surv, labels=["sent" if i < n_want else "not sent" for i in range(k)], height=height,
-           bar_w=cw, gap=col_w - cw, role=["token" if s >= theta else "masked" for s in surv], top=top,
+    f.bars(cols[0], f.y, surv, labels=["sent" if i < n_want else "not sent" for i in range(k)], height=height,
+           bar_w=cw, gap=gap, role=["token" if s >= theta else "masked" for s in surv], top=top,
            fmt=lambda v: f"{v:.3g}")
-    ty = y + 16 + height * (1 - theta / top)
-    _dashed_line(f, cols(0) - 6, ty, cols(k - 1) + cw + 6, stroke("accent"))
-    f.text(cols(0) - 10, ty + 4, f"θ = {num(theta)}", anchor="end", size=SMALL + 1, color=stroke("accent"),
+    ty = f.y + height * (1 - theta / top)
+    _dashed_line(f, cols[0] - 6, ty, cols[-1] + cw + 6, stroke("accent"))
+    f.text(cols[0] - 10, ty + 4, f"θ = {num(theta)}", anchor="end", size=LABEL_SMALL, color=stroke("accent"),
            weight="bold", cls="label")
-    _label(f, left - 12, y + 6, "survival against θ")
-    y += 16 + height + 28
-    # n, the student's answer.
-    _label(f, left - 12, y, "num_drafts_to_verify → n", "drafts sent for verification", bold=True)
-    f.cell(cols(0), y, f"n = {n}", role="token", w=cw, h=CELL, wrong=n != n_want, expected=f"n = {n_want}", fmt=str,
-           bold=True)
-    f.bracket(cols(0), cols(sent - 1) + cw, y + CELL + 4, f"the {sent} drafts sent to the target model")
+    label = row_label(f, "survival against θ")
+    label.at(cols[0] - 12 - label.w, f.y - 10)
+    f.y += height + 28
+    answer = f.matrix([[f"n = {n}"]], expected=[[f"n = {n_want}"]], role="token", w=cw, h=CELL, fmt=str)
+    f.place(labelled(f, answer, [row_label(f, "num_drafts_to_verify → n", "drafts sent for verification", bold=True)],
+                     gutter), after=52)
+    below = answer.cell_box(1, 0)[1] + 4
+    f.bracket(cols[0], cols[sent - 1] + cw, below, f"the {sent} drafts sent to the target model")
     if sent < k:
-        f.bracket(cols(sent), cols(k - 1) + cw, y + CELL + 4, "trimmed: never verified")
-    f.y = y + CELL + 52
+        f.bracket(cols[sent], cols[k - 1] + cw, below, "trimmed: never verified")
 
-    # ② the verdicts.
+    # 2. The verdicts on the drafts sent.
     f.heading(f"② 验证决定接受 · verification decides: your verify_draft on the {sent} drafts sent")
     f.y += 6
     q_x, p_x, u, stop = r["q_x"], r["p_x"], r["u"], r["stop"]
     ratio = [min(1.0, p / q) if q > 0 else 0.0 for p, q in zip(p_x, q_x)]
     verdict = ["accept ✓" if i < stop else ("reject ✗" if i == stop else "discarded") for i in range(sent)]
-    vrole = ["attend" if i < stop else ("accent" if i == stop else "masked") for i in range(sent)]
-    y = f.y
-    rows = [("q_i(x_i)", "draft probability of x_i", q_x, lambda i: "plain"),
-            ("p_i(x_i)", "target probability of x_i", p_x, lambda i: "plain"),
-            ("min(1, p/q)", "the acceptance probability", ratio, lambda i: "plain"),
-            ("u_i ~ U(0, 1)", "accept when u_i < min(1, p/q)", u, lambda i: "plain"),
-            ("verdict", "", verdict, lambda i: vrole[i])]
-    for label, sub, values, role in rows:
-        _label(f, left - 12, y, label, sub, bold=label == "verdict")
-        for i, v in enumerate(values):
-            f.cell(cols(i), y, v, role=role(i), w=cw, h=CELL, fmt=_p, bold=label == "verdict")
-        y += CELL + 8
+    verdicts = f.matrix([q_x, p_x, ratio, u, verdict], w=cw, h=CELL, gap=8, fmt=_p,
+                        role=lambda i, j: "plain" if i < 4 else "attend" if j < stop else "accent" if j == stop
+                        else "masked")
+    f.place(labelled(f, verdicts, [row_label(f, "q_i(x_i)", "draft probability of x_i"),
+                                   row_label(f, "p_i(x_i)", "target probability of x_i"),
+                                   row_label(f, "min(1, p/q)", "the acceptance probability"),
+                                   row_label(f, "u_i ~ U(0, 1)", "accept when u_i < min(1, p/q)"),
+                                   row_label(f, "verdict", bold=True)], gutter), after=14)
 
-    # The emitted tokens.
+    # The emitted tokens, against the expected ones.
     emitted, want = r["emitted"], r["emitted_expected"]
     width = max(len(emitted), len(want))
-    kinds = ["accepted draft" if i < stop else ("recovered" if stop < sent else "bonus") for i in range(len(want))]
-    _label(f, left - 12, y + 6, "your verify_draft → tokens", f"{len(want)} = accepted + 1", bold=True)
-    for i in range(width):
-        mine = emitted[i] if i < len(emitted) else "—"
-        exp = want[i] if i < len(want) else "—"
-        role = "attend" if i < stop else "accent"
-        f.cell(cols(i), y + 6, f"token {mine}" if mine != "—" else mine, role=role, w=cw, h=CELL, fmt=str, bold=True,
-               wrong=mine != exp, expected=f"token {exp}" if exp != "—" else exp)
-        if i < len(kinds):
-            f.text(cols(i) + cw / 2, y + 6 + CELL + 14, kinds[i], anchor="middle", size=SMALL + 0.5, color=MUTED,
-                   cls="label")
-    y += 6 + CELL + 48
+    shown = lambda xs: [f"token {xs[i]}" if i < len(xs) else "—" for i in range(width)]
+    out = f.matrix([shown(emitted)], expected=[shown(want)], role=lambda i, j: "attend" if j < stop else "accent",
+                   w=cw, h=CELL, gap=gap, fmt=str)
+    f.place(labelled(f, out, [row_label(f, "your verify_draft → tokens", f"{len(want)} = accepted + 1", bold=True)],
+                     gutter), after=48)
+    for i in range(len(want)):
+        x, y, w, h = out.cell_box(0, i)
+        f.text(x + w / 2, y + h + 14, "accepted draft" if i < stop else ("recovered" if stop < sent else "bonus"),
+               anchor="middle", size=SMALL + 0.5, color=MUTED, cls="label")
 
     # The race that drew the last token.
     weights, noise, scores = r["race_weights"], r["race_noise"], r["race_scores"]
     winner = max(range(len(scores)), key=lambda j: scores[j])
     V = len(weights)
     recovered = r.get("race_q") is not None
-    f.y = y
     what = f"拒绝后的补发 · the recovered token at position {stop}" if recovered else "全部接受后的 bonus · the bonus token"
     f.heading(f"{what}: the exponential race of ch23, argmax weight / E")
     f.y += 4
-    rw = 82
-    rl = MARGIN + 300
-    for j in range(V):
-        f.text(rl + j * rw + (rw - 8) / 2, f.y + 8, f"token {j}", anchor="middle", size=SMALL + 0.5, color=MUTED,
-               cls="label")
-    y = f.y + 16
-    race_rows = ([(f"p_{stop}", r["race_p"], "plain"), (f"q_{stop}", r["race_q"], "plain"),
-                  (f"max(0, p_{stop} − q_{stop})", weights, "plain")] if recovered else
-                 [(f"p_{stop} = target_probs[{stop}]", weights, "plain")])
-    race_rows += [(f"noise E = noise[{stop}]", noise, "plain"), ("weight / E", scores, "race")]
-    for label, values, role in race_rows:
-        _label(f, rl - 12, y, label, bold=label == "weight / E")
-        for j, v in enumerate(values):
-            cell_role = ("accent" if j == winner else "plain") if role == "race" else (
-                "masked" if label.startswith("max") and v == 0 else role)
-            f.cell(rl + j * rw, y, v, role=cell_role, w=rw - 8, h=CELL, fmt=lambda v: f"{v:.3g}",
-                   bold=role == "race" and j == winner)
-        y += CELL + 6
+    race_rows: list[tuple[str, list]] = (
+        [(f"p_{stop}", r["race_p"]), (f"q_{stop}", r["race_q"]), (f"max(0, p_{stop} − q_{stop})", weights)]
+        if recovered else [(f"p_{stop} = target_probs[{stop}]", weights)])
+    race_rows += [(f"noise E = noise[{stop}]", noise), ("weight / E", scores)]
+    last = len(race_rows) - 1
+
+    def race_role(i: int, j: int) -> str:
+        if i == last:
+            return "accent" if j == winner else "plain"
+        return "masked" if race_rows[i][0].startswith("max") and race_rows[i][1][j] == 0 else "plain"
+
+    race = f.matrix([values for _, values in race_rows], role=race_role, col_labels=[f"token {j}" for j in range(V)],
+                    w=74, h=CELL, gap=8, fmt=lambda v: f"{v:.3g}")
+    f.place(labelled(f, race, [row_label(f, name, bold=i == last) for i, (name, _) in enumerate(race_rows)], 300),
+            after=24)
     mine = emitted[len(want) - 1] if len(emitted) == len(want) else None
     if mine is not None and mine != want[-1] and 0 <= mine < V:
-        f.text(rl + mine * rw + (rw - 8) / 2, y + 10, "▲ yours", anchor="middle", size=SMALL + 1,
-               color=stroke("wrong"), weight="bold", cls="label wrong-pick")
-        y += 14
-    f.y = y + 16
-    accepted = stop
+        x, y, w, h = race.cell_box(last, mine)
+        f.text(x + w / 2, y + h + 10, "▲ yours", anchor="middle", size=LABEL_SMALL, color=stroke("wrong"),
+               weight="bold", cls="label wrong-pick")
+        f.y += 14
     notes = [f"Draft {stop} had confidence {num(conf[stop])} (survival {surv[stop]:.3g} ≥ θ) and was still rejected: "
              f"u = {num(u[stop])} ≥ min(1, p/q) = {ratio[stop]:.3g}." if stop < sent else
              f"All {sent} drafts sent were accepted, so the bonus token follows.",
@@ -160,7 +145,7 @@ def spec_confidence(f: Figure, r: dict) -> None:
               f"rejection. " if stop + 1 < sent else "")
              + (f"Drafts {sent}–{k - 1} were never sent. " if sent < k - 1 else
                 (f"Draft {sent} was never sent. " if sent == k - 1 else ""))
-             + f"Tokens emitted: {len(want)} = {accepted} accepted + 1."]
+             + f"Tokens emitted: {len(want)} = {stop} accepted + 1."]
     for line in notes:
         f.note(line, size=SMALL + 1.5)
     f.y += 2
@@ -180,8 +165,8 @@ def spec_confidence(f: Figure, r: dict) -> None:
         needs={"yours": "ch32.3"})
 def determinism(f: Figure, r: dict) -> None:
     K, N, batches, col = r["K"], r["N"], r["batches"], r["column"]
-    f.instance_row([(f"x: [{max(batches)}, {K}] float32", "token"), (f"w: [{K}, {N}]", "plain"),
-               (f"row 0 computed in batches of B = {', '.join(map(str, batches))}", "plain")])
+    f.instance_row([(f"x: [{max(batches)}, {K}] float32", "token"), (f"w: [{K}, {N}]", "plain")],
+                   note=f"row 0 computed in batches of B = {', '.join(map(str, batches))}")
     label_w = 232
     left = MARGIN + label_w
     col_w = (f.width - MARGIN - left) / len(batches)
@@ -219,21 +204,13 @@ def determinism(f: Figure, r: dict) -> None:
            f"it; a changed bit pattern only means that the terms were added in another order.", size=SMALL + 1.5)
     f.y += 8
     f.heading("② 在这台机器上测得 · measured here: batch sizes at which plain x @ w changes row 0's bits")
-    f.y += 4
-    for i, B in enumerate(batches):
-        f.text(cols(i) + cw / 2, f.y + 8, f"B = {B}", anchor="middle", size=SMALL + 1, color=MUTED, cls="label")
-    y = f.y + 16
-    any_changed = False
-    for p in r["probe"]:
-        f.text(left - 12, y + 17, f"{p['dtype']} · K = {p['K']}, N = {p['N']}", anchor="end", size=SMALL + 1.5,
-               color=MUTED, cls="label", mono=True)
-        for i, B in enumerate(batches):
-            ch = B in p["changed"]
-            any_changed |= ch
-            f.cell(cols(i), y, "changed" if ch else "same", role="accent" if ch else "plain", w=cw, h=CELL - 10,
-                   fmt=str, size=SMALL + 1)
-        y += CELL - 6
-    f.y = y + 14
+    probes = r["probe"]
+    probed = f.matrix([["changed" if B in p["changed"] else "same" for B in batches] for p in probes],
+                      role=lambda i, j: "accent" if batches[j] in probes[i]["changed"] else "plain",
+                      col_labels=[f"B = {B}" for B in batches], w=cw, h=CELL - 10, gap=col_w - cw, fmt=str)
+    f.place(labelled(f, probed, [row_label(f, f"{p['dtype']} · K = {p['K']}, N = {p['N']}", mono=True, h=CELL - 10)
+                                 for p in probes], label_w), after=24)
+    any_changed = any(p["changed"] for p in probes)
     gpu = ("On GPUs the same happens through cuBLAS split-K and tile choices made by the number of rows, "
            "FlashDecoding's number of KV splits chosen by batch size, and NCCL's all-reduce algorithm chosen by "
            "message size.")
@@ -252,24 +229,21 @@ def determinism(f: Figure, r: dict) -> None:
     panels = [("inside the kernels: batch invariance", "token",
                ["matmul: one tile config for every B, no split-K",
                 "RMSNorm, softmax, mean: one row per core, no split",
-                "attention: a fixed split size (not a fixed number",
-                "  of splits); cached and new KV in one order",
+                "attention: a fixed split size (not a fixed number", "  of splits); cached and new KV in one order",
                 "collectives: a fixed reduction order"]),
               ("around them: a recipe at a pinned commit", "plain",
-               ["the same weights, dtype and quantisation",
-                "the same GPU architecture",
-                "the same engine, torch, CUDA, cuBLAS, NCCL, Triton",
-                "the same TP / PP / EP layout",
+               ["the same weights, dtype and quantisation", "the same GPU architecture",
+                "the same engine, torch, CUDA, cuBLAS, NCCL, Triton", "the same TP / PP / EP layout",
                 "greedy or seeded sampling"])]
-    h = 30 + 18 * 5 + 8
-    for j, (title, role, lines) in enumerate(panels):
-        x = MARGIN + j * (half + 16)
-        f.box(x, f.y, half, h, role=role)
-        f.text(x + 12, f.y + 20, title, size=LABEL, weight="bold", cls="label")
-        for i, line in enumerate(lines):
-            f.text(x + 14 + (9 if line.startswith("  ") else 0), f.y + 42 + 18 * i,
-                   line.strip() if line.startswith("  ") else "· " + line, size=SMALL + 1.5, color=INK, cls="label")
-    f.y += h + 18
+    bullet = lambda line: (pad(f.label(line.strip(), size=SMALL + 1.5, color=INK), left=9) if line.startswith("  ")
+                           else f.label("· " + line, size=SMALL + 1.5, color=INK))
+    texts = [(role, column(f.label(title, size=LABEL, color=INK, bold=True), column(*map(bullet, lines), gap=4), gap=8))
+             for title, role, lines in panels]
+    h = max(part.h for _, part in texts) + 24
+    for j, (role, part) in enumerate(texts):                # each panel in its box, the box drawn first
+        f.box(MARGIN + j * (half + 16), f.y, half, h, role=role)
+        part.at(MARGIN + j * (half + 16) + 12, f.y + 10)
+    f.y += round(h) + 18
     f.note("Not promised: bitwise equality across hardware, library versions or parallel layouts (vLLM's "
            "VLLM_BATCH_INVARIANT=1 and SGLang's --enable-deterministic-inference hold within one fixed setup).",
            size=SMALL + 1.5)

@@ -26,14 +26,12 @@ def graded(tmp_path_factory):
 
 # -- 30.1 ---------------------------------------------------------------------------------------------
 def test_a_packed_record_is_explained_by_alignment(graded):
-    report = graded("packed",
-                    # the struct built without alignment: fields packed back to back, as in a byte stream
-                    ('("seed", "<i8")], align=True)', '("seed", "<i8")], align=False)'))
+    report = graded.mistake("packed")   # the struct built without alignment: fields packed back to back
     r = result(report, "the record layout")
     assert r.status == "failed"
     assert "field max_tokens should be at byte offset 28; yours: 25" in r.message
     assert "is_prompt ends at byte 25" in r.message and "3 padding bytes come first" in r.message
-    assert "hint: build the dtype with align=True" in r.message
+    assert r.hints == ["packed"]
     assert tasks_not_passed(report) == {"ch30.1"}
     bad = wrong_elements(report, "ch30-request-path")
     assert bad
@@ -42,27 +40,22 @@ def test_a_packed_record_is_explained_by_alignment(graded):
 
 
 def test_top_k_minus_one_left_unlowered_is_explained(graded):
-    report = graded("top_k_raw",
-                    # the front end's −1 ("off") copied into the record instead of the core's 0
-                    ("max_tokens, temperature, top_p, max(top_k, 0), seed)",
-                     "max_tokens, temperature, top_p, top_k, seed)"))
+    report = graded.mistake("top_k_raw")   # the front end's −1 ("off") copied into the record instead of the core's 0
     r = result(report, "figure instance", "ch30.1")
     assert r.status == "failed"
     assert "field top_k: top_k = -1, lowered to 0 (the core's 'off'), so 0; yours: -1" in r.message
-    assert "hint: the core encodes 'top-k off' as 0" in r.message
+    assert r.hints == ["top_k_raw"]
     assert result(report, "the record layout").status == "passed"
     assert wrong_elements(report, "ch30-request-path")
 
 
 def test_outputs_mean_decode_is_explained(graded):
-    report = graded("outputs_mean_decode",
-                    # "a request with output tokens decodes": a preempted request is not recomputed
-                    ("decode = computed == num_tokens - 1 and num_tokens > len(prompt)", "decode = len(output) > 0"))
+    report = graded.mistake("outputs_mean_decode")   # "a request with output tokens decodes": no recomputation
     r = result(report, "a preempted request")
     assert r.status == "failed"
     assert "field is_prompt: prompt: 5 tokens from position 0 on lack KV" in r.message
     assert "yours: False" in r.message
-    assert "hint: output tokens without KV (after a preemption) are recomputed in a prompt step" in r.message
+    assert r.hints == ["outputs_mean_decode"]
 
 
 def test_decode_first_phase_selection_is_explained(graded):
@@ -95,39 +88,31 @@ def test_a_core_that_trusts_any_buffer_fails(graded):
 
 # -- 30.2 ---------------------------------------------------------------------------------------------
 def test_a_prefix_cache_taken_for_a_kv_service_is_explained(graded):
-    report = graded("prefix_is_kv_service",
-                    # "it has a KV cache, so it has KV service": a local prefix cache read as a KV service
-                    ('        elif not m["features"][f]:',
-                     '        elif not m["features"][f] and not (f == "kv_service" and m["features"].get("prefix_caching")):'))
+    report = graded.mistake("prefix_is_kv_service")   # "it has a KV cache, so it has KV service"
     r = result(report, "figure instance: Qwen3-0.6B")
     assert r.status == "failed"
     assert "feature kv_service is not supported by engine@0a1b2c3 (the matrix says no); yours does not name it" in r.message
-    assert "hint: a local prefix cache (prefix_caching) is not a KV service" in r.message
+    assert r.hints == ["prefix_is_kv_service"]
     assert tasks_not_passed(report) == {"ch30.2"}
     assert wrong_elements(report, "ch30-system-boundary")
 
 
 def test_an_exclusive_context_limit_is_explained(graded):
-    report = graded("exclusive_context",
-                    # max_context read as exclusive
-                    ('    if context > m["max_context"]:', '    if context >= m["max_context"]:'))
+    report = graded.mistake("exclusive_context")   # max_context read as exclusive
     r = result(report, "a context exactly at max_context")
     assert r.status == "failed"
     assert "max_position_embeddings = 32768 is supported by engine@0a1b2c3 (allowed: ≤ 32768); yours lists it as unsupported" \
         in r.message
-    assert "hint: max_context is inclusive" in r.message
+    assert r.hints == ["exclusive_context"]
 
 
 def test_head_dim_derived_from_hidden_size_is_explained(graded):
-    report = graded("derived_head_dim",
-                    # head_dim always derived as hidden_size // num_attention_heads (Qwen3 has its own)
-                    ('    head_dim = c.get("head_dim")\n    if head_dim is None:',
-                     '    head_dim = None\n    if head_dim is None:'))
+    report = graded.mistake("derived_head_dim")   # head_dim always derived as hidden_size // num_attention_heads
     r = result(report, "head_dim from the config")
     assert r.status == "failed"
     assert "head_dim = 96 is not supported" in r.message and "yours does not name it" in r.message
-    assert "hint: read head_dim from the config (96); hidden_size / num_attention_heads = 64 is only the fallback" \
-        in r.message
+    assert r.hints == ["derived_head_dim"]
+    assert f"hint: {checks.M.hint('derived_head_dim', value=96, derived=64)}" in r.message, "the hint names both"
 
 
 def test_reasons_must_name_the_value(graded):
@@ -138,6 +123,28 @@ def test_reasons_must_name_the_value(graded):
     r = result(report, "every row unsupported at once")
     assert r.status == "failed"
     assert "the reason for dtype must say what is unsupported and name the value (float32)" in r.message
+
+
+def test_a_struct_without_tail_padding_is_explained():
+    """The C struct's size is a multiple of its widest field, even when that leaves padding after the last one."""
+    aligned = np.dtype([("request_id", "<i8"), ("num_tokens", "<i4")], align=True)
+    packed = np.dtype([("request_id", "<i8"), ("num_tokens", "<i4")])
+    with pytest.raises(checks.CheckFailed) as e:
+        checks.explain_layout(packed, aligned, "record_dtype()")
+    assert "the record is 16 bytes (num_tokens ends at 12" in str(e.value) and "yours: 12" in str(e.value)
+    assert e.value.hints == ["tail_padding"]
+    with pytest.raises(checks.CheckFailed) as e:                      # a larger record is not a missing tail
+        checks.explain_layout(np.dtype({"names": ["request_id", "num_tokens"], "formats": ["<i8", "<i4"],
+                                        "offsets": [0, 8], "itemsize": 24}), aligned, "record_dtype()")
+    assert e.value.hints == []
+
+
+def test_padding_declared_as_fields_is_explained():
+    padded = np.dtype([("request_id", "<i8"), ("is_prompt", "?"), ("_pad", "V3"), ("num_tokens", "<i4")])
+    with pytest.raises(checks.CheckFailed) as e:
+        checks.explain_layout(padded, np.dtype([("request_id", "<i8"), ("is_prompt", "?"), ("num_tokens", "<i4")],
+                                               align=True), "record_dtype()")
+    assert "(not in the struct: ['_pad'])" in str(e.value) and e.value.hints == ["padding_fields"]
 
 
 # -- the reference itself -------------------------------------------------------------------------------

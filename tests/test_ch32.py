@@ -15,10 +15,7 @@ from grader.hidden import ch32_models as models
 from solutions import ch32_spec_determinism as ref
 
 SEED = 11
-RESIDUAL = "residual = (p[i] - q[i]).clamp_min(0)"
 ACCEPT = "if qx > 0 and float(uniforms[i]) < min(1.0, px / qx):"
-LOOP = ("    for k in range(x.shape[1]):\n"
-        "        out = out + xa[:, k:k + 1] * wa[k]        # elementwise: each out[i, n] adds its k-th term, in order")
 
 
 @pytest.fixture(scope="module")
@@ -28,105 +25,86 @@ def graded(tmp_path_factory):
 
 # -- 32.1 verify_draft ------------------------------------------------------------------------------
 def test_replacement_drawn_from_p_is_explained(graded):
-    report = graded("from_p",
-                    # at a rejection, resample from the target p instead of the residual max(0, p − q)
-                    (RESIDUAL, "residual = p[i]"))
+    report = graded.mistake("from_p")   # at a rejection, resample from p instead of the residual max(0, p − q)
     r = result(report, "figure instance: the 3 drafts")
     assert r.status == "failed"
     assert "expected [2, 3]; yours [2, 4]" in r.message
     assert "u_1 = 0.62 ≥ min(1, p/q) = 0.375 → rejected" in r.message
     assert "max(0, p_1 − q_1) = [0.03, 0.3, 0.02, 0.1, 0, 0.05]" in r.message and "→ token 3" in r.message
     assert "yours: token 4 (its weight max(0, p − q) is 0: it can never win)" in r.message
-    assert "hint: at a rejection draw from max(0, p − q) renormalised, not from p" in r.message
+    assert r.hints == ["from_p"]
     chi = result(report, "chi-square")
     assert chi.status == "failed"
     assert f"> {ch23.chi2_threshold(3):.4g}" in chi.message
     assert "likely cause: your first tokens are those of 'replacement from p'" in chi.message
+    assert chi.hints == ["from_p"]
     assert tasks_not_passed(report) == {"ch32.1"}
     assert wrong_elements(report, "ch32-spec-confidence")
     assert any(el.get("class") == "label wrong-pick" for el in wrong_elements(report, "ch32-spec-confidence"))
 
 
 def test_inverted_ratio_is_explained(graded):
-    report = graded("inverse",
-                    # accept with min(1, q/p), draft over target
-                    (ACCEPT, "if qx > 0 and float(uniforms[i]) < min(1.0, qx / px):"))
+    report = graded.mistake("inverse_ratio")   # accept with min(1, q/p), draft over target
     r = result(report, "figure instance: the 3 drafts")
     assert r.status == "failed"
     assert "yours [2, 4, 0, 2]" in r.message and "yours: token 4 (you accepted the draft), then 2 more" in r.message
-    assert "hint: accept with probability min(1, p(x) / q(x)): target over draft" in r.message
+    assert r.hints == ["inverse_ratio"]
     assert wrong_elements(report, "ch32-spec-confidence")
 
 
 def test_missing_bonus_is_explained(graded):
-    report = graded("no_bonus",
-                    # all drafts accepted, but no bonus token: k tokens instead of k + 1
-                    ("    out.append(int((p[k] / e[k]).argmax()))\n    return out", "    return out"))
+    report = graded.mistake("no_bonus")   # all drafts accepted, but no bonus token: k tokens instead of k + 1
     # The figure instance has a rejection, which is right; only the all-accepted cases expose it.
     assert result(report, "figure instance: the 3 drafts").status == "passed"
     r = result(report, "all k drafts accepted")
     assert r.status == "failed"
     assert "expected [1, 3, 0, 2]; yours [1, 3, 0]" in r.message
     assert "u_2 = 0.3 < min(1, p/q) = 1 → accepted: emit 0 and go on; yours: your list ends there" in r.message
-    assert "hint: when all k drafts are accepted, add the bonus token" in r.message
+    assert r.hints == ["no_bonus"]
     k0 = result(report, "edge cases: k = 0")
     assert k0.status == "failed" and "emits exactly 1 (the bonus)" in k0.message
 
 
 def test_going_on_after_a_rejection_is_explained(graded):
-    report = graded("no_stop",
-                    # emits the recovered token, then keeps verifying the later drafts
-                    ("        out.append(int((residual / e[i]).argmax()))\n        return out",
-                     "        out.append(int((residual / e[i]).argmax()))"))
+    report = graded.mistake("no_stop")   # emits the recovered token, then keeps verifying the later drafts
     r = result(report, "figure instance: the 3 drafts")
     assert r.status == "failed"
     assert "→ token 3, and verification stops; yours: token 3, then" in r.message
-    assert "hint: stop at the first rejection" in r.message
+    assert r.hints == ["no_stop"]
     assert wrong_elements(report, "ch32-spec-confidence")
 
 
 # -- 32.2 num_drafts_to_verify ----------------------------------------------------------------------
 def test_confidence_on_its_own_is_explained(graded):
-    report = graded("per_item",
-                    # each draft judged by its own confidence instead of the running product (survival)
-                    ("survival *= c", "survival = c"))
+    report = graded.mistake("per_item")   # each draft judged by its own confidence, not the running product
     r = result(report, "figure instance: confidences")
     assert r.status == "failed"
     surv = models.count_models(None, checks.SPEC_CONF, checks.SPEC_THRESHOLD)["survivals"]
     n = ref.num_drafts_to_verify(checks.SPEC_CONF, checks.SPEC_THRESHOLD)
     assert f"s{n} = {surv[n]:.4g} < 0.3 is the first survival below the threshold, so n = {n}; yours: 5" in r.message
-    assert "hint: the survival of draft j is the product c0 · … · cj" in r.message
+    assert r.hints == ["per_item"]
     assert result(report, "the adaptive-verification example").status == "failed"
     assert tasks_not_passed(report) == {"ch32.2"}
     assert wrong_elements(report, "ch32-spec-confidence")
 
 
 def test_strict_threshold_is_explained(graded):
-    report = graded("strict",
-                    # a survival equal to the threshold is dropped (> instead of ≥)
-                    ("if survival < threshold:", "if survival <= threshold:"))
+    report = graded.mistake("strict")   # a survival equal to the threshold is dropped (> instead of ≥)
     assert result(report, "figure instance: confidences").status == "passed"
     r = result(report, "a survival exactly equal")
     assert r.status == "failed"
-    assert "so n = 2; yours: 1" in r.message and "hint: a survival equal to the threshold still counts (≥)" in r.message
+    assert "so n = 2; yours: 1" in r.message and r.hints == ["strict"]
 
 
 # -- 32.3 batch_invariant_matmul --------------------------------------------------------------------
 def test_split_k_chosen_by_batch_size_is_caught(graded):
-    report = graded("split_k",
-                    # split-K when there are few rows, as GPU heuristics do: the sum order depends on B
-                    (LOOP, "    splits = 4 if x.shape[0] < 4 else 1\n"
-                           "    for part in torch.arange(x.shape[1]).chunk(splits):\n"
-                           "        partial = torch.zeros_like(out)\n"
-                           "        for k in part.tolist():\n"
-                           "            partial = partial + xa[:, k:k + 1] * wa[k]\n"
-                           "        out = out + partial"))
+    report = graded.mistake("batch_dependent")   # split-K when there are few rows, as GPU heuristics do
     r = result(report, "figure instance: row 0 in batches")
     assert r.status == "failed"
     assert "pool row 0 computed in a batch of B = 1 (position 0) and of B = 4 (position 0)" in r.message
     assert "ulp apart" in r.message and "(0x" in r.message
     assert "the order in which your function sums over k depends on the batch" in r.message
-    assert "hint: nothing in a row's reduction may depend on the batch" in r.message
+    assert r.hints == ["batch_dependent"]
     assert result(report, "agrees with x @ w").status == "passed", "the values are right, only the bits move"
     assert result(report, "random shapes").status == "failed"
     assert tasks_not_passed(report) == {"ch32.3"}
@@ -135,13 +113,12 @@ def test_split_k_chosen_by_batch_size_is_caught(graded):
 
 
 def test_bfloat16_accumulator_is_explained(graded):
-    report = graded("bf16_acc",
-                    # accumulate in the input dtype: a bf16 running sum loses most of its bits
-                    ("acc = torch.float64 if x.dtype == torch.float64 else torch.float32", "acc = x.dtype"))
+    report = graded.mistake("low_precision_acc")   # accumulate in the input dtype: a bf16 sum loses its bits
     r = result(report, "bfloat16 in, bfloat16 out")
     assert r.status == "failed"
     assert "over K = 512 terms" in r.message and "(float64), allowed error" in r.message
-    assert "hint: accumulate in float32 and cast the result to bfloat16 once at the end" in r.message
+    assert r.hints == ["low_precision_acc"]
+    assert f"hint: {checks.M.hint('low_precision_acc', dtype='bfloat16')}" in r.message, "the hint names the dtype"
     assert result(report, "figure instance: row 0 in batches").status == "passed"
 
 
@@ -156,7 +133,7 @@ def test_plain_matmul_fails_exactly_where_this_machine_is_not_batch_invariant(gr
         assert r.status == "passed"
         pytest.skip("plain x @ w is batch-invariant for these shapes on this machine")
     assert r.status == "failed"
-    assert "hint: your rows are plain x @ w's: on this machine the matmul kernel sums a row differently" in r.message
+    assert r.hints == ["plain_matmul"]     # no edit makes this mistake on every machine: shown here, where it fails
     assert wrong_elements(report, "ch32-determinism")
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any, Mapping
 
 import numpy as np
 
-from grader.authoring import CheckFailed, Remote, Trial, describe, fmt, hidden_model, public
+from grader.authoring import CheckFailed, Remote, Trial, describe, fmt, hidden_model, mistakes, plural, public
 
 # ch30-request-path: three requests; A is lowered in detail, [A, B, C] and [B, C] are the two batches.
 REQ_A = {"request_id": 7, "prompt_token_ids": [151, 208, 33, 1024, 7], "prompt": "(text stays in Python)",
@@ -29,251 +30,14 @@ MATRIX = {"release": "engine@0a1b2c3", "architectures": ["LlamaForCausalLM", "Qw
 SUPPORT_ORDER = ["architecture", "dtype", "quantization", "head_dim", "max_position_embeddings",
                  "tensor_parallel_size"]
 
-
-def fail(lines: list[str], hint: str = "") -> None:
-    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
-
-
-
-# -- 30.1 the record layout ---------------------------------------------------------------------------
-
-def reference_layout(ref) -> list:
-    """The reference dtype as numpy's `descr` (plain data, so a student release can replay it)."""
-    return ref.record_dtype().descr
-
-
-def layout_rows(dt: np.dtype) -> list[tuple[str, str, int, int]]:
-    """(name, type string, offset, size) of each field, in order."""
-    return [(n, dt.fields[n][0].str, dt.fields[n][1], dt.fields[n][0].itemsize) for n in dt.names]
-
-
-def _ctype(s: str) -> str:
-    return {"<i8": "int64", "<i4": "int32", "|b1": "bool", "<f4": "float32", "<f8": "float64",
-            ">i4": "big-endian int32", ">i8": "big-endian int64", ">f4": "big-endian float32"}.get(s, s)
-
-
-def explain_layout(got: np.dtype, want: np.dtype, what: str) -> None:
-    """Require `got` to have `want`'s field names, types, offsets and itemsize, explaining the first difference."""
-    if got.names is None:
-        fail([f"expected {what} as a structured dtype with fields {list(want.names)}; yours: {got}"])
-    if got.names != want.names:
-        missing = [n for n in want.names if n not in got.names]
-        extra = [n for n in got.names if n not in want.names]
-        fail([f"{what}: expected the fields {list(want.names)} in this order; yours: {list(got.names)}"
-              + (f" (missing {missing})" if missing else "") + (f" (not in the struct: {extra})" if extra else "")],
-             "padding bytes are not fields; numpy inserts them itself when the dtype is built with align=True"
-             if any(n.startswith(("pad", "_")) for n in extra) else "")
-    rows = layout_rows(want)
-    for i, ((name, t_want, off_want, size), (_, t_got, off_got, _)) in enumerate(zip(rows, layout_rows(got))):
-        if t_got != t_want:
-            fail([f"{what}: field {name} is a {_ctype(t_want)} ({t_want!r}); yours is {_ctype(t_got)} ({t_got!r})"],
-                 "the core reads little-endian bytes; a big-endian field has the right name and the wrong bytes"
-                 if t_got[0] == ">" else "")
-        if off_got != off_want:
-            prev = rows[i - 1]
-            end = prev[2] + prev[3]
-            gap = off_want - end
-            why = (f"{prev[0]} ends at byte {end}; a {size}-byte field starts at a multiple of {size}, so "
-                   + (f"{gap} padding byte{'s' if gap != 1 else ''} come first and " if gap else "")
-                   + f"{name} starts at {off_want}")
-            fail([f"{what}: field {name} should be at byte offset {off_want}; yours: {off_got}", why],
-                 "build the dtype with align=True: C aligns every field to its own size"
-                 if off_got == end else "")
-    if got.itemsize != want.itemsize:
-        last = rows[-1]
-        widest = max(r[3] for r in rows)
-        fail([f"{what}: the record is {want.itemsize} bytes ({last[0]} ends at {last[2] + last[3]}, and the size is "
-              f"a multiple of the widest field, {widest} bytes); yours: {got.itemsize}"],
-             "C pads the end of a struct too, so that the next record in an array is aligned")
-
-
-def student_dtype(t: Trial, value) -> np.dtype:
-    """The dtype the student's record_dtype() returned (it stays in their process; read its descr)."""
-    if not isinstance(value, Remote) or not value.type_name.endswith("DType"):
-        fail([f"expected record_dtype() to return a numpy dtype (np.dtype([...], align=True)); yours: {describe(value)}"])
-    descr = t.attrs(value, "descr")["descr"]
-    try:
-        return np.lib.format.descr_to_dtype(descr)
-    except (TypeError, ValueError) as e:
-        fail([f"your dtype's layout could not be read ({e})"])
-
-
-# -- 30.1 lower_request ---------------------------------------------------------------------------------
-
-def batch_of(recs: list[np.ndarray]) -> np.ndarray:
-    """The records as one batch with exactly their dtype. (np.concatenate would pack records whose dtype
-    lost numpy's `isalignedstruct` flag, as any array that crossed np.save/np.load has.)"""
-    out = np.zeros(sum(len(r) for r in recs), dtype=recs[0].dtype)
-    out[:] = [row for r in recs for row in r]
-    return out
-
-
-def record_values(rec: np.ndarray) -> dict:
-    return {name: rec[name][0].item() for name in rec.dtype.names}
-
-
-def request_summary(req: dict) -> str:
-    p, o = req.get("prompt_token_ids", []), req.get("output_token_ids", [])
-    return (f"request {req.get('request_id')}: {len(p)} prompt + {len(o)} output tokens, "
-            f"num_computed_tokens={req.get('num_computed_tokens', 0)}, sampling_params={req.get('sampling_params', {})}")
-
-
-def _derivation(name: str, req: dict, want: dict) -> str:
-    p, o = len(req["prompt_token_ids"]), len(req.get("output_token_ids", []))
-    nc, sp = req.get("num_computed_tokens", 0), req.get("sampling_params", {})
-    n = p + o
-    return {
-        "prompt_len": f"prompt_len = len(prompt_token_ids) = {p}",
-        "num_tokens": f"num_tokens = prompt + output = {p} + {o} = {n}",
-        "num_computed_tokens": f"num_computed_tokens is the request's own, {nc}",
-        "num_new_tokens": f"num_new_tokens = num_tokens − num_computed_tokens = {n} − {nc} = {n - nc}",
-        "is_prompt": ("decode: only the newest token (an output token) lacks KV" if not want["is_prompt"] else
-                      f"prompt: {n - nc} token{'s' if n - nc != 1 else ''} from position {nc} on lack KV"
-                      + (" (a preempted request recomputes its outputs too)" if nc < n - 1 and o else "")),
-        "max_tokens": f"max_tokens = {sp.get('max_tokens', 16)}" + ("" if "max_tokens" in sp else " (the default)"),
-        "temperature": f"temperature = {sp.get('temperature', 1.0)} as float32",
-        "top_p": f"top_p = {sp.get('top_p', 1.0)} as float32",
-        "top_k": f"top_k = {sp.get('top_k', 0)}" + (", lowered to 0 (the core's 'off')" if sp.get("top_k") == -1 else ""),
-        "seed": "seed None is lowered to −1" if sp.get("seed") is None else f"seed = {sp.get('seed')}",
-        "request_id": f"request_id = {req['request_id']}",
-    }[name]
-
-
-def _field_hint(name: str, yours, want: dict, req: dict) -> str:
-    sp = req.get("sampling_params", {})
-    if name == "top_k" and yours == -1:
-        return "the core encodes 'top-k off' as 0; lower the front end's −1 to 0"
-    if name == "seed" and sp.get("seed") is None:
-        return "an optional value needs an explicit encoding in a C field: no seed is −1"
-    if name == "is_prompt" and req.get("output_token_ids") and req.get("num_computed_tokens", 0) < len(
-            req["prompt_token_ids"]) + len(req["output_token_ids"]) - 1:
-        return "output tokens without KV (after a preemption) are recomputed in a prompt step, as nano-vllm does"
-    if name == "is_prompt":
-        return "a request decodes only when exactly one token, an output token, lacks KV"
-    if name == "num_new_tokens" and yours == want["num_tokens"]:
-        return "tokens whose KV is already cached are not fed again"
-    return ""
-
-
-def lowered_structure(got, case: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Require (record, input_ids, positions) with the record a structured array of shape [1] and the
-    arrays 1-D int32 numpy arrays; their layout and values are compared by `expect_lowered`."""
-    if not isinstance(got, tuple) or len(got) != 3:
-        fail([f"{case}: expected (record, input_ids, positions); yours: {describe(got)}"])
-    rec, ids, pos = got
-    if not isinstance(rec, np.ndarray) or rec.dtype.names is None or rec.shape != (1,):
-        fail([f"{case}: expected the record as a numpy structured array of shape [1]; yours: "
-              + (f"ndarray {rec.dtype} {list(rec.shape)}" if isinstance(rec, np.ndarray) else describe(rec))])
-    for what, arr in (("input_ids", ids), ("positions", pos)):
-        if not isinstance(arr, np.ndarray) or arr.dtype != np.int32 or arr.ndim != 1:
-            fail([f"{case}: expected {what} as a 1-D int32 numpy array (the core reads int32); yours: "
-                  + (f"ndarray {arr.dtype} {list(arr.shape)}" if isinstance(arr, np.ndarray) else describe(arr))])
-    return rec, ids, pos
-
-
-def expect_lowered(got, want: tuple, req: dict, case: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Require (record [1], input_ids int32, positions int32) equal to the reference's, field by field."""
-    w_rec, w_ids, w_pos = want
-    rec, ids, pos = lowered_structure(got, case)
-    explain_layout(rec.dtype, w_rec.dtype, f"{case}: the record's dtype")
-    yours, expected = record_values(rec), record_values(w_rec)
-    for name in w_rec.dtype.names:
-        if yours[name] != expected[name]:
-            fail([f"{case}: {request_summary(req)}",
-                  f"field {name}: {_derivation(name, req, expected)}, so {fmt(expected[name])}; yours: {fmt(yours[name])}"],
-                 _field_hint(name, yours[name], expected, req))
-    for what, arr, w in (("input_ids", ids, w_ids), ("positions", pos, w_pos)):
-        if arr.tolist() != w.tolist():
-            nc = req.get("num_computed_tokens", 0)
-            fail([f"{case}: {request_summary(req)}",
-                  f"{what} of the step: the tokens from position {nc} on, {w.tolist()}; yours: {arr.tolist()}"],
-                 "feed only the tokens whose KV is not cached yet" if len(arr) > len(w) else "")
-    return rec, ids, pos
-
-
-def run_lower_case(t: Trial, req: dict, case: str):
-    got = t.yours.lower_request(req)
-    return expect_lowered(got, t.ref.lower_request(req), req, case)
-
-
-# -- 30.2 check_support ---------------------------------------------------------------------------------
+M = mistakes("ch30")
 
 support_models = hidden_model("ch30_models.support_models")
 """`t.ref.drive(support_models, config, matrix)`: each requirement of the config (key, value, what the matrix
 allows, supported or not), for the explanations."""
 
 
-def split_entries(got, case: str) -> list[tuple[str, str]]:
-    if not isinstance(got, list) or not all(isinstance(s, str) for s in got):
-        fail([f"{case}: expected a list of str, one \"<key>: <reason>\" per unsupported feature; yours: {describe(got)}"])
-    out = []
-    for s in got:
-        if ":" not in s:
-            fail([f"{case}: each entry is \"<key>: <reason>\"; yours has {s!r}"])
-        key, reason = s.split(":", 1)
-        out.append((key.strip(), reason.strip()))
-    return out
-
-
-def _support_hint(row: dict, config: dict, matrix: dict) -> str:
-    key = row["key"]
-    if key == "max_position_embeddings" and row["value"] == matrix["max_context"]:
-        return "max_context is inclusive: a context exactly at the limit is supported"
-    if key == "head_dim" and config.get("head_dim") is not None and config.get("hidden_size") and \
-            config.get("num_attention_heads") and config["hidden_size"] // config["num_attention_heads"] != row["value"]:
-        return (f"read head_dim from the config ({row['value']}); hidden_size / num_attention_heads = "
-                f"{config['hidden_size'] // config['num_attention_heads']} is only the fallback")
-    if key == "kv_service":
-        return "a local prefix cache (prefix_caching) is not a KV service: check the feature asked for"
-    if row["allowed"] == "not listed":
-        return "a README vouches only for what it lists: an unlisted feature is unsupported"
-    if key == "quantization" and row["value"] == "none":
-        return "a model without quantization_config needs no quantization support"
-    return ""
-
-
-def expect_support(got, config: dict, matrix: dict, case: str, rows: list[dict] | None = None) -> list[tuple[str, str]]:
-    """Require one entry per unsupported row (any order), each reason naming the offending value (`rows`:
-    `support_models`' answer; asked of the hidden side if not given)."""
-    entries = split_entries(got, case)
-    rows = rows if rows is not None else support_models(None, config, matrix)
-    want = Counter(r["key"] for r in rows if not r["ok"])
-    have = Counter(k for k, _ in entries)
-    for r in rows:
-        key = r["key"]
-        if want[key] == have[key]:
-            continue
-        missing = want[key] > have[key]
-        bad = next((x for x in rows if x["key"] == key and x["ok"] != missing), None)
-        if bad is None:
-            fail([f"{case}: expected {want[key]} entr{'y' if want[key] == 1 else 'ies'} for {key}; yours has {have[key]}"],
-                 "one entry per unsupported value")
-        verdict = "is not supported" if missing else "is supported"
-        what = f"feature {key}" if bad.get("feature") else f"{key} = {bad['value']}"
-        allowed = f"the matrix says {bad['allowed']}" if bad.get("feature") else f"allowed: {bad['allowed']}"
-        fail([f"{case}: {what} {verdict} by {matrix['release']} ({allowed}); "
-              + ("yours does not name it" if missing else "yours lists it as unsupported")],
-             _support_hint(bad, config, matrix))
-    extra = [k for k in have if k not in want]
-    if extra:
-        fail([f"{case}: yours names {extra[0]!r}, which is not a key of an unsupported feature "
-              f"(expected keys: {sorted(want) or 'none, everything is supported'})"],
-             f"keys are {', '.join(SUPPORT_ORDER)} or the feature's own name")
-    for key, reason in entries:
-        values = [str(r["value"]) for r in rows if r["key"] == key and not r["ok"]]
-        if len(reason) < 3 or (key in SUPPORT_ORDER and not any(v in reason for v in values)):
-            fail([f"{case}: the reason for {key} must say what is unsupported and name the value "
-                  f"({' or '.join(values)}); yours: {reason!r}"])
-    return entries
-
-
-def run_support_case(t: Trial, config: dict, matrix: dict, case: str) -> list:
-    got = t.yours.check_support(config, matrix)
-    rows = t.ref.drive(support_models, config, matrix)      # asked before comparing (a release replays it)
-    return expect_support(got, config, matrix, case, rows)
-
-
-# -- public checks: 30.1 -------------------------------------------------------------------------------
+# -- ch30.1 ---------------------------------------------------------------------------------------------------
 
 @public("ch30.1", "the record layout: fields, types, offsets, itemsize")
 def layout(t: Trial) -> None:
@@ -301,11 +65,12 @@ def figure_instance(t: Trial) -> None:
     expect_lowered(t.yours.lower_request(REQ_B), wants["B"], REQ_B, "request B (decode)")
     for b, p, w in zip(FIGURE_BATCHES, phases, want_phases):
         if p != w:
-            fail([f"select_phase of the batch {b}: "
-                  + ("request A still has 5 prompt tokens to compute, and prompt work goes first" if w == "prompt"
-                     else "every request has only its newest (output) token left: a decode step")
-                  + f", so {w!r}; yours: {p!r}"],
-                 "select_phase returns the string 'prompt' or 'decode'" if not isinstance(p, str) else "")
+            raise CheckFailed(f"select_phase of the batch {b}: "
+                              + ("request A still has 5 prompt tokens to compute, and prompt work goes first"
+                                 if w == "prompt" else
+                                 "every request has only its newest (output) token left: a decode step")
+                              + f", so {w!r}; yours: {p!r}",
+                              hint="select_phase returns the string 'prompt' or 'decode'" if not isinstance(p, str) else "")
 
 
 @public("ch30.1", "defaults and encodings: top_k −1 → 0, seed None → −1, max_tokens 16")
@@ -326,20 +91,21 @@ def preempted(t: Trial) -> None:
 @public("ch30.1", "a packed (unaligned) batch is rejected, not reinterpreted")
 def packed_batch(t: Trial) -> None:
     rec = t.ref.lower_request(REQ_C)[0]
-    packed = np.dtype([(n, rec.dtype.fields[n][0]) for n in rec.dtype.names])   # no padding: offsets shift
+    fields = record_fields(rec.dtype)
+    packed = np.dtype([(n, fields[n][0]) for n in fields])   # no padding: offsets shift
     t.expect_raises(ValueError, t.yours.select_phase, rec.astype(packed),
-                       because="a packed record has max_tokens at byte 25, not 28: the bytes are not the C struct's")
+                    because="a packed record has max_tokens at byte 25, not 28: the bytes are not the C struct's")
 
 
 @public("ch30.1", "values that do not fit the record raise ValueError")
 def lower_bad_inputs(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.lower_request, {"request_id": 1, "prompt_token_ids": [1, 2**31]},
-                       because="token id 2**31 does not fit int32")
+                    because="token id 2**31 does not fit int32")
     t.expect_raises(ValueError, t.yours.lower_request, {"request_id": 1, "prompt_token_ids": [1], "sampling_params": {"min_p": 0.1}},
-                       because="the record has no field for min_p, and dropping it would change the sampling")
+                    because="the record has no field for min_p, and dropping it would change the sampling")
 
 
-# -- public checks: 30.2 -------------------------------------------------------------------------------
+# -- ch30.2 ---------------------------------------------------------------------------------------------------
 
 @public("ch30.2", "figure instance: Qwen3-0.6B with tp 2, prefix caching and a KV service")
 def support_figure_instance(t: Trial) -> None:
@@ -377,3 +143,248 @@ def head_dim_source(t: Trial) -> None:
 def support_bad_matrix(t: Trial) -> None:
     matrix = {k: v for k, v in MATRIX.items() if k != "features"}
     t.expect_raises(ValueError, t.yours.check_support, QWEN3_CONFIG, matrix, because="the matrix has no 'features' entry")
+
+
+# -- helpers: the record's layout ------------------------------------------------------------------------------
+
+C_NAMES = {"<i8": "int64", "<i4": "int32", "|b1": "bool", "<f4": "float32", "<f8": "float64",
+           ">i4": "big-endian int32", ">i8": "big-endian int64", ">f4": "big-endian float32"}
+
+
+def reference_layout(ref) -> list:
+    """The reference dtype as numpy's `descr` (plain data, so a student release can replay it)."""
+    return ref.record_dtype().descr
+
+
+def record_fields(dt: np.dtype) -> dict[str, tuple[np.dtype, int]]:
+    """A structured dtype's fields in order: name → (type, byte offset); {} for a plain dtype."""
+    fields: Mapping[str, tuple] = dt.fields or {}
+    return {n: (fields[n][0], fields[n][1]) for n in dt.names or ()}
+
+
+def layout_rows(dt: np.dtype) -> list[tuple[str, str, int, int]]:
+    """(name, type string, offset, size) of each field, in order."""
+    return [(n, t.str, off, t.itemsize) for n, (t, off) in record_fields(dt).items()]
+
+
+def explain_layout(got: np.dtype, want: np.dtype, what: str) -> None:
+    """Require `got` to have `want`'s field names, types, offsets and itemsize, explaining the first difference."""
+    want_names = list(want.names or ())
+    if got.names is None:
+        raise CheckFailed(f"expected {what} as a structured dtype with fields {want_names}; yours: {got}")
+    got_names = list(got.names)
+    if got_names != want_names:
+        missing = [n for n in want_names if n not in got_names]
+        extra = [n for n in got_names if n not in want_names]
+        raise CheckFailed(f"{what}: expected the fields {want_names} in this order; yours: {got_names}"
+                          + (f" (missing {missing})" if missing else "") + (f" (not in the struct: {extra})" if extra else ""),
+                          hint=M.padding_fields if any(n.startswith(("pad", "_")) for n in extra) else "")
+    rows = layout_rows(want)
+    for i, ((name, t_want, off_want, size), (_, t_got, off_got, _)) in enumerate(zip(rows, layout_rows(got))):
+        if t_got != t_want:
+            raise CheckFailed(f"{what}: field {name} is a {C_NAMES.get(t_want, t_want)} ({t_want!r}); "
+                              f"yours is {C_NAMES.get(t_got, t_got)} ({t_got!r})",
+                              hint=M.big_endian if t_got[0] == ">" else "")
+        if off_got != off_want:
+            prev = rows[i - 1]
+            end = prev[2] + prev[3]
+            gap = off_want - end
+            raise CheckFailed(f"{what}: field {name} should be at byte offset {off_want}; yours: {off_got}",
+                              f"{prev[0]} ends at byte {end}; a {size}-byte field starts at a multiple of {size}, so "
+                              + (f"{plural(gap, 'padding byte')} come first and " if gap else "")
+                              + f"{name} starts at {off_want}",
+                              hint=M.packed if off_got == end else "")
+    if got.itemsize != want.itemsize:
+        last = rows[-1]
+        widest = max(r[3] for r in rows)
+        raise CheckFailed(f"{what}: the record is {want.itemsize} bytes ({last[0]} ends at {last[2] + last[3]}, and the "
+                          f"size is a multiple of the widest field, {widest} bytes); yours: {got.itemsize}",
+                          hint=M.tail_padding if got.itemsize < want.itemsize else "")
+
+
+def student_dtype(t: Trial, value: Any) -> np.dtype:
+    """The dtype the student's record_dtype() returned (it stays in their process; read its descr)."""
+    if not isinstance(value, Remote) or not value.type_name.endswith("DType"):
+        raise CheckFailed("expected record_dtype() to return a numpy dtype (np.dtype([...], align=True)); "
+                          f"yours: {describe(value)}")
+    descr = t.attrs(value, "descr")["descr"]
+    try:
+        return np.lib.format.descr_to_dtype(descr)
+    except (TypeError, ValueError) as e:
+        raise CheckFailed(f"your dtype's layout could not be read ({e})") from None
+
+
+# -- helpers: lower_request and select_phase -------------------------------------------------------------------
+
+def batch_of(recs: list[np.ndarray]) -> np.ndarray:
+    """The records as one batch with exactly their dtype. (np.concatenate would pack records whose dtype
+    lost numpy's `isalignedstruct` flag, as any array that crossed np.save/np.load has.)"""
+    out = np.zeros(sum(len(r) for r in recs), dtype=recs[0].dtype)
+    out[:] = [row for r in recs for row in r]
+    return out
+
+
+def record_values(rec: np.ndarray) -> dict:
+    return {name: rec[name][0].item() for name in record_fields(rec.dtype)}
+
+
+def request_summary(req: dict) -> str:
+    p, o = req.get("prompt_token_ids", []), req.get("output_token_ids", [])
+    return (f"request {req.get('request_id')}: {len(p)} prompt + {len(o)} output tokens, "
+            f"num_computed_tokens={req.get('num_computed_tokens', 0)}, sampling_params={req.get('sampling_params', {})}")
+
+
+def derivation(name: str, req: dict, want: dict) -> str:
+    """How the record's field `name` follows from the request, in words and numbers."""
+    p, o = len(req["prompt_token_ids"]), len(req.get("output_token_ids", []))
+    nc, sp = req.get("num_computed_tokens", 0), req.get("sampling_params", {})
+    n = p + o
+    return {
+        "prompt_len": f"prompt_len = len(prompt_token_ids) = {p}",
+        "num_tokens": f"num_tokens = prompt + output = {p} + {o} = {n}",
+        "num_computed_tokens": f"num_computed_tokens is the request's own, {nc}",
+        "num_new_tokens": f"num_new_tokens = num_tokens − num_computed_tokens = {n} − {nc} = {n - nc}",
+        "is_prompt": ("decode: only the newest token (an output token) lacks KV" if not want["is_prompt"] else
+                      f"prompt: {plural(n - nc, 'token')} from position {nc} on lack KV"
+                      + (" (a preempted request recomputes its outputs too)" if nc < n - 1 and o else "")),
+        "max_tokens": f"max_tokens = {sp.get('max_tokens', 16)}" + ("" if "max_tokens" in sp else " (the default)"),
+        "temperature": f"temperature = {sp.get('temperature', 1.0)} as float32",
+        "top_p": f"top_p = {sp.get('top_p', 1.0)} as float32",
+        "top_k": f"top_k = {sp.get('top_k', 0)}" + (", lowered to 0 (the core's 'off')" if sp.get("top_k") == -1 else ""),
+        "seed": "seed None is lowered to −1" if sp.get("seed") is None else f"seed = {sp.get('seed')}",
+        "request_id": f"request_id = {req['request_id']}",
+    }[name]
+
+
+def field_hint(name: str, yours: Any, want: dict, req: dict) -> str:
+    """The misconception a wrong record field most likely comes from ('' when none fits)."""
+    sp = req.get("sampling_params", {})
+    if name == "top_k" and yours == -1:
+        return M.top_k_raw
+    if name == "seed" and sp.get("seed") is None:
+        return M.seed_none
+    if name == "is_prompt" and req.get("output_token_ids") and req.get("num_computed_tokens", 0) < len(
+            req["prompt_token_ids"]) + len(req["output_token_ids"]) - 1:
+        return M.outputs_mean_decode
+    if name == "is_prompt":
+        return M.decode_rule
+    if name == "num_new_tokens" and yours == want["num_tokens"]:
+        return M.refeed_cached
+    return ""
+
+
+def lowered_structure(got: Any, case: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Require (record, input_ids, positions) with the record a structured array of shape [1] and the
+    arrays 1-D int32 numpy arrays; their layout and values are compared by `expect_lowered`."""
+    if not isinstance(got, tuple) or len(got) != 3:
+        raise CheckFailed(f"{case}: expected (record, input_ids, positions); yours: {describe(got)}")
+    rec, ids, pos = got
+    if not isinstance(rec, np.ndarray) or rec.dtype.names is None or rec.shape != (1,):
+        raise CheckFailed(f"{case}: expected the record as a numpy structured array of shape [1]; yours: "
+                          + (f"ndarray {rec.dtype} {list(rec.shape)}" if isinstance(rec, np.ndarray) else describe(rec)))
+    for what, arr in (("input_ids", ids), ("positions", pos)):
+        if not isinstance(arr, np.ndarray) or arr.dtype != np.int32 or arr.ndim != 1:
+            raise CheckFailed(f"{case}: expected {what} as a 1-D int32 numpy array (the core reads int32); yours: "
+                              + (f"ndarray {arr.dtype} {list(arr.shape)}" if isinstance(arr, np.ndarray) else describe(arr)))
+    return rec, ids, pos
+
+
+def expect_lowered(got: Any, want: tuple, req: dict, case: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Require (record [1], input_ids int32, positions int32) equal to the reference's, field by field."""
+    w_rec, w_ids, w_pos = want
+    rec, ids, pos = lowered_structure(got, case)
+    explain_layout(rec.dtype, w_rec.dtype, f"{case}: the record's dtype")
+    yours, expected = record_values(rec), record_values(w_rec)
+    for name in expected:
+        if yours[name] != expected[name]:
+            raise CheckFailed(f"{case}: {request_summary(req)}",
+                              f"field {name}: {derivation(name, req, expected)}, so {fmt(expected[name])}; "
+                              f"yours: {fmt(yours[name])}",
+                              hint=field_hint(name, yours[name], expected, req))
+    for what, arr, w in (("input_ids", ids, w_ids), ("positions", pos, w_pos)):
+        if arr.tolist() != w.tolist():
+            nc = req.get("num_computed_tokens", 0)
+            raise CheckFailed(f"{case}: {request_summary(req)}",
+                              f"{what} of the step: the tokens from position {nc} on, {w.tolist()}; yours: {arr.tolist()}",
+                              hint=M.feed_all_tokens if len(arr) > len(w) else "")
+    return rec, ids, pos
+
+
+def run_lower_case(t: Trial, req: dict, case: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    got = t.yours.lower_request(req)
+    return expect_lowered(got, t.ref.lower_request(req), req, case)
+
+
+# -- helpers: check_support ------------------------------------------------------------------------------------
+
+def split_entries(got: Any, case: str) -> list[tuple[str, str]]:
+    if not isinstance(got, list) or not all(isinstance(s, str) for s in got):
+        raise CheckFailed(f"{case}: expected a list of str, one \"<key>: <reason>\" per unsupported feature; "
+                          f"yours: {describe(got)}")
+    out = []
+    for s in got:
+        if ":" not in s:
+            raise CheckFailed(f"{case}: each entry is \"<key>: <reason>\"; yours has {s!r}")
+        key, reason = s.split(":", 1)
+        out.append((key.strip(), reason.strip()))
+    return out
+
+
+def support_hint(row: dict, config: dict, matrix: dict) -> str:
+    """The misconception a wrong verdict on `row` most likely comes from ('' when none fits)."""
+    key = row["key"]
+    if key == "max_position_embeddings" and row["value"] == matrix["max_context"]:
+        return M.exclusive_context
+    if key == "head_dim" and config.get("head_dim") is not None and config.get("hidden_size") and \
+            config.get("num_attention_heads") and config["hidden_size"] // config["num_attention_heads"] != row["value"]:
+        return M.derived_head_dim.format(value=row["value"],
+                                         derived=config["hidden_size"] // config["num_attention_heads"])
+    if key == "kv_service":
+        return M.prefix_is_kv_service
+    if row["allowed"] == "not listed":
+        return M.unlisted_feature
+    if key == "quantization" and row["value"] == "none":
+        return M.quant_none
+    return ""
+
+
+def expect_support(got: Any, config: dict, matrix: dict, case: str,
+                   rows: list[dict] | None = None) -> list[tuple[str, str]]:
+    """Require one entry per unsupported row (any order), each reason naming the offending value (`rows`:
+    `support_models`' answer; asked of the hidden side if not given)."""
+    entries = split_entries(got, case)
+    rows = rows if rows is not None else support_models(None, config, matrix)
+    want = Counter(r["key"] for r in rows if not r["ok"])
+    have = Counter(k for k, _ in entries)
+    for r in rows:
+        key = r["key"]
+        if want[key] == have[key]:
+            continue
+        missing = want[key] > have[key]
+        bad = next((x for x in rows if x["key"] == key and x["ok"] != missing), None)
+        if bad is None:
+            raise CheckFailed(f"{case}: expected {plural(want[key], 'entry', 'entries')} for {key}; yours has {have[key]}",
+                              hint="one entry per unsupported value")
+        verdict = "is not supported" if missing else "is supported"
+        what = f"feature {key}" if bad.get("feature") else f"{key} = {bad['value']}"
+        allowed = f"the matrix says {bad['allowed']}" if bad.get("feature") else f"allowed: {bad['allowed']}"
+        raise CheckFailed(f"{case}: {what} {verdict} by {matrix['release']} ({allowed}); "
+                          + ("yours does not name it" if missing else "yours lists it as unsupported"),
+                          hint=support_hint(bad, config, matrix))
+    extra = [k for k in have if k not in want]
+    if extra:
+        raise CheckFailed(f"{case}: yours names {extra[0]!r}, which is not a key of an unsupported feature "
+                          f"(expected keys: {sorted(want) or 'none, everything is supported'})",
+                          hint=f"keys are {', '.join(SUPPORT_ORDER)} or the feature's own name")
+    for key, reason in entries:
+        values = [str(r["value"]) for r in rows if r["key"] == key and not r["ok"]]
+        if len(reason) < 3 or (key in SUPPORT_ORDER and not any(v in reason for v in values)):
+            raise CheckFailed(f"{case}: the reason for {key} must say what is unsupported and name the value "
+                              f"({' or '.join(values)}); yours: {reason!r}")
+    return entries
+
+
+def run_support_case(t: Trial, config: dict, matrix: dict, case: str) -> list:
+    got = t.yours.check_support(config, matrix)
+    rows = t.ref.drive(support_models, config, matrix)      # asked before comparing (a release replays it)
+    return expect_support(got, config, matrix, case, rows)

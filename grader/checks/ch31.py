@@ -4,9 +4,23 @@ from __future__ import annotations
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, describe, expect_tensor, first_wrong, fmt, public
+from grader.authoring import (
+    CheckFailed,
+    Trial,
+    describe,
+    expect_tensor,
+    first_wrong,
+    fmt,
+    mistakes,
+    plural,
+    public,
+    vec,
+    wrong_mask,
+)
 
-ATOL, RTOL = 1e-6, 1e-5
+ATOL, RTOL = 1e-6, 1e-5                # route_topk's weights
+COMBINE_TOL = 1e-4                     # combine's outputs, absolute and relative
+LOAD_ATOL, LOAD_RTOL = 1e-6, 1e-5      # a placement's GPU loads
 HANDLE_KEYS = ("src_token", "topk_slot", "expert", "rows_per_rank", "tokens_per_expert")
 
 # ch31-moe-roundtrip: DeepEP's worked example (reference §G.3): 4 tokens, 4 experts on 2 ranks, top-2.
@@ -19,191 +33,10 @@ G3_EXPERTS, G3_RANKS = 4, 2
 H3_LOADS = [90.0, 10.0, 40.0, 20.0, 60.0, 30.0, 15.0, 35.0]
 H3_ARGS = (12, 4, 2, 4)               # num_replicas, num_groups, num_nodes, num_gpus
 
-
-def fail(lines: list[str], hint: str = "") -> None:
-    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+M = mistakes("ch31")
 
 
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def vec(xs, limit: int = 8) -> str:
-    xs = xs.reshape(-1).tolist() if isinstance(xs, torch.Tensor) else list(xs)
-    return "[" + ", ".join(fmt(x) for x in xs[:limit]) + (", …]" if len(xs) > limit else "]")
-
-
-def scaled_experts(per_rank: list[torch.Tensor], handle: dict) -> list[torch.Tensor]:
-    """Expert e multiplies its rows by (e + 1): the outputs each rank returns, row for row."""
-    scale = (handle["expert"] + 1).to(torch.float32)[:, None]
-    rows = torch.cat(per_rank) if per_rank else torch.zeros(0)
-    out = (rows.float() * scale).to(rows.dtype)
-    return list(out.split(handle["rows_per_rank"].tolist()))
-
-
-# -- 31.1 route_topk ------------------------------------------------------------------------------
-
-def expect_routing(got, logits: torch.Tensor, k: int, renormalize: bool, want: tuple, case: str):
-    N = logits.shape[0]
-    if not isinstance(got, tuple) or len(got) != 2:
-        fail([f"{case}: expected (topk_ids, topk_weights); yours: {describe(got)}"])
-    ids = expect_tensor(got[0], what=f"{case}: topk_ids", shape=[N, k], dtype=torch.int64)
-    w = expect_tensor(got[1], what=f"{case}: topk_weights", shape=[N, k], dtype=torch.float32)
-    want_ids, want_w = want
-    bad = first_wrong(ids, want_ids)
-    if bad is None:
-        bad = first_wrong(w, want_w, atol=ATOL, rtol=RTOL)
-    if bad is None:
-        return ids, w
-    t = bad[0]
-    p = logits[t].float().softmax(-1)
-    lines = [f"{case}: token {t}, logits {vec(logits[t])}, k={k}, renormalize={renormalize}",
-             f"p = softmax(logits) = {vec(p)}; the {k} largest (ties: lower id first) are experts "
-             f"{want_ids[t].tolist()} with weights {vec(want_w[t])}"
-             + (" (divided by their sum)" if renormalize else ""),
-             f"yours: experts {ids[t].tolist()}, weights {vec(w[t])}"]
-    hint = ""
-    if ids[t].tolist() == want_ids[t].flip(0).tolist() and k > 1 and p[ids[t][0]] < p[ids[t][-1]]:
-        hint = "list the experts from the most probable to the least"
-    elif sorted(ids[t].tolist()) == sorted(want_ids[t].tolist()) or \
-            set(ids[t].tolist()) <= set(torch.nonzero(p >= p[want_ids[t]].min()).flatten().tolist()):
-        if not torch.equal(ids[t], want_ids[t]):
-            hint = "equal probabilities go to the lower expert id first (a stable descending sort)"
-        elif torch.allclose(w[t], p[ids[t]], atol=1e-6) and renormalize:
-            hint = "renormalize: divide the k weights by their sum so that they add up to 1"
-        elif torch.allclose(w[t], p[ids[t]] / p[ids[t]].sum(), atol=1e-6) and not renormalize:
-            hint = "with renormalize=False the weights stay the softmax probabilities"
-        elif torch.allclose(w[t], logits[t][ids[t]].float(), atol=1e-6):
-            hint = "the weights are softmax probabilities, not logits"
-    fail(lines, hint)
-
-
-def run_routing_case(t: Trial, logits: torch.Tensor, k: int, renormalize: bool, case: str):
-    got = t.yours.route_topk(logits, k, renormalize=renormalize)
-    return expect_routing(got, logits, k, renormalize, t.ref.route_topk(logits, k, renormalize=renormalize), case)
-
-
-# -- 31.2 dispatch / combine ----------------------------------------------------------------------
-
-def dispatch_structure(got, x: torch.Tensor, R: int, case: str) -> tuple[list, dict]:
-    if not isinstance(got, tuple) or len(got) != 2:
-        fail([f"{case}: expected (per_rank_inputs, handle); yours: {describe(got)}"])
-    per_rank, handle = got
-    if not isinstance(per_rank, (list, tuple)) or len(per_rank) != R:
-        fail([f"{case}: expected per_rank_inputs as a list of {R} tensors, one per rank; yours: {describe(per_rank)}"])
-    for r, rows in enumerate(per_rank):
-        if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or rows.shape[1] != x.shape[1] or rows.dtype != x.dtype:
-            fail([f"{case}: expected rank {r}'s rows as a {str(x.dtype).removeprefix('torch.')} tensor "
-                  f"[n_{r}, {x.shape[1]}]; yours: {describe(rows)}"])
-    if not isinstance(handle, dict):
-        fail([f"{case}: expected the handle as a dict of tensors {list(HANDLE_KEYS)}; yours: {describe(handle)}"])
-    for key in HANDLE_KEYS:
-        if key not in handle or not isinstance(handle[key], torch.Tensor) or handle[key].dtype != torch.int64 \
-                or handle[key].dim() != 1:
-            fail([f"{case}: the handle needs {key!r} as a 1-D int64 tensor; yours: "
-                  + (describe(handle[key]) if key in handle else "missing")])
-    return list(per_rank), handle
-
-
-def _rows_text(handle: dict, lo: int, hi: int) -> str:
-    return ", ".join(f"T{s}·e{e}" for s, e in zip(handle["src_token"][lo:hi].tolist(), handle["expert"][lo:hi].tolist()))
-
-
-def expect_dispatch(got, want: tuple, x: torch.Tensor, ids: torch.Tensor, E: int, R: int, case: str):
-    """Require the student's rows and handle to equal the reference's, explaining the first difference."""
-    per_rank, handle = dispatch_structure(got, x, R, case)
-    want_rows, want_h = want
-    counts = want_h["rows_per_rank"].tolist()
-    inputs = f"{case}: {plural(x.shape[0], 'token')}, top-{ids.shape[1]}, {E} experts on {plural(R, 'rank')} ({E // R} per rank)"
-    for key in ("rows_per_rank", "tokens_per_expert"):
-        if handle[key].tolist() != want_h[key].tolist():
-            dedup = [int(((ids // (E // R)) == r).any(dim=1).sum()) for r in range(R)]
-            fail([inputs, f"handle[{key!r}] = {want_h[key].tolist()}: one row per (token, expert) pair; "
-                          f"yours: {handle[key].tolist()}"],
-                 "the course sends a token once per expert, not once per rank (DeepEP's normal mode de-duplicates)"
-                 if key == "rows_per_rank" and handle[key].tolist() == dedup else "")
-    for key in ("src_token", "topk_slot", "expert"):
-        if handle[key].shape != want_h[key].shape:
-            fail([inputs, f"handle[{key!r}] has one entry per row, {want_h[key].numel()}; yours: {handle[key].numel()}"])
-    start = 0
-    for r in range(R):
-        lo, hi = start, start + counts[r]
-        start = hi
-        for key in ("expert", "src_token", "topk_slot"):
-            idx = first_wrong(handle[key][lo:hi], want_h[key][lo:hi])
-            if idx is None:
-                continue
-            i = lo + idx[0]
-            hint = ""
-            if key == "expert" and handle["expert"][lo:hi].tolist() == (want_h["expert"][lo:hi] % (E // R)).tolist():
-                hint = "the handle keeps global expert ids (rank r's experts are r·E/R …), not ids local to the rank"
-            elif sorted(zip(handle["src_token"][lo:hi].tolist(), handle["topk_slot"][lo:hi].tolist())) == \
-                    list(zip(handle["src_token"][lo:hi].tolist(), handle["topk_slot"][lo:hi].tolist())):
-                hint = "group a rank's rows by expert first (ascending), then by token: each expert reads one segment"
-            fail([inputs, f"rank {r} should receive, grouped by expert then token: {_rows_text(want_h, lo, hi)}",
-                  f"row {i} (rank {r}'s row {i - lo}): handle[{key!r}] = {int(want_h[key][i])}; yours: "
-                  f"{int(handle[key][i])} (your rank {r}: {_rows_text(handle, lo, hi)})"], hint)
-        idx = first_wrong(per_rank[r], want_rows[r])
-        if idx is not None:
-            j = idx[0]
-            src = int(want_h["src_token"][lo + j])
-            fail([inputs, f"rank {r}'s row {j} is a copy of token {src}'s hidden row x[{src}] = {vec(x[src])}; "
-                          f"yours: {vec(per_rank[r][j])}"])
-    return per_rank, handle
-
-
-def expect_combined(got, want: torch.Tensor, outputs: list, weights: torch.Tensor, handle: dict, case: str,
-                    scale_note: str = "") -> torch.Tensor:
-    N, k = weights.shape
-    H = want.shape[1]
-    if isinstance(got, torch.Tensor) and got.dim() == 2 and got.shape[0] == N * k != N:
-        fail([f"{case}: expected one row per token, [{N}, {H}]; yours: {describe(got)}"],
-             "combine returns the tokens in their order; concatenating the ranks' rows gives one row per "
-             "(token, expert) in the wrong order")
-    out = expect_tensor(got, what=f"{case}: the combined output", shape=[N, H], dtype=want.dtype)
-    idx = first_wrong(out, want, atol=1e-4, rtol=1e-4)
-    if idx is None:
-        return out
-    tok = idx[0]
-    rows = [i for i, s in enumerate(handle["src_token"].tolist()) if s == tok]
-    terms = " + ".join(f"{fmt(float(weights[tok, handle['topk_slot'][i]]))}·y(row {i}, e{int(handle['expert'][i])})"
-                       for i in sorted(rows, key=lambda i: int(handle["topk_slot"][i])))
-    lines = [f"{case}: out[{tok}] = Σ_j topk_weights[{tok}, j] · its expert output = {terms}{scale_note} = "
-             f"{vec(want[tok])}; yours: {vec(out[tok])}"]
-    fail(lines, combine_hint(out, outputs, weights, handle))
-
-
-def combine_hint(out: torch.Tensor, outputs: list, weights: torch.Tensor, handle: dict) -> str:
-    """The misconception a wrong combine most likely comes from ('' when none fits)."""
-    y = torch.cat(outputs).double()
-    src = handle["src_token"]
-    if len(src) != len(y) or len(src) != weights.numel() or (len(src) and (int(src.min()) < 0 or
-                                                                          int(src.max()) >= out.shape[0])):
-        return ""
-
-    def summed(row_weights: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(out.shape, dtype=torch.float64).index_add_(0, src, y * row_weights[:, None])
-
-    close = lambda alt: torch.allclose(out.double(), alt, atol=1e-4, rtol=1e-4)
-    if close(summed(torch.ones(len(src), dtype=torch.float64))):
-        return "multiply each expert output by its top-k weight before summing"
-    if close(summed(weights.double().reshape(-1))):
-        return "the weight of row i is topk_weights[src_token[i], topk_slot[i]], not the i-th weight in row order"
-    return ""
-
-
-def run_combine_case(t: Trial, per_rank_out: list, handle: dict, weights: torch.Tensor, case: str,
-                     scale_note: str = "") -> torch.Tensor:
-    got = t.yours.combine(per_rank_out, handle, weights)
-    want = t.ref.combine(per_rank_out, handle, weights)
-    return expect_combined(got, want, per_rank_out, weights, handle, case, scale_note)
-
-
-def g3_instance() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return torch.tensor(G3_X), torch.tensor(G3_IDS), torch.tensor(G3_WEIGHTS)
-
-
-# -- public checks: 31.1 --------------------------------------------------------------------------
+# -- ch31.1 ----------------------------------------------------------------------------------------------------------
 
 @public("ch31.1", "four tokens, four experts, top-2")
 def route_small(t: Trial) -> None:
@@ -233,7 +66,7 @@ def route_bad_k(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.route_topk, torch.zeros(2, 4), 0, because="k = 0 routes a token nowhere")
 
 
-# -- public checks: 31.2 --------------------------------------------------------------------------
+# -- ch31.2 ----------------------------------------------------------------------------------------------------------
 
 @public("ch31.2", "figure instance: dispatch of 4 tokens to 4 experts on 2 ranks, top-2")
 def dispatch_figure_instance(t: Trial) -> None:
@@ -255,7 +88,8 @@ def combine_figure_instance(t: Trial) -> None:
     got = t.yours.combine(outputs, handle, w)
     want = t.ref.combine(outputs, handle, w)
     if isinstance(got, torch.Tensor) and got.shape == want.shape:
-        t.figure("ch31-moe-roundtrip", out=got, out_expected=want)
+        t.figure("ch31-moe-roundtrip", out=got, out_expected=want,
+                 out_wrong=wrong_mask(got, want, atol=COMBINE_TOL, rtol=COMBINE_TOL).any(dim=1))
     expect_combined(got, want, outputs, w, handle, "figure instance", " with y = (e + 1)·x")
 
 
@@ -271,11 +105,12 @@ def identity_round_trip(t: Trial) -> None:
     idx = first_wrong(out, want, atol=1e-5, rtol=1e-5)
     if idx is not None:
         tok = idx[0]
-        fail([f"identity experts return their inputs, so combine(dispatch(x)) = x · Σ_j w: token {tok}: "
-              f"{vec(x[tok])} · ({' + '.join(fmt(v) for v in w[tok].tolist())}) = {vec(want[tok])}; yours: {vec(out[tok])}",
-              "your handle and your combine must agree: row i goes back to token src_token[i] with weight "
-              "topk_weights[src_token[i], topk_slot[i]]"],
-             combine_hint(out, rows, w, handle))
+        raise CheckFailed(f"identity experts return their inputs, so combine(dispatch(x)) = x · Σ_j w: token {tok}: "
+                          f"{vec(x[tok])} · ({' + '.join(fmt(v) for v in w[tok].tolist())}) = {vec(want[tok])}; "
+                          f"yours: {vec(out[tok])}",
+                          "your handle and your combine must agree: row i goes back to token src_token[i] with weight "
+                          "topk_weights[src_token[i], topk_slot[i]]",
+                          hint=combine_hint(out, rows, w, handle))
 
 
 @public("ch31.2", "a rank that receives nothing")
@@ -292,144 +127,7 @@ def dispatch_bad(t: Trial) -> None:
                     because="4 ranks cannot own contiguous blocks of 6 experts")
 
 
-# -- 31.3 rebalance_experts / balancedness ---------------------------------------------------------
-
-def gpu_loads(weight: torch.Tensor, phy2log: torch.Tensor, logcnt: torch.Tensor, num_gpus: int) -> torch.Tensor:
-    """[L, G] load per GPU: each slot carries its expert's load / replica count."""
-    per_replica = (weight.double() / logcnt.double()).gather(1, phy2log)
-    return per_replica.view(weight.shape[0], num_gpus, -1).sum(-1)
-
-
-def static_loads(weight: torch.Tensor, num_gpus: int) -> torch.Tensor:
-    """[L, G] load per GPU without EPLB: E/G contiguous experts on each GPU, no replicas."""
-    return weight.double().view(weight.shape[0], num_gpus, -1).sum(-1)
-
-
-def placement_structure(got, weight: torch.Tensor, num_replicas: int, case: str):
-    """(phy2log, log2phy, logcnt) as a tuple with phy2log [L, num_replicas] and logcnt [L, E] consistent."""
-    L, E = weight.shape
-    if not isinstance(got, tuple) or len(got) != 3:
-        fail([f"{case}: expected (phy2log, log2phy, logcnt); yours: {describe(got)}"])
-    phy2log = expect_tensor(got[0], what=f"{case}: phy2log", shape=[L, num_replicas], dtype=torch.int64)
-    logcnt = expect_tensor(got[2], what=f"{case}: logcnt", shape=[L, E], dtype=torch.int64)
-    if int(phy2log.min()) < 0 or int(phy2log.max()) >= E:
-        fail([f"{case}: phy2log holds logical expert ids 0 … {E - 1}; yours has "
-              f"{int(phy2log.min())} … {int(phy2log.max())}"])
-    for layer in range(L):
-        counts = torch.bincount(phy2log[layer], minlength=E)
-        if not torch.equal(counts, logcnt[layer]):
-            e = int((counts != logcnt[layer]).nonzero()[0])
-            fail([f"{case}: layer {layer}: your phy2log places expert {e} in {int(counts[e])} slots but your "
-                  f"logcnt says {int(logcnt[layer, e])}"])
-    return phy2log, got[1], logcnt
-
-
-def expect_log2phy(got, phy2log: torch.Tensor, E: int, width: int, case: str) -> torch.Tensor:
-    """log2phy [L, E, X]: each expert's slots (any order among its replicas), then −1 padding."""
-    L = phy2log.shape[0]
-    if not isinstance(got, torch.Tensor) or got.dtype != torch.int64 or list(got.shape) != [L, E, width]:
-        fail([f"{case}: expected log2phy as an int64 tensor [L, E, X] = [{L}, {E}, {width}], X being the largest "
-              f"replica count over all layers; yours: {describe(got)}"])
-    log2phy = got
-    for layer in range(L):
-        for e in range(E):
-            slots = sorted((phy2log[layer] == e).nonzero().flatten().tolist())
-            row = log2phy[layer, e].tolist()
-            if sorted(s for s in row if s >= 0) != slots or row[len(slots):] != [-1] * (width - len(slots)):
-                fail([f"{case}: layer {layer}: expert {e} is in slots {slots} of your phy2log; your log2phy[{layer}, {e}] "
-                      f"= {row} (its slots, then −1 padding)"])
-    return log2phy
-
-
-def expect_placement(got, want: tuple, weight: torch.Tensor, args: tuple, case: str, global_hint=None):
-    """Require the student's EPLB placement to equal the reference's, in the terms of EPLB's three steps."""
-    num_replicas, num_groups, num_nodes, num_gpus = args
-    w_phy, w_log2phy, w_cnt = want
-    phy2log, log2phy, logcnt = placement_structure(got, weight, num_replicas, case)
-    policy = "hierarchical" if num_groups % num_nodes == 0 else "global"
-    inputs = (f"{case}: {weight.shape[1]} experts in {plural(num_groups, 'group')}, {num_replicas} slots on "
-              f"{plural(num_gpus, 'GPU')} in {plural(num_nodes, 'node')} ({policy} policy)")
-    if policy == "hierarchical" and num_nodes > 1:
-        explain_nodes(phy2log, w_phy, weight, num_groups, num_nodes, inputs)
-    idx = first_wrong(logcnt, w_cnt)
-    if idx is not None:
-        layer, e = idx
-        hint = ""
-        if global_hint is not None and torch.equal(logcnt, global_hint[2]) and policy == "hierarchical":
-            hint = f"{num_groups} groups divide over {num_nodes} nodes: use the hierarchical policy (replicate within nodes)"
-        elif (logcnt[layer] > 1).sum() < (w_cnt[layer] > 1).sum():
-            hint = "each spare slot goes to the expert with the largest load / current replica count, not the largest load"
-        fail([inputs, f"layer {layer}, loads {vec(weight[layer])}: expert {e} gets {int(w_cnt[layer, e])} replica(s) "
-                      f"(step 2: spare slots go, one by one, to the largest load / count); yours: {int(logcnt[layer, e])}",
-              f"expected logcnt {vec(w_cnt[layer], 16)}; yours {vec(logcnt[layer], 16)}"], hint)
-    loads, w_loads = gpu_loads(weight, phy2log, logcnt, num_gpus), gpu_loads(weight, w_phy, w_cnt, num_gpus)
-    idx = first_wrong(loads, w_loads, atol=1e-6, rtol=1e-5)
-    per_gpu = num_replicas // num_gpus
-    if idx is not None:
-        layer, g = idx
-        mine = phy2log[layer, g * per_gpu:(g + 1) * per_gpu].tolist()
-        theirs = w_phy[layer, g * per_gpu:(g + 1) * per_gpu].tolist()
-        hint = ""
-        if torch.allclose(loads[layer].sort().values, w_loads[layer].sort().values, rtol=1e-5):
-            hint = ("the same loads on other GPUs: balanced packing gives each item to the lightest pack with room, "
-                    "lower pack index on ties (and keeps the identity when a pack holds one item)")
-        fail([inputs, f"layer {layer}: GPU {g} (slots {g * per_gpu}–{(g + 1) * per_gpu - 1}) should carry experts "
-                      f"{theirs} = {fmt(float(w_loads[layer, g]))}; yours: {mine} = {fmt(float(loads[layer, g]))}",
-              f"expected GPU loads {vec(w_loads[layer])}; yours {vec(loads[layer])}"], hint)
-    idx = first_wrong(phy2log, w_phy)
-    if idx is not None:
-        layer, s = idx
-        fail([inputs, f"layer {layer}: slot {s} (GPU {s // per_gpu}) holds expert {int(w_phy[layer, s])}; yours: "
-                      f"{int(phy2log[layer, s])} (your GPU loads are right; the order inside a GPU is the order in "
-                      f"which balanced packing gave it its replicas)"])
-    return phy2log, expect_log2phy(log2phy, phy2log, weight.shape[1], w_log2phy.shape[2], case), logcnt
-
-
-def explain_nodes(phy2log: torch.Tensor, w_phy: torch.Tensor, weight: torch.Tensor, num_groups: int, num_nodes: int,
-                  inputs: str) -> None:
-    """Step 1: each node must hold the experts of the groups balanced packing gives it."""
-    L, E = weight.shape
-    gs, per_node = E // num_groups, phy2log.shape[1] // num_nodes
-    for layer in range(L):
-        groups = lambda phy, n: sorted({e // gs for e in phy[layer, n * per_node:(n + 1) * per_node].tolist()})
-        for n in range(num_nodes):
-            mine, want = groups(phy2log, n), groups(w_phy, n)
-            if mine != want:
-                loads = weight[layer].double().view(num_groups, gs).sum(1)
-                order = sorted(range(num_groups), key=lambda g: -float(loads[g]))
-                fail([inputs, f"layer {layer}: step 1 packs the groups onto the nodes, heaviest first, each to the "
-                              f"lightest node with room: group loads {', '.join(f'g{g} {fmt(float(loads[g]))}' for g in order)}",
-                      f"node {n} should hold groups {want}; yours holds experts of groups {mine}"],
-                     "each group goes to the lightest node that still has room (equal loads: the lower node)"
-                     if num_groups // num_nodes > 1 else
-                     "with one group per node balanced packing keeps the identity: group n on node n")
-
-
-def run_placement_case(t: Trial, weight: torch.Tensor, args: tuple, case: str):
-    got = t.yours.rebalance_experts(weight, *args)
-    want = t.ref.rebalance_experts(weight, *args)
-    glob = t.ref.rebalance_experts(weight, args[0], 1, 1, args[3])
-    return expect_placement(got, want, weight, args, case, glob)
-
-
-def expect_balancedness(got, loads: torch.Tensor, want: float, case: str) -> float:
-    if type(got) is not float:
-        fail([f"{case}: expected balancedness as a Python float; yours: {describe(got)}"])
-    if abs(got - want) > 1e-9 * max(1.0, abs(want)):
-        rows = loads.double().reshape(-1, loads.shape[-1])
-        mean, top = rows.mean(1).sum().item(), rows.max(1).values.sum().item()
-        hint = ""
-        if want and abs(got - 1 / want) < 1e-6:
-            hint = "balancedness is mean / max (at most 1), not max / mean"
-        elif rows.shape[0] > 1 and abs(got - (rows.mean(1) / rows.max(1).values).mean().item()) < 1e-9:
-            hint = "over layers vLLM divides the sums, Σ mean / Σ max, not the mean of per-layer ratios"
-        shown = vec(loads, 16) if loads.dim() == 1 else "[" + ", ".join(vec(row) for row in loads) + "]"
-        fail([f"{case}: loads {shown}: Σ_layers mean = {fmt(mean)}, Σ_layers max = {fmt(top)}, so "
-              f"balancedness = {fmt(want, 6)}; yours: {fmt(got, 6)}"], hint)
-    return got
-
-
-# -- public checks: 31.3 --------------------------------------------------------------------------
+# -- ch31.3 ----------------------------------------------------------------------------------------------------------
 
 @public("ch31.3", "figure instance: EPLB's worked example, 8 experts on 4 GPUs with 4 redundant slots")
 def eplb_figure_instance(t: Trial) -> None:
@@ -451,7 +149,8 @@ def balancedness_instance(t: Trial) -> None:
     after = gpu_loads(weight, want_phy, want_cnt, H3_ARGS[3])[0].float()
     wants = [t.ref.balancedness(before), t.ref.balancedness(after)]
     gots = [t.yours.balancedness(before), t.yours.balancedness(after)]
-    t.figure("ch31-eplb-load", balancedness=[g if type(g) is float else None for g in gots], balancedness_expected=wants)
+    t.figure("ch31-eplb-load", balancedness=[g if type(g) is float else None for g in gots], balancedness_expected=wants,
+             balancedness_wrong=[type(g) is not float or balancedness_wrong(g, w) for g, w in zip(gots, wants)])
     for got, loads, want, case in zip(gots, (before, after), wants, ("static placement", "EPLB placement")):
         expect_balancedness(got, loads, want, case)
 
@@ -479,3 +178,317 @@ def balancedness_layers(t: Trial) -> None:
 def eplb_bad(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.rebalance_experts, torch.ones(1, 8), 10, 4, 2, 4,
                     because="10 slots cannot be split evenly over 4 GPUs")
+
+
+# -- helpers: route_topk ---------------------------------------------------------------------------------------------
+
+def expect_routing(got, logits: torch.Tensor, k: int, renormalize: bool, want: tuple, case: str):
+    N = logits.shape[0]
+    if not isinstance(got, tuple) or len(got) != 2:
+        raise CheckFailed(f"{case}: expected (topk_ids, topk_weights); yours: {describe(got)}")
+    ids = expect_tensor(got[0], what=f"{case}: topk_ids", shape=[N, k], dtype=torch.int64)
+    w = expect_tensor(got[1], what=f"{case}: topk_weights", shape=[N, k], dtype=torch.float32)
+    want_ids, want_w = want
+    bad = first_wrong(ids, want_ids)
+    if bad is None:
+        bad = first_wrong(w, want_w, atol=ATOL, rtol=RTOL)
+    if bad is None:
+        return ids, w
+    t = bad[0]
+    p = logits[t].float().softmax(-1)
+    lines = [f"{case}: token {t}, logits {vec(logits[t])}, k={k}, renormalize={renormalize}",
+             f"p = softmax(logits) = {vec(p)}; the {k} largest (ties: lower id first) are experts "
+             f"{want_ids[t].tolist()} with weights {vec(want_w[t])}"
+             + (" (divided by their sum)" if renormalize else ""),
+             f"yours: experts {ids[t].tolist()}, weights {vec(w[t])}"]
+    hint = ""
+    if ids[t].tolist() == want_ids[t].flip(0).tolist() and k > 1 and p[ids[t][0]] < p[ids[t][-1]]:
+        hint = M.ascending_order
+    elif sorted(ids[t].tolist()) == sorted(want_ids[t].tolist()) or \
+            set(ids[t].tolist()) <= set(torch.nonzero(p >= p[want_ids[t]].min()).flatten().tolist()):
+        if not torch.equal(ids[t], want_ids[t]):
+            hint = M.ties_high
+        elif torch.allclose(w[t], p[ids[t]], atol=1e-6) and renormalize:
+            hint = M.no_renormalize
+        elif torch.allclose(w[t], p[ids[t]] / p[ids[t]].sum(), atol=1e-6) and not renormalize:
+            hint = M.always_renormalize
+        elif torch.allclose(w[t], logits[t][ids[t]].float(), atol=1e-6):
+            hint = M.logit_weights
+    raise CheckFailed(*lines, hint=hint)
+
+
+def run_routing_case(t: Trial, logits: torch.Tensor, k: int, renormalize: bool, case: str):
+    got = t.yours.route_topk(logits, k, renormalize=renormalize)
+    return expect_routing(got, logits, k, renormalize, t.ref.route_topk(logits, k, renormalize=renormalize), case)
+
+
+# -- helpers: dispatch and combine -----------------------------------------------------------------------------------
+
+def g3_instance() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.tensor(G3_X), torch.tensor(G3_IDS), torch.tensor(G3_WEIGHTS)
+
+
+def scaled_experts(per_rank: list[torch.Tensor], handle: dict) -> list[torch.Tensor]:
+    """Expert e multiplies its rows by (e + 1): the outputs each rank returns, row for row."""
+    scale = (handle["expert"] + 1).to(torch.float32)[:, None]
+    rows = torch.cat(per_rank) if per_rank else torch.zeros(0)
+    out = (rows.float() * scale).to(rows.dtype)
+    return list(out.split(handle["rows_per_rank"].tolist()))
+
+
+def dispatch_structure(got, x: torch.Tensor, R: int, case: str) -> tuple[list, dict]:
+    if not isinstance(got, tuple) or len(got) != 2:
+        raise CheckFailed(f"{case}: expected (per_rank_inputs, handle); yours: {describe(got)}")
+    per_rank, handle = got
+    if not isinstance(per_rank, (list, tuple)) or len(per_rank) != R:
+        raise CheckFailed(f"{case}: expected per_rank_inputs as a list of {R} tensors, one per rank; "
+                          f"yours: {describe(per_rank)}")
+    for r, rows in enumerate(per_rank):
+        if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or rows.shape[1] != x.shape[1] or rows.dtype != x.dtype:
+            raise CheckFailed(f"{case}: expected rank {r}'s rows as a {str(x.dtype).removeprefix('torch.')} tensor "
+                              f"[n_{r}, {x.shape[1]}]; yours: {describe(rows)}")
+    if not isinstance(handle, dict):
+        raise CheckFailed(f"{case}: expected the handle as a dict of tensors {list(HANDLE_KEYS)}; yours: {describe(handle)}")
+    for key in HANDLE_KEYS:
+        if key not in handle or not isinstance(handle[key], torch.Tensor) or handle[key].dtype != torch.int64 \
+                or handle[key].dim() != 1:
+            raise CheckFailed(f"{case}: the handle needs {key!r} as a 1-D int64 tensor; yours: "
+                              + (describe(handle[key]) if key in handle else "missing"))
+    return list(per_rank), handle
+
+
+def rows_text(handle: dict, lo: int, hi: int) -> str:
+    return ", ".join(f"T{s}·e{e}" for s, e in zip(handle["src_token"][lo:hi].tolist(), handle["expert"][lo:hi].tolist()))
+
+
+def expect_dispatch(got, want: tuple, x: torch.Tensor, ids: torch.Tensor, E: int, R: int, case: str):
+    """Require the student's rows and handle to equal the reference's, explaining the first difference."""
+    per_rank, handle = dispatch_structure(got, x, R, case)
+    want_rows, want_h = want
+    counts = want_h["rows_per_rank"].tolist()
+    inputs = f"{case}: {plural(x.shape[0], 'token')}, top-{ids.shape[1]}, {E} experts on {plural(R, 'rank')} ({E // R} per rank)"
+    for key in ("rows_per_rank", "tokens_per_expert"):
+        if handle[key].tolist() != want_h[key].tolist():
+            dedup = [int(((ids // (E // R)) == r).any(dim=1).sum()) for r in range(R)]
+            raise CheckFailed(inputs, f"handle[{key!r}] = {want_h[key].tolist()}: one row per (token, expert) pair; "
+                                      f"yours: {handle[key].tolist()}",
+                              hint=M.dedup_per_rank if key == "rows_per_rank" and handle[key].tolist() == dedup else "")
+    for key in ("src_token", "topk_slot", "expert"):
+        if handle[key].shape != want_h[key].shape:
+            raise CheckFailed(inputs, f"handle[{key!r}] has one entry per row, {want_h[key].numel()}; "
+                                      f"yours: {handle[key].numel()}")
+    start = 0
+    for r in range(R):
+        lo, hi = start, start + counts[r]
+        start = hi
+        for key in ("expert", "src_token", "topk_slot"):
+            idx = first_wrong(handle[key][lo:hi], want_h[key][lo:hi])
+            if idx is None:
+                continue
+            i = lo + idx[0]
+            hint = ""
+            if key == "expert" and handle["expert"][lo:hi].tolist() == (want_h["expert"][lo:hi] % (E // R)).tolist():
+                hint = M.local_expert_ids
+            elif sorted(zip(handle["src_token"][lo:hi].tolist(), handle["topk_slot"][lo:hi].tolist())) == \
+                    list(zip(handle["src_token"][lo:hi].tolist(), handle["topk_slot"][lo:hi].tolist())):
+                hint = M.by_token
+            raise CheckFailed(inputs, f"rank {r} should receive, grouped by expert then token: {rows_text(want_h, lo, hi)}",
+                              f"row {i} (rank {r}'s row {i - lo}): handle[{key!r}] = {int(want_h[key][i])}; yours: "
+                              f"{int(handle[key][i])} (your rank {r}: {rows_text(handle, lo, hi)})", hint=hint)
+        idx = first_wrong(per_rank[r], want_rows[r])
+        if idx is not None:
+            j = idx[0]
+            src = int(want_h["src_token"][lo + j])
+            raise CheckFailed(inputs, f"rank {r}'s row {j} is a copy of token {src}'s hidden row x[{src}] = "
+                                      f"{vec(x[src])}; yours: {vec(per_rank[r][j])}")
+    return per_rank, handle
+
+
+def expect_combined(got, want: torch.Tensor, outputs: list, weights: torch.Tensor, handle: dict, case: str,
+                    scale_note: str = "") -> torch.Tensor:
+    N, k = weights.shape
+    H = want.shape[1]
+    if isinstance(got, torch.Tensor) and got.dim() == 2 and got.shape[0] == N * k != N:
+        raise CheckFailed(f"{case}: expected one row per token, [{N}, {H}]; yours: {describe(got)}",
+                          hint=M.concatenated)
+    out = expect_tensor(got, what=f"{case}: the combined output", shape=[N, H], dtype=want.dtype)
+    idx = first_wrong(out, want, atol=COMBINE_TOL, rtol=COMBINE_TOL)
+    if idx is None:
+        return out
+    tok = idx[0]
+    rows = [i for i, s in enumerate(handle["src_token"].tolist()) if s == tok]
+    terms = " + ".join(f"{fmt(float(weights[tok, handle['topk_slot'][i]]))}·y(row {i}, e{int(handle['expert'][i])})"
+                       for i in sorted(rows, key=lambda i: int(handle["topk_slot"][i])))
+    raise CheckFailed(f"{case}: out[{tok}] = Σ_j topk_weights[{tok}, j] · its expert output = {terms}{scale_note} = "
+                      f"{vec(want[tok])}; yours: {vec(out[tok])}", hint=combine_hint(out, outputs, weights, handle))
+
+
+def combine_hint(out: torch.Tensor, outputs: list, weights: torch.Tensor, handle: dict) -> str:
+    """The misconception a wrong combine most likely comes from ('' when none fits)."""
+    y = torch.cat(outputs).double()
+    src = handle["src_token"]
+    if len(src) != len(y) or len(src) != weights.numel() or (len(src) and (int(src.min()) < 0 or
+                                                                          int(src.max()) >= out.shape[0])):
+        return ""
+
+    def summed(row_weights: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(out.shape, dtype=torch.float64).index_add_(0, src, y * row_weights[:, None])
+
+    close = lambda alt: torch.allclose(out.double(), alt, atol=COMBINE_TOL, rtol=COMBINE_TOL)
+    if close(summed(torch.ones(len(src), dtype=torch.float64))):
+        return M.unweighted
+    if close(summed(weights.double().reshape(-1))):
+        return M.weights_in_row_order
+    return ""
+
+
+def run_combine_case(t: Trial, per_rank_out: list, handle: dict, weights: torch.Tensor, case: str,
+                     scale_note: str = "") -> torch.Tensor:
+    got = t.yours.combine(per_rank_out, handle, weights)
+    want = t.ref.combine(per_rank_out, handle, weights)
+    return expect_combined(got, want, per_rank_out, weights, handle, case, scale_note)
+
+
+# -- helpers: rebalance_experts and balancedness ---------------------------------------------------------------------
+
+def gpu_loads(weight: torch.Tensor, phy2log: torch.Tensor, logcnt: torch.Tensor, num_gpus: int) -> torch.Tensor:
+    """[L, G] load per GPU: each slot carries its expert's load / replica count."""
+    per_replica = (weight.double() / logcnt.double()).gather(1, phy2log)
+    return per_replica.view(weight.shape[0], num_gpus, -1).sum(-1)
+
+
+def static_loads(weight: torch.Tensor, num_gpus: int) -> torch.Tensor:
+    """[L, G] load per GPU without EPLB: E/G contiguous experts on each GPU, no replicas."""
+    return weight.double().view(weight.shape[0], num_gpus, -1).sum(-1)
+
+
+def placement_structure(got, weight: torch.Tensor, num_replicas: int, case: str):
+    """(phy2log, log2phy, logcnt) as a tuple with phy2log [L, num_replicas] and logcnt [L, E] consistent."""
+    L, E = weight.shape
+    if not isinstance(got, tuple) or len(got) != 3:
+        raise CheckFailed(f"{case}: expected (phy2log, log2phy, logcnt); yours: {describe(got)}")
+    phy2log = expect_tensor(got[0], what=f"{case}: phy2log", shape=[L, num_replicas], dtype=torch.int64)
+    logcnt = expect_tensor(got[2], what=f"{case}: logcnt", shape=[L, E], dtype=torch.int64)
+    if int(phy2log.min()) < 0 or int(phy2log.max()) >= E:
+        raise CheckFailed(f"{case}: phy2log holds logical expert ids 0 … {E - 1}; yours has "
+                          f"{int(phy2log.min())} … {int(phy2log.max())}")
+    for layer in range(L):
+        counts = torch.bincount(phy2log[layer], minlength=E)
+        if not torch.equal(counts, logcnt[layer]):
+            e = int((counts != logcnt[layer]).nonzero()[0])
+            raise CheckFailed(f"{case}: layer {layer}: your phy2log places expert {e} in {int(counts[e])} slots but "
+                              f"your logcnt says {int(logcnt[layer, e])}")
+    return phy2log, got[1], logcnt
+
+
+def expect_log2phy(got, phy2log: torch.Tensor, E: int, width: int, case: str) -> torch.Tensor:
+    """log2phy [L, E, X]: each expert's slots (any order among its replicas), then −1 padding."""
+    L = phy2log.shape[0]
+    if not isinstance(got, torch.Tensor) or got.dtype != torch.int64 or list(got.shape) != [L, E, width]:
+        raise CheckFailed(f"{case}: expected log2phy as an int64 tensor [L, E, X] = [{L}, {E}, {width}], X being "
+                          f"the largest replica count over all layers; yours: {describe(got)}")
+    log2phy = got
+    for layer in range(L):
+        for e in range(E):
+            slots = sorted((phy2log[layer] == e).nonzero().flatten().tolist())
+            row = log2phy[layer, e].tolist()
+            if sorted(s for s in row if s >= 0) != slots or row[len(slots):] != [-1] * (width - len(slots)):
+                raise CheckFailed(f"{case}: layer {layer}: expert {e} is in slots {slots} of your phy2log; your "
+                                  f"log2phy[{layer}, {e}] = {row} (its slots, then −1 padding)")
+    return log2phy
+
+
+def expect_placement(got, want: tuple, weight: torch.Tensor, args: tuple, case: str, global_hint=None):
+    """Require the student's EPLB placement to equal the reference's, in the terms of EPLB's three steps."""
+    num_replicas, num_groups, num_nodes, num_gpus = args
+    w_phy, w_log2phy, w_cnt = want
+    phy2log, log2phy, logcnt = placement_structure(got, weight, num_replicas, case)
+    policy = "hierarchical" if num_groups % num_nodes == 0 else "global"
+    inputs = (f"{case}: {weight.shape[1]} experts in {plural(num_groups, 'group')}, {num_replicas} slots on "
+              f"{plural(num_gpus, 'GPU')} in {plural(num_nodes, 'node')} ({policy} policy)")
+    if policy == "hierarchical" and num_nodes > 1:
+        global_phy = global_hint[0] if global_hint is not None else None
+        explain_nodes(phy2log, w_phy, weight, num_groups, num_nodes, inputs, global_phy)
+    idx = first_wrong(logcnt, w_cnt)
+    if idx is not None:
+        layer, e = idx
+        hint = ""
+        if global_hint is not None and torch.equal(logcnt, global_hint[2]) and policy == "hierarchical":
+            hint = M.always_global.format(groups=num_groups, nodes=num_nodes)
+        elif (logcnt[layer] > 1).sum() < (w_cnt[layer] > 1).sum():
+            hint = M.raw_load
+        raise CheckFailed(inputs, f"layer {layer}, loads {vec(weight[layer])}: expert {e} gets {int(w_cnt[layer, e])} "
+                                  f"replica(s) (step 2: spare slots go, one by one, to the largest load / count); "
+                                  f"yours: {int(logcnt[layer, e])}",
+                          f"expected logcnt {vec(w_cnt[layer], 16)}; yours {vec(logcnt[layer], 16)}", hint=hint)
+    loads, w_loads = gpu_loads(weight, phy2log, logcnt, num_gpus), gpu_loads(weight, w_phy, w_cnt, num_gpus)
+    idx = first_wrong(loads, w_loads, atol=LOAD_ATOL, rtol=LOAD_RTOL)
+    per_gpu = num_replicas // num_gpus
+    if idx is not None:
+        layer, g = idx
+        mine = phy2log[layer, g * per_gpu:(g + 1) * per_gpu].tolist()
+        theirs = w_phy[layer, g * per_gpu:(g + 1) * per_gpu].tolist()
+        same_loads = torch.allclose(loads[layer].sort().values, w_loads[layer].sort().values, rtol=LOAD_RTOL)
+        raise CheckFailed(inputs, f"layer {layer}: GPU {g} (slots {g * per_gpu}–{(g + 1) * per_gpu - 1}) should carry "
+                                  f"experts {theirs} = {fmt(float(w_loads[layer, g]))}; yours: {mine} = "
+                                  f"{fmt(float(loads[layer, g]))}",
+                          f"expected GPU loads {vec(w_loads[layer])}; yours {vec(loads[layer])}",
+                          hint=M.packing_order if same_loads else "")
+    idx = first_wrong(phy2log, w_phy)
+    if idx is not None:
+        layer, s = idx
+        raise CheckFailed(inputs, f"layer {layer}: slot {s} (GPU {s // per_gpu}) holds expert {int(w_phy[layer, s])}; "
+                                  f"yours: {int(phy2log[layer, s])} (your GPU loads are right; the order inside a GPU is "
+                                  f"the order in which balanced packing gave it its replicas)")
+    return phy2log, expect_log2phy(log2phy, phy2log, weight.shape[1], w_log2phy.shape[2], case), logcnt
+
+
+def explain_nodes(phy2log: torch.Tensor, w_phy: torch.Tensor, weight: torch.Tensor, num_groups: int, num_nodes: int,
+                  inputs: str, global_phy: torch.Tensor | None = None) -> None:
+    """Step 1: each node must hold the experts of the groups balanced packing gives it (`global_phy`: the global
+    policy's placement, which a student who never packs groups onto nodes gives)."""
+    L, E = weight.shape
+    gs, per_node = E // num_groups, phy2log.shape[1] // num_nodes
+    for layer in range(L):
+        groups = lambda phy, n: sorted({e // gs for e in phy[layer, n * per_node:(n + 1) * per_node].tolist()})
+        for n in range(num_nodes):
+            mine, want = groups(phy2log, n), groups(w_phy, n)
+            if mine != want:
+                loads = weight[layer].double().view(num_groups, gs).sum(1)
+                order = sorted(range(num_groups), key=lambda g: -float(loads[g]))
+                raise CheckFailed(inputs, f"layer {layer}: step 1 packs the groups onto the nodes, heaviest first, "
+                                          f"each to the lightest node with room: group loads "
+                                          f"{', '.join(f'g{g} {fmt(float(loads[g]))}' for g in order)}",
+                                  f"node {n} should hold groups {want}; yours holds experts of groups {mine}",
+                                  hint=M.always_global.format(groups=num_groups, nodes=num_nodes)
+                                  if global_phy is not None and torch.equal(phy2log, global_phy) else
+                                  M.round_robin if num_groups // num_nodes > 1 else M.node_identity)
+
+
+def run_placement_case(t: Trial, weight: torch.Tensor, args: tuple, case: str):
+    got = t.yours.rebalance_experts(weight, *args)
+    want = t.ref.rebalance_experts(weight, *args)
+    glob = t.ref.rebalance_experts(weight, args[0], 1, 1, args[3])
+    return expect_placement(got, want, weight, args, case, glob)
+
+
+def balancedness_wrong(got: float, want: float) -> bool:
+    """The check's verdict on a balancedness: off by more than 1e-9 (relative, for values above 1)."""
+    return abs(got - want) > 1e-9 * max(1.0, abs(want))
+
+
+def expect_balancedness(got, loads: torch.Tensor, want: float, case: str) -> float:
+    if type(got) is not float:
+        raise CheckFailed(f"{case}: expected balancedness as a Python float; yours: {describe(got)}")
+    if balancedness_wrong(got, want):
+        rows = loads.double().reshape(-1, loads.shape[-1])
+        mean, top = rows.mean(1).sum().item(), rows.max(1).values.sum().item()
+        hint = ""
+        if want and abs(got - 1 / want) < 1e-6:
+            hint = M.max_over_mean
+        elif rows.shape[0] > 1 and abs(got - (rows.mean(1) / rows.max(1).values).mean().item()) < 1e-9:
+            hint = M.ratio_mean
+        shown = vec(loads, 16) if loads.dim() == 1 else "[" + ", ".join(vec(row) for row in loads) + "]"
+        raise CheckFailed(f"{case}: loads {shown}: Σ_layers mean = {fmt(mean)}, Σ_layers max = {fmt(top)}, so "
+                          f"balancedness = {fmt(want, 6)}; yours: {fmt(got, 6)}", hint=hint)
+    return got

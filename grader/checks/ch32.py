@@ -12,8 +12,19 @@ from dataclasses import dataclass
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, describe, expect_int, expect_tensor, fmt, hidden_model, public
-from grader.checks.ch23 import vec
+from grader.authoring import (
+    CheckFailed,
+    Hint,
+    Trial,
+    describe,
+    expect_int,
+    expect_tensor,
+    fmt,
+    hidden_model,
+    mistakes,
+    public,
+    vec,
+)
 
 CLAMP = 1e-10      # the race clamps its noise to ≥ 1e-10, as in ch23
 NEAR = 1e-5        # a verdict u < p/q or a race this close (relative) to a tie may go either way
@@ -33,8 +44,177 @@ SPEC_NOISE = [[1.0, 0.8, 1.3, 0.6, 2.0, 0.9], [1.2, 1.9, 0.5, 0.35, 0.2, 2.0], [
 SPEC_CONF = [max(row) for row in SPEC_Q]          # 0.7, 0.8, 0.6, 0.5, 0.6
 SPEC_THRESHOLD = 0.3                              # survivals 0.7, 0.56, 0.336 | 0.168, 0.1008 → 3 drafts
 
+VARIANTS = ["no bonus", "no stop", "rejected draft kept", "replacement from p", "residual q − p", "ratio q/p",
+            "accept when u ≥ p/q", "greedy", "next noise row", "bonus from row k − 1", "unclamped noise",
+            "q(x) = 0 accepted"]
+"""The classic mistakes of verification, as `verify_models` names what each emits, in the order they are tried
+(each is a row of the table of mistakes: `variant_hint`)."""
 
-# -- 32.1: verification ---------------------------------------------------------------------------
+# ch32-determinism: row 0 of x [64, 256] @ w [256, 64] in batches of 1 … 64, and the shapes plain x @ w is probed on.
+INT_OF = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16,
+          torch.float16: torch.int16}          # a float's bits, as the int of its width
+UNIT = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+FIG_K, FIG_N, FIG_BATCHES = 256, 64, [1, 2, 3, 4, 8, 16, 32, 64]
+PROBE_SHAPES = [(torch.float32, 64, 64), (torch.float32, 256, 128), (torch.float32, 1024, 64),
+                (torch.bfloat16, 256, 128), (torch.float64, 256, 128)]
+
+M = mistakes("ch32")
+
+verify_models = hidden_model("ch32_models.verify_models")
+"""`t.ref.drive(verify_models, case)`: each position's verdict and race, the first rejection, each mistake's tokens."""
+count_models = hidden_model("ch32_models.count_models")
+"""`t.ref.drive(count_models, conf, threshold)`: the survivals and the counts of the classic misreadings."""
+product_models = hidden_model("ch32_models.product_models")
+"""`t.ref.drive(product_models, x, w)`: x @ w in float64, its rounding bound, and a 16-bit accumulation."""
+
+
+# -- ch32.1 ----------------------------------------------------------------------------------------------------------
+
+@public("ch32.1", "figure instance: the 3 drafts sent for verification, 1 accepted, 1 rejected")
+def spec_instance(t: Trial) -> None:
+    n = t.ref.num_drafts_to_verify(SPEC_CONF, SPEC_THRESHOLD)
+    c = spec_case(n)
+    got = t.yours.verify_draft(*c.args())
+    want = t.ref.verify_draft(*c.args())
+    models = t.ref.drive(verify_models, c)
+    if type(got) in (list, tuple) and all(type(y) is int for y in got):
+        p, q = c.p.double(), c.q.double()
+        rows = [(float(q[i, x]), float(p[i, x]), float(c.u[i])) for i, x in enumerate(c.tokens)]
+        stop = models["stop"]
+        race = models["positions"][stop]
+        t.figure("ch32-spec-confidence", tokens=SPEC_TOKENS, verified=n, q_x=[r[0] for r in rows],
+                 p_x=[r[1] for r in rows], u=[r[2] for r in rows], stop=stop, race_p=p[stop],
+                 race_q=q[stop] if stop < c.k else None, race_weights=race["weights"], race_noise=c.e[stop],
+                 race_scores=race["scores"], emitted=list(got), emitted_expected=want)
+    expect_emitted(got, c, want, case=f'case "figure instance": drafts {c.tokens}, uniforms {SPEC_U[:n]}',
+                   models=models)
+
+
+@public("ch32.1", "the worked example of vLLM's rejection sampler: q = (0.6, 0.3, 0.1), p = (0.3, 0.5, 0.2)")
+def worked_example(t: Trial) -> None:
+    # Draft A (token 0): accepted with probability min(1, 0.3 / 0.6) = 0.5. u = 0.4 accepts it and the bonus
+    # follows; u = 0.7 rejects it, and max(0, p − q) = (0, 0.2, 0.1) races with the noise (0.2, 1.5, 0.6).
+    for u in (0.4, 0.7):
+        c = make_case([0], [[0.6, 0.3, 0.1]], [[0.3, 0.5, 0.2], [0.2, 0.2, 0.6]], [u],
+                      [[0.2, 1.5, 0.6], [1.3, 0.4, 0.9]])
+        run_verify(t, c, case=f'case "worked example": draft A = token 0, u = {u}')
+
+
+@public("ch32.1", "all k drafts accepted: k + 1 tokens, the bonus from target_probs[k] with noise[k]")
+def all_accepted(t: Trial) -> None:
+    c = make_case([1, 3, 0], [[0.2, 0.5, 0.2, 0.1], [0.1, 0.1, 0.2, 0.6], [0.4, 0.3, 0.2, 0.1]],
+                  [[0.1, 0.6, 0.2, 0.1], [0.1, 0.2, 0.1, 0.6], [0.5, 0.2, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4]],
+                  [0.1, 0.9, 0.3], [[1.0] * 4, [1.0] * 4, [1.0] * 4, [0.3, 2.0, 0.5, 1.9]])
+    run_verify(t, c, case='case "all accepted": every u < min(1, p/q)')
+
+
+@public("ch32.1", "q = p: every draft is accepted, even with u = 0.999")
+def same_distributions(t: Trial) -> None:
+    p = [[0.25, 0.25, 0.5], [0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]
+    c = make_case([2, 1], p[:2], p, [0.999, 0.999], [[1.0, 0.5, 2.0], [0.5, 1.0, 1.0], [2.0, 0.3, 1.0]])
+    run_verify(t, c, case='case "q = p": p(x) / q(x) = 1 > u')
+
+
+@public("ch32.1", "target_probs with k rows instead of k + 1 raises ValueError")
+def missing_bonus_row(t: Trial) -> None:
+    q = torch.tensor([[0.5, 0.5], [0.5, 0.5]])
+    t.expect_raises(ValueError, t.yours.verify_draft, torch.tensor([0, 1]), q, q.clone(), torch.tensor([0.1, 0.2]),
+                    torch.ones(3, 2), because="k = 2 drafts need k + 1 = 3 target rows (the last for the bonus)")
+
+
+# -- ch32.2 ----------------------------------------------------------------------------------------------------------
+
+@public("ch32.2", "figure instance: confidences 0.7, 0.8, 0.6, 0.5, 0.6 with threshold 0.3")
+def count_instance(t: Trial) -> None:
+    conf = torch.tensor(SPEC_CONF)
+    got = t.yours.num_drafts_to_verify(conf, SPEC_THRESHOLD)
+    want = t.ref.num_drafts_to_verify(conf, SPEC_THRESHOLD)
+    models = t.ref.drive(count_models, conf.double().tolist(), SPEC_THRESHOLD)
+    n = expect_int(got, what="the number of drafts to verify")
+    t.figure("ch32-spec-confidence", confidences=conf.double(), threshold=SPEC_THRESHOLD,
+             survivals=models["survivals"], n=n, n_expected=want)
+    expect_count(n, conf.double().tolist(), SPEC_THRESHOLD, want, case='case "figure instance"', models=models)
+
+
+@public("ch32.2", "the adaptive-verification example: R1 = (0.9, 0.8, 0.5), R2 = (0.6, 0.5, 0.9), threshold 0.35")
+def two_requests(t: Trial) -> None:
+    run_count(t, [0.9, 0.8, 0.5], 0.35, case='case "R1": survivals 0.9, 0.72, 0.36')
+    run_count(t, [0.6, 0.5, 0.9], 0.35, case='case "R2": survivals 0.6, 0.30, 0.27 (the 0.9 comes too late)')
+
+
+@public("ch32.2", "a survival exactly equal to the threshold is still verified")
+def equal_threshold(t: Trial) -> None:
+    run_count(t, torch.tensor([0.5, 0.5, 0.5], dtype=torch.float64), 0.25,
+              case='case "equal": survivals 0.5, 0.25, 0.125 (exact in binary), threshold 0.25')
+
+
+@public("ch32.2", "no drafts, and a first draft below the threshold: nothing to verify")
+def nothing_to_verify(t: Trial) -> None:
+    run_count(t, torch.zeros(0), 0.5, case='case "k = 0"')
+    run_count(t, torch.tensor([0.2, 1.0, 1.0]), 0.5, case='case "weak first draft": c0 = 0.2 < 0.5')
+
+
+@public("ch32.2", "a confidence above 1 raises ValueError")
+def bad_confidence(t: Trial) -> None:
+    t.expect_raises(ValueError, t.yours.num_drafts_to_verify, torch.tensor([0.9, 1.2]), 0.5,
+                    because="a confidence is a probability in [0, 1]; 1.2 is not")
+
+
+# -- ch32.3 ----------------------------------------------------------------------------------------------------------
+
+@public("ch32.3", f"figure instance: row 0 in batches of {FIG_BATCHES[0]} … {FIG_BATCHES[-1]}, beside plain x @ w")
+def determinism_instance(t: Trial) -> None:
+    x = torch.randn(max(FIG_BATCHES), FIG_K, generator=t.rng)
+    w = torch.randn(FIG_K, FIG_N, generator=t.rng)
+    batches = [list(range(B)) for B in FIG_BATCHES]
+    outs = collect(t, x, w, batches)
+    models = rows_of(t.ref.drive(product_models, x, w), batches)
+    mine, plain = [o[0] for o in outs], [(x[:B] @ w)[0] for B in FIG_BATCHES]
+    differ = lambda rows: [int((~same_bits(r, rows[0])).sum()) for r in rows]
+    first_col = lambda rows: next((int((~same_bits(r, rows[0])).nonzero()[0]) for r in rows
+                                   if not bool(same_bits(r, rows[0]).all())), None)
+    col = next((c for c in (first_col(mine), first_col(plain)) if c is not None), 0)
+    t.figure("ch32-determinism", K=FIG_K, N=FIG_N, batches=FIG_BATCHES, column=col,
+             yours=[float(r[col]) for r in mine], yours_bits=[bits(r[col]) for r in mine], yours_changed=differ(mine),
+             plain=[float(r[col]) for r in plain], plain_bits=[bits(r[col]) for r in plain],
+             plain_changed=differ(plain),
+             exact=float(models[0]["exact"][0, col]), probe=probe_matmul(t.rng), machine=machine())
+    expect_invariant(outs, x, w, batches, case=f'case "figure instance": row 0 of x [64, {FIG_K}], w [{FIG_K}, '
+                                               f'{FIG_N}], in batches of B = {FIG_BATCHES}', models=models)
+
+
+@public("ch32.3", "a row keeps its bits at any position, beside any neighbours")
+def any_position(t: Trial) -> None:
+    pool, w = torch.randn(12, 96, generator=t.rng), torch.randn(96, 40, generator=t.rng)
+    batches = [[0], [3, 0], [5, 1, 0, 7], [11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0], [0, 0, 0, 4, 4], [4], [7, 3, 11]]
+    run_invariance(t, pool, w, batches, case='case "positions": 12 rows of K = 96, N = 40, shuffled into 7 batches')
+
+
+@public("ch32.3", "agrees with x @ w up to float32 rounding, K = 1 and odd sizes included")
+def agrees(t: Trial) -> None:
+    for B, K, N in ((3, 5, 7), (1, 1, 4), (9, 130, 33), (0, 8, 3)):
+        x, w = torch.randn(B, K, generator=t.rng), torch.randn(K, N, generator=t.rng)
+        got = t.yours.batch_invariant_matmul(x, w)
+        expect_product(got, x, w, case=f'case "agrees": B = {B}, K = {K}, N = {N}',
+                       models=t.ref.drive(product_models, x, w))
+
+
+@public("ch32.3", "bfloat16 in, bfloat16 out, summed in float32")
+def bf16(t: Trial) -> None:
+    x = torch.randn(6, 512, generator=t.rng).to(torch.bfloat16)
+    w = (torch.randn(512, 24, generator=t.rng) * 0.05).to(torch.bfloat16)
+    got = t.yours.batch_invariant_matmul(x, w)
+    expect_product(got, x, w, case='case "bfloat16": B = 6, K = 512, N = 24', models=t.ref.drive(product_models, x, w))
+
+
+@public("ch32.3", "mismatched inner dimensions raise ValueError")
+def bad_shapes(t: Trial) -> None:
+    t.expect_raises(ValueError, t.yours.batch_invariant_matmul, torch.ones(2, 3), torch.ones(4, 5),
+                    because="x is [2, 3] and w is [4, 5]: x's K = 3 differs from w's K = 4")
+
+
+# -- helpers: verification -------------------------------------------------------------------------------------------
+
 @dataclass
 class Case:
     """One verification: draft tokens [k], q [k, V], p [k + 1, V], uniforms [k], noise [k + 1, V]."""
@@ -61,40 +241,23 @@ def make_case(tokens, q, p, u, e, dtype=torch.float32) -> Case:
                 torch.tensor(u, dtype=torch.float32).reshape(-1), rows(e, len(e), torch.float32))
 
 
-verify_models = hidden_model("ch32_models.verify_models")
-"""`t.ref.drive(verify_models, case)`: each position's verdict and race, the first rejection, each mistake's tokens."""
-count_models = hidden_model("ch32_models.count_models")
-"""`t.ref.drive(count_models, conf, threshold)`: the survivals and the counts of the classic misreadings."""
-product_models = hidden_model("ch32_models.product_models")
-"""`t.ref.drive(product_models, x, w)`: x @ w in float64, its rounding bound, and a 16-bit accumulation."""
-
-VARIANT_HINTS = [  # (a classic mistake, as `verify_models` names what it emits; the hint)
-    ("no bonus", "when all k drafts are accepted, add the bonus token drawn from target_probs[k] with noise[k]: a "
-                 "verification emits accepted + 1 tokens"),
-    ("no stop", "stop at the first rejection: the later drafts were drafted after the rejected token, which is not in "
-                "the output"),
-    ("rejected draft kept", "a rejected draft is not emitted: the recovered token takes its place"),
-    ("replacement from p", "at a rejection draw from max(0, p − q) renormalised, not from p: the drafter already "
-                           "offers some tokens too often, and only the mass it misses may be added back (else the "
-                           "output is not distributed as p)"),
-    ("residual q − p", "the recovered token comes from max(0, p − q): target minus draft"),
-    ("ratio q/p", "accept with probability min(1, p(x) / q(x)): target over draft"),
-    ("accept when u ≥ p/q", "accept when u < min(1, p(x) / q(x)): a small u accepts"),
-    ("greedy", "that is greedy verification (accept while the draft equals argmax p); a sampled request accepts when "
-               "u < min(1, p(x) / q(x)) and draws the rest with the noise"),
-    ("next noise row", "the race at position i uses noise[i]"),
-    ("bonus from row k − 1", "the bonus token comes from target_probs[k] with noise[k], the target's distribution "
-                             "after the last draft"),
-    ("unclamped noise", "clamp the noise to ≥ 1e-10 as in ch23: with E = 0, a zero weight gives 0 / 0 = NaN, which "
-                        "argmax picks"),
-    ("q(x) = 0 accepted", "a draft with q(x) = 0 could not have been drafted: reject it (vLLM does, since p(x) / q(x) "
-                          "is undefined)"),
-]
+def spec_case(n: int) -> Case:
+    """The figure instance cut to its first n drafts (and n + 1 target rows)."""
+    return make_case(SPEC_TOKENS[:n], SPEC_Q[:n], SPEC_P[:n + 1], SPEC_U[:n], SPEC_NOISE[:n + 1])
 
 
-def variant_hint(tokens: list[int], want: list[int], variants: dict) -> str:
+def variant_hint(name: str) -> Hint:
+    """The hint of the classic mistake of verification `name` (one of VARIANTS)."""
+    return {"no bonus": M.no_bonus, "no stop": M.no_stop, "rejected draft kept": M.rejected_kept,
+            "replacement from p": M.from_p, "residual q − p": M.reversed_residual, "ratio q/p": M.inverse_ratio,
+            "accept when u ≥ p/q": M.flipped_accept, "greedy": M.greedy, "next noise row": M.next_noise_row,
+            "bonus from row k − 1": M.bonus_row, "unclamped noise": M.unclamped_noise,
+            "q(x) = 0 accepted": M.zero_q_accepted}[name]
+
+
+def emitted_hint(tokens: list[int], want: list[int], variants: dict) -> str:
     """The hint of the classic mistake that emits exactly the student's tokens (`verify_models(...)["variants"]`)."""
-    return next((hint for name, hint in VARIANT_HINTS if variants[name] == tokens != want), "")
+    return next((variant_hint(name) for name in VARIANTS if variants[name] == tokens != want), "")
 
 
 def near(a: float, b: float) -> bool:
@@ -149,8 +312,8 @@ def expect_emitted(got, c: Case, want: list[int], *, case: str, models: dict | N
     (`models`: `verify_models`' answer; asked of the hidden side when needed if not given)."""
     V = c.p.shape[1]
     if type(got) not in (list, tuple) or any(type(y) is not int for y in got):
-        raise CheckFailed(f"{case}\nexpected the emitted tokens as a list of Python ints; yours: {describe(got)}"
-                          + ("  (use .tolist())" if isinstance(got, torch.Tensor) else ""))
+        raise CheckFailed(case, f"expected the emitted tokens as a list of Python ints; yours: {describe(got)}"
+                                + ("  (use .tolist())" if isinstance(got, torch.Tensor) else ""))
     tokens = list(got)
     if tokens == want:
         return tokens
@@ -181,11 +344,7 @@ def expect_emitted(got, c: Case, want: list[int], *, case: str, models: dict | N
         else:
             text += f"; yours: token {y}" if y != c.tokens[i] else "; yours: your list ends there"
         lines.append(text)
-    return _raise(lines, variant_hint(tokens, want, models["variants"]))
-
-
-def _raise(lines: list[str], hint: str):
-    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
+    raise CheckFailed(*lines, hint=emitted_hint(tokens, want, models["variants"]))
 
 
 def run_verify(t: Trial, c: Case, *, case: str) -> list[int]:
@@ -195,7 +354,8 @@ def run_verify(t: Trial, c: Case, *, case: str) -> list[int]:
     return expect_emitted(got, c, want, case=f"{case} (k = {c.k}, V = {c.p.shape[1]})", models=models)
 
 
-# -- 32.2: how many drafts to verify ----------------------------------------------------------------
+# -- helpers: how many drafts to verify ------------------------------------------------------------------------------
+
 def expect_count(got, conf: list[float], threshold: float, want: int, *, case: str, models: dict | None = None) -> int:
     """Require the number of drafts to verify; explain with the survivals (`models`: `count_models`' answer;
     asked of the hidden side when needed if not given)."""
@@ -214,13 +374,12 @@ def expect_count(got, conf: list[float], threshold: float, want: int, *, case: s
         lines.append(f"every survival stays ≥ {fmt(threshold)}, so all {k} drafts are verified; yours: {n}")
     hint = ""
     if n in (models["first alone below"], models["alone at or above"]) and n != want:
-        hint = ("the survival of draft j is the product c0 · … · cj, not cj on its own: a confident late draft "
-                "cannot rescue a weak prefix")
+        hint = M.per_item
     elif n == models["first at or below"] and n < want:
-        hint = "a survival equal to the threshold still counts (≥)"
+        hint = M.strict
     elif n == want + 1:
-        hint = "n counts the drafts whose survival is ≥ threshold: the first draft below it is not sent"
-    return _raise(lines, hint)
+        hint = M.count_first_below
+    raise CheckFailed(*lines, hint=hint)
 
 
 def run_count(t: Trial, conf, threshold: float, *, case: str) -> int:
@@ -230,14 +389,7 @@ def run_count(t: Trial, conf, threshold: float, *, case: str) -> int:
     return expect_count(got, values, threshold, want, case=case, models=t.ref.drive(count_models, values, threshold))
 
 
-# -- 32.3: batch invariance ---------------------------------------------------------------------------
-INT_OF = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16,
-          torch.float16: torch.int16}
-UNIT = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
-FIG_K, FIG_N, FIG_BATCHES = 256, 64, [1, 2, 3, 4, 8, 16, 32, 64]
-PROBE_SHAPES = [(torch.float32, 64, 64), (torch.float32, 256, 128), (torch.float32, 1024, 64),
-                (torch.bfloat16, 256, 128), (torch.float64, 256, 128)]
-
+# -- helpers: batch invariance ---------------------------------------------------------------------------------------
 
 def bits(v: torch.Tensor) -> str:
     """A float's bit pattern in hex (0x3F800000 for float32 1.0)."""
@@ -280,11 +432,8 @@ def expect_product(got, x: torch.Tensor, w: torch.Tensor, *, case: str, models: 
     lines = [case, f"out[{i}, {n}] = Σ_k x[{i}, k] · w[k, {n}] over K = {K} terms = {fmt(float(exact[i, n]), 8)} "
                    f"(float64), allowed error {fmt(float(bound[i, n]), 2)}; yours: {fmt(float(out[i, n]), 8)} "
                    f"({int(bad.sum())} of {bad.numel()} entries are off)"]
-    hint = ""
-    if "low" in models:
-        if bool((models["low"] == out).float().mean() > 0.9):
-            hint = f"accumulate in float32 and cast the result to {str(x.dtype)[6:]} once at the end"
-    return _raise(lines, hint)
+    low = "low" in models and bool((models["low"] == out).float().mean() > 0.9)
+    raise CheckFailed(*lines, hint=M.low_precision_acc.format(dtype=str(x.dtype)[6:]) if low else "")
 
 
 def collect(t: Trial, pool: torch.Tensor, w: torch.Tensor, batches: list[list[int]]) -> list[torch.Tensor]:
@@ -298,7 +447,7 @@ def expect_invariant(outs: list[torch.Tensor], pool: torch.Tensor, w: torch.Tens
     """Values close to x @ w, and each pool row with the same bits wherever it appears (batch size, position,
     neighbours); `models` holds `product_models`' answer for each batch."""
     for n, (idx, out) in enumerate(zip(batches, outs)):
-        expect_product(out, pool[idx], w, case=f"{case}, batch of B = {len(idx)}", models=models and models[n])
+        expect_product(out, pool[idx], w, case=f"{case}, batch of B = {len(idx)}", models=models[n] if models else None)
     first: dict[int, tuple[int, int, torch.Tensor, torch.Tensor]] = {}
     for idx, out in zip(batches, outs):
         for pos, r in enumerate(idx):
@@ -319,11 +468,7 @@ def expect_invariant(outs: list[torch.Tensor], pool: torch.Tensor, w: torch.Tens
                      f"columns differ",
                      "the order in which your function sums over k depends on the batch"]
             plain = bool(same_bits(out, pool[idx] @ w).all()) and bool(same_bits(out0, x0 @ w).all())
-            _raise(lines, f"your rows are plain x @ w's: on this machine the matmul kernel sums a row differently in "
-                          f"a batch of {B0} and of {len(idx)} rows; sum over k in one fixed order that never depends "
-                          f"on B" if plain else
-                          "nothing in a row's reduction may depend on the batch: not the number of rows (a split "
-                          "chosen by B), not the row's position, not the other rows")
+            raise CheckFailed(*lines, hint=M.plain_matmul.format(b0=B0, b=len(idx)) if plain else M.batch_dependent)
 
 
 def rows_of(models: dict, batches: list[list[int]]) -> list[dict]:
@@ -335,150 +480,3 @@ def rows_of(models: dict, batches: list[list[int]]) -> list[dict]:
 def run_invariance(t: Trial, pool: torch.Tensor, w: torch.Tensor, batches: list[list[int]], *, case: str) -> None:
     outs = collect(t, pool, w, batches)
     expect_invariant(outs, pool, w, batches, case=case, models=rows_of(t.ref.drive(product_models, pool, w), batches))
-
-
-# -- public checks of 32.1 ------------------------------------------------------------------------------
-def spec_case(n: int) -> Case:
-    """The figure instance cut to its first n drafts (and n + 1 target rows)."""
-    return make_case(SPEC_TOKENS[:n], SPEC_Q[:n], SPEC_P[:n + 1], SPEC_U[:n], SPEC_NOISE[:n + 1])
-
-
-@public("ch32.1", "figure instance: the 3 drafts sent for verification, 1 accepted, 1 rejected")
-def spec_instance(t: Trial) -> None:
-    n = t.ref.num_drafts_to_verify(SPEC_CONF, SPEC_THRESHOLD)
-    c = spec_case(n)
-    got = t.yours.verify_draft(*c.args())
-    want = t.ref.verify_draft(*c.args())
-    models = t.ref.drive(verify_models, c)
-    if type(got) in (list, tuple) and all(type(y) is int for y in got):
-        p, q = c.p.double(), c.q.double()
-        rows = [(float(q[i, x]), float(p[i, x]), float(c.u[i])) for i, x in enumerate(c.tokens)]
-        stop = models["stop"]
-        race = models["positions"][stop]
-        t.figure("ch32-spec-confidence", tokens=SPEC_TOKENS, verified=n, q_x=[r[0] for r in rows],
-                 p_x=[r[1] for r in rows], u=[r[2] for r in rows], stop=stop, race_p=p[stop],
-                 race_q=q[stop] if stop < c.k else None, race_weights=race["weights"], race_noise=c.e[stop],
-                 race_scores=race["scores"], emitted=list(got), emitted_expected=want)
-    expect_emitted(got, c, want, case=f'case "figure instance": drafts {c.tokens}, uniforms {SPEC_U[:n]}',
-                   models=models)
-
-
-@public("ch32.1", "the worked example of vLLM's rejection sampler: q = (0.6, 0.3, 0.1), p = (0.3, 0.5, 0.2)")
-def worked_example(t: Trial) -> None:
-    # Draft A (token 0): accepted with probability min(1, 0.3 / 0.6) = 0.5. u = 0.4 accepts it and the bonus
-    # follows; u = 0.7 rejects it, and max(0, p − q) = (0, 0.2, 0.1) races with the noise (0.2, 1.5, 0.6).
-    for u in (0.4, 0.7):
-        c = make_case([0], [[0.6, 0.3, 0.1]], [[0.3, 0.5, 0.2], [0.2, 0.2, 0.6]], [u],
-                      [[0.2, 1.5, 0.6], [1.3, 0.4, 0.9]])
-        run_verify(t, c, case=f'case "worked example": draft A = token 0, u = {u}')
-
-
-@public("ch32.1", "all k drafts accepted: k + 1 tokens, the bonus from target_probs[k] with noise[k]")
-def all_accepted(t: Trial) -> None:
-    c = make_case([1, 3, 0], [[0.2, 0.5, 0.2, 0.1], [0.1, 0.1, 0.2, 0.6], [0.4, 0.3, 0.2, 0.1]],
-                  [[0.1, 0.6, 0.2, 0.1], [0.1, 0.2, 0.1, 0.6], [0.5, 0.2, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4]],
-                  [0.1, 0.9, 0.3], [[1.0] * 4, [1.0] * 4, [1.0] * 4, [0.3, 2.0, 0.5, 1.9]])
-    run_verify(t, c, case='case "all accepted": every u < min(1, p/q)')
-
-
-@public("ch32.1", "q = p: every draft is accepted, even with u = 0.999")
-def same_distributions(t: Trial) -> None:
-    p = [[0.25, 0.25, 0.5], [0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]
-    c = make_case([2, 1], p[:2], p, [0.999, 0.999], [[1.0, 0.5, 2.0], [0.5, 1.0, 1.0], [2.0, 0.3, 1.0]])
-    run_verify(t, c, case='case "q = p": p(x) / q(x) = 1 > u')
-
-
-@public("ch32.1", "target_probs with k rows instead of k + 1 raises ValueError")
-def missing_bonus_row(t: Trial) -> None:
-    q = torch.tensor([[0.5, 0.5], [0.5, 0.5]])
-    t.expect_raises(ValueError, t.yours.verify_draft, torch.tensor([0, 1]), q, q.clone(), torch.tensor([0.1, 0.2]),
-                    torch.ones(3, 2), because="k = 2 drafts need k + 1 = 3 target rows (the last for the bonus)")
-
-
-# -- public checks of 32.2 ------------------------------------------------------------------------------
-@public("ch32.2", "figure instance: confidences 0.7, 0.8, 0.6, 0.5, 0.6 with threshold 0.3")
-def count_instance(t: Trial) -> None:
-    conf = torch.tensor(SPEC_CONF)
-    got = t.yours.num_drafts_to_verify(conf, SPEC_THRESHOLD)
-    want = t.ref.num_drafts_to_verify(conf, SPEC_THRESHOLD)
-    models = t.ref.drive(count_models, conf.double().tolist(), SPEC_THRESHOLD)
-    n = expect_int(got, what="the number of drafts to verify")
-    t.figure("ch32-spec-confidence", confidences=conf.double(), threshold=SPEC_THRESHOLD,
-             survivals=models["survivals"], n=n, n_expected=want)
-    expect_count(n, conf.double().tolist(), SPEC_THRESHOLD, want, case='case "figure instance"', models=models)
-
-
-@public("ch32.2", "the adaptive-verification example: R1 = (0.9, 0.8, 0.5), R2 = (0.6, 0.5, 0.9), threshold 0.35")
-def two_requests(t: Trial) -> None:
-    run_count(t, [0.9, 0.8, 0.5], 0.35, case='case "R1": survivals 0.9, 0.72, 0.36')
-    run_count(t, [0.6, 0.5, 0.9], 0.35, case='case "R2": survivals 0.6, 0.30, 0.27 (the 0.9 comes too late)')
-
-
-@public("ch32.2", "a survival exactly equal to the threshold is still verified")
-def equal_threshold(t: Trial) -> None:
-    run_count(t, torch.tensor([0.5, 0.5, 0.5], dtype=torch.float64), 0.25,
-              case='case "equal": survivals 0.5, 0.25, 0.125 (exact in binary), threshold 0.25')
-
-
-@public("ch32.2", "no drafts, and a first draft below the threshold: nothing to verify")
-def nothing_to_verify(t: Trial) -> None:
-    run_count(t, torch.zeros(0), 0.5, case='case "k = 0"')
-    run_count(t, torch.tensor([0.2, 1.0, 1.0]), 0.5, case='case "weak first draft": c0 = 0.2 < 0.5')
-
-
-@public("ch32.2", "a confidence above 1 raises ValueError")
-def bad_confidence(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.num_drafts_to_verify, torch.tensor([0.9, 1.2]), 0.5,
-                    because="a confidence is a probability in [0, 1]; 1.2 is not")
-
-
-# -- public checks of 32.3 ------------------------------------------------------------------------------
-@public("ch32.3", f"figure instance: row 0 in batches of {FIG_BATCHES[0]} … {FIG_BATCHES[-1]}, beside plain x @ w")
-def determinism_instance(t: Trial) -> None:
-    x = torch.randn(max(FIG_BATCHES), FIG_K, generator=t.rng)
-    w = torch.randn(FIG_K, FIG_N, generator=t.rng)
-    batches = [list(range(B)) for B in FIG_BATCHES]
-    outs = collect(t, x, w, batches)
-    models = rows_of(t.ref.drive(product_models, x, w), batches)
-    mine, plain = [o[0] for o in outs], [(x[:B] @ w)[0] for B in FIG_BATCHES]
-    differ = lambda rows: [int((~same_bits(r, rows[0])).sum()) for r in rows]
-    first_col = lambda rows: next((int((~same_bits(r, rows[0])).nonzero()[0]) for r in rows
-                                   if not bool(same_bits(r, rows[0]).all())), None)
-    col = next((c for c in (first_col(mine), first_col(plain)) if c is not None), 0)
-    t.figure("ch32-determinism", K=FIG_K, N=FIG_N, batches=FIG_BATCHES, column=col,
-             yours=[float(r[col]) for r in mine], yours_bits=[bits(r[col]) for r in mine], yours_changed=differ(mine),
-             plain=[float(r[col]) for r in plain], plain_bits=[bits(r[col]) for r in plain],
-             plain_changed=differ(plain),
-             exact=float(models[0]["exact"][0, col]), probe=probe_matmul(t.rng), machine=machine())
-    expect_invariant(outs, x, w, batches, case=f'case "figure instance": row 0 of x [64, {FIG_K}], w [{FIG_K}, '
-                                               f'{FIG_N}], in batches of B = {FIG_BATCHES}', models=models)
-
-
-@public("ch32.3", "a row keeps its bits at any position, beside any neighbours")
-def any_position(t: Trial) -> None:
-    pool, w = torch.randn(12, 96, generator=t.rng), torch.randn(96, 40, generator=t.rng)
-    batches = [[0], [3, 0], [5, 1, 0, 7], [11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0], [0, 0, 0, 4, 4], [4], [7, 3, 11]]
-    run_invariance(t, pool, w, batches, case='case "positions": 12 rows of K = 96, N = 40, shuffled into 7 batches')
-
-
-@public("ch32.3", "agrees with x @ w up to float32 rounding, K = 1 and odd sizes included")
-def agrees(t: Trial) -> None:
-    for B, K, N in ((3, 5, 7), (1, 1, 4), (9, 130, 33), (0, 8, 3)):
-        x, w = torch.randn(B, K, generator=t.rng), torch.randn(K, N, generator=t.rng)
-        got = t.yours.batch_invariant_matmul(x, w)
-        expect_product(got, x, w, case=f'case "agrees": B = {B}, K = {K}, N = {N}',
-                       models=t.ref.drive(product_models, x, w))
-
-
-@public("ch32.3", "bfloat16 in, bfloat16 out, summed in float32")
-def bf16(t: Trial) -> None:
-    x = torch.randn(6, 512, generator=t.rng).to(torch.bfloat16)
-    w = (torch.randn(512, 24, generator=t.rng) * 0.05).to(torch.bfloat16)
-    got = t.yours.batch_invariant_matmul(x, w)
-    expect_product(got, x, w, case='case "bfloat16": B = 6, K = 512, N = 24', models=t.ref.drive(product_models, x, w))
-
-
-@public("ch32.3", "mismatched inner dimensions raise ValueError")
-def bad_shapes(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.batch_invariant_matmul, torch.ones(2, 3), torch.ones(4, 5),
-                    because="x is [2, 3] and w is [4, 5]: x's K = 3 differs from w's K = 4")

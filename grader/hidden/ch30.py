@@ -4,44 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from grader.authoring import Trial, hidden
-from grader.checks.ch30 import (
-    MATRIX,
-    QWEN3_CONFIG,
-    batch_of,
-    expect_lowered,
-    fail,
-    run_support_case,
-)
+from grader.authoring import CheckFailed, Trial, hidden
+from grader.checks.ch30 import MATRIX, QWEN3_CONFIG, batch_of, expect_lowered, record_fields, run_support_case
 
-
-def random_request(t: Trial, request_id: int) -> dict:
-    """A request in any state a front end hands over: fresh, after a prefix hit, decoding, or preempted."""
-    r = t.random
-    prompt = [r.randrange(0, 151936) for _ in range(r.randint(1, 40))]
-    max_tokens = r.randint(1, 64)
-    output = [r.randrange(0, 151936) for _ in range(r.randint(0, max_tokens - 1))]
-    n = len(prompt) + len(output)
-    state = r.choice(["fresh", "prefix", "decode", "preempted", "last"])
-    computed = {"fresh": 0, "prefix": r.randint(0, n - 1), "decode": n - 1, "preempted": 0, "last": n - 1}[state]
-    if state == "decode" and not output:
-        computed = 0
-    sp = {}
-    for key, draw in (("temperature", lambda: r.choice([0.0, 0.5, 1.0, 1.3, r.random() * 2])),
-                      ("top_p", lambda: r.choice([1.0, 0.9, r.random() * 0.99 + 0.01])),
-                      ("top_k", lambda: r.choice([-1, 0, 1, 20, r.randint(1, 1000)])),
-                      ("seed", lambda: r.choice([None, 0, r.randrange(2**63)]))):
-        if r.random() < 0.6:
-            sp[key] = draw()
-    sp["max_tokens"] = max_tokens
-    req = {"request_id": r.randrange(2**63) if r.random() < 0.2 else request_id, "prompt_token_ids": prompt,
-           "sampling_params": sp}
-    if output or r.random() < 0.5:
-        req["output_token_ids"] = output
-    if computed or r.random() < 0.5:
-        req["num_computed_tokens"] = computed
-    return req
-
+# -- ch30.1 ---------------------------------------------------------------------------------------------------
 
 @hidden("ch30.1", "random requests: every field, ids and positions")
 def random_requests(t: Trial) -> None:
@@ -102,33 +68,24 @@ def random_batches(t: Trial) -> None:
         batch = batch_of(t.random.sample(pool, t.random.randint(1, 8)))
         got, want = t.yours.select_phase(batch), t.ref.select_phase(batch)
         if got != want:
-            fail([f"a batch of {len(batch)} records, is_prompt = {batch['is_prompt'].tolist()}: "
-                  + ("some record has prompt work, and prompt goes first" if want == "prompt" else
-                     "no record has prompt work") + f", so {want!r}; yours: {got!r}"])
-
-
-def _rebuilt(rec: np.ndarray, names: list[str], **retype) -> np.ndarray:
-    """The records with only `names`, in that order, some fields retyped, laid out like a C struct."""
-    dt = np.dtype([(n, retype.get(n, rec.dtype.fields[n][0])) for n in names], align=True)
-    out = np.zeros(rec.shape, dtype=dt)
-    for n in names:
-        out[n] = rec[n]
-    return out
+            raise CheckFailed(f"a batch of {len(batch)} records, is_prompt = {batch['is_prompt'].tolist()}: "
+                              + ("some record has prompt work, and prompt goes first" if want == "prompt" else
+                                 "no record has prompt work") + f", so {want!r}; yours: {got!r}")
 
 
 @hidden("ch30.1", "layout violations are rejected")
 def layout_violations(t: Trial) -> None:
     rec = batch_of([t.ref.lower_request(random_request(t, i))[0] for i in range(3)])
-    dt = rec.dtype
-    names = list(dt.names)
+    fields = record_fields(rec.dtype)
+    names = list(fields)
     swapped = names[:]
     swapped[2], swapped[3] = swapped[3], swapped[2]
     cases = [(_rebuilt(rec, names, top_k=">i4", prompt_len=">i4"),
               "its prompt_len and top_k are big-endian: the right names, the wrong bytes"),
              (_rebuilt(rec, names, top_k="<i8"), "its top_k is an int64, which moves seed and the size"),
              (_rebuilt(rec, names, temperature="<f8"), "its temperature is a float64"),
-             (rec.astype(np.dtype({"names": names, "formats": [dt.fields[n][0] for n in names],
-                                   "offsets": [dt.fields[n][1] for n in names], "itemsize": 64})),
+             (rec.astype(np.dtype({"names": names, "formats": [fields[n][0] for n in names],
+                                   "offsets": [fields[n][1] for n in names], "itemsize": 64})),
               "its records are 64 bytes apart: the right offsets, the wrong stride"),
              (_rebuilt(rec, swapped), "num_tokens and num_computed_tokens are swapped: the same sizes, another meaning"),
              (_rebuilt(rec, names[:-1]), "its records have no seed"),
@@ -145,43 +102,14 @@ def inconsistent_records(t: Trial) -> None:
                                "num_computed_tokens": 2})[0]
     flipped = rec.copy()
     flipped["is_prompt"] = True
-    t.expect_raises(ValueError, t.yours.select_phase, flipped, because="is_prompt says prompt, but only the newest output token "
-                                                            "lacks KV: that is a decode step")
+    t.expect_raises(ValueError, t.yours.select_phase, flipped,
+                    because="is_prompt says prompt, but only the newest output token lacks KV: that is a decode step")
     stale = rec.copy()
     stale["num_new_tokens"] = 3
     t.expect_raises(ValueError, t.yours.select_phase, stale, because="num_new_tokens 3 ≠ num_tokens − num_computed_tokens = 1")
 
 
-def random_matrix(t: Trial) -> dict:
-    r = t.random
-    archs = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "Qwen3MoeForCausalLM"]
-    return {"release": f"engine@{r.randrange(16**7):07x}", "architectures": r.sample(archs, r.randint(1, 4)),
-            "dtypes": r.sample(["float16", "bfloat16", "float32"], r.randint(1, 3)),
-            "quantization": r.sample(["fp8", "gptq", "awq", "int8"], r.randint(0, 3)),
-            "head_dims": sorted(r.sample([64, 80, 96, 128, 256], r.randint(1, 4))),
-            "max_context": r.choice([4096, 8192, 32768, 131072]),
-            "tensor_parallel_sizes": sorted(r.sample([1, 2, 4, 8], r.randint(1, 4))),
-            "features": {f: r.random() < 0.5 for f in r.sample(["prefix_caching", "kv_service", "lora",
-                                                                 "speculative_decoding"], r.randint(0, 4))}}
-
-
-def random_config(t: Trial, matrix: dict) -> dict:
-    r = t.random
-    heads = r.choice([8, 16, 32])
-    c = {"architectures": [r.choice(["LlamaForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM"])],
-         ("dtype" if r.random() < 0.3 else "torch_dtype"): r.choice(["float16", "bfloat16", "float32"]),
-         "hidden_size": heads * r.choice([64, 96, 128]), "num_attention_heads": heads,
-         "max_position_embeddings": r.choice([matrix["max_context"], matrix["max_context"] + 1, 2048, 40960])}
-    if r.random() < 0.5:
-        c["head_dim"] = r.choice([64, 128, 256])
-    if r.random() < 0.4:
-        c["quantization_config"] = r.choice([None, {"quant_method": r.choice(["fp8", "awq", "gptq"])}])
-    if r.random() < 0.7:
-        c["tensor_parallel_size"] = r.choice([1, 2, 3, 4, 8, 16])
-    if r.random() < 0.7:
-        c["features"] = r.sample(["prefix_caching", "kv_service", "lora", "speculative_decoding"], r.randint(0, 3))
-    return c
-
+# -- ch30.2 ---------------------------------------------------------------------------------------------------
 
 @hidden("ch30.2", "random configurations against random matrices")
 def random_support(t: Trial) -> None:
@@ -246,3 +174,74 @@ def real_configs(t: Trial) -> None:
             if t.random.random() < 0.3:
                 deployment["quantization_config"] = {"quant_method": t.random.choice(["fp8", "awq"])}
             run_support_case(t, {**config, **deployment}, MATRIX, f"{name}, {deployment}")
+
+
+# -- helpers: random requests, records and matrices from the grading seed --------------------------------------
+
+def random_request(t: Trial, request_id: int) -> dict:
+    """A request in any state a front end hands over: fresh, after a prefix hit, decoding, or preempted."""
+    r = t.random
+    prompt = [r.randrange(0, 151936) for _ in range(r.randint(1, 40))]
+    max_tokens = r.randint(1, 64)
+    output = [r.randrange(0, 151936) for _ in range(r.randint(0, max_tokens - 1))]
+    n = len(prompt) + len(output)
+    state = r.choice(["fresh", "prefix", "decode", "preempted", "last"])
+    computed = {"fresh": 0, "prefix": r.randint(0, n - 1), "decode": n - 1, "preempted": 0, "last": n - 1}[state]
+    if state == "decode" and not output:
+        computed = 0
+    sp = {}
+    for key, draw in (("temperature", lambda: r.choice([0.0, 0.5, 1.0, 1.3, r.random() * 2])),
+                      ("top_p", lambda: r.choice([1.0, 0.9, r.random() * 0.99 + 0.01])),
+                      ("top_k", lambda: r.choice([-1, 0, 1, 20, r.randint(1, 1000)])),
+                      ("seed", lambda: r.choice([None, 0, r.randrange(2**63)]))):
+        if r.random() < 0.6:
+            sp[key] = draw()
+    sp["max_tokens"] = max_tokens
+    req = {"request_id": r.randrange(2**63) if r.random() < 0.2 else request_id, "prompt_token_ids": prompt,
+           "sampling_params": sp}
+    if output or r.random() < 0.5:
+        req["output_token_ids"] = output
+    if computed or r.random() < 0.5:
+        req["num_computed_tokens"] = computed
+    return req
+
+
+def _rebuilt(rec: np.ndarray, names: list[str], **retype: str) -> np.ndarray:
+    """The records with only `names`, in that order, some fields retyped, laid out like a C struct."""
+    fields = record_fields(rec.dtype)
+    dt = np.dtype([(n, retype.get(n, fields[n][0])) for n in names], align=True)
+    out = np.zeros(rec.shape, dtype=dt)
+    for n in names:
+        out[n] = rec[n]
+    return out
+
+
+def random_matrix(t: Trial) -> dict:
+    r = t.random
+    archs = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "Qwen3MoeForCausalLM"]
+    return {"release": f"engine@{r.randrange(16**7):07x}", "architectures": r.sample(archs, r.randint(1, 4)),
+            "dtypes": r.sample(["float16", "bfloat16", "float32"], r.randint(1, 3)),
+            "quantization": r.sample(["fp8", "gptq", "awq", "int8"], r.randint(0, 3)),
+            "head_dims": sorted(r.sample([64, 80, 96, 128, 256], r.randint(1, 4))),
+            "max_context": r.choice([4096, 8192, 32768, 131072]),
+            "tensor_parallel_sizes": sorted(r.sample([1, 2, 4, 8], r.randint(1, 4))),
+            "features": {f: r.random() < 0.5 for f in r.sample(["prefix_caching", "kv_service", "lora",
+                                                                 "speculative_decoding"], r.randint(0, 4))}}
+
+
+def random_config(t: Trial, matrix: dict) -> dict:
+    r = t.random
+    heads = r.choice([8, 16, 32])
+    c = {"architectures": [r.choice(["LlamaForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM"])],
+         ("dtype" if r.random() < 0.3 else "torch_dtype"): r.choice(["float16", "bfloat16", "float32"]),
+         "hidden_size": heads * r.choice([64, 96, 128]), "num_attention_heads": heads,
+         "max_position_embeddings": r.choice([matrix["max_context"], matrix["max_context"] + 1, 2048, 40960])}
+    if r.random() < 0.5:
+        c["head_dim"] = r.choice([64, 128, 256])
+    if r.random() < 0.4:
+        c["quantization_config"] = r.choice([None, {"quant_method": r.choice(["fp8", "awq", "gptq"])}])
+    if r.random() < 0.7:
+        c["tensor_parallel_size"] = r.choice([1, 2, 3, 4, 8, 16])
+    if r.random() < 0.7:
+        c["features"] = r.sample(["prefix_caching", "kv_service", "lora", "speculative_decoding"], r.randint(0, 3))
+    return c

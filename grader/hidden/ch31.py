@@ -4,28 +4,19 @@ from __future__ import annotations
 
 import torch
 
-from grader.authoring import Trial, expect_tensor, first_wrong, hidden
+from grader.authoring import CheckFailed, Trial, expect_tensor, first_wrong, hidden, vec
 from grader.checks.ch31 import (
+    COMBINE_TOL,
     dispatch_structure,
     expect_balancedness,
     expect_dispatch,
-    fail,
     run_combine_case,
     run_placement_case,
     run_routing_case,
     scaled_experts,
-    vec,
 )
 
-
-def random_routing(t: Trial, N: int, E: int, k: int) -> torch.Tensor:
-    """int64 [N, k]: k distinct experts per token, skewed towards a few hot experts."""
-    hot = torch.rand(E, generator=t.rng) ** 3 + 0.01
-    return torch.multinomial(hot.expand(N, E), k, replacement=False, generator=t.rng) if N else \
-        torch.zeros(0, k, dtype=torch.int64)
-
-
-# -- 31.1 -------------------------------------------------------------------------------------------
+# -- ch31.1 ----------------------------------------------------------------------------------------------------------
 
 @hidden("ch31.1", "random router logits")
 def random_routes(t: Trial) -> None:
@@ -59,7 +50,7 @@ def route_bad(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.route_topk, torch.zeros(2, 4), -1, because="k = −1")
 
 
-# -- 31.2 -------------------------------------------------------------------------------------------
+# -- ch31.2 ----------------------------------------------------------------------------------------------------------
 
 @hidden("ch31.2", "random routing: rows and handle")
 def random_dispatch(t: Trial) -> None:
@@ -90,15 +81,16 @@ def random_round_trips(t: Trial) -> None:
         outputs = list(torch.cat(out_rows).split(handle["rows_per_rank"].tolist())) if out_rows else \
             [torch.zeros(0, H)] * R
         got = t.yours.combine(outputs, handle, w)
-        dense = sum(w[:, j:j + 1] * torch.einsum("nh,noh->no", x, mats[ids[:, j]]) for j in range(k))
+        dense = sum((w[:, j:j + 1] * torch.einsum("nh,noh->no", x, mats[ids[:, j]]) for j in range(k)),
+                    torch.zeros(N, H))
         out = expect_tensor(got, what=f"round trip {i}: the output", shape=[N, H], dtype=torch.float32)
-        idx = first_wrong(out, dense, atol=1e-4, rtol=1e-4)
+        idx = first_wrong(out, dense, atol=COMBINE_TOL, rtol=COMBINE_TOL)
         if idx is not None:
             tok = idx[0]
-            fail([f"round trip {i} ({N} tokens, {E} experts on {R} ranks, top-{k}; expert e computes x·W_eᵀ): "
-                  f"token {tok} routes to experts {ids[tok].tolist()} with weights {vec(w[tok])}, so "
-                  f"out[{tok}] = Σ_j w_j · x W_eᵀ = {vec(dense[tok])}; yours: {vec(out[tok])}"],
-                 "your handle and your combine must agree on where each row came from")
+            raise CheckFailed(f"round trip {i} ({N} tokens, {E} experts on {R} ranks, top-{k}; expert e computes "
+                              f"x·W_eᵀ): token {tok} routes to experts {ids[tok].tolist()} with weights {vec(w[tok])}, "
+                              f"so out[{tok}] = Σ_j w_j · x W_eᵀ = {vec(dense[tok])}; yours: {vec(out[tok])}",
+                              hint="your handle and your combine must agree on where each row came from")
 
 
 @hidden("ch31.2", "combine alone on random expert outputs")
@@ -137,24 +129,7 @@ def dispatch_bad_inputs(t: Trial) -> None:
                     because="weights for 2 tokens, but the handle has 3")
 
 
-# -- 31.3 -------------------------------------------------------------------------------------------
-
-def random_loads(t: Trial, L: int, E: int) -> torch.Tensor:
-    """Continuous, skewed loads (ties cannot matter): a few hot experts, the rest light."""
-    if t.random.random() < 0.5:
-        return torch.rand(L, E, generator=t.rng) * 1000
-    return (torch.rand(L, E, generator=t.rng) ** 4) * 5000 + torch.rand(L, E, generator=t.rng)
-
-
-def random_shape(t: Trial, hierarchical: bool) -> tuple[int, tuple]:
-    """E and (num_replicas, num_groups, num_nodes, num_gpus); groups divide over nodes iff hierarchical."""
-    nodes = t.random.choice([1, 2, 4] if hierarchical else [2, 4])
-    gpus = nodes * t.random.choice([1, 2, 4])
-    groups = nodes * t.random.choice([1, 2, 4]) if hierarchical else t.random.choice([1, 3, 5])
-    E = groups * t.random.choice([1, 2, 4])
-    replicas = gpus * (-(-E // gpus)) + gpus * t.random.choice([0, 1, 2])
-    return E, (replicas, groups, nodes, gpus)
-
+# -- ch31.3 ----------------------------------------------------------------------------------------------------------
 
 @hidden("ch31.3", "random loads, hierarchical policy")
 def eplb_random_hierarchical(t: Trial) -> None:
@@ -201,3 +176,29 @@ def eplb_bad_inputs(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.rebalance_experts, w[0], 12, 4, 2, 4, because="weight must be [layers, experts]")
     t.expect_raises(ValueError, t.yours.balancedness, torch.tensor([1.0, -2.0]), because="a negative load")
     t.expect_raises(ValueError, t.yours.balancedness, torch.zeros(0), because="no rank at all")
+
+
+# -- helpers: random routings, loads and shapes from the grading seed ------------------------------------------------
+
+def random_routing(t: Trial, N: int, E: int, k: int) -> torch.Tensor:
+    """int64 [N, k]: k distinct experts per token, skewed towards a few hot experts."""
+    hot = torch.rand(E, generator=t.rng) ** 3 + 0.01
+    return torch.multinomial(hot.expand(N, E), k, replacement=False, generator=t.rng) if N else \
+        torch.zeros(0, k, dtype=torch.int64)
+
+
+def random_loads(t: Trial, L: int, E: int) -> torch.Tensor:
+    """Continuous, skewed loads (ties cannot matter): a few hot experts, the rest light."""
+    if t.random.random() < 0.5:
+        return torch.rand(L, E, generator=t.rng) * 1000
+    return (torch.rand(L, E, generator=t.rng) ** 4) * 5000 + torch.rand(L, E, generator=t.rng)
+
+
+def random_shape(t: Trial, hierarchical: bool) -> tuple[int, tuple]:
+    """E and (num_replicas, num_groups, num_nodes, num_gpus); groups divide over nodes iff hierarchical."""
+    nodes = t.random.choice([1, 2, 4] if hierarchical else [2, 4])
+    gpus = nodes * t.random.choice([1, 2, 4])
+    groups = nodes * t.random.choice([1, 2, 4]) if hierarchical else t.random.choice([1, 3, 5])
+    E = groups * t.random.choice([1, 2, 4])
+    replicas = gpus * (-(-E // gpus)) + gpus * t.random.choice([0, 1, 2])
+    return E, (replicas, groups, nodes, gpus)

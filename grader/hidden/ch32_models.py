@@ -9,19 +9,20 @@ fixed instances.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from grader.checks.ch32 import CLAMP, UNIT, VARIANT_HINTS, Case, near
+from grader.checks.ch32 import CLAMP, UNIT, VARIANTS, Case, near
 
-VARIANT_KNOBS = {"no bonus": {"bonus": False}, "no stop": {"stop": False},
+VARIANT_KNOBS: dict[str, dict[str, Any]] = {"no bonus": {"bonus": False}, "no stop": {"stop": False},
                  "rejected draft kept": {"keep_rejected": True},
                  "replacement from p": {"recover": "p"}, "residual q − p": {"recover": "reverse"},
                  "ratio q/p": {"accept": "inverse"}, "accept when u ≥ p/q": {"accept": "flipped"},
                  "greedy": {"accept": "greedy", "recover": "argmax"}, "next noise row": {"shift": 1},
                  "bonus from row k − 1": {"bonus_row": 1}, "unclamped noise": {"clamp": False},
                  "q(x) = 0 accepted": {"accept": "q0"}}
-VARIANTS = [(name, VARIANT_KNOBS[name], hint) for name, hint in VARIANT_HINTS]
-"""(how the tokens were made, simulate's keywords, hint), as the hidden checks try them."""
+"""simulate's keywords for each classic mistake of `grader.checks.ch32.VARIANTS`."""
 
 
 def race(weights: torch.Tensor, noise: torch.Tensor, clamp: bool = True) -> tuple[int, torch.Tensor]:
@@ -76,7 +77,7 @@ def verify_models(ref, c: Case) -> dict:
         positions.append(pos)
     stop = next((i for i, pos in enumerate(positions[:c.k]) if not pos["accept"]), c.k)
     return {"positions": positions, "stop": stop,
-            "variants": {name: simulate(c, **VARIANT_KNOBS[name]) for name, _ in VARIANT_HINTS}}
+            "variants": {name: simulate(c, **VARIANT_KNOBS[name]) for name in VARIANTS}}
 
 
 def count_models(ref, conf: list[float], threshold: float) -> dict:
