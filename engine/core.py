@@ -293,7 +293,7 @@ class _Loop:
         probe = Probe() if self.probes is not None else None
         logits = self.runner.forward(self._metadata(rows), traced_seq=self.traced.seq_id, probe=probe)
         sampled = self._sample(logits)
-        if probe is not None:
+        if probe is not None and self.probes is not None:  # both or neither
             self.probes.append({"kind": kind, "rows": [(seq.seq_id, list(range(a, a + n))) for seq, a, n in rows],
                                 "stages": probe.stages, "logits": probe.logits, "tokens": sampled.tolist()})
         return {seq.seq_id: int(t) for (seq, _, _), t in zip(rows, sampled)}

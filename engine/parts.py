@@ -116,6 +116,7 @@ def _reference_module(chapter_id: str) -> ModuleType | None:
 def _student_module(path: Path) -> ModuleType:
     """Import a student's chapter file in this process, under a name of its own."""
     spec = importlib.util.spec_from_file_location(f"course_student_{path.stem}", path)
+    assert spec is not None and spec.loader is not None  # a .py file always has both
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

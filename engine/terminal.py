@@ -6,12 +6,15 @@ import json
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import click
 
 from engine.core import Run
 from engine.model import Model
+
+if TYPE_CHECKING:
+    from click._termui_impl import ProgressBar
 
 
 def read_prompts(path: Path) -> list[list[int]]:
@@ -31,7 +34,8 @@ class _Progress:
     """Which chapter's checks run, then a bar of generated tokens (on stderr, so stdout stays clean)."""
 
     def __init__(self, enabled: bool) -> None:
-        self.enabled, self.bar = enabled, None
+        self.enabled = enabled
+        self.bar: ProgressBar[int] | None = None
 
     def chapter(self, chapter_id: str) -> None:
         if self.enabled:

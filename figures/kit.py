@@ -114,7 +114,7 @@ class Figure:
         self.dwg.set_desc(title=title, desc=en)
         self._hatch()
         self.dwg.add(self.dwg.rect((0, 0), ("100%", "100%"), fill=PAPER))
-        self.y = MARGIN + TITLE
+        self.y: float = MARGIN + TITLE
         self.text(MARGIN, self.y, title, size=TITLE, weight="bold", cls="title")
         self.text(width - MARGIN, MARGIN, figure_id, size=SMALL, anchor="end", mono=True, color=MUTED, cls="figure-id")
         self.y += 10
@@ -158,14 +158,15 @@ class Figure:
     def cell(self, x: float, y: float, value: Any, *, role: str = "plain", w: float = CELL, h: float = CELL,
              expected: Any = None, wrong: bool = False, bold: bool = False, size: float = VALUE,
              fmt: Callable[[Any], str] = num, dashed: bool = False) -> None:
-        """One cell with its value; `wrong=True` shows `expected` under the struck-through value."""
+        """One cell with its value; `wrong=True` shows `expected` (unless None) under the struck-through value."""
         if wrong:
             self.dwg.add(self.dwg.rect((x, y), (w, h), fill="url(#hatch-wrong)", stroke=stroke("wrong"),
                                        stroke_width=2, class_="cell wrong"))
             self.text(x + w / 2, y + h * 0.44, fmt(value), size=size - 1, anchor="middle", mono=True,
                       color=stroke("wrong"), cls="value wrong", strike=True)
-            self.text(x + w / 2, y + h * 0.86, fmt(expected), size=size - 1, anchor="middle", mono=True,
-                      weight="bold", cls="expected")
+            if expected is not None:
+                self.text(x + w / 2, y + h * 0.86, fmt(expected), size=size - 1, anchor="middle", mono=True,
+                          weight="bold", cls="expected")
             self.text(x + w - 2, y + 9, "✗", size=9, anchor="end", color=stroke("wrong"), cls="mark")
             return
         rect = self.dwg.rect((x, y), (w, h), fill=fill(role), stroke=stroke(role), stroke_width=1, class_="cell")
@@ -198,7 +199,7 @@ class Figure:
                 r = role(i, j) if callable(role) else role
                 bad = bool(wrong[i][j]) if wrong is not None else expected is not None and not same(v, expected[i][j])
                 self.cell(left + j * (w + gap), top + i * (h + gap), v, role=r, w=w, h=h, fmt=fmt, wrong=bad,
-                          expected=expected[i][j] if bad else None)
+                          expected=expected[i][j] if bad and expected is not None else None)
         cols = max((len(r) for r in values), default=0)
         return left - x + cols * (w + gap) - gap, top - y + len(values) * (h + gap) - gap
 

@@ -17,7 +17,7 @@ class Part:
     """Something to draw whose size (`w`, `h`) is known before it is placed; `at(x, y)` draws it with its
     top-left corner there (once)."""
 
-    def __init__(self, w: float, h: float, draw: Callable[[float, float], None] | None = None) -> None:
+    def __init__(self, w: float, h: float, draw: Callable[[float, float], object] | None = None) -> None:
         self.w, self.h = w, h
         self._draw = draw
         self.x: float | None = None

@@ -83,7 +83,7 @@ def assemble(ch: Chapter, cells: list[str], where: list[str] | None = None, *, s
         else:
             kept = tuple(j for j, node in enumerate(tree.body) if _kept(node))
             graded = tuple(dict.fromkeys(n for j in kept for n in defines(tree.body[j]) if n in task_of))
-        tasks = sorted({task_of[n] for n in graded}, key=order.get)
+        tasks = sorted({task_of[n] for n in graded}, key=order.__getitem__)
         read.append((place, f"answer cell {' and '.join(tasks)}" if tasks else place, source, kept, graded, error))
     count: dict[str, int] = {}
     for _, label, *_ in read:
@@ -219,10 +219,11 @@ def segment(code: str, node: ast.stmt) -> str:
     (such as `### END SOLUTION`, which the AST does not count as part of the function)."""
     lines = code.splitlines()
     start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
-    end = node.end_lineno
+    last = node.end_lineno or node.lineno  # set for every parsed statement
+    end = last
     while end < len(lines) and (not lines[end].strip() or lines[end][:1].isspace() and lines[end].lstrip().startswith("#")):
         end += 1
-    while end > node.end_lineno and not lines[end - 1].strip():
+    while end > last and not lines[end - 1].strip():
         end -= 1
     return "\n".join(lines[start - 1:end])
 

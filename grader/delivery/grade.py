@@ -120,7 +120,8 @@ class Item:
 
     @property
     def source(self) -> str | None:
-        return os.path.join(self.folder, self.where) if self.name else None
+        where = self.where
+        return os.path.join(self.folder, where) if where else None
 
 
 def results_dir(out: Path, student: str, chapter: str) -> Path:
@@ -238,6 +239,7 @@ def read_item(item: Item):
 
     if item.problem:
         raise SubmissionError(item.problem)
+    assert item.name is not None  # an item has an answer or a problem
     return read_found(_open_dir(Path(item.folder)), item.archive or item.student, item.name,
                       chapters.find(item.chapter), archive=item.archive is not None)
 
@@ -321,6 +323,7 @@ def _document(item: Item, config: _Config, partial: Path) -> dict:
     for test, result in zip(doc["tests"], report.results):
         if result.todo:
             test["todo"] = True  # the stub's NotImplementedError: "not implemented" in the summary
+    assert item.source is not None and item.where is not None  # read above: it has an answer
     doc["target"] = _text(item.source)
     doc["answer"] = _text(item.where)
     if item.renamed:
@@ -354,7 +357,7 @@ def error_doc(item: Item, message: str, *, seed: int, retry: bool = False) -> di
            "figures": []}
     if item.source:
         doc["target"] = _text(item.source)
-    doc["answer"] = _text(item.where) if item.name else None
+    doc["answer"] = _text(item.where) if item.where else None
     if retry:
         doc["retry"] = True
     return doc
@@ -464,6 +467,7 @@ def _run_jobs(todo: list[Item], jobs: int, config: dict, out: Path, on_item: Cal
 
     def lost(job: _Job, why: str) -> None:
         item = job.item
+        assert item is not None  # a busy job's
         shutil.rmtree(_partial(out, item, job.proc.pid), ignore_errors=True)
         shutil.rmtree(job.scratch, ignore_errors=True)  # what it left: the submission, its sandbox's folders
         doc = error_doc(item, why, seed=config["seed"], retry=True)
@@ -492,6 +496,7 @@ def _run_jobs(todo: list[Item], jobs: int, config: dict, out: Path, on_item: Cal
             busy = [j for j in running if j.item is not None]
             wait([j.conn for j in busy] + [j.proc.sentinel for j in busy], timeout=1.0)
             for job in busy:
+                assert job.item is not None  # busy
                 result, gone = None, False
                 try:
                     if job.conn.poll():
@@ -597,7 +602,9 @@ class InOrder:
 
     def __init__(self, items: list[Item], emit: Callable[[dict], None]) -> None:
         self.index = {item: n for n, item in enumerate(items)}
-        self.emit, self.waiting, self.next = emit, {}, 0
+        self.emit = emit
+        self.waiting: dict[int, dict] = {}
+        self.next = 0
 
     def __call__(self, item: Item, result: dict) -> None:
         self.waiting[self.index[item]] = result
@@ -631,7 +638,7 @@ def _needs_grading(out: Path, item: Item) -> bool:
     again. A graded result is kept whatever changed (`--force` grades it again)."""
     try:
         doc = json.loads((results_dir(out, item.student, item.chapter) / "results.json").read_text(encoding="utf-8"))
-        moved = doc.get("status") == "error" and doc.get("answer") != (_text(item.where) if item.name else None)
+        moved = doc.get("status") == "error" and doc.get("answer") != (_text(item.where) if item.where else None)
         return bool(doc.get("retry")) or doc.get("chapter") != item.chapter or moved
     except (OSError, ValueError, AttributeError):
         return True
@@ -640,6 +647,7 @@ def _needs_grading(out: Path, item: Item) -> bool:
 def _doc_of(out: Path, item: Item, seed: int) -> dict:
     """An item's results document: its results.json, or (a dot-folder's) the error it was given."""
     if not item.recorded:
+        assert item.problem is not None  # a row not kept is one that cannot be graded
         return error_doc(item, item.problem, seed=seed)
     try:
         doc = json.loads((results_dir(out, item.student, item.chapter) / "results.json").read_text(encoding="utf-8"))

@@ -268,6 +268,7 @@ def _write_autograded(coursedir: CourseDirectory, ch: Chapter, item: _Staged, do
     import figures
 
     nb = item.notebook
+    assert nb is not None  # called only for a notebook that could be read
     tasks = {_tid(t.id): t for t in ch.tasks}
     count = 0
     for cell in nb.cells:

@@ -50,6 +50,7 @@ import stat
 import struct
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -350,9 +351,9 @@ def locate(tree: Tree, ch: Chapter, where: str) -> Found:
             return Found((name,))
     down = []
     for (folder,) in sorted(p for p, k in tree.kinds.items() if len(p) == 1 and k == FOLDER):
-        name = next((n for n in names if (folder, n) in tree.kinds), None)
-        if name:
-            down.append((folder, name))
+        inside = next((n for n in names if (folder, n) in tree.kinds), None)
+        if inside:
+            down.append((folder, inside))
     if len(down) == 1:
         return Found(down[0])
     if len(down) > 1:
@@ -368,7 +369,7 @@ def locate(tree: Tree, ch: Chapter, where: str) -> Found:
                           f"name your file {ch.filename} (or your notebook {names[1]})")
 
 
-def _doubt(paths: list[tuple[str, ...]]) -> str:
+def _doubt(paths: Sequence[tuple[str, ...]]) -> str:
     shown = ["/".join(shown_name(p) for p in path) for path in paths[:5]]
     more = f" (and {len(paths) - 5} more)" if len(paths) > 5 else ""
     return ", ".join(shown[:-1]) + f" and {shown[-1]}{more}"

@@ -33,10 +33,14 @@ import textwrap
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grader import chapters, checks
 from grader.chapters import Chapter
 from grader.delivery.cells import defines, segment, submission_from_cells
+
+if TYPE_CHECKING:
+    from grader.report import Report
 
 NOTEBOOK_TIME_LIMIT = 5.0
 """Seconds per check in a notebook (COURSE_NOTEBOOK_TIME_LIMIT may lower it): small enough that
@@ -86,7 +90,7 @@ def _launcher():
 class CellGrade:
     """What a public test cell shows: the task's report, as one text, and its figures."""
 
-    report: object
+    report: Report
     """The `grader.report.Report` of the task's public checks."""
     text: str
     """The report as the cell prints it: one block, lines wrapped to `WIDTH` columns."""
@@ -322,7 +326,7 @@ def _provided_code(ch: Chapter, source: str, tree: ast.Module) -> tuple[str, dic
         lines[a.lineno - 1] = (raw[:a.col_offset].decode("utf-8") + quoted + raw[a.end_col_offset:].decode("utf-8"))
     edited = "".join(lines)
     moved = [n for n in setup if level[id(n)] >= 0]
-    cut = set()
+    cut: set[int] = set()
     for node in ([tree.body[0]] if body is not tree.body else []) + graded + moved:
         first = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
         last = first + segment(edited, node).count("\n")
@@ -343,10 +347,11 @@ def _when_defined(node: ast.stmt, lazy: bool) -> tuple[list[ast.expr], list[ast.
         args = node.args
         every = args.posonlyargs + args.args + args.kwonlyargs + [a for a in (args.vararg, args.kwarg) if a]
         annotations = [a.annotation for a in every if a.annotation] + ([node.returns] if node.returns else [])
-        expressions = node.decorator_list + args.defaults + [d for d in args.kw_defaults if d]
+        expressions: list[ast.AST] = [*node.decorator_list, *args.defaults, *[d for d in args.kw_defaults if d]]
         return ([] if lazy else annotations), expressions
     if isinstance(node, ast.ClassDef):
-        annotations, expressions = [], node.decorator_list + node.bases + [k.value for k in node.keywords]
+        annotations = []
+        expressions = [*node.decorator_list, *node.bases, *[k.value for k in node.keywords]]
         for stmt in node.body:
             if isinstance(stmt, ast.AnnAssign):
                 annotations.append(stmt.annotation)

@@ -86,7 +86,7 @@ def _task_owners(source: str) -> dict[int, tuple[str, str]]:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             m = chapters.TASK_RE.search(ast.get_docstring(node) or "")
             if m:
-                for line in range(node.lineno, node.end_lineno + 1):
+                for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):  # set for every parsed node
                     owners[line] = (m.group(1), node.name)
     return owners
 

@@ -114,7 +114,7 @@ def read_file(folder: int | str | os.PathLike, name: str, limit: int) -> bytes:
     """The bytes of the regular file `name` in `folder` (an open folder descriptor, or a path
     that is followed), read without following a link and at most `limit` bytes long."""
     own = not isinstance(folder, int)
-    dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)) if own else folder
+    dir_fd = folder if isinstance(folder, int) else os.open(folder, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
     try:
         try:
             info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)

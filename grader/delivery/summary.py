@@ -25,6 +25,7 @@ import collections
 import math
 import re
 import statistics
+from typing import Any
 
 from grader.chapters import Chapter
 
@@ -87,7 +88,7 @@ def _checks(graded: list[dict]) -> list[dict]:
                 continue
             kind, key, shown = message_group(test.get("output", ""))
             groups[name].setdefault(key, []).append(shown)
-    result = []
+    result: list[dict[str, Any]] = []
     for name in order:
         ranked = sorted(groups[name].values(), key=len, reverse=True)  # stable: the first seen wins a tie
         wrong = failing[name] - todo[name]

@@ -20,7 +20,7 @@ import resource
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -72,15 +72,15 @@ class Child:
             _flush()
             frames.write_frame(self.rep_fd, reply, out)
 
-    def op_load(self, header: dict, _: list[bytes]) -> tuple[dict, list[bytes]]:
-        spec = importlib.util.spec_from_file_location(header["name"], header["path"])
+    def op_load(self, header: dict, _: list[bytearray]) -> tuple[dict, list[bytes]]:
+        spec = cast("importlib.machinery.ModuleSpec", importlib.util.spec_from_file_location(header["name"], header["path"]))  # a .py file
         module = importlib.util.module_from_spec(spec)
         sys.modules[header["name"]] = module
         self.module = module
-        spec.loader.exec_module(module)
+        cast("importlib.abc.Loader", spec.loader).exec_module(module)
         return {"ok": True}, []
 
-    def op_call(self, header: dict, buffers: list[bytes]) -> tuple[dict, list[bytes]]:
+    def op_call(self, header: dict, buffers: list[bytearray]) -> tuple[dict, list[bytes | memoryview]]:
         args = wire.decode(header["args"], buffers, self.resolve)
         kwargs = wire.decode(header["kwargs"], buffers, self.resolve)
         target = header["target"]
@@ -103,7 +103,7 @@ class Child:
         tree, out = wire.encode({"value": value, "args": args, "kwargs": kwargs}, self.keep)
         return {"ok": True, "result": tree, "elapsed": elapsed}, out
 
-    def op_getattr(self, header: dict, _: list[bytes]) -> tuple[dict, list[bytes]]:
+    def op_getattr(self, header: dict, _: list[bytearray]) -> tuple[dict, list[bytes | memoryview]]:
         """Read attributes of an object that stayed here (its observable state)."""
         obj = self.resolve(header["handle"])
         saved = dict(vars(builtins))

@@ -19,7 +19,10 @@ import os
 import select
 import struct
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 _LEN = struct.Struct(">Q")
 MAX_HEADER = 8 << 20
@@ -43,7 +46,8 @@ class FrameTooLarge(WireError):
     """The other side announced more bytes than the reader accepts."""
 
 
-def write_frame(fd: int, header: Any, buffers: list = (), *, deadline: float | None = None) -> None:
+def write_frame(fd: int, header: Any, buffers: Sequence[bytes | bytearray | memoryview] = (), *,
+                deadline: float | None = None) -> None:
     """Write one frame; with a `deadline` (a time.monotonic value) the pipe must take it in time.
 
     Buffers may be bytes, bytearrays or memoryviews; they are written as they are, never joined.
@@ -60,7 +64,7 @@ def write_frame(fd: int, header: Any, buffers: list = (), *, deadline: float | N
         for part in parts:
             view = memoryview(part)
             while view.nbytes:
-                if not blocking:
+                if deadline is not None:  # not blocking
                     left = deadline - time.monotonic()
                     if left <= 0 or not select.select([], [fd], [], left)[1]:
                         raise WireTimeout("the other side did not read in time")

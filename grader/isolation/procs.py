@@ -33,7 +33,7 @@ def children() -> set[int]:
     return pids
 
 
-def kill_strays(known: set[int] = frozenset()) -> list[str]:
+def kill_strays(known: set[int] | frozenset[int] = frozenset()) -> list[str]:
     """Kill every child not in `known`, and the orphans that killing them leaves; name the ones
     that were still running (children that had already exited are only reaped)."""
     found: list[str] = []

@@ -44,6 +44,7 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import cast
 
 from grader.isolation import procs
 
@@ -198,6 +199,7 @@ class Box:
             if self._info_r is not None:
                 os.close(self._info_w)
         if self.kind == "bwrap":
+            assert self._info_r is not None  # the pipe made above
             self.init_pid = _child_pid(self._info_r)
             os.close(self._info_r)
         else:
@@ -259,7 +261,7 @@ class Box:
                 time.sleep(0.02)
             if left:
                 raise RuntimeError(f"the sandbox's processes {left} outlived it")
-            for pid in {self.init_pid, *self.frame} - {None}:  # a subreaper adopts what bwrap's own leave
+            for pid in cast("set[int]", {self.init_pid, *self.frame} - {None}):  # a subreaper adopts what bwrap's own leave
                 try:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:

@@ -125,8 +125,9 @@ class Session:
                 raise
             self.loaded = True
 
-    def _request(self, header: dict, buffers: list[bytes], label: str, timeout: float) -> tuple[dict, list[bytes]]:
+    def _request(self, header: dict, buffers: list[bytes], label: str, timeout: float) -> tuple[dict, list[bytearray]]:
         worker = self.worker
+        assert worker is not None  # started by _ensure_loaded
         try:
             reply, out = worker.request(header, buffers, timeout=max(timeout, 0.0))
         except frames.WireTimeout:
@@ -176,6 +177,7 @@ class Session:
         at the warm process's size plus `memory`: loading the module, the inputs, the call and its
         reply all count, and the kernel refuses anything beyond (objects of earlier calls are gone).
         """
+        where: str | dict[str, object]
         if isinstance(target, str):
             label, where = target, target
         else:

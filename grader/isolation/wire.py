@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 
 from grader.isolation.frames import WireError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 MAX_DEPTH = 64
 MAX_NODES = 2_000_000
@@ -34,13 +37,13 @@ class Handle:
         return f"<{self.type_name} object>"
 
 
-def encode(value: Any, keep: Callable[[Any], int] | None = None) -> tuple[Any, list[bytes]]:
+def encode(value: Any, keep: Callable[[Any], int] | None = None) -> tuple[Any, list[bytes | memoryview]]:
     """Turn `value` into a JSON-able tree and a list of buffers.
 
     `keep` stores a value that is not plain data and returns its handle id;
     without it such a value is an error.
     """
-    buffers: list[bytes] = []
+    buffers: list[bytes | memoryview] = []
 
     def walk(v: Any, depth: int) -> Any:
         if depth > MAX_DEPTH:
@@ -64,7 +67,7 @@ def encode(value: Any, keep: Callable[[Any], int] | None = None) -> tuple[Any, l
         if isinstance(v, Handle):
             return {"$": "handle", "id": v.id, "type": v.type_name}
         if isinstance(v, torch.Tensor) and v.layout == torch.strided and v.device.type == "cpu":
-            node = {"$": "tensor", "dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape),
+            node: dict[str, Any] = {"$": "tensor", "dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape),
                     "cls": t.__name__}
             v = v.detach()
             if v.is_contiguous() or v.numel() == 0 or min(v.stride(), default=0) < 0:
@@ -88,14 +91,14 @@ def encode(value: Any, keep: Callable[[Any], int] | None = None) -> tuple[Any, l
     return walk(value, 0), buffers
 
 
-def decode(tree: Any, buffers: list[bytes], resolve: Callable[[int], Any] | None = None) -> Any:
+def decode(tree: Any, buffers: Sequence[bytes | bytearray], resolve: Callable[[int], Any] | None = None) -> Any:
     """Rebuild a value from `encode`'s output, accepting only the allowed types.
 
     `resolve` maps handle ids back to objects (the student's side); without it
     handles decode to `Handle` (the grader's side).
     """
 
-    def buf(i: Any) -> bytes:
+    def buf(i: Any) -> bytes | bytearray:
         if type(i) is not int or not 0 <= i < len(buffers):
             raise WireError("bad buffer index")
         return buffers[i]
@@ -148,12 +151,12 @@ def _hashable(key: Any) -> Any:
     return key
 
 
-_DTYPES = {name: getattr(torch, name) for name in (
+_DTYPES: dict[Any, torch.dtype] = {name: getattr(torch, name) for name in (
     "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16",
     "float32", "float64", "complex64", "complex128")}
 
 
-def _tensor(node: dict, data: bytes) -> torch.Tensor:
+def _tensor(node: dict, data: bytes | bytearray) -> torch.Tensor:
     dtype = _DTYPES.get(node.get("dtype"))
     shape = node.get("shape")
     if dtype is None or type(shape) is not list or not all(type(s) is int and s >= 0 for s in shape):

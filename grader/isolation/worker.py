@@ -16,9 +16,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from grader.isolation import frames
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from grader.isolation.child import main; main(sys.argv[2:])"
 MAX_REPLY_BYTES = 128 << 20
@@ -87,7 +90,7 @@ class Worker:
     def pid(self) -> int:
         return self.process.pid
 
-    def request(self, header: dict, buffers: list = (), *, timeout: float,
+    def request(self, header: dict, buffers: Sequence[bytes | bytearray | memoryview] = (), *, timeout: float,
                 max_bytes: int = MAX_REPLY_BYTES) -> tuple[dict, list[bytearray]]:
         """Send one request; raise frames.WireTimeout / WireClosed / FrameTooLarge / WireError.
 

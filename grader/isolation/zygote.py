@@ -23,8 +23,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from grader.isolation.worker import Worker
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 BOOT = ("import sys; sys.dont_write_bytecode = True; sys.path.insert(0, sys.argv[1]); "
         "from grader.isolation.zygote import serve; serve(int(sys.argv[2]))")
@@ -106,7 +110,7 @@ class Zygote:
         except OSError:
             return ""
 
-    def _send(self, message: dict, fds: list[int] = ()) -> None:
+    def _send(self, message: dict, fds: Sequence[int] = ()) -> None:
         data = json.dumps(message).encode() + b"\n"
         try:
             socket.send_fds(self.sock, [data], list(fds)) if fds else self.sock.sendall(data)
@@ -137,7 +141,7 @@ class Zygote:
             os.close(req_w)
             os.close(rep_r)
             raise ZygoteError("the warm process's new student process is not to be found")
-        return Worker(_Forked(self, host, inner), req_w, rep_r, log_path)
+        return Worker(_Forked(self, host, cast(int, inner)), req_w, rep_r, log_path)  # found: an int
 
     def wait(self, inner: int, timeout: float) -> int | None:
         self._send({"op": "wait", "pid": inner, "timeout": timeout})

@@ -17,7 +17,7 @@ import importlib.util
 import math
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal, overload
 
 from grader import chapters
 
@@ -56,6 +56,12 @@ class Param:
         return value
 
 
+@overload
+def _number(raw: Any, *, integer: Literal[True]) -> int: ...
+@overload
+def _number(raw: Any, *, integer: Literal[False]) -> float: ...
+@overload
+def _number(raw: Any, *, integer: bool) -> float | int: ...
 def _number(raw: Any, *, integer: bool) -> float | int:
     if isinstance(raw, bool):
         raise ValueError("a number, please")
@@ -150,22 +156,6 @@ class Numbers(Param):
                 "max_len": self.max_len}
 
 
-@dataclass(frozen=True)
-class Flag(Param):
-    """On or off."""
-
-    kind = "bool"
-
-    def parse(self, raw: Any) -> bool:
-        if isinstance(raw, bool):
-            return raw
-        if str(raw).lower() in ("true", "1", "on", "yes"):
-            return True
-        if str(raw).lower() in ("false", "0", "off", "no", ""):
-            return False
-        raise ValueError(f"on or off; got {raw!r}")
-
-
 # -- experiments -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -208,9 +198,6 @@ class Experiment:
         if errors:
             raise ParamError(errors)
         return values
-
-    def defaults(self) -> dict:
-        return {p.name: p.default for p in self.params}
 
     def to_json(self) -> dict:
         return {"id": self.id, "chapter": self.chapter, "title": self.title, "about": self.about,

@@ -61,8 +61,8 @@ def reach(svg: str, width: float) -> float:
         tag = el.tag.removeprefix(SVG)
         if tag == "pattern":
             continue
-        if tag == "rect" and not el.get("width", "").endswith("%") and el.get("x") is not None:
-            far = max(far, float(el.get("x")) + float(el.get("width", 0)))
+        if tag == "rect" and not el.get("width", "").endswith("%") and (x := el.get("x")) is not None:
+            far = max(far, float(x) + float(el.get("width", 0)))
         elif tag == "line":
             x1, x2 = float(el.get("x1", 0)), float(el.get("x2", 0))
             if not (x1 == MARGIN and x2 == width - MARGIN):  # the rule under the captions

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from grader import chapters
 from grader.authoring.spec import CheckSpec
@@ -52,7 +53,9 @@ def main() -> None:
     session.begin_check(1e9)
     session.call("slot_mapping", [[0], [0], 1], {})
     print(f"start the student process + import torch + load the module: {time.perf_counter() - t0:.2f} s")
-    for n, args in ((1000, [[3, 0, 4], [0, 1, 2, 3, 4], 2]), (200, [list(range(1024)), list(range(16384)), 16])):
+    cases: list[tuple[int, list[Any]]] = [(1000, [[3, 0, 4], [0, 1, 2, 3, 4], 2]),
+                                          (200, [list(range(1024)), list(range(16384)), 16])]
+    for n, args in cases:
         start = time.perf_counter()
         for _ in range(n):
             session.call("slot_mapping", args, {})

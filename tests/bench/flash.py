@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,6 +53,7 @@ def one(impl: str, T: int, d: int, block: int) -> dict:
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(T, d, generator=g) for _ in range(3))
+    fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object]
     if impl == "naive":
         fn = lambda q, k, v: ref.naive_attention(q, k, v, causal=True)
     else:

@@ -25,8 +25,8 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from mutate import mutant  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for mutate
+from mutate import mutant  # type: ignore[import-not-found, unused-ignore]  # noqa: E402 (mypy does not follow sys.path)
 
 from grader import chapters  # noqa: E402
 from grader.delivery.notebook import write_course  # noqa: E402

@@ -1,6 +1,6 @@
 """Benchmark (not a test): the course engine's tokens per second against transformers' `generate`.
 
-Run:  .venv/bin/python tests/bench/engine.py [--skip-large]
+Run:  .venv/bin/python tests/bench/engine_speed.py [--skip-large]
 Needs the oracle extra (transformers). Two models with random weights: the `tiny`
 preset and Qwen3-0.6B's shape (28 layers, hidden 1024, vocab 151936; about 2.4 GB
 in float32 for each of the two copies; --skip-large leaves it out). Both sides decode
