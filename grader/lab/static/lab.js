@@ -87,10 +87,7 @@ function buildControls(exp) {
     const input = document.createElement("input");
     input.id = `param-${p.name}`;
     input.name = p.name;
-    if (p.kind === "bool") {
-      input.type = "checkbox";
-      input.checked = Boolean(p.default);
-    } else if (p.kind === "int" || p.kind === "float") {
+    if (p.kind === "int" || p.kind === "float") {
       input.type = "number";
       input.min = p.min; input.max = p.max; input.step = p.kind === "int" ? 1 : p.step;
       input.value = p.default;
@@ -102,7 +99,7 @@ function buildControls(exp) {
     const hint = document.createElement("span");
     hint.className = "hint";
     hint.textContent = p.kind === "list" ? `${p.min_len}–${p.max_len} numbers in ${p.min} … ${p.max}`
-      : p.kind === "bool" ? "" : `${p.min} … ${p.max}`;
+      : `${p.min} … ${p.max}`;
     const error = document.createElement("span");
     error.className = "error";
     error.id = `error-${p.name}`;
@@ -120,7 +117,7 @@ function buildControls(exp) {
 function values() {
   const out = {};
   for (const input of $("controls").querySelectorAll("input")) {
-    out[input.name] = input.type === "checkbox" ? input.checked : input.value;
+    out[input.name] = input.value;
   }
   return out;
 }
