@@ -182,24 +182,33 @@ class Figure:
              row_labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None,
              w: float = CELL, h: float = CELL, gap: float = 0, fmt: Callable[[Any], str] = num,
              same: Callable[[Any, Any], bool] | None = None,
-             wrong: Sequence[Sequence[bool]] | None = None) -> tuple[float, float]:
+             wrong: Sequence[Sequence[bool]] | None = None, size: float = VALUE,
+             bold: bool | Callable[[int, int], bool] = False, dashed: bool | Callable[[int, int], bool] = False,
+             label_w: float | None = None) -> tuple[float, float]:
         """A matrix of cells; cells the check found wrong (`wrong`, its verdict per cell), or else differing from
-        `expected`, are marked with the expected value. Returns (width, height)."""
+        `expected`, are marked with the expected value. `size` is the values' font size; `bold` and `dashed` may
+        depend on the cell. A row label may have a second line after "\\n" (in small type); `label_w` fixes the
+        labels' gutter, so grids stacked with the same gutter line up. Returns (width, height)."""
         same = same or (lambda a, b: a == b)
         top = y + (16 if col_labels else 0)
-        left = x + (max(text_width(s, SMALL + 1) for s in row_labels) + 8 if row_labels else 0)
+        left = x + (row_label_width(row_labels) if label_w is None else label_w)
         for j, label in enumerate(col_labels or []):
             self.text(left + j * (w + gap) + w / 2, top - 5, label, size=SMALL + 1, anchor="middle",
                       color=MUTED, cls="label")
         for i, row in enumerate(values):
             if row_labels:
-                self.text(left - 8, top + i * (h + gap) + h / 2 + 4, row_labels[i], size=SMALL + 1,
-                          anchor="end", color=MUTED, cls="label")
+                first, _, second = row_labels[i].partition("\n")
+                mid = top + i * (h + gap) + h / 2
+                self.text(left - 8, mid + 4 - (6 if second else 0), first, size=SMALL + 1, anchor="end", color=MUTED,
+                          cls="label")
+                if second:
+                    self.text(left - 8, mid + 12, second, size=SMALL, anchor="end", color=MUTED, cls="label")
             for j, v in enumerate(row):
                 r = role(i, j) if callable(role) else role
                 bad = bool(wrong[i][j]) if wrong is not None else expected is not None and not same(v, expected[i][j])
                 self.cell(left + j * (w + gap), top + i * (h + gap), v, role=r, w=w, h=h, fmt=fmt, wrong=bad,
-                          expected=expected[i][j] if bad and expected is not None else None)
+                          expected=expected[i][j] if bad and expected is not None else None, size=size,
+                          bold=bold(i, j) if callable(bold) else bold, dashed=dashed(i, j) if callable(dashed) else dashed)
         cols = max((len(r) for r in values), default=0)
         return left - x + cols * (w + gap) - gap, top - y + len(values) * (h + gap) - gap
 
@@ -378,10 +387,12 @@ class Figure:
         return Part(width, h, lambda x, y: self.box(x, y, width, h, role=role, label=label, mono=mono))
 
     def table(self, rows: Sequence[Sequence[Any]], *, header: Sequence[str] | None = None, h: float = CELL,
-              gap: float = 18, size: float = LABEL, mono: bool = False, color: str = INK) -> Part:
+              gap: float = 18, size: float = LABEL, mono: bool = False, color: str = INK,
+              row_gap: float = 0) -> Part:
         """Columns of text, one line per row, each row `h` high and centred in it, under an optional `header`
         16 px high: beside a `matrix` of the same row height (placed with `row(..., align="top")`), row i of
-        the text sits on row i of the cells. A cell is a string, or `(string, {"color", "bold", "mono"})`."""
+        the text sits on row i of the cells (give `row_gap` the matrix's `gap`). A cell is a string, or
+        `(string, {"color", "bold", "mono"})`."""
         cells = [[c if isinstance(c, tuple) else (str(c), {}) for c in r] for r in rows]
         ncols = max([len(r) for r in cells] + [len(header or [])])
         widths = [max([text_width(r[j][0], size, r[j][1].get("mono", mono), r[j][1].get("bold", False))
@@ -396,11 +407,42 @@ class Figure:
                 self.text(xs[j], y + top - 5, label, size=LABEL_SMALL, color=MUTED, cls="label")
             for i, r in enumerate(cells):
                 for j, (s, style) in enumerate(r):
-                    self.text(xs[j], y + top + i * h + h / 2 + size * 0.36, s, size=size,
+                    self.text(xs[j], y + top + i * (h + row_gap) + h / 2 + size * 0.36, s, size=size,
                               mono=style.get("mono", mono), color=style.get("color", color),
                               weight="bold" if style.get("bold") else "normal", cls=style.get("cls", "value"))
 
-        return Part(sum(widths) + gap * max(ncols - 1, 0), top + len(cells) * h, draw)
+        return Part(sum(widths) + gap * max(ncols - 1, 0), top + len(cells) * (h + row_gap) - (row_gap if cells else 0),
+                    draw)
+
+    def framed(self, part: Part, *, w: float | None = None, role: str = "plain", dashed: bool = False,
+               inset: float = 12, rx: float = 5) -> Part:
+        """The part in a box (drawn behind it), `inset` from its sides; `w` widens the box to a column's width."""
+        width = max(w or 0, part.w + 2 * inset)
+        h = part.h + 2 * inset
+
+        def draw(x: float, y: float) -> None:
+            self.box(x, y, width, h, role=role, dashed=dashed, rx=rx)
+            part.at(x + inset, y + inset)
+
+        return Part(width, h, draw)
+
+    def bar_chart(self, values: Sequence[float], *, labels: Sequence[str], height: float = 120, bar_w: float = 44,
+                  gap: float = 14, **bars: Any) -> Part:
+        """`bars` as a part, with room above the tallest bar for its value and below for the labels."""
+        return Part(len(values) * (bar_w + gap) - gap, 18 + height + 22,
+                    lambda x, y: self.bars(x, y + 18, values, labels=labels, height=height, bar_w=bar_w, gap=gap,
+                                           **bars))
+
+    def hline(self, w: float, *, color: str = RULE, dashed: bool = False, width: float = 1.2,
+              cls: str = "rule") -> Part:
+        """A horizontal line `w` long (a threshold, a separator), as a part 8 px high."""
+        def draw(x: float, y: float) -> None:
+            line = self.dwg.line((x, y + 4), (x + w, y + 4), stroke=color, stroke_width=width, class_=cls)
+            if dashed:
+                line["stroke-dasharray"] = "5,3"
+            self.dwg.add(line)
+
+        return Part(w, 8, draw)
 
     def titled(self, title: str, part: Part, *, color: str = INK, size: float = LABEL, gap: float = 8) -> Part:
         """A part with a bold title above it."""
@@ -409,10 +451,13 @@ class Figure:
     def matrix(self, values: Sequence[Sequence[Any]], *, role: str | Callable[[int, int], str] = "plain",
                expected: Sequence[Sequence[Any]] | None = None, wrong: Sequence[Sequence[bool]] | None = None,
                row_labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None,
-               w: float = CELL, h: float = CELL, gap: float = 0, fmt: Callable[[Any], str] = num) -> "Grid":
+               w: float = CELL, h: float = CELL, gap: float = 0, fmt: Callable[[Any], str] = num,
+               size: float = VALUE, bold: bool | Callable[[int, int], bool] = False,
+               dashed: bool | Callable[[int, int], bool] = False, label_w: float | None = None) -> "Grid":
         """A grid of cells as a part (`grid`'s cells, labels and wrong marks); `cell_box(i, j)` once placed."""
         return Grid(self, values, role=role, expected=expected, wrong=wrong, row_labels=row_labels,
-                    col_labels=col_labels, w=w, h=h, gap=gap, fmt=fmt)
+                    col_labels=col_labels, w=w, h=h, gap=gap, fmt=fmt, size=size, bold=bold, dashed=dashed,
+                    label_w=label_w)
 
     def mask(self, values: Sequence[Sequence[bool]], *, expected: Sequence[Sequence[bool]] | None = None,
              row_labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None,
@@ -480,15 +525,16 @@ class Grid(Part):
     """`Figure.matrix`: a grid of cells whose cells can be found once it is placed (`cell_box`)."""
 
     def __init__(self, f: Figure, values: Sequence[Sequence[Any]], *, row_labels: Sequence[str] | None,
-                 col_labels: Sequence[str] | None, w: float, h: float, gap: float, **cells: Any) -> None:
+                 col_labels: Sequence[str] | None, w: float, h: float, gap: float, label_w: float | None = None,
+                 **cells: Any) -> None:
         self.rows, self.cols = len(values), max((len(r) for r in values), default=0)
         self.cw, self.ch, self.gap = w, h, gap
-        self.label_w = max(text_width(s, LABEL_SMALL) for s in row_labels) + 8 if row_labels else 0
+        self.label_w = row_label_width(row_labels) if label_w is None else label_w
         self.label_h = 16 if col_labels else 0
         super().__init__(self.label_w + self.cols * (w + gap) - (gap if self.cols else 0),
                          self.label_h + self.rows * (h + gap) - (gap if self.rows else 0),
                          lambda x, y: f.grid(x, y, values, row_labels=row_labels, col_labels=col_labels, w=w, h=h,
-                                             gap=gap, **cells) and None)
+                                             gap=gap, label_w=self.label_w, **cells))
 
     def cell_box(self, i: int, j: int) -> tuple[float, float, float, float]:
         """(x, y, w, h) of cell (i, j); j may be `cols` (the right edge) and i `rows` (the bottom edge)."""
@@ -501,3 +547,14 @@ class Grid(Part):
         x1, y1, _, _ = self.cell_box(i1, j1)
         x2, y2, w, h = self.cell_box(i2, j2)
         return x1, y1, x2 + w - x1, y2 + h - y1
+
+
+def row_label_width(labels: Sequence[str] | None) -> float:
+    """The gutter a grid's row labels need (their first lines at the label size, second lines small)."""
+    if not labels:
+        return 0
+    widths = []
+    for label in labels:
+        first, _, second = label.partition("\n")
+        widths += [text_width(first, LABEL_SMALL), text_width(second, SMALL)]
+    return max(widths) + 8

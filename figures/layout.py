@@ -84,3 +84,14 @@ def pad(part: Part, *, left: float = 0, top: float = 0, right: float = 0, bottom
 def wide(part: Part, w: float) -> Part:
     """The part in a slot at least `w` wide (for columns of panels that line up)."""
     return Part(max(w, part.w), part.h, lambda x, y: part.at(x, y) and None)
+
+
+def centred(part: Part, w: float) -> Part:
+    """The part in the middle of a slot `w` wide (at least its own width)."""
+    room = max(0.0, w - part.w)
+    return pad(part, left=room / 2, right=room / 2)
+
+
+def narrow(part: Part, w: float) -> Part:
+    """The part in a slot `w` wide even when it is wider: what sticks out runs into the next slot."""
+    return Part(w, part.h, lambda x, y: part.at(x, y))
