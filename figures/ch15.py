@@ -1,42 +1,32 @@
 """Figures of ch15 · token ids to logits: an embedding lookup, the fused QKV projection and its split,
-the projection widths of Qwen3-0.6B, the six checkpoints of a prefill step, and tensor parallelism."""
+the projection widths of Qwen3-0.6B, the six checkpoints of a prefill step, and tensor parallelism.
+
+The checks decide what is wrong: every figure marks the cells the check's own verdict (`…wrong`) names."""
 
 from __future__ import annotations
 
 from figures import figure
-from figures.kit import Figure, num
-from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, stroke
+from figures.kit import Figure, Grid, num, text_width
+from figures.layout import Part, column, pad, row, space, wide
+from figures.style import INK, LABEL, LABEL_SMALL, MARGIN, MUTED, SMALL, stroke
 
-ATOL = RTOL = 1e-5  # the tolerance of the ch15 checks
 RANK = ("token", "block")  # the kit has no rank roles: rank 0 sky blue, rank 1 purple, always labelled
+ROW, ID_STEP, OUT_STEP = 34, 1.6, 46
+"""ch15-dim-embedding: a row's height; ids are ID_STEP rows apart and output rows OUT_STEP px (grader/lab/ch15.py
+sizes its instances by them)."""
 
 
-def _close(a, b) -> bool:
-    return abs(a - b) <= ATOL + RTOL * abs(b)
+TITLE = LABEL_SMALL + 0.5  # a panel's title, a little smaller than the kit's default
 
 
-def _matrix(f: Figure, x: float, y: float, values, *, expected=None, role="plain", w: float = CELL,
-            h: float = CELL, title: str = "", row_labels=None, col_labels=None) -> tuple[float, float]:
-    """A grid with a title above it; wrong cells (against `expected`, same shape) are marked."""
-    if title:
-        f.text(x, y - 8 - (16 if col_labels else 0), title, size=SMALL + 1.5, color=INK, weight="bold", cls="label")
-    return f.grid(x, y - (16 if col_labels else 0), values, role=role, expected=expected, w=w, h=h,
-                  row_labels=row_labels, col_labels=col_labels,
-                  same=(lambda a, b: _close(a, b)) if expected is not None else None)
+def _title(f: Figure, s: str, *, color: str = INK) -> Part:
+    """A panel's bold title, as `f.titled` draws it, for a panel laid out by hand."""
+    return f.label(s, size=TITLE, color=color, bold=True, cls="heading")
 
 
-def _free_grid(f: Figure, x: float, y: float, values, expected, *, role="plain", w: float = CELL,
-               h: float = CELL) -> bool:
-    """A grid whose shape may differ from `expected`: cells outside it or wrong are marked. Returns 'any wrong'."""
-    bad_any = len(values) != len(expected) or any(len(r) != len(expected[0]) for r in values)
-    for i, row in enumerate(values):
-        for j, v in enumerate(row):
-            inside = i < len(expected) and j < len(expected[i])
-            bad = not inside or not _close(v, expected[i][j])
-            bad_any |= bad
-            f.cell(x + j * w, y + i * h, v, role=role(i, j) if callable(role) else role, w=w, h=h, wrong=bad,
-                   expected=(expected[i][j] if inside else "—") if bad else None)
-    return bad_any
+def _any(wrong) -> bool:
+    """Whether a verdict (nested lists of bools, or None) marks anything wrong."""
+    return bool(wrong) and (any(_any(w) for w in wrong) if isinstance(wrong, list) else bool(wrong))
 
 
 # -- ch15-dim-embedding ----------------------------------------------------------------------------------
@@ -48,53 +38,39 @@ def _free_grid(f: Figure, x: float, y: float, values, expected, *, role="plain",
            "3 × 4 = 12 floats come out. A lookup selects rows by id; it is not a reshape of E.",
         needs={"out": "ch15.1"})
 def embedding_figure(f: Figure, r: dict) -> None:
-    table, ids, out, expected = r["table"], r["ids"][0], r["out"][0], r["expected"][0]
-    V, H = len(table), len(table[0])
-    f.instance_row([(f"E: V = {V} rows × H = {H}", "plain"), (f"ids [1, {len(ids)}] = [[{', '.join(map(str, ids))}]]",
-                                                           "token"), (f"X = E[ids]: [1, {len(ids)}, {H}]", "plain")])
-    cw, ch = 46, 34
-    xi, xe, xo = MARGIN + 60, MARGIN + 250, MARGIN + 590
-    top = f.y + 26
-    f.text(xi + 20, top - 12, "ids[0, t]", size=SMALL + 1.5, anchor="middle", weight="bold", cls="label")
-    f.text(xe, top - 12, f"E [{V}, {H}] (row r holds 10(r+1)+1 … 10(r+1)+{H})", size=SMALL + 1.5, weight="bold",
-           cls="label")
-    f.text(xo, top - 12, f"your X[0] (X is [1, {len(ids)}, {H}])", size=SMALL + 1.5, weight="bold", cls="label")
+    table, ids, out, expected, wrong = r["table"], r["ids"][0], r["out"][0], r["expected"][0], r["wrong"][0]
+    V, H, n = len(table), len(table[0]), len(ids)
     read = set(ids)
-    for rr in range(V):
-        y = top + rr * ch
-        f.text(xe - 8, y + ch / 2 + 4, f"row {rr}", size=SMALL + 1, anchor="end", color=INK if rr in read else MUTED,
-               cls="label")
-        for c in range(H):
-            f.cell(xe + c * cw, y, table[rr][c], role="token" if rr in read else "plain", w=cw, h=ch)
-    id_y = [top + ch * (0.5 + 1.6 * t) for t in range(len(ids))]
-    out_top = top + ch * 0.5
-    for t, tok in enumerate(ids):
-        y = id_y[t] - ch / 2
-        f.text(xi - 10, y + ch / 2 + 4, f"t{t}", size=SMALL + 1, anchor="end", color=MUTED, mono=True, cls="label")
-        f.cell(xi, y, tok, role="token", w=40, h=ch, bold=True)
-        row_y = top + tok * ch + ch / 2
-        f.arrow(xi + 42, id_y[t], xe - 56, row_y, color=stroke("token"), width=1.3)
-        oy = out_top + t * (ch + 12)
-        for c in range(H):
-            bad = not _close(out[t][c], expected[t][c])
-            f.cell(xo + c * cw, oy, out[t][c], role="token", w=cw, h=ch, wrong=bad,
-                   expected=expected[t][c] if bad else None)
-        f.arrow(xe + H * cw + 4, row_y, xo - 6, oy + ch / 2, color=stroke("token"), width=1.3)
-        f.text(xo + H * cw + 8, oy + ch / 2 + 4, f"= E[{tok}]", size=SMALL + 1, mono=True, color=MUTED, cls="label")
-    n = len(ids)
-    count_y = out_top + n * (ch + 12) + 14
-    f.text(xi + 20, id_y[-1] + ch / 2 + 22, f"{n} ints in", size=SMALL + 1.5, anchor="middle", weight="bold",
-           color=stroke("token"), cls="label")
-    f.text(xo + H * cw / 2, count_y, f"{n} × {H} = {n * H} floats out", size=SMALL + 1.5, anchor="middle",
-           weight="bold", color=stroke("token"), cls="label")
-    f.y = top + V * ch + 30
+    f.instance_row([(f"E: V = {V} rows × H = {H}", "plain"), (f"ids [1, {n}] = [[{', '.join(map(str, ids))}]]",
+                                                           "token"), (f"X = E[ids]: [1, {n}, {H}]", "plain")])
+    count = lambda s: f.label(s, size=LABEL_SMALL + 0.5, color=stroke("token"), bold=True)
+    ids_cells = f.matrix([[tok] for tok in ids], role="token", row_labels=[f"t{t}" for t in range(n)], w=40, h=ROW,
+                         gap=(ID_STEP - 1) * ROW)
+    names = f.table([[(f"row {i}", {"color": INK if i in read else MUTED})] for i in range(V)], h=ROW,
+                    size=LABEL_SMALL)
+    rows_of_e = f.matrix(table, role=lambda i, j: "token" if i in read else "plain", w=46, h=ROW)
+    outs = [f.matrix([out[t]], role="token", expected=[expected[t]], wrong=[wrong[t]], w=46, h=ROW) for t in range(n)]
+    sources = f.table([[f"= E[{tok}]"] for tok in ids], h=OUT_STEP, size=LABEL_SMALL, mono=True, color=MUTED)
+    f.place(row(column(_title(f, "ids[0, t]"), ids_cells, count(f"{n} ints in"), gap=8, align="center"),
+                f.titled(f"E [{V}, {H}] (row r holds 10(r+1)+1 … 10(r+1)+{H})", row(names, rows_of_e, gap=8),
+                         size=TITLE),
+                f.titled(f"your X[0] (X is [1, {n}, {H}])",
+                         row(column(pad(column(*outs, gap=OUT_STEP - ROW), top=ROW / 2),
+                                    count(f"{n} × {H} = {n * H} floats out"), gap=14, align="center"),
+                             pad(sources, top=(ROW - OUT_STEP) / 2 + ROW / 2), gap=8), size=TITLE), gap=100),
+            x=MARGIN + 40, after=36)
+    for t, tok in enumerate(ids):  # each id to its row of E, and that row to the output
+        ix, iy, iw, _ = ids_cells.cell_box(t, 0)
+        ex, ey, _, _ = rows_of_e.cell_box(tok, 0)
+        ox, oy, _, _ = outs[t].cell_box(0, 0)
+        f.arrow(ix + iw + 2, iy + ROW / 2, ex - names.w - 20, ey + ROW / 2, color=stroke("token"), width=1.3)
+        f.arrow(rows_of_e.cell_box(tok, H)[0] + 4, ey + ROW / 2, ox - 6, oy + ROW / 2, color=stroke("token"), width=1.3)
     f.note(f"In: {n} integer ids (shape [1, {n}]). Out: {n} rows × {H} = {n * H} floats (shape [1, {n}, {H}]). "
            f"E itself holds {V} × {H} = {V * H} floats. A reshape keeps every number and only regroups them; a "
            f"lookup copies one whole row of H = {H} per id, in the order of the ids, and repeats a row when an id "
            f"repeats.", color=INK, size=SMALL + 2)
     f.y += 4
-    wrong = any(not _close(a, b) for ro, re in zip(out, expected) for a, b in zip(ro, re))
-    f.legend([("token", "the ids and the rows they read"), ("plain", "rows no id reads")], wrong=wrong)
+    f.legend([("token", "the ids and the rows they read"), ("plain", "rows no id reads")], wrong=_any(wrong))
 
 
 # -- ch15-dim-qkv-linear ---------------------------------------------------------------------------------
@@ -112,93 +88,55 @@ def qkv_linear_figure(f: Figure, r: dict) -> None:
     sizes = [nh * d, nkv * d, nkv * d]
     roles = ["q"] * sizes[0] + ["k"] * sizes[1] + ["v"] * sizes[2]
     out_f, in_f, T = len(w), len(w[0]), len(x)
-    f.instance_row([(f"num_heads = {nh}", "q"), (f"num_kv_heads = {nkv}", "k"), (f"head_dim = {d}", "plain"),
-               (f"out = ({nh} + 2·{nkv})·{d} = {out_f}", "plain"), (f"in = {in_f}", "plain")])
     c = 34
+    f.instance_row([(f"num_heads = {nh}", "q"), (f"num_kv_heads = {nkv}", "k"), (f"head_dim = {d}", "plain"),
+                    (f"out = ({nh} + 2·{nkv})·{d} = {out_f}", "plain"), (f"in = {in_f}", "plain")])
     # Stored W [out, in] on the left; the product laid out as X | Y with Wᵀ above Y.
-    xw, top = MARGIN + 20, f.y + 40
-    f.text(MARGIN, top - 22, f"W as stored: [out, in] = [{out_f}, {in_f}]", size=SMALL + 1.5, weight="bold",
-           cls="label")
-    for i in range(out_f):
-        f.text(xw - 6, top + i * 26 + 17, roles[i], size=SMALL + 1, anchor="end", color=stroke(roles[i]),
-               mono=True, cls="label")
-        for j in range(in_f):
-            f.cell(xw + j * 30, top + i * 26, w[i][j], role=roles[i], w=30, h=26)
-    f.text(xw + in_f * 15, top + out_f * 26 + 16, "row j = output feature j", size=SMALL, anchor="middle",
-           color=MUTED, cls="label")
-    xm = MARGIN + 250                    # X's left edge
-    xy = xm + in_f * c + 30              # Y's (and Wᵀ's) left edge
-    wt_top = top
-    f.text(xy, wt_top - 10, f"Wᵀ = W.T: [in, out] = [{in_f}, {out_f}]", size=SMALL + 1.5, mono=True,
-           weight="bold", cls="label")
-    f.arrow(xw + in_f * 30 + 8, top + 40, xy - 60, wt_top + in_f * c / 2, color=MUTED, width=1.2)
-    f.text((xw + in_f * 30 + xy - 60) / 2, top + 30, "transpose (a view)", size=SMALL, anchor="middle",
-           color=MUTED, cls="label")
-    for i in range(in_f):
-        for j in range(out_f):
-            f.cell(xy + j * c, wt_top + i * c, w[j][i], role=roles[j], w=c, h=c)
-    y_top = wt_top + in_f * c + 22
-    f.text(xm + in_f * c / 2, y_top - 8, f"X [{T}, {in_f}]", size=SMALL + 1.5, anchor="middle", weight="bold",
-           cls="label")
-    for i in range(T):
-        f.text(xm - 6, y_top + i * c + c / 2 + 4, f"t{i}", size=SMALL + 1, anchor="end", color=MUTED, mono=True,
-               cls="label")
-        for j in range(in_f):
-            f.cell(xm + j * c, y_top + i * c, x[i][j], role="token", w=c, h=c)
-    for i in range(T):
-        for j in range(out_f):
-            bad = not _close(y[i][j], y_want[i][j])
-            f.cell(xy + j * c, y_top + i * c, y[i][j], role=roles[j], w=c, h=c, wrong=bad,
-                   expected=y_want[i][j] if bad else None, bold=True)
-    f.text(xy + out_f * c + 10, y_top + c / 2 + 4, "your Y = X·Wᵀ", size=SMALL + 1.5, mono=True, weight="bold",
-           cls="label")
-    f.text(xy + out_f * c + 10, y_top + c / 2 + 20, f"[{T}, {out_f}] = linear(X, W)", size=SMALL, color=MUTED,
-           cls="label")
-    # The contraction axis: X's columns and Wᵀ's rows are the same in = 4 axis.
-    f.bracket(xm, xm + in_f * c, y_top + T * c + 4, f"in = {in_f}: summed", color=stroke("accent"))
-    _vbracket(f, xy - 6, wt_top, wt_top + in_f * c, f"in = {in_f}")
-    # The column groups of Y and the student's split below them.
-    yb = y_top + T * c + 6
-    start = 0
-    for name, size in zip(("q", "k", "v"), sizes):
-        f.bracket(xy + start * c + 2, xy + (start + size) * c - 2, yb, f"{name}: {size}", color=stroke(name))
-        start += size
-    split_top = yb + 62
-    start, gap = 0, 18
-    wrong = any(not _close(a, b) for ro, re in zip(y, y_want) for a, b in zip(ro, re))
-    for k, (name, size) in enumerate(zip(("q", "k", "v"), sizes)):
-        sx = xy + start * c + k * gap - gap
-        f.text(sx + size * c / 2, split_top - 8, f"your {name.upper()} [{T}, {size}]", size=SMALL + 1,
-               anchor="middle", weight="bold", color=stroke(name), cls="label")
-        f.arrow(xy + (start + size / 2) * c, yb + 26, sx + size * c / 2, split_top - 22, color=stroke(name), width=1.2)
-        part, want = r[name], r[name + "_expected"]
-        for i in range(T):
-            for j in range(size):
-                bad = not _close(part[i][j], want[i][j])
-                wrong |= bad
-                f.cell(sx + j * c, split_top + i * c, part[i][j], role=name, w=c, h=c, wrong=bad,
-                       expected=want[i][j] if bad else None)
-        start += size
-    f.text(xy - gap - 14, split_top + c, f"split_qkv(Y, {nh}, {nkv}, {d})", size=SMALL + 1.5, anchor="end",
-           mono=True, cls="label")
-    f.text(xy - gap - 14, split_top + c + 16, "your split of the expected Y", size=SMALL, anchor="end",
-           color=MUTED, cls="label")
-    f.y = split_top + T * c + 26
+    stored = f.matrix(w, role=lambda i, j: roles[i], w=30, h=26)
+    stored_rows = f.table([[(name, {"color": stroke(name), "mono": True})] for name in roles], h=26, size=LABEL_SMALL)
+    wt = f.matrix([[w[j][i] for j in range(out_f)] for i in range(in_f)], role=lambda i, j: roles[j], w=c, h=c)
+    xs = f.matrix(x, role="token", row_labels=[f"t{i}" for i in range(T)], w=c, h=c)
+    ys = f.matrix(y, role=lambda i, j: roles[j], expected=y_want, wrong=r["y_wrong"], w=c, h=c)
+    x_panel = f.titled(f"X [{T}, {in_f}]", xs, size=TITLE)
+    f.y += 16
+    f.place(row(f.titled(f"W as stored: [out, in] = [{out_f}, {in_f}]",
+                         column(row(stored_rows, stored, gap=6), f.label("row j = output feature j"), gap=8,
+                                align="center"), size=TITLE),
+                column(row(space(x_panel.w), f.titled(f"Wᵀ = W.T: [in, out] = [{in_f}, {out_f}]", wt, size=TITLE),
+                           gap=40),
+                       row(x_panel, f.titled(f"your Y = X·Wᵀ = linear(X, W): [{T}, {out_f}]", ys, size=TITLE), gap=40),
+                       gap=16), gap=70), after=70)
+    wx, wy, _, _ = wt.cell_box(0, 0)
+    f.vbracket(wx - 6, wy, wt.cell_box(in_f, 0)[1], f"in = {in_f}", side="left", color=stroke("accent"))
+    f.arrow(stored.right + 8, stored.cell_box(1, 0)[1], wx - 24 - text_width(f"in = {in_f}", LABEL_SMALL),
+            wy + in_f * c / 2, width=1.2)
+    f.text((stored.right + wx) / 2 - 20, stored.cell_box(1, 0)[1] - 12, "transpose (a view)", size=SMALL,
+           anchor="middle", color=MUTED)
+    # The contraction axis under X; the column groups of Y, and the student's split below them.
+    f.bracket(xs.cell_box(0, 0)[0], xs.right, xs.bottom + 4, f"in = {in_f}: summed", color=stroke("accent"))
+    first = [sum(sizes[:k]) for k in range(3)]
+    for name, start, size in zip("qkv", first, sizes):
+        f.bracket(ys.cell_box(0, start)[0] + 2, ys.cell_box(0, start + size)[0] - 2, ys.bottom + 6, f"{name}: {size}",
+                  color=stroke(name))
+    parts = [f.matrix(r[name], role=name, expected=r[f"{name}_expected"], wrong=r[f"{name}_wrong"], w=c, h=c)
+             for name in "qkv"]
+    caption = column(f.label(f"split_qkv(Y, {nh}, {nkv}, {d})", size=LABEL_SMALL + 0.5, mono=True, color=INK),
+                     f.label("your split of the expected Y", size=SMALL), gap=4, align="right")
+    split = row(*(column(_title(f, f"your {name.upper()} [{T}, {size}]", color=stroke(name)), part, gap=8,
+                         align="center")
+                  for name, size, part in zip("qkv", sizes, parts)), gap=18)
+    f.place(row(caption, split, gap=14, align="middle"), x=ys.cell_box(0, 0)[0] - 18 - 14 - caption.w)
+    for name, start, size, part in zip("qkv", first, sizes, parts):
+        px, py, _, _ = part.cell_box(0, 0)
+        f.arrow(ys.cell_box(0, start)[0] + size * c / 2, ys.bottom + 32, px + size * c / 2, py - 24,
+                color=stroke(name), width=1.2)
     terms = " + ".join(f"{num(a)}·{num(b)}" for a, b in zip(x[0], w[0]))
     f.note(f"Y[0, 0] = Σ_c X[0, c]·W[0, c] = {terms} = {num(y_want[0][0])} (yours: {num(y[0][0])}). The sum runs "
            f"over in, the last axis of X and of the stored W: row j of W is output feature j.", color=INK,
            size=SMALL + 2)
     f.y += 4
     f.legend([("token", "X: one row per token"), ("q", "Q columns"), ("k", "K columns"), ("v", "V columns")],
-             wrong=wrong)
-
-
-def _vbracket(f: Figure, x: float, y1: float, y2: float, label: str) -> None:
-    """A vertical bracket on the left of rows y1..y2 with its label to the left (the kit's are horizontal)."""
-    color = stroke("accent")
-    f.dwg.add(f.dwg.polyline([(x, y1 + 2), (x - 5, y1 + 2), (x - 5, y2 - 2), (x, y2 - 2)], fill="none",
-                             stroke=color, stroke_width=1.2, class_="bracket"))
-    f.text(x - 9, (y1 + y2) / 2 + 4, label, size=SMALL + 1, anchor="end", color=color, cls="label")
+             wrong=any(_any(r[key]) for key in ("y_wrong", "q_wrong", "k_wrong", "v_wrong")))
 
 
 # -- ch15-qwen3-widths ------------------------------------------------------------------------------
@@ -361,8 +299,8 @@ def checkpoints_figure(f: Figure, r: dict) -> None:
         elif k in (1, 2, 3, 4):
             f.text(x_strip + shown * (sq + 6) + 4, y + 22, f"each row {H} wide", size=SMALL, color=MUTED, cls="label")
         if k == 4 and len(centers_above) >= N:
-            for b, cx in enumerate(centers[:B]):
-                f.arrow(centers_above[last[b]], y - row_h + sq + 4, cx, y, color=stroke("accent"), width=1.4)
+            for b, center in enumerate(centers[:B]):
+                f.arrow(centers_above[last[b]], y - row_h + sq + 4, center, y, color=stroke("accent"), width=1.4)
         elif k > 0 and centers_above:
             f.arrow(x_name + 6, y - row_h + 38, x_name + 6, y + 2, color=MUTED, width=1)
         centers_above = centers
@@ -388,83 +326,86 @@ def checkpoints_figure(f: Figure, r: dict) -> None:
            "and the all-reduce sums them.",
         needs={"shards": "ch15.6", "partials": "ch15.6"})
 def tensor_parallel_figure(f: Figure, r: dict) -> None:
-    x, w1, shards, shards_want = r["x"], r["w1"], r["shards"], r["shards_expected"]
-    col_out, col_want = r["col_out"], r["col_out_expected"]
-    w2, x_shards, partials, partials_want = r["w2"], r["x_shards"], r["partials"], r["partials_expected"]
+    x, w1, shards = r["x"], r["w1"], r["shards"]
+    w2, x_shards, partials = r["w2"], r["x_shards"], r["partials"]
     row_out, row_want = r["row_out"], r["row_out_expected"]
     tp, N, in1, out1, out2 = len(shards), len(x), len(w1), len(w1[0]), len(w2[0])
     b1, b2 = out1 // tp, len(w2) // tp
-    f.instance_row([(f"tp = {tp} ranks", "plain"), (f"x [{N}, {in1}]", "plain"), (f"W1 [in {in1}, out {out1}]", "plain"),
-               (f"W2 [in {len(w2)}, out {out2}]", "plain"), ("math view: y = x @ W, W is [in, out]", "accent")])
     c = 32
-    wrong = False
-    # Column-parallel.
+    f.instance_row([(f"tp = {tp} ranks", "plain"), (f"x [{N}, {in1}]", "plain"), (f"W1 [in {in1}, out {out1}]", "plain"),
+                    (f"W2 [in {len(w2)}, out {out2}]", "plain"), ("math view: y = x @ W, W is [in, out]", "accent")])
+
+    # Column-parallel: x @ W1's column block = a shard; the shards side by side are the output.
     f.heading(f"列切分 · column-parallel: every rank gets all of x and a block of {b1} output columns of W1")
-    y = f.y + 26
-    xs_x, xs_w, xs_s, xs_o = MARGIN + 70, MARGIN + 200, MARGIN + 330, MARGIN + 560
-    lane = in1 * c + 34
-    centers = []
-    for rk in range(tp):
-        ly = y + rk * lane
-        f.text(MARGIN, ly + in1 * c / 2 + 4, f"rank {rk}", size=LABEL, weight="bold", color=stroke(RANK[rk % 2]),
-               cls="label")
-        _matrix(f, xs_x, ly, x, role="plain", w=c, h=c, title="x (replicated)" if rk == 0 else "")
-        f.text(xs_w - 14, ly + c, "@", size=LABEL, anchor="middle", cls="label")
-        block = [row[rk * b1:(rk + 1) * b1] for row in w1]
-        _matrix(f, xs_w, ly, block, role=RANK[rk % 2], w=c, h=c, title=f"W1[:, {rk * b1}:{(rk + 1) * b1}]")
-        f.text(xs_s - 14, ly + c, "=", size=LABEL, anchor="middle", cls="label")
-        _matrix(f, xs_s, ly, shards[rk], expected=shards_want[rk], role=RANK[rk % 2], w=c, h=c,
-                title=f"your shard {rk} [{N}, {b1}]")
-        wrong |= any(not _close(a, b) for ro, re in zip(shards[rk], shards_want[rk]) for a, b in zip(ro, re))
-        centers.append((xs_s + b1 * c, ly + N * c / 2))
-    oy = y + (tp * lane - N * c) / 2 - 20
-    f.text(xs_o + out1 * c + 10, oy + c / 2 + 4, f"your out [{N}, {out1}]", size=SMALL + 1.5, weight="bold",
-           cls="label")
-    f.text(xs_o + out1 * c + 10, oy + c / 2 + 20, "concatenate", size=SMALL + 1, color=MUTED, cls="label")
-    f.text(xs_o + out1 * c + 10, oy + c / 2 + 34, "(all-gather)", size=SMALL + 1, color=MUTED, cls="label")
-    wrong |= _free_grid(f, xs_o, oy, col_out, col_want, role=lambda i, j: RANK[(j // b1) % 2], w=c, h=c)
-    for rk, (cx, cy) in enumerate(centers):
-        tx = xs_o + rk * b1 * c + b1 * c / 2
-        f.arrow(cx + 6, cy, tx, oy - 2 if cy < oy else oy + N * c + 4, color=stroke(RANK[rk % 2]), width=1.3)
-    f.y = y + tp * lane + 8
+    f.y += 6
+    results = [f.matrix(s, role=RANK[rk % 2], expected=r["shards_expected"][rk], wrong=r["shards_wrong"][rk], w=c, h=c)
+               for rk, s in enumerate(shards)]
+    lanes = _lanes(f, [[("x (replicated)", f.matrix(x, w=c, h=c)),
+                        (f"W1[:, {rk * b1}:{(rk + 1) * b1}]",
+                         f.matrix([row_[rk * b1:(rk + 1) * b1] for row_ in w1], role=RANK[rk % 2], w=c, h=c)),
+                        (f"your shard {rk} [{N}, {b1}]", results[rk])] for rk in range(tp)], c)
+    out = f.matrix(r["col_out"], role=lambda i, j: RANK[(j // b1) % 2], expected=r["col_out_expected"],
+                   wrong=r["col_out_wrong"], w=c, h=c)
+    f.place(row(lanes, row(out, column(f.label(f"your out [{N}, {out1}]", size=LABEL_SMALL + 0.5, color=INK, bold=True),
+                                       f.lines("concatenate", "(all-gather)"), gap=3), gap=10, align="middle"),
+                gap=150, align="middle"), after=28)
+    for rk, shard in enumerate(results):  # each shard to its block of columns of the output
+        sx, sy, _, _ = shard.cell_box(0, b1)
+        below = sy + N * c / 2 < out.cell_box(0, 0)[1]
+        tx = out.cell_box(0, rk * b1)[0] + b1 * c / 2
+        f.arrow(sx + 6, sy + N * c / 2, tx, out.cell_box(0, 0)[1] - 2 if below else out.bottom + 4,
+                color=stroke(RANK[rk % 2]), width=1.3)
     f.note("No communication inside the layer: each shard is a finished slice of the output (qkv_proj, "
            "gate_up_proj). nano-vllm stores W as [out, in] and splits its dim 0, the same blocks.", size=SMALL + 1.5)
-    # Row-parallel.
+
+    # Row-parallel: a block of the input @ the same rows of W2 = a partial of the whole output; the partials summed.
     f.y += 6
     f.heading(f"行切分 · row-parallel: rank r holds input columns [{b2}r, {b2}r + {b2}) of y and the same rows of W2")
-    y = f.y + 26
-    xs_x, xs_w, xs_s, xs_o = MARGIN + 70, MARGIN + 180, MARGIN + 320, MARGIN + 600
-    lane = b2 * c + 40
-    for rk in range(tp):
-        ly = y + rk * lane
-        f.text(MARGIN, ly + b2 * c / 2 + 4, f"rank {rk}", size=LABEL, weight="bold", color=stroke(RANK[rk % 2]),
-               cls="label")
-        _matrix(f, xs_x, ly, x_shards[rk], role=RANK[rk % 2], w=c, h=c, title=f"shard {rk} [{N}, {b2}]")
-        f.text(xs_w - 14, ly + c, "@", size=LABEL, anchor="middle", cls="label")
-        _matrix(f, xs_w, ly, w2[rk * b2:(rk + 1) * b2], role=RANK[rk % 2], w=c, h=c,
-                title=f"W2[{rk * b2}:{(rk + 1) * b2}, :]")
-        f.text(xs_s - 14, ly + c, "=", size=LABEL, anchor="middle", cls="label")
-        _matrix(f, xs_s, ly, partials[rk], expected=partials_want[rk], role=RANK[rk % 2], w=c, h=c,
-                title=f"your partial {rk} [{N}, {out2}]")
-        wrong |= any(not _close(a, b) for ro, re in zip(partials[rk], partials_want[rk]) for a, b in zip(ro, re))
-        f.arrow(xs_s + out2 * c + 6, ly + N * c / 2, xs_o - 8, y + (tp * lane - N * c) / 2 + N * c / 2 - 10 + rk * 20,
-                color=stroke(RANK[rk % 2]), width=1.3)
-    oy = y + (tp * lane - N * c) / 2 - 10
-    f.text(xs_o, oy - 8, "your out: sum (all-reduce)", size=SMALL + 1.5, weight="bold", cls="label")
+    f.y += 6
+    results = [f.matrix(p, role=RANK[rk % 2], expected=r["partials_expected"][rk], wrong=r["partials_wrong"][rk],
+                        w=c, h=c) for rk, p in enumerate(partials)]
+    lanes = _lanes(f, [[(f"shard {rk} [{N}, {b2}]", f.matrix(x_shards[rk], role=RANK[rk % 2], w=c, h=c)),
+                        (f"W2[{rk * b2}:{(rk + 1) * b2}, :]",
+                         f.matrix(w2[rk * b2:(rk + 1) * b2], role=RANK[rk % 2], w=c, h=c)),
+                        (f"your partial {rk} [{N}, {out2}]", results[rk])] for rk in range(tp)], c)
+    sums = f"out[0, 0] = {' + '.join(num(p[0][0]) for p in r['partials_expected'])} = {num(row_want[0][0])}"
     if row_out is None:
-        wrong = True
-        f.cell(xs_o, oy, "not a 2-D tensor", role="plain", w=150, h=c, wrong=True, expected="[2, 3]", fmt=str)
+        total: Part = Part(150, c, lambda x0, y0: f.cell(x0, y0, "not a 2-D tensor", w=150, h=c, wrong=True,
+                                                         expected=f"[{N}, {out2}]", fmt=str))
+        shape_note = None
     else:
-        wrong |= _free_grid(f, xs_o, oy, row_out, row_want, role="plain", w=c, h=c)
-        if len(row_out[0]) != len(row_want[0]) or len(row_out) != len(row_want):
-            f.text(xs_o, oy + len(row_out) * c + 30, f"yours [{len(row_out)}, {len(row_out[0])}]; expected "
-                   f"[{len(row_want)}, {len(row_want[0])}]", size=SMALL + 1, color=stroke("wrong"), cls="label")
-    sums = " + ".join(num(p[0][0]) for p in partials_want)
-    f.text(xs_o, oy + N * c + 14, f"out[0, 0] = {sums} = {num(row_want[0][0])}", size=SMALL, mono=True, color=MUTED,
-           cls="label")
-    f.y = y + tp * lane + 8
+        total = f.matrix(row_out, expected=[[row_want[i][j] if i < N and j < out2 else "—" for j in range(len(line))]
+                                            for i, line in enumerate(row_out)], wrong=r["row_out_wrong"], w=c, h=c)
+        shape_note = None if (len(row_out), len(row_out[0])) == (N, out2) else \
+            f.label(f"yours [{len(row_out)}, {len(row_out[0])}]; expected [{N}, {out2}]", color=stroke("wrong"))
+    f.place(row(lanes, column(_title(f, "your out: sum (all-reduce)"), total,
+                              f.label(sums, size=SMALL, mono=True), shape_note, gap=6), gap=150, align="middle"),
+            after=28)
+    for rk, partial in enumerate(results):  # each partial into the sum
+        px, py, _, _ = partial.cell_box(0, out2)
+        f.arrow(px + 6, py + N * c / 2, total.right - total.w - 8, total.bottom - total.h / 2 - 10 + rk * 20,
+                color=stroke(RANK[rk % 2]), width=1.3)
     f.note(f"Each partial already has the full output shape [{N}, {out2}]: the all-reduce adds them, it does not "
            f"concatenate. Column then row (o_proj after attention, down_proj after gate_up) needs this one "
            f"all-reduce per pair.", size=SMALL + 1.5)
+    wrong = row_out is None or any(_any(r[key]) for key in ("shards_wrong", "col_out_wrong", "partials_wrong",
+                                                            "row_out_wrong"))
     f.legend([("plain", "replicated input, summed output"), (RANK[0], "rank 0's slice"), (RANK[1], "rank 1's slice")],
              wrong=wrong)
+
+
+def _lanes(f: Figure, lanes: list[list[tuple[str, Grid]]], c: float) -> Part:
+    """One lane per rank, "rank r  a @ b = c", each matrix under its title; the slots line up across the lanes."""
+    titled = [[f.titled(title, grid, size=TITLE) for title, grid in lane] for lane in lanes]
+    slots = [max(part.w for part in slot) for slot in zip(*titled)]
+    title_h = _title(f, "x").h + 8
+
+    def at_row(part: Part, rows: float) -> Part:  # a symbol or label level with the middle of a grid's rows
+        return pad(part, top=title_h + rows * c - part.h / 2)
+
+    return column(*(row(at_row(f.label(f"rank {rk}", size=LABEL, color=stroke(RANK[rk % 2]), bold=True),
+                               lane[1][1].rows / 2),
+                        wide(a, slots[0]), at_row(f.label("@", size=LABEL, color=INK), 1),
+                        wide(b, slots[1]), at_row(f.label("=", size=LABEL, color=INK), 1),
+                        wide(res, slots[2]), gap=14)
+                    for rk, (lane, (a, b, res)) in enumerate(zip(lanes, titled))), gap=30)

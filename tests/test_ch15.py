@@ -24,16 +24,13 @@ def graded(tmp_path_factory):
 # -- 15.1 ---------------------------------------------------------------------------------------------
 
 def test_lookup_as_a_reshape(graded):
-    report = graded("reshape",
-                    # a lookup done as a reshape: the first rows of E, whatever the ids say
-                    ("return weight[ids.long()]",
-                     "return weight.reshape(-1)[: ids.numel() * weight.shape[1]].reshape(*ids.shape, weight.shape[1])"))
+    report = graded.mistake("reshape")   # a lookup done as a reshape: the first rows of E, whatever the ids say
     r = result(report, "figure instance", task="ch15.1")
     assert r.status == "failed"
     E = torch.tensor(checks.EMBED_TABLE, dtype=torch.float32)
     assert "table E [6, 4], ids [1, 3] = [[2, 0, 4]]" in r.message
     assert f"ids[0, 0] = 2, so its embedding is row 2 of E = {checks.vec(E[2])}; yours: {checks.vec(E[0])}" in r.message
-    assert "hint: your rows are rows 0 … 2 of E in order: the ids choose the rows (a lookup is not a reshape" in r.message
+    assert r.hints == ["reshape"]
     assert tasks_not_passed(report) == {"ch15.1"}
     assert wrong_elements(report, "ch15-dim-embedding")
     assert not wrong_elements(report, "ch15-dim-qkv-linear")
@@ -56,9 +53,7 @@ def test_negative_ids_not_rejected(graded):
 # -- 15.2 ---------------------------------------------------------------------------------------------
 
 def test_reshape_instead_of_transpose(graded):
-    report = graded("reshape_weight",
-                    # W.reshape(in, out) taken for a transpose: the right shape, scrambled weights
-                    ("y = x @ weight.T", "y = x @ weight.reshape(in_features, out_features)"))
+    report = graded.mistake("reshape_weight")   # W.reshape(in, out) taken for a transpose: scrambled weights
     r = result(report, "figure instance", task="ch15.2")
     assert r.status == "failed"
     x, w = torch.tensor(checks.QKV_X, dtype=torch.float32), torch.tensor(checks.QKV_W, dtype=torch.float32)
@@ -67,78 +62,64 @@ def test_reshape_instead_of_transpose(graded):
     assert "x [3, 4], weight stored [out, in] = [8, 4]" in r.message
     assert f"y[{i}, {j}] = Σ_c x[{i}, c]·W[{j}, c] = " in r.message
     assert f"= {checks.fmt(want[i, j])}; yours: {checks.fmt(bad[i, j])}" in r.message
-    assert "hint: W.reshape(in, out) keeps the memory order and scrambles the weights; a transpose is W.T" in r.message
+    assert r.hints == ["reshape_weight"]
     assert tasks_not_passed(report) == {"ch15.2"}
     assert wrong_elements(report, "ch15-dim-qkv-linear")
 
 
 def test_math_convention_x_at_w(graded):
-    report = graded("x_at_w",
-                    # the math [in, out] habit: x @ W with a weight stored [out, in]
-                    ("y = x @ weight.T", "y = x @ weight"))
+    report = graded.mistake("x_at_w")   # the math [in, out] habit: x @ W with a weight stored [out, in]
     square = result(report, "a square weight", task="ch15.2")
     assert square.status == "failed"
     assert "y[0, 0] = Σ_c x[0, c]·W[0, c] = 1·1 + 2·0 + 3·0 = 1; yours: 3" in square.message
-    assert "hint: you computed x @ W, the math [in, out] view; nn.Linear stores W as [out, in]" in square.message
+    assert square.hints == ["x_at_w"]
     # With in ≠ out the product cannot even be formed: the student's own error is reported.
     fig = result(report, "figure instance", task="ch15.2")
     assert fig.status == "error" and "RuntimeError" in fig.message
 
 
 def test_convention_named_in_the_error(graded):
-    report = graded("vague_error",
-                    # a ValueError that does not say which convention the weight breaks
-                    ("weights are stored \"\n                             f\"[out, in] (the nn.Linear convention)",
-                     "the shapes \"\n                             f\"do not match"))
+    report = graded.mistake("vague_error")   # a ValueError that does not say which convention the weight breaks
     r = result(report, "a weight passed as [in, out]", task="ch15.2")
     assert r.status == "failed"
     assert "its message does not name the convention" in r.message
-    assert "hint: say that weights are stored [out, in] (the nn.Linear convention)" in r.message
+    assert r.hints == ["vague_error"]
     assert tasks_not_passed(report) == {"ch15.2"}
 
 
 # -- 15.3 ---------------------------------------------------------------------------------------------
 
 def test_k_and_v_swapped(graded):
-    report = graded("qvk",
-                    # the packing read as q | v | k
-                    ("q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)",
-                     "q, v, k = qkv.split([q_size, kv_size, kv_size], dim=-1)"))
+    report = graded.mistake("block_swapped")   # the packing read as q | v | k
     r = result(report, "Qwen3-0.6B", task="ch15.3")
     assert r.status == "failed"
     assert "the packing is q | k | v = 2048 | 1024 | 1024 columns, so k is columns 2048–3071 of qkv" in r.message
     assert "yours holds columns 3072–4095" in r.message
-    assert "hint: your k is v's block: the order is q | k | v" in r.message
+    assert r.hints == ["block_swapped"]
     assert result(report, "MHA", task="ch15.3").status == "failed"
     assert tasks_not_passed(report) == {"ch15.3"}
     assert wrong_elements(report, "ch15-dim-qkv-linear")
 
 
 def test_equal_thirds(graded):
-    report = graded("thirds",
-                    # qkv.chunk(3): three equal parts, as if K and V had as many heads as Q
-                    ("qkv.split([q_size, kv_size, kv_size], dim=-1)", "qkv.chunk(3, dim=-1)"))
+    report = graded.mistake("thirds")   # qkv.chunk(3): three equal parts, as if K and V had as many heads as Q
     r = result(report, "Qwen3-0.6B", task="ch15.3")
     assert r.status == "failed"
     assert "q is num_heads·head_dim = 16·128 = 2048 wide, k and v num_kv_heads·head_dim = 8·128 = 1024 each" in r.message
     assert "yours: float32 tensor [2, 1366], float32 tensor [2, 1366], float32 tensor [2, 1364]" in r.message
-    assert "hint: under GQA the parts are not equal thirds" in r.message
+    assert r.hints == ["thirds"]
     assert result(report, "MHA", task="ch15.3").status == "passed", "equal thirds are right for MHA"
 
 
 # -- 15.4 ---------------------------------------------------------------------------------------------
 
 def test_head_dim_derived_from_hidden(graded):
-    report = graded("derived_head_dim",
-                    # the Qwen3 trap: head_dim taken as hidden_size / num_attention_heads
-                    ('config["vocab_size"], config["head_dim"]',
-                     'config["vocab_size"], config["hidden_size"] // config["num_attention_heads"]'))
+    report = graded.mistake("head_dim_derived")   # the Qwen3 trap: head_dim taken as hidden_size / num_attention_heads
     r = result(report, "figure instance", task="ch15.4")
     assert r.status == "failed"
     assert "qkv_proj is stored [(Hq + 2·Hkv)·d, H] = [(16 + 2·8)·128, 1024] = [4096, 1024]; yours: [2048, 1024]" \
         in r.message
-    assert "hint: head_dim is read from the config: 128, not hidden_size / num_attention_heads = 1024 / 16 = 64" \
-        in r.message
+    assert r.hints == ["head_dim_derived"]
     assert result(report, "a synthetic config", task="ch15.4").status == "failed"
     assert result(report, "Llama-3-8B", task="ch15.4").status == "passed", "Llama's head_dim happens to be H / Hq"
     oracle = result(report, "agreement with transformers", task="ch15.4")
@@ -150,15 +131,12 @@ def test_head_dim_derived_from_hidden(graded):
 # -- 15.5 ---------------------------------------------------------------------------------------------
 
 def test_logits_for_every_token(graded):
-    report = graded("all_logits",
-                    # logits for all N tokens instead of the last token of each request
-                    ('("logits", (B, V))', '("logits", (N, V))'))
+    report = graded.mistake("all_logits")   # logits for all N tokens instead of the last token of each request
     r = result(report, "figure instance", task="ch15.5")
     assert r.status == "failed"
     assert "N = 3 + 2 = 5 tokens flattened, B = 2 requests" in r.message
     assert "logits is [B, V] = [2, 151936]; yours: [5, 151936]" in r.message
-    assert "hint: only the last token of each request predicts a next token: the LM head keeps the rows " \
-           "cu_seqlens_q[1:] − 1 = [2, 4]" in r.message
+    assert r.hints == ["all_logits"]
     # A request of one token each cannot tell the two apart.
     assert result(report, "every request one token long", task="ch15.5").status == "passed"
     assert tasks_not_passed(report) == {"ch15.5"}
@@ -168,14 +146,11 @@ def test_logits_for_every_token(graded):
 # -- 15.6 ---------------------------------------------------------------------------------------------
 
 def test_row_partials_concatenated(graded):
-    report = graded("concat_partials",
-                    # the all-reduce taken for an all-gather: row-parallel partials concatenated
-                    ("    out = partials[0]\n    for p in partials[1:]:\n        out = out + p\n",
-                     "    out = torch.cat(partials, dim=1)\n"))
+    report = graded.mistake("concat_partials")   # the all-reduce taken for an all-gather: partials concatenated
     r = result(report, "figure instance: row-parallel", task="ch15.6")
     assert r.status == "failed"
     assert "out should be [N, out] = [2, 3]; yours: float32 tensor [2, 6]" in r.message
-    assert "hint: row-parallel partials are summed (the all-reduce), not concatenated" in r.message
+    assert r.hints == ["concat_partials"]
     assert result(report, "figure instance: column-parallel", task="ch15.6").status == "passed"
     assert result(report, "column-parallel over 4 ranks", task="ch15.6").status == "passed"
     assert tasks_not_passed(report) == {"ch15.6"}
@@ -185,15 +160,11 @@ def test_row_partials_concatenated(graded):
 
 
 def test_interleaved_column_shards(graded):
-    report = graded("interleaved",
-                    # rank r takes every tp-th output column instead of one contiguous block
-                    ("shards = [x @ w for w in weight.split(out_features // tp, dim=1)]",
-                     "shards = [x @ weight[:, r::tp] for r in range(tp)]"))
+    report = graded.mistake("interleaved")   # rank r takes every tp-th output column instead of one contiguous block
     r = result(report, "figure instance: column-parallel", task="ch15.6")
     assert r.status == "failed"
     assert "rank 0 owns the output columns [0·2, 1·2) = [0, 2) of W" in r.message
-    assert "hint: a rank owns one contiguous block of out/tp = 2 columns, not the columns r, r + 2, r + 2·2, …" \
-        in r.message
+    assert r.hints == ["interleaved"]
     assert wrong_elements(report, "ch15-dim-tensor-parallel")
 
 
@@ -202,9 +173,7 @@ def test_two_functions_share_task_15_6(graded):
     task = ch.task("ch15.6")
     assert task.names == ("column_parallel_linear", "row_parallel_linear")
     assert ch.task("row_parallel_linear") is task
-    report = graded("interleaved",
-                     ("shards = [x @ w for w in weight.split(out_features // tp, dim=1)]",
-                      "shards = [x @ weight[:, r::tp] for r in range(tp)]"))
+    report = graded.mistake("interleaved")
     labels = {r.function for r in report.results if r.task == "ch15.6"}
     assert labels == {"column_parallel_linear, row_parallel_linear"}
 
@@ -272,8 +241,17 @@ def test_column_then_row_matches_nanovllm_example():
 
 def test_shape_hints():
     c = checks.QWEN3_06B
-    assert "[out, in]" in checks.shapes_hint("o_proj", (2048, 1024), (1024, 2048), c)
-    assert "GQA narrows them" in checks.shapes_hint("qkv_proj", (6144, 1024), (4096, 1024), c)
-    assert "gate and up" in checks.shapes_hint("gate_up_proj", (3072, 1024), (6144, 1024), c)
+    assert checks.shapes_hint("o_proj", (2048, 1024), (1024, 2048), c).id == "out_in_swapped"
+    assert checks.shapes_hint("qkv_proj", (6144, 1024), (4096, 1024), c).id == "kv_full_heads"
+    assert checks.shapes_hint("gate_up_proj", (3072, 1024), (6144, 1024), c).id == "gate_only"
     trap = ref.projection_shapes(dict(c, head_dim=64))
-    assert "not hidden_size / num_attention_heads" in checks.shapes_hint("q_norm", (64,), (128,), c, trap)
+    assert checks.shapes_hint("q_norm", (64,), (128,), c, trap).id == "head_dim_derived"
+
+
+def test_a_partial_of_the_wrong_shape_is_explained():
+    """"partial_shape": a rank's partial cut to its own block of outputs, as if row-parallel split them too."""
+    x_shards, w = [torch.ones(2, 2), torch.ones(2, 2)], torch.ones(4, 3)
+    with pytest.raises(checks.CheckFailed) as e:
+        checks.row_structure(([torch.ones(2, 2), torch.ones(2, 1)], torch.ones(2, 3)), x_shards, w, 2, "made up")
+    assert "rank 0's partial should have the full output shape [N, out] = [2, 3]" in str(e.value)
+    assert e.value.hints == ["partial_shape"]

@@ -22,11 +22,6 @@ from solutions import ch16_attention_steps as ref
 SEED = 16
 
 SPLIT = "return x.view(B, T, num_heads, width // num_heads).transpose(1, 2)"
-MERGE = "return x.transpose(1, 2).reshape(B, T, H * d)"
-DEFAULT_SCALE = "scale = d ** -0.5 if scale is None else scale"
-FILL = 'hidden = scores.masked_fill(~mask, float("-inf"))'
-MAX = "e = (hidden - hidden.amax(dim=-1, keepdim=True)).exp()"
-NORMALISE = "probs = e / e.sum(dim=-1, keepdim=True)"
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +39,7 @@ def texts(report, figure_id: str, cls: str | None = None) -> list[str]:
 
 def test_reshape_without_transpose_is_explained_and_drawn(graded):
     # a reshape straight to [B, H, T, d]: the heads' rows mix the columns of different tokens
-    report = graded("split_no_transpose", (SPLIT, "return x.view(B, num_heads, T, width // num_heads)"))
+    report = graded.mistake("reshape_no_transpose")
     r = result(report, "figure instance: the numbers 0")
     assert r.status == "failed"
     x = checks.numbered()
@@ -53,8 +48,7 @@ def test_reshape_without_transpose_is_explained_and_drawn(graded):
     assert (f"out[0, 0, 1, :] is head 0 of token 1, the columns h·d … h·d + d − 1 = 0 … 1 of row 1: "
             f"x[0, 1, 0:2] = {checks.vec(want[0, 0, 1])}; yours: {checks.vec(x[0, 0, 2:4])}, "
             f"which is head 1 of token 0 (x[0, 0, 2:4])") in r.message
-    assert "hint: a reshape to [B, H, T, d] without a transpose" in r.message
-    assert "view as [B, T, H, d] first, then transpose(1, 2)" in r.message
+    assert r.hints == ["reshape_no_transpose"]
     assert wrong_elements(report, "ch16-dim-split-heads")
     assert any("In your result #2 sits at out[0, 0, 1, 0]" in s for s in texts(report, "ch16-dim-split-heads"))
     # A single head is the one case a bare reshape gets right.
@@ -64,26 +58,21 @@ def test_reshape_without_transpose_is_explained_and_drawn(graded):
 
 def test_wrong_axes_are_named_from_the_shape(graded):
     # transpose(2, 3) instead of transpose(1, 2): the width and head axes swapped, tokens left in place
-    report = graded("split_wrong_axes", (".transpose(1, 2)\n    ### END", ".transpose(2, 3)\n    ### END"),
-                    task="ch16.1")
+    report = graded.mistake("wrong_axes", task="ch16.1")
     r = result(report, "figure instance: the numbers 0")
     assert "expected the heads as a 4-D float32 tensor of shape [1, 2, 3, 2]; yours: float32 tensor [1, 3, 2, 2]" \
         in r.message
-    assert "the [B, T, H, d] view with its axes in the order [B, T, d, H] (permute(0, 1, 3, 2))" in r.message
-    assert "only the token and head axes swap: transpose(1, 2)" in r.message
+    assert r.hints == ["wrong_axes"] and "[B, T, d, H] (permute(0, 1, 3, 2))" in r.message
     # Where every size is alike the shape is right, and the values give it away.
     square = result(report, "T = H = d")
     assert square.status == "failed" and "which is not one head of one token of x" in square.message
-    assert "permute(0, 1, 3, 2)" in square.message
+    assert square.hints == ["wrong_axes"] and "permute(0, 1, 3, 2)" in square.message
     assert not any(p.endswith("ch16-dim-split-heads.svg") for p in report.figures), "no figure from a wrong shape"
 
 
-@pytest.mark.parametrize("name, new, call", [
-    ("split_copy", SPLIT + ".contiguous()", ".contiguous("),  # after the transpose: right values, every number copied
-    ("split_stack", "return torch.stack(x.view(B, T, num_heads, width // num_heads).unbind(2), dim=1)", "stack("),
-])
-def test_a_copy_does_not_fit_the_measured_check(graded, name, new, call):
-    report = graded(name, (SPLIT, new), task="ch16.1")
+@pytest.mark.parametrize("mistake", ["contiguous_copy", "stack_copy"])  # right values, every number copied
+def test_a_copy_does_not_fit_the_measured_check(graded, mistake):
+    report = graded.mistake(mistake, task="ch16.1")
     assert checks_not_passed(report) == ["the split is a view: no number is copied (measured)"]
     r = result(report, "the split is a view")
     x_bytes = math.prod(hidden.SPLIT_X) * 4
@@ -92,8 +81,7 @@ def test_a_copy_does_not_fit_the_measured_check(graded, name, new, call):
     assert "ran out at ch16_attention_steps.py:" in r.message and f"asking for {x_bytes >> 20} MiB" in r.message
     assert x_bytes >= 4 * hidden.SPLIT_SPARE, "a copy needs 4× the limit: no borderline verdicts"
     assert "nano-vllm's q.view(-1, num_heads, head_dim) is a view" in r.message
-    hints = [line for line in r.message.splitlines() if line.startswith("hint: ")]
-    assert hints == [f"hint: {hidden.COPIES[call]}"], "the hint names the copying call on that line, no other"
+    assert r.hints == [mistake], "the hint names the copying call on that line, no other"
     assert not wrong_elements(report, "ch16-dim-split-heads")
 
 
@@ -116,7 +104,7 @@ def test_reference_passes_the_measured_check():
 
 def test_bare_reshape_mixes_tokens(graded):
     # reshape(B, T, H·d) without transpose(1, 2): each row takes consecutive tokens of one head
-    report = graded("merge_bare", (MERGE, "return x.reshape(B, T, H * d)"))
+    report = graded.mistake("bare_reshape")
     r = result(report, "figure instance: [1, 2, 3, 2]")
     assert r.status == "failed"
     heads = ref.split_heads(checks.numbered(), 2)
@@ -124,7 +112,7 @@ def test_bare_reshape_mixes_tokens(graded):
             f"{fmt(ref.merge_heads(heads)[0, 0, 2])}; yours: {fmt(heads.reshape(1, 3, 4)[0, 0, 2])}") in r.message
     assert "your row 0 holds, piece by piece: head 0 of token 0, head 0 of token 1 — values of 2 different tokens" \
         in r.message
-    assert "hint: a reshape without transpose(1, 2) keeps the numbers in their [B, H, T, d] order" in r.message
+    assert r.hints == ["bare_reshape"]
     # With one token or one head there is nothing to mix: those cases pass.
     assert result(report, "one token, one head").status == "passed"
     assert result(report, "T = H: a bare reshape").status == "failed"
@@ -135,11 +123,11 @@ def test_bare_reshape_mixes_tokens(graded):
 
 def test_view_after_transpose_is_explained(graded):
     # view() instead of reshape() after the transpose: torch refuses, the message says why
-    report = graded("merge_view", (MERGE, "return x.transpose(1, 2).view(B, T, H * d)"), task="ch16.2")
+    report = graded.mistake("view_after_transpose", task="ch16.2")
     r = result(report, "figure instance: [1, 2, 3, 2]")
     assert r.status == "failed"
     assert "merge_heads raised RuntimeError: view size is not compatible" in r.message
-    assert "hint: after transpose(1, 2) the numbers are no longer in row order" in r.message
+    assert r.hints == ["view_after_transpose"]
 
 
 def test_reference_merge_figure_marks_the_mixed_rows(tmp_path):
@@ -153,22 +141,17 @@ def test_reference_merge_figure_marks_the_mixed_rows(tmp_path):
 
 # -- 16.3 attention_steps ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name, scale, factor, hint", [
-    # 1/d: the square root forgotten
-    ("scale_one_over_d", "1 / d", 1 / 2, "hint: the scale is 1/√d = 1/√2 ≈ 0.7071, not 1/d = 1/2"),
-    # no scale at all: raw dot products
-    ("scale_none", "1.0", 1.0,
-     "hint: scale the dot products: the default scale is 1/√d = 1/√2; your scores are not scaled"),
-])
-def test_wrong_scales_are_explained(graded, name, scale, factor, hint):
-    report = graded(name, (DEFAULT_SCALE, f"scale = {scale} if scale is None else scale"), task="ch16.3")
+@pytest.mark.parametrize("mistake, factor", [("one_over_d", 1 / 2),   # 1/d: the square root forgotten
+                                             ("unscaled", 1.0)])        # no scale at all: raw dot products
+def test_wrong_scales_are_explained(graded, mistake, factor):
+    report = graded.mistake(mistake, task="ch16.3")
     r = result(report, "figure instance: one causal head")
     assert r.status == "failed"
     q, k = checks.tensor(checks.ONE_Q), checks.tensor(checks.ONE_K)
     want = ref.attention_steps(q, k, k, mask=models.causal(3))["scores"]
     assert (f"step 1: scores[0, 0] = (q[0] · k[0]) × scale = (1·1 + 0·0) × 1/√2 = {fmt(want[0, 0])}; "
             f"yours: {fmt(float(q[0] @ k[0]) * factor)}") in r.message
-    assert hint in r.message
+    assert r.hints == [mistake]
     qwen = result(report, "Qwen3-0.6B's head_dim 128")
     assert "1/√128" in qwen.message and "is a sum of d = 128 products" in qwen.message
     assert wrong_elements(report, "ch16-dim-one-head-attention")
@@ -178,25 +161,24 @@ def test_wrong_scales_are_explained(graded, name, scale, factor, hint):
 
 def test_softmax_over_the_queries(graded):
     # softmax along dim=0: each column sums to 1 instead of each row
-    report = graded("softmax_dim0", (MAX, MAX.replace("dim=-1", "dim=0")),
-                    (NORMALISE, NORMALISE.replace("dim=-1", "dim=0")), task="ch16.3")
+    report = graded.mistake("softmax_dim0", task="ch16.3")
     r = result(report, "causal, 5 queries")
     assert r.status == "failed"
     assert "expected row 0: [1, 0, 0, 0, 0] (sums to 1)" in r.message
-    assert "hint: softmax runs over the keys of each query (dim=-1, along a row)" in r.message
+    assert r.hints == ["softmax_dim0"]
     assert wrong_elements(report, "ch16-prob-rows")
-    assert "← your columns sum to 1: the softmax ran over the queries (dim=0)" in texts(report, "ch16-prob-rows")
+    drawn = texts(report, "ch16-prob-rows")
+    assert "← your columns sum to 1" in drawn and any("the softmax ran over the queries (dim=0)" in s for s in drawn)
     assert wrong_elements(report, "ch16-three-steps")
 
 
 def test_masking_after_softmax(graded):
     # softmax over all keys, then the hidden ones zeroed: rows sum to less than 1
-    report = graded("mask_after", (FILL, "hidden = scores"),
-                    (NORMALISE, "probs = (e / e.sum(dim=-1, keepdim=True)).masked_fill(~mask, 0.0)"), task="ch16.3")
+    report = graded.mistake("mask_after", task="ch16.3")
     r = result(report, "figure instance: one causal head")
     assert r.status == "failed"
     assert "step 2: query 0 may attend key 0" in r.message and "expected row 0: [1, 0, 0] (sums to 1)" in r.message
-    assert "hint: mask before the softmax, not after" in r.message
+    assert r.hints == ["mask_after"]
     # Without a mask, masking after the softmax changes nothing.
     assert result(report, "three steps").status == "passed"
     assert wrong_elements(report, "ch16-dim-one-head-attention")
@@ -204,37 +186,33 @@ def test_masking_after_softmax(graded):
 
 def test_inverted_mask_convention(graded):
     # True = hidden: the additive-mask habit, consistently (default all False, a row of True is "blind")
-    report = graded("inverted", ("mask = torch.ones(T, S, dtype=torch.bool)",
-                                 "mask = torch.zeros(T, S, dtype=torch.bool)"),
-                    ("blind = (~mask.any(dim=-1)).nonzero()", "blind = mask.all(dim=-1).nonzero()"),
-                    (FILL, FILL.replace("~mask", "mask")), task="ch16.3")
+    report = graded.mistake("mask_inverted", task="ch16.3")
     r = result(report, "figure instance: one causal head")
     assert r.status == "failed"
     assert "your attention_steps raised ValueError" in r.message and "but these inputs are valid" in r.message
     assert "read as True = hidden, query 2's row (all True) would hide every key" in r.message
     pad = result(report, "a padding mask")
-    assert "hint: True = may attend, the scaled_dot_product_attention convention" in pad.message
-    assert "yours hides the keys it allows" in pad.message
+    assert pad.hints == ["mask_inverted"]
     assert not any(p.endswith("ch16-dim-one-head-attention.svg") for p in report.figures)
 
 
 def test_unstable_softmax_overflows(graded):
     # exp of the raw scores: fine for small scores, inf/inf = nan at 1e4
-    report = graded("unstable", (MAX, "e = hidden.exp()"), task="ch16.3")
+    report = graded.mistake("unstable", task="ch16.3")
     assert checks_not_passed(report) == ["large scores (about 1e4) stay finite: a stable softmax"]
     r = result(report, "large scores")
     assert "yours: [nan, nan, nan, nan]" in r.message
-    assert "hint: your probabilities have inf/nan" in r.message and "subtract each row's maximum" in r.message
+    assert r.hints == ["unstable"]
 
 
 def test_finite_fill_is_not_exactly_zero(graded):
     # −100 instead of −∞ for the hidden keys: exp(−100) is tiny but not 0
-    report = graded("finite_fill", (FILL, FILL.replace('float("-inf")', "-100.0")), task="ch16.3")
+    report = graded.mistake("finite_fill", task="ch16.3")
     r = result(report, "masked keys get probability exactly 0")
     assert r.status == "failed"
-    assert "must be exactly 0; yours:" in r.message and "fill the hidden scores with −∞" in r.message
+    assert "must be exactly 0; yours:" in r.message and r.hints == ["finite_fill"]
     big = result(report, "large scores")
-    assert "hint: keys the mask hides got probability" in big.message
+    assert big.hints == ["fill_too_small"]
     assert wrong_elements(report, "ch16-prob-rows")
 
 
@@ -276,9 +254,9 @@ def test_reference_softmax_is_exact_on_large_scores():
 def test_interleaved_heads_are_recognised():
     x = torch.randn(2, 3, 8)
     interleaved = x.view(2, 3, 4, 2).permute(0, 3, 1, 2)  # 2 heads, every 2nd column
-    assert "not every 2-th column" in checks.split_hint(interleaved, x, 2)
+    assert checks.split_hint(interleaved, x, 2).id == "interleaved_heads"
     heads = ref.split_heads(x, 2)
-    assert "interleaves the heads" in checks.merge_hint(heads.permute(0, 2, 3, 1).reshape(2, 3, 8), heads)
+    assert checks.merge_hint(heads.permute(0, 2, 3, 1).reshape(2, 3, 8), heads).id == "interleaved_merge"
 
 
 def test_scale_from_the_wrong_dimension_and_wrong_out_are_recognised():
@@ -286,10 +264,9 @@ def test_scale_from_the_wrong_dimension_and_wrong_out_are_recognised():
     want = ref.attention_steps(q, k, v)
     by_keys = (q @ k.T) / 5 ** 0.5
     variants = models.steps_variants(None, q, k, v, None, None, want)
-    assert "not the number of keys S = 5" in checks.scores_hint(by_keys, want["scores"], q, k, None, None,
-                                                                variants["scores"])
-    assert "not with the raw scores" in checks.out_hint(want["scores"] @ v, variants["out"])
-    assert "the content comes from V" in checks.out_hint(want["probs"] @ k, variants["out"])
+    assert checks.scores_hint(by_keys, want["scores"], q, k, None, None, variants["scores"]).id == "sqrt_keys"
+    assert checks.out_hint(want["scores"] @ v, variants["out"]).id == "scores_at_v"
+    assert checks.out_hint(want["probs"] @ k, variants["out"]).id == "probs_at_k"
 
 
 # -- the figures' layout ------------------------------------------------------------------------------------

@@ -13,7 +13,10 @@ from grader.authoring import (
     expect_tensor,
     first_wrong,
     fmt,
+    mistakes,
     public,
+    short,
+    vec,
     wrong_mask,
 )
 
@@ -41,461 +44,11 @@ TP_W1 = [[1, 0, 2, 1], [0, 1, 1, 0], [1, 1, 0, 2]]
 TP_W2 = [[1, 0, 1], [0, 1, 1], [1, 0, 0], [0, 1, 1]]
 TP_RANKS = 2
 
-
-def fail(lines: list[str], hint: str = "") -> None:
-    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
-
-
-def vec(x: torch.Tensor, n: int = 6) -> str:
-    flat = x.reshape(-1).tolist()
-    return "[" + ", ".join(fmt(v) for v in flat[:n]) + (", …]" if len(flat) > n else "]")
-
-
-def span(cols: list[int | None]) -> str:
-    """Columns as 'columns a–b' when contiguous, else a short list."""
-    if cols and None not in cols and cols == list(range(cols[0], cols[0] + len(cols))):
-        return f"columns {cols[0]}–{cols[-1]}" if len(cols) > 1 else f"column {cols[0]}"
-    shown = ", ".join("?" if c is None else str(c) for c in cols[:8])
-    return f"columns [{shown}{', …' if len(cols) > 8 else ''}]"
-
-
-def expect_value_error_naming(t: Trial, fn: StudentCallable, *args, because: str, words: str) -> None:
-    """Require a ValueError whose message contains `words` (spaces ignored)."""
-    try:
-        value = fn(*args)
-    except StudentRaised as e:
-        if e.not_implemented or not e.is_a("ValueError"):
-            raise
-        message = e.error.get("message", "")
-        if words.replace(" ", "") not in message.replace(" ", ""):
-            fail([f"{fn.label} raised ValueError because {because}, but its message does not name the convention",
-                  f"your message: {message!r}"], f"say that weights are stored {words} (the nn.Linear convention)")
-        return
-    fail([f"{fn.label} should raise ValueError because {because}; yours returned {describe(value)} instead"])
-
-
-# -- 15.1 embedding_lookup ---------------------------------------------------------------------------
-
-def expect_lookup(got, want: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, case: str) -> torch.Tensor:
-    """Require the looked-up rows, explaining the first wrong one in table terms."""
-    (V, H), shape = weight.shape, [*ids.shape, weight.shape[1]]
-    head = f'case "{case}": table E [{V}, {H}], ids {list(ids.shape)} = {_ids(ids)}'
-    if isinstance(got, torch.Tensor) and list(got.shape) != shape:
-        hint = ""
-        if list(got.shape) == list(ids.shape):
-            hint = "a lookup returns a whole row of H numbers per id: out has shape [*ids.shape, H]"
-        elif list(got.shape) == [ids.numel(), H]:
-            hint = "keep the ids' shape: out is [*ids.shape, H], not flattened to [num_ids, H]"
-        elif list(got.shape) == [H, *ids.shape]:
-            hint = "E is [V, H]: a token's embedding is a row E[id], not a column E[:, id]"
-        fail([head, f"expected a {len(shape)}-D tensor of shape {shape} ([*ids.shape, H]); yours: {describe(got)}"],
-             hint)
-    out = expect_tensor(got, what=f"the embeddings of ids {list(ids.shape)}", shape=shape, dtype=weight.dtype)
-    rows, flat_ids = out.reshape(-1, H), ids.reshape(-1)
-    bad = wrong_mask(rows, want.reshape(-1, H)).any(-1)
-    if not bad.any():
-        return out
-    i = int(bad.nonzero()[0])
-    tok = int(flat_ids[i])
-    if ids.dim():
-        where = "ids" + str([int(w) for w in torch.unravel_index(torch.tensor(i), tuple(ids.shape))]) + f" = {tok}"
-    else:
-        where = f"the id is {tok}"
-    lines = [head, f"{where}, so its embedding is row {tok} of E = {vec(weight[tok])}; yours: {vec(rows[i])}"]
-    same = [r for r in range(V) if torch.equal(weight[r], rows[i])]
-    n = rows.shape[0]
-    if n <= V and n > 1 and torch.equal(rows, weight[:n]):
-        hint = (f"your rows are rows 0 … {n - 1} of E in order: the ids choose the rows (a lookup is not a reshape "
-                f"of E: {n} ids read {n}·{H} numbers from wherever their rows sit)")
-    elif same and same[0] in (tok - 1, tok + 1):
-        hint = f"yours is row {same[0]}: token ids index the rows from 0, E[id] with no offset"
-    elif same:
-        hint = f"yours is row {same[0]} of E; read row ids[…] = {tok}"
-    else:
-        hint = "your values are no row of E: a lookup copies the row E[id] and computes nothing"
-    fail(lines, hint)
-
-
-def _ids(ids: torch.Tensor) -> str:
-    flat = ids.reshape(-1).tolist()
-    text = str(ids.tolist()) if len(flat) <= 12 else f"[{', '.join(map(str, flat[:10]))}, … ({len(flat)} ids)]"
-    return text
-
-
-def run_lookup_case(t: Trial, weight: torch.Tensor, ids: torch.Tensor, case: str) -> torch.Tensor:
-    got = t.yours.embedding_lookup(weight, ids)
-    return expect_lookup(got, t.ref.embedding_lookup(weight, ids), weight, ids, case)
-
-
-# -- 15.2 linear ------------------------------------------------------------------------------------
-
-def expect_linear(got, want: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  case: str) -> torch.Tensor:
-    """Require y = x·Wᵀ + b, explaining the first wrong element as its sum over the `in` axis."""
-    out_f, in_f = weight.shape
-    head = (f'case "{case}": x {list(x.shape)}, weight stored [out, in] = {list(weight.shape)}'
-            f"{', bias [' + str(out_f) + ']' if bias is not None else ''}")
-    shape = list(want.shape)
-    if isinstance(got, torch.Tensor) and list(got.shape) != shape:
-        hint = ""
-        if x.dim() == 2 and list(got.shape) == [out_f, x.shape[0]]:
-            hint = "you computed W·xᵀ: the tokens are the rows of y, so y = x @ W.T"
-        fail([head, f"expected y as a {len(shape)}-D tensor of shape {shape} ([..., out]); yours: {describe(got)}"],
-             hint)
-    y = expect_tensor(got, what="y", shape=shape, dtype=want.dtype)
-    idx = first_wrong(y, want, atol=ATOL, rtol=RTOL)
-    if idx is None:
-        return y
-    *row, j = idx
-    xr = x[tuple(row)]
-    terms = " + ".join(f"{_p(a)}·{_p(b)}" for a, b in zip(xr.tolist(), weight[j].tolist())) if in_f <= 6 else "…"
-    b_sym, b_val = (f" + b[{j}]", f" + {_p(bias[j].item())}") if bias is not None else ("", "")
-    lines = [head, f"y{list(idx)} = Σ_c x[{', '.join(map(str, row))}, c]·W[{j}, c]{b_sym} = {terms}{b_val}"
-                   f" = {fmt(want[idx])}; yours: {fmt(y[idx])}"]
-    fail(lines, linear_hint(y, x, weight, bias))
-
-
-def _p(v: float) -> str:
-    """A number inside a sum: negatives in parentheses, 1·(−2) rather than 1·-2."""
-    return f"({fmt(v).replace('-', '−')})" if v < 0 else fmt(v)
-
-
-def linear_hint(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
-    out_f, in_f = weight.shape
-    b = 0 if bias is None else bias
-    close = lambda v: v.shape == y.shape and torch.allclose(y.double(), v.double(), atol=1e-4, rtol=1e-4)
-    if out_f == in_f and close(x @ weight + b):
-        return ("you computed x @ W, the math [in, out] view; nn.Linear stores W as [out, in] (one row per output "
-                "feature), so y = x @ W.T")
-    if close(x @ weight.reshape(in_f, out_f) + b):
-        return "W.reshape(in, out) keeps the memory order and scrambles the weights; a transpose is W.T"
-    if bias is not None and close(x @ weight.T):
-        return "add the bias: y = x @ W.T + b, one b[j] per output feature"
-    return ""
-
-
-def run_linear_case(t: Trial, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, case: str) -> None:
-    got = t.yours.linear(x, weight, bias)
-    expect_linear(got, t.ref.linear(x, weight, bias), x, weight, bias, case)
-
-
-# -- 15.3 split_qkv ---------------------------------------------------------------------------------
-
-def coded_qkv(lead: list[int], width: int) -> torch.Tensor:
-    """A qkv whose column c holds c + 0.5 + 10000·row in every token row, so a part names its source columns."""
-    rows = torch.arange(int(torch.tensor(lead).prod()) if lead else 1, dtype=torch.float64)[:, None] * 10000
-    return (rows + torch.arange(width, dtype=torch.float64) + 0.5).reshape(*lead, width).float()
-
-
-def split_structure(got, qkv: torch.Tensor, heads: int, kv_heads: int, d: int, case: str) -> list[torch.Tensor]:
-    """Require (q, k, v) of the right widths, explaining the packing when they are not."""
-    lead = list(qkv.shape[:-1])
-    sizes = [heads * d, kv_heads * d, kv_heads * d]
-    head = (f'case "{case}": qkv {list(qkv.shape)}, num_heads={heads}, num_kv_heads={kv_heads}, head_dim={d}')
-    derive = (f"q is num_heads·head_dim = {heads}·{d} = {sizes[0]} wide, k and v num_kv_heads·head_dim = "
-              f"{kv_heads}·{d} = {sizes[1]} each ({sizes[0]} + 2·{sizes[1]} = {qkv.shape[-1]})")
-    if type(got) not in (tuple, list) or len(got) != 3 or not all(isinstance(p, torch.Tensor) for p in got):
-        fail([head, f"expected (q, k, v), a tuple of three tensors; yours: {describe(got)}"])
-    widths = [p.shape[-1] if p.dim() else None for p in got]
-    shapes_ok = all(list(p.shape) == lead + [s] for p, s in zip(got, sizes))
-    if not shapes_ok:
-        hint = ""
-        if widths == [sizes[1], sizes[0], sizes[2]] or widths == [sizes[1], sizes[1], sizes[0]]:
-            hint = "the packing order is q | k | v: q's block comes first"
-        elif sizes[0] != sizes[1] and widths in ([len(c) for c in torch.arange(sum(sizes)).chunk(3)],
-                                                 [len(c) for c in torch.arange(sum(sizes)).tensor_split(3)]):
-            hint = (f"under GQA the parts are not equal thirds: q has {heads} heads, k and v {kv_heads} each "
-                    f"(split with sizes [{sizes[0]}, {sizes[1]}, {sizes[1]}], not chunk(3))")
-        fail([head, derive, f"expected shapes q {lead + [sizes[0]]}, k {lead + [sizes[1]]}, v {lead + [sizes[2]]}; "
-                            f"yours: {', '.join(describe(p) for p in got)}"], hint)
-    for name, p in zip("qkv", got):
-        expect_tensor(p, what=name, shape=lead + [sizes["qkv".index(name)]], dtype=qkv.dtype)
-    return list(got)
-
-
-def explain_split(parts: list[torch.Tensor], want: tuple, qkv: torch.Tensor, heads: int, kv_heads: int, d: int,
-                  case: str) -> None:
-    """Name the columns of qkv that each wrong part holds."""
-    q_size, kv_size = heads * d, kv_heads * d
-    starts = {"q": 0, "k": q_size, "v": q_size + kv_size}
-    flat_qkv = qkv.reshape(-1, qkv.shape[-1])
-    index = {v: c for c, v in enumerate(flat_qkv[0].tolist())}
-    for name, p, w in zip("qkv", parts, want):
-        if first_wrong(p, w) is None:
-            continue
-        cols = [index.get(v) for v in p.reshape(-1, p.shape[-1])[0].tolist()]
-        a = starts[name]
-        lines = [f'case "{case}": qkv {list(qkv.shape)}, num_heads={heads}, num_kv_heads={kv_heads}, head_dim={d}',
-                 f"the packing is q | k | v = {q_size} | {kv_size} | {kv_size} columns, so {name} is columns "
-                 f"{a}–{a + w.shape[-1] - 1} of qkv; yours holds {span(cols)}"]
-        other = [o for o in "qkv" if o != name and cols and cols[0] == starts[o]]
-        hint = f"your {name} is {other[0]}'s block: the order is q | k | v" if other else ""
-        fail(lines, hint)
-
-
-def run_split_case(t: Trial, qkv: torch.Tensor, heads: int, kv_heads: int, d: int, case: str) -> list[torch.Tensor]:
-    got = t.yours.split_qkv(qkv, heads, kv_heads, d)
-    parts = split_structure(got, qkv, heads, kv_heads, d, case)
-    explain_split(parts, t.ref.split_qkv(qkv, heads, kv_heads, d), qkv, heads, kv_heads, d, case)
-    return parts
-
-
-# -- 15.4 projection_shapes -------------------------------------------------------------------------
-
 NAMES = ["embed_tokens", "qkv_proj", "o_proj", "q_norm", "k_norm", "gate_up_proj", "down_proj", "lm_head"]
+M = mistakes("ch15")
 
 
-def shape_derivations(c: dict) -> dict[str, str]:
-    H, I, V, d = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["head_dim"]
-    Hq, Hkv = c["num_attention_heads"], c["num_key_value_heads"]
-    tie = "tied: the same tensor as embed_tokens" if c["tie_word_embeddings"] else "untied: its own matrix"
-    return {"embed_tokens": f"[V, H] = [{V}, {H}] (one row per token id)",
-            "qkv_proj": f"[(Hq + 2·Hkv)·d, H] = [({Hq} + 2·{Hkv})·{d}, {H}] = [{(Hq + 2 * Hkv) * d}, {H}]",
-            "o_proj": f"[H, Hq·d] = [{H}, {Hq}·{d}] = [{H}, {Hq * d}]",
-            "q_norm": f"[d] = [{d}] (head_dim from the config)", "k_norm": f"[d] = [{d}] (head_dim from the config)",
-            "gate_up_proj": f"[2·I, H] = [2·{I}, {H}] = [{2 * I}, {H}] (gate | up packed)",
-            "down_proj": f"[H, I] = [{H}, {I}]", "lm_head": f"[V, H] = [{V}, {H}] ({tie})"}
-
-
-def shapes_structure(got, want: dict, case: str) -> dict:
-    if type(got) is not dict:
-        fail([f'case "{case}": expected a dict of weight shapes; yours: {describe(got)}'])
-    missing, extra = [n for n in want if n not in got], [n for n in got if n not in want]
-    if missing or extra:
-        fail([f'case "{case}": expected exactly the keys {", ".join(want)}'] +
-             ([f"missing: {', '.join(map(str, missing))}"] if missing else []) +
-             ([f"not expected: {', '.join(map(str, extra))}"] if extra else []))
-    for name in want:
-        v = got[name]
-        if type(v) is not tuple or not all(type(s) is int for s in v):
-            hint = "use a tuple of Python ints, e.g. (4096, 1024)" if type(v) in (list, tuple) else \
-                "convert a torch.Size (or tensor) to a tuple of ints" if "Size" in describe(v) else ""
-            fail([f'case "{case}": {name} should be a tuple of ints; yours: {describe(v)}'], hint)
-    return got
-
-
-def trap_shapes(t: Trial, config: dict) -> dict | None:
-    """The reference's shapes with head_dim taken as hidden_size // num_attention_heads (asked before comparing)."""
-    guess = config["hidden_size"] // config["num_attention_heads"]
-    return t.ref.projection_shapes(dict(config, head_dim=guess)) if 0 < guess != config["head_dim"] else None
-
-
-def explain_shapes(got: dict, want: dict, config: dict, case: str, trap: dict | None = None) -> None:
-    derivations = shape_derivations(config)
-    for name in want:
-        if got[name] == want[name]:
-            continue
-        c = config
-        lines = [f'case "{case}": hidden_size={c["hidden_size"]}, intermediate_size={c["intermediate_size"]}, '
-                 f'num_attention_heads={c["num_attention_heads"]}, num_key_value_heads={c["num_key_value_heads"]}, '
-                 f'head_dim={c["head_dim"]}, vocab_size={c["vocab_size"]}',
-                 f"{name} is stored {derivations[name]}; yours: {list(got[name])}"]
-        fail(lines, shapes_hint(name, got[name], want[name], config, trap))
-
-
-def shapes_hint(name: str, got: tuple, want: tuple, c: dict, trap: dict | None = None) -> str:
-    H, I, d = c["hidden_size"], c["intermediate_size"], c["head_dim"]
-    Hq, Hkv = c["num_attention_heads"], c["num_key_value_heads"]
-    guess = H // Hq
-    if trap is not None and got == trap[name]:
-        return (f"head_dim is read from the config: {d}, not hidden_size / num_attention_heads = {H} / {Hq} = "
-                f"{guess}")
-    if len(want) == 2 and got == want[::-1]:
-        return f"weights are stored [out, in]: {name} maps {want[1]} features to {want[0]}, so it is {list(want)}"
-    if name == "qkv_proj" and got == (3 * Hq * d, H) and Hkv != Hq:
-        return f"k and v have num_key_value_heads = {Hkv} heads each, not {Hq}: GQA narrows them"
-    if name == "qkv_proj" and got == (Hq * d, H):
-        return "qkv_proj packs q, k and v into one weight: (Hq + 2·Hkv)·d rows"
-    if name == "qkv_proj" and got == (3 * H, H):
-        return "the widths are heads × head_dim, not hidden_size: (Hq + 2·Hkv)·d rows"
-    if name == "gate_up_proj" and got == (I, H):
-        return "gate_up_proj packs gate and up: 2·intermediate_size rows"
-    return ""
-
-
-def run_shapes_case(t: Trial, config: dict, case: str) -> dict:
-    got = t.yours.projection_shapes(dict(config))
-    want, trap = t.ref.projection_shapes(config), trap_shapes(t, config)
-    explain_shapes(shapes_structure(got, want, case), want, config, case, trap)
-    return got
-
-
-# -- 15.5 forward_checkpoints -----------------------------------------------------------------------
-
-def checkpoints_structure(got, want: list, case: str) -> list:
-    names = [n for n, _ in want]
-    ok = type(got) in (list, tuple) and len(got) == len(want) and all(
-        type(p) in (list, tuple) and len(p) == 2 for p in got)
-    if not ok:
-        fail([f'case "{case}": expected a list of {len(want)} (name, shape) pairs: {names}; yours: {describe(got)}'])
-    got_names = [p[0] for p in got]
-    if got_names != names:
-        fail([f'case "{case}": expected the checkpoints named {names}, in this order; yours: {got_names}'])
-    for name, shape in got:
-        if type(shape) is not tuple or not all(type(s) is int for s in shape):
-            fail([f'case "{case}": the shape of {name} should be a tuple of ints; yours: {describe(shape)}'],
-                 "convert a torch.Size or list with tuple(...)" if type(shape) is list or "Size" in describe(shape)
-                 else "")
-    return list(got)
-
-
-def explain_checkpoints(got: list, want: list, config: dict, lens: list[int], case: str) -> None:
-    H, V = config["hidden_size"], config["vocab_size"]
-    N, B = sum(lens), len(lens)
-    meaning = {"input_ids": "[N]", "embeddings": "[N, H]", "decoder_output": "[N, H]", "final_norm": "[N, H]",
-               "last_token_hidden": "[B, H]", "logits": "[B, V]"}
-    for (name, shape), (_, expected) in zip(got, want):
-        if shape == expected:
-            continue
-        lines = [f'case "{case}": prompt_lens={lens}, hidden_size={H}, vocab_size={V}',
-                 (f"N = {' + '.join(map(str, lens))} = {N} tokens flattened, B = {B} requests" if B > 1 else
-                  f"N = {N} tokens, B = 1 request"),
-                 f"{name} is {meaning[name]} = {list(expected)}; yours: {list(shape)}"]
-        last = [c - 1 for c in _cumsum(lens)[1:]]
-        hint = ""
-        if name in ("logits", "last_token_hidden") and shape and shape[0] == N and N != B:
-            hint = (f"only the last token of each request predicts a next token: the LM head keeps the rows "
-                    f"cu_seqlens_q[1:] − 1 = {last}, so B = {B} rows, not one per token (N = {N})")
-        elif len(shape) == len(expected) + 1 and B in shape and max(lens) in shape:
-            hint = (f"the varlen convention flattens the batch: the requests are concatenated into N = {N} rows, "
-                    f"with no batch axis and no padding to the longest prompt ({max(lens)})")
-        elif name == "last_token_hidden" and shape == (1, H):
-            hint = f"one row per request: B = {B}"
-        elif name != "logits" and V in shape:
-            hint = "the hidden width is H; only the LM head maps H to the vocabulary V"
-        fail(lines, hint)
-
-
-def _cumsum(lens: list[int]) -> list[int]:
-    out = [0]
-    for n in lens:
-        out.append(out[-1] + n)
-    return out
-
-
-def run_checkpoints_case(t: Trial, config: dict, lens: list[int], case: str) -> list:
-    want = t.ref.forward_checkpoints(config, lens)
-    got = checkpoints_structure(t.yours.forward_checkpoints(dict(config), list(lens)), want, case)
-    explain_checkpoints(got, want, config, lens, case)
-    return got
-
-
-# -- 15.6 column_parallel_linear, row_parallel_linear -----------------------------------------------
-
-def column_structure(got, x: torch.Tensor, weight: torch.Tensor, tp: int, case: str):
-    """Require (shards, out): tp shards [N, out/tp] and out [N, out]."""
-    (N, _), out_f = x.shape, weight.shape[1]
-    head = f'case "{case}": x {list(x.shape)}, weight [in, out] = {list(weight.shape)}, tp={tp}'
-    if type(got) not in (tuple, list) or len(got) != 2 or type(got[0]) not in (list, tuple):
-        fail([head, f"expected (shards, out): a list of {tp} tensors and one tensor; yours: {describe(got)}"])
-    shards, out = got
-    if len(shards) != tp:
-        fail([head, f"expected one shard per rank, {tp} shards; yours: {len(shards)}"])
-    for r, s in enumerate(shards):
-        if isinstance(s, torch.Tensor) and list(s.shape) == [N, out_f] and tp > 1:
-            fail([head, f"rank {r}'s shard should be [N, out/tp] = [{N}, {out_f // tp}]; yours: {describe(s)}"],
-                 f"each rank computes only its own block of out/tp = {out_f // tp} output columns")
-        expect_tensor(s, what=f"rank {r}'s shard", shape=[N, out_f // tp], dtype=x.dtype)
-    if isinstance(out, torch.Tensor) and list(out.shape) == [N, out_f // tp] and tp > 1:
-        fail([head, f"out should be [N, out] = [{N}, {out_f}]; yours: {describe(out)}"],
-             "column-parallel shards are gathered side by side (concatenated along the columns), not summed; "
-             "summing is what row-parallel partials need")
-    return list(shards), expect_tensor(out, what="out", shape=[N, out_f], dtype=x.dtype)
-
-
-def explain_column(shards: list, out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, tp: int, case: str,
-                   ref) -> None:
-    want_shards, want_out = ref.column_parallel_linear(x, weight, tp)
-    w = weight.shape[1] // tp
-    head = f'case "{case}": x {list(x.shape)}, weight [in, out] = {list(weight.shape)}, tp={tp}'
-    for r, (s, ws) in enumerate(zip(shards, want_shards)):
-        idx = first_wrong(s, ws, atol=ATOL, rtol=RTOL)
-        if idx is None:
-            continue
-        i, j = idx
-        lines = [head, f"rank {r} owns the output columns [{r}·{w}, {r + 1}·{w}) = [{r * w}, {(r + 1) * w}) of W; "
-                       f"its column {j} is y[:, {r * w + j}] = x @ W[:, {r * w + j}]",
-                 f"shard {r}[{i}, {j}]: expected {fmt(ws[i, j])}; yours: {fmt(s[i, j])}"]
-        hint = ""
-        if tp > 1 and torch.allclose(s, x @ weight[:, r::tp], atol=1e-4, rtol=1e-4):
-            hint = (f"a rank owns one contiguous block of out/tp = {w} columns, not the columns r, r + {tp}, "
-                    f"r + 2·{tp}, …")
-        elif torch.allclose(s, x @ weight[:, :w], atol=1e-4, rtol=1e-4) and r > 0:
-            hint = f"rank r's block starts at column r·out/tp = {r * w}"
-        fail(lines, hint)
-    idx = first_wrong(out, want_out, atol=ATOL, rtol=RTOL)
-    if idx is not None:
-        i, j = idx
-        fail([head, f"out is the shards concatenated in rank order: out[{i}, {j}] is shard {j // w}[{i}, {j % w}] = "
-                    f"{fmt(want_out[i, j])}; yours: {fmt(out[i, j])}"])
-
-
-def row_structure(got, x_shards: list, weight: torch.Tensor, tp: int, case: str):
-    """Require tp partials [N, out]; returns them and out unchecked (explain_row checks it after the figure)."""
-    N, out_f = x_shards[0].shape[0], weight.shape[1]
-    head = f'case "{case}": {tp} input shards {list(x_shards[0].shape)}, weight [in, out] = {list(weight.shape)}'
-    if type(got) not in (tuple, list) or len(got) != 2 or type(got[0]) not in (list, tuple):
-        fail([head, f"expected (partials, out): a list of {tp} tensors and one tensor; yours: {describe(got)}"])
-    partials, out = got
-    if len(partials) != tp:
-        fail([head, f"expected one partial per rank, {tp} partials; yours: {len(partials)}"])
-    for r, p in enumerate(partials):
-        if isinstance(p, torch.Tensor) and list(p.shape) != [N, out_f]:
-            fail([head, f"rank {r}'s partial should have the full output shape [N, out] = [{N}, {out_f}]; "
-                        f"yours: {describe(p)}"],
-                 "a row-parallel rank multiplies its input block by its block of W's rows: the result is a "
-                 "same-shaped partial of the whole output")
-        expect_tensor(p, what=f"rank {r}'s partial", shape=[N, out_f], dtype=weight.dtype)
-    return list(partials), out
-
-
-def explain_row(partials: list, got_out, x_shards: list, weight: torch.Tensor, tp: int, case: str, ref) -> None:
-    want_partials, want_out = ref.row_parallel_linear(x_shards, weight, tp)
-    N, out_f = want_out.shape
-    part = weight.shape[0] // tp
-    head = f'case "{case}": {tp} input shards {list(x_shards[0].shape)}, weight [in, out] = {list(weight.shape)}'
-    if isinstance(got_out, torch.Tensor) and list(got_out.shape) == [N, tp * out_f] and tp > 1:
-        fail([head, f"out should be [N, out] = [{N}, {out_f}]; yours: {describe(got_out)}"],
-             f"row-parallel partials are summed (the all-reduce), not concatenated: each of the {tp} partials "
-             f"already has the full output shape, and their sum is x @ W")
-    out = expect_tensor(got_out, what="out", shape=[N, out_f], dtype=weight.dtype)
-    for r, (p, wp) in enumerate(zip(partials, want_partials)):
-        idx = first_wrong(p, wp, atol=ATOL, rtol=RTOL)
-        if idx is not None:
-            i, j = idx
-            fail([head, f"rank {r} holds input block [{r * part}, {(r + 1) * part}) (x_shards[{r}]) and the same "
-                        f"rows of W: partial {r}[{i}, {j}] = Σ_k x_shards[{r}][{i}, k]·W[{r * part} + k, {j}] = "
-                        f"{fmt(wp[i, j])}; yours: {fmt(p[i, j])}"])
-    idx = first_wrong(out, want_out, atol=ATOL, rtol=RTOL)
-    if idx is not None:
-        i, j = idx
-        terms = " + ".join(fmt(p[i, j]) for p in want_partials)
-        hint = ""
-        if torch.allclose(out, want_out / tp, atol=1e-4, rtol=1e-4) and tp > 1:
-            hint = "the all-reduce sums the partials; it does not average them"
-        elif tp > 1 and torch.allclose(out, want_partials[0], atol=1e-4, rtol=1e-4):
-            hint = "add all ranks' partials: rank 0's alone is only part of the sum"
-        fail([head, f"out[{i}, {j}] is the sum of the partials: {terms} = {fmt(want_out[i, j])}; yours: "
-                    f"{fmt(out[i, j])}"], hint)
-
-
-def tp_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return (torch.tensor(TP_X, dtype=torch.float32), torch.tensor(TP_W1, dtype=torch.float32),
-            torch.tensor(TP_W2, dtype=torch.float32))
-
-
-def run_column_case(t: Trial, x: torch.Tensor, weight: torch.Tensor, tp: int, case: str) -> None:
-    shards, out = column_structure(t.yours.column_parallel_linear(x, weight, tp), x, weight, tp, case)
-    explain_column(shards, out, x, weight, tp, case, t.ref)
-
-
-def run_row_case(t: Trial, x_shards: list, weight: torch.Tensor, tp: int, case: str) -> None:
-    partials, out = row_structure(t.yours.row_parallel_linear(list(x_shards), weight, tp), x_shards, weight, tp,
-                                  case)
-    explain_row(partials, out, x_shards, weight, tp, case, t.ref)
-
-
-# == public checks ===================================================================================
+# -- ch15.1 embedding_lookup --------------------------------------------------------------------------
 
 @public("ch15.1", "figure instance: ids [[2, 0, 4]] read three rows of E [6, 4]")
 def embed_figure_instance(t: Trial) -> None:
@@ -503,7 +56,7 @@ def embed_figure_instance(t: Trial) -> None:
     got = t.yours.embedding_lookup(weight, ids)
     want = t.ref.embedding_lookup(weight, ids)
     if isinstance(got, torch.Tensor) and list(got.shape) == list(want.shape) and got.dtype == want.dtype:
-        t.figure("ch15-dim-embedding", table=weight, ids=ids, out=got, expected=want)
+        t.figure("ch15-dim-embedding", table=weight, ids=ids, out=got, expected=want, wrong=wrong_mask(got, want))
     expect_lookup(got, want, weight, ids, "figure instance")
 
 
@@ -524,13 +77,16 @@ def embed_out_of_range(t: Trial) -> None:
                     because="id 6 has no row in a table of 6 rows (ids 0 … 5)")
 
 
+# -- ch15.2 linear ------------------------------------------------------------------------------------
+
 @public("ch15.2", "figure instance: X [3, 4] · Wᵀ with W stored [8, 4]")
 def linear_figure_instance(t: Trial) -> None:
     x, weight = torch.tensor(QKV_X, dtype=torch.float32), torch.tensor(QKV_W, dtype=torch.float32)
     got = t.yours.linear(x, weight)
     want = t.ref.linear(x, weight)
     if isinstance(got, torch.Tensor) and list(got.shape) == list(want.shape) and got.dtype == want.dtype:
-        t.figure("ch15-dim-qkv-linear", x=x, weight=weight, y=got, y_expected=want, num_heads=QKV_HEADS,
+        t.figure("ch15-dim-qkv-linear", x=x, weight=weight, y=got, y_expected=want,
+                 y_wrong=wrong_mask(got, want, atol=ATOL, rtol=RTOL), num_heads=QKV_HEADS,
                  num_kv_heads=QKV_KV_HEADS, head_dim=QKV_HEAD_DIM)
     expect_linear(got, want, x, weight, None, "figure instance")
 
@@ -555,6 +111,8 @@ def linear_transposed_weight(t: Trial) -> None:
                               words="[out, in]")
 
 
+# -- ch15.3 split_qkv ---------------------------------------------------------------------------------
+
 @public("ch15.3", "figure instance: Y [3, 8] split into q 4 | k 2 | v 2")
 def split_figure_instance(t: Trial) -> None:
     y = t.ref.linear(torch.tensor(QKV_X, dtype=torch.float32), torch.tensor(QKV_W, dtype=torch.float32))
@@ -563,7 +121,7 @@ def split_figure_instance(t: Trial) -> None:
     parts = split_structure(got, y, QKV_HEADS, QKV_KV_HEADS, QKV_HEAD_DIM, case)
     want = t.ref.split_qkv(y, QKV_HEADS, QKV_KV_HEADS, QKV_HEAD_DIM)
     t.figure("ch15-dim-qkv-linear", q=parts[0], k=parts[1], v=parts[2], q_expected=want[0], k_expected=want[1],
-             v_expected=want[2])
+             v_expected=want[2], **{f"{n}_wrong": wrong_mask(p, w) for n, p, w in zip("qkv", parts, want)})
     explain_split(parts, want, y, QKV_HEADS, QKV_KV_HEADS, QKV_HEAD_DIM, case)
 
 
@@ -582,6 +140,8 @@ def split_bad_width(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.split_qkv, torch.zeros(2, 4096), 16, 8, 64,
                     because="(16 + 2·8)·64 = 2048 ≠ 4096 columns (head_dim 64 is 1024/16, not Qwen3's 128)")
 
+
+# -- ch15.4 projection_shapes -------------------------------------------------------------------------
 
 @public("ch15.4", "figure instance: Qwen3-0.6B (head_dim 128, not 1024/16)")
 def shapes_figure_instance(t: Trial) -> None:
@@ -611,6 +171,8 @@ def shapes_no_head_dim(t: Trial) -> None:
                     because="head_dim is read from the config, never derived as hidden_size / heads")
 
 
+# -- ch15.5 forward_checkpoints -----------------------------------------------------------------------
+
 @public("ch15.5", "figure instance: Qwen3-0.6B, two prompts of 3 and 2 tokens")
 def checkpoints_figure_instance(t: Trial) -> None:
     case, want = "figure instance", t.ref.forward_checkpoints(QWEN3_06B, CHECKPOINT_LENS)
@@ -637,14 +199,17 @@ def checkpoints_empty(t: Trial) -> None:
                     because="a prefill step needs at least one request")
 
 
+# -- ch15.6 column_parallel_linear, row_parallel_linear -----------------------------------------------
+
 @public("ch15.6", "figure instance: column-parallel x [2, 3] · W1 [3, 4] over 2 ranks")
 def column_figure_instance(t: Trial) -> None:
     x, w1, _ = tp_tensors()
     case = "figure instance, column-parallel"
     shards, out = column_structure(t.yours.column_parallel_linear(x, w1, TP_RANKS), x, w1, TP_RANKS, case)
     want_shards, want_out = t.ref.column_parallel_linear(x, w1, TP_RANKS)
-    t.figure("ch15-dim-tensor-parallel", x=x, w1=w1, shards=shards, shards_expected=want_shards, col_out=out,
-             col_out_expected=want_out)
+    t.figure("ch15-dim-tensor-parallel", x=x, w1=w1, shards=shards, shards_expected=want_shards,
+             shards_wrong=[wrong_mask(s, w, atol=ATOL, rtol=RTOL) for s, w in zip(shards, want_shards)],
+             col_out=out, col_out_expected=want_out, col_out_wrong=wrong_mask(out, want_out, atol=ATOL, rtol=RTOL))
     explain_column(shards, out, x, w1, TP_RANKS, case, t.ref)
 
 
@@ -658,7 +223,9 @@ def row_figure_instance(t: Trial) -> None:
     want_partials, want_out = t.ref.row_parallel_linear(x_shards, w2, TP_RANKS)
     drawable = isinstance(out, torch.Tensor) and out.dim() == 2 and out.dtype == want_out.dtype
     t.figure("ch15-dim-tensor-parallel", w2=w2, x_shards=x_shards, partials=partials, partials_expected=want_partials,
-             row_out=out if drawable else None, row_out_expected=want_out)
+             partials_wrong=[wrong_mask(p, w, atol=ATOL, rtol=RTOL) for p, w in zip(partials, want_partials)],
+             row_out=out if drawable else None, row_out_expected=want_out,
+             row_out_wrong=cells_wrong(out, want_out) if drawable else None)
     explain_row(partials, out, x_shards, w2, TP_RANKS, case, t.ref)
 
 
@@ -681,3 +248,443 @@ def tp_not_dividing(t: Trial) -> None:
                     because="4 ranks cannot split 6 output columns evenly")
     t.expect_raises(ValueError, t.yours.row_parallel_linear, [torch.zeros(2, 2)] * 3, torch.zeros(6, 3), 4,
                     because="4 ranks cannot split 6 input rows evenly")
+
+
+# -- the explanations, shared with the hidden checks: ch15.1 ---------------------------------------------
+
+def expect_lookup(got, want: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, case: str) -> torch.Tensor:
+    """Require the looked-up rows, explaining the first wrong one in table terms."""
+    (V, H), shape = weight.shape, [*ids.shape, weight.shape[1]]
+    head = f'case "{case}": table E [{V}, {H}], ids {list(ids.shape)} = {ids_text(ids)}'
+    if isinstance(got, torch.Tensor) and list(got.shape) != shape:
+        hint = ""
+        if list(got.shape) == list(ids.shape):
+            hint = M.one_number_per_id
+        elif list(got.shape) == [ids.numel(), H]:
+            hint = M.flattened_ids
+        elif list(got.shape) == [H, *ids.shape]:
+            hint = M.column_lookup
+        raise CheckFailed(head, f"expected a {len(shape)}-D tensor of shape {shape} ([*ids.shape, H]); "
+                                f"yours: {describe(got)}", hint=hint)
+    out = expect_tensor(got, what=f"the embeddings of ids {list(ids.shape)}", shape=shape, dtype=weight.dtype)
+    rows, flat_ids = out.reshape(-1, H), ids.reshape(-1)
+    bad = wrong_mask(rows, want.reshape(-1, H)).any(-1)
+    if not bad.any():
+        return out
+    i = int(bad.nonzero()[0])
+    tok = int(flat_ids[i])
+    if ids.dim():
+        where = "ids" + str([int(w) for w in torch.unravel_index(torch.tensor(i), tuple(ids.shape))]) + f" = {tok}"
+    else:
+        where = f"the id is {tok}"
+    same = [r for r in range(V) if torch.equal(weight[r], rows[i])]
+    n = rows.shape[0]
+    if 1 < n <= V and torch.equal(rows, weight[:n]):
+        hint = M.reshape.format(last=n - 1, n=n, H=H)
+    elif same and same[0] in (tok - 1, tok + 1):
+        hint = M.off_by_one.format(row=same[0])
+    elif same:
+        hint = f"yours is row {same[0]} of E; read row ids[…] = {tok}"
+    else:
+        hint = M.not_a_row
+    raise CheckFailed(head, f"{where}, so its embedding is row {tok} of E = {vec(weight[tok])}; yours: {vec(rows[i])}",
+                      hint=hint)
+
+
+def ids_text(ids: torch.Tensor) -> str:
+    """The ids as written: nested lists when short, the first ones and their count when long."""
+    return str(ids.tolist()) if ids.numel() <= 12 else short(ids.reshape(-1).tolist())
+
+
+def run_lookup_case(t: Trial, weight: torch.Tensor, ids: torch.Tensor, case: str) -> torch.Tensor:
+    got = t.yours.embedding_lookup(weight, ids)
+    return expect_lookup(got, t.ref.embedding_lookup(weight, ids), weight, ids, case)
+
+
+# -- ch15.2 ---------------------------------------------------------------------------------------------
+
+def expect_linear(got, want: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  case: str) -> torch.Tensor:
+    """Require y = x·Wᵀ + b, explaining the first wrong element as its sum over the `in` axis."""
+    out_f, in_f = weight.shape
+    head = (f'case "{case}": x {list(x.shape)}, weight stored [out, in] = {list(weight.shape)}'
+            f"{', bias [' + str(out_f) + ']' if bias is not None else ''}")
+    shape = list(want.shape)
+    if isinstance(got, torch.Tensor) and list(got.shape) != shape:
+        hint = M.w_at_xt if x.dim() == 2 and list(got.shape) == [out_f, x.shape[0]] else ""
+        raise CheckFailed(head, f"expected y as a {len(shape)}-D tensor of shape {shape} ([..., out]); "
+                                f"yours: {describe(got)}", hint=hint)
+    y = expect_tensor(got, what="y", shape=shape, dtype=want.dtype)
+    idx = first_wrong(y, want, atol=ATOL, rtol=RTOL)
+    if idx is None:
+        return y
+    *row, j = idx
+    xr = x[tuple(row)]
+    terms = " + ".join(f"{factor(a)}·{factor(b)}" for a, b in zip(xr.tolist(), weight[j].tolist())) if in_f <= 6 else "…"
+    b_sym, b_val = (f" + b[{j}]", f" + {factor(bias[j].item())}") if bias is not None else ("", "")
+    raise CheckFailed(head, f"y{list(idx)} = Σ_c x[{', '.join(map(str, row))}, c]·W[{j}, c]{b_sym} = {terms}{b_val}"
+                            f" = {fmt(want[idx])}; yours: {fmt(y[idx])}", hint=linear_hint(y, x, weight, bias))
+
+
+def factor(v: float) -> str:
+    """A number inside a sum: negatives in parentheses, 1·(−2) rather than 1·-2."""
+    return f"({fmt(v).replace('-', '−')})" if v < 0 else fmt(v)
+
+
+def linear_hint(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
+    """The misconception a wrong y of the right shape comes from ('' when none fits)."""
+    out_f, in_f = weight.shape
+    b = 0 if bias is None else bias
+    close = lambda v: v.shape == y.shape and torch.allclose(y.double(), v.double(), atol=1e-4, rtol=1e-4)
+    if out_f == in_f and close(x @ weight + b):
+        return M.x_at_w
+    if close(x @ weight.reshape(in_f, out_f) + b):
+        return M.reshape_weight
+    if bias is not None and close(x @ weight.T):
+        return M.no_bias
+    return ""
+
+
+def expect_value_error_naming(t: Trial, fn: StudentCallable, *args, because: str, words: str) -> None:
+    """Require a ValueError whose message contains `words` (spaces ignored)."""
+    try:
+        value = fn(*args)
+    except StudentRaised as e:
+        if e.not_implemented or not e.is_a("ValueError"):
+            raise
+        message = e.error.get("message", "")
+        if words.replace(" ", "") not in message.replace(" ", ""):
+            raise CheckFailed(f"{fn.label} raised ValueError because {because}, but its message does not name the "
+                              f"convention", f"your message: {message!r}",
+                              hint=M.vague_error.format(words=words)) from None
+        return
+    raise CheckFailed(f"{fn.label} should raise ValueError because {because}; yours returned {describe(value)} instead")
+
+
+def run_linear_case(t: Trial, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, case: str) -> None:
+    got = t.yours.linear(x, weight, bias)
+    expect_linear(got, t.ref.linear(x, weight, bias), x, weight, bias, case)
+
+
+# -- ch15.3 ---------------------------------------------------------------------------------------------
+
+def coded_qkv(lead: list[int], width: int) -> torch.Tensor:
+    """A qkv whose column c holds c + 0.5 + 10000·row in every token row, so a part names its source columns."""
+    rows = torch.arange(int(torch.tensor(lead).prod()) if lead else 1, dtype=torch.float64)[:, None] * 10000
+    return (rows + torch.arange(width, dtype=torch.float64) + 0.5).reshape(*lead, width).float()
+
+
+def split_case(qkv: torch.Tensor, heads: int, kv_heads: int, d: int, case: str) -> str:
+    return f'case "{case}": qkv {list(qkv.shape)}, num_heads={heads}, num_kv_heads={kv_heads}, head_dim={d}'
+
+
+def split_structure(got, qkv: torch.Tensor, heads: int, kv_heads: int, d: int, case: str) -> list[torch.Tensor]:
+    """Require (q, k, v) of the right widths, explaining the packing when they are not."""
+    lead = list(qkv.shape[:-1])
+    sizes = [heads * d, kv_heads * d, kv_heads * d]
+    head = split_case(qkv, heads, kv_heads, d, case)
+    if type(got) not in (tuple, list) or len(got) != 3 or not all(isinstance(p, torch.Tensor) for p in got):
+        raise CheckFailed(head, f"expected (q, k, v), a tuple of three tensors; yours: {describe(got)}")
+    widths = [p.shape[-1] if p.dim() else None for p in got]
+    if not all(list(p.shape) == lead + [s] for p, s in zip(got, sizes)):
+        hint = ""
+        if widths == [sizes[1], sizes[0], sizes[2]] or widths == [sizes[1], sizes[1], sizes[0]]:
+            hint = M.k_first
+        elif sizes[0] != sizes[1] and widths in ([len(c) for c in torch.arange(sum(sizes)).chunk(3)],
+                                                 [len(c) for c in torch.arange(sum(sizes)).tensor_split(3)]):
+            hint = M.thirds.format(heads=heads, kv_heads=kv_heads, q=sizes[0], kv=sizes[1])
+        raise CheckFailed(head,
+                          f"q is num_heads·head_dim = {heads}·{d} = {sizes[0]} wide, k and v num_kv_heads·head_dim = "
+                          f"{kv_heads}·{d} = {sizes[1]} each ({sizes[0]} + 2·{sizes[1]} = {qkv.shape[-1]})",
+                          f"expected shapes q {lead + [sizes[0]]}, k {lead + [sizes[1]]}, v {lead + [sizes[2]]}; "
+                          f"yours: {', '.join(describe(p) for p in got)}", hint=hint)
+    for name, p, size in zip("qkv", got, sizes):
+        expect_tensor(p, what=name, shape=lead + [size], dtype=qkv.dtype)
+    return list(got)
+
+
+def explain_split(parts: list[torch.Tensor], want: tuple, qkv: torch.Tensor, heads: int, kv_heads: int, d: int,
+                  case: str) -> None:
+    """Name the columns of qkv that each wrong part holds."""
+    q_size, kv_size = heads * d, kv_heads * d
+    starts = {"q": 0, "k": q_size, "v": q_size + kv_size}
+    index = {v: c for c, v in enumerate(qkv.reshape(-1, qkv.shape[-1])[0].tolist())}
+    for name, p, w in zip("qkv", parts, want):
+        if first_wrong(p, w) is None:
+            continue
+        cols = [index.get(v) for v in p.reshape(-1, p.shape[-1])[0].tolist()]
+        a = starts[name]
+        other = [o for o in "qkv" if o != name and cols and cols[0] == starts[o]]
+        raise CheckFailed(split_case(qkv, heads, kv_heads, d, case),
+                          f"the packing is q | k | v = {q_size} | {kv_size} | {kv_size} columns, so {name} is columns "
+                          f"{a}–{a + w.shape[-1] - 1} of qkv; yours holds {span(cols)}",
+                          hint=M.block_swapped.format(name=name, other=other[0]) if other else "")
+
+
+def span(cols: list[int | None]) -> str:
+    """Columns as 'columns a–b' when contiguous, else a short list."""
+    known = [c for c in cols if c is not None]
+    if known and len(known) == len(cols) and known == list(range(known[0], known[0] + len(known))):
+        return f"columns {known[0]}–{known[-1]}" if len(known) > 1 else f"column {known[0]}"
+    shown = ", ".join("?" if c is None else str(c) for c in cols[:8])
+    return f"columns [{shown}{', …' if len(cols) > 8 else ''}]"
+
+
+def run_split_case(t: Trial, qkv: torch.Tensor, heads: int, kv_heads: int, d: int, case: str) -> list[torch.Tensor]:
+    got = t.yours.split_qkv(qkv, heads, kv_heads, d)
+    parts = split_structure(got, qkv, heads, kv_heads, d, case)
+    explain_split(parts, t.ref.split_qkv(qkv, heads, kv_heads, d), qkv, heads, kv_heads, d, case)
+    return parts
+
+
+# -- ch15.4 ---------------------------------------------------------------------------------------------
+
+def shape_derivations(c: dict) -> dict[str, str]:
+    H, I, V, d = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["head_dim"]
+    Hq, Hkv = c["num_attention_heads"], c["num_key_value_heads"]
+    tie = "tied: the same tensor as embed_tokens" if c["tie_word_embeddings"] else "untied: its own matrix"
+    return {"embed_tokens": f"[V, H] = [{V}, {H}] (one row per token id)",
+            "qkv_proj": f"[(Hq + 2·Hkv)·d, H] = [({Hq} + 2·{Hkv})·{d}, {H}] = [{(Hq + 2 * Hkv) * d}, {H}]",
+            "o_proj": f"[H, Hq·d] = [{H}, {Hq}·{d}] = [{H}, {Hq * d}]",
+            "q_norm": f"[d] = [{d}] (head_dim from the config)", "k_norm": f"[d] = [{d}] (head_dim from the config)",
+            "gate_up_proj": f"[2·I, H] = [2·{I}, {H}] = [{2 * I}, {H}] (gate | up packed)",
+            "down_proj": f"[H, I] = [{H}, {I}]", "lm_head": f"[V, H] = [{V}, {H}] ({tie})"}
+
+
+def shapes_structure(got, want: dict, case: str) -> dict:
+    if type(got) is not dict:
+        raise CheckFailed(f'case "{case}": expected a dict of weight shapes; yours: {describe(got)}')
+    missing, extra = [n for n in want if n not in got], [n for n in got if n not in want]
+    if missing or extra:
+        raise CheckFailed(f'case "{case}": expected exactly the keys {", ".join(want)}',
+                          f"missing: {', '.join(map(str, missing))}" if missing else "",
+                          f"not expected: {', '.join(map(str, extra))}" if extra else "")
+    for name in want:
+        v = got[name]
+        if type(v) is not tuple or not all(type(s) is int for s in v):
+            hint = "use a tuple of Python ints, e.g. (4096, 1024)" if type(v) in (list, tuple) else \
+                "convert a torch.Size (or tensor) to a tuple of ints" if "Size" in describe(v) else ""
+            raise CheckFailed(f'case "{case}": {name} should be a tuple of ints; yours: {describe(v)}', hint=hint)
+    return got
+
+
+def trap_shapes(t: Trial, config: dict) -> dict | None:
+    """The reference's shapes with head_dim taken as hidden_size // num_attention_heads (asked before comparing)."""
+    guess = config["hidden_size"] // config["num_attention_heads"]
+    return t.ref.projection_shapes(dict(config, head_dim=guess)) if 0 < guess != config["head_dim"] else None
+
+
+def explain_shapes(got: dict, want: dict, config: dict, case: str, trap: dict | None = None) -> None:
+    derivations = shape_derivations(config)
+    c = config
+    for name in want:
+        if got[name] != want[name]:
+            raise CheckFailed(f'case "{case}": hidden_size={c["hidden_size"]}, intermediate_size={c["intermediate_size"]}, '
+                              f'num_attention_heads={c["num_attention_heads"]}, '
+                              f'num_key_value_heads={c["num_key_value_heads"]}, head_dim={c["head_dim"]}, '
+                              f'vocab_size={c["vocab_size"]}',
+                              f"{name} is stored {derivations[name]}; yours: {list(got[name])}",
+                              hint=shapes_hint(name, got[name], want[name], config, trap))
+
+
+def shapes_hint(name: str, got: tuple, want: tuple, c: dict, trap: dict | None = None) -> str:
+    """The misconception a wrong weight shape comes from ('' when none fits)."""
+    H, I, d = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    Hq, Hkv = c["num_attention_heads"], c["num_key_value_heads"]
+    if trap is not None and got == trap[name]:
+        return M.head_dim_derived.format(d=d, H=H, Hq=Hq, guess=H // Hq)
+    if len(want) == 2 and got == want[::-1]:
+        return M.out_in_swapped.format(name=name, n_in=want[1], n_out=want[0], shape=list(want))
+    if name == "qkv_proj" and got == (3 * Hq * d, H) and Hkv != Hq:
+        return M.kv_full_heads.format(Hkv=Hkv, Hq=Hq)
+    if name == "qkv_proj" and got == (Hq * d, H):
+        return M.q_only
+    if name == "qkv_proj" and got == (3 * H, H):
+        return M.hidden_widths
+    if name == "gate_up_proj" and got == (I, H):
+        return M.gate_only
+    return ""
+
+
+def run_shapes_case(t: Trial, config: dict, case: str) -> dict:
+    got = t.yours.projection_shapes(dict(config))
+    want, trap = t.ref.projection_shapes(config), trap_shapes(t, config)
+    explain_shapes(shapes_structure(got, want, case), want, config, case, trap)
+    return got
+
+
+# -- ch15.5 ---------------------------------------------------------------------------------------------
+
+def checkpoints_structure(got, want: list, case: str) -> list:
+    names = [n for n, _ in want]
+    ok = type(got) in (list, tuple) and len(got) == len(want) and all(
+        type(p) in (list, tuple) and len(p) == 2 for p in got)
+    if not ok:
+        raise CheckFailed(f'case "{case}": expected a list of {len(want)} (name, shape) pairs: {names}; '
+                          f"yours: {describe(got)}")
+    got_names = [p[0] for p in got]
+    if got_names != names:
+        raise CheckFailed(f'case "{case}": expected the checkpoints named {names}, in this order; yours: {got_names}')
+    for name, shape in got:
+        if type(shape) is not tuple or not all(type(s) is int for s in shape):
+            raise CheckFailed(f'case "{case}": the shape of {name} should be a tuple of ints; yours: {describe(shape)}',
+                              hint="convert a torch.Size or list with tuple(...)"
+                              if type(shape) is list or "Size" in describe(shape) else "")
+    return list(got)
+
+
+def explain_checkpoints(got: list, want: list, config: dict, lens: list[int], case: str) -> None:
+    H, V = config["hidden_size"], config["vocab_size"]
+    N, B = sum(lens), len(lens)
+    meaning = {"input_ids": "[N]", "embeddings": "[N, H]", "decoder_output": "[N, H]", "final_norm": "[N, H]",
+               "last_token_hidden": "[B, H]", "logits": "[B, V]"}
+    for (name, shape), (_, expected) in zip(got, want):
+        if shape == expected:
+            continue
+        hint = ""
+        if name in ("logits", "last_token_hidden") and shape and shape[0] == N and N != B:
+            hint = M.all_logits.format(last=[n - 1 for n in cumulative(lens)[1:]], B=B, N=N)
+        elif len(shape) == len(expected) + 1 and B in shape and max(lens) in shape:
+            hint = M.batch_axis.format(N=N, longest=max(lens))
+        elif name == "last_token_hidden" and shape == (1, H):
+            hint = M.one_row.format(B=B)
+        elif name != "logits" and V in shape:
+            hint = M.vocab_width
+        raise CheckFailed(f'case "{case}": prompt_lens={lens}, hidden_size={H}, vocab_size={V}',
+                          (f"N = {' + '.join(map(str, lens))} = {N} tokens flattened, B = {B} requests" if B > 1 else
+                           f"N = {N} tokens, B = 1 request"),
+                          f"{name} is {meaning[name]} = {list(expected)}; yours: {list(shape)}", hint=hint)
+
+
+def cumulative(lens: list[int]) -> list[int]:
+    """cu_seqlens: 0 and the running sums of the lengths."""
+    out = [0]
+    for n in lens:
+        out.append(out[-1] + n)
+    return out
+
+
+def run_checkpoints_case(t: Trial, config: dict, lens: list[int], case: str) -> list:
+    want = t.ref.forward_checkpoints(config, lens)
+    got = checkpoints_structure(t.yours.forward_checkpoints(dict(config), list(lens)), want, case)
+    explain_checkpoints(got, want, config, lens, case)
+    return got
+
+
+# -- ch15.6 ---------------------------------------------------------------------------------------------
+
+def tp_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (torch.tensor(TP_X, dtype=torch.float32), torch.tensor(TP_W1, dtype=torch.float32),
+            torch.tensor(TP_W2, dtype=torch.float32))
+
+
+def column_structure(got, x: torch.Tensor, weight: torch.Tensor, tp: int, case: str):
+    """Require (shards, out): tp shards [N, out/tp] and out [N, out]."""
+    (N, _), out_f = x.shape, weight.shape[1]
+    head = f'case "{case}": x {list(x.shape)}, weight [in, out] = {list(weight.shape)}, tp={tp}'
+    if type(got) not in (tuple, list) or len(got) != 2 or type(got[0]) not in (list, tuple):
+        raise CheckFailed(head, f"expected (shards, out): a list of {tp} tensors and one tensor; yours: {describe(got)}")
+    shards, out = got
+    if len(shards) != tp:
+        raise CheckFailed(head, f"expected one shard per rank, {tp} shards; yours: {len(shards)}")
+    for r, s in enumerate(shards):
+        if isinstance(s, torch.Tensor) and list(s.shape) == [N, out_f] and tp > 1:
+            raise CheckFailed(head, f"rank {r}'s shard should be [N, out/tp] = [{N}, {out_f // tp}]; "
+                                    f"yours: {describe(s)}", hint=M.full_shard.format(w=out_f // tp))
+        expect_tensor(s, what=f"rank {r}'s shard", shape=[N, out_f // tp], dtype=x.dtype)
+    if isinstance(out, torch.Tensor) and list(out.shape) == [N, out_f // tp] and tp > 1:
+        raise CheckFailed(head, f"out should be [N, out] = [{N}, {out_f}]; yours: {describe(out)}",
+                          hint=M.summed_shards)
+    return list(shards), expect_tensor(out, what="out", shape=[N, out_f], dtype=x.dtype)
+
+
+def explain_column(shards: list, out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, tp: int, case: str,
+                   ref) -> None:
+    want_shards, want_out = ref.column_parallel_linear(x, weight, tp)
+    w = weight.shape[1] // tp
+    head = f'case "{case}": x {list(x.shape)}, weight [in, out] = {list(weight.shape)}, tp={tp}'
+    for r, (s, ws) in enumerate(zip(shards, want_shards)):
+        idx = first_wrong(s, ws, atol=ATOL, rtol=RTOL)
+        if idx is None:
+            continue
+        i, j = idx
+        hint = ""
+        if tp > 1 and torch.allclose(s, x @ weight[:, r::tp], atol=1e-4, rtol=1e-4):
+            hint = M.interleaved.format(w=w, tp=tp)
+        elif torch.allclose(s, x @ weight[:, :w], atol=1e-4, rtol=1e-4) and r > 0:
+            hint = M.block_start.format(start=r * w)
+        raise CheckFailed(head, f"rank {r} owns the output columns [{r}·{w}, {r + 1}·{w}) = [{r * w}, {(r + 1) * w}) "
+                                f"of W; its column {j} is y[:, {r * w + j}] = x @ W[:, {r * w + j}]",
+                          f"shard {r}[{i}, {j}]: expected {fmt(ws[i, j])}; yours: {fmt(s[i, j])}", hint=hint)
+    idx = first_wrong(out, want_out, atol=ATOL, rtol=RTOL)
+    if idx is not None:
+        i, j = idx
+        raise CheckFailed(head, f"out is the shards concatenated in rank order: out[{i}, {j}] is shard {j // w}"
+                                f"[{i}, {j % w}] = {fmt(want_out[i, j])}; yours: {fmt(out[i, j])}")
+
+
+def row_structure(got, x_shards: list, weight: torch.Tensor, tp: int, case: str):
+    """Require tp partials [N, out]; returns them and out unchecked (explain_row checks it after the figure)."""
+    N, out_f = x_shards[0].shape[0], weight.shape[1]
+    head = f'case "{case}": {tp} input shards {list(x_shards[0].shape)}, weight [in, out] = {list(weight.shape)}'
+    if type(got) not in (tuple, list) or len(got) != 2 or type(got[0]) not in (list, tuple):
+        raise CheckFailed(head, f"expected (partials, out): a list of {tp} tensors and one tensor; "
+                                f"yours: {describe(got)}")
+    partials, out = got
+    if len(partials) != tp:
+        raise CheckFailed(head, f"expected one partial per rank, {tp} partials; yours: {len(partials)}")
+    for r, p in enumerate(partials):
+        if isinstance(p, torch.Tensor) and list(p.shape) != [N, out_f]:
+            raise CheckFailed(head, f"rank {r}'s partial should have the full output shape [N, out] = [{N}, {out_f}]; "
+                                    f"yours: {describe(p)}", hint=M.partial_shape)
+        expect_tensor(p, what=f"rank {r}'s partial", shape=[N, out_f], dtype=weight.dtype)
+    return list(partials), out
+
+
+def explain_row(partials: list, got_out, x_shards: list, weight: torch.Tensor, tp: int, case: str, ref) -> None:
+    want_partials, want_out = ref.row_parallel_linear(x_shards, weight, tp)
+    N, out_f = want_out.shape
+    part = weight.shape[0] // tp
+    head = f'case "{case}": {tp} input shards {list(x_shards[0].shape)}, weight [in, out] = {list(weight.shape)}'
+    if isinstance(got_out, torch.Tensor) and list(got_out.shape) == [N, tp * out_f] and tp > 1:
+        raise CheckFailed(head, f"out should be [N, out] = [{N}, {out_f}]; yours: {describe(got_out)}",
+                          hint=M.concat_partials.format(tp=tp))
+    out = expect_tensor(got_out, what="out", shape=[N, out_f], dtype=weight.dtype)
+    for r, (p, wp) in enumerate(zip(partials, want_partials)):
+        idx = first_wrong(p, wp, atol=ATOL, rtol=RTOL)
+        if idx is not None:
+            i, j = idx
+            raise CheckFailed(head, f"rank {r} holds input block [{r * part}, {(r + 1) * part}) (x_shards[{r}]) and the "
+                                    f"same rows of W: partial {r}[{i}, {j}] = Σ_k x_shards[{r}][{i}, k]·"
+                                    f"W[{r * part} + k, {j}] = {fmt(wp[i, j])}; yours: {fmt(p[i, j])}")
+    idx = first_wrong(out, want_out, atol=ATOL, rtol=RTOL)
+    if idx is not None:
+        i, j = idx
+        hint = ""
+        if torch.allclose(out, want_out / tp, atol=1e-4, rtol=1e-4) and tp > 1:
+            hint = M.averaged
+        elif tp > 1 and torch.allclose(out, want_partials[0], atol=1e-4, rtol=1e-4):
+            hint = M.rank0_only
+        raise CheckFailed(head, f"out[{i}, {j}] is the sum of the partials: "
+                                f"{' + '.join(fmt(p[i, j]) for p in want_partials)} = {fmt(want_out[i, j])}; "
+                                f"yours: {fmt(out[i, j])}", hint=hint)
+
+
+def cells_wrong(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """The check's verdict on each cell of a 2-D `got` whose shape may differ from `want`'s: wrong beyond the
+    tolerance where both have the cell, and wrong wherever `want` has none."""
+    bad = torch.ones(got.shape, dtype=torch.bool)
+    n, m = min(got.shape[0], want.shape[0]), min(got.shape[1], want.shape[1])
+    bad[:n, :m] = wrong_mask(got[:n, :m], want[:n, :m], atol=ATOL, rtol=RTOL)
+    return bad
+
+
+def run_column_case(t: Trial, x: torch.Tensor, weight: torch.Tensor, tp: int, case: str) -> None:
+    shards, out = column_structure(t.yours.column_parallel_linear(x, weight, tp), x, weight, tp, case)
+    explain_column(shards, out, x, weight, tp, case, t.ref)
+
+
+def run_row_case(t: Trial, x_shards: list, weight: torch.Tensor, tp: int, case: str) -> None:
+    partials, out = row_structure(t.yours.row_parallel_linear(list(x_shards), weight, tp), x_shards, weight, tp,
+                                  case)
+    explain_row(partials, out, x_shards, weight, tp, case, t.ref)

@@ -20,7 +20,9 @@ from grader.authoring import (
     first_wrong,
     fmt,
     hidden_model,
+    mistakes,
     public,
+    vec,
     wrong_mask,
 )
 
@@ -44,16 +46,148 @@ ROWS_T, ROWS_D = 5, 4
 SPLIT_AXES, MERGE_AXES = ("B", "T", "H", "d"), ("B", "H", "T", "d")
 CONVENTION = "True = may attend, the scaled_dot_product_attention convention"
 
-
-def numbered(shape: tuple[int, ...] = NUMBERED_SHAPE) -> torch.Tensor:
-    """The numbers 0, 1, 2, … in row order: every element shows where it came from."""
-    return torch.arange(float(math.prod(shape))).view(shape)
-
-
 causal_mask = hidden_model("ch16_models.causal_mask")
 """`t.ref.drive(causal_mask, T, S)`: the end-aligned causal mask [T, S] a check passes as an input."""
 steps_variants = hidden_model("ch16_models.steps_variants")
 """`t.ref.drive(steps_variants, q, k, v, mask, scale, want)`: {scores | probs | out: {misconception: tensor}}."""
+M = mistakes("ch16")
+
+
+# -- ch16.1 split_heads ------------------------------------------------------------------------------
+
+@public("ch16.1", "figure instance: the numbers 0 … 11 as [1, 3, 4], 2 heads of width 2")
+def split_figure_instance(t: Trial) -> None:
+    x, case = numbered(), "figure instance"
+    want = t.ref.split_heads(x, NUMBERED_HEADS)
+    out = expect_split(t.yours.split_heads(x, NUMBERED_HEADS), x, want, NUMBERED_HEADS, case, values=False)
+    t.figure("ch16-dim-split-heads", x=x, num_heads=NUMBERED_HEADS, yours=out, expected=want,
+             wrong=wrong_mask(out, want))
+    explain_split(out, x, want, NUMBERED_HEADS, case)
+
+
+@public("ch16.1", "Qwen3-0.6B's queries: [2, 3, 2048] into 16 heads of width 128")
+def split_qwen3(t: Trial) -> None:
+    # q_size = num_attention_heads · head_dim = 16 · 128 = 2048 (head_dim from the config, not 1024 / 16).
+    run_split_case(t, torch.randn(2, 3, 2048, generator=t.rng), 16, "Qwen3-0.6B q, 2 sequences of 3 tokens")
+
+
+@public("ch16.1", "a batch of 2 sequences, 3 heads of width 4, T = 5")
+def split_batch(t: Trial) -> None:
+    run_split_case(t, torch.randn(2, 5, 12, generator=t.rng), 3, "B=2, T=5, 3 heads of width 4")
+
+
+@public("ch16.1", "one head: [B, 1, T, d] holds the same rows")
+def split_one_head(t: Trial) -> None:
+    run_split_case(t, numbered((2, 3, 5)), 1, "a single head of width 5")
+
+
+@public("ch16.1", "a width that does not divide into the heads raises ValueError")
+def split_not_divisible(t: Trial) -> None:
+    t.expect_raises(ValueError, t.yours.split_heads, torch.zeros(1, 2, 10), 4,
+                    because="a last dimension of 10 cannot be cut into 4 heads of equal width")
+
+
+# -- ch16.2 merge_heads ------------------------------------------------------------------------------
+
+@public("ch16.2", "figure instance: [1, 2, 3, 2] back to [1, 3, 4]")
+def merge_figure_instance(t: Trial) -> None:
+    heads = t.ref.split_heads(numbered(), NUMBERED_HEADS).contiguous()  # a fresh [B, H, T, d], as attention makes
+    want = t.ref.merge_heads(heads)
+    out = expect_merge(call_merge(t, heads, "figure instance"), heads, want, "figure instance", values=False)
+    t.figure("ch16-dim-merge-heads", heads=heads, yours=out, expected=want, wrong=wrong_mask(out, want),
+             bare=heads.reshape(NUMBERED_SHAPE))
+    explain_merge(out, heads, want, "figure instance")
+
+
+@public("ch16.2", "merge undoes split: Qwen3-0.6B's 16 heads of width 128 back to [2, 3, 2048]")
+def merge_qwen3(t: Trial) -> None:
+    x = torch.randn(2, 3, 2048, generator=t.rng)
+    heads = t.ref.split_heads(x, 16).contiguous()
+    run_merge_case(t, heads, "Qwen3-0.6B attention output, 2 sequences of 3 tokens", want=x)
+
+
+@public("ch16.2", "2 sequences, 3 heads of width 4, T = 5")
+def merge_batch(t: Trial) -> None:
+    run_merge_case(t, torch.randn(2, 3, 5, 4, generator=t.rng), "B=2, 3 heads, T=5, d=4")
+
+
+@public("ch16.2", "a 3-D input raises ValueError")
+def merge_three_dims(t: Trial) -> None:
+    t.expect_raises(ValueError, t.yours.merge_heads, torch.zeros(2, 3, 4),
+                    because="[2, 3, 4] is not [B, H, T, d]: it has no head axis to merge")
+
+
+# -- ch16.3 attention_steps ------------------------------------------------------------------------------
+
+@public("ch16.3", "figure instance: one causal head, T = 3, d = 2, small integers")
+def one_head_instance(t: Trial) -> None:
+    q, k, v, mask, case = tensor(ONE_Q), tensor(ONE_K), tensor(ONE_V), t.ref.drive(causal_mask, 3), "figure instance"
+    want = t.ref.attention_steps(q, k, v, mask=mask)
+    variants = t.ref.drive(steps_variants, q, k, v, mask, None, want)
+    parts = call_steps(t, q, k, v, mask, case=case)
+    t.figure("ch16-dim-one-head-attention", q=q, k=k, v=v, mask=mask, **parts,
+             expected={key: want[key] for key in ("scores", "probs", "out")}, wrong=steps_wrong(parts, want, mask),
+             sums_wrong=sums_wrong(parts["probs"]))
+    explain_steps(parts, want, q, k, v, mask, None, case, variants=variants)
+
+
+@public("ch16.3", "three steps: 2 queries over 4 keys; a second V changes out, not the weights")
+def three_steps(t: Trial) -> None:
+    q, k, v, v2 = tensor(STEPS_Q), tensor(STEPS_K), tensor(STEPS_V), tensor(STEPS_V2)
+    want, want2 = t.ref.attention_steps(q, k, v), t.ref.attention_steps(q, k, v2)
+    variants = [t.ref.drive(steps_variants, q, k, x, None, None, w) for x, w in ((v, want), (v2, want2))]
+    parts = call_steps(t, q, k, v, case="three steps, V")
+    parts2 = call_steps(t, q, k, v2, case="three steps, another V")
+    t.figure("ch16-three-steps", q=q, k=k, v=v, v2=v2, **parts, out2=parts2["out"],
+             expected={key: want[key] for key in ("scores", "probs", "out")}, expected_out2=want2["out"],
+             wrong=steps_wrong(parts, want, None), out2_wrong=steps_wrong(parts2, want2, None)["out"])
+    explain_steps(parts, want, q, k, v, None, None, "three steps, V", variants=variants[0])
+    explain_steps(parts2, want2, q, k, v2, None, None, "three steps, another V", variants=variants[1])
+    if not (torch.equal(parts["scores"], parts2["scores"]) and torch.equal(parts["probs"], parts2["probs"])):
+        raise CheckFailed("the same q and k with another v gave different scores or probs: Q and K alone decide "
+                          "the weights; V only supplies the content they average")
+
+
+@public("ch16.3", "causal, 5 queries: one row of probabilities per query")
+def prob_rows(t: Trial) -> None:
+    (q, k, v), mask, case = rows_inputs(), t.ref.drive(causal_mask, ROWS_T), "5 causal queries"
+    want = t.ref.attention_steps(q, k, v, mask=mask)
+    variants = t.ref.drive(steps_variants, q, k, v, mask, None, want)
+    parts = call_steps(t, q, k, v, mask, case=case)
+    t.figure("ch16-prob-rows", mask=mask, probs=parts["probs"], expected=want["probs"],
+             wrong=steps_wrong(parts, want, mask)["probs"], sums_wrong=sums_wrong(parts["probs"]),
+             over_queries=close(parts["probs"], variants["probs"]["dim 0"]))
+    explain_steps(parts, want, q, k, v, mask, None, case, variants=variants)
+
+
+@public("ch16.3", "Qwen3-0.6B's head_dim 128: the default scale is 1/√128; a given scale is used as given")
+def qwen3_scale(t: Trial) -> None:
+    q, k, v = (torch.randn(n, 128, generator=t.rng) for n in (2, 3, 3))
+    run_steps_case(t, q, k, v, t.ref.drive(causal_mask, 2, 3), case="head_dim 128, 2 new tokens after 1 cached")
+    run_steps_case(t, q, k, v, scale=0.5, case="head_dim 128, scale 0.5")
+
+
+@public("ch16.3", "a padding mask: the last key is hidden from every query")
+def padding_mask(t: Trial) -> None:
+    q, k, v = (torch.randn(n, 4, generator=t.rng) for n in (3, 4, 4))
+    mask = torch.tensor([[True, True, True, False]] * 3)
+    run_steps_case(t, q, k, v, mask, case="key 3 is padding")
+
+
+@public("ch16.3", "a mask of the wrong shape, or a query that may attend no key, raises ValueError")
+def bad_masks(t: Trial) -> None:
+    q, k = torch.zeros(2, 4), torch.zeros(3, 4)
+    t.expect_raises(ValueError, t.yours.attention_steps, q, k, k, mask=torch.ones(3, 2, dtype=torch.bool),
+                    because="2 queries over 3 keys need a [2, 3] mask, not [3, 2]")
+    t.expect_raises(ValueError, t.yours.attention_steps, q, k, k, mask=torch.tensor([[True, False, False], [False] * 3]),
+                    because="query 1 may attend no key, and a softmax over no keys is undefined (0/0)")
+
+
+# -- the explanations, shared with the hidden checks ------------------------------------------------
+
+def numbered(shape: tuple[int, ...] = NUMBERED_SHAPE) -> torch.Tensor:
+    """The numbers 0, 1, 2, … in row order: every element shows where it came from."""
+    return torch.arange(float(math.prod(shape))).view(shape)
 
 
 def is_causal(mask: torch.Tensor) -> bool:
@@ -75,15 +209,6 @@ def rows_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return q, k, v
 
 
-def vec(x: torch.Tensor, n: int = 6) -> str:
-    vals = x.reshape(-1).tolist()
-    return "[" + ", ".join(fmt(v) for v in vals[:n]) + (", …]" if len(vals) > n else "]")
-
-
-def fail(lines: list[str], hint: str = "") -> None:
-    raise CheckFailed("\n".join(lines + ([f"hint: {hint}"] if hint else [])))
-
-
 def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     return list(a.shape) == list(b.shape) and torch.equal(a.to(torch.float64), b.to(torch.float64))
 
@@ -102,14 +227,12 @@ def expect_layout(got, want: torch.Tensor, header: str, what: str, hint_of) -> t
     try:
         return expect_tensor(got, what=what, shape=list(want.shape), dtype=want.dtype)
     except CheckFailed as e:
-        hint = ""
-        if isinstance(got, torch.Tensor):
-            hint = ("moving numbers never converts them: keep the input's dtype" if list(got.shape) == list(want.shape)
-                    else hint_of(got))
-        fail([header, str(e)], hint)
+        hint = "" if not isinstance(got, torch.Tensor) else \
+            M.dtype_changed if list(got.shape) == list(want.shape) else hint_of(got)
+        raise CheckFailed(header, *e.lines, hint=hint) from None
 
 
-# -- 16.1 split_heads -----------------------------------------------------------------------------
+# -- ch16.1 -----------------------------------------------------------------------------
 
 def split_case(x: torch.Tensor, num_heads: int, case: str) -> str:
     B, T, W = x.shape
@@ -122,19 +245,14 @@ def split_hint(got: torch.Tensor, x: torch.Tensor, num_heads: int) -> str:
     B, T, W = x.shape
     d = W // num_heads
     if same_values(got, x.reshape(B, num_heads, T, d)):
-        return ("a reshape to [B, H, T, d] without a transpose keeps the numbers in x's order and cuts them again, "
-                "so a head's rows mix the columns of different tokens; view as [B, T, H, d] first, then "
-                "transpose(1, 2)")
+        return M.reshape_no_transpose
     if same_values(got, x.reshape(B, T, d, num_heads).permute(0, 3, 1, 2)):
-        return (f"head h is the contiguous block of columns h·d … (h+1)·d − 1 (nano-vllm views q as [N, nh, hd]), "
-                f"not every {num_heads}-th column: view the last dimension as (H, d), not (d, H)")
+        return M.interleaved_heads.format(H=num_heads)
     p = replayed(got, lambda p: x.reshape(B, T, num_heads, d).permute(p))
     if p == (0, 1, 2, 3):
-        return ("you cut the last dimension into heads ([B, T, H, d]) but did not move the heads in front of the "
-                "tokens: transpose(1, 2) gives [B, H, T, d]")
+        return M.no_transpose
     if p is not None and p != (0, 2, 1, 3):
-        return (f"your result is the [B, T, H, d] view with its axes in the order {axes_text(p, SPLIT_AXES)} "
-                f"(permute{p}); only the token and head axes swap: transpose(1, 2) gives [B, H, T, d]")
+        return M.wrong_axes.format(axes=axes_text(p, SPLIT_AXES), p=p)
     return ""
 
 
@@ -157,11 +275,12 @@ def explain_split(out: torch.Tensor, x: torch.Tensor, want: torch.Tensor, num_he
     hits = (x.reshape(B, T, num_heads, d).double() == out[b, h, t].double()).all(-1).nonzero().tolist()
     origin = (f", which is head {hits[0][2]} of token {hits[0][1]} (x[{hits[0][0]}, {hits[0][1]}, "
               f"{hits[0][2] * d}:{(hits[0][2] + 1) * d}])" if hits else ", which is not one head of one token of x")
-    fail([split_case(x, num_heads, case),
-          f"out[{b}, {h}, {t}, :] is head {h} of token {t}, the columns h·d … h·d + d − 1 = {h * d} … "
-          f"{h * d + d - 1} of row {t}: x[{b}, {t}, {h * d}:{(h + 1) * d}] = {vec(want[b, h, t])}; "
-          f"yours: {vec(out[b, h, t])}{origin}",
-          f"({int(wrong_mask(out, want).sum())} of {want.numel()} numbers differ)"], split_hint(out, x, num_heads))
+    raise CheckFailed(split_case(x, num_heads, case),
+                      f"out[{b}, {h}, {t}, :] is head {h} of token {t}, the columns h·d … h·d + d − 1 = {h * d} … "
+                      f"{h * d + d - 1} of row {t}: x[{b}, {t}, {h * d}:{(h + 1) * d}] = {vec(want[b, h, t])}; "
+                      f"yours: {vec(out[b, h, t])}{origin}",
+                      f"({int(wrong_mask(out, want).sum())} of {want.numel()} numbers differ)",
+                      hint=split_hint(out, x, num_heads))
 
 
 def run_split_case(t: Trial, x: torch.Tensor, num_heads: int, case: str) -> torch.Tensor:
@@ -169,7 +288,7 @@ def run_split_case(t: Trial, x: torch.Tensor, num_heads: int, case: str) -> torc
     return expect_split(t.yours.split_heads(x, num_heads), x, want, num_heads, case)
 
 
-# -- 16.2 merge_heads -----------------------------------------------------------------------------
+# -- ch16.2 -----------------------------------------------------------------------------
 
 def merge_case(x: torch.Tensor, case: str) -> str:
     B, H, T, d = x.shape
@@ -181,18 +300,14 @@ def merge_hint(got: torch.Tensor, x: torch.Tensor) -> str:
     """The misconception a wrong merge comes from, found by replaying it on x ('' when none fits)."""
     B, H, T, d = x.shape
     if list(got.shape) == [B, T, H, d] and H > 1:
-        return "after transpose(1, 2) comes reshape(B, T, H·d): each token's heads side by side in one row"
+        return M.unmerged
     p = replayed(got, lambda p: x.permute(p).reshape(B, T, H * d))
     if p == (0, 1, 2, 3):
-        return ("a reshape without transpose(1, 2) keeps the numbers in their [B, H, T, d] order, so each row takes "
-                "consecutive tokens of one head: values of different tokens in one row; transpose(1, 2) back to "
-                "[B, T, H, d] first, then reshape")
+        return M.bare_reshape
     if p == (0, 2, 3, 1):
-        return ("a token's row holds head 0's d numbers, then head 1's, …: column h·d + j is x[b, h, t, j]; yours "
-                "interleaves the heads ([B, T, d, H])")
+        return M.interleaved_merge
     if p is not None and p != (0, 2, 1, 3):
-        return (f"you brought x to {axes_text(p, MERGE_AXES)} (permute{p}) before the reshape; only the head and "
-                f"token axes swap back: transpose(1, 2) gives [B, T, H, d]")
+        return M.merge_wrong_axes.format(axes=axes_text(p, MERGE_AXES), p=p)
     return ""
 
 
@@ -222,7 +337,8 @@ def explain_merge(out: torch.Tensor, x: torch.Tensor, want: torch.Tensor, case: 
         pieces = ", ".join("?" if o is None else f"head {o[0]} of token {o[1]}" for o in origins)
         mixed = f" — values of {len(tokens)} different tokens in one row" if len(tokens) > 1 else ""
         lines.append(f"your row {t} holds, piece by piece: {pieces}{mixed}")
-    fail(lines + [f"({int(wrong_mask(out, want).sum())} of {want.numel()} numbers differ)"], merge_hint(out, x))
+    raise CheckFailed(*lines, f"({int(wrong_mask(out, want).sum())} of {want.numel()} numbers differ)",
+                      hint=merge_hint(out, x))
 
 
 def call_merge(t: Trial, x: torch.Tensor, case: str):
@@ -232,9 +348,7 @@ def call_merge(t: Trial, x: torch.Tensor, case: str):
     except StudentRaised as e:
         message = str(e.error.get("message"))
         if not e.not_implemented and e.is_a("RuntimeError") and "view size is not compatible" in message:
-            fail([merge_case(x, case), e.explain()],
-                 "after transpose(1, 2) the numbers are no longer in row order, so view() cannot cut them into rows "
-                 "without a copy; reshape copies once when it must (or call .contiguous() before view)")
+            raise CheckFailed(merge_case(x, case), e.explain(), hint=M.view_after_transpose) from None
         raise
 
 
@@ -243,7 +357,7 @@ def run_merge_case(t: Trial, x: torch.Tensor, case: str, want: torch.Tensor | No
     return expect_merge(call_merge(t, x, case), x, want, case)
 
 
-# -- 16.3 attention_steps -----------------------------------------------------------------------------
+# -- ch16.3 -----------------------------------------------------------------------------
 
 def steps_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None,
                case: str) -> str:
@@ -265,14 +379,15 @@ def call_steps(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
         if e.not_implemented or not e.is_a("ValueError"):
             raise
         full = [] if mask is None else mask.all(-1).nonzero().flatten().tolist()
-        fail([head, f"your attention_steps raised ValueError ({e.error.get('message')}), but these inputs are valid"]
-             + ([f"every query may attend at least one key here ({CONVENTION})"
-                 + (f"; read as True = hidden, query {full[0]}'s row (all True) would hide every key" if full else "")]
-                if mask is not None else []))
+        raise CheckFailed(head, f"your attention_steps raised ValueError ({e.error.get('message')}), but these inputs "
+                                f"are valid",
+                          "" if mask is None else f"every query may attend at least one key here ({CONVENTION})"
+                          + (f"; read as True = hidden, query {full[0]}'s row (all True) would hide every key"
+                             if full else "")) from None
     if not isinstance(got, dict) or not {"scores", "probs", "out"} <= set(got):
         have = f"a dict with the keys {', '.join(map(repr, got))}" if isinstance(got, dict) else describe(got)
-        fail([head, f"expected a dict with the keys 'scores', 'probs' and 'out'; yours: {have}"],
-             "keep every intermediate: return {'scores': scores, 'probs': probs, 'out': out}")
+        raise CheckFailed(head, f"expected a dict with the keys 'scores', 'probs' and 'out'; yours: {have}",
+                          hint=M.missing_steps)
     T, S = q.shape[0], k.shape[0]
     parts = {}
     for key, shape, what in (("scores", [T, S], "scores (one row per query, one column per key)"),
@@ -282,10 +397,10 @@ def call_steps(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
             parts[key] = expect_tensor(got[key], what=what, shape=shape, dtype=q.dtype)
         except CheckFailed as e:
             g = got[key]
-            fail([head, str(e)], "" if not isinstance(g, torch.Tensor) else
-                 "rows are queries and columns keys: q @ k.T is [T, S] (k @ q.T would be [S, T])"
-                 if list(g.shape) == shape[::-1] and T != S and key != "out" else
-                 f"keep q's dtype ({str(q.dtype).removeprefix('torch.')})" if list(g.shape) == shape else "")
+            raise CheckFailed(head, *e.lines, hint="" if not isinstance(g, torch.Tensor) else
+                              M.keys_by_queries if list(g.shape) == shape[::-1] and T != S and key != "out" else
+                              f"keep q's dtype ({str(q.dtype).removeprefix('torch.')})" if list(g.shape) == shape
+                              else "") from None
     return parts
 
 
@@ -314,45 +429,29 @@ def scores_hint(got: torch.Tensor, want: torch.Tensor, q: torch.Tensor, k: torch
     (T, d), S = q.shape, k.shape[0]
     if mask is not None and not bool(mask.all()) and close(got[mask], want[mask]) \
             and bool((got[~mask].double() <= -1e3).all()):
-        return ("return the scores before masking: the mask enters in step 2, on the way to the softmax "
-                "(masked_fill(~mask, −∞) on a copy); scores are the plain scaled dot products")
-    whys = [("unscaled", f"scale the dot products: the default scale is 1/√d = 1/√{d}; your scores are not scaled"),
-            ("1/d", f"the scale is 1/√d = 1/√{d} ≈ {fmt(d ** -0.5)}, not 1/d = 1/{d}"),
-            ("√keys", f"d is the width of q and k (q.shape[-1] = {d}), not the number of keys S = {S}"),
-            ("√queries", f"d is the width of q and k (q.shape[-1] = {d}), not the number of queries T = {T}"),
-            ("default scale", f"use the scale argument ({fmt(scale or 0.0)}) when it is given; 1/√d is only the "
-                              f"default"),
-            ("transposed", "rows are queries and columns keys: q @ k.T (yours is k @ q.T)")]
+        return M.scores_masked
+    whys = [("unscaled", M.unscaled.format(d=d)), ("1/d", M.one_over_d.format(d=d, root=fmt(d ** -0.5))),
+            ("√keys", M.sqrt_keys.format(d=d, S=S)), ("√queries", M.sqrt_queries.format(d=d, T=T)),
+            ("default scale", M.default_scale.format(scale=fmt(scale or 0.0))), ("transposed", M.keys_by_queries)]
     return next((hint for key, hint in whys if key in variants and close(got, variants[key])), "")
 
 
 def probs_hint(got: torch.Tensor, mask, variants: dict) -> str:
     """The misconception behind wrong probabilities ('' if none); `variants` is `steps_variants(...)["probs"]`."""
     allowed = torch.ones_like(got, dtype=torch.bool) if mask is None else mask
-    whys = [("dim 0", "softmax runs over the keys of each query (dim=-1, along a row), so every row sums to 1; yours "
-                      "normalises each column (dim=0, over the queries)"),
-            ("masked after", "mask before the softmax, not after: hidden keys get score −∞, so exp gives exactly 0 "
-                             "and the visible keys of the row still sum to 1; zeroing probabilities afterwards leaves "
-                             "rows that sum to less than 1"),
-            ("mask inverted", f"{CONVENTION}: hide the keys where the mask is False (masked_fill(~mask, −∞)); "
-                              f"yours hides the keys it allows"),
-            ("no mask", "apply the mask: the keys where it is False get score −∞ before the softmax"),
-            ("raw scores", "take the softmax of the scaled scores (step 1's output), not of the raw dot products")]
+    whys = [("dim 0", M.softmax_dim0), ("masked after", M.mask_after), ("mask inverted", M.mask_inverted),
+            ("no mask", M.no_mask), ("raw scores", M.raw_scores)]
     hint = next((hint for key, hint in whys if key in variants and close(got, variants[key])), "")
     if not hint and bool((got[~allowed].double().abs() > 1e-4).any()):
-        hint = ("keys the mask hides got probability: give their scores −∞ (float('-inf')) before the softmax; a "
-                "finite fill such as −100 or −1e4 can still be larger than the visible scores")
+        hint = M.fill_too_small
     if not hint and not bool(torch.isfinite(got).all()):
-        hint = ("your probabilities have inf/nan: exp of a large score overflows (exp(89) is already beyond "
-                "float32); subtract each row's maximum before exp, as torch.softmax does")
+        hint = M.unstable
     return hint
 
 
 def out_hint(got: torch.Tensor, variants: dict) -> str:
     """The misconception behind a wrong output ('' if none); `variants` is `steps_variants(...)["out"]`."""
-    whys = [("scores @ v", "out averages V with the probabilities (step 2), not with the raw scores"),
-            ("probs @ k", "the content comes from V: out = probs @ v, not probs @ k"),
-            ("probs.T @ v", "out[i] = Σ_j probs[i, j] · v[j], i.e. probs @ v (yours used probs.T)")]
+    whys = [("scores @ v", M.scores_at_v), ("probs @ k", M.probs_at_k), ("probs.T @ v", M.probs_t_at_v)]
     return next((hint for key, hint in whys if key in variants and close(got, variants[key])), "")
 
 
@@ -371,32 +470,46 @@ def explain_steps(parts: dict, want: dict, q: torch.Tensor, k: torch.Tensor, v: 
         terms = ("(" + " + ".join(f"{term(a)}·{term(b)}" for a, b in zip(q[i].tolist(), k[j].tolist())) + ")"
                  if d <= 4 else fmt(float(q[i].double() @ k[j].double())))
         where = "" if d <= 4 else f" (q[{i}] · k[{j}] is a sum of d = {d} products)"
-        fail([head, f"step 1: scores[{i}, {j}] = (q[{i}] · k[{j}]) × scale = {terms} × "
-                    f"{f'1/√{d}' if scale is None else fmt(scale)} = {fmt(want['scores'][i, j])}{where}; "
-                    f"yours: {fmt(scores[i, j])}",
-              f"({int(wrong_mask(scores, want['scores'], **tol).sum())} of {T * S} scores differ)"],
-             scores_hint(scores, want["scores"], q, k, mask, scale, hints()["scores"]))
+        raise CheckFailed(head, f"step 1: scores[{i}, {j}] = (q[{i}] · k[{j}]) × scale = {terms} × "
+                                f"{f'1/√{d}' if scale is None else fmt(scale)} = {fmt(want['scores'][i, j])}{where}; "
+                                f"yours: {fmt(scores[i, j])}",
+                          f"({int(wrong_mask(scores, want['scores'], **tol).sum())} of {T * S} scores differ)",
+                          hint=scores_hint(scores, want["scores"], q, k, mask, scale, hints()["scores"]))
     if (idx := first_wrong(probs, want["probs"], **tol)) is not None:
         i = idx[0]
         m = want["scores"][i].double().masked_fill(~allowed[i], NEG_INF).max()
-        fail([head, f"step 2: query {i} may attend {keys_text(allowed[i])}; probs[{i}, j] = exp(scores[{i}, j] − m) "
-                    f"/ Σ exp(scores[{i}, j'] − m) over those keys, m = the row's max = {fmt(m)}",
-              f"expected row {i}: {vec(want['probs'][i], 8)} (sums to 1); yours: {vec(probs[i], 8)} "
-              f"(sums to {fmt(probs[i].double().sum())})"], probs_hint(probs, mask, hints()["probs"]))
+        raise CheckFailed(head, f"step 2: query {i} may attend {keys_text(allowed[i])}; probs[{i}, j] = "
+                                f"exp(scores[{i}, j] − m) / Σ exp(scores[{i}, j'] − m) over those keys, m = the row's "
+                                f"max = {fmt(m)}",
+                          f"expected row {i}: {vec(want['probs'][i])} (sums to 1); yours: {vec(probs[i])} "
+                          f"(sums to {fmt(probs[i].double().sum())})", hint=probs_hint(probs, mask, hints()["probs"]))
     if (leak := ((~allowed) & (probs != 0)).nonzero().tolist()):
         i, j = leak[0]
-        fail([head, f"step 2: query {i} may not attend key {j} (mask[{i}, {j}] is False), so probs[{i}, {j}] must "
-                    f"be exactly 0; yours: {fmt(probs[i, j])}"],
-             "fill the hidden scores with −∞ (float('-inf')) before the softmax: exp(−∞) is exactly 0, while a "
-             "finite fill such as −100 leaves exp(−100) ≈ 3.7e−44")
+        raise CheckFailed(head, f"step 2: query {i} may not attend key {j} (mask[{i}, {j}] is False), so "
+                                f"probs[{i}, {j}] must be exactly 0; yours: {fmt(probs[i, j])}", hint=M.finite_fill)
     if (idx := first_wrong(out, want["out"], **tol)) is not None:
         i, c = idx
         terms = (" + ".join(f"{fmt(a, 3)}·{term(b)}" for a, b in zip(want["probs"][i].tolist(), v[:, c].tolist()))
                  if S <= 4 else f"a sum over the S = {S} keys")
-        fail([head, f"step 3: out[{i}, {c}] = Σ_j probs[{i}, j] · v[j, {c}] = {terms} = {fmt(want['out'][i, c])}; "
-                    f"yours: {fmt(out[i, c])}",
-              f"({int(wrong_mask(out, want['out'], **tol).sum())} of {out.numel()} outputs differ)"],
-             out_hint(out, hints()["out"]))
+        raise CheckFailed(head, f"step 3: out[{i}, {c}] = Σ_j probs[{i}, j] · v[j, {c}] = {terms} = "
+                                f"{fmt(want['out'][i, c])}; yours: {fmt(out[i, c])}",
+                          f"({int(wrong_mask(out, want['out'], **tol).sum())} of {out.numel()} outputs differ)",
+                          hint=out_hint(out, hints()["out"]))
+
+
+def steps_wrong(parts: dict, want: dict, mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The checks' verdict on every number of scores, probs and out, as `explain_steps` reaches it: beyond the
+    tolerance, and a key the mask hides with a probability that is not exactly 0."""
+    wrong = {key: wrong_mask(parts[key], want[key], atol=ATOL, rtol=RTOL) for key in ("scores", "probs", "out")}
+    if mask is not None:
+        wrong["probs"] |= ~mask & (parts["probs"] != 0)
+    return wrong
+
+
+def sums_wrong(probs: torch.Tensor) -> torch.Tensor:
+    """Per query: whether its row of probabilities misses a sum of 1 (beyond the tolerance)."""
+    sums = probs.double().sum(-1)
+    return wrong_mask(sums, torch.ones_like(sums), atol=ATOL)
 
 
 def run_steps_case(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
@@ -407,127 +520,3 @@ def run_steps_case(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     parts = call_steps(t, q, k, v, mask, scale, case=case)
     explain_steps(parts, want, q, k, v, mask, scale, case, **tol, variants=variants)
     return parts
-
-
-# -- 16.1 public checks ------------------------------------------------------------------------------
-
-@public("ch16.1", "figure instance: the numbers 0 … 11 as [1, 3, 4], 2 heads of width 2")
-def split_figure_instance(t: Trial) -> None:
-    x, case = numbered(), "figure instance"
-    want = t.ref.split_heads(x, NUMBERED_HEADS)
-    out = expect_split(t.yours.split_heads(x, NUMBERED_HEADS), x, want, NUMBERED_HEADS, case, values=False)
-    t.figure("ch16-dim-split-heads", x=x, num_heads=NUMBERED_HEADS, yours=out, expected=want)
-    explain_split(out, x, want, NUMBERED_HEADS, case)
-
-
-@public("ch16.1", "Qwen3-0.6B's queries: [2, 3, 2048] into 16 heads of width 128")
-def split_qwen3(t: Trial) -> None:
-    # q_size = num_attention_heads · head_dim = 16 · 128 = 2048 (head_dim from the config, not 1024 / 16).
-    run_split_case(t, torch.randn(2, 3, 2048, generator=t.rng), 16, "Qwen3-0.6B q, 2 sequences of 3 tokens")
-
-
-@public("ch16.1", "a batch of 2 sequences, 3 heads of width 4, T = 5")
-def split_batch(t: Trial) -> None:
-    run_split_case(t, torch.randn(2, 5, 12, generator=t.rng), 3, "B=2, T=5, 3 heads of width 4")
-
-
-@public("ch16.1", "one head: [B, 1, T, d] holds the same rows")
-def split_one_head(t: Trial) -> None:
-    run_split_case(t, numbered((2, 3, 5)), 1, "a single head of width 5")
-
-
-@public("ch16.1", "a width that does not divide into the heads raises ValueError")
-def split_not_divisible(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.split_heads, torch.zeros(1, 2, 10), 4,
-                    because="a last dimension of 10 cannot be cut into 4 heads of equal width")
-
-
-# -- 16.2 public checks ------------------------------------------------------------------------------
-
-@public("ch16.2", "figure instance: [1, 2, 3, 2] back to [1, 3, 4]")
-def merge_figure_instance(t: Trial) -> None:
-    heads = t.ref.split_heads(numbered(), NUMBERED_HEADS).contiguous()  # a fresh [B, H, T, d], as attention makes
-    want = t.ref.merge_heads(heads)
-    out = expect_merge(call_merge(t, heads, "figure instance"), heads, want, "figure instance", values=False)
-    t.figure("ch16-dim-merge-heads", heads=heads, yours=out, expected=want, bare=heads.reshape(NUMBERED_SHAPE))
-    explain_merge(out, heads, want, "figure instance")
-
-
-@public("ch16.2", "merge undoes split: Qwen3-0.6B's 16 heads of width 128 back to [2, 3, 2048]")
-def merge_qwen3(t: Trial) -> None:
-    x = torch.randn(2, 3, 2048, generator=t.rng)
-    heads = t.ref.split_heads(x, 16).contiguous()
-    run_merge_case(t, heads, "Qwen3-0.6B attention output, 2 sequences of 3 tokens", want=x)
-
-
-@public("ch16.2", "2 sequences, 3 heads of width 4, T = 5")
-def merge_batch(t: Trial) -> None:
-    run_merge_case(t, torch.randn(2, 3, 5, 4, generator=t.rng), "B=2, 3 heads, T=5, d=4")
-
-
-@public("ch16.2", "a 3-D input raises ValueError")
-def merge_three_dims(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.merge_heads, torch.zeros(2, 3, 4),
-                    because="[2, 3, 4] is not [B, H, T, d]: it has no head axis to merge")
-
-
-# -- 16.3 public checks ------------------------------------------------------------------------------
-
-@public("ch16.3", "figure instance: one causal head, T = 3, d = 2, small integers")
-def one_head_instance(t: Trial) -> None:
-    q, k, v, mask, case = tensor(ONE_Q), tensor(ONE_K), tensor(ONE_V), t.ref.drive(causal_mask, 3), "figure instance"
-    want = t.ref.attention_steps(q, k, v, mask=mask)
-    variants = t.ref.drive(steps_variants, q, k, v, mask, None, want)
-    parts = call_steps(t, q, k, v, mask, case=case)
-    t.figure("ch16-dim-one-head-attention", q=q, k=k, v=v, mask=mask, **parts,
-             expected={key: want[key] for key in ("scores", "probs", "out")})
-    explain_steps(parts, want, q, k, v, mask, None, case, variants=variants)
-
-
-@public("ch16.3", "three steps: 2 queries over 4 keys; a second V changes out, not the weights")
-def three_steps(t: Trial) -> None:
-    q, k, v, v2 = tensor(STEPS_Q), tensor(STEPS_K), tensor(STEPS_V), tensor(STEPS_V2)
-    want, want2 = t.ref.attention_steps(q, k, v), t.ref.attention_steps(q, k, v2)
-    variants = [t.ref.drive(steps_variants, q, k, x, None, None, w) for x, w in ((v, want), (v2, want2))]
-    parts = call_steps(t, q, k, v, case="three steps, V")
-    parts2 = call_steps(t, q, k, v2, case="three steps, another V")
-    t.figure("ch16-three-steps", q=q, k=k, v=v, v2=v2, **parts, out2=parts2["out"],
-             expected={key: want[key] for key in ("scores", "probs", "out")}, expected_out2=want2["out"])
-    explain_steps(parts, want, q, k, v, None, None, "three steps, V", variants=variants[0])
-    explain_steps(parts2, want2, q, k, v2, None, None, "three steps, another V", variants=variants[1])
-    if not (torch.equal(parts["scores"], parts2["scores"]) and torch.equal(parts["probs"], parts2["probs"])):
-        raise CheckFailed("the same q and k with another v gave different scores or probs: Q and K alone decide "
-                          "the weights; V only supplies the content they average")
-
-
-@public("ch16.3", "causal, 5 queries: one row of probabilities per query")
-def prob_rows(t: Trial) -> None:
-    (q, k, v), mask, case = rows_inputs(), t.ref.drive(causal_mask, ROWS_T), "5 causal queries"
-    want = t.ref.attention_steps(q, k, v, mask=mask)
-    variants = t.ref.drive(steps_variants, q, k, v, mask, None, want)
-    parts = call_steps(t, q, k, v, mask, case=case)
-    t.figure("ch16-prob-rows", mask=mask, probs=parts["probs"], expected=want["probs"])
-    explain_steps(parts, want, q, k, v, mask, None, case, variants=variants)
-
-
-@public("ch16.3", "Qwen3-0.6B's head_dim 128: the default scale is 1/√128; a given scale is used as given")
-def qwen3_scale(t: Trial) -> None:
-    q, k, v = (torch.randn(n, 128, generator=t.rng) for n in (2, 3, 3))
-    run_steps_case(t, q, k, v, t.ref.drive(causal_mask, 2, 3), case="head_dim 128, 2 new tokens after 1 cached")
-    run_steps_case(t, q, k, v, scale=0.5, case="head_dim 128, scale 0.5")
-
-
-@public("ch16.3", "a padding mask: the last key is hidden from every query")
-def padding_mask(t: Trial) -> None:
-    q, k, v = (torch.randn(n, 4, generator=t.rng) for n in (3, 4, 4))
-    mask = torch.tensor([[True, True, True, False]] * 3)
-    run_steps_case(t, q, k, v, mask, case="key 3 is padding")
-
-
-@public("ch16.3", "a mask of the wrong shape, or a query that may attend no key, raises ValueError")
-def bad_masks(t: Trial) -> None:
-    q, k = torch.zeros(2, 4), torch.zeros(3, 4)
-    t.expect_raises(ValueError, t.yours.attention_steps, q, k, k, mask=torch.ones(3, 2, dtype=torch.bool),
-                    because="2 queries over 3 keys need a [2, 3] mask, not [3, 2]")
-    t.expect_raises(ValueError, t.yours.attention_steps, q, k, k, mask=torch.tensor([[True, False, False], [False] * 3]),
-                    because="query 1 may attend no key, and a softmax over no keys is undefined (0/0)")

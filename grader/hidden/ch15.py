@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from grader.authoring import Trial, first_wrong, hidden
+from grader.authoring import CheckFailed, Trial, first_wrong, hidden, vec
 from grader.checks.ch15 import (
     NAMES,
     QWEN3_06B,
@@ -16,7 +16,6 @@ from grader.checks.ch15 import (
     expect_value_error_naming,
     explain_column,
     explain_row,
-    fail,
     row_structure,
     run_checkpoints_case,
     run_column_case,
@@ -48,16 +47,7 @@ QWEN3_06B_FULL = dict(QWEN3_06B, architectures=["Qwen3ForCausalLM"], model_type=
                       eos_token_id=151645, sliding_window=None, use_sliding_window=False)
 
 
-def random_config(t: Trial) -> dict:
-    """A small GQA config whose heads·head_dim is (almost always) not hidden_size."""
-    kv = t.random.choice([1, 2, 4])
-    heads = kv * t.random.choice([1, 2, 3, 4])
-    return dict(hidden_size=t.random.choice([8, 24, 40, 96]), intermediate_size=t.random.choice([16, 56, 200]),
-                num_attention_heads=heads, num_key_value_heads=kv, head_dim=t.random.choice([4, 16, 32, 80]),
-                vocab_size=t.random.randint(10, 5000), tie_word_embeddings=t.random.random() < 0.5)
-
-
-# -- 15.1 --------------------------------------------------------------------------------------------
+# -- ch15.1 -------------------------------------------------------------------------------------------
 
 @hidden("ch15.1", "random tables and ids of any shape (0-d to 3-d, int64 and int32)")
 def embed_random(t: Trial) -> None:
@@ -99,7 +89,7 @@ def embed_not_integer(t: Trial) -> None:
                     because="a bool tensor is a mask, not token ids")
 
 
-# -- 15.2 --------------------------------------------------------------------------------------------
+# -- ch15.2 -------------------------------------------------------------------------------------------
 
 @hidden("ch15.2", "random shapes, with and without bias: agreement with torch.nn.functional.linear")
 def linear_random(t: Trial) -> None:
@@ -141,7 +131,7 @@ def linear_bad(t: Trial) -> None:
                     because="the bias must have one value per output feature (3), not 4")
 
 
-# -- 15.3 --------------------------------------------------------------------------------------------
+# -- ch15.3 -------------------------------------------------------------------------------------------
 
 @hidden("ch15.3", "random head counts, head_dim and leading axes")
 def split_random(t: Trial) -> None:
@@ -175,7 +165,7 @@ def split_bad(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.split_qkv, torch.zeros(2, 0), 0, 0, 128, because="a model has at least one head")
 
 
-# -- 15.4 --------------------------------------------------------------------------------------------
+# -- ch15.4 -------------------------------------------------------------------------------------------
 
 @hidden("ch15.4", "real configs: Qwen3-1.7B, 4B, 8B, 32B and Llama-3-8B sizes")
 def shapes_real(t: Trial) -> None:
@@ -217,12 +207,12 @@ def shapes_transformers(t: Trial) -> None:
         got = shapes_structure(t.yours.projection_shapes(dict(config)), oracle, "transformers oracle")
         for name in NAMES:
             if got[name] != oracle[name]:
-                fail([f"config {config}",
-                      f"transformers' Qwen3ForCausalLM built from it holds q_proj {list(q)}, k_proj {list(k)}, "
-                      f"v_proj {list(v)}, gate_proj {list(gate)}, up_proj {list(up)}",
-                      f"packed as nano-vllm packs them, {name} is {list(oracle[name])}; yours: {list(got[name])}"],
-                     "qkv_proj stacks q_proj, k_proj, v_proj along the output rows; gate_up_proj stacks gate_proj "
-                     "and up_proj" if name in ("qkv_proj", "gate_up_proj") else "")
+                raise CheckFailed(f"config {config}",
+                                  f"transformers' Qwen3ForCausalLM built from it holds q_proj {list(q)}, k_proj {list(k)}, "
+                                  f"v_proj {list(v)}, gate_proj {list(gate)}, up_proj {list(up)}",
+                                  f"packed as nano-vllm packs them, {name} is {list(oracle[name])}; yours: {list(got[name])}",
+                                  hint="qkv_proj stacks q_proj, k_proj, v_proj along the output rows; gate_up_proj stacks "
+                                       "gate_proj and up_proj" if name in ("qkv_proj", "gate_up_proj") else "")
 
 
 @hidden("ch15.4", "missing keys, non-dividing heads and non-positive sizes raise ValueError")
@@ -236,7 +226,7 @@ def shapes_bad(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.projection_shapes, dict(QWEN3_06B, head_dim=0), because="head_dim must be positive")
 
 
-# -- 15.5 --------------------------------------------------------------------------------------------
+# -- ch15.5 -------------------------------------------------------------------------------------------
 
 @hidden("ch15.5", "random batches and configs")
 def checkpoints_random(t: Trial) -> None:
@@ -266,7 +256,7 @@ def checkpoints_bad(t: Trial) -> None:
                     because="the logits' width needs vocab_size")
 
 
-# -- 15.6 --------------------------------------------------------------------------------------------
+# -- ch15.6 -------------------------------------------------------------------------------------------
 
 @hidden("ch15.6", "random column-parallel shapes, tp ∈ {1, 2, 4, 8}")
 def column_random(t: Trial) -> None:
@@ -298,8 +288,8 @@ def column_then_row(t: Trial) -> None:
         explain_row(partials, out, shards, w2, tp, case, t.ref)
         want = x @ w1 @ w2
         if first_wrong(out, want, atol=1e-4, rtol=1e-4) is not None:
-            fail([f'case "{case}": the pair must equal the unsharded x @ W1 @ W2 = {want[0, :4].tolist()} … '
-                  f"(row 0); yours: {out[0, :4].tolist()} …"])
+            raise CheckFailed(f'case "{case}": the pair must equal the unsharded x @ W1 @ W2; row 0 is '
+                              f"{vec(want[0])}, yours {vec(out[0])}")
 
 
 @hidden("ch15.6", "Qwen3-0.6B's o_proj at tp = 2: each rank's 8 heads · 128 = 1024 inputs")
@@ -318,3 +308,14 @@ def tp_bad(t: Trial) -> None:
                     because="tp = 2 ranks need 2 input shards, not 3")
     t.expect_raises(ValueError, t.yours.row_parallel_linear, [torch.zeros(2, 3), torch.zeros(2, 1)], torch.zeros(4, 3), 2,
                     because="each rank's shard must be [N, in/tp] = [2, 2]")
+
+
+# -- helpers -------------------------------------------------------------------------------------------
+
+def random_config(t: Trial) -> dict:
+    """A small GQA config whose heads·head_dim is (almost always) not hidden_size."""
+    kv = t.random.choice([1, 2, 4])
+    heads = kv * t.random.choice([1, 2, 3, 4])
+    return dict(hidden_size=t.random.choice([8, 24, 40, 96]), intermediate_size=t.random.choice([16, 56, 200]),
+                num_attention_heads=heads, num_key_value_heads=kv, head_dim=t.random.choice([4, 16, 32, 80]),
+                vocab_size=t.random.randint(10, 5000), tie_word_embeddings=t.random.random() < 0.5)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from grader.authoring import CheckFailed, StudentRaised, Trial, first_wrong, fmt, hidden
 from grader.checks.ch16 import (
+    M,
     call_steps,
     expect_split,
     explain_steps,
@@ -25,14 +26,15 @@ from grader.hidden.ch16_models import causal
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64)
 
+# x is 16 MiB; the call may use SPLIT_SPARE beyond it (loading the module and the reply count too). Measured with
+# this limit (a fresh student process capped at its own size plus the budget; 2-core machine): the reference needs
+# 0.25 MiB beyond x (0.15 s of student time, mostly moving x through the pipe); .contiguous(), .clone(),
+# torch.stack of the heads and reshape(…).permute(…).contiguous() each need 16.25 MiB, a full copy of x: 4×
+# SPLIT_SPARE.
+SPLIT_X, SPLIT_HEADS, SPLIT_SPARE = (2, 512, 4096), 32, 4 << 20
 
-def random_tensor(t: Trial, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    if dtype == torch.int64:
-        return torch.randint(-1000, 1000, shape, generator=t.rng)
-    return torch.randn(shape, generator=t.rng).to(dtype)
 
-
-# -- 16.1 ------------------------------------------------------------------------------------------
+# -- ch16.1 -----------------------------------------------------------------------------------------
 
 @hidden("ch16.1", "random shapes and dtypes")
 def split_random(t: Trial) -> None:
@@ -57,14 +59,6 @@ def split_qwen3_kv(t: Trial) -> None:
     run_split_case(t, torch.randn(1, 5, 1024, generator=t.rng), 8, "Qwen3-0.6B k, 5 tokens")
 
 
-# x is 16 MiB; the call may use SPLIT_SPARE beyond it (loading the module and the reply count too). Measured with
-# this limit (a fresh student process capped at its own size plus the budget; 2-core machine): the reference needs
-# 0.25 MiB beyond x (0.15 s of student time, mostly moving x through the pipe); .contiguous(), .clone(),
-# torch.stack of the heads and reshape(…).permute(…).contiguous() each need 16.25 MiB, a full copy of x: 4×
-# SPLIT_SPARE.
-SPLIT_X, SPLIT_HEADS, SPLIT_SPARE = (2, 512, 4096), 32, 4 << 20
-
-
 @hidden("ch16.1", "the split is a view: no number is copied (measured)")
 def split_no_copy(t: Trial) -> None:
     x, H = torch.randn(*SPLIT_X, generator=t.rng), SPLIT_HEADS
@@ -74,44 +68,13 @@ def split_no_copy(t: Trial) -> None:
     except StudentRaised as e:
         if not e.error.get("out_of_memory"):
             raise
-        raise CheckFailed(f"case: {case}; x [{B}, {T}, {W}] float32 is {mib(x.nbytes)}\n"
+        raise CheckFailed(f"case: {case}; x [{B}, {T}, {W}] float32 is {mib(x.nbytes)}",
                           f"your split_heads needed more than {mib(SPLIT_SPARE)} beyond x, all this check allows"
                           f"{where_it_ran_out(e)}: it copied the numbers. Splitting heads moves no number: "
                           f"view(B, T, H, d) changes the shape and transpose(1, 2) swaps two strides, both without "
-                          f"copying (nano-vllm's q.view(-1, num_heads, head_dim) is a view of the qkv output)"
-                          + copy_hint(e)) from None
+                          f"copying (nano-vllm's q.view(-1, num_heads, head_dim) is a view of the qkv output)",
+                          hint=copy_hint(e)) from None
     expect_split(call.value, x, t.ref.split_heads(x, H), H, case)
-
-
-def mib(n: int) -> str:
-    return f"{n / 2**20:,.4g} MiB"
-
-
-COPIES = {".contiguous(": "drop the .contiguous(): the next matmul reads the strided view as it is",
-          ".clone(": "drop the .clone(): a view shares x's numbers, which is the point",
-          "stack(": "torch.stack writes every number into a new tensor; view and transpose x itself instead",
-          "cat(": "torch.cat writes every number into a new tensor; view and transpose x itself instead",
-          ".copy_(": "copy_ writes every number; view and transpose x itself instead"}
-"""The copying calls a line of the student's can hold, with what to do instead."""
-
-
-def copy_hint(e: StudentRaised) -> str:
-    """'\nhint: …' for the copying call on the line where the student's code ran out of memory ('' if none)."""
-    frames = e.error.get("frames") or []
-    code = re.sub(r"\s+#.*$", "", str(frames[-1][3])) if frames else ""
-    return next((f"\nhint: {why}" for call, why in COPIES.items() if call in code), "")
-
-
-def where_it_ran_out(e: StudentRaised) -> str:
-    """Where the student's process was refused memory, in their code, and how much it asked for ('' if unknown)."""
-    m = re.search(r"tried to allocate (\d+) bytes", str(e.error.get("message", "")))
-    asked = f", asking for {mib(int(m.group(1)))}" if m else ""
-    frames = e.error.get("frames") or []
-    if not frames:
-        return f"; it was refused memory{asked}" if asked else ""
-    file, line, _, code = frames[-1]
-    code = re.sub(r"\s+#.*$", "", str(code).strip())   # the line as written, without its comment
-    return f"; it ran out at {Path(str(file)).name}:{line}, {code}{asked}"
 
 
 @hidden("ch16.1", "bad inputs raise ValueError")
@@ -125,7 +88,7 @@ def split_bad_inputs(t: Trial) -> None:
                     because="x [1, 2, 3, 8] is not [B, T, H·d]")
 
 
-# -- 16.2 ------------------------------------------------------------------------------------------
+# -- ch16.2 -----------------------------------------------------------------------------------------
 
 @hidden("ch16.2", "merge undoes split for random shapes and dtypes")
 def merge_random(t: Trial) -> None:
@@ -170,33 +133,7 @@ def merge_bad_inputs(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.merge_heads, torch.zeros(6, 8), because="[6, 8] is not [B, H, T, d]")
 
 
-# -- 16.3 ------------------------------------------------------------------------------------------
-
-def random_qkv(t: Trial, T: int, S: int, d: int, dv: int, dtype: torch.dtype = torch.float32):
-    return (torch.randn(T, d, generator=t.rng, dtype=dtype), torch.randn(S, d, generator=t.rng, dtype=dtype),
-            torch.randn(S, dv, generator=t.rng, dtype=dtype))
-
-
-def random_mask(t: Trial, T: int, S: int) -> torch.Tensor:
-    """Each query sees a random non-empty subset of the keys."""
-    mask = torch.rand(T, S, generator=t.rng) < t.random.uniform(0.2, 0.8)
-    mask[torch.arange(T), torch.randint(0, S, (T,), generator=t.rng)] = True
-    return mask
-
-
-def sdpa_case(t: Trial, q, k, v, mask, scale, case: str) -> None:
-    """The student's out must equal torch's scaled_dot_product_attention; scores and probs the reference's."""
-    kw = ({"mask": mask} if mask is not None else {}) | ({"scale": scale} if scale is not None else {})
-    want = t.ref.attention_steps(q, k, v, **kw)
-    parts = call_steps(t, q, k, v, mask, scale, case=case)
-    oracle = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    explain_steps(parts, want | {"out": oracle}, q, k, v, mask, scale, case)
-    sums = parts["probs"].double().sum(-1)
-    bad = first_wrong(sums, torch.ones_like(sums), atol=1e-5)
-    if bad is not None:
-        raise CheckFailed(f"{steps_case(q, k, v, mask, scale, case)}\nrow {bad[0]} of your probs sums to "
-                          f"{fmt(sums[bad])}: each query's probabilities over the keys must sum to 1")
-
+# -- ch16.3 -----------------------------------------------------------------------------------------
 
 @hidden("ch16.3", "agreement with scaled_dot_product_attention, no mask, S ≠ T, custom scales")
 def sdpa_no_mask(t: Trial) -> None:
@@ -251,3 +188,64 @@ def steps_bad_inputs(t: Trial) -> None:
                     because="in this (inverted causal) mask query 2 may attend no key: its row is all False")
     t.expect_raises(ValueError, t.yours.attention_steps, z(2, 4), z(0, 4), z(0, 4),
                     because="with no keys at all no query has anything to attend")
+
+
+# -- helpers -------------------------------------------------------------------------------------------
+
+def random_tensor(t: Trial, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    if dtype == torch.int64:
+        return torch.randint(-1000, 1000, shape, generator=t.rng)
+    return torch.randn(shape, generator=t.rng).to(dtype)
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:,.4g} MiB"
+
+
+def copy_hint(e: StudentRaised) -> str:
+    """The mistake of the copying call on the line where the student's code ran out of memory ('' if none)."""
+    frames = e.error.get("frames") or []
+    code = re.sub(r"\s+#.*$", "", str(frames[-1][3])) if frames else ""
+    copies = {".contiguous(": M.contiguous_copy, ".clone(": M.clone_copy, "stack(": M.stack_copy, "cat(": M.cat_copy,
+              ".copy_(": M.copy_into}  # the copying calls a line of the student's can hold
+    return next((why for call, why in copies.items() if call in code), "")
+
+
+def where_it_ran_out(e: StudentRaised) -> str:
+    """Where the student's process was refused memory, in their code, and how much it asked for ('' if unknown)."""
+    m = re.search(r"tried to allocate (\d+) bytes", str(e.error.get("message", "")))
+    asked = f", asking for {mib(int(m.group(1)))}" if m else ""
+    frames = e.error.get("frames") or []
+    if not frames:
+        return f"; it was refused memory{asked}" if asked else ""
+    file, line, _, code = frames[-1]
+    code = re.sub(r"\s+#.*$", "", str(code).strip())   # the line as written, without its comment
+    return f"; it ran out at {Path(str(file)).name}:{line}, {code}{asked}"
+
+
+def random_qkv(t: Trial, T: int, S: int, d: int, dv: int,
+               dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (torch.randn(T, d, generator=t.rng, dtype=dtype), torch.randn(S, d, generator=t.rng, dtype=dtype),
+            torch.randn(S, dv, generator=t.rng, dtype=dtype))
+
+
+def random_mask(t: Trial, T: int, S: int) -> torch.Tensor:
+    """Each query sees a random non-empty subset of the keys."""
+    mask = torch.rand(T, S, generator=t.rng) < t.random.uniform(0.2, 0.8)
+    mask[torch.arange(T), torch.randint(0, S, (T,), generator=t.rng)] = True
+    return mask
+
+
+def sdpa_case(t: Trial, q, k, v, mask, scale, case: str) -> None:
+    """The student's out must equal torch's scaled_dot_product_attention; scores and probs the reference's."""
+    kw = ({"mask": mask} if mask is not None else {}) | ({"scale": scale} if scale is not None else {})
+    want = t.ref.attention_steps(q, k, v, **kw)
+    parts = call_steps(t, q, k, v, mask, scale, case=case)
+    oracle = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    explain_steps(parts, want | {"out": oracle}, q, k, v, mask, scale, case)
+    sums = parts["probs"].double().sum(-1)
+    bad = first_wrong(sums, torch.ones_like(sums), atol=1e-5)
+    if bad is not None:
+        raise CheckFailed(steps_case(q, k, v, mask, scale, case), f"row {bad[0]} of your probs sums to "
+                                                                  f"{fmt(sums[bad])}: each query's probabilities over "
+                                                                  f"the keys must sum to 1")

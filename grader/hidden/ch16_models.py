@@ -47,8 +47,8 @@ def steps_variants(ref, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     allowed = torch.ones_like(s, dtype=torch.bool) if mask is None else mask
     probs = {"dim 0": softmax_rows(s.masked_fill(~allowed, NEG_INF), 0)}
     if not bool(allowed.all()):
-        probs.update({"masked after": softmax_rows(s).masked_fill(~mask, 0.0),
-                      "mask inverted": softmax_rows(s.masked_fill(mask, NEG_INF)), "no mask": softmax_rows(s)})
+        probs.update({"masked after": softmax_rows(s).masked_fill(~allowed, 0.0),
+                      "mask inverted": softmax_rows(s.masked_fill(allowed, NEG_INF)), "no mask": softmax_rows(s)})
     if not math.isclose(d ** -0.5 if scale is None else scale, 1.0):
         probs["raw scores"] = softmax_rows(raw.masked_fill(~allowed, NEG_INF))
     p = want["probs"].double()

@@ -6,11 +6,10 @@ import math
 
 import torch
 
-from grader.authoring import Trial, expect_tensor
+from figures.ch15 import ID_STEP, OUT_STEP, ROW
+from grader.authoring import Trial, expect_tensor, wrong_mask
 from grader.checks.ch15 import expect_lookup
 from grader.lab import Int, Numbers, expected_or_own, experiment
-
-ROW, ID_STEP, OUT_STEP = 34, 1.6, 46  # ch15-dim-embedding's row height, and how far apart it draws ids and output rows
 
 
 def room_for_ids(V: int) -> int:
@@ -33,7 +32,7 @@ def _constraints(p: dict) -> dict[str, str]:
     return {}
 
 
-def _captions(p: dict) -> dict[str, tuple[str, str]]:
+def _captions(p: dict) -> dict[str, tuple[str, ...]]:
     V, H, ids = p["V"], p["H"], p["ids"]
     n = len(ids)
     return {"ch15-dim-embedding": (
@@ -56,7 +55,9 @@ def embedding(t: Trial, p: dict) -> None:
     want = t.ref.embedding_lookup(weight, ids) if t.ref else None
     shape = [1, len(p["ids"]), p["H"]]
     if isinstance(got, torch.Tensor) and list(got.shape) == shape and got.dtype == weight.dtype:
-        t.figure("ch15-dim-embedding", table=weight, ids=ids, out=got, expected=expected_or_own(want, got))
+        expected = expected_or_own(want, got)
+        t.figure("ch15-dim-embedding", table=weight, ids=ids, out=got, expected=expected,
+                 wrong=wrong_mask(got, expected))
     if want is not None:
         expect_lookup(got, want, weight, ids, "your instance")
     else:

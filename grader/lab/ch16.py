@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, expect_tensor
+from grader.authoring import CheckFailed, Trial, expect_tensor, wrong_mask
 from grader.checks.ch16 import call_merge, explain_merge, explain_split, merge_hint, numbered, split_hint
 from grader.lab import Int, expected_or_own, experiment
 from grader.lab.draw import MAX_WIDTH
@@ -34,7 +34,7 @@ def _constraints(p: dict) -> dict[str, str]:
     return {}
 
 
-def _captions(p: dict) -> dict[str, tuple[str, str]]:
+def _captions(p: dict) -> dict[str, tuple[str, ...]]:
     B, T, H, d, k = p["B"], p["T"], p["H"], p["d"], p["traced"]
     W, n = H * d, B * T * H * d
     shown = f"(图中画出编号 {k} 所在的那条序列)" if B > 1 else ""
@@ -56,8 +56,7 @@ def _layout(got, shape: list[int], what: str, header: str, hint) -> torch.Tensor
     try:
         return expect_tensor(got, what=what, shape=shape, dtype=torch.float32)
     except CheckFailed as e:
-        why = hint(got) if isinstance(got, torch.Tensor) else ""
-        raise CheckFailed(f"{header}\n{e}" + (f"\nhint: {why}" if why else "")) from None
+        raise CheckFailed(header, *e.lines, hint=hint(got) if isinstance(got, torch.Tensor) else "") from None
 
 
 @experiment("heads", title="拆头与合头 · split and merge heads",
@@ -78,15 +77,17 @@ def heads(t: Trial, p: dict) -> None:
     header = f'case "{case}": x [{B}, {T}, {W}] = [B, T, H·d], num_heads={H} → [B, H, T, d] = [{B}, {H}, {T}, {d}]'
     out = _layout(t.yours.split_heads(x, H), [B, H, T, d], "the heads", header, lambda g: split_hint(g, x, H))
     want = t.ref.split_heads(x, H) if t.ref else None
+    expected = expected_or_own(want, out)
     t.figure("ch16-dim-split-heads", x=x[b:b + 1], num_heads=H, traced=k, yours=out[b:b + 1],
-             expected=expected_or_own(want, out)[b:b + 1])
+             expected=expected[b:b + 1], wrong=wrong_mask(out, expected)[b:b + 1])
     heads_in = numbered_heads(B, H, T, d)
     header = f'case "{case}": x [{B}, {H}, {T}, {d}] = [B, H, T, d] → [B, T, H·d] = [{B}, {T}, {W}]'
     merged = _layout(call_merge(t, heads_in, case), [B, T, W], "the merged heads", header,
                      lambda g: merge_hint(g, heads_in))
     want_m = t.ref.merge_heads(heads_in) if t.ref else None
-    t.figure("ch16-dim-merge-heads", heads=heads_in[b:b + 1], yours=merged[b:b + 1],
-             expected=expected_or_own(want_m, merged)[b:b + 1], bare=heads_in.reshape(B, T, W)[b:b + 1])
-    if want is not None:
+    expected_m = expected_or_own(want_m, merged)
+    t.figure("ch16-dim-merge-heads", heads=heads_in[b:b + 1], yours=merged[b:b + 1], expected=expected_m[b:b + 1],
+             wrong=wrong_mask(merged, expected_m)[b:b + 1], bare=heads_in.reshape(B, T, W)[b:b + 1])
+    if want is not None and want_m is not None:
         explain_split(out, x, want, H, case)
         explain_merge(merged, heads_in, want_m, case)
