@@ -9,11 +9,11 @@ on top of each other, gets a zoomed inset where the positions part (`_zoom`)."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 from figures import figure
 from figures.kit import Figure, num, text_width
-from figures.layout import Part, column, pad, row, space, wide
+from figures.layout import Part, centred, column, pad, row, space, wide
 from figures.style import CELL, INK, LABEL, MARGIN, MUTED, RULE, SMALL, VALUE, stroke
 
 PAIR_ROLES = ("accent", "token")          # pair 0, pair 1 (channels j and j + d/2 share a colour)
@@ -23,25 +23,6 @@ POS_COLORS = ("#5f5f5f", "#0072B2", "#CC79A7", "#009E73")
 def _small(v) -> str:
     """3 significant digits, a real minus sign (also for whole numbers)."""
     return num(round(v, 3) if isinstance(v, float) else v).replace("-", "−")
-
-
-def cells(f: Figure, values: Sequence[Any], *, role: str | Callable[[int], str] = "plain", w: float,
-          h: float = CELL, gap: float = 0, size: float = VALUE - 1, fmt: Callable[[Any], str] = num, bold: bool = False,
-          dashed: bool = False, wrong: Sequence[bool] | None = None, expected: Sequence[Any] | None = None) -> Part:
-    """One row of value cells as a part: `f.matrix([values], wrong=[wrong])` with the values drawn at `size`
-    (the kit's matrix draws them at VALUE, too wide for these cells). `role` may depend on the cell's index;
-    `wrong` is the check's verdict per cell, and a wrong cell shows its `expected` value."""
-    def draw(x: float, y: float) -> None:
-        for c, v in enumerate(values):
-            bad = wrong is not None and bool(wrong[c])
-            f.cell(x + c * (w + gap), y, v, role=role(c) if callable(role) else role, w=w, h=h, size=size, fmt=fmt,
-                   bold=bold, dashed=dashed, wrong=bad, expected=expected[c] if bad and expected is not None else None)
-    return Part(len(values) * (w + gap) - (gap if values else 0), h, draw)
-
-
-def centred(part: Part, w: float) -> Part:
-    """`part` in the middle of a slot `w` wide."""
-    return column(space(w), part, gap=0, align="center")
 
 
 def _num4(v) -> str:
@@ -337,13 +318,13 @@ def rope_pair_figure(f: Figure, r: dict) -> None:
 
     def position(i: int, p: int) -> Part:
         names = row(*(centred(f.label(s, size=SMALL, mono=True), cw) for s in ("cos", "sin")), gap=2)
-        values = column(*(cells(f, [cos[i][j], sin[i][j]], w=cw, gap=2, fmt=_num4,
+        values = column(*(f.vector([cos[i][j], sin[i][j]], w=cw, gap=2, fmt=_num4,
                                 wrong=[r["cos_wrong"][i][j], r["sin_wrong"][i][j]],
-                                expected=[cos_want[i][j], sin_want[i][j]]) for j in range(half)), gap=8)
+                                expected=[cos_want[i][j], sin_want[i][j]], size=VALUE - 1) for j in range(half)), gap=8)
         return column(centred(f.label(f"position {p}"), names.w), names, values, gap=2)
 
     tables = [position(i, p) for i, p in enumerate(positions)]
-    pairs = column(*(row(cells(f, [f"pair {j} = (x[{j}], x[{j + half}])"], role=PAIR_ROLES[j % 2], w=150,
+    pairs = column(*(row(f.vector([f"pair {j} = (x[{j}], x[{j + half}])"], role=PAIR_ROLES[j % 2], w=150,
                                size=SMALL + 1, fmt=str),
                          f.label(f"θ_{j} = {num(thetas[j], 4)}", mono=True, color=INK), gap=10, align="middle")
                      for j in range(half)), gap=8)
@@ -404,15 +385,15 @@ def order_figure(f: Figure, r: dict) -> None:
     heads += [("k head 0", "k", k[0], r["k_normed"][0], r["k_out"][0], r["k_expected"][0], r["k_wrong"][0],
                r["k_weight"])]
     cw, row_h = 48, CELL + 26
-    raw = [cells(f, x, role=role, w=cw, fmt=_small) for _, role, x, *_ in heads] + [cells(f, v, role="v", w=cw,
-                                                                                             fmt=_small)]
-    normed = [cells(f, n, role=role, w=cw, fmt=_small) for _, role, _, n, *_ in heads]
-    out = [cells(f, o, role=role, w=cw, fmt=_small, wrong=bad, expected=want)
+    raw = [f.vector(x, role=role, w=cw, fmt=_small, size=VALUE - 1) for _, role, x, *_ in heads] + [f.vector(v, role="v", w=cw,
+                                                                                             fmt=_small, size=VALUE - 1)]
+    normed = [f.vector(n, role=role, w=cw, fmt=_small, size=VALUE - 1) for _, role, _, n, *_ in heads]
+    out = [f.vector(o, role=role, w=cw, fmt=_small, wrong=bad, expected=want, size=VALUE - 1)
            for _, role, _, _, o, want, bad, _ in heads]
     rms = [f"rms {num(math.sqrt(sum(a * a for a in x) / d + 1e-6), 4)}, w = [{', '.join(num(a) for a in w)}]"
            for _, _, x, *_, w in heads]
 
-    def stage(title: str, sub: str, parts: list[Part]) -> Part:
+    def stage(title: str, sub: str, parts: Sequence[Part]) -> Part:
         return column(f.label(title, size=LABEL, color=INK, bold=True, cls="heading"), f.label(sub, size=SMALL),
                       space(h=6), *(pad(part, bottom=row_h - part.h) for part in parts), gap=2)
 

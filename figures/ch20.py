@@ -4,12 +4,12 @@ one token through SwiGLU cell by cell, and the MLP's two branches acting on each
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from figures import figure
 from figures.ch16 import text_t
-from figures.ch19 import cells, centred
 from figures.kit import Figure, num, text_width
-from figures.layout import Part, column, pad, row, wide
+from figures.layout import Part, centred, column, pad, row, wide
 from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
 
 FUSED_SIZE = VALUE - 1.5
@@ -84,7 +84,7 @@ def prenorm_figure(f: Figure, r: dict) -> None:
     gap = (f.width - 2 * MARGIN - 4 * n * cw) / 3 + 2
 
     def group(values: list, role: str, wrong: list | None = None, expected: list | None = None) -> Part:
-        return cells(f, values, role=role, w=cw - 2, gap=2, size=FUSED_SIZE, fmt=_fmt, wrong=wrong, expected=expected)
+        return f.vector(values, role=role, w=cw - 2, gap=2, size=FUSED_SIZE, fmt=_fmt, wrong=wrong, expected=expected)
 
     def joint(s: str) -> Part:
         """What joins two groups: "+", "=" or (empty) an arrow."""
@@ -102,7 +102,7 @@ def prenorm_figure(f: Figure, r: dict) -> None:
     rows = []
     for k, (title, sub) in enumerate(calls):
         given.append(group(res_in[k], "block") if res_in[k] is not None else
-                     cells(f, ["None"], role="masked", w=n * cw - 2, fmt=str, dashed=True))
+                     f.vector(["None"], role="masked", w=n * cw - 2, fmt=str, dashed=True, size=VALUE - 1))
         new.append(group(residual[k], "block", r["residual_wrong"][k], residual_want[k]))
         s = residual_want[k]
         rms = math.sqrt(sum(v * v for v in s) / len(s) + 1e-6)
@@ -147,7 +147,7 @@ def swiglu_figure(f: Figure, r: dict) -> None:
     left = MARGIN + label_w
     role = lambda c: "accent" if c < inter else "block"
 
-    def labelled(rows: list[tuple[str, Part]], *, size: float = SMALL + 1, mono: bool = True, bold: bool = False) -> None:
+    def labelled(rows: Sequence[tuple[str, Part]], *, size: float = SMALL + 1, mono: bool = True, bold: bool = False) -> None:
         """Each placed row's label, right-aligned before the cells (a transpose drawn as a raised T)."""
         for label, part in rows:
             text_t(f, left - 10, part.bottom - part.h / 2 + 4, label, size=size, anchor="end", mono=mono, color=INK,
@@ -157,9 +157,9 @@ def swiglu_figure(f: Figure, r: dict) -> None:
     _heading_t(f, "① gate_up = x · W_gate_upᵀ: gate_up[c] = Σ_i x[i] · W[c, i]")
     names = row(*(centred(f.label(f"{'g' if c < inter else 'u'}{c % inter}", size=SMALL, mono=True,
                                   color=stroke(role(c))), cw - 2) for c in range(two_i)), gap=2)
-    weights = [cells(f, [w_gu[c][i] for c in range(two_i)], w=cw - 2, gap=2, h=CELL - 8, size=SMALL + 1, fmt=_fmt)
+    weights = [f.vector([w_gu[c][i] for c in range(two_i)], w=cw - 2, gap=2, h=CELL - 8, size=SMALL + 1, fmt=_fmt)
                for i in range(hdim)]
-    gate_up = cells(f, gu, role=role, w=cw - 2, gap=2, size=VALUE, fmt=_fmt, bold=True)
+    gate_up = f.vector(gu, role=role, w=cw - 2, gap=2, size=VALUE, fmt=_fmt, bold=True)
     f.place(column(names, column(*weights, gap=2), gate_up, gap=8), x=left, after=44)
     labelled([(f"x[{i}] = {_fmt(x[i])}  ×  Wᵀ row {i}", w) for i, w in enumerate(weights)])
     labelled([("gate_up (12 wide)", gate_up)], size=LABEL, mono=False, bold=True)
@@ -171,10 +171,10 @@ def swiglu_figure(f: Figure, r: dict) -> None:
     f.heading("② act = SiLU(gate) · up, with SiLU(z) = z · sigmoid(z)  (your silu_and_mul)")
     f.y += 8
     silu = [g / (1 + math.exp(-g)) for g in gu[:inter]]
-    steps = [("SiLU(gate)", cells(f, silu, role="accent", w=cw - 2, gap=2, fmt=_fmt)),
-             ("× up", cells(f, gu[inter:], role="block", w=cw - 2, gap=2, fmt=_fmt)),
-             ("= act", cells(f, act, role="attend", w=cw - 2, gap=2, fmt=_fmt, wrong=r["act_wrong"],
-                             expected=act_want))]
+    steps = [("SiLU(gate)", f.vector(silu, role="accent", w=cw - 2, gap=2, fmt=_fmt, size=VALUE - 1)),
+             ("× up", f.vector(gu[inter:], role="block", w=cw - 2, gap=2, fmt=_fmt, size=VALUE - 1)),
+             ("= act", f.vector(act, role="attend", w=cw - 2, gap=2, fmt=_fmt, wrong=r["act_wrong"],
+                             expected=act_want, size=VALUE - 1))]
     f.place(column(*(part for _, part in steps), gap=6), x=left, after=20)
     labelled(steps, size=LABEL, mono=False, bold=True)
     up = steps[1][1]
@@ -186,9 +186,9 @@ def swiglu_figure(f: Figure, r: dict) -> None:
     # ③ the down projection: out[i] = Σ_j W_down[i, j] · act[j].
     _heading_t(f, "③ out = act · W_downᵀ: out[i] = Σ_j W_down[i, j] · act[j]  (your swiglu_mlp)")
     f.y += 8
-    downs = [row(cells(f, w_down[i], w=cw - 2, gap=2, h=CELL - 6, size=SMALL + 1, fmt=_fmt),
+    downs = [row(f.vector(w_down[i], w=cw - 2, gap=2, h=CELL - 6, size=SMALL + 1, fmt=_fmt),
                  centred(f.label("→", size=LABEL), 38),
-                 cells(f, [out[i]], role="token", w=2 * cw - 10, h=CELL - 6, size=VALUE, fmt=_fmt, bold=True,
+                 f.vector([out[i]], role="token", w=2 * cw - 10, h=CELL - 6, size=VALUE, fmt=_fmt, bold=True,
                        wrong=[r["out_wrong"][i]], expected=[out_want[i]]),
                  pad(f.label(f"out[{i}]", mono=True), left=10), gap=0, align="middle") for i in range(hdim)]
     f.place(column(*downs, gap=2), x=left, after=18)
@@ -225,7 +225,7 @@ def branches_figure(f: Figure, r: dict) -> None:
                    expected: list | None = None, labels: list[str] | None = None) -> None:
         """A block of token rows (values to 2 decimals) with its top-left at (x0, y0); `wrong`: the check's
         verdict per value."""
-        column(*(cells(f, vals, role=role, w=cw - 2, gap=2, h=CELL - 6, size=SMALL + 1, fmt=_fmt2,
+        column(*(f.vector(vals, role=role, w=cw - 2, gap=2, h=CELL - 6, size=SMALL + 1, fmt=_fmt2,
                        wrong=wrong[t] if wrong else None, expected=expected[t] if expected else None)
                  for t, vals in enumerate(rows)), gap=2).at(x0, y0)
         for t, label in enumerate(labels or []):

@@ -5,7 +5,7 @@ running max and sum after each."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from figures import figure
 from figures.kit import Figure, Grid, num
@@ -40,12 +40,6 @@ def _ghost(f: Figure, w: float, h: float, label: str, sub: str) -> Part:
         f.text(x + w / 2, y + h / 2 - 2, label, size=LABEL, anchor="middle", cls="label")
         f.text(x + w / 2, y + h / 2 + 14, sub, size=SMALL, anchor="middle", color=MUTED, cls="label")
     return Part(w, h, draw)
-
-
-def _bars(f: Figure, values: Sequence[float], *, height: float, bar_w: float, gap: float, **bars: Any) -> Part:
-    """`Figure.bars` as a part, with room above for the tallest bar's value (the kit draws bars at coordinates)."""
-    return Part(len(values) * (bar_w + gap) - gap, 18 + height + 22,
-                lambda x, y: f.bars(x, y + 18, values, height=height, bar_w=bar_w, gap=gap, **bars) and None)
 
 
 def _lookup(roles: list[list[str]]) -> Callable[[int, int], str]:
@@ -125,7 +119,7 @@ def naive_figure(f: Figure, r: dict) -> None:
     io, sp = (2 * bT * bd + 2 * bS * bd) * bb, 4 * bT * bS * bb
     want_naive, want_flash = r["big_expected"]
     mib = lambda x: f"{x / 2**20:,.1f} MiB" if isinstance(x, (int, float)) else str(x)
-    bars = _bars(f, r["big_bytes"], labels=["naive", "FlashAttention"], height=160, bar_w=96, gap=44,
+    bars = f.bar_chart(r["big_bytes"], labels=["naive", "FlashAttention"], height=160, bar_w=96, gap=44,
                  role=["accent", "q"], expected=r["big_expected"], fmt=mib, tol=0.0)
     lines = f.table([[(line, {"color": color, "mono": False})] for line, color in [
         (f"Q, K, V read, O written: (2·T·d + 2·S·d)·{bb} = {io:,} B", INK),

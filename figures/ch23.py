@@ -39,12 +39,6 @@ def _step(f: Figure, label_w: float, label: str, sub: str, values: Sequence[Any]
     return row(pad(text, left=label_w - text.w, top=grid.label_h + (CELL - text.h) / 2), grid, gap=12), grid
 
 
-def _bars(f: Figure, values: Sequence[float], *, height: float, bar_w: float, gap: float, **bars: Any) -> Part:
-    """`Figure.bars` as a part, with room above for the tallest bar's value (the kit draws bars at coordinates)."""
-    return Part(len(values) * (bar_w + gap) - gap, 18 + height + 22,
-                lambda x, y: f.bars(x, y + 18, values, height=height, bar_w=bar_w, gap=gap, **bars) and None)
-
-
 def _row(values: Sequence[Any], wrong: Sequence[bool] | None = None, role: Callable[[int, Any], str] | None = None,
          expected: Sequence[Any] | None = None) -> dict:
     """The matrix arguments of one row of cells: the check's verdict per cell (`wrong`), and a role per token."""
@@ -158,9 +152,9 @@ def exponential_race(f: Figure, r: dict) -> None:
     half = (f.width - 2 * MARGIN) / 2
     bar: dict[str, Any] = dict(height=110, bar_w=56, gap=22, labels=[f"token {i}" for i in range(V)], fmt=lambda v: f"{v:.3f}")
     panels = [f.titled(f"p: the most likely token is {top_p}",
-                       _bars(f, p, role=["token" if i == top_p else "plain" for i in range(V)], **bar)),
+                       f.bar_chart(p, role=["token" if i == top_p else "plain" for i in range(V)], **bar)),
               f.titled(f"p / E: token {token} {'wins (yours)' if token == want else '(yours)'}",
-                       _bars(f, scores, role=["accent" if i == want else "plain" for i in range(V)], **bar),
+                       f.bar_chart(scores, role=["accent" if i == want else "plain" for i in range(V)], **bar),
                        color=stroke("wrong") if token != want else INK)]
     placed = f.place(row(*(wide(pad(panel, left=(half - panel.w) / 2, top=8), half) for panel in panels), gap=0),
                      after=36)

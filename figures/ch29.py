@@ -7,8 +7,8 @@ import math
 from typing import Any
 
 from figures import figure
-from figures.kit import Figure, Grid
-from figures.layout import Part, column, pad, row, wide
+from figures.kit import Figure
+from figures.layout import column, pad, row, wide
 from figures.style import CELL, INK, LABEL, LABEL_SMALL, MARGIN, MUTED, SMALL, fill, stroke
 
 LABELS = 236  # the column of row labels: every grid's cells start there
@@ -19,11 +19,6 @@ def _n(x: float) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "—"
     return f"{x:.4g}" if abs(x) < 1000 else f"{x:.0f}"
-
-
-def _aligned(grid: Grid, *, top: float = 0) -> Part:
-    """`grid` with room on its left so that its cells start `LABELS` from the left, whatever its row labels."""
-    return pad(grid, left=LABELS - grid.label_w, top=top)
 
 
 # -- ch29.1 -------------------------------------------------------------------------------------------
@@ -81,8 +76,8 @@ def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
               wrong["slot_mapping"], "block")]
     batch = f.matrix([values for _, values, *_ in lines], expected=[e for *_, e, _, _ in lines],
                      wrong=[w for *_, w, _ in lines], role=lambda k, _: lines[k][4], fmt=str, w=66, h=CELL, gap=5,
-                     row_labels=[label for label, *_ in lines])
-    f.place(_aligned(batch, top=26), after=0)
+                     row_labels=[label for label, *_ in lines], label_w=LABELS)
+    f.place(pad(batch, top=26), after=0)
     for i in range(len(reqs)):
         a, e = qsl[i], qsl[i + 1]
         if e > a:
@@ -100,8 +95,8 @@ def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
                        role=lambda _, t: "accent" if t in li else "plain",
                        expected=[["sample" if t in li_want else "·" for t in range(T)]],
                        wrong=[[(t in li) != (t in li_want) for t in range(T)]],
-                       row_labels=["logits_indices = qsl[1:] − 1"])
-    f.place(_aligned(samples, top=24), after=24)
+                       row_labels=["logits_indices = qsl[1:] − 1"], label_w=LABELS)
+    f.place(pad(samples, top=24), after=24)
 
     # 3. Per request: query_start_loc, seq_lens and whether the candidate is kept.
     f.heading("每个请求 · per request: seq_len = c + n; the candidate is kept only if seq_len reaches num_tokens")
@@ -111,13 +106,13 @@ def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
     kept_want = ["keep" if k else "discard" for k in want["kept"]]
     cells: dict[str, Any] = {"w": 66, "h": 30, "gap": 6}
     starts = f.matrix([qsl], expected=[qsl_want], wrong=[wrong["query_start_loc"]], role="token", **cells,
-                      row_labels=["query_start_loc"], col_labels=[f"[{i}]" for i in range(R + 1)])
+                      row_labels=["query_start_loc"], col_labels=[f"[{i}]" for i in range(R + 1)], label_w=LABELS)
     per_request = f.matrix([mine["seq_lens"], known, kept], expected=[want["seq_lens"], known, kept_want],
                            wrong=[wrong["seq_lens"], [False] * R, wrong["kept"]], fmt=str, **cells,
                            role=lambda i, j: "plain" if i < 2 else "accent" if kept[j] == "keep" else "masked",
                            row_labels=["seq_len = c + n", "num_tokens known", "kept (sample at logits row)"],
-                           col_labels=[f"R{i}" for i in range(R)])
-    f.place(column(_aligned(starts, top=4), _aligned(per_request), gap=10), after=22)
+                           col_labels=[f"R{i}" for i in range(R)], label_w=LABELS)
+    f.place(column(pad(starts, top=4), per_request, gap=10), after=22)
     appended = sum(1 for k in mine["kept"] if k)
     f.note(f"{T} inputs, {len(li)} candidate outputs (logits rows {', '.join(map(str, li))}), {appended} tokens "
            f"appended. A non-final chunk still gets a logits row (the runner samples every request at its last "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from figures import figure
 from figures.kit import Figure, num, text_width
-from figures.layout import Part, column, pad, row, space
+from figures.layout import Part, centred, column, narrow, pad, row, space
 from figures.style import INK, LABEL, LABEL_SMALL, MARGIN, MUTED, SMALL, VALUE
 
 LENGTHS = {"prompt_len", "num_tokens", "num_computed_tokens", "num_new_tokens"}
@@ -38,7 +38,7 @@ def request_path_figure(f: Figure, r: dict) -> None:
                     ["prompt", f"= {req['prompt']!r}"],
                     ["sampling_params", "= {" + ", ".join(f"{k}: {v}" for k, v in sp.items()) + "}"]],
                    h=17, size=VALUE - 1.5, mono=True, gap=10)
-    f.place(framed(f, column(f.label("dict · lists · None · str"), code, gap=4), w=f.width - 2 * MARGIN), after=12)
+    f.place(f.framed(column(f.label("dict · lists · None · str"), code, gap=4), w=f.width - 2 * MARGIN), after=12)
     f.note("lower_request keeps what the core needs and encodes what C cannot hold: top_k −1 → 0 (off), "
            "seed None → −1; the prompt text stays in Python.", size=LABEL_SMALL)
     f.arrow(f.width / 2, f.y - 6, f.width / 2, f.y + 20, color=INK)
@@ -155,7 +155,7 @@ def system_boundary_figure(f: Figure, r: dict) -> None:
     f.heading("边界 · each requirement of the config, placed by your check_support")
     inner_w = 420
     outer_w = f.width - 2 * MARGIN - inner_w - 24
-    inside = framed(f, column(f.label(f"inside {matrix['release']}: supported", size=LABEL, color=INK, bold=True),
+    inside = f.framed(column(f.label(f"inside {matrix['release']}: supported", size=LABEL, color=INK, bold=True),
                               *([_chip(f, req, ok, inner_w - 24) for req, ok, _ in verdicts if ok] or [space(h=30)]),
                               gap=8), w=inner_w, role="cached", dashed=True, rx=10)
     outside = column(f.label("outside: your reasons", size=LABEL, color=INK, bold=True),
@@ -190,31 +190,6 @@ def system_boundary_figure(f: Figure, r: dict) -> None:
 
 
 # -- parts --------------------------------------------------------------------------------------------
-
-def framed(f: Figure, part: Part, *, w: float, role: str = "plain", dashed: bool = False, rx: float = 5,
-           inset: float = 12) -> Part:
-    """The part in a box `w` wide, `inset` from its sides (the box drawn first, behind it)."""
-    h = part.h + 2 * inset - 2
-
-    def draw(x: float, y: float) -> None:
-        f.box(x, y, w, h, role=role, dashed=dashed, rx=rx)
-        part.at(x + inset, y + inset - 2)
-
-    return Part(w, h, draw)
-
-
-def narrow(part: Part, w: float) -> Part:
-    """The part in a slot `w` wide even when it is wider: what sticks out runs into the next slot."""
-    def draw(x: float, y: float) -> None:
-        part.at(x, y)
-
-    return Part(w, part.h, draw)
-
-
-def centred(part: Part, w: float) -> Part:
-    """The part in the middle of a slot `w` wide."""
-    return pad(part, left=(w - part.w) / 2, right=(w - part.w) / 2)
-
 
 def _role(name: str) -> str:
     return "token" if name in LENGTHS else "accent" if name == "is_prompt" else "plain"

@@ -459,6 +459,17 @@ class Figure:
                     col_labels=col_labels, w=w, h=h, gap=gap, fmt=fmt, size=size, bold=bold, dashed=dashed,
                     label_w=label_w)
 
+    def vector(self, values: Sequence[Any], *, role: str | Callable[[int], str] = "plain",
+               wrong: Sequence[bool] | None = None, expected: Sequence[Any] | None = None, w: float = CELL,
+               h: float = CELL, gap: float = 0, size: float = VALUE, fmt: Callable[[Any], str] = num,
+               bold: bool = False, dashed: bool = False) -> "Grid":
+        """One row of cells (`matrix` of one row): `role` may depend on the cell's index; `wrong` is the check's
+        verdict per cell, and a wrong cell shows its `expected` value."""
+        return self.matrix([values], role=(lambda _, j: role(j)) if callable(role) else role,
+                           wrong=[wrong] if wrong is not None else None,
+                           expected=[expected] if expected is not None else None, w=w, h=h, gap=gap, size=size,
+                           fmt=fmt, bold=bold, dashed=dashed)
+
     def mask(self, values: Sequence[Sequence[bool]], *, expected: Sequence[Sequence[bool]] | None = None,
              row_labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None,
              w: float = CELL, h: float = CELL) -> "Grid":
