@@ -24,9 +24,10 @@ own, what a step did (`describe`) and why a difference is wrong (`explain`). The
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Literal, Sequence
+import contextlib
+from typing import Any, Callable, Iterator, Sequence
 
-from grader.authoring.compare import CheckFailed
+from grader.authoring.compare import CheckFailed, plural
 from grader.authoring.compare import describe as describe_value
 
 Explain = Callable[[int, dict, dict], "CheckFailed | None"]
@@ -56,9 +57,9 @@ def error_lines(record: dict) -> list[str]:
     return [f"your code raised {record['error']}"] + ([f"    at {where}"] if where else [])
 
 
-def compare_trace(yours: Any, expected: Sequence[dict], *, case: str, describe: Callable[[int], str], explain: Explain,
-            what: str = "replay", partial: bool = False,
-            beyond: Callable[[dict], str] | None = None) -> list[dict]:
+def compare_trace(yours: Any, expected: Sequence[dict], *, case: str, describe: Callable[[int], str],
+                  explain: Explain, what: str = "replay", partial: bool = False,
+                  beyond: Callable[[dict], str] | None = None) -> list[dict]:
     """Compare the student's trace with the expected one and raise the first difference, explained.
 
     Args:
@@ -86,7 +87,7 @@ def compare_trace(yours: Any, expected: Sequence[dict], *, case: str, describe: 
 
     for k, want in enumerate(expected):
         if k >= len(mine):
-            raise failure(k, f"your trace stopped after {plural_steps(k)}, before this one")
+            raise failure(k, f"your trace stopped after {plural(k, 'step')}, before this one")
         got = mine[k]
         if raised(got) and not partial:
             raise failure(k, *error_lines(got))
@@ -107,26 +108,16 @@ def compare_trace(yours: Any, expected: Sequence[dict], *, case: str, describe: 
     return mine
 
 
-def plural_steps(k: int) -> str:
-    return f"{k} step" + ("" if k == 1 else "s")
-
-
-class documented:
+@contextlib.contextmanager
+def documented(what: str = "replay", k: int | None = None) -> Iterator[None]:
     """`with documented(what, k):` turns an error of reading a record not in the documented form (a key missing,
     a wrong type) into a failure that says so, instead of a grader error."""
-
-    def __init__(self, what: str = "replay", k: int | None = None) -> None:
-        self.what, self.k = what, k
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: Any) -> Literal[False]:
-        if kind is None or not issubclass(kind, MALFORMED):
-            return False
-        step = f" of step {self.k + 1}" if self.k is not None else ""
-        raise CheckFailed(f"your {self.what}'s record{step} is not in the documented form ({kind.__name__}: {e}); "
-                          f"{self.what} is provided: keep it as it is") from None
+    try:
+        yield
+    except MALFORMED as e:
+        step = f" of step {k + 1}" if k is not None else ""
+        raise CheckFailed(f"your {what}'s record{step} is not in the documented form ({type(e).__name__}: {e}); "
+                          f"{what} is provided: keep it as it is") from None
 
 
 def walk(items: Iterator[Any]) -> Callable[[int], Any]:
