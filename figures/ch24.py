@@ -3,82 +3,16 @@ and the three progresses a request's counters keep apart."""
 
 from __future__ import annotations
 
+from typing import Any, Callable, Sequence
+
 from figures import figure
 from figures.kit import Figure, num, text_width
-from figures.style import INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
+from figures.layout import Part, column, pad, row
+from figures.style import INK, LABEL, LABEL_SMALL, MARGIN, MUTED, SMALL, VALUE, stroke
 
 ROW_H = 30
-
-
-def _table_header(f: Figure, sx: float, cw: float, span: int, cols: list[tuple[str, float]]) -> tuple[float, float]:
-    """Number the token positions above a row of `span` cells and name the columns right of them;
-    returns the x where the columns start and the y of the first row."""
-    cx = sx + span * cw + 14
-    top = f.y + 26
-    for p in range(span):
-        f.text(sx + p * cw + (cw - 3) / 2, top - 6, str(p), size=SMALL - 0.5, anchor="middle", mono=True,
-               color=MUTED, cls="label")
-    f.text(sx, top - 20, "token positions", size=SMALL + 0.5, color=MUTED, cls="label")
-    x = cx
-    for name, w in cols:
-        f.text(x + w / 2 - 3, top - 6, name, size=SMALL + 1, anchor="middle", color=MUTED, cls="label")
-        x += w
-    return cx, top
-
-
-def _outline(f: Figure, x: float, y: float, w: float, h: float, *, color: str, width: float = 1.8,
-             dashed: bool = False) -> None:
-    rect = f.dwg.rect((x, y), (w, h), fill="none", stroke=color, stroke_width=width, class_="outline")
-    if dashed:
-        rect["stroke-dasharray"] = "4,3"
-    f.dwg.add(rect)
-
-
-def _vline(f: Figure, x: float, y1: float, y2: float, *, color: str = MUTED, dashed: bool = True) -> None:
-    line = f.dwg.line((x, y1), (x, y2), stroke=color, stroke_width=1.2, class_="boundary")
-    if dashed:
-        line["stroke-dasharray"] = "5,3"
-    f.dwg.add(line)
-
-
-def _value(f: Figure, x: float, y: float, w: float, yours, want, *, role: str = "plain", bold: bool = True,
-           fmt=num) -> bool:
-    """One result cell, marked wrong (yours struck through, expected below) when it differs."""
-    bad = yours != want
-    f.cell(x, y, "—" if yours is None else yours, role=role, w=w, h=ROW_H, wrong=bad,
-           expected=("—" if want is None else want) if bad else None, bold=bold, fmt=fmt, size=VALUE - 1)
-    return bad
-
-
-def _loop_diagram(f: Figure, labels: list[tuple[str, str]], back: str) -> None:
-    """Three boxes left to right with arrows, and a return arrow underneath: the same loop every round."""
-    y, h, gap = f.y, 46, 44
-    w = (f.width - 2 * MARGIN - 2 * gap) / 3
-    # One size for the three subtitles, the largest at which each keeps 8 px from its box's sides.
-    sub_size = min([SMALL + 0.5] + [(SMALL + 0.5) * (w - 16) / text_width(sub, SMALL + 0.5) for _, sub in labels])
-    for i, (title, sub) in enumerate(labels):
-        x = MARGIN + i * (w + gap)
-        f.box(x, y, w, h, role="accent" if i == 1 else "plain")
-        f.text(x + w / 2, y + 19, title, size=LABEL + 1, anchor="middle", mono=True, weight="bold", cls="label")
-        f.text(x + w / 2, y + 36, sub, size=round(sub_size, 2), anchor="middle", color=MUTED, cls="label")
-        if i < 2:
-            f.arrow(x + w + 4, y + h / 2, x + w + gap - 4, y + h / 2, color=INK, width=1.4)
-    right, left, low = MARGIN + 2.5 * w + 2 * gap, MARGIN + w / 2, y + h + 22
-    path = f.dwg.path(d=f"M{right},{y + h} L{right},{low} L{left},{low} L{left},{y + h + 6}", fill="none",
-                      stroke=INK, stroke_width=1.4, class_="arrow")
-    f.dwg.add(path)
-    f.dwg.add(f.dwg.polygon([(left, y + h), (left - 4, y + h + 7), (left + 4, y + h + 7)], fill=INK))
-    f.text((left + right) / 2, low - 5, back, size=SMALL + 1, anchor="middle", color=MUTED, cls="label")
-    f.y = low + 30
-
-
-def _verdict(rd: dict | None) -> str | None:
-    """What postprocess did with the round's token, and why: "discard 4 < 10", "append 10 = 10", "append (decode)"."""
-    if rd is None:
-        return None
-    end, total = rd["start"] + rd["n"], rd["num_tokens_before"]
-    why = f"{end} < {total}" if end < total else f"{end} = {total}" if rd["prefill"] else "(decode)"
-    return f"{'append' if rd['appended'] else 'discard'} {why}"
+SAME = object()
+"""`_cell(..., expected=SAME)`: a cell that is not compared."""
 
 
 # -- ch24.1 -------------------------------------------------------------------------------------------
@@ -109,62 +43,83 @@ def control_loop_figure(f: Figure, r: dict) -> None:
                   "next round: the same loop again")
 
     f.heading("请求 A 的每一轮 · request A, round by round (your scheduler's trace)")
-    n_rounds = max(len(rounds), len(expected))
     span = max([P + max_tokens] + [x["num_tokens"] for x in rounds + expected])
-    label_w, cw = 112, 22
-    sx = MARGIN + label_w
-    cols = [("runner", 66), ("postprocess", 126), ("status", 88), ("computed", 70), ("num_tokens", 76)]
-    cx, top = _table_header(f, sx, cw, span, cols)
-    wrong = len(rounds) != len(expected)
-    for i in range(n_rounds):
-        yy = top + i * (ROW_H + 12)
+    columns = [("runner", 66), ("postprocess", 126), ("status", 88), ("computed", 70), ("num_tokens", 76)]
+    token = lambda rd: None if rd is None else f"{rd['token']} EOS" if rd["token"] == cfg["eos"] else rd["token"]
+    table, wrong = [], len(rounds) != len(expected)
+    for i in range(max(len(rounds), len(expected))):
         got = rounds[i] if i < len(rounds) else None
         want = expected[i] if i < len(expected) else None
-        ref = got or want
-        kind = "prefill" if ref["prefill"] else "decode"
-        f.text(sx - 10, yy + 13, f"round {i + 1}", size=LABEL - 0.5, anchor="end", weight="bold", cls="label")
-        f.text(sx - 10, yy + 26, f"step {ref['step']} · {kind}", size=SMALL, anchor="end", color=MUTED, cls="label")
-        # The token strip: K/V from earlier rounds, this round's chunk, known but not computed, the kept token.
-        if got is not None:
-            start, n, before = got["start"], got["n"], got["num_tokens_before"]
-            for p in range(span):
-                if p < start:
-                    role, val = "cached", ""
-                elif p < start + n:
-                    role, val = "new", ""
-                elif p < before:
-                    role, val = "plain", ""
-                elif p == before and got["appended"]:
-                    role, val = "accent", got["token"]
-                else:
-                    role, val = "masked", ""
-                f.cell(sx + p * cw, yy, val, role=role, w=cw - 3, h=ROW_H, size=SMALL, dashed=role == "masked",
-                       bold=role == "accent")
-            if n:
-                _outline(f, sx + start * cw - 1.5, yy - 1.5, n * cw, ROW_H + 3, color=stroke("new"))
-        # What the runner returned and what postprocess did with it.
-        x = cx
-        tok = lambda rd: None if rd is None else f"{rd['token']} EOS" if rd["token"] == cfg["eos"] else rd["token"]
-        wrong |= _value(f, x, yy, cols[0][1] - 8, tok(got), tok(want), fmt=str,
-                        role="accent" if got and got["appended"] else "masked")
-        x += cols[0][1]
-        wrong |= _value(f, x, yy, cols[1][1] - 8, _verdict(got), _verdict(want), fmt=str, bold=False)
-        x += cols[1][1]
-        for key, (name, w) in zip(("status", "num_computed_tokens", "num_tokens"), cols[2:]):
-            wrong |= _value(f, x, yy, w - 8, got and got[key], want and want[key], fmt=str if key == "status" else num)
-            x += w
-    bottom = top + n_rounds * (ROW_H + 12) - 12
-    _vline(f, sx + P * cw - 1.5, top - 4, bottom + 6, color=INK)
-    f.text(sx + P * cw + 3, bottom + 18, "← prompt | output →", size=SMALL, anchor="middle", color=MUTED,
-           cls="label")
-    f.y = bottom + 40
+        shown = got or want
+        assert shown is not None  # i < max(len(rounds), len(expected))
+        kept = "accent" if got and got["appended"] else "masked"
+        values: list[tuple[Any, Any, str, Callable[[Any], str], bool]] = [(token(got), token(want), kept, str, True),
+                  (_verdict(got), _verdict(want), "plain", str, False)]
+        values += [(got and got[key], want and want[key], "plain", str if key == "status" else num, True)
+                   for key in ("status", "num_computed_tokens", "num_tokens")]
+        wrong |= any(g != w for g, w, *_ in values)
+        strip = _Strip(f, _round_roles(got, span), 22) if got else None
+        table.append((f"round {i + 1}", f"step {shown['step']} · {'prefill' if shown['prefill'] else 'decode'}", strip,
+                      [_cell(f, g, w=w - 8, expected=e, role=role, fmt=fmt, bold=bold)
+                       for (g, e, role, fmt, bold), (_, w) in zip(values, columns)]))
+        if strip is not None and got and got["n"]:  # this round's chunk, outlined once the strip is placed
+            start, n = got["start"], got["n"]
+            strip.then = lambda s=strip, a=start, b=start + n: f.outline(*s.span(a, b), role="new", width=1.8,
+                                                                         inset=-1.5)
+    _rows(f, table, label_w=112, span=span, cw=22, columns=columns, prompt=P, pitch=12)
     f.note("Each round's chunk is outlined. The runner samples a token for every scheduled sequence, but a "
            "token sampled before the prompt is complete (computed < num_tokens) is a candidate that postprocess "
            "throws away; the status turns RUNNING when the last chunk is scheduled, FINISHED when max_tokens "
-           "completion tokens exist (or EOS is appended).", size=SMALL + 1)
+           "completion tokens exist (or EOS is appended).", size=LABEL_SMALL)
     f.legend([("cached", "K/V computed in earlier rounds"), ("new", "this round's chunk"),
               ("plain", "known token, no K/V yet"), ("accent", "token sampled and kept"),
               ("masked", "not generated yet / discarded")], wrong=wrong)
+
+
+def _round_roles(rd: dict, span: int) -> list[tuple[str, Any]]:
+    """One round's token strip: K/V from earlier rounds, this round's chunk, known but not computed, the kept
+    token, not generated yet."""
+    start, n, before = rd["start"], rd["n"], rd["num_tokens_before"]
+    return [("cached", "") if p < start else ("new", "") if p < start + n else ("plain", "") if p < before else
+            ("accent", rd["token"]) if p == before and rd["appended"] else ("masked", "") for p in range(span)]
+
+
+def _verdict(rd: dict | None) -> str | None:
+    """What postprocess did with the round's token, and why: "discard 4 < 10", "append 10 = 10", "append (decode)"."""
+    if rd is None:
+        return None
+    end, total = rd["start"] + rd["n"], rd["num_tokens_before"]
+    why = f"{end} < {total}" if end < total else f"{end} = {total}" if rd["prefill"] else "(decode)"
+    return f"{'append' if rd['appended'] else 'discard'} {why}"
+
+
+def _loop_diagram(f: Figure, labels: list[tuple[str, str]], back: str) -> None:
+    """Three boxes left to right with arrows, and a return arrow underneath: the same loop every round."""
+    gap, h = 44, 46
+    w = (f.width - 2 * MARGIN - 2 * gap) / 3
+    boxes = [_loop_box(f, title, sub, w, h, role="accent" if i == 1 else "plain") for i, (title, sub) in enumerate(labels)]
+    f.place(row(*boxes, gap=gap), after=0)
+    for a, b in zip(boxes, boxes[1:]):
+        f.arrow(a.right + 4, a.bottom - h / 2, b.right - b.w - 4, a.bottom - h / 2, color=INK, width=1.4)
+    first, last = boxes[0], boxes[-1]
+    left, right, low = first.right - w / 2, last.right - w / 2, first.bottom + 22
+    f.dwg.add(f.dwg.path(d=f"M{right},{last.bottom} L{right},{low} L{left},{low} L{left},{first.bottom + 6}",
+                         fill="none", stroke=INK, stroke_width=1.4, class_="arrow"))
+    f.dwg.add(f.dwg.polygon([(left, first.bottom), (left - 4, first.bottom + 7), (left + 4, first.bottom + 7)], fill=INK))
+    f.text((left + right) / 2, low - 5, back, size=LABEL_SMALL, anchor="middle", color=MUTED, cls="label")
+    f.y = low + 30
+
+
+def _loop_box(f: Figure, title: str, sub: str, w: float, h: float, *, role: str) -> Part:
+    """A box of the loop: its call, and under it what it does (as large as fits, 8 px from the sides)."""
+    sub_size = min(SMALL + 0.5, (SMALL + 0.5) * (w - 16) / text_width(sub, SMALL + 0.5))
+
+    def draw(x: float, y: float) -> None:
+        f.box(x, y, w, h, role=role)
+        f.text(x + w / 2, y + 19, title, size=LABEL + 1, anchor="middle", mono=True, weight="bold", cls="label")
+        f.text(x + w / 2, y + 36, sub, size=round(sub_size, 2), anchor="middle", color=MUTED, cls="label")
+
+    return Part(w, h, draw)
 
 
 # -- ch24.2 -------------------------------------------------------------------------------------------
@@ -181,82 +136,63 @@ def control_loop_figure(f: Figure, r: dict) -> None:
 def three_progress_figure(f: Figure, r: dict) -> None:
     P, steps, yours, expected = r["prompt"], r["steps"], r["yours"], r["expected"]
     span = max([P + 1] + [s["num_tokens"] for s in yours + expected]) + 1
+    f.instance_row([(f"a {P}-token prompt", "token", 170)],
+                   note="vLLM v1 counters (request.py), one synchronous step at a time; the prefix cache serves "
+                        "whole blocks of 4 tokens")
 
-    y = f.y
-    f.box(MARGIN, y, 170, 30, role="token", label=f"a {P}-token prompt")
-    f.text(MARGIN + 186, y + 13, "vLLM v1 counters (request.py), one synchronous step at a time;",
-           size=SMALL + 1, color=MUTED, cls="note")
-    f.text(MARGIN + 186, y + 27, "the prefix cache serves whole blocks of 4 tokens", size=SMALL + 1, color=MUTED,
-           cls="note")
-    f.y = y + 30 + 30
-
-    label_w, cw = 196, 24
-    sx = MARGIN + label_w
-    cols = [("computed", 74), ("num_tokens", 82), ("cached", 70)]
-    cx, top = _table_header(f, sx, cw, span, cols)
-    row = ROW_H + 26
-    wrong = False
-    prev = {"num_prompt_tokens": P, "num_tokens": P, "num_computed_tokens": 0, "num_cached_tokens": -1}
-    rows = [("start", None, prev, prev)] + [(None, s, g, w) for s, g, w in zip(steps, yours, expected)]
-    before = prev
-    for i, (label, step, got, want) in enumerate(rows):
-        yy = top + i * row
-        if step is None:
-            title, sub = "before the first step", "new request, WAITING"
-        elif step["preempted"]:
-            title, sub = f"step {i}: preempted", "KV blocks freed"
-        elif not step["n"]:
-            title, sub = f"step {i}: waits", "not scheduled"
-        else:
-            admit = before["num_computed_tokens"] == 0
-            title = f"step {i}: +{step['n']} scheduled"
-            sub = f"admitted, prefix hit {step['hit']}" if admit else \
-                ("decode" if before["num_computed_tokens"] >= before["num_prompt_tokens"] else "next chunk")
-        f.text(sx - 10, yy + 13, title, size=LABEL - 0.5, anchor="end", weight="bold", cls="label")
-        f.text(sx - 10, yy + 27, sub, size=SMALL, anchor="end", color=MUTED, cls="label")
-        c0 = before["num_computed_tokens"] if step and not step["preempted"] else 0
-        if step and step["n"] and c0 == 0:
-            c0 = step["hit"]  # the hit arrives already computed
-        c1, total0, total1 = got["num_computed_tokens"], before["num_tokens"], got["num_tokens"]
-        for p in range(span):
-            if p < min(c0, c1):
-                role = "cached"
-            elif p < c1:
-                role = "new"
-            elif p < total0:
-                role = "plain"
-            elif p < total1:
-                role = "accent"
-            else:
-                role = "masked"
-            f.cell(sx + p * cw, yy, "", role=role, w=cw - 3, h=ROW_H, dashed=role == "masked")
-        if step and step["n"] and before["num_computed_tokens"] == 0 and step["hit"]:
+    columns = [("computed", 74), ("num_tokens", 82), ("cached", 70)]
+    roles = {"num_computed_tokens": "new", "num_tokens": "plain", "num_cached_tokens": "block"}
+    start = {"num_prompt_tokens": P, "num_tokens": P, "num_computed_tokens": 0, "num_cached_tokens": -1}
+    table, wrong, before = [], False, start
+    for i, (step, got, want) in enumerate([(None, start, start), *zip(steps, yours, expected)]):
+        title, sub = _step_title(i, step, before)
+        wrong |= any(got[key] != want[key] for key in roles)
+        cells = [_cell(f, got[key], w=w - 8, expected=want[key], role=roles[key])
+                 for key, (_, w) in zip(roles, columns)]
+        if want["num_cached_tokens"] < 0:  # vLLM's −1: not set yet
+            note = _centered(f, f"{num(want['num_cached_tokens'])}: not set until admitted", columns[-1][1] - 8,
+                             size=SMALL - 1, color=stroke("block"), cls="note unset")
+            cells[-1] = column(cells[-1], pad(note, top=3, bottom=-3 - note.h), gap=0)  # under the row, in its gap
+        strip = _Strip(f, [(role, "") for role in _progress_roles(step, before, got, span)], 24)
+        if step and step["n"] and before["num_computed_tokens"] == 0 and step["hit"]:  # the prefix hit, bracketed
             first = want["num_cached_tokens"] == step["hit"] and before["num_cached_tokens"] < 0
-            f.bracket(sx, sx + step["hit"] * cw - 3, yy + ROW_H + 3,
-                      f"prefix hit {step['hit']}" + (" → num_cached_tokens" if first else
-                                                      f" (num_cached_tokens stays {want['num_cached_tokens']})"),
-                      color=stroke("block"), size=SMALL)
-        x = cx
-        for key, (name, w) in zip(("num_computed_tokens", "num_tokens", "num_cached_tokens"), cols):
-            wrong |= _value(f, x, yy, w - 8, got[key], want[key],
-                            role={"num_computed_tokens": "new", "num_tokens": "plain",
-                                  "num_cached_tokens": "block"}[key])
-            if key == "num_cached_tokens" and want[key] < 0:
-                f.text(x + (w - 8) / 2, yy + ROW_H + 12, f"{num(want[key])}: not set until admitted", size=SMALL - 1,
-                       anchor="middle", color=stroke("block"), cls="note unset")
-            x += w
+            label = f"prefix hit {step['hit']}" + (" → num_cached_tokens" if first else
+                                                    f" (num_cached_tokens stays {want['num_cached_tokens']})")
+            strip.then = lambda s=strip, hit=step["hit"], label=label: f.bracket(
+                s.span(0, hit)[0], s.span(0, hit)[0] + s.span(0, hit)[2], s.bottom + 3, label,
+                color=stroke("block"), size=SMALL)
+        table.append((title, sub, strip, cells))
         before = want
-    bottom = top + len(rows) * row - 26
-    _vline(f, sx + P * cw - 1.5, top - 4, bottom + 4, color=INK)
-    f.text(sx + P * cw + 3, bottom + 18, "← prompt | output →", size=SMALL, anchor="middle", color=MUTED,
-           cls="label")
-    f.y = bottom + 40
+    _rows(f, table, label_w=196, span=span, cw=24, columns=columns, prompt=P, pitch=26)
     f.note(_moral(steps, expected) + " num_cached_tokens starts at −1, vLLM's mark for “not set yet”: the first "
            "time the request is scheduled it becomes the prefix hit found then, and it never changes afterwards.",
-           size=SMALL + 1)
+           size=LABEL_SMALL)
     f.legend([("cached", "K/V computed before this step (or a prefix hit)"), ("new", "computed in this step"),
               ("plain", "known, no K/V"), ("accent", "sampled and kept in this step"),
               ("block", "num_cached_tokens and the prefix hits"), ("masked", "no token yet")], wrong=wrong)
+
+
+def _step_title(i: int, step: dict | None, before: dict) -> tuple[str, str]:
+    if step is None:
+        return "before the first step", "new request, WAITING"
+    if step["preempted"]:
+        return f"step {i}: preempted", "KV blocks freed"
+    if not step["n"]:
+        return f"step {i}: waits", "not scheduled"
+    if before["num_computed_tokens"] == 0:
+        return f"step {i}: +{step['n']} scheduled", f"admitted, prefix hit {step['hit']}"
+    return f"step {i}: +{step['n']} scheduled", ("decode" if before["num_computed_tokens"] >= before["num_prompt_tokens"]
+                                                 else "next chunk")
+
+
+def _progress_roles(step: dict | None, before: dict, got: dict, span: int) -> list[str]:
+    """One step's token strip: computed before it (or a prefix hit), computed in it, known without K/V, kept in it."""
+    c0 = before["num_computed_tokens"] if step and not step["preempted"] else 0
+    if step and step["n"] and c0 == 0:
+        c0 = step["hit"]  # the hit arrives already computed
+    c1, total0, total1 = got["num_computed_tokens"], before["num_tokens"], got["num_tokens"]
+    return ["cached" if p < min(c0, c1) else "new" if p < c1 else "plain" if p < total0 else "accent" if p < total1
+            else "masked" for p in range(span)]
 
 
 def _moral(steps: list[dict], expected: list[dict]) -> str:
@@ -270,3 +206,66 @@ def _moral(steps: list[dict], expected: list[dict]) -> str:
             f"{after['num_tokens']} tokens exist, and num_cached_tokens still says {after['num_cached_tokens']}, "
             f"the hit of the first admission, even though the re-admission found {again} tokens in the prefix "
             "cache.")
+
+
+# -- the rows both figures are made of --------------------------------------------------------------------------
+
+class _Strip(Part):
+    """A row of token cells, one per position; `span(a, b)` is the box of cells a … b − 1 once placed, and
+    `then` what to draw over it once it is."""
+
+    def __init__(self, f: Figure, cells: Sequence[tuple[str, Any]], cw: float) -> None:
+        self.cw = cw
+        self.then: Callable[[], None] | None = None
+
+        def draw(x: float, y: float) -> None:
+            for p, (role, value) in enumerate(cells):
+                f.cell(x + p * cw, y, value, role=role, w=cw - 3, h=ROW_H, size=SMALL, dashed=role == "masked",
+                       bold=role == "accent")
+
+        super().__init__(len(cells) * cw - 3, ROW_H, draw)
+
+    def span(self, a: int, b: int) -> tuple[float, float, float, float]:
+        x, y = self._placed()
+        return x + a * self.cw, y, (b - a) * self.cw - 3, ROW_H
+
+
+def _cell(f: Figure, value: Any, *, w: float, expected: Any = SAME, role: str = "plain",
+          fmt: Callable[[Any], str] = num, bold: bool = True) -> Part:
+    """One result cell as a part; marked wrong (yours struck through, expected below) when it differs from
+    `expected` (the trace's values are exact)."""
+    bad = expected is not SAME and value != expected
+    shown = lambda v: "—" if v is None else v
+    return Part(w, ROW_H, lambda x, y: f.cell(x, y, shown(value), role=role, w=w, h=ROW_H, wrong=bad,
+                                              expected=shown(expected) if bad else None, bold=bold, fmt=fmt,
+                                              size=VALUE - 1))
+
+
+def _rows(f: Figure, table: Sequence[tuple[str, str, _Strip | None, list[Part]]], *, label_w: float, span: int,
+          cw: float, columns: list[tuple[str, int]], prompt: int, pitch: float) -> None:
+    """The rows of a figure, under a header: a two-line label right-aligned in `label_w`, the token strip of
+    `span` positions, the value cells in `columns`; then the prompt | output line across the strips."""
+    positions = row(*(_centered(f, str(p), cw - 3, size=SMALL - 0.5) for p in range(span)), gap=3)
+    names = row(*(_centered(f, name, w - 8, size=LABEL_SMALL) for name, w in columns), gap=8)
+    f.place(pad(f.label("token positions", size=SMALL + 0.5), left=label_w), after=2)
+    f.place(row(pad(positions, left=label_w), names, gap=14), after=4)
+    strips = []
+    for title, sub, strip, cells in table:
+        label = column(f.label(title, size=LABEL - 0.5, color=INK, bold=True), f.label(sub, size=SMALL), gap=0,
+                       align="right")
+        strips.append(strip or Part(span * cw - 3, ROW_H))
+        f.place(row(pad(label, left=label_w - 14 - label.w), strips[-1], row(*cells, gap=8), gap=14), after=pitch)
+        if strip is not None and strip.then:
+            strip.then()
+    x = strips[0].right - strips[0].w + prompt * cw - 1.5
+    top, bottom = strips[0].bottom - ROW_H - 4, strips[-1].bottom + 4
+    f.dwg.add(f.dwg.line((x, top), (x, bottom), stroke=INK, stroke_width=1.2, class_="boundary",
+                         stroke_dasharray="5,3"))
+    f.text(x + 3, bottom + 12, "← prompt | output →", size=SMALL, anchor="middle", color=MUTED, cls="label")
+    f.y = bottom + 34
+
+
+def _centered(f: Figure, text: str, w: float, *, size: float, color: str = MUTED, cls: str = "label") -> Part:
+    """A label centred in a slot `w` wide (it may overflow it on both sides)."""
+    return Part(w, size * 1.25, lambda x, y: f.text(x + w / 2, y + size, text, size=size, anchor="middle",
+                                                    color=color, cls=cls))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from figures import figure
 from figures.kit import Figure, num, text_width
-from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
+from figures.layout import Part, column, pad, row
+from figures.style import CELL, INK, LABEL, LABEL_SMALL, MARGIN, MUTED, SMALL, VALUE, stroke
 
 
 def _pair(v: list) -> str:
@@ -21,74 +22,63 @@ def _pair(v: list) -> str:
 def slot_mapping_figure(f: Figure, r: dict) -> None:
     table, bs, positions = r["table"], r["block_size"], r["positions"]
     slots, expected, keys = r["slots"], r["expected"], r["keys"]
-    num_blocks = r["num_blocks"]
-    _instance(f, len(positions), bs, table)
+    num_blocks, n = r["num_blocks"], len(positions)
+    f.instance_row([(f"T = {n}", "token"), (f"block_size = {bs}", "plain"), (f"block_table = {table}", "block")],
+                   note="logical block i → physical block block_table[i]")
 
-    # The table: one column per token, derivation top to bottom.
+    # The derivation: one column per token, top to bottom; the slot row marked where the check found it wrong.
     f.heading("每个 token 的推导 · how each token's slot is derived")
-    col_w, label_w, x0 = 78, 300, MARGIN
-    left = x0 + label_w
     rows = [("token / position", [f"t{i} · {p}" for i, p in enumerate(positions)], "token"),
             (f"logical block = pos // {bs}", [p // bs for p in positions], "token"),
             (f"offset = pos % {bs}", [p % bs for p in positions], "token"),
             ("physical = block_table[logical]", [table[p // bs] for p in positions], "block"),
             (f"slot = physical · {bs} + offset", slots, "block"),
             ("K of the token (2 wide)", [_pair(k) for k in keys], "k")]
-    top = f.y + 4
-    for i, (label, values, role) in enumerate(rows):
-        y = top + i * (CELL + 6)
-        f.text(left - 12, y + CELL / 2 + 4, label, anchor="end", size=LABEL, cls="label",
-               color=INK if i == 4 else MUTED, weight="bold" if i == 4 else "normal")
-        for j, v in enumerate(values):
-            bad = i == 4 and v != expected[j]
-            f.cell(left + j * col_w, y, v, role=role, w=col_w - 8, h=CELL, wrong=bad,
-                   expected=expected[j] if bad else None, bold=i == 4, fmt=str if i in (0, 5) else num)
-    keys_bottom = top + (len(rows) - 1) * (CELL + 6) + CELL
-    f.y = keys_bottom
+    derivation = f.matrix([values for _, values, _ in rows], role=lambda i, j: rows[i][2],
+                          expected=[[None] * n] * 4 + [expected] + [[None] * n],
+                          wrong=[[False] * n] * 4 + [r["wrong"]] + [[False] * n],
+                          row_labels=[label for label, _, _ in rows], w=70, h=CELL, gap=7,
+                          fmt=lambda v: v if isinstance(v, str) else num(v))
+    f.place(pad(derivation, left=300 - derivation.label_w), after=0)
+    f.outline(*derivation.span_box(4, 0, 4, n - 1), role="block", inset=-3, width=1.6)
 
-    # The pool: blocks side by side, two slots each. The arrows go to the slots the tokens belong in
-    # (those store_kv is given); the cells hold what your store_kv wrote there, or, before store_kv is
-    # checked, the K values that belong there. A slot of yours that differs is tagged under the slot it
-    # points to instead.
-    pool = r.get("pool")
-    pool_expected = r.get("pool_expected")
+    # The pool: blocks side by side, each cell above its slot's id. The arrows go to the slots the tokens belong
+    # in (those store_kv is given); the cells hold what your store_kv wrote there (marked where the check found it
+    # wrong), or, before store_kv is checked, the K values that belong there. A slot of yours that differs is
+    # tagged under the slot it points to instead.
+    pool, pool_wrong = r.get("pool"), r.get("pool_wrong")
     belongs = {s: j for j, s in enumerate(expected)}
-    cell_w, block_gap = 64, 18
-    block_w = bs * cell_w + block_gap
-    px = MARGIN + (f.width - 2 * MARGIN - num_blocks * block_w + block_gap) / 2
-    py = f.y + 90
-    centers = {}
+    cells: dict[int, Part] = {}
+    blocks = []
     for b in range(num_blocks):
-        bx = px + b * block_w
         used = b in table
-        f.text(bx + bs * cell_w / 2, py - 8, f"block {b}" + ("" if used else " (not in table)"),
-               anchor="middle", size=SMALL + 1, color=INK if used else MUTED, cls="label")
         for o in range(bs):
             s = b * bs + o
-            x = bx + o * cell_w
-            centers[s] = x + (cell_w - 4) / 2
-            if pool is not None:
-                value, want = _pair(pool[s]) if any(pool[s]) else "", _pair(pool_expected[s]) if any(pool_expected[s]) else ""
-                role = "k" if value else ("plain" if used else "masked")
-                f.cell(x, py, value, role=role, w=cell_w - 4, h=CELL, fmt=str, wrong=value != want,
-                       expected=want or "·", size=VALUE - 1)
+            if pool is not None and pool_wrong is not None:
+                value, want = _pair(pool[s]) if any(pool[s]) else "", _pair(r["pool_expected"][s])
+                cells[s] = _slot_cell(f, s, value, role="k" if value else "plain" if used else "masked",
+                                      wrong=pool_wrong[s], expected=want if any(r["pool_expected"][s]) else "·")
             else:
                 j = belongs.get(s)
-                f.cell(x, py, _pair(keys[j]) if j is not None else "", role="k" if j is not None else
-                       ("plain" if used else "masked"), w=cell_w - 4, h=CELL, fmt=str, size=VALUE - 1)
-            f.text(x + (cell_w - 4) / 2, py + CELL + 14, f"slot {s}", anchor="middle", size=SMALL, color=MUTED,
-                   mono=True, cls="label")
+                cells[s] = _slot_cell(f, s, _pair(keys[j]) if j is not None else "",
+                                      role="k" if j is not None else "plain" if used else "masked")
+        title = f.label(f"block {b}" + ("" if used else " (not in table)"), size=LABEL_SMALL, color=INK if used else MUTED)
+        blocks.append(column(title, row(*(cells[b * bs + o] for o in range(bs)), gap=4), gap=4, align="center"))
+    strip = row(*blocks, gap=18)
+    f.y += 90
+    f.place(strip, x=MARGIN + (f.width - 2 * MARGIN - strip.w) / 2, after=0)
+    center = {s: c.right - c.w / 2 for s, c in cells.items()}
     for j, s in enumerate(expected):
-        if s in centers:
-            f.curve(left + j * col_w + (col_w - 8) / 2, keys_bottom + 2, centers[s], py - 22, color=stroke("block"),
-                    width=1.1)
+        if s in cells:
+            x, y, w, h = derivation.cell_box(5, j)
+            f.curve(x + w / 2, y + h + 2, center[s], strip.bottom - strip.h - 3, color=stroke("block"), width=1.1)
     misplaced = slot_tags(slots, expected, num_blocks * bs)
     for s, tokens in misplaced.items():
         for k, j in enumerate(tokens):
-            f.text(centers[s], py + CELL + 29 + 12 * k, f"✗ t{j}", anchor="middle", size=SMALL, weight="bold",
+            f.text(center[s], strip.bottom + 15 + 12 * k, f"✗ t{j}", anchor="middle", size=SMALL, weight="bold",
                    color=stroke("wrong"), cls="mark slot-tag")
     deepest = max((len(t) for t in misplaced.values()), default=0)
-    f.y = py + CELL + 40 + (12 * deepest + 8 if deepest else 0)
+    f.y += 26 + (12 * deepest + 8 if deepest else 0)
     f.heading(f"物理池 · the physical pool: {num_blocks} blocks × {bs} slots; each token's K lands in its slot")
     source = "the K values are what your store_kv wrote, given these slots" if pool is not None else \
         "the K values are placed in them (store_kv not checked yet)"
@@ -97,10 +87,23 @@ def slot_mapping_figure(f: Figure, r: dict) -> None:
     f.note(f"Arrows: the slot each token belongs in; {source}."
            + (" ✗ tN under a slot: your slot_mapping sends token N there instead." if misplaced else "")
            + (f" Yours outside the pool (slots 0–{num_blocks * bs - 1}): {', '.join(outside)}." if outside else ""),
-           size=SMALL + 1)
-    wrong = slots != expected or (pool is not None and pool != pool_expected)
+           size=LABEL_SMALL)
+    wrong = any(r["wrong"]) or (pool_wrong is not None and any(pool_wrong))
     f.legend([("token", "token, position, logical block"), ("block", "physical block and slot"),
               ("k", "K written into the cache"), ("masked", "block not in this sequence's table")], wrong=wrong)
+
+
+def _slot_cell(f: Figure, slot: int, value: str, *, role: str, wrong: bool = False, expected: str = "") -> Part:
+    """One slot of the pool: its cell (marked wrong, yours struck through over `expected`), its id under it."""
+    w = 60
+
+    def draw(x: float, y: float) -> None:
+        f.cell(x, y, value, role=role, w=w, h=CELL, fmt=str, wrong=wrong, expected=expected if wrong else None,
+               size=VALUE - 1)
+        f.text(x + w / 2, y + CELL + 14, f"slot {slot}", anchor="middle", size=SMALL, color=MUTED, mono=True,
+               cls="label")
+
+    return Part(w, CELL + 16, draw)
 
 
 def slot_tags(slots: list[int], expected: list[int], pool_slots: int) -> dict[int, list[int]]:
@@ -111,22 +114,6 @@ def slot_tags(slots: list[int], expected: list[int], pool_slots: int) -> dict[in
         if s != want and 0 <= s < pool_slots:
             tags.setdefault(s, []).append(j)
     return tags
-
-
-def _instance(f: Figure, num_tokens: int, block_size: int, table: list[int]) -> None:
-    """The instance as three small labelled boxes: T, block_size and the block table."""
-    y = f.y
-    f.box(MARGIN, y, 90, 30, role="token", label=f"T = {num_tokens}")
-    f.box(MARGIN + 104, y, 130, 30, role="plain", label=f"block_size = {block_size}")
-    x = MARGIN + 260
-    f.text(x, y + 20, "block_table", size=LABEL, cls="label")
-    x += text_width("block_table", LABEL) + 12
-    for i, b in enumerate(table):
-        f.text(x + i * 40 + 18, y - 3, f"[{i}]", anchor="middle", size=SMALL, color=MUTED, mono=True, cls="label")
-        f.cell(x + i * 40, y, b, role="block", w=36, h=30)
-    f.text(x + len(table) * 40 + 8, y + 20, "logical block i → physical block", size=SMALL + 1, color=MUTED,
-           cls="note")
-    f.y = y + 30 + 34
 
 
 @figure("ch25-blocks", title="离散物理块承载连续逻辑序列",
@@ -187,15 +174,14 @@ def blocks_figure(f: Figure, r: dict) -> None:
     f.y += 14
     # The slots as a row, marked where wrong.
     f.heading(f"slot_mapping · your slots for positions 0–{n - 1}")
-    w, h = f.grid(MARGIN, f.y, [slots], expected=[expected], role="block", w=40, h=30,
-                  col_labels=[f"p{p}" for p in range(n)])
-    f.y += h + 26
+    f.place(f.matrix([slots], expected=[expected], wrong=[r["wrong"]], role="block", w=40, h=30,
+                     col_labels=[f"p{p}" for p in range(n)]), after=26)
     outside = [f"p{p} → {s}" for p, s in enumerate(slots) if not 0 <= s < num_blocks * bs]
     f.note("Arrows: logical block i lives in physical block block_table[i], and each token keeps its offset there."
            + (f" Yours outside the pool (slots 0–{num_blocks * bs - 1}): {', '.join(outside)}." if outside else ""),
            size=SMALL + 1)
     f.legend([("token", "a token (its position)"), ("block", "a slot of this sequence's blocks"),
-              ("masked", "blocks and slots not in use")], wrong=slots != expected)
+              ("masked", "blocks and slots not in use")], wrong=any(r["wrong"]))
 
 
 def pool_positions(slots: list[int], pool_slots: int) -> dict[int, list[int]]:
@@ -236,13 +222,8 @@ def lifecycle_figure(f: Figure, r: dict) -> None:
     f.heading(f"实例 · {r['num_blocks']} blocks × {bs} slots; four requests, one after another")
     reqs = [("A", "[1 … 9]", "9 tokens"), ("B", "[1 2 3 4 | 20 21 22]", "shares A's first block"),
             ("C", "[1 2 3 4 | 30 31]", "arrives after A, B finished"), ("D", "[40 … 55]", "16 new tokens")]
-    x = MARGIN
-    for name, toks, note in reqs:
-        w = text_width(f"{name} = {toks}", LABEL, mono=True) + 20
-        f.box(x, f.y, w, 26, role="token", label=f"{name} = {toks}", mono=True, size=LABEL - 1)
-        f.text(x + w / 2, f.y + 40, note, anchor="middle", size=SMALL, color=MUTED, cls="note")
-        x += w + 12
-    f.y += 66
+    f.place(row(*(column(f.chip(f"{name} = {toks}", role="token", mono=True), f.label(note, size=SMALL, cls="note"),
+                         gap=3, align="center") for name, toks, note in reqs), gap=12), after=14)
     gap, cols = 16, 3
     pw = (f.width - 2 * MARGIN - (cols - 1) * gap) / cols
     ph = 322

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from figures import figure
 from figures.kit import Figure, text_width, wrap
+from figures.layout import Part, row
 from figures.style import INK, LABEL, MARGIN, MUTED, SMALL, stroke
 
 STATUS = {"WAITING": "waiting", "RUNNING": "running", "FINISHED_LENGTH_CAPPED": "length", "FINISHED_STOPPED": "EOS"}
@@ -22,17 +23,9 @@ def _requests(ops: list) -> list[tuple[str, int, int, int]]:
 
 
 def _instance(f: Figure, config: dict, ops: list) -> None:
-    x, y = MARGIN, f.y
-    items = [(f"budget = {config['budget']} tokens/step", "plain"), (f"max_num_seqs = {config['max_num_seqs']}", "plain")]
-    items += [(f"{rid}: prompt {p}, max_tokens {m}" + (f", added after step {s}" if s else ""), "token")
-              for rid, p, m, s in _requests(ops)]
-    for label, role in items:
-        w = text_width(label, LABEL) + 2 * BOX_PAD
-        if x + w > f.width - MARGIN:
-            x, y = MARGIN, y + 38
-        f.box(x, y, w, 28, role=role, label=label)
-        x += w + 10
-    f.y = y + 28 + 30
+    f.instance_row([(f"budget = {config['budget']} tokens/step", "plain"), (f"max_num_seqs = {config['max_num_seqs']}", "plain")]
+                   + [(f"{rid}: prompt {p}, max_tokens {m}" + (f", added after step {s}" if s else ""), "token")
+                      for rid, p, m, s in _requests(ops)])
 
 
 BOX_PAD = 14
@@ -59,12 +52,17 @@ def _box_width(who: str, call: str, does: str) -> float:
                text_width(does, SMALL + 0.5)) + 2 * BOX_PAD
 
 
-def _three_line_box(f: Figure, x: float, y: float, w: float, h: float, who: str, call: str, does: str,
-                    role: str) -> None:
-    f.box(x, y, w, h, role=role)
-    f.text(x + w / 2, y + 17, who, anchor="middle", size=SMALL + 1, color=MUTED, cls="label")
-    f.text(x + w / 2, y + 37, call, anchor="middle", size=LABEL + 1, mono=True, weight="bold", cls="label")
-    f.text(x + w / 2, y + 55, does, anchor="middle", size=SMALL + 0.5, color=MUTED, cls="label")
+def _three_line_box(f: Figure, who: str, call: str, does: str, role: str, *, h: float = 66) -> Part:
+    """A loop box as a part: who, the call, what it does, centred, as wide as its widest line allows."""
+    w = _box_width(who, call, does)
+
+    def draw(x: float, y: float) -> None:
+        f.box(x, y, w, h, role=role)
+        f.text(x + w / 2, y + 17, who, anchor="middle", size=SMALL + 1, color=MUTED, cls="label")
+        f.text(x + w / 2, y + 37, call, anchor="middle", size=LABEL + 1, mono=True, weight="bold", cls="label")
+        f.text(x + w / 2, y + 55, does, anchor="middle", size=SMALL + 0.5, color=MUTED, cls="label")
+
+    return Part(w, h, draw)
 
 
 def _lines(f: Figure, x: float, y: float, lines: list[str], *, anchor: str = "middle", color: str = MUTED,
@@ -76,17 +74,16 @@ def _lines(f: Figure, x: float, y: float, lines: list[str], *, anchor: str = "mi
 def _loop_diagram(f: Figure) -> None:
     """schedule() → execute_model() → update_from_output(), the contracts on the arrows, the way back, and the
     outputs leaving for the client. Every box is as wide as its text; the gaps share what is left."""
-    widths = [_box_width(who, call, does) for who, call, does, _ in LOOP]
-    gap = (f.width - 2 * MARGIN - sum(widths)) / (len(LOOP) - 1)
-    xs = [MARGIN + sum(widths[:i]) + i * gap for i in range(len(LOOP))]
-    h, size = 66, SMALL
+    boxes = [_three_line_box(f, who, call, does, role) for who, call, does, role in LOOP]
+    gap = (f.width - 2 * MARGIN - sum(b.w for b in boxes)) / (len(LOOP) - 1)
     # The outputs leave update_from_output() upwards, to the client; the loop closes below.
     out_y = f.y + 10
     f.text(f.width - MARGIN, out_y, "EngineCoreOutputs → client: new_token_ids, finished", anchor="end",
            size=SMALL + 0.5, color=INK, cls="label")
-    y = out_y + 40
-    for x, w, (who, call, does, role) in zip(xs, widths, LOOP):
-        _three_line_box(f, x, y, w, h, who, call, does, role)
+    f.y = out_y + 40
+    f.place(row(*boxes, gap=gap), after=0)
+    widths, xs = [b.w for b in boxes], [b.right - b.w for b in boxes]
+    h, size, y = boxes[0].h, SMALL, boxes[0].bottom - boxes[0].h
     f.arrow(xs[2] + widths[2] / 2, y - 2, xs[2] + widths[2] / 2, out_y + 6, color=INK, width=1.4)
     bottom = y + h
     for i, (name, contents) in enumerate(CONTRACTS):
@@ -107,7 +104,8 @@ def _loop_diagram(f: Figure) -> None:
             "non_block=True)")
     for i, line in enumerate(wrap(note, f.width - 2 * MARGIN, SMALL + 1)):
         f.text(f.width / 2, by + 16 + i * (SMALL + 5), line, anchor="middle", size=SMALL + 1, color=color, cls="label")
-    f.y = by + 16 + (len(wrap(note, f.width - 2 * MARGIN, SMALL + 1)) - 1) * (SMALL + 5) + 24
+    count = len(wrap(note, f.width - 2 * MARGIN, SMALL + 1))
+    f.y = by + 16 + (count - 1) * (SMALL + 5) + 24
 
 
 def _cells(step: dict | None, rid: str) -> list[str]:
@@ -159,7 +157,7 @@ def enginecore_loop_figure(f: Figure, r: dict) -> None:
     top = f.y + 8
     for i, rid in enumerate(rids):
         gx = x0 + step_w + i * (sum(widths) + gap)
-        f.box(gx, top, sum(widths) - 4, 20, role="token", label=f"request {rid}", size=SMALL + 1)
+        f.chip(f"request {rid}", role="token", w=sum(widths) - 4, h=20).at(gx, top)
         for j, label in enumerate(["scheduled · pos", "sampled", "C / N", "status"]):
             f.text(gx + sum(widths[:j]) + (widths[j] - 4) / 2, top + 36, label, anchor="middle", size=SMALL,
                    color=MUTED, cls="label")
@@ -241,6 +239,7 @@ def three_boundaries_figure(f: Figure, r: dict) -> None:
         mine = trace[k] if k < len(trace) else None
         want = expected[k] if k < len(expected) else None
         shown = mine or want
+        assert shown is not None  # k < max(len(trace), len(expected))
         _lines(f, MARGIN, y + 12, _row_label(shown, k + 1), anchor="start", color=INK, size=SMALL + 1)
         s = shown["requests"].get(rid)
         if s is not None:

@@ -9,12 +9,14 @@ import re
 import struct
 
 import pytest
-from mutate import figure, mutant_grader, result, wrong_elements
+from mutate import figure, hints, mutant_grader, result, wrong_elements
 
 from figures.kit import text_width
+from grader.authoring.misconceptions import table
 from grader.checks import ch25 as public_checks
-from grader.checks import ch25_blocks as traces
+from grader.checks import ch25_explain as traces
 from grader.hidden import ch25 as hidden_checks
+from grader.hidden.ch25_models import slot_variants
 from solutions import ch25_paged_kv as ref
 
 SEED = 11
@@ -27,72 +29,52 @@ def graded(tmp_path_factory):
 
 
 # -- 25.1 and 25.2 ------------------------------------------------------------------------------------------
+SLOT_IDS = [m.id for m in table("ch25") if m.task == "ch25.1"]
+
+
 def test_slot_equal_to_position_is_explained(graded):
-    report = graded("slot_is_position",
-                    # the slot taken to be the token's position, as if the cache were one contiguous sequence
-                    ("return table[logical] * block_size + pos % block_size", "return pos.clone()"), task="ch25.1")
+    # the slot taken to be the token's position, as if the cache were one contiguous sequence
+    report = graded.mistake("slot_is_position", task="ch25.1")
     r = result(report, "figure instance")
     assert r.status == "failed"
     assert "token 0 is at position 0 → logical block 0 // 2 = 0" in r.message
     assert "block_table[0] = 3, so its slot is 3·2 + 0 = 6; yours: 0" in r.message
-    assert "hint: the slot uses the physical block from the table, not the logical position" in r.message
+    assert r.hints == ["slot_is_position"]
     assert wrong_elements(report, "ch25-dim-slot-mapping")
 
 
-SLOT_RETURN = "return table[logical] * block_size + pos % block_size"
-SLOT_MISTAKES = {
-    # misconception (a key of SLOT_HINTS): the reference's slot_mapping with that mistake
-    "position": (SLOT_RETURN, "return pos.clone()"),
-    "block × offset": (SLOT_RETURN, "return table[logical] * (pos % block_size)"),
-    "block id": (SLOT_RETURN, "return table[logical]"),
-    "offset dropped": (SLOT_RETURN, "return table[logical] * block_size"),
-    "block + offset": (SLOT_RETURN, "return table[logical] + pos % block_size"),
-    "whole position as offset": (SLOT_RETURN, "return table[logical] * block_size + pos"),
-    "added to the position": (SLOT_RETURN, "return pos + table[logical]"),
-    "ceiling": ("logical = pos // block_size", "logical = (pos + block_size - 1) // block_size"),
-    "divmod swapped": (SLOT_RETURN, "return table[pos % block_size] * block_size + pos // block_size"),
-}
+def test_every_slot_misconception_is_a_row_of_the_table():
+    assert set(SLOT_IDS) == set(public_checks.slot_misconceptions())
+    assert set(SLOT_IDS) == set(slot_variants(ref, [3, 0, 4], [0, 1, 2, 3, 4], 2))
 
 
-def test_every_slot_misconception_has_a_mutant():
-    assert set(SLOT_MISTAKES) == set(public_checks.SLOT_HINTS)
-
-
-@pytest.mark.parametrize("mistake", list(SLOT_MISTAKES))
+@pytest.mark.parametrize("mistake", SLOT_IDS)
 def test_a_slot_misconception_gets_its_own_hint_and_no_other(graded, mistake):
-    report = graded(f"slots_{mistake}", SLOT_MISTAKES[mistake], task="ch25.1")
+    report = graded.mistake(mistake, task="ch25.1")
     figure = result(report, "figure instance")
-    formula, why = public_checks.SLOT_HINTS[mistake]
+    formula, _ = public_checks.slot_misconceptions()[mistake]
     assert figure.status == "failed"
-    assert f"each of your 5 slots is {formula.format(bs=2)}\nhint: {why}" in figure.message
-    wrong = [r for r in report.results if r.status == "failed"]
-    for r in wrong:
-        hints = [line for line in r.message.splitlines() if line.startswith("hint: ")]
-        assert hints in ([], [f"hint: {why}"]), (r.name, hints)
+    assert f"each of your 5 slots is {formula.format(bs=2)}" in figure.message and figure.hints == [mistake]
+    for r in report.results:
+        assert r.hints in ([], [mistake]), (r.name, r.hints)
     assert wrong_elements(report, "ch25-dim-slot-mapping")
 
 
 def test_a_slot_fitting_two_misconceptions_gets_no_hint(graded):
     # a decode step at position 0: slot 0 is both "the position" and "block × offset"
-    report = graded("slots_block × offset", SLOT_MISTAKES["block × offset"], task="ch25.1")
+    report = graded.mistake("block_times_offset", task="ch25.1")
     decode = result(report, "the decode step")
     assert decode.status == "failed" and "yours: 0" in decode.message
-    assert "hint:" not in decode.message and "slots is" not in decode.message
+    assert decode.hints == [] and "hint:" not in decode.message and "slots is" not in decode.message
 
 
 def test_a_written_padding_row_is_explained_and_only_then(graded):
-    report = graded("store_padding_written", ("keep = s != PAD_SLOT", "keep = s == s"), task="ch25.2")
-    r = result(report, "a padding row")
-    assert r.status == "failed"
-    assert "hint: a slot of −1 marks a padding row: skip it (in Python, index −1 is the last row)" in r.message
+    r = result(graded.mistake("padding_written", task="ch25.2"), "a padding row")
+    assert r.status == "failed" and r.hints == ["padding_written"]
     dropped = graded("store_offset_dropped",
                      ("block, offset = s[keep] // block_size, s[keep] % block_size",
                       "block, offset = s[keep] // block_size, 0 * s[keep]"))
-    assert not [r.name for r in dropped.results if "padding row: skip it" in r.message]
-
-
-SLOT_TIMES_OFFSET = ("return table[logical] * block_size + pos % block_size",
-                     "return table[logical] * (pos % block_size)")
+    assert "padding_written" not in hints(dropped)
 
 
 def _crossings(lines: list[tuple[float, float, float, float]]) -> int:
@@ -110,7 +92,7 @@ def _crossings(lines: list[tuple[float, float, float, float]]) -> int:
 
 def test_blocks_figure_draws_one_arrow_per_block_and_marks_the_cells_yours_fill_wrongly(graded):
     # slot = block · offset: wrong slots, many of them on the same slot
-    report = graded("slot_times_offset", SLOT_TIMES_OFFSET)
+    report = graded.mistake("block_times_offset")
     r = report.records["ch25-blocks"]
     table, slots, want = r["table"], r["slots"], r["expected"]
     root = figure(report, "ch25-blocks")
@@ -130,7 +112,7 @@ def test_blocks_figure_draws_one_arrow_per_block_and_marks_the_cells_yours_fill_
 
 def test_slot_mapping_figure_agrees_with_itself_when_only_the_slots_are_wrong(graded):
     # wrong slots, right store_kv: the pool holds what store_kv wrote at the right slots, and the arrows go there
-    report = graded("slot_times_offset", SLOT_TIMES_OFFSET)
+    report = graded.mistake("block_times_offset")
     r = report.records["ch25-dim-slot-mapping"]
     assert r["slots"] != r["expected"] and r["pool"] == r["pool_expected"]
     root = figure(report, "ch25-dim-slot-mapping")
@@ -164,15 +146,13 @@ def test_offset_dropped_in_store_is_explained(graded):
 
 # -- 25.3 the block manager ---------------------------------------------------------------------------------
 def test_lifo_free_list_is_explained(graded):
-    report = graded("lifo",
-                    # the free list used as a stack: new blocks taken from the right end
-                    ("block_id = self.free_block_ids.popleft()", "block_id = self.free_block_ids.pop()"), task="ch25.3")
+    report = graded.mistake("lifo", task="ch25.3")  # the free list used as a stack: new blocks taken from the right
     r = result(report, "figure instance")
     assert r.status == "failed"
     assert "step 3 of 18: allocate(A, num_cached_blocks=0)" in r.message
     assert "A.block_table should be [0, 1, 2]; yours: [3, 2, 1]" in r.message
     assert "all 3 come from the head of the free list [0, 1, 2, 3]" in r.message
-    assert "hint: the free list is a FIFO queue: take new blocks from its left end (popleft)" in r.message
+    assert r.hints == ["lifo"]
     assert wrong_elements(report, "ch25-block-lifecycle")
     # every panel's title stays inside its panel, 10 px from the border
     elements = list(figure(report, "ch25-block-lifecycle").iter())
@@ -188,28 +168,22 @@ def test_lifo_free_list_is_explained(graded):
 
 
 def test_freeing_head_first_is_explained(graded):
-    report = graded("forward_free",
-                    # deallocate walks the table from the first block: the shared prefix is evicted first
-                    ("for block_id in seq.block_table[::-1]:", "for block_id in seq.block_table:"), task="ch25.3")
+    report = graded.mistake("forward_free", task="ch25.3")  # deallocate walks the table from its first block
     r = result(report, "figure instance")
     assert r.status == "failed"
     assert "step 9 of 18: deallocate(A)" in r.message
     assert "the free list should be [2, 1]; yours: [1, 2]" in r.message
     assert "block 0: ref 2→1" in r.message
-    assert "hint: free the tail first" in r.message
+    assert r.hints == ["forward_free"]
     assert wrong_elements(report, "ch25-block-lifecycle")
 
 
 def test_zeroing_on_free_is_explained(graded):
-    report = graded("zeroed_on_free",
-                    # "free" taken to mean "wiped": the hash is dropped when a block is freed
-                    ("        self.used_block_ids.discard(block_id)\n        self.free_block_ids.append(block_id)\n",
-                     "        self.used_block_ids.discard(block_id)\n        self.free_block_ids.append(block_id)\n"
-                     "        self.blocks[block_id].hash = NO_HASH\n"), task="ch25.3")
+    report = graded.mistake("zeroed_on_free", task="ch25.3")  # "free" taken to mean "wiped": the hash dropped
     r = result(report, "figure instance")
     assert r.status == "failed"
     assert "block 1's hash should be 0x" in r.message and "yours: none" in r.message
-    assert "hint: freeing keeps the hash: a free block stays a cache candidate until it is reused" in r.message
+    assert r.hints == ["zeroed_on_free"]
     inv = result(report, "invariants hold")
     assert inv.status == "failed"
     assert "whose hash is none: every entry must point at a block carrying that hash" in inv.message
@@ -217,54 +191,43 @@ def test_zeroing_on_free_is_explained(graded):
 
 
 def test_last_block_hit_is_explained(graded):
-    report = graded("last_block_hits",
-                    # the walk over the hash chain includes the last logical block
-                    ("for i in range(seq.num_blocks - 1):", "for i in range(seq.num_blocks):"), task="ch25.3")
+    report = graded.mistake("last_block_hits", task="ch25.3")  # the walk includes the last logical block
     r = result(report, "nano-vllm's example")
     assert r.status == "failed"
     assert "can_allocate(C) should return 0" in r.message
     assert "logical block 0 is the last one: never a hit" in r.message
     assert "yours: 1" in r.message
-    assert "hint: the last logical block never counts as a hit" in r.message
+    assert r.hints == ["last_block_hits"]
     full = result(report, "a chunked prefill")
     assert "can_allocate(E) should return 3" in full.message and "yours: 4" in full.message
 
 
 def test_evicting_another_blocks_entry_is_explained(graded):
-    report = graded("evict_any",
-                    # on reuse, the map entry of the block's old hash is deleted even when it points elsewhere
-                    ("if block.hash != NO_HASH and self.hash_to_block_id.get(block.hash) == block_id:",
-                     "if block.hash in self.hash_to_block_id:"), task="ch25.3")
+    # on reuse, the map entry of the block's old hash is deleted even when it points elsewhere
+    report = graded.mistake("evict_any", task="ch25.3")
     r = result(report, "identical prompts")
     assert r.status == "failed"
     assert "step 13 of 16: allocate(C, num_cached_blocks=0)" in r.message
     assert "should be 2; yours: no entry" in r.message
     assert "the entry points to block 2, not to the reused block 0" in r.message
-    assert "hint: on reuse, delete a map entry only if it still points to the block being reused" in r.message
+    assert r.hints == ["evict_any"]
 
 
 def test_unchained_hash_is_explained(graded):
-    report = graded("unchained",
-                    # each block hashed on its own tokens: equal blocks after different prefixes would collide
-                    ("            h = self.compute_hash(tokens, h)\n            block.hash, block.token_ids = h, tokens",
-                     "            h = self.compute_hash(tokens)\n            block.hash, block.token_ids = h, tokens"),
-                    task="ch25.3")
+    report = graded.mistake("unchained", task="ch25.3")  # each block hashed on its own tokens
     r = result(report, "figure instance")
     want = ref.BlockManager.compute_hash([5, 6, 7, 8], ref.BlockManager.compute_hash([1, 2, 3, 4]))
     assert f"block 1's hash should be {traces.hx(want)}" in r.message
     assert f"yours: {traces.hx(ref.BlockManager.compute_hash([5, 6, 7, 8]))}" in r.message
-    assert "hint: chain the hashes" in r.message
+    assert r.hints == ["unchained"]
 
 
 def test_free_cached_hit_costing_nothing_is_caught_under_pressure(graded):
-    report = graded("free_hit_costless",
-                    # every prefix hit assumed to save a block, also a hit on a block sitting in the free list
-                    ("            if block_id in self.used_block_ids:\n                needed -= 1\n",
-                     "            needed -= 1\n"), task="ch25.3")
+    # every prefix hit assumed to save a block, also a hit on a block sitting in the free list
+    report = graded.mistake("free_hit_costless", task="ch25.3")
     failed = [r for r in report.results if r.status != "passed"]
     assert failed and all(r.hidden for r in failed), "the public scripts never run out of blocks"
-    assert any("hint: a hit on a free (cached) block still takes a block out of the free list" in r.message
-               for r in failed)
+    assert "free_hit_costless" in hints(report)
 
 
 # -- the trace machinery and the reference ----------------------------------------------------------------
@@ -335,12 +298,6 @@ def test_nano_vllm_worked_example():
 
 
 # -- 25.3: each hint only for the mistake it names ----------------------------------------------------------
-def hints_of(report) -> set[str]:
-    """Every hint line the failing checks of `report` give."""
-    return {line for r in report.results if r.status == "failed" for line in r.message.splitlines()
-            if line.startswith("hint: ")}
-
-
 def test_a_decode_block_from_the_wrong_end_is_not_called_a_timing_mistake(graded):
     report = graded("may_append_from_the_right",
                     # may_append takes the new block from the right end of the free list; allocate is right
@@ -348,46 +305,39 @@ def test_a_decode_block_from_the_wrong_end_is_not_called_a_timing_mistake(graded
                      "        if len(seq) % self.block_size == 1:\n            self.free_block_ids.rotate(1)\n"
                      "            seq.block_table.append("),
                     task="ch25.3")
-    hints = hints_of(report)
-    assert "hint: the free list is a FIFO queue: take new blocks from its left end (popleft)" in hints
-    assert not [h for h in hints if "len(seq) % block_size == 1" in h], hints
+    assert "lifo" in hints(report) and "may_append_on_full_block" not in hints(report)
 
 
 def test_a_decode_block_at_the_wrong_length_is_a_timing_mistake(graded):
-    report = graded("may_append_on_full_block",
-                    # the new block appended when the last one is full, one token too early
-                    ("        if len(seq) % self.block_size == 1:\n            seq.block_table.append",
-                     "        if len(seq) % self.block_size == 0:\n            seq.block_table.append"), task="ch25.3")
-    hints = hints_of(report)
-    assert "hint: a decode step needs a new block exactly when len(seq) % block_size == 1" in hints
-    assert not [h for h in hints if "FIFO" in h], hints
+    # the new block appended when the last one is full, one token too early
+    named = hints(graded.mistake("may_append_on_full_block", task="ch25.3"))
+    assert "may_append_on_full_block" in named and "lifo" not in named
 
 
 def test_an_older_entry_kept_is_told_the_later_hash_wins(graded):
-    report = graded("first_hash_wins",
-                    # an equal hash already in the map keeps its older block
-                    ("            self.hash_to_block_id[h] = block.block_id",
-                     "            self.hash_to_block_id.setdefault(h, block.block_id)"), task="ch25.3")
-    hints = hints_of(report)
-    assert "hint: a newly hashed block overwrites the entry of an equal hash (the later hash_blocks wins)" in hints
-    assert not [h for h in hints if "deallocate never removes" in h or "on reuse" in h], hints
+    # an equal hash already in the map keeps its older block
+    named = hints(graded.mistake("first_hash_wins", task="ch25.3"))
+    assert "first_hash_wins" in named and not named & {"map_entry_dropped_on_free", "evict_any"}
 
 
 def test_entries_dropped_on_free_are_told_deallocate_keeps_them(graded):
-    report = graded("map_entry_dropped_on_free",
-                    # freeing a block also deletes the map entry of its hash
-                    ("        self.used_block_ids.discard(block_id)\n        self.free_block_ids.append(block_id)\n",
-                     "        self.used_block_ids.discard(block_id)\n        self.free_block_ids.append(block_id)\n"
-                     "        self.hash_to_block_id.pop(self.blocks[block_id].hash, None)\n"), task="ch25.3")
-    hints = hints_of(report)
-    assert "hint: deallocate never removes map entries: a freed block can still be hit and revived" in hints
-    assert not [h for h in hints if "overwrites the entry" in h or "freeing keeps the hash" in h], hints
+    # freeing a block also deletes the map entry of its hash
+    named = hints(graded.mistake("map_entry_dropped_on_free", task="ch25.3"))
+    assert "map_entry_dropped_on_free" in named and not named & {"first_hash_wins", "zeroed_on_free"}
 
 
 def test_a_shared_hit_counted_as_a_new_block_is_explained(graded):
-    report = graded("shared_hit_costs_a_block",
-                    # a hit on a block in use still counted among the blocks to take from the free list
-                    ("            if block_id in self.used_block_ids:\n                needed -= 1\n", ""), task="ch25.3")
-    hints = hints_of(report)
-    assert "hint: a hit on a block in use needs no free block: subtract it from the blocks needed" in hints
-    assert not [h for h in hints if "free (cached) block still takes" in h], hints
+    # a hit on a block in use still counted among the blocks to take from the free list
+    named = hints(graded.mistake("shared_hit_costs_a_block", task="ch25.3"))
+    assert "shared_hit_costs_a_block" in named and "free_hit_costless" not in named
+
+
+def test_a_step_that_raises_is_reported_with_what_it_did(graded):
+    # allocate raises when it is handed the cached prefix: the step is described, then what was raised and where
+    report = graded("allocate_raises", ("        h = NO_HASH\n        for i in range(num_cached_blocks):",
+                                        "        h = NO_HASH\n        assert not num_cached_blocks, 'no cache'\n"
+                                        "        for i in range(num_cached_blocks):"), task="ch25.3")
+    r = result(report, "figure instance")
+    assert r.status == "failed"
+    assert "step 7 of 18: allocate(B, num_cached_blocks=1)" in r.message
+    assert "your code raised AssertionError: no cache" in r.message and "in allocate: assert" in r.message

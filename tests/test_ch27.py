@@ -4,13 +4,16 @@ the figures drawn from them mark the wrong cells."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from figure_layout import cramped, off_canvas, rects, reference_figures, texts
 from mutate import figure_file, mutant_grader, result, statuses, wrong_elements
 
 from figures import ch27 as drawn
 from figures.style import MARGIN
-from grader.checks import ch27 as checks
+from grader.authoring import CheckFailed
+from grader.checks import ch27_explain as checks
 from grader.hidden import ch27 as hidden_checks
 from solutions import ch27_engine_core as ref
 
@@ -70,126 +73,149 @@ def test_the_invariants_hold_on_reference_traces_and_catch_a_token_out_of_order(
     bad = [dict(s, requests={k: dict(v) for k, v in s["requests"].items()}) for s in expected["trace"]]
     outs = bad[-1]["requests"]["A"]["output_token_ids"]
     bad[-1]["requests"]["A"]["output_token_ids"] = [outs[1], outs[0], *outs[2:]]
-    with pytest.raises(checks.CheckFailed, match="exactly once"):
+    with pytest.raises(CheckFailed, match="exactly once"):
         hidden_checks.check_invariants(bad, expected["ops"], "case", True)
 
 
 # -- 27.1 EngineCore ----------------------------------------------------------------------------------------
 def test_eos_checked_before_the_length_cap_is_explained(graded):
-    report = graded("eos_first",
-                    # EOS checked before the length cap: a last token that is EOS gives FINISHED_STOPPED
-                    ("""            for token in runner_output.get(rid, []):
-                request.output_token_ids.append(token)
-                new_token_ids.append(token)
-                if request.num_output_tokens >= request.max_tokens:
-                    request.status = FINISHED_LENGTH_CAPPED
-                elif token == request.eos_token_id:
-                    request.status = FINISHED_STOPPED""",
-                     """            for token in runner_output.get(rid, []):
-                request.output_token_ids.append(token)
-                new_token_ids.append(token)
-                if token == request.eos_token_id:
-                    request.status = FINISHED_STOPPED
-                elif request.num_output_tokens >= request.max_tokens:
-                    request.status = FINISHED_LENGTH_CAPPED"""))
+    # EOS checked before the length cap: a last token that is EOS gives FINISHED_STOPPED
+    report = graded.mistake("eos_first")
     r = result(report, "EOS stops a request", task="ch27.1")
     assert r.status == "failed"
+    assert "step 3 of 3: step()" in r.message
     assert "after step 3 request B should be FINISHED_LENGTH_CAPPED" in r.message
     assert "yours: FINISHED_STOPPED" in r.message
-    assert "hint: num_output_tokens reached max_tokens: FINISHED_LENGTH_CAPPED (vLLM checks the length cap" in r.message
+    assert r.hints == ["eos_first"]
     assert result(report, "figure instance", task="ch27.1").status == "passed"
     assert statuses(report, "ch27.2") == {"passed"}, "reconcile has its own stop check, untouched here"
 
 
 def test_an_empty_output_for_a_partial_prefill_is_explained_and_marked(graded):
-    report = graded("empty_outputs",
-                    # every scheduled request reports, even when the runner blanked its sample
-                    ("""            if new_token_ids:
-                outputs.append({"request_id": rid, "new_token_ids": new_token_ids, "finished": request.is_finished})
-        return outputs
-        ### END SOLUTION
-
-    def step(self) -> list[dict]:
-        \"\"\"One engine step: schedule, execute""",
-                     """            outputs.append({"request_id": rid, "new_token_ids": new_token_ids, "finished": request.is_finished})
-        return outputs
-        ### END SOLUTION
-
-    def step(self) -> list[dict]:
-        \"\"\"One engine step: schedule, execute"""))
+    # every scheduled request reports, even when the runner blanked its sample
+    report = graded.mistake("empty_outputs")
     r = result(report, "figure instance", task="ch27.1")
     assert r.status == "failed"
     assert "step 1 ran batch 1 {A: 4} (positions A 0…3; sampled A: blank)" in r.message
     assert "step 1 should return [] (nothing new)" in r.message and "yours: [('A', [], False)]" in r.message
-    assert "hint: a request that got no token this step (a non-final prefill chunk) emits nothing" in r.message
+    assert r.hints == ["empty_outputs"]
+    assert result(report, "the contract piece by piece", task="ch27.1").hints == ["partial_reported"]
     assert wrong_elements(report, "ch27-enginecore-loop")
     svg = figure_file(report, "ch27-enginecore-loop").read_text(encoding="utf-8")
     assert off_canvas(svg, margin=MARGIN - 1) == [], "the marked figure stays inside the page margins too"
 
 
 def test_computed_advanced_at_update_time_is_caught_by_the_piece_by_piece_check(graded):
-    report = graded("computed_at_update",
-                    # num_computed_tokens advanced when the output comes back instead of at schedule time
-                    ("            request.num_computed_tokens += n\n        return", "        return"),
-                    ("""            new_token_ids = []
-            for token in runner_output.get(rid, []):""",
-                     """            request.num_computed_tokens += scheduler_output["num_scheduled_tokens"][rid]
-            new_token_ids = []
-            for token in runner_output.get(rid, []):"""))
+    # num_computed_tokens advanced when the output comes back instead of at schedule time
+    report = graded.mistake("computed_at_update")
     # After a whole sync step the counters agree again: only the piece-by-piece check sees the difference.
     assert result(report, "figure instance", task="ch27.1").status == "passed"
     r = result(report, "the contract piece by piece", task="ch27.1")
     assert r.status == "failed"
     assert "right after schedule() call 1, before the model runs, A should be RUNNING, num_computed_tokens 4" in r.message
     assert "yours: RUNNING, num_computed_tokens 0" in r.message
-    assert "hint: num_computed_tokens is advanced at schedule time (optimistic)" in r.message
+    assert r.hints == ["computed_at_update"]
+
+
+def test_a_step_that_raises_is_reported_with_what_it_did(graded):
+    # the prompt sent with every batch: the worker refuses the second one
+    report = graded.mistake("prompt_every_time", task="ch27.1")
+    r = result(report, "figure instance", task="ch27.1")
+    assert r.status == "failed"
+    assert "step 2 of 5: step()" in r.message
+    assert "your code raised ContractError: batch 2: the worker already has request A" in r.message
+    assert "in execute_model: raise ContractError(" in r.message
+    assert result(report, "the contract piece by piece", task="ch27.1").hints == ["prompt_every_time"]
 
 
 # -- 27.2 AsyncEngineCore -----------------------------------------------------------------------------------
 def test_a_placeholder_for_a_partial_prefill_is_explained_and_marked(graded):
-    report = graded("placeholder_always",
-                    # a placeholder for every scheduled request, even a non-final prefill chunk
-                    ("""            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
-                request.num_output_placeholders += 1""", "            request.num_output_placeholders += 1"))
+    # a placeholder for every scheduled request, even a non-final prefill chunk
+    report = graded.mistake("placeholder_always")
     r = result(report, "figure instance", task="ch27.2")
     assert r.status == "failed"
     assert "step 1 ran batch 1 {A: 3} (positions A 0…2; sampled A: blank)" in r.message
     assert "num_output_placeholders 0\nyours: RUNNING, num_computed_tokens 3, num_tokens 5 (outputs []), " \
            "num_output_placeholders 1" in r.message
-    assert "hint: a non-final prefill chunk produces no token, so it gets no placeholder" in r.message
+    assert r.hints == ["placeholder_always"]
     assert wrong_elements(report, "ch27-three-boundaries")
     assert statuses(report, "ch27.1") == {"passed"}
 
 
 def test_reconciling_the_newest_batch_first_is_explained(graded):
-    report = graded("newest_first",
-                    # the batch queue popped from the wrong end: the batch just launched is reconciled first
-                    ("self.batch_queue.pop()", "self.batch_queue.popleft()"))
+    # the batch queue popped from the wrong end: the batch just launched is reconciled first
+    report = graded.mistake("newest_first")
     r = result(report, "one step ahead", task="ch27.2")
     assert r.status == "failed"
     assert "after step 2 request A should be RUNNING, num_computed_tokens 6, num_tokens 6 (outputs [305])" in r.message
     assert "yours: RUNNING, num_computed_tokens 6, num_tokens 6 (outputs [306])" in r.message
-    assert "hint: 306 comes from the batch launched in this very step" in r.message
+    assert r.hints == ["newest_first"]
     assert result(report, "figure instance", task="ch27.2").status == "failed"
     assert wrong_elements(report, "ch27-three-boundaries")
 
 
 def test_a_stale_output_after_eos_is_explained(graded):
-    report = graded("stale_kept",
-                    # an output that arrives after the request finished (EOS) is appended anyway
-                    ("""            if request.is_finished:
-                continue
-""", ""))
+    # an output that arrives after the request finished (EOS) is appended anyway
+    report = graded.mistake("stale_kept")
     r = result(report, "an output that arrives after EOS", task="ch27.2")
     assert r.status == "failed"
     assert "after step 4 request A should be FINISHED_STOPPED, num_computed_tokens 5, num_tokens 5 " \
            "(outputs [303, 304])" in r.message
     assert "yours: FINISHED_STOPPED, num_computed_tokens 5, num_tokens 6 (outputs [303, 304, 305])" in r.message
-    assert "hint: A had already finished (FINISHED_STOPPED): an output that arrives for a finished request is stale" \
-        in r.message
+    assert r.hints == ["stale_kept"]
     edges = result(report, "edge cases", task="ch27.2")
-    assert edges.status == "failed" and "B had already finished (FINISHED_STOPPED)" in edges.message
+    assert edges.status == "failed" and edges.hints == ["stale_kept"]
     assert statuses(report, "ch27.1") == {"passed"}
+
+
+# Hints no edit of the reference makes: the explanation of a made-up difference names them.
+def explained(config: dict, script: list, change) -> CheckFailed:
+    """The failure for the reference's trace of `script` with `change(records)` applied to a copy of it."""
+    expected = checks.drive_reference(ref, config, script)
+    yours = copy.deepcopy(expected["trace"])
+    change(yours)
+    with pytest.raises(CheckFailed) as e:
+        checks.check_trace(yours, expected["ops"], expected["trace"], 'case "made up"', config["async"])
+    return e.value
+
+
+SYNC = {"budget": 8, "max_num_seqs": 2, "async": False}
+EOS_SCRIPT = [("add", "A", 3, 5, 1), ("add", "B", 2, 3, 2), ("drain",)]
+
+
+def test_two_batches_in_one_step_are_named():
+    failure = explained(SYNC, EOS_SCRIPT, lambda yours: yours[0]["batches"].append(dict(yours[0]["batches"][0])))
+    assert failure.hints == ["two_batches"] and "step 1 should launch {A: 3, B: 2}; yours launched" in str(failure)
+
+
+def test_an_output_for_a_request_that_got_nothing_is_named():
+    failure = explained(SYNC, EOS_SCRIPT, lambda yours: yours[0]["outputs"].append(
+        {"request_id": "Z", "new_token_ids": [7], "finished": False}))
+    assert failure.hints == ["extra_outputs"]
+
+
+def test_a_token_appended_after_eos_is_named():
+    trace = checks.drive_reference(ref, SYNC, EOS_SCRIPT)["trace"]
+    k = next(k for k, s in enumerate(trace) if s["requests"]["A"]["status"] == "FINISHED_STOPPED")
+    failure = explained(SYNC, EOS_SCRIPT, lambda yours: yours[k]["requests"]["A"]["output_token_ids"].append(999))
+    assert failure.hints == ["appended_after_eos"]
+
+
+def test_outputs_in_the_wrong_order_are_named():
+    config = {"budget": 8, "max_num_seqs": 2, "async": True}
+    script = [("add", "A", 3, 4, None), ("drain",)]
+
+    def swap(yours: list) -> None:
+        outs = yours[-1]["requests"]["A"]["output_token_ids"]
+        outs[0], outs[1] = outs[1], outs[0]
+
+    assert explained(config, script, swap).hints == ["outputs_out_of_order"]
+
+
+def test_the_harness_reports_a_trace_that_stopped_early():
+    expected = checks.drive_reference(ref, SYNC, EOS_SCRIPT)
+    with pytest.raises(CheckFailed, match="step 2 of 3: step\\(\\)\nyour trace stopped after 1 step, before this one"):
+        checks.check_trace(expected["trace"][:1], expected["ops"], expected["trace"], 'case "short"', False)
 
 
 # -- the figures' layout ------------------------------------------------------------------------------------

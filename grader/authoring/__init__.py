@@ -4,7 +4,8 @@
     trial.py           Trial: t.yours.fn(...) beside t.ref.fn(...), t.figure(...); run_one gives the verdict
     compare.py         CheckFailed(*lines, hint=...), expect_tensor / expect_int, wrong_mask, fmt / vec / short
     misconceptions.py  a chapter's table of common mistakes (grader/hidden/chNN_mistakes.py): hints by id
-    trace.py           scripts run on both sides, compared step by step (the chapters graded by trace)
+    trace.py           scripts run on both sides, compared step by step (ch24, ch25, ch27): the student's side runs the
+                       whole script in one call (a provided `replay`), compare_trace explains the first step that differs
     reference.py       what t.ref is: the reference module, or in a student release a replay of its answers
 
 Writing a first check: grader/checks/README.md.
@@ -27,11 +28,13 @@ from grader.authoring.compare import (
 )
 from grader.authoring.misconceptions import Mistake, mistake, mistakes
 from grader.authoring.spec import CheckSpec, hidden, hidden_model, if_hidden, public
+from grader.authoring.trace import compare_trace, error_lines, expect_records, raised, walk
 from grader.authoring.trial import Remote, StudentCallable, Trial
 from grader.isolation.session import StudentRaised
 
 __all__ = [
-    "Blocked", "CheckFailed", "CheckSpec", "describe", "expect_int", "expect_tensor", "first_wrong", "fmt",
-    "hidden", "hidden_model", "Hint", "if_hidden", "Mistake", "mistake", "mistakes", "plural", "public",
-    "Remote", "same", "short", "StudentCallable", "StudentRaised", "Trial", "vec", "wrong_mask",
+    "Blocked", "CheckFailed", "CheckSpec", "compare_trace", "describe", "error_lines", "expect_int", "expect_records",
+    "expect_tensor", "first_wrong", "fmt", "hidden", "hidden_model", "Hint", "if_hidden", "Mistake", "mistake",
+    "mistakes", "plural", "public", "raised", "Remote", "same", "short", "StudentCallable", "StudentRaised", "Trial",
+    "vec", "walk", "wrong_mask",
 ]

@@ -1,51 +1,46 @@
 """Public checks of ch24 · the control loop and its counters.
 
-ch24.1 is graded by trace: the grader drives the student's Scheduler and the reference through the same
-script (requests arriving at given rounds; a simulated runner that returns each scheduled sequence's
-token), reads the observable state after every schedule() and every postprocess(), and explains the
-first step where the two differ (`ch24_trace`). ch24.2 replays a request's life step by step through
-progress_after_step.
+ch24.1 is graded by trace: the provided `replay` runs one script (requests arriving at given rounds; a
+simulated runner that returns each scheduled sequence's token) on the student's Scheduler, in their process,
+and on the reference; the state after every schedule() and every postprocess() is compared and the first
+step where the two differ is explained (`ch24_explain`, on `grader.authoring.trace`). ch24.2 replays a
+request's life step by step through progress_after_step.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from grader.authoring import CheckFailed, Trial, describe, public
-from grader.checks.ch24_trace import drive_reference, expect_trace, request, run_trace, script
+from grader.authoring import CheckFailed, Trial, describe, expect_records, public
+from grader.checks.ch24_explain import (
+    KEYS,
+    check_trace,
+    expect_trace,
+    explain_progress,
+    lifecycle,
+    request,
+    script,
+    start_progress,
+    step_args,
+)
 
-# -- ch24.1 public checks -------------------------------------------------------------------------------
 LOOP_EOS = 0
 LOOP_CASE = script("figure instance: one request through the loop", [
     request("A", list(range(11, 21)), 3, [61, 62, 63], candidates={4: 37, 8: LOOP_EOS})],
     num_blocks=8, block_size=4, max_num_seqs=4, max_num_batched_tokens=4, eos=LOOP_EOS)
+PROGRESS_CASE = lifecycle("figure instance", 10, [(4, 4), (2,), (1,), ("preempt",), (0,), (4, 8), (1,)])
 
 
-def loop_rounds(records: list[dict], name: str) -> list[dict]:
-    """One request's rounds, for the control-loop figure: what was scheduled, returned and kept."""
-    rounds = []
-    for rec in records:
-        if name not in rec["batch"]:
-            continue
-        s, a = rec["sched"]["seqs"][name], rec["after"]["seqs"][name]
-        rounds.append({"step": rec["step"], "prefill": rec["prefill"], "start": s["num_computed_tokens"],
-                       "n": s["num_scheduled_tokens"], "num_tokens_before": s["num_tokens"],
-                       "status_sched": s["status"], "token": rec["tokens"][rec["batch"].index(name)],
-                       "appended": len(a["completion"]) > s["num_tokens"] - len(LOOP_CASE["requests"][0]["prompt"]),
-                       "status": a["status"], "num_computed_tokens": a["num_computed_tokens"],
-                       "num_tokens": a["num_tokens"]})
-    return rounds
-
+# -- ch24.1 ---------------------------------------------------------------------------------------------------
 
 @public("ch24.1", "figure instance: one request, a 10-token prompt in chunks of 4")
 def loop_figure_instance(t: Trial) -> None:
-    expected = t.ref.drive(drive_reference, LOOP_CASE)
-    records, message = run_trace(t, LOOP_CASE, expected, full=True)
+    expected = t.ref.replay(LOOP_CASE)
+    yours = expect_records(t.yours.replay(LOOP_CASE, len(expected) + 3))  # a few steps past the reference's, to draw
     req = LOOP_CASE["requests"][0]
     t.figure("ch24-control-loop", config=LOOP_CASE["config"], prompt=req["prompt"], max_tokens=req["max_tokens"],
-             rounds=loop_rounds(records, "A"), expected=loop_rounds(expected, "A"))
-    if message:
-        raise CheckFailed(message)
+             rounds=loop_rounds([r for r in yours if "after" in r], "A"), expected=loop_rounds(expected, "A"))
+    check_trace(LOOP_CASE, yours, expected)
 
 
 @public("ch24.1", "prefill before decode: a new request interrupts the decodes")
@@ -100,137 +95,7 @@ def bad_requests(t: Trial) -> None:
     t.expect_raises(ValueError, sched.add, ok, because="this sequence is already waiting")
 
 
-# -- ch24.2: the three progresses ------------------------------------------------------------------------
-KEYS = ("num_prompt_tokens", "num_tokens", "num_computed_tokens", "num_cached_tokens")
-
-
-def lifecycle(name: str, prompt: int, steps: list[tuple]) -> dict:
-    """A request's life as steps (num_scheduled, prefix_hit, preempted); ("preempt",) for a preemption."""
-    out = []
-    for s in steps:
-        out.append({"n": 0, "hit": 0, "preempted": True} if s == ("preempt",) else
-                   {"n": s[0], "hit": s[1] if len(s) > 1 else 0, "preempted": False})
-    return {"name": name, "prompt": prompt, "steps": out}
-
-
-def start_progress(prompt: int) -> dict:
-    return {"num_prompt_tokens": prompt, "num_tokens": prompt, "num_computed_tokens": 0, "num_cached_tokens": -1}
-
-
-def step_args(step: dict) -> tuple:
-    return (step["n"],), {"prefix_hit": step["hit"], "preempted": step["preempted"]}
-
-
-def expected_progress(t: Trial, case: dict) -> list[dict]:
-    """The reference's counters after each step (every step starts from the reference's previous state)."""
-    states, p = [], start_progress(case["prompt"])
-    for step in case["steps"]:
-        args, kwargs = step_args(step)
-        p = t.ref.progress_after_step(dict(p), *args, **kwargs)
-        states.append(p)
-    return states
-
-
-def event_text(step: dict, before: dict) -> str:
-    if step["preempted"]:
-        return "preempted"
-    if not step["n"]:
-        return "not scheduled (waiting)"
-    admit = before["num_computed_tokens"] == 0
-    hit = f"admitted with a prefix hit of {step['hit']}, " if step["hit"] else "admitted (no prefix hit), "
-    return (hit if admit else "") + f"{step['n']} tokens scheduled"
-
-
-def explain_progress(case: dict, k: int, before: dict, step: dict, want: dict, got: dict) -> str:
-    """Why the counters after step k should be `want`, and what the student's `got` most likely missed."""
-    key = next(x for x in KEYS if want[x] != got[x])
-    c, total, cached, n, hit = (before["num_computed_tokens"], before["num_tokens"], before["num_cached_tokens"],
-                                step["n"], step["hit"])
-    admit = n > 0 and c == 0 and not step["preempted"]
-    start = hit if admit else c
-    lines = [f'case "{case["name"]}": a {case["prompt"]}-token prompt',
-             f"step {k + 1}: {event_text(step, before)}; before it: " + ", ".join(f"{x} {before[x]}" for x in KEYS)]
-    hint = ""
-    if key == "num_computed_tokens":
-        if step["preempted"]:
-            why = "a preemption frees the request's KV: it is recomputed from 0"
-            hint = "reset num_computed_tokens to 0 on preemption"
-        elif not n:
-            why = "the request was not scheduled, so nothing changes"
-        else:
-            why = (f"admission starts from the prefix hit: {hit} + {n} = {want[key]}" if admit else
-                   f"{c} computed + {n} scheduled = {want[key]}")
-            if admit and got[key] == n:
-                hint = "an admitted request starts from its prefix hit: the cache served those tokens"
-            elif got[key] == c:
-                hint = "the chunk was not counted: add num_scheduled to num_computed_tokens"
-            elif got[key] == want["num_tokens"]:
-                hint = "the newly kept token has no K/V yet: num_computed_tokens stays one behind num_tokens"
-    elif key == "num_tokens":
-        if step["preempted"]:
-            why = "a preemption keeps every token the request has (prompt and outputs)"
-            hint = "preemption resets the computed count only"
-        elif not n:
-            why = "the request was not scheduled, so nothing changes"
-        elif want[key] == total + 1:
-            why = (f"{start} + {n} = {start + n} = num_tokens: the step computed every known token, so its "
-                   f"sampled token is kept: {total} + 1 = {want[key]}")
-            hint = "the sample of a step that reaches num_tokens is appended" if got[key] == total else ""
-        else:
-            why = (f"{start} + {n} = {start + n} < num_tokens {total}: an unfinished prefill chunk, its sample is "
-                   f"thrown away, num_tokens stays {total}")
-            hint = ("the candidate token of an unfinished chunk was appended" if got[key] == total + 1 else
-                    "num_tokens counts known tokens (prompt + kept outputs), not computed ones"
-                    if got[key] == total + n else "")
-    elif key == "num_cached_tokens":
-        if admit and cached < 0:
-            why = f"the first admission sets it, once, to the prefix hit: {hit}"
-        else:
-            why = f"it was set at the first admission and never changes: {cached}"
-            if got[key] == got["num_computed_tokens"] or got[key] == want["num_computed_tokens"]:
-                hint = ("num_cached_tokens is the prefix-cache hit, not the computed count (nano-vllm HEAD uses the "
-                        "name for the computed count; vLLM does not)")
-            elif admit and got[key] == hit:
-                hint = "a re-admission after preemption does not set it again"
-            elif step["preempted"]:
-                hint = "preemption resets the computed count only"
-    else:
-        why = "the prompt's length never changes"
-    lines.append(f"{key} after step {k + 1} should be {want[key]} ({why}); yours: {got[key]}")
-    return "\n".join(lines + ([f"hint: {hint}"] if hint else []))
-
-
-def expect_progress(got: Any, want: dict, where: str) -> dict:
-    """Require a dict with exactly the four int counters."""
-    if not (isinstance(got, dict) and set(got) == set(KEYS) and all(type(got[k]) is int for k in KEYS)):
-        raise CheckFailed(f"{where}: progress_after_step should return a dict with the int counters {list(KEYS)}; "
-                          f"yours returned {describe(got)}" + (f" with keys {sorted(got)}" if isinstance(got, dict)
-                                                               else ""))
-    return got
-
-
-def run_lifecycle(t: Trial, case: dict, *, figure: bool = False) -> None:
-    """Call the student's progress_after_step on every step of `case` (each from the expected previous state)."""
-    want = expected_progress(t, case)
-    before, got_all, message = start_progress(case["prompt"]), [], None
-    for k, step in enumerate(case["steps"]):
-        args, kwargs = step_args(step)
-        got = expect_progress(t.yours.progress_after_step(dict(before), *args, **kwargs), want[k],
-                              f'case "{case["name"]}", step {k + 1}')
-        got_all.append(got)
-        if message is None and got != want[k]:
-            message = explain_progress(case, k, before, step, want[k], got)
-            if not figure:
-                break
-        before = want[k]
-    if figure:
-        t.figure("ch24-three-progress", prompt=case["prompt"], steps=case["steps"], yours=got_all, expected=want)
-    if message:
-        raise CheckFailed(message)
-
-
-PROGRESS_CASE = lifecycle("figure instance", 10, [(4, 4), (2,), (1,), ("preempt",), (0,), (4, 8), (1,)])
-
+# -- ch24.2 ---------------------------------------------------------------------------------------------------
 
 @public("ch24.2", "figure instance: a prefix hit, chunks, a preemption and a re-admission")
 def progress_figure_instance(t: Trial) -> None:
@@ -259,3 +124,60 @@ def bad_progress(t: Trial) -> None:
                     because="9 tokens cannot be computed when only 8 exist")
     t.expect_raises(ValueError, t.yours.progress_after_step, p, 1, prefix_hit=8,
                     because="a hit of all 8 tokens leaves nothing to compute (the last token is never a hit)")
+
+
+# -- helpers ----------------------------------------------------------------------------------------------------
+
+def loop_rounds(records: list[dict], name: str) -> list[dict]:
+    """One request's rounds, for the control-loop figure: what was scheduled, returned and kept."""
+    rounds = []
+    for rec in records:
+        if name not in rec["batch"]:
+            continue
+        s, a = rec["sched"]["seqs"][name], rec["after"]["seqs"][name]
+        rounds.append({"step": rec["step"], "prefill": rec["prefill"], "start": s["num_computed_tokens"],
+                       "n": s["num_scheduled_tokens"], "num_tokens_before": s["num_tokens"],
+                       "status_sched": s["status"], "token": rec["tokens"][rec["batch"].index(name)],
+                       "appended": len(a["completion"]) > s["num_tokens"] - len(LOOP_CASE["requests"][0]["prompt"]),
+                       "status": a["status"], "num_computed_tokens": a["num_computed_tokens"],
+                       "num_tokens": a["num_tokens"]})
+    return rounds
+
+
+def expected_progress(t: Trial, case: dict) -> list[dict]:
+    """The reference's counters after each step (every step starts from the reference's previous state)."""
+    states, p = [], start_progress(case["prompt"])
+    for step in case["steps"]:
+        args, kwargs = step_args(step)
+        p = t.ref.progress_after_step(dict(p), *args, **kwargs)
+        states.append(p)
+    return states
+
+
+def expect_progress(got: Any, where: str) -> dict:
+    """Require a dict with exactly the four int counters."""
+    if not (isinstance(got, dict) and set(got) == set(KEYS) and all(type(got[k]) is int for k in KEYS)):
+        raise CheckFailed(f"{where}: progress_after_step should return a dict with the int counters {list(KEYS)}; "
+                          f"yours returned {describe(got)}" + (f" with keys {sorted(got)}" if isinstance(got, dict)
+                                                               else ""))
+    return got
+
+
+def run_lifecycle(t: Trial, case: dict, *, figure: bool = False) -> None:
+    """Call the student's progress_after_step on every step of `case` (each from the expected previous state)."""
+    want = expected_progress(t, case)
+    before, got_all, failure = start_progress(case["prompt"]), [], None
+    for k, step in enumerate(case["steps"]):
+        args, kwargs = step_args(step)
+        got = expect_progress(t.yours.progress_after_step(dict(before), *args, **kwargs),
+                              f'case "{case["name"]}", step {k + 1}')
+        got_all.append(got)
+        if failure is None and got != want[k]:
+            failure = explain_progress(case, k, before, step, want[k], got)
+            if not figure:
+                break
+        before = want[k]
+    if figure:
+        t.figure("ch24-three-progress", prompt=case["prompt"], steps=case["steps"], yours=got_all, expected=want)
+    if failure:
+        raise failure

@@ -1,12 +1,27 @@
 """Public checks of ch25 · paged KV cache, and the messages they share with the hidden ones (the block
-manager's traces are in `ch25_blocks`)."""
+manager's traces are in `ch25_explain`, on `grader.authoring.trace`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from grader.authoring import CheckFailed, Trial, expect_tensor, first_wrong, fmt, hidden_model, if_hidden, public
-from grader.checks.ch25_blocks import (
+from grader.authoring import (
+    CheckFailed,
+    Trial,
+    expect_records,
+    expect_tensor,
+    first_wrong,
+    hidden_model,
+    if_hidden,
+    mistakes,
+    public,
+    short,
+    vec,
+    wrong_mask,
+)
+from grader.checks.ch25_explain import (
     LIFECYCLE,
     MOMENTS,
     add,
@@ -21,154 +36,13 @@ from grader.checks.ch25_blocks import (
 )
 
 FIGURE_TABLE, FIGURE_BLOCK_SIZE, FIGURE_TOKENS = [3, 0, 4], 2, 5
-
-
-def token_keys(num_tokens: int, width: int = 2) -> torch.Tensor:
-    """Easy-to-read K vectors for figures: token t gets [10(t+1)+1, 10(t+1)+2, …], shape [T, 1, width]."""
-    t = torch.arange(1, num_tokens + 1, dtype=torch.float32)[:, None] * 10
-    return (t + torch.arange(1, width + 1, dtype=torch.float32))[:, None, :]
-
+M = mistakes("ch25")
 
 slot_variants = hidden_model("ch25_models.slot_variants")
-"""`t.ref.drive(slot_variants, block_table, positions, block_size)`: {misconception: the slots it gives}."""
-
-SLOT_HINTS = {
-    # misconception: (its slot of position p, for the student; what to do instead)
-    "position": ("p", "the slot uses the physical block from the table, not the logical position"),
-    "block × offset": ("block_table[p // {bs}] · (p % {bs})",
-                       "the slot is the block's first row plus the offset: block · block_size + offset, not "
-                       "block · offset"),
-    "block id": ("block_table[p // {bs}]",
-                 "a slot is a row of the flat pool, not a block id: multiply the block by block_size and add the "
-                 "offset"),
-    "offset dropped": ("block_table[p // {bs}] · {bs}", "add the offset p % block_size inside the block"),
-    "block + offset": ("block_table[p // {bs}] + p % {bs}",
-                       "multiply the physical block by block_size first: its first row is block · block_size"),
-    "whole position as offset": ("block_table[p // {bs}] · {bs} + p",
-                                 "the offset inside the block is p % block_size, not the whole position p"),
-    "added to the position": ("p + block_table[p // {bs}]",
-                              "the physical block replaces the logical block; it is not added to the position"),
-    "ceiling": ("block_table[(p + {bs} − 1) // {bs}] · {bs} + p % {bs}",
-                "the logical block of position p is p // block_size, rounded down: positions 0 … block_size − 1 "
-                "are block 0. Rounded up, (p + block_size − 1) // block_size counts the blocks that p tokens "
-                "need, one too many for a position inside a block"),
-    "divmod swapped": ("block_table[p % {bs}] · {bs} + p // {bs}",
-                       "p // block_size is the logical block and p % block_size the offset inside it, not the other "
-                       "way round"),
-}
+"""`t.ref.drive(slot_variants, block_table, positions, block_size)`: {mistake id: the slots that mistake gives}."""
 
 
-def slot_hint(slots: torch.Tensor, variants: dict, block_size: int) -> str:
-    """The lines naming the one misconception whose slots (`slot_variants`' answer) equal all of the student's,
-    or '' when none does or several do (then the derivation alone speaks)."""
-    matching = [key for key, want in variants.items()
-                if key in SLOT_HINTS and want.shape == slots.shape and torch.equal(want, slots)]
-    if len(matching) != 1:
-        return ""
-    formula, why = SLOT_HINTS[matching[0]]
-    n = slots.numel()
-    every = "your slot is" if n == 1 else f"each of your {n} slots is"
-    return f"{every} {formula.format(bs=block_size)}\nhint: {why}"
-
-
-def expect_slots(got, want: torch.Tensor, table: list[int], positions: list[int], block_size: int,
-                 variants: dict | None = None) -> torch.Tensor:
-    """Require the slots to equal `want`, explaining the first wrong token in block terms, and naming the
-    misconception whose slots (`variants`, asked of `slot_variants` before comparing; asked of the hidden side
-    when not given, so a student release's lab names none) are all of the student's."""
-    n = len(positions)
-    slots = expect_tensor(got, what=f"the slots of {n} tokens", shape=[n], dtype=torch.int64)
-    idx = first_wrong(slots, want)
-    if idx is None:
-        return slots
-    i = idx[0]
-    p, yours = positions[i], int(slots[i])
-    logical, offset = divmod(p, block_size)
-    phys = table[logical]
-    lines = [f"inputs: block_size={block_size}, block_table={table}, positions={_short(positions)}",
-             f"token {i} is at position {p} → logical block {p} // {block_size} = {logical}, "
-             f"offset {p} % {block_size} = {offset}",
-             f"block_table[{logical}] = {phys}, so its slot is {phys}·{block_size} + {offset} = {int(want[i])}; "
-             f"yours: {yours}"]
-    if variants is None:
-        variants = if_hidden(slot_variants, list(table), list(positions), block_size) or {}
-    hint = slot_hint(slots, variants, block_size)
-    raise CheckFailed("\n".join(lines + ([hint] if hint else [])))
-
-
-def expect_cache(got_k: torch.Tensor, got_v: torch.Tensor, want_k: torch.Tensor, want_v: torch.Tensor,
-                 slots: list[int], block_size: int, new: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-    """Require both caches to equal the expected ones, explaining the first wrong slot (`new`: the k and v
-    written, to recognise a padding row's K or V in the pool's last slot)."""
-    for name, got, want in (("k_cache", got_k, want_k), ("v_cache", got_v, want_v)):
-        expect_tensor(got, what=name, shape=list(want.shape), dtype=want.dtype)
-        flat_got, flat_want = got.reshape(-1, *got.shape[2:]), want.reshape(-1, *want.shape[2:])
-        idx = first_wrong(flat_got, flat_want)
-        if idx is None:
-            continue
-        slot = idx[0]
-        block, offset = divmod(slot, block_size)
-        where = f"{name} slot {slot} (block {block}, offset {offset})"
-        tokens = [i for i, s in enumerate(slots) if s == slot]
-        if tokens:
-            what = f"should hold token {tokens[0]}'s {name[0].upper()} {_vec(flat_want[slot])}"
-        else:
-            what = f"is not the slot of any token, so it must keep its old value {_vec(flat_want[slot])}"
-        hint = ""
-        if new is not None and slot == flat_want.shape[0] - 1 and _holds_padding(flat_got[slot], new[name[0] == "v"],
-                                                                                 slots):
-            hint = "\nhint: a slot of −1 marks a padding row: skip it (in Python, index −1 is the last row)"
-        raise CheckFailed(f"slots={slots}: {where} {what}; yours holds {_vec(flat_got[slot])}{hint}")
-
-
-def _holds_padding(row: torch.Tensor, written: torch.Tensor, slots: list[int]) -> bool:
-    """Whether a cache row holds what one of the padding tokens (slot −1) brought: the padding row was written."""
-    return any(s == -1 and torch.equal(row, written[i].to(row.dtype)) for i, s in enumerate(slots))
-
-
-def _vec(x: torch.Tensor) -> str:
-    return "[" + ", ".join(fmt(v) for v in x.reshape(-1)[:6].tolist()) + (", …]" if x.numel() > 6 else "]")
-
-
-def _short(xs: list[int]) -> str:
-    return str(xs) if len(xs) <= 12 else f"[{', '.join(map(str, xs[:10]))}, … ({len(xs)} positions)]"
-
-
-def run_slot_case(t: Trial, table: list[int], positions: list[int], block_size: int, *,
-                  as_tensor: bool = False) -> torch.Tensor:
-    """Call the student's slot_mapping on one case and compare it with the reference."""
-    arg = torch.tensor(positions, dtype=torch.int64) if as_tensor else list(positions)
-    got = t.yours.slot_mapping(list(table), arg, block_size)
-    want = t.ref.slot_mapping(table, positions, block_size)
-    variants = t.ref.drive(slot_variants, list(table), list(positions), block_size)
-    return expect_slots(got, want, table, positions, block_size, variants)
-
-
-def run_store_case(t: Trial, cache_shape: tuple[int, int, int, int], slots: list[int], *, fill: float | None = None,
-                   dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """Call the student's store_kv on fresh caches and compare both caches with the reference's."""
-    n, (_, block_size, heads, dim) = len(slots), cache_shape
-    k = torch.randn(n, heads, dim, generator=t.rng).to(dtype)
-    v = torch.randn(n, heads, dim, generator=t.rng).to(dtype)
-    if fill is None:
-        k_cache = torch.randn(cache_shape, generator=t.rng).to(dtype)
-        v_cache = torch.randn(cache_shape, generator=t.rng).to(dtype)
-    else:
-        k_cache, v_cache = torch.full(cache_shape, fill, dtype=dtype), torch.full(cache_shape, fill, dtype=dtype)
-    return check_store(t, k_cache, v_cache, k, v, slots, block_size)
-
-
-def check_store(t: Trial, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                slots: list[int], block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    call = t.yours.store_kv.run(k_cache, v_cache, k, v, list(slots), mutates=("k_cache", "v_cache"))
-    if call.value is not None:
-        raise CheckFailed("store_kv writes the caches in place and returns None; yours returned a value")
-    want_k, want_v = k_cache.clone(), v_cache.clone()
-    t.ref.store_kv(want_k, want_v, k, v, list(slots))
-    got_k, got_v = call.args[0], call.args[1]
-    expect_cache(got_k, got_v, want_k, want_v, list(slots), block_size, (k, v))
-    return got_k, want_k
-
+# -- ch25.1 ---------------------------------------------------------------------------------------------------
 
 @public("ch25.1", "figure instance: T=5, block_size=2, block_table=[3, 0, 4]")
 def figure_instance(t: Trial) -> None:
@@ -178,7 +52,8 @@ def figure_instance(t: Trial) -> None:
     variants = t.ref.drive(slot_variants, list(FIGURE_TABLE), positions, FIGURE_BLOCK_SIZE)
     slots = expect_tensor(got, what=f"the slots of {FIGURE_TOKENS} tokens", shape=[FIGURE_TOKENS], dtype=torch.int64)
     t.figure("ch25-dim-slot-mapping", table=FIGURE_TABLE, block_size=FIGURE_BLOCK_SIZE, num_blocks=5,
-             positions=positions, keys=token_keys(FIGURE_TOKENS)[:, 0], slots=slots, expected=want)
+             positions=positions, keys=token_keys(FIGURE_TOKENS)[:, 0], slots=slots, expected=want,
+             wrong=wrong_mask(slots, want))
     expect_slots(slots, want, FIGURE_TABLE, positions, FIGURE_BLOCK_SIZE, variants)
 
 
@@ -189,7 +64,8 @@ def sequence_across_blocks(t: Trial) -> None:
     want = t.ref.slot_mapping(table, positions, block_size)
     variants = t.ref.drive(slot_variants, table, positions, block_size)
     slots = expect_tensor(got, what="the slots of 11 tokens", shape=[11], dtype=torch.int64)
-    t.figure("ch25-blocks", table=table, block_size=block_size, num_blocks=6, slots=slots, expected=want)
+    t.figure("ch25-blocks", table=table, block_size=block_size, num_blocks=6, slots=slots, expected=want,
+             wrong=wrong_mask(slots, want))
     expect_slots(slots, want, table, positions, block_size, variants)
 
 
@@ -210,17 +86,21 @@ def beyond_table(t: Trial) -> None:
                     because="position 6 is in logical block 3, but the table has only 3 blocks")
 
 
+# -- ch25.2 ---------------------------------------------------------------------------------------------------
+
 @public("ch25.2", "figure instance: the five tokens into a pool of five 2-slot blocks")
 def store_figure_instance(t: Trial) -> None:
     keys = token_keys(FIGURE_TOKENS)
     slots = t.ref.slot_mapping(FIGURE_TABLE, list(range(FIGURE_TOKENS)), FIGURE_BLOCK_SIZE).tolist()
     shape = (5, FIGURE_BLOCK_SIZE, 1, 2)
     call = t.yours.store_kv.run(torch.zeros(shape), torch.zeros(shape), keys, -keys, slots,
-                 mutates=("k_cache", "v_cache"))
+                                mutates=("k_cache", "v_cache"))
     got = expect_tensor(call.args[0], what="k_cache", shape=list(shape), dtype=torch.float32)
     want_k, want_v = torch.zeros(shape), torch.zeros(shape)
     t.ref.store_kv(want_k, want_v, keys, -keys, slots)
-    t.figure("ch25-dim-slot-mapping", pool=got.reshape(-1, 2), pool_expected=want_k.reshape(-1, 2))
+    pool, pool_expected = got.reshape(-1, 2), want_k.reshape(-1, 2)
+    t.figure("ch25-dim-slot-mapping", pool=pool, pool_expected=pool_expected,
+             pool_wrong=wrong_mask(pool, pool_expected).any(dim=1))
     if call.value is not None:
         raise CheckFailed("store_kv writes the caches in place and returns None; yours returned a value")
     expect_cache(got, call.args[1], want_k, want_v, slots, FIGURE_BLOCK_SIZE, (keys, -keys))
@@ -243,6 +123,8 @@ def slot_out_of_pool(t: Trial) -> None:
                     because="slot 4 is outside a pool of 2 blocks × 2 slots (slots 0–3)")
 
 
+# -- ch25.3 ---------------------------------------------------------------------------------------------------
+
 @public("ch25.3", "compute_hash: one block, then a chain of two")
 def hash_format(t: Trial) -> None:
     cases = [([1, 2, 3, 4], None), ([5, 6, 7, 8], 0), (list(range(16)), None), ([70000, -1, 2**40, 3], None)]
@@ -254,33 +136,21 @@ def hash_format(t: Trial) -> None:
         got = manager.compute_hash(*args)
         call = f"compute_hash({tokens}{'' if chained is None else ', prefix=' + hx(prefix)})"
         if got != h:
-            hint = ("feed the prefix first: its 8 bytes little-endian, then the tokens" if got == unchained and chained is not None
-                    else "the bytes are the prefix (8 bytes little-endian, none for −1), then each token as 8 bytes "
-                         "little-endian int64; BLAKE2b with digest_size=8, digest read little-endian")
-            raise CheckFailed(f"{call} should be {hx(h)} ({h}); yours: {got!r}\nhint: {hint}")
+            raise CheckFailed(f"{call} should be {hx(h)} ({h}); yours: {got!r}",
+                              hint=M.hash_ignores_prefix if got == unchained and chained is not None else M.hash_bytes)
         prefix = h
-
-
-def reference_hashes(ref, cases: list) -> list:
-    out, prefix = [], -1
-    for tokens, chained in cases:
-        h = ref.BlockManager.compute_hash(tokens, prefix if chained is not None else -1)
-        out.append([h, ref.BlockManager.compute_hash(tokens)])
-        prefix = h
-    return out
 
 
 @public("ch25.3", "figure instance: the six moments of physical block 0")
 def lifecycle(t: Trial) -> None:
     expected = t.ref.drive(drive_reference, 4, 4, LIFECYCLE)
-    got = t.yours.replay(4, 4, LIFECYCLE)
+    got = expect_records(t.yours.replay(4, 4, LIFECYCLE))
     at = {k: i for i, (k, _, _) in enumerate(MOMENTS)}
     start = {"ref": 0, "hash": "none", "mapped": False, "free": [0, 1, 2, 3], "holders": [], "tokens": []}
-    moments = [{"label": label, "what": what, "op": "", "yours": start if k == 0 else None,
-                "expected": start if k == 0 else None} for k, label, what in MOMENTS]
+    moments: list[dict[str, Any]] = [{"label": label, "what": what, "op": "", "yours": start if k == 0 else None,
+                                      "expected": start if k == 0 else None} for k, label, what in MOMENTS]
     for whose, trace in (("expected", expected["trace"]), ("yours", got)):
-        walk = states(LIFECYCLE, trace, 4, whose="the reference's" if whose == "expected" else "your")
-        for k, (_, s) in enumerate(walk, 1):
+        for k, (_, s) in enumerate(states(LIFECYCLE, trace, 4), 1):
             if k in at:
                 moments[at[k]][whose] = block_moment(s, 0)
                 moments[at[k]]["op"] = op_label(LIFECYCLE[k - 1])
@@ -330,3 +200,135 @@ def chunks_and_decode(t: Trial) -> None:
               *decode(("A", 15)), *decode(("A", 16)), *decode(("A", 17)), *decode(("A", 18)), ["deallocate", "A"],
               *add("B", prompt + [14, 15, 16, 99], 4), *add("E", prompt + [14, 15, 16], 3), ["compute", "E", 4, 1]]
     run_trace(t, script, 6, 4, "chunks and decode")
+
+
+# -- helpers ----------------------------------------------------------------------------------------------------
+
+def token_keys(num_tokens: int, width: int = 2) -> torch.Tensor:
+    """Easy-to-read K vectors for figures: token t gets [10(t+1)+1, 10(t+1)+2, …], shape [T, 1, width]."""
+    t = torch.arange(1, num_tokens + 1, dtype=torch.float32)[:, None] * 10
+    return (t + torch.arange(1, width + 1, dtype=torch.float32))[:, None, :]
+
+
+def slot_misconceptions() -> dict[str, tuple[str, str]]:
+    """The misconceptions of slot_mapping, by id (the keys of `slot_variants`' answer): the slot of position p each
+    gives, in the student's terms, and its hint."""
+    return {"slot_is_position": ("p", M.slot_is_position),
+            "block_times_offset": ("block_table[p // {bs}] · (p % {bs})", M.block_times_offset),
+            "slot_is_block": ("block_table[p // {bs}]", M.slot_is_block),
+            "offset_dropped": ("block_table[p // {bs}] · {bs}", M.offset_dropped),
+            "block_plus_offset": ("block_table[p // {bs}] + p % {bs}", M.block_plus_offset),
+            "position_as_offset": ("block_table[p // {bs}] · {bs} + p", M.position_as_offset),
+            "block_added_to_position": ("p + block_table[p // {bs}]", M.block_added_to_position),
+            "ceiling_block": ("block_table[(p + {bs} − 1) // {bs}] · {bs} + p % {bs}", M.ceiling_block),
+            "divmod_swapped": ("block_table[p % {bs}] · {bs} + p // {bs}", M.divmod_swapped)}
+
+
+def slot_hint(slots: torch.Tensor, variants: dict, block_size: int) -> tuple[str, str]:
+    """The line and the hint naming the one misconception whose slots (`slot_variants`' answer) equal all of the
+    student's, or ("", "") when none does or several do (then the derivation alone speaks)."""
+    matching = [key for key, want in variants.items() if want.shape == slots.shape and torch.equal(want, slots)]
+    if len(matching) != 1:
+        return "", ""
+    formula, hint = slot_misconceptions()[matching[0]]
+    n = slots.numel()
+    every = "your slot is" if n == 1 else f"each of your {n} slots is"
+    return f"{every} {formula.format(bs=block_size)}", hint
+
+
+def expect_slots(got: Any, want: torch.Tensor, table: list[int], positions: list[int], block_size: int,
+                 variants: dict | None = None) -> torch.Tensor:
+    """Require the slots to equal `want`, explaining the first wrong token in block terms, and naming the
+    misconception whose slots (`variants`, asked of `slot_variants` before comparing; asked of the hidden side
+    when not given, so a student release's lab names none) are all of the student's."""
+    n = len(positions)
+    slots = expect_tensor(got, what=f"the slots of {n} tokens", shape=[n], dtype=torch.int64)
+    idx = first_wrong(slots, want)
+    if idx is None:
+        return slots
+    i = idx[0]
+    p, yours = positions[i], int(slots[i])
+    logical, offset = divmod(p, block_size)
+    phys = table[logical]
+    if variants is None:
+        variants = if_hidden(slot_variants, list(table), list(positions), block_size) or {}
+    formula, hint = slot_hint(slots, variants, block_size)
+    raise CheckFailed(f"inputs: block_size={block_size}, block_table={table}, positions={short(positions)}",
+                      f"token {i} is at position {p} → logical block {p} // {block_size} = {logical}, "
+                      f"offset {p} % {block_size} = {offset}",
+                      f"block_table[{logical}] = {phys}, so its slot is {phys}·{block_size} + {offset} = {int(want[i])}; "
+                      f"yours: {yours}", formula, hint=hint)
+
+
+def expect_cache(got_k: torch.Tensor, got_v: torch.Tensor, want_k: torch.Tensor, want_v: torch.Tensor,
+                 slots: list[int], block_size: int, new: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """Require both caches to equal the expected ones, explaining the first wrong slot (`new`: the k and v
+    written, to recognise a padding row's K or V in the pool's last slot)."""
+    for name, got, want in (("k_cache", got_k, want_k), ("v_cache", got_v, want_v)):
+        expect_tensor(got, what=name, shape=list(want.shape), dtype=want.dtype)
+        flat_got, flat_want = got.reshape(-1, *got.shape[2:]), want.reshape(-1, *want.shape[2:])
+        idx = first_wrong(flat_got, flat_want)
+        if idx is None:
+            continue
+        slot = idx[0]
+        block, offset = divmod(slot, block_size)
+        where = f"{name} slot {slot} (block {block}, offset {offset})"
+        tokens = [i for i, s in enumerate(slots) if s == slot]
+        if tokens:
+            what = f"should hold token {tokens[0]}'s {name[0].upper()} {vec(flat_want[slot], limit=6)}"
+        else:
+            what = f"is not the slot of any token, so it must keep its old value {vec(flat_want[slot], limit=6)}"
+        padding = new is not None and slot == flat_want.shape[0] - 1 and \
+            holds_padding(flat_got[slot], new[name[0] == "v"], slots)
+        raise CheckFailed(f"slots={slots}: {where} {what}; yours holds {vec(flat_got[slot], limit=6)}",
+                          hint=M.padding_written if padding else "")
+
+
+def holds_padding(row: torch.Tensor, written: torch.Tensor, slots: list[int]) -> bool:
+    """Whether a cache row holds what one of the padding tokens (slot −1) brought: the padding row was written."""
+    return any(s == -1 and torch.equal(row, written[i].to(row.dtype)) for i, s in enumerate(slots))
+
+
+def run_slot_case(t: Trial, table: list[int], positions: list[int], block_size: int, *,
+                  as_tensor: bool = False) -> torch.Tensor:
+    """Call the student's slot_mapping on one case and compare it with the reference."""
+    arg = torch.tensor(positions, dtype=torch.int64) if as_tensor else list(positions)
+    got = t.yours.slot_mapping(list(table), arg, block_size)
+    want = t.ref.slot_mapping(table, positions, block_size)
+    variants = t.ref.drive(slot_variants, list(table), list(positions), block_size)
+    return expect_slots(got, want, table, positions, block_size, variants)
+
+
+def run_store_case(t: Trial, cache_shape: tuple[int, int, int, int], slots: list[int], *, fill: float | None = None,
+                   dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Call the student's store_kv on fresh caches and compare both caches with the reference's."""
+    n, (_, block_size, heads, dim) = len(slots), cache_shape
+    k = torch.randn(n, heads, dim, generator=t.rng).to(dtype)
+    v = torch.randn(n, heads, dim, generator=t.rng).to(dtype)
+    if fill is None:
+        k_cache = torch.randn(cache_shape, generator=t.rng).to(dtype)
+        v_cache = torch.randn(cache_shape, generator=t.rng).to(dtype)
+    else:
+        k_cache, v_cache = torch.full(cache_shape, fill, dtype=dtype), torch.full(cache_shape, fill, dtype=dtype)
+    return check_store(t, k_cache, v_cache, k, v, slots, block_size)
+
+
+def check_store(t: Trial, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                slots: list[int], block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    call = t.yours.store_kv.run(k_cache, v_cache, k, v, list(slots), mutates=("k_cache", "v_cache"))
+    if call.value is not None:
+        raise CheckFailed("store_kv writes the caches in place and returns None; yours returned a value")
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    t.ref.store_kv(want_k, want_v, k, v, list(slots))
+    got_k, got_v = call.args[0], call.args[1]
+    expect_cache(got_k, got_v, want_k, want_v, list(slots), block_size, (k, v))
+    return got_k, want_k
+
+
+def reference_hashes(ref: Any, cases: list) -> list:
+    out, prefix = [], -1
+    for tokens, chained in cases:
+        h = ref.BlockManager.compute_hash(tokens, prefix if chained is not None else -1)
+        out.append([h, ref.BlockManager.compute_hash(tokens)])
+        prefix = h
+    return out

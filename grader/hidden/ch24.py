@@ -5,48 +5,22 @@ from __future__ import annotations
 
 import random
 
-from grader.authoring import CheckFailed, Trial, hidden
-from grader.checks.ch24 import (
+from grader.authoring import CheckFailed, Trial, error_lines, expect_records, hidden, raised
+from grader.checks.ch24 import expect_progress, run_lifecycle
+from grader.checks.ch24_explain import (
+    FINISHED,
     KEYS,
-    expect_progress,
+    describe_case,
+    expect_trace,
     explain_progress,
     lifecycle,
-    run_lifecycle,
+    request,
+    script,
     start_progress,
     step_args,
 )
-from grader.checks.ch24_trace import (
-    FINISHED,
-    StudentOps,
-    describe_case,
-    drive,
-    drive_reference,
-    expect_trace,
-    request,
-    script,
-)
 
-
-# -- 24.1: random scripts ---------------------------------------------------------------------------------
-def random_script(rnd: random.Random, name: str, *, n: int, prompts: tuple[int, int], max_tokens: tuple[int, int],
-                  block_size: int, num_blocks: int, max_num_seqs: int, budget: int, arrivals: int,
-                  eos_rate: float = 0.08, trap_rate: float = 0.2) -> dict:
-    """`n` requests with random prompts, outputs (EOS at random places) and arrival rounds; every request fits."""
-    eos = rnd.randint(0, 5)
-    token = lambda: rnd.randint(10, 999)
-    reqs = []
-    for i in range(n):
-        while True:
-            length, mt = rnd.randint(*prompts), rnd.randint(*max_tokens)
-            if -(-(length + mt - 1) // block_size) <= num_blocks:
-                break
-        outputs = [eos if rnd.random() < eos_rate else token() for _ in range(mt)]
-        traps = {end: eos for end in range(1, length) if rnd.random() < trap_rate}  # EOS candidates mid-prompt
-        reqs.append(request(f"r{i}", [token() for _ in range(length)], mt, outputs, arrive=rnd.randint(0, arrivals),
-                            candidates=traps, ignore_eos=rnd.random() < 0.1))
-    return script(name, reqs, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
-                  max_num_batched_tokens=budget, eos=eos)
-
+# -- ch24.1 ---------------------------------------------------------------------------------------------------
 
 @hidden("ch24.1", "hundreds of requests under memory pressure (preemption)", time_limit=30)
 def random_memory_pressure(t: Trial) -> None:
@@ -81,6 +55,137 @@ def edge_cases(t: Trial) -> None:
     expect_trace(t, script("fills the pool", [request("A", list(range(10, 19)), 4, [30, 31, 32, 33]),
                                               request("B", [1, 2], 2, [0, 7], arrive=1)],
                            num_blocks=3, block_size=4, max_num_seqs=2, max_num_batched_tokens=16, eos=0))
+
+
+@hidden("ch24.1", "invariants of your own trace (blocks, counters, limits, every request finishes)", time_limit=30)
+def invariants(t: Trial) -> None:
+    sc = random_script(t.random, "invariants", n=40, prompts=(1, 24), max_tokens=(1, 12), block_size=4,
+                       num_blocks=12, max_num_seqs=5, budget=9, arrivals=30)
+    limit = 2 * len(t.ref.replay(sc)) + 20
+    yours = expect_records(t.yours.replay(sc, limit))
+    for k, rec in enumerate(yours):
+        for phase, part in (("schedule", "sched"), ("after", "after")):
+            bad = part in rec and invariant_failure(sc, phase, rec)
+            if bad:
+                raise CheckFailed(describe_case(sc), bad)
+        if raised(rec):
+            raise CheckFailed(describe_case(sc), f"step {k + 1} of your own trace:", *error_lines(rec))
+    if yours and yours[-1].get("step", 0) >= limit:
+        raise CheckFailed(describe_case(sc), f"after {limit} steps some requests have not finished")
+
+
+@hidden("ch24.1", "bad uses raise ValueError; a request that exactly fits is accepted")
+def bad_uses(t: Trial) -> None:
+    sched = t.yours.make_scheduler(3, 4, 4, 16, eos=0)
+    sched.add(t.yours.Sequence(list(range(1, 10)), max_tokens=4))  # 9 + 4 − 1 = 12 = 3 blocks of 4
+    t.expect_raises(ValueError, sched.add, t.yours.Sequence(list(range(1, 10)), max_tokens=5),
+                          because="9 prompt tokens + 5 − 1 generated need 4 blocks of 4, the pool has 3")
+    seqs, is_prefill = sched.schedule()
+    t.expect_raises(ValueError, sched.add, seqs[0], because="this sequence is already running")
+    t.expect_raises(ValueError, sched.postprocess, seqs, [], is_prefill,
+                          because="one sampled token per scheduled sequence is needed (1 sequence, 0 tokens)")
+    empty = t.yours.make_scheduler(3, 4, 4, 16, eos=0)
+    t.expect_raises(ValueError, empty.schedule, because="nothing is waiting or running")
+
+
+# -- ch24.2 ---------------------------------------------------------------------------------------------------
+
+@hidden("ch24.2", "random request lives from the grading seed")
+def random_lives(t: Trial) -> None:
+    for i in range(25):
+        run_lifecycle(t, random_lifecycle(t.random, f"random life {i + 1}"))
+
+
+@hidden("ch24.2", "edge cases: the largest allowed hit, a 1-token prompt, preemption before any output")
+def progress_edges(t: Trial) -> None:
+    run_lifecycle(t, lifecycle("hit of num_tokens − 1", 13, [(1, 12), (1,)]))
+    run_lifecycle(t, lifecycle("1-token prompt", 1, [(1,), (1,), ("preempt",), (2,), (1,)]))
+    run_lifecycle(t, lifecycle("preempted mid-prefill", 12, [(5,), ("preempt",), (0,), (8, 4), (1,)]))
+
+
+@hidden("ch24.2", "invariants of your counters along random lives")
+def progress_invariants(t: Trial) -> None:
+    for i in range(12):
+        case = random_lifecycle(t.random, f"life {i + 1}")
+        p = start_progress(case["prompt"])
+        cached_set = False
+        for k, step in enumerate(case["steps"]):
+            args, kwargs = step_args(step)
+            got = expect_progress(t.yours.progress_after_step(dict(p), *args, **kwargs), case["name"])
+            where = f'case "{case["name"]}" step {k + 1} ({", ".join(f"{x} {p[x]}" for x in KEYS)} before)'
+            if not 0 <= got["num_computed_tokens"] <= got["num_tokens"]:
+                raise CheckFailed(f"{where}: num_computed_tokens {got['num_computed_tokens']} must stay within "
+                                  f"0 … num_tokens {got['num_tokens']}")
+            if got["num_tokens"] < p["num_tokens"] or got["num_tokens"] > p["num_tokens"] + 1:
+                raise CheckFailed(f"{where}: num_tokens went from {p['num_tokens']} to {got['num_tokens']}; "
+                                  "a step appends at most one token and never removes one")
+            if got["num_prompt_tokens"] != p["num_prompt_tokens"]:
+                raise CheckFailed(f"{where}: num_prompt_tokens changed")
+            if cached_set and got["num_cached_tokens"] != p["num_cached_tokens"]:
+                raise CheckFailed(f"{where}: num_cached_tokens changed from {p['num_cached_tokens']} to "
+                                  f"{got['num_cached_tokens']}; it is set once, at the first admission")
+            cached_set = got["num_cached_tokens"] >= 0
+            p = t.ref.progress_after_step(dict(p), *args, **kwargs)  # go on from the right state
+
+
+@hidden("ch24.2", "the counters agree with the scheduler's trace (no prefix cache: hits are 0)")
+def agrees_with_scheduler(t: Trial) -> None:
+    sc = random_script(t.random, "scheduler trace", n=12, prompts=(1, 14), max_tokens=(1, 6), block_size=4,
+                       num_blocks=6, max_num_seqs=3, budget=5, arrivals=6)
+    trace = t.ref.replay(sc)
+    prompts = {r["name"]: len(r["prompt"]) for r in sc["requests"]}
+    progress: dict[str, dict] = {}
+    for rec in trace:
+        for n, sched in rec["sched"]["seqs"].items():
+            before = progress.setdefault(n, start_progress(prompts[n]))
+            preempted = before["num_computed_tokens"] > 0 and sched["num_computed_tokens"] == 0
+            step = {"n": sched["num_scheduled_tokens"], "hit": 0, "preempted": preempted and n not in rec["batch"]}
+            if preempted and n in rec["batch"]:  # never happens in nano-vllm: a victim is not scheduled that step
+                continue
+            args, kwargs = step_args(step)
+            got = expect_progress(t.yours.progress_after_step(dict(before), *args, **kwargs), n)
+            after = rec["after"]["seqs"][n]
+            want = {**before, "num_computed_tokens": after["num_computed_tokens"], "num_tokens": after["num_tokens"],
+                    "num_cached_tokens": 0 if before["num_cached_tokens"] >= 0 or step["n"] else -1}
+            if got != want:
+                case = {"name": f"{sc['name']}, request {n} at step {rec['step']}", "prompt": prompts[n]}
+                raise explain_progress(case, rec["step"] - 1, before, step, want, got)
+            progress[n] = want
+
+
+@hidden("ch24.2", "more impossible steps raise ValueError")
+def bad_progress_hidden(t: Trial) -> None:
+    running = {"num_prompt_tokens": 6, "num_tokens": 7, "num_computed_tokens": 6, "num_cached_tokens": 0}
+    t.expect_raises(ValueError, t.yours.progress_after_step, running, 1, preempted=True,
+                    because="a request preempted in a step is not scheduled in it")
+    t.expect_raises(ValueError, t.yours.progress_after_step, running, 1, prefix_hit=4,
+                    because="a prefix hit happens only at admission (num_computed_tokens = 0)")
+    t.expect_raises(ValueError, t.yours.progress_after_step, running, -1, because="num_scheduled cannot be negative")
+    t.expect_raises(ValueError, t.yours.progress_after_step, {"num_tokens": 3}, 1, because="the counters are incomplete")
+    t.expect_raises(ValueError, t.yours.progress_after_step, {**running, "num_computed_tokens": 9}, 1,
+                    because="num_computed_tokens 9 exceeds num_tokens 7")
+
+
+# -- helpers --------------------------------------------------------------------------------------------------
+
+def random_script(rnd: random.Random, name: str, *, n: int, prompts: tuple[int, int], max_tokens: tuple[int, int],
+                  block_size: int, num_blocks: int, max_num_seqs: int, budget: int, arrivals: int,
+                  eos_rate: float = 0.08, trap_rate: float = 0.2) -> dict:
+    """`n` requests with random prompts, outputs (EOS at random places) and arrival rounds; every request fits."""
+    eos = rnd.randint(0, 5)
+    token = lambda: rnd.randint(10, 999)
+    reqs = []
+    for i in range(n):
+        while True:
+            length, mt = rnd.randint(*prompts), rnd.randint(*max_tokens)
+            if -(-(length + mt - 1) // block_size) <= num_blocks:
+                break
+        outputs = [eos if rnd.random() < eos_rate else token() for _ in range(mt)]
+        traps = {end: eos for end in range(1, length) if rnd.random() < trap_rate}  # EOS candidates mid-prompt
+        reqs.append(request(f"r{i}", [token() for _ in range(length)], mt, outputs, arrive=rnd.randint(0, arrivals),
+                            candidates=traps, ignore_eos=rnd.random() < 0.1))
+    return script(name, reqs, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+                  max_num_batched_tokens=budget, eos=eos)
 
 
 def invariant_failure(sc: dict, phase: str, rec: dict) -> str | None:
@@ -125,40 +230,10 @@ def invariant_failure(sc: dict, phase: str, rec: dict) -> str | None:
     return None
 
 
-@hidden("ch24.1", "invariants of your own trace (blocks, counters, limits, every request finishes)", time_limit=30)
-def invariants(t: Trial) -> None:
-    sc = random_script(t.random, "invariants", n=40, prompts=(1, 24), max_tokens=(1, 12), block_size=4,
-                       num_blocks=12, max_num_seqs=5, budget=9, arrivals=30)
-    limit = 2 * len(t.ref.drive(drive_reference, sc)) + 20
-    steps = 0
-    for phase, rec in drive(StudentOps(t), sc, limit):
-        steps = rec["step"]
-        bad = invariant_failure(sc, phase, rec)
-        if bad:
-            raise CheckFailed(f"{describe_case(sc)}\n{bad}")
-    if steps >= limit:
-        raise CheckFailed(f"{describe_case(sc)}\nafter {limit} steps some requests have not finished")
-
-
-@hidden("ch24.1", "bad uses raise ValueError; a request that exactly fits is accepted")
-def bad_uses(t: Trial) -> None:
-    sched = t.yours.make_scheduler(3, 4, 4, 16, eos=0)
-    sched.add(t.yours.Sequence(list(range(1, 10)), max_tokens=4))  # 9 + 4 − 1 = 12 = 3 blocks of 4
-    t.expect_raises(ValueError, sched.add, t.yours.Sequence(list(range(1, 10)), max_tokens=5),
-                          because="9 prompt tokens + 5 − 1 generated need 4 blocks of 4, the pool has 3")
-    seqs, is_prefill = sched.schedule()
-    t.expect_raises(ValueError, sched.add, seqs[0], because="this sequence is already running")
-    t.expect_raises(ValueError, sched.postprocess, seqs, [], is_prefill,
-                          because="one sampled token per scheduled sequence is needed (1 sequence, 0 tokens)")
-    empty = t.yours.make_scheduler(3, 4, 4, 16, eos=0)
-    t.expect_raises(ValueError, empty.schedule, because="nothing is waiting or running")
-
-
-# -- 24.2 ---------------------------------------------------------------------------------------------------
 def random_lifecycle(rnd: random.Random, name: str) -> dict:
     """A request's random life: admissions with block-aligned hits, chunks, decodes, waits and preemptions."""
     prompt, budget, bs = rnd.randint(1, 40), rnd.randint(1, 12), 4
-    p, steps = start_progress(prompt), []
+    p, steps = start_progress(prompt), list[tuple]()
     while len(steps) < 30 and p["num_tokens"] - prompt < 8:
         roll = rnd.random()
         if p["num_computed_tokens"] and roll < 0.08:
@@ -178,79 +253,3 @@ def random_lifecycle(rnd: random.Random, name: str) -> dict:
         p = {**p, "num_computed_tokens": computed,
              "num_tokens": p["num_tokens"] + (computed == p["num_tokens"])}
     return lifecycle(name, prompt, steps)
-
-
-@hidden("ch24.2", "random request lives from the grading seed")
-def random_lives(t: Trial) -> None:
-    for i in range(25):
-        run_lifecycle(t, random_lifecycle(t.random, f"random life {i + 1}"))
-
-
-@hidden("ch24.2", "edge cases: the largest allowed hit, a 1-token prompt, preemption before any output")
-def progress_edges(t: Trial) -> None:
-    run_lifecycle(t, lifecycle("hit of num_tokens − 1", 13, [(1, 12), (1,)]))
-    run_lifecycle(t, lifecycle("1-token prompt", 1, [(1,), (1,), ("preempt",), (2,), (1,)]))
-    run_lifecycle(t, lifecycle("preempted mid-prefill", 12, [(5,), ("preempt",), (0,), (8, 4), (1,)]))
-
-
-@hidden("ch24.2", "invariants of your counters along random lives")
-def progress_invariants(t: Trial) -> None:
-    for i in range(12):
-        case = random_lifecycle(t.random, f"life {i + 1}")
-        p = start_progress(case["prompt"])
-        cached_set = False
-        for k, step in enumerate(case["steps"]):
-            args, kwargs = step_args(step)
-            got = expect_progress(t.yours.progress_after_step(dict(p), *args, **kwargs), p, case["name"])
-            where = f'case "{case["name"]}" step {k + 1} ({", ".join(f"{x} {p[x]}" for x in KEYS)} before)'
-            if not 0 <= got["num_computed_tokens"] <= got["num_tokens"]:
-                raise CheckFailed(f"{where}: num_computed_tokens {got['num_computed_tokens']} must stay within "
-                                  f"0 … num_tokens {got['num_tokens']}")
-            if got["num_tokens"] < p["num_tokens"] or got["num_tokens"] > p["num_tokens"] + 1:
-                raise CheckFailed(f"{where}: num_tokens went from {p['num_tokens']} to {got['num_tokens']}; "
-                                  "a step appends at most one token and never removes one")
-            if got["num_prompt_tokens"] != p["num_prompt_tokens"]:
-                raise CheckFailed(f"{where}: num_prompt_tokens changed")
-            if cached_set and got["num_cached_tokens"] != p["num_cached_tokens"]:
-                raise CheckFailed(f"{where}: num_cached_tokens changed from {p['num_cached_tokens']} to "
-                                  f"{got['num_cached_tokens']}; it is set once, at the first admission")
-            cached_set = got["num_cached_tokens"] >= 0
-            p = t.ref.progress_after_step(dict(p), *args, **kwargs)  # go on from the right state
-
-
-@hidden("ch24.2", "the counters agree with the scheduler's trace (no prefix cache: hits are 0)")
-def agrees_with_scheduler(t: Trial) -> None:
-    sc = random_script(t.random, "scheduler trace", n=12, prompts=(1, 14), max_tokens=(1, 6), block_size=4,
-                       num_blocks=6, max_num_seqs=3, budget=5, arrivals=6)
-    trace = t.ref.drive(drive_reference, sc)
-    prompts = {r["name"]: len(r["prompt"]) for r in sc["requests"]}
-    progress = {}
-    for rec in trace:
-        for n, sched in rec["sched"]["seqs"].items():
-            before = progress.setdefault(n, start_progress(prompts[n]))
-            preempted = before["num_computed_tokens"] > 0 and sched["num_computed_tokens"] == 0
-            step = {"n": sched["num_scheduled_tokens"], "hit": 0, "preempted": preempted and n not in rec["batch"]}
-            if preempted and n in rec["batch"]:  # never happens in nano-vllm: a victim is not scheduled that step
-                continue
-            args, kwargs = step_args(step)
-            got = expect_progress(t.yours.progress_after_step(dict(before), *args, **kwargs), before, n)
-            after = rec["after"]["seqs"][n]
-            want = {**before, "num_computed_tokens": after["num_computed_tokens"], "num_tokens": after["num_tokens"],
-                    "num_cached_tokens": 0 if before["num_cached_tokens"] >= 0 or step["n"] else -1}
-            if got != want:
-                case = {"name": f"{sc['name']}, request {n} at step {rec['step']}", "prompt": prompts[n]}
-                raise CheckFailed(explain_progress(case, rec["step"] - 1, before, step, want, got))
-            progress[n] = want
-
-
-@hidden("ch24.2", "more impossible steps raise ValueError")
-def bad_progress_hidden(t: Trial) -> None:
-    running = {"num_prompt_tokens": 6, "num_tokens": 7, "num_computed_tokens": 6, "num_cached_tokens": 0}
-    t.expect_raises(ValueError, t.yours.progress_after_step, running, 1, preempted=True,
-                    because="a request preempted in a step is not scheduled in it")
-    t.expect_raises(ValueError, t.yours.progress_after_step, running, 1, prefix_hit=4,
-                    because="a prefix hit happens only at admission (num_computed_tokens = 0)")
-    t.expect_raises(ValueError, t.yours.progress_after_step, running, -1, because="num_scheduled cannot be negative")
-    t.expect_raises(ValueError, t.yours.progress_after_step, {"num_tokens": 3}, 1, because="the counters are incomplete")
-    t.expect_raises(ValueError, t.yours.progress_after_step, {**running, "num_computed_tokens": 9}, 1,
-                    because="num_computed_tokens 9 exceeds num_tokens 7")

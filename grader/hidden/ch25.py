@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, describe, hidden
+from grader.authoring import CheckFailed, Trial, describe, expect_records, hidden, raised
 from grader.checks.ch25 import check_store, expect_slots, run_slot_case, run_store_case, slot_variants
-from grader.checks.ch25_blocks import describe_op, drive_reference, expect_trace, hx, states
+from grader.checks.ch25_explain import describe_op, drive_reference, expect_trace, hx, states
 
-
-def random_table(t: Trial, num_blocks: int, pool: int) -> list[int]:
-    return torch.randperm(pool, generator=t.rng)[:num_blocks].tolist()
-
+# -- ch25.1 ---------------------------------------------------------------------------------------------------
 
 @hidden("ch25.1", "random sequences, whole prompts")
 def random_prompts(t: Trial) -> None:
@@ -61,6 +58,8 @@ def bad_slot_inputs(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.slot_mapping, [], [0], 4, because="an empty block table holds no position")
 
 
+# -- ch25.2 ---------------------------------------------------------------------------------------------------
+
 @hidden("ch25.2", "random pools, slots and padding")
 def random_stores(t: Trial) -> None:
     for _ in range(10):
@@ -94,113 +93,7 @@ def bad_store_inputs(t: Trial) -> None:
                     because="−2 is neither a slot nor the padding marker −1")
 
 
-# -- 25.3 the block manager under a scheduler ------------------------------------------------------------
-def workload(rnd: random.Random, *, num_requests: int, block_size: int, num_prefixes: int, max_new: int,
-             max_len: int, per_step: int) -> list[tuple[int, str, list[int], int]]:
-    """Requests (arrival step, name, prompt, new tokens): a few shared system prompts, some exact duplicates."""
-    prefixes = [[rnd.randrange(1, 100) for _ in range(rnd.randint(block_size, 4 * block_size))]
-                for _ in range(num_prefixes)]
-    out = []
-    for i in range(num_requests):
-        if out and rnd.random() < 0.1:
-            prompt = list(rnd.choice(out)[2])
-        else:
-            head = rnd.choice(prefixes) if rnd.random() < 0.8 else []
-            prompt = head + [rnd.randrange(1, 100) for _ in range(rnd.randint(1, 3 * block_size))]
-        prompt = prompt[:max_len - max_new]
-        out.append((i // per_step, f"R{i}", prompt, rnd.randint(1, max_new)))
-    return out
-
-
-def simulate(do: Callable[[list], object], seed: int, block_size: int, requests: list, max_seqs: int, budget: int,
-             max_ops: int = 20_000) -> list:
-    """nano-vllm's scheduler in miniature (prefill first, FCFS, only the first sequence of a batch chunked,
-    preemption from the tail of running), driving a block manager through `do(op) -> value`; returns the
-    script of its operations. It keeps its own view of each sequence (length, cached tokens, whether it
-    holds blocks), so it can drive any manager on that manager's own answers."""
-    rnd, script = random.Random(seed), []
-    view: dict[str, dict] = {}
-
-    def run(op: list):
-        script.append(op)
-        return do(op)
-
-    pending, waiting, running = deque(requests), deque(), deque()
-    step = 0
-    while (pending or waiting or running) and len(script) < max_ops:
-        while pending and pending[0][0] <= step:
-            _, name, prompt, n = pending.popleft()
-            run(["add", name, prompt])
-            view[name] = {"len": len(prompt), "prompt": len(prompt), "new": n, "cached": 0, "held": False}
-            waiting.append(name)
-        step += 1
-        batch, used = [], 0
-        while waiting and len(batch) < max_seqs and used < budget:
-            name = waiting[0]
-            v = view[name]
-            if not v["held"]:
-                hits = run(["can_allocate", name])
-                if hits == -1:
-                    break
-                todo = v["len"] - hits * block_size
-            else:
-                todo = v["len"] - v["cached"]
-            if budget - used < todo and batch:
-                break
-            if not v["held"]:
-                run(["allocate", name, hits])
-                v["held"], v["cached"] = True, hits * block_size
-            k = min(todo, budget - used)
-            batch.append((name, k))
-            used += k
-            if v["cached"] + k == v["len"]:
-                running.append(waiting.popleft())
-        if not batch:
-            if not running:
-                break  # nothing fits even in an empty pool: a manager that never admits
-            while running and len(batch) < max_seqs:
-                name = running.popleft()
-                while not run(["can_append", name]):
-                    victim = running.pop() if running else name
-                    run(["deallocate", victim])
-                    view[victim].update(held=False, cached=0)
-                    waiting.appendleft(victim)
-                    if victim == name:
-                        break
-                else:
-                    run(["may_append", name])
-                    batch.append((name, 1))
-            running.extendleft(name for name, _ in reversed(batch))
-        for name, k in batch:
-            v = view[name]
-            done = v["cached"] + k == v["len"]
-            run(["compute", name, k, rnd.randrange(1, 100) if done else None])
-            v["cached"] += k
-            v["len"] += done
-            if done and v["len"] - v["prompt"] == v["new"]:
-                run(["deallocate", name])
-                v.update(held=False, cached=0)
-                running.remove(name)
-    return script
-
-
-def reference_do(ref, num_blocks: int, block_size: int) -> Callable[[list], object]:
-    manager, seqs = ref.BlockManager(num_blocks, block_size), {}
-    return lambda op: ref.run_op(manager, seqs, op)
-
-
-def random_trace(t: Trial, *, num_blocks: int, block_size: int, num_requests: int, max_new: int, max_seqs: int,
-                 budget: int, per_step: int, case: str) -> tuple[list, list]:
-    """A random workload scheduled over the reference; your manager must give the same trace."""
-    requests = workload(t.random, num_requests=num_requests, block_size=block_size, num_prefixes=4, max_new=max_new,
-                        max_len=num_blocks * block_size, per_step=per_step)
-    script = simulate(reference_do(t.ref, num_blocks, block_size), t.random.randrange(2**31), block_size, requests,
-                      max_seqs, budget)
-    expected = t.ref.drive(drive_reference, num_blocks, block_size, script)
-    got = t.yours.replay(num_blocks, block_size, script)
-    expect_trace(script, got, expected, num_blocks, block_size, case=case)
-    return script, got
-
+# -- ch25.3 ---------------------------------------------------------------------------------------------------
 
 @hidden("ch25.3", "200 requests sharing four system prompts")
 def many_requests(t: Trial) -> None:
@@ -252,12 +145,143 @@ def invariants(t: Trial) -> None:
         pass
     everything = set(range(num_blocks))
     for i, (before, s) in enumerate(states(ops, trace, num_blocks)):
-        head = f"invariants on your own trace, step {i + 1}: {describe_op(ops[i], before, bs)}\n"
+        head = f"invariants on your own trace, step {i + 1}: {describe_op(ops[i], before, bs)}"
         if "error" in s:
-            raise CheckFailed(head + f"your code raised {s['error']}")
+            raise CheckFailed(head, f"your code raised {s['error']}")
         problem = broken_invariant(s, everything, ops[i][1])
         if problem:
-            raise CheckFailed(head + problem)
+            raise CheckFailed(head, problem)
+
+
+@hidden("ch25.3", "bad inputs raise ValueError")
+def bad_manager_inputs(t: Trial) -> None:
+    t.expect_raises(ValueError, t.yours.BlockManager, 0, 4, because="a pool needs at least one block")
+    t.expect_raises(ValueError, t.yours.BlockManager, 4, 1, because="block_size 1 cannot mark a new block by len % 1 == 1")
+    for script, because in (([["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", 0], ["allocate", "A", 0]],
+                             "A already has a block table"),
+                            ([["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", 2]],
+                             "A has 2 blocks and the last one never hits: num_cached_blocks must be 0 or 1")):
+        trace = expect_records(t.yours.replay(4, 4, script))
+        last = trace[-1] if trace else {}
+        if not (raised(last) and str(last["error"]).startswith("ValueError")):
+            got = f"raised {last['error']}" if "error" in last else "returned normally"
+            raise CheckFailed(f"allocate should raise ValueError because {because}; yours {got}")
+
+
+# -- helpers --------------------------------------------------------------------------------------------------
+
+def random_table(t: Trial, num_blocks: int, pool: int) -> list[int]:
+    return torch.randperm(pool, generator=t.rng)[:num_blocks].tolist()
+
+
+def workload(rnd: random.Random, *, num_requests: int, block_size: int, num_prefixes: int, max_new: int,
+             max_len: int, per_step: int) -> list[tuple[int, str, list[int], int]]:
+    """Requests (arrival step, name, prompt, new tokens): a few shared system prompts, some exact duplicates."""
+    prefixes = [[rnd.randrange(1, 100) for _ in range(rnd.randint(block_size, 4 * block_size))]
+                for _ in range(num_prefixes)]
+    out: list[tuple[int, str, list[int], int]] = []
+    for i in range(num_requests):
+        if out and rnd.random() < 0.1:
+            prompt = list(rnd.choice(out)[2])
+        else:
+            head = rnd.choice(prefixes) if rnd.random() < 0.8 else []
+            prompt = head + [rnd.randrange(1, 100) for _ in range(rnd.randint(1, 3 * block_size))]
+        prompt = prompt[:max_len - max_new]
+        out.append((i // per_step, f"R{i}", prompt, rnd.randint(1, max_new)))
+    return out
+
+
+def simulate(do: Callable[[list], object], seed: int, block_size: int, requests: list, max_seqs: int, budget: int,
+             max_ops: int = 20_000) -> list:
+    """nano-vllm's scheduler in miniature (prefill first, FCFS, only the first sequence of a batch chunked,
+    preemption from the tail of running), driving a block manager through `do(op) -> value`; returns the
+    script of its operations. It keeps its own view of each sequence (length, cached tokens, whether it
+    holds blocks), so it can drive any manager on that manager's own answers."""
+    rnd, script = random.Random(seed), []
+    view: dict[str, dict] = {}
+
+    def run(op: list):
+        script.append(op)
+        return do(op)
+
+    pending: deque = deque(requests)
+    waiting: deque[str] = deque()
+    running: deque[str] = deque()
+    step = 0
+    while (pending or waiting or running) and len(script) < max_ops:
+        while pending and pending[0][0] <= step:
+            _, name, prompt, n = pending.popleft()
+            run(["add", name, prompt])
+            view[name] = {"len": len(prompt), "prompt": len(prompt), "new": n, "cached": 0, "held": False}
+            waiting.append(name)
+        step += 1
+        batch: list[tuple[str, int]] = []
+        used = 0
+        while waiting and len(batch) < max_seqs and used < budget:
+            name = waiting[0]
+            v = view[name]
+            if not v["held"]:
+                hits = run(["can_allocate", name])
+                if hits == -1:
+                    break
+                todo = v["len"] - hits * block_size
+            else:
+                todo = v["len"] - v["cached"]
+            if budget - used < todo and batch:
+                break
+            if not v["held"]:
+                run(["allocate", name, hits])
+                v["held"], v["cached"] = True, hits * block_size
+            k = min(todo, budget - used)
+            batch.append((name, k))
+            used += k
+            if v["cached"] + k == v["len"]:
+                running.append(waiting.popleft())
+        if not batch:
+            if not running:
+                break  # nothing fits even in an empty pool: a manager that never admits
+            while running and len(batch) < max_seqs:
+                name = running.popleft()
+                while not run(["can_append", name]):
+                    victim = running.pop() if running else name
+                    run(["deallocate", victim])
+                    view[victim].update(held=False, cached=0)
+                    waiting.appendleft(victim)
+                    if victim == name:
+                        break
+                else:
+                    run(["may_append", name])
+                    batch.append((name, 1))
+            running.extendleft(name for name, _ in reversed(batch))
+        for name, k in batch:
+            v = view[name]
+            done = v["cached"] + k == v["len"]
+            run(["compute", name, k, rnd.randrange(1, 100) if done else None])
+            v["cached"] += k
+            v["len"] += done
+            if done and v["len"] - v["prompt"] == v["new"]:
+                run(["deallocate", name])
+                v.update(held=False, cached=0)
+                running.remove(name)
+    return script
+
+
+def reference_do(ref: Any, num_blocks: int, block_size: int) -> Callable[[list], object]:
+    manager, seqs = ref.BlockManager(num_blocks, block_size), dict[str, Any]()
+    return lambda op: ref.run_op(manager, seqs, op)
+
+
+def random_trace(t: Trial, *, num_blocks: int, block_size: int, num_requests: int, max_new: int, max_seqs: int,
+                 budget: int, per_step: int, case: str) -> tuple[list, list]:
+    """A random workload scheduled over the reference; your manager must give the same trace."""
+    requests = workload(t.random, num_requests=num_requests, block_size=block_size, num_prefixes=4, max_new=max_new,
+                        max_len=num_blocks * block_size, per_step=per_step)
+    script = simulate(reference_do(t.ref, num_blocks, block_size), t.random.randrange(2**31), block_size, requests,
+                      max_seqs, budget)
+    expected = t.ref.drive(drive_reference, num_blocks, block_size, script)
+    got = t.yours.replay(num_blocks, block_size, script)
+    expect_trace(script, got, expected, num_blocks, block_size, case=case)
+    return script, got
 
 
 class Stop(Exception):
@@ -289,18 +313,3 @@ def broken_invariant(s: dict, everything: set[int], name: str) -> str | None:
     if s["cached"].get(name, 0) > len(s["seqs"][name]):
         return f"{name}.num_cached_tokens = {s['cached'][name]} exceeds its {len(s['seqs'][name])} tokens"
     return None
-
-
-@hidden("ch25.3", "bad inputs raise ValueError")
-def bad_manager_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.BlockManager, 0, 4, because="a pool needs at least one block")
-    t.expect_raises(ValueError, t.yours.BlockManager, 4, 1, because="block_size 1 cannot mark a new block by len % 1 == 1")
-    for script, because in (([["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", 0], ["allocate", "A", 0]],
-                             "A already has a block table"),
-                            ([["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", 2]],
-                             "A has 2 blocks and the last one never hits: num_cached_blocks must be 0 or 1")):
-        trace = t.yours.replay(4, 4, script)
-        last = trace[-1] if isinstance(trace, list) and trace and isinstance(trace[-1], dict) else {}
-        if not str(last.get("error", "")).startswith("ValueError"):
-            got = f"raised {last['error']}" if "error" in last else "returned normally"
-            raise CheckFailed(f"allocate should raise ValueError because {because}; yours {got}")

@@ -1,21 +1,24 @@
 """ch25's driver of the reference block manager, with the facts its explanations need (never shipped).
 
-Reached through `grader.checks.ch25_blocks.drive_reference` (a `grader.authoring.hidden_model` driver): the walk
+Reached through `grader.checks.ch25_explain.drive_reference` (a `grader.authoring.hidden_model` driver): the walk
 over the hash chain repeats the prefix-cache lookup of ch25.3, so a student release holds only what it gave for
 the public scripts.
 """
 
 from __future__ import annotations
 
+from typing import Any
 
-def drive_reference(ref, num_blocks: int, block_size: int, script: list) -> dict:
+
+def drive_reference(ref: Any, num_blocks: int, block_size: int, script: list) -> dict:
     """The reference's trace of a script, plus per step the facts an explanation needs (plain data):
     for can_allocate the walk over the hash chain, for compute each newly hashed block's unchained hash."""
-    manager, seqs, notes = ref.BlockManager(num_blocks, block_size), {}, []
+    manager, notes = ref.BlockManager(num_blocks, block_size), []
+    seqs: dict[str, Any] = {}
     for op in script:
         note: dict = {}
-        seq = seqs.get(op[1])
-        if op[0] == "can_allocate":
+        seq = seqs.get(op[1])  # the sequence of every op but "add", made by an earlier "add"
+        if op[0] == "can_allocate" and seq is not None:
             h, walk = -1, []
             for i in range(seq.num_blocks - 1):
                 h = ref.BlockManager.compute_hash(seq.block(i), h)
@@ -25,7 +28,7 @@ def drive_reference(ref, num_blocks: int, block_size: int, script: list) -> dict
                 if not hit:
                     break
             note = {"walk": walk, "free": len(manager.free_block_ids)}
-        elif op[0] == "compute":
+        elif op[0] == "compute" and seq is not None:
             first, end = seq.num_cached_tokens // block_size, (seq.num_cached_tokens + op[2]) // block_size
             note = {"unchained": {seq.block_table[i]: ref.BlockManager.compute_hash(seq.block(i))
                                   for i in range(first, end)}}
@@ -35,8 +38,9 @@ def drive_reference(ref, num_blocks: int, block_size: int, script: list) -> dict
 
 
 def slot_variants(ref, block_table: list[int], positions: list[int], block_size: int) -> dict:
-    """{misconception: the slots it gives every position}, by the names `grader.checks.ch25.SLOT_HINTS` uses; a
-    misconception that would index past the block table (and so raise) is left out."""
+    """{misconception: the slots it gives every position}, by their ids in the table of mistakes
+    (`grader.checks.ch25.slot_misconceptions`); a misconception that would index past the block table (and so
+    raise) is left out."""
     import torch
 
     p = torch.as_tensor(positions, dtype=torch.int64)
@@ -49,14 +53,14 @@ def slot_variants(ref, block_table: list[int], positions: list[int], block_size:
 
     block = through(logical)
     if block is None:
-        return {"position": p.clone()}
-    out = {"position": p.clone(), "block × offset": block * offset, "block id": block.clone(),
-           "offset dropped": block * block_size, "block + offset": block + offset,
-           "whole position as offset": block * block_size + p, "added to the position": p + block}
+        return {"slot_is_position": p.clone()}
+    out = {"slot_is_position": p.clone(), "block_times_offset": block * offset, "slot_is_block": block.clone(),
+           "offset_dropped": block * block_size, "block_plus_offset": block + offset,
+           "position_as_offset": block * block_size + p, "block_added_to_position": p + block}
     ceiling = through((p + block_size - 1) // block_size)
     if ceiling is not None:
-        out["ceiling"] = ceiling * block_size + offset
+        out["ceiling_block"] = ceiling * block_size + offset
     swapped = through(offset)
     if swapped is not None:
-        out["divmod swapped"] = swapped * block_size + logical
+        out["divmod_swapped"] = swapped * block_size + logical
     return out

@@ -3,21 +3,97 @@ with the reference, invariants checked on the student's own trace, edge cases an
 
 from __future__ import annotations
 
-from grader.authoring import CheckFailed, Trial, hidden
-from grader.checks.ch27 import check_structure, drive_reference, drive_student, run_case
+from grader.authoring import CheckFailed, Trial, error_lines, expect_records, hidden, mistakes, raised
+from grader.checks.ch27_explain import check_structure, drive_reference, run_case
 
 NAMES = [chr(c) for c in range(ord("A"), ord("Z") + 1)]
+M = mistakes("ch27")
+EDGES: list[tuple[dict, list[tuple]]] = [
+    ({"budget": 1, "max_num_seqs": 2}, [("add", "A", 3, 2, None), ("add", "B", 1, 2, None), ("drain",)]),
+    ({"budget": 4, "max_num_seqs": 1}, [("add", "A", 1, 1, None), ("add", "B", 5, 3, 0), ("drain",)]),
+    ({"budget": 2, "max_num_seqs": 3}, [("add", "A", 4, 3, 2), ("step", 1), ("add", "B", 2, 1, 0), ("drain",),
+                                        ("step", 2)]),
+]
 
+
+# -- ch27.1 ---------------------------------------------------------------------------------------------------
+
+@hidden("ch27.1", "random request mixes from the grading seed")
+def random_mixes(t: Trial) -> None:
+    for i in range(3):
+        run_case(t, f"random mix {i + 1}", random_config(t, False), random_script(t, t.random.randint(3, 7)))
+
+
+@hidden("ch27.1", "invariants on your own trace: tokens in order, each emitted once, counters consistent")
+def invariants(t: Trial) -> None:
+    invariants_case(t, False)
+
+
+@hidden("ch27.1", "edge cases: a budget of 1, max_tokens 1, one-token prompts, EOS first, idle steps")
+def edges(t: Trial) -> None:
+    for i, (config, script) in enumerate(EDGES):
+        run_case(t, f"edge {i + 1}", config | {"async": False}, script)
+
+
+@hidden("ch27.1", "hundreds of requests through run()", time_limit=5.0)
+def hundreds(t: Trial) -> None:
+    run_many(t, False)
+
+
+# -- ch27.2 ---------------------------------------------------------------------------------------------------
+
+@hidden("ch27.2", "random request mixes from the grading seed")
+def async_random_mixes(t: Trial) -> None:
+    for i in range(3):
+        run_case(t, f"random mix {i + 1}", random_config(t, True), random_script(t, t.random.randint(3, 7)))
+
+
+@hidden("ch27.2", "invariants on your own trace: placeholders resolve in order, nothing emitted twice")
+def async_invariants(t: Trial) -> None:
+    invariants_case(t, True)
+
+
+@hidden("ch27.2", "edge cases: a budget of 1, max_tokens 1, one-token prompts, EOS first, idle steps")
+def async_edges(t: Trial) -> None:
+    for i, (config, script) in enumerate(EDGES):
+        run_case(t, f"edge {i + 1}", config | {"async": True}, script)
+
+
+@hidden("ch27.2", "async scheduling changes when tokens arrive, not which tokens", time_limit=3.0)
+def same_tokens(t: Trial) -> None:
+    config = random_config(t, True)
+    script = [op for op in random_script(t, 12) if op[0] == "add"] + [("run",)]
+    want = t.ref.drive(sync_outputs, config, script)
+    ops = t.ref.drive(drive_reference, config, script)["ops"]
+    mine = expect_records(t.yours.replay(config, ops))
+    if mine and raised(mine[-1]):
+        raise CheckFailed(f'case "same tokens": {config}, 12 requests', "your async run():", *error_lines(mine[-1]))
+    got = mine[-1].get("run") if mine else None
+    if got != want:
+        rid = next((r for r in want if not isinstance(got, dict) or got.get(r) != want[r]), None)
+        yours = got.get(rid) if isinstance(got, dict) else got
+        raise CheckFailed(f'case "same tokens": {config}, 12 requests\nwith or without async scheduling every request '
+                          f"gets the same tokens: {rid} gets {want[rid]} from the synchronous engine; your async run() "
+                          f"gave it {yours!r:.200}")
+
+
+@hidden("ch27.2", "hundreds of requests through run()", time_limit=5.0)
+def async_hundreds(t: Trial) -> None:
+    run_many(t, True)
+
+
+# -- helpers --------------------------------------------------------------------------------------------------
 
 def random_config(t: Trial, asyn: bool) -> dict:
     return {"budget": t.random.choice([1, 2, 3, 4, 6, 8, 16, 32]), "max_num_seqs": t.random.randint(1, 4),
             "async": asyn}
 
 
-def random_script(t: Trial, n: int, *, max_prompt: int = 12, max_out: int = 6, names: list | None = None) -> list:
+def random_script(t: Trial, n: int, *, max_prompt: int = 12, max_out: int = 6, names: list | None = None) -> list[tuple]:
     """n requests with random prompts, max_tokens and EOS positions, arriving at random steps; then drain."""
     names = names or NAMES
-    script, arrivals = [], sorted(t.random.randint(0, 2 * n) for _ in range(n))
+    script: list[tuple] = []
+    arrivals = sorted(t.random.randint(0, 2 * n) for _ in range(n))
     now = 0
     for i, at in enumerate(arrivals):
         if at > now:
@@ -36,8 +112,9 @@ def many(n: int) -> list[str]:
 def check_invariants(trace: list, ops: list, head: str, asyn: bool, drained: bool = True) -> None:
     """Properties of any correct trace, checked on the student's own one."""
     info = {op[1]: op for op in ops if op[0] == "add"}
-    emitted = {rid: [] for rid in info}
-    samples, finished_at = {}, {}
+    emitted: dict[str, list[int]] = {rid: [] for rid in info}
+    samples: dict[tuple[str, int], int] = {}
+    finished_at: dict[str, int] = {}
     for k, entry in enumerate(trace, 1):
         where = f"{head}\nafter step {k}"
         for b in entry["batches"]:
@@ -48,8 +125,7 @@ def check_invariants(trace: list, ops: list, head: str, asyn: bool, drained: boo
             rid = o["request_id"]
             if rid in finished_at:
                 raise CheckFailed(f"{where}: {rid} emitted {o['new_token_ids']} although it finished at step "
-                                  f"{finished_at[rid]}\nhint: an output that arrives for a finished request is stale: "
-                                  "drop it")
+                                  f"{finished_at[rid]}", hint=M.stale_emitted)
             emitted.setdefault(rid, []).extend(o["new_token_ids"])
             if o["finished"]:
                 finished_at[rid] = k
@@ -103,11 +179,12 @@ def invariants_case(t: Trial, asyn: bool) -> None:
     script = random_script(t, 24)
     ops = t.ref.drive(drive_reference, config, script)["ops"]
     head = f'case "invariants": {config}, 24 random requests'
-    mine, error = drive_student(t, config, ops)
+    yours = expect_records(t.yours.replay(config, ops))
+    mine = [r for r in yours if not raised(r)]
     check_structure(mine, head)
-    check_invariants(mine, ops, head, asyn, drained=error is None)
-    if error is not None:
-        raise error
+    check_invariants(mine, ops, head, asyn, drained=len(mine) == len(yours))
+    if len(mine) < len(yours):
+        raise CheckFailed(head, f"step {len(yours)} of your own trace:", *error_lines(yours[-1]))
 
 
 def run_many(t: Trial, asyn: bool) -> None:
@@ -117,77 +194,5 @@ def run_many(t: Trial, asyn: bool) -> None:
     run_case(t, f"{n} requests", config, script)
 
 
-EDGES = [
-    ({"budget": 1, "max_num_seqs": 2}, [("add", "A", 3, 2, None), ("add", "B", 1, 2, None), ("drain",)]),
-    ({"budget": 4, "max_num_seqs": 1}, [("add", "A", 1, 1, None), ("add", "B", 5, 3, 0), ("drain",)]),
-    ({"budget": 2, "max_num_seqs": 3}, [("add", "A", 4, 3, 2), ("step", 1), ("add", "B", 2, 1, 0), ("drain",),
-                                        ("step", 2)]),
-]
-
-
-# -- 27.1 ---------------------------------------------------------------------------------------------------
-@hidden("ch27.1", "random request mixes from the grading seed")
-def random_mixes(t: Trial) -> None:
-    for i in range(3):
-        run_case(t, f"random mix {i + 1}", random_config(t, False), random_script(t, t.random.randint(3, 7)))
-
-
-@hidden("ch27.1", "invariants on your own trace: tokens in order, each emitted once, counters consistent")
-def invariants(t: Trial) -> None:
-    invariants_case(t, False)
-
-
-@hidden("ch27.1", "edge cases: a budget of 1, max_tokens 1, one-token prompts, EOS first, idle steps")
-def edges(t: Trial) -> None:
-    for i, (config, script) in enumerate(EDGES):
-        run_case(t, f"edge {i + 1}", config | {"async": False}, script)
-
-
-@hidden("ch27.1", "hundreds of requests through run()", time_limit=5.0)
-def hundreds(t: Trial) -> None:
-    run_many(t, False)
-
-
-# -- 27.2 ---------------------------------------------------------------------------------------------------
-@hidden("ch27.2", "random request mixes from the grading seed")
-def async_random_mixes(t: Trial) -> None:
-    for i in range(3):
-        run_case(t, f"random mix {i + 1}", random_config(t, True), random_script(t, t.random.randint(3, 7)))
-
-
-@hidden("ch27.2", "invariants on your own trace: placeholders resolve in order, nothing emitted twice")
-def async_invariants(t: Trial) -> None:
-    invariants_case(t, True)
-
-
-@hidden("ch27.2", "edge cases: a budget of 1, max_tokens 1, one-token prompts, EOS first, idle steps")
-def async_edges(t: Trial) -> None:
-    for i, (config, script) in enumerate(EDGES):
-        run_case(t, f"edge {i + 1}", config | {"async": True}, script)
-
-
 def sync_outputs(ref, config: dict, script: list) -> dict:
     return drive_reference(ref, config | {"async": False}, script)["trace"][-1]["run"]
-
-
-@hidden("ch27.2", "async scheduling changes when tokens arrive, not which tokens", time_limit=3.0)
-def same_tokens(t: Trial) -> None:
-    config = random_config(t, True)
-    script = [op for op in random_script(t, 12) if op[0] == "add"] + [("run",)]
-    want = t.ref.drive(sync_outputs, config, script)
-    ops = t.ref.drive(drive_reference, config, script)["ops"]
-    mine, error = drive_student(t, config, ops)
-    if error is not None:
-        raise error
-    got = mine[-1].get("run")
-    if got != want:
-        rid = next((r for r in want if not isinstance(got, dict) or got.get(r) != want[r]), None)
-        yours = got.get(rid) if isinstance(got, dict) else got
-        raise CheckFailed(f'case "same tokens": {config}, 12 requests\nwith or without async scheduling every request '
-                          f"gets the same tokens: {rid} gets {want[rid]} from the synchronous engine; your async run() "
-                          f"gave it {yours!r:.200}")
-
-
-@hidden("ch27.2", "hundreds of requests through run()", time_limit=5.0)
-def async_hundreds(t: Trial) -> None:
-    run_many(t, True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, expect_tensor
+from grader.authoring import CheckFailed, Trial, expect_tensor, wrong_mask
 from grader.checks.ch25 import expect_cache, expect_slots, token_keys
 from grader.lab import Int, Numbers, expected_or_own, experiment
 
@@ -27,7 +27,7 @@ def _constraints(p: dict) -> dict[str, str]:
     return {}
 
 
-def _captions(p: dict) -> dict[str, tuple[str, str]]:
+def _captions(p: dict) -> dict[str, tuple[str, ...]]:
     bs = p["block_size"]
     return {"ch25-dim-slot-mapping": (
         f"T = {p['T']}、block_size = {bs}、block_table = {p['block_table']}:每个 token 由位置算出逻辑块(pos // {bs})"
@@ -53,8 +53,9 @@ def paged_kv(t: Trial, p: dict) -> None:
     want = t.ref.slot_mapping(list(table), positions, bs) if t.ref else None
     slots = expect_tensor(got, what=f"the slots of {T} tokens", shape=[T], dtype=torch.int64)
     keys = token_keys(T)
+    expected = expected_or_own(want, slots)
     t.figure("ch25-dim-slot-mapping", table=table, block_size=bs, num_blocks=nb, positions=positions, keys=keys[:, 0],
-             slots=slots, expected=expected_or_own(want, slots))
+             slots=slots, expected=expected, wrong=wrong_mask(slots, expected))
     if want is not None:
         expect_slots(slots, want, table, positions, bs)
     written = (want if want is not None else slots).tolist()
@@ -69,8 +70,10 @@ def paged_kv(t: Trial, p: dict) -> None:
     if t.ref:
         want_k, want_v = torch.zeros(shape), torch.zeros(shape)
         t.ref.store_kv(want_k, want_v, keys, -keys, written)
-    t.figure("ch25-dim-slot-mapping", pool=pool.reshape(-1, 2), pool_expected=expected_or_own(want_k, pool).reshape(-1, 2))
+    pool_expected = expected_or_own(want_k, pool)
+    t.figure("ch25-dim-slot-mapping", pool=pool.reshape(-1, 2), pool_expected=pool_expected.reshape(-1, 2),
+             pool_wrong=wrong_mask(pool, pool_expected).reshape(-1, 2).any(dim=1))
     if call.value is not None:
         raise CheckFailed("store_kv writes the caches in place and returns None; yours returned a value")
-    if want_k is not None:
+    if want_k is not None and want_v is not None:
         expect_cache(pool, call.args[1], want_k, want_v, written, bs)

@@ -1,28 +1,61 @@
-"""ch25's block-manager traces, shared by its public and hidden checks: the reference's trace of a
-script of allocate / append / deallocate steps (from the hidden side), the student's trace of the same
-script, and the explanation of the first step where the two differ.
+"""ch25's block-manager traces, shared by its public and hidden checks: the reference's trace of a script
+of allocate / append / deallocate steps (from the hidden side, with the facts an explanation needs), the
+student's trace of the same script (the provided `replay`, in one call), compared step by step
+(`grader.authoring.trace`), and the explanation of the first step where the two differ; then what the
+block-lifecycle figure reads of a trace.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
-from grader.authoring import CheckFailed, Trial, describe, hidden_model
+from grader.authoring import (
+    CheckFailed,
+    Trial,
+    compare_trace,
+    describe,
+    expect_records,
+    hidden_model,
+    mistakes,
+    plural,
+    short,
+    walk,
+)
 
 drive_reference = hidden_model("ch25_models.drive_reference")
 """`t.ref.drive(drive_reference, num_blocks, block_size, script)`: the reference's trace of a script, plus per step
 the facts an explanation needs (for can_allocate the walk over the hash chain, for compute each newly hashed
 block's unchained hash). The walk repeats the prefix-cache lookup, so it runs on the hidden side."""
+M = mistakes("ch25")
 
 
-def states(script: list, trace, num_blocks: int, *, whose: str = "your") -> Iterator[tuple[dict, dict]]:
+# -- running a script on both sides ------------------------------------------------------------------------
+def run_trace(t: Trial, script: list, num_blocks: int, block_size: int, case: str) -> list[dict]:
+    """Drive your BlockManager (through the provided replay) and the reference through one script."""
+    expected = t.ref.drive(drive_reference, num_blocks, block_size, script)
+    got = t.yours.replay(num_blocks, block_size, script)
+    return expect_trace(script, got, expected, num_blocks, block_size, case=case)
+
+
+def expect_trace(script: list, got: Any, expected: dict, num_blocks: int, bs: int, *, case: str) -> list[dict]:
+    """Your trace against the reference's, step by step (`grader.authoring.trace.compare`); the first difference
+    is explained with the pool's state before and after the step."""
+    want = walk(states(script, expected["trace"], num_blocks))
+    yours = walk(states(script, expect_records(got), num_blocks))
+
+    def explain(k: int, _mine: dict, _want: dict) -> CheckFailed | None:
+        before, w = want(k)
+        return explain_step(script[k], before, w, yours(k)[1], expected["notes"][k], bs)
+
+    return compare_trace(got, expected["trace"], case=case, describe=lambda k: describe_op(script[k], want(k)[0], bs),
+                   explain=explain)
+
+
+def states(script: list, trace: list[dict], num_blocks: int) -> Iterator[tuple[dict, dict]]:
     """Replay a trace of what changed: per step, the op's sequence and the pool before it (a small copy)
     and the full state after it (one dict, updated in place). A step that raised yields a state with
     "error" and ends the walk."""
-    if not isinstance(trace, list) or not all(isinstance(r, dict) for r in trace):
-        raise CheckFailed(f"replay should return a list of dicts, one per operation; {whose}s returned "
-                          f"{describe(trace)} (replay, run_op and snapshot are provided: keep them as they are)")
-    s = {"free": list(range(num_blocks)), "used": [], "ref": [0] * num_blocks, "hash": [-1] * num_blocks,
+    s: dict[str, Any] = {"free": list(range(num_blocks)), "used": [], "ref": [0] * num_blocks, "hash": [-1] * num_blocks,
          "tokens": [[] for _ in range(num_blocks)], "map": {}, "tables": {}, "cached": {}, "seqs": {}, "value": None}
     try:
         for op, rec in zip(script, trace):
@@ -54,21 +87,16 @@ def states(script: list, trace, num_blocks: int, *, whose: str = "your") -> Iter
                     s["map"][h] = b
             yield before, s
     except (KeyError, TypeError, IndexError, ValueError) as e:
-        raise CheckFailed(f"{whose} replay trace is not in the documented form ({type(e).__name__}: {e}); "
+        raise CheckFailed(f"your replay's trace is not in the documented form ({type(e).__name__}: {e}); "
                           "replay, run_op and snapshot are provided: keep them as they are") from None
+
+
+# -- describing ---------------------------------------------------------------------------------------------
 
 
 def hx(h) -> str:
     """A block hash as a student reads it: 16 hex digits, or "none" for −1."""
     return "none" if h == -1 else f"0x{h:016x}" if isinstance(h, int) and h >= 0 else repr(h)
-
-
-def short(xs: list, n: int = 12) -> str:
-    return str(xs) if len(xs) <= n else f"[{', '.join(map(str, xs[:n - 2]))}, … ({len(xs)} in all)]"
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}{'s' * (n != 1)}"
 
 
 def describe_op(op: list, s: dict, bs: int) -> str:
@@ -95,24 +123,8 @@ def holders(s: dict, block: int) -> list[str]:
     return [n for n, t in s["tables"].items() for b in t if b == block]
 
 
-def expect_trace(script: list, got, expected: dict, num_blocks: int, bs: int, *, case: str) -> None:
-    """Your trace against the reference's, step by step; the first difference is explained."""
-    want = states(script, expected["trace"], num_blocks, whose="the reference's")
-    yours = states(script, got, num_blocks)
-    for i, op in enumerate(script):
-        before, w = next(want)
-        head = f"{case}, step {i + 1} of {len(script)}: {describe_op(op, before, bs)}"
-        y = next(yours, (None, None))[1]
-        if y is None:
-            raise CheckFailed(f"{head}\nyour replay trace stopped before this step")
-        if "error" in y:
-            raise CheckFailed(f"{head}\nyour code raised {y['error']}")
-        why = explain_step(op, before, w, y, expected["notes"][i], bs)
-        if why:
-            raise CheckFailed(f"{head}\n" + why)
-
-
-def explain_step(op: list, before: dict, w: dict, y: dict, note: dict, bs: int) -> str | None:
+# -- explaining the first difference -------------------------------------------------------------------------
+def explain_step(op: list, before: dict, w: dict, y: dict, note: dict, bs: int) -> CheckFailed | None:
     """The first observable difference after one step, explained (None when there is none)."""
     kind, name = op[0], op[1]
     if y["value"] != w["value"]:
@@ -122,34 +134,32 @@ def explain_step(op: list, before: dict, w: dict, y: dict, note: dict, bs: int) 
     if y["cached"][name] != w["cached"][name]:
         rule = {"allocate": f"allocate sets it to the hit: num_cached_blocks · block_size = {op[2]}·{bs}",
                 "deallocate": "deallocate resets it to 0"}.get(kind, "it counts the leading tokens already cached")
-        return f"{name}.num_cached_tokens should be {w['cached'][name]} ({rule}); yours: {y['cached'][name]}"
+        return CheckFailed(f"{name}.num_cached_tokens should be {w['cached'][name]} ({rule}); yours: {y['cached'][name]}")
     if y["free"] != w["free"]:
         return explain_free(op, before, w, y)
     if y["used"] != w["used"]:
-        return (f"used_block_ids should be {w['used']} (every block with ref_count ≥ 1); yours: {y['used']}")
+        return CheckFailed(f"used_block_ids should be {w['used']} (every block with ref_count ≥ 1); yours: {y['used']}")
     for j in range(len(w["ref"])):
         if y["ref"][j] != w["ref"][j]:
             hold = holders(w, j)
-            hint = ""
-            if kind == "allocate" and j in w["tables"][name][:op[2]]:
-                hint = ("\nhint: a prefix hit on a block in use adds 1 to its ref_count" if before["ref"][j] else
-                        "\nhint: a prefix hit on a free block revives it with ref_count 1")
-            return (f"block {j} is held by {len(hold)} block table{'s' * (len(hold) != 1)}"
-                    f"{' (' + ', '.join(hold) + ')' if hold else ''}, so its ref_count is {w['ref'][j]}; "
-                    f"yours: {y['ref'][j]}{hint}")
+            hit = kind == "allocate" and j in w["tables"][name][:op[2]]
+            return CheckFailed(f"block {j} is held by {plural(len(hold), 'block table')}"
+                               f"{' (' + ', '.join(hold) + ')' if hold else ''}, so its ref_count is {w['ref'][j]}; "
+                               f"yours: {y['ref'][j]}",
+                               hint=(M.shared_ref_not_counted if before["ref"][j] else M.revived_ref) if hit else "")
     for j in range(len(w["hash"])):
         if y["hash"][j] != w["hash"][j]:
-            return explain_hash(op, j, before, w, y, note, bs)
+            return explain_hash(op, j, before, w, y, note)
     for j in range(len(w["tokens"])):
         if w["hash"][j] != -1 and y["tokens"][j] != w["tokens"][j]:
-            return (f"block {j} stores the tokens it was hashed with, {w['tokens'][j]} (can_allocate compares them "
-                    f"on a hit, against hash collisions); yours: {y['tokens'][j]}")
+            return CheckFailed(f"block {j} stores the tokens it was hashed with, {w['tokens'][j]} (can_allocate "
+                               f"compares them on a hit, against hash collisions); yours: {y['tokens'][j]}")
     if y["map"] != w["map"]:
         return explain_map(op, before, w, y)
     return None
 
 
-def explain_value(op: list, before: dict, want, got, note: dict, bs: int) -> str:
+def explain_value(op: list, before: dict, want: Any, got: Any, note: dict, bs: int) -> CheckFailed:
     kind, name = op[0], op[1]
     toks = before["seqs"][name]
     if kind == "can_allocate":
@@ -164,29 +174,27 @@ def explain_value(op: list, before: dict, want, got, note: dict, bs: int) -> str
         shared = sum(1 for _, b, u in note["walk"] if b is not None and u)
         lines.append(f"  logical block {nblocks - 1} is the last one: never a hit")
         lines.append(f"  blocks to take from the free list: {nblocks} − {shared} shared = {nblocks - shared}; "
-                     f"{note['free']} free → " + (f"{hits} hit{'s' * (hits != 1)}" if want >= 0 else "−1 (does not fit)"))
+                     f"{note['free']} free → " + (f"{plural(hits, 'hit')}" if want >= 0 else "−1 (does not fit)"))
         hint = ""
         if isinstance(got, int) and want >= 0 and got == want + 1 and want + 1 == nblocks:
-            hint = "the last logical block never counts as a hit (one token must be computed for the logits)"
+            hint = M.last_block_hits
         elif got == -1 and want >= 0 and shared and note["free"] < nblocks:  # fits only with the shared hits free
-            hint = "a hit on a block in use needs no free block: subtract it from the blocks needed"
+            hint = M.shared_hit_costs_a_block
         elif got == hits and want == -1 and hits > shared and note["free"] >= nblocks - hits:  # every hit free
-            hint = "a hit on a free (cached) block still takes a block out of the free list"
+            hint = M.free_hit_costless
         elif got == 0 and want > 0:
-            hint = "look each full block's chained hash up in hash_to_block_id: h_i = compute_hash(block i, h_(i−1))"
-        return (f"can_allocate({name}) should return {want}:\n" + "\n".join(lines) +
-                f"\nyours: {got!r}" + (f"\nhint: {hint}" if hint else ""))
+            hint = M.no_lookup
+        return CheckFailed(f"can_allocate({name}) should return {want}:", *lines, f"yours: {got!r}", hint=hint)
     if kind == "can_append":
         n = len(toks)
         need = 1 if n % bs == 1 else 0
-        hint = ("\nhint: len(seq) counts the newest token, which is not cached yet: a new block is needed when "
-                "len % block_size == 1" if n % bs in (0, 1) else "")
-        return (f"can_append({name}) should be {want}: len = {n}, {n} % {bs} = {n % bs}, so {need} free block"
-                f"{'s' * (need != 1)} needed and {len(before['free'])} free; yours: {got!r}{hint}")
-    return f"{kind} returns nothing; yours returned {describe(got)}"
+        return CheckFailed(f"can_append({name}) should be {want}: len = {n}, {n} % {bs} = {n % bs}, so "
+                           f"{plural(need, 'free block')} needed and {len(before['free'])} free; yours: {got!r}",
+                           hint=M.append_off_by_one if n % bs in (0, 1) else "")
+    return CheckFailed(f"{kind} returns nothing; yours returned {describe(got)}")
 
 
-def explain_table(op: list, before: dict, w: dict, y: dict, bs: int) -> str:
+def explain_table(op: list, before: dict, w: dict, y: dict, bs: int) -> CheckFailed:
     kind, name = op[0], op[1]
     want, got, free = w["tables"][name], y["tables"][name], before["free"]
     line = f"{name}.block_table should be {want}; yours: {got}"
@@ -196,12 +204,12 @@ def explain_table(op: list, before: dict, w: dict, y: dict, bs: int) -> str:
                if n else "all ") + f"{new} come{'s' * (new == 1)} from the head of the free list {short(free)}"
         hint = ""
         if len(got) < len(want):
-            hint = "allocate gives the whole table at once: seq.num_blocks blocks, covering every token so far"
+            hint = M.partial_table
         elif got[n:] == free[::-1][:new] and new > 0 and got[n:] != want[n:]:
-            hint = "the free list is a FIFO queue: take new blocks from its left end (popleft)"
+            hint = M.lifo
         elif got[:n] != want[:n]:
-            hint = "the first num_cached_blocks entries are the cached blocks themselves, looked up by hash"
-        return f"{line}\n{why}" + (f"\nhint: {hint}" if hint else "")
+            hint = M.cached_blocks_not_reused
+        return CheckFailed(line, why, hint=hint)
     if kind == "may_append":
         n = len(before["seqs"][name])
         why = (f"{n} % {bs} == 1: the newest token starts logical block {n // bs}, so the head of the free list, "
@@ -209,44 +217,43 @@ def explain_table(op: list, before: dict, w: dict, y: dict, bs: int) -> str:
                "has room, nothing is appended")
         hint = ""
         if len(got) != len(want):
-            hint = "a decode step needs a new block exactly when len(seq) % block_size == 1"
+            hint = M.may_append_on_full_block
         elif free and got[-1] == free[-1] != free[0]:
-            hint = "the free list is a FIFO queue: take new blocks from its left end (popleft)"
-        return f"{line}\n{why}" + (f"\nhint: {hint}" if hint else "")
+            hint = M.lifo
+        return CheckFailed(line, why, hint=hint)
     if kind == "deallocate":
-        return f"{line}\ndeallocate clears the block table"
-    return line
+        return CheckFailed(line, "deallocate clears the block table")
+    return CheckFailed(line)
 
 
-def explain_free(op: list, before: dict, w: dict, y: dict) -> str:
+def explain_free(op: list, before: dict, w: dict, y: dict) -> CheckFailed:
     kind, name = op[0], op[1]
     want, got, free = w["free"], y["free"], before["free"]
-    line = f"the free list should be {short(want, 16)}; yours: {short(got, 16)}"
+    lines = [f"the free list should be {short(want, 16)}; yours: {short(got, 16)}"]
     cut = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
     if cut > 10:
-        line += f"\n(they differ from position {cut} on: expected …{want[cut:cut + 8]}, yours …{got[cut:cut + 8]})"
+        lines.append(f"(they differ from position {cut} on: expected …{want[cut:cut + 8]}, yours …{got[cut:cut + 8]})")
     if kind == "deallocate":
         table = before["tables"][name]
         freed = [b for b in table[::-1] if w["ref"][b] == 0 and before["ref"][b] > 0]
         steps = ", ".join(f"block {b}: ref {before['ref'][b]}→{before['ref'][b] - 1}" for b in table[::-1])
-        why = f"{name}'s table {table} is walked in reverse ({steps}); blocks reaching 0 are appended: {freed}"
         hint = ""
         if got == free + freed[::-1]:
-            hint = "free the tail first: walk the block table in reverse, so the tail block is reused before the prefix"
+            hint = M.forward_free
         elif got[:len(freed)] == freed or got[:len(freed)] == freed[::-1]:
-            hint = "freed blocks go to the right end of the free list (append); the allocator takes from the left"
-        return f"{line}\n{why}" + (f"\nhint: {hint}" if hint else "")
+            hint = M.freed_to_front
+        return CheckFailed(*lines, f"{name}'s table {table} is walked in reverse ({steps}); blocks reaching 0 are "
+                           f"appended: {freed}", hint=hint)
     if kind == "allocate":
         revived = [b for b in w["tables"][name][:op[2]] if b in free]
         why = "new blocks leave from the head of the free list" + \
               (f"; the hit{'s' * (len(revived) > 1)} on free block{'s' * (len(revived) > 1)} {revived} "
                "revive them: they leave the free list too" if revived else "")
-        hint = "\nhint: a prefix hit on a free block takes it out of the free list" if any(b in got for b in revived) else ""
-        return f"{line}\n{why}{hint}"
-    return f"{line}\nthe new block is the head of the free list" if kind == "may_append" else line
+        return CheckFailed(*lines, why, hint=M.revived_stays_free if any(b in got for b in revived) else "")
+    return CheckFailed(*lines, "the new block is the head of the free list" if kind == "may_append" else "")
 
 
-def explain_hash(op: list, j: int, before: dict, w: dict, y: dict, note: dict, bs: int) -> str:
+def explain_hash(op: list, j: int, before: dict, w: dict, y: dict, note: dict) -> CheckFailed:
     kind, name = op[0], op[1]
     want, got = w["hash"][j], y["hash"][j]
     line = f"block {j}'s hash should be {hx(want)}; yours: {hx(got)}"
@@ -254,64 +261,54 @@ def explain_hash(op: list, j: int, before: dict, w: dict, y: dict, note: dict, b
     if kind == "compute" and want != -1 and before["hash"][j] == -1:
         i = table.index(j)
         prev = f"the hash of {name}'s logical block {i - 1}, physical {table[i - 1]}" if i else "−1: it is the first block"
-        why = (f"block {j} is {name}'s logical block {i}, tokens {w['tokens'][j]}: full, and this step computed its "
-               f"last token, so hash_blocks hashes it with compute_hash(tokens, prefix = {prev})")
-        hint = ""
-        if got == note.get("unchained", {}).get(j) and i:
-            hint = "chain the hashes: the prefix of block i is the hash of block i − 1, so a hash names the whole prefix"
-        elif got == -1:
-            hint = ("hash every block the step completed: start = num_cached_tokens // block_size, "
-                    "end = (num_cached_tokens + num_scheduled_tokens) // block_size")
-        return f"{line}\n{why}" + (f"\nhint: {hint}" if hint else "")
+        return CheckFailed(line, f"block {j} is {name}'s logical block {i}, tokens {w['tokens'][j]}: full, and this step "
+                           f"computed its last token, so hash_blocks hashes it with compute_hash(tokens, prefix = {prev})",
+                           hint=M.unchained if got == note.get("unchained", {}).get(j) and i else
+                           M.hash_not_all if got == -1 else "")
     if want == -1 and kind in ("allocate", "may_append") and before["hash"][j] != -1:
-        return f"{line}\nblock {j} was taken from the free list for new tokens: its old hash goes (ref 1, hash −1)"
+        return CheckFailed(line, f"block {j} was taken from the free list for new tokens: its old hash goes "
+                                 "(ref 1, hash −1)")
     if want == -1:
-        return (f"{line}\nonly full blocks whose last token has been computed get a hash, and only in hash_blocks "
-                f"(allocate and may_append hash nothing)")
+        return CheckFailed(line, "only full blocks whose last token has been computed get a hash, and only in "
+                                 "hash_blocks (allocate and may_append hash nothing)")
     if kind == "deallocate" and got == -1:
-        return f"{line}\nhint: freeing keeps the hash: a free block stays a cache candidate until it is reused"
+        return CheckFailed(line, hint=M.zeroed_on_free)
     if kind == "deallocate":
-        return f"{line}\ndeallocate changes no hash: a free block keeps its hash until it is reused"
-    return line
+        return CheckFailed(line, "deallocate changes no hash: a free block keeps its hash until it is reused")
+    return CheckFailed(line)
 
 
-def explain_map(op: list, before: dict, w: dict, y: dict) -> str:
+def explain_map(op: list, before: dict, w: dict, y: dict) -> CheckFailed:
     kind = op[0]
     want, got = w["map"], y["map"]
     missing = [h for h in want if got.get(h) != want[h]]
     extra = [h for h in got if h not in want]
     if missing:
         h = missing[0]
-        line = (f"hash_to_block_id[{hx(h)}] should be {want[h]}; yours: "
-                + (f"{got[h]}" if h in got else "no entry"))
+        line = f"hash_to_block_id[{hx(h)}] should be {want[h]}; yours: " + (f"{got[h]}" if h in got else "no entry")
         if kind == "compute" and h in got and got[h] == before["map"].get(h):  # the older entry kept
-            return (f"{line}\nhint: a newly hashed block overwrites the entry of an equal hash (the later "
-                    "hash_blocks wins)")
+            return CheckFailed(line, hint=M.first_hash_wins)
         if kind == "compute":
-            return f"{line}\nhash_blocks publishes every block it hashes: hash_to_block_id[hash] = block id"
+            return CheckFailed(line, "hash_blocks publishes every block it hashes: hash_to_block_id[hash] = block id")
         if kind == "deallocate" and h not in got:
-            return f"{line}\nhint: deallocate never removes map entries: a freed block can still be hit and revived"
+            return CheckFailed(line, hint=M.map_entry_dropped_on_free)
         if kind == "deallocate":
-            return f"{line}\ndeallocate changes no map entry"
+            return CheckFailed(line, "deallocate changes no map entry")
         reused = [b for b in w["tables"].get(op[1], []) if before["hash"][b] == h]
         if h not in got and reused:  # the entry of another block deleted with the reused block's equal hash
-            return (f"{line}\nthe entry points to block {want[h]}, not to the reused block {reused[0]}\nhint: on "
-                    "reuse, delete a map entry only if it still points to the block being reused")
-        return f"{line}\nonly the entry of a reused block's own old hash goes, and only if it points to that block"
+            return CheckFailed(line, f"the entry points to block {want[h]}, not to the reused block {reused[0]}",
+                               hint=M.evict_any)
+        return CheckFailed(line, "only the entry of a reused block's own old hash goes, and only if it points to "
+                                 "that block")
     h = extra[0]
+    line = f"hash_to_block_id should have no entry {hx(h)}; yours maps it to {got[h]}"
     if kind in ("allocate", "may_append"):
-        return (f"hash_to_block_id should have no entry {hx(h)}; yours maps it to {got[h]}\nblock {got[h]} was taken "
-                "from the free list for new tokens, so the entry of its old hash is evicted")
-    return f"hash_to_block_id should have no entry {hx(h)}; yours maps it to {got[h]}"
+        return CheckFailed(line, f"block {got[h]} was taken from the free list for new tokens, so the entry of its old "
+                                 "hash is evicted")
+    return CheckFailed(line)
 
 
-def run_trace(t: Trial, script: list, num_blocks: int, block_size: int, case: str) -> list[dict]:
-    """Drive your BlockManager (through the provided replay) and the reference through one script."""
-    expected = t.ref.drive(drive_reference, num_blocks, block_size, script)
-    got = t.yours.replay(num_blocks, block_size, script)
-    return expect_trace(script, got, expected, num_blocks, block_size, case=case)
-
-
+# -- scripts and the block-lifecycle figure ------------------------------------------------------------------
 def add(name: str, tokens: list[int], hits: int = 0) -> list[list]:
     """A request arriving and being admitted: add, can_allocate, allocate."""
     return [["add", name, tokens], ["can_allocate", name], ["allocate", name, hits]]
