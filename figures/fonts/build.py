@@ -9,9 +9,9 @@ or, without installing them system-wide (the machine keeps its own fonts):
     for d in fonts-noto-*.deb; do dpkg-deb -x "$d" /tmp/noto; done
     .venv/bin/python figures/fonts/build.py --root /tmp/noto
 
-Each shipped file is a subset holding the characters the course's figures and the lab's page can
-draw: every character of a string literal in figures/*.py and grader/lab/*.py and of the lab's
-static files, the chapters' titles, printable ASCII and
+Each shipped file is a subset holding the characters the course's figures, the lab's page and the
+figure book can draw: every character of a string literal in figures/*.py, grader/lab/*.py and
+grader/delivery/book.py and of the lab's static files, the chapters' titles, printable ASCII and
 `EXTRA` (what the figure code builds at run time: minus signs, infinities, subscripts, arrows).
 `figures.typeface` subsets these files again per figure, to what that figure uses, and embeds
 the result in the SVG.
@@ -56,11 +56,13 @@ EXTRA = ("−∞…·×÷±≈≠≤≥√∑∏∂∫⊙⊗→←↑↓↔⇒�
 
 
 def course_characters(extra: bool = True) -> set[str]:
-    """Every character the figures and the lab's page can draw: the string literals (not docstrings) of
-    figures/*.py and grader/lab/*.py, the text of the lab's static files, the chapters' titles,
+    """Every character the figures, the lab's page and the figure book can draw: the string literals (not
+    docstrings) of figures/*.py, grader/lab/*.py and grader/delivery/book.py, the text of the lab's static
+    files, the chapters' titles,
     printable ASCII, and `EXTRA` unless `extra` is false."""
     chars = {chr(c) for c in range(0x20, 0x7F)} | (set(EXTRA) if extra else set())
-    for path in sorted((ROOT / "figures").glob("*.py")) + sorted((ROOT / "grader" / "lab").glob("*.py")):
+    for path in (sorted((ROOT / "figures").glob("*.py")) + sorted((ROOT / "grader" / "lab").glob("*.py"))
+                 + [ROOT / "grader" / "delivery" / "book.py"]):
         chars |= _literals(path)
     for path in sorted((ROOT / "grader" / "lab" / "static").iterdir()):
         chars |= set(path.read_text(encoding="utf-8"))

@@ -169,23 +169,22 @@ def _light_passing(record: dict, reports: list[Report]) -> None:
 
 def placeholder(figure_id: str, title: str, zh: str, en: str, tasks: list[str], why: str) -> str:
     """A figure not drawn yet: its header, and a dashed frame saying which task draws it."""
-    from figures.kit import Figure
+    from figures.kit import Figure, wrap
     from figures.style import LABEL, MARGIN
 
     f = Figure(figure_id, title=title, zh=zh, en=en)
-    top = f.y
-    f.y += 34
-    f.text(f.width / 2, f.y, "尚未绘制 · not drawn yet", size=LABEL + 3, anchor="middle", weight="bold",
-           cls="placeholder")
-    f.y += 26
-    for line in ([f"drawn by {', '.join(tasks)} once it returns an output of the right shape and type"] if tasks
-                 else []) + [why]:
-        f.paragraph(MARGIN + 20, f.y, line, width=f.width - 2 * MARGIN - 40, size=LABEL)
-        f.y += 22
-    f.y += 12
-    f.box(MARGIN, top, f.width - 2 * MARGIN, f.y - top, role="masked", dashed=True)
-    f.dwg.elements.insert(3, f.dwg.elements.pop())  # the frame under the words
-    f.y += 8
+    lines = [f"drawn by {', '.join(tasks)} once it returns an output of the right shape and type"] if tasks else []
+    if why and not why.startswith("waits for"):
+        lines.append(why)
+    width = f.width - 2 * MARGIN - 40
+    wrapped = [piece for line in lines for piece in wrap(line, width, LABEL)]
+    height = 34 + 26 + 20 * len(wrapped) + 16
+    f.box(MARGIN, f.y, f.width - 2 * MARGIN, height, role="masked", dashed=True)
+    y = f.y + 34
+    f.text(f.width / 2, y, "尚未绘制 · not drawn yet", size=LABEL + 3, anchor="middle", weight="bold", cls="placeholder")
+    for k, line in enumerate(wrapped):
+        f.text(f.width / 2, y + 28 + 20 * k, line, size=LABEL, anchor="middle", cls="note")
+    f.y += height + 8
     return f.svg()
 
 
