@@ -3,8 +3,10 @@
 Every round, ch24's `Scheduler` picks a batch; ch29's `prepare_inputs` turns it into
 input ids, positions and slots; ch26's `varlen_metadata` gives the cu_seqlens of the
 flattened batch and ch28's `logits_indices` the rows to sample; the model runner
-computes the logits; ch23's `sample` draws the tokens (temperature 0 is greedy
-argmax, as real engines do: ch23's sampler has no greedy path); the blocks the step
+computes the logits; ch23's `sample` draws the tokens (temperature 0 is greedy argmax,
+as in vLLM, which samples greedily below a temperature of 1e-5 (`_SAMPLING_EPS` in
+vllm/sampling_params.py); nano-vllm refuses a temperature ≤ 1e-10 (nanovllm/sampling_params.py)
+and ch23's sampler has no greedy path, so this engine's greedy step is its own); the blocks the step
 completed are hashed into ch25's prefix cache; `Scheduler.postprocess` appends the
 tokens. ch29's `latency_metrics` measures the run.
 

@@ -75,6 +75,8 @@ from linkedvenv import link_distributions
 
 from grader import chapters, checks
 
+pytestmark = pytest.mark.slow  # grades submissions, builds releases or runs real tools: not in the fast loop
+
 ROOT = chapters.ROOT
 CH = chapters.find("ch17")
 FULL = sum(s.points for s in checks.load("ch17", with_hidden=True))

@@ -18,6 +18,8 @@ from grader import chapters, checks
 from grader.delivery import stubs
 from grader.run import check
 
+pytestmark = pytest.mark.slow  # grades submissions, builds releases or runs real tools: not in the fast loop
+
 CHAPTERS = chapters.all_chapters()
 IDS = [ch.id for ch in CHAPTERS]
 SEEDS = (11, 22, 33)

@@ -25,6 +25,8 @@ from grader import chapters
 from grader.cli import main
 from solutions import ch19_rope
 
+pytestmark = pytest.mark.slow  # grades submissions, builds releases or runs real tools: not in the fast loop
+
 PROMPTS = [list(range(1, 12)), list(range(1, 9)) + [20, 21], list(range(1, 14)), [50, 51], list(range(1, 10))]
 """Five requests, four sharing the prefix 1 … 8: with block_size 4 the later ones hit the cached blocks."""
 FORCING = Settings(block_size=4, num_blocks=9, max_num_seqs=2, max_num_batched_tokens=8)

@@ -32,6 +32,8 @@ from grader.delivery.notebook import chapter_notebook
 from grader.delivery.summary import HISTOGRAM, clip, message_group, summarize, summary_markdown
 from grader.isolation.sandbox import SandboxUnavailable, probe
 
+pytestmark = pytest.mark.slow  # grades submissions, builds releases or runs real tools: not in the fast loop
+
 CH25 = chapters.find("ch25")
 FULL = sum(s.points for s in checks.load("ch25", with_hidden=True))
 CH17 = chapters.find("ch17")

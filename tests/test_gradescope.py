@@ -34,6 +34,8 @@ from grader import chapters
 from grader.delivery.gradescope import STUDENT_USER, export, processes_of
 from grader.isolation.sandbox import _closure
 
+pytestmark = pytest.mark.slow  # grades submissions, builds releases or runs real tools: not in the fast loop
+
 CH25 = chapters.find("ch25")
 SEED = 9
 STUDENT = 1_250_000 + os.getpid() % 10_000

@@ -27,6 +27,8 @@ from grader.lab.runner import Lab
 from grader.lab.server import MAX_BODY, app, bind
 from tests.mutate import mutant
 
+pytestmark = pytest.mark.slow  # grades submissions, builds releases or runs real tools: not in the fast loop
+
 EXPERIMENTS = list(catalog().experiments.values())
 HANG = ("    return weight[ids.long()]", "    while ids.numel() > 3:\n        pass\n    return weight[ids.long()]")
 WRONG_SLOTS = ("    return table[logical] * block_size + pos % block_size",

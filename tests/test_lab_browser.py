@@ -21,8 +21,8 @@ from tests.mutate import mutant
 from tests.test_lab import HANG, WRONG_SLOTS, start_lab, stop_lab
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-pytestmark = pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
-                                reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+                                reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")]
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402

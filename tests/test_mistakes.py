@@ -13,6 +13,8 @@ from grader.authoring.misconceptions import Mistake, mistakes, recorded, table
 from grader.run import check
 
 SEED = 2024
+TIME_LIMIT = 5.0
+"""Seconds per check: a mistake that makes the code hang costs that, not the default 10 s."""
 ROWS = [(ch.id, m) for ch in chapters.all_chapters() for m in table(ch.id)]
 
 
@@ -28,12 +30,17 @@ def _sources(chapter_id: str) -> str:
 def test_each_mistake_gets_its_hint(tmp_path, chapter_id: str, row: Mistake):
     submission = mutant(tmp_path / "submission", chapter_id, *row.edits)
     for task in row.tasks:
-        report = check(chapter_id, submission=submission, task=task, hidden=True, seed=SEED, figures_dir=None)
-        named = {h for r in report.results if r.status != "passed" for h in r.hints}
+        seen = []
+        for public in (True, False):  # the hidden checks only where no public check names it (half the time)
+            report = check(chapter_id, submission=submission, task=task, public=public, hidden=not public,
+                           seed=SEED, figures_dir=None, time_limit=TIME_LIMIT)
+            seen += [r for r in report.results if r.status != "passed"]
+            if row.id in {h for r in seen for h in r.hints}:
+                break
+        named = {h for r in seen for h in r.hints}
         assert row.id in named, (f"{chapter_id} mistake {row.id!r} should be named by a failing check of {task}; "
                                  f"named: {sorted(named)}; " +
-                                 "; ".join(f"{r.name}: {r.status} {r.message[:200]}" for r in report.results
-                                           if r.status != "passed"))
+                                 "; ".join(f"{r.name}: {r.status} {r.message[:200]}" for r in seen))
 
 
 @pytest.mark.parametrize("chapter_id", sorted({c for c, _ in ROWS}))

@@ -28,6 +28,8 @@ from grader import chapters, checks
 from grader.delivery.notebook import write_course
 from grader.delivery.stubs import BEGIN, END
 
+pytestmark = pytest.mark.slow  # grades submissions, builds releases or runs real tools: not in the fast loop
+
 ROUND_TRIP = ("ch17", "ch25")
 HONEST = ("stub", "partial", "broken", "carol", "source")
 STUDENTS = HONEST + ("hostile",)

@@ -101,6 +101,7 @@ def top_level_names(ch) -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_every_notebook_runs_top_to_bottom_without_its_test_cells(tmp_path):
     """The locked cells (setup, provided) of every source and release notebook run with no error, and the
     notebook ends up defining every top-level name of the chapter module (`replay`, `ScriptRunner`…)."""

@@ -22,6 +22,8 @@ from grader.delivery.release import build, record_answers
 from grader.delivery.stubs import BEGIN, END
 from grader.run import check
 
+pytestmark = pytest.mark.slow  # grades submissions, builds releases or runs real tools: not in the fast loop
+
 CHAPTERS = chapters.all_chapters()
 IDS = [ch.id for ch in CHAPTERS]
 DISTINCTIVE = 20  # characters: shorter lines (`return out`, `B, V = x.shape`) are common idiom, not a leak

@@ -18,6 +18,8 @@ from grader.chapters import EXERCISES, ROOT
 from grader.isolation import procs
 from grader.run import check
 
+pytestmark = pytest.mark.slow  # grades submissions, builds releases or runs real tools: not in the fast loop
+
 # A correct ch25 whose slot_mapping misbehaves only on the figure instance (the first check).
 TEMPLATE = '''
 import torch

@@ -29,6 +29,8 @@ from grader.authoring.reference import Live
 from grader.isolation.wire import Handle
 from grader.run import check, solutions_module
 
+pytestmark = pytest.mark.slow  # grades submissions, builds releases or runs real tools: not in the fast loop
+
 CHAPTERS = chapters.all_chapters()
 PER_FUNCTION = 6          # instances per graded function (or reference driver) tried
 CALL_SECONDS = 2.0        # a candidate that runs longer is stopped and counts as failing

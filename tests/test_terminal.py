@@ -195,6 +195,7 @@ def causal_mask(num_tokens):
 '''
 
 
+@pytest.mark.slow
 def test_a_pseudo_terminal_shows_the_running_check(tmp_path):
     """The real command on a pseudo-terminal: a check that runs over SLOW seconds is named while it runs."""
     (tmp_path / "ch17_causal_masks.py").write_text(SLOW_MASK.replace("{seconds}", str(SLOW + 1.5)))
