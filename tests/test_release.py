@@ -133,6 +133,31 @@ def test_check_in_the_release_runs_public_checks_and_counts_hidden_ones(release)
         assert all(Path(release.student, f).is_file() for f in doc["figures"]) and doc["figures"], ch.id
 
 
+def test_the_whole_course_and_its_figure_book_in_the_release_come_from_the_students_code(release, tmp_path):
+    """`course check all` and `course figures` in a release: the student's own exercises/, stubs at first (every
+    figure a placeholder naming its task), then two chapters answered (their figures drawn from that code)."""
+    student = tmp_path / "student"
+    shutil.copytree(release.student, student)
+    env = dict(os.environ, PYTHONPATH=str(student))
+    run = lambda *args: subprocess.run([sys.executable, "-m", "grader.cli", *args], cwd=student, env=env,
+                                       capture_output=True, text=True)
+    out = run("check", "all", "--jobs", "2")
+    assert out.returncode == 1, out.stderr
+    assert all(re.search(rf"^  ✗ {ch.id} ", out.stdout, re.M) for ch in CHAPTERS), out.stdout
+    assert re.search(r"^score 0/\d+ · 18 chapters in .* hidden checks run at grading time$", out.stdout, re.M)
+    book = run("figures", "--out", str(tmp_path / "book"))
+    assert book.returncode == 0 and "0 of 47 figures drawn from your exercises/" in book.stdout, book.stdout + book.stderr
+    page = (tmp_path / "book" / "index.html").read_text(encoding="utf-8")
+    assert page.count("not drawn yet") == 47 and "ch25.1" in (tmp_path / "book" / "ch25-dim-slot-mapping.svg").read_text()
+    for cid in ("ch17", "ch25"):
+        ch = chapters.find(cid)
+        (student / "exercises" / ch.filename).write_text((chapters.SOLUTIONS / ch.filename).read_text())
+    book = run("figures", "--out", str(tmp_path / "book"))
+    assert "5 of 47 figures drawn from your exercises/" in book.stdout, book.stdout + book.stderr
+    svg = (tmp_path / "book" / "ch17-causal-mask.svg").read_text(encoding="utf-8")
+    assert "not drawn yet" not in svg and "ch17-causal-mask" in svg
+
+
 def test_the_release_speaks_to_students(release):
     """Its --help lists no instructor command or option, and `course list` shows the hidden points it recorded."""
     from grader.cli import INSTRUCTOR_COMMANDS
