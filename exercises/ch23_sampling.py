@@ -12,11 +12,11 @@ whose probability reaches p. A filtered entry becomes −∞, so its probability
 exactly 0 after the softmax. nano-vllm (bb823b3) implements temperature only. For
 top-k and top-p, applied in that order, the course follows the sort-based
 `apply_top_k_top_p_pytorch` of vLLM's `vllm/v1/sample/ops/topk_topp_sampler.py`.
-vLLM itself takes that path only without Triton: where Triton is available,
-`apply_top_k_top_p` in the same file hands the filtering to a Triton kernel
+vLLM does not always take that path: in newer versions of that file,
+`apply_top_k_top_p` hands the filtering to a Triton kernel
 (`vllm/v1/sample/ops/topk_topp_triton.py`) that finds each row's thresholds
-without sorting the vocabulary (some versions of the file do so only for batches
-of 8 rows or more).
+without sorting the vocabulary, whenever Triton is available (in some versions
+only for batches of 8 rows or more), and the sort path is left for the rest.
 
 Then one token is *drawn* from p = softmax(processed logits). The course draws it
 by the exponential race (指数竞赛), as nano-vllm's `Sampler`
