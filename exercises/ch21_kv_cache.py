@@ -68,8 +68,9 @@ def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, length: int, k_new: 
         >>> k_cache[:, 0, 0].tolist()
         [1.0, 1.0, 1.0, 7.0]
     """
-    # TODO(ch21.1): your code here (about 19 lines)
-    raise NotImplementedError("ch21.1 append_kv: not implemented yet (about 19 lines)")
+    _check_append(k_cache, v_cache, length, k_new, v_new)
+    # TODO(ch21.1): your code here (about 4 lines)
+    raise NotImplementedError("ch21.1 append_kv: not implemented yet (about 4 lines)")
 
 
 def decode_inputs(token_ids: list[int], block_table: list[int], block_size: int) -> dict:
@@ -88,7 +89,11 @@ def decode_inputs(token_ids: list[int], block_table: list[int], block_size: int)
     nano-vllm writes the slot as `block_table[-1]·bs + last_block_num_tokens − 1`;
     that is the same block because its table has exactly ceil(len / bs) entries. A
     longer table (vLLM's pre-allocated rows) needs the logical block of position
-    len − 1, so use that.
+    len − 1, so use that. A table too short to reach that block is an error to raise
+    (ValueError), not one to paper over with block_table[-1]: the block the newest
+    token needs was never allocated (nano-vllm's may_append adds it before the step),
+    and the last block of the table holds earlier tokens, whose K/V the write would
+    overwrite.
 
     Args:
         token_ids: the sequence's tokens (prompt + generated), len ≥ 1.
@@ -106,5 +111,38 @@ def decode_inputs(token_ids: list[int], block_table: list[int], block_size: int)
         >>> decode_inputs([5, 9, 2, 8, 4, 6, 3], [7, 2], 4)
         {'input_id': 3, 'position': 6, 'context_len': 7, 'slot': 10}
     """
-    # TODO(ch21.2): your code here (about 12 lines)
-    raise NotImplementedError("ch21.2 decode_inputs: not implemented yet (about 12 lines)")
+    _check_decode(token_ids, block_size)
+    # TODO(ch21.2): your code here (about 7 lines)
+    raise NotImplementedError("ch21.2 decode_inputs: not implemented yet (about 7 lines)")
+
+
+# -- provided: the input checks every task needs but none teaches (not part of the exercise) ----------------------
+
+def _check_append(k_cache: torch.Tensor, v_cache: torch.Tensor, length: int, k_new: torch.Tensor,
+                  v_new: torch.Tensor) -> None:
+    """Provided: raise ValueError unless the caches are [L_max, num_kv_heads, head_dim] alike, k_new and v_new
+    are [n, num_kv_heads, head_dim] with the same n, 0 ≤ length ≤ L_max and length + n ≤ L_max."""
+    if k_cache.dim() != 3 or v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache and v_cache must both be [L_max, num_kv_heads, head_dim]; "
+                         f"got {list(k_cache.shape)} and {list(v_cache.shape)}")
+    L_max, heads, dim = k_cache.shape
+    for name, x in (("k_new", k_new), ("v_new", v_new)):
+        if x.dim() != 3 or tuple(x.shape[1:]) != (heads, dim):
+            raise ValueError(f"{name} must be [n, {heads}, {dim}] (tokens, kv heads, head_dim) like the cache; "
+                             f"got {list(x.shape)}")
+    n = k_new.shape[0]
+    if v_new.shape[0] != n:
+        raise ValueError(f"k_new has {n} tokens but v_new has {v_new.shape[0]}")
+    if not 0 <= length <= L_max:
+        raise ValueError(f"length must lie in [0, L_max = {L_max}]; got {length}")
+    if length + n > L_max:
+        raise ValueError(f"the cache holds L_max = {L_max} tokens: {length} cached + {n} new = {length + n} "
+                         f"would overflow it")
+
+
+def _check_decode(token_ids: list[int], block_size: int) -> None:
+    """Provided: raise ValueError for an empty sequence or a block_size ≤ 0."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    if len(token_ids) == 0:
+        raise ValueError("token_ids is empty: a decode step needs at least the token sampled last")

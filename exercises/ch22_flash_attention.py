@@ -39,10 +39,20 @@ end, as in ch17/ch18 (query i is the token at absolute position S − T + i and
 sees keys 0 … S − T + i, as flash-attn ≥ 2.1 aligns `causal=True`), a tile whose
 first key lies after the last visible key of its last query is entirely in the
 future: the kernel skips it (about half the tiles of a square prefill), and only
-the tiles crossing the diagonal apply a mask element by element. nano-vllm
-(bb823b3) never builds a score matrix: its prefill calls
-`flash_attn_varlen_func(..., softmax_scale=head_dim ** -0.5, causal=True)` and its
-decode `flash_attn_with_kvcache`, both reading K/V tiles straight from the cache.
+the tiles crossing the diagonal apply a mask element by element.
+
+nano-vllm (bb823b3) never builds a score matrix either. In
+`nanovllm/layers/attention.py` each layer first stores the step's new K and V
+into the paged cache (`store_kvcache`, at the slots of `slot_mapping`), then
+calls flash-attn with `softmax_scale=head_dim ** -0.5, causal=True`. Where the
+K/V tiles come from depends on the step. A prefill calls
+`flash_attn_varlen_func`: when no sequence of the batch has a cached prefix it
+passes the fresh k and v it has just computed, with `block_table=None`; only
+when one has (`prepare_prefill` in `nanovllm/engine/model_runner.py` builds the
+block tables when cu_seqlens_k[-1] > cu_seqlens_q[-1]) does it pass the paged
+k_cache and v_cache and the block tables, so the prefix is read from the cache.
+A decode calls `flash_attn_with_kvcache` with the block tables and
+`cache_seqlens = context_lens`, and reads every key and value from the cache.
 
 朴素实现把 [T, S] 的分数与概率矩阵写回 HBM 再读出;FlashAttention 分块计算、在线维护每行的最大值与指数和,从不物化整个矩阵,算术量仍是二次的。
 """
@@ -89,8 +99,9 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         >>> mid["probs"][0].tolist()            # query 0 sees key 0 only
         [1.0, 0.0]
     """
-    # TODO(ch22.1): your code here (about 21 of the task's 32 lines, in 2 places)
-    raise NotImplementedError("ch22.1 naive_attention: not implemented yet (about 32 lines)")
+    _check_qkv(q, k, v, causal)
+    # TODO(ch22.1): your code here (about 7 of the task's 11 lines, in 2 places)
+    raise NotImplementedError("ch22.1 naive_attention: not implemented yet (about 11 lines)")
 
 
 def attention_hbm_bytes(T: int, S: int, d: int, dtype_bytes: int, *, flash: bool) -> int:
@@ -137,8 +148,9 @@ def attention_hbm_bytes(T: int, S: int, d: int, dtype_bytes: int, *, flash: bool
         >>> attention_hbm_bytes(4096, 4096, 128, 2, flash=True)
         4210688
     """
-    # TODO(ch22.1): your code here (about 11 of the task's 32 lines, in 2 places)
-    raise NotImplementedError("ch22.1 attention_hbm_bytes: not implemented yet (about 32 lines)")
+    _check_traffic(T, S, d, dtype_bytes, flash)
+    # TODO(ch22.1): your code here (about 4 of the task's 11 lines, in 2 places)
+    raise NotImplementedError("ch22.1 attention_hbm_bytes: not implemented yet (about 11 lines)")
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, block_q: int = 64,
@@ -203,5 +215,47 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         >>> [(t["qb"], t["kb"]) for t in tiles]      # (0, 2) and (1, 2) lie in the future
         [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (2, 2)]
     """
-    # TODO(ch22.2): your code here (about 45 lines)
-    raise NotImplementedError("ch22.2 flash_attention: not implemented yet (about 45 lines)")
+    _check_qkv(q, k, v, causal)
+    _check_blocks(block_q, block_k)
+    # TODO(ch22.2): your code here (about 28 lines)
+    raise NotImplementedError("ch22.2 flash_attention: not implemented yet (about 28 lines)")
+
+
+# -- provided: the input checks every task needs but none teaches (not part of the exercise) ----------------------
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:
+    """Provided: raise ValueError unless q is [T, d], k and v are [S, d], all of one floating dtype, S ≥ 1, and,
+    with `causal`, S ≥ T (the T queries are the last of the S tokens)."""
+    if q.dim() != 2 or k.dim() != 2 or v.dim() != 2:
+        raise ValueError(f"q, k, v are one head's [tokens, d] matrices; got {list(q.shape)}, {list(k.shape)}, "
+                         f"{list(v.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k {list(k.shape)} and v {list(v.shape)} must have the same shape [S, d]")
+    (T, d), S = q.shape, k.shape[0]
+    if k.shape[1] != d:
+        raise ValueError(f"q has d={d} but k has d={k.shape[1]}")
+    if not q.is_floating_point() or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one floating dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if S == 0:
+        raise ValueError("attention needs at least one key (S = 0)")
+    if causal and S < T:
+        raise ValueError(f"causal attention needs S ≥ T (the {T} queries are the last of the {S} keys); "
+                         f"got S={S}, T={T}")
+
+
+def _check_blocks(block_q: int, block_k: int) -> None:
+    """Provided: raise ValueError unless both block sizes are ints > 0."""
+    for name, b in (("block_q", block_q), ("block_k", block_k)):
+        if type(b) is not int or b <= 0:
+            raise ValueError(f"{name} must be a positive int, got {b!r}")
+
+
+def _check_traffic(T: int, S: int, d: int, dtype_bytes: int, flash: bool) -> None:
+    """Provided: raise ValueError unless T, S ≥ 0 and d, dtype_bytes > 0 are ints and `flash` is a bool."""
+    for name, x in (("T", T), ("S", S), ("d", d), ("dtype_bytes", dtype_bytes)):
+        if type(x) is not int:
+            raise ValueError(f"{name} must be an int, got {type(x).__name__} {x!r}")
+        if x < 0 or (x == 0 and name in ("d", "dtype_bytes")):
+            raise ValueError(f"{name} must be {'≥ 0' if name in ('T', 'S') else '> 0'}, got {x}")
+    if type(flash) is not bool:
+        raise ValueError(f"flash must be True or False, got {flash!r}")

@@ -56,7 +56,8 @@ def _row(values: Sequence[Any], wrong: Sequence[bool] | None = None, role: Calla
            "按 vLLM v1 的写法;当前 nano-vllm 只实现温度采样。",
         en="The sampling path of one row of 8 logits: divide by T = 0.8, top-k (k = 5), top-p (p = 0.8), softmax, "
            "then the exponential race draws one token. Filtered entries become −∞ (grey) and get probability "
-           "exactly 0. Top-k/top-p are extensions written as in vLLM v1; nano-vllm implements temperature only.",
+           "exactly 0. Top-k/top-p are extensions, written as vLLM's sort-based apply_top_k_top_p_pytorch does "
+           "them; nano-vllm implements temperature only.",
         needs={"topp": "ch23.1"})
 def sampling_path(f: Figure, r: dict) -> None:
     logits, T, k, p = r["logits"], r["T"], r["k"], r["p"]

@@ -8,11 +8,15 @@ others sends its own `cache_salt`. vLLM v1 therefore hashes each *full* block as
 
     BlockHash_i = H(parent, tokens of block i, extra_keys_i),   parent = BlockHash_(i−1)
 
-with NONE_HASH as the parent of block 0, and puts the identity into the extra keys:
-the LoRA adapter in every block, each multimodal item in the blocks it overlaps (with
-its start relative to the block), the salt in block 0 only. Because every hash
-chains through its parent, a key that changes one block changes that block's hash and
-every later one, and never an earlier one: a salt in block 0 isolates the whole chain.
+with NONE_HASH as the parent of block 0, and puts the identity into the extra keys
+(`generate_block_hash_extra_keys` in `vllm/v1/core/kv_cache_utils.py`): the LoRA
+adapter in every block, each multimodal item in the blocks it overlaps (with its
+start relative to the block), the salt in block 0 only, and, in newer versions of the
+file, for a request given as prompt embeddings rather than token ids, the SHA-256 of
+each block's slice of the embeddings (`prompt_embeds`: the placeholder ids say nothing
+about them). The course hashes the first three. Because every hash chains through its
+parent, a key that changes one block changes that block's hash and every later one,
+and never an earlier one: a salt in block 0 isolates the whole chain.
 
 Two rules sit at the boundary between the cache and the sampler. A request must
 compute at least its last token, or there would be no logits to sample from, so a
@@ -20,20 +24,29 @@ cache hit is capped at num_tokens − 1 tokens; hits come in whole blocks, so a 
 that is entirely cached still recomputes its whole last block (32 tokens, block size
 16: 16 cached, 16 recomputed). And in a flattened batch only one row per request
 produces the logits that are sampled, its last scheduled token:
-logits_indices = cu_seqlens_q[1:] − 1.
+logits_indices = cu_seqlens_q[1:] − 1. vLLM computes them in `_prepare_inputs`
+(`vllm/v1/worker/gpu_model_runner.py`); nano-vllm takes the same rows inside its LM
+head, `ParallelLMHead.forward` (`nanovllm/layers/embed_head.py`), in a prefill only: a
+decode step has one row per sequence and keeps them all.
 
 缓存身份不止 token 子串:LoRA、多模态输入、cache_salt 都进入块 hash;命中上限是 num_tokens − 1,
 按整块取整;每个请求只有最后一个被调度的 token 产生被采样的 logits。
 """
 
 import hashlib
+import pickle
 import struct
 
 import torch
 
-NONE_HASH = hashlib.sha256(b"vllm-none-hash").digest()
-"""The parent of block 0: SHA-256 of the bytes of "vllm-none-hash" (vLLM seeds NONE_HASH from that string
-for its sha256 hashes when PYTHONHASHSEED is unset)."""
+NONE_HASH = hashlib.sha256(pickle.dumps("vllm-none-hash", protocol=5)).digest()
+"""The parent of block 0, as vLLM computes it by default. `init_none_hash` in
+`vllm/v1/core/kv_cache_utils.py` sets NONE_HASH = hash_fn(seed): the seed is PYTHONHASHSEED when it is set,
+else the fixed string "vllm-none-hash" for the cryptographic hashes (sha256, sha256_cbor; random bytes for
+xxhash, whose seed must stay secret), and the default hash_fn, `sha256` in `vllm/utils/hashing.py`, is SHA-256
+of the *pickled* object (pickle protocol 5), not of the string's bytes. A fixed seed lets separate processes
+agree on every hash and share a prefix cache. Earlier versions of kv_cache_utils.py drew NONE_HASH from
+os.urandom(32) unless PYTHONHASHSEED was set, so no two processes agreed."""
 
 
 def block_hashes(token_ids: list[int], block_size: int, *, cache_salt: str | None = None, lora_id: int | None = None,
@@ -56,11 +69,14 @@ def block_hashes(token_ids: list[int], block_size: int, *, cache_salt: str | Non
         the salt, in block 0 only: b"salt" + its length as 4 bytes little-endian + the salt (UTF-8).
       Lengths are of the UTF-8 bytes. Without keys, extra_i is empty.
 
-    The course simplifies the encoding: vLLM hashes a pickled (or CBOR) tuple
-    (parent, tokens, extra_keys) with SHA-256, so its bytes differ, but which keys enter
-    which block is vLLM's. The LoRA key is the adapter's integer id as in vLLM 0.11
-    (newer versions key on its name); a multimodal key carries its start relative to
-    the block as in newer vLLM (0.11 used the identifier alone).
+    The course simplifies the encoding: vLLM's `hash_block_tokens` hashes a pickled (or
+    CBOR) tuple (parent, tokens, extra_keys) with SHA-256, so its bytes differ, but which
+    keys enter which block is vLLM's (`generate_block_hash_extra_keys`,
+    `vllm/v1/core/kv_cache_utils.py`). The LoRA key is the adapter's integer id, as older
+    versions of that file had it (`lora_int_id`; newer ones key on `lora_name`); a
+    multimodal key carries its start relative to the block, as newer versions do (older
+    ones used the identifier alone). Newer versions also add a `prompt_embeds` key,
+    which the course leaves out.
 
     Args:
         token_ids: the request's token ids, ints ≥ 0.
@@ -86,26 +102,8 @@ def block_hashes(token_ids: list[int], block_size: int, *, cache_salt: str | Non
         >>> block_hashes([1, 2, 3, 4, 5], 2, cache_salt="a")[1] != h[1]   # the salt reaches block 1 by the chain
         True
     """
+    tokens, items = _checked_request(token_ids, block_size, cache_salt, lora_id, mm_hashes)
     ### BEGIN SOLUTION
-    if block_size < 1:
-        raise ValueError(f"block_size must be ≥ 1, got {block_size}")
-    tokens = [int(t) for t in token_ids]
-    if any(t < 0 for t in tokens):
-        raise ValueError(f"token ids must be ≥ 0, got {min(tokens)}")
-    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
-        raise ValueError(f"cache_salt must be a non-empty string if given, got {cache_salt!r}")
-    if lora_id is not None and (not isinstance(lora_id, int) or lora_id < 1):
-        raise ValueError(f"lora_id must be an int ≥ 1 (vLLM's LoRA ids start at 1), got {lora_id!r}")
-    items = list(mm_hashes or [])
-    end_prev = 0
-    for item in items:
-        if len(item) != 3 or not isinstance(item[0], str) or not item[0]:
-            raise ValueError(f"a multimodal item is (identifier, offset, length); got {item!r}")
-        _, offset, length = item
-        if offset < end_prev or length < 1 or offset + length > len(tokens):
-            raise ValueError(f"multimodal items must be sorted, non-overlapping and inside the {len(tokens)}-token "
-                             f"prompt; got {item!r} after tokens up to {end_prev}")
-        end_prev = offset + length
     out, parent = [], NONE_HASH
     for i in range(len(tokens) // block_size):
         s, e = i * block_size, (i + 1) * block_size
@@ -154,12 +152,8 @@ def num_cached_tokens_on_hit(prompt_len: int, block_size: int, num_hit_blocks: i
         >>> num_cached_tokens_on_hit(32, 16, 2), num_cached_tokens_on_hit(33, 16, 2)
         (16, 32)
     """
+    _check_hit(prompt_len, block_size, num_hit_blocks)
     ### BEGIN SOLUTION
-    if prompt_len < 1 or block_size < 1:
-        raise ValueError(f"need prompt_len ≥ 1 and block_size ≥ 1; got {prompt_len}, {block_size}")
-    if not 0 <= num_hit_blocks <= prompt_len // block_size:
-        raise ValueError(f"a {prompt_len}-token prompt has {prompt_len // block_size} full blocks of {block_size}; "
-                         f"{num_hit_blocks} cannot hit")
     return min(num_hit_blocks, (prompt_len - 1) // block_size) * block_size
     ### END SOLUTION
 
@@ -173,8 +167,12 @@ def logits_indices(query_lens: list[int] | torch.Tensor) -> torch.Tensor:
 
         logits_indices = cu_seqlens_q[1:] − 1
 
-    (vLLM's _prepare_inputs without speculative decoding; nano-vllm's prepare_sample
-    takes the same rows.)
+    This is vLLM's `_prepare_inputs` (`vllm/v1/worker/gpu_model_runner.py`) without
+    speculative decoding; for a prefill chunk that does not end its prompt it samples a
+    token too, and throws it away. nano-vllm selects the same rows in
+    `ParallelLMHead.forward` (`nanovllm/layers/embed_head.py`), before the LM head and in
+    a prefill only (a decode step has one row per sequence); its `prepare_sample` only
+    gathers the temperatures.
 
     Args:
         query_lens: tokens scheduled for each of the B requests, each ≥ 1 (a list or a
@@ -190,11 +188,56 @@ def logits_indices(query_lens: list[int] | torch.Tensor) -> torch.Tensor:
         >>> logits_indices([4, 1, 1])
         tensor([3, 4, 5])
     """
+    q = _checked_lengths(query_lens)          # int64 [B]
     ### BEGIN SOLUTION
+    return torch.cumsum(q, 0) - 1
+    ### END SOLUTION
+
+
+# -- provided: the input checks every task needs but none teaches (not part of the exercise) ----------------------
+
+def _checked_request(token_ids: list[int], block_size: int, cache_salt: str | None, lora_id: int | None,
+                     mm_hashes: list[tuple[str, int, int]] | None) -> tuple[list[int], list[tuple[str, int, int]]]:
+    """Provided: the token ids as Python ints and the multimodal items as a list; raise ValueError for a
+    block_size < 1, a negative token id, an empty or non-string salt, a lora_id < 1, or a multimodal item that is
+    malformed, outside the prompt, unsorted or overlapping another."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be ≥ 1, got {block_size}")
+    tokens = [int(t) for t in token_ids]
+    if any(t < 0 for t in tokens):
+        raise ValueError(f"token ids must be ≥ 0, got {min(tokens)}")
+    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+        raise ValueError(f"cache_salt must be a non-empty string if given, got {cache_salt!r}")
+    if lora_id is not None and (not isinstance(lora_id, int) or lora_id < 1):
+        raise ValueError(f"lora_id must be an int ≥ 1 (vLLM's LoRA ids start at 1), got {lora_id!r}")
+    items = list(mm_hashes or [])
+    end_prev = 0
+    for item in items:
+        if len(item) != 3 or not isinstance(item[0], str) or not item[0]:
+            raise ValueError(f"a multimodal item is (identifier, offset, length); got {item!r}")
+        _, offset, length = item
+        if offset < end_prev or length < 1 or offset + length > len(tokens):
+            raise ValueError(f"multimodal items must be sorted, non-overlapping and inside the {len(tokens)}-token "
+                             f"prompt; got {item!r} after tokens up to {end_prev}")
+        end_prev = offset + length
+    return tokens, items
+
+
+def _check_hit(prompt_len: int, block_size: int, num_hit_blocks: int) -> None:
+    """Provided: raise ValueError unless prompt_len ≥ 1, block_size ≥ 1 and 0 ≤ num_hit_blocks ≤ the prompt's
+    full blocks."""
+    if prompt_len < 1 or block_size < 1:
+        raise ValueError(f"need prompt_len ≥ 1 and block_size ≥ 1; got {prompt_len}, {block_size}")
+    if not 0 <= num_hit_blocks <= prompt_len // block_size:
+        raise ValueError(f"a {prompt_len}-token prompt has {prompt_len // block_size} full blocks of {block_size}; "
+                         f"{num_hit_blocks} cannot hit")
+
+
+def _checked_lengths(query_lens: list[int] | torch.Tensor) -> torch.Tensor:
+    """Provided: query_lens as an int64 tensor [B]; raise ValueError unless it is 1-D with every length ≥ 1."""
     q = torch.as_tensor(query_lens, dtype=torch.int64)
     if q.dim() != 1:
         raise ValueError(f"query_lens must be 1-D (one length per request), got shape {list(q.shape)}")
     if q.numel() and int(q.min()) < 1:
         raise ValueError(f"every request in the batch has at least one scheduled token; got {q.tolist()}")
-    return torch.cumsum(q, 0) - 1
-    ### END SOLUTION
+    return q

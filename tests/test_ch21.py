@@ -60,13 +60,32 @@ def test_clearing_the_rest_of_the_cache_is_explained(graded):
     assert r.hints == ["clears_rest"]
 
 
-def test_overflow_without_an_error_is_caught(graded):
-    report = graded("no_overflow_check",
-                    # no bounds check: slicing past L_max silently writes fewer rows
-                    ("    if length + n > L_max:\n", "    if False:\n"))
-    assert result(report, "an append that would overflow", task="ch21.1").status == "failed"
-    assert result(report, "appends that fill the cache exactly", task="ch21.1").status == "failed"
-    assert result(report, "figure instance", task="ch21.1").status == "passed"
+# The input checks every task needs but none teaches are provided code (outside the solution regions): plain unit
+# tests here, no graded checks.
+BAD_APPENDS = {
+    "overflow": (torch.zeros(4, 1, 2), torch.zeros(4, 1, 2), 3, torch.ones(2, 1, 2), torch.ones(2, 1, 2)),
+    "full cache": (torch.zeros(7, 1, 4), torch.zeros(7, 1, 4), 7, torch.ones(1, 1, 4), torch.ones(1, 1, 4)),
+    "other head count": (torch.zeros(5, 4, 4), torch.zeros(5, 4, 4), 0, torch.ones(1, 2, 4), torch.ones(1, 2, 4)),
+    "other head_dim": (torch.zeros(6, 2, 4), torch.zeros(6, 2, 4), 0, torch.ones(1, 2, 8), torch.ones(1, 2, 8)),
+    "k and v of other lengths": (torch.zeros(6, 2, 4), torch.zeros(6, 2, 4), 0, torch.ones(2, 2, 4),
+                                 torch.ones(3, 2, 4)),
+    "negative length": (torch.zeros(6, 2, 4), torch.zeros(6, 2, 4), -1, torch.ones(1, 2, 4), torch.ones(1, 2, 4)),
+    "length beyond L_max": (torch.zeros(6, 2, 4), torch.zeros(6, 2, 4), 9, torch.ones(0, 2, 4), torch.ones(0, 2, 4)),
+    "caches of other shapes": (torch.zeros(6, 2, 4), torch.zeros(5, 2, 4), 0, torch.ones(1, 2, 4),
+                               torch.ones(1, 2, 4)),
+}
+
+
+@pytest.mark.parametrize("case", BAD_APPENDS)
+def test_the_provided_append_check_refuses_bad_inputs(case):
+    with pytest.raises(ValueError):
+        ref.append_kv(*BAD_APPENDS[case])
+
+
+@pytest.mark.parametrize("token_ids, block_size", [([], 256), ([1, 2], 0), ([1, 2], -4)])
+def test_the_provided_decode_check_refuses_bad_inputs(token_ids, block_size):
+    with pytest.raises(ValueError):
+        ref.decode_inputs(token_ids, [3], block_size)
 
 
 # -- 21.2 decode_inputs -------------------------------------------------------------------------------
@@ -114,6 +133,19 @@ def test_last_block_of_a_longer_table_is_explained(graded):
     assert r.status == "failed"
     assert "block_table[1] = 0, so slot = 0·4 + 1 = 1; yours: 37" in r.message
     assert r.hints == ["table_last"]
+
+
+def test_a_table_too_short_must_be_refused(graded):
+    report = graded.mistake("short_table")   # no check of the table: block_table[logical] raises IndexError
+    r = result(report, "a block table too short", task="ch21.2")
+    assert r.status == "failed"
+    assert "should raise ValueError because position 4 is in logical block 1" in r.message
+    assert "yours raised IndexError" in r.message
+    assert r.hints == ["short_table"]
+    hidden = result(report, "tables too short", task="ch21.2")
+    assert hidden.status == "failed" and hidden.hints == ["short_table"]
+    assert {(x.task, x.name) for x in report.results if x.status != "passed"} == {(r.task, r.name),
+                                                                                  (hidden.task, hidden.name)}
 
 
 def test_reference_decode_matches_nano_vllm_examples():

@@ -269,3 +269,49 @@ def test_reference_race_matches_the_documented_instance():
     assert torch.allclose(p, torch.tensor([[0.866813, 0.117310, 0.015876]]), atol=1e-6)
     assert torch.allclose(scores, torch.tensor([[0.288938, 2.346200, 0.015876]]), atol=1e-5)
     assert ref.sample(torch.tensor([[2.0, 1.0, 0.0]]), torch.tensor([0.5]), torch.tensor([[3.0, 0.05, 1.0]])).item() == 1
+
+
+# -- the provided input checks (outside the solution regions: unit tests, no graded checks) ---------------------
+
+LOGITS, OK = torch.randn(2, 5, generator=torch.Generator().manual_seed(0)), torch.tensor([0.7, 1.0])
+BAD_SETTINGS = {
+    "temperature 0": ((LOGITS, torch.tensor([0.7, 0.0])), {}),
+    "temperature −1": ((LOGITS, torch.tensor([0.7, -1.0])), {}),
+    "3 temperatures for 2 rows": ((LOGITS, torch.tensor([0.7, 1.0, 1.0])), {}),
+    "a float temperature": ((LOGITS, 0.7), {}),
+    "1-D logits": ((LOGITS[0], OK[:1]), {}),
+    "integer logits": ((LOGITS.long(), OK), {}),
+    "top_k = 0": ((LOGITS, OK), {"top_k": 0}),
+    "top_k = 6 > V": ((LOGITS, OK), {"top_k": 6}),
+    "a row's top_k = 0": ((LOGITS, OK), {"top_k": torch.tensor([3, 0])}),
+    "a float top_k": ((LOGITS, OK), {"top_k": 2.0}),
+    "a bool top_k": ((LOGITS, OK), {"top_k": True}),
+    "top_k of 3 rows": ((LOGITS, OK), {"top_k": torch.tensor([1, 2, 3])}),
+    "top_p = 0": ((LOGITS, OK), {"top_p": 0.0}),
+    "top_p = 1.5": ((LOGITS, OK), {"top_p": 1.5}),
+    "a row's top_p = −0.1": ((LOGITS, OK), {"top_p": torch.tensor([0.9, -0.1])}),
+    "an integer top_p tensor": ((LOGITS, OK), {"top_p": torch.tensor([1, 1])}),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SETTINGS)
+def test_the_provided_checks_refuse_bad_settings(case):
+    args, kwargs = BAD_SETTINGS[case]
+    with pytest.raises(ValueError):
+        ref.process_logits(*args, **kwargs)
+
+
+@pytest.mark.parametrize("temperature, noise", [(torch.tensor([1.0, 0.0]), torch.ones(2, 5)),
+                                                (torch.tensor([1.0]), torch.ones(2, 5)),
+                                                (OK, torch.ones(5)), (OK, torch.ones(2, 6)),
+                                                (OK, torch.ones(2, 5, dtype=torch.int64))])
+def test_the_provided_checks_refuse_a_bad_temperature_or_noise(temperature, noise):
+    with pytest.raises(ValueError):
+        ref.sample(LOGITS, temperature, noise)
+
+
+def test_the_provided_settings_come_one_per_row():
+    assert ref._per_row_top_k(3, 2, 5).tolist() == [3, 3] and ref._per_row_top_k(None, 2, 5) is None
+    assert ref._per_row_top_k(torch.tensor(4), 2, 5).tolist() == [4, 4]
+    assert ref._per_row_top_p(1, 2).dtype == torch.float32 and ref._per_row_top_p(None, 2) is None
+    assert ref._per_row_top_p(torch.tensor([0.5, 0.9], dtype=torch.float64), 2).dtype == torch.float32

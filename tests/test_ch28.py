@@ -90,7 +90,10 @@ def test_hash_bytes_follow_the_docstring():
     got = ref.block_hashes(tokens, bs, cache_salt="s", lora_id=7, mm_hashes=[("cat", 3, 2)])
     lora = b"lora" + (7).to_bytes(8, "little")
     mm = lambda rel: b"mm" + (3).to_bytes(4, "little") + b"cat" + rel.to_bytes(8, "little", signed=True)
-    h0 = hashlib.sha256(hashlib.sha256(b"vllm-none-hash").digest() + struct.pack("<4q", 1, 2, 3, 4) + lora + mm(3)
+    # vLLM's default NONE_HASH: vllm/utils/hashing.py's sha256 of the pickled seed string (protocol 5)
+    none_hash = hashlib.sha256(b"\x80\x05\x95\x12" + bytes(7) + b"\x8c\x0evllm-none-hash\x94.").digest()
+    assert ref.NONE_HASH == none_hash
+    h0 = hashlib.sha256(none_hash + struct.pack("<4q", 1, 2, 3, 4) + lora + mm(3)
                         + b"salt" + (1).to_bytes(4, "little") + b"s").digest()
     h1 = hashlib.sha256(h0 + struct.pack("<4q", 5, 6, 7, 8) + lora + mm(-1)).digest()
     assert got == [h0, h1]
@@ -114,3 +117,27 @@ def test_logits_indices_of_the_worked_example():
     # vllm_and_beyond.md §D.2: 3 requests, 6 inputs → rows [3, 4, 5]
     assert ref.logits_indices([4, 1, 1]).tolist() == [3, 4, 5]
     assert ref.logits_indices(torch.tensor([], dtype=torch.int64)).dtype == torch.int64
+
+
+# -- the provided input checks (outside the solution regions: unit tests, no graded checks) ---------------------
+
+@pytest.mark.parametrize("tokens, block_size, keys", [
+    ([1, 2, 3, 4], 2, {"cache_salt": ""}), (list(range(8)), 4, {"cache_salt": 5}), (list(range(8)), 4, {"lora_id": 0}),
+    (list(range(8)), 4, {"mm_hashes": [("a", 6, 4)]}), (list(range(8)), 4, {"mm_hashes": [("a", 4, 2), ("b", 1, 2)]}),
+    (list(range(8)), 4, {"mm_hashes": [("a", 1, 3), ("b", 2, 2)]}), (list(range(8)), 4, {"mm_hashes": [("a", 1, 0)]}),
+    (list(range(8)), 4, {"mm_hashes": [("", 1, 2)]}), (list(range(8)), 0, {}), ([1, -2, 3], 1, {})])
+def test_the_provided_request_check_refuses_bad_inputs(tokens, block_size, keys):
+    with pytest.raises(ValueError):
+        ref.block_hashes(tokens, block_size, **keys)
+
+
+@pytest.mark.parametrize("args", [(0, 16, 0), (32, 0, 0), (32, 16, -1), (32, 16, 3), (31, 16, 2)])
+def test_the_provided_hit_check_refuses_bad_counts(args):
+    with pytest.raises(ValueError):
+        ref.num_cached_tokens_on_hit(*args)
+
+
+@pytest.mark.parametrize("lens", [[3, 0, 2], [[1, 2], [3, 4]], torch.tensor([2, -1])])
+def test_the_provided_length_check_refuses_bad_lengths(lens):
+    with pytest.raises(ValueError):
+        ref.logits_indices(lens)

@@ -91,12 +91,6 @@ def traffic_rectangular(t: Trial) -> None:
         run_traffic_case(t, 1024, 3072, 64, 4, flash)
 
 
-@public("ch22.1", "causal attention with S < T raises ValueError")
-def naive_bad_causal(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.naive_attention, torch.zeros(5, 4), torch.zeros(3, 4), torch.zeros(3, 4),
-                    because="with causal=True the 5 queries are the last 5 of the keys, and there are only 3")
-
-
 # -- ch22.2 flash_attention (explained in ch22_explain) -----------------------------------------------
 
 @public("ch22.2", "figure instance: 6 queries after 2 cached, tiles of 2 × 3 (trace of running max and sum)")

@@ -79,12 +79,6 @@ def image_across_blocks(t: Trial) -> None:
     run_hash_case(t, tokens, 4, {"mm_hashes": [("img-1", 2, 4)], "lora_id": 3}, case="the same under LoRA 3")
 
 
-@public("ch28.1", "an empty salt raises ValueError")
-def empty_salt(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.block_hashes, [1, 2, 3, 4], 2, cache_salt="",
-                    because="a cache_salt, when given, is a non-empty string")
-
-
 # -- ch28.2 the last-token rule -------------------------------------------------------------------------------------
 
 @public("ch28.2", "the 32-token example: block size 16, both blocks cached")
@@ -110,12 +104,6 @@ def full_hit_33(t: Trial) -> None:
 def partial_hits(t: Trial) -> None:
     for prompt_len, bs, hits in ((40, 16, 1), (40, 16, 2), (40, 16, 0), (1, 16, 0)):
         expect_cached(t, prompt_len, bs, hits)
-
-
-@public("ch28.2", "more hit blocks than full blocks raises ValueError")
-def too_many_hits(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.num_cached_tokens_on_hit, 31, 16, 2,
-                    because="a 31-token prompt has only 1 full block of 16")
 
 
 # -- ch28.3 logits indices --------------------------------------------------------------------------------------------
@@ -145,13 +133,6 @@ def mixed_lengths(t: Trial) -> None:
 @public("ch28.3", "query_lens as an int32 tensor give int64 indices")
 def int32_lengths(t: Trial) -> None:
     run_indices_case(t, torch.tensor([2, 7, 1], dtype=torch.int32), case="int32 query_lens [2, 7, 1]")
-
-
-@public("ch28.3", "a request with no scheduled token raises ValueError")
-def zero_length(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.logits_indices, [3, 0, 2],
-                    because="a request in the batch has at least one scheduled token (a 0 would take the previous "
-                            "request's last row)")
 
 
 # -- helpers: ch28.1 --------------------------------------------------------------------------------------------
@@ -227,7 +208,7 @@ def expect_hashes(got: object, want: list[bytes], variants: dict, tokens: list[i
                       f"{got[i].hex() if len(got[i]) < 64 else hash_prefix(got[i])}",
                       f"block {i} = tokens {s}–{s + bs - 1} {tokens[s:s + bs]}, parent " +
                       (f"hash_{i - 1} ({hash_prefix(want[i - 1])}, which yours matches)" if i
-                       else "NONE_HASH = sha256(b\"vllm-none-hash\")"),
+                       else "NONE_HASH (SHA-256 of the pickled \"vllm-none-hash\", vLLM's default)"),
                       f"its extra keys: {key_list(i, bs, keys)}", hint=hint)
 
 

@@ -69,6 +69,13 @@ MISTAKES = [
             "block_table[(len − 1) // block_size] (nano-vllm's table[-1] works only because its table has exactly "
             "ceil(len / block_size) entries)",
             ("int(block_table[logical])", "int(block_table[-1])")),
+    mistake("short_table", "ch21.2",
+            "raise ValueError when the block table does not reach logical block (len − 1) // block_size: the block "
+            "the newest token needs was never allocated (nano-vllm's may_append adds it before the step), and "
+            "block_table[-1] would put the K/V in a slot of an earlier token's block",
+            ("    if logical >= len(block_table):\n"
+             '        raise ValueError(f"position {position} needs logical block {logical}; the table has only '
+             '{len(block_table)}")\n', "")),
     mistake("block_id_as_slot", "ch21.2",
             "a slot is a row of the flat pool: block · block_size + offset, not the block id",
             (SLOT, '"slot": int(block_table[logical])}')),

@@ -42,7 +42,7 @@ MISTAKES = [
             ("drop[:, -1] = False", "drop[:, 0] = False")),
     mistake("topp_first", "ch23.1",
             "run top-k first: top-p works on the softmax of what top-k kept (renormalised), not on the full row",
-            ("    if top_k is not None:\n", "    scaled = z\n    if top_k is not None:\n"),
+            ("    if k is not None:\n", "    scaled = z\n    if k is not None:\n"),
             ("ascending, order = z.sort(dim=-1)", "ascending, order = scaled.sort(dim=-1)")),
     mistake("topp_before_temperature", "ch23.1",
             "apply the temperature before top-p: the probabilities are softmax(logits / T)",

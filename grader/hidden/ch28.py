@@ -58,20 +58,6 @@ def short_prompts(t: Trial) -> None:
         expect_hashes(got, want, variants, tokens, bs, {"cache_salt": "s"}, case=f"{len(tokens)} tokens")
 
 
-@hidden("ch28.1", "bad inputs raise ValueError")
-def bad_hash_inputs(t: Trial) -> None:
-    tokens = list(range(8))
-    for kwargs, because in (({"lora_id": 0}, "LoRA ids start at 1"),
-                            ({"cache_salt": 5}, "a salt is a string"),
-                            ({"mm_hashes": [("a", 6, 4)]}, "the item runs past the 8-token prompt"),
-                            ({"mm_hashes": [("a", 4, 2), ("b", 1, 2)]}, "the items are not sorted by offset"),
-                            ({"mm_hashes": [("a", 1, 3), ("b", 2, 2)]}, "the items overlap"),
-                            ({"mm_hashes": [("a", 1, 0)]}, "an item occupies at least one token")):
-        t.expect_raises(ValueError, t.yours.block_hashes, tokens, 4, because=because, **kwargs)
-    t.expect_raises(ValueError, t.yours.block_hashes, tokens, 0, because="block_size must be ≥ 1")
-    t.expect_raises(ValueError, t.yours.block_hashes, [1, -2, 3], 1, because="token ids are ≥ 0")
-
-
 # -- ch28.2 the last-token rule -------------------------------------------------------------------------------------
 
 @hidden("ch28.2", "prompts ending just before, on and just after a block boundary")
@@ -90,14 +76,6 @@ def large_prompts(t: Trial) -> None:
         prompt_len = t.random.randint(1, 2_000_000)
         full = prompt_len // bs
         expect_cached(t, prompt_len, bs, t.random.choice([full, max(full - 1, 0), t.random.randint(0, full)]))
-
-
-@hidden("ch28.2", "bad inputs raise ValueError")
-def bad_hit_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.num_cached_tokens_on_hit, 0, 16, 0, because="a prompt has at least one token")
-    t.expect_raises(ValueError, t.yours.num_cached_tokens_on_hit, 32, 0, 0, because="block_size must be ≥ 1")
-    t.expect_raises(ValueError, t.yours.num_cached_tokens_on_hit, 32, 16, -1, because="a hit count is ≥ 0")
-    t.expect_raises(ValueError, t.yours.num_cached_tokens_on_hit, 32, 16, 3, because="32 tokens are only 2 blocks of 16")
 
 
 # -- ch28.3 logits indices --------------------------------------------------------------------------------------------
@@ -119,12 +97,6 @@ def large_batch(t: Trial) -> None:
 @hidden("ch28.3", "an empty batch has no logits rows")
 def empty_batch(t: Trial) -> None:
     run_indices_case(t, [], case="no requests")
-
-
-@hidden("ch28.3", "bad inputs raise ValueError")
-def bad_lengths(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.logits_indices, [[1, 2], [3, 4]], because="query_lens is 1-D, one length per request")
-    t.expect_raises(ValueError, t.yours.logits_indices, torch.tensor([2, -1]), because="a length is ≥ 1")
 
 
 # -- helpers --------------------------------------------------------------------------------------------------
