@@ -88,7 +88,10 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     multiply them by that group's K and V.
 
     The course takes one sequence with dense K/V; nano-vllm's flash-attn call does the
-    same per sequence of a packed varlen batch, reading K/V from the paged cache.
+    same per sequence of a packed varlen batch. Where its K/V come from depends on the
+    step (`nanovllm/layers/attention.py`, bb823b3): a prefill passes the fresh k and v
+    of the step when no sequence has a cached prefix, and the paged k_cache, v_cache
+    with the block tables only when one has; a decode reads every key from the cache.
 
     Args:
         q: [T, Hq, d] queries (token-major, as engines lay them out).
