@@ -78,8 +78,9 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
                 [ 6,  7],
                 [10, 11]])
     """
-    # TODO(ch16.1): your code here (about 8 lines)
-    raise NotImplementedError("ch16.1 split_heads: not implemented yet (about 8 lines)")
+    _check_split(x, num_heads)
+    # TODO(ch16.1): your code here (about 2 lines)
+    raise NotImplementedError("ch16.1 split_heads: not implemented yet (about 2 lines)")
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
@@ -107,8 +108,9 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
         >>> torch.equal(merge_heads(split_heads(x, 2)), x)
         True
     """
-    # TODO(ch16.2): your code here (about 4 lines)
-    raise NotImplementedError("ch16.2 merge_heads: not implemented yet (about 4 lines)")
+    _check_merge(x)
+    # TODO(ch16.2): your code here (about 2 lines)
+    raise NotImplementedError("ch16.2 merge_heads: not implemented yet (about 2 lines)")
 
 
 def attention_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
@@ -149,5 +151,40 @@ def attention_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
         >>> steps["scores"], steps["probs"].sum().item()
         (tensor([[1., 0.]]), 1.0)
     """
-    # TODO(ch16.3): your code here (about 24 lines)
-    raise NotImplementedError("ch16.3 attention_steps: not implemented yet (about 24 lines)")
+    _check_steps(q, k, v, mask)
+    # TODO(ch16.3): your code here (about 14 lines)
+    raise NotImplementedError("ch16.3 attention_steps: not implemented yet (about 14 lines)")
+
+
+# -- provided: the input checks every task needs but none teaches (not part of the exercise) ----------------------
+
+def _check_split(x: torch.Tensor, num_heads: int) -> None:
+    """Provided: raise ValueError unless x is 3-D [B, T, H·d] and num_heads is a positive int dividing its width."""
+    if x.dim() != 3:
+        raise ValueError(f"x must be [B, T, H·d] (batch, tokens, heads·width); got shape {list(x.shape)}")
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
+        raise ValueError(f"num_heads must be a positive int; got {num_heads!r}")
+    if x.shape[-1] % num_heads:
+        raise ValueError(f"the last dimension {x.shape[-1]} cannot be cut into {num_heads} heads of equal width")
+
+
+def _check_merge(x: torch.Tensor) -> None:
+    """Provided: raise ValueError unless x is 4-D [B, H, T, d]."""
+    if x.dim() != 4:
+        raise ValueError(f"x must be [B, H, T, d] (batch, heads, tokens, head width); got shape {list(x.shape)}")
+
+
+def _check_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> None:
+    """Provided: raise ValueError unless q [T, d], k [S, d] and v [S, dv] are 2-D with matching widths and rows,
+    and the mask, if given, is a bool [T, S] tensor."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 2:
+            raise ValueError(f"{name} must be 2-D [tokens, width] (one head); got shape {list(x.shape)}")
+    (T, d), S = q.shape, k.shape[0]
+    if k.shape[1] != d:
+        raise ValueError(f"a dot product needs q and k of the same width: q [{T}, {d}], k {list(k.shape)}")
+    if v.shape[0] != S:
+        raise ValueError(f"v needs one row per key: k has {S} rows, v has {v.shape[0]}")
+    if mask is not None and (mask.dtype != torch.bool or list(mask.shape) != [T, S]):
+        raise ValueError(f"mask must be a bool tensor [T, S] = [{T}, {S}] (True = may attend); "
+                         f"got {str(mask.dtype).removeprefix('torch.')} {list(mask.shape)}")

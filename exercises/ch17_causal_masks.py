@@ -66,8 +66,9 @@ def causal_mask(num_tokens: int) -> torch.Tensor:
                 [ True,  True, False],
                 [ True,  True,  True]])
     """
-    # TODO(ch17.1): your code here (about 3 lines)
-    raise NotImplementedError("ch17.1 causal_mask: not implemented yet (about 3 lines)")
+    _check_count("num_tokens", num_tokens)
+    # TODO(ch17.1): your code here (about 1 line)
+    raise NotImplementedError("ch17.1 causal_mask: not implemented yet (about 1 line)")
 
 
 def causal_mask_with_offset(num_new: int, num_cached: int) -> torch.Tensor:
@@ -99,5 +100,15 @@ def causal_mask_with_offset(num_new: int, num_cached: int) -> torch.Tensor:
         tensor([[ True,  True,  True,  True, False],
                 [ True,  True,  True,  True,  True]])
     """
-    # TODO(ch17.2): your code here (about 4 lines)
-    raise NotImplementedError("ch17.2 causal_mask_with_offset: not implemented yet (about 4 lines)")
+    _check_count("num_new", num_new)
+    _check_count("num_cached", num_cached)
+    # TODO(ch17.2): your code here (about 1 line)
+    raise NotImplementedError("ch17.2 causal_mask_with_offset: not implemented yet (about 1 line)")
+
+
+# -- provided: the input checks every task needs but none teaches (not part of the exercise) ----------------------
+
+def _check_count(name: str, n: int) -> None:
+    """Provided: raise ValueError unless n is a number of tokens, an int ≥ 0 (not a bool, a float or a string)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"{name} is a number of tokens, a non-negative int; got {n!r}")

@@ -67,8 +67,9 @@ def kv_head_for(q_head: int, num_heads: int, num_kv_heads: int) -> int:
         >>> [kv_head_for(h, 4, 2) for h in range(4)]
         [0, 0, 1, 1]
     """
-    # TODO(ch18.1): your code here (about 11 lines)
-    raise NotImplementedError("ch18.1 kv_head_for: not implemented yet (about 11 lines)")
+    _check_heads(q_head, num_heads, num_kv_heads)
+    # TODO(ch18.1): your code here (about 1 line)
+    raise NotImplementedError("ch18.1 kv_head_for: not implemented yet (about 1 line)")
 
 
 def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
@@ -87,7 +88,10 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     multiply them by that group's K and V.
 
     The course takes one sequence with dense K/V; nano-vllm's flash-attn call does the
-    same per sequence of a packed varlen batch, reading K/V from the paged cache.
+    same per sequence of a packed varlen batch. Where its K/V come from depends on the
+    step (`nanovllm/layers/attention.py`, bb823b3): a prefill passes the fresh k and v
+    of the step when no sequence has a cached prefix, and the paged k_cache, v_cache
+    with the block tables only when one has; a decode reads every key from the cache.
 
     Args:
         q: [T, Hq, d] queries (token-major, as engines lay them out).
@@ -109,8 +113,9 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         >>> gqa_attention(q, k, v).shape
         torch.Size([3, 4, 8])
     """
-    # TODO(ch18.2): your code here (about 23 lines)
-    raise NotImplementedError("ch18.2 gqa_attention: not implemented yet (about 23 lines)")
+    _check_qkv(q, k, v, causal)
+    # TODO(ch18.2): your code here (about 10 lines)
+    raise NotImplementedError("ch18.2 gqa_attention: not implemented yet (about 10 lines)")
 
 
 def kv_cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, num_tokens: int, dtype_bytes: int) -> int:
@@ -143,5 +148,53 @@ def kv_cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, num_tokens
         >>> kv_cache_bytes(28, 8, 128, 1, 2)      # Qwen3-0.6B, bf16, one token
         114688
     """
-    # TODO(ch18.3): your code here (about 8 lines)
-    raise NotImplementedError("ch18.3 kv_cache_bytes: not implemented yet (about 8 lines)")
+    _check_sizes(num_layers, num_kv_heads, head_dim, num_tokens, dtype_bytes)
+    # TODO(ch18.3): your code here (about 1 line)
+    raise NotImplementedError("ch18.3 kv_cache_bytes: not implemented yet (about 1 line)")
+
+
+# -- provided: the input checks every task needs but none teaches (not part of the exercise) ----------------------
+
+def _check_heads(q_head: int, num_heads: int, num_kv_heads: int) -> None:
+    """Provided: raise ValueError unless all three are ints, the head counts are positive, num_kv_heads divides
+    num_heads and 0 ≤ q_head < num_heads."""
+    for name, x in (("q_head", q_head), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
+        if type(x) is not int:
+            raise ValueError(f"{name} must be an int, got {type(x).__name__} {x!r}")
+    if num_heads <= 0 or num_kv_heads <= 0:
+        raise ValueError(f"head counts must be positive, got num_heads={num_heads}, num_kv_heads={num_kv_heads}")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"GQA splits the {num_heads} query heads into num_kv_heads={num_kv_heads} groups of "
+                         f"consecutive heads, so num_kv_heads must divide num_heads")
+    if not 0 <= q_head < num_heads:
+        raise ValueError(f"q_head {q_head} is not a query head: there are {num_heads} (0 … {num_heads - 1})")
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:
+    """Provided: raise ValueError unless q is [T, Hq, d], k and v are [S, Hkv, d] with Hkv dividing Hq, and, with
+    `causal`, S ≥ T (the T queries are the last of the S tokens)."""
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"q, k, v must be [tokens, heads, head_dim]; got {list(q.shape)}, {list(k.shape)}, "
+                         f"{list(v.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k {list(k.shape)} and v {list(v.shape)} must have the same shape [S, Hkv, d]")
+    (T, Hq, d), (S, Hkv, dk) = q.shape, k.shape
+    if dk != d:
+        raise ValueError(f"q has head_dim {d} but k has head_dim {dk}")
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"the {Hq} query heads must split into groups over {Hkv} K/V heads: "
+                         f"num_kv_heads must divide num_heads")
+    if causal and S < T:
+        raise ValueError(f"causal attention needs S ≥ T (the {T} queries are the last of the {S} keys); "
+                         f"got S={S}, T={T}")
+
+
+def _check_sizes(num_layers: int, num_kv_heads: int, head_dim: int, num_tokens: int, dtype_bytes: int) -> None:
+    """Provided: raise ValueError unless all five are ints, num_tokens ≥ 0 and the others > 0."""
+    args = {"num_layers": num_layers, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
+            "num_tokens": num_tokens, "dtype_bytes": dtype_bytes}
+    for name, x in args.items():
+        if type(x) is not int:
+            raise ValueError(f"{name} must be an int, got {type(x).__name__} {x!r}")
+        if x < 0 or (x == 0 and name != "num_tokens"):
+            raise ValueError(f"{name} must be {'≥ 0' if name == 'num_tokens' else '> 0'}, got {x}")

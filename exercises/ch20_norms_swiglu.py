@@ -59,8 +59,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
         >>> rms_norm(torch.tensor([1., 2., 3., 4.]), torch.ones(4))   # mean square 7.5
         tensor([0.3651, 0.7303, 1.0954, 1.4606])
     """
-    # TODO(ch20.1): your code here (about 8 lines)
-    raise NotImplementedError("ch20.1 rms_norm: not implemented yet (about 8 lines)")
+    _check_norm(x, weight)
+    # TODO(ch20.1): your code here (about 3 lines)
+    raise NotImplementedError("ch20.1 rms_norm: not implemented yet (about 3 lines)")
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
@@ -92,8 +93,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
         >>> res, normed
         (tensor([1., 2., 3., 4.]), tensor([0.3651, 0.7303, 1.0954, 1.4606]))
     """
-    # TODO(ch20.2): your code here (about 9 lines)
-    raise NotImplementedError("ch20.2 add_rms_norm: not implemented yet (about 9 lines)")
+    _check_add(x, residual, weight)
+    # TODO(ch20.2): your code here (about 5 lines)
+    raise NotImplementedError("ch20.2 add_rms_norm: not implemented yet (about 5 lines)")
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -120,8 +122,9 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         >>> silu_and_mul(torch.tensor([1., -1., 2., 3.]))   # gate [1, -1], up [2, 3]
         tensor([ 1.4621, -0.8068])
     """
-    # TODO(ch20.3): your code here (about 5 lines)
-    raise NotImplementedError("ch20.3 silu_and_mul: not implemented yet (about 5 lines)")
+    _check_gate_up(gate_up)
+    # TODO(ch20.3): your code here (about 2 lines)
+    raise NotImplementedError("ch20.3 silu_and_mul: not implemented yet (about 2 lines)")
 
 
 def swiglu_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> torch.Tensor:
@@ -152,5 +155,52 @@ def swiglu_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch
         >>> swiglu_mlp(x, w_gu, torch.tensor([[1.], [2.]]))   # silu(1)·2 = 1.4621
         tensor([[1.4621, 2.9242]])
     """
-    # TODO(ch20.4): your code here (about 17 lines)
-    raise NotImplementedError("ch20.4 swiglu_mlp: not implemented yet (about 17 lines)")
+    _check_mlp(x, gate_up_weight, down_weight)
+    # TODO(ch20.4): your code here (about 1 line)
+    raise NotImplementedError("ch20.4 swiglu_mlp: not implemented yet (about 1 line)")
+
+
+# -- provided: the input checks every task needs but none teaches (not part of the exercise) ----------------------
+
+def _check_norm(x: torch.Tensor, weight: torch.Tensor) -> None:
+    """Provided: raise ValueError unless x has a last dimension H and weight is [H]."""
+    if x.dim() == 0:
+        raise ValueError("x must have a hidden dimension to normalise over; got a scalar")
+    if list(weight.shape) != [x.shape[-1]]:
+        raise ValueError(f"weight must be [H] = [{x.shape[-1]}], one scale per channel of x's last dimension; "
+                         f"got {list(weight.shape)}")
+
+
+def _check_add(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor) -> None:
+    """Provided: raise ValueError unless x and weight pass _check_norm and a residual (if any) has x's shape."""
+    _check_norm(x, weight)
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"residual must have x's shape {list(x.shape)}; got {list(residual.shape)}")
+
+
+def _check_gate_up(gate_up: torch.Tensor) -> None:
+    """Provided: raise ValueError unless gate_up has a last dimension of even width 2I (gate | up)."""
+    if gate_up.dim() == 0 or gate_up.shape[-1] % 2:
+        raise ValueError(f"gate_up's last dimension holds gate | up, two halves of width I, so it must be even; "
+                         f"got shape {list(gate_up.shape)}")
+
+
+def _check_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> None:
+    """Provided: raise ValueError unless x is [..., H], gate_up_weight [2I, H] and down_weight [H, I], both weights
+    stored [out, in] (a transposed one is named as such)."""
+    if x.dim() == 0 or gate_up_weight.dim() != 2 or down_weight.dim() != 2:
+        raise ValueError(f"x must be [..., H] and both weights 2-D; got x {list(x.shape)}, gate_up_weight "
+                         f"{list(gate_up_weight.shape)}, down_weight {list(down_weight.shape)}")
+    h = x.shape[-1]
+    two_i = gate_up_weight.shape[0]
+    if gate_up_weight.shape[1] != h:
+        flipped = " (it looks transposed: weights are stored [out, in])" if two_i == h else ""
+        raise ValueError(f"gate_up_weight must be [2I, H] = [2I, {h}], stored [out, in] like nn.Linear; "
+                         f"got {list(gate_up_weight.shape)}{flipped}")
+    if two_i % 2:
+        raise ValueError(f"gate_up_weight has {two_i} rows: gate | up needs an even number 2I")
+    if list(down_weight.shape) != [h, two_i // 2]:
+        flipped = " (it looks transposed: weights are stored [out, in])" \
+            if list(down_weight.shape) == [two_i // 2, h] else ""
+        raise ValueError(f"down_weight must be [H, I] = [{h}, {two_i // 2}], stored [out, in]; "
+                         f"got {list(down_weight.shape)}{flipped}")

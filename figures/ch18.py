@@ -196,7 +196,8 @@ def gqa_groups_figure(f: Figure, r: dict) -> None:
     f.y += 62
     f.note(f"A repeat_interleave copy gives the same numbers but spends the memory GQA saves. flash-attn (as "
            f"nano-vllm calls it) reads K/V head h // (num_heads / num_kv_heads) = h // {group} directly from the "
-           f"{nkv}-head cache.", size=SMALL + 2)
+           f"{nkv} K/V heads it is given: the step's fresh k, v in a prefill without a cached prefix, the paged "
+           f"cache otherwise.", size=SMALL + 2)
     f.y += 4
     f.legend([("q", "query head"), ("k", "K head"), ("v", "V head"), ("masked", "a repeated copy (not needed)")],
              wrong=mapping != expected)

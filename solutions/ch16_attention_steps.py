@@ -77,14 +77,9 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
                 [ 6,  7],
                 [10, 11]])
     """
+    _check_split(x, num_heads)
     ### BEGIN SOLUTION
-    if x.dim() != 3:
-        raise ValueError(f"x must be [B, T, H·d] (batch, tokens, heads·width); got shape {list(x.shape)}")
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
-        raise ValueError(f"num_heads must be a positive int; got {num_heads!r}")
     B, T, width = x.shape
-    if width % num_heads:
-        raise ValueError(f"the last dimension {width} cannot be cut into {num_heads} heads of equal width")
     return x.view(B, T, num_heads, width // num_heads).transpose(1, 2)
     ### END SOLUTION
 
@@ -114,9 +109,8 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
         >>> torch.equal(merge_heads(split_heads(x, 2)), x)
         True
     """
+    _check_merge(x)
     ### BEGIN SOLUTION
-    if x.dim() != 4:
-        raise ValueError(f"x must be [B, H, T, d] (batch, heads, tokens, head width); got shape {list(x.shape)}")
     B, H, T, d = x.shape
     return x.transpose(1, 2).reshape(B, T, H * d)
     ### END SOLUTION
@@ -160,21 +154,12 @@ def attention_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
         >>> steps["scores"], steps["probs"].sum().item()
         (tensor([[1., 0.]]), 1.0)
     """
+    _check_steps(q, k, v, mask)
     ### BEGIN SOLUTION
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.dim() != 2:
-            raise ValueError(f"{name} must be 2-D [tokens, width] (one head); got shape {list(x.shape)}")
     T, d = q.shape
     S = k.shape[0]
-    if k.shape[1] != d:
-        raise ValueError(f"a dot product needs q and k of the same width: q [{T}, {d}], k {list(k.shape)}")
-    if v.shape[0] != S:
-        raise ValueError(f"v needs one row per key: k has {S} rows, v has {v.shape[0]}")
     if mask is None:
         mask = torch.ones(T, S, dtype=torch.bool)
-    elif mask.dtype != torch.bool or list(mask.shape) != [T, S]:
-        raise ValueError(f"mask must be a bool tensor [T, S] = [{T}, {S}] (True = may attend); "
-                         f"got {str(mask.dtype).removeprefix('torch.')} {list(mask.shape)}")
     blind = (~mask.any(dim=-1)).nonzero()
     if len(blind):
         raise ValueError(f"query {int(blind[0])} may attend no key: a softmax over no keys is undefined")
@@ -186,3 +171,37 @@ def attention_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     out = probs @ v                                                  # step 3: a sum over the keys
     return {"scores": scores, "probs": probs, "out": out}
     ### END SOLUTION
+
+
+# -- provided: the input checks every task needs but none teaches (not part of the exercise) ----------------------
+
+def _check_split(x: torch.Tensor, num_heads: int) -> None:
+    """Provided: raise ValueError unless x is 3-D [B, T, H·d] and num_heads is a positive int dividing its width."""
+    if x.dim() != 3:
+        raise ValueError(f"x must be [B, T, H·d] (batch, tokens, heads·width); got shape {list(x.shape)}")
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
+        raise ValueError(f"num_heads must be a positive int; got {num_heads!r}")
+    if x.shape[-1] % num_heads:
+        raise ValueError(f"the last dimension {x.shape[-1]} cannot be cut into {num_heads} heads of equal width")
+
+
+def _check_merge(x: torch.Tensor) -> None:
+    """Provided: raise ValueError unless x is 4-D [B, H, T, d]."""
+    if x.dim() != 4:
+        raise ValueError(f"x must be [B, H, T, d] (batch, heads, tokens, head width); got shape {list(x.shape)}")
+
+
+def _check_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> None:
+    """Provided: raise ValueError unless q [T, d], k [S, d] and v [S, dv] are 2-D with matching widths and rows,
+    and the mask, if given, is a bool [T, S] tensor."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 2:
+            raise ValueError(f"{name} must be 2-D [tokens, width] (one head); got shape {list(x.shape)}")
+    (T, d), S = q.shape, k.shape[0]
+    if k.shape[1] != d:
+        raise ValueError(f"a dot product needs q and k of the same width: q [{T}, {d}], k {list(k.shape)}")
+    if v.shape[0] != S:
+        raise ValueError(f"v needs one row per key: k has {S} rows, v has {v.shape[0]}")
+    if mask is not None and (mask.dtype != torch.bool or list(mask.shape) != [T, S]):
+        raise ValueError(f"mask must be a bool tensor [T, S] = [{T}, {S}] (True = may attend); "
+                         f"got {str(mask.dtype).removeprefix('torch.')} {list(mask.shape)}")

@@ -58,12 +58,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
         >>> rms_norm(torch.tensor([1., 2., 3., 4.]), torch.ones(4))   # mean square 7.5
         tensor([0.3651, 0.7303, 1.0954, 1.4606])
     """
+    _check_norm(x, weight)
     ### BEGIN SOLUTION
-    if x.dim() == 0:
-        raise ValueError("x must have a hidden dimension to normalise over; got a scalar")
-    if list(weight.shape) != [x.shape[-1]]:
-        raise ValueError(f"weight must be [H] = [{x.shape[-1]}], one scale per channel of x's last dimension; "
-                         f"got {list(weight.shape)}")
     xf = x.float()
     normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
     return (normed.to(x.dtype) * weight).to(x.dtype)
@@ -99,13 +95,10 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
         >>> res, normed
         (tensor([1., 2., 3., 4.]), tensor([0.3651, 0.7303, 1.0954, 1.4606]))
     """
+    _check_add(x, residual, weight)
     ### BEGIN SOLUTION
     if residual is None:
         return rms_norm(x, weight, eps), x
-    if residual.shape != x.shape:
-        raise ValueError(f"residual must have x's shape {list(x.shape)}; got {list(residual.shape)}")
-    if list(weight.shape) != [x.shape[-1]]:
-        raise ValueError(f"weight must be [H] = [{x.shape[-1]}]; got {list(weight.shape)}")
     s = x.float() + residual.float()
     normed = s * torch.rsqrt(s.pow(2).mean(dim=-1, keepdim=True) + eps)
     return (normed.to(x.dtype) * weight).to(x.dtype), s.to(x.dtype)
@@ -136,10 +129,8 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         >>> silu_and_mul(torch.tensor([1., -1., 2., 3.]))   # gate [1, -1], up [2, 3]
         tensor([ 1.4621, -0.8068])
     """
+    _check_gate_up(gate_up)
     ### BEGIN SOLUTION
-    if gate_up.dim() == 0 or gate_up.shape[-1] % 2:
-        raise ValueError(f"gate_up's last dimension holds gate | up, two halves of width I, so it must be even; "
-                         f"got shape {list(gate_up.shape)}")
     gate, up = gate_up.float().chunk(2, dim=-1)
     return (F.silu(gate) * up).to(gate_up.dtype)
     ### END SOLUTION
@@ -173,7 +164,40 @@ def swiglu_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch
         >>> swiglu_mlp(x, w_gu, torch.tensor([[1.], [2.]]))   # silu(1)·2 = 1.4621
         tensor([[1.4621, 2.9242]])
     """
+    _check_mlp(x, gate_up_weight, down_weight)
     ### BEGIN SOLUTION
+    return F.linear(silu_and_mul(F.linear(x, gate_up_weight)), down_weight)
+    ### END SOLUTION
+
+
+# -- provided: the input checks every task needs but none teaches (not part of the exercise) ----------------------
+
+def _check_norm(x: torch.Tensor, weight: torch.Tensor) -> None:
+    """Provided: raise ValueError unless x has a last dimension H and weight is [H]."""
+    if x.dim() == 0:
+        raise ValueError("x must have a hidden dimension to normalise over; got a scalar")
+    if list(weight.shape) != [x.shape[-1]]:
+        raise ValueError(f"weight must be [H] = [{x.shape[-1]}], one scale per channel of x's last dimension; "
+                         f"got {list(weight.shape)}")
+
+
+def _check_add(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor) -> None:
+    """Provided: raise ValueError unless x and weight pass _check_norm and a residual (if any) has x's shape."""
+    _check_norm(x, weight)
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"residual must have x's shape {list(x.shape)}; got {list(residual.shape)}")
+
+
+def _check_gate_up(gate_up: torch.Tensor) -> None:
+    """Provided: raise ValueError unless gate_up has a last dimension of even width 2I (gate | up)."""
+    if gate_up.dim() == 0 or gate_up.shape[-1] % 2:
+        raise ValueError(f"gate_up's last dimension holds gate | up, two halves of width I, so it must be even; "
+                         f"got shape {list(gate_up.shape)}")
+
+
+def _check_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> None:
+    """Provided: raise ValueError unless x is [..., H], gate_up_weight [2I, H] and down_weight [H, I], both weights
+    stored [out, in] (a transposed one is named as such)."""
     if x.dim() == 0 or gate_up_weight.dim() != 2 or down_weight.dim() != 2:
         raise ValueError(f"x must be [..., H] and both weights 2-D; got x {list(x.shape)}, gate_up_weight "
                          f"{list(gate_up_weight.shape)}, down_weight {list(down_weight.shape)}")
@@ -190,5 +214,3 @@ def swiglu_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch
             if list(down_weight.shape) == [two_i // 2, h] else ""
         raise ValueError(f"down_weight must be [H, I] = [{h}, {two_i // 2}], stored [out, in]; "
                          f"got {list(down_weight.shape)}{flipped}")
-    return F.linear(silu_and_mul(F.linear(x, gate_up_weight)), down_weight)
-    ### END SOLUTION

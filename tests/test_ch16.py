@@ -155,8 +155,8 @@ def test_wrong_scales_are_explained(graded, mistake, factor):
     qwen = result(report, "Qwen3-0.6B's head_dim 128")
     assert "1/√128" in qwen.message and "is a sum of d = 128 products" in qwen.message
     assert wrong_elements(report, "ch16-dim-one-head-attention")
-    # The validation of the mask does not depend on the scale.
-    assert result(report, "a mask of the wrong shape").status == "passed"
+    # Refusing a query that may attend no key does not depend on the scale.
+    assert result(report, "a query that may attend no key").status == "passed"
 
 
 def test_softmax_over_the_queries(graded):
@@ -275,3 +275,53 @@ def test_a_transpose_is_a_raised_t_in_the_figures_own_font():
     for figure_id in ("ch16-three-steps", "ch16-dim-one-head-attention"):
         assert "ᵀ" not in drawn[figure_id], "the modifier letter ᵀ is another font's glyph"
         assert [s for s in transposes(drawn[figure_id]) if s.startswith("KT [")], figure_id
+
+
+# -- the provided input checks (outside the solution regions: unit tests, no graded checks) ---------------------
+
+z = torch.zeros
+
+
+@pytest.mark.parametrize("x, heads", [(z(1, 2, 10), 4), (z(2, 3, 2048), 12), (z(1, 4, 8), 0), (z(1, 4, 8), True),
+                                      (z(1, 4, 8), 2.0), (z(3, 8), 2), (z(1, 2, 3, 8), 2)])
+def test_the_provided_split_check_refuses_bad_inputs(x, heads):
+    with pytest.raises(ValueError):
+        ref.split_heads(x, heads)
+
+
+@pytest.mark.parametrize("x", [z(2, 3, 4), z(1, 2, 3, 4, 5), z(6, 8)])
+def test_the_provided_merge_check_refuses_what_is_not_4d(x):
+    with pytest.raises(ValueError, match=r"\[B, H, T, d\]"):
+        ref.merge_heads(x)
+
+
+BAD_STEPS = {
+    "q and k of other widths": (z(2, 4), z(3, 8), z(3, 8), None),
+    "fewer value rows than keys": (z(2, 4), z(3, 4), z(5, 4), None),
+    "q not 2-D": (z(1, 2, 4), z(3, 4), z(3, 4), None),
+    "mask transposed": (z(2, 4), z(3, 4), z(3, 4), torch.ones(3, 2, dtype=torch.bool)),
+    "float mask": (z(2, 4), z(3, 4), z(3, 4), torch.ones(2, 3)),
+}
+
+
+@pytest.mark.parametrize("case", BAD_STEPS)
+def test_the_provided_steps_check_refuses_bad_inputs(case):
+    q, k, v, mask = BAD_STEPS[case]
+    with pytest.raises(ValueError):
+        ref.attention_steps(q, k, v, mask=mask)
+
+
+def test_the_provided_checks_let_good_inputs_through():
+    assert ref.merge_heads(ref.split_heads(z(1, 2, 6), 3)).shape == (1, 2, 6)
+    out = ref.attention_steps(z(2, 4), z(3, 4), z(3, 5), mask=torch.ones(2, 3, dtype=torch.bool))["out"]
+    assert out.shape == (2, 5)
+
+
+def test_a_blind_query_stays_the_students_to_refuse():
+    """The lesson's guard (a query that may attend no key) is inside the solution region, not a provided check."""
+    blind = torch.tensor([[True, False, False], [False] * 3])
+    ref._check_steps(z(2, 4), z(3, 4), z(3, 4), blind)            # the provided check lets it through
+    with pytest.raises(ValueError, match="query 1 may attend no key"):
+        ref.attention_steps(z(2, 4), z(3, 4), z(3, 4), mask=blind)
+    with pytest.raises(ValueError, match="may attend no key"):
+        ref.attention_steps(z(2, 4), z(0, 4), z(0, 4))

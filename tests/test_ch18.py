@@ -226,3 +226,41 @@ def test_the_arrow_labels_between_the_blocks_have_room_and_the_transpose_is_a_ra
         gap_left, gap_right = x1 - 5, x2 + 6 + 5          # the arrow starts 5 after a block, its head ends 5 before
         assert t.left - gap_left >= drawn.ARROW_ROOM - 0.5 and gap_right - t.right >= drawn.ARROW_ROOM - 0.5, t.s
     assert off_canvas(svg, margin=MARGIN - 1) == []
+
+
+# -- the provided input checks (outside the solution regions: unit tests, no graded checks) ---------------------
+
+@pytest.mark.parametrize("args", [(0, 12, 5), (4, 4, 2), (0, 4, 8), (0, 8, 0), (0, 0, 1), (0, 8, -2), (-1, 8, 2),
+                                  (16, 16, 8), (1.0, 4, 2), (0, True, 1)])
+def test_the_provided_head_check_refuses_bad_heads(args):
+    with pytest.raises(ValueError):
+        ref.kv_head_for(*args)
+
+
+z = torch.zeros
+BAD_GQA = {
+    "k and v of other shapes": (z(2, 4, 8), z(5, 2, 8), z(5, 1, 8)),
+    "head_dim of q and k differ": (z(2, 4, 8), z(5, 2, 16), z(5, 2, 16)),
+    "causal with S < T": (z(5, 4, 8), z(3, 2, 8), z(3, 2, 8)),
+    "6 query heads over 4 K/V heads": (z(2, 6, 4), z(2, 4, 4), z(2, 4, 4)),
+    "no K/V heads": (z(2, 4, 4), z(2, 0, 4), z(2, 0, 4)),
+    "q not 3-D": (z(2, 32), z(2, 2, 16), z(2, 2, 16)),
+}
+
+
+@pytest.mark.parametrize("case", BAD_GQA)
+def test_the_provided_qkv_check_refuses_bad_shapes(case):
+    with pytest.raises(ValueError):
+        ref.gqa_attention(*BAD_GQA[case])
+
+
+@pytest.mark.parametrize("args", [(28, 8, 128, -1, 2), (28, 8, 128, 10, 0), (-28, 8, 128, 10, 2), (28, 0, 128, 10, 2),
+                                  (28, 8, -128, 10, 2), (28, 8, 128, 10.0, 2), (28, 8, 128, True, 2)])
+def test_the_provided_size_check_refuses_bad_sizes(args):
+    with pytest.raises(ValueError):
+        ref.kv_cache_bytes(*args)
+
+
+def test_the_provided_checks_let_good_inputs_through():
+    assert ref.kv_head_for(3, 4, 2) == 1 and ref.kv_cache_bytes(28, 8, 128, 0, 2) == 0
+    assert ref.gqa_attention(z(5, 4, 8), z(3, 2, 8), z(3, 2, 8), causal=False).shape == (5, 4, 8)

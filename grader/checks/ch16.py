@@ -81,12 +81,6 @@ def split_one_head(t: Trial) -> None:
     run_split_case(t, numbered((2, 3, 5)), 1, "a single head of width 5")
 
 
-@public("ch16.1", "a width that does not divide into the heads raises ValueError")
-def split_not_divisible(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.split_heads, torch.zeros(1, 2, 10), 4,
-                    because="a last dimension of 10 cannot be cut into 4 heads of equal width")
-
-
 # -- ch16.2 merge_heads ------------------------------------------------------------------------------
 
 @public("ch16.2", "figure instance: [1, 2, 3, 2] back to [1, 3, 4]")
@@ -109,12 +103,6 @@ def merge_qwen3(t: Trial) -> None:
 @public("ch16.2", "2 sequences, 3 heads of width 4, T = 5")
 def merge_batch(t: Trial) -> None:
     run_merge_case(t, torch.randn(2, 3, 5, 4, generator=t.rng), "B=2, 3 heads, T=5, d=4")
-
-
-@public("ch16.2", "a 3-D input raises ValueError")
-def merge_three_dims(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.merge_heads, torch.zeros(2, 3, 4),
-                    because="[2, 3, 4] is not [B, H, T, d]: it has no head axis to merge")
 
 
 # -- ch16.3 attention_steps ------------------------------------------------------------------------------
@@ -174,11 +162,9 @@ def padding_mask(t: Trial) -> None:
     run_steps_case(t, q, k, v, mask, case="key 3 is padding")
 
 
-@public("ch16.3", "a mask of the wrong shape, or a query that may attend no key, raises ValueError")
-def bad_masks(t: Trial) -> None:
+@public("ch16.3", "a query that may attend no key raises ValueError")
+def blind_query(t: Trial) -> None:
     q, k = torch.zeros(2, 4), torch.zeros(3, 4)
-    t.expect_raises(ValueError, t.yours.attention_steps, q, k, k, mask=torch.ones(3, 2, dtype=torch.bool),
-                    because="2 queries over 3 keys need a [2, 3] mask, not [3, 2]")
     t.expect_raises(ValueError, t.yours.attention_steps, q, k, k, mask=torch.tensor([[True, False, False], [False] * 3]),
                     because="query 1 may attend no key, and a softmax over no keys is undefined (0/0)")
 

@@ -77,17 +77,6 @@ def split_no_copy(t: Trial) -> None:
     expect_split(call.value, x, t.ref.split_heads(x, H), H, case)
 
 
-@hidden("ch16.1", "bad inputs raise ValueError")
-def split_bad_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.split_heads, torch.zeros(2, 3, 2048), 12,
-                    because="2048 columns cannot be cut into 12 heads of equal width")
-    t.expect_raises(ValueError, t.yours.split_heads, torch.zeros(1, 4, 8), 0, because="there must be at least one head")
-    t.expect_raises(ValueError, t.yours.split_heads, torch.zeros(3, 8), 2,
-                    because="x [3, 8] has no batch axis: split_heads takes [B, T, H·d]")
-    t.expect_raises(ValueError, t.yours.split_heads, torch.zeros(1, 2, 3, 8), 2,
-                    because="x [1, 2, 3, 8] is not [B, T, H·d]")
-
-
 # -- ch16.2 -----------------------------------------------------------------------------------------
 
 @hidden("ch16.2", "merge undoes split for random shapes and dtypes")
@@ -125,12 +114,6 @@ def merge_view(t: Trial) -> None:
 def merge_edges(t: Trial) -> None:
     run_merge_case(t, torch.randn(4, 8, 1, 16, generator=t.rng), "a decode step: 4 sequences of 1 token")
     run_merge_case(t, numbered((2, 1, 3, 5)), "a single head")
-
-
-@hidden("ch16.2", "inputs that are not 4-D raise ValueError")
-def merge_bad_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.merge_heads, torch.zeros(1, 2, 3, 4, 5), because="[1, 2, 3, 4, 5] is not [B, H, T, d]")
-    t.expect_raises(ValueError, t.yours.merge_heads, torch.zeros(6, 8), because="[6, 8] is not [B, H, T, d]")
 
 
 # -- ch16.3 -----------------------------------------------------------------------------------------
@@ -175,15 +158,9 @@ def large_scores(t: Trial) -> None:
     run_steps_case(t, q, k, v, mask, case="scores about ±1e4, the largest key hidden")
 
 
-@hidden("ch16.3", "bad inputs raise ValueError")
-def steps_bad_inputs(t: Trial) -> None:
+@hidden("ch16.3", "blind queries (an inverted causal mask, no keys at all) raise ValueError")
+def steps_blind_queries(t: Trial) -> None:
     z = torch.zeros
-    t.expect_raises(ValueError, t.yours.attention_steps, z(2, 4), z(3, 8), z(3, 8), because="q has width 4 but k has width 8")
-    t.expect_raises(ValueError, t.yours.attention_steps, z(2, 4), z(3, 4), z(5, 4), because="3 keys but 5 value rows")
-    t.expect_raises(ValueError, t.yours.attention_steps, z(1, 2, 4), z(3, 4), z(3, 4),
-                    because="q [1, 2, 4] is not one head's [T, d]")
-    t.expect_raises(ValueError, t.yours.attention_steps, z(2, 4), z(3, 4), z(3, 4), mask=torch.ones(2, 3),
-                    because="a float mask would be added to the scores; the mask must be bool (True = may attend)")
     t.expect_raises(ValueError, t.yours.attention_steps, z(3, 4), z(3, 4), z(3, 4), mask=~causal(3),
                     because="in this (inverted causal) mask query 2 may attend no key: its row is all False")
     t.expect_raises(ValueError, t.yours.attention_steps, z(2, 4), z(0, 4), z(0, 4),
