@@ -85,8 +85,8 @@ def record_dtype() -> np.dtype:
         >>> dt.itemsize, dt.fields["max_tokens"][1], dt.fields["seed"][1]
         (56, 28, 48)
     """
-    # TODO(ch30.1): your code here (about 4 of the task's 86 lines, in 3 places)
-    raise NotImplementedError("ch30.1 record_dtype: not implemented yet (about 86 lines)")
+    # TODO(ch30.1): your code here (about 4 of the task's 46 lines, in 3 places)
+    raise NotImplementedError("ch30.1 record_dtype: not implemented yet (about 46 lines)")
 
 
 def lower_request(request: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -106,7 +106,9 @@ def lower_request(request: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
     Other request keys (the prompt text, arrival time, …) stay in Python and are
     ignored. An unknown *sampling* key raises ValueError: the record has no field
-    for it, and dropping it would change what the core samples.
+    for it, and dropping it would change what the core samples. The provided
+    first line checks that every other field is there and fits its C type and
+    range; the unknown key is the check the lowering itself owes.
 
     The next step of the request:
 
@@ -140,8 +142,9 @@ def lower_request(request: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         >>> bool(rec["is_prompt"][0]), int(rec["num_new_tokens"][0]), ids.tolist(), pos.tolist()
         (False, 1, [14], [3])
     """
-    # TODO(ch30.1): your code here (about 56 of the task's 86 lines, in 3 places)
-    raise NotImplementedError("ch30.1 lower_request: not implemented yet (about 86 lines)")
+    _check_request(request)
+    # TODO(ch30.1): your code here (about 21 of the task's 46 lines, in 3 places)
+    raise NotImplementedError("ch30.1 lower_request: not implemented yet (about 46 lines)")
 
 
 def select_phase(batch: np.ndarray) -> str:
@@ -156,7 +159,9 @@ def select_phase(batch: np.ndarray) -> str:
     num_tokens − num_computed_tokens, and is_prompt as `lower_request` defines it.
 
     The step is a **prompt** step when any record is in its prompt phase (prefill
-    first, as vLLM v0 and nano-vllm schedule), else a **decode** step.
+    first, as vLLM v0 and nano-vllm schedule), else a **decode** step. The
+    provided first line checks that the batch is a non-empty 1-D structured
+    array; checking its layout and its records is yours.
 
     Why the check matters even in Python: np.concatenate keeps this layout only
     for a dtype flagged aligned (built with align=True). Records that crossed
@@ -182,8 +187,9 @@ def select_phase(batch: np.ndarray) -> str:
         >>> select_phase(np.concatenate([a, b])), select_phase(b)
         ('prompt', 'decode')
     """
-    # TODO(ch30.1): your code here (about 26 of the task's 86 lines, in 3 places)
-    raise NotImplementedError("ch30.1 select_phase: not implemented yet (about 86 lines)")
+    _check_records(batch)
+    # TODO(ch30.1): your code here (about 21 of the task's 46 lines, in 3 places)
+    raise NotImplementedError("ch30.1 select_phase: not implemented yet (about 46 lines)")
 
 
 def check_support(model_config: dict, support_matrix: dict) -> list[str]:
@@ -245,5 +251,112 @@ def check_support(model_config: dict, support_matrix: dict) -> list[str]:
         ...                "max_position_embeddings": 8192, "features": ["kv_service"]}, matrix)
         ["kv_service: not listed in x@1's support matrix, so this release does not vouch for it"]
     """
-    # TODO(ch30.2): your code here (about 49 lines)
-    raise NotImplementedError("ch30.2 check_support: not implemented yet (about 49 lines)")
+    _check_matrix(support_matrix)
+    _check_config(model_config)
+    # TODO(ch30.2): your code here (about 31 lines)
+    raise NotImplementedError("ch30.2 check_support: not implemented yet (about 31 lines)")
+
+
+# -- provided: the input checks every task needs but none teaches (not part of the exercise) ----------------------
+
+def _int_field(name: str, v, lo: int, hi: int) -> int:
+    """Provided: v as an int; raise ValueError unless it is an int (not a bool) in [lo, hi)."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise ValueError(f"{name} must be an int; got {type(v).__name__} {v!r}")
+    if not lo <= int(v) < hi:
+        raise ValueError(f"{name}={v} does not fit: it must lie in [{lo}, {hi})")
+    return int(v)
+
+
+def _real_field(name: str, v) -> float:
+    """Provided: v as a float; raise ValueError unless it is a finite real number (not a bool)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
+        raise ValueError(f"{name} must be a finite number; got {v!r}")
+    return float(v)
+
+
+def _check_request(request: dict) -> None:
+    """Provided: raise ValueError unless every field `lower_request` reads is there and fits its C type and range:
+    ids, token ids (int32), a non-empty prompt, num_computed_tokens in [0, num_tokens − 1], and the known sampling
+    parameters (temperature finite, ≥ 0 and a float32; top_p in (0, 1]; top_k ≥ −1; max_tokens ≥ 1; seed None or
+    in [0, 2**63)), and the request is not finished. Unknown sampling keys are left to `lower_request`."""
+    if not isinstance(request, dict):
+        raise ValueError("a request is a dict")
+    for key in ("request_id", "prompt_token_ids"):
+        if key not in request:
+            raise ValueError(f"the request has no {key!r}")
+    _int_field("request_id", request["request_id"], 0, 2**63)
+    prompt, output = request["prompt_token_ids"], request.get("output_token_ids", [])
+    for name, ids in (("prompt_token_ids", prompt), ("output_token_ids", output)):
+        if not isinstance(ids, (list, tuple)):
+            raise ValueError(f"{name} must be a list of token ids")
+        for i, t in enumerate(ids):
+            _int_field(f"{name}[{i}]", t, 0, 2**31)
+    if not prompt:
+        raise ValueError("the prompt is empty: there is nothing to compute")
+    num_tokens = len(prompt) + len(output)
+    if num_tokens >= 2**31:
+        raise ValueError("the sequence is longer than int32 can count")
+    _int_field("num_computed_tokens", request.get("num_computed_tokens", 0), 0, num_tokens)
+    sp = request.get("sampling_params", {})
+    if not isinstance(sp, dict):
+        raise ValueError("sampling_params must be a dict")
+    temperature = _real_field("temperature", sp.get("temperature", 1.0))
+    if temperature < 0 or not np.isfinite(np.float32(temperature)):
+        raise ValueError(f"temperature={temperature} must be ≥ 0 and fit float32")
+    top_p = _real_field("top_p", sp.get("top_p", 1.0))
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p} must lie in (0, 1]")
+    _int_field("top_k", sp.get("top_k", 0), -1, 2**31)
+    max_tokens = _int_field("max_tokens", sp.get("max_tokens", 16), 1, 2**31)
+    if sp.get("seed") is not None:
+        _int_field("seed", sp["seed"], 0, 2**63)
+    if len(output) >= max_tokens:
+        raise ValueError(f"the request is finished: {len(output)} of max_tokens={max_tokens} tokens generated")
+
+
+def _check_records(batch: np.ndarray) -> None:
+    """Provided: raise ValueError unless batch is a non-empty 1-D numpy structured array (its layout is the lesson:
+    `select_phase` checks it)."""
+    if not isinstance(batch, np.ndarray) or batch.dtype.names is None:
+        raise ValueError("the batch must be a numpy structured array of records")
+    if batch.ndim != 1 or batch.shape[0] == 0:
+        raise ValueError(f"the batch must be a non-empty 1-D array of records; got shape {list(batch.shape)}")
+
+
+def _check_matrix(support_matrix: dict) -> None:
+    """Provided: raise ValueError unless the support matrix has every key, each of its type."""
+    types = {"release": str, "architectures": list, "dtypes": list, "quantization": list, "head_dims": list,
+             "max_context": int, "tensor_parallel_sizes": list, "features": dict}
+    if not isinstance(support_matrix, dict):
+        raise ValueError("the support matrix is a dict")
+    for key, kind in types.items():
+        if key not in support_matrix or type(support_matrix[key]) is not kind:
+            raise ValueError(f"the support matrix needs {key!r} as a {kind.__name__}")
+
+
+def _check_config(model_config: dict) -> None:
+    """Provided: raise ValueError unless the config has non-empty architectures (str), a dtype, a head_dim or
+    hidden_size and num_attention_heads to derive it, a positive max_position_embeddings, a positive int
+    tensor_parallel_size (when given) and features as a list of str (when given)."""
+    c = model_config
+    if not isinstance(c, dict):
+        raise ValueError("the model configuration is a dict")
+    archs = c.get("architectures")
+    if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
+        raise ValueError("the config needs 'architectures', a non-empty list of model class names")
+    if not isinstance(c.get("dtype") or c.get("torch_dtype"), str):
+        raise ValueError("the config names no dtype ('dtype' or 'torch_dtype')")
+    if c.get("head_dim") is None:
+        hidden, heads = c.get("hidden_size"), c.get("num_attention_heads")
+        if type(hidden) is not int or type(heads) is not int or heads <= 0:
+            raise ValueError("the config has no head_dim and no hidden_size / num_attention_heads to derive it")
+    context = c.get("max_position_embeddings")
+    if type(context) is not int or context <= 0:
+        raise ValueError("the config needs max_position_embeddings, a positive int")
+    tp = c.get("tensor_parallel_size", 1)
+    if type(tp) is not int or tp <= 0:
+        raise ValueError(f"tensor_parallel_size must be a positive int; got {tp!r}")
+    features = c.get("features", [])
+    if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
+        raise ValueError("features must be a list of feature names")

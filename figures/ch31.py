@@ -1,10 +1,11 @@
 """Figures of ch31 · mixture of experts across ranks: the rows of a dispatch leaving token order and coming
-back through the handle, and the per-GPU load before and after EPLB places replicas."""
+back through the handle, the per-GPU load before and after EPLB places replicas, and the window of past passes
+whose loads EPLB sums."""
 
 from __future__ import annotations
 
 from figures import figure
-from figures.kit import Figure, num, text_width
+from figures.kit import Figure, num, row_label_width, text_width
 from figures.layout import column, pad, row, wide
 from figures.style import INK, LABEL, LABEL_SMALL, MARGIN, MUTED, PAPER, RULE, SMALL, fill, stroke
 
@@ -302,3 +303,76 @@ def _stacked(f: Figure, x0: float, base: float, width: float, height: float, top
         a = x0 + n * per_node * (bw + gap)
         f.bracket(a, a + per_node * (bw + gap) - gap, base + 22, f"node {n}", size=SMALL)
     f.dwg.add(f.dwg.line((x0 - 4, base), (x0 + width + 4, base), stroke=RULE, stroke_width=1))
+
+
+def _window_caption(lang: str):
+    def caption(r: dict) -> str:
+        W = len(r["window"])
+        if lang == "zh":
+            return (f"EPLB 还看多步历史:每个 slot 在前 {W} 次前向中的 token 数存在环形缓冲区里,本次写进 cursor 所指的最旧一行,"
+                    f"cursor 前进(到末尾回到 0);重排时按 phy2log 把各 slot 加到其逻辑专家上,再对 {W} 行求和,"
+                    f"得到 rebalance_experts 的 weight。一次前向里变热的专家,在 {W} 行之和里只占一小部分。")
+        return (f"EPLB looks at history: the tokens of each slot over the last {W} forward passes sit in a ring buffer; "
+                "this pass overwrites the oldest row, where the cursor points, and the cursor moves on (back to 0 "
+                f"after the last row). To rebalance, each slot is added to its logical expert through phy2log and the "
+                f"{W} rows are summed: the weight of rebalance_experts. An expert that is hot in one pass is a small "
+                "part of the sum.")
+    return caption
+
+
+@figure("ch31-eplb-window", title="EPLB 看多步历史:环形缓冲区里的负载",
+        zh=_window_caption("zh"), en=_window_caption("en"), needs={"yours": "ch31.4"})
+def eplb_window_figure(f: Figure, r: dict) -> None:
+    old, step, this_pass, phy2log, E = r["window"], r["step"], r["load_pass"], r["phy2log"], r["num_experts"]
+    (mine, my_step, my_load), (want, w_step, w_load) = r["yours"], r["expected"]
+    wrong_window, wrong_step, wrong_load = r["wrong"]
+    W, P = len(old), len(phy2log[0])
+    wrong_any = bool(wrong_step) or any(x for rows in wrong_window for layer in rows for x in layer) \
+        or any(x for row_ in wrong_load for x in row_)
+    cols = [f"s{p}·e{phy2log[0][p]}" for p in range(P)]
+
+    def labels(cursor: int, newest: int) -> list[str]:
+        """Row i: its pass (t is this pass, t−1 the one before), and the cursor, which points at the oldest row."""
+        ages = {(cursor - 1 - k) % W: newest + k for k in range(W)}
+        return [f"row {i} · pass t" + (f"−{ages[i]}" if ages[i] else "") + ("  ← cursor" if i == cursor else "")
+                for i in range(W)]
+
+    f.heading(f"layer 0 · the window before pass t: {W} rows (passes) × {P} slots; column s·e is slot s, "
+              f"a replica of expert e")
+    before_labels, after_labels = labels(step, 1), labels(w_step, 0)
+    gutter = max(row_label_width(before_labels + after_labels + ["pass t", "next_step"]), 0)
+    cell_w, cell_h = 42, 28
+    before = f.matrix([row_[0] for row_ in old], role=lambda i, j: "masked" if i == step else "block",
+                      row_labels=before_labels, col_labels=cols, w=cell_w, h=cell_h, label_w=gutter)
+    incoming = f.matrix([this_pass[0]], role="accent", row_labels=["pass t"], w=cell_w, h=cell_h, label_w=gutter)
+    left = column(f.label(f"before: the cursor (step = {step}) is at the oldest pass", size=LABEL, color=INK,
+                          bold=True), before, pad(incoming, top=6),
+                  f.label(f"pass t is written over row {step}", size=LABEL_SMALL), gap=8)
+    after = f.matrix([row_[0] for row_ in mine], role=lambda i, j: "accent" if i == step else "block",
+                     expected=[row_[0] for row_ in want], wrong=[row_[0] for row_ in wrong_window],
+                     row_labels=after_labels, col_labels=cols, w=cell_w, h=cell_h, label_w=gutter)
+    cursor = f.matrix([[my_step]], expected=[[w_step]], wrong=[[bool(wrong_step)]], role="token", w=cell_w,
+                      h=cell_h, row_labels=["next_step"], label_w=gutter)
+    right = column(f.label("after: your window and cursor", size=LABEL, color=INK, bold=True), after,
+                   pad(cursor, top=6), gap=8)
+    f.place(row(left, right, gap=28), after=30)
+
+    # The sums: per slot, then per logical expert, beside the same sum of pass t alone.
+    f.heading("Σ over the rows → per logical expert (slots added through phy2log) = the weight of rebalance_experts")
+    per_slot = [sum(row_[0][p] for row_ in want) for p in range(P)]
+    alone = [sum(this_pass[0][p] for p in range(P) if phy2log[0][p] == e) for e in range(E)]
+    total, total_alone = sum(w_load[0]) or 1, sum(alone) or 1
+    slots = f.matrix([per_slot], role="block", row_labels=["Σ rows, per slot"], col_labels=cols, w=cell_w, h=cell_h,
+                     label_w=gutter)
+    expert_gutter = row_label_width(["your load (Σ rows)", "pass t alone"])
+    experts = f.matrix([my_load[0], alone], expected=[w_load[0], alone], wrong=[wrong_load[0], [False] * E],
+                       role=lambda i, j: "token" if i == 0 else "plain",
+                       row_labels=["your load (Σ rows)", "pass t alone"], col_labels=[f"e{e}" for e in range(E)],
+                       w=cell_w + 8, h=cell_h, label_w=expert_gutter)
+    hot = max(range(E), key=lambda e: alone[e] / total_alone - w_load[0][e] / total)
+    note = (f"e{hot} has {num(round(100 * alone[hot] / total_alone))} % of pass t's tokens but "
+            f"{num(round(100 * w_load[0][hot] / total))} % of the window's: rebalancing from one pass would chase "
+            f"that spike.")
+    f.place(column(row(slots, experts, gap=30, align="bottom"), f.label(note, size=LABEL_SMALL), gap=12), after=26)
+    f.legend([("block", "a past pass"), ("masked", "the oldest pass (overwritten)"), ("accent", "pass t, in row step"),
+              ("token", "load per logical expert")], wrong=wrong_any)

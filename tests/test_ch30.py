@@ -189,3 +189,86 @@ def test_what_the_matrix_allows_is_shown_whole_or_with_the_configs_value_first()
     chips = [t for t in texts(svg, cls="value") if t.s.startswith(("✓ ", "✗ "))]
     assert chips and not [(a.s, b.s) for a in chips for b in notes if overlap(a, b)]
     assert off_canvas(svg, margin=MARGIN - 1) == []
+
+
+# -- the provided input checks (outside the solution regions: unit tests, no graded checks) ---------------------
+BASE = {"request_id": 1, "prompt_token_ids": [1, 2, 3]}
+BAD_REQUESTS = {
+    "token id 2**31 does not fit int32": dict(BASE, prompt_token_ids=[1, 2**31]),
+    "token id −1": dict(BASE, prompt_token_ids=[1, -1]),
+    "a float token id": dict(BASE, prompt_token_ids=[1, 2.0]),
+    "a bool token id": dict(BASE, prompt_token_ids=[True, 2]),
+    "an empty prompt": dict(BASE, prompt_token_ids=[]),
+    "request_id 2**63": dict(BASE, request_id=2**63),
+    "request_id −1": dict(BASE, request_id=-1),
+    "no token lacks KV": dict(BASE, num_computed_tokens=3),
+    "num_computed_tokens −1": dict(BASE, num_computed_tokens=-1),
+    "a negative temperature": dict(BASE, sampling_params={"temperature": -0.5}),
+    "a NaN temperature": dict(BASE, sampling_params={"temperature": float("nan")}),
+    "temperature 1e39 overflows float32": dict(BASE, sampling_params={"temperature": 1e39}),
+    "top_p 0": dict(BASE, sampling_params={"top_p": 0.0}),
+    "top_p 1.5": dict(BASE, sampling_params={"top_p": 1.5}),
+    "top_k −2": dict(BASE, sampling_params={"top_k": -2}),
+    "max_tokens 0": dict(BASE, sampling_params={"max_tokens": 0}),
+    "seed −5": dict(BASE, sampling_params={"seed": -5}),
+    "seed 2**64": dict(BASE, sampling_params={"seed": 2**64}),
+    "max_tokens as a str": dict(BASE, sampling_params={"max_tokens": "16"}),
+    "a finished request": dict(BASE, output_token_ids=[4, 5], sampling_params={"max_tokens": 2}),
+    "no prompt_token_ids": {"request_id": 1},
+    "not a dict": [1, 2, 3],
+    "sampling_params not a dict": dict(BASE, sampling_params=[("top_p", 0.5)]),
+}
+
+
+@pytest.mark.parametrize("case", BAD_REQUESTS)
+def test_the_provided_checks_refuse_a_request_that_does_not_fit(case):
+    with pytest.raises(ValueError):
+        ref.lower_request(BAD_REQUESTS[case])
+
+
+def test_the_provided_checks_pass_the_edges_that_still_fit():
+    ref._check_request(dict(BASE, request_id=2**63 - 1, prompt_token_ids=[2**31 - 1], num_computed_tokens=0,
+                            sampling_params={"temperature": 0, "top_p": 1, "top_k": -1, "seed": 0, "max_tokens": 1}))
+    ref._check_request(dict(BASE, sampling_params={"min_p": 0.1}))      # the unknown key is lower_request's own check
+    with pytest.raises(ValueError, match="min_p"):
+        ref.lower_request(dict(BASE, sampling_params={"min_p": 0.1}))
+
+
+@pytest.mark.parametrize("batch", [np.zeros(3, dtype=np.int32), [1, 2], "records"])
+def test_the_provided_checks_refuse_what_is_not_a_batch_of_records(batch):
+    with pytest.raises(ValueError):
+        ref.select_phase(batch)
+
+
+def test_the_provided_checks_refuse_an_empty_or_2d_batch():
+    rec = np.concatenate([ref.lower_request(dict(BASE, request_id=i))[0] for i in range(2)])
+    for batch in (rec[:0], rec.reshape(1, 2)):
+        with pytest.raises(ValueError):
+            ref.select_phase(batch)
+    assert ref.select_phase(rec) == "prompt"
+
+
+def _without(d: dict, key: str) -> dict:
+    return {k: v for k, v in d.items() if k != key}
+
+
+@pytest.mark.parametrize("change", ["tp 0", "tp str", "features str", "no architecture", "no dtype", "no context",
+                                    "no head_dim source", "matrix context str", "matrix without dtypes",
+                                    "matrix without features", "matrix not a dict"])
+def test_the_provided_checks_refuse_a_bad_config_or_matrix(change):
+    config, matrix = dict(checks.QWEN3_CONFIG), dict(checks.MATRIX)
+    config, matrix = {
+        "tp 0": (dict(config, tensor_parallel_size=0), matrix),
+        "tp str": (dict(config, tensor_parallel_size="2"), matrix),
+        "features str": (dict(config, features="kv_service"), matrix),
+        "no architecture": (dict(config, architectures=[]), matrix),
+        "no dtype": (_without(config, "torch_dtype"), matrix),
+        "no context": (_without(config, "max_position_embeddings"), matrix),
+        "no head_dim source": (_without(_without(config, "head_dim"), "hidden_size"), matrix),
+        "matrix context str": (config, dict(matrix, max_context="32768")),
+        "matrix without dtypes": (config, _without(matrix, "dtypes")),
+        "matrix without features": (config, _without(matrix, "features")),
+        "matrix not a dict": (config, list(matrix.items())),
+    }[change]
+    with pytest.raises(ValueError):
+        ref.check_support(config, matrix)

@@ -12,6 +12,7 @@ from figure_layout import curves, lines, off_canvas, overlap, rects, reference_f
 from mutate import figure_file, mutant_grader, result, tasks_not_passed, wrong_elements
 
 from figures.style import MARGIN
+from grader import chapters
 from grader.checks import ch31 as checks
 from solutions import ch31_moe_eplb as ref
 
@@ -225,3 +226,142 @@ def test_the_roundtrip_strands_cross_only_where_the_rows_order_makes_them():
         crossings = sum(1 for a, b in combinations(group, 2) if (a[0] - b[0]) * (a[2] - b[2]) < 0)
         assert crossings == least, "two strands cross only when a later token's row lies left of an earlier one's"
     assert off_canvas(svg, margin=MARGIN - 1) == []
+
+
+# -- 31.3: equal loads in any order the greedy packing allows --------------------------------------------------
+def test_another_order_of_equal_loads_passes_every_eplb_check(graded):
+    # EPLB sorts with torch's unstable sort: items of equal load (an expert's replicas, e0's 90/3 = 30 = e5's 30 in
+    # the worked example) may come in any order. Taking them higher index first is one such order.
+    edit = ("for i in sorted(range(len(values)), key=lambda i: -values[i]):",
+            "for i in sorted(range(len(values)), key=lambda i: (-values[i], -i)):")
+    report = graded("ties_high_index", edit, task="ch31.3")
+    failed = [f"{r.name}: {r.message}" for r in report.results if r.status != "passed"]
+    assert not failed, failed
+    namespace: dict = {}
+    exec(compile((chapters.SOLUTIONS / "ch31_moe_eplb.py").read_text(encoding="utf-8").replace(*edit), "mutant",
+                 "exec"), namespace)
+    weight, args = torch.tensor([checks.H3_LOADS]), (12, 1, 2, 4)
+    theirs = namespace["rebalance_experts"](weight, *args)[0]
+    ours, _, logcnt = ref.rebalance_experts(weight, *args)
+    assert not torch.equal(theirs, ours), "the tie between e5 and e0's replicas goes the other way"
+    assert checks.packed_in_some_order(theirs, logcnt, weight, ours, args)
+
+
+def test_a_placement_no_greedy_order_gives_is_still_refused():
+    weight = torch.tensor([checks.H3_LOADS])
+    phy2log, _, logcnt = ref.rebalance_experts(weight, *checks.H3_ARGS)
+    swapped = phy2log.clone()
+    swapped[0, [1, 2]] = swapped[0, [2, 1]]          # GPU 0's e0 and e1 in the other order: e1 cannot come first
+    assert not checks.packed_in_some_order(swapped, logcnt, weight, phy2log, checks.H3_ARGS)
+    assert checks.packed_in_some_order(phy2log, logcnt, weight, phy2log, checks.H3_ARGS)
+
+
+# -- 31.4 ---------------------------------------------------------------------------------------------
+def test_the_last_pass_alone_is_explained(graded):
+    report = graded.mistake("last_step_only", task="ch31.4")   # the load of this pass, not the window's sum
+    r = result(report, "figure instance: a window")
+    assert r.status == "failed"
+    assert "expert 0 is in slots [0, 4], so its load is the sum of those slots over all 4 rows" in r.message
+    assert "expected load [81, 11, 54, 23]; yours [7, 2, 11, 16]" in r.message
+    assert r.hints == ["last_step_only"]
+    assert wrong_elements(report, "ch31-eplb-window")
+
+
+def test_a_cursor_that_runs_off_the_window_is_explained(graded):
+    report = graded.mistake("not_wrapped", task="ch31.4")
+    assert result(report, "figure instance: a window").status == "passed", "the cursor moves from row 1 to 2"
+    r = result(report, "the cursor wraps")
+    assert r.status == "failed" and "next_step = (2 + 1) mod 3 = 0; yours: 3" in r.message
+    assert r.hints == ["not_wrapped"]
+    assert result(report, "seven passes").hints == ["not_wrapped"]
+
+
+def test_slot_loads_and_shifted_windows_are_explained(graded):
+    r = result(graded.mistake("physical_loads", task="ch31.4"), "figure instance: a window")
+    assert "[L, E] = [1, 4]; yours: int64 tensor [1, 6], one entry per slot" in r.message
+    assert r.hints == ["physical_loads"]
+    report = graded.mistake("shifted_window", task="ch31.4")
+    r = result(report, "figure instance: a window")
+    assert "row 1 (the oldest pass) becomes this pass's counts and the other rows stay" in r.message
+    assert r.hints == ["shifted_window"]
+    assert result(graded.mistake("window_mean", task="ch31.4"), "figure instance: a window").hints == ["window_mean"]
+
+
+def test_the_reference_keeps_a_ring_buffer():
+    phy2log = torch.tensor([[0, 1, 0]])
+    window, step = torch.zeros(2, 1, 3, dtype=torch.int64), 0
+    loads = []
+    for counts in ([5, 1, 2], [4, 3, 0], [1, 1, 1]):
+        before = window.clone()
+        window, step, load = ref.record_expert_load(window, step, torch.tensor([counts]), phy2log, 2)
+        assert torch.equal(before, before.clone()), "the input window is left as it was"
+        loads.append(load.tolist())
+    assert step == 1 and window[:, 0].tolist() == [[1, 1, 1], [4, 3, 0]], "the third pass overwrote the first"
+    assert loads == [[[7, 1]], [[11, 4]], [[6, 4]]]
+
+
+def test_the_window_figure_stays_on_the_page():
+    svg = reference_figures("ch31")["ch31-eplb-window"]
+    assert off_canvas(svg, margin=MARGIN - 1) == []
+    shown = [t.s for t in texts(svg)]
+    assert "row 1 · pass t" in shown and "row 2 · pass t−3  ← cursor" in shown
+
+
+# -- the provided input checks (outside the solution regions: unit tests, no graded checks) ---------------------
+@pytest.mark.parametrize("logits, k", [(torch.zeros(4), 1), (torch.zeros(2, 4, dtype=torch.int64), 1),
+                                       (torch.tensor([[0.0, float("nan")]]), 1), (torch.zeros(2, 4), 0),
+                                       (torch.zeros(2, 4), 5), (torch.zeros(2, 4), 2.0)])
+def test_the_provided_checks_refuse_bad_routing_inputs(logits, k):
+    with pytest.raises(ValueError):
+        ref.route_topk(logits, k)
+
+
+@pytest.mark.parametrize("ids, E, R", [(torch.tensor([[0, 0], [1, 2], [3, 1]]), 4, 2),
+                                       (torch.tensor([[0, 4], [1, 2], [3, 1]]), 4, 2),
+                                       (torch.tensor([[0, 1], [1, 2]]), 4, 2),
+                                       (torch.tensor([[0, 1], [1, 2], [3, 1]]).int(), 4, 2),
+                                       (torch.tensor([[0, 1], [1, 2], [3, 1]]), 6, 4),
+                                       (torch.tensor([[0, 1], [1, 2], [3, 1]]), 4, 0)])
+def test_the_provided_checks_refuse_a_bad_dispatch(ids, E, R):
+    with pytest.raises(ValueError):
+        ref.dispatch(torch.zeros(3, 2), ids, E, R)
+
+
+def test_the_provided_checks_refuse_outputs_that_do_not_match_the_handle():
+    rows, handle = ref.dispatch(torch.zeros(3, 2), torch.tensor([[0, 1], [1, 2], [3, 1]]), 4, 2)
+    for outputs, weights in ((rows[:1], torch.ones(3, 2)), (rows, torch.ones(2, 2)), (rows, torch.ones(6)),
+                             ([rows[0], torch.zeros(rows[1].shape[0], 5)], torch.ones(3, 2)),
+                             ([rows[0], rows[1][:1]], torch.ones(3, 2))):
+        with pytest.raises(ValueError):
+            ref.combine(outputs, handle, weights)
+    assert ref.combine(rows, handle, torch.ones(3, 2)).shape == (3, 2)
+
+
+@pytest.mark.parametrize("weight, args", [(torch.rand(1, 8), (6, 4, 2, 2)), (torch.rand(1, 8), (12, 3, 1, 4)),
+                                          (torch.rand(1, 8), (12, 4, 3, 4)), (-torch.rand(1, 8), (12, 4, 2, 4)),
+                                          (torch.rand(8), (12, 4, 2, 4)), (torch.rand(1, 8), (10, 4, 2, 4)),
+                                          (torch.tensor([[1.0, float("inf")]]), (2, 1, 1, 1)),
+                                          (torch.rand(1, 8), (12.0, 4, 2, 4))])
+def test_the_provided_checks_refuse_a_bad_placement_request(weight, args):
+    with pytest.raises(ValueError):
+        ref.rebalance_experts(weight, *args)
+
+
+@pytest.mark.parametrize("loads", [torch.tensor([1.0, -2.0]), torch.zeros(0), torch.zeros(2, 0), torch.zeros(2, 2, 2),
+                                   torch.tensor([1.0, float("nan")]), [1.0, 2.0]])
+def test_the_provided_checks_refuse_bad_loads(loads):
+    with pytest.raises(ValueError):
+        ref.balancedness(loads)
+
+
+WINDOW, PASS, PHY = torch.zeros(2, 1, 3, dtype=torch.int64), torch.tensor([[1, 2, 3]]), torch.tensor([[0, 1, 0]])
+
+
+@pytest.mark.parametrize("window, step, load_pass, phy2log, E", [
+    (WINDOW.int(), 0, PASS, PHY, 2), (WINDOW[0], 0, PASS, PHY, 2), (WINDOW[:0], 0, PASS, PHY, 2),
+    (WINDOW, 2, PASS, PHY, 2), (WINDOW, -1, PASS, PHY, 2), (WINDOW, 1.0, PASS, PHY, 2),
+    (WINDOW, 0, PASS[:, :2], PHY, 2), (WINDOW, 0, -PASS, PHY, 2), (WINDOW, 0, PASS.float(), PHY, 2),
+    (WINDOW, 0, PASS, PHY, 1), (WINDOW, 0, PASS, PHY, 0), (WINDOW, 0, PASS, -PHY, 2)])
+def test_the_provided_checks_refuse_a_bad_window(window, step, load_pass, phy2log, E):
+    with pytest.raises(ValueError):
+        ref.record_expert_load(window, step, load_pass, phy2log, E)

@@ -97,10 +97,8 @@ def packed_batch(t: Trial) -> None:
                     because="a packed record has max_tokens at byte 25, not 28: the bytes are not the C struct's")
 
 
-@public("ch30.1", "values that do not fit the record raise ValueError")
-def lower_bad_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.lower_request, {"request_id": 1, "prompt_token_ids": [1, 2**31]},
-                    because="token id 2**31 does not fit int32")
+@public("ch30.1", "a sampling parameter the record has no field for raises ValueError")
+def lower_unknown_parameter(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.lower_request, {"request_id": 1, "prompt_token_ids": [1], "sampling_params": {"min_p": 0.1}},
                     because="the record has no field for min_p, and dropping it would change the sampling")
 
@@ -137,12 +135,6 @@ def head_dim_source(t: Trial) -> None:
              "num_attention_heads": 32, "max_position_embeddings": 8192}
     run_support_case(t, llama, MATRIX, "Llama without head_dim (4096 / 32 = 128)")
     run_support_case(t, dict(QWEN3_CONFIG, head_dim=96, features=[]), MATRIX, "head_dim 96 (1024 / 16 would be 64)")
-
-
-@public("ch30.2", "a matrix without its features row raises ValueError")
-def support_bad_matrix(t: Trial) -> None:
-    matrix = {k: v for k, v in MATRIX.items() if k != "features"}
-    t.expect_raises(ValueError, t.yours.check_support, QWEN3_CONFIG, matrix, because="the matrix has no 'features' entry")
 
 
 # -- helpers: the record's layout ------------------------------------------------------------------------------

@@ -32,33 +32,14 @@ def edge_values(t: Trial) -> None:
         expect_lowered(t.yours.lower_request(req), t.ref.lower_request(req), req, case)
 
 
-@hidden("ch30.1", "values that do not fit their C type raise ValueError")
-def lower_violations(t: Trial) -> None:
+@hidden("ch30.1", "sampling parameters the record has no field for raise ValueError")
+def lower_unknown_parameters(t: Trial) -> None:
     base = {"request_id": 1, "prompt_token_ids": [1, 2, 3]}
-    sp = lambda **kw: dict(base, sampling_params=kw)
-    cases = [(dict(base, prompt_token_ids=[1, -1]), "token id −1 is not a token"),
-             (dict(base, prompt_token_ids=[1, 2.0]), "token id 2.0 is a float, not an int"),
-             (dict(base, prompt_token_ids=[True, 2]), "True is a bool, not a token id"),
-             (dict(base, prompt_token_ids=[]), "an empty prompt has nothing to compute"),
-             (dict(base, request_id=2**63), "request_id 2**63 does not fit int64"),
-             (dict(base, request_id=-1), "request_id −1 is negative"),
-             (dict(base, num_computed_tokens=3), "3 computed tokens of 3 leaves nothing (the newest never has KV)"),
-             (dict(base, num_computed_tokens=-1), "num_computed_tokens −1 is negative"),
-             (sp(temperature=-0.5), "a negative temperature"),
-             (sp(temperature=float("nan")), "a NaN temperature"),
-             (sp(temperature=1e39), "temperature 1e39 does not fit float32"),
-             (sp(top_p=0.0), "top_p 0 keeps no token"),
-             (sp(top_p=1.5), "top_p 1.5 is not a probability"),
-             (sp(top_k=-2), "top_k −2 is neither off nor a count"),
-             (sp(max_tokens=0), "max_tokens 0 allows no output"),
-             (sp(seed=-5), "seed −5 collides with the −1 that means no seed"),
-             (sp(seed=2**64), "seed 2**64 does not fit int64"),
-             (sp(max_tokens="16"), "max_tokens '16' is a str"),
-             (sp(logprobs=5), "the record has no field for logprobs"),
-             (dict(base, output_token_ids=[4, 5], sampling_params={"max_tokens": 2}), "the request is finished"),
-             ({"request_id": 1}, "the request has no prompt_token_ids")]
-    for req, because in cases:
-        t.expect_raises(ValueError, t.yours.lower_request, req, because=because)
+    for key, value in (("logprobs", 5), ("min_p", 0.05), ("presence_penalty", 0.5), ("stop", ["\n"]),
+                       ("repetition_penalty", 1.1)):
+        params = {"temperature": 0.7, key: value} if t.random.random() < 0.5 else {key: value}
+        t.expect_raises(ValueError, t.yours.lower_request, dict(base, sampling_params=params),
+                        because=f"the record has no field for {key}, and dropping it would change the sampling")
 
 
 @hidden("ch30.1", "random batches: prompt first, else decode")
@@ -88,10 +69,7 @@ def layout_violations(t: Trial) -> None:
                                    "offsets": [fields[n][1] for n in names], "itemsize": 64})),
               "its records are 64 bytes apart: the right offsets, the wrong stride"),
              (_rebuilt(rec, swapped), "num_tokens and num_computed_tokens are swapped: the same sizes, another meaning"),
-             (_rebuilt(rec, names[:-1]), "its records have no seed"),
-             (rec.reshape(1, 3), "a batch is a 1-D array of records, not 2-D"),
-             (rec[:0], "an empty batch has no phase"),
-             (np.zeros(3, dtype=np.int32), "plain int32 numbers are not records")]
+             (_rebuilt(rec, names[:-1]), "its records have no seed")]
     for batch, because in cases:
         t.expect_raises(ValueError, t.yours.select_phase, batch, because=because)
 
@@ -136,23 +114,6 @@ def support_edges(t: Trial) -> None:
     local_only = dict(MATRIX, features={"prefix_caching": True})
     run_support_case(t, dict(QWEN3_CONFIG, max_position_embeddings=4096), local_only,
                      "a release with a local prefix cache that does not list a KV service")
-
-
-@hidden("ch30.2", "bad configurations and matrices raise ValueError")
-def support_bad_inputs(t: Trial) -> None:
-    no = lambda key: {k: v for k, v in QWEN3_CONFIG.items() if k != key}
-    cases = [(dict(QWEN3_CONFIG, tensor_parallel_size=0), MATRIX, "tensor_parallel_size 0"),
-             (dict(QWEN3_CONFIG, tensor_parallel_size="2"), MATRIX, "tensor_parallel_size '2' is a str"),
-             (dict(QWEN3_CONFIG, features="kv_service"), MATRIX, "features must be a list, not one str"),
-             (dict(QWEN3_CONFIG, architectures=[]), MATRIX, "no architecture to check"),
-             (no("torch_dtype"), MATRIX, "the config names no dtype"),
-             (no("max_position_embeddings"), MATRIX, "the config has no context length"),
-             ({k: v for k, v in no("head_dim").items() if k != "hidden_size"}, MATRIX,
-              "no head_dim and no hidden_size to derive it"),
-             (QWEN3_CONFIG, dict(MATRIX, max_context="32768"), "the matrix's max_context is a str"),
-             (QWEN3_CONFIG, {k: v for k, v in MATRIX.items() if k != "dtypes"}, "the matrix has no dtypes row")]
-    for config, matrix, because in cases:
-        t.expect_raises(ValueError, t.yours.check_support, config, matrix, because=because)
 
 
 @hidden("ch30.2", "real model configurations (their config.json) in several deployments")
