@@ -73,8 +73,9 @@ def prepare_inputs(requests: list[dict], block_size: int) -> dict:
         >>> out["positions"].tolist(), out["slot_mapping"].tolist(), out["kept"].tolist()
         ([1, 2], [17, 18], [True])
     """
-    # TODO(ch29.1): your code here (about 29 lines)
-    raise NotImplementedError("ch29.1 prepare_inputs: not implemented yet (about 29 lines)")
+    _check_schedule(requests, block_size)
+    # TODO(ch29.1): your code here (about 16 lines)
+    raise NotImplementedError("ch29.1 prepare_inputs: not implemented yet (about 16 lines)")
 
 
 def latency_metrics(requests: list[dict]) -> dict:
@@ -120,5 +121,50 @@ def latency_metrics(requests: list[dict]) -> dict:
         >>> round(m["mean_ttft_ms"]), round(m["mean_tpot_ms"]), round(m["output_throughput"], 2)
         (500, 200, 3.33)
     """
-    # TODO(ch29.2): your code here (about 38 lines)
-    raise NotImplementedError("ch29.2 latency_metrics: not implemented yet (about 38 lines)")
+    _check_timestamps(requests)
+    # TODO(ch29.2): your code here (about 26 lines)
+    raise NotImplementedError("ch29.2 latency_metrics: not implemented yet (about 26 lines)")
+
+
+# -- provided: the input checks every task needs but none teaches (not part of the exercise) ----------------------
+
+SCHEDULE_KEYS = ("token_ids", "num_computed_tokens", "num_scheduled_tokens", "block_table")
+TIMESTAMP_KEYS = ("start", "chunk_times", "input_len", "output_len")
+
+
+def _check_schedule(requests: list[dict], block_size: int) -> None:
+    """Provided: raise ValueError for a block_size < 1, or a request that lacks a key, has c < 0 or n < 1, goes
+    beyond its known tokens (c + n > len(token_ids)) or beyond its block table."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be ≥ 1, got {block_size}")
+    for r, req in enumerate(requests):
+        missing = [k for k in SCHEDULE_KEYS if k not in req]
+        if missing:
+            raise ValueError(f"request {r} lacks {missing[0]!r}; each request needs {', '.join(SCHEDULE_KEYS)}")
+        known, c, n = len(req["token_ids"]), req["num_computed_tokens"], req["num_scheduled_tokens"]
+        if c < 0 or n < 1:
+            raise ValueError(f"request {r}: need num_computed_tokens ≥ 0 and num_scheduled_tokens ≥ 1, got {c}, {n}")
+        if c + n > known:
+            raise ValueError(f"request {r}: {c} computed + {n} scheduled tokens go beyond the {known} it knows")
+        if (c + n - 1) // block_size >= len(req["block_table"]):
+            raise ValueError(f"request {r}: position {c + n - 1} is in logical block {(c + n - 1) // block_size}, "
+                             f"but its block table has {len(req['block_table'])} blocks")
+
+
+def _check_timestamps(requests: list[dict]) -> None:
+    """Provided: raise ValueError for no requests, a missing key, no chunks, chunks out of order or before the
+    start, more chunks than output tokens, a negative input_len, or a run of zero duration."""
+    if not requests:
+        raise ValueError("need at least one completed request")
+    for r, req in enumerate(requests):
+        missing = [k for k in TIMESTAMP_KEYS if k not in req]
+        if missing:
+            raise ValueError(f"request {r} lacks {missing[0]!r}")
+        start, chunks = req["start"], list(req["chunk_times"])
+        if not chunks or chunks[0] < start or any(b < a for a, b in zip(chunks, chunks[1:])):
+            raise ValueError(f"request {r}: chunk_times must be at least one time, in order, not before its start")
+        if req["output_len"] < len(chunks) or req["input_len"] < 0:
+            raise ValueError(f"request {r}: {len(chunks)} chunks but output_len {req['output_len']} "
+                             f"(a chunk carries at least one token), input_len {req['input_len']}")
+    if max(r["chunk_times"][-1] for r in requests) - min(r["start"] for r in requests) <= 0:
+        raise ValueError("the run lasted 0 s: throughputs are undefined")

@@ -248,3 +248,95 @@ def graph_replay_figure(f: Figure, r: dict) -> None:
     f.legend([("token", "a sequence's value this step"), ("block", "a physical block id"),
               ("masked", "padding (−1 slot / 0 length / −1 block)"),
               ("accent", f"dashed: the batch of {bs} whose buffers are shown")], wrong=wrong_any)
+
+
+# -- ch26.4 -------------------------------------------------------------------------------------------
+
+STATIC_COLUMNS = (("input_ids", "ids"), ("positions", "pos"), ("slot_mapping", "slot"), ("context_lens", "len"))
+
+
+@figure("ch26-static-buffers", title="原地写入预分配的缓冲区",
+        zh="CUDA graph 在捕获时的地址上重放:每一步把本步的值原地写进同一组缓冲区。上一步是 7 条序列,"
+           "这一步只有 5 条:第 5、6 行还留着上一步真实的 slot 和长度,必须先重置为 −1 和 0;"
+           "其余旧值(ids、pos、块表的其余格)不会被用到,可以不动。",
+        en="A CUDA graph replays on the addresses it was captured with: each step writes its values in place into "
+           "the same buffers. The previous step ran 7 sequences, this one 5: rows 5 and 6 still hold that step's "
+           "real slots and lengths and must be reset to −1 and 0 first; the other old values (ids, positions, the "
+           "rest of the block table) do no harm and may stay.",
+        needs={"yours": "ch26.4"})
+def static_buffers_figure(f: Figure, r: dict) -> None:
+    bs, max_bs = r["bs"], r["max_bs"]
+    before, yours, want, free, wrong, swapped = (r[k] for k in ("before", "yours", "expected", "free", "wrong",
+                                                                   "replaced"))
+    blocks = len(want["block_tables"][0])
+    previous = sum(1 for s in before["slot_mapping"] if s >= 0)
+    wrong_any = any(swapped.values()) or any(
+        any(map(any, v)) if v and isinstance(v[0], list) else any(v) for v in wrong.values())
+    f.instance_row([(f"buffers: {max_bs} rows, {blocks} blocks", "plain", 190),
+                    (f"previous step: {previous} sequences", "accent", 200), (f"this step: bs = {bs}", "token", 150)],
+                   note="block_size 4")
+    cells: dict[str, Any] = {"w": 36, "h": 28, "gap": 2}
+    labels = [f"row {i}" for i in range(max_bs)]
+
+    def panel(values: dict, role: Callable[[str, int, int], str], *, marks: bool, row_labels: bool) -> tuple[Part, dict]:
+        grids = {}
+
+        def column_of(key: str, short: str) -> Grid:
+            return f.matrix([[v] for v in values[key]], col_labels=[short], **cells,
+                            role=lambda i, j: role(key, i, j),
+                            expected=[[v] for v in want[key]] if marks else None,
+                            wrong=[[w] for w in wrong[key]] if marks else None,
+                            dashed=lambda i, j: marks and bool(free[key][i]),
+                            row_labels=labels if row_labels and key == "input_ids" else None)
+
+        for key, short in STATIC_COLUMNS:
+            grids[key] = column_of(key, short)
+        grids["block_tables"] = f.matrix(values["block_tables"], col_labels=[f"bt {j}" for j in range(blocks)],
+                                         **cells, role=lambda i, j: role("block_tables", i, j),
+                                         expected=want["block_tables"] if marks else None,
+                                         wrong=wrong["block_tables"] if marks else None,
+                                         dashed=lambda i, j: marks and bool(free["block_tables"][i][j]))
+        return row(*grids.values(), gap=7), grids
+
+    def before_role(key: str, i: int, j: int) -> str:
+        if key in ("slot_mapping", "context_lens") and i >= bs and before["slot_mapping"][i] >= 0:
+            return "accent"          # a real slot / length of the previous step, in a row that is padding now
+        return "plain"
+
+    def after_role(key: str, i: int, j: int) -> str:
+        if free[key][i] if key != "block_tables" else free[key][i][j]:
+            return "plain"           # an old value a replay never uses
+        if key in ("slot_mapping", "context_lens") and i >= bs:
+            return "masked"
+        if key == "block_tables":
+            return "masked" if want[key][i][j] == -1 else "block"
+        return "token"
+
+    left, _ = panel(before, before_role, marks=False, row_labels=True)
+    right, grids = panel(yours, after_role, marks=True, row_labels=False)
+    heading = lambda s: f.label(s, size=LABEL, color=INK, bold=True, cls="heading")  # noqa: E731
+    f.place(row(column(heading("before · what the previous step left"), left, gap=8),
+                column(heading("after · your fill_static_buffers"), right, gap=8), gap=44), after=16)
+    # Row brackets beside the buffers written this step.
+    table = grids["block_tables"]
+    bx = table.cell_box(0, blocks)[0] + 6
+    f.vbracket(bx, table.cell_box(0, 0)[1], table.cell_box(bs, 0)[1] - 2, f"bs = {bs}:\nthis step's\nvalues")
+    if max_bs > bs:
+        f.vbracket(bx, table.cell_box(bs, 0)[1], table.cell_box(max_bs, 0)[1] - 2, "padding:\nslot −1,\nlen 0")
+    # A buffer put in place of the captured one: the graph never reads it.
+    for key, grid in grids.items():
+        if swapped[key]:
+            x, y, w, h = grid.span_box(0, 0, max_bs - 1, grid.cols - 1)
+            f.outline(x, y, w, h, role="wrong", inset=-3, width=2.4)
+            f.text(x + w / 2, y + h + 16, "✗", size=SMALL + 2, anchor="middle", color=stroke("wrong"), cls="mark")
+    if any(swapped.values()):
+        f.y += 14
+        f.note(f"✗ {', '.join(k for k in swapped if swapped[k])}: yours is a new tensor in place of the captured "
+               "buffer (other strides, or other memory around it); the graph would replay on the old buffer.",
+               color=stroke("wrong"), size=LABEL_SMALL)
+    f.note("ids = input_ids, pos = positions, slot = slot_mapping, len = context_lens, bt j = block_tables[:, j]. "
+           f"The graph of any captured size ≥ {bs} reads these tensors at the addresses it was captured with, so "
+           "every value is copied in place; a new tensor, however right, would never be read.", size=LABEL_SMALL)
+    f.legend([("token", "this step's value"), ("block", "a block id"), ("masked", "padding: −1 slot / 0 length / −1 block"),
+              ("accent", "a real slot or length left in a row now padding"),
+              ("plain", "old value a replay never uses (dashed: may stay)")], wrong=wrong_any)

@@ -72,24 +72,12 @@ def prepare_inputs(requests: list[dict], block_size: int) -> dict:
         >>> out["positions"].tolist(), out["slot_mapping"].tolist(), out["kept"].tolist()
         ([1, 2], [17, 18], [True])
     """
+    _check_schedule(requests, block_size)
     ### BEGIN SOLUTION
-    if block_size < 1:
-        raise ValueError(f"block_size must be ≥ 1, got {block_size}")
-    keys = ("token_ids", "num_computed_tokens", "num_scheduled_tokens", "block_table")
     ids, pos, slots, qsl, seq_lens, kept = [], [], [], [0], [], []
-    for r, req in enumerate(requests):
-        missing = [k for k in keys if k not in req]
-        if missing:
-            raise ValueError(f"request {r} lacks {missing[0]!r}; each request needs {', '.join(keys)}")
+    for req in requests:
         tokens, c, n, table = list(req["token_ids"]), req["num_computed_tokens"], req["num_scheduled_tokens"], \
             list(req["block_table"])
-        if c < 0 or n < 1:
-            raise ValueError(f"request {r}: need num_computed_tokens ≥ 0 and num_scheduled_tokens ≥ 1, got {c}, {n}")
-        if c + n > len(tokens):
-            raise ValueError(f"request {r}: {c} computed + {n} scheduled tokens go beyond the {len(tokens)} it knows")
-        if (c + n - 1) // block_size >= len(table):
-            raise ValueError(f"request {r}: position {c + n - 1} is in logical block {(c + n - 1) // block_size}, "
-                             f"but its block table has {len(table)} blocks")
         for p in range(c, c + n):
             ids.append(tokens[p])
             pos.append(p)
@@ -148,20 +136,11 @@ def latency_metrics(requests: list[dict]) -> dict:
         >>> round(m["mean_ttft_ms"]), round(m["mean_tpot_ms"]), round(m["output_throughput"], 2)
         (500, 200, 3.33)
     """
+    _check_timestamps(requests)
     ### BEGIN SOLUTION
-    if not requests:
-        raise ValueError("need at least one completed request")
     ttfts, tpots, itls, e2els = [], [], [], []
-    for r, req in enumerate(requests):
-        for k in ("start", "chunk_times", "input_len", "output_len"):
-            if k not in req:
-                raise ValueError(f"request {r} lacks {k!r}")
+    for req in requests:
         start, chunks = req["start"], list(req["chunk_times"])
-        if not chunks or chunks[0] < start or any(b < a for a, b in zip(chunks, chunks[1:])):
-            raise ValueError(f"request {r}: chunk_times must be at least one time, in order, not before its start")
-        if req["output_len"] < len(chunks) or req["input_len"] < 0:
-            raise ValueError(f"request {r}: {len(chunks)} chunks but output_len {req['output_len']} "
-                             f"(a chunk carries at least one token), input_len {req['input_len']}")
         ttft, e2el = chunks[0] - start, chunks[-1] - start
         ttfts.append(ttft)
         e2els.append(e2el)
@@ -169,8 +148,6 @@ def latency_metrics(requests: list[dict]) -> dict:
         if req["output_len"] > 1:
             tpots.append((e2el - ttft) / (req["output_len"] - 1))
     duration = max(r["chunk_times"][-1] for r in requests) - min(r["start"] for r in requests)
-    if duration <= 0:
-        raise ValueError("the run lasted 0 s: throughputs are undefined")
 
     def percentile(xs: list[float], q: float) -> float:
         xs = sorted(xs)
@@ -190,3 +167,47 @@ def latency_metrics(requests: list[dict]) -> dict:
         out[f"p99_{name}_ms"] = percentile(xs, 99) * 1000
     return out
     ### END SOLUTION
+
+
+# -- provided: the input checks every task needs but none teaches (not part of the exercise) ----------------------
+
+SCHEDULE_KEYS = ("token_ids", "num_computed_tokens", "num_scheduled_tokens", "block_table")
+TIMESTAMP_KEYS = ("start", "chunk_times", "input_len", "output_len")
+
+
+def _check_schedule(requests: list[dict], block_size: int) -> None:
+    """Provided: raise ValueError for a block_size < 1, or a request that lacks a key, has c < 0 or n < 1, goes
+    beyond its known tokens (c + n > len(token_ids)) or beyond its block table."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be ≥ 1, got {block_size}")
+    for r, req in enumerate(requests):
+        missing = [k for k in SCHEDULE_KEYS if k not in req]
+        if missing:
+            raise ValueError(f"request {r} lacks {missing[0]!r}; each request needs {', '.join(SCHEDULE_KEYS)}")
+        known, c, n = len(req["token_ids"]), req["num_computed_tokens"], req["num_scheduled_tokens"]
+        if c < 0 or n < 1:
+            raise ValueError(f"request {r}: need num_computed_tokens ≥ 0 and num_scheduled_tokens ≥ 1, got {c}, {n}")
+        if c + n > known:
+            raise ValueError(f"request {r}: {c} computed + {n} scheduled tokens go beyond the {known} it knows")
+        if (c + n - 1) // block_size >= len(req["block_table"]):
+            raise ValueError(f"request {r}: position {c + n - 1} is in logical block {(c + n - 1) // block_size}, "
+                             f"but its block table has {len(req['block_table'])} blocks")
+
+
+def _check_timestamps(requests: list[dict]) -> None:
+    """Provided: raise ValueError for no requests, a missing key, no chunks, chunks out of order or before the
+    start, more chunks than output tokens, a negative input_len, or a run of zero duration."""
+    if not requests:
+        raise ValueError("need at least one completed request")
+    for r, req in enumerate(requests):
+        missing = [k for k in TIMESTAMP_KEYS if k not in req]
+        if missing:
+            raise ValueError(f"request {r} lacks {missing[0]!r}")
+        start, chunks = req["start"], list(req["chunk_times"])
+        if not chunks or chunks[0] < start or any(b < a for a, b in zip(chunks, chunks[1:])):
+            raise ValueError(f"request {r}: chunk_times must be at least one time, in order, not before its start")
+        if req["output_len"] < len(chunks) or req["input_len"] < 0:
+            raise ValueError(f"request {r}: {len(chunks)} chunks but output_len {req['output_len']} "
+                             f"(a chunk carries at least one token), input_len {req['input_len']}")
+    if max(r["chunk_times"][-1] for r in requests) - min(r["start"] for r in requests) <= 0:
+        raise ValueError("the run lasted 0 s: throughputs are undefined")

@@ -143,3 +143,150 @@ def test_pack_and_unpack_round_trip():
         assert packed.shape[0] == sum(lengths) and cu.dtype == torch.int32
         mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None])[..., None]
         assert torch.equal(ref.unpack_varlen(packed, cu, T), padded * mask)
+
+
+# -- 26.4 fill_static_buffers -----------------------------------------------------------------------------
+def test_a_new_tensor_in_place_of_a_buffer_is_caught(graded):
+    report = graded.mistake("new_buffer")  # full_like / zeros_like rebound in the dict: right values, wrong address
+    r = result(report, "figure instance", task="ch26.4")
+    assert r.status == "failed"
+    assert "buffers['slot_mapping'] afterwards is a tensor of your own" in r.message and "other strides" in r.message
+    assert r.hints == ["new_buffer"]
+    assert statuses(report, "ch26.4") == {"failed"}
+    assert statuses(report, "ch26.3") == {"passed"}
+
+
+def test_padding_rows_left_from_the_previous_batch_are_explained(graded):
+    report = graded.mistake("stale_rows")  # no reset: rows 5 and 6 keep the batch of 7's real slots
+    r = result(report, "figure instance", task="ch26.4")
+    assert r.status == "failed"
+    assert "row 5 is beyond the batch of 5, a padding row in any graph that replays it" in r.message
+    assert r.hints == ["stale_rows"]
+    assert "row 5 still holds slot_mapping" in r.message, "the hint names the stale value"
+    # A batch that fills every row has no padding row, so the mistake is invisible there.
+    assert result(report, "a batch that fills every row", task="ch26.4").status == "passed"
+    assert wrong_elements(report, "ch26-static-buffers")
+
+
+def test_resetting_after_the_copy_is_explained(graded):
+    report = graded.mistake("reset_order")
+    r = result(report, "figure instance", task="ch26.4")
+    assert r.status == "failed" and r.hints == ["reset_order"]
+    assert "slot_mapping[0] is sequence 0's slot this step" in r.message
+
+
+def test_returning_new_buffers_is_caught(graded):
+    body = ('    buffers["slot_mapping"].fill_(-1)\n    buffers["context_lens"].zero_()\n'
+            '    for key in ("input_ids", "positions", "slot_mapping", "context_lens"):\n'
+            '        buffers[key][:bs] = batch[key]\n'
+            '    buffers["block_tables"][:bs, :width] = batch["block_tables"]\n')
+    report = graded("returns_new", (body, "    out = {k: v.clone() for k, v in buffers.items()}\n" +
+                                    body.replace("buffers[", "out[") + "    return out\n"), task="ch26.4")
+    r = result(report, "figure instance", task="ch26.4")
+    assert r.status == "failed" and r.hints == ["new_buffer"]
+    assert "returns None; yours returned dict" in r.message
+
+
+def test_clearing_cells_no_replay_reads_is_allowed(graded):
+    report = graded("clears_all", ('    buffers["context_lens"].zero_()\n',
+                                   '    buffers["context_lens"].zero_()\n    buffers["input_ids"].zero_()\n'
+                                   '    buffers["block_tables"].fill_(-1)\n'), task="ch26.4")
+    assert statuses(report, "ch26.4") == {"passed"}
+
+
+def static_pair(max_bs=4, blocks=3):
+    buffers = checks.static_buffers(max_bs, blocks)
+    batch = checks.decode_batch([(9, [7, 2, 11], 412), (4, [4], 77)])
+    return buffers, batch
+
+
+def test_the_reference_writes_through_views_of_a_pool():
+    buffers, batch = static_pair()
+    strides = {k: v.stride() for k, v in buffers.items()}
+    assert ref.fill_static_buffers(buffers, batch) is None
+    assert {k: v.stride() for k, v in buffers.items()} == strides
+    assert buffers["slot_mapping"].tolist() == [44, 19, -1, -1]   # 11·4 + 0, 4·4 + 3
+    assert buffers["block_tables"].tolist() == [[7, 2, 11], [4, -1, -1], [0, 0, 0], [0, 0, 0]]
+    fresh = {k: v.clone() for k, v in buffers.items()}
+    assert [k for k in fresh if checks.replaced(fresh[k], buffers[k])] == list(fresh)
+    assert not any(checks.replaced(buffers[k], buffers[k]) for k in buffers)
+
+
+def test_the_reference_matches_nano_vllm_run_model():
+    # nanovllm/engine/model_runner.py (bb823b3) run_model: input_ids/positions [:bs]; slot_mapping fill_(-1) then
+    # [:bs]; context_lens zero_() then [:bs]; block_tables[:bs, :width]; nothing else.
+    buffers = {k: torch.full((8, 4) if k == "block_tables" else (8,), 5,
+                             dtype=torch.int64 if k in ("input_ids", "positions") else torch.int32)
+               for k in checks.STATIC_KEYS}
+    batch = checks.decode_batch(checks.STATIC_NOW)
+    ref.fill_static_buffers(buffers, batch)
+    bs, width = batch["block_tables"].shape
+    assert buffers["input_ids"][bs:].tolist() == [5] * 3 and buffers["block_tables"][:, width:].eq(5).all()
+    assert buffers["slot_mapping"][bs:].tolist() == [-1] * 3 and buffers["context_lens"][bs:].tolist() == [0] * 3
+    assert torch.equal(buffers["block_tables"][:bs, :width], batch["block_tables"])
+
+
+# The input checks every task needs but none teaches are provided code (outside the solution regions): plain unit
+# tests here, no graded checks.
+@pytest.mark.parametrize("padded, lengths", [(torch.zeros(2, 3), [1, 2]), (torch.zeros(2, 3, 4), [1, 2, 3]),
+                                             (torch.zeros(2, 3, 4), [1, -1]), (torch.zeros(2, 3, 4), [3, 4])])
+def test_the_provided_pack_check_refuses_bad_inputs(padded, lengths):
+    with pytest.raises(ValueError):
+        ref.pack_varlen(padded, lengths)
+
+
+@pytest.mark.parametrize("packed, cu, T_max", [(torch.zeros(5), [0, 5], 5), (torch.zeros(5, 2), [], 5),
+                                               (torch.zeros(5, 2), [1, 5], 5), (torch.zeros(5, 2), [0, 3, 4], 4),
+                                               (torch.zeros(5, 2), [0, 4, 3, 5], 5),
+                                               (torch.zeros(5, 2), [0, 3, 5], 2)])
+def test_the_provided_unpack_check_refuses_bad_inputs(packed, cu, T_max):
+    with pytest.raises(ValueError):
+        ref.unpack_varlen(packed, cu, T_max)
+
+
+@pytest.mark.parametrize("query, cached", [([1], [0, 4]), ([3, -1], [0, 0]), ([3, 1], [0, -8])])
+def test_the_provided_metadata_check_refuses_bad_inputs(query, cached):
+    with pytest.raises(ValueError):
+        ref.varlen_metadata(query, cached)
+
+
+def test_the_provided_batch_size_check_refuses_an_empty_batch():
+    for bs in (0, -3):
+        with pytest.raises(ValueError):
+            ref.graph_batch_size(bs, [1, 2, 4])
+    assert ref.graph_batch_size(1, [4, 2]) == 2
+
+
+@pytest.mark.parametrize("slots, ctx, tables, graph_bs", [([1, 2], [1], [[0], [0]], 4), ([1, 2], [1, 1], [[0]], 4),
+                                                          ([1] * 9, [1] * 9, [[0]] * 9, 8), ([1, 2, 3], [1] * 3,
+                                                                                              [[0]] * 3, 2)])
+def test_the_provided_decode_batch_check_refuses_bad_inputs(slots, ctx, tables, graph_bs):
+    with pytest.raises(ValueError):
+        ref.pad_decode_batch(slots, ctx, tables, graph_bs)
+
+
+def bad_static(case):
+    buffers, batch = static_pair()
+    if case == "missing key":
+        del batch["positions"]
+    elif case == "float buffer":
+        buffers["input_ids"] = buffers["input_ids"].float()
+    elif case == "batch larger than the buffers":
+        buffers = checks.static_buffers(2, 3)
+        batch = checks.decode_batch([(2, [1], 5)] * 3)
+    elif case == "tables wider than the buffers":
+        buffers = checks.static_buffers(4, 2)
+    elif case == "rows disagree":
+        batch["context_lens"] = batch["context_lens"][:1]
+    elif case == "empty batch":
+        batch = {k: v[:0] for k, v in batch.items()}
+    elif case == "1-D block tables":
+        batch["block_tables"] = batch["block_tables"][:, 0]
+    return buffers, batch
+
+
+@pytest.mark.parametrize("case", ["missing key", "float buffer", "batch larger than the buffers",
+                                  "tables wider than the buffers", "rows disagree", "empty batch", "1-D block tables"])
+def test_the_provided_static_check_refuses_bad_inputs(case):
+    with pytest.raises(ValueError):
+        ref.fill_static_buffers(*bad_static(case))

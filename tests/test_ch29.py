@@ -135,3 +135,43 @@ def test_a_range_of_one_row_reads_row_n():
     for a, b in zip(ranges, ranges[1:]):
         assert a.right < b.left, "neighbouring ranges' labels do not run into each other"
     assert off_canvas(svg, margin=MARGIN - 1) == []
+
+
+# The input checks every task needs but none teaches are provided code (outside the solution regions): plain unit
+# tests here, no graded checks.
+OK_REQUEST = {"token_ids": [1, 2, 3], "num_computed_tokens": 0, "num_scheduled_tokens": 3, "block_table": [0]}
+BAD_SCHEDULES = {
+    "block_size 0": ([OK_REQUEST], 0),
+    "no block_table": ([{k: v for k, v in OK_REQUEST.items() if k != "block_table"}], 4),
+    "nothing scheduled": ([OK_REQUEST | {"num_scheduled_tokens": 0}], 4),
+    "negative computed": ([OK_REQUEST | {"num_computed_tokens": -1}], 4),
+    "beyond the known tokens": ([OK_REQUEST | {"num_computed_tokens": 1}], 4),
+    "beyond the block table": ([OK_REQUEST], 2),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SCHEDULES)
+def test_the_provided_schedule_check_refuses_bad_inputs(case):
+    with pytest.raises(ValueError):
+        ref.prepare_inputs(*BAD_SCHEDULES[case])
+    assert ref.prepare_inputs([OK_REQUEST], 4)["seq_lens"].tolist() == [3]
+
+
+BAD_TIMESTAMPS = {
+    "no requests": [],
+    "no chunk": [(0.0, [], 3, 1)],
+    "out of order": [(0.0, [0.5, 0.4], 3, 2)],
+    "before the start": [(1.0, [0.5], 3, 1)],
+    "more chunks than tokens": [(0.0, [0.1, 0.2, 0.3], 3, 2)],
+    "negative input_len": [(0.0, [0.1], -1, 1)],
+    "a run of 0 s": [(0.0, [0.0], 3, 1)],
+}
+
+
+@pytest.mark.parametrize("case", BAD_TIMESTAMPS)
+def test_the_provided_timestamp_check_refuses_bad_inputs(case):
+    with pytest.raises(ValueError):
+        ref.latency_metrics(checks.make_times(BAD_TIMESTAMPS[case]))
+    with pytest.raises(ValueError):
+        ref.latency_metrics([{"start": 0.0, "chunk_times": [0.5], "input_len": 1}])   # no output_len
+    assert ref.latency_metrics(checks.make_times([(0.0, [0.5], 3, 1)]))["completed"] == 1

@@ -27,12 +27,19 @@ FLAT_QUERY, FLAT_CACHED = [5, 3], [0, 8]
 REPLAY_CTX = [7, 3, 9, 5, 2]
 REPLAY_TABLES = [[7, 2], [4], [1, 6, 3], [0, 5], [8]]
 REPLAY_BS = 4
+# ch26-static-buffers: buffers of 8 rows and 4 blocks (block_size 4) that last held a batch of 7; sequences 2 and 6
+# finished, the other 5 advanced by one token (sequence 1 into a new block). (context_len, block table, last token).
+STATIC_MAX_BS, STATIC_BLOCKS, STATIC_BS = 8, 4, 4
+STATIC_PREVIOUS = [(9, [7, 2, 11], 412), (4, [4], 77), (13, [1, 6, 3, 12], 650), (6, [0, 5], 903), (2, [8], 58),
+                   (11, [9, 13, 10], 260), (5, [14, 15], 31)]
+STATIC_NOW = [(10, [7, 2, 11], 19), (5, [4, 16], 305), (7, [0, 5], 44), (3, [8], 871), (12, [9, 13, 10], 6)]
 # nano-vllm's capture_cudagraph: [1, 2, 4, 8] then 16, 32, … up to max_bs = min(max_num_seqs, 512).
 NANO_SIZES = [1, 2, 4, 8] + list(range(16, 513, 16))
 MAPPED_BATCHES = [1, 3, 5, 9, 17, 37, 100, 512]
 
 META_KEYS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 PAD_KEYS = ("slot_mapping", "context_lens", "block_tables")
+STATIC_KEYS = ("input_ids", "positions", "slot_mapping", "context_lens", "block_tables")
 
 M = mistakes("ch26")
 
@@ -78,12 +85,6 @@ def unpack_padding_zero(t: Trial) -> None:
     run_unpack_case(t, torch.randn(5, 3, generator=t.rng), [0, 1, 5], 6, "T_max 6")
 
 
-@public("ch26.1", "a length longer than T_max raises ValueError")
-def length_beyond_t_max(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.pack_varlen, torch.zeros(2, 3, 4), [3, 4],
-                    because="request 1 claims 4 tokens but padded holds only T_max = 3 per request")
-
-
 # -- ch26.2 varlen_metadata -----------------------------------------------------------------------------
 
 @public("ch26.2", "figure instance: A 5 new tokens; B 8 cached (a prefix hit) + 3 new")
@@ -106,11 +107,6 @@ def no_prefix_hit(t: Trial) -> None:
 @public("ch26.2", "a continuing chunk of a chunked prefill: 16 new after 32 computed")
 def continuing_chunk(t: Trial) -> None:
     run_metadata_case(t, [16], [32], "a continuing chunk")
-
-
-@public("ch26.2", "lists of different lengths raise ValueError")
-def mismatched_lists(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.varlen_metadata, [3, 2], [0], because="2 query lengths but 1 cached length")
 
 
 # -- ch26.3 graph_batch_size / pad_decode_batch -----------------------------------------------------------
@@ -150,10 +146,26 @@ def no_graph_fits(t: Trial) -> None:
                     because="no captured size holds 20 sequences: the batch must run eagerly")
 
 
-@public("ch26.3", "a graph smaller than the batch raises ValueError")
-def graph_too_small(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.pad_decode_batch, [1, 2, 3], [1, 1, 1], [[0], [0], [0]], 2,
-                    because="a graph of 2 rows cannot hold 3 sequences")
+# -- ch26.4 fill_static_buffers ---------------------------------------------------------------------------
+
+@public("ch26.4", "figure instance: a batch of 5 into buffers of 8 rows that last held a batch of 7")
+def static_figure_instance(t: Trial) -> None:
+    previous = t.ref.drive(filled_buffers, static_buffers(STATIC_MAX_BS, STATIC_BLOCKS), decode_batch(STATIC_PREVIOUS))
+    run_static_case(t, static_buffers(STATIC_MAX_BS, STATIC_BLOCKS, previous), decode_batch(STATIC_NOW),
+                    "figure instance", figure=True)
+
+
+@public("ch26.4", "a batch that fills every row of the buffers")
+def static_full_batch(t: Trial) -> None:
+    seqs = [(c, [b, b + 8][:-(-c // 4)], 100 + c) for b, c in enumerate([5, 8, 1, 3, 7, 2])]
+    run_static_case(t, static_buffers(6, 2, stale(t, 6, 2)), decode_batch(seqs), "a full batch")
+
+
+@public("ch26.4", "one sequence after a full batch: every other row becomes padding")
+def static_shrinks(t: Trial) -> None:
+    full = decode_batch([(c, [c, c + 10, c + 20][:-(-c // 4)], 7 * c) for c in range(1, 9)])
+    previous = t.ref.drive(filled_buffers, static_buffers(8, 3, stale(t, 8, 3)), full)
+    run_static_case(t, static_buffers(8, 3, previous), decode_batch([(6, [30, 31], 5)]), "one sequence after 8")
 
 
 # -- helpers: the instances --------------------------------------------------------------------------------------
@@ -181,6 +193,49 @@ def _running(lens: list[int]) -> str:
         out.append(f"{n}" if i == 0 else f"{total} + {n} = {total + n}")
         total += n
     return "[" + ", ".join(out) + "]" if len(lens) <= 6 else vec(running(lens))
+
+
+def decode_batch(seqs: list[tuple[int, list[int], int]], block_size: int = STATIC_BS) -> dict[str, torch.Tensor]:
+    """(context_len, block table, last token) per sequence → prepare_decode's tensors (int64 ids and positions,
+    int32 slots, lengths and block tables padded with −1 to the widest)."""
+    width = max(len(table) for _, table, _ in seqs)
+    return {"input_ids": torch.tensor([tok for _, _, tok in seqs]),
+            "positions": torch.tensor([c - 1 for c, _, _ in seqs]),
+            "slot_mapping": torch.tensor([table[(c - 1) // block_size] * block_size + (c - 1) % block_size
+                                          for c, table, _ in seqs], dtype=torch.int32),
+            "context_lens": torch.tensor([c for c, _, _ in seqs], dtype=torch.int32),
+            "block_tables": torch.tensor([table + [-1] * (width - len(table)) for _, table, _ in seqs],
+                                         dtype=torch.int32)}
+
+
+def static_buffers(max_bs: int, max_blocks: int, values: dict | None = None) -> dict[str, torch.Tensor]:
+    """The five buffers as views into two pools, one per dtype (row i of the int32 pool is [slot, context_len,
+    block table…]), as buffers carved out of one allocation are: a tensor the student makes instead has other
+    strides, or other memory around it. Zeros (as nano-vllm allocates them), or `values`."""
+    assert max_bs >= 2, "a view of one row is contiguous: it would not show a replaced buffer"
+    pool64 = torch.zeros(max_bs, 2, dtype=torch.int64)
+    pool32 = torch.zeros(max_bs, 2 + max_blocks, dtype=torch.int32)
+    out = {"input_ids": pool64[:, 0], "positions": pool64[:, 1], "slot_mapping": pool32[:, 0],
+           "context_lens": pool32[:, 1], "block_tables": pool32[:, 2:]}
+    for k, v in (values or {}).items():
+        out[k].copy_(torch.as_tensor(v))
+    return out
+
+
+def stale(t: Trial, max_bs: int, max_blocks: int) -> dict[str, torch.Tensor]:
+    """What earlier steps left: token ids, positions, slots, lengths and blocks from t.rng (never −1 or 0 slots)."""
+    ints = lambda hi, *shape, dtype=torch.int32: torch.randint(1, hi, shape, generator=t.rng, dtype=dtype)  # noqa: E731
+    return {"input_ids": ints(1000, max_bs, dtype=torch.int64), "positions": ints(90, max_bs, dtype=torch.int64),
+            "slot_mapping": ints(400, max_bs), "context_lens": ints(90, max_bs), "block_tables": ints(100, max_bs,
+                                                                                                      max_blocks)}
+
+
+def filled_buffers(ref: object, buffers: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> dict:
+    """The reference's buffers after the step (a driver: `t.ref.drive(filled_buffers, buffers, batch)`), as plain
+    tensors; the given buffers are left as they were."""
+    copy = {k: v.clone() for k, v in buffers.items()}
+    ref.fill_static_buffers(copy, {k: v.clone() for k, v in batch.items()})  # type: ignore[attr-defined]
+    return copy
 
 
 # -- helpers: ch26.1 -------------------------------------------------------------------------------------------
@@ -381,3 +436,113 @@ def run_pad_case(t: Trial, slots: list[int], ctx: list[int], tables: list[list[i
                  case: str, block_size: int | None = None) -> dict:
     got = t.yours.pad_decode_batch(list(slots), list(ctx), [list(r) for r in tables], graph_bs)
     return explain_padded(got, slots, ctx, tables, graph_bs, case, block_size)
+
+
+# -- helpers: ch26.4 -------------------------------------------------------------------------------------------
+
+def free_cells(buffers: dict[str, torch.Tensor], bs: int, width: int) -> dict[str, torch.Tensor]:
+    """Per buffer, the cells a step may leave as they are (True): input_ids and positions beyond bs, the block
+    table outside [:bs, :width]. Every slot and every length is graded: a row beyond bs is padding in any graph."""
+    free = {k: torch.zeros(v.shape, dtype=torch.bool) for k, v in buffers.items()}
+    free["input_ids"][bs:] = free["positions"][bs:] = True
+    free["block_tables"][:] = True
+    free["block_tables"][:bs, :width] = False
+    return free
+
+
+def span(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The memory a strided view reads from its first element to its last, flat, and which of it is the view's
+    own (the rest are its neighbours in the pool)."""
+    n = 1 + sum((size - 1) * step for size, step in zip(v.shape, v.stride())) if v.numel() else 0
+    mine = torch.zeros(n, dtype=torch.bool)
+    torch.as_strided(mine, v.shape, v.stride()).fill_(True)
+    return torch.as_strided(v, (n,), (1,), v.storage_offset()), mine
+
+
+def replaced(got: torch.Tensor, buffer: torch.Tensor) -> bool:
+    """Whether `got` (the student's buffer afterwards, as it came back) is not the captured buffer written in place:
+    other strides, or other memory around it than the pool holds (what came back is the memory the view reads,
+    so both are measured here, never asked of the student's process)."""
+    if got.stride() != buffer.stride():
+        return True
+    (mem, mine), (pool, _) = span(got), span(buffer)
+    return not torch.equal(mem[~mine], pool[~mine])
+
+
+def expect_static_structure(got: object, buffers: dict[str, torch.Tensor], pre: str) -> dict[str, torch.Tensor]:
+    """Require the buffers dict afterwards with the same five keys, each a tensor of the buffer's shape and dtype."""
+    if type(got) is not dict or set(got) != set(buffers):
+        have = f"keys {', '.join(map(str, got))}" if type(got) is dict else describe(got)
+        raise CheckFailed(pre, f"afterwards, buffers should still hold exactly {', '.join(STATIC_KEYS)}; yours: {have}",
+                          hint=M.new_buffer)
+    for k in STATIC_KEYS:
+        v, b = got[k], buffers[k]
+        if not (isinstance(v, torch.Tensor) and v.shape == b.shape and v.dtype == b.dtype):
+            raise CheckFailed(pre, f"buffers[{k!r}] was {str(b.dtype).removeprefix('torch.')} {list(b.shape)}, the "
+                                   f"graph's captured buffer; afterwards yours is {describe(v)}: it was replaced, not "
+                                   f"written into", hint=M.new_buffer)
+    return got
+
+
+def explain_static(got: dict, want: dict, before: dict, batch: dict, case: str, pre: str) -> None:
+    """Require every graded cell, explaining the first wrong one in row terms."""
+    bs, width = batch["block_tables"].shape
+    free = free_cells(want, bs, width)
+    for k in STATIC_KEYS:
+        bad = wrong_mask(got[k], want[k]) & ~free[k]
+        if not bool(bad.any()):
+            continue
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        yours, expected, old = int(got[k][idx]), int(want[k][idx]), int(before[k][idx])
+        cell = f"{k}[{', '.join(map(str, idx))}]"
+        i = idx[0]
+        if i < bs:
+            what = f"block_table[{idx[1]}]" if k == "block_tables" else \
+                {"input_ids": "input_id", "positions": "position", "slot_mapping": "slot"}.get(k, "context_len")
+            all_padding = bool((got["slot_mapping"] == -1).all()) and bool((got["context_lens"] == 0).all())
+            why = " (every row of yours is padding)" if all_padding and k in ("slot_mapping", "context_lens") else \
+                " (the previous step's value)" if yours == old != expected else ""
+            raise CheckFailed(pre, f"{cell} is sequence {i}'s {what} this step: batch[{k!r}]"
+                                   f"[{', '.join(map(str, idx))}] = {expected}; yours: {yours}{why}",
+                              hint=M.reset_order if why.startswith(" (every") else "")
+        role = "slot −1 so the cache write skips it" if k == "slot_mapping" else \
+            "context_len 0 so attention reads nothing"
+        hint: Hint | str = ""
+        if yours == old:
+            hint = M.stale_rows.format(row=i, key=k, value=old)
+        elif k == "slot_mapping" and yours >= 0:
+            hint = M.pad_slot_real.format(slot=yours, where="")
+        raise CheckFailed(pre, f"row {i} is beyond the batch of {bs}, a padding row in any graph that replays it: "
+                               f"{role}; yours: {cell} = {yours}", hint=hint)
+
+
+def run_static_case(t: Trial, buffers: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], case: str, *,
+                    figure: bool = False) -> dict:
+    """Call fill_static_buffers on views of a pool, then require: the same tensors written in place, None returned,
+    and every cell a replay reads right."""
+    want = t.ref.drive(filled_buffers, buffers, batch)
+    before = {k: v.clone() for k, v in buffers.items()}
+    bs, width = batch["block_tables"].shape
+    max_bs, max_blocks = buffers["block_tables"].shape
+    pre = (f"case \"{case}\": a batch of {bs} (block tables {width} wide) into buffers of {max_bs} rows and "
+           f"{max_blocks} blocks")
+    call = t.yours.fill_static_buffers.run(buffers, batch, mutates=("buffers",))
+    got = expect_static_structure(call.args[0], buffers, pre)
+    swapped = [k for k in STATIC_KEYS if replaced(got[k], buffers[k])]
+    if figure:
+        free = free_cells(want, bs, width)
+        t.figure("ch26-static-buffers", bs=bs, max_bs=max_bs, width=width, before=before,
+                 yours={k: got[k] for k in STATIC_KEYS}, expected=want, free=free,
+                 wrong={k: wrong_mask(got[k], want[k]) & ~free[k] for k in STATIC_KEYS},
+                 replaced={k: k in swapped for k in STATIC_KEYS})
+    if swapped:
+        k = swapped[0]
+        raise CheckFailed(pre, f"buffers[{k!r}] afterwards is a tensor of your own, not the captured buffer written "
+                               f"in place (the buffers here are views into one pool; yours has "
+                               f"{'other strides' if got[k].stride() != buffers[k].stride() else 'other memory around it'}"
+                               f"): the graph would replay on the old buffer's contents", hint=M.new_buffer)
+    if call.value is not None:
+        raise CheckFailed(pre, f"fill_static_buffers writes into the buffers and returns None; yours returned "
+                               f"{describe(call.value)}", hint=M.new_buffer)
+    explain_static(got, want, before, batch, case, pre)
+    return got

@@ -5,6 +5,8 @@ from grader.authoring import mistake
 
 CU_PACK = "cu_seqlens[1:] = lens.cumsum(0)"
 CU_META = "cu_q[1:], cu_k[1:] = q.cumsum(0), k.cumsum(0)"
+RESET = '    buffers["slot_mapping"].fill_(-1)\n    buffers["context_lens"].zero_()\n'
+TABLE_COPY = '    buffers["block_tables"][:bs, :width] = batch["block_tables"]\n'
 
 MISTAKES = [
     # -- 26.1 pack_varlen / unpack_varlen ------------------------------------------------------------------
@@ -75,13 +77,27 @@ MISTAKES = [
             "nano-vllm's graph buffers, and flash-attn's cache_seqlens and block_table, are int32",
             ("slot_mapping = torch.full((graph_bs,), -1, dtype=torch.int32)",
              "slot_mapping = torch.full((graph_bs,), -1, dtype=torch.int64)")),
-    mistake("pad_slot_real", "ch26.3",
+    mistake("pad_slot_real", "ch26.3 ch26.4",
             "slot {slot} is a real slot{where}: a padding row would overwrite the K/V stored there; pad with −1, "
             "which store_kvcache skips",
             ("slot_mapping = torch.full((graph_bs,), -1, dtype=torch.int32)",
-             "slot_mapping = torch.zeros(graph_bs, dtype=torch.int32)")),
+             "slot_mapping = torch.zeros(graph_bs, dtype=torch.int32)"),
+            ('    buffers["slot_mapping"].fill_(-1)\n', '    buffers["slot_mapping"].zero_()\n')),
     mistake("pad_block_zero", "ch26.3",
             "block 0 is a real block; pad block tables with −1",
             ("table = torch.full((graph_bs, width), -1, dtype=torch.int32)",
              "table = torch.zeros(graph_bs, width, dtype=torch.int32)")),
+    # -- 26.4 fill_static_buffers --------------------------------------------------------------------------------
+    mistake("new_buffer", "ch26.4",
+            "a graph replays on the addresses it was captured with: write into the buffers (slices, fill_, copy_), "
+            "never put a new tensor in their place, however right its values; the replay would read the old one",
+            (RESET, '    buffers["slot_mapping"] = torch.full_like(buffers["slot_mapping"], -1)\n'
+                    '    buffers["context_lens"] = torch.zeros_like(buffers["context_lens"])\n')),
+    mistake("stale_rows", "ch26.4",
+            "the buffers keep the previous step's values: row {row} still holds {key} {value} from it. Reset every "
+            "slot to −1 and every length to 0 before copying the batch, so each row beyond it is harmless padding",
+            (RESET, "")),
+    mistake("reset_order", "ch26.4",
+            "reset first, then copy: a fill_(−1) / zero_() after the copy erases the batch's own slots and lengths",
+            (RESET, ""), (TABLE_COPY, TABLE_COPY + RESET)),
 ]
