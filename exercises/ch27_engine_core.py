@@ -22,8 +22,11 @@ client. Each arrow of that loop is a contract between layers:
 The counters are the contract's memory (vLLM's `Request`): `num_computed_tokens`
 is advanced *at schedule time*, before the model runs (optimistic);
 `num_tokens` (prompt + appended outputs) grows only when an output comes back.
-A request stops when `num_output_tokens` reaches `max_tokens` (checked first,
-FINISHED_LENGTH_CAPPED) or its newest token is EOS (FINISHED_STOPPED).
+After each appended token the stop conditions are checked in the order of vLLM's
+`check_stop` (vllm/v1/core/sched/utils.py): the newest token is EOS (FINISHED_STOPPED)
+first, then `num_output_tokens` reaching `max_tokens` (FINISHED_LENGTH_CAPPED), so an
+EOS on the last allowed token is a stop, not a length cap. (vLLM up to v0.11.0 checked
+the length cap first; PR #27555 moved it after EOS.)
 
 A normal step waits for its own result before it schedules again, so between
 steps a decoding request has `num_computed_tokens == num_tokens − 1`: the newest
@@ -36,6 +39,13 @@ step N's output arrives, `update_from_output` reconciles (对账): placeholders
 resolve into real tokens, and the three boundaries, scheduled/computed,
 placeholders and outputs, line up again: computed = num_tokens + placeholders − 1.
 
+Speculative decoding (投机解码) parts the counters too, for a step at a time. A drafter
+proposes k tokens after the newest one (`spec_token_ids`); the scheduler counts them
+as tokens to compute (num_tokens_with_spec = num_tokens + k) and advances
+num_computed_tokens over them at schedule time; the target model accepts a of them
+and adds one of its own, and `update_from_output` rolls num_computed_tokens back over
+the k − a rejected drafts, whose KV belongs to tokens that will never exist.
+
 The course gives the loop a deliberately simple scheduler policy (`plan_tokens`:
 FCFS under a token budget, no KV-cache limit, no preemption; ch24 builds the real
 one) and a fake executor (`FakeExecutor`: no model, the sampled token is
@@ -43,7 +53,8 @@ one) and a fake executor (`FakeExecutor`: no model, the sampled token is
 chapter's answer. Passing `non_block=True` to an executor returns a future; it
 does not make anything overlap: overlap comes from the batch queue.
 
-普通 step 调度、执行、等待结果、更新,然后才调度下一步;异步调度提前一步调度,用占位符记账,输出回来后对账。
+普通 step 调度、执行、等待结果、更新,然后才调度下一步;异步调度提前一步调度,用占位符记账,输出回来后对账;
+投机解码先把草稿算进已调度,验证后退回被拒绝的部分。
 """
 
 from __future__ import annotations
@@ -78,6 +89,8 @@ class Request:
             (advanced at schedule time).
         num_output_placeholders: async only: outputs of steps already scheduled whose
             output has not been processed yet.
+        spec_token_ids: speculative decoding only (ch27.3): the draft tokens proposed
+            after the newest token, not scheduled yet.
         status: "WAITING", "RUNNING", "FINISHED_STOPPED" or "FINISHED_LENGTH_CAPPED".
     """
 
@@ -90,6 +103,7 @@ class Request:
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
         self.num_output_placeholders = 0
+        self.spec_token_ids: list[int] = []
         self.status = WAITING
 
     @property
@@ -100,6 +114,11 @@ class Request:
     def num_tokens(self) -> int:
         """Prompt + output tokens actually appended (no placeholders)."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """num_tokens plus the drafts not scheduled yet: how far the scheduler may compute."""
+        return self.num_tokens + len(self.spec_token_ids)
 
     @property
     def num_output_tokens(self) -> int:
@@ -127,8 +146,9 @@ def plan_tokens(requests, max_num_batched_tokens: int, max_num_seqs: int) -> dic
         need = num_tokens + num_output_placeholders − num_computed_tokens
 
     capped by the token budget left; a request that needs nothing is skipped. As in
-    vLLM 0.33, a request already certain to reach max_tokens (outputs + placeholders
-    ≥ max_tokens) is not scheduled again.
+    vLLM's `Scheduler.schedule` (vllm/v1/core/sched/scheduler.py), a request already
+    certain to reach max_tokens (outputs + placeholders ≥ max_tokens) is not
+    scheduled again.
 
     Args:
         requests: Request objects in arrival order (finished ones are ignored).
@@ -295,11 +315,11 @@ class EngineCore(EngineCoreBase):
        {request_id: [sampled tokens]} (empty for a non-final prefill chunk). A normal
        step waits for it before doing anything else.
     3. `update_from_output(...)`: append each sampled token, check the stop
-       conditions after each (length cap first, then EOS), and report the new tokens.
+       conditions after each (EOS first, then the length cap), and report the new tokens.
 
     The course simplifies vLLM: a plain dict stands for SchedulerOutput and
     ModelRunnerOutput, the scheduler policy is `plan_tokens`, and there is no
-    preemption, no KV cache and no spec decode.
+    preemption, no KV cache and no spec decode (ch27.3 takes spec decode on one request).
 
     Raises:
         ContractError (a ValueError), from the executor, when a scheduler output breaks
@@ -389,11 +409,13 @@ class AsyncEngineCore(EngineCore):
     EngineCore. A request that finished while this batch was in flight (EOS) gets
     nothing appended and emits nothing: its output is stale and is dropped.
 
-    The course follows vLLM 0.11's AsyncScheduler, with 0.33's rule that a request
-    certain to reach max_tokens is not scheduled again; an empty plan launches
-    nothing (vLLM queues an empty batch), and where vLLM frees a finished request and
-    ignores a stale output, the course keeps the request and resolves its placeholder
-    into nothing, so every placeholder resolves exactly once.
+    The course follows vLLM's `AsyncScheduler` (vllm/v1/core/sched/async_scheduler.py:
+    one placeholder for a scheduled step that is not a prefill chunk, resolved by
+    `_update_request_with_output`), with `Scheduler.schedule`'s rule that a request
+    certain to reach max_tokens is not scheduled again (vllm/v1/core/sched/scheduler.py);
+    an empty plan launches nothing (vLLM queues an empty batch), and where vLLM frees a
+    finished request and ignores a stale output, the course keeps the request and
+    resolves its placeholder into nothing, so every placeholder resolves exactly once.
 
     Raises:
         ContractError (a ValueError), from the executor, as in EngineCore: one placeholder
@@ -457,6 +479,88 @@ class AsyncEngineCore(EngineCore):
         raise NotImplementedError("ch27.2 AsyncEngineCore: not implemented yet (about 40 lines)")
 
 
+def schedule_spec(request: Request) -> dict:
+    """Schedule one step of a request whose newest token carries drafts. Task ch27.3.
+
+    Speculative decoding (投机解码): a cheap drafter proposes k tokens that may follow
+    the newest one (`request.spec_token_ids`, set before the step as vLLM's
+    `Scheduler.update_draft_token_ids` does), and the target model checks all of them
+    in one step. To the scheduler the drafts are tokens to compute like any other, so
+    it plans with vLLM's rule (`Scheduler.schedule`, vllm/v1/core/sched/scheduler.py)
+
+        n = num_tokens_with_spec − num_computed_tokens    (num_tokens_with_spec = num_tokens + k)
+
+    A decode with k drafts gets 1 + k tokens (its newest token and the drafts); a
+    prefill without drafts gets the rest of its prompt. As always num_computed_tokens
+    += n at schedule time, drafts included: optimistic, before anyone knows how many
+    drafts survive. The drafts move into the scheduler output and the request's
+    spec_token_ids is cleared: the drafter proposes fresh ones for the next step.
+
+    The course simplifies: no token budget, so every draft is scheduled (vLLM trims
+    the drafts that do not fit) and nothing is chunked.
+
+    Args:
+        request: a RUNNING Request, its spec_token_ids holding the drafts (maybe none).
+
+    Returns:
+        {"num_scheduled_tokens": n, "scheduled_spec_token_ids": the drafts scheduled, a list}.
+
+    Example (prompt 4, one output so far, computed 4, drafts [305, 356]):
+        >>> request = Request("A", [1, 2, 3, 4], max_tokens=8)
+        >>> request.output_token_ids, request.num_computed_tokens = [304], 4
+        >>> request.spec_token_ids = [305, 356]
+        >>> schedule_spec(request)
+        {'num_scheduled_tokens': 3, 'scheduled_spec_token_ids': [305, 356]}
+        >>> request.num_computed_tokens, request.num_tokens, request.spec_token_ids
+        (7, 5, [])
+    """
+    # TODO(ch27.3): your code here (about 5 of the task's 19 lines, in 2 places)
+    raise NotImplementedError("ch27.3 schedule_spec: not implemented yet (about 19 lines)")
+
+
+def update_spec(request: Request, scheduled_spec_token_ids: list[int], generated_token_ids: list[int]) -> list[int]:
+    """Bring a verified step back into the counters: roll back the rejected drafts. Task ch27.3.
+
+    The target model checked the k drafts in order: it accepted the first a of them
+    (0 ≤ a ≤ k) and then sampled one token of its own, at the first position it did
+    not accept (the bonus token when a = k). So `generated_token_ids` holds a + 1
+    tokens and k − a drafts were rejected. Their positions were scheduled and counted
+    in num_computed_tokens, but their KV belongs to tokens that will never exist, so
+    `update_from_output` (vllm/v1/core/sched/scheduler.py) takes them back:
+
+        num_rejected = k + 1 − len(generated_token_ids)      (= k − a)
+        num_computed_tokens −= num_rejected
+
+    (only when there were drafts and something was generated). Then each generated
+    token is appended with update_from_output's stop checks (EOS first, then the
+    length cap); a stop drops the tokens after it, as vLLM trims new_token_ids. The
+    roll-back counts from what was generated, before any stop trims it. A request
+    that goes on has num_computed_tokens == num_tokens − 1 again: the bonus token
+    is new, its KV not computed yet.
+
+    The course simplifies: a synchronous step (with async scheduling vLLM rolls
+    num_output_placeholders back by the same num_rejected).
+
+    Args:
+        request: the Request scheduled by `schedule_spec`.
+        scheduled_spec_token_ids: the drafts that step scheduled (k of them).
+        generated_token_ids: the tokens the target model produced (a + 1 of them).
+
+    Returns:
+        the tokens appended, in order (the new tokens to report).
+
+    Example (continuing schedule_spec's: 305 accepted, 356 rejected, 306 sampled):
+        >>> request = Request("A", [1, 2, 3, 4], max_tokens=8)
+        >>> request.output_token_ids, request.num_computed_tokens = [304], 7
+        >>> update_spec(request, [305, 356], [305, 306])
+        [305, 306]
+        >>> request.num_computed_tokens, request.num_tokens
+        (6, 7)
+    """
+    # TODO(ch27.3): your code here (about 14 of the task's 19 lines, in 2 places)
+    raise NotImplementedError("ch27.3 update_spec: not implemented yet (about 19 lines)")
+
+
 def make_engine_core(max_num_batched_tokens: int, max_num_seqs: int, *,
                      async_scheduling: bool = False) -> EngineCore:
     """A fresh engine core with its own FakeExecutor (provided): EngineCore, or AsyncEngineCore
@@ -495,6 +599,86 @@ def replay(config: dict, ops: list) -> list[dict]:
                 trace.append({"run": engine.run(), **engine.snapshot()})
             else:
                 trace.append({"outputs": engine.step(), **engine.snapshot()})
+    except NotImplementedError:
+        raise
+    except Exception as e:  # noqa: BLE001 (the grader reports it with the step that raised)
+        frames = traceback.extract_tb(e.__traceback__)
+        where = f"line {frames[-1].lineno} in {frames[-1].name}: {frames[-1].line}" if frames else ""
+        trace.append({"error": f"{type(e).__name__}: {e}", "where": where})
+    return trace
+
+
+WRONG_DRAFT = 50
+"""The course's drafter guesses wrong by this much: a wrong draft for position p is fake_token(·, p) + 50."""
+
+
+def verify_drafts(request_id: str, num_tokens: int, drafts: list[int]) -> list[int]:
+    """The course's fake target model checking drafts (provided): what it generates for one step.
+
+    Its own token for position p is `fake_token(request_id, p)`. The drafts stand for
+    positions num_tokens, num_tokens + 1, …; it accepts them while they equal its own
+    tokens and, at the first one it does not accept (or after the last, the bonus
+    position), samples its own: a + 1 tokens for a accepted drafts. Greedy
+    verification, so the tokens are the same as without drafts, only more per step.
+    """
+    generated = []
+    for i, draft in enumerate(drafts):
+        generated.append(fake_token(request_id, num_tokens + i))
+        if draft != generated[-1]:
+            return generated
+    return generated + [fake_token(request_id, num_tokens + len(drafts))]
+
+
+def replay_spec(config: dict, rounds: list) -> list[dict]:
+    """Run steps of one speculating request through your schedule_spec and update_spec (course-provided: the
+    grader's driver for ch27.3, run on your code and on the reference; you can run it while debugging).
+
+    Args:
+        config: {"request_id", "prompt_token_ids", "max_tokens", "eos_token_id"}: one request, RUNNING from
+            the start.
+        rounds: one list of draft tokens per step ([] for a step without drafts, such as the prefill). Each
+            step: the drafts become the request's spec_token_ids, `schedule_spec`, the fake target model
+            (`verify_drafts`, which keeps its own count of the tokens it produced), `update_spec`. Steps
+            after the request finished are not run.
+
+    Returns:
+        One record per step: {"drafts", "before": the counters before it, "scheduled": what schedule_spec
+        returned, "after_schedule", "generated": what the target model produced, "new_token_ids": what
+        update_spec returned, "after_update"}; counters are {"status", "num_computed_tokens", "num_tokens",
+        "num_tokens_with_spec", "spec_token_ids", "output_token_ids"}. An operation that raises ends the list
+        with {"error": "…", "where": "…"}.
+
+    Example (prompt 4: the prefill, then 2 drafts of which the first is right):
+        >>> trace = replay_spec({"request_id": "A", "prompt_token_ids": [1, 2, 3, 4], "max_tokens": 8,
+        ...                      "eos_token_id": None}, [[], [305, 356]])
+        >>> [(r["generated"], r["after_update"]["num_computed_tokens"]) for r in trace]
+        [([304], 4), ([305, 306], 6)]
+    """
+    def counters(request: Request) -> dict:
+        return {"status": request.status, "num_computed_tokens": request.num_computed_tokens,
+                "num_tokens": request.num_tokens, "num_tokens_with_spec": request.num_tokens_with_spec,
+                "spec_token_ids": list(request.spec_token_ids), "output_token_ids": list(request.output_token_ids)}
+
+    trace: list[dict] = []
+    try:
+        request = Request(config["request_id"], config["prompt_token_ids"], config["max_tokens"],
+                          config["eos_token_id"])
+        request.status = RUNNING
+        produced = request.num_prompt_tokens  # the target model's own count of the tokens it knows
+        for drafts in rounds:
+            if request.is_finished:
+                break
+            if drafts:
+                request.spec_token_ids = list(drafts)
+            record: dict = {"drafts": list(drafts), "before": counters(request)}
+            record["scheduled"] = schedule_spec(request)
+            record["after_schedule"] = counters(request)
+            spec = list(record["scheduled"]["scheduled_spec_token_ids"])
+            record["generated"] = verify_drafts(request.request_id, produced, spec)
+            produced += len(record["generated"])
+            record["new_token_ids"] = update_spec(request, spec, list(record["generated"]))
+            record["after_update"] = counters(request)
+            trace.append(record)
     except NotImplementedError:
         raise
     except Exception as e:  # noqa: BLE001 (the grader reports it with the step that raised)

@@ -288,3 +288,124 @@ def three_boundaries_figure(f: Figure, r: dict) -> None:
            size=SMALL + 1.5)
     f.legend([("token", "prompt token (p0, p1, …)"), ("k", "output token (reconciled)"), ("accent", "placeholder ?: in flight"),
               ("block", "computed / scheduled (C)")], wrong=wrong)
+
+
+# -- ch27.3 -------------------------------------------------------------------------------------------
+def _spec_steps(rounds: list, expected: list) -> list[str]:
+    """Each step of the instance in words, from the reference's record: "3 drafts, 1 accepted"."""
+    out = []
+    for k, drafts in enumerate(rounds):
+        if not drafts:
+            out.append("no drafts")
+            continue
+        a = len(expected[k]["generated"]) - 1 if k < len(expected) else "?"
+        out.append(f"{len(drafts)} drafts, {a} right")
+    return out
+
+
+def _spec_strip(f: Figure, x0: float, y: float, cw: float, npos: int, s: dict, plen: int, extra: dict[int, tuple]) -> None:
+    """A request's positions 0 … npos − 1 as cells: prompt (p0, …), outputs, then `extra` {position: (value,
+    role, dashed)} (drafts in flight, rolled-back positions), and empty dashed cells beyond."""
+    outs, n = s["output_token_ids"], s["num_tokens"]
+    for p in range(npos):
+        x = x0 + p * cw
+        if p < n and p not in extra:
+            f.cell(x, y, outs[p - plen] if p >= plen else f"p{p}", role="k" if p >= plen else "token", w=cw - 3, h=26,
+                   fmt=str, size=SMALL + 1)
+        elif p in extra:
+            value, role, dashed = extra[p]
+            f.cell(x, y, value, role=role, w=cw - 3, h=26, fmt=str, dashed=dashed, size=SMALL + 1)
+        else:
+            f.cell(x, y, "", role="plain", w=cw - 3, h=26, dashed=True)
+
+
+@figure("ch27-spec-counters", title="投机解码里的三个计数",
+        zh="投机解码:调度时草稿也算进 num_computed_tokens(C 先走到 N + k);目标模型接受前 a 个草稿并自己再采样一个,"
+           "对账时 C 回到 N + a(被拒绝的 k − a 个位置不算),追加 a + 1 个输出;之后仍在运行的请求再次有 C = N − 1。",
+        en="Speculative decoding in the progress counters: at schedule time the k drafts count as tokens to compute (C "
+           "runs ahead to N + k); the target model accepts the first a and samples one token of its own; the update "
+           "rolls C back over the k − a rejected drafts and appends a + 1 outputs, so a running request has C = N − 1 "
+           "again.",
+        needs={"trace": "ch27.3"})
+def spec_counters_figure(f: Figure, r: dict) -> None:
+    config, rounds, trace, expected = r["config"], r["rounds"], r["trace"], r["expected"]
+    rid, plen = config["request_id"], len(config["prompt_token_ids"])
+    f.instance_row([(f"{rid}: prompt {plen}, max_tokens {config['max_tokens']}", "token")]
+                   + [(f"step {k + 1}: {s}", "plain") for k, s in enumerate(_spec_steps(rounds, expected))])
+    f.heading(f"请求 {rid} 每步两行 · request {rid}, each step twice: after schedule_spec, after update_spec")
+    label_w, cw, cgap = 150, 30, 44
+    sx = MARGIN + label_w
+    npos = max([s[key]["num_tokens"] + len(s["drafts"]) for s in trace + expected for key in ("before",)] + [plen]) + 1
+    cx = sx + npos * cw + 12
+    top = f.y + 8
+    for p in range(npos):
+        f.text(sx + p * cw + (cw - 3) / 2, top + 8, str(p), anchor="middle", size=SMALL, color=MUTED, mono=True,
+               cls="label")
+    for j, label in enumerate(["n / −rej", "C", "N"]):
+        f.text(cx + j * cgap + 20, top + 8, label, anchor="middle", size=SMALL + 0.5, weight="bold", cls="label")
+    y = top + 18
+    wrong = False
+    for k in range(max(len(trace), len(expected))):
+        mine = trace[k] if k < len(trace) else None
+        want = expected[k] if k < len(expected) else None
+        shown = mine or want
+        assert shown is not None  # k < max(len(trace), len(expected))
+        drafts, gen = shown["drafts"], shown["generated"]
+        a = len(gen) - 1
+        sched = shown["after_schedule"]
+        # after schedule_spec: the drafts ride along, C runs ahead over them.
+        _lines(f, MARGIN, y + 11, [f"step {k + 1}: schedule_spec", f"{len(drafts)} drafts" if drafts else "no drafts"],
+               anchor="start", color=INK, size=SMALL + 1)
+        n0 = sched["num_tokens"]
+        _spec_strip(f, sx, y, cw, npos, sched, plen, {n0 + i: (d, "accent", True) for i, d in enumerate(drafts)})
+        f.dwg.add(f.dwg.rect((sx, y + 29), (max(sched["num_computed_tokens"] * cw - 3, 0), 5), fill=stroke("block"),
+                             class_="boundary"))
+        row_s = [(mine or {}).get("scheduled", {}), (want or {}).get("scheduled", {})]
+        got = [row_s[0].get("num_scheduled_tokens", "") if isinstance(row_s[0], dict) else "",
+               mine["after_schedule"]["num_computed_tokens"] if mine else "",
+               mine["after_schedule"]["num_tokens"] if mine else ""]
+        exp = [row_s[1].get("num_scheduled_tokens", ""), want["after_schedule"]["num_computed_tokens"] if want else "",
+               want["after_schedule"]["num_tokens"] if want else ""]
+        for j, (g, e) in enumerate(zip(got, exp)):
+            wrong |= g != e
+            f.cell(cx + j * cgap, y, g, role="block" if j == 1 else "plain", w=40, h=26, wrong=g != e,
+                   expected=e if g != e else None, size=SMALL + 2)
+        y += 40
+        # after update_spec: accepted drafts became outputs, the target's own token is new, C rolled back.
+        upd = shown["after_update"]
+        rejected = len(drafts) - a if drafts else 0
+        _lines(f, MARGIN, y + 11, ["update_spec", f"{a} accepted, {rejected} rejected" if drafts else "1 generated"],
+               anchor="start", color=INK, size=SMALL + 1)
+        extra = {p: ("✗", "masked", True) for p in range(n0 + a + 1, n0 + len(drafts))}
+        _spec_strip(f, sx, y, cw, npos, upd, plen, extra)
+        for p in range(n0, min(upd["num_tokens"], n0 + len(gen))):
+            ring = f.dwg.rect((sx + p * cw - 1.5, y - 1.5), (cw, 29), fill="none", stroke=stroke("accent"),
+                              stroke_width=2, class_="arrived")
+            ring["stroke-dasharray"] = "3,2"
+            f.dwg.add(ring)
+        c_after = upd["num_computed_tokens"]
+        f.dwg.add(f.dwg.rect((sx, y + 29), (max(c_after * cw - 3, 0), 5), fill=stroke("block"), class_="boundary"))
+        if sched["num_computed_tokens"] > c_after:
+            back = f.dwg.rect((sx + c_after * cw, y + 29), ((sched["num_computed_tokens"] - c_after) * cw - 3, 5),
+                              fill="none", stroke=stroke("wrong"), stroke_width=1, class_="rolled-back")
+            back["stroke-dasharray"] = "2,2"
+            f.dwg.add(back)
+        got = [(mine["after_schedule"]["num_computed_tokens"] - mine["after_update"]["num_computed_tokens"]) if mine else "",
+               mine["after_update"]["num_computed_tokens"] if mine else "", mine["after_update"]["num_tokens"] if mine else ""]
+        exp = [(want["after_schedule"]["num_computed_tokens"] - want["after_update"]["num_computed_tokens"]) if want else "",
+               want["after_update"]["num_computed_tokens"] if want else "", want["after_update"]["num_tokens"] if want else ""]
+        for j, (g, e) in enumerate(zip(got, exp)):
+            wrong |= g != e
+            shown_g = f"−{g}" if j == 0 and isinstance(g, int) and g > 0 else g
+            shown_e = f"−{e}" if j == 0 and isinstance(e, int) and e > 0 else e
+            f.cell(cx + j * cgap, y, shown_g, role="block" if j == 1 else "plain", w=40, h=26, wrong=g != e,
+                   expected=shown_e if g != e else None, size=SMALL + 2, fmt=str)
+        y += 48
+    f.y = y + 4
+    f.note("Each step twice. After schedule_spec the drafts (dashed) sit beyond the newest token and the purple bar, "
+           "C = num_computed_tokens, already covers them: n = num_tokens_with_spec − C tokens were scheduled. After "
+           "update_spec the ringed tokens are the step's outputs (the accepted drafts, then the target's own token), "
+           "✗ marks the other rejected drafts, and the dashed outline under the bar is what was rolled back: "
+           "k + 1 − len(generated) positions, after which C = N − 1.", size=SMALL + 1.5)
+    f.legend([("token", "prompt token (p0, p1, …)"), ("k", "output token"), ("accent", "draft, scheduled"),
+              ("masked", "rejected draft"), ("block", "computed / scheduled (C)")], wrong=wrong)

@@ -13,6 +13,7 @@ from mutate import figure_file, mutant_grader, result, statuses, wrong_elements
 from figures import ch27 as drawn
 from figures.style import MARGIN
 from grader.authoring import CheckFailed
+from grader.checks import ch27 as public_checks
 from grader.checks import ch27_explain as checks
 from grader.hidden import ch27 as hidden_checks
 from solutions import ch27_engine_core as ref
@@ -78,17 +79,25 @@ def test_the_invariants_hold_on_reference_traces_and_catch_a_token_out_of_order(
 
 
 # -- 27.1 EngineCore ----------------------------------------------------------------------------------------
-def test_eos_checked_before_the_length_cap_is_explained(graded):
-    # EOS checked before the length cap: a last token that is EOS gives FINISHED_STOPPED
-    report = graded.mistake("eos_first")
+def test_the_length_cap_checked_before_eos_is_explained(graded):
+    # the order of vLLM up to v0.11.0: an EOS on the last allowed token gives FINISHED_LENGTH_CAPPED
+    report = graded.mistake("length_first")
     r = result(report, "EOS stops a request", task="ch27.1")
     assert r.status == "failed"
     assert "step 3 of 3: step()" in r.message
-    assert "after step 3 request B should be FINISHED_LENGTH_CAPPED" in r.message
-    assert "yours: FINISHED_STOPPED" in r.message
-    assert r.hints == ["eos_first"]
+    assert "after step 3 request B should be FINISHED_STOPPED" in r.message
+    assert "yours: FINISHED_LENGTH_CAPPED" in r.message
+    assert r.hints == ["length_first"]
     assert result(report, "figure instance", task="ch27.1").status == "passed"
     assert statuses(report, "ch27.2") == {"passed"}, "reconcile has its own stop check, untouched here"
+
+
+def test_eos_on_the_last_allowed_token_is_a_stop():
+    # today's check_stop (vllm/v1/core/sched/utils.py): EOS first, then the length cap
+    for asyn in (False, True):
+        trace = trace_of({"budget": 8, "max_num_seqs": 1, "async": asyn}, [("add", "A", 3, 2, 1), ("drain",)])
+        a = trace[-1]["requests"]["A"]
+        assert a["status"] == "FINISHED_STOPPED" and len(a["output_token_ids"]) == 2
 
 
 def test_an_empty_output_for_a_partial_prefill_is_explained_and_marked(graded):
@@ -168,6 +177,65 @@ def test_a_stale_output_after_eos_is_explained(graded):
     assert statuses(report, "ch27.1") == {"passed"}
 
 
+# -- 27.3 speculative decoding ------------------------------------------------------------------------------
+SPEC = {"request": public_checks.SPEC_REQUEST, "rounds": public_checks.SPEC_ROUNDS}  # the figure instance
+
+
+def spec_trace(request: tuple, rounds: list) -> list:
+    return checks.drive_spec(ref, request, rounds)["trace"]
+
+
+def test_the_spec_counters_run_ahead_and_roll_back():
+    trace = spec_trace(SPEC["request"], SPEC["rounds"])
+    assert [r["scheduled"]["num_scheduled_tokens"] for r in trace] == [4, 4, 4, 3, 5]     # 1 + k for a decode
+    assert [r["after_schedule"]["num_computed_tokens"] for r in trace] == [4, 8, 10, 13, 16]
+    assert [len(r["generated"]) for r in trace] == [1, 2, 4, 1, 3]                        # a + 1
+    assert [r["after_update"]["num_computed_tokens"] for r in trace] == [4, 6, 10, 11, 14]  # − (k − a)
+    assert all(r["after_update"]["num_computed_tokens"] == r["after_update"]["num_tokens"] - 1 for r in trace)
+    assert all(r["after_schedule"]["spec_token_ids"] == [] for r in trace)
+
+
+def test_speculation_changes_how_many_tokens_per_step_not_which():
+    trace = spec_trace(("B", 3, 9, None), [(0, 0), (2, 0), (4, 4), (3, 1), (5, 5)])
+    assert trace[-1]["after_update"]["output_token_ids"] == [ref.fake_token("B", p) for p in range(3, 12)]
+    assert trace[-1]["after_update"]["status"] == "FINISHED_LENGTH_CAPPED"
+
+
+def test_a_stop_among_the_drafts_trims_and_counts_the_rollback_from_what_was_generated():
+    r = spec_trace(("C", 3, 10, 2), [(0, 0), (4, 4)])[-1]
+    assert r["new_token_ids"] == r["generated"][:2] and r["after_update"]["status"] == "FINISHED_STOPPED"
+    assert r["after_update"]["num_computed_tokens"] == r["after_schedule"]["num_computed_tokens"]  # 0 rejected
+
+
+def test_a_forgotten_rollback_is_explained_and_marked(graded):
+    report = graded.mistake("no_rollback")
+    r = result(report, "figure instance", task="ch27.3")
+    assert r.status == "failed"
+    assert "step 2 of 5: drafts [305, 356, 357], then schedule_spec and update_spec" in r.message
+    assert "the target model generated [305, 306] (1 of 3 drafts accepted, 2 rejected)" in r.message
+    assert "leave it RUNNING, num_computed_tokens 6, num_tokens 7" in r.message
+    assert "yours: [305, 306], RUNNING, num_computed_tokens 8, num_tokens 7" in r.message
+    assert r.hints == ["no_rollback"]
+    assert wrong_elements(report, "ch27-spec-counters")
+    assert statuses(report, "ch27.1") == statuses(report, "ch27.2") == {"passed"}
+
+
+@pytest.mark.parametrize("mistake_id", ["rollback_one_too_many", "bonus_rejected", "bonus_as_draft",
+                                        "drafts_not_scheduled", "spec_not_cleared"])
+def test_the_spec_mistakes_are_named_on_the_figure_instance(graded, mistake_id):
+    r = result(graded.mistake(mistake_id), "figure instance", task="ch27.3")
+    assert r.status == "failed" and r.hints == [mistake_id]
+
+
+def test_the_spec_invariants_name_a_missing_rollback():
+    trace = copy.deepcopy(spec_trace(SPEC["request"], SPEC["rounds"]))
+    hidden_checks.check_spec_invariants(trace, "case")
+    trace[1]["after_update"]["num_computed_tokens"] = trace[1]["after_schedule"]["num_computed_tokens"]
+    with pytest.raises(CheckFailed, match="computed every token but its newest") as e:
+        hidden_checks.check_spec_invariants(trace, "case")
+    assert e.value.hints == ["no_rollback"]
+
+
 # Hints no edit of the reference makes: the explanation of a made-up difference names them.
 def explained(config: dict, script: list, change) -> CheckFailed:
     """The failure for the reference's trace of `script` with `change(records)` applied to a copy of it."""
@@ -237,6 +305,14 @@ def test_the_loop_boxes_are_as_wide_as_their_text_and_nothing_leaves_the_page():
                                                           and set(t.s.split()) <= set(words))]
         assert len(mine) >= 1 + len(contents)
         assert all(a.x + a.w + drawn.GAP_PAD - 0.5 <= t.left and t.right <= b.x - drawn.GAP_PAD + 0.5 for t in mine)
+
+
+def test_the_spec_figure_stays_on_the_page_and_draws_every_step():
+    svg = reference_figures("ch27")["ch27-spec-counters"]
+    assert off_canvas(svg, margin=MARGIN - 1) == []
+    labels = [t.s for t in texts(svg)]
+    assert [s for s in labels if s.startswith("step ") and s.endswith("schedule_spec")] == \
+        [f"step {k}: schedule_spec" for k in range(1, len(SPEC["rounds"]) + 1)]
 
 
 def test_no_label_of_the_figures_ends_on_a_dangling_separator():

@@ -5,13 +5,14 @@ on the reference, then the provided `replay` runs it on the student's engine (in
 and on the reference; after every step the course's `snapshot()` gives each request's counters and the batches
 the executor ran. The traces are compared step by step and the first difference is explained in the chapter's
 terms (`ch27_explain`, on `grader.authoring.trace`). The contract piece by piece drives the student's engine
-directly: that is its lesson.
+directly: that is its lesson. ch27.3 runs steps of one speculating request (the drafts of each step given by how
+many there are and how many are right) through the provided `replay_spec` the same way.
 """
 
 from __future__ import annotations
 
 from grader.authoring import CheckFailed, Trial, mistakes, public
-from grader.checks.ch27_explain import check_structure, out_key, run_case, state_str
+from grader.checks.ch27_explain import check_structure, out_key, run_case, run_spec_case, state_str
 
 # ch27-enginecore-loop: §A.5's request (prompt 10, max_tokens 2, budget 4), B arriving after step 2.
 LOOP = {"budget": 4, "max_num_seqs": 2, "async": False}
@@ -20,6 +21,9 @@ LOOP_SCRIPT = [("add", "A", 10, 2, None), ("step", 2), ("add", "B", 2, 3, None),
 BOUNDS = {"budget": 3, "max_num_seqs": 2, "async": True}
 BOUNDS_SCRIPT = [("add", "A", 5, 4, None), ("drain",)]
 ASYNC = {"budget": 8, "max_num_seqs": 2, "async": True}
+# ch27-spec-counters: prompt 4, then steps of (k drafts, a right): partial, all right (bonus), none right, partial.
+SPEC_REQUEST = ("A", 4, 12, None)
+SPEC_ROUNDS = [(0, 0), (3, 1), (3, 3), (2, 0), (4, 2)]
 M = mistakes("ch27")
 
 
@@ -64,7 +68,7 @@ def pieces(t: Trial) -> None:
                                   out_key(got) or state["output_token_ids"] != ws["output_token_ids"]) else "")
 
 
-@public("ch27.1", "EOS stops a request; the length cap is checked first")
+@public("ch27.1", "EOS stops a request, also on its last allowed token (EOS is checked before the length cap)")
 def eos_and_length(t: Trial) -> None:
     run_case(t, "eos and length", {"budget": 8, "max_num_seqs": 2, "async": False},
              [("add", "A", 3, 5, 1), ("add", "B", 2, 3, 2), ("drain",)])
@@ -109,6 +113,25 @@ def two_requests(t: Trial) -> None:
 def async_run(t: Trial) -> None:
     run_case(t, "run", {"budget": 6, "max_num_seqs": 3, "async": True},
              [("add", "A", 7, 3, None), ("add", "B", 2, 4, 0), ("add", "C", 4, 2, None), ("run",)])
+
+
+# -- ch27.3 speculative decoding -------------------------------------------------------------------------------
+
+@public("ch27.3", "figure instance: prompt 4, then 3 drafts (1 right), 3 (all right), 2 (none right), 4 (2 right)")
+def spec_figure_instance(t: Trial) -> None:
+    run_spec_case(t, "figure instance", SPEC_REQUEST, SPEC_ROUNDS, figure="ch27-spec-counters")
+
+
+@public("ch27.3", "steps without drafts between steps with drafts: nothing to roll back, no stale draft")
+def spec_mixed(t: Trial) -> None:
+    run_spec_case(t, "mixed", ("B", 3, 10, None), [(0, 0), (0, 0), (2, 1), (0, 0), (1, 1), (0, 0)])
+
+
+@public("ch27.3", "a stop among the accepted drafts drops the tokens after it (EOS first, then the length cap)")
+def spec_stops(t: Trial) -> None:
+    run_spec_case(t, "EOS among the drafts", ("C", 3, 10, 2), [(0, 0), (4, 4)])
+    run_spec_case(t, "length cap among the drafts", ("D", 2, 3, None), [(0, 0), (4, 3)])
+    run_spec_case(t, "EOS on the last allowed token", ("E", 2, 3, 2), [(0, 0), (3, 3)])
 
 
 # -- helpers ------------------------------------------------------------------------------------------------

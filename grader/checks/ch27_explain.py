@@ -207,9 +207,9 @@ def request_hints(rid: str, ms: dict | None, ws: dict, p: dict | None, w: dict) 
     if sorted(mo) == sorted(wo) and mo != wo:
         hints.append(M.outputs_out_of_order)
     if mo == wo and ws["status"] == "FINISHED_LENGTH_CAPPED" and ms["status"] != ws["status"]:
-        hints.append(M.eos_first if ms["status"] == "FINISHED_STOPPED" else M.length_cap_missed)
+        hints.append(M.length_cap_missed)
     if mo == wo and ws["status"] == "FINISHED_STOPPED" and ms["status"] != ws["status"]:
-        hints.append(M.eos_missed)
+        hints.append(M.length_first if ms["status"] == "FINISHED_LENGTH_CAPPED" else M.eos_missed)
     if len(mo) > len(wo) and ws["status"] == "FINISHED_LENGTH_CAPPED":
         hints.append(M.length_cap_missed)
     if len(mo) < len(wo) and any(sampled):
@@ -232,3 +232,131 @@ def outputs_difference(where: str, mo: list, wo: list, w: dict) -> CheckFailed:
     return CheckFailed(f"{where} ran {batch_line(w)}",
                        f"{where} should return {out_key(wo) or '[] (nothing new)'} as (request_id, new_token_ids, "
                        f"finished); yours: {out_key(mo) or '[]'}", hint=hint)
+
+
+# -- ch27.3: speculative decoding on one request ----------------------------------------------------------------
+SPEC_FIELDS = ("status", "num_computed_tokens", "num_tokens", "num_tokens_with_spec", "spec_token_ids",
+               "output_token_ids")
+
+
+def drive_spec(ref, request: tuple, rounds: list) -> dict:
+    """The concrete config and draft lists of a spec script, and the reference's trace of them (its
+    `replay_spec`). `request` is (request_id, prompt length, max_tokens, EOS position among the outputs or
+    None); each round (k, a) is k drafts of which the first a are right (the rest are wrong by WRONG_DRAFT);
+    (0, 0) is a step without drafts."""
+    rid, plen, max_tokens, eos_after = request
+    config = {"request_id": rid, "prompt_token_ids": [ref.fake_token(rid, p) for p in range(plen)],
+              "max_tokens": max_tokens,
+              "eos_token_id": None if eos_after is None else ref.fake_token(rid, plen + eos_after)}
+    drafts, known = [], plen
+    for k, a in rounds:
+        right = [ref.fake_token(rid, known + i) for i in range(k)]
+        drafts.append([tok if i < a else tok + ref.WRONG_DRAFT for i, tok in enumerate(right)])
+        known += min(a, k) + 1
+    return {"config": config, "rounds": drafts, "trace": ref.replay_spec(config, drafts)}
+
+
+def run_spec_case(t: Trial, case: str, request: tuple, rounds: list, figure: str | None = None) -> list:
+    """Run a spec script through both sides' schedule_spec and update_spec, record the figure, and compare."""
+    expected = t.ref.drive(drive_spec, request, rounds)
+    config, drafts, want = expected["config"], expected["rounds"], expected["trace"]
+    yours = expect_records(t.yours.replay_spec(config, drafts), what="replay_spec")
+    mine = [r for r in yours if not raised(r)]
+    head = f'case "{case}": {describe_spec_case(config, drafts)}'
+    if figure:
+        t.figure(figure, config=config, rounds=drafts, trace=mine, expected=want)
+    return check_spec_trace(yours, drafts, want, head)
+
+
+def check_spec_trace(yours: object, drafts: list, want: list, head: str) -> list:
+    """`compare_trace` with ch27.3's words: each step's drafts, then the first counter that differs."""
+    return compare_trace(yours, want, case=head, what="replay_spec", describe=lambda k: spec_step_what(drafts, k),
+                         explain=lambda k, m, w: spec_difference(k, m, w))
+
+
+def describe_spec_case(config: dict, drafts: list, limit: int = 6) -> str:
+    eos = "" if config["eos_token_id"] is None else f", eos {config['eos_token_id']}"
+    steps = [f"{len(d)} drafts" if d else "no drafts" for d in drafts]
+    more = f", … {len(steps) - limit} more" if len(steps) > limit else ""
+    return (f"{config['request_id']}: prompt {len(config['prompt_token_ids'])}, max_tokens {config['max_tokens']}{eos}; "
+            f"steps: {', '.join(steps[:limit])}{more}")
+
+
+def spec_step_what(drafts: list, k: int) -> str:
+    d = drafts[k] if k < len(drafts) else []
+    return (f"drafts {d}, then schedule_spec and update_spec" if d else
+            "no drafts, then schedule_spec and update_spec")
+
+
+def spec_str(s: dict) -> str:
+    outs = s["output_token_ids"]
+    shown = str(outs) if len(outs) <= 6 else f"[… {outs[-4:]}]"
+    return (f"{s['status']}, num_computed_tokens {s['num_computed_tokens']}, num_tokens {s['num_tokens']}, "
+            f"num_tokens_with_spec {s['num_tokens_with_spec']}, spec_token_ids {s['spec_token_ids']} (outputs {shown})")
+
+
+def spec_difference(k: int, m: dict, w: dict) -> CheckFailed | None:
+    """The first difference of spec step k (0-based): what schedule_spec returned, the counters right after it,
+    then what update_spec returned and the counters after it; None when the step agrees."""
+    drafts, before, gen = w["drafts"], w["before"], w["generated"]
+    ctx = f"before it: {spec_str(before)}"
+    sched, wsched = m.get("scheduled"), w["scheduled"]
+    if sched != wsched:
+        fewer = isinstance(sched, dict) and drafts and \
+            sched.get("num_scheduled_tokens") == wsched["num_scheduled_tokens"] - len(drafts)
+        return CheckFailed(ctx, f"schedule_spec should return {wsched} (n = num_tokens_with_spec − num_computed_tokens "
+                           f"= {before['num_tokens_with_spec']} − {before['num_computed_tokens']}); yours: {sched!r:.200}",
+                           hint=M.drafts_not_scheduled if fewer else "")
+    ms, ws = m.get("after_schedule"), w["after_schedule"]
+    if ms != ws:
+        hint = ""
+        if isinstance(ms, dict) and ms.get("spec_token_ids") and not ws["spec_token_ids"]:
+            hint = M.spec_not_cleared
+        elif isinstance(ms, dict) and ms.get("num_computed_tokens") == before["num_computed_tokens"]:
+            hint = M.computed_not_advanced
+        return CheckFailed(ctx, f"right after schedule_spec (returned {wsched}) the request should be {spec_str(ws)}",
+                           f"yours: {spec_str(ms) if isinstance(ms, dict) else repr(ms)[:200]}", hint=hint)
+    mu, wu, new, wnew = m.get("after_update"), w["after_update"], m.get("new_token_ids"), w["new_token_ids"]
+    if mu == wu and new == wnew:
+        return None
+    accepted = len(gen) - 1
+    lines = [ctx, f"scheduled {wsched['num_scheduled_tokens']} tokens with drafts {drafts}; the target model "
+             f"generated {gen} ({accepted} of {len(drafts)} drafts accepted, {len(drafts) - accepted} rejected)",
+             f"update_spec should return {wnew} and leave it {spec_str(wu)}",
+             f"yours: {new!r:.120}, {spec_str(mu) if isinstance(mu, dict) else repr(mu)[:200]}"]
+    return CheckFailed(*lines, hint=spec_update_hint(m, w) if isinstance(mu, dict) else "")
+
+
+def spec_update_hint(m: dict, w: dict) -> str:
+    """The mistake a wrong update_spec most likely is, from what it returned and the counters it left."""
+    drafts, gen, mu, wu = w["drafts"], w["generated"], m["after_update"], w["after_update"]
+    new, wnew = m["new_token_ids"], w["new_token_ids"]
+    if drafts and new == gen[:-1] and wnew != new:
+        return M.bonus_rejected
+    if isinstance(new, list) and len(new) > len(wnew) and new[:len(wnew)] == wnew:
+        return M.spec_not_trimmed
+    if mu["output_token_ids"] == wu["output_token_ids"] and mu["status"] != wu["status"]:
+        if wu["status"] == "FINISHED_STOPPED":
+            return M.length_first if mu["status"] == "FINISHED_LENGTH_CAPPED" else M.eos_missed
+        return M.length_cap_missed if wu["status"] == "FINISHED_LENGTH_CAPPED" else ""
+    if mu["output_token_ids"] != wu["output_token_ids"]:
+        return ""
+    return rollback_hint(mu["num_computed_tokens"], w["after_schedule"]["num_computed_tokens"], len(drafts), len(gen),
+                         len(wnew))
+
+
+def rollback_hint(got: int, scheduled: int, k: int, generated: int, kept: int) -> str:
+    """The roll-back mistake that leaves num_computed_tokens at `got` after a step that scheduled up to `scheduled`
+    with k drafts, of which the target generated `generated` tokens and a stop kept `kept`; "" if none fits."""
+    if not k:
+        return ""
+    want = scheduled - (k + 1 - generated)
+    if got == scheduled and want != got:
+        return M.no_rollback
+    if kept < generated and got == scheduled - (k + 1 - kept):
+        return M.rollback_after_trim
+    if got == want - 1:
+        return M.rollback_one_too_many
+    if got == want + 1:
+        return M.bonus_as_draft
+    return ""

@@ -1,10 +1,18 @@
-"""Hidden checks of ch27 · the engine core loop: random request mixes from the grading seed, traces compared
-with the reference, invariants checked on the student's own trace, edge cases and hundreds of requests."""
+"""Hidden checks of ch27 · the engine core loop: random request mixes and speculating requests from the grading
+seed, traces compared with the reference, invariants checked on the student's own trace, edge cases and hundreds
+of requests."""
 
 from __future__ import annotations
 
 from grader.authoring import CheckFailed, Trial, error_lines, expect_records, hidden, mistakes, raised
-from grader.checks.ch27_explain import check_structure, drive_reference, run_case
+from grader.checks.ch27_explain import (
+    check_structure,
+    drive_reference,
+    drive_spec,
+    rollback_hint,
+    run_case,
+    run_spec_case,
+)
 
 NAMES = [chr(c) for c in range(ord("A"), ord("Z") + 1)]
 M = mistakes("ch27")
@@ -81,6 +89,42 @@ def same_tokens(t: Trial) -> None:
 def async_hundreds(t: Trial) -> None:
     run_many(t, True)
 
+SPEC_EDGES: list[tuple[tuple, list[tuple[int, int]]]] = [
+    (("A", 1, 6, None), [(0, 0)] + [(3, 0)] * 6),              # every draft rejected
+    (("B", 5, 20, None), [(0, 0), (4, 4), (4, 4), (4, 4)]),     # every draft accepted: the bonus each time
+    (("C", 3, 1, None), [(0, 0), (3, 3)]),                      # max_tokens 1: the prefill finishes it
+    (("D", 2, 10, 3), [(0, 0), (2, 2), (2, 2)]),                # EOS is the bonus token
+    (("E", 2, 10, 2), [(0, 0), (3, 1)]),                        # EOS is the correction of a rejected draft
+    (("F", 4, 2, None), [(0, 0), (5, 5)]),                      # the length cap at the first accepted draft
+]
+
+
+# -- ch27.3 ---------------------------------------------------------------------------------------------------
+
+@hidden("ch27.3", "random speculating requests from the grading seed")
+def spec_random(t: Trial) -> None:
+    for i in range(4):
+        run_spec_case(t, f"random {i + 1}", *random_spec(t))
+
+
+@hidden("ch27.3", "invariants on your own trace: 1 + k scheduled, drafts cleared, C = N − 1 after each step")
+def spec_invariants(t: Trial) -> None:
+    for i in range(3):
+        request, rounds = random_spec(t, steps=12)
+        drafts = t.ref.drive(drive_spec, request, rounds)
+        head = f'case "spec invariants {i + 1}": {request[0]}, prompt {request[1]}, max_tokens {request[2]}'
+        yours = expect_records(t.yours.replay_spec(drafts["config"], drafts["rounds"]), what="replay_spec")
+        mine = [r for r in yours if not raised(r)]
+        check_spec_invariants(mine, head)
+        if len(mine) < len(yours):
+            raise CheckFailed(head, f"step {len(yours)} of your own trace:", *error_lines(yours[-1]))
+
+
+@hidden("ch27.3", "edge cases: drafts all rejected or all accepted, max_tokens 1, EOS as the bonus or the correction")
+def spec_edges(t: Trial) -> None:
+    for i, (request, rounds) in enumerate(SPEC_EDGES):
+        run_spec_case(t, f"spec edge {i + 1}", request, rounds)
+
 
 # -- helpers --------------------------------------------------------------------------------------------------
 
@@ -141,7 +185,8 @@ def check_invariants(trace: list, ops: list, head: str, asyn: bool, drained: boo
                                       f"{samples.get((rid, len(prompt) + i))} for position {len(prompt) + i}: tokens "
                                       "are appended in position order (oldest batch first), each exactly once")
             for what in problems(rid, s, max_tokens, eos, asyn):
-                raise CheckFailed(f"{where}: request {rid}: {what}")
+                raise CheckFailed(f"{where}: request {rid}: {what}", hint=M.length_first if what.startswith(
+                    "FINISHED_LENGTH_CAPPED, but its last output is EOS") else "")
     last = trace[-1]["requests"] if trace and drained else {}
     left = [rid for rid, s in last.items() if not s["status"].startswith("FINISHED") or s["num_output_placeholders"]]
     if left:
@@ -168,8 +213,11 @@ def problems(rid: str, s: dict, max_tokens: int, eos: int | None, asyn: bool):
                "− 1, the invariant of a generating request once its output is reconciled")
     if s["status"] == "FINISHED_LENGTH_CAPPED" and len(outs) != max_tokens:
         yield f"FINISHED_LENGTH_CAPPED with {len(outs)} of max_tokens {max_tokens} outputs"
-    if s["status"] == "FINISHED_STOPPED" and (not outs or outs[-1] != eos or len(outs) >= max_tokens):
-        yield f"FINISHED_STOPPED, but its outputs {outs[-3:]} do not end in EOS {eos} below max_tokens"
+    if s["status"] == "FINISHED_LENGTH_CAPPED" and outs and outs[-1] == eos:
+        yield (f"FINISHED_LENGTH_CAPPED, but its last output is EOS {eos}: EOS is checked before the length cap, "
+               "so it is FINISHED_STOPPED")
+    if s["status"] == "FINISHED_STOPPED" and (not outs or outs[-1] != eos or len(outs) > max_tokens):
+        yield f"FINISHED_STOPPED, but its outputs {outs[-3:]} do not end in EOS {eos} within max_tokens"
     if not done and outs and (len(outs) >= max_tokens or outs[-1] == eos):
         yield f"still {s['status']} after output {outs[-1]} (eos {eos}, {len(outs)} of max_tokens {max_tokens})"
 
@@ -196,3 +244,39 @@ def run_many(t: Trial, asyn: bool) -> None:
 
 def sync_outputs(ref, config: dict, script: list) -> dict:
     return drive_reference(ref, config | {"async": False}, script)["trace"][-1]["run"]
+
+
+def random_spec(t: Trial, steps: int | None = None) -> tuple[tuple, list[tuple[int, int]]]:
+    """A random speculating request and its steps: the prefill, then (k drafts, a right), a often 0 or k."""
+    max_tokens = t.random.randint(1, 24)
+    eos = t.random.randrange(max_tokens) if t.random.random() < 0.4 else None
+    rounds = [(0, 0)]
+    for _ in range(steps or t.random.randint(2, 8)):
+        k = t.random.randint(0, 5)
+        rounds.append((k, t.random.choice([0, k, t.random.randint(0, k)])))
+    return (t.random.choice(NAMES), t.random.randint(1, 12), max_tokens, eos), rounds
+
+
+def check_spec_invariants(trace: list, head: str) -> None:
+    """Properties of any correct spec trace, checked on the student's own one."""
+    generated: list[int] = []
+    for k, r in enumerate(trace, 1):
+        where = f"{head}\nafter step {k} (drafts {r['drafts']})"
+        b, s, u = r["before"], r["after_schedule"], r["after_update"]
+        n = r["scheduled"]["num_scheduled_tokens"] if isinstance(r["scheduled"], dict) else r["scheduled"]
+        if n != b["num_tokens_with_spec"] - b["num_computed_tokens"]:
+            raise CheckFailed(where, f"scheduled {n!r} tokens; num_tokens_with_spec − num_computed_tokens = "
+                              f"{b['num_tokens_with_spec']} − {b['num_computed_tokens']}", hint=M.drafts_not_scheduled)
+        if s["spec_token_ids"]:
+            raise CheckFailed(where, f"spec_token_ids is still {s['spec_token_ids']} right after schedule_spec",
+                              hint=M.spec_not_cleared)
+        generated += r["generated"]
+        outs = u["output_token_ids"]
+        if outs != generated[:len(outs)] or (u["status"] == "RUNNING" and outs != generated):
+            raise CheckFailed(where, f"the target model generated {generated[-8:]} so far; your outputs end "
+                              f"{outs[-8:]}: every generated token is appended in order, until a stop")
+        if u["status"] == "RUNNING" and u["num_computed_tokens"] != u["num_tokens"] - 1:
+            raise CheckFailed(where, f"num_computed_tokens {u['num_computed_tokens']} ≠ num_tokens {u['num_tokens']} "
+                              "− 1: after a verified step a running request has computed every token but its newest",
+                              hint=rollback_hint(u["num_computed_tokens"], s["num_computed_tokens"], len(r["drafts"]),
+                                                 len(r["generated"]), len(r["generated"])))

@@ -6,11 +6,16 @@ from grader.authoring import mistake
 SYNC_LOOP = "            for token in runner_output.get(rid, []):\n"
 ASYNC_LOOP = "            for token in sampled:\n"
 APPEND = "                request.output_token_ids.append(token)\n                new_token_ids.append(token)\n"
-CAP = "                if request.num_output_tokens >= request.max_tokens:\n"
-EOS = "                elif token == request.eos_token_id:\n                    request.status = FINISHED_STOPPED\n"
+EOS = "                if token == request.eos_token_id:\n                    request.status = FINISHED_STOPPED\n"
+CAP = ("                elif request.num_output_tokens >= request.max_tokens:\n"
+       "                    request.status = FINISHED_LENGTH_CAPPED\n")
 SYNC_END = ('            if new_token_ids:\n                outputs.append({"request_id": rid, "new_token_ids": new_token_ids, '
             '"finished": request.is_finished})\n        return outputs\n        ### END SOLUTION\n\n    def step(self) -> '
             'list[dict]:\n        """One engine step: schedule, execute')
+SPEC_REJECTED = "        num_rejected = len(scheduled_spec_token_ids) + 1 - len(generated_token_ids)\n"
+SPEC_ROLLBACK = ("    if scheduled_spec_token_ids and generated_token_ids:\n" + SPEC_REJECTED
+                 + "        request.num_computed_tokens -= num_rejected\n")
+SPEC_LOOP = "    for token in generated_token_ids:\n"
 PLACEHOLDER = ("            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:\n"
                "                request.num_output_placeholders += 1\n")
 
@@ -35,23 +40,22 @@ MISTAKES = [
     # -- the scheduler's side: update_from_output() -------------------------------------------------------------
     mistake("sample_not_appended", "ch27.1", "the worker sampled {tokens} for {rid}: append it to its outputs",
             (SYNC_LOOP + APPEND, SYNC_LOOP + "                new_token_ids.append(token)\n")),
-    mistake("eos_first", "ch27.1",
-            "num_output_tokens reached max_tokens: FINISHED_LENGTH_CAPPED (vLLM checks the length cap before EOS, so "
-            "this holds even when the last token is EOS)",
-            (SYNC_LOOP + APPEND + CAP + "                    request.status = FINISHED_LENGTH_CAPPED\n" + EOS,
-             SYNC_LOOP + APPEND + "                if token == request.eos_token_id:\n"
-             "                    request.status = FINISHED_STOPPED\n"
-             "                elif request.num_output_tokens >= request.max_tokens:\n"
-             "                    request.status = FINISHED_LENGTH_CAPPED\n")),
+    mistake("length_first", "ch27.1",
+            "the last token is this request's EOS: FINISHED_STOPPED, even when it is also the last token max_tokens "
+            "allows; today's vLLM check_stop (vllm/v1/core/sched/utils.py) tests EOS before the length cap (vLLM up "
+            "to v0.11.0 tested the length cap first)",
+            (SYNC_LOOP + APPEND + EOS + CAP,
+             SYNC_LOOP + APPEND + "                if request.num_output_tokens >= request.max_tokens:\n"
+             "                    request.status = FINISHED_LENGTH_CAPPED\n"
+             "                elif token == request.eos_token_id:\n"
+             "                    request.status = FINISHED_STOPPED\n")),
     mistake("eos_missed", "ch27.1 ch27.2",
             "the newest token is this request's EOS: it stops the request (FINISHED_STOPPED) and stays in the output",
-            (SYNC_LOOP + APPEND + CAP + "                    request.status = FINISHED_LENGTH_CAPPED\n" + EOS,
-             SYNC_LOOP + APPEND + CAP + "                    request.status = FINISHED_LENGTH_CAPPED\n"),
-            (ASYNC_LOOP + APPEND + CAP + "                    request.status = FINISHED_LENGTH_CAPPED\n" + EOS,
-             ASYNC_LOOP + APPEND + CAP + "                    request.status = FINISHED_LENGTH_CAPPED\n")),
+            (SYNC_LOOP + APPEND + EOS + CAP, SYNC_LOOP + APPEND + CAP.replace("elif", "if")),
+            (ASYNC_LOOP + APPEND + EOS + CAP, ASYNC_LOOP + APPEND + CAP.replace("elif", "if"))),
     mistake("length_cap_missed", "ch27.1 ch27.2", "a request stops as soon as num_output_tokens reaches max_tokens",
-            (SYNC_LOOP + APPEND + CAP, SYNC_LOOP + APPEND + CAP.replace(">=", ">")),
-            (ASYNC_LOOP + APPEND + CAP, ASYNC_LOOP + APPEND + CAP.replace(">=", ">"))),
+            (SYNC_LOOP + APPEND + EOS + CAP, SYNC_LOOP + APPEND + EOS + CAP.replace(">=", ">")),
+            (ASYNC_LOOP + APPEND + EOS + CAP, ASYNC_LOOP + APPEND + EOS + CAP.replace(">=", ">"))),
     mistake("appended_after_eos", "ch27.1 ch27.2",
             "{rid} stopped at EOS {eos}: nothing is appended after it; an output that arrives for a finished request "
             "is stale and is dropped"),
@@ -110,4 +114,44 @@ MISTAKES = [
             ("            if request.is_finished:\n                continue\n", "")),
     mistake("stale_emitted", "ch27.2", "an output that arrives for a finished request is stale: drop it",
             ("            if request.is_finished:\n                continue\n", "")),
+    # -- speculative decoding: schedule_spec() and update_spec() ----------------------------------------------------
+    mistake("drafts_not_scheduled", "ch27.3",
+            "a draft is a token to compute like any other: n = num_tokens_with_spec − num_computed_tokens, so a "
+            "decode with k drafts schedules 1 + k tokens (its newest token and the drafts)",
+            ("    n = request.num_tokens_with_spec - request.num_computed_tokens\n",
+             "    n = request.num_tokens - request.num_computed_tokens\n")),
+    mistake("spec_not_cleared", "ch27.3",
+            "the drafts move into the scheduler output and the request's spec_token_ids is cleared at schedule "
+            "time; left there, a step without new drafts schedules the stale ones again",
+            ("    request.spec_token_ids = []\n    return", "    return")),
+    mistake("no_rollback", "ch27.3",
+            "the rejected drafts were counted in num_computed_tokens at schedule time but their KV is garbage: roll "
+            "num_computed_tokens back by num_rejected = k + 1 − len(generated_token_ids)",
+            (SPEC_ROLLBACK, "")),
+    mistake("rollback_one_too_many", "ch27.3",
+            "rolled back one position too many: the target's own token (the bonus, or the correction at the first "
+            "rejected draft) is a new output, not a scheduled position; num_rejected = k + 1 − len(generated) = k − a",
+            (SPEC_REJECTED, "        num_rejected = len(scheduled_spec_token_ids) - (len(generated_token_ids) - 1) + 1\n")),
+    mistake("bonus_rejected", "ch27.3",
+            "the last generated token is the target model's own (the bonus when every draft was accepted, else the "
+            "correction): it is kept and appended, never rejected; only the k − a drafts after the accepted ones are",
+            (SPEC_REJECTED, "        num_rejected = len(scheduled_spec_token_ids) + 1 - (len(generated_token_ids) - 1)\n"),
+            (SPEC_LOOP, "    for token in generated_token_ids[:-1] if scheduled_spec_token_ids else generated_token_ids:\n")),
+    mistake("bonus_as_draft", "ch27.3",
+            "rolled back one position too few: of the a + 1 generated tokens only a are accepted drafts, the last is "
+            "the target's own; num_rejected = k + 1 − len(generated_token_ids)",
+            (SPEC_REJECTED, "        num_rejected = len(scheduled_spec_token_ids) - len(generated_token_ids)\n")),
+    mistake("spec_not_trimmed", "ch27.3",
+            "a stop among the generated tokens ends the request there: the tokens after it are dropped (vLLM trims "
+            "new_token_ids), neither appended nor returned",
+            ("        if request.is_finished:\n            break\n    return new_token_ids\n",
+             "    return new_token_ids\n")),
+    mistake("rollback_after_trim", "ch27.3",
+            "num_rejected counts from what the target generated (k + 1 − len(generated_token_ids)), before a stop "
+            "trims the tokens: roll back before appending, as update_from_output does",
+            (SPEC_ROLLBACK, ""),
+            ("            break\n    return new_token_ids\n",
+             "            break\n    if scheduled_spec_token_ids and new_token_ids:\n"
+             "        request.num_computed_tokens -= len(scheduled_spec_token_ids) + 1 - len(new_token_ids)\n"
+             "    return new_token_ids\n")),
 ]
