@@ -363,10 +363,12 @@ def rope_pair_figure(f: Figure, r: dict) -> None:
 
 @figure("ch19-nanovllm-order", title="nano-vllm 的实际执行顺序",
         zh="Qwen3Attention 的真实顺序:qkv 投影并切成 q | k | v,对 q、k 逐头做 RMSNorm(q_norm、k_norm),"
-           "再按位置旋转 q 和 k;V 既不归一化也不旋转。",
+           "再按位置旋转 q 和 k;V 既不归一化也不旋转。最后注意力:查询对缓存中(已旋转)的 key 与新 key 打分,"
+           "按权重混合未改动的 V。",
         en="The real execution order in nano-vllm's Qwen3Attention: the qkv projection split into q | k | v, a "
            "per-head RMSNorm of q and k (q_norm, k_norm), then RoPE on q and k at the token's position; V is "
-           "neither normalised nor rotated.",
+           "neither normalised nor rotated. Then attention: the query scores the cached keys (stored rotated) and "
+           "its own, and mixes the untouched values by those weights.",
         needs={"q_out": "ch19.3"})
 def order_figure(f: Figure, r: dict) -> None:
     q, k, v = r["q"], r["k"], r["v"][0]
@@ -415,21 +417,94 @@ def order_figure(f: Figure, r: dict) -> None:
     # V: straight past the norm and the rotation, into attention, fed by the rotated q, k and the untouched v.
     vy, ay = raw[-1].bottom - CELL / 2, raw[-1].bottom + 40
     vx, qx = out[-1].right - 28, out[-1].right - out[-1].w + 40
-    line = f.dwg.polyline([(raw[-1].right + 6, vy), (vx, vy)], fill="none", stroke=stroke("v"), stroke_width=1.6,
-                          class_="arrow")
+    stage_of = r.get("attn_stage", "") if "attn_out" in r else ""
+    v_color = stroke("wrong") if stage_of == "v" else stroke("v")
+    line = f.dwg.polyline([(raw[-1].right + 6, vy), (vx, vy)], fill="none", stroke=v_color, stroke_width=1.6,
+                          class_="arrow wrong" if stage_of == "v" else "arrow")
     line["stroke-dasharray"] = "4,3"
     f.dwg.add(line)
-    f.arrow(vx, vy, vx, ay - 2, color=stroke("v"), width=1.6, dashed=True)
+    f.arrow(vx, vy, vx, ay - 2, color=v_color, width=1.6, dashed=True)
     f.text(normed[0].right - normed[0].w / 2, vy - 6, "V: no norm, no rotation", size=SMALL + 1, anchor="middle",
            color=stroke("v"), weight="bold", cls="label")
     f.arrow(qx, out[-1].bottom + 4, qx, ay - 2, color=INK, width=1.4)
     f.text(qx + 6, ay - 8, "q, k", size=SMALL + 1, color=INK, cls="label")
-    f.text(vx + 6, ay - 8, "v", size=SMALL + 1, color=stroke("v"), cls="label")
-    f.box(out[-1].right - out[-1].w - 20, ay, out[-1].w + 40, 34, role="attend", label="④ attention(q, k, v), then o_proj")
-    f.y = round(ay) + 34 + 28
+    f.text(vx + 6, ay - 8, "v", size=SMALL + 1, color=v_color, cls="label")
+    box_x, box_w = out[-1].right - out[-1].w - 20, out[-1].w + 40
+    if "attn_out" not in r:
+        f.box(box_x, ay, box_w, 34, role="attend", label="④ attention(q, k, v), then o_proj")
+        f.y = round(ay) + 34 + 28
+    else:
+        f.y = round(ay)
+        _attention_stage(f, r, box_x, box_w, cw, stage_of, out)
     f.note("Order matters: the norm weight w scales channel j and channel j + d/2 differently, so it acts before "
            "RoPE mixes them. With w = 1 both orders would agree, because a rotation keeps the rms. Hugging Face's "
            "Qwen3Attention does the same: q_norm(q_proj(x).view(…)), then apply_rotary_pos_emb on q and k only.",
            size=SMALL + 2, color=INK)
+    wrong = any(any(bad) for *_, bad, _ in heads) or any(any(bad) for bad in r.get("attn_wrong", []))
     f.legend([("q", "query heads"), ("k", "key head"), ("v", "value head (untouched)"),
-              ("attend", "attention")], wrong=any(any(bad) for *_, bad, _ in heads))
+              ("attend", "attention")], wrong=wrong or bool(stage_of))
+
+
+MISTAKE_WORDS = {"rotated v": "V rotated too", "rotated cached v": "V (cached too) rotated",
+                 "normed v": "V through k_norm", "v like k": "V normalised and rotated like k",
+                 "only q": "only q rotated", "only k": "only k rotated", "no offset": "positions not offset by the cache",
+                 "cache rotated again": "cached keys rotated a second time",
+                 "after attention": "the attention output rotated instead of q, k",
+                 "top-left mask": "a causal mask not offset by the cache", "no mask": "no causal mask",
+                 "grouped by repeat": "K/V heads grouped by repeat", "no scale": "scores not scaled by 1/√d",
+                 "attention in low precision": "attention computed in low precision"}
+"""How the figure names the misconception the check found in a student's ch19.4 output (its record's key)."""
+
+
+def _attention_stage(f: Figure, r: dict, box_x: float, box_w: float, cw: float, stage_of: str,
+                     out: Sequence[Part]) -> None:
+    """Stage ④ from the student's rope_attention: the keys (the cached one as stored, this token's rotated one)
+    and the values (untouched), each query head's weights over them and its output; the stage a recognised
+    mistake gets wrong is outlined, with the mistake named."""
+    p, c = r["position"], len(r["attn_probs"][0]) - 1
+    title = f"④ in numbers (your rope_attention): the token at position {p} attends to keys 0 … {p}, {c} of them cached"
+    f.box(box_x, f.y, box_w, 34, role="attend", label="④ attention(q, k, v), then o_proj")
+    f.y += 34 + 22
+    f.heading(title)
+    f.y += 4
+
+    def cells(values: Sequence[float], role: str, wrong: Sequence[bool] | None = None,
+              expected: Sequence[float] | None = None) -> Part:
+        return f.vector(values, role=role, wrong=wrong, expected=expected, w=cw, fmt=_small, size=VALUE - 1)
+
+    kv_rows = [(f"k, position {i} (cached, stored rotated)", "k", r["k_cache"][i]) for i in range(c)]
+    kv_rows += [(f"k, position {p} (rotated in ③)", "k", r["k_expected"][0])]
+    kv_rows += [(f"v, position {i} (cached)", "v", r["v_cache"][i]) for i in range(c)]
+    kv_rows += [(f"v, position {p} (untouched)", "v", r["v"][0])]
+    gutter = max(text_width(s, SMALL + 1) for s, *_ in kv_rows) + 10
+
+    def listed(rows: list) -> Part:
+        return column(*(row(wide(f.label(s, size=SMALL + 1, color=stroke(role)), gutter),
+                            cells(x, role), gap=0, align="middle") for s, role, x in rows), gap=6)
+
+    key_rows, value_rows = listed(kv_rows[:c + 1]), listed(kv_rows[c + 1:])
+    keys = column(key_rows, value_rows, gap=6)
+    heads = []
+    for h, (probs, y, want, bad) in enumerate(zip(r["attn_probs"], r["attn_out"], r["attn_expected"],
+                                                  r["attn_wrong"])):
+        weights = cells(probs, "plain")
+        result = cells(y, "q", wrong=bad, expected=want)
+        heads.append(column(f.label(f"q head {h}: weights over keys 0 … {p}, then out = Σ weight · v",
+                                    size=SMALL + 1, color=stroke("q")),
+                            row(weights, f.label("→", size=LABEL, color=INK), result, gap=10, align="middle"), gap=4))
+    right = column(*heads, gap=10)
+    f.place(row(keys, right, gap=48), after=14)
+    if stage_of:
+        if stage_of == "rope":          # stage ③ above: the rotations attention uses
+            x0, y0 = out[0].right - out[0].w - 6, out[0].bottom - out[0].h - 5
+            f.outline(x0, y0, out[-1].right - x0 + 6, out[-1].bottom - y0 + 5, role="wrong", dashed=True)
+        else:
+            target = value_rows if stage_of == "v" else right
+            f.outline(target.right - target.w - 6, target.bottom - target.h - 5, target.w + 12, target.h + 10,
+                      role="wrong", dashed=True)
+        where = {"v": "V's path", "rope": "the RoPE step (③)", "attention": "the attention step (④)"}[stage_of]
+        named = MISTAKE_WORDS.get(r.get("attn_mistake", ""), "a mistake")
+        f.y += 8
+        f.text(MARGIN, f.y, f"✗ your rope_attention's output is what {named} gives: {where} outlined", size=LABEL,
+               color=stroke("wrong"), weight="bold", cls="label wrong")
+        f.y += 24

@@ -122,7 +122,7 @@ def test_rotated_in_bf16(graded):
 def test_rope_before_the_norm(graded):
     """RoPE, then the per-head norm: the weight scales channels already mixed by the rotation."""
     report = graded.mistake("rotate_first")
-    assert tasks_not_passed(report) == {"ch19.3"}
+    assert tasks_not_passed(report) == {"ch19.3", "ch19.4"}     # rope_attention builds on qk_norm_rope
     r = result(report, "figure instance", task="ch19.3")
     assert r.status == "failed"
     assert "token 0 (position 1), q head 0 = [1, 2, 3, 4]: rms = √(mean(x²) + eps) = 2.739" in r.message
@@ -151,6 +151,155 @@ def test_weight_before_the_cast_in_bf16(graded):
     r = result(report, "bf16 q and k", task="ch19.3")
     assert r.status == "failed"
     assert r.hints == ["weight_in_float32"]
+
+
+def test_rope_attention_inherits_a_wrong_qk_norm_rope_and_says_so(graded):
+    r = result(graded.mistake("rotate_first"), "figure instance", task="ch19.4")
+    assert r.status == "failed" and r.hints == []
+    assert "rope_attention builds on qk_norm_rope (step 1), and yours gives other q, k" in r.message
+
+
+# -- 19.4 rope_attention --------------------------------------------------------------------------------
+
+def test_values_rotated_too(graded):
+    """RoPE applied to V as well: only q and k carry positions."""
+    report = graded.mistake("rotated_v")
+    assert tasks_not_passed(report) == {"ch19.4"}
+    r = result(report, "figure instance", task="ch19.4")
+    assert r.status == "failed"
+    assert "1 cached token, so the new tokens stand at positions [1]" in r.message
+    assert "token 0 (position 1), query head 0 reads K/V head 0 and sees keys 0 … 1" in r.message
+    assert "out[0, 0] = [0.5507, -0.6956, 1.696, 0.8985]" in r.message
+    assert r.hints == ["rotated_v"]
+    assert all(x.hints == ["rotated_v"] for x in report.results if x.status == "failed" and not x.hidden)
+    record = report.records["ch19-nanovllm-order"]
+    assert record["attn_stage"] == "v" and record["attn_mistake"] == "rotated v"
+    assert wrong_elements(report, "ch19-nanovllm-order")
+
+
+@pytest.mark.parametrize("mistake_id, stage, public_failing", [
+    ("normed_v", "v", 5), ("v_like_k", "v", 5),
+    ("one_rotated", "rope", 5), ("rotated_after", "attention", 5),
+    ("no_offset", "rope", 4),                       # a prefill without a cache starts at position 0 anyway
+    ("rotated_cache_again", None, 3),               # the figure's one cached key is at position 0: no turn
+    ("causal_offset", "attention", 4),              # a prefill without a cache is aligned either way
+    ("kv_groups", None, 3),                         # one K/V head (the figure, the decode step) has no groups
+])
+def test_each_wrong_order_is_named(graded, mistake_id, stage, public_failing):
+    report = graded.mistake(mistake_id, task="ch19.4")
+    failed = [x for x in report.results if x.status == "failed" and not x.hidden]
+    assert len(failed) == public_failing, [x.name for x in failed]
+    assert all(x.hints == [mistake_id] for x in failed), [(x.name, x.hints) for x in failed]
+    record = report.records["ch19-nanovllm-order"]
+    assert record["attn_stage"] == (stage or "")
+
+
+def test_a_decode_step_without_the_offset(graded):
+    """Positions 0 … N − 1 for the new tokens, as if the cache were empty."""
+    r = result(graded.mistake("no_offset", task="ch19.4"), "a decode step", task="ch19.4")
+    assert r.status == "failed" and r.hints == ["no_offset"]
+    assert "6 cached tokens, so the new tokens stand at positions [6]" in r.message
+
+
+def test_attention_in_bf16_is_named(graded):
+    report = graded.mistake("attention_low_precision", task="ch19.4")
+    assert result(report, "figure instance", task="ch19.4").status == "passed"
+    r = result(report, "bf16, as in nano-vllm", task="ch19.4")
+    assert r.status == "failed" and r.hints == ["attention_low_precision"]
+
+
+def test_attention_by_torch_sdpa_passes(graded):
+    """A right answer written another way: torch's scaled_dot_product_attention with a boolean mask and GQA."""
+    report = graded("sdpa", (
+        "    group = num_heads // k.shape[1]\n"
+        "    keys = k.float().repeat_interleave(group, dim=1)                 # [C + N, Hq, d]\n"
+        "    values = v.float().repeat_interleave(group, dim=1)\n"
+        '    scores = torch.einsum("nhd,shd->hns", q.float(), keys) * d ** -0.5\n'
+        "    visible = torch.ones(n, c + n, dtype=torch.bool).tril(diagonal=c)    # query i sees keys 0 … C + i\n"
+        '    probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)\n'
+        '    return torch.einsum("hns,shd->nhd", probs, values).to(q.dtype)',
+        "    visible = torch.ones(n, c + n, dtype=torch.bool).tril(diagonal=c)\n"
+        "    o = torch.nn.functional.scaled_dot_product_attention(\n"
+        "        q.float().transpose(0, 1), k.float().transpose(0, 1), v.float().transpose(0, 1), attn_mask=visible,\n"
+        "        enable_gqa=True)\n"
+        "    return o.transpose(0, 1).to(q.dtype)"))
+    assert not tasks_not_passed(report)
+    assert not wrong_elements(report, "ch19-nanovllm-order")
+
+
+def test_the_attention_models_tell_the_mistakes_apart():
+    """On the public chunk's shapes every misconception gives its own output, and each differs from the right one."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(3, h, 16, generator=g) * 2 for h in (4, 2, 2))
+    k_cache, v_cache = torch.randn(4, 2, 16, generator=g), torch.randn(4, 2, 16, generator=g)
+    w = torch.rand(16, generator=g) + 0.5
+    got = models.attention_models(None, q, k, v, w, w.flip(0), 1e6, 1e-6, k_cache, v_cache)
+    want = ref.rope_attention(q, k, v, w, w.flip(0), 1e6, 1e-6, k_cache, v_cache)
+    variants = got["variants"]
+    assert all(not checks.agrees(y, want) for y in variants.values())
+    assert all(checks.attention_mistake(y, want, variants) == key for key, y in variants.items())
+    assert torch.allclose(got["probs"].sum(-1), torch.ones(4, 3))
+
+
+# The input checks every task needs but none teaches are provided code (outside the solution regions): plain unit
+# tests here, no graded checks.
+@pytest.mark.parametrize("positions, head_dim, base", [
+    ([0, 1], 5, 10000.0), ([0, 1], 0, 10000.0), ([0, 1], 8.0, 10000.0), ([0, 1], 8, 0.0), ([0, -1], 8, 10000.0),
+    ([0.5, 1], 8, 10000.0), (torch.tensor([0.5, 1.0]), 8, 10000.0), (torch.zeros(2, 2, dtype=torch.long), 8, 1e4),
+])
+def test_the_provided_cos_sin_check_refuses_bad_inputs(positions, head_dim, base):
+    with pytest.raises(ValueError):
+        ref.rope_cos_sin(positions, head_dim, base)
+
+
+@pytest.mark.parametrize("x, cos", [
+    (torch.zeros(2, 1, 5), torch.ones(2, 2)),            # odd head_dim
+    (torch.zeros(3, 2, 8), torch.ones(2, 4)),            # rows for 2 tokens, x has 3
+    (torch.zeros(3, 8), torch.ones(3, 4)),               # no heads axis
+    (torch.zeros(2, 1, 8), torch.ones(2, 8)),            # Hugging Face's full-width tables
+])
+def test_the_provided_rope_check_refuses_bad_inputs(x, cos):
+    with pytest.raises(ValueError):
+        ref.apply_rope(x, cos, torch.zeros_like(cos))
+
+
+@pytest.mark.parametrize("q, k, wq, wk, positions", [
+    (torch.zeros(2, 4, 8), torch.zeros(3, 2, 8), torch.ones(8), torch.ones(8), [0, 1]),        # 2 and 3 tokens
+    (torch.zeros(2, 4, 8), torch.zeros(2, 2, 8), torch.ones(8), torch.ones(8), [0, 1, 2]),     # 3 positions
+    (torch.zeros(2, 4, 7), torch.zeros(2, 2, 7), torch.ones(7), torch.ones(7), [0, 1]),        # odd head_dim
+    (torch.zeros(2, 4, 8), torch.zeros(2, 2, 16), torch.ones(8), torch.ones(16), [0, 1]),      # other head_dims
+    (torch.zeros(2, 4, 8), torch.zeros(2, 2, 8), torch.ones(32), torch.ones(8), [0, 1]),       # weight [Hq·d]
+    (torch.zeros(2, 4, 8), torch.zeros(2, 2, 8).double(), torch.ones(8), torch.ones(8), [0, 1]),   # dtypes
+])
+def test_the_provided_qk_check_refuses_bad_inputs(q, k, wq, wk, positions):
+    with pytest.raises(ValueError):
+        ref.qk_norm_rope(q, k, wq, wk, positions, 1e6)
+
+
+@pytest.mark.parametrize("shapes, caches", [
+    (((2, 4, 8), (2, 2, 8), (2, 2, 4)), None),           # v of another head_dim
+    (((2, 4, 8), (2, 3, 8), (2, 3, 8)), None),           # 4 query heads over 3 K/V heads
+    (((2, 4, 8), (2, 2, 8), (2, 2, 8)), ((3, 2, 8), None)),        # a k_cache without a v_cache
+    (((2, 4, 8), (2, 2, 8), (2, 2, 8)), ((3, 1, 8), (3, 1, 8))),   # caches of other heads
+    (((2, 4, 8), (2, 2, 8), (2, 2, 8)), ((3, 2, 8), (4, 2, 8))),   # caches of other lengths
+    (((2, 4, 8), (2, 2, 8), (2, 2, 8)), ((3, 2, 8), (3, 2))),      # a 2-D cache
+])
+def test_the_provided_attention_check_refuses_bad_inputs(shapes, caches):
+    q, k, v = (torch.zeros(s) for s in shapes)
+    k_cache, v_cache = (None if s is None else torch.zeros(s) for s in (caches or (None, None)))
+    with pytest.raises(ValueError):
+        ref.rope_attention(q, k, v, torch.ones(8), torch.ones(8), 1e6, 1e-6, k_cache, v_cache)
+
+
+def test_the_provided_checks_let_good_inputs_through():
+    cos, sin = ref.rope_cos_sin(torch.tensor([3, 0]), 8, 1e6)
+    assert ref.apply_rope(torch.zeros(2, 3, 8), cos, sin).shape == (2, 3, 8)
+    assert ref.rope_cos_sin([], 8, 10000.0)[0].shape == (0, 4)
+    q, k = ref.qk_norm_rope(torch.ones(2, 4, 8), torch.ones(2, 2, 8), torch.ones(8), torch.ones(8), [5, 6], 1e6)
+    assert q.shape == (2, 4, 8) and k.shape == (2, 2, 8)
+    out = ref.rope_attention(torch.ones(2, 4, 8), torch.ones(2, 2, 8), torch.ones(2, 2, 8), torch.ones(8),
+                             torch.ones(8), 1e6, 1e-6, torch.ones(3, 2, 8), torch.ones(3, 2, 8))
+    assert out.shape == (2, 4, 8)
 
 
 # -- the figure of one pair in the plane ----------------------------------------------------------------
@@ -228,6 +377,28 @@ def test_reference_matches_the_worked_example():
     # the grader's model of the interleaved variant gives the documented GPT-J numbers
     gptj = models.rotate(x, cos, sin, layout="interleaved")[1, 0]
     assert torch.allclose(gptj, torch.tensor([-1.142640, 1.922076, 2.959851, 4.029800]), atol=1e-5)
+
+
+def test_reference_attention_matches_transformers_qwen3_attention():
+    """A chunk after a cached prefix, against transformers' Qwen3Attention over the whole sequence."""
+    qwen3 = pytest.importorskip("transformers.models.qwen3.modeling_qwen3")
+    config = qwen3.Qwen3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                               rope_theta=1e6, num_hidden_layers=1, vocab_size=8, attn_implementation="eager")
+    g = torch.Generator().manual_seed(2)
+    attn = qwen3.Qwen3Attention(config, layer_idx=0).eval()
+    with torch.no_grad():
+        for norm in (attn.q_norm, attn.k_norm):
+            norm.weight.copy_(torch.rand(16, generator=g) + 0.5)
+        c, n = 5, 2
+        x = torch.randn(1, c + n, 32, generator=g)
+        cos, sin = qwen3.Qwen3RotaryEmbedding(config)(x, torch.arange(c + n)[None])
+        mask = torch.full((c + n, c + n), float("-inf")).triu(1)[None, None]
+        want = attn(x, (cos, sin), mask)[0][0, c:]
+        q, k, v = (proj(x[0]).view(c + n, -1, 16) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+        wq, wk = attn.q_norm.weight, attn.k_norm.weight
+        _, k_cache = ref.qk_norm_rope(q[:c], k[:c], wq, wk, list(range(c)), 1e6)
+        out = ref.rope_attention(q[c:], k[c:], v[c:], wq, wk, 1e6, 1e-6, k_cache, v[:c])
+        assert torch.allclose(attn.o_proj(out.reshape(n, 64)), want, atol=1e-5)
 
 
 def test_reference_matches_transformers_qwen3():

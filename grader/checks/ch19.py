@@ -1,7 +1,8 @@
 """Public checks of ch19 · rotary position embedding, and the messages they share with the hidden ones.
 
 The rotations, angle tables and norms a misconception gives (and the normalised q, k of a derivation) come
-from the hidden side's models (`cos_sin_variants`, `rope_variants`, `qk_models`), asked for before comparing.
+from the hidden side's models (`cos_sin_variants`, `rope_variants`, `qk_models`, `attention_models`), asked for
+before comparing. The input checks of the reference are provided code, tested in tests/test_ch19.py, not graded.
 """
 
 from __future__ import annotations
@@ -34,8 +35,12 @@ ORDER_K = [[[1.0, 0.0, -1.0, 2.0]]]
 ORDER_V = [[[0.5, -1.0, 2.0, 1.0]]]
 ORDER_QW, ORDER_KW = [1.0, 0.5, 2.0, 1.0], [0.5, 1.0, 1.0, 2.0]
 ORDER_POSITIONS, ORDER_BASE, EPS = [1], 10000.0, 1e-6
+# ch19.4 on the same token: it is at position 1 because one earlier token is cached (its key normalised and rotated).
+ORDER_K_CACHE = [[[0.5, 1.0, -1.0, 0.5]]]
+ORDER_V_CACHE = [[[1.0, 2.0, -1.0, 0.0]]]
 
 ATOL = RTOL = 1e-5          # float32 results
+ATTN_TOL = 1e-4            # float32 attention: scores, softmax and a weighted sum (any order of summation)
 ROUNDING_SHARE = 0.02       # bf16: at most this share of elements may differ by one rounding step
 
 M = mistakes("ch19")
@@ -46,6 +51,9 @@ rope_variants = hidden_model("ch19_models.rope_variants")
 """`t.ref.drive(rope_variants, x, cos, sin)`: {misconception: rotated x}."""
 qk_models = hidden_model("ch19_models.qk_models")
 """`t.ref.drive(qk_models, x, w, other_w, positions, base, eps)`: normalised heads, cos, sin, {misconception: y}."""
+attention_models = hidden_model("ch19_models.attention_models")
+"""`t.ref.drive(attention_models, q, k, v, wq, wk, base, eps, k_cache, v_cache)`: positions, rotated q and k,
+attention weights, {misconception: output}."""
 
 
 # -- ch19.1 rope_cos_sin ------------------------------------------------------------------------------
@@ -81,12 +89,6 @@ def no_positions(t: Trial) -> None:
     expect_cos_sin(got, [], 8, 10000.0, want, "no positions", t.ref.drive(cos_sin_variants, [], 8, 10000.0))
 
 
-@public("ch19.1", "an odd head_dim raises ValueError")
-def odd_head_dim(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.rope_cos_sin, torch.arange(3), 5, 10000.0,
-                    because="RoPE rotates pairs of channels, so head_dim = 5 cannot be split into pairs")
-
-
 # -- ch19.2 apply_rope --------------------------------------------------------------------------------
 
 @public("ch19.2", "figure instance: x = [1, 2, 3, 4] at positions 0, 1, 2 (d = 4, base 10000)")
@@ -114,13 +116,6 @@ def position_zero(t: Trial) -> None:
 def bf16_rope(t: Trial) -> None:
     x = (torch.randn(16, 4, 64, generator=t.rng) * 4).bfloat16()
     run_rope_case(t, x, list(range(100, 116)), 1e6, "16 bf16 tokens at positions 100–115")
-
-
-@public("ch19.2", "cos/sin of the wrong width raise ValueError")
-def full_width_tables(t: Trial) -> None:
-    cos = torch.ones(2, 8)
-    t.expect_raises(ValueError, t.yours.apply_rope, torch.zeros(2, 1, 8), cos, torch.zeros(2, 8),
-                    because="cos/sin must be [N, d/2] = [2, 4] (one angle per pair); these are [2, 8]")
 
 
 # -- ch19.3 qk_norm_rope ------------------------------------------------------------------------------
@@ -163,11 +158,55 @@ def bf16_qk(t: Trial) -> None:
                 [11, 12, 13, 14, 15], 1e6, "5 bf16 tokens at positions 11–15")
 
 
-@public("ch19.3", "a norm weight that is not [head_dim] raises ValueError")
-def weight_not_head_dim(t: Trial) -> None:
-    q, k = torch.zeros(2, 4, 8), torch.zeros(2, 2, 8)
-    t.expect_raises(ValueError, t.yours.qk_norm_rope, q, k, torch.ones(32), torch.ones(8), torch.arange(2), 10000.0, EPS,
-                    because="q_norm's weight is one [head_dim] = [8] vector shared by all heads, not [4·8]")
+# -- ch19.4 rope_attention ----------------------------------------------------------------------------
+
+@public("ch19.4", "figure instance: the same token at position 1, after one cached token")
+def attention_figure_instance(t: Trial) -> None:
+    q, k, v = torch.tensor(ORDER_Q), torch.tensor(ORDER_K), torch.tensor(ORDER_V)
+    wq, wk = torch.tensor(ORDER_QW), torch.tensor(ORDER_KW)
+    k_cache, v_cache = torch.tensor(ORDER_K_CACHE), torch.tensor(ORDER_V_CACHE)
+    got = t.yours.rope_attention(q, k, v, wq, wk, ORDER_BASE, EPS, k_cache, v_cache)
+    y = expect_attention(got, q)
+    want = t.ref.rope_attention(q, k, v, wq, wk, ORDER_BASE, EPS, k_cache, v_cache)
+    models = t.ref.drive(attention_models, q, k, v, wq, wk, ORDER_BASE, EPS, k_cache, v_cache)
+    qk = t.ref.qk_norm_rope(q, k, wq, wk, models["positions"], ORDER_BASE, EPS)
+    mistake = attention_mistake(y, want, models["variants"])
+    t.figure("ch19-nanovllm-order", k_cache=[x[0] for x in ORDER_K_CACHE], v_cache=[x[0] for x in ORDER_V_CACHE],
+             attn_out=y[0], attn_expected=want[0], attn_wrong=wrong_values(y, want, ATTN_TOL, ATTN_TOL)[0],
+             attn_probs=models["probs"][:, 0], attn_stage=STAGES.get(mistake, ""), attn_mistake=mistake)
+    explain_attention(t, y, want, q, k, v, wq, wk, ORDER_BASE, EPS, k_cache, v_cache, "figure instance", models, qk)
+
+
+@public("ch19.4", "a prefill of 5 tokens, no cache: 4 query heads over 2 K/V heads")
+def attention_prefill(t: Trial) -> None:
+    q, k, v = (torch.randn(5, h, 8, generator=t.rng) * 2 for h in (4, 2, 2))
+    run_attention_case(t, q, k, v, random_weight(t, 8), random_weight(t, 8), 10000.0, None, None,
+                       "a prefill of 5 tokens at positions 0–4, Hq=4, Hkv=2")
+
+
+@public("ch19.4", "a decode step: one token after 6 cached tokens")
+def attention_decode(t: Trial) -> None:
+    q, k, v = (torch.randn(1, h, 8, generator=t.rng) * 2 for h in (2, 1, 1))
+    k_cache, v_cache = cached(t, 6, 1, 8, 10000.0)
+    run_attention_case(t, q, k, v, random_weight(t, 8), random_weight(t, 8), 10000.0, k_cache, v_cache,
+                       "a decode step: 6 cached tokens, the new one at position 6")
+
+
+@public("ch19.4", "a chunk of 3 tokens after a cached prefix of 4 (positions 4–6)")
+def attention_chunk(t: Trial) -> None:
+    q, k, v = (torch.randn(3, h, 16, generator=t.rng) * 2 for h in (4, 2, 2))
+    k_cache, v_cache = cached(t, 4, 2, 16, 1e6)
+    run_attention_case(t, q, k, v, random_weight(t, 16), random_weight(t, 16), 1e6, k_cache, v_cache,
+                       "a chunk at positions 4–6 after 4 cached tokens, Hq=4, Hkv=2, base 1,000,000")
+
+
+@public("ch19.4", "bf16, as in nano-vllm: a decode step after 12 cached tokens, head_dim 64")
+def attention_bf16(t: Trial) -> None:
+    q = (torch.randn(1, 4, 64, generator=t.rng) * 2).bfloat16()
+    k, v = ((torch.randn(1, 2, 64, generator=t.rng) * 2).bfloat16() for _ in range(2))
+    k_cache, v_cache = cached(t, 12, 2, 64, 1e6)
+    run_attention_case(t, q, k, v, random_weight(t, 64, torch.bfloat16), random_weight(t, 64, torch.bfloat16), 1e6,
+                       k_cache.bfloat16(), v_cache.bfloat16(), "12 cached tokens, the new one at position 12, bf16")
 
 
 # -- helpers: values in float32 or bf16 (ch20 compares with these too) --------------------------------------
@@ -415,3 +454,101 @@ def qk_hint(y: torch.Tensor, x: torch.Tensor, variants: dict) -> str:
 def random_weight(t: Trial, d: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A learned-looking norm weight: far from uniform, so norm-then-rotate and rotate-then-norm differ."""
     return (torch.rand(d, generator=t.rng) * 1.5 + 0.25).to(dtype)
+
+
+# -- helpers: ch19.4, attention with RoPE on q and k only ------------------------------------------------------
+
+STAGES = {"rotated v": "v", "rotated cached v": "v", "normed v": "v", "v like k": "v", "only q": "rope",
+          "only k": "rope", "no offset": "rope", "cache rotated again": "rope", "after attention": "attention",
+          "top-left mask": "attention", "no mask": "attention", "grouped by repeat": "attention",
+          "no scale": "attention", "attention in low precision": "attention"}
+"""The stage of the order (V's path, RoPE, attention) each misconception of `attention_models` gets wrong."""
+
+
+def cached(t: Trial, c: int, hkv: int, d: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cache of c earlier tokens: keys as the cache holds them (unit rms per head, rotated at positions 0 … c − 1,
+    with the reference's tables) and values."""
+    keys = torch.randn(c, hkv, d, generator=t.rng)
+    keys = keys / keys.pow(2).mean(-1, keepdim=True).sqrt()
+    cos, sin = t.ref.rope_cos_sin(list(range(c)), d, base)
+    return t.ref.apply_rope(keys, cos, sin), torch.randn(c, hkv, d, generator=t.rng) * 2
+
+
+def run_attention_case(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wq: torch.Tensor,
+                       wk: torch.Tensor, base: float, k_cache: torch.Tensor | None, v_cache: torch.Tensor | None,
+                       case: str, eps: float = EPS) -> torch.Tensor:
+    got = t.yours.rope_attention(q, k, v, wq, wk, base, eps, k_cache, v_cache)
+    y = expect_attention(got, q)
+    want = t.ref.rope_attention(q, k, v, wq, wk, base, eps, k_cache, v_cache)
+    models = t.ref.drive(attention_models, q, k, v, wq, wk, base, eps, k_cache, v_cache)
+    qk = t.ref.qk_norm_rope(q, k, wq, wk, models["positions"], base, eps)
+    explain_attention(t, y, want, q, k, v, wq, wk, base, eps, k_cache, v_cache, case, models, qk)
+    return y
+
+
+def expect_attention(got, q: torch.Tensor) -> torch.Tensor:
+    n, h, d = q.shape
+    return expect_tensor(got, what=f"the attention output ({n} tokens × {h} query heads × head_dim {d}, in "
+                                   f"{dtype_name(q.dtype)} like q)", shape=[n, h, d], dtype=q.dtype)
+
+
+def attention_mistake(y: torch.Tensor, want: torch.Tensor, variants: dict) -> str:
+    """The misconception of `attention_models` that reproduces a wrong output, or '' (also for a right one)."""
+    if not wrong_values(y, want, ATTN_TOL, ATTN_TOL).any() and rounding_share(y, want) <= ROUNDING_SHARE:
+        return ""
+    return next((key for key in STAGES if key in variants and agrees(y, variants[key])), "")
+
+
+def attention_hint(t: Trial, mistake: str, q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor,
+                   base: float, eps: float, positions: list[int], qk: tuple[torch.Tensor, torch.Tensor]) -> str:
+    """The hint a wrong output earns: its misconception's, else a word on the student's own qk_norm_rope when that
+    is what goes wrong on these inputs (`qk`: the reference's answer, asked for before comparing)."""
+    named = {"rotated v": M.rotated_v, "rotated cached v": M.rotated_v, "normed v": M.normed_v,
+             "v like k": M.v_like_k, "only q": M.one_rotated.format(which="q"),
+             "only k": M.one_rotated.format(which="k"), "after attention": M.rotated_after,
+             "no offset": M.no_offset, "cache rotated again": M.rotated_cache_again,
+             "top-left mask": M.causal_offset, "no mask": M.causal_offset, "grouped by repeat": M.kv_groups,
+             "no scale": M.no_scale, "attention in low precision": M.attention_low_precision}
+    if mistake:
+        return named[mistake]
+    try:
+        yq, yk = expect_qk(t.yours.qk_norm_rope(q, k, wq, wk, torch.tensor(positions), base, eps), q, k)
+        fine = not (wrong_values(yq, qk[0]).any() or wrong_values(yk, qk[1]).any())
+    except CheckFailed:
+        fine = False
+    return "" if fine else ("rope_attention builds on qk_norm_rope (step 1), and yours gives other q, k on these "
+                            "inputs: make ch19.3 pass first")
+
+
+def explain_attention(t: Trial, y: torch.Tensor, want: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                      v: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, base: float, eps: float,
+                      k_cache: torch.Tensor | None, v_cache: torch.Tensor | None, case: str, models: dict,
+                      qk: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Raise a teaching message at the first wrong output row: the token's position, the keys it sees, the
+    attention weights and the values they mix (V as given), and the mistake that reproduces the output."""
+    bad = wrong_values(y, want, ATTN_TOL, ATTN_TOL)
+    share = rounding_share(y, want)
+    if not bad.any() and share <= ROUNDING_SHARE:
+        return
+    n, hq, d = q.shape
+    c = 0 if k_cache is None else k_cache.shape[0]
+    positions = models["positions"]
+    hint = attention_hint(t, attention_mistake(y, want, models["variants"]), q, k, wq, wk, base, eps, positions, qk)
+    head = (f'case "{case}": q [{n}, {hq}, {d}], k, v [{n}, {k.shape[1]}, {d}] {dtype_name(q.dtype)}, '
+            f"{c} cached token{'' if c == 1 else 's'}, so the new tokens stand at positions "
+            f"{short(positions, limit=10)}")
+    if not bad.any():
+        raise rounding_failure(head, share, hint)
+    i, h, _ = (int(x) for x in bad.nonzero()[0])
+    g = h // (hq // k.shape[1])
+    values = (v if v_cache is None else torch.cat((v_cache, v)))[:c + i + 1, g]
+    shown = ", ".join(vec(r, limit=4) for r in values[:3]) + (", …" if len(values) > 3 else "")
+    probs = models["probs"][h, i, :c + i + 1]
+    raise CheckFailed(head,
+                      f"token {i} (position {positions[i]}), query head {h} reads K/V head {g} and sees keys 0 … "
+                      f"{c + i}; its weights softmax(q·k / √{d}) = {vec(probs)}",
+                      f"out = Σ weight · v over those keys, the values as given, neither normalised nor rotated "
+                      f"(head {g}: {shown})",
+                      f"out[{i}, {h}] = {vec(want[i, h])}; yours: {vec(y[i, h])} ({int(bad.sum())} of {bad.numel()} "
+                      f"values differ)",
+                      hint=hint)

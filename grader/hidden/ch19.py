@@ -1,6 +1,8 @@
 """Hidden checks of ch19 · rotary position embedding: random instances from the grading seed, agreement
 with transformers' Qwen3 (rotary embedding, apply_rotary_pos_emb, Qwen3Attention), the properties of a
-rotation (length kept, scores depend only on the position difference), bad inputs."""
+rotation (length kept, scores depend only on the position difference), and attention over a cache that gives
+what one prefill of the whole sequence gives. (Bad inputs are refused by provided code, tested in
+tests/test_ch19.py.)"""
 
 from __future__ import annotations
 
@@ -8,17 +10,22 @@ import torch
 
 from grader.authoring import CheckFailed, Trial, fmt, hidden, short
 from grader.checks.ch19 import (
+    ATTN_TOL,
     EPS,
     agrees,
+    cached,
+    expect_attention,
     expect_cos_sin,
     expect_qk,
     expect_rotated,
     explain_qk,
     explain_rotated,
     random_weight,
+    run_attention_case,
     run_cos_sin_case,
     run_qk_case,
     run_rope_case,
+    wrong_values,
 )
 
 # -- ch19.1 -------------------------------------------------------------------------------------------
@@ -49,17 +56,6 @@ def hf_rotary_table(t: Trial) -> None:
 def long_context(t: Trial) -> None:
     positions = [257, 4097, 32767, 40959] + [t.random.randrange(40960) for _ in range(8)]
     run_cos_sin_case(t, positions, 128, 1e6, "Qwen3-0.6B, max_position_embeddings 40960")
-
-
-@hidden("ch19.1", "bad inputs raise ValueError")
-def bad_cos_sin_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.rope_cos_sin, torch.arange(2), 7, 10000.0, because="head_dim 7 is odd: no pairs")
-    t.expect_raises(ValueError, t.yours.rope_cos_sin, torch.arange(2), 0, 10000.0, because="head_dim 0 has no channels")
-    t.expect_raises(ValueError, t.yours.rope_cos_sin, torch.tensor([0, -1]), 8, 10000.0,
-                    because="positions are 0-based: −1 is not a position")
-    t.expect_raises(ValueError, t.yours.rope_cos_sin, torch.tensor([0.5, 1.0]), 8, 10000.0,
-                    because="positions are integers, not float32 values")
-    t.expect_raises(ValueError, t.yours.rope_cos_sin, torch.arange(2), 8, 0.0, because="the RoPE base must be positive")
 
 
 # -- ch19.2 -------------------------------------------------------------------------------------------
@@ -132,16 +128,6 @@ def relative_position(t: Trial) -> None:
                                "add or mix anything else into q and k")
 
 
-@hidden("ch19.2", "bad shapes raise ValueError")
-def bad_rope_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.apply_rope, torch.zeros(2, 1, 5), torch.ones(2, 2), torch.zeros(2, 2),
-                    because="head_dim 5 is odd: channels cannot be split into pairs (x[j], x[j + d/2])")
-    t.expect_raises(ValueError, t.yours.apply_rope, torch.zeros(3, 2, 8), torch.ones(2, 4), torch.zeros(2, 4),
-                    because="x has 3 tokens but cos/sin have rows for 2")
-    t.expect_raises(ValueError, t.yours.apply_rope, torch.zeros(3, 8), torch.ones(3, 4), torch.zeros(3, 4),
-                    because="x must be [tokens, heads, head_dim]")
-
-
 # -- ch19.3 -------------------------------------------------------------------------------------------
 
 @hidden("ch19.3", "agreement with transformers' Qwen3Attention (q_norm, k_norm, RoPE; V untouched)")
@@ -212,17 +198,84 @@ def unordered_positions(t: Trial) -> None:
                 f"positions {short(positions)}")
 
 
-@hidden("ch19.3", "bad inputs raise ValueError")
-def bad_qk_inputs(t: Trial) -> None:
-    w = torch.ones(8)
-    t.expect_raises(ValueError, t.yours.qk_norm_rope, torch.zeros(2, 4, 8), torch.zeros(3, 2, 8), w, w, torch.arange(2),
-                    1e6, EPS, because="q has 2 tokens and k has 3")
-    t.expect_raises(ValueError, t.yours.qk_norm_rope, torch.zeros(2, 4, 8), torch.zeros(2, 2, 8), w, w, torch.arange(3),
-                    1e6, EPS, because="there are 2 tokens but 3 positions")
-    t.expect_raises(ValueError, t.yours.qk_norm_rope, torch.zeros(2, 4, 7), torch.zeros(2, 2, 7), torch.ones(7),
-                    torch.ones(7), torch.arange(2), 1e6, EPS, because="head_dim 7 is odd: RoPE rotates pairs")
-    t.expect_raises(ValueError, t.yours.qk_norm_rope, torch.zeros(2, 4, 8), torch.zeros(2, 2, 16), w, torch.ones(16),
-                    torch.arange(2), 1e6, EPS, because="q has head_dim 8 and k has head_dim 16")
+# -- ch19.4 -------------------------------------------------------------------------------------------
+
+@hidden("ch19.4", "random shapes, cache lengths and bases")
+def random_attention(t: Trial) -> None:
+    for _ in range(8):
+        n, kv, group = t.random.randint(1, 6), t.random.choice([1, 2]), t.random.choice([1, 2, 4])
+        d, c = t.random.choice([4, 8, 32, 64]), t.random.choice([0, 1, 3, 17, t.random.randrange(200)])
+        base = t.random.choice([10000.0, 1e6])
+        q = torch.randn(n, kv * group, d, generator=t.rng) * 2
+        k, v = torch.randn(n, kv, d, generator=t.rng) * 2, torch.randn(n, kv, d, generator=t.rng)
+        k_cache, v_cache = cached(t, c, kv, d, base) if c else (None, None)
+        run_attention_case(t, q, k, v, random_weight(t, d), random_weight(t, d), base, k_cache, v_cache,
+                           f"{n} new tokens after {c} cached, Hq={kv * group}, Hkv={kv}, d={d}",
+                           eps=t.random.choice([1e-6, 1e-5]))
+
+
+@hidden("ch19.4", "a chunk after a cache gives the rows of one prefill of the whole sequence")
+def chunk_equals_prefill(t: Trial) -> None:
+    c, n, d, base = 5 + t.random.randrange(20), 1 + t.random.randrange(4), 16, 1e6
+    q, k = torch.randn(c + n, 4, d, generator=t.rng) * 2, torch.randn(c + n, 2, d, generator=t.rng) * 2
+    v = torch.randn(c + n, 2, d, generator=t.rng)
+    wq, wk = random_weight(t, d), random_weight(t, d)
+    whole = expect_attention(t.yours.rope_attention(q, k, v, wq, wk, base, EPS), q)
+    _, k_cache = t.ref.qk_norm_rope(q[:c], k[:c], wq, wk, list(range(c)), base, EPS)   # the cache as stored
+    part = expect_attention(t.yours.rope_attention(q[c:], k[c:], v[c:], wq, wk, base, EPS, k_cache, v[:c]), q[c:])
+    bad = wrong_values(part, whole[c:], ATTN_TOL, ATTN_TOL)
+    if bad.any():
+        i, h, _ = (int(x) for x in bad.nonzero()[0])
+        raise CheckFailed(f"{c + n} tokens: one prefill of all of them, then the last {n} again as a chunk after "
+                          f"a cache of the first {c} (keys normalised and rotated at positions 0 … {c - 1})",
+                          f"token at position {c + i}, query head {h}: the prefill gives {fmt(whole[c + i, h, 0])} "
+                          f"in channel 0, your chunk {fmt(part[i, h, 0])}; the same token at the same position "
+                          f"must give the same output either way",
+                          hint="the chunk's tokens stand at positions C … C + N − 1 after the C cached ones, and "
+                               "the cached keys are used as stored")
+
+
+@hidden("ch19.4", "agreement with transformers' Qwen3Attention: a chunk after a cached prefix")
+def hf_attention_with_cache(t: Trial) -> None:
+    config, qwen3 = tiny_qwen3(t, head_dim=16, base=1e6, heads=4, kv_heads=2)
+    attn = qwen3.Qwen3Attention(config, layer_idx=0).eval()
+    with torch.no_grad():
+        for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
+            proj.weight.copy_(torch.randn(proj.weight.shape, generator=t.rng) * 0.3)
+        for norm in (attn.q_norm, attn.k_norm):
+            norm.weight.copy_(random_weight(t, 16))
+    c, n = 6, 3
+    x = torch.randn(1, c + n, 32, generator=t.rng)
+    cos, sin = hf_cos_sin(qwen3, config, list(range(c + n)))
+    mask = torch.full((c + n, c + n), float("-inf")).triu(1)[None, None]
+    with torch.no_grad():
+        want = attn(x, (cos[None], sin[None]), mask)[0][0, c:]
+        q = attn.q_proj(x[0]).view(c + n, 4, 16)
+        k = attn.k_proj(x[0]).view(c + n, 2, 16)
+        v = attn.v_proj(x[0]).view(c + n, 2, 16)
+        wq, wk = attn.q_norm.weight.detach().clone(), attn.k_norm.weight.detach().clone()
+        # the cache as Qwen3Attention leaves it: k_norm, then RoPE, at positions 0 … c − 1; v as projected
+        _, k_cache = qwen3.apply_rotary_pos_emb(attn.k_norm(k[:c]).transpose(0, 1)[None],
+                                                attn.k_norm(k[:c]).transpose(0, 1)[None], cos[None, :c], sin[None, :c])
+    got = t.yours.rope_attention(q[c:], k[c:], v[c:], wq, wk, 1e6, config.rms_norm_eps,
+                                 k_cache[0].transpose(0, 1).contiguous(), v[:c].contiguous())
+    y = expect_attention(got, q[c:])
+    out = attn.o_proj(y.reshape(n, 64)).detach()
+    if not agrees(out, want, atol=1e-4, rtol=1e-4):
+        raise CheckFailed(f"transformers Qwen3Attention, {c} cached tokens and {n} new, Hq=4, Hkv=2, d=16: after "
+                          f"o_proj, your attention output differs from Qwen3Attention's by up to "
+                          f"{fmt((out - want).abs().max())}",
+                          hint="q_norm/k_norm, then RoPE on q and k at positions C … C + N − 1, cached keys as "
+                               "stored, V untouched, causal attention aligned to the end")
+
+
+@hidden("ch19.4", "Qwen3-0.6B shapes in bf16: a decode step after 40 cached tokens")
+def qwen3_decode_bf16(t: Trial) -> None:
+    q = torch.randn(1, 16, 128, generator=t.rng).bfloat16()
+    k, v = torch.randn(1, 8, 128, generator=t.rng).bfloat16(), torch.randn(1, 8, 128, generator=t.rng).bfloat16()
+    k_cache, v_cache = cached(t, 40, 8, 128, 1e6)
+    run_attention_case(t, q, k, v, random_weight(t, 128, torch.bfloat16), random_weight(t, 128, torch.bfloat16),
+                       1e6, k_cache.bfloat16(), v_cache.bfloat16(), "Qwen3-0.6B, decode at position 40, bf16")
 
 
 # -- helpers ---------------------------------------------------------------------------------------------

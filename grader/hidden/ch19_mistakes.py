@@ -11,6 +11,9 @@ TABLES = "    c, s = cos.float()[:, None, :], sin.float()[:, None, :]"
 QK = ("    return (apply_rope(head_rms_norm(q, q_norm_weight), cos, sin),\n"
       "            apply_rope(head_rms_norm(k, k_norm_weight), cos, sin))")
 MEAN_SQUARE = "xf.pow(2).mean(dim=-1, keepdim=True) + eps)"
+QK_ROPE = "    q, k = qk_norm_rope(q, k, q_norm_weight, k_norm_weight, positions, base, eps)\n"
+NORM_ONLY = "torch.zeros_like(positions)"       # position 0 turns nothing: qk_norm_rope then only normalises
+ATTEND = '    return torch.einsum("hns,shd->nhd", probs, values).to(q.dtype)'
 
 MISTAKES = [
     # -- ch19.1 rope_cos_sin ----------------------------------------------------------------------------------
@@ -92,4 +95,53 @@ MISTAKES = [
     mistake("returns_v", "ch19.3",
             "V is neither normalised nor rotated, so qk_norm_rope returns only q and k",
             (QK, QK[:-1] + ", None)")),
+
+    # -- ch19.4 rope_attention --------------------------------------------------------------------------------
+    mistake("rotated_v", "ch19.4",
+            "RoPE turns q and k only: V is the content that gets mixed, not a position, and nano-vllm hands v to "
+            "attention untouched (q, k = rotary_emb(positions, q, k))",
+            (QK_ROPE, QK_ROPE + "    v = apply_rope(v, *rope_cos_sin(positions, d, base))\n")),
+    mistake("normed_v", "ch19.4",
+            "q_norm and k_norm act on q and k only: V goes to attention as the projection gave it",
+            (QK_ROPE, f"    v = qk_norm_rope(k, v, k_norm_weight, k_norm_weight, {NORM_ONLY}, base, eps)[1]\n" + QK_ROPE)),
+    mistake("v_like_k", "ch19.4",
+            "V takes neither step: no k_norm and no RoPE; only q and k are normalised and rotated",
+            (QK_ROPE, "    v = qk_norm_rope(k, v, k_norm_weight, k_norm_weight, positions, base, eps)[1]\n" + QK_ROPE)),
+    mistake("one_rotated", "ch19.4",
+            "RoPE turns both q and k at their positions; yours turned only {which}, so a score q·k depends on where "
+            "the {which} stands instead of on how far apart the two tokens are",
+            (QK_ROPE, "    q, k = (qk_norm_rope(q, k, q_norm_weight, k_norm_weight, positions, base, eps)[0],\n"
+                      f"            qk_norm_rope(q, k, q_norm_weight, k_norm_weight, {NORM_ONLY}, base, eps)[1])\n")),
+    mistake("rotated_after", "ch19.4",
+            "RoPE turns q and k before the scores: positions act through q·k. Rotating the attention output "
+            "afterwards is not the same",
+            (QK_ROPE, QK_ROPE.replace("positions, base", f"{NORM_ONLY}, base")),
+            (ATTEND, '    return apply_rope(torch.einsum("hns,shd->nhd", probs, values), '
+                     '*rope_cos_sin(positions, d, base)).to(q.dtype)')),
+    mistake("no_offset", "ch19.4",
+            "the new tokens come after the cached ones: with C cached tokens they stand at positions C … C + N − 1, "
+            "not 0 … N − 1 (nano-vllm: range(num_cached_tokens, …); a decode step at len − 1)",
+            ("torch.arange(c, c + n)", "torch.arange(n)")),
+    mistake("rotated_cache_again", "ch19.4",
+            "the cache holds keys as they were stored, normalised and rotated at their own positions: use them as "
+            "they are (rotating them again turns them twice)",
+            ("k, v = torch.cat((k_cache, k)),",
+             "k, v = torch.cat((apply_rope(k_cache, *rope_cos_sin(torch.arange(c), d, base)), k)),")),
+    mistake("causal_offset", "ch19.4",
+            "query i stands at position C + i and sees keys 0 … C + i: the causal mask is aligned to the end, past "
+            "the cached tokens (ch17's offset rule)",
+            (".tril(diagonal=c)", ".tril()")),
+    mistake("kv_groups", "ch19.4",
+            "query head h reads K/V head h // (Hq / Hkv): consecutive query heads share a K/V head "
+            "(repeat_interleave, not repeat; ch18)",
+            ("keys = k.float().repeat_interleave(group, dim=1)", "keys = k.float().repeat(1, group, 1)"),
+            ("values = v.float().repeat_interleave(group, dim=1)", "values = v.float().repeat(1, group, 1)")),
+    mistake("no_scale", "ch19.4",
+            "scale the scores q·k by 1/√d (Qwen3: head_dim ** -0.5) before the softmax",
+            (" * d ** -0.5\n", "\n")),
+    mistake("attention_low_precision", "ch19.4",
+            "compute the attention in float32 (scores, softmax and the weighted sum of V) and cast the output to q's "
+            "dtype once, at the end",
+            ('q.float(), keys', 'q, keys.to(q.dtype)'),
+            ('probs, values)', 'probs.to(q.dtype), values.to(q.dtype))')),
 ]

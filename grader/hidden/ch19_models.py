@@ -72,3 +72,62 @@ def qk_models(ref, x: torch.Tensor, w: torch.Tensor, other_w: torch.Tensor, posi
         variants["weight in float32"] = rope(head_norm(x, w, eps, weight_first=True))
         variants["rotation in low precision"] = rotate(head_norm(x, w, eps), cos, sin, compute=x.dtype)
     return {"normed": head_norm(x, w, eps), "cos": cos, "sin": sin, "variants": variants}
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cached: int, *, mask: str = "end",
+           grouping: str = "consecutive", scaled: bool = True, compute: torch.dtype = torch.float32) -> torch.Tensor:
+    """Causal GQA attention computed in `compute` (and its wrong variants), [N, Hq, d]: query i at position
+    num_cached + i; `mask` "end" (the offset rule), "top-left" (tril without offset) or "none"."""
+    n, hq, d = q.shape
+    group = hq // k.shape[1]
+    spread = (lambda x: x.repeat_interleave(group, dim=1)) if grouping == "consecutive" else (
+        lambda x: x.repeat(1, group, 1))
+    keys, values = spread(k.to(compute)), spread(v.to(compute))
+    scores = torch.einsum("nhd,shd->hns", q.to(compute), keys) * (d ** -0.5 if scaled else 1.0)
+    s = keys.shape[0]
+    visible = {"end": torch.ones(n, s, dtype=torch.bool).tril(diagonal=s - n),
+               "top-left": torch.ones(n, s, dtype=torch.bool).tril(),
+               "none": torch.ones(n, s, dtype=torch.bool)}[mask]
+    return torch.einsum("hns,shd->nhd", scores.masked_fill(~visible, float("-inf")).softmax(-1), values)
+
+
+def attention_models(ref, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor,
+                     base: float, eps: float, k_cache: torch.Tensor | None, v_cache: torch.Tensor | None) -> dict:
+    """ch19.4 step by step: the "positions", the normalised and rotated "q", "k" (new tokens), the attention
+    weights "probs" [Hq, N, C + N], and {misconception: output in q's dtype} for `grader.checks.ch19.attention_hint`."""
+    n, _, d = q.shape
+    c = 0 if k_cache is None else k_cache.shape[0]
+    kc = k.new_zeros(0, *k.shape[1:]) if k_cache is None else k_cache
+    vc = v.new_zeros(0, *v.shape[1:]) if v_cache is None else v_cache
+    positions = list(range(c, c + n))
+
+    def turn(x: torch.Tensor, at: list[int]) -> torch.Tensor:
+        return rotate(x, *rope_tables(at, d, base))
+
+    nq, nk = head_norm(q, wq, eps), head_norm(k, wk, eps)
+    rq, rk = turn(nq, positions), turn(nk, positions)
+    cat = lambda a, b: torch.cat((a, b))
+    run = lambda qq, kk, vv, **kw: attend(qq, kk, vv, c, **kw).to(q.dtype)
+    every = list(range(c + n))
+    variants = {
+        "rotated v": run(rq, cat(kc, rk), cat(vc, turn(v, positions))),
+        "rotated cached v": run(rq, cat(kc, rk), turn(cat(vc, v), every)),
+        "normed v": run(rq, cat(kc, rk), cat(vc, head_norm(v, wk, eps))),
+        "v like k": run(rq, cat(kc, rk), cat(vc, turn(head_norm(v, wk, eps), positions))),
+        "only q": run(rq, cat(kc, nk), cat(vc, v)),
+        "only k": run(nq, cat(kc, rk), cat(vc, v)),
+        "after attention": turn(attend(nq, cat(kc, nk), cat(vc, v), c), positions).to(q.dtype),
+        "no offset": run(turn(nq, list(range(n))), cat(kc, turn(nk, list(range(n)))), cat(vc, v)),
+        "cache rotated again": run(rq, cat(turn(kc, list(range(c))), rk), cat(vc, v)),
+        "top-left mask": run(rq, cat(kc, rk), cat(vc, v), mask="top-left"),
+        "no mask": run(rq, cat(kc, rk), cat(vc, v), mask="none"),
+        "grouped by repeat": run(rq, cat(kc, rk), cat(vc, v), grouping="repeat"),
+        "no scale": run(rq, cat(kc, rk), cat(vc, v), scaled=False),
+    }
+    if q.dtype != torch.float32:
+        variants["attention in low precision"] = run(rq, cat(kc, rk), cat(vc, v), compute=q.dtype)
+    keys = cat(kc, rk).float().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    scores = torch.einsum("nhd,shd->hns", rq.float(), keys) * d ** -0.5
+    visible = torch.ones(n, c + n, dtype=torch.bool).tril(diagonal=c)
+    probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+    return {"positions": positions, "q": rq, "k": rk, "probs": probs, "variants": variants}
