@@ -226,7 +226,7 @@ def explain_output(out: torch.Tensor, want: torch.Tensor, q: torch.Tensor, k: to
     idx = first_wrong(out, want, atol=atol, rtol=rtol)
     if idx is None:
         return
-    (T, Hq, d), (S, Hkv, _) = q.shape, k.shape
+    (T, Hq, d), (S, Hkv) = q.shape, k.shape[:2]
     group = Hq // Hkv
     t, h, j = idx
     count = int(wrong_mask(out, want, atol=atol, rtol=rtol).sum())
@@ -252,7 +252,7 @@ def attention_hints(got: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                     scale: float | None, variants: dict) -> list[Hint]:
     """The mistakes (a grouping, a mask, a scale) whose output (`gqa_variants`' answer) reproduces the student's,
     together ([] when none does)."""
-    (T, Hq, d), (S, Hkv, _) = q.shape, k.shape
+    (T, Hq, d), (S, Hkv) = q.shape, k.shape[:2]
     group = Hq // Hkv
     groupings = [("", None), ("interleaved", M.interleaved.format(group=group, last=group - 1)),
                  ("by num_kv_heads", M.divide_by_kv_heads.format(group=group, num_kv_heads=Hkv))]
