@@ -531,7 +531,7 @@ def explain_attention(t: Trial, y: torch.Tensor, want: torch.Tensor, q: torch.Te
     if not bad.any() and share <= ROUNDING_SHARE:
         return
     n, hq, d = q.shape
-    c = 0 if k_cache is None else k_cache.shape[0]
+    c = k_cache.shape[0] if k_cache is not None else 0  # tokens already cached
     positions = models["positions"]
     hint = attention_hint(t, attention_mistake(y, want, models["variants"]), q, k, wq, wk, base, eps, positions, qk)
     head = (f'case "{case}": q [{n}, {hq}, {d}], k, v [{n}, {k.shape[1]}, {d}] {dtype_name(q.dtype)}, '
