@@ -198,11 +198,12 @@ def chunks_and_decode(t: Trial) -> None:
 @public("ch25.3", "hash collisions (compute_hash replaced by the weak colliding_hash): a hit compares the tokens")
 def collisions(t: Trial) -> None:
     # colliding_hash is the sum of every token up to the block's end: [4, 3, 2, 1] collides with [1, 2, 3, 4], and
-    # C's [8, 7, 6, 5] after [1, 2, 3, 4] with A's [5, 6, 7, 8]. nano-vllm's can_allocate compares the mapped block's
-    # tokens (block_manager.py), so a collision costs a hit (D finds B's block under A's hash) and never hands out
-    # a block holding other tokens, whether the block is in use (B, C) or free and cached (D).
+    # C's [5, 6, 8, 7] after [1, 2, 3, 4] with A's [5, 6, 7, 8] (the same first tokens: compare them all).
+    # nano-vllm's can_allocate compares the mapped block's tokens (block_manager.py), so a collision costs a hit
+    # (D finds B's block under A's hash) and never hands out a block holding other tokens, whether the block is in
+    # use (B, C) or free and cached (D).
     script = [*add("A", [1, 2, 3, 4, 5, 6, 7, 8, 9]), ["compute", "A", 9, 10],
-              *add("B", [4, 3, 2, 1, 9]), *add("C", [1, 2, 3, 4, 8, 7, 6, 5, 11], 1),
+              *add("B", [4, 3, 2, 1, 9]), *add("C", [1, 2, 3, 4, 5, 6, 8, 7, 11], 1),
               ["compute", "B", 5, 12], ["compute", "C", 5, 13], ["deallocate", "A"], ["deallocate", "B"],
               *add("D", [1, 2, 3, 4, 5, 6, 7, 8, 20])]
     run_trace(t, script, 8, 4, "colliding hashes", weak_hash=True)

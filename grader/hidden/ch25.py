@@ -124,7 +124,7 @@ def invariants(t: Trial) -> None:
 @hidden("ch25.3", "weak hash (colliding_hash), collisions everywhere: the same trace, no block with other tokens "
                   "handed out", time_limit=30)
 def weak_hash_collisions(t: Trial) -> None:
-    # Prompts share system prompts and half have one block's tokens reversed: under colliding_hash (the sum of the
+    # Prompts share system prompts and half have one block's tokens shuffled: under colliding_hash (the sum of the
     # tokens so far) the shuffled block and every later one collide with the original's.
     random_trace(t, num_blocks=24, block_size=4, num_requests=60, max_new=6, max_seqs=6, budget=24, per_step=2,
                  case="colliding hashes, 60 requests over 24 blocks", weak_hash=True)
@@ -178,7 +178,7 @@ def random_table(t: Trial, num_blocks: int, pool: int) -> list[int]:
 def workload(rnd: random.Random, *, num_requests: int, block_size: int, num_prefixes: int, max_new: int,
              max_len: int, per_step: int, shuffle: float = 0.0) -> list[tuple[int, str, list[int], int]]:
     """Requests (arrival step, name, prompt, new tokens): a few shared system prompts, some exact duplicates; with
-    probability `shuffle` a request has the tokens of one of its full blocks (not the last) reversed, so that
+    probability `shuffle` a request has the tokens of one of its full blocks (not the last) shuffled, so that
     under colliding_hash that block collides with the unshuffled one."""
     prefixes = [[rnd.randrange(1, 100) for _ in range(rnd.randint(block_size, 4 * block_size))]
                 for _ in range(num_prefixes)]
@@ -193,7 +193,9 @@ def workload(rnd: random.Random, *, num_requests: int, block_size: int, num_pref
         full = (len(prompt) - 1) // block_size
         if full and rnd.random() < shuffle:
             b = rnd.randrange(full)
-            prompt[b * block_size:(b + 1) * block_size] = prompt[b * block_size:(b + 1) * block_size][::-1]
+            block = prompt[b * block_size:(b + 1) * block_size]
+            rnd.shuffle(block)
+            prompt[b * block_size:(b + 1) * block_size] = block
         out.append((i // per_step, f"R{i}", prompt, rnd.randint(1, max_new)))
     return out
 
