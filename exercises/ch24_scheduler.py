@@ -79,8 +79,14 @@ class Sequence:
         seq_id: an id of your choice (the grader numbers its requests); by default the next one.
 
     Raises:
-        ValueError: an empty prompt or max_tokens < 1 (nano-vllm lets 0 mean
-            "until EOS"; the course requires a bound).
+        ValueError: an empty prompt or max_tokens < 1, as vLLM's SamplingParams
+            refuses it (`_verify_args` in vllm/sampling_params.py; vLLM's "no
+            bound" is max_tokens=None, which vllm/v1/engine/input_processor.py
+            turns into max_model_len − prompt length). nano-vllm checks nothing:
+            its finish test `num_completion_tokens == max_tokens` runs after an
+            append, when the count is ≥ 1, so a 0 there never matches and the
+            request runs until EOS or, with ignore_eos, until the pool runs out.
+            That is an accident of the code, not a mode to rely on.
 
     Example:
         >>> seq = Sequence([5, 6, 7], max_tokens=2)
@@ -250,13 +256,17 @@ class Scheduler:
     below num_tokens the chunk was not the last one: discard the token.
     Otherwise append it; the sequence finishes when the token is EOS (unless
     ignore_eos; the EOS stays in the output) or when num_completion_tokens
-    reaches max_tokens: status FINISHED, blocks deallocated, removed from running.
+    reaches max_tokens (compared with == after the append, as nano-vllm does; a
+    Sequence refuses max_tokens < 1, which would never match): status FINISHED,
+    blocks deallocated, removed from running.
     (nano-vllm's deallocate also zeroes a finished sequence's computed count; the
     course's allocator leaves counters alone, and nothing reads that count again.)
 
-    The course's additions to nano-vllm, where nano-vllm would hang or assert:
-    `add` rejects a request that could never fit in the pool, and `schedule`
-    rejects being called with nothing to schedule.
+    The course's additions to nano-vllm, where nano-vllm would hang or assert,
+    are provided (`_check_add`, `_check_schedule`, `_check_tokens`, at the end of
+    the file; already called for you): `add` rejects a request that could never
+    fit in the pool, `schedule` being called with nothing to schedule, and
+    `postprocess` a token list of the wrong length.
 
     Args:
         num_blocks: KV blocks in the pool (≥ 1).
@@ -299,28 +309,32 @@ class Scheduler:
 
     def is_finished(self) -> bool:
         """True when no sequence is waiting or running."""
-        # TODO(ch24.1): your code here (about 1 of the task's 72 lines, in 5 places)
-        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 72 lines)")
+        # TODO(ch24.1): your code here (about 1 of the task's 57 lines, in 5 places)
+        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 57 lines)")
 
     def add(self, seq: Sequence) -> None:
-        """Queue a new request at the right end of `waiting` (ValueError if it is not new or can never fit)."""
-        # TODO(ch24.1): your code here (about 11 of the task's 72 lines, in 5 places)
-        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 72 lines)")
+        """Queue a new request at the right end of `waiting` (the provided check raises ValueError if it is not new
+        or can never fit)."""
+        _check_add(self, seq)
+        # TODO(ch24.1): your code here (about 1 of the task's 57 lines, in 5 places)
+        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 57 lines)")
 
     def schedule(self) -> tuple[list[Sequence], bool]:
         """Pick this step's batch: (sequences, is_prefill). See the class docstring for the rules."""
-        # TODO(ch24.1): your code here (about 43 of the task's 72 lines, in 5 places)
-        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 72 lines)")
+        _check_schedule(self)
+        # TODO(ch24.1): your code here (about 41 of the task's 57 lines, in 5 places)
+        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 57 lines)")
 
     def preempt(self, seq: Sequence) -> None:
         """Send a running sequence back to the front of `waiting`, freeing its blocks (it will be recomputed)."""
-        # TODO(ch24.1): your code here (about 4 of the task's 72 lines, in 5 places)
-        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 72 lines)")
+        # TODO(ch24.1): your code here (about 4 of the task's 57 lines, in 5 places)
+        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 57 lines)")
 
     def postprocess(self, seqs: list[Sequence], token_ids: list[int], is_prefill: bool) -> None:
         """Fold one step's sampled tokens (one per sequence, in batch order) back into the sequences."""
-        # TODO(ch24.1): your code here (about 13 of the task's 72 lines, in 5 places)
-        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 72 lines)")
+        _check_tokens(seqs, token_ids)
+        # TODO(ch24.1): your code here (about 10 of the task's 57 lines, in 5 places)
+        raise NotImplementedError("ch24.1 Scheduler: not implemented yet (about 57 lines)")
 
 
 def make_scheduler(num_blocks: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
@@ -509,12 +523,14 @@ def progress_after_step(progress: dict[str, int], num_scheduled: int, prefix_hit
         A new dict with the same four keys, the counters after the step.
 
     Raises:
-        ValueError: missing keys or inconsistent counters (num_tokens <
-            num_prompt_tokens, num_computed_tokens outside [0, num_tokens],
-            num_cached_tokens < −1); num_scheduled or prefix_hit negative; a
-            preempted request that is also scheduled or given a hit; a hit for a
-            request that is not being admitted, or one that leaves no token to
-            compute; a step that would compute tokens beyond num_tokens.
+        ValueError: yours to raise: a hit that leaves no token to compute
+            (prefix_hit ≥ num_tokens at admission), and a step that would compute
+            tokens beyond num_tokens. The provided `_check_progress` (already
+            called) raises it for the rest: missing keys, inconsistent counters
+            (num_tokens < num_prompt_tokens, num_computed_tokens outside
+            [0, num_tokens], num_cached_tokens < −1), num_scheduled or prefix_hit
+            negative, a preempted request that is also scheduled or given a hit,
+            and a hit for a request that is not being admitted.
 
     Example:
         >>> p = {"num_prompt_tokens": 10, "num_tokens": 10, "num_computed_tokens": 0, "num_cached_tokens": -1}
@@ -523,5 +539,57 @@ def progress_after_step(progress: dict[str, int], num_scheduled: int, prefix_hit
         >>> progress_after_step(p, 2)["num_tokens"]          # 8 + 2 = 10: the sample is kept
         11
     """
-    # TODO(ch24.2): your code here (about 32 lines)
-    raise NotImplementedError("ch24.2 progress_after_step: not implemented yet (about 32 lines)")
+    _check_progress(progress, num_scheduled, prefix_hit, preempted)
+    # TODO(ch24.2): your code here (about 18 lines)
+    raise NotImplementedError("ch24.2 progress_after_step: not implemented yet (about 18 lines)")
+
+
+# -- provided: the input checks every task needs but none teaches (not part of the exercise) ----------------------
+
+def _check_add(scheduler: Scheduler, seq: Sequence) -> None:
+    """Provided: raise ValueError unless `seq` is new (WAITING, no blocks, nothing computed, not queued) and could
+    fit in the pool at its longest: ceil((num_prompt_tokens + max_tokens − 1) / block_size) ≤ num_blocks (the last
+    sampled token is never fed back, so it needs no slot)."""
+    if seq.status != WAITING or seq.block_table or seq.num_computed_tokens or \
+            any(s is seq for s in scheduler.waiting) or any(s is seq for s in scheduler.running):
+        raise ValueError("only a new request can be added: this one is already queued, running, "
+                         "finished or holds blocks")
+    need = scheduler.block_manager.blocks_for(seq.num_prompt_tokens + seq.max_tokens - 1)
+    if need > scheduler.block_manager.num_blocks:
+        raise ValueError(f"this request can never fit: {seq.num_prompt_tokens} prompt tokens + "
+                         f"{seq.max_tokens} − 1 generated need {need} blocks of {scheduler.block_size}, "
+                         f"the pool has {scheduler.block_manager.num_blocks}")
+
+
+def _check_schedule(scheduler: Scheduler) -> None:
+    """Provided: raise ValueError when nothing is waiting or running (nano-vllm would fail its assert)."""
+    if not scheduler.waiting and not scheduler.running:
+        raise ValueError("nothing to schedule: no sequence is waiting or running (is_finished() is True)")
+
+
+def _check_tokens(seqs: list[Sequence], token_ids: list[int]) -> None:
+    """Provided: raise ValueError unless there is exactly one sampled token per scheduled sequence."""
+    if len(token_ids) != len(seqs):
+        raise ValueError(f"one sampled token per scheduled sequence: {len(seqs)} sequences, "
+                         f"{len(token_ids)} tokens")
+
+
+def _check_progress(progress: dict[str, int], num_scheduled: int, prefix_hit: int, preempted: bool) -> None:
+    """Provided: raise ValueError for missing or inconsistent counters, a negative num_scheduled or prefix_hit, a
+    preempted request that is scheduled or given a hit, or a hit for a request that is not being admitted (it
+    needs num_computed_tokens = 0 and num_scheduled > 0)."""
+    missing = [k for k in PROGRESS_KEYS if k not in progress]
+    if missing:
+        raise ValueError(f"progress lacks {missing}; it needs {list(PROGRESS_KEYS)}")
+    prompt, total, computed, cached = (int(progress[k]) for k in PROGRESS_KEYS)
+    if prompt < 1 or total < prompt or not 0 <= computed <= total or cached < -1:
+        raise ValueError(f"inconsistent counters {dict(progress)}: need 1 ≤ num_prompt_tokens ≤ num_tokens, "
+                         f"0 ≤ num_computed_tokens ≤ num_tokens and num_cached_tokens ≥ −1")
+    if num_scheduled < 0 or prefix_hit < 0:
+        raise ValueError(f"num_scheduled ({num_scheduled}) and prefix_hit ({prefix_hit}) cannot be negative")
+    if preempted and (num_scheduled or prefix_hit):
+        raise ValueError("a request preempted in this step is not scheduled in it (num_scheduled = 0, no hit)")
+    if prefix_hit and not num_scheduled:
+        raise ValueError("a prefix hit needs a scheduled step (the request is admitted with num_scheduled > 0)")
+    if prefix_hit and computed:
+        raise ValueError("a prefix hit happens only when the request is admitted (num_computed_tokens = 0)")

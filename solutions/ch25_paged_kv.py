@@ -19,7 +19,9 @@ keeps a FIFO free list, a reference count per block, and a *prefix cache*: every
 block that has been filled and computed gets a hash of the whole prefix it
 completes (a hash chain, h_i = H(h_{i−1} ‖ tokens of block i)), published in a map
 from hash to block. A new request whose leading blocks hash to entries of the map
-reuses those blocks instead of recomputing them. A finished request's blocks go back
+reuses those blocks instead of recomputing them, once it has compared the tokens
+stored with each block to its own: a hash collision may cost a hit, never hand out
+another prefix's K/V. A finished request's blocks go back
 to the free list *with their hashes*: "free" means recyclable, not zeroed, and a
 freed block can still be hit and revived until the allocator reuses it for other
 tokens, which is the moment its stale map entry is evicted. The last logical block
@@ -62,19 +64,18 @@ def slot_mapping(block_table: list[int], positions: list[int] | torch.Tensor, bl
         the course uses int64 like every other index tensor.)
 
     Raises:
-        ValueError: block_size ≤ 0, a negative position, or a position whose
-            logical block is beyond the end of the block table.
+        ValueError: yours to raise: a position whose logical block is beyond the
+            end of the block table (no block was allocated for it). The provided
+            `_check_slots` (already called) raises it for block_size ≤ 0 and a
+            negative position.
 
     Example:
         >>> slot_mapping([3, 0, 4], [0, 1, 2, 3, 4], 2)
         tensor([6, 7, 0, 1, 8])
     """
+    _check_slots(positions, block_size)
     ### BEGIN SOLUTION
-    if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
     pos = torch.as_tensor(positions, dtype=torch.int64)
-    if pos.numel() and int(pos.min()) < 0:
-        raise ValueError(f"positions must be non-negative, got {int(pos.min())}")
     logical = pos // block_size
     if pos.numel() and int(logical.max()) >= len(block_table):
         p = int(pos[logical.argmax()])
@@ -104,8 +105,9 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
         None: the caches themselves are the result.
 
     Raises:
-        ValueError: k/v not shaped [N, num_kv_heads, head_dim] like the cache, a
-            slots length other than N, or a slot outside [−1, num_blocks·block_size).
+        ValueError: from the provided `_check_store` (already called): k/v not
+            shaped [N, num_kv_heads, head_dim] like the cache, a slots length other
+            than N, or a slot outside [−1, num_blocks·block_size).
 
     Example:
         >>> k_cache = torch.zeros(3, 2, 1, 1); v_cache = torch.zeros(3, 2, 1, 1)
@@ -114,19 +116,10 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
         >>> k_cache.flatten().tolist()
         [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
     """
+    _check_store(k_cache, v_cache, k, v, slots)
     ### BEGIN SOLUTION
-    num_blocks, block_size = k_cache.shape[:2]
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"k_cache {list(k_cache.shape)} and v_cache {list(v_cache.shape)} differ in shape")
-    for name, x in (("k", k), ("v", v)):
-        if x.dim() != 3 or x.shape[1:] != k_cache.shape[2:]:
-            raise ValueError(f"{name} must be [N, {k_cache.shape[2]}, {k_cache.shape[3]}] "
-                             f"(tokens, kv heads, head_dim) like the cache; got {list(x.shape)}")
+    block_size = k_cache.shape[1]
     s = torch.as_tensor(slots, dtype=torch.int64)
-    if s.shape != (k.shape[0],) or v.shape[0] != k.shape[0]:
-        raise ValueError(f"need one slot per token: {k.shape[0]} keys, {v.shape[0]} values, {s.numel()} slots")
-    if s.numel() and (int(s.min()) < PAD_SLOT or int(s.max()) >= num_blocks * block_size):
-        raise ValueError(f"slots must lie in [-1, {num_blocks * block_size}); got {s.tolist()}")
     keep = s != PAD_SLOT
     block, offset = s[keep] // block_size, s[keep] % block_size
     k_cache[block, offset] = k[keep].to(k_cache.dtype)
@@ -251,7 +244,8 @@ class BlockManager:
             a new block; nano-vllm requires a multiple of 256).
 
     Raises:
-        ValueError: num_blocks < 1 or block_size < 2.
+        ValueError: num_blocks < 1 or block_size < 2 (the provided `_check_pool`,
+            already called in __init__).
 
     Example:
         >>> m = BlockManager(8, 4); a = Sequence(list(range(1, 11)), 4)
@@ -260,9 +254,8 @@ class BlockManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
+        _check_pool(num_blocks, block_size)
         ### BEGIN SOLUTION
-        if num_blocks < 1 or block_size < 2:
-            raise ValueError(f"need num_blocks ≥ 1 and block_size ≥ 2; got {num_blocks} blocks of {block_size}")
         self.block_size, self.blocks = block_size, [Block(i) for i in range(num_blocks)]
         self.free_block_ids: deque[int] = deque(range(num_blocks))
         self.used_block_ids: set[int] = set()
@@ -330,6 +323,11 @@ class BlockManager:
         other logical block, a hit on a free (cached) block included, needs a block
         from the free list.
 
+        The token comparison is what makes a hash collision harmless (nano-vllm's
+        `self.blocks[block_id].token_ids != token_ids`): a 64-bit hash practically
+        never collides, so the grader also replays a script with compute_hash
+        replaced by the weak `colliding_hash`, where different blocks do.
+
         Args:
             seq: a sequence without a block table.
 
@@ -369,19 +367,16 @@ class BlockManager:
             num_cached_blocks: the value can_allocate returned (0 ≤ it < seq.num_blocks).
 
         Raises:
-            ValueError: seq already has a block table, or num_cached_blocks is out of range.
+            ValueError: seq already has a block table, or num_cached_blocks is out of
+                range (the provided `_check_allocate`, already called).
 
         Example:
             >>> m = BlockManager(8, 4); a = Sequence([1, 2, 3, 4, 5], 4)
             >>> m.allocate(a, 0); a.block_table, a.num_cached_tokens
             ([0, 1], 0)
         """
+        _check_allocate(seq, num_cached_blocks)
         ### BEGIN SOLUTION
-        if seq.block_table:
-            raise ValueError(f"the sequence already has a block table {seq.block_table}: deallocate it first")
-        if not 0 <= num_cached_blocks < seq.num_blocks:
-            raise ValueError(f"num_cached_blocks must lie in [0, {seq.num_blocks}) (the last block never hits); "
-                             f"got {num_cached_blocks}")
         h = NO_HASH
         for i in range(num_cached_blocks):
             h = self.compute_hash(seq.block(i), h)
@@ -551,30 +546,40 @@ class ScriptRunner:
 
     Args:
         num_blocks, block_size: the BlockManager to make.
+        weak_hash: if True, BlockManager.compute_hash is `colliding_hash` while `run` runs (restored
+            afterwards), so different blocks share hashes: a hit must still compare the tokens stored with the
+            block (the grader's collision test).
     """
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, weak_hash: bool = False) -> None:
+        self.weak_hash = weak_hash
         self.manager = BlockManager(num_blocks, block_size)
         self.seqs: dict[str, Sequence] = {}
         self.before = snapshot(self.manager)
 
     def run(self, ops: list[list]) -> list[dict]:
         """Apply the operations in order; one record per operation carried out."""
-        trace = []
-        for op in ops:
-            try:
-                value = run_op(self.manager, self.seqs, op)
-                seq = self.seqs[op[1]]
-                record = {"value": value, "table": list(seq.block_table), "cached": seq.num_cached_tokens}
-                self._changes(snapshot(self.manager), record)
-            except NotImplementedError:
-                raise
-            except Exception as e:  # noqa: BLE001 (the grader reports it with the step that raised)
-                frames = traceback.extract_tb(e.__traceback__)
-                where = f"line {frames[-1].lineno} in {frames[-1].name}: {frames[-1].line}" if frames else ""
-                trace.append({"error": f"{type(e).__name__}: {e}", "where": where})
-                break
-            trace.append(record)
+        trace: list[dict] = []
+        strong = BlockManager.__dict__["compute_hash"]
+        if self.weak_hash:
+            setattr(BlockManager, "compute_hash", staticmethod(colliding_hash))
+        try:
+            for op in ops:
+                try:
+                    value = run_op(self.manager, self.seqs, op)
+                    seq = self.seqs[op[1]]
+                    record = {"value": value, "table": list(seq.block_table), "cached": seq.num_cached_tokens}
+                    self._changes(snapshot(self.manager), record)
+                except NotImplementedError:
+                    raise
+                except Exception as e:  # noqa: BLE001 (the grader reports it with the step that raised)
+                    frames = traceback.extract_tb(e.__traceback__)
+                    where = f"line {frames[-1].lineno} in {frames[-1].name}: {frames[-1].line}" if frames else ""
+                    trace.append({"error": f"{type(e).__name__}: {e}", "where": where})
+                    break
+                trace.append(record)
+        finally:
+            setattr(BlockManager, "compute_hash", strong)
         return trace
 
     def _changes(self, after: dict, record: dict) -> None:
@@ -599,9 +604,66 @@ class ScriptRunner:
             record["map"].update({h: None for h in old if h not in new})
 
 
-def replay(num_blocks: int, block_size: int, script: list[list]) -> list[dict]:
-    """Run a whole script on a fresh BlockManager (provided): ScriptRunner(num_blocks, block_size).run(script).
+def colliding_hash(token_ids: list[int], prefix: int = NO_HASH) -> int:
+    """A deliberately weak stand-in for compute_hash (provided; the grader's collision test): the prefix (0 for −1)
+    plus the sum of the block's tokens, so a block's hash is the sum of every token up to its end.
+
+    Example:
+        >>> colliding_hash([1, 2, 3, 4]), colliding_hash([4, 3, 2, 1]), colliding_hash([5, 6], 10)
+        (10, 10, 21)
+    """
+    return (0 if prefix == NO_HASH else prefix) + sum(token_ids)
+
+
+def replay(num_blocks: int, block_size: int, script: list[list], weak_hash: bool = False) -> list[dict]:
+    """Run a whole script on a fresh BlockManager (provided): ScriptRunner(num_blocks, block_size,
+    weak_hash).run(script). With weak_hash=True the run hashes with `colliding_hash`.
 
     Try it: replay(4, 4, [["add", "A", [1, 2, 3, 4, 5]], ["can_allocate", "A"], ["allocate", "A", 0]]).
     """
-    return ScriptRunner(num_blocks, block_size).run(script)
+    return ScriptRunner(num_blocks, block_size, weak_hash).run(script)
+
+
+# -- provided: the input checks every task needs but none teaches (not part of the exercise) ----------------------
+
+def _check_slots(positions: list[int] | torch.Tensor, block_size: int) -> None:
+    """Provided: raise ValueError for a block_size ≤ 0 or a negative position."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    pos = torch.as_tensor(positions, dtype=torch.int64)
+    if pos.numel() and int(pos.min()) < 0:
+        raise ValueError(f"positions must be non-negative, got {int(pos.min())}")
+
+
+def _check_store(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 slots: list[int] | torch.Tensor) -> None:
+    """Provided: raise ValueError unless both caches have one shape, k and v are [N, num_kv_heads, head_dim] like
+    them, there is one slot per token and every slot lies in [−1, num_blocks · block_size)."""
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache {list(k_cache.shape)} and v_cache {list(v_cache.shape)} differ in shape")
+    for name, x in (("k", k), ("v", v)):
+        if x.dim() != 3 or x.shape[1:] != k_cache.shape[2:]:
+            raise ValueError(f"{name} must be [N, {k_cache.shape[2]}, {k_cache.shape[3]}] "
+                             f"(tokens, kv heads, head_dim) like the cache; got {list(x.shape)}")
+    s = torch.as_tensor(slots, dtype=torch.int64)
+    if s.shape != (k.shape[0],) or v.shape[0] != k.shape[0]:
+        raise ValueError(f"need one slot per token: {k.shape[0]} keys, {v.shape[0]} values, {s.numel()} slots")
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    if s.numel() and (int(s.min()) < PAD_SLOT or int(s.max()) >= num_slots):
+        raise ValueError(f"slots must lie in [-1, {num_slots}); got {s.tolist()}")
+
+
+def _check_pool(num_blocks: int, block_size: int) -> None:
+    """Provided: raise ValueError for num_blocks < 1 or block_size < 2."""
+    if num_blocks < 1 or block_size < 2:
+        raise ValueError(f"need num_blocks ≥ 1 and block_size ≥ 2; got {num_blocks} blocks of {block_size}")
+
+
+def _check_allocate(seq: Sequence, num_cached_blocks: int) -> None:
+    """Provided: raise ValueError if seq already holds a block table or num_cached_blocks is outside
+    [0, seq.num_blocks) (the last block never hits)."""
+    if seq.block_table:
+        raise ValueError(f"the sequence already has a block table {seq.block_table}: deallocate it first")
+    if not 0 <= num_cached_blocks < seq.num_blocks:
+        raise ValueError(f"num_cached_blocks must lie in [0, {seq.num_blocks}) (the last block never hits); "
+                         f"got {num_cached_blocks}")

@@ -9,6 +9,7 @@ import re
 import struct
 
 import pytest
+import torch
 from mutate import figure, hints, mutant_grader, result, wrong_elements
 
 from figures.kit import text_width
@@ -231,13 +232,13 @@ def test_free_cached_hit_costing_nothing_is_caught_under_pressure(graded):
 
 
 # -- the trace machinery and the reference ----------------------------------------------------------------
-def scripts() -> list[tuple[int, int, list]]:
+def scripts(weak_hash: bool = False) -> list[tuple[int, int, list]]:
     rnd = random.Random(7)
     out = []
     for num_blocks, bs, n in ((12, 4, 30), (20, 2, 20), (6, 16, 10)):
         requests = hidden_checks.workload(rnd, num_requests=n, block_size=bs, num_prefixes=3, max_new=8,
-                                          max_len=num_blocks * bs, per_step=2)
-        do = hidden_checks.reference_do(ref, num_blocks, bs)
+                                          max_len=num_blocks * bs, per_step=2, shuffle=0.5 if weak_hash else 0.0)
+        do = hidden_checks.reference_do(ref, num_blocks, bs, weak_hash)
         out.append((num_blocks, bs, hidden_checks.simulate(do, rnd.randrange(1000), bs, requests, 4, 20)))
     return out
 
@@ -253,7 +254,7 @@ def test_replayed_changes_rebuild_every_state():
             assert [(r, h) for r, h in zip(s["ref"], s["hash"])] == snap["blocks"]
             assert s["tables"][op[1]] == seqs[op[1]].block_table
             assert s["seqs"][op[1]] == seqs[op[1]].token_ids
-            assert hidden_checks.broken_invariant(s, set(range(num_blocks)), op[1]) is None
+            assert hidden_checks.broken_invariant(s, set(range(num_blocks)), op[1], bs) is None
 
 
 def test_a_broken_invariant_is_named():
@@ -263,7 +264,7 @@ def test_a_broken_invariant_is_named():
             break
     used = next(b for b, r in enumerate(s["ref"]) if r > 0)
     s["ref"][used] += 1
-    assert f"block {used} has ref_count" in hidden_checks.broken_invariant(s, set(range(num_blocks)), op[1])
+    assert f"block {used} has ref_count" in hidden_checks.broken_invariant(s, set(range(num_blocks)), op[1], bs)
 
 
 def test_compute_hash_is_the_documented_blake2b():
@@ -341,3 +342,118 @@ def test_a_step_that_raises_is_reported_with_what_it_did(graded):
     assert r.status == "failed"
     assert "step 7 of 18: allocate(B, num_cached_blocks=1)" in r.message
     assert "your code raised AssertionError: no cache" in r.message and "in allocate: assert" in r.message
+
+
+# -- 25.3: hash collisions -------------------------------------------------------------------------------------
+def test_a_hit_that_trusts_the_hash_alone_is_caught_under_the_weak_hash(graded):
+    # can_allocate without the comparison of the stored tokens: full marks while only 64-bit hashes were tried
+    report = graded.mistake("hash_only")
+    failed = {(r.task, r.name, r.hidden) for r in report.results if r.status != "passed"}
+    public = result(report, "hash collisions")
+    assert failed == {("ch25.3", public.name, False), ("ch25.3", result(report, "weak hash").name, True)}
+    assert public.hints == ["hash_only"] and result(report, "weak hash").hints == ["hash_only"]
+    assert "can_allocate(B) should return 0:" in public.message
+    assert ("logical block 0 [4, 3, 2, 1]: its hash 10 maps to block 0, which holds other tokens [1, 2, 3, 4]: a hash "
+            "collision, so a miss") in public.message and "yours: 1" in public.message
+
+
+class HashOnly(ref.BlockManager):
+    """can_allocate without the token comparison (the mistake hash_only), for the invariant on one's own trace."""
+
+    def can_allocate(self, seq):
+        hits, needed, h = 0, seq.num_blocks, ref.NO_HASH
+        for i in range(seq.num_blocks - 1):
+            h = self.compute_hash(seq.block(i), h)
+            block_id = self.hash_to_block_id.get(h)
+            if block_id is None:
+                break
+            hits += 1
+            needed -= block_id in self.used_block_ids
+        return hits if len(self.free_block_ids) >= needed else -1
+
+
+def test_a_block_holding_other_tokens_breaks_the_invariant_of_ones_own_trace():
+    script = [*traces.add("A", [1, 2, 3, 4, 5]), ["compute", "A", 5, 6], ["add", "B", [4, 3, 2, 1, 7]],
+              ["can_allocate", "B"]]
+    runner = ref.ScriptRunner(8, 4, weak_hash=True)
+    runner.manager = HashOnly(8, 4)
+    runner.before = ref.snapshot(runner.manager)
+    trace = runner.run(script)
+    hits = trace[-1]["value"]
+    assert hits == 1                                   # [4, 3, 2, 1] and [1, 2, 3, 4] share colliding_hash 10
+    script.append(["allocate", "B", hits])
+    trace += runner.run(script[-1:])
+    *_, (_, s) = traces.states(script, trace, 8)
+    problem = hidden_checks.broken_invariant(s, set(range(8)), "B", 4)
+    assert problem.startswith(hidden_checks.OTHER_TOKENS)
+    assert "block 0 is B's logical block 0, whose tokens are [4, 3, 2, 1], but it holds [1, 2, 3, 4]" in problem
+    # the reference under the weak hash never breaks it
+    for num_blocks, bs, script in scripts(weak_hash=True):
+        for op, (_, s) in zip(script, traces.states(script, ref.replay(num_blocks, bs, script, weak_hash=True),
+                                                      num_blocks)):
+            assert hidden_checks.broken_invariant(s, set(range(num_blocks)), op[1], bs) is None
+
+
+def test_the_weak_hash_is_the_running_sum_and_replay_puts_the_real_one_back():
+    assert ref.colliding_hash([1, 2, 3, 4]) == ref.colliding_hash([4, 3, 2, 1]) == 10
+    assert ref.colliding_hash([5, 6, 7, 8], 10) == 36
+    strong = ref.BlockManager.compute_hash([1, 2, 3, 4])
+    trace = ref.replay(4, 4, [*traces.add("A", [1, 2, 3, 4, 5]), ["compute", "A", 5, 6]], weak_hash=True)
+    assert trace[-1]["map"] == {10: 0}
+    assert ref.BlockManager.compute_hash([1, 2, 3, 4]) == strong
+    # also when an operation raises
+    assert "error" in ref.replay(4, 4, [["add", "A", [1]], ["allocate", "A", 5]], weak_hash=True)[-1]
+    assert ref.BlockManager.compute_hash([1, 2, 3, 4]) == strong
+
+
+# -- the provided input checks (outside the solution regions: unit tests, no graded checks) ---------------------
+@pytest.mark.parametrize("table, positions, block_size", [
+    ([0, 1], [-1, 0], 2), ([0, 1], [0, 1], 0), ([0, 1], [0, 1], -2), ([0, 1], torch.tensor([3, -5]), 2)])
+def test_the_provided_slot_check_refuses_bad_inputs(table, positions, block_size):
+    with pytest.raises(ValueError):
+        ref.slot_mapping(table, positions, block_size)
+
+
+@pytest.mark.parametrize("table, positions, block_size", [([], [0], 4), ([3, 0, 4], [0, 6], 2)])
+def test_a_position_beyond_the_table_is_the_exercise_s_own_error(table, positions, block_size):
+    ref._check_slots(positions, block_size)            # the provided check lets it through
+    with pytest.raises(ValueError, match="logical block"):
+        ref.slot_mapping(table, positions, block_size)
+
+
+CACHE = torch.zeros(2, 2, 2, 4)
+
+
+@pytest.mark.parametrize("v_cache, k, v, slots", [
+    (torch.zeros(2, 2, 2, 3), torch.ones(1, 2, 4), torch.ones(1, 2, 4), [0]),    # caches of two shapes
+    (CACHE, torch.ones(2, 1, 4), torch.ones(2, 1, 4), [0, 1]),                   # 1 kv head, the cache has 2
+    (CACHE, torch.ones(2, 2, 4), torch.ones(2, 2, 8), [0, 1]),                   # v of another head_dim
+    (CACHE, torch.ones(2, 2, 4), torch.ones(2, 2, 4), [0]),                      # 2 tokens, 1 slot
+    (CACHE, torch.ones(2, 2, 4), torch.ones(3, 2, 4), [0, 1]),                   # k and v of other lengths
+    (CACHE, torch.ones(1, 2, 4), torch.ones(1, 2, 4), [-2]),                     # neither a slot nor −1
+    (CACHE, torch.ones(2, 2, 4), torch.ones(2, 2, 4), [1, 4])])                  # beyond 2 blocks × 2 slots
+def test_the_provided_store_check_refuses_bad_inputs(v_cache, k, v, slots):
+    with pytest.raises(ValueError):
+        ref.store_kv(CACHE.clone(), v_cache.clone(), k, v, slots)
+
+
+def test_the_provided_store_check_lets_padding_and_the_last_slot_through():
+    k_cache, v_cache = CACHE.clone(), CACHE.clone()
+    ref.store_kv(k_cache, v_cache, torch.ones(3, 2, 4), 2 * torch.ones(3, 2, 4), [3, -1, 0])
+    assert k_cache[1, 1].sum() == 8 and v_cache[0, 0].sum() == 16 and k_cache.sum() == 16
+
+
+@pytest.mark.parametrize("num_blocks, block_size", [(0, 4), (4, 1), (-1, 2)])
+def test_the_provided_pool_check_refuses_bad_sizes(num_blocks, block_size):
+    with pytest.raises(ValueError):
+        ref.BlockManager(num_blocks, block_size)
+
+
+@pytest.mark.parametrize("script", [
+    [["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", 0], ["allocate", "A", 0]],   # A already has a table
+    [["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", 2]],                         # the last block never hits
+    [["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", -1]]])
+def test_the_provided_allocate_check_refuses_bad_uses(script):
+    last = ref.replay(4, 4, script)[-1]
+    assert last["error"].startswith("ValueError")
+    assert "error" not in ref.replay(4, 4, script[:2] if script[1][2] == 0 else script[:1])[-1]

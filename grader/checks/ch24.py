@@ -84,17 +84,6 @@ def finishing(t: Trial) -> None:
         num_blocks=16, block_size=4, max_num_seqs=4, max_num_batched_tokens=6, eos=0))
 
 
-@public("ch24.1", "a request that can never fit, or added twice, raises ValueError")
-def bad_requests(t: Trial) -> None:
-    sched = t.yours.make_scheduler(2, 4, 4, 16, eos=0)
-    big = t.yours.Sequence(list(range(1, 8)), max_tokens=3)
-    t.expect_raises(ValueError, sched.add, big, because="7 prompt tokens + 3 − 1 generated need 3 blocks of 4 and "
-                                                        "the pool has only 2: it could never run")
-    ok = t.yours.Sequence([1, 2, 3], max_tokens=2)
-    sched.add(ok)
-    t.expect_raises(ValueError, sched.add, ok, because="this sequence is already waiting")
-
-
 # -- ch24.2 ---------------------------------------------------------------------------------------------------
 
 @public("ch24.2", "figure instance: a prefix hit, chunks, a preemption and a re-admission")

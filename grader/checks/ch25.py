@@ -116,13 +116,6 @@ def others_untouched(t: Trial) -> None:
     run_store_case(t, (4, 4, 2, 3), [13, 2, 7])
 
 
-@public("ch25.2", "a slot outside the pool raises ValueError")
-def slot_out_of_pool(t: Trial) -> None:
-    k = torch.ones(2, 1, 2)
-    t.expect_raises(ValueError, t.yours.store_kv, torch.zeros(2, 2, 1, 2), torch.zeros(2, 2, 1, 2), k, k, [1, 4],
-                    because="slot 4 is outside a pool of 2 blocks × 2 slots (slots 0–3)")
-
-
 # -- ch25.3 ---------------------------------------------------------------------------------------------------
 
 @public("ch25.3", "compute_hash: one block, then a chain of two")
@@ -200,6 +193,20 @@ def chunks_and_decode(t: Trial) -> None:
               *decode(("A", 15)), *decode(("A", 16)), *decode(("A", 17)), *decode(("A", 18)), ["deallocate", "A"],
               *add("B", prompt + [14, 15, 16, 99], 4), *add("E", prompt + [14, 15, 16], 3), ["compute", "E", 4, 1]]
     run_trace(t, script, 6, 4, "chunks and decode")
+
+
+@public("ch25.3", "hash collisions (compute_hash replaced by the weak colliding_hash): a hit compares the tokens")
+def collisions(t: Trial) -> None:
+    # colliding_hash is the sum of every token up to the block's end: [4, 3, 2, 1] collides with [1, 2, 3, 4], and
+    # C's [5, 6, 8, 7] after [1, 2, 3, 4] with A's [5, 6, 7, 8] (the same first tokens: compare them all).
+    # nano-vllm's can_allocate compares the mapped block's tokens (block_manager.py), so a collision costs a hit
+    # (D finds B's block under A's hash) and never hands out a block holding other tokens, whether the block is in
+    # use (B, C) or free and cached (D).
+    script = [*add("A", [1, 2, 3, 4, 5, 6, 7, 8, 9]), ["compute", "A", 9, 10],
+              *add("B", [4, 3, 2, 1, 9]), *add("C", [1, 2, 3, 4, 5, 6, 8, 7, 11], 1),
+              ["compute", "B", 5, 12], ["compute", "C", 5, 13], ["deallocate", "A"], ["deallocate", "B"],
+              *add("D", [1, 2, 3, 4, 5, 6, 7, 8, 20])]
+    run_trace(t, script, 8, 4, "colliding hashes", weak_hash=True)
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------

@@ -30,10 +30,12 @@ M = mistakes("ch25")
 
 
 # -- running a script on both sides ------------------------------------------------------------------------
-def run_trace(t: Trial, script: list, num_blocks: int, block_size: int, case: str) -> list[dict]:
-    """Drive your BlockManager (through the provided replay) and the reference through one script."""
-    expected = t.ref.drive(drive_reference, num_blocks, block_size, script)
-    got = t.yours.replay(num_blocks, block_size, script)
+def run_trace(t: Trial, script: list, num_blocks: int, block_size: int, case: str, *,
+              weak_hash: bool = False) -> list[dict]:
+    """Drive your BlockManager (through the provided replay) and the reference through one script (with
+    weak_hash, both hash with the provided colliding_hash)."""
+    expected = t.ref.drive(drive_reference, num_blocks, block_size, script, weak_hash=weak_hash)
+    got = t.yours.replay(num_blocks, block_size, script, weak_hash=weak_hash)
     return expect_trace(script, got, expected, num_blocks, block_size, case=case)
 
 
@@ -95,8 +97,11 @@ def states(script: list, trace: list[dict], num_blocks: int) -> Iterator[tuple[d
 
 
 def hx(h) -> str:
-    """A block hash as a student reads it: 16 hex digits, or "none" for −1."""
-    return "none" if h == -1 else f"0x{h:016x}" if isinstance(h, int) and h >= 0 else repr(h)
+    """A block hash as a student reads it: 16 hex digits, "none" for −1, and a small one (colliding_hash's sums; a
+    64-bit hash below 2**16 has odds 2**-48) in decimal."""
+    if h == -1:
+        return "none"
+    return (str(h) if h < 2**16 else f"0x{h:016x}") if isinstance(h, int) and h >= 0 else repr(h)
 
 
 def describe_op(op: list, s: dict, bs: int) -> str:
@@ -165,7 +170,13 @@ def explain_value(op: list, before: dict, want: Any, got: Any, note: dict, bs: i
     if kind == "can_allocate":
         nblocks = -(-len(toks) // bs)
         lines = []
+        collision = note.get("collision")
         for i, b, in_use in note["walk"]:
+            if collision and collision["index"] == i:
+                lines.append(f"  logical block {i} {toks[i * bs:(i + 1) * bs]}: its hash {hx(collision['hash'])} maps "
+                             f"to block {collision['block']}, which holds other tokens {collision['tokens']}: a hash "
+                             "collision, so a miss: the walk stops")
+                continue
             lines.append(f"  logical block {i} {toks[i * bs:(i + 1) * bs]}: " +
                          ("miss: the walk stops" if b is None else
                           f"hit, block {b} ("
@@ -176,7 +187,9 @@ def explain_value(op: list, before: dict, want: Any, got: Any, note: dict, bs: i
         lines.append(f"  blocks to take from the free list: {nblocks} − {shared} shared = {nblocks - shared}; "
                      f"{note['free']} free → " + (f"{plural(hits, 'hit')}" if want >= 0 else "−1 (does not fit)"))
         hint = ""
-        if isinstance(got, int) and want >= 0 and got == want + 1 and want + 1 == nblocks:
+        if collision and isinstance(got, int) and got > collision["index"]:  # went on past the colliding block
+            hint = M.hash_only
+        elif isinstance(got, int) and want >= 0 and got == want + 1 and want + 1 == nblocks:
             hint = M.last_block_hits
         elif got == -1 and want >= 0 and shared and note["free"] < nblocks:  # fits only with the shared hits free
             hint = M.shared_hit_costs_a_block

@@ -172,7 +172,7 @@ MISTAKES = [
             "every block a sequence gives back (finished or preempted) returns to the free list"),
     # -- ch24.2: the three progresses -----------------------------------------------------------------------------
     mistake("progress_preempt_keeps", "ch24.2", "reset num_computed_tokens to 0 on preemption",
-            ("        computed = 0\n", "")),
+            ("        computed = 0\n", "        pass\n")),
     mistake("hit_ignored", "ch24.2", "an admitted request starts from its prefix hit: the cache served those tokens",
             ("            computed = prefix_hit\n", "            computed = 0\n")),
     mistake("progress_not_counted", "ch24.2", "the chunk was not counted: add num_scheduled to num_computed_tokens",

@@ -8,9 +8,12 @@ from typing import Any, Callable
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, describe, expect_records, hidden, raised
+from grader.authoring import CheckFailed, Trial, describe, hidden, mistakes
 from grader.checks.ch25 import check_store, expect_slots, run_slot_case, run_store_case, slot_variants
 from grader.checks.ch25_explain import describe_op, drive_reference, expect_trace, hx, states
+
+M = mistakes("ch25")
+
 
 # -- ch25.1 ---------------------------------------------------------------------------------------------------
 
@@ -51,11 +54,17 @@ def long_prompt(t: Trial) -> None:
                  t.ref.drive(slot_variants, table, positions, block_size))
 
 
-@hidden("ch25.1", "bad inputs raise ValueError")
-def bad_slot_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.slot_mapping, [0, 1], [-1, 0], 2, because="position −1 does not exist")
-    t.expect_raises(ValueError, t.yours.slot_mapping, [0, 1], [0, 1], 0, because="block_size must be positive")
+@hidden("ch25.1", "positions beyond the block table raise ValueError")
+def beyond_table_hidden(t: Trial) -> None:
     t.expect_raises(ValueError, t.yours.slot_mapping, [], [0], 4, because="an empty block table holds no position")
+    block_size = t.random.choice([2, 4, 16])
+    table = random_table(t, t.random.randint(1, 6), 64)
+    end = len(table) * block_size
+    positions = [t.random.randrange(end) for _ in range(5)] + [end + t.random.randrange(block_size)]
+    t.random.shuffle(positions)
+    t.expect_raises(ValueError, t.yours.slot_mapping, table, positions, block_size,
+                    because=f"position {max(positions)} is in logical block {max(positions) // block_size}, "
+                            f"but the table has only {len(table)} blocks")
 
 
 # -- ch25.2 ---------------------------------------------------------------------------------------------------
@@ -80,17 +89,6 @@ def bf16_cache(t: Trial) -> None:
 def last_slot(t: Trial) -> None:
     k = torch.randn(2, 2, 4, generator=t.rng)
     check_store(t, torch.zeros(3, 4, 2, 4), torch.zeros(3, 4, 2, 4), k, 2 * k, [11, 0], 4)
-
-
-@hidden("ch25.2", "mismatched shapes raise ValueError")
-def bad_store_inputs(t: Trial) -> None:
-    cache = torch.zeros(2, 2, 2, 4)
-    t.expect_raises(ValueError, t.yours.store_kv, cache, cache.clone(), torch.ones(2, 1, 4), torch.ones(2, 1, 4), [0, 1],
-                    because="k has 1 kv head but the cache has 2")
-    t.expect_raises(ValueError, t.yours.store_kv, cache, cache.clone(), torch.ones(2, 2, 4), torch.ones(2, 2, 4), [0],
-                    because="there are 2 tokens but only 1 slot")
-    t.expect_raises(ValueError, t.yours.store_kv, cache, cache.clone(), torch.ones(1, 2, 4), torch.ones(1, 2, 4), [-2],
-                    because="−2 is neither a slot nor the padding marker −1")
 
 
 # -- ch25.3 ---------------------------------------------------------------------------------------------------
@@ -119,10 +117,29 @@ def block_sizes(t: Trial) -> None:
 def invariants(t: Trial) -> None:
     # The scheduler acts on your can_allocate / can_append, one operation at a time, so whatever order your
     # manager hands blocks out in, the state after every step must still add up.
+    own_trace_invariants(t, workload(t.random, num_requests=16, block_size=4, num_prefixes=3, max_new=8,
+                                     max_len=12 * 4, per_step=2))
+
+
+@hidden("ch25.3", "weak hash (colliding_hash), collisions everywhere: the same trace, no block with other tokens "
+                  "handed out", time_limit=30)
+def weak_hash_collisions(t: Trial) -> None:
+    # Prompts share system prompts and half have one block's tokens shuffled: under colliding_hash (the sum of the
+    # tokens so far) the shuffled block and every later one collide with the original's.
+    random_trace(t, num_blocks=24, block_size=4, num_requests=60, max_new=6, max_seqs=6, budget=24, per_step=2,
+                 case="colliding hashes, 60 requests over 24 blocks", weak_hash=True)
+    # and driven by your own answers: a block table never holds a hashed block with other tokens
+    own_trace_invariants(t, workload(t.random, num_requests=20, block_size=4, num_prefixes=3, max_new=6,
+                                     max_len=12 * 4, per_step=2, shuffle=0.5), weak_hash=True)
+
+
+# -- helpers --------------------------------------------------------------------------------------------------
+
+def own_trace_invariants(t: Trial, requests: list, *, weak_hash: bool = False) -> None:
+    """The scheduler in miniature drives your manager on your own answers (12 blocks of 4); every state of your
+    trace must satisfy the invariants."""
     num_blocks, bs = 12, 4
-    requests = workload(t.random, num_requests=16, block_size=bs, num_prefixes=3, max_new=8, max_len=num_blocks * bs,
-                        per_step=2)
-    runner, ops, trace = t.yours.ScriptRunner(num_blocks, bs), [], []
+    runner, ops, trace = t.yours.ScriptRunner(num_blocks, bs, weak_hash), [], []
 
     def do(op: list):
         records = runner.run([op])
@@ -145,38 +162,24 @@ def invariants(t: Trial) -> None:
         pass
     everything = set(range(num_blocks))
     for i, (before, s) in enumerate(states(ops, trace, num_blocks)):
-        head = f"invariants on your own trace, step {i + 1}: {describe_op(ops[i], before, bs)}"
+        head = f"invariants on your own trace{' (hashing with colliding_hash)' * weak_hash}, step {i + 1}: " \
+               f"{describe_op(ops[i], before, bs)}"
         if "error" in s:
             raise CheckFailed(head, f"your code raised {s['error']}")
-        problem = broken_invariant(s, everything, ops[i][1])
+        problem = broken_invariant(s, everything, ops[i][1], bs)
         if problem:
-            raise CheckFailed(head, problem)
+            raise CheckFailed(head, problem, hint=M.hash_only if problem.startswith(OTHER_TOKENS) else "")
 
-
-@hidden("ch25.3", "bad inputs raise ValueError")
-def bad_manager_inputs(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.BlockManager, 0, 4, because="a pool needs at least one block")
-    t.expect_raises(ValueError, t.yours.BlockManager, 4, 1, because="block_size 1 cannot mark a new block by len % 1 == 1")
-    for script, because in (([["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", 0], ["allocate", "A", 0]],
-                             "A already has a block table"),
-                            ([["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", 2]],
-                             "A has 2 blocks and the last one never hits: num_cached_blocks must be 0 or 1")):
-        trace = expect_records(t.yours.replay(4, 4, script))
-        last = trace[-1] if trace else {}
-        if not (raised(last) and str(last["error"]).startswith("ValueError")):
-            got = f"raised {last['error']}" if "error" in last else "returned normally"
-            raise CheckFailed(f"allocate should raise ValueError because {because}; yours {got}")
-
-
-# -- helpers --------------------------------------------------------------------------------------------------
 
 def random_table(t: Trial, num_blocks: int, pool: int) -> list[int]:
     return torch.randperm(pool, generator=t.rng)[:num_blocks].tolist()
 
 
 def workload(rnd: random.Random, *, num_requests: int, block_size: int, num_prefixes: int, max_new: int,
-             max_len: int, per_step: int) -> list[tuple[int, str, list[int], int]]:
-    """Requests (arrival step, name, prompt, new tokens): a few shared system prompts, some exact duplicates."""
+             max_len: int, per_step: int, shuffle: float = 0.0) -> list[tuple[int, str, list[int], int]]:
+    """Requests (arrival step, name, prompt, new tokens): a few shared system prompts, some exact duplicates; with
+    probability `shuffle` a request has the tokens of one of its full blocks (not the last) shuffled, so that
+    under colliding_hash that block collides with the unshuffled one."""
     prefixes = [[rnd.randrange(1, 100) for _ in range(rnd.randint(block_size, 4 * block_size))]
                 for _ in range(num_prefixes)]
     out: list[tuple[int, str, list[int], int]] = []
@@ -187,6 +190,12 @@ def workload(rnd: random.Random, *, num_requests: int, block_size: int, num_pref
             head = rnd.choice(prefixes) if rnd.random() < 0.8 else []
             prompt = head + [rnd.randrange(1, 100) for _ in range(rnd.randint(1, 3 * block_size))]
         prompt = prompt[:max_len - max_new]
+        full = (len(prompt) - 1) // block_size
+        if full and rnd.random() < shuffle:
+            b = rnd.randrange(full)
+            block = prompt[b * block_size:(b + 1) * block_size]
+            rnd.shuffle(block)
+            prompt[b * block_size:(b + 1) * block_size] = block
         out.append((i // per_step, f"R{i}", prompt, rnd.randint(1, max_new)))
     return out
 
@@ -266,20 +275,23 @@ def simulate(do: Callable[[list], object], seed: int, block_size: int, requests:
     return script
 
 
-def reference_do(ref: Any, num_blocks: int, block_size: int) -> Callable[[list], object]:
+def reference_do(ref: Any, num_blocks: int, block_size: int, weak_hash: bool = False) -> Callable[[list], object]:
     manager, seqs = ref.BlockManager(num_blocks, block_size), dict[str, Any]()
+    if weak_hash:
+        manager.compute_hash = ref.colliding_hash  # the reference hashes through self.compute_hash
     return lambda op: ref.run_op(manager, seqs, op)
 
 
 def random_trace(t: Trial, *, num_blocks: int, block_size: int, num_requests: int, max_new: int, max_seqs: int,
-                 budget: int, per_step: int, case: str) -> tuple[list, list]:
-    """A random workload scheduled over the reference; your manager must give the same trace."""
+                 budget: int, per_step: int, case: str, weak_hash: bool = False) -> tuple[list, list]:
+    """A random workload scheduled over the reference; your manager must give the same trace (with weak_hash,
+    both hash with colliding_hash and half the prompts have a shuffled block)."""
     requests = workload(t.random, num_requests=num_requests, block_size=block_size, num_prefixes=4, max_new=max_new,
-                        max_len=num_blocks * block_size, per_step=per_step)
-    script = simulate(reference_do(t.ref, num_blocks, block_size), t.random.randrange(2**31), block_size, requests,
-                      max_seqs, budget)
-    expected = t.ref.drive(drive_reference, num_blocks, block_size, script)
-    got = t.yours.replay(num_blocks, block_size, script)
+                        max_len=num_blocks * block_size, per_step=per_step, shuffle=0.5 if weak_hash else 0.0)
+    script = simulate(reference_do(t.ref, num_blocks, block_size, weak_hash), t.random.randrange(2**31), block_size,
+                      requests, max_seqs, budget)
+    expected = t.ref.drive(drive_reference, num_blocks, block_size, script, weak_hash=weak_hash)
+    got = t.yours.replay(num_blocks, block_size, script, weak_hash=weak_hash)
     expect_trace(script, got, expected, num_blocks, block_size, case=case)
     return script, got
 
@@ -288,7 +300,10 @@ class Stop(Exception):
     """The manager raised: the scheduler stops and the trace so far is judged."""
 
 
-def broken_invariant(s: dict, everything: set[int], name: str) -> str | None:
+OTHER_TOKENS = "a block holding other tokens was handed out"
+
+
+def broken_invariant(s: dict, everything: set[int], name: str, block_size: int) -> str | None:
     """The first invariant this state breaks (they hold whatever the allocation order), or None."""
     free, used = s["free"], s["used"]
     if len(set(free)) != len(free):
@@ -310,6 +325,12 @@ def broken_invariant(s: dict, everything: set[int], name: str) -> str | None:
         if s["hash"][b] != h:
             return (f"hash_to_block_id maps {hx(h)} to block {b}, whose hash is {hx(s['hash'][b])}: every entry must "
                     "point at a block carrying that hash (evict an entry when its block is reused)")
+    for n, table in s["tables"].items():
+        for i, b in enumerate(table):
+            mine = s["seqs"][n][i * block_size:(i + 1) * block_size]
+            if s["hash"][b] != -1 and s["tokens"][b] != mine:
+                return (f"{OTHER_TOKENS}: block {b} is {n}'s logical block {i}, whose tokens are {mine}, but it "
+                        f"holds {s['tokens'][b]} (hashed with them, {hx(s['hash'][b])})")
     if s["cached"].get(name, 0) > len(s["seqs"][name]):
         return f"{name}.num_cached_tokens = {s['cached'][name]} exceeds its {len(s['seqs'][name])} tokens"
     return None

@@ -67,6 +67,12 @@ MISTAKES = [
             "a hit on a block in use needs no free block: subtract it from the blocks needed", (SHARED, "")),
     mistake("free_hit_costless", "ch25.3", "a hit on a free (cached) block still takes a block out of the free list",
             (SHARED, "            needed -= 1\n")),
+    mistake("hash_only", "ch25.3",
+            "a hash names a block's tokens only up to collisions: on a hit, compare the tokens stored with the mapped "
+            "block to this block's tokens, and treat a difference as a miss (nano-vllm: `self.blocks[block_id]"
+            ".token_ids != token_ids`), or a block holding other tokens is handed out as this prefix",
+            ("            if block_id is None or self.blocks[block_id].token_ids != tokens:",
+             "            if block_id is None:")),
     mistake("no_lookup", "ch25.3",
             "look each full block's chained hash up in hash_to_block_id: h_i = compute_hash(block i, h_(i−1))",
             ("            if block_id is None or self.blocks[block_id].token_ids != tokens:\n                break\n",

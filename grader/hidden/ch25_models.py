@@ -10,10 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 
-def drive_reference(ref: Any, num_blocks: int, block_size: int, script: list) -> dict:
+def drive_reference(ref: Any, num_blocks: int, block_size: int, script: list, weak_hash: bool = False) -> dict:
     """The reference's trace of a script, plus per step the facts an explanation needs (plain data):
-    for can_allocate the walk over the hash chain, for compute each newly hashed block's unchained hash."""
+    for can_allocate the walk over the hash chain (and, when it stops at a hash whose block holds other tokens,
+    that collision), for compute each newly hashed block's unchained hash. With weak_hash, the reference hashes
+    with `colliding_hash`, as the student's replay does."""
     manager, notes = ref.BlockManager(num_blocks, block_size), []
+    hash_fn = ref.colliding_hash if weak_hash else ref.BlockManager.compute_hash
+    manager.compute_hash = hash_fn  # the reference hashes through self.compute_hash
     seqs: dict[str, Any] = {}
     for op in script:
         note: dict = {}
@@ -21,20 +25,22 @@ def drive_reference(ref: Any, num_blocks: int, block_size: int, script: list) ->
         if op[0] == "can_allocate" and seq is not None:
             h, walk = -1, []
             for i in range(seq.num_blocks - 1):
-                h = ref.BlockManager.compute_hash(seq.block(i), h)
+                h = hash_fn(seq.block(i), h)
                 b = manager.hash_to_block_id.get(h)
                 hit = b is not None and manager.blocks[b].token_ids == seq.block(i)
                 walk.append([i, b if hit else None, hit and b in manager.used_block_ids])
                 if not hit:
+                    if b is not None:
+                        note["collision"] = {"index": i, "hash": h, "block": b,
+                                             "tokens": list(manager.blocks[b].token_ids)}
                     break
-            note = {"walk": walk, "free": len(manager.free_block_ids)}
+            note.update(walk=walk, free=len(manager.free_block_ids))
         elif op[0] == "compute" and seq is not None:
             first, end = seq.num_cached_tokens // block_size, (seq.num_cached_tokens + op[2]) // block_size
-            note = {"unchained": {seq.block_table[i]: ref.BlockManager.compute_hash(seq.block(i))
-                                  for i in range(first, end)}}
+            note = {"unchained": {seq.block_table[i]: hash_fn(seq.block(i)) for i in range(first, end)}}
         ref.run_op(manager, seqs, op)
         notes.append(note)
-    return {"trace": ref.replay(num_blocks, block_size, script), "notes": notes}
+    return {"trace": ref.replay(num_blocks, block_size, script, weak_hash=weak_hash), "notes": notes}
 
 
 def slot_variants(ref, block_table: list[int], positions: list[int], block_size: int) -> dict:
