@@ -32,6 +32,16 @@ input by its slice of the weight rows and gets a partial of the *full* output sh
 an all-reduce sums the partials (o_proj, down_proj). Column then row needs one
 all-reduce per pair, and none in between.
 
+The vocabulary is split the same way (nanovllm/layers/embed_head.py): rank r holds
+the V/tp rows [r·V/tp, (r+1)·V/tp) of the embedding table. Every rank sees all the
+ids; an id outside its rows is no error. The rank masks the ids it owns, maps them to
+local rows id − r·V/tp and every other id to local row 0, looks the rows up, zeroes the
+rows of the ids it does not own, and an all-reduce adds the ranks' partials: each id
+has one owner, so the sum is its row. The LM head shares that split: each rank computes
+the logits of its own V/tp tokens, and a gather to rank 0 concatenates them along the
+vocabulary in rank order. Loading a checkpoint (nanovllm/layers/linear.py), the fused
+qkv_proj of each rank takes its chunk of q_proj, k_proj and v_proj, its own q | k | v.
+
 查表不是 reshape;权重按 [out, in] 存储、按 x·Wᵀ 计算;head_dim 来自 config;prefill 只为每个请求的最后一个 token 计算 logits。
 """
 
@@ -44,8 +54,9 @@ def embedding_lookup(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     out[..., :] = weight[ids[...], :]: the ids keep their shape and each id
     becomes the H numbers of its row. Repeated ids read the same row twice; the
     table is never reshaped. This is nano-vllm's `VocabParallelEmbedding` at
-    tp = 1 (with tp > 1 each rank holds V/tp rows, zeroes the ids it does not own,
-    and an all-reduce adds the rows up).
+    tp = 1 (with tp > 1 each rank holds V/tp rows, maps the ids it does not own to
+    its local row 0, zeroes those rows after the lookup, and an all-reduce adds the
+    ranks' rows up, as vocab_parallel_embedding does).
 
     Args:
         weight: the table E, [V, H] (vocab_size, hidden_size), any float dtype.
@@ -63,8 +74,9 @@ def embedding_lookup(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         >>> embedding_lookup(E, torch.tensor([[2, 0, 4]])).shape
         torch.Size([1, 3, 4])
     """
-    # TODO(ch15.1): your code here (about 12 lines)
-    raise NotImplementedError("ch15.1 embedding_lookup: not implemented yet (about 12 lines)")
+    ids = _check_lookup(weight, ids)
+    # TODO(ch15.1): your code here (about 1 line)
+    raise NotImplementedError("ch15.1 embedding_lookup: not implemented yet (about 1 line)")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -83,9 +95,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         [..., out] tensor in x's dtype.
 
     Raises:
-        ValueError: weight not 2-D; a weight passed as [in, out] (x's last dim
-            matches weight.shape[0] but not weight.shape[1]; the message names the
-            convention: weights are stored [out, in]); any other feature mismatch;
+        ValueError: a weight passed as [in, out] (x's last dim matches
+            weight.shape[0] but not weight.shape[1]), with a message that names the
+            convention: weights are stored [out, in]. This one is yours to write; the
+            provided check raises for a weight not 2-D, any other feature mismatch and
             a bias that is not [out].
 
     Example:
@@ -93,8 +106,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         >>> linear(torch.tensor([[1., 2., 3.]]), W)
         tensor([[7., 2.]])
     """
-    # TODO(ch15.2): your code here (about 16 lines)
-    raise NotImplementedError("ch15.2 linear: not implemented yet (about 16 lines)")
+    _check_linear(x, weight, bias)
+    # TODO(ch15.2): your code here (about 6 lines)
+    raise NotImplementedError("ch15.2 linear: not implemented yet (about 6 lines)")
 
 
 def split_qkv(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
@@ -127,8 +141,9 @@ def split_qkv(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
         >>> q.shape, k.shape, v.shape
         (torch.Size([3, 4]), torch.Size([3, 2]), torch.Size([3, 2]))
     """
-    # TODO(ch15.3): your code here (about 11 lines)
-    raise NotImplementedError("ch15.3 split_qkv: not implemented yet (about 11 lines)")
+    _check_split(qkv, num_heads, num_kv_heads, head_dim)
+    # TODO(ch15.3): your code here (about 3 lines)
+    raise NotImplementedError("ch15.3 split_qkv: not implemented yet (about 3 lines)")
 
 
 def projection_shapes(config: dict) -> dict[str, tuple[int, ...]]:
@@ -175,8 +190,9 @@ def projection_shapes(config: dict) -> dict[str, tuple[int, ...]]:
         >>> projection_shapes(cfg)["qkv_proj"]
         (4096, 1024)
     """
-    # TODO(ch15.4): your code here (about 17 lines)
-    raise NotImplementedError("ch15.4 projection_shapes: not implemented yet (about 17 lines)")
+    _check_config(config)
+    # TODO(ch15.4): your code here (about 4 lines)
+    raise NotImplementedError("ch15.4 projection_shapes: not implemented yet (about 4 lines)")
 
 
 def forward_checkpoints(config: dict, prompt_lens: list[int]) -> list[tuple[str, tuple[int, ...]]]:
@@ -211,8 +227,9 @@ def forward_checkpoints(config: dict, prompt_lens: list[int]) -> list[tuple[str,
         >>> forward_checkpoints({"hidden_size": 1024, "vocab_size": 151936}, [3, 2])[-1]
         ('logits', (2, 151936))
     """
-    # TODO(ch15.5): your code here (about 10 lines)
-    raise NotImplementedError("ch15.5 forward_checkpoints: not implemented yet (about 10 lines)")
+    _check_checkpoints(config, prompt_lens)
+    # TODO(ch15.5): your code here (about 4 lines)
+    raise NotImplementedError("ch15.5 forward_checkpoints: not implemented yet (about 4 lines)")
 
 
 def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, tp: int) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -243,8 +260,9 @@ def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, tp: int) -> tu
         >>> [s.shape for s in shards], out.shape
         ([torch.Size([2, 2]), torch.Size([2, 2])], torch.Size([2, 4]))
     """
-    # TODO(ch15.6): your code here (about 10 of the task's 29 lines, in 2 places)
-    raise NotImplementedError("ch15.6 column_parallel_linear: not implemented yet (about 29 lines)")
+    _check_column(x, weight, tp)
+    # TODO(ch15.6): your code here (about 3 of the task's 9 lines, in 2 places)
+    raise NotImplementedError("ch15.6 column_parallel_linear: not implemented yet (about 9 lines)")
 
 
 def row_parallel_linear(x_shards: list[torch.Tensor], weight: torch.Tensor,
@@ -277,5 +295,287 @@ def row_parallel_linear(x_shards: list[torch.Tensor], weight: torch.Tensor,
         >>> partials[0].shape, out[0, 0].item()
         (torch.Size([2, 3]), 4.0)
     """
-    # TODO(ch15.6): your code here (about 19 of the task's 29 lines, in 2 places)
-    raise NotImplementedError("ch15.6 row_parallel_linear: not implemented yet (about 29 lines)")
+    _check_row(x_shards, weight, tp)
+    # TODO(ch15.6): your code here (about 6 of the task's 9 lines, in 2 places)
+    raise NotImplementedError("ch15.6 row_parallel_linear: not implemented yet (about 9 lines)")
+
+
+def vocab_parallel_embedding(weight_shard: torch.Tensor, ids: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
+    """One rank's partial of a vocabulary-parallel embedding lookup. Task ch15.7.
+
+    The table E [V, H] is split by rows over tp ranks: rank r holds
+    weight_shard = E[start : start + V/tp] with start = r·V/tp, and every rank
+    receives all the ids. As nano-vllm's `VocabParallelEmbedding.forward`
+    (nanovllm/layers/embed_head.py, bb823b3), the rank
+      1. marks the ids it owns: mask = (ids ≥ start) & (ids < start + V/tp);
+      2. maps them to local rows, id − start, and every other id to local row 0
+         (ids · mask after the shift: row 0 is only a placeholder that any rank has);
+      3. looks the local rows up in its shard;
+      4. zeroes the rows of the ids it does not own (rows · mask), so the placeholder
+         adds nothing.
+    The all-reduce that follows (a sum over the ranks; the check does it) gives every
+    rank E[ids]: each id has exactly one owner, whose row is the only non-zero term.
+
+    Args:
+        weight_shard: this rank's rows of E, [V/tp, H].
+        ids: integer token ids [N] (the flattened batch), each in [0, V), V = tp·V/tp.
+        rank: this rank, 0 ≤ rank < tp.
+        tp: the number of ranks (≥ 1).
+
+    Returns:
+        The rank's partial [N, H] in weight_shard's dtype: row i is E[ids[i]] where
+        this rank owns ids[i], and zeros elsewhere.
+
+    Raises:
+        ValueError: weight_shard not 2-D, ids not an integer tensor [N], tp or rank
+            out of range, or an id outside [0, tp·V/tp) (the provided check).
+
+    Example:
+        >>> E = torch.arange(8.).reshape(4, 2)          # V = 4, H = 2: rank 1 of 2 holds rows 2 and 3
+        >>> vocab_parallel_embedding(E[2:], torch.tensor([3, 0, 2]), 1, 2)
+        tensor([[6., 7.],
+                [0., 0.],
+                [4., 5.]])
+    """
+    _check_vocab_shard(weight_shard, ids, rank, tp)
+    # TODO(ch15.7): your code here (about 4 lines)
+    raise NotImplementedError("ch15.7 vocab_parallel_embedding: not implemented yet (about 4 lines)")
+
+
+def parallel_lm_head(hidden: torch.Tensor, weight_shards: list[torch.Tensor],
+                     cu_seqlens_q: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits from a vocabulary-parallel LM head, gathered in rank order. Task ch15.8.
+
+    The LM head weight [V, H] is split by rows like the embedding table: rank r
+    holds weight_shards[r] = rows [r·V/tp, (r+1)·V/tp), the tokens whose logits it
+    computes. As nano-vllm's `ParallelLMHead.forward` (nanovllm/layers/embed_head.py,
+    bb823b3):
+      1. in a prefill step, keep only each sequence's last token, the rows
+         cu_seqlens_q[1:] − 1 (in a decode step each row already is one sequence's
+         newest token: keep them all);
+      2. on each rank, the local logits x @ W_rᵀ, [B, V/tp];
+      3. gather them to rank 0 and concatenate them along the vocabulary in rank
+         order: [B, V], column j the logit of token id j.
+    The ranks are simulated as a list; nano-vllm returns this on rank 0 (None on
+    the others).
+
+    Args:
+        hidden: the final norm's output [N, H] (the flattened batch).
+        weight_shards: tp tensors [V/tp, H], rank r's rows of the LM head weight.
+        cu_seqlens_q: an integer tensor [B + 1], 0 and the running sums of the query
+            lengths, in a prefill step; None in a decode step.
+
+    Returns:
+        logits [B, V] (prefill, B = len(cu_seqlens_q) − 1) or [N, V] (decode), in
+        hidden's dtype.
+
+    Raises:
+        ValueError: hidden not [N, H], shards not all [V/tp, H], or cu_seqlens_q not
+            an increasing integer vector from 0 to N (the provided check).
+
+    Example:
+        >>> W = torch.eye(4)[:, :2]                        # V = 4, H = 2, rows split over 2 ranks
+        >>> parallel_lm_head(torch.tensor([[1., 2.], [3., 4.], [5., 6.]]), list(W.split(2)), torch.tensor([0, 2, 3]))
+        tensor([[3., 4., 0., 0.],
+                [5., 6., 0., 0.]])
+    """
+    _check_lm_head(hidden, weight_shards, cu_seqlens_q)
+    # TODO(ch15.8): your code here (about 4 lines)
+    raise NotImplementedError("ch15.8 parallel_lm_head: not implemented yet (about 4 lines)")
+
+
+def qkv_shard(shard_id: str, num_heads: int, num_kv_heads: int, head_dim: int, tp: int,
+              rank: int) -> tuple[int, int, int]:
+    """Where q_proj, k_proj or v_proj goes in one rank's fused qkv_proj weight. Task ch15.9.
+
+    A checkpoint stores q_proj [Hq·d, H], k_proj [Hkv·d, H] and v_proj [Hkv·d, H]
+    apart. nano-vllm's `QKVParallelLinear` (nanovllm/layers/linear.py, bb823b3) holds
+    one fused weight per rank, [(Hq/tp + 2·Hkv/tp)·d, H], packed with that rank's own
+    heads as q | k | v, and its `weight_loader(param, loaded_weight, shard_id)` copies
+    rows [start, start + size) of the loaded weight to rows [offset, offset + size)
+    of the rank's weight:
+      - size: the rank's share of that projection, (Hq/tp)·d rows for "q" and
+        (Hkv/tp)·d for "k" and "v" (under GQA the K/V heads are split by their own
+        count, so each rank keeps the K/V heads its query heads read);
+      - offset, in the rank's layout (not the global one): 0 for "q", (Hq/tp)·d for
+        "k", (Hq/tp + Hkv/tp)·d for "v";
+      - start: chunk `rank` of the loaded weight, rank·size.
+    The course, like nano-vllm, requires tp to divide both head counts.
+
+    Args:
+        shard_id: "q", "k" or "v", the projection being loaded.
+        num_heads: query heads Hq; num_kv_heads: key/value heads Hkv.
+        head_dim: d, the rows per head.
+        tp: the number of ranks; rank: this rank, 0 ≤ rank < tp.
+
+    Returns:
+        (offset, start, size), Python ints: param[offset : offset + size] =
+        loaded_weight[start : start + size].
+
+    Raises:
+        ValueError: shard_id not "q", "k" or "v", a size that is not a positive int,
+            tp not dividing both head counts, or rank outside [0, tp) (the provided check).
+
+    Example:
+        >>> qkv_shard("k", 16, 8, 128, 2, 1)            # Qwen3-0.6B, rank 1 of 2
+        (1024, 512, 512)
+    """
+    _check_qkv_shard(shard_id, num_heads, num_kv_heads, head_dim, tp, rank)
+    # TODO(ch15.9): your code here (about 4 lines)
+    raise NotImplementedError("ch15.9 qkv_shard: not implemented yet (about 4 lines)")
+
+
+# -- provided: the input checks every task needs but none teaches (not part of the exercise) ----------------------
+
+def _check_lookup(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Provided: raise ValueError unless weight is a 2-D table [V, H] and ids are integers in [0, V) (a negative id
+    would silently wrap to the end of the table); returns ids as a tensor."""
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"the embedding table must be a 2-D tensor [V, H]; got {getattr(weight, 'shape', weight)}")
+    ids = torch.as_tensor(ids)
+    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise ValueError(f"token ids must be integers (int64); got a {ids.dtype} tensor")
+    V = weight.shape[0]
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= V):
+        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+        raise ValueError(f"token id {bad} is outside the vocabulary: the table [V={V}, H] has rows 0 … {V - 1}")
+    return ids
+
+
+def _check_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Provided: raise ValueError for a weight that is not 2-D, an x without a feature axis, an x whose width is
+    neither in nor out of the weight, or a bias that is not [out] (an x as wide as out is the exercise's case)."""
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D [out, in]; got {list(weight.shape)}")
+    if x.dim() < 1:
+        raise ValueError("x must have a feature axis: [..., in]")
+    out_features, in_features = weight.shape
+    if x.shape[-1] not in (in_features, out_features):
+        raise ValueError(f"x has {x.shape[-1]} features but weight [out, in] = {list(weight.shape)} expects "
+                         f"{in_features}")
+    if bias is not None and list(bias.shape) != [out_features]:
+        raise ValueError(f"bias must be [out] = [{out_features}]; got {list(bias.shape)}")
+
+
+def _check_split(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    """Provided: raise ValueError for a head count or head_dim that is not a positive int, or a last dim other
+    than (num_heads + 2·num_kv_heads)·head_dim."""
+    for name, n in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+        if type(n) is not int or n <= 0:
+            raise ValueError(f"{name} must be a positive int; got {n!r}")
+    width = (num_heads + 2 * num_kv_heads) * head_dim
+    if qkv.dim() < 1 or qkv.shape[-1] != width:
+        got = qkv.shape[-1] if qkv.dim() else "no feature axis"
+        raise ValueError(f"qkv's last dim must be (num_heads + 2·num_kv_heads)·head_dim = "
+                         f"({num_heads} + 2·{num_kv_heads})·{head_dim} = {width}; got {got}")
+
+
+def _check_config(config: dict) -> None:
+    """Provided: raise ValueError for a missing key, a size that is not a positive int, a tie_word_embeddings that
+    is not a bool, or num_key_value_heads not dividing num_attention_heads."""
+    sizes = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+             "vocab_size")
+    missing = [key for key in sizes + ("tie_word_embeddings",) if key not in config]
+    if missing:
+        raise ValueError(f"the config lacks {', '.join(missing)}; every width is read from the config "
+                         f"(head_dim too: it is not hidden_size / num_attention_heads)")
+    for key in sizes:
+        if type(config[key]) is not int or config[key] <= 0:
+            raise ValueError(f"config[{key!r}] must be a positive int; got {config[key]!r}")
+    if type(config["tie_word_embeddings"]) is not bool:
+        raise ValueError(f"config['tie_word_embeddings'] must be a bool; got {config['tie_word_embeddings']!r}")
+    if config["num_attention_heads"] % config["num_key_value_heads"]:
+        raise ValueError(f"num_key_value_heads={config['num_key_value_heads']} must divide "
+                         f"num_attention_heads={config['num_attention_heads']} (GQA groups)")
+
+
+def _check_checkpoints(config: dict, prompt_lens: list[int]) -> None:
+    """Provided: raise ValueError for a hidden_size or vocab_size missing or not a positive int, no requests, or a
+    prompt length that is not a positive int."""
+    for key in ("hidden_size", "vocab_size"):
+        if type(config.get(key)) is not int or config[key] <= 0:
+            raise ValueError(f"config[{key!r}] must be a positive int; got {config.get(key)!r}")
+    if not prompt_lens or any(type(n) is not int or n <= 0 for n in prompt_lens):
+        raise ValueError(f"prompt_lens must list at least one request, each with a positive int length; "
+                         f"got {prompt_lens!r}")
+
+
+def _check_tp(tp: int) -> None:
+    """Provided: raise ValueError unless tp is a positive int."""
+    if type(tp) is not int or tp < 1:
+        raise ValueError(f"tp must be a positive int; got {tp!r}")
+
+
+def _check_column(x: torch.Tensor, weight: torch.Tensor, tp: int) -> None:
+    """Provided: raise ValueError for a bad tp, x or weight not 2-D, x's width other than weight.shape[0], or tp not
+    dividing the output columns."""
+    _check_tp(tp)
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[0]:
+        raise ValueError(f"need x [N, in] and weight [in, out] (the math convention, y = x @ W); got "
+                         f"{list(x.shape)} and {list(weight.shape)}")
+    if weight.shape[1] % tp:
+        raise ValueError(f"tp={tp} must divide the {weight.shape[1]} output columns that column parallelism splits")
+
+
+def _check_row(x_shards: list[torch.Tensor], weight: torch.Tensor, tp: int) -> None:
+    """Provided: raise ValueError for a bad tp, a weight not 2-D, tp not dividing its input rows, len(x_shards) ≠ tp,
+    or a shard that is not [N, in/tp] (the same N for all)."""
+    _check_tp(tp)
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D [in, out] (the math convention, y = x @ W); got {list(weight.shape)}")
+    if weight.shape[0] % tp:
+        raise ValueError(f"tp={tp} must divide the {weight.shape[0]} input rows that row parallelism splits")
+    if len(x_shards) != tp:
+        raise ValueError(f"need one input shard per rank: tp={tp}, got {len(x_shards)} shards")
+    part, n = weight.shape[0] // tp, x_shards[0].shape[0] if x_shards[0].dim() == 2 else None
+    for r, xs in enumerate(x_shards):
+        if xs.dim() != 2 or xs.shape[1] != part or xs.shape[0] != n:
+            raise ValueError(f"every shard must be [N, in/tp] = [{n}, {part}]; shard {r} is {list(xs.shape)}")
+
+
+def _check_vocab_shard(weight_shard: torch.Tensor, ids: torch.Tensor, rank: int, tp: int) -> None:
+    """Provided: raise ValueError for a shard that is not 2-D, ids that are not an integer tensor [N], a bad tp or
+    rank, or an id outside the whole vocabulary [0, tp·V/tp) (an id outside this rank's rows is no error)."""
+    _check_tp(tp)
+    if type(rank) is not int or not 0 <= rank < tp:
+        raise ValueError(f"rank must be an int in [0, tp = {tp}); got {rank!r}")
+    if not isinstance(weight_shard, torch.Tensor) or weight_shard.dim() != 2:
+        raise ValueError(f"weight_shard must be a 2-D tensor [V/tp, H]; got {getattr(weight_shard, 'shape', None)}")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype == torch.bool or ids.is_floating_point() \
+            or ids.is_complex():
+        raise ValueError(f"ids must be an integer tensor [N]; got {getattr(ids, 'dtype', ids)} "
+                         f"{list(getattr(ids, 'shape', []))}")
+    V = tp * weight_shard.shape[0]
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= V):
+        raise ValueError(f"token ids must lie in [0, V = {V}); got {int(ids.min())} … {int(ids.max())}")
+
+
+def _check_lm_head(hidden: torch.Tensor, weight_shards: list[torch.Tensor], cu_seqlens_q: torch.Tensor | None) -> None:
+    """Provided: raise ValueError for a hidden that is not [N, H], no shards or shards not all [V/tp, H], or a
+    cu_seqlens_q that is not an increasing integer vector from 0 to N."""
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2:
+        raise ValueError(f"hidden must be [N, H]; got {getattr(hidden, 'shape', hidden)}")
+    shapes = [list(w.shape) if isinstance(w, torch.Tensor) else None for w in weight_shards]
+    if not shapes or any(s is None or len(s) != 2 or s != shapes[0] or s[1] != hidden.shape[1] for s in shapes):
+        raise ValueError(f"weight_shards must be tp ≥ 1 tensors [V/tp, H = {hidden.shape[1]}] alike; got {shapes}")
+    if cu_seqlens_q is None:
+        return
+    cu = cu_seqlens_q
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.is_floating_point() or cu.dtype == torch.bool \
+            or len(cu) < 2 or int(cu[0]) != 0 or int(cu[-1]) != hidden.shape[0] or bool((cu[1:] <= cu[:-1]).any()):
+        raise ValueError(f"cu_seqlens_q must be an increasing integer vector from 0 to N = {hidden.shape[0]}, one "
+                         f"step per sequence; got {cu!r}")
+
+
+def _check_qkv_shard(shard_id: str, num_heads: int, num_kv_heads: int, head_dim: int, tp: int, rank: int) -> None:
+    """Provided: raise ValueError for a shard_id other than "q", "k", "v", a size that is not a positive int, tp not
+    dividing both head counts, or rank outside [0, tp)."""
+    if shard_id not in ("q", "k", "v"):
+        raise ValueError(f'shard_id must be "q", "k" or "v"; got {shard_id!r}')
+    for name, n in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim), ("tp", tp)):
+        if type(n) is not int or n <= 0:
+            raise ValueError(f"{name} must be a positive int; got {n!r}")
+    if num_heads % tp or num_kv_heads % tp:
+        raise ValueError(f"tp={tp} must divide num_heads={num_heads} and num_kv_heads={num_kv_heads}")
+    if type(rank) is not int or not 0 <= rank < tp:
+        raise ValueError(f"rank must be an int in [0, tp = {tp}); got {rank!r}")

@@ -5,6 +5,8 @@ The checks decide what is wrong: every figure marks the cells the check's own ve
 
 from __future__ import annotations
 
+from typing import Callable
+
 from figures import figure
 from figures.kit import Figure, Grid, num, text_width
 from figures.layout import Part, column, pad, row, space, wide
@@ -394,6 +396,11 @@ def tensor_parallel_figure(f: Figure, r: dict) -> None:
              wrong=wrong)
 
 
+def _by_row(roles: list[str]) -> Callable[[int, int], str]:
+    """A matrix's role per cell from one role per row."""
+    return lambda i, j: roles[i]
+
+
 def _lanes(f: Figure, lanes: list[list[tuple[str, Grid]]], c: float) -> Part:
     """One lane per rank, "rank r  a @ b = c", each matrix under its title; the slots line up across the lanes."""
     titled = [[f.titled(title, grid, size=TITLE) for title, grid in lane] for lane in lanes]
@@ -409,3 +416,134 @@ def _lanes(f: Figure, lanes: list[list[tuple[str, Grid]]], c: float) -> Part:
                         wide(b, slots[1]), at_row(f.label("=", size=LABEL, color=INK), 1),
                         wide(res, slots[2]), gap=14)
                     for rk, (lane, (a, b, res)) in enumerate(zip(lanes, titled))), gap=30)
+
+
+# -- ch15-vocab-parallel ---------------------------------------------------------------------------------
+
+@figure("ch15-vocab-parallel", title="vocab 并行:embedding 与 LM head",
+        zh="vocab 按行切给 2 个 rank:rank r 持有 E 的第 3r … 3r+2 行。embedding:每个 rank 看到全部 id,"
+           "不是自己的 id 先换成本地第 0 行、查表后整行置零,all-reduce 相加得到 E[ids]。"
+           "LM head(与 E 共用权重):prefill 只取每个请求最后一个 token 的行,各 rank 算出自己那段 vocab 的 "
+           "logits,按 rank 顺序沿 vocab 维拼接到 rank 0。",
+        en="The vocabulary split by rows over 2 ranks: rank r holds rows 3r … 3r+2 of E. Embedding: every rank sees "
+           "all the ids, maps an id it does not own to its local row 0, zeroes that row after the lookup, and the "
+           "all-reduce adds the partials into E[ids]. LM head (tied to E): prefill keeps each request's last token, "
+           "each rank computes the logits of its own slice of the vocabulary, and rank 0 concatenates them in rank "
+           "order.",
+        needs={"partials": "ch15.7", "logits": "ch15.8"})
+def vocab_parallel_figure(f: Figure, r: dict) -> None:
+    table, ids, partials = r["table"], r["ids"], r["partials"]
+    tp, V, H = len(partials), len(table), len(table[0])
+    per = V // tp
+    c, h = 34, 28
+    f.instance_row([(f"E [{V}, {H}], tp = {tp}: rank r holds rows [{per}r, {per}r + {per})", "plain"),
+                    (f"ids = {ids}", "token"), ("all-reduce = sum over ranks", "plain")])
+    f.heading("vocab 并行 embedding · vocab-parallel embedding: every rank looks up every id (ch15.7)")
+    f.y += 8
+    lanes = []
+    for rk in range(tp):
+        start = rk * per
+        own = [start <= tok < start + per for tok in ids]
+        roles = [RANK[rk % 2] if o else "masked" for o in own]
+        shard = f.matrix(table[start:start + per], role=RANK[rk % 2], w=c, h=h,
+                         row_labels=[f"E row {start + i}" for i in range(per)])
+        mask = f.matrix([[int(o)] for o in own], role=_by_row(["attend" if o else "masked" for o in own]),
+                        row_labels=[f"id {tok}" for tok in ids], w=c, h=h, fmt=str)
+        local = f.matrix([[tok - start if o else 0] for tok, o in zip(ids, own)],
+                         role=_by_row(roles), w=c, h=h, fmt=str)
+        part = f.matrix(partials[rk], role=_by_row(roles),
+                        expected=r["partials_expected"][rk], wrong=r["partials_wrong"][rk], w=c, h=h)
+        lanes.append(row(column(f.label(f"rank {rk}", size=LABEL, color=stroke(RANK[rk % 2]), bold=True),
+                                f.titled("its shard", shard, size=TITLE), gap=10),
+                         f.titled("mask", mask, size=TITLE), f.titled("local row", local, size=TITLE),
+                         f.titled(f"your partial {rk}", part, size=TITLE), gap=16))
+    total = f.matrix(r["summed"], role="token", expected=r["summed_expected"], wrong=r["summed_wrong"], w=c, h=h,
+                     row_labels=[f"id {tok}" for tok in ids])
+    right = column(_title(f, "all-reduce: Σ your partials"), total,
+                   f.label("= E[ids] when each partial is right", size=SMALL), gap=8)
+    f.place(row(column(*lanes, gap=26), right, gap=48, align="middle"), after=16)
+    f.note(f"A rank never indexes its shard with a global id: id − {per}·r for the ids it owns, local row 0 as a "
+           f"placeholder for the others (x = mask · (x − start)), and the placeholder rows zeroed after the lookup "
+           f"(y = mask · y). Each id has one owner, so the sum over ranks is exactly its row.", color=INK,
+           size=SMALL + 1.5)
+
+    hidden, cu, local_logits, logits = r["hidden"], r["cu_seqlens_q"], r["local"], r["logits"]
+    last = [e - 1 for e in cu[1:]]
+    f.y += 8
+    f.heading("并行 LM head · the LM head (tied: the same shards of E): local logits gathered in rank order (ch15.8)")
+    f.y += 8
+    hid = f.matrix(hidden, role=lambda i, j: "accent" if i in last else "plain", w=c, h=h,
+                   row_labels=[f"t{i}" for i in range(len(hidden))])
+    blocks = [f.matrix(block, role=RANK[rk % 2], w=c, h=h,
+                       col_labels=[str(rk * per + j) for j in range(per)]) for rk, block in enumerate(local_logits)]
+    gathered = f.matrix(logits, role=lambda i, j: RANK[(j // per) % 2], expected=r["logits_expected"],
+                        wrong=r["logits_wrong"], w=c, h=h, col_labels=[str(j) for j in range(len(logits[0]))],
+                        row_labels=[f"t{t}" for t in last])
+    f.place(row(f.titled(f"hidden [{len(hidden)}, {H}], cu_seqlens_q = {cu}", hid, size=TITLE),
+                column(*(f.titled(f"rank {rk}: x · E[{rk * per}:{rk * per + per}]ᵀ", b, size=TITLE)
+                         for rk, b in enumerate(blocks)), gap=14),
+                f.titled(f"your logits on rank 0 [{len(logits)}, {len(logits[0])}]", gathered, size=TITLE),
+                gap=56, align="middle"), after=16)
+    for rk, b in enumerate(blocks):  # each rank's block: an arrow to the gathered logits, a bracket under its columns
+        bx, by, _, _ = b.cell_box(0, per)
+        gx, gy, _, _ = gathered.cell_box(0, 0)
+        f.arrow(bx + 8, by + len(last) * h / 2, gx - gathered.label_w - 6, gy + (rk + 0.5) * len(last) * h / tp,
+                color=stroke(RANK[rk % 2]), width=1.3)
+        x1, x2 = gathered.cell_box(0, rk * per)[0], gathered.cell_box(0, rk * per + per)[0]
+        f.bracket(x1 + 2, x2 - 2, gathered.bottom + 6, f"rank {rk}", color=stroke(RANK[rk % 2]))
+    f.note(f"Only rows {', '.join(f't{i}' for i in last)} (cu_seqlens_q[1:] − 1) reach the LM head in prefill. Rank r's "
+           f"block holds token ids {per}r … {per}r + {per - 1}: a gather concatenates the blocks along the vocabulary "
+           f"in rank order; adding them would mix different tokens' logits.", color=INK, size=SMALL + 1.5)
+    f.y += 4
+    wrong = any(_any(r[k]) for k in ("partials_wrong", "summed_wrong", "logits_wrong"))
+    f.legend([(RANK[0], "rank 0's rows"), (RANK[1], "rank 1's rows"), ("masked", "masked: not this rank's id"),
+              ("accent", "last-token rows")], wrong=wrong)
+
+
+# -- ch15-qkv-shards ------------------------------------------------------------------------------------
+
+@figure("ch15-qkv-shards", title="QKV 权重按 rank 加载",
+        zh="4 个 query 头、2 个 KV 头、head_dim 2,2 个 rank。检查点里 q_proj、k_proj、v_proj 分开存放;"
+           "每个 rank 的融合 qkv_proj 取每个投影的第 rank 块,按自己的 q | k | v 排列:k 的偏移是本 rank 的 q 行数,"
+           "KV 头按 KV 头数切分。",
+        en="4 query heads, 2 KV heads, head_dim 2, over 2 ranks. The checkpoint stores q_proj, k_proj and v_proj "
+           "apart; each rank's fused qkv_proj takes its own chunk of each and packs them as its own q | k | v: k's "
+           "offset is this rank's q rows, and the KV heads are split by their own count.",
+        needs={"layout": "ch15.9"})
+def qkv_shards_figure(f: Figure, r: dict) -> None:
+    heads, kv, d, tp = r["num_heads"], r["num_kv_heads"], r["head_dim"], r["tp"]
+    c, h = 44, 22
+    f.instance_row([(f"num_heads = {heads}", "q"), (f"num_kv_heads = {kv}", "k"), (f"head_dim = {d}", "plain"),
+                    (f"tp = {tp}", "plain"),
+                    (f"per rank: [({heads}/{tp} + 2·{kv}/{tp})·{d}, H] = [{(heads + 2 * kv) // tp * d}, H]", "plain")])
+    sizes = {"q": heads * d, "k": kv * d, "v": kv * d}
+    sources = []
+    for s in "qkv":
+        chunk = sizes[s] // tp
+        grid = f.matrix([[f"{s}{i}"] for i in range(sizes[s])], role=s, w=c, h=h, fmt=str,
+                        row_labels=[f"rank {i // chunk}" if i % chunk == 0 else "" for i in range(sizes[s])])
+        sources.append(f.titled(f"{s}_proj [{sizes[s]}, H]", grid, size=TITLE, color=stroke(s)))
+    ranks = []
+    for rk in range(tp):
+        layout = r["layout"][rk]
+        fused = f.matrix([[v] for v in layout], role=_by_row([v[:1] if v[:1] in ("q", "k", "v") else "masked"
+                                                              for v in layout]),
+                         expected=[[v] for v in r["layout_expected"][rk]],
+                         wrong=[[w] for w in r["layout_wrong"][rk]], w=c, h=h, fmt=str,
+                         row_labels=[str(i) for i in range(len(layout))])
+        triples = f.matrix(r["triples"][rk], expected=r["triples_expected"][rk],
+                           wrong=[[a != b for a, b in zip(g, e)] for g, e in zip(r["triples"][rk],
+                                                                              r["triples_expected"][rk])],
+                           row_labels=list("qkv"), col_labels=["offset", "start", "size"], w=52, h=h)
+        ranks.append(column(_title(f, f"rank {rk}: your fused qkv_proj", color=stroke(RANK[rk % 2])),
+                            row(fused, f.titled("your (offset, start, size)", triples, size=TITLE), gap=22),
+                            gap=8))
+    f.place(row(column(*sources, gap=14), *ranks, gap=46), after=16)
+    f.note(f"Rank r copies rows [r·size, (r+1)·size) of each loaded weight (its chunk) to rows "
+           f"[offset, offset + size) of its fused weight. Offsets count this rank's rows only: q at 0, k at "
+           f"({heads}/{tp})·{d} = {heads // tp * d}, v at ({heads}/{tp} + {kv}/{tp})·{d} = {(heads + kv) // tp * d}. "
+           f"A cell shows the loaded row it holds (q5: row 5 of q_proj).", color=INK, size=SMALL + 1.5)
+    f.y += 4
+    wrong = _any(r["layout_wrong"]) or r["triples"] != r["triples_expected"]
+    f.legend([("q", "rows of q_proj"), ("k", "rows of k_proj"), ("v", "rows of v_proj"),
+              ("masked", "a row nothing fills")], wrong=wrong)

@@ -36,20 +36,6 @@ def test_lookup_as_a_reshape(graded):
     assert not wrong_elements(report, "ch15-dim-qkv-linear")
 
 
-def test_negative_ids_not_rejected(graded):
-    report = graded("no_range_check",
-                    # no range check: Python indexing wraps −1 to the last row, and an id ≥ V raises IndexError
-                    ("        if lo < 0 or hi >= V:\n", "        if False:\n"))
-    assert result(report, "figure instance", task="ch15.1").status == "passed"
-    neg = result(report, "a negative id", task="ch15.1")
-    assert neg.status == "failed"
-    assert "embedding_lookup should raise ValueError because id −1 is no token" in neg.message
-    assert "yours returned float32 tensor [1, 3, 4]" in neg.message
-    high = result(report, "an id ≥ vocab_size", task="ch15.1")
-    assert high.status == "failed" and "yours raised IndexError" in high.message
-    assert not wrong_elements(report, "ch15-dim-embedding")
-
-
 # -- 15.2 ---------------------------------------------------------------------------------------------
 
 def test_reshape_instead_of_transpose(graded):
@@ -178,6 +164,214 @@ def test_two_functions_share_task_15_6(graded):
     assert labels == {"column_parallel_linear, row_parallel_linear"}
 
 
+# -- 15.7 ---------------------------------------------------------------------------------------------
+
+def test_rows_of_ids_not_owned_left_unzeroed(graded):
+    report = graded.mistake("unzeroed")   # the placeholder row 0 looked up and never zeroed
+    r = result(report, "figure instance", task="ch15.7")
+    assert r.status == "failed"
+    assert "rank 0 holds rows [0, 3); ids [4, 1, 5, 0, 3, 2]" in r.message
+    E = torch.tensor(checks.VP_TABLE, dtype=torch.float32)
+    assert "ids[0] = 4 belongs to rank 1, so row 0 of rank 0's partial is zeros" in r.message
+    assert f"yours: {checks.vec(E[0])}" in r.message
+    assert r.hints == ["unzeroed"]
+    assert result(report, "tp = 1", task="ch15.7").status == "passed", "one rank owns every id"
+    assert tasks_not_passed(report) == {"ch15.7"}
+    assert wrong_elements(report, "ch15-vocab-parallel")
+
+
+def test_global_id_used_as_a_local_row(graded):
+    report = graded.mistake("no_start")   # mask * ids: rank 1 indexes its 3-row shard with ids 3 … 5
+    r = result(report, "figure instance", task="ch15.7")
+    assert r.status == "failed" and "raised IndexError on rank 1" in r.message
+    assert r.hints == ["no_start"]
+
+
+def test_mask_with_an_inclusive_end(graded):
+    report = graded.mistake("end_inclusive")   # ids ≤ start + V/tp: id 3 reaches past rank 0's last row
+    r = result(report, "figure instance", task="ch15.7")
+    assert r.status == "failed" and "raised IndexError on rank 0" in r.message
+    assert "with only the ids it owns ([1, 0, 2]) it raises nothing" in r.message
+    assert r.hints == ["end_inclusive"]
+
+
+def test_the_partials_add_up_to_the_lookup():
+    g = torch.Generator().manual_seed(1)
+    E, ids = torch.randn(12, 5, generator=g), torch.tensor([11, 0, 3, 4, 7, 8, 3])
+    for tp in (1, 2, 3, 4, 6):
+        partials = [ref.vocab_parallel_embedding(s, ids, r, tp) for r, s in enumerate(E.split(12 // tp))]
+        torch.testing.assert_close(checks.all_reduce(partials), F.embedding(ids, E), rtol=0, atol=0)
+        assert all(int((p != 0).any(-1).sum()) == int(((ids >= r * 12 // tp) & (ids < (r + 1) * 12 // tp)).sum())
+                   for r, p in enumerate(partials)), "a rank's non-zero rows are the ids it owns"
+
+
+# -- 15.8 ---------------------------------------------------------------------------------------------
+
+def test_logits_gathered_in_reverse_rank_order(graded):
+    report = graded.mistake("rank_order")   # the blocks concatenated last rank first
+    r = result(report, "figure instance", task="ch15.8")
+    assert r.status == "failed"
+    assert "logits[0, 0] is token 0's logit: rank 0's local column 0, for sequence 0's last token, row " \
+           "cu_seqlens_q[1] − 1 = 2 of hidden: expected 11; yours: 41" in r.message
+    assert r.hints == ["rank_order"]
+    assert tasks_not_passed(report) == {"ch15.8"}
+    assert wrong_elements(report, "ch15-vocab-parallel")
+
+
+def test_logits_summed_over_ranks(graded):
+    report = graded.mistake("summed_logits")   # the gather taken for an all-reduce
+    r = result(report, "figure instance", task="ch15.8")
+    assert r.status == "failed" and "expected logits [2, 6]" in r.message and "yours: float32 tensor [2, 3]" in r.message
+    assert r.hints == ["summed_logits"]
+
+
+def test_the_head_is_the_tied_linear_of_the_last_rows():
+    g = torch.Generator().manual_seed(2)
+    hidden, W = torch.randn(9, 4, generator=g), torch.randn(8, 4, generator=g)
+    cu = torch.tensor([0, 2, 7, 9], dtype=torch.int32)   # nano-vllm's cu_seqlens_q is int32
+    for tp in (1, 2, 4):
+        torch.testing.assert_close(ref.parallel_lm_head(hidden, list(W.split(8 // tp)), cu), F.linear(hidden[[1, 6, 8]], W))
+        torch.testing.assert_close(ref.parallel_lm_head(hidden, list(W.split(8 // tp))), F.linear(hidden, W))
+
+
+# -- 15.9 ---------------------------------------------------------------------------------------------
+
+def test_k_loaded_over_q(graded):
+    report = graded.mistake("k_offset_zero")   # k written at offset 0, over the rank's q rows
+    r = result(report, "figure instance", task="ch15.9")
+    assert r.status == "failed"
+    assert 'rank 0, "k": size = (2/2)·2 = 2, offset = (Hq/tp)·d = 4, start = rank·size = 0·2 = 0' in r.message
+    assert "(offset, start, size): expected (4, 0, 2); yours: (0, 0, 2)" in r.message
+    assert r.hints == ["k_offset_zero"]
+    assert tasks_not_passed(report) == {"ch15.9"}
+    assert wrong_elements(report, "ch15-qkv-shards")
+
+
+def test_every_rank_loading_rank_0s_heads(graded):
+    report = graded.mistake("shard_zero")
+    r = result(report, "figure instance", task="ch15.9")
+    assert r.status == "failed" and 'rank 1, "q"' in r.message
+    assert r.hints == ["shard_zero"]
+    assert result(report, "tp = 1", task="ch15.9").status == "passed", "one rank's chunk is the whole weight"
+
+
+@pytest.mark.parametrize("heads, kv, tp", [(4, 2, 2), (16, 8, 4), (8, 8, 2), (32, 8, 8), (4, 2, 1)])
+def test_loading_as_nanovllm_gives_each_rank_its_own_heads(heads, kv, tp):
+    # nano-vllm's QKVParallelLinear.weight_loader copies loaded_weight.chunk(tp, 0)[rank] into the rank's rows at
+    # 0, (Hq/tp)·d and (Hq/tp + Hkv/tp)·d (nanovllm/layers/linear.py, bb823b3); the rank's fused projection then
+    # splits (split_qkv) into its own heads of the full q, k and v.
+    d, H = 3, 5
+    g = torch.Generator().manual_seed(heads + kv + tp)
+    w = {s: torch.randn(n * d, H, generator=g) for s, n in (("q", heads), ("k", kv), ("v", kv))}
+    x = torch.randn(2, H, generator=g)
+    for rank in range(tp):
+        param = torch.empty((heads + 2 * kv) // tp * d, H)
+        for s in "qkv":
+            offset, start, size = ref.qkv_shard(s, heads, kv, d, tp, rank)
+            assert torch.equal(w[s][start:start + size], w[s].chunk(tp, 0)[rank])
+            param[offset:offset + size] = w[s][start:start + size]
+        q, k, v = ref.split_qkv(ref.linear(x, param), heads // tp, kv // tp, d)
+        for part, s, n in ((q, "q", heads), (k, "k", kv), (v, "v", kv)):
+            heads_here = slice(rank * n // tp * d, (rank + 1) * n // tp * d)
+            torch.testing.assert_close(part, F.linear(x, w[s])[:, heads_here])
+
+
+# -- the provided input checks (outside the solution regions: unit tests, no graded checks) ---------------------
+
+z = torch.zeros
+
+
+@pytest.mark.parametrize("weight, ids", [(z(6, 4), torch.tensor([2, 6])), (z(6, 4), torch.tensor([[2, -1, 4]])),
+                                         (z(6, 4), torch.tensor([2.0, 0.0])), (z(6, 4), torch.tensor([True, False])),
+                                         (z(6), torch.tensor([1]))])
+def test_the_provided_lookup_check(weight, ids):
+    with pytest.raises(ValueError):
+        ref.embedding_lookup(weight, ids)
+
+
+def test_the_provided_lookup_check_passes_good_ids():
+    assert ref.embedding_lookup(z(6, 4), torch.tensor([[0, 5]], dtype=torch.int32)).shape == (1, 2, 4)
+    assert ref.embedding_lookup(z(6, 4), torch.zeros(0, dtype=torch.int64)).shape == (0, 4)
+
+
+@pytest.mark.parametrize("x, w, b", [(z(2, 5), z(3, 4), None), (z(2, 4), z(3, 4), z(4)), (z(2, 4), z(4), None),
+                                     (z(()), z(3, 4), None)])
+def test_the_provided_linear_check(x, w, b):
+    with pytest.raises(ValueError):
+        ref.linear(x, w, b)
+
+
+def test_the_lesson_guard_of_linear_names_the_convention():
+    with pytest.raises(ValueError, match=r"\[out, in\]"):
+        ref.linear(z(2, 4), z(4, 8))
+    assert ref.linear(z(2, 4), z(3, 4), z(3)).shape == (2, 3)
+
+
+@pytest.mark.parametrize("args", [(z(2, 4095), 16, 8, 128), (z(2, 3072), 16, 8, 128), (z(2, 0), 0, 0, 128),
+                                  (z(2, 8), 2, 1, 2.0), (z(()), 2, 1, 2)])
+def test_the_provided_split_check(args):
+    with pytest.raises(ValueError):
+        ref.split_qkv(*args)
+
+
+@pytest.mark.parametrize("change", [{"head_dim": None}, {"vocab_size": None}, {"num_key_value_heads": 6},
+                                    {"head_dim": 0}, {"hidden_size": 1024.0}, {"tie_word_embeddings": 1}])
+def test_the_provided_config_check(change):
+    config = {k: v for k, v in {**checks.QWEN3_06B, **change}.items() if v is not None}
+    with pytest.raises(ValueError):
+        ref.projection_shapes(config)
+
+
+@pytest.mark.parametrize("config, lens", [(checks.QWEN3_06B, []), (checks.QWEN3_06B, [3, 0]), (checks.QWEN3_06B, [-2]),
+                                          (checks.QWEN3_06B, [2.0]), ({"hidden_size": 1024}, [3])])
+def test_the_provided_checkpoint_check(config, lens):
+    with pytest.raises(ValueError):
+        ref.forward_checkpoints(dict(config), lens)
+
+
+def test_the_provided_tp_checks():
+    for args in ((z(2, 3), z(3, 6), 4), (z(2, 3), z(3, 4), 0), (z(2, 5), z(3, 4), 2), (z(2, 3), z(3, 4), 2.0)):
+        with pytest.raises(ValueError):
+            ref.column_parallel_linear(*args)
+    for args in (([z(2, 2)] * 3, z(6, 3), 4), ([z(2, 2)] * 3, z(4, 3), 2), ([z(2, 3), z(2, 1)], z(4, 3), 2),
+                 ([z(2, 2)] * 2, z(4), 2)):
+        with pytest.raises(ValueError):
+            ref.row_parallel_linear(*args)
+    assert ref.column_parallel_linear(z(2, 3), z(3, 4), 2)[1].shape == (2, 4)
+    assert ref.row_parallel_linear([z(2, 2)] * 2, z(4, 3), 2)[1].shape == (2, 3)
+
+
+@pytest.mark.parametrize("shard, ids, rank, tp", [(z(3, 2), torch.tensor([6]), 0, 2), (z(3, 2), torch.tensor([-1]), 1, 2),
+                                                  (z(3, 2), torch.tensor([1.0]), 0, 2), (z(3, 2), torch.tensor([[1]]), 0, 2),
+                                                  (z(3, 2), torch.tensor([1]), 2, 2), (z(3, 2), torch.tensor([1]), 0, 0),
+                                                  (z(3), torch.tensor([1]), 0, 2)])
+def test_the_provided_vocab_shard_check(shard, ids, rank, tp):
+    with pytest.raises(ValueError):
+        ref.vocab_parallel_embedding(shard, ids, rank, tp)
+
+
+def test_an_id_of_another_rank_is_no_error():
+    assert ref.vocab_parallel_embedding(torch.ones(3, 2), torch.tensor([5, 0]), 0, 2).tolist() == [[0, 0], [1, 1]]
+
+
+@pytest.mark.parametrize("hidden, shards, cu", [(z(5), [z(3, 2)], None), (z(5, 2), [], None),
+                                                (z(5, 2), [z(3, 2), z(2, 2)], None), (z(5, 2), [z(3, 4)], None),
+                                                (z(5, 2), [z(3, 2)], torch.tensor([0, 3, 4])),
+                                                (z(5, 2), [z(3, 2)], torch.tensor([1, 5])),
+                                                (z(5, 2), [z(3, 2)], torch.tensor([0, 3, 3, 5])),
+                                                (z(5, 2), [z(3, 2)], torch.tensor([0.0, 5.0]))])
+def test_the_provided_lm_head_check(hidden, shards, cu):
+    with pytest.raises(ValueError):
+        ref.parallel_lm_head(hidden, shards, cu)
+
+
+@pytest.mark.parametrize("args", [("o", 4, 2, 2, 2, 0), ("q", 4, 2, 2, 4, 0), ("k", 4, 3, 2, 2, 0), ("v", 4, 2, 2, 2, 2),
+                                  ("q", 4, 2, 0, 2, 0), ("q", 4, 2, 2, 2.0, 0), ("q", 4, 2, 2, 2, -1)])
+def test_the_provided_qkv_shard_check(args):
+    with pytest.raises(ValueError):
+        ref.qkv_shard(*args)
+
+
 # -- equivalent answers pass ---------------------------------------------------------------------------
 
 def test_equivalent_formulations_pass_every_check(graded):
@@ -189,7 +383,18 @@ def test_equivalent_formulations_pass_every_check(graded):
                     ("q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)",
                      "q, k, v = qkv[..., :q_size], qkv[..., q_size:q_size + kv_size], qkv[..., q_size + kv_size:]"),
                     ("    out = partials[0]\n    for p in partials[1:]:\n        out = out + p\n",
-                     "    out = torch.stack(partials).sum(dim=0)\n"))
+                     "    out = torch.stack(partials).sum(dim=0)\n"),
+                    # torch.where for the masked shift, F.embedding for the lookup, masked_fill for the zeroing
+                    ("local = mask * (ids - start)", "local = torch.where(mask, ids - start, torch.zeros_like(ids))"),
+                    ("return weight_shard[local] * mask.unsqueeze(-1)",
+                     "return F.embedding(local.long(), weight_shard).masked_fill(~mask.unsqueeze(-1), 0)"),
+                    # one matmul with the shards stacked back, and the last rows by index arithmetic
+                    ("hidden = hidden[cu_seqlens_q[1:] - 1]", "hidden = hidden.index_select(0, cu_seqlens_q[1:].long() - 1)"),
+                    ("local = [hidden @ w.T for w in weight_shards]\n    return torch.cat(local, dim=-1)",
+                     "return F.linear(hidden, torch.cat(weight_shards))"),
+                    # the offsets as running sums of the sizes
+                    ('offset = {"q": 0, "k": q_rows, "v": q_rows + kv_rows}[shard_id]',
+                     'offset = [0, q_rows, q_rows + kv_rows]["qkv".index(shard_id)]'))
     failed = [f"{r.name}: {r.message}" for r in report.results if r.status != "passed"]
     assert not failed, failed
 

@@ -8,6 +8,9 @@ LINEAR = "y = x @ weight.T"
 SPLIT = "q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)"
 COLUMN = "shards = [x @ w for w in weight.split(out_features // tp, dim=1)]"
 SUM = "    return partials, out\n"
+ZEROED = "return weight_shard[local] * mask.unsqueeze(-1)"
+LOCAL = "local = mask * (ids - start)"
+GATHER = "return torch.cat(local, dim=-1)"
 
 MISTAKES = [
     # -- ch15.1 embedding_lookup
@@ -46,8 +49,8 @@ MISTAKES = [
             ("return y if bias is None else y + bias", "return y")),
     mistake("vague_error", "ch15.2",
             "say that weights are stored {words} (the nn.Linear convention)",
-            ('weights are stored "\n                             f"[out, in] (the nn.Linear convention)',
-             'the shapes "\n                             f"do not match')),
+            ('weights are stored "\n                         f"[out, in] (the nn.Linear convention)',
+             'the shapes "\n                         f"do not match')),
     # -- ch15.3 split_qkv
     mistake("k_first", "ch15.3",
             "the packing order is q | k | v: q's block comes first",
@@ -122,4 +125,57 @@ MISTAKES = [
     mistake("rank0_only", "ch15.6",
             "add all ranks' partials: rank 0's alone is only part of the sum",
             (SUM, "    return partials, partials[0]\n")),
+    # -- ch15.7 vocab_parallel_embedding
+    mistake("unzeroed", "ch15.7",
+            "an id this rank does not own reads the placeholder, local row 0, and that row must then be zeroed "
+            "(rows · mask): otherwise the all-reduce adds row 0 of every rank that does not own the id",
+            (ZEROED, "return weight_shard[local]")),
+    mistake("no_start", "ch15.7",
+            "rank {rank}'s shard holds the global ids {start} … {end} at its local rows 0 … {last}: index the shard "
+            "with id − {start}, not with the global id",
+            (LOCAL, "local = mask * ids")),
+    mistake("end_inclusive", "ch15.7",
+            "rank {rank} owns the ids [start, start + V/tp): id {end} is the first id of rank {next}, so the mask "
+            "needs ids < start + V/tp (with ≤, that id reaches past the shard's last row)",
+            ("(ids < start + weight_shard.shape[0])", "(ids <= start + weight_shard.shape[0])")),
+    mistake("clamped", "ch15.7",
+            "clamping into the shard reads a real row (row {last} for an id past the shard, row 0 for one before "
+            "it); mask the ids the rank does not own instead, and zero their rows after the lookup",
+            (LOCAL, "local = (ids - start).clamp(0, weight_shard.shape[0] - 1)"), (ZEROED, "return weight_shard[local]")),
+    # -- ch15.8 parallel_lm_head
+    mistake("rank_order", "ch15.8",
+            "concatenate the {tp} local logits in rank order: rank r's block holds token ids r·V/tp … (r+1)·V/tp − 1",
+            (GATHER, "return torch.cat(local[::-1], dim=-1)")),
+    mistake("summed_logits", "ch15.8",
+            "each of the {tp} ranks computes the logits of different token ids: gather them side by side (concatenate "
+            "along the vocabulary), do not add them",
+            (GATHER, "return sum(local)")),
+    mistake("gather_rows", "ch15.8",
+            "the {tp} local logits are the same rows' logits for different token ids: concatenate them along the "
+            "vocabulary (the last axis), not along the rows",
+            (GATHER, "return torch.cat(local, dim=0)")),
+    mistake("lm_head_all_rows", "ch15.8",
+            "in prefill only each sequence's last token predicts a next token: keep the rows cu_seqlens_q[1:] − 1 = "
+            "{last}, so B = {B} rows, not all N = {N}",
+            ("        hidden = hidden[cu_seqlens_q[1:] - 1]\n", "        pass\n")),
+    mistake("first_token_rows", "ch15.8",
+            "cu_seqlens_q[:-1] are the sequences' first tokens; the last token of sequence i is row cu_seqlens_q[i+1] − 1",
+            ("hidden[cu_seqlens_q[1:] - 1]", "hidden[cu_seqlens_q[:-1]]")),
+    # -- ch15.9 qkv_shard
+    mistake("k_offset_zero", "ch15.9",
+            "k goes after the rank's q rows in its fused weight: offset (num_heads/tp)·head_dim = {q_rows}, not 0 "
+            "(at 0 it would overwrite q)",
+            ('"k": q_rows,', '"k": 0,')),
+    mistake("global_offset", "ch15.9",
+            "each rank packs its own heads as q | k | v, so the offset counts this rank's rows only: {offset}, not "
+            "the offset in the unsharded weight",
+            ('"k": q_rows, "v": q_rows + kv_rows', '"k": num_heads * head_dim, "v": (num_heads + num_kv_heads) * head_dim')),
+    mistake("kv_by_q_heads", "ch15.9",
+            "k and v are split by their own head count: each rank holds num_kv_heads/tp = {kv}/{tp} heads of "
+            "{d} rows, {size} rows, not as many as its query heads",
+            ("num_kv_heads // tp * head_dim", "num_heads // tp * head_dim")),
+    mistake("shard_zero", "ch15.9",
+            "rank {rank} copies its own chunk of the loaded weight, starting at row rank·size = {start}; with 0 every "
+            "rank would load the heads of rank 0",
+            ("return offset, rank * size, size", "return offset, 0, size")),
 ]
