@@ -17,13 +17,15 @@ metrics follow this count: the draft acceptance rate is accepted / drafted token
 and the mean acceptance length, 1 + accepted / verifications, includes the bonus or
 recovered token.
 
-How many drafts to verify is a separate decision. EAGLE-2 ranks draft-tree paths by
-the drafter's confidence. vLLM 0.33's adaptive verification (DSpark) gives each draft
-slot a confidence from a trained head or an online estimator. The product of the
-confidences up to slot j is the predicted chance that the whole prefix survives,
-its survival. Across the batch, vLLM admits the draft slots with the highest survivals,
-as many as maximise expected tokens per unit of cost, so each request keeps a prefix of
-its drafts. The confidences size the verification workload (置信度决定验证工作量); the
+How many drafts to verify is a separate decision. EAGLE-2 (Li et al., 2024,
+arXiv:2406.16858) ranks draft-tree paths by the drafter's confidence. SpecDec++
+(Huang et al., 2024, arXiv:2405.19715) trains an acceptance head that gives each
+draft slot a confidence, and stops drafting once the predicted chance that a draft
+so far is rejected passes a threshold. The product of the confidences up to slot j
+is the predicted chance that the whole prefix survives, its survival. A batched
+engine can go further and admit, across the batch, the draft slots with the highest
+survivals, as many as pay for their cost, so each request keeps a prefix of its
+drafts. The confidences size the verification workload (置信度决定验证工作量); the
 rejection sampler alone decides what is accepted. The confidence is computed from
 the draft *distribution*, never from the drawn token, so trimming does not bias the
 output.
@@ -89,7 +91,9 @@ def verify_draft(draft_tokens: torch.Tensor | list[int], draft_probs: torch.Tens
     Raises:
         ValueError: shapes that do not fit k and V as above, a draft token outside
             0 … V − 1, a probability row that is negative, non-finite or does not sum
-            to 1 (within 1e-3), a uniform outside [0, 1), or negative noise.
+            to 1 (within 1e-3), a uniform outside [0, 1), or negative noise (the
+            provided first line checks these and hands you the drafts as a list of
+            ints).
 
     Example:
         >>> q = torch.tensor([[0.6, 0.3, 0.1]]); p = torch.tensor([[0.3, 0.5, 0.2], [0.2, 0.2, 0.6]])
@@ -98,8 +102,9 @@ def verify_draft(draft_tokens: torch.Tensor | list[int], draft_probs: torch.Tens
         >>> verify_draft([0], q, p, torch.tensor([0.4]), torch.tensor([[0.2, 1.5, 0.6], [1., 1., 1.]]))
         [0, 2]
     """
-    # TODO(ch32.1): your code here (about 46 lines)
-    raise NotImplementedError("ch32.1 verify_draft: not implemented yet (about 46 lines)")
+    tokens = _checked_drafts(draft_tokens, draft_probs, target_probs, uniforms, noise)
+    # TODO(ch32.1): your code here (about 15 lines)
+    raise NotImplementedError("ch32.1 verify_draft: not implemented yet (about 15 lines)")
 
 
 def num_drafts_to_verify(confidences: torch.Tensor | list[float], threshold: float) -> int:
@@ -116,9 +121,10 @@ def num_drafts_to_verify(confidences: torch.Tensor | list[float], threshold: flo
     verify_draft (ch32.1), which alone decides what is accepted. The confidences
     must come from the draft *distributions* (a confidence head, the max
     probability of q_i), never from the drawn token itself, or trimming would
-    bias the output. The course keeps one request and a fixed threshold. vLLM's
-    adaptive verification instead picks a global budget over all requests, by
-    expected tokens per unit cost.
+    bias the output. The course keeps one request and a fixed threshold, as
+    SpecDec++ does (it stops when 1 − survival exceeds its threshold h); a batched
+    engine may instead pick one budget over all requests, by expected tokens per
+    unit cost.
 
     Args:
         confidences: [k] floats in [0, 1] (a 1-D floating tensor or a list), k ≥ 0.
@@ -128,7 +134,9 @@ def num_drafts_to_verify(confidences: torch.Tensor | list[float], threshold: flo
         n, a Python int in 0 … k.
 
     Raises:
-        ValueError: confidences not 1-D, or a confidence or the threshold outside [0, 1].
+        ValueError: confidences not 1-D, or a confidence or the threshold outside [0, 1]
+            (the provided first line checks these and hands you the confidences as a
+            list of Python floats).
 
     Example:
         >>> num_drafts_to_verify(torch.tensor([0.9, 0.8, 0.5]), 0.5)    # survivals 0.9, 0.72, 0.36
@@ -136,8 +144,9 @@ def num_drafts_to_verify(confidences: torch.Tensor | list[float], threshold: flo
         >>> num_drafts_to_verify([0.6, 0.5, 0.9], 0.35)                  # 0.6, 0.30: the 0.9 comes too late
         1
     """
-    # TODO(ch32.2): your code here (about 20 lines)
-    raise NotImplementedError("ch32.2 num_drafts_to_verify: not implemented yet (about 20 lines)")
+    values = _checked_confidences(confidences, threshold)
+    # TODO(ch32.2): your code here (about 7 lines)
+    raise NotImplementedError("ch32.2 num_drafts_to_verify: not implemented yet (about 7 lines)")
 
 
 def batch_invariant_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -152,13 +161,19 @@ def batch_invariant_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     `course check ch32` measures where that happens on your machine and draws
     it in the figure ch32-determinism.
 
-    Accumulate in float32 (float64 for float64 inputs) and return x's dtype. A
-    bf16 accumulator would lose most of the sum's precision, and vLLM's
-    batch-invariant mode also turns reduced-precision reductions off.
+    The order is this one, and the checks compare yours with it bit for bit:
+    start from zeros and, for k = 0, 1, …, K − 1 in turn, add the products
+    x[:, k] · w[k, :] (a multiply, then an add: no fused multiply-add), in a
+    float32 accumulator (float64 for float64 inputs); cast to x's dtype once at
+    the end. A bf16 accumulator would lose most of the sum's precision, and
+    vLLM's batch-invariant mode also turns reduced-precision reductions off. A
+    float64 accumulator (or `@` on float64 copies) fixes no order either: it
+    only hides the library's order behind extra precision and a final rounding.
 
     The course fixes the order with a plain loop over k, slow but plainly
-    invariant. Production kernels (vLLM's Triton persistent matmul, cuBLAS
-    without split-K) fix one tile configuration for every batch size instead.
+    invariant. Production kernels (vLLM's Triton persistent matmul in
+    vllm/model_executor/layers/batch_invariant.py, cuBLAS without split-K) fix
+    one tile configuration for every batch size instead.
 
     Args:
         x: [B, K] floating tensor (float32, float64, bfloat16 or float16), B ≥ 0.
@@ -166,11 +181,12 @@ def batch_invariant_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
     Returns:
         [B, N] tensor of x's dtype, equal to x @ w up to rounding, with row i
-        bitwise identical for every batch that contains x[i].
+        bitwise identical for every batch that contains x[i] (the bits of the
+        order above).
 
     Raises:
         ValueError: x or w not 2-D, not floating, of different dtypes, or with
-            x.shape[1] != w.shape[0].
+            x.shape[1] != w.shape[0] (the provided first line checks these).
 
     Example:
         >>> x, w = torch.tensor([[1., 2.], [3., 4.]]), torch.tensor([[1., 0.], [0.5, 1.]])
@@ -180,5 +196,148 @@ def batch_invariant_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         >>> torch.equal(batch_invariant_matmul(x[:1], w)[0], batch_invariant_matmul(x, w)[0])
         True
     """
-    # TODO(ch32.3): your code here (about 14 lines)
-    raise NotImplementedError("ch32.3 batch_invariant_matmul: not implemented yet (about 14 lines)")
+    _check_matmul(x, w)
+    # TODO(ch32.3): your code here (about 6 lines)
+    raise NotImplementedError("ch32.3 batch_invariant_matmul: not implemented yet (about 6 lines)")
+
+
+def batch_invariant_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                             block: int = 1024) -> torch.Tensor:
+    """RMSNorm whose row i has the same bits whatever the batch: a fixed split of the sum. Task ch32.4.
+
+    out[i] = x[i] / sqrt(mean_j x[i, j]² + eps) · weight. The mean is a
+    reduction over the hidden size H, and a library reduction (torch.sum,
+    .mean, a CUDA kernel) picks how to split it from the shape: GPU kernels
+    split a row across several blocks when there are few rows, so a request
+    alone is summed in another order than in a batch of 64. Here every row is
+    reduced in one fixed order, the one of vLLM's batch-invariant RMSNorm
+    (`_rms_norm_kernel` in vllm/model_executor/layers/batch_invariant.py: one
+    row per program, the hidden size walked in chunks of BLOCK_SIZE = 1024):
+
+    1. square in the accumulator (float32; float64 for float64 inputs);
+    2. cut the H squares into chunks of `block` columns, in order; pad the
+       last chunk with zeros to `block`;
+    3. sum each chunk by halving: while it is wider than 1, add its second
+       half to its first, s = s[:, :h] + s[:, h:] with h = width / 2;
+    4. add the chunk sums to a running total (starting from 0), chunk 0 first;
+    5. inv_rms = 1 / sqrt(total / H + eps), and out = (x · inv_rms) · weight
+       in the accumulator, cast to x's dtype once at the end, as vLLM's
+       kernel does (torch.rsqrt instead of 1 / sqrt is accepted as well).
+
+    The halving tree stands in for Triton's tl.sum inside a chunk, whose
+    tree the course does not reproduce; what matters is that neither the
+    chunk size nor the tree depends on the batch. The checks compare yours
+    with this order bit for bit, alone and in batches of every size.
+
+    Args:
+        x: [B, H] floating tensor (float32, float64, bfloat16 or float16), B ≥ 0, H ≥ 1.
+        weight: [H] tensor of x's dtype.
+        eps: a number ≥ 0 added to the mean square.
+        block: the chunk width, a power of two ≥ 1 (vLLM's kernel uses 1024).
+
+    Returns:
+        [B, H] tensor of x's dtype.
+
+    Raises:
+        ValueError: shapes or dtypes other than the above, eps < 0, or a block that
+            is not a power of two (the provided first line checks these).
+
+    Example:
+        >>> x = torch.tensor([[3.0, 4.0, 0.0], [1.0, 1.0, 1.0]])
+        >>> batch_invariant_rms_norm(x, torch.ones(3), eps=0.0, block=2)
+        tensor([[1.0392, 1.3856, 0.0000],
+                [1.0000, 1.0000, 1.0000]])
+        >>> torch.equal(batch_invariant_rms_norm(x[:1], torch.ones(3), block=2)[0],
+        ...             batch_invariant_rms_norm(x, torch.ones(3), block=2)[0])
+        True
+    """
+    _check_rms_norm(x, weight, eps, block)
+    # TODO(ch32.4): your code here (about 14 lines)
+    raise NotImplementedError("ch32.4 batch_invariant_rms_norm: not implemented yet (about 14 lines)")
+
+
+# -- provided: the input checks every task needs but none teaches (not part of the exercise) ----------------------
+
+def _checked_drafts(draft_tokens: torch.Tensor | list[int], draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                    uniforms: torch.Tensor, noise: torch.Tensor) -> list[int]:
+    """Provided: the draft tokens as a list of ints; raise ValueError unless the inputs fit k drafts over a
+    vocabulary of V ≥ 1 (shapes, token range, probability rows summing to 1, uniforms in [0, 1), noise ≥ 0)."""
+    if isinstance(draft_tokens, torch.Tensor):
+        if draft_tokens.dim() != 1 or draft_tokens.is_floating_point() or draft_tokens.dtype == torch.bool:
+            raise ValueError(f"draft_tokens must be a 1-D integer tensor [k]; got {draft_tokens.dtype} "
+                             f"{list(draft_tokens.shape)}")
+        tokens = draft_tokens.tolist()
+    elif isinstance(draft_tokens, (list, tuple)) and all(type(x) is int for x in draft_tokens):
+        tokens = list(draft_tokens)
+    else:
+        raise ValueError("draft_tokens must be a 1-D integer tensor [k] or a list of ints")
+    k = len(tokens)
+    for name, x, rows in (("target_probs", target_probs, k + 1), ("draft_probs", draft_probs, k),
+                          ("noise", noise, k + 1)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point() or x.shape[0] != rows:
+            got = f"{x.dtype} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be a 2-D floating tensor with {rows} rows (k = {k} drafts); got {got}")
+    V = target_probs.shape[1]
+    if V == 0 or draft_probs.shape[1] != V or noise.shape[1] != V:
+        raise ValueError(f"draft_probs {list(draft_probs.shape)}, target_probs {list(target_probs.shape)} and "
+                         f"noise {list(noise.shape)} must share one vocabulary size V ≥ 1")
+    if not isinstance(uniforms, torch.Tensor) or not uniforms.is_floating_point() or uniforms.shape != (k,):
+        raise ValueError(f"uniforms must be a floating tensor [k] = [{k}], one per draft")
+    if not bool(((uniforms >= 0) & (uniforms < 1)).all()):
+        raise ValueError(f"uniforms must lie in [0, 1); got {uniforms.tolist()}")
+    if any(not 0 <= x < V for x in tokens):
+        raise ValueError(f"draft tokens must lie in 0 … {V - 1}; got {tokens}")
+    if bool((noise < 0).any()) or bool(noise.isnan().any()):
+        raise ValueError("noise holds Exp(1) draws, which are never negative")
+    for name, x in (("draft_probs", draft_probs), ("target_probs", target_probs)):
+        sums = x.double().sum(dim=1)
+        if bool((x < 0).any()) or not bool(x.isfinite().all()) or bool(((sums - 1).abs() > 1e-3).any()):
+            raise ValueError(f"every row of {name} must be a probability distribution (entries ≥ 0, summing "
+                             f"to 1); row sums: {sums.tolist()}")
+    return tokens
+
+
+def _checked_confidences(confidences: torch.Tensor | list[float], threshold: float) -> list[float]:
+    """Provided: the confidences as a list of Python floats; raise ValueError unless they are 1-D and every
+    confidence and the threshold lie in [0, 1]."""
+    if isinstance(confidences, torch.Tensor):
+        if confidences.dim() != 1 or not confidences.is_floating_point():
+            raise ValueError(f"confidences must be a 1-D floating tensor [k]; got {confidences.dtype} "
+                             f"{list(confidences.shape)}")
+        values = confidences.double().tolist()
+    elif isinstance(confidences, (list, tuple)) and all(type(c) in (int, float) for c in confidences):
+        values = [float(c) for c in confidences]
+    else:
+        raise ValueError("confidences must be a 1-D floating tensor [k] or a list of numbers")
+    if any(not 0 <= c <= 1 for c in values):
+        raise ValueError(f"every confidence is a probability in [0, 1]; got {values}")
+    if type(threshold) not in (int, float) or not 0 <= threshold <= 1:
+        raise ValueError(f"threshold must be a number in [0, 1]; got {threshold!r}")
+    return values
+
+
+def _check_matmul(x: torch.Tensor, w: torch.Tensor) -> None:
+    """Provided: raise ValueError unless x [B, K] and w [K, N] are 2-D floating tensors of one dtype."""
+    for name, t in (("x", x), ("w", w)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or not t.is_floating_point():
+            got = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 2-D floating tensor; got {got}")
+    if x.dtype != w.dtype:
+        raise ValueError(f"x and w must share one dtype; got {x.dtype} and {w.dtype}")
+    if x.shape[1] != w.shape[0]:
+        raise ValueError(f"x is [B, K] = {list(x.shape)} and w is [K, N] = {list(w.shape)}: the K's differ")
+
+
+def _check_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, block: int) -> None:
+    """Provided: raise ValueError unless x is [B, H ≥ 1] floating, weight [H] of x's dtype, eps a number ≥ 0 and
+    block a power of two ≥ 1."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point() or x.shape[1] == 0:
+        got = f"{x.dtype} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be a 2-D floating tensor [B, H] with H ≥ 1; got {got}")
+    if not isinstance(weight, torch.Tensor) or weight.shape != (x.shape[1],) or weight.dtype != x.dtype:
+        got = f"{weight.dtype} {list(weight.shape)}" if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f"weight must be [H] = [{x.shape[1]}] of x's dtype {x.dtype}; got {got}")
+    if type(eps) not in (int, float) or not eps >= 0:
+        raise ValueError(f"eps must be a number ≥ 0; got {eps!r}")
+    if type(block) is not int or block < 1 or block & (block - 1):
+        raise ValueError(f"block must be a power of two ≥ 1 (the chunk width); got {block!r}")

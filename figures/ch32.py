@@ -156,12 +156,12 @@ def spec_confidence(f: Figure, r: dict) -> None:
 
 @figure("ch32-determinism", title="确定性需要一组前提",
         zh="确定性需要一组前提:每一行的归约顺序固定、与批大小无关(批不变性)。同一行在不同批大小下计算,"
-           "你的函数每次给出相同的比特;普通的 x @ w 在这台机器上可能不是这样。这是固定提交的配置配方,"
+           "你的函数每次都要给出固定顺序 k = 0 … K − 1 的比特;普通的 x @ w 在这台机器上可能不是这样。这是固定提交的配置配方,"
            "不代表跨硬件、跨版本无条件逐位一致。",
         en="Determinism needs preconditions: a fixed reduction order for every row, whatever the batch size (batch "
-           "invariance). Row 0 computed in batches of 1 to 64 keeps its bits under your function; plain x @ w, "
-           "measured on this machine, need not. It is a recipe at a pinned commit, not bitwise equality across "
-           "hardware or versions.",
+           "invariance). Row 0 computed in batches of 1 to 64 must keep the bits of one fixed order, k = 0 … K − 1, "
+           "under your function; plain x @ w, measured on this machine, need not. It is a recipe at a pinned commit, "
+           "not bitwise equality across hardware or versions.",
         needs={"yours": "ch32.3"})
 def determinism(f: Figure, r: dict) -> None:
     K, N, batches, col = r["K"], r["N"], r["batches"], r["column"]
@@ -180,28 +180,33 @@ def determinism(f: Figure, r: dict) -> None:
     y = f.y + 16
     mine_bits, plain_bits = r["yours_bits"], r["plain_bits"]
     hex_size = SMALL if len(mine_bits[0]) > 6 else VALUE
-    rows = [("yours: batch_invariant_matmul", "bits of out[0, %d]" % col, mine_bits, mine_bits[0], "token", True),
-            ("", "value", [f"{v:.8g}" for v in r["yours"]], f"{r['yours'][0]:.8g}", "token", False),
-            ("", "columns of row 0 changed vs B = 1", r["yours_changed"], 0, "token", True),
-            ("plain x @ w (measured here)", "bits of (x @ w)[0, %d]" % col, plain_bits, plain_bits[0], "plain", False),
-            ("", "value", [f"{v:.8g}" for v in r["plain"]], f"{r['plain'][0]:.8g}", "plain", False),
-            ("", "columns of row 0 changed vs B = 1", r["plain_changed"], 0, "plain", False)]
+    expected_bits = r.get("expected_bits", mine_bits)
+    wrong_at = r.get("wrong", [False] * len(batches))
+    rows = [("yours: batch_invariant_matmul", "bits of out[0, %d]" % col, mine_bits, "token", True),
+            ("", "value", [f"{v:.8g}" for v in r["yours"]], "token", False),
+            ("", "columns of row 0 changed vs B = 1", r["yours_changed"], "token", False),
+            ("", "the fixed order k = 0 … K − 1", expected_bits, "plain", False),
+            ("plain x @ w (measured here)", "bits of (x @ w)[0, %d]" % col, plain_bits, "plain", False),
+            ("", "value", [f"{v:.8g}" for v in r["plain"]], "plain", False),
+            ("", "columns of row 0 changed vs B = 1", r["plain_changed"], "plain", False)]
     wrong = False
-    for label, sub, values, same_as, role, graded in rows:
+    for label, sub, values, role, graded in rows:
         if label:
             f.text(MARGIN, y + 14, label, size=LABEL, weight="bold", cls="label")
             y += 24
         f.text(left - 12, y + CELL / 2 + 4, sub, anchor="end", size=SMALL + 0.5, color=MUTED, cls="label")
         for i, v in enumerate(values):
-            changed = same_as is not None and v != same_as
-            bad = graded and changed
+            changed = v != values[0]
+            bad = graded and bool(wrong_at[i])
             wrong |= bad
             f.cell(cols(i), y, v, role="accent" if changed else role, w=cw, h=CELL - 4, fmt=str,
-                   size=hex_size if sub.startswith("bits") else SMALL, wrong=bad, expected=same_as)
+                   size=hex_size if sub.startswith(("bits", "the fixed")) else SMALL, wrong=bad,
+                   expected=expected_bits[i] if graded else None)
         y += CELL + 2
     f.y = y + 12
     f.note(f"Σ_k x[0, k] · w[k, {col}] in float64 = {r['exact']:.9g}. Both functions are within float32 rounding of "
-           f"it; a changed bit pattern only means that the terms were added in another order.", size=SMALL + 1.5)
+           f"it; a changed bit pattern only means that the terms were added in another order. Yours is graded "
+           f"against the bits of the fixed order, in every batch.", size=SMALL + 1.5)
     f.y += 8
     f.heading("② 在这台机器上测得 · measured here: batch sizes at which plain x @ w changes row 0's bits")
     probes = r["probe"]
@@ -249,3 +254,102 @@ def determinism(f: Figure, r: dict) -> None:
            size=SMALL + 1.5)
     f.legend([("token", "your function: bits equal to B = 1"), ("plain", "plain x @ w: same bits as B = 1"),
               ("accent", "bits changed with the batch size")], wrong=wrong)
+
+
+@figure("ch32-rms-split", title="归约顺序固定,与批大小无关",
+        zh="批不变的 RMSNorm:每一行的平方和按固定宽度切块,块内两两相加求和,块和按顺序累加;"
+           "块宽与求和顺序都不随批大小改变,所以同一行单算或在任意批里算,比特完全相同。"
+           "torch 自带的 sum/mean 自己决定顺序:值对,但比特不是这个顺序的。",
+        en="A batch-invariant RMSNorm: each row's sum of squares is cut into chunks of a fixed width, each chunk "
+           "summed by halving, the chunk sums added in order. Neither the chunk width nor the tree depends on the "
+           "batch, so a row alone and the same row in any batch get the same bits. The library's own sum or mean "
+           "picks its own order: the right value, not these bits.",
+        needs={"yours": "ch32.4"})
+def rms_split(f: Figure, r: dict) -> None:
+    H, block, batches, col = r["H"], r["block"], r["batches"], r["column"]
+    squares, chunk_sums, totals = r["squares"], r["chunk_sums"], r["totals"]
+    n_chunks = len(chunk_sums)
+    f.instance_row([(f"x: [{max(batches)}, {H}] float32", "token"), (f"block = {block}", "accent"),
+                    (f"eps = {r['eps']:g}", "plain")],
+                   note=f"row 0 normalised in batches of B = {', '.join(map(str, batches))}")
+
+    # 1. The fixed split of row 0.
+    f.heading(f"① 固定的切分 · row 0's {H} squares in {n_chunks} chunks of {block} (the last padded with zeros)")
+    f.y += 6
+    padded = n_chunks * block
+    w = min(15.0, (f.width - 2 * MARGIN) / padded - 1)
+    for j in range(padded):
+        c = j // block
+        pad = j >= H
+        f.cell(MARGIN + j * (w + 1) + c * 8, f.y, "", role="masked" if pad else ("token" if c % 2 == 0 else "attend"),
+               w=w, h=22, dashed=pad)
+    top = f.y
+    f.y += 22 + 4
+    for c in range(n_chunks):
+        x1 = MARGIN + c * block * (w + 1) + c * 8
+        x2 = x1 + block * (w + 1) - 1
+        real = min(block, H - c * block)
+        f.bracket(x1, x2, f.y, f"chunk {c}: columns {c * block}–{c * block + real - 1}"
+                  + (f" + {block - real} zeros" if real < block else ""))
+    f.text(MARGIN, top - 4, "x[0, j]² in float32", size=SMALL + 1, color=MUTED, cls="label")
+    f.y += 50
+
+    # The halving tree of chunk 0, level by level.
+    levels = [squares[:min(block, H)] + [0.0] * (block - min(block, H))]
+    while len(levels[-1]) > 1:
+        half = len(levels[-1]) // 2
+        levels.append([levels[-1][j] + levels[-1][j + half] for j in range(half)])
+    f.heading("inside chunk 0: halving, s = s[:h] + s[h:] with h = width / 2, while wider than 1 (values to 3 digits)")
+    f.y += 4
+    cw = min(46.0, (f.width - 2 * MARGIN - 90) / block - 2)
+    for depth, level in enumerate(levels):
+        f.text(MARGIN + 80, f.y + 14, f"width {len(level)}", size=SMALL + 1, anchor="end", color=MUTED, cls="label")
+        for j, v in enumerate(level):
+            f.cell(MARGIN + 90 + j * (cw + 2), f.y, f"{v:.3g}", role="accent" if len(level) == 1 else
+                   ("token" if depth == 0 else "plain"), w=cw, h=20, size=SMALL - 0.5, fmt=str)
+        f.y += 24
+    f.y += 12
+
+    running = f.matrix([[f"{v:.6g}" for v in chunk_sums], [f"{v:.6g}" for v in totals]],
+                       col_labels=[f"chunk {c}" for c in range(n_chunks)], role=lambda i, j: "plain" if i == 0 else "token",
+                       w=110, h=CELL - 6, gap=8, fmt=str, size=SMALL + 1)
+    f.place(labelled(f, running, [row_label(f, "chunk sum (by halving)", h=CELL - 6),
+                                  row_label(f, "running total, chunk 0 first", h=CELL - 6, bold=True)], 262), after=22)
+    f.note(f"inv_rms = 1 / sqrt({totals[-1]:.6g} / {H} + eps); out[0] = (x[0] · inv_rms) · weight in float32, "
+           f"cast once at the end.", size=SMALL + 1.5)
+    f.y += 10
+
+    # 2. The bits of out[0, col] in every batch.
+    f.heading(f"② 同一行,不同批大小 · the bits of out[0, {col}] for each batch size B")
+    label_w = 232
+    left = MARGIN + label_w
+    col_w = (f.width - MARGIN - left) / len(batches)
+    cwb = col_w - 6
+    f.y += 4
+    for i, B in enumerate(batches):
+        f.text(left + i * col_w + cwb / 2, f.y + 8, f"B = {B}", anchor="middle", size=SMALL + 1, color=MUTED,
+               cls="label")
+    y = f.y + 16
+    expected = r["expected_bits"]
+    rows = [("yours: batch_invariant_rms_norm", r["yours_bits"], "token", r["wrong"]),
+            ("the fixed split (expected)", expected, "plain", None),
+            ("torch's own mean (measured here)", r["plain_bits"], "plain", None)]
+    wrong = False
+    for label, values, role, graded in rows:
+        f.text(left - 12, y + CELL / 2 + 2, label, anchor="end", size=SMALL + 1, color=MUTED, cls="label")
+        for i, v in enumerate(values):
+            bad = bool(graded[i]) if graded is not None else False
+            wrong |= bad
+            f.cell(left + i * col_w, y, v, role="accent" if v != expected[i] else role, w=cwb, h=CELL - 4, fmt=str,
+                   size=SMALL, wrong=bad, expected=expected[i] if bad else None)
+        y += CELL + 2
+    f.y = y + 10
+    differs = sum(bool(d) for d in r["plain_differs"])
+    f.note(f"RMSNorm of row 0, column {col}, in float64: {r['exact']:.9g}. torch's mean of the squares gave other "
+           f"bits than the fixed split in {differs} of {len(batches)} batches here"
+           + (" (the same bits in every batch: this CPU sums a row alike whatever B; a GPU kernel splitting a row "
+              "when rows are few would not)" if len(set(r["plain_bits"])) == 1 else "")
+           + ". Only a prescribed order makes the bits a property of the row.", size=SMALL + 1.5)
+    f.y += 4
+    f.legend([("token", "your bits"), ("plain", "the fixed split / torch's mean, same bits"),
+              ("accent", "other bits than the fixed split")], wrong=wrong)

@@ -16,13 +16,15 @@ metrics follow this count: the draft acceptance rate is accepted / drafted token
 and the mean acceptance length, 1 + accepted / verifications, includes the bonus or
 recovered token.
 
-How many drafts to verify is a separate decision. EAGLE-2 ranks draft-tree paths by
-the drafter's confidence. vLLM 0.33's adaptive verification (DSpark) gives each draft
-slot a confidence from a trained head or an online estimator. The product of the
-confidences up to slot j is the predicted chance that the whole prefix survives,
-its survival. Across the batch, vLLM admits the draft slots with the highest survivals,
-as many as maximise expected tokens per unit of cost, so each request keeps a prefix of
-its drafts. The confidences size the verification workload (置信度决定验证工作量); the
+How many drafts to verify is a separate decision. EAGLE-2 (Li et al., 2024,
+arXiv:2406.16858) ranks draft-tree paths by the drafter's confidence. SpecDec++
+(Huang et al., 2024, arXiv:2405.19715) trains an acceptance head that gives each
+draft slot a confidence, and stops drafting once the predicted chance that a draft
+so far is rejected passes a threshold. The product of the confidences up to slot j
+is the predicted chance that the whole prefix survives, its survival. A batched
+engine can go further and admit, across the batch, the draft slots with the highest
+survivals, as many as pay for their cost, so each request keeps a prefix of its
+drafts. The confidences size the verification workload (置信度决定验证工作量); the
 rejection sampler alone decides what is accepted. The confidence is computed from
 the draft *distribution*, never from the drawn token, so trimming does not bias the
 output.
@@ -88,7 +90,9 @@ def verify_draft(draft_tokens: torch.Tensor | list[int], draft_probs: torch.Tens
     Raises:
         ValueError: shapes that do not fit k and V as above, a draft token outside
             0 … V − 1, a probability row that is negative, non-finite or does not sum
-            to 1 (within 1e-3), a uniform outside [0, 1), or negative noise.
+            to 1 (within 1e-3), a uniform outside [0, 1), or negative noise (the
+            provided first line checks these and hands you the drafts as a list of
+            ints).
 
     Example:
         >>> q = torch.tensor([[0.6, 0.3, 0.1]]); p = torch.tensor([[0.3, 0.5, 0.2], [0.2, 0.2, 0.6]])
@@ -97,7 +101,208 @@ def verify_draft(draft_tokens: torch.Tensor | list[int], draft_probs: torch.Tens
         >>> verify_draft([0], q, p, torch.tensor([0.4]), torch.tensor([[0.2, 1.5, 0.6], [1., 1., 1.]]))
         [0, 2]
     """
+    tokens = _checked_drafts(draft_tokens, draft_probs, target_probs, uniforms, noise)
     ### BEGIN SOLUTION
+    k = len(tokens)
+    dtype = torch.promote_types(torch.promote_types(draft_probs.dtype, target_probs.dtype), torch.float32)
+    q, p = draft_probs.to(dtype), target_probs.to(dtype)
+    e = noise.to(dtype).clamp_min(1e-10)
+    out = []
+    for i, x in enumerate(tokens):
+        qx, px = float(q[i, x]), float(p[i, x])
+        if qx > 0 and float(uniforms[i]) < min(1.0, px / qx):
+            out.append(x)
+            continue
+        residual = (p[i] - q[i]).clamp_min(0)
+        out.append(int((residual / e[i]).argmax()))
+        return out
+    out.append(int((p[k] / e[k]).argmax()))
+    return out
+    ### END SOLUTION
+
+
+def num_drafts_to_verify(confidences: torch.Tensor | list[float], threshold: float) -> int:
+    """How many drafts to send for verification: the longest prefix whose survival stays ≥ threshold. Task ch32.2.
+
+    The survival of draft j is the running product c_0 · c_1 · … · c_j of the
+    confidences: the predicted probability that drafts 0 … j are all accepted.
+    Return the largest n such that the survival of draft n − 1 is ≥ threshold
+    (0 when even c_0 is below it). Because every c ≤ 1, survival never rises:
+    a confident late draft cannot rescue a weak prefix. Compute the products in
+    float64.
+
+    This only sizes the workload. The drafts sent still pass through
+    verify_draft (ch32.1), which alone decides what is accepted. The confidences
+    must come from the draft *distributions* (a confidence head, the max
+    probability of q_i), never from the drawn token itself, or trimming would
+    bias the output. The course keeps one request and a fixed threshold, as
+    SpecDec++ does (it stops when 1 − survival exceeds its threshold h); a batched
+    engine may instead pick one budget over all requests, by expected tokens per
+    unit cost.
+
+    Args:
+        confidences: [k] floats in [0, 1] (a 1-D floating tensor or a list), k ≥ 0.
+        threshold: a number in [0, 1].
+
+    Returns:
+        n, a Python int in 0 … k.
+
+    Raises:
+        ValueError: confidences not 1-D, or a confidence or the threshold outside [0, 1]
+            (the provided first line checks these and hands you the confidences as a
+            list of Python floats).
+
+    Example:
+        >>> num_drafts_to_verify(torch.tensor([0.9, 0.8, 0.5]), 0.5)    # survivals 0.9, 0.72, 0.36
+        2
+        >>> num_drafts_to_verify([0.6, 0.5, 0.9], 0.35)                  # 0.6, 0.30: the 0.9 comes too late
+        1
+    """
+    values = _checked_confidences(confidences, threshold)
+    ### BEGIN SOLUTION
+    survival, n = 1.0, 0
+    for c in values:
+        survival *= c
+        if survival < threshold:
+            break
+        n += 1
+    return n
+    ### END SOLUTION
+
+
+def batch_invariant_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w whose row i has the same bits whatever the batch it is computed in. Task ch32.3.
+
+    out[i, n] = Σ_k x[i, k] · w[k, n], summed in one fixed order that depends
+    only on k, never on the batch size B, on the row's position in the batch,
+    or on the other rows. So the bits of out[i] are a function of x[i] and w
+    alone. A plain `x @ w` does not promise this: BLAS libraries (and cuBLAS on
+    GPUs) pick kernels, tile sizes and split-K by the shape, so the same row can
+    come out with different last bits in a batch of 1 and a batch of 16.
+    `course check ch32` measures where that happens on your machine and draws
+    it in the figure ch32-determinism.
+
+    The order is this one, and the checks compare yours with it bit for bit:
+    start from zeros and, for k = 0, 1, …, K − 1 in turn, add the products
+    x[:, k] · w[k, :] (a multiply, then an add: no fused multiply-add), in a
+    float32 accumulator (float64 for float64 inputs); cast to x's dtype once at
+    the end. A bf16 accumulator would lose most of the sum's precision, and
+    vLLM's batch-invariant mode also turns reduced-precision reductions off. A
+    float64 accumulator (or `@` on float64 copies) fixes no order either: it
+    only hides the library's order behind extra precision and a final rounding.
+
+    The course fixes the order with a plain loop over k, slow but plainly
+    invariant. Production kernels (vLLM's Triton persistent matmul in
+    vllm/model_executor/layers/batch_invariant.py, cuBLAS without split-K) fix
+    one tile configuration for every batch size instead.
+
+    Args:
+        x: [B, K] floating tensor (float32, float64, bfloat16 or float16), B ≥ 0.
+        w: [K, N] tensor of the same dtype.
+
+    Returns:
+        [B, N] tensor of x's dtype, equal to x @ w up to rounding, with row i
+        bitwise identical for every batch that contains x[i] (the bits of the
+        order above).
+
+    Raises:
+        ValueError: x or w not 2-D, not floating, of different dtypes, or with
+            x.shape[1] != w.shape[0] (the provided first line checks these).
+
+    Example:
+        >>> x, w = torch.tensor([[1., 2.], [3., 4.]]), torch.tensor([[1., 0.], [0.5, 1.]])
+        >>> batch_invariant_matmul(x, w)
+        tensor([[2., 2.],
+                [5., 4.]])
+        >>> torch.equal(batch_invariant_matmul(x[:1], w)[0], batch_invariant_matmul(x, w)[0])
+        True
+    """
+    _check_matmul(x, w)
+    ### BEGIN SOLUTION
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xa, wa = x.to(acc), w.to(acc)
+    out = torch.zeros(x.shape[0], w.shape[1], dtype=acc)
+    for k in range(x.shape[1]):
+        out = out + xa[:, k:k + 1] * wa[k]        # elementwise: each out[i, n] adds its k-th term, in order
+    return out.to(x.dtype)
+    ### END SOLUTION
+
+
+def batch_invariant_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                             block: int = 1024) -> torch.Tensor:
+    """RMSNorm whose row i has the same bits whatever the batch: a fixed split of the sum. Task ch32.4.
+
+    out[i] = x[i] / sqrt(mean_j x[i, j]² + eps) · weight. The mean is a
+    reduction over the hidden size H, and a library reduction (torch.sum,
+    .mean, a CUDA kernel) picks how to split it from the shape: GPU kernels
+    split a row across several blocks when there are few rows, so a request
+    alone is summed in another order than in a batch of 64. Here every row is
+    reduced in one fixed order, the one of vLLM's batch-invariant RMSNorm
+    (`_rms_norm_kernel` in vllm/model_executor/layers/batch_invariant.py: one
+    row per program, the hidden size walked in chunks of BLOCK_SIZE = 1024):
+
+    1. square in the accumulator (float32; float64 for float64 inputs);
+    2. cut the H squares into chunks of `block` columns, in order; pad the
+       last chunk with zeros to `block`;
+    3. sum each chunk by halving: while it is wider than 1, add its second
+       half to its first, s = s[:, :h] + s[:, h:] with h = width / 2;
+    4. add the chunk sums to a running total (starting from 0), chunk 0 first;
+    5. inv_rms = 1 / sqrt(total / H + eps), and out = (x · inv_rms) · weight
+       in the accumulator, cast to x's dtype once at the end, as vLLM's
+       kernel does (torch.rsqrt instead of 1 / sqrt is accepted as well).
+
+    The halving tree stands in for Triton's tl.sum inside a chunk, whose
+    tree the course does not reproduce; what matters is that neither the
+    chunk size nor the tree depends on the batch. The checks compare yours
+    with this order bit for bit, alone and in batches of every size.
+
+    Args:
+        x: [B, H] floating tensor (float32, float64, bfloat16 or float16), B ≥ 0, H ≥ 1.
+        weight: [H] tensor of x's dtype.
+        eps: a number ≥ 0 added to the mean square.
+        block: the chunk width, a power of two ≥ 1 (vLLM's kernel uses 1024).
+
+    Returns:
+        [B, H] tensor of x's dtype.
+
+    Raises:
+        ValueError: shapes or dtypes other than the above, eps < 0, or a block that
+            is not a power of two (the provided first line checks these).
+
+    Example:
+        >>> x = torch.tensor([[3.0, 4.0, 0.0], [1.0, 1.0, 1.0]])
+        >>> batch_invariant_rms_norm(x, torch.ones(3), eps=0.0, block=2)
+        tensor([[1.0392, 1.3856, 0.0000],
+                [1.0000, 1.0000, 1.0000]])
+        >>> torch.equal(batch_invariant_rms_norm(x[:1], torch.ones(3), block=2)[0],
+        ...             batch_invariant_rms_norm(x, torch.ones(3), block=2)[0])
+        True
+    """
+    _check_rms_norm(x, weight, eps, block)
+    ### BEGIN SOLUTION
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xa = x.to(acc)
+    squares = xa * xa
+    B, H = x.shape
+    total = torch.zeros(B, dtype=acc)
+    for start in range(0, H, block):
+        chunk = squares[:, start:start + block]
+        chunk = torch.cat([chunk, chunk.new_zeros(B, block - chunk.shape[1])], dim=1)    # pad the last chunk
+        while chunk.shape[1] > 1:
+            half = chunk.shape[1] // 2
+            chunk = chunk[:, :half] + chunk[:, half:]
+        total = total + chunk[:, 0]
+    inv_rms = 1 / torch.sqrt(total / H + eps)
+    return (xa * inv_rms[:, None] * weight.to(acc)).to(x.dtype)
+    ### END SOLUTION
+
+
+# -- provided: the input checks every task needs but none teaches (not part of the exercise) ----------------------
+
+def _checked_drafts(draft_tokens: torch.Tensor | list[int], draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                    uniforms: torch.Tensor, noise: torch.Tensor) -> list[int]:
+    """Provided: the draft tokens as a list of ints; raise ValueError unless the inputs fit k drafts over a
+    vocabulary of V ≥ 1 (shapes, token range, probability rows summing to 1, uniforms in [0, 1), noise ≥ 0)."""
     if isinstance(draft_tokens, torch.Tensor):
         if draft_tokens.dim() != 1 or draft_tokens.is_floating_point() or draft_tokens.dtype == torch.bool:
             raise ValueError(f"draft_tokens must be a 1-D integer tensor [k]; got {draft_tokens.dtype} "
@@ -130,58 +335,12 @@ def verify_draft(draft_tokens: torch.Tensor | list[int], draft_probs: torch.Tens
         if bool((x < 0).any()) or not bool(x.isfinite().all()) or bool(((sums - 1).abs() > 1e-3).any()):
             raise ValueError(f"every row of {name} must be a probability distribution (entries ≥ 0, summing "
                              f"to 1); row sums: {sums.tolist()}")
-    dtype = torch.promote_types(torch.promote_types(draft_probs.dtype, target_probs.dtype), torch.float32)
-    q, p = draft_probs.to(dtype), target_probs.to(dtype)
-    e = noise.to(dtype).clamp_min(1e-10)
-    out = []
-    for i, x in enumerate(tokens):
-        qx, px = float(q[i, x]), float(p[i, x])
-        if qx > 0 and float(uniforms[i]) < min(1.0, px / qx):
-            out.append(x)
-            continue
-        residual = (p[i] - q[i]).clamp_min(0)
-        out.append(int((residual / e[i]).argmax()))
-        return out
-    out.append(int((p[k] / e[k]).argmax()))
-    return out
-    ### END SOLUTION
+    return tokens
 
 
-def num_drafts_to_verify(confidences: torch.Tensor | list[float], threshold: float) -> int:
-    """How many drafts to send for verification: the longest prefix whose survival stays ≥ threshold. Task ch32.2.
-
-    The survival of draft j is the running product c_0 · c_1 · … · c_j of the
-    confidences: the predicted probability that drafts 0 … j are all accepted.
-    Return the largest n such that the survival of draft n − 1 is ≥ threshold
-    (0 when even c_0 is below it). Because every c ≤ 1, survival never rises:
-    a confident late draft cannot rescue a weak prefix. Compute the products in
-    float64.
-
-    This only sizes the workload. The drafts sent still pass through
-    verify_draft (ch32.1), which alone decides what is accepted. The confidences
-    must come from the draft *distributions* (a confidence head, the max
-    probability of q_i), never from the drawn token itself, or trimming would
-    bias the output. The course keeps one request and a fixed threshold. vLLM's
-    adaptive verification instead picks a global budget over all requests, by
-    expected tokens per unit cost.
-
-    Args:
-        confidences: [k] floats in [0, 1] (a 1-D floating tensor or a list), k ≥ 0.
-        threshold: a number in [0, 1].
-
-    Returns:
-        n, a Python int in 0 … k.
-
-    Raises:
-        ValueError: confidences not 1-D, or a confidence or the threshold outside [0, 1].
-
-    Example:
-        >>> num_drafts_to_verify(torch.tensor([0.9, 0.8, 0.5]), 0.5)    # survivals 0.9, 0.72, 0.36
-        2
-        >>> num_drafts_to_verify([0.6, 0.5, 0.9], 0.35)                  # 0.6, 0.30: the 0.9 comes too late
-        1
-    """
-    ### BEGIN SOLUTION
+def _checked_confidences(confidences: torch.Tensor | list[float], threshold: float) -> list[float]:
+    """Provided: the confidences as a list of Python floats; raise ValueError unless they are 1-D and every
+    confidence and the threshold lie in [0, 1]."""
     if isinstance(confidences, torch.Tensor):
         if confidences.dim() != 1 or not confidences.is_floating_point():
             raise ValueError(f"confidences must be a 1-D floating tensor [k]; got {confidences.dtype} "
@@ -195,57 +354,11 @@ def num_drafts_to_verify(confidences: torch.Tensor | list[float], threshold: flo
         raise ValueError(f"every confidence is a probability in [0, 1]; got {values}")
     if type(threshold) not in (int, float) or not 0 <= threshold <= 1:
         raise ValueError(f"threshold must be a number in [0, 1]; got {threshold!r}")
-    survival, n = 1.0, 0
-    for c in values:
-        survival *= c
-        if survival < threshold:
-            break
-        n += 1
-    return n
-    ### END SOLUTION
+    return values
 
 
-def batch_invariant_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x @ w whose row i has the same bits whatever the batch it is computed in. Task ch32.3.
-
-    out[i, n] = Σ_k x[i, k] · w[k, n], summed in one fixed order that depends
-    only on k, never on the batch size B, on the row's position in the batch,
-    or on the other rows. So the bits of out[i] are a function of x[i] and w
-    alone. A plain `x @ w` does not promise this: BLAS libraries (and cuBLAS on
-    GPUs) pick kernels, tile sizes and split-K by the shape, so the same row can
-    come out with different last bits in a batch of 1 and a batch of 16.
-    `course check ch32` measures where that happens on your machine and draws
-    it in the figure ch32-determinism.
-
-    Accumulate in float32 (float64 for float64 inputs) and return x's dtype. A
-    bf16 accumulator would lose most of the sum's precision, and vLLM's
-    batch-invariant mode also turns reduced-precision reductions off.
-
-    The course fixes the order with a plain loop over k, slow but plainly
-    invariant. Production kernels (vLLM's Triton persistent matmul, cuBLAS
-    without split-K) fix one tile configuration for every batch size instead.
-
-    Args:
-        x: [B, K] floating tensor (float32, float64, bfloat16 or float16), B ≥ 0.
-        w: [K, N] tensor of the same dtype.
-
-    Returns:
-        [B, N] tensor of x's dtype, equal to x @ w up to rounding, with row i
-        bitwise identical for every batch that contains x[i].
-
-    Raises:
-        ValueError: x or w not 2-D, not floating, of different dtypes, or with
-            x.shape[1] != w.shape[0].
-
-    Example:
-        >>> x, w = torch.tensor([[1., 2.], [3., 4.]]), torch.tensor([[1., 0.], [0.5, 1.]])
-        >>> batch_invariant_matmul(x, w)
-        tensor([[2., 2.],
-                [5., 4.]])
-        >>> torch.equal(batch_invariant_matmul(x[:1], w)[0], batch_invariant_matmul(x, w)[0])
-        True
-    """
-    ### BEGIN SOLUTION
+def _check_matmul(x: torch.Tensor, w: torch.Tensor) -> None:
+    """Provided: raise ValueError unless x [B, K] and w [K, N] are 2-D floating tensors of one dtype."""
     for name, t in (("x", x), ("w", w)):
         if not isinstance(t, torch.Tensor) or t.dim() != 2 or not t.is_floating_point():
             got = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
@@ -254,10 +367,18 @@ def batch_invariant_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"x and w must share one dtype; got {x.dtype} and {w.dtype}")
     if x.shape[1] != w.shape[0]:
         raise ValueError(f"x is [B, K] = {list(x.shape)} and w is [K, N] = {list(w.shape)}: the K's differ")
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    xa, wa = x.to(acc), w.to(acc)
-    out = torch.zeros(x.shape[0], w.shape[1], dtype=acc)
-    for k in range(x.shape[1]):
-        out = out + xa[:, k:k + 1] * wa[k]        # elementwise: each out[i, n] adds its k-th term, in order
-    return out.to(x.dtype)
-    ### END SOLUTION
+
+
+def _check_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, block: int) -> None:
+    """Provided: raise ValueError unless x is [B, H ≥ 1] floating, weight [H] of x's dtype, eps a number ≥ 0 and
+    block a power of two ≥ 1."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point() or x.shape[1] == 0:
+        got = f"{x.dtype} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be a 2-D floating tensor [B, H] with H ≥ 1; got {got}")
+    if not isinstance(weight, torch.Tensor) or weight.shape != (x.shape[1],) or weight.dtype != x.dtype:
+        got = f"{weight.dtype} {list(weight.shape)}" if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f"weight must be [H] = [{x.shape[1]}] of x's dtype {x.dtype}; got {got}")
+    if type(eps) not in (int, float) or not eps >= 0:
+        raise ValueError(f"eps must be a number ≥ 0; got {eps!r}")
+    if type(block) is not int or block < 1 or block & (block - 1):
+        raise ValueError(f"block must be a power of two ≥ 1 (the chunk width); got {block!r}")

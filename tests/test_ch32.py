@@ -105,7 +105,9 @@ def test_split_k_chosen_by_batch_size_is_caught(graded):
     assert "ulp apart" in r.message and "(0x" in r.message
     assert "the order in which your function sums over k depends on the batch" in r.message
     assert r.hints == ["batch_dependent"]
-    assert result(report, "agrees with x @ w").status == "passed", "the values are right, only the bits move"
+    order = result(report, "the bits of the order k = 0")
+    assert order.status == "failed" and "must have the bits of the fixed order" in order.message
+    assert "your values are right" in order.message, "the values are right, only the bits move"
     assert result(report, "random shapes").status == "failed"
     assert tasks_not_passed(report) == {"ch32.3"}
     bad = wrong_elements(report, "ch32-determinism")
@@ -122,34 +124,183 @@ def test_bfloat16_accumulator_is_explained(graded):
     assert result(report, "figure instance: row 0 in batches").status == "passed"
 
 
-def test_plain_matmul_fails_exactly_where_this_machine_is_not_batch_invariant(graded):
-    report = graded("plain",
-                    # x @ w from the library: its kernel choice may depend on the batch size
-                    ("    acc = torch.float64 if x.dtype == torch.float64 else torch.float32",
-                     "    return x @ w\n    acc = None"))
-    probe = checks.probe_matmul(torch.Generator().manual_seed(0))
+def test_plain_matmul_fails_on_every_machine(graded):
+    report = graded.mistake("plain_matmul")   # x @ w from the library: its order is the library's, chosen by shape
     r = result(report, "figure instance: row 0 in batches")
-    if not any(p["changed"] for p in probe if p["dtype"] == "float32"):
-        assert r.status == "passed"
-        pytest.skip("plain x @ w is batch-invariant for these shapes on this machine")
-    assert r.status == "failed"
-    assert r.hints == ["plain_matmul"]     # no edit makes this mistake on every machine: shown here, where it fails
+    assert r.status == "failed" and r.hints == ["plain_matmul"]
+    # Where this machine's kernel keeps a row's bits across batch sizes, the fixed order still tells them apart.
+    assert "must come out with the same bits" in r.message or "must have the bits of the fixed order" in r.message
+    assert result(report, "float64 in").status == "failed", "float64 terms of very different sizes: another grouping"
     assert wrong_elements(report, "ch32-determinism")
+
+
+def test_matmul_on_float64_copies_is_explained(graded):
+    report = graded.mistake("upcast_plain")   # (x.double() @ w.double()).to(x.dtype): passed every check before
+    r = result(report, "figure instance: row 0 in batches")
+    assert r.status == "failed"
+    assert "must have the bits of the fixed order (k = 0, 1, …, 255 in turn, a multiply then an add in float32" \
+        in r.message
+    assert "your values are right and keep their bits from batch to batch here" in r.message
+    assert r.hints == ["upcast_plain"]
+    assert result(report, "float64 in").hints == ["plain_matmul"], "for float64 inputs it is plain x @ w"
+    assert tasks_not_passed(report) == {"ch32.3"}
+    bad = wrong_elements(report, "ch32-determinism")
+    assert any((el.text or "").startswith("0x") for el in bad), "the bits of row 0 are marked against the fixed order"
+
+
+def test_a_fused_multiply_add_is_explained(graded):
+    x, w = torch.randn(8, 64, generator=torch.Generator().manual_seed(2)), torch.randn(64, 8)
+    fused = models.product_models(None, x, w)["fma"]
+    if torch.equal(fused, ref.batch_invariant_matmul(x, w)):
+        pytest.skip("torch.addcmul rounds the product and the sum apart on this CPU: no fused multiply-add to show")
+    report = graded("fused_madd",   # torch.addcmul: one rounding where the order has two
+                    ("        out = out + xa[:, k:k + 1] * wa[k]", "        out = torch.addcmul(out, xa[:, k:k + 1], wa[k])"),
+                    task="ch32.3")
+    r = result(report, "figure instance: row 0 in batches")
+    assert r.status == "failed" and r.hints == ["fused_madd"]
 
 
 def test_equivalent_formulations_pass_every_check(graded):
     report = graded(
         "equivalent",
-        # not a misconception: float64 verification with u·q < p, a cumprod count, a float64 accumulator
+        # not a misconception: float64 verification with u·q < p, a cumprod count
         ("dtype = torch.promote_types(torch.promote_types(draft_probs.dtype, target_probs.dtype), torch.float32)",
          "dtype = torch.float64"),
         (ACCEPT, "if qx > 0 and float(uniforms[i]) * qx < px:"),
         ("    survival, n = 1.0, 0\n    for c in values:\n        survival *= c\n        if survival < threshold:\n"
          "            break\n        n += 1\n    return n",
          "    return int((torch.tensor(values, dtype=torch.float64).cumprod(0) >= threshold).sum())"),
-        ("acc = torch.float64 if x.dtype == torch.float64 else torch.float32", "acc = torch.float64"))
+        # the same order written in place; rsqrt (accepted); the padding by F.pad
+        ("        out = out + xa[:, k:k + 1] * wa[k]", "        out += xa[:, k:k + 1] * wa[k]"),
+        ("inv_rms = 1 / torch.sqrt(total / H + eps)", "inv_rms = torch.rsqrt(total / H + eps)"),
+        ("chunk = torch.cat([chunk, chunk.new_zeros(B, block - chunk.shape[1])], dim=1)",
+         "chunk = torch.nn.functional.pad(chunk, (0, block - chunk.shape[1]))"))
     failed = [f"{r.name}: {r.message}" for r in report.results if r.status != "passed"]
     assert not failed, failed
+
+
+# -- 32.4 batch_invariant_rms_norm -----------------------------------------------------------------
+def test_the_library_sum_is_explained(graded):
+    report = graded.mistake("rms_plain_sum")   # squares.sum(dim=1): the right value, the library's order
+    r = result(report, "figure instance: row 0 of [16, 40]")
+    assert r.status == "failed"
+    assert "must have the bits of the fixed split (squares in chunks of 16 columns" in r.message
+    assert "your values are right and keep their bits from batch to batch here" in r.message
+    assert r.hints == ["rms_plain_sum"]
+    assert tasks_not_passed(report) == {"ch32.4"}
+    assert wrong_elements(report, "ch32-rms-split")
+
+
+def test_a_split_chosen_by_batch_size_is_explained(graded):
+    report = graded.mistake("rms_batch_split")   # half-width chunks below 4 rows, as a GPU split reduction does
+    r = result(report, "figure instance: row 0 of [16, 40]")
+    assert r.status == "failed"
+    assert "pool row 0 computed in a batch of B = 1 (position 0) and of B = 4 (position 0)" in r.message
+    assert "the order in which your function sums over the hidden size depends on the batch" in r.message
+    assert r.hints == ["rms_batch_split"]
+    assert wrong_elements(report, "ch32-rms-split")
+
+
+def test_a_cast_before_the_weight_is_explained(graded):
+    report = graded.mistake("rms_cast_first")   # ch20's nano-vllm order: cast, then multiply by the weight
+    assert result(report, "figure instance: row 0 of [16, 40]").status == "passed", "float32: the cast changes nothing"
+    r = result(report, "a bfloat16 RMSNorm")
+    assert r.status == "failed" and r.hints == ["rms_cast_first"]
+
+
+def test_a_library_sum_inside_each_chunk_is_explained(graded):
+    report = graded.mistake("rms_chunk_sum")   # torch.sum over each chunk instead of the halving tree
+    named = {h for x in report.results if x.task == "ch32.4" for h in x.hints}
+    assert "rms_chunk_sum" in named
+    assert tasks_not_passed(report) == {"ch32.4"}
+
+
+def test_reference_rms_norm_keeps_its_bits_and_agrees_with_rms_norm():
+    g = torch.Generator().manual_seed(7)
+    for dtype, H, block in ((torch.float32, 130, 32), (torch.bfloat16, 1024, 1024), (torch.float64, 77, 8)):
+        x, weight = torch.randn(50, H, generator=g).to(dtype), torch.randn(H, generator=g).to(dtype)
+        alone = torch.cat([ref.batch_invariant_rms_norm(x[i:i + 1], weight, 1e-6, block) for i in range(50)])
+        for B in (2, 7, 50):
+            perm = torch.randperm(50, generator=g)[:B]
+            got = ref.batch_invariant_rms_norm(x[perm], weight, 1e-6, block)
+            assert torch.equal(got.view(checks.INT_OF[dtype]), alone[perm].view(checks.INT_OF[dtype]))
+        xd = x.double()
+        want = xd / torch.sqrt((xd * xd).mean(1, keepdim=True) + 1e-6) * weight.double()
+        assert torch.allclose(alone.double(), want, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-6)
+
+
+def test_the_split_is_vllms_chunk_walk_with_a_halving_tree():
+    # One chunk of 4: ((a² + c²) + (b² + d²)); two chunks of 2: (a² + b²) + (c² + d²). Values whose squares round
+    # apart in float32 tell the two orders apart.
+    x = torch.tensor([[1e4, 1.0, -1e4, 3e-4]])
+    one = ref.batch_invariant_rms_norm(x, torch.ones(4), 0.0, 4)
+    two = ref.batch_invariant_rms_norm(x, torch.ones(4), 0.0, 2)
+    sq = (x * x)[0]
+    assert torch.equal(one[0, 1], (x[0, 1] * (1 / torch.sqrt(((sq[0] + sq[2]) + (sq[1] + sq[3])) / 4))))
+    assert torch.equal(two[0, 1], (x[0, 1] * (1 / torch.sqrt(((sq[0] + sq[1]) + (sq[2] + sq[3])) / 4))))
+
+
+# -- the provided input checks (outside the solution regions): unit tests, no graded checks ------------------------
+Q2, P3 = torch.full((2, 3), 1 / 3), torch.full((3, 3), 1 / 3)
+GOOD_VERIFY = (torch.tensor([0, 1]), Q2, P3, torch.tensor([0.2, 0.4]), torch.ones(3, 3))
+BAD_VERIFY = {
+    "token outside V": (torch.tensor([0, 3]), Q2, P3, torch.tensor([0.2, 0.4]), torch.ones(3, 3)),
+    "float tokens": (torch.tensor([0.0, 1.0]), Q2, P3, torch.tensor([0.2, 0.4]), torch.ones(3, 3)),
+    "uniform of 1": (torch.tensor([0, 1]), Q2, P3, torch.tensor([0.2, 1.0]), torch.ones(3, 3)),
+    "one uniform for two drafts": (torch.tensor([0, 1]), Q2, P3, torch.tensor([0.2]), torch.ones(3, 3)),
+    "k rows of target_probs": (torch.tensor([0, 1]), Q2, Q2.clone(), torch.tensor([0.2, 0.4]), torch.ones(3, 3)),
+    "noise with k rows": (torch.tensor([0, 1]), Q2, P3, torch.tensor([0.2, 0.4]), torch.ones(2, 3)),
+    "negative noise": (torch.tensor([0, 1]), Q2, P3, torch.tensor([0.2, 0.4]), -torch.ones(3, 3)),
+    "log-probabilities": (torch.tensor([0, 1]), Q2.log(), P3, torch.tensor([0.2, 0.4]), torch.ones(3, 3)),
+    "rows summing to 2": (torch.tensor([0, 1]), Q2, 2 * P3, torch.tensor([0.2, 0.4]), torch.ones(3, 3)),
+    "two vocabularies": (torch.tensor([0, 1]), Q2[:, :2], P3, torch.tensor([0.2, 0.4]), torch.ones(3, 3)),
+}
+
+
+@pytest.mark.parametrize("case", BAD_VERIFY)
+def test_the_provided_draft_check_refuses_bad_inputs(case):
+    with pytest.raises(ValueError):
+        ref._checked_drafts(*BAD_VERIFY[case])
+
+
+def test_the_provided_draft_check_passes_good_inputs_as_a_list():
+    assert ref._checked_drafts(*GOOD_VERIFY) == [0, 1]
+    assert ref._checked_drafts([2], Q2[:1], P3[:2], torch.tensor([0.5]), torch.ones(2, 3)) == [2]
+
+
+@pytest.mark.parametrize("confidences, threshold", [(torch.tensor([0.9, 1.2]), 0.5), (torch.tensor([0.5, -0.1]), 0.2),
+                                                    (torch.full((2, 2), 0.5), 0.2), (torch.tensor([0.5]), 1.5),
+                                                    (torch.tensor([0.5]), -0.5), (["0.5"], 0.5)])
+def test_the_provided_confidence_check_refuses_bad_inputs(confidences, threshold):
+    with pytest.raises(ValueError):
+        ref._checked_confidences(confidences, threshold)
+
+
+def test_the_provided_confidence_check_passes_good_inputs_as_floats():
+    assert ref._checked_confidences(torch.tensor([0.5, 1.0]), 0.25) == [0.5, 1.0]
+    assert ref._checked_confidences([1, 0.5], 0) == [1.0, 0.5]
+
+
+@pytest.mark.parametrize("x, w", [(torch.ones(3), torch.ones(3, 2)), (torch.ones(2, 3), torch.ones(3)),
+                                  (torch.ones(2, 3), torch.ones(3, 2, dtype=torch.float64)),
+                                  (torch.ones(2, 3, dtype=torch.int64), torch.ones(3, 2, dtype=torch.int64)),
+                                  (torch.ones(2, 3), torch.ones(4, 5))])
+def test_the_provided_matmul_check_refuses_bad_inputs(x, w):
+    with pytest.raises(ValueError):
+        ref._check_matmul(x, w)
+    ref._check_matmul(torch.ones(2, 3), torch.ones(3, 5))
+
+
+@pytest.mark.parametrize("x, weight, eps, block", [
+    (torch.ones(3), torch.ones(3), 1e-6, 4), (torch.ones(2, 0), torch.ones(0), 1e-6, 4),
+    (torch.ones(2, 3), torch.ones(4), 1e-6, 4), (torch.ones(2, 3), torch.ones(3, dtype=torch.float64), 1e-6, 4),
+    (torch.ones(2, 3, dtype=torch.int64), torch.ones(3, dtype=torch.int64), 1e-6, 4),
+    (torch.ones(2, 3), torch.ones(3), -1e-6, 4), (torch.ones(2, 3), torch.ones(3), 1e-6, 6),
+    (torch.ones(2, 3), torch.ones(3), 1e-6, 0), (torch.ones(2, 3), torch.ones(3), 1e-6, 4.0)])
+def test_the_provided_rms_norm_check_refuses_bad_inputs(x, weight, eps, block):
+    with pytest.raises(ValueError):
+        ref._check_rms_norm(x, weight, eps, block)
+    ref._check_rms_norm(torch.ones(2, 3), torch.ones(3), 0.0, 1)
 
 
 # -- the reference and the statistics ---------------------------------------------------------------

@@ -2,7 +2,11 @@
 
 What an explanation compares with beyond the reference's answers (each position's verdict and race, what a classic
 mistake emits, the survivals, the float64 product and its rounding bound) comes from the hidden side's models
-(`verify_models`, `count_models`, `product_models`), asked for before comparing.
+(`verify_models`, `count_models`, `product_models`, `rms_models`), asked for before comparing.
+
+Tasks ch32.3 and ch32.4 prescribe one summation order, and their checks compare the student's bits with it: an answer
+that leaves the order to a library (plain `x @ w`, `torch.sum`, `@` on float64 copies) fails on every machine, not
+only on one whose library happens to split the batch.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ INT_OF = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16
           torch.float16: torch.int16}          # a float's bits, as the int of its width
 UNIT = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 FIG_K, FIG_N, FIG_BATCHES = 256, 64, [1, 2, 3, 4, 8, 16, 32, 64]
+RMS_H, RMS_BLOCK, RMS_EPS, RMS_BATCHES = 40, 16, 1e-6, [1, 2, 3, 4, 8, 16]   # ch32-rms-split: chunks 16, 16, 8 + 8 zeros
 PROBE_SHAPES = [(torch.float32, 64, 64), (torch.float32, 256, 128), (torch.float32, 1024, 64),
                 (torch.bfloat16, 256, 128), (torch.float64, 256, 128)]
 
@@ -65,7 +70,15 @@ verify_models = hidden_model("ch32_models.verify_models")
 count_models = hidden_model("ch32_models.count_models")
 """`t.ref.drive(count_models, conf, threshold)`: the survivals and the counts of the classic misreadings."""
 product_models = hidden_model("ch32_models.product_models")
-"""`t.ref.drive(product_models, x, w)`: x @ w in float64, its rounding bound, and a 16-bit accumulation."""
+"""`t.ref.drive(product_models, x, w)`: x @ w in float64, its rounding bound, and what the classic mistakes give
+(a 16-bit accumulation, `@` on float64 copies, a fused multiply-add)."""
+plain_models = hidden_model("ch32_models.plain_models")
+"""`t.ref.drive(plain_models, x, w, batches)`: plain x @ w of each batch, on one thread (the library's order)."""
+plain_rms_models = hidden_model("ch32_models.plain_rms_models")
+"""`t.ref.drive(plain_rms_models, x, weight, eps, batches)`: RMSNorm of each batch with the library's own mean."""
+rms_models = hidden_model("ch32_models.rms_models")
+"""`t.ref.drive(rms_models, x, weight, eps, block)`: RMSNorm in float64, its rounding bound, the fixed split of each
+row (squares, chunk sums, running totals), and what the classic mistakes and the accepted rsqrt give."""
 
 
 # -- ch32.1 ----------------------------------------------------------------------------------------------------------
@@ -115,13 +128,6 @@ def same_distributions(t: Trial) -> None:
     run_verify(t, c, case='case "q = p": p(x) / q(x) = 1 > u')
 
 
-@public("ch32.1", "target_probs with k rows instead of k + 1 raises ValueError")
-def missing_bonus_row(t: Trial) -> None:
-    q = torch.tensor([[0.5, 0.5], [0.5, 0.5]])
-    t.expect_raises(ValueError, t.yours.verify_draft, torch.tensor([0, 1]), q, q.clone(), torch.tensor([0.1, 0.2]),
-                    torch.ones(3, 2), because="k = 2 drafts need k + 1 = 3 target rows (the last for the bonus)")
-
-
 # -- ch32.2 ----------------------------------------------------------------------------------------------------------
 
 @public("ch32.2", "figure instance: confidences 0.7, 0.8, 0.6, 0.5, 0.6 with threshold 0.3")
@@ -154,12 +160,6 @@ def nothing_to_verify(t: Trial) -> None:
     run_count(t, torch.tensor([0.2, 1.0, 1.0]), 0.5, case='case "weak first draft": c0 = 0.2 < 0.5')
 
 
-@public("ch32.2", "a confidence above 1 raises ValueError")
-def bad_confidence(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.num_drafts_to_verify, torch.tensor([0.9, 1.2]), 0.5,
-                    because="a confidence is a probability in [0, 1]; 1.2 is not")
-
-
 # -- ch32.3 ----------------------------------------------------------------------------------------------------------
 
 @public("ch32.3", f"figure instance: row 0 in batches of {FIG_BATCHES[0]} … {FIG_BATCHES[-1]}, beside plain x @ w")
@@ -167,20 +167,22 @@ def determinism_instance(t: Trial) -> None:
     x = torch.randn(max(FIG_BATCHES), FIG_K, generator=t.rng)
     w = torch.randn(FIG_K, FIG_N, generator=t.rng)
     batches = [list(range(B)) for B in FIG_BATCHES]
-    outs = collect(t, x, w, batches)
+    wants = [t.ref.batch_invariant_matmul(x[idx], w) for idx in batches]
     models = rows_of(t.ref.drive(product_models, x, w), batches)
-    mine, plain = [o[0] for o in outs], [(x[:B] @ w)[0] for B in FIG_BATCHES]
-    differ = lambda rows: [int((~same_bits(r, rows[0])).sum()) for r in rows]
-    first_col = lambda rows: next((int((~same_bits(r, rows[0])).nonzero()[0]) for r in rows
-                                   if not bool(same_bits(r, rows[0]).all())), None)
-    col = next((c for c in (first_col(mine), first_col(plain)) if c is not None), 0)
+    plains = t.ref.drive(plain_models, x, w, batches)
+    outs = collect(t, x, w, batches)
+    mine, plain = [o[0] for o in outs], [p[0] for p in plains]
+    col = next((c for c in (first_col(mine), first_col(plain), first_col([wants[0][0], mine[0]])) if c is not None), 0)
     t.figure("ch32-determinism", K=FIG_K, N=FIG_N, batches=FIG_BATCHES, column=col,
-             yours=[float(r[col]) for r in mine], yours_bits=[bits(r[col]) for r in mine], yours_changed=differ(mine),
+             yours=[float(r[col]) for r in mine], yours_bits=[bits(r[col]) for r in mine], yours_changed=changed(mine),
+             expected_bits=[bits(want[0, col]) for want in wants],
+             wrong=[not bool(same_bits(r, want[0]).all()) for r, want in zip(mine, wants)],
              plain=[float(r[col]) for r in plain], plain_bits=[bits(r[col]) for r in plain],
-             plain_changed=differ(plain),
+             plain_changed=changed(plain),
              exact=float(models[0]["exact"][0, col]), probe=probe_matmul(t.rng), machine=machine())
     expect_invariant(outs, x, w, batches, case=f'case "figure instance": row 0 of x [64, {FIG_K}], w [{FIG_K}, '
-                                               f'{FIG_N}], in batches of B = {FIG_BATCHES}', models=models)
+                                               f'{FIG_N}], in batches of B = {FIG_BATCHES}', models=models, wants=wants,
+                     plains=plains)
 
 
 @public("ch32.3", "a row keeps its bits at any position, beside any neighbours")
@@ -190,27 +192,84 @@ def any_position(t: Trial) -> None:
     run_invariance(t, pool, w, batches, case='case "positions": 12 rows of K = 96, N = 40, shuffled into 7 batches')
 
 
-@public("ch32.3", "agrees with x @ w up to float32 rounding, K = 1 and odd sizes included")
+@public("ch32.3", "the bits of the order k = 0 … K − 1 in float32, K = 1 and odd sizes included")
 def agrees(t: Trial) -> None:
     for B, K, N in ((3, 5, 7), (1, 1, 4), (9, 130, 33), (0, 8, 3)):
         x, w = torch.randn(B, K, generator=t.rng), torch.randn(K, N, generator=t.rng)
-        got = t.yours.batch_invariant_matmul(x, w)
-        expect_product(got, x, w, case=f'case "agrees": B = {B}, K = {K}, N = {N}',
-                       models=t.ref.drive(product_models, x, w))
+        run_invariance(t, x, w, [list(range(B))], case=f'case "agrees": B = {B}, K = {K}, N = {N}')
 
 
 @public("ch32.3", "bfloat16 in, bfloat16 out, summed in float32")
 def bf16(t: Trial) -> None:
     x = torch.randn(6, 512, generator=t.rng).to(torch.bfloat16)
     w = (torch.randn(512, 24, generator=t.rng) * 0.05).to(torch.bfloat16)
-    got = t.yours.batch_invariant_matmul(x, w)
-    expect_product(got, x, w, case='case "bfloat16": B = 6, K = 512, N = 24', models=t.ref.drive(product_models, x, w))
+    run_invariance(t, x, w, [list(range(6))], case='case "bfloat16": B = 6, K = 512, N = 24')
 
 
-@public("ch32.3", "mismatched inner dimensions raise ValueError")
-def bad_shapes(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.batch_invariant_matmul, torch.ones(2, 3), torch.ones(4, 5),
-                    because="x is [2, 3] and w is [4, 5]: x's K = 3 differs from w's K = 4")
+@public("ch32.3", "float64 in: the same order, in a float64 accumulator")
+def float64(t: Trial) -> None:
+    # Terms of very different sizes, so that any other grouping of the sum rounds differently.
+    x = (torch.randn(8, 300, generator=t.rng) * torch.logspace(0, 6, 300)[torch.randperm(300, generator=t.rng)]).double()
+    w = torch.randn(300, 16, generator=t.rng, dtype=torch.float64)
+    run_invariance(t, x, w, [[0], list(range(8)), [5, 0, 2]],
+                   case='case "float64": B = 8, K = 300 terms from 1 to 1e6 in size, N = 16')
+
+
+# -- ch32.4 ----------------------------------------------------------------------------------------------------------
+
+@public("ch32.4", f"figure instance: row 0 of [{max(RMS_BATCHES)}, {RMS_H}] with block = {RMS_BLOCK}, in batches of "
+                  f"{RMS_BATCHES[0]} … {RMS_BATCHES[-1]}")
+def rms_instance(t: Trial) -> None:
+    x = torch.randn(max(RMS_BATCHES), RMS_H, generator=t.rng) * 2
+    weight = 1 + 0.25 * torch.randn(RMS_H, generator=t.rng)
+    batches = [list(range(B)) for B in RMS_BATCHES]
+    wants = [t.ref.batch_invariant_rms_norm(x[idx], weight, RMS_EPS, RMS_BLOCK) for idx in batches]
+    models = t.ref.drive(rms_models, x, weight, RMS_EPS, RMS_BLOCK)
+    plain = [p[0] for p in t.ref.drive(plain_rms_models, x, weight, RMS_EPS, batches)]
+    outs = collect_rms(t, x, weight, RMS_EPS, RMS_BLOCK, batches)
+    mine = [o[0] for o in outs]
+    accepted = [rows_of(models, [idx])[0]["rsqrt"] for idx in batches]
+    good = [bool(same_bits(r, want[0]).all()) or bool(same_bits(r, alt[0]).all())
+            for r, want, alt in zip(mine, wants, accepted)]
+    col = next((c for c in (first_col(mine), first_col([wants[0][0], mine[0]]), first_col([wants[0][0], plain[0]]))
+                if c is not None), 0)
+    t.figure("ch32-rms-split", H=RMS_H, block=RMS_BLOCK, batches=RMS_BATCHES, column=col, eps=RMS_EPS,
+             squares=models["squares"][0], chunk_sums=models["chunk sums"][0], totals=models["totals"][0],
+             yours=[float(r[col]) for r in mine], yours_bits=[bits(r[col]) for r in mine],
+             expected_bits=[bits(want[0, col]) for want in wants], wrong=[not g for g in good],
+             plain_bits=[bits(r[col]) for r in plain], plain_differs=[not bool(same_bits(r, want[0]).all())
+                                                                       for r, want in zip(plain, wants)],
+             exact=float(models["exact"][0, col]))
+    expect_rms(outs, wants, x, weight, batches, models, case=f'case "figure instance": row 0 of x [{max(RMS_BATCHES)}, '
+                                                             f'{RMS_H}], block = {RMS_BLOCK}, in batches of B = '
+                                                             f'{RMS_BATCHES}')
+
+
+@public("ch32.4", "a row keeps its bits at any position, beside any neighbours; a last chunk of 4 padded to 8")
+def rms_any_position(t: Trial) -> None:
+    pool = torch.randn(12, 44, generator=t.rng)
+    weight = torch.rand(44, generator=t.rng) + 0.5
+    batches = [[0], [3, 0], [5, 1, 0, 7], [11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0], [0, 0, 0, 4, 4], [4], [7, 3, 11]]
+    run_rms(t, pool, weight, 1e-6, 8, batches, case='case "positions": 12 rows of H = 44 (chunks 8 × 5 + 4), '
+                                                    'block = 8, shuffled into 7 batches')
+
+
+@public("ch32.4", "one padded chunk, a chunk per column, H = 1, no rows, and vLLM-sized chunks of 256 and 1024")
+def rms_shapes(t: Trial) -> None:
+    for B, H, block, eps in ((3, 20, 32, 1e-6), (4, 9, 1, 1e-5), (2, 1, 4, 1e-6), (0, 16, 4, 1e-6), (5, 64, 64, 0.0),
+                             (8, 600, 256, 1e-6), (8, 1024, 1024, 1e-6)):
+        pool = torch.randn(B, H, generator=t.rng)
+        weight = torch.randn(H, generator=t.rng)
+        run_rms(t, pool, weight, eps, block, [list(range(B))],
+                case=f'case "shapes": B = {B}, H = {H}, block = {block}, eps = {eps}')
+
+
+@public("ch32.4", "a bfloat16 RMSNorm: (x · inv_rms) · weight in float32, one cast at the end")
+def rms_bf16(t: Trial) -> None:
+    pool = (torch.randn(16, 96, generator=t.rng) * 3).to(torch.bfloat16)
+    weight = (1 + 0.5 * torch.randn(96, generator=t.rng)).to(torch.bfloat16)
+    run_rms(t, pool, weight, 1e-6, 32, [list(range(16)), [3], [9, 3]],
+            case='case "bfloat16": 16 rows of H = 96, block = 32')
 
 
 # -- helpers: verification -------------------------------------------------------------------------------------------
@@ -436,47 +495,157 @@ def expect_product(got, x: torch.Tensor, w: torch.Tensor, *, case: str, models: 
     raise CheckFailed(*lines, hint=M.low_precision_acc.format(dtype=str(x.dtype)[6:]) if low else "")
 
 
+def changed(rows: list[torch.Tensor]) -> list[int]:
+    """For each row, how many of its columns have other bits than rows[0]."""
+    return [int((~same_bits(r, rows[0])).sum()) for r in rows]
+
+
+def first_col(rows: list[torch.Tensor]) -> int | None:
+    """The first column in which some row has other bits than rows[0] (None: all alike)."""
+    return next((int((~same_bits(r, rows[0])).nonzero()[0]) for r in rows if not bool(same_bits(r, rows[0]).all())),
+                None)
+
+
+def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    return abs(int(a.reshape(1).view(INT_OF[a.dtype])) - int(b.reshape(1).view(INT_OF[b.dtype])))
+
+
 def collect(t: Trial, pool: torch.Tensor, w: torch.Tensor, batches: list[list[int]]) -> list[torch.Tensor]:
     """The student's outputs for batches of pool rows, shape and dtype checked."""
     return [expect_tensor(t.yours.batch_invariant_matmul(pool[idx], w), what=f"x @ w for a batch of {len(idx)} rows",
                           shape=[len(idx), w.shape[1]], dtype=pool.dtype) for idx in batches]
 
 
-def expect_invariant(outs: list[torch.Tensor], pool: torch.Tensor, w: torch.Tensor, batches: list[list[int]], *,
-                     case: str, models: list[dict] | None = None) -> None:
-    """Values close to x @ w, and each pool row with the same bits wherever it appears (batch size, position,
-    neighbours); `models` holds `product_models`' answer for each batch."""
-    for n, (idx, out) in enumerate(zip(batches, outs)):
-        expect_product(out, pool[idx], w, case=f"{case}, batch of B = {len(idx)}", models=models[n] if models else None)
-    first: dict[int, tuple[int, int, torch.Tensor, torch.Tensor]] = {}
+def moved_row(outs: list[torch.Tensor], batches: list[list[int]], *, case: str, what: str) -> tuple[list[str], tuple] | None:
+    """Whether some pool row came out with other bits in two batches: the lines that say so and the two batches'
+    (B, position) pairs, or None when every row kept its bits."""
+    first: dict[int, tuple[int, int, torch.Tensor]] = {}
     for idx, out in zip(batches, outs):
         for pos, r in enumerate(idx):
             if r not in first:
-                first[r] = (len(idx), pos, out, pool[idx])
+                first[r] = (len(idx), pos, out)
                 continue
-            B0, pos0, out0, x0 = first[r]
+            B0, pos0, out0 = first[r]
             same = same_bits(out[pos], out0[pos0])
             if bool(same.all()):
                 continue
             n = int((~same).nonzero()[0])
             a, b = out0[pos0, n], out[pos, n]
-            ulps = abs(int(a.reshape(1).view(INT_OF[a.dtype])) - int(b.reshape(1).view(INT_OF[b.dtype])))
             lines = [case,
                      f"pool row {r} computed in a batch of B = {B0} (position {pos0}) and of B = {len(idx)} "
                      f"(position {pos}) must come out with the same bits; column {n}: {fmt(float(a), 9)} ({bits(a)}) "
-                     f"vs {fmt(float(b), 9)} ({bits(b)}), {ulps} ulp apart; {int((~same).sum())} of {same.numel()} "
-                     f"columns differ",
-                     "the order in which your function sums over k depends on the batch"]
-            plain = bool(same_bits(out, pool[idx] @ w).all()) and bool(same_bits(out0, x0 @ w).all())
-            raise CheckFailed(*lines, hint=M.plain_matmul.format(b0=B0, b=len(idx)) if plain else M.batch_dependent)
+                     f"vs {fmt(float(b), 9)} ({bits(b)}), {ulps(a, b)} ulp apart; {int((~same).sum())} of "
+                     f"{same.numel()} columns differ",
+                     f"the order in which your function sums {what} depends on the batch"]
+            return lines, ((B0, pos0), (len(idx), pos))
+    return None
+
+
+def expect_invariant(outs: list[torch.Tensor], pool: torch.Tensor, w: torch.Tensor, batches: list[list[int]], *,
+                     case: str, models: list[dict] | None = None, wants: list[torch.Tensor] | None = None,
+                     plains: list[torch.Tensor] | None = None) -> None:
+    """Values close to x @ w, each pool row with the same bits wherever it appears (batch size, position,
+    neighbours), and those bits the fixed order's (`wants`: the reference's outputs; `models`: `product_models`'
+    answer for each batch; `plains`: `plain_models`' answer; each asked of the hidden side if not given)."""
+    models = models if models is not None else [product_models(None, pool[idx], w) for idx in batches]
+    plains = plains if plains is not None else plain_models(None, pool, w, batches)
+    for n, (idx, out) in enumerate(zip(batches, outs)):
+        expect_product(out, pool[idx], w, case=f"{case}, batch of B = {len(idx)}", models=models[n])
+    moved = moved_row(outs, batches, case=case, what="over k")
+    if moved:
+        plain = all(bool(same_bits(out, p).all()) for out, p in zip(outs, plains))
+        raise CheckFailed(*moved[0], hint=M.plain_matmul if plain else M.batch_dependent)
+    if wants is None:
+        return
+    for idx, out, want, model, plain_out in zip(batches, outs, wants, models, plains):
+        same = same_bits(out, want)
+        if bool(same.all()):
+            continue
+        i, n = (int(v) for v in (~same).nonzero()[0])
+        acc = "float64" if pool.dtype == torch.float64 else "float32"
+        lines = [f"{case}, batch of B = {len(idx)}",
+                 f"out[{i}, {n}] must have the bits of the fixed order (k = 0, 1, …, {w.shape[0] - 1} in turn, a "
+                 f"multiply then an add in {acc}, one cast at the end): {fmt(float(want[i, n]), 9)} "
+                 f"({bits(want[i, n])}); yours {fmt(float(out[i, n]), 9)} ({bits(out[i, n])}), "
+                 f"{ulps(want[i, n], out[i, n])} ulp apart; {int((~same).sum())} of {same.numel()} entries differ",
+                 "your values are right and keep their bits from batch to batch here, but they are not the bits of "
+                 "that order: another machine (or library version) may sum them another way"]
+        hint = ""
+        if "upcast" in model and bool(same_bits(out, model["upcast"]).all()):
+            hint = M.upcast_plain
+        elif bool(same_bits(out, plain_out).all()):
+            hint = M.plain_matmul
+        elif "fma" in model and bool(same_bits(out, model["fma"]).all()):
+            hint = M.fused_madd
+        raise CheckFailed(*lines, hint=hint)
 
 
 def rows_of(models: dict, batches: list[list[int]]) -> list[dict]:
-    """`product_models`' answer for the whole pool, cut into each batch's rows (a row's product and bound do not
-    depend on the other rows)."""
-    return [{key: value[idx] for key, value in models.items()} for idx in batches]
+    """A model's answer for the whole pool, cut into each batch's rows (a row's values do not depend on the other
+    rows)."""
+    return [{key: value[idx] for key, value in models.items() if isinstance(value, torch.Tensor)} for idx in batches]
 
 
 def run_invariance(t: Trial, pool: torch.Tensor, w: torch.Tensor, batches: list[list[int]], *, case: str) -> None:
+    wants = [t.ref.batch_invariant_matmul(pool[idx], w) for idx in batches]
+    models = rows_of(t.ref.drive(product_models, pool, w), batches)
+    plains = t.ref.drive(plain_models, pool, w, batches)
     outs = collect(t, pool, w, batches)
-    expect_invariant(outs, pool, w, batches, case=case, models=rows_of(t.ref.drive(product_models, pool, w), batches))
+    expect_invariant(outs, pool, w, batches, case=case, models=models, wants=wants, plains=plains)
+
+
+# -- helpers: a batch-invariant RMSNorm ------------------------------------------------------------------------------
+
+def collect_rms(t: Trial, pool: torch.Tensor, weight: torch.Tensor, eps: float, block: int,
+                batches: list[list[int]]) -> list[torch.Tensor]:
+    """The student's RMSNorm of batches of pool rows, shape and dtype checked."""
+    return [expect_tensor(t.yours.batch_invariant_rms_norm(pool[idx], weight, eps, block),
+                          what=f"the RMSNorm of a batch of {len(idx)} rows", shape=[len(idx), pool.shape[1]],
+                          dtype=pool.dtype) for idx in batches]
+
+
+def expect_rms(outs: list[torch.Tensor], wants: list[torch.Tensor], pool: torch.Tensor, weight: torch.Tensor,
+               batches: list[list[int]], models: dict, *, case: str) -> None:
+    """Values close to RMSNorm, each pool row with the same bits in every batch, and those bits the fixed split's
+    (`wants`: the reference's outputs; `models`: `rms_models`' answer for the pool)."""
+    H = pool.shape[1]
+    per_batch = rows_of(models, batches)
+    for idx, out, model in zip(batches, outs, per_batch):
+        bad = ~((out.double() - model["exact"]).abs() <= model["bound"])
+        if bool(bad.any()):
+            i, n = (int(v) for v in bad.nonzero()[0])
+            raise CheckFailed(f"{case}, batch of B = {len(idx)}",
+                              f"out[{i}, {n}] = x[{i}, {n}] / sqrt(mean_j x[{i}, j]² + eps) · weight[{n}] = "
+                              f"{fmt(float(model['exact'][i, n]), 8)} (float64), allowed error "
+                              f"{fmt(float(model['bound'][i, n]), 2)}; yours: {fmt(float(out[i, n]), 8)} "
+                              f"({int(bad.sum())} of {bad.numel()} entries are off)")
+    moved = moved_row(outs, batches, case=case, what="over the hidden size")
+    if moved:
+        raise CheckFailed(*moved[0], hint=M.rms_batch_split)
+    for idx, out, want, model in zip(batches, outs, wants, per_batch):
+        same = same_bits(out, want)
+        if bool(same.all()) or bool(same_bits(out, model["rsqrt"]).all()):
+            continue
+        i, n = (int(v) for v in (~same).nonzero()[0])
+        block = models["block"]
+        lines = [f"{case}, batch of B = {len(idx)}",
+                 f"out[{i}, {n}] must have the bits of the fixed split (squares in chunks of {block} columns, each "
+                 f"chunk summed by halving, the chunk sums added in order, 1 / sqrt(total / {H} + eps), "
+                 f"(x · inv_rms) · weight, one cast at the end): {fmt(float(want[i, n]), 9)} ({bits(want[i, n])}); "
+                 f"yours {fmt(float(out[i, n]), 9)} ({bits(out[i, n])}), {ulps(want[i, n], out[i, n])} ulp apart; "
+                 f"{int((~same).sum())} of {same.numel()} entries differ",
+                 "your values are right and keep their bits from batch to batch here, but they are not the bits of "
+                 "that order"]
+        # With one chunk, torch.sum over the chunk is torch.sum over the row: name the row's.
+        sums = [("chunk sum", M.rms_chunk_sum), ("plain sum", M.rms_plain_sum)][::1 if H > block else -1]
+        hint = next((h for key, h in [*sums, ("cast first", M.rms_cast_first)]
+                     if bool(same_bits(out, model[key]).all())), "")
+        raise CheckFailed(*lines, hint=hint)
+
+
+def run_rms(t: Trial, pool: torch.Tensor, weight: torch.Tensor, eps: float, block: int, batches: list[list[int]], *,
+            case: str) -> None:
+    wants = [t.ref.batch_invariant_rms_norm(pool[idx], weight, eps, block) for idx in batches]
+    models = t.ref.drive(rms_models, pool, weight, eps, block)
+    outs = collect_rms(t, pool, weight, eps, block, batches)
+    expect_rms(outs, wants, pool, weight, batches, models, case=case)

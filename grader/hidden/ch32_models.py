@@ -95,7 +95,8 @@ def count_models(ref, conf: list[float], threshold: float) -> dict:
 
 def product_models(ref, x: torch.Tensor, w: torch.Tensor) -> dict:
     """x @ w in float64 ("exact"), the error a float32 (float64) accumulation and one cast may make ("bound"),
-    and for 16-bit inputs the product accumulated in their own dtype ("low")."""
+    and what the classic mistakes give: for 16-bit inputs the product accumulated in their own dtype ("low");
+    `@` on float64 copies cast back ("upcast"); the fixed order with a fused multiply-add ("fma")."""
     K = x.shape[1]
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     exact = x.double() @ w.double()
@@ -106,4 +107,79 @@ def product_models(ref, x: torch.Tensor, w: torch.Tensor) -> dict:
         for k in range(K):
             low = low + x[:, k:k + 1] * w[k]
         out["low"] = low
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    fma = torch.zeros(x.shape[0], w.shape[1], dtype=acc)
+    xa, wa = x.to(acc), w.to(acc)
+    for k in range(K):
+        fma = torch.addcmul(fma, xa[:, k:k + 1], wa[k])
+    out["fma"] = fma.to(x.dtype)
+    if x.dtype != torch.float64:
+        out["upcast"] = (x.double() @ w.double()).to(x.dtype)
     return out
+
+
+def rms_models(ref, x: torch.Tensor, weight: torch.Tensor, eps: float, block: int) -> dict:
+    """RMSNorm of every row in float64 ("exact") and the error the fixed split in float32 (float64) and one cast
+    may make ("bound"); the split of each row ("squares", "chunk sums", "totals": the running total after each
+    chunk); the accepted variant with torch.rsqrt ("rsqrt"); and what the classic mistakes give: the library's
+    sum of the squares ("plain sum"), torch.sum inside each chunk ("chunk sum"), the cast to x's dtype before the
+    weight multiply ("cast first")."""
+    B, H = x.shape
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xd = x.double()
+    exact = xd / torch.sqrt((xd * xd).mean(dim=1, keepdim=True) + eps) * weight.double()
+    bound = (exact.abs() * ((H + 8) * UNIT[acc] + 2 * UNIT[x.dtype]) + 1e-30).float()
+    xa = x.to(acc)
+    squares = xa * xa
+    chunks, chunk_torch = [], []
+    for start in range(0, H, block):
+        chunk = squares[:, start:start + block]
+        chunk_torch.append(chunk.sum(dim=1))
+        chunk = torch.cat([chunk, chunk.new_zeros(B, block - chunk.shape[1])], dim=1)
+        while chunk.shape[1] > 1:
+            chunk = chunk[:, :chunk.shape[1] // 2] + chunk[:, chunk.shape[1] // 2:]
+        chunks.append(chunk[:, 0])
+
+    def running(parts: list[torch.Tensor]) -> torch.Tensor:
+        total, out = torch.zeros(B, dtype=acc), []
+        for part in parts:
+            total = total + part
+            out.append(total)
+        return torch.stack(out, dim=1)
+
+    totals = running(chunks)
+    scale = lambda total, rsqrt=False: (torch.rsqrt if rsqrt else lambda v: 1 / torch.sqrt(v))(total / H + eps)
+    final = lambda inv, first=False: ((xa * inv[:, None]).to(x.dtype) * weight if first
+                                      else (xa * inv[:, None] * weight.to(acc)).to(x.dtype))
+    plain = squares.sum(dim=1)
+    return {"exact": exact, "bound": bound, "block": block, "squares": squares, "chunk sums": torch.stack(chunks, 1),
+            "totals": totals, "rsqrt": final(scale(totals[:, -1], True)),
+            "plain sum": final(scale(plain)), "chunk sum": final(scale(running(chunk_torch)[:, -1])),
+            "cast first": final(scale(totals[:, -1]), True)}
+
+
+def one_thread(fn):
+    """fn() on one thread, as the student's process runs (its library may split work by thread count)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def plain_models(ref, x: torch.Tensor, w: torch.Tensor, batches: list[list[int]]) -> list[torch.Tensor]:
+    """Plain x @ w of each batch of x's rows, on one thread: what leaving the order to the library gives."""
+    return [one_thread(lambda idx=idx: x[idx] @ w) for idx in batches]
+
+
+def plain_rms_models(ref, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                     batches: list[list[int]]) -> list[torch.Tensor]:
+    """RMSNorm of each batch of x's rows with the library's own mean of the squares, on one thread."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+
+    def norm(rows: torch.Tensor) -> torch.Tensor:
+        xa = rows.to(acc)
+        return (xa * (1 / torch.sqrt((xa * xa).mean(dim=1, keepdim=True) + eps)) * weight.to(acc)).to(rows.dtype)
+
+    return [one_thread(lambda idx=idx: norm(x[idx])) for idx in batches]
