@@ -183,11 +183,11 @@ def determinism(f: Figure, r: dict) -> None:
     expected_bits = r.get("expected_bits", mine_bits)
     wrong_at = r.get("wrong", [False] * len(batches))
     rows = [("yours: batch_invariant_matmul", "bits of out[0, %d]" % col, mine_bits, "token", True),
-            ("", "value", [f"{v:.8g}" for v in r["yours"]], "token", False),
+            ("", "value", [f"{v:.7g}" for v in r["yours"]], "token", False),
             ("", "columns of row 0 changed vs B = 1", r["yours_changed"], "token", False),
             ("", "the fixed order k = 0 … K − 1", expected_bits, "plain", False),
             ("plain x @ w (measured here)", "bits of (x @ w)[0, %d]" % col, plain_bits, "plain", False),
-            ("", "value", [f"{v:.8g}" for v in r["plain"]], "plain", False),
+            ("", "value", [f"{v:.7g}" for v in r["plain"]], "plain", False),
             ("", "columns of row 0 changed vs B = 1", r["plain_changed"], "plain", False)]
     wrong = False
     for label, sub, values, role, graded in rows:
