@@ -630,9 +630,9 @@ def _check_slots(positions: list[int] | torch.Tensor, block_size: int) -> None:
     """Provided: raise ValueError for a block_size ≤ 0 or a negative position."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    pos = torch.as_tensor(positions, dtype=torch.int64)
-    if pos.numel() and int(pos.min()) < 0:
-        raise ValueError(f"positions must be non-negative, got {int(pos.min())}")
+    given = torch.as_tensor(positions, dtype=torch.int64)
+    if given.numel() and int(given.min()) < 0:
+        raise ValueError(f"positions must be non-negative, got {int(given.min())}")
 
 
 def _check_store(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -645,12 +645,12 @@ def _check_store(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, 
         if x.dim() != 3 or x.shape[1:] != k_cache.shape[2:]:
             raise ValueError(f"{name} must be [N, {k_cache.shape[2]}, {k_cache.shape[3]}] "
                              f"(tokens, kv heads, head_dim) like the cache; got {list(x.shape)}")
-    s = torch.as_tensor(slots, dtype=torch.int64)
-    if s.shape != (k.shape[0],) or v.shape[0] != k.shape[0]:
-        raise ValueError(f"need one slot per token: {k.shape[0]} keys, {v.shape[0]} values, {s.numel()} slots")
+    slot_ids = torch.as_tensor(slots).to(torch.int64)
+    if slot_ids.shape != (k.shape[0],) or v.shape[0] != k.shape[0]:
+        raise ValueError(f"need one slot per token: {k.shape[0]} keys, {v.shape[0]} values, {slot_ids.numel()} slots")
     num_slots = k_cache.shape[0] * k_cache.shape[1]
-    if s.numel() and (int(s.min()) < PAD_SLOT or int(s.max()) >= num_slots):
-        raise ValueError(f"slots must lie in [-1, {num_slots}); got {s.tolist()}")
+    if slot_ids.numel() and (int(slot_ids.min()) < PAD_SLOT or int(slot_ids.max()) >= num_slots):
+        raise ValueError(f"slots must lie in [-1, {num_slots}); got {slot_ids.tolist()}")
 
 
 def _check_pool(num_blocks: int, block_size: int) -> None:

@@ -684,7 +684,7 @@ def row_structure(got, x_shards: list, weight: torch.Tensor, tp: int, case: str)
 def explain_row(partials: list, got_out, x_shards: list, weight: torch.Tensor, tp: int, case: str, ref) -> None:
     want_partials, want_out = ref.row_parallel_linear(x_shards, weight, tp)
     N, out_f = want_out.shape
-    part = weight.shape[0] // tp
+    part = weight.size(0) // tp  # input rows per shard
     head = f'case "{case}": {tp} input shards {list(x_shards[0].shape)}, weight [in, out] = {list(weight.shape)}'
     if isinstance(got_out, torch.Tensor) and list(got_out.shape) == [N, tp * out_f] and tp > 1:
         raise CheckFailed(head, f"out should be [N, out] = [{N}, {out_f}]; yours: {describe(got_out)}",
@@ -735,8 +735,8 @@ def run_row_case(t: Trial, x_shards: list, weight: torch.Tensor, tp: int, case: 
 def all_reduce(partials: list[torch.Tensor]) -> torch.Tensor:
     """The provided all-reduce: every rank ends with the sum of the ranks' partials."""
     total = partials[0].clone()
-    for p in partials[1:]:
-        total = total + p
+    for partial in partials[1:]:
+        total = total + partial
     return total
 
 
