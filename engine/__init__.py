@@ -28,14 +28,39 @@ from engine.core import Engine, EngineError, Run, Settings
 from engine.model import Model, ModelError, load
 from engine.parts import Parts, PartsUnavailable, reference_parts, student_parts
 
-__all__ = ["Engine", "EngineError", "Model", "ModelError", "Parts", "PartsUnavailable", "Run", "Settings", "load",
-           "overview_record", "reference_parts", "run", "student_parts"]
+__all__ = [
+    "Engine",
+    "EngineError",
+    "Model",
+    "ModelError",
+    "Parts",
+    "PartsUnavailable",
+    "Run",
+    "Settings",
+    "load",
+    "overview_record",
+    "reference_parts",
+    "run",
+    "student_parts",
+]
 
 
-def run(*, model: str | Path | Model = "tiny", prompts: list[list[int]], max_tokens: int, temperature: float = 0.0,
-        seed: int = 0, block_size: int = 16, num_blocks: int | None = None, max_num_seqs: int = 16,
-        max_num_batched_tokens: int = 512, submission: Path | None = None, parts: Parts | None = None,
-        on_chapter: Callable[[str], None] | None = None, on_step: Callable[[int, int], None] | None = None) -> Run:
+def run(
+    *,
+    model: str | Path | Model = "tiny",
+    prompts: list[list[int]],
+    max_tokens: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+    block_size: int = 16,
+    num_blocks: int | None = None,
+    max_num_seqs: int = 16,
+    max_num_batched_tokens: int = 512,
+    submission: Path | None = None,
+    parts: Parts | None = None,
+    on_chapter: Callable[[str], None] | None = None,
+    on_step: Callable[[int, int], None] | None = None,
+) -> Run:
     """Generate from `prompts` with the chapters' functions; see `Engine.generate` and `Settings`.
 
     Args:
@@ -52,8 +77,14 @@ def run(*, model: str | Path | Model = "tiny", prompts: list[list[int]], max_tok
             submission = chapters.EXERCISES
         parts = reference_parts() if submission is None else student_parts(submission, on_chapter=on_chapter)
     loaded = model if isinstance(model, Model) else load(model, seed=seed)
-    settings = Settings(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
-                        max_num_batched_tokens=max_num_batched_tokens, temperature=temperature, seed=seed)
+    settings = Settings(
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        temperature=temperature,
+        seed=seed,
+    )
     result = Engine(loaded, parts, settings).generate(prompts, max_tokens, on_step=on_step)
     result.model = loaded.source
     return result
@@ -67,17 +98,27 @@ def overview_record(result: Run, model: Model, *, trace_request: int = 0) -> dic
     used: dict[str, set[str]] = {}
     for label, source in result.sources.items():  # "ch19.3 qk_norm_rope" → "yours"
         used.setdefault(label[:4], set()).add(source)
-    course = [{"id": ch.id, "zh": ch.title_zh, "en": ch.title_en, "part": _part_of(used.get(ch.id))}
-              for ch in chapters.all_chapters()]
+    course = [{"id": ch.id, "zh": ch.title_zh, "en": ch.title_en, "part": _part_of(used.get(ch.id))} for ch in chapters.all_chapters()]
     c = model.config
     m = result.metrics
-    return {"course": course, "path": result.trace, "request": trace_request,
-            "output": result.outputs[trace_request],
-            "model": {"layers": c.num_hidden_layers, "hidden": c.hidden_size, "heads": c.num_attention_heads,
-                      "kv_heads": c.num_key_value_heads, "head_dim": c.head_dim, "vocab": c.vocab_size,
-                      "source": model.source},
-            "counts": {k: m[k] for k in ("steps", "prefill_steps", "decode_steps", "chunked_prefill_steps",
-                                         "prefix_cache_hits", "preemptions")}}
+    return {
+        "course": course,
+        "path": result.trace,
+        "request": trace_request,
+        "output": result.outputs[trace_request],
+        "model": {
+            "layers": c.num_hidden_layers,
+            "hidden": c.hidden_size,
+            "heads": c.num_attention_heads,
+            "kv_heads": c.num_key_value_heads,
+            "head_dim": c.head_dim,
+            "vocab": c.vocab_size,
+            "source": model.source,
+        },
+        "counts": {
+            k: m[k] for k in ("steps", "prefill_steps", "decode_steps", "chunked_prefill_steps", "prefix_cache_hits", "preemptions")
+        },
+    }
 
 
 def _part_of(sources: set[str] | None) -> str | None:

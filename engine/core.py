@@ -57,8 +57,7 @@ class Settings:
             if type(getattr(self, name)) is not int or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive int; got {getattr(self, name)!r}")
         if self.block_size < 2:
-            raise ValueError("block_size must be ≥ 2 (ch25's block manager marks a new block by "
-                             "len % block_size == 1)")
+            raise ValueError("block_size must be ≥ 2 (ch25's block manager marks a new block by len % block_size == 1)")
         if self.num_blocks is not None and (type(self.num_blocks) is not int or self.num_blocks < 1):
             raise ValueError(f"num_blocks must be a positive int; got {self.num_blocks!r}")
         if not self.temperature >= 0:
@@ -155,8 +154,7 @@ class Run:
     """Where the model came from (a preset and its seed, or a folder)."""
 
     def to_json(self) -> dict:
-        return {"outputs": self.outputs, "metrics": self.metrics, "parts": self.sources, "notes": self.notes,
-                "model": self.model}
+        return {"outputs": self.outputs, "metrics": self.metrics, "parts": self.sources, "notes": self.notes, "model": self.model}
 
 
 class Engine:
@@ -165,8 +163,15 @@ class Engine:
     def __init__(self, model: Model, parts: Parts, settings: Settings = Settings()) -> None:
         self.model, self.parts, self.settings = model, parts, settings
 
-    def generate(self, prompts: list[list[int]], max_tokens: int, *, trace_request: int = 0, probe: bool = False,
-                 on_step: Callable[[int, int], None] | None = None) -> Run:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_tokens: int,
+        *,
+        trace_request: int = 0,
+        probe: bool = False,
+        on_step: Callable[[int, int], None] | None = None,
+    ) -> Run:
         """Generate up to `max_tokens` tokens for every prompt (fewer when a request samples EOS).
 
         Args:
@@ -198,28 +203,25 @@ class Engine:
             if not isinstance(p, list) or not p or not all(type(t) is int and 0 <= t < c.vocab_size for t in p):
                 raise EngineError(f"prompt {i} must be a non-empty list of token ids in [0, {c.vocab_size})")
             if len(p) + max_tokens > c.max_position_embeddings:
-                raise EngineError(f"prompt {i}: {len(p)} + {max_tokens} tokens exceed max_position_embeddings "
-                                  f"{c.max_position_embeddings}")
+                raise EngineError(f"prompt {i}: {len(p)} + {max_tokens} tokens exceed max_position_embeddings {c.max_position_embeddings}")
 
 
 class _Loop:
     """One run's state: the scheduler over the paged blocks, the runner, the sequences and what is counted."""
 
-    def __init__(self, engine: Engine, prompts: list[list[int]], max_tokens: int, trace_request: int,
-                 probe: bool) -> None:
+    def __init__(self, engine: Engine, prompts: list[list[int]], max_tokens: int, trace_request: int, probe: bool) -> None:
         s, c, self.parts = engine.settings, engine.model.config, engine.parts
         self.settings, bs = s, s.block_size
         num_blocks = s.num_blocks or sum(-(-(len(p) + max_tokens) // bs) for p in prompts)
         self.trace = Trace()
         self.runner = ModelRunner(engine.model, self.parts, num_blocks=num_blocks, block_size=bs, trace=self.trace)
-        self.scheduler = self.parts.fn("Scheduler")(num_blocks, bs, s.max_num_seqs, s.max_num_batched_tokens,
-                                                    -1 if c.eos_token_id is None else c.eos_token_id)
-        self.blocks = PagedBlocks(self.parts.fn("BlockManager")(num_blocks, bs), self.parts["BlockManager"].companion,
-                                  num_blocks, bs)
+        self.scheduler = self.parts.fn("Scheduler")(
+            num_blocks, bs, s.max_num_seqs, s.max_num_batched_tokens, -1 if c.eos_token_id is None else c.eos_token_id
+        )
+        self.blocks = PagedBlocks(self.parts.fn("BlockManager")(num_blocks, bs), self.parts["BlockManager"].companion, num_blocks, bs)
         self.scheduler.block_manager = self.blocks  # the course's scheduler holds its allocator as state
         sequence = self.parts["Scheduler"].companion
-        self.seqs = [sequence(p, max_tokens=max_tokens, ignore_eos=c.eos_token_id is None, seq_id=i)
-                     for i, p in enumerate(prompts)]
+        self.seqs = [sequence(p, max_tokens=max_tokens, ignore_eos=c.eos_token_id is None, seq_id=i) for i, p in enumerate(prompts)]
         for seq in self.seqs:
             try:
                 self.scheduler.add(seq)
@@ -229,8 +231,16 @@ class _Loop:
         self.generator = torch.Generator().manual_seed(s.seed)
         self.chunk_times: list[list[float]] = [[] for _ in prompts]
         self.probes: list[dict] | None = [] if probe else None
-        self.counts = {"steps": 0, "prefill_steps": 0, "decode_steps": 0, "chunked_prefill_steps": 0,
-                       "preemptions": 0, "prefix_cache_hits": 0, "prefix_cached_tokens": 0, "computed_tokens": 0}
+        self.counts = {
+            "steps": 0,
+            "prefill_steps": 0,
+            "decode_steps": 0,
+            "chunked_prefill_steps": 0,
+            "preemptions": 0,
+            "prefix_cache_hits": 0,
+            "prefix_cached_tokens": 0,
+            "computed_tokens": 0,
+        }
 
     def step(self, start: float) -> None:
         """schedule → run → hash the completed blocks → postprocess, counting what happened."""
@@ -252,15 +262,21 @@ class _Loop:
                 self.chunk_times[seq.seq_id].append(now)
         if traced:
             kept = self.traced.num_completion_tokens > before[batch.index(self.traced)]
-            self._note(kind, "postprocess", "Scheduler", f"token {tokens.get(self.traced.seq_id, '—')} "
-                       + ("appended" if kept else "discarded: the chunk did not reach the prompt's end"))
+            self._note(
+                kind,
+                "postprocess",
+                "Scheduler",
+                f"token {tokens.get(self.traced.seq_id, '—')} "
+                + ("appended" if kept else "discarded: the chunk did not reach the prompt's end"),
+            )
 
     def _count(self, batch: list, kind: str, was_running: set[int]) -> None:
         self.counts["steps"] += 1
         self.counts[f"{kind}_steps"] += 1
         self.counts["preemptions"] += sum(seq.seq_id in was_running for seq in self.scheduler.waiting)
         self.counts["chunked_prefill_steps"] += kind == "prefill" and any(
-            seq.num_computed_tokens + seq.num_scheduled_tokens < seq.num_tokens for seq in batch)
+            seq.num_computed_tokens + seq.num_scheduled_tokens < seq.num_tokens for seq in batch
+        )
 
     def _note(self, kind: str, stage: str, name: str, shapes: str) -> None:
         """Record a stage that is not a single function call (scheduling, bookkeeping)."""
@@ -285,10 +301,15 @@ class _Loop:
             mine = next(((a, n) for seq, a, n in rows if seq is self.traced), None)
             what = f"positions {mine[0]}–{mine[0] + mine[1] - 1}" if mine else "nothing (prefix-cached)"
             plural = "s" * (len(batch) > 1)
-            self._note(kind, "schedule", "Scheduler",
-                       f"{kind}: {len(batch)} sequence{plural}; request {self.traced.seq_id} computes {what}")
-            self._note(kind, "blocks (prefix cache)", "BlockManager", f"block table {ints(self.traced.block_table)}, "
-                       f"{self.blocks.cached_tokens.get(self.traced.seq_id, 0)} tokens cached")
+            self._note(
+                kind, "schedule", "Scheduler", f"{kind}: {len(batch)} sequence{plural}; request {self.traced.seq_id} computes {what}"
+            )
+            self._note(
+                kind,
+                "blocks (prefix cache)",
+                "BlockManager",
+                f"block table {ints(self.traced.block_table)}, {self.blocks.cached_tokens.get(self.traced.seq_id, 0)} tokens cached",
+            )
         self.counts["computed_tokens"] += sum(n for _, _, n in rows)
         if not rows:
             return {}
@@ -296,28 +317,50 @@ class _Loop:
         logits = self.runner.forward(self._metadata(rows), traced_seq=self.traced.seq_id, probe=probe)
         sampled = self._sample(logits)
         if probe is not None and self.probes is not None:  # both or neither
-            self.probes.append({"kind": kind, "rows": [(seq.seq_id, list(range(a, a + n))) for seq, a, n in rows],
-                                "stages": probe.stages, "logits": probe.logits, "tokens": sampled.tolist()})
+            self.probes.append(
+                {
+                    "kind": kind,
+                    "rows": [(seq.seq_id, list(range(a, a + n))) for seq, a, n in rows],
+                    "stages": probe.stages,
+                    "logits": probe.logits,
+                    "tokens": sampled.tolist(),
+                }
+            )
         return {seq.seq_id: int(t) for (seq, _, _), t in zip(rows, sampled)}
 
     def _metadata(self, rows: list[tuple[Any, int, int]]) -> Step:
         """ch29's prepare_inputs, ch26's varlen_metadata and ch28's logits_indices describe the step."""
         call = self.runner.call
-        meta = call("step metadata", "prepare_inputs",
-                    [{"token_ids": seq.token_ids, "num_computed_tokens": a, "num_scheduled_tokens": n,
-                      "block_table": seq.block_table} for seq, a, n in rows], self.settings.block_size,
-                    shapes=lambda m: " · ".join(f"{k} {shape(m[k])}" for k in ("input_ids", "positions",
-                                                                                 "slot_mapping")))
+        meta = call(
+            "step metadata",
+            "prepare_inputs",
+            [
+                {"token_ids": seq.token_ids, "num_computed_tokens": a, "num_scheduled_tokens": n, "block_table": seq.block_table}
+                for seq, a, n in rows
+            ],
+            self.settings.block_size,
+            shapes=lambda m: " · ".join(f"{k} {shape(m[k])}" for k in ("input_ids", "positions", "slot_mapping")),
+        )
         query_lens, cached_lens = [n for _, _, n in rows], [a for _, a, _ in rows]
-        varlen = call("varlen batch", "varlen_metadata", query_lens, cached_lens,
-                      shapes=lambda m: f"cu_seqlens_q {ints(m['cu_seqlens_q'])} · "
-                                       f"cu_seqlens_k {ints(m['cu_seqlens_k'])}")
-        indices = call("rows to sample", "logits_indices", query_lens,
-                       shapes=lambda out: f"rows {ints(out)} of {sum(query_lens)}")
+        varlen = call(
+            "varlen batch",
+            "varlen_metadata",
+            query_lens,
+            cached_lens,
+            shapes=lambda m: f"cu_seqlens_q {ints(m['cu_seqlens_q'])} · cu_seqlens_k {ints(m['cu_seqlens_k'])}",
+        )
+        indices = call("rows to sample", "logits_indices", query_lens, shapes=lambda out: f"rows {ints(out)} of {sum(query_lens)}")
         _agree(meta, varlen, indices)
-        return Step(meta["input_ids"], meta["positions"], meta["slot_mapping"], varlen["cu_seqlens_q"],
-                    varlen["cu_seqlens_k"], [list(seq.block_table) for seq, _, _ in rows], indices.long(),
-                    [seq.seq_id for seq, _, _ in rows])
+        return Step(
+            meta["input_ids"],
+            meta["positions"],
+            meta["slot_mapping"],
+            varlen["cu_seqlens_q"],
+            varlen["cu_seqlens_k"],
+            [list(seq.block_table) for seq, _, _ in rows],
+            indices.long(),
+            [seq.seq_id for seq, _, _ in rows],
+        )
 
     def _sample(self, logits: torch.Tensor) -> torch.Tensor:
         """Greedy argmax at temperature 0 (ch23's sampler has no greedy path), else ch23's exponential race."""
@@ -325,9 +368,17 @@ class _Loop:
         if t == 0:
             tokens = logits.argmax(dim=-1)
             if self.trace.on:
-                self.trace.events.append({"kind": self.trace.kind, "stage": "greedy (temperature 0)",
-                                          "chapter": "ch23", "task": "ch23.2", "fn": "argmax", "source": "engine",
-                                          "shapes": f"{shape(logits)} → {shape(tokens)}"})
+                self.trace.events.append(
+                    {
+                        "kind": self.trace.kind,
+                        "stage": "greedy (temperature 0)",
+                        "chapter": "ch23",
+                        "task": "ch23.2",
+                        "fn": "argmax",
+                        "source": "engine",
+                        "shapes": f"{shape(logits)} → {shape(tokens)}",
+                    }
+                )
             return tokens
         noise = torch.empty(logits.shape, dtype=torch.float32).exponential_(generator=self.generator)
         temperature = torch.full((logits.shape[0],), t, dtype=torch.float32)
@@ -338,21 +389,38 @@ class _Loop:
         self.counts["prefix_cache_hits"] = len(self.blocks.hits)
         self.counts["prefix_cached_tokens"] = sum(self.blocks.hits)
         metrics = self.parts.fn("latency_metrics")(
-            [{"start": 0.0, "chunk_times": times, "input_len": len(p), "output_len": len(seq.completion_token_ids)}
-             for p, seq, times in zip(prompts, self.seqs, self.chunk_times)])
-        self._note("run", "measure the run", "latency_metrics",
-                   f"{len(prompts)} requests → TTFT {metrics['mean_ttft_ms']:.1f} ms, "
-                   f"TPOT {metrics['mean_tpot_ms']:.1f} ms, {metrics['output_throughput']:.0f} tok/s")
-        return Run([seq.completion_token_ids for seq in self.seqs], {**metrics, **self.counts},
-                   self.parts.sources(), self.trace.events, self.probes or [], list(self.parts.notes))
+            [
+                {"start": 0.0, "chunk_times": times, "input_len": len(p), "output_len": len(seq.completion_token_ids)}
+                for p, seq, times in zip(prompts, self.seqs, self.chunk_times)
+            ]
+        )
+        self._note(
+            "run",
+            "measure the run",
+            "latency_metrics",
+            f"{len(prompts)} requests → TTFT {metrics['mean_ttft_ms']:.1f} ms, "
+            f"TPOT {metrics['mean_tpot_ms']:.1f} ms, {metrics['output_throughput']:.0f} tok/s",
+        )
+        return Run(
+            [seq.completion_token_ids for seq in self.seqs],
+            {**metrics, **self.counts},
+            self.parts.sources(),
+            self.trace.events,
+            self.probes or [],
+            list(self.parts.notes),
+        )
 
 
 def _agree(meta: dict, varlen: dict, indices: torch.Tensor) -> None:
     """The chapters describe one batch three times; they must say the same thing."""
     qsl, cu_q = meta["query_start_loc"].long().tolist(), varlen["cu_seqlens_q"].long().tolist()
     if qsl != cu_q:
-        raise EngineError(f"ch29's prepare_inputs (query_start_loc {qsl}) and ch26's varlen_metadata "
-                          f"(cu_seqlens_q {cu_q}) disagree on where the sequences start")
+        raise EngineError(
+            f"ch29's prepare_inputs (query_start_loc {qsl}) and ch26's varlen_metadata "
+            f"(cu_seqlens_q {cu_q}) disagree on where the sequences start"
+        )
     if meta["logits_indices"].long().tolist() != indices.long().tolist():
-        raise EngineError(f"ch29's prepare_inputs (logits_indices {meta['logits_indices'].tolist()}) and ch28's "
-                          f"logits_indices ({indices.tolist()}) disagree on the rows to sample")
+        raise EngineError(
+            f"ch29's prepare_inputs (logits_indices {meta['logits_indices'].tolist()}) and ch28's "
+            f"logits_indices ({indices.tolist()}) disagree on the rows to sample"
+        )

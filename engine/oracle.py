@@ -43,10 +43,12 @@ class Divergence:
     @property
     def message(self) -> str:
         where = "token" if self.stage == "logits" else "channel"
-        return (f"first divergence at step {self.step} ({self.kind}, request {self.request}, positions "
-                f"{self.positions[0]}–{self.positions[1]}), {self.stage}: at position {self.position}, {where} "
-                f"{self.channel} the engine has {self.engine:.6g}, transformers {self.transformers:.6g} "
-                f"(|Δ| {abs(self.engine - self.transformers):.3g} > {ATOL:g} + {RTOL:g}·|x|)")
+        return (
+            f"first divergence at step {self.step} ({self.kind}, request {self.request}, positions "
+            f"{self.positions[0]}–{self.positions[1]}), {self.stage}: at position {self.position}, {where} "
+            f"{self.channel} the engine has {self.engine:.6g}, transformers {self.transformers:.6g} "
+            f"(|Δ| {abs(self.engine - self.transformers):.3g} > {ATOL:g} + {RTOL:g}·|x|)"
+        )
 
 
 @dataclass
@@ -79,8 +81,9 @@ class Comparison:
         return "; ".join(m for m in (self.divergence and self.divergence.message, self.token_mismatch) if m)
 
 
-def compare(folder: Path, prompts: list[list[int]], max_tokens: int, *, parts: Parts | None = None,
-            settings: Settings = Settings()) -> Comparison:
+def compare(
+    folder: Path, prompts: list[list[int]], max_tokens: int, *, parts: Parts | None = None, settings: Settings = Settings()
+) -> Comparison:
     """Run the engine (reference parts unless given) and transformers on the model in `folder`.
 
     Greedy decoding only (settings.temperature must be 0): sampled tokens have nothing to agree with.
@@ -97,9 +100,8 @@ def compare(folder: Path, prompts: list[list[int]], max_tokens: int, *, parts: P
     generated = []
     for prompt in prompts:
         ids = torch.tensor([prompt])
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
-                          pad_token_id=0)
-        generated.append(out[0, len(prompt):].tolist())
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
+        generated.append(out[0, len(prompt) :].tolist())
     return Comparison(run, generated, divergence, max_logit_diff)
 
 
@@ -111,11 +113,11 @@ def _states(hf, tokens: list[int]) -> dict[str, torch.Tensor]:
     def keep(name: str):
         def hook(module, args, output):
             captured[name] = (output[0] if isinstance(output, tuple) else output)[0].float()
+
         return hook
 
     body = hf.model
-    hooks = [body.embed_tokens.register_forward_hook(keep("embedding")),
-             body.norm.register_forward_hook(keep("final norm"))]
+    hooks = [body.embed_tokens.register_forward_hook(keep("embedding")), body.norm.register_forward_hook(keep("final norm"))]
     hooks += [layer.register_forward_hook(keep(f"layer {i}")) for i, layer in enumerate(body.layers)]
     try:
         captured["logits"] = hf(torch.tensor([tokens]), use_cache=False).logits[0].float()
@@ -134,21 +136,38 @@ def _first_divergence(run: Run, states: list[dict[str, torch.Tensor]]) -> tuple[
             start += len(positions)
         for stage, values in probe["stages"].items():
             for seq_id, positions, row in spans:
-                mine = values[row:row + len(positions)]
-                theirs = states[seq_id][stage][positions[0]:positions[-1] + 1]
+                mine = values[row : row + len(positions)]
+                theirs = states[seq_id][stage][positions[0] : positions[-1] + 1]
                 found = _first_bad(mine, theirs)
                 if found:
                     i, ch = found
-                    return Divergence(number, probe["kind"], seq_id, (positions[0], positions[-1]), _name(stage),
-                                      positions[i], ch, float(mine[i, ch]), float(theirs[i, ch])), max_logit_diff
+                    return Divergence(
+                        number,
+                        probe["kind"],
+                        seq_id,
+                        (positions[0], positions[-1]),
+                        _name(stage),
+                        positions[i],
+                        ch,
+                        float(mine[i, ch]),
+                        float(theirs[i, ch]),
+                    ), max_logit_diff
         for b, (seq_id, positions, _) in enumerate(spans):
-            mine, theirs = probe["logits"][b:b + 1], states[seq_id]["logits"][positions[-1]:positions[-1] + 1]
+            mine, theirs = probe["logits"][b : b + 1], states[seq_id]["logits"][positions[-1] : positions[-1] + 1]
             max_logit_diff = max(max_logit_diff, float((mine - theirs).abs().max()))
             found = _first_bad(mine, theirs)
             if found:
-                return Divergence(number, probe["kind"], seq_id, (positions[0], positions[-1]), "logits",
-                                  positions[-1], found[1], float(mine[0, found[1]]), float(theirs[0, found[1]])), \
-                    max_logit_diff
+                return Divergence(
+                    number,
+                    probe["kind"],
+                    seq_id,
+                    (positions[0], positions[-1]),
+                    "logits",
+                    positions[-1],
+                    found[1],
+                    float(mine[0, found[1]]),
+                    float(theirs[0, found[1]]),
+                ), max_logit_diff
     return None, max_logit_diff
 
 

@@ -29,16 +29,22 @@ from typing import Any, Callable, Iterator
 from grader import chapters
 
 USED: tuple[tuple[str, str], ...] = (
-    ("ch15", "embedding_lookup"), ("ch15", "linear"), ("ch15", "split_qkv"),
+    ("ch15", "embedding_lookup"),
+    ("ch15", "linear"),
+    ("ch15", "split_qkv"),
     ("ch18", "gqa_attention"),
     ("ch19", "qk_norm_rope"),
-    ("ch20", "add_rms_norm"), ("ch20", "swiglu_mlp"),
+    ("ch20", "add_rms_norm"),
+    ("ch20", "swiglu_mlp"),
     ("ch23", "sample"),
     ("ch24", "Scheduler"),
-    ("ch25", "slot_mapping"), ("ch25", "store_kv"), ("ch25", "BlockManager"),
+    ("ch25", "slot_mapping"),
+    ("ch25", "store_kv"),
+    ("ch25", "BlockManager"),
     ("ch26", "varlen_metadata"),
     ("ch28", "logits_indices"),
-    ("ch29", "prepare_inputs"), ("ch29", "latency_metrics"),
+    ("ch29", "prepare_inputs"),
+    ("ch29", "latency_metrics"),
 )
 """(chapter, graded name) of every function or class the engine calls, in chapter order."""
 
@@ -95,7 +101,7 @@ class Parts:
         return Parts(swapped, self.notes)
 
     def sources(self) -> dict[str, str]:
-        """"ch19.3 qk_norm_rope" → "yours" / "reference" / "override", in chapter order."""
+        """ "ch19.3 qk_norm_rope" → "yours" / "reference" / "override", in chapter order."""
         return {p.label: p.source for p in self}
 
 
@@ -137,14 +143,17 @@ def reference_parts() -> Parts:
     for chapter_id, name in USED:
         module = _reference_module(chapter_id)
         if module is None:
-            raise PartsUnavailable("this installation has no reference solutions (a student release): the engine "
-                                   "runs your own chapter functions; pass --submission or run it from your checkout")
+            raise PartsUnavailable(
+                "this installation has no reference solutions (a student release): the engine "
+                "runs your own chapter functions; pass --submission or run it from your checkout"
+            )
         parts[name] = _part(chapter_id, name, module, REFERENCE)
     return Parts(parts)
 
 
-def passing_tasks(folder: Path, chapter_id: str, *, launcher: Callable[..., Any] | None = None,
-                  on_chapter: Callable[[str], None] | None = None) -> tuple[set[str], str]:
+def passing_tasks(
+    folder: Path, chapter_id: str, *, launcher: Callable[..., Any] | None = None, on_chapter: Callable[[str], None] | None = None
+) -> tuple[set[str], str]:
     """The tasks of a student's chapter file whose public checks all pass, and a note on the rest."""
     from grader.run import check
 
@@ -156,8 +165,7 @@ def passing_tasks(folder: Path, chapter_id: str, *, launcher: Callable[..., Any]
     report = check(chapter_id, submission=folder, hidden=False, figures_dir=None, launcher=launcher)
     failing = {r.task for r in report.results if r.status != "passed"}
     passed = {r.task for r in report.results} - failing
-    note = f"{chapter_id}: " + (f"{', '.join(sorted(failing))} not passing yet" if failing
-                                else "every task passes")
+    note = f"{chapter_id}: " + (f"{', '.join(sorted(failing))} not passing yet" if failing else "every task passes")
     return passed, note
 
 
@@ -195,8 +203,7 @@ def student_parts(folder: Path, *, on_chapter: Callable[[str], None] | None = No
         raise PartsUnavailable(f"this installation has no {', '.join(absent)}, which the engine needs")
     parts, notes, missing = {}, [], []
     with _warm_processes() as launcher:
-        checked = {ch: passing_tasks(folder, ch, launcher=launcher, on_chapter=on_chapter)
-                   for ch in dict.fromkeys(ch for ch, _ in USED)}
+        checked = {ch: passing_tasks(folder, ch, launcher=launcher, on_chapter=on_chapter) for ch in dict.fromkeys(ch for ch, _ in USED)}
     for chapter_id, (passed, note) in checked.items():
         notes.append(note)
         module = _student_module(folder / chapters.find(chapter_id).filename) if passed else None
@@ -211,7 +218,10 @@ def student_parts(folder: Path, *, on_chapter: Callable[[str], None] | None = No
             else:
                 parts[name] = _part(chapter_id, name, reference, REFERENCE)
     if missing:
-        raise PartsUnavailable("the engine runs your own code here (this installation has no reference "
-                               "solutions), and these tasks do not pass their public checks yet: "
-                               + ", ".join(missing) + ". Run `course check <chapter>` for each.")
+        raise PartsUnavailable(
+            "the engine runs your own code here (this installation has no reference "
+            "solutions), and these tasks do not pass their public checks yet: "
+            + ", ".join(missing)
+            + ". Run `course check <chapter>` for each."
+        )
     return Parts(parts, notes)

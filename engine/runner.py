@@ -24,14 +24,14 @@ from engine.parts import Parts
 class Step:
     """One step's execution metadata (from ch29's prepare_inputs, ch26's varlen_metadata, ch28's logits_indices)."""
 
-    input_ids: torch.Tensor         # [N] int64
-    positions: torch.Tensor         # [N] int64
-    slot_mapping: torch.Tensor      # [N] int64
-    cu_seqlens_q: torch.Tensor      # [B + 1]
-    cu_seqlens_k: torch.Tensor      # [B + 1]
-    block_tables: list[list[int]]   # B tables
-    logits_indices: torch.Tensor    # [B] int64
-    seq_ids: list[int]              # B request ids, in row order
+    input_ids: torch.Tensor  # [N] int64
+    positions: torch.Tensor  # [N] int64
+    slot_mapping: torch.Tensor  # [N] int64
+    cu_seqlens_q: torch.Tensor  # [B + 1]
+    cu_seqlens_k: torch.Tensor  # [B + 1]
+    block_tables: list[list[int]]  # B tables
+    logits_indices: torch.Tensor  # [B] int64
+    seq_ids: list[int]  # B request ids, in row order
 
 
 @dataclass
@@ -53,8 +53,17 @@ class Trace:
     def record(self, stage: str, part: Any, shapes: str) -> None:
         """Keep the first call of each stage per traced step (layer 0 stands for every layer)."""
         if self.on and not any(e["stage"] == stage and e["kind"] == self.kind for e in self.events):
-            self.events.append({"kind": self.kind, "stage": stage, "chapter": part.chapter, "task": part.task,
-                                "fn": part.name, "source": part.source, "shapes": shapes})
+            self.events.append(
+                {
+                    "kind": self.kind,
+                    "stage": stage,
+                    "chapter": part.chapter,
+                    "task": part.task,
+                    "fn": part.name,
+                    "source": part.source,
+                    "shapes": shapes,
+                }
+            )
 
 
 def shape(x: Any) -> str:
@@ -106,19 +115,33 @@ class ModelRunner:
         for layer, lw in enumerate(w.layers):
             x, residual = self.call("input_layernorm", "add_rms_norm", h, residual, lw.input_norm, c.rms_norm_eps)
             qkv = self.call("qkv_proj", "linear", x, lw.qkv)
-            q, k, v = self.call("split q | k | v", "split_qkv", qkv, Hq, Hkv, d,
-                                shapes=lambda out: f"{shape(qkv)} → {shape(out)}")
-            q, k = self.call("q/k norm + RoPE", "qk_norm_rope", q.reshape(N, Hq, d), k.reshape(N, Hkv, d),
-                             lw.q_norm, lw.k_norm, step.positions, c.rope_theta, c.rms_norm_eps,
-                             shapes=lambda out: f"q {shape(out[0])} · k {shape(out[1])} at positions "
-                                                f"{ints(step.positions)}; V untouched")
+            q, k, v = self.call("split q | k | v", "split_qkv", qkv, Hq, Hkv, d, shapes=lambda out: f"{shape(qkv)} → {shape(out)}")
+            q, k = self.call(
+                "q/k norm + RoPE",
+                "qk_norm_rope",
+                q.reshape(N, Hq, d),
+                k.reshape(N, Hkv, d),
+                lw.q_norm,
+                lw.k_norm,
+                step.positions,
+                c.rope_theta,
+                c.rms_norm_eps,
+                shapes=lambda out: f"q {shape(out[0])} · k {shape(out[1])} at positions {ints(step.positions)}; V untouched",
+            )
             v = v.reshape(N, Hkv, d)
-            self.call("write K/V to the cache", "store_kv", self.k_cache[layer], self.v_cache[layer], k, v,
-                      step.slot_mapping, shapes=lambda _: f"{shape(k)} ×2 → cache {shape(self.k_cache[layer])}")
+            self.call(
+                "write K/V to the cache",
+                "store_kv",
+                self.k_cache[layer],
+                self.v_cache[layer],
+                k,
+                v,
+                step.slot_mapping,
+                shapes=lambda _: f"{shape(k)} ×2 → cache {shape(self.k_cache[layer])}",
+            )
             o = self._attention(layer, q, step, read_slots, traced_seq)
             h = self.call("o_proj", "linear", o.reshape(N, Hq * d), lw.o_proj)
-            x, residual = self.call("post_attention_layernorm", "add_rms_norm", h, residual, lw.post_norm,
-                                    c.rms_norm_eps)
+            x, residual = self.call("post_attention_layernorm", "add_rms_norm", h, residual, lw.post_norm, c.rms_norm_eps)
             h = self.call("mlp (SwiGLU)", "swiglu_mlp", x, lw.gate_up, lw.down)
             if probe is not None:
                 probe.stages[f"layer {layer}"] = (h.float() + residual.float()).clone()
@@ -136,21 +159,26 @@ class ModelRunner:
         cu_k, traced, slots = step.cu_seqlens_k.tolist(), self.trace.on, []
         for b, table in enumerate(step.block_tables):
             self.trace.on = traced and step.seq_ids[b] == traced_seq
-            slots.append(self.call("K/V slots by block table", "slot_mapping", table,
-                                   torch.arange(cu_k[b + 1] - cu_k[b]), self.block_size,
-                                   shapes=lambda out: f"table {ints(table)} → slots {ints(out)}"))
+            slots.append(
+                self.call(
+                    "K/V slots by block table",
+                    "slot_mapping",
+                    table,
+                    torch.arange(cu_k[b + 1] - cu_k[b]),
+                    self.block_size,
+                    shapes=lambda out: f"table {ints(table)} → slots {ints(out)}",
+                )
+            )
         self.trace.on = traced
         return slots
 
-    def _attention(self, layer: int, q: torch.Tensor, step: Step, read_slots: list[torch.Tensor],
-                   traced_seq: int | None) -> torch.Tensor:
+    def _attention(self, layer: int, q: torch.Tensor, step: Step, read_slots: list[torch.Tensor], traced_seq: int | None) -> torch.Tensor:
         """Per sequence: its queries against all its keys, read back from the paged cache."""
-        k_flat = self.k_cache[layer].flatten(0, 1)          # [num_blocks · block_size, Hkv, d]
+        k_flat = self.k_cache[layer].flatten(0, 1)  # [num_blocks · block_size, Hkv, d]
         v_flat = self.v_cache[layer].flatten(0, 1)
         cu_q, traced, outs = step.cu_seqlens_q.tolist(), self.trace.on, []
         for b, slots in enumerate(read_slots):
             self.trace.on = traced and step.seq_ids[b] == traced_seq
-            outs.append(self.call("attention (GQA, causal)", "gqa_attention", q[cu_q[b]:cu_q[b + 1]],
-                                  k_flat[slots], v_flat[slots]))
+            outs.append(self.call("attention (GQA, causal)", "gqa_attention", q[cu_q[b] : cu_q[b + 1]], k_flat[slots], v_flat[slots]))
         self.trace.on = traced
         return torch.cat(outs) if outs else q.new_zeros(q.shape)

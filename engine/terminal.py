@@ -23,10 +23,14 @@ def read_prompts(path: Path) -> list[list[int]]:
         prompts = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise click.BadParameter(f"{path} is not a JSON file: {e}", param_hint="--prompts") from None
-    if not isinstance(prompts, list) or not prompts or not all(
-            isinstance(p, list) and p and all(type(t) is int for t in p) for p in prompts):
-        raise click.BadParameter(f"{path} must hold a non-empty JSON list of non-empty token-id lists, "
-                                 f"e.g. [[1, 2, 3], [1, 2, 4]]", param_hint="--prompts")
+    if (
+        not isinstance(prompts, list)
+        or not prompts
+        or not all(isinstance(p, list) and p and all(type(t) is int for t in p) for p in prompts)
+    ):
+        raise click.BadParameter(
+            f"{path} must hold a non-empty JSON list of non-empty token-id lists, e.g. [[1, 2, 3], [1, 2, 4]]", param_hint="--prompts"
+        )
     return prompts
 
 
@@ -92,12 +96,16 @@ def summary(result: Run, prompts: list[list[int]], figure: str | None) -> str:
     if yours and len(yours) < len(result.sources):
         lines.append("reference: " + ", ".join(label for label, s in result.sources.items() if s != "yours"))
     lines += [f"  · {note}" for note in result.notes]
-    lines.append(f"steps {m['steps']} ({m['prefill_steps']} prefill, {m['decode_steps']} decode) · chunked prefill "
-                 f"steps {m['chunked_prefill_steps']} · prefix-cache hits {m['prefix_cache_hits']} "
-                 f"({m['prefix_cached_tokens']} tokens) · preemptions {m['preemptions']}")
-    lines.append(f"TTFT mean {m['mean_ttft_ms']:.1f} ms · TPOT mean {m['mean_tpot_ms']:.1f} ms · "
-                 f"ITL mean {m['mean_itl_ms']:.1f} ms · output {m['output_throughput']:.1f} tok/s · "
-                 f"total {m['total_token_throughput']:.1f} tok/s over {m['duration']:.2f} s")
+    lines.append(
+        f"steps {m['steps']} ({m['prefill_steps']} prefill, {m['decode_steps']} decode) · chunked prefill "
+        f"steps {m['chunked_prefill_steps']} · prefix-cache hits {m['prefix_cache_hits']} "
+        f"({m['prefix_cached_tokens']} tokens) · preemptions {m['preemptions']}"
+    )
+    lines.append(
+        f"TTFT mean {m['mean_ttft_ms']:.1f} ms · TPOT mean {m['mean_tpot_ms']:.1f} ms · "
+        f"ITL mean {m['mean_itl_ms']:.1f} ms · output {m['output_throughput']:.1f} tok/s · "
+        f"total {m['total_token_throughput']:.1f} tok/s over {m['duration']:.2f} s"
+    )
     if figure:
         lines.append(f"figure: {figure}")
     return "\n".join(lines)

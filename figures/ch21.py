@@ -19,19 +19,24 @@ def _pair(v: list, shown: bool = False) -> str:
 
 # -- ch21.1 -------------------------------------------------------------------------------------------
 
-@figure("ch21-cache-growth", title="缓存沿 token 轴增长",
-        zh="每一层都有自己的一对 K/V 缓存:prefill 一次写入 3 行,之后每个 decode 步在已有长度之后追加 1 行;"
-           "有效前缀沿 token 轴变长,各层互不共享。",
-        en="The cache grows along the token axis, per layer: a prefill writes 3 rows at once, then every "
-           "decode step appends one row after the current length. Each layer has its own K/V cache; "
-           "no layer shares another's.",
-        needs={"caches": "ch21.1"})
+
+@figure(
+    "ch21-cache-growth",
+    title="缓存沿 token 轴增长",
+    zh="每一层都有自己的一对 K/V 缓存:prefill 一次写入 3 行,之后每个 decode 步在已有长度之后追加 1 行;"
+    "有效前缀沿 token 轴变长,各层互不共享。",
+    en="The cache grows along the token axis, per layer: a prefill writes 3 rows at once, then every "
+    "decode step appends one row after the current length. Each layer has its own K/V cache; "
+    "no layer shares another's.",
+    needs={"caches": "ch21.1"},
+)
 def cache_growth_figure(f: Figure, r: dict) -> None:
-    l_max, steps, caches, expected, wrong, lengths = (r["l_max"], r["steps"], r["caches"], r["expected"], r["wrong"],
-                                                      r["lengths"])
+    l_max, steps, caches, expected, wrong, lengths = (r["l_max"], r["steps"], r["caches"], r["expected"], r["wrong"], r["lengths"])
     layers = len(caches)
-    f.instance_row([(f"{layers} layers", "plain"), (f"L_max = {l_max}", "plain"), ("1 kv head, head_dim 2", "plain")],
-                   note="K of layer ℓ, token t = [100ℓ + 10(t+1) + 1, … + 2]; V = −K; every cache starts as zeros")
+    f.instance_row(
+        [(f"{layers} layers", "plain"), (f"L_max = {l_max}", "plain"), ("1 kv head, head_dim 2", "plain")],
+        note="K of layer ℓ, token t = [100ℓ + 10(t+1) + 1, … + 2]; V = −K; every cache starts as zeros",
+    )
 
     cw, ch = 88, 28
     length = 0
@@ -41,83 +46,127 @@ def cache_growth_figure(f: Figure, r: dict) -> None:
         # One row of cells per layer and K/V, one column per cache row (token).
         rows = [(layer, kv) for layer in range(layers) for kv in (0, 1)]
         role = lambda i, j: "cached" if j < length else ("kv"[rows[i][1]] if j < length + n else "masked")
-        cache = f.matrix([[_pair(x, bad) for x, bad in zip(caches[layer][s][kv], wrong[layer][s][kv])]
-                          for layer, kv in rows], role=role, fmt=str,
-                         expected=[[_pair(x) or "·" for x in expected[layer][s][kv]] for layer, kv in rows],
-                         wrong=[wrong[layer][s][kv] for layer, kv in rows], w=cw, h=ch, gap=5,
-                         row_labels=[f"layer {layer} · {'KV'[kv]}" for layer, kv in rows],
-                         col_labels=[f"row {j}" for j in range(l_max)])
+        cache = f.matrix(
+            [[_pair(x, bad) for x, bad in zip(caches[layer][s][kv], wrong[layer][s][kv])] for layer, kv in rows],
+            role=role,
+            fmt=str,
+            expected=[[_pair(x) or "·" for x in expected[layer][s][kv]] for layer, kv in rows],
+            wrong=[wrong[layer][s][kv] for layer, kv in rows],
+            w=cw,
+            h=ch,
+            gap=5,
+            row_labels=[f"layer {layer} · {'KV'[kv]}" for layer, kv in rows],
+            col_labels=[f"row {j}" for j in range(l_max)],
+        )
         # Beside each layer's K row: the length its append_kv returned.
         returned = []
         for layer in range(layers):
             got = lengths[layer][s]
             ok = got == length + n
-            returned += [(f"→ {'?' if got is None else got}",
-                          {"bold": True, "color": INK if ok else stroke("wrong"),
-                           "cls": "value" if ok else "value wrong"}),
-                         ("returned" if ok else f"expected {length + n}",
-                          {"color": MUTED if ok else INK, "cls": "label" if ok else "expected"})]
-        f.place(row(cache, f.table([[x] for x in returned], header=["token axis →" if s == 0 else ""], h=ch + 5,
-                                   size=LABEL_SMALL), gap=10), after=30)
+            returned += [
+                (
+                    f"→ {'?' if got is None else got}",
+                    {"bold": True, "color": INK if ok else stroke("wrong"), "cls": "value" if ok else "value wrong"},
+                ),
+                ("returned" if ok else f"expected {length + n}", {"color": MUTED if ok else INK, "cls": "label" if ok else "expected"}),
+            ]
+        f.place(
+            row(cache, f.table([[x] for x in returned], header=["token axis →" if s == 0 else ""], h=ch + 5, size=LABEL_SMALL), gap=10),
+            after=30,
+        )
         end = length + n
         if end:  # the valid prefix after this step, as a bracket under the rows
             x, y, _, h = cache.cell_box(len(rows) - 1, 0)
-            f.bracket(x, cache.cell_box(0, end - 1)[0] + cw, y + h + 4,
-                      f"valid prefix: rows 0 … {end - 1} (length {end})" + (" — grew by 1 row" if s else ""))
+            f.bracket(
+                x,
+                cache.cell_box(0, end - 1)[0] + cw,
+                y + h + 4,
+                f"valid prefix: rows 0 … {end - 1} (length {end})" + (" — grew by 1 row" if s else ""),
+            )
         f.y += 12
         length = end
 
-    f.note("Rows 0 … length − 1 are the sequence's tokens in order; each append writes rows length … "
-           "length + n − 1 and nothing else. The two layers never share rows: layer 1's cache holds layer 1's "
-           "K/V (values 1xx), computed from layer 0's output.", size=LABEL_SMALL)
+    f.note(
+        "Rows 0 … length − 1 are the sequence's tokens in order; each append writes rows length … "
+        "length + n − 1 and nothing else. The two layers never share rows: layer 1's cache holds layer 1's "
+        "K/V (values 1xx), computed from layer 0's output.",
+        size=LABEL_SMALL,
+    )
     f.y += 4
     wrong_any = any(any(any(kv) for kv in step) for layer in wrong for step in layer) or any(
-        got != sum(steps[:s + 1]) for layer in lengths for s, got in enumerate(layer))
-    f.legend([("cached", "written by an earlier step"), ("k", "K appended by this step"),
-              ("v", "V appended by this step"), ("masked", "free row, beyond the length")], wrong=wrong_any)
+        got != sum(steps[: s + 1]) for layer in lengths for s, got in enumerate(layer)
+    )
+    f.legend(
+        [
+            ("cached", "written by an earlier step"),
+            ("k", "K appended by this step"),
+            ("v", "V appended by this step"),
+            ("masked", "free row, beyond the length"),
+        ],
+        wrong=wrong_any,
+    )
 
 
 # -- ch21.2 -------------------------------------------------------------------------------------------
 
-@figure("ch21-decode-step", title="一个 decode step 的真实工作",
-        zh="最新采样的 token 已经在 token_ids 里,但还没有自己的 KV:decode 步以它为输入,position = len − 1,"
-           "先把它的 K/V 写进 slot,再让 attention 读取全部 context_len = len 个条目。",
-        en="What one decode step does: the newest sampled token is already in token_ids but has no KV yet. "
-           "The step feeds it at position len − 1, writes its K/V into its slot first, then attention reads "
-           "all context_len = len entries.",
-        needs={"yours": "ch21.2"})
+
+@figure(
+    "ch21-decode-step",
+    title="一个 decode step 的真实工作",
+    zh="最新采样的 token 已经在 token_ids 里,但还没有自己的 KV:decode 步以它为输入,position = len − 1,"
+    "先把它的 K/V 写进 slot,再让 attention 读取全部 context_len = len 个条目。",
+    en="What one decode step does: the newest sampled token is already in token_ids but has no KV yet. "
+    "The step feeds it at position len − 1, writes its K/V into its slot first, then attention reads "
+    "all context_len = len entries.",
+    needs={"yours": "ch21.2"},
+)
 def decode_step_figure(f: Figure, r: dict) -> None:
     ids, table, bs, yours, want = r["token_ids"], r["table"], r["block_size"], r["yours"], r["expected"]
     n = len(ids)
     pos = n - 1
     wrong_any = yours != want
-    f.instance_row([(f"len = {n}", "token"), (f"block_size = {bs}", "plain"), (f"block_table = {table}", "block")],
-                   note=f"nano-vllm's {table} example, with blocks of {bs} instead of 256")
+    f.instance_row(
+        [(f"len = {n}", "token"), (f"block_size = {bs}", "plain"), (f"block_table = {table}", "block")],
+        note=f"nano-vllm's {table} example, with blocks of {bs} instead of 256",
+    )
 
     # token_ids: the cached prefix and the newest token.
     f.heading("token_ids · the sequence as the scheduler holds it after the previous step")
-    tokens = f.matrix([ids], role=lambda i, j: "cached" if j < pos else "new", row_labels=["token id"], w=58,
-                      gap=6, col_labels=[f"pos {j}" for j in range(n)])
+    tokens = f.matrix(
+        [ids],
+        role=lambda i, j: "cached" if j < pos else "new",
+        row_labels=["token id"],
+        w=58,
+        gap=6,
+        col_labels=[f"pos {j}" for j in range(n)],
+    )
     f.place(pad(tokens, left=50), after=60)
     f.outline(*tokens.cell_box(0, pos), inset=-2)
     x, y, w, h = tokens.cell_box(0, pos)
     if pos:
-        f.bracket(tokens.cell_box(0, 0)[0], x - 6, y + h + 4,
-                  f"{pos} tokens with K/V in the cache (num_cached = len − 1)")
+        f.bracket(tokens.cell_box(0, 0)[0], x - 6, y + h + 4, f"{pos} tokens with K/V in the cache (num_cached = len − 1)")
     for k, line in enumerate(("sampled last step:", "no K/V yet")):
-        f.text(x + w / 2, y + h + 18 + 13 * k, line, size=LABEL_SMALL, anchor="middle", color=stroke("accent"),
-               cls="label")
+        f.text(x + w / 2, y + h + 18 + 13 * k, line, size=LABEL_SMALL, anchor="middle", color=stroke("accent"), cls="label")
 
     # The four inputs, each beside the rule that derives it.
     f.heading("your decode_inputs · what this step feeds the model")
     lb, off = divmod(pos, bs)
     phys = table[lb] if lb < len(table) else "?"
     keys = ("input_id", "position", "context_len", "slot")
-    rules = ["= token_ids[-1]  (the newest token)", f"= len − 1 = {n} − 1  (positions count from 0)",
-             f"= len = {n}  (the cache entries attention reads, the new one included)",
-             f"= block_table[{pos} // {bs} = {lb}] · {bs} + {pos} % {bs} = {phys} · {bs} + {off}"]
-    inputs = f.matrix([[yours[k]] for k in keys], expected=[[want[k]] for k in keys],
-                      wrong=[[yours[k] != want[k]] for k in keys], row_labels=keys, w=70, gap=6)
+    rules = [
+        "= token_ids[-1]  (the newest token)",
+        f"= len − 1 = {n} − 1  (positions count from 0)",
+        f"= len = {n}  (the cache entries attention reads, the new one included)",
+        f"= block_table[{pos} // {bs} = {lb}] · {bs} + {pos} % {bs} = {phys} · {bs} + {off}",
+    ]
+    inputs = f.matrix(
+        [[yours[k]] for k in keys],
+        expected=[[want[k]] for k in keys],
+        wrong=[[yours[k] != want[k]] for k in keys],
+        row_labels=keys,
+        w=70,
+        gap=6,
+    )
     rules_text = f.table([[x] for x in rules], h=CELL + 6, size=LABEL - 0.5, mono=True, color=MUTED)
     f.place(pad(row(inputs, pad(rules_text, top=-3), gap=14), left=30, top=4), after=40)
 
@@ -125,12 +174,29 @@ def decode_step_figure(f: Figure, r: dict) -> None:
     def role(i: int) -> Callable[[int, int], str]:  # logical block i's cells
         return lambda _, o: "cached" if i * bs + o < pos else "new" if i * bs + o == pos else "masked"
 
-    blocks = [f.matrix([[f"pos {i * bs + o}" if i * bs + o <= pos else "" for o in range(bs)]], role=role(i), w=66,
-                       gap=4, fmt=str, col_labels=[f"slot {b * bs + o}" for o in range(bs)]) for i, b in enumerate(table)]
-    pool = column(row(*(column(grid, pad(f.label(f"block {b} = block_table[{i}]", color=INK), top=30), gap=0,
-                               align="center") for i, (grid, b) in enumerate(zip(blocks, table))), gap=40),
-                  f.label("the sequence's blocks in the pool (each cell: the position whose K/V it holds)",
-                          size=LABEL, color=INK, bold=True), gap=14, align="center")
+    blocks = [
+        f.matrix(
+            [[f"pos {i * bs + o}" if i * bs + o <= pos else "" for o in range(bs)]],
+            role=role(i),
+            w=66,
+            gap=4,
+            fmt=str,
+            col_labels=[f"slot {b * bs + o}" for o in range(bs)],
+        )
+        for i, b in enumerate(table)
+    ]
+    pool = column(
+        row(
+            *(
+                column(grid, pad(f.label(f"block {b} = block_table[{i}]", color=INK), top=30), gap=0, align="center")
+                for i, (grid, b) in enumerate(zip(blocks, table))
+            ),
+            gap=40,
+        ),
+        f.label("the sequence's blocks in the pool (each cell: the position whose K/V it holds)", size=LABEL, color=INK, bold=True),
+        gap=14,
+        align="center",
+    )
     f.place(pool, x=(f.width - pool.w) / 2, after=18)
     cells = {b * bs + o: blocks[i].cell_box(0, o) for i, b in enumerate(table) for o in range(bs)}
     # ① The curve from your slot to the cell it names; the right cell is outlined.
@@ -142,8 +208,14 @@ def decode_step_figure(f: Figure, r: dict) -> None:
         ix, iy, iw, ih = inputs.cell_box(3, 0)
         color = stroke("accent") if slot == want["slot"] else stroke("wrong")
         f.curve(ix + iw / 2, iy + ih, x + w / 2, y - 20, color=color, width=1.3)
-        f.text(x + w / 2 + 8, y - 23, "① store the new K/V here" if slot == want["slot"] else "① yours writes here",
-               size=LABEL_SMALL, color=color, cls="label")
+        f.text(
+            x + w / 2 + 8,
+            y - 23,
+            "① store the new K/V here" if slot == want["slot"] else "① yours writes here",
+            size=LABEL_SMALL,
+            color=color,
+            cls="label",
+        )
     # ② What attention reads: the first context_len positions, wherever their blocks are.
     ctx = yours["context_len"]
     for i, grid in enumerate(blocks):
@@ -153,9 +225,12 @@ def decode_step_figure(f: Figure, r: dict) -> None:
             f.bracket(x, grid.cell_box(0, read[-1])[0] + grid.cw, y + h + 4, f"② read by attention: {len(read)}")
     expect_ctx = "" if ctx == want["context_len"] else f" (expected {want['context_len']})"
     missing = "" if slot in cells else f" Your slot {slot} is in none of this sequence's blocks."
-    f.note(f"Attention reads context_len = {ctx} entries{expect_ctx}: the {pos} cached ones and the one this "
-           f"step just wrote. The sampler then draws the token at position {n}; it joins token_ids without K/V, "
-           f"and the next step starts from len = {n + 1}.{missing}", size=LABEL_SMALL)
+    f.note(
+        f"Attention reads context_len = {ctx} entries{expect_ctx}: the {pos} cached ones and the one this "
+        f"step just wrote. The sampler then draws the token at position {n}; it joins token_ids without K/V, "
+        f"and the next step starts from len = {n + 1}.{missing}",
+        size=LABEL_SMALL,
+    )
     f.y += 10
 
     examples = r.get("examples")
@@ -163,14 +238,31 @@ def decode_step_figure(f: Figure, r: dict) -> None:
         f.heading("nano-vllm's examples (block_size 256) · your values")
         cols = ("position", "context_len", "slot")
         bad = [[False, False] + [e["yours"][c] != e["expected"][c] for c in cols] for e in examples]
-        grid = f.matrix([[e["len"], str(e["table"])] + [e["yours"][c] for c in cols] for e in examples],
-                        expected=[[e["len"], str(e["table"])] + [e["expected"][c] for c in cols] for e in examples],
-                        wrong=bad, col_labels=["len", "block_table", *cols], w=100, h=30, gap=8, fmt=str)
-        derivations = f.table([[f"pos {e['len'] - 1} → block_table[{(e['len'] - 1) // 256}]·256 + "
-                                f"{(e['len'] - 1) % 256}"] for e in examples], header=[""], h=38,
-                              size=LABEL_SMALL, mono=True, color=MUTED)
+        grid = f.matrix(
+            [[e["len"], str(e["table"])] + [e["yours"][c] for c in cols] for e in examples],
+            expected=[[e["len"], str(e["table"])] + [e["expected"][c] for c in cols] for e in examples],
+            wrong=bad,
+            col_labels=["len", "block_table", *cols],
+            w=100,
+            h=30,
+            gap=8,
+            fmt=str,
+        )
+        derivations = f.table(
+            [[f"pos {e['len'] - 1} → block_table[{(e['len'] - 1) // 256}]·256 + {(e['len'] - 1) % 256}"] for e in examples],
+            header=[""],
+            h=38,
+            size=LABEL_SMALL,
+            mono=True,
+            color=MUTED,
+        )
         f.place(pad(row(grid, pad(derivations, top=-4), gap=12), left=20, top=8))  # on the cells' centres
         wrong_any = wrong_any or any(any(b) for b in bad)
-    f.legend([("cached", "token whose K/V is already in the cache"),
-              ("new", "the newest token: computed and written this step"), ("masked", "free slot")],
-             wrong=wrong_any)
+    f.legend(
+        [
+            ("cached", "token whose K/V is already in the cache"),
+            ("new", "the newest token: computed and written this step"),
+            ("masked", "free slot"),
+        ],
+        wrong=wrong_any,
+    )

@@ -17,30 +17,44 @@ SAME = object()
 
 # -- ch24.1 -------------------------------------------------------------------------------------------
 
-@figure("ch24-control-loop", title="每轮经过相同的控制环",
-        zh="同一请求每轮都经过 schedule → 模型计算 → postprocess 这一个环:prompt 分成 4 + 4 + 2 三块计算;"
-           "前两块没有算完 prompt,runner 虽然返回了候选 token(第二块的候选甚至是 EOS),postprocess 也不追加它;"
-           "第三块算完 prompt 后采样的 token 才被追加,之后每轮 decode 一个 token。",
-        en="One request goes through the same loop every round: schedule, compute, postprocess. The prompt is "
-           "computed in chunks of 4 + 4 + 2; after an unfinished chunk the runner still returns a candidate token "
-           "(the second one is even EOS), and postprocess does not append it. Only the token sampled after the "
-           "last chunk is kept; then every round decodes one token.",
-        needs={"rounds": "ch24.1"})
+
+@figure(
+    "ch24-control-loop",
+    title="每轮经过相同的控制环",
+    zh="同一请求每轮都经过 schedule → 模型计算 → postprocess 这一个环:prompt 分成 4 + 4 + 2 三块计算;"
+    "前两块没有算完 prompt,runner 虽然返回了候选 token(第二块的候选甚至是 EOS),postprocess 也不追加它;"
+    "第三块算完 prompt 后采样的 token 才被追加,之后每轮 decode 一个 token。",
+    en="One request goes through the same loop every round: schedule, compute, postprocess. The prompt is "
+    "computed in chunks of 4 + 4 + 2; after an unfinished chunk the runner still returns a candidate token "
+    "(the second one is even EOS), and postprocess does not append it. Only the token sampled after the "
+    "last chunk is kept; then every round decodes one token.",
+    needs={"rounds": "ch24.1"},
+)
 def control_loop_figure(f: Figure, r: dict) -> None:
     cfg, prompt, max_tokens = r["config"], r["prompt"], r["max_tokens"]
     rounds, expected = r["rounds"], r["expected"]
     P = len(prompt)
 
-    f.instance_row([(f"A: {P}-token prompt, max_tokens {max_tokens}", "token"),
-                    (f"max_num_batched_tokens = {cfg['max_num_batched_tokens']}", "plain"),
-                    (f"block_size = {cfg['block_size']}", "plain"), (f"eos = {cfg['eos']}", "plain")])
+    f.instance_row(
+        [
+            (f"A: {P}-token prompt, max_tokens {max_tokens}", "token"),
+            (f"max_num_batched_tokens = {cfg['max_num_batched_tokens']}", "plain"),
+            (f"block_size = {cfg['block_size']}", "plain"),
+            (f"eos = {cfg['eos']}", "plain"),
+        ]
+    )
 
     f.heading("控制环 · the loop every round goes through")
     f.y += 6
-    _loop_diagram(f, [("schedule()", "picks the batch, sets num_scheduled_tokens"),
-                      ("model runner", "computes the chunk, samples 1 token"),
-                      ("postprocess()", "counts the chunk; appends or discards")],
-                  "next round: the same loop again")
+    _loop_diagram(
+        f,
+        [
+            ("schedule()", "picks the batch, sets num_scheduled_tokens"),
+            ("model runner", "computes the chunk, samples 1 token"),
+            ("postprocess()", "counts the chunk; appends or discards"),
+        ],
+        "next round: the same loop again",
+    )
 
     f.heading("请求 A 的每一轮 · request A, round by round (your scheduler's trace)")
     span = max([P + max_tokens] + [x["num_tokens"] for x in rounds + expected])
@@ -53,35 +67,66 @@ def control_loop_figure(f: Figure, r: dict) -> None:
         shown = got or want
         assert shown is not None  # i < max(len(rounds), len(expected))
         kept = "accent" if got and got["appended"] else "masked"
-        values: list[tuple[Any, Any, str, Callable[[Any], str], bool]] = [(token(got), token(want), kept, str, True),
-                  (_verdict(got), _verdict(want), "plain", str, False)]
-        values += [(got and got[key], want and want[key], "plain", str if key == "status" else num, True)
-                   for key in ("status", "num_computed_tokens", "num_tokens")]
+        values: list[tuple[Any, Any, str, Callable[[Any], str], bool]] = [
+            (token(got), token(want), kept, str, True),
+            (_verdict(got), _verdict(want), "plain", str, False),
+        ]
+        values += [
+            (got and got[key], want and want[key], "plain", str if key == "status" else num, True)
+            for key in ("status", "num_computed_tokens", "num_tokens")
+        ]
         wrong |= any(g != w for g, w, *_ in values)
         strip = _Strip(f, _round_roles(got, span), 22) if got else None
-        table.append((f"round {i + 1}", f"step {shown['step']} · {'prefill' if shown['prefill'] else 'decode'}", strip,
-                      [_cell(f, g, w=w - 8, expected=e, role=role, fmt=fmt, bold=bold)
-                       for (g, e, role, fmt, bold), (_, w) in zip(values, columns)]))
+        table.append(
+            (
+                f"round {i + 1}",
+                f"step {shown['step']} · {'prefill' if shown['prefill'] else 'decode'}",
+                strip,
+                [
+                    _cell(f, g, w=w - 8, expected=e, role=role, fmt=fmt, bold=bold)
+                    for (g, e, role, fmt, bold), (_, w) in zip(values, columns)
+                ],
+            )
+        )
         if strip is not None and got and got["n"]:  # this round's chunk, outlined once the strip is placed
             start, n = got["start"], got["n"]
-            strip.then = lambda s=strip, a=start, b=start + n: f.outline(*s.span(a, b), role="new", width=1.8,
-                                                                         inset=-1.5)
+            strip.then = lambda s=strip, a=start, b=start + n: f.outline(*s.span(a, b), role="new", width=1.8, inset=-1.5)
     _rows(f, table, label_w=112, span=span, cw=22, columns=columns, prompt=P, pitch=12)
-    f.note("Each round's chunk is outlined. The runner samples a token for every scheduled sequence, but a "
-           "token sampled before the prompt is complete (computed < num_tokens) is a candidate that postprocess "
-           "throws away; the status turns RUNNING when the last chunk is scheduled, FINISHED when max_tokens "
-           "completion tokens exist (or EOS is appended).", size=LABEL_SMALL)
-    f.legend([("cached", "K/V computed in earlier rounds"), ("new", "this round's chunk"),
-              ("plain", "known token, no K/V yet"), ("accent", "token sampled and kept"),
-              ("masked", "not generated yet / discarded")], wrong=wrong)
+    f.note(
+        "Each round's chunk is outlined. The runner samples a token for every scheduled sequence, but a "
+        "token sampled before the prompt is complete (computed < num_tokens) is a candidate that postprocess "
+        "throws away; the status turns RUNNING when the last chunk is scheduled, FINISHED when max_tokens "
+        "completion tokens exist (or EOS is appended).",
+        size=LABEL_SMALL,
+    )
+    f.legend(
+        [
+            ("cached", "K/V computed in earlier rounds"),
+            ("new", "this round's chunk"),
+            ("plain", "known token, no K/V yet"),
+            ("accent", "token sampled and kept"),
+            ("masked", "not generated yet / discarded"),
+        ],
+        wrong=wrong,
+    )
 
 
 def _round_roles(rd: dict, span: int) -> list[tuple[str, Any]]:
     """One round's token strip: K/V from earlier rounds, this round's chunk, known but not computed, the kept
     token, not generated yet."""
     start, n, before = rd["start"], rd["n"], rd["num_tokens_before"]
-    return [("cached", "") if p < start else ("new", "") if p < start + n else ("plain", "") if p < before else
-            ("accent", rd["token"]) if p == before and rd["appended"] else ("masked", "") for p in range(span)]
+    return [
+        ("cached", "")
+        if p < start
+        else ("new", "")
+        if p < start + n
+        else ("plain", "")
+        if p < before
+        else ("accent", rd["token"])
+        if p == before and rd["appended"]
+        else ("masked", "")
+        for p in range(span)
+    ]
 
 
 def _verdict(rd: dict | None) -> str | None:
@@ -103,8 +148,15 @@ def _loop_diagram(f: Figure, labels: list[tuple[str, str]], back: str) -> None:
         f.arrow(a.right + 4, a.bottom - h / 2, b.right - b.w - 4, a.bottom - h / 2, color=INK, width=1.4)
     first, last = boxes[0], boxes[-1]
     left, right, low = first.right - w / 2, last.right - w / 2, first.bottom + 22
-    f.dwg.add(f.dwg.path(d=f"M{right},{last.bottom} L{right},{low} L{left},{low} L{left},{first.bottom + 6}",
-                         fill="none", stroke=INK, stroke_width=1.4, class_="arrow"))
+    f.dwg.add(
+        f.dwg.path(
+            d=f"M{right},{last.bottom} L{right},{low} L{left},{low} L{left},{first.bottom + 6}",
+            fill="none",
+            stroke=INK,
+            stroke_width=1.4,
+            class_="arrow",
+        )
+    )
     f.dwg.add(f.dwg.polygon([(left, first.bottom), (left - 4, first.bottom + 7), (left + 4, first.bottom + 7)], fill=INK))
     f.text((left + right) / 2, low - 5, back, size=LABEL_SMALL, anchor="middle", color=MUTED, cls="label")
     f.y = low + 30
@@ -124,21 +176,26 @@ def _loop_box(f: Figure, title: str, sub: str, w: float, h: float, *, role: str)
 
 # -- ch24.2 -------------------------------------------------------------------------------------------
 
-@figure("ch24-three-progress", title="三种“进度”",
-        zh="不要混淆三种“进度”:num_computed_tokens 是已算出 K/V 的前缀,num_tokens 是已知 token(prompt + 保留的输出),"
-           "num_cached_tokens 是首次接纳时前缀缓存命中的 token 数;抢占把计算进度清零,却不动其余两个。"
-           "prompt 与输出的分界线不是调度器跟踪的边界,计数器才是契约。",
-        en="Three kinds of progress: num_computed_tokens is the prefix with K/V computed, num_tokens the known "
-           "tokens (prompt + kept outputs), num_cached_tokens the prefix-cache hit at the first admission. A "
-           "preemption resets the computed count and touches neither of the others. The prompt/output line is "
-           "not what the scheduler tracks: the counters are the contract.",
-        needs={"yours": "ch24.2"})
+
+@figure(
+    "ch24-three-progress",
+    title="三种“进度”",
+    zh="不要混淆三种“进度”:num_computed_tokens 是已算出 K/V 的前缀,num_tokens 是已知 token(prompt + 保留的输出),"
+    "num_cached_tokens 是首次接纳时前缀缓存命中的 token 数;抢占把计算进度清零,却不动其余两个。"
+    "prompt 与输出的分界线不是调度器跟踪的边界,计数器才是契约。",
+    en="Three kinds of progress: num_computed_tokens is the prefix with K/V computed, num_tokens the known "
+    "tokens (prompt + kept outputs), num_cached_tokens the prefix-cache hit at the first admission. A "
+    "preemption resets the computed count and touches neither of the others. The prompt/output line is "
+    "not what the scheduler tracks: the counters are the contract.",
+    needs={"yours": "ch24.2"},
+)
 def three_progress_figure(f: Figure, r: dict) -> None:
     P, steps, yours, expected = r["prompt"], r["steps"], r["yours"], r["expected"]
     span = max([P + 1] + [s["num_tokens"] for s in yours + expected]) + 1
-    f.instance_row([(f"a {P}-token prompt", "token", 170)],
-                   note="vLLM v1 counters (request.py), one synchronous step at a time; the prefix cache serves "
-                        "whole blocks of 4 tokens")
+    f.instance_row(
+        [(f"a {P}-token prompt", "token", 170)],
+        note="vLLM v1 counters (request.py), one synchronous step at a time; the prefix cache serves whole blocks of 4 tokens",
+    )
 
     columns = [("computed", 74), ("num_tokens", 82), ("cached", 70)]
     roles = {"num_computed_tokens": "new", "num_tokens": "plain", "num_cached_tokens": "block"}
@@ -147,29 +204,45 @@ def three_progress_figure(f: Figure, r: dict) -> None:
     for i, (step, got, want) in enumerate([(None, start, start), *zip(steps, yours, expected)]):
         title, sub = _step_title(i, step, before)
         wrong |= any(got[key] != want[key] for key in roles)
-        cells = [_cell(f, got[key], w=w - 8, expected=want[key], role=roles[key])
-                 for key, (_, w) in zip(roles, columns)]
+        cells = [_cell(f, got[key], w=w - 8, expected=want[key], role=roles[key]) for key, (_, w) in zip(roles, columns)]
         if want["num_cached_tokens"] < 0:  # vLLM's −1: not set yet
-            note = _centered(f, f"{num(want['num_cached_tokens'])}: not set until admitted", columns[-1][1] - 8,
-                             size=SMALL - 1, color=stroke("block"), cls="note unset")
+            note = _centered(
+                f,
+                f"{num(want['num_cached_tokens'])}: not set until admitted",
+                columns[-1][1] - 8,
+                size=SMALL - 1,
+                color=stroke("block"),
+                cls="note unset",
+            )
             cells[-1] = column(cells[-1], pad(note, top=3, bottom=-3 - note.h), gap=0)  # under the row, in its gap
         strip = _Strip(f, [(role, "") for role in _progress_roles(step, before, got, span)], 24)
         if step and step["n"] and before["num_computed_tokens"] == 0 and step["hit"]:  # the prefix hit, bracketed
             first = want["num_cached_tokens"] == step["hit"] and before["num_cached_tokens"] < 0
-            label = f"prefix hit {step['hit']}" + (" → num_cached_tokens" if first else
-                                                    f" (num_cached_tokens stays {want['num_cached_tokens']})")
+            label = f"prefix hit {step['hit']}" + (
+                " → num_cached_tokens" if first else f" (num_cached_tokens stays {want['num_cached_tokens']})"
+            )
             strip.then = lambda s=strip, hit=step["hit"], label=label: f.bracket(
-                s.span(0, hit)[0], s.span(0, hit)[0] + s.span(0, hit)[2], s.bottom + 3, label,
-                color=stroke("block"), size=SMALL)
+                s.span(0, hit)[0], s.span(0, hit)[0] + s.span(0, hit)[2], s.bottom + 3, label, color=stroke("block"), size=SMALL
+            )
         table.append((title, sub, strip, cells))
         before = want
     _rows(f, table, label_w=196, span=span, cw=24, columns=columns, prompt=P, pitch=26)
-    f.note(_moral(steps, expected) + " num_cached_tokens starts at −1, vLLM's mark for “not set yet”: the first "
-           "time the request is scheduled it becomes the prefix hit found then, and it never changes afterwards.",
-           size=LABEL_SMALL)
-    f.legend([("cached", "K/V computed before this step (or a prefix hit)"), ("new", "computed in this step"),
-              ("plain", "known, no K/V"), ("accent", "sampled and kept in this step"),
-              ("block", "num_cached_tokens and the prefix hits"), ("masked", "no token yet")], wrong=wrong)
+    f.note(
+        _moral(steps, expected) + " num_cached_tokens starts at −1, vLLM's mark for “not set yet”: the first "
+        "time the request is scheduled it becomes the prefix hit found then, and it never changes afterwards.",
+        size=LABEL_SMALL,
+    )
+    f.legend(
+        [
+            ("cached", "K/V computed before this step (or a prefix hit)"),
+            ("new", "computed in this step"),
+            ("plain", "known, no K/V"),
+            ("accent", "sampled and kept in this step"),
+            ("block", "num_cached_tokens and the prefix hits"),
+            ("masked", "no token yet"),
+        ],
+        wrong=wrong,
+    )
 
 
 def _step_title(i: int, step: dict | None, before: dict) -> tuple[str, str]:
@@ -181,8 +254,7 @@ def _step_title(i: int, step: dict | None, before: dict) -> tuple[str, str]:
         return f"step {i}: waits", "not scheduled"
     if before["num_computed_tokens"] == 0:
         return f"step {i}: +{step['n']} scheduled", f"admitted, prefix hit {step['hit']}"
-    return f"step {i}: +{step['n']} scheduled", ("decode" if before["num_computed_tokens"] >= before["num_prompt_tokens"]
-                                                 else "next chunk")
+    return f"step {i}: +{step['n']} scheduled", ("decode" if before["num_computed_tokens"] >= before["num_prompt_tokens"] else "next chunk")
 
 
 def _progress_roles(step: dict | None, before: dict, got: dict, span: int) -> list[str]:
@@ -191,8 +263,10 @@ def _progress_roles(step: dict | None, before: dict, got: dict, span: int) -> li
     if step and step["n"] and c0 == 0:
         c0 = step["hit"]  # the hit arrives already computed
     c1, total0, total1 = got["num_computed_tokens"], before["num_tokens"], got["num_tokens"]
-    return ["cached" if p < min(c0, c1) else "new" if p < c1 else "plain" if p < total0 else "accent" if p < total1
-            else "masked" for p in range(span)]
+    return [
+        "cached" if p < min(c0, c1) else "new" if p < c1 else "plain" if p < total0 else "accent" if p < total1 else "masked"
+        for p in range(span)
+    ]
 
 
 def _moral(steps: list[dict], expected: list[dict]) -> str:
@@ -201,14 +275,17 @@ def _moral(steps: list[dict], expected: list[dict]) -> str:
     if k is None:
         return "Read the counters, not the picture's boundary."
     after = expected[k]
-    again = next((s["hit"] for s in steps[k + 1:] if s["n"]), 0)
-    return (f"Read the counters, not the picture's boundary: after the preemption nothing is computed although "
-            f"{after['num_tokens']} tokens exist, and num_cached_tokens still says {after['num_cached_tokens']}, "
-            f"the hit of the first admission, even though the re-admission found {again} tokens in the prefix "
-            "cache.")
+    again = next((s["hit"] for s in steps[k + 1 :] if s["n"]), 0)
+    return (
+        f"Read the counters, not the picture's boundary: after the preemption nothing is computed although "
+        f"{after['num_tokens']} tokens exist, and num_cached_tokens still says {after['num_cached_tokens']}, "
+        f"the hit of the first admission, even though the re-admission found {again} tokens in the prefix "
+        "cache."
+    )
 
 
 # -- the rows both figures are made of --------------------------------------------------------------------------
+
 
 class _Strip(Part):
     """A row of token cells, one per position; `span(a, b)` is the box of cells a … b − 1 once placed, and
@@ -220,8 +297,7 @@ class _Strip(Part):
 
         def draw(x: float, y: float) -> None:
             for p, (role, value) in enumerate(cells):
-                f.cell(x + p * cw, y, value, role=role, w=cw - 3, h=ROW_H, size=SMALL, dashed=role == "masked",
-                       bold=role == "accent")
+                f.cell(x + p * cw, y, value, role=role, w=cw - 3, h=ROW_H, size=SMALL, dashed=role == "masked", bold=role == "accent")
 
         super().__init__(len(cells) * cw - 3, ROW_H, draw)
 
@@ -230,19 +306,43 @@ class _Strip(Part):
         return x + a * self.cw, y, (b - a) * self.cw - 3, ROW_H
 
 
-def _cell(f: Figure, value: Any, *, w: float, expected: Any = SAME, role: str = "plain",
-          fmt: Callable[[Any], str] = num, bold: bool = True) -> Part:
+def _cell(
+    f: Figure, value: Any, *, w: float, expected: Any = SAME, role: str = "plain", fmt: Callable[[Any], str] = num, bold: bool = True
+) -> Part:
     """One result cell as a part; marked wrong (yours struck through, expected below) when it differs from
     `expected` (the trace's values are exact)."""
     bad = expected is not SAME and value != expected
     shown = lambda v: "—" if v is None else v
-    return Part(w, ROW_H, lambda x, y: f.cell(x, y, shown(value), role=role, w=w, h=ROW_H, wrong=bad,
-                                              expected=shown(expected) if bad else None, bold=bold, fmt=fmt,
-                                              size=VALUE - 1))
+    return Part(
+        w,
+        ROW_H,
+        lambda x, y: f.cell(
+            x,
+            y,
+            shown(value),
+            role=role,
+            w=w,
+            h=ROW_H,
+            wrong=bad,
+            expected=shown(expected) if bad else None,
+            bold=bold,
+            fmt=fmt,
+            size=VALUE - 1,
+        ),
+    )
 
 
-def _rows(f: Figure, table: Sequence[tuple[str, str, _Strip | None, list[Part]]], *, label_w: float, span: int,
-          cw: float, columns: list[tuple[str, int]], prompt: int, pitch: float) -> None:
+def _rows(
+    f: Figure,
+    table: Sequence[tuple[str, str, _Strip | None, list[Part]]],
+    *,
+    label_w: float,
+    span: int,
+    cw: float,
+    columns: list[tuple[str, int]],
+    prompt: int,
+    pitch: float,
+) -> None:
     """The rows of a figure, under a header: a two-line label right-aligned in `label_w`, the token strip of
     `span` positions, the value cells in `columns`; then the prompt | output line across the strips."""
     positions = row(*(_centered(f, str(p), cw - 3, size=SMALL - 0.5) for p in range(span)), gap=3)
@@ -251,21 +351,18 @@ def _rows(f: Figure, table: Sequence[tuple[str, str, _Strip | None, list[Part]]]
     f.place(row(pad(positions, left=label_w), names, gap=14), after=4)
     strips = []
     for title, sub, strip, cells in table:
-        label = column(f.label(title, size=LABEL - 0.5, color=INK, bold=True), f.label(sub, size=SMALL), gap=0,
-                       align="right")
+        label = column(f.label(title, size=LABEL - 0.5, color=INK, bold=True), f.label(sub, size=SMALL), gap=0, align="right")
         strips.append(strip or Part(span * cw - 3, ROW_H))
         f.place(row(pad(label, left=label_w - 14 - label.w), strips[-1], row(*cells, gap=8), gap=14), after=pitch)
         if strip is not None and strip.then:
             strip.then()
     x = strips[0].right - strips[0].w + prompt * cw - 1.5
     top, bottom = strips[0].bottom - ROW_H - 4, strips[-1].bottom + 4
-    f.dwg.add(f.dwg.line((x, top), (x, bottom), stroke=INK, stroke_width=1.2, class_="boundary",
-                         stroke_dasharray="5,3"))
+    f.dwg.add(f.dwg.line((x, top), (x, bottom), stroke=INK, stroke_width=1.2, class_="boundary", stroke_dasharray="5,3"))
     f.text(x + 3, bottom + 12, "← prompt | output →", size=SMALL, anchor="middle", color=MUTED, cls="label")
     f.y = bottom + 34
 
 
 def _centered(f: Figure, text: str, w: float, *, size: float, color: str = MUTED, cls: str = "label") -> Part:
     """A label centred in a slot `w` wide (it may overflow it on both sides)."""
-    return Part(w, size * 1.25, lambda x, y: f.text(x + w / 2, y + size, text, size=size, anchor="middle",
-                                                    color=color, cls=cls))
+    return Part(w, size * 1.25, lambda x, y: f.text(x + w / 2, y + size, text, size=size, anchor="middle", color=color, cls=cls))

@@ -12,33 +12,46 @@ def _pair(v: list) -> str:
     return ", ".join(num(x) for x in v) if v else ""
 
 
-@figure("ch25-dim-slot-mapping", title="逐 token 的逻辑块 / 偏移 / 物理块 / slot",
-        zh="每个 token 由位置算出逻辑块(pos // 2)与块内偏移(pos % 2),查块表得到物理块,"
-           "slot = 物理块 × 2 + 偏移;它的 K 写进物理池里这个 slot 的格子。",
-        en="Per token: logical block, offset, physical block, slot. The position gives the logical block "
-           "(pos // 2) and the offset (pos % 2); the block table gives the physical block; "
-           "slot = physical · 2 + offset, and the token's K is written into that cell of the pool.",
-        needs={"slots": "ch25.1"})
+@figure(
+    "ch25-dim-slot-mapping",
+    title="逐 token 的逻辑块 / 偏移 / 物理块 / slot",
+    zh="每个 token 由位置算出逻辑块(pos // 2)与块内偏移(pos % 2),查块表得到物理块,"
+    "slot = 物理块 × 2 + 偏移;它的 K 写进物理池里这个 slot 的格子。",
+    en="Per token: logical block, offset, physical block, slot. The position gives the logical block "
+    "(pos // 2) and the offset (pos % 2); the block table gives the physical block; "
+    "slot = physical · 2 + offset, and the token's K is written into that cell of the pool.",
+    needs={"slots": "ch25.1"},
+)
 def slot_mapping_figure(f: Figure, r: dict) -> None:
     table, bs, positions = r["table"], r["block_size"], r["positions"]
     slots, expected, keys = r["slots"], r["expected"], r["keys"]
     num_blocks, n = r["num_blocks"], len(positions)
-    f.instance_row([(f"T = {n}", "token"), (f"block_size = {bs}", "plain"), (f"block_table = {table}", "block")],
-                   note="logical block i → physical block block_table[i]")
+    f.instance_row(
+        [(f"T = {n}", "token"), (f"block_size = {bs}", "plain"), (f"block_table = {table}", "block")],
+        note="logical block i → physical block block_table[i]",
+    )
 
     # The derivation: one column per token, top to bottom; the slot row marked where the check found it wrong.
     f.heading("每个 token 的推导 · how each token's slot is derived")
-    rows = [("token / position", [f"t{i} · {p}" for i, p in enumerate(positions)], "token"),
-            (f"logical block = pos // {bs}", [p // bs for p in positions], "token"),
-            (f"offset = pos % {bs}", [p % bs for p in positions], "token"),
-            ("physical = block_table[logical]", [table[p // bs] for p in positions], "block"),
-            (f"slot = physical · {bs} + offset", slots, "block"),
-            ("K of the token (2 wide)", [_pair(k) for k in keys], "k")]
-    derivation = f.matrix([values for _, values, _ in rows], role=lambda i, j: rows[i][2],
-                          expected=[[None] * n] * 4 + [expected] + [[None] * n],
-                          wrong=[[False] * n] * 4 + [r["wrong"]] + [[False] * n],
-                          row_labels=[label for label, _, _ in rows], w=70, h=CELL, gap=7,
-                          fmt=lambda v: v if isinstance(v, str) else num(v))
+    rows = [
+        ("token / position", [f"t{i} · {p}" for i, p in enumerate(positions)], "token"),
+        (f"logical block = pos // {bs}", [p // bs for p in positions], "token"),
+        (f"offset = pos % {bs}", [p % bs for p in positions], "token"),
+        ("physical = block_table[logical]", [table[p // bs] for p in positions], "block"),
+        (f"slot = physical · {bs} + offset", slots, "block"),
+        ("K of the token (2 wide)", [_pair(k) for k in keys], "k"),
+    ]
+    derivation = f.matrix(
+        [values for _, values, _ in rows],
+        role=lambda i, j: rows[i][2],
+        expected=[[None] * n] * 4 + [expected] + [[None] * n],
+        wrong=[[False] * n] * 4 + [r["wrong"]] + [[False] * n],
+        row_labels=[label for label, _, _ in rows],
+        w=70,
+        h=CELL,
+        gap=7,
+        fmt=lambda v: v if isinstance(v, str) else num(v),
+    )
     f.place(pad(derivation, left=300 - derivation.label_w), after=0)
     f.outline(*derivation.span_box(4, 0, 4, n - 1), role="block", inset=-3, width=1.6)
 
@@ -56,12 +69,19 @@ def slot_mapping_figure(f: Figure, r: dict) -> None:
             s = b * bs + o
             if pool is not None and pool_wrong is not None:
                 value, want = _pair(pool[s]) if any(pool[s]) else "", _pair(r["pool_expected"][s])
-                cells[s] = _slot_cell(f, s, value, role="k" if value else "plain" if used else "masked",
-                                      wrong=pool_wrong[s], expected=want if any(r["pool_expected"][s]) else "·")
+                cells[s] = _slot_cell(
+                    f,
+                    s,
+                    value,
+                    role="k" if value else "plain" if used else "masked",
+                    wrong=pool_wrong[s],
+                    expected=want if any(r["pool_expected"][s]) else "·",
+                )
             else:
                 j = belongs.get(s)
-                cells[s] = _slot_cell(f, s, _pair(keys[j]) if j is not None else "",
-                                      role="k" if j is not None else "plain" if used else "masked")
+                cells[s] = _slot_cell(
+                    f, s, _pair(keys[j]) if j is not None else "", role="k" if j is not None else "plain" if used else "masked"
+                )
         title = f.label(f"block {b}" + ("" if used else " (not in table)"), size=LABEL_SMALL, color=INK if used else MUTED)
         blocks.append(column(title, row(*(cells[b * bs + o] for o in range(bs)), gap=4), gap=4, align="center"))
     strip = row(*blocks, gap=18)
@@ -75,22 +95,42 @@ def slot_mapping_figure(f: Figure, r: dict) -> None:
     misplaced = slot_tags(slots, expected, num_blocks * bs)
     for s, tokens in misplaced.items():
         for k, j in enumerate(tokens):
-            f.text(center[s], strip.bottom + 15 + 12 * k, f"✗ t{j}", anchor="middle", size=SMALL, weight="bold",
-                   color=stroke("wrong"), cls="mark slot-tag")
+            f.text(
+                center[s],
+                strip.bottom + 15 + 12 * k,
+                f"✗ t{j}",
+                anchor="middle",
+                size=SMALL,
+                weight="bold",
+                color=stroke("wrong"),
+                cls="mark slot-tag",
+            )
     deepest = max((len(t) for t in misplaced.values()), default=0)
     f.y += 26 + (12 * deepest + 8 if deepest else 0)
     f.heading(f"物理池 · the physical pool: {num_blocks} blocks × {bs} slots; each token's K lands in its slot")
-    source = "the K values are what your store_kv wrote, given these slots" if pool is not None else \
-        "the K values are placed in them (store_kv not checked yet)"
+    source = (
+        "the K values are what your store_kv wrote, given these slots"
+        if pool is not None
+        else "the K values are placed in them (store_kv not checked yet)"
+    )
     outside = [f"t{j} → {s}" for j, s in enumerate(slots) if s != expected[j] and not 0 <= s < num_blocks * bs]
     f.y += 4
-    f.note(f"Arrows: the slot each token belongs in; {source}."
-           + (" ✗ tN under a slot: your slot_mapping sends token N there instead." if misplaced else "")
-           + (f" Yours outside the pool (slots 0–{num_blocks * bs - 1}): {', '.join(outside)}." if outside else ""),
-           size=LABEL_SMALL)
+    f.note(
+        f"Arrows: the slot each token belongs in; {source}."
+        + (" ✗ tN under a slot: your slot_mapping sends token N there instead." if misplaced else "")
+        + (f" Yours outside the pool (slots 0–{num_blocks * bs - 1}): {', '.join(outside)}." if outside else ""),
+        size=LABEL_SMALL,
+    )
     wrong = any(r["wrong"]) or (pool_wrong is not None and any(pool_wrong))
-    f.legend([("token", "token, position, logical block"), ("block", "physical block and slot"),
-              ("k", "K written into the cache"), ("masked", "block not in this sequence's table")], wrong=wrong)
+    f.legend(
+        [
+            ("token", "token, position, logical block"),
+            ("block", "physical block and slot"),
+            ("k", "K written into the cache"),
+            ("masked", "block not in this sequence's table"),
+        ],
+        wrong=wrong,
+    )
 
 
 def _slot_cell(f: Figure, slot: int, value: str, *, role: str, wrong: bool = False, expected: str = "") -> Part:
@@ -98,10 +138,8 @@ def _slot_cell(f: Figure, slot: int, value: str, *, role: str, wrong: bool = Fal
     w = 60
 
     def draw(x: float, y: float) -> None:
-        f.cell(x, y, value, role=role, w=w, h=CELL, fmt=str, wrong=wrong, expected=expected if wrong else None,
-               size=VALUE - 1)
-        f.text(x + w / 2, y + CELL + 14, f"slot {slot}", anchor="middle", size=SMALL, color=MUTED, mono=True,
-               cls="label")
+        f.cell(x, y, value, role=role, w=w, h=CELL, fmt=str, wrong=wrong, expected=expected if wrong else None, size=VALUE - 1)
+        f.text(x + w / 2, y + CELL + 14, f"slot {slot}", anchor="middle", size=SMALL, color=MUTED, mono=True, cls="label")
 
     return Part(w, CELL + 16, draw)
 
@@ -116,12 +154,15 @@ def slot_tags(slots: list[int], expected: list[int], pool_slots: int) -> dict[in
     return tags
 
 
-@figure("ch25-blocks", title="离散物理块承载连续逻辑序列",
-        zh="一条 11 个 token 的序列在逻辑上是连续的;块表 [5, 1, 3] 把它的三个逻辑块放进池中不相邻、也不按顺序的物理块,"
-           "最后一个块只用了 3 个 slot。",
-        en="Discrete physical blocks carry one continuous logical sequence: the table [5, 1, 3] scatters the 11 "
-           "tokens' three logical blocks over the pool, out of order; the last block has one slot still free.",
-        needs={"slots": "ch25.1"})
+@figure(
+    "ch25-blocks",
+    title="离散物理块承载连续逻辑序列",
+    zh="一条 11 个 token 的序列在逻辑上是连续的;块表 [5, 1, 3] 把它的三个逻辑块放进池中不相邻、也不按顺序的物理块,"
+    "最后一个块只用了 3 个 slot。",
+    en="Discrete physical blocks carry one continuous logical sequence: the table [5, 1, 3] scatters the 11 "
+    "tokens' three logical blocks over the pool, out of order; the last block has one slot still free.",
+    needs={"slots": "ch25.1"},
+)
 def blocks_figure(f: Figure, r: dict) -> None:
     table, bs, slots, expected = r["table"], r["block_size"], r["slots"], r["expected"]
     num_blocks, n = r["num_blocks"], len(r["slots"])
@@ -135,8 +176,7 @@ def blocks_figure(f: Figure, r: dict) -> None:
         x = lx + p * cw + lb * block_gap
         f.cell(x, ly, p if p < n else "", role="token" if p < n else "masked", w=cw - 3, h=cw - 6, dashed=p >= n)
         if off == 0:
-            f.bracket(x, x + bs * cw - 3, ly - 6, f"logical {lb} → block_table[{lb}] = {table[lb]}",
-                      below=False, size=SMALL)
+            f.bracket(x, x + bs * cw - 3, ly - 6, f"logical {lb} → block_table[{lb}] = {table[lb]}", below=False, size=SMALL)
     # The pool, physical blocks in id order: each cell shows the position your slots put there.
     py = ly + cw + 100
     pw = (f.width - 2 * MARGIN) / num_blocks
@@ -146,18 +186,26 @@ def blocks_figure(f: Figure, r: dict) -> None:
         bx = MARGIN + b * pw
         used = b in table
         label = f"block {b}" + (f" ← logical {table.index(b)}" if used else "")
-        f.text(bx + bs * cell / 2, py + cell + 16, label, anchor="middle", size=SMALL + 0.5,
-               color=INK if used else MUTED, cls="label")
+        f.text(bx + bs * cell / 2, py + cell + 16, label, anchor="middle", size=SMALL + 0.5, color=INK if used else MUTED, cls="label")
         for o in range(bs):
             s = b * bs + o
             mine, right = _positions(got.get(s, [])), _positions(want.get(s, []))
             bad = mine != right
             # the largest size at which the text fits the cell (a wrong cell writes one point smaller)
             size = min(SMALL + 1, (cell - 5) / max(text_width(max(mine, right, key=len), 1, mono=True), 1e-9) + bad)
-            f.cell(bx + o * cell, py, mine, role="token" if mine else ("block" if used else "masked"), w=cell - 2,
-                   h=cell, size=round(size, 2), fmt=str, wrong=bad, expected=right or "·")
-            f.text(bx + o * cell + (cell - 2) / 2, py - 4, str(s), anchor="middle", size=SMALL - 1, color=MUTED,
-                   mono=True, cls="label")
+            f.cell(
+                bx + o * cell,
+                py,
+                mine,
+                role="token" if mine else ("block" if used else "masked"),
+                w=cell - 2,
+                h=cell,
+                size=round(size, 2),
+                fmt=str,
+                wrong=bad,
+                expected=right or "·",
+            )
+            f.text(bx + o * cell + (cell - 2) / 2, py - 4, str(s), anchor="middle", size=SMALL - 1, color=MUTED, mono=True, cls="label")
     # One arrow per logical block, to the physical block the table names: a token follows its block's
     # arrow and keeps its offset, so position p is cell p % block_size of block block_table[p // block_size].
     # Each is a band from the logical block's cells to the physical block's cells, with an arrow down its middle.
@@ -165,23 +213,37 @@ def blocks_figure(f: Figure, r: dict) -> None:
     for lb, b in enumerate(table):
         l0, l1 = lx + lb * (bs * cw + block_gap), lx + lb * (bs * cw + block_gap) + bs * cw - 3
         p0, p1 = MARGIN + b * pw, MARGIN + b * pw + bs * cell - 2
-        f.dwg.add(f.dwg.polygon([(l0, top), (l1, top), (p1, bottom), (p0, bottom)], fill=stroke("block"),
-                                fill_opacity=0.10, stroke=stroke("block"), stroke_opacity=0.45, stroke_width=0.8,
-                                class_="band"))
+        f.dwg.add(
+            f.dwg.polygon(
+                [(l0, top), (l1, top), (p1, bottom), (p0, bottom)],
+                fill=stroke("block"),
+                fill_opacity=0.10,
+                stroke=stroke("block"),
+                stroke_opacity=0.45,
+                stroke_width=0.8,
+                class_="band",
+            )
+        )
         f.arrow((l0 + l1) / 2, top + 2, (p0 + p1) / 2, bottom - 1, color=stroke("block"), width=1.6, head=7)
     f.y = py + cell + 42
     f.heading("物理池 · the pool (small numbers: slot ids; cells show the position your slots put there)")
     f.y += 14
     # The slots as a row, marked where wrong.
     f.heading(f"slot_mapping · your slots for positions 0–{n - 1}")
-    f.place(f.matrix([slots], expected=[expected], wrong=[r["wrong"]], role="block", w=40, h=30,
-                     col_labels=[f"p{p}" for p in range(n)]), after=26)
+    f.place(
+        f.matrix([slots], expected=[expected], wrong=[r["wrong"]], role="block", w=40, h=30, col_labels=[f"p{p}" for p in range(n)]),
+        after=26,
+    )
     outside = [f"p{p} → {s}" for p, s in enumerate(slots) if not 0 <= s < num_blocks * bs]
-    f.note("Arrows: logical block i lives in physical block block_table[i], and each token keeps its offset there."
-           + (f" Yours outside the pool (slots 0–{num_blocks * bs - 1}): {', '.join(outside)}." if outside else ""),
-           size=SMALL + 1)
-    f.legend([("token", "a token (its position)"), ("block", "a slot of this sequence's blocks"),
-              ("masked", "blocks and slots not in use")], wrong=any(r["wrong"]))
+    f.note(
+        "Arrows: logical block i lives in physical block block_table[i], and each token keeps its offset there."
+        + (f" Yours outside the pool (slots 0–{num_blocks * bs - 1}): {', '.join(outside)}." if outside else ""),
+        size=SMALL + 1,
+    )
+    f.legend(
+        [("token", "a token (its position)"), ("block", "a slot of this sequence's blocks"), ("masked", "blocks and slots not in use")],
+        wrong=any(r["wrong"]),
+    )
 
 
 def pool_positions(slots: list[int], pool_slots: int) -> dict[int, list[int]]:
@@ -209,21 +271,36 @@ def _state(m: dict | None) -> str:
     return ("SHARED" if m["ref"] > 1 else "HASHED") if m["hash"] != "none" else "FILLING"
 
 
-@figure("ch25-block-lifecycle", title="物理块的六个时刻",
-        zh="同一个物理块 0 的六个时刻:空闲、分配给 A、被 B 的前缀命中共享、释放后仍带 hash(可回收,内容未清零)、"
-           "被 C 的前缀命中复活、被 D 复用时旧 hash 被驱逐。",
-        en="Six moments in the life of physical block 0: free, allocated to A, shared by B's prefix hit, freed but "
-           "still cached (recyclable, not zeroed), revived by C's prefix hit, and evicted when D reuses it for new "
-           "tokens.",
-        needs={"moments": "ch25.3"})
+@figure(
+    "ch25-block-lifecycle",
+    title="物理块的六个时刻",
+    zh="同一个物理块 0 的六个时刻:空闲、分配给 A、被 B 的前缀命中共享、释放后仍带 hash(可回收,内容未清零)、"
+    "被 C 的前缀命中复活、被 D 复用时旧 hash 被驱逐。",
+    en="Six moments in the life of physical block 0: free, allocated to A, shared by B's prefix hit, freed but "
+    "still cached (recyclable, not zeroed), revived by C's prefix hit, and evicted when D reuses it for new "
+    "tokens.",
+    needs={"moments": "ch25.3"},
+)
 def lifecycle_figure(f: Figure, r: dict) -> None:
     block, bs, moments = r["block"], r["block_size"], r["moments"]
     # The instance: the pool and the four requests.
     f.heading(f"实例 · {r['num_blocks']} blocks × {bs} slots; four requests, one after another")
-    reqs = [("A", "[1 … 9]", "9 tokens"), ("B", "[1 2 3 4 | 20 21 22]", "shares A's first block"),
-            ("C", "[1 2 3 4 | 30 31]", "arrives after A, B finished"), ("D", "[40 … 55]", "16 new tokens")]
-    f.place(row(*(column(f.chip(f"{name} = {toks}", role="token", mono=True), f.label(note, size=SMALL, cls="note"),
-                         gap=3, align="center") for name, toks, note in reqs), gap=12), after=14)
+    reqs = [
+        ("A", "[1 … 9]", "9 tokens"),
+        ("B", "[1 2 3 4 | 20 21 22]", "shares A's first block"),
+        ("C", "[1 2 3 4 | 30 31]", "arrives after A, B finished"),
+        ("D", "[40 … 55]", "16 new tokens"),
+    ]
+    f.place(
+        row(
+            *(
+                column(f.chip(f"{name} = {toks}", role="token", mono=True), f.label(note, size=SMALL, cls="note"), gap=3, align="center")
+                for name, toks, note in reqs
+            ),
+            gap=12,
+        ),
+        after=14,
+    )
     gap, cols = 16, 3
     pw = (f.width - 2 * MARGIN - (cols - 1) * gap) / cols
     ph = 322
@@ -237,36 +314,49 @@ def lifecycle_figure(f: Figure, r: dict) -> None:
         if k % cols < cols - 1:
             f.arrow(px + pw + 2, py + 24, px + pw + gap - 2, py + 24, color=MUTED, head=5)
     f.y += 2 * ph + gap + 24
-    f.legend([("masked", "free, ref 0 (dashed): recyclable, not zeroed"), ("block", "in use, ref ≥ 1"),
-              ("k", "K/V of these tokens, still in the block"),
-              ("accent", f"block {block} in the free list (head on the left)")], wrong=wrong)
+    f.legend(
+        [
+            ("masked", "free, ref 0 (dashed): recyclable, not zeroed"),
+            ("block", "in use, ref ≥ 1"),
+            ("k", "K/V of these tokens, still in the block"),
+            ("accent", f"block {block} in the free list (head on the left)"),
+        ],
+        wrong=wrong,
+    )
 
 
 TITLE_SIZE = LABEL + 0.5
 """The size of a lifecycle panel's title, unless a title would not fit its panel."""
 
 
-def _panel(f: Figure, x: float, y: float, w: float, h: float, k: int, m: dict, block: int, bs: int, *,
-           title_size: float = TITLE_SIZE) -> bool:
+def _panel(
+    f: Figure, x: float, y: float, w: float, h: float, k: int, m: dict, block: int, bs: int, *, title_size: float = TITLE_SIZE
+) -> bool:
     """One moment: the block as a card, its bookkeeping (yours, expected if different), the free list."""
     yours, want = m["yours"], m["expected"]
     f.dwg.add(f.dwg.rect((x, y), (w, h), rx=6, fill="none", stroke=MUTED, stroke_width=0.8, class_="panel"))
     f.text(x + 10, y + 20, f"{_CIRCLED[k]} {m['label']}", size=title_size, weight="bold", cls="label panel-title")
     f.paragraph(x + 10, y + 37, m["what"], width=w - 20, size=SMALL, color=MUTED)
-    f.text(x + 10, y + 86, f"after {m['op']}" if m["op"] else "at the start", size=SMALL, mono=True, color=INK,
-           cls="note")
+    f.text(x + 10, y + 86, f"after {m['op']}" if m["op"] else "at the start", size=SMALL, mono=True, color=INK, cls="note")
     shown = yours if yours is not None else want
     state = _state(shown)
     role = "masked" if state.startswith("FREE") else "block" if shown else "plain"
     cy = y + 94
     f.box(x + 10, cy, w - 20, 44, role=role, dashed=state.startswith("FREE"))
-    f.text(x + 18, cy + 14, f"block {block} · {state if yours is not None else 'not reached'}", size=SMALL,
-           mono=True, cls="label")
+    f.text(x + 18, cy + 14, f"block {block} · {state if yours is not None else 'not reached'}", size=SMALL, mono=True, cls="label")
     cw = (w - 36 - 3 * (bs - 1)) / bs
     toks = shown["tokens"] if shown else []
     for s in range(bs):
-        f.cell(x + 18 + s * (cw + 3), cy + 19, toks[s] if s < len(toks) else "", role="k" if toks else "plain",
-               w=cw, h=20, size=SMALL, dashed=not toks)
+        f.cell(
+            x + 18 + s * (cw + 3),
+            cy + 19,
+            toks[s] if s < len(toks) else "",
+            role="k" if toks else "plain",
+            w=cw,
+            h=20,
+            size=SMALL,
+            dashed=not toks,
+        )
     rows = [("ref_count", "ref"), ("hash", "hash"), ("map entry → it", "mapped"), ("held by", "holders")]
     ry, bad_any = cy + 54, False
     for label, key in rows:
@@ -275,8 +365,7 @@ def _panel(f: Figure, x: float, y: float, w: float, h: float, k: int, m: dict, b
         bad = got != exp
         bad_any |= bad
         f.text(x + 12, ry + 18, label, size=SMALL + 0.5, color=MUTED, cls="label")
-        f.cell(x + 112, ry, got, role="plain", w=w - 122, h=28, fmt=str, size=SMALL + 0.5,
-               wrong=bad, expected=exp if bad else None)
+        f.cell(x + 112, ry, got, role="plain", w=w - 122, h=28, fmt=str, size=SMALL + 0.5, wrong=bad, expected=exp if bad else None)
         ry += 32
     free = yours["free"] if yours else []
     free_want = want["free"] if want else []
@@ -289,8 +378,17 @@ def _panel(f: Figure, x: float, y: float, w: float, h: float, k: int, m: dict, b
         exp = free_want[i] if i < len(free_want) else "·"
         bad = got != exp
         bad_any |= bad
-        f.cell(fx + i * (fw + 2), ry, got, role="accent" if got == block else "masked", w=fw, h=28,
-               size=SMALL, wrong=bad, expected=exp if bad else None)
+        f.cell(
+            fx + i * (fw + 2),
+            ry,
+            got,
+            role="accent" if got == block else "masked",
+            w=fw,
+            h=28,
+            size=SMALL,
+            wrong=bad,
+            expected=exp if bad else None,
+        )
     if not free and not free_want:
         f.text(fx, ry + 18, "(empty)", size=SMALL, color=MUTED, cls="note")
     return bad_any

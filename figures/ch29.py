@@ -33,13 +33,16 @@ def _situation(q: dict) -> str:
     return f"{what}: c {c}, n {n}, {known} known"
 
 
-@figure("ch29-schedule-to-metadata", title="调度计划翻译为执行元数据",
-        zh="无 CP、无投机解码、单一标准 KV group:三个请求共 6 个输入,但候选输出最多 3 个(每个请求最后一个被调度的 token),"
-           "R0 的 chunk 没到末尾,它的候选被丢弃,只追加 2 个 token。",
-        en="A scheduling plan becomes execution metadata (no context parallelism, no spec decode, one standard KV "
-           "group): three requests give 6 inputs but at most 3 candidate outputs, one per request at its last "
-           "scheduled token; R0's chunk stops short, so its candidate is discarded and 2 tokens are appended.",
-        needs={"yours": "ch29.1"})
+@figure(
+    "ch29-schedule-to-metadata",
+    title="调度计划翻译为执行元数据",
+    zh="无 CP、无投机解码、单一标准 KV group:三个请求共 6 个输入,但候选输出最多 3 个(每个请求最后一个被调度的 token),"
+    "R0 的 chunk 没到末尾,它的候选被丢弃,只追加 2 个 token。",
+    en="A scheduling plan becomes execution metadata (no context parallelism, no spec decode, one standard KV "
+    "group): three requests give 6 inputs but at most 3 candidate outputs, one per request at its last "
+    "scheduled token; R0's chunk stops short, so its candidate is discarded and 2 tokens are appended.",
+    needs={"yours": "ch29.1"},
+)
 def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
     reqs, B, mine, want, wrong = r["requests"], r["block_size"], r["yours"], r["expected"], r["wrong"]
     # 1. The plan, request by request: computed, scheduled and not-yet-run tokens over their blocks.
@@ -47,11 +50,12 @@ def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
     f.y += 8
     for i, q in enumerate(reqs):
         c, n, tokens, table = q["num_computed_tokens"], q["num_scheduled_tokens"], q["token_ids"], q["block_table"]
-        who = column(row(f.label(f"R{i}", size=LABEL + 1, color=INK, bold=True),
-                         pad(f.label(f"table {table}", mono=True), top=3), gap=8),
-                     f.label(_situation(q), size=SMALL), gap=2)
-        plan = f.matrix([tokens], w=41, h=26, gap=3,
-                        role=lambda _, p: "cached" if p < c else "new" if p < c + n else "plain")
+        who = column(
+            row(f.label(f"R{i}", size=LABEL + 1, color=INK, bold=True), pad(f.label(f"table {table}", mono=True), top=3), gap=8),
+            f.label(_situation(q), size=SMALL),
+            gap=2,
+        )
+        plan = f.matrix([tokens], w=41, h=26, gap=3, role=lambda _, p: "cached" if p < c else "new" if p < c + n else "plain")
         f.place(row(wide(who, LABELS), plan, gap=0), after=29)
         for p in range(len(tokens)):  # each token's position above it; dashed: known, but not run this step
             x, y, w, _ = plan.cell_box(0, p)
@@ -69,14 +73,24 @@ def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
     f.heading(f"执行元数据 · the flattened batch: {T} inputs, one column each (the values are yours)")
     qsl, qsl_want = mine["query_start_loc"], want["query_start_loc"]
     req_of = [max(i for i in range(len(reqs)) if qsl_want[i] <= t) for t in range(T)]
-    lines = [("request", [f"R{i}" for i in req_of], [f"R{i}" for i in req_of], [False] * T, "plain"),
-             ("position = c + j", mine["positions"], want["positions"], wrong["positions"], "token"),
-             ("input_id = token_ids[pos]", mine["input_ids"], want["input_ids"], wrong["input_ids"], "new"),
-             (f"slot = table[pos // {B}]·{B} + pos % {B}", mine["slot_mapping"], want["slot_mapping"],
-              wrong["slot_mapping"], "block")]
-    batch = f.matrix([values for _, values, *_ in lines], expected=[e for *_, e, _, _ in lines],
-                     wrong=[w for *_, w, _ in lines], role=lambda k, _: lines[k][4], fmt=str, w=66, h=CELL, gap=5,
-                     row_labels=[label for label, *_ in lines], label_w=LABELS)
+    lines = [
+        ("request", [f"R{i}" for i in req_of], [f"R{i}" for i in req_of], [False] * T, "plain"),
+        ("position = c + j", mine["positions"], want["positions"], wrong["positions"], "token"),
+        ("input_id = token_ids[pos]", mine["input_ids"], want["input_ids"], wrong["input_ids"], "new"),
+        (f"slot = table[pos // {B}]·{B} + pos % {B}", mine["slot_mapping"], want["slot_mapping"], wrong["slot_mapping"], "block"),
+    ]
+    batch = f.matrix(
+        [values for _, values, *_ in lines],
+        expected=[e for *_, e, _, _ in lines],
+        wrong=[w for *_, w, _ in lines],
+        role=lambda k, _: lines[k][4],
+        fmt=str,
+        w=66,
+        h=CELL,
+        gap=5,
+        row_labels=[label for label, *_ in lines],
+        label_w=LABELS,
+    )
     f.place(pad(batch, top=26), after=0)
     for i in range(len(reqs)):
         a, e = qsl[i], qsl[i + 1]
@@ -87,15 +101,21 @@ def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
         q, p = reqs[req_of[t]], want["positions"][t]
         blk = q["block_table"][p // B] if p // B < len(q["block_table"]) else "?"
         x, y, w, h = batch.cell_box(len(lines) - 1, t)
-        f.text(x + w / 2, y + h + 13, f"{blk}·{B} + {p % B}", anchor="middle", size=SMALL - 0.5, color=MUTED,
-               mono=True, cls="label")
+        f.text(x + w / 2, y + h + 13, f"{blk}·{B} + {p % B}", anchor="middle", size=SMALL - 0.5, color=MUTED, mono=True, cls="label")
     # logits rows: the student's logits_indices, each a "sample" in its column.
     li, li_want = mine["logits_indices"], want["logits_indices"]
-    samples = f.matrix([["sample" if t in li else "" for t in range(T)]], fmt=str, w=66, h=CELL - 6, gap=5,
-                       role=lambda _, t: "accent" if t in li else "plain",
-                       expected=[["sample" if t in li_want else "·" for t in range(T)]],
-                       wrong=[[(t in li) != (t in li_want) for t in range(T)]],
-                       row_labels=["logits_indices = qsl[1:] − 1"], label_w=LABELS)
+    samples = f.matrix(
+        [["sample" if t in li else "" for t in range(T)]],
+        fmt=str,
+        w=66,
+        h=CELL - 6,
+        gap=5,
+        role=lambda _, t: "accent" if t in li else "plain",
+        expected=[["sample" if t in li_want else "·" for t in range(T)]],
+        wrong=[[(t in li) != (t in li_want) for t in range(T)]],
+        row_labels=["logits_indices = qsl[1:] − 1"],
+        label_w=LABELS,
+    )
     f.place(pad(samples, top=24), after=24)
 
     # 3. Per request: query_start_loc, seq_lens and whether the candidate is kept.
@@ -105,31 +125,57 @@ def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
     kept = ["keep" if k else "discard" for k in mine["kept"]]
     kept_want = ["keep" if k else "discard" for k in want["kept"]]
     cells: dict[str, Any] = {"w": 66, "h": 30, "gap": 6}
-    starts = f.matrix([qsl], expected=[qsl_want], wrong=[wrong["query_start_loc"]], role="token", **cells,
-                      row_labels=["query_start_loc"], col_labels=[f"[{i}]" for i in range(R + 1)], label_w=LABELS)
-    per_request = f.matrix([mine["seq_lens"], known, kept], expected=[want["seq_lens"], known, kept_want],
-                           wrong=[wrong["seq_lens"], [False] * R, wrong["kept"]], fmt=str, **cells,
-                           role=lambda i, j: "plain" if i < 2 else "accent" if kept[j] == "keep" else "masked",
-                           row_labels=["seq_len = c + n", "num_tokens known", "kept (sample at logits row)"],
-                           col_labels=[f"R{i}" for i in range(R)], label_w=LABELS)
+    starts = f.matrix(
+        [qsl],
+        expected=[qsl_want],
+        wrong=[wrong["query_start_loc"]],
+        role="token",
+        **cells,
+        row_labels=["query_start_loc"],
+        col_labels=[f"[{i}]" for i in range(R + 1)],
+        label_w=LABELS,
+    )
+    per_request = f.matrix(
+        [mine["seq_lens"], known, kept],
+        expected=[want["seq_lens"], known, kept_want],
+        wrong=[wrong["seq_lens"], [False] * R, wrong["kept"]],
+        fmt=str,
+        **cells,
+        role=lambda i, j: "plain" if i < 2 else "accent" if kept[j] == "keep" else "masked",
+        row_labels=["seq_len = c + n", "num_tokens known", "kept (sample at logits row)"],
+        col_labels=[f"R{i}" for i in range(R)],
+        label_w=LABELS,
+    )
     f.place(column(pad(starts, top=4), per_request, gap=10), after=22)
     appended = sum(1 for k in mine["kept"] if k)
-    f.note(f"{T} inputs, {len(li)} candidate outputs (logits rows {', '.join(map(str, li))}), {appended} tokens "
-           f"appended. A non-final chunk still gets a logits row (the runner samples every request at its last "
-           f"scheduled row); its token is thrown away.", size=LABEL_SMALL + 0.5)
-    f.legend([("cached", "KV side: computed prefix, slots in the pool"), ("new", "scheduled this step, input ids"),
-              ("accent", "sampled and kept"), ("masked", "sample discarded")],
-             wrong=any(any(v) for v in wrong.values()))
+    f.note(
+        f"{T} inputs, {len(li)} candidate outputs (logits rows {', '.join(map(str, li))}), {appended} tokens "
+        f"appended. A non-final chunk still gets a logits row (the runner samples every request at its last "
+        f"scheduled row); its token is thrown away.",
+        size=LABEL_SMALL + 0.5,
+    )
+    f.legend(
+        [
+            ("cached", "KV side: computed prefix, slots in the pool"),
+            ("new", "scheduled this step, input ids"),
+            ("accent", "sampled and kept"),
+            ("masked", "sample discarded"),
+        ],
+        wrong=any(any(v) for v in wrong.values()),
+    )
 
 
 # -- ch29.2 -------------------------------------------------------------------------------------------
-@figure("ch29-latency-metrics", title="不要把耗时塞进一个 tok/s",
-        zh="TTFT、TPOT、ITL、端到端时延和吞吐各有定义:TPOT 按 token 计且不含首 token;ITL 按 chunk 计,合并所有请求的"
-           "间隔;吞吐除以整个运行的墙钟时间。图只给测量口径,不提供任何未实测的吞吐数字。",
-        en="Don't put everything into one tok/s: TTFT, TPOT, ITL, end-to-end latency and throughput are each defined "
-           "separately. TPOT is per token and leaves the first token out; ITL is per chunk, pooled over requests; "
-           "throughputs divide by the wall time of the whole run. Measuring rules only, no measured throughput.",
-        needs={"yours": "ch29.2"})
+@figure(
+    "ch29-latency-metrics",
+    title="不要把耗时塞进一个 tok/s",
+    zh="TTFT、TPOT、ITL、端到端时延和吞吐各有定义:TPOT 按 token 计且不含首 token;ITL 按 chunk 计,合并所有请求的"
+    "间隔;吞吐除以整个运行的墙钟时间。图只给测量口径,不提供任何未实测的吞吐数字。",
+    en="Don't put everything into one tok/s: TTFT, TPOT, ITL, end-to-end latency and throughput are each defined "
+    "separately. TPOT is per token and leaves the first token out; ITL is per chunk, pooled over requests; "
+    "throughputs divide by the wall time of the whole run. Measuring rules only, no measured throughput.",
+    needs={"yours": "ch29.2"},
+)
 def latency_metrics_figure(f: Figure, r: dict) -> None:
     reqs, mine, want = r["requests"], r["yours"], r["expected"]
     t0 = min(q["start"] for q in reqs)
@@ -142,8 +188,7 @@ def latency_metrics_figure(f: Figure, r: dict) -> None:
         s, ch, out = q["start"], q["chunk_times"], q["output_len"]
         f.dwg.add(f.dwg.line((X(s), y + 12), (X(ch[-1]), y + 12), stroke=fill("token"), stroke_width=6))
         f.text(MARGIN, y + 16, f"R{i}", size=LABEL + 1, weight="bold", cls="label")
-        f.dwg.add(f.dwg.polygon([(X(s), y + 5), (X(s) + 6, y + 12), (X(s), y + 19), (X(s) - 6, y + 12)],
-                                fill=stroke("token")))
+        f.dwg.add(f.dwg.polygon([(X(s), y + 5), (X(s) + 6, y + 12), (X(s), y + 19), (X(s) - 6, y + 12)], fill=stroke("token")))
         counts = [1] + [0] * (len(ch) - 1)
         rest = out - 1
         for j in range(1, len(ch)):  # the tokens after the first chunk, spread evenly over the later chunks
@@ -154,12 +199,22 @@ def latency_metrics_figure(f: Figure, r: dict) -> None:
         f.bracket(X(s), X(ch[0]), y + 1, f"TTFT {_n(ttft * 1000)}", below=False, size=SMALL)
         if len(ch) > 1:
             f.bracket(X(s), X(ch[-1]), y + 25, f"E2E {_n(e2e * 1000)} ms", size=SMALL)
-        tp = f"TPOT ({_n(e2e * 1000)} − {_n(ttft * 1000)}) / ({out} − 1) = {_n((e2e - ttft) / (out - 1) * 1000)} ms" \
-            if out > 1 else f"one token: no TPOT; E2E {_n(e2e * 1000)} ms"
+        tp = (
+            f"TPOT ({_n(e2e * 1000)} − {_n(ttft * 1000)}) / ({out} − 1) = {_n((e2e - ttft) / (out - 1) * 1000)} ms"
+            if out > 1
+            else f"one token: no TPOT; E2E {_n(e2e * 1000)} ms"
+        )
         gaps = [b - a for a, b in zip(ch, ch[1:])]
         f.text(ax1 + 20, y + 9, tp, size=SMALL, mono=True, cls="label")
-        f.text(ax1 + 20, y + 23, f"ITLs {', '.join(_n(g * 1000) for g in gaps[:5]) or 'none'}"
-               + (" ms" if gaps else ""), size=SMALL, mono=True, color=MUTED, cls="label")
+        f.text(
+            ax1 + 20,
+            y + 23,
+            f"ITLs {', '.join(_n(g * 1000) for g in gaps[:5]) or 'none'}" + (" ms" if gaps else ""),
+            size=SMALL,
+            mono=True,
+            color=MUTED,
+            cls="label",
+        )
         y += 66
     # the axis and the run's duration
     f.dwg.add(f.dwg.line((ax0, y), (ax1, y), stroke=MUTED, stroke_width=1))
@@ -178,24 +233,50 @@ def latency_metrics_figure(f: Figure, r: dict) -> None:
     f.heading("你的统计量 · your statistics (ms), and the throughputs")
     metrics = [("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL (pooled)"), ("e2el", "E2E")]
     keys = [[f"{s}_{m}_ms" for s in ("mean", "median", "p99")] for m, _ in metrics]
-    stats = f.matrix([[mine[k] for k in line] for line in keys], expected=[[want[k] for k in line] for line in keys],
-                     wrong=[[wrong[k] for k in line] for line in keys], w=82, h=30, gap=4, fmt=_n,
-                     role=lambda i, _: "q" if i in (1, 2) else "plain",
-                     row_labels=[label for _, label in metrics], col_labels=["mean", "median", "p99"])
+    stats = f.matrix(
+        [[mine[k] for k in line] for line in keys],
+        expected=[[want[k] for k in line] for line in keys],
+        wrong=[[wrong[k] for k in line] for line in keys],
+        w=82,
+        h=30,
+        gap=4,
+        fmt=_n,
+        role=lambda i, _: "q" if i in (1, 2) else "plain",
+        row_labels=[label for _, label in metrics],
+        col_labels=["mean", "median", "p99"],
+    )
     duration = _n(want["duration"])
-    rates = [("request_throughput", f"{want['completed']} requests / {duration} s", "req/s"),
-             ("output_throughput", f"{want['total_output_tokens']} output tokens / {duration} s", "tok/s"),
-             ("total_token_throughput", f"({want['total_input_tokens']} + {want['total_output_tokens']}) tokens / "
-                                        f"{duration} s", "tok/s")]
-    throughputs = column(*(row(wide(column(f.label(key, mono=True), f.label(f"= {how}", size=SMALL), gap=1), 262),
-                               f.matrix([[mine[key]]], expected=[[want[key]]], wrong=[[wrong[key]]], role="v", w=66, h=28,
-                                        fmt=_n),
-                               f.label(unit, size=SMALL), gap=6, align="middle") for key, how, unit in rates), gap=6)
+    rates = [
+        ("request_throughput", f"{want['completed']} requests / {duration} s", "req/s"),
+        ("output_throughput", f"{want['total_output_tokens']} output tokens / {duration} s", "tok/s"),
+        ("total_token_throughput", f"({want['total_input_tokens']} + {want['total_output_tokens']}) tokens / {duration} s", "tok/s"),
+    ]
+    throughputs = column(
+        *(
+            row(
+                wide(column(f.label(key, mono=True), f.label(f"= {how}", size=SMALL), gap=1), 262),
+                f.matrix([[mine[key]]], expected=[[want[key]]], wrong=[[wrong[key]]], role="v", w=66, h=28, fmt=_n),
+                f.label(unit, size=SMALL),
+                gap=6,
+                align="middle",
+            )
+            for key, how, unit in rates
+        ),
+        gap=6,
+    )
     f.place(pad(row(stats, pad(throughputs, top=16), gap=36), top=4), after=20)
-    note = (f"Mean TPOT {_n(mine['mean_tpot_ms'])} ms and mean ITL {_n(mine['mean_itl_ms'])} ms differ: a chunk "
-            "that carries 2 tokens is one ITL but two tokens of TPOT. A one-token request has no TPOT and no ITL; it "
-            "still counts in TTFT, E2E and the throughputs. These are measuring rules, not a benchmark result.")
+    note = (
+        f"Mean TPOT {_n(mine['mean_tpot_ms'])} ms and mean ITL {_n(mine['mean_itl_ms'])} ms differ: a chunk "
+        "that carries 2 tokens is one ITL but two tokens of TPOT. A one-token request has no TPOT and no ITL; it "
+        "still counts in TTFT, E2E and the throughputs. These are measuring rules, not a benchmark result."
+    )
     f.note(note, size=LABEL_SMALL + 0.5)
-    f.legend([("token", "request in flight (start ◆ to last chunk)"), ("k", "streamed chunk (tokens in it)"),
-              ("q", "per-token / per-chunk latency"), ("v", "throughput over the whole run")],
-             wrong=any(wrong.values()))
+    f.legend(
+        [
+            ("token", "request in flight (start ◆ to last chunk)"),
+            ("k", "streamed chunk (tokens in it)"),
+            ("q", "per-token / per-chunk latency"),
+            ("v", "throughput over the whole run"),
+        ],
+        wrong=any(wrong.values()),
+    )

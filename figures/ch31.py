@@ -27,13 +27,16 @@ def strand_ends(src: list[int], col_x: list[float], token_left: list[float], tw:
     return ends
 
 
-@figure("ch31-moe-roundtrip", title="非 MegaMoE 路径的数据往返",
-        zh="dispatch 把每个 (token, 专家) 对作为一行送到专家所在的 rank,按专家分组;handle 记下每行来自哪个 token、"
-           "第几个 top-k 选择;combine 按 handle 把专家输出送回 token 顺序并按权重求和,而不是把各 rank 的输出按物理顺序拼接。",
-        en="MoE dispatch and combine: every (token, expert) pair travels as one row to its expert's rank, grouped "
-           "by expert; the handle keeps each row's token and top-k slot, so combine returns the expert outputs to "
-           "token order, weighted, instead of concatenating the ranks' rows in physical order.",
-        needs={"handle": "ch31.2"})
+@figure(
+    "ch31-moe-roundtrip",
+    title="非 MegaMoE 路径的数据往返",
+    zh="dispatch 把每个 (token, 专家) 对作为一行送到专家所在的 rank,按专家分组;handle 记下每行来自哪个 token、"
+    "第几个 top-k 选择;combine 按 handle 把专家输出送回 token 顺序并按权重求和,而不是把各 rank 的输出按物理顺序拼接。",
+    en="MoE dispatch and combine: every (token, expert) pair travels as one row to its expert's rank, grouped "
+    "by expert; the handle keeps each row's token and top-k slot, so combine returns the expert outputs to "
+    "token order, weighted, instead of concatenating the ranks' rows in physical order.",
+    needs={"handle": "ch31.2"},
+)
 def roundtrip_figure(f: Figure, r: dict) -> None:
     x, ids, w = r["x"], r["topk_ids"], r["topk_weights"]
     h, hw = r["handle"], r["handle_expected"]
@@ -46,16 +49,36 @@ def roundtrip_figure(f: Figure, r: dict) -> None:
     M = min(len(src), len(slot), len(exp), len(flat))
     flat_w = [row for rank in rows_w for row in rank]
     wrong_any = h != hw or rows != rows_w or bool(out_wrong and any(out_wrong))
-    bands = {"tokens": ("① tokens", "x, top-k"), "handle": ("② expert", "handle"), "slot": ("", "src · slot"),
-             "rows": ("rows x", "(dispatched)"), "experts": ("③ y = (e+1)·x", "(expert output)"),
-             "combine": ("④ combine", "Σ w · y")}
-    left = MARGIN + 10 + max(text_width(s, SMALL + 1, bold=i == 0) for lines in bands.values()  # the band labels
-                             for i, s in enumerate(lines))
+    bands = {
+        "tokens": ("① tokens", "x, top-k"),
+        "handle": ("② expert", "handle"),
+        "slot": ("", "src · slot"),
+        "rows": ("rows x", "(dispatched)"),
+        "experts": ("③ y = (e+1)·x", "(expert output)"),
+        "combine": ("④ combine", "Σ w · y"),
+    }
+    left = (
+        MARGIN
+        + 10
+        + max(
+            text_width(s, SMALL + 1, bold=i == 0)
+            for lines in bands.values()  # the band labels
+            for i, s in enumerate(lines)
+        )
+    )
 
     def band(y: float, name: str) -> None:
         for i, line in enumerate(bands[name]):
-            f.text(left - 10, y + i * (SMALL + 4), line, size=SMALL + 1, anchor="end",
-                   color=INK if i == 0 else MUTED, weight="bold" if i == 0 else "normal", cls="label")
+            f.text(
+                left - 10,
+                y + i * (SMALL + 4),
+                line,
+                size=SMALL + 1,
+                anchor="end",
+                color=INK if i == 0 else MUTED,
+                weight="bold" if i == 0 else "normal",
+                cls="label",
+            )
 
     f.heading("① route_topk → ② dispatch (labels from your handle) → ③ experts → ④ combine, back in token order")
     # 1. The tokens and their routing.
@@ -67,8 +90,9 @@ def roundtrip_figure(f: Figure, r: dict) -> None:
     band(tokens.cell_box(0, 0)[1] + 13, "tokens")
     for t in range(N):
         routes = ",  ".join(f"e{e}·{num(round(wt, 3))}" for e, wt in zip(ids[t], w[t]))
-        f.text(token_left[t] + tw / 2, tokens.bottom + 16, "→ " + routes, size=SMALL + 1, anchor="middle", mono=True,
-               color=MUTED, cls="label")
+        f.text(
+            token_left[t] + tw / 2, tokens.bottom + 16, "→ " + routes, size=SMALL + 1, anchor="middle", mono=True, color=MUTED, cls="label"
+        )
     token_bottom = tokens.bottom + 22
 
     # 2. The dispatched rows, one column per row, rank by rank: your handle, your rows, the experts' outputs.
@@ -77,31 +101,45 @@ def roundtrip_figure(f: Figure, r: dict) -> None:
     for rank in range(R):
         spans.append([rank, min(start, M), min(start + max(counts[rank], 0), M)])
         start += max(counts[rank], 0)
-    spans[-1][2] = max(spans[-1][2], M)                  # counts that do not add up: the rest on the last rank
+    spans[-1][2] = max(spans[-1][2], M)  # counts that do not add up: the rest on the last rank
     spans = [s for s in spans if s[2] > s[1]]
     col_gap, rank_gap = 6, 24
     cw = (f.width - MARGIN - left - (len(spans) - 1) * rank_gap - (M - len(spans)) * col_gap) / max(M, 1)
-    want = [(hw["src_token"][i], hw["topk_slot"][i], hw["expert"][i]) if i < len(hw["src_token"]) else None
-            for i in range(M)]
+    want = [(hw["src_token"][i], hw["topk_slot"][i], hw["expert"][i]) if i < len(hw["src_token"]) else None for i in range(M)]
     expert_ok = [v is not None and v[2] == exp[i] for i, v in enumerate(want)]
     handle = [f"T{src[i]} · k{slot[i]}" for i in range(M)]
     handle_w = [f"T{v[0]}·k{v[1]}·e{v[2]}" if v else "—" for v in want]
     dispatched = [_pair(flat[i]) for i in range(M)]
     dispatched_w = [_pair(flat_w[i]) if i < len(flat_w) else "—" for i in range(M)]
-    grids = [f.matrix([handle[lo:hi], dispatched[lo:hi], [_pair([v * (exp[i] + 1) for v in flat[i]]) for i in range(lo, hi)]],
-                      role=lambda i, j: "accent" if i == 2 else "block",
-                      expected=[handle_w[lo:hi], dispatched_w[lo:hi], [None] * (hi - lo)],
-                      wrong=[[(src[i], slot[i], exp[i]) != want[i] for i in range(lo, hi)],
-                             [i >= len(flat_w) or flat[i] != flat_w[i] for i in range(lo, hi)], [False] * (hi - lo)],
-                      w=cw, h=28, gap=col_gap, fmt=str) for _, lo, hi in spans]
-    ranks = [column(grid, f.label(f"rank {rank} · experts e{rank * per_rank}–e{(rank + 1) * per_rank - 1} · "
-                                  f"{counts[rank]} rows", size=LABEL_SMALL), gap=10)
-             for grid, (rank, _, _) in zip(grids, spans)]
+    grids = [
+        f.matrix(
+            [handle[lo:hi], dispatched[lo:hi], [_pair([v * (exp[i] + 1) for v in flat[i]]) for i in range(lo, hi)]],
+            role=lambda i, j: "accent" if i == 2 else "block",
+            expected=[handle_w[lo:hi], dispatched_w[lo:hi], [None] * (hi - lo)],
+            wrong=[
+                [(src[i], slot[i], exp[i]) != want[i] for i in range(lo, hi)],
+                [i >= len(flat_w) or flat[i] != flat_w[i] for i in range(lo, hi)],
+                [False] * (hi - lo),
+            ],
+            w=cw,
+            h=28,
+            gap=col_gap,
+            fmt=str,
+        )
+        for _, lo, hi in spans
+    ]
+    ranks = [
+        column(
+            grid,
+            f.label(f"rank {rank} · experts e{rank * per_rank}–e{(rank + 1) * per_rank - 1} · {counts[rank]} rows", size=LABEL_SMALL),
+            gap=10,
+        )
+        for grid, (rank, _, _) in zip(grids, spans)
+    ]
     f.y = round(token_bottom + 100)
     f.place(row(*ranks, gap=rank_gap), x=left, after=0)
-    for part in ranks:                                  # each rank in a dashed box, its experts' labels included
-        f.outline(part.right - part.w, part.bottom - part.h - 20, part.w, part.h + 22, role="plain", dashed=True,
-                  width=1, inset=-6)
+    for part in ranks:  # each rank in a dashed box, its experts' labels included
+        f.outline(part.right - part.w, part.bottom - part.h - 20, part.w, part.h + 22, role="plain", dashed=True, width=1, inset=-6)
     col_x = [grid.cell_box(0, j)[0] for grid, (_, lo, hi) in zip(grids, spans) for j in range(hi - lo)]
     ry = grids[0].cell_box(0, 0)[1] if grids else f.y
     band(ry - 4, "handle")
@@ -113,10 +151,17 @@ def roundtrip_figure(f: Figure, r: dict) -> None:
     for i in range(M):
         cx = col_x[i] + cw / 2
         right = i < len(hw["src_token"]) and src[i] == hw["src_token"][i]
-        f.curve(ends[i], token_bottom + 2, cx, ry - 28, color=stroke("block") if right else stroke("wrong"),
-                width=1.0, head=5)
-        f.text(cx, ry - 8, f"e{exp[i]}", size=SMALL + 1, anchor="middle", weight="bold",
-               color=INK if expert_ok[i] else stroke("wrong"), cls="label")
+        f.curve(ends[i], token_bottom + 2, cx, ry - 28, color=stroke("block") if right else stroke("wrong"), width=1.0, head=5)
+        f.text(
+            cx,
+            ry - 8,
+            f"e{exp[i]}",
+            size=SMALL + 1,
+            anchor="middle",
+            weight="bold",
+            color=INK if expert_ok[i] else stroke("wrong"),
+            cls="label",
+        )
     rows_bottom = max((part.bottom for part in ranks), default=ry) + 8
 
     # 4. Combine: back to token order, weighted.
@@ -129,35 +174,57 @@ def roundtrip_figure(f: Figure, r: dict) -> None:
         terms = [(w[t][j], ids[t][j]) for j in range(len(ids[t]))]
         formula = " + ".join(f"{num(round(wt, 3))}·{e + 1}" for wt, e in terms)
         factor = sum(wt * (e + 1) for wt, e in terms)
-        f.text(token_left[t] + tw / 2, oy - 14, f"out[T{t}] = ({formula})·x", size=SMALL - 0.5, anchor="middle",
-               mono=True, cls="label")
-        f.text(token_left[t] + tw / 2, oy - 1, f"= {num(round(factor, 4))}·x", size=SMALL - 0.5, anchor="middle",
-               mono=True, color=MUTED, cls="label")
+        f.text(token_left[t] + tw / 2, oy - 14, f"out[T{t}] = ({formula})·x", size=SMALL - 0.5, anchor="middle", mono=True, cls="label")
+        f.text(
+            token_left[t] + tw / 2,
+            oy - 1,
+            f"= {num(round(factor, 4))}·x",
+            size=SMALL - 0.5,
+            anchor="middle",
+            mono=True,
+            color=MUTED,
+            cls="label",
+        )
     f.y = round(oy + 6)
     if out is not None and out_w is not None:
-        combined = f.matrix([[_pair(v) for v in out]], expected=[[_pair(v) for v in out_w]],
-                            wrong=[out_wrong or [False] * N], role="token", w=tw, h=30, gap=gap, fmt=str)
+        combined = f.matrix(
+            [[_pair(v) for v in out]],
+            expected=[[_pair(v) for v in out_w]],
+            wrong=[out_wrong or [False] * N],
+            role="token",
+            w=tw,
+            h=30,
+            gap=gap,
+            fmt=str,
+        )
     else:
         combined = f.matrix([["combine not checked yet"] * N], role="masked", w=tw, h=30, gap=gap, fmt=str)
     f.place(combined, x=left, after=28)
     order = ", ".join(f"T{hw['src_token'][i]}" for i in range(len(hw["src_token"])))
-    f.note(f"In physical order the rows are [{order}]: {len(hw['src_token'])} rows for {N} tokens, some twice and "
-           f"out of place. Concatenating them is wrong; the handle puts each one back. (The course keeps one row per "
-           f"(token, expert), like DeepEP's low-latency mode; its normal mode sends a token once per rank.)",
-           size=LABEL_SMALL)
-    f.legend([("token", "tokens and combined outputs, in token order"), ("block", "rows on a rank (handle, x)"),
-              ("accent", "expert outputs")], wrong=wrong_any)
+    f.note(
+        f"In physical order the rows are [{order}]: {len(hw['src_token'])} rows for {N} tokens, some twice and "
+        f"out of place. Concatenating them is wrong; the handle puts each one back. (The course keeps one row per "
+        f"(token, expert), like DeepEP's low-latency mode; its normal mode sends a token once per rank.)",
+        size=LABEL_SMALL,
+    )
+    f.legend(
+        [("token", "tokens and combined outputs, in token order"), ("block", "rows on a rank (handle, x)"), ("accent", "expert outputs")],
+        wrong=wrong_any,
+    )
 
 
-@figure("ch31-eplb-load", title="平均负载掩盖最慢 rank",
-        zh="平均负载掩盖最慢 rank:不做 EPLB 时每块 GPU 连续放两个专家,最忙的 GPU 负载 100、平均只有 75;"
-           "EPLB 给热门专家加冗余副本并装箱后,最忙的 GPU 降到 80,balancedness 从 0.75 升到 0.9375。"
-           "这是解释热点的示意数据,非实际 benchmark;EPLB 策略还看多步历史和槽位容量。",
-        en="Average load hides the slowest rank: without EPLB each GPU holds two contiguous experts and the busiest "
-           "carries 100 against a mean of 75; with redundant replicas of the hot experts packed by EPLB the busiest "
-           "carries 80, and balancedness rises from 0.75 to 0.9375. Illustrative loads, not a benchmark; EPLB also "
-           "weighs many steps of history and the slots available.",
-        needs={"phy2log": "ch31.3"})
+@figure(
+    "ch31-eplb-load",
+    title="平均负载掩盖最慢 rank",
+    zh="平均负载掩盖最慢 rank:不做 EPLB 时每块 GPU 连续放两个专家,最忙的 GPU 负载 100、平均只有 75;"
+    "EPLB 给热门专家加冗余副本并装箱后,最忙的 GPU 降到 80,balancedness 从 0.75 升到 0.9375。"
+    "这是解释热点的示意数据,非实际 benchmark;EPLB 策略还看多步历史和槽位容量。",
+    en="Average load hides the slowest rank: without EPLB each GPU holds two contiguous experts and the busiest "
+    "carries 100 against a mean of 75; with redundant replicas of the hot experts packed by EPLB the busiest "
+    "carries 80, and balancedness rises from 0.75 to 0.9375. Illustrative loads, not a benchmark; EPLB also "
+    "weighs many steps of history and the slots available.",
+    needs={"phy2log": "ch31.3"},
+)
 def eplb_load_figure(f: Figure, r: dict) -> None:
     loads, (num_replicas, num_groups, num_nodes, num_gpus) = r["loads"], r["args"]
     phy, cnt, phy_w, cnt_w = r["phy2log"], r["logcnt"], r["phy2log_expected"], r["logcnt_expected"]
@@ -167,30 +234,39 @@ def eplb_load_figure(f: Figure, r: dict) -> None:
     wrong_any = phy != phy_w or cnt != cnt_w or any(bal_wrong)
 
     # The instance: loads per logical expert, in groups.
-    f.heading(f"一层的专家负载 · loads of {E} logical experts in {num_groups} groups; {num_nodes} nodes, "
-              f"{num_gpus} GPUs, {num_replicas} slots ({per_gpu} per GPU)")
+    f.heading(
+        f"一层的专家负载 · loads of {E} logical experts in {num_groups} groups; {num_nodes} nodes, "
+        f"{num_gpus} GPUs, {num_replicas} slots ({per_gpu} per GPU)"
+    )
     gs = E // num_groups
-    groups = [f.matrix([loads[g * gs:(g + 1) * gs]], col_labels=[f"e{e}" for e in range(g * gs, (g + 1) * gs)],
-                       role="block", w=60, h=28, gap=4) for g in range(num_groups)]
+    groups = [
+        f.matrix([loads[g * gs : (g + 1) * gs]], col_labels=[f"e{e}" for e in range(g * gs, (g + 1) * gs)], role="block", w=60, h=28, gap=4)
+        for g in range(num_groups)
+    ]
     f.place(row(*groups, gap=10), after=44)
     for g, grid in enumerate(groups):
         x, y, w, h = grid.span_box(0, 0, 0, gs - 1)
-        f.bracket(x, x + w, y + h + 6, f"group {g} = {num(sum(loads[g * gs:(g + 1) * gs]))}", size=SMALL + 0.5)
+        f.bracket(x, x + w, y + h + 6, f"group {g} = {num(sum(loads[g * gs : (g + 1) * gs]))}", size=SMALL + 0.5)
 
     # Two panels of stacked bars.
     static = [[(e, loads[e]) for e in range(g * static_per, (g + 1) * static_per)] for g in range(num_gpus)]
-    stacks = [[(e, loads[e] / cnt[e]) for e in phy[g * per_gpu:(g + 1) * per_gpu]] for g in range(num_gpus)]
-    stacks_w = [[(e, loads[e] / cnt_w[e]) for e in phy_w[g * per_gpu:(g + 1) * per_gpu]] for g in range(num_gpus)]
+    stacks = [[(e, loads[e] / cnt[e]) for e in phy[g * per_gpu : (g + 1) * per_gpu]] for g in range(num_gpus)]
+    stacks_w = [[(e, loads[e] / cnt_w[e]) for e in phy_w[g * per_gpu : (g + 1) * per_gpu]] for g in range(num_gpus)]
     top = max(sum(v for _, v in s) for s in static + stacks + stacks_w) * 1.08
     panel_w = (f.width - 2 * MARGIN - 30) / 2
     height = 210
     base = f.y + 40 + height
     totals = [sum(v for _, v in s) for s in static + stacks]
-    gutter = max(text_width(line_label("max", max(totals)), SMALL, bold=True),
-                 text_width(line_label("mean", sum(totals) / len(totals)), SMALL)) + 12   # the lines' labels
-    for p, (title, data, want) in enumerate(((f"不做 EPLB · static: {static_per} contiguous experts per GPU", static, None),
-                                             ("EPLB 之后 · your placement: replicas of hot experts, packed", stacks,
-                                              stacks_w))):
+    gutter = (
+        max(text_width(line_label("max", max(totals)), SMALL, bold=True), text_width(line_label("mean", sum(totals) / len(totals)), SMALL))
+        + 12
+    )  # the lines' labels
+    for p, (title, data, want) in enumerate(
+        (
+            (f"不做 EPLB · static: {static_per} contiguous experts per GPU", static, None),
+            ("EPLB 之后 · your placement: replicas of hot experts, packed", stacks, stacks_w),
+        )
+    ):
         px = MARGIN + p * (panel_w + 30)
         f.text(px, f.y + 6, title, size=LABEL, weight="bold", cls="heading")
         _stacked(f, px + gutter, base, panel_w - gutter - 20, height, top, data, want, cnt, num_nodes, num_gpus)
@@ -203,16 +279,35 @@ def eplb_load_figure(f: Figure, r: dict) -> None:
     panels = []
     for data, got, want, bad in zip((static, stacks), gots, wants, bal_wrong):
         totals = [sum(v for _, v in s) for s in data]
-        ratio = f.label(f"{num(sum(totals) / len(totals))} / {num(max(totals))} =", size=LABEL, mono=True, color=INK,
-                        cls="value")
-        mine = None if want is None else row(
-            f.matrix([["not run" if got is None else f"{got:.4g}"]], expected=[[f"{want:.4g}"]], wrong=[[bad]],
-                     role="accent", w=110, h=30, fmt=str),
-            f.label("your balancedness()", size=LABEL_SMALL), gap=10, align="middle")
+        ratio = f.label(f"{num(sum(totals) / len(totals))} / {num(max(totals))} =", size=LABEL, mono=True, color=INK, cls="value")
+        mine = (
+            None
+            if want is None
+            else row(
+                f.matrix(
+                    [["not run" if got is None else f"{got:.4g}"]],
+                    expected=[[f"{want:.4g}"]],
+                    wrong=[[bad]],
+                    role="accent",
+                    w=110,
+                    h=30,
+                    fmt=str,
+                ),
+                f.label("your balancedness()", size=LABEL_SMALL),
+                gap=10,
+                align="middle",
+            )
+        )
         panels.append(wide(row(wide(ratio, 140), mine, gap=10, align="middle"), panel_w + 30))
     f.place(pad(row(*panels, gap=0), top=4), after=26)
-    f.legend([("block", "an expert with one replica"), ("accent", "a replica of a hot expert (load / count)"),
-              ("plain", "dashed line: the mean GPU load; solid: the max, the step time")], wrong=wrong_any)
+    f.legend(
+        [
+            ("block", "an expert with one replica"),
+            ("accent", "a replica of a hot expert (load / count)"),
+            ("plain", "dashed line: the mean GPU load; solid: the max, the step time"),
+        ],
+        wrong=wrong_any,
+    )
 
 
 def line_label(name: str, value: float) -> str:
@@ -232,8 +327,8 @@ def label_box(x: float, baseline: float, text: str) -> tuple[float, float, float
 def _label_y(top: float, bottom: float, lines: list[float]) -> float | None:
     """The baseline of a label inside a segment spanning top..bottom (y grows downwards): at its middle, or moved
     up or down within it so that no reference line at a y in `lines` crosses it; None if no place is clear."""
-    middle = (top + bottom) / 2 + LABEL_H / 2 - 1.5           # the baseline that centres the label
-    candidates = [middle] + [b for y in lines for b in (y - 5.5, y + LABEL_H + 1)]   # just above, just below
+    middle = (top + bottom) / 2 + LABEL_H / 2 - 1.5  # the baseline that centres the label
+    candidates = [middle] + [b for y in lines for b in (y - 5.5, y + LABEL_H + 1)]  # just above, just below
     for b in sorted(candidates, key=lambda b: abs(b - middle)):
         _, t, _, u = label_box(0, b, "")
         if top + 1 <= t and u <= bottom - 1 and all(y < t - 1.5 or y > u + 1.5 for y in lines):
@@ -241,8 +336,9 @@ def _label_y(top: float, bottom: float, lines: list[float]) -> float | None:
     return None
 
 
-def _stacked(f: Figure, x0: float, base: float, width: float, height: float, top: float, data: list, want,
-             cnt: list, num_nodes: int, num_gpus: int) -> None:
+def _stacked(
+    f: Figure, x0: float, base: float, width: float, height: float, top: float, data: list, want, cnt: list, num_nodes: int, num_gpus: int
+) -> None:
     """One bar per GPU, a segment per replica; a GPU whose replicas differ from `want` is hatched.
 
     The mean (dashed) and the max (solid) cross the bars; a segment's label sits where neither line crosses it,
@@ -261,42 +357,71 @@ def _stacked(f: Figure, x0: float, base: float, width: float, height: float, top
         for e, v in stack:
             hgt = height * v / top
             role = "accent" if cnt[e] > 1 and want is not None else "block"
-            f.dwg.add(f.dwg.rect((bx, y - hgt), (bw, hgt), fill="url(#hatch-wrong)" if bad else fill(role),
-                                 stroke=stroke("wrong") if bad else stroke(role), stroke_width=1,
-                                 class_="bar wrong" if bad else "bar"))
+            f.dwg.add(
+                f.dwg.rect(
+                    (bx, y - hgt),
+                    (bw, hgt),
+                    fill="url(#hatch-wrong)" if bad else fill(role),
+                    stroke=stroke("wrong") if bad else stroke(role),
+                    stroke_width=1,
+                    class_="bar wrong" if bad else "bar",
+                )
+            )
             if hgt >= LABEL_H + 2:
                 labels.append((bx + bw / 2, y - hgt, y, f"e{e} {num(round(v, 2))}", "wrong" if bad else role))
             y -= hgt
         if bad:
             wt = sum(v for _, v in want[g])
             hw = height * wt / top
-            outline = f.dwg.rect((bx - 3, base - hw), (bw + 6, hw), fill="none", stroke=INK, stroke_width=1,
-                                 class_="expected-bar")
+            outline = f.dwg.rect((bx - 3, base - hw), (bw + 6, hw), fill="none", stroke=INK, stroke_width=1, class_="expected-bar")
             outline["stroke-dasharray"] = "3,2"
             f.dwg.add(outline)
             f.text(bx + bw / 2, base + 58, "expected", size=SMALL - 1.5, anchor="middle", cls="expected")
-            f.text(bx + bw / 2, base + 69, " ".join(f"e{e}" for e, _ in want[g]) + f" = {num(round(wt, 2))}",
-                   size=SMALL - 1.5, anchor="middle", cls="expected")
-        f.text(bx + bw / 2, base + 14, f"GPU {g}: {num(round(totals[g], 2))}", size=SMALL + 1, anchor="middle",
-               weight="bold", color=stroke("wrong") if bad else INK, cls="value wrong" if bad else "value")
+            f.text(
+                bx + bw / 2,
+                base + 69,
+                " ".join(f"e{e}" for e, _ in want[g]) + f" = {num(round(wt, 2))}",
+                size=SMALL - 1.5,
+                anchor="middle",
+                cls="expected",
+            )
+        f.text(
+            bx + bw / 2,
+            base + 14,
+            f"GPU {g}: {num(round(totals[g], 2))}",
+            size=SMALL + 1,
+            anchor="middle",
+            weight="bold",
+            color=stroke("wrong") if bad else INK,
+            cls="value wrong" if bad else "value",
+        )
     line = f.dwg.line((x0 - 6, my), (x0 + width + 6, my), stroke=INK, stroke_width=1.2, class_="mean")
     line["stroke-dasharray"] = "5,3"
     f.dwg.add(line)
-    f.dwg.add(f.dwg.line((x0 - 6, mx), (x0 + width + 6, mx), stroke=stroke("accent"), stroke_width=1.4,
-                         class_="max"))
+    f.dwg.add(f.dwg.line((x0 - 6, mx), (x0 + width + 6, mx), stroke=stroke("accent"), stroke_width=1.4, class_="max"))
     # The two lines' labels, left of the bars: the max above its line, the mean below its own, so they never meet.
-    f.text(x0 - 8, mx - 3, line_label("max", max(totals)), size=SMALL, anchor="end", color=stroke("accent"),
-           weight="bold", cls="label line-label")
-    f.text(x0 - 8, my + 11, line_label("mean", mean), size=SMALL, anchor="end", color=INK,
-           cls="label line-label")
+    f.text(
+        x0 - 8,
+        mx - 3,
+        line_label("max", max(totals)),
+        size=SMALL,
+        anchor="end",
+        color=stroke("accent"),
+        weight="bold",
+        cls="label line-label",
+    )
+    f.text(x0 - 8, my + 11, line_label("mean", mean), size=SMALL, anchor="end", color=INK, cls="label line-label")
     # The segments' labels, drawn after the lines: clear of them, or on a patch that hides the line behind.
     for cx, seg_top, seg_bottom, text, role in labels:
         b = _label_y(seg_top, seg_bottom, [my, mx])
         if b is None:
             b = (seg_top + seg_bottom) / 2 + LABEL_H / 2 - 1.5
             left, t, right, bottom = label_box(cx, b, text)
-            f.dwg.add(f.dwg.rect((left - 2, t), (right - left + 4, bottom - t), rx=2,
-                                 fill=PAPER if role == "wrong" else fill(role), class_="label-patch"))
+            f.dwg.add(
+                f.dwg.rect(
+                    (left - 2, t), (right - left + 4, bottom - t), rx=2, fill=PAPER if role == "wrong" else fill(role), class_="label-patch"
+                )
+            )
         f.text(cx, b, text, size=SMALL, anchor="middle", mono=True, cls="value")
     per_node = num_gpus // num_nodes
     for n in range(num_nodes):
@@ -309,52 +434,87 @@ def _window_caption(lang: str):
     def caption(r: dict) -> str:
         W = len(r["window"])
         if lang == "zh":
-            return (f"EPLB 还看多步历史:每个 slot 在前 {W} 次前向中的 token 数存在环形缓冲区里,本次写进 cursor 所指的最旧一行,"
-                    f"cursor 前进(到末尾回到 0);重排时按 phy2log 把各 slot 加到其逻辑专家上,再对 {W} 行求和,"
-                    f"得到 rebalance_experts 的 weight。一次前向里变热的专家,在 {W} 行之和里只占一小部分。")
-        return (f"EPLB looks at history: the tokens of each slot over the last {W} forward passes sit in a ring buffer; "
-                "this pass overwrites the oldest row, where the cursor points, and the cursor moves on (back to 0 "
-                f"after the last row). To rebalance, each slot is added to its logical expert through phy2log and the "
-                f"{W} rows are summed: the weight of rebalance_experts. An expert that is hot in one pass is a small "
-                "part of the sum.")
+            return (
+                f"EPLB 还看多步历史:每个 slot 在前 {W} 次前向中的 token 数存在环形缓冲区里,本次写进 cursor 所指的最旧一行,"
+                f"cursor 前进(到末尾回到 0);重排时按 phy2log 把各 slot 加到其逻辑专家上,再对 {W} 行求和,"
+                f"得到 rebalance_experts 的 weight。一次前向里变热的专家,在 {W} 行之和里只占一小部分。"
+            )
+        return (
+            f"EPLB looks at history: the tokens of each slot over the last {W} forward passes sit in a ring buffer; "
+            "this pass overwrites the oldest row, where the cursor points, and the cursor moves on (back to 0 "
+            f"after the last row). To rebalance, each slot is added to its logical expert through phy2log and the "
+            f"{W} rows are summed: the weight of rebalance_experts. An expert that is hot in one pass is a small "
+            "part of the sum."
+        )
+
     return caption
 
 
-@figure("ch31-eplb-window", title="EPLB 看多步历史:环形缓冲区里的负载",
-        zh=_window_caption("zh"), en=_window_caption("en"), needs={"yours": "ch31.4"})
+@figure(
+    "ch31-eplb-window",
+    title="EPLB 看多步历史:环形缓冲区里的负载",
+    zh=_window_caption("zh"),
+    en=_window_caption("en"),
+    needs={"yours": "ch31.4"},
+)
 def eplb_window_figure(f: Figure, r: dict) -> None:
     old, step, this_pass, phy2log, E = r["window"], r["step"], r["load_pass"], r["phy2log"], r["num_experts"]
     (mine, my_step, my_load), (want, w_step, w_load) = r["yours"], r["expected"]
     wrong_window, wrong_step, wrong_load = r["wrong"]
     W, P = len(old), len(phy2log[0])
-    wrong_any = bool(wrong_step) or any(x for rows in wrong_window for layer in rows for x in layer) \
-        or any(x for row_ in wrong_load for x in row_)
+    wrong_any = (
+        bool(wrong_step) or any(x for rows in wrong_window for layer in rows for x in layer) or any(x for row_ in wrong_load for x in row_)
+    )
     cols = [f"s{p}·e{phy2log[0][p]}" for p in range(P)]
 
     def labels(cursor: int, newest: int) -> list[str]:
         """Row i: its pass (t is this pass, t−1 the one before), and the cursor, which points at the oldest row."""
         ages = {(cursor - 1 - k) % W: newest + k for k in range(W)}
-        return [f"row {i} · pass t" + (f"−{ages[i]}" if ages[i] else "") + ("  ← cursor" if i == cursor else "")
-                for i in range(W)]
+        return [f"row {i} · pass t" + (f"−{ages[i]}" if ages[i] else "") + ("  ← cursor" if i == cursor else "") for i in range(W)]
 
-    f.heading(f"layer 0 · the window before pass t: {W} rows (passes) × {P} slots; column s·e is slot s, "
-              f"a replica of expert e")
+    f.heading(f"layer 0 · the window before pass t: {W} rows (passes) × {P} slots; column s·e is slot s, a replica of expert e")
     before_labels, after_labels = labels(step, 1), labels(w_step, 0)
     gutter = max(row_label_width(before_labels + after_labels + ["pass t", "next_step"]), 0)
     cell_w, cell_h = 42, 28
-    before = f.matrix([row_[0] for row_ in old], role=lambda i, j: "masked" if i == step else "block",
-                      row_labels=before_labels, col_labels=cols, w=cell_w, h=cell_h, label_w=gutter)
+    before = f.matrix(
+        [row_[0] for row_ in old],
+        role=lambda i, j: "masked" if i == step else "block",
+        row_labels=before_labels,
+        col_labels=cols,
+        w=cell_w,
+        h=cell_h,
+        label_w=gutter,
+    )
     incoming = f.matrix([this_pass[0]], role="accent", row_labels=["pass t"], w=cell_w, h=cell_h, label_w=gutter)
-    left = column(f.label(f"before: the cursor (step = {step}) is at the oldest pass", size=LABEL, color=INK,
-                          bold=True), before, pad(incoming, top=6),
-                  f.label(f"pass t is written over row {step}", size=LABEL_SMALL), gap=8)
-    after = f.matrix([row_[0] for row_ in mine], role=lambda i, j: "accent" if i == step else "block",
-                     expected=[row_[0] for row_ in want], wrong=[row_[0] for row_ in wrong_window],
-                     row_labels=after_labels, col_labels=cols, w=cell_w, h=cell_h, label_w=gutter)
-    cursor = f.matrix([[my_step]], expected=[[w_step]], wrong=[[bool(wrong_step)]], role="token", w=cell_w,
-                      h=cell_h, row_labels=["next_step"], label_w=gutter)
-    right = column(f.label("after: your window and cursor", size=LABEL, color=INK, bold=True), after,
-                   pad(cursor, top=6), gap=8)
+    left = column(
+        f.label(f"before: the cursor (step = {step}) is at the oldest pass", size=LABEL, color=INK, bold=True),
+        before,
+        pad(incoming, top=6),
+        f.label(f"pass t is written over row {step}", size=LABEL_SMALL),
+        gap=8,
+    )
+    after = f.matrix(
+        [row_[0] for row_ in mine],
+        role=lambda i, j: "accent" if i == step else "block",
+        expected=[row_[0] for row_ in want],
+        wrong=[row_[0] for row_ in wrong_window],
+        row_labels=after_labels,
+        col_labels=cols,
+        w=cell_w,
+        h=cell_h,
+        label_w=gutter,
+    )
+    cursor = f.matrix(
+        [[my_step]],
+        expected=[[w_step]],
+        wrong=[[bool(wrong_step)]],
+        role="token",
+        w=cell_w,
+        h=cell_h,
+        row_labels=["next_step"],
+        label_w=gutter,
+    )
+    right = column(f.label("after: your window and cursor", size=LABEL, color=INK, bold=True), after, pad(cursor, top=6), gap=8)
     f.place(row(left, right, gap=28), after=30)
 
     # The sums: per slot, then per logical expert, beside the same sum of pass t alone.
@@ -362,17 +522,32 @@ def eplb_window_figure(f: Figure, r: dict) -> None:
     per_slot = [sum(row_[0][p] for row_ in want) for p in range(P)]
     alone = [sum(this_pass[0][p] for p in range(P) if phy2log[0][p] == e) for e in range(E)]
     total, total_alone = sum(w_load[0]) or 1, sum(alone) or 1
-    slots = f.matrix([per_slot], role="block", row_labels=["Σ rows, per slot"], col_labels=cols, w=cell_w, h=cell_h,
-                     label_w=gutter)
+    slots = f.matrix([per_slot], role="block", row_labels=["Σ rows, per slot"], col_labels=cols, w=cell_w, h=cell_h, label_w=gutter)
     expert_gutter = row_label_width(["your load (Σ rows)", "pass t alone"])
-    experts = f.matrix([my_load[0], alone], expected=[w_load[0], alone], wrong=[wrong_load[0], [False] * E],
-                       role=lambda i, j: "token" if i == 0 else "plain",
-                       row_labels=["your load (Σ rows)", "pass t alone"], col_labels=[f"e{e}" for e in range(E)],
-                       w=cell_w + 8, h=cell_h, label_w=expert_gutter)
+    experts = f.matrix(
+        [my_load[0], alone],
+        expected=[w_load[0], alone],
+        wrong=[wrong_load[0], [False] * E],
+        role=lambda i, j: "token" if i == 0 else "plain",
+        row_labels=["your load (Σ rows)", "pass t alone"],
+        col_labels=[f"e{e}" for e in range(E)],
+        w=cell_w + 8,
+        h=cell_h,
+        label_w=expert_gutter,
+    )
     hot = max(range(E), key=lambda e: alone[e] / total_alone - w_load[0][e] / total)
-    note = (f"e{hot} has {num(round(100 * alone[hot] / total_alone))} % of pass t's tokens but "
-            f"{num(round(100 * w_load[0][hot] / total))} % of the window's: rebalancing from one pass would chase "
-            f"that spike.")
+    note = (
+        f"e{hot} has {num(round(100 * alone[hot] / total_alone))} % of pass t's tokens but "
+        f"{num(round(100 * w_load[0][hot] / total))} % of the window's: rebalancing from one pass would chase "
+        f"that spike."
+    )
     f.place(column(row(slots, experts, gap=30, align="bottom"), f.label(note, size=LABEL_SMALL), gap=12), after=26)
-    f.legend([("block", "a past pass"), ("masked", "the oldest pass (overwritten)"), ("accent", "pass t, in row step"),
-              ("token", "load per logical expert")], wrong=wrong_any)
+    f.legend(
+        [
+            ("block", "a past pass"),
+            ("masked", "the oldest pass (overwritten)"),
+            ("accent", "pass t, in row step"),
+            ("token", "load per logical expert"),
+        ],
+        wrong=wrong_any,
+    )

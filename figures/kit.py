@@ -127,23 +127,41 @@ class Figure:
         self.y += 22
 
     def _hatch(self) -> None:
-        pattern = self.dwg.pattern(id="hatch-wrong", size=(6, 6), patternUnits="userSpaceOnUse",
-                                   patternTransform="rotate(45)")
+        pattern = self.dwg.pattern(id="hatch-wrong", size=(6, 6), patternUnits="userSpaceOnUse", patternTransform="rotate(45)")
         pattern.add(self.dwg.rect((0, 0), (6, 6), fill=fill("wrong")))
         pattern.add(self.dwg.line((0, 0), (0, 6), stroke=stroke("wrong"), stroke_width=1.2, stroke_opacity=0.35))
         self.dwg.defs.add(pattern)
 
     # -- text -------------------------------------------------------------------------------
-    def text(self, x: float, y: float, s: str, *, size: float = LABEL, anchor: str = "start", mono: bool = False,
-             color: str = INK, weight: str = "normal", cls: str = "label", strike: bool = False) -> None:
-        el = self.dwg.text(s, insert=(x, y), font_size=size, font_family=MONO if mono else FONT, fill=color,
-                           text_anchor=anchor, font_weight=weight, class_=cls)
+    def text(
+        self,
+        x: float,
+        y: float,
+        s: str,
+        *,
+        size: float = LABEL,
+        anchor: str = "start",
+        mono: bool = False,
+        color: str = INK,
+        weight: str = "normal",
+        cls: str = "label",
+        strike: bool = False,
+    ) -> None:
+        el = self.dwg.text(
+            s,
+            insert=(x, y),
+            font_size=size,
+            font_family=MONO if mono else FONT,
+            fill=color,
+            text_anchor=anchor,
+            font_weight=weight,
+            class_=cls,
+        )
         if strike:
             el["text-decoration"] = "line-through"
         self.dwg.add(el)
 
-    def paragraph(self, x: float, y: float, s: str, *, width: float, size: float = LABEL,
-                  color: str = MUTED, cls: str = "note") -> float:
+    def paragraph(self, x: float, y: float, s: str, *, width: float, size: float = LABEL, color: str = MUTED, cls: str = "note") -> float:
         """Wrapped text starting at baseline y; returns the baseline after the last line."""
         for i, line in enumerate(wrap(s, width, size)):
             self.text(x, y + i * (size + 5), line, size=size, color=color, cls=cls)
@@ -155,18 +173,40 @@ class Figure:
         self.y += 14
 
     # -- cells ------------------------------------------------------------------------------
-    def cell(self, x: float, y: float, value: Any, *, role: str = "plain", w: float = CELL, h: float = CELL,
-             expected: Any = None, wrong: bool = False, bold: bool = False, size: float = VALUE,
-             fmt: Callable[[Any], str] = num, dashed: bool = False) -> None:
+    def cell(
+        self,
+        x: float,
+        y: float,
+        value: Any,
+        *,
+        role: str = "plain",
+        w: float = CELL,
+        h: float = CELL,
+        expected: Any = None,
+        wrong: bool = False,
+        bold: bool = False,
+        size: float = VALUE,
+        fmt: Callable[[Any], str] = num,
+        dashed: bool = False,
+    ) -> None:
         """One cell with its value; `wrong=True` shows `expected` (unless None) under the struck-through value."""
         if wrong:
-            self.dwg.add(self.dwg.rect((x, y), (w, h), fill="url(#hatch-wrong)", stroke=stroke("wrong"),
-                                       stroke_width=2, class_="cell wrong"))
-            self.text(x + w / 2, y + h * 0.44, fmt(value), size=size - 1, anchor="middle", mono=True,
-                      color=stroke("wrong"), cls="value wrong", strike=True)
+            self.dwg.add(
+                self.dwg.rect((x, y), (w, h), fill="url(#hatch-wrong)", stroke=stroke("wrong"), stroke_width=2, class_="cell wrong")
+            )
+            self.text(
+                x + w / 2,
+                y + h * 0.44,
+                fmt(value),
+                size=size - 1,
+                anchor="middle",
+                mono=True,
+                color=stroke("wrong"),
+                cls="value wrong",
+                strike=True,
+            )
             if expected is not None:
-                self.text(x + w / 2, y + h * 0.86, fmt(expected), size=size - 1, anchor="middle", mono=True,
-                          weight="bold", cls="expected")
+                self.text(x + w / 2, y + h * 0.86, fmt(expected), size=size - 1, anchor="middle", mono=True, weight="bold", cls="expected")
             self.text(x + w - 2, y + 9, "✗", size=9, anchor="end", color=stroke("wrong"), cls="mark")
             return
         rect = self.dwg.rect((x, y), (w, h), fill=fill(role), stroke=stroke(role), stroke_width=1, class_="cell")
@@ -174,17 +214,38 @@ class Figure:
             rect["stroke-dasharray"] = "3,2"
         self.dwg.add(rect)
         if value is not None and value != "":
-            self.text(x + w / 2, y + h / 2 + size * 0.36, fmt(value), size=size, anchor="middle", mono=True,
-                      weight="bold" if bold else "normal", cls="value")
+            self.text(
+                x + w / 2,
+                y + h / 2 + size * 0.36,
+                fmt(value),
+                size=size,
+                anchor="middle",
+                mono=True,
+                weight="bold" if bold else "normal",
+                cls="value",
+            )
 
-    def grid(self, x: float, y: float, values: Sequence[Sequence[Any]], *,
-             role: str | Callable[[int, int], str] = "plain", expected: Sequence[Sequence[Any]] | None = None,
-             row_labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None,
-             w: float = CELL, h: float = CELL, gap: float = 0, fmt: Callable[[Any], str] = num,
-             same: Callable[[Any, Any], bool] | None = None,
-             wrong: Sequence[Sequence[bool]] | None = None, size: float = VALUE,
-             bold: bool | Callable[[int, int], bool] = False, dashed: bool | Callable[[int, int], bool] = False,
-             label_w: float | None = None) -> tuple[float, float]:
+    def grid(
+        self,
+        x: float,
+        y: float,
+        values: Sequence[Sequence[Any]],
+        *,
+        role: str | Callable[[int, int], str] = "plain",
+        expected: Sequence[Sequence[Any]] | None = None,
+        row_labels: Sequence[str] | None = None,
+        col_labels: Sequence[str] | None = None,
+        w: float = CELL,
+        h: float = CELL,
+        gap: float = 0,
+        fmt: Callable[[Any], str] = num,
+        same: Callable[[Any, Any], bool] | None = None,
+        wrong: Sequence[Sequence[bool]] | None = None,
+        size: float = VALUE,
+        bold: bool | Callable[[int, int], bool] = False,
+        dashed: bool | Callable[[int, int], bool] = False,
+        label_w: float | None = None,
+    ) -> tuple[float, float]:
         """A matrix of cells; cells the check found wrong (`wrong`, its verdict per cell), or else differing from
         `expected`, are marked with the expected value. `size` is the values' font size; `bold` and `dashed` may
         depend on the cell. A row label may have a second line after "\\n" (in small type); `label_w` fixes the
@@ -193,30 +254,50 @@ class Figure:
         top = y + (16 if col_labels else 0)
         left = x + (row_label_width(row_labels) if label_w is None else label_w)
         for j, label in enumerate(col_labels or []):
-            self.text(left + j * (w + gap) + w / 2, top - 5, label, size=SMALL + 1, anchor="middle",
-                      color=MUTED, cls="label")
+            self.text(left + j * (w + gap) + w / 2, top - 5, label, size=SMALL + 1, anchor="middle", color=MUTED, cls="label")
         for i, row in enumerate(values):
             if row_labels:
                 first, _, second = row_labels[i].partition("\n")
                 mid = top + i * (h + gap) + h / 2
-                self.text(left - 8, mid + 4 - (6 if second else 0), first, size=SMALL + 1, anchor="end", color=MUTED,
-                          cls="label")
+                self.text(left - 8, mid + 4 - (6 if second else 0), first, size=SMALL + 1, anchor="end", color=MUTED, cls="label")
                 if second:
                     self.text(left - 8, mid + 12, second, size=SMALL, anchor="end", color=MUTED, cls="label")
             for j, v in enumerate(row):
                 r = role(i, j) if callable(role) else role
                 bad = bool(wrong[i][j]) if wrong is not None else expected is not None and not same(v, expected[i][j])
-                self.cell(left + j * (w + gap), top + i * (h + gap), v, role=r, w=w, h=h, fmt=fmt, wrong=bad,
-                          expected=expected[i][j] if bad and expected is not None else None, size=size,
-                          bold=bold(i, j) if callable(bold) else bold, dashed=dashed(i, j) if callable(dashed) else dashed)
+                self.cell(
+                    left + j * (w + gap),
+                    top + i * (h + gap),
+                    v,
+                    role=r,
+                    w=w,
+                    h=h,
+                    fmt=fmt,
+                    wrong=bad,
+                    expected=expected[i][j] if bad and expected is not None else None,
+                    size=size,
+                    bold=bold(i, j) if callable(bold) else bold,
+                    dashed=dashed(i, j) if callable(dashed) else dashed,
+                )
         cols = max((len(r) for r in values), default=0)
         return left - x + cols * (w + gap) - gap, top - y + len(values) * (h + gap) - gap
 
     # -- shapes -----------------------------------------------------------------------------
-    def box(self, x: float, y: float, w: float, h: float, *, role: str = "plain", label: str | None = None,
-            size: float = LABEL, dashed: bool = False, rx: float = 5, mono: bool = False) -> None:
-        rect = self.dwg.rect((x, y), (w, h), rx=rx, fill=fill(role), stroke=stroke(role), stroke_width=1.3,
-                             class_="box")
+    def box(
+        self,
+        x: float,
+        y: float,
+        w: float,
+        h: float,
+        *,
+        role: str = "plain",
+        label: str | None = None,
+        size: float = LABEL,
+        dashed: bool = False,
+        rx: float = 5,
+        mono: bool = False,
+    ) -> None:
+        rect = self.dwg.rect((x, y), (w, h), rx=rx, fill=fill(role), stroke=stroke(role), stroke_width=1.3, class_="box")
         if dashed:
             rect["stroke-dasharray"] = "4,3"
         self.dwg.add(rect)
@@ -251,8 +332,9 @@ class Figure:
                 self.note(note, size=size)
                 self.y += 8
 
-    def arrow(self, x1: float, y1: float, x2: float, y2: float, *, color: str = MUTED, width: float = 1.3,
-              head: float = 6, dashed: bool = False) -> None:
+    def arrow(
+        self, x1: float, y1: float, x2: float, y2: float, *, color: str = MUTED, width: float = 1.3, head: float = 6, dashed: bool = False
+    ) -> None:
         """A straight arrow from (x1, y1) to (x2, y2)."""
         angle = math.atan2(y2 - y1, x2 - x1)
         bx, by = x2 - head * math.cos(angle), y2 - head * math.sin(angle)
@@ -264,25 +346,29 @@ class Figure:
         right = (bx - head * 0.5 * math.sin(angle), by + head * 0.5 * math.cos(angle))
         self.dwg.add(self.dwg.polygon([(x2, y2), left, right], fill=color))
 
-    def curve(self, x1: float, y1: float, x2: float, y2: float, *, color: str = MUTED, width: float = 1.2,
-              head: float = 6) -> None:
+    def curve(self, x1: float, y1: float, x2: float, y2: float, *, color: str = MUTED, width: float = 1.2, head: float = 6) -> None:
         """A vertical S-curve arrow from (x1, y1) down (or up) to (x2, y2)."""
         my = (y1 + y2) / 2
-        path = self.dwg.path(d=f"M{x1},{y1} C{x1},{my} {x2},{my} {x2},{y2 - math.copysign(head, y2 - y1)}",
-                             fill="none", stroke=color, stroke_width=width, class_="arrow")
+        path = self.dwg.path(
+            d=f"M{x1},{y1} C{x1},{my} {x2},{my} {x2},{y2 - math.copysign(head, y2 - y1)}",
+            fill="none",
+            stroke=color,
+            stroke_width=width,
+            class_="arrow",
+        )
         self.dwg.add(path)
         s = math.copysign(1, y2 - y1)
-        self.dwg.add(self.dwg.polygon([(x2, y2), (x2 - head * 0.5, y2 - s * head), (x2 + head * 0.5, y2 - s * head)],
-                                      fill=color))
+        self.dwg.add(self.dwg.polygon([(x2, y2), (x2 - head * 0.5, y2 - s * head), (x2 + head * 0.5, y2 - s * head)], fill=color))
 
-    def bracket(self, x1: float, x2: float, y: float, label: str, *, below: bool = True, color: str = MUTED,
-                size: float = SMALL + 1) -> None:
+    def bracket(
+        self, x1: float, x2: float, y: float, label: str, *, below: bool = True, color: str = MUTED, size: float = SMALL + 1
+    ) -> None:
         """A bracket spanning x1..x2 with a label under (or over) it."""
         d = 5 if below else -5
-        self.dwg.add(self.dwg.polyline([(x1, y), (x1, y + d), (x2, y + d), (x2, y)], fill="none", stroke=color,
-                                       stroke_width=1, class_="bracket"))
-        self.text((x1 + x2) / 2, y + d + (size + 3 if below else -4), label, size=size, anchor="middle",
-                  color=color, cls="label")
+        self.dwg.add(
+            self.dwg.polyline([(x1, y), (x1, y + d), (x2, y + d), (x2, y)], fill="none", stroke=color, stroke_width=1, class_="bracket")
+        )
+        self.text((x1 + x2) / 2, y + d + (size + 3 if below else -4), label, size=size, anchor="middle", color=color, cls="label")
 
     def legend(self, items: Sequence[tuple[str, str]], *, wrong: bool = False, x: float = MARGIN) -> None:
         """Swatches with labels in a row (wrapping); `wrong=True` adds the swatch of wrong cells."""
@@ -293,16 +379,35 @@ class Figure:
             width = 18 + 6 + text_width(label, SMALL + 1) + 18
             if cx + width > self.width - MARGIN:
                 cx, y = x, y + 22
-            self.dwg.add(self.dwg.rect((cx, y - 11), (18, 14), fill="url(#hatch-wrong)" if role == "wrong" else fill(role),
-                                       stroke=stroke(role), stroke_width=1.5 if role == "wrong" else 1))
+            self.dwg.add(
+                self.dwg.rect(
+                    (cx, y - 11),
+                    (18, 14),
+                    fill="url(#hatch-wrong)" if role == "wrong" else fill(role),
+                    stroke=stroke(role),
+                    stroke_width=1.5 if role == "wrong" else 1,
+                )
+            )
             self.text(cx + 24, y, label, size=SMALL + 1, color=MUTED, cls="legend")
             cx += width
         self.y = y + 12
 
-    def bars(self, x: float, y: float, values: Sequence[float], *, labels: Sequence[str], height: float = 120,
-             bar_w: float = 44, gap: float = 14, role: str | Sequence[str] = "plain",
-             expected: Sequence[float] | None = None, top: float | None = None,
-             fmt: Callable[[Any], str] = num, tol: float = 1e-6) -> tuple[float, float]:
+    def bars(
+        self,
+        x: float,
+        y: float,
+        values: Sequence[float],
+        *,
+        labels: Sequence[str],
+        height: float = 120,
+        bar_w: float = 44,
+        gap: float = 14,
+        role: str | Sequence[str] = "plain",
+        expected: Sequence[float] | None = None,
+        top: float | None = None,
+        fmt: Callable[[Any], str] = num,
+        tol: float = 1e-6,
+    ) -> tuple[float, float]:
         """Vertical bars on a baseline with their values above and labels below.
 
         A bar whose value differs from `expected` is hatched, and the expected
@@ -319,43 +424,88 @@ class Figure:
             h = height * max(v, 0) / top if math.isfinite(v) else 0
             if bad:
                 hw = height * max(want, 0) / top if math.isfinite(want) else 0
-                outline = self.dwg.rect((bx, base - hw), (bar_w, hw), fill="none", stroke=INK, stroke_width=1,
-                                        class_="expected-bar")
+                outline = self.dwg.rect((bx, base - hw), (bar_w, hw), fill="none", stroke=INK, stroke_width=1, class_="expected-bar")
                 outline["stroke-dasharray"] = "3,2"
                 self.dwg.add(outline)
-                self.text(bx + bar_w / 2, base - max(h, hw) - 18, fmt(want), size=SMALL, anchor="middle", mono=True,
-                          weight="bold", cls="expected")
-            self.dwg.add(self.dwg.rect((bx, base - h), (bar_w, h), fill="url(#hatch-wrong)" if bad else fill(r),
-                                       stroke=stroke("wrong") if bad else stroke(r), stroke_width=1.5 if bad else 1,
-                                       class_="bar wrong" if bad else "bar"))
-            self.text(bx + bar_w / 2, base - h - 5, fmt(v), size=SMALL, anchor="middle", mono=True,
-                      color=stroke("wrong") if bad else INK, cls="value wrong" if bad else "value", strike=bad)
+                self.text(
+                    bx + bar_w / 2, base - max(h, hw) - 18, fmt(want), size=SMALL, anchor="middle", mono=True, weight="bold", cls="expected"
+                )
+            self.dwg.add(
+                self.dwg.rect(
+                    (bx, base - h),
+                    (bar_w, h),
+                    fill="url(#hatch-wrong)" if bad else fill(r),
+                    stroke=stroke("wrong") if bad else stroke(r),
+                    stroke_width=1.5 if bad else 1,
+                    class_="bar wrong" if bad else "bar",
+                )
+            )
+            self.text(
+                bx + bar_w / 2,
+                base - h - 5,
+                fmt(v),
+                size=SMALL,
+                anchor="middle",
+                mono=True,
+                color=stroke("wrong") if bad else INK,
+                cls="value wrong" if bad else "value",
+                strike=bad,
+            )
             self.text(bx + bar_w / 2, base + 15, labels[i], size=SMALL + 0.5, anchor="middle", color=MUTED, cls="label")
         width = len(values) * (bar_w + gap) - gap
         self.dwg.add(self.dwg.line((x - 4, base), (x + width + 4, base), stroke=RULE, stroke_width=1))
         return width, height + 22
 
-    def outline(self, x: float, y: float, w: float, h: float, *, role: str = "accent", dashed: bool = False,
-                width: float = 2.2, inset: float = 0, cls: str = "outline", color: str | None = None) -> None:
+    def outline(
+        self,
+        x: float,
+        y: float,
+        w: float,
+        h: float,
+        *,
+        role: str = "accent",
+        dashed: bool = False,
+        width: float = 2.2,
+        inset: float = 0,
+        cls: str = "outline",
+        color: str | None = None,
+    ) -> None:
         """An empty rectangle around (x, y, w, h), `inset` inside it (negative: outside), in the role's colour."""
-        rect = self.dwg.rect((x + inset, y + inset), (w - 2 * inset, h - 2 * inset), fill="none",
-                             stroke=color or stroke(role), stroke_width=width, class_=cls)
+        rect = self.dwg.rect(
+            (x + inset, y + inset),
+            (w - 2 * inset, h - 2 * inset),
+            fill="none",
+            stroke=color or stroke(role),
+            stroke_width=width,
+            class_=cls,
+        )
         if dashed:
             rect["stroke-dasharray"] = "4,3"
         self.dwg.add(rect)
 
-    def vbracket(self, x: float, y1: float, y2: float, label: str = "", *, side: str = "right",
-                 color: str = MUTED, size: float = LABEL_SMALL) -> None:
+    def vbracket(
+        self, x: float, y1: float, y2: float, label: str = "", *, side: str = "right", color: str = MUTED, size: float = LABEL_SMALL
+    ) -> None:
         """A vertical bracket spanning y1..y2 at x, opening towards the rows; its label (lines split at "\n")
         beside it on `side`, the side away from the rows."""
         d = 6 if side == "right" else -6
-        self.dwg.add(self.dwg.polyline([(x, y1 + 2), (x + d, y1 + 2), (x + d, y2 - 2), (x, y2 - 2)], fill="none",
-                                       stroke=color, stroke_width=1.3, class_="bracket"))
+        self.dwg.add(
+            self.dwg.polyline(
+                [(x, y1 + 2), (x + d, y1 + 2), (x + d, y2 - 2), (x, y2 - 2)], fill="none", stroke=color, stroke_width=1.3, class_="bracket"
+            )
+        )
         lines = label.split("\n") if label else []
         mid = (y1 + y2) / 2 - (len(lines) - 1) * (size + 3) / 2
         for k, line in enumerate(lines):
-            self.text(x + (14 if side == "right" else -14), mid + k * (size + 3) + size * 0.36, line, size=size,
-                      color=color, anchor="start" if side == "right" else "end", cls="label")
+            self.text(
+                x + (14 if side == "right" else -14),
+                mid + k * (size + 3) + size * 0.36,
+                line,
+                size=size,
+                color=color,
+                anchor="start" if side == "right" else "end",
+                cls="label",
+            )
 
     # -- parts (figures.layout) ---------------------------------------------------------------
     def place(self, part: Part, *, x: float = MARGIN, after: float = 24) -> Part:
@@ -364,20 +514,23 @@ class Figure:
         self.y += part.h + after
         return part
 
-    def label(self, s: str, *, size: float = LABEL_SMALL, color: str = MUTED, mono: bool = False,
-              bold: bool = False, cls: str = "label") -> Part:
+    def label(
+        self, s: str, *, size: float = LABEL_SMALL, color: str = MUTED, mono: bool = False, bold: bool = False, cls: str = "label"
+    ) -> Part:
         """One line of text as a part (its box: the line's width, one line high)."""
-        return Part(text_width(s, size, mono, bold), size * 1.25,
-                    lambda x, y: self.text(x, y + size, s, size=size, color=color, mono=mono,
-                                           weight="bold" if bold else "normal", cls=cls))
+        return Part(
+            text_width(s, size, mono, bold),
+            size * 1.25,
+            lambda x, y: self.text(x, y + size, s, size=size, color=color, mono=mono, weight="bold" if bold else "normal", cls=cls),
+        )
 
-    def lines(self, *lines: str, size: float = LABEL_SMALL, color: str = MUTED, mono: bool = False,
-              cls: str = "label", gap: float = 3) -> Part:
+    def lines(
+        self, *lines: str, size: float = LABEL_SMALL, color: str = MUTED, mono: bool = False, cls: str = "label", gap: float = 3
+    ) -> Part:
         """Several lines of text, one under another."""
         return column(*(self.label(s, size=size, color=color, mono=mono, cls=cls) for s in lines), gap=gap)
 
-    def text_block(self, s: str, *, width: float, size: float = LABEL_SMALL, color: str = MUTED,
-                   cls: str = "note") -> Part:
+    def text_block(self, s: str, *, width: float, size: float = LABEL_SMALL, color: str = MUTED, cls: str = "note") -> Part:
         """Text wrapped to `width`."""
         return self.lines(*wrap(s, width, size), size=size, color=color, cls=cls, gap=5)
 
@@ -386,19 +539,32 @@ class Figure:
         width = max(text_width(label, LABEL, mono) + 2 * self.CHIP_PAD, w)
         return Part(width, h, lambda x, y: self.box(x, y, width, h, role=role, label=label, mono=mono))
 
-    def table(self, rows: Sequence[Sequence[Any]], *, header: Sequence[str] | None = None, h: float = CELL,
-              gap: float = 18, size: float = LABEL, mono: bool = False, color: str = INK,
-              row_gap: float = 0) -> Part:
+    def table(
+        self,
+        rows: Sequence[Sequence[Any]],
+        *,
+        header: Sequence[str] | None = None,
+        h: float = CELL,
+        gap: float = 18,
+        size: float = LABEL,
+        mono: bool = False,
+        color: str = INK,
+        row_gap: float = 0,
+    ) -> Part:
         """Columns of text, one line per row, each row `h` high and centred in it, under an optional `header`
         16 px high: beside a `matrix` of the same row height (placed with `row(..., align="top")`), row i of
         the text sits on row i of the cells (give `row_gap` the matrix's `gap`). A cell is a string, or
         `(string, {"color", "bold", "mono"})`."""
         cells = [[c if isinstance(c, tuple) else (str(c), {}) for c in r] for r in rows]
         ncols = max([len(r) for r in cells] + [len(header or [])])
-        widths = [max([text_width(r[j][0], size, r[j][1].get("mono", mono), r[j][1].get("bold", False))
-                       for r in cells if j < len(r)] + ([text_width(header[j], LABEL_SMALL)]
-                                                        if header and j < len(header) else []) + [0])
-                  for j in range(ncols)]
+        widths = [
+            max(
+                [text_width(r[j][0], size, r[j][1].get("mono", mono), r[j][1].get("bold", False)) for r in cells if j < len(r)]
+                + ([text_width(header[j], LABEL_SMALL)] if header and j < len(header) else [])
+                + [0]
+            )
+            for j in range(ncols)
+        ]
         top = 16 if header else 0
 
         def draw(x: float, y: float) -> None:
@@ -407,15 +573,22 @@ class Figure:
                 self.text(xs[j], y + top - 5, label, size=LABEL_SMALL, color=MUTED, cls="label")
             for i, r in enumerate(cells):
                 for j, (s, style) in enumerate(r):
-                    self.text(xs[j], y + top + i * (h + row_gap) + h / 2 + size * 0.36, s, size=size,
-                              mono=style.get("mono", mono), color=style.get("color", color),
-                              weight="bold" if style.get("bold") else "normal", cls=style.get("cls", "value"))
+                    self.text(
+                        xs[j],
+                        y + top + i * (h + row_gap) + h / 2 + size * 0.36,
+                        s,
+                        size=size,
+                        mono=style.get("mono", mono),
+                        color=style.get("color", color),
+                        weight="bold" if style.get("bold") else "normal",
+                        cls=style.get("cls", "value"),
+                    )
 
-        return Part(sum(widths) + gap * max(ncols - 1, 0), top + len(cells) * (h + row_gap) - (row_gap if cells else 0),
-                    draw)
+        return Part(sum(widths) + gap * max(ncols - 1, 0), top + len(cells) * (h + row_gap) - (row_gap if cells else 0), draw)
 
-    def framed(self, part: Part, *, w: float | None = None, role: str = "plain", dashed: bool = False,
-               inset: float = 12, rx: float = 5) -> Part:
+    def framed(
+        self, part: Part, *, w: float | None = None, role: str = "plain", dashed: bool = False, inset: float = 12, rx: float = 5
+    ) -> Part:
         """The part in a box (drawn behind it), `inset` from its sides; `w` widens the box to a column's width."""
         width = max(w or 0, part.w + 2 * inset)
         h = part.h + 2 * inset
@@ -426,16 +599,19 @@ class Figure:
 
         return Part(width, h, draw)
 
-    def bar_chart(self, values: Sequence[float], *, labels: Sequence[str], height: float = 120, bar_w: float = 44,
-                  gap: float = 14, **bars: Any) -> Part:
+    def bar_chart(
+        self, values: Sequence[float], *, labels: Sequence[str], height: float = 120, bar_w: float = 44, gap: float = 14, **bars: Any
+    ) -> Part:
         """`bars` as a part, with room above the tallest bar for its value and below for the labels."""
-        return Part(len(values) * (bar_w + gap) - gap, 18 + height + 22,
-                    lambda x, y: self.bars(x, y + 18, values, labels=labels, height=height, bar_w=bar_w, gap=gap,
-                                           **bars))
+        return Part(
+            len(values) * (bar_w + gap) - gap,
+            18 + height + 22,
+            lambda x, y: self.bars(x, y + 18, values, labels=labels, height=height, bar_w=bar_w, gap=gap, **bars),
+        )
 
-    def hline(self, w: float, *, color: str = RULE, dashed: bool = False, width: float = 1.2,
-              cls: str = "rule") -> Part:
+    def hline(self, w: float, *, color: str = RULE, dashed: bool = False, width: float = 1.2, cls: str = "rule") -> Part:
         """A horizontal line `w` long (a threshold, a separator), as a part 8 px high."""
+
         def draw(x: float, y: float) -> None:
             line = self.dwg.line((x, y + 4), (x + w, y + 4), stroke=color, stroke_width=width, class_=cls)
             if dashed:
@@ -448,35 +624,95 @@ class Figure:
         """A part with a bold title above it."""
         return column(self.label(title, size=size, color=color, bold=True, cls="heading"), part, gap=gap)
 
-    def matrix(self, values: Sequence[Sequence[Any]], *, role: str | Callable[[int, int], str] = "plain",
-               expected: Sequence[Sequence[Any]] | None = None, wrong: Sequence[Sequence[bool]] | None = None,
-               row_labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None,
-               w: float = CELL, h: float = CELL, gap: float = 0, fmt: Callable[[Any], str] = num,
-               size: float = VALUE, bold: bool | Callable[[int, int], bool] = False,
-               dashed: bool | Callable[[int, int], bool] = False, label_w: float | None = None) -> "Grid":
+    def matrix(
+        self,
+        values: Sequence[Sequence[Any]],
+        *,
+        role: str | Callable[[int, int], str] = "plain",
+        expected: Sequence[Sequence[Any]] | None = None,
+        wrong: Sequence[Sequence[bool]] | None = None,
+        row_labels: Sequence[str] | None = None,
+        col_labels: Sequence[str] | None = None,
+        w: float = CELL,
+        h: float = CELL,
+        gap: float = 0,
+        fmt: Callable[[Any], str] = num,
+        size: float = VALUE,
+        bold: bool | Callable[[int, int], bool] = False,
+        dashed: bool | Callable[[int, int], bool] = False,
+        label_w: float | None = None,
+    ) -> "Grid":
         """A grid of cells as a part (`grid`'s cells, labels and wrong marks); `cell_box(i, j)` once placed."""
-        return Grid(self, values, role=role, expected=expected, wrong=wrong, row_labels=row_labels,
-                    col_labels=col_labels, w=w, h=h, gap=gap, fmt=fmt, size=size, bold=bold, dashed=dashed,
-                    label_w=label_w)
+        return Grid(
+            self,
+            values,
+            role=role,
+            expected=expected,
+            wrong=wrong,
+            row_labels=row_labels,
+            col_labels=col_labels,
+            w=w,
+            h=h,
+            gap=gap,
+            fmt=fmt,
+            size=size,
+            bold=bold,
+            dashed=dashed,
+            label_w=label_w,
+        )
 
-    def vector(self, values: Sequence[Any], *, role: str | Callable[[int], str] = "plain",
-               wrong: Sequence[bool] | None = None, expected: Sequence[Any] | None = None, w: float = CELL,
-               h: float = CELL, gap: float = 0, size: float = VALUE, fmt: Callable[[Any], str] = num,
-               bold: bool = False, dashed: bool = False) -> "Grid":
+    def vector(
+        self,
+        values: Sequence[Any],
+        *,
+        role: str | Callable[[int], str] = "plain",
+        wrong: Sequence[bool] | None = None,
+        expected: Sequence[Any] | None = None,
+        w: float = CELL,
+        h: float = CELL,
+        gap: float = 0,
+        size: float = VALUE,
+        fmt: Callable[[Any], str] = num,
+        bold: bool = False,
+        dashed: bool = False,
+    ) -> "Grid":
         """One row of cells (`matrix` of one row): `role` may depend on the cell's index; `wrong` is the check's
         verdict per cell, and a wrong cell shows its `expected` value."""
-        return self.matrix([values], role=(lambda _, j: role(j)) if callable(role) else role,
-                           wrong=[wrong] if wrong is not None else None,
-                           expected=[expected] if expected is not None else None, w=w, h=h, gap=gap, size=size,
-                           fmt=fmt, bold=bold, dashed=dashed)
+        return self.matrix(
+            [values],
+            role=(lambda _, j: role(j)) if callable(role) else role,
+            wrong=[wrong] if wrong is not None else None,
+            expected=[expected] if expected is not None else None,
+            w=w,
+            h=h,
+            gap=gap,
+            size=size,
+            fmt=fmt,
+            bold=bold,
+            dashed=dashed,
+        )
 
-    def mask(self, values: Sequence[Sequence[bool]], *, expected: Sequence[Sequence[bool]] | None = None,
-             row_labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None,
-             w: float = CELL, h: float = CELL) -> "Grid":
+    def mask(
+        self,
+        values: Sequence[Sequence[bool]],
+        *,
+        expected: Sequence[Sequence[bool]] | None = None,
+        row_labels: Sequence[str] | None = None,
+        col_labels: Sequence[str] | None = None,
+        w: float = CELL,
+        h: float = CELL,
+    ) -> "Grid":
         """A bool mask as cells: True may attend (blue), False hidden (grey); wrong cells marked against
         `expected` (a mask's verdict is exact)."""
-        return self.matrix(values, role=lambda i, j: "attend" if values[i][j] else "masked", expected=expected,
-                           row_labels=row_labels, col_labels=col_labels, w=w, h=h)
+        return self.matrix(
+            values,
+            role=lambda i, j: "attend" if values[i][j] else "masked",
+            expected=expected,
+            row_labels=row_labels,
+            col_labels=col_labels,
+            w=w,
+            h=h,
+        )
 
     def note(self, s: str, *, x: float = MARGIN, color: str = MUTED, size: float = LABEL) -> None:
         """A wrapped note at the cursor, full width; moves the cursor below it."""
@@ -535,23 +771,35 @@ def _strings(element) -> list[str]:
 class Grid(Part):
     """`Figure.matrix`: a grid of cells whose cells can be found once it is placed (`cell_box`)."""
 
-    def __init__(self, f: Figure, values: Sequence[Sequence[Any]], *, row_labels: Sequence[str] | None,
-                 col_labels: Sequence[str] | None, w: float, h: float, gap: float, label_w: float | None = None,
-                 **cells: Any) -> None:
+    def __init__(
+        self,
+        f: Figure,
+        values: Sequence[Sequence[Any]],
+        *,
+        row_labels: Sequence[str] | None,
+        col_labels: Sequence[str] | None,
+        w: float,
+        h: float,
+        gap: float,
+        label_w: float | None = None,
+        **cells: Any,
+    ) -> None:
         self.rows, self.cols = len(values), max((len(r) for r in values), default=0)
         self.cw, self.ch, self.gap = w, h, gap
         self.label_w = row_label_width(row_labels) if label_w is None else label_w
         self.label_h = 16 if col_labels else 0
-        super().__init__(self.label_w + self.cols * (w + gap) - (gap if self.cols else 0),
-                         self.label_h + self.rows * (h + gap) - (gap if self.rows else 0),
-                         lambda x, y: f.grid(x, y, values, row_labels=row_labels, col_labels=col_labels, w=w, h=h,
-                                             gap=gap, label_w=self.label_w, **cells))
+        super().__init__(
+            self.label_w + self.cols * (w + gap) - (gap if self.cols else 0),
+            self.label_h + self.rows * (h + gap) - (gap if self.rows else 0),
+            lambda x, y: f.grid(
+                x, y, values, row_labels=row_labels, col_labels=col_labels, w=w, h=h, gap=gap, label_w=self.label_w, **cells
+            ),
+        )
 
     def cell_box(self, i: int, j: int) -> tuple[float, float, float, float]:
         """(x, y, w, h) of cell (i, j); j may be `cols` (the right edge) and i `rows` (the bottom edge)."""
         x, y = self._placed()
-        return (x + self.label_w + j * (self.cw + self.gap), y + self.label_h + i * (self.ch + self.gap),
-                self.cw, self.ch)
+        return (x + self.label_w + j * (self.cw + self.gap), y + self.label_h + i * (self.ch + self.gap), self.cw, self.ch)
 
     def span_box(self, i1: int, j1: int, i2: int, j2: int) -> tuple[float, float, float, float]:
         """(x, y, w, h) of the cells from (i1, j1) to (i2, j2) inclusive."""

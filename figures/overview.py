@@ -14,12 +14,26 @@ from figures import figure
 from figures.kit import Figure, text_width, wrap
 from figures.style import FONT, INK, LABEL, MARGIN, MUTED, SMALL, fill, stroke
 
-ROLE = {"yours": "accent", "partly yours": "accent", "reference": "token", "override": "wrong", "engine": "plain",
-        None: "masked"}
-TAG = {"yours": "yours ✓", "partly yours": "partly yours", "reference": "reference", "override": "planted",
-       "engine": "engine's own", None: "not called"}
-LAYER_STAGES = ("input_layernorm", "qkv_proj", "split q | k | v", "q/k norm + RoPE", "write K/V to the cache",
-                "attention (GQA, causal)", "o_proj", "post_attention_layernorm", "mlp (SwiGLU)")
+ROLE = {"yours": "accent", "partly yours": "accent", "reference": "token", "override": "wrong", "engine": "plain", None: "masked"}
+TAG = {
+    "yours": "yours ✓",
+    "partly yours": "partly yours",
+    "reference": "reference",
+    "override": "planted",
+    "engine": "engine's own",
+    None: "not called",
+}
+LAYER_STAGES = (
+    "input_layernorm",
+    "qkv_proj",
+    "split q | k | v",
+    "q/k norm + RoPE",
+    "write K/V to the cache",
+    "attention (GQA, causal)",
+    "o_proj",
+    "post_attention_layernorm",
+    "mlp (SwiGLU)",
+)
 
 
 def _chapter_span(r: dict) -> str:
@@ -28,36 +42,51 @@ def _chapter_span(r: dict) -> str:
     return f"{min(numbers)}–{max(numbers)}" if numbers else "?"
 
 
-@figure("overview", title="课程地图:一个请求走过的章节",
-        zh=lambda r: f"第 {_chapter_span(r)} 章合起来是一个推理引擎:一次真实运行中,一个请求经过的章节函数、每一步看到的形状,"
-                     "以及哪些是你的代码。",
-        en=lambda r: f"The course map, chapters {_chapter_span(r)}, drawn from a real engine run: the chapter function that "
-                     "ran at each stage of one request's path, the shapes it saw, and which of them were your own code.",
-        needs={})
+@figure(
+    "overview",
+    title="课程地图:一个请求走过的章节",
+    zh=lambda r: (
+        f"第 {_chapter_span(r)} 章合起来是一个推理引擎:一次真实运行中,一个请求经过的章节函数、每一步看到的形状,以及哪些是你的代码。"
+    ),
+    en=lambda r: (
+        f"The course map, chapters {_chapter_span(r)}, drawn from a real engine run: the chapter function that "
+        "ran at each stage of one request's path, the shapes it saw, and which of them were your own code."
+    ),
+    needs={},
+)
 def overview_figure(f: Figure, r: dict) -> None:
     _course_map(f, r["course"], r["path"])
     _path(f, r)
     m, n = r["model"], r["counts"]
-    note = (f"This run: {_count(n['steps'], 'step')} ({n['prefill_steps']} prefill, {n['decode_steps']} decode), "
-            f"{n['chunked_prefill_steps']} with a chunked prefill, "
-            f"{_count(n['prefix_cache_hits'], 'prefix-cache hit')}, {_count(n['preemptions'], 'preemption')}. "
-            f"Model: {m['layers']} layers, hidden {m['hidden']}, {m['heads']} query / {m['kv_heads']} KV heads of "
-            f"head_dim {m['head_dim']}, vocab {m['vocab']} ({m['source']}). "
-            f"Request {r['request']} generated {_tokens(r['output'])}")
+    note = (
+        f"This run: {_count(n['steps'], 'step')} ({n['prefill_steps']} prefill, {n['decode_steps']} decode), "
+        f"{n['chunked_prefill_steps']} with a chunked prefill, "
+        f"{_count(n['prefix_cache_hits'], 'prefix-cache hit')}, {_count(n['preemptions'], 'preemption')}. "
+        f"Model: {m['layers']} layers, hidden {m['hidden']}, {m['heads']} query / {m['kv_heads']} KV heads of "
+        f"head_dim {m['head_dim']}, vocab {m['vocab']} ({m['source']}). "
+        f"Request {r['request']} generated {_tokens(r['output'])}"
+    )
     if "random weights" in m["source"]:
         note += ": random weights, so the tokens mean nothing and often repeat."
     else:
         note += "."
     own = [e for e in r["path"] if e["source"] == "engine"]
     if any(e["fn"] == "argmax" for e in own):
-        note += (" At temperature 0 the engine takes the argmax itself (greedy, as real engines do); ch23's sample "
-                 "runs only at a temperature above 0 (--temperature).")
+        note += (
+            " At temperature 0 the engine takes the argmax itself (greedy, as real engines do); ch23's sample "
+            "runs only at a temperature above 0 (--temperature)."
+        )
     f.note(note, size=SMALL + 1)
     f.y -= 4
-    f.legend([("accent", "your function (its task's checks pass)"), ("token", "the reference solution"),
-              ("plain", "the engine's own step"), ("masked", "a chapter the engine does not call")]
-             + ([("wrong", "planted (a test's override)")] if any(c["part"] == "override" for c in r["course"])
-                else []))
+    f.legend(
+        [
+            ("accent", "your function (its task's checks pass)"),
+            ("token", "the reference solution"),
+            ("plain", "the engine's own step"),
+            ("masked", "a chapter the engine does not call"),
+        ]
+        + ([("wrong", "planted (a test's override)")] if any(c["part"] == "override" for c in r["course"]) else [])
+    )
 
 
 def _count(n: int, noun: str) -> str:
@@ -95,9 +124,16 @@ def _course_map(f: Figure, course: list[dict], path: list[dict]) -> None:
         x, y = MARGIN + (i % MAP_PER_ROW) * (w + gap), y0 + (i // MAP_PER_ROW) * (h + gap)
         f.box(x, y, w, h, role=ROLE[part], dashed=part is None, rx=4)
         f.text(x + pad, y + 15, ch["id"], size=LABEL, weight="bold", mono=True, cls="label")
-        f.text(x + w - pad, y + 14, TAG[part], size=SMALL - 0.5, anchor="end",
-               color=stroke(ROLE[part]) if part not in (None, "engine") else MUTED,
-               weight="bold" if part in ("yours", "partly yours") else "normal", cls="status")
+        f.text(
+            x + w - pad,
+            y + 14,
+            TAG[part],
+            size=SMALL - 0.5,
+            anchor="end",
+            color=stroke(ROLE[part]) if part not in (None, "engine") else MUTED,
+            weight="bold" if part in ("yours", "partly yours") else "normal",
+            cls="status",
+        )
         for j, line in enumerate(lines):
             f.text(x + pad, y + 29 + j * 12, line, size=SMALL, color=INK if part else MUTED, cls="label")
     f.y = y0 + -(-len(course) // MAP_PER_ROW) * (h + gap) + 14
@@ -114,8 +150,7 @@ def _path(f: Figure, r: dict) -> None:
     stages = list(dict.fromkeys(e["stage"] for e in r["path"] if e["kind"] == "prefill"))
     stages += [e["stage"] for e in r["path"] if e["kind"] == "run"]
     i = r["request"]
-    f.heading(f"请求 {i} 的路径 · request {i}'s path: its first prefill step, then its first decode step "
-              f"(layer 0 stands for every layer)")
+    f.heading(f"请求 {i} 的路径 · request {i}'s path: its first prefill step, then its first decode step (layer 0 stands for every layer)")
     firsts = [events[("run", s)] if ("run", s) in events else events[("prefill", s)] for s in stages]
     badge_w, gap = 44, 14
     x_stage = MARGIN + badge_w + 8
@@ -132,13 +167,21 @@ def _path(f: Figure, r: dict) -> None:
         if ("run", stage) in events:
             cells = [(x_pre, f.width - MARGIN - x_pre, _shown(events[("run", stage)]))]
         else:
-            cells = [(x, col_w, _shown(events.get((kind, stage)), kind)) for x, kind in ((x_pre, "prefill"),
-                                                                                         (x_dec, "decode"))]
+            cells = [(x, col_w, _shown(events.get((kind, stage)), kind)) for x, kind in ((x_pre, "prefill"), (x_dec, "decode"))]
         lines = [wrap_shapes(s, w) for _, w, s in cells]
         h = 7 + PATH["line"] * max(1, *map(len, lines))
         own = first["source"] == "engine"
-        f.cell(MARGIN, y + 2, first["chapter"] if own else first['task'], role=ROLE[first["source"]],
-               w=badge_w, h=h - 4, fmt=str, size=SMALL - 0.5, bold=True)
+        f.cell(
+            MARGIN,
+            y + 2,
+            first["chapter"] if own else first["task"],
+            role=ROLE[first["source"]],
+            w=badge_w,
+            h=h - 4,
+            fmt=str,
+            size=SMALL - 0.5,
+            bold=True,
+        )
         base = y + 3 + PATH["line"] - 3
         f.text(x_stage, base, stage, size=PATH["stage"], cls="label")
         f.text(x_fn, base, _function(first), size=PATH["fn"], mono=True, color=MUTED, cls="function")
@@ -147,17 +190,30 @@ def _path(f: Figure, r: dict) -> None:
                 f.text(x, base + j * PATH["line"], line, size=PATH["shapes"], mono=True, cls="shapes")
         if stage in LAYER_STAGES:
             layer_rows.append((y, y + h))
-        f.dwg.add(f.dwg.line((MARGIN, y + h + 0.5), (f.width - MARGIN, y + h + 0.5), stroke=fill("plain"),
-                             stroke_width=1))
+        f.dwg.add(f.dwg.line((MARGIN, y + h + 0.5), (f.width - MARGIN, y + h + 0.5), stroke=fill("plain"), stroke_width=1))
         y += h + 1
     if layer_rows:
         top, bottom = layer_rows[0][0], layer_rows[-1][1]
         x = MARGIN - 10
-        f.dwg.add(f.dwg.polyline([(x + 5, top + 2), (x, top + 2), (x, bottom - 2), (x + 5, bottom - 2)],
-                                 fill="none", stroke=MUTED, stroke_width=1.2, class_="bracket"))
-        label = f.dwg.text(f"× {r['model']['layers']} layers", insert=(x - 4, (top + bottom) / 2), font_size=SMALL,
-                           font_family=FONT, fill=MUTED, text_anchor="middle", class_="label",
-                           transform=f"rotate(-90 {x - 4} {(top + bottom) / 2})")
+        f.dwg.add(
+            f.dwg.polyline(
+                [(x + 5, top + 2), (x, top + 2), (x, bottom - 2), (x + 5, bottom - 2)],
+                fill="none",
+                stroke=MUTED,
+                stroke_width=1.2,
+                class_="bracket",
+            )
+        )
+        label = f.dwg.text(
+            f"× {r['model']['layers']} layers",
+            insert=(x - 4, (top + bottom) / 2),
+            font_size=SMALL,
+            font_family=FONT,
+            fill=MUTED,
+            text_anchor="middle",
+            class_="label",
+            transform=f"rotate(-90 {x - 4} {(top + bottom) / 2})",
+        )
         f.dwg.add(label)
     f.y = y + 20
 
@@ -171,8 +227,8 @@ def _shown(e: dict | None, kind: str | None = None) -> str:
     """The shapes a stage saw, without a leading "prefill: " that the column already says."""
     if e is None:
         return "—"
-    s = re.sub(r"positions (\d+)–\1\b", r"position \1", e["shapes"])     # one position is not a range
-    return s[len(kind) + 2:] if kind and s.startswith(f"{kind}: ") else s
+    s = re.sub(r"positions (\d+)–\1\b", r"position \1", e["shapes"])  # one position is not a range
+    return s[len(kind) + 2 :] if kind and s.startswith(f"{kind}: ") else s
 
 
 def wrap_shapes(s: str, width: float, *, lines: int = 3) -> list[str]:

@@ -31,8 +31,7 @@ FONT_DIR = Path(__file__).resolve().parent / "fonts"
 SANS = ("sans", "latin", "math", "symbols")
 STACKS = {"sans": SANS, "mono": ("mono", *SANS)}
 """The shipped fonts a text element names, in order, by its kind (a browser falls back along them)."""
-PREFER = {**dict.fromkeys("·–—…‘’“”′″×°±÷ℓ", "latin"), **dict.fromkeys("≤≥≠≈√∞−∑∏∂∫⊙⊗→←↑↓↔⇒", "math"),
-          **dict.fromkeys("✓✗", "symbols")}
+PREFER = {**dict.fromkeys("·–—…‘’“”′″×°±÷ℓ", "latin"), **dict.fromkeys("≤≥≠≈√∞−∑∏∂∫⊙⊗→←↑↓↔⇒", "math"), **dict.fromkeys("✓✗", "symbols")}
 """Characters the CJK font has but draws full-width or in a CJK style (a wide ·, a slanted ≤, a
 radical without its bar), taken from the Latin, math or symbols font instead (one design for ✓ and ✗)."""
 
@@ -62,11 +61,11 @@ features (no kerning: a string is as wide as its advances add up to)."""
 
 @dataclass(frozen=True, eq=False)
 class Face:
-    name: str             # "sans-bold"
-    role: str             # "sans"
-    weight: int           # 400, 700
-    sfnt: bytes           # the shipped subset, decompressed
-    advances: dict        # character -> advance width in em
+    name: str  # "sans-bold"
+    role: str  # "sans"
+    weight: int  # 400, 700
+    sfnt: bytes  # the shipped subset, decompressed
+    advances: dict  # character -> advance width in em
 
 
 def face(role: str, bold: bool) -> Face | None:
@@ -132,8 +131,7 @@ def embed(texts: Iterable[tuple[str, str, bool]]) -> tuple[str, dict[str, str]]:
         names[role] = family = f"cf-{role}-{digest}"
         for f, data in faces:
             uri = f"data:font/woff2;base64,{base64.b64encode(data).decode('ascii')}"
-            rules.append(f'@font-face{{font-family:"{family}";src:url({uri}) format("woff2");'
-                         f"font-weight:{f.weight};font-style:normal}}")
+            rules.append(f'@font-face{{font-family:"{family}";src:url({uri}) format("woff2");font-weight:{f.weight};font-style:normal}}')
     prefix = {kind: ", ".join(names[r] for r in roles if r in names) for kind, roles in STACKS.items()}
     return "\n".join(rules), prefix
 

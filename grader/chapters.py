@@ -33,12 +33,15 @@ def missing_exercise(chapter: "Chapter") -> str:
     """What a student whose exercises/ lacks the chapter's file is told: how to get it back."""
     rel = f"exercises/{chapter.filename}"
     if has_solutions():
-        how = (f"`course stubs {chapter.id}` writes a fresh stub, or `git checkout -- {rel}` restores the "
-               "committed one")
+        how = f"`course stubs {chapter.id}` writes a fresh stub, or `git checkout -- {rel}` restores the committed one"
     else:
-        how = (f"copy it back from the release you were given (the same file in its exercises/), or, if you keep "
-               f"your work in git, `git checkout -- {rel}`")
+        how = (
+            f"copy it back from the release you were given (the same file in its exercises/), or, if you keep "
+            f"your work in git, `git checkout -- {rel}`"
+        )
     return f"{rel} is missing (renamed, moved or deleted?): {how}"
+
+
 TASK_RE = re.compile(r"\bTask (ch\d{2}\.\d+)\b")
 
 
@@ -94,24 +97,27 @@ class Chapter:
             if t.id == wanted or task_id in t.names:
                 return t
         known = [t.id for t in self.tasks] + [n for t in self.tasks for n in t.names]
-        elsewhere = next(((ch, t) for ch in all_chapters() if ch.id != self.id for t in ch.tasks
-                          if t.id == wanted or task_id in t.names), None)
+        elsewhere = next(
+            ((ch, t) for ch in all_chapters() if ch.id != self.id for t in ch.tasks if t.id == wanted or task_id in t.names), None
+        )
         if elsewhere:
             ch, t = elsewhere
             what = f"{t.id} is a task" if t.id == wanted else f"{task_id} is task {t.id}"
-            raise UnknownName("task", task_id, known, note=f"{what} of {ch.id} ({ch.title_en}), not of {self.id}: "
-                              f"run `course check {ch.id} --task {t.id}`.")
+            raise UnknownName(
+                "task",
+                task_id,
+                known,
+                note=f"{what} of {ch.id} ({ch.title_en}), not of {self.id}: run `course check {ch.id} --task {t.id}`.",
+            )
         raise UnknownName("task", task_id, known)
 
 
 class UnknownName(LookupError):
     """A chapter or task name that does not exist, with the closest real ones."""
 
-    def __init__(self, kind: str, name: str, known: list[str], *, suggestions: list[str] | None = None,
-                 note: str = "") -> None:
+    def __init__(self, kind: str, name: str, known: list[str], *, suggestions: list[str] | None = None, note: str = "") -> None:
         self.kind, self.name = kind, name
-        self.suggestions = (difflib.get_close_matches(name, known, n=3, cutoff=0.6) if suggestions is None
-                            else suggestions)
+        self.suggestions = difflib.get_close_matches(name, known, n=3, cutoff=0.6) if suggestions is None else suggestions
         options = ", ".join(self.suggestions[:-1]) + " or " * (len(self.suggestions) > 1) + "".join(self.suggestions[-1:])
         hint = f" {note}" if note else f" Did you mean {options}?" if self.suggestions else ""
         super().__init__(f"No {kind} {name!r}.{hint} Known: {', '.join(known)}.")
@@ -134,8 +140,13 @@ def all_chapters() -> tuple[Chapter, ...]:
 
 def to_record(ch: Chapter) -> dict:
     """A chapter as plain data (what a student release stores)."""
-    return {"id": ch.id, "slug": ch.slug, "title_zh": ch.title_zh, "title_en": ch.title_en,
-            "tasks": [[t.id, list(t.names), {n: list(p) for n, p in t.params.items()}] for t in ch.tasks]}
+    return {
+        "id": ch.id,
+        "slug": ch.slug,
+        "title_zh": ch.title_zh,
+        "title_en": ch.title_en,
+        "tasks": [[t.id, list(t.names), {n: list(p) for n, p in t.params.items()}] for t in ch.tasks],
+    }
 
 
 def from_record(r: dict) -> Chapter:
@@ -151,13 +162,13 @@ def find(name: str) -> Chapter:
         if key in (ch.id, ch.id[2:], str(int(ch.id[2:])), ch.slug, f"{ch.id}_{ch.slug}"):
             return ch
     known = [ch.id for ch in all_chapters()]
-    matches = [ch for ch in all_chapters()
-               if key in _words(ch) or key in {n.lower() for t in ch.tasks for n in t.names}]
+    matches = [ch for ch in all_chapters() if key in _words(ch) or key in {n.lower() for t in ch.tasks for n in t.names}]
     if len(matches) == 1:
         return matches[0]
     if matches:
-        raise UnknownName("chapter", name, known, note=f"{name!r} fits " + ", ".join(
-            f"{ch.id} ({ch.title_en})" for ch in matches) + ": name one of them.")
+        raise UnknownName(
+            "chapter", name, known, note=f"{name!r} fits " + ", ".join(f"{ch.id} ({ch.title_en})" for ch in matches) + ": name one of them."
+        )
     raise UnknownName("chapter", name, known)
 
 

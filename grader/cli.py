@@ -54,13 +54,16 @@ class ByteSize(click.ParamType):
 
 
 def memory_limit_option(whose: str) -> Callable[[Callable], Callable]:
-    return click.option("--memory-limit", type=ByteSize(), default="2G", show_default=True,
-                        help=f"Address-space limit of {whose} process.")
+    return click.option("--memory-limit", type=ByteSize(), default="2G", show_default=True, help=f"Address-space limit of {whose} process.")
 
 
 solutions_option = click.option("--solutions", is_flag=True, help="Run the reference solutions (instructors).")
-submission_option = click.option("--submission", type=click.Path(exists=True, file_okay=False, path_type=Path),
-                                 metavar="DIR", help="Run the chapter module(s) in DIR (same file names as exercises/).")
+submission_option = click.option(
+    "--submission",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    metavar="DIR",
+    help="Run the chapter module(s) in DIR (same file names as exercises/).",
+)
 
 
 INSTRUCTOR_COMMANDS = ("grade", "release", "export", "stubs")
@@ -133,9 +136,15 @@ def list_command(chapter: Chapter | None) -> None:
     rows = [("chapter", "title", "tasks", "points", "status")]
     for ch in chapters.all_chapters():
         worth = checks.points(ch.id)
-        rows.append((ch.id, ch.title, str(len(ch.tasks)), _points(sum(p for p, _ in worth.values()),
-                                                                   sum(h for _, h in worth.values())),
-                     progress.status(chapters.EXERCISES, ch.id, [t.id for t in ch.tasks])))
+        rows.append(
+            (
+                ch.id,
+                ch.title,
+                str(len(ch.tasks)),
+                _points(sum(p for p, _ in worth.values()), sum(h for _, h in worth.values())),
+                progress.status(chapters.EXERCISES, ch.id, [t.id for t in ch.tasks]),
+            )
+        )
     _table(rows, right={2})
     click.echo("`course list ch25` lists a chapter's tasks; hidden points are scored at grading time")
 
@@ -150,8 +159,10 @@ def _list_tasks(ch: Chapter, worth: dict[str, tuple[float, float]]) -> None:
         rows.append((t.id, graded, _points(*worth.get(t.id, (0.0, 0.0))), progress.task_status(last.get(t.id))))
     _table(rows)
     todo = next((t.id for t in ch.tasks if not last.get(t.id) or last[t.id]["passed"] != last[t.id]["checks"]), None)
-    click.echo((f"next: `course check {ch.id} --task {todo}`" if todo else "every task passes its public checks")
-               + "; hidden points are scored at grading time")
+    click.echo(
+        (f"next: `course check {ch.id} --task {todo}`" if todo else "every task passes its public checks")
+        + "; hidden points are scored at grading time"
+    )
 
 
 def _points(public: float, hidden: float) -> str:
@@ -162,8 +173,7 @@ def _table(rows: Sequence[Sequence[str]], right: Collection[int] = ()) -> None:
     """Print rows in columns aligned by display width (a CJK character takes two)."""
     widths = [max(_width(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
-        cells = [" " * (w - _width(c)) + c if i in right else c + " " * (w - _width(c))
-                 for i, (c, w) in enumerate(zip(row, widths))]
+        cells = [" " * (w - _width(c)) + c if i in right else c + " " * (w - _width(c)) for i, (c, w) in enumerate(zip(row, widths))]
         click.echo("  ".join(cells).rstrip())
 
 
@@ -176,28 +186,56 @@ def _width(s: str) -> int:
 @click.option("--task", metavar="ID", help="Only this task, e.g. ch25.1.")
 @solutions_option
 @submission_option
-@click.option("--notebook", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="PATH.ipynb",
-              help="Grade the answer cells of a chapter notebook.")
+@click.option(
+    "--notebook",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    metavar="PATH.ipynb",
+    help="Grade the answer cells of a chapter notebook.",
+)
 @click.option("--seed", type=int, help="Grading seed of the hidden checks (printed after each run).")
-@click.option("--hidden/--no-hidden", default=None,
-              help="Run the hidden checks (default: with --solutions or --submission).")
+@click.option("--hidden/--no-hidden", default=None, help="Run the hidden checks (default: with --solutions or --submission).")
 @click.option("--json", "as_json", is_flag=True, help="Print one results.json document (Gradescope format) only.")
-@click.option("--figures", "figures_dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
-              help="Write the figures to DIR/<chapter>/<figure>.svg (default: course-figures/ in the project "
-                   "folder, the one holding exercises/). A run replaces that chapter's figures there.")
-@click.option("--time-limit", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
-              help="Seconds each check may spend in your code.")
+@click.option(
+    "--figures",
+    "figures_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
+    help="Write the figures to DIR/<chapter>/<figure>.svg (default: course-figures/ in the project "
+    "folder, the one holding exercises/). A run replaces that chapter's figures there.",
+)
+@click.option(
+    "--time-limit", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds each check may spend in your code."
+)
 @memory_limit_option("your code's")
-@click.option("-v", "--verbose", is_flag=True,
-              help="Explain every failing check (by default: each different explanation once, at most three per task).")
-@click.option("--no-sandbox", is_flag=True,
-              help="UNSAFE: run a --submission or --notebook without the sandbox (its code can then read and "
-                   "change this user's files, the reference included).")
-@click.option("--jobs", type=click.IntRange(min=1), metavar="N",
-              help="With `all`: chapters checked at once (default: one per core).")
-def check(chapter: Chapter | str, task: str | None, solutions: bool, submission: Path | None, notebook: Path | None,
-          seed: int | None, hidden: bool | None, as_json: bool, figures_dir: Path | None, time_limit: float,
-          memory_limit: int, verbose: bool, no_sandbox: bool, jobs: int | None) -> None:
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="Explain every failing check (by default: each different explanation once, at most three per task).",
+)
+@click.option(
+    "--no-sandbox",
+    is_flag=True,
+    help="UNSAFE: run a --submission or --notebook without the sandbox (its code can then read and "
+    "change this user's files, the reference included).",
+)
+@click.option("--jobs", type=click.IntRange(min=1), metavar="N", help="With `all`: chapters checked at once (default: one per core).")
+def check(
+    chapter: Chapter | str,
+    task: str | None,
+    solutions: bool,
+    submission: Path | None,
+    notebook: Path | None,
+    seed: int | None,
+    hidden: bool | None,
+    as_json: bool,
+    figures_dir: Path | None,
+    time_limit: float,
+    memory_limit: int,
+    verbose: bool,
+    no_sandbox: bool,
+    jobs: int | None,
+) -> None:
     """Check CHAPTER (e.g. ch25, or `all` for every chapter) and draw its figures from your outputs.
 
     Your own exercises/ run in a separate process; somebody else's code (--submission,
@@ -209,9 +247,18 @@ def check(chapter: Chapter | str, task: str | None, solutions: bool, submission:
     if not isinstance(chapter, Chapter):
         if task or notebook:
             raise click.UsageError("`course check all` checks whole chapters: --task and --notebook name one chapter")
-        _check_all(solutions=solutions, submission=submission, seed=seed, hidden=hidden, as_json=as_json,
-                   figures_dir=figures_dir, time_limit=time_limit, memory_limit=memory_limit, no_sandbox=no_sandbox,
-                   jobs=jobs)
+        _check_all(
+            solutions=solutions,
+            submission=submission,
+            seed=seed,
+            hidden=hidden,
+            as_json=as_json,
+            figures_dir=figures_dir,
+            time_limit=time_limit,
+            memory_limit=memory_limit,
+            no_sandbox=no_sandbox,
+            jobs=jobs,
+        )
         return
     import tempfile
 
@@ -244,10 +291,20 @@ def check(chapter: Chapter | str, task: str | None, solutions: bool, submission:
     sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
     screen = None if as_json else TerminalReport(chapter, str(target), verbose=verbose)
     try:
-        report = run_check(chapter.id, task=task, solutions=solutions, submission=submission, seed=seed,
-                           hidden=hidden, figures_dir=figures_dir, time_limit=time_limit,
-                           memory_limit=memory_limit, on_result=screen.add if screen else None,
-                           on_start=screen.start if screen else None, sandbox=sandbox)
+        report = run_check(
+            chapter.id,
+            task=task,
+            solutions=solutions,
+            submission=submission,
+            seed=seed,
+            hidden=hidden,
+            figures_dir=figures_dir,
+            time_limit=time_limit,
+            memory_limit=memory_limit,
+            on_result=screen.add if screen else None,
+            on_start=screen.start if screen else None,
+            sandbox=sandbox,
+        )
     except MissingModule as e:
         raise click.ClickException(str(e)) from None
     finally:
@@ -267,9 +324,19 @@ def check(chapter: Chapter | str, task: str | None, solutions: bool, submission:
     sys.exit(report.exit_code)
 
 
-def _check_all(*, solutions: bool, submission: Path | None, seed: int | None, hidden: bool | None, as_json: bool,
-               figures_dir: Path | None, time_limit: float, memory_limit: int, no_sandbox: bool,
-               jobs: int | None) -> None:
+def _check_all(
+    *,
+    solutions: bool,
+    submission: Path | None,
+    seed: int | None,
+    hidden: bool | None,
+    as_json: bool,
+    figures_dir: Path | None,
+    time_limit: float,
+    memory_limit: int,
+    no_sandbox: bool,
+    jobs: int | None,
+) -> None:
     """`course check all`: every chapter, spread over the cores, on one grading seed."""
     from grader.course import check_all, default_jobs
     from grader.run import default_figures_dir
@@ -289,10 +356,20 @@ def _check_all(*, solutions: bool, submission: Path | None, seed: int | None, hi
     workers = min(jobs or default_jobs(), len(only or ids))
     what = "the reference solutions" if solutions else f"{submission}" if submission else "your exercises/"
     screen = None if as_json else CourseScreen(only or ids, what, jobs=workers, seed=seed)
-    course = check_all(solutions=solutions, submission=submission, seed=seed, hidden=hidden, jobs=workers,
-                       figures_dir=figures_dir, sandbox=sandbox, time_limit=time_limit, memory_limit=memory_limit,
-                       only=only, on_report=screen.add if screen else None,
-                       on_failure=screen.failed if screen else None)
+    course = check_all(
+        solutions=solutions,
+        submission=submission,
+        seed=seed,
+        hidden=hidden,
+        jobs=workers,
+        figures_dir=figures_dir,
+        sandbox=sandbox,
+        time_limit=time_limit,
+        memory_limit=memory_limit,
+        only=only,
+        on_report=screen.add if screen else None,
+        on_failure=screen.failed if screen else None,
+    )
     if not solutions and not submission:
         for report in course.reports:
             try:
@@ -317,40 +394,74 @@ def _sandbox_for(*, others: bool, no_sandbox: bool) -> str | None:
     if not others:
         return None
     if no_sandbox:
-        click.echo(click.style("warning: --no-sandbox: this code runs with your own rights and can read and change "
-                               "your files, the reference and the hidden checks included", fg="yellow", bold=True),
-                   err=True)
+        click.echo(
+            click.style(
+                "warning: --no-sandbox: this code runs with your own rights and can read and change "
+                "your files, the reference and the hidden checks included",
+                fg="yellow",
+                bold=True,
+            ),
+            err=True,
+        )
         return None
     try:
         probe("bwrap")
     except SandboxUnavailable as e:
-        raise click.ClickException(f"refusing to run somebody else's code without a sandbox: {e}; "
-                                   "or give --no-sandbox to run it anyway (unsafe)") from None
+        raise click.ClickException(
+            f"refusing to run somebody else's code without a sandbox: {e}; or give --no-sandbox to run it anyway (unsafe)"
+        ) from None
     return "bwrap"
 
 
 @main.command()
 @click.argument("submissions", type=click.Path(exists=True, file_okay=False, path_type=Path), required=False)
-@click.option("--chapter", "chapter_names", multiple=True, required=True, type=ChapterType(),
-              help="A chapter to grade (repeatable).")
-@click.option("--nbgrader", "nbgrader_course", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              metavar="COURSE_DIR", help="Grade an nbgrader course's submitted/<student>/<chapter>/ notebooks "
-              "(no SUBMISSIONS) and write the scores into its gradebook and autograded/, for generate_feedback "
-              "and export (instead of nbgrader autograde).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), metavar="OUT",
-              help="Results: OUT/<student>/<chapter>/results.json, OUT/grades.csv, OUT/summary.md "
-                   "(required, except with --nbgrader: COURSE_DIR/course-grade).")
+@click.option("--chapter", "chapter_names", multiple=True, required=True, type=ChapterType(), help="A chapter to grade (repeatable).")
+@click.option(
+    "--nbgrader",
+    "nbgrader_course",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    metavar="COURSE_DIR",
+    help="Grade an nbgrader course's submitted/<student>/<chapter>/ notebooks "
+    "(no SUBMISSIONS) and write the scores into its gradebook and autograded/, for generate_feedback "
+    "and export (instead of nbgrader autograde).",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    metavar="OUT",
+    help="Results: OUT/<student>/<chapter>/results.json, OUT/grades.csv, OUT/summary.md "
+    "(required, except with --nbgrader: COURSE_DIR/course-grade).",
+)
 @click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Submissions graded at once.")
 @click.option("--force", is_flag=True, help="Grade again what OUT already holds (with a new seed unless --seed).")
 @click.option("--seed", type=int, help="Grading seed of the hidden checks (recorded in OUT/grading.json).")
-@click.option("--time-limit", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
-              help="The most a check may spend in a student's code; each check gets 50x what the reference "
-                   "needs in it, at least 0.5 s, at most this (recorded in OUT/grading.json).")
+@click.option(
+    "--time-limit",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    help="The most a check may spend in a student's code; each check gets 50x what the reference "
+    "needs in it, at least 0.5 s, at most this (recorded in OUT/grading.json).",
+)
 @memory_limit_option("a student's")
-@click.option("--no-sandbox", is_flag=True, help="Process isolation only (unsafe: a student's code could read your "
-              "files); without it grading refuses where no sandbox can be made.")
-def grade(submissions: Path | None, chapter_names: tuple[Chapter, ...], nbgrader_course: Path | None, out: Path | None,
-          jobs: int, force: bool, seed: int | None, time_limit: float, memory_limit: int, no_sandbox: bool) -> None:
+@click.option(
+    "--no-sandbox",
+    is_flag=True,
+    help="Process isolation only (unsafe: a student's code could read your "
+    "files); without it grading refuses where no sandbox can be made.",
+)
+def grade(
+    submissions: Path | None,
+    chapter_names: tuple[Chapter, ...],
+    nbgrader_course: Path | None,
+    out: Path | None,
+    jobs: int,
+    force: bool,
+    seed: int | None,
+    time_limit: float,
+    memory_limit: int,
+    no_sandbox: bool,
+) -> None:
     """Grade a class: SUBMISSIONS holds one folder per student with their chapter files or notebooks.
 
     With --nbgrader COURSE_DIR instead, the course's submitted notebooks, scored into its gradebook.
@@ -363,11 +474,15 @@ def grade(submissions: Path | None, chapter_names: tuple[Chapter, ...], nbgrader
     grade_class: Callable[..., Any] = grade_folders
 
     if (submissions is None) == (nbgrader_course is None):
-        raise click.UsageError("give SUBMISSIONS or --nbgrader COURSE_DIR, not both" if submissions
-                               else "missing argument SUBMISSIONS (or --nbgrader COURSE_DIR)")
+        raise click.UsageError(
+            "give SUBMISSIONS or --nbgrader COURSE_DIR, not both"
+            if submissions
+            else "missing argument SUBMISSIONS (or --nbgrader COURSE_DIR)"
+        )
     if nbgrader_course:
         try:
             from grader.delivery.gradebook import grade_course  # same options, nbgrader's folders
+
             grade_class = grade_course
         except ImportError as e:
             raise click.ClickException(f"--nbgrader needs nbgrader installed ({e})") from None
@@ -393,17 +508,26 @@ def grade(submissions: Path | None, chapter_names: tuple[Chapter, ...], nbgrader
             click.echo(f"{r['student']}  {r['chapter']}  {r['score']:g}/{r['max_score']:g}  {r['status']}")
 
     try:
-        result = grade_class(submissions, list(chapter_names), out, jobs=jobs, force=force, seed=seed,
-                             time_limit=time_limit, memory_limit=memory_limit, sandbox=not no_sandbox,
-                             on_plan=plan, on_item=item)
+        result = grade_class(
+            submissions,
+            list(chapter_names),
+            out,
+            jobs=jobs,
+            force=force,
+            seed=seed,
+            time_limit=time_limit,
+            memory_limit=memory_limit,
+            sandbox=not no_sandbox,
+            on_plan=plan,
+            on_item=item,
+        )
     except GradeError as e:
         raise click.ClickException(str(e)) from None
     except KeyboardInterrupt:
         if bar:
             bar.__exit__(None, None, None)
             bar = None
-        click.echo("\ninterrupted: what was graded is kept, nothing half-written; run the same command again to "
-                   "resume", err=True)
+        click.echo("\ninterrupted: what was graded is kept, nothing half-written; run the same command again to resume", err=True)
         sys.exit(130)
     finally:
         if bar:
@@ -411,17 +535,26 @@ def grade(submissions: Path | None, chapter_names: tuple[Chapter, ...], nbgrader
     if nbgrader_course:
         for note in result.notes:
             click.echo(f"note: {note}", err=True)
-        click.echo(f"gradebook: {len(result.recorded)} submissions scored, autograded/ written; next: "
-                   f"nbgrader generate_feedback <chapter>, nbgrader export (in {nbgrader_course})")
+        click.echo(
+            f"gradebook: {len(result.recorded)} submissions scored, autograded/ written; next: "
+            f"nbgrader generate_feedback <chapter>, nbgrader export (in {nbgrader_course})"
+        )
         result = result.graded
     errors = sum(r["status"].startswith("error") for r in result.rows)
-    click.echo(f"{len(result.rows)} results ({result.graded_now} graded now, {errors} could not be graded): "
-               f"{out / 'grades.csv'}, {out / 'summary.md'}")
+    click.echo(
+        f"{len(result.rows)} results ({result.graded_now} graded now, {errors} could not be graded): "
+        f"{out / 'grades.csv'}, {out / 'summary.md'}"
+    )
 
 
 @main.command()
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, metavar="DIR",
-              help="Writes DIR/student/ (the student package) and DIR/nbgrader/ (the nbgrader course).")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    metavar="DIR",
+    help="Writes DIR/student/ (the student package) and DIR/nbgrader/ (the nbgrader course).",
+)
 @click.option("--chapter", "chapter_names", multiple=True, type=ChapterType(), help="Only these chapters (repeatable).")
 @click.option("--no-nbgrader", is_flag=True, help="Write only the student package.")
 def release(out: Path, chapter_names: tuple[Chapter, ...], no_nbgrader: bool) -> None:
@@ -432,11 +565,15 @@ def release(out: Path, chapter_names: tuple[Chapter, ...], no_nbgrader: bool) ->
         built = build(out, chapter_list=list(chapter_names) or None, nbgrader=not no_nbgrader)
     except ReleaseError as e:
         raise click.ClickException(str(e)) from None
-    click.echo(f"student package: {built.student} ({built.size(built.student) / 1024:.0f} KiB, "
-               f"chapters {', '.join(built.chapters)}); install with: pip install -e {built.student}")
+    click.echo(
+        f"student package: {built.student} ({built.size(built.student) / 1024:.0f} KiB, "
+        f"chapters {', '.join(built.chapters)}); install with: pip install -e {built.student}"
+    )
     if built.nbgrader:
-        click.echo(f"nbgrader course: {built.nbgrader} (assignments {', '.join(built.chapters)}); "
-                   f"cd there and run: nbgrader generate_assignment <chapter>")
+        click.echo(
+            f"nbgrader course: {built.nbgrader} (assignments {', '.join(built.chapters)}); "
+            f"cd there and run: nbgrader generate_assignment <chapter>"
+        )
 
 
 @main.group()
@@ -446,8 +583,14 @@ def export() -> None:
 
 @export.command("gradescope")
 @click.argument("chapter", type=ChapterType())
-@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), required=True, metavar="ZIP",
-              help="The autograder bundle to write (upload it as the assignment's autograder).")
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    metavar="ZIP",
+    help="The autograder bundle to write (upload it as the assignment's autograder).",
+)
 @click.option("--seed", type=int, help="Grading seed of the hidden checks (random, fixed in the bundle, by default).")
 def export_gradescope(chapter: Chapter, out: Path, seed: int | None) -> None:
     """A Gradescope autograder bundle for CHAPTER: setup.sh, run_autograder and the package with its hidden checks."""
@@ -456,13 +599,21 @@ def export_gradescope(chapter: Chapter, out: Path, seed: int | None) -> None:
     if not any(chapters.SOLUTIONS.glob("ch[0-9][0-9]_*.py")):
         raise click.ClickException("a Gradescope bundle carries the hidden checks: build it from the instructor's repository")
     build(chapter, out, seed=seed)
-    click.echo(f"{out} ({out.stat().st_size / 1024:.0f} KiB): upload it as the autograder of {chapter.id}; "
-               "students submit exercises/" + chapter.filename + " or their chapter notebook")
+    click.echo(
+        f"{out} ({out.stat().st_size / 1024:.0f} KiB): upload it as the autograder of {chapter.id}; "
+        "students submit exercises/" + chapter.filename + " or their chapter notebook"
+    )
 
 
 @main.command()
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("course-book"),
-              show_default=True, metavar="DIR", help="Where index.html and the figures go.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("course-book"),
+    show_default=True,
+    metavar="DIR",
+    help="Where index.html and the figures go.",
+)
 @submission_option
 @click.option("--jobs", type=click.IntRange(min=1), metavar="N", help="Chapters checked at once (default: one per core).")
 @click.option("--no-sandbox", is_flag=True, help="UNSAFE: run a --submission without the sandbox.")
@@ -491,26 +642,30 @@ def figures(out: Path, submission: Path | None, jobs: int | None, no_sandbox: bo
         click.echo("", err=True)
     waiting = [e for e in book.entries if e.status == "placeholder"]
     marked = [e for e in book.entries if e.status == "marked"]
-    click.echo(f"{book.index}: {book.drawn} of {len(book.entries)} figures drawn from {book.source}"
-               + (f", {len(marked)} with wrong values marked" if marked else ""))
+    click.echo(
+        f"{book.index}: {book.drawn} of {len(book.entries)} figures drawn from {book.source}"
+        + (f", {len(marked)} with wrong values marked" if marked else "")
+    )
     if waiting:
-        click.echo(f"  · not drawn yet: {', '.join(e.id for e in waiting[:6])}"
-                   + (f" and {len(waiting) - 6} more" if len(waiting) > 6 else "") + " (placeholders on the page)")
+        click.echo(
+            f"  · not drawn yet: {', '.join(e.id for e in waiting[:6])}"
+            + (f" and {len(waiting) - 6} more" if len(waiting) > 6 else "")
+            + " (placeholders on the page)"
+        )
     click.echo(f"  · open it in a browser: file://{book.index.resolve()}")
 
 
 @main.command()
 @solutions_option
 @submission_option
-@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default="a free port",
-              help="Port on 127.0.0.1.")
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default="a free port", help="Port on 127.0.0.1.")
 @click.option("--no-open", is_flag=True, help="Do not open a browser.")
-@click.option("--time-limit", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
-              help="Seconds each experiment may spend in your code.")
+@click.option(
+    "--time-limit", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds each experiment may spend in your code."
+)
 @memory_limit_option("your code's")
 @click.option("--no-sandbox", is_flag=True, help="UNSAFE: run a --submission without the sandbox.")
-def lab(solutions: bool, submission: Path | None, port: int, no_open: bool, time_limit: float,
-        memory_limit: int, no_sandbox: bool) -> None:
+def lab(solutions: bool, submission: Path | None, port: int, no_open: bool, time_limit: float, memory_limit: int, no_sandbox: bool) -> None:
     """Interactive experiments: change an instance in the page, see your functions' outputs drawn.
 
     Serves http://127.0.0.1:PORT/ until Ctrl-C. Your code runs with the limits of `course check`.
@@ -522,13 +677,16 @@ def lab(solutions: bool, submission: Path | None, port: int, no_open: bool, time
         raise click.UsageError("--solutions and --submission exclude each other")
     limit = memory_limit
     sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
-    laboratory = Lab(solutions=solutions, submission=submission, time_limit=time_limit, memory_limit=limit,
-                     sandbox=sandbox)
+    laboratory = Lab(solutions=solutions, submission=submission, time_limit=time_limit, memory_limit=limit, sandbox=sandbox)
     try:
         what = "the reference solutions" if solutions else f"{submission or chapters.EXERCISES}"
         checked = "" if laboratory.checked else " (student release: your values are drawn unchecked)"
-        serve(laboratory, port=port, open_browser=not no_open,
-              on_ready=lambda url: click.echo(f"course lab: {url}  running {what}{checked}; Ctrl-C stops", err=False))
+        serve(
+            laboratory,
+            port=port,
+            open_browser=not no_open,
+            on_ready=lambda url: click.echo(f"course lab: {url}  running {what}{checked}; Ctrl-C stops", err=False),
+        )
     except OSError as e:
         raise click.ClickException(f"cannot listen on 127.0.0.1:{port} ({e.strerror or e})") from None
     finally:
@@ -542,33 +700,69 @@ def engine_group() -> None:
 
 
 @engine_group.command("run")
-@click.option("--model", "model_name", default="tiny", show_default=True, metavar="tiny|DIR",
-              help="A preset (tiny, qwen3-0.6b-shape; weights from --seed) or a folder with config.json and "
-                   "model.safetensors.")
-@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              metavar="FILE", help="A JSON list of token-id lists, e.g. [[1, 2, 3], [1, 2, 4]].")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Completion tokens per request.")
+@click.option(
+    "--model",
+    "model_name",
+    default="tiny",
+    show_default=True,
+    metavar="tiny|DIR",
+    help="A preset (tiny, qwen3-0.6b-shape; weights from --seed) or a folder with config.json and model.safetensors.",
+)
+@click.option(
+    "--prompts",
+    "prompts_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="A JSON list of token-id lists, e.g. [[1, 2, 3], [1, 2, 4]].",
+)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=16, show_default=True, help="Completion tokens per request.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 is greedy.")
 @click.option("--seed", type=int, default=0, show_default=True, help="A preset's weights and the sampler's noise.")
 @click.option("--block-size", type=click.IntRange(min=2), default=16, show_default=True, help="Tokens per KV block.")
-@click.option("--num-blocks", type=click.IntRange(min=1), help="KV blocks (default: enough for every request; "
-              "fewer force preemption).")
-@click.option("--max-num-seqs", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Sequences per step at most.")
-@click.option("--max-batched-tokens", type=click.IntRange(min=1), default=512, show_default=True,
-              help="Prefill tokens per step (fewer force chunked prefill).")
-@click.option("--submission", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="DIR",
-              help="Your chapter files: your functions run wherever their public checks pass.")
-@click.option("--save-model", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
-              help="Also write the model to DIR (config.json + model.safetensors, Hugging Face's format).")
+@click.option("--num-blocks", type=click.IntRange(min=1), help="KV blocks (default: enough for every request; fewer force preemption).")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=16, show_default=True, help="Sequences per step at most.")
+@click.option(
+    "--max-batched-tokens",
+    type=click.IntRange(min=1),
+    default=512,
+    show_default=True,
+    help="Prefill tokens per step (fewer force chunked prefill).",
+)
+@click.option(
+    "--submission",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    metavar="DIR",
+    help="Your chapter files: your functions run wherever their public checks pass.",
+)
+@click.option(
+    "--save-model",
+    type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
+    help="Also write the model to DIR (config.json + model.safetensors, Hugging Face's format).",
+)
 @click.option("--json", "as_json", is_flag=True, help='Print {"outputs": …, "metrics": …} only.')
-@click.option("--figures", "figures_dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
-              help="Write the overview to DIR/engine/overview.svg (default: course-figures/ in the project "
-                   "folder, the one holding exercises/).")
-def engine_run(model_name: str, prompts_file: Path | None, max_tokens: int, temperature: float, seed: int,
-               block_size: int, num_blocks: int | None, max_num_seqs: int, max_batched_tokens: int,
-               submission: Path | None, save_model: Path | None, as_json: bool, figures_dir: Path | None) -> None:
+@click.option(
+    "--figures",
+    "figures_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
+    help="Write the overview to DIR/engine/overview.svg (default: course-figures/ in the project folder, the one holding exercises/).",
+)
+def engine_run(
+    model_name: str,
+    prompts_file: Path | None,
+    max_tokens: int,
+    temperature: float,
+    seed: int,
+    block_size: int,
+    num_blocks: int | None,
+    max_num_seqs: int,
+    max_batched_tokens: int,
+    submission: Path | None,
+    save_model: Path | None,
+    as_json: bool,
+    figures_dir: Path | None,
+) -> None:
     """Generate with the chapters' functions, measure the run, and draw the course overview from it."""
     import engine
 
@@ -589,10 +783,20 @@ def engine_run(model_name: str, prompts_file: Path | None, max_tokens: int, temp
             raise click.UsageError("give --prompts FILE (or only --save-model DIR)")
         prompts = read_prompts(prompts_file)
         with progress(enabled=not as_json and sys.stderr.isatty()) as show:
-            result = engine.run(model=model, prompts=prompts, max_tokens=max_tokens, temperature=temperature,
-                                seed=seed, block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
-                                max_num_batched_tokens=max_batched_tokens, submission=submission,
-                                on_chapter=show.chapter, on_step=show.step)
+            result = engine.run(
+                model=model,
+                prompts=prompts,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                seed=seed,
+                block_size=block_size,
+                num_blocks=num_blocks,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_batched_tokens,
+                submission=submission,
+                on_chapter=show.chapter,
+                on_step=show.step,
+            )
     except (engine.ModelError, engine.PartsUnavailable, engine.EngineError) as e:
         raise click.ClickException(str(e)) from None
     figure = draw_overview(result, model, figures_dir)

@@ -53,9 +53,14 @@ class CourseReport:
     def to_json(self) -> dict:
         """One Gradescope-style document: every chapter's tests, the total, and the chapters not run."""
         tests = [t for r in self.reports for t in r.to_json()["tests"]]
-        return {"score": self.score, "max_score": self.max_score, "seed": self.seed,
-                "chapters": {r.chapter.id: {"score": r.score, "max_score": r.max_score} for r in self.reports},
-                "not_run": self.failures, "tests": tests}
+        return {
+            "score": self.score,
+            "max_score": self.max_score,
+            "seed": self.seed,
+            "chapters": {r.chapter.id: {"score": r.score, "max_score": r.max_score} for r in self.reports},
+            "not_run": self.failures,
+            "tests": tests,
+        }
 
 
 def default_jobs() -> int:
@@ -66,11 +71,21 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def check_all(*, solutions: bool = False, submission: Path | None = None, seed: int | None = None,
-              hidden: bool | None = None, jobs: int | None = None, figures_dir: Path | None = None,
-              sandbox: str | None = None, time_limit: float | None = None, memory_limit: int | None = None,
-              only: list[str] | None = None, on_report: Callable[[Report], None] | None = None,
-              on_failure: Callable[[str, str], None] | None = None) -> CourseReport:
+def check_all(
+    *,
+    solutions: bool = False,
+    submission: Path | None = None,
+    seed: int | None = None,
+    hidden: bool | None = None,
+    jobs: int | None = None,
+    figures_dir: Path | None = None,
+    sandbox: str | None = None,
+    time_limit: float | None = None,
+    memory_limit: int | None = None,
+    only: list[str] | None = None,
+    on_report: Callable[[Report], None] | None = None,
+    on_failure: Callable[[str, str], None] | None = None,
+) -> CourseReport:
     """Check every chapter (or those in `only`), as `run.check` checks one, on one grading seed.
 
     Args:
@@ -84,8 +99,14 @@ def check_all(*, solutions: bool = False, submission: Path | None = None, seed: 
     started = time.monotonic()
     course = CourseReport(secrets.randbelow(2**31) if seed is None else seed)
     ids = [ch.id for ch in chapters.all_chapters() if only is None or ch.id in only]
-    options: dict[str, Any] = {"solutions": solutions, "submission": submission, "seed": course.seed,
-                               "hidden": hidden, "figures_dir": figures_dir, "sandbox": sandbox}
+    options: dict[str, Any] = {
+        "solutions": solutions,
+        "submission": submission,
+        "seed": course.seed,
+        "hidden": hidden,
+        "figures_dir": figures_dir,
+        "sandbox": sandbox,
+    }
     if time_limit is not None:
         options["time_limit"] = time_limit
     if memory_limit is not None:

@@ -44,11 +44,17 @@ class CheckResult:
         output = self.message
         if self.printed:
             output += f"\n(your code printed: {self.printed.strip()[:300]!r})"
-        return {"name": f"{self.task} {self.function}: {self.name}",
-                "number": self.task, "score": self.score, "max_score": self.points,
-                "status": "passed" if self.status == "passed" else "failed", "outcome": self.status,
-                "output": output, "tags": [self.task] + (["hidden"] if self.hidden else []),
-                "visibility": "after_due_date" if self.hidden else "visible"}
+        return {
+            "name": f"{self.task} {self.function}: {self.name}",
+            "number": self.task,
+            "score": self.score,
+            "max_score": self.points,
+            "status": "passed" if self.status == "passed" else "failed",
+            "outcome": self.status,
+            "output": output,
+            "tags": [self.task] + (["hidden"] if self.hidden else []),
+            "visibility": "after_due_date" if self.hidden else "visible",
+        }
 
 
 @dataclass
@@ -93,8 +99,16 @@ class Report:
         return [(task, list(rs)) for task, rs in groupby(self.results, key=lambda r: r.task)]
 
     def to_json(self) -> dict:
-        return {"chapter": self.chapter.id, "title": self.chapter.title, "target": self.target,
-                "score": self.score, "max_score": self.max_score, "execution_time": round(self.elapsed, 3),
-                "seed": self.seed, "hidden_not_run": self.hidden_not_run,
-                "tests": [r.to_json() for r in self.results],
-                "figures": self.figures, "figure_notes": self.figure_notes}
+        return {
+            "chapter": self.chapter.id,
+            "title": self.chapter.title,
+            "target": self.target,
+            "score": self.score,
+            "max_score": self.max_score,
+            "execution_time": round(self.elapsed, 3),
+            "seed": self.seed,
+            "hidden_not_run": self.hidden_not_run,
+            "tests": [r.to_json() for r in self.results],
+            "figures": self.figures,
+            "figure_notes": self.figure_notes,
+        }

@@ -39,19 +39,33 @@ def module_path(chapter: Chapter, *, solutions: bool = False, submission: Path |
     if not path.is_file() and not path.is_symlink():
         if not solutions and submission is None:  # the student's own exercises/: say how to get the stub back
             raise MissingModule(chapters.missing_exercise(chapter))
-        raise MissingModule(f"{folder} has no {chapter.filename}; a submission holds the chapter "
-                            "modules under the same file names as exercises/")
+        raise MissingModule(
+            f"{folder} has no {chapter.filename}; a submission holds the chapter modules under the same file names as exercises/"
+        )
     return path
 
 
-def check(chapter: str, *, task: str | None = None, solutions: bool = False, submission: Path | None = None,
-          seed: int | None = None, hidden: bool | None = None, public: bool = True,
-          figures_dir: Path | None = DEFAULT_FIGURES_DIR, time_limit: float = checks.DEFAULT_TIME_LIMIT,
-          memory_limit: int = DEFAULT_MEMORY_LIMIT, on_result: Callable[[CheckResult], None] | None = None,
-          refs: Callable[[str], object] | None = None, launcher: Callable[..., Worker] | None = None,
-          time_limits: Mapping[str, float] | None = None, sandbox: str | None = None,
-          source: bytes | None = None, on_start: Callable[[str, str], None] | None = None,
-          uid: int | None = None) -> Report:
+def check(
+    chapter: str,
+    *,
+    task: str | None = None,
+    solutions: bool = False,
+    submission: Path | None = None,
+    seed: int | None = None,
+    hidden: bool | None = None,
+    public: bool = True,
+    figures_dir: Path | None = DEFAULT_FIGURES_DIR,
+    time_limit: float = checks.DEFAULT_TIME_LIMIT,
+    memory_limit: int = DEFAULT_MEMORY_LIMIT,
+    on_result: Callable[[CheckResult], None] | None = None,
+    refs: Callable[[str], object] | None = None,
+    launcher: Callable[..., Worker] | None = None,
+    time_limits: Mapping[str, float] | None = None,
+    sandbox: str | None = None,
+    source: bytes | None = None,
+    on_start: Callable[[str, str], None] | None = None,
+    uid: int | None = None,
+) -> Report:
     """Run a chapter's checks and draw its figures from the graded code's outputs.
 
     Args:
@@ -101,12 +115,34 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
             path = box.inbox / ch.filename
             zygote = Zygote(box=box, lazy=True)  # its torch import overlaps ours
             launcher = zygote.start
-        spawn = functools.partial(launcher or functools.partial(worker.start, root=chapters.ROOT), workdir=workdir,
-                                  memory_limit=memory_limit, output_limit=OUTPUT_LIMIT)
+        spawn = functools.partial(
+            launcher or functools.partial(worker.start, root=chapters.ROOT),
+            workdir=workdir,
+            memory_limit=memory_limit,
+            output_limit=OUTPUT_LIMIT,
+        )
         strays = _stray_finder(launcher, baseline)
         first = None if zygote else spawn()  # a lazy zygote is waited for once torch is imported here
-        return _run(ch, only, path, solutions, submission, seed, hidden, public, figures_dir, time_limit,
-                    on_result, on_start, refs, spawn, first, strays, time_limits, started)
+        return _run(
+            ch,
+            only,
+            path,
+            solutions,
+            submission,
+            seed,
+            hidden,
+            public,
+            figures_dir,
+            time_limit,
+            on_result,
+            on_start,
+            refs,
+            spawn,
+            first,
+            strays,
+            time_limits,
+            started,
+        )
     finally:
         if zygote is not None:
             zygote.close()
@@ -115,8 +151,26 @@ def check(chapter: str, *, task: str | None = None, solutions: bool = False, sub
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run(ch, only, path, solutions, submission, seed, hidden, public, figures_dir, time_limit, on_result, on_start,
-         refs, spawn, first, strays, time_limits, started) -> Report:
+def _run(
+    ch,
+    only,
+    path,
+    solutions,
+    submission,
+    seed,
+    hidden,
+    public,
+    figures_dir,
+    time_limit,
+    on_result,
+    on_start,
+    refs,
+    spawn,
+    first,
+    strays,
+    time_limits,
+    started,
+) -> Report:
     import gc
 
     import torch  # imported only now that the student's process is starting: the two imports overlap
@@ -124,14 +178,14 @@ def _run(ch, only, path, solutions, submission, seed, hidden, public, figures_di
     from grader.authoring import reference
     from grader.authoring.trial import not_run, run_one
     from grader.isolation.session import Session
+
     session = Session(path, spawn=spawn, worker=first, time_limit=time_limit)
     gc.freeze()  # torch's many objects stay out of full garbage collections (about 0.1 s each)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the student's process computes beside us on a small machine
     try:
         with_hidden = (solutions or submission is not None) if hidden is None else hidden
-        specs = [s for s in checks.load(ch.id, with_hidden=with_hidden)
-                 if only in (None, s.task) and (public or s.hidden)]
+        specs = [s for s in checks.load(ch.id, with_hidden=with_hidden) if only in (None, s.task) and (public or s.hidden)]
         specs.sort(key=lambda s: s.hidden)  # stable: public checks first, in order, then the hidden ones
         answers = reference.load_answers(ch.id)
         refs = refs or reference.factory(solutions_module(ch), answers)
@@ -149,16 +203,25 @@ def _run(ch, only, path, solutions, submission, seed, hidden, public, figures_di
             if spec.task in hung:
                 result = not_run(spec, names.get(spec.task, "?"), hung[spec.task])
             else:
-                result = run_one(spec, names.get(spec.task, "?"), session=session, ref=refs(spec.key),
-                                 seed=report.seed, params=params, figures=report.records,
-                                 time_limit=spec.time_limit or (time_limits or {}).get(spec.key) or time_limit,
-                                 strays=strays)
+                result = run_one(
+                    spec,
+                    names.get(spec.task, "?"),
+                    session=session,
+                    ref=refs(spec.key),
+                    seed=report.seed,
+                    params=params,
+                    figures=report.records,
+                    time_limit=spec.time_limit or (time_limits or {}).get(spec.key) or time_limit,
+                    strays=strays,
+                )
                 if result.status == "timeout":
-                    hung[spec.task] = (f"importing {path.name} ran out of time" if session.load_failure
-                                       else f"{result.function} ran out of time in “{result.name}”")
+                    hung[spec.task] = (
+                        f"importing {path.name} ran out of time"
+                        if session.load_failure
+                        else f"{result.function} ran out of time in “{result.name}”"
+                    )
             failure = session.load_failure
-            if failure is not None and result.status != "passed" and (
-                    str(failure) in result.message or result.status == "not run"):
+            if failure is not None and result.status != "passed" and (str(failure) in result.message or result.status == "not run"):
                 result.import_failed = True  # one cause for the whole run, reported once
             report.results.append(result)
             if on_result:
@@ -205,8 +268,7 @@ def read_module(path: Path, max_bytes: int = 1 << 20) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise MissingModule(f"{path.name} is not a regular file")
         if info.st_size > max_bytes:
-            raise MissingModule(f"{path.name} is {info.st_size / 2**20:.1f} MiB, over the {max_bytes >> 20} MiB a "
-                                "chapter file may have")
+            raise MissingModule(f"{path.name} is {info.st_size / 2**20:.1f} MiB, over the {max_bytes >> 20} MiB a chapter file may have")
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read(max_bytes + 1)
     finally:
@@ -272,8 +334,7 @@ def draw(report: Report, out_dir: Path) -> None:
         if record is None:
             tasks = list(dict.fromkeys(spec.needs.values()))
             left_out = [t for t in tasks if t not in ran]
-            report.undrawn[spec.id] = (f"{', '.join(left_out)} left out of this run" if left_out else
-                                       f"waits for {', '.join(tasks)}")
+            report.undrawn[spec.id] = f"{', '.join(left_out)} left out of this run" if left_out else f"waits for {', '.join(tasks)}"
             continue
         if missing:
             verb = "passes its" if len(missing) == 1 else "pass their"
@@ -308,7 +369,8 @@ def draw(report: Report, out_dir: Path) -> None:
             try:
                 old.unlink()
             except OSError as e:
-                report.figure_notes.append(f"{spec.id}: not drawn, and its older file could not be removed "
-                                           f"({e.strerror or e}): {old} is out of date")
+                report.figure_notes.append(
+                    f"{spec.id}: not drawn, and its older file could not be removed ({e.strerror or e}): {old} is out of date"
+                )
                 continue
             report.removed.append(str(old))

@@ -68,16 +68,15 @@ def terminal_width() -> int:
 def columns(text: str) -> int:
     """The width of `text` on a terminal: styles take none, wide (CJK) characters two, combining none."""
     plain = click.unstyle(text)
-    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
-               for c in plain)
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in plain)
 
 
 def wrap(text: str, width: int, indent: str = "") -> list[str]:
     """`indent + text` as lines of at most `width` columns (0: one line), broken at spaces only, so a
     path, a number or a tensor shape is never split (a longer word overflows instead). Continuation
     lines keep the text's own indentation and are indented past its lead ("hint: ", "✗ "), or by 2."""
-    own = text[:len(text) - len(text.lstrip(" "))]
-    body = text[len(own):]
+    own = text[: len(text) - len(text.lstrip(" "))]
+    body = text[len(own) :]
     if not width or columns(indent + text) <= width:
         return [indent + text]
     lead = _LABEL.match(click.unstyle(body))
@@ -125,8 +124,7 @@ def sanitize(text: str) -> str:
     (terminal escapes, bidirectional overrides) as their escapes, e.g. \\x1b."""
     out = []
     for c in text.replace("\t", "    "):
-        out.append(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co")
-                   else c)
+        out.append(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co") else c)
     return "".join(out)
 
 
@@ -143,10 +141,9 @@ def _diagnosis(r: CheckResult) -> tuple:
 
 def _names(rs: list[CheckResult]) -> str:
     """Check names, compactly: quoted, each cut to NAME_CHARS, at most NAMES_SHOWN and "N more"."""
-    cut = [f"“{r.name if len(r.name) <= NAME_CHARS else r.name[:NAME_CHARS].rsplit(' ', 1)[0] + ' …'}”"
-           for r in rs]
+    cut = [f"“{r.name if len(r.name) <= NAME_CHARS else r.name[:NAME_CHARS].rsplit(' ', 1)[0] + ' …'}”" for r in rs]
     if len(cut) > NAMES_SHOWN:
-        cut = cut[:NAMES_SHOWN - 1] + [f"{len(cut) - NAMES_SHOWN + 1} more"]
+        cut = cut[: NAMES_SHOWN - 1] + [f"{len(cut) - NAMES_SHOWN + 1} more"]
     return ", ".join(cut[:-1]) + (" and " if len(cut) > 1 else "") + cut[-1]
 
 
@@ -157,9 +154,18 @@ class TerminalReport:
     show the running check (default: stdout is a terminal), refreshed by a thread unless `ticker` is
     False (then call `tick`); `clock` gives seconds (time.monotonic)."""
 
-    def __init__(self, chapter: Chapter, target: str, *, verbose: bool = False, header: bool = True,
-                 width: int | None = None, tty: bool | None = None, ticker: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        chapter: Chapter,
+        target: str,
+        *,
+        verbose: bool = False,
+        header: bool = True,
+        width: int | None = None,
+        tty: bool | None = None,
+        ticker: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.chapter, self.verbose = chapter, verbose
         self.pending: list[CheckResult] = []
         self.label_width = max((len(t.label) for t in chapter.tasks), default=20) + 2
@@ -195,7 +201,7 @@ class TerminalReport:
             label, since = self._running
             room = (self.width or 100) - 12
             if len(label) > room:
-                label = label[:room - 1] + "…"
+                label = label[: room - 1] + "…"
             text = f"  … {label} ({int(self.clock() - since)} s)"
             if text != self._shown:
                 click.echo(f"\r\033[K{text}", nl=False, color=True)  # cursor control, kept whatever the colours
@@ -261,8 +267,14 @@ class TerminalReport:
         if bad and len(unimported) == len(bad):
             self._echo("", f"{line}  not run: your module could not be imported (above)")
             return
-        if bad and len(bad) == len(rs) > 1 and len({_diagnosis(r) for r in bad}) == 1 \
-                and "\n" not in bad[0].message and not any(r.printed.strip() for r in bad) and not self.verbose:
+        if (
+            bad
+            and len(bad) == len(rs) > 1
+            and len({_diagnosis(r) for r in bad}) == 1
+            and "\n" not in bad[0].message
+            and not any(r.printed.strip() for r in bad)
+            and not self.verbose
+        ):
             self._echo("", f"{line}  {sanitize(bad[0].message)}")  # e.g. a renamed function: every check alike
             return
         self._echo("", line)
@@ -285,24 +297,24 @@ class TerminalReport:
             if key in explained and not self.verbose:
                 continue  # named under the first check with this diagnosis
             tag = TAGS.get(r.status, r.status)
-            self._echo(" " * 6, f"{click.style('✗', fg='red')} {r.name}{hidden}  "
-                                + click.style(f"[{tag}]", fg="yellow"))
+            self._echo(" " * 6, f"{click.style('✗', fg='red')} {r.name}{hidden}  " + click.style(f"[{tag}]", fg="yellow"))
             if len(explained) < MAX_MESSAGES or self.verbose or key in explained:
                 self._message(r)
                 same = groups[key][1:]
                 if same and not self.verbose:
-                    named = (f"all {len(same)} other checks of {r.task}" if len(same) == len(rs) - 1 > 1
-                             else f"{_plural(len(same), 'more check')}: {_names(same)}")
+                    named = (
+                        f"all {len(same)} other checks of {r.task}"
+                        if len(same) == len(rs) - 1 > 1
+                        else f"{_plural(len(same), 'more check')}: {_names(same)}"
+                    )
                     self._echo(" " * 10, f"(same for {named})")
                 explained.add(key)
             else:
                 unexplained += 1
         if unimported:
-            self._echo(" " * 6, f"({_plural(len(unimported), 'more check')} not run: your module could not be "
-                                "imported, above)")
+            self._echo(" " * 6, f"({_plural(len(unimported), 'more check')} not run: your module could not be imported, above)")
         if unexplained:
-            self._echo(" " * 6, f"({_plural(unexplained, 'more failing check')} not explained; --verbose "
-                                "explains all)")
+            self._echo(" " * 6, f"({_plural(unexplained, 'more failing check')} not explained; --verbose explains all)")
 
     def finish(self, report: Report) -> None:
         """The rest of the run, then the footer: the score (which half it is), the figures drawn
@@ -315,8 +327,7 @@ class TerminalReport:
         summary = click.style(f"score {_pts(report.score)}/{_pts(report.max_score)}", bold=True)
         if report.hidden_not_run:
             n = report.hidden_not_run
-            summary += (f" on the public checks · {_plural(n, 'hidden check')} "
-                        f"{'runs' if n == 1 else 'run'} at grading time")
+            summary += f" on the public checks · {_plural(n, 'hidden check')} {'runs' if n == 1 else 'run'} at grading time"
         self._echo("", summary)
         if report.figures:
             marked = set(report.marked)
@@ -330,8 +341,11 @@ class TerminalReport:
         if report.undrawn:
             undrawn = ", ".join(f"{f} ({why}{gone(f)})" for f, why in report.undrawn.items())
             waits = any(why.startswith("waits") for why in report.undrawn.values())
-            self._echo("  ", f"· not drawn: {undrawn}" + ("; a figure is drawn once its task returns an output "
-                                                        "of the right shape and type" if waits else ""))
+            self._echo(
+                "  ",
+                f"· not drawn: {undrawn}"
+                + ("; a figure is drawn once its task returns an output of the right shape and type" if waits else ""),
+            )
         for note in report.figure_notes:
             figure_id = note.split(":", 1)[0]
             self._echo("  ", f"· {note}" if note.startswith("figures ") else f"· figure {note}{gone(figure_id)}")
@@ -354,8 +368,7 @@ class CourseScreen:
         self.ids, self.next = ids, 0
         self.done: dict[str, Report | str] = {}
         self.width = max((len(ch.title_en) for ch in _chapters(ids)), default=0)
-        click.echo(f"course · {_plural(len(ids), 'chapter')} · {what} · {_plural(jobs, 'worker')}, "
-                   f"grading seed {seed}")
+        click.echo(f"course · {_plural(len(ids), 'chapter')} · {what} · {_plural(jobs, 'worker')}, grading seed {seed}")
 
     def add(self, report: Report) -> None:
         self.done[report.chapter.id] = report
@@ -377,8 +390,7 @@ class CourseScreen:
             score = f"{_pts(outcome.score)}/{_pts(outcome.max_score)}".rjust(7)
             bad = [task for task, rs in outcome.by_task() if any(r.status != "passed" for r in rs)]
             mark = "✓" if not bad else "✗"
-            tail = f"  ({outcome.elapsed:.1f} s)" if not bad else \
-                f"  {', '.join(bad)} not passing → course check {chapter_id}"
+            tail = f"  ({outcome.elapsed:.1f} s)" if not bad else f"  {', '.join(bad)} not passing → course check {chapter_id}"
             click.echo(f"  {mark} {chapter_id}  {title}  {score}{tail}")
 
     def finish(self, course: Any, figures: Path | None) -> None:

@@ -12,8 +12,10 @@ import xml.etree.ElementTree as ET
 from fontTools.ttLib import TTFont
 
 SVG = "{http://www.w3.org/2000/svg}"
-FACE = re.compile(r'@font-face\{font-family:"([^"]+)";src:url\(data:font/woff2;base64,([A-Za-z0-9+/=]+)\) '
-                  r'format\("woff2"\);font-weight:(\d+);font-style:normal\}')
+FACE = re.compile(
+    r'@font-face\{font-family:"([^"]+)";src:url\(data:font/woff2;base64,([A-Za-z0-9+/=]+)\) '
+    r'format\("woff2"\);font-weight:(\d+);font-style:normal\}'
+)
 REBUILD = "add it to the shipped fonts: .venv/bin/python figures/fonts/build.py (its docstring says how)"
 
 

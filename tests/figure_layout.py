@@ -74,9 +74,18 @@ def texts(svg, *, cls: str | None = None) -> list[Text]:
         c = el.get("class") or ""
         if cls is not None and cls not in c.split():
             continue
-        out.append(Text("".join(el.itertext()), float(el.get("x")), float(el.get("y")), float(el.get("font-size")),
-                        el.get("text-anchor") or "start", "mono" in (el.get("font-family") or "").lower(),
-                        (el.get("font-weight") or "normal") == "bold", c))
+        out.append(
+            Text(
+                "".join(el.itertext()),
+                float(el.get("x")),
+                float(el.get("y")),
+                float(el.get("font-size")),
+                el.get("text-anchor") or "start",
+                "mono" in (el.get("font-family") or "").lower(),
+                (el.get("font-weight") or "normal") == "bold",
+                c,
+            )
+        )
     return out
 
 
@@ -88,15 +97,17 @@ def rects(svg, *, cls: str | None = None) -> list[Rect]:
             continue
         if "%" in (el.get("width") or ""):
             continue
-        out.append(Rect(float(el.get("x", 0)), float(el.get("y", 0)), float(el.get("width")),
-                        float(el.get("height")), c))
+        out.append(Rect(float(el.get("x", 0)), float(el.get("y", 0)), float(el.get("width")), float(el.get("height")), c))
     return out
 
 
 def lines(svg, *, cls: str) -> list[tuple[float, float, float, float]]:
     """The (x1, y1, x2, y2) of every line element of class `cls`."""
-    return [(float(el.get("x1")), float(el.get("y1")), float(el.get("x2")), float(el.get("y2")))
-            for el in parse(svg).iter(f"{SVG}line") if cls in (el.get("class") or "").split()]
+    return [
+        (float(el.get("x1")), float(el.get("y1")), float(el.get("x2")), float(el.get("y2")))
+        for el in parse(svg).iter(f"{SVG}line")
+        if cls in (el.get("class") or "").split()
+    ]
 
 
 def curves(svg) -> list[tuple[float, float, float, float]]:

@@ -29,8 +29,7 @@ def mutant(folder: Path, chapter_id: str, *edits: tuple[str, str]) -> Path:
     source = path.read_text(encoding="utf-8")
     for old, new in edits:
         count = source.count(old)
-        assert count == 1, (f"{path.relative_to(chapters.ROOT)}: the text to edit should occur once, "
-                            f"found {count} times: {old!r}")
+        assert count == 1, f"{path.relative_to(chapters.ROOT)}: the text to edit should occur once, found {count} times: {old!r}"
         source = source.replace(old, new)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / ch.filename).write_text(source, encoding="utf-8")
@@ -50,8 +49,9 @@ def mutant_grader(tmp_path_factory, chapter_id: str, seed: int):
         key = (name, edits, task)
         if key not in cache:
             submission = mutant(tmp_path_factory.mktemp(f"{chapter_id}_{name}"), chapter_id, *edits)
-            cache[key] = check(chapter_id, submission=submission, task=task, hidden=True, seed=seed,
-                               figures_dir=tmp_path_factory.mktemp(f"{name}_figures"))
+            cache[key] = check(
+                chapter_id, submission=submission, task=task, hidden=True, seed=seed, figures_dir=tmp_path_factory.mktemp(f"{name}_figures")
+            )
         return cache[key]
 
     def mistake(mistake_id: str, *more: tuple[str, str], task: str | None = None):

@@ -186,8 +186,7 @@ def base(sandbox_works):
 def root_user(base):
     home = base / "home-root"
     home.mkdir()
-    return User("root", [], Path(sys.executable).parent, os.getuid(), home,
-                Path(sysconfig.get_paths()["purelib"]))
+    return User("root", [], Path(sys.executable).parent, os.getuid(), home, Path(sysconfig.get_paths()["purelib"]))
 
 
 @pytest.fixture(scope="session")
@@ -198,8 +197,9 @@ def nobody_user(base):
     if not setpriv or os.getuid() != 0:
         pytest.skip("the unprivileged variants need root and setpriv (to become uid 65534)")
     prefix = [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-    userns = subprocess.run([*prefix, "bwrap", "--unshare-user", "--unshare-pid", "--ro-bind", "/", "/", "true"],
-                            capture_output=True, text=True)
+    userns = subprocess.run(
+        [*prefix, "bwrap", "--unshare-user", "--unshare-pid", "--ro-bind", "/", "/", "true"], capture_output=True, text=True
+    )
     if userns.returncode:
         pytest.skip(f"uid {NOBODY} cannot make user namespaces here: {userns.stderr.strip()[:200]}")
     src, venv, home = base / "src", base / "venv", base / "home-nobody"
@@ -214,8 +214,14 @@ def nobody_user(base):
 
 
 def _purelib(python: Path) -> Path:
-    return Path(subprocess.run([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    return Path(
+        subprocess.run(
+            [str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
 
 
 def _closure(names: list[str]) -> list:
@@ -264,19 +270,26 @@ def make_venv(venv: Path, package: Path, extra: tuple[str, ...] = ()) -> float:
     site = _purelib(python)
     wanted = [r for r in metadata.distribution("course").requires or () if "extra ==" not in r] + list(extra)
     link_distributions(_closure(wanted), site)
-    pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
-                          str(package)], capture_output=True, text=True)
+    pip = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", str(package)],
+        capture_output=True,
+        text=True,
+    )
     assert pip.returncode == 0, pip.stderr[-3000:]
-    where = subprocess.run([str(python), "-I", "-c", "import grader; print(grader.__file__)"], capture_output=True,
-                           text=True, check=True, cwd="/").stdout.strip()
+    where = subprocess.run(
+        [str(python), "-I", "-c", "import grader; print(grader.__file__)"], capture_output=True, text=True, check=True, cwd="/"
+    ).stdout.strip()
     assert where == str(site / "grader" / "__init__.py"), where  # installed, not this work tree
     return time.monotonic() - started
 
 
 def _build_venv(src: Path, venv: Path) -> None:
     """A copy of the checkout (tests left out), installed into a venv of its own, with nbgrader."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, files):
         if name.startswith("tests/") or not (ROOT / name).is_file():
             continue
@@ -317,10 +330,20 @@ _VICTIM_NOTES = _victim_notes()
 def hostile_text(kind: str, targets: "Targets", nonce: str, *, fill_cap: int = 72 << 20) -> str:
     """A module of tests/attacks/ with its configuration: what to aim at, the markers, and `fill_cap`, the
     bytes past which filling /tmp or the home folder is a hole (a box's tmpfs holds 64 MiB)."""
-    cfg = {"nonce": f"{TOKEN}-{nonce}", "run_tag": RUN_TAG, "proc_mark": PROC_MARK, "file_mark": FILE_MARK,
-           "victim_prefix": VICTIM_PREFIX, "private_dirs": ["/tmp"], "fill_cap": fill_cap, "bomb": 400,
-           "write_dirs": [str(p) for p in targets.write_dirs], "existing_files": [str(p) for p in targets.existing],
-           "result_files": [str(p) for p in targets.results], "secret_paths": [str(p) for p in targets.secrets]}
+    cfg = {
+        "nonce": f"{TOKEN}-{nonce}",
+        "run_tag": RUN_TAG,
+        "proc_mark": PROC_MARK,
+        "file_mark": FILE_MARK,
+        "victim_prefix": VICTIM_PREFIX,
+        "private_dirs": ["/tmp"],
+        "fill_cap": fill_cap,
+        "bomb": 400,
+        "write_dirs": [str(p) for p in targets.write_dirs],
+        "existing_files": [str(p) for p in targets.existing],
+        "result_files": [str(p) for p in targets.results],
+        "secret_paths": [str(p) for p in targets.secrets],
+    }
     text = (ATTACKS / f"{kind}.py").read_text()
     assert "__CFG_JSON__" in text
     return text.replace("__CFG_JSON__", repr(json.dumps(cfg)))
@@ -364,12 +387,30 @@ def common_targets(user: User, extra: Targets) -> Targets:
     nobody_venv = [p for p in OTHER_VENVS if p.is_dir()]
     for v in nobody_venv:
         venvs += list(v.glob("lib/python3*/site-packages"))
-    pythons = [Path(sys.prefix), Path(sysconfig.get_paths()["stdlib"]), *nobody_venv, Path("/usr/lib/python3"),
-               *Path("/usr/lib").glob("python3.*")]
-    dirs = [ROOT, ROOT / "grader", ROOT / "grader" / "isolation", ROOT / "grader" / "hidden", ROOT / "solutions",
-            ROOT / "figures", ROOT / "figures" / "__pycache__", ROOT / ".git" / "hooks", Path(sys.executable).parent,
-            Path("/tmp"), Path("/root"), Path("/work"), *[p.parent for p in nobody_venv],
-            user.home, *pythons]
+    pythons = [
+        Path(sys.prefix),
+        Path(sysconfig.get_paths()["stdlib"]),
+        *nobody_venv,
+        Path("/usr/lib/python3"),
+        *Path("/usr/lib").glob("python3.*"),
+    ]
+    dirs = [
+        ROOT,
+        ROOT / "grader",
+        ROOT / "grader" / "isolation",
+        ROOT / "grader" / "hidden",
+        ROOT / "solutions",
+        ROOT / "figures",
+        ROOT / "figures" / "__pycache__",
+        ROOT / ".git" / "hooks",
+        Path(sys.executable).parent,
+        Path("/tmp"),
+        Path("/root"),
+        Path("/work"),
+        *[p.parent for p in nobody_venv],
+        user.home,
+        *pythons,
+    ]
     secret = [ROOT / "solutions" / CH.filename, ROOT / "grader" / "hidden" / "ch17.py"]
     existing = [ROOT / "grader" / "run.py", ROOT / "figures" / "__init__.py", ROOT / "solutions" / CH.filename]
     for site in venvs:
@@ -380,9 +421,12 @@ def common_targets(user: User, extra: Targets) -> Targets:
         dirs.append(v / "bin")
         src = v.parent / "src"
         secret += [src / "solutions" / CH.filename, src / "grader" / "hidden" / "ch17.py"]
-    t = Targets([d for d in dict.fromkeys(dirs + extra.write_dirs) if d.is_dir() or d in extra.write_dirs],
-                [p for p in dict.fromkeys(existing + extra.existing) if p.exists()],
-                list(extra.results), [p for p in dict.fromkeys(secret + extra.secrets)])
+    t = Targets(
+        [d for d in dict.fromkeys(dirs + extra.write_dirs) if d.is_dir() or d in extra.write_dirs],
+        [p for p in dict.fromkeys(existing + extra.existing) if p.exists()],
+        list(extra.results),
+        [p for p in dict.fromkeys(secret + extra.secrets)],
+    )
     _all_targets_seen.extend(t.write_dirs)
     return t
 
@@ -433,8 +477,9 @@ def _new_with_token(root: Path, since_ns: int, skip: tuple[str, ...] = (), most:
     installed packages (other people's venvs in /tmp) are not looked into."""
     found = []
     for folder, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if os.path.join(folder, d) not in skip
-                   and d not in ("site-packages", "node_modules", ".git", "__pycache__")]
+        dirs[:] = [
+            d for d in dirs if os.path.join(folder, d) not in skip and d not in ("site-packages", "node_modules", ".git", "__pycache__")
+        ]
         most -= len(files)
         if most < 0:
             break
@@ -579,8 +624,16 @@ def run(user: User, argv: list[str], label: str, *, cwd: Path, timeout: float, e
     """Run a channel command as `user`, watched from outside; a run past `timeout` is killed (its
     whole session; a stopped one too)."""
     started = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=cwd, env=env or user.env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env or user.env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     watcher = Watcher(proc.pid, user.uid)
     timed_out = False
     try:
@@ -648,18 +701,21 @@ class Campaign:
         return sorted(set(re.findall(r"HOLE [^\n\"|\\]{0,160}", text)))
 
 
-ROLES_SINGLE = {"a_victim": "victim", "b_kitchen_sink": "kitchen_sink", "c_stopper": "stopper", "d_killer": "killer",
-                "e_honest": "honest"}
+ROLES_SINGLE = {"a_victim": "victim", "b_kitchen_sink": "kitchen_sink", "c_stopper": "stopper", "d_killer": "killer", "e_honest": "honest"}
 CHANNEL_ROLES = {
     "check": ROLES_SINGLE,
     "notebook": {"b_kitchen_sink": "kitchen_sink", "e_honest": "honest"},
     "grade": ROLES_SINGLE,
-    "gradescope": {"b_kitchen_sink": "kitchen_sink", "c_stopper": "stopper", "d_killer": "killer",
-                   "e_honest": "honest"},
+    "gradescope": {"b_kitchen_sink": "kitchen_sink", "c_stopper": "stopper", "d_killer": "killer", "e_honest": "honest"},
     "nbgrader": {"a_victim": "victim", "b_kitchen_sink": "kitchen_sink", "e_honest": "honest"},
 }
-CHANNEL_USERS = {"check": ("nobody", "root"), "notebook": ("nobody", "root"), "grade": ("nobody", "root"),
-                 "gradescope": ("bwrap", "uid"), "nbgrader": ("nobody", "root")}
+CHANNEL_USERS = {
+    "check": ("nobody", "root"),
+    "notebook": ("nobody", "root"),
+    "grade": ("nobody", "root"),
+    "gradescope": ("bwrap", "uid"),
+    "nbgrader": ("nobody", "root"),
+}
 """Who runs each channel: root or uid 65534 (first: its venv is then a target of every later campaign); Gradescope
 runs run_autograder as root only, so there the two variants are its two boundaries, the second running the
 student's code as an unprivileged uid without namespaces."""
@@ -715,16 +771,17 @@ def campaign_grade(user: User, c: Campaign, folder: Path) -> None:
     out.parent.mkdir(parents=True)
     user.give(out.parent)
     students = list(c.roles)
-    extra = Targets([subs, out, out.parent] + [subs / s for s in students] + [out / s / "ch17" for s in students],
-                    [subs / s / CH.filename for s in students] + [out / s / "ch17" / "results.json" for s in students],
-                    [out / s / "ch17" / "results.json" for s in students])
+    extra = Targets(
+        [subs, out, out.parent] + [subs / s for s in students] + [out / s / "ch17" for s in students],
+        [subs / s / CH.filename for s in students] + [out / s / "ch17" / "results.json" for s in students],
+        [out / s / "ch17" / "results.json" for s in students],
+    )
     for s in students:
         (subs / s).mkdir(parents=True)
     c.targets = common_targets(user, extra)  # OUT/<student>/ch17 exist once the earlier students are graded
     for s, role in c.roles.items():
         (subs / s / CH.filename).write_text(module_for(role, c.targets, s))
-    argv = user.course("grade", subs, "--chapter", "ch17", "--out", out, "--jobs", 1, "--seed", SEED,
-                       "--time-limit", 5)
+    argv = user.course("grade", subs, "--chapter", "ch17", "--out", out, "--jobs", 1, "--seed", SEED, "--time-limit", 5)
     r = run(user, argv, "class", cwd=ROOT, timeout=c.bound * len(students))
     c.runs.append(r)
     c.outputs += [("stdout", "", r.stdout), ("stderr", "", r.stderr)]
@@ -774,17 +831,15 @@ def container(command: str, keep: list[Path]) -> list[str]:
     harness reads results.json after run_autograder (a leftover process would rewrite it then)."""
     # what to keep and run come in the environment, so that no argv but the grader's own names this test's folders
     stash = "; ".join(f'mkdir /mnt/k{i} && mount --bind "$CONTAINER_KEEP{i}" /mnt/k{i}' for i in range(len(keep)))
-    back = "; ".join(f'mkdir -p "$CONTAINER_KEEP{i}" && mount --move /mnt/k{i} "$CONTAINER_KEEP{i}"'
-                     for i in range(len(keep)))
-    hide = ('for d in /* "$CONTAINER_CHECKOUT"; do case "$d" in /bin|/dev|/etc|/lib|/lib32|/lib64|/libx32|/mnt|'
-            '/proc|/run|/sbin|/sys|/usr) ;; *) if [ -d "$d" ] && [ ! -L "$d" ]; then '
-            'mount -t tmpfs -o mode=755 tmpfs "$d"; fi ;; esac; done; chmod 1777 /tmp')
-    script = (f"set -e; mount -t tmpfs tmpfs /mnt; {stash}; {hide}; {back}; "
-              'set +e; "$CONTAINER_RUN"; status=$?; sleep 2; exit $status')
-    env = [f"CONTAINER_KEEP{i}={p}" for i, p in enumerate(keep)] + [f"CONTAINER_RUN={command}",
-                                                                    f"CONTAINER_CHECKOUT={CHECKOUT}"]
-    return ["env", *env, "unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private",
-            "/bin/sh", "-c", script]
+    back = "; ".join(f'mkdir -p "$CONTAINER_KEEP{i}" && mount --move /mnt/k{i} "$CONTAINER_KEEP{i}"' for i in range(len(keep)))
+    hide = (
+        'for d in /* "$CONTAINER_CHECKOUT"; do case "$d" in /bin|/dev|/etc|/lib|/lib32|/lib64|/libx32|/mnt|'
+        '/proc|/run|/sbin|/sys|/usr) ;; *) if [ -d "$d" ] && [ ! -L "$d" ]; then '
+        'mount -t tmpfs -o mode=755 tmpfs "$d"; fi ;; esac; done; chmod 1777 /tmp'
+    )
+    script = f'set -e; mount -t tmpfs tmpfs /mnt; {stash}; {hide}; {back}; set +e; "$CONTAINER_RUN"; status=$?; sleep 2; exit $status'
+    env = [f"CONTAINER_KEEP{i}={p}" for i, p in enumerate(keep)] + [f"CONTAINER_RUN={command}", f"CONTAINER_CHECKOUT={CHECKOUT}"]
+    return ["env", *env, "unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private", "/bin/sh", "-c", script]
 
 
 GRADESCOPE_STUDENT = 1_260_000 + os.getpid() % 10_000
@@ -805,19 +860,46 @@ def campaign_gradescope(user: User, c: Campaign, folder: Path, bundle: Bundle, k
         (root / "results").mkdir()
         os.chmod(root / "results", 0o777)  # as Gradescope leaves it: the bundle must close it
         course = root / "source" / "course"
-        c.targets = common_targets(user, Targets(
-            [root, root / "results", root / "submission", course, course / "solutions", course / "grader",
-             bundle.site, bundle.site / "grader", bundle.site / "solutions", bundle.python.parent],
-            [course / "grader" / "run.py", bundle.site / "grader" / "run.py"], [root / "results" / "results.json"],
-            [course / "solutions" / CH.filename, course / "grader" / "hidden" / "ch17.py",
-             bundle.site / "solutions" / CH.filename, bundle.site / "grader" / "hidden" / "ch17.py"]))
+        c.targets = common_targets(
+            user,
+            Targets(
+                [
+                    root,
+                    root / "results",
+                    root / "submission",
+                    course,
+                    course / "solutions",
+                    course / "grader",
+                    bundle.site,
+                    bundle.site / "grader",
+                    bundle.site / "solutions",
+                    bundle.python.parent,
+                ],
+                [course / "grader" / "run.py", bundle.site / "grader" / "run.py"],
+                [root / "results" / "results.json"],
+                [
+                    course / "solutions" / CH.filename,
+                    course / "grader" / "hidden" / "ch17.py",
+                    bundle.site / "solutions" / CH.filename,
+                    bundle.site / "grader" / "hidden" / "ch17.py",
+                ],
+            ),
+        )
         # the uid boundary has no tmpfs of its own: its /tmp is the container's, one per submission on Gradescope
         options = {"fill_cap": 1 << 40} if kind == "uid" else {}
         (root / "submission" / CH.filename).write_text(module_for(role, c.targets, student, **options))
-        env = dict(user.env(), GRADESCOPE_ROOT=str(root), COURSE_PYTHON=str(bundle.python), COURSE_SANDBOX=kind,
-                   COURSE_STUDENT_UID=str(GRADESCOPE_STUDENT))
-        argv = [str(root / "run_autograder")] if kind == "bwrap" else container(str(root / "run_autograder"),
-                                                                               keep=[bundle.source.parent, folder])
+        env = dict(
+            user.env(),
+            GRADESCOPE_ROOT=str(root),
+            COURSE_PYTHON=str(bundle.python),
+            COURSE_SANDBOX=kind,
+            COURSE_STUDENT_UID=str(GRADESCOPE_STUDENT),
+        )
+        argv = (
+            [str(root / "run_autograder")]
+            if kind == "bwrap"
+            else container(str(root / "run_autograder"), keep=[bundle.source.parent, folder])
+        )
         r = run(user, argv, student, cwd=root, timeout=c.bound, env=env)
         c.runs.append(r)
         result = root / "results" / "results.json"
@@ -837,8 +919,7 @@ def campaign_nbgrader(user: User, c: Campaign, folder: Path) -> None:
         template = folder.parent / "nbgrader-template"
         write_course(template, [CH])
         env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-        made = subprocess.run(["nbgrader", "generate_assignment", "ch17", "--force"], cwd=template, env=env,
-                              capture_output=True, text=True)
+        made = subprocess.run(["nbgrader", "generate_assignment", "ch17", "--force"], cwd=template, env=env, capture_output=True, text=True)
         assert made.returncode == 0, made.stdout + made.stderr
         _NBGRADER_TEMPLATE["course"] = template
     course = folder / f"{RUN_TAG}-nbgrader"
@@ -847,17 +928,17 @@ def campaign_nbgrader(user: User, c: Campaign, folder: Path) -> None:
     source = json.loads((course / "source" / "ch17" / "ch17.ipynb").read_text())
     out = course / "course-grade"
     students = list(c.roles)
-    extra = Targets([course, course / "submitted", course / "autograded"]
-                    + [course / "submitted" / s / "ch17" for s in students],
-                    [course / "gradebook.db"] + [course / "submitted" / s / "ch17" / "ch17.ipynb" for s in students],
-                    [out / s / "ch17" / "results.json" for s in students])
+    extra = Targets(
+        [course, course / "submitted", course / "autograded"] + [course / "submitted" / s / "ch17" for s in students],
+        [course / "gradebook.db"] + [course / "submitted" / s / "ch17" / "ch17.ipynb" for s in students],
+        [out / s / "ch17" / "results.json" for s in students],
+    )
     for s in students:
         (course / "submitted" / s / "ch17").mkdir(parents=True)
     c.targets = common_targets(user, extra)
     for s, role in c.roles.items():
         nb = json.loads(json.dumps(source if role in ("victim", "honest") else release))
-        answers = [x for x in nb["cells"]
-                   if x.get("metadata", {}).get("nbgrader", {}).get("grade_id", "").startswith("answer_")]
+        answers = [x for x in nb["cells"] if x.get("metadata", {}).get("nbgrader", {}).get("grade_id", "").startswith("answer_")]
         if role in ("victim", "honest"):
             answers[-1]["source"] = "".join(answers[-1]["source"]) + VICTIM_CODE
         else:
@@ -878,15 +959,18 @@ def campaign_nbgrader(user: User, c: Campaign, folder: Path) -> None:
         return parts[1] if len(parts) > 2 and parts[0] in ("autograded", "feedback", "course-grade") else ""
 
     for sub in ("course-grade", "autograded", "feedback"):
-        c.outputs += [o for o in _read_outputs(course / sub, owner)
-                      if not (sub != "course-grade" and c.roles.get(o[1]) in ("victim", "honest"))]
+        c.outputs += [
+            o for o in _read_outputs(course / sub, owner) if not (sub != "course-grade" and c.roles.get(o[1]) in ("victim", "honest"))
+        ]
 
 
-RUNNERS = {"check": lambda u, c, f, r: campaign_check(u, c, f, False),
-           "notebook": lambda u, c, f, r: campaign_check(u, c, f, True),
-           "grade": lambda u, c, f, r: campaign_grade(u, c, f),
-           "gradescope": lambda u, c, f, r: campaign_gradescope(u, c, f, r.getfixturevalue("bundle"), c.user),
-           "nbgrader": lambda u, c, f, r: campaign_nbgrader(u, c, f)}
+RUNNERS = {
+    "check": lambda u, c, f, r: campaign_check(u, c, f, False),
+    "notebook": lambda u, c, f, r: campaign_check(u, c, f, True),
+    "grade": lambda u, c, f, r: campaign_grade(u, c, f),
+    "gradescope": lambda u, c, f, r: campaign_gradescope(u, c, f, r.getfixturevalue("bundle"), c.user),
+    "nbgrader": lambda u, c, f, r: campaign_nbgrader(u, c, f),
+}
 
 
 @pytest.fixture(scope="module", params=CAMPAIGNS, ids=[f"{c}-{u}" for c, u in CAMPAIGNS])
@@ -912,16 +996,16 @@ def campaign(request, base):
         for s in c.roles:
             f = folder / f"{RUN_TAG}-gs-{s}" / "results" / "results.json"
             later[s] = _json(f.read_text()) if f.is_file() else None
-    c.rewritten = [f"{s}: results.json changed after the run ({_score(first_read[s])} -> {_score(d)})"
-                   for s, d in later.items() if d != first_read[s]]
+    c.rewritten = [
+        f"{s}: results.json changed after the run ({_score(first_read[s])} -> {_score(d)})" for s, d in later.items() if d != first_read[s]
+    ]
     # files: the attacks' targets, the unprivileged venv, /tmp and the checkout
     aimed = list(dict.fromkeys(_all_targets_seen))
     c.planted = [str(p) for p in _planted(aimed)]
     if venv_before is not None:
         after = _tree_stat(user.venv)
         c.changed += [f"{user.venv}/{k}" for k in sorted(set(after) ^ set(venv_before))]
-        c.changed += [f"{user.venv}/{k} (modified)" for k in sorted(set(after) & set(venv_before))
-                      if after[k] != venv_before[k]]
+        c.changed += [f"{user.venv}/{k} (modified)" for k in sorted(set(after) & set(venv_before)) if after[k] != venv_before[k]]
     left_in_tmp = []
     for name in sorted(set(os.listdir("/tmp")) - tmp_before):
         if name == base.name:
@@ -944,10 +1028,8 @@ def campaign(request, base):
 # -- the verdicts --------------------------------------------------------------------------------------------------
 def _describe(c: Campaign, student: str) -> str:
     doc = c.docs.get(student) or {}
-    fails = [f"{t.get('name')}: {t.get('status')}: {str(t.get('output'))[:160]}" for t in doc.get("tests", [])
-             if t.get("score")][:5]
-    runs = [f"{r.label}: rc {r.rc}, {r.elapsed:.0f} s, stderr {r.stderr[-600:]!r}" for r in c.runs
-            if r.label in (student, "class")]
+    fails = [f"{t.get('name')}: {t.get('status')}: {str(t.get('output'))[:160]}" for t in doc.get("tests", []) if t.get("score")][:5]
+    runs = [f"{r.label}: rc {r.rc}, {r.elapsed:.0f} s, stderr {r.stderr[-600:]!r}" for r in c.runs if r.label in (student, "class")]
     return f"holes it reported: {c.holes(student)}; points it got: {fails}; runs: {runs}"
 
 
@@ -1012,12 +1094,13 @@ def test_grading_others_code_refuses_without_bubblewrap_unless_no_sandbox(root_u
     (folder / "subs" / "a" / CH.filename).write_text((chapters.EXERCISES / CH.filename).read_text())
     (folder / "ch17.ipynb").write_text(json.dumps(chapter_notebook(CH)))
     env = dict(root_user.env(), PATH=str(folder / "bin"))  # no bwrap (and nothing else) to be found
-    commands = {"check --submission": root_user.course("check", "ch17", "--submission", folder / "subs" / "a", "--json",
-                                                       "--figures", folder / "figs"),
-                "check --notebook": root_user.course("check", "ch17", "--notebook", folder / "ch17.ipynb", "--json",
-                                                     "--figures", folder / "figs"),
-                "grade": root_user.course("grade", folder / "subs", "--chapter", "ch17", "--out", folder / "out",
-                                          "--jobs", 1, "--seed", SEED)}
+    commands = {
+        "check --submission": root_user.course(
+            "check", "ch17", "--submission", folder / "subs" / "a", "--json", "--figures", folder / "figs"
+        ),
+        "check --notebook": root_user.course("check", "ch17", "--notebook", folder / "ch17.ipynb", "--json", "--figures", folder / "figs"),
+        "grade": root_user.course("grade", folder / "subs", "--chapter", "ch17", "--out", folder / "out", "--jobs", 1, "--seed", SEED),
+    }
     for what, argv in commands.items():
         r = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True, timeout=120)
         said = r.stdout + r.stderr

@@ -46,21 +46,20 @@ def test_the_book_holds_every_figure_in_the_seed_pages_order(reference_book):
     ids = cards(reference_book.index)
     assert sorted(ids) == sorted(IDS) and len(ids) == len(set(ids)) == len(IDS)
     dims = [i for i in ids if "-dim-" in i]
-    assert ids[:len(dims)] == dims and ids[len(dims)] == "overview", "dimension figures first, then the overview"
-    rest = ids[len(dims) + 1:]
+    assert ids[: len(dims)] == dims and ids[len(dims)] == "overview", "dimension figures first, then the overview"
+    rest = ids[len(dims) + 1 :]
     assert rest == sorted(rest, key=lambda i: int(i[2:4])), "then the chapters in course order"
     for figure_id in IDS:
         svg = reference_book.index.parent / f"{figure_id}.svg"
         assert svg.is_file() and svg.read_text(encoding="utf-8").lstrip().startswith("<svg"), figure_id
-    assert all(e.status == "drawn" for e in reference_book.entries), [e.id for e in reference_book.entries
-                                                                      if e.status != "drawn"]
+    assert all(e.status == "drawn" for e in reference_book.entries), [e.id for e in reference_book.entries if e.status != "drawn"]
 
 
 def test_each_card_has_its_id_captions_and_a_link_to_the_full_figure(reference_book):
     text = reference_book.index.read_text(encoding="utf-8")
     for e in reference_book.entries:
-        card = text[text.index(f'id="{e.id}"'):]
-        card = card[:card.index("</div></div>") if "</div></div>" in card else None]
+        card = text[text.index(f'id="{e.id}"') :]
+        card = card[: card.index("</div></div>") if "</div></div>" in card else None]
         assert f'href="{e.id}.svg"' in card and f'src="{e.id}.svg"' in card, e.id
         assert html.escape(e.zh) in card and html.escape(e.en) in card, e.id
         assert re.search(r"[\u4e00-\u9fff]", e.zh), f"{e.id}: its Chinese caption"
@@ -74,8 +73,7 @@ def test_every_character_of_the_pages_comes_from_the_fonts_they_embed(reference_
     for name in ("index.html", "lab.html"):
         page = (reference_book.index.parent / name).read_text(encoding="utf-8")
         words = html.unescape(re.sub(r"<[^>]+>", " ", page.split("</style>", 1)[1]))
-        lacking = sorted({c for c in words if c.isprintable() and not c.isspace() and typeface.pick(c, "sans", False)
-                          is None})
+        lacking = sorted({c for c in words if c.isprintable() and not c.isspace() and typeface.pick(c, "sans", False) is None})
         assert not lacking, f"{name} draws characters no shipped font has: {lacking} (run figures/fonts/build.py)"
 
 
@@ -103,9 +101,19 @@ def browser():
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     profile = tempfile.mkdtemp(prefix="course-book-chromium-")
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--allow-file-access-from-files", f"--user-data-dir={profile}", "--hide-scrollbars"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--allow-file-access-from-files",
+        f"--user-data-dir={profile}",
+        "--hide-scrollbars",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     yield driver
@@ -144,8 +152,9 @@ def test_the_page_holds_in_a_browser(browser, request, book_name, width, height)
         assert (book.index.parent / href.split("#")[0]).is_file(), f"a link that does not resolve: {href}"
     ours = [(family.strip('"'), status) for family, status in state["fonts"] if family.strip('"').startswith("cf-")]
     assert not [f for f in ours if f[1] == "error"], f"an embedded font that does not load: {ours}"
-    assert any(family.startswith("cf-sans-") and status == "loaded" for family, status in ours), \
+    assert any(family.startswith("cf-sans-") and status == "loaded" for family, status in ours), (
         f"the page's Chinese is not drawn with the embedded font: {ours}"
+    )
     assert state["overflow"] <= 0, f"{state['overflow']} px wider than a {width} px window"
     assert max(state["cards"]) <= state["width"], "a card runs past the window"
     shots = os.environ.get("COURSE_BOOK_SCREENSHOTS")

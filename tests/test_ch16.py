@@ -31,11 +31,15 @@ def graded(tmp_path_factory):
 
 def texts(report, figure_id: str, cls: str | None = None) -> list[str]:
     """The texts of a figure (those of class `cls`, when given)."""
-    return [el.text or "" for el in figure(report, figure_id).iter("{http://www.w3.org/2000/svg}text")
-            if cls is None or cls in (el.get("class") or "").split()]
+    return [
+        el.text or ""
+        for el in figure(report, figure_id).iter("{http://www.w3.org/2000/svg}text")
+        if cls is None or cls in (el.get("class") or "").split()
+    ]
 
 
 # -- 16.1 split_heads ----------------------------------------------------------------------------
+
 
 def test_reshape_without_transpose_is_explained_and_drawn(graded):
     # a reshape straight to [B, H, T, d]: the heads' rows mix the columns of different tokens
@@ -45,9 +49,11 @@ def test_reshape_without_transpose_is_explained_and_drawn(graded):
     x = checks.numbered()
     want = ref.split_heads(x, 2)
     assert "num_heads=2 → d = 4 // 2 = 2; the result is [B, H, T, d] = [1, 2, 3, 2]" in r.message
-    assert (f"out[0, 0, 1, :] is head 0 of token 1, the columns h·d … h·d + d − 1 = 0 … 1 of row 1: "
-            f"x[0, 1, 0:2] = {checks.vec(want[0, 0, 1])}; yours: {checks.vec(x[0, 0, 2:4])}, "
-            f"which is head 1 of token 0 (x[0, 0, 2:4])") in r.message
+    assert (
+        f"out[0, 0, 1, :] is head 0 of token 1, the columns h·d … h·d + d − 1 = 0 … 1 of row 1: "
+        f"x[0, 1, 0:2] = {checks.vec(want[0, 0, 1])}; yours: {checks.vec(x[0, 0, 2:4])}, "
+        f"which is head 1 of token 0 (x[0, 0, 2:4])"
+    ) in r.message
     assert r.hints == ["reshape_no_transpose"]
     assert wrong_elements(report, "ch16-dim-split-heads")
     assert any("In your result #2 sits at out[0, 0, 1, 0]" in s for s in texts(report, "ch16-dim-split-heads"))
@@ -60,8 +66,7 @@ def test_wrong_axes_are_named_from_the_shape(graded):
     # transpose(2, 3) instead of transpose(1, 2): the width and head axes swapped, tokens left in place
     report = graded.mistake("wrong_axes", task="ch16.1")
     r = result(report, "figure instance: the numbers 0")
-    assert "expected the heads as a 4-D float32 tensor of shape [1, 2, 3, 2]; yours: float32 tensor [1, 3, 2, 2]" \
-        in r.message
+    assert "expected the heads as a 4-D float32 tensor of shape [1, 2, 3, 2]; yours: float32 tensor [1, 3, 2, 2]" in r.message
     assert r.hints == ["wrong_axes"] and "[B, T, d, H] (permute(0, 1, 3, 2))" in r.message
     # Where every size is alike the shape is right, and the values give it away.
     square = result(report, "T = H = d")
@@ -88,9 +93,16 @@ def test_a_copy_does_not_fit_the_measured_check(graded, mistake):
 def test_a_copy_made_with_dispatch_modes_switched_off_is_still_measured(graded):
     # Switching off torch's dispatch modes hid a copy from a recorder inside the student's process; the memory
     # limit is the kernel's, outside it.
-    report = graded("split_copy_unseen", (SPLIT, "import torch.utils._python_dispatch\n"
-                                                 "    with torch.utils._python_dispatch._disable_current_modes():\n"
-                                                 "        " + SPLIT + ".contiguous()"), task="ch16.1")
+    report = graded(
+        "split_copy_unseen",
+        (
+            SPLIT,
+            "import torch.utils._python_dispatch\n"
+            "    with torch.utils._python_dispatch._disable_current_modes():\n"
+            "        " + SPLIT + ".contiguous()",
+        ),
+        task="ch16.1",
+    )
     assert checks_not_passed(report) == ["the split is a view: no number is copied (measured)"]
     assert "asking for 16 MiB" in result(report, "the split is a view").message
 
@@ -102,16 +114,18 @@ def test_reference_passes_the_measured_check():
 
 # -- 16.2 merge_heads ----------------------------------------------------------------------------
 
+
 def test_bare_reshape_mixes_tokens(graded):
     # reshape(B, T, H·d) without transpose(1, 2): each row takes consecutive tokens of one head
     report = graded.mistake("bare_reshape")
     r = result(report, "figure instance: [1, 2, 3, 2]")
     assert r.status == "failed"
     heads = ref.split_heads(checks.numbered(), 2)
-    assert (f"out[0, 0, 2] is column 2 = 1·2 + 0 of token 0's row, i.e. head 1 of token 0: x[0, 1, 0, 0] = "
-            f"{fmt(ref.merge_heads(heads)[0, 0, 2])}; yours: {fmt(heads.reshape(1, 3, 4)[0, 0, 2])}") in r.message
-    assert "your row 0 holds, piece by piece: head 0 of token 0, head 0 of token 1 — values of 2 different tokens" \
-        in r.message
+    assert (
+        f"out[0, 0, 2] is column 2 = 1·2 + 0 of token 0's row, i.e. head 1 of token 0: x[0, 1, 0, 0] = "
+        f"{fmt(ref.merge_heads(heads)[0, 0, 2])}; yours: {fmt(heads.reshape(1, 3, 4)[0, 0, 2])}"
+    ) in r.message
+    assert "your row 0 holds, piece by piece: head 0 of token 0, head 0 of token 1 — values of 2 different tokens" in r.message
     assert r.hints == ["bare_reshape"]
     # With one token or one head there is nothing to mix: those cases pass.
     assert result(report, "one token, one head").status == "passed"
@@ -141,16 +155,23 @@ def test_reference_merge_figure_marks_the_mixed_rows(tmp_path):
 
 # -- 16.3 attention_steps ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mistake, factor", [("one_over_d", 1 / 2),   # 1/d: the square root forgotten
-                                             ("unscaled", 1.0)])        # no scale at all: raw dot products
+
+@pytest.mark.parametrize(
+    "mistake, factor",
+    [
+        ("one_over_d", 1 / 2),  # 1/d: the square root forgotten
+        ("unscaled", 1.0),
+    ],
+)  # no scale at all: raw dot products
 def test_wrong_scales_are_explained(graded, mistake, factor):
     report = graded.mistake(mistake, task="ch16.3")
     r = result(report, "figure instance: one causal head")
     assert r.status == "failed"
     q, k = checks.tensor(checks.ONE_Q), checks.tensor(checks.ONE_K)
     want = ref.attention_steps(q, k, k, mask=models.causal(3))["scores"]
-    assert (f"step 1: scores[0, 0] = (q[0] · k[0]) × scale = (1·1 + 0·0) × 1/√2 = {fmt(want[0, 0])}; "
-            f"yours: {fmt(float(q[0] @ k[0]) * factor)}") in r.message
+    assert (
+        f"step 1: scores[0, 0] = (q[0] · k[0]) × scale = (1·1 + 0·0) × 1/√2 = {fmt(want[0, 0])}; yours: {fmt(float(q[0] @ k[0]) * factor)}"
+    ) in r.message
     assert r.hints == [mistake]
     qwen = result(report, "Qwen3-0.6B's head_dim 128")
     assert "1/√128" in qwen.message and "is a sum of d = 128 products" in qwen.message
@@ -218,6 +239,7 @@ def test_finite_fill_is_not_exactly_zero(graded):
 
 # -- the reference against the conventions it claims ----------------------------------------------
 
+
 def test_split_is_a_view_with_swapped_strides():
     x = checks.numbered()
     out = ref.split_heads(x, 2)
@@ -242,14 +264,15 @@ def test_sdpa_returns_zeros_for_a_blind_query_where_the_course_raises():
 
 
 def test_reference_softmax_is_exact_on_large_scores():
-    q, k = torch.tensor([[0.5] * 4]), torch.tensor([10000., 9999., 9998., 5000.])[:, None].expand(4, 4)
+    q, k = torch.tensor([[0.5] * 4]), torch.tensor([10000.0, 9999.0, 9998.0, 5000.0])[:, None].expand(4, 4)
     steps = ref.attention_steps(q, k, torch.eye(4))
-    assert steps["scores"].tolist() == [[10000., 9999., 9998., 5000.]]
-    torch.testing.assert_close(steps["probs"], torch.tensor([[0., 1., 2., 5000.]]).neg().softmax(-1))
+    assert steps["scores"].tolist() == [[10000.0, 9999.0, 9998.0, 5000.0]]
+    torch.testing.assert_close(steps["probs"], torch.tensor([[0.0, 1.0, 2.0, 5000.0]]).neg().softmax(-1))
     assert steps["probs"][0, 3] == 0
 
 
 # -- the hint helpers on misconceptions that need no submission ------------------------------------
+
 
 def test_interleaved_heads_are_recognised():
     x = torch.randn(2, 3, 8)
@@ -262,7 +285,7 @@ def test_interleaved_heads_are_recognised():
 def test_scale_from_the_wrong_dimension_and_wrong_out_are_recognised():
     q, k, v = torch.randn(2, 16), torch.randn(5, 16), torch.randn(5, 16)
     want = ref.attention_steps(q, k, v)
-    by_keys = (q @ k.T) / 5 ** 0.5
+    by_keys = (q @ k.T) / 5**0.5
     variants = models.steps_variants(None, q, k, v, None, None, want)
     assert checks.scores_hint(by_keys, want["scores"], q, k, None, None, variants["scores"]).id == "sqrt_keys"
     assert checks.out_hint(want["scores"] @ v, variants["out"]).id == "scores_at_v"
@@ -282,8 +305,10 @@ def test_a_transpose_is_a_raised_t_in_the_figures_own_font():
 z = torch.zeros
 
 
-@pytest.mark.parametrize("x, heads", [(z(1, 2, 10), 4), (z(2, 3, 2048), 12), (z(1, 4, 8), 0), (z(1, 4, 8), True),
-                                      (z(1, 4, 8), 2.0), (z(3, 8), 2), (z(1, 2, 3, 8), 2)])
+@pytest.mark.parametrize(
+    "x, heads",
+    [(z(1, 2, 10), 4), (z(2, 3, 2048), 12), (z(1, 4, 8), 0), (z(1, 4, 8), True), (z(1, 4, 8), 2.0), (z(3, 8), 2), (z(1, 2, 3, 8), 2)],
+)
 def test_the_provided_split_check_refuses_bad_inputs(x, heads):
     with pytest.raises(ValueError):
         ref.split_heads(x, heads)
@@ -320,7 +345,7 @@ def test_the_provided_checks_let_good_inputs_through():
 def test_a_blind_query_stays_the_students_to_refuse():
     """The lesson's guard (a query that may attend no key) is inside the solution region, not a provided check."""
     blind = torch.tensor([[True, False, False], [False] * 3])
-    ref._check_steps(z(2, 4), z(3, 4), z(3, 4), blind)            # the provided check lets it through
+    ref._check_steps(z(2, 4), z(3, 4), z(3, 4), blind)  # the provided check lets it through
     with pytest.raises(ValueError, match="query 1 may attend no key"):
         ref.attention_steps(z(2, 4), z(3, 4), z(3, 4), mask=blind)
     with pytest.raises(ValueError, match="may attend no key"):

@@ -92,6 +92,7 @@ def test_dropped_diagonal(graded):
 
 # -- the message helpers on misconceptions that need no submission ------------------------------
 
+
 def test_additive_float_mask_is_recognised():
     want = ref.causal_mask_with_offset(N, C)
     additive = torch.zeros(want.shape).masked_fill(~want, float("-inf"))
@@ -105,8 +106,10 @@ def test_integer_mask_is_recognised():
     assert hint.id == "int_values"
 
 
-@pytest.mark.parametrize("shape, mistake", [((N, N), "new_keys_only"), ((N + C, N + C), "every_row"),
-                                            ((N, C), "cached_keys_only"), ((N + C, N), "keys_by_queries")])
+@pytest.mark.parametrize(
+    "shape, mistake",
+    [((N, N), "new_keys_only"), ((N + C, N + C), "every_row"), ((N, C), "cached_keys_only"), ((N + C, N), "keys_by_queries")],
+)
 def test_wrong_shapes_are_explained(shape, mistake):
     want = ref.causal_mask_with_offset(N, C)
     got = torch.ones(shape, dtype=torch.bool).tril()
@@ -150,6 +153,7 @@ def test_sdpa_is_causal_is_top_left_for_a_chunk():
 
 
 # -- the provided input checks (outside the solution regions: unit tests, no graded checks) ---------------------
+
 
 @pytest.mark.parametrize("bad", [-1, 2.5, True, "3", None])
 def test_the_provided_count_check_refuses_what_is_not_a_number_of_tokens(bad):

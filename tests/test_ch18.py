@@ -28,6 +28,7 @@ def graded(tmp_path_factory):
 
 # -- 18.1 --------------------------------------------------------------------------------------------
 
+
 def test_interleaved_grouping_is_explained_and_drawn(graded):
     """q_head % num_kv_heads: the groups interleaved (heads 0, 2, … share K/V head 0) instead of consecutive."""
     report = graded.mistake("interleaved")
@@ -63,6 +64,7 @@ def test_mapping_hint_recognises_each_misconception():
 
 # -- 18.2 --------------------------------------------------------------------------------------------
 
+
 def test_interleaved_attention_names_head_token_and_grouping(graded):
     report = graded.mistake("interleaved")
     r = result(report, "GQA: a chunk of 3 queries")
@@ -94,8 +96,7 @@ def test_unscaled_scores_are_explained_and_marked(graded):
     assert r.hints == ["unscaled"]
     q, k, v = checks18.dim_gqa_tensors()
     want = ref.gqa_attention(q, k, v)
-    t, h, j = (int(i) for i in ((want - models18.attend(q, k, v, [0, 0], models18.end_aligned(3, 3), 1.0)).abs()
-                                > 1e-5).nonzero()[0])
+    t, h, j = (int(i) for i in ((want - models18.attend(q, k, v, [0, 0], models18.end_aligned(3, 3), 1.0)).abs() > 1e-5).nonzero()[0])
     assert f"out[{t}, {h}, {j}]: expected {checks18.fmt(want[t, h, j])}" in r.message
     assert wrong_elements(report, "ch18-dim-gqa"), "the student's wrong outputs are marked in ch18-dim-gqa"
     # A custom scale is still honoured, so the non-causal custom-scale case passes.
@@ -128,17 +129,19 @@ def test_broadcasting_matmul_copy_is_caught_with_its_hint(graded):
     report = graded.mistake("broadcast_matmul", task="ch18.2")
     message = copy_message(report)
     assert result(report, "no per-query-head copy").hints == ["broadcast_matmul"]
-    assert "[2, 8, 128, 8192]" in message        # the copy's shape, of this case
+    assert "[2, 8, 128, 8192]" in message  # the copy's shape, of this case
 
 
 def test_a_copy_made_with_dispatch_modes_switched_off_is_still_measured(graded):
     # Switching off torch's dispatch modes hid the copies from a recorder inside the student's process; the
     # memory limit is the kernel's, outside it.
-    (old, new), = row("ch18", "repeat_kv").edits
-    unseen = new.replace("    k, v = k.repeat_interleave",
-                         "    import torch.utils._python_dispatch\n"
-                         "    with torch.utils._python_dispatch._disable_current_modes():\n"
-                         "        k, v = k.repeat_interleave")
+    ((old, new),) = row("ch18", "repeat_kv").edits
+    unseen = new.replace(
+        "    k, v = k.repeat_interleave",
+        "    import torch.utils._python_dispatch\n"
+        "    with torch.utils._python_dispatch._disable_current_modes():\n"
+        "        k, v = k.repeat_interleave",
+    )
     assert "asking for 64 MiB" in copy_message(graded("ch18_repeat_kv_unseen", (old, unseen), task="ch18.2"))
 
 
@@ -154,13 +157,14 @@ def test_attention_hint_finds_combined_mistakes():
     q = torch.randn(T, Hq, d, generator=g)
     k, v = torch.randn(S, Hkv, d, generator=g), torch.randn(S, Hkv, d, generator=g)
     variants = models18.gqa_variants(None, q, k, v, True, None)
-    both = models18.attend(q, k, v, [h % Hkv for h in range(Hq)], torch.ones(T, S, dtype=torch.bool).tril(), d ** -0.5)
+    both = models18.attend(q, k, v, [h % Hkv for h in range(Hq)], torch.ones(T, S, dtype=torch.bool).tril(), d**-0.5)
     assert [h.id for h in checks18.attention_hints(both, q, k, v, True, None, variants)] == ["interleaved", "topleft"]
     full_width = models18.attend(q, k, v, [h // 2 for h in range(Hq)], models18.end_aligned(T, S), (Hq * d) ** -0.5)
     assert [h.id for h in checks18.attention_hints(full_width, q, k, v, True, None, variants)] == ["scale_all_heads"]
 
 
 # -- 18.3 --------------------------------------------------------------------------------------------
+
 
 def test_forgetting_v_is_explained_and_drawn(graded):
     """Only K counted: the factor 2 for K and V forgotten (in bf16, a forgotten dtype_bytes gives the same count)."""
@@ -180,8 +184,7 @@ def test_float_bytes_are_refused_with_a_hint(graded):
     assert r.status == "failed"
     assert "as a Python int; yours: float" in r.message
     assert r.hints == ["float_bytes"]
-    assert not any(p.endswith("/ch18-kv-capacity.svg") for p in report.figures), \
-        "no figure from values of the wrong type"
+    assert not any(p.endswith("/ch18-kv-capacity.svg") for p in report.figures), "no figure from values of the wrong type"
 
 
 def ids(hints) -> list[str]:
@@ -222,16 +225,18 @@ def test_the_arrow_labels_between_the_blocks_have_room_and_the_transpose_is_a_ra
     labels = [t for t in texts(svg) if t.s in ("· KT", "softmax(·/√2)", "· V")]
     assert len(labels) == 6
     for t in labels:
-        (x1, _, x2), = [(x1, y, x2) for x1, y, x2 in arrows if x1 < t.x < x2 and 0 < y - t.y < 12]
-        gap_left, gap_right = x1 - 5, x2 + 6 + 5          # the arrow starts 5 after a block, its head ends 5 before
+        ((x1, _, x2),) = [(x1, y, x2) for x1, y, x2 in arrows if x1 < t.x < x2 and 0 < y - t.y < 12]
+        gap_left, gap_right = x1 - 5, x2 + 6 + 5  # the arrow starts 5 after a block, its head ends 5 before
         assert t.left - gap_left >= drawn.ARROW_ROOM - 0.5 and gap_right - t.right >= drawn.ARROW_ROOM - 0.5, t.s
     assert off_canvas(svg, margin=MARGIN - 1) == []
 
 
 # -- the provided input checks (outside the solution regions: unit tests, no graded checks) ---------------------
 
-@pytest.mark.parametrize("args", [(0, 12, 5), (4, 4, 2), (0, 4, 8), (0, 8, 0), (0, 0, 1), (0, 8, -2), (-1, 8, 2),
-                                  (16, 16, 8), (1.0, 4, 2), (0, True, 1)])
+
+@pytest.mark.parametrize(
+    "args", [(0, 12, 5), (4, 4, 2), (0, 4, 8), (0, 8, 0), (0, 0, 1), (0, 8, -2), (-1, 8, 2), (16, 16, 8), (1.0, 4, 2), (0, True, 1)]
+)
 def test_the_provided_head_check_refuses_bad_heads(args):
     with pytest.raises(ValueError):
         ref.kv_head_for(*args)
@@ -254,8 +259,18 @@ def test_the_provided_qkv_check_refuses_bad_shapes(case):
         ref.gqa_attention(*BAD_GQA[case])
 
 
-@pytest.mark.parametrize("args", [(28, 8, 128, -1, 2), (28, 8, 128, 10, 0), (-28, 8, 128, 10, 2), (28, 0, 128, 10, 2),
-                                  (28, 8, -128, 10, 2), (28, 8, 128, 10.0, 2), (28, 8, 128, True, 2)])
+@pytest.mark.parametrize(
+    "args",
+    [
+        (28, 8, 128, -1, 2),
+        (28, 8, 128, 10, 0),
+        (-28, 8, 128, 10, 2),
+        (28, 0, 128, 10, 2),
+        (28, 8, -128, 10, 2),
+        (28, 8, 128, 10.0, 2),
+        (28, 8, 128, True, 2),
+    ],
+)
 def test_the_provided_size_check_refuses_bad_sizes(args):
     with pytest.raises(ValueError):
         ref.kv_cache_bytes(*args)

@@ -28,6 +28,7 @@ def graded(tmp_path_factory):
 
 # -- 19.1 rope_cos_sin --------------------------------------------------------------------------------
 
+
 def test_cos_and_sin_swapped(graded):
     """(sin, cos) returned in the wrong order."""
     report = graded.mistake("sin_cos_order")
@@ -39,7 +40,7 @@ def test_cos_and_sin_swapped(graded):
     assert r.hints == ["sin_cos_order"]
     assert result(report, "agreement with transformers", task="ch19.1").status == "failed"
     assert wrong_elements(report, "ch19-rope-pair")
-    assert "ch19.2" not in tasks_not_passed(report)      # apply_rope is graded with the reference's tables
+    assert "ch19.2" not in tasks_not_passed(report)  # apply_rope is graded with the reference's tables
 
 
 def test_exponent_without_the_two(graded):
@@ -47,7 +48,7 @@ def test_exponent_without_the_two(graded):
     report = graded.mistake("exponent_j_over_d")
     r = result(report, "figure instance", task="ch19.1")
     assert r.status == "failed"
-    want = 1 / 10000 ** 0.5
+    want = 1 / 10000**0.5
     assert f"pair j = 1: inv_freq[1] = 1 / 10000^(2·1/4) = {checks.fmt(want, 6)}" in r.message
     assert r.hints == ["exponent_j_over_d"]
     assert wrong_elements(report, "ch19-rope-pair")
@@ -62,10 +63,11 @@ def test_full_width_tables_are_a_shape_problem(graded):
     assert r.status == "failed"
     assert "expected cos as a 2-D float32 tensor of shape [3, 2]; yours: float32 tensor [3, 4]" in r.message
     assert r.hints == ["full_width"]
-    assert not report.figures   # the structure check comes before the figure is recorded
+    assert not report.figures  # the structure check comes before the figure is recorded
 
 
 # -- 19.2 apply_rope ----------------------------------------------------------------------------------
+
 
 def test_interleaved_layout(graded):
     """The GPT-J layout: pairs (x[2j], x[2j + 1]) instead of (x[j], x[j + d/2])."""
@@ -85,10 +87,11 @@ def test_interleaved_layout(graded):
 
 
 def test_one_half_left_unrotated(graded):
-    report = graded("half_rotated",
-                    # only the first half rotated: y2 = x2, which is no rotation at all
-                    ("x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)",
-                          "x1 * c - x2 * s, x2), dim=-1).to(x.dtype)"))
+    report = graded(
+        "half_rotated",
+        # only the first half rotated: y2 = x2, which is no rotation at all
+        ("x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)", "x1 * c - x2 * s, x2), dim=-1).to(x.dtype)"),
+    )
     r = result(report, "a rotation keeps", task="ch19.2")
     assert r.status == "failed"
     assert "but |apply_rope(x)| = " in r.message and "a rotation keeps lengths" in r.message
@@ -104,7 +107,7 @@ def test_sin_sign_flipped(graded):
     assert r.status == "failed"
     assert r.hints == ["backwards"]
     assert wrong_elements(report, "ch19-rope-pair")
-    assert result(report, "relative position", task="ch19.2").status == "passed"   # the property alone cannot see it
+    assert result(report, "relative position", task="ch19.2").status == "passed"  # the property alone cannot see it
 
 
 def test_rotated_in_bf16(graded):
@@ -119,10 +122,11 @@ def test_rotated_in_bf16(graded):
 
 # -- 19.3 qk_norm_rope --------------------------------------------------------------------------------
 
+
 def test_rope_before_the_norm(graded):
     """RoPE, then the per-head norm: the weight scales channels already mixed by the rotation."""
     report = graded.mistake("rotate_first")
-    assert tasks_not_passed(report) == {"ch19.3", "ch19.4"}     # rope_attention builds on qk_norm_rope
+    assert tasks_not_passed(report) == {"ch19.3", "ch19.4"}  # rope_attention builds on qk_norm_rope
     r = result(report, "figure instance", task="ch19.3")
     assert r.status == "failed"
     assert "token 0 (position 1), q head 0 = [1, 2, 3, 4]: rms = √(mean(x²) + eps) = 2.739" in r.message
@@ -161,6 +165,7 @@ def test_rope_attention_inherits_a_wrong_qk_norm_rope_and_says_so(graded):
 
 # -- 19.4 rope_attention --------------------------------------------------------------------------------
 
+
 def test_values_rotated_too(graded):
     """RoPE applied to V as well: only q and k carry positions."""
     report = graded.mistake("rotated_v")
@@ -177,14 +182,19 @@ def test_values_rotated_too(graded):
     assert wrong_elements(report, "ch19-nanovllm-order")
 
 
-@pytest.mark.parametrize("mistake_id, stage, public_failing", [
-    ("normed_v", "v", 5), ("v_like_k", "v", 5),
-    ("one_rotated", "rope", 5), ("rotated_after", "attention", 5),
-    ("no_offset", "rope", 4),                       # a prefill without a cache starts at position 0 anyway
-    ("rotated_cache_again", None, 3),               # the figure's one cached key is at position 0: no turn
-    ("causal_offset", "attention", 4),              # a prefill without a cache is aligned either way
-    ("kv_groups", None, 3),                         # one K/V head (the figure, the decode step) has no groups
-])
+@pytest.mark.parametrize(
+    "mistake_id, stage, public_failing",
+    [
+        ("normed_v", "v", 5),
+        ("v_like_k", "v", 5),
+        ("one_rotated", "rope", 5),
+        ("rotated_after", "attention", 5),
+        ("no_offset", "rope", 4),  # a prefill without a cache starts at position 0 anyway
+        ("rotated_cache_again", None, 3),  # the figure's one cached key is at position 0: no turn
+        ("causal_offset", "attention", 4),  # a prefill without a cache is aligned either way
+        ("kv_groups", None, 3),  # one K/V head (the figure, the decode step) has no groups
+    ],
+)
 def test_each_wrong_order_is_named(graded, mistake_id, stage, public_failing):
     report = graded.mistake(mistake_id, task="ch19.4")
     failed = [x for x in report.results if x.status == "failed" and not x.hidden]
@@ -210,19 +220,23 @@ def test_attention_in_bf16_is_named(graded):
 
 def test_attention_by_torch_sdpa_passes(graded):
     """A right answer written another way: torch's scaled_dot_product_attention with a boolean mask and GQA."""
-    report = graded("sdpa", (
-        "    group = num_heads // k.shape[1]\n"
-        "    keys = k.float().repeat_interleave(group, dim=1)                 # [C + N, Hq, d]\n"
-        "    values = v.float().repeat_interleave(group, dim=1)\n"
-        '    scores = torch.einsum("nhd,shd->hns", q.float(), keys) * d ** -0.5\n'
-        "    visible = torch.ones(n, c + n, dtype=torch.bool).tril(diagonal=c)    # query i sees keys 0 … C + i\n"
-        '    probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)\n'
-        '    return torch.einsum("hns,shd->nhd", probs, values).to(q.dtype)',
-        "    visible = torch.ones(n, c + n, dtype=torch.bool).tril(diagonal=c)\n"
-        "    o = torch.nn.functional.scaled_dot_product_attention(\n"
-        "        q.float().transpose(0, 1), k.float().transpose(0, 1), v.float().transpose(0, 1), attn_mask=visible,\n"
-        "        enable_gqa=True)\n"
-        "    return o.transpose(0, 1).to(q.dtype)"))
+    report = graded(
+        "sdpa",
+        (
+            "    group = num_heads // k.shape[1]\n"
+            "    keys = k.float().repeat_interleave(group, dim=1)                 # [C + N, Hq, d]\n"
+            "    values = v.float().repeat_interleave(group, dim=1)\n"
+            '    scores = torch.einsum("nhd,shd->hns", q.float(), keys) * d ** -0.5\n'
+            "    visible = torch.ones(n, c + n, dtype=torch.bool).tril(diagonal=c)    # query i sees keys 0 … C + i\n"
+            '    probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)\n'
+            '    return torch.einsum("hns,shd->nhd", probs, values).to(q.dtype)',
+            "    visible = torch.ones(n, c + n, dtype=torch.bool).tril(diagonal=c)\n"
+            "    o = torch.nn.functional.scaled_dot_product_attention(\n"
+            "        q.float().transpose(0, 1), k.float().transpose(0, 1), v.float().transpose(0, 1), attn_mask=visible,\n"
+            "        enable_gqa=True)\n"
+            "    return o.transpose(0, 1).to(q.dtype)",
+        ),
+    )
     assert not tasks_not_passed(report)
     assert not wrong_elements(report, "ch19-nanovllm-order")
 
@@ -243,47 +257,65 @@ def test_the_attention_models_tell_the_mistakes_apart():
 
 # The input checks every task needs but none teaches are provided code (outside the solution regions): plain unit
 # tests here, no graded checks.
-@pytest.mark.parametrize("positions, head_dim, base", [
-    ([0, 1], 5, 10000.0), ([0, 1], 0, 10000.0), ([0, 1], 8.0, 10000.0), ([0, 1], 8, 0.0), ([0, -1], 8, 10000.0),
-    ([0.5, 1], 8, 10000.0), (torch.tensor([0.5, 1.0]), 8, 10000.0), (torch.zeros(2, 2, dtype=torch.long), 8, 1e4),
-])
+@pytest.mark.parametrize(
+    "positions, head_dim, base",
+    [
+        ([0, 1], 5, 10000.0),
+        ([0, 1], 0, 10000.0),
+        ([0, 1], 8.0, 10000.0),
+        ([0, 1], 8, 0.0),
+        ([0, -1], 8, 10000.0),
+        ([0.5, 1], 8, 10000.0),
+        (torch.tensor([0.5, 1.0]), 8, 10000.0),
+        (torch.zeros(2, 2, dtype=torch.long), 8, 1e4),
+    ],
+)
 def test_the_provided_cos_sin_check_refuses_bad_inputs(positions, head_dim, base):
     with pytest.raises(ValueError):
         ref.rope_cos_sin(positions, head_dim, base)
 
 
-@pytest.mark.parametrize("x, cos", [
-    (torch.zeros(2, 1, 5), torch.ones(2, 2)),            # odd head_dim
-    (torch.zeros(3, 2, 8), torch.ones(2, 4)),            # rows for 2 tokens, x has 3
-    (torch.zeros(3, 8), torch.ones(3, 4)),               # no heads axis
-    (torch.zeros(2, 1, 8), torch.ones(2, 8)),            # Hugging Face's full-width tables
-])
+@pytest.mark.parametrize(
+    "x, cos",
+    [
+        (torch.zeros(2, 1, 5), torch.ones(2, 2)),  # odd head_dim
+        (torch.zeros(3, 2, 8), torch.ones(2, 4)),  # rows for 2 tokens, x has 3
+        (torch.zeros(3, 8), torch.ones(3, 4)),  # no heads axis
+        (torch.zeros(2, 1, 8), torch.ones(2, 8)),  # Hugging Face's full-width tables
+    ],
+)
 def test_the_provided_rope_check_refuses_bad_inputs(x, cos):
     with pytest.raises(ValueError):
         ref.apply_rope(x, cos, torch.zeros_like(cos))
 
 
-@pytest.mark.parametrize("q, k, wq, wk, positions", [
-    (torch.zeros(2, 4, 8), torch.zeros(3, 2, 8), torch.ones(8), torch.ones(8), [0, 1]),        # 2 and 3 tokens
-    (torch.zeros(2, 4, 8), torch.zeros(2, 2, 8), torch.ones(8), torch.ones(8), [0, 1, 2]),     # 3 positions
-    (torch.zeros(2, 4, 7), torch.zeros(2, 2, 7), torch.ones(7), torch.ones(7), [0, 1]),        # odd head_dim
-    (torch.zeros(2, 4, 8), torch.zeros(2, 2, 16), torch.ones(8), torch.ones(16), [0, 1]),      # other head_dims
-    (torch.zeros(2, 4, 8), torch.zeros(2, 2, 8), torch.ones(32), torch.ones(8), [0, 1]),       # weight [Hq·d]
-    (torch.zeros(2, 4, 8), torch.zeros(2, 2, 8).double(), torch.ones(8), torch.ones(8), [0, 1]),   # dtypes
-])
+@pytest.mark.parametrize(
+    "q, k, wq, wk, positions",
+    [
+        (torch.zeros(2, 4, 8), torch.zeros(3, 2, 8), torch.ones(8), torch.ones(8), [0, 1]),  # 2 and 3 tokens
+        (torch.zeros(2, 4, 8), torch.zeros(2, 2, 8), torch.ones(8), torch.ones(8), [0, 1, 2]),  # 3 positions
+        (torch.zeros(2, 4, 7), torch.zeros(2, 2, 7), torch.ones(7), torch.ones(7), [0, 1]),  # odd head_dim
+        (torch.zeros(2, 4, 8), torch.zeros(2, 2, 16), torch.ones(8), torch.ones(16), [0, 1]),  # other head_dims
+        (torch.zeros(2, 4, 8), torch.zeros(2, 2, 8), torch.ones(32), torch.ones(8), [0, 1]),  # weight [Hq·d]
+        (torch.zeros(2, 4, 8), torch.zeros(2, 2, 8).double(), torch.ones(8), torch.ones(8), [0, 1]),  # dtypes
+    ],
+)
 def test_the_provided_qk_check_refuses_bad_inputs(q, k, wq, wk, positions):
     with pytest.raises(ValueError):
         ref.qk_norm_rope(q, k, wq, wk, positions, 1e6)
 
 
-@pytest.mark.parametrize("shapes, caches", [
-    (((2, 4, 8), (2, 2, 8), (2, 2, 4)), None),           # v of another head_dim
-    (((2, 4, 8), (2, 3, 8), (2, 3, 8)), None),           # 4 query heads over 3 K/V heads
-    (((2, 4, 8), (2, 2, 8), (2, 2, 8)), ((3, 2, 8), None)),        # a k_cache without a v_cache
-    (((2, 4, 8), (2, 2, 8), (2, 2, 8)), ((3, 1, 8), (3, 1, 8))),   # caches of other heads
-    (((2, 4, 8), (2, 2, 8), (2, 2, 8)), ((3, 2, 8), (4, 2, 8))),   # caches of other lengths
-    (((2, 4, 8), (2, 2, 8), (2, 2, 8)), ((3, 2, 8), (3, 2))),      # a 2-D cache
-])
+@pytest.mark.parametrize(
+    "shapes, caches",
+    [
+        (((2, 4, 8), (2, 2, 8), (2, 2, 4)), None),  # v of another head_dim
+        (((2, 4, 8), (2, 3, 8), (2, 3, 8)), None),  # 4 query heads over 3 K/V heads
+        (((2, 4, 8), (2, 2, 8), (2, 2, 8)), ((3, 2, 8), None)),  # a k_cache without a v_cache
+        (((2, 4, 8), (2, 2, 8), (2, 2, 8)), ((3, 1, 8), (3, 1, 8))),  # caches of other heads
+        (((2, 4, 8), (2, 2, 8), (2, 2, 8)), ((3, 2, 8), (4, 2, 8))),  # caches of other lengths
+        (((2, 4, 8), (2, 2, 8), (2, 2, 8)), ((3, 2, 8), (3, 2))),  # a 2-D cache
+    ],
+)
 def test_the_provided_attention_check_refuses_bad_inputs(shapes, caches):
     q, k, v = (torch.zeros(s) for s in shapes)
     k_cache, v_cache = (None if s is None else torch.zeros(s) for s in (caches or (None, None)))
@@ -297,20 +329,36 @@ def test_the_provided_checks_let_good_inputs_through():
     assert ref.rope_cos_sin([], 8, 10000.0)[0].shape == (0, 4)
     q, k = ref.qk_norm_rope(torch.ones(2, 4, 8), torch.ones(2, 2, 8), torch.ones(8), torch.ones(8), [5, 6], 1e6)
     assert q.shape == (2, 4, 8) and k.shape == (2, 2, 8)
-    out = ref.rope_attention(torch.ones(2, 4, 8), torch.ones(2, 2, 8), torch.ones(2, 2, 8), torch.ones(8),
-                             torch.ones(8), 1e6, 1e-6, torch.ones(3, 2, 8), torch.ones(3, 2, 8))
+    out = ref.rope_attention(
+        torch.ones(2, 4, 8),
+        torch.ones(2, 2, 8),
+        torch.ones(2, 2, 8),
+        torch.ones(8),
+        torch.ones(8),
+        1e6,
+        1e-6,
+        torch.ones(3, 2, 8),
+        torch.ones(3, 2, 8),
+    )
     assert out.shape == (2, 4, 8)
 
 
 # -- the figure of one pair in the plane ----------------------------------------------------------------
+
 
 def _boxes(root) -> list[tuple[str, tuple[float, float, float, float]]]:
     """Every text of a figure with the box it covers (by the kit's own width measure)."""
     out = []
     for el in root.iter(f"{SVG}text"):
         s, size = "".join(el.itertext()), float(el.get("font-size"))
-        out.append((s, rope_figures.label_box(float(el.get("x")), float(el.get("y")), s, size,
-                                              el.get("text-anchor", "start"), mono="Mono" in el.get("font-family"))))
+        out.append(
+            (
+                s,
+                rope_figures.label_box(
+                    float(el.get("x")), float(el.get("y")), s, size, el.get("text-anchor", "start"), mono="Mono" in el.get("font-family")
+                ),
+            )
+        )
     return out
 
 
@@ -322,8 +370,13 @@ def _inside(box, rect) -> bool:
 def _rope_figures(record: dict) -> list[ET.Element]:
     """The figure drawn from the record, and drawn from the same inputs with the reference's answers."""
     spec = next(s for s in figures.catalog("ch19") if s.id == "ch19-rope-pair")
-    right = {**record, "rotated": record["expected"], "cos": record["cos_expected"], "sin": record["sin_expected"],
-             **{k: [[False] * len(row) for row in record[k]] for k in ("wrong", "cos_wrong", "sin_wrong")}}
+    right = {
+        **record,
+        "rotated": record["expected"],
+        "cos": record["cos_expected"],
+        "sin": record["sin_expected"],
+        **{k: [[False] * len(row) for row in record[k]] for k in ("wrong", "cos_wrong", "sin_wrong")},
+    }
     return [ET.fromstring(spec.render(record)), ET.fromstring(spec.render(right))]
 
 
@@ -339,8 +392,7 @@ def test_rope_pair_labels_and_captions_keep_off_the_circles(graded):
             # over a main circle unless inside an inset (which hides the circle), over an inset's circle never
             rings = [zoomed[k] for k in inset] if inset else circles
             for c in rings:
-                assert not rope_figures.crosses_ring(box, float(c.get("cx")), float(c.get("cy")), float(c.get("r")),
-                                                     margin=1.0), (s, box)
+                assert not rope_figures.crosses_ring(box, float(c.get("cx")), float(c.get("cy")), float(c.get("r")), margin=1.0), (s, box)
 
 
 def test_a_slow_pairs_positions_are_told_apart_in_a_zoomed_inset(graded):
@@ -352,8 +404,7 @@ def test_a_slow_pairs_positions_are_told_apart_in_a_zoomed_inset(graded):
         assert len([z for z in root.iter(f"{SVG}rect") if z.get("class") == "zoom"]) == len(slow)
         groups = [g for g in root.iter(f"{SVG}g") if g.get("class") == "zoomed"]
         for g in groups:
-            heads = [p for p in g.iter(f"{SVG}polygon") if "arrow" in p.get("class") and
-                     "expected" not in p.get("class")]
+            heads = [p for p in g.iter(f"{SVG}polygon") if "arrow" in p.get("class") and "expected" not in p.get("class")]
             tips = [tuple(map(float, p.get("points").split()[0].split(","))) for p in heads]
             assert len(tips) == len(positions)
             gaps = [math.dist(a, b) for a, b in zip(tips, tips[1:])]
@@ -363,6 +414,7 @@ def test_a_slow_pairs_positions_are_told_apart_in_a_zoomed_inset(graded):
 
 
 # -- the reference against the documented facts and transformers ----------------------------------------
+
 
 def test_reference_matches_the_worked_example():
     # reference/nanovllm.md §4: d = 4, base 10000, x = [1, 2, 3, 4].
@@ -382,8 +434,16 @@ def test_reference_matches_the_worked_example():
 def test_reference_attention_matches_transformers_qwen3_attention():
     """A chunk after a cached prefix, against transformers' Qwen3Attention over the whole sequence."""
     qwen3 = pytest.importorskip("transformers.models.qwen3.modeling_qwen3")
-    config = qwen3.Qwen3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                               rope_theta=1e6, num_hidden_layers=1, vocab_size=8, attn_implementation="eager")
+    config = qwen3.Qwen3Config(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_theta=1e6,
+        num_hidden_layers=1,
+        vocab_size=8,
+        attn_implementation="eager",
+    )
     g = torch.Generator().manual_seed(2)
     attn = qwen3.Qwen3Attention(config, layer_idx=0).eval()
     with torch.no_grad():
@@ -404,8 +464,9 @@ def test_reference_attention_matches_transformers_qwen3_attention():
 def test_reference_matches_transformers_qwen3():
     qwen3 = pytest.importorskip("transformers.models.qwen3.modeling_qwen3")
     d, base, positions = 32, 1e6, [0, 3, 17, 4095]
-    config = qwen3.Qwen3Config(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=d,
-                               rope_theta=base, num_hidden_layers=1, vocab_size=8)
+    config = qwen3.Qwen3Config(
+        hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=d, rope_theta=base, num_hidden_layers=1, vocab_size=8
+    )
     cos, sin = qwen3.Qwen3RotaryEmbedding(config)(torch.zeros(1), torch.tensor([positions]))
     ours = ref.rope_cos_sin(positions, d, base)
     assert torch.equal(ours[0], cos[0, :, : d // 2]) and torch.equal(ours[1], sin[0, :, : d // 2])
@@ -451,6 +512,7 @@ def test_hints_for_swapped_tables_and_bf16_angles():
     inv = 1.0 / 1e6 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16)
     angles = (torch.tensor(positions, dtype=torch.float64)[:, None].bfloat16() * inv.bfloat16()).double()
     want = ref.rope_cos_sin(positions, 16, 1e6)
-    hint = checks.cos_sin_hint(angles.cos().float(), angles.sin().float(), want, checks.angle_atol(positions),
-                               models.cos_sin_variants(None, positions, 16, 1e6))
+    hint = checks.cos_sin_hint(
+        angles.cos().float(), angles.sin().float(), want, checks.angle_atol(positions), models.cos_sin_variants(None, positions, 16, 1e6)
+    )
     assert hint.id == "bf16_angles"

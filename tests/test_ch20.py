@@ -24,17 +24,18 @@ def graded(tmp_path_factory):
 
 # -- 20.1 rms_norm -------------------------------------------------------------------------------------
 
+
 def test_weight_multiplied_before_the_cast(graded):
     """The weight multiplied in float32, before the cast back to bf16."""
     report = graded.mistake("weight_first")
-    assert result(report, "the worked example", task="ch20.1").status == "passed"     # float32: the order cannot matter
+    assert result(report, "the worked example", task="ch20.1").status == "passed"  # float32: the order cannot matter
     r = result(report, "bf16: cast back", task="ch20.1")
     assert r.status == "failed"
     assert "every value is within one bf16 rounding step of the reference, but" in r.message
     assert r.hints == ["weight_first"]
     oracle = result(report, "agreement with transformers' Qwen3RMSNorm", task="ch20.1")
     assert oracle.status == "failed" and oracle.hints == ["weight_first"]
-    assert not wrong_elements(report, "ch20-prenorm")      # the figure instance is float32
+    assert not wrong_elements(report, "ch20-prenorm")  # the figure instance is float32
 
 
 def test_layernorm_instead_of_rmsnorm(graded):
@@ -51,6 +52,7 @@ def test_layernorm_instead_of_rmsnorm(graded):
 
 
 # -- 20.2 add_rms_norm ---------------------------------------------------------------------------------
+
 
 def test_normed_value_returned_as_the_residual(graded):
     """The fused add hands the normalised sum on as the residual stream."""
@@ -72,19 +74,20 @@ def test_layer0_without_a_residual(graded):
     assert r.status == "failed"
     assert "yours returned None as new_residual" in r.message
     assert r.hints == ["layer0_none"]
-    assert "ch20-prenorm" not in " ".join(report.figures)   # nothing to draw before the structure is right
+    assert "ch20-prenorm" not in " ".join(report.figures)  # nothing to draw before the structure is right
 
 
 def test_normalising_the_rounded_sum(graded):
     """The sum rounded to bf16 before it is normalised: only the bf16 check can see it."""
     report = graded.mistake("rounded_sum")
-    assert result(report, "the sum goes on", task="ch20.2").status == "passed"        # float32: no difference
+    assert result(report, "the sum goes on", task="ch20.2").status == "passed"  # float32: no difference
     r = result(report, "bf16: the float32 sum", task="ch20.2")
     assert r.status == "failed"
     assert r.hints == ["rounded_sum"]
 
 
 # -- 20.3 silu_and_mul ---------------------------------------------------------------------------------
+
 
 def test_up_and_gate_swapped(graded):
     """up | gate: SiLU applied to the second half."""
@@ -94,7 +97,7 @@ def test_up_and_gate_swapped(graded):
     assert "gate = gate_up[..., 0] = 1, up = gate_up[..., 2] = 2; SiLU(1) = 1·sigmoid(1) = 0.7311" in r.message
     assert "times up: 1.462; yours: 1.762" in r.message
     assert r.hints == ["halves_swapped"]
-    mlp = result(report, "figure instance", task="ch20.4")        # swiglu_mlp builds on the student's silu_and_mul
+    mlp = result(report, "figure instance", task="ch20.4")  # swiglu_mlp builds on the student's silu_and_mul
     assert mlp.status == "failed" and mlp.hints == ["halves_swapped"]
     assert wrong_elements(report, "ch20-dim-swiglu")
     assert wrong_elements(report, "ch20-swiglu-branches")
@@ -112,11 +115,16 @@ def test_sigmoid_instead_of_silu(graded):
 
 # -- 20.4 swiglu_mlp -----------------------------------------------------------------------------------
 
+
 def test_gate_and_up_rows_swapped_in_the_weight(graded):
-    report = graded("weight_halves",
-                    # the merged weight read as up | gate
-                    ("F.linear(silu_and_mul(F.linear(x, gate_up_weight)), down_weight)",
-                     "F.linear(silu_and_mul(F.linear(x, gate_up_weight.roll(gate_up_weight.shape[0] // 2, 0))), down_weight)"))
+    report = graded(
+        "weight_halves",
+        # the merged weight read as up | gate
+        (
+            "F.linear(silu_and_mul(F.linear(x, gate_up_weight)), down_weight)",
+            "F.linear(silu_and_mul(F.linear(x, gate_up_weight.roll(gate_up_weight.shape[0] // 2, 0))), down_weight)",
+        ),
+    )
     assert tasks_not_passed(report) == {"ch20.4"}
     r = result(report, "figure instance", task="ch20.4")
     assert r.status == "failed"
@@ -139,17 +147,17 @@ def test_a_token_mixing_mlp_fails_token_independence(graded):
 
 # -- the reference against the documented numbers and transformers --------------------------------------
 
+
 def test_reference_matches_the_documented_numbers():
     # reference/nanovllm.md §5 and §6
     x = torch.tensor([1.0, 2.0, 3.0, 4.0])
-    assert torch.allclose(ref.rms_norm(x, torch.ones(4)), torch.tensor([0.365148, 0.730297, 1.095445, 1.460593]),
-                          atol=1e-6)
-    assert torch.allclose(ref.rms_norm(x, torch.tensor([1.0, 0.5, 2.0, 1.0])),
-                          torch.tensor([0.365148, 0.365148, 2.190890, 1.460593]), atol=1e-6)
+    assert torch.allclose(ref.rms_norm(x, torch.ones(4)), torch.tensor([0.365148, 0.730297, 1.095445, 1.460593]), atol=1e-6)
+    assert torch.allclose(
+        ref.rms_norm(x, torch.tensor([1.0, 0.5, 2.0, 1.0])), torch.tensor([0.365148, 0.365148, 2.190890, 1.460593]), atol=1e-6
+    )
     normed, res = ref.add_rms_norm(torch.ones(4), torch.tensor([0.0, 1.0, 2.0, 3.0]), torch.ones(4))
     assert torch.equal(res, x) and torch.allclose(normed, ref.rms_norm(x, torch.ones(4)))
-    assert torch.allclose(ref.silu_and_mul(torch.tensor([1.0, -1.0, 2.0, 3.0])), torch.tensor([1.462117, -0.806824]),
-                          atol=1e-6)
+    assert torch.allclose(ref.silu_and_mul(torch.tensor([1.0, -1.0, 2.0, 3.0])), torch.tensor([1.462117, -0.806824]), atol=1e-6)
 
 
 def test_reference_matches_transformers():
@@ -159,9 +167,16 @@ def test_reference_matches_transformers():
     with torch.no_grad():
         norm.weight.copy_(torch.rand(64, generator=g) + 0.5)
         x = torch.randn(8, 64, generator=g).bfloat16()
-        assert torch.equal(ref.rms_norm(x, norm.weight.detach()), norm(x))    # bit for bit, order included
-        config = m.Qwen3Config(hidden_size=16, intermediate_size=24, num_attention_heads=2, num_key_value_heads=1,
-                               head_dim=8, num_hidden_layers=1, vocab_size=8)
+        assert torch.equal(ref.rms_norm(x, norm.weight.detach()), norm(x))  # bit for bit, order included
+        config = m.Qwen3Config(
+            hidden_size=16,
+            intermediate_size=24,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+            num_hidden_layers=1,
+            vocab_size=8,
+        )
         mlp = m.Qwen3MLP(config)
         x = torch.randn(5, 16, generator=g)
         w_gu = torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight))
@@ -174,8 +189,8 @@ def test_bf16_mlp_tolerance_accepts_eager_rounding_and_rejects_swapped_halves():
     g = torch.Generator().manual_seed(2)
     h, i = 64, 192
     x = torch.randn(16, h, generator=g).bfloat16()
-    w_gu = (torch.randn(2 * i, h, generator=g) * h ** -0.5).bfloat16()
-    w_down = (torch.randn(h, i, generator=g) * i ** -0.5).bfloat16()
+    w_gu = (torch.randn(2 * i, h, generator=g) * h**-0.5).bfloat16()
+    w_down = (torch.randn(h, i, generator=g) * i**-0.5).bfloat16()
     want = ref.swiglu_mlp(x, w_gu, w_down)
     gu = torch.nn.functional.linear(x, w_gu)
     eager = torch.nn.functional.linear(torch.nn.functional.silu(gu[:, :i]) * gu[:, i:], w_down)
@@ -209,8 +224,11 @@ def test_a_transpose_is_a_raised_t_in_the_figures_own_font():
 ones = torch.ones
 
 
-@pytest.mark.parametrize("x, weight", [(torch.tensor(1.0), ones(1)), (ones(3, 8), ones(3)), (ones(4, 8), ones(1, 8))],
-                         ids=["scalar x", "weight of the token count", "weight 2-D"])
+@pytest.mark.parametrize(
+    "x, weight",
+    [(torch.tensor(1.0), ones(1)), (ones(3, 8), ones(3)), (ones(4, 8), ones(1, 8))],
+    ids=["scalar x", "weight of the token count", "weight 2-D"],
+)
 def test_the_provided_norm_check_refuses_bad_shapes(x, weight):
     with pytest.raises(ValueError):
         ref.rms_norm(x, weight)
@@ -218,9 +236,11 @@ def test_the_provided_norm_check_refuses_bad_shapes(x, weight):
         ref.add_rms_norm(x, None, weight)
 
 
-@pytest.mark.parametrize("x, residual, weight", [(ones(2, 8), ones(3, 8), ones(8)), (ones(2, 8), ones(2, 4), ones(8)),
-                                                 (ones(2, 8), ones(2, 8), ones(2))],
-                         ids=["residual of other tokens", "residual of another width", "weight of another width"])
+@pytest.mark.parametrize(
+    "x, residual, weight",
+    [(ones(2, 8), ones(3, 8), ones(8)), (ones(2, 8), ones(2, 4), ones(8)), (ones(2, 8), ones(2, 8), ones(2))],
+    ids=["residual of other tokens", "residual of another width", "weight of another width"],
+)
 def test_the_provided_add_check_refuses_bad_shapes(x, residual, weight):
     with pytest.raises(ValueError):
         ref.add_rms_norm(x, residual, weight)
@@ -232,11 +252,18 @@ def test_the_provided_gate_up_check_refuses_odd_widths(gate_up):
         ref.silu_and_mul(gate_up)
 
 
-@pytest.mark.parametrize("x, w_gu, w_down, transposed", [
-    (ones(2, 4), ones(12, 4).T, ones(4, 6), True), (ones(2, 4), ones(12, 4), ones(4, 6).T, True),
-    (ones(2, 4), ones(11, 4), ones(4, 5), False), (ones(2, 4), ones(12, 4), ones(4, 5), False),
-    (ones(2, 5), ones(12, 4), ones(4, 6), False), (ones(2, 4), ones(12, 4, 1), ones(4, 6), False)],
-    ids=["gate_up [in, out]", "down [in, out]", "odd rows", "down of another I", "x of another H", "3-D weight"])
+@pytest.mark.parametrize(
+    "x, w_gu, w_down, transposed",
+    [
+        (ones(2, 4), ones(12, 4).T, ones(4, 6), True),
+        (ones(2, 4), ones(12, 4), ones(4, 6).T, True),
+        (ones(2, 4), ones(11, 4), ones(4, 5), False),
+        (ones(2, 4), ones(12, 4), ones(4, 5), False),
+        (ones(2, 5), ones(12, 4), ones(4, 6), False),
+        (ones(2, 4), ones(12, 4, 1), ones(4, 6), False),
+    ],
+    ids=["gate_up [in, out]", "down [in, out]", "odd rows", "down of another I", "x of another H", "3-D weight"],
+)
 def test_the_provided_mlp_check_refuses_bad_weights_and_names_a_transposed_one(x, w_gu, w_down, transposed):
     with pytest.raises(ValueError) as e:
         ref.swiglu_mlp(x, w_gu, w_down)

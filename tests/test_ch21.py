@@ -21,7 +21,7 @@ def graded(tmp_path_factory):
 
 # -- 21.1 append_kv -----------------------------------------------------------------------------------
 def test_appending_at_row_zero_is_explained(graded):
-    report = graded.mistake("row_zero")   # every append written from row 0: decode steps overwrite the prompt
+    report = graded.mistake("row_zero")  # every append written from row 0: decode steps overwrite the prompt
     r = result(report, "figure instance", task="ch21.1")
     assert r.status == "failed"
     k0, _ = checks.growth_kv(0, 0, 1)
@@ -39,7 +39,7 @@ def test_appending_at_row_zero_is_explained(graded):
 
 
 def test_returning_the_old_length_is_explained(graded):
-    report = graded.mistake("old_length")   # the caller never sees the cache grow
+    report = graded.mistake("old_length")  # the caller never sees the cache grow
     r = result(report, "figure instance", task="ch21.1")
     assert r.status == "failed"
     assert "layer 0, prefill: 0 cached + 3 new → the new length is 0 + 3 = 3; yours: 0" in r.message
@@ -50,7 +50,7 @@ def test_returning_the_old_length_is_explained(graded):
 
 
 def test_clearing_the_rest_of_the_cache_is_explained(graded):
-    report = graded.mistake("clears_rest")   # the rows after the new tokens zeroed "to keep the cache clean"
+    report = graded.mistake("clears_rest")  # the rows after the new tokens zeroed "to keep the cache clean"
     # Zeros where the cache already held zeros: the figure instance cannot tell.
     assert result(report, "figure instance", task="ch21.1").status == "passed"
     r = result(report, "rows beyond the new length", task="ch21.1")
@@ -67,12 +67,10 @@ BAD_APPENDS = {
     "full cache": (torch.zeros(7, 1, 4), torch.zeros(7, 1, 4), 7, torch.ones(1, 1, 4), torch.ones(1, 1, 4)),
     "other head count": (torch.zeros(5, 4, 4), torch.zeros(5, 4, 4), 0, torch.ones(1, 2, 4), torch.ones(1, 2, 4)),
     "other head_dim": (torch.zeros(6, 2, 4), torch.zeros(6, 2, 4), 0, torch.ones(1, 2, 8), torch.ones(1, 2, 8)),
-    "k and v of other lengths": (torch.zeros(6, 2, 4), torch.zeros(6, 2, 4), 0, torch.ones(2, 2, 4),
-                                 torch.ones(3, 2, 4)),
+    "k and v of other lengths": (torch.zeros(6, 2, 4), torch.zeros(6, 2, 4), 0, torch.ones(2, 2, 4), torch.ones(3, 2, 4)),
     "negative length": (torch.zeros(6, 2, 4), torch.zeros(6, 2, 4), -1, torch.ones(1, 2, 4), torch.ones(1, 2, 4)),
     "length beyond L_max": (torch.zeros(6, 2, 4), torch.zeros(6, 2, 4), 9, torch.ones(0, 2, 4), torch.ones(0, 2, 4)),
-    "caches of other shapes": (torch.zeros(6, 2, 4), torch.zeros(5, 2, 4), 0, torch.ones(1, 2, 4),
-                               torch.ones(1, 2, 4)),
+    "caches of other shapes": (torch.zeros(6, 2, 4), torch.zeros(5, 2, 4), 0, torch.ones(1, 2, 4), torch.ones(1, 2, 4)),
 }
 
 
@@ -90,7 +88,7 @@ def test_the_provided_decode_check_refuses_bad_inputs(token_ids, block_size):
 
 # -- 21.2 decode_inputs -------------------------------------------------------------------------------
 def test_position_len_is_explained(graded):
-    report = graded.mistake("position_len")   # nano-vllm's own bug before f5b4840
+    report = graded.mistake("position_len")  # nano-vllm's own bug before f5b4840
     r = result(report, "figure instance", task="ch21.2")
     assert r.status == "failed"
     want = ref.decode_inputs(checks.DECODE_TOKENS, checks.DECODE_TABLE, checks.DECODE_BS)
@@ -102,7 +100,7 @@ def test_position_len_is_explained(graded):
 
 
 def test_slot_of_the_previous_token_is_explained(graded):
-    report = graded.mistake("previous_slot")   # the slot of the last token whose K/V is cached
+    report = graded.mistake("previous_slot")  # the slot of the last token whose K/V is cached
     r = result(report, "figure instance", task="ch21.2")
     assert r.status == "failed"
     want = ref.decode_inputs(checks.DECODE_TOKENS, checks.DECODE_TABLE, checks.DECODE_BS)
@@ -117,7 +115,7 @@ def test_slot_of_the_previous_token_is_explained(graded):
 
 
 def test_context_without_the_newest_token_is_explained(graded):
-    report = graded.mistake("context_short")   # the newest token's K/V left out of attention
+    report = graded.mistake("context_short")  # the newest token's K/V left out of attention
     r = result(report, "figure instance", task="ch21.2")
     assert r.status == "failed"
     assert "context_len = len = 7" in r.message and "yours: 6" in r.message
@@ -126,7 +124,7 @@ def test_context_without_the_newest_token_is_explained(graded):
 
 
 def test_last_block_of_a_longer_table_is_explained(graded):
-    report = graded.mistake("table_last")   # right only when the table has exactly ceil(len / bs) blocks
+    report = graded.mistake("table_last")  # right only when the table has exactly ceil(len / bs) blocks
     assert result(report, "figure instance", task="ch21.2").status == "passed"
     assert result(report, "a whole generation", task="ch21.2").status == "passed"
     r = result(report, "a block table with a spare block", task="ch21.2")
@@ -136,7 +134,7 @@ def test_last_block_of_a_longer_table_is_explained(graded):
 
 
 def test_a_table_too_short_must_be_refused(graded):
-    report = graded.mistake("short_table")   # no check of the table: block_table[logical] raises IndexError
+    report = graded.mistake("short_table")  # no check of the table: block_table[logical] raises IndexError
     r = result(report, "a block table too short", task="ch21.2")
     assert r.status == "failed"
     assert "should raise ValueError because position 4 is in logical block 1" in r.message
@@ -144,8 +142,7 @@ def test_a_table_too_short_must_be_refused(graded):
     assert r.hints == ["short_table"]
     hidden = result(report, "tables too short", task="ch21.2")
     assert hidden.status == "failed" and hidden.hints == ["short_table"]
-    assert {(x.task, x.name) for x in report.results if x.status != "passed"} == {(r.task, r.name),
-                                                                                  (hidden.task, hidden.name)}
+    assert {(x.task, x.name) for x in report.results if x.status != "passed"} == {(r.task, r.name), (hidden.task, hidden.name)}
 
 
 def test_reference_decode_matches_nano_vllm_examples():

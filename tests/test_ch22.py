@@ -28,8 +28,9 @@ def graded(tmp_path_factory):
 
 # -- 22.1 naive_attention ----------------------------------------------------------------------------
 
+
 def test_top_left_mask_is_explained(graded):
-    report = graded.mistake("naive_topleft", task="ch22.1")   # the top-left tril, as SDPA's is_causal=True does
+    report = graded.mistake("naive_topleft", task="ch22.1")  # the top-left tril, as SDPA's is_causal=True does
     r = result(report, "a chunk of 3 queries after 4 cached keys")
     assert r.status == "failed"
     assert "query 0 is at position 7 − 3 + 0 = 4 and sees keys 0 … 4" in r.message
@@ -41,21 +42,20 @@ def test_top_left_mask_is_explained(graded):
 
 
 def test_unscaled_scores_are_explained_and_drawn(graded):
-    report = graded.mistake("unscaled", task="ch22.1")   # the 1/√d forgotten: raw dot products go into the softmax
+    report = graded.mistake("unscaled", task="ch22.1")  # the 1/√d forgotten: raw dot products go into the softmax
     r = result(report, "figure instance: naive attention")
     assert r.status == "failed"
     q, k, v = checks.naive_tensors()
     want = ref.naive_attention(q, k, v)[1]["scores"]
     dot = float(q[0] @ k[0])
-    assert f"scores[0, 0]: expected q[0]·k[0]/√2 = {fmt(dot)}/{fmt(math.sqrt(2))} = {fmt(want[0, 0])}; yours {fmt(dot)}" \
-        in r.message
+    assert f"scores[0, 0]: expected q[0]·k[0]/√2 = {fmt(dot)}/{fmt(math.sqrt(2))} = {fmt(want[0, 0])}; yours {fmt(dot)}" in r.message
     assert r.hints == ["unscaled"]
     assert wrong_elements(report, "ch22-naive"), "the student's scores, probs and out are marked"
     assert {x.status for x in report.results if "HBM bytes" in x.name} == {"passed"}
 
 
 def test_masking_with_zero_is_explained(graded):
-    report = graded.mistake("fill_zero", task="ch22.1")   # exp(0) = 1 still weighs the future keys
+    report = graded.mistake("fill_zero", task="ch22.1")  # exp(0) = 1 still weighs the future keys
     r = result(report, "figure instance: naive attention")
     assert r.status == "failed"
     assert "scores[0, 1]: expected −∞ (key 1 is in the future of query 0); yours 0" in r.message
@@ -64,8 +64,9 @@ def test_masking_with_zero_is_explained(graded):
 
 # -- 22.1 attention_hbm_bytes ------------------------------------------------------------------------
 
+
 def test_one_crossing_per_matrix_is_explained_and_drawn(graded):
-    report = graded.mistake("one_crossing", task="ch22.1")   # the [T, S] matrices written, never read back
+    report = graded.mistake("one_crossing", task="ch22.1")  # the [T, S] matrices written, never read back
     r = result(report, "figure instance: HBM bytes")
     assert r.status == "failed"
     want = ref.attention_hbm_bytes(4, 4, 2, 4, flash=False)
@@ -77,11 +78,10 @@ def test_one_crossing_per_matrix_is_explained_and_drawn(graded):
 
 
 def test_lse_in_the_inputs_dtype_is_explained(graded):
-    report = graded.mistake("lse_dtype", task="ch22.1")   # the log-sum-exp counted at dtype_bytes
+    report = graded.mistake("lse_dtype", task="ch22.1")  # the log-sum-exp counted at dtype_bytes
     r = result(report, "figure instance: HBM bytes")
     assert r.status == "failed"
-    assert "flash=True" in r.message and f"= {ref.attention_hbm_bytes(4096, 4096, 128, 2, flash=True):,} bytes" \
-        in r.message
+    assert "flash=True" in r.message and f"= {ref.attention_hbm_bytes(4096, 4096, 128, 2, flash=True):,} bytes" in r.message
     assert r.hints == ["lse_dtype"]
 
 
@@ -104,19 +104,20 @@ def test_traffic_hints():
 
 # -- 22.2 flash_attention ----------------------------------------------------------------------------
 
+
 def test_forgetting_to_rescale_the_accumulator(graded):
-    report = graded.mistake("acc_not_rescaled", task="ch22.2")   # acc += p·V, the old acc never multiplied by α
+    report = graded.mistake("acc_not_rescaled", task="ch22.2")  # acc += p·V, the old acc never multiplied by α
     r = result(report, "figure instance: 6 queries")
     assert r.status == "failed"
     assert "(naive attention); yours" in r.message
     assert r.hints == ["acc_not_rescaled"]
     # m and l are right, so the trace's cells are clean; the rows whose max grew have a wrong output.
     assert wrong_elements(report, "ch22-flash-tiles") and not wrong_elements(report, "ch22-flash-tiles", "tile wrong")
-    assert result(report, "no tensor of T·S elements").status == "failed"   # a wrong answer fails there too
+    assert result(report, "no tensor of T·S elements").status == "failed"  # a wrong answer fails there too
 
 
 def test_forgetting_to_rescale_the_running_sum(graded):
-    report = graded.mistake("l_not_rescaled", task="ch22.2")   # the old terms stay measured against the old max
+    report = graded.mistake("l_not_rescaled", task="ch22.2")  # the old terms stay measured against the old max
     r = result(report, "ragged tiles")
     assert r.status == "failed"
     assert r.hints == ["l_not_rescaled"]
@@ -124,7 +125,7 @@ def test_forgetting_to_rescale_the_running_sum(graded):
 
 
 def test_top_left_causal_tiles(graded):
-    report = graded.mistake("flash_topleft", task="ch22.2")   # positions counted from 0 for the new queries
+    report = graded.mistake("flash_topleft", task="ch22.2")  # positions counted from 0 for the new queries
     r = result(report, "figure instance: 6 queries")
     assert r.status == "failed"
     assert "tile (qb=0, kb=1): queries 0–1, keys 3–5 is missing from your trace" in r.message
@@ -137,13 +138,14 @@ def test_top_left_causal_tiles(graded):
 
 
 def test_visiting_future_tiles_is_caught_by_the_trace(graded):
-    report = graded.mistake("no_skip", task="ch22.2")   # future tiles masked entirely instead of skipped
+    report = graded.mistake("no_skip", task="ch22.2")  # future tiles masked entirely instead of skipped
     # The output is right (a fully masked tile adds exp(−inf) = 0); only the trace shows the wasted tiles.
-    assert checks_not_passed(report) == [result(report, "figure instance: 6 queries").name,
-                                         result(report, "the trace:").name]
+    assert checks_not_passed(report) == [result(report, "figure instance: 6 queries").name, result(report, "the trace:").name]
     r = result(report, "figure instance: 6 queries")
-    assert ("your trace visits tile (qb=0, kb=2): queries 0–1, keys 6–7; its last query, at position 3, sees keys "
-            "0 … 3 < 6: the whole tile is in the future") in r.message
+    assert (
+        "your trace visits tile (qb=0, kb=2): queries 0–1, keys 6–7; its last query, at position 3, sees keys "
+        "0 … 3 < 6: the whole tile is in the future"
+    ) in r.message
     assert r.hints == ["no_skip"]
     assert wrong_elements(report, "ch22-flash-tiles", "tile wrong")
 
@@ -161,13 +163,13 @@ def memory_failure(report):
 
 
 def test_full_score_matrix_does_not_fit_the_measured_check(graded):
-    r = memory_failure(graded.mistake("full_scores", task="ch22.2"))   # q @ k.T once, then sliced into "tiles"
+    r = memory_failure(graded.mistake("full_scores", task="ch22.2"))  # q @ k.T once, then sliced into "tiles"
     assert "full = (q @ k.T) * scale, asking for 256 MiB" in r.message
     assert r.hints == ["full_scores"]
 
 
 def test_full_causal_mask_does_not_fit_the_measured_check(graded):
-    r = memory_failure(graded.mistake("full_mask", task="ch22.2"))   # the mask built once, then sliced per tile
+    r = memory_failure(graded.mistake("full_mask", task="ch22.2"))  # the mask built once, then sliced per tile
     assert "asking for 64 MiB" in r.message and r.hints == ["full_mask"]
 
 
@@ -175,16 +177,17 @@ def test_a_full_matrix_made_with_dispatch_modes_switched_off_is_still_measured(g
     # Switching off torch's dispatch modes hid the matrix from a recorder inside the student's process; the
     # memory limit is the kernel's, outside it.
     (old, new), tiles = row("ch22", "full_scores").edits
-    unseen = new.replace("    full = ", "    import torch.utils._python_dispatch\n"
-                                      "    with torch.utils._python_dispatch._disable_current_modes():\n"
-                                      "        full = ")
+    unseen = new.replace(
+        "    full = ",
+        "    import torch.utils._python_dispatch\n    with torch.utils._python_dispatch._disable_current_modes():\n        full = ",
+    )
     r = memory_failure(graded("ch22_full_scores_unseen", (old, unseen), tiles, task="ch22.2"))
     assert "asking for 256 MiB" in r.message
 
 
 def test_ragged_query_block_dropped(graded):
-    report = graded.mistake("floor_q_blocks", task="ch22.2")   # ⌊T / block_q⌋ query blocks: the last never computed
-    assert result(report, "figure instance: 6 queries").status == "passed"   # T = 6 is a multiple of 2
+    report = graded.mistake("floor_q_blocks", task="ch22.2")  # ⌊T / block_q⌋ query blocks: the last never computed
+    assert result(report, "figure instance: 6 queries").status == "passed"  # T = 6 is a multiple of 2
     r = result(report, "ragged tiles")
     assert r.status == "failed"
     assert "query 8 is at position 10 − 10 + 8 = 8" in r.message and "yours 0" in r.message
@@ -192,7 +195,7 @@ def test_ragged_query_block_dropped(graded):
 
 
 def test_ragged_key_block_dropped(graded):
-    report = graded.mistake("floor_k_blocks", task="ch22.2")   # ⌊S / block_k⌋ key blocks: the last never read
+    report = graded.mistake("floor_k_blocks", task="ch22.2")  # ⌊S / block_k⌋ key blocks: the last never read
     r = result(report, "figure instance: 6 queries")
     assert r.status == "failed"
     assert "tile (qb=2, kb=2): queries 4–5, keys 6–7 is missing from your trace" in r.message
@@ -202,7 +205,7 @@ def test_ragged_key_block_dropped(graded):
 
 
 def test_lse_without_the_max(graded):
-    report = graded.mistake("lse_without_max", task="ch22.2")   # l was summed relative to the running max m
+    report = graded.mistake("lse_without_max", task="ch22.2")  # l was summed relative to the running max m
     r = result(report, "figure instance: 6 queries")
     assert r.status == "failed"
     q, k, v = checks.flash_tensors()
@@ -214,6 +217,7 @@ def test_lse_without_the_max(graded):
 
 # -- the memory limit, the trace model, the hints ----------------------------------------------------
 
+
 def test_reference_passes_the_measured_check():
     report = check("ch22", solutions=True, task="ch22.2", hidden=True, seed=SEED)
     r = result(report, "no tensor of T·S")
@@ -222,28 +226,28 @@ def test_reference_passes_the_measured_check():
 
 def test_memory_hints_follow_the_refused_size():
     def failure(text: str, frames: list) -> CheckFailed:
-        e = StudentRaised("flash_attention", {"name": "RuntimeError", "message": text, "frames": frames,
-                                              "out_of_memory": True})
+        e = StudentRaised("flash_attention", {"name": "RuntimeError", "message": text, "frames": frames, "out_of_memory": True})
         return hidden.explain_memory(e, 8192, 8192, 16, True, 256, 256, 4)
 
     refused = "DefaultCPUAllocator: can't allocate memory: you tried to allocate {} bytes. Error code 12"
-    line = [["/x/ch22_flash_attention.py", 12, "flash_attention",
-             "    m = torch.arange(S) <= torch.arange(T)[:, None]  # the whole mask"]]
+    line = [["/x/ch22_flash_attention.py", 12, "flash_attention", "    m = torch.arange(S) <= torch.arange(T)[:, None]  # the whole mask"]]
     mask = failure(refused.format(8192 * 8192), line)
-    assert "it ran out at ch22_flash_attention.py:12, m = torch.arange(S) <= torch.arange(T)[:, None], asking for " \
-           "64 MiB" in str(mask) and mask.hints == ["full_mask"]
+    assert "it ran out at ch22_flash_attention.py:12, m = torch.arange(S) <= torch.arange(T)[:, None], asking for 64 MiB" in str(
+        mask
+    ) and mask.hints == ["full_mask"]
     assert failure(refused.format(4 * 8192 * 8192), line).hints == ["full_scores"]
-    strip = failure(refused.format(4 * 256 * 8192), [])                    # one query block against every key
+    strip = failure(refused.format(4 * 256 * 8192), [])  # one query block against every key
     assert "asking for 8 MiB" in str(strip) and strip.hints == ["one_tile"]
-    bare = failure("", [])                                                  # a MemoryError says nothing more
+    bare = failure("", [])  # a MemoryError says nothing more
     assert "all this check allows; the whole T × S" in str(bare) and bare.hints == ["one_tile"]
 
 
-@pytest.mark.parametrize("T, S, bq, bk, causal", [(6, 8, 2, 3, True), (10, 10, 4, 3, True), (5, 17, 3, 4, True),
-                                                  (7, 5, 3, 2, False), (1, 9, 4, 4, True), (9, 13, 64, 64, True)])
+@pytest.mark.parametrize(
+    "T, S, bq, bk, causal",
+    [(6, 8, 2, 3, True), (10, 10, 4, 3, True), (5, 17, 3, 4, True), (7, 5, 3, 2, False), (1, 9, 4, 4, True), (9, 13, 64, 64, True)],
+)
 def test_tiles_and_model_agree_with_the_reference(T, S, bq, bk, causal):
-    q, k, v = torch.randn(T, 8, dtype=torch.float64), torch.randn(S, 8, dtype=torch.float64), \
-        torch.randn(S, 8, dtype=torch.float64)
+    q, k, v = torch.randn(T, 8, dtype=torch.float64), torch.randn(S, 8, dtype=torch.float64), torch.randn(S, 8, dtype=torch.float64)
     trace: list = []
     out, lse = ref.flash_attention(q, k, v, causal, bq, bk, trace)
     assert [(r["qb"], r["kb"]) for r in trace] == models.tiles_to_visit(T, S, bq, bk, causal)
@@ -283,8 +287,7 @@ def test_causal_attention_where_none_was_asked_is_named():
     want_out, mid = ref.naive_attention(q, k, v, causal=False)
     want_lse = torch.logsumexp(mid["scores"], dim=-1)
     with pytest.raises(CheckFailed) as e:
-        explain.explain_flash(out, lse, want_out, want_lse, q, k, v, causal=False, bq=2, bk=4, case="not causal",
-                              models=models_)
+        explain.explain_flash(out, lse, want_out, want_lse, q, k, v, causal=False, bq=2, bk=4, case="not causal", models=models_)
     assert e.value.hints == ["flash_causal_always"]
 
 
@@ -322,8 +325,10 @@ def test_the_provided_block_check_refuses_bad_sizes(blocks):
         ref.flash_attention(z(2, 4), z(5, 4), z(5, 4), **blocks)
 
 
-@pytest.mark.parametrize("args, flash", [((16, 16, 0, 2), True), ((-1, 16, 64, 2), False), ((16.0, 16, 64, 2), False),
-                                         ((16, 16, 64, 0), False), ((16, 16, 64, 2), 1)])
+@pytest.mark.parametrize(
+    "args, flash",
+    [((16, 16, 0, 2), True), ((-1, 16, 64, 2), False), ((16.0, 16, 64, 2), False), ((16, 16, 64, 0), False), ((16, 16, 64, 2), 1)],
+)
 def test_the_provided_traffic_check_refuses_bad_sizes(args, flash):
     with pytest.raises(ValueError):
         ref.attention_hbm_bytes(*args, flash=flash)

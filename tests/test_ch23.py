@@ -38,7 +38,7 @@ def test_temperature_multiplied_is_explained(graded):
 
 
 def test_topk_keeping_one_more_is_explained(graded):
-    report = graded.mistake("topk_off_by_one")   # the threshold read at index k: top-k keeps k + 1 entries
+    report = graded.mistake("topk_off_by_one")  # the threshold read at index k: top-k keeps k + 1 entries
     r = result(report, "figure instance: one row of 8 logits")
     assert r.status == "failed"
     kth = sorted((torch.tensor(checks.PATH_LOGITS) / checks.PATH_T).tolist(), reverse=True)[checks.PATH_K - 1]
@@ -52,7 +52,7 @@ def test_topk_keeping_one_more_is_explained(graded):
 
 
 def test_topp_dropping_the_crossing_token_is_explained(graded):
-    report = graded.mistake("crossing_dropped")   # top-p keeps tokens only while the running total stays within p
+    report = graded.mistake("crossing_dropped")  # top-p keeps tokens only while the running total stays within p
     r = result(report, "top-p keeps the token that crosses p")
     assert r.status == "failed"
     assert "token 1" in r.message and "the larger tokens hold 0.5 < top_p = 0.6, so top-p keeps it" in r.message
@@ -73,7 +73,7 @@ def test_a_kept_entry_where_minus_infinity_is_expected_is_caught():
 
 # -- 23.2 sample --------------------------------------------------------------------------------
 def test_argmax_p_is_explained(graded):
-    report = graded.mistake("argmax_p")   # the most likely token instead of the race argmax(p / E)
+    report = graded.mistake("argmax_p")  # the most likely token instead of the race argmax(p / E)
     r = result(report, "figure instance: logits [2, 1, 0]")
     assert r.status == "failed"
     assert "p / E = [0.2889, 2.346, 0.01588]" in r.message
@@ -89,7 +89,7 @@ def test_argmax_p_is_explained(graded):
 
 
 def test_noise_divided_by_p_is_explained(graded):
-    report = graded.mistake("noise_over_p")   # the race upside down: argmax(E / p)
+    report = graded.mistake("noise_over_p")  # the race upside down: argmax(E / p)
     r = result(report, "figure instance: logits [2, 1, 0]")
     assert r.status == "failed"
     assert "yours: token 2 (p / E = 0.01588 / 1 = 0.01588)" in r.message
@@ -98,23 +98,24 @@ def test_noise_divided_by_p_is_explained(graded):
 
 
 def test_temperature_left_out_of_the_race_fails_the_chi_square_test(graded):
-    report = graded.mistake("race_temperature_ignored")   # the race run on softmax(logits)
+    report = graded.mistake("race_temperature_ignored")  # the race run on softmax(logits)
     # T = 0.5 does not change the winner of the figure instance, so only the statistics expose it.
     assert result(report, "figure instance: logits [2, 1, 0]").status == "passed"
     chi = result(report, "chi-square")
     assert chi.status == "failed"
     p = (torch.tensor(hidden_checks.CHI_LOGITS) / hidden_checks.CHI_T).softmax(-1)
-    worst = int(p.argmax())   # the temperature sharpens towards the largest logit; leaving it out starves it
+    worst = int(p.argmax())  # the temperature sharpens towards the largest logit; leaving it out starves it
     assert f"token {worst} was drawn" in chi.message and f"{float(p[worst]):.4g}" in chi.message
     assert f"> {checks.chi2_threshold(len(hidden_checks.CHI_LOGITS) - 1):.4g}" in chi.message
     assert chi.hints == ["race_temperature_ignored"]
-    assert _marked_tokens(report) == _outside_their_intervals(report) == [0, 1, 2], \
+    assert _marked_tokens(report) == _outside_their_intervals(report) == [0, 1, 2], (
         "the panel of many races marks every token whose share of wins is outside its interval"
+    )
     _assert_yours_above_expected(report)
 
 
 def test_a_sampler_with_its_own_randomness_passes_statistics_but_not_the_race(graded):
-    report = graded.mistake("own_randomness")   # torch.multinomial: the right distribution, its own randomness
+    report = graded.mistake("own_randomness")  # torch.multinomial: the right distribution, its own randomness
     assert result(report, "chi-square").status == "passed"
     exact = result(report, "random batches: exact agreement")
     assert exact.status == "failed"
@@ -124,10 +125,14 @@ def test_a_sampler_with_its_own_randomness_passes_statistics_but_not_the_race(gr
 
 
 def test_an_unknown_deterministic_sampler_gets_the_derivation_and_no_hint(graded):
-    report = graded("argmin_race",
-                    # a sampler no known misconception gives: the loser of the race
-                    ("(probs / noise.to(torch.float32).clamp_min(1e-10)).argmax(dim=-1)",
-                     "(probs / noise.to(torch.float32).clamp_min(1e-10)).argmin(dim=-1)"))
+    report = graded(
+        "argmin_race",
+        # a sampler no known misconception gives: the loser of the race
+        (
+            "(probs / noise.to(torch.float32).clamp_min(1e-10)).argmax(dim=-1)",
+            "(probs / noise.to(torch.float32).clamp_min(1e-10)).argmin(dim=-1)",
+        ),
+    )
     failed = [r for r in report.results if r.task == "ch23.2" and r.status == "failed" and "race draws token" in r.message]
     assert failed
     assert not [r.name for r in failed if "own_randomness" in r.hints]
@@ -140,21 +145,28 @@ def test_equivalent_formulations_pass_every_check(graded):
         "equivalent_forms",
         # not a misconception: the same answers by other arithmetic
         ("z = logits.to(torch.float32) / temp[:, None]", "z = logits.to(torch.float32) * (1.0 / temp)[:, None]"),
-        ("kth = z.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])",
-         "kth = torch.topk(z, int(k.max()), dim=-1).values.gather(1, k[:, None] - 1)"),
-        ("ascending, order = z.sort(dim=-1)\n"
-         "        mass = ascending.softmax(dim=-1).cumsum(dim=-1)      # mass of each entry and all smaller ones\n"
-         "        drop = mass <= (1 - p)[:, None]\n"
-         "        drop[:, -1] = False                                  # the largest entry always stays\n"
-         "        drop &= (p < 1)[:, None]                             # p = 1 is off\n",
-         "descending, order = z.sort(dim=-1, descending=True)\n"
-         "        probs = descending.softmax(dim=-1)\n"
-         "        larger = probs.cumsum(dim=-1) - probs                # mass of the entries larger than each\n"
-         "        drop = (larger >= p[:, None]) & (p < 1)[:, None]\n"),
-        ("probs = (logits.to(torch.float32) / temp[:, None]).softmax(dim=-1)\n"
-         "    return (probs / noise.to(torch.float32).clamp_min(1e-10)).argmax(dim=-1)",
-         "logp = (logits.double() / temp.double()[:, None]).log_softmax(dim=-1)\n"
-         "    return (logp - noise.double().clamp_min(1e-10).log()).argmax(dim=-1)"))
+        (
+            "kth = z.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])",
+            "kth = torch.topk(z, int(k.max()), dim=-1).values.gather(1, k[:, None] - 1)",
+        ),
+        (
+            "ascending, order = z.sort(dim=-1)\n"
+            "        mass = ascending.softmax(dim=-1).cumsum(dim=-1)      # mass of each entry and all smaller ones\n"
+            "        drop = mass <= (1 - p)[:, None]\n"
+            "        drop[:, -1] = False                                  # the largest entry always stays\n"
+            "        drop &= (p < 1)[:, None]                             # p = 1 is off\n",
+            "descending, order = z.sort(dim=-1, descending=True)\n"
+            "        probs = descending.softmax(dim=-1)\n"
+            "        larger = probs.cumsum(dim=-1) - probs                # mass of the entries larger than each\n"
+            "        drop = (larger >= p[:, None]) & (p < 1)[:, None]\n",
+        ),
+        (
+            "probs = (logits.to(torch.float32) / temp[:, None]).softmax(dim=-1)\n"
+            "    return (probs / noise.to(torch.float32).clamp_min(1e-10)).argmax(dim=-1)",
+            "logp = (logits.double() / temp.double()[:, None]).log_softmax(dim=-1)\n"
+            "    return (logp - noise.double().clamp_min(1e-10).log()).argmax(dim=-1)",
+        ),
+    )
     failed = [f"{r.name}: {r.message}" for r in report.results if r.status != "passed"]
     assert not failed, failed
     assert not wrong_elements(report, "ch23-exponential-race") and _outside_their_intervals(report) == []
@@ -167,8 +179,9 @@ def test_a_race_that_ignores_or_multiplies_the_temperature_is_named_once():
     names the temperature without guessing which of the two mistakes it is."""
     logits, temp, noise = torch.tensor([[2.0, 1.0, 0.0]]), torch.tensor([0.5]), torch.tensor([[1.0, 0.25, 5.0]])
     variants = models.race_variants(None, logits, temp, noise)
-    assert int(variants["the race on softmax(logits · T)"][0]) == 1 == \
-        int(variants["the race on softmax(logits) (temperature left out)"][0])
+    assert (
+        int(variants["the race on softmax(logits · T)"][0]) == 1 == int(variants["the race on softmax(logits) (temperature left out)"][0])
+    )
     with pytest.raises(CheckFailed) as e:
         checks.expect_tokens(torch.tensor([1]), logits, temp, noise, variants=variants)
     assert "so the race draws token 0; yours: token 1" in str(e.value)
@@ -183,8 +196,9 @@ def test_every_row_drawing_the_same_token_is_named():
     noise = torch.empty(n, 3).exponential_(generator=torch.Generator().manual_seed(5))
     tokens = torch.ones(n, dtype=torch.int64)
     with pytest.raises(CheckFailed) as e:
-        checks.expect_distribution(tokens, checks.RACE_LOGITS, checks.RACE_T, noise, case="every race",
-                                   variants=models.race_variants(None, logits, temp, noise))
+        checks.expect_distribution(
+            tokens, checks.RACE_LOGITS, checks.RACE_T, noise, case="every race", variants=models.race_variants(None, logits, temp, noise)
+        )
     assert "token 1 was drawn 2000 times" in str(e.value)
     assert e.value.hints == ["same_token"]
 
@@ -195,8 +209,7 @@ def _outside_their_intervals(report) -> list[int]:
     the chi-square test's bound token by token (a share outside it fails the test on its own)."""
     r = report.records["ch23-exponential-race"]
     n, limit = r["n"], r["limit"]
-    return [i for i, (c, p) in enumerate(zip(r["counts"], r["p"]))
-            if abs(c - n * p) > math.sqrt(limit * n * p * (1 - p))]
+    return [i for i, (c, p) in enumerate(zip(r["counts"], r["p"])) if abs(c - n * p) > math.sqrt(limit * n * p * (1 - p))]
 
 
 def _marked_tokens(report) -> list[int]:
@@ -264,8 +277,7 @@ def test_reference_matches_vllm_top_k_top_p():
 
 def test_reference_race_matches_the_documented_instance():
     # reference/nanovllm.md §13: ratios [0.288938, 2.346200, 0.015876] → token 1.
-    p, scores = checks.race_scores(torch.tensor([[2.0, 1.0, 0.0]]), torch.tensor([0.5]),
-                                   torch.tensor([[3.0, 0.05, 1.0]]))
+    p, scores = checks.race_scores(torch.tensor([[2.0, 1.0, 0.0]]), torch.tensor([0.5]), torch.tensor([[3.0, 0.05, 1.0]]))
     assert torch.allclose(p, torch.tensor([[0.866813, 0.117310, 0.015876]]), atol=1e-6)
     assert torch.allclose(scores, torch.tensor([[0.288938, 2.346200, 0.015876]]), atol=1e-5)
     assert ref.sample(torch.tensor([[2.0, 1.0, 0.0]]), torch.tensor([0.5]), torch.tensor([[3.0, 0.05, 1.0]])).item() == 1
@@ -301,10 +313,16 @@ def test_the_provided_checks_refuse_bad_settings(case):
         ref.process_logits(*args, **kwargs)
 
 
-@pytest.mark.parametrize("temperature, noise", [(torch.tensor([1.0, 0.0]), torch.ones(2, 5)),
-                                                (torch.tensor([1.0]), torch.ones(2, 5)),
-                                                (OK, torch.ones(5)), (OK, torch.ones(2, 6)),
-                                                (OK, torch.ones(2, 5, dtype=torch.int64))])
+@pytest.mark.parametrize(
+    "temperature, noise",
+    [
+        (torch.tensor([1.0, 0.0]), torch.ones(2, 5)),
+        (torch.tensor([1.0]), torch.ones(2, 5)),
+        (OK, torch.ones(5)),
+        (OK, torch.ones(2, 6)),
+        (OK, torch.ones(2, 5, dtype=torch.int64)),
+    ],
+)
 def test_the_provided_checks_refuse_a_bad_temperature_or_noise(temperature, noise):
     with pytest.raises(ValueError):
         ref.sample(LOGITS, temperature, noise)

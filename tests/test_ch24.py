@@ -17,13 +17,28 @@ from solutions import ch24_scheduler as ref
 
 SEED = 24
 SVG = "{http://www.w3.org/2000/svg}"
-CHUNKING = tracing.script("chunking and FCFS", [
-    tracing.request("A", [5, 5, 5, 5], 2, [41, 42]), tracing.request("B", list(range(20, 29)), 2, [43, 44]),
-    tracing.request("C", [7, 7], 2, [45, 46])],
-    num_blocks=16, block_size=4, max_num_seqs=4, max_num_batched_tokens=6, eos=0)
-PREEMPTION = tracing.script("preemption", [
-    tracing.request(name, list(range(4 * i + 1, 4 * i + 5)), 6, [10 * (i + 1) + j for j in range(1, 7)])
-    for i, name in enumerate("ABCD")], num_blocks=5, block_size=4, max_num_seqs=2, max_num_batched_tokens=16, eos=0)
+CHUNKING = tracing.script(
+    "chunking and FCFS",
+    [
+        tracing.request("A", [5, 5, 5, 5], 2, [41, 42]),
+        tracing.request("B", list(range(20, 29)), 2, [43, 44]),
+        tracing.request("C", [7, 7], 2, [45, 46]),
+    ],
+    num_blocks=16,
+    block_size=4,
+    max_num_seqs=4,
+    max_num_batched_tokens=6,
+    eos=0,
+)
+PREEMPTION = tracing.script(
+    "preemption",
+    [tracing.request(name, list(range(4 * i + 1, 4 * i + 5)), 6, [10 * (i + 1) + j for j in range(1, 7)]) for i, name in enumerate("ABCD")],
+    num_blocks=5,
+    block_size=4,
+    max_num_seqs=2,
+    max_num_batched_tokens=16,
+    eos=0,
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +53,7 @@ def test_chunk_not_counted(graded):
     assert r.status == "failed"
     assert "step 1 of 5: schedule() → prefill [A: tokens 0–3 of 10]" in r.message
     assert "the runner returned A → 37 (candidate of an unfinished chunk)" in r.message
-    assert ("after step 1 request A should be WAITING with num_computed_tokens 4; yours has 0: "
-            "the chunk was not counted") in r.message
+    assert ("after step 1 request A should be WAITING with num_computed_tokens 4; yours has 0: the chunk was not counted") in r.message
     assert r.hints == ["chunk_not_counted"]
     assert tasks_not_passed(report) == {"ch24.1"}
     inv = result(report, "invariants of your own trace")
@@ -68,7 +82,7 @@ def test_unset_cached_count_is_explained(graded):
     texts = list(figure(graded.mistake("chunk_not_counted"), "ch24-three-progress").iter(f"{SVG}text"))
     # the start row's num_cached_tokens is vLLM's −1, "not set yet": the figure says what it means
     start = next(i for i, el in enumerate(texts) if el.text == "before the first step")
-    assert "−1" in [el.text for el in texts[start:start + 20] if el.get("class") == "value"]
+    assert "−1" in [el.text for el in texts[start : start + 20] if el.get("class") == "value"]
     assert [el.text for el in texts if el.get("class") == "note unset"] == ["−1: not set until admitted"]
     assert any("num_cached_tokens starts at −1" in (el.text or "") for el in texts)
 
@@ -78,8 +92,9 @@ def test_candidate_of_an_unfinished_chunk_appended(graded):
     report = graded.mistake("append_candidate", task="ch24.1")
     r = result(report, "figure instance: one request")
     assert r.status == "failed"
-    assert ("after step 1 request A should be WAITING with num_tokens 10; yours has 11: "
-            "the candidate token of an unfinished chunk was appended") in r.message
+    assert (
+        "after step 1 request A should be WAITING with num_tokens 10; yours has 11: the candidate token of an unfinished chunk was appended"
+    ) in r.message
     assert r.hints == ["append_candidate"]
     assert wrong_elements(report, "ch24-control-loop")
     hidden = result(report, "hundreds of requests")
@@ -127,16 +142,16 @@ def test_finished_sequence_keeps_its_blocks(graded):
 # tests here, no graded checks.
 def test_the_provided_add_check_refuses_what_is_not_new_or_never_fits():
     sched = ref.make_scheduler(3, 4, 4, 16, eos=0)
-    with pytest.raises(ValueError, match="can never fit"):   # 9 + 5 − 1 = 13 tokens need 4 blocks of 4
+    with pytest.raises(ValueError, match="can never fit"):  # 9 + 5 − 1 = 13 tokens need 4 blocks of 4
         sched.add(ref.Sequence(list(range(1, 10)), max_tokens=5))
-    fits = ref.Sequence(list(range(1, 10)), max_tokens=4)     # 9 + 4 − 1 = 12 tokens: exactly the 3 blocks
+    fits = ref.Sequence(list(range(1, 10)), max_tokens=4)  # 9 + 4 − 1 = 12 tokens: exactly the 3 blocks
     sched.add(fits)
     with pytest.raises(ValueError, match="only a new request"):
-        sched.add(fits)                                       # already waiting
+        sched.add(fits)  # already waiting
     seqs, is_prefill = sched.schedule()
     assert seqs == [fits] and is_prefill
     with pytest.raises(ValueError, match="only a new request"):
-        sched.add(fits)                                       # running, holds blocks
+        sched.add(fits)  # running, holds blocks
     with pytest.raises(ValueError, match="one sampled token per scheduled sequence"):
         sched.postprocess(seqs, [], is_prefill)
     with pytest.raises(ValueError, match="one sampled token per scheduled sequence"):
@@ -153,15 +168,21 @@ def test_the_provided_schedule_check_refuses_an_empty_scheduler():
 RUNNING = {"num_prompt_tokens": 6, "num_tokens": 7, "num_computed_tokens": 6, "num_cached_tokens": 0}
 
 
-@pytest.mark.parametrize("progress, args, kwargs", [
-    ({"num_tokens": 3}, (1,), {}),                                           # incomplete counters
-    ({**RUNNING, "num_computed_tokens": 9}, (1,), {}),                       # computed beyond num_tokens
-    ({**RUNNING, "num_tokens": 5}, (1,), {}),                                # fewer tokens than the prompt
-    ({**RUNNING, "num_cached_tokens": -2}, (1,), {}),
-    (RUNNING, (-1,), {}), (RUNNING, (1,), {"prefix_hit": -4}),               # negative
-    (RUNNING, (1,), {"preempted": True}), (RUNNING, (0,), {"preempted": True, "prefix_hit": 4}),
-    (RUNNING, (1,), {"prefix_hit": 4}),                                      # a hit after admission
-    (checks.start_progress(8), (0,), {"prefix_hit": 4})])                    # a hit without a scheduled step
+@pytest.mark.parametrize(
+    "progress, args, kwargs",
+    [
+        ({"num_tokens": 3}, (1,), {}),  # incomplete counters
+        ({**RUNNING, "num_computed_tokens": 9}, (1,), {}),  # computed beyond num_tokens
+        ({**RUNNING, "num_tokens": 5}, (1,), {}),  # fewer tokens than the prompt
+        ({**RUNNING, "num_cached_tokens": -2}, (1,), {}),
+        (RUNNING, (-1,), {}),
+        (RUNNING, (1,), {"prefix_hit": -4}),  # negative
+        (RUNNING, (1,), {"preempted": True}),
+        (RUNNING, (0,), {"preempted": True, "prefix_hit": 4}),
+        (RUNNING, (1,), {"prefix_hit": 4}),  # a hit after admission
+        (checks.start_progress(8), (0,), {"prefix_hit": 4}),
+    ],
+)  # a hit without a scheduled step
 def test_the_provided_progress_check_refuses_impossible_steps(progress, args, kwargs):
     with pytest.raises(ValueError):
         ref.progress_after_step(dict(progress), *args, **kwargs)
@@ -183,16 +204,20 @@ def test_a_request_needs_a_bound_on_its_completion(max_tokens):
 
 
 def test_max_tokens_is_compared_after_the_append():
-    steps, (one, two) = run_reference(dict(num_blocks=8, block_size=4, max_num_seqs=4, max_num_batched_tokens=16,
-                                           eos=-1), [(3, 1), (3, 2)], lambda q: 5)
+    steps, (one, two) = run_reference(
+        dict(num_blocks=8, block_size=4, max_num_seqs=4, max_num_batched_tokens=16, eos=-1), [(3, 1), (3, 2)], lambda q: 5
+    )
     assert (one.completion_token_ids, two.completion_token_ids) == ([5], [5, 5])
     assert [p for p, *_ in steps] == [True, False]
 
 
 def test_a_step_that_raises_is_reported_with_what_it_did(graded):
     # postprocess raises in the first step: the step is described, then what was raised and where
-    report = graded("postprocess_raises", ("            seq.num_scheduled_tokens = 0\n",
-                                           "            seq.num_scheduled_tokens = 0\n            1 / 0\n"), task="ch24.1")
+    report = graded(
+        "postprocess_raises",
+        ("            seq.num_scheduled_tokens = 0\n", "            seq.num_scheduled_tokens = 0\n            1 / 0\n"),
+        task="ch24.1",
+    )
     r = result(report, "figure instance: one request")
     assert r.status == "failed"
     assert "step 1 of 5: schedule() → prefill [A: tokens 0–3 of 10]" in r.message
@@ -212,9 +237,15 @@ def explained(sc: dict, change) -> checks.CheckFailed:
 
 
 def test_a_prefill_where_nothing_fits_is_told_fcfs_waits():
-    sc = tracing.script("full pool", [tracing.request("A", list(range(1, 9)), 4, [9, 9, 9, 9]),
-                                      tracing.request("B", list(range(1, 9)), 1, [9], arrive=1)],
-                        num_blocks=3, block_size=4, max_num_seqs=2, max_num_batched_tokens=16, eos=0)
+    sc = tracing.script(
+        "full pool",
+        [tracing.request("A", list(range(1, 9)), 4, [9, 9, 9, 9]), tracing.request("B", list(range(1, 9)), 1, [9], arrive=1)],
+        num_blocks=3,
+        block_size=4,
+        max_num_seqs=2,
+        max_num_batched_tokens=16,
+        eos=0,
+    )
     failure = explained(sc, lambda yours: yours[1].update(prefill=True, batch=["B"]))
     assert "step 2 should decode [A]; yours prefills [B]" in str(failure)
     assert failure.hints == ["prefill_without_blocks"]
@@ -227,9 +258,15 @@ def test_a_skipped_head_is_told_strict_fcfs():
 
 
 def test_a_head_without_blocks_ends_the_batch():
-    sc = tracing.script("no blocks for B", [tracing.request("A", [1, 2, 3, 4], 2, [9, 9]),
-                                            tracing.request("B", list(range(1, 9)), 1, [9])],
-                        num_blocks=2, block_size=4, max_num_seqs=2, max_num_batched_tokens=16, eos=0)
+    sc = tracing.script(
+        "no blocks for B",
+        [tracing.request("A", [1, 2, 3, 4], 2, [9, 9]), tracing.request("B", list(range(1, 9)), 1, [9])],
+        num_blocks=2,
+        block_size=4,
+        max_num_seqs=2,
+        max_num_batched_tokens=16,
+        eos=0,
+    )
     failure = explained(sc, lambda yours: yours[0].update(batch=["A", "B"]))
     assert failure.hints == ["admit_without_blocks"]
 
@@ -275,12 +312,15 @@ def test_blocks_missing_from_the_free_list_are_named():
 
 def test_the_harness_reports_a_trace_that_stops_early_or_goes_on():
     expected = ref.replay(CHUNKING)
-    with pytest.raises(checks.CheckFailed, match=f"step 3 of {len(expected)}: .*\n.*\n.*\nyour trace stopped after "
-                                                 "2 steps, before this one"):
+    with pytest.raises(
+        checks.CheckFailed, match=f"step 3 of {len(expected)}: .*\n.*\n.*\nyour trace stopped after 2 steps, before this one"
+    ):
         tracing.check_trace(CHUNKING, expected[:2], expected)
     extra = copy.deepcopy(expected[-1])
-    with pytest.raises(checks.CheckFailed, match=f"the reference's trace ends after step {len(expected)}; yours goes "
-                                                 "on to a step .*: every request has finished"):
+    with pytest.raises(
+        checks.CheckFailed,
+        match=f"the reference's trace ends after step {len(expected)}; yours goes on to a step .*: every request has finished",
+    ):
         tracing.check_trace(CHUNKING, expected + [extra], expected)
     with pytest.raises(checks.CheckFailed, match="replay should return a list of dicts"):
         tracing.check_trace(CHUNKING, {"not": "a list"}, expected)
@@ -296,8 +336,7 @@ def test_cached_set_again_on_readmission(graded):
     report = graded.mistake("cached_again", task="ch24.2")
     r = result(report, "figure instance: a prefix hit")
     assert r.status == "failed"
-    assert ("num_cached_tokens after step 6 should be 4 (it was set at the first admission and never changes: 4); "
-            "yours: 8") in r.message
+    assert ("num_cached_tokens after step 6 should be 4 (it was set at the first admission and never changes: 4); yours: 8") in r.message
     assert r.hints == ["cached_again"]
     assert wrong_elements(report, "ch24-three-progress")
 
@@ -306,8 +345,7 @@ def test_cached_is_the_computed_count(graded):
     # num_cached_tokens read as nano-vllm HEAD's name: the computed count
     r = result(graded.mistake("cached_is_computed", task="ch24.2"), "figure instance: a prefix hit")
     assert r.status == "failed"
-    assert "num_cached_tokens after step 1 should be 4 (the first admission sets it, once, to the prefix hit" \
-           in r.message
+    assert "num_cached_tokens after step 1 should be 4 (the first admission sets it, once, to the prefix hit" in r.message
     assert "yours: 8" in r.message and r.hints == ["cached_is_computed"]
 
 
@@ -324,8 +362,7 @@ def test_admission_ignores_the_prefix_hit(graded):
     # the prefix hit not counted as computed on admission
     r = result(graded.mistake("hit_ignored", task="ch24.2"), "figure instance: a prefix hit")
     assert r.status == "failed"
-    assert "num_computed_tokens after step 1 should be 8 (admission starts from the prefix hit: 4 + 4 = 8); yours: 4" \
-           in r.message
+    assert "num_computed_tokens after step 1 should be 8 (admission starts from the prefix hit: 4 + 4 = 8); yours: 4" in r.message
     assert r.hints == ["hit_ignored"]
 
 
@@ -339,26 +376,28 @@ def run_reference(cfg: dict, prompts: list[tuple[int, int]], tokens) -> tuple[li
     steps = []
     while not s.is_finished():
         batch, is_prefill = s.schedule()
-        steps.append((is_prefill, [(q.seq_id, q.num_scheduled_tokens) for q in batch],
-                      [q.seq_id for q in s.waiting], [q.seq_id for q in s.running]))
+        steps.append(
+            (is_prefill, [(q.seq_id, q.num_scheduled_tokens) for q in batch], [q.seq_id for q in s.waiting], [q.seq_id for q in s.running])
+        )
         s.postprocess(batch, [tokens(q) for q in batch], is_prefill)
     return steps, seqs
 
 
 def test_nanovllm_chunked_prefill_example():
     # nanovllm.md §11: bs 256, max_num_batched_tokens 400, a 1000-token prompt: 400, 400, 200, then decode.
-    steps, (seq,) = run_reference(dict(num_blocks=8, block_size=256, max_num_seqs=4, max_num_batched_tokens=400,
-                                       eos=-1), [(1000, 2)], lambda q: 7)
-    assert [(p, chunks) for p, chunks, _, _ in steps] == [(True, [(0, 400)]), (True, [(0, 400)]), (True, [(0, 200)]),
-                                                         (False, [(0, 1)])]
+    steps, (seq,) = run_reference(
+        dict(num_blocks=8, block_size=256, max_num_seqs=4, max_num_batched_tokens=400, eos=-1), [(1000, 2)], lambda q: 7
+    )
+    assert [(p, chunks) for p, chunks, _, _ in steps] == [(True, [(0, 400)]), (True, [(0, 400)]), (True, [(0, 200)]), (False, [(0, 1)])]
     assert seq.completion_token_ids == [7, 7] and seq.status == ref.FINISHED
 
 
 def test_nanovllm_preemption_example():
     # nanovllm.md §11: bs 4, 4 blocks, A, B, C with 4-token prompts: the first decode preempts C (the tail);
     # later A needs a third block and B, the tail, is preempted.
-    steps, _ = run_reference(dict(num_blocks=4, block_size=4, max_num_seqs=4, max_num_batched_tokens=16, eos=-1),
-                             [(4, 6), (4, 6), (4, 6)], lambda q: 5)
+    steps, _ = run_reference(
+        dict(num_blocks=4, block_size=4, max_num_seqs=4, max_num_batched_tokens=16, eos=-1), [(4, 6), (4, 6), (4, 6)], lambda q: 5
+    )
     assert steps[0][:2] == (True, [(0, 4), (1, 4), (2, 4)])
     assert steps[1][1:] == ([(0, 1), (1, 1)], [2], [0, 1])
     first_b_victim = next(i for i, st in enumerate(steps) if 1 in st[2])
@@ -380,8 +419,18 @@ def test_invariants_hold_on_reference_traces():
     import random
 
     for seed in range(5):
-        sc = hidden_checks.random_script(random.Random(seed), "inv", n=30, prompts=(1, 20), max_tokens=(1, 8),
-                                         block_size=4, num_blocks=10, max_num_seqs=4, budget=6, arrivals=20)
+        sc = hidden_checks.random_script(
+            random.Random(seed),
+            "inv",
+            n=30,
+            prompts=(1, 20),
+            max_tokens=(1, 8),
+            block_size=4,
+            num_blocks=10,
+            max_num_seqs=4,
+            budget=6,
+            arrivals=20,
+        )
         for rec in ref.replay(sc):
             for phase in ("schedule", "after"):
                 assert hidden_checks.invariant_failure(sc, phase, rec) is None
@@ -390,10 +439,23 @@ def test_invariants_hold_on_reference_traces():
 def test_every_request_of_a_random_script_finishes_and_fits():
     import random
 
-    sc = hidden_checks.random_script(random.Random(3), "fit", n=50, prompts=(1, 30), max_tokens=(1, 12),
-                                     block_size=4, num_blocks=9, max_num_seqs=3, budget=5, arrivals=30)
+    sc = hidden_checks.random_script(
+        random.Random(3),
+        "fit",
+        n=50,
+        prompts=(1, 30),
+        max_tokens=(1, 12),
+        block_size=4,
+        num_blocks=9,
+        max_num_seqs=3,
+        budget=5,
+        arrivals=30,
+    )
     trace = ref.replay(sc)
     done = {n for rec in trace for n, s in rec["after"]["seqs"].items() if s["status"] == ref.FINISHED}
     assert done == {r["name"] for r in sc["requests"]}
-    assert any(n in rec["sched"]["waiting"] and n in prev["after"]["running"]
-               for prev, rec in zip(trace, trace[1:]) for n in rec["sched"]["waiting"]), "some preemption happened"
+    assert any(
+        n in rec["sched"]["waiting"] and n in prev["after"]["running"]
+        for prev, rec in zip(trace, trace[1:])
+        for n in rec["sched"]["waiting"]
+    ), "some preemption happened"

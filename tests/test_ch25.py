@@ -72,21 +72,23 @@ def test_a_slot_fitting_two_misconceptions_gets_no_hint(graded):
 def test_a_written_padding_row_is_explained_and_only_then(graded):
     r = result(graded.mistake("padding_written", task="ch25.2"), "a padding row")
     assert r.status == "failed" and r.hints == ["padding_written"]
-    dropped = graded("store_offset_dropped",
-                     ("block, offset = s[keep] // block_size, s[keep] % block_size",
-                      "block, offset = s[keep] // block_size, 0 * s[keep]"))
+    dropped = graded(
+        "store_offset_dropped",
+        ("block, offset = s[keep] // block_size, s[keep] % block_size", "block, offset = s[keep] // block_size, 0 * s[keep]"),
+    )
     assert "padding_written" not in hints(dropped)
 
 
 def _crossings(lines: list[tuple[float, float, float, float]]) -> int:
     """Pairs of segments that cross (not merely touch)."""
+
     def side(ax, ay, bx, by, px, py):
         return (bx - ax) * (py - ay) - (by - ay) * (px - ax)
+
     n = 0
     for i, (a, b, c, d) in enumerate(lines):
-        for e, g, h, k in lines[i + 1:]:
-            if side(a, b, c, d, e, g) * side(a, b, c, d, h, k) < 0 and \
-                    side(e, g, h, k, a, b) * side(e, g, h, k, c, d) < 0:
+        for e, g, h, k in lines[i + 1 :]:
+            if side(a, b, c, d, e, g) * side(a, b, c, d, h, k) < 0 and side(e, g, h, k, a, b) * side(e, g, h, k, c, d) < 0:
                 n += 1
     return n
 
@@ -97,11 +99,10 @@ def test_blocks_figure_draws_one_arrow_per_block_and_marks_the_cells_yours_fill_
     r = report.records["ch25-blocks"]
     table, slots, want = r["table"], r["slots"], r["expected"]
     root = figure(report, "ch25-blocks")
-    arrows = [tuple(float(el.get(k)) for k in ("x1", "y1", "x2", "y2")) for el in root.iter(f"{SVG}line")
-              if el.get("class") == "arrow"]
+    arrows = [tuple(float(el.get(k)) for k in ("x1", "y1", "x2", "y2")) for el in root.iter(f"{SVG}line") if el.get("class") == "arrow"]
     # a token follows its logical block's arrow: one per logical block, crossing only where the table is out of order
     assert len(arrows) == len(table)
-    inversions = sum(a > b for i, a in enumerate(table) for b in table[i + 1:])
+    inversions = sum(a > b for i, a in enumerate(table) for b in table[i + 1 :])
     assert _crossings(arrows) == inversions < len(slots)
     # the pool cells that hold other positions than they should, plus the slots of the slot row that differ
     pool = range(r["num_blocks"] * r["block_size"])
@@ -121,24 +122,26 @@ def test_slot_mapping_figure_agrees_with_itself_when_only_the_slots_are_wrong(gr
     slot_labels = [el for el in texts if re.fullmatch(r"slot \d+", el.text or "")]
     slot_x = {int(el.text.split()[1]): float(el.get("x")) for el in slot_labels}
     label_y = min(float(el.get("y")) for el in slot_labels)
-    k_at = {float(el.get("x")): el.text for el in texts           # the K values in the pool's cells, above their labels
-            if el.get("class") == "value" and label_y - 40 < float(el.get("y")) < label_y}
-    ends = [float(el.get("d").split()[-1].split(",")[0]) for el in root.iter(f"{SVG}path")
-            if el.get("class") == "arrow"]
+    k_at = {
+        float(el.get("x")): el.text
+        for el in texts  # the K values in the pool's cells, above their labels
+        if el.get("class") == "value" and label_y - 40 < float(el.get("y")) < label_y
+    }
+    ends = [float(el.get("d").split()[-1].split(",")[0]) for el in root.iter(f"{SVG}path") if el.get("class") == "arrow"]
     assert len(ends) == len(r["expected"])
     for j, (end, s) in enumerate(zip(ends, r["expected"])):
         assert abs(end - slot_x[s]) < 0.5, "the arrow of each token goes to its slot"
         assert k_at[slot_x[s]] == ", ".join(f"{v:g}" for v in r["keys"][j]), "and that slot holds its K"
     tags = {(el.text, float(el.get("x"))) for el in texts if el.get("class") == "mark slot-tag"}
-    assert tags == {(f"✗ t{j}", slot_x[s]) for j, (s, w) in enumerate(zip(r["slots"], r["expected"]))
-                    if s != w and s in slot_x}
+    assert tags == {(f"✗ t{j}", slot_x[s]) for j, (s, w) in enumerate(zip(r["slots"], r["expected"])) if s != w and s in slot_x}
 
 
 def test_offset_dropped_in_store_is_explained(graded):
-    report = graded("store_offset_dropped",
-                    # every token written to the first row of its block: the offset inside the block forgotten
-                    ("block, offset = s[keep] // block_size, s[keep] % block_size",
-                     "block, offset = s[keep] // block_size, 0 * s[keep]"))
+    report = graded(
+        "store_offset_dropped",
+        # every token written to the first row of its block: the offset inside the block forgotten
+        ("block, offset = s[keep] // block_size, s[keep] % block_size", "block, offset = s[keep] // block_size, 0 * s[keep]"),
+    )
     r = result(report, "figure instance: the five tokens")
     assert r.status == "failed"
     assert "k_cache slot 0 (block 0, offset 0) should hold token 2's K [31, 32]; yours holds [41, 42]" in r.message
@@ -236,8 +239,16 @@ def scripts(weak_hash: bool = False) -> list[tuple[int, int, list]]:
     rnd = random.Random(7)
     out = []
     for num_blocks, bs, n in ((12, 4, 30), (20, 2, 20), (6, 16, 10)):
-        requests = hidden_checks.workload(rnd, num_requests=n, block_size=bs, num_prefixes=3, max_new=8,
-                                          max_len=num_blocks * bs, per_step=2, shuffle=0.5 if weak_hash else 0.0)
+        requests = hidden_checks.workload(
+            rnd,
+            num_requests=n,
+            block_size=bs,
+            num_prefixes=3,
+            max_new=8,
+            max_len=num_blocks * bs,
+            per_step=2,
+            shuffle=0.5 if weak_hash else 0.0,
+        )
         do = hidden_checks.reference_do(ref, num_blocks, bs, weak_hash)
         out.append((num_blocks, bs, hidden_checks.simulate(do, rnd.randrange(1000), bs, requests, 4, 20)))
     return out
@@ -271,8 +282,7 @@ def test_compute_hash_is_the_documented_blake2b():
     h0 = ref.BlockManager.compute_hash([1, 2, 3, 4])
     assert h0 == int.from_bytes(hashlib.blake2b(struct.pack("<4q", 1, 2, 3, 4), digest_size=8).digest(), "little")
     data = h0.to_bytes(8, "little") + struct.pack("<4q", 5, 6, 7, 8)
-    assert ref.BlockManager.compute_hash([5, 6, 7, 8], h0) == int.from_bytes(
-        hashlib.blake2b(data, digest_size=8).digest(), "little")
+    assert ref.BlockManager.compute_hash([5, 6, 7, 8], h0) == int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def test_nano_vllm_worked_example():
@@ -300,12 +310,15 @@ def test_nano_vllm_worked_example():
 
 # -- 25.3: each hint only for the mistake it names ----------------------------------------------------------
 def test_a_decode_block_from_the_wrong_end_is_not_called_a_timing_mistake(graded):
-    report = graded("may_append_from_the_right",
-                    # may_append takes the new block from the right end of the free list; allocate is right
-                    ("        if len(seq) % self.block_size == 1:\n            seq.block_table.append(",
-                     "        if len(seq) % self.block_size == 1:\n            self.free_block_ids.rotate(1)\n"
-                     "            seq.block_table.append("),
-                    task="ch25.3")
+    report = graded(
+        "may_append_from_the_right",
+        # may_append takes the new block from the right end of the free list; allocate is right
+        (
+            "        if len(seq) % self.block_size == 1:\n            seq.block_table.append(",
+            "        if len(seq) % self.block_size == 1:\n            self.free_block_ids.rotate(1)\n            seq.block_table.append(",
+        ),
+        task="ch25.3",
+    )
     assert "lifo" in hints(report) and "may_append_on_full_block" not in hints(report)
 
 
@@ -335,9 +348,14 @@ def test_a_shared_hit_counted_as_a_new_block_is_explained(graded):
 
 def test_a_step_that_raises_is_reported_with_what_it_did(graded):
     # allocate raises when it is handed the cached prefix: the step is described, then what was raised and where
-    report = graded("allocate_raises", ("        h = NO_HASH\n        for i in range(num_cached_blocks):",
-                                        "        h = NO_HASH\n        assert not num_cached_blocks, 'no cache'\n"
-                                        "        for i in range(num_cached_blocks):"), task="ch25.3")
+    report = graded(
+        "allocate_raises",
+        (
+            "        h = NO_HASH\n        for i in range(num_cached_blocks):",
+            "        h = NO_HASH\n        assert not num_cached_blocks, 'no cache'\n        for i in range(num_cached_blocks):",
+        ),
+        task="ch25.3",
+    )
     r = result(report, "figure instance")
     assert r.status == "failed"
     assert "step 7 of 18: allocate(B, num_cached_blocks=1)" in r.message
@@ -353,8 +371,9 @@ def test_a_hit_that_trusts_the_hash_alone_is_caught_under_the_weak_hash(graded):
     assert failed == {("ch25.3", public.name, False), ("ch25.3", result(report, "weak hash").name, True)}
     assert public.hints == ["hash_only"] and result(report, "weak hash").hints == ["hash_only"]
     assert "can_allocate(B) should return 0:" in public.message
-    assert ("logical block 0 [4, 3, 2, 1]: its hash 10 maps to block 0, which holds other tokens [1, 2, 3, 4]: a hash "
-            "collision, so a miss") in public.message and "yours: 1" in public.message
+    assert (
+        "logical block 0 [4, 3, 2, 1]: its hash 10 maps to block 0, which holds other tokens [1, 2, 3, 4]: a hash collision, so a miss"
+    ) in public.message and "yours: 1" in public.message
 
 
 class HashOnly(ref.BlockManager):
@@ -373,14 +392,13 @@ class HashOnly(ref.BlockManager):
 
 
 def test_a_block_holding_other_tokens_breaks_the_invariant_of_ones_own_trace():
-    script = [*traces.add("A", [1, 2, 3, 4, 5]), ["compute", "A", 5, 6], ["add", "B", [4, 3, 2, 1, 7]],
-              ["can_allocate", "B"]]
+    script = [*traces.add("A", [1, 2, 3, 4, 5]), ["compute", "A", 5, 6], ["add", "B", [4, 3, 2, 1, 7]], ["can_allocate", "B"]]
     runner = ref.ScriptRunner(8, 4, weak_hash=True)
     runner.manager = HashOnly(8, 4)
     runner.before = ref.snapshot(runner.manager)
     trace = runner.run(script)
     hits = trace[-1]["value"]
-    assert hits == 1                                   # [4, 3, 2, 1] and [1, 2, 3, 4] share colliding_hash 10
+    assert hits == 1  # [4, 3, 2, 1] and [1, 2, 3, 4] share colliding_hash 10
     script.append(["allocate", "B", hits])
     trace += runner.run(script[-1:])
     *_, (_, s) = traces.states(script, trace, 8)
@@ -389,8 +407,7 @@ def test_a_block_holding_other_tokens_breaks_the_invariant_of_ones_own_trace():
     assert "block 0 is B's logical block 0, whose tokens are [4, 3, 2, 1], but it holds [1, 2, 3, 4]" in problem
     # the reference under the weak hash never breaks it
     for num_blocks, bs, script in scripts(weak_hash=True):
-        for op, (_, s) in zip(script, traces.states(script, ref.replay(num_blocks, bs, script, weak_hash=True),
-                                                      num_blocks)):
+        for op, (_, s) in zip(script, traces.states(script, ref.replay(num_blocks, bs, script, weak_hash=True), num_blocks)):
             assert hidden_checks.broken_invariant(s, set(range(num_blocks)), op[1], bs) is None
 
 
@@ -407,8 +424,9 @@ def test_the_weak_hash_is_the_running_sum_and_replay_puts_the_real_one_back():
 
 
 # -- the provided input checks (outside the solution regions: unit tests, no graded checks) ---------------------
-@pytest.mark.parametrize("table, positions, block_size", [
-    ([0, 1], [-1, 0], 2), ([0, 1], [0, 1], 0), ([0, 1], [0, 1], -2), ([0, 1], torch.tensor([3, -5]), 2)])
+@pytest.mark.parametrize(
+    "table, positions, block_size", [([0, 1], [-1, 0], 2), ([0, 1], [0, 1], 0), ([0, 1], [0, 1], -2), ([0, 1], torch.tensor([3, -5]), 2)]
+)
 def test_the_provided_slot_check_refuses_bad_inputs(table, positions, block_size):
     with pytest.raises(ValueError):
         ref.slot_mapping(table, positions, block_size)
@@ -416,7 +434,7 @@ def test_the_provided_slot_check_refuses_bad_inputs(table, positions, block_size
 
 @pytest.mark.parametrize("table, positions, block_size", [([], [0], 4), ([3, 0, 4], [0, 6], 2)])
 def test_a_position_beyond_the_table_is_the_exercise_s_own_error(table, positions, block_size):
-    ref._check_slots(positions, block_size)            # the provided check lets it through
+    ref._check_slots(positions, block_size)  # the provided check lets it through
     with pytest.raises(ValueError, match="logical block"):
         ref.slot_mapping(table, positions, block_size)
 
@@ -424,14 +442,18 @@ def test_a_position_beyond_the_table_is_the_exercise_s_own_error(table, position
 CACHE = torch.zeros(2, 2, 2, 4)
 
 
-@pytest.mark.parametrize("v_cache, k, v, slots", [
-    (torch.zeros(2, 2, 2, 3), torch.ones(1, 2, 4), torch.ones(1, 2, 4), [0]),    # caches of two shapes
-    (CACHE, torch.ones(2, 1, 4), torch.ones(2, 1, 4), [0, 1]),                   # 1 kv head, the cache has 2
-    (CACHE, torch.ones(2, 2, 4), torch.ones(2, 2, 8), [0, 1]),                   # v of another head_dim
-    (CACHE, torch.ones(2, 2, 4), torch.ones(2, 2, 4), [0]),                      # 2 tokens, 1 slot
-    (CACHE, torch.ones(2, 2, 4), torch.ones(3, 2, 4), [0, 1]),                   # k and v of other lengths
-    (CACHE, torch.ones(1, 2, 4), torch.ones(1, 2, 4), [-2]),                     # neither a slot nor −1
-    (CACHE, torch.ones(2, 2, 4), torch.ones(2, 2, 4), [1, 4])])                  # beyond 2 blocks × 2 slots
+@pytest.mark.parametrize(
+    "v_cache, k, v, slots",
+    [
+        (torch.zeros(2, 2, 2, 3), torch.ones(1, 2, 4), torch.ones(1, 2, 4), [0]),  # caches of two shapes
+        (CACHE, torch.ones(2, 1, 4), torch.ones(2, 1, 4), [0, 1]),  # 1 kv head, the cache has 2
+        (CACHE, torch.ones(2, 2, 4), torch.ones(2, 2, 8), [0, 1]),  # v of another head_dim
+        (CACHE, torch.ones(2, 2, 4), torch.ones(2, 2, 4), [0]),  # 2 tokens, 1 slot
+        (CACHE, torch.ones(2, 2, 4), torch.ones(3, 2, 4), [0, 1]),  # k and v of other lengths
+        (CACHE, torch.ones(1, 2, 4), torch.ones(1, 2, 4), [-2]),  # neither a slot nor −1
+        (CACHE, torch.ones(2, 2, 4), torch.ones(2, 2, 4), [1, 4]),
+    ],
+)  # beyond 2 blocks × 2 slots
 def test_the_provided_store_check_refuses_bad_inputs(v_cache, k, v, slots):
     with pytest.raises(ValueError):
         ref.store_kv(CACHE.clone(), v_cache.clone(), k, v, slots)
@@ -449,10 +471,14 @@ def test_the_provided_pool_check_refuses_bad_sizes(num_blocks, block_size):
         ref.BlockManager(num_blocks, block_size)
 
 
-@pytest.mark.parametrize("script", [
-    [["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", 0], ["allocate", "A", 0]],   # A already has a table
-    [["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", 2]],                         # the last block never hits
-    [["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", -1]]])
+@pytest.mark.parametrize(
+    "script",
+    [
+        [["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", 0], ["allocate", "A", 0]],  # A already has a table
+        [["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", 2]],  # the last block never hits
+        [["add", "A", [1, 2, 3, 4, 5]], ["allocate", "A", -1]],
+    ],
+)
 def test_the_provided_allocate_check_refuses_bad_uses(script):
     last = ref.replay(4, 4, script)[-1]
     assert last["error"].startswith("ValueError")

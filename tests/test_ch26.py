@@ -36,8 +36,10 @@ def test_packing_token_by_token_is_explained(graded):
     r = result(report, "figure instance: pack", task="ch26.1")
     assert r.status == "failed"
     padded = checks.padded_batch(checks.PACK_LENGTHS, checks.PACK_T, checks.PACK_H)
-    assert (f"packed row 1 is request 0's token 1 (rows of request 0 start at 0), padded[0, 1] = "
-            f"{vec(padded[0, 1])}; yours: {vec(padded[1, 0])}") in r.message
+    assert (
+        f"packed row 1 is request 0's token 1 (rows of request 0 start at 0), padded[0, 1] = "
+        f"{vec(padded[0, 1])}; yours: {vec(padded[1, 0])}"
+    ) in r.message
     assert r.hints == ["token_major"]
     assert result(report, "random batches", task="ch26.1").status == "failed"
     assert statuses(report, "ch26.2") == statuses(report, "ch26.3") == {"passed"}
@@ -94,8 +96,7 @@ def test_rounding_the_graph_size_down_is_explained(graded):
     report = graded.mistake("round_down")  # the largest captured size ≤ bs: sequences beyond the graph are dropped
     r = result(report, "figure instance: nano-vllm's captured sizes", task="ch26.3")
     assert r.status == "failed"
-    assert "batch of 3, captured sizes [1, 2, 4, 8, 16, 32, 48, 64, …, 512]: the smallest captured size ≥ 3 is 4; " \
-           "yours: 2" in r.message
+    assert "batch of 3, captured sizes [1, 2, 4, 8, 16, 32, 48, 64, …, 512]: the smallest captured size ≥ 3 is 4; yours: 2" in r.message
     assert r.hints == ["round_down"]
     assert result(report, "figure instance: 5 sequences", task="ch26.3").status == "passed"
     assert wrong_elements(report, "ch26-graph-replay")
@@ -176,21 +177,31 @@ def test_resetting_after_the_copy_is_explained(graded):
 
 
 def test_returning_new_buffers_is_caught(graded):
-    body = ('    buffers["slot_mapping"].fill_(-1)\n    buffers["context_lens"].zero_()\n'
-            '    for key in ("input_ids", "positions", "slot_mapping", "context_lens"):\n'
-            '        buffers[key][:bs] = batch[key]\n'
-            '    buffers["block_tables"][:bs, :width] = batch["block_tables"]\n')
-    report = graded("returns_new", (body, "    out = {k: v.clone() for k, v in buffers.items()}\n" +
-                                    body.replace("buffers[", "out[") + "    return out\n"), task="ch26.4")
+    body = (
+        '    buffers["slot_mapping"].fill_(-1)\n    buffers["context_lens"].zero_()\n'
+        '    for key in ("input_ids", "positions", "slot_mapping", "context_lens"):\n'
+        "        buffers[key][:bs] = batch[key]\n"
+        '    buffers["block_tables"][:bs, :width] = batch["block_tables"]\n'
+    )
+    report = graded(
+        "returns_new",
+        (body, "    out = {k: v.clone() for k, v in buffers.items()}\n" + body.replace("buffers[", "out[") + "    return out\n"),
+        task="ch26.4",
+    )
     r = result(report, "figure instance", task="ch26.4")
     assert r.status == "failed" and r.hints == ["new_buffer"]
     assert "returns None; yours returned dict" in r.message
 
 
 def test_clearing_cells_no_replay_reads_is_allowed(graded):
-    report = graded("clears_all", ('    buffers["context_lens"].zero_()\n',
-                                   '    buffers["context_lens"].zero_()\n    buffers["input_ids"].zero_()\n'
-                                   '    buffers["block_tables"].fill_(-1)\n'), task="ch26.4")
+    report = graded(
+        "clears_all",
+        (
+            '    buffers["context_lens"].zero_()\n',
+            '    buffers["context_lens"].zero_()\n    buffers["input_ids"].zero_()\n    buffers["block_tables"].fill_(-1)\n',
+        ),
+        task="ch26.4",
+    )
     assert statuses(report, "ch26.4") == {"passed"}
 
 
@@ -205,7 +216,7 @@ def test_the_reference_writes_through_views_of_a_pool():
     strides = {k: v.stride() for k, v in buffers.items()}
     assert ref.fill_static_buffers(buffers, batch) is None
     assert {k: v.stride() for k, v in buffers.items()} == strides
-    assert buffers["slot_mapping"].tolist() == [44, 19, -1, -1]   # 11·4 + 0, 4·4 + 3
+    assert buffers["slot_mapping"].tolist() == [44, 19, -1, -1]  # 11·4 + 0, 4·4 + 3
     assert buffers["block_tables"].tolist() == [[7, 2, 11], [4, -1, -1], [0, 0, 0], [0, 0, 0]]
     fresh = {k: v.clone() for k, v in buffers.items()}
     assert [k for k in fresh if checks.replaced(fresh[k], buffers[k])] == list(fresh)
@@ -215,9 +226,10 @@ def test_the_reference_writes_through_views_of_a_pool():
 def test_the_reference_matches_nano_vllm_run_model():
     # nanovllm/engine/model_runner.py (bb823b3) run_model: input_ids/positions [:bs]; slot_mapping fill_(-1) then
     # [:bs]; context_lens zero_() then [:bs]; block_tables[:bs, :width]; nothing else.
-    buffers = {k: torch.full((8, 4) if k == "block_tables" else (8,), 5,
-                             dtype=torch.int64 if k in ("input_ids", "positions") else torch.int32)
-               for k in checks.STATIC_KEYS}
+    buffers = {
+        k: torch.full((8, 4) if k == "block_tables" else (8,), 5, dtype=torch.int64 if k in ("input_ids", "positions") else torch.int32)
+        for k in checks.STATIC_KEYS
+    }
     batch = checks.decode_batch(checks.STATIC_NOW)
     ref.fill_static_buffers(buffers, batch)
     bs, width = batch["block_tables"].shape
@@ -228,17 +240,26 @@ def test_the_reference_matches_nano_vllm_run_model():
 
 # The input checks every task needs but none teaches are provided code (outside the solution regions): plain unit
 # tests here, no graded checks.
-@pytest.mark.parametrize("padded, lengths", [(torch.zeros(2, 3), [1, 2]), (torch.zeros(2, 3, 4), [1, 2, 3]),
-                                             (torch.zeros(2, 3, 4), [1, -1]), (torch.zeros(2, 3, 4), [3, 4])])
+@pytest.mark.parametrize(
+    "padded, lengths",
+    [(torch.zeros(2, 3), [1, 2]), (torch.zeros(2, 3, 4), [1, 2, 3]), (torch.zeros(2, 3, 4), [1, -1]), (torch.zeros(2, 3, 4), [3, 4])],
+)
 def test_the_provided_pack_check_refuses_bad_inputs(padded, lengths):
     with pytest.raises(ValueError):
         ref.pack_varlen(padded, lengths)
 
 
-@pytest.mark.parametrize("packed, cu, T_max", [(torch.zeros(5), [0, 5], 5), (torch.zeros(5, 2), [], 5),
-                                               (torch.zeros(5, 2), [1, 5], 5), (torch.zeros(5, 2), [0, 3, 4], 4),
-                                               (torch.zeros(5, 2), [0, 4, 3, 5], 5),
-                                               (torch.zeros(5, 2), [0, 3, 5], 2)])
+@pytest.mark.parametrize(
+    "packed, cu, T_max",
+    [
+        (torch.zeros(5), [0, 5], 5),
+        (torch.zeros(5, 2), [], 5),
+        (torch.zeros(5, 2), [1, 5], 5),
+        (torch.zeros(5, 2), [0, 3, 4], 4),
+        (torch.zeros(5, 2), [0, 4, 3, 5], 5),
+        (torch.zeros(5, 2), [0, 3, 5], 2),
+    ],
+)
 def test_the_provided_unpack_check_refuses_bad_inputs(packed, cu, T_max):
     with pytest.raises(ValueError):
         ref.unpack_varlen(packed, cu, T_max)
@@ -257,9 +278,10 @@ def test_the_provided_batch_size_check_refuses_an_empty_batch():
     assert ref.graph_batch_size(1, [4, 2]) == 2
 
 
-@pytest.mark.parametrize("slots, ctx, tables, graph_bs", [([1, 2], [1], [[0], [0]], 4), ([1, 2], [1, 1], [[0]], 4),
-                                                          ([1] * 9, [1] * 9, [[0]] * 9, 8), ([1, 2, 3], [1] * 3,
-                                                                                              [[0]] * 3, 2)])
+@pytest.mark.parametrize(
+    "slots, ctx, tables, graph_bs",
+    [([1, 2], [1], [[0], [0]], 4), ([1, 2], [1, 1], [[0]], 4), ([1] * 9, [1] * 9, [[0]] * 9, 8), ([1, 2, 3], [1] * 3, [[0]] * 3, 2)],
+)
 def test_the_provided_decode_batch_check_refuses_bad_inputs(slots, ctx, tables, graph_bs):
     with pytest.raises(ValueError):
         ref.pad_decode_batch(slots, ctx, tables, graph_bs)
@@ -285,8 +307,18 @@ def bad_static(case):
     return buffers, batch
 
 
-@pytest.mark.parametrize("case", ["missing key", "float buffer", "batch larger than the buffers",
-                                  "tables wider than the buffers", "rows disagree", "empty batch", "1-D block tables"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing key",
+        "float buffer",
+        "batch larger than the buffers",
+        "tables wider than the buffers",
+        "rows disagree",
+        "empty batch",
+        "1-D block tables",
+    ],
+)
 def test_the_provided_static_check_refuses_bad_inputs(case):
     with pytest.raises(ValueError):
         ref.fill_static_buffers(*bad_static(case))

@@ -59,8 +59,7 @@ def test_the_async_loop_reproduces_the_placeholder_example():
 
 
 def test_async_and_sync_engines_produce_the_same_tokens():
-    script = [("add", r, p, m, e) for r, p, m, e in
-              [("A", 7, 4, None), ("B", 3, 5, 2), ("C", 1, 3, None), ("D", 9, 2, 0)]] + [("run",)]
+    script = [("add", r, p, m, e) for r, p, m, e in [("A", 7, 4, None), ("B", 3, 5, 2), ("C", 1, 3, None), ("D", 9, 2, 0)]] + [("run",)]
     for budget in (1, 3, 8):
         runs = [trace_of({"budget": budget, "max_num_seqs": 2, "async": a}, script)[-1]["run"] for a in (False, True)]
         assert runs[0] == runs[1]
@@ -144,8 +143,10 @@ def test_a_placeholder_for_a_partial_prefill_is_explained_and_marked(graded):
     r = result(report, "figure instance", task="ch27.2")
     assert r.status == "failed"
     assert "step 1 ran batch 1 {A: 3} (positions A 0…2; sampled A: blank)" in r.message
-    assert "num_output_placeholders 0\nyours: RUNNING, num_computed_tokens 3, num_tokens 5 (outputs []), " \
-           "num_output_placeholders 1" in r.message
+    assert (
+        "num_output_placeholders 0\nyours: RUNNING, num_computed_tokens 3, num_tokens 5 (outputs []), "
+        "num_output_placeholders 1" in r.message
+    )
     assert r.hints == ["placeholder_always"]
     assert wrong_elements(report, "ch27-three-boundaries")
     assert statuses(report, "ch27.1") == {"passed"}
@@ -168,8 +169,7 @@ def test_a_stale_output_after_eos_is_explained(graded):
     report = graded.mistake("stale_kept")
     r = result(report, "an output that arrives after EOS", task="ch27.2")
     assert r.status == "failed"
-    assert "after step 4 request A should be FINISHED_STOPPED, num_computed_tokens 5, num_tokens 5 " \
-           "(outputs [303, 304])" in r.message
+    assert "after step 4 request A should be FINISHED_STOPPED, num_computed_tokens 5, num_tokens 5 (outputs [303, 304])" in r.message
     assert "yours: FINISHED_STOPPED, num_computed_tokens 5, num_tokens 6 (outputs [303, 304, 305])" in r.message
     assert r.hints == ["stale_kept"]
     edges = result(report, "edge cases", task="ch27.2")
@@ -187,9 +187,9 @@ def spec_trace(request: tuple, rounds: list) -> list:
 
 def test_the_spec_counters_run_ahead_and_roll_back():
     trace = spec_trace(SPEC["request"], SPEC["rounds"])
-    assert [r["scheduled"]["num_scheduled_tokens"] for r in trace] == [4, 4, 4, 3, 5]     # 1 + k for a decode
+    assert [r["scheduled"]["num_scheduled_tokens"] for r in trace] == [4, 4, 4, 3, 5]  # 1 + k for a decode
     assert [r["after_schedule"]["num_computed_tokens"] for r in trace] == [4, 8, 10, 13, 16]
-    assert [len(r["generated"]) for r in trace] == [1, 2, 4, 1, 3]                        # a + 1
+    assert [len(r["generated"]) for r in trace] == [1, 2, 4, 1, 3]  # a + 1
     assert [r["after_update"]["num_computed_tokens"] for r in trace] == [4, 6, 10, 11, 14]  # − (k − a)
     assert all(r["after_update"]["num_computed_tokens"] == r["after_update"]["num_tokens"] - 1 for r in trace)
     assert all(r["after_schedule"]["spec_token_ids"] == [] for r in trace)
@@ -220,8 +220,9 @@ def test_a_forgotten_rollback_is_explained_and_marked(graded):
     assert statuses(report, "ch27.1") == statuses(report, "ch27.2") == {"passed"}
 
 
-@pytest.mark.parametrize("mistake_id", ["rollback_one_too_many", "bonus_rejected", "bonus_as_draft",
-                                        "drafts_not_scheduled", "spec_not_cleared"])
+@pytest.mark.parametrize(
+    "mistake_id", ["rollback_one_too_many", "bonus_rejected", "bonus_as_draft", "drafts_not_scheduled", "spec_not_cleared"]
+)
 def test_the_spec_mistakes_are_named_on_the_figure_instance(graded, mistake_id):
     r = result(graded.mistake(mistake_id), "figure instance", task="ch27.3")
     assert r.status == "failed" and r.hints == [mistake_id]
@@ -257,8 +258,9 @@ def test_two_batches_in_one_step_are_named():
 
 
 def test_an_output_for_a_request_that_got_nothing_is_named():
-    failure = explained(SYNC, EOS_SCRIPT, lambda yours: yours[0]["outputs"].append(
-        {"request_id": "Z", "new_token_ids": [7], "finished": False}))
+    failure = explained(
+        SYNC, EOS_SCRIPT, lambda yours: yours[0]["outputs"].append({"request_id": "Z", "new_token_ids": [7], "finished": False})
+    )
     assert failure.hints == ["extra_outputs"]
 
 
@@ -291,8 +293,7 @@ def test_the_loop_boxes_are_as_wide_as_their_text_and_nothing_leaves_the_page():
     svg = reference_figures("ch27")["ch27-enginecore-loop"]
     assert off_canvas(svg, margin=MARGIN - 1) == []
     calls = {call for _, call, _, _ in drawn.LOOP}
-    loop = sorted((b for b in rects(svg, cls="box") if any(b.holds(t) and t.s in calls for t in texts(svg))),
-                  key=lambda b: b.x)
+    loop = sorted((b for b in rects(svg, cls="box") if any(b.holds(t) and t.s in calls for t in texts(svg))), key=lambda b: b.x)
     assert len(loop) == len(drawn.LOOP)
     for box in loop:
         assert cramped(svg, box, pad=drawn.BOX_PAD - 0.5) == [], "every line of a loop box has room on both sides"
@@ -301,8 +302,7 @@ def test_the_loop_boxes_are_as_wide_as_their_text_and_nothing_leaves_the_page():
     # What crosses an arrow is written between the two boxes it joins.
     for (name, contents), a, b in zip(drawn.CONTRACTS, loop, loop[1:]):
         words = " ".join(contents).split()
-        mine = [t for t in texts(svg) if t.s == name or (a.x + a.w < t.x < b.x and t.s.split()
-                                                          and set(t.s.split()) <= set(words))]
+        mine = [t for t in texts(svg) if t.s == name or (a.x + a.w < t.x < b.x and t.s.split() and set(t.s.split()) <= set(words))]
         assert len(mine) >= 1 + len(contents)
         assert all(a.x + a.w + drawn.GAP_PAD - 0.5 <= t.left and t.right <= b.x - drawn.GAP_PAD + 0.5 for t in mine)
 
@@ -311,8 +311,9 @@ def test_the_spec_figure_stays_on_the_page_and_draws_every_step():
     svg = reference_figures("ch27")["ch27-spec-counters"]
     assert off_canvas(svg, margin=MARGIN - 1) == []
     labels = [t.s for t in texts(svg)]
-    assert [s for s in labels if s.startswith("step ") and s.endswith("schedule_spec")] == \
-        [f"step {k}: schedule_spec" for k in range(1, len(SPEC["rounds"]) + 1)]
+    assert [s for s in labels if s.startswith("step ") and s.endswith("schedule_spec")] == [
+        f"step {k}: schedule_spec" for k in range(1, len(SPEC["rounds"]) + 1)
+    ]
 
 
 def test_no_label_of_the_figures_ends_on_a_dangling_separator():

@@ -51,9 +51,11 @@ def test_unchained_blocks_are_explained(graded):
 
 
 def test_absolute_image_offset_is_explained(graded):
-    report = graded("mm_absolute_offset",
-                    # the image's offset taken from the prompt start instead of the block start
-                    ('struct.pack("<q", offset - s)', 'struct.pack("<q", offset)'))
+    report = graded(
+        "mm_absolute_offset",
+        # the image's offset taken from the prompt start instead of the block start
+        ('struct.pack("<q", offset - s)', 'struct.pack("<q", offset)'),
+    )
     r = result(report, "an image that starts")
     assert r.status == "failed"
     assert "block 1's hash should be" in r.message
@@ -93,8 +95,7 @@ def test_hash_bytes_follow_the_docstring():
     # vLLM's default NONE_HASH: vllm/utils/hashing.py's sha256 of the pickled seed string (protocol 5)
     none_hash = hashlib.sha256(b"\x80\x05\x95\x12" + bytes(7) + b"\x8c\x0evllm-none-hash\x94.").digest()
     assert ref.NONE_HASH == none_hash
-    h0 = hashlib.sha256(none_hash + struct.pack("<4q", 1, 2, 3, 4) + lora + mm(3)
-                        + b"salt" + (1).to_bytes(4, "little") + b"s").digest()
+    h0 = hashlib.sha256(none_hash + struct.pack("<4q", 1, 2, 3, 4) + lora + mm(3) + b"salt" + (1).to_bytes(4, "little") + b"s").digest()
     h1 = hashlib.sha256(h0 + struct.pack("<4q", 5, 6, 7, 8) + lora + mm(-1)).digest()
     assert got == [h0, h1]
 
@@ -121,11 +122,22 @@ def test_logits_indices_of_the_worked_example():
 
 # -- the provided input checks (outside the solution regions: unit tests, no graded checks) ---------------------
 
-@pytest.mark.parametrize("tokens, block_size, keys", [
-    ([1, 2, 3, 4], 2, {"cache_salt": ""}), (list(range(8)), 4, {"cache_salt": 5}), (list(range(8)), 4, {"lora_id": 0}),
-    (list(range(8)), 4, {"mm_hashes": [("a", 6, 4)]}), (list(range(8)), 4, {"mm_hashes": [("a", 4, 2), ("b", 1, 2)]}),
-    (list(range(8)), 4, {"mm_hashes": [("a", 1, 3), ("b", 2, 2)]}), (list(range(8)), 4, {"mm_hashes": [("a", 1, 0)]}),
-    (list(range(8)), 4, {"mm_hashes": [("", 1, 2)]}), (list(range(8)), 0, {}), ([1, -2, 3], 1, {})])
+
+@pytest.mark.parametrize(
+    "tokens, block_size, keys",
+    [
+        ([1, 2, 3, 4], 2, {"cache_salt": ""}),
+        (list(range(8)), 4, {"cache_salt": 5}),
+        (list(range(8)), 4, {"lora_id": 0}),
+        (list(range(8)), 4, {"mm_hashes": [("a", 6, 4)]}),
+        (list(range(8)), 4, {"mm_hashes": [("a", 4, 2), ("b", 1, 2)]}),
+        (list(range(8)), 4, {"mm_hashes": [("a", 1, 3), ("b", 2, 2)]}),
+        (list(range(8)), 4, {"mm_hashes": [("a", 1, 0)]}),
+        (list(range(8)), 4, {"mm_hashes": [("", 1, 2)]}),
+        (list(range(8)), 0, {}),
+        ([1, -2, 3], 1, {}),
+    ],
+)
 def test_the_provided_request_check_refuses_bad_inputs(tokens, block_size, keys):
     with pytest.raises(ValueError):
         ref.block_hashes(tokens, block_size, **keys)

@@ -42,8 +42,7 @@ def test_latency_metrics_reproduce_the_worked_example_of_e1():
     # 10 requests of 1000 input and 101 output tokens; TTFT 0.5 s, E2E 2.5 s; two tokens per chunk after the
     # first; the run lasts 5 s. TPOT 20 ms, ITL 40 ms, 2 req/s, 202 and 2202 tok/s.
     starts = [0.25 * i for i in range(9)] + [2.5]
-    requests = [{"start": s, "chunk_times": [s + 0.5 + 0.04 * k for k in range(51)], "input_len": 1000,
-                 "output_len": 101} for s in starts]
+    requests = [{"start": s, "chunk_times": [s + 0.5 + 0.04 * k for k in range(51)], "input_len": 1000, "output_len": 101} for s in starts]
     m = ref.latency_metrics(requests)
     assert m["mean_ttft_ms"] == pytest.approx(500) and m["mean_e2el_ms"] == pytest.approx(2500)
     assert m["mean_tpot_ms"] == pytest.approx(20) and m["mean_itl_ms"] == pytest.approx(40)
@@ -66,8 +65,10 @@ def test_positions_from_zero_are_explained(graded):
     report = graded.mistake("positions_from_zero")  # positions counted within this step's chunk
     r = result(report, "figure instance", task="ch29.1")
     assert r.status == "failed"
-    assert "input 0 is request R0's token 0 of this step (R0 owns inputs 0…3), at position num_computed_tokens " \
-           "+ 0 = 4 + 0 = 4; yours: 0" in r.message
+    assert (
+        "input 0 is request R0's token 0 of this step (R0 owns inputs 0…3), at position num_computed_tokens "
+        "+ 0 = 4 + 0 = 4; yours: 0" in r.message
+    )
     assert r.hints == ["positions_from_zero"]
     assert wrong_elements(report, "ch29-schedule-to-metadata")
     assert statuses(report, "ch29.2") == {"passed"}
@@ -77,8 +78,7 @@ def test_keeping_a_partial_prefill_sample_is_explained_and_marked(graded):
     report = graded.mistake("kept_partial")  # every sample kept, even a chunk's that stops before the last known token
     r = result(report, "figure instance", task="ch29.1")
     assert r.status == "failed"
-    assert "kept[0]: R0's seq_len = 4 + 4 = 8 < its 10 known tokens, so its sample is discarded; yours: True" \
-        in r.message
+    assert "kept[0]: R0's seq_len = 4 + 4 = 8 < its 10 known tokens, so its sample is discarded; yours: True" in r.message
     assert r.hints == ["kept_partial"]
     assert wrong_elements(report, "ch29-schedule-to-metadata")
     assert result(report, "a decode batch", task="ch29.1").status == "passed", "every decode sample is kept anyway"
@@ -108,8 +108,7 @@ def test_a_mean_of_per_request_itls_is_explained(graded):
     report = graded.mistake("itl_mean_of_means")  # one mean gap per request instead of every gap pooled
     r = result(report, "figure instance", task="ch29.2")
     assert r.status == "failed"
-    assert "ITLs = gaps between successive chunks, of all requests pooled: [200, 200, 200, 200, 400, 400] ms" \
-        in r.message
+    assert "ITLs = gaps between successive chunks, of all requests pooled: [200, 200, 200, 200, 400, 400] ms" in r.message
     assert "mean_itl_ms = 266.7; yours: 300" in r.message
     assert r.hints == ["itl_mean_of_means"]
 
@@ -128,8 +127,7 @@ def test_a_range_of_one_row_reads_row_n():
     svg = reference_figures("ch29")["ch29-schedule-to-metadata"]
     qsl = reference_records("ch29")["ch29-schedule-to-metadata"]["expected"]["query_start_loc"]
     ranges = [t for t in texts(svg) if re.fullmatch(r"R\d+: rows? .*", t.s)]
-    assert [t.s for t in ranges] == [f"R{i}: {drawn.rows_of(a, e)}" for i, (a, e) in enumerate(zip(qsl, qsl[1:]))
-                                     if e > a]
+    assert [t.s for t in ranges] == [f"R{i}: {drawn.rows_of(a, e)}" for i, (a, e) in enumerate(zip(qsl, qsl[1:])) if e > a]
     assert any(e - a == 1 for a, e in zip(qsl, qsl[1:])), "the instance has a one-row range"
     assert [t.s for t in texts(svg) if re.search(r"\b(\d+)–\1\b", t.s)] == [], "no range from a row to itself"
     for a, b in zip(ranges, ranges[1:]):
@@ -173,5 +171,5 @@ def test_the_provided_timestamp_check_refuses_bad_inputs(case):
     with pytest.raises(ValueError):
         ref.latency_metrics(checks.make_times(BAD_TIMESTAMPS[case]))
     with pytest.raises(ValueError):
-        ref.latency_metrics([{"start": 0.0, "chunk_times": [0.5], "input_len": 1}])   # no output_len
+        ref.latency_metrics([{"start": 0.0, "chunk_times": [0.5], "input_len": 1}])  # no output_len
     assert ref.latency_metrics(checks.make_times([(0.0, [0.5], 3, 1)]))["completed"] == 1

@@ -26,7 +26,7 @@ def graded(tmp_path_factory):
 
 # -- 30.1 ---------------------------------------------------------------------------------------------
 def test_a_packed_record_is_explained_by_alignment(graded):
-    report = graded.mistake("packed")   # the struct built without alignment: fields packed back to back
+    report = graded.mistake("packed")  # the struct built without alignment: fields packed back to back
     r = result(report, "the record layout")
     assert r.status == "failed"
     assert "field max_tokens should be at byte offset 28; yours: 25" in r.message
@@ -40,7 +40,7 @@ def test_a_packed_record_is_explained_by_alignment(graded):
 
 
 def test_top_k_minus_one_left_unlowered_is_explained(graded):
-    report = graded.mistake("top_k_raw")   # the front end's −1 ("off") copied into the record instead of the core's 0
+    report = graded.mistake("top_k_raw")  # the front end's −1 ("off") copied into the record instead of the core's 0
     r = result(report, "figure instance", "ch30.1")
     assert r.status == "failed"
     assert "field top_k: top_k = -1, lowered to 0 (the core's 'off'), so 0; yours: -1" in r.message
@@ -50,7 +50,7 @@ def test_top_k_minus_one_left_unlowered_is_explained(graded):
 
 
 def test_outputs_mean_decode_is_explained(graded):
-    report = graded.mistake("outputs_mean_decode")   # "a request with output tokens decodes": no recomputation
+    report = graded.mistake("outputs_mean_decode")  # "a request with output tokens decodes": no recomputation
     r = result(report, "a preempted request")
     assert r.status == "failed"
     assert "field is_prompt: prompt: 5 tokens from position 0 on lack KV" in r.message
@@ -59,10 +59,14 @@ def test_outputs_mean_decode_is_explained(graded):
 
 
 def test_decode_first_phase_selection_is_explained(graded):
-    report = graded("decode_first",
-                    # a prompt step only when every request is in its prompt phase
-                    ('return "prompt" if bool(batch["is_prompt"].any()) else "decode"',
-                     'return "prompt" if bool(batch["is_prompt"].all()) else "decode"'))
+    report = graded(
+        "decode_first",
+        # a prompt step only when every request is in its prompt phase
+        (
+            'return "prompt" if bool(batch["is_prompt"].any()) else "decode"',
+            'return "prompt" if bool(batch["is_prompt"].all()) else "decode"',
+        ),
+    )
     r = result(report, "figure instance", "ch30.1")
     assert r.status == "failed"
     assert "select_phase of the batch ['A', 'B', 'C']" in r.message
@@ -72,13 +76,14 @@ def test_decode_first_phase_selection_is_explained(graded):
 
 
 def test_a_core_that_trusts_any_buffer_fails(graded):
-    report = graded("no_layout_check",
-                    # select_phase reads whatever bytes it is given
-                    ("    if got.names != want.names:\n        raise",
-                     "    if False:\n        raise"),
-                    ("        if t_got != t_want:\n            raise", "        if False:\n            raise"),
-                    ("        if off_got != off_want:\n            raise", "        if False:\n            raise"),
-                    ("    if got.itemsize != want.itemsize:\n        raise", "    if False:\n        raise"))
+    report = graded(
+        "no_layout_check",
+        # select_phase reads whatever bytes it is given
+        ("    if got.names != want.names:\n        raise", "    if False:\n        raise"),
+        ("        if t_got != t_want:\n            raise", "        if False:\n            raise"),
+        ("        if off_got != off_want:\n            raise", "        if False:\n            raise"),
+        ("    if got.itemsize != want.itemsize:\n        raise", "    if False:\n        raise"),
+    )
     r = result(report, "a packed (unaligned) batch")
     assert r.status == "failed"
     assert "should raise ValueError because a packed record has max_tokens at byte 25" in r.message
@@ -88,7 +93,7 @@ def test_a_core_that_trusts_any_buffer_fails(graded):
 
 # -- 30.2 ---------------------------------------------------------------------------------------------
 def test_a_prefix_cache_taken_for_a_kv_service_is_explained(graded):
-    report = graded.mistake("prefix_is_kv_service")   # "it has a KV cache, so it has KV service"
+    report = graded.mistake("prefix_is_kv_service")  # "it has a KV cache, so it has KV service"
     r = result(report, "figure instance: Qwen3-0.6B")
     assert r.status == "failed"
     assert "feature kv_service is not supported by engine@0a1b2c3 (the matrix says no); yours does not name it" in r.message
@@ -98,16 +103,15 @@ def test_a_prefix_cache_taken_for_a_kv_service_is_explained(graded):
 
 
 def test_an_exclusive_context_limit_is_explained(graded):
-    report = graded.mistake("exclusive_context")   # max_context read as exclusive
+    report = graded.mistake("exclusive_context")  # max_context read as exclusive
     r = result(report, "a context exactly at max_context")
     assert r.status == "failed"
-    assert "max_position_embeddings = 32768 is supported by engine@0a1b2c3 (allowed: ≤ 32768); yours lists it as unsupported" \
-        in r.message
+    assert "max_position_embeddings = 32768 is supported by engine@0a1b2c3 (allowed: ≤ 32768); yours lists it as unsupported" in r.message
     assert r.hints == ["exclusive_context"]
 
 
 def test_head_dim_derived_from_hidden_size_is_explained(graded):
-    report = graded.mistake("derived_head_dim")   # head_dim always derived as hidden_size // num_attention_heads
+    report = graded.mistake("derived_head_dim")  # head_dim always derived as hidden_size // num_attention_heads
     r = result(report, "head_dim from the config")
     assert r.status == "failed"
     assert "head_dim = 96 is not supported" in r.message and "yours does not name it" in r.message
@@ -116,10 +120,11 @@ def test_head_dim_derived_from_hidden_size_is_explained(graded):
 
 
 def test_reasons_must_name_the_value(graded):
-    report = graded("vague_reasons",
-                    # every reason is just "unsupported"
-                    ('out.append(f"dtype: {dtype} is not among the supported dtypes {m[\'dtypes\']}")',
-                     'out.append("dtype: unsupported")'))
+    report = graded(
+        "vague_reasons",
+        # every reason is just "unsupported"
+        ("out.append(f\"dtype: {dtype} is not among the supported dtypes {m['dtypes']}\")", 'out.append("dtype: unsupported")'),
+    )
     r = result(report, "every row unsupported at once")
     assert r.status == "failed"
     assert "the reason for dtype must say what is unsupported and name the value (float32)" in r.message
@@ -133,26 +138,39 @@ def test_a_struct_without_tail_padding_is_explained():
         checks.explain_layout(packed, aligned, "record_dtype()")
     assert "the record is 16 bytes (num_tokens ends at 12" in str(e.value) and "yours: 12" in str(e.value)
     assert e.value.hints == ["tail_padding"]
-    with pytest.raises(checks.CheckFailed) as e:                      # a larger record is not a missing tail
-        checks.explain_layout(np.dtype({"names": ["request_id", "num_tokens"], "formats": ["<i8", "<i4"],
-                                        "offsets": [0, 8], "itemsize": 24}), aligned, "record_dtype()")
+    with pytest.raises(checks.CheckFailed) as e:  # a larger record is not a missing tail
+        checks.explain_layout(
+            np.dtype({"names": ["request_id", "num_tokens"], "formats": ["<i8", "<i4"], "offsets": [0, 8], "itemsize": 24}),
+            aligned,
+            "record_dtype()",
+        )
     assert e.value.hints == []
 
 
 def test_padding_declared_as_fields_is_explained():
     padded = np.dtype([("request_id", "<i8"), ("is_prompt", "?"), ("_pad", "V3"), ("num_tokens", "<i4")])
     with pytest.raises(checks.CheckFailed) as e:
-        checks.explain_layout(padded, np.dtype([("request_id", "<i8"), ("is_prompt", "?"), ("num_tokens", "<i4")],
-                                               align=True), "record_dtype()")
+        checks.explain_layout(
+            padded, np.dtype([("request_id", "<i8"), ("is_prompt", "?"), ("num_tokens", "<i4")], align=True), "record_dtype()"
+        )
     assert "(not in the struct: ['_pad'])" in str(e.value) and e.value.hints == ["padding_fields"]
 
 
 # -- the reference itself -------------------------------------------------------------------------------
 class CRecord(ctypes.Structure):
-    _fields_ = [("request_id", ctypes.c_int64), ("prompt_len", ctypes.c_int32), ("num_tokens", ctypes.c_int32),
-                ("num_computed_tokens", ctypes.c_int32), ("num_new_tokens", ctypes.c_int32),
-                ("is_prompt", ctypes.c_bool), ("max_tokens", ctypes.c_int32), ("temperature", ctypes.c_float),
-                ("top_p", ctypes.c_float), ("top_k", ctypes.c_int32), ("seed", ctypes.c_int64)]
+    _fields_ = [
+        ("request_id", ctypes.c_int64),
+        ("prompt_len", ctypes.c_int32),
+        ("num_tokens", ctypes.c_int32),
+        ("num_computed_tokens", ctypes.c_int32),
+        ("num_new_tokens", ctypes.c_int32),
+        ("is_prompt", ctypes.c_bool),
+        ("max_tokens", ctypes.c_int32),
+        ("temperature", ctypes.c_float),
+        ("top_p", ctypes.c_float),
+        ("top_k", ctypes.c_int32),
+        ("seed", ctypes.c_int64),
+    ]
 
 
 def test_the_record_is_the_c_struct():
@@ -174,8 +192,7 @@ def test_records_of_many_requests_form_one_buffer():
 
 # -- the figures' layout ------------------------------------------------------------------------------------
 def test_what_the_matrix_allows_is_shown_whole_or_with_the_configs_value_first():
-    arch = next(row for row in reference_records("ch30")["ch30-system-boundary"]["rows"]
-                if row["key"] == "architecture")
+    arch = next(row for row in reference_records("ch30")["ch30-system-boundary"]["rows"] if row["key"] == "architecture")
     assert arch["ok"] and len(arch["allowed"]) > 1 and arch["value"] != arch["allowed"][0]
     whole = drawn.allowed_note(arch, float("inf"))
     assert whole == "allowed: " + ", ".join(arch["allowed"])
@@ -227,9 +244,16 @@ def test_the_provided_checks_refuse_a_request_that_does_not_fit(case):
 
 
 def test_the_provided_checks_pass_the_edges_that_still_fit():
-    ref._check_request(dict(BASE, request_id=2**63 - 1, prompt_token_ids=[2**31 - 1], num_computed_tokens=0,
-                            sampling_params={"temperature": 0, "top_p": 1, "top_k": -1, "seed": 0, "max_tokens": 1}))
-    ref._check_request(dict(BASE, sampling_params={"min_p": 0.1}))      # the unknown key is lower_request's own check
+    ref._check_request(
+        dict(
+            BASE,
+            request_id=2**63 - 1,
+            prompt_token_ids=[2**31 - 1],
+            num_computed_tokens=0,
+            sampling_params={"temperature": 0, "top_p": 1, "top_k": -1, "seed": 0, "max_tokens": 1},
+        )
+    )
+    ref._check_request(dict(BASE, sampling_params={"min_p": 0.1}))  # the unknown key is lower_request's own check
     with pytest.raises(ValueError, match="min_p"):
         ref.lower_request(dict(BASE, sampling_params={"min_p": 0.1}))
 
@@ -252,9 +276,22 @@ def _without(d: dict, key: str) -> dict:
     return {k: v for k, v in d.items() if k != key}
 
 
-@pytest.mark.parametrize("change", ["tp 0", "tp str", "features str", "no architecture", "no dtype", "no context",
-                                    "no head_dim source", "matrix context str", "matrix without dtypes",
-                                    "matrix without features", "matrix not a dict"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        "tp 0",
+        "tp str",
+        "features str",
+        "no architecture",
+        "no dtype",
+        "no context",
+        "no head_dim source",
+        "matrix context str",
+        "matrix without dtypes",
+        "matrix without features",
+        "matrix not a dict",
+    ],
+)
 def test_the_provided_checks_refuse_a_bad_config_or_matrix(change):
     config, matrix = dict(checks.QWEN3_CONFIG), dict(checks.MATRIX)
     config, matrix = {

@@ -26,7 +26,7 @@ def graded(tmp_path_factory):
 
 # -- 31.1 ---------------------------------------------------------------------------------------------
 def test_weights_left_unnormalised_are_explained(graded):
-    report = graded.mistake("no_renormalize")   # the k softmax probabilities returned as they are
+    report = graded.mistake("no_renormalize")  # the k softmax probabilities returned as they are
     r = result(report, "four tokens, four experts")
     assert r.status == "failed"
     assert "divided by their sum" in r.message
@@ -36,7 +36,7 @@ def test_weights_left_unnormalised_are_explained(graded):
 
 
 def test_ties_to_the_higher_expert_id_are_explained(graded):
-    report = graded.mistake("ties_high")   # equal probabilities resolved towards the higher expert id
+    report = graded.mistake("ties_high")  # equal probabilities resolved towards the higher expert id
     r = result(report, "ties go to the lower expert id")
     assert r.status == "failed"
     assert "token 0" in r.message and "experts [1, 2]" in r.message and "yours: experts [2, 1]" in r.message
@@ -46,19 +46,20 @@ def test_ties_to_the_higher_expert_id_are_explained(graded):
 
 # -- 31.2 ---------------------------------------------------------------------------------------------
 def test_rows_grouped_by_token_are_explained(graded):
-    report = graded.mistake("by_token")   # rows left in token order: each expert's rows are scattered over the rank
+    report = graded.mistake("by_token")  # rows left in token order: each expert's rows are scattered over the rank
     r = result(report, "figure instance: dispatch")
     assert r.status == "failed"
     assert "rank 0 should receive, grouped by expert then token: T0·e0, T1·e0, T1·e1, T3·e1" in r.message
     assert "(your rank 0: T0·e0, T0·e2, T1·e1, T1·e0)" in r.message
     assert r.hints == ["by_token"]
     assert wrong_elements(report, "ch31-moe-roundtrip")
-    assert result(report, "round trips through your dispatch and combine").status == "passed", \
+    assert result(report, "round trips through your dispatch and combine").status == "passed", (
         "a handle that matches its rows still round-trips"
+    )
 
 
 def test_unweighted_combine_is_explained(graded):
-    report = graded.mistake("unweighted")   # DeepEP's normal combine sums without weights: never applied here
+    report = graded.mistake("unweighted")  # DeepEP's normal combine sums without weights: never applied here
     r = result(report, "figure instance: combine")
     assert r.status == "failed"
     assert "out[0] = Σ_j topk_weights[0, j] · its expert output = 0.6·y(row 0, e0) + 0.4·y(row 4, e2)" in r.message
@@ -69,7 +70,7 @@ def test_unweighted_combine_is_explained(graded):
 
 
 def test_rows_concatenated_in_physical_order_are_explained(graded):
-    report = graded.mistake("concatenated")   # the ranks' outputs concatenated as they arrived, without the handle
+    report = graded.mistake("concatenated")  # the ranks' outputs concatenated as they arrived, without the handle
     r = result(report, "figure instance: combine")
     assert r.status == "failed"
     assert "expected one row per token, [4, 2]; yours: float32 tensor [8, 2]" in r.message
@@ -77,7 +78,7 @@ def test_rows_concatenated_in_physical_order_are_explained(graded):
 
 
 def test_per_rank_deduplication_is_explained(graded):
-    report = graded.mistake("dedup_per_rank")   # DeepEP normal mode's layout: a token sent once per rank
+    report = graded.mistake("dedup_per_rank")  # DeepEP normal mode's layout: a token sent once per rank
     r = result(report, "figure instance: dispatch")
     assert r.status == "failed"
     assert "handle['rows_per_rank'] = [4, 4]: one row per (token, expert) pair; yours: [3, 3]" in r.message
@@ -86,7 +87,7 @@ def test_per_rank_deduplication_is_explained(graded):
 
 # -- 31.3 ---------------------------------------------------------------------------------------------
 def test_replicating_the_heaviest_expert_is_explained(graded):
-    report = graded.mistake("raw_load")   # each spare slot to the heaviest expert, whatever its replicas
+    report = graded.mistake("raw_load")  # each spare slot to the heaviest expert, whatever its replicas
     r = result(report, "figure instance: EPLB")
     assert r.status == "failed"
     assert "expert 2 gets 2 replica(s)" in r.message and "yours: 1" in r.message
@@ -97,7 +98,7 @@ def test_replicating_the_heaviest_expert_is_explained(graded):
 
 
 def test_global_policy_where_hierarchy_applies_is_explained(graded):
-    report = graded.mistake("always_global")   # the global policy even when the groups divide over the nodes
+    report = graded.mistake("always_global")  # the global policy even when the groups divide over the nodes
     r = result(report, "random loads, hierarchical policy")
     assert r.status == "failed"
     assert "(hierarchical policy)" in r.message
@@ -107,7 +108,7 @@ def test_global_policy_where_hierarchy_applies_is_explained(graded):
 
 
 def test_round_robin_packing_is_caught(graded):
-    report = graded.mistake("round_robin")   # items dealt to packs in turn instead of to the lightest with room
+    report = graded.mistake("round_robin")  # items dealt to packs in turn instead of to the lightest with room
     r = result(report, "figure instance: EPLB")
     assert r.status == "failed"
     assert "step 1 packs the groups onto the nodes, heaviest first" in r.message
@@ -116,12 +117,12 @@ def test_round_robin_packing_is_caught(graded):
     assert r.hints == ["round_robin"]
     assert wrong_elements(report, "ch31-eplb-load")
     assert_no_line_crosses_a_label(figure_file(report, "ch31-eplb-load").read_text(encoding="utf-8"))
-    g = result(report, "the global policy")     # one node: step 1 is trivial, so step 3's packing is what differs
+    g = result(report, "the global policy")  # one node: step 1 is trivial, so step 3's packing is what differs
     assert g.status == "failed" and "should carry experts" in g.message and "expected GPU loads" in g.message
 
 
 def test_balancedness_upside_down_is_explained(graded):
-    report = graded.mistake("max_over_mean")   # max / mean: the imbalance factor instead of the balancedness
+    report = graded.mistake("max_over_mean")  # max / mean: the imbalance factor instead of the balancedness
     r = result(report, "balancedness before and after")
     assert r.status == "failed"
     assert "Σ_layers mean = 75, Σ_layers max = 100, so balancedness = 0.75; yours: 1.33333" in r.message
@@ -134,14 +135,19 @@ def test_equivalent_formulations_pass_every_check(graded):
     report = graded(
         "equivalent_forms",
         # not a misconception: the same answers by other arithmetic
-        ("    gathered = torch.zeros(num_tokens, k, y.shape[1], dtype=torch.float32)\n"
-         "    gathered[src, slot] = y.float()\n"
-         "    return (gathered * topk_weights.float()[:, :, None]).sum(dim=1).to(y.dtype)",
-         "    out = torch.zeros(num_tokens, y.shape[1], dtype=torch.float32)\n"
-         "    out.index_add_(0, src, y.float() * topk_weights.float()[src, slot][:, None])\n"
-         "    return out.to(y.dtype)"),
-        ("order = flat.sort(stable=True).indices                  # by expert, then by token (and slot)",
-         "order = torch.argsort(flat * flat.numel() + torch.arange(flat.numel()))"))
+        (
+            "    gathered = torch.zeros(num_tokens, k, y.shape[1], dtype=torch.float32)\n"
+            "    gathered[src, slot] = y.float()\n"
+            "    return (gathered * topk_weights.float()[:, :, None]).sum(dim=1).to(y.dtype)",
+            "    out = torch.zeros(num_tokens, y.shape[1], dtype=torch.float32)\n"
+            "    out.index_add_(0, src, y.float() * topk_weights.float()[src, slot][:, None])\n"
+            "    return out.to(y.dtype)",
+        ),
+        (
+            "order = flat.sort(stable=True).indices                  # by expert, then by token (and slot)",
+            "order = torch.argsort(flat * flat.numel() + torch.arange(flat.numel()))",
+        ),
+    )
     failed = [f"{r.name}: {r.message}" for r in report.results if r.status != "passed"]
     assert not failed, failed
 
@@ -199,8 +205,9 @@ def assert_no_line_crosses_a_label(svg: str) -> None:
     for t in texts(svg):
         for x1, y, x2, _ in refs:
             if x1 <= t.x <= x2 and t.top - 1 <= y <= t.bottom + 1:
-                assert any(p.x <= t.left and t.right <= p.x + p.w and p.y <= y <= p.y + p.h for p in patches), \
+                assert any(p.x <= t.left and t.right <= p.x + p.w and p.y <= y <= p.y + p.h for p in patches), (
                     f"the line at y {y} crosses {t.s!r}"
+                )
     labels = texts(svg, cls="line-label")
     assert len(labels) == 4 and not [(a.s, b.s) for a, b in combinations(labels, 2) if overlap(a, b)]
     assert off_canvas(svg, margin=MARGIN - 1) == []
@@ -220,8 +227,8 @@ def test_the_roundtrip_strands_cross_only_where_the_rows_order_makes_them():
     assert len(strands) == 2 * len(src), "a dispatch and a combine strand per row"
     least = sum(1 for i, j in combinations(range(len(src)), 2) if src[i] > src[j])
     assert least > 0, "the rows leave token order (that is the point of the figure)"
-    for group in (strands[:len(src)], strands[len(src):]):
-        ends = [x1 for x1, _, _, _ in group] if group is strands[:len(src)] else [x2 for _, _, x2, _ in group]
+    for group in (strands[: len(src)], strands[len(src) :]):
+        ends = [x1 for x1, _, _, _ in group] if group is strands[: len(src)] else [x2 for _, _, x2, _ in group]
         assert len({round(x, 1) for x in ends}) == len(src), "every strand meets its token at a point of its own"
         crossings = sum(1 for a, b in combinations(group, 2) if (a[0] - b[0]) * (a[2] - b[2]) < 0)
         assert crossings == least, "two strands cross only when a later token's row lies left of an earlier one's"
@@ -232,14 +239,15 @@ def test_the_roundtrip_strands_cross_only_where_the_rows_order_makes_them():
 def test_another_order_of_equal_loads_passes_every_eplb_check(graded):
     # EPLB sorts with torch's unstable sort: items of equal load (an expert's replicas, e0's 90/3 = 30 = e5's 30 in
     # the worked example) may come in any order. Taking them higher index first is one such order.
-    edit = ("for i in sorted(range(len(values)), key=lambda i: -values[i]):",
-            "for i in sorted(range(len(values)), key=lambda i: (-values[i], -i)):")
+    edit = (
+        "for i in sorted(range(len(values)), key=lambda i: -values[i]):",
+        "for i in sorted(range(len(values)), key=lambda i: (-values[i], -i)):",
+    )
     report = graded("ties_high_index", edit, task="ch31.3")
     failed = [f"{r.name}: {r.message}" for r in report.results if r.status != "passed"]
     assert not failed, failed
     namespace: dict = {}
-    exec(compile((chapters.SOLUTIONS / "ch31_moe_eplb.py").read_text(encoding="utf-8").replace(*edit), "mutant",
-                 "exec"), namespace)
+    exec(compile((chapters.SOLUTIONS / "ch31_moe_eplb.py").read_text(encoding="utf-8").replace(*edit), "mutant", "exec"), namespace)
     weight, args = torch.tensor([checks.H3_LOADS]), (12, 1, 2, 4)
     theirs = namespace["rebalance_experts"](weight, *args)[0]
     ours, _, logcnt = ref.rebalance_experts(weight, *args)
@@ -251,14 +259,14 @@ def test_a_placement_no_greedy_order_gives_is_still_refused():
     weight = torch.tensor([checks.H3_LOADS])
     phy2log, _, logcnt = ref.rebalance_experts(weight, *checks.H3_ARGS)
     swapped = phy2log.clone()
-    swapped[0, [1, 2]] = swapped[0, [2, 1]]          # GPU 0's e0 and e1 in the other order: e1 cannot come first
+    swapped[0, [1, 2]] = swapped[0, [2, 1]]  # GPU 0's e0 and e1 in the other order: e1 cannot come first
     assert not checks.packed_in_some_order(swapped, logcnt, weight, phy2log, checks.H3_ARGS)
     assert checks.packed_in_some_order(phy2log, logcnt, weight, phy2log, checks.H3_ARGS)
 
 
 # -- 31.4 ---------------------------------------------------------------------------------------------
 def test_the_last_pass_alone_is_explained(graded):
-    report = graded.mistake("last_step_only", task="ch31.4")   # the load of this pass, not the window's sum
+    report = graded.mistake("last_step_only", task="ch31.4")  # the load of this pass, not the window's sum
     r = result(report, "figure instance: a window")
     assert r.status == "failed"
     assert "expert 0 is in slots [0, 4], so its load is the sum of those slots over all 4 rows" in r.message
@@ -308,20 +316,33 @@ def test_the_window_figure_stays_on_the_page():
 
 
 # -- the provided input checks (outside the solution regions: unit tests, no graded checks) ---------------------
-@pytest.mark.parametrize("logits, k", [(torch.zeros(4), 1), (torch.zeros(2, 4, dtype=torch.int64), 1),
-                                       (torch.tensor([[0.0, float("nan")]]), 1), (torch.zeros(2, 4), 0),
-                                       (torch.zeros(2, 4), 5), (torch.zeros(2, 4), 2.0)])
+@pytest.mark.parametrize(
+    "logits, k",
+    [
+        (torch.zeros(4), 1),
+        (torch.zeros(2, 4, dtype=torch.int64), 1),
+        (torch.tensor([[0.0, float("nan")]]), 1),
+        (torch.zeros(2, 4), 0),
+        (torch.zeros(2, 4), 5),
+        (torch.zeros(2, 4), 2.0),
+    ],
+)
 def test_the_provided_checks_refuse_bad_routing_inputs(logits, k):
     with pytest.raises(ValueError):
         ref.route_topk(logits, k)
 
 
-@pytest.mark.parametrize("ids, E, R", [(torch.tensor([[0, 0], [1, 2], [3, 1]]), 4, 2),
-                                       (torch.tensor([[0, 4], [1, 2], [3, 1]]), 4, 2),
-                                       (torch.tensor([[0, 1], [1, 2]]), 4, 2),
-                                       (torch.tensor([[0, 1], [1, 2], [3, 1]]).int(), 4, 2),
-                                       (torch.tensor([[0, 1], [1, 2], [3, 1]]), 6, 4),
-                                       (torch.tensor([[0, 1], [1, 2], [3, 1]]), 4, 0)])
+@pytest.mark.parametrize(
+    "ids, E, R",
+    [
+        (torch.tensor([[0, 0], [1, 2], [3, 1]]), 4, 2),
+        (torch.tensor([[0, 4], [1, 2], [3, 1]]), 4, 2),
+        (torch.tensor([[0, 1], [1, 2]]), 4, 2),
+        (torch.tensor([[0, 1], [1, 2], [3, 1]]).int(), 4, 2),
+        (torch.tensor([[0, 1], [1, 2], [3, 1]]), 6, 4),
+        (torch.tensor([[0, 1], [1, 2], [3, 1]]), 4, 0),
+    ],
+)
 def test_the_provided_checks_refuse_a_bad_dispatch(ids, E, R):
     with pytest.raises(ValueError):
         ref.dispatch(torch.zeros(3, 2), ids, E, R)
@@ -329,26 +350,40 @@ def test_the_provided_checks_refuse_a_bad_dispatch(ids, E, R):
 
 def test_the_provided_checks_refuse_outputs_that_do_not_match_the_handle():
     rows, handle = ref.dispatch(torch.zeros(3, 2), torch.tensor([[0, 1], [1, 2], [3, 1]]), 4, 2)
-    for outputs, weights in ((rows[:1], torch.ones(3, 2)), (rows, torch.ones(2, 2)), (rows, torch.ones(6)),
-                             ([rows[0], torch.zeros(rows[1].shape[0], 5)], torch.ones(3, 2)),
-                             ([rows[0], rows[1][:1]], torch.ones(3, 2))):
+    for outputs, weights in (
+        (rows[:1], torch.ones(3, 2)),
+        (rows, torch.ones(2, 2)),
+        (rows, torch.ones(6)),
+        ([rows[0], torch.zeros(rows[1].shape[0], 5)], torch.ones(3, 2)),
+        ([rows[0], rows[1][:1]], torch.ones(3, 2)),
+    ):
         with pytest.raises(ValueError):
             ref.combine(outputs, handle, weights)
     assert ref.combine(rows, handle, torch.ones(3, 2)).shape == (3, 2)
 
 
-@pytest.mark.parametrize("weight, args", [(torch.rand(1, 8), (6, 4, 2, 2)), (torch.rand(1, 8), (12, 3, 1, 4)),
-                                          (torch.rand(1, 8), (12, 4, 3, 4)), (-torch.rand(1, 8), (12, 4, 2, 4)),
-                                          (torch.rand(8), (12, 4, 2, 4)), (torch.rand(1, 8), (10, 4, 2, 4)),
-                                          (torch.tensor([[1.0, float("inf")]]), (2, 1, 1, 1)),
-                                          (torch.rand(1, 8), (12.0, 4, 2, 4))])
+@pytest.mark.parametrize(
+    "weight, args",
+    [
+        (torch.rand(1, 8), (6, 4, 2, 2)),
+        (torch.rand(1, 8), (12, 3, 1, 4)),
+        (torch.rand(1, 8), (12, 4, 3, 4)),
+        (-torch.rand(1, 8), (12, 4, 2, 4)),
+        (torch.rand(8), (12, 4, 2, 4)),
+        (torch.rand(1, 8), (10, 4, 2, 4)),
+        (torch.tensor([[1.0, float("inf")]]), (2, 1, 1, 1)),
+        (torch.rand(1, 8), (12.0, 4, 2, 4)),
+    ],
+)
 def test_the_provided_checks_refuse_a_bad_placement_request(weight, args):
     with pytest.raises(ValueError):
         ref.rebalance_experts(weight, *args)
 
 
-@pytest.mark.parametrize("loads", [torch.tensor([1.0, -2.0]), torch.zeros(0), torch.zeros(2, 0), torch.zeros(2, 2, 2),
-                                   torch.tensor([1.0, float("nan")]), [1.0, 2.0]])
+@pytest.mark.parametrize(
+    "loads",
+    [torch.tensor([1.0, -2.0]), torch.zeros(0), torch.zeros(2, 0), torch.zeros(2, 2, 2), torch.tensor([1.0, float("nan")]), [1.0, 2.0]],
+)
 def test_the_provided_checks_refuse_bad_loads(loads):
     with pytest.raises(ValueError):
         ref.balancedness(loads)
@@ -357,11 +392,23 @@ def test_the_provided_checks_refuse_bad_loads(loads):
 WINDOW, PASS, PHY = torch.zeros(2, 1, 3, dtype=torch.int64), torch.tensor([[1, 2, 3]]), torch.tensor([[0, 1, 0]])
 
 
-@pytest.mark.parametrize("window, step, load_pass, phy2log, E", [
-    (WINDOW.int(), 0, PASS, PHY, 2), (WINDOW[0], 0, PASS, PHY, 2), (WINDOW[:0], 0, PASS, PHY, 2),
-    (WINDOW, 2, PASS, PHY, 2), (WINDOW, -1, PASS, PHY, 2), (WINDOW, 1.0, PASS, PHY, 2),
-    (WINDOW, 0, PASS[:, :2], PHY, 2), (WINDOW, 0, -PASS, PHY, 2), (WINDOW, 0, PASS.float(), PHY, 2),
-    (WINDOW, 0, PASS, PHY, 1), (WINDOW, 0, PASS, PHY, 0), (WINDOW, 0, PASS, -PHY, 2)])
+@pytest.mark.parametrize(
+    "window, step, load_pass, phy2log, E",
+    [
+        (WINDOW.int(), 0, PASS, PHY, 2),
+        (WINDOW[0], 0, PASS, PHY, 2),
+        (WINDOW[:0], 0, PASS, PHY, 2),
+        (WINDOW, 2, PASS, PHY, 2),
+        (WINDOW, -1, PASS, PHY, 2),
+        (WINDOW, 1.0, PASS, PHY, 2),
+        (WINDOW, 0, PASS[:, :2], PHY, 2),
+        (WINDOW, 0, -PASS, PHY, 2),
+        (WINDOW, 0, PASS.float(), PHY, 2),
+        (WINDOW, 0, PASS, PHY, 1),
+        (WINDOW, 0, PASS, PHY, 0),
+        (WINDOW, 0, PASS, -PHY, 2),
+    ],
+)
 def test_the_provided_checks_refuse_a_bad_window(window, step, load_pass, phy2log, E):
     with pytest.raises(ValueError):
         ref.record_expert_load(window, step, load_pass, phy2log, E)

@@ -25,7 +25,7 @@ def graded(tmp_path_factory):
 
 # -- 32.1 verify_draft ------------------------------------------------------------------------------
 def test_replacement_drawn_from_p_is_explained(graded):
-    report = graded.mistake("from_p")   # at a rejection, resample from p instead of the residual max(0, p − q)
+    report = graded.mistake("from_p")  # at a rejection, resample from p instead of the residual max(0, p − q)
     r = result(report, "figure instance: the 3 drafts")
     assert r.status == "failed"
     assert "expected [2, 3]; yours [2, 4]" in r.message
@@ -44,7 +44,7 @@ def test_replacement_drawn_from_p_is_explained(graded):
 
 
 def test_inverted_ratio_is_explained(graded):
-    report = graded.mistake("inverse_ratio")   # accept with min(1, q/p), draft over target
+    report = graded.mistake("inverse_ratio")  # accept with min(1, q/p), draft over target
     r = result(report, "figure instance: the 3 drafts")
     assert r.status == "failed"
     assert "yours [2, 4, 0, 2]" in r.message and "yours: token 4 (you accepted the draft), then 2 more" in r.message
@@ -53,7 +53,7 @@ def test_inverted_ratio_is_explained(graded):
 
 
 def test_missing_bonus_is_explained(graded):
-    report = graded.mistake("no_bonus")   # all drafts accepted, but no bonus token: k tokens instead of k + 1
+    report = graded.mistake("no_bonus")  # all drafts accepted, but no bonus token: k tokens instead of k + 1
     # The figure instance has a rejection, which is right; only the all-accepted cases expose it.
     assert result(report, "figure instance: the 3 drafts").status == "passed"
     r = result(report, "all k drafts accepted")
@@ -66,7 +66,7 @@ def test_missing_bonus_is_explained(graded):
 
 
 def test_going_on_after_a_rejection_is_explained(graded):
-    report = graded.mistake("no_stop")   # emits the recovered token, then keeps verifying the later drafts
+    report = graded.mistake("no_stop")  # emits the recovered token, then keeps verifying the later drafts
     r = result(report, "figure instance: the 3 drafts")
     assert r.status == "failed"
     assert "→ token 3, and verification stops; yours: token 3, then" in r.message
@@ -76,7 +76,7 @@ def test_going_on_after_a_rejection_is_explained(graded):
 
 # -- 32.2 num_drafts_to_verify ----------------------------------------------------------------------
 def test_confidence_on_its_own_is_explained(graded):
-    report = graded.mistake("per_item")   # each draft judged by its own confidence, not the running product
+    report = graded.mistake("per_item")  # each draft judged by its own confidence, not the running product
     r = result(report, "figure instance: confidences")
     assert r.status == "failed"
     surv = models.count_models(None, checks.SPEC_CONF, checks.SPEC_THRESHOLD)["survivals"]
@@ -89,7 +89,7 @@ def test_confidence_on_its_own_is_explained(graded):
 
 
 def test_strict_threshold_is_explained(graded):
-    report = graded.mistake("strict")   # a survival equal to the threshold is dropped (> instead of ≥)
+    report = graded.mistake("strict")  # a survival equal to the threshold is dropped (> instead of ≥)
     assert result(report, "figure instance: confidences").status == "passed"
     r = result(report, "a survival exactly equal")
     assert r.status == "failed"
@@ -98,7 +98,7 @@ def test_strict_threshold_is_explained(graded):
 
 # -- 32.3 batch_invariant_matmul --------------------------------------------------------------------
 def test_split_k_chosen_by_batch_size_is_caught(graded):
-    report = graded.mistake("batch_dependent")   # split-K when there are few rows, as GPU heuristics do
+    report = graded.mistake("batch_dependent")  # split-K when there are few rows, as GPU heuristics do
     r = result(report, "figure instance: row 0 in batches")
     assert r.status == "failed"
     assert "pool row 0 computed in a batch of B = 1 (position 0) and of B = 4 (position 0)" in r.message
@@ -115,7 +115,7 @@ def test_split_k_chosen_by_batch_size_is_caught(graded):
 
 
 def test_bfloat16_accumulator_is_explained(graded):
-    report = graded.mistake("low_precision_acc")   # accumulate in the input dtype: a bf16 sum loses its bits
+    report = graded.mistake("low_precision_acc")  # accumulate in the input dtype: a bf16 sum loses its bits
     r = result(report, "bfloat16 in, bfloat16 out")
     assert r.status == "failed"
     assert "over K = 512 terms" in r.message and "(float64), allowed error" in r.message
@@ -125,7 +125,7 @@ def test_bfloat16_accumulator_is_explained(graded):
 
 
 def test_plain_matmul_fails_on_every_machine(graded):
-    report = graded.mistake("plain_matmul")   # x @ w from the library: its order is the library's, chosen by shape
+    report = graded.mistake("plain_matmul")  # x @ w from the library: its order is the library's, chosen by shape
     r = result(report, "figure instance: row 0 in batches")
     assert r.status == "failed" and r.hints == ["plain_matmul"]
     # Where this machine's kernel keeps a row's bits across batch sizes, the fixed order still tells them apart.
@@ -135,11 +135,10 @@ def test_plain_matmul_fails_on_every_machine(graded):
 
 
 def test_matmul_on_float64_copies_is_explained(graded):
-    report = graded.mistake("upcast_plain")   # (x.double() @ w.double()).to(x.dtype): passed every check before
+    report = graded.mistake("upcast_plain")  # (x.double() @ w.double()).to(x.dtype): passed every check before
     r = result(report, "figure instance: row 0 in batches")
     assert r.status == "failed"
-    assert "must have the bits of the fixed order (k = 0, 1, …, 255 in turn, a multiply then an add in float32" \
-        in r.message
+    assert "must have the bits of the fixed order (k = 0, 1, …, 255 in turn, a multiply then an add in float32" in r.message
     assert "your values are right and keep their bits from batch to batch here" in r.message
     assert r.hints == ["upcast_plain"]
     assert result(report, "float64 in").hints == ["plain_matmul"], "for float64 inputs it is plain x @ w"
@@ -153,9 +152,11 @@ def test_a_fused_multiply_add_is_explained(graded):
     fused = models.product_models(None, x, w)["fma"]
     if torch.equal(fused, ref.batch_invariant_matmul(x, w)):
         pytest.skip("torch.addcmul rounds the product and the sum apart on this CPU: no fused multiply-add to show")
-    report = graded("fused_madd",   # torch.addcmul: one rounding where the order has two
-                    ("        out = out + xa[:, k:k + 1] * wa[k]", "        out = torch.addcmul(out, xa[:, k:k + 1], wa[k])"),
-                    task="ch32.3")
+    report = graded(
+        "fused_madd",  # torch.addcmul: one rounding where the order has two
+        ("        out = out + xa[:, k:k + 1] * wa[k]", "        out = torch.addcmul(out, xa[:, k:k + 1], wa[k])"),
+        task="ch32.3",
+    )
     r = result(report, "figure instance: row 0 in batches")
     assert r.status == "failed" and r.hints == ["fused_madd"]
 
@@ -164,24 +165,28 @@ def test_equivalent_formulations_pass_every_check(graded):
     report = graded(
         "equivalent",
         # not a misconception: float64 verification with u·q < p, a cumprod count
-        ("dtype = torch.promote_types(torch.promote_types(draft_probs.dtype, target_probs.dtype), torch.float32)",
-         "dtype = torch.float64"),
+        ("dtype = torch.promote_types(torch.promote_types(draft_probs.dtype, target_probs.dtype), torch.float32)", "dtype = torch.float64"),
         (ACCEPT, "if qx > 0 and float(uniforms[i]) * qx < px:"),
-        ("    survival, n = 1.0, 0\n    for c in values:\n        survival *= c\n        if survival < threshold:\n"
-         "            break\n        n += 1\n    return n",
-         "    return int((torch.tensor(values, dtype=torch.float64).cumprod(0) >= threshold).sum())"),
+        (
+            "    survival, n = 1.0, 0\n    for c in values:\n        survival *= c\n        if survival < threshold:\n"
+            "            break\n        n += 1\n    return n",
+            "    return int((torch.tensor(values, dtype=torch.float64).cumprod(0) >= threshold).sum())",
+        ),
         # the same order written in place; rsqrt (accepted); the padding by F.pad
         ("        out = out + xa[:, k:k + 1] * wa[k]", "        out += xa[:, k:k + 1] * wa[k]"),
         ("inv_rms = 1 / torch.sqrt(total / H + eps)", "inv_rms = torch.rsqrt(total / H + eps)"),
-        ("chunk = torch.cat([chunk, chunk.new_zeros(B, block - chunk.shape[1])], dim=1)",
-         "chunk = torch.nn.functional.pad(chunk, (0, block - chunk.shape[1]))"))
+        (
+            "chunk = torch.cat([chunk, chunk.new_zeros(B, block - chunk.shape[1])], dim=1)",
+            "chunk = torch.nn.functional.pad(chunk, (0, block - chunk.shape[1]))",
+        ),
+    )
     failed = [f"{r.name}: {r.message}" for r in report.results if r.status != "passed"]
     assert not failed, failed
 
 
 # -- 32.4 batch_invariant_rms_norm -----------------------------------------------------------------
 def test_the_library_sum_is_explained(graded):
-    report = graded.mistake("rms_plain_sum")   # squares.sum(dim=1): the right value, the library's order
+    report = graded.mistake("rms_plain_sum")  # squares.sum(dim=1): the right value, the library's order
     r = result(report, "figure instance: row 0 of [16, 40]")
     assert r.status == "failed"
     assert "must have the bits of the fixed split (squares in chunks of 16 columns" in r.message
@@ -192,7 +197,7 @@ def test_the_library_sum_is_explained(graded):
 
 
 def test_a_split_chosen_by_batch_size_is_explained(graded):
-    report = graded.mistake("rms_batch_split")   # half-width chunks below 4 rows, as a GPU split reduction does
+    report = graded.mistake("rms_batch_split")  # half-width chunks below 4 rows, as a GPU split reduction does
     r = result(report, "figure instance: row 0 of [16, 40]")
     assert r.status == "failed"
     assert "pool row 0 computed in a batch of B = 1 (position 0) and of B = 4 (position 0)" in r.message
@@ -202,14 +207,14 @@ def test_a_split_chosen_by_batch_size_is_explained(graded):
 
 
 def test_a_cast_before_the_weight_is_explained(graded):
-    report = graded.mistake("rms_cast_first")   # ch20's nano-vllm order: cast, then multiply by the weight
+    report = graded.mistake("rms_cast_first")  # ch20's nano-vllm order: cast, then multiply by the weight
     assert result(report, "figure instance: row 0 of [16, 40]").status == "passed", "float32: the cast changes nothing"
     r = result(report, "a bfloat16 RMSNorm")
     assert r.status == "failed" and r.hints == ["rms_cast_first"]
 
 
 def test_a_library_sum_inside_each_chunk_is_explained(graded):
-    report = graded.mistake("rms_chunk_sum")   # torch.sum over each chunk instead of the halving tree
+    report = graded.mistake("rms_chunk_sum")  # torch.sum over each chunk instead of the halving tree
     named = {h for x in report.results if x.task == "ch32.4" for h in x.hints}
     assert "rms_chunk_sum" in named
     assert tasks_not_passed(report) == {"ch32.4"}
@@ -219,7 +224,7 @@ def test_reference_rms_norm_keeps_its_bits_and_agrees_with_rms_norm():
     g = torch.Generator().manual_seed(7)
     for dtype, H, block in ((torch.float32, 130, 32), (torch.bfloat16, 1024, 1024), (torch.float64, 77, 8)):
         x, weight = torch.randn(50, H, generator=g).to(dtype), torch.randn(H, generator=g).to(dtype)
-        alone = torch.cat([ref.batch_invariant_rms_norm(x[i:i + 1], weight, 1e-6, block) for i in range(50)])
+        alone = torch.cat([ref.batch_invariant_rms_norm(x[i : i + 1], weight, 1e-6, block) for i in range(50)])
         for B in (2, 7, 50):
             perm = torch.randperm(50, generator=g)[:B]
             got = ref.batch_invariant_rms_norm(x[perm], weight, 1e-6, block)
@@ -268,9 +273,17 @@ def test_the_provided_draft_check_passes_good_inputs_as_a_list():
     assert ref._checked_drafts([2], Q2[:1], P3[:2], torch.tensor([0.5]), torch.ones(2, 3)) == [2]
 
 
-@pytest.mark.parametrize("confidences, threshold", [(torch.tensor([0.9, 1.2]), 0.5), (torch.tensor([0.5, -0.1]), 0.2),
-                                                    (torch.full((2, 2), 0.5), 0.2), (torch.tensor([0.5]), 1.5),
-                                                    (torch.tensor([0.5]), -0.5), (["0.5"], 0.5)])
+@pytest.mark.parametrize(
+    "confidences, threshold",
+    [
+        (torch.tensor([0.9, 1.2]), 0.5),
+        (torch.tensor([0.5, -0.1]), 0.2),
+        (torch.full((2, 2), 0.5), 0.2),
+        (torch.tensor([0.5]), 1.5),
+        (torch.tensor([0.5]), -0.5),
+        (["0.5"], 0.5),
+    ],
+)
 def test_the_provided_confidence_check_refuses_bad_inputs(confidences, threshold):
     with pytest.raises(ValueError):
         ref._checked_confidences(confidences, threshold)
@@ -281,22 +294,36 @@ def test_the_provided_confidence_check_passes_good_inputs_as_floats():
     assert ref._checked_confidences([1, 0.5], 0) == [1.0, 0.5]
 
 
-@pytest.mark.parametrize("x, w", [(torch.ones(3), torch.ones(3, 2)), (torch.ones(2, 3), torch.ones(3)),
-                                  (torch.ones(2, 3), torch.ones(3, 2, dtype=torch.float64)),
-                                  (torch.ones(2, 3, dtype=torch.int64), torch.ones(3, 2, dtype=torch.int64)),
-                                  (torch.ones(2, 3), torch.ones(4, 5))])
+@pytest.mark.parametrize(
+    "x, w",
+    [
+        (torch.ones(3), torch.ones(3, 2)),
+        (torch.ones(2, 3), torch.ones(3)),
+        (torch.ones(2, 3), torch.ones(3, 2, dtype=torch.float64)),
+        (torch.ones(2, 3, dtype=torch.int64), torch.ones(3, 2, dtype=torch.int64)),
+        (torch.ones(2, 3), torch.ones(4, 5)),
+    ],
+)
 def test_the_provided_matmul_check_refuses_bad_inputs(x, w):
     with pytest.raises(ValueError):
         ref._check_matmul(x, w)
     ref._check_matmul(torch.ones(2, 3), torch.ones(3, 5))
 
 
-@pytest.mark.parametrize("x, weight, eps, block", [
-    (torch.ones(3), torch.ones(3), 1e-6, 4), (torch.ones(2, 0), torch.ones(0), 1e-6, 4),
-    (torch.ones(2, 3), torch.ones(4), 1e-6, 4), (torch.ones(2, 3), torch.ones(3, dtype=torch.float64), 1e-6, 4),
-    (torch.ones(2, 3, dtype=torch.int64), torch.ones(3, dtype=torch.int64), 1e-6, 4),
-    (torch.ones(2, 3), torch.ones(3), -1e-6, 4), (torch.ones(2, 3), torch.ones(3), 1e-6, 6),
-    (torch.ones(2, 3), torch.ones(3), 1e-6, 0), (torch.ones(2, 3), torch.ones(3), 1e-6, 4.0)])
+@pytest.mark.parametrize(
+    "x, weight, eps, block",
+    [
+        (torch.ones(3), torch.ones(3), 1e-6, 4),
+        (torch.ones(2, 0), torch.ones(0), 1e-6, 4),
+        (torch.ones(2, 3), torch.ones(4), 1e-6, 4),
+        (torch.ones(2, 3), torch.ones(3, dtype=torch.float64), 1e-6, 4),
+        (torch.ones(2, 3, dtype=torch.int64), torch.ones(3, dtype=torch.int64), 1e-6, 4),
+        (torch.ones(2, 3), torch.ones(3), -1e-6, 4),
+        (torch.ones(2, 3), torch.ones(3), 1e-6, 6),
+        (torch.ones(2, 3), torch.ones(3), 1e-6, 0),
+        (torch.ones(2, 3), torch.ones(3), 1e-6, 4.0),
+    ],
+)
 def test_the_provided_rms_norm_check_refuses_bad_inputs(x, weight, eps, block):
     with pytest.raises(ValueError):
         ref._check_rms_norm(x, weight, eps, block)
@@ -311,7 +338,7 @@ def test_reference_is_lossless_on_the_worked_example():
     n = 6000
     drafts = torch.multinomial(q[0], n, replacement=True, generator=g)
     u, e = torch.rand(n, generator=g), torch.empty(n, 2, 3).exponential_(generator=g)
-    firsts = torch.tensor([ref.verify_draft([int(drafts[i])], q, p, u[i:i + 1], e[i])[0] for i in range(n)])
+    firsts = torch.tensor([ref.verify_draft([int(drafts[i])], q, p, u[i : i + 1], e[i])[0] for i in range(n)])
     counts = torch.bincount(firsts, minlength=3)
     assert ch23.chi2(counts, p[0]) < ch23.chi2_threshold(2)
     # and not distributed as q
@@ -332,17 +359,15 @@ def test_reference_rows_keep_their_bits_in_every_batch():
     g = torch.Generator().manual_seed(5)
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
         x, w = torch.randn(70, 130, generator=g).to(dtype), torch.randn(130, 17, generator=g).to(dtype)
-        alone = torch.cat([ref.batch_invariant_matmul(x[i:i + 1], w) for i in range(70)])
+        alone = torch.cat([ref.batch_invariant_matmul(x[i : i + 1], w) for i in range(70)])
         for B in (2, 5, 33, 70):
             perm = torch.randperm(70, generator=g)[:B]
-            assert torch.equal(ref.batch_invariant_matmul(x[perm], w).view(checks.INT_OF[dtype]),
-                               alone[perm].view(checks.INT_OF[dtype]))
+            assert torch.equal(ref.batch_invariant_matmul(x[perm], w).view(checks.INT_OF[dtype]), alone[perm].view(checks.INT_OF[dtype]))
 
 
 def test_the_probe_reports_every_shape():
     found = checks.probe_matmul(torch.Generator().manual_seed(1))
-    assert [(p["dtype"], p["K"], p["N"]) for p in found] == \
-        [(str(d).removeprefix("torch."), K, N) for d, K, N in checks.PROBE_SHAPES]
+    assert [(p["dtype"], p["K"], p["N"]) for p in found] == [(str(d).removeprefix("torch."), K, N) for d, K, N in checks.PROBE_SHAPES]
     assert all(set(p["changed"]) <= set(checks.FIG_BATCHES) and 1 not in p["changed"] for p in found)
 
 

@@ -67,8 +67,7 @@ def test_every_figure_is_drawn_from_reference_outputs(reference_runs):
         assert squeeze("".join(texts["caption-zh"])) == squeeze(zh)
         assert " ".join(texts["caption-en"]) == en
         assert texts.get("legend"), f"{spec.id} has no legend"
-        assert not [el for el in root.iter() if "wrong" in (el.get("class") or "")], \
-            f"{spec.id} marks a reference value as wrong"
+        assert not [el for el in root.iter() if "wrong" in (el.get("class") or "")], f"{spec.id} marks a reference value as wrong"
         assert 720 <= float(root.get("width")) <= 960
         svg = Path(drawn[spec.id]).read_text(encoding="utf-8")
         assert not undrawable(svg), f"{spec.id}: {undrawable(svg)}; {REBUILD}"
@@ -121,6 +120,7 @@ def test_every_task_has_public_and_hidden_checks(ch):
 @pytest.mark.parametrize("ch", CHAPTERS, ids=IDS)
 def test_public_check_modules_never_import_the_hidden_ones(ch):
     tree = ast.parse((chapters.ROOT / "grader" / "checks" / f"{ch.id}.py").read_text())
-    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names] + \
-        [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names] + [
+        n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+    ]
     assert not [n for n in names if n.startswith(("grader.hidden", "solutions"))]

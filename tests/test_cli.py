@@ -24,8 +24,7 @@ def cli(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
     # not a terminal and no COLUMNS: lines are not wrapped, whatever the shell running the tests exports
-    return lambda *args, env=None: runner.invoke(main, list(args), catch_exceptions=False,
-                                                 env={"COLUMNS": None, **(env or {})})
+    return lambda *args, env=None: runner.invoke(main, list(args), catch_exceptions=False, env={"COLUMNS": None, **(env or {})})
 
 
 def solution_with(tmp_path, name: str, *edits: tuple[str, str], chapter: str = "ch17") -> Path:
@@ -42,10 +41,11 @@ def solution_with(tmp_path, name: str, *edits: tuple[str, str], chapter: str = "
 
 
 DROPPED_DIAGONAL = ("dtype=torch.bool).tril()", "dtype=torch.bool).tril(diagonal=-1)")
-FLOAT_OFFSET_MASK = ("torch.ones(num_new, num_cached + num_new, dtype=torch.bool)",
-                     "torch.ones(num_new, num_cached + num_new)")
-EMPTY_AS_ONE = ("return torch.ones(num_tokens, num_tokens, dtype=torch.bool).tril()",   # right but for T = 0
-                "return torch.ones(max(num_tokens, 1), max(num_tokens, 1), dtype=torch.bool).tril()")
+FLOAT_OFFSET_MASK = ("torch.ones(num_new, num_cached + num_new, dtype=torch.bool)", "torch.ones(num_new, num_cached + num_new)")
+EMPTY_AS_ONE = (
+    "return torch.ones(num_tokens, num_tokens, dtype=torch.bool).tril()",  # right but for T = 0
+    "return torch.ones(max(num_tokens, 1), max(num_tokens, 1), dtype=torch.bool).tril()",
+)
 
 
 def test_list_shows_every_chapter_and_the_last_result(cli):
@@ -65,8 +65,7 @@ def test_check_on_the_stubs_says_not_implemented_without_a_traceback(cli):
     hidden = hidden_count(ch, reference.load_answers(ch.id))
     public = sum(s.points for s in checks.load(ch.id, with_hidden=False) if not s.hidden)
     assert f"score 0/{_pts(public)} on the public checks · {hidden} hidden checks run at grading time" in out.output
-    waiting = ", ".join(f"{f.id} (waits for {', '.join(dict.fromkeys(f.needs.values()))})"
-                        for f in figures.catalog(ch.id))
+    waiting = ", ".join(f"{f.id} (waits for {', '.join(dict.fromkeys(f.needs.values()))})" for f in figures.catalog(ch.id))
     assert f"· not drawn: {waiting}; a figure is drawn once its task returns an output" in out.output
     assert "Traceback" not in out.output and "figures are drawn once a task passes" not in out.output
 
@@ -87,7 +86,8 @@ def test_json_is_one_gradescope_document(cli, tmp_path):
     for test in doc["tests"]:
         assert {"name", "score", "max_score", "status", "output", "visibility"} <= set(test)
         assert test["status"] == "passed" and test["name"].startswith(
-            ("ch25.1 slot_mapping: ", "ch25.2 store_kv: ", "ch25.3 BlockManager: "))
+            ("ch25.1 slot_mapping: ", "ch25.2 store_kv: ", "ch25.3 BlockManager: ")
+        )
     assert {t["visibility"] for t in doc["tests"]} == {"visible", "after_due_date"}
     assert all(Path(p).is_file() for p in doc["figures"])
 
@@ -106,12 +106,15 @@ def test_a_submission_folder_is_graded(cli, tmp_path):
     assert any("hidden" in t["tags"] for t in doc["tests"])
 
 
-@pytest.mark.parametrize("args, words", [
-    (["check", "ch255"], "Did you mean ch25"),
-    (["check", "ch25", "--task", "ch25.9"], "No task 'ch25.9'"),
-    (["check", "ch25", "--solutions", "--submission", "."], "exclude each other"),
-    (["check", "ch25", "--memory-limit", "lots"], "not a size"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["check", "ch255"], "Did you mean ch25"),
+        (["check", "ch25", "--task", "ch25.9"], "No task 'ch25.9'"),
+        (["check", "ch25", "--solutions", "--submission", "."], "exclude each other"),
+        (["check", "ch25", "--memory-limit", "lots"], "not a size"),
+    ],
+)
 def test_bad_arguments_are_usage_errors(cli, args, words):
     out = cli(*args)
     assert out.exit_code == 2 and words in out.output, out.output
@@ -160,8 +163,7 @@ def test_a_renamed_function_is_an_error_named_once(cli, tmp_path):
 
 def test_the_budget_of_explanations_goes_to_different_failures(cli, tmp_path):
     sub = solution_with(tmp_path, "sub", (EMPTY_AS_ONE[0], EMPTY_AS_ONE[1].replace(".tril()", ".tril(diagonal=-1)")))
-    out = cli("check", "ch17", "--task", "ch17.1", "--submission", str(sub), "--no-sandbox", "--no-hidden",
-              env={"COLUMNS": "80"}).stdout
+    out = cli("check", "ch17", "--task", "ch17.1", "--submission", str(sub), "--no-sandbox", "--no-hidden", env={"COLUMNS": "80"}).stdout
     hints = [line for line in out.splitlines() if line.strip().startswith("hint: keep the diagonal")]
     assert len(hints) == 1, out
     assert re.search(r"\(same for \d+ more checks?: “", out)
@@ -218,8 +220,7 @@ def test_a_run_removes_the_chapters_figures_it_did_not_draw_and_nothing_else(cli
     assert "figs/ch17/ch17-causal-mask.svg" in out.stdout and "wrong values marked" not in out.stdout
     cli("check", "ch17", "--solutions", "--no-hidden", "--figures", str(figs))
     before = (folder / "ch17-offset-mask.svg").read_bytes()
-    out = cli("check", "ch17", "--task", "ch17.1", "--submission", str(sub), "--no-sandbox", "--no-hidden",
-              "--figures", str(figs))
+    out = cli("check", "ch17", "--task", "ch17.1", "--submission", str(sub), "--no-sandbox", "--no-hidden", "--figures", str(figs))
     assert (folder / "ch17-offset-mask.svg").read_bytes() == before, "--task leaves the other tasks' figures alone"
     assert "ch17-offset-mask (ch17.2 left out of this run, its file from an earlier run kept)" in out.stdout
 
@@ -233,14 +234,12 @@ def test_wrong_values_marked_only_when_a_figure_marks_one(cli, tmp_path):
     out = cli("check", "ch17", "--submission", str(unchecked), "--no-sandbox", "--no-hidden", "--figures", "f")
     assert "· figures: " in out.stdout and "wrong values marked" not in out.stdout
     wrong = solution_with(tmp_path, "wrong", DROPPED_DIAGONAL)
-    out = cli("check", "ch17", "--task", "ch17.1", "--submission", str(wrong), "--no-sandbox", "--no-hidden",
-              "--figures", "g")
+    out = cli("check", "ch17", "--task", "ch17.1", "--submission", str(wrong), "--no-sandbox", "--no-hidden", "--figures", "g")
     assert "· figures (your wrong values marked): g/ch17/ch17-causal-mask.svg\n" in out.stdout
     assert "ch17-offset-mask (ch17.2 left out of this run)" in out.stdout
 
 
-@pytest.mark.parametrize("content, words", [('{"cells": 3}', 'its "cells" is a number'),
-                                            ("not json", "not JSON")])
+@pytest.mark.parametrize("content, words", [('{"cells": 3}', 'its "cells" is a number'), ("not json", "not JSON")])
 def test_a_malformed_notebook_is_one_clear_line(cli, tmp_path, content, words):
     (tmp_path / "bad.ipynb").write_text(content)
     out = cli("check", "ch17", "--notebook", "bad.ipynb")

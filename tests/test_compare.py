@@ -20,8 +20,11 @@ def test_nan_equals_nan_and_the_first_wrong_index_is_named():
 
 
 def test_structure_messages_say_what_was_expected_and_what_came():
-    with pytest.raises(CheckFailed, match=r"expected the slots as a 1-D int64 tensor of shape \[5\]; "
-                                          r"yours: float32 tensor \[5, 1\]"):
+    with pytest.raises(
+        CheckFailed,
+        match=r"expected the slots as a 1-D int64 tensor of shape \[5\]; "
+        r"yours: float32 tensor \[5, 1\]",
+    ):
         expect_tensor(torch.zeros(5, 1), what="the slots", shape=[5], dtype=torch.int64)
     with pytest.raises(CheckFailed, match=r"as a Python int; yours: int64 tensor \[\].*\.item\(\)"):
         expect_int(torch.tensor(3), what="the byte count")

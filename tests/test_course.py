@@ -49,8 +49,9 @@ def student(tmp_path_factory):
 
 
 def test_a_submission_gets_a_line_per_chapter_and_a_total(student, tmp_path):
-    out = CliRunner().invoke(main, ["check", "all", "--submission", str(student), "--no-sandbox", "--jobs", "2",
-                                    "--seed", "3", "--figures", str(tmp_path)])
+    out = CliRunner().invoke(
+        main, ["check", "all", "--submission", str(student), "--no-sandbox", "--jobs", "2", "--seed", "3", "--figures", str(tmp_path)]
+    )
     assert out.exit_code == 1, out.output
     assert re.search(r"^  ✗ ch17 .*ch17\.1, ch17\.2 not passing → course check ch17$", out.output, re.M), out.output
     ch21 = worth("ch21")
@@ -62,8 +63,7 @@ def test_a_submission_gets_a_line_per_chapter_and_a_total(student, tmp_path):
 
 
 def test_json_is_one_document_with_every_chapters_tests(student, tmp_path):
-    out = CliRunner().invoke(main, ["check", "all", "--submission", str(student), "--no-sandbox", "--json",
-                                    "--figures", str(tmp_path)])
+    out = CliRunner().invoke(main, ["check", "all", "--submission", str(student), "--no-sandbox", "--json", "--figures", str(tmp_path)])
     doc = json.loads(out.stdout)
     assert set(doc["chapters"]) == {"ch17", "ch21"}
     assert doc["score"] == sum(t["score"] for t in doc["tests"]) and doc["max_score"] == worth("ch17") + worth("ch21")

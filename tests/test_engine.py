@@ -54,8 +54,9 @@ def test_a_saved_preset_loads_back_identically(tmp_path):
 
 
 def test_unsupported_configs_are_refused_with_a_reason(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({**PRESETS["tiny"].to_hf(), "rope_parameters": {
-        "rope_type": "yarn", "rope_theta": 1e6}}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({**PRESETS["tiny"].to_hf(), "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}})
+    )
     with pytest.raises(ModelError, match="RoPE scaling 'yarn'"):
         load(tmp_path)
     no_head_dim = {k: v for k, v in PRESETS["tiny"].to_hf().items() if k != "head_dim"}
@@ -96,8 +97,11 @@ def test_a_wrong_rope_is_named_by_its_first_diverging_step_and_layer(tiny_dir):
     parts = engine.reference_parts().replaced(qk_norm_rope=interleaved_qk_norm_rope)
     result = oracle.compare(tiny_dir, PROMPTS[:2], 3, parts=parts, settings=FORCING)
     assert not result.ok
-    assert re.search(r"first divergence at step 1 \(prefill, request 0, positions 0–7\), decoder layer 0 \(its "
-                     r"output, the residual stream\): at position [1-7], channel \d+", result.message), result.message
+    assert re.search(
+        r"first divergence at step 1 \(prefill, request 0, positions 0–7\), decoder layer 0 \(its "
+        r"output, the residual stream\): at position [1-7], channel \d+",
+        result.message,
+    ), result.message
 
 
 def test_chunked_prefill_prefix_hits_and_preemption_change_no_token():
@@ -111,8 +115,7 @@ def test_chunked_prefill_prefix_hits_and_preemption_change_no_token():
 
 def test_temperature_samples_with_ch23_and_is_repeatable():
     model = load("tiny")
-    run = lambda seed: engine.Engine(model, engine.reference_parts(), Settings(temperature=1.0, seed=seed))\
-        .generate(PROMPTS, 12)
+    run = lambda seed: engine.Engine(model, engine.reference_parts(), Settings(temperature=1.0, seed=seed)).generate(PROMPTS, 12)
     a, b, c = run(0), run(0), run(1)
     assert a.outputs == b.outputs != c.outputs
     assert any(e["fn"] == "sample" and e["chapter"] == "ch23" for e in a.trace)
@@ -138,14 +141,21 @@ def test_a_submission_runs_where_its_tasks_pass_and_the_reference_elsewhere(tmp_
     parts = engine.student_parts(tmp_path)
     sources = parts.sources()
     assert {k for k, v in sources.items() if v == "yours"} == {
-        "ch15.1 embedding_lookup", "ch15.2 linear", "ch15.3 split_qkv", "ch20.2 add_rms_norm", "ch20.4 swiglu_mlp"}
+        "ch15.1 embedding_lookup",
+        "ch15.2 linear",
+        "ch15.3 split_qkv",
+        "ch20.2 add_rms_norm",
+        "ch20.4 swiglu_mlp",
+    }
     assert sources["ch19.3 qk_norm_rope"] == "reference"
     assert "ch19: ch19.1, ch19.2, ch19.3, ch19.4 not passing yet" in parts.notes
     assert any("no ch25_paged_kv.py" in n for n in parts.notes)
     assert parts["linear"].fn.__module__ == "course_student_ch15_token_to_logits"
     model = load("tiny")
-    assert engine.Engine(model, parts).generate(PROMPTS, 4).outputs == \
-        engine.Engine(model, engine.reference_parts()).generate(PROMPTS, 4).outputs
+    assert (
+        engine.Engine(model, parts).generate(PROMPTS, 4).outputs
+        == engine.Engine(model, engine.reference_parts()).generate(PROMPTS, 4).outputs
+    )
 
 
 @pytest.fixture
@@ -160,21 +170,35 @@ def cli(tmp_path, monkeypatch):
 
 
 def test_engine_run_prints_outputs_and_metrics_as_json(cli, tmp_path):
-    out = cli("engine", "run", "--prompts", "prompts.json", "--max-tokens", "5", "--block-size", "4",
-              "--num-blocks", "9", "--max-num-seqs", "2", "--max-batched-tokens", "8", "--json",
-              "--save-model", "tiny")
+    out = cli(
+        "engine",
+        "run",
+        "--prompts",
+        "prompts.json",
+        "--max-tokens",
+        "5",
+        "--block-size",
+        "4",
+        "--num-blocks",
+        "9",
+        "--max-num-seqs",
+        "2",
+        "--max-batched-tokens",
+        "8",
+        "--json",
+        "--save-model",
+        "tiny",
+    )
     assert out.exit_code == 0, out.output
     doc = json.loads(out.stdout.splitlines()[-1])
     assert len(doc["outputs"]) == len(PROMPTS) and all(len(o) == 5 for o in doc["outputs"])
     m = doc["metrics"]
-    for key in ("mean_ttft_ms", "mean_tpot_ms", "output_throughput", "prefix_cache_hits", "chunked_prefill_steps",
-                "preemptions"):
+    for key in ("mean_ttft_ms", "mean_tpot_ms", "output_throughput", "prefix_cache_hits", "chunked_prefill_steps", "preemptions"):
         assert key in m
     assert m["preemptions"] > 0 and m["prefix_cache_hits"] > 0 and m["chunked_prefill_steps"] > 0
     assert set(doc["parts"].values()) == {"reference"}
     assert (tmp_path / "tiny" / "config.json").is_file() and (tmp_path / "tiny" / "model.safetensors").is_file()
-    again = json.loads(cli("engine", "run", "--model", "tiny", "--prompts", "prompts.json", "--max-tokens", "5",
-                           "--json").output)
+    again = json.loads(cli("engine", "run", "--model", "tiny", "--prompts", "prompts.json", "--max-tokens", "5", "--json").output)
     assert again["outputs"] == doc["outputs"]
     assert (tmp_path / "course-figures" / "engine" / "overview.svg").is_file()
 
@@ -188,13 +212,16 @@ def test_engine_run_for_people(cli):
     assert "figure: course-figures/engine/overview.svg" in out.output
 
 
-@pytest.mark.parametrize("args, code, words", [
-    (["--prompts", "bad.json"], 2, "must hold a non-empty JSON list"),
-    (["--prompts", "prompts.json", "--model", "nowhere"], 1, "neither a preset"),
-    (["--prompts", "prompts.json", "--block-size", "1"], 2, "--block-size"),
-    (["--prompts", "prompts.json", "--block-size", "4", "--num-blocks", "2"], 1, "can never fit"),
-    ([], 2, "give --prompts FILE"),
-])
+@pytest.mark.parametrize(
+    "args, code, words",
+    [
+        (["--prompts", "bad.json"], 2, "must hold a non-empty JSON list"),
+        (["--prompts", "prompts.json", "--model", "nowhere"], 1, "neither a preset"),
+        (["--prompts", "prompts.json", "--block-size", "1"], 2, "--block-size"),
+        (["--prompts", "prompts.json", "--block-size", "4", "--num-blocks", "2"], 1, "can never fit"),
+        ([], 2, "give --prompts FILE"),
+    ],
+)
 def test_engine_run_usage_errors(cli, tmp_path, args, code, words):
     (tmp_path / "bad.json").write_text('{"not": "a list"}')
     out = cli("engine", "run", *args)
@@ -232,8 +259,19 @@ def test_the_overview_figure_is_drawn_from_a_real_run(tmp_path):
     assert any(s.startswith("q [8, 4, 32] · k [8, 2, 32] at positions") for s in shapes), shapes
     assert "rows [7] of 8" in shapes and any("→ [1, 100]" in s for s in shapes)
     functions = " ".join(texts["function"])
-    for name in ("Scheduler", "BlockManager", "prepare_inputs", "varlen_metadata", "logits_indices", "qk_norm_rope",
-                 "store_kv", "slot_mapping", "gqa_attention", "swiglu_mlp", "latency_metrics"):
+    for name in (
+        "Scheduler",
+        "BlockManager",
+        "prepare_inputs",
+        "varlen_metadata",
+        "logits_indices",
+        "qk_norm_rope",
+        "store_kv",
+        "slot_mapping",
+        "gqa_attention",
+        "swiglu_mlp",
+        "latency_metrics",
+    ):
         assert name in functions
 
 
@@ -242,8 +280,7 @@ def test_the_overview_fits_a_slide_and_says_what_ran_at_temperature_0():
     assert height(root) <= 1000, "one slide"
     assert off_canvas(root, margin=MARGIN - 1) == []
     status = dict(zip([c["id"] for c in record["course"]], [t.s for t in texts(root, cls="status")]))
-    assert record["course"][8]["id"] == "ch23" and record["course"][8]["part"] == "reference", \
-        "the engine holds ch23's sample"
+    assert record["course"][8]["id"] == "ch23" and record["course"][8]["part"] == "reference", "the engine holds ch23's sample"
     assert status["ch23"] == "engine's own", "but at temperature 0 it takes the argmax itself"
     assert status["ch19"] == "reference" and status["ch16"] == "not called"
     shown = [t.s for t in texts(root)]
@@ -253,7 +290,7 @@ def test_the_overview_fits_a_slide_and_says_what_ran_at_temperature_0():
     assert "random weights, so the tokens mean" in note and "ch23's sample runs only at a temperature above" in note
     # The prefill and the decode column never run into each other; a one-position range is a position.
     shapes = texts(root, cls="shapes")
-    assert not [(a.s, b.s) for i, a in enumerate(shapes) for b in shapes[i + 1:] if overlap(a, b)]
+    assert not [(a.s, b.s) for i, a in enumerate(shapes) for b in shapes[i + 1 :] if overlap(a, b)]
     assert not [s for s in shown if re.search(r"positions (\d+)–\1\b", s)]
 
 

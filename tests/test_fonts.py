@@ -21,10 +21,14 @@ from grader import chapters
 
 def test_the_shipped_fonts_draw_every_character_the_figure_code_holds():
     build = importlib.import_module("figures.fonts.build")
-    lacking = [f"{c} U+{ord(c):04X}" for c in sorted(build.course_characters(extra=False))
-               for kind in ("sans", "mono") for bold in (False, True) if typeface.pick(c, kind, bold) is None]
-    assert not lacking, f"figures/*.py or a chapter's title uses characters the shipped fonts lack: " \
-                        f"{sorted(set(lacking))}; {REBUILD}"
+    lacking = [
+        f"{c} U+{ord(c):04X}"
+        for c in sorted(build.course_characters(extra=False))
+        for kind in ("sans", "mono")
+        for bold in (False, True)
+        if typeface.pick(c, kind, bold) is None
+    ]
+    assert not lacking, f"figures/*.py or a chapter's title uses characters the shipped fonts lack: {sorted(set(lacking))}; {REBUILD}"
 
 
 def test_the_overview_draws_every_character_from_the_fonts_it_embeds(tmp_path):
@@ -35,8 +39,9 @@ def test_the_overview_draws_every_character_from_the_fonts_it_embeds(tmp_path):
     for name in ("ch15_token_to_logits.py", "ch25_paged_kv.py"):
         shutil.copy(chapters.SOLUTIONS / name, tmp_path)
     model = load("tiny")
-    run = engine.Engine(model, engine.student_parts(tmp_path), Settings(block_size=4, num_blocks=9, max_num_seqs=2,
-                                                                        max_num_batched_tokens=8))
+    run = engine.Engine(
+        model, engine.student_parts(tmp_path), Settings(block_size=4, num_blocks=9, max_num_seqs=2, max_num_batched_tokens=8)
+    )
     (spec,) = figures.catalog("overview")
     svg = spec.render(engine.overview_record(run.generate([[1, 2, 3, 4, 5], [1, 2, 9]], 4), model))
     assert not undrawable(svg), undrawable(svg)
@@ -49,8 +54,12 @@ def drawn(fig: Figure) -> tuple[ET.Element, dict[str, dict[int, TTFont]]]:
 
 def test_text_width_is_the_width_the_embedded_fonts_draw():
     fig = Figure("fonts-test", title="字体 · fonts", zh="每个图都带着自己的字体:≤ √ − → ✓ ✗", en="Kᵀ · q·k / √d ≤ 1 — “x”")
-    samples = [("q0 · pos 3: k0–k3 ≤ √2 → Kᵀ ✓", False, "normal"), ("你的 mask · yours", False, "bold"),
-               ("0.557 −∞ [8, 64] → ✗ 中", True, "normal"), ("−0.033", True, "bold")]
+    samples = [
+        ("q0 · pos 3: k0–k3 ≤ √2 → Kᵀ ✓", False, "normal"),
+        ("你的 mask · yours", False, "bold"),
+        ("0.557 −∞ [8, 64] → ✗ 中", True, "normal"),
+        ("−0.033", True, "bold"),
+    ]
     for s, mono, weight in samples:
         fig.text(40, 300, s, size=LABEL, mono=mono, weight=weight, cls="sample")
     root, faces = drawn(fig)

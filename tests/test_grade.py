@@ -59,8 +59,9 @@ def write(folder: Path, name: str, data: bytes | str) -> None:
 
 def hang(function: str) -> str:
     """The reference with `function` looping forever."""
-    return SOLUTION17.replace(f"def {function}(", f"def {function}(*args, **kwargs):\n    while True:\n"
-                              f"        pass\n\n\ndef _unused_{function}(")
+    return SOLUTION17.replace(
+        f"def {function}(", f"def {function}(*args, **kwargs):\n    while True:\n        pass\n\n\ndef _unused_{function}("
+    )
 
 
 def make_class(root: Path) -> Path:
@@ -68,8 +69,9 @@ def make_class(root: Path) -> Path:
     write(subs / "ada", CH25.filename, (chapters.SOLUTIONS / CH25.filename).read_text())
     write(subs / "bo", CH25.filename, (chapters.EXERCISES / CH25.filename).read_text())
     # the logical block used as the physical one
-    wrong = mutant(root / "m", "ch25", ("return table[logical] * block_size + pos % block_size",
-                                        "return logical * block_size + pos % block_size"))
+    wrong = mutant(
+        root / "m", "ch25", ("return table[logical] * block_size + pos % block_size", "return logical * block_size + pos % block_size")
+    )
     write(subs / "cy", CH25.filename, (wrong / CH25.filename).read_text())
     write(subs / "di", CH25.filename, "def slot_mapping(:\n")
     write(subs / "ed", CH25.filename, b"\xff\xfe not utf-8")
@@ -98,8 +100,13 @@ def test_every_student_gets_one_row_and_malformed_ones_a_clear_error(graded):
     assert (rows["io"]["score"], rows["io"]["status"]) == (FULL, "passed")
     assert rows["bo"]["status"] == "not implemented" and rows["bo"]["score"] == 0  # the stub as given
     assert rows["cy"]["status"] == "failed" and 0 < rows["cy"]["score"] < FULL
-    for student, words in (("di", "SyntaxError at line 1"), ("ed", "not UTF-8"), ("fa", "not JSON"),
-                           ("gu", "no ch25_paged_kv.py or ch25.ipynb"), ("hi", "200 MiB")):
+    for student, words in (
+        ("di", "SyntaxError at line 1"),
+        ("ed", "not UTF-8"),
+        ("fa", "not JSON"),
+        ("gu", "no ch25_paged_kv.py or ch25.ipynb"),
+        ("hi", "200 MiB"),
+    ):
         assert rows[student]["status"].startswith("error: ") and words in rows[student]["status"], student
     lines = (out / "grades.csv").read_text().splitlines()
     assert lines[0] == "student,chapter,score,max_score,status" and len(lines) == 10
@@ -143,8 +150,7 @@ def test_the_summary_counts_every_student_and_says_over_whom(graded):
     assert s["students"] == len(table) and s["errors"] == len(errors) > 0
     assert s["mean_score"] == round(statistics.fmean(scores), 2)  # over everybody, the ungraded at 0
     assert s["median_score"] == round(statistics.median(scores), 2)
-    assert s["mean_score_graded"] == round(statistics.fmean([float(r["score"]) for r in table
-                                                              if r["student"] not in errors]), 2)
+    assert s["mean_score_graded"] == round(statistics.fmean([float(r["score"]) for r in table if r["student"] not in errors]), 2)
     assert {r["student"]: r["reason"] for r in s["not_graded"]} == errors
     statuses = {}
     for r in table:
@@ -187,8 +193,7 @@ def test_the_histogram_is_beside_the_summary_and_counts_everybody(graded):
     md = (out / "summary.md").read_text()
     assert f"]({HISTOGRAM})" in md and (out / HISTOGRAM).is_file()
     svg = ET.fromstring((out / HISTOGRAM).read_text())
-    texts = {cls: [el.text for el in svg.iter("{http://www.w3.org/2000/svg}text") if el.get("class") == cls]
-             for cls in ("count", "label")}
+    texts = {cls: [el.text for el in svg.iter("{http://www.w3.org/2000/svg}text") if el.get("class") == cls] for cls in ("count", "label")}
     table = table_of(out)
     assert sum(int(t) for t in texts["count"]) == len(table)
     assert "0–10%" in texts["label"] and "90–100%" in texts["label"]
@@ -217,15 +222,21 @@ def test_a_run_killed_at_any_moment_resumes_to_the_same_results(tmp_path):
     for i in range(4):
         write(subs / f"s{i}", CH17.filename, SOLUTION17)
     write(subs / "s2", CH17.filename, hang("causal_mask"))
-    command = [sys.executable, "-m", "grader.cli", "grade", str(subs), "--chapter", "ch17", "--jobs", "1",
-               "--seed", "5"] + ([] if SANDBOX else ["--no-sandbox"])
+    command = [sys.executable, "-m", "grader.cli", "grade", str(subs), "--chapter", "ch17", "--jobs", "1", "--seed", "5"] + (
+        [] if SANDBOX else ["--no-sandbox"]
+    )
     whole = tmp_path / "whole"
     subprocess.run(command + ["--out", str(whole)], check=True, capture_output=True)
     cut = tmp_path / "cut"
     killed_tmp = tmp_path / "tmp"  # what a run killed outright cannot remove stays in here
     killed_tmp.mkdir()
-    proc = subprocess.Popen(command + ["--out", str(cut)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True, env=dict(os.environ, TMPDIR=str(killed_tmp)))
+    proc = subprocess.Popen(
+        command + ["--out", str(cut)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env=dict(os.environ, TMPDIR=str(killed_tmp)),
+    )
     deadline = time.monotonic() + 120
     while len(list(cut.glob("*/ch17/results.json"))) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -242,7 +253,8 @@ def test_a_run_killed_at_any_moment_resumes_to_the_same_results(tmp_path):
 ESCAPES = {
     "reading the solutions next to the grader": (
         "import grader\nfrom pathlib import Path\n"
-        "print('ESCAPED', len((Path(grader.__file__).resolve().parents[1] / 'solutions' / 'ch25_paged_kv.py').read_text()))"),
+        "print('ESCAPED', len((Path(grader.__file__).resolve().parents[1] / 'solutions' / 'ch25_paged_kv.py').read_text()))"
+    ),
     "reading the solutions by their absolute path": "print('ESCAPED', len(open({solutions!r}).read()))",
     "listing the other students": "import os\nprint('ESCAPED', os.listdir({subs!r}))",
     "writing into the course tree": "open({target!r}, 'w').write('x')\nprint('ESCAPED')",
@@ -257,13 +269,20 @@ def test_each_escape_fails_with_no_credit(tmp_path):
     subs = tmp_path / "subs"
     names = {}
     for i, (name, attempt) in enumerate(ESCAPES.items()):
-        code = attempt.format(solutions=str(chapters.SOLUTIONS / CH25.filename), subs=str(subs), target=str(target),
-                              port=server.getsockname()[1])
-        body = "    try:\n" + "".join(f"        {line}\n" for line in code.splitlines()) + \
-               "    except Exception as e:\n        print('blocked:', type(e).__name__)\n" \
-               "    return torch.zeros(len(positions), dtype=torch.int64)\n"
-        source = (chapters.EXERCISES / CH25.filename).read_text().replace(
-            '    raise NotImplementedError("ch25.1 slot_mapping', body + '    raise NotImplementedError("ch25.1 slot_mapping')
+        code = attempt.format(
+            solutions=str(chapters.SOLUTIONS / CH25.filename), subs=str(subs), target=str(target), port=server.getsockname()[1]
+        )
+        body = (
+            "    try:\n"
+            + "".join(f"        {line}\n" for line in code.splitlines())
+            + "    except Exception as e:\n        print('blocked:', type(e).__name__)\n"
+            "    return torch.zeros(len(positions), dtype=torch.int64)\n"
+        )
+        source = (
+            (chapters.EXERCISES / CH25.filename)
+            .read_text()
+            .replace('    raise NotImplementedError("ch25.1 slot_mapping', body + '    raise NotImplementedError("ch25.1 slot_mapping')
+        )
         write(subs / f"e{i}", CH25.filename, source)
         names[f"e{i}"] = name
     try:
@@ -281,8 +300,11 @@ def test_each_escape_fails_with_no_credit(tmp_path):
 def test_without_the_sandbox_the_grader_says_so(tmp_path):
     subs = tmp_path / "subs"
     write(subs / "ada", CH25.filename, (chapters.SOLUTIONS / CH25.filename).read_text())
-    out = subprocess.run([sys.executable, "-m", "grader.cli", "grade", str(subs), "--chapter", "ch25", "--out",
-                          str(tmp_path / "out"), "--no-sandbox"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "grader.cli", "grade", str(subs), "--chapter", "ch25", "--out", str(tmp_path / "out"), "--no-sandbox"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0 and "sandbox: none" in out.stderr
     assert "ada  ch25  " in out.stdout and "passed" in out.stdout
     shutil.rmtree(tmp_path / "out")
@@ -316,9 +338,11 @@ MALFORMED = {  # student: (file, contents, words its error row must have)
     "nb-nested-deeply": ("ch17.ipynb", "[" * 100_000 + "]" * 100_000, [SHAPE, "RecursionError"]),
     "nb-not-json": ("ch17.ipynb", "{ this is not json", ["not JSON"]),
     "nb-code-over-1mib": ("ch17.ipynb", json.dumps({"cells": [cell("#" * (3 << 19))]}), ["over 1 MiB of code"]),
-    "nb-cell-recursion": ("ch17.ipynb", json.dumps({"cells": [cell("def causal_mask(n):\n    return "
-                                                                   + " + ".join(["1"] * 100_000))]}),
-                          ["cannot be compiled", "RecursionError"]),
+    "nb-cell-recursion": (
+        "ch17.ipynb",
+        json.dumps({"cells": [cell("def causal_mask(n):\n    return " + " + ".join(["1"] * 100_000))]}),
+        ["cannot be compiled", "RecursionError"],
+    ),
     "py-memory-error": (CH17.filename, "x = " + "-" * 100_000 + "1", ["cannot be compiled", "MemoryError"]),
     "py-recursion-error": (CH17.filename, "x = " + " + ".join(["1"] * 100_000), ["cannot be compiled", "RecursionError"]),
     "py-nul-byte": (CH17.filename, SOLUTION17 + "\0\n", ["contains a NUL byte"]),
@@ -345,14 +369,16 @@ SPECIAL = {  # student: words its error row must have (made by make_odd_class)
     "nothing": ["no ch17_causal_masks.py or ch17.ipynb in nothing/"],
     "zip-evil": ["zip-evil.zip holds '../ch17_causal_masks.py', a path that leaves the zip (..)"],
     "zip-link": ["zip-link.zip is a symbolic link: links are never followed"],
-    "zip-nothing": ["no ch17_causal_masks.py or ch17.ipynb in zip-nothing.zip (in its folder work/), nor one folder "
-                    "down; found: ch17.txt (rename it ch17_causal_masks.py), notes.txt"],
+    "zip-nothing": [
+        "no ch17_causal_masks.py or ch17.ipynb in zip-nothing.zip (in its folder work/), nor one folder "
+        "down; found: ch17.txt (rename it ch17_causal_masks.py), notes.txt"
+    ],
     "twice": ["twice/ and twice.zip are both in subs/, each could be twice's submission: keep one of them"],
     "tarball": ["tarball.tar.gz: only zip files are opened; make it tarball.zip"],
 }
 RESERVED = ["grades.csv", "grading.json", "summary.md", "summary.json", "_grades.csv"]
 FORMULAS = ['=HYPERLINK("evil.example","x")', "+1+1", "-2+3", "@SUM(A1)", "\tx", "\rx"]
-STRANGE = "o'neil, \"jr\"\n名 ü"
+STRANGE = 'o\'neil, "jr"\n名 ü'
 
 
 def make_odd_class(root: Path) -> Path:
@@ -427,8 +453,10 @@ def test_a_link_to_another_students_file_is_not_their_grade(odd):
 def test_a_byte_order_mark_scores_like_the_same_file_without(odd):
     _, out, _, rows, _ = odd
     assert (rows["bom"]["score"], rows["bom"]["status"]) == (FULL17, "passed")
-    verdicts = [[(t["name"], t["score"], t["status"]) for t in
-                 json.loads((out / s / "ch17" / "results.json").read_text())["tests"]] for s in ("ok", "bom")]
+    verdicts = [
+        [(t["name"], t["score"], t["status"]) for t in json.loads((out / s / "ch17" / "results.json").read_text())["tests"]]
+        for s in ("ok", "bom")
+    ]
     assert verdicts[0] == verdicts[1]
 
 
@@ -477,15 +505,21 @@ def test_any_student_name_works(odd):
     table = list(csv.DictReader(io.StringIO((out / "grades.csv").read_bytes().decode(), newline="")))
     assert STRANGE in [r["student"] for r in table]
     assert rows["\\xff-not-utf8"]["status"].startswith("error: no ch17")  # a name that is not UTF-8, escaped
-    students = {re.sub(r"(\.zip|\.tar\.gz)$", "", p.name) for p in subs.iterdir()
-                if p.is_dir() or p.is_symlink() or p.name.endswith((".zip", ".tar.gz"))}
+    students = {
+        re.sub(r"(\.zip|\.tar\.gz)$", "", p.name)
+        for p in subs.iterdir()
+        if p.is_dir() or p.is_symlink() or p.name.endswith((".zip", ".tar.gz"))
+    }
     assert len(result.rows) == len(students) == len(table)  # one row per student folder or zip, nothing else
 
 
 def test_each_accepted_layout_is_graded_like_the_reference(odd):
     _, out, _, rows, _ = odd
-    wheres = {"lms-nested": f"lms-nested/ch17/{CH17.filename}", "misnamed": "misnamed/ch17.py",
-              "zipped": f"zipped.zip: zipped/ch17/{CH17.filename}"}
+    wheres = {
+        "lms-nested": f"lms-nested/ch17/{CH17.filename}",
+        "misnamed": "misnamed/ch17.py",
+        "zipped": f"zipped.zip: zipped/ch17/{CH17.filename}",
+    }
     for student, where in wheres.items():
         assert (rows[student]["score"], rows[student]["status"]) == (FULL17, "passed"), rows[student]
         assert json.loads((out / student / "ch17" / "results.json").read_text())["answer"] == where
@@ -524,8 +558,9 @@ def test_an_unexpected_exception_is_that_items_error_row(tmp_path, monkeypatch):
     monkeypatch.setattr(run, "check", broken)
     write(tmp_path / "subs" / "ada", CH17.filename, SOLUTION17)
     out = tmp_path / "out"
-    config = _Config(out=str(out), seed=1, limits={"ch17": {"max": 1.0, "checks": {}}}, memory_limit=2 << 30,
-                     sandbox=None, scratch=str(tmp_path))
+    config = _Config(
+        out=str(out), seed=1, limits={"ch17": {"max": 1.0, "checks": {}}}, memory_limit=2 << 30, sandbox=None, scratch=str(tmp_path)
+    )
     item = Item("ada", "ch17", str(tmp_path / "subs"), CH17.filename)
     result = _grade(item, config)
     assert result["status"] == "error: the grader failed on this submission (RuntimeError: boom); a rerun grades it again"
@@ -551,8 +586,7 @@ def test_a_job_process_that_dies_costs_only_its_item_and_a_rerun_grades_it_again
     write(subs / "a-killed", CH17.filename, hang("causal_mask"))
     write(subs / "b-next", CH17.filename, SOLUTION17)
     result = {}
-    run = threading.Thread(target=lambda: result.update(r=grade(subs, [CH17], out, jobs=1, seed=2, sandbox=SANDBOX)),
-                           daemon=True)
+    run = threading.Thread(target=lambda: result.update(r=grade(subs, [CH17], out, jobs=1, seed=2, sandbox=SANDBOX)), daemon=True)
     run.start()
     job = int(partial_of(out, "a-killed").name.rsplit("-", 1)[1])  # the job process grading a-killed
     os.kill(job, signal.SIGKILL)
@@ -577,10 +611,24 @@ def test_an_interrupted_run_removes_its_temporary_folders(tmp_path):
     tmp.mkdir()
     write(subs / "a-done", CH17.filename, STUB17)
     write(subs / "b-hangs", CH17.filename, hang("causal_mask"))
-    command = [sys.executable, "-m", "grader.cli", "grade", str(subs), "--chapter", "ch17", "--out", str(out),
-               "--jobs", "1", "--seed", "4"] + ([] if SANDBOX else ["--no-sandbox"])
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, TMPDIR=str(tmp)), start_new_session=True)
+    command = [
+        sys.executable,
+        "-m",
+        "grader.cli",
+        "grade",
+        str(subs),
+        "--chapter",
+        "ch17",
+        "--out",
+        str(out),
+        "--jobs",
+        "1",
+        "--seed",
+        "4",
+    ] + ([] if SANDBOX else ["--no-sandbox"])
+    proc = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=str(tmp)), start_new_session=True
+    )
     try:
         partial_of(out, "b-hangs")
         time.sleep(0.5)
@@ -598,25 +646,45 @@ def test_an_interrupted_run_removes_its_temporary_folders(tmp_path):
 
 
 # -- the class summary from made-up results (grader.delivery.summary) ----------------------------------------------------
-LONG = ("the free list should be [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, "
-        "33, 34, 35, 36, 37, 38, 39, 40] after freeing sequence 3; yours keeps blocks 12 and 13 allocated although "
-        "their reference counts reached zero")
+LONG = (
+    "the free list should be [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, "
+    "33, 34, 35, 36, 37, 38, 39, 40] after freeing sequence 3; yours keeps blocks 12 and 13 allocated although "
+    "their reference counts reached zero"
+)
 HINTED = ["slot 3 should be 7; yours: 2\nhint: use the block table", "slot 9 should be 11; yours: 0\nhint: use the block table"]
 UNHINTED = "slot 4 should be 2; yours: 1"
 
 
 def made_up_class() -> tuple[list[Item], list[dict]]:
     """Six students of two-point checks t1..t3: their outcomes (None: passed, "todo": the stub, else the message)."""
-    outcomes = {"a": {}, "b": {"t1": HINTED[0], "t3": "the mask is upside down"},
-                "c": {"t1": HINTED[1], "t2": LONG}, "d": {"t1": UNHINTED, "t3": "the mask has the wrong shape"},
-                "e": {"t1": "todo", "t2": "todo", "t3": "todo"}}
+    outcomes = {
+        "a": {},
+        "b": {"t1": HINTED[0], "t3": "the mask is upside down"},
+        "c": {"t1": HINTED[1], "t2": LONG},
+        "d": {"t1": UNHINTED, "t3": "the mask has the wrong shape"},
+        "e": {"t1": "todo", "t2": "todo", "t3": "todo"},
+    }
     items, docs = [], []
     for student, failed in outcomes.items():
-        tests = [{"name": t, "status": "failed" if t in failed else "passed", "output": failed.get(t, ""),
-                  **({"todo": True} if failed.get(t) == "todo" else {})} for t in ("t1", "t2", "t3")]
+        tests = [
+            {
+                "name": t,
+                "status": "failed" if t in failed else "passed",
+                "output": failed.get(t, ""),
+                **({"todo": True} if failed.get(t) == "todo" else {}),
+            }
+            for t in ("t1", "t2", "t3")
+        ]
         status = "passed" if not failed else "not implemented" if all(v == "todo" for v in failed.values()) else "failed"
-        docs.append({"chapter": "ch17", "score": 2.0 * sum(t["status"] == "passed" for t in tests), "max_score": 6.0,
-                     "status": status, "tests": tests})
+        docs.append(
+            {
+                "chapter": "ch17",
+                "score": 2.0 * sum(t["status"] == "passed" for t in tests),
+                "max_score": 6.0,
+                "status": status,
+                "tests": tests,
+            }
+        )
         items.append(Item(student, "ch17", "subs", CH17.filename, renamed=student == "d"))
     items.append(Item("f|`x\ny", "ch17", "subs", problem="no file"))
     docs.append({"chapter": "ch17", "score": 0.0, "max_score": 6.0, "status": "error", "error": "no file", "tests": []})
@@ -633,18 +701,19 @@ def test_the_summary_of_a_made_up_class():
     checks_ = {c["check"]: c for c in s["checks"]}
     t1 = checks_["t1"]
     assert (t1["failed"], t1["not_implemented"], t1["wrong"]) == (4, 1, 3)
-    assert (t1["most_common_message"], t1["students_with_it"], t1["kinds_of_message"]) == (
-        "hint: use the block table", len(HINTED), 2)
-    failing = {t: sum(any(x["name"] == t and x["status"] != "passed" for x in d["tests"]) for d in docs)
-               for t in ("t1", "t2", "t3")}
+    assert (t1["most_common_message"], t1["students_with_it"], t1["kinds_of_message"]) == ("hint: use the block table", len(HINTED), 2)
+    failing = {t: sum(any(x["name"] == t and x["status"] != "passed" for x in d["tests"]) for d in docs) for t in ("t1", "t2", "t3")}
     assert [c["check"] for c in s["checks"]] == sorted(failing, key=lambda t: -failing[t])  # most failing first
     assert s["not_implemented"] == [{"task": t, "students": 1} for t in ("t1", "t2", "t3")]
     assert [b["graded"] + b["not_implemented"] + b["not_graded"] for b in s["histogram"]] == [
-        sum(min(9, int(10 * d["score"] / 6.0 + 1e-9)) == band for d in docs) for band in range(10)]
+        sum(min(9, int(10 * d["score"] / 6.0 + 1e-9)) == band for d in docs) for band in range(10)
+    ]
     md = summary_markdown(summarize(items, [CH17], docs))
     assert f"| t1 | {t1['percent_failing']}% (4 of 5) | 1 | 2 of 3: `hint: use the block table` (+1 other) |" in md
-    assert f"| t3 | {round(100 * failing['t3'] / 5)}% ({failing['t3']} of 5) | 1 | no two alike (2 different); one: " \
-           "`the mask is upside down` |" in md
+    assert (
+        f"| t3 | {round(100 * failing['t3'] / 5)}% ({failing['t3']} of 5) | 1 | no two alike (2 different); one: "
+        "`the mask is upside down` |" in md
+    )
     t2 = next(line for line in md.splitlines() if line.startswith("| t2 |"))
     shown = re.search(r"`([^`]*)…`", t2).group(1)
     assert LONG.startswith(shown) and not LONG[len(shown)].isalnum() and len(shown) < len(LONG)
@@ -677,8 +746,21 @@ def test_printed_rows_are_sorted_and_a_layout_fixed_later_is_graded_on_rerun(tmp
     write(subs / "a-graded", CH17.filename, SOLUTION17)  # takes seconds: the error rows after it are done first
     for student in ("B-nothing", "c-nothing", "d-fixed-later"):
         write(subs / student, "notes.txt", "x")
-    command = [sys.executable, "-m", "grader.cli", "grade", str(subs), "--chapter", "ch17", "--out", str(out),
-               "--jobs", "2", "--seed", "3"] + ([] if SANDBOX else ["--no-sandbox"])
+    command = [
+        sys.executable,
+        "-m",
+        "grader.cli",
+        "grade",
+        str(subs),
+        "--chapter",
+        "ch17",
+        "--out",
+        str(out),
+        "--jobs",
+        "2",
+        "--seed",
+        "3",
+    ] + ([] if SANDBOX else ["--no-sandbox"])
     first = subprocess.run(command, capture_output=True, text=True, check=True)
     printed = [line.split("  ")[0] for line in first.stdout.splitlines() if "  ch17  " in line]
     names = [p.name for p in subs.iterdir()]

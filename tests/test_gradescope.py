@@ -85,14 +85,28 @@ def installed() -> Installed:
         venv = base / "venv"
         subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True)
         python = venv / "bin" / "python"
-        site = Path(subprocess.run([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                   capture_output=True, text=True, check=True).stdout.strip())
+        site = Path(
+            subprocess.run(
+                [str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+        )
         link_distributions(_dependencies(), site)  # hard links of what pip installed here
-        pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
-                              str(base / "bundle" / "course")], capture_output=True, text=True)
+        pip = subprocess.run(
+            [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", str(base / "bundle" / "course")],
+            capture_output=True,
+            text=True,
+        )
         assert pip.returncode == 0, pip.stderr[-3000:]
-        where = subprocess.run([str(python), "-I", "-c", "import grader, solutions; print(grader.__file__)"],
-                               capture_output=True, text=True, check=True, cwd="/").stdout.strip()
+        where = subprocess.run(
+            [str(python), "-I", "-c", "import grader, solutions; print(grader.__file__)"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd="/",
+        ).stdout.strip()
         assert where == str(site / "grader" / "__init__.py")  # installed, not this work tree
         assert {p.name for p in site.glob("*.pth")} <= {"distutils-precedence.pth"}  # no editable finder
         yield Installed(base, base / "bundle", python, site)
@@ -118,8 +132,13 @@ def autograder(installed: Installed, files: dict[str, str] | None = None) -> Pat
 
 def run_autograder(installed: Installed, root: Path, kind: str | None, **env: str) -> Run:
     assert not processes_of(STUDENT), "the student's uid must be a dedicated one"
-    env = {"GRADESCOPE_ROOT": str(root), "COURSE_PYTHON": str(installed.python), "COURSE_STUDENT_UID": str(STUDENT),
-           **({"COURSE_SANDBOX": kind} if kind else {}), **env}
+    env = {
+        "GRADESCOPE_ROOT": str(root),
+        "COURSE_PYTHON": str(installed.python),
+        "COURSE_STUDENT_UID": str(STUDENT),
+        **({"COURSE_SANDBOX": kind} if kind else {}),
+        **env,
+    }
     command = [str(root / "run_autograder")] if "PATH" not in env else ["/bin/bash", str(root / "run_autograder")]
     proc = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
     return Run(root, proc, (root / "results" / "results.json").read_bytes())
@@ -130,8 +149,13 @@ def grade(installed: Installed, kind: str | None, files: dict[str, str], **env: 
 
 
 def as_student(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["setpriv", f"--reuid={STUDENT}", f"--regid={STUDENT}", "--clear-groups", "--no-new-privs",
-                           "--", *argv], capture_output=True, text=True, timeout=120, cwd="/")
+    return subprocess.run(
+        ["setpriv", f"--reuid={STUDENT}", f"--regid={STUDENT}", "--clear-groups", "--no-new-privs", "--", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
 
 
 def texts(doc) -> str:
@@ -162,16 +186,21 @@ def test_setup_leaves_the_answers_and_the_results_to_root(installed):
     for path in (installed.site / "solutions", installed.site / "grader"):  # as pip installed them
         path.chmod(0o755)
     assert as_student("cat", str(installed.site / "solutions" / CH25.filename)).returncode == 0
-    out = subprocess.run([str(installed.python), "-I", "-m", "grader.delivery.gradescope", "--protect", str(root)],
-                         capture_output=True, text=True, cwd="/")  # what setup.sh runs after pip install
+    out = subprocess.run(
+        [str(installed.python), "-I", "-m", "grader.delivery.gradescope", "--protect", str(root)], capture_output=True, text=True, cwd="/"
+    )  # what setup.sh runs after pip install
     assert out.returncode == 0, out.stderr
     for path in (root / "source", installed.site / "solutions", installed.site / "grader"):
         info = path.stat()
         assert (oct(info.st_mode & 0o777), info.st_uid) == ("0o700", 0), path
     info = (root / "results").stat()
     assert (oct(info.st_mode & 0o777), info.st_uid) == ("0o755", 0)
-    private = [installed.site / "solutions" / CH25.filename, installed.site / "grader" / "hidden" / "ch25.py",
-               root / "source" / "course" / "solutions" / CH25.filename, root / "run_autograder"]
+    private = [
+        installed.site / "solutions" / CH25.filename,
+        installed.site / "grader" / "hidden" / "ch25.py",
+        root / "source" / "course" / "solutions" / CH25.filename,
+        root / "run_autograder",
+    ]
     for path in private:
         assert as_student("cat", str(path)).returncode != 0, f"the student's uid reads {path}"
     for path in (root / "source", installed.site / "solutions", installed.site / "grader" / "hidden"):
@@ -317,6 +346,7 @@ def __getattr__(name):
 
 def secret_lines(installed: Installed, submission: str) -> set[str]:
     """Lines of the reference and of the hidden checks that nothing else the student sees has."""
+
     def lines(path: Path) -> set[str]:
         return {line.strip() for line in path.read_text().splitlines() if len(line.strip()) >= 25}
 
@@ -328,9 +358,12 @@ def secret_lines(installed: Installed, submission: str) -> set[str]:
 @pytest.mark.parametrize("kind", KINDS)
 def test_reading_the_reference_gets_nothing(installed, kind):
     root = autograder(installed)
-    targets = [str(installed.site / "solutions" / CH25.filename), str(installed.site / "grader" / "hidden" / "ch25.py"),
-               str(root / "source" / "course" / "solutions" / CH25.filename),
-               str(root / "source" / "course" / "grader" / "hidden" / "ch25.py")]
+    targets = [
+        str(installed.site / "solutions" / CH25.filename),
+        str(installed.site / "grader" / "hidden" / "ch25.py"),
+        str(root / "source" / "course" / "solutions" / CH25.filename),
+        str(root / "source" / "course" / "grader" / "hidden" / "ch25.py"),
+    ]
     code = STEAL.replace("TARGETS_HERE", repr(targets))
     (root / "submission" / CH25.filename).write_text(code)
     run = run_autograder(installed, root, kind)
@@ -396,8 +429,7 @@ def slot_mapping(block_table, positions, block_size):
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_process_left_behind_cannot_rewrite_the_results(installed, kind):
     root = autograder(installed)
-    (root / "submission" / CH25.filename).write_text(DAEMON.replace("RESULTS_HERE", repr(str(root / "results" /
-                                                                                              "results.json"))))
+    (root / "submission" / CH25.filename).write_text(DAEMON.replace("RESULTS_HERE", repr(str(root / "results" / "results.json"))))
     run = run_autograder(installed, root, kind)
     assert run.proc.returncode == 0 and run.doc["score"] == 0 and run.doc["max_score"] > 0
     assert not processes_of(STUDENT)  # every process of the student's uid is gone
@@ -424,8 +456,7 @@ def test_no_sandbox_no_grading(installed, tmp_path):
 def test_the_uid_boundary_refuses_a_course_package_the_student_could_read(installed):
     """Graded by this work tree's editable install instead of the bundle's venv: solutions/ is
     readable by every uid, so the uid boundary refuses before any student code runs."""
-    run = grade(installed, "uid", {CH25.filename: (chapters.SOLUTIONS / CH25.filename).read_text()},
-                COURSE_PYTHON=sys.executable)
+    run = grade(installed, "uid", {CH25.filename: (chapters.SOLUTIONS / CH25.filename).read_text()}, COURSE_PYTHON=sys.executable)
     assert run.proc.returncode == 1 and run.doc["score"] == 0
     assert "the uid boundary does not hold here" in run.doc["output"]
     assert f"can read {chapters.SOLUTIONS / CH25.filename}" in run.doc["output"]

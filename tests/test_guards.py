@@ -22,8 +22,7 @@ def shares() -> dict[str, tuple[int, int]]:
         tree = ast.parse(source)
         guard_lines: set[int] = set()
         for node in ast.walk(tree):
-            if isinstance(node, ast.If) and node.body and all(isinstance(s, ast.Raise) for s in node.body) \
-                    and not node.orelse:
+            if isinstance(node, ast.If) and node.body and all(isinstance(s, ast.Raise) for s in node.body) and not node.orelse:
                 guard_lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
         total = guards = 0
         for m in REGION.finditer(source):
@@ -42,7 +41,8 @@ def test_guards_are_a_small_share_of_what_students_write():
     guards = sum(g for _, g in counted.values())
     assert total and guards / total <= GOAL, (
         f"{guards} of {total} solution-region lines ({guards / total:.0%}) are guards; at most {GOAL:.0%}: "
-        + ", ".join(f"{c} {g}/{t}" for c, (t, g) in counted.items() if t and g / t > GOAL))
+        + ", ".join(f"{c} {g}/{t}" for c, (t, g) in counted.items() if t and g / t > GOAL)
+    )
 
 
 if __name__ == "__main__":

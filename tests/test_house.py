@@ -33,8 +33,9 @@ def _check_modules():
 def test_the_checks_come_before_the_helpers(path):
     tree = ast.parse(path.read_text(encoding="utf-8"))
     functions = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
-    checks = [n for n in functions if any(isinstance(d, ast.Call) and getattr(d.func, "id", "") in ("public", "hidden")
-                                          for d in n.decorator_list)]
+    checks = [
+        n for n in functions if any(isinstance(d, ast.Call) and getattr(d.func, "id", "") in ("public", "hidden") for d in n.decorator_list)
+    ]
     assert checks, f"{path.name} has no check"
     helpers = [n.name for n in functions if n not in checks and n.lineno < checks[0].lineno]
     assert not helpers, f"{path.parent.name}/{path.name}: helpers before the first check: {helpers}"

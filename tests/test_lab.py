@@ -31,8 +31,7 @@ pytestmark = pytest.mark.slow  # grades submissions, builds releases or runs rea
 
 EXPERIMENTS = list(catalog().experiments.values())
 HANG = ("    return weight[ids.long()]", "    while ids.numel() > 3:\n        pass\n    return weight[ids.long()]")
-WRONG_SLOTS = ("    return table[logical] * block_size + pos % block_size",
-               "    return logical * block_size + pos % block_size")
+WRONG_SLOTS = ("    return table[logical] * block_size + pos % block_size", "    return logical * block_size + pos % block_size")
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +68,9 @@ def random_instance(exp, rng: random.Random) -> dict:
             raw[p.name] = round(rng.uniform(p.low, p.high), 2)
         elif isinstance(p, Numbers):
             n = rng.randint(p.min_len, p.max_len)
-            raw[p.name] = ", ".join(str(rng.randint(int(p.low), int(p.high))) if p.integer else
-                                    f"{rng.uniform(p.low, p.high):.2f}" for _ in range(n))
+            raw[p.name] = ", ".join(
+                str(rng.randint(int(p.low), int(p.high))) if p.integer else f"{rng.uniform(p.low, p.high):.2f}" for _ in range(n)
+            )
         else:
             raw[p.name] = rng.random() < 0.5
     return raw
@@ -159,7 +159,7 @@ def test_a_newer_request_replaces_a_hanging_one_at_once(student_lab):
     older = threading.Thread(target=request, args=("older", "1, 2, 3, 4"))
     t0 = time.monotonic()
     older.start()
-    time.sleep(0.3)   # the older one is now spinning in the student's process
+    time.sleep(0.3)  # the older one is now spinning in the student's process
     request("newer", "0, 1")
     older.join()
     assert results["older"][0]["status"] == "superseded"
@@ -196,15 +196,16 @@ def test_an_edited_file_is_loaded_again(tmp_path):
 
 def start_lab(*args: str) -> tuple[subprocess.Popen, str]:
     """`course lab --no-open ARGS` as the CLI starts it; the process and its URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "grader.cli", "lab", "--no-open", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grader.cli", "lab", "--no-open", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     line = proc.stdout.readline()
     assert line.startswith("course lab: http://127.0.0.1:"), line + proc.stdout.read()
     return proc, line.split()[2]
 
 
 def stop_lab(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)   # what Ctrl-C sends
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
     out, _ = proc.communicate(timeout=15)
     assert proc.returncode == 0 and "course lab stopped" in out, out
 
@@ -245,8 +246,13 @@ def test_the_server_serves_its_page_and_nothing_outside_the_package(reference_la
     page = client.get("/").text
     assert "course lab" in page
     assert client.get("/static/lab.js").status_code == 200
-    for path in ("/static/../../pyproject.toml", "/static/%2e%2e/%2e%2e/pyproject.toml", "/static/../runner.py",
-                 "/pyproject.toml", "/static//etc/passwd"):
+    for path in (
+        "/static/../../pyproject.toml",
+        "/static/%2e%2e/%2e%2e/pyproject.toml",
+        "/static/../runner.py",
+        "/pyproject.toml",
+        "/static//etc/passwd",
+    ):
         assert client.get(path).status_code == 404, path
     css = client.get("/static/lab.css").text
     for font in re.findall(r'url\("(/fonts/[^"]+)"\)', css) or ["lab.css names no font"]:
@@ -261,29 +267,34 @@ def test_the_server_serves_its_page_and_nothing_outside_the_package(reference_la
         assert client.post("/api/run/ch25-paged-kv", content=body, headers=headers).status_code == 400, body
     run = client.post("/api/run/ch25-paged-kv", json={"params": {"T": 6}}, headers=headers)
     assert run.json()["status"] == "passed"
-    assert TestClient(app(reference_lab, 8765)).get("/").status_code == 403   # Host: testserver
+    assert TestClient(app(reference_lab, 8765)).get("/").status_code == 403  # Host: testserver
     sock = bind(0)
     assert sock.getsockname()[0] == "127.0.0.1"
     sock.close()
 
 
 def test_the_server_answers_only_for_its_own_host_and_port(served):
-    for host in (f"evil.example:{served}", "evil.example", f"127.0.0.1:{served + 1}", "localhost",
-                 f"127.0.0.1.evil.example:{served}", f"[::1]:{served}"):
+    for host in (
+        f"evil.example:{served}",
+        "evil.example",
+        f"127.0.0.1:{served + 1}",
+        "localhost",
+        f"127.0.0.1.evil.example:{served}",
+        f"[::1]:{served}",
+    ):
         for path in ("/", "/api/experiments", "/static/lab.js"):
             r = httpx.get(f"http://127.0.0.1:{served}{path}", headers={"Host": host})
             assert r.status_code == 403 and "forbidden" in r.text and "token" not in r.text, (host, path)
         r = httpx.post(f"http://127.0.0.1:{served}/api/run/ch25-paged-kv", headers={"Host": host}, json={})
         assert r.status_code == 403 and "forbidden" in r.text, host
-    assert raw(served, "GET / HTTP/1.0\n").startswith(b"HTTP/1.1 403 ")   # no Host at all
+    assert raw(served, "GET / HTTP/1.0\n").startswith(b"HTTP/1.1 403 ")  # no Host at all
     for host in (f"127.0.0.1:{served}", f"localhost:{served}"):
         base = f"http://{host}"
         page = httpx.get(base + "/")
         assert page.status_code == 200 and "course lab" in page.text
         assert httpx.get(base + "/static/lab.js").status_code == 200
         assert httpx.get(base + "/api/experiments").json()["checked"]
-        r = httpx.post(base + "/api/run/ch15-embedding", json={"params": {"ids": "2, 0"}},
-                       headers=honest(page.text, base))
+        r = httpx.post(base + "/api/run/ch15-embedding", json={"params": {"ids": "2, 0"}}, headers=honest(page.text, base))
         assert r.status_code == 200 and r.json()["status"] == "passed"
 
 
@@ -300,27 +311,56 @@ def refused(port: int, status: int, *changes: dict[str, str | None]) -> None:
 
 
 def test_a_run_must_be_sent_as_json(served):
-    refused(served, 415, {"Content-Type": "text/plain"}, {"Content-Type": "application/x-www-form-urlencoded"},
-            {"Content-Type": "multipart/form-data; boundary=x"}, {"Content-Type": ""}, {"Content-Type": None})
+    refused(
+        served,
+        415,
+        {"Content-Type": "text/plain"},
+        {"Content-Type": "application/x-www-form-urlencoded"},
+        {"Content-Type": "multipart/form-data; boundary=x"},
+        {"Content-Type": ""},
+        {"Content-Type": None},
+    )
 
 
 def test_a_run_must_come_from_the_page_s_own_origin(served):
-    refused(served, 403, {"Origin": "http://evil.example"}, {"Origin": "null"}, {"Origin": None},
-            {"Origin": f"http://127.0.0.1:{served + 1}"}, {"Origin": f"https://127.0.0.1:{served}"})
+    refused(
+        served,
+        403,
+        {"Origin": "http://evil.example"},
+        {"Origin": "null"},
+        {"Origin": None},
+        {"Origin": f"http://127.0.0.1:{served + 1}"},
+        {"Origin": f"https://127.0.0.1:{served}"},
+    )
 
 
 def test_a_run_must_carry_the_session_token(served):
     token = token_of(httpx.get(f"http://127.0.0.1:{served}/").text)
-    refused(served, 403, {"X-Course-Token": None}, {"X-Course-Token": ""}, {"X-Course-Token": "not-the-token"},
-            {"X-Course-Token": token[:-1]}, {"X-Course-Token": token + "x"})
+    refused(
+        served,
+        403,
+        {"X-Course-Token": None},
+        {"X-Course-Token": ""},
+        {"X-Course-Token": "not-the-token"},
+        {"X-Course-Token": token[:-1]},
+        {"X-Course-Token": token + "x"},
+    )
 
 
 def run_head(port: int, *lines: str) -> str:
     """The head of a POST /api/run the page could send, with the page's token, and `lines` of its own."""
     token = token_of(httpx.get(f"http://127.0.0.1:{port}/").text)
-    return "\n".join(["POST /api/run/ch25-paged-kv HTTP/1.1", f"Host: 127.0.0.1:{port}",
-                      f"Origin: http://127.0.0.1:{port}", "Content-Type: application/json",
-                      f"X-Course-Token: {token}", *lines, ""])
+    return "\n".join(
+        [
+            "POST /api/run/ch25-paged-kv HTTP/1.1",
+            f"Host: 127.0.0.1:{port}",
+            f"Origin: http://127.0.0.1:{port}",
+            "Content-Type: application/json",
+            f"X-Course-Token: {token}",
+            *lines,
+            "",
+        ]
+    )
 
 
 def test_a_body_announced_over_the_cap_is_refused_before_it_is_read(served):
@@ -336,8 +376,13 @@ def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_cap(served):
     answer = raw(served, head, chunk * (MAX_BODY // (16 << 10)), b"1\r\n \r\n")
     assert answer.startswith(b"HTTP/1.1 413 ") and b'"status":"invalid"' in answer and b"too large" in answer
     # A chunked body under the cap is read and run.
-    answer = raw(served, run_head(served, "Transfer-Encoding: chunked", "Connection: close"),
-                 b'6\r\n{"para\r\n', b'e\r\nms": {"T": 6}}\r\n', b"0\r\n\r\n")
+    answer = raw(
+        served,
+        run_head(served, "Transfer-Encoding: chunked", "Connection: close"),
+        b'6\r\n{"para\r\n',
+        b'e\r\nms": {"T": 6}}\r\n',
+        b"0\r\n\r\n",
+    )
     assert answer.startswith(b"HTTP/1.1 200 ") and b'"status":"passed"' in answer
 
 
@@ -373,8 +418,7 @@ finally:
     lab.close()
 """
     env = dict(os.environ, PYTHONPATH=str(student))
-    proc = subprocess.run([sys.executable, "-c", script], cwd=student, env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=student, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = __import__("json").loads(proc.stdout)
     assert out["checked"] is False and out["ids"] == ["ch25-paged-kv", "ch26-varlen"]
@@ -384,7 +428,6 @@ finally:
         assert not any(cells(svg, "wrong") for svg in svgs)
     # A wrong cu_seqlens is still explained there: running sums need no reference answer.
     mutant(student / "exercises", "ch26", ("    cu_seqlens[1:] = lens.cumsum(0)", "    cu_seqlens[1:] = lens"))
-    proc = subprocess.run([sys.executable, "-c", script], cwd=student, env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=student, env=env, capture_output=True, text=True, timeout=120)
     wrong = __import__("json").loads(proc.stdout)["ch26-varlen"]
     assert wrong[0] == "failed" and "hint: cu_seqlens are cumulative" in wrong[1], wrong[1]

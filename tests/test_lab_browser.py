@@ -21,8 +21,13 @@ from tests.mutate import mutant
 from tests.test_lab import HANG, WRONG_SLOTS, start_lab, stop_lab
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
-                                reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+        reason="needs Debian's chromium and chromium-driver (.ci/run installs them)",
+    ),
+]
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
@@ -50,9 +55,19 @@ def browser():
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     profile = tempfile.mkdtemp(prefix="course-lab-chromium-")
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={profile}", "--window-size=1440,1800", "--lang=zh-CN"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--window-size=1440,1800",
+        "--lang=zh-CN",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     yield driver
@@ -61,18 +76,19 @@ def browser():
 
 
 def open_experiment(driver, url: str, experiment: str) -> str:
-    driver.get("about:blank")   # a fresh page: a new hash alone would not load it again
+    driver.get("about:blank")  # a fresh page: a new hash alone would not load it again
     driver.get(f"{url}#{experiment}")
     return wait_for_result(driver, None)
 
 
 def wait_for_result(driver, after: str | None) -> str:
     """Wait until the page shows a result newer than `after` (a data-seq); return its seq."""
+
     def done(d):
         fig = d.find_element(By.ID, "figures")
         seq = fig.get_attribute("data-seq")
-        return seq if seq and seq != after and d.find_element(By.ID, "status").get_attribute("data-state") != \
-            "running" else False
+        return seq if seq and seq != after and d.find_element(By.ID, "status").get_attribute("data-state") != "running" else False
+
     return WebDriverWait(driver, WAIT).until(done)
 
 
@@ -124,13 +140,14 @@ def test_slots_follow_the_block_table_and_the_median_latency(browser, servers):
         assert state(browser) == "passed"
         blocks = [int(b) for b in table.split(", ")]
         want = [str(blocks[p // 2] * 2 + p % 2) for p in range(5)]
-        slots = [e.text for e in browser.find_elements(By.CSS_SELECTOR,
-                                                        '[data-figure="ch25-dim-slot-mapping"] svg text.value')]
+        slots = [e.text for e in browser.find_elements(By.CSS_SELECTOR, '[data-figure="ch25-dim-slot-mapping"] svg text.value')]
         assert " ".join(want) in " ".join(slots), (table, slots)
     latencies = browser.execute_script("return window.labLatencies")
     median = statistics.median(latencies)
-    print(f"\ncourse lab: control change → new figure, median {median:.0f} ms over {len(latencies)} changes "
-          f"(min {min(latencies):.0f}, max {max(latencies):.0f}; includes the page's {120} ms debounce)")
+    print(
+        f"\ncourse lab: control change → new figure, median {median:.0f} ms over {len(latencies)} changes "
+        f"(min {min(latencies):.0f}, max {max(latencies):.0f}; includes the page's {120} ms debounce)"
+    )
     assert median < 2000
 
 
@@ -152,8 +169,8 @@ def test_a_hanging_function_times_out_and_the_page_stays_usable(browser, servers
     assert state(browser) == "timeout"
     assert "did not finish within 1 s" in browser.find_element(By.ID, "message").text
     shoot(browser, "timeout-ch15-embedding")
-    type_into(browser, "ids", "1, 2, 3, 0")       # hangs again …
-    type_into(browser, "ids", "4, 2")             # … and is replaced before its time limit
+    type_into(browser, "ids", "1, 2, 3, 0")  # hangs again …
+    type_into(browser, "ids", "4, 2")  # … and is replaced before its time limit
     seq = wait_for_result(browser, seq)
     assert state(browser) == "passed" and {"51", "52", "31", "32"} <= set(svg_values(browser, "ch15-dim-embedding"))
     browser.find_element(By.CSS_SELECTOR, 'nav button[data-experiment="ch25-paged-kv"]').click()

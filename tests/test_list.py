@@ -56,8 +56,12 @@ def test_the_list_shows_public_and_hidden_points_of_every_chapter(cli):
     for ch in CHAPTERS:
         pts = loaded_points(ch.id).values()
         public, hidden = sum(p for p, _ in pts), sum(h for _, h in pts)
-        assert re.search(rf"^{ch.id}\s+{re.escape(ch.title)}\s+{len(ch.tasks)}\s+{public:g} \+ {hidden:g} hidden"
-                         rf"\s+not run$", out.output, re.M), ch.id
+        assert re.search(
+            rf"^{ch.id}\s+{re.escape(ch.title)}\s+{len(ch.tasks)}\s+{public:g} \+ {hidden:g} hidden"
+            rf"\s+not run$",
+            out.output,
+            re.M,
+        ), ch.id
 
 
 def test_a_release_lists_the_hidden_points_it_recorded(cli, monkeypatch, tmp_path):
@@ -69,8 +73,9 @@ def test_a_release_lists_the_hidden_points_it_recorded(cli, monkeypatch, tmp_pat
     monkeypatch.setattr(checks, "has_hidden", lambda chapter_id: False)
     public = {task: p for task, (p, _) in loaded_points("ch17").items()}
     assert checks.points("ch17") == {"ch17.1": (public["ch17.1"], 7.0), "ch17.2": (public["ch17.2"], 2.0)}
-    assert re.search(rf"^ch17\.2\s+causal_mask_with_offset\(num_new, num_cached\)\s+{public['ch17.2']:g} \+ 2 hidden",
-                     cli("list", ch.id).output, re.M)
+    assert re.search(
+        rf"^ch17\.2\s+causal_mask_with_offset\(num_new, num_cached\)\s+{public['ch17.2']:g} \+ 2 hidden", cli("list", ch.id).output, re.M
+    )
 
 
 # -- status ------------------------------------------------------------------------------------------------
@@ -105,8 +110,12 @@ def test_a_chapter_lists_its_tasks_functions_and_points(cli):
         for t in ch.tasks:
             public, hidden = loaded_points(ch.id)[t.id]
             graded = ", ".join(f"{n}({', '.join(t.params[n])})" for n in t.names)
-            assert re.search(rf"^{re.escape(t.id)}\s+{re.escape(graded)}\s+{public:g} \+ {hidden:g} hidden\s+"
-                             rf"not run$", out.output, re.M), (ch.id, t.id)
+            assert re.search(
+                rf"^{re.escape(t.id)}\s+{re.escape(graded)}\s+{public:g} \+ {hidden:g} hidden\s+"
+                rf"not run$",
+                out.output,
+                re.M,
+            ), (ch.id, t.id)
 
 
 def test_stubs_that_raised_are_listed_as_not_implemented(cli):
@@ -120,8 +129,9 @@ def test_stubs_that_raised_are_listed_as_not_implemented(cli):
 
 
 # -- finding chapters and tasks ------------------------------------------------------------------------------
-@pytest.mark.parametrize("name, chapter", [("causal", "ch17"), ("paged", "ch25"), ("slot_mapping", "ch25"),
-                                           ("RoPE", "ch19"), ("ch25_paged_kv.py", "ch25")])
+@pytest.mark.parametrize(
+    "name, chapter", [("causal", "ch17"), ("paged", "ch25"), ("slot_mapping", "ch25"), ("RoPE", "ch19"), ("ch25_paged_kv.py", "ch25")]
+)
 def test_a_chapter_is_found_by_a_word_of_its_name_or_a_function(name, chapter):
     assert chapters.find(name).id == chapter
 
@@ -163,8 +173,7 @@ def test_the_release_offers_no_instructor_option(cli, student_release, command):
             assert there == (param.name not in INSTRUCTOR_OPTIONS[command]), (command, flag)
 
 
-def test_an_instructor_option_is_refused_in_the_release_and_kept_in_the_repository(cli, student_release,
-                                                                                    monkeypatch):
+def test_an_instructor_option_is_refused_in_the_release_and_kept_in_the_repository(cli, student_release, monkeypatch):
     out = cli("check", "ch17", "--solutions")
     assert out.exit_code == 2 and "No such option '--solutions'" in out.output
     monkeypatch.setattr(chapters, "has_solutions", lambda: True)

@@ -32,15 +32,24 @@ def test_each_mistake_gets_its_hint(tmp_path, chapter_id: str, row: Mistake):
     for task in row.tasks:
         seen = []
         for public in (True, False):  # the hidden checks only where no public check names it (half the time)
-            report = check(chapter_id, submission=submission, task=task, public=public, hidden=not public,
-                           seed=SEED, figures_dir=None, time_limit=TIME_LIMIT)
+            report = check(
+                chapter_id,
+                submission=submission,
+                task=task,
+                public=public,
+                hidden=not public,
+                seed=SEED,
+                figures_dir=None,
+                time_limit=TIME_LIMIT,
+            )
             seen += [r for r in report.results if r.status != "passed"]
             if row.id in {h for r in seen for h in r.hints}:
                 break
         named = {h for r in seen for h in r.hints}
-        assert row.id in named, (f"{chapter_id} mistake {row.id!r} should be named by a failing check of {task}; "
-                                 f"named: {sorted(named)}; " +
-                                 "; ".join(f"{r.name}: {r.status} {r.message[:200]}" for r in seen))
+        assert row.id in named, (
+            f"{chapter_id} mistake {row.id!r} should be named by a failing check of {task}; "
+            f"named: {sorted(named)}; " + "; ".join(f"{r.name}: {r.status} {r.message[:200]}" for r in seen)
+        )
 
 
 @pytest.mark.parametrize("chapter_id", sorted({c for c, _ in ROWS}))

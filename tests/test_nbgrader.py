@@ -34,8 +34,10 @@ ROUND_TRIP = ("ch17", "ch25")
 HONEST = ("stub", "partial", "broken", "carol", "source")
 STUDENTS = HONEST + ("hostile",)
 TIMESTAMP = "2025-03-01 12:00:00.000000 UTC"
-HIDDEN_LINE = re.compile(r"^ch\d+\.\d+, hidden checks, graded by the course grader:$|^(✓|✗) hidden check: [^\n]*$"
-                         r"|^\d+/\d+ hidden checks passed: [\d.]+/[\d.]+ points$")
+HIDDEN_LINE = re.compile(
+    r"^ch\d+\.\d+, hidden checks, graded by the course grader:$|^(✓|✗) hidden check: [^\n]*$"
+    r"|^\d+/\d+ hidden checks passed: [\d.]+/[\d.]+ points$"
+)
 
 
 def run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -85,7 +87,8 @@ def hostile(ch, release: dict) -> dict:
         "    for path in %r:\n"
         "        try:\n            print(open(path).read())\n"
         "        except Exception as e:\n            print('blocked', type(e).__name__)\n\n\n"
-        "_leaked = _leak()\n\n" % (ch.id, targets, files)) + src(first)
+        "_leaked = _leak()\n\n" % (ch.id, targets, files)
+    ) + src(first)
     public = cell(nb, f"public_{tid(ch.tasks[0].id)}")
     public["source"] = "print('all checks passed')\n100"
     public["metadata"]["nbgrader"]["points"] = 100
@@ -116,13 +119,18 @@ def submissions(ch, release: dict, source: dict) -> dict[str, dict]:
     stub = "raise NotImplementedError()"
     # ch25 hangs (an endless loop), ch17 kills its process (os._exit)
     answer["source"] = src(answer).replace(stub, "while True:\n        pass" if ch.id == "ch25" else "import os\n    os._exit(3)")
-    return {"stub": release, "partial": partial, "broken": broken, "carol": carol(ch, source), "source": source,
-            "hostile": hostile(ch, release)}
+    return {
+        "stub": release,
+        "partial": partial,
+        "broken": broken,
+        "carol": carol(ch, source),
+        "source": source,
+        "hostile": hostile(ch, release),
+    }
 
 
 def points(chapter_id: str, task: str | None = None, hidden: bool | None = None) -> float:
-    return sum(s.points for s in checks.load(chapter_id, with_hidden=True)
-               if task in (None, s.task) and hidden in (None, s.hidden))
+    return sum(s.points for s in checks.load(chapter_id, with_hidden=True) if task in (None, s.task) and hidden in (None, s.hidden))
 
 
 def expected(cid: str, student: str) -> dict[str, float]:
@@ -130,8 +138,11 @@ def expected(cid: str, student: str) -> dict[str, float]:
     ch = chapters.find(cid)
     every = {t.id for t in ch.tasks}
     right = {"partial": {ch.tasks[0].id}, "carol": every - {ch.tasks[1].id}, "source": every}.get(student, set())
-    return {f"{kind}_{tid(t.id)}": points(cid, t.id, kind == "hidden") if t.id in right else 0.0
-            for t in ch.tasks for kind in ("public", "hidden")}
+    return {
+        f"{kind}_{tid(t.id)}": points(cid, t.id, kind == "hidden") if t.id in right else 0.0
+        for t in ch.tasks
+        for kind in ("public", "hidden")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -171,9 +182,13 @@ def hidden_source_lines(ch) -> list[str]:
     grader = chapters.ROOT / "grader"
     text = "".join(p.read_text() for p in sorted((grader / "hidden").glob(f"{ch.id}*.py")))
     shared = (chapters.SOLUTIONS / ch.filename).read_text() + "".join(
-        p.read_text() for p in sorted((grader / "checks").glob(f"{ch.id}*.py")))
-    return [s for s in (line.strip() for line in text.splitlines())
-            if len(s) >= 30 and not s.startswith(("from ", "import ", "#", "@hidden(")) and s not in shared]
+        p.read_text() for p in sorted((grader / "checks").glob(f"{ch.id}*.py"))
+    )
+    return [
+        s
+        for s in (line.strip() for line in text.splitlines())
+        if len(s) >= 30 and not s.startswith(("from ", "import ", "#", "@hidden(")) and s not in shared
+    ]
 
 
 def hidden_messages(course: Path, cid: str) -> set[str]:
@@ -188,8 +203,10 @@ def hidden_messages(course: Path, cid: str) -> set[str]:
 
 
 def outputs_text(nb: dict) -> str:
-    return "\n".join(src(c) + "\n" + "".join("".join(o.get("text", "")) + json.dumps(o.get("data", {}))
-                                             for o in c.get("outputs", [])) for c in nb["cells"])
+    return "\n".join(
+        src(c) + "\n" + "".join("".join(o.get("text", "")) + json.dumps(o.get("data", {})) for o in c.get("outputs", []))
+        for c in nb["cells"]
+    )
 
 
 def test_release_notebooks_carry_no_solution_and_no_hidden_test(course):
@@ -275,8 +292,22 @@ def test_course_check_grades_a_notebook_like_the_gradebook(course):
             for student in HONEST:
                 limit = ["--time-limit", "0.5"] if student == "broken" else []  # it hangs: every check times out
                 path = course / "submitted" / student / cid / f"{cid}.ipynb"
-                out = CliRunner().invoke(main, ["check", cid, "--notebook", str(path), "--json", "--hidden", "--seed",
-                                                str(seed), "--figures", str(course / "figs"), *limit])
+                out = CliRunner().invoke(
+                    main,
+                    [
+                        "check",
+                        cid,
+                        "--notebook",
+                        str(path),
+                        "--json",
+                        "--hidden",
+                        "--seed",
+                        str(seed),
+                        "--figures",
+                        str(course / "figs"),
+                        *limit,
+                    ],
+                )
                 doc = json.loads(out.stdout)
                 assert (doc["score"], doc["target"]) == (gb.find_submission(cid, student).score, str(path)), out.output
 
@@ -284,8 +315,10 @@ def test_course_check_grades_a_notebook_like_the_gradebook(course):
 def test_a_hidden_test_cell_runs_nothing_and_gives_zero():
     """What the hidden test cell calls, run where it could (no kernel needed): no hidden check and no
     solution imported, 0 points, a sentence saying where the hidden checks run."""
-    code = ("import sys; from grader.delivery.notebook import check_task; v = check_task('ch25', 'ch25.1', hidden=True); "
-            "print(v, sorted(m for m in sys.modules if m.startswith(('grader.hidden', 'solutions', 'torch'))))")
+    code = (
+        "import sys; from grader.delivery.notebook import check_task; v = check_task('ch25', 'ch25.1', hidden=True); "
+        "print(v, sorted(m for m in sys.modules if m.startswith(('grader.hidden', 'solutions', 'torch'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=chapters.ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "0.0 []"
@@ -322,8 +355,7 @@ def test_feedback_reads_as_one_block_per_cell_with_described_figures(course):
         graded = json.loads((course / "autograded" / "carol" / cid / f"{cid}.ipynb").read_text())
         second = ch.tasks[1].id
         report = "".join("".join(o.get("text", "")) for o in cell(graded, f"public_{tid(second)}")["outputs"])
-        answer = src(cell(json.loads((course / "submitted" / "carol" / cid / f"{cid}.ipynb").read_text()),
-                          f"answer_{tid(second)}"))
+        answer = src(cell(json.loads((course / "submitted" / "carol" / cid / f"{cid}.ipynb").read_text()), f"answer_{tid(second)}"))
         line = next(i for i, text in enumerate(answer.split("\n"), 1) if text.endswith(" )("))
         said = " ".join(report.split())  # as wrapped
         assert f"answer cell {second} does not parse" in said and f"(answer cell {second}, line {line})" in said, report

@@ -106,8 +106,14 @@ def test_every_notebook_runs_top_to_bottom_without_its_test_cells(tmp_path):
     """The locked cells (setup, provided) of every source and release notebook run with no error, and the
     notebook ends up defining every top-level name of the chapter module (`replay`, `ScriptRunner`…)."""
     written = notebooks(tmp_path)
-    out = subprocess.run([sys.executable, "-c", SHELL, *written], capture_output=True, text=True, cwd=tmp_path,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", SHELL, *written],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.splitlines()[-1])
     assert len(report) == 2 * len(chapters.all_chapters())
@@ -134,7 +140,7 @@ def test_setup_cells_keep_the_module_layout():
                 break
             leading.append(node)
         assert leading, ch.id
-        block = "\n".join(source.splitlines()[leading[0].lineno - 1:leading[-1].end_lineno])
+        block = "\n".join(source.splitlines()[leading[0].lineno - 1 : leading[-1].end_lineno])
         assert (src(setup) + "\n").startswith(block + "\n"), (ch.id, src(setup)[:300])
         assert "%xmode" not in json.dumps(nb), ch.id
 
@@ -155,8 +161,9 @@ def test_every_notebook_runs_in_a_kernel(cid, tmp_path):
     source = chapter_notebook(ch)
     for kind, nb in (("source", source), ("release", release(source))):
         node = nbformat.reads(json.dumps(nb), as_version=4)  # sources as strings, as nbclient wants
-        NotebookClient(node, timeout=600, kernel_name="python3", allow_errors=True,
-                       resources={"metadata": {"path": str(tmp_path)}}).execute(env=dict(os.environ, PATH=env_path))
+        NotebookClient(
+            node, timeout=600, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(tmp_path)}}
+        ).execute(env=dict(os.environ, PATH=env_path))
         for cell in node.cells:
             if cell.cell_type != "code":
                 continue
@@ -208,9 +215,12 @@ def variants(ch) -> dict[str, tuple[dict, set[str], dict]]:
     broken = json.loads(json.dumps(source))
     line = broken_line(answer(broken, second.id))
     every = {t.id for t in ch.tasks}
-    return {"stub": (stub, set(), {}), "partial": (partial, {first.id}, {"scratch": scratch}),
-            "broken": (broken, every - {second.id}, {"line": line, "task": second.id}),
-            "source": (source, every, {})}
+    return {
+        "stub": (stub, set(), {}),
+        "partial": (partial, {first.id}, {"scratch": scratch}),
+        "broken": (broken, every - {second.id}, {"line": line, "task": second.id}),
+        "source": (source, every, {}),
+    }
 
 
 def kernel_history(nb: dict, task_id: str) -> tuple[list[str], list[str]]:
@@ -241,9 +251,10 @@ def test_course_check_and_the_test_cells_grade_each_task_alike(cid, tmp_path, wa
     for name, (nb, right, facts) in variants(ch).items():
         path = tmp_path / f"{name}.ipynb"
         path.write_text(json.dumps(nb))
-        out = CliRunner().invoke(main, ["check", cid, "--notebook", str(path), "--json", "--no-hidden",
-                                        "--no-sandbox", "--figures", str(tmp_path / "figs")])
-        doc = json.loads(out.stdout[out.stdout.index("{"):])
+        out = CliRunner().invoke(
+            main, ["check", cid, "--notebook", str(path), "--json", "--no-hidden", "--no-sandbox", "--figures", str(tmp_path / "figs")]
+        )
+        doc = json.loads(out.stdout[out.stdout.index("{") :])
         want = {t.id: public_points(cid, t.id) if t.id in right else 0.0 for t in ch.tasks}
         by_check = {t.id: sum(r["score"] for r in doc["tests"] if r["number"] == t.id) for t in ch.tasks}
         cells = {}
@@ -285,15 +296,22 @@ def test_assemble_keeps_definitions_and_names_every_cell():
     ch = chapters.find("ch17")
     good = "def causal_mask(num_tokens):\n    return None\n"
     deep = "y = " + " + ".join(["1"] * 100_000)
-    cells = ["%xmode Minimal\nimport math", good, "print(causal_mask(3))\nx = 1", good, "def causal_mask(:\n",
-             "x = 1\0", deep]
+    cells = ["%xmode Minimal\nimport math", good, "print(causal_mask(3))\nx = 1", good, "def causal_mask(:\n", "x = 1\0", deep]
     module = assemble(ch, cells)
     compile(module, ch.filename, "exec", dont_inherit=True)
     tree = ast.parse(module)
-    (labels,) = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                 and getattr(n.targets[0], "id", "") == "__course_cells__"]
-    assert labels == ("code cell 1", "answer cell ch17.1 (code cell 2)", "code cell 3", "answer cell ch17.1 (code cell 4)",
-                      "answer cell ch17.1 (code cell 5)", "code cell 6", "code cell 7")
+    (labels,) = [
+        ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "__course_cells__"
+    ]
+    assert labels == (
+        "code cell 1",
+        "answer cell ch17.1 (code cell 2)",
+        "code cell 3",
+        "answer cell ch17.1 (code cell 4)",
+        "answer cell ch17.1 (code cell 5)",
+        "code cell 6",
+        "code cell 7",
+    )
     run = [n for n in tree.body if isinstance(n, ast.Expr)][-1]
     units = ast.literal_eval(run.value.args[1])
     first, _, scratch, _, bad, nul, nested = units
@@ -318,5 +336,7 @@ def test_a_statement_that_raises_costs_only_what_it_defines(warm_students):
     second = grade_cells("ch17", "ch17.2", cells, launcher=warm_students.start)
     assert first.score == public_points("ch17", "ch17.1") and second.score == 0
     said = " ".join(second.text.split())
-    assert ("answer cell ch17.2, line 2: `def causal_mask_with_offset(num_new: int, num_cached: int) -> torch.Tensor:` "
-            "raised ZeroDivisionError: division by zero, so causal_mask_with_offset was never defined") in said, said
+    assert (
+        "answer cell ch17.2, line 2: `def causal_mask_with_offset(num_new: int, num_cached: int) -> torch.Tensor:` "
+        "raised ZeroDivisionError: division by zero, so causal_mask_with_offset was never defined"
+    ) in said, said

@@ -30,9 +30,15 @@ FIGURES = sum(len(figures.catalog(ch.id)) for ch in CHAPTERS) + 1  # and the ove
 IDS = [ch.id for ch in CHAPTERS]
 DISTINCTIVE = 20  # characters: shorter lines (`return out`, `B, V = x.shape`) are common idiom, not a leak
 IDIOMS = {  # longer lines a solution shares with the checks because anyone writes them so: no answer in them
-    "if top_k is not None:", "if top_p is not None:", "if residual is None:", "if got.names != want.names:",
-    "if off_got != off_want:", "if got.itemsize != want.itemsize:", "B, H, T, d = x.shape",
-    "(T, d), S = q.shape, k.shape[0]", 'H, V = config["hidden_size"], config["vocab_size"]',
+    "if top_k is not None:",
+    "if top_p is not None:",
+    "if residual is None:",
+    "if got.names != want.names:",
+    "if off_got != off_want:",
+    "if got.itemsize != want.itemsize:",
+    "B, H, T, d = x.shape",
+    "(T, d), S = q.shape, k.shape[0]",
+    'H, V = config["hidden_size"], config["vocab_size"]',
     "for rid, n in plan.items():",
 }
 
@@ -44,8 +50,7 @@ def release(tmp_path_factory):
 
 def shipped_files() -> list[Path]:
     """Every Python file that ships on purpose: stubs, the public grader (lab included), figures, the engine."""
-    return [p for d in ("exercises", "grader", "figures", "engine") for p in (chapters.ROOT / d).rglob("*.py")
-            if "hidden" not in p.parts]
+    return [p for d in ("exercises", "grader", "figures", "engine") for p in (chapters.ROOT / d).rglob("*.py") if "hidden" not in p.parts]
 
 
 def public_text() -> str:
@@ -64,8 +69,7 @@ def solution_lines() -> list[str]:
                 inside = line.strip() == BEGIN
             elif inside:
                 lines.append(line.strip())
-    return sorted({s for s in lines if len(s) >= DISTINCTIVE and not s.startswith("#") and s not in provided
-                   and s not in IDIOMS})
+    return sorted({s for s in lines if len(s) >= DISTINCTIVE and not s.startswith("#") and s not in provided and s not in IDIOMS})
 
 
 def test_no_solution_line_in_a_shipped_module():
@@ -73,9 +77,12 @@ def test_no_solution_line_in_a_shipped_module():
     it is provided code anyway."""
     secrets = solution_lines()
     assert len(secrets) > 100, "the scan has something to look for"
-    found = [(str(p.relative_to(chapters.ROOT)), n, line.strip()) for p in shipped_files()
-             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
-             if any(s in line for s in secrets)]
+    found = [
+        (str(p.relative_to(chapters.ROOT)), n, line.strip())
+        for p in shipped_files()
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if any(s in line for s in secrets)
+    ]
     assert not found, found[:10]
 
 
@@ -86,8 +93,11 @@ def secret_lines() -> list[str]:
     hidden = []
     for path in (chapters.ROOT / "grader" / "hidden").glob("ch*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        hidden += [ast.get_source_segment(path.read_text(encoding="utf-8"), n).splitlines()[0].strip()
-                   for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+        hidden += [
+            ast.get_source_segment(path.read_text(encoding="utf-8"), n).splitlines()[0].strip()
+            for n in ast.walk(tree)
+            if isinstance(n, ast.FunctionDef)
+        ]
         hidden += [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
     hidden = [s for s in hidden if len(s) >= DISTINCTIVE and not s.startswith("#") and s not in public]
     return sorted(set(solution_lines()) | set(hidden))
@@ -103,16 +113,20 @@ def test_the_release_carries_no_solution_and_no_hidden_check(release):
 
 
 def test_the_release_is_an_installable_package(release, tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path), str(release.student)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(release.student)],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = tmp_path.glob("course-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {f"grader/answers/{cid}.json" for cid in IDS} <= set(names)
     assert {f"exercises/{ch.filename}" for ch in CHAPTERS} <= set(names)
     assert not [n for n in names if n.startswith(("solutions/", "grader/hidden/", "tests/"))]
     assert {"engine/core.py", "engine/oracle.py", "figures/overview.py"} <= set(names)
-    fonts = {f"figures/fonts/{p.name}" for p in (chapters.ROOT / "figures" / "fonts").iterdir()
-             if p.suffix == ".woff2" or p.name == "OFL.txt"}
+    fonts = {
+        f"figures/fonts/{p.name}" for p in (chapters.ROOT / "figures" / "fonts").iterdir() if p.suffix == ".woff2" or p.name == "OFL.txt"
+    }
     assert fonts and fonts <= set(names), "a non-editable install of the release draws its figures with the fonts"
     readme = (release.student / "README.md").read_text()
     assert len(re.findall(r"```\n(python3 -m venv .*pip install .*)\n```", readme)) == 1
@@ -120,8 +134,9 @@ def test_the_release_is_an_installable_package(release, tmp_path):
 
 def test_check_in_the_release_runs_public_checks_and_counts_hidden_ones(release):
     env = dict(os.environ, PYTHONPATH=str(release.student))
-    out = subprocess.run([sys.executable, "-m", "grader.cli", "check", "ch25"], cwd=release.student, env=env,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "grader.cli", "check", "ch25"], cwd=release.student, env=env, capture_output=True, text=True
+    )
     assert out.returncode == 1, out.stderr
     hidden = sum(1 for s in __import__("grader.checks", fromlist=["load"]).load("ch25", with_hidden=True) if s.hidden)
     assert f"{hidden} hidden checks run at grading time" in out.stdout
@@ -131,8 +146,9 @@ def test_check_in_the_release_runs_public_checks_and_counts_hidden_ones(release)
         stub = exercise.read_text()
         exercise.write_text((chapters.SOLUTIONS / ch.filename).read_text())
         try:
-            out = subprocess.run([sys.executable, "-m", "grader.cli", "check", ch.id, "--json"], cwd=release.student,
-                                 env=env, capture_output=True, text=True)
+            out = subprocess.run(
+                [sys.executable, "-m", "grader.cli", "check", ch.id, "--json"], cwd=release.student, env=env, capture_output=True, text=True
+            )
         finally:  # the release is shared by the module's tests: the others expect the stubs
             exercise.write_text(stub)
         doc = __import__("json").loads(out.stdout)
@@ -146,8 +162,7 @@ def test_the_whole_course_and_its_figure_book_in_the_release_come_from_the_stude
     student = tmp_path / "student"
     shutil.copytree(release.student, student)
     env = dict(os.environ, PYTHONPATH=str(student))
-    run = lambda *args: subprocess.run([sys.executable, "-m", "grader.cli", *args], cwd=student, env=env,
-                                       capture_output=True, text=True)
+    run = lambda *args: subprocess.run([sys.executable, "-m", "grader.cli", *args], cwd=student, env=env, capture_output=True, text=True)
     out = run("check", "all", "--jobs", "2")
     assert out.returncode == 1, out.stderr
     assert all(re.search(rf"^  ✗ {ch.id} ", out.stdout, re.M) for ch in CHAPTERS), out.stdout
@@ -171,8 +186,9 @@ def test_the_release_speaks_to_students(release):
     from grader.cli import INSTRUCTOR_COMMANDS
 
     env = dict(os.environ, PYTHONPATH=str(release.student))
-    run = lambda *args: subprocess.run([sys.executable, "-m", "grader.cli", *args], cwd=release.student, env=env,
-                                       capture_output=True, text=True)
+    run = lambda *args: subprocess.run(
+        [sys.executable, "-m", "grader.cli", *args], cwd=release.student, env=env, capture_output=True, text=True
+    )
     top = run("--help")
     assert top.returncode == 0, top.stderr
     commands = set(re.findall(r"^  (\w+)  ", top.stdout.split("Commands:")[1], re.M))
@@ -202,14 +218,23 @@ def test_the_engine_in_the_release_runs_the_students_own_code_only(release, tmp_
         shutil.copy(chapters.SOLUTIONS / chapters.find(chapter_id).filename, mine)
 
     def run(folder: Path) -> subprocess.CompletedProcess:
-        command = ["engine", "run", "--prompts", str(tmp_path / "prompts.json"), "--max-tokens", "3",
-                   "--submission", str(folder), "--json", "--figures", str(tmp_path)]
-        return subprocess.run([sys.executable, "-m", "grader.cli", *command], cwd=release.student, env=env,
-                              capture_output=True, text=True)
+        command = [
+            "engine",
+            "run",
+            "--prompts",
+            str(tmp_path / "prompts.json"),
+            "--max-tokens",
+            "3",
+            "--submission",
+            str(folder),
+            "--json",
+            "--figures",
+            str(tmp_path),
+        ]
+        return subprocess.run([sys.executable, "-m", "grader.cli", *command], cwd=release.student, env=env, capture_output=True, text=True)
 
     out = run(stubs)
-    assert out.returncode == 1 and "do not pass their public checks yet: ch15.1 embedding_lookup, ch15.2 linear" \
-        in out.stderr, out.stderr
+    assert out.returncode == 1 and "do not pass their public checks yet: ch15.1 embedding_lookup, ch15.2 linear" in out.stderr, out.stderr
     out = run(mine)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
@@ -272,10 +297,11 @@ def perturbed_submission(ch, folder: Path) -> Path:
 def test_replayed_answers_grade_and_explain_like_the_reference(ch, tmp_path):
     answers = record_answers(ch)
     replay = reference.factory(None, answers)
-    with as_in_a_release():     # what the hidden side computes must come from the recording there
+    with as_in_a_release():  # what the hidden side computes must come from the recording there
         solved = check(ch.id, solutions=True, hidden=False, figures_dir=None, refs=replay)
-    assert [r.status for r in solved.results] == ["passed"] * len(solved.results), \
-        [(r.name, r.message) for r in solved.results if r.status != "passed"]
+    assert [r.status for r in solved.results] == ["passed"] * len(solved.results), [
+        (r.name, r.message) for r in solved.results if r.status != "passed"
+    ]
     wrong = perturbed_submission(ch, tmp_path)
     here = check(ch.id, submission=wrong, hidden=False, figures_dir=None)
     with as_in_a_release():
@@ -284,4 +310,5 @@ def test_replayed_answers_grade_and_explain_like_the_reference(ch, tmp_path):
     for a, b in zip(here.results, there.results):
         assert (b.name, b.status, b.message) == (a.name, a.status, a.message), (
             f"{ch.id} {a.task} {a.name}: in a release, explanations may only use reference answers computed "
-            "before the comparison (the release replays t.ref)")
+            "before the comparison (the release replays t.ref)"
+        )

@@ -50,35 +50,45 @@ HOSTILE = {
     "growing allocation": ("x = []\nwhile True:\n    x.append(bytearray(10**7))", "error", "ran out of memory"),
     "sys.exit": ("import sys\nsys.exit(3)", "error", "called sys.exit(3)"),
     "os._exit": ("import os\nos._exit(0)", "error", "ended the grading process with exit code 0"),
-    "output flood": ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", "error",
-                     "output limit was reached"),
+    "output flood": ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", "error", "output limit was reached"),
     "fake results on stdout and stderr": (
         "import sys, json\nprint(json.dumps({'score': 9, 'status': 'passed'}))\n"
         "print('✓ ch25.1 slot_mapping 5/5', file=sys.stderr)\nreturn torch.zeros(5, dtype=torch.int64)",
-        "failed", "yours: 0"),
+        "failed",
+        "yours: 0",
+    ),
     "patched comparisons": (
         "import builtins, numpy\ntorch.equal = lambda *a, **k: True\ntorch.allclose = lambda *a, **k: True\n"
         "torch.Tensor.__eq__ = lambda *a: torch.tensor(True)\nnumpy.array_equal = lambda *a, **k: True\n"
         "builtins.isinstance = lambda *a: True\nreturn torch.zeros(5, dtype=torch.int64)",
-        "failed", "yours: 0"),
+        "failed",
+        "yours: 0",
+    ),
     "an object equal to anything": (
-        "class Anything:\n    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\n"
-        "return Anything()", "failed", "yours: an object of type Anything"),
-    "importing the reference": ("from solutions.ch25_paged_kv import slot_mapping as ref\n"
-                                "return ref(block_table, positions, block_size)", "error", "not allowed while grading"),
+        "class Anything:\n    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\nreturn Anything()",
+        "failed",
+        "yours: an object of type Anything",
+    ),
+    "importing the reference": (
+        "from solutions.ch25_paged_kv import slot_mapping as ref\nreturn ref(block_table, positions, block_size)",
+        "error",
+        "not allowed while grading",
+    ),
     "reading the reference by path": (
         "import importlib.util, grader\nfrom pathlib import Path\n"
         "p = Path(grader.__file__).parent.parent / 'solutions' / 'ch25_paged_kv.py'\n"
         "spec = importlib.util.spec_from_file_location('r', p)\nm = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(m)\nreturn m.slot_mapping(block_table, positions, block_size)",
-        "error", "not allowed while grading"),
-    "a process left running": ("import subprocess\nsubprocess.Popen(['sleep', '300'])", "error",
-                               "left a process running"),
+        "error",
+        "not allowed while grading",
+    ),
+    "a process left running": ("import subprocess\nsubprocess.Popen(['sleep', '300'])", "error", "left a process running"),
     "an escaped daemon (double fork, setsid)": (
-        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(300)\n"
-        "    os._exit(0)\nos.wait()", "error", "left a process running"),
-    "a fork that returns twice": ("import os\nos.fork()\nreturn torch.zeros(5, dtype=torch.int64)", "error",
-                                  "left a process running"),
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(300)\n    os._exit(0)\nos.wait()",
+        "error",
+        "left a process running",
+    ),
+    "a fork that returns twice": ("import os\nos.fork()\nreturn torch.zeros(5, dtype=torch.int64)", "error", "left a process running"),
 }
 
 
@@ -103,9 +113,17 @@ def test_hostile_behaviour_costs_only_its_check(tmp_path, name, how, request):
         pytest.skip("only the sandbox keeps a submission from the reference's files")
     launcher = request.getfixturevalue("warm_students").start if how == "zygote" else FRESH
     started = time.monotonic()
-    report = check("ch25", submission=submission(tmp_path, code), task="ch25.1", hidden=False,
-                   time_limit=2.0, memory_limit=1 << 30, figures_dir=None, launcher=launcher,
-                   sandbox="bwrap" if how == "sandbox" else None)
+    report = check(
+        "ch25",
+        submission=submission(tmp_path, code),
+        task="ch25.1",
+        hidden=False,
+        time_limit=2.0,
+        memory_limit=1 << 30,
+        figures_dir=None,
+        launcher=launcher,
+        sandbox="bwrap" if how == "sandbox" else None,
+    )
     first, rest = report.results[0], report.results[1:]
     assert first.name.startswith("figure instance")
     assert (first.status, words in first.message) == (status, True), first.message
@@ -119,12 +137,16 @@ def test_hostile_behaviour_costs_only_its_check(tmp_path, name, how, request):
 def test_no_process_outlives_the_run(tmp_path):
     pidfile = tmp_path / "daemon.pid"
     code = HOSTILE["an escaped daemon (double fork, setsid)"][0].replace(
-        "time.sleep(300)", f"open({str(pidfile)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(300)")
+        "time.sleep(300)", f"open({str(pidfile)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(300)"
+    )
     check("ch25", submission=submission(tmp_path, code), task="ch25.1", hidden=False, figures_dir=None)
     pids = [int(line) for line in pidfile.read_text().split()]
     assert pids, "the daemon ran (and said its pid)"
-    alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()
-             and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"]
+    alive = [
+        pid
+        for pid in pids
+        if Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    ]
     assert not alive, f"the student's daemon {alive} outlived the run"
 
 
@@ -146,8 +168,9 @@ def test_a_module_that_hangs_on_import_times_out(tmp_path):
     assert "importing ch25_paged_kv.py did not finish" in report.results[0].message
     assert time.monotonic() - started < 15, "the import is timed out once, not once per check"
     assert all(r.import_failed for r in report.results)
-    assert all("importing ch25_paged_kv.py ran out of time" in r.message for r in report.results
-               if r.status == "not run"), "a check not run names the import as the reason, not a check"
+    assert all("importing ch25_paged_kv.py ran out of time" in r.message for r in report.results if r.status == "not run"), (
+        "a check not run names the import as the reason, not a check"
+    )
 
 
 def test_a_missing_function_is_named(tmp_path):
@@ -167,13 +190,18 @@ def test_a_missing_function_is_an_error_even_where_a_check_expects_an_exception(
 
 
 def test_a_missing_method_of_a_students_object_is_an_error(tmp_path):
-    (tmp_path / "ch25_paged_kv.py").write_text(
-        "class BlockManager:\n    def __init__(self, num_blocks, block_size):\n        pass\n")
+    (tmp_path / "ch25_paged_kv.py").write_text("class BlockManager:\n    def __init__(self, num_blocks, block_size):\n        pass\n")
     report = check("ch25", submission=tmp_path, task="ch25.3", hidden=False, figures_dir=None)
     assert {r.status for r in report.results} == {"error"}, [(r.status, r.message) for r in report.results]
     said = [r.message for r in report.results]
-    assert all(re.fullmatch(r"your (module has no function|BlockManager has no (method|attribute)) '\w+' "
-                            r"\(was it renamed or deleted\?\)", m) for m in said), said
+    assert all(
+        re.fullmatch(
+            r"your (module has no function|BlockManager has no (method|attribute)) '\w+' "
+            r"\(was it renamed or deleted\?\)",
+            m,
+        )
+        for m in said
+    ), said
     assert any(m.startswith("your BlockManager has no method") for m in said), said
 
 
@@ -186,9 +214,25 @@ def test_printing_is_allowed_and_shown(tmp_path):
 
 def test_json_output_is_one_document_whatever_the_student_prints(tmp_path):
     code = HOSTILE["fake results on stdout and stderr"][0]
-    out = subprocess.run([sys.executable, "-m", "grader.cli", "check", "ch25", "--task", "ch25.1", "--json",
-                          "--submission", str(submission(tmp_path, code)), "--figures", str(tmp_path / "f")],
-                         capture_output=True, text=True, cwd=tmp_path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grader.cli",
+            "check",
+            "ch25",
+            "--task",
+            "ch25.1",
+            "--json",
+            "--submission",
+            str(submission(tmp_path, code)),
+            "--figures",
+            str(tmp_path / "f"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     doc = json.loads(out.stdout)
     assert out.returncode == 1
     assert doc["tests"][0]["status"] == "failed" and doc["score"] < doc["max_score"]
@@ -215,8 +259,9 @@ def test_a_check_whose_oracle_package_is_missing_is_blocked_with_its_points():
             return ""
 
     spec = CheckSpec("ch25.1", "needs an oracle", lambda t: t.require("a_package_nobody_has"), True, points=2.0)
-    result = run_one(spec, "slot_mapping", session=NoStudent(), ref=None, seed=0, params={}, figures={}, time_limit=1.0,
-                     strays=lambda keep: [])
+    result = run_one(
+        spec, "slot_mapping", session=NoStudent(), ref=None, seed=0, params={}, figures={}, time_limit=1.0, strays=lambda keep: []
+    )
     assert (result.status, result.score, result.points) == ("blocked", 0.0, 2.0)
     assert "pip install -e '.[oracle]'" in result.message
 
@@ -231,7 +276,8 @@ def test_objects_stay_in_the_students_process_and_are_driven_by_handle(tmp_path)
         "class Counter:\n    def __init__(self, start):\n        self.n = start\n        self.log = []\n"
         "    def add(self, k, other=None):\n        self.n += k\n        self.log.append(k)\n        return other\n"
         "    @property\n    def twice(self):\n        return 2 * self.n\n\n"
-        "def slot_mapping(start):\n    return Counter(start)\n")
+        "def slot_mapping(start):\n    return Counter(start)\n"
+    )
     seen = {}
 
     def body(t):
@@ -244,9 +290,17 @@ def test_objects_stay_in_the_students_process_and_are_driven_by_handle(tmp_path)
     spawn = lambda **kw: start(root=ROOT, workdir=tmp_path, memory_limit=1 << 30, output_limit=OUTPUT_LIMIT, **kw)
     session = Session(tmp_path / "ch25_paged_kv.py", spawn=spawn, time_limit=10.0)
     try:
-        result = run_one(CheckSpec("ch25.1", "objects", body, False), "slot_mapping", session=session, ref=None,
-                         seed=0, params={}, figures={}, time_limit=10.0,
-                         strays=lambda keep: procs.kill_strays(procs.children() - keep))
+        result = run_one(
+            CheckSpec("ch25.1", "objects", body, False),
+            "slot_mapping",
+            session=session,
+            ref=None,
+            seed=0,
+            params={},
+            figures={},
+            time_limit=10.0,
+            strays=lambda keep: procs.kill_strays(procs.children() - keep),
+        )
     finally:
         session.close()
     assert {k: seen[k] for k in ("n", "log", "twice")} == {"n": 10, "log": [3, 2], "twice": 20}

@@ -32,8 +32,8 @@ from grader.run import check, solutions_module
 pytestmark = pytest.mark.slow  # grades submissions, builds releases or runs real tools: not in the fast loop
 
 CHAPTERS = chapters.all_chapters()
-PER_FUNCTION = 6          # instances per graded function (or reference driver) tried
-CALL_SECONDS = 2.0        # a candidate that runs longer is stopped and counts as failing
+PER_FUNCTION = 6  # instances per graded function (or reference driver) tried
+CALL_SECONDS = 2.0  # a candidate that runs longer is stopped and counts as failing
 SHIPPED_PACKAGES = ("grader.checks", "figures", "grader.lab")
 
 
@@ -45,10 +45,11 @@ class Instance:
     fn: str
     args: tuple
     kwargs: dict
-    answers: list          # the answer's parts that are not trivial (see `answer_parts`)
+    answers: list  # the answer's parts that are not trivial (see `answer_parts`)
 
 
 # -- what shipped code is -------------------------------------------------------------------------------------
+
 
 def shipped_functions() -> list[tuple[str, object]]:
     """(module:name, function) of every function defined in a shipped chapter module (checks, helpers,
@@ -60,13 +61,18 @@ def shipped_functions() -> list[tuple[str, object]]:
             name = f"{package}.{path.stem}"
             module = importlib.import_module(name)
             for attr, value in vars(module).items():
-                if inspect.isfunction(value) and value.__module__ == name and not hasattr(value, "__check__") \
-                        and not hasattr(value, "__experiment__"):
+                if (
+                    inspect.isfunction(value)
+                    and value.__module__ == name
+                    and not hasattr(value, "__check__")
+                    and not hasattr(value, "__experiment__")
+                ):
                     out.append((f"{name}:{attr}", value))
     return out
 
 
 # -- what an answer is ----------------------------------------------------------------------------------------
+
 
 def parts(value, out: list) -> list:
     """Every tensor, array, number, list and dict inside a value (the value itself included)."""
@@ -134,8 +140,7 @@ def answer_parts(value, args: tuple, kwargs: dict, after: tuple | None = None) -
     inputs = parts((args, kwargs), [])
     out = [p for p in parts(value, []) if not trivial(p, inputs)]
     if after is not None:
-        out += [a for a, b in zip(after, args) if isinstance(a, torch.Tensor) and not same(a, b)
-                and not trivial(a, inputs)]
+        out += [a for a, b in zip(after, args) if isinstance(a, torch.Tensor) and not same(a, b) and not trivial(a, inputs)]
     return out
 
 
@@ -155,6 +160,7 @@ def _leaves(value):
 
 
 # -- the public checks' instances -----------------------------------------------------------------------------
+
 
 class Spy(Live):
     """The reference, writing down every call of a graded function."""
@@ -203,10 +209,8 @@ def instances(ch) -> list[Instance]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(grader.authoring.trial.Trial, "_call", spy_run)
         patch.setattr(Live, "drive", spy_reference)
-        report = check(ch.id, solutions=True, hidden=False, figures_dir=None,
-                       refs=lambda key: Spy(module, ch.id, names, seen))
-    assert all(r.status == "passed" for r in report.results), [(r.name, r.message) for r in report.results
-                                                               if r.status != "passed"]
+        report = check(ch.id, solutions=True, hidden=False, figures_dir=None, refs=lambda key: Spy(module, ch.id, names, seen))
+    assert all(r.status == "passed" for r in report.results), [(r.name, r.message) for r in report.results if r.status != "passed"]
     kept, count = [], {}
     for inst in seen:
         if inst.answers and count.get(inst.fn, 0) < PER_FUNCTION:
@@ -217,12 +221,13 @@ def instances(ch) -> list[Instance]:
 
 # -- calling shipped code on them -----------------------------------------------------------------------------
 
+
 def call_forms(fn, inst: Instance, params: tuple[str, ...]) -> list[tuple[tuple, dict]]:
     """The ways `fn`'s signature can take the instance: as given, all positional in the graded function's
     parameter order, or by parameter name."""
     sig = inspect.signature(fn)
     forms = [(inst.args, inst.kwargs)]
-    ordered = list(inst.args) + [inst.kwargs[p] for p in params[len(inst.args):] if p in inst.kwargs]
+    ordered = list(inst.args) + [inst.kwargs[p] for p in params[len(inst.args) :] if p in inst.kwargs]
     if inst.kwargs and len(ordered) == len(inst.args) + len(inst.kwargs):
         forms.append((tuple(ordered), {}))
     named = dict(zip(params, inst.args)) | inst.kwargs
@@ -294,8 +299,10 @@ def test_the_scan_sees_the_shipped_code(functions):
 @pytest.mark.parametrize("ch", CHAPTERS, ids=[ch.id for ch in CHAPTERS])
 def test_no_shipped_function_computes_an_answer(ch, functions):
     found = answers_made_by_shipped_code(ch, functions)
-    assert not found, (f"{ch.id}: shipped code reproduces the reference's answers; move it to grader/hidden/ "
-                       f"(a hidden_model driver) or take the value from t.ref: {found}")
+    assert not found, (
+        f"{ch.id}: shipped code reproduces the reference's answers; move it to grader/hidden/ "
+        f"(a hidden_model driver) or take the value from t.ref: {found}"
+    )
 
 
 def test_the_scan_finds_a_closed_form_answer(functions):

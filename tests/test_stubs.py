@@ -42,12 +42,15 @@ def test_regions_become_todos_naming_the_task_and_size():
     compile(stub, "stub", "exec")
 
 
-@pytest.mark.parametrize("broken, why", [
-    (SOURCE.replace("    ### END SOLUTION\n\n\nclass", "\n\nclass"), "not closed"),
-    (SOURCE.replace("Task ch99.1.", ""), "not inside a function or class marked"),
-    (SOURCE + "### BEGIN SOLUTION\nZ = 1\n### END SOLUTION\n", "inside a function"),
-    (SOURCE + "### END SOLUTION\n", "without"),
-])
+@pytest.mark.parametrize(
+    "broken, why",
+    [
+        (SOURCE.replace("    ### END SOLUTION\n\n\nclass", "\n\nclass"), "not closed"),
+        (SOURCE.replace("Task ch99.1.", ""), "not inside a function or class marked"),
+        (SOURCE + "### BEGIN SOLUTION\nZ = 1\n### END SOLUTION\n", "inside a function"),
+        (SOURCE + "### END SOLUTION\n", "without"),
+    ],
+)
 def test_malformed_regions_are_refused(broken, why):
     with pytest.raises(StubError, match=why):
         make_stub(broken, "ch99")
@@ -56,7 +59,7 @@ def test_malformed_regions_are_refused(broken, why):
 def test_two_functions_may_share_a_task():
     from grader.chapters import parse
 
-    source = SOURCE.replace("class G:\n    \"\"\"A class task. Task ch99.2.\"\"\"", "class G:\n    \"\"\"The same task. Task ch99.1.\"\"\"")
+    source = SOURCE.replace('class G:\n    """A class task. Task ch99.2."""', 'class G:\n    """The same task. Task ch99.1."""')
     ch = parse(source, "ch99", "demo")
     assert [(t.id, t.names) for t in ch.tasks] == [("ch99.1", ("f", "G"))]
     assert ch.tasks[0].label == "ch99.1 f, G" and ch.task("G") is ch.tasks[0]
@@ -64,11 +67,13 @@ def test_two_functions_may_share_a_task():
 
 
 def test_a_task_in_several_places_is_estimated_over_all_of_them():
-    source = SOURCE.replace('''    def method(self):
+    source = SOURCE.replace(
+        """    def method(self):
         ### BEGIN SOLUTION
         return 1
         ### END SOLUTION
-''', '''    def __init__(self):
+""",
+        """    def __init__(self):
         ### BEGIN SOLUTION
         self.x = 1
         ### END SOLUTION
@@ -80,7 +85,8 @@ def test_a_task_in_several_places_is_estimated_over_all_of_them():
         z = y + 1
         return z
         ### END SOLUTION
-''')
+""",
+    )
     stub = make_stub(source, "ch99")
     # 1 line in __init__ and 3 in method: both TODOs and both errors speak of the task's 4
     assert stub.count('raise NotImplementedError("ch99.2 G: not implemented yet (about 4 lines)")') == 2

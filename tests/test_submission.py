@@ -32,7 +32,7 @@ from grader.delivery.submission import (
 
 CH17 = chapters.find("ch17")
 SOLUTION = (chapters.SOLUTIONS / CH17.filename).read_bytes()
-SHAPE = "a list of cells, each with a \"source\" string or list of strings"
+SHAPE = 'a list of cells, each with a "source" string or list of strings'
 
 
 def code_cell(source) -> dict:
@@ -104,18 +104,21 @@ def test_bytes_that_are_not_utf8_are_a_clear_error():
 
 
 # -- notebooks ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("text, words", [
-    ("{}", 'it has no "cells"'),
-    ("[]", "it is a list, not a JSON object"),
-    ("3", "it is a number, not a JSON object"),
-    ('{"cells": {}}', 'its "cells" is an object'),
-    ('{"cells": NaN}', 'its "cells" is NaN'),
-    ('{"cells": [1, 2]}', "cell 1 is a number, not a JSON object"),
-    ('{"cells": [{"cell_type": "code", "source": null}]}', 'the "source" of code cell 1 is null'),
-    ('{"cells": [{"cell_type": "code", "source": [1, 2]}]}', 'the "source" of code cell 1 is a list holding a number'),
-    ('{"cells": [{"cell_type": "code"}]}', 'the "source" of code cell 1 is missing'),
-    ("[" * 100_000 + "]" * 100_000, "nested too deeply to read (RecursionError)"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("{}", 'it has no "cells"'),
+        ("[]", "it is a list, not a JSON object"),
+        ("3", "it is a number, not a JSON object"),
+        ('{"cells": {}}', 'its "cells" is an object'),
+        ('{"cells": NaN}', 'its "cells" is NaN'),
+        ('{"cells": [1, 2]}', "cell 1 is a number, not a JSON object"),
+        ('{"cells": [{"cell_type": "code", "source": null}]}', 'the "source" of code cell 1 is null'),
+        ('{"cells": [{"cell_type": "code", "source": [1, 2]}]}', 'the "source" of code cell 1 is a list holding a number'),
+        ('{"cells": [{"cell_type": "code"}]}', 'the "source" of code cell 1 is missing'),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply to read (RecursionError)"),
+    ],
+)
 def test_every_shape_but_nbformats_names_the_convention(text, words):
     with pytest.raises(SubmissionError) as e:
         notebook_cells(text.encode(), "ch17.ipynb")
@@ -134,8 +137,7 @@ def test_a_lone_surrogate_in_a_cell_is_a_clear_error():
 
 def test_only_code_cells_count_against_the_bound():
     outputs = [{"output_type": "stream", "name": "stdout", "text": "x" * (3 << 20)}]
-    nb = {"cells": [{"cell_type": "markdown", "source": "y" * (3 << 20)},
-                    dict(code_cell(["a = 1\n", "b = 2\n"]), outputs=outputs)]}
+    nb = {"cells": [{"cell_type": "markdown", "source": "y" * (3 << 20)}, dict(code_cell(["a = 1\n", "b = 2\n"]), outputs=outputs)]}
     assert notebook_cells(b"\xef\xbb\xbf" + json.dumps(nb).encode(), "ch17.ipynb") == ["a = 1\nb = 2\n"]
     with pytest.raises(SubmissionError, match="code cells hold over 1 MiB of code"):
         notebook_cells(json.dumps({"cells": [code_cell("#" * (MAX_MODULE_BYTES + 1))]}).encode(), "ch17.ipynb")
@@ -160,12 +162,15 @@ def test_cells_of_reads_through_grader_submission(tmp_path):
 
 
 # -- compiling --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("source, words", [
-    ("x = " + "-" * 100_000 + "1", "MemoryError"),
-    ("x = " + " + ".join(["1"] * 100_000), "RecursionError"),
-    ("x = 1\0\n", "contains a NUL byte"),
-    ("def causal_mask(:\n", "does not parse: SyntaxError at line 1"),
-])
+@pytest.mark.parametrize(
+    "source, words",
+    [
+        ("x = " + "-" * 100_000 + "1", "MemoryError"),
+        ("x = " + " + ".join(["1"] * 100_000), "RecursionError"),
+        ("x = 1\0\n", "contains a NUL byte"),
+        ("def causal_mask(:\n", "does not parse: SyntaxError at line 1"),
+    ],
+)
 def test_a_module_python_cannot_compile_is_one_clear_error(source, words):
     with pytest.raises(SubmissionError, match=words):
         compile_module(source, "m.py", "m.py")
@@ -217,16 +222,14 @@ LAYOUTS = {  # files of a student's folder: (the path found, found under another
     "notebook": ({"ch25.ipynb": "{}"}, ("ch25.ipynb",), False),
     "notebook named as the module": ({"ch25_paged_kv.ipynb": "{}"}, ("ch25_paged_kv.ipynb",), False),
     "the module wins over a notebook": ({CH25.filename: SOLUTION25, "ch25.ipynb": "{}"}, (CH25.filename,), False),
-    "one folder down (LMS)": ({f"ch25/{CH25.filename}": SOLUTION25, "ch25/README.md": "x"},
-                              ("ch25", CH25.filename), False),
+    "one folder down (LMS)": ({f"ch25/{CH25.filename}": SOLUTION25, "ch25/README.md": "x"}, ("ch25", CH25.filename), False),
     "one folder down, any name": ({f"my work/{CH25.filename}": SOLUTION25}, ("my work", CH25.filename), False),
     "the top wins over one down": ({CH25.filename: SOLUTION25, f"old/{CH25.filename}": "x"}, (CH25.filename,), False),
     "misnamed: the chapter id": ({"ch25.py": SOLUTION25, "notes.txt": "x"}, ("ch25.py",), True),
     "misnamed: the slug": ({"paged_kv.py": SOLUTION25}, ("paged_kv.py",), True),
     "misnamed: a copy's name": ({"CH25 (1).ipynb": "{}"}, ("CH25 (1).ipynb",), True),
     "misnamed, one folder down": ({"ch25/paged-kv.py": SOLUTION25}, ("ch25", "paged-kv.py"), True),
-    "checkpoints are not searched": ({"ch25.py": SOLUTION25, ".ipynb_checkpoints/ch25-checkpoint.ipynb": "{}"},
-                                     ("ch25.py",), True),
+    "checkpoints are not searched": ({"ch25.py": SOLUTION25, ".ipynb_checkpoints/ch25-checkpoint.ipynb": "{}"}, ("ch25.py",), True),
 }
 
 
@@ -237,19 +240,34 @@ def test_each_accepted_layout_finds_the_answer(tmp_path, case):
     assert (found.path, found.renamed) == (path, renamed)
 
 
-@pytest.mark.parametrize("name, names_it", [
-    ("ch25.py", True), ("CH25-v2.py", True), ("ch25 (1).ipynb", True), ("paged_kv.py", True),
-    ("Paged-KV (2).py", True), ("paged_kv_old.py", True),
-    ("ch250.py", False), ("ch2.py", False), ("ch24.py", False), ("solution.py", False), ("kv.py", False),
-    ("my_paged_kv.py", False)])
+@pytest.mark.parametrize(
+    "name, names_it",
+    [
+        ("ch25.py", True),
+        ("CH25-v2.py", True),
+        ("ch25 (1).ipynb", True),
+        ("paged_kv.py", True),
+        ("Paged-KV (2).py", True),
+        ("paged_kv_old.py", True),
+        ("ch250.py", False),
+        ("ch2.py", False),
+        ("ch24.py", False),
+        ("solution.py", False),
+        ("kv.py", False),
+        ("my_paged_kv.py", False),
+    ],
+)
 def test_a_misnamed_file_counts_only_when_its_name_names_the_chapter(name, names_it):
     assert names_chapter(name, CH25) is names_it
 
 
-@pytest.mark.parametrize("files, doubt", [
-    ({f"a/{CH25.filename}": "x", f"b/{CH25.filename}": "x"}, [f"a/{CH25.filename}", f"b/{CH25.filename}"]),
-    ({"ch25.py": "x", "work/paged_kv.py": "x"}, ["ch25.py", "work/paged_kv.py"]),
-])
+@pytest.mark.parametrize(
+    "files, doubt",
+    [
+        ({f"a/{CH25.filename}": "x", f"b/{CH25.filename}": "x"}, [f"a/{CH25.filename}", f"b/{CH25.filename}"]),
+        ({"ch25.py": "x", "work/paged_kv.py": "x"}, ["ch25.py", "work/paged_kv.py"]),
+    ],
+)
 def test_two_candidates_on_one_rung_are_not_guessed_between(tmp_path, files, doubt):
     with pytest.raises(SubmissionError) as e:
         located(make_files(tmp_path / "bob", files))
@@ -258,16 +276,30 @@ def test_two_candidates_on_one_rung_are_not_guessed_between(tmp_path, files, dou
 
 
 def test_nothing_found_says_what_was_expected_and_what_is_there(tmp_path):
-    folder = make_files(tmp_path / "gina", {"notes.txt": "x", "ch25_paged_kv.txt": "x", "work/main.py": "x",
-                                            "solution.py": "x", ".ipynb_checkpoints/ch25-checkpoint.ipynb": "{}"})
+    folder = make_files(
+        tmp_path / "gina",
+        {
+            "notes.txt": "x",
+            "ch25_paged_kv.txt": "x",
+            "work/main.py": "x",
+            "solution.py": "x",
+            ".ipynb_checkpoints/ch25-checkpoint.ipynb": "{}",
+        },
+    )
     (folder / "linked").symlink_to(tmp_path)
     with pytest.raises(SubmissionError) as e:
         located(folder)
     message = str(e.value)
     assert message.startswith(f"no {CH25.filename} or ch25.ipynb in gina/, nor one folder down; found: ")
-    for words in ("ch25_paged_kv.txt (rename it ch25_paged_kv.py)", "notes.txt", "solution.py", "work/ (main.py)",
-                  "linked (a symbolic link, not followed)", "not searched: .ipynb_checkpoints/",
-                  f"name your file {CH25.filename} (or your notebook ch25.ipynb)"):
+    for words in (
+        "ch25_paged_kv.txt (rename it ch25_paged_kv.py)",
+        "notes.txt",
+        "solution.py",
+        "work/ (main.py)",
+        "linked (a symbolic link, not followed)",
+        "not searched: .ipynb_checkpoints/",
+        f"name your file {CH25.filename} (or your notebook ch25.ipynb)",
+    ):
         assert words in message, (words, message)
 
 
@@ -330,13 +362,16 @@ def zip_answer(path: Path, ch=CH25):
         os.close(fd)
 
 
-@pytest.mark.parametrize("members, member", [
-    ({CH25.filename: SOLUTION25}, CH25.filename),
-    ({f"alice/{CH25.filename}": SOLUTION25, "alice/README": "x"}, f"alice/{CH25.filename}"),  # one top folder
-    ({f"alice/ch25/{CH25.filename}": SOLUTION25, "__MACOSX/alice/._x": "junk"}, f"alice/ch25/{CH25.filename}"),
-    ({f"ch25\\{CH25.filename}": SOLUTION25}, f"ch25\\{CH25.filename}"),  # a Windows tool's separators
-    ({"work/ch25.py": SOLUTION25, "notes.txt": "x"}, "work/ch25.py"),
-])
+@pytest.mark.parametrize(
+    "members, member",
+    [
+        ({CH25.filename: SOLUTION25}, CH25.filename),
+        ({f"alice/{CH25.filename}": SOLUTION25, "alice/README": "x"}, f"alice/{CH25.filename}"),  # one top folder
+        ({f"alice/ch25/{CH25.filename}": SOLUTION25, "__MACOSX/alice/._x": "junk"}, f"alice/ch25/{CH25.filename}"),
+        ({f"ch25\\{CH25.filename}": SOLUTION25}, f"ch25\\{CH25.filename}"),  # a Windows tool's separators
+        ({"work/ch25.py": SOLUTION25, "notes.txt": "x"}, "work/ch25.py"),
+    ],
+)
 def test_a_zip_is_read_in_any_accepted_layout_without_extracting(tmp_path, monkeypatch, members, member):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
@@ -348,13 +383,16 @@ def test_a_zip_is_read_in_any_accepted_layout_without_extracting(tmp_path, monke
     assert list(scratch.iterdir()) == []  # the private copy of the one member is gone
 
 
-@pytest.mark.parametrize("members, links, words", [
-    ({"/etc/ch25_paged_kv.py": "x"}, (), "an absolute path"),
-    ({"C:/ch25_paged_kv.py": "x"}, (), "an absolute path"),
-    ({"../ch25_paged_kv.py": "x"}, (), "a path that leaves the zip (..)"),
-    ({"a\\..\\..\\ch25_paged_kv.py": "x"}, (), "a path that leaves the zip (..)"),
-    ({"notes.txt": "x"}, ("ch25_paged_kv.py",), "a symbolic link: a zip may hold files and folders only"),
-])
+@pytest.mark.parametrize(
+    "members, links, words",
+    [
+        ({"/etc/ch25_paged_kv.py": "x"}, (), "an absolute path"),
+        ({"C:/ch25_paged_kv.py": "x"}, (), "an absolute path"),
+        ({"../ch25_paged_kv.py": "x"}, (), "a path that leaves the zip (..)"),
+        ({"a\\..\\..\\ch25_paged_kv.py": "x"}, (), "a path that leaves the zip (..)"),
+        ({"notes.txt": "x"}, ("ch25_paged_kv.py",), "a symbolic link: a zip may hold files and folders only"),
+    ],
+)
 def test_a_zip_with_a_hostile_member_is_refused_whole(tmp_path, members, links, words):
     zipped = make_zip(tmp_path / "alice.zip", members, links=links)
     with pytest.raises(SubmissionError) as e:
@@ -372,15 +410,19 @@ def test_a_zip_holding_a_name_twice_is_refused(tmp_path):
         zip_answer(zipped)
 
 
-@pytest.mark.parametrize("bound, words", [
-    ("MAX_ZIP_BYTES", "over the 1 KiB a student's zip may have"),
-    ("MAX_ZIP_MEMBERS", "holds 3 files and folders, over the 2 a student's zip may have"),
-    ("MAX_ZIP_DIRECTORY_BYTES", "has a list of files of"),
-    ("MAX_ZIP_UNPACKED", "would unpack to"),
-])
+@pytest.mark.parametrize(
+    "bound, words",
+    [
+        ("MAX_ZIP_BYTES", "over the 1 KiB a student's zip may have"),
+        ("MAX_ZIP_MEMBERS", "holds 3 files and folders, over the 2 a student's zip may have"),
+        ("MAX_ZIP_DIRECTORY_BYTES", "has a list of files of"),
+        ("MAX_ZIP_UNPACKED", "would unpack to"),
+    ],
+)
 def test_each_zip_bound_is_checked_before_anything_is_decompressed(tmp_path, monkeypatch, bound, words):
-    monkeypatch.setattr(layout, bound, {"MAX_ZIP_BYTES": 1024, "MAX_ZIP_MEMBERS": 2, "MAX_ZIP_DIRECTORY_BYTES": 100,
-                                        "MAX_ZIP_UNPACKED": 1 << 20}[bound])
+    monkeypatch.setattr(
+        layout, bound, {"MAX_ZIP_BYTES": 1024, "MAX_ZIP_MEMBERS": 2, "MAX_ZIP_DIRECTORY_BYTES": 100, "MAX_ZIP_UNPACKED": 1 << 20}[bound]
+    )
     zipped = make_zip(tmp_path / "alice.zip", {CH25.filename: SOLUTION25, "a.txt": "x" * (1 << 20), "b.txt": "y"})
     assert zipped.stat().st_size > 1024  # the solution does not compress below the bound
     with pytest.raises(SubmissionError, match=re.escape(words)):
@@ -413,17 +455,20 @@ def test_an_encrypted_or_damaged_member_is_that_zips_error(tmp_path):
     with pytest.raises(SubmissionError, match=f"^alice.zip: {CH25.filename} cannot be read from the zip .*zip it again"):
         zip_answer(tmp_path / "damaged" / "alice.zip")
     central = data.rindex(b"PK\x01\x02")  # the encryption flag, as the central directory gives it
-    data[central + 8:central + 10] = (info.flag_bits | 1).to_bytes(2, "little")
+    data[central + 8 : central + 10] = (info.flag_bits | 1).to_bytes(2, "little")
     zipped.write_bytes(bytes(data))
     with pytest.raises(SubmissionError, match="is encrypted: zip it without a password"):
         zip_answer(zipped)
 
 
-@pytest.mark.parametrize("make, words", [
-    (lambda p: p.write_bytes(b"PK\x03\x04 not really a zip"), "is not a zip file (it has no end of central directory"),
-    (lambda p: p.symlink_to(chapters.SOLUTIONS / CH25.filename), "is a symbolic link: links are never followed"),
-    (lambda p: os.mkfifo(p), "is a FIFO (named pipe), not a zip file"),
-])
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda p: p.write_bytes(b"PK\x03\x04 not really a zip"), "is not a zip file (it has no end of central directory"),
+        (lambda p: p.symlink_to(chapters.SOLUTIONS / CH25.filename), "is a symbolic link: links are never followed"),
+        (lambda p: os.mkfifo(p), "is a FIFO (named pipe), not a zip file"),
+    ],
+)
 def test_what_is_not_a_readable_zip_is_one_clear_error(tmp_path, make, words):
     make(tmp_path / "alice.zip")
     with pytest.raises(SubmissionError, match=re.escape(words)):

@@ -26,8 +26,7 @@ HINT = "hint: keep the diagonal: the output at position i predicts token i + 1 a
 
 def failing(name: str, message: str, *, task: str = "ch17.1", status: str = "failed", **kw) -> CheckResult:
     """A failed check of ch17 worth one point."""
-    return CheckResult(task, "causal_mask" if task == "ch17.1" else "causal_mask_with_offset", name, False, 1.0,
-                       status, message, **kw)
+    return CheckResult(task, "causal_mask" if task == "ch17.1" else "causal_mask_with_offset", name, False, 1.0, status, message, **kw)
 
 
 def passing(name: str, task: str = "ch17.1") -> CheckResult:
@@ -35,8 +34,7 @@ def passing(name: str, task: str = "ch17.1") -> CheckResult:
     return CheckResult(task, "causal_mask", name, False, 1.0, "passed")
 
 
-def shown(capsys, results: list[CheckResult], *, verbose: bool = False, width: int = 0, report: Report | None = None
-          ) -> str:
+def shown(capsys, results: list[CheckResult], *, verbose: bool = False, width: int = 0, report: Report | None = None) -> str:
     """What the terminal report prints for `results` (no header, not a terminal), styles removed."""
     screen = TerminalReport(CH17, "t", verbose=verbose, header=False, width=width, tty=False)
     for r in results:
@@ -76,8 +74,7 @@ def test_control_characters_from_the_student_are_escaped():
 
 def test_identical_diagnoses_are_explained_once_and_the_budget_goes_to_different_ones(capsys):
     same = [failing(f"case {i}", f"inputs: num_tokens={i}\nyour row 0 sees no key at all\n{HINT}") for i in range(4)]
-    different = failing("a negative length raises ValueError", "causal_mask should raise ValueError; yours returned a "
-                        "bool tensor [0, 0]")
+    different = failing("a negative length raises ValueError", "causal_mask should raise ValueError; yours returned a bool tensor [0, 0]")
     out = shown(capsys, [*same, passing("an empty sequence"), different])
     assert out.count(HINT) == 1
     assert "inputs: num_tokens=0" in out and "inputs: num_tokens=1" not in out
@@ -99,17 +96,22 @@ def test_failures_beyond_the_budget_are_counted_in_good_grammar(capsys, extra):
 
 def test_the_same_exception_at_the_same_line_is_one_diagnosis(capsys):
     where = "\n    at ch17_causal_masks.py:7 in causal_mask: return m[num_tokens]"
-    results = [failing(f"n={n}", f"causal_mask raised IndexError: index {n} is out of bounds for dimension 0 with "
-                       f"size {n}{where}", status="error") for n in (6, 1, 0)]
+    results = [
+        failing(f"n={n}", f"causal_mask raised IndexError: index {n} is out of bounds for dimension 0 with size {n}{where}", status="error")
+        for n in (6, 1, 0)
+    ]
     out = shown(capsys, [*results, passing("fine")])
     assert out.count("raised IndexError") == 1 and "(same for 2 more checks: “n=1” and “n=0”)" in out
 
 
 def test_an_import_failure_is_reported_once_for_the_chapter(capsys):
-    message = ("importing ch17_causal_masks.py raised SyntaxError: unmatched ')' (ch17_causal_masks.py, line 7)\n"
-               "    at ch17_causal_masks.py:7 in <module>: S = num_cached + num_new)")
-    results = [failing(f"check {i}", message, task=task, status="error", import_failed=True)
-               for task in ("ch17.1", "ch17.2") for i in range(3)]
+    message = (
+        "importing ch17_causal_masks.py raised SyntaxError: unmatched ')' (ch17_causal_masks.py, line 7)\n"
+        "    at ch17_causal_masks.py:7 in <module>: S = num_cached + num_new)"
+    )
+    results = [
+        failing(f"check {i}", message, task=task, status="error", import_failed=True) for task in ("ch17.1", "ch17.2") for i in range(3)
+    ]
     out = shown(capsys, results)
     assert out.count("SyntaxError") == 1 and out.count("S = num_cached + num_new)") == 1
     assert out.index("could not be imported, so no check could run") < out.index("ch17.1 causal_mask")
@@ -127,8 +129,7 @@ def test_a_task_failing_every_check_alike_says_it_on_its_line(capsys):
 def test_printed_output_is_shown_as_indented_lines_bounded(capsys):
     rows = [f"debug row {i}" for i in range(PRINTED_LINES + 4)]
     rows[0] += "\x1b[2J"  # a terminal escape: shown escaped, never sent to the terminal
-    out = shown(capsys, [failing("x", "causal_mask raised IndexError: index 6", status="error",
-                                 printed="\n".join(rows) + "\n")])
+    out = shown(capsys, [failing("x", "causal_mask raised IndexError: index 6", status="error", printed="\n".join(rows) + "\n")])
     lines = out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.strip() == "your code printed:")
     indent = lines[head].index("your")
@@ -168,9 +169,17 @@ def test_the_running_check_is_named_after_slow_seconds_on_a_terminal(capsys):
 
 def test_the_footer_says_which_half_the_score_is_and_what_became_of_each_figure(capsys):
     results = [passing("a"), failing("b", "wrong")]
-    report = Report(CH17, "t", 0, results, hidden_not_run=14,
-                    figures=["/x/ch17/ch17-causal-mask.svg"], marked=["/x/ch17/ch17-causal-mask.svg"],
-                    undrawn={"ch17-offset-mask": "waits for ch17.2"}, removed=["/x/ch17/ch17-offset-mask.svg"])
+    report = Report(
+        CH17,
+        "t",
+        0,
+        results,
+        hidden_not_run=14,
+        figures=["/x/ch17/ch17-causal-mask.svg"],
+        marked=["/x/ch17/ch17-causal-mask.svg"],
+        undrawn={"ch17-offset-mask": "waits for ch17.2"},
+        removed=["/x/ch17/ch17-offset-mask.svg"],
+    )
     out = shown(capsys, results, report=report)
     assert "score 1/2 on the public checks · 14 hidden checks run at grading time" in out
     assert "· figures (your wrong values marked): /x/ch17/ch17-causal-mask.svg" in out
@@ -182,7 +191,7 @@ def test_the_footer_says_which_half_the_score_is_and_what_became_of_each_figure(
     assert "· figures: /x/ch17/ch17-causal-mask.svg\n" in out and "wrong values marked" not in out
 
 
-SLOW_MASK = '''
+SLOW_MASK = """
 import time
 import torch
 
@@ -192,7 +201,7 @@ def causal_mask(num_tokens):
     if not slept:  # the first check only (the figure instance)
         slept.append(time.sleep({seconds}))
     return torch.ones(num_tokens, num_tokens, dtype=torch.bool).tril()
-'''
+"""
 
 
 @pytest.mark.slow
@@ -201,9 +210,28 @@ def test_a_pseudo_terminal_shows_the_running_check(tmp_path):
     (tmp_path / "ch17_causal_masks.py").write_text(SLOW_MASK.replace("{seconds}", str(SLOW + 1.5)))
     main, child = pty.openpty()
     env = {**os.environ, "COLUMNS": "100", "COURSE_STATE_DIR": str(tmp_path / "state")}
-    proc = subprocess.Popen([sys.executable, "-m", "grader.cli", "check", "ch17", "--task", "ch17.1", "--no-hidden",
-                             "--submission", str(tmp_path), "--no-sandbox", "--figures", str(tmp_path / "f")],
-                            stdin=subprocess.DEVNULL, stdout=child, stderr=child, cwd=tmp_path, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "grader.cli",
+            "check",
+            "ch17",
+            "--task",
+            "ch17.1",
+            "--no-hidden",
+            "--submission",
+            str(tmp_path),
+            "--no-sandbox",
+            "--figures",
+            str(tmp_path / "f"),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=child,
+        stderr=child,
+        cwd=tmp_path,
+        env=env,
+    )
     os.close(child)
     out, deadline = b"", time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -15,8 +15,13 @@ from grader.authoring.compare import same
 from grader.isolation import frames, wire
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text() | st.binary()
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
-                      | st.dictionaries(st.text(max_size=5) | st.integers(), inner, max_size=4), max_leaves=20)
+values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.tuples(inner, inner) | st.dictionaries(st.text(max_size=5) | st.integers(), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
 
 
 def roundtrip(value, **kw):
@@ -36,8 +41,9 @@ def test_plain_values_roundtrip_exactly(value):
     assert same(roundtrip(value), value)
 
 
-@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16,
-                                   torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    "dtype", [torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32, torch.float64]
+)
 @pytest.mark.parametrize("shape", [(), (0,), (3,), (2, 0, 4), (2, 3, 4)])
 def test_tensors_roundtrip_with_dtype_and_shape(dtype, shape):
     x = (torch.randn(shape) * 10).to(dtype)
@@ -67,10 +73,16 @@ def test_other_objects_stay_behind_as_handles():
         wire.encode(Anything())
 
 
-@pytest.mark.parametrize("tree", [{"$": "tensor", "dtype": "float32", "shape": [4], "buf": 0},
-                                  {"$": "tensor", "dtype": "object", "shape": [1], "buf": 0},
-                                  {"$": "tensor", "dtype": "float32", "shape": [-1], "buf": 0},
-                                  {"$": "pickle", "buf": 0}, {"$": "bytes", "buf": 7}])
+@pytest.mark.parametrize(
+    "tree",
+    [
+        {"$": "tensor", "dtype": "float32", "shape": [4], "buf": 0},
+        {"$": "tensor", "dtype": "object", "shape": [1], "buf": 0},
+        {"$": "tensor", "dtype": "float32", "shape": [-1], "buf": 0},
+        {"$": "pickle", "buf": 0},
+        {"$": "bytes", "buf": 7},
+    ],
+)
 def test_malformed_values_are_refused(tree):
     with pytest.raises(wire.WireError):
         wire.decode(tree, [b"\x00" * 8])
@@ -80,6 +92,7 @@ def test_a_closed_pipe_and_a_silent_pipe_are_told_apart():
     r, w = os.pipe()
     with pytest.raises(frames.WireTimeout):
         import time
+
         frames.read_frame(r, deadline=time.monotonic() + 0.05)
     os.close(w)
     with pytest.raises(frames.WireClosed):
@@ -94,4 +107,3 @@ def test_oversized_frames_are_refused():
         frames.read_frame(r, max_bytes=1000)
     os.close(r)
     os.close(w)
-

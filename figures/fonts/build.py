@@ -45,14 +45,21 @@ SOURCES = {
     "math-regular": ("usr/share/fonts/truetype/noto/NotoSansMath-Regular.ttf", None, "Course Math"),
     "symbols-regular": ("usr/share/fonts/truetype/noto/NotoSansSymbols2-Regular.ttf", None, "Course Symbols"),
 }
-DEBIAN = {"sans": "fonts-noto-cjk", "mono": "fonts-noto-mono", "latin": "fonts-noto-core",
-          "math": "fonts-noto-core", "symbols": "fonts-noto-core"}
+DEBIAN = {
+    "sans": "fonts-noto-cjk",
+    "mono": "fonts-noto-mono",
+    "latin": "fonts-noto-core",
+    "math": "fonts-noto-core",
+    "symbols": "fonts-noto-core",
+}
 
-EXTRA = ("−∞…·×÷±≈≠≤≥√∑∏∂∫⊙⊗→←↑↓↔⇒✓✗✔✘①②③④⑤⑥⑦⑧⑨⑩°′″§¶•–—‘’“”«»"
-         "αβγδεζηθικλμνξπρστυφχψωΔΘΛΞΠΣΦΨΩ"
-         "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁽⁾ⁿⁱ₀₁₂₃₄₅₆₇₈₉₊₋₍₎ₐₑₒₓₕₖₗₘₙₚₛₜᵢⱼᵀᵗ"
-         "■□▲△▼▽◆◇●○★☆ℓ"
-         "\u00a0\u3000，。、；：？！（）【】《》「」“”‘’…—")
+EXTRA = (
+    "−∞…·×÷±≈≠≤≥√∑∏∂∫⊙⊗→←↑↓↔⇒✓✗✔✘①②③④⑤⑥⑦⑧⑨⑩°′″§¶•–—‘’“”«»"
+    "αβγδεζηθικλμνξπρστυφχψωΔΘΛΞΠΣΦΨΩ"
+    "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁽⁾ⁿⁱ₀₁₂₃₄₅₆₇₈₉₊₋₍₎ₐₑₒₓₕₖₗₘₙₚₛₜᵢⱼᵀᵗ"
+    "■□▲△▼▽◆◇●○★☆ℓ"
+    "\u00a0\u3000，。、；：？！（）【】《》「」“”‘’…—"
+)
 
 
 def course_characters(extra: bool = True) -> set[str]:
@@ -61,8 +68,11 @@ def course_characters(extra: bool = True) -> set[str]:
     files, the chapters' titles,
     printable ASCII, and `EXTRA` unless `extra` is false."""
     chars = {chr(c) for c in range(0x20, 0x7F)} | (set(EXTRA) if extra else set())
-    for path in (sorted((ROOT / "figures").glob("*.py")) + sorted((ROOT / "grader" / "lab").glob("*.py"))
-                 + [ROOT / "grader" / "delivery" / "book.py"]):
+    for path in (
+        sorted((ROOT / "figures").glob("*.py"))
+        + sorted((ROOT / "grader" / "lab").glob("*.py"))
+        + [ROOT / "grader" / "delivery" / "book.py"]
+    ):
         chars |= _literals(path)
     for path in sorted((ROOT / "grader" / "lab" / "static").iterdir()):
         chars |= set(path.read_text(encoding="utf-8"))
@@ -77,11 +87,20 @@ def course_characters(extra: bool = True) -> set[str]:
 def _literals(path: Path) -> set[str]:
     """The characters of a module's string literals, its docstrings left out."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
-                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-    return {c for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
-            and id(node) not in docstrings for c in node.value}
+    docstrings = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    return {
+        c
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+        for c in node.value
+    }
 
 
 def _open(path: Path, face: str | None):
@@ -101,9 +120,9 @@ def _shipped(name: str, font, chars: set[str], family: str) -> bytes:
     from figures.typeface import DROP
 
     options = subset.Options()
-    options.layout_features = []          # no kerning or ligatures: widths are the sum of advances
+    options.layout_features = []  # no kerning or ligatures: widths are the sum of advances
     options.hinting = False
-    options.desubroutinize = True         # compresses better in WOFF2
+    options.desubroutinize = True  # compresses better in WOFF2
     options.name_IDs = [0, 1, 2, 3, 4, 5, 6, 13, 14]
     options.notdef_outline = True
     options.drop_tables += DROP
@@ -164,8 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, (rel, face, _) in SOURCES.items():
         path = args.root / rel
         if not path.is_file():
-            raise SystemExit(f"{path} is missing: apt-get install {DEBIAN[name.split('-')[0]]} "
-                             "(or extract it and pass --root)")
+            raise SystemExit(f"{path} is missing: apt-get install {DEBIAN[name.split('-')[0]]} (or extract it and pass --root)")
         fonts[name] = _open(path, face)
     chars = course_characters()
     claims = _claims(chars, fonts)

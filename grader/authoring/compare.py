@@ -101,21 +101,26 @@ def short(xs: Any, limit: int = 12) -> str:
     xs = list(xs)
     if len(xs) <= limit:
         return str(xs)
-    return f"[{', '.join(map(str, xs[:limit - 2]))}, … ({len(xs)} in all)]"
+    return f"[{', '.join(map(str, xs[: limit - 2]))}, … ({len(xs)} in all)]"
 
 
 def plural(n: int, word: str, words: str | None = None) -> str:
-    """"1 block", "3 blocks" ("2 indices" with `words`)."""
+    """ "1 block", "3 blocks" ("2 indices" with `words`)."""
     return f"{n} {word if n == 1 else words or word + 's'}"
 
 
-def expect_tensor(v: Any, *, what: str, shape: tuple[int, ...] | list[int] | None = None,
-                  dtype: torch.dtype | None = None) -> torch.Tensor:
+def expect_tensor(v: Any, *, what: str, shape: tuple[int, ...] | list[int] | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Require a tensor of the given shape and dtype; `what` names it ("slots")."""
-    want = " ".join(filter(None, [
-        f"a {len(shape)}-D" if shape is not None else "a",
-        str(dtype).removeprefix("torch.") if dtype is not None else "",
-        f"tensor of shape {list(shape)}" if shape is not None else "tensor"]))
+    want = " ".join(
+        filter(
+            None,
+            [
+                f"a {len(shape)}-D" if shape is not None else "a",
+                str(dtype).removeprefix("torch.") if dtype is not None else "",
+                f"tensor of shape {list(shape)}" if shape is not None else "tensor",
+            ],
+        )
+    )
     if not isinstance(v, torch.Tensor):
         raise CheckFailed(f"expected {what} as {want}; yours: {describe(v)}")
     if (shape is not None and list(v.shape) != list(shape)) or (dtype is not None and v.dtype != dtype):
@@ -126,9 +131,11 @@ def expect_tensor(v: Any, *, what: str, shape: tuple[int, ...] | list[int] | Non
 def expect_int(v: Any, *, what: str, hint: str = "") -> int:
     """Require a plain Python int (not a bool, a float or a tensor); `hint` ends the message if not."""
     if type(v) is not int:
-        raise CheckFailed(f"expected {what} as a Python int; yours: {describe(v)}"
-                          + ("  (use .item() to turn a one-element tensor into a number)"
-                             if isinstance(v, torch.Tensor) else "") + hint)
+        raise CheckFailed(
+            f"expected {what} as a Python int; yours: {describe(v)}"
+            + ("  (use .item() to turn a one-element tensor into a number)" if isinstance(v, torch.Tensor) else "")
+            + hint
+        )
     return v
 
 
@@ -156,8 +163,13 @@ def first_wrong(got: torch.Tensor, want: torch.Tensor, *, atol: float = 0.0, rto
 def same(a: Any, b: Any) -> bool:
     """Deep, exact equality of wire values (tensors compare dtype, shape and bits; NaN equals NaN)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
-                and a.shape == b.shape and not wrong_mask(a, b).any())
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and not wrong_mask(a, b).any()
+        )
     if type(a) is not type(b):
         return False
     if isinstance(a, np.ndarray):

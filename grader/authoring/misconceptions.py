@@ -77,8 +77,9 @@ class Mistakes:
         try:
             row = self.rows[id]
         except KeyError:
-            raise KeyError(f"{self.chapter_id} has no mistake {id!r} in its table "
-                           f"(grader/hidden/{self.chapter_id}_mistakes.py): {sorted(self.rows)}") from None
+            raise KeyError(
+                f"{self.chapter_id} has no mistake {id!r} in its table (grader/hidden/{self.chapter_id}_mistakes.py): {sorted(self.rows)}"
+            ) from None
         text = Hint(row.message, row.id)
         return text.format(**fields) if fields else text
 

@@ -89,8 +89,7 @@ class Recorder(_Reference):
         def call(*args: Any, **kwargs: Any) -> Any:
             before = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
             value = attr(*args, **kwargs)
-            changed = {str(i): _pack(a) for i, (a, b) in enumerate(zip(args, before))
-                       if b is not None and not same(a, b)}
+            changed = {str(i): _pack(a) for i, (a, b) in enumerate(zip(args, before)) if b is not None and not same(a, b)}
             self.calls.append({"fn": name, "value": _pack(value), "changed": changed})
             return value
 
@@ -105,9 +104,11 @@ class Replay(_Reference):
 
     def _take(self, name: str) -> dict:
         if self._next >= len(self._calls) or self._calls[self._next]["fn"] != name:
-            raise ReplayMiss("your answer differs from the expected one here; the step-by-step explanation "
-                             "needs the reference solution, which the student release does not carry "
-                             "(your graded feedback will have it)")
+            raise ReplayMiss(
+                "your answer differs from the expected one here; the step-by-step explanation "
+                "needs the reference solution, which the student release does not carry "
+                "(your graded feedback will have it)"
+            )
         self._next += 1
         return self._calls[self._next - 1]
 

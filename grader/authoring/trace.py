@@ -41,8 +41,10 @@ def expect_records(value: Any, *, what: str = "replay") -> list[dict]:
     """The student's trace as it must come back: a list of dicts, one per step (else CheckFailed, naming
     `what`, the provided function that made it)."""
     if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
-        raise CheckFailed(f"{what} should return a list of dicts, one per step; yours returned {describe_value(value)} "
-                          f"({what} is provided: keep it as it is)")
+        raise CheckFailed(
+            f"{what} should return a list of dicts, one per step; yours returned {describe_value(value)} "
+            f"({what} is provided: keep it as it is)"
+        )
     return value
 
 
@@ -57,9 +59,17 @@ def error_lines(record: dict) -> list[str]:
     return [f"your code raised {record['error']}"] + ([f"    at {where}"] if where else [])
 
 
-def compare_trace(yours: Any, expected: Sequence[dict], *, case: str, describe: Callable[[int], str],
-                  explain: Explain, what: str = "replay", partial: bool = False,
-                  beyond: Callable[[dict], str] | None = None) -> list[dict]:
+def compare_trace(
+    yours: Any,
+    expected: Sequence[dict],
+    *,
+    case: str,
+    describe: Callable[[int], str],
+    explain: Explain,
+    what: str = "replay",
+    partial: bool = False,
+    beyond: Callable[[dict], str] | None = None,
+) -> list[dict]:
     """Compare the student's trace with the expected one and raise the first difference, explained.
 
     Args:
@@ -103,8 +113,9 @@ def compare_trace(yours: Any, expected: Sequence[dict], *, case: str, describe: 
     if len(mine) > n:
         extra = mine[n]
         said = " ".join(error_lines(extra)) if raised(extra) else beyond(extra) if beyond else ""
-        raise CheckFailed(case, f"the reference's trace ends after step {n}; yours goes on to a step {n + 1}"
-                          + (f": {said}" if said else ""))
+        raise CheckFailed(
+            case, f"the reference's trace ends after step {n}; yours goes on to a step {n + 1}" + (f": {said}" if said else "")
+        )
     return mine
 
 
@@ -116,8 +127,9 @@ def documented(what: str = "replay", k: int | None = None) -> Iterator[None]:
         yield
     except MALFORMED as e:
         step = f" of step {k + 1}" if k is not None else ""
-        raise CheckFailed(f"your {what}'s record{step} is not in the documented form ({type(e).__name__}: {e}); "
-                          f"{what} is provided: keep it as it is") from None
+        raise CheckFailed(
+            f"your {what}'s record{step} is not in the documented form ({type(e).__name__}: {e}); {what} is provided: keep it as it is"
+        ) from None
 
 
 def walk(items: Iterator[Any]) -> Callable[[int], Any]:

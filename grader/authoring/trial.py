@@ -34,8 +34,9 @@ class Trial:
     repeated.
     """
 
-    def __init__(self, spec: CheckSpec, *, session: Session, ref: Any, seed: int,
-                 params: dict[str, tuple[str, ...]], figures: dict[str, dict]) -> None:
+    def __init__(
+        self, spec: CheckSpec, *, session: Session, ref: Any, seed: int, params: dict[str, tuple[str, ...]], figures: dict[str, dict]
+    ) -> None:
         self.spec, self.session, self.ref = spec, session, ref
         self.params, self.figures = params, figures
         mixed = zlib.crc32(f"{seed if spec.hidden else 0}:{spec.key}".encode())
@@ -48,8 +49,7 @@ class Trial:
         with _missing_is_an_error():
             return self._wrap(self.session.attributes(obj, list(names)))
 
-    def expect_raises(self, error: type[Exception], fn: StudentCallable, *args: Any, because: str,
-                      **kwargs: Any) -> None:
+    def expect_raises(self, error: type[Exception], fn: StudentCallable, *args: Any, because: str, **kwargs: Any) -> None:
         """Require `fn(*args)` (`t.yours.fn`, or a method of a `Remote`) to raise `error` (a builtin exception
         class) for the reason `because`."""
         try:
@@ -59,18 +59,17 @@ class Trial:
                 raise
             if e.is_a(error.__name__):
                 return
-            raise CheckFailed(f"{fn.label} should raise {error.__name__} because {because}; "
-                              f"yours raised {e.error.get('name')}: {e.error.get('message')}") from None
-        raise CheckFailed(f"{fn.label} should raise {error.__name__} because {because}; "
-                          f"yours returned {describe(value)} instead")
+            raise CheckFailed(
+                f"{fn.label} should raise {error.__name__} because {because}; yours raised {e.error.get('name')}: {e.error.get('message')}"
+            ) from None
+        raise CheckFailed(f"{fn.label} should raise {error.__name__} because {because}; yours returned {describe(value)} instead")
 
     def require(self, module: str, extra: str = "oracle") -> ModuleType:
         """Import an optional package an oracle check needs, or block the check (status "blocked")."""
         try:
             return importlib.import_module(module)
         except ImportError:
-            raise Blocked(f"needs the {module} package, which this installation lacks "
-                          f"(pip install -e '.[{extra}]')") from None
+            raise Blocked(f"needs the {module} package, which this installation lacks (pip install -e '.[{extra}]')") from None
 
     def figure(self, figure_id: str, **parts: Any) -> None:
         """Record data for a figure (tensors become nested lists); hidden checks draw nothing.
@@ -81,21 +80,22 @@ class Trial:
             return
         self.figures.setdefault(figure_id, {}).update({k: plain(v) for k, v in parts.items()})
 
-    def _call(self, target: str | tuple[Handle, str], label: str, args: tuple, kwargs: dict, *,
-              mutates: tuple[str, ...] = (), memory: int = 0) -> Call:
+    def _call(
+        self, target: str | tuple[Handle, str], label: str, args: tuple, kwargs: dict, *, mutates: tuple[str, ...] = (), memory: int = 0
+    ) -> Call:
         with _missing_is_an_error():
-            call = self.session.call(target, [_unwrap(a) for a in args], {k: _unwrap(v) for k, v in kwargs.items()},
-                                     memory=memory)
+            call = self.session.call(target, [_unwrap(a) for a in args], {k: _unwrap(v) for k, v in kwargs.items()}, memory=memory)
         names = self.params.get(target, ()) if isinstance(target, str) else ()
         for i, (before, after) in enumerate(zip(args, call.args)):
             name = names[i] if i < len(names) else f"argument {i + 1}"
             if name not in mutates and not same(_unwrap(before), after):
-                raise CheckFailed(f"{label} changed its input `{name}`: functions in this course leave their "
-                                  f"inputs untouched (build a new tensor instead of writing into `{name}`)")
+                raise CheckFailed(
+                    f"{label} changed its input `{name}`: functions in this course leave their "
+                    f"inputs untouched (build a new tensor instead of writing into `{name}`)"
+                )
         for name, before in kwargs.items():
             if name not in mutates and not same(_unwrap(before), call.kwargs.get(name)):
-                raise CheckFailed(f"{label} changed its input `{name}`: functions in this course leave their "
-                                  f"inputs untouched")
+                raise CheckFailed(f"{label} changed its input `{name}`: functions in this course leave their inputs untouched")
         call.value = self._wrap(call.value)
         return call
 
@@ -164,8 +164,7 @@ class Remote(Handle):
 
     def call(self, name: str) -> StudentCallable:
         """The method `name` of this object."""
-        return StudentCallable(self.__dict__["_trial"], (Handle(self.id, self.type_name), name),
-                               f"{self.type_name}.{name}")
+        return StudentCallable(self.__dict__["_trial"], (Handle(self.id, self.type_name), name), f"{self.type_name}.{name}")
 
     def __repr__(self) -> str:
         return f"<{self.type_name} object>"
@@ -216,12 +215,29 @@ def plain(v: Any) -> Any:
 
 def not_run(spec: CheckSpec, function: str, reason: str) -> CheckResult:
     """A check that was not run, and why (no credit)."""
-    return CheckResult(spec.task, function, spec.name, spec.hidden, spec.points, "not run",
-                       f"not run: {reason}, and each task gets one time limit (fix that first)")
+    return CheckResult(
+        spec.task,
+        function,
+        spec.name,
+        spec.hidden,
+        spec.points,
+        "not run",
+        f"not run: {reason}, and each task gets one time limit (fix that first)",
+    )
 
 
-def run_one(spec: CheckSpec, function: str, *, session: Session, ref, seed: int, params: dict, figures: dict,
-            time_limit: float, strays: Callable[[set[int]], list[str]]) -> CheckResult:
+def run_one(
+    spec: CheckSpec,
+    function: str,
+    *,
+    session: Session,
+    ref,
+    seed: int,
+    params: dict,
+    figures: dict,
+    time_limit: float,
+    strays: Callable[[set[int]], list[str]],
+) -> CheckResult:
     """Run one check and turn whatever happened into a result; never raises.
 
     `strays(keep)` kills and names the processes the student's code left running, apart from `keep`
@@ -243,8 +259,7 @@ def run_one(spec: CheckSpec, function: str, *, session: Session, ref, seed: int,
     except Exception as e:  # a result the check did not foresee (or a grader bug): never a crash
         where = f"({type(e).__name__}: {e})" if spec.hidden else "\n" + traceback.format_exc(limit=-3)
         result.status = "error"
-        result.message = ("the grader could not interpret your result; if your answer looks right, "
-                          f"show this to your instructor {where}")
+        result.message = f"the grader could not interpret your result; if your answer looks right, show this to your instructor {where}"
     result.elapsed = time.monotonic() - t0
     result.student_seconds = session.time_used
     left = strays(session.pids)

@@ -65,4 +65,3 @@ def load(chapter_id: str, *, with_hidden: bool) -> list[CheckSpec]:
     if with_hidden and has_hidden(chapter_id):
         specs += _collect(importlib.import_module(f"grader.hidden.{chapter_id}"))
     return sorted(specs, key=lambda s: (tuple(int(p) for p in s.task.removeprefix("ch").split(".")), s.hidden))
-

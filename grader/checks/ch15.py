@@ -28,14 +28,28 @@ EMBED_IDS = [[2, 0, 4]]
 
 # ch15-dim-qkv-linear: X [3, 4] · Wᵀ, W stored [8, 4] = [(2 + 2·1)·2, 4]: q 4 columns, k 2, v 2.
 QKV_X = [[1, 0, 2, 1], [0, 1, 1, 0], [2, 1, 0, 1]]
-QKV_W = [[1, 0, 0, 1], [0, 1, 1, 0], [1, 1, 0, 0], [0, 0, 1, -1],     # q: heads 0 and 1, head_dim 2
-         [1, 0, 1, 0], [0, -1, 0, 1],                                 # k: one K/V head
-         [2, 0, 0, 0], [0, 0, 1, 1]]                                  # v
+QKV_W = [
+    [1, 0, 0, 1],
+    [0, 1, 1, 0],
+    [1, 1, 0, 0],
+    [0, 0, 1, -1],  # q: heads 0 and 1, head_dim 2
+    [1, 0, 1, 0],
+    [0, -1, 0, 1],  # k: one K/V head
+    [2, 0, 0, 0],
+    [0, 0, 1, 1],
+]  # v
 QKV_HEADS, QKV_KV_HEADS, QKV_HEAD_DIM = 2, 1, 2
 
 # Qwen3-0.6B (reference/nanovllm.md §0).
-QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8,
-                 head_dim=128, vocab_size=151936, tie_word_embeddings=True)
+QWEN3_06B = dict(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+)
 CHECKPOINT_LENS = [3, 2]
 
 # ch15-dim-tensor-parallel: x [2, 3] → column-parallel W1 [3, 4] → row-parallel W2 [4, 3], 2 ranks (math [in, out]).
@@ -62,6 +76,7 @@ M = mistakes("ch15")
 
 # -- ch15.1 embedding_lookup --------------------------------------------------------------------------
 
+
 @public("ch15.1", "figure instance: ids [[2, 0, 4]] read three rows of E [6, 4]")
 def embed_figure_instance(t: Trial) -> None:
     weight, ids = torch.tensor(EMBED_TABLE, dtype=torch.float32), torch.tensor(EMBED_IDS)
@@ -83,8 +98,8 @@ def embed_scalar(t: Trial) -> None:
     run_lookup_case(t, torch.randn(6, 3, generator=t.rng), torch.tensor(5), "one id")
 
 
-
 # -- ch15.2 linear ------------------------------------------------------------------------------------
+
 
 @public("ch15.2", "figure instance: X [3, 4] · Wᵀ with W stored [8, 4]")
 def linear_figure_instance(t: Trial) -> None:
@@ -92,9 +107,17 @@ def linear_figure_instance(t: Trial) -> None:
     got = t.yours.linear(x, weight)
     want = t.ref.linear(x, weight)
     if isinstance(got, torch.Tensor) and list(got.shape) == list(want.shape) and got.dtype == want.dtype:
-        t.figure("ch15-dim-qkv-linear", x=x, weight=weight, y=got, y_expected=want,
-                 y_wrong=wrong_mask(got, want, atol=ATOL, rtol=RTOL), num_heads=QKV_HEADS,
-                 num_kv_heads=QKV_KV_HEADS, head_dim=QKV_HEAD_DIM)
+        t.figure(
+            "ch15-dim-qkv-linear",
+            x=x,
+            weight=weight,
+            y=got,
+            y_expected=want,
+            y_wrong=wrong_mask(got, want, atol=ATOL, rtol=RTOL),
+            num_heads=QKV_HEADS,
+            num_kv_heads=QKV_KV_HEADS,
+            head_dim=QKV_HEAD_DIM,
+        )
     expect_linear(got, want, x, weight, None, "figure instance")
 
 
@@ -113,12 +136,18 @@ def linear_batched_bias(t: Trial) -> None:
 
 @public("ch15.2", "a weight passed as [in, out] raises ValueError naming the convention")
 def linear_transposed_weight(t: Trial) -> None:
-    expect_value_error_naming(t, t.yours.linear, torch.zeros(3, 4), torch.zeros(4, 8),
-                              because="x has 4 features and the weight [4, 8] is [in, out], not [out, in]",
-                              words="[out, in]")
+    expect_value_error_naming(
+        t,
+        t.yours.linear,
+        torch.zeros(3, 4),
+        torch.zeros(4, 8),
+        because="x has 4 features and the weight [4, 8] is [in, out], not [out, in]",
+        words="[out, in]",
+    )
 
 
 # -- ch15.3 split_qkv ---------------------------------------------------------------------------------
+
 
 @public("ch15.3", "figure instance: Y [3, 8] split into q 4 | k 2 | v 2")
 def split_figure_instance(t: Trial) -> None:
@@ -127,8 +156,16 @@ def split_figure_instance(t: Trial) -> None:
     got = t.yours.split_qkv(y, QKV_HEADS, QKV_KV_HEADS, QKV_HEAD_DIM)
     parts = split_structure(got, y, QKV_HEADS, QKV_KV_HEADS, QKV_HEAD_DIM, case)
     want = t.ref.split_qkv(y, QKV_HEADS, QKV_KV_HEADS, QKV_HEAD_DIM)
-    t.figure("ch15-dim-qkv-linear", q=parts[0], k=parts[1], v=parts[2], q_expected=want[0], k_expected=want[1],
-             v_expected=want[2], **{f"{n}_wrong": wrong_mask(p, w) for n, p, w in zip("qkv", parts, want)})
+    t.figure(
+        "ch15-dim-qkv-linear",
+        q=parts[0],
+        k=parts[1],
+        v=parts[2],
+        q_expected=want[0],
+        k_expected=want[1],
+        v_expected=want[2],
+        **{f"{n}_wrong": wrong_mask(p, w) for n, p, w in zip("qkv", parts, want)},
+    )
     explain_split(parts, want, y, QKV_HEADS, QKV_KV_HEADS, QKV_HEAD_DIM, case)
 
 
@@ -142,40 +179,69 @@ def split_mha(t: Trial) -> None:
     run_split_case(t, coded_qkv([2, 3], 3 * 4 * 8), 4, 4, 8, "MHA, qkv [2, 3, 96]")
 
 
-
 # -- ch15.4 projection_shapes -------------------------------------------------------------------------
+
 
 @public("ch15.4", "figure instance: Qwen3-0.6B (head_dim 128, not 1024/16)")
 def shapes_figure_instance(t: Trial) -> None:
     case, want, trap = "Qwen3-0.6B", t.ref.projection_shapes(QWEN3_06B), trap_shapes(t, QWEN3_06B)
     got = shapes_structure(t.yours.projection_shapes(dict(QWEN3_06B)), want, case)
-    t.figure("ch15-qwen3-widths", config=QWEN3_06B, shapes={k: list(v) for k, v in got.items()},
-             expected={k: list(v) for k, v in want.items()})
+    t.figure(
+        "ch15-qwen3-widths", config=QWEN3_06B, shapes={k: list(v) for k, v in got.items()}, expected={k: list(v) for k, v in want.items()}
+    )
     explain_shapes(got, want, QWEN3_06B, case, trap)
 
 
 @public("ch15.4", "a synthetic config where hidden_size ≠ heads·head_dim, untied")
 def shapes_synthetic(t: Trial) -> None:
-    run_shapes_case(t, dict(hidden_size=48, intermediate_size=80, num_attention_heads=4, num_key_value_heads=2,
-                            head_dim=16, vocab_size=100, tie_word_embeddings=False), "hidden 48, 4 heads × 16")
+    run_shapes_case(
+        t,
+        dict(
+            hidden_size=48,
+            intermediate_size=80,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            vocab_size=100,
+            tie_word_embeddings=False,
+        ),
+        "hidden 48, 4 heads × 16",
+    )
 
 
 @public("ch15.4", "Llama-3-8B sizes (MHA-sized head_dim, untied, GQA 32/8)")
 def shapes_llama(t: Trial) -> None:
-    run_shapes_case(t, dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
-                            head_dim=128, vocab_size=128256, tie_word_embeddings=False), "Llama-3-8B sizes")
-
+    run_shapes_case(
+        t,
+        dict(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=128256,
+            tie_word_embeddings=False,
+        ),
+        "Llama-3-8B sizes",
+    )
 
 
 # -- ch15.5 forward_checkpoints -----------------------------------------------------------------------
+
 
 @public("ch15.5", "figure instance: Qwen3-0.6B, two prompts of 3 and 2 tokens")
 def checkpoints_figure_instance(t: Trial) -> None:
     case, want = "figure instance", t.ref.forward_checkpoints(QWEN3_06B, CHECKPOINT_LENS)
     got = checkpoints_structure(t.yours.forward_checkpoints(dict(QWEN3_06B), list(CHECKPOINT_LENS)), want, case)
-    t.figure("ch15-checkpoints", prompt_lens=CHECKPOINT_LENS, hidden_size=QWEN3_06B["hidden_size"],
-             vocab_size=QWEN3_06B["vocab_size"], names=[n for n, _ in got], shapes=[list(s) for _, s in got],
-             expected=[list(s) for _, s in want])
+    t.figure(
+        "ch15-checkpoints",
+        prompt_lens=CHECKPOINT_LENS,
+        hidden_size=QWEN3_06B["hidden_size"],
+        vocab_size=QWEN3_06B["vocab_size"],
+        names=[n for n, _ in got],
+        shapes=[list(s) for _, s in got],
+        expected=[list(s) for _, s in want],
+    )
     explain_checkpoints(got, want, QWEN3_06B, CHECKPOINT_LENS, case)
 
 
@@ -189,8 +255,8 @@ def checkpoints_three(t: Trial) -> None:
     run_checkpoints_case(t, dict(hidden_size=64, vocab_size=1000), [5, 1, 4], "three requests")
 
 
-
 # -- ch15.6 column_parallel_linear, row_parallel_linear -----------------------------------------------
+
 
 @public("ch15.6", "figure instance: column-parallel x [2, 3] · W1 [3, 4] over 2 ranks")
 def column_figure_instance(t: Trial) -> None:
@@ -198,9 +264,17 @@ def column_figure_instance(t: Trial) -> None:
     case = "figure instance, column-parallel"
     shards, out = column_structure(t.yours.column_parallel_linear(x, w1, TP_RANKS), x, w1, TP_RANKS, case)
     want_shards, want_out = t.ref.column_parallel_linear(x, w1, TP_RANKS)
-    t.figure("ch15-dim-tensor-parallel", x=x, w1=w1, shards=shards, shards_expected=want_shards,
-             shards_wrong=[wrong_mask(s, w, atol=ATOL, rtol=RTOL) for s, w in zip(shards, want_shards)],
-             col_out=out, col_out_expected=want_out, col_out_wrong=wrong_mask(out, want_out, atol=ATOL, rtol=RTOL))
+    t.figure(
+        "ch15-dim-tensor-parallel",
+        x=x,
+        w1=w1,
+        shards=shards,
+        shards_expected=want_shards,
+        shards_wrong=[wrong_mask(s, w, atol=ATOL, rtol=RTOL) for s, w in zip(shards, want_shards)],
+        col_out=out,
+        col_out_expected=want_out,
+        col_out_wrong=wrong_mask(out, want_out, atol=ATOL, rtol=RTOL),
+    )
     explain_column(shards, out, x, w1, TP_RANKS, case, t.ref)
 
 
@@ -209,14 +283,20 @@ def row_figure_instance(t: Trial) -> None:
     x, w1, w2 = tp_tensors()
     x_shards, _ = t.ref.column_parallel_linear(x, w1, TP_RANKS)
     case = "figure instance, row-parallel"
-    partials, out = row_structure(t.yours.row_parallel_linear(list(x_shards), w2, TP_RANKS), x_shards, w2,
-                                  TP_RANKS, case)
+    partials, out = row_structure(t.yours.row_parallel_linear(list(x_shards), w2, TP_RANKS), x_shards, w2, TP_RANKS, case)
     want_partials, want_out = t.ref.row_parallel_linear(x_shards, w2, TP_RANKS)
     drawable = isinstance(out, torch.Tensor) and out.dim() == 2 and out.dtype == want_out.dtype
-    t.figure("ch15-dim-tensor-parallel", w2=w2, x_shards=x_shards, partials=partials, partials_expected=want_partials,
-             partials_wrong=[wrong_mask(p, w, atol=ATOL, rtol=RTOL) for p, w in zip(partials, want_partials)],
-             row_out=out if drawable else None, row_out_expected=want_out,
-             row_out_wrong=cells_wrong(out, want_out) if drawable else None)
+    t.figure(
+        "ch15-dim-tensor-parallel",
+        w2=w2,
+        x_shards=x_shards,
+        partials=partials,
+        partials_expected=want_partials,
+        partials_wrong=[wrong_mask(p, w, atol=ATOL, rtol=RTOL) for p, w in zip(partials, want_partials)],
+        row_out=out if drawable else None,
+        row_out_expected=want_out,
+        row_out_wrong=cells_wrong(out, want_out) if drawable else None,
+    )
     explain_row(partials, out, x_shards, w2, TP_RANKS, case, t.ref)
 
 
@@ -233,13 +313,12 @@ def row_four_ranks(t: Trial) -> None:
     run_row_case(t, list(x.split(2, dim=1)), w, 4, "tp = 4")
 
 
-
 # -- ch15.7 vocab_parallel_embedding ------------------------------------------------------------------
+
 
 @public("ch15.7", "figure instance: ids [4, 1, 5, 0, 3, 2] over 2 ranks of E [6, 3]; the all-reduce adds the partials")
 def vocab_figure_instance(t: Trial) -> None:
-    run_vocab_case(t, torch.tensor(VP_TABLE, dtype=torch.float32), torch.tensor(VP_IDS), VP_RANKS, "figure instance",
-                   figure=True)
+    run_vocab_case(t, torch.tensor(VP_TABLE, dtype=torch.float32), torch.tensor(VP_IDS), VP_RANKS, "figure instance", figure=True)
 
 
 @public("ch15.7", "tp = 1: the one rank owns every id, the plain lookup")
@@ -249,16 +328,23 @@ def vocab_one_rank(t: Trial) -> None:
 
 @public("ch15.7", "tp = 4: repeated ids and the ids at every shard's edges")
 def vocab_four_ranks(t: Trial) -> None:
-    run_vocab_case(t, torch.randn(12, 4, generator=t.rng), torch.tensor([2, 3, 3, 5, 6, 0, 11, 8, 9, 2]), 4,
-                   "tp = 4, V = 12")
+    run_vocab_case(t, torch.randn(12, 4, generator=t.rng), torch.tensor([2, 3, 3, 5, 6, 0, 11, 8, 9, 2]), 4, "tp = 4, V = 12")
 
 
 # -- ch15.8 parallel_lm_head --------------------------------------------------------------------------
 
+
 @public("ch15.8", "figure instance: prefill of 3 + 2 tokens, the tied table E [6, 3] over 2 ranks")
 def head_figure_instance(t: Trial) -> None:
-    run_head_case(t, torch.tensor(HEAD_HIDDEN, dtype=torch.float32), torch.tensor(VP_TABLE, dtype=torch.float32),
-                  VP_RANKS, torch.tensor(HEAD_CU, dtype=torch.int32), "figure instance", figure=True)
+    run_head_case(
+        t,
+        torch.tensor(HEAD_HIDDEN, dtype=torch.float32),
+        torch.tensor(VP_TABLE, dtype=torch.float32),
+        VP_RANKS,
+        torch.tensor(HEAD_CU, dtype=torch.int32),
+        "figure instance",
+        figure=True,
+    )
 
 
 @public("ch15.8", "decode: every row is one sequence's newest token, 4 rows over 2 ranks")
@@ -268,11 +354,18 @@ def head_decode(t: Trial) -> None:
 
 @public("ch15.8", "prefill over 4 ranks: prompts of 1, 4 and 2 tokens")
 def head_four_ranks(t: Trial) -> None:
-    run_head_case(t, torch.randn(7, 3, generator=t.rng), torch.randn(12, 3, generator=t.rng), 4,
-                  torch.tensor([0, 1, 5, 7], dtype=torch.int32), "prefill, tp = 4")
+    run_head_case(
+        t,
+        torch.randn(7, 3, generator=t.rng),
+        torch.randn(12, 3, generator=t.rng),
+        4,
+        torch.tensor([0, 1, 5, 7], dtype=torch.int32),
+        "prefill, tp = 4",
+    )
 
 
 # -- ch15.9 qkv_shard ---------------------------------------------------------------------------------
+
 
 @public("ch15.9", "figure instance: 4 query heads, 2 KV heads, head_dim 2, over 2 ranks")
 def shard_figure_instance(t: Trial) -> None:
@@ -292,6 +385,7 @@ def shard_one_rank(t: Trial) -> None:
 
 # -- the explanations, shared with the hidden checks: ch15.1 ---------------------------------------------
 
+
 def expect_lookup(got, want: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, case: str) -> torch.Tensor:
     """Require the looked-up rows, explaining the first wrong one in table terms."""
     (V, H), shape = weight.shape, [*ids.shape, weight.shape[1]]
@@ -304,8 +398,7 @@ def expect_lookup(got, want: torch.Tensor, weight: torch.Tensor, ids: torch.Tens
             hint = M.flattened_ids
         elif list(got.shape) == [H, *ids.shape]:
             hint = M.column_lookup
-        raise CheckFailed(head, f"expected a {len(shape)}-D tensor of shape {shape} ([*ids.shape, H]); "
-                                f"yours: {describe(got)}", hint=hint)
+        raise CheckFailed(head, f"expected a {len(shape)}-D tensor of shape {shape} ([*ids.shape, H]); yours: {describe(got)}", hint=hint)
     out = expect_tensor(got, what=f"the embeddings of ids {list(ids.shape)}", shape=shape, dtype=weight.dtype)
     rows, flat_ids = out.reshape(-1, H), ids.reshape(-1)
     bad = wrong_mask(rows, want.reshape(-1, H)).any(-1)
@@ -327,8 +420,7 @@ def expect_lookup(got, want: torch.Tensor, weight: torch.Tensor, ids: torch.Tens
         hint = f"yours is row {same[0]} of E; read row ids[…] = {tok}"
     else:
         hint = M.not_a_row
-    raise CheckFailed(head, f"{where}, so its embedding is row {tok} of E = {vec(weight[tok])}; yours: {vec(rows[i])}",
-                      hint=hint)
+    raise CheckFailed(head, f"{where}, so its embedding is row {tok} of E = {vec(weight[tok])}; yours: {vec(rows[i])}", hint=hint)
 
 
 def ids_text(ids: torch.Tensor) -> str:
@@ -343,17 +435,18 @@ def run_lookup_case(t: Trial, weight: torch.Tensor, ids: torch.Tensor, case: str
 
 # -- ch15.2 ---------------------------------------------------------------------------------------------
 
-def expect_linear(got, want: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  case: str) -> torch.Tensor:
+
+def expect_linear(got, want: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, case: str) -> torch.Tensor:
     """Require y = x·Wᵀ + b, explaining the first wrong element as its sum over the `in` axis."""
     out_f, in_f = weight.shape
-    head = (f'case "{case}": x {list(x.shape)}, weight stored [out, in] = {list(weight.shape)}'
-            f"{', bias [' + str(out_f) + ']' if bias is not None else ''}")
+    head = (
+        f'case "{case}": x {list(x.shape)}, weight stored [out, in] = {list(weight.shape)}'
+        f"{', bias [' + str(out_f) + ']' if bias is not None else ''}"
+    )
     shape = list(want.shape)
     if isinstance(got, torch.Tensor) and list(got.shape) != shape:
         hint = M.w_at_xt if x.dim() == 2 and list(got.shape) == [out_f, x.shape[0]] else ""
-        raise CheckFailed(head, f"expected y as a {len(shape)}-D tensor of shape {shape} ([..., out]); "
-                                f"yours: {describe(got)}", hint=hint)
+        raise CheckFailed(head, f"expected y as a {len(shape)}-D tensor of shape {shape} ([..., out]); yours: {describe(got)}", hint=hint)
     y = expect_tensor(got, what="y", shape=shape, dtype=want.dtype)
     idx = first_wrong(y, want, atol=ATOL, rtol=RTOL)
     if idx is None:
@@ -362,8 +455,11 @@ def expect_linear(got, want: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
     xr = x[tuple(row)]
     terms = " + ".join(f"{factor(a)}·{factor(b)}" for a, b in zip(xr.tolist(), weight[j].tolist())) if in_f <= 6 else "…"
     b_sym, b_val = (f" + b[{j}]", f" + {factor(bias[j].item())}") if bias is not None else ("", "")
-    raise CheckFailed(head, f"y{list(idx)} = Σ_c x[{', '.join(map(str, row))}, c]·W[{j}, c]{b_sym} = {terms}{b_val}"
-                            f" = {fmt(want[idx])}; yours: {fmt(y[idx])}", hint=linear_hint(y, x, weight, bias))
+    raise CheckFailed(
+        head,
+        f"y{list(idx)} = Σ_c x[{', '.join(map(str, row))}, c]·W[{j}, c]{b_sym} = {terms}{b_val} = {fmt(want[idx])}; yours: {fmt(y[idx])}",
+        hint=linear_hint(y, x, weight, bias),
+    )
 
 
 def factor(v: float) -> str:
@@ -394,9 +490,11 @@ def expect_value_error_naming(t: Trial, fn: StudentCallable, *args, because: str
             raise
         message = e.error.get("message", "")
         if words.replace(" ", "") not in message.replace(" ", ""):
-            raise CheckFailed(f"{fn.label} raised ValueError because {because}, but its message does not name the "
-                              f"convention", f"your message: {message!r}",
-                              hint=M.vague_error.format(words=words)) from None
+            raise CheckFailed(
+                f"{fn.label} raised ValueError because {because}, but its message does not name the convention",
+                f"your message: {message!r}",
+                hint=M.vague_error.format(words=words),
+            ) from None
         return
     raise CheckFailed(f"{fn.label} should raise ValueError because {because}; yours returned {describe(value)} instead")
 
@@ -407,6 +505,7 @@ def run_linear_case(t: Trial, x: torch.Tensor, weight: torch.Tensor, bias: torch
 
 
 # -- ch15.3 ---------------------------------------------------------------------------------------------
+
 
 def coded_qkv(lead: list[int], width: int) -> torch.Tensor:
     """A qkv whose column c holds c + 0.5 + 10000·row in every token row, so a part names its source columns."""
@@ -430,21 +529,25 @@ def split_structure(got, qkv: torch.Tensor, heads: int, kv_heads: int, d: int, c
         hint = ""
         if widths == [sizes[1], sizes[0], sizes[2]] or widths == [sizes[1], sizes[1], sizes[0]]:
             hint = M.k_first
-        elif sizes[0] != sizes[1] and widths in ([len(c) for c in torch.arange(sum(sizes)).chunk(3)],
-                                                 [len(c) for c in torch.arange(sum(sizes)).tensor_split(3)]):
+        elif sizes[0] != sizes[1] and widths in (
+            [len(c) for c in torch.arange(sum(sizes)).chunk(3)],
+            [len(c) for c in torch.arange(sum(sizes)).tensor_split(3)],
+        ):
             hint = M.thirds.format(heads=heads, kv_heads=kv_heads, q=sizes[0], kv=sizes[1])
-        raise CheckFailed(head,
-                          f"q is num_heads·head_dim = {heads}·{d} = {sizes[0]} wide, k and v num_kv_heads·head_dim = "
-                          f"{kv_heads}·{d} = {sizes[1]} each ({sizes[0]} + 2·{sizes[1]} = {qkv.shape[-1]})",
-                          f"expected shapes q {lead + [sizes[0]]}, k {lead + [sizes[1]]}, v {lead + [sizes[2]]}; "
-                          f"yours: {', '.join(describe(p) for p in got)}", hint=hint)
+        raise CheckFailed(
+            head,
+            f"q is num_heads·head_dim = {heads}·{d} = {sizes[0]} wide, k and v num_kv_heads·head_dim = "
+            f"{kv_heads}·{d} = {sizes[1]} each ({sizes[0]} + 2·{sizes[1]} = {qkv.shape[-1]})",
+            f"expected shapes q {lead + [sizes[0]]}, k {lead + [sizes[1]]}, v {lead + [sizes[2]]}; "
+            f"yours: {', '.join(describe(p) for p in got)}",
+            hint=hint,
+        )
     for name, p, size in zip("qkv", got, sizes):
         expect_tensor(p, what=name, shape=lead + [size], dtype=qkv.dtype)
     return list(got)
 
 
-def explain_split(parts: list[torch.Tensor], want: tuple, qkv: torch.Tensor, heads: int, kv_heads: int, d: int,
-                  case: str) -> None:
+def explain_split(parts: list[torch.Tensor], want: tuple, qkv: torch.Tensor, heads: int, kv_heads: int, d: int, case: str) -> None:
     """Name the columns of qkv that each wrong part holds."""
     q_size, kv_size = heads * d, kv_heads * d
     starts = {"q": 0, "k": q_size, "v": q_size + kv_size}
@@ -455,10 +558,12 @@ def explain_split(parts: list[torch.Tensor], want: tuple, qkv: torch.Tensor, hea
         cols = [index.get(v) for v in p.reshape(-1, p.shape[-1])[0].tolist()]
         a = starts[name]
         other = [o for o in "qkv" if o != name and cols and cols[0] == starts[o]]
-        raise CheckFailed(split_case(qkv, heads, kv_heads, d, case),
-                          f"the packing is q | k | v = {q_size} | {kv_size} | {kv_size} columns, so {name} is columns "
-                          f"{a}–{a + w.shape[-1] - 1} of qkv; yours holds {span(cols)}",
-                          hint=M.block_swapped.format(name=name, other=other[0]) if other else "")
+        raise CheckFailed(
+            split_case(qkv, heads, kv_heads, d, case),
+            f"the packing is q | k | v = {q_size} | {kv_size} | {kv_size} columns, so {name} is columns "
+            f"{a}–{a + w.shape[-1] - 1} of qkv; yours holds {span(cols)}",
+            hint=M.block_swapped.format(name=name, other=other[0]) if other else "",
+        )
 
 
 def span(cols: list[int | None]) -> str:
@@ -479,16 +584,21 @@ def run_split_case(t: Trial, qkv: torch.Tensor, heads: int, kv_heads: int, d: in
 
 # -- ch15.4 ---------------------------------------------------------------------------------------------
 
+
 def shape_derivations(c: dict) -> dict[str, str]:
     H, I, V, d = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["head_dim"]
     Hq, Hkv = c["num_attention_heads"], c["num_key_value_heads"]
     tie = "tied: the same tensor as embed_tokens" if c["tie_word_embeddings"] else "untied: its own matrix"
-    return {"embed_tokens": f"[V, H] = [{V}, {H}] (one row per token id)",
-            "qkv_proj": f"[(Hq + 2·Hkv)·d, H] = [({Hq} + 2·{Hkv})·{d}, {H}] = [{(Hq + 2 * Hkv) * d}, {H}]",
-            "o_proj": f"[H, Hq·d] = [{H}, {Hq}·{d}] = [{H}, {Hq * d}]",
-            "q_norm": f"[d] = [{d}] (head_dim from the config)", "k_norm": f"[d] = [{d}] (head_dim from the config)",
-            "gate_up_proj": f"[2·I, H] = [2·{I}, {H}] = [{2 * I}, {H}] (gate | up packed)",
-            "down_proj": f"[H, I] = [{H}, {I}]", "lm_head": f"[V, H] = [{V}, {H}] ({tie})"}
+    return {
+        "embed_tokens": f"[V, H] = [{V}, {H}] (one row per token id)",
+        "qkv_proj": f"[(Hq + 2·Hkv)·d, H] = [({Hq} + 2·{Hkv})·{d}, {H}] = [{(Hq + 2 * Hkv) * d}, {H}]",
+        "o_proj": f"[H, Hq·d] = [{H}, {Hq}·{d}] = [{H}, {Hq * d}]",
+        "q_norm": f"[d] = [{d}] (head_dim from the config)",
+        "k_norm": f"[d] = [{d}] (head_dim from the config)",
+        "gate_up_proj": f"[2·I, H] = [2·{I}, {H}] = [{2 * I}, {H}] (gate | up packed)",
+        "down_proj": f"[H, I] = [{H}, {I}]",
+        "lm_head": f"[V, H] = [{V}, {H}] ({tie})",
+    }
 
 
 def shapes_structure(got, want: dict, case: str) -> dict:
@@ -496,14 +606,21 @@ def shapes_structure(got, want: dict, case: str) -> dict:
         raise CheckFailed(f'case "{case}": expected a dict of weight shapes; yours: {describe(got)}')
     missing, extra = [n for n in want if n not in got], [n for n in got if n not in want]
     if missing or extra:
-        raise CheckFailed(f'case "{case}": expected exactly the keys {", ".join(want)}',
-                          f"missing: {', '.join(map(str, missing))}" if missing else "",
-                          f"not expected: {', '.join(map(str, extra))}" if extra else "")
+        raise CheckFailed(
+            f'case "{case}": expected exactly the keys {", ".join(want)}',
+            f"missing: {', '.join(map(str, missing))}" if missing else "",
+            f"not expected: {', '.join(map(str, extra))}" if extra else "",
+        )
     for name in want:
         v = got[name]
         if type(v) is not tuple or not all(type(s) is int for s in v):
-            hint = "use a tuple of Python ints, e.g. (4096, 1024)" if type(v) in (list, tuple) else \
-                "convert a torch.Size (or tensor) to a tuple of ints" if "Size" in describe(v) else ""
+            hint = (
+                "use a tuple of Python ints, e.g. (4096, 1024)"
+                if type(v) in (list, tuple)
+                else "convert a torch.Size (or tensor) to a tuple of ints"
+                if "Size" in describe(v)
+                else ""
+            )
             raise CheckFailed(f'case "{case}": {name} should be a tuple of ints; yours: {describe(v)}', hint=hint)
     return got
 
@@ -519,12 +636,14 @@ def explain_shapes(got: dict, want: dict, config: dict, case: str, trap: dict | 
     c = config
     for name in want:
         if got[name] != want[name]:
-            raise CheckFailed(f'case "{case}": hidden_size={c["hidden_size"]}, intermediate_size={c["intermediate_size"]}, '
-                              f'num_attention_heads={c["num_attention_heads"]}, '
-                              f'num_key_value_heads={c["num_key_value_heads"]}, head_dim={c["head_dim"]}, '
-                              f'vocab_size={c["vocab_size"]}',
-                              f"{name} is stored {derivations[name]}; yours: {list(got[name])}",
-                              hint=shapes_hint(name, got[name], want[name], config, trap))
+            raise CheckFailed(
+                f'case "{case}": hidden_size={c["hidden_size"]}, intermediate_size={c["intermediate_size"]}, '
+                f"num_attention_heads={c['num_attention_heads']}, "
+                f"num_key_value_heads={c['num_key_value_heads']}, head_dim={c['head_dim']}, "
+                f"vocab_size={c['vocab_size']}",
+                f"{name} is stored {derivations[name]}; yours: {list(got[name])}",
+                hint=shapes_hint(name, got[name], want[name], config, trap),
+            )
 
 
 def shapes_hint(name: str, got: tuple, want: tuple, c: dict, trap: dict | None = None) -> str:
@@ -555,29 +674,35 @@ def run_shapes_case(t: Trial, config: dict, case: str) -> dict:
 
 # -- ch15.5 ---------------------------------------------------------------------------------------------
 
+
 def checkpoints_structure(got, want: list, case: str) -> list:
     names = [n for n, _ in want]
-    ok = type(got) in (list, tuple) and len(got) == len(want) and all(
-        type(p) in (list, tuple) and len(p) == 2 for p in got)
+    ok = type(got) in (list, tuple) and len(got) == len(want) and all(type(p) in (list, tuple) and len(p) == 2 for p in got)
     if not ok:
-        raise CheckFailed(f'case "{case}": expected a list of {len(want)} (name, shape) pairs: {names}; '
-                          f"yours: {describe(got)}")
+        raise CheckFailed(f'case "{case}": expected a list of {len(want)} (name, shape) pairs: {names}; yours: {describe(got)}')
     got_names = [p[0] for p in got]
     if got_names != names:
         raise CheckFailed(f'case "{case}": expected the checkpoints named {names}, in this order; yours: {got_names}')
     for name, shape in got:
         if type(shape) is not tuple or not all(type(s) is int for s in shape):
-            raise CheckFailed(f'case "{case}": the shape of {name} should be a tuple of ints; yours: {describe(shape)}',
-                              hint="convert a torch.Size or list with tuple(...)"
-                              if type(shape) is list or "Size" in describe(shape) else "")
+            raise CheckFailed(
+                f'case "{case}": the shape of {name} should be a tuple of ints; yours: {describe(shape)}',
+                hint="convert a torch.Size or list with tuple(...)" if type(shape) is list or "Size" in describe(shape) else "",
+            )
     return list(got)
 
 
 def explain_checkpoints(got: list, want: list, config: dict, lens: list[int], case: str) -> None:
     H, V = config["hidden_size"], config["vocab_size"]
     N, B = sum(lens), len(lens)
-    meaning = {"input_ids": "[N]", "embeddings": "[N, H]", "decoder_output": "[N, H]", "final_norm": "[N, H]",
-               "last_token_hidden": "[B, H]", "logits": "[B, V]"}
+    meaning = {
+        "input_ids": "[N]",
+        "embeddings": "[N, H]",
+        "decoder_output": "[N, H]",
+        "final_norm": "[N, H]",
+        "last_token_hidden": "[B, H]",
+        "logits": "[B, V]",
+    }
     for (name, shape), (_, expected) in zip(got, want):
         if shape == expected:
             continue
@@ -590,10 +715,12 @@ def explain_checkpoints(got: list, want: list, config: dict, lens: list[int], ca
             hint = M.one_row.format(B=B)
         elif name != "logits" and V in shape:
             hint = M.vocab_width
-        raise CheckFailed(f'case "{case}": prompt_lens={lens}, hidden_size={H}, vocab_size={V}',
-                          (f"N = {' + '.join(map(str, lens))} = {N} tokens flattened, B = {B} requests" if B > 1 else
-                           f"N = {N} tokens, B = 1 request"),
-                          f"{name} is {meaning[name]} = {list(expected)}; yours: {list(shape)}", hint=hint)
+        raise CheckFailed(
+            f'case "{case}": prompt_lens={lens}, hidden_size={H}, vocab_size={V}',
+            (f"N = {' + '.join(map(str, lens))} = {N} tokens flattened, B = {B} requests" if B > 1 else f"N = {N} tokens, B = 1 request"),
+            f"{name} is {meaning[name]} = {list(expected)}; yours: {list(shape)}",
+            hint=hint,
+        )
 
 
 def cumulative(lens: list[int]) -> list[int]:
@@ -613,9 +740,9 @@ def run_checkpoints_case(t: Trial, config: dict, lens: list[int], case: str) -> 
 
 # -- ch15.6 ---------------------------------------------------------------------------------------------
 
+
 def tp_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return (torch.tensor(TP_X, dtype=torch.float32), torch.tensor(TP_W1, dtype=torch.float32),
-            torch.tensor(TP_W2, dtype=torch.float32))
+    return (torch.tensor(TP_X, dtype=torch.float32), torch.tensor(TP_W1, dtype=torch.float32), torch.tensor(TP_W2, dtype=torch.float32))
 
 
 def column_structure(got, x: torch.Tensor, weight: torch.Tensor, tp: int, case: str):
@@ -629,17 +756,18 @@ def column_structure(got, x: torch.Tensor, weight: torch.Tensor, tp: int, case: 
         raise CheckFailed(head, f"expected one shard per rank, {tp} shards; yours: {len(shards)}")
     for r, s in enumerate(shards):
         if isinstance(s, torch.Tensor) and list(s.shape) == [N, out_f] and tp > 1:
-            raise CheckFailed(head, f"rank {r}'s shard should be [N, out/tp] = [{N}, {out_f // tp}]; "
-                                    f"yours: {describe(s)}", hint=M.full_shard.format(w=out_f // tp))
+            raise CheckFailed(
+                head,
+                f"rank {r}'s shard should be [N, out/tp] = [{N}, {out_f // tp}]; yours: {describe(s)}",
+                hint=M.full_shard.format(w=out_f // tp),
+            )
         expect_tensor(s, what=f"rank {r}'s shard", shape=[N, out_f // tp], dtype=x.dtype)
     if isinstance(out, torch.Tensor) and list(out.shape) == [N, out_f // tp] and tp > 1:
-        raise CheckFailed(head, f"out should be [N, out] = [{N}, {out_f}]; yours: {describe(out)}",
-                          hint=M.summed_shards)
+        raise CheckFailed(head, f"out should be [N, out] = [{N}, {out_f}]; yours: {describe(out)}", hint=M.summed_shards)
     return list(shards), expect_tensor(out, what="out", shape=[N, out_f], dtype=x.dtype)
 
 
-def explain_column(shards: list, out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, tp: int, case: str,
-                   ref) -> None:
+def explain_column(shards: list, out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, tp: int, case: str, ref) -> None:
     want_shards, want_out = ref.column_parallel_linear(x, weight, tp)
     w = weight.shape[1] // tp
     head = f'case "{case}": x {list(x.shape)}, weight [in, out] = {list(weight.shape)}, tp={tp}'
@@ -653,14 +781,21 @@ def explain_column(shards: list, out: torch.Tensor, x: torch.Tensor, weight: tor
             hint = M.interleaved.format(w=w, tp=tp)
         elif torch.allclose(s, x @ weight[:, :w], atol=1e-4, rtol=1e-4) and r > 0:
             hint = M.block_start.format(start=r * w)
-        raise CheckFailed(head, f"rank {r} owns the output columns [{r}·{w}, {r + 1}·{w}) = [{r * w}, {(r + 1) * w}) "
-                                f"of W; its column {j} is y[:, {r * w + j}] = x @ W[:, {r * w + j}]",
-                          f"shard {r}[{i}, {j}]: expected {fmt(ws[i, j])}; yours: {fmt(s[i, j])}", hint=hint)
+        raise CheckFailed(
+            head,
+            f"rank {r} owns the output columns [{r}·{w}, {r + 1}·{w}) = [{r * w}, {(r + 1) * w}) "
+            f"of W; its column {j} is y[:, {r * w + j}] = x @ W[:, {r * w + j}]",
+            f"shard {r}[{i}, {j}]: expected {fmt(ws[i, j])}; yours: {fmt(s[i, j])}",
+            hint=hint,
+        )
     idx = first_wrong(out, want_out, atol=ATOL, rtol=RTOL)
     if idx is not None:
         i, j = idx
-        raise CheckFailed(head, f"out is the shards concatenated in rank order: out[{i}, {j}] is shard {j // w}"
-                                f"[{i}, {j % w}] = {fmt(want_out[i, j])}; yours: {fmt(out[i, j])}")
+        raise CheckFailed(
+            head,
+            f"out is the shards concatenated in rank order: out[{i}, {j}] is shard {j // w}"
+            f"[{i}, {j % w}] = {fmt(want_out[i, j])}; yours: {fmt(out[i, j])}",
+        )
 
 
 def row_structure(got, x_shards: list, weight: torch.Tensor, tp: int, case: str):
@@ -668,15 +803,17 @@ def row_structure(got, x_shards: list, weight: torch.Tensor, tp: int, case: str)
     N, out_f = x_shards[0].shape[0], weight.shape[1]
     head = f'case "{case}": {tp} input shards {list(x_shards[0].shape)}, weight [in, out] = {list(weight.shape)}'
     if type(got) not in (tuple, list) or len(got) != 2 or type(got[0]) not in (list, tuple):
-        raise CheckFailed(head, f"expected (partials, out): a list of {tp} tensors and one tensor; "
-                                f"yours: {describe(got)}")
+        raise CheckFailed(head, f"expected (partials, out): a list of {tp} tensors and one tensor; yours: {describe(got)}")
     partials, out = got
     if len(partials) != tp:
         raise CheckFailed(head, f"expected one partial per rank, {tp} partials; yours: {len(partials)}")
     for r, p in enumerate(partials):
         if isinstance(p, torch.Tensor) and list(p.shape) != [N, out_f]:
-            raise CheckFailed(head, f"rank {r}'s partial should have the full output shape [N, out] = [{N}, {out_f}]; "
-                                    f"yours: {describe(p)}", hint=M.partial_shape)
+            raise CheckFailed(
+                head,
+                f"rank {r}'s partial should have the full output shape [N, out] = [{N}, {out_f}]; yours: {describe(p)}",
+                hint=M.partial_shape,
+            )
         expect_tensor(p, what=f"rank {r}'s partial", shape=[N, out_f], dtype=weight.dtype)
     return list(partials), out
 
@@ -687,16 +824,20 @@ def explain_row(partials: list, got_out, x_shards: list, weight: torch.Tensor, t
     part = weight.size(0) // tp  # input rows per shard
     head = f'case "{case}": {tp} input shards {list(x_shards[0].shape)}, weight [in, out] = {list(weight.shape)}'
     if isinstance(got_out, torch.Tensor) and list(got_out.shape) == [N, tp * out_f] and tp > 1:
-        raise CheckFailed(head, f"out should be [N, out] = [{N}, {out_f}]; yours: {describe(got_out)}",
-                          hint=M.concat_partials.format(tp=tp))
+        raise CheckFailed(
+            head, f"out should be [N, out] = [{N}, {out_f}]; yours: {describe(got_out)}", hint=M.concat_partials.format(tp=tp)
+        )
     out = expect_tensor(got_out, what="out", shape=[N, out_f], dtype=weight.dtype)
     for r, (p, wp) in enumerate(zip(partials, want_partials)):
         idx = first_wrong(p, wp, atol=ATOL, rtol=RTOL)
         if idx is not None:
             i, j = idx
-            raise CheckFailed(head, f"rank {r} holds input block [{r * part}, {(r + 1) * part}) (x_shards[{r}]) and the "
-                                    f"same rows of W: partial {r}[{i}, {j}] = Σ_k x_shards[{r}][{i}, k]·"
-                                    f"W[{r * part} + k, {j}] = {fmt(wp[i, j])}; yours: {fmt(p[i, j])}")
+            raise CheckFailed(
+                head,
+                f"rank {r} holds input block [{r * part}, {(r + 1) * part}) (x_shards[{r}]) and the "
+                f"same rows of W: partial {r}[{i}, {j}] = Σ_k x_shards[{r}][{i}, k]·"
+                f"W[{r * part} + k, {j}] = {fmt(wp[i, j])}; yours: {fmt(p[i, j])}",
+            )
     idx = first_wrong(out, want_out, atol=ATOL, rtol=RTOL)
     if idx is not None:
         i, j = idx
@@ -705,9 +846,13 @@ def explain_row(partials: list, got_out, x_shards: list, weight: torch.Tensor, t
             hint = M.averaged
         elif tp > 1 and torch.allclose(out, want_partials[0], atol=1e-4, rtol=1e-4):
             hint = M.rank0_only
-        raise CheckFailed(head, f"out[{i}, {j}] is the sum of the partials: "
-                                f"{' + '.join(fmt(p[i, j]) for p in want_partials)} = {fmt(want_out[i, j])}; "
-                                f"yours: {fmt(out[i, j])}", hint=hint)
+        raise CheckFailed(
+            head,
+            f"out[{i}, {j}] is the sum of the partials: "
+            f"{' + '.join(fmt(p[i, j]) for p in want_partials)} = {fmt(want_out[i, j])}; "
+            f"yours: {fmt(out[i, j])}",
+            hint=hint,
+        )
 
 
 def cells_wrong(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
@@ -725,12 +870,12 @@ def run_column_case(t: Trial, x: torch.Tensor, weight: torch.Tensor, tp: int, ca
 
 
 def run_row_case(t: Trial, x_shards: list, weight: torch.Tensor, tp: int, case: str) -> None:
-    partials, out = row_structure(t.yours.row_parallel_linear(list(x_shards), weight, tp), x_shards, weight, tp,
-                                  case)
+    partials, out = row_structure(t.yours.row_parallel_linear(list(x_shards), weight, tp), x_shards, weight, tp, case)
     explain_row(partials, out, x_shards, weight, tp, case, t.ref)
 
 
 # -- ch15.7 ---------------------------------------------------------------------------------------------
+
 
 def all_reduce(partials: list[torch.Tensor]) -> torch.Tensor:
     """The provided all-reduce: every rank ends with the sum of the ranks' partials."""
@@ -742,8 +887,10 @@ def all_reduce(partials: list[torch.Tensor]) -> torch.Tensor:
 
 def vocab_head(ids: torch.Tensor, per: int, rank: int, tp: int, case: str) -> str:
     start = rank * per
-    return (f'case "{case}": V = {tp * per} rows over tp = {tp} ranks of {per}; rank {rank} holds rows '
-            f"[{start}, {start + per}); ids {ids_text(ids)}")
+    return (
+        f'case "{case}": V = {tp * per} rows over tp = {tp} ranks of {per}; rank {rank} holds rows '
+        f"[{start}, {start + per}); ids {ids_text(ids)}"
+    )
 
 
 def call_vocab(t: Trial, shard: torch.Tensor, ids: torch.Tensor, rank: int, tp: int, case: str):
@@ -763,24 +910,27 @@ def call_vocab(t: Trial, shard: torch.Tensor, ids: torch.Tensor, rank: int, tp: 
             t.yours.vocab_parallel_embedding(shard, owned, rank, tp)
         except StudentRaised as again:
             if rank > 0 and again.is_a("IndexError"):
-                raise CheckFailed(head, line, hint=M.no_start.format(rank=rank, start=start, end=start + per - 1,
-                                                                     last=per - 1)) from None
+                raise CheckFailed(head, line, hint=M.no_start.format(rank=rank, start=start, end=start + per - 1, last=per - 1)) from None
             raise e from None
-        raise CheckFailed(head, line, f"with only the ids it owns ({short(owned.tolist())}) it raises nothing",
-                          hint=M.end_inclusive.format(end=start + per, rank=rank, next=rank + 1)) from None
+        raise CheckFailed(
+            head,
+            line,
+            f"with only the ids it owns ({short(owned.tolist())}) it raises nothing",
+            hint=M.end_inclusive.format(end=start + per, rank=rank, next=rank + 1),
+        ) from None
 
 
 def vocab_structure(got, ids: torch.Tensor, shard: torch.Tensor, rank: int, tp: int, case: str) -> torch.Tensor:
     shape = [ids.shape[0], shard.shape[1]]
     if isinstance(got, torch.Tensor) and list(got.shape) != shape:
-        raise CheckFailed(vocab_head(ids, shard.shape[0], rank, tp, case),
-                          f"rank {rank}'s partial is one row per id, [N, H] = {shape}, zeros where the rank does not "
-                          f"own the id; yours: {describe(got)}")
+        raise CheckFailed(
+            vocab_head(ids, shard.shape[0], rank, tp, case),
+            f"rank {rank}'s partial is one row per id, [N, H] = {shape}, zeros where the rank does not own the id; yours: {describe(got)}",
+        )
     return expect_tensor(got, what=f"rank {rank}'s partial", shape=shape, dtype=shard.dtype)
 
 
-def explain_vocab(got: torch.Tensor, want: torch.Tensor, shard: torch.Tensor, ids: torch.Tensor, rank: int, tp: int,
-                  case: str) -> None:
+def explain_vocab(got: torch.Tensor, want: torch.Tensor, shard: torch.Tensor, ids: torch.Tensor, rank: int, tp: int, case: str) -> None:
     """Explain the first wrong row of one rank's partial: an owned id's row, or zeros."""
     bad = wrong_mask(got, want).any(-1)
     if not bad.any():
@@ -789,12 +939,15 @@ def explain_vocab(got: torch.Tensor, want: torch.Tensor, shard: torch.Tensor, id
     i = int(bad.nonzero()[0])
     tok = int(ids[i])
     if start <= tok < start + per:
-        line = (f"ids[{i}] = {tok} is this rank's: local row {tok} − {start} = {tok - start} of its shard, "
-                f"{vec(want[i])}; yours: {vec(got[i])}")
+        line = (
+            f"ids[{i}] = {tok} is this rank's: local row {tok} − {start} = {tok - start} of its shard, {vec(want[i])}; yours: {vec(got[i])}"
+        )
         hint = ""
     else:
-        line = (f"ids[{i}] = {tok} belongs to rank {tok // per}, so row {i} of rank {rank}'s partial is zeros (the all-reduce "
-                f"adds the owner's row); yours: {vec(got[i])}")
+        line = (
+            f"ids[{i}] = {tok} belongs to rank {tok // per}, so row {i} of rank {rank}'s partial is zeros (the all-reduce "
+            f"adds the owner's row); yours: {vec(got[i])}"
+        )
         hint = vocab_hint(got, shard, ids, start)
     raise CheckFailed(vocab_head(ids, per, rank, tp, case), line, hint=hint)
 
@@ -803,16 +956,19 @@ def vocab_hint(got: torch.Tensor, shard: torch.Tensor, ids: torch.Tensor, start:
     """The misconception behind non-zero rows for ids the rank does not own ('' when none fits)."""
     per = shard.shape[0]
     above, below = ids >= start + per, ids < start
-    if per > 1 and above.any() and all(torch.equal(row, shard[-1]) for row in got[above]) \
-            and all(torch.equal(row, shard[0]) for row in got[below]):
+    if (
+        per > 1
+        and above.any()
+        and all(torch.equal(row, shard[-1]) for row in got[above])
+        and all(torch.equal(row, shard[0]) for row in got[below])
+    ):
         return M.clamped.format(last=per - 1)
     if all(torch.equal(row, shard[0]) for row in got[above | below]):
         return M.unzeroed
     return ""
 
 
-def run_vocab_case(t: Trial, table: torch.Tensor, ids: torch.Tensor, tp: int, case: str, *,
-                   figure: bool = False) -> None:
+def run_vocab_case(t: Trial, table: torch.Tensor, ids: torch.Tensor, tp: int, case: str, *, figure: bool = False) -> None:
     """Every rank's partial, then the provided all-reduce of them against the plain lookup E[ids]."""
     per = table.shape[0] // tp
     shards = list(table.split(per))
@@ -821,29 +977,42 @@ def run_vocab_case(t: Trial, table: torch.Tensor, ids: torch.Tensor, tp: int, ca
     gots = [vocab_structure(call_vocab(t, s, ids, r, tp, case), ids, s, r, tp, case) for r, s in enumerate(shards)]
     total = all_reduce(gots)
     if figure:
-        t.figure("ch15-vocab-parallel", table=table, ids=ids, partials=gots, partials_expected=wants,
-                 partials_wrong=[wrong_mask(g, w) for g, w in zip(gots, wants)], summed=total, summed_expected=full,
-                 summed_wrong=wrong_mask(total, full))
+        t.figure(
+            "ch15-vocab-parallel",
+            table=table,
+            ids=ids,
+            partials=gots,
+            partials_expected=wants,
+            partials_wrong=[wrong_mask(g, w) for g, w in zip(gots, wants)],
+            summed=total,
+            summed_expected=full,
+            summed_wrong=wrong_mask(total, full),
+        )
     for r, (got, want) in enumerate(zip(gots, wants)):
         explain_vocab(got, want, shards[r], ids, r, tp, case)
     idx = first_wrong(total, full)
     if idx is not None:
-        raise CheckFailed(f'case "{case}": the all-reduce of your partials should be E[ids]',
-                          f"row {idx[0]} (id {int(ids[idx[0]])}): expected {vec(full[idx[0]])}; "
-                          f"yours: {vec(total[idx[0]])}")
+        raise CheckFailed(
+            f'case "{case}": the all-reduce of your partials should be E[ids]',
+            f"row {idx[0]} (id {int(ids[idx[0]])}): expected {vec(full[idx[0]])}; yours: {vec(total[idx[0]])}",
+        )
 
 
 # -- ch15.8 ---------------------------------------------------------------------------------------------
 
+
 def head_head(hidden: torch.Tensor, shards: list[torch.Tensor], cu: torch.Tensor | None, case: str) -> str:
     per, tp = shards[0].shape[0], len(shards)
     step = f"prefill, cu_seqlens_q = {cu.tolist()}" if cu is not None else "decode (no cu_seqlens_q)"
-    return (f'case "{case}": hidden {list(hidden.shape)}, {step}; V = {tp * per} over tp = {tp} ranks, rank r '
-            f"computes the logits of tokens [{per}·r, {per}·r + {per})")
+    return (
+        f'case "{case}": hidden {list(hidden.shape)}, {step}; V = {tp * per} over tp = {tp} ranks, rank r '
+        f"computes the logits of tokens [{per}·r, {per}·r + {per})"
+    )
 
 
-def head_structure(got, want: torch.Tensor, hidden: torch.Tensor, shards: list[torch.Tensor],
-                   cu: torch.Tensor | None, case: str) -> torch.Tensor:
+def head_structure(
+    got, want: torch.Tensor, hidden: torch.Tensor, shards: list[torch.Tensor], cu: torch.Tensor | None, case: str
+) -> torch.Tensor:
     shape, tp, per = list(want.shape), len(shards), shards[0].shape[0]
     if isinstance(got, torch.Tensor) and list(got.shape) != shape:
         hint = ""
@@ -854,22 +1023,24 @@ def head_structure(got, want: torch.Tensor, hidden: torch.Tensor, shards: list[t
         elif cu is not None and list(got.shape) == [hidden.shape[0], shape[1]] != shape:
             hint = M.lm_head_all_rows.format(last=(cu[1:] - 1).tolist(), B=shape[0], N=hidden.shape[0])
         rows = "one row per sequence's last token" if cu is not None else "one row per sequence"
-        raise CheckFailed(head_head(hidden, shards, cu, case),
-                          f"expected logits {shape}: {rows}, all V = {shape[1]} token ids; yours: {describe(got)}",
-                          hint=hint)
+        raise CheckFailed(
+            head_head(hidden, shards, cu, case),
+            f"expected logits {shape}: {rows}, all V = {shape[1]} token ids; yours: {describe(got)}",
+            hint=hint,
+        )
     return expect_tensor(got, what="the logits", shape=shape, dtype=want.dtype)
 
 
-def explain_head(got: torch.Tensor, want: torch.Tensor, hidden: torch.Tensor, shards: list[torch.Tensor],
-                 cu: torch.Tensor | None, case: str) -> None:
+def explain_head(
+    got: torch.Tensor, want: torch.Tensor, hidden: torch.Tensor, shards: list[torch.Tensor], cu: torch.Tensor | None, case: str
+) -> None:
     idx = first_wrong(got, want, atol=ATOL, rtol=RTOL)
     if idx is None:
         return
     i, j = idx
     tp, per = len(shards), shards[0].shape[0]
     row = int(cu[i + 1]) - 1 if cu is not None else i
-    source = f"sequence {i}'s last token, row cu_seqlens_q[{i + 1}] − 1 = {row} of hidden" if cu is not None \
-        else f"row {i} of hidden"
+    source = f"sequence {i}'s last token, row cu_seqlens_q[{i + 1}] − 1 = {row} of hidden" if cu is not None else f"row {i} of hidden"
     close = lambda v: v.shape == got.shape and torch.allclose(got.double(), v.double(), atol=1e-4, rtol=1e-4)
     kept = hidden if cu is None else hidden[cu[1:].long() - 1]
     hint = ""
@@ -877,24 +1048,36 @@ def explain_head(got: torch.Tensor, want: torch.Tensor, hidden: torch.Tensor, sh
         hint = M.rank_order.format(tp=tp)
     elif cu is not None and close(torch.cat([hidden[cu[:-1].long()] @ w.T for w in shards], dim=-1)):
         hint = M.first_token_rows
-    raise CheckFailed(head_head(hidden, shards, cu, case),
-                      f"logits[{i}, {j}] is token {j}'s logit: rank {j // per}'s local column {j % per}, for "
-                      f"{source}: expected {fmt(want[i, j])}; yours: {fmt(got[i, j])}", hint=hint)
+    raise CheckFailed(
+        head_head(hidden, shards, cu, case),
+        f"logits[{i}, {j}] is token {j}'s logit: rank {j // per}'s local column {j % per}, for "
+        f"{source}: expected {fmt(want[i, j])}; yours: {fmt(got[i, j])}",
+        hint=hint,
+    )
 
 
-def run_head_case(t: Trial, hidden: torch.Tensor, weight: torch.Tensor, tp: int, cu: torch.Tensor | None, case: str,
-                  *, figure: bool = False) -> None:
+def run_head_case(
+    t: Trial, hidden: torch.Tensor, weight: torch.Tensor, tp: int, cu: torch.Tensor | None, case: str, *, figure: bool = False
+) -> None:
     shards = list(weight.split(weight.shape[0] // tp))
     want = t.ref.parallel_lm_head(hidden, shards, cu)
     got = head_structure(t.yours.parallel_lm_head(hidden, list(shards), cu), want, hidden, shards, cu, case)
     if figure:
         kept = hidden if cu is None else hidden[cu[1:].long() - 1]
-        t.figure("ch15-vocab-parallel", hidden=hidden, cu_seqlens_q=cu, local=[kept @ w.T for w in shards],
-                 logits=got, logits_expected=want, logits_wrong=wrong_mask(got, want, atol=ATOL, rtol=RTOL))
+        t.figure(
+            "ch15-vocab-parallel",
+            hidden=hidden,
+            cu_seqlens_q=cu,
+            local=[kept @ w.T for w in shards],
+            logits=got,
+            logits_expected=want,
+            logits_wrong=wrong_mask(got, want, atol=ATOL, rtol=RTOL),
+        )
     explain_head(got, want, hidden, shards, cu, case)
 
 
 # -- ch15.9 ---------------------------------------------------------------------------------------------
+
 
 def shard_derivation(s: str, heads: int, kv: int, d: int, tp: int, rank: int) -> str:
     """The reference's (offset, start, size) written out in the chapter's terms."""
@@ -908,8 +1091,11 @@ def shard_derivation(s: str, heads: int, kv: int, d: int, tp: int, rank: int) ->
 def shard_structure(got, s: str, rank: int, case: str) -> tuple[int, int, int]:
     if type(got) is not tuple or len(got) != 3 or not all(type(v) is int for v in got):
         hint = "return a tuple of three Python ints, (offset, start, size)" if type(got) in (list, tuple) else ""
-        raise CheckFailed(f'case "{case}": qkv_shard("{s}", …, rank={rank}) should return (offset, start, size), a '
-                          f"tuple of three ints; yours: {describe(got)}", hint=hint)
+        raise CheckFailed(
+            f'case "{case}": qkv_shard("{s}", …, rank={rank}) should return (offset, start, size), a '
+            f"tuple of three ints; yours: {describe(got)}",
+            hint=hint,
+        )
     return got
 
 
@@ -927,11 +1113,14 @@ def explain_shards(got: dict, want: dict, heads: int, kv: int, d: int, tp: int, 
             hint = M.kv_by_q_heads.format(kv=kv, tp=tp, d=d, size=w[2])
         elif rank > 0 and g[1] == 0 and w[1] > 0:
             hint = M.shard_zero.format(rank=rank, start=w[1])
-        raise CheckFailed(f'case "{case}": num_heads={heads}, num_kv_heads={kv}, head_dim={d}, tp={tp}; each rank '
-                          f"holds a fused [({heads}/{tp} + 2·{kv}/{tp})·{d}, H] = [{(heads + 2 * kv) // tp * d}, H] "
-                          f"weight packed q | k | v",
-                          f'rank {rank}, "{s}": {shard_derivation(s, heads, kv, d, tp, rank)}',
-                          f"(offset, start, size): expected {w}; yours: {g}", hint=hint)
+        raise CheckFailed(
+            f'case "{case}": num_heads={heads}, num_kv_heads={kv}, head_dim={d}, tp={tp}; each rank '
+            f"holds a fused [({heads}/{tp} + 2·{kv}/{tp})·{d}, H] = [{(heads + 2 * kv) // tp * d}, H] "
+            f"weight packed q | k | v",
+            f'rank {rank}, "{s}": {shard_derivation(s, heads, kv, d, tp, rank)}',
+            f"(offset, start, size): expected {w}; yours: {g}",
+            hint=hint,
+        )
 
 
 def shard_layout(triples: dict, heads: int, kv: int, d: int, tp: int) -> list[list[str]]:
@@ -949,13 +1138,19 @@ def shard_layout(triples: dict, heads: int, kv: int, d: int, tp: int) -> list[li
 def run_shard_case(t: Trial, heads: int, kv: int, d: int, tp: int, case: str, *, figure: bool = False) -> None:
     keys = [(rank, s) for rank in range(tp) for s in "qkv"]
     want = {key: t.ref.qkv_shard(key[1], heads, kv, d, tp, key[0]) for key in keys}
-    got = {key: shard_structure(t.yours.qkv_shard(key[1], heads, kv, d, tp, key[0]), key[1], key[0], case)
-           for key in keys}
+    got = {key: shard_structure(t.yours.qkv_shard(key[1], heads, kv, d, tp, key[0]), key[1], key[0], case) for key in keys}
     if figure:
         mine, theirs = shard_layout(got, heads, kv, d, tp), shard_layout(want, heads, kv, d, tp)
-        t.figure("ch15-qkv-shards", num_heads=heads, num_kv_heads=kv, head_dim=d, tp=tp,
-                 triples=[[list(got[rank, s]) for s in "qkv"] for rank in range(tp)],
-                 triples_expected=[[list(want[rank, s]) for s in "qkv"] for rank in range(tp)],
-                 layout=mine, layout_expected=theirs,
-                 layout_wrong=[[a != b for a, b in zip(m, w)] for m, w in zip(mine, theirs)])
+        t.figure(
+            "ch15-qkv-shards",
+            num_heads=heads,
+            num_kv_heads=kv,
+            head_dim=d,
+            tp=tp,
+            triples=[[list(got[rank, s]) for s in "qkv"] for rank in range(tp)],
+            triples_expected=[[list(want[rank, s]) for s in "qkv"] for rank in range(tp)],
+            layout=mine,
+            layout_expected=theirs,
+            layout_wrong=[[a != b for a, b in zip(m, w)] for m, w in zip(mine, theirs)],
+        )
     explain_shards(got, want, heads, kv, d, tp, case)

@@ -26,20 +26,20 @@ from grader.authoring import (
     wrong_mask,
 )
 
-ATOL, RTOL = 1e-5, 1e-5          # float32 attention outputs
+ATOL, RTOL = 1e-5, 1e-5  # float32 attention outputs
 NEG_INF = float("-inf")
 
 # ch16-dim-split-heads / ch16-dim-merge-heads: the numbers 0 … 11 as [1, 3, 4], 2 heads of width 2.
 NUMBERED_SHAPE, NUMBERED_HEADS = (1, 3, 4), 2
 # ch16-dim-one-head-attention: one causal head, T = 3, d = 2, small integers.
-ONE_Q = [[1., 0.], [2., 1.], [0., 1.]]
-ONE_K = [[1., 0.], [0., 1.], [1., 1.]]
-ONE_V = [[1., 0.], [0., 2.], [3., 1.]]
+ONE_Q = [[1.0, 0.0], [2.0, 1.0], [0.0, 1.0]]
+ONE_K = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
+ONE_V = [[1.0, 0.0], [0.0, 2.0], [3.0, 1.0]]
 # ch16-three-steps: 2 queries over 4 keys, d = 3, no mask; a second V shows the weights do not move.
-STEPS_Q = [[1., 0., 1.], [0., 2., 0.]]
-STEPS_K = [[1., 1., 0.], [0., 1., 1.], [2., 0., 0.], [0., 0., 1.]]
-STEPS_V = [[1., 0., 0.], [0., 1., 0.], [0., 0., 1.], [1., 1., 1.]]
-STEPS_V2 = [[2., 2., 0.], [0., 0., 3.], [1., 0., 0.], [0., 1., 0.]]
+STEPS_Q = [[1.0, 0.0, 1.0], [0.0, 2.0, 0.0]]
+STEPS_K = [[1.0, 1.0, 0.0], [0.0, 1.0, 1.0], [2.0, 0.0, 0.0], [0.0, 0.0, 1.0]]
+STEPS_V = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 1.0, 1.0]]
+STEPS_V2 = [[2.0, 2.0, 0.0], [0.0, 0.0, 3.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
 # ch16-prob-rows: 5 causal queries.
 ROWS_T, ROWS_D = 5, 4
 
@@ -55,13 +55,13 @@ M = mistakes("ch16")
 
 # -- ch16.1 split_heads ------------------------------------------------------------------------------
 
+
 @public("ch16.1", "figure instance: the numbers 0 … 11 as [1, 3, 4], 2 heads of width 2")
 def split_figure_instance(t: Trial) -> None:
     x, case = numbered(), "figure instance"
     want = t.ref.split_heads(x, NUMBERED_HEADS)
     out = expect_split(t.yours.split_heads(x, NUMBERED_HEADS), x, want, NUMBERED_HEADS, case, values=False)
-    t.figure("ch16-dim-split-heads", x=x, num_heads=NUMBERED_HEADS, yours=out, expected=want,
-             wrong=wrong_mask(out, want))
+    t.figure("ch16-dim-split-heads", x=x, num_heads=NUMBERED_HEADS, yours=out, expected=want, wrong=wrong_mask(out, want))
     explain_split(out, x, want, NUMBERED_HEADS, case)
 
 
@@ -83,13 +83,13 @@ def split_one_head(t: Trial) -> None:
 
 # -- ch16.2 merge_heads ------------------------------------------------------------------------------
 
+
 @public("ch16.2", "figure instance: [1, 2, 3, 2] back to [1, 3, 4]")
 def merge_figure_instance(t: Trial) -> None:
     heads = t.ref.split_heads(numbered(), NUMBERED_HEADS).contiguous()  # a fresh [B, H, T, d], as attention makes
     want = t.ref.merge_heads(heads)
     out = expect_merge(call_merge(t, heads, "figure instance"), heads, want, "figure instance", values=False)
-    t.figure("ch16-dim-merge-heads", heads=heads, yours=out, expected=want, wrong=wrong_mask(out, want),
-             bare=heads.reshape(NUMBERED_SHAPE))
+    t.figure("ch16-dim-merge-heads", heads=heads, yours=out, expected=want, wrong=wrong_mask(out, want), bare=heads.reshape(NUMBERED_SHAPE))
     explain_merge(out, heads, want, "figure instance")
 
 
@@ -107,15 +107,24 @@ def merge_batch(t: Trial) -> None:
 
 # -- ch16.3 attention_steps ------------------------------------------------------------------------------
 
+
 @public("ch16.3", "figure instance: one causal head, T = 3, d = 2, small integers")
 def one_head_instance(t: Trial) -> None:
     q, k, v, mask, case = tensor(ONE_Q), tensor(ONE_K), tensor(ONE_V), t.ref.drive(causal_mask, 3), "figure instance"
     want = t.ref.attention_steps(q, k, v, mask=mask)
     variants = t.ref.drive(steps_variants, q, k, v, mask, None, want)
     parts = call_steps(t, q, k, v, mask, case=case)
-    t.figure("ch16-dim-one-head-attention", q=q, k=k, v=v, mask=mask, **parts,
-             expected={key: want[key] for key in ("scores", "probs", "out")}, wrong=steps_wrong(parts, want, mask),
-             sums_wrong=sums_wrong(parts["probs"]))
+    t.figure(
+        "ch16-dim-one-head-attention",
+        q=q,
+        k=k,
+        v=v,
+        mask=mask,
+        **parts,
+        expected={key: want[key] for key in ("scores", "probs", "out")},
+        wrong=steps_wrong(parts, want, mask),
+        sums_wrong=sums_wrong(parts["probs"]),
+    )
     explain_steps(parts, want, q, k, v, mask, None, case, variants=variants)
 
 
@@ -126,14 +135,26 @@ def three_steps(t: Trial) -> None:
     variants = [t.ref.drive(steps_variants, q, k, x, None, None, w) for x, w in ((v, want), (v2, want2))]
     parts = call_steps(t, q, k, v, case="three steps, V")
     parts2 = call_steps(t, q, k, v2, case="three steps, another V")
-    t.figure("ch16-three-steps", q=q, k=k, v=v, v2=v2, **parts, out2=parts2["out"],
-             expected={key: want[key] for key in ("scores", "probs", "out")}, expected_out2=want2["out"],
-             wrong=steps_wrong(parts, want, None), out2_wrong=steps_wrong(parts2, want2, None)["out"])
+    t.figure(
+        "ch16-three-steps",
+        q=q,
+        k=k,
+        v=v,
+        v2=v2,
+        **parts,
+        out2=parts2["out"],
+        expected={key: want[key] for key in ("scores", "probs", "out")},
+        expected_out2=want2["out"],
+        wrong=steps_wrong(parts, want, None),
+        out2_wrong=steps_wrong(parts2, want2, None)["out"],
+    )
     explain_steps(parts, want, q, k, v, None, None, "three steps, V", variants=variants[0])
     explain_steps(parts2, want2, q, k, v2, None, None, "three steps, another V", variants=variants[1])
     if not (torch.equal(parts["scores"], parts2["scores"]) and torch.equal(parts["probs"], parts2["probs"])):
-        raise CheckFailed("the same q and k with another v gave different scores or probs: Q and K alone decide "
-                          "the weights; V only supplies the content they average")
+        raise CheckFailed(
+            "the same q and k with another v gave different scores or probs: Q and K alone decide "
+            "the weights; V only supplies the content they average"
+        )
 
 
 @public("ch16.3", "causal, 5 queries: one row of probabilities per query")
@@ -142,9 +163,15 @@ def prob_rows(t: Trial) -> None:
     want = t.ref.attention_steps(q, k, v, mask=mask)
     variants = t.ref.drive(steps_variants, q, k, v, mask, None, want)
     parts = call_steps(t, q, k, v, mask, case=case)
-    t.figure("ch16-prob-rows", mask=mask, probs=parts["probs"], expected=want["probs"],
-             wrong=steps_wrong(parts, want, mask)["probs"], sums_wrong=sums_wrong(parts["probs"]),
-             over_queries=close(parts["probs"], variants["probs"]["dim 0"]))
+    t.figure(
+        "ch16-prob-rows",
+        mask=mask,
+        probs=parts["probs"],
+        expected=want["probs"],
+        wrong=steps_wrong(parts, want, mask)["probs"],
+        sums_wrong=sums_wrong(parts["probs"]),
+        over_queries=close(parts["probs"], variants["probs"]["dim 0"]),
+    )
     explain_steps(parts, want, q, k, v, mask, None, case, variants=variants)
 
 
@@ -165,11 +192,19 @@ def padding_mask(t: Trial) -> None:
 @public("ch16.3", "a query that may attend no key raises ValueError")
 def blind_query(t: Trial) -> None:
     q, k = torch.zeros(2, 4), torch.zeros(3, 4)
-    t.expect_raises(ValueError, t.yours.attention_steps, q, k, k, mask=torch.tensor([[True, False, False], [False] * 3]),
-                    because="query 1 may attend no key, and a softmax over no keys is undefined (0/0)")
+    t.expect_raises(
+        ValueError,
+        t.yours.attention_steps,
+        q,
+        k,
+        k,
+        mask=torch.tensor([[True, False, False], [False] * 3]),
+        because="query 1 may attend no key, and a softmax over no keys is undefined (0/0)",
+    )
 
 
 # -- the explanations, shared with the hidden checks ------------------------------------------------
+
 
 def numbered(shape: tuple[int, ...] = NUMBERED_SHAPE) -> torch.Tensor:
     """The numbers 0, 1, 2, … in row order: every element shows where it came from."""
@@ -180,8 +215,7 @@ def is_causal(mask: torch.Tensor) -> bool:
     """Whether a bool [T, S] mask is the end-aligned causal one: True exactly on and below the diagonal S − T."""
     T, S = mask.shape
     hidden_keys = ~mask
-    return mask.dtype == torch.bool and bool(mask.equal(mask.tril(S - T))) and \
-        bool(hidden_keys.equal(hidden_keys.triu(S - T + 1)))
+    return mask.dtype == torch.bool and bool(mask.equal(mask.tril(S - T))) and bool(hidden_keys.equal(hidden_keys.triu(S - T + 1)))
 
 
 def tensor(rows: list) -> torch.Tensor:
@@ -213,17 +247,19 @@ def expect_layout(got, want: torch.Tensor, header: str, what: str, hint_of) -> t
     try:
         return expect_tensor(got, what=what, shape=list(want.shape), dtype=want.dtype)
     except CheckFailed as e:
-        hint = "" if not isinstance(got, torch.Tensor) else \
-            M.dtype_changed if list(got.shape) == list(want.shape) else hint_of(got)
+        hint = "" if not isinstance(got, torch.Tensor) else M.dtype_changed if list(got.shape) == list(want.shape) else hint_of(got)
         raise CheckFailed(header, *e.lines, hint=hint) from None
 
 
 # -- ch16.1 -----------------------------------------------------------------------------
 
+
 def split_case(x: torch.Tensor, num_heads: int, case: str) -> str:
     B, T, W = x.shape
-    return (f'case "{case}": x [{B}, {T}, {W}] = [B, T, H·d], num_heads={num_heads} → d = {W} // {num_heads} = '
-            f"{W // num_heads}; the result is [B, H, T, d] = [{B}, {num_heads}, {T}, {W // num_heads}]")
+    return (
+        f'case "{case}": x [{B}, {T}, {W}] = [B, T, H·d], num_heads={num_heads} → d = {W} // {num_heads} = '
+        f"{W // num_heads}; the result is [B, H, T, d] = [{B}, {num_heads}, {T}, {W // num_heads}]"
+    )
 
 
 def split_hint(got: torch.Tensor, x: torch.Tensor, num_heads: int) -> str:
@@ -242,8 +278,7 @@ def split_hint(got: torch.Tensor, x: torch.Tensor, num_heads: int) -> str:
     return ""
 
 
-def expect_split(got, x: torch.Tensor, want: torch.Tensor, num_heads: int, case: str, *,
-                 values: bool = True) -> torch.Tensor:
+def expect_split(got, x: torch.Tensor, want: torch.Tensor, num_heads: int, case: str, *, values: bool = True) -> torch.Tensor:
     """Require the student's split to be a [B, H, T, d] tensor in x's dtype (and, with `values`, to equal `want`)."""
     out = expect_layout(got, want, split_case(x, num_heads, case), "the heads", lambda g: split_hint(g, x, num_heads))
     if values:
@@ -259,14 +294,19 @@ def explain_split(out: torch.Tensor, x: torch.Tensor, want: torch.Tensor, num_he
     B, T, W = x.shape
     d = W // num_heads
     hits = (x.reshape(B, T, num_heads, d).double() == out[b, h, t].double()).all(-1).nonzero().tolist()
-    origin = (f", which is head {hits[0][2]} of token {hits[0][1]} (x[{hits[0][0]}, {hits[0][1]}, "
-              f"{hits[0][2] * d}:{(hits[0][2] + 1) * d}])" if hits else ", which is not one head of one token of x")
-    raise CheckFailed(split_case(x, num_heads, case),
-                      f"out[{b}, {h}, {t}, :] is head {h} of token {t}, the columns h·d … h·d + d − 1 = {h * d} … "
-                      f"{h * d + d - 1} of row {t}: x[{b}, {t}, {h * d}:{(h + 1) * d}] = {vec(want[b, h, t])}; "
-                      f"yours: {vec(out[b, h, t])}{origin}",
-                      f"({int(wrong_mask(out, want).sum())} of {want.numel()} numbers differ)",
-                      hint=split_hint(out, x, num_heads))
+    origin = (
+        f", which is head {hits[0][2]} of token {hits[0][1]} (x[{hits[0][0]}, {hits[0][1]}, {hits[0][2] * d}:{(hits[0][2] + 1) * d}])"
+        if hits
+        else ", which is not one head of one token of x"
+    )
+    raise CheckFailed(
+        split_case(x, num_heads, case),
+        f"out[{b}, {h}, {t}, :] is head {h} of token {t}, the columns h·d … h·d + d − 1 = {h * d} … "
+        f"{h * d + d - 1} of row {t}: x[{b}, {t}, {h * d}:{(h + 1) * d}] = {vec(want[b, h, t])}; "
+        f"yours: {vec(out[b, h, t])}{origin}",
+        f"({int(wrong_mask(out, want).sum())} of {want.numel()} numbers differ)",
+        hint=split_hint(out, x, num_heads),
+    )
 
 
 def run_split_case(t: Trial, x: torch.Tensor, num_heads: int, case: str) -> torch.Tensor:
@@ -276,10 +316,13 @@ def run_split_case(t: Trial, x: torch.Tensor, num_heads: int, case: str) -> torc
 
 # -- ch16.2 -----------------------------------------------------------------------------
 
+
 def merge_case(x: torch.Tensor, case: str) -> str:
     B, H, T, d = x.shape
-    return (f'case "{case}": x [{B}, {H}, {T}, {d}] = [B, H, T, d] → the result is [B, T, H·d] = '
-            f"[{B}, {T}, {H * d}], token t's heads side by side in row t")
+    return (
+        f'case "{case}": x [{B}, {H}, {T}, {d}] = [B, H, T, d] → the result is [B, T, H·d] = '
+        f"[{B}, {T}, {H * d}], token t's heads side by side in row t"
+    )
 
 
 def merge_hint(got: torch.Tensor, x: torch.Tensor) -> str:
@@ -312,19 +355,20 @@ def explain_merge(out: torch.Tensor, x: torch.Tensor, want: torch.Tensor, case: 
     b, t, c = idx
     B, H, T, d = x.shape
     h, j = divmod(c, d)
-    lines = [merge_case(x, case),
-             f"out[{b}, {t}, {c}] is column {c} = {h}·{d} + {j} of token {t}'s row, i.e. head {h} of token {t}: "
-             f"x[{b}, {h}, {t}, {j}] = {fmt(want[idx])}; yours: {fmt(out[idx])}"]
+    lines = [
+        merge_case(x, case),
+        f"out[{b}, {t}, {c}] is column {c} = {h}·{d} + {j} of token {t}'s row, i.e. head {h} of token {t}: "
+        f"x[{b}, {h}, {t}, {j}] = {fmt(want[idx])}; yours: {fmt(out[idx])}",
+    ]
     rows = x.reshape(B * H * T, d).double()
     origins = [(rows == piece).all(-1).nonzero().flatten().tolist() for piece in out[b, t].reshape(H, d).double()]
-    origins = [divmod(hit[0] % (H * T), T) if hit else None for hit in origins]   # (head, token) of each piece
+    origins = [divmod(hit[0] % (H * T), T) if hit else None for hit in origins]  # (head, token) of each piece
     if H <= 8 and any(origins):
         tokens = {o[1] for o in origins if o is not None}
         pieces = ", ".join("?" if o is None else f"head {o[0]} of token {o[1]}" for o in origins)
         mixed = f" — values of {len(tokens)} different tokens in one row" if len(tokens) > 1 else ""
         lines.append(f"your row {t} holds, piece by piece: {pieces}{mixed}")
-    raise CheckFailed(*lines, f"({int(wrong_mask(out, want).sum())} of {want.numel()} numbers differ)",
-                      hint=merge_hint(out, x))
+    raise CheckFailed(*lines, f"({int(wrong_mask(out, want).sum())} of {want.numel()} numbers differ)", hint=merge_hint(out, x))
 
 
 def call_merge(t: Trial, x: torch.Tensor, case: str):
@@ -345,17 +389,19 @@ def run_merge_case(t: Trial, x: torch.Tensor, case: str, want: torch.Tensor | No
 
 # -- ch16.3 -----------------------------------------------------------------------------
 
-def steps_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None,
-               case: str) -> str:
+
+def steps_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None, case: str) -> str:
     (T, d), S = q.shape, k.shape[0]
-    m = "none" if mask is None else "causal" if is_causal(mask) else \
-        f"bool [{T}, {S}], {int(mask.sum())} of {mask.numel()} True"
-    return (f'case "{case}": q [{T}, {d}], k [{S}, {d}], v {list(v.shape)}, mask: {m}, scale = '
-            f"{f'1/√{d} (default)' if scale is None else fmt(scale)}")
+    m = "none" if mask is None else "causal" if is_causal(mask) else f"bool [{T}, {S}], {int(mask.sum())} of {mask.numel()} True"
+    return (
+        f'case "{case}": q [{T}, {d}], k [{S}, {d}], v {list(v.shape)}, mask: {m}, scale = '
+        f"{f'1/√{d} (default)' if scale is None else fmt(scale)}"
+    )
 
 
-def call_steps(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-               scale: float | None = None, *, case: str) -> dict:
+def call_steps(
+    t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, scale: float | None = None, *, case: str
+) -> dict:
     """The student's attention_steps on valid inputs, structure checked; a ValueError there is explained."""
     head = steps_case(q, k, v, mask, scale, case)
     kw = ({"mask": mask} if mask is not None else {}) | ({"scale": scale} if scale is not None else {})
@@ -365,28 +411,39 @@ def call_steps(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
         if e.not_implemented or not e.is_a("ValueError"):
             raise
         full = [] if mask is None else mask.all(-1).nonzero().flatten().tolist()
-        raise CheckFailed(head, f"your attention_steps raised ValueError ({e.error.get('message')}), but these inputs "
-                                f"are valid",
-                          "" if mask is None else f"every query may attend at least one key here ({CONVENTION})"
-                          + (f"; read as True = hidden, query {full[0]}'s row (all True) would hide every key"
-                             if full else "")) from None
+        raise CheckFailed(
+            head,
+            f"your attention_steps raised ValueError ({e.error.get('message')}), but these inputs are valid",
+            ""
+            if mask is None
+            else f"every query may attend at least one key here ({CONVENTION})"
+            + (f"; read as True = hidden, query {full[0]}'s row (all True) would hide every key" if full else ""),
+        ) from None
     if not isinstance(got, dict) or not {"scores", "probs", "out"} <= set(got):
         have = f"a dict with the keys {', '.join(map(repr, got))}" if isinstance(got, dict) else describe(got)
-        raise CheckFailed(head, f"expected a dict with the keys 'scores', 'probs' and 'out'; yours: {have}",
-                          hint=M.missing_steps)
+        raise CheckFailed(head, f"expected a dict with the keys 'scores', 'probs' and 'out'; yours: {have}", hint=M.missing_steps)
     T, S = q.shape[0], k.shape[0]
     parts = {}
-    for key, shape, what in (("scores", [T, S], "scores (one row per query, one column per key)"),
-                             ("probs", [T, S], "probs (one row per query, one column per key)"),
-                             ("out", [T, v.shape[1]], "out (one row per query, v's width)")):
+    for key, shape, what in (
+        ("scores", [T, S], "scores (one row per query, one column per key)"),
+        ("probs", [T, S], "probs (one row per query, one column per key)"),
+        ("out", [T, v.shape[1]], "out (one row per query, v's width)"),
+    ):
         try:
             parts[key] = expect_tensor(got[key], what=what, shape=shape, dtype=q.dtype)
         except CheckFailed as e:
             g = got[key]
-            raise CheckFailed(head, *e.lines, hint="" if not isinstance(g, torch.Tensor) else
-                              M.keys_by_queries if list(g.shape) == shape[::-1] and T != S and key != "out" else
-                              f"keep q's dtype ({str(q.dtype).removeprefix('torch.')})" if list(g.shape) == shape
-                              else "") from None
+            raise CheckFailed(
+                head,
+                *e.lines,
+                hint=""
+                if not isinstance(g, torch.Tensor)
+                else M.keys_by_queries
+                if list(g.shape) == shape[::-1] and T != S and key != "out"
+                else f"keep q's dtype ({str(q.dtype).removeprefix('torch.')})"
+                if list(g.shape) == shape
+                else "",
+            ) from None
     return parts
 
 
@@ -405,28 +462,35 @@ def term(x: float) -> str:
 
 
 def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-4) -> bool:
-    return list(a.shape) == list(b.shape) and torch.allclose(a.double(), b.double(), atol=tol, rtol=tol,
-                                                              equal_nan=True)
+    return list(a.shape) == list(b.shape) and torch.allclose(a.double(), b.double(), atol=tol, rtol=tol, equal_nan=True)
 
 
-def scores_hint(got: torch.Tensor, want: torch.Tensor, q: torch.Tensor, k: torch.Tensor, mask, scale,
-                variants: dict) -> str:
+def scores_hint(got: torch.Tensor, want: torch.Tensor, q: torch.Tensor, k: torch.Tensor, mask, scale, variants: dict) -> str:
     """The misconception behind wrong scores ('' if none); `variants` is `steps_variants(...)["scores"]`."""
     (T, d), S = q.shape, k.shape[0]
-    if mask is not None and not bool(mask.all()) and close(got[mask], want[mask]) \
-            and bool((got[~mask].double() <= -1e3).all()):
+    if mask is not None and not bool(mask.all()) and close(got[mask], want[mask]) and bool((got[~mask].double() <= -1e3).all()):
         return M.scores_masked
-    whys = [("unscaled", M.unscaled.format(d=d)), ("1/d", M.one_over_d.format(d=d, root=fmt(d ** -0.5))),
-            ("√keys", M.sqrt_keys.format(d=d, S=S)), ("√queries", M.sqrt_queries.format(d=d, T=T)),
-            ("default scale", M.default_scale.format(scale=fmt(scale or 0.0))), ("transposed", M.keys_by_queries)]
+    whys = [
+        ("unscaled", M.unscaled.format(d=d)),
+        ("1/d", M.one_over_d.format(d=d, root=fmt(d**-0.5))),
+        ("√keys", M.sqrt_keys.format(d=d, S=S)),
+        ("√queries", M.sqrt_queries.format(d=d, T=T)),
+        ("default scale", M.default_scale.format(scale=fmt(scale or 0.0))),
+        ("transposed", M.keys_by_queries),
+    ]
     return next((hint for key, hint in whys if key in variants and close(got, variants[key])), "")
 
 
 def probs_hint(got: torch.Tensor, mask, variants: dict) -> str:
     """The misconception behind wrong probabilities ('' if none); `variants` is `steps_variants(...)["probs"]`."""
     allowed = torch.ones_like(got, dtype=torch.bool) if mask is None else mask
-    whys = [("dim 0", M.softmax_dim0), ("masked after", M.mask_after), ("mask inverted", M.mask_inverted),
-            ("no mask", M.no_mask), ("raw scores", M.raw_scores)]
+    whys = [
+        ("dim 0", M.softmax_dim0),
+        ("masked after", M.mask_after),
+        ("mask inverted", M.mask_inverted),
+        ("no mask", M.no_mask),
+        ("raw scores", M.raw_scores),
+    ]
     hint = next((hint for key, hint in whys if key in variants and close(got, variants[key])), "")
     if not hint and bool((got[~allowed].double().abs() > 1e-4).any()):
         hint = M.fill_too_small
@@ -441,8 +505,20 @@ def out_hint(got: torch.Tensor, variants: dict) -> str:
     return next((hint for key, hint in whys if key in variants and close(got, variants[key])), "")
 
 
-def explain_steps(parts: dict, want: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale,
-                  case: str, *, atol: float = ATOL, rtol: float = RTOL, variants: dict | None = None) -> None:
+def explain_steps(
+    parts: dict,
+    want: dict,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask,
+    scale,
+    case: str,
+    *,
+    atol: float = ATOL,
+    rtol: float = RTOL,
+    variants: dict | None = None,
+) -> None:
     """Compare scores, then probs, then out with the reference; explain the first wrong number (`variants`:
     `steps_variants`' answer; asked of the hidden side when needed if not given)."""
     (T, d), S = q.shape, k.shape[0]
@@ -453,34 +529,52 @@ def explain_steps(parts: dict, want: dict, q: torch.Tensor, k: torch.Tensor, v: 
     tol = dict(atol=atol, rtol=rtol)
     if (idx := first_wrong(scores, want["scores"], **tol)) is not None:
         i, j = idx
-        terms = ("(" + " + ".join(f"{term(a)}·{term(b)}" for a, b in zip(q[i].tolist(), k[j].tolist())) + ")"
-                 if d <= 4 else fmt(float(q[i].double() @ k[j].double())))
+        terms = (
+            "(" + " + ".join(f"{term(a)}·{term(b)}" for a, b in zip(q[i].tolist(), k[j].tolist())) + ")"
+            if d <= 4
+            else fmt(float(q[i].double() @ k[j].double()))
+        )
         where = "" if d <= 4 else f" (q[{i}] · k[{j}] is a sum of d = {d} products)"
-        raise CheckFailed(head, f"step 1: scores[{i}, {j}] = (q[{i}] · k[{j}]) × scale = {terms} × "
-                                f"{f'1/√{d}' if scale is None else fmt(scale)} = {fmt(want['scores'][i, j])}{where}; "
-                                f"yours: {fmt(scores[i, j])}",
-                          f"({int(wrong_mask(scores, want['scores'], **tol).sum())} of {T * S} scores differ)",
-                          hint=scores_hint(scores, want["scores"], q, k, mask, scale, hints()["scores"]))
+        raise CheckFailed(
+            head,
+            f"step 1: scores[{i}, {j}] = (q[{i}] · k[{j}]) × scale = {terms} × "
+            f"{f'1/√{d}' if scale is None else fmt(scale)} = {fmt(want['scores'][i, j])}{where}; "
+            f"yours: {fmt(scores[i, j])}",
+            f"({int(wrong_mask(scores, want['scores'], **tol).sum())} of {T * S} scores differ)",
+            hint=scores_hint(scores, want["scores"], q, k, mask, scale, hints()["scores"]),
+        )
     if (idx := first_wrong(probs, want["probs"], **tol)) is not None:
         i = idx[0]
         m = want["scores"][i].double().masked_fill(~allowed[i], NEG_INF).max()
-        raise CheckFailed(head, f"step 2: query {i} may attend {keys_text(allowed[i])}; probs[{i}, j] = "
-                                f"exp(scores[{i}, j] − m) / Σ exp(scores[{i}, j'] − m) over those keys, m = the row's "
-                                f"max = {fmt(m)}",
-                          f"expected row {i}: {vec(want['probs'][i])} (sums to 1); yours: {vec(probs[i])} "
-                          f"(sums to {fmt(probs[i].double().sum())})", hint=probs_hint(probs, mask, hints()["probs"]))
-    if (leak := ((~allowed) & (probs != 0)).nonzero().tolist()):
+        raise CheckFailed(
+            head,
+            f"step 2: query {i} may attend {keys_text(allowed[i])}; probs[{i}, j] = "
+            f"exp(scores[{i}, j] − m) / Σ exp(scores[{i}, j'] − m) over those keys, m = the row's "
+            f"max = {fmt(m)}",
+            f"expected row {i}: {vec(want['probs'][i])} (sums to 1); yours: {vec(probs[i])} (sums to {fmt(probs[i].double().sum())})",
+            hint=probs_hint(probs, mask, hints()["probs"]),
+        )
+    if leak := ((~allowed) & (probs != 0)).nonzero().tolist():
         i, j = leak[0]
-        raise CheckFailed(head, f"step 2: query {i} may not attend key {j} (mask[{i}, {j}] is False), so "
-                                f"probs[{i}, {j}] must be exactly 0; yours: {fmt(probs[i, j])}", hint=M.finite_fill)
+        raise CheckFailed(
+            head,
+            f"step 2: query {i} may not attend key {j} (mask[{i}, {j}] is False), so "
+            f"probs[{i}, {j}] must be exactly 0; yours: {fmt(probs[i, j])}",
+            hint=M.finite_fill,
+        )
     if (idx := first_wrong(out, want["out"], **tol)) is not None:
         i, c = idx
-        terms = (" + ".join(f"{fmt(a, 3)}·{term(b)}" for a, b in zip(want["probs"][i].tolist(), v[:, c].tolist()))
-                 if S <= 4 else f"a sum over the S = {S} keys")
-        raise CheckFailed(head, f"step 3: out[{i}, {c}] = Σ_j probs[{i}, j] · v[j, {c}] = {terms} = "
-                                f"{fmt(want['out'][i, c])}; yours: {fmt(out[i, c])}",
-                          f"({int(wrong_mask(out, want['out'], **tol).sum())} of {out.numel()} outputs differ)",
-                          hint=out_hint(out, hints()["out"]))
+        terms = (
+            " + ".join(f"{fmt(a, 3)}·{term(b)}" for a, b in zip(want["probs"][i].tolist(), v[:, c].tolist()))
+            if S <= 4
+            else f"a sum over the S = {S} keys"
+        )
+        raise CheckFailed(
+            head,
+            f"step 3: out[{i}, {c}] = Σ_j probs[{i}, j] · v[j, {c}] = {terms} = {fmt(want['out'][i, c])}; yours: {fmt(out[i, c])}",
+            f"({int(wrong_mask(out, want['out'], **tol).sum())} of {out.numel()} outputs differ)",
+            hint=out_hint(out, hints()["out"]),
+        )
 
 
 def steps_wrong(parts: dict, want: dict, mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -498,8 +592,17 @@ def sums_wrong(probs: torch.Tensor) -> torch.Tensor:
     return wrong_mask(sums, torch.ones_like(sums), atol=ATOL)
 
 
-def run_steps_case(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-                   scale: float | None = None, *, case: str, **tol: float) -> dict:
+def run_steps_case(
+    t: Trial,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    *,
+    case: str,
+    **tol: float,
+) -> dict:
     kw = ({"mask": mask} if mask is not None else {}) | ({"scale": scale} if scale is not None else {})
     want = t.ref.attention_steps(q, k, v, **kw)
     variants = t.ref.drive(steps_variants, q, k, v, mask, scale, want)

@@ -15,6 +15,7 @@ M = mistakes("ch17")
 
 # -- 17.1 -------------------------------------------------------------------------------------
 
+
 @public("ch17.1", "figure instance: a whole sequence of 6 tokens")
 def figure_instance(t: Trial) -> None:
     got = t.yours.causal_mask(FIGURE_TOKENS)
@@ -42,6 +43,7 @@ def empty_sequence(t: Trial) -> None:
 
 # -- 17.2 -------------------------------------------------------------------------------------
 
+
 @public("ch17.2", "figure instance: 2 new tokens after 3 cached")
 def offset_figure_instance(t: Trial) -> None:
     got = t.yours.causal_mask_with_offset(FIGURE_NEW, FIGURE_CACHED)
@@ -67,6 +69,7 @@ def nothing_cached(t: Trial) -> None:
 
 
 # -- the explanations, shared with the hidden checks -----------------------------------------------------
+
 
 def keys_text(row: list[bool] | torch.Tensor) -> str:
     """The keys a mask row lets its query see, as ranges: 'keys 0–3', 'only key 0', 'no key at all'."""
@@ -97,21 +100,32 @@ def inputs_line(num_new: int, num_cached: int, whole: bool) -> str:
     if whole:
         return f"inputs: num_tokens={num_new} → a [{num_new}, {num_new}] mask, one row per query, one column per key"
     s = num_new + num_cached
+
     def span(a: int, b: int) -> str:
         return f"key {a}" if a == b else f"keys {a}–{b}"
-    keys = (f"{span(0, num_cached - 1)} cached, {span(num_cached, s - 1)} new" if num_cached and num_new
-            else "no cached keys" if num_new else "no queries")
+
+    keys = (
+        f"{span(0, num_cached - 1)} cached, {span(num_cached, s - 1)} new"
+        if num_cached and num_new
+        else "no cached keys"
+        if num_new
+        else "no queries"
+    )
     return f"inputs: num_new={num_new}, num_cached={num_cached} → a [{num_new}, {s}] mask ({keys})"
 
 
-def structure_hint(got: object, shape: list[int], want: torch.Tensor, num_new: int, num_cached: int,
-                   whole: bool) -> str:
+def structure_hint(got: object, shape: list[int], want: torch.Tensor, num_new: int, num_cached: int, whole: bool) -> str:
     """Why a mask of the wrong type or shape is wrong ('' when nothing specific fits)."""
     if not isinstance(got, torch.Tensor):
         return f"return a torch.Tensor of dtype torch.bool ({CONVENTION})"
     if list(got.shape) == list(shape):
-        if got.dtype.is_floating_point and bool(((got == 0) == want).all()) and bool(torch.isinf(got[~want]).all()) \
-                and want.numel() and not bool(want.all()):
+        if (
+            got.dtype.is_floating_point
+            and bool(((got == 0) == want).all())
+            and bool(torch.isinf(got[~want]).all())
+            and want.numel()
+            and not bool(want.all())
+        ):
             return M.additive
         if bool((got.to(torch.float64) == want.to(torch.float64)).all()):
             return M.float_values if got.dtype.is_floating_point else M.int_values
@@ -151,8 +165,7 @@ def mask_hint(mask: torch.Tensor, want: torch.Tensor, num_new: int, num_cached: 
     return ""
 
 
-def mask_problem(mask: torch.Tensor, want: torch.Tensor, num_new: int, num_cached: int,
-                 whole: bool) -> CheckFailed | None:
+def mask_problem(mask: torch.Tensor, want: torch.Tensor, num_new: int, num_cached: int, whole: bool) -> CheckFailed | None:
     """The failure explaining the first wrong row of a bool mask of the right shape (None when it is right)."""
     idx = first_wrong(mask, want)
     if idx is None:
@@ -160,21 +173,22 @@ def mask_problem(mask: torch.Tensor, want: torch.Tensor, num_new: int, num_cache
     i, p = idx[0], num_cached + idx[0]
     where = f"position {p}" if whole else f"absolute position {num_cached} + {i} = {p}" if num_cached else f"position {p}"
     count = int(wrong_mask(mask, want).sum())
-    return CheckFailed(f"query {i} is the token at {where}, so it sees {visible_text(p)}; "
-                       f"your row {i} sees {keys_text(mask[i])}",
-                       f"({count} of {want.numel()} entries of your mask differ)" if count > 1 else "",
-                       hint=mask_hint(mask, want, num_new, num_cached, whole))
+    return CheckFailed(
+        f"query {i} is the token at {where}, so it sees {visible_text(p)}; your row {i} sees {keys_text(mask[i])}",
+        f"({count} of {want.numel()} entries of your mask differ)" if count > 1 else "",
+        hint=mask_hint(mask, want, num_new, num_cached, whole),
+    )
 
 
-def expect_mask_structure(got: object, want: torch.Tensor, num_new: int, num_cached: int, *,
-                          whole: bool) -> torch.Tensor:
+def expect_mask_structure(got: object, want: torch.Tensor, num_new: int, num_cached: int, *, whole: bool) -> torch.Tensor:
     """Require a 2-D bool tensor of the expected shape, explaining a wrong type or shape."""
     shape = list(want.shape)
     try:
         return expect_tensor(got, what="the mask", shape=shape, dtype=torch.bool)
     except CheckFailed as e:
-        raise CheckFailed(inputs_line(num_new, num_cached, whole), *e.lines,
-                          hint=structure_hint(got, shape, want, num_new, num_cached, whole)) from None
+        raise CheckFailed(
+            inputs_line(num_new, num_cached, whole), *e.lines, hint=structure_hint(got, shape, want, num_new, num_cached, whole)
+        ) from None
 
 
 def expect_mask(got: object, want: torch.Tensor, num_new: int, num_cached: int, *, whole: bool) -> torch.Tensor:

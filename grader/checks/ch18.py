@@ -26,9 +26,11 @@ from grader.authoring import (
 ATOL, RTOL = 1e-5, 1e-5
 
 # ch18-dim-gqa: two [3, 2] query heads, one K/V head, small integers a reader can recompute.
-DIM_Q = [[[1, 0], [0, 1]],        # token 0: head 0, head 1
-         [[0, 1], [1, 0]],        # token 1
-         [[2, 0], [0, 2]]]        # token 2
+DIM_Q = [
+    [[1, 0], [0, 1]],  # token 0: head 0, head 1
+    [[0, 1], [1, 0]],  # token 1
+    [[2, 0], [0, 2]],
+]  # token 2
 DIM_K = [[[1, 0]], [[0, 1]], [[1, 1]]]
 DIM_V = [[[2, 0]], [[0, 2]], [[2, 2]]]
 
@@ -52,6 +54,7 @@ gqa_figure = hidden_model("ch18_models.gqa_figure")
 
 
 # -- ch18.1 kv_head_for --------------------------------------------------------------------------------
+
 
 @public("ch18.1", "figure instance: 4 query heads over 2 K/V heads")
 def groups_figure_instance(t: Trial) -> None:
@@ -78,6 +81,7 @@ def groups_of_four(t: Trial) -> None:
 
 # -- ch18.2 gqa_attention ------------------------------------------------------------------------------
 
+
 @public("ch18.2", "figure instance: 2 query heads share 1 K/V head (T=3, d=2)")
 def dim_gqa_instance(t: Trial) -> None:
     q, k, v = dim_gqa_tensors()
@@ -85,9 +89,19 @@ def dim_gqa_instance(t: Trial) -> None:
     out = expect_output(got, q)
     want = t.ref.gqa_attention(q, k, v)
     parts, variants = t.ref.drive(gqa_figure, q, k, v), t.ref.drive(gqa_variants, q, k, v, True, None)
-    t.figure("ch18-dim-gqa", q=q.transpose(0, 1), k=k[:, 0], v=v[:, 0], dots=parts["dots"], allowed=parts["allowed"],
-             weights=parts["weights"], out=out.transpose(0, 1), expected=want.transpose(0, 1), head_dim=q.shape[-1],
-             wrong=wrong_mask(out, want, atol=ATOL, rtol=RTOL).transpose(0, 1))
+    t.figure(
+        "ch18-dim-gqa",
+        q=q.transpose(0, 1),
+        k=k[:, 0],
+        v=v[:, 0],
+        dots=parts["dots"],
+        allowed=parts["allowed"],
+        weights=parts["weights"],
+        out=out.transpose(0, 1),
+        expected=want.transpose(0, 1),
+        head_dim=q.shape[-1],
+        wrong=wrong_mask(out, want, atol=ATOL, rtol=RTOL).transpose(0, 1),
+    )
     explain_output(out, want, q, k, v, causal=True, scale=None, case="figure instance", variants=variants)
 
 
@@ -117,6 +131,7 @@ def mqa_decode(t: Trial) -> None:
 
 # -- ch18.3 kv_cache_bytes -----------------------------------------------------------------------------
 
+
 @public("ch18.3", "Qwen3-0.6B in bf16: bytes per token")
 def qwen3_per_token(t: Trial) -> None:
     run_bytes_case(t, QWEN3["num_layers"], QWEN3["num_kv_heads"], QWEN3["head_dim"], 1, QWEN3["dtype_bytes"])
@@ -129,8 +144,7 @@ def capacity_instance(t: Trial) -> None:
     got = [t.yours.kv_cache_bytes(*a) for a in args]
     want = [t.ref.kv_cache_bytes(*a) for a in args]
     if all(type(g) is int for g in got):
-        t.figure("ch18-kv-capacity", configs=CAPACITY_CONFIGS, num_heads=CAPACITY_HEADS, **c, sizes=got,
-                 expected=want)
+        t.figure("ch18-kv-capacity", configs=CAPACITY_CONFIGS, num_heads=CAPACITY_HEADS, **c, sizes=got, expected=want)
     for a, g, w in zip(args, got, want):
         expect_bytes(g, w, *a)
 
@@ -147,12 +161,13 @@ def no_tokens(t: Trial) -> None:
 
 # -- helpers: ch18.1, the mapping ----------------------------------------------------------------------
 
-def collect_mapping(t: Trial, num_heads: int, num_kv_heads: int,
-                    heads: list[int] | None = None) -> tuple[list[int], list[int], list[int]]:
+
+def collect_mapping(t: Trial, num_heads: int, num_kv_heads: int, heads: list[int] | None = None) -> tuple[list[int], list[int], list[int]]:
     """The student's and the reference's K/V head for each query head in `heads` (default: all)."""
     heads = list(range(num_heads)) if heads is None else heads
-    got = [expect_int(t.yours.kv_head_for(h, num_heads, num_kv_heads),
-                      what=f"kv_head_for({h}, {num_heads}, {num_kv_heads})") for h in heads]
+    got = [
+        expect_int(t.yours.kv_head_for(h, num_heads, num_kv_heads), what=f"kv_head_for({h}, {num_heads}, {num_kv_heads})") for h in heads
+    ]
     want = [t.ref.kv_head_for(h, num_heads, num_kv_heads) for h in heads]
     return heads, got, want
 
@@ -165,13 +180,21 @@ def explain_mapping(heads: list[int], got: list[int], want: list[int], num_heads
     i = wrong[0]
     h, yours, kv = heads[i], got[i], want[i]
     group = num_heads // num_kv_heads
-    table = [f"  query heads        {short(heads, limit=16)}",
-             f"  expected K/V heads {short(want, limit=16)}",
-             f"  yours              {short(got, limit=16)}"] if len(heads) > 1 else []
-    raise CheckFailed(f"{num_heads} query heads share {plural(num_kv_heads, 'K/V head')} → group size "
-                      f"{num_heads} // {num_kv_heads} = {group}",
-                      f"query head {h} is in group {h} // {group} = {kv}, so it reads K/V head {kv}; yours: {yours}",
-                      *table, hint=mapping_hint(heads, got, num_heads, num_kv_heads))
+    table = (
+        [
+            f"  query heads        {short(heads, limit=16)}",
+            f"  expected K/V heads {short(want, limit=16)}",
+            f"  yours              {short(got, limit=16)}",
+        ]
+        if len(heads) > 1
+        else []
+    )
+    raise CheckFailed(
+        f"{num_heads} query heads share {plural(num_kv_heads, 'K/V head')} → group size {num_heads} // {num_kv_heads} = {group}",
+        f"query head {h} is in group {h} // {group} = {kv}, so it reads K/V head {kv}; yours: {yours}",
+        *table,
+        hint=mapping_hint(heads, got, num_heads, num_kv_heads),
+    )
 
 
 def mapping_hint(heads: list[int], got: list[int], num_heads: int, num_kv_heads: int) -> str:
@@ -195,8 +218,18 @@ def run_mapping_case(t: Trial, num_heads: int, num_kv_heads: int, heads: list[in
 
 # -- helpers: ch18.2, attention ------------------------------------------------------------------------
 
-def run_attention_case(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
-                       scale: float | None = None, case: str, want: torch.Tensor | None = None) -> torch.Tensor:
+
+def run_attention_case(
+    t: Trial,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = True,
+    scale: float | None = None,
+    case: str,
+    want: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Call the student's gqa_attention on one case and compare with the reference (or `want`)."""
     kw = {"causal": causal} | ({"scale": scale} if scale is not None else {})
     got = t.yours.gqa_attention(q, k, v, **kw)
@@ -218,9 +251,20 @@ def expect_output(got: object, q: torch.Tensor) -> torch.Tensor:
         raise CheckFailed(*e.lines, hint=M.head_major if head_major else "") from None
 
 
-def explain_output(out: torch.Tensor, want: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                   causal: bool, scale: float | None, case: str, atol: float = ATOL, rtol: float = RTOL,
-                   variants: dict | None = None) -> None:
+def explain_output(
+    out: torch.Tensor,
+    want: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    scale: float | None,
+    case: str,
+    atol: float = ATOL,
+    rtol: float = RTOL,
+    variants: dict | None = None,
+) -> None:
     """Raise a teaching message at the first wrong output element: its query head, token and keys (`variants`:
     `gqa_variants`' answer; asked of the hidden side when needed if not given)."""
     idx = first_wrong(out, want, atol=atol, rtol=rtol)
@@ -232,8 +276,7 @@ def explain_output(out: torch.Tensor, want: torch.Tensor, q: torch.Tensor, k: to
     count = int(wrong_mask(out, want, atol=atol, rtol=rtol).sum())
     scale_txt = f"1/√{d} (default)" if scale is None else fmt(scale)
     kind = "MHA" if Hkv == Hq else "MQA" if Hkv == 1 else "GQA"
-    sees = (f"is at position {S} − {T} + {t} = {S - T + t} and sees keys 0 … {S - T + t}" if causal
-            else f"sees all {S} keys")
+    sees = f"is at position {S} − {T} + {t} = {S - T + t} and sees keys 0 … {S - T + t}" if causal else f"sees all {S} keys"
     if not torch.isfinite(out).all() and torch.isfinite(want).all():
         hints = [M.overflow]
     else:
@@ -245,32 +288,40 @@ def explain_output(out: torch.Tensor, want: torch.Tensor, q: torch.Tensor, k: to
         f"query head {h} reads K/V head {h} // {group} = {h // group}; token {t} {sees}",
         f"out[{t}, {h}, {j}]: expected {fmt(want[t, h, j])}, yours {fmt(out[t, h, j])} "
         f"({count} of {want.numel()} elements differ beyond {atol:g} + {rtol:g}·|expected|)",
-        hint=hints)
+        hint=hints,
+    )
 
 
-def attention_hints(got: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                    scale: float | None, variants: dict) -> list[Hint]:
+def attention_hints(
+    got: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None, variants: dict
+) -> list[Hint]:
     """The mistakes (a grouping, a mask, a scale) whose output (`gqa_variants`' answer) reproduces the student's,
     together ([] when none does)."""
     (T, Hq, d), (S, Hkv) = q.shape, k.shape[:2]
     group = Hq // Hkv
-    groupings = [("", None), ("interleaved", M.interleaved.format(group=group, last=group - 1)),
-                 ("by num_kv_heads", M.divide_by_kv_heads.format(group=group, num_kv_heads=Hkv))]
-    masks = [("", None), ("top-left", M.topleft.format(offset=S - T)), ("no mask", M.no_mask),
-             ("mask", M.mask_not_causal)]
-    scales = [("", None), ("default", M.scale_ignored.format(scale=fmt(scale or 0.0))),
-              ("unscaled", M.unscaled.format(d=d)), ("1/d", M.scale_1_over_d.format(d=d)),
-              ("1/√(Hq·d)", M.scale_all_heads.format(d=d))]
+    groupings = [
+        ("", None),
+        ("interleaved", M.interleaved.format(group=group, last=group - 1)),
+        ("by num_kv_heads", M.divide_by_kv_heads.format(group=group, num_kv_heads=Hkv)),
+    ]
+    masks = [("", None), ("top-left", M.topleft.format(offset=S - T)), ("no mask", M.no_mask), ("mask", M.mask_not_causal)]
+    scales = [
+        ("", None),
+        ("default", M.scale_ignored.format(scale=fmt(scale or 0.0))),
+        ("unscaled", M.unscaled.format(d=d)),
+        ("1/d", M.scale_1_over_d.format(d=d)),
+        ("1/√(Hq·d)", M.scale_all_heads.format(d=d)),
+    ]
     for (g, g_why), (m, m_why), (s, s_why) in itertools.product(groupings, masks, scales):
         variant = variants.get(f"{g}|{m}|{s}")
-        if variant is not None and torch.allclose(got.double(), variant.double(), atol=1e-4, rtol=1e-4,
-                                                  equal_nan=True):
+        if variant is not None and torch.allclose(got.double(), variant.double(), atol=1e-4, rtol=1e-4, equal_nan=True):
             return [why for why in (g_why, m_why, s_why) if why]
     return []
 
 
-def random_qkv(t: Trial, T: int, S: int, Hq: int, Hkv: int, d: int,
-               magnitude: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def random_qkv(
+    t: Trial, T: int, S: int, Hq: int, Hkv: int, d: int, magnitude: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q = torch.randn(T, Hq, d, generator=t.rng) * magnitude
     k = torch.randn(S, Hkv, d, generator=t.rng)
     v = torch.randn(S, Hkv, d, generator=t.rng)
@@ -278,24 +329,23 @@ def random_qkv(t: Trial, T: int, S: int, Hq: int, Hkv: int, d: int,
 
 
 def dim_gqa_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return (torch.tensor(DIM_Q, dtype=torch.float32), torch.tensor(DIM_K, dtype=torch.float32),
-            torch.tensor(DIM_V, dtype=torch.float32))
+    return (torch.tensor(DIM_Q, dtype=torch.float32), torch.tensor(DIM_K, dtype=torch.float32), torch.tensor(DIM_V, dtype=torch.float32))
 
 
 # -- helpers: ch18.3, bytes ----------------------------------------------------------------------------
 
-def run_bytes_case(t: Trial, num_layers: int, num_kv_heads: int, head_dim: int, num_tokens: int,
-                   dtype_bytes: int) -> int:
+
+def run_bytes_case(t: Trial, num_layers: int, num_kv_heads: int, head_dim: int, num_tokens: int, dtype_bytes: int) -> int:
     args = (num_layers, num_kv_heads, head_dim, num_tokens, dtype_bytes)
     got = t.yours.kv_cache_bytes(*args)
     return expect_bytes(got, t.ref.kv_cache_bytes(*args), *args)
 
 
-def expect_bytes(got: object, want: int, num_layers: int, num_kv_heads: int, head_dim: int, num_tokens: int,
-                 dtype_bytes: int) -> int:
+def expect_bytes(got: object, want: int, num_layers: int, num_kv_heads: int, head_dim: int, num_tokens: int, dtype_bytes: int) -> int:
     """Require the exact byte count as a Python int, explaining the formula and a known mistake."""
-    inputs = (f"num_layers={num_layers}, num_kv_heads={num_kv_heads}, head_dim={head_dim}, "
-              f"num_tokens={num_tokens:,}, dtype_bytes={dtype_bytes}")
+    inputs = (
+        f"num_layers={num_layers}, num_kv_heads={num_kv_heads}, head_dim={head_dim}, num_tokens={num_tokens:,}, dtype_bytes={dtype_bytes}"
+    )
     try:
         count = expect_int(got, what=f"the byte count for {inputs}")
     except CheckFailed as e:
@@ -307,7 +357,8 @@ def expect_bytes(got: object, want: int, num_layers: int, num_kv_heads: int, hea
         f"inputs: {inputs}",
         f"expected 2 (K and V) · {num_layers} · {num_kv_heads} · {head_dim} · {num_tokens:,} · {dtype_bytes} "
         f"= {want:,} bytes; yours: {count:,}",
-        hint="; or, as it gives the same count here: ".join(hints))
+        hint="; or, as it gives the same count here: ".join(hints),
+    )
     failure.hints = [h.id for h in hints]  # both mistakes give this count
     raise failure
 
@@ -317,17 +368,21 @@ def bytes_hints(got: int, want: int, num_layers: int, dtype_bytes: int, num_toke
     forgotten factor 2 and a forgotten dtype_bytes = 2), both; [] when none does."""
     if not want:
         return []
-    fits = [why for fit, why in (
-        (2 * got == want, M.k_only),
-        (got == 2 * want, M.factor_2_twice),
-        (got == 8 * want, M.bits),
-        (num_layers > 1 and got * num_layers == want, M.no_layers),
-        (dtype_bytes > 1 and got * dtype_bytes == want, M.no_dtype_bytes),
-        (num_tokens > 1 and got * num_tokens == want, M.one_token)) if fit]
+    fits = [
+        why
+        for fit, why in (
+            (2 * got == want, M.k_only),
+            (got == 2 * want, M.factor_2_twice),
+            (got == 8 * want, M.bits),
+            (num_layers > 1 and got * num_layers == want, M.no_layers),
+            (dtype_bytes > 1 and got * dtype_bytes == want, M.no_dtype_bytes),
+            (num_tokens > 1 and got * num_tokens == want, M.one_token),
+        )
+        if fit
+    ]
     if not fits and abs(got - want) <= want * 1e-12:
         fits = [M.float_rounding.format(diff=f"{got - want:+,}")]
     return fits
 
 
 # -- helpers: several mistakes at once ------------------------------------------------------------------
-

@@ -11,20 +11,7 @@ import math
 
 import torch
 
-from grader.authoring import (
-    CheckFailed,
-    Hint,
-    Trial,
-    describe,
-    expect_tensor,
-    fmt,
-    hidden_model,
-    mistakes,
-    public,
-    short,
-    vec,
-    wrong_mask,
-)
+from grader.authoring import CheckFailed, Hint, Trial, describe, expect_tensor, fmt, hidden_model, mistakes, public, short, vec, wrong_mask
 
 # ch19-rope-pair: the worked example of reference/nanovllm.md §4 at positions 0, 1, 2.
 PAIR_X, PAIR_POSITIONS, PAIR_D, PAIR_BASE = [1.0, 2.0, 3.0, 4.0], [0, 1, 2], 4, 10000.0
@@ -39,9 +26,9 @@ ORDER_POSITIONS, ORDER_BASE, EPS = [1], 10000.0, 1e-6
 ORDER_K_CACHE = [[[0.5, 1.0, -1.0, 0.5]]]
 ORDER_V_CACHE = [[[1.0, 2.0, -1.0, 0.0]]]
 
-ATOL = RTOL = 1e-5          # float32 results
-ATTN_TOL = 1e-4            # float32 attention: scores, softmax and a weighted sum (any order of summation)
-ROUNDING_SHARE = 0.02       # bf16: at most this share of elements may differ by one rounding step
+ATOL = RTOL = 1e-5  # float32 results
+ATTN_TOL = 1e-4  # float32 attention: scores, softmax and a weighted sum (any order of summation)
+ROUNDING_SHARE = 0.02  # bf16: at most this share of elements may differ by one rounding step
 
 M = mistakes("ch19")
 
@@ -58,17 +45,30 @@ attention weights, {misconception: output}."""
 
 # -- ch19.1 rope_cos_sin ------------------------------------------------------------------------------
 
+
 @public("ch19.1", "figure instance: positions 0, 1, 2 at head_dim 4, base 10000")
 def cos_sin_figure_instance(t: Trial) -> None:
     got = t.yours.rope_cos_sin(torch.tensor(PAIR_POSITIONS), PAIR_D, PAIR_BASE)
     want = t.ref.rope_cos_sin(PAIR_POSITIONS, PAIR_D, PAIR_BASE)
     variants = t.ref.drive(cos_sin_variants, PAIR_POSITIONS, PAIR_D, PAIR_BASE)
-    if type(got) in (tuple, list) and len(got) == 2 and all(
-            isinstance(g, torch.Tensor) and list(g.shape) == [3, 2] and g.dtype == torch.float32 for g in got):
+    if (
+        type(got) in (tuple, list)
+        and len(got) == 2
+        and all(isinstance(g, torch.Tensor) and list(g.shape) == [3, 2] and g.dtype == torch.float32 for g in got)
+    ):
         atol = angle_atol(PAIR_POSITIONS)
-        t.figure("ch19-rope-pair", positions=PAIR_POSITIONS, head_dim=PAIR_D, base=PAIR_BASE, cos=got[0],
-                 sin=got[1], cos_expected=want[0], sin_expected=want[1],
-                 cos_wrong=wrong_mask(got[0], want[0], atol=atol), sin_wrong=wrong_mask(got[1], want[1], atol=atol))
+        t.figure(
+            "ch19-rope-pair",
+            positions=PAIR_POSITIONS,
+            head_dim=PAIR_D,
+            base=PAIR_BASE,
+            cos=got[0],
+            sin=got[1],
+            cos_expected=want[0],
+            sin_expected=want[1],
+            cos_wrong=wrong_mask(got[0], want[0], atol=atol),
+            sin_wrong=wrong_mask(got[1], want[1], atol=atol),
+        )
     expect_cos_sin(got, PAIR_POSITIONS, PAIR_D, PAIR_BASE, want, "figure instance", variants)
 
 
@@ -90,6 +90,7 @@ def no_positions(t: Trial) -> None:
 
 
 # -- ch19.2 apply_rope --------------------------------------------------------------------------------
+
 
 @public("ch19.2", "figure instance: x = [1, 2, 3, 4] at positions 0, 1, 2 (d = 4, base 10000)")
 def rope_figure_instance(t: Trial) -> None:
@@ -120,6 +121,7 @@ def bf16_rope(t: Trial) -> None:
 
 # -- ch19.3 qk_norm_rope ------------------------------------------------------------------------------
 
+
 @public("ch19.3", "figure instance: one token at position 1, 2 query heads, 1 K/V head (d = 4)")
 def order_figure_instance(t: Trial) -> None:
     q, k = torch.tensor(ORDER_Q), torch.tensor(ORDER_K)
@@ -129,10 +131,24 @@ def order_figure_instance(t: Trial) -> None:
     want_q, want_k = t.ref.qk_norm_rope(q, k, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS)
     models_q = t.ref.drive(qk_models, q, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS)
     models_k = t.ref.drive(qk_models, k, wk, wq, ORDER_POSITIONS, ORDER_BASE, EPS)
-    t.figure("ch19-nanovllm-order", q=q[0], k=k[0], v=ORDER_V[0], q_weight=ORDER_QW, k_weight=ORDER_KW,
-             position=ORDER_POSITIONS[0], base=ORDER_BASE, q_normed=models_q["normed"][0],
-             k_normed=models_k["normed"][0], q_out=yq[0], k_out=yk[0], q_expected=want_q[0],
-             k_expected=want_k[0], q_wrong=wrong_values(yq, want_q)[0], k_wrong=wrong_values(yk, want_k)[0])
+    t.figure(
+        "ch19-nanovllm-order",
+        q=q[0],
+        k=k[0],
+        v=ORDER_V[0],
+        q_weight=ORDER_QW,
+        k_weight=ORDER_KW,
+        position=ORDER_POSITIONS[0],
+        base=ORDER_BASE,
+        q_normed=models_q["normed"][0],
+        k_normed=models_k["normed"][0],
+        q_out=yq[0],
+        k_out=yk[0],
+        q_expected=want_q[0],
+        k_expected=want_k[0],
+        q_wrong=wrong_values(yq, want_q)[0],
+        k_wrong=wrong_values(yk, want_k)[0],
+    )
     explain_qk("q", yq, want_q, q, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS, "figure instance", models_q)
     explain_qk("k", yk, want_k, k, wk, wq, ORDER_POSITIONS, ORDER_BASE, EPS, "figure instance", models_k)
 
@@ -154,11 +170,20 @@ def gqa_shapes(t: Trial) -> None:
 def bf16_qk(t: Trial) -> None:
     q = (torch.randn(5, 4, 32, generator=t.rng) * 2).bfloat16()
     k = (torch.randn(5, 2, 32, generator=t.rng) * 2).bfloat16()
-    run_qk_case(t, q, k, random_weight(t, 32, torch.bfloat16), random_weight(t, 32, torch.bfloat16),
-                [11, 12, 13, 14, 15], 1e6, "5 bf16 tokens at positions 11–15")
+    run_qk_case(
+        t,
+        q,
+        k,
+        random_weight(t, 32, torch.bfloat16),
+        random_weight(t, 32, torch.bfloat16),
+        [11, 12, 13, 14, 15],
+        1e6,
+        "5 bf16 tokens at positions 11–15",
+    )
 
 
 # -- ch19.4 rope_attention ----------------------------------------------------------------------------
+
 
 @public("ch19.4", "figure instance: the same token at position 1, after one cached token")
 def attention_figure_instance(t: Trial) -> None:
@@ -171,33 +196,62 @@ def attention_figure_instance(t: Trial) -> None:
     models = t.ref.drive(attention_models, q, k, v, wq, wk, ORDER_BASE, EPS, k_cache, v_cache)
     qk = t.ref.qk_norm_rope(q, k, wq, wk, models["positions"], ORDER_BASE, EPS)
     mistake = attention_mistake(y, want, models["variants"])
-    t.figure("ch19-nanovllm-order", k_cache=[x[0] for x in ORDER_K_CACHE], v_cache=[x[0] for x in ORDER_V_CACHE],
-             attn_out=y[0], attn_expected=want[0], attn_wrong=wrong_values(y, want, ATTN_TOL, ATTN_TOL)[0],
-             attn_probs=models["probs"][:, 0], attn_stage=STAGES.get(mistake, ""), attn_mistake=mistake)
+    t.figure(
+        "ch19-nanovllm-order",
+        k_cache=[x[0] for x in ORDER_K_CACHE],
+        v_cache=[x[0] for x in ORDER_V_CACHE],
+        attn_out=y[0],
+        attn_expected=want[0],
+        attn_wrong=wrong_values(y, want, ATTN_TOL, ATTN_TOL)[0],
+        attn_probs=models["probs"][:, 0],
+        attn_stage=STAGES.get(mistake, ""),
+        attn_mistake=mistake,
+    )
     explain_attention(t, y, want, q, k, v, wq, wk, ORDER_BASE, EPS, k_cache, v_cache, "figure instance", models, qk)
 
 
 @public("ch19.4", "a prefill of 5 tokens, no cache: 4 query heads over 2 K/V heads")
 def attention_prefill(t: Trial) -> None:
     q, k, v = (torch.randn(5, h, 8, generator=t.rng) * 2 for h in (4, 2, 2))
-    run_attention_case(t, q, k, v, random_weight(t, 8), random_weight(t, 8), 10000.0, None, None,
-                       "a prefill of 5 tokens at positions 0–4, Hq=4, Hkv=2")
+    run_attention_case(
+        t, q, k, v, random_weight(t, 8), random_weight(t, 8), 10000.0, None, None, "a prefill of 5 tokens at positions 0–4, Hq=4, Hkv=2"
+    )
 
 
 @public("ch19.4", "a decode step: one token after 6 cached tokens")
 def attention_decode(t: Trial) -> None:
     q, k, v = (torch.randn(1, h, 8, generator=t.rng) * 2 for h in (2, 1, 1))
     k_cache, v_cache = cached(t, 6, 1, 8, 10000.0)
-    run_attention_case(t, q, k, v, random_weight(t, 8), random_weight(t, 8), 10000.0, k_cache, v_cache,
-                       "a decode step: 6 cached tokens, the new one at position 6")
+    run_attention_case(
+        t,
+        q,
+        k,
+        v,
+        random_weight(t, 8),
+        random_weight(t, 8),
+        10000.0,
+        k_cache,
+        v_cache,
+        "a decode step: 6 cached tokens, the new one at position 6",
+    )
 
 
 @public("ch19.4", "a chunk of 3 tokens after a cached prefix of 4 (positions 4–6)")
 def attention_chunk(t: Trial) -> None:
     q, k, v = (torch.randn(3, h, 16, generator=t.rng) * 2 for h in (4, 2, 2))
     k_cache, v_cache = cached(t, 4, 2, 16, 1e6)
-    run_attention_case(t, q, k, v, random_weight(t, 16), random_weight(t, 16), 1e6, k_cache, v_cache,
-                       "a chunk at positions 4–6 after 4 cached tokens, Hq=4, Hkv=2, base 1,000,000")
+    run_attention_case(
+        t,
+        q,
+        k,
+        v,
+        random_weight(t, 16),
+        random_weight(t, 16),
+        1e6,
+        k_cache,
+        v_cache,
+        "a chunk at positions 4–6 after 4 cached tokens, Hq=4, Hkv=2, base 1,000,000",
+    )
 
 
 @public("ch19.4", "bf16, as in nano-vllm: a decode step after 12 cached tokens, head_dim 64")
@@ -205,11 +259,22 @@ def attention_bf16(t: Trial) -> None:
     q = (torch.randn(1, 4, 64, generator=t.rng) * 2).bfloat16()
     k, v = ((torch.randn(1, 2, 64, generator=t.rng) * 2).bfloat16() for _ in range(2))
     k_cache, v_cache = cached(t, 12, 2, 64, 1e6)
-    run_attention_case(t, q, k, v, random_weight(t, 64, torch.bfloat16), random_weight(t, 64, torch.bfloat16), 1e6,
-                       k_cache.bfloat16(), v_cache.bfloat16(), "12 cached tokens, the new one at position 12, bf16")
+    run_attention_case(
+        t,
+        q,
+        k,
+        v,
+        random_weight(t, 64, torch.bfloat16),
+        random_weight(t, 64, torch.bfloat16),
+        1e6,
+        k_cache.bfloat16(),
+        v_cache.bfloat16(),
+        "12 cached tokens, the new one at position 12, bf16",
+    )
 
 
 # -- helpers: values in float32 or bf16 (ch20 compares with these too) --------------------------------------
+
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
@@ -249,10 +314,12 @@ def agrees(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-4, rtol: floa
 def rounding_failure(what: str, share: float, hint: str | list[Hint] = "") -> CheckFailed:
     """Every value within one rounding step, but too many rounded differently; `hint` names the mistake that
     does it (a `Hint`), else the general advice."""
-    return CheckFailed(f"{what}: every value is within one bf16 rounding step of the reference, but {share:.0%} "
-                       f"of them are rounded differently (a faithful float32 computation rounded once at the "
-                       f"end differs in at most {ROUNDING_SHARE:.0%})",
-                       hint=hint or "compute in float32 and cast to bf16 once, at the end, as nano-vllm does")
+    return CheckFailed(
+        f"{what}: every value is within one bf16 rounding step of the reference, but {share:.0%} "
+        f"of them are rounded differently (a faithful float32 computation rounded once at the "
+        f"end differs in at most {ROUNDING_SHARE:.0%})",
+        hint=hint or "compute in float32 and cast to bf16 once, at the end, as nano-vllm does",
+    )
 
 
 def par(v: float) -> str:
@@ -262,21 +329,24 @@ def par(v: float) -> str:
 
 # -- helpers: ch19.1, the angle tables ----------------------------------------------------------------------
 
+
 def angle_atol(positions: list[int]) -> float:
     """float32 angles p·θ carry an error of about p·2⁻²⁴; allow it (float64 angles pass too)."""
     return 1e-5 + 3e-7 * max(positions, default=0)
 
 
-def run_cos_sin_case(t: Trial, positions: list[int], d: int, base: float, case: str, *,
-                     as_tensor: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def run_cos_sin_case(
+    t: Trial, positions: list[int], d: int, base: float, case: str, *, as_tensor: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     arg = torch.tensor(positions, dtype=torch.int64) if as_tensor else list(positions)
     got = t.yours.rope_cos_sin(arg, d, base)
     want = t.ref.rope_cos_sin(positions, d, base)
     return expect_cos_sin(got, positions, d, base, want, case, t.ref.drive(cos_sin_variants, positions, d, base))
 
 
-def expect_cos_sin(got, positions: list[int], d: int, base: float, want: tuple[torch.Tensor, torch.Tensor],
-                   case: str, variants: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def expect_cos_sin(
+    got, positions: list[int], d: int, base: float, want: tuple[torch.Tensor, torch.Tensor], case: str, variants: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Require (cos, sin) as two float32 [N, d/2] tensors equal to the reference's, explaining the first miss
     (`variants`: `cos_sin_variants`' answer; asked of the hidden side when needed if not given)."""
     n, half = len(positions), d // 2
@@ -286,10 +356,11 @@ def expect_cos_sin(got, positions: list[int], d: int, base: float, want: tuple[t
     out = []
     for name, g in zip(("cos", "sin"), got):
         if isinstance(g, torch.Tensor) and list(g.shape) == [n, d]:
-            raise CheckFailed(f"expected {name} as a 2-D float32 tensor of shape [{n}, {half}]; yours: {describe(g)}",
-                              hint=M.full_width.format(d=d, half=half))
-        out.append(expect_tensor(g, what=f"{name} ({n} positions × d/2 = {half} pairs)", shape=[n, half],
-                                 dtype=torch.float32))
+            raise CheckFailed(
+                f"expected {name} as a 2-D float32 tensor of shape [{n}, {half}]; yours: {describe(g)}",
+                hint=M.full_width.format(d=d, half=half),
+            )
+        out.append(expect_tensor(g, what=f"{name} ({n} positions × d/2 = {half} pairs)", shape=[n, half], dtype=torch.float32))
     atol = angle_atol(positions)
     for name, g, w in zip(("cos", "sin"), out, want):
         bad = wrong_mask(g, w, atol=atol)
@@ -299,28 +370,35 @@ def expect_cos_sin(got, positions: list[int], d: int, base: float, want: tuple[t
         p = positions[i]
         inv = 1.0 / base ** (2 * j / d)
         variants = variants if variants is not None else cos_sin_variants(None, positions, d, base)
-        raise CheckFailed(f'case "{case}": positions {short(positions, limit=10)}, head_dim {d}, base {fmt(base, 8)}',
-                          f"pair j = {j}: inv_freq[{j}] = 1 / {fmt(base, 8)}^(2·{j}/{d}) = {fmt(inv, 6)}; position "
-                          f"{p} → angle {p} · {fmt(inv, 6)} = {fmt(p * inv, 6)} rad",
-                          f"{name}[{i}, {j}] = {name}({fmt(p * inv, 6)}) = {fmt(w[i, j], 6)}; yours: "
-                          f"{fmt(g[i, j], 6)} ({int(bad.sum())} of {bad.numel()} {name} values differ beyond "
-                          f"{atol:.2g})",
-                          hint=cos_sin_hint(out[0], out[1], want, atol, variants))
+        raise CheckFailed(
+            f'case "{case}": positions {short(positions, limit=10)}, head_dim {d}, base {fmt(base, 8)}',
+            f"pair j = {j}: inv_freq[{j}] = 1 / {fmt(base, 8)}^(2·{j}/{d}) = {fmt(inv, 6)}; position "
+            f"{p} → angle {p} · {fmt(inv, 6)} = {fmt(p * inv, 6)} rad",
+            f"{name}[{i}, {j}] = {name}({fmt(p * inv, 6)}) = {fmt(w[i, j], 6)}; yours: "
+            f"{fmt(g[i, j], 6)} ({int(bad.sum())} of {bad.numel()} {name} values differ beyond "
+            f"{atol:.2g})",
+            hint=cos_sin_hint(out[0], out[1], want, atol, variants),
+        )
     return out[0], out[1]
 
 
-def cos_sin_hint(cos: torch.Tensor, sin: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor], atol: float,
-                 variants: dict) -> str:
+def cos_sin_hint(cos: torch.Tensor, sin: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor], atol: float, variants: dict) -> str:
     """The misconception that reproduces the student's (cos, sin), or ''."""
     close = lambda a, b: not wrong_mask(a, b, atol=max(atol, 1e-4)).any()
     if close(cos, want[1]) and close(sin, want[0]):
         return M.sin_cos_order
-    whys = [("j/d", M.exponent_j_over_d), ("inverted", M.inverted_frequencies), ("1-based", M.one_based),
-            ("bf16", M.bf16_angles), ("zero", M.zero_angles)]
+    whys = [
+        ("j/d", M.exponent_j_over_d),
+        ("inverted", M.inverted_frequencies),
+        ("1-based", M.one_based),
+        ("bf16", M.bf16_angles),
+        ("zero", M.zero_angles),
+    ]
     return next((why for key, why in whys if close(cos, variants[key][0]) and close(sin, variants[key][1])), "")
 
 
 # -- helpers: ch19.2, the rotation --------------------------------------------------------------------------
+
 
 def run_rope_case(t: Trial, x: torch.Tensor, positions: list[int], base: float, case: str) -> torch.Tensor:
     """Rotate x with the reference's cos/sin through the student's apply_rope; compare with the reference."""
@@ -333,12 +411,19 @@ def run_rope_case(t: Trial, x: torch.Tensor, positions: list[int], base: float, 
 
 def expect_rotated(got, x: torch.Tensor, what: str = "the rotated x") -> torch.Tensor:
     n, h, d = x.shape
-    return expect_tensor(got, what=f"{what} ({n} tokens × {h} heads × head_dim {d}, in x's dtype)",
-                         shape=[n, h, d], dtype=x.dtype)
+    return expect_tensor(got, what=f"{what} ({n} tokens × {h} heads × head_dim {d}, in x's dtype)", shape=[n, h, d], dtype=x.dtype)
 
 
-def explain_rotated(y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                    case: str, positions: list[int] | None = None, variants: dict | None = None) -> None:
+def explain_rotated(
+    y: torch.Tensor,
+    want: torch.Tensor,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    case: str,
+    positions: list[int] | None = None,
+    variants: dict | None = None,
+) -> None:
     """Raise a teaching message at the first wrong element: its pair, the angle's cos/sin and the formula
     (`variants`: `rope_variants`' answer; asked of the hidden side when needed if not given)."""
     bad = wrong_values(y, want)
@@ -362,28 +447,44 @@ def explain_rotated(y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, cos: t
     else:
         formula = f"y[{i}] = x[{i}]·cos + x[{j}]·sin = {par(b)}·{par(c)} + {par(a)}·{par(s)}"
     named = hints()
-    raise CheckFailed(head,
-                      f"{where}, head {hh}, channel {i} belongs to pair {j} = (x[{j}], x[{j + half}]) = "
-                      f"({fmt(a)}, {fmt(b)}); cos[{t}, {j}] = {fmt(c)}, sin[{t}, {j}] = {fmt(s)}",
-                      f"{formula} = {fmt(want[t, hh, i])}; yours: {fmt(y[t, hh, i])} "
-                      f"({int(bad.sum())} of {bad.numel()} values differ)",
-                      hint=named)
+    raise CheckFailed(
+        head,
+        f"{where}, head {hh}, channel {i} belongs to pair {j} = (x[{j}], x[{j + half}]) = "
+        f"({fmt(a)}, {fmt(b)}); cos[{t}, {j}] = {fmt(c)}, sin[{t}, {j}] = {fmt(s)}",
+        f"{formula} = {fmt(want[t, hh, i])}; yours: {fmt(y[t, hh, i])} ({int(bad.sum())} of {bad.numel()} values differ)",
+        hint=named,
+    )
 
 
 def rope_hints(y: torch.Tensor, x: torch.Tensor, variants: dict) -> list[Hint]:
     """The mistakes whose rotation (`rope_variants`' answer) reproduces the student's ([] when none does)."""
-    whys = [("interleaved", [M.interleaved]), ("backwards", [M.backwards]),
-            ("interleaved backwards", [M.interleaved, M.backwards]),
-            ("swapped", [M.swapped_tables]), ("swapped backwards", [M.swapped_tables]),
-            ("low precision", [M.low_precision.format(dtype=dtype_name(x.dtype))]),
-            ("sign of y2", [M.one_sign]), ("sign of y1", [M.one_sign])]
+    whys = [
+        ("interleaved", [M.interleaved]),
+        ("backwards", [M.backwards]),
+        ("interleaved backwards", [M.interleaved, M.backwards]),
+        ("swapped", [M.swapped_tables]),
+        ("swapped backwards", [M.swapped_tables]),
+        ("low precision", [M.low_precision.format(dtype=dtype_name(x.dtype))]),
+        ("sign of y2", [M.one_sign]),
+        ("sign of y1", [M.one_sign]),
+    ]
     return next((why for key, why in whys if key in variants and agrees(y, variants[key])), [])
 
 
 # -- helpers: ch19.3, norm then rotation --------------------------------------------------------------------
 
-def run_qk_case(t: Trial, q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor,
-                positions: list[int], base: float, case: str, eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
+
+def run_qk_case(
+    t: Trial,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    wq: torch.Tensor,
+    wk: torch.Tensor,
+    positions: list[int],
+    base: float,
+    case: str,
+    eps: float = EPS,
+) -> tuple[torch.Tensor, torch.Tensor]:
     got = t.yours.qk_norm_rope(q, k, wq, wk, torch.tensor(positions), base, eps)
     yq, yk = expect_qk(got, q, k)
     want_q, want_k = t.ref.qk_norm_rope(q, k, wq, wk, positions, base, eps)
@@ -396,17 +497,29 @@ def run_qk_case(t: Trial, q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk
 
 def expect_qk(got, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if type(got) not in (tuple, list) or len(got) != 2:
-        raise CheckFailed(f"expected (q, k) as a tuple of two tensors shaped like the inputs; yours: {describe(got)}",
-                          hint=M.returns_v if type(got) in (tuple, list) and len(got) == 3 else "")
-    return (expect_tensor(got[0], what=f"q (shape {list(q.shape)}, {dtype_name(q.dtype)} like the input)",
-                          shape=list(q.shape), dtype=q.dtype),
-            expect_tensor(got[1], what=f"k (shape {list(k.shape)}, {dtype_name(k.dtype)} like the input)",
-                          shape=list(k.shape), dtype=k.dtype))
+        raise CheckFailed(
+            f"expected (q, k) as a tuple of two tensors shaped like the inputs; yours: {describe(got)}",
+            hint=M.returns_v if type(got) in (tuple, list) and len(got) == 3 else "",
+        )
+    return (
+        expect_tensor(got[0], what=f"q (shape {list(q.shape)}, {dtype_name(q.dtype)} like the input)", shape=list(q.shape), dtype=q.dtype),
+        expect_tensor(got[1], what=f"k (shape {list(k.shape)}, {dtype_name(k.dtype)} like the input)", shape=list(k.shape), dtype=k.dtype),
+    )
 
 
-def explain_qk(name: str, y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
-               other_w: torch.Tensor, positions: list[int], base: float, eps: float, case: str,
-               models: dict | None = None) -> None:
+def explain_qk(
+    name: str,
+    y: torch.Tensor,
+    want: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    other_w: torch.Tensor,
+    positions: list[int],
+    base: float,
+    eps: float,
+    case: str,
+    models: dict | None = None,
+) -> None:
     """Raise a teaching message at the first wrong element of q (or k): its head's rms, the norm and the turn
     (`models`: `qk_models`' answer; asked of the hidden side when needed if not given)."""
     n, h, d = x.shape
@@ -415,8 +528,7 @@ def explain_qk(name: str, y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, 
         return
     models = models if models is not None else qk_models(None, x, w, other_w, positions, base, eps)
     cos, sin = models["cos"], models["sin"]
-    head = (f'case "{case}": {name} [{n}, {h}, {d}] {dtype_name(x.dtype)}, positions {short(positions, limit=10)}, '
-            f"base {fmt(base, 8)}")
+    head = f'case "{case}": {name} [{n}, {h}, {d}] {dtype_name(x.dtype)}, positions {short(positions, limit=10)}, base {fmt(base, 8)}'
     hint = qk_hint(y, x, models["variants"])
     if not bad.any():
         raise rounding_failure(head, rounding_share(y, want), hint)
@@ -430,24 +542,32 @@ def explain_qk(name: str, y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, 
     sign = "−" if i < half else "+"
     first, second = (a, b) if i < half else (b, a)
     c, s = float(cos[t, j]), float(sin[t, j])
-    raise CheckFailed(head,
-                      f"token {t} (position {p}), {name} head {hh} = {vec(x[t, hh])}: rms = √(mean(x²) + eps) = "
-                      f"{fmt(rms)}",
-                      f"normalised and weighted: x / {fmt(rms)} · {name}_norm_weight = {vec(normed)}",
-                      f"channel {i} is in pair {j} = ({j}, {j + half}), angle {p} · {fmt(inv, 6)} = {fmt(p * inv, 6)}: "
-                      f"{par(first)}·{par(c)} {sign} {par(second)}·{par(s)} = {fmt(want[t, hh, i])}; "
-                      f"yours: {fmt(y[t, hh, i])} ({int(bad.sum())} of {bad.numel()} values differ)",
-                      hint=hint)
+    raise CheckFailed(
+        head,
+        f"token {t} (position {p}), {name} head {hh} = {vec(x[t, hh])}: rms = √(mean(x²) + eps) = {fmt(rms)}",
+        f"normalised and weighted: x / {fmt(rms)} · {name}_norm_weight = {vec(normed)}",
+        f"channel {i} is in pair {j} = ({j}, {j + half}), angle {p} · {fmt(inv, 6)} = {fmt(p * inv, 6)}: "
+        f"{par(first)}·{par(c)} {sign} {par(second)}·{par(s)} = {fmt(want[t, hh, i])}; "
+        f"yours: {fmt(y[t, hh, i])} ({int(bad.sum())} of {bad.numel()} values differ)",
+        hint=hint,
+    )
 
 
 def qk_hint(y: torch.Tensor, x: torch.Tensor, variants: dict) -> str:
     """The misconception whose q (or k) in `qk_models(...)["variants"]` reproduces the student's, or ''."""
     dtype = dtype_name(x.dtype)
-    whys = [("rotate first", M.rotate_first), ("no norm", M.no_norm), ("no rope", M.no_rope),
-            ("no weight", M.no_weight), ("other weight", M.other_weight), ("over heads", M.over_heads),
-            ("whole token", M.whole_token), ("interleaved", M.interleaved),
-            ("weight in float32", M.weight_in_float32.format(dtype=dtype)),
-            ("rotation in low precision", M.low_precision.format(dtype=dtype))]
+    whys = [
+        ("rotate first", M.rotate_first),
+        ("no norm", M.no_norm),
+        ("no rope", M.no_rope),
+        ("no weight", M.no_weight),
+        ("other weight", M.other_weight),
+        ("over heads", M.over_heads),
+        ("whole token", M.whole_token),
+        ("interleaved", M.interleaved),
+        ("weight in float32", M.weight_in_float32.format(dtype=dtype)),
+        ("rotation in low precision", M.low_precision.format(dtype=dtype)),
+    ]
     return next((why for key, why in whys if key in variants and agrees(y, variants[key])), "")
 
 
@@ -458,10 +578,22 @@ def random_weight(t: Trial, d: int, dtype: torch.dtype = torch.float32) -> torch
 
 # -- helpers: ch19.4, attention with RoPE on q and k only ------------------------------------------------------
 
-STAGES = {"rotated v": "v", "rotated cached v": "v", "normed v": "v", "v like k": "v", "only q": "rope",
-          "only k": "rope", "no offset": "rope", "cache rotated again": "rope", "after attention": "attention",
-          "top-left mask": "attention", "no mask": "attention", "grouped by repeat": "attention",
-          "no scale": "attention", "attention in low precision": "attention"}
+STAGES = {
+    "rotated v": "v",
+    "rotated cached v": "v",
+    "normed v": "v",
+    "v like k": "v",
+    "only q": "rope",
+    "only k": "rope",
+    "no offset": "rope",
+    "cache rotated again": "rope",
+    "after attention": "attention",
+    "top-left mask": "attention",
+    "no mask": "attention",
+    "grouped by repeat": "attention",
+    "no scale": "attention",
+    "attention in low precision": "attention",
+}
 """The stage of the order (V's path, RoPE, attention) each misconception of `attention_models` gets wrong."""
 
 
@@ -474,9 +606,19 @@ def cached(t: Trial, c: int, hkv: int, d: int, base: float) -> tuple[torch.Tenso
     return t.ref.apply_rope(keys, cos, sin), torch.randn(c, hkv, d, generator=t.rng) * 2
 
 
-def run_attention_case(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wq: torch.Tensor,
-                       wk: torch.Tensor, base: float, k_cache: torch.Tensor | None, v_cache: torch.Tensor | None,
-                       case: str, eps: float = EPS) -> torch.Tensor:
+def run_attention_case(
+    t: Trial,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    wq: torch.Tensor,
+    wk: torch.Tensor,
+    base: float,
+    k_cache: torch.Tensor | None,
+    v_cache: torch.Tensor | None,
+    case: str,
+    eps: float = EPS,
+) -> torch.Tensor:
     got = t.yours.rope_attention(q, k, v, wq, wk, base, eps, k_cache, v_cache)
     y = expect_attention(got, q)
     want = t.ref.rope_attention(q, k, v, wq, wk, base, eps, k_cache, v_cache)
@@ -488,8 +630,12 @@ def run_attention_case(t: Trial, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 def expect_attention(got, q: torch.Tensor) -> torch.Tensor:
     n, h, d = q.shape
-    return expect_tensor(got, what=f"the attention output ({n} tokens × {h} query heads × head_dim {d}, in "
-                                   f"{dtype_name(q.dtype)} like q)", shape=[n, h, d], dtype=q.dtype)
+    return expect_tensor(
+        got,
+        what=f"the attention output ({n} tokens × {h} query heads × head_dim {d}, in {dtype_name(q.dtype)} like q)",
+        shape=[n, h, d],
+        dtype=q.dtype,
+    )
 
 
 def attention_mistake(y: torch.Tensor, want: torch.Tensor, variants: dict) -> str:
@@ -499,16 +645,36 @@ def attention_mistake(y: torch.Tensor, want: torch.Tensor, variants: dict) -> st
     return next((key for key in STAGES if key in variants and agrees(y, variants[key])), "")
 
 
-def attention_hint(t: Trial, mistake: str, q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor,
-                   base: float, eps: float, positions: list[int], qk: tuple[torch.Tensor, torch.Tensor]) -> str:
+def attention_hint(
+    t: Trial,
+    mistake: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    wq: torch.Tensor,
+    wk: torch.Tensor,
+    base: float,
+    eps: float,
+    positions: list[int],
+    qk: tuple[torch.Tensor, torch.Tensor],
+) -> str:
     """The hint a wrong output earns: its misconception's, else a word on the student's own qk_norm_rope when that
     is what goes wrong on these inputs (`qk`: the reference's answer, asked for before comparing)."""
-    named = {"rotated v": M.rotated_v, "rotated cached v": M.rotated_v, "normed v": M.normed_v,
-             "v like k": M.v_like_k, "only q": M.one_rotated.format(which="q"),
-             "only k": M.one_rotated.format(which="k"), "after attention": M.rotated_after,
-             "no offset": M.no_offset, "cache rotated again": M.rotated_cache_again,
-             "top-left mask": M.causal_offset, "no mask": M.causal_offset, "grouped by repeat": M.kv_groups,
-             "no scale": M.no_scale, "attention in low precision": M.attention_low_precision}
+    named = {
+        "rotated v": M.rotated_v,
+        "rotated cached v": M.rotated_v,
+        "normed v": M.normed_v,
+        "v like k": M.v_like_k,
+        "only q": M.one_rotated.format(which="q"),
+        "only k": M.one_rotated.format(which="k"),
+        "after attention": M.rotated_after,
+        "no offset": M.no_offset,
+        "cache rotated again": M.rotated_cache_again,
+        "top-left mask": M.causal_offset,
+        "no mask": M.causal_offset,
+        "grouped by repeat": M.kv_groups,
+        "no scale": M.no_scale,
+        "attention in low precision": M.attention_low_precision,
+    }
     if mistake:
         return named[mistake]
     try:
@@ -516,14 +682,30 @@ def attention_hint(t: Trial, mistake: str, q: torch.Tensor, k: torch.Tensor, wq:
         fine = not (wrong_values(yq, qk[0]).any() or wrong_values(yk, qk[1]).any())
     except CheckFailed:
         fine = False
-    return "" if fine else ("rope_attention builds on qk_norm_rope (step 1), and yours gives other q, k on these "
-                            "inputs: make ch19.3 pass first")
+    return (
+        ""
+        if fine
+        else ("rope_attention builds on qk_norm_rope (step 1), and yours gives other q, k on these inputs: make ch19.3 pass first")
+    )
 
 
-def explain_attention(t: Trial, y: torch.Tensor, want: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                      v: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, base: float, eps: float,
-                      k_cache: torch.Tensor | None, v_cache: torch.Tensor | None, case: str, models: dict,
-                      qk: tuple[torch.Tensor, torch.Tensor]) -> None:
+def explain_attention(
+    t: Trial,
+    y: torch.Tensor,
+    want: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    wq: torch.Tensor,
+    wk: torch.Tensor,
+    base: float,
+    eps: float,
+    k_cache: torch.Tensor | None,
+    v_cache: torch.Tensor | None,
+    case: str,
+    models: dict,
+    qk: tuple[torch.Tensor, torch.Tensor],
+) -> None:
     """Raise a teaching message at the first wrong output row: the token's position, the keys it sees, the
     attention weights and the values they mix (V as given), and the mistake that reproduces the output."""
     bad = wrong_values(y, want, ATTN_TOL, ATTN_TOL)
@@ -534,21 +716,23 @@ def explain_attention(t: Trial, y: torch.Tensor, want: torch.Tensor, q: torch.Te
     c = k_cache.shape[0] if k_cache is not None else 0  # tokens already cached
     positions = models["positions"]
     hint = attention_hint(t, attention_mistake(y, want, models["variants"]), q, k, wq, wk, base, eps, positions, qk)
-    head = (f'case "{case}": q [{n}, {hq}, {d}], k, v [{n}, {k.shape[1]}, {d}] {dtype_name(q.dtype)}, '
-            f"{c} cached token{'' if c == 1 else 's'}, so the new tokens stand at positions "
-            f"{short(positions, limit=10)}")
+    head = (
+        f'case "{case}": q [{n}, {hq}, {d}], k, v [{n}, {k.shape[1]}, {d}] {dtype_name(q.dtype)}, '
+        f"{c} cached token{'' if c == 1 else 's'}, so the new tokens stand at positions "
+        f"{short(positions, limit=10)}"
+    )
     if not bad.any():
         raise rounding_failure(head, share, hint)
     i, h, _ = (int(x) for x in bad.nonzero()[0])
     g = h // (hq // k.shape[1])
-    values = (v if v_cache is None else torch.cat((v_cache, v)))[:c + i + 1, g]
+    values = (v if v_cache is None else torch.cat((v_cache, v)))[: c + i + 1, g]
     shown = ", ".join(vec(r, limit=4) for r in values[:3]) + (", …" if len(values) > 3 else "")
-    probs = models["probs"][h, i, :c + i + 1]
-    raise CheckFailed(head,
-                      f"token {i} (position {positions[i]}), query head {h} reads K/V head {g} and sees keys 0 … "
-                      f"{c + i}; its weights softmax(q·k / √{d}) = {vec(probs)}",
-                      f"out = Σ weight · v over those keys, the values as given, neither normalised nor rotated "
-                      f"(head {g}: {shown})",
-                      f"out[{i}, {h}] = {vec(want[i, h])}; yours: {vec(y[i, h])} ({int(bad.sum())} of {bad.numel()} "
-                      f"values differ)",
-                      hint=hint)
+    probs = models["probs"][h, i, : c + i + 1]
+    raise CheckFailed(
+        head,
+        f"token {i} (position {positions[i]}), query head {h} reads K/V head {g} and sees keys 0 … "
+        f"{c + i}; its weights softmax(q·k / √{d}) = {vec(probs)}",
+        f"out = Σ weight · v over those keys, the values as given, neither normalised nor rotated (head {g}: {shown})",
+        f"out[{i}, {h}] = {vec(want[i, h])}; yours: {vec(y[i, h])} ({int(bad.sum())} of {bad.numel()} values differ)",
+        hint=hint,
+    )

@@ -8,29 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from grader.authoring import (
-    CheckFailed,
-    Hint,
-    Trial,
-    describe,
-    expect_tensor,
-    fmt,
-    hidden_model,
-    mistakes,
-    public,
-    vec,
-    wrong_mask,
-)
-from grader.checks.ch19 import (
-    ROUNDING_SHARE,
-    agrees,
-    dtype_name,
-    par,
-    rounding_failure,
-    rounding_share,
-    ulp,
-    wrong_values,
-)
+from grader.authoring import CheckFailed, Hint, Trial, describe, expect_tensor, fmt, hidden_model, mistakes, public, vec, wrong_mask
+from grader.checks.ch19 import ROUNDING_SHARE, agrees, dtype_name, par, rounding_failure, rounding_share, ulp, wrong_values
 
 EPS = 1e-6
 
@@ -40,8 +19,20 @@ PRENORM_E, PRENORM_A, PRENORM_M = [0.0, 1.0, 2.0, 3.0], [1.0, 1.0, 1.0, 1.0], [0
 
 # ch20-dim-swiglu: one token, hidden 4, intermediate 6; small weights a reader can multiply out.
 SWIGLU_X = [1.0, 0.0, -1.0, 2.0]
-SWIGLU_GATE_UP = [[1, 0, 0, 0], [0, 0, 1, 0], [1, 1, 0, 1], [0, 0, 0, 1], [-1, 0, 1, 0], [0, 1, 0, -1],   # gate
-                  [0, 0, 0, 1], [1, 0, 0, 0], [1, 0, -1, 0], [0, 1, 0, 0], [0, 0, 1, 1], [-1, 0, 0, 1]]  # up
+SWIGLU_GATE_UP = [
+    [1, 0, 0, 0],
+    [0, 0, 1, 0],
+    [1, 1, 0, 1],
+    [0, 0, 0, 1],
+    [-1, 0, 1, 0],
+    [0, 1, 0, -1],  # gate
+    [0, 0, 0, 1],
+    [1, 0, 0, 0],
+    [1, 0, -1, 0],
+    [0, 1, 0, 0],
+    [0, 0, 1, 1],
+    [-1, 0, 0, 1],
+]  # up
 SWIGLU_DOWN = [[1, 0, 0, 0.5, 0, -1], [0, 1, 0, 0, 0.5, 0], [0, 0, 1, 0, 1, 0], [0.5, 0, -1, 1, 0, 0.5]]
 
 # ch20-swiglu-branches: three tokens through the same weights, then the same tokens in another order.
@@ -61,6 +52,7 @@ mlp_models = hidden_model("ch20_models.mlp_models")
 
 
 # -- ch20.1 rms_norm ----------------------------------------------------------------------------------
+
 
 @public("ch20.1", "the worked example: x = [1, 2, 3, 4], weight 1 and [1, 0.5, 2, 1]")
 def norm_worked_example(t: Trial) -> None:
@@ -88,6 +80,7 @@ def norm_3d(t: Trial) -> None:
 
 # -- ch20.2 add_rms_norm ------------------------------------------------------------------------------
 
+
 @public("ch20.2", "figure instance: layer 0, then the add deferred to layer 1 (hidden 4)")
 def prenorm_figure_instance(t: Trial) -> None:
     w = torch.ones(4)
@@ -100,15 +93,19 @@ def prenorm_figure_instance(t: Trial) -> None:
     want2 = t.ref.add_rms_norm(m, want1[1], w, EPS)
     variants = [t.ref.drive(add_variants, x, r, w, EPS) for x, r in ((e, None), (a, want0[1]), (m, want1[1]))]
     calls = list(zip((got0, got1, got2), (want0, want1, want2)))
-    t.figure("ch20-prenorm", inputs=[PRENORM_E, PRENORM_A, PRENORM_M],
-             residual_in=[None, want0[1][0], want1[1][0]], normed=[g[0][0] for g, _ in calls],
-             residual=[g[1][0] for g, _ in calls], normed_expected=[w[0][0] for _, w in calls],
-             residual_expected=[w[1][0] for _, w in calls],
-             normed_wrong=[wrong_values(g[0], w[0])[0] for g, w in calls],
-             residual_wrong=[wrong_values(g[1], w[1])[0] for g, w in calls])
+    t.figure(
+        "ch20-prenorm",
+        inputs=[PRENORM_E, PRENORM_A, PRENORM_M],
+        residual_in=[None, want0[1][0], want1[1][0]],
+        normed=[g[0][0] for g, _ in calls],
+        residual=[g[1][0] for g, _ in calls],
+        normed_expected=[w[0][0] for _, w in calls],
+        residual_expected=[w[1][0] for _, w in calls],
+        normed_wrong=[wrong_values(g[0], w[0])[0] for g, w in calls],
+        residual_wrong=[wrong_values(g[1], w[1])[0] for g, w in calls],
+    )
     explain_add(*got0, e, None, w, EPS, want0, "layer 0: input_layernorm(embedding, None)", variants[0])
-    explain_add(*got1, a, want0[1], w, EPS, want1, "layer 0: post_attention_layernorm(attention output, residual)",
-                variants[1])
+    explain_add(*got1, a, want0[1], w, EPS, want1, "layer 0: post_attention_layernorm(attention output, residual)", variants[1])
     explain_add(*got2, m, want1[1], w, EPS, want2, "layer 1: input_layernorm(MLP output, residual)", variants[2])
 
 
@@ -132,6 +129,7 @@ def add_bf16(t: Trial) -> None:
 
 # -- ch20.3 silu_and_mul ------------------------------------------------------------------------------
 
+
 @public("ch20.3", "the worked example: [1, −1, 2, 3] → [1.4621, −0.8068]")
 def act_worked_example(t: Trial) -> None:
     run_act_case(t, tensor([1.0, -1.0, 2.0, 3.0]), "gate_up = [1, −1, 2, 3]")
@@ -140,12 +138,19 @@ def act_worked_example(t: Trial) -> None:
 @public("ch20.3", "figure instance: one token's 12-wide gate_up (intermediate 6)")
 def act_figure_instance(t: Trial) -> None:
     gu = tensor([SWIGLU_X]) @ tensor(SWIGLU_GATE_UP).T
-    y = expect_tensor(t.yours.silu_and_mul(gu), what="SiLU(gate)·up of gate_up [1, 12]", shape=[1, 6],
-                      dtype=torch.float32)
+    y = expect_tensor(t.yours.silu_and_mul(gu), what="SiLU(gate)·up of gate_up [1, 12]", shape=[1, 6], dtype=torch.float32)
     want = t.ref.silu_and_mul(gu)
     variants = t.ref.drive(act_variants, gu)
-    t.figure("ch20-dim-swiglu", x=SWIGLU_X, gate_up_weight=SWIGLU_GATE_UP, down_weight=SWIGLU_DOWN, gate_up=gu[0],
-             act=y[0], act_expected=want[0], act_wrong=act_wrong(y, want)[0])
+    t.figure(
+        "ch20-dim-swiglu",
+        x=SWIGLU_X,
+        gate_up_weight=SWIGLU_GATE_UP,
+        down_weight=SWIGLU_DOWN,
+        gate_up=gu[0],
+        act=y[0],
+        act_expected=want[0],
+        act_wrong=act_wrong(y, want)[0],
+    )
     explain_act(y, want, gu, "figure instance", variants)
 
 
@@ -161,11 +166,11 @@ def act_bf16(t: Trial) -> None:
 
 # -- ch20.4 swiglu_mlp --------------------------------------------------------------------------------
 
+
 @public("ch20.4", "figure instance: one token, hidden 4, intermediate 6")
 def mlp_figure_instance(t: Trial) -> None:
     x, w_gu, w_down = tensor([SWIGLU_X]), tensor(SWIGLU_GATE_UP), tensor(SWIGLU_DOWN)
-    y = expect_tensor(t.yours.swiglu_mlp(x, w_gu, w_down), what="the MLP output [1, 4]", shape=[1, 4],
-                      dtype=torch.float32)
+    y = expect_tensor(t.yours.swiglu_mlp(x, w_gu, w_down), what="the MLP output [1, 4]", shape=[1, 4], dtype=torch.float32)
     want = t.ref.swiglu_mlp(x, w_gu, w_down)
     models = t.ref.drive(mlp_models, x, w_gu, w_down)
     t.figure("ch20-dim-swiglu", out=y[0], out_expected=want[0], out_wrong=mlp_wrong(y, want)[0])
@@ -175,19 +180,26 @@ def mlp_figure_instance(t: Trial) -> None:
 @public("ch20.4", "three tokens, then the same tokens in another order")
 def mlp_branches_instance(t: Trial) -> None:
     x, w_gu, w_down = tensor(BRANCH_X), tensor(SWIGLU_GATE_UP), tensor(SWIGLU_DOWN)
-    y = expect_tensor(t.yours.swiglu_mlp(x, w_gu, w_down), what="the MLP output [3, 4]", shape=[3, 4],
-                      dtype=torch.float32)
-    y2 = expect_tensor(t.yours.swiglu_mlp(x[BRANCH_ORDER], w_gu, w_down), what="the MLP output [3, 4]",
-                       shape=[3, 4], dtype=torch.float32)
+    y = expect_tensor(t.yours.swiglu_mlp(x, w_gu, w_down), what="the MLP output [3, 4]", shape=[3, 4], dtype=torch.float32)
+    y2 = expect_tensor(t.yours.swiglu_mlp(x[BRANCH_ORDER], w_gu, w_down), what="the MLP output [3, 4]", shape=[3, 4], dtype=torch.float32)
     want = t.ref.swiglu_mlp(x, w_gu, w_down)
     models = t.ref.drive(mlp_models, x, w_gu, w_down)
     models_permuted = t.ref.drive(mlp_models, x[BRANCH_ORDER], w_gu, w_down)
-    t.figure("ch20-swiglu-branches", x=x, gate=models["silu_gate"], up=models["gate_up"][:, 6:], out=y, expected=want,
-             wrong=mlp_wrong(y, want), order=BRANCH_ORDER, out_permuted=y2, expected_permuted=want[BRANCH_ORDER],
-             wrong_permuted=mlp_wrong(y2, want[BRANCH_ORDER]))
+    t.figure(
+        "ch20-swiglu-branches",
+        x=x,
+        gate=models["silu_gate"],
+        up=models["gate_up"][:, 6:],
+        out=y,
+        expected=want,
+        wrong=mlp_wrong(y, want),
+        order=BRANCH_ORDER,
+        out_permuted=y2,
+        expected_permuted=want[BRANCH_ORDER],
+        wrong_permuted=mlp_wrong(y2, want[BRANCH_ORDER]),
+    )
     explain_mlp(y, want, x, w_gu, w_down, "3 tokens", models)
-    explain_mlp(y2, want[BRANCH_ORDER], x[BRANCH_ORDER], w_gu, w_down, f"the same 3 tokens in the order {BRANCH_ORDER}",
-                models_permuted)
+    explain_mlp(y2, want[BRANCH_ORDER], x[BRANCH_ORDER], w_gu, w_down, f"the same 3 tokens in the order {BRANCH_ORDER}", models_permuted)
 
 
 @public("ch20.4", "Qwen3-like proportions (H = 32, I = 96) with leading dims [2, 3]")
@@ -198,29 +210,42 @@ def mlp_qwen_like(t: Trial) -> None:
 
 # -- helpers ------------------------------------------------------------------------------------------
 
+
 def tensor(rows, dtype=torch.float32) -> torch.Tensor:
     return torch.tensor(rows, dtype=dtype)
 
 
 def random_mlp(t: Trial, h: int, i: int, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    return ((torch.randn(2 * i, h, generator=t.rng) * h ** -0.5).to(dtype),
-            (torch.randn(h, i, generator=t.rng) * i ** -0.5).to(dtype))
+    return ((torch.randn(2 * i, h, generator=t.rng) * h**-0.5).to(dtype), (torch.randn(h, i, generator=t.rng) * i**-0.5).to(dtype))
 
 
 # -- helpers: ch20.1, the norm ------------------------------------------------------------------------
 
-def run_norm_case(t: Trial, x: torch.Tensor, w: torch.Tensor, case: str, eps: float = EPS,
-                  want: torch.Tensor | None = None) -> torch.Tensor:
-    y = expect_tensor(t.yours.rms_norm(x, w, eps), what=f"rms_norm of x {list(x.shape)} (x's shape and dtype)",
-                      shape=list(x.shape), dtype=x.dtype)
+
+def run_norm_case(
+    t: Trial, x: torch.Tensor, w: torch.Tensor, case: str, eps: float = EPS, want: torch.Tensor | None = None
+) -> torch.Tensor:
+    y = expect_tensor(
+        t.yours.rms_norm(x, w, eps), what=f"rms_norm of x {list(x.shape)} (x's shape and dtype)", shape=list(x.shape), dtype=x.dtype
+    )
     want = t.ref.rms_norm(x, w, eps) if want is None else want
     variants = t.ref.drive(norm_variants, x, w, eps)
     explain_norm(y, want, x, w, eps, case, hint=norm_hint(y, x, variants))
     return y
 
 
-def explain_norm(y: torch.Tensor, want: torch.Tensor, s: torch.Tensor, w: torch.Tensor, eps: float, case: str,
-                 *, what: str = "rms_norm(x)", source: str = "x", hint: str = "") -> None:
+def explain_norm(
+    y: torch.Tensor,
+    want: torch.Tensor,
+    s: torch.Tensor,
+    w: torch.Tensor,
+    eps: float,
+    case: str,
+    *,
+    what: str = "rms_norm(x)",
+    source: str = "x",
+    hint: str = "",
+) -> None:
     """Raise at the first wrong element of a normalised tensor: its row's mean square, root, weight."""
     bad = wrong_values(y, want)
     head = f'case "{case}": {source} {list(s.shape)} {dtype_name(y.dtype)}, eps {fmt(eps)}'
@@ -235,27 +260,37 @@ def explain_norm(y: torch.Tensor, want: torch.Tensor, s: torch.Tensor, w: torch.
     ms = float(v.pow(2).mean())
     r = (ms + eps) ** -0.5
     where = f"row {list(row)}" if len(row) > 1 else f"token {row[0]}" if row else "the vector"
-    raise CheckFailed(head,
-                      f"{where} of {source} = {vec(v)}: mean({source[0]}²) over its {v.numel()} channels = {fmt(ms)}, "
-                      f"rsqrt({fmt(ms)} + eps) = {fmt(r)}",
-                      f"{what}[{', '.join(map(str, idx))}] = {par(float(v[c]))}·{fmt(r)}·w[{c}] = {par(float(v[c]))}·"
-                      f"{fmt(r)}·{par(float(w[c]))} = {fmt(want[idx])}; yours: {fmt(y[idx])} ({int(bad.sum())} of "
-                      f"{bad.numel()} values differ)",
-                      hint=hint)
+    raise CheckFailed(
+        head,
+        f"{where} of {source} = {vec(v)}: mean({source[0]}²) over its {v.numel()} channels = {fmt(ms)}, rsqrt({fmt(ms)} + eps) = {fmt(r)}",
+        f"{what}[{', '.join(map(str, idx))}] = {par(float(v[c]))}·{fmt(r)}·w[{c}] = {par(float(v[c]))}·"
+        f"{fmt(r)}·{par(float(w[c]))} = {fmt(want[idx])}; yours: {fmt(y[idx])} ({int(bad.sum())} of "
+        f"{bad.numel()} values differ)",
+        hint=hint,
+    )
 
 
 def norm_hint(y: torch.Tensor, x: torch.Tensor, variants: dict) -> str:
     """The misconception whose rms_norm (`norm_variants`' answer) reproduces the student's, or ''."""
-    whys = [("center", M.layernorm), ("dim 0", M.token_axis), ("eps outside", M.eps_outside), ("all dims", M.all_dims),
-            ("weight first", M.weight_first.format(dtype=dtype_name(x.dtype))), ("no weight", M.no_weight),
-            ("sum", M.sum_of_squares), ("mean square", M.mean_square)]
+    whys = [
+        ("center", M.layernorm),
+        ("dim 0", M.token_axis),
+        ("eps outside", M.eps_outside),
+        ("all dims", M.all_dims),
+        ("weight first", M.weight_first.format(dtype=dtype_name(x.dtype))),
+        ("no weight", M.no_weight),
+        ("sum", M.sum_of_squares),
+        ("mean square", M.mean_square),
+    ]
     return next((why for key, why in whys if key in variants and agrees(y, variants[key])), "")
 
 
 # -- helpers: ch20.2, the fused add + norm ------------------------------------------------------------
 
-def run_add_case(t: Trial, x: torch.Tensor, residual: torch.Tensor | None, w: torch.Tensor, case: str,
-                 eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
+
+def run_add_case(
+    t: Trial, x: torch.Tensor, residual: torch.Tensor | None, w: torch.Tensor, case: str, eps: float = EPS
+) -> tuple[torch.Tensor, torch.Tensor]:
     normed, res = expect_pair(t.yours.add_rms_norm(x, residual, w, eps), x, residual)
     want = t.ref.add_rms_norm(x, residual, w, eps)
     explain_add(normed, res, x, residual, w, eps, want, case, t.ref.drive(add_variants, x, residual, w, eps))
@@ -265,20 +300,31 @@ def run_add_case(t: Trial, x: torch.Tensor, residual: torch.Tensor | None, w: to
 def expect_pair(got, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Require (normed, new_residual), two tensors shaped like x (`residual`: the residual add_rms_norm was given)."""
     if type(got) not in (tuple, list) or len(got) != 2:
-        raise CheckFailed(f"expected (normed, new_residual) as a tuple of two tensors shaped like x; "
-                          f"yours: {describe(got)}")
+        raise CheckFailed(f"expected (normed, new_residual) as a tuple of two tensors shaped like x; yours: {describe(got)}")
     for name, g in zip(("new_residual", "normed"), (got[1], got[0])):
         if g is None:
-            raise CheckFailed(f"expected (normed, new_residual); yours returned None as {name}",
-                              hint=M.layer0_none if name == "new_residual" and residual is None else "")
+            raise CheckFailed(
+                f"expected (normed, new_residual); yours returned None as {name}",
+                hint=M.layer0_none if name == "new_residual" and residual is None else "",
+            )
     what = f"shaped like x {list(x.shape)}, {dtype_name(x.dtype)}"
-    return (expect_tensor(got[0], what=f"normed ({what})", shape=list(x.shape), dtype=x.dtype),
-            expect_tensor(got[1], what=f"new_residual ({what})", shape=list(x.shape), dtype=x.dtype))
+    return (
+        expect_tensor(got[0], what=f"normed ({what})", shape=list(x.shape), dtype=x.dtype),
+        expect_tensor(got[1], what=f"new_residual ({what})", shape=list(x.shape), dtype=x.dtype),
+    )
 
 
-def explain_add(normed: torch.Tensor, res: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
-                w: torch.Tensor, eps: float, want: tuple[torch.Tensor, torch.Tensor], case: str,
-                variants: dict | None = None) -> None:
+def explain_add(
+    normed: torch.Tensor,
+    res: torch.Tensor,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    w: torch.Tensor,
+    eps: float,
+    want: tuple[torch.Tensor, torch.Tensor],
+    case: str,
+    variants: dict | None = None,
+) -> None:
     """Explain the first wrong new_residual, then normed (`variants`: `add_variants`' answer; asked of the hidden
     side when needed if not given)."""
     want_n, want_r = want
@@ -286,11 +332,15 @@ def explain_add(normed: torch.Tensor, res: torch.Tensor, x: torch.Tensor, residu
     if wrong_values(res, want_r).any() or rounding_share(res, want_r) > ROUNDING_SHARE:
         idx = tuple(int(v) for v in (wrong_values(res, want_r) | (res != want_r)).nonzero()[0])
         if residual is None:
-            line = (f"residual None (layer 0): the new residual is x itself; new_residual{list(idx)} should be "
-                    f"x{list(idx)} = {fmt(x[idx])}; yours: {fmt(res[idx])}")
+            line = (
+                f"residual None (layer 0): the new residual is x itself; new_residual{list(idx)} should be "
+                f"x{list(idx)} = {fmt(x[idx])}; yours: {fmt(res[idx])}"
+            )
         else:
-            line = (f"new_residual{list(idx)} = x + residual = {par(float(x[idx]))} + {par(float(residual[idx]))} = "
-                    f"{fmt(want_r[idx])}; yours: {fmt(res[idx])}")
+            line = (
+                f"new_residual{list(idx)} = x + residual = {par(float(x[idx]))} + {par(float(residual[idx]))} = "
+                f"{fmt(want_r[idx])}; yours: {fmt(res[idx])}"
+            )
         hint: str = ""
         if agrees(normed, want_r) and agrees(res, want_n):
             hint = M.pair_order
@@ -300,13 +350,13 @@ def explain_add(normed: torch.Tensor, res: torch.Tensor, x: torch.Tensor, residu
             hint = M.old_residual
         elif residual is not None and agrees(res, x):
             hint = M.x_as_residual
-        raise CheckFailed(f'case "{case}": x {list(x.shape)} {dtype_name(x.dtype)}'
-                          + (", residual None" if residual is None else ""), line, hint=hint)
+        raise CheckFailed(
+            f'case "{case}": x {list(x.shape)} {dtype_name(x.dtype)}' + (", residual None" if residual is None else ""), line, hint=hint
+        )
     if not wrong_values(normed, want_n).any() and rounding_share(normed, want_n) <= ROUNDING_SHARE:
         return
     hint = add_hint(normed, x, residual, variants if variants is not None else add_variants(None, x, residual, w, eps))
-    explain_norm(normed, want_n, s, w, eps, case, what="normed", source="s = x + residual" if residual is not None
-                 else "x", hint=hint)
+    explain_norm(normed, want_n, s, w, eps, case, what="normed", source="s = x + residual" if residual is not None else "x", hint=hint)
 
 
 def add_hint(normed: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, variants: dict) -> str:
@@ -324,10 +374,15 @@ def add_hint(normed: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | Non
 
 # -- helpers: ch20.3, the activation ------------------------------------------------------------------
 
+
 def run_act_case(t: Trial, gu: torch.Tensor, case: str) -> torch.Tensor:
     shape = [*gu.shape[:-1], gu.shape[-1] // 2]
-    y = expect_tensor(t.yours.silu_and_mul(gu), what=f"SiLU(gate)·up of gate_up {list(gu.shape)} (last dim halved, "
-                      f"{dtype_name(gu.dtype)})", shape=shape, dtype=gu.dtype)
+    y = expect_tensor(
+        t.yours.silu_and_mul(gu),
+        what=f"SiLU(gate)·up of gate_up {list(gu.shape)} (last dim halved, {dtype_name(gu.dtype)})",
+        shape=shape,
+        dtype=gu.dtype,
+    )
     want = t.ref.silu_and_mul(gu)
     explain_act(y, want, gu, case, t.ref.drive(act_variants, gu))
     return y
@@ -348,18 +403,26 @@ def explain_act(y: torch.Tensor, want: torch.Tensor, gu: torch.Tensor, case: str
     i, half = idx[-1], gu.shape[-1] // 2
     g, u = float(gu[idx[:-1] + (i,)]), float(gu[idx[:-1] + (i + half,)])
     silu = g / (1 + torch.exp(torch.tensor(-g, dtype=torch.float64)).item())
-    raise CheckFailed(f'case "{case}": gate_up {list(gu.shape)} {dtype_name(gu.dtype)} → gate = [..., :{half}], '
-                      f"up = [..., {half}:]",
-                      f"output{list(idx)}: gate = gate_up[..., {i}] = {fmt(g)}, up = gate_up[..., {i + half}] = "
-                      f"{fmt(u)}; SiLU({fmt(g)}) = {fmt(g)}·sigmoid({fmt(g)}) = {fmt(silu)}, times up: "
-                      f"{fmt(want[idx])}; yours: {fmt(y[idx])} ({int(bad.sum())} of {bad.numel()} values differ)",
-                      hint=act_hint(y, variants if variants is not None else act_variants(None, gu)))
+    raise CheckFailed(
+        f'case "{case}": gate_up {list(gu.shape)} {dtype_name(gu.dtype)} → gate = [..., :{half}], up = [..., {half}:]',
+        f"output{list(idx)}: gate = gate_up[..., {i}] = {fmt(g)}, up = gate_up[..., {i + half}] = "
+        f"{fmt(u)}; SiLU({fmt(g)}) = {fmt(g)}·sigmoid({fmt(g)}) = {fmt(silu)}, times up: "
+        f"{fmt(want[idx])}; yours: {fmt(y[idx])} ({int(bad.sum())} of {bad.numel()} values differ)",
+        hint=act_hint(y, variants if variants is not None else act_variants(None, gu)),
+    )
 
 
 def act_whys() -> list[tuple[str, Hint]]:
     """Each wrong activation's name in `act_variants` and the mistake it embodies, in the order tried."""
-    return [("halves swapped", M.halves_swapped), ("even and odd", M.even_and_odd), ("sigmoid", M.sigmoid),
-            ("relu", M.relu), ("gelu", M.gelu), ("silu of up too", M.silu_of_up), ("no up", M.no_up)]
+    return [
+        ("halves swapped", M.halves_swapped),
+        ("even and odd", M.even_and_odd),
+        ("sigmoid", M.sigmoid),
+        ("relu", M.relu),
+        ("gelu", M.gelu),
+        ("silu of up too", M.silu_of_up),
+        ("no up", M.no_up),
+    ]
 
 
 def act_hint(y: torch.Tensor, variants: dict) -> str:
@@ -372,10 +435,16 @@ def act_hint(y: torch.Tensor, variants: dict) -> str:
 
 # -- helpers: ch20.4, the MLP -------------------------------------------------------------------------
 
-def run_mlp_case(t: Trial, x: torch.Tensor, w_gu: torch.Tensor, w_down: torch.Tensor, case: str,
-                 want: torch.Tensor | None = None) -> torch.Tensor:
-    y = expect_tensor(t.yours.swiglu_mlp(x, w_gu, w_down), what=f"the MLP output ({list(x.shape)} like x, "
-                      f"{dtype_name(x.dtype)})", shape=list(x.shape), dtype=x.dtype)
+
+def run_mlp_case(
+    t: Trial, x: torch.Tensor, w_gu: torch.Tensor, w_down: torch.Tensor, case: str, want: torch.Tensor | None = None
+) -> torch.Tensor:
+    y = expect_tensor(
+        t.yours.swiglu_mlp(x, w_gu, w_down),
+        what=f"the MLP output ({list(x.shape)} like x, {dtype_name(x.dtype)})",
+        shape=list(x.shape),
+        dtype=x.dtype,
+    )
     want = t.ref.swiglu_mlp(x, w_gu, w_down) if want is None else want
     explain_mlp(y, want, x, w_gu, w_down, case, t.ref.drive(mlp_models, x, w_gu, w_down))
     return y
@@ -390,8 +459,9 @@ def mlp_wrong(y: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     return wrong_mask(y, want, atol=1e-4, rtol=1e-4)
 
 
-def explain_mlp(y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w_gu: torch.Tensor, w_down: torch.Tensor,
-                case: str, models: dict | None = None) -> None:
+def explain_mlp(
+    y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w_gu: torch.Tensor, w_down: torch.Tensor, case: str, models: dict | None = None
+) -> None:
     """Explain the first wrong output through its token's gate_up and activation (`models`: `mlp_models`'
     answer; asked of the hidden side when needed if not given)."""
     bad = mlp_wrong(y, want)
@@ -402,13 +472,14 @@ def explain_mlp(y: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w_gu: torc
     tok, i = idx[:-1], idx[-1]
     half = w_gu.shape[0] // 2
     gu, act = models["gate_up"][tok], models["act"][tok]
-    raise CheckFailed(f'case "{case}": x {list(x.shape)} {dtype_name(x.dtype)}, gate_up_weight {list(w_gu.shape)} = '
-                      f"[2I, H], down_weight {list(w_down.shape)} = [H, I]",
-                      f"token {tok[0] if len(tok) == 1 else list(tok)}: gate_up = x·gate_up_weightᵀ → gate "
-                      f"{vec(gu[:half], 6)}, up {vec(gu[half:], 6)}",
-                      f"SiLU(gate)·up = {vec(act, 6)}; out[{i}] = Σ_j down_weight[{i}, j]·act[j] = {fmt(want[idx])}; "
-                      f"yours: {fmt(y[idx])} ({int(bad.sum())} of {bad.numel()} values differ)",
-                      hint=mlp_hint(y, models["variants"]))
+    raise CheckFailed(
+        f'case "{case}": x {list(x.shape)} {dtype_name(x.dtype)}, gate_up_weight {list(w_gu.shape)} = '
+        f"[2I, H], down_weight {list(w_down.shape)} = [H, I]",
+        f"token {tok[0] if len(tok) == 1 else list(tok)}: gate_up = x·gate_up_weightᵀ → gate {vec(gu[:half], 6)}, up {vec(gu[half:], 6)}",
+        f"SiLU(gate)·up = {vec(act, 6)}; out[{i}] = Σ_j down_weight[{i}, j]·act[j] = {fmt(want[idx])}; "
+        f"yours: {fmt(y[idx])} ({int(bad.sum())} of {bad.numel()} values differ)",
+        hint=mlp_hint(y, models["variants"]),
+    )
 
 
 def mlp_hint(y: torch.Tensor, variants: dict) -> str:

@@ -4,18 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.authoring import (
-    CheckFailed,
-    Trial,
-    describe,
-    expect_int,
-    expect_tensor,
-    mistakes,
-    public,
-    short,
-    vec,
-    wrong_mask,
-)
+from grader.authoring import CheckFailed, Trial, describe, expect_int, expect_tensor, mistakes, public, short, vec, wrong_mask
 
 # ch21-cache-growth: two layers, each with its own cache of L_max 6 rows, one K/V head of width 2;
 # a prefill of 3 tokens, then two decode steps of one token each.
@@ -31,6 +20,7 @@ M = mistakes("ch21")
 
 
 # -- ch21.1 append_kv ---------------------------------------------------------------------------------
+
 
 @public("ch21.1", "figure instance: a prefill of 3, then two decode steps, in each of two layers")
 def growth_figure_instance(t: Trial) -> None:
@@ -52,19 +42,19 @@ def growth_figure_instance(t: Trial) -> None:
             bad.append([wrong_rows(got_k, want_k).tolist(), wrong_rows(got_v, want_v).tolist()])
             returned.append(call.value if type(call.value) is int else None)
             calls.append((layer, length, n, call, before, want_k.clone(), want_v.clone(), k_new, v_new))
-            k_cache, v_cache = got_k, got_v      # the next step appends to the cache this one wrote
+            k_cache, v_cache = got_k, got_v  # the next step appends to the cache this one wrote
             length += n
         yours.append(snaps)
         expected.append(want_snaps)
         wrong.append(bad)
         lengths.append(returned)
-    t.figure("ch21-cache-growth", l_max=GROWTH_LMAX, steps=list(GROWTH_STEPS), caches=yours, expected=expected,
-             wrong=wrong, lengths=lengths)
+    t.figure(
+        "ch21-cache-growth", l_max=GROWTH_LMAX, steps=list(GROWTH_STEPS), caches=yours, expected=expected, wrong=wrong, lengths=lengths
+    )
     for layer, length, n, call, (before_k, before_v), want_k, want_v, k_new, v_new in calls:
         label = f"layer {layer}, " + ("prefill" if length == 0 else f"decode step {length - GROWTH_STEPS[0] + 1}")
         explain_length(label, call.value, length, n)
-        explain_append(label, call.args[0], call.args[1], want_k, want_v, before_k, before_v, k_new, v_new,
-                       length)
+        explain_append(label, call.args[0], call.args[1], want_k, want_v, before_k, before_v, k_new, v_new, length)
 
 
 @public("ch21.1", "rows beyond the new length keep their values")
@@ -75,14 +65,13 @@ def rows_beyond_untouched(t: Trial) -> None:
 
 # -- ch21.2 decode_inputs -----------------------------------------------------------------------------
 
+
 @public("ch21.2", "figure instance: 7 tokens, block_table [7, 2], block_size 4")
 def decode_figure_instance(t: Trial) -> None:
-    got = expect_decode(t.yours.decode_inputs(list(DECODE_TOKENS), list(DECODE_TABLE), DECODE_BS),
-                        DECODE_TOKENS, DECODE_TABLE, DECODE_BS)
+    got = expect_decode(t.yours.decode_inputs(list(DECODE_TOKENS), list(DECODE_TABLE), DECODE_BS), DECODE_TOKENS, DECODE_TABLE, DECODE_BS)
     want = t.ref.decode_inputs(DECODE_TOKENS, DECODE_TABLE, DECODE_BS)
     neighbours = t.ref.drive(neighbour_slots, DECODE_TOKENS, DECODE_TABLE, DECODE_BS)
-    t.figure("ch21-decode-step", token_ids=DECODE_TOKENS, table=DECODE_TABLE, block_size=DECODE_BS,
-             yours=got, expected=want)
+    t.figure("ch21-decode-step", token_ids=DECODE_TOKENS, table=DECODE_TABLE, block_size=DECODE_BS, yours=got, expected=want)
     explain_decode(got, want, DECODE_TOKENS, DECODE_TABLE, DECODE_BS, "figure instance", neighbours)
 
 
@@ -112,11 +101,11 @@ def spare_block(t: Trial) -> None:
 
 @public("ch21.2", "a block table too short for position len − 1 raises ValueError")
 def table_too_short(t: Trial) -> None:
-    expect_short_table(t, [1, 2, 3, 4, 5], [3], 4,
-                       "position 4 is in logical block 1, but the table has only block 0")
+    expect_short_table(t, [1, 2, 3, 4, 5], [3], 4, "position 4 is in logical block 1, but the table has only block 0")
 
 
 # -- helpers of ch21.1: the caches an append wrote, explained ------------------------------------------------
+
 
 def growth_kv(layer: int, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Readable K/V for the figure: layer ℓ's token t has K = [100ℓ + 10(t+1) + 1, … + 2] and V = −K."""
@@ -130,21 +119,24 @@ def wrong_rows(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     return wrong_mask(got, want).reshape(got.shape[0], -1).any(dim=1)
 
 
-def run_appends(t: Trial, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int, sizes: list[int],
-                what: str) -> tuple[torch.Tensor, torch.Tensor]:
+def run_appends(
+    t: Trial, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int, sizes: list[int], what: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Several appends in a row, each into the caches the previous call wrote (random K/V)."""
     _, heads, dim = k_cache.shape
     for step, n in enumerate(sizes):
         k_new = torch.randn(n, heads, dim, generator=t.rng).to(k_cache.dtype)
         v_new = torch.randn(n, heads, dim, generator=t.rng).to(k_cache.dtype)
-        k_cache, v_cache = append_once(t, k_cache, v_cache, length, k_new, v_new,
-                                       f"{what}, append {step + 1} of {len(sizes)} (sizes {list(sizes)})")
+        k_cache, v_cache = append_once(
+            t, k_cache, v_cache, length, k_new, v_new, f"{what}, append {step + 1} of {len(sizes)} (sizes {list(sizes)})"
+        )
         length += n
     return k_cache, v_cache
 
 
-def append_once(t: Trial, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int, k_new: torch.Tensor,
-                v_new: torch.Tensor, label: str) -> tuple[torch.Tensor, torch.Tensor]:
+def append_once(
+    t: Trial, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int, k_new: torch.Tensor, v_new: torch.Tensor, label: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One call of the student's append_kv, compared with the reference; returns the caches it wrote."""
     call = t.yours.append_kv.run(k_cache, v_cache, length, k_new, v_new, mutates=("k_cache", "v_cache"))
     want_k, want_v = k_cache.clone(), v_cache.clone()
@@ -159,19 +151,30 @@ def explain_length(label: str, got, length: int, n: int) -> int:
     value = expect_int(got, what=f"append_kv's return value (the new length) {label}")
     if value == length + n:
         return value
-    hint = (M.old_length if value == length else M.count_only if value == n
-            else M.last_index if value == length + n - 1 else "")
-    raise CheckFailed(f"{label}: {length} cached + {n} new → the new length is {length} + {n} = {length + n}; "
-                      f"yours: {value}", hint=hint if n else "")
+    hint = M.old_length if value == length else M.count_only if value == n else M.last_index if value == length + n - 1 else ""
+    raise CheckFailed(
+        f"{label}: {length} cached + {n} new → the new length is {length} + {n} = {length + n}; yours: {value}", hint=hint if n else ""
+    )
 
 
-def explain_append(label: str, got_k: torch.Tensor, got_v: torch.Tensor, want_k: torch.Tensor,
-                   want_v: torch.Tensor, before_k: torch.Tensor, before_v: torch.Tensor, k_new: torch.Tensor,
-                   v_new: torch.Tensor, length: int) -> None:
+def explain_append(
+    label: str,
+    got_k: torch.Tensor,
+    got_v: torch.Tensor,
+    want_k: torch.Tensor,
+    want_v: torch.Tensor,
+    before_k: torch.Tensor,
+    before_v: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    length: int,
+) -> None:
     """Require both caches to equal the expected ones, explaining the first wrong row in token terms."""
     n = k_new.shape[0]
-    for name, got, want, before, new, other in (("k_cache", got_k, want_k, before_k, k_new, v_new),
-                                                ("v_cache", got_v, want_v, before_v, v_new, k_new)):
+    for name, got, want, before, new, other in (
+        ("k_cache", got_k, want_k, before_k, k_new, v_new),
+        ("v_cache", got_v, want_v, before_v, v_new, k_new),
+    ):
         expect_tensor(got, what=name, shape=list(want.shape), dtype=want.dtype)
         bad = wrong_rows(got, want)
         if not bad.any():
@@ -179,38 +182,47 @@ def explain_append(label: str, got_k: torch.Tensor, got_v: torch.Tensor, want_k:
         r = int(bad.nonzero()[0])
         kv = name[0].upper()
         if length <= r < length + n:
-            what = (f"row {r} is new token {r - length} of this append (new rows go to length … length + n − 1 = "
-                    f"{length} … {length + n - 1}), so it should hold its {kv} {vec(want[r])}")
+            what = (
+                f"row {r} is new token {r - length} of this append (new rows go to length … length + n − 1 = "
+                f"{length} … {length + n - 1}), so it should hold its {kv} {vec(want[r])}"
+            )
         elif r < length:
             what = f"row {r} holds a token cached before this append and must keep its {kv} {vec(want[r])}"
         else:
             what = f"row {r} is beyond the new length {length + n} and must keep its old value {vec(want[r])}"
-        raise CheckFailed(f"{label}: length={length}, n={n}, L_max={got.shape[0]}",
-                          f"{name} {what}; yours holds {vec(got[r])}",
-                          hint=append_hint(got, want, before, new, other, length))
+        raise CheckFailed(
+            f"{label}: length={length}, n={n}, L_max={got.shape[0]}",
+            f"{name} {what}; yours holds {vec(got[r])}",
+            hint=append_hint(got, want, before, new, other, length),
+        )
 
 
-def append_hint(got: torch.Tensor, want: torch.Tensor, before: torch.Tensor, new: torch.Tensor,
-                other_new: torch.Tensor, length: int) -> str:
+def append_hint(
+    got: torch.Tensor, want: torch.Tensor, before: torch.Tensor, new: torch.Tensor, other_new: torch.Tensor, length: int
+) -> str:
     """The misconception a wrong cache most likely comes from ('' when none fits)."""
     n, L = new.shape[0], got.shape[0]
-    if n and torch.equal(got[length:length + n], other_new.to(got.dtype)):
+    if n and torch.equal(got[length : length + n], other_new.to(got.dtype)):
         return M.swapped_kv
     if n and length and torch.equal(got[:n], new.to(got.dtype)):
-        rows = f"row length = {length}, not row 0" if n == 1 else \
-            f"rows length … length + n − 1 = {length} … {length + n - 1}, not 0 … {n - 1}"
+        rows = (
+            f"row length = {length}, not row 0"
+            if n == 1
+            else f"rows length … length + n − 1 = {length} … {length + n - 1}, not 0 … {n - 1}"
+        )
         return M.row_zero.format(length=length, rows=rows)
-    if n and length and torch.equal(got[length - 1:length - 1 + n], new.to(got.dtype)):
+    if n and length and torch.equal(got[length - 1 : length - 1 + n], new.to(got.dtype)):
         return M.one_early.format(length=length, before=length - 1)
-    if n and length + n < L and torch.equal(got[length + 1:length + 1 + n], new.to(got.dtype)):
+    if n and length + n < L and torch.equal(got[length + 1 : length + 1 + n], new.to(got.dtype)):
         return M.one_late.format(length=length, after=length + 1)
     rest = slice(length + n, L)
-    if L > length + n and not torch.equal(got[rest], before[rest]) and torch.equal(got[:length + n], want[:length + n]):
+    if L > length + n and not torch.equal(got[rest], before[rest]) and torch.equal(got[: length + n], want[: length + n]):
         return M.clears_rest
     return ""
 
 
 # -- helpers of ch21.2: the four inputs of a decode step, explained --------------------------------------------
+
 
 def expect_decode(got, token_ids: list[int], table: list[int], block_size: int) -> dict:
     """Require a dict of the four Python ints; return it (values not yet compared)."""
@@ -218,19 +230,20 @@ def expect_decode(got, token_ids: list[int], table: list[int], block_size: int) 
         raise CheckFailed(f"expected a dict with keys {', '.join(DECODE_KEYS)}; yours: {describe(got)}")
     missing = [k for k in DECODE_KEYS if k not in got]
     if missing:
-        raise CheckFailed(f"the dict lacks {', '.join(missing)}; expected keys {', '.join(DECODE_KEYS)}, "
-                          f"yours: {', '.join(map(str, got))}")
+        raise CheckFailed(f"the dict lacks {', '.join(missing)}; expected keys {', '.join(DECODE_KEYS)}, yours: {', '.join(map(str, got))}")
     return {k: expect_int(got[k], what=f"{k}") for k in DECODE_KEYS}
 
 
 def neighbour_slots(ref, token_ids: list[int], table: list[int], bs: int) -> dict:
     """A driver of the reference: the slots of the positions before and after the newest token (None where the
     reference refuses the sequence), for the hints of `explain_decode`."""
+
     def slot(ids: list[int]) -> int | None:
         try:
             return ref.decode_inputs(ids, table, bs)["slot"]
         except ValueError:
             return None
+
     return {"previous": slot(token_ids[:-1]), "next": slot(token_ids + token_ids[-1:])}
 
 
@@ -244,16 +257,13 @@ def expect_short_table(t: Trial, token_ids: list[int], table: list[int], block_s
 
 
 def run_decode_case(t: Trial, token_ids: list[int], table: list[int], block_size: int, case: str) -> dict:
-    got = expect_decode(t.yours.decode_inputs(list(token_ids), list(table), block_size), token_ids, table,
-                        block_size)
+    got = expect_decode(t.yours.decode_inputs(list(token_ids), list(table), block_size), token_ids, table, block_size)
     want = t.ref.decode_inputs(token_ids, table, block_size)
-    explain_decode(got, want, token_ids, table, block_size, case, t.ref.drive(neighbour_slots, token_ids, table,
-                                                                              block_size))
+    explain_decode(got, want, token_ids, table, block_size, case, t.ref.drive(neighbour_slots, token_ids, table, block_size))
     return got
 
 
-def explain_decode(got: dict, want: dict, token_ids: list[int], table: list[int], bs: int, case: str,
-                   neighbours: dict) -> None:
+def explain_decode(got: dict, want: dict, token_ids: list[int], table: list[int], bs: int, case: str, neighbours: dict) -> None:
     """Explain every wrong value of the decode inputs, with a hint for the first (`neighbours`:
     `t.ref.drive(neighbour_slots, token_ids, table, bs)`, asked before comparing)."""
     n = len(token_ids)
@@ -261,9 +271,10 @@ def explain_decode(got: dict, want: dict, token_ids: list[int], table: list[int]
     wrong = [k for k in DECODE_KEYS if got[k] != want[k]]
     if not wrong:
         return
-    lines = [f"case \"{case}\": token_ids={short(token_ids, limit=10)} (len {n}), block_table={table}, block_size={bs}",
-             f"the newest token, token_ids[-1] = {token_ids[-1]}, was sampled by the previous step and has no K/V "
-             f"yet: this step computes it"]
+    lines = [
+        f'case "{case}": token_ids={short(token_ids, limit=10)} (len {n}), block_table={table}, block_size={bs}',
+        f"the newest token, token_ids[-1] = {token_ids[-1]}, was sampled by the previous step and has no K/V yet: this step computes it",
+    ]
     hints: list[str] = []
     for k in wrong:
         y = got[k]
@@ -278,15 +289,16 @@ def explain_decode(got: dict, want: dict, token_ids: list[int], table: list[int]
             elif y == n - 2:
                 hints.append(M.position_previous)
         elif k == "context_len":
-            lines.append(f"context_len = len = {want[k]}: attention reads every cached entry, the newest one "
-                         f"included; yours: {y}")
+            lines.append(f"context_len = len = {want[k]}: attention reads every cached entry, the newest one included; yours: {y}")
             if y == n - 1:
                 hints.append(M.context_short)
         else:
             lb, off = divmod(pos, bs)
-            lines.append(f"position {pos} → logical block {pos} // {bs} = {lb}, offset {pos} % {bs} = {off}; "
-                         f"block_table[{lb}] = {table[lb]}, so slot = {table[lb]}·{bs} + {off} = {want[k]}; "
-                         f"yours: {y}")
+            lines.append(
+                f"position {pos} → logical block {pos} // {bs} = {lb}, offset {pos} % {bs} = {off}; "
+                f"block_table[{lb}] = {table[lb]}, so slot = {table[lb]}·{bs} + {off} = {want[k]}; "
+                f"yours: {y}"
+            )
             fits = []  # every misconception this one slot fits; a hint only when it fits just one
             if y == neighbours["previous"]:
                 fits.append(M.previous_slot.format(previous=pos - 1, position=pos))

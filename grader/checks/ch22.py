@@ -44,18 +44,32 @@ M = mistakes("ch22")
 
 # -- ch22.1 naive_attention, attention_hbm_bytes ----------------------------------------------------
 
+
 @public("ch22.1", "figure instance: naive attention materialises scores and probs (T = S = 4, d = 2)")
 def naive_figure_instance(t: Trial) -> None:
     q, k, v = naive_tensors()
     out, scores, probs = expect_naive(t.yours.naive_attention(q, k, v), q, k)
     want_out, mid = t.ref.naive_attention(q, k, v)
     variants = t.ref.drive(naive_variants, q, k, v, True)
-    t.figure("ch22-naive", q=q, k=k, v=v, scores=scores, probs=probs, out=out, expected_scores=mid["scores"],
-             expected_probs=mid["probs"], expected_out=want_out,
-             **{f"{name}_wrong": wrong_mask(got, want, atol=ATOL, rtol=RTOL) for name, got, want in
-                (("scores", scores, mid["scores"]), ("probs", probs, mid["probs"]), ("out", out, want_out))})
-    explain_naive((scores, probs, out), (mid["scores"], mid["probs"], want_out), q, k, v, causal=True,
-                  case="figure instance", variants=variants)
+    t.figure(
+        "ch22-naive",
+        q=q,
+        k=k,
+        v=v,
+        scores=scores,
+        probs=probs,
+        out=out,
+        expected_scores=mid["scores"],
+        expected_probs=mid["probs"],
+        expected_out=want_out,
+        **{
+            f"{name}_wrong": wrong_mask(got, want, atol=ATOL, rtol=RTOL)
+            for name, got, want in (("scores", scores, mid["scores"]), ("probs", probs, mid["probs"]), ("out", out, want_out))
+        },
+    )
+    explain_naive(
+        (scores, probs, out), (mid["scores"], mid["probs"], want_out), q, k, v, causal=True, case="figure instance", variants=variants
+    )
 
 
 @public("ch22.1", "a chunk of 3 queries after 4 cached keys: the mask is aligned to the end")
@@ -79,8 +93,15 @@ def traffic_figure_instance(t: Trial) -> None:
     want = [t.ref.attention_hbm_bytes(*args, flash=flash) for args, flash in cases]
     variants = [t.ref.drive(traffic_variants, *args, flash) for args, flash in cases]
     if all(type(g) is int for g in got):
-        t.figure("ch22-naive", small_bytes=got[:2], small_expected=want[:2], big=BIG, big_bytes=got[2:],
-                 big_expected=want[2:], dtype_bytes=NAIVE_DTYPE_BYTES)
+        t.figure(
+            "ch22-naive",
+            small_bytes=got[:2],
+            small_expected=want[:2],
+            big=BIG,
+            big_bytes=got[2:],
+            big_expected=want[2:],
+            dtype_bytes=NAIVE_DTYPE_BYTES,
+        )
     for (args, flash), g, w, v in zip(cases, got, want, variants):
         expect_traffic(g, w, *args, flash, v)
 
@@ -93,11 +114,11 @@ def traffic_rectangular(t: Trial) -> None:
 
 # -- ch22.2 flash_attention (explained in ch22_explain) -----------------------------------------------
 
+
 @public("ch22.2", "figure instance: 6 queries after 2 cached, tiles of 2 × 3 (trace of running max and sum)")
 def flash_figure_instance(t: Trial) -> None:
     q, k, v = flash_tensors()
-    check_trace(t, q, k, v, causal=True, bq=FLASH_BQ, bk=FLASH_BK, case="figure instance",
-                figure="ch22-flash-tiles")
+    check_trace(t, q, k, v, causal=True, bq=FLASH_BQ, bk=FLASH_BK, case="figure instance", figure="ch22-flash-tiles")
 
 
 @public("ch22.2", "agrees with naive attention: T = S = 16, tiles of 4 × 4, causal")
@@ -133,6 +154,7 @@ def flash_large_scores(t: Trial) -> None:
 
 # -- helpers: the instances -------------------------------------------------------------------------
 
+
 def naive_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v = (torch.tensor(x, dtype=torch.float32) for x in (NAIVE_Q, NAIVE_K, NAIVE_V))
     return q, k, v
@@ -145,11 +167,11 @@ def flash_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def random_qkv(t: Trial, T: int, S: int, d: int, magnitude: float = 1.0):
-    return (torch.randn(T, d, generator=t.rng) * magnitude, torch.randn(S, d, generator=t.rng),
-            torch.randn(S, d, generator=t.rng))
+    return (torch.randn(T, d, generator=t.rng) * magnitude, torch.randn(S, d, generator=t.rng), torch.randn(S, d, generator=t.rng))
 
 
 # -- helpers of ch22.1: naive attention, explained ----------------------------------------------------
+
 
 def expect_naive(got, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Require (out [T, d], {"scores": [T, S], "probs": [T, S]}) in q's dtype."""
@@ -161,10 +183,14 @@ def expect_naive(got, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, t
     out = expect_tensor(out, what=f"out, the output of {T} queries (d = {d})", shape=[T, d], dtype=q.dtype)
     if type(mid) is not dict or not {"scores", "probs"} <= set(mid):
         keys = sorted(map(str, mid)) if type(mid) is dict else describe(mid)
-        raise CheckFailed(f'expected the intermediates as a dict with the keys "scores" and "probs" (the two '
-                          f"[{T}, {S}] matrices a naive kernel writes to HBM); yours: {keys}")
-    scores, probs = (expect_tensor(mid[n], what=f'intermediates["{n}"] ({T} queries × {S} keys, {dt})',
-                                   shape=[T, S], dtype=q.dtype) for n in ("scores", "probs"))
+        raise CheckFailed(
+            f'expected the intermediates as a dict with the keys "scores" and "probs" (the two '
+            f"[{T}, {S}] matrices a naive kernel writes to HBM); yours: {keys}"
+        )
+    scores, probs = (
+        expect_tensor(mid[n], what=f'intermediates["{n}"] ({T} queries × {S} keys, {dt})', shape=[T, S], dtype=q.dtype)
+        for n in ("scores", "probs")
+    )
     return out, scores, probs
 
 
@@ -201,8 +227,9 @@ def naive_hint(which: int, got: torch.Tensor, variants: dict, T: int, S: int, d:
     return []
 
 
-def explain_naive(got: tuple, want: tuple, q, k, v, *, causal: bool, case: str, variants: dict, atol: float = ATOL,
-                  rtol: float = RTOL) -> None:
+def explain_naive(
+    got: tuple, want: tuple, q, k, v, *, causal: bool, case: str, variants: dict, atol: float = ATOL, rtol: float = RTOL
+) -> None:
     """Raise a teaching message at the first wrong score, probability or output element.
     `got` and `want` are (scores, probs, out), in the order naive attention computes them; `variants` is
     `naive_variants`' answer for the instance."""
@@ -217,42 +244,66 @@ def explain_naive(got: tuple, want: tuple, q, k, v, *, causal: bool, case: str, 
         visible = not causal or j <= S - T + i
         if name == "scores":
             dot = float(q[i].double() @ k[j].double())
-            how = (f"q[{i}]·k[{j}]/√{d} = {fmt(dot)}/{fmt(math.sqrt(d))} = {fmt(dot / math.sqrt(d))}" if visible
-                   else f"−∞ (key {j} is in the future of query {i})")
+            how = (
+                f"q[{i}]·k[{j}]/√{d} = {fmt(dot)}/{fmt(math.sqrt(d))} = {fmt(dot / math.sqrt(d))}"
+                if visible
+                else f"−∞ (key {j} is in the future of query {i})"
+            )
             line = f"scores[{i}, {j}]: expected {how}; yours {fmt(g[i, j])}"
         elif name == "probs":
-            line = (f"probs[{i}, {j}]: expected softmax(scores[{i}])[{j}] = {fmt(w[i, j])}"
-                    + ("" if visible else " (a future key gets probability 0)")
-                    + f"; yours {fmt(g[i, j])} (your row {i} sums to {fmt(g[i].sum())}, a softmax row to 1)")
+            line = (
+                f"probs[{i}, {j}]: expected softmax(scores[{i}])[{j}] = {fmt(w[i, j])}"
+                + ("" if visible else " (a future key gets probability 0)")
+                + f"; yours {fmt(g[i, j])} (your row {i} sums to {fmt(g[i].sum())}, a softmax row to 1)"
+            )
         else:
             line = f"out[{i}, {j}]: expected Σ_keys probs[{i}, key]·v[key, {j}] = {fmt(w[i, j])}; yours {fmt(g[i, j])}"
         hints = naive_hint(which, g, variants, T, S, d, causal)
         if not hints and name != "scores" and not torch.isfinite(g[torch.isfinite(w)]).all():
             hints = [M.unstable_softmax]
-        raise CheckFailed(case_line(case, q, k, causal), sees(T, S, i, causal),
-                          f"{line}  ({count} of {w.numel()} {name} differ beyond {atol:g} + {rtol:g}·|expected|)",
-                          hint=hints)
+        raise CheckFailed(
+            case_line(case, q, k, causal),
+            sees(T, S, i, causal),
+            f"{line}  ({count} of {w.numel()} {name} differ beyond {atol:g} + {rtol:g}·|expected|)",
+            hint=hints,
+        )
 
 
-def run_naive_case(t: Trial, q, k, v, *, causal: bool = True, case: str, atol: float = ATOL,
-                   rtol: float = RTOL) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def run_naive_case(
+    t: Trial, q, k, v, *, causal: bool = True, case: str, atol: float = ATOL, rtol: float = RTOL
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out, scores, probs = expect_naive(t.yours.naive_attention(q, k, v, causal=causal), q, k)
     want_out, mid = t.ref.naive_attention(q, k, v, causal=causal)
     variants = t.ref.drive(naive_variants, q, k, v, causal)
-    explain_naive((scores, probs, out), (mid["scores"], mid["probs"], want_out), q, k, v, causal=causal, case=case,
-                  variants=variants, atol=atol, rtol=rtol)
+    explain_naive(
+        (scores, probs, out),
+        (mid["scores"], mid["probs"], want_out),
+        q,
+        k,
+        v,
+        causal=causal,
+        case=case,
+        variants=variants,
+        atol=atol,
+        rtol=rtol,
+    )
     return out, scores, probs
 
 
 # -- helpers of ch22.1: the traffic model, explained ------------------------------------------------
 
+
 def traffic_derivation(T: int, S: int, d: int, b: int, flash: bool, want: int) -> str:
     if flash:
-        return (f"FlashAttention reads Q, K, V once and writes O: (2·T·d + 2·S·d)·dtype_bytes, plus the lse in "
-                f"float32, 4·T: (2·{T:,}·{d} + 2·{S:,}·{d})·{b} + 4·{T:,} = {want:,} bytes")
-    return (f"naive: read Q, K (T·d + S·d), write and read back the scores (2·T·S), write and read back the "
-            f"probabilities (2·T·S), read V (S·d), write O (T·d): (2·T·d + 2·S·d + 4·T·S)·dtype_bytes = "
-            f"(2·{T:,}·{d} + 2·{S:,}·{d} + 4·{T:,}·{S:,})·{b} = {want:,} bytes")
+        return (
+            f"FlashAttention reads Q, K, V once and writes O: (2·T·d + 2·S·d)·dtype_bytes, plus the lse in "
+            f"float32, 4·T: (2·{T:,}·{d} + 2·{S:,}·{d})·{b} + 4·{T:,} = {want:,} bytes"
+        )
+    return (
+        f"naive: read Q, K (T·d + S·d), write and read back the scores (2·T·S), write and read back the "
+        f"probabilities (2·T·S), read V (S·d), write O (T·d): (2·T·d + 2·S·d + 4·T·S)·dtype_bytes = "
+        f"(2·{T:,}·{d} + 2·{S:,}·{d} + 4·{T:,}·{S:,})·{b} = {want:,} bytes"
+    )
 
 
 def traffic_hint(got, T: int, S: int, d: int, b: int, flash: bool, variants: dict | None = None) -> str:
@@ -295,8 +346,12 @@ def expect_traffic(got, want: int, T: int, S: int, d: int, b: int, flash: bool, 
         raise CheckFailed(*e.lines, hint=M.float_bytes if isinstance(got, float) else "") from None
     if got == want:
         return got
-    raise CheckFailed(f"inputs: {inputs}", traffic_derivation(T, S, d, b, flash, want), f"yours: {got:,}",
-                      hint=traffic_hint(got, T, S, d, b, flash, variants))
+    raise CheckFailed(
+        f"inputs: {inputs}",
+        traffic_derivation(T, S, d, b, flash, want),
+        f"yours: {got:,}",
+        hint=traffic_hint(got, T, S, d, b, flash, variants),
+    )
 
 
 def run_traffic_case(t: Trial, T: int, S: int, d: int, b: int, flash: bool) -> int:

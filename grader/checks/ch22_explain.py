@@ -13,19 +13,7 @@ import math
 
 import torch
 
-from grader.authoring import (
-    CheckFailed,
-    Hint,
-    Trial,
-    describe,
-    expect_tensor,
-    first_wrong,
-    fmt,
-    hidden_model,
-    mistakes,
-    plural,
-    wrong_mask,
-)
+from grader.authoring import CheckFailed, Hint, Trial, describe, expect_tensor, first_wrong, fmt, hidden_model, mistakes, plural, wrong_mask
 
 # Tolerances for float32 attention (flash_attention must agree with naive attention to these).
 ATOL, RTOL = 1e-5, 1e-5
@@ -57,6 +45,7 @@ def close_to_variant(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-4) -> boo
 
 
 # -- ch22.2 flash_attention: values ------------------------------------------------------------------
+
 
 def expect_flash(got, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Require (out [T, d], lse [T]) in q's dtype."""
@@ -112,8 +101,7 @@ def last_records(trace: list) -> list:
     return [last[qb] for qb in sorted(last)]
 
 
-def lse_hint(lse: torch.Tensor, want: torch.Tensor, models: dict, T: int, S: int, d: int, bk: int,
-             causal: bool) -> str:
+def lse_hint(lse: torch.Tensor, want: torch.Tensor, models: dict, T: int, S: int, d: int, bk: int, causal: bool) -> str:
     if not torch.isfinite(lse).all() and torch.isfinite(want).all():
         return M.lse_overflow
     final_m = torch.tensor([x for r in last_records(models["trace"]) for x in r[2]], dtype=torch.float64)
@@ -126,8 +114,23 @@ def lse_hint(lse: torch.Tensor, want: torch.Tensor, models: dict, T: int, S: int
     return flash_hint(1, lse, models, T, S, d, bk, causal)
 
 
-def explain_flash(out, lse, want_out, want_lse, q, k, v, *, causal: bool, bq: int, bk: int, case: str,
-                  atol: float = ATOL, rtol: float = RTOL, models: dict | None = None) -> None:
+def explain_flash(
+    out,
+    lse,
+    want_out,
+    want_lse,
+    q,
+    k,
+    v,
+    *,
+    causal: bool,
+    bq: int,
+    bk: int,
+    case: str,
+    atol: float = ATOL,
+    rtol: float = RTOL,
+    models: dict | None = None,
+) -> None:
     """Raise a teaching message at the first wrong output or lse element. `models` is `flash_models`' answer for
     this instance; without it (hidden checks only) the hints ask the hidden side once they are needed."""
     (T, d), S = q.shape, k.shape[0]
@@ -138,24 +141,30 @@ def explain_flash(out, lse, want_out, want_lse, q, k, v, *, causal: bool, bq: in
         i, j = idx
         bad = wrong_mask(out, want_out, atol=atol, rtol=rtol)
         last = (S - T + i if causal else S - 1) // bk
-        hint = (flash_hint(0, out, need(), T, S, d, bk, causal)
-                or ragged_rows_hint(sorted({int(r) for r in bad.nonzero()[:, 0]}), T, bq))
+        hint = flash_hint(0, out, need(), T, S, d, bk, causal) or ragged_rows_hint(sorted({int(r) for r in bad.nonzero()[:, 0]}), T, bq)
         if not hint and not torch.isfinite(out).all() and torch.isfinite(want_out).all():
             hint = M.flash_unstable
-        raise CheckFailed(case_line(case, q, k, causal, blocks),
-                          f"{sees(T, S, i, causal)}: query block {i // bq} (its row {i % bq}), key blocks 0 … {last}",
-                          f"out[{i}, {j}]: expected {fmt(want_out[i, j])} (naive attention); yours {fmt(out[i, j])}  "
-                          f"({int(bad.sum())} of {want_out.numel()} elements differ beyond {atol:g} + "
-                          f"{rtol:g}·|expected|)", hint=hint)
+        raise CheckFailed(
+            case_line(case, q, k, causal, blocks),
+            f"{sees(T, S, i, causal)}: query block {i // bq} (its row {i % bq}), key blocks 0 … {last}",
+            f"out[{i}, {j}]: expected {fmt(want_out[i, j])} (naive attention); yours {fmt(out[i, j])}  "
+            f"({int(bad.sum())} of {want_out.numel()} elements differ beyond {atol:g} + "
+            f"{rtol:g}·|expected|)",
+            hint=hint,
+        )
     idx = first_wrong(lse, want_lse, atol=atol, rtol=rtol)
     if idx is not None:
         (i,) = idx
         bad = wrong_mask(lse, want_lse, atol=atol, rtol=rtol)
-        raise CheckFailed(case_line(case, q, k, causal, blocks), sees(T, S, i, causal),
-                          f"lse[{i}]: expected log Σ_visible exp(q[{i}]·k/√{d}) = {fmt(want_lse[i])}; yours "
-                          f"{fmt(lse[i])}  ({int(bad.sum())} of {T} rows differ)",
-                          hint=(lse_hint(lse, want_lse, need(), T, S, d, bk, causal)
-                                or ragged_rows_hint(sorted(int(r) for r in bad.nonzero()[:, 0]), T, bq)))
+        raise CheckFailed(
+            case_line(case, q, k, causal, blocks),
+            sees(T, S, i, causal),
+            f"lse[{i}]: expected log Σ_visible exp(q[{i}]·k/√{d}) = {fmt(want_lse[i])}; yours "
+            f"{fmt(lse[i])}  ({int(bad.sum())} of {T} rows differ)",
+            hint=(
+                lse_hint(lse, want_lse, need(), T, S, d, bk, causal) or ragged_rows_hint(sorted(int(r) for r in bad.nonzero()[:, 0]), T, bq)
+            ),
+        )
 
 
 def flash_expected(t: Trial, q, k, v, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,21 +173,22 @@ def flash_expected(t: Trial, q, k, v, causal: bool) -> tuple[torch.Tensor, torch
     return want_out, torch.logsumexp(mid["scores"].double(), dim=-1).to(q.dtype)
 
 
-def run_flash_case(t: Trial, q, k, v, *, causal: bool = True, bq: int, bk: int, case: str, atol: float = ATOL,
-                   rtol: float = RTOL) -> tuple[torch.Tensor, torch.Tensor]:
+def run_flash_case(
+    t: Trial, q, k, v, *, causal: bool = True, bq: int, bk: int, case: str, atol: float = ATOL, rtol: float = RTOL
+) -> tuple[torch.Tensor, torch.Tensor]:
     got = t.yours.flash_attention(q, k, v, causal=causal, block_q=bq, block_k=bk)
     out, lse = expect_flash(got, q)
     want_out, want_lse = flash_expected(t, q, k, v, causal)
     models = t.ref.drive(flash_models, q, k, v, causal, bq, bk)
-    explain_flash(out, lse, want_out, want_lse, q, k, v, causal=causal, bq=bq, bk=bk, case=case, atol=atol,
-                  rtol=rtol, models=models)
+    explain_flash(out, lse, want_out, want_lse, q, k, v, causal=causal, bq=bq, bk=bk, case=case, atol=atol, rtol=rtol, models=models)
     return out, lse
 
 
 # -- ch22.2 flash_attention: the trace ---------------------------------------------------------------
 
-TRACE_FORMAT = ('one dict per visited tile, {"qb": query block, "kb": key block, "m": [running max of each row], '
-                '"l": [running sum of each row]}')
+TRACE_FORMAT = (
+    'one dict per visited tile, {"qb": query block, "kb": key block, "m": [running max of each row], "l": [running sum of each row]}'
+)
 
 
 def tile_text(qb: int, kb: int, T: int, S: int, bq: int, bk: int) -> str:
@@ -190,29 +200,29 @@ def tile_text(qb: int, kb: int, T: int, S: int, bq: int, bk: int) -> str:
 def expect_trace(raw, T: int, S: int, bq: int, bk: int) -> list[tuple[int, int, list[float], list[float]]]:
     """Require the documented record format; return [(qb, kb, m, l)] with m, l as lists of floats."""
     if type(raw) is not list:
-        raise CheckFailed(f"trace: append to the list passed as `trace` ({TRACE_FORMAT}); it came back as "
-                          f"{describe(raw)}")
+        raise CheckFailed(f"trace: append to the list passed as `trace` ({TRACE_FORMAT}); it came back as {describe(raw)}")
     if not raw and T:
-        raise CheckFailed(f"trace: your flash_attention appended nothing to the list passed as `trace`; expected "
-                          f"{TRACE_FORMAT} (append to the caller's list, do not rebind the name)")
+        raise CheckFailed(
+            f"trace: your flash_attention appended nothing to the list passed as `trace`; expected "
+            f"{TRACE_FORMAT} (append to the caller's list, do not rebind the name)"
+        )
     records = []
     for n, r in enumerate(raw):
         if type(r) is not dict or not {"qb", "kb", "m", "l"} <= set(r):
-            raise CheckFailed(f"trace[{n}] should be {TRACE_FORMAT}; yours: "
-                              f"{sorted(map(str, r)) if type(r) is dict else describe(r)}")
+            raise CheckFailed(f"trace[{n}] should be {TRACE_FORMAT}; yours: {sorted(map(str, r)) if type(r) is dict else describe(r)}")
         qb, kb = r["qb"], r["kb"]
         if type(qb) is not int or type(kb) is not int:
-            raise CheckFailed(f'trace[{n}]: "qb" and "kb" are block indices as Python ints; yours: {describe(qb)}, '
-                              f"{describe(kb)}")
+            raise CheckFailed(f'trace[{n}]: "qb" and "kb" are block indices as Python ints; yours: {describe(qb)}, {describe(kb)}')
         rows = min(qb * bq + bq, T) - qb * bq if 0 <= qb < -(-T // bq) else None
         stats: list[list[float]] = []
         for key in ("m", "l"):
             x = r[key]
             x = x.tolist() if isinstance(x, torch.Tensor) and x.dim() == 1 else x
-            if type(x) not in (list, tuple) or not all(type(e) in (int, float) for e in x) or \
-                    (rows is not None and len(x) != rows):
-                raise CheckFailed(f'trace[{n}] ("qb": {qb}, "kb": {kb}): "{key}" should list one float per row of '
-                                  f"query block {qb}" + (f" ({rows} rows)" if rows else "") + f"; yours: {describe(x)}")
+            if type(x) not in (list, tuple) or not all(type(e) in (int, float) for e in x) or (rows is not None and len(x) != rows):
+                raise CheckFailed(
+                    f'trace[{n}] ("qb": {qb}, "kb": {kb}): "{key}" should list one float per row of '
+                    f"query block {qb}" + (f" ({rows} rows)" if rows else "") + f"; yours: {describe(x)}"
+                )
             stats.append([float(e) for e in x])
         records.append((qb, kb, stats[0], stats[1]))
     return records
@@ -227,36 +237,56 @@ def explain_tiles(records: list, tiles: dict, T: int, S: int, bq: int, bk: int, 
     nq, nk = -(-T // bq), -(-S // bk)
     for qb, kb in got:
         if not (0 <= qb < nq and 0 <= kb < nk):
-            raise CheckFailed(head, f"your trace has tile (qb={qb}, kb={kb}), which does not exist: ⌈{T}/{bq}⌉ = "
-                                    f"{nq} query blocks (0 … {nq - 1}) and ⌈{S}/{bk}⌉ = {nk} key blocks "
-                                    f"(0 … {nk - 1})")
+            raise CheckFailed(
+                head,
+                f"your trace has tile (qb={qb}, kb={kb}), which does not exist: ⌈{T}/{bq}⌉ = "
+                f"{nq} query blocks (0 … {nq - 1}) and ⌈{S}/{bk}⌉ = {nk} key blocks "
+                f"(0 … {nk - 1})",
+            )
     twice = [x for x in dict.fromkeys(got) if got.count(x) > 1]
     if twice:
         qb, kb = twice[0]
-        raise CheckFailed(head, f"{tile_text(qb, kb, T, S, bq, bk)} appears {got.count(twice[0])} times in your "
-                                f"trace: each tile is visited once, its scores folded into m, l and acc once")
+        raise CheckFailed(
+            head,
+            f"{tile_text(qb, kb, T, S, bq, bk)} appears {got.count(twice[0])} times in your "
+            f"trace: each tile is visited once, its scores folded into m, l and acc once",
+        )
     hint = tiles_hint(set(got), tiles, T, S, bq, bk, causal)
     extra = [x for x in got if x not in want]
     if extra:
         qb, kb = extra[0]
         p = S - T + min(qb * bq + bq, T) - 1
-        raise CheckFailed(head, f"your trace visits {tile_text(qb, kb, T, S, bq, bk)}; its last query, at position "
-                                f"{p}, sees keys 0 … {p} < {kb * bk}: the whole tile is in the future, so "
-                                f"FlashAttention skips it (no scores, no exp, no record). "
-                                f"{plural(len(extra), 'future tile')} visited", hint=hint)
+        raise CheckFailed(
+            head,
+            f"your trace visits {tile_text(qb, kb, T, S, bq, bk)}; its last query, at position "
+            f"{p}, sees keys 0 … {p} < {kb * bk}: the whole tile is in the future, so "
+            f"FlashAttention skips it (no scores, no exp, no record). "
+            f"{plural(len(extra), 'future tile')} visited",
+            hint=hint,
+        )
     missing = [x for x in want if x not in got]
     if missing:
         qb, kb = missing[0]
-        why = (f"its last query, at position {S - T + min(qb * bq + bq, T) - 1}, sees key {kb * bk}" if causal
-               else "not causal: every tile holds visible scores")
-        raise CheckFailed(head, f"{tile_text(qb, kb, T, S, bq, bk)} is missing from your trace ({why}); "
-                                f"{len(missing)} of the {len(want)} tiles with visible scores "
-                                f"{'was' if len(missing) == 1 else 'were'} not visited", hint=hint)
+        why = (
+            f"its last query, at position {S - T + min(qb * bq + bq, T) - 1}, sees key {kb * bk}"
+            if causal
+            else "not causal: every tile holds visible scores"
+        )
+        raise CheckFailed(
+            head,
+            f"{tile_text(qb, kb, T, S, bq, bk)} is missing from your trace ({why}); "
+            f"{len(missing)} of the {len(want)} tiles with visible scores "
+            f"{'was' if len(missing) == 1 else 'were'} not visited",
+            hint=hint,
+        )
     for qb in range(nq):
         kbs = [kb for b, kb in got if b == qb]
         if kbs != sorted(kbs):
-            raise CheckFailed(head, f"query block {qb} visits key blocks in the order {kbs}: visit them in "
-                                    f"increasing order, so each row's first tile holds key 0 (visible to every query)")
+            raise CheckFailed(
+                head,
+                f"query block {qb} visits key blocks in the order {kbs}: visit them in "
+                f"increasing order, so each row's first tile holds key 0 (visible to every query)",
+            )
 
 
 def tiles_hint(got: set, tiles: dict, T: int, S: int, bq: int, bk: int, causal: bool) -> str:
@@ -287,11 +317,13 @@ def explain_final_stats(records: list, lse: torch.Tensor, T: int, bq: int, case:
             i = qb * bq + r
             from_trace = mi + math.log(li) if li > 0 else -math.inf
             if not math.isclose(from_trace, float(lse[i]), rel_tol=1e-4, abs_tol=1e-4):
-                raise CheckFailed(f'case "{case}": your trace ends query block {qb} (kb={mine[-1][1]}) with row {r} '
-                                  f"(query {i}) at m = {fmt(mi)}, l = {fmt(li)}, so lse = m + log l = "
-                                  f"{fmt(mi)} + log {fmt(li)} = {fmt(from_trace)}; your flash_attention returned "
-                                  f"lse[{i}] = {fmt(lse[i])}. Record m and l right after each tile's update, and "
-                                  f"return lse = m + log l from those running values")
+                raise CheckFailed(
+                    f'case "{case}": your trace ends query block {qb} (kb={mine[-1][1]}) with row {r} '
+                    f"(query {i}) at m = {fmt(mi)}, l = {fmt(li)}, so lse = m + log l = "
+                    f"{fmt(mi)} + log {fmt(li)} = {fmt(from_trace)}; your flash_attention returned "
+                    f"lse[{i}] = {fmt(lse[i])}. Record m and l right after each tile's update, and "
+                    f"return lse = m + log l from those running values"
+                )
 
 
 def stats_wrong(records: list, expected: list, tol: float = STATS_TOL) -> list[tuple[list[bool], list[bool]]]:
@@ -302,13 +334,16 @@ def stats_wrong(records: list, expected: list, tol: float = STATS_TOL) -> list[t
     out = []
     for qb, kb, m, l in records:
         want = ref.get((qb, kb))
-        out.append(([want is None or not close(x, want[2][r]) for r, x in enumerate(m)],
-                    [want is None or not close(x, want[3][r]) for r, x in enumerate(l)]))
+        out.append(
+            (
+                [want is None or not close(x, want[2][r]) for r, x in enumerate(m)],
+                [want is None or not close(x, want[3][r]) for r, x in enumerate(l)],
+            )
+        )
     return out
 
 
-def explain_stats(records: list, models: dict, *, T: int, S: int, d: int, causal: bool, bq: int, bk: int,
-                  case: str) -> None:
+def explain_stats(records: list, models: dict, *, T: int, S: int, d: int, causal: bool, bq: int, bk: int, case: str) -> None:
     """Each tile's recorded running max and sum, against the model's after the same tile."""
     ref = {(r[0], r[1]): r for r in models["trace"]}
     for (qb, kb, m, l), (m_bad, l_bad) in zip(records, stats_wrong(records, models["trace"])):
@@ -316,12 +351,14 @@ def explain_stats(records: list, models: dict, *, T: int, S: int, d: int, causal
         for r in range(len(m)):
             if not (m_bad[r] or l_bad[r]):
                 continue
-            raise CheckFailed(f'case "{case}": T={T}, S={S}, d={d}, block_q={bq}, block_k={bk}, causal={causal}',
-                              f"after {tile_text(qb, kb, T, S, bq, bk)}, row {r} (query {qb * bq + r}): expected the "
-                              f"running max m = {fmt(want[2][r])} (the largest visible q·k/√{d} over key blocks "
-                              f"0 … {kb}) and the running sum l = {fmt(want[3][r])} (Σ exp(score − m) over the same "
-                              f"keys); yours m = {fmt(m[r])}, l = {fmt(l[r])}",
-                              hint=stats_hint(qb, kb, r, m[r], l[r], d, models))
+            raise CheckFailed(
+                f'case "{case}": T={T}, S={S}, d={d}, block_q={bq}, block_k={bk}, causal={causal}',
+                f"after {tile_text(qb, kb, T, S, bq, bk)}, row {r} (query {qb * bq + r}): expected the "
+                f"running max m = {fmt(want[2][r])} (the largest visible q·k/√{d} over key blocks "
+                f"0 … {kb}) and the running sum l = {fmt(want[3][r])} (Σ exp(score − m) over the same "
+                f"keys); yours m = {fmt(m[r])}, l = {fmt(l[r])}",
+                hint=stats_hint(qb, kb, r, m[r], l[r], d, models),
+            )
 
 
 def stats_hint(qb: int, kb: int, r: int, m: float, l: float, d: int, models: dict) -> str:
@@ -329,7 +366,7 @@ def stats_hint(qb: int, kb: int, r: int, m: float, l: float, d: int, models: dic
     close = lambda a, b: math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-4)
     tile = lambda trace: {(x[0], x[1]): x for x in models[trace]}[qb, kb]
     right = tile("trace")
-    if close(m, right[2][r] / d ** -0.5) or close(m, right[2][r] * d ** 0.5):
+    if close(m, right[2][r] / d**-0.5) or close(m, right[2][r] * d**0.5):
         return M.trace_unscaled_m.format(d=d)
     if kb and close(m, tile("trace without running max")[2][r]) and not close(m, right[2][r]):
         return M.trace_tile_max
@@ -352,12 +389,25 @@ def check_trace(t: Trial, q, k, v, *, causal: bool, bq: int, bk: int, case: str,
     models = t.ref.drive(flash_models, q, k, v, causal, bq, bk)
     if figure:
         # scores: shown tile by tile in the figure, as each tile computes them; the verdicts are the checks' below
-        t.figure(figure, T=T, S=S, d=d, block_q=bq, block_k=bk, causal=causal, scores=models["scores"],
-                 trace=[list(r) for r in records], expected_trace=[list(r) for r in models["trace"]],
-                 trace_wrong=[list(w) for w in stats_wrong(records, models["trace"])],
-                 lse=lse, expected_lse=want_lse, lse_wrong=wrong_mask(lse, want_lse, atol=ATOL, rtol=RTOL),
-                 out=out, expected_out=want_out,
-                 out_wrong=wrong_mask(out, want_out, atol=ATOL, rtol=RTOL).any(dim=1))
+        t.figure(
+            figure,
+            T=T,
+            S=S,
+            d=d,
+            block_q=bq,
+            block_k=bk,
+            causal=causal,
+            scores=models["scores"],
+            trace=[list(r) for r in records],
+            expected_trace=[list(r) for r in models["trace"]],
+            trace_wrong=[list(w) for w in stats_wrong(records, models["trace"])],
+            lse=lse,
+            expected_lse=want_lse,
+            lse_wrong=wrong_mask(lse, want_lse, atol=ATOL, rtol=RTOL),
+            out=out,
+            expected_out=want_out,
+            out_wrong=wrong_mask(out, want_out, atol=ATOL, rtol=RTOL).any(dim=1),
+        )
     explain_tiles(records, models["tiles"], T, S, bq, bk, causal, case)
     explain_flash(out, lse, want_out, want_lse, q, k, v, causal=causal, bq=bq, bk=bk, case=case, models=models)
     explain_final_stats(records, lse, T, bq, case)

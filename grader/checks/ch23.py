@@ -28,10 +28,10 @@ from grader.authoring import (
 )
 
 NEG_INF = float("-inf")
-ATOL, RTOL = 1e-6, 1e-5          # processed logits: one float32 rounding of logits / T
-TIE = 1e-6                        # a drawn token is accepted when its p / E is this close (relative) to the best
-ALPHA = 1e-6                      # a correct sampler fails a goodness-of-fit test with probability < ALPHA
-CLAMP = 1e-10                     # nano-vllm clamps the exponential noise to ≥ 1e-10
+ATOL, RTOL = 1e-6, 1e-5  # processed logits: one float32 rounding of logits / T
+TIE = 1e-6  # a drawn token is accepted when its p / E is this close (relative) to the best
+ALPHA = 1e-6  # a correct sampler fails a goodness-of-fit test with probability < ALPHA
+CLAMP = 1e-10  # nano-vllm clamps the exponential noise to ≥ 1e-10
 
 race_variants = hidden_model("ch23_models.race_variants")
 """`t.ref.drive(race_variants, logits, temperature, noise)`: {wrong sampler: its tokens on the same noise}."""
@@ -52,12 +52,15 @@ M = mistakes("ch23")
 
 # -- ch23.1 process_logits ------------------------------------------------------------------------
 
+
 @public("ch23.1", "figure instance: one row of 8 logits, T = 0.8, top_k = 5, top_p = 0.8")
 def path_instance(t: Trial) -> None:
     logits, temp = torch.tensor([PATH_LOGITS]), torch.tensor([PATH_T])
     stages: list[tuple[str, dict[str, Any]]] = [
-        ("temperature only", {}), (f"temperature and top_k = {PATH_K}", {"top_k": PATH_K}),
-        (f"temperature, top_k = {PATH_K} and top_p = {PATH_P}", {"top_k": PATH_K, "top_p": PATH_P})]
+        ("temperature only", {}),
+        (f"temperature and top_k = {PATH_K}", {"top_k": PATH_K}),
+        (f"temperature, top_k = {PATH_K} and top_p = {PATH_P}", {"top_k": PATH_K, "top_p": PATH_P}),
+    ]
     got, want = [], []
     for label, kw in stages:
         mine = t.yours.process_logits(logits, temp, **kw)
@@ -67,14 +70,29 @@ def path_instance(t: Trial) -> None:
     q = after_k.softmax(-1)
     above = [float(q[after_k > after_k[i]].sum()) if after_k[i] != NEG_INF else NEG_INF for i in range(8)]
     probs, probs_expected = got[2][0].softmax(-1), want[2][0].softmax(-1)
-    t.figure("ch23-sampling-path", logits=PATH_LOGITS, T=PATH_T, k=PATH_K, p=PATH_P,
-             scaled=got[0][0], scaled_expected=want[0][0], scaled_wrong=wrong_entries(got[0], want[0])[0],
-             topk=got[1][0], topk_expected=want[1][0], topk_wrong=wrong_entries(got[1], want[1])[0],
-             q=q, above=above, topp=got[2][0], topp_expected=want[2][0], topp_wrong=wrong_entries(got[2], want[2])[0],
-             probs=probs, probs_expected=probs_expected, probs_wrong=wrong_entries(probs, probs_expected))
+    t.figure(
+        "ch23-sampling-path",
+        logits=PATH_LOGITS,
+        T=PATH_T,
+        k=PATH_K,
+        p=PATH_P,
+        scaled=got[0][0],
+        scaled_expected=want[0][0],
+        scaled_wrong=wrong_entries(got[0], want[0])[0],
+        topk=got[1][0],
+        topk_expected=want[1][0],
+        topk_wrong=wrong_entries(got[1], want[1])[0],
+        q=q,
+        above=above,
+        topp=got[2][0],
+        topp_expected=want[2][0],
+        topp_wrong=wrong_entries(got[2], want[2])[0],
+        probs=probs,
+        probs_expected=probs_expected,
+        probs_wrong=wrong_entries(probs, probs_expected),
+    )
     for (label, kw), mine, w in zip(stages, got, want):
-        expect_processed(t, mine, logits, temp, kw.get("top_k"), kw.get("top_p"), want=w,
-                         case=f'case "figure instance", {label}')
+        expect_processed(t, mine, logits, temp, kw.get("top_k"), kw.get("top_p"), want=w, case=f'case "figure instance", {label}')
 
 
 @public("ch23.1", "each row is divided by its own temperature")
@@ -102,8 +120,9 @@ def topp_crossing(t: Trial) -> None:
     temp = torch.ones(2)
     top_p = torch.tensor([0.6, 1.0])
     got = t.yours.process_logits(logits, temp, top_p=top_p)
-    expect_processed(t, got, logits, temp, None, top_p,
-                     case='case "top-p crossing": softmax = [0.5, 0.3, 0.2], top_p = [0.6, 1.0] (per row), T = 1')
+    expect_processed(
+        t, got, logits, temp, None, top_p, case='case "top-p crossing": softmax = [0.5, 0.3, 0.2], top_p = [0.6, 1.0] (per row), T = 1'
+    )
 
 
 @public("ch23.1", "bfloat16 logits give a new float32 tensor")
@@ -111,12 +130,19 @@ def bf16_logits(t: Trial) -> None:
     logits = torch.tensor([[1.5, -0.25, 0.75, 2.0], [0.0, 1.0, -1.0, 0.5]]).to(torch.bfloat16)
     temp = torch.tensor([0.6, 1.3])
     got = t.yours.process_logits(logits, temp, top_k=3, top_p=0.9)
-    expect_processed(t, got, logits, temp, 3, 0.9,
-                     case='case "bfloat16": the logits arrive in bfloat16 (as from the LM head); compute and '
-                          'return float32')
+    expect_processed(
+        t,
+        got,
+        logits,
+        temp,
+        3,
+        0.9,
+        case='case "bfloat16": the logits arrive in bfloat16 (as from the LM head); compute and return float32',
+    )
 
 
 # -- ch23.2 sample --------------------------------------------------------------------------------
+
 
 @public("ch23.2", "figure instance: logits [2, 1, 0], T = 0.5, noise [3.0, 0.05, 1.0]")
 def race_instance(t: Trial) -> None:
@@ -125,11 +151,19 @@ def race_instance(t: Trial) -> None:
     tokens = expect_in_vocab(got, 1, 3)
     p, scores = race_scores(logits, temp, noise)
     want, variants = t.ref.sample(logits, temp, noise), t.ref.drive(race_variants, logits, temp, noise)
-    t.figure("ch23-exponential-race", logits=RACE_LOGITS, T=RACE_T, noise=RACE_NOISE, p=p[0], scores=scores[0],
-             token=int(tokens[0]), token_expected=int(want[0]))
-    expect_tokens(tokens, logits, temp, noise,
-                  case='case "figure instance": the exponential race, token = argmax(p / E)',
-                  variants=variants)
+    t.figure(
+        "ch23-exponential-race",
+        logits=RACE_LOGITS,
+        T=RACE_T,
+        noise=RACE_NOISE,
+        p=p[0],
+        scores=scores[0],
+        token=int(tokens[0]),
+        token_expected=int(want[0]),
+    )
+    expect_tokens(
+        tokens, logits, temp, noise, case='case "figure instance": the exponential race, token = argmax(p / E)', variants=variants
+    )
 
 
 @public("ch23.2", "the sampling path's last step: the race on the processed row")
@@ -140,11 +174,15 @@ def path_draw(t: Trial) -> None:
     tokens = expect_in_vocab(got, 1, 8)
     p, scores = race_scores(processed, temp, noise)
     want, variants = t.ref.sample(processed, temp, noise), t.ref.drive(race_variants, processed, temp, noise)
-    t.figure("ch23-sampling-path", noise=PATH_NOISE, race_p=p[0], race_scores=scores[0], token=int(tokens[0]),
-             token_expected=int(want[0]))
-    expect_tokens(tokens, processed, temp, noise,
-                  case='case "sampling path": the processed row (filtered entries −∞), T = 1, '
-                       f'noise {vec(PATH_NOISE)}', variants=variants)
+    t.figure("ch23-sampling-path", noise=PATH_NOISE, race_p=p[0], race_scores=scores[0], token=int(tokens[0]), token_expected=int(want[0]))
+    expect_tokens(
+        tokens,
+        processed,
+        temp,
+        noise,
+        case=f'case "sampling path": the processed row (filtered entries −∞), T = 1, noise {vec(PATH_NOISE)}',
+        variants=variants,
+    )
 
 
 @public("ch23.2", f"{RACE_DRAWS} races on [2, 1, 0] at T = 0.5 follow p")
@@ -155,9 +193,14 @@ def race_frequencies(t: Trial) -> None:
     tokens = expect_in_vocab(t.yours.sample(logits, temp, noise), RACE_DRAWS, 3)
     variants = t.ref.drive(race_variants, logits, temp, noise)
     t.figure("ch23-exponential-race", **frequencies_figure(tokens, RACE_LOGITS, RACE_T))
-    expect_distribution(tokens, RACE_LOGITS, RACE_T, noise,
-                        case=f'case "{RACE_DRAWS} races": one row, logits [2, 1, 0], T = 0.5, Exp(1) noise '
-                             f'from a fixed seed', variants=variants)
+    expect_distribution(
+        tokens,
+        RACE_LOGITS,
+        RACE_T,
+        noise,
+        case=f'case "{RACE_DRAWS} races": one row, logits [2, 1, 0], T = 0.5, Exp(1) noise from a fixed seed',
+        variants=variants,
+    )
 
 
 @public("ch23.2", "a batch: each row races with its own temperature and noise")
@@ -166,11 +209,18 @@ def batch_rows(t: Trial) -> None:
     temp = torch.tensor([0.5, 1.0, 2.0, 0.25])
     noise = torch.tensor([[0.2, 0.9, 1.4], [1.2, 0.2, 0.9], [0.1, 2.0, 3.5], [0.3, 0.01, 2.0]])
     got = t.yours.sample(logits, temp, noise)
-    expect_tokens(got, logits, temp, noise, case='case "batch": 4 rows, T = [0.5, 1, 2, 0.25]',
-                  variants=t.ref.drive(race_variants, logits, temp, noise))
+    expect_tokens(
+        got,
+        logits,
+        temp,
+        noise,
+        case='case "batch": 4 rows, T = [0.5, 1, 2, 0.25]',
+        variants=t.ref.drive(race_variants, logits, temp, noise),
+    )
 
 
 # -- helpers: settings of a row -------------------------------------------------------------------
+
 
 def ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
@@ -197,15 +247,24 @@ def row_setting(temperature: torch.Tensor, top_k, top_p, b: int, B: int, V: int)
 
 # -- helpers of ch23.1: processed logits, explained -------------------------------------------------
 
-def expect_processed(t: Trial, got, logits: torch.Tensor, temperature: torch.Tensor, top_k=None, top_p=None, *,
-                     case: str = "", want: torch.Tensor | None = None) -> torch.Tensor:
+
+def expect_processed(
+    t: Trial,
+    got,
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k=None,
+    top_p=None,
+    *,
+    case: str = "",
+    want: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Require the student's processed logits to equal the reference's, explaining the first wrong entry."""
     B, V = logits.shape
     if want is None:
         want = t.ref.process_logits(logits, temperature, top_k, top_p)
     steps = reference_steps(t, logits, temperature, top_k, top_p)
-    mine = expect_tensor(got, what=f"the processed logits of {plural(B, 'row')} × {V} tokens", shape=[B, V],
-                         dtype=torch.float32)
+    mine = expect_tensor(got, what=f"the processed logits of {plural(B, 'row')} × {V} tokens", shape=[B, V], dtype=torch.float32)
     bad = wrong_entries(mine, want)
     if not bad.any():
         return mine
@@ -248,19 +307,32 @@ def _kept(row: torch.Tensor) -> torch.Tensor:
     return row != NEG_INF
 
 
-def explain_processed(mine: torch.Tensor, want: torch.Tensor, steps: dict, logits: torch.Tensor,
-                      temperature: torch.Tensor, top_k, top_p, b: int, j: int, *, case: str = "") -> CheckFailed:
+def explain_processed(
+    mine: torch.Tensor,
+    want: torch.Tensor,
+    steps: dict,
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k,
+    top_p,
+    b: int,
+    j: int,
+    *,
+    case: str = "",
+) -> CheckFailed:
     B, V = logits.shape
     k, p = _row_value(top_k, b, B), _row_value(top_p, b, B)
     T = float(temperature[b])
     scaled, after_k = steps["scaled"][b], steps["after k"][b]
-    row = (f"row {b}{f' of {B}' if B > 1 else ''} ({row_setting(temperature, top_k, top_p, b, B, V)}): "
-           f"logits {vec(logits[b])}")
+    row = f"row {b}{f' of {B}' if B > 1 else ''} ({row_setting(temperature, top_k, top_p, b, B, V)}): logits {vec(logits[b])}"
     expected, yours = float(want[b, j]), float(mine[b, j])
     if want[b, j] != NEG_INF:
         reasons = [r for r in (_topk_reason(scaled, k, j, V), _topp_reason(after_k, k, p, j)) if r]
-        token = (f"token {j}: logits / T = {fmt(float(logits[b, j]))} / {fmt(T)} = {fmt(expected)}"
-                 + (f"; it stays: {'; '.join(reasons)}" if reasons else "") + f"; yours: {fmt(yours)}")
+        token = (
+            f"token {j}: logits / T = {fmt(float(logits[b, j]))} / {fmt(T)} = {fmt(expected)}"
+            + (f"; it stays: {'; '.join(reasons)}" if reasons else "")
+            + f"; yours: {fmt(yours)}"
+        )
     else:
         removed_by_k = k is not None and after_k[j] == NEG_INF
         reason = _topk_reason(scaled, k, j, V) if removed_by_k else _topp_reason(after_k, k, p, j)
@@ -285,16 +357,20 @@ def _topp_reason(after_k: torch.Tensor, k, p, j: int) -> str:
     q = after_k.softmax(-1)
     above = float(q[after_k > after_k[j]].sum())
     below = float(q[after_k <= after_k[j]].sum())
-    first = f"after top-k its probability is {fmt(float(q[j]))}" if k is not None else \
-        f"its probability softmax(logits / T) is {fmt(float(q[j]))}"
+    first = (
+        f"after top-k its probability is {fmt(float(q[j]))}"
+        if k is not None
+        else f"its probability softmax(logits / T) is {fmt(float(q[j]))}"
+    )
     if above < p:
         return f"{first}; the larger tokens hold {fmt(above)} < top_p = {fmt(p)}, so top-p keeps it"
-    return (f"{first}; it and the smaller tokens hold {fmt(below)} ≤ 1 − top_p = {fmt(1 - p)} "
-            f"(the larger ones already hold {fmt(above)} ≥ {fmt(p)}), so top-p removes it")
+    return (
+        f"{first}; it and the smaller tokens hold {fmt(below)} ≤ 1 − top_p = {fmt(1 - p)} "
+        f"(the larger ones already hold {fmt(above)} ≥ {fmt(p)}), so top-p removes it"
+    )
 
 
-def processed_hint(mine: torch.Tensor, want: torch.Tensor, logits_row: torch.Tensor, T: float, b: int, k, p,
-                   j: int, steps: dict) -> str:
+def processed_hint(mine: torch.Tensor, want: torch.Tensor, logits_row: torch.Tensor, T: float, b: int, k, p, j: int, steps: dict) -> str:
     """The misconception behind a wrong row of processed logits ('' when none fits); `steps` holds this
     row of `reference_steps`."""
     V = want.numel()
@@ -314,7 +390,7 @@ def processed_hint(mine: torch.Tensor, want: torch.Tensor, logits_row: torch.Ten
     if torch.equal(mk, wk):
         return ""
     kept = {name: _kept(row) for name, row in steps.items()}
-    misreadings: list[tuple[str, str]] = []   # (name in `kept`, hint), tried in order
+    misreadings: list[tuple[str, str]] = []  # (name in `kept`, hint), tried in order
     if k is not None:
         for name, n, fits in (("k - 1", k - 1, k >= 2), ("k + 1", k + 1, k < V)):
             if fits:
@@ -328,11 +404,11 @@ def processed_hint(mine: torch.Tensor, want: torch.Tensor, logits_row: torch.Ten
         if k is not None:
             misreadings.append(("top-p first", M.topp_first))
         misreadings += [("T = 1", M.topp_before_temperature), ("1 / T", M.temperature_multiplied)]
-    return next((hint for name, hint in misreadings
-                 if not torch.equal(kept[name], wk) and torch.equal(kept[name], mk)), "")
+    return next((hint for name, hint in misreadings if not torch.equal(kept[name], wk) and torch.equal(kept[name], mk)), "")
 
 
 # -- helpers of ch23.2: the exponential race, explained ------------------------------------------------
+
 
 def race_scores(logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor):
     """p = softmax(logits / T) and the race's scores p / max(E, 1e-10), in float32."""
@@ -342,10 +418,15 @@ def race_scores(logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Te
 
 def race_hints() -> dict[str, Hint]:
     """The classic wrong samplers (as `race_variants` names their tokens), with the hint each one calls for."""
-    return {"argmax(p)": M.argmax_p, "argmax(E / p)": M.noise_over_p, "argmax(p · E)": M.times_noise,
-            "the race on softmax(logits · T)": M.race_temperature_multiplied,
-            "the race on softmax(logits) (temperature left out)": M.race_temperature_ignored,
-            "argmax((logits / T) / E)": M.race_logits, "the race with unclamped noise": M.unclamped}
+    return {
+        "argmax(p)": M.argmax_p,
+        "argmax(E / p)": M.noise_over_p,
+        "argmax(p · E)": M.times_noise,
+        "the race on softmax(logits · T)": M.race_temperature_multiplied,
+        "the race on softmax(logits) (temperature left out)": M.race_temperature_ignored,
+        "argmax((logits / T) / E)": M.race_logits,
+        "the race with unclamped noise": M.unclamped,
+    }
 
 
 def expect_in_vocab(got, B: int, V: int, *, case: str = "") -> torch.Tensor:
@@ -357,8 +438,9 @@ def expect_in_vocab(got, B: int, V: int, *, case: str = "") -> torch.Tensor:
     return tokens
 
 
-def expect_tokens(got, logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor, *,
-                  case: str = "", variants: dict | None = None) -> torch.Tensor:
+def expect_tokens(
+    got, logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor, *, case: str = "", variants: dict | None = None
+) -> torch.Tensor:
     """Require the student's tokens to win the race with the given noise (near-ties of p / E accepted).
     `variants` is `race_variants`' answer (asked of the hidden side when not given; a student release's lab
     then names no wrong sampler)."""
@@ -372,33 +454,35 @@ def expect_tokens(got, logits: torch.Tensor, temperature: torch.Tensor, noise: t
     b = int((~ok).nonzero()[0])
     w, y = int(scores[b].argmax()), int(tokens[b])
     E = noise[b].float()
-    lines = [case, f"row {b}{f' of {B}' if B > 1 else ''}: T = {fmt(float(temperature[b]))}, logits {vec(logits[b])}, "
-                   f"noise E {vec(E)}"]
+    lines = [case, f"row {b}{f' of {B}' if B > 1 else ''}: T = {fmt(float(temperature[b]))}, logits {vec(logits[b])}, noise E {vec(E)}"]
     if V <= 8:
         lines.append(f"p = softmax(logits / T) = {vec(p[b])}; p / E = {vec(scores[b])}")
-    lines.append(f"the largest p / E is token {w}'s: {fmt(float(p[b, w]))} / {fmt(float(E[w]))} = "
-                 f"{fmt(float(scores[b, w]))}, so the race draws token {w}; yours: token {y} "
-                 f"(p / E = {fmt(float(p[b, y]))} / {fmt(float(E[y]))} = {fmt(float(scores[b, y]))})")
+    lines.append(
+        f"the largest p / E is token {w}'s: {fmt(float(p[b, w]))} / {fmt(float(E[w]))} = "
+        f"{fmt(float(scores[b, w]))}, so the race draws token {w}; yours: token {y} "
+        f"(p / E = {fmt(float(p[b, y]))} / {fmt(float(E[y]))} = {fmt(float(scores[b, y]))})"
+    )
     # The wrong sampler that explains this row and agrees with the most other rows.
     variants = variants if variants is not None else if_hidden(race_variants, logits, temperature, noise)
     hint: str = ""
     if variants is not None:
-        fits = [(int((variants[name] == tokens).sum()), -i, h) for i, (name, h) in enumerate(race_hints().items())
-                if int(variants[name][b]) == y]
+        fits = [
+            (int((variants[name] == tokens).sum()), -i, h)
+            for i, (name, h) in enumerate(race_hints().items())
+            if int(variants[name][b]) == y
+        ]
         best_fits = [h for n, _, h in sorted(fits, reverse=True) if n == max(fits)[0]] if fits else []
         both = {M.race_temperature_multiplied.id, M.race_temperature_ignored.id} <= {h.id for h in best_fits}
         hint = M.race_temperature if both else best_fits[0] if best_fits else ""
     twins = own_randomness(tokens, logits, temperature, noise)  # no deterministic sampler, whatever it matches
     if twins:
         (i, a), (j, c) = twins
-        lines.append(f"rows {i} and {j} have the same logits, T and noise, yet yours drew token {a} for one and "
-                     f"token {c} for the other")
+        lines.append(f"rows {i} and {j} have the same logits, T and noise, yet yours drew token {a} for one and token {c} for the other")
         hint = M.own_randomness
     raise CheckFailed(*lines, hint=hint)
 
 
-def own_randomness(tokens: torch.Tensor, logits: torch.Tensor, temperature: torch.Tensor,
-                   noise: torch.Tensor) -> tuple | None:
+def own_randomness(tokens: torch.Tensor, logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor) -> tuple | None:
     """Two rows with the same inputs whose tokens differ, ((row, token), (row, token)), the proof that a sampler
     draws its own randomness; None when there is none."""
     first: dict[str, int] = {}
@@ -411,6 +495,7 @@ def own_randomness(tokens: torch.Tensor, logits: torch.Tensor, temperature: torc
 
 
 # -- helpers of ch23.2: goodness of fit ------------------------------------------------------------------
+
 
 def chi2_threshold(df: int, alpha: float = ALPHA) -> float:
     """The c with P(χ²_df > c) = alpha, by bisection on the regularised upper incomplete gamma."""
@@ -464,13 +549,19 @@ def frequencies_figure(tokens: torch.Tensor, logits_row: list[float], T: float) 
     p = (torch.tensor(logits_row, dtype=torch.float32) / T).softmax(-1)
     counts = torch.bincount(tokens, minlength=len(logits_row))
     n, stat, limit = tokens.numel(), chi2(counts, p), chi2_threshold(len(logits_row) - 1)
-    return {"counts": counts.tolist(), "n": n, "chi2": stat, "limit": limit,
-            "intervals": race_intervals(p.tolist(), n, limit), "wrong": race_outliers(counts.tolist(), n, p.tolist(),
-                                                                                   stat, limit)}
+    return {
+        "counts": counts.tolist(),
+        "n": n,
+        "chi2": stat,
+        "limit": limit,
+        "intervals": race_intervals(p.tolist(), n, limit),
+        "wrong": race_outliers(counts.tolist(), n, p.tolist(), stat, limit),
+    }
 
 
-def expect_distribution(tokens: torch.Tensor, logits_row: list[float], T: float, noise: torch.Tensor, *,
-                        case: str, variants: dict | None = None) -> dict:
+def expect_distribution(
+    tokens: torch.Tensor, logits_row: list[float], T: float, noise: torch.Tensor, *, case: str, variants: dict | None = None
+) -> dict:
     """Chi-square goodness of fit of the drawn tokens to softmax(logits / T); returns the figure's numbers.
     `variants` is `race_variants`' answer for the rows (asked of the hidden side when not given)."""
     V, n = len(logits_row), tokens.numel()
@@ -479,24 +570,27 @@ def expect_distribution(tokens: torch.Tensor, logits_row: list[float], T: float,
     counts = torch.bincount(tokens, minlength=V)
     stat, df = chi2(counts, p), V - 1
     limit = chi2_threshold(df)
-    result = {"counts": counts.tolist(), "n": n, "p": p.tolist(), "chi2": stat, "limit": limit,
-              "passed": stat <= limit}
+    result = {"counts": counts.tolist(), "n": n, "p": p.tolist(), "chi2": stat, "limit": limit, "passed": stat <= limit}
     if stat <= limit:
         return result
     sd = (n * p * (1 - p)).double().sqrt()
-    off = ((counts.double() - n * p.double()).abs() / sd)
+    off = (counts.double() - n * p.double()).abs() / sd
     i = int(off.argmax())
-    raise CheckFailed(case, f"logits {vec(z)}, T = {fmt(T)}: p = softmax(logits / T) = {vec(p)}",
-                      f"token {i} was drawn {int(counts[i])} times ({fmt(100 * float(counts[i]) / n, 3)}%); expected "
-                      f"N·p_{i} = {n} · {fmt(float(p[i]))} = {fmt(n * float(p[i]), 5)} ± {fmt(float(sd[i]), 3)} "
-                      f"(one standard deviation √(N·p·(1 − p)))",
-                      f"chi-square over {V} tokens = {fmt(stat, 5)} > {fmt(limit, 4)}, a level a correct sampler "
-                      f"exceeds with probability < {ALPHA:g} ({df} degrees of freedom)",
-                      hint=likely_cause(tokens, counts, z, T, noise, variants))
+    raise CheckFailed(
+        case,
+        f"logits {vec(z)}, T = {fmt(T)}: p = softmax(logits / T) = {vec(p)}",
+        f"token {i} was drawn {int(counts[i])} times ({fmt(100 * float(counts[i]) / n, 3)}%); expected "
+        f"N·p_{i} = {n} · {fmt(float(p[i]))} = {fmt(n * float(p[i]), 5)} ± {fmt(float(sd[i]), 3)} "
+        f"(one standard deviation √(N·p·(1 − p)))",
+        f"chi-square over {V} tokens = {fmt(stat, 5)} > {fmt(limit, 4)}, a level a correct sampler "
+        f"exceeds with probability < {ALPHA:g} ({df} degrees of freedom)",
+        hint=likely_cause(tokens, counts, z, T, noise, variants),
+    )
 
 
-def likely_cause(tokens: torch.Tensor, counts: torch.Tensor, z: torch.Tensor, T: float, noise: torch.Tensor,
-                 variants: dict | None = None) -> str:
+def likely_cause(
+    tokens: torch.Tensor, counts: torch.Tensor, z: torch.Tensor, T: float, noise: torch.Tensor, variants: dict | None = None
+) -> str:
     """The sampler the draws of a failed goodness-of-fit test most likely come from."""
     n, V = tokens.numel(), z.numel()
     logits = z.expand(n, V)

@@ -25,40 +25,71 @@ from grader.checks.ch24_explain import (
 )
 
 LOOP_EOS = 0
-LOOP_CASE = script("figure instance: one request through the loop", [
-    request("A", list(range(11, 21)), 3, [61, 62, 63], candidates={4: 37, 8: LOOP_EOS})],
-    num_blocks=8, block_size=4, max_num_seqs=4, max_num_batched_tokens=4, eos=LOOP_EOS)
+LOOP_CASE = script(
+    "figure instance: one request through the loop",
+    [request("A", list(range(11, 21)), 3, [61, 62, 63], candidates={4: 37, 8: LOOP_EOS})],
+    num_blocks=8,
+    block_size=4,
+    max_num_seqs=4,
+    max_num_batched_tokens=4,
+    eos=LOOP_EOS,
+)
 PROGRESS_CASE = lifecycle("figure instance", 10, [(4, 4), (2,), (1,), ("preempt",), (0,), (4, 8), (1,)])
 
 
 # -- ch24.1 ---------------------------------------------------------------------------------------------------
+
 
 @public("ch24.1", "figure instance: one request, a 10-token prompt in chunks of 4")
 def loop_figure_instance(t: Trial) -> None:
     expected = t.ref.replay(LOOP_CASE)
     yours = expect_records(t.yours.replay(LOOP_CASE, len(expected) + 3))  # a few steps past the reference's, to draw
     req = LOOP_CASE["requests"][0]
-    t.figure("ch24-control-loop", config=LOOP_CASE["config"], prompt=req["prompt"], max_tokens=req["max_tokens"],
-             rounds=loop_rounds([r for r in yours if "after" in r], "A"), expected=loop_rounds(expected, "A"))
+    t.figure(
+        "ch24-control-loop",
+        config=LOOP_CASE["config"],
+        prompt=req["prompt"],
+        max_tokens=req["max_tokens"],
+        rounds=loop_rounds([r for r in yours if "after" in r], "A"),
+        expected=loop_rounds(expected, "A"),
+    )
     check_trace(LOOP_CASE, yours, expected)
 
 
 @public("ch24.1", "prefill before decode: a new request interrupts the decodes")
 def prefill_first(t: Trial) -> None:
-    expect_trace(t, script("prefill first", [
-        request("A", [3, 1, 4], 4, [15, 92, 65, 35]),
-        request("B", [8, 9, 7, 9, 3], 2, [23, 84], arrive=2),
-        request("C", [2, 6], 2, [43, 38], arrive=2)],
-        num_blocks=16, block_size=4, max_num_seqs=4, max_num_batched_tokens=8, eos=0))
+    expect_trace(
+        t,
+        script(
+            "prefill first",
+            [
+                request("A", [3, 1, 4], 4, [15, 92, 65, 35]),
+                request("B", [8, 9, 7, 9, 3], 2, [23, 84], arrive=2),
+                request("C", [2, 6], 2, [43, 38], arrive=2),
+            ],
+            num_blocks=16,
+            block_size=4,
+            max_num_seqs=4,
+            max_num_batched_tokens=8,
+            eos=0,
+        ),
+    )
 
 
 @public("ch24.1", "only the first sequence of a batch is chunked, first come first served")
 def first_sequence_chunked(t: Trial) -> None:
-    expect_trace(t, script("chunking and FCFS", [
-        request("A", [5, 5, 5, 5], 2, [41, 42]),
-        request("B", list(range(20, 29)), 2, [43, 44]),
-        request("C", [7, 7], 2, [45, 46])],
-        num_blocks=16, block_size=4, max_num_seqs=4, max_num_batched_tokens=6, eos=0))
+    expect_trace(
+        t,
+        script(
+            "chunking and FCFS",
+            [request("A", [5, 5, 5, 5], 2, [41, 42]), request("B", list(range(20, 29)), 2, [43, 44]), request("C", [7, 7], 2, [45, 46])],
+            num_blocks=16,
+            block_size=4,
+            max_num_seqs=4,
+            max_num_batched_tokens=6,
+            eos=0,
+        ),
+    )
 
 
 @public("ch24.1", "memory pressure: preemption from the tail of running")
@@ -66,25 +97,48 @@ def preemption_from_tail(t: Trial) -> None:
     # nano-vllm's preemption example (reference/nanovllm.md §11) with one more request and max_num_seqs 2:
     # four 4-token prompts fill 4 of 5 blocks; in the first decode A takes the last block and B must preempt
     # D, the tail of running [C, D], not C.
-    expect_trace(t, script("preemption", [
-        request("A", [1, 2, 3, 4], 6, [11, 12, 13, 14, 15, 16]),
-        request("B", [5, 6, 7, 8], 6, [21, 22, 23, 24, 25, 26]),
-        request("C", [9, 10, 11, 12], 6, [31, 32, 33, 34, 35, 36]),
-        request("D", [13, 14, 15, 16], 6, [41, 42, 43, 44, 45, 46])],
-        num_blocks=5, block_size=4, max_num_seqs=2, max_num_batched_tokens=16, eos=0))
+    expect_trace(
+        t,
+        script(
+            "preemption",
+            [
+                request("A", [1, 2, 3, 4], 6, [11, 12, 13, 14, 15, 16]),
+                request("B", [5, 6, 7, 8], 6, [21, 22, 23, 24, 25, 26]),
+                request("C", [9, 10, 11, 12], 6, [31, 32, 33, 34, 35, 36]),
+                request("D", [13, 14, 15, 16], 6, [41, 42, 43, 44, 45, 46]),
+            ],
+            num_blocks=5,
+            block_size=4,
+            max_num_seqs=2,
+            max_num_batched_tokens=16,
+            eos=0,
+        ),
+    )
 
 
 @public("ch24.1", "finishing: EOS kept in the output, max_tokens, ignore_eos, an EOS candidate")
 def finishing(t: Trial) -> None:
-    expect_trace(t, script("finishing", [
-        request("A", [4, 4], 1, [71]),
-        request("B", [5, 5, 5], 4, [72, 0, 73, 74]),
-        request("C", [6], 3, [0, 75, 0], ignore_eos=True),
-        request("D", list(range(30, 39)), 3, [76, 77, 0], arrive=1, candidates={6: 0})],
-        num_blocks=16, block_size=4, max_num_seqs=4, max_num_batched_tokens=6, eos=0))
+    expect_trace(
+        t,
+        script(
+            "finishing",
+            [
+                request("A", [4, 4], 1, [71]),
+                request("B", [5, 5, 5], 4, [72, 0, 73, 74]),
+                request("C", [6], 3, [0, 75, 0], ignore_eos=True),
+                request("D", list(range(30, 39)), 3, [76, 77, 0], arrive=1, candidates={6: 0}),
+            ],
+            num_blocks=16,
+            block_size=4,
+            max_num_seqs=4,
+            max_num_batched_tokens=6,
+            eos=0,
+        ),
+    )
 
 
 # -- ch24.2 ---------------------------------------------------------------------------------------------------
+
 
 @public("ch24.2", "figure instance: a prefix hit, chunks, a preemption and a re-admission")
 def progress_figure_instance(t: Trial) -> None:
@@ -109,13 +163,19 @@ def cached_set_once(t: Trial) -> None:
 @public("ch24.2", "impossible steps raise ValueError")
 def bad_progress(t: Trial) -> None:
     p = start_progress(8)
-    t.expect_raises(ValueError, t.yours.progress_after_step, p, 9,
-                    because="9 tokens cannot be computed when only 8 exist")
-    t.expect_raises(ValueError, t.yours.progress_after_step, p, 1, prefix_hit=8,
-                    because="a hit of all 8 tokens leaves nothing to compute (the last token is never a hit)")
+    t.expect_raises(ValueError, t.yours.progress_after_step, p, 9, because="9 tokens cannot be computed when only 8 exist")
+    t.expect_raises(
+        ValueError,
+        t.yours.progress_after_step,
+        p,
+        1,
+        prefix_hit=8,
+        because="a hit of all 8 tokens leaves nothing to compute (the last token is never a hit)",
+    )
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------
+
 
 def loop_rounds(records: list[dict], name: str) -> list[dict]:
     """One request's rounds, for the control-loop figure: what was scheduled, returned and kept."""
@@ -124,12 +184,21 @@ def loop_rounds(records: list[dict], name: str) -> list[dict]:
         if name not in rec["batch"]:
             continue
         s, a = rec["sched"]["seqs"][name], rec["after"]["seqs"][name]
-        rounds.append({"step": rec["step"], "prefill": rec["prefill"], "start": s["num_computed_tokens"],
-                       "n": s["num_scheduled_tokens"], "num_tokens_before": s["num_tokens"],
-                       "status_sched": s["status"], "token": rec["tokens"][rec["batch"].index(name)],
-                       "appended": len(a["completion"]) > s["num_tokens"] - len(LOOP_CASE["requests"][0]["prompt"]),
-                       "status": a["status"], "num_computed_tokens": a["num_computed_tokens"],
-                       "num_tokens": a["num_tokens"]})
+        rounds.append(
+            {
+                "step": rec["step"],
+                "prefill": rec["prefill"],
+                "start": s["num_computed_tokens"],
+                "n": s["num_scheduled_tokens"],
+                "num_tokens_before": s["num_tokens"],
+                "status_sched": s["status"],
+                "token": rec["tokens"][rec["batch"].index(name)],
+                "appended": len(a["completion"]) > s["num_tokens"] - len(LOOP_CASE["requests"][0]["prompt"]),
+                "status": a["status"],
+                "num_computed_tokens": a["num_computed_tokens"],
+                "num_tokens": a["num_tokens"],
+            }
+        )
     return rounds
 
 
@@ -146,9 +215,10 @@ def expected_progress(t: Trial, case: dict) -> list[dict]:
 def expect_progress(got: Any, where: str) -> dict:
     """Require a dict with exactly the four int counters."""
     if not (isinstance(got, dict) and set(got) == set(KEYS) and all(type(got[k]) is int for k in KEYS)):
-        raise CheckFailed(f"{where}: progress_after_step should return a dict with the int counters {list(KEYS)}; "
-                          f"yours returned {describe(got)}" + (f" with keys {sorted(got)}" if isinstance(got, dict)
-                                                               else ""))
+        raise CheckFailed(
+            f"{where}: progress_after_step should return a dict with the int counters {list(KEYS)}; "
+            f"yours returned {describe(got)}" + (f" with keys {sorted(got)}" if isinstance(got, dict) else "")
+        )
     return got
 
 
@@ -158,8 +228,7 @@ def run_lifecycle(t: Trial, case: dict, *, figure: bool = False) -> None:
     before, got_all, failure = start_progress(case["prompt"]), [], None
     for k, step in enumerate(case["steps"]):
         args, kwargs = step_args(step)
-        got = expect_progress(t.yours.progress_after_step(dict(before), *args, **kwargs),
-                              f'case "{case["name"]}", step {k + 1}')
+        got = expect_progress(t.yours.progress_after_step(dict(before), *args, **kwargs), f'case "{case["name"]}", step {k + 1}')
         got_all.append(got)
         if failure is None and got != want[k]:
             failure = explain_progress(case, k, before, step, want[k], got)

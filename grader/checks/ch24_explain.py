@@ -16,21 +16,44 @@ M = mistakes("ch24")
 
 
 # -- scripts --------------------------------------------------------------------------------------------
-def request(name: str, prompt: list[int], max_tokens: int, outputs: list[int], *, arrive: int = 0,
-            candidates: dict[int, int] | None = None, ignore_eos: bool = False) -> dict:
+def request(
+    name: str,
+    prompt: list[int],
+    max_tokens: int,
+    outputs: list[int],
+    *,
+    arrive: int = 0,
+    candidates: dict[int, int] | None = None,
+    ignore_eos: bool = False,
+) -> dict:
     """One request of a script. outputs[k] is what the runner samples when the request has k completion
     tokens and its step reaches num_tokens; candidates[end] what it samples for a chunk ending at `end`
     that leaves the prompt unfinished (a throw-away prediction; 50 + end when not given)."""
-    return {"name": name, "prompt": list(prompt), "max_tokens": max_tokens, "outputs": list(outputs),
-            "arrive": arrive, "candidates": {str(k): v for k, v in (candidates or {}).items()},
-            "ignore_eos": ignore_eos}
+    return {
+        "name": name,
+        "prompt": list(prompt),
+        "max_tokens": max_tokens,
+        "outputs": list(outputs),
+        "arrive": arrive,
+        "candidates": {str(k): v for k, v in (candidates or {}).items()},
+        "ignore_eos": ignore_eos,
+    }
 
 
-def script(name: str, requests: list[dict], *, num_blocks: int, block_size: int, max_num_seqs: int,
-           max_num_batched_tokens: int, eos: int) -> dict:
-    return {"name": name, "requests": requests,
-            "config": {"num_blocks": num_blocks, "block_size": block_size, "max_num_seqs": max_num_seqs,
-                       "max_num_batched_tokens": max_num_batched_tokens, "eos": eos}}
+def script(
+    name: str, requests: list[dict], *, num_blocks: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int, eos: int
+) -> dict:
+    return {
+        "name": name,
+        "requests": requests,
+        "config": {
+            "num_blocks": num_blocks,
+            "block_size": block_size,
+            "max_num_seqs": max_num_seqs,
+            "max_num_batched_tokens": max_num_batched_tokens,
+            "eos": eos,
+        },
+    }
 
 
 # -- running a script on both sides ------------------------------------------------------------------------
@@ -44,12 +67,19 @@ def expect_trace(t: Trial, sc: dict) -> list[dict]:
 def check_trace(sc: dict, yours: object, expected: list[dict]) -> list[dict]:
     """`grader.authoring.trace.compare` with ch24's words: the case, each step, each difference."""
     n = len(expected)
-    return compare_trace(yours, expected, case=describe_case(sc), partial=True,
-                   describe=lambda k: step_text(expected[k], expected[k - 1] if k else None),
-                   explain=lambda k, mine, want: first_difference(sc, want, mine, expected[k - 1] if k else None),
-                   beyond=lambda rec: (f"every request has finished after step {n} (is_finished() is True); yours "
-                                       f"schedules {'a prefill' if rec['prefill'] else 'a decode'} of "
-                                       f"{names(rec['batch'])}"))
+    return compare_trace(
+        yours,
+        expected,
+        case=describe_case(sc),
+        partial=True,
+        describe=lambda k: step_text(expected[k], expected[k - 1] if k else None),
+        explain=lambda k, mine, want: first_difference(sc, want, mine, expected[k - 1] if k else None),
+        beyond=lambda rec: (
+            f"every request has finished after step {n} (is_finished() is True); yours "
+            f"schedules {'a prefill' if rec['prefill'] else 'a decode'} of "
+            f"{names(rec['batch'])}"
+        ),
+    )
 
 
 # -- describing -----------------------------------------------------------------------------------------------
@@ -59,16 +89,23 @@ def names(xs: list[str]) -> str:
 
 def describe_case(sc: dict) -> str:
     c, reqs = sc["config"], sc["requests"]
-    cfg = (f"block_size {c['block_size']}, {c['num_blocks']} blocks, max_num_seqs {c['max_num_seqs']}, "
-           f"max_num_batched_tokens {c['max_num_batched_tokens']}, eos {c['eos']}")
+    cfg = (
+        f"block_size {c['block_size']}, {c['num_blocks']} blocks, max_num_seqs {c['max_num_seqs']}, "
+        f"max_num_batched_tokens {c['max_num_batched_tokens']}, eos {c['eos']}"
+    )
     if len(reqs) <= 5:
-        who = "; ".join(f"{r['name']}: {len(r['prompt'])}-token prompt, max_tokens {r['max_tokens']}"
-                        + (", ignore_eos" if r["ignore_eos"] else "") + (f", arrives at round {r['arrive']}"
-                                                                         if r["arrive"] else "") for r in reqs)
+        who = "; ".join(
+            f"{r['name']}: {len(r['prompt'])}-token prompt, max_tokens {r['max_tokens']}"
+            + (", ignore_eos" if r["ignore_eos"] else "")
+            + (f", arrives at round {r['arrive']}" if r["arrive"] else "")
+            for r in reqs
+        )
     else:
         lens, mts = [len(r["prompt"]) for r in reqs], [r["max_tokens"] for r in reqs]
-        who = (f"{len(reqs)} requests, prompts of {min(lens)}–{max(lens)} tokens, max_tokens {min(mts)}–{max(mts)}, "
-               f"arriving over rounds 0–{max(r['arrive'] for r in reqs)}")
+        who = (
+            f"{len(reqs)} requests, prompts of {min(lens)}–{max(lens)} tokens, max_tokens {min(mts)}–{max(mts)}, "
+            f"arriving over rounds 0–{max(r['arrive'] for r in reqs)}"
+        )
     return f'case "{sc["name"]}": {cfg}\n  {who}'
 
 
@@ -96,8 +133,7 @@ def before_text(prev: dict | None, rec: dict) -> str:
     waiting = (prev["after"]["waiting"] if prev else []) + rec["added"]
     running = prev["after"]["running"] if prev else []
     free = prev["after"]["free"] if prev else None
-    return (f"before it: waiting {names(waiting)}, running {names(running)}"
-            + (f", {free} free blocks" if free is not None else ""))
+    return f"before it: waiting {names(waiting)}, running {names(running)}" + (f", {free} free blocks" if free is not None else "")
 
 
 # -- comparing one step and explaining the first difference ----------------------------------------------
@@ -120,11 +156,13 @@ def schedule_difference(sc: dict, want: dict, got: dict, prev: dict | None) -> C
     if want["prefill"] != got["prefill"]:
         head = (prev["after"]["waiting"] if prev else []) + want["added"]
         if want["prefill"]:
-            return CheckFailed(f"step {s} should be a prefill of {names(want['batch'])}; yours decodes "
-                               f"{names(got['batch'])}", hint=M.decode_first)
-        return CheckFailed(f"step {s} should decode {names(want['batch'])}; yours prefills {names(got['batch'])}",
-                           hint=M.prefill_without_blocks.format(head=head[0], free=prev["after"]["free"] if prev else "?")
-                           if head else "")
+            return CheckFailed(
+                f"step {s} should be a prefill of {names(want['batch'])}; yours decodes {names(got['batch'])}", hint=M.decode_first
+            )
+        return CheckFailed(
+            f"step {s} should decode {names(want['batch'])}; yours prefills {names(got['batch'])}",
+            hint=M.prefill_without_blocks.format(head=head[0], free=prev["after"]["free"] if prev else "?") if head else "",
+        )
     if want["batch"] != got["batch"]:
         return batch_difference(cfg, want, got, before_running)
     for n in want["batch"]:
@@ -132,14 +170,17 @@ def schedule_difference(sc: dict, want: dict, got: dict, prev: dict | None) -> C
         if a != b:
             st = ws["seqs"][n]
             if not want["prefill"]:
-                return CheckFailed(f"after step {s}'s schedule() request {n} should have num_scheduled_tokens 1; "
-                                   f"yours has {b}", hint=M.decode_one_token)
+                return CheckFailed(
+                    f"after step {s}'s schedule() request {n} should have num_scheduled_tokens 1; yours has {b}", hint=M.decode_one_token
+                )
             left = st["num_tokens"] - st["num_computed_tokens"]
-            used = sum(ws["seqs"][m]["num_scheduled_tokens"] for m in want["batch"][:want["batch"].index(n)])
+            used = sum(ws["seqs"][m]["num_scheduled_tokens"] for m in want["batch"][: want["batch"].index(n)])
             budget = cfg["max_num_batched_tokens"] - used
-            return CheckFailed(f"after step {s}'s schedule() request {n} should have num_scheduled_tokens "
-                               f"min(tokens left {left}, budget left {budget}) = {a}; yours has {b}",
-                               hint=M.chunk_over_budget if b > budget else M.chunk_recounts_prompt if b > left else "")
+            return CheckFailed(
+                f"after step {s}'s schedule() request {n} should have num_scheduled_tokens "
+                f"min(tokens left {left}, budget left {budget}) = {a}; yours has {b}",
+                hint=M.chunk_over_budget if b > budget else M.chunk_recounts_prompt if b > left else "",
+            )
     if (ws["waiting"], ws["running"]) != (gs["waiting"], gs["running"]):
         return queue_difference(want, got, before_running)
     return fields_difference(want, got, ws, gs, f"after step {s}'s schedule()", sc, "schedule")
@@ -158,8 +199,12 @@ def batch_difference(cfg: dict, want: dict, got: dict, before_running: list[str]
             return CheckFailed(what, hint=M.preempt_keeps_blocks)
         if lost:
             victims = [n for n in ws["waiting"] if n in before_running]
-            return CheckFailed(what, hint=M.victim_next_in_line.format(name=lost[0], victim=victims[-1]) if victims
-                               else M.needless_preemption.format(name=lost[0]))
+            return CheckFailed(
+                what,
+                hint=M.victim_next_in_line.format(name=lost[0], victim=victims[-1])
+                if victims
+                else M.needless_preemption.format(name=lost[0]),
+            )
         preempted = [n for n in g if n in ws["waiting"]]
         if preempted:
             return CheckFailed(what, hint=M.no_preemption.format(name=preempted[0]))
@@ -185,15 +230,16 @@ def batch_difference(cfg: dict, want: dict, got: dict, before_running: list[str]
         return CheckFailed(what, hint=M.fcfs_order.format(first=w[k]))
     if k == len(g) < len(w):
         left = cfg["max_num_batched_tokens"] - sum(ws["seqs"][n]["num_scheduled_tokens"] for n in w[:k])
-        return CheckFailed(what, hint=M.stops_early.format(name=w[k], n=ws["seqs"][w[k]]["num_scheduled_tokens"],
-                                                           left=left))
+        return CheckFailed(what, hint=M.stops_early.format(name=w[k], n=ws["seqs"][w[k]]["num_scheduled_tokens"], left=left))
     return CheckFailed(what)
 
 
 def queue_difference(want: dict, got: dict, before_running: list[str]) -> CheckFailed:
     s, ws, gs = want["step"], want["sched"], got["sched"]
-    what = (f"after step {s}'s schedule() waiting should be {names(ws['waiting'])} and running "
-            f"{names(ws['running'])}; yours: waiting {names(gs['waiting'])}, running {names(gs['running'])}")
+    what = (
+        f"after step {s}'s schedule() waiting should be {names(ws['waiting'])} and running "
+        f"{names(ws['running'])}; yours: waiting {names(gs['waiting'])}, running {names(gs['running'])}"
+    )
     victims_w = [n for n in ws["waiting"] if n in before_running]
     victims_g = [n for n in gs["waiting"] if n in before_running]
     if set(victims_w) != set(victims_g) and victims_g:
@@ -213,19 +259,16 @@ def queue_difference(want: dict, got: dict, before_running: list[str]) -> CheckF
     return CheckFailed(what)
 
 
-def fields_difference(want: dict, got: dict, ws: dict, gs: dict, when: str, sc: dict,
-                      phase: str) -> CheckFailed | None:
+def fields_difference(want: dict, got: dict, ws: dict, gs: dict, when: str, sc: dict, phase: str) -> CheckFailed | None:
     order = want["batch"] + [n for n in ws["seqs"] if n not in want["batch"]]
     for n in order:
         f = differing_field(ws["seqs"][n], gs["seqs"][n])
         if f:
             return field_message(when, n, f, ws["seqs"][n], gs["seqs"][n], want, sc, phase)
     if ws["free"] != gs["free"]:
-        return CheckFailed(f"{when} the pool should have {ws['free']} free blocks; yours has {gs['free']}",
-                           hint=M.blocks_lost)
+        return CheckFailed(f"{when} the pool should have {ws['free']} free blocks; yours has {gs['free']}", hint=M.blocks_lost)
     if ws["finished"] != gs["finished"]:
-        return CheckFailed(f"{when} is_finished() should be {ws['finished']}; yours is {gs['finished']}",
-                           hint=M.is_finished)
+        return CheckFailed(f"{when} is_finished() should be {ws['finished']}; yours is {gs['finished']}", hint=M.is_finished)
     return None
 
 
@@ -248,8 +291,7 @@ def field_message(when: str, n: str, f: str, a: dict, b: dict, want: dict, sc: d
     after = phase == "after"
     head = f"{when} request {n} should be {a['status']}"
     show = lambda v: names([str(x) for x in v]) if isinstance(v, list) else str(v)
-    what = f"{head} with {f} {show(a[f])}; yours has {show(b[f])}" if f != "status" else \
-        f"{head}; yours is {b['status']}"
+    what = f"{head} with {f} {show(a[f])}; yours has {show(b[f])}" if f != "status" else f"{head}; yours is {b['status']}"
     hint = ""
     if f == "num_computed_tokens":
         if not after and b[f] == before + chunk and chunk:
@@ -264,25 +306,32 @@ def field_message(when: str, n: str, f: str, a: dict, b: dict, want: dict, sc: d
             hint = M.computed_includes_sample
     elif f == "num_tokens" or f == "completion":
         if b["num_tokens"] == a["num_tokens"] + 1 and partial:
-            what = f"{head} with num_tokens {a['num_tokens']}; yours has {b['num_tokens']}: " \
-                   f"the candidate token of an unfinished chunk was appended"
+            what = (
+                f"{head} with num_tokens {a['num_tokens']}; yours has {b['num_tokens']}: "
+                f"the candidate token of an unfinished chunk was appended"
+            )
             hint = M.append_candidate.format(name=n, computed=before + chunk, total=sched["num_tokens"])
         elif b["num_tokens"] == a["num_tokens"] - 1:
-            what = f"{head} with num_tokens {a['num_tokens']}; yours has {b['num_tokens']}: the sampled token " \
-                   f"{tok} was not appended"
-            hint = M.eos_not_appended if tok == sc["config"]["eos"] and b["status"] == FINISHED else \
-                M.token_not_appended
+            what = f"{head} with num_tokens {a['num_tokens']}; yours has {b['num_tokens']}: the sampled token {tok} was not appended"
+            hint = M.eos_not_appended if tok == sc["config"]["eos"] and b["status"] == FINISHED else M.token_not_appended
         elif f == "completion":
             hint = M.wrong_token
     elif f == "status":
         if a["status"] == FINISHED:
             last = a["completion"][-1] if a["completion"] else None
-            hint = M.eos_ignored if last == sc["config"]["eos"] and not req["ignore_eos"] else \
-                M.max_tokens_missed.format(max_tokens=req["max_tokens"])
+            hint = (
+                M.eos_ignored
+                if last == sc["config"]["eos"] and not req["ignore_eos"]
+                else M.max_tokens_missed.format(max_tokens=req["max_tokens"])
+            )
         elif b["status"] == FINISHED:
-            hint = (M.eos_candidate_finishes if partial else
-                    M.ignore_eos_ignored if req["ignore_eos"] and tok == sc["config"]["eos"] else
-                    M.max_tokens_total.format(max_tokens=req["max_tokens"], n=len(a["completion"])))
+            hint = (
+                M.eos_candidate_finishes
+                if partial
+                else M.ignore_eos_ignored
+                if req["ignore_eos"] and tok == sc["config"]["eos"]
+                else M.max_tokens_total.format(max_tokens=req["max_tokens"], n=len(a["completion"]))
+            )
         elif a["status"] == RUNNING and b["status"] == WAITING and in_batch:
             hint = M.running_status_late
         elif a["status"] == WAITING and b["status"] == RUNNING and in_batch:
@@ -312,9 +361,11 @@ def after_difference(sc: dict, want: dict, got: dict) -> CheckFailed | None:
             return field_message(when, n, f, wa["seqs"][n], ga["seqs"][n], want, sc, "after")
     if (wa["waiting"], wa["running"]) != (ga["waiting"], ga["running"]):
         gone = [n for n in ga["running"] if n in wa["seqs"] and wa["seqs"][n]["status"] == FINISHED]
-        return CheckFailed(f"{when} waiting should be {names(wa['waiting'])} and running {names(wa['running'])}; "
-                           f"yours: waiting {names(ga['waiting'])}, running {names(ga['running'])}",
-                           hint=M.finished_in_running.format(name=gone[0]) if gone else "")
+        return CheckFailed(
+            f"{when} waiting should be {names(wa['waiting'])} and running {names(wa['running'])}; "
+            f"yours: waiting {names(ga['waiting'])}, running {names(ga['running'])}",
+            hint=M.finished_in_running.format(name=gone[0]) if gone else "",
+        )
     return fields_difference(want, got, wa, ga, when, sc, "after")
 
 
@@ -326,8 +377,11 @@ def lifecycle(name: str, prompt: int, steps: list[tuple]) -> dict:
     """A request's life as steps (num_scheduled, prefix_hit, preempted); ("preempt",) for a preemption."""
     out = []
     for s in steps:
-        out.append({"n": 0, "hit": 0, "preempted": True} if s == ("preempt",) else
-                   {"n": s[0], "hit": s[1] if len(s) > 1 else 0, "preempted": False})
+        out.append(
+            {"n": 0, "hit": 0, "preempted": True}
+            if s == ("preempt",)
+            else {"n": s[0], "hit": s[1] if len(s) > 1 else 0, "preempted": False}
+        )
     return {"name": name, "prompt": prompt, "steps": out}
 
 
@@ -352,8 +406,7 @@ def event_text(step: dict, before: dict) -> str:
 def explain_progress(case: dict, k: int, before: dict, step: dict, want: dict, got: dict) -> CheckFailed:
     """Why the counters after step k should be `want`, and what the student's `got` most likely missed."""
     key = next(x for x in KEYS if want[x] != got[x])
-    c, total, cached, n, hit = (before["num_computed_tokens"], before["num_tokens"], before["num_cached_tokens"],
-                                step["n"], step["hit"])
+    c, total, cached, n, hit = (before["num_computed_tokens"], before["num_tokens"], before["num_cached_tokens"], step["n"], step["hit"])
     admit = n > 0 and c == 0 and not step["preempted"]
     start = hit if admit else c
     hint = ""
@@ -364,8 +417,11 @@ def explain_progress(case: dict, k: int, before: dict, step: dict, want: dict, g
         elif not n:
             why = "the request was not scheduled, so nothing changes"
         else:
-            why = (f"admission starts from the prefix hit: {hit} + {n} = {want[key]}" if admit else
-                   f"{c} computed + {n} scheduled = {want[key]}")
+            why = (
+                f"admission starts from the prefix hit: {hit} + {n} = {want[key]}"
+                if admit
+                else f"{c} computed + {n} scheduled = {want[key]}"
+            )
             if admit and got[key] == n:
                 hint = M.hit_ignored
             elif got[key] == c:
@@ -379,14 +435,17 @@ def explain_progress(case: dict, k: int, before: dict, step: dict, want: dict, g
         elif not n:
             why = "the request was not scheduled, so nothing changes"
         elif want[key] == total + 1:
-            why = (f"{start} + {n} = {start + n} = num_tokens: the step computed every known token, so its "
-                   f"sampled token is kept: {total} + 1 = {want[key]}")
+            why = (
+                f"{start} + {n} = {start + n} = num_tokens: the step computed every known token, so its "
+                f"sampled token is kept: {total} + 1 = {want[key]}"
+            )
             hint = M.progress_sample_dropped if got[key] == total else ""
         else:
-            why = (f"{start} + {n} = {start + n} < num_tokens {total}: an unfinished prefill chunk, its sample is "
-                   f"thrown away, num_tokens stays {total}")
-            hint = (M.keep_every_sample if got[key] == total + 1 else
-                    M.progress_tokens_computed if got[key] == total + n else "")
+            why = (
+                f"{start} + {n} = {start + n} < num_tokens {total}: an unfinished prefill chunk, its sample is "
+                f"thrown away, num_tokens stays {total}"
+            )
+            hint = M.keep_every_sample if got[key] == total + 1 else M.progress_tokens_computed if got[key] == total + n else ""
     elif key == "num_cached_tokens":
         if admit and cached < 0:
             why = f"the first admission sets it, once, to the prefix hit: {hit}"
@@ -402,7 +461,9 @@ def explain_progress(case: dict, k: int, before: dict, step: dict, want: dict, g
                 hint = M.preempt_resets_only_computed
     else:
         why = "the prompt's length never changes"
-    return CheckFailed(f'case "{case["name"]}": a {case["prompt"]}-token prompt',
-                       f"step {k + 1}: {event_text(step, before)}; before it: "
-                       + ", ".join(f"{x} {before[x]}" for x in KEYS),
-                       f"{key} after step {k + 1} should be {want[key]} ({why}); yours: {got[key]}", hint=hint)
+    return CheckFailed(
+        f'case "{case["name"]}": a {case["prompt"]}-token prompt',
+        f"step {k + 1}: {event_text(step, before)}; before it: " + ", ".join(f"{x} {before[x]}" for x in KEYS),
+        f"{key} after step {k + 1} should be {want[key]} ({why}); yours: {got[key]}",
+        hint=hint,
+    )

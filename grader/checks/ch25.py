@@ -44,6 +44,7 @@ slot_variants = hidden_model("ch25_models.slot_variants")
 
 # -- ch25.1 ---------------------------------------------------------------------------------------------------
 
+
 @public("ch25.1", "figure instance: T=5, block_size=2, block_table=[3, 0, 4]")
 def figure_instance(t: Trial) -> None:
     positions = list(range(FIGURE_TOKENS))
@@ -51,9 +52,17 @@ def figure_instance(t: Trial) -> None:
     want = t.ref.slot_mapping(FIGURE_TABLE, positions, FIGURE_BLOCK_SIZE)
     variants = t.ref.drive(slot_variants, list(FIGURE_TABLE), positions, FIGURE_BLOCK_SIZE)
     slots = expect_tensor(got, what=f"the slots of {FIGURE_TOKENS} tokens", shape=[FIGURE_TOKENS], dtype=torch.int64)
-    t.figure("ch25-dim-slot-mapping", table=FIGURE_TABLE, block_size=FIGURE_BLOCK_SIZE, num_blocks=5,
-             positions=positions, keys=token_keys(FIGURE_TOKENS)[:, 0], slots=slots, expected=want,
-             wrong=wrong_mask(slots, want))
+    t.figure(
+        "ch25-dim-slot-mapping",
+        table=FIGURE_TABLE,
+        block_size=FIGURE_BLOCK_SIZE,
+        num_blocks=5,
+        positions=positions,
+        keys=token_keys(FIGURE_TOKENS)[:, 0],
+        slots=slots,
+        expected=want,
+        wrong=wrong_mask(slots, want),
+    )
     expect_slots(slots, want, FIGURE_TABLE, positions, FIGURE_BLOCK_SIZE, variants)
 
 
@@ -64,8 +73,7 @@ def sequence_across_blocks(t: Trial) -> None:
     want = t.ref.slot_mapping(table, positions, block_size)
     variants = t.ref.drive(slot_variants, table, positions, block_size)
     slots = expect_tensor(got, what="the slots of 11 tokens", shape=[11], dtype=torch.int64)
-    t.figure("ch25-blocks", table=table, block_size=block_size, num_blocks=6, slots=slots, expected=want,
-             wrong=wrong_mask(slots, want))
+    t.figure("ch25-blocks", table=table, block_size=block_size, num_blocks=6, slots=slots, expected=want, wrong=wrong_mask(slots, want))
     expect_slots(slots, want, table, positions, block_size, variants)
 
 
@@ -82,25 +90,25 @@ def no_positions(t: Trial) -> None:
 
 @public("ch25.1", "a position beyond the block table raises ValueError")
 def beyond_table(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.slot_mapping, [3, 0, 4], [0, 6], 2,
-                    because="position 6 is in logical block 3, but the table has only 3 blocks")
+    t.expect_raises(
+        ValueError, t.yours.slot_mapping, [3, 0, 4], [0, 6], 2, because="position 6 is in logical block 3, but the table has only 3 blocks"
+    )
 
 
 # -- ch25.2 ---------------------------------------------------------------------------------------------------
+
 
 @public("ch25.2", "figure instance: the five tokens into a pool of five 2-slot blocks")
 def store_figure_instance(t: Trial) -> None:
     keys = token_keys(FIGURE_TOKENS)
     slots = t.ref.slot_mapping(FIGURE_TABLE, list(range(FIGURE_TOKENS)), FIGURE_BLOCK_SIZE).tolist()
     shape = (5, FIGURE_BLOCK_SIZE, 1, 2)
-    call = t.yours.store_kv.run(torch.zeros(shape), torch.zeros(shape), keys, -keys, slots,
-                                mutates=("k_cache", "v_cache"))
+    call = t.yours.store_kv.run(torch.zeros(shape), torch.zeros(shape), keys, -keys, slots, mutates=("k_cache", "v_cache"))
     got = expect_tensor(call.args[0], what="k_cache", shape=list(shape), dtype=torch.float32)
     want_k, want_v = torch.zeros(shape), torch.zeros(shape)
     t.ref.store_kv(want_k, want_v, keys, -keys, slots)
     pool, pool_expected = got.reshape(-1, 2), want_k.reshape(-1, 2)
-    t.figure("ch25-dim-slot-mapping", pool=pool, pool_expected=pool_expected,
-             pool_wrong=wrong_mask(pool, pool_expected).any(dim=1))
+    t.figure("ch25-dim-slot-mapping", pool=pool, pool_expected=pool_expected, pool_wrong=wrong_mask(pool, pool_expected).any(dim=1))
     if call.value is not None:
         raise CheckFailed("store_kv writes the caches in place and returns None; yours returned a value")
     expect_cache(got, call.args[1], want_k, want_v, slots, FIGURE_BLOCK_SIZE, (keys, -keys))
@@ -118,6 +126,7 @@ def others_untouched(t: Trial) -> None:
 
 # -- ch25.3 ---------------------------------------------------------------------------------------------------
 
+
 @public("ch25.3", "compute_hash: one block, then a chain of two")
 def hash_format(t: Trial) -> None:
     cases = [([1, 2, 3, 4], None), ([5, 6, 7, 8], 0), (list(range(16)), None), ([70000, -1, 2**40, 3], None)]
@@ -129,8 +138,10 @@ def hash_format(t: Trial) -> None:
         got = manager.compute_hash(*args)
         call = f"compute_hash({tokens}{'' if chained is None else ', prefix=' + hx(prefix)})"
         if got != h:
-            raise CheckFailed(f"{call} should be {hx(h)} ({h}); yours: {got!r}",
-                              hint=M.hash_ignores_prefix if got == unchained and chained is not None else M.hash_bytes)
+            raise CheckFailed(
+                f"{call} should be {hx(h)} ({h}); yours: {got!r}",
+                hint=M.hash_ignores_prefix if got == unchained and chained is not None else M.hash_bytes,
+            )
         prefix = h
 
 
@@ -140,8 +151,10 @@ def lifecycle(t: Trial) -> None:
     got = expect_records(t.yours.replay(4, 4, LIFECYCLE))
     at = {k: i for i, (k, _, _) in enumerate(MOMENTS)}
     start = {"ref": 0, "hash": "none", "mapped": False, "free": [0, 1, 2, 3], "holders": [], "tokens": []}
-    moments: list[dict[str, Any]] = [{"label": label, "what": what, "op": "", "yours": start if k == 0 else None,
-                                      "expected": start if k == 0 else None} for k, label, what in MOMENTS]
+    moments: list[dict[str, Any]] = [
+        {"label": label, "what": what, "op": "", "yours": start if k == 0 else None, "expected": start if k == 0 else None}
+        for k, label, what in MOMENTS
+    ]
     for whose, trace in (("expected", expected["trace"]), ("yours", got)):
         for k, (_, s) in enumerate(states(LIFECYCLE, trace, 4), 1):
             if k in at:
@@ -154,44 +167,93 @@ def lifecycle(t: Trial) -> None:
 @public("ch25.3", "nano-vllm's example: a shared prefix, a duplicate hash, the last block never hits")
 def worked_example(t: Trial) -> None:
     # nanovllm.md §10 (8 blocks of 4), then a request D that finds the duplicate hash's newer block.
-    script = [*add("A", list(range(1, 11))), ["compute", "A", 10, 100],
-              *add("B", [1, 2, 3, 4, 5, 6, 7, 8, 11, 12, 13], 2), *add("C", [1, 2, 3, 4]),
-              ["compute", "B", 3, 14], ["compute", "C", 4, 5],
-              *decode(("A", 101), ("B", 15), ("C", 0)), ["deallocate", "C"],
-              *add("D", [1, 2, 3, 4, 5, 6, 7, 8, 9], 2)]
+    script = [
+        *add("A", list(range(1, 11))),
+        ["compute", "A", 10, 100],
+        *add("B", [1, 2, 3, 4, 5, 6, 7, 8, 11, 12, 13], 2),
+        *add("C", [1, 2, 3, 4]),
+        ["compute", "B", 3, 14],
+        ["compute", "C", 4, 5],
+        *decode(("A", 101), ("B", 15), ("C", 0)),
+        ["deallocate", "C"],
+        *add("D", [1, 2, 3, 4, 5, 6, 7, 8, 9], 2),
+    ]
     run_trace(t, script, 8, 4, "nano-vllm's worked example")
 
 
 @public("ch25.3", "preemption with 4 blocks: a reused block loses its hash, a freed one is revived")
 def preemption(t: Trial) -> None:
     # nanovllm.md §11: A, B, C with 4-token prompts in a pool of 4 blocks.
-    script = [*add("A", [1, 2, 3, 4]), *add("B", [5, 6, 7, 8]), *add("C", [9, 10, 11, 12]),
-              ["compute", "A", 4, 13], ["compute", "B", 4, 14], ["compute", "C", 4, 15],
-              ["can_append", "A"], ["may_append", "A"], ["can_append", "B"], ["deallocate", "C"],
-              ["can_append", "B"], ["may_append", "B"], ["compute", "A", 1, 16], ["compute", "B", 1, 17],
-              ["can_allocate", "C"], *decode(("A", 18), ("B", 19)), *decode(("A", 20), ("B", 21)),
-              *decode(("A", 22), ("B", 23)), ["can_append", "A"], ["deallocate", "B"], ["can_append", "A"],
-              ["may_append", "A"], ["compute", "A", 1, 0], ["deallocate", "A"],
-              ["can_allocate", "B"], ["allocate", "B", 1], ["compute", "B", 5, 25], ["can_allocate", "C"]]
+    script = [
+        *add("A", [1, 2, 3, 4]),
+        *add("B", [5, 6, 7, 8]),
+        *add("C", [9, 10, 11, 12]),
+        ["compute", "A", 4, 13],
+        ["compute", "B", 4, 14],
+        ["compute", "C", 4, 15],
+        ["can_append", "A"],
+        ["may_append", "A"],
+        ["can_append", "B"],
+        ["deallocate", "C"],
+        ["can_append", "B"],
+        ["may_append", "B"],
+        ["compute", "A", 1, 16],
+        ["compute", "B", 1, 17],
+        ["can_allocate", "C"],
+        *decode(("A", 18), ("B", 19)),
+        *decode(("A", 20), ("B", 21)),
+        *decode(("A", 22), ("B", 23)),
+        ["can_append", "A"],
+        ["deallocate", "B"],
+        ["can_append", "A"],
+        ["may_append", "A"],
+        ["compute", "A", 1, 0],
+        ["deallocate", "A"],
+        ["can_allocate", "B"],
+        ["allocate", "B", 1],
+        ["compute", "B", 5, 25],
+        ["can_allocate", "C"],
+    ]
     run_trace(t, script, 4, 4, "preemption with 4 blocks")
 
 
 @public("ch25.3", "identical prompts in one step: the later hash wins, a stale entry survives another block's reuse")
 def duplicates(t: Trial) -> None:
     # nano-vllm issue #219 (duplicates) and #163 (evict only the entry that points to the reused block).
-    script = [["add", "A", [1, 2, 3, 4, 5, 6]], ["add", "B", [1, 2, 3, 4, 5, 6]],
-              ["can_allocate", "A"], ["allocate", "A", 0], ["can_allocate", "B"], ["allocate", "B", 0],
-              ["compute", "A", 6, 7], ["compute", "B", 6, 7], ["deallocate", "A"], ["deallocate", "B"],
-              *add("C", list(range(70, 86))), *add("D", [1, 2, 3, 4, 5, 6, 9], 1)]
+    script = [
+        ["add", "A", [1, 2, 3, 4, 5, 6]],
+        ["add", "B", [1, 2, 3, 4, 5, 6]],
+        ["can_allocate", "A"],
+        ["allocate", "A", 0],
+        ["can_allocate", "B"],
+        ["allocate", "B", 0],
+        ["compute", "A", 6, 7],
+        ["compute", "B", 6, 7],
+        ["deallocate", "A"],
+        ["deallocate", "B"],
+        *add("C", list(range(70, 86))),
+        *add("D", [1, 2, 3, 4, 5, 6, 9], 1),
+    ]
     run_trace(t, script, 6, 4, "identical prompts")
 
 
 @public("ch25.3", "a chunked prefill, decode across a block boundary, a full prompt that hits all but its last block")
 def chunks_and_decode(t: Trial) -> None:
     prompt = list(range(1, 14))
-    script = [*add("A", prompt), ["compute", "A", 5, None], ["compute", "A", 5, None], ["compute", "A", 3, 14],
-              *decode(("A", 15)), *decode(("A", 16)), *decode(("A", 17)), *decode(("A", 18)), ["deallocate", "A"],
-              *add("B", prompt + [14, 15, 16, 99], 4), *add("E", prompt + [14, 15, 16], 3), ["compute", "E", 4, 1]]
+    script = [
+        *add("A", prompt),
+        ["compute", "A", 5, None],
+        ["compute", "A", 5, None],
+        ["compute", "A", 3, 14],
+        *decode(("A", 15)),
+        *decode(("A", 16)),
+        *decode(("A", 17)),
+        *decode(("A", 18)),
+        ["deallocate", "A"],
+        *add("B", prompt + [14, 15, 16, 99], 4),
+        *add("E", prompt + [14, 15, 16], 3),
+        ["compute", "E", 4, 1],
+    ]
     run_trace(t, script, 6, 4, "chunks and decode")
 
 
@@ -202,14 +264,22 @@ def collisions(t: Trial) -> None:
     # nano-vllm's can_allocate compares the mapped block's tokens (block_manager.py), so a collision costs a hit
     # (D finds B's block under A's hash) and never hands out a block holding other tokens, whether the block is in
     # use (B, C) or free and cached (D).
-    script = [*add("A", [1, 2, 3, 4, 5, 6, 7, 8, 9]), ["compute", "A", 9, 10],
-              *add("B", [4, 3, 2, 1, 9]), *add("C", [1, 2, 3, 4, 5, 6, 8, 7, 11], 1),
-              ["compute", "B", 5, 12], ["compute", "C", 5, 13], ["deallocate", "A"], ["deallocate", "B"],
-              *add("D", [1, 2, 3, 4, 5, 6, 7, 8, 20])]
+    script = [
+        *add("A", [1, 2, 3, 4, 5, 6, 7, 8, 9]),
+        ["compute", "A", 9, 10],
+        *add("B", [4, 3, 2, 1, 9]),
+        *add("C", [1, 2, 3, 4, 5, 6, 8, 7, 11], 1),
+        ["compute", "B", 5, 12],
+        ["compute", "C", 5, 13],
+        ["deallocate", "A"],
+        ["deallocate", "B"],
+        *add("D", [1, 2, 3, 4, 5, 6, 7, 8, 20]),
+    ]
     run_trace(t, script, 8, 4, "colliding hashes", weak_hash=True)
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------
+
 
 def token_keys(num_tokens: int, width: int = 2) -> torch.Tensor:
     """Easy-to-read K vectors for figures: token t gets [10(t+1)+1, 10(t+1)+2, …], shape [T, 1, width]."""
@@ -220,15 +290,17 @@ def token_keys(num_tokens: int, width: int = 2) -> torch.Tensor:
 def slot_misconceptions() -> dict[str, tuple[str, str]]:
     """The misconceptions of slot_mapping, by id (the keys of `slot_variants`' answer): the slot of position p each
     gives, in the student's terms, and its hint."""
-    return {"slot_is_position": ("p", M.slot_is_position),
-            "block_times_offset": ("block_table[p // {bs}] · (p % {bs})", M.block_times_offset),
-            "slot_is_block": ("block_table[p // {bs}]", M.slot_is_block),
-            "offset_dropped": ("block_table[p // {bs}] · {bs}", M.offset_dropped),
-            "block_plus_offset": ("block_table[p // {bs}] + p % {bs}", M.block_plus_offset),
-            "position_as_offset": ("block_table[p // {bs}] · {bs} + p", M.position_as_offset),
-            "block_added_to_position": ("p + block_table[p // {bs}]", M.block_added_to_position),
-            "ceiling_block": ("block_table[(p + {bs} − 1) // {bs}] · {bs} + p % {bs}", M.ceiling_block),
-            "divmod_swapped": ("block_table[p % {bs}] · {bs} + p // {bs}", M.divmod_swapped)}
+    return {
+        "slot_is_position": ("p", M.slot_is_position),
+        "block_times_offset": ("block_table[p // {bs}] · (p % {bs})", M.block_times_offset),
+        "slot_is_block": ("block_table[p // {bs}]", M.slot_is_block),
+        "offset_dropped": ("block_table[p // {bs}] · {bs}", M.offset_dropped),
+        "block_plus_offset": ("block_table[p // {bs}] + p % {bs}", M.block_plus_offset),
+        "position_as_offset": ("block_table[p // {bs}] · {bs} + p", M.position_as_offset),
+        "block_added_to_position": ("p + block_table[p // {bs}]", M.block_added_to_position),
+        "ceiling_block": ("block_table[(p + {bs} − 1) // {bs}] · {bs} + p % {bs}", M.ceiling_block),
+        "divmod_swapped": ("block_table[p % {bs}] · {bs} + p // {bs}", M.divmod_swapped),
+    }
 
 
 def slot_hint(slots: torch.Tensor, variants: dict, block_size: int) -> tuple[str, str]:
@@ -243,8 +315,9 @@ def slot_hint(slots: torch.Tensor, variants: dict, block_size: int) -> tuple[str
     return f"{every} {formula.format(bs=block_size)}", hint
 
 
-def expect_slots(got: Any, want: torch.Tensor, table: list[int], positions: list[int], block_size: int,
-                 variants: dict | None = None) -> torch.Tensor:
+def expect_slots(
+    got: Any, want: torch.Tensor, table: list[int], positions: list[int], block_size: int, variants: dict | None = None
+) -> torch.Tensor:
     """Require the slots to equal `want`, explaining the first wrong token in block terms, and naming the
     misconception whose slots (`variants`, asked of `slot_variants` before comparing; asked of the hidden side
     when not given, so a student release's lab names none) are all of the student's."""
@@ -260,15 +333,24 @@ def expect_slots(got: Any, want: torch.Tensor, table: list[int], positions: list
     if variants is None:
         variants = if_hidden(slot_variants, list(table), list(positions), block_size) or {}
     formula, hint = slot_hint(slots, variants, block_size)
-    raise CheckFailed(f"inputs: block_size={block_size}, block_table={table}, positions={short(positions)}",
-                      f"token {i} is at position {p} → logical block {p} // {block_size} = {logical}, "
-                      f"offset {p} % {block_size} = {offset}",
-                      f"block_table[{logical}] = {phys}, so its slot is {phys}·{block_size} + {offset} = {int(want[i])}; "
-                      f"yours: {yours}", formula, hint=hint)
+    raise CheckFailed(
+        f"inputs: block_size={block_size}, block_table={table}, positions={short(positions)}",
+        f"token {i} is at position {p} → logical block {p} // {block_size} = {logical}, offset {p} % {block_size} = {offset}",
+        f"block_table[{logical}] = {phys}, so its slot is {phys}·{block_size} + {offset} = {int(want[i])}; yours: {yours}",
+        formula,
+        hint=hint,
+    )
 
 
-def expect_cache(got_k: torch.Tensor, got_v: torch.Tensor, want_k: torch.Tensor, want_v: torch.Tensor,
-                 slots: list[int], block_size: int, new: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+def expect_cache(
+    got_k: torch.Tensor,
+    got_v: torch.Tensor,
+    want_k: torch.Tensor,
+    want_v: torch.Tensor,
+    slots: list[int],
+    block_size: int,
+    new: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> None:
     """Require both caches to equal the expected ones, explaining the first wrong slot (`new`: the k and v
     written, to recognise a padding row's K or V in the pool's last slot)."""
     for name, got, want in (("k_cache", got_k, want_k), ("v_cache", got_v, want_v)):
@@ -285,10 +367,10 @@ def expect_cache(got_k: torch.Tensor, got_v: torch.Tensor, want_k: torch.Tensor,
             what = f"should hold token {tokens[0]}'s {name[0].upper()} {vec(flat_want[slot], limit=6)}"
         else:
             what = f"is not the slot of any token, so it must keep its old value {vec(flat_want[slot], limit=6)}"
-        padding = new is not None and slot == flat_want.shape[0] - 1 and \
-            holds_padding(flat_got[slot], new[name[0] == "v"], slots)
-        raise CheckFailed(f"slots={slots}: {where} {what}; yours holds {vec(flat_got[slot], limit=6)}",
-                          hint=M.padding_written if padding else "")
+        padding = new is not None and slot == flat_want.shape[0] - 1 and holds_padding(flat_got[slot], new[name[0] == "v"], slots)
+        raise CheckFailed(
+            f"slots={slots}: {where} {what}; yours holds {vec(flat_got[slot], limit=6)}", hint=M.padding_written if padding else ""
+        )
 
 
 def holds_padding(row: torch.Tensor, written: torch.Tensor, slots: list[int]) -> bool:
@@ -296,8 +378,7 @@ def holds_padding(row: torch.Tensor, written: torch.Tensor, slots: list[int]) ->
     return any(s == -1 and torch.equal(row, written[i].to(row.dtype)) for i, s in enumerate(slots))
 
 
-def run_slot_case(t: Trial, table: list[int], positions: list[int], block_size: int, *,
-                  as_tensor: bool = False) -> torch.Tensor:
+def run_slot_case(t: Trial, table: list[int], positions: list[int], block_size: int, *, as_tensor: bool = False) -> torch.Tensor:
     """Call the student's slot_mapping on one case and compare it with the reference."""
     arg = torch.tensor(positions, dtype=torch.int64) if as_tensor else list(positions)
     got = t.yours.slot_mapping(list(table), arg, block_size)
@@ -306,8 +387,9 @@ def run_slot_case(t: Trial, table: list[int], positions: list[int], block_size: 
     return expect_slots(got, want, table, positions, block_size, variants)
 
 
-def run_store_case(t: Trial, cache_shape: tuple[int, int, int, int], slots: list[int], *, fill: float | None = None,
-                   dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def run_store_case(
+    t: Trial, cache_shape: tuple[int, int, int, int], slots: list[int], *, fill: float | None = None, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Call the student's store_kv on fresh caches and compare both caches with the reference's."""
     n, (_, block_size, heads, dim) = len(slots), cache_shape
     k = torch.randn(n, heads, dim, generator=t.rng).to(dtype)
@@ -320,8 +402,9 @@ def run_store_case(t: Trial, cache_shape: tuple[int, int, int, int], slots: list
     return check_store(t, k_cache, v_cache, k, v, slots, block_size)
 
 
-def check_store(t: Trial, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                slots: list[int], block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def check_store(
+    t: Trial, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: list[int], block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     call = t.yours.store_kv.run(k_cache, v_cache, k, v, list(slots), mutates=("k_cache", "v_cache"))
     if call.value is not None:
         raise CheckFailed("store_kv writes the caches in place and returns None; yours returned a value")

@@ -9,18 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from grader.authoring import (
-    CheckFailed,
-    Trial,
-    compare_trace,
-    describe,
-    expect_records,
-    hidden_model,
-    mistakes,
-    plural,
-    short,
-    walk,
-)
+from grader.authoring import CheckFailed, Trial, compare_trace, describe, expect_records, hidden_model, mistakes, plural, short, walk
 
 drive_reference = hidden_model("ch25_models.drive_reference")
 """`t.ref.drive(drive_reference, num_blocks, block_size, script)`: the reference's trace of a script, plus per step
@@ -30,8 +19,7 @@ M = mistakes("ch25")
 
 
 # -- running a script on both sides ------------------------------------------------------------------------
-def run_trace(t: Trial, script: list, num_blocks: int, block_size: int, case: str, *,
-              weak_hash: bool = False) -> list[dict]:
+def run_trace(t: Trial, script: list, num_blocks: int, block_size: int, case: str, *, weak_hash: bool = False) -> list[dict]:
     """Drive your BlockManager (through the provided replay) and the reference through one script (with
     weak_hash, both hash with the provided colliding_hash)."""
     expected = t.ref.drive(drive_reference, num_blocks, block_size, script, weak_hash=weak_hash)
@@ -49,24 +37,39 @@ def expect_trace(script: list, got: Any, expected: dict, num_blocks: int, bs: in
         before, w = want(k)
         return explain_step(script[k], before, w, yours(k)[1], expected["notes"][k], bs)
 
-    return compare_trace(got, expected["trace"], case=case, describe=lambda k: describe_op(script[k], want(k)[0], bs),
-                   explain=explain)
+    return compare_trace(got, expected["trace"], case=case, describe=lambda k: describe_op(script[k], want(k)[0], bs), explain=explain)
 
 
 def states(script: list, trace: list[dict], num_blocks: int) -> Iterator[tuple[dict, dict]]:
     """Replay a trace of what changed: per step, the op's sequence and the pool before it (a small copy)
     and the full state after it (one dict, updated in place). A step that raised yields a state with
     "error" and ends the walk."""
-    s: dict[str, Any] = {"free": list(range(num_blocks)), "used": [], "ref": [0] * num_blocks, "hash": [-1] * num_blocks,
-         "tokens": [[] for _ in range(num_blocks)], "map": {}, "tables": {}, "cached": {}, "seqs": {}, "value": None}
+    s: dict[str, Any] = {
+        "free": list(range(num_blocks)),
+        "used": [],
+        "ref": [0] * num_blocks,
+        "hash": [-1] * num_blocks,
+        "tokens": [[] for _ in range(num_blocks)],
+        "map": {},
+        "tables": {},
+        "cached": {},
+        "seqs": {},
+        "value": None,
+    }
     try:
         for op, rec in zip(script, trace):
             name = op[1]
             if op[0] == "add":
                 s["seqs"][name] = list(op[2])
-            before = {"free": list(s["free"]), "ref": list(s["ref"]), "hash": list(s["hash"]), "map": dict(s["map"]),
-                      "tables": {name: s["tables"].get(name, [])}, "cached": {name: s["cached"].get(name, 0)},
-                      "seqs": {name: list(s["seqs"][name])}}
+            before = {
+                "free": list(s["free"]),
+                "ref": list(s["ref"]),
+                "hash": list(s["hash"]),
+                "map": dict(s["map"]),
+                "tables": {name: s["tables"].get(name, [])},
+                "cached": {name: s["cached"].get(name, 0)},
+                "seqs": {name: list(s["seqs"][name])},
+            }
             if op[0] == "compute" and op[3] is not None:
                 s["seqs"][name].append(op[3])
             if "error" in rec:
@@ -89,8 +92,10 @@ def states(script: list, trace: list[dict], num_blocks: int) -> Iterator[tuple[d
                     s["map"][h] = b
             yield before, s
     except (KeyError, TypeError, IndexError, ValueError) as e:
-        raise CheckFailed(f"your replay's trace is not in the documented form ({type(e).__name__}: {e}); "
-                          "replay, run_op and snapshot are provided: keep them as they are") from None
+        raise CheckFailed(
+            f"your replay's trace is not in the documented form ({type(e).__name__}: {e}); "
+            "replay, run_op and snapshot are provided: keep them as they are"
+        ) from None
 
 
 # -- describing ---------------------------------------------------------------------------------------------
@@ -116,12 +121,14 @@ def describe_op(op: list, s: dict, bs: int) -> str:
         c = s["cached"].get(name, 0)
         end = "appends the sampled token " + str(op[3]) if op[3] is not None else "discards its sample (prompt unfinished)"
         where = f"position {c}" if op[2] == 1 else f"positions {c}–{c + op[2] - 1}"
-        return (f"{name}'s step computes {where} (num_scheduled_tokens {op[2]}), "
-                f"then hash_blocks({name}); the scheduler {end}")
+        return f"{name}'s step computes {where} (num_scheduled_tokens {op[2]}), then hash_blocks({name}); the scheduler {end}"
     if kind in ("can_append", "may_append"):
         return f"{kind}({name}) with len({name}) = {len(toks)}, {len(toks)} % {bs} = {len(toks) % bs}"
-    return f"{kind}({name}) with {name}'s block_table {s['tables'].get(name, [])}" if kind == "deallocate" else \
-        f"{kind}({name}) with {name} = {short(toks)} ({len(toks)} tokens, {plural(-(-len(toks) // bs), 'block')})"
+    return (
+        f"{kind}({name}) with {name}'s block_table {s['tables'].get(name, [])}"
+        if kind == "deallocate"
+        else f"{kind}({name}) with {name} = {short(toks)} ({len(toks)} tokens, {plural(-(-len(toks) // bs), 'block')})"
+    )
 
 
 def holders(s: dict, block: int) -> list[str]:
@@ -137,8 +144,10 @@ def explain_step(op: list, before: dict, w: dict, y: dict, note: dict, bs: int) 
     if y["tables"][name] != w["tables"][name]:
         return explain_table(op, before, w, y, bs)
     if y["cached"][name] != w["cached"][name]:
-        rule = {"allocate": f"allocate sets it to the hit: num_cached_blocks · block_size = {op[2]}·{bs}",
-                "deallocate": "deallocate resets it to 0"}.get(kind, "it counts the leading tokens already cached")
+        rule = {
+            "allocate": f"allocate sets it to the hit: num_cached_blocks · block_size = {op[2]}·{bs}",
+            "deallocate": "deallocate resets it to 0",
+        }.get(kind, "it counts the leading tokens already cached")
         return CheckFailed(f"{name}.num_cached_tokens should be {w['cached'][name]} ({rule}); yours: {y['cached'][name]}")
     if y["free"] != w["free"]:
         return explain_free(op, before, w, y)
@@ -147,18 +156,22 @@ def explain_step(op: list, before: dict, w: dict, y: dict, note: dict, bs: int) 
     for j in range(len(w["ref"])):
         if y["ref"][j] != w["ref"][j]:
             hold = holders(w, j)
-            hit = kind == "allocate" and j in w["tables"][name][:op[2]]
-            return CheckFailed(f"block {j} is held by {plural(len(hold), 'block table')}"
-                               f"{' (' + ', '.join(hold) + ')' if hold else ''}, so its ref_count is {w['ref'][j]}; "
-                               f"yours: {y['ref'][j]}",
-                               hint=(M.shared_ref_not_counted if before["ref"][j] else M.revived_ref) if hit else "")
+            hit = kind == "allocate" and j in w["tables"][name][: op[2]]
+            return CheckFailed(
+                f"block {j} is held by {plural(len(hold), 'block table')}"
+                f"{' (' + ', '.join(hold) + ')' if hold else ''}, so its ref_count is {w['ref'][j]}; "
+                f"yours: {y['ref'][j]}",
+                hint=(M.shared_ref_not_counted if before["ref"][j] else M.revived_ref) if hit else "",
+            )
     for j in range(len(w["hash"])):
         if y["hash"][j] != w["hash"][j]:
             return explain_hash(op, j, before, w, y, note)
     for j in range(len(w["tokens"])):
         if w["hash"][j] != -1 and y["tokens"][j] != w["tokens"][j]:
-            return CheckFailed(f"block {j} stores the tokens it was hashed with, {w['tokens'][j]} (can_allocate "
-                               f"compares them on a hit, against hash collisions); yours: {y['tokens'][j]}")
+            return CheckFailed(
+                f"block {j} stores the tokens it was hashed with, {w['tokens'][j]} (can_allocate "
+                f"compares them on a hit, against hash collisions); yours: {y['tokens'][j]}"
+            )
     if y["map"] != w["map"]:
         return explain_map(op, before, w, y)
     return None
@@ -173,19 +186,27 @@ def explain_value(op: list, before: dict, want: Any, got: Any, note: dict, bs: i
         collision = note.get("collision")
         for i, b, in_use in note["walk"]:
             if collision and collision["index"] == i:
-                lines.append(f"  logical block {i} {toks[i * bs:(i + 1) * bs]}: its hash {hx(collision['hash'])} maps "
-                             f"to block {collision['block']}, which holds other tokens {collision['tokens']}: a hash "
-                             "collision, so a miss: the walk stops")
+                lines.append(
+                    f"  logical block {i} {toks[i * bs : (i + 1) * bs]}: its hash {hx(collision['hash'])} maps "
+                    f"to block {collision['block']}, which holds other tokens {collision['tokens']}: a hash "
+                    "collision, so a miss: the walk stops"
+                )
                 continue
-            lines.append(f"  logical block {i} {toks[i * bs:(i + 1) * bs]}: " +
-                         ("miss: the walk stops" if b is None else
-                          f"hit, block {b} ("
-                          f"{'in use: shared for free' if in_use else 'free but cached: revived, still takes a free block'})"))
+            lines.append(
+                f"  logical block {i} {toks[i * bs : (i + 1) * bs]}: "
+                + (
+                    "miss: the walk stops"
+                    if b is None
+                    else f"hit, block {b} ({'in use: shared for free' if in_use else 'free but cached: revived, still takes a free block'})"
+                )
+            )
         hits = sum(b is not None for _, b, _ in note["walk"])
         shared = sum(1 for _, b, u in note["walk"] if b is not None and u)
         lines.append(f"  logical block {nblocks - 1} is the last one: never a hit")
-        lines.append(f"  blocks to take from the free list: {nblocks} − {shared} shared = {nblocks - shared}; "
-                     f"{note['free']} free → " + (f"{plural(hits, 'hit')}" if want >= 0 else "−1 (does not fit)"))
+        lines.append(
+            f"  blocks to take from the free list: {nblocks} − {shared} shared = {nblocks - shared}; "
+            f"{note['free']} free → " + (f"{plural(hits, 'hit')}" if want >= 0 else "−1 (does not fit)")
+        )
         hint = ""
         if collision and isinstance(got, int) and got > collision["index"]:  # went on past the colliding block
             hint = M.hash_only
@@ -201,9 +222,11 @@ def explain_value(op: list, before: dict, want: Any, got: Any, note: dict, bs: i
     if kind == "can_append":
         n = len(toks)
         need = 1 if n % bs == 1 else 0
-        return CheckFailed(f"can_append({name}) should be {want}: len = {n}, {n} % {bs} = {n % bs}, so "
-                           f"{plural(need, 'free block')} needed and {len(before['free'])} free; yours: {got!r}",
-                           hint=M.append_off_by_one if n % bs in (0, 1) else "")
+        return CheckFailed(
+            f"can_append({name}) should be {want}: len = {n}, {n} % {bs} = {n % bs}, so "
+            f"{plural(need, 'free block')} needed and {len(before['free'])} free; yours: {got!r}",
+            hint=M.append_off_by_one if n % bs in (0, 1) else "",
+        )
     return CheckFailed(f"{kind} returns nothing; yours returned {describe(got)}")
 
 
@@ -213,8 +236,9 @@ def explain_table(op: list, before: dict, w: dict, y: dict, bs: int) -> CheckFai
     line = f"{name}.block_table should be {want}; yours: {got}"
     if kind == "allocate":
         n, new = op[2], len(want) - op[2]
-        why = (f"logical blocks 0–{n - 1} are the prefix hit {want[:n]}, found through the hash chain; the other "
-               if n else "all ") + f"{new} come{'s' * (new == 1)} from the head of the free list {short(free)}"
+        why = (
+            f"logical blocks 0–{n - 1} are the prefix hit {want[:n]}, found through the hash chain; the other " if n else "all "
+        ) + f"{new} come{'s' * (new == 1)} from the head of the free list {short(free)}"
         hint = ""
         if len(got) < len(want):
             hint = M.partial_table
@@ -225,9 +249,11 @@ def explain_table(op: list, before: dict, w: dict, y: dict, bs: int) -> CheckFai
         return CheckFailed(line, why, hint=hint)
     if kind == "may_append":
         n = len(before["seqs"][name])
-        why = (f"{n} % {bs} == 1: the newest token starts logical block {n // bs}, so the head of the free list, "
-               f"block {free[0]}, is appended" if n % bs == 1 else f"{n} % {bs} = {n % bs}: the last block still "
-               "has room, nothing is appended")
+        why = (
+            f"{n} % {bs} == 1: the newest token starts logical block {n // bs}, so the head of the free list, block {free[0]}, is appended"
+            if n % bs == 1
+            else f"{n} % {bs} = {n % bs}: the last block still has room, nothing is appended"
+        )
         hint = ""
         if len(got) != len(want):
             hint = M.may_append_on_full_block
@@ -245,7 +271,7 @@ def explain_free(op: list, before: dict, w: dict, y: dict) -> CheckFailed:
     lines = [f"the free list should be {short(want, 16)}; yours: {short(got, 16)}"]
     cut = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
     if cut > 10:
-        lines.append(f"(they differ from position {cut} on: expected …{want[cut:cut + 8]}, yours …{got[cut:cut + 8]})")
+        lines.append(f"(they differ from position {cut} on: expected …{want[cut : cut + 8]}, yours …{got[cut : cut + 8]})")
     if kind == "deallocate":
         table = before["tables"][name]
         freed = [b for b in table[::-1] if w["ref"][b] == 0 and before["ref"][b] > 0]
@@ -253,15 +279,19 @@ def explain_free(op: list, before: dict, w: dict, y: dict) -> CheckFailed:
         hint = ""
         if got == free + freed[::-1]:
             hint = M.forward_free
-        elif got[:len(freed)] == freed or got[:len(freed)] == freed[::-1]:
+        elif got[: len(freed)] == freed or got[: len(freed)] == freed[::-1]:
             hint = M.freed_to_front
-        return CheckFailed(*lines, f"{name}'s table {table} is walked in reverse ({steps}); blocks reaching 0 are "
-                           f"appended: {freed}", hint=hint)
+        return CheckFailed(
+            *lines, f"{name}'s table {table} is walked in reverse ({steps}); blocks reaching 0 are appended: {freed}", hint=hint
+        )
     if kind == "allocate":
-        revived = [b for b in w["tables"][name][:op[2]] if b in free]
-        why = "new blocks leave from the head of the free list" + \
-              (f"; the hit{'s' * (len(revived) > 1)} on free block{'s' * (len(revived) > 1)} {revived} "
-               "revive them: they leave the free list too" if revived else "")
+        revived = [b for b in w["tables"][name][: op[2]] if b in free]
+        why = "new blocks leave from the head of the free list" + (
+            f"; the hit{'s' * (len(revived) > 1)} on free block{'s' * (len(revived) > 1)} {revived} "
+            "revive them: they leave the free list too"
+            if revived
+            else ""
+        )
         return CheckFailed(*lines, why, hint=M.revived_stays_free if any(b in got for b in revived) else "")
     return CheckFailed(*lines, "the new block is the head of the free list" if kind == "may_append" else "")
 
@@ -274,16 +304,20 @@ def explain_hash(op: list, j: int, before: dict, w: dict, y: dict, note: dict) -
     if kind == "compute" and want != -1 and before["hash"][j] == -1:
         i = table.index(j)
         prev = f"the hash of {name}'s logical block {i - 1}, physical {table[i - 1]}" if i else "−1: it is the first block"
-        return CheckFailed(line, f"block {j} is {name}'s logical block {i}, tokens {w['tokens'][j]}: full, and this step "
-                           f"computed its last token, so hash_blocks hashes it with compute_hash(tokens, prefix = {prev})",
-                           hint=M.unchained if got == note.get("unchained", {}).get(j) and i else
-                           M.hash_not_all if got == -1 else "")
+        return CheckFailed(
+            line,
+            f"block {j} is {name}'s logical block {i}, tokens {w['tokens'][j]}: full, and this step "
+            f"computed its last token, so hash_blocks hashes it with compute_hash(tokens, prefix = {prev})",
+            hint=M.unchained if got == note.get("unchained", {}).get(j) and i else M.hash_not_all if got == -1 else "",
+        )
     if want == -1 and kind in ("allocate", "may_append") and before["hash"][j] != -1:
-        return CheckFailed(line, f"block {j} was taken from the free list for new tokens: its old hash goes "
-                                 "(ref 1, hash −1)")
+        return CheckFailed(line, f"block {j} was taken from the free list for new tokens: its old hash goes (ref 1, hash −1)")
     if want == -1:
-        return CheckFailed(line, "only full blocks whose last token has been computed get a hash, and only in "
-                                 "hash_blocks (allocate and may_append hash nothing)")
+        return CheckFailed(
+            line,
+            "only full blocks whose last token has been computed get a hash, and only in "
+            "hash_blocks (allocate and may_append hash nothing)",
+        )
     if kind == "deallocate" and got == -1:
         return CheckFailed(line, hint=M.zeroed_on_free)
     if kind == "deallocate":
@@ -309,15 +343,12 @@ def explain_map(op: list, before: dict, w: dict, y: dict) -> CheckFailed:
             return CheckFailed(line, "deallocate changes no map entry")
         reused = [b for b in w["tables"].get(op[1], []) if before["hash"][b] == h]
         if h not in got and reused:  # the entry of another block deleted with the reused block's equal hash
-            return CheckFailed(line, f"the entry points to block {want[h]}, not to the reused block {reused[0]}",
-                               hint=M.evict_any)
-        return CheckFailed(line, "only the entry of a reused block's own old hash goes, and only if it points to "
-                                 "that block")
+            return CheckFailed(line, f"the entry points to block {want[h]}, not to the reused block {reused[0]}", hint=M.evict_any)
+        return CheckFailed(line, "only the entry of a reused block's own old hash goes, and only if it points to that block")
     h = extra[0]
     line = f"hash_to_block_id should have no entry {hx(h)}; yours maps it to {got[h]}"
     if kind in ("allocate", "may_append"):
-        return CheckFailed(line, f"block {got[h]} was taken from the free list for new tokens, so the entry of its old "
-                                 "hash is evicted")
+        return CheckFailed(line, f"block {got[h]} was taken from the free list for new tokens, so the entry of its old hash is evicted")
     return CheckFailed(line)
 
 
@@ -329,24 +360,36 @@ def add(name: str, tokens: list[int], hits: int = 0) -> list[list]:
 
 def decode(*steps: tuple[str, int]) -> list[list]:
     """One decode step of a batch: can_append and may_append for each, then each computes 1 token."""
-    return [op for name, _ in steps for op in (["can_append", name], ["may_append", name])] + \
-        [["compute", name, 1, token] for name, token in steps]
+    return [op for name, _ in steps for op in (["can_append", name], ["may_append", name])] + [
+        ["compute", name, 1, token] for name, token in steps
+    ]
 
 
 # The life of physical block 0 (4 blocks of 4): the six moments are the states after these steps.
-LIFECYCLE = [*add("A", [1, 2, 3, 4, 5, 6, 7, 8, 9]), ["compute", "A", 9, 10],
-             *add("B", [1, 2, 3, 4, 20, 21, 22], 1), ["compute", "B", 3, 23],
-             ["deallocate", "A"], ["deallocate", "B"],
-             *add("C", [1, 2, 3, 4, 30, 31], 1), ["compute", "C", 2, 32], ["deallocate", "C"],
-             *add("D", list(range(40, 56)))]
-MOMENTS = [(0, "free · 空闲", "every block starts free: ref 0, no hash, in the free list"),
-           (4, "allocated · 已分配", "A's logical block 0; A's prefill computed it, so hash_blocks hashed it"),
-           (7, "shared · 前缀命中共享", "B's first block hits it: B takes no new block for it, ref_count 2"),
-           (10, "freed, still cached · 已释放仍可命中", "A, then B finished: ref 0, back in the free list, hash and "
-                                                   "map entry kept"),
-           (13, "revived · 被前缀命中复活", "C's first block hits it in the free list: taken out of it, ref 1"),
-           (18, "evicted on reuse · 复用时驱逐", "D takes all 4 free blocks; block 0 comes last: its old hash is "
-                                               "evicted, D's tokens 52–55 will overwrite it")]
+LIFECYCLE = [
+    *add("A", [1, 2, 3, 4, 5, 6, 7, 8, 9]),
+    ["compute", "A", 9, 10],
+    *add("B", [1, 2, 3, 4, 20, 21, 22], 1),
+    ["compute", "B", 3, 23],
+    ["deallocate", "A"],
+    ["deallocate", "B"],
+    *add("C", [1, 2, 3, 4, 30, 31], 1),
+    ["compute", "C", 2, 32],
+    ["deallocate", "C"],
+    *add("D", list(range(40, 56))),
+]
+MOMENTS = [
+    (0, "free · 空闲", "every block starts free: ref 0, no hash, in the free list"),
+    (4, "allocated · 已分配", "A's logical block 0; A's prefill computed it, so hash_blocks hashed it"),
+    (7, "shared · 前缀命中共享", "B's first block hits it: B takes no new block for it, ref_count 2"),
+    (10, "freed, still cached · 已释放仍可命中", "A, then B finished: ref 0, back in the free list, hash and map entry kept"),
+    (13, "revived · 被前缀命中复活", "C's first block hits it in the free list: taken out of it, ref 1"),
+    (
+        18,
+        "evicted on reuse · 复用时驱逐",
+        "D takes all 4 free blocks; block 0 comes last: its old hash is evicted, D's tokens 52–55 will overwrite it",
+    ),
+]
 
 
 def op_label(op: list) -> str:
@@ -361,5 +404,11 @@ def block_moment(s: dict | None, block: int) -> dict | None:
     if s is None or "error" in s:
         return None
     h = s["hash"][block]
-    return {"ref": s["ref"][block], "hash": hx(h), "mapped": block in s["map"].values(), "free": list(s["free"]),
-            "holders": holders(s, block), "tokens": list(s["tokens"][block]) if h != -1 else []}
+    return {
+        "ref": s["ref"][block],
+        "hash": hx(h),
+        "mapped": block in s["map"].values(),
+        "free": list(s["free"]),
+        "holders": holders(s, block),
+        "tokens": list(s["tokens"][block]) if h != -1 else [],
+    }

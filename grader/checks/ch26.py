@@ -30,8 +30,15 @@ REPLAY_BS = 4
 # ch26-static-buffers: buffers of 8 rows and 4 blocks (block_size 4) that last held a batch of 7; sequences 2 and 6
 # finished, the other 5 advanced by one token (sequence 1 into a new block). (context_len, block table, last token).
 STATIC_MAX_BS, STATIC_BLOCKS, STATIC_BS = 8, 4, 4
-STATIC_PREVIOUS = [(9, [7, 2, 11], 412), (4, [4], 77), (13, [1, 6, 3, 12], 650), (6, [0, 5], 903), (2, [8], 58),
-                   (11, [9, 13, 10], 260), (5, [14, 15], 31)]
+STATIC_PREVIOUS = [
+    (9, [7, 2, 11], 412),
+    (4, [4], 77),
+    (13, [1, 6, 3, 12], 650),
+    (6, [0, 5], 903),
+    (2, [8], 58),
+    (11, [9, 13, 10], 260),
+    (5, [14, 15], 31),
+]
 STATIC_NOW = [(10, [7, 2, 11], 19), (5, [4, 16], 305), (7, [0, 5], 44), (3, [8], 871), (12, [9, 13, 10], 6)]
 # nano-vllm's capture_cudagraph: [1, 2, 4, 8] then 16, 32, … up to max_bs = min(max_num_seqs, 512).
 NANO_SIZES = [1, 2, 4, 8] + list(range(16, 513, 16))
@@ -46,6 +53,7 @@ M = mistakes("ch26")
 
 # -- ch26.1 pack_varlen / unpack_varlen -------------------------------------------------------------------
 
+
 @public("ch26.1", "figure instance: pack lengths [3, 2] from padded [2, 3, 4]")
 def pack_figure_instance(t: Trial) -> None:
     padded = padded_batch(PACK_LENGTHS, PACK_T, PACK_H)
@@ -54,12 +62,25 @@ def pack_figure_instance(t: Trial) -> None:
         raise CheckFailed(f"pack_varlen returns a pair (packed, cu_seqlens); yours: {describe(got)}")
     want_packed, want_cu = t.ref.pack_varlen(padded, PACK_LENGTHS)
     packed, cu = got
-    if isinstance(packed, torch.Tensor) and isinstance(cu, torch.Tensor) and \
-            list(packed.shape) == list(want_packed.shape) and packed.dtype == want_packed.dtype and \
-            cu.shape == want_cu.shape and cu.dtype == torch.int32:
-        t.figure("ch26-dim-varlen-pack", padded=padded, lengths=PACK_LENGTHS, packed=packed, expected=want_packed,
-                 wrong=wrong_mask(packed, want_packed), cu_seqlens=cu, expected_cu=want_cu,
-                 cu_wrong=wrong_mask(cu, want_cu))
+    if (
+        isinstance(packed, torch.Tensor)
+        and isinstance(cu, torch.Tensor)
+        and list(packed.shape) == list(want_packed.shape)
+        and packed.dtype == want_packed.dtype
+        and cu.shape == want_cu.shape
+        and cu.dtype == torch.int32
+    ):
+        t.figure(
+            "ch26-dim-varlen-pack",
+            padded=padded,
+            lengths=PACK_LENGTHS,
+            packed=packed,
+            expected=want_packed,
+            wrong=wrong_mask(packed, want_packed),
+            cu_seqlens=cu,
+            expected_cu=want_cu,
+            cu_wrong=wrong_mask(cu, want_cu),
+        )
     explain_packed(packed, padded, PACK_LENGTHS, "figure instance")
     expect_cu(cu, PACK_LENGTHS, "cu_seqlens")
 
@@ -87,15 +108,16 @@ def unpack_padding_zero(t: Trial) -> None:
 
 # -- ch26.2 varlen_metadata -----------------------------------------------------------------------------
 
+
 @public("ch26.2", "figure instance: A 5 new tokens; B 8 cached (a prefix hit) + 3 new")
 def flatten_figure_instance(t: Trial) -> None:
     got = expect_metadata(t.yours.varlen_metadata(list(FLAT_QUERY), list(FLAT_CACHED)))
     want = t.ref.varlen_metadata(FLAT_QUERY, FLAT_CACHED)
     parts = {k: got[k] for k in META_KEYS}
-    if all(isinstance(parts[k], torch.Tensor) and parts[k].shape == want[k].shape and parts[k].dtype == torch.int32
-           for k in META_KEYS[:2]) and all(type(parts[k]) is int for k in META_KEYS[2:]):
-        t.figure("ch26-flatten", query=FLAT_QUERY, cached=FLAT_CACHED, yours=parts, expected=want,
-                 wrong=metadata_wrong(parts, want))
+    if all(
+        isinstance(parts[k], torch.Tensor) and parts[k].shape == want[k].shape and parts[k].dtype == torch.int32 for k in META_KEYS[:2]
+    ) and all(type(parts[k]) is int for k in META_KEYS[2:]):
+        t.figure("ch26-flatten", query=FLAT_QUERY, cached=FLAT_CACHED, yours=parts, expected=want, wrong=metadata_wrong(parts, want))
     explain_metadata(got, FLAT_QUERY, FLAT_CACHED, "figure instance")
 
 
@@ -111,13 +133,19 @@ def continuing_chunk(t: Trial) -> None:
 
 # -- ch26.3 graph_batch_size / pad_decode_batch -----------------------------------------------------------
 
+
 @public("ch26.3", "figure instance: nano-vllm's captured sizes; a batch of 5 and others")
 def graph_size_figure_instance(t: Trial) -> None:
-    got = [expect_int(t.yours.graph_batch_size(bs, list(NANO_SIZES)), what=f"graph_batch_size({bs}, …)")
-           for bs in MAPPED_BATCHES]
+    got = [expect_int(t.yours.graph_batch_size(bs, list(NANO_SIZES)), what=f"graph_batch_size({bs}, …)") for bs in MAPPED_BATCHES]
     want = [t.ref.graph_batch_size(bs, NANO_SIZES) for bs in MAPPED_BATCHES]
-    t.figure("ch26-graph-replay", sizes=NANO_SIZES, batches=MAPPED_BATCHES, chosen=got, chosen_expected=want,
-             chosen_wrong=[g != w for g, w in zip(got, want)])
+    t.figure(
+        "ch26-graph-replay",
+        sizes=NANO_SIZES,
+        batches=MAPPED_BATCHES,
+        chosen=got,
+        chosen_expected=want,
+        chosen_wrong=[g != w for g, w in zip(got, want)],
+    )
     for bs, value in zip(MAPPED_BATCHES, got):
         explain_graph_size(value, bs, NANO_SIZES)
 
@@ -127,11 +155,20 @@ def pad_figure_instance(t: Trial) -> None:
     slots = replay_slots()
     got = t.yours.pad_decode_batch(slots, list(REPLAY_CTX), [list(r) for r in REPLAY_TABLES], 8)
     want = t.ref.pad_decode_batch(slots, REPLAY_CTX, REPLAY_TABLES, 8)
-    if type(got) is dict and all(isinstance(got.get(k), torch.Tensor) and got[k].shape == want[k].shape and
-                                 got[k].dtype == torch.int32 for k in want):
-        t.figure("ch26-graph-replay", slots=slots, ctx=REPLAY_CTX, tables=REPLAY_TABLES, block_size=REPLAY_BS,
-                 graph_bs=8, padded={k: got[k] for k in want}, padded_expected=want,
-                 padded_wrong={k: wrong_mask(got[k], want[k]) for k in want})
+    if type(got) is dict and all(
+        isinstance(got.get(k), torch.Tensor) and got[k].shape == want[k].shape and got[k].dtype == torch.int32 for k in want
+    ):
+        t.figure(
+            "ch26-graph-replay",
+            slots=slots,
+            ctx=REPLAY_CTX,
+            tables=REPLAY_TABLES,
+            block_size=REPLAY_BS,
+            graph_bs=8,
+            padded={k: got[k] for k in want},
+            padded_expected=want,
+            padded_wrong={k: wrong_mask(got[k], want[k]) for k in want},
+        )
     explain_padded(got, slots, REPLAY_CTX, REPLAY_TABLES, 8, "figure instance", REPLAY_BS)
 
 
@@ -142,33 +179,39 @@ def no_padding_rows(t: Trial) -> None:
 
 @public("ch26.3", "a batch larger than every captured graph raises ValueError")
 def no_graph_fits(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.graph_batch_size, 20, [1, 2, 4, 8, 16],
-                    because="no captured size holds 20 sequences: the batch must run eagerly")
+    t.expect_raises(
+        ValueError,
+        t.yours.graph_batch_size,
+        20,
+        [1, 2, 4, 8, 16],
+        because="no captured size holds 20 sequences: the batch must run eagerly",
+    )
 
 
 # -- ch26.4 fill_static_buffers ---------------------------------------------------------------------------
 
+
 @public("ch26.4", "figure instance: a batch of 5 into buffers of 8 rows that last held a batch of 7")
 def static_figure_instance(t: Trial) -> None:
     previous = t.ref.drive(filled_buffers, static_buffers(STATIC_MAX_BS, STATIC_BLOCKS), decode_batch(STATIC_PREVIOUS))
-    run_static_case(t, static_buffers(STATIC_MAX_BS, STATIC_BLOCKS, previous), decode_batch(STATIC_NOW),
-                    "figure instance", figure=True)
+    run_static_case(t, static_buffers(STATIC_MAX_BS, STATIC_BLOCKS, previous), decode_batch(STATIC_NOW), "figure instance", figure=True)
 
 
 @public("ch26.4", "a batch that fills every row of the buffers")
 def static_full_batch(t: Trial) -> None:
-    seqs = [(c, [b, b + 8][:-(-c // 4)], 100 + c) for b, c in enumerate([5, 8, 1, 3, 7, 2])]
+    seqs = [(c, [b, b + 8][: -(-c // 4)], 100 + c) for b, c in enumerate([5, 8, 1, 3, 7, 2])]
     run_static_case(t, static_buffers(6, 2, stale(t, 6, 2)), decode_batch(seqs), "a full batch")
 
 
 @public("ch26.4", "one sequence after a full batch: every other row becomes padding")
 def static_shrinks(t: Trial) -> None:
-    full = decode_batch([(c, [c, c + 10, c + 20][:-(-c // 4)], 7 * c) for c in range(1, 9)])
+    full = decode_batch([(c, [c, c + 10, c + 20][: -(-c // 4)], 7 * c) for c in range(1, 9)])
     previous = t.ref.drive(filled_buffers, static_buffers(8, 3, stale(t, 8, 3)), full)
     run_static_case(t, static_buffers(8, 3, previous), decode_batch([(6, [30, 31], 5)]), "one sequence after 8")
 
 
 # -- helpers: the instances --------------------------------------------------------------------------------------
+
 
 def padded_batch(lengths: list[int], T_max: int, H: int) -> torch.Tensor:
     """Readable activations: request b, token t, channel h → 100(b+1) + 10t + h; padding positions 0."""
@@ -199,13 +242,15 @@ def decode_batch(seqs: list[tuple[int, list[int], int]], block_size: int = STATI
     """(context_len, block table, last token) per sequence → prepare_decode's tensors (int64 ids and positions,
     int32 slots, lengths and block tables padded with −1 to the widest)."""
     width = max(len(table) for _, table, _ in seqs)
-    return {"input_ids": torch.tensor([tok for _, _, tok in seqs]),
-            "positions": torch.tensor([c - 1 for c, _, _ in seqs]),
-            "slot_mapping": torch.tensor([table[(c - 1) // block_size] * block_size + (c - 1) % block_size
-                                          for c, table, _ in seqs], dtype=torch.int32),
-            "context_lens": torch.tensor([c for c, _, _ in seqs], dtype=torch.int32),
-            "block_tables": torch.tensor([table + [-1] * (width - len(table)) for _, table, _ in seqs],
-                                         dtype=torch.int32)}
+    return {
+        "input_ids": torch.tensor([tok for _, _, tok in seqs]),
+        "positions": torch.tensor([c - 1 for c, _, _ in seqs]),
+        "slot_mapping": torch.tensor(
+            [table[(c - 1) // block_size] * block_size + (c - 1) % block_size for c, table, _ in seqs], dtype=torch.int32
+        ),
+        "context_lens": torch.tensor([c for c, _, _ in seqs], dtype=torch.int32),
+        "block_tables": torch.tensor([table + [-1] * (width - len(table)) for _, table, _ in seqs], dtype=torch.int32),
+    }
 
 
 def static_buffers(max_bs: int, max_blocks: int, values: dict | None = None) -> dict[str, torch.Tensor]:
@@ -215,8 +260,13 @@ def static_buffers(max_bs: int, max_blocks: int, values: dict | None = None) -> 
     assert max_bs >= 2, "a view of one row is contiguous: it would not show a replaced buffer"
     pool64 = torch.zeros(max_bs, 2, dtype=torch.int64)
     pool32 = torch.zeros(max_bs, 2 + max_blocks, dtype=torch.int32)
-    out = {"input_ids": pool64[:, 0], "positions": pool64[:, 1], "slot_mapping": pool32[:, 0],
-           "context_lens": pool32[:, 1], "block_tables": pool32[:, 2:]}
+    out = {
+        "input_ids": pool64[:, 0],
+        "positions": pool64[:, 1],
+        "slot_mapping": pool32[:, 0],
+        "context_lens": pool32[:, 1],
+        "block_tables": pool32[:, 2:],
+    }
     for k, v in (values or {}).items():
         out[k].copy_(torch.as_tensor(v))
     return out
@@ -225,9 +275,13 @@ def static_buffers(max_bs: int, max_blocks: int, values: dict | None = None) -> 
 def stale(t: Trial, max_bs: int, max_blocks: int) -> dict[str, torch.Tensor]:
     """What earlier steps left: token ids, positions, slots, lengths and blocks from t.rng (never −1 or 0 slots)."""
     ints = lambda hi, *shape, dtype=torch.int32: torch.randint(1, hi, shape, generator=t.rng, dtype=dtype)  # noqa: E731
-    return {"input_ids": ints(1000, max_bs, dtype=torch.int64), "positions": ints(90, max_bs, dtype=torch.int64),
-            "slot_mapping": ints(400, max_bs), "context_lens": ints(90, max_bs), "block_tables": ints(100, max_bs,
-                                                                                                      max_blocks)}
+    return {
+        "input_ids": ints(1000, max_bs, dtype=torch.int64),
+        "positions": ints(90, max_bs, dtype=torch.int64),
+        "slot_mapping": ints(400, max_bs),
+        "context_lens": ints(90, max_bs),
+        "block_tables": ints(100, max_bs, max_blocks),
+    }
 
 
 def filled_buffers(ref: object, buffers: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> dict:
@@ -240,26 +294,28 @@ def filled_buffers(ref: object, buffers: dict[str, torch.Tensor], batch: dict[st
 
 # -- helpers: ch26.1 -------------------------------------------------------------------------------------------
 
-def expect_cu(got: object, lens: list[int], what: str, hints_from: tuple[tuple[Hint, list[int]], ...] = (),
-              of: str = "lengths") -> torch.Tensor:
+
+def expect_cu(
+    got: object, lens: list[int], what: str, hints_from: tuple[tuple[Hint, list[int]], ...] = (), of: str = "lengths"
+) -> torch.Tensor:
     """Require cu_seqlens as int32 [B + 1] equal to the running sums of `lens`, explaining the difference;
     `hints_from`: (hint, other lengths) for a cu_seqlens that is the running sums of other lengths."""
     want = running(lens)
-    if isinstance(got, torch.Tensor) and got.dim() == 1 and got.numel() == len(lens) and \
-            got.tolist() == want[1:] and lens:
-        raise CheckFailed(f"expected {what} with B + 1 = {len(lens) + 1} entries, {_running(lens)}; yours: {vec(got)}",
-                          hint=M.no_leading_zero)
+    if isinstance(got, torch.Tensor) and got.dim() == 1 and got.numel() == len(lens) and got.tolist() == want[1:] and lens:
+        raise CheckFailed(
+            f"expected {what} with B + 1 = {len(lens) + 1} entries, {_running(lens)}; yours: {vec(got)}", hint=M.no_leading_zero
+        )
     if isinstance(got, torch.Tensor) and got.dtype != torch.int32 and got.shape == (len(lens) + 1,):
-        raise CheckFailed(f"expected {what} as an int32 tensor; yours: {describe(got)}",
-                          hint=M.int64_cu if got.dtype == torch.int64 else "flash-attn and nano-vllm take cu_seqlens as int32")
+        raise CheckFailed(
+            f"expected {what} as an int32 tensor; yours: {describe(got)}",
+            hint=M.int64_cu if got.dtype == torch.int64 else "flash-attn and nano-vllm take cu_seqlens as int32",
+        )
     cu = expect_tensor(got, what=what, shape=[len(lens) + 1], dtype=torch.int32)
     yours = cu.tolist()
     if yours == want:
         return cu
-    hint = M.not_cumulative if yours == [0] + list(lens) else \
-        next((h for h, other in hints_from if yours == running(other)), "")
-    raise CheckFailed(f"{what} = 0, then running sums of the {of} {lens} = {_running(lens)}; yours: {vec(cu)}",
-                      hint=hint)
+    hint = M.not_cumulative if yours == [0] + list(lens) else next((h for h, other in hints_from if yours == running(other)), "")
+    raise CheckFailed(f"{what} = 0, then running sums of the {of} {lens} = {_running(lens)}; yours: {vec(cu)}", hint=hint)
 
 
 def explain_packed(got: object, padded: torch.Tensor, lengths: list[int], case: str) -> torch.Tensor:
@@ -267,22 +323,25 @@ def explain_packed(got: object, padded: torch.Tensor, lengths: list[int], case: 
     B, T_max, H = padded.shape
     N = sum(lengths)
     if isinstance(got, torch.Tensor) and got.dim() == 2 and got.shape[0] == B * T_max != N:
-        raise CheckFailed(f"{case}: expected packed as [N, H] = [{N}, {H}] with N = Σ lengths = "
-                          f"{' + '.join(map(str, lengths))}; yours: {describe(got)}",
-                          hint=M.padding_kept.format(rows=B * T_max))
+        raise CheckFailed(
+            f"{case}: expected packed as [N, H] = [{N}, {H}] with N = Σ lengths = {' + '.join(map(str, lengths))}; yours: {describe(got)}",
+            hint=M.padding_kept.format(rows=B * T_max),
+        )
     packed = expect_tensor(got, what="packed", shape=[N, H], dtype=padded.dtype)
     want = torch.cat([padded[b, :n] for b, n in enumerate(lengths)]) if lengths else padded.new_zeros(0, H)
     idx = first_wrong(packed, want)
     if idx is None:
         return packed
     r = idx[0]
-    b = next(i for i in range(B) if r < sum(lengths[:i + 1]))
+    b = next(i for i in range(B) if r < sum(lengths[: i + 1]))
     t = r - sum(lengths[:b])
     keep = torch.arange(T_max)[None, :] < torch.tensor(lengths)[:, None]
-    raise CheckFailed(f"{case}: lengths={lengths}, T_max={T_max}",
-                      f"packed row {r} is request {b}'s token {t} (rows of request {b} start at {sum(lengths[:b])}), "
-                      f"padded[{b}, {t}] = {vec(want[r])}; yours: {vec(packed[r])}",
-                      hint=M.token_major if torch.equal(packed, padded.transpose(0, 1)[keep.T]) else "")
+    raise CheckFailed(
+        f"{case}: lengths={lengths}, T_max={T_max}",
+        f"packed row {r} is request {b}'s token {t} (rows of request {b} start at {sum(lengths[:b])}), "
+        f"padded[{b}, {t}] = {vec(want[r])}; yours: {vec(packed[r])}",
+        hint=M.token_major if torch.equal(packed, padded.transpose(0, 1)[keep.T]) else "",
+    )
 
 
 def explain_unpacked(got: object, packed: torch.Tensor, cu: list[int], T_max: int, case: str) -> torch.Tensor:
@@ -291,7 +350,7 @@ def explain_unpacked(got: object, packed: torch.Tensor, cu: list[int], T_max: in
     out = expect_tensor(got, what="the unpacked batch", shape=[B, T_max, H], dtype=packed.dtype)
     want = packed.new_zeros(B, T_max, H)
     for b in range(B):
-        want[b, :cu[b + 1] - cu[b]] = packed[cu[b]:cu[b + 1]]
+        want[b, : cu[b + 1] - cu[b]] = packed[cu[b] : cu[b + 1]]
     idx = first_wrong(out, want)
     if idx is None:
         return out
@@ -299,17 +358,18 @@ def explain_unpacked(got: object, packed: torch.Tensor, cu: list[int], T_max: in
     n = cu[b + 1] - cu[b]
     real = torch.arange(T_max)[None, :] < torch.tensor([cu[i + 1] - cu[i] for i in range(B)])[:, None]
     if t < n:
-        what = (f"padded[{b}, {t}] is request {b}'s token {t}, packed row cu_seqlens[{b}] + {t} = {cu[b] + t}: "
-                f"{vec(want[b, t])}")
+        what = f"padded[{b}, {t}] is request {b}'s token {t}, packed row cu_seqlens[{b}] + {t} = {cu[b] + t}: {vec(want[b, t])}"
     else:
         what = f"padded[{b}, {t}] is padding (request {b} has {plural(n, 'token')}), so it must be 0"
     only_padding = not bool(wrong_mask(out, want)[real].any())
-    raise CheckFailed(f"{case}: cu_seqlens={cu}, T_max={T_max}", f"{what}; yours: {vec(out[b, t])}",
-                      hint=M.padding_not_zero if only_padding else "")
+    raise CheckFailed(
+        f"{case}: cu_seqlens={cu}, T_max={T_max}", f"{what}; yours: {vec(out[b, t])}", hint=M.padding_not_zero if only_padding else ""
+    )
 
 
-def run_pack_case(t: Trial, padded: torch.Tensor, lengths: list[int], case: str, *,
-                  as_tensor: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def run_pack_case(
+    t: Trial, padded: torch.Tensor, lengths: list[int], case: str, *, as_tensor: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     arg = torch.tensor(lengths, dtype=torch.int64) if as_tensor else list(lengths)
     got = t.yours.pack_varlen(padded, arg)
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
@@ -325,35 +385,42 @@ def run_unpack_case(t: Trial, packed: torch.Tensor, cu: list[int], T_max: int, c
 
 # -- helpers: ch26.2 -------------------------------------------------------------------------------------------
 
+
 def expect_metadata(got: object) -> dict:
     if type(got) is not dict or any(k not in got for k in META_KEYS):
-        raise CheckFailed(f"expected a dict with keys {', '.join(META_KEYS)}; yours: "
-                          f"{'keys ' + ', '.join(map(str, got)) if type(got) is dict else describe(got)}")
+        raise CheckFailed(
+            f"expected a dict with keys {', '.join(META_KEYS)}; yours: "
+            f"{'keys ' + ', '.join(map(str, got)) if type(got) is dict else describe(got)}"
+        )
     return got
 
 
 def metadata_wrong(got: dict, want: dict) -> dict:
     """The check's verdict per entry of varlen_metadata's answer (cu_seqlens as masks, the maxima as bools)."""
-    return {k: wrong_mask(got[k], want[k]) if isinstance(got[k], torch.Tensor) else got[k] != want[k]
-            for k in META_KEYS}
+    return {k: wrong_mask(got[k], want[k]) if isinstance(got[k], torch.Tensor) else got[k] != want[k] for k in META_KEYS}
 
 
 def explain_metadata(got: dict, query: list[int], cached: list[int], case: str) -> None:
     keys = [c + q for c, q in zip(cached, query)]
-    pre = f"case \"{case}\": query_lens={query}, cached_lens={cached} → key lengths cached + query = {keys}"
+    pre = f'case "{case}": query_lens={query}, cached_lens={cached} → key lengths cached + query = {keys}'
     try:
         expect_cu(got["cu_seqlens_q"], query, "cu_seqlens_q", ((M.queries_with_cache, keys),), of="query lengths")
-        expect_cu(got["cu_seqlens_k"], keys, "cu_seqlens_k",
-                  ((M.keys_without_cache, query), (M.keys_without_new, cached)), of="key lengths")
+        expect_cu(
+            got["cu_seqlens_k"], keys, "cu_seqlens_k", ((M.keys_without_cache, query), (M.keys_without_new, cached)), of="key lengths"
+        )
     except CheckFailed as e:
         raise e.within(pre) from None
     for key, lens, other, other_name in (("max_seqlen_q", query, keys, "key"), ("max_seqlen_k", keys, query, "query")):
         value = expect_int(got[key], what=key)
         want = max(lens, default=0)
         if value != want:
-            hint = (M.max_total.format(key=key, total=sum(lens)) if value == sum(lens) else
-                    M.max_other_side.format(key=key, side=key[-1], other=other_name) if value == max(other, default=0)
-                    else "")
+            hint = (
+                M.max_total.format(key=key, total=sum(lens))
+                if value == sum(lens)
+                else M.max_other_side.format(key=key, side=key[-1], other=other_name)
+                if value == max(other, default=0)
+                else ""
+            )
             raise CheckFailed(pre, f"{key} = max({lens}) = {want}; yours: {value}", hint=hint)
 
 
@@ -365,6 +432,7 @@ def run_metadata_case(t: Trial, query: list[int], cached: list[int], case: str) 
 
 # -- helpers: ch26.3 -------------------------------------------------------------------------------------------
 
+
 def _sizes(sizes: list[int]) -> str:
     s = sorted(sizes)
     return str(s) if len(s) <= 10 else f"[{', '.join(map(str, s[:8]))}, …, {s[-1]}]"
@@ -375,18 +443,21 @@ def explain_graph_size(got: object, bs: int, sizes: list[int]) -> int:
     want = min(s for s in sizes if s >= bs)
     if value == want:
         return value
-    hint = (M.round_down if value < bs else M.not_captured if value not in sizes else M.not_smallest)
-    raise CheckFailed(f"batch of {bs}, captured sizes {_sizes(sizes)}: the smallest captured size ≥ {bs} is {want}; "
-                      f"yours: {value}", hint=hint.format(value=value, bs=bs))
+    hint = M.round_down if value < bs else M.not_captured if value not in sizes else M.not_smallest
+    raise CheckFailed(
+        f"batch of {bs}, captured sizes {_sizes(sizes)}: the smallest captured size ≥ {bs} is {want}; yours: {value}",
+        hint=hint.format(value=value, bs=bs),
+    )
 
 
-def explain_padded(got: object, slots: list[int], ctx: list[int], tables: list[list[int]], graph_bs: int, case: str,
-                   block_size: int | None = None) -> dict:
+def explain_padded(
+    got: object, slots: list[int], ctx: list[int], tables: list[list[int]], graph_bs: int, case: str, block_size: int | None = None
+) -> dict:
     """Require the three padded buffers, explaining the first wrong entry in row terms."""
     if type(got) is not dict or any(k not in got for k in PAD_KEYS):
         raise CheckFailed(f"expected a dict with keys {', '.join(PAD_KEYS)}; yours: {describe(got)}")
     bs, width = len(slots), max((len(r) for r in tables), default=0)
-    pre = f"case \"{case}\": {bs} sequences in the graph of {graph_bs} rows ({plural(graph_bs - bs, 'padding row')})"
+    pre = f'case "{case}": {bs} sequences in the graph of {graph_bs} rows ({plural(graph_bs - bs, "padding row")})'
     for key, shape in (("slot_mapping", [graph_bs]), ("context_lens", [graph_bs]), ("block_tables", [graph_bs, width])):
         v = got[key]
         hint: str = ""
@@ -411,34 +482,44 @@ def explain_padded(got: object, slots: list[int], ctx: list[int], tables: list[l
             hint = ""
             if s >= 0:
                 b = s // block_size if block_size else None
-                where = f" (block {b} is sequence {owner[b][0]}'s block_table[{owner[b][1]}])" \
-                    if b is not None and b in owner else ""
+                where = f" (block {b} is sequence {owner[b][0]}'s block_table[{owner[b][1]}])" if b is not None and b in owner else ""
                 hint = M.pad_slot_real.format(slot=s, where=where)
-            raise CheckFailed(pre, f"row {i} is a padding row: its slot must be −1 so the cache write skips it; "
-                                   f"yours: {s}", hint=hint)
+            raise CheckFailed(pre, f"row {i} is a padding row: its slot must be −1 so the cache write skips it; yours: {s}", hint=hint)
         if c != (0 if pad else ctx[i]):
-            raise CheckFailed(pre, f"row {i} is a padding row: its context_len must be 0 so attention reads nothing; "
-                                   f"yours: {c}" if pad else f"row {i} is sequence {i}: context_lens[{i}] = {ctx[i]}; "
-                                                             f"yours: {c}")
+            raise CheckFailed(
+                pre,
+                f"row {i} is a padding row: its context_len must be 0 so attention reads nothing; yours: {c}"
+                if pad
+                else f"row {i} is sequence {i}: context_lens[{i}] = {ctx[i]}; yours: {c}",
+            )
         row = got["block_tables"][i].tolist()
         want = [-1] * width if pad else tables[i] + [-1] * (width - len(tables[i]))
         if row != want:
             j = next(j for j in range(width) if row[j] != want[j])
-            why = ("a padding row has no blocks" if pad else
-                   f"sequence {i} has {plural(len(tables[i]), 'block')}; the rest of its row is padding"
-                   if j >= len(tables[i]) else f"it is sequence {i}'s block_table[{j}]")
-            raise CheckFailed(pre, f"block_tables[{i}, {j}] = {want[j]} ({why}); yours: {row[j]}",
-                              hint=M.pad_block_zero if row[j] == 0 and want[j] == -1 else "")
+            why = (
+                "a padding row has no blocks"
+                if pad
+                else f"sequence {i} has {plural(len(tables[i]), 'block')}; the rest of its row is padding"
+                if j >= len(tables[i])
+                else f"it is sequence {i}'s block_table[{j}]"
+            )
+            raise CheckFailed(
+                pre,
+                f"block_tables[{i}, {j}] = {want[j]} ({why}); yours: {row[j]}",
+                hint=M.pad_block_zero if row[j] == 0 and want[j] == -1 else "",
+            )
     return got
 
 
-def run_pad_case(t: Trial, slots: list[int], ctx: list[int], tables: list[list[int]], graph_bs: int,
-                 case: str, block_size: int | None = None) -> dict:
+def run_pad_case(
+    t: Trial, slots: list[int], ctx: list[int], tables: list[list[int]], graph_bs: int, case: str, block_size: int | None = None
+) -> dict:
     got = t.yours.pad_decode_batch(list(slots), list(ctx), [list(r) for r in tables], graph_bs)
     return explain_padded(got, slots, ctx, tables, graph_bs, case, block_size)
 
 
 # -- helpers: ch26.4 -------------------------------------------------------------------------------------------
+
 
 def free_cells(buffers: dict[str, torch.Tensor], bs: int, width: int) -> dict[str, torch.Tensor]:
     """Per buffer, the cells a step may leave as they are (True): input_ids and positions beyond bs, the block
@@ -473,14 +554,17 @@ def expect_static_structure(got: object, buffers: dict[str, torch.Tensor], pre: 
     """Require the buffers dict afterwards with the same five keys, each a tensor of the buffer's shape and dtype."""
     if type(got) is not dict or set(got) != set(buffers):
         have = f"keys {', '.join(map(str, got))}" if type(got) is dict else describe(got)
-        raise CheckFailed(pre, f"afterwards, buffers should still hold exactly {', '.join(STATIC_KEYS)}; yours: {have}",
-                          hint=M.new_buffer)
+        raise CheckFailed(pre, f"afterwards, buffers should still hold exactly {', '.join(STATIC_KEYS)}; yours: {have}", hint=M.new_buffer)
     for k in STATIC_KEYS:
         v, b = got[k], buffers[k]
         if not (isinstance(v, torch.Tensor) and v.shape == b.shape and v.dtype == b.dtype):
-            raise CheckFailed(pre, f"buffers[{k!r}] was {str(b.dtype).removeprefix('torch.')} {list(b.shape)}, the "
-                                   f"graph's captured buffer; afterwards yours is {describe(v)}: it was replaced, not "
-                                   f"written into", hint=M.new_buffer)
+            raise CheckFailed(
+                pre,
+                f"buffers[{k!r}] was {str(b.dtype).removeprefix('torch.')} {list(b.shape)}, the "
+                f"graph's captured buffer; afterwards yours is {describe(v)}: it was replaced, not "
+                f"written into",
+                hint=M.new_buffer,
+            )
     return got
 
 
@@ -497,52 +581,75 @@ def explain_static(got: dict, want: dict, before: dict, batch: dict, case: str, 
         cell = f"{k}[{', '.join(map(str, idx))}]"
         i = idx[0]
         if i < bs:
-            what = f"block_table[{idx[1]}]" if k == "block_tables" else \
-                {"input_ids": "input_id", "positions": "position", "slot_mapping": "slot"}.get(k, "context_len")
+            what = (
+                f"block_table[{idx[1]}]"
+                if k == "block_tables"
+                else {"input_ids": "input_id", "positions": "position", "slot_mapping": "slot"}.get(k, "context_len")
+            )
             all_padding = bool((got["slot_mapping"] == -1).all()) and bool((got["context_lens"] == 0).all())
-            why = " (every row of yours is padding)" if all_padding and k in ("slot_mapping", "context_lens") else \
-                " (the previous step's value)" if yours == old != expected else ""
-            raise CheckFailed(pre, f"{cell} is sequence {i}'s {what} this step: batch[{k!r}]"
-                                   f"[{', '.join(map(str, idx))}] = {expected}; yours: {yours}{why}",
-                              hint=M.reset_order if why.startswith(" (every") else "")
-        role = "slot −1 so the cache write skips it" if k == "slot_mapping" else \
-            "context_len 0 so attention reads nothing"
+            why = (
+                " (every row of yours is padding)"
+                if all_padding and k in ("slot_mapping", "context_lens")
+                else " (the previous step's value)"
+                if yours == old != expected
+                else ""
+            )
+            raise CheckFailed(
+                pre,
+                f"{cell} is sequence {i}'s {what} this step: batch[{k!r}][{', '.join(map(str, idx))}] = {expected}; yours: {yours}{why}",
+                hint=M.reset_order if why.startswith(" (every") else "",
+            )
+        role = "slot −1 so the cache write skips it" if k == "slot_mapping" else "context_len 0 so attention reads nothing"
         hint: Hint | str = ""
         if yours == old:
             hint = M.stale_rows.format(row=i, key=k, value=old)
         elif k == "slot_mapping" and yours >= 0:
             hint = M.pad_slot_real.format(slot=yours, where="")
-        raise CheckFailed(pre, f"row {i} is beyond the batch of {bs}, a padding row in any graph that replays it: "
-                               f"{role}; yours: {cell} = {yours}", hint=hint)
+        raise CheckFailed(
+            pre,
+            f"row {i} is beyond the batch of {bs}, a padding row in any graph that replays it: {role}; yours: {cell} = {yours}",
+            hint=hint,
+        )
 
 
-def run_static_case(t: Trial, buffers: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], case: str, *,
-                    figure: bool = False) -> dict:
+def run_static_case(t: Trial, buffers: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], case: str, *, figure: bool = False) -> dict:
     """Call fill_static_buffers on views of a pool, then require: the same tensors written in place, None returned,
     and every cell a replay reads right."""
     want = t.ref.drive(filled_buffers, buffers, batch)
     before = {k: v.clone() for k, v in buffers.items()}
     bs, width = batch["block_tables"].shape
     max_bs, max_blocks = buffers["block_tables"].shape
-    pre = (f"case \"{case}\": a batch of {bs} (block tables {width} wide) into buffers of {max_bs} rows and "
-           f"{max_blocks} blocks")
+    pre = f'case "{case}": a batch of {bs} (block tables {width} wide) into buffers of {max_bs} rows and {max_blocks} blocks'
     call = t.yours.fill_static_buffers.run(buffers, batch, mutates=("buffers",))
     got = expect_static_structure(call.args[0], buffers, pre)
     swapped = [k for k in STATIC_KEYS if replaced(got[k], buffers[k])]
     if figure:
         free = free_cells(want, bs, width)
-        t.figure("ch26-static-buffers", bs=bs, max_bs=max_bs, width=width, before=before,
-                 yours={k: got[k] for k in STATIC_KEYS}, expected=want, free=free,
-                 wrong={k: wrong_mask(got[k], want[k]) & ~free[k] for k in STATIC_KEYS},
-                 replaced={k: k in swapped for k in STATIC_KEYS})
+        t.figure(
+            "ch26-static-buffers",
+            bs=bs,
+            max_bs=max_bs,
+            width=width,
+            before=before,
+            yours={k: got[k] for k in STATIC_KEYS},
+            expected=want,
+            free=free,
+            wrong={k: wrong_mask(got[k], want[k]) & ~free[k] for k in STATIC_KEYS},
+            replaced={k: k in swapped for k in STATIC_KEYS},
+        )
     if swapped:
         k = swapped[0]
-        raise CheckFailed(pre, f"buffers[{k!r}] afterwards is a tensor of your own, not the captured buffer written "
-                               f"in place (the buffers here are views into one pool; yours has "
-                               f"{'other strides' if got[k].stride() != buffers[k].stride() else 'other memory around it'}"
-                               f"): the graph would replay on the old buffer's contents", hint=M.new_buffer)
+        raise CheckFailed(
+            pre,
+            f"buffers[{k!r}] afterwards is a tensor of your own, not the captured buffer written "
+            f"in place (the buffers here are views into one pool; yours has "
+            f"{'other strides' if got[k].stride() != buffers[k].stride() else 'other memory around it'}"
+            f"): the graph would replay on the old buffer's contents",
+            hint=M.new_buffer,
+        )
     if call.value is not None:
-        raise CheckFailed(pre, f"fill_static_buffers writes into the buffers and returns None; yours returned "
-                               f"{describe(call.value)}", hint=M.new_buffer)
+        raise CheckFailed(
+            pre, f"fill_static_buffers writes into the buffers and returns None; yours returned {describe(call.value)}", hint=M.new_buffer
+        )
     explain_static(got, want, before, batch, case, pre)
     return got

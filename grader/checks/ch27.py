@@ -29,6 +29,7 @@ M = mistakes("ch27")
 
 # -- ch27.1 EngineCore ----------------------------------------------------------------------------------------
 
+
 @public("ch27.1", "figure instance: A (prompt 10, max_tokens 2), B arriving after step 2, budget 4")
 def loop_figure_instance(t: Trial) -> None:
     run_case(t, "figure instance", LOOP, LOOP_SCRIPT, figure="ch27-enginecore-loop")
@@ -47,46 +48,68 @@ def pieces(t: Trial) -> None:
         so = engine.schedule()
         state, ws = engine.snapshot()["requests"]["A"], want[2 * k]["requests"]["A"]
         if so != want[2 * k]["schedule"]:
-            raise CheckFailed(head, f"schedule() call {k + 1} should return {want[2 * k]['schedule']}; yours: {so!r:.300}",
-                              hint=M.prompt_every_time if isinstance(so, dict) and so.get("scheduled_new_reqs") and k
-                              else "")
+            raise CheckFailed(
+                head,
+                f"schedule() call {k + 1} should return {want[2 * k]['schedule']}; yours: {so!r:.300}",
+                hint=M.prompt_every_time if isinstance(so, dict) and so.get("scheduled_new_reqs") and k else "",
+            )
         if state["num_computed_tokens"] != ws["num_computed_tokens"] or state["status"] != ws["status"]:
             before = want[2 * k - 1]["requests"]["A"]["num_computed_tokens"] if k else 0
-            raise CheckFailed(head, f"right after schedule() call {k + 1}, before the model runs, A should be "
-                              f"{state_str(ws, False)}; yours: {state_str(state, False)}",
-                              hint=M.computed_at_update if state["num_computed_tokens"] == before != ws["num_computed_tokens"]
-                              else M.status_not_running if state["status"] == "WAITING" != ws["status"] else "")
+            raise CheckFailed(
+                head,
+                f"right after schedule() call {k + 1}, before the model runs, A should be "
+                f"{state_str(ws, False)}; yours: {state_str(state, False)}",
+                hint=M.computed_at_update
+                if state["num_computed_tokens"] == before != ws["num_computed_tokens"]
+                else M.status_not_running
+                if state["status"] == "WAITING" != ws["status"]
+                else "",
+            )
         ro = executor.execute_model(so)
         got = engine.update_from_output(so, ro)
         state, ws = engine.snapshot()["requests"]["A"], want[2 * k + 1]["requests"]["A"]
         check_structure([{"outputs": got}], head)
         if out_key(got) != out_key(want[2 * k + 1]["update"]) or state != ws:
-            raise CheckFailed(head, f"update_from_output after batch {k + 1} (runner output {ro}) should return "
-                              f"{out_key(want[2 * k + 1]['update']) or '[]'} and leave A {state_str(ws, False)}; "
-                              f"yours: {out_key(got) or '[]'}, A {state_str(state, False)}",
-                              hint=M.partial_reported if not ro.get("A") and (
-                                  out_key(got) or state["output_token_ids"] != ws["output_token_ids"]) else "")
+            raise CheckFailed(
+                head,
+                f"update_from_output after batch {k + 1} (runner output {ro}) should return "
+                f"{out_key(want[2 * k + 1]['update']) or '[]'} and leave A {state_str(ws, False)}; "
+                f"yours: {out_key(got) or '[]'}, A {state_str(state, False)}",
+                hint=M.partial_reported
+                if not ro.get("A") and (out_key(got) or state["output_token_ids"] != ws["output_token_ids"])
+                else "",
+            )
 
 
 @public("ch27.1", "EOS stops a request, also on its last allowed token (EOS is checked before the length cap)")
 def eos_and_length(t: Trial) -> None:
-    run_case(t, "eos and length", {"budget": 8, "max_num_seqs": 2, "async": False},
-             [("add", "A", 3, 5, 1), ("add", "B", 2, 3, 2), ("drain",)])
+    run_case(
+        t, "eos and length", {"budget": 8, "max_num_seqs": 2, "async": False}, [("add", "A", 3, 5, 1), ("add", "B", 2, 3, 2), ("drain",)]
+    )
 
 
 @public("ch27.1", "max_num_seqs: later requests wait for a seat")
 def seats(t: Trial) -> None:
-    run_case(t, "two seats", {"budget": 16, "max_num_seqs": 2, "async": False},
-             [("add", "A", 4, 2, None), ("add", "B", 3, 3, None), ("add", "C", 2, 2, None), ("drain",)])
+    run_case(
+        t,
+        "two seats",
+        {"budget": 16, "max_num_seqs": 2, "async": False},
+        [("add", "A", 4, 2, None), ("add", "B", 3, 3, None), ("add", "C", 2, 2, None), ("drain",)],
+    )
 
 
 @public("ch27.1", "run() returns every request's outputs")
 def run_all(t: Trial) -> None:
-    run_case(t, "run", {"budget": 5, "max_num_seqs": 3, "async": False},
-             [("add", "A", 7, 3, None), ("add", "B", 2, 4, 0), ("add", "C", 4, 1, None), ("run",)])
+    run_case(
+        t,
+        "run",
+        {"budget": 5, "max_num_seqs": 3, "async": False},
+        [("add", "A", 7, 3, None), ("add", "B", 2, 4, 0), ("add", "C", 4, 1, None), ("run",)],
+    )
 
 
 # -- ch27.2 AsyncEngineCore -----------------------------------------------------------------------------------
+
 
 @public("ch27.2", "figure instance: prompt 5 chunked by a budget of 3, max_tokens 4")
 def bounds_figure_instance(t: Trial) -> None:
@@ -105,17 +128,26 @@ def stale_after_eos(t: Trial) -> None:
 
 @public("ch27.2", "two requests, chunked prefill and decodes interleaved")
 def two_requests(t: Trial) -> None:
-    run_case(t, "two requests", {"budget": 4, "max_num_seqs": 2, "async": True},
-             [("add", "A", 6, 3, None), ("add", "B", 3, 3, 1), ("step", 3), ("add", "C", 2, 2, None), ("drain",)])
+    run_case(
+        t,
+        "two requests",
+        {"budget": 4, "max_num_seqs": 2, "async": True},
+        [("add", "A", 6, 3, None), ("add", "B", 3, 3, 1), ("step", 3), ("add", "C", 2, 2, None), ("drain",)],
+    )
 
 
 @public("ch27.2", "run() drains the batch queue and returns every request's outputs")
 def async_run(t: Trial) -> None:
-    run_case(t, "run", {"budget": 6, "max_num_seqs": 3, "async": True},
-             [("add", "A", 7, 3, None), ("add", "B", 2, 4, 0), ("add", "C", 4, 2, None), ("run",)])
+    run_case(
+        t,
+        "run",
+        {"budget": 6, "max_num_seqs": 3, "async": True},
+        [("add", "A", 7, 3, None), ("add", "B", 2, 4, 0), ("add", "C", 4, 2, None), ("run",)],
+    )
 
 
 # -- ch27.3 speculative decoding -------------------------------------------------------------------------------
+
 
 @public("ch27.3", "figure instance: prompt 4, then 3 drafts (1 right), 3 (all right), 2 (none right), 4 (2 right)")
 def spec_figure_instance(t: Trial) -> None:

@@ -54,19 +54,24 @@ def run_case(t: Trial, case: str, config: dict, script: list, figure: str | None
 
 def check_trace(yours: object, ops: list, want: list, head: str, asyn: bool) -> list:
     """`grader.authoring.trace.compare` with ch27's words: the case, each step, each difference."""
-    return compare_trace(yours, want, case=head, describe=lambda k: step_what(ops, k),
-                   explain=lambda k, m, w: step_difference(k, m, w, want, asyn))
+    return compare_trace(
+        yours, want, case=head, describe=lambda k: step_what(ops, k), explain=lambda k, m, w: step_difference(k, m, w, want, asyn)
+    )
 
 
 def check_structure(trace: list, head: str) -> None:
     """Each step returns a list of {"request_id", "new_token_ids", "finished"} dicts."""
     for k, entry in enumerate(trace, 1):
         outs = entry.get("outputs", [])
-        if not isinstance(outs, list) or not all(isinstance(o, dict) and {"request_id", "new_token_ids", "finished"}
-                                                 <= set(o) for o in outs):
-            raise CheckFailed(head, f"step {k}: step() returns a list with one dict {{'request_id', "
-                              f"'new_token_ids', 'finished'}} per request that got new tokens; yours: {describe(outs)}"
-                              f"{' ' + repr(outs)[:120] if isinstance(outs, list) else ''}")
+        if not isinstance(outs, list) or not all(
+            isinstance(o, dict) and {"request_id", "new_token_ids", "finished"} <= set(o) for o in outs
+        ):
+            raise CheckFailed(
+                head,
+                f"step {k}: step() returns a list with one dict {{'request_id', "
+                f"'new_token_ids', 'finished'}} per request that got new tokens; yours: {describe(outs)}"
+                f"{' ' + repr(outs)[:120] if isinstance(outs, list) else ''}",
+            )
 
 
 # -- describing ---------------------------------------------------------------------------------------------
@@ -77,24 +82,25 @@ def describe_case(config: dict, ops: list, limit: int = 4) -> str:
             steps += 1
         elif op[0] == "add":
             eos = "" if op[4] is None else f", eos {op[4]}"
-            parts.append(f"{op[1]}: prompt {len(op[2])}, max_tokens {op[3]}{eos}" + (f" (added after step {steps})"
-                                                                                      if steps else ""))
+            parts.append(f"{op[1]}: prompt {len(op[2])}, max_tokens {op[3]}{eos}" + (f" (added after step {steps})" if steps else ""))
     more = f"; … {len(parts) - limit} more requests" if len(parts) > limit else ""
     mode = "async scheduling, " if config["async"] else ""
-    return (f"{mode}budget {config['budget']} tokens/step, max_num_seqs {config['max_num_seqs']}; "
-            + "; ".join(parts[:limit]) + more)
+    return f"{mode}budget {config['budget']} tokens/step, max_num_seqs {config['max_num_seqs']}; " + "; ".join(parts[:limit]) + more
 
 
 def step_what(ops: list, k: int) -> str:
     """What the script did for its step k (0-based): the requests added since the step before, then the call."""
     calls = [i for i, op in enumerate(ops) if op[0] != "add"]
     i = calls[k]
-    added = [op[1] for op in ops[calls[k - 1] + 1 if k else 0:i] if op[0] == "add"]
+    added = [op[1] for op in ops[calls[k - 1] + 1 if k else 0 : i] if op[0] == "add"]
     call = "run()" if ops[i][0] == "run" else "step()"
     if not added:
         return call
-    return (f"add_request({added[0]}), then {call}" if len(added) == 1 else
-            f"{len(added)} requests added ({', '.join(added[:4])}{', …' if len(added) > 4 else ''}), then {call}")
+    return (
+        f"add_request({added[0]}), then {call}"
+        if len(added) == 1
+        else f"{len(added)} requests added ({', '.join(added[:4])}{', …' if len(added) > 4 else ''}), then {call}"
+    )
 
 
 def plan_str(plan: dict) -> str:
@@ -105,8 +111,7 @@ def state_str(s: dict, placeholders: bool) -> str:
     outs = s["output_token_ids"]
     shown = str(outs) if len(outs) <= 6 else f"[… {outs[-4:]}]"
     ph = f", num_output_placeholders {s['num_output_placeholders']}" if placeholders else ""
-    return (f"{s['status']}, num_computed_tokens {s['num_computed_tokens']}, num_tokens {s['num_tokens']} "
-            f"(outputs {shown}){ph}")
+    return f"{s['status']}, num_computed_tokens {s['num_computed_tokens']}, num_tokens {s['num_tokens']} (outputs {shown}){ph}"
 
 
 def out_key(outputs: list) -> list:
@@ -135,9 +140,11 @@ def step_difference(k: int, m: dict, w: dict, want: list, asyn: bool) -> CheckFa
     mb, wb = [b["num_scheduled_tokens"] for b in m["batches"]], [b["num_scheduled_tokens"] for b in w["batches"]]
     if mb != wb and "run" in w:
         i = next((i for i, (x, y) in enumerate(zip(mb, wb)) if x != y), min(len(mb), len(wb)))
-        return CheckFailed(f"run() launched {len(mb)} batches, the reference {len(wb)}; batch {i + 1} should be "
-                           f"{plan_str(wb[i]) if i < len(wb) else 'none'}; yours: "
-                           f"{plan_str(mb[i]) if i < len(mb) else 'none'}")
+        return CheckFailed(
+            f"run() launched {len(mb)} batches, the reference {len(wb)}; batch {i + 1} should be "
+            f"{plan_str(wb[i]) if i < len(wb) else 'none'}; yours: "
+            f"{plan_str(mb[i]) if i < len(mb) else 'none'}"
+        )
     if mb != wb:
         return batches_difference(where, mb, wb, prev, asyn)
     for rid, ws in w["requests"].items():
@@ -146,23 +153,26 @@ def step_difference(k: int, m: dict, w: dict, want: list, asyn: bool) -> CheckFa
             return request_difference(where, rid, ms, ws, prev.get(rid), w, asyn)
     if "run" in w:
         if m.get("run") != w["run"]:
-            return CheckFailed(f"run() should return every request's output tokens, {w['run']}; "
-                               f"yours: {m.get('run')!r:.300}")
+            return CheckFailed(f"run() should return every request's output tokens, {w['run']}; yours: {m.get('run')!r:.300}")
     elif out_key(m["outputs"]) != out_key(w["outputs"]):
         return outputs_difference(where, m["outputs"], w["outputs"], w)
     return None
 
 
 def batches_difference(where: str, mb: list, wb: list, prev: dict, asyn: bool) -> CheckFailed:
-    lines = [f"{where} should launch {' and '.join(map(plan_str, wb)) or 'no batch'}; "
-             f"yours launched {' and '.join(map(plan_str, mb)) or 'no batch'}"]
+    lines = [
+        f"{where} should launch {' and '.join(map(plan_str, wb)) or 'no batch'}; "
+        f"yours launched {' and '.join(map(plan_str, mb)) or 'no batch'}"
+    ]
     for plan in wb[:1]:
         for rid, n in plan.items():
             p = prev.get(rid)
             if p is not None:
-                lines.append(f"  {rid} needs num_tokens + placeholders − computed = {p['num_tokens']} + "
-                             f"{p['num_output_placeholders']} − {p['num_computed_tokens']} = "
-                             f"{p['num_tokens'] + p['num_output_placeholders'] - p['num_computed_tokens']}, gets {n}")
+                lines.append(
+                    f"  {rid} needs num_tokens + placeholders − computed = {p['num_tokens']} + "
+                    f"{p['num_output_placeholders']} − {p['num_computed_tokens']} = "
+                    f"{p['num_tokens'] + p['num_output_placeholders'] - p['num_computed_tokens']}, gets {n}"
+                )
     hint = ""
     if asyn and wb and not mb:
         hint = M.no_launch_ahead
@@ -173,13 +183,14 @@ def batches_difference(where: str, mb: list, wb: list, prev: dict, asyn: bool) -
     return CheckFailed(*lines, hint=hint)
 
 
-def request_difference(where: str, rid: str, ms: dict | None, ws: dict, p: dict | None, w: dict,
-                       asyn: bool) -> CheckFailed:
+def request_difference(where: str, rid: str, ms: dict | None, ws: dict, p: dict | None, w: dict, asyn: bool) -> CheckFailed:
     hints = request_hints(rid, ms, ws, p, w)
-    return CheckFailed(f"{where} ran {batch_line(w, rid if 'run' in w else None)}",
-                       f"after {where} request {rid} should be {state_str(ws, asyn)}",
-                       f"yours: {'missing from snapshot()' if ms is None else state_str(ms, asyn)}",
-                       hint=hints[0] if hints else "")
+    return CheckFailed(
+        f"{where} ran {batch_line(w, rid if 'run' in w else None)}",
+        f"after {where} request {rid} should be {state_str(ws, asyn)}",
+        f"yours: {'missing from snapshot()' if ms is None else state_str(ms, asyn)}",
+        hint=hints[0] if hints else "",
+    )
 
 
 def request_hints(rid: str, ms: dict | None, ws: dict, p: dict | None, w: dict) -> list[str]:
@@ -190,19 +201,17 @@ def request_hints(rid: str, ms: dict | None, ws: dict, p: dict | None, w: dict) 
     partial = any(s == [] for s in sampled)
     mo, wo = ms["output_token_ids"], ws["output_token_ids"]
     hints: list[str] = []
-    if ms["num_computed_tokens"] != ws["num_computed_tokens"] and \
-            ms["num_computed_tokens"] == (p["num_computed_tokens"] if p else 0):
+    if ms["num_computed_tokens"] != ws["num_computed_tokens"] and ms["num_computed_tokens"] == (p["num_computed_tokens"] if p else 0):
         hints.append(M.computed_not_advanced)
     if ms["status"] == "WAITING" and ws["status"] != "WAITING":
         hints.append(M.status_not_running)
     if len(mo) > len(wo) and p is not None and p["status"].startswith("FINISHED"):
         hints.append(M.stale_kept.format(rid=rid, status=p["status"]))
-    launched_now = [] if "run" in w else \
-        [v[0] for b in w["batches"] for r, v in b["sampled_token_ids"].items() if r == rid and v]
+    launched_now = [] if "run" in w else [v[0] for b in w["batches"] for r, v in b["sampled_token_ids"].items() if r == rid and v]
     first = next((i for i, (a, b) in enumerate(zip(mo, wo)) if a != b), min(len(mo), len(wo)))
     if first < len(mo) and mo[first] in launched_now:
         hints.append(M.newest_first.format(token=mo[first]))
-    if len(mo) > len(wo) and mo[:len(wo)] == wo and ws["status"] == "FINISHED_STOPPED":
+    if len(mo) > len(wo) and mo[: len(wo)] == wo and ws["status"] == "FINISHED_STOPPED":
         hints.append(M.appended_after_eos.format(rid=rid, eos=wo[-1]))
     if sorted(mo) == sorted(wo) and mo != wo:
         hints.append(M.outputs_out_of_order)
@@ -216,8 +225,7 @@ def request_hints(rid: str, ms: dict | None, ws: dict, p: dict | None, w: dict) 
         hints.append(M.sample_not_appended.format(tokens=[s[0] for s in sampled if s], rid=rid))
     mp, wp = ms["num_output_placeholders"], ws["num_output_placeholders"]
     if mp != wp:
-        hints.append(M.placeholder_always if mp > wp and partial else
-                     M.placeholder_not_resolved if mp > wp else M.placeholder_missing)
+        hints.append(M.placeholder_always if mp > wp and partial else M.placeholder_not_resolved if mp > wp else M.placeholder_missing)
     return hints
 
 
@@ -229,14 +237,15 @@ def outputs_difference(where: str, mo: list, wo: list, w: dict) -> CheckFailed:
         hint = M.extra_outputs
     elif [o[:2] for o in out_key(mo)] == [o[:2] for o in out_key(wo)]:
         hint = M.finished_flag
-    return CheckFailed(f"{where} ran {batch_line(w)}",
-                       f"{where} should return {out_key(wo) or '[] (nothing new)'} as (request_id, new_token_ids, "
-                       f"finished); yours: {out_key(mo) or '[]'}", hint=hint)
+    return CheckFailed(
+        f"{where} ran {batch_line(w)}",
+        f"{where} should return {out_key(wo) or '[] (nothing new)'} as (request_id, new_token_ids, finished); yours: {out_key(mo) or '[]'}",
+        hint=hint,
+    )
 
 
 # -- ch27.3: speculative decoding on one request ----------------------------------------------------------------
-SPEC_FIELDS = ("status", "num_computed_tokens", "num_tokens", "num_tokens_with_spec", "spec_token_ids",
-               "output_token_ids")
+SPEC_FIELDS = ("status", "num_computed_tokens", "num_tokens", "num_tokens_with_spec", "spec_token_ids", "output_token_ids")
 
 
 def drive_spec(ref, request: tuple, rounds: list) -> dict:
@@ -245,9 +254,12 @@ def drive_spec(ref, request: tuple, rounds: list) -> dict:
     None); each round (k, a) is k drafts of which the first a are right (the rest are wrong by WRONG_DRAFT);
     (0, 0) is a step without drafts."""
     rid, plen, max_tokens, eos_after = request
-    config = {"request_id": rid, "prompt_token_ids": [ref.fake_token(rid, p) for p in range(plen)],
-              "max_tokens": max_tokens,
-              "eos_token_id": None if eos_after is None else ref.fake_token(rid, plen + eos_after)}
+    config = {
+        "request_id": rid,
+        "prompt_token_ids": [ref.fake_token(rid, p) for p in range(plen)],
+        "max_tokens": max_tokens,
+        "eos_token_id": None if eos_after is None else ref.fake_token(rid, plen + eos_after),
+    }
     drafts, known = [], plen
     for k, a in rounds:
         right = [ref.fake_token(rid, known + i) for i in range(k)]
@@ -270,29 +282,38 @@ def run_spec_case(t: Trial, case: str, request: tuple, rounds: list, figure: str
 
 def check_spec_trace(yours: object, drafts: list, want: list, head: str) -> list:
     """`compare_trace` with ch27.3's words: each step's drafts, then the first counter that differs."""
-    return compare_trace(yours, want, case=head, what="replay_spec", describe=lambda k: spec_step_what(drafts, k),
-                         explain=lambda k, m, w: spec_difference(k, m, w))
+    return compare_trace(
+        yours,
+        want,
+        case=head,
+        what="replay_spec",
+        describe=lambda k: spec_step_what(drafts, k),
+        explain=lambda k, m, w: spec_difference(k, m, w),
+    )
 
 
 def describe_spec_case(config: dict, drafts: list, limit: int = 6) -> str:
     eos = "" if config["eos_token_id"] is None else f", eos {config['eos_token_id']}"
     steps = [f"{len(d)} drafts" if d else "no drafts" for d in drafts]
     more = f", … {len(steps) - limit} more" if len(steps) > limit else ""
-    return (f"{config['request_id']}: prompt {len(config['prompt_token_ids'])}, max_tokens {config['max_tokens']}{eos}; "
-            f"steps: {', '.join(steps[:limit])}{more}")
+    return (
+        f"{config['request_id']}: prompt {len(config['prompt_token_ids'])}, max_tokens {config['max_tokens']}{eos}; "
+        f"steps: {', '.join(steps[:limit])}{more}"
+    )
 
 
 def spec_step_what(drafts: list, k: int) -> str:
     d = drafts[k] if k < len(drafts) else []
-    return (f"drafts {d}, then schedule_spec and update_spec" if d else
-            "no drafts, then schedule_spec and update_spec")
+    return f"drafts {d}, then schedule_spec and update_spec" if d else "no drafts, then schedule_spec and update_spec"
 
 
 def spec_str(s: dict) -> str:
     outs = s["output_token_ids"]
     shown = str(outs) if len(outs) <= 6 else f"[… {outs[-4:]}]"
-    return (f"{s['status']}, num_computed_tokens {s['num_computed_tokens']}, num_tokens {s['num_tokens']}, "
-            f"num_tokens_with_spec {s['num_tokens_with_spec']}, spec_token_ids {s['spec_token_ids']} (outputs {shown})")
+    return (
+        f"{s['status']}, num_computed_tokens {s['num_computed_tokens']}, num_tokens {s['num_tokens']}, "
+        f"num_tokens_with_spec {s['num_tokens_with_spec']}, spec_token_ids {s['spec_token_ids']} (outputs {shown})"
+    )
 
 
 def spec_difference(k: int, m: dict, w: dict) -> CheckFailed | None:
@@ -302,11 +323,13 @@ def spec_difference(k: int, m: dict, w: dict) -> CheckFailed | None:
     ctx = f"before it: {spec_str(before)}"
     sched, wsched = m.get("scheduled"), w["scheduled"]
     if sched != wsched:
-        fewer = isinstance(sched, dict) and drafts and \
-            sched.get("num_scheduled_tokens") == wsched["num_scheduled_tokens"] - len(drafts)
-        return CheckFailed(ctx, f"schedule_spec should return {wsched} (n = num_tokens_with_spec − num_computed_tokens "
-                           f"= {before['num_tokens_with_spec']} − {before['num_computed_tokens']}); yours: {sched!r:.200}",
-                           hint=M.drafts_not_scheduled if fewer else "")
+        fewer = isinstance(sched, dict) and drafts and sched.get("num_scheduled_tokens") == wsched["num_scheduled_tokens"] - len(drafts)
+        return CheckFailed(
+            ctx,
+            f"schedule_spec should return {wsched} (n = num_tokens_with_spec − num_computed_tokens "
+            f"= {before['num_tokens_with_spec']} − {before['num_computed_tokens']}); yours: {sched!r:.200}",
+            hint=M.drafts_not_scheduled if fewer else "",
+        )
     ms, ws = m.get("after_schedule"), w["after_schedule"]
     if ms != ws:
         hint = ""
@@ -314,16 +337,23 @@ def spec_difference(k: int, m: dict, w: dict) -> CheckFailed | None:
             hint = M.spec_not_cleared
         elif isinstance(ms, dict) and ms.get("num_computed_tokens") == before["num_computed_tokens"]:
             hint = M.computed_not_advanced
-        return CheckFailed(ctx, f"right after schedule_spec (returned {wsched}) the request should be {spec_str(ws)}",
-                           f"yours: {spec_str(ms) if isinstance(ms, dict) else repr(ms)[:200]}", hint=hint)
+        return CheckFailed(
+            ctx,
+            f"right after schedule_spec (returned {wsched}) the request should be {spec_str(ws)}",
+            f"yours: {spec_str(ms) if isinstance(ms, dict) else repr(ms)[:200]}",
+            hint=hint,
+        )
     mu, wu, new, wnew = m.get("after_update"), w["after_update"], m.get("new_token_ids"), w["new_token_ids"]
     if mu == wu and new == wnew:
         return None
     accepted = len(gen) - 1
-    lines = [ctx, f"scheduled {wsched['num_scheduled_tokens']} tokens with drafts {drafts}; the target model "
-             f"generated {gen} ({accepted} of {len(drafts)} drafts accepted, {len(drafts) - accepted} rejected)",
-             f"update_spec should return {wnew} and leave it {spec_str(wu)}",
-             f"yours: {new!r:.120}, {spec_str(mu) if isinstance(mu, dict) else repr(mu)[:200]}"]
+    lines = [
+        ctx,
+        f"scheduled {wsched['num_scheduled_tokens']} tokens with drafts {drafts}; the target model "
+        f"generated {gen} ({accepted} of {len(drafts)} drafts accepted, {len(drafts) - accepted} rejected)",
+        f"update_spec should return {wnew} and leave it {spec_str(wu)}",
+        f"yours: {new!r:.120}, {spec_str(mu) if isinstance(mu, dict) else repr(mu)[:200]}",
+    ]
     return CheckFailed(*lines, hint=spec_update_hint(m, w) if isinstance(mu, dict) else "")
 
 
@@ -333,7 +363,7 @@ def spec_update_hint(m: dict, w: dict) -> str:
     new, wnew = m["new_token_ids"], w["new_token_ids"]
     if drafts and new == gen[:-1] and wnew != new:
         return M.bonus_rejected
-    if isinstance(new, list) and len(new) > len(wnew) and new[:len(wnew)] == wnew:
+    if isinstance(new, list) and len(new) > len(wnew) and new[: len(wnew)] == wnew:
         return M.spec_not_trimmed
     if mu["output_token_ids"] == wu["output_token_ids"] and mu["status"] != wu["status"]:
         if wu["status"] == "FINISHED_STOPPED":
@@ -341,8 +371,7 @@ def spec_update_hint(m: dict, w: dict) -> str:
         return M.length_cap_missed if wu["status"] == "FINISHED_LENGTH_CAPPED" else ""
     if mu["output_token_ids"] != wu["output_token_ids"]:
         return ""
-    return rollback_hint(mu["num_computed_tokens"], w["after_schedule"]["num_computed_tokens"], len(drafts), len(gen),
-                         len(wnew))
+    return rollback_hint(mu["num_computed_tokens"], w["after_schedule"]["num_computed_tokens"], len(drafts), len(gen), len(wnew))
 
 
 def rollback_hint(got: int, scheduled: int, k: int, generated: int, kept: int) -> str:

@@ -28,14 +28,17 @@ IDENTITY_ROWS: list[tuple[str, str, dict[str, Any]]] = [
     ("A", "image cat", {"mm_hashes": [("cat", 4, 4)]}),
     ("A again", "image cat (the same request)", {"mm_hashes": [("cat", 4, 4)]}),
     ("other image", "image dog behind the same placeholders", {"mm_hashes": [("dog", 4, 4)]}),
-    ("salted", "image cat, cache_salt \"tenant-b\"", {"mm_hashes": [("cat", 4, 4)], "cache_salt": "tenant-b"}),
-    ("LoRA 7", "image cat, lora_id 7", {"mm_hashes": [("cat", 4, 4)], "lora_id": 7})]
+    ("salted", 'image cat, cache_salt "tenant-b"', {"mm_hashes": [("cat", 4, 4)], "cache_salt": "tenant-b"}),
+    ("LoRA 7", "image cat, lora_id 7", {"mm_hashes": [("cat", 4, 4)], "lora_id": 7}),
+]
 
 # ch28-last-token-logits: three requests flattened into 9 rows, block size 4 (after vllm_and_beyond.md §D.2,
 # with R1 a full-prompt hit so that the last-token rule shows): (name, situation, computed before, scheduled).
-LOGITS_REQUESTS = [("R0", "chunked prefill: 10-token prompt, 4 done, the next 4", 4, 4),
-                   ("R1", "full-prompt hit: 8-token prompt, both blocks of 4 cached", 4, 4),
-                   ("R2", "decode: 7 tokens, the newest not yet fed", 6, 1)]
+LOGITS_REQUESTS = [
+    ("R0", "chunked prefill: 10-token prompt, 4 done, the next 4", 4, 4),
+    ("R1", "full-prompt hit: 8-token prompt, both blocks of 4 cached", 4, 4),
+    ("R2", "decode: 7 tokens, the newest not yet fed", 6, 1),
+]
 FIGURE_HIT = (8, 4, 2)
 
 M = mistakes("ch28")
@@ -46,6 +49,7 @@ salt_everywhere = hidden_model("ch28_models.salt_everywhere")
 
 # -- ch28.1 block hashes ---------------------------------------------------------------------------------------
 
+
 @public("ch28.1", "figure instance: the same 12 tokens under five identities")
 def identity_figure(t: Trial) -> None:
     rows = []
@@ -53,11 +57,22 @@ def identity_figure(t: Trial) -> None:
         want, variants = reference_variants(t, IDENTITY_TOKENS, IDENTITY_BS, keys)
         got = t.yours.block_hashes(list(IDENTITY_TOKENS), IDENTITY_BS, **keys)
         rows.append((label, what, keys, got, want, variants))
-    t.figure("ch28-cache-identity", tokens=IDENTITY_TOKENS, block_size=IDENTITY_BS,
-             rows=[{"label": label, "what": what, "keys": [key_list(i, IDENTITY_BS, keys) for i in range(3)],
-                    "yours": [h.hex() for h in got] if are_hashes(got) else [], "expected": [h.hex() for h in want],
-                    "wrong": [not are_hashes(got) or b >= len(got) or got[b] != h for b, h in enumerate(want)]}
-                   for label, what, keys, got, want, _ in rows])
+    t.figure(
+        "ch28-cache-identity",
+        tokens=IDENTITY_TOKENS,
+        block_size=IDENTITY_BS,
+        rows=[
+            {
+                "label": label,
+                "what": what,
+                "keys": [key_list(i, IDENTITY_BS, keys) for i in range(3)],
+                "yours": [h.hex() for h in got] if are_hashes(got) else [],
+                "expected": [h.hex() for h in want],
+                "wrong": [not are_hashes(got) or b >= len(got) or got[b] != h for b, h in enumerate(want)],
+            }
+            for label, what, keys, got, want, _ in rows
+        ],
+    )
     for label, _, keys, got, want, variants in rows:
         expect_hashes(got, want, variants, IDENTITY_TOKENS, IDENTITY_BS, keys, case=f"request {label!r}")
 
@@ -80,6 +95,7 @@ def image_across_blocks(t: Trial) -> None:
 
 
 # -- ch28.2 the last-token rule -------------------------------------------------------------------------------------
+
 
 @public("ch28.2", "the 32-token example: block size 16, both blocks cached")
 def full_hit_32(t: Trial) -> None:
@@ -108,14 +124,22 @@ def partial_hits(t: Trial) -> None:
 
 # -- ch28.3 logits indices --------------------------------------------------------------------------------------------
 
+
 @public("ch28.3", "figure instance: 3 requests, 9 rows (chunk, full-prompt hit, decode)")
 def logits_figure(t: Trial) -> None:
     lens = [n for *_, n in LOGITS_REQUESTS]
     want = t.ref.logits_indices(lens)
     got = t.yours.logits_indices(lens)
     idx = expect_tensor(got, what="the logits rows of 3 requests", shape=[3], dtype=torch.int64)
-    t.figure("ch28-last-token-logits", requests=[[name, what, c, n] for name, what, c, n in LOGITS_REQUESTS],
-             indices=idx, expected=want, wrong=wrong_mask(idx, want), block_size=4, prompt=FIGURE_HIT[0])
+    t.figure(
+        "ch28-last-token-logits",
+        requests=[[name, what, c, n] for name, what, c, n in LOGITS_REQUESTS],
+        indices=idx,
+        expected=want,
+        wrong=wrong_mask(idx, want),
+        block_size=4,
+        prompt=FIGURE_HIT[0],
+    )
     expect_indices(idx, want, lens, case=f"query_lens {lens}")
 
 
@@ -136,6 +160,7 @@ def int32_lengths(t: Trial) -> None:
 
 
 # -- helpers: ch28.1 --------------------------------------------------------------------------------------------
+
 
 def key_list(i: int, bs: int, keys: dict) -> str:
     """The identity keys that enter block i, in the chapter's words."""
@@ -166,25 +191,26 @@ def reference_variants(t: Trial, tokens: list[int], bs: int, keys: dict) -> tupl
     for k in keys:
         variants[k] = t.ref.block_hashes(tokens, bs, **{n: v for n, v in keys.items() if n != k})
     n = len(tokens) // bs
-    variants["unchained"] = [t.ref.block_hashes(tokens[i * bs:(i + 1) * bs], bs)[0] for i in range(n)] \
-        if not keys and n <= 64 else []
+    variants["unchained"] = [t.ref.block_hashes(tokens[i * bs : (i + 1) * bs], bs)[0] for i in range(n)] if not keys and n <= 64 else []
     if keys.keys() == {"cache_salt"} and keys["cache_salt"] is not None:
         variants["salt everywhere"] = t.ref.drive(salt_everywhere, list(tokens), bs, keys["cache_salt"])
     return want, variants
 
 
-def expect_hashes(got: object, want: list[bytes], variants: dict, tokens: list[int], bs: int, keys: dict, *,
-                  case: str) -> list:
+def expect_hashes(got: object, want: list[bytes], variants: dict, tokens: list[int], bs: int, keys: dict, *, case: str) -> list:
     """Require your hashes to equal the reference's; explain the first wrong block."""
     n = len(tokens) // bs
     head = f"{case} ({len(tokens)} tokens, block_size {bs}{', ' + fmt_keys(keys) if keys else ''})"
     if not isinstance(got, list) or not are_hashes(got):
-        raise CheckFailed(f"{head}: expected a list of {n} hashes as 32-byte bytes objects; yours: {describe(got)}",
-                          hint=M.hex_strings if isinstance(got, list) and got and all(isinstance(h, str) for h in got)
-                          else "")
+        raise CheckFailed(
+            f"{head}: expected a list of {n} hashes as 32-byte bytes objects; yours: {describe(got)}",
+            hint=M.hex_strings if isinstance(got, list) and got and all(isinstance(h, str) for h in got) else "",
+        )
     if len(got) != n:
-        raise CheckFailed(f"{head}: expected {n} hashes ({len(tokens)} // {bs} full blocks); yours: {len(got)}",
-                          hint=M.partial_block.format(n=len(tokens) % bs) if len(got) == n + 1 else "")
+        raise CheckFailed(
+            f"{head}: expected {n} hashes ({len(tokens)} // {bs} full blocks); yours: {len(got)}",
+            hint=M.partial_block.format(n=len(tokens) % bs) if len(got) == n + 1 else "",
+        )
     i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
     if i is None:
         return got
@@ -204,12 +230,17 @@ def expect_hashes(got: object, want: list[bytes], variants: dict, tokens: list[i
         hint = M.unchained
     elif i and got == variants.get("salt everywhere"):
         hint = M.salt_everywhere
-    raise CheckFailed(f"{head}: block {i}'s hash should be {want[i].hex()}; yours: "
-                      f"{got[i].hex() if len(got[i]) < 64 else hash_prefix(got[i])}",
-                      f"block {i} = tokens {s}–{s + bs - 1} {tokens[s:s + bs]}, parent " +
-                      (f"hash_{i - 1} ({hash_prefix(want[i - 1])}, which yours matches)" if i
-                       else "NONE_HASH (SHA-256 of the pickled \"vllm-none-hash\", vLLM's default)"),
-                      f"its extra keys: {key_list(i, bs, keys)}", hint=hint)
+    raise CheckFailed(
+        f"{head}: block {i}'s hash should be {want[i].hex()}; yours: {got[i].hex() if len(got[i]) < 64 else hash_prefix(got[i])}",
+        f"block {i} = tokens {s}–{s + bs - 1} {tokens[s : s + bs]}, parent "
+        + (
+            f"hash_{i - 1} ({hash_prefix(want[i - 1])}, which yours matches)"
+            if i
+            else 'NONE_HASH (SHA-256 of the pickled "vllm-none-hash", vLLM\'s default)'
+        ),
+        f"its extra keys: {key_list(i, bs, keys)}",
+        hint=hint,
+    )
 
 
 def run_hash_case(t: Trial, tokens: list[int], bs: int, keys: dict, *, case: str) -> list:
@@ -220,21 +251,24 @@ def run_hash_case(t: Trial, tokens: list[int], bs: int, keys: dict, *, case: str
 
 # -- helpers: ch28.2 --------------------------------------------------------------------------------------------
 
+
 def expect_cached(t: Trial, prompt_len: int, bs: int, hits: int) -> int:
     want = t.ref.num_cached_tokens_on_hit(prompt_len, bs, hits)
     got = expect_int(t.yours.num_cached_tokens_on_hit(prompt_len, bs, hits), what="the number of cached tokens")
     if got != want:
         cap = (prompt_len - 1) // bs
-        raise CheckFailed(f"prompt_len={prompt_len}, block_size={bs}, {plural(hits, 'leading block')} hit: "
-                          f"the hit is capped at {prompt_len} − 1 = {prompt_len - 1} tokens, i.e. {prompt_len - 1} // "
-                          f"{bs} = {plural(cap, 'whole block')}, so min({hits}, {cap})·{bs} = {want} tokens are "
-                          f"cached and {prompt_len - want} computed; yours: {got}",
-                          hint=M.uncapped if got == hits * bs else
-                          M.token_cap if got == min(hits * bs, prompt_len - 1) else "")
+        raise CheckFailed(
+            f"prompt_len={prompt_len}, block_size={bs}, {plural(hits, 'leading block')} hit: "
+            f"the hit is capped at {prompt_len} − 1 = {prompt_len - 1} tokens, i.e. {prompt_len - 1} // "
+            f"{bs} = {plural(cap, 'whole block')}, so min({hits}, {cap})·{bs} = {want} tokens are "
+            f"cached and {prompt_len - want} computed; yours: {got}",
+            hint=M.uncapped if got == hits * bs else M.token_cap if got == min(hits * bs, prompt_len - 1) else "",
+        )
     return got
 
 
 # -- helpers: ch28.3 --------------------------------------------------------------------------------------------
+
 
 def expect_indices(got: object, want: torch.Tensor, lens: list[int], *, case: str) -> torch.Tensor:
     b = len(lens)
@@ -243,13 +277,23 @@ def expect_indices(got: object, want: torch.Tensor, lens: list[int], *, case: st
     if wrong is None:
         return idx
     r = wrong[0]
-    start, end = sum(lens[:r]), sum(lens[:r + 1])
+    start, end = sum(lens[:r]), sum(lens[: r + 1])
     yours = int(idx[r])
-    hint = (M.first_row if yours == start and lens[r] > 1 else M.no_minus_one if yours == end else
-            M.local_row if yours == lens[r] - 1 and r else "")
-    raise CheckFailed(f"{case}: request {r} has {plural(lens[r], 'scheduled token')}, rows "
-                      f"cu_seqlens_q[{r}] … cu_seqlens_q[{r + 1}] − 1 = {start} … {end - 1}; its logits row is the last, "
-                      f"{end} − 1 = {end - 1}; yours: {yours}", hint=hint)
+    hint = (
+        M.first_row
+        if yours == start and lens[r] > 1
+        else M.no_minus_one
+        if yours == end
+        else M.local_row
+        if yours == lens[r] - 1 and r
+        else ""
+    )
+    raise CheckFailed(
+        f"{case}: request {r} has {plural(lens[r], 'scheduled token')}, rows "
+        f"cu_seqlens_q[{r}] … cu_seqlens_q[{r + 1}] − 1 = {start} … {end - 1}; its logits row is the last, "
+        f"{end} − 1 = {end - 1}; yours: {yours}",
+        hint=hint,
+    )
 
 
 def run_indices_case(t: Trial, lens: list[int] | torch.Tensor, *, case: str) -> torch.Tensor:

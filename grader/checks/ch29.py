@@ -32,8 +32,15 @@ TIMES = [(0.0, [0.5, 0.7, 0.9, 1.1, 1.3], 8, 5), (0.2, [0.6, 1.0, 1.4], 6, 5), (
 FIELDS = ["query_start_loc", "positions", "input_ids", "slot_mapping", "seq_lens", "logits_indices", "kept"]
 METRICS = ["ttft", "tpot", "itl", "e2el"]
 STATS = ["mean", "median", "p99"]
-TOTALS = ["completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
-          "output_throughput", "total_token_throughput"]
+TOTALS = [
+    "completed",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+]
 KEYS = TOTALS + [f"{s}_{m}_ms" for m in METRICS for s in STATS]
 RTOL, ATOL = 1e-6, 1e-9
 
@@ -44,6 +51,7 @@ request_latencies = hidden_model("ch29_models.request_latencies")
 
 
 # -- ch29.1 prepare_inputs ------------------------------------------------------------------------------------
+
 
 @public("ch29.1", "figure instance: a prefill chunk, a prefix hit and a decode; 6 inputs, at most 3 candidates (B = 4)")
 def d2_instance(t: Trial) -> None:
@@ -67,6 +75,7 @@ def mid_block(t: Trial) -> None:
 
 # -- ch29.2 latency_metrics -----------------------------------------------------------------------------------
 
+
 @public("ch29.2", "figure instance: three requests, two tokens per chunk, a one-token answer")
 def metrics_instance(t: Trial) -> None:
     run_metrics_case(t, make_times(TIMES), "figure instance", figure="ch29-latency-metrics")
@@ -89,10 +98,18 @@ def single_tokens(t: Trial) -> None:
 
 # -- helpers: the instances -------------------------------------------------------------------------------------
 
+
 def make_requests(spec: list[tuple[int, int, int, list[int]]]) -> list[dict]:
     """(num_tokens, computed, scheduled, block_table) → request dicts with readable token ids."""
-    return [{"token_ids": [100 * (r + 1) + p for p in range(known)], "num_computed_tokens": c,
-             "num_scheduled_tokens": n, "block_table": list(table)} for r, (known, c, n, table) in enumerate(spec)]
+    return [
+        {
+            "token_ids": [100 * (r + 1) + p for p in range(known)],
+            "num_computed_tokens": c,
+            "num_scheduled_tokens": n,
+            "block_table": list(table),
+        }
+        for r, (known, c, n, table) in enumerate(spec)
+    ]
 
 
 def make_times(spec: list[tuple[float, list[float], int, int]]) -> list[dict]:
@@ -101,9 +118,13 @@ def make_times(spec: list[tuple[float, list[float], int, int]]) -> list[dict]:
 
 # -- helpers: ch29.1 -------------------------------------------------------------------------------------------
 
+
 def describe_batch(requests: list[dict], block_size: int) -> str:
-    parts = [f"R{r}: knows {len(q['token_ids'])}, computed {q['num_computed_tokens']}, scheduled "
-             f"{q['num_scheduled_tokens']}, table {short(q['block_table'], limit=5)}" for r, q in enumerate(requests[:4])]
+    parts = [
+        f"R{r}: knows {len(q['token_ids'])}, computed {q['num_computed_tokens']}, scheduled "
+        f"{q['num_scheduled_tokens']}, table {short(q['block_table'], limit=5)}"
+        for r, q in enumerate(requests[:4])
+    ]
     more = f"; … {len(requests) - 4} more" if len(requests) > 4 else ""
     return f"block_size {block_size}; " + "; ".join(parts) + more
 
@@ -133,37 +154,49 @@ def explain_field(k: str, yours: list, want: dict, requests: list[dict], block_s
         q = requests[r]
         c, j = q["num_computed_tokens"], i - qsl[r]
         p = c + j
-        line = (f"input {i} is request R{r}'s token {j} of this step (R{r} owns inputs {qsl[r]}…{qsl[r + 1] - 1}), "
-                f"at position num_computed_tokens + {j} = {c} + {j} = {p}")
+        line = (
+            f"input {i} is request R{r}'s token {j} of this step (R{r} owns inputs {qsl[r]}…{qsl[r + 1] - 1}), "
+            f"at position num_computed_tokens + {j} = {c} + {j} = {p}"
+        )
         if k == "positions":
             return [f"{line}; yours: {yours[i]}"], M.positions_from_zero if yours[i] == j else ""
         if k == "input_ids":
-            return [line, f"input_ids[{i}] = R{r}'s token_ids[{p}] = {exp[i]}; yours: {yours[i]}"], \
-                M.input_ids_from_zero if yours[i] == q["token_ids"][j] else ""
+            return [line, f"input_ids[{i}] = R{r}'s token_ids[{p}] = {exp[i]}; yours: {yours[i]}"], M.input_ids_from_zero if yours[i] == q[
+                "token_ids"
+            ][j] else ""
         table, b = q["block_table"], p // block_size
-        hint = M.slot_from_position if yours[i] == p else \
-            M.slot_not_scaled if yours[i] == table[b] + p % block_size else ""
-        return [line, f"logical block {p} // {block_size} = {b}, block_table[{b}] = {table[b]}, so the slot is "
-                      f"{table[b]}·{block_size} + {p % block_size} = {exp[i]}; yours: {yours[i]}"], hint
+        hint = M.slot_from_position if yours[i] == p else M.slot_not_scaled if yours[i] == table[b] + p % block_size else ""
+        return [
+            line,
+            f"logical block {p} // {block_size} = {b}, block_table[{b}] = {table[b]}, so the slot is "
+            f"{table[b]}·{block_size} + {p % block_size} = {exp[i]}; yours: {yours[i]}",
+        ], hint
     ns = [q["num_scheduled_tokens"] for q in requests]
     if k == "query_start_loc":
         known_lens = [len(q["token_ids"]) for q in requests]
-        hint = M.qsl_not_cumulative if yours == [0] + ns else \
-            M.qsl_known_tokens if yours == [sum(known_lens[:j]) for j in range(len(known_lens) + 1)] else ""
+        hint = (
+            M.qsl_not_cumulative
+            if yours == [0] + ns
+            else M.qsl_known_tokens
+            if yours == [sum(known_lens[:j]) for j in range(len(known_lens) + 1)]
+            else ""
+        )
         return [f"query_start_loc = [0] + running sums of num_scheduled_tokens {ns} = {exp}; yours: {yours}"], hint
     q = requests[i]
     c, n = q["num_computed_tokens"], q["num_scheduled_tokens"]
     if k == "seq_lens":
         hint = M.seq_len_query if yours[i] == n else M.seq_len_known if yours[i] == len(q["token_ids"]) else ""
-        return [f"seq_lens[{i}] = R{i}'s num_computed_tokens + num_scheduled_tokens = {c} + {n} = {exp[i]}; "
-                f"yours: {yours[i]}"], hint
+        return [f"seq_lens[{i}] = R{i}'s num_computed_tokens + num_scheduled_tokens = {c} + {n} = {exp[i]}; yours: {yours[i]}"], hint
     if k == "logits_indices":
-        return [f"logits_indices[{i}] = query_start_loc[{i + 1}] − 1 = {qsl[i + 1]} − 1 = {exp[i]}, R{i}'s last "
-                f"input; yours: {yours[i]}"], M.first_row_logits if yours[i] in (qsl[i], qsl[i + 1]) else ""
+        return [
+            f"logits_indices[{i}] = query_start_loc[{i + 1}] − 1 = {qsl[i + 1]} − 1 = {exp[i]}, R{i}'s last input; yours: {yours[i]}"
+        ], M.first_row_logits if yours[i] in (qsl[i], qsl[i + 1]) else ""
     known = len(q["token_ids"])
     verdict = f"= its {known} known tokens" if exp[i] else f"< its {known} known tokens"
-    return [f"kept[{i}]: R{i}'s seq_len = {c} + {n} = {c + n} {verdict}, so its sample is "
-            f"{'kept' if exp[i] else 'discarded'}; yours: {yours[i]}"], M.kept_final if exp[i] else M.kept_partial
+    return [
+        f"kept[{i}]: R{i}'s seq_len = {c} + {n} = {c + n} {verdict}, so its sample is "
+        f"{'kept' if exp[i] else 'discarded'}; yours: {yours[i]}"
+    ], M.kept_final if exp[i] else M.kept_partial
 
 
 def expect_metadata(got: dict, want: dict, requests: list[dict], block_size: int, case: str) -> None:
@@ -181,13 +214,20 @@ def run_metadata_case(t: Trial, requests: list[dict], block_size: int, case: str
     except CheckFailed as e:
         raise e.within(f'case "{case}": {describe_batch(requests, block_size)}') from None
     if figure:
-        t.figure(figure, requests=requests, block_size=block_size, yours={k: got[k] for k in FIELDS},
-                 expected={k: want[k] for k in FIELDS}, wrong={k: wrong_mask(got[k], want[k]) for k in FIELDS})
+        t.figure(
+            figure,
+            requests=requests,
+            block_size=block_size,
+            yours={k: got[k] for k in FIELDS},
+            expected={k: want[k] for k in FIELDS},
+            wrong={k: wrong_mask(got[k], want[k]) for k in FIELDS},
+        )
     expect_metadata(got, want, requests, block_size, case)
     return got
 
 
 # -- helpers: ch29.2 -------------------------------------------------------------------------------------------
+
 
 def expect_metric_structure(got: object, head: str) -> dict:
     """Require a dict with every metric as a number."""
@@ -196,8 +236,11 @@ def expect_metric_structure(got: object, head: str) -> dict:
     for k in KEYS:
         v = got.get(k)
         if type(v) is bool or not isinstance(v, (int, float)):
-            raise CheckFailed(head, f"expected {k!r} as a number; yours: {'missing' if k not in got else describe(v)}"
-                              + ("  (use .item())" if isinstance(v, torch.Tensor) else ""))
+            raise CheckFailed(
+                head,
+                f"expected {k!r} as a number; yours: {'missing' if k not in got else describe(v)}"
+                + ("  (use .item())" if isinstance(v, torch.Tensor) else ""),
+            )
     return got
 
 
@@ -229,14 +272,15 @@ def explain_metric(k: str, v: float, want: dict, requests: list[dict], rows: lis
     if k in TOTALS:
         first, last = min(q["start"] for q in requests), max(q["chunk_times"][-1] for q in requests)
         n, tin, tout = want["completed"], want["total_input_tokens"], want["total_output_tokens"]
-        how = {"completed": f"completed = the number of requests = {n}",
-               "duration": f"duration = last chunk − first start = {fmt(last)} − {fmt(first)} = {fmt(dur)} s",
-               "total_input_tokens": f"total_input_tokens = Σ input_len = {tin}",
-               "total_output_tokens": f"total_output_tokens = Σ output_len = {tout}",
-               "request_throughput": f"request_throughput = completed / duration = {n} / {fmt(dur)} s",
-               "output_throughput": f"output_throughput = Σ output_len / duration = {tout} / {fmt(dur)} s",
-               "total_token_throughput": f"total_token_throughput = (Σ input_len + Σ output_len) / duration = "
-                                         f"({tin} + {tout}) / {fmt(dur)} s"}[k]
+        how = {
+            "completed": f"completed = the number of requests = {n}",
+            "duration": f"duration = last chunk − first start = {fmt(last)} − {fmt(first)} = {fmt(dur)} s",
+            "total_input_tokens": f"total_input_tokens = Σ input_len = {tin}",
+            "total_output_tokens": f"total_output_tokens = Σ output_len = {tout}",
+            "request_throughput": f"request_throughput = completed / duration = {n} / {fmt(dur)} s",
+            "output_throughput": f"output_throughput = Σ output_len / duration = {tout} / {fmt(dur)} s",
+            "total_token_throughput": f"total_token_throughput = (Σ input_len + Σ output_len) / duration = ({tin} + {tout}) / {fmt(dur)} s",
+        }[k]
         line = f"{how}; yours: {fmt(v)}" if k in ("completed", "duration") else f"{how} = {fmt(want[k])}; yours: {fmt(v)}"
         latencies = sum(r["e2el"] for r in rows)
         hint: Hint | str = ""
@@ -250,30 +294,44 @@ def explain_metric(k: str, v: float, want: dict, requests: list[dict], rows: lis
             hint = M.total_tokens_input
         return [line], hint
     stat, metric = k.split("_")[0], k.split("_")[1]
-    values = [x for r in rows for x in r["itl"]] if metric == "itl" else \
-        [r[metric] for r in rows if r[metric] is not None]
-    how = {"ttft": "TTFT = first chunk − start, per request",
-           "e2el": "E2E = last chunk − start, per request",
-           "itl": "ITLs = gaps between successive chunks, of all requests pooled",
-           "tpot": "TPOT = (E2E − TTFT) / (output_len − 1), per request with output_len > 1"}[metric]
-    lines = [f"{how}: {_ms(values) if values else 'none, so 0.0 (vLLM’s np.mean(x or 0))'}",
-             f"{k} = {fmt(want[k])}; yours: {fmt(v)}"]
+    values = [x for r in rows for x in r["itl"]] if metric == "itl" else [r[metric] for r in rows if r[metric] is not None]
+    how = {
+        "ttft": "TTFT = first chunk − start, per request",
+        "e2el": "E2E = last chunk − start, per request",
+        "itl": "ITLs = gaps between successive chunks, of all requests pooled",
+        "tpot": "TPOT = (E2E − TTFT) / (output_len − 1), per request with output_len > 1",
+    }[metric]
+    lines = [f"{how}: {_ms(values) if values else 'none, so 0.0 (vLLM’s np.mean(x or 0))'}", f"{k} = {fmt(want[k])}; yours: {fmt(v)}"]
     hint = ""
     if close(v, want[k] / 1000):
         hint = M.seconds
     elif metric == "tpot" and close(v, want[f"{stat}_itl_ms"]):
         hint = M.tpot_is_itl
-    elif metric == "tpot" and stat == "mean" and close(v, 1000 * sum(
-            (r["e2el"] - r["ttft"]) / q["output_len"] for r, q in zip(rows, requests) if r["tpot"] is not None)
-            / max(len(values), 1)):
+    elif (
+        metric == "tpot"
+        and stat == "mean"
+        and close(
+            v,
+            1000
+            * sum((r["e2el"] - r["ttft"]) / q["output_len"] for r, q in zip(rows, requests) if r["tpot"] is not None)
+            / max(len(values), 1),
+        )
+    ):
         hint = M.tpot_over_n
     elif metric == "tpot" and stat == "mean" and close(v, 1000 * sum(values) / len(rows)):
         hint = M.tpot_zero
-    elif metric == "itl" and stat == "mean" and any(r["itl"] for r in rows) and close(v, 1000 * sum(
-            sum(r["itl"]) / len(r["itl"]) for r in rows if r["itl"]) / sum(1 for r in rows if r["itl"])):
+    elif (
+        metric == "itl"
+        and stat == "mean"
+        and any(r["itl"] for r in rows)
+        and close(v, 1000 * sum(sum(r["itl"]) / len(r["itl"]) for r in rows if r["itl"]) / sum(1 for r in rows if r["itl"]))
+    ):
         hint = M.itl_mean_of_means
-    elif stat != "mean" and values and close(v, 1000 * sorted(values)[min(len(values) - 1, math.ceil(
-            len(values) * (0.5 if stat == "median" else 0.99)) - 1)]):
+    elif (
+        stat != "mean"
+        and values
+        and close(v, 1000 * sorted(values)[min(len(values) - 1, math.ceil(len(values) * (0.5 if stat == "median" else 0.99)) - 1)])
+    ):
         hint = M.nearest_rank
     return lines, hint
 
@@ -283,7 +341,12 @@ def run_metrics_case(t: Trial, requests: list[dict], case: str, figure: str | No
     rows = t.ref.drive(request_latencies, requests)
     got = expect_metric_structure(t.yours.latency_metrics(requests), f'case "{case}": {plural(len(requests), "request")}')
     if figure:
-        t.figure(figure, requests=requests, yours={k: float(got[k]) for k in KEYS}, expected=want,
-                 wrong={k: metric_wrong(got[k], want[k]) for k in KEYS})
+        t.figure(
+            figure,
+            requests=requests,
+            yours={k: float(got[k]) for k in KEYS},
+            expected=want,
+            wrong={k: metric_wrong(got[k], want[k]) for k in KEYS},
+        )
     expect_metrics(got, want, requests, case, rows)
     return got

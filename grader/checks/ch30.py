@@ -10,25 +10,47 @@ import numpy as np
 from grader.authoring import CheckFailed, Remote, Trial, describe, fmt, hidden_model, mistakes, plural, public
 
 # ch30-request-path: three requests; A is lowered in detail, [A, B, C] and [B, C] are the two batches.
-REQ_A = {"request_id": 7, "prompt_token_ids": [151, 208, 33, 1024, 7], "prompt": "(text stays in Python)",
-         "sampling_params": {"temperature": 0.7, "top_p": 0.9, "top_k": -1, "max_tokens": 64, "seed": None}}
-REQ_B = {"request_id": 8, "prompt_token_ids": [5, 6, 7], "output_token_ids": [42, 17], "num_computed_tokens": 4,
-         "sampling_params": {"temperature": 0.0, "max_tokens": 8, "seed": 1234}}
+REQ_A = {
+    "request_id": 7,
+    "prompt_token_ids": [151, 208, 33, 1024, 7],
+    "prompt": "(text stays in Python)",
+    "sampling_params": {"temperature": 0.7, "top_p": 0.9, "top_k": -1, "max_tokens": 64, "seed": None},
+}
+REQ_B = {
+    "request_id": 8,
+    "prompt_token_ids": [5, 6, 7],
+    "output_token_ids": [42, 17],
+    "num_computed_tokens": 4,
+    "sampling_params": {"temperature": 0.0, "max_tokens": 8, "seed": 1234},
+}
 REQ_C = {"request_id": 9, "prompt_token_ids": [3, 4, 5, 6], "output_token_ids": [8], "num_computed_tokens": 4}
 FIGURE_REQUESTS = {"A": REQ_A, "B": REQ_B, "C": REQ_C}
 FIGURE_BATCHES = [["A", "B", "C"], ["B", "C"]]
 
 # ch30-system-boundary: Qwen3-0.6B (its config.json) served with tp 2, against an illustrative matrix.
-QWEN3_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "torch_dtype": "bfloat16", "hidden_size": 1024,
-                "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-                "max_position_embeddings": 40960, "tie_word_embeddings": True,
-                "tensor_parallel_size": 2, "features": ["prefix_caching", "kv_service"]}
-MATRIX = {"release": "engine@0a1b2c3", "architectures": ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"],
-          "dtypes": ["float16", "bfloat16"], "quantization": ["fp8", "gptq"], "head_dims": [64, 128],
-          "max_context": 32768, "tensor_parallel_sizes": [1, 2, 4, 8],
-          "features": {"prefix_caching": True, "kv_service": False, "speculative_decoding": False}}
-SUPPORT_ORDER = ["architecture", "dtype", "quantization", "head_dim", "max_position_embeddings",
-                 "tensor_parallel_size"]
+QWEN3_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "torch_dtype": "bfloat16",
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": True,
+    "tensor_parallel_size": 2,
+    "features": ["prefix_caching", "kv_service"],
+}
+MATRIX = {
+    "release": "engine@0a1b2c3",
+    "architectures": ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"],
+    "dtypes": ["float16", "bfloat16"],
+    "quantization": ["fp8", "gptq"],
+    "head_dims": [64, 128],
+    "max_context": 32768,
+    "tensor_parallel_sizes": [1, 2, 4, 8],
+    "features": {"prefix_caching": True, "kv_service": False, "speculative_decoding": False},
+}
+SUPPORT_ORDER = ["architecture", "dtype", "quantization", "head_dim", "max_position_embeddings", "tensor_parallel_size"]
 
 M = mistakes("ch30")
 
@@ -38,6 +60,7 @@ allows, supported or not), for the explanations."""
 
 
 # -- ch30.1 ---------------------------------------------------------------------------------------------------
+
 
 @public("ch30.1", "the record layout: fields, types, offsets, itemsize")
 def layout(t: Trial) -> None:
@@ -53,57 +76,82 @@ def figure_instance(t: Trial) -> None:
     got = t.yours.lower_request(REQ_A)
     rec, ids, pos = lowered_structure(got, "request A (a fresh prompt)")
     w_rec, w_ids, w_pos = wants["A"]
-    t.figure("ch30-request-path", request=REQ_A, record=record_values(rec), record_expected=record_values(w_rec),
-             layout=[list(r) for r in layout_rows(rec.dtype)], layout_expected=[list(r) for r in layout_rows(w_rec.dtype)],
-             itemsize=rec.dtype.itemsize, itemsize_expected=w_rec.dtype.itemsize,
-             input_ids=ids.tolist(), positions=pos.tolist(), input_ids_expected=w_ids.tolist(),
-             positions_expected=w_pos.tolist(), batch={k: record_values(w[0]) for k, w in wants.items()},
-             batches=FIGURE_BATCHES, phases_expected=want_phases)
+    t.figure(
+        "ch30-request-path",
+        request=REQ_A,
+        record=record_values(rec),
+        record_expected=record_values(w_rec),
+        layout=[list(r) for r in layout_rows(rec.dtype)],
+        layout_expected=[list(r) for r in layout_rows(w_rec.dtype)],
+        itemsize=rec.dtype.itemsize,
+        itemsize_expected=w_rec.dtype.itemsize,
+        input_ids=ids.tolist(),
+        positions=pos.tolist(),
+        input_ids_expected=w_ids.tolist(),
+        positions_expected=w_pos.tolist(),
+        batch={k: record_values(w[0]) for k, w in wants.items()},
+        batches=FIGURE_BATCHES,
+        phases_expected=want_phases,
+    )
     phases = [t.yours.select_phase(b) for b in batches]
     t.figure("ch30-request-path", phases=[p if isinstance(p, str) else describe(p) for p in phases])
     expect_lowered(got, wants["A"], REQ_A, "request A (a fresh prompt)")
     expect_lowered(t.yours.lower_request(REQ_B), wants["B"], REQ_B, "request B (decode)")
     for b, p, w in zip(FIGURE_BATCHES, phases, want_phases):
         if p != w:
-            raise CheckFailed(f"select_phase of the batch {b}: "
-                              + ("request A still has 5 prompt tokens to compute, and prompt work goes first"
-                                 if w == "prompt" else
-                                 "every request has only its newest (output) token left: a decode step")
-                              + f", so {w!r}; yours: {p!r}",
-                              hint="select_phase returns the string 'prompt' or 'decode'" if not isinstance(p, str) else "")
+            raise CheckFailed(
+                f"select_phase of the batch {b}: "
+                + (
+                    "request A still has 5 prompt tokens to compute, and prompt work goes first"
+                    if w == "prompt"
+                    else "every request has only its newest (output) token left: a decode step"
+                )
+                + f", so {w!r}; yours: {p!r}",
+                hint="select_phase returns the string 'prompt' or 'decode'" if not isinstance(p, str) else "",
+            )
 
 
 @public("ch30.1", "defaults and encodings: top_k −1 → 0, seed None → −1, max_tokens 16")
 def defaults(t: Trial) -> None:
     run_lower_case(t, {"request_id": 3, "prompt_token_ids": [1, 2]}, "a request without sampling_params")
-    run_lower_case(t, {"request_id": 4, "prompt_token_ids": [9], "sampling_params": {"top_k": -1, "seed": None}},
-                   "top_k −1 and seed None")
+    run_lower_case(t, {"request_id": 4, "prompt_token_ids": [9], "sampling_params": {"top_k": -1, "seed": None}}, "top_k −1 and seed None")
 
 
 @public("ch30.1", "a preempted request recomputes prompt and outputs in a prompt step")
 def preempted(t: Trial) -> None:
-    run_lower_case(t, {"request_id": 5, "prompt_token_ids": [4, 5, 6], "output_token_ids": [7, 8],
-                       "num_computed_tokens": 0}, "a preempted request")
-    run_lower_case(t, {"request_id": 6, "prompt_token_ids": [4, 5, 6, 7, 8, 9], "num_computed_tokens": 4},
-                   "a prompt after a 4-token prefix-cache hit")
+    run_lower_case(
+        t, {"request_id": 5, "prompt_token_ids": [4, 5, 6], "output_token_ids": [7, 8], "num_computed_tokens": 0}, "a preempted request"
+    )
+    run_lower_case(
+        t, {"request_id": 6, "prompt_token_ids": [4, 5, 6, 7, 8, 9], "num_computed_tokens": 4}, "a prompt after a 4-token prefix-cache hit"
+    )
 
 
 @public("ch30.1", "a packed (unaligned) batch is rejected, not reinterpreted")
 def packed_batch(t: Trial) -> None:
     rec = t.ref.lower_request(REQ_C)[0]
     fields = record_fields(rec.dtype)
-    packed = np.dtype([(n, fields[n][0]) for n in fields])   # no padding: offsets shift
-    t.expect_raises(ValueError, t.yours.select_phase, rec.astype(packed),
-                    because="a packed record has max_tokens at byte 25, not 28: the bytes are not the C struct's")
+    packed = np.dtype([(n, fields[n][0]) for n in fields])  # no padding: offsets shift
+    t.expect_raises(
+        ValueError,
+        t.yours.select_phase,
+        rec.astype(packed),
+        because="a packed record has max_tokens at byte 25, not 28: the bytes are not the C struct's",
+    )
 
 
 @public("ch30.1", "a sampling parameter the record has no field for raises ValueError")
 def lower_unknown_parameter(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.lower_request, {"request_id": 1, "prompt_token_ids": [1], "sampling_params": {"min_p": 0.1}},
-                    because="the record has no field for min_p, and dropping it would change the sampling")
+    t.expect_raises(
+        ValueError,
+        t.yours.lower_request,
+        {"request_id": 1, "prompt_token_ids": [1], "sampling_params": {"min_p": 0.1}},
+        because="the record has no field for min_p, and dropping it would change the sampling",
+    )
 
 
 # -- ch30.2 ---------------------------------------------------------------------------------------------------
+
 
 @public("ch30.2", "figure instance: Qwen3-0.6B with tp 2, prefix caching and a KV service")
 def support_figure_instance(t: Trial) -> None:
@@ -122,25 +170,45 @@ def everything_supported(t: Trial) -> None:
 
 @public("ch30.2", "every row unsupported at once")
 def everything_unsupported(t: Trial) -> None:
-    config = {"architectures": ["MixtralForCausalLM", "DeepseekV3ForCausalLM"], "torch_dtype": "float32",
-              "quantization_config": {"quant_method": "awq"}, "hidden_size": 4096, "num_attention_heads": 16,
-              "head_dim": 256, "max_position_embeddings": 131072, "tensor_parallel_size": 3,
-              "features": ["kv_service", "lora"]}
+    config = {
+        "architectures": ["MixtralForCausalLM", "DeepseekV3ForCausalLM"],
+        "torch_dtype": "float32",
+        "quantization_config": {"quant_method": "awq"},
+        "hidden_size": 4096,
+        "num_attention_heads": 16,
+        "head_dim": 256,
+        "max_position_embeddings": 131072,
+        "tensor_parallel_size": 3,
+        "features": ["kv_service", "lora"],
+    }
     run_support_case(t, config, MATRIX, "a config outside every row")
 
 
 @public("ch30.2", "head_dim from the config, derived only when absent")
 def head_dim_source(t: Trial) -> None:
-    llama = {"architectures": ["LlamaForCausalLM"], "torch_dtype": "float16", "hidden_size": 4096,
-             "num_attention_heads": 32, "max_position_embeddings": 8192}
+    llama = {
+        "architectures": ["LlamaForCausalLM"],
+        "torch_dtype": "float16",
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "max_position_embeddings": 8192,
+    }
     run_support_case(t, llama, MATRIX, "Llama without head_dim (4096 / 32 = 128)")
     run_support_case(t, dict(QWEN3_CONFIG, head_dim=96, features=[]), MATRIX, "head_dim 96 (1024 / 16 would be 64)")
 
 
 # -- helpers: the record's layout ------------------------------------------------------------------------------
 
-C_NAMES = {"<i8": "int64", "<i4": "int32", "|b1": "bool", "<f4": "float32", "<f8": "float64",
-           ">i4": "big-endian int32", ">i8": "big-endian int64", ">f4": "big-endian float32"}
+C_NAMES = {
+    "<i8": "int64",
+    "<i4": "int32",
+    "|b1": "bool",
+    "<f4": "float32",
+    "<f8": "float64",
+    ">i4": "big-endian int32",
+    ">i8": "big-endian int64",
+    ">f4": "big-endian float32",
+}
 
 
 def reference_layout(ref) -> list:
@@ -168,37 +236,44 @@ def explain_layout(got: np.dtype, want: np.dtype, what: str) -> None:
     if got_names != want_names:
         missing = [n for n in want_names if n not in got_names]
         extra = [n for n in got_names if n not in want_names]
-        raise CheckFailed(f"{what}: expected the fields {want_names} in this order; yours: {got_names}"
-                          + (f" (missing {missing})" if missing else "") + (f" (not in the struct: {extra})" if extra else ""),
-                          hint=M.padding_fields if any(n.startswith(("pad", "_")) for n in extra) else "")
+        raise CheckFailed(
+            f"{what}: expected the fields {want_names} in this order; yours: {got_names}"
+            + (f" (missing {missing})" if missing else "")
+            + (f" (not in the struct: {extra})" if extra else ""),
+            hint=M.padding_fields if any(n.startswith(("pad", "_")) for n in extra) else "",
+        )
     rows = layout_rows(want)
     for i, ((name, t_want, off_want, size), (_, t_got, off_got, _)) in enumerate(zip(rows, layout_rows(got))):
         if t_got != t_want:
-            raise CheckFailed(f"{what}: field {name} is a {C_NAMES.get(t_want, t_want)} ({t_want!r}); "
-                              f"yours is {C_NAMES.get(t_got, t_got)} ({t_got!r})",
-                              hint=M.big_endian if t_got[0] == ">" else "")
+            raise CheckFailed(
+                f"{what}: field {name} is a {C_NAMES.get(t_want, t_want)} ({t_want!r}); yours is {C_NAMES.get(t_got, t_got)} ({t_got!r})",
+                hint=M.big_endian if t_got[0] == ">" else "",
+            )
         if off_got != off_want:
             prev = rows[i - 1]
             end = prev[2] + prev[3]
             gap = off_want - end
-            raise CheckFailed(f"{what}: field {name} should be at byte offset {off_want}; yours: {off_got}",
-                              f"{prev[0]} ends at byte {end}; a {size}-byte field starts at a multiple of {size}, so "
-                              + (f"{plural(gap, 'padding byte')} come first and " if gap else "")
-                              + f"{name} starts at {off_want}",
-                              hint=M.packed if off_got == end else "")
+            raise CheckFailed(
+                f"{what}: field {name} should be at byte offset {off_want}; yours: {off_got}",
+                f"{prev[0]} ends at byte {end}; a {size}-byte field starts at a multiple of {size}, so "
+                + (f"{plural(gap, 'padding byte')} come first and " if gap else "")
+                + f"{name} starts at {off_want}",
+                hint=M.packed if off_got == end else "",
+            )
     if got.itemsize != want.itemsize:
         last = rows[-1]
         widest = max(r[3] for r in rows)
-        raise CheckFailed(f"{what}: the record is {want.itemsize} bytes ({last[0]} ends at {last[2] + last[3]}, and the "
-                          f"size is a multiple of the widest field, {widest} bytes); yours: {got.itemsize}",
-                          hint=M.tail_padding if got.itemsize < want.itemsize else "")
+        raise CheckFailed(
+            f"{what}: the record is {want.itemsize} bytes ({last[0]} ends at {last[2] + last[3]}, and the "
+            f"size is a multiple of the widest field, {widest} bytes); yours: {got.itemsize}",
+            hint=M.tail_padding if got.itemsize < want.itemsize else "",
+        )
 
 
 def student_dtype(t: Trial, value: Any) -> np.dtype:
     """The dtype the student's record_dtype() returned (it stays in their process; read its descr)."""
     if not isinstance(value, Remote) or not value.type_name.endswith("DType"):
-        raise CheckFailed("expected record_dtype() to return a numpy dtype (np.dtype([...], align=True)); "
-                          f"yours: {describe(value)}")
+        raise CheckFailed(f"expected record_dtype() to return a numpy dtype (np.dtype([...], align=True)); yours: {describe(value)}")
     descr = t.attrs(value, "descr")["descr"]
     try:
         return np.lib.format.descr_to_dtype(descr)
@@ -207,6 +282,7 @@ def student_dtype(t: Trial, value: Any) -> np.dtype:
 
 
 # -- helpers: lower_request and select_phase -------------------------------------------------------------------
+
 
 def batch_of(recs: list[np.ndarray]) -> np.ndarray:
     """The records as one batch with exactly their dtype. (np.concatenate would pack records whose dtype
@@ -222,8 +298,10 @@ def record_values(rec: np.ndarray) -> dict:
 
 def request_summary(req: dict) -> str:
     p, o = req.get("prompt_token_ids", []), req.get("output_token_ids", [])
-    return (f"request {req.get('request_id')}: {len(p)} prompt + {len(o)} output tokens, "
-            f"num_computed_tokens={req.get('num_computed_tokens', 0)}, sampling_params={req.get('sampling_params', {})}")
+    return (
+        f"request {req.get('request_id')}: {len(p)} prompt + {len(o)} output tokens, "
+        f"num_computed_tokens={req.get('num_computed_tokens', 0)}, sampling_params={req.get('sampling_params', {})}"
+    )
 
 
 def derivation(name: str, req: dict, want: dict) -> str:
@@ -236,9 +314,12 @@ def derivation(name: str, req: dict, want: dict) -> str:
         "num_tokens": f"num_tokens = prompt + output = {p} + {o} = {n}",
         "num_computed_tokens": f"num_computed_tokens is the request's own, {nc}",
         "num_new_tokens": f"num_new_tokens = num_tokens − num_computed_tokens = {n} − {nc} = {n - nc}",
-        "is_prompt": ("decode: only the newest token (an output token) lacks KV" if not want["is_prompt"] else
-                      f"prompt: {plural(n - nc, 'token')} from position {nc} on lack KV"
-                      + (" (a preempted request recomputes its outputs too)" if nc < n - 1 and o else "")),
+        "is_prompt": (
+            "decode: only the newest token (an output token) lacks KV"
+            if not want["is_prompt"]
+            else f"prompt: {plural(n - nc, 'token')} from position {nc} on lack KV"
+            + (" (a preempted request recomputes its outputs too)" if nc < n - 1 and o else "")
+        ),
         "max_tokens": f"max_tokens = {sp.get('max_tokens', 16)}" + ("" if "max_tokens" in sp else " (the default)"),
         "temperature": f"temperature = {sp.get('temperature', 1.0)} as float32",
         "top_p": f"top_p = {sp.get('top_p', 1.0)} as float32",
@@ -255,8 +336,11 @@ def field_hint(name: str, yours: Any, want: dict, req: dict) -> str:
         return M.top_k_raw
     if name == "seed" and sp.get("seed") is None:
         return M.seed_none
-    if name == "is_prompt" and req.get("output_token_ids") and req.get("num_computed_tokens", 0) < len(
-            req["prompt_token_ids"]) + len(req["output_token_ids"]) - 1:
+    if (
+        name == "is_prompt"
+        and req.get("output_token_ids")
+        and req.get("num_computed_tokens", 0) < len(req["prompt_token_ids"]) + len(req["output_token_ids"]) - 1
+    ):
         return M.outputs_mean_decode
     if name == "is_prompt":
         return M.decode_rule
@@ -272,12 +356,16 @@ def lowered_structure(got: Any, case: str) -> tuple[np.ndarray, np.ndarray, np.n
         raise CheckFailed(f"{case}: expected (record, input_ids, positions); yours: {describe(got)}")
     rec, ids, pos = got
     if not isinstance(rec, np.ndarray) or rec.dtype.names is None or rec.shape != (1,):
-        raise CheckFailed(f"{case}: expected the record as a numpy structured array of shape [1]; yours: "
-                          + (f"ndarray {rec.dtype} {list(rec.shape)}" if isinstance(rec, np.ndarray) else describe(rec)))
+        raise CheckFailed(
+            f"{case}: expected the record as a numpy structured array of shape [1]; yours: "
+            + (f"ndarray {rec.dtype} {list(rec.shape)}" if isinstance(rec, np.ndarray) else describe(rec))
+        )
     for what, arr in (("input_ids", ids), ("positions", pos)):
         if not isinstance(arr, np.ndarray) or arr.dtype != np.int32 or arr.ndim != 1:
-            raise CheckFailed(f"{case}: expected {what} as a 1-D int32 numpy array (the core reads int32); yours: "
-                              + (f"ndarray {arr.dtype} {list(arr.shape)}" if isinstance(arr, np.ndarray) else describe(arr)))
+            raise CheckFailed(
+                f"{case}: expected {what} as a 1-D int32 numpy array (the core reads int32); yours: "
+                + (f"ndarray {arr.dtype} {list(arr.shape)}" if isinstance(arr, np.ndarray) else describe(arr))
+            )
     return rec, ids, pos
 
 
@@ -289,16 +377,19 @@ def expect_lowered(got: Any, want: tuple, req: dict, case: str) -> tuple[np.ndar
     yours, expected = record_values(rec), record_values(w_rec)
     for name in expected:
         if yours[name] != expected[name]:
-            raise CheckFailed(f"{case}: {request_summary(req)}",
-                              f"field {name}: {derivation(name, req, expected)}, so {fmt(expected[name])}; "
-                              f"yours: {fmt(yours[name])}",
-                              hint=field_hint(name, yours[name], expected, req))
+            raise CheckFailed(
+                f"{case}: {request_summary(req)}",
+                f"field {name}: {derivation(name, req, expected)}, so {fmt(expected[name])}; yours: {fmt(yours[name])}",
+                hint=field_hint(name, yours[name], expected, req),
+            )
     for what, arr, w in (("input_ids", ids, w_ids), ("positions", pos, w_pos)):
         if arr.tolist() != w.tolist():
             nc = req.get("num_computed_tokens", 0)
-            raise CheckFailed(f"{case}: {request_summary(req)}",
-                              f"{what} of the step: the tokens from position {nc} on, {w.tolist()}; yours: {arr.tolist()}",
-                              hint=M.feed_all_tokens if len(arr) > len(w) else "")
+            raise CheckFailed(
+                f"{case}: {request_summary(req)}",
+                f"{what} of the step: the tokens from position {nc} on, {w.tolist()}; yours: {arr.tolist()}",
+                hint=M.feed_all_tokens if len(arr) > len(w) else "",
+            )
     return rec, ids, pos
 
 
@@ -309,14 +400,14 @@ def run_lower_case(t: Trial, req: dict, case: str) -> tuple[np.ndarray, np.ndarr
 
 # -- helpers: check_support ------------------------------------------------------------------------------------
 
+
 def split_entries(got: Any, case: str) -> list[tuple[str, str]]:
     if not isinstance(got, list) or not all(isinstance(s, str) for s in got):
-        raise CheckFailed(f"{case}: expected a list of str, one \"<key>: <reason>\" per unsupported feature; "
-                          f"yours: {describe(got)}")
+        raise CheckFailed(f'{case}: expected a list of str, one "<key>: <reason>" per unsupported feature; yours: {describe(got)}')
     out = []
     for s in got:
         if ":" not in s:
-            raise CheckFailed(f"{case}: each entry is \"<key>: <reason>\"; yours has {s!r}")
+            raise CheckFailed(f'{case}: each entry is "<key>: <reason>"; yours has {s!r}')
         key, reason = s.split(":", 1)
         out.append((key.strip(), reason.strip()))
     return out
@@ -327,10 +418,14 @@ def support_hint(row: dict, config: dict, matrix: dict) -> str:
     key = row["key"]
     if key == "max_position_embeddings" and row["value"] == matrix["max_context"]:
         return M.exclusive_context
-    if key == "head_dim" and config.get("head_dim") is not None and config.get("hidden_size") and \
-            config.get("num_attention_heads") and config["hidden_size"] // config["num_attention_heads"] != row["value"]:
-        return M.derived_head_dim.format(value=row["value"],
-                                         derived=config["hidden_size"] // config["num_attention_heads"])
+    if (
+        key == "head_dim"
+        and config.get("head_dim") is not None
+        and config.get("hidden_size")
+        and config.get("num_attention_heads")
+        and config["hidden_size"] // config["num_attention_heads"] != row["value"]
+    ):
+        return M.derived_head_dim.format(value=row["value"], derived=config["hidden_size"] // config["num_attention_heads"])
     if key == "kv_service":
         return M.prefix_is_kv_service
     if row["allowed"] == "not listed":
@@ -340,8 +435,7 @@ def support_hint(row: dict, config: dict, matrix: dict) -> str:
     return ""
 
 
-def expect_support(got: Any, config: dict, matrix: dict, case: str,
-                   rows: list[dict] | None = None) -> list[tuple[str, str]]:
+def expect_support(got: Any, config: dict, matrix: dict, case: str, rows: list[dict] | None = None) -> list[tuple[str, str]]:
     """Require one entry per unsupported row (any order), each reason naming the offending value (`rows`:
     `support_models`' answer; asked of the hidden side if not given)."""
     entries = split_entries(got, case)
@@ -355,28 +449,35 @@ def expect_support(got: Any, config: dict, matrix: dict, case: str,
         missing = want[key] > have[key]
         bad = next((x for x in rows if x["key"] == key and x["ok"] != missing), None)
         if bad is None:
-            raise CheckFailed(f"{case}: expected {plural(want[key], 'entry', 'entries')} for {key}; yours has {have[key]}",
-                              hint="one entry per unsupported value")
+            raise CheckFailed(
+                f"{case}: expected {plural(want[key], 'entry', 'entries')} for {key}; yours has {have[key]}",
+                hint="one entry per unsupported value",
+            )
         verdict = "is not supported" if missing else "is supported"
         what = f"feature {key}" if bad.get("feature") else f"{key} = {bad['value']}"
         allowed = f"the matrix says {bad['allowed']}" if bad.get("feature") else f"allowed: {bad['allowed']}"
-        raise CheckFailed(f"{case}: {what} {verdict} by {matrix['release']} ({allowed}); "
-                          + ("yours does not name it" if missing else "yours lists it as unsupported"),
-                          hint=support_hint(bad, config, matrix))
+        raise CheckFailed(
+            f"{case}: {what} {verdict} by {matrix['release']} ({allowed}); "
+            + ("yours does not name it" if missing else "yours lists it as unsupported"),
+            hint=support_hint(bad, config, matrix),
+        )
     extra = [k for k in have if k not in want]
     if extra:
-        raise CheckFailed(f"{case}: yours names {extra[0]!r}, which is not a key of an unsupported feature "
-                          f"(expected keys: {sorted(want) or 'none, everything is supported'})",
-                          hint=f"keys are {', '.join(SUPPORT_ORDER)} or the feature's own name")
+        raise CheckFailed(
+            f"{case}: yours names {extra[0]!r}, which is not a key of an unsupported feature "
+            f"(expected keys: {sorted(want) or 'none, everything is supported'})",
+            hint=f"keys are {', '.join(SUPPORT_ORDER)} or the feature's own name",
+        )
     for key, reason in entries:
         values = [str(r["value"]) for r in rows if r["key"] == key and not r["ok"]]
         if len(reason) < 3 or (key in SUPPORT_ORDER and not any(v in reason for v in values)):
-            raise CheckFailed(f"{case}: the reason for {key} must say what is unsupported and name the value "
-                              f"({' or '.join(values)}); yours: {reason!r}")
+            raise CheckFailed(
+                f"{case}: the reason for {key} must say what is unsupported and name the value ({' or '.join(values)}); yours: {reason!r}"
+            )
     return entries
 
 
 def run_support_case(t: Trial, config: dict, matrix: dict, case: str) -> list:
     got = t.yours.check_support(config, matrix)
-    rows = t.ref.drive(support_models, config, matrix)      # asked before comparing (a release replays it)
+    rows = t.ref.drive(support_models, config, matrix)  # asked before comparing (a release replays it)
     return expect_support(got, config, matrix, case, rows)

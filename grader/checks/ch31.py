@@ -4,39 +4,27 @@ from __future__ import annotations
 
 import torch
 
-from grader.authoring import (
-    CheckFailed,
-    Trial,
-    describe,
-    expect_tensor,
-    first_wrong,
-    fmt,
-    mistakes,
-    plural,
-    public,
-    vec,
-    wrong_mask,
-)
+from grader.authoring import CheckFailed, Trial, describe, expect_tensor, first_wrong, fmt, mistakes, plural, public, vec, wrong_mask
 
-ATOL, RTOL = 1e-6, 1e-5                # route_topk's weights
-COMBINE_TOL = 1e-4                     # combine's outputs, absolute and relative
-LOAD_ATOL, LOAD_RTOL = 1e-6, 1e-5      # a placement's GPU loads
+ATOL, RTOL = 1e-6, 1e-5  # route_topk's weights
+COMBINE_TOL = 1e-4  # combine's outputs, absolute and relative
+LOAD_ATOL, LOAD_RTOL = 1e-6, 1e-5  # a placement's GPU loads
 HANDLE_KEYS = ("src_token", "topk_slot", "expert", "rows_per_rank", "tokens_per_expert")
 
 # ch31-moe-roundtrip: DeepEP's worked example (reference §G.3): 4 tokens, 4 experts on 2 ranks, top-2.
 G3_IDS = [[0, 2], [1, 0], [3, 2], [1, 3]]
 G3_WEIGHTS = [[0.6, 0.4], [0.7, 0.3], [0.5, 0.5], [0.8, 0.2]]
-G3_X = [[1.0, 10.0], [2.0, 20.0], [3.0, 30.0], [4.0, 40.0]]       # token t: [t + 1, 10(t + 1)]
+G3_X = [[1.0, 10.0], [2.0, 20.0], [3.0, 30.0], [4.0, 40.0]]  # token t: [t + 1, 10(t + 1)]
 G3_EXPERTS, G3_RANKS = 4, 2
 
 # ch31-eplb-load: DeepSeek EPLB's worked example (reference §H.3).
 H3_LOADS = [90.0, 10.0, 40.0, 20.0, 60.0, 30.0, 15.0, 35.0]
-H3_ARGS = (12, 4, 2, 4)               # num_replicas, num_groups, num_nodes, num_gpus
+H3_ARGS = (12, 4, 2, 4)  # num_replicas, num_groups, num_nodes, num_gpus
 
 # ch31-eplb-window: one layer's load history, W = 4 passes of 6 slots; experts 0 and 2 have two replicas each.
 W4_WINDOW = [[[12, 3, 7, 2, 11, 6]], [[9, 5, 4, 1, 10, 5]], [[15, 2, 8, 3, 14, 9]], [[10, 4, 6, 2, 12, 7]]]
-W4_STEP = 1                           # row 1 holds the oldest pass
-W4_PASS = [[3, 2, 5, 16, 4, 6]]       # this pass: expert 3, cold so far, is suddenly hot
+W4_STEP = 1  # row 1 holds the oldest pass
+W4_PASS = [[3, 2, 5, 16, 4, 6]]  # this pass: expert 3, cold so far, is suddenly hot
 W4_PHY2LOG = [[0, 1, 2, 3, 0, 2]]
 W4_EXPERTS = 4
 
@@ -44,6 +32,7 @@ M = mistakes("ch31")
 
 
 # -- ch31.1 ----------------------------------------------------------------------------------------------------------
+
 
 @public("ch31.1", "four tokens, four experts, top-2")
 def route_small(t: Trial) -> None:
@@ -53,8 +42,7 @@ def route_small(t: Trial) -> None:
 
 @public("ch31.1", "ties go to the lower expert id")
 def route_ties(t: Trial) -> None:
-    run_routing_case(t, torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [0.0, 1.0, 0.0, 1.0]]), 2, True,
-                     "tied logits")
+    run_routing_case(t, torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [0.0, 1.0, 0.0, 1.0]]), 2, True, "tied logits")
 
 
 @public("ch31.1", "renormalize=False keeps the softmax probabilities")
@@ -69,15 +57,23 @@ def route_all(t: Trial) -> None:
 
 # -- ch31.2 ----------------------------------------------------------------------------------------------------------
 
+
 @public("ch31.2", "figure instance: dispatch of 4 tokens to 4 experts on 2 ranks, top-2")
 def dispatch_figure_instance(t: Trial) -> None:
     x, ids, w = g3_instance()
     want = t.ref.dispatch(x, ids, G3_EXPERTS, G3_RANKS)
     got = t.yours.dispatch(x, ids, G3_EXPERTS, G3_RANKS)
     per_rank, handle = dispatch_structure(got, x, G3_RANKS, "figure instance")
-    t.figure("ch31-moe-roundtrip", x=x, topk_ids=ids, topk_weights=w,
-             handle={k: handle[k] for k in HANDLE_KEYS}, handle_expected=want[1],
-             rows=per_rank, rows_expected=want[0])
+    t.figure(
+        "ch31-moe-roundtrip",
+        x=x,
+        topk_ids=ids,
+        topk_weights=w,
+        handle={k: handle[k] for k in HANDLE_KEYS},
+        handle_expected=want[1],
+        rows=per_rank,
+        rows_expected=want[0],
+    )
     expect_dispatch(got, want, x, ids, G3_EXPERTS, G3_RANKS, "figure instance")
 
 
@@ -89,8 +85,9 @@ def combine_figure_instance(t: Trial) -> None:
     got = t.yours.combine(outputs, handle, w)
     want = t.ref.combine(outputs, handle, w)
     if isinstance(got, torch.Tensor) and got.shape == want.shape:
-        t.figure("ch31-moe-roundtrip", out=got, out_expected=want,
-                 out_wrong=wrong_mask(got, want, atol=COMBINE_TOL, rtol=COMBINE_TOL).any(dim=1))
+        t.figure(
+            "ch31-moe-roundtrip", out=got, out_expected=want, out_wrong=wrong_mask(got, want, atol=COMBINE_TOL, rtol=COMBINE_TOL).any(dim=1)
+        )
     expect_combined(got, want, outputs, w, handle, "figure instance", " with y = (e + 1)·x")
 
 
@@ -106,12 +103,14 @@ def identity_round_trip(t: Trial) -> None:
     idx = first_wrong(out, want, atol=1e-5, rtol=1e-5)
     if idx is not None:
         tok = idx[0]
-        raise CheckFailed(f"identity experts return their inputs, so combine(dispatch(x)) = x · Σ_j w: token {tok}: "
-                          f"{vec(x[tok])} · ({' + '.join(fmt(v) for v in w[tok].tolist())}) = {vec(want[tok])}; "
-                          f"yours: {vec(out[tok])}",
-                          "your handle and your combine must agree: row i goes back to token src_token[i] with weight "
-                          "topk_weights[src_token[i], topk_slot[i]]",
-                          hint=combine_hint(out, rows, w, handle))
+        raise CheckFailed(
+            f"identity experts return their inputs, so combine(dispatch(x)) = x · Σ_j w: token {tok}: "
+            f"{vec(x[tok])} · ({' + '.join(fmt(v) for v in w[tok].tolist())}) = {vec(want[tok])}; "
+            f"yours: {vec(out[tok])}",
+            "your handle and your combine must agree: row i goes back to token src_token[i] with weight "
+            "topk_weights[src_token[i], topk_slot[i]]",
+            hint=combine_hint(out, rows, w, handle),
+        )
 
 
 @public("ch31.2", "a rank that receives nothing")
@@ -124,6 +123,7 @@ def empty_rank(t: Trial) -> None:
 
 # -- ch31.3 ----------------------------------------------------------------------------------------------------------
 
+
 @public("ch31.3", "figure instance: EPLB's worked example, 8 experts on 4 GPUs with 4 redundant slots")
 def eplb_figure_instance(t: Trial) -> None:
     weight = torch.tensor([H3_LOADS])
@@ -132,8 +132,15 @@ def eplb_figure_instance(t: Trial) -> None:
     got = t.yours.rebalance_experts(weight, *H3_ARGS)
     phy2log, _, logcnt = placement_structure(got, weight, H3_ARGS[0], "figure instance (EPLB's worked example)")
     other_order = torch.equal(logcnt, want[2]) and packed_in_some_order(phy2log, logcnt, weight, want[0], H3_ARGS)
-    t.figure("ch31-eplb-load", loads=H3_LOADS, args=list(H3_ARGS), phy2log=phy2log[0], logcnt=logcnt[0],
-             phy2log_expected=(phy2log if other_order else want[0])[0], logcnt_expected=want[2][0])
+    t.figure(
+        "ch31-eplb-load",
+        loads=H3_LOADS,
+        args=list(H3_ARGS),
+        phy2log=phy2log[0],
+        logcnt=logcnt[0],
+        phy2log_expected=(phy2log if other_order else want[0])[0],
+        logcnt_expected=want[2][0],
+    )
     expect_placement(got, want, weight, H3_ARGS, "figure instance (EPLB's worked example)", glob)
 
 
@@ -145,8 +152,12 @@ def balancedness_instance(t: Trial) -> None:
     after = gpu_loads(weight, want_phy, want_cnt, H3_ARGS[3])[0].float()
     wants = [t.ref.balancedness(before), t.ref.balancedness(after)]
     gots = [t.yours.balancedness(before), t.yours.balancedness(after)]
-    t.figure("ch31-eplb-load", balancedness=[g if type(g) is float else None for g in gots], balancedness_expected=wants,
-             balancedness_wrong=[type(g) is not float or balancedness_wrong(g, w) for g, w in zip(gots, wants)])
+    t.figure(
+        "ch31-eplb-load",
+        balancedness=[g if type(g) is float else None for g in gots],
+        balancedness_expected=wants,
+        balancedness_wrong=[type(g) is not float or balancedness_wrong(g, w) for g, w in zip(gots, wants)],
+    )
     for got, loads, want, case in zip(gots, (before, after), wants, ("static placement", "EPLB placement")):
         expect_balancedness(got, loads, want, case)
 
@@ -158,8 +169,12 @@ def eplb_global(t: Trial) -> None:
 
 @public("ch31.3", "no redundant slots: placement only")
 def eplb_no_redundancy(t: Trial) -> None:
-    run_placement_case(t, torch.tensor([[5.0, 80.0, 20.0, 41.0, 7.0, 66.0], [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]]),
-                       (6, 3, 1, 2), "6 experts in 6 slots, 2 layers")
+    run_placement_case(
+        t,
+        torch.tensor([[5.0, 80.0, 20.0, 41.0, 7.0, 66.0], [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]]),
+        (6, 3, 1, 2),
+        "6 experts in 6 slots, 2 layers",
+    )
 
 
 @public("ch31.3", "balancedness over layers is Σ mean / Σ max")
@@ -172,17 +187,25 @@ def balancedness_layers(t: Trial) -> None:
 
 # -- ch31.4 ----------------------------------------------------------------------------------------------------------
 
+
 @public("ch31.4", "figure instance: a window of 4 passes, 6 slots of 4 experts, the cursor at row 1")
 def window_figure_instance(t: Trial) -> None:
-    window, step, load_pass, phy2log = (torch.tensor(W4_WINDOW), W4_STEP, torch.tensor(W4_PASS),
-                                        torch.tensor(W4_PHY2LOG))
+    window, step, load_pass, phy2log = (torch.tensor(W4_WINDOW), W4_STEP, torch.tensor(W4_PASS), torch.tensor(W4_PHY2LOG))
     want = t.ref.record_expert_load(window, step, load_pass, phy2log, W4_EXPERTS)
     got = t.yours.record_expert_load(window, step, load_pass, phy2log, W4_EXPERTS)
     case = "figure instance"
     mine = window_structure(got, window, W4_EXPERTS, case)
-    t.figure("ch31-eplb-window", window=window, step=step, load_pass=load_pass, phy2log=phy2log,
-             num_experts=W4_EXPERTS, yours=list(mine), expected=list(want),
-             wrong=[wrong_mask(mine[0], want[0]), mine[1] != want[1], wrong_mask(mine[2], want[2])])
+    t.figure(
+        "ch31-eplb-window",
+        window=window,
+        step=step,
+        load_pass=load_pass,
+        phy2log=phy2log,
+        num_experts=W4_EXPERTS,
+        yours=list(mine),
+        expected=list(want),
+        wrong=[wrong_mask(mine[0], want[0]), mine[1] != want[1], wrong_mask(mine[2], want[2])],
+    )
     expect_window(got, want, window, step, load_pass, phy2log, W4_EXPERTS, case)
 
 
@@ -196,14 +219,22 @@ def window_wraps(t: Trial) -> None:
 @public("ch31.4", "seven passes through a window of three, from an empty window")
 def window_trace(t: Trial) -> None:
     phy2log = torch.tensor([[0, 1, 2, 0], [2, 0, 1, 1]])
-    passes = [[[4, 0, 2, 3], [1, 5, 2, 0]], [[6, 1, 0, 5], [0, 3, 3, 2]], [[2, 2, 2, 2], [4, 0, 1, 1]],
-              [[9, 0, 1, 7], [2, 2, 0, 6]], [[0, 4, 4, 0], [5, 1, 2, 2]], [[3, 3, 0, 1], [0, 0, 7, 1]],
-              [[5, 0, 6, 2], [3, 4, 0, 0]]]
-    run_window_trace(t, torch.zeros(3, 2, 4, dtype=torch.int64), 0, [torch.tensor(p) for p in passes], phy2log, 3,
-                     "2 layers, 4 slots of 3 experts")
+    passes = [
+        [[4, 0, 2, 3], [1, 5, 2, 0]],
+        [[6, 1, 0, 5], [0, 3, 3, 2]],
+        [[2, 2, 2, 2], [4, 0, 1, 1]],
+        [[9, 0, 1, 7], [2, 2, 0, 6]],
+        [[0, 4, 4, 0], [5, 1, 2, 2]],
+        [[3, 3, 0, 1], [0, 0, 7, 1]],
+        [[5, 0, 6, 2], [3, 4, 0, 0]],
+    ]
+    run_window_trace(
+        t, torch.zeros(3, 2, 4, dtype=torch.int64), 0, [torch.tensor(p) for p in passes], phy2log, 3, "2 layers, 4 slots of 3 experts"
+    )
 
 
 # -- helpers: route_topk ---------------------------------------------------------------------------------------------
+
 
 def expect_routing(got, logits: torch.Tensor, k: int, renormalize: bool, want: tuple, case: str):
     N = logits.shape[0]
@@ -219,16 +250,18 @@ def expect_routing(got, logits: torch.Tensor, k: int, renormalize: bool, want: t
         return ids, w
     t = bad[0]
     p = logits[t].float().softmax(-1)
-    lines = [f"{case}: token {t}, logits {vec(logits[t])}, k={k}, renormalize={renormalize}",
-             f"p = softmax(logits) = {vec(p)}; the {k} largest (ties: lower id first) are experts "
-             f"{want_ids[t].tolist()} with weights {vec(want_w[t])}"
-             + (" (divided by their sum)" if renormalize else ""),
-             f"yours: experts {ids[t].tolist()}, weights {vec(w[t])}"]
+    lines = [
+        f"{case}: token {t}, logits {vec(logits[t])}, k={k}, renormalize={renormalize}",
+        f"p = softmax(logits) = {vec(p)}; the {k} largest (ties: lower id first) are experts "
+        f"{want_ids[t].tolist()} with weights {vec(want_w[t])}" + (" (divided by their sum)" if renormalize else ""),
+        f"yours: experts {ids[t].tolist()}, weights {vec(w[t])}",
+    ]
     hint = ""
     if ids[t].tolist() == want_ids[t].flip(0).tolist() and k > 1 and p[ids[t][0]] < p[ids[t][-1]]:
         hint = M.ascending_order
-    elif sorted(ids[t].tolist()) == sorted(want_ids[t].tolist()) or \
-            set(ids[t].tolist()) <= set(torch.nonzero(p >= p[want_ids[t]].min()).flatten().tolist()):
+    elif sorted(ids[t].tolist()) == sorted(want_ids[t].tolist()) or set(ids[t].tolist()) <= set(
+        torch.nonzero(p >= p[want_ids[t]].min()).flatten().tolist()
+    ):
         if not torch.equal(ids[t], want_ids[t]):
             hint = M.ties_high
         elif torch.allclose(w[t], p[ids[t]], atol=1e-6) and renormalize:
@@ -247,6 +280,7 @@ def run_routing_case(t: Trial, logits: torch.Tensor, k: int, renormalize: bool, 
 
 # -- helpers: dispatch and combine -----------------------------------------------------------------------------------
 
+
 def g3_instance() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.tensor(G3_X), torch.tensor(G3_IDS), torch.tensor(G3_WEIGHTS)
 
@@ -264,19 +298,20 @@ def dispatch_structure(got, x: torch.Tensor, R: int, case: str) -> tuple[list, d
         raise CheckFailed(f"{case}: expected (per_rank_inputs, handle); yours: {describe(got)}")
     per_rank, handle = got
     if not isinstance(per_rank, (list, tuple)) or len(per_rank) != R:
-        raise CheckFailed(f"{case}: expected per_rank_inputs as a list of {R} tensors, one per rank; "
-                          f"yours: {describe(per_rank)}")
+        raise CheckFailed(f"{case}: expected per_rank_inputs as a list of {R} tensors, one per rank; yours: {describe(per_rank)}")
     for r, rows in enumerate(per_rank):
         if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or rows.shape[1] != x.shape[1] or rows.dtype != x.dtype:
-            raise CheckFailed(f"{case}: expected rank {r}'s rows as a {str(x.dtype).removeprefix('torch.')} tensor "
-                              f"[n_{r}, {x.shape[1]}]; yours: {describe(rows)}")
+            raise CheckFailed(
+                f"{case}: expected rank {r}'s rows as a {str(x.dtype).removeprefix('torch.')} tensor "
+                f"[n_{r}, {x.shape[1]}]; yours: {describe(rows)}"
+            )
     if not isinstance(handle, dict):
         raise CheckFailed(f"{case}: expected the handle as a dict of tensors {list(HANDLE_KEYS)}; yours: {describe(handle)}")
     for key in HANDLE_KEYS:
-        if key not in handle or not isinstance(handle[key], torch.Tensor) or handle[key].dtype != torch.int64 \
-                or handle[key].dim() != 1:
-            raise CheckFailed(f"{case}: the handle needs {key!r} as a 1-D int64 tensor; yours: "
-                              + (describe(handle[key]) if key in handle else "missing"))
+        if key not in handle or not isinstance(handle[key], torch.Tensor) or handle[key].dtype != torch.int64 or handle[key].dim() != 1:
+            raise CheckFailed(
+                f"{case}: the handle needs {key!r} as a 1-D int64 tensor; yours: " + (describe(handle[key]) if key in handle else "missing")
+            )
     return list(per_rank), handle
 
 
@@ -293,13 +328,14 @@ def expect_dispatch(got, want: tuple, x: torch.Tensor, ids: torch.Tensor, E: int
     for key in ("rows_per_rank", "tokens_per_expert"):
         if handle[key].tolist() != want_h[key].tolist():
             dedup = [int(((ids // (E // R)) == r).any(dim=1).sum()) for r in range(R)]
-            raise CheckFailed(inputs, f"handle[{key!r}] = {want_h[key].tolist()}: one row per (token, expert) pair; "
-                                      f"yours: {handle[key].tolist()}",
-                              hint=M.dedup_per_rank if key == "rows_per_rank" and handle[key].tolist() == dedup else "")
+            raise CheckFailed(
+                inputs,
+                f"handle[{key!r}] = {want_h[key].tolist()}: one row per (token, expert) pair; yours: {handle[key].tolist()}",
+                hint=M.dedup_per_rank if key == "rows_per_rank" and handle[key].tolist() == dedup else "",
+            )
     for key in ("src_token", "topk_slot", "expert"):
         if handle[key].shape != want_h[key].shape:
-            raise CheckFailed(inputs, f"handle[{key!r}] has one entry per row, {want_h[key].numel()}; "
-                                      f"yours: {handle[key].numel()}")
+            raise CheckFailed(inputs, f"handle[{key!r}] has one entry per row, {want_h[key].numel()}; yours: {handle[key].numel()}")
     start = 0
     for r in range(R):
         lo, hi = start, start + counts[r]
@@ -312,46 +348,56 @@ def expect_dispatch(got, want: tuple, x: torch.Tensor, ids: torch.Tensor, E: int
             hint = ""
             if key == "expert" and handle["expert"][lo:hi].tolist() == (want_h["expert"][lo:hi] % (E // R)).tolist():
                 hint = M.local_expert_ids
-            elif sorted(zip(handle["src_token"][lo:hi].tolist(), handle["topk_slot"][lo:hi].tolist())) == \
-                    list(zip(handle["src_token"][lo:hi].tolist(), handle["topk_slot"][lo:hi].tolist())):
+            elif sorted(zip(handle["src_token"][lo:hi].tolist(), handle["topk_slot"][lo:hi].tolist())) == list(
+                zip(handle["src_token"][lo:hi].tolist(), handle["topk_slot"][lo:hi].tolist())
+            ):
                 hint = M.by_token
-            raise CheckFailed(inputs, f"rank {r} should receive, grouped by expert then token: {rows_text(want_h, lo, hi)}",
-                              f"row {i} (rank {r}'s row {i - lo}): handle[{key!r}] = {int(want_h[key][i])}; yours: "
-                              f"{int(handle[key][i])} (your rank {r}: {rows_text(handle, lo, hi)})", hint=hint)
+            raise CheckFailed(
+                inputs,
+                f"rank {r} should receive, grouped by expert then token: {rows_text(want_h, lo, hi)}",
+                f"row {i} (rank {r}'s row {i - lo}): handle[{key!r}] = {int(want_h[key][i])}; yours: "
+                f"{int(handle[key][i])} (your rank {r}: {rows_text(handle, lo, hi)})",
+                hint=hint,
+            )
         idx = first_wrong(per_rank[r], want_rows[r])
         if idx is not None:
             j = idx[0]
             src = int(want_h["src_token"][lo + j])
-            raise CheckFailed(inputs, f"rank {r}'s row {j} is a copy of token {src}'s hidden row x[{src}] = "
-                                      f"{vec(x[src])}; yours: {vec(per_rank[r][j])}")
+            raise CheckFailed(
+                inputs, f"rank {r}'s row {j} is a copy of token {src}'s hidden row x[{src}] = {vec(x[src])}; yours: {vec(per_rank[r][j])}"
+            )
     return per_rank, handle
 
 
-def expect_combined(got, want: torch.Tensor, outputs: list, weights: torch.Tensor, handle: dict, case: str,
-                    scale_note: str = "") -> torch.Tensor:
+def expect_combined(
+    got, want: torch.Tensor, outputs: list, weights: torch.Tensor, handle: dict, case: str, scale_note: str = ""
+) -> torch.Tensor:
     N, k = weights.shape
     H = want.shape[1]
     if isinstance(got, torch.Tensor) and got.dim() == 2 and got.shape[0] == N * k != N:
-        raise CheckFailed(f"{case}: expected one row per token, [{N}, {H}]; yours: {describe(got)}",
-                          hint=M.concatenated)
+        raise CheckFailed(f"{case}: expected one row per token, [{N}, {H}]; yours: {describe(got)}", hint=M.concatenated)
     out = expect_tensor(got, what=f"{case}: the combined output", shape=[N, H], dtype=want.dtype)
     idx = first_wrong(out, want, atol=COMBINE_TOL, rtol=COMBINE_TOL)
     if idx is None:
         return out
     tok = idx[0]
     rows = [i for i, s in enumerate(handle["src_token"].tolist()) if s == tok]
-    terms = " + ".join(f"{fmt(float(weights[tok, handle['topk_slot'][i]]))}·y(row {i}, e{int(handle['expert'][i])})"
-                       for i in sorted(rows, key=lambda i: int(handle["topk_slot"][i])))
-    raise CheckFailed(f"{case}: out[{tok}] = Σ_j topk_weights[{tok}, j] · its expert output = {terms}{scale_note} = "
-                      f"{vec(want[tok])}; yours: {vec(out[tok])}", hint=combine_hint(out, outputs, weights, handle))
+    terms = " + ".join(
+        f"{fmt(float(weights[tok, handle['topk_slot'][i]]))}·y(row {i}, e{int(handle['expert'][i])})"
+        for i in sorted(rows, key=lambda i: int(handle["topk_slot"][i]))
+    )
+    raise CheckFailed(
+        f"{case}: out[{tok}] = Σ_j topk_weights[{tok}, j] · its expert output = {terms}{scale_note} = "
+        f"{vec(want[tok])}; yours: {vec(out[tok])}",
+        hint=combine_hint(out, outputs, weights, handle),
+    )
 
 
 def combine_hint(out: torch.Tensor, outputs: list, weights: torch.Tensor, handle: dict) -> str:
     """The misconception a wrong combine most likely comes from ('' when none fits)."""
     y = torch.cat(outputs).double()
     src = handle["src_token"]
-    if len(src) != len(y) or len(src) != weights.numel() or (len(src) and (int(src.min()) < 0 or
-                                                                          int(src.max()) >= out.shape[0])):
+    if len(src) != len(y) or len(src) != weights.numel() or (len(src) and (int(src.min()) < 0 or int(src.max()) >= out.shape[0])):
         return ""
 
     def summed(row_weights: torch.Tensor) -> torch.Tensor:
@@ -365,14 +411,14 @@ def combine_hint(out: torch.Tensor, outputs: list, weights: torch.Tensor, handle
     return ""
 
 
-def run_combine_case(t: Trial, per_rank_out: list, handle: dict, weights: torch.Tensor, case: str,
-                     scale_note: str = "") -> torch.Tensor:
+def run_combine_case(t: Trial, per_rank_out: list, handle: dict, weights: torch.Tensor, case: str, scale_note: str = "") -> torch.Tensor:
     got = t.yours.combine(per_rank_out, handle, weights)
     want = t.ref.combine(per_rank_out, handle, weights)
     return expect_combined(got, want, per_rank_out, weights, handle, case, scale_note)
 
 
 # -- helpers: rebalance_experts and balancedness ---------------------------------------------------------------------
+
 
 def gpu_loads(weight: torch.Tensor, phy2log: torch.Tensor, logcnt: torch.Tensor, num_gpus: int) -> torch.Tensor:
     """[L, G] load per GPU: each slot carries its expert's load / replica count."""
@@ -393,14 +439,15 @@ def placement_structure(got, weight: torch.Tensor, num_replicas: int, case: str)
     phy2log = expect_tensor(got[0], what=f"{case}: phy2log", shape=[L, num_replicas], dtype=torch.int64)
     logcnt = expect_tensor(got[2], what=f"{case}: logcnt", shape=[L, E], dtype=torch.int64)
     if int(phy2log.min()) < 0 or int(phy2log.max()) >= E:
-        raise CheckFailed(f"{case}: phy2log holds logical expert ids 0 … {E - 1}; yours has "
-                          f"{int(phy2log.min())} … {int(phy2log.max())}")
+        raise CheckFailed(f"{case}: phy2log holds logical expert ids 0 … {E - 1}; yours has {int(phy2log.min())} … {int(phy2log.max())}")
     for layer in range(L):
         counts = torch.bincount(phy2log[layer], minlength=E)
         if not torch.equal(counts, logcnt[layer]):
             e = int((counts != logcnt[layer]).nonzero()[0])
-            raise CheckFailed(f"{case}: layer {layer}: your phy2log places expert {e} in {int(counts[e])} slots but "
-                              f"your logcnt says {int(logcnt[layer, e])}")
+            raise CheckFailed(
+                f"{case}: layer {layer}: your phy2log places expert {e} in {int(counts[e])} slots but "
+                f"your logcnt says {int(logcnt[layer, e])}"
+            )
     return phy2log, got[1], logcnt
 
 
@@ -408,16 +455,20 @@ def expect_log2phy(got, phy2log: torch.Tensor, E: int, width: int, case: str) ->
     """log2phy [L, E, X]: each expert's slots (any order among its replicas), then −1 padding."""
     L = phy2log.shape[0]
     if not isinstance(got, torch.Tensor) or got.dtype != torch.int64 or list(got.shape) != [L, E, width]:
-        raise CheckFailed(f"{case}: expected log2phy as an int64 tensor [L, E, X] = [{L}, {E}, {width}], X being "
-                          f"the largest replica count over all layers; yours: {describe(got)}")
+        raise CheckFailed(
+            f"{case}: expected log2phy as an int64 tensor [L, E, X] = [{L}, {E}, {width}], X being "
+            f"the largest replica count over all layers; yours: {describe(got)}"
+        )
     log2phy = got
     for layer in range(L):
         for e in range(E):
             slots = sorted((phy2log[layer] == e).nonzero().flatten().tolist())
             row = log2phy[layer, e].tolist()
-            if sorted(s for s in row if s >= 0) != slots or row[len(slots):] != [-1] * (width - len(slots)):
-                raise CheckFailed(f"{case}: layer {layer}: expert {e} is in slots {slots} of your phy2log; your "
-                                  f"log2phy[{layer}, {e}] = {row} (its slots, then −1 padding)")
+            if sorted(s for s in row if s >= 0) != slots or row[len(slots) :] != [-1] * (width - len(slots)):
+                raise CheckFailed(
+                    f"{case}: layer {layer}: expert {e} is in slots {slots} of your phy2log; your "
+                    f"log2phy[{layer}, {e}] = {row} (its slots, then −1 padding)"
+                )
     return log2phy
 
 
@@ -427,8 +478,10 @@ def expect_placement(got, want: tuple, weight: torch.Tensor, args: tuple, case: 
     w_phy, w_log2phy, w_cnt = want
     phy2log, log2phy, logcnt = placement_structure(got, weight, num_replicas, case)
     policy = "hierarchical" if num_groups % num_nodes == 0 else "global"
-    inputs = (f"{case}: {weight.shape[1]} experts in {plural(num_groups, 'group')}, {num_replicas} slots on "
-              f"{plural(num_gpus, 'GPU')} in {plural(num_nodes, 'node')} ({policy} policy)")
+    inputs = (
+        f"{case}: {weight.shape[1]} experts in {plural(num_groups, 'group')}, {num_replicas} slots on "
+        f"{plural(num_gpus, 'GPU')} in {plural(num_nodes, 'node')} ({policy} policy)"
+    )
     if policy == "hierarchical" and num_nodes > 1:
         global_phy = global_hint[0] if global_hint is not None else None
         explain_nodes(phy2log, w_phy, weight, num_groups, num_nodes, inputs, global_phy)
@@ -440,34 +493,43 @@ def expect_placement(got, want: tuple, weight: torch.Tensor, args: tuple, case: 
             hint = M.always_global.format(groups=num_groups, nodes=num_nodes)
         elif (logcnt[layer] > 1).sum() < (w_cnt[layer] > 1).sum():
             hint = M.raw_load
-        raise CheckFailed(inputs, f"layer {layer}, loads {vec(weight[layer])}: expert {e} gets {int(w_cnt[layer, e])} "
-                                  f"replica(s) (step 2: spare slots go, one by one, to the largest load / count); "
-                                  f"yours: {int(logcnt[layer, e])}",
-                          f"expected logcnt {vec(w_cnt[layer], 16)}; yours {vec(logcnt[layer], 16)}", hint=hint)
+        raise CheckFailed(
+            inputs,
+            f"layer {layer}, loads {vec(weight[layer])}: expert {e} gets {int(w_cnt[layer, e])} "
+            f"replica(s) (step 2: spare slots go, one by one, to the largest load / count); "
+            f"yours: {int(logcnt[layer, e])}",
+            f"expected logcnt {vec(w_cnt[layer], 16)}; yours {vec(logcnt[layer], 16)}",
+            hint=hint,
+        )
     loads, w_loads = gpu_loads(weight, phy2log, logcnt, num_gpus), gpu_loads(weight, w_phy, w_cnt, num_gpus)
     idx = first_wrong(loads, w_loads, atol=LOAD_ATOL, rtol=LOAD_RTOL)
     per_gpu = num_replicas // num_gpus
     if idx is not None:
         layer, g = idx
-        mine = phy2log[layer, g * per_gpu:(g + 1) * per_gpu].tolist()
-        theirs = w_phy[layer, g * per_gpu:(g + 1) * per_gpu].tolist()
+        mine = phy2log[layer, g * per_gpu : (g + 1) * per_gpu].tolist()
+        theirs = w_phy[layer, g * per_gpu : (g + 1) * per_gpu].tolist()
         same_loads = torch.allclose(loads[layer].sort().values, w_loads[layer].sort().values, rtol=LOAD_RTOL)
-        raise CheckFailed(inputs, f"layer {layer}: GPU {g} (slots {g * per_gpu}–{(g + 1) * per_gpu - 1}) should carry "
-                                  f"experts {theirs} = {fmt(float(w_loads[layer, g]))}; yours: {mine} = "
-                                  f"{fmt(float(loads[layer, g]))}",
-                          f"expected GPU loads {vec(w_loads[layer])}; yours {vec(loads[layer])}",
-                          hint=M.packing_order if same_loads else "")
+        raise CheckFailed(
+            inputs,
+            f"layer {layer}: GPU {g} (slots {g * per_gpu}–{(g + 1) * per_gpu - 1}) should carry "
+            f"experts {theirs} = {fmt(float(w_loads[layer, g]))}; yours: {mine} = "
+            f"{fmt(float(loads[layer, g]))}",
+            f"expected GPU loads {vec(w_loads[layer])}; yours {vec(loads[layer])}",
+            hint=M.packing_order if same_loads else "",
+        )
     idx = first_wrong(phy2log, w_phy)
     if idx is not None and not packed_in_some_order(phy2log, logcnt, weight, w_phy, args):
         layer, s = idx
-        raise CheckFailed(inputs, f"layer {layer}: slot {s} (GPU {s // per_gpu}) holds expert {int(w_phy[layer, s])}; "
-                                  f"yours: {int(phy2log[layer, s])} (your GPU loads are right; the order inside a GPU is "
-                                  f"the order in which balanced packing gave it its replicas)")
+        raise CheckFailed(
+            inputs,
+            f"layer {layer}: slot {s} (GPU {s // per_gpu}) holds expert {int(w_phy[layer, s])}; "
+            f"yours: {int(phy2log[layer, s])} (your GPU loads are right; the order inside a GPU is "
+            f"the order in which balanced packing gave it its replicas)",
+        )
     return phy2log, expect_log2phy(log2phy, phy2log, weight.shape[1], w_log2phy.shape[2], case), logcnt
 
 
-def packed_in_some_order(phy2log: torch.Tensor, logcnt: torch.Tensor, weight: torch.Tensor, w_phy: torch.Tensor,
-                         args: tuple) -> bool:
+def packed_in_some_order(phy2log: torch.Tensor, logcnt: torch.Tensor, weight: torch.Tensor, w_phy: torch.Tensor, args: tuple) -> bool:
     """Whether a placement differs from the reference's only in the order step 3 took replicas of equal load (EPLB
     sorts them with an unstable sort): every node holds the reference's replicas, and every GPU's slots hold them in
     an order balanced packing can give, each next replica (to the lightest GPU with room, the lower GPU on equal
@@ -477,7 +539,7 @@ def packed_in_some_order(phy2log: torch.Tensor, logcnt: torch.Tensor, weight: to
         num_nodes = 1
     per_node, gpus, per_gpu = num_replicas // num_nodes, num_gpus // num_nodes, num_replicas // num_gpus
     if per_gpu == 1 or phy2log.shape != w_phy.shape:
-        return False                                     # one replica per GPU: no sort, the identity
+        return False  # one replica per GPU: no sort, the identity
     share = (weight.float() / logcnt.float()).gather(1, phy2log)
     for layer in range(phy2log.shape[0]):
         for n in range(num_nodes):
@@ -495,26 +557,38 @@ def packed_in_some_order(phy2log: torch.Tensor, logcnt: torch.Tensor, weight: to
     return True
 
 
-def explain_nodes(phy2log: torch.Tensor, w_phy: torch.Tensor, weight: torch.Tensor, num_groups: int, num_nodes: int,
-                  inputs: str, global_phy: torch.Tensor | None = None) -> None:
+def explain_nodes(
+    phy2log: torch.Tensor,
+    w_phy: torch.Tensor,
+    weight: torch.Tensor,
+    num_groups: int,
+    num_nodes: int,
+    inputs: str,
+    global_phy: torch.Tensor | None = None,
+) -> None:
     """Step 1: each node must hold the experts of the groups balanced packing gives it (`global_phy`: the global
     policy's placement, which a student who never packs groups onto nodes gives)."""
     L, E = weight.shape
     gs, per_node = E // num_groups, phy2log.shape[1] // num_nodes
     for layer in range(L):
-        groups = lambda phy, n: sorted({e // gs for e in phy[layer, n * per_node:(n + 1) * per_node].tolist()})
+        groups = lambda phy, n: sorted({e // gs for e in phy[layer, n * per_node : (n + 1) * per_node].tolist()})
         for n in range(num_nodes):
             mine, want = groups(phy2log, n), groups(w_phy, n)
             if mine != want:
                 loads = weight[layer].double().view(num_groups, gs).sum(1)
                 order = sorted(range(num_groups), key=lambda g: -float(loads[g]))
-                raise CheckFailed(inputs, f"layer {layer}: step 1 packs the groups onto the nodes, heaviest first, "
-                                          f"each to the lightest node with room: group loads "
-                                          f"{', '.join(f'g{g} {fmt(float(loads[g]))}' for g in order)}",
-                                  f"node {n} should hold groups {want}; yours holds experts of groups {mine}",
-                                  hint=M.always_global.format(groups=num_groups, nodes=num_nodes)
-                                  if global_phy is not None and torch.equal(phy2log, global_phy) else
-                                  M.round_robin if num_groups // num_nodes > 1 else M.node_identity)
+                raise CheckFailed(
+                    inputs,
+                    f"layer {layer}: step 1 packs the groups onto the nodes, heaviest first, "
+                    f"each to the lightest node with room: group loads "
+                    f"{', '.join(f'g{g} {fmt(float(loads[g]))}' for g in order)}",
+                    f"node {n} should hold groups {want}; yours holds experts of groups {mine}",
+                    hint=M.always_global.format(groups=num_groups, nodes=num_nodes)
+                    if global_phy is not None and torch.equal(phy2log, global_phy)
+                    else M.round_robin
+                    if num_groups // num_nodes > 1
+                    else M.node_identity,
+                )
 
 
 def run_placement_case(t: Trial, weight: torch.Tensor, args: tuple, case: str):
@@ -541,12 +615,16 @@ def expect_balancedness(got, loads: torch.Tensor, want: float, case: str) -> flo
         elif rows.shape[0] > 1 and abs(got - (rows.mean(1) / rows.max(1).values).mean().item()) < 1e-9:
             hint = M.ratio_mean
         shown = vec(loads, 16) if loads.dim() == 1 else "[" + ", ".join(vec(row) for row in loads) + "]"
-        raise CheckFailed(f"{case}: loads {shown}: Σ_layers mean = {fmt(mean)}, Σ_layers max = {fmt(top)}, so "
-                          f"balancedness = {fmt(want, 6)}; yours: {fmt(got, 6)}", hint=hint)
+        raise CheckFailed(
+            f"{case}: loads {shown}: Σ_layers mean = {fmt(mean)}, Σ_layers max = {fmt(top)}, so "
+            f"balancedness = {fmt(want, 6)}; yours: {fmt(got, 6)}",
+            hint=hint,
+        )
     return got
 
 
 # -- helpers: record_expert_load -------------------------------------------------------------------------------------
+
 
 def per_expert(per_slot: torch.Tensor, phy2log: torch.Tensor, num_experts: int) -> torch.Tensor:
     """[L, E]: each slot's count added to its logical expert."""
@@ -562,14 +640,17 @@ def window_structure(got, window: torch.Tensor, num_experts: int, case: str) -> 
     if type(got[1]) is not int:
         raise CheckFailed(f"{case}: expected next_step as a Python int; yours: {describe(got[1])}")
     if isinstance(got[2], torch.Tensor) and list(got[2].shape) == [L, P] and P != num_experts:
-        raise CheckFailed(f"{case}: expected the load per logical expert, [L, E] = [{L}, {num_experts}]; yours: "
-                          f"{describe(got[2])}, one entry per slot", hint=M.physical_loads)
+        raise CheckFailed(
+            f"{case}: expected the load per logical expert, [L, E] = [{L}, {num_experts}]; yours: {describe(got[2])}, one entry per slot",
+            hint=M.physical_loads,
+        )
     load = expect_tensor(got[2], what=f"{case}: the load", shape=[L, num_experts], dtype=torch.int64)
     return mine, got[1], load
 
 
-def expect_window(got, want: tuple, window: torch.Tensor, step: int, load_pass: torch.Tensor, phy2log: torch.Tensor,
-                  num_experts: int, case: str) -> tuple[torch.Tensor, int, torch.Tensor]:
+def expect_window(
+    got, want: tuple, window: torch.Tensor, step: int, load_pass: torch.Tensor, phy2log: torch.Tensor, num_experts: int, case: str
+) -> tuple[torch.Tensor, int, torch.Tensor]:
     """Require the student's (window, next_step, load) to equal the reference's, explaining the first difference."""
     mine, next_step, load = window_structure(got, window, num_experts, case)
     w_window, w_step, w_load = want
@@ -579,14 +660,20 @@ def expect_window(got, want: tuple, window: torch.Tensor, step: int, load_pass: 
     if idx is not None:
         row, layer, p = idx
         shifted = torch.cat([window[1:], load_pass[None]])
-        raise CheckFailed(inputs, f"row {step} (the oldest pass) becomes this pass's counts and the other rows stay: "
-                                  f"window[{row}, {layer}, {p}] = {int(w_window[row, layer, p])}; yours: "
-                                  f"{int(mine[row, layer, p])}",
-                          hint=M.shifted_window if torch.equal(mine, shifted) else "")
+        raise CheckFailed(
+            inputs,
+            f"row {step} (the oldest pass) becomes this pass's counts and the other rows stay: "
+            f"window[{row}, {layer}, {p}] = {int(w_window[row, layer, p])}; yours: "
+            f"{int(mine[row, layer, p])}",
+            hint=M.shifted_window if torch.equal(mine, shifted) else "",
+        )
     if next_step != w_step:
-        raise CheckFailed(inputs, f"the cursor moves to the next row, back to 0 after row {W - 1}: next_step = "
-                                  f"({step} + 1) mod {W} = {w_step}; yours: {next_step}",
-                          hint=M.not_wrapped if next_step == step + 1 == W else "")
+        raise CheckFailed(
+            inputs,
+            f"the cursor moves to the next row, back to 0 after row {W - 1}: next_step = "
+            f"({step} + 1) mod {W} = {w_step}; yours: {next_step}",
+            hint=M.not_wrapped if next_step == step + 1 == W else "",
+        )
     idx = first_wrong(load, w_load)
     if idx is not None:
         layer, e = idx
@@ -596,22 +683,26 @@ def expect_window(got, want: tuple, window: torch.Tensor, step: int, load_pass: 
             hint = M.last_step_only
         elif torch.equal(load, w_load // W) or torch.equal(load, per_expert(w_window.sum(0) // W, phy2log, num_experts)):
             hint = M.window_mean
-        raise CheckFailed(inputs, f"layer {layer}: expert {e} is in slots {slots}, so its load is the sum of those "
-                                  f"slots over all {plural(W, 'row')} of the new window = {int(w_load[layer, e])}; "
-                                  f"yours: {int(load[layer, e])}",
-                          f"expected load {vec(w_load[layer], 16)}; yours {vec(load[layer], 16)}", hint=hint)
+        raise CheckFailed(
+            inputs,
+            f"layer {layer}: expert {e} is in slots {slots}, so its load is the sum of those "
+            f"slots over all {plural(W, 'row')} of the new window = {int(w_load[layer, e])}; "
+            f"yours: {int(load[layer, e])}",
+            f"expected load {vec(w_load[layer], 16)}; yours {vec(load[layer], 16)}",
+            hint=hint,
+        )
     return mine, next_step, load
 
 
-def run_window_case(t: Trial, window: torch.Tensor, step: int, load_pass: torch.Tensor, phy2log: torch.Tensor,
-                    num_experts: int, case: str):
+def run_window_case(t: Trial, window: torch.Tensor, step: int, load_pass: torch.Tensor, phy2log: torch.Tensor, num_experts: int, case: str):
     got = t.yours.record_expert_load(window, step, load_pass, phy2log, num_experts)
     want = t.ref.record_expert_load(window, step, load_pass, phy2log, num_experts)
     return expect_window(got, want, window, step, load_pass, phy2log, num_experts, case)
 
 
-def run_window_trace(t: Trial, window: torch.Tensor, step: int, passes: list[torch.Tensor], phy2log: torch.Tensor,
-                     num_experts: int, case: str) -> None:
+def run_window_trace(
+    t: Trial, window: torch.Tensor, step: int, passes: list[torch.Tensor], phy2log: torch.Tensor, num_experts: int, case: str
+) -> None:
     """Feed the passes one by one, each call getting the window and cursor the previous one returned (yours to
     yours, the reference's to the reference); the first call that differs fails."""
     wants = []
@@ -623,8 +714,9 @@ def run_window_trace(t: Trial, window: torch.Tensor, step: int, passes: list[tor
     mine, my_step = window, step
     for i, (load_pass, want) in enumerate(zip(passes, wants)):
         if not (type(my_step) is int and 0 <= my_step < window.shape[0]):
-            raise CheckFailed(f"{case}: before pass {i} your cursor is {my_step}, outside the window's rows "
-                              f"0 … {window.shape[0] - 1}", hint=M.not_wrapped if my_step == window.shape[0] else "")
+            raise CheckFailed(
+                f"{case}: before pass {i} your cursor is {my_step}, outside the window's rows 0 … {window.shape[0] - 1}",
+                hint=M.not_wrapped if my_step == window.shape[0] else "",
+            )
         got = t.yours.record_expert_load(mine, my_step, load_pass, phy2log, num_experts)
-        mine, my_step, _ = expect_window(got, want, mine, my_step, load_pass, phy2log, num_experts,
-                                         f"{case}, pass {i} of {len(passes)}")
+        mine, my_step, _ = expect_window(got, want, mine, my_step, load_pass, phy2log, num_experts, f"{case}, pass {i} of {len(passes)}")

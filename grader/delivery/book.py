@@ -63,8 +63,14 @@ class Book:
         return sum(e.status != "placeholder" for e in self.entries)
 
 
-def write_book(out: Path, *, submission: Path | None = None, sandbox: str | None = None, jobs: int | None = None,
-               on_report: Callable[[Report], None] | None = None) -> Book:
+def write_book(
+    out: Path,
+    *,
+    submission: Path | None = None,
+    sandbox: str | None = None,
+    jobs: int | None = None,
+    on_report: Callable[[Report], None] | None = None,
+) -> Book:
     """Draw every figure of the course into `out` and write `out/index.html`.
 
     Args:
@@ -80,13 +86,24 @@ def write_book(out: Path, *, submission: Path | None = None, sandbox: str | None
     release = not any(chapters.SOLUTIONS.glob("ch[0-9][0-9]_*.py"))
     folder = submission or (chapters.EXERCISES if release else chapters.SOLUTIONS)
     ids = [ch.id for ch in chapters.all_chapters() if (Path(folder) / ch.filename).is_file()]
-    source = ("the reference solutions" if folder == chapters.SOLUTIONS else
-              "your exercises/" if folder == chapters.EXERCISES else f"the submission in {submission}")
+    source = (
+        "the reference solutions"
+        if folder == chapters.SOLUTIONS
+        else "your exercises/"
+        if folder == chapters.EXERCISES
+        else f"the submission in {submission}"
+    )
     with tempfile.TemporaryDirectory(prefix="course-book-") as tmp:
-        course = check_all(solutions=folder == chapters.SOLUTIONS,
-                           submission=None if folder in (chapters.SOLUTIONS, chapters.EXERCISES) else submission,
-                           hidden=False, jobs=jobs, figures_dir=Path(tmp), sandbox=sandbox, only=ids,
-                           on_report=on_report)
+        course = check_all(
+            solutions=folder == chapters.SOLUTIONS,
+            submission=None if folder in (chapters.SOLUTIONS, chapters.EXERCISES) else submission,
+            hidden=False,
+            jobs=jobs,
+            figures_dir=Path(tmp),
+            sandbox=sandbox,
+            only=ids,
+            on_report=on_report,
+        )
         entries = _chapter_entries(course.reports, Path(tmp), out, folder)
     entries.insert(0, _overview_entry(out, course.reports, folder, release))
     dims = [e for e in entries if e.dimension]
@@ -116,9 +133,14 @@ def _chapter_entries(reports: list[Report], drawn_in: Path, out: Path, folder: P
                     entry.status, entry.note = "marked", "your wrong values are marked"
             else:
                 tasks = list(dict.fromkeys(spec.needs.values()))
-                why = (f"{ch.filename} is not in {folder}" if report is None else
-                       (report.undrawn.get(spec.id) or next((n for n in report.figure_notes if n.startswith(spec.id)),
-                                                            f"waits for {', '.join(tasks)}")))
+                why = (
+                    f"{ch.filename} is not in {folder}"
+                    if report is None
+                    else (
+                        report.undrawn.get(spec.id)
+                        or next((n for n in report.figure_notes if n.startswith(spec.id)), f"waits for {', '.join(tasks)}")
+                    )
+                )
                 entry.status, entry.note = "placeholder", why
                 (out / entry.file).write_text(placeholder(spec.id, spec.title, zh, en, tasks, why), encoding="utf-8")
             entries.append(entry)
@@ -144,8 +166,7 @@ def _overview_entry(out: Path, reports: list[Report], folder: Path, release: boo
         else:
             parts = engine.reference_parts()
         model = engine.load("tiny", seed=0)
-        result = engine.run(model=model, prompts=[[1, 2, 3, 4, 5, 6], [1, 2, 3, 7]], max_tokens=4, parts=parts,
-                            block_size=4)
+        result = engine.run(model=model, prompts=[[1, 2, 3, 4, 5, 6], [1, 2, 3, 7]], max_tokens=4, parts=parts, block_size=4)
         record = engine.overview_record(result, model)
         if folder not in (chapters.SOLUTIONS, chapters.EXERCISES):
             _light_passing(record, reports)
@@ -217,28 +238,32 @@ def page(entries: list[Entry], source: str) -> str:
     """The book's index.html: sections of cards, the embedded fonts, nothing fetched."""
     titles = {ch.id: ch for ch in chapters.all_chapters()}
     drawn = sum(e.status != "placeholder" for e in entries)
-    head = [f"图解索引 · {len(entries)} 张离线 SVG 图",
-            "先看元素与坐标,再看完整计算流程。 First the elements and their coordinates, then the whole computation.",
-            f"Drawn from {source}: {drawn} of {len(entries)} figures so far."]
+    head = [
+        f"图解索引 · {len(entries)} 张离线 SVG 图",
+        "先看元素与坐标,再看完整计算流程。 First the elements and their coordinates, then the whole computation.",
+        f"Drawn from {source}: {drawn} of {len(entries)} figures so far.",
+    ]
     sections: list[tuple[str, str, list[Entry]]] = [
         ("逐格拆解维度转换 · dimensions, cell by cell", "", [e for e in entries if e.dimension]),
-        ("课程概览图 · the course map", "", [e for e in entries if e.id == "overview"])]
+        ("课程概览图 · the course map", "", [e for e in entries if e.id == "overview"]),
+    ]
     for ch_id, ch in titles.items():
         own = [e for e in entries if e.chapter == ch_id and not e.dimension]
         if own:
             sections.append((f"{int(ch_id[2:])} · {ch.title_zh} · {ch.title_en}", ch_id, own))
     body = ["<header>", f"<h1>{html.escape(head[0])}</h1>"] + [f"<p>{html.escape(s)}</p>" for s in head[1:]]
-    body += [f'<p><a class="open" href="{LAB_PAGE}">交互实验 · the interactive experiments (course lab) →</a></p>',
-             "</header>"]
+    body += [f'<p><a class="open" href="{LAB_PAGE}">交互实验 · the interactive experiments (course lab) →</a></p>', "</header>"]
     for title, anchor, items in sections:
         body.append(f'<h2 id="{anchor or _slug(title)}">{html.escape(title)}</h2>')
         body.append('<div class="grid">')
         body += [_card(e, wide=e.id == "overview") for e in items]
         body.append("</div>")
-    body.append(f'<h2 id="lab">交互实验 · interactive experiments</h2><div class="grid"><div class="card lab wide">'
-                f'<p>Run <code>course lab</code>: it opens the experiments in your browser, where you change an '
-                f'instance and the figure is drawn again from your functions. <a class="open" href="{LAB_PAGE}">'
-                f'What the lab holds →</a></p></div></div>')
+    body.append(
+        f'<h2 id="lab">交互实验 · interactive experiments</h2><div class="grid"><div class="card lab wide">'
+        f"<p>Run <code>course lab</code>: it opens the experiments in your browser, where you change an "
+        f'instance and the figure is drawn again from your functions. <a class="open" href="{LAB_PAGE}">'
+        f"What the lab holds →</a></p></div></div>"
+    )
     text = "\n".join(body)
     return _document("图解索引 · course figures", text)
 
@@ -251,23 +276,26 @@ def lab_page() -> str:
     for ch in chapters.all_chapters():
         for exp in of_chapter(ch.id):
             items.append(f"<li><b>{html.escape(ch.id)}</b> · {html.escape(exp.title)}: {html.escape(exp.about)}</li>")
-    body = ("<header><h1>交互实验 · course lab</h1><p>The experiments run your own functions: start them with</p>"
-            "<p><code>course lab</code></p><p>which serves them on http://127.0.0.1 and opens your browser "
-            "(Ctrl-C stops it).</p></header><ul>" + "\n".join(items) + '</ul><p><a class="open" href="index.html">'
-            "← 图解索引 · back to the figures</a></p>")
+    body = (
+        "<header><h1>交互实验 · course lab</h1><p>The experiments run your own functions: start them with</p>"
+        "<p><code>course lab</code></p><p>which serves them on http://127.0.0.1 and opens your browser "
+        "(Ctrl-C stops it).</p></header><ul>" + "\n".join(items) + '</ul><p><a class="open" href="index.html">'
+        "← 图解索引 · back to the figures</a></p>"
+    )
     return _document("course lab", body)
 
 
 def _card(e: Entry, *, wide: bool = False) -> str:
-    label = {"drawn": "drawn", "marked": "wrong values marked", "placeholder": "not drawn yet",
-             "reference": "reference"}[e.status]
+    label = {"drawn": "drawn", "marked": "wrong values marked", "placeholder": "not drawn yet", "reference": "reference"}[e.status]
     note = f'<p class="en">{html.escape(e.note)}</p>' if e.note and e.status == "placeholder" else ""
     alt = html.escape(f"{e.title} · {e.en}")
-    return (f'<div class="card{" wide" if wide else ""}" id="{e.id}"><div class="id">{e.id}'
-            f'<span class="status {e.status}">{label}</span></div><h3>{html.escape(e.title)}</h3>'
-            f'<a href="{e.file}"><img src="{e.file}" alt="{alt}" loading="lazy"></a>'
-            f'<p class="zh">{html.escape(e.zh)}</p><p class="en">{html.escape(e.en)}</p>{note}'
-            f'<a class="open" href="{e.file}">打开原图放大 ↗ open the full figure</a></div>')
+    return (
+        f'<div class="card{" wide" if wide else ""}" id="{e.id}"><div class="id">{e.id}'
+        f'<span class="status {e.status}">{label}</span></div><h3>{html.escape(e.title)}</h3>'
+        f'<a href="{e.file}"><img src="{e.file}" alt="{alt}" loading="lazy"></a>'
+        f'<p class="zh">{html.escape(e.zh)}</p><p class="en">{html.escape(e.en)}</p>{note}'
+        f'<a class="open" href="{e.file}">打开原图放大 ↗ open the full figure</a></div>'
+    )
 
 
 def _document(title: str, body: str) -> str:
@@ -277,14 +305,17 @@ def _document(title: str, body: str) -> str:
     from figures import typeface
 
     words = re.sub(r"<[^>]+>", " ", body)
-    css, prefix = typeface.embed([(html.unescape(words) + title, "sans", False),
-                                  (html.unescape(words), "sans", True), (html.unescape(words), "mono", False)])
+    css, prefix = typeface.embed(
+        [(html.unescape(words) + title, "sans", False), (html.unescape(words), "sans", True), (html.unescape(words), "mono", False)]
+    )
     sans = ", ".join(filter(None, [prefix.get("sans", ""), "sans-serif"]))
     mono = ", ".join(filter(None, [prefix.get("mono", ""), "monospace"]))
-    return (f'<!doctype html>\n<html lang="zh-Hans"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{html.escape(title)}</title>\n<style>\n{css}\n{STYLE % {'sans': sans, 'mono': mono}}</style>"
-            f"</head>\n<body>\n{body}\n</body></html>\n")
+    return (
+        f'<!doctype html>\n<html lang="zh-Hans"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{html.escape(title)}</title>\n<style>\n{css}\n{STYLE % {'sans': sans, 'mono': mono}}</style>"
+        f"</head>\n<body>\n{body}\n</body></html>\n"
+    )
 
 
 def _slug(text: str) -> str:

@@ -77,8 +77,7 @@ def assemble(ch: Chapter, cells: list[str], where: list[str] | None = None, *, s
         if strict and error is not None and error[0].startswith(_TOO_DEEP):
             raise CompilerLimit(f"{place}: {error[0]}")
         if tree is None:
-            graded = tuple(n for n in task_of if re.search(rf"^[ \t]*(?:async[ \t]+def|def|class)[ \t]+{n}\b",
-                                                           source, re.M))
+            graded = tuple(n for n in task_of if re.search(rf"^[ \t]*(?:async[ \t]+def|def|class)[ \t]+{n}\b", source, re.M))
             kept: tuple[int, ...] = ()
         else:
             kept = tuple(j for j, node in enumerate(tree.body) if _kept(node))
@@ -88,21 +87,24 @@ def assemble(ch: Chapter, cells: list[str], where: list[str] | None = None, *, s
     count: dict[str, int] = {}
     for _, label, *_ in read:
         count[label] = count.get(label, 0) + 1
-    units = [_Cell(f"{label} ({place})" if count[label] > 1 and label != place else label, source, kept, graded,
-                   error) for place, label, source, kept, graded, error in read]
+    units = [
+        _Cell(f"{label} ({place})" if count[label] > 1 and label != place else label, source, kept, graded, error)
+        for place, label, source, kept, graded, error in read
+    ]
     runner = inspect.getsource(_run_cells)
-    return (stub.rstrip("\n") + "\n\n\n"
-            "# -- your notebook's code cells (grader.delivery.cells.assemble): each runs as itself, its definitions\n"
-            "# taken, its other statements left out; a message about them names the cell and the line in it.\n"
-            f"__course_cells__ = {tuple(u.label for u in units)!r}\n"
-            "_course_cells = {'__name__': __name__}\n"
-            f"exec(compile({runner!r}, {CELLS_FILE!r}, 'exec'), _course_cells)\n"
-            f"_course_cells['_run_cells'](globals(), {[tuple(vars(u).values()) for u in units]!r})\n"
-            "del _course_cells\n")
+    return (
+        stub.rstrip("\n") + "\n\n\n"
+        "# -- your notebook's code cells (grader.delivery.cells.assemble): each runs as itself, its definitions\n"
+        "# taken, its other statements left out; a message about them names the cell and the line in it.\n"
+        f"__course_cells__ = {tuple(u.label for u in units)!r}\n"
+        "_course_cells = {'__name__': __name__}\n"
+        f"exec(compile({runner!r}, {CELLS_FILE!r}, 'exec'), _course_cells)\n"
+        f"_course_cells['_run_cells'](globals(), {[tuple(vars(u).values()) for u in units]!r})\n"
+        "del _course_cells\n"
+    )
 
 
-_FUTURE_FLAGS = functools.reduce(lambda a, b: a | b, (getattr(__future__, f).compiler_flag
-                                                      for f in __future__.all_feature_names))
+_FUTURE_FLAGS = functools.reduce(lambda a, b: a | b, (getattr(__future__, f).compiler_flag for f in __future__.all_feature_names))
 _MAGIC = re.compile(r"^[ \t]*(?:%|!(?!=))")
 _TOO_DEEP = "an expression is nested too deeply for Python's compiler"
 
@@ -132,8 +134,7 @@ def _kept(node: ast.stmt) -> bool:
     grader, the reference or the figures) or an assignment."""
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return not _grader_import(node)
-    return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign,
-                             ast.AugAssign))
+    return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign, ast.AugAssign))
 
 
 def defines(node: ast.stmt) -> list[str]:
@@ -202,15 +203,24 @@ def _run_cells(namespace: dict, cells: list) -> None:
             except Exception as e:
                 first = lines[node.lineno - 1].strip() if node.lineno <= len(lines) else ""
                 said = words(e)
-                say(f"{label}, line {node.lineno}: `{first[:80]}` raised {type(e).__name__}: {said}; "
-                    "left out, the rest is graded without it")
-                names = [node.name] if hasattr(node, "name") else [
-                    n.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if t is not None
-                    for n in ast.walk(t) if isinstance(n, ast.Name)]
+                say(
+                    f"{label}, line {node.lineno}: `{first[:80]}` raised {type(e).__name__}: {said}; "
+                    "left out, the rest is graded without it"
+                )
+                names = (
+                    [node.name]
+                    if hasattr(node, "name")
+                    else [
+                        n.id
+                        for t in getattr(node, "targets", [getattr(node, "target", None)])
+                        if t is not None
+                        for n in ast.walk(t)
+                        if isinstance(n, ast.Name)
+                    ]
+                )
                 for name in names:
                     if name in graded:
-                        why = (f"{label}, line {node.lineno}: `{first[:80]}` raised {type(e).__name__}: {said}, "
-                               f"so {name} was never defined")
+                        why = f"{label}, line {node.lineno}: `{first[:80]}` raised {type(e).__name__}: {said}, so {name} was never defined"
                         namespace[name] = failing(name, AnswerCellFailed, why)
 
 
@@ -225,7 +235,7 @@ def segment(code: str, node: ast.stmt) -> str:
         end += 1
     while end > last and not lines[end - 1].strip():
         end -= 1
-    return "\n".join(lines[start - 1:end])
+    return "\n".join(lines[start - 1 : end])
 
 
 def _grader_import(node: ast.Import | ast.ImportFrom) -> bool:

@@ -74,8 +74,7 @@ from grader.chapters import Chapter
 from grader.delivery.summary import HISTOGRAM, histogram_svg, summarize, summary_markdown
 
 STATE = "grading.json"
-RESERVED = ("grades.csv", "grading.json", "summary.md", "summary.json", HISTOGRAM,
-            "nbgrader-staged.json")
+RESERVED = ("grades.csv", "grading.json", "summary.md", "summary.json", HISTOGRAM, "nbgrader-staged.json")
 """OUT's own files: a student folder of one of these names is stored with a `_` in front."""
 SLACK, FLOOR = 50.0, 0.5
 """A check may spend SLACK times what the reference needs in it, at least FLOOR seconds and at
@@ -156,7 +155,7 @@ def find_items(submissions: Path, chosen: list[Chapter]) -> list[Item]:
             elif is_dir or is_link:
                 students[name].append((name, "link" if is_link else "folder"))
             elif is_file and archive:
-                students[name[:-len(archive)]].append((name, "other archive"))
+                students[name[: -len(archive)]].append((name, "other archive"))
             # any other file beside the student folders is not a student
     items = []
     for student in sorted(students, key=lambda s: (_text(s).casefold(), s)):  # as shown, case aside
@@ -174,16 +173,18 @@ def _items_of(submissions: Path, student: str, entries: list[tuple[str, str]], c
 
     if student.startswith("."):
         shown = _text(entries[0][0]) + ("/" if entries[0][1] == "folder" else "")
-        return problem(f"{shown} was skipped: its name starts with a dot (a hidden folder, such as "
-                       ".ipynb_checkpoints); rename it to grade it", recorded=False)
+        return problem(
+            f"{shown} was skipped: its name starts with a dot (a hidden folder, such as .ipynb_checkpoints); rename it to grade it",
+            recorded=False,
+        )
     if len(entries) > 1:
         shown = " and ".join(_text(e) + ("/" if kind == "folder" else "") for e, kind in sorted(entries))
-        return problem(f"{shown} are both in {submissions.name}/, each could be {_text(student)}'s submission: "
-                       "keep one of them")
-    (entry, kind), = entries
+        return problem(f"{shown} are both in {submissions.name}/, each could be {_text(student)}'s submission: keep one of them")
+    ((entry, kind),) = entries
     if kind == "other archive":
-        return problem(f"{_text(entry)}: only zip files are opened; make it {_text(student)}.zip, or unpack it into "
-                       f"a folder {_text(student)}/")
+        return problem(
+            f"{_text(entry)}: only zip files are opened; make it {_text(student)}.zip, or unpack it into a folder {_text(student)}/"
+        )
     archive = entry if kind == "zip" or entry.lower().endswith(".zip") else None
     top = _open_dir(submissions)
     try:
@@ -210,8 +211,7 @@ def _items_of(submissions: Path, student: str, entries: list[tuple[str, str]], c
         except SubmissionError as e:
             items.append(Item(student, ch.id, str(submissions), problem=_text(str(e)), archive=archive))
             continue
-        items.append(Item(student, ch.id, str(submissions), tree.name_of(found.path), archive=archive,
-                          renamed=found.renamed))
+        items.append(Item(student, ch.id, str(submissions), tree.name_of(found.path), archive=archive, renamed=found.renamed))
     return items
 
 
@@ -240,8 +240,9 @@ def read_item(item: Item):
     if item.problem:
         raise SubmissionError(item.problem)
     assert item.name is not None  # an item has an answer or a problem
-    return read_found(_open_dir(Path(item.folder)), item.archive or item.student, item.name,
-                      chapters.find(item.chapter), archive=item.archive is not None)
+    return read_found(
+        _open_dir(Path(item.folder)), item.archive or item.student, item.name, chapters.find(item.chapter), archive=item.archive is not None
+    )
 
 
 # -- one job process -------------------------------------------------------------------------------------
@@ -276,7 +277,7 @@ def _job_main(conn, config: _Config) -> None:
 
 def _stop(signum, frame) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once (Ctrl-C, then the run's SIGTERM): the cleanup
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # this starts (the sandbox, the folders) runs to its end
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # this starts (the sandbox, the folders) runs to its end
     raise KeyboardInterrupt
 
 
@@ -289,10 +290,13 @@ def _grade(item: Item, config: _Config) -> dict:
         return _write(out, item, _document(item, config, partial), partial)
     except Exception as e:
         shutil.rmtree(partial, ignore_errors=True)
-        print(f"course grade: {_text(item.student)}/{item.chapter}:\n{traceback.format_exc()}", file=sys.stderr,
-              flush=True)
-        doc = error_doc(item, f"the grader failed on this submission ({type(e).__name__}: {str(e)[:300]}); a rerun "
-                              "grades it again", seed=config.seed, retry=True)
+        print(f"course grade: {_text(item.student)}/{item.chapter}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        doc = error_doc(
+            item,
+            f"the grader failed on this submission ({type(e).__name__}: {str(e)[:300]}); a rerun grades it again",
+            seed=config.seed,
+            retry=True,
+        )
         try:
             return _write(out, item, doc)
         except Exception:
@@ -314,9 +318,18 @@ def _document(item: Item, config: _Config, partial: Path) -> dict:
     try:
         (inbox / ch.filename).write_bytes(answer.source)
         limits = config.limits[ch.id]
-        report = check(ch.id, submission=inbox, source=answer.source, hidden=True, seed=config.seed,
-                       figures_dir=partial / "figures", time_limit=limits["max"], time_limits=limits["checks"],
-                       memory_limit=config.memory_limit, sandbox=config.sandbox)
+        report = check(
+            ch.id,
+            submission=inbox,
+            source=answer.source,
+            hidden=True,
+            seed=config.seed,
+            figures_dir=partial / "figures",
+            time_limit=limits["max"],
+            time_limits=limits["checks"],
+            memory_limit=config.memory_limit,
+            sandbox=config.sandbox,
+        )
     finally:
         shutil.rmtree(inbox, ignore_errors=True)
     doc = report.to_json()
@@ -351,10 +364,25 @@ def error_doc(item: Item, message: str, *, seed: int, retry: bool = False) -> di
     ch = chapters.find(item.chapter)
     max_score = sum(s.points for s in checks.load(ch.id, with_hidden=True))
     message = _text(message)
-    doc = {"chapter": ch.id, "score": 0.0, "max_score": max_score, "status": "error", "error": message,
-           "seed": seed, "tests": [{"name": f"{ch.id} submission", "score": 0, "max_score": max_score,
-                                    "status": "failed", "output": message, "visibility": "visible"}],
-           "figures": []}
+    doc = {
+        "chapter": ch.id,
+        "score": 0.0,
+        "max_score": max_score,
+        "status": "error",
+        "error": message,
+        "seed": seed,
+        "tests": [
+            {
+                "name": f"{ch.id} submission",
+                "score": 0,
+                "max_score": max_score,
+                "status": "failed",
+                "output": message,
+                "visibility": "visible",
+            }
+        ],
+        "figures": [],
+    }
     if item.source:
         doc["target"] = _text(item.source)
     doc["answer"] = _text(item.where) if item.where else None
@@ -386,8 +414,13 @@ def _write(out: Path, item: Item, doc: dict, partial: Path | None = None) -> dic
 
 def row(student: str, doc: dict) -> dict:
     """A grades.csv row (as data: unescaped) from a results document."""
-    return {"student": _text(student), "chapter": doc["chapter"], "score": doc["score"], "max_score": doc["max_score"],
-            "status": doc["status"] if doc["status"] != "error" else f"error: {doc['error']}"}
+    return {
+        "student": _text(student),
+        "chapter": doc["chapter"],
+        "score": doc["score"],
+        "max_score": doc["max_score"],
+        "status": doc["status"] if doc["status"] != "error" else f"error: {doc['error']}",
+    }
 
 
 def _text(s: str) -> str:
@@ -450,8 +483,9 @@ def _death(exitcode: int | None) -> str:
     return f"exit status {exitcode}"
 
 
-def _run_jobs(todo: list[Item], jobs: int, config: dict, out: Path, on_item: Callable[[Item, dict], None] | None,
-              seconds: Callable[[Item], float]) -> None:
+def _run_jobs(
+    todo: list[Item], jobs: int, config: dict, out: Path, on_item: Callable[[Item, dict], None] | None, seconds: Callable[[Item], float]
+) -> None:
     """Grade `todo` in at most `jobs` job processes, telling `on_item(item, row)` as each item is
     written (in the order they finish); a process that dies or hangs costs its item only."""
     context = multiprocessing.get_context("spawn")
@@ -512,16 +546,22 @@ def _run_jobs(todo: list[Item], jobs: int, config: dict, out: Path, on_item: Cal
                     if job.proc.is_alive():
                         job.proc.kill()
                         job.proc.join()
-                    lost(job, f"the grading process died ({_death(job.proc.exitcode)}) while grading this "
-                              "submission; the rest of the class was graded, a rerun grades it again")
+                    lost(
+                        job,
+                        f"the grading process died ({_death(job.proc.exitcode)}) while grading this "
+                        "submission; the rest of the class was graded, a rerun grades it again",
+                    )
                     job.item = None
                     running.remove(job)
                     job.stop(0)
                 elif time.monotonic() > job.deadline:
                     job.proc.kill()
                     job.proc.join()
-                    lost(job, f"grading took over {seconds(job.item):.0f} s, so its process was stopped; the rest "
-                              "of the class was graded, a rerun grades it again")
+                    lost(
+                        job,
+                        f"grading took over {seconds(job.item):.0f} s, so its process was stopped; the rest "
+                        "of the class was graded, a rerun grades it again",
+                    )
                     job.item = None
                     running.remove(job)
                     job.stop(0)
@@ -544,10 +584,20 @@ class ClassResult:
     out: Path
 
 
-def grade(submissions: Path, chosen: list[Chapter], out: Path, *, jobs: int = 2, force: bool = False,
-          seed: int | None = None, time_limit: float = 5.0, memory_limit: int = 2 << 30,
-          sandbox: bool | str | None = True, on_plan: Callable[[int, int, str], None] | None = None,
-          on_item: Callable[[dict], None] | None = None) -> ClassResult:
+def grade(
+    submissions: Path,
+    chosen: list[Chapter],
+    out: Path,
+    *,
+    jobs: int = 2,
+    force: bool = False,
+    seed: int | None = None,
+    time_limit: float = 5.0,
+    memory_limit: int = 2 << 30,
+    sandbox: bool | str | None = True,
+    on_plan: Callable[[int, int, str], None] | None = None,
+    on_item: Callable[[dict], None] | None = None,
+) -> ClassResult:
     """Grade every student's chapters; write results, grades.csv and the class summary into `out`.
 
     `sandbox`: True for the first kind of `grader.isolation.sandbox` that can be made here (GradeError
@@ -570,16 +620,16 @@ def grade(submissions: Path, chosen: list[Chapter], out: Path, *, jobs: int = 2,
         todo = [i for i in items if i.recorded and (force or _needs_grading(out, i))]
         if on_plan:
             on_plan(len(todo), sum(i.recorded for i in items), how)
-        per_check = {ch.id: [limits[ch.id]["checks"].get(s.key, limits[ch.id]["max"])
-                             for s in checks.load(ch.id, with_hidden=True)] for ch in chosen}
+        per_check = {
+            ch.id: [limits[ch.id]["checks"].get(s.key, limits[ch.id]["max"]) for s in checks.load(ch.id, with_hidden=True)] for ch in chosen
+        }
 
         def seconds(item: Item) -> float:
             return ITEM_SLACK + sum(t + CHECK_SLACK for t in per_check[item.chapter])
 
         if todo:
             config = dict(out=str(out), seed=seed, limits=limits, memory_limit=memory_limit, sandbox=kind)
-            _run_jobs(todo, max(1, min(jobs, len(todo))), config, out, InOrder(todo, on_item) if on_item else None,
-                      seconds)
+            _run_jobs(todo, max(1, min(jobs, len(todo))), config, out, InOrder(todo, on_item) if on_item else None, seconds)
         docs = [_doc_of(out, i, seed) for i in items]
     finally:
         _close_dirs()
@@ -616,8 +666,10 @@ class InOrder:
 def _sandbox(sandbox: bool | str | None) -> tuple[str | None, str]:
     """The sandbox kind to grade in and a sentence describing it; GradeError when none can be made."""
     if not sandbox:
-        return None, ("none: sandbox switched off (--no-sandbox): student code runs with process isolation only "
-                      "and could read this user's files and reach the network")
+        return None, (
+            "none: sandbox switched off (--no-sandbox): student code runs with process isolation only "
+            "and could read this user's files and reach the network"
+        )
     from grader.isolation.sandbox import SandboxUnavailable, probe
 
     reasons = []
@@ -628,8 +680,11 @@ def _sandbox(sandbox: bool | str | None) -> tuple[str | None, str]:
             return kind, probe(kind)
         except SandboxUnavailable as e:
             reasons.append(str(e))
-    raise GradeError("no sandbox can be made here for the students' code: " + "; ".join(reasons)
-                     + "; or pass --no-sandbox to grade with process isolation only")
+    raise GradeError(
+        "no sandbox can be made here for the students' code: "
+        + "; ".join(reasons)
+        + "; or pass --no-sandbox to grade with process isolation only"
+    )
 
 
 def _needs_grading(out: Path, item: Item) -> bool:
@@ -664,8 +719,7 @@ def _state(out: Path, seed: int | None, force: bool, chosen: list[Chapter], time
     state_file = out / STATE
     state = json.loads(state_file.read_text()) if state_file.is_file() and not force else {}
     if state and seed is not None and seed != state["seed"]:
-        raise GradeError(f"{out} was graded with seed {state['seed']}; rerun without --seed, or with --force "
-                         "to grade everything again")
+        raise GradeError(f"{out} was graded with seed {state['seed']}; rerun without --seed, or with --force to grade everything again")
     state.setdefault("seed", secrets.randbelow(2**31) if seed is None else seed)
     limits = state.setdefault("time_limits", {})
     for ch in chosen:
@@ -683,8 +737,10 @@ def calibrate(ch: Chapter, seed: int, time_limit: float) -> dict:
     if not (chapters.SOLUTIONS / ch.filename).is_file():
         return {"max": time_limit, "checks": {}}
     report = check(ch.id, solutions=True, hidden=True, seed=seed, figures_dir=None, time_limit=time_limit)
-    return {"max": time_limit, "checks": {f"{r.task}:{r.name}": round(min(time_limit, max(FLOOR, SLACK * r.student_seconds)), 3)
-                                          for r in report.results}}
+    return {
+        "max": time_limit,
+        "checks": {f"{r.task}:{r.name}": round(min(time_limit, max(FLOOR, SLACK * r.student_seconds)), 3) for r in report.results},
+    }
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -42,14 +42,7 @@ import nbformat
 from nbgrader import utils as nbutils
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.coursedir import CourseDirectory
-from nbgrader.preprocessors import (
-    AssignLatePenalties,
-    CheckCellMetadata,
-    ClearOutput,
-    DeduplicateIds,
-    OverwriteCells,
-    OverwriteKernelspec,
-)
+from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, ClearOutput, DeduplicateIds, OverwriteCells, OverwriteKernelspec
 from sqlalchemy.exc import SAWarning
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
@@ -110,8 +103,9 @@ def grade_course(root: Path, chosen: list[Chapter], out: Path | None = None, **o
     with tempfile.TemporaryDirectory(prefix="course-nbgrader-") as tmp:
         staged = _stage(coursedir, chosen, Path(tmp))
         if not staged:
-            raise GradeError(f"no submissions of {', '.join(c.id for c in chosen)} in "
-                             f"{coursedir.format_path(coursedir.submitted_directory, '*', '*')}")
+            raise GradeError(
+                f"no submissions of {', '.join(c.id for c in chosen)} in {coursedir.format_path(coursedir.submitted_directory, '*', '*')}"
+            )
         _forget_changed(out, staged, Path(tmp))
         graded = grade(Path(tmp), chosen, out, **options)
     result = NbgraderResult(graded)
@@ -124,14 +118,14 @@ def grade_course(root: Path, chosen: list[Chapter], out: Path | None = None, **o
         if not item.staged:
             doc = {"chapter": cid, "score": 0.0, "status": "error", "error": item.problem, "tests": []}
         if doc.get("retry") or "tests" not in doc:  # the grader failed on it, not the student: no score
-            result.notes.append(f"{student}/{cid}: not graded ({doc.get('error', 'no result')}); the gradebook "
-                                "keeps what it had: run this command again")
+            result.notes.append(
+                f"{student}/{cid}: not graded ({doc.get('error', 'no result')}); the gradebook keeps what it had: run this command again"
+            )
             continue
         _record(coursedir, config, by_id[cid], item, doc)
         result.recorded.append((student, cid))
         if item.notebook is None:
-            result.notes.append(f"{student}/{cid}: {item.problem}: {doc['score']:g} points, no autograded "
-                                "notebook (so no feedback)")
+            result.notes.append(f"{student}/{cid}: {item.problem}: {doc['score']:g} points, no autograded notebook (so no feedback)")
             stale = Path(coursedir.format_path(coursedir.autograded_directory, student, cid)) / f"{cid}.ipynb"
             stale.unlink(missing_ok=True)  # as autograde removes a notebook it failed on
         else:
@@ -144,14 +138,18 @@ def _check_assignment(coursedir: CourseDirectory, ch: Chapter) -> None:
     """The assignment is in the gradebook (generate_assignment ran) with the points the checks give."""
     database = coursedir.db_url.removeprefix("sqlite:///")
     if database != coursedir.db_url and not Path(database).is_file():  # opening it would create it
-        raise GradeError(f"{coursedir.root} has no gradebook ({database}): is it an nbgrader course? "
-                         f"Run `nbgrader generate_assignment {ch.id}` there first")
+        raise GradeError(
+            f"{coursedir.root} has no gradebook ({database}): is it an nbgrader course? "
+            f"Run `nbgrader generate_assignment {ch.id}` there first"
+        )
     with Gradebook(coursedir.db_url, coursedir.course_id) as gb:
         try:
             notebook = gb.find_notebook(ch.id, ch.id)
         except MissingEntry:
-            raise GradeError(f"the gradebook {coursedir.db_url} has no notebook {ch.id} in assignment {ch.id}: "
-                             f"run `nbgrader generate_assignment {ch.id}` first") from None
+            raise GradeError(
+                f"the gradebook {coursedir.db_url} has no notebook {ch.id} in assignment {ch.id}: "
+                f"run `nbgrader generate_assignment {ch.id}` first"
+            ) from None
         cells = {c.name: c.max_score for c in notebook.grade_cells}
     specs = checks.load(ch.id, with_hidden=True)
     for task in ch.tasks:
@@ -159,8 +157,10 @@ def _check_assignment(coursedir: CourseDirectory, ch: Chapter) -> None:
             name = f"{kind}_{_tid(task.id)}"
             points = sum(s.points for s in specs if s.task == task.id and s.hidden == is_hidden)
             if name not in cells or abs(cells[name] - points) > 1e-9:
-                raise GradeError(f"the gradebook's {ch.id} cell {name} is worth {cells.get(name, 'nothing')}, the "
-                                 f"checks give {points:g}: release the course again and rerun generate_assignment")
+                raise GradeError(
+                    f"the gradebook's {ch.id} cell {name} is worth {cells.get(name, 'nothing')}, the "
+                    f"checks give {points:g}: release the course again and rerun generate_assignment"
+                )
 
 
 def _stage(coursedir: CourseDirectory, chosen: list[Chapter], subs: Path) -> dict[tuple[str, str], _Staged]:
@@ -171,8 +171,7 @@ def _stage(coursedir: CourseDirectory, chosen: list[Chapter], subs: Path) -> dic
     staged = {}
     for ch in chosen:
         # the student id from the folder's path, as nbgrader's converters find it
-        regexp = re.compile(coursedir.format_path(coursedir.submitted_directory, "(?P<student_id>[^/]+)", ch.id,
-                                                  escape=True) + "$")
+        regexp = re.compile(coursedir.format_path(coursedir.submitted_directory, "(?P<student_id>[^/]+)", ch.id, escape=True) + "$")
         for name in sorted(glob.glob(coursedir.format_path(coursedir.submitted_directory, "*", ch.id))):
             m = regexp.match(name)
             if not m or not os.path.isdir(name) or m["student_id"].startswith("."):
@@ -194,21 +193,20 @@ def _stage(coursedir: CourseDirectory, chosen: list[Chapter], subs: Path) -> dic
                 nb = _sanitize(coursedir, ch, student, nbformat.reads(data.decode("utf-8-sig"), as_version=4))
             except Exception as e:  # not JSON, not a notebook, nbgrader metadata broken: graded as it is
                 why = str(e).splitlines()[0][:200] if str(e) else ""
-                staged[student, ch.id] = _Staged(student, ch.id, None, f"{ch.id}.ipynb is not a notebook nbgrader "
-                                                 f"can read ({type(e).__name__}: {why})")
+                staged[student, ch.id] = _Staged(
+                    student, ch.id, None, f"{ch.id}.ipynb is not a notebook nbgrader can read ({type(e).__name__}: {why})"
+                )
                 continue
             nbformat.write(nb, str(target))
             staged[student, ch.id] = _Staged(student, ch.id, nb)
     return staged
 
 
-def _sanitize(coursedir: CourseDirectory, ch: Chapter, student: str,
-              nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+def _sanitize(coursedir: CourseDirectory, ch: Chapter, student: str, nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """nbgrader autograde's own sanitizing: outputs cleared, duplicate ids dropped, kernelspec, locked
     cells, points and checksums restored from the gradebook's source cells (missing test cells added)."""
     resources = _resources(coursedir, ch, student)
-    for step in (ClearOutput(), DeduplicateIds(), OverwriteKernelspec(), OverwriteCells(add_missing_cells=True),
-                 CheckCellMetadata()):
+    for step in (ClearOutput(), DeduplicateIds(), OverwriteKernelspec(), OverwriteCells(add_missing_cells=True), CheckCellMetadata()):
         nb, resources = step.preprocess(nb, resources)
     return nb
 
@@ -284,14 +282,17 @@ def _write_autograded(coursedir: CourseDirectory, ch: Chapter, item: _Staged, do
                     svg = (results / rel).read_text(encoding="utf-8")
                     data = figure_output(mine[Path(rel).stem], svg)  # the SVG, and an image with alt text
                     outputs.append(nbformat.v4.new_output("display_data", data=data))
-        outputs.append(nbformat.v4.new_output("execute_result", execution_count=count,
-                                              data={"text/plain": repr(task_points(doc, task.id, hidden))}))
+        outputs.append(
+            nbformat.v4.new_output("execute_result", execution_count=count, data={"text/plain": repr(task_points(doc, task.id, hidden))})
+        )
         cell.outputs, cell.execution_count = outputs, count
     dest = Path(coursedir.format_path(coursedir.autograded_directory, item.student, ch.id))
     dest.mkdir(parents=True, exist_ok=True)
     mode = 0o664 if coursedir.groupshared else 0o444  # autograde's permissions
-    for src in (Path(coursedir.format_path(coursedir.submitted_directory, item.student, ch.id)),
-                Path(coursedir.format_path(coursedir.source_directory, ".", ch.id))):
+    for src in (
+        Path(coursedir.format_path(coursedir.submitted_directory, item.student, ch.id)),
+        Path(coursedir.format_path(coursedir.source_directory, ".", ch.id)),
+    ):
         for name in nbutils.find_all_files(str(src), coursedir.ignore + ["*.ipynb"]):
             if os.path.islink(name) or not os.path.isfile(name):
                 continue  # a link is never followed: it could point at anything the grader can read

@@ -166,9 +166,12 @@ def choose_sandbox() -> tuple[str, str]:
             return kind, probe(kind)
         except SandboxUnavailable as e:
             reasons.append(str(e))
-    raise SandboxUnavailable("no sandbox can be made in this container, so no submission is graded here: "
-                             + "; ".join(reasons) + f" (setup.sh installs bubblewrap and setpriv and creates the "
-                             f"user {STUDENT_USER}; Gradescope runs run_autograder as root)")
+    raise SandboxUnavailable(
+        "no sandbox can be made in this container, so no submission is graded here: "
+        + "; ".join(reasons)
+        + f" (setup.sh installs bubblewrap and setpriv and creates the "
+        f"user {STUDENT_USER}; Gradescope runs run_autograder as root)"
+    )
 
 
 def student_uid() -> tuple[int, str]:
@@ -196,18 +199,22 @@ def leaks(uid: int, results: Path, private: list[Path]) -> list[str]:
     box = Box("uid", uid=uid)
     canary = results / f".can-the-student-write-{secrets.token_hex(4)}"
     try:
-        out = subprocess.run(box.wrap([sys.executable, "-I", "-S", "-c", LEAK_TEST, str(canary),
-                                       *map(str, private)]),
-                             capture_output=True, text=True, timeout=60, env=environment(box.home),
-                             preexec_fn=box.limit, cwd="/")
+        out = subprocess.run(
+            box.wrap([sys.executable, "-I", "-S", "-c", LEAK_TEST, str(canary), *map(str, private)]),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=environment(box.home),
+            preexec_fn=box.limit,
+            cwd="/",
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return [f"the student's Python could not be run as uid {uid} ({e})"]
     finally:
         canary.unlink(missing_ok=True)
         box.close()
     if out.returncode != 0:
-        return [f"the student's Python could not be run as uid {uid} (exit status {out.returncode}: "
-                f"{out.stderr.strip()[-300:]})"]
+        return [f"the student's Python could not be run as uid {uid} (exit status {out.returncode}: {out.stderr.strip()[-300:]})"]
     return [line for line in out.stdout.splitlines() if line]
 
 
@@ -269,44 +276,47 @@ def run(root: Path, chapter_id: str, seed: int) -> tuple[dict, int]:
         else:
             boundary = f"sandbox: {description}"
         if kind == "uid":
-            secret = [*locked, chapters.SOLUTIONS / ch.filename, chapters.ROOT / "grader" / "hidden" / f"{ch.id}.py",
-                      chapters.ANSWERS]
+            secret = [*locked, chapters.SOLUTIONS / ch.filename, chapters.ROOT / "grader" / "hidden" / f"{ch.id}.py", chapters.ANSWERS]
             found = leaks(uid, results, secret) if uid is not None else ["not root"]
             if found:
-                raise Refused(f"the uid boundary does not hold here ({'; '.join(found)[:1000]}): run setup.sh "
-                              f"(it installs the course package non-editably and makes it root's alone)")
+                raise Refused(
+                    f"the uid boundary does not hold here ({'; '.join(found)[:1000]}): run setup.sh "
+                    f"(it installs the course package non-editably and makes it root's alone)"
+                )
         folder_fd = open_folder(root / "submission", follow=True)
         try:
             name = find_answer(folder_fd, ch)
             if name is None:
-                raise SubmissionError(f"the submission has neither {ch.filename} nor a chapter notebook "
-                                      f"({ch.id}.ipynb or {ch.filename[:-3]}.ipynb)")
+                raise SubmissionError(
+                    f"the submission has neither {ch.filename} nor a chapter notebook ({ch.id}.ipynb or {ch.filename[:-3]}.ipynb)"
+                )
             answer = read_answer(folder_fd, name, ch)
         finally:
             os.close(folder_fd)
         (private / ch.filename).write_bytes(answer.source)
-        report = check(ch.id, submission=private, source=answer.source, hidden=True, seed=seed,
-                       figures_dir=results / "figures", sandbox=kind, uid=uid)
+        report = check(
+            ch.id, submission=private, source=answer.source, hidden=True, seed=seed, figures_dir=results / "figures", sandbox=kind, uid=uid
+        )
         doc = report.to_json()
-        doc.update(stdout_visibility="hidden",
-                   output=f"{ch.id} · {ch.title}: {report.score:g}/{report.max_score:g}\n{boundary}")
+        doc.update(stdout_visibility="hidden", output=f"{ch.id} · {ch.title}: {report.score:g}/{report.max_score:g}\n{boundary}")
     except (SubmissionError, MissingModule) as e:  # the submission's own problem: graded 0, said why
-        doc = {"score": 0, "output": f"could not grade this submission: {e}" + f"\n{boundary}" * bool(boundary),
-               "tests": []}
+        doc = {"score": 0, "output": f"could not grade this submission: {e}" + f"\n{boundary}" * bool(boundary), "tests": []}
     except (Refused, SandboxUnavailable) as e:
         doc = {"score": 0, "output": f"not graded: {e}", "tests": []}
         status = 1
     except Exception as e:  # the grader's own failure: still a document, and a status that says so
-        doc = {"score": 0, "output": f"could not grade this submission ({type(e).__name__}: {e})"
-                                     + f"\n{boundary}" * bool(boundary), "tests": []}
+        doc = {
+            "score": 0,
+            "output": f"could not grade this submission ({type(e).__name__}: {e})" + f"\n{boundary}" * bool(boundary),
+            "tests": [],
+        }
         status = 1
     finally:
         shutil.rmtree(private, ignore_errors=True)
     if uid is not None:
         left = end_processes(uid)
         if left:
-            doc = {"score": 0, "output": f"not graded: processes of uid {uid} ({left[:10]}) outlived the sandbox",
-                   "tests": []}
+            doc = {"score": 0, "output": f"not graded: processes of uid {uid} ({left[:10]}) outlived the sandbox", "tests": []}
             status = 1
     write_results(results, doc)
     return doc, status
@@ -335,8 +345,7 @@ def main(argv: list[str]) -> int:
         return 0
     seed = os.environ.get("COURSE_GRADING_SEED", "")
     if len(argv) != 2 or not seed.isdigit():
-        print("usage: COURSE_GRADING_SEED=SEED python -m grader.delivery.gradescope ROOT CHAPTER | --protect ROOT",
-              file=sys.stderr)
+        print("usage: COURSE_GRADING_SEED=SEED python -m grader.delivery.gradescope ROOT CHAPTER | --protect ROOT", file=sys.stderr)
         return 2
     started = time.monotonic()
     doc, status = run(Path(argv[0]), argv[1], int(seed))

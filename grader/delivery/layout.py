@@ -128,7 +128,7 @@ def names_chapter(name: str, ch: Chapter) -> bool:
     `paged-kv (2)`), case, spaces and dashes aside."""
     stem = name.split(".", 1)[0] if not name.startswith(".") else name
     words = re.sub(r"[^0-9a-z]+", "_", stem.casefold()).strip("_")
-    slug = ch.filename[len(ch.id) + 1:-3]
+    slug = ch.filename[len(ch.id) + 1 : -3]
     return bool(re.match(rf"{ch.id}(?![0-9])", words)) or words == slug or words.startswith(slug + "_")
 
 
@@ -188,8 +188,7 @@ def open_zip(dir_fd: int, name: str) -> zipfile.ZipFile:
         fd = os.open(name, _FLAGS, dir_fd=dir_fd)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise SubmissionError(f"{name} is a symbolic link: links are never followed; submit the zip "
-                                  "itself") from None
+            raise SubmissionError(f"{name} is a symbolic link: links are never followed; submit the zip itself") from None
         raise SubmissionError(f"cannot read {name} ({e.strerror})") from None
     f = os.fdopen(fd, "rb")
     try:
@@ -197,14 +196,12 @@ def open_zip(dir_fd: int, name: str) -> zipfile.ZipFile:
         if not stat.S_ISREG(info.st_mode):
             raise SubmissionError(f"{name} is {what_it_is(info.st_mode)}, not a zip file")
         if info.st_size > MAX_ZIP_BYTES:
-            raise SubmissionError(f"{name} is {_size(info.st_size)}, over the {_size(MAX_ZIP_BYTES)} a student's "
-                                  "zip may have")
+            raise SubmissionError(f"{name} is {_size(info.st_size)}, over the {_size(MAX_ZIP_BYTES)} a student's zip may have")
         _check_directory(f, info.st_size, name)
         try:
             archive = zipfile.ZipFile(f)
         except Exception as e:  # BadZipFile, and whatever else a crafted directory makes zipfile raise
-            raise SubmissionError(f"{name} is not a zip file that can be read ({type(e).__name__}: "
-                                  f"{str(e)[:200]})") from None
+            raise SubmissionError(f"{name} is not a zip file that can be read ({type(e).__name__}: {str(e)[:200]})") from None
         try:
             _check_members(archive, name)
         except BaseException:
@@ -227,7 +224,7 @@ def _check_directory(f, size: int, name: str) -> None:
     _, _, _, _, entries, directory, offset, _ = _END.unpack_from(tail, at)
     if entries == 0xFFFF or directory == 0xFFFFFFFF or offset == 0xFFFFFFFF:  # zip64: the real numbers are elsewhere
         record = b""
-        if at >= _LOCATOR.size and tail[at - _LOCATOR.size:at - _LOCATOR.size + 4] == b"PK\x06\x07":
+        if at >= _LOCATOR.size and tail[at - _LOCATOR.size : at - _LOCATOR.size + 4] == b"PK\x06\x07":
             _, _, where, _ = _LOCATOR.unpack_from(tail, at - _LOCATOR.size)
             if where + 56 <= size:
                 f.seek(where)
@@ -236,11 +233,11 @@ def _check_directory(f, size: int, name: str) -> None:
             raise SubmissionError(f"{name} is a zip64 file whose directory cannot be found: zip it again")
         entries, directory = struct.unpack_from("<QQ", record, 32)
     if entries > MAX_ZIP_MEMBERS:
-        raise SubmissionError(f"{name} holds {entries} files and folders, over the {MAX_ZIP_MEMBERS} a student's "
-                              "zip may have")
+        raise SubmissionError(f"{name} holds {entries} files and folders, over the {MAX_ZIP_MEMBERS} a student's zip may have")
     if directory > MAX_ZIP_DIRECTORY_BYTES:
-        raise SubmissionError(f"{name} has a list of files of {_size(directory)}, over the "
-                              f"{_size(MAX_ZIP_DIRECTORY_BYTES)} a student's zip may have")
+        raise SubmissionError(
+            f"{name} has a list of files of {_size(directory)}, over the {_size(MAX_ZIP_DIRECTORY_BYTES)} a student's zip may have"
+        )
 
 
 def member_path(member: str) -> tuple[str, ...]:
@@ -260,12 +257,10 @@ def member_path(member: str) -> tuple[str, ...]:
 def _check_members(archive: zipfile.ZipFile, name: str) -> None:
     members = archive.infolist()
     if len(members) > MAX_ZIP_MEMBERS:
-        raise SubmissionError(f"{name} holds {len(members)} files and folders, over the {MAX_ZIP_MEMBERS} a "
-                              "student's zip may have")
+        raise SubmissionError(f"{name} holds {len(members)} files and folders, over the {MAX_ZIP_MEMBERS} a student's zip may have")
     unpacked = sum(m.file_size for m in members)
     if unpacked > MAX_ZIP_UNPACKED:
-        raise SubmissionError(f"{name} would unpack to {_size(unpacked)}, over the {_size(MAX_ZIP_UNPACKED)} a "
-                              "student's zip may hold")
+        raise SubmissionError(f"{name} would unpack to {_size(unpacked)}, over the {_size(MAX_ZIP_UNPACKED)} a student's zip may hold")
     seen = set()
     for m in members:
         try:
@@ -274,8 +269,10 @@ def _check_members(archive: zipfile.ZipFile, name: str) -> None:
             raise SubmissionError(f"{name} {e}; zip the files themselves") from None
         kind = stat.S_IFMT(m.external_attr >> 16)
         if kind and kind not in (stat.S_IFREG, stat.S_IFDIR):
-            raise SubmissionError(f"{name} holds {m.filename!r}, {what_it_is(kind)}: a zip may hold files and "
-                                  "folders only (links are never followed); zip the files themselves")
+            raise SubmissionError(
+                f"{name} holds {m.filename!r}, {what_it_is(kind)}: a zip may hold files and "
+                "folders only (links are never followed); zip the files themselves"
+            )
         if path in seen and not m.is_dir():
             raise SubmissionError(f"{name} holds {m.filename!r} twice: zip it again")
         seen.add(path)
@@ -326,17 +323,20 @@ def read_member(archive: zipfile.ZipFile, member: str, limit: int, name: str) ->
     if info.flag_bits & 0x1:
         raise SubmissionError(f"{where} is encrypted: zip it without a password")
     if info.file_size > limit:
-        raise SubmissionError(f"{where} is {_size(info.file_size)}, over the {_size(limit)} a "
-                              + ("notebook" if member.endswith(".ipynb") else "chapter file") + " may have")
+        raise SubmissionError(
+            f"{where} is {_size(info.file_size)}, over the {_size(limit)} a "
+            + ("notebook" if member.endswith(".ipynb") else "chapter file")
+            + " may have"
+        )
     try:
         with archive.open(info) as f:
             data = f.read(limit + 1)
     except Exception as e:  # a bad checksum, a damaged stream, a compression zipfile does not know
-        raise SubmissionError(f"{where} cannot be read from the zip ({type(e).__name__}: {str(e)[:200]}): "
-                              "zip it again") from None
+        raise SubmissionError(f"{where} cannot be read from the zip ({type(e).__name__}: {str(e)[:200]}): zip it again") from None
     if len(data) > limit:
-        raise SubmissionError(f"{where} is over the {_size(limit)} a "
-                              + ("notebook" if member.endswith(".ipynb") else "chapter file") + " may have")
+        raise SubmissionError(
+            f"{where} is over the {_size(limit)} a " + ("notebook" if member.endswith(".ipynb") else "chapter file") + " may have"
+        )
     return data
 
 
@@ -358,15 +358,15 @@ def locate(tree: Tree, ch: Chapter, where: str) -> Found:
         return Found(down[0])
     if len(down) > 1:
         raise SubmissionError(f"{_doubt(down)} in {where} could each be the {ch.id} answer: keep one of them")
-    candidates = sorted(p for p, k in tree.kinds.items()
-                        if k != FOLDER and p[-1].endswith((".py", ".ipynb")) and names_chapter(p[-1], ch))
+    candidates = sorted(p for p, k in tree.kinds.items() if k != FOLDER and p[-1].endswith((".py", ".ipynb")) and names_chapter(p[-1], ch))
     if len(candidates) == 1:
         return Found(candidates[0], renamed=True)
     if len(candidates) > 1:
-        raise SubmissionError(f"{_doubt(candidates)} in {where} could each be the {ch.id} answer: keep one of "
-                              f"them, named {ch.filename}")
-    raise SubmissionError(f"no {names[0]} or {names[1]} in {where}, nor one folder down; {found_list(tree, ch)}: "
-                          f"name your file {ch.filename} (or your notebook {names[1]})")
+        raise SubmissionError(f"{_doubt(candidates)} in {where} could each be the {ch.id} answer: keep one of them, named {ch.filename}")
+    raise SubmissionError(
+        f"no {names[0]} or {names[1]} in {where}, nor one folder down; {found_list(tree, ch)}: "
+        f"name your file {ch.filename} (or your notebook {names[1]})"
+    )
 
 
 def _doubt(paths: Sequence[tuple[str, ...]]) -> str:
@@ -453,7 +453,7 @@ def _relabel(message: str, said: str, really: str) -> str:
     if said == really:
         return message
     if message.startswith(said):
-        return really + message[len(said):]
+        return really + message[len(said) :]
     return f"{message} ({really})"
 
 

@@ -106,8 +106,7 @@ WIDTH = 100
 """Columns a test cell's report is wrapped to (an output box in a notebook or its HTML does not wrap)."""
 
 
-def grade_cells(chapter_id: str, task_id: str, cells: list[str], *, where: list[str] | None = None,
-                launcher=None) -> CellGrade:
+def grade_cells(chapter_id: str, task_id: str, cells: list[str], *, where: list[str] | None = None, launcher=None) -> CellGrade:
     """Run one task's public checks on the module `cells` amount to (`assemble`), in a student process
     started by `launcher` (default: a fresh interpreter), as a public test cell does with the cells its
     kernel has run. Nothing of the cells runs in this process."""
@@ -117,8 +116,15 @@ def grade_cells(chapter_id: str, task_id: str, cells: list[str], *, where: list[
     task = ch.task(task_id)
     with tempfile.TemporaryDirectory(prefix="course-nb-") as tmp, _quiet():
         folder = submission_from_cells(ch, cells, Path(tmp) / "submission", where)
-        report = check(ch.id, task=task.id, submission=folder, hidden=False, figures_dir=Path(tmp) / "figures",
-                       time_limit=_time_limit(), launcher=launcher)
+        report = check(
+            ch.id,
+            task=task.id,
+            submission=folder,
+            hidden=False,
+            figures_dir=Path(tmp) / "figures",
+            time_limit=_time_limit(),
+            launcher=launcher,
+        )
         return CellGrade(report, _public_text(report), _figures_of(report, task.id))
 
 
@@ -134,8 +140,10 @@ def check_task(chapter_id: str, task_id: str, *, hidden: bool = False) -> float:
     ch = chapters.find(chapter_id)
     task = ch.task(task_id)
     if hidden:
-        print(f"The hidden checks of {task.id} run when the instructor grades the class with "
-              "`course grade --nbgrader`, in a sandbox, not in this notebook: this cell gives 0 points here.")
+        print(
+            f"The hidden checks of {task.id} run when the instructor grades the class with "
+            "`course grade --nbgrader`, in a sandbox, not in this notebook: this cell gives 0 points here."
+        )
         return 0.0
     from IPython.display import display
 
@@ -165,8 +173,7 @@ def _public_text(report) -> str:
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        screen = TerminalReport(report.chapter, report.target, verbose=True, header=False, width=WIDTH, tty=False,
-                                ticker=False)
+        screen = TerminalReport(report.chapter, report.target, verbose=True, header=False, width=WIDTH, tty=False, ticker=False)
         for result in report.results:
             screen.add(result)
         screen.flush()
@@ -178,9 +185,10 @@ def wrap_lines(text: str, width: int = WIDTH) -> str:
     two more than the line itself (a notebook's output box, or its HTML, clips long lines)."""
     lines = []
     for line in text.splitlines():
-        indent = line[:len(line) - len(line.lstrip(" "))]
-        lines += textwrap.wrap(line, width, subsequent_indent=indent + "  ", break_long_words=False,
-                               break_on_hyphens=False, drop_whitespace=True) or [line]
+        indent = line[: len(line) - len(line.lstrip(" "))]
+        lines += textwrap.wrap(
+            line, width, subsequent_indent=indent + "  ", break_long_words=False, break_on_hyphens=False, drop_whitespace=True
+        ) or [line]
     return "\n".join(lines) + "\n" if lines else ""
 
 
@@ -196,8 +204,9 @@ def _figures_of(report, task_id: str) -> list[dict]:
     import figures
 
     mine = {spec.id: spec for spec in figures.catalog(report.chapter.id) if task_id in spec.needs.values()}
-    return [figure_output(mine[Path(path).stem], Path(path).read_text(encoding="utf-8"))
-            for path in report.figures if Path(path).stem in mine]
+    return [
+        figure_output(mine[Path(path).stem], Path(path).read_text(encoding="utf-8")) for path in report.figures if Path(path).stem in mine
+    ]
 
 
 # -- the nbgrader course ---------------------------------------------------------------------------------
@@ -258,32 +267,50 @@ def chapter_notebook(ch: Chapter) -> dict:
     prose = (ast.get_docstring(tree) or "").split("\n", 1)[-1].strip()
     setup, provided = _provided_code(ch, source, tree)
     specs = checks.load(ch.id, with_hidden=True)
-    cells = [_markdown(f"# {ch.id} · {ch.title}\n\n{prose}\n\n"
-                       "Write your code in the answer cells, run them, then run the test cell under each. "
-                       "The test cells run the public checks on your machine and draw the chapter's figures from "
-                       "your outputs: they are your feedback. Your grade comes from the instructor's grader "
-                       "(`course grade --nbgrader`), which runs the public and the hidden checks on your notebook "
-                       "in a sandbox; run by `nbgrader autograde` instead, the hidden test cells give 0 points.",
-                       "intro"),
-             _code(setup, "setup", locked=True)]
+    cells = [
+        _markdown(
+            f"# {ch.id} · {ch.title}\n\n{prose}\n\n"
+            "Write your code in the answer cells, run them, then run the test cell under each. "
+            "The test cells run the public checks on your machine and draw the chapter's figures from "
+            "your outputs: they are your feedback. Your grade comes from the instructor's grader "
+            "(`course grade --nbgrader`), which runs the public and the hidden checks on your notebook "
+            "in a sandbox; run by `nbgrader autograde` instead, the hidden test cells give 0 points.",
+            "intro",
+        ),
+        _code(setup, "setup", locked=True),
+    ]
     for i, task in enumerate(ch.tasks):
         public_points = sum(s.points for s in specs if s.task == task.id and not s.hidden)
         hidden_points = sum(s.points for s in specs if s.task == task.id and s.hidden)
-        code = "\n\n\n".join(segment(source, n) for n in tree.body
-                             if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in task.names)
+        code = "\n\n\n".join(
+            segment(source, n) for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in task.names
+        )
         tid = task.id.replace(".", "_")
-        cells += [_markdown(f"## {task.id} · {task.name}", f"task_{tid}"),
-                  _code(code, f"answer_{tid}", solution=True)]
+        cells += [_markdown(f"## {task.id} · {task.name}", f"task_{tid}"), _code(code, f"answer_{tid}", solution=True)]
         if provided.get(i):
             cells.append(_code(provided[i], f"provided_{tid}", locked=True))
-        cells += [_code(f'from grader.delivery.notebook import check_task\ncheck_task("{ch.id}", "{task.id}")',
-                        f"public_{tid}", points=public_points),
-                  _code("### BEGIN HIDDEN TESTS\nfrom grader.delivery.notebook import check_task\n"
-                        f'check_task("{ch.id}", "{task.id}", hidden=True)\n### END HIDDEN TESTS',
-                        f"hidden_{tid}", points=hidden_points)]
-    return {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
-            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
-                         "language_info": {"name": "python"}}}
+        cells += [
+            _code(
+                f'from grader.delivery.notebook import check_task\ncheck_task("{ch.id}", "{task.id}")',
+                f"public_{tid}",
+                points=public_points,
+            ),
+            _code(
+                "### BEGIN HIDDEN TESTS\nfrom grader.delivery.notebook import check_task\n"
+                f'check_task("{ch.id}", "{task.id}", hidden=True)\n### END HIDDEN TESTS',
+                f"hidden_{tid}",
+                points=hidden_points,
+            ),
+        ]
+    return {
+        "cells": cells,
+        "nbformat": 4,
+        "nbformat_minor": 5,
+        "metadata": {
+            "kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
+            "language_info": {"name": "python"},
+        },
+    }
 
 
 def _provided_code(ch: Chapter, source: str, tree: ast.Module) -> tuple[str, dict[int, str]]:
@@ -294,8 +321,9 @@ def _provided_code(ch: Chapter, source: str, tree: ast.Module) -> tuple[str, dic
     A statement that still needs a task's name when it runs (a base class, a default, a decorator, a
     class attribute, a call), or that needs such a statement, goes after the last task it needs."""
     task_of = {name: i for i, t in enumerate(ch.tasks) for name in t.names}
-    lazy = any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and
-               any(a.name == "annotations" for a in n.names) for n in tree.body)
+    lazy = any(
+        isinstance(n, ast.ImportFrom) and n.module == "__future__" and any(a.name == "annotations" for a in n.names) for n in tree.body
+    )
     body = tree.body[1:] if ast.get_docstring(tree) else tree.body
     graded = [n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in task_of]
     setup = [n for n in body if n not in graded]
@@ -314,16 +342,15 @@ def _provided_code(ch: Chapter, source: str, tree: ast.Module) -> tuple[str, dic
     while changed:  # a statement runs after what it needs
         changed = False
         for node in setup:
-            after = max((level[id(binder[n])] for n in needs[id(node)] if n in binder and binder[n] is not node),
-                        default=-1)
+            after = max((level[id(binder[n])] for n in needs[id(node)] if n in binder and binder[n] is not node), default=-1)
             if after > level[id(node)]:
                 level[id(node)], changed = after, True
     lines = source.splitlines(keepends=True)
     for a in sorted(quote, key=lambda a: (a.lineno, a.col_offset), reverse=True):
         raw = lines[a.lineno - 1].encode("utf-8")
-        text = raw[a.col_offset:a.end_col_offset].decode("utf-8")
+        text = raw[a.col_offset : a.end_col_offset].decode("utf-8")
         quoted = f'"{text}"' if '"' not in text and "\\" not in text else repr(text)
-        lines[a.lineno - 1] = (raw[:a.col_offset].decode("utf-8") + quoted + raw[a.end_col_offset:].decode("utf-8"))
+        lines[a.lineno - 1] = raw[: a.col_offset].decode("utf-8") + quoted + raw[a.end_col_offset :].decode("utf-8")
     edited = "".join(lines)
     moved = [n for n in setup if level[id(n)] >= 0]
     cut: set[int] = set()
@@ -364,23 +391,24 @@ def _when_defined(node: ast.stmt, lazy: bool) -> tuple[list[ast.expr], list[ast.
     return [], [node]
 
 
-def _meta(grade_id: str, *, grade: bool = False, solution: bool = False, locked: bool = False,
-          points: float | None = None) -> dict:
-    meta = {"grade": grade, "solution": solution, "locked": locked, "task": False, "grade_id": grade_id,
-            "schema_version": 3}
+def _meta(grade_id: str, *, grade: bool = False, solution: bool = False, locked: bool = False, points: float | None = None) -> dict:
+    meta = {"grade": grade, "solution": solution, "locked": locked, "task": False, "grade_id": grade_id, "schema_version": 3}
     if points is not None:
         meta["points"] = points
     return {"nbgrader": meta}
 
 
 def _markdown(text: str, grade_id: str) -> dict:
-    return {"cell_type": "markdown", "id": grade_id.replace("_", "-"), "metadata": _meta(grade_id, locked=True),
-            "source": text}
+    return {"cell_type": "markdown", "id": grade_id.replace("_", "-"), "metadata": _meta(grade_id, locked=True), "source": text}
 
 
-def _code(text: str, grade_id: str, *, solution: bool = False, locked: bool = False,
-          points: float | None = None) -> dict:
+def _code(text: str, grade_id: str, *, solution: bool = False, locked: bool = False, points: float | None = None) -> dict:
     grade = points is not None
-    return {"cell_type": "code", "id": grade_id.replace("_", "-"), "execution_count": None, "outputs": [],
-            "metadata": _meta(grade_id, grade=grade, solution=solution, locked=locked or grade, points=points),
-            "source": text}
+    return {
+        "cell_type": "code",
+        "id": grade_id.replace("_", "-"),
+        "execution_count": None,
+        "outputs": [],
+        "metadata": _meta(grade_id, grade=grade, solution=solution, locked=locked or grade, points=points),
+        "source": text,
+    }

@@ -110,8 +110,7 @@ def record_answers(ch: Chapter) -> dict:
 
     module = solutions_module(ch)
     recorders: dict[str, Recorder] = {}
-    report = check(ch.id, solutions=True, hidden=False, figures_dir=None,
-                   refs=lambda key: recorders.setdefault(key, Recorder(module)))
+    report = check(ch.id, solutions=True, hidden=False, figures_dir=None, refs=lambda key: recorders.setdefault(key, Recorder(module)))
     failed = [f"{r.task} {r.name}: {r.message}" for r in report.results if r.status != "passed"]
     if failed:
         raise ReleaseError(f"{ch.id}: the reference fails its own public checks:\n" + "\n".join(failed))
@@ -120,8 +119,13 @@ def record_answers(ch: Chapter) -> dict:
     for spec in checks.load(ch.id, with_hidden=True):
         hidden[spec.task] = hidden.get(spec.task, 0) + spec.hidden
         hidden_points[spec.task] = hidden_points.get(spec.task, 0.0) + spec.points * spec.hidden
-    return {"chapter": chapters.to_record(ch), "checks": {key: rec.calls for key, rec in recorders.items()},
-            "hidden": hidden, "hidden_points": hidden_points, "mistakes": misconceptions.recorded(ch.id)}
+    return {
+        "chapter": chapters.to_record(ch),
+        "checks": {key: rec.calls for key, rec in recorders.items()},
+        "hidden": hidden,
+        "hidden_points": hidden_points,
+        "mistakes": misconceptions.recorded(ch.id),
+    }
 
 
 def _pyproject() -> str:

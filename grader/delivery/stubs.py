@@ -44,7 +44,7 @@ def make_stub(source: str, chapter_id: str) -> str:
         task = owners.get(i + 1)
         if task is None:
             raise StubError(f"line {i + 1}: the region is not inside a function or class marked 'Task chNN.k'")
-        n = _code_lines(lines[i + 1:end])
+        n = _code_lines(lines[i + 1 : end])
         total, places = sizes[task[0]]
         size = _about(total)
         here = size if places == 1 else f"about {n} of the task's {total} lines, in {places} places"
@@ -74,7 +74,7 @@ def _task_sizes(lines: list[str], owners: dict[int, tuple[str, str]]) -> dict[st
             task = owners.get(start + 1)
             if task:
                 total, places = sizes.get(task[0], (0, 0))
-                sizes[task[0]] = (total + _code_lines(lines[start + 1:i]), places + 1)
+                sizes[task[0]] = (total + _code_lines(lines[start + 1 : i]), places + 1)
             start = None
     return sizes
 

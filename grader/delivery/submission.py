@@ -42,8 +42,7 @@ MAX_MODULE_BYTES = 1 << 20
 """A chapter module, or all the code cells of a notebook together."""
 MAX_NOTEBOOK_BYTES = 64 << 20
 """A notebook file, outputs (figures, printed text) included: larger is refused unread."""
-NOTEBOOK_SHAPE = ('a notebook is a JSON object whose "cells" is a list of cells, each with a "source" string '
-                  'or list of strings (nbformat)')
+NOTEBOOK_SHAPE = 'a notebook is a JSON object whose "cells" is a list of cells, each with a "source" string or list of strings (nbformat)'
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -70,10 +69,15 @@ def answer_names(ch: Chapter) -> tuple[str, ...]:
 
 def what_it_is(mode: int) -> str:
     """A file type in words ("a symbolic link", "a FIFO (named pipe)", ...) from an `st_mode`."""
-    for test, words in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a folder"),
-                        (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                        (stat.S_ISSOCK, "a socket")):
+    for test, words in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return words
     return "not a regular file"
@@ -91,8 +95,9 @@ def open_folder(name: str | os.PathLike, *, dir_fd: int | None = None, follow: b
         except OSError:
             kind = ""
         if kind and kind != "a folder":
-            raise SubmissionError(f"{os.fsdecode(name)} is {kind}, not a folder"
-                                  + (": links are never followed" if kind == "a symbolic link" else "")) from None
+            raise SubmissionError(
+                f"{os.fsdecode(name)} is {kind}, not a folder" + (": links are never followed" if kind == "a symbolic link" else "")
+            ) from None
         raise SubmissionError(f"cannot open the folder {os.fsdecode(name)} ({e.strerror})") from None
 
 
@@ -153,15 +158,17 @@ def _not_a_file(name: str, mode: int, dir_fd: int) -> str:
             target = os.readlink(name, dir_fd=dir_fd)
         except OSError:
             target = "?"
-        return (f"{name} is a symbolic link (to {target[:200]!r}), not a file: links are never followed; "
-                "submit the file itself")
+        return f"{name} is a symbolic link (to {target[:200]!r}), not a file: links are never followed; submit the file itself"
     return f"{name} is {kind}, not a regular file: submit the file itself"
 
 
 def _bound(name: str, size: int, limit: int) -> None:
     if size > limit:
-        raise SubmissionError(f"{name} is {_size(size)}, over the {_size(limit)} a "
-                              + ("notebook" if name.endswith(".ipynb") else "chapter file") + " may have")
+        raise SubmissionError(
+            f"{name} is {_size(size)}, over the {_size(limit)} a "
+            + ("notebook" if name.endswith(".ipynb") else "chapter file")
+            + " may have"
+        )
 
 
 def _size(n: int) -> str:
@@ -197,8 +204,9 @@ def notebook_cells(data: bytes, name: str, *, limit: int = MAX_MODULE_BYTES) -> 
     try:
         nb = json.loads(text)
     except RecursionError:
-        raise SubmissionError(f"{name} is not a notebook: its JSON is nested too deeply to read "
-                              f"(RecursionError); {NOTEBOOK_SHAPE}") from None
+        raise SubmissionError(
+            f"{name} is not a notebook: its JSON is nested too deeply to read (RecursionError); {NOTEBOOK_SHAPE}"
+        ) from None
     except MemoryError:
         raise SubmissionError(f"{name} is not a notebook: its JSON does not fit in memory (MemoryError)") from None
     except ValueError as e:
@@ -233,11 +241,9 @@ def notebook_cells(data: bytes, name: str, *, limit: int = MAX_MODULE_BYTES) -> 
         try:
             total += len(source.encode("utf-8"))
         except UnicodeEncodeError as e:
-            raise SubmissionError(f"{name}: code cell {i} holds {source[e.start]!r}, a lone UTF-16 surrogate, "
-                                  "not text") from None
+            raise SubmissionError(f"{name}: code cell {i} holds {source[e.start]!r}, a lone UTF-16 surrogate, not text") from None
         if total > limit:
-            raise SubmissionError(f"{name}: its code cells hold over {_size(limit)} of code, more than a "
-                                  "chapter file may have")
+            raise SubmissionError(f"{name}: its code cells hold over {_size(limit)} of code, more than a chapter file may have")
         sources.append(source)
     return sources
 
@@ -270,11 +276,13 @@ def compile_module(text: str, name: str, filename: str, *, where: str = "") -> N
     except ValueError as e:  # a NUL byte, on Pythons before 3.11.4
         raise SubmissionError(f"{name} cannot be compiled: {e}") from None
     except RecursionError:
-        raise SubmissionError(f"{name} cannot be compiled: an expression is nested too deeply for Python's "
-                              "compiler (RecursionError)") from None
+        raise SubmissionError(
+            f"{name} cannot be compiled: an expression is nested too deeply for Python's compiler (RecursionError)"
+        ) from None
     except MemoryError:
-        raise SubmissionError(f"{name} cannot be compiled: Python's parser ran out of memory on it (MemoryError: "
-                              "an expression nested too deeply?)") from None
+        raise SubmissionError(
+            f"{name} cannot be compiled: Python's parser ran out of memory on it (MemoryError: an expression nested too deeply?)"
+        ) from None
 
 
 def module_of_notebook(ch: Chapter, cells: list[str], name: str) -> str:
@@ -289,8 +297,9 @@ def module_of_notebook(ch: Chapter, cells: list[str], name: str) -> str:
     except CompilerLimit as e:
         raise SubmissionError(f"{name} cannot be compiled: {e}") from None
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
-        raise SubmissionError(f"{name}: its code cells cannot be made into the chapter module "
-                              f"({type(e).__name__}: {str(e)[:200]})") from None
+        raise SubmissionError(
+            f"{name}: its code cells cannot be made into the chapter module ({type(e).__name__}: {str(e)[:200]})"
+        ) from None
 
 
 def read_answer(folder: int | str | os.PathLike, name: str, ch: Chapter) -> Answer:

@@ -37,8 +37,11 @@ MESSAGE_CHARS = 160
 """A message in summary.md is cut at the last word boundary before this many characters."""
 REASON_CHARS = 300
 """So is the reason a student could not be graded."""
-KINDS = (("graded", "q", "graded"), ("not_implemented", "k", "not implemented (the stub as given)"),
-         ("not_graded", "masked", "not graded: 0 points"))
+KINDS = (
+    ("graded", "q", "graded"),
+    ("not_implemented", "k", "not implemented (the stub as given)"),
+    ("not_graded", "masked", "not graded: 0 points"),
+)
 """The histogram's stacked segments: summary key, figure role (colour), legend."""
 _NUMBER = re.compile(r"[-−]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
@@ -54,13 +57,16 @@ def summarize(items: list, chosen: list[Chapter], docs: list[dict]) -> dict:
         scores = [float(d["score"]) for _, d in mine]
         statuses = collections.Counter("not graded" if d["status"] == "error" else d["status"] for _, d in mine)
         summary[ch.id] = {
-            "title": ch.title, "students": len(mine), "errors": len(mine) - len(graded), "graded": len(graded),
-            "statuses": dict(statuses), "max_score": max_score,
+            "title": ch.title,
+            "students": len(mine),
+            "errors": len(mine) - len(graded),
+            "graded": len(graded),
+            "statuses": dict(statuses),
+            "max_score": max_score,
             "mean_score": round(statistics.fmean(scores), 2) if scores else 0.0,
             "median_score": round(statistics.median(scores), 2) if scores else 0.0,
             "mean_score_graded": round(statistics.fmean([float(d["score"]) for _, d in graded]), 2) if graded else 0.0,
-            "not_graded": [{"student": i.student, "reason": d.get("error", "")} for i, d in mine
-                           if d["status"] == "error"],
+            "not_graded": [{"student": i.student, "reason": d.get("error", "")} for i, d in mine if d["status"] == "error"],
             "renamed": [{"student": i.student, "answer": d.get("answer") or i.where} for i, d in graded if i.renamed],
             "checks": _checks([d for _, d in graded]),
             "not_implemented": _not_implemented([d for _, d in graded]),
@@ -92,12 +98,19 @@ def _checks(graded: list[dict]) -> list[dict]:
     for name in order:
         ranked = sorted(groups[name].values(), key=len, reverse=True)  # stable: the first seen wins a tie
         wrong = failing[name] - todo[name]
-        result.append({
-            "check": name, "failed": failing[name], "not_implemented": todo[name], "wrong": wrong,
-            "graded": len(graded), "percent_failing": round(100 * failing[name] / len(graded)) if graded else 0,
-            "most_common_message": ranked[0][0] if ranked else "", "students_with_it": len(ranked[0]) if ranked else 0,
-            "kinds_of_message": len(ranked),
-        })
+        result.append(
+            {
+                "check": name,
+                "failed": failing[name],
+                "not_implemented": todo[name],
+                "wrong": wrong,
+                "graded": len(graded),
+                "percent_failing": round(100 * failing[name] / len(graded)) if graded else 0,
+                "most_common_message": ranked[0][0] if ranked else "",
+                "students_with_it": len(ranked[0]) if ranked else 0,
+                "kinds_of_message": len(ranked),
+            }
+        )
     result.sort(key=lambda c: (-c["failed"], order[c["check"]]))
     return result
 
@@ -137,8 +150,9 @@ def clip(text: str, limit: int) -> str:
 
 
 def _bands(mine: list, max_score: float) -> list[dict]:
-    bands = [{"from": 100 * b // BANDS, "to": 100 * (b + 1) // BANDS, "graded": 0, "not_implemented": 0,
-              "not_graded": 0} for b in range(BANDS)]
+    bands = [
+        {"from": 100 * b // BANDS, "to": 100 * (b + 1) // BANDS, "graded": 0, "not_implemented": 0, "not_graded": 0} for b in range(BANDS)
+    ]
     for _, doc in mine:
         share = float(doc["score"]) / max_score if max_score else 0.0
         band = bands[min(BANDS - 1, max(0, math.floor(share * BANDS + 1e-9)))]
@@ -151,51 +165,68 @@ def _bands(mine: list, max_score: float) -> list[dict]:
 def summary_markdown(summary: dict, *, histogram: str | None = HISTOGRAM) -> str:
     """summary.md: per chapter, the counts, mean and median over all students, who was not
     graded and why, and the checks students fail with their most common wrong answer."""
-    lines = ["# Class summary", "",
-             "A student who could not be graded scores 0, and means and medians are over all of a chapter's "
-             "students, as in grades.csv.", ""]
+    lines = [
+        "# Class summary",
+        "",
+        "A student who could not be graded scores 0, and means and medians are over all of a chapter's students, as in grades.csv.",
+        "",
+    ]
     if histogram:
         lines += [f"![Scores of each chapter, in bands of a tenth of its points]({histogram})", ""]
     for cid, s in summary.items():
         n, max_score = s["students"], s["max_score"]
         counts = ", ".join(f"{v} {k}" for k, v in sorted(s["statuses"].items(), key=lambda kv: _status_rank(kv[0])))
-        lines += [f"## {cid} · {s['title']}", "",
-                  f"{n} students: {counts or 'none'}.", "",
-                  f"Mean **{s['mean_score']:g}** / {max_score:g} over all {n} students"
-                  + (f" (the {s['errors']} not graded count as 0)" if s["errors"] else "")
-                  + f", median **{s['median_score']:g}**"
-                  + (f"; mean {s['mean_score_graded']:g} over the {s['graded']} graded." if s["errors"] else "."), ""]
+        lines += [
+            f"## {cid} · {s['title']}",
+            "",
+            f"{n} students: {counts or 'none'}.",
+            "",
+            f"Mean **{s['mean_score']:g}** / {max_score:g} over all {n} students"
+            + (f" (the {s['errors']} not graded count as 0)" if s["errors"] else "")
+            + f", median **{s['median_score']:g}**"
+            + (f"; mean {s['mean_score_graded']:g} over the {s['graded']} graded." if s["errors"] else "."),
+            "",
+        ]
         if s["not_graded"]:
             lines += [f"### Not graded ({len(s['not_graded'])}, 0 points each)", ""]
             lines += [f"- {_code(r['student'])}: {_escape(clip(r['reason'], REASON_CHARS))}" for r in s["not_graded"]]
             lines.append("")
         if s["renamed"]:
             lines += ["### Graded under another name (ask them to rename the file)", ""]
-            lines += [f"- {_code(r['student'])}: {_code(r['answer'])} graded as the chapter's module"
-                      for r in s["renamed"]]
+            lines += [f"- {_code(r['student'])}: {_code(r['answer'])} graded as the chapter's module" for r in s["renamed"]]
             lines.append("")
         wrong = [c for c in s["checks"] if c["wrong"]]
         only_todo = [c for c in s["checks"] if c["failed"] and not c["wrong"]]
         if s["graded"]:
             lines += [f"### Checks failed, as a share of the {s['graded']} graded students", ""]
         if wrong:
-            lines += ["Wrong answers are grouped by their hint line, or else by their first line with its numbers "
-                      "left out; a count is out of the check's wrong answers, checks not implemented aside.", "",
-                      "| check | failing | not implemented | most common wrong answer |", "|---|---:|---:|---|"]
+            lines += [
+                "Wrong answers are grouped by their hint line, or else by their first line with its numbers "
+                "left out; a count is out of the check's wrong answers, checks not implemented aside.",
+                "",
+                "| check | failing | not implemented | most common wrong answer |",
+                "|---|---:|---:|---|",
+            ]
             for c in wrong:
-                lines.append(f"| {_cell(c['check'])} | {c['percent_failing']}% ({c['failed']} of {c['graded']}) | "
-                             f"{c['not_implemented']} | {_common(c)} |")
+                lines.append(
+                    f"| {_cell(c['check'])} | {c['percent_failing']}% ({c['failed']} of {c['graded']}) | "
+                    f"{c['not_implemented']} | {_common(c)} |"
+                )
             lines.append("")
         if s["not_implemented"]:
-            lines.append("Not implemented (the stub's NotImplementedError): " + ", ".join(
-                f"{_cell(t['task'])} by {t['students']} student{'s' * (t['students'] != 1)}"
-                for t in s["not_implemented"]) + (f"; {len(only_todo)} checks failed for no other reason." if only_todo
-                                                  else "."))
+            lines.append(
+                "Not implemented (the stub's NotImplementedError): "
+                + ", ".join(f"{_cell(t['task'])} by {t['students']} student{'s' * (t['students'] != 1)}" for t in s["not_implemented"])
+                + (f"; {len(only_todo)} checks failed for no other reason." if only_todo else ".")
+            )
             lines.append("")
         passed = len(s["checks"]) - len(wrong) - len(only_todo)
         if s["graded"] and passed:
-            lines += [(f"All {passed} checks" if passed == len(s["checks"]) else f"The other {passed} checks")
-                      + " passed for every graded student.", ""]
+            lines += [
+                (f"All {passed} checks" if passed == len(s["checks"]) else f"The other {passed} checks")
+                + " passed for every graded student.",
+                "",
+            ]
     return "\n".join(lines)
 
 
@@ -239,9 +270,13 @@ def histogram_svg(summary: dict) -> str:
     stacked by graded / not implemented / not graded, with the mean (dashed) and median (solid)."""
     from figures.kit import Figure
 
-    fig = Figure("summary-histogram", title="Class scores", zh="",
-                 en="Students in each band of a tenth of the chapter's points (full marks in the last band); a "
-                    "student who could not be graded counts as 0. Dashed line: the mean; solid line: the median.")
+    fig = Figure(
+        "summary-histogram",
+        title="Class scores",
+        zh="",
+        en="Students in each band of a tenth of the chapter's points (full marks in the last band); a "
+        "student who could not be graded counts as 0. Dashed line: the mean; solid line: the median.",
+    )
     for cid, s in summary.items():
         _panel(fig, cid, s)
     return fig.svg()
@@ -288,20 +323,28 @@ def _panel(fig, cid: str, s: dict) -> None:
             if not n:
                 continue
             h = height * n / tallest
-            fig.dwg.add(fig.dwg.rect((x, y - h), (bar_w, h), fill=fill(role), stroke=stroke(role), stroke_width=1,
-                                     class_=f"bar {key.replace('_', '-')}"))
+            fig.dwg.add(
+                fig.dwg.rect(
+                    (x, y - h), (bar_w, h), fill=fill(role), stroke=stroke(role), stroke_width=1, class_=f"bar {key.replace('_', '-')}"
+                )
+            )
             if h >= 18 and any(band[k] for k, _, _ in KINDS if k != key):
-                fig.text(x + bar_w / 2, y - h / 2 + 4, str(n), size=SMALL, anchor="middle", color=MUTED,
-                         cls="segment-count")
+                fig.text(x + bar_w / 2, y - h / 2 + 4, str(n), size=SMALL, anchor="middle", color=MUTED, cls="segment-count")
             y -= h
         total = sum(band[k] for k, _, _ in KINDS)
         if total:
             fig.text(x + bar_w / 2, y - 6, str(total), size=LABEL, anchor="middle", weight="bold", cls="count")
-        fig.text(x + bar_w / 2, base + 17, f"{band['from']}–{band['to']}%", size=LABEL - 1, anchor="middle",
-                 color=MUTED, cls="label")
+        fig.text(x + bar_w / 2, base + 17, f"{band['from']}–{band['to']}%", size=LABEL - 1, anchor="middle", color=MUTED, cls="label")
     fig.dwg.add(fig.dwg.line((x0 - 4, base), (x0 + width + 4, base), stroke=RULE, stroke_width=1))
-    fig.text(x0 + width / 2, base + 37, f"score, as a share of the {s['max_score']:g} points", size=LABEL - 1,
-             anchor="middle", color=MUTED, cls="label")
+    fig.text(
+        x0 + width / 2,
+        base + 37,
+        f"score, as a share of the {s['max_score']:g} points",
+        size=LABEL - 1,
+        anchor="middle",
+        color=MUTED,
+        cls="label",
+    )
     fig.y = base + 62
     fig.legend([(role, label) for _, role, label in KINDS])
     fig.y += 26

@@ -32,26 +32,75 @@ from grader.checks.ch15 import (
 
 # Public config.json values (Hugging Face model cards); Llama-3-8B's head_dim is implied (4096 / 32).
 REAL_CONFIGS = {
-    "Qwen3-1.7B": dict(hidden_size=2048, intermediate_size=6144, num_attention_heads=16, num_key_value_heads=8,
-                       head_dim=128, vocab_size=151936, tie_word_embeddings=True),
-    "Qwen3-4B": dict(hidden_size=2560, intermediate_size=9728, num_attention_heads=32, num_key_value_heads=8,
-                     head_dim=128, vocab_size=151936, tie_word_embeddings=True),
-    "Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8,
-                     head_dim=128, vocab_size=151936, tie_word_embeddings=False),
-    "Qwen3-32B": dict(hidden_size=5120, intermediate_size=25600, num_attention_heads=64, num_key_value_heads=8,
-                      head_dim=128, vocab_size=151936, tie_word_embeddings=False),
-    "Llama-3-8B": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
-                       head_dim=128, vocab_size=128256, tie_word_embeddings=False),
+    "Qwen3-1.7B": dict(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "Qwen3-4B": dict(
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "Qwen3-8B": dict(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+    ),
+    "Qwen3-32B": dict(
+        hidden_size=5120,
+        intermediate_size=25600,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+    ),
+    "Llama-3-8B": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=128256,
+        tie_word_embeddings=False,
+    ),
 }
 
 # Qwen3-0.6B's config.json as a dict, with the keys projection_shapes must ignore.
-QWEN3_06B_FULL = dict(QWEN3_06B, architectures=["Qwen3ForCausalLM"], model_type="qwen3", num_hidden_layers=28,
-                      rope_theta=1000000, rope_scaling=None, rms_norm_eps=1e-06, max_position_embeddings=40960,
-                      torch_dtype="bfloat16", attention_bias=False, hidden_act="silu", bos_token_id=151643,
-                      eos_token_id=151645, sliding_window=None, use_sliding_window=False)
+QWEN3_06B_FULL = dict(
+    QWEN3_06B,
+    architectures=["Qwen3ForCausalLM"],
+    model_type="qwen3",
+    num_hidden_layers=28,
+    rope_theta=1000000,
+    rope_scaling=None,
+    rms_norm_eps=1e-06,
+    max_position_embeddings=40960,
+    torch_dtype="bfloat16",
+    attention_bias=False,
+    hidden_act="silu",
+    bos_token_id=151643,
+    eos_token_id=151645,
+    sliding_window=None,
+    use_sliding_window=False,
+)
 
 
 # -- ch15.1 -------------------------------------------------------------------------------------------
+
 
 @hidden("ch15.1", "random tables and ids of any shape (0-d to 3-d, int64 and int32)")
 def embed_random(t: Trial) -> None:
@@ -77,9 +126,8 @@ def embed_qwen_vocab(t: Trial) -> None:
     run_lookup_case(t, weight, ids, "V = 151936")
 
 
-
-
 # -- ch15.2 -------------------------------------------------------------------------------------------
+
 
 @hidden("ch15.2", "random shapes, with and without bias: agreement with torch.nn.functional.linear")
 def linear_random(t: Trial) -> None:
@@ -113,12 +161,18 @@ def linear_o_proj(t: Trial) -> None:
 def linear_bad(t: Trial) -> None:
     for lead in ([2], [3, 1]):
         in_f, out_f = t.random.randint(2, 9), t.random.randint(10, 20)
-        expect_value_error_naming(t, t.yours.linear, torch.zeros(*lead, in_f), torch.zeros(in_f, out_f),
-                                  because=f"the weight [{in_f}, {out_f}] is [in, out] for x with {in_f} features",
-                                  words="[out, in]")
+        expect_value_error_naming(
+            t,
+            t.yours.linear,
+            torch.zeros(*lead, in_f),
+            torch.zeros(in_f, out_f),
+            because=f"the weight [{in_f}, {out_f}] is [in, out] for x with {in_f} features",
+            words="[out, in]",
+        )
 
 
 # -- ch15.3 -------------------------------------------------------------------------------------------
+
 
 @hidden("ch15.3", "random head counts, head_dim and leading axes")
 def split_random(t: Trial) -> None:
@@ -126,14 +180,25 @@ def split_random(t: Trial) -> None:
         kv = t.random.choice([1, 2, 3, 4])
         heads, d = kv * t.random.choice([1, 2, 4]), t.random.choice([1, 2, 8, 16])
         lead = t.random.choice([[], [1], [5], [2, 3]])
-        run_split_case(t, coded_qkv(lead, (heads + 2 * kv) * d), heads, kv, d,
-                       f"{heads} heads over {kv}, head_dim {d}, qkv {lead + [(heads + 2 * kv) * d]}")
+        run_split_case(
+            t,
+            coded_qkv(lead, (heads + 2 * kv) * d),
+            heads,
+            kv,
+            d,
+            f"{heads} heads over {kv}, head_dim {d}, qkv {lead + [(heads + 2 * kv) * d]}",
+        )
 
 
 @hidden("ch15.3", "real models and tensor-parallel ranks: Qwen3-4B, Qwen3-32B, Llama-3-8B, MQA")
 def split_real(t: Trial) -> None:
-    for name, heads, kv, d in (("Qwen3-4B", 32, 8, 128), ("Qwen3-32B", 64, 8, 128), ("Llama-3-8B", 32, 8, 128),
-                               ("Qwen3-0.6B, one of 2 ranks", 8, 4, 128), ("an MQA model", 8, 1, 64)):
+    for name, heads, kv, d in (
+        ("Qwen3-4B", 32, 8, 128),
+        ("Qwen3-32B", 64, 8, 128),
+        ("Llama-3-8B", 32, 8, 128),
+        ("Qwen3-0.6B, one of 2 ranks", 8, 4, 128),
+        ("an MQA model", 8, 1, 64),
+    ):
         run_split_case(t, coded_qkv([3], (heads + 2 * kv) * d), heads, kv, d, name)
 
 
@@ -143,8 +208,8 @@ def split_bf16(t: Trial) -> None:
     run_split_case(t, qkv, 4, 2, 16, "bfloat16 qkv")
 
 
-
 # -- ch15.4 -------------------------------------------------------------------------------------------
+
 
 @hidden("ch15.4", "real configs: Qwen3-1.7B, 4B, 8B, 32B and Llama-3-8B sizes")
 def shapes_real(t: Trial) -> None:
@@ -168,10 +233,27 @@ def shapes_full_config(t: Trial) -> None:
 def shapes_transformers(t: Trial) -> None:
     transformers = t.require("transformers")
     transformers.logging.set_verbosity_error()
-    configs = [dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                    vocab_size=97, tie_word_embeddings=True),
-               dict(hidden_size=24, intermediate_size=40, num_attention_heads=6, num_key_value_heads=3, head_dim=8,
-                    vocab_size=50, tie_word_embeddings=False), random_config(t)]
+    configs = [
+        dict(
+            hidden_size=32,
+            intermediate_size=48,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            vocab_size=97,
+            tie_word_embeddings=True,
+        ),
+        dict(
+            hidden_size=24,
+            intermediate_size=40,
+            num_attention_heads=6,
+            num_key_value_heads=3,
+            head_dim=8,
+            vocab_size=50,
+            tie_word_embeddings=False,
+        ),
+        random_config(t),
+    ]
     for config in configs:
         hf = transformers.Qwen3Config(**config, num_hidden_layers=1, attn_implementation="eager")
         with torch.device("meta"):
@@ -179,23 +261,32 @@ def shapes_transformers(t: Trial) -> None:
         attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
         q, k, v = (tuple(m.weight.shape) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
         gate, up = tuple(mlp.gate_proj.weight.shape), tuple(mlp.up_proj.weight.shape)
-        oracle = {"embed_tokens": tuple(model.model.embed_tokens.weight.shape), "qkv_proj": (q[0] + k[0] + v[0], q[1]),
-                  "o_proj": tuple(attn.o_proj.weight.shape), "q_norm": tuple(attn.q_norm.weight.shape),
-                  "k_norm": tuple(attn.k_norm.weight.shape), "gate_up_proj": (gate[0] + up[0], gate[1]),
-                  "down_proj": tuple(mlp.down_proj.weight.shape), "lm_head": tuple(model.lm_head.weight.shape)}
+        oracle = {
+            "embed_tokens": tuple(model.model.embed_tokens.weight.shape),
+            "qkv_proj": (q[0] + k[0] + v[0], q[1]),
+            "o_proj": tuple(attn.o_proj.weight.shape),
+            "q_norm": tuple(attn.q_norm.weight.shape),
+            "k_norm": tuple(attn.k_norm.weight.shape),
+            "gate_up_proj": (gate[0] + up[0], gate[1]),
+            "down_proj": tuple(mlp.down_proj.weight.shape),
+            "lm_head": tuple(model.lm_head.weight.shape),
+        }
         got = shapes_structure(t.yours.projection_shapes(dict(config)), oracle, "transformers oracle")
         for name in NAMES:
             if got[name] != oracle[name]:
-                raise CheckFailed(f"config {config}",
-                                  f"transformers' Qwen3ForCausalLM built from it holds q_proj {list(q)}, k_proj {list(k)}, "
-                                  f"v_proj {list(v)}, gate_proj {list(gate)}, up_proj {list(up)}",
-                                  f"packed as nano-vllm packs them, {name} is {list(oracle[name])}; yours: {list(got[name])}",
-                                  hint="qkv_proj stacks q_proj, k_proj, v_proj along the output rows; gate_up_proj stacks "
-                                       "gate_proj and up_proj" if name in ("qkv_proj", "gate_up_proj") else "")
-
+                raise CheckFailed(
+                    f"config {config}",
+                    f"transformers' Qwen3ForCausalLM built from it holds q_proj {list(q)}, k_proj {list(k)}, "
+                    f"v_proj {list(v)}, gate_proj {list(gate)}, up_proj {list(up)}",
+                    f"packed as nano-vllm packs them, {name} is {list(oracle[name])}; yours: {list(got[name])}",
+                    hint="qkv_proj stacks q_proj, k_proj, v_proj along the output rows; gate_up_proj stacks gate_proj and up_proj"
+                    if name in ("qkv_proj", "gate_up_proj")
+                    else "",
+                )
 
 
 # -- ch15.5 -------------------------------------------------------------------------------------------
+
 
 @hidden("ch15.5", "random batches and configs")
 def checkpoints_random(t: Trial) -> None:
@@ -216,16 +307,21 @@ def checkpoints_one_token_each(t: Trial) -> None:
     run_checkpoints_case(t, QWEN3_06B, [1] * 8, "eight one-token requests")
 
 
-
 # -- ch15.6 -------------------------------------------------------------------------------------------
+
 
 @hidden("ch15.6", "random column-parallel shapes, tp ∈ {1, 2, 4, 8}")
 def column_random(t: Trial) -> None:
     for _ in range(8):
         tp = t.random.choice([1, 2, 4, 8])
         n, in_f, out_f = t.random.randint(1, 6), t.random.randint(1, 12), tp * t.random.randint(1, 5)
-        run_column_case(t, torch.randn(n, in_f, generator=t.rng), torch.randn(in_f, out_f, generator=t.rng), tp,
-                        f"x [{n}, {in_f}], W [{in_f}, {out_f}], tp={tp}")
+        run_column_case(
+            t,
+            torch.randn(n, in_f, generator=t.rng),
+            torch.randn(in_f, out_f, generator=t.rng),
+            tp,
+            f"x [{n}, {in_f}], W [{in_f}, {out_f}], tp={tp}",
+        )
 
 
 @hidden("ch15.6", "random row-parallel shapes, tp ∈ {1, 2, 4, 8}")
@@ -234,8 +330,13 @@ def row_random(t: Trial) -> None:
         tp = t.random.choice([1, 2, 4, 8])
         n, in_f, out_f = t.random.randint(1, 6), tp * t.random.randint(1, 5), t.random.randint(1, 12)
         x = torch.randn(n, in_f, generator=t.rng)
-        run_row_case(t, list(x.split(in_f // tp, dim=1)), torch.randn(in_f, out_f, generator=t.rng), tp,
-                     f"x [{n}, {in_f}], W [{in_f}, {out_f}], tp={tp}")
+        run_row_case(
+            t,
+            list(x.split(in_f // tp, dim=1)),
+            torch.randn(in_f, out_f, generator=t.rng),
+            tp,
+            f"x [{n}, {in_f}], W [{in_f}, {out_f}], tp={tp}",
+        )
 
 
 @hidden("ch15.6", "column then row: one all-reduce gives the unsharded product x·W1·W2")
@@ -249,8 +350,7 @@ def column_then_row(t: Trial) -> None:
         explain_row(partials, out, shards, w2, tp, case, t.ref)
         want = x @ w1 @ w2
         if first_wrong(out, want, atol=1e-4, rtol=1e-4) is not None:
-            raise CheckFailed(f'case "{case}": the pair must equal the unsharded x @ W1 @ W2; row 0 is '
-                              f"{vec(want[0])}, yours {vec(out[0])}")
+            raise CheckFailed(f'case "{case}": the pair must equal the unsharded x @ W1 @ W2; row 0 is {vec(want[0])}, yours {vec(out[0])}')
 
 
 @hidden("ch15.6", "Qwen3-0.6B's o_proj at tp = 2: each rank's 8 heads · 128 = 1024 inputs")
@@ -259,19 +359,26 @@ def row_o_proj(t: Trial) -> None:
     run_row_case(t, list(x.split(1024, dim=1)), w, 2, "o_proj [in 2048, out 1024], tp=2")
 
 
-
 # -- helpers -------------------------------------------------------------------------------------------
+
 
 def random_config(t: Trial) -> dict:
     """A small GQA config whose heads·head_dim is (almost always) not hidden_size."""
     kv = t.random.choice([1, 2, 4])
     heads = kv * t.random.choice([1, 2, 3, 4])
-    return dict(hidden_size=t.random.choice([8, 24, 40, 96]), intermediate_size=t.random.choice([16, 56, 200]),
-                num_attention_heads=heads, num_key_value_heads=kv, head_dim=t.random.choice([4, 16, 32, 80]),
-                vocab_size=t.random.randint(10, 5000), tie_word_embeddings=t.random.random() < 0.5)
+    return dict(
+        hidden_size=t.random.choice([8, 24, 40, 96]),
+        intermediate_size=t.random.choice([16, 56, 200]),
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=t.random.choice([4, 16, 32, 80]),
+        vocab_size=t.random.randint(10, 5000),
+        tie_word_embeddings=t.random.random() < 0.5,
+    )
 
 
 # -- ch15.7 -------------------------------------------------------------------------------------------
+
 
 @hidden("ch15.7", "random tables, tp ∈ {1, 2, 3, 4, 8}, int32 and int64 ids, float32/bfloat16/float64")
 def vocab_random(t: Trial) -> None:
@@ -280,8 +387,7 @@ def vocab_random(t: Trial) -> None:
         per, H, N = t.random.randint(1, 6), t.random.randint(1, 5), t.random.randint(1, 12)
         dtype = [torch.float32, torch.bfloat16, torch.float64][i % 3]
         ids = torch.randint(0, tp * per, (N,), generator=t.rng, dtype=torch.int32 if i % 2 else torch.int64)
-        run_vocab_case(t, torch.randn(tp * per, H, generator=t.rng).to(dtype), ids, tp,
-                       f"V = {tp * per}, H = {H}, tp = {tp}, {N} ids")
+        run_vocab_case(t, torch.randn(tp * per, H, generator=t.rng).to(dtype), ids, tp, f"V = {tp * per}, H = {H}, tp = {tp}, {N} ids")
 
 
 @hidden("ch15.7", "every id on one rank (the others all zeros), the shards' edges, and no ids at all")
@@ -295,13 +401,13 @@ def vocab_edges(t: Trial) -> None:
 @hidden("ch15.7", "Qwen3's vocabulary of 151,936 rows at tp = 2, 4 and 8 (narrow rows)")
 def vocab_qwen(t: Trial) -> None:
     table = torch.randn(151936, 2, generator=t.rng)
-    ids = torch.cat([torch.tensor([0, 151935, 75967, 75968, 37983, 37984]),
-                     torch.randint(0, 151936, (20,), generator=t.rng)])
+    ids = torch.cat([torch.tensor([0, 151935, 75967, 75968, 37983, 37984]), torch.randint(0, 151936, (20,), generator=t.rng)])
     for tp in (2, 4, 8):
         run_vocab_case(t, table, ids, tp, f"V = 151936, tp = {tp}")
 
 
 # -- ch15.8 -------------------------------------------------------------------------------------------
+
 
 @hidden("ch15.8", "random prefill and decode steps, tp ∈ {1, 2, 4, 8}")
 def head_random(t: Trial) -> None:
@@ -312,9 +418,14 @@ def head_random(t: Trial) -> None:
         N = sum(lens) if prefill else len(lens)
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32) if prefill else None
         dtype = torch.float64 if i % 3 == 0 else torch.float32
-        run_head_case(t, torch.randn(N, H, generator=t.rng, dtype=dtype),
-                      torch.randn(tp * per, H, generator=t.rng, dtype=dtype), tp, cu,
-                      f"{'prefill' if prefill else 'decode'}, lens {lens}, V = {tp * per}, tp = {tp}")
+        run_head_case(
+            t,
+            torch.randn(N, H, generator=t.rng, dtype=dtype),
+            torch.randn(tp * per, H, generator=t.rng, dtype=dtype),
+            tp,
+            cu,
+            f"{'prefill' if prefill else 'decode'}, lens {lens}, V = {tp * per}, tp = {tp}",
+        )
 
 
 @hidden("ch15.8", "one-token prompts (N = B), and one long prompt")
@@ -326,11 +437,18 @@ def head_edges(t: Trial) -> None:
 
 @hidden("ch15.8", "Qwen3's vocabulary of 151,936 at tp = 4, narrow rows")
 def head_qwen(t: Trial) -> None:
-    run_head_case(t, torch.randn(6, 4, generator=t.rng), torch.randn(151936, 4, generator=t.rng) * 0.1, 4,
-                  torch.tensor([0, 2, 6], dtype=torch.int32), "V = 151936, tp = 4")
+    run_head_case(
+        t,
+        torch.randn(6, 4, generator=t.rng),
+        torch.randn(151936, 4, generator=t.rng) * 0.1,
+        4,
+        torch.tensor([0, 2, 6], dtype=torch.int32),
+        "V = 151936, tp = 4",
+    )
 
 
 # -- ch15.9 -------------------------------------------------------------------------------------------
+
 
 @hidden("ch15.9", "random GQA, MHA and MQA-like head counts, tp dividing both")
 def shard_random(t: Trial) -> None:
@@ -356,14 +474,17 @@ def shard_load(t: Trial) -> None:
         for s in "qkv":
             got = shard_structure(t.yours.qkv_shard(s, heads, kv, d, tp, rank), s, rank, "loading")
             offset, start, size = got
-            if not (0 <= offset and offset + size <= param.shape[0] and 0 <= start and
-                    start + size <= loaded[s].shape[0] and size > 0):
-                raise CheckFailed(f"rank {rank}, {s}_proj [{loaded[s].shape[0]}, {H}] into the fused "
-                                  f"[{param.shape[0]}, {H}]: (offset, start, size) = {got} does not fit")
-            param[offset:offset + size] = loaded[s][start:start + size]
+            if not (0 <= offset and offset + size <= param.shape[0] and 0 <= start and start + size <= loaded[s].shape[0] and size > 0):
+                raise CheckFailed(
+                    f"rank {rank}, {s}_proj [{loaded[s].shape[0]}, {H}] into the fused "
+                    f"[{param.shape[0]}, {H}]: (offset, start, size) = {got} does not fit"
+                )
+            param[offset : offset + size] = loaded[s][start : start + size]
         want = torch.cat([loaded[s].chunk(tp)[rank] for s in "qkv"])  # rank r's own heads, packed q | k | v
         if not torch.equal(param, want):
             bad = int(wrong_mask(param, want).any(-1).nonzero()[0])
-            raise CheckFailed(f"num_heads={heads}, num_kv_heads={kv}, head_dim={d}, tp={tp}: rank {rank}'s fused "
-                              f"weight should be chunk {rank} of q_proj, then of k_proj, then of v_proj",
-                              f"its row {bad} is wrong after loading with your (offset, start, size)")
+            raise CheckFailed(
+                f"num_heads={heads}, num_kv_heads={kv}, head_dim={d}, tp={tp}: rank {rank}'s fused "
+                f"weight should be chunk {rank} of q_proj, then of k_proj, then of v_proj",
+                f"its row {bad} is wrong after loading with your (offset, start, size)",
+            )

@@ -36,11 +36,11 @@ SPLIT_X, SPLIT_HEADS, SPLIT_SPARE = (2, 512, 4096), 32, 4 << 20
 
 # -- ch16.1 -----------------------------------------------------------------------------------------
 
+
 @hidden("ch16.1", "random shapes and dtypes")
 def split_random(t: Trial) -> None:
     for _ in range(12):
-        B, T, H, d = t.random.randint(1, 3), t.random.randint(0, 7), t.random.choice([1, 2, 3, 4, 8]), \
-            t.random.choice([1, 2, 3, 8, 64])
+        B, T, H, d = t.random.randint(1, 3), t.random.randint(0, 7), t.random.choice([1, 2, 3, 4, 8]), t.random.choice([1, 2, 3, 8, 64])
         dtype = t.random.choice(DTYPES)
         x = random_tensor(t, (B, T, H * d), dtype)
         run_split_case(t, x, H, f"B={B}, T={T}, H={H}, d={d}, {str(dtype).removeprefix('torch.')}")
@@ -68,26 +68,27 @@ def split_no_copy(t: Trial) -> None:
     except StudentRaised as e:
         if not e.error.get("out_of_memory"):
             raise
-        raise CheckFailed(f"case: {case}; x [{B}, {T}, {W}] float32 is {mib(x.nbytes)}",
-                          f"your split_heads needed more than {mib(SPLIT_SPARE)} beyond x, all this check allows"
-                          f"{where_it_ran_out(e)}: it copied the numbers. Splitting heads moves no number: "
-                          f"view(B, T, H, d) changes the shape and transpose(1, 2) swaps two strides, both without "
-                          f"copying (nano-vllm's q.view(-1, num_heads, head_dim) is a view of the qkv output)",
-                          hint=copy_hint(e)) from None
+        raise CheckFailed(
+            f"case: {case}; x [{B}, {T}, {W}] float32 is {mib(x.nbytes)}",
+            f"your split_heads needed more than {mib(SPLIT_SPARE)} beyond x, all this check allows"
+            f"{where_it_ran_out(e)}: it copied the numbers. Splitting heads moves no number: "
+            f"view(B, T, H, d) changes the shape and transpose(1, 2) swaps two strides, both without "
+            f"copying (nano-vllm's q.view(-1, num_heads, head_dim) is a view of the qkv output)",
+            hint=copy_hint(e),
+        ) from None
     expect_split(call.value, x, t.ref.split_heads(x, H), H, case)
 
 
 # -- ch16.2 -----------------------------------------------------------------------------------------
 
+
 @hidden("ch16.2", "merge undoes split for random shapes and dtypes")
 def merge_random(t: Trial) -> None:
     for _ in range(12):
-        B, T, H, d = t.random.randint(1, 3), t.random.randint(0, 7), t.random.choice([1, 2, 3, 4, 8]), \
-            t.random.choice([1, 2, 3, 8, 64])
+        B, T, H, d = t.random.randint(1, 3), t.random.randint(0, 7), t.random.choice([1, 2, 3, 4, 8]), t.random.choice([1, 2, 3, 8, 64])
         dtype = t.random.choice(DTYPES)
         x = random_tensor(t, (B, T, H * d), dtype)
-        run_merge_case(t, t.ref.split_heads(x, H), f"B={B}, H={H}, T={T}, d={d}, "
-                                                   f"{str(dtype).removeprefix('torch.')}", want=x)
+        run_merge_case(t, t.ref.split_heads(x, H), f"B={B}, H={H}, T={T}, d={d}, {str(dtype).removeprefix('torch.')}", want=x)
 
 
 @hidden("ch16.2", "T = H: a bare reshape has the right shape and the wrong rows")
@@ -118,6 +119,7 @@ def merge_edges(t: Trial) -> None:
 
 # -- ch16.3 -----------------------------------------------------------------------------------------
 
+
 @hidden("ch16.3", "agreement with scaled_dot_product_attention, no mask, S ≠ T, custom scales")
 def sdpa_no_mask(t: Trial) -> None:
     for i in range(8):
@@ -125,8 +127,7 @@ def sdpa_no_mask(t: Trial) -> None:
         d, dv = t.random.choice([2, 8, 16, 64]), t.random.choice([2, 8, 16, 64])
         scale = [None, None, 1.0, round(t.random.uniform(0.05, 2.0), 3)][i % 4]
         dtype = torch.float64 if i % 3 == 2 else torch.float32
-        sdpa_case(t, *random_qkv(t, T, S, d, dv, dtype), None, scale,
-                  f"T={T}, S={S}, d={d}, dv={dv}, {str(dtype).removeprefix('torch.')}")
+        sdpa_case(t, *random_qkv(t, T, S, d, dv, dtype), None, scale, f"T={T}, S={S}, d={d}, dv={dv}, {str(dtype).removeprefix('torch.')}")
 
 
 @hidden("ch16.3", "agreement with scaled_dot_product_attention, random and causal masks")
@@ -150,7 +151,7 @@ def exact_zeros(t: Trial) -> None:
 @hidden("ch16.3", "large scores (about 1e4) stay finite: a stable softmax")
 def large_scores(t: Trial) -> None:
     # q = [0.5]·4 and k_j = c_j·[1, 1, 1, 1]: scores[0, j] = 0.5·4·c_j / √4 = c_j, exactly, in float32.
-    c = torch.tensor([10000., 9999., 9998., 5000.])
+    c = torch.tensor([10000.0, 9999.0, 9998.0, 5000.0])
     k, v = c[:, None].expand(4, 4).contiguous(), torch.randn(4, 3, generator=t.rng)
     q = torch.tensor([[0.5] * 4, [-0.5] * 4])
     run_steps_case(t, q, k, v, case="scores 1e4, 9999, 9998, 5000 and their negatives")
@@ -161,13 +162,22 @@ def large_scores(t: Trial) -> None:
 @hidden("ch16.3", "blind queries (an inverted causal mask, no keys at all) raise ValueError")
 def steps_blind_queries(t: Trial) -> None:
     z = torch.zeros
-    t.expect_raises(ValueError, t.yours.attention_steps, z(3, 4), z(3, 4), z(3, 4), mask=~causal(3),
-                    because="in this (inverted causal) mask query 2 may attend no key: its row is all False")
-    t.expect_raises(ValueError, t.yours.attention_steps, z(2, 4), z(0, 4), z(0, 4),
-                    because="with no keys at all no query has anything to attend")
+    t.expect_raises(
+        ValueError,
+        t.yours.attention_steps,
+        z(3, 4),
+        z(3, 4),
+        z(3, 4),
+        mask=~causal(3),
+        because="in this (inverted causal) mask query 2 may attend no key: its row is all False",
+    )
+    t.expect_raises(
+        ValueError, t.yours.attention_steps, z(2, 4), z(0, 4), z(0, 4), because="with no keys at all no query has anything to attend"
+    )
 
 
 # -- helpers -------------------------------------------------------------------------------------------
+
 
 def random_tensor(t: Trial, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     if dtype == torch.int64:
@@ -183,8 +193,13 @@ def copy_hint(e: StudentRaised) -> str:
     """The mistake of the copying call on the line where the student's code ran out of memory ('' if none)."""
     frames = e.error.get("frames") or []
     code = re.sub(r"\s+#.*$", "", str(frames[-1][3])) if frames else ""
-    copies = {".contiguous(": M.contiguous_copy, ".clone(": M.clone_copy, "stack(": M.stack_copy, "cat(": M.cat_copy,
-              ".copy_(": M.copy_into}  # the copying calls a line of the student's can hold
+    copies = {
+        ".contiguous(": M.contiguous_copy,
+        ".clone(": M.clone_copy,
+        "stack(": M.stack_copy,
+        "cat(": M.cat_copy,
+        ".copy_(": M.copy_into,
+    }  # the copying calls a line of the student's can hold
     return next((why for call, why in copies.items() if call in code), "")
 
 
@@ -196,14 +211,18 @@ def where_it_ran_out(e: StudentRaised) -> str:
     if not frames:
         return f"; it was refused memory{asked}" if asked else ""
     file, line, _, code = frames[-1]
-    code = re.sub(r"\s+#.*$", "", str(code).strip())   # the line as written, without its comment
+    code = re.sub(r"\s+#.*$", "", str(code).strip())  # the line as written, without its comment
     return f"; it ran out at {Path(str(file)).name}:{line}, {code}{asked}"
 
 
-def random_qkv(t: Trial, T: int, S: int, d: int, dv: int,
-               dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return (torch.randn(T, d, generator=t.rng, dtype=dtype), torch.randn(S, d, generator=t.rng, dtype=dtype),
-            torch.randn(S, dv, generator=t.rng, dtype=dtype))
+def random_qkv(
+    t: Trial, T: int, S: int, d: int, dv: int, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (
+        torch.randn(T, d, generator=t.rng, dtype=dtype),
+        torch.randn(S, d, generator=t.rng, dtype=dtype),
+        torch.randn(S, dv, generator=t.rng, dtype=dtype),
+    )
 
 
 def random_mask(t: Trial, T: int, S: int) -> torch.Tensor:
@@ -223,6 +242,7 @@ def sdpa_case(t: Trial, q, k, v, mask, scale, case: str) -> None:
     sums = parts["probs"].double().sum(-1)
     bad = first_wrong(sums, torch.ones_like(sums), atol=1e-5)
     if bad is not None:
-        raise CheckFailed(steps_case(q, k, v, mask, scale, case), f"row {bad[0]} of your probs sums to "
-                                                                  f"{fmt(sums[bad])}: each query's probabilities over "
-                                                                  f"the keys must sum to 1")
+        raise CheckFailed(
+            steps_case(q, k, v, mask, scale, case),
+            f"row {bad[0]} of your probs sums to {fmt(sums[bad])}: each query's probabilities over the keys must sum to 1",
+        )

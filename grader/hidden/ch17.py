@@ -7,16 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from grader.authoring import CheckFailed, Trial, first_wrong, fmt, hidden
-from grader.checks.ch17 import (
-    expect_mask,
-    expect_mask_structure,
-    inputs_line,
-    mask_problem,
-    run_offset_case,
-    run_whole_case,
-)
+from grader.checks.ch17 import expect_mask, expect_mask_structure, inputs_line, mask_problem, run_offset_case, run_whole_case
 
 # -- 17.1 -------------------------------------------------------------------------------------
+
 
 @hidden("ch17.1", "random lengths from the grading seed")
 def random_lengths(t: Trial) -> None:
@@ -32,11 +26,11 @@ def long_sequence(t: Trial) -> None:
 @hidden("ch17.1", "agrees with scaled_dot_product_attention(is_causal=True)")
 def agrees_with_sdpa(t: Trial) -> None:
     for _ in range(3):
-        sdpa_agreement(t, t.random.randint(1, 40), 0, t.random.choice([1, 2, 4]), t.random.choice([4, 8, 16]),
-                       whole=True)
+        sdpa_agreement(t, t.random.randint(1, 40), 0, t.random.choice([1, 2, 4]), t.random.choice([4, 8, 16]), whole=True)
 
 
 # -- 17.2 -------------------------------------------------------------------------------------
+
 
 @hidden("ch17.2", "num_cached 0 equals causal_mask of the chunk")
 def no_cache_equals_whole(t: Trial) -> None:
@@ -65,14 +59,17 @@ def long_chunk_after_long_prefix(t: Trial) -> None:
 
 @hidden("ch17.2", "agrees with scaled_dot_product_attention on a chunk after a prefix")
 def offset_agrees_with_sdpa(t: Trial) -> None:
-    cases = [(t.random.randint(2, 24), t.random.randint(1, 40)), (1, t.random.randint(1, 60)),
-             (t.random.randint(20, 60), t.random.randint(1, 10))]
+    cases = [
+        (t.random.randint(2, 24), t.random.randint(1, 40)),
+        (1, t.random.randint(1, 60)),
+        (t.random.randint(20, 60), t.random.randint(1, 10)),
+    ]
     for num_new, num_cached in cases:
-        sdpa_agreement(t, num_new, num_cached, t.random.choice([1, 2, 4]), t.random.choice([4, 8, 16]),
-                       whole=False)
+        sdpa_agreement(t, num_new, num_cached, t.random.choice([1, 2, 4]), t.random.choice([4, 8, 16]), whole=False)
 
 
 # -- helpers -------------------------------------------------------------------------------------
+
 
 def sdpa_agreement(t: Trial, num_new: int, num_cached: int, heads: int, dim: int, *, whole: bool) -> None:
     """The student's mask as `attn_mask` for the new queries against all keys must reproduce the last
@@ -91,17 +88,27 @@ def sdpa_agreement(t: Trial, num_new: int, num_cached: int, heads: int, dim: int
     if idx is None:
         return
     h, i, d = idx
-    call = ("scaled_dot_product_attention(q, k, v, attn_mask=your mask)" if whole else
-            f"scaled_dot_product_attention(q[{num_cached}:], k, v, attn_mask=your mask)")
+    call = (
+        "scaled_dot_product_attention(q, k, v, attn_mask=your mask)"
+        if whole
+        else f"scaled_dot_product_attention(q[{num_cached}:], k, v, attn_mask=your mask)"
+    )
     problem = mask_problem(mask, want, num_new, num_cached, whole) or CheckFailed()
     raise problem.within(
-        inputs_line(num_new, num_cached, whole)
-        + f"; {heads} head{'s' if heads > 1 else ''} of head_dim {dim}, random float64 q, k, v",
+        inputs_line(num_new, num_cached, whole) + f"; {heads} head{'s' if heads > 1 else ''} of head_dim {dim}, random float64 q, k, v",
         f"{call} must equal "
-        + (f"is_causal=True attention over the {s} tokens" if whole else
-           f"the last {num_new} rows of scaled_dot_product_attention(q, k, v, is_causal=True) over all {s} tokens"),
-        f"head {h}, output row {i} (position {num_cached + i}), component {d}: expected {fmt(full[idx])}, "
-        f"yours {fmt(out[idx])}",
-        *(["note: this top-left triangle is what SDPA's own is_causal=True uses when L ≠ S; flash-attn ≥ 2.1, "
-           "and nano-vllm through it, aligns the triangle to the bottom-right"]
-          if num_cached and torch.equal(mask, torch.ones_like(mask).tril()) else []))
+        + (
+            f"is_causal=True attention over the {s} tokens"
+            if whole
+            else f"the last {num_new} rows of scaled_dot_product_attention(q, k, v, is_causal=True) over all {s} tokens"
+        ),
+        f"head {h}, output row {i} (position {num_cached + i}), component {d}: expected {fmt(full[idx])}, yours {fmt(out[idx])}",
+        *(
+            [
+                "note: this top-left triangle is what SDPA's own is_causal=True uses when L ≠ S; flash-attn ≥ 2.1, "
+                "and nano-vllm through it, aligns the triangle to the bottom-right"
+            ]
+            if num_cached and torch.equal(mask, torch.ones_like(mask).tril())
+            else []
+        ),
+    )

@@ -10,20 +10,19 @@ import torch
 import torch.nn.functional as F
 
 from grader.authoring import CheckFailed, StudentRaised, Trial, hidden, mistakes
-from grader.checks.ch18 import (
-    expect_output,
-    explain_output,
-    random_qkv,
-    run_attention_case,
-    run_bytes_case,
-    run_mapping_case,
-)
+from grader.checks.ch18 import expect_output, explain_output, random_qkv, run_attention_case, run_bytes_case, run_mapping_case
 from grader.hidden.ch18_models import end_aligned
 
 # (name, num_layers, num_heads, num_kv_heads, head_dim) of real models, from their config.json.
-REAL_MODELS = [("Qwen3-0.6B", 28, 16, 8, 128), ("Qwen3-32B", 64, 64, 8, 128), ("Llama-3-8B", 32, 32, 8, 128),
-               ("Llama-3-70B", 80, 64, 8, 128), ("Qwen2.5-7B", 28, 28, 4, 128), ("Falcon-7B (MQA)", 32, 71, 1, 64),
-               ("GPT-2 (MHA)", 12, 12, 12, 64)]
+REAL_MODELS = [
+    ("Qwen3-0.6B", 28, 16, 8, 128),
+    ("Qwen3-32B", 64, 64, 8, 128),
+    ("Llama-3-8B", 32, 32, 8, 128),
+    ("Llama-3-70B", 80, 64, 8, 128),
+    ("Qwen2.5-7B", 28, 28, 4, 128),
+    ("Falcon-7B (MQA)", 32, 71, 1, 64),
+    ("GPT-2 (MHA)", 12, 12, 12, 64),
+]
 
 # (T, S, Hq, Hkv, d, causal): a chunk of 3 queries under GQA (group 8) and an MQA decode step, over 8192 keys of
 # width 128: K and V are 8 MiB each (4 MiB with one K/V head), a copy of either for every query head 64 MiB. The
@@ -39,6 +38,7 @@ M = mistakes("ch18")
 
 
 # -- ch18.1 ---------------------------------------------------------------------------------------------
+
 
 @hidden("ch18.1", "random head counts, consecutive groups")
 def random_groups(t: Trial) -> None:
@@ -63,13 +63,13 @@ def tensor_parallel_groups(t: Trial) -> None:
 
 # -- ch18.2 ---------------------------------------------------------------------------------------------
 
+
 @hidden("ch18.2", "agreement with scaled_dot_product_attention: MHA, GQA, MQA, causal, S ≥ T")
 def sdpa_causal(t: Trial) -> None:
     fixed = [(4, 4, 4, 4, 16), (4, 9, 8, 2, 16), (3, 11, 8, 1, 32)]  # MHA, GQA, MQA
     for T, S, Hq, Hkv, d in fixed + [random_shape(t) for _ in range(7)]:
         q, k, v = random_qkv(t, T, S, Hq, Hkv, d)
-        run_attention_case(t, q, k, v, case=f"T={T}, S={S}, Hq={Hq}, Hkv={Hkv}, d={d}, causal",
-                           want=sdpa(q, k, v, True, None))
+        run_attention_case(t, q, k, v, case=f"T={T}, S={S}, Hq={Hq}, Hkv={Hkv}, d={d}, causal", want=sdpa(q, k, v, True, None))
 
 
 @hidden("ch18.2", "agreement with scaled_dot_product_attention: not causal, custom scales")
@@ -79,9 +79,16 @@ def sdpa_not_causal(t: Trial) -> None:
         S = T + t.random.randint(0, 8)
         scale = [None, 1.0, 0.05, round(t.random.uniform(0.1, 2.0), 3)][i % 4]
         q, k, v = random_qkv(t, T, S, Hq, Hkv, d)
-        run_attention_case(t, q, k, v, causal=False, scale=scale,
-                           case=f"T={T}, S={S}, Hq={Hq}, Hkv={Hkv}, d={d}, not causal, scale {scale}",
-                           want=sdpa(q, k, v, False, scale))
+        run_attention_case(
+            t,
+            q,
+            k,
+            v,
+            causal=False,
+            scale=scale,
+            case=f"T={T}, S={S}, Hq={Hq}, Hkv={Hkv}, d={d}, not causal, scale {scale}",
+            want=sdpa(q, k, v, False, scale),
+        )
 
 
 @hidden("ch18.2", "Qwen3-0.6B shapes: 16 query heads over 8 K/V heads, head_dim 128")
@@ -104,8 +111,17 @@ def no_kv_copy(t: Trial) -> None:
             raise explain_copy(e, T, S, Hq, Hkv, d, k.element_size()) from None
         out = expect_output(call.value, q)
         # No hints here (they would model every misconception at this size): the smaller checks explain values.
-        explain_output(out, t.ref.gqa_attention(q, k, v, causal=causal), q, k, v, causal=causal, scale=None,
-                       case=f"T={T}, S={S}, Hq={Hq}, Hkv={Hkv}, d={d}", variants={})
+        explain_output(
+            out,
+            t.ref.gqa_attention(q, k, v, causal=causal),
+            q,
+            k,
+            v,
+            causal=causal,
+            scale=None,
+            case=f"T={T}, S={S}, Hq={Hq}, Hkv={Hkv}, d={d}",
+            variants={},
+        )
 
 
 @hidden("ch18.2", "large scores stay finite (a stable softmax)")
@@ -114,18 +130,25 @@ def large_scores(t: Trial) -> None:
     q, k, v = random_qkv(t, 4, 10, 4, 2, 16, magnitude=50.0)
     got = t.yours.gqa_attention(q, k, v)
     out = expect_output(got, q)
-    explain_output(out, t.ref.gqa_attention(q, k, v), q, k, v, causal=True, scale=None,
-                   case="scores up to about ±150", atol=1e-4, rtol=1e-4)
+    explain_output(
+        out, t.ref.gqa_attention(q, k, v), q, k, v, causal=True, scale=None, case="scores up to about ±150", atol=1e-4, rtol=1e-4
+    )
 
 
 # -- ch18.3 ---------------------------------------------------------------------------------------------
 
+
 @hidden("ch18.3", "random configurations")
 def random_bytes(t: Trial) -> None:
     for _ in range(20):
-        run_bytes_case(t, t.random.randint(1, 128), t.random.choice([1, 2, 4, 8, 16, 32]),
-                       t.random.choice([32, 64, 80, 96, 128, 256]), t.random.randint(0, 1 << 20),
-                       t.random.choice([1, 2, 4]))
+        run_bytes_case(
+            t,
+            t.random.randint(1, 128),
+            t.random.choice([1, 2, 4, 8, 16, 32]),
+            t.random.choice([32, 64, 80, 96, 128, 256]),
+            t.random.randint(0, 1 << 20),
+            t.random.choice([1, 2, 4]),
+        )
 
 
 @hidden("ch18.3", "real models: a 32k context in bf16, fp8, fp32, per tensor-parallel rank")
@@ -140,13 +163,19 @@ def real_model_bytes(t: Trial) -> None:
 @hidden("ch18.3", "huge caches stay exact (beyond 2^53)")
 def huge_exact(t: Trial) -> None:
     for _ in range(3):
-        args = (t.random.randint(10**5, 10**6) | 1, t.random.choice([3, 7, 9]), t.random.randint(10**4, 10**5) | 1,
-                t.random.randint(10**9, 10**10) | 1, t.random.choice([1, 3]))
+        args = (
+            t.random.randint(10**5, 10**6) | 1,
+            t.random.choice([3, 7, 9]),
+            t.random.randint(10**4, 10**5) | 1,
+            t.random.randint(10**9, 10**10) | 1,
+            t.random.choice([1, 3]),
+        )
         assert float(t.ref.kv_cache_bytes(*args)) != t.ref.kv_cache_bytes(*args)  # a float cannot hold it
         run_bytes_case(t, *args)
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
+
 
 def sample_heads(t: Trial, num_heads: int, num_kv_heads: int, count: int = 10) -> list[int]:
     """Group boundaries plus random heads, sorted, at most `count` + 4 of them."""
@@ -162,8 +191,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale:
     group = q.shape[1] // k.shape[1]
     kk, vv = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     mask = end_aligned(q.shape[0], k.shape[0]) if causal else None
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), kk.transpose(0, 1), vv.transpose(0, 1),
-                                         attn_mask=mask, scale=scale)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), kk.transpose(0, 1), vv.transpose(0, 1), attn_mask=mask, scale=scale)
     return out.transpose(0, 1)
 
 
@@ -184,18 +212,27 @@ def explain_copy(e: StudentRaised, T: int, S: int, Hq: int, Hkv: int, d: int, it
     asked = f", asking for {mib(int(m.group(1)))}" if m else ""
     frames = e.error.get("frames") or []
     file, line, _, code = frames[-1] if frames else ("", 0, "", "")
-    code = re.sub(r"\s+#.*$", "", str(code).strip())   # the line as written, without its comment
+    code = re.sub(r"\s+#.*$", "", str(code).strip())  # the line as written, without its comment
     where = f"; it ran out at {Path(str(file)).name}:{line}, {code}{asked}" if frames else asked
     kv, per_head = S * Hkv * d, S * Hq * d
-    lines = [f"case: T={T} queries, S={S} keys, Hq={Hq} query heads over Hkv={Hkv} K/V head{'s' * (Hkv > 1)} "
-             f"(group {group}), d={d}; K and V hold S·Hkv·d = {kv:,} numbers each ({mib(kv * itemsize)})",
-             f"your gqa_attention needed more than {mib(KV_SPARE)} beyond its inputs, all this check "
-             f"allows{where}. A copy of K or V for every query head is S·Hq·d = {per_head:,} numbers "
-             f"({mib(per_head * itemsize)}) and does not fit.",
-             "The point of GQA is that the query heads of a group share one K/V head: view q as "
-             "[Hkv, group·T, d] (or [Hkv, group, T, d]) and multiply by k of its group instead of repeating "
-             "k and v (a library call that repeats them internally counts too)."]
+    lines = [
+        f"case: T={T} queries, S={S} keys, Hq={Hq} query heads over Hkv={Hkv} K/V head{'s' * (Hkv > 1)} "
+        f"(group {group}), d={d}; K and V hold S·Hkv·d = {kv:,} numbers each ({mib(kv * itemsize)})",
+        f"your gqa_attention needed more than {mib(KV_SPARE)} beyond its inputs, all this check "
+        f"allows{where}. A copy of K or V for every query head is S·Hq·d = {per_head:,} numbers "
+        f"({mib(per_head * itemsize)}) and does not fit.",
+        "The point of GQA is that the query heads of a group share one K/V head: view q as "
+        "[Hkv, group·T, d] (or [Hkv, group, T, d]) and multiply by k of its group instead of repeating "
+        "k and v (a library call that repeats them internally counts too).",
+    ]
     op = next((op for op in ("repeat_interleave", "repeat", "index_select", "cat", "stack") if op in code), None)
-    hint = (M.broadcast_matmul.format(kv_heads=Hkv, group=group, d=d, S=S) if "@" in code or "matmul" in code
-            else M.expand_kv if "expand" in code else M.repeat_kv.format(op=op) if op else "")
+    hint = (
+        M.broadcast_matmul.format(kv_heads=Hkv, group=group, d=d, S=S)
+        if "@" in code or "matmul" in code
+        else M.expand_kv
+        if "expand" in code
+        else M.repeat_kv.format(op=op)
+        if op
+        else ""
+    )
     return CheckFailed(*lines, hint=hint)

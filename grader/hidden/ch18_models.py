@@ -18,8 +18,7 @@ def end_aligned(T: int, S: int) -> torch.Tensor:
     return torch.ones(T, S, dtype=torch.bool).tril(S - T)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_of: list[int], allowed: torch.Tensor | None,
-           scale: float) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_of: list[int], allowed: torch.Tensor | None, scale: float) -> torch.Tensor:
     """Plain per-head attention (float64, K/V gathered per head), for a grouping, a mask and a scale."""
     kk, vv = k[:, kv_of].double(), v[:, kv_of].double()
     s = torch.einsum("thd,shd->hts", q.double(), kk) * scale
@@ -32,7 +31,7 @@ def gqa_variants(ref, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     """{"grouping|mask|scale": output} for every wrong combination `grader.checks.ch18.attention_hints` names."""
     (T, Hq, d), (S, Hkv, _) = q.shape, k.shape
     group = Hq // Hkv
-    right = d ** -0.5 if scale is None else scale
+    right = d**-0.5 if scale is None else scale
     groupings = {"": [h // group for h in range(Hq)]}
     if Hkv > 1 and group > 1:
         groupings["interleaved"] = [h % Hkv for h in range(Hq)]
@@ -46,8 +45,8 @@ def gqa_variants(ref, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     else:
         masks["mask"] = end_aligned(T, S)
     scales = {"": right}
-    if scale is not None and not math.isclose(scale, d ** -0.5):
-        scales["default"] = d ** -0.5
+    if scale is not None and not math.isclose(scale, d**-0.5):
+        scales["default"] = d**-0.5
     scales.update({"unscaled": 1.0, "1/d": 1.0 / d, "1/√(Hq·d)": (Hq * d) ** -0.5})
     scales = {key: s for key, s in scales.items() if key == "" or not math.isclose(s, right)}
     out = {}
@@ -62,5 +61,5 @@ def gqa_figure(ref, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict:
     T, S, d = q.shape[0], k.shape[0], q.shape[-1]
     allowed = end_aligned(T, S)
     dots = torch.einsum("thd,sd->hts", q, k[:, 0])
-    weights = (dots * d ** -0.5).masked_fill(~allowed, float("-inf")).softmax(-1)
+    weights = (dots * d**-0.5).masked_fill(~allowed, float("-inf")).softmax(-1)
     return {"allowed": allowed, "dots": dots, "weights": weights}

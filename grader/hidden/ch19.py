@@ -30,6 +30,7 @@ from grader.checks.ch19 import (
 
 # -- ch19.1 -------------------------------------------------------------------------------------------
 
+
 @hidden("ch19.1", "random head_dims, bases and positions")
 def random_cos_sin(t: Trial) -> None:
     for _ in range(12):
@@ -45,11 +46,17 @@ def hf_rotary_table(t: Trial) -> None:
         config, qwen3 = tiny_qwen3(t, head_dim=d, base=base)
         positions = sorted(t.random.sample(range(4096), 12))
         cos, sin = hf_cos_sin(qwen3, config, positions)
-        if not torch.equal(cos[:, : d // 2], cos[:, d // 2:]):  # HF repeats the d/2 angles: cat((freqs, freqs))
+        if not torch.equal(cos[:, : d // 2], cos[:, d // 2 :]):  # HF repeats the d/2 angles: cat((freqs, freqs))
             raise CheckFailed("grader error: transformers' table is not cat((freqs, freqs)); tell your instructor")
         got = t.yours.rope_cos_sin(torch.tensor(positions), d, base)
-        expect_cos_sin(got, positions, d, base, (cos[:, : d // 2], sin[:, : d // 2]),
-                       f"transformers Qwen3RotaryEmbedding, head_dim {d}, rope_theta {fmt(base, 8)}")
+        expect_cos_sin(
+            got,
+            positions,
+            d,
+            base,
+            (cos[:, : d // 2], sin[:, : d // 2]),
+            f"transformers Qwen3RotaryEmbedding, head_dim {d}, rope_theta {fmt(base, 8)}",
+        )
 
 
 @hidden("ch19.1", "long context: positions up to Qwen3's 40960, in float32")
@@ -60,6 +67,7 @@ def long_context(t: Trial) -> None:
 
 # -- ch19.2 -------------------------------------------------------------------------------------------
 
+
 @hidden("ch19.2", "agreement with transformers' apply_rotary_pos_emb (Qwen3)")
 def hf_apply_rotary(t: Trial) -> None:
     for d, base in ((8, 10000.0), (64, 1e6)):
@@ -68,13 +76,11 @@ def hf_apply_rotary(t: Trial) -> None:
         cos, sin = hf_cos_sin(qwen3, config, positions)
         q, k = torch.randn(6, 4, d, generator=t.rng), torch.randn(6, 2, d, generator=t.rng)
         # transformers works head-major [B, H, N, d]; the course token-major [N, H, d].
-        want_q, want_k = qwen3.apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos[None],
-                                                    sin[None])
+        want_q, want_k = qwen3.apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos[None], sin[None])
         half = (cos[:, : d // 2], sin[:, : d // 2])
         for name, x, want in (("q", q, want_q), ("k", k, want_k)):
             y = expect_rotated(t.yours.apply_rope(x, *half), x, f"the rotated {name}")
-            explain_rotated(y, want[0].transpose(0, 1), x, *half, f"transformers apply_rotary_pos_emb, {name}, d={d}",
-                            positions)
+            explain_rotated(y, want[0].transpose(0, 1), x, *half, f"transformers apply_rotary_pos_emb, {name}, d={d}", positions)
 
 
 @hidden("ch19.2", "random shapes and positions, float32 and bf16")
@@ -84,8 +90,7 @@ def random_rope(t: Trial) -> None:
         x = torch.randn(n, h, d, generator=t.rng) * t.random.choice([0.1, 1.0, 30.0])
         x = x.bfloat16() if i % 2 else x
         positions = [t.random.randrange(4096) for _ in range(n)]
-        run_rope_case(t, x, positions, t.random.choice([10000.0, 1e6]),
-                      f"{n} tokens, {h} heads, d={d}, {str(x.dtype)[6:]}")
+        run_rope_case(t, x, positions, t.random.choice([10000.0, 1e6]), f"{n} tokens, {h} heads, d={d}, {str(x.dtype)[6:]}")
 
 
 @hidden("ch19.2", "a rotation keeps every head's length")
@@ -98,9 +103,11 @@ def norm_preserved(t: Trial) -> None:
     bad = ((after - before).abs() > 1e-5 * before).nonzero()
     if len(bad):
         n, h = (int(v) for v in bad[0])
-        raise CheckFailed(f"token {n} (position {positions[n]}), head {h}: |x| = {fmt(before[n, h], 7)} but "
-                          f"|apply_rope(x)| = {fmt(after[n, h], 7)}; every pair is rotated, and a rotation keeps "
-                          f"lengths: (x1·cos − x2·sin)² + (x2·cos + x1·sin)² = x1² + x2²")
+        raise CheckFailed(
+            f"token {n} (position {positions[n]}), head {h}: |x| = {fmt(before[n, h], 7)} but "
+            f"|apply_rope(x)| = {fmt(after[n, h], 7)}; every pair is rotated, and a rotation keeps "
+            f"lengths: (x1·cos − x2·sin)² + (x2·cos + x1·sin)² = x1² + x2²"
+        )
 
 
 @hidden("ch19.2", "relative position: q·k depends only on the position difference")
@@ -120,15 +127,18 @@ def relative_position(t: Trial) -> None:
     bad = ((near - far).abs() > 1e-3 + 1e-3 * near.abs()).nonzero()
     if len(bad):
         i = int(bad[0])
-        raise CheckFailed(f"q at position {pq[i]} and k at {pk[i]} score q·k = {fmt(near[i])}; shifted by {shift} "
-                          f"(positions {pq[i] + shift} and {pk[i] + shift}) the score becomes {fmt(far[i])}. "
-                          f"RoPE rotates both by angles p·θ, so q·k depends only on p − p′ = {pq[i] - pk[i]} and "
-                          f"must not change",
-                          hint="rotate every pair by its own angle p·θ_j with cos and sin of the same position; do not "
-                               "add or mix anything else into q and k")
+        raise CheckFailed(
+            f"q at position {pq[i]} and k at {pk[i]} score q·k = {fmt(near[i])}; shifted by {shift} "
+            f"(positions {pq[i] + shift} and {pk[i] + shift}) the score becomes {fmt(far[i])}. "
+            f"RoPE rotates both by angles p·θ, so q·k depends only on p − p′ = {pq[i] - pk[i]} and "
+            f"must not change",
+            hint="rotate every pair by its own angle p·θ_j with cos and sin of the same position; do not "
+            "add or mix anything else into q and k",
+        )
 
 
 # -- ch19.3 -------------------------------------------------------------------------------------------
+
 
 @hidden("ch19.3", "agreement with transformers' Qwen3Attention (q_norm, k_norm, RoPE; V untouched)")
 def hf_qwen3_attention(t: Trial) -> None:
@@ -151,8 +161,9 @@ def hf_qwen3_attention(t: Trial) -> None:
         v = attn.v_proj(x[0]).view(n, 2, 16)
         wq, wk = attn.q_norm.weight.detach().clone(), attn.k_norm.weight.detach().clone()
         # transformers' own order of operations gives the expected q and k
-        hq, hk = qwen3.apply_rotary_pos_emb(attn.q_norm(q).transpose(0, 1)[None], attn.k_norm(k).transpose(0, 1)[None],
-                                            cos[None], sin[None])
+        hq, hk = qwen3.apply_rotary_pos_emb(
+            attn.q_norm(q).transpose(0, 1)[None], attn.k_norm(k).transpose(0, 1)[None], cos[None], sin[None]
+        )
     got = t.yours.qk_norm_rope(q, k, wq, wk, torch.tensor(positions), 1e6, config.rms_norm_eps)
     yq, yk = expect_qk(got, q, k)
     case = "transformers Qwen3Attention, 7 tokens, Hq=4, Hkv=2, d=16"
@@ -160,11 +171,13 @@ def hf_qwen3_attention(t: Trial) -> None:
     explain_qk("k", yk, hk[0].transpose(0, 1), k, wk, wq, positions, 1e6, config.rms_norm_eps, case)
     # The whole block: attention over your q, k and the untouched v, then o_proj, equals Qwen3Attention's output.
     kk, vv = yk.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
-    scores = torch.einsum("nhd,mhd->hnm", yq, kk) * 16 ** -0.5 + mask[0]
+    scores = torch.einsum("nhd,mhd->hnm", yq, kk) * 16**-0.5 + mask[0]
     out = attn.o_proj(torch.einsum("hnm,mhd->nhd", scores.softmax(-1), vv).reshape(n, 64)).detach()
     if not agrees(out, want_out, atol=1e-4, rtol=1e-4):
-        raise CheckFailed(f"{case}: with your q and k (and V neither normalised nor rotated), the attention block's "
-                          f"output differs from Qwen3Attention's by up to {fmt((out - want_out).abs().max())}")
+        raise CheckFailed(
+            f"{case}: with your q and k (and V neither normalised nor rotated), the attention block's "
+            f"output differs from Qwen3Attention's by up to {fmt((out - want_out).abs().max())}"
+        )
 
 
 @hidden("ch19.3", "random shapes, positions, bases and dtypes")
@@ -177,28 +190,44 @@ def random_qk(t: Trial) -> None:
         k = (torch.randn(n, kv, d, generator=t.rng) * 3).to(dtype)
         start = t.random.randrange(2000)
         positions = list(range(start, start + n))
-        run_qk_case(t, q, k, random_weight(t, d, dtype), random_weight(t, d, dtype), positions,
-                    t.random.choice([10000.0, 1e6]), f"{n} tokens from position {start}, d={d}, {str(dtype)[6:]}",
-                    eps=t.random.choice([1e-6, 1e-5]))
+        run_qk_case(
+            t,
+            q,
+            k,
+            random_weight(t, d, dtype),
+            random_weight(t, d, dtype),
+            positions,
+            t.random.choice([10000.0, 1e6]),
+            f"{n} tokens from position {start}, d={d}, {str(dtype)[6:]}",
+            eps=t.random.choice([1e-6, 1e-5]),
+        )
 
 
 @hidden("ch19.3", "Qwen3-0.6B shapes: 16 query heads, 8 K/V heads, head_dim 128, bf16")
 def qwen3_shapes(t: Trial) -> None:
     q = torch.randn(3, 16, 128, generator=t.rng).bfloat16()
     k = torch.randn(3, 8, 128, generator=t.rng).bfloat16()
-    run_qk_case(t, q, k, random_weight(t, 128, torch.bfloat16), random_weight(t, 128, torch.bfloat16),
-                [40, 41, 42], 1e6, "Qwen3-0.6B, a chunk at positions 40–42")
+    run_qk_case(
+        t,
+        q,
+        k,
+        random_weight(t, 128, torch.bfloat16),
+        random_weight(t, 128, torch.bfloat16),
+        [40, 41, 42],
+        1e6,
+        "Qwen3-0.6B, a chunk at positions 40–42",
+    )
 
 
 @hidden("ch19.3", "tokens in any order: each token rotated at its own position")
 def unordered_positions(t: Trial) -> None:
     positions = [9, 0, 4, 4, 30]
     q, k = torch.randn(5, 2, 8, generator=t.rng), torch.randn(5, 2, 8, generator=t.rng)
-    run_qk_case(t, q, k, random_weight(t, 8), random_weight(t, 8), positions, 10000.0,
-                f"positions {short(positions)}")
+    run_qk_case(t, q, k, random_weight(t, 8), random_weight(t, 8), positions, 10000.0, f"positions {short(positions)}")
 
 
 # -- ch19.4 -------------------------------------------------------------------------------------------
+
 
 @hidden("ch19.4", "random shapes, cache lengths and bases")
 def random_attention(t: Trial) -> None:
@@ -209,9 +238,19 @@ def random_attention(t: Trial) -> None:
         q = torch.randn(n, kv * group, d, generator=t.rng) * 2
         k, v = torch.randn(n, kv, d, generator=t.rng) * 2, torch.randn(n, kv, d, generator=t.rng)
         k_cache, v_cache = cached(t, c, kv, d, base) if c else (None, None)
-        run_attention_case(t, q, k, v, random_weight(t, d), random_weight(t, d), base, k_cache, v_cache,
-                           f"{n} new tokens after {c} cached, Hq={kv * group}, Hkv={kv}, d={d}",
-                           eps=t.random.choice([1e-6, 1e-5]))
+        run_attention_case(
+            t,
+            q,
+            k,
+            v,
+            random_weight(t, d),
+            random_weight(t, d),
+            base,
+            k_cache,
+            v_cache,
+            f"{n} new tokens after {c} cached, Hq={kv * group}, Hkv={kv}, d={d}",
+            eps=t.random.choice([1e-6, 1e-5]),
+        )
 
 
 @hidden("ch19.4", "a chunk after a cache gives the rows of one prefill of the whole sequence")
@@ -221,18 +260,19 @@ def chunk_equals_prefill(t: Trial) -> None:
     v = torch.randn(c + n, 2, d, generator=t.rng)
     wq, wk = random_weight(t, d), random_weight(t, d)
     whole = expect_attention(t.yours.rope_attention(q, k, v, wq, wk, base, EPS), q)
-    _, k_cache = t.ref.qk_norm_rope(q[:c], k[:c], wq, wk, list(range(c)), base, EPS)   # the cache as stored
+    _, k_cache = t.ref.qk_norm_rope(q[:c], k[:c], wq, wk, list(range(c)), base, EPS)  # the cache as stored
     part = expect_attention(t.yours.rope_attention(q[c:], k[c:], v[c:], wq, wk, base, EPS, k_cache, v[:c]), q[c:])
     bad = wrong_values(part, whole[c:], ATTN_TOL, ATTN_TOL)
     if bad.any():
         i, h, _ = (int(x) for x in bad.nonzero()[0])
-        raise CheckFailed(f"{c + n} tokens: one prefill of all of them, then the last {n} again as a chunk after "
-                          f"a cache of the first {c} (keys normalised and rotated at positions 0 … {c - 1})",
-                          f"token at position {c + i}, query head {h}: the prefill gives {fmt(whole[c + i, h, 0])} "
-                          f"in channel 0, your chunk {fmt(part[i, h, 0])}; the same token at the same position "
-                          f"must give the same output either way",
-                          hint="the chunk's tokens stand at positions C … C + N − 1 after the C cached ones, and "
-                               "the cached keys are used as stored")
+        raise CheckFailed(
+            f"{c + n} tokens: one prefill of all of them, then the last {n} again as a chunk after "
+            f"a cache of the first {c} (keys normalised and rotated at positions 0 … {c - 1})",
+            f"token at position {c + i}, query head {h}: the prefill gives {fmt(whole[c + i, h, 0])} "
+            f"in channel 0, your chunk {fmt(part[i, h, 0])}; the same token at the same position "
+            f"must give the same output either way",
+            hint="the chunk's tokens stand at positions C … C + N − 1 after the C cached ones, and the cached keys are used as stored",
+        )
 
 
 @hidden("ch19.4", "agreement with transformers' Qwen3Attention: a chunk after a cached prefix")
@@ -255,18 +295,22 @@ def hf_attention_with_cache(t: Trial) -> None:
         v = attn.v_proj(x[0]).view(c + n, 2, 16)
         wq, wk = attn.q_norm.weight.detach().clone(), attn.k_norm.weight.detach().clone()
         # the cache as Qwen3Attention leaves it: k_norm, then RoPE, at positions 0 … c − 1; v as projected
-        _, k_cache = qwen3.apply_rotary_pos_emb(attn.k_norm(k[:c]).transpose(0, 1)[None],
-                                                attn.k_norm(k[:c]).transpose(0, 1)[None], cos[None, :c], sin[None, :c])
-    got = t.yours.rope_attention(q[c:], k[c:], v[c:], wq, wk, 1e6, config.rms_norm_eps,
-                                 k_cache[0].transpose(0, 1).contiguous(), v[:c].contiguous())
+        _, k_cache = qwen3.apply_rotary_pos_emb(
+            attn.k_norm(k[:c]).transpose(0, 1)[None], attn.k_norm(k[:c]).transpose(0, 1)[None], cos[None, :c], sin[None, :c]
+        )
+    got = t.yours.rope_attention(
+        q[c:], k[c:], v[c:], wq, wk, 1e6, config.rms_norm_eps, k_cache[0].transpose(0, 1).contiguous(), v[:c].contiguous()
+    )
     y = expect_attention(got, q[c:])
     out = attn.o_proj(y.reshape(n, 64)).detach()
     if not agrees(out, want, atol=1e-4, rtol=1e-4):
-        raise CheckFailed(f"transformers Qwen3Attention, {c} cached tokens and {n} new, Hq=4, Hkv=2, d=16: after "
-                          f"o_proj, your attention output differs from Qwen3Attention's by up to "
-                          f"{fmt((out - want).abs().max())}",
-                          hint="q_norm/k_norm, then RoPE on q and k at positions C … C + N − 1, cached keys as "
-                               "stored, V untouched, causal attention aligned to the end")
+        raise CheckFailed(
+            f"transformers Qwen3Attention, {c} cached tokens and {n} new, Hq=4, Hkv=2, d=16: after "
+            f"o_proj, your attention output differs from Qwen3Attention's by up to "
+            f"{fmt((out - want).abs().max())}",
+            hint="q_norm/k_norm, then RoPE on q and k at positions C … C + N − 1, cached keys as "
+            "stored, V untouched, causal attention aligned to the end",
+        )
 
 
 @hidden("ch19.4", "Qwen3-0.6B shapes in bf16: a decode step after 40 cached tokens")
@@ -274,21 +318,42 @@ def qwen3_decode_bf16(t: Trial) -> None:
     q = torch.randn(1, 16, 128, generator=t.rng).bfloat16()
     k, v = torch.randn(1, 8, 128, generator=t.rng).bfloat16(), torch.randn(1, 8, 128, generator=t.rng).bfloat16()
     k_cache, v_cache = cached(t, 40, 8, 128, 1e6)
-    run_attention_case(t, q, k, v, random_weight(t, 128, torch.bfloat16), random_weight(t, 128, torch.bfloat16),
-                       1e6, k_cache.bfloat16(), v_cache.bfloat16(), "Qwen3-0.6B, decode at position 40, bf16")
+    run_attention_case(
+        t,
+        q,
+        k,
+        v,
+        random_weight(t, 128, torch.bfloat16),
+        random_weight(t, 128, torch.bfloat16),
+        1e6,
+        k_cache.bfloat16(),
+        v_cache.bfloat16(),
+        "Qwen3-0.6B, decode at position 40, bf16",
+    )
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
+
 
 def tiny_qwen3(t: Trial, *, head_dim: int, base: float, heads: int = 4, kv_heads: int = 2):
     """A tiny Qwen3 config built in code (no download), and the modeling module."""
     t.require("transformers")
     from transformers.models.qwen3 import modeling_qwen3 as qwen3
+
     # transformers 5 still takes rope_theta and attn_implementation (as legacy keywords it maps onto rope_parameters
     # and the attention setting) but no longer declares them; 4.x declares both
-    config = qwen3.Qwen3Config(hidden_size=32, intermediate_size=48, num_attention_heads=heads,  # type: ignore[call-arg]
-                               num_key_value_heads=kv_heads, head_dim=head_dim, rope_theta=base, num_hidden_layers=1,
-                               vocab_size=16, max_position_embeddings=4096, attn_implementation="eager")
+    config = qwen3.Qwen3Config(
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=heads,  # type: ignore[call-arg]
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        rope_theta=base,
+        num_hidden_layers=1,
+        vocab_size=16,
+        max_position_embeddings=4096,
+        attn_implementation="eager",
+    )
     return config, qwen3
 
 

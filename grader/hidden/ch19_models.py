@@ -9,15 +9,16 @@ from __future__ import annotations
 import torch
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str = "half", direction: int = 1,
-           compute: torch.dtype = torch.float32) -> torch.Tensor:
+def rotate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str = "half", direction: int = 1, compute: torch.dtype = torch.float32
+) -> torch.Tensor:
     """A rotation (and its wrong variants): pairs in `layout`, sin's sign `direction`, computed in `compute`."""
     c, s = cos.to(compute)[:, None, :], (direction * sin).to(compute)[:, None, :]
     xc = x.to(compute)
     if layout == "half":
         x1, x2 = xc.chunk(2, dim=-1)
         return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
-    x1, x2 = xc[..., 0::2], xc[..., 1::2]                            # GPT-J: pairs (x[2j], x[2j + 1])
+    x1, x2 = xc[..., 0::2], xc[..., 1::2]  # GPT-J: pairs (x[2j], x[2j + 1])
     return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2).to(x.dtype)
 
 
@@ -39,16 +40,25 @@ def cos_sin_variants(ref, positions: list[int], d: int, base: float) -> dict:
     p = torch.tensor(positions, dtype=torch.float64)[:, None]
     j = torch.arange(d // 2, dtype=torch.float64)
     inv = base ** (-2 * j / d)
-    angles = {"j/d": p * base ** (-j / d), "inverted": p * base ** (2 * j / d), "1-based": (p + 1) * inv,
-              "bf16": (p.bfloat16() * inv.bfloat16()).double(), "zero": p * 0}
+    angles = {
+        "j/d": p * base ** (-j / d),
+        "inverted": p * base ** (2 * j / d),
+        "1-based": (p + 1) * inv,
+        "bf16": (p.bfloat16() * inv.bfloat16()).double(),
+        "zero": p * 0,
+    }
     return {key: (a.cos().float(), a.sin().float()) for key, a in angles.items()}
 
 
 def rope_variants(ref, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict:
     """{misconception: y} for the wrong rotations `grader.checks.ch19.rope_hints` names."""
-    out = {"interleaved": rotate(x, cos, sin, layout="interleaved"), "backwards": rotate(x, cos, sin, direction=-1),
-           "interleaved backwards": rotate(x, cos, sin, layout="interleaved", direction=-1),
-           "swapped": rotate(x, sin, cos), "swapped backwards": rotate(x, sin, cos, direction=-1)}
+    out = {
+        "interleaved": rotate(x, cos, sin, layout="interleaved"),
+        "backwards": rotate(x, cos, sin, direction=-1),
+        "interleaved backwards": rotate(x, cos, sin, layout="interleaved", direction=-1),
+        "swapped": rotate(x, sin, cos),
+        "swapped backwards": rotate(x, sin, cos, direction=-1),
+    }
     if x.dtype != torch.float32:
         out["low precision"] = rotate(x, cos, sin, compute=x.dtype)
     x1, x2 = x.float().chunk(2, dim=-1)
@@ -58,41 +68,65 @@ def rope_variants(ref, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
     return out
 
 
-def qk_models(ref, x: torch.Tensor, w: torch.Tensor, other_w: torch.Tensor, positions: list[int], base: float,
-              eps: float) -> dict:
+def qk_models(ref, x: torch.Tensor, w: torch.Tensor, other_w: torch.Tensor, positions: list[int], base: float, eps: float) -> dict:
     """For one of q, k: its normalised heads ("normed"), the angles' "cos" and "sin", and {misconception: y}."""
     cos, sin = rope_tables(positions, x.shape[-1], base)
     rope = lambda z: rotate(z, cos, sin)
-    variants = {"rotate first": head_norm(rope(x), w, eps), "no norm": rope(x), "no rope": head_norm(x, w, eps),
-                "no weight": rope(head_norm(x, torch.ones_like(w), eps)),
-                "other weight": rope(head_norm(x, other_w, eps)), "over heads": rope(head_norm(x, w, eps, dim=1)),
-                "whole token": rope(head_norm(x.flatten(1), w.repeat(x.shape[1]), eps).view(x.shape)),
-                "interleaved": rotate(head_norm(x, w, eps), cos, sin, layout="interleaved")}
+    variants = {
+        "rotate first": head_norm(rope(x), w, eps),
+        "no norm": rope(x),
+        "no rope": head_norm(x, w, eps),
+        "no weight": rope(head_norm(x, torch.ones_like(w), eps)),
+        "other weight": rope(head_norm(x, other_w, eps)),
+        "over heads": rope(head_norm(x, w, eps, dim=1)),
+        "whole token": rope(head_norm(x.flatten(1), w.repeat(x.shape[1]), eps).view(x.shape)),
+        "interleaved": rotate(head_norm(x, w, eps), cos, sin, layout="interleaved"),
+    }
     if x.dtype != torch.float32:
         variants["weight in float32"] = rope(head_norm(x, w, eps, weight_first=True))
         variants["rotation in low precision"] = rotate(head_norm(x, w, eps), cos, sin, compute=x.dtype)
     return {"normed": head_norm(x, w, eps), "cos": cos, "sin": sin, "variants": variants}
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cached: int, *, mask: str = "end",
-           grouping: str = "consecutive", scaled: bool = True, compute: torch.dtype = torch.float32) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    num_cached: int,
+    *,
+    mask: str = "end",
+    grouping: str = "consecutive",
+    scaled: bool = True,
+    compute: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """Causal GQA attention computed in `compute` (and its wrong variants), [N, Hq, d]: query i at position
     num_cached + i; `mask` "end" (the offset rule), "top-left" (tril without offset) or "none"."""
     n, hq, d = q.shape
     group = hq // k.shape[1]
-    spread = (lambda x: x.repeat_interleave(group, dim=1)) if grouping == "consecutive" else (
-        lambda x: x.repeat(1, group, 1))
+    spread = (lambda x: x.repeat_interleave(group, dim=1)) if grouping == "consecutive" else (lambda x: x.repeat(1, group, 1))
     keys, values = spread(k.to(compute)), spread(v.to(compute))
-    scores = torch.einsum("nhd,shd->hns", q.to(compute), keys) * (d ** -0.5 if scaled else 1.0)
+    scores = torch.einsum("nhd,shd->hns", q.to(compute), keys) * (d**-0.5 if scaled else 1.0)
     s = keys.shape[0]
-    visible = {"end": torch.ones(n, s, dtype=torch.bool).tril(diagonal=s - n),
-               "top-left": torch.ones(n, s, dtype=torch.bool).tril(),
-               "none": torch.ones(n, s, dtype=torch.bool)}[mask]
+    visible = {
+        "end": torch.ones(n, s, dtype=torch.bool).tril(diagonal=s - n),
+        "top-left": torch.ones(n, s, dtype=torch.bool).tril(),
+        "none": torch.ones(n, s, dtype=torch.bool),
+    }[mask]
     return torch.einsum("hns,shd->nhd", scores.masked_fill(~visible, float("-inf")).softmax(-1), values)
 
 
-def attention_models(ref, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor,
-                     base: float, eps: float, k_cache: torch.Tensor | None, v_cache: torch.Tensor | None) -> dict:
+def attention_models(
+    ref,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    wq: torch.Tensor,
+    wk: torch.Tensor,
+    base: float,
+    eps: float,
+    k_cache: torch.Tensor | None,
+    v_cache: torch.Tensor | None,
+) -> dict:
     """ch19.4 step by step: the "positions", the normalised and rotated "q", "k" (new tokens), the attention
     weights "probs" [Hq, N, C + N], and {misconception: output in q's dtype} for `grader.checks.ch19.attention_hint`."""
     n, _, d = q.shape
@@ -127,7 +161,7 @@ def attention_models(ref, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wq:
     if q.dtype != torch.float32:
         variants["attention in low precision"] = run(rq, cat(kc, rk), cat(vc, v), compute=q.dtype)
     keys = cat(kc, rk).float().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    scores = torch.einsum("nhd,shd->hns", rq.float(), keys) * d ** -0.5
+    scores = torch.einsum("nhd,shd->hns", rq.float(), keys) * d**-0.5
     visible = torch.ones(n, c + n, dtype=torch.bool).tril(diagonal=c)
     probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
     return {"positions": positions, "q": rq, "k": rk, "probs": probs, "variants": variants}

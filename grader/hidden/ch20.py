@@ -26,6 +26,7 @@ M = mistakes("ch20")
 
 # -- ch20.1 -------------------------------------------------------------------------------------------
 
+
 @hidden("ch20.1", "agreement with transformers' Qwen3RMSNorm (float32 and bf16)")
 def hf_rms_norm(t: Trial) -> None:
     m = qwen3(t)
@@ -44,8 +45,9 @@ def random_norms(t: Trial) -> None:
         shape = [t.random.randint(1, 5) for _ in range(t.random.randint(0, 2))] + [t.random.choice([1, 2, 8, 64, 256])]
         dtype = [torch.float32, torch.bfloat16, torch.float16][i % 3]
         x = (torch.randn(shape, generator=t.rng) * 10 ** t.random.uniform(-1, 2)).to(dtype)
-        run_norm_case(t, x, (torch.rand(shape[-1], generator=t.rng) * 2).to(dtype), f"x {shape} {str(dtype)[6:]}",
-                      eps=t.random.choice([1e-6, 1e-5]))
+        run_norm_case(
+            t, x, (torch.rand(shape[-1], generator=t.rng) * 2).to(dtype), f"x {shape} {str(dtype)[6:]}", eps=t.random.choice([1e-6, 1e-5])
+        )
 
 
 @hidden("ch20.1", "tiny activations: eps inside the root")
@@ -57,6 +59,7 @@ def tiny_norms(t: Trial) -> None:
 
 # -- ch20.2 -------------------------------------------------------------------------------------------
 
+
 @hidden("ch20.2", "random batches, float32 and bf16, with and without a residual")
 def random_adds(t: Trial) -> None:
     for i in range(8):
@@ -64,8 +67,13 @@ def random_adds(t: Trial) -> None:
         dtype = torch.bfloat16 if i % 2 else torch.float32
         x = (torch.randn(n, h, generator=t.rng) * t.random.choice([0.1, 1.0, 5.0])).to(dtype)
         r = None if i % 4 == 0 else (torch.randn(n, h, generator=t.rng) * 10).to(dtype)
-        run_add_case(t, x, r, (torch.rand(h, generator=t.rng) + 0.5).to(dtype),
-                     f"{n} tokens, H = {h}, {str(dtype)[6:]}, residual {'None' if r is None else 'given'}")
+        run_add_case(
+            t,
+            x,
+            r,
+            (torch.rand(h, generator=t.rng) + 0.5).to(dtype),
+            f"{n} tokens, H = {h}, {str(dtype)[6:]}, residual {'None' if r is None else 'given'}",
+        )
 
 
 @hidden("ch20.2", "a stack of pre-norm layers: the residual stream is the running sum")
@@ -78,12 +86,11 @@ def residual_stream(t: Trial) -> None:
     emb = torch.randn(n, h, generator=t.rng)
     hidden_out, logical = emb, emb.double()
     residual: torch.Tensor | None = None
-    stream = emb                             # the residual each call returns
-    for k in range(2 * layers + 1):          # the last call is the model's final norm
+    stream = emb  # the residual each call returns
+    for k in range(2 * layers + 1):  # the last call is the model's final norm
         case = f"sublayer {k} of a {layers}-layer stack" if k < 2 * layers else "the final norm"
         got = expect_pair(t.yours.add_rms_norm(hidden_out, residual, weights[k], EPS), hidden_out, residual)
-        explain_add(*got, hidden_out, residual, weights[k], EPS,
-                    t.ref.add_rms_norm(hidden_out, residual, weights[k], EPS), case)
+        explain_add(*got, hidden_out, residual, weights[k], EPS, t.ref.add_rms_norm(hidden_out, residual, weights[k], EPS), case)
         if k:
             logical = logical + hidden_out.double()
         normed, stream = got
@@ -92,13 +99,15 @@ def residual_stream(t: Trial) -> None:
             hidden_out = normed @ maps[k].T
     gap = float((stream.double() - logical).abs().max())
     if gap > 1e-4 * float(logical.abs().max()) + 1e-5:
-        raise CheckFailed(f"after {layers} layers (the final norm adds the last MLP output), your residual differs "
-                          f"from the logical sum embedding + every sublayer output by up to {fmt(gap)}",
-                          hint="each add_rms_norm returns the new sum as the residual; nothing is added twice or "
-                               "dropped")
+        raise CheckFailed(
+            f"after {layers} layers (the final norm adds the last MLP output), your residual differs "
+            f"from the logical sum embedding + every sublayer output by up to {fmt(gap)}",
+            hint="each add_rms_norm returns the new sum as the residual; nothing is added twice or dropped",
+        )
 
 
 # -- ch20.3 -------------------------------------------------------------------------------------------
+
 
 @hidden("ch20.3", "random shapes and dtypes")
 def random_acts(t: Trial) -> None:
@@ -118,26 +127,35 @@ def large_gates(t: Trial) -> None:
 def hf_silu(t: Trial) -> None:
     t.require("transformers")
     from transformers.activations import ACT2FN
+
     gu = torch.randn(3, 2 * 3072, generator=t.rng) * 3
     want = ACT2FN["silu"](gu[:, :3072]) * gu[:, 3072:]
-    got = expect_tensor(t.yours.silu_and_mul(gu), what="SiLU(gate)·up [3, 3072]", shape=[3, 3072],
-                        dtype=torch.float32)
+    got = expect_tensor(t.yours.silu_and_mul(gu), what="SiLU(gate)·up [3, 3072]", shape=[3, 3072], dtype=torch.float32)
     explain_act(got, want, gu, "Qwen3-0.6B width, I = 3072")
 
 
 # -- ch20.4 -------------------------------------------------------------------------------------------
 
+
 @hidden("ch20.4", "agreement with transformers' Qwen3MLP (float32 and bf16)")
 def hf_mlp(t: Trial) -> None:
     m = qwen3(t)
     for dtype, h, i in ((torch.float32, 32, 48), (torch.bfloat16, 64, 192)):
-        config = m.Qwen3Config(hidden_size=h, intermediate_size=i, num_attention_heads=2, num_key_value_heads=1,
-                               head_dim=16, num_hidden_layers=1, vocab_size=8, hidden_act="silu")
+        config = m.Qwen3Config(
+            hidden_size=h,
+            intermediate_size=i,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            num_hidden_layers=1,
+            vocab_size=8,
+            hidden_act="silu",
+        )
         mlp = m.Qwen3MLP(config)
         w_gu, w_down = random_mlp(t, h, i, dtype)
         with torch.no_grad():
             mlp = mlp.to(dtype)
-            mlp.gate_proj.weight.copy_(w_gu[:i])           # merged gate_up_proj: gate rows first, then up
+            mlp.gate_proj.weight.copy_(w_gu[:i])  # merged gate_up_proj: gate rows first, then up
             mlp.up_proj.weight.copy_(w_gu[i:])
             mlp.down_proj.weight.copy_(w_down)
             x = torch.randn(5, h, generator=t.rng).to(dtype)
@@ -150,19 +168,19 @@ def token_independence(t: Trial) -> None:
     w_gu, w_down = random_mlp(t, 16, 40)
     x = torch.randn(9, 16, generator=t.rng)
     perm = torch.randperm(9, generator=t.rng)
-    y = expect_tensor(t.yours.swiglu_mlp(x, w_gu, w_down), what="the MLP output [9, 16]", shape=[9, 16],
-                      dtype=torch.float32)
-    y_perm = expect_tensor(t.yours.swiglu_mlp(x[perm], w_gu, w_down), what="the MLP output [9, 16]",
-                           shape=[9, 16], dtype=torch.float32)
+    y = expect_tensor(t.yours.swiglu_mlp(x, w_gu, w_down), what="the MLP output [9, 16]", shape=[9, 16], dtype=torch.float32)
+    y_perm = expect_tensor(t.yours.swiglu_mlp(x[perm], w_gu, w_down), what="the MLP output [9, 16]", shape=[9, 16], dtype=torch.float32)
     bad = mlp_wrong(y_perm, y[perm]).any(dim=-1).nonzero()
     if len(bad):
         row = int(bad[0])
-        raise CheckFailed(f"token {int(perm[row])} gives a different output when the tokens come in another order "
-                          f"(row {row} of the permuted batch): the MLP transforms every token on its own and must "
-                          f"never mix tokens", hint=M.mixes_tokens)
+        raise CheckFailed(
+            f"token {int(perm[row])} gives a different output when the tokens come in another order "
+            f"(row {row} of the permuted batch): the MLP transforms every token on its own and must "
+            f"never mix tokens",
+            hint=M.mixes_tokens,
+        )
     explain_mlp(y, t.ref.swiglu_mlp(x, w_gu, w_down), x, w_gu, w_down, "9 tokens")
-    alone = expect_tensor(t.yours.swiglu_mlp(x[3:4], w_gu, w_down), what="the MLP output [1, 16]", shape=[1, 16],
-                          dtype=torch.float32)
+    alone = expect_tensor(t.yours.swiglu_mlp(x[3:4], w_gu, w_down), what="the MLP output [1, 16]", shape=[1, 16], dtype=torch.float32)
     explain_mlp(alone, y[3:4], x[3:4], w_gu, w_down, "token 3 alone must give its row of the batch")
 
 
@@ -173,13 +191,14 @@ def random_mlps(t: Trial) -> None:
         dtype = torch.bfloat16 if k % 2 else torch.float32
         w_gu, w_down = random_mlp(t, h, i, dtype)
         lead = [t.random.randint(1, 4) for _ in range(t.random.randint(1, 2))]
-        run_mlp_case(t, torch.randn(*lead, h, generator=t.rng).to(dtype), w_gu, w_down,
-                     f"x {lead + [h]}, I = {i}, {str(dtype)[6:]}")
+        run_mlp_case(t, torch.randn(*lead, h, generator=t.rng).to(dtype), w_gu, w_down, f"x {lead + [h]}, I = {i}, {str(dtype)[6:]}")
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
 
+
 def qwen3(t: Trial):
     t.require("transformers")
     from transformers.models.qwen3 import modeling_qwen3
+
     return modeling_qwen3

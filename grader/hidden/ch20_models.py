@@ -13,8 +13,16 @@ import torch
 import torch.nn.functional as F
 
 
-def norm_model(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, *, weight_first: bool = False, dim=-1,
-               eps_outside: bool = False, center: bool = False) -> torch.Tensor:
+def norm_model(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    weight_first: bool = False,
+    dim=-1,
+    eps_outside: bool = False,
+    center: bool = False,
+) -> torch.Tensor:
     """RMSNorm in float32 (and its variants): over `dim`, eps inside or outside the root, centred or not."""
     xf = x.float()
     if center:
@@ -26,8 +34,11 @@ def norm_model(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, *, weight_fi
 
 def norm_variants(ref, x: torch.Tensor, w: torch.Tensor, eps: float) -> dict:
     """{misconception: rms_norm(x) as it computes it}, for `grader.checks.ch20.norm_hint`."""
-    out = {"center": norm_model(x, w, eps, center=True), "dim 0": norm_model(x, w, eps, dim=0),
-           "eps outside": norm_model(x, w, eps, eps_outside=True)}
+    out = {
+        "center": norm_model(x, w, eps, center=True),
+        "dim 0": norm_model(x, w, eps, dim=0),
+        "eps outside": norm_model(x, w, eps, eps_outside=True),
+    }
     if x.dim() > 1:
         out["all dims"] = norm_model(x, w, eps, dim=tuple(range(x.dim())))
     if x.dtype != torch.float32:
@@ -59,9 +70,15 @@ def act_variants(ref, gu: torch.Tensor) -> dict:
     g = gu.float()
     gate, up = g.chunk(2, dim=-1)
     odd, even = g[..., 0::2], g[..., 1::2]
-    return {"halves swapped": F.silu(up) * gate, "even and odd": F.silu(odd) * even,
-            "sigmoid": torch.sigmoid(gate) * up, "relu": F.relu(gate) * up, "gelu": F.gelu(gate) * up,
-            "silu of up too": F.silu(gate) * F.silu(up), "no up": F.silu(gate)}
+    return {
+        "halves swapped": F.silu(up) * gate,
+        "even and odd": F.silu(odd) * even,
+        "sigmoid": torch.sigmoid(gate) * up,
+        "relu": F.relu(gate) * up,
+        "gelu": F.gelu(gate) * up,
+        "silu of up too": F.silu(gate) * F.silu(up),
+        "no up": F.silu(gate),
+    }
 
 
 def mlp_models(ref, x: torch.Tensor, w_gu: torch.Tensor, w_down: torch.Tensor) -> dict:
@@ -69,7 +86,8 @@ def mlp_models(ref, x: torch.Tensor, w_gu: torch.Tensor, w_down: torch.Tensor) -
     and {misconception: output} for `grader.checks.ch20.mlp_hint`."""
     gu = F.linear(x.float(), w_gu.float())
     gate, up = gu.chunk(2, dim=-1)
-    variants = {key: F.linear(act, w_down.float()).to(x.dtype) for key, act in act_variants(ref, gu).items()
-                if act.shape[-1] == w_down.shape[1]}
+    variants = {
+        key: F.linear(act, w_down.float()).to(x.dtype) for key, act in act_variants(ref, gu).items() if act.shape[-1] == w_down.shape[1]
+    }
     variants["no activation"] = F.linear(gu, w_down.float().repeat(1, 2)).to(x.dtype)
     return {"gate_up": gu, "silu_gate": F.silu(gate), "act": F.silu(gate) * up, "variants": variants}

@@ -6,16 +6,10 @@ from __future__ import annotations
 import torch
 
 from grader.authoring import CheckFailed, Trial, expect_int, expect_tensor, first_wrong, hidden
-from grader.checks.ch21 import (
-    expect_decode,
-    expect_short_table,
-    explain_decode,
-    neighbour_slots,
-    run_appends,
-    run_decode_case,
-)
+from grader.checks.ch21 import expect_decode, expect_short_table, explain_decode, neighbour_slots, run_appends, run_decode_case
 
 # -- ch21.1 append_kv ---------------------------------------------------------------------------------
+
 
 @hidden("ch21.1", "random shapes and sequences of appends (random cache contents)")
 def random_appends(t: Trial) -> None:
@@ -23,8 +17,14 @@ def random_appends(t: Trial) -> None:
         l_max, heads, dim = t.random.randint(1, 24), t.random.choice([1, 2, 4, 8]), t.random.choice([1, 4, 16, 64])
         length = t.random.randint(0, l_max // 2)
         k_cache, v_cache = torch.randn(l_max, heads, dim, generator=t.rng), torch.randn(l_max, heads, dim, generator=t.rng)
-        run_appends(t, k_cache, v_cache, length, random_sizes(t, l_max - length),
-                    f"L_max {l_max}, {heads} kv heads, head_dim {dim}, starting at length {length}")
+        run_appends(
+            t,
+            k_cache,
+            v_cache,
+            length,
+            random_sizes(t, l_max - length),
+            f"L_max {l_max}, {heads} kv heads, head_dim {dim}, starting at length {length}",
+        )
 
 
 @hidden("ch21.1", "appends of 0 tokens change nothing and return the same length")
@@ -53,6 +53,7 @@ def bf16_cache(t: Trial) -> None:
 def agrees_with_transformers(t: Trial) -> None:
     t.require("transformers")
     from transformers.cache_utils import DynamicLayer
+
     layer = DynamicLayer()
     l_max, heads, dim, length = 12, 2, 8, 0
     k_cache, v_cache = torch.zeros(l_max, heads, dim), torch.zeros(l_max, heads, dim)
@@ -63,20 +64,25 @@ def agrees_with_transformers(t: Trial) -> None:
         keys, values = layer.update(k_new.transpose(0, 1)[None], v_new.transpose(0, 1)[None])
         length = expect_int(call.value, what=f"append_kv's return value after append {step + 1}")
         if length != layer.get_seq_length():
-            raise CheckFailed(f"after appends of {[5, 1, 1, 1][:step + 1]} transformers' DynamicLayer holds "
-                              f"{layer.get_seq_length()} tokens; your append_kv returned the length {length}")
+            raise CheckFailed(
+                f"after appends of {[5, 1, 1, 1][: step + 1]} transformers' DynamicLayer holds "
+                f"{layer.get_seq_length()} tokens; your append_kv returned the length {length}"
+            )
         for name, got, want in (("k_cache", call.args[0], keys), ("v_cache", call.args[1], values)):
             got = expect_tensor(got, what=name, shape=[l_max, heads, dim], dtype=torch.float32)
             want = want[0].transpose(0, 1)
             idx = first_wrong(got[:length], want)
             if idx is not None:
-                raise CheckFailed(f"after appends of {[5, 1, 1, 1][:step + 1]}: row {idx[0]} of your {name} "
-                                  f"differs from token {idx[0]} of transformers' DynamicLayer (kv head {idx[1]}); "
-                                  f"rows 0 … {length - 1} must hold the tokens in the order they were appended")
+                raise CheckFailed(
+                    f"after appends of {[5, 1, 1, 1][: step + 1]}: row {idx[0]} of your {name} "
+                    f"differs from token {idx[0]} of transformers' DynamicLayer (kv head {idx[1]}); "
+                    f"rows 0 … {length - 1} must hold the tokens in the order they were appended"
+                )
         k_cache, v_cache = call.args[0], call.args[1]
 
 
 # -- ch21.2 decode_inputs -----------------------------------------------------------------------------
+
 
 @hidden("ch21.2", "nano-vllm's block boundaries (block_size 256): len 1, 256, 257 and 512")
 def block_boundaries(t: Trial) -> None:
@@ -92,7 +98,7 @@ def random_decodes(t: Trial) -> None:
         bs = t.random.choice([1, 2, 3, 4, 8, 16, 256])
         length = t.random.randint(1, 6 * bs)
         needed = -(-length // bs)
-        table = torch.randperm(64, generator=t.rng)[:needed + t.random.choice([0, 0, 0, 1, 2])].tolist()
+        table = torch.randperm(64, generator=t.rng)[: needed + t.random.choice([0, 0, 0, 1, 2])].tolist()
         ids = [t.random.randrange(1000) for _ in range(length)]
         run_decode_case(t, ids, table, bs, f"random, block_size {bs}")
 
@@ -100,19 +106,28 @@ def random_decodes(t: Trial) -> None:
 @hidden("ch21.2", "a whole generation: 30 decode steps, the table growing as nano-vllm's may_append grows it")
 def whole_generation(t: Trial) -> None:
     bs, free = 4, torch.randperm(40, generator=t.rng).tolist()
-    ids = [t.random.randrange(1000) for _ in range(6)]          # a 6-token prompt, prefilled
+    ids = [t.random.randrange(1000) for _ in range(6)]  # a 6-token prompt, prefilled
     table = [free.pop() for _ in range(-(-len(ids) // bs))]
     written: dict[int, int] = {}
     for _ in range(30):
-        ids.append(t.random.randrange(1000))                     # the token the previous step sampled
-        if len(ids) % bs == 1:                                  # may_append: a new block for position len − 1
+        ids.append(t.random.randrange(1000))  # the token the previous step sampled
+        if len(ids) % bs == 1:  # may_append: a new block for position len − 1
             table.append(free.pop())
         got = expect_decode(t.yours.decode_inputs(list(ids), list(table), bs), ids, table, bs)
-        explain_decode(got, t.ref.decode_inputs(ids, table, bs), ids, table, bs,
-                       f"decode step {len(ids) - 6} of a generation", t.ref.drive(neighbour_slots, ids, table, bs))
+        explain_decode(
+            got,
+            t.ref.decode_inputs(ids, table, bs),
+            ids,
+            table,
+            bs,
+            f"decode step {len(ids) - 6} of a generation",
+            t.ref.drive(neighbour_slots, ids, table, bs),
+        )
         if got["slot"] in written:
-            raise CheckFailed(f"decode steps at len {written[got['slot']]} and {len(ids)} both wrote slot "
-                              f"{got['slot']}: the second overwrote the K/V of the first")
+            raise CheckFailed(
+                f"decode steps at len {written[got['slot']]} and {len(ids)} both wrote slot "
+                f"{got['slot']}: the second overwrote the K/V of the first"
+            )
         written[got["slot"]] = len(ids)
 
 
@@ -122,13 +137,19 @@ def tables_too_short(t: Trial) -> None:
     bs = t.random.choice([2, 4, 16])
     blocks = t.random.randint(1, 4)
     ids = [t.random.randrange(1000) for _ in range(blocks * bs + 1)]
-    expect_short_table(t, ids, list(range(blocks)), bs,
-                       f"position {blocks * bs} is the first token of logical block {blocks}, and the table holds "
-                       f"blocks 0 … {blocks - 1} only (may_append has not run)")
+    expect_short_table(
+        t,
+        ids,
+        list(range(blocks)),
+        bs,
+        f"position {blocks * bs} is the first token of logical block {blocks}, and the table holds "
+        f"blocks 0 … {blocks - 1} only (may_append has not run)",
+    )
     expect_short_table(t, [5], [], 4, "an empty table holds no block, not even block 0 for position 0")
 
 
 # -- helpers ------------------------------------------------------------------------------------------
+
 
 def random_sizes(t: Trial, l_max: int) -> list[int]:
     """Append sizes that fit in l_max: a prefill, decode steps of 1, and some empty appends."""

@@ -9,26 +9,8 @@ from pathlib import Path
 
 import torch.nn.functional as F
 
-from grader.authoring import (
-    CheckFailed,
-    StudentRaised,
-    Trial,
-    expect_int,
-    first_wrong,
-    fmt,
-    hidden,
-    mistakes,
-    wrong_mask,
-)
-from grader.checks.ch22 import (
-    expect_naive,
-    expect_traffic,
-    explain_naive,
-    naive_variants,
-    random_qkv,
-    run_naive_case,
-    run_traffic_case,
-)
+from grader.authoring import CheckFailed, StudentRaised, Trial, expect_int, first_wrong, fmt, hidden, mistakes, wrong_mask
+from grader.checks.ch22 import expect_naive, expect_traffic, explain_naive, naive_variants, random_qkv, run_naive_case, run_traffic_case
 from grader.checks.ch22_explain import check_trace, expect_flash, run_flash_case
 from grader.hidden.ch22_models import end_aligned
 
@@ -44,6 +26,7 @@ M = mistakes("ch22")
 
 
 # -- ch22.1 naive_attention, attention_hbm_bytes ----------------------------------------------------
+
 
 @hidden("ch22.1", "naive attention: random shapes, causal with S ≥ T and not causal")
 def naive_random(t: Trial) -> None:
@@ -64,11 +47,19 @@ def naive_sdpa(t: Trial) -> None:
         out_, scores_, probs_ = expect_naive(t.yours.naive_attention(q, k, v, causal=causal), q, k)
         # SDPA's own is_causal=True is aligned to the top-left: pass the end-aligned mask explicitly.
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=end_aligned(T, S) if causal else None)[0]
-        scores = (q @ k.T) * d ** -0.5
+        scores = (q @ k.T) * d**-0.5
         if causal:
             scores = scores.masked_fill(~end_aligned(T, S), float("-inf"))
-        explain_naive((scores_, probs_, out_), (scores, scores.softmax(-1), out), q, k, v, causal=causal,
-                      case=f"T={T}, S={S}, d={d}, against SDPA", variants=t.ref.drive(naive_variants, q, k, v, causal))
+        explain_naive(
+            (scores_, probs_, out_),
+            (scores, scores.softmax(-1), out),
+            q,
+            k,
+            v,
+            causal=causal,
+            case=f"T={T}, S={S}, d={d}, against SDPA",
+            variants=t.ref.drive(naive_variants, q, k, v, causal),
+        )
 
 
 @hidden("ch22.1", "naive attention: large scores stay finite (a stable softmax)")
@@ -83,7 +74,7 @@ def traffic_random(t: Trial) -> None:
         T, S = t.random.randint(0, 1 << 17), t.random.randint(0, 1 << 17)
         d, b = t.random.choice([32, 64, 80, 96, 128, 256]), t.random.choice([1, 2, 4])
         run_traffic_case(t, T, S, d, b, t.random.random() < 0.5)
-    run_traffic_case(t, 10**9 + 7, 10**9 + 9, 128, 2, False)      # beyond 2^53: exact only as an int
+    run_traffic_case(t, 10**9 + 7, 10**9 + 9, 128, 2, False)  # beyond 2^53: exact only as an int
 
 
 @hidden("ch22.1", "HBM bytes: flash < naive whenever T, S ≥ d; flash traffic has no T·S term")
@@ -93,22 +84,31 @@ def traffic_properties(t: Trial) -> None:
         d, b = t.random.choice([16, 64, 128]), t.random.choice([1, 2, 4])
         T, S = t.random.randint(d, 8192), t.random.randint(d, 8192)
         cases = [(T, S, False), (T, S, True), (2 * T, 2 * S, True)]
-        got = [expect_int(t.yours.attention_hbm_bytes(x, y, d, b, flash=f),
-                          what=f"the byte count for T={x}, S={y}, d={d}, dtype_bytes={b}, flash={f}") for x, y, f in cases]
+        got = [
+            expect_int(
+                t.yours.attention_hbm_bytes(x, y, d, b, flash=f), what=f"the byte count for T={x}, S={y}, d={d}, dtype_bytes={b}, flash={f}"
+            )
+            for x, y, f in cases
+        ]
         naive, flash, doubled = got
         if not flash < naive:
-            raise CheckFailed(f"T={T:,}, S={S:,}, d={d}, dtype_bytes={b}: FlashAttention must move fewer bytes than the "
-                              f"naive kernels, which also write and read back two [T, S] matrices; yours: flash "
-                              f"{flash:,} vs naive {naive:,}")
+            raise CheckFailed(
+                f"T={T:,}, S={S:,}, d={d}, dtype_bytes={b}: FlashAttention must move fewer bytes than the "
+                f"naive kernels, which also write and read back two [T, S] matrices; yours: flash "
+                f"{flash:,} vs naive {naive:,}"
+            )
         if doubled != 2 * flash:
-            raise CheckFailed(f"d={d}, dtype_bytes={b}: doubling T and S (from {T:,}, {S:,}) must double "
-                              f"FlashAttention's traffic, which is linear (no [T, S] matrix reaches HBM); yours goes "
-                              f"from {flash:,} to {doubled:,} bytes")
+            raise CheckFailed(
+                f"d={d}, dtype_bytes={b}: doubling T and S (from {T:,}, {S:,}) must double "
+                f"FlashAttention's traffic, which is linear (no [T, S] matrix reaches HBM); yours goes "
+                f"from {flash:,} to {doubled:,} bytes"
+            )
         for (x, y, f), g in zip(cases, got):
             expect_traffic(g, t.ref.attention_hbm_bytes(x, y, d, b, flash=f), x, y, d, b, f)
 
 
 # -- ch22.2 flash_attention ----------------------------------------------------------------------------
+
 
 @hidden("ch22.2", "many tilings, causal: ragged last tiles and S > T (aligned to the end)")
 def flash_tilings_causal(t: Trial) -> None:
@@ -145,7 +145,7 @@ def flash_trace(t: Trial) -> None:
         T, S, d = random_causal_shape(t, most=14)
         shapes.append((T, S, t.random.randint(1, 6), t.random.randint(1, 6)))
     for n, (T, S, bq, bk) in enumerate(shapes):
-        q, k, v = random_qkv(t, T, S, 8, magnitude=3.0)   # spread scores: running maxima change from tile to tile
+        q, k, v = random_qkv(t, T, S, 8, magnitude=3.0)  # spread scores: running maxima change from tile to tile
         check_trace(t, q, k, v, causal=n != 2, bq=bq, bk=bk, case=f"T={T}, S={S}, {bq} × {bk} tiles")
 
 
@@ -155,8 +155,9 @@ def flash_memory(t: Trial) -> None:
     for T, S, causal in FLASH_MEMORY_CASES:
         q, k, v = random_qkv(t, T, S, d)
         try:
-            call = t.yours.flash_attention.run(q, k, v, causal=causal, block_q=b, block_k=b,
-                         memory=q.nbytes + k.nbytes + v.nbytes + FLASH_SPARE)
+            call = t.yours.flash_attention.run(
+                q, k, v, causal=causal, block_q=b, block_k=b, memory=q.nbytes + k.nbytes + v.nbytes + FLASH_SPARE
+            )
         except StudentRaised as e:
             if not e.error.get("out_of_memory"):
                 raise
@@ -170,11 +171,13 @@ def flash_memory(t: Trial) -> None:
             if idx is not None:
                 bad = int(wrong_mask(got, want, atol=1e-4, rtol=1e-4).sum())
                 where = ", ".join(map(str, idx))
-                raise CheckFailed(f"case: T={T} queries, S={S} keys, d={d}, causal={causal}, block_q={b}, block_k={b}",
-                                  f"{name}[{where}]: expected {fmt(want[idx])}; yours {fmt(got[idx])} ({bad} of "
-                                  f"{want.numel()} differ beyond 1e-4 + 1e-4·|expected|)",
-                                  "your flash_attention fits in memory here, but its values are wrong: the checks on "
-                                  "small instances show where they first differ")
+                raise CheckFailed(
+                    f"case: T={T} queries, S={S} keys, d={d}, causal={causal}, block_q={b}, block_k={b}",
+                    f"{name}[{where}]: expected {fmt(want[idx])}; yours {fmt(got[idx])} ({bad} of "
+                    f"{want.numel()} differ beyond 1e-4 + 1e-4·|expected|)",
+                    "your flash_attention fits in memory here, but its values are wrong: the checks on "
+                    "small instances show where they first differ",
+                )
 
 
 @hidden("ch22.2", "large scores: finite output, exact lse")
@@ -186,6 +189,7 @@ def flash_large(t: Trial) -> None:
 
 # -- helpers ------------------------------------------------------------------------------------------
 
+
 def random_causal_shape(t: Trial, most: int = 12) -> tuple[int, int, int]:
     T = t.random.randint(1, most)
     return T, T + t.random.choice([0, 0, 1, 3, 9]), t.random.choice([4, 8, 16])
@@ -195,23 +199,24 @@ def mib(n: int) -> str:
     return f"{n / 2**20:,.4g} MiB"
 
 
-def explain_memory(e: StudentRaised, T: int, S: int, d: int, causal: bool, bq: int, bk: int,
-                   itemsize: int) -> CheckFailed:
+def explain_memory(e: StudentRaised, T: int, S: int, d: int, causal: bool, bq: int, bk: int, itemsize: int) -> CheckFailed:
     """The chapter's lesson for a flash_attention that ran out of memory under the limit (one tile fits easily)."""
     m = re.search(r"tried to allocate (\d+) bytes", str(e.error.get("message", "")))
     asked = int(m.group(1)) if m else None
     frames = e.error.get("frames") or []
-    code = re.sub(r"\s+#.*$", "", str(frames[-1][3]).strip()) if frames else ""   # without its comment
+    code = re.sub(r"\s+#.*$", "", str(frames[-1][3]).strip()) if frames else ""  # without its comment
     where = f"; it ran out at {Path(str(frames[-1][0])).name}:{frames[-1][1]}, {code}" if frames else ""
     where += f", asking for {mib(asked)}" if asked else ""
-    lines = [f"case: T={T} queries, S={S} keys, d={d}, causal={causal}, block_q={bq}, block_k={bk}",
-             f"your flash_attention needed more than {mib(FLASH_SPARE)} beyond its inputs, all this "
-             f"check allows{where}; the whole T × S score matrix alone is {mib(T * S * itemsize)}"
-             + (f" (a [T, S] bool mask {mib(T * S)})." if causal else "."),
-             f"FlashAttention never holds it: each step works on one tile [{bq}, {bk}] of scores "
-             f"({mib(bq * bk * itemsize)}) and keeps only the running max m and sum l [{bq}] and the accumulator "
-             f"acc [{bq}, {d}] of its query block, so memory stays linear in T and S (the arithmetic is still "
-             f"T·S·d)."]
+    lines = [
+        f"case: T={T} queries, S={S} keys, d={d}, causal={causal}, block_q={bq}, block_k={bk}",
+        f"your flash_attention needed more than {mib(FLASH_SPARE)} beyond its inputs, all this "
+        f"check allows{where}; the whole T × S score matrix alone is {mib(T * S * itemsize)}"
+        + (f" (a [T, S] bool mask {mib(T * S)})." if causal else "."),
+        f"FlashAttention never holds it: each step works on one tile [{bq}, {bk}] of scores "
+        f"({mib(bq * bk * itemsize)}) and keeps only the running max m and sum l [{bq}] and the accumulator "
+        f"acc [{bq}, {d}] of its query block, so memory stays linear in T and S (the arithmetic is still "
+        f"T·S·d).",
+    ]
     if asked is not None and asked >= T * S * itemsize:
         hint = M.full_scores
     elif asked is not None and asked >= T * S and causal:

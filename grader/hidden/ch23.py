@@ -9,10 +9,11 @@ from grader.checks.ch23 import NEG_INF, expect_distribution, expect_in_vocab, ex
 
 QWEN3_VOCAB = 151_936
 CHI_LOGITS, CHI_T, CHI_DRAWS = [1.0, 0.2, -0.5, 2.0, 0.0, -1.5], 0.7, 20_000
-MARGIN = 1e-4     # random top_p values stay this far from every row's cumulative masses (no float coin flips)
+MARGIN = 1e-4  # random top_p values stay this far from every row's cumulative masses (no float coin flips)
 
 
 # -- ch23.1 process_logits ------------------------------------------------------------------------
+
 
 @hidden("ch23.1", "random batches with per-row top_k and top_p")
 def random_batches(t: Trial) -> None:
@@ -38,8 +39,11 @@ def random_batches(t: Trial) -> None:
         else:
             top_p = None
         got = t.yours.process_logits(logits, temp, top_k, top_p)
-        what = {"none": "no top_k", "int": f"top_k = {top_k}", "rows": "top_k per row"}[k_mode] + ", " + \
-            {"none": "no top_p", "float": f"top_p = {top_p}", "rows": "top_p per row"}[p_mode]
+        what = (
+            {"none": "no top_k", "int": f"top_k = {top_k}", "rows": "top_k per row"}[k_mode]
+            + ", "
+            + {"none": "no top_p", "float": f"top_p = {top_p}", "rows": "top_p per row"}[p_mode]
+        )
         expect_processed(t, got, logits, temp, top_k, top_p, case=f"random case {i + 1}: B = {B}, V = {V}, {what}")
 
 
@@ -48,15 +52,26 @@ def extreme_settings(t: Trial) -> None:
     B, V = 5, 17
     logits, temp = random_logits(t, B, V)
     got = t.yours.process_logits(logits, temp, 1)
-    mine = expect_processed(t, got, logits, temp, 1, case="case \"top_k = 1\": only each row's largest entry stays")
+    mine = expect_processed(t, got, logits, temp, 1, case='case "top_k = 1": only each row\'s largest entry stays')
     if not bool(((mine != NEG_INF).sum(-1) == 1).all()):
         raise CheckFailed("top_k = 1 must leave exactly one finite entry per row")
-    for top_k, top_p, label in ((V, None, f"top_k = V = {V}"), (None, 1.0, "top_p = 1.0"),
-                                (torch.full((B,), V), torch.ones(B), "per-row top_k = V and top_p = 1"),
-                                (V, 1.0, f"top_k = {V} and top_p = 1.0")):
+    for top_k, top_p, label in (
+        (V, None, f"top_k = V = {V}"),
+        (None, 1.0, "top_p = 1.0"),
+        (torch.full((B,), V), torch.ones(B), "per-row top_k = V and top_p = 1"),
+        (V, 1.0, f"top_k = {V} and top_p = 1.0"),
+    ):
         got = t.yours.process_logits(logits, temp, top_k, top_p)
-        expect_processed(t, got, logits, temp, top_k, top_p, want=t.ref.process_logits(logits, temp),
-                         case=f'case "{label}": nothing is filtered, the result is logits / T')
+        expect_processed(
+            t,
+            got,
+            logits,
+            temp,
+            top_k,
+            top_p,
+            want=t.ref.process_logits(logits, temp),
+            case=f'case "{label}": nothing is filtered, the result is logits / T',
+        )
 
 
 @hidden("ch23.1", "Qwen3's vocabulary: 151,936 logits per row")
@@ -65,12 +80,19 @@ def real_vocab(t: Trial) -> None:
     top_k = torch.tensor([50, 1000])
     top_p = torch.tensor(safe_top_p(t, logits, temp, top_k, [0, 1]))
     got = t.yours.process_logits(logits, temp, top_k, top_p)
-    expect_processed(t, got, logits, temp, top_k, top_p,
-                     case=f"case \"Qwen3 vocabulary\": B = 2, V = {QWEN3_VOCAB}, top_k = [50, 1000], "
-                          f"top_p = {vec(top_p)}")
+    expect_processed(
+        t,
+        got,
+        logits,
+        temp,
+        top_k,
+        top_p,
+        case=f'case "Qwen3 vocabulary": B = 2, V = {QWEN3_VOCAB}, top_k = [50, 1000], top_p = {vec(top_p)}',
+    )
 
 
 # -- ch23.2 sample --------------------------------------------------------------------------------
+
 
 @hidden("ch23.2", "random batches: exact agreement with the given noise")
 def random_races(t: Trial) -> None:
@@ -83,7 +105,7 @@ def random_races(t: Trial) -> None:
         logits = torch.randn(B, V, generator=t.rng) * t.random.choice([0.5, 1.0, 3.0])
         temp = torch.rand(B, generator=t.rng) * 2.9 + 0.1
         for b in range(B):
-            if t.random.random() < 0.3:      # a processed row: some entries filtered to −∞
+            if t.random.random() < 0.3:  # a processed row: some entries filtered to −∞
                 drop = torch.rand(V, generator=t.rng) < 0.5
                 drop[t.random.randrange(V)] = False
                 logits[b, drop] = NEG_INF
@@ -99,9 +121,13 @@ def chi_square(t: Trial) -> None:
     temp = torch.full((CHI_DRAWS,), CHI_T)
     noise = torch.empty(CHI_DRAWS, V).exponential_(generator=t.rng)
     tokens = expect_in_vocab(t.yours.sample(logits, temp, noise), CHI_DRAWS, V)
-    expect_distribution(tokens, CHI_LOGITS, CHI_T, noise,
-                        case=f'case "chi-square": {CHI_DRAWS} rows of the same logits, T = {CHI_T}, '
-                             f'Exp(1) noise from the grading seed')
+    expect_distribution(
+        tokens,
+        CHI_LOGITS,
+        CHI_T,
+        noise,
+        case=f'case "chi-square": {CHI_DRAWS} rows of the same logits, T = {CHI_T}, Exp(1) noise from the grading seed',
+    )
 
 
 @hidden("ch23.2", "the race is not argmax(p): rows where a less likely token wins")
@@ -114,8 +140,7 @@ def not_argmax(t: Trial) -> None:
     rows = differ.nonzero()[:, 0][:32]
     logits, temp, noise = logits[rows], temp[rows], noise[rows]
     got = t.yours.sample(logits, temp, noise)
-    expect_tokens(got, logits, temp, noise,
-                  case=f'case "not argmax": {len(rows)} rows on which the race and argmax(p) disagree')
+    expect_tokens(got, logits, temp, noise, case=f'case "not argmax": {len(rows)} rows on which the race and argmax(p) disagree')
 
 
 @hidden("ch23.2", "noise 0 is clamped to 1e-10 (nano-vllm); a filtered token never wins")
@@ -127,9 +152,13 @@ def zero_noise(t: Trial) -> None:
     temp = torch.ones(2)
     noise = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 2.0]])
     got = t.yours.sample(logits, temp, noise)
-    expect_tokens(got, logits, temp, noise,
-                  case='case "zero noise": row 0 p = [0.3, 0.6, 0.1], E = [0, 0, 1]; '
-                       'row 1 logits [−∞, 1, 0.5], E = [0, 1, 2]')
+    expect_tokens(
+        got,
+        logits,
+        temp,
+        noise,
+        case='case "zero noise": row 0 p = [0.3, 0.6, 0.1], E = [0, 0, 1]; row 1 logits [−∞, 1, 0.5], E = [0, 1, 2]',
+    )
 
 
 @hidden("ch23.2", "Qwen3's vocabulary: 151,936 tokens per row")
@@ -143,6 +172,7 @@ def real_vocab_race(t: Trial) -> None:
 
 
 # -- helpers: random instances whose answers no float rounding decides ------------------------------
+
 
 def random_logits(t: Trial, B: int, V: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Distinct logits and temperatures whose probabilities never underflow to 0 in float32.

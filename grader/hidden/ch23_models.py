@@ -17,11 +17,15 @@ def race_variants(ref, logits: torch.Tensor, temperature: torch.Tensor, noise: t
     z, T, e = logits.float(), temperature.float()[:, None], noise.float().clamp_min(CLAMP)
     p = (z / T).softmax(-1)
     with torch.no_grad():
-        out = {"argmax(p)": p.argmax(-1), "argmax(E / p)": (e / p).argmax(-1), "argmax(p · E)": (p * e).argmax(-1),
-               "the race on softmax(logits · T)": ((z * T).softmax(-1) / e).argmax(-1),
-               "the race on softmax(logits) (temperature left out)": (z.softmax(-1) / e).argmax(-1),
-               "argmax((logits / T) / E)": ((z / T) / e).argmax(-1),
-               "the race with unclamped noise": (p / noise.float()).argmax(-1)}
+        out = {
+            "argmax(p)": p.argmax(-1),
+            "argmax(E / p)": (e / p).argmax(-1),
+            "argmax(p · E)": (p * e).argmax(-1),
+            "the race on softmax(logits · T)": ((z * T).softmax(-1) / e).argmax(-1),
+            "the race on softmax(logits) (temperature left out)": (z.softmax(-1) / e).argmax(-1),
+            "argmax((logits / T) / E)": ((z / T) / e).argmax(-1),
+            "the race with unclamped noise": (p / noise.float()).argmax(-1),
+        }
     small = logits.shape[-1] <= 256
     return {name: tokens.to(torch.uint8) if small else tokens for name, tokens in out.items()}
 

@@ -17,6 +17,7 @@ M = mistakes("ch25")
 
 # -- ch25.1 ---------------------------------------------------------------------------------------------------
 
+
 @hidden("ch25.1", "random sequences, whole prompts")
 def random_prompts(t: Trial) -> None:
     for _ in range(20):
@@ -50,8 +51,14 @@ def long_prompt(t: Trial) -> None:
     table = random_table(t, -(-length // block_size), 10_000)
     positions = list(range(length))
     got = t.yours.slot_mapping(table, torch.tensor(positions), block_size)
-    expect_slots(got, t.ref.slot_mapping(table, positions, block_size), table, positions, block_size,
-                 t.ref.drive(slot_variants, table, positions, block_size))
+    expect_slots(
+        got,
+        t.ref.slot_mapping(table, positions, block_size),
+        table,
+        positions,
+        block_size,
+        t.ref.drive(slot_variants, table, positions, block_size),
+    )
 
 
 @hidden("ch25.1", "positions beyond the block table raise ValueError")
@@ -62,12 +69,18 @@ def beyond_table_hidden(t: Trial) -> None:
     end = len(table) * block_size
     positions = [t.random.randrange(end) for _ in range(5)] + [end + t.random.randrange(block_size)]
     t.random.shuffle(positions)
-    t.expect_raises(ValueError, t.yours.slot_mapping, table, positions, block_size,
-                    because=f"position {max(positions)} is in logical block {max(positions) // block_size}, "
-                            f"but the table has only {len(table)} blocks")
+    t.expect_raises(
+        ValueError,
+        t.yours.slot_mapping,
+        table,
+        positions,
+        block_size,
+        because=f"position {max(positions)} is in logical block {max(positions) // block_size}, but the table has only {len(table)} blocks",
+    )
 
 
 # -- ch25.2 ---------------------------------------------------------------------------------------------------
+
 
 @hidden("ch25.2", "random pools, slots and padding")
 def random_stores(t: Trial) -> None:
@@ -93,47 +106,60 @@ def last_slot(t: Trial) -> None:
 
 # -- ch25.3 ---------------------------------------------------------------------------------------------------
 
+
 @hidden("ch25.3", "200 requests sharing four system prompts")
 def many_requests(t: Trial) -> None:
-    random_trace(t, num_blocks=48, block_size=4, num_requests=200, max_new=4, max_seqs=8, budget=32, per_step=2,
-                 case="200 requests over 48 blocks")
+    random_trace(
+        t, num_blocks=48, block_size=4, num_requests=200, max_new=4, max_seqs=8, budget=32, per_step=2, case="200 requests over 48 blocks"
+    )
 
 
 @hidden("ch25.3", "memory pressure: 60 requests over 12 blocks, preemption and re-admission")
 def memory_pressure(t: Trial) -> None:
-    random_trace(t, num_blocks=12, block_size=4, num_requests=60, max_new=12, max_seqs=6, budget=24, per_step=2,
-                 case="60 requests over 12 blocks")
+    random_trace(
+        t, num_blocks=12, block_size=4, num_requests=60, max_new=12, max_seqs=6, budget=24, per_step=2, case="60 requests over 12 blocks"
+    )
 
 
 @hidden("ch25.3", "block sizes 2 and 16, long prompts prefilled in chunks")
 def block_sizes(t: Trial) -> None:
-    random_trace(t, num_blocks=40, block_size=2, num_requests=30, max_new=6, max_seqs=4, budget=10, per_step=1,
-                 case="block_size 2")
-    random_trace(t, num_blocks=12, block_size=16, num_requests=24, max_new=18, max_seqs=4, budget=20, per_step=1,
-                 case="block_size 16")
+    random_trace(t, num_blocks=40, block_size=2, num_requests=30, max_new=6, max_seqs=4, budget=10, per_step=1, case="block_size 2")
+    random_trace(t, num_blocks=12, block_size=16, num_requests=24, max_new=18, max_seqs=4, budget=20, per_step=1, case="block_size 16")
 
 
 @hidden("ch25.3", "invariants hold on your own trace, driven by your own answers")
 def invariants(t: Trial) -> None:
     # The scheduler acts on your can_allocate / can_append, one operation at a time, so whatever order your
     # manager hands blocks out in, the state after every step must still add up.
-    own_trace_invariants(t, workload(t.random, num_requests=16, block_size=4, num_prefixes=3, max_new=8,
-                                     max_len=12 * 4, per_step=2))
+    own_trace_invariants(t, workload(t.random, num_requests=16, block_size=4, num_prefixes=3, max_new=8, max_len=12 * 4, per_step=2))
 
 
-@hidden("ch25.3", "weak hash (colliding_hash), collisions everywhere: the same trace, no block with other tokens "
-                  "handed out", time_limit=30)
+@hidden("ch25.3", "weak hash (colliding_hash), collisions everywhere: the same trace, no block with other tokens handed out", time_limit=30)
 def weak_hash_collisions(t: Trial) -> None:
     # Prompts share system prompts and half have one block's tokens shuffled: under colliding_hash (the sum of the
     # tokens so far) the shuffled block and every later one collide with the original's.
-    random_trace(t, num_blocks=24, block_size=4, num_requests=60, max_new=6, max_seqs=6, budget=24, per_step=2,
-                 case="colliding hashes, 60 requests over 24 blocks", weak_hash=True)
+    random_trace(
+        t,
+        num_blocks=24,
+        block_size=4,
+        num_requests=60,
+        max_new=6,
+        max_seqs=6,
+        budget=24,
+        per_step=2,
+        case="colliding hashes, 60 requests over 24 blocks",
+        weak_hash=True,
+    )
     # and driven by your own answers: a block table never holds a hashed block with other tokens
-    own_trace_invariants(t, workload(t.random, num_requests=20, block_size=4, num_prefixes=3, max_new=6,
-                                     max_len=12 * 4, per_step=2, shuffle=0.5), weak_hash=True)
+    own_trace_invariants(
+        t,
+        workload(t.random, num_requests=20, block_size=4, num_prefixes=3, max_new=6, max_len=12 * 4, per_step=2, shuffle=0.5),
+        weak_hash=True,
+    )
 
 
 # -- helpers --------------------------------------------------------------------------------------------------
+
 
 def own_trace_invariants(t: Trial, requests: list, *, weak_hash: bool = False) -> None:
     """The scheduler in miniature drives your manager on your own answers (12 blocks of 4); every state of your
@@ -162,8 +188,9 @@ def own_trace_invariants(t: Trial, requests: list, *, weak_hash: bool = False) -
         pass
     everything = set(range(num_blocks))
     for i, (before, s) in enumerate(states(ops, trace, num_blocks)):
-        head = f"invariants on your own trace{' (hashing with colliding_hash)' * weak_hash}, step {i + 1}: " \
-               f"{describe_op(ops[i], before, bs)}"
+        head = (
+            f"invariants on your own trace{' (hashing with colliding_hash)' * weak_hash}, step {i + 1}: {describe_op(ops[i], before, bs)}"
+        )
         if "error" in s:
             raise CheckFailed(head, f"your code raised {s['error']}")
         problem = broken_invariant(s, everything, ops[i][1], bs)
@@ -175,13 +202,21 @@ def random_table(t: Trial, num_blocks: int, pool: int) -> list[int]:
     return torch.randperm(pool, generator=t.rng)[:num_blocks].tolist()
 
 
-def workload(rnd: random.Random, *, num_requests: int, block_size: int, num_prefixes: int, max_new: int,
-             max_len: int, per_step: int, shuffle: float = 0.0) -> list[tuple[int, str, list[int], int]]:
+def workload(
+    rnd: random.Random,
+    *,
+    num_requests: int,
+    block_size: int,
+    num_prefixes: int,
+    max_new: int,
+    max_len: int,
+    per_step: int,
+    shuffle: float = 0.0,
+) -> list[tuple[int, str, list[int], int]]:
     """Requests (arrival step, name, prompt, new tokens): a few shared system prompts, some exact duplicates; with
     probability `shuffle` a request has the tokens of one of its full blocks (not the last) shuffled, so that
     under colliding_hash that block collides with the unshuffled one."""
-    prefixes = [[rnd.randrange(1, 100) for _ in range(rnd.randint(block_size, 4 * block_size))]
-                for _ in range(num_prefixes)]
+    prefixes = [[rnd.randrange(1, 100) for _ in range(rnd.randint(block_size, 4 * block_size))] for _ in range(num_prefixes)]
     out: list[tuple[int, str, list[int], int]] = []
     for i in range(num_requests):
         if out and rnd.random() < 0.1:
@@ -189,19 +224,20 @@ def workload(rnd: random.Random, *, num_requests: int, block_size: int, num_pref
         else:
             head = rnd.choice(prefixes) if rnd.random() < 0.8 else []
             prompt = head + [rnd.randrange(1, 100) for _ in range(rnd.randint(1, 3 * block_size))]
-        prompt = prompt[:max_len - max_new]
+        prompt = prompt[: max_len - max_new]
         full = (len(prompt) - 1) // block_size
         if full and rnd.random() < shuffle:
             b = rnd.randrange(full)
-            block = prompt[b * block_size:(b + 1) * block_size]
+            block = prompt[b * block_size : (b + 1) * block_size]
             rnd.shuffle(block)
-            prompt[b * block_size:(b + 1) * block_size] = block
+            prompt[b * block_size : (b + 1) * block_size] = block
         out.append((i // per_step, f"R{i}", prompt, rnd.randint(1, max_new)))
     return out
 
 
-def simulate(do: Callable[[list], object], seed: int, block_size: int, requests: list, max_seqs: int, budget: int,
-             max_ops: int = 20_000) -> list:
+def simulate(
+    do: Callable[[list], object], seed: int, block_size: int, requests: list, max_seqs: int, budget: int, max_ops: int = 20_000
+) -> list:
     """nano-vllm's scheduler in miniature (prefill first, FCFS, only the first sequence of a batch chunked,
     preemption from the tail of running), driving a block manager through `do(op) -> value`; returns the
     script of its operations. It keeps its own view of each sequence (length, cached tokens, whether it
@@ -282,14 +318,34 @@ def reference_do(ref: Any, num_blocks: int, block_size: int, weak_hash: bool = F
     return lambda op: ref.run_op(manager, seqs, op)
 
 
-def random_trace(t: Trial, *, num_blocks: int, block_size: int, num_requests: int, max_new: int, max_seqs: int,
-                 budget: int, per_step: int, case: str, weak_hash: bool = False) -> tuple[list, list]:
+def random_trace(
+    t: Trial,
+    *,
+    num_blocks: int,
+    block_size: int,
+    num_requests: int,
+    max_new: int,
+    max_seqs: int,
+    budget: int,
+    per_step: int,
+    case: str,
+    weak_hash: bool = False,
+) -> tuple[list, list]:
     """A random workload scheduled over the reference; your manager must give the same trace (with weak_hash,
     both hash with colliding_hash and half the prompts have a shuffled block)."""
-    requests = workload(t.random, num_requests=num_requests, block_size=block_size, num_prefixes=4, max_new=max_new,
-                        max_len=num_blocks * block_size, per_step=per_step, shuffle=0.5 if weak_hash else 0.0)
-    script = simulate(reference_do(t.ref, num_blocks, block_size, weak_hash), t.random.randrange(2**31), block_size,
-                      requests, max_seqs, budget)
+    requests = workload(
+        t.random,
+        num_requests=num_requests,
+        block_size=block_size,
+        num_prefixes=4,
+        max_new=max_new,
+        max_len=num_blocks * block_size,
+        per_step=per_step,
+        shuffle=0.5 if weak_hash else 0.0,
+    )
+    script = simulate(
+        reference_do(t.ref, num_blocks, block_size, weak_hash), t.random.randrange(2**31), block_size, requests, max_seqs, budget
+    )
     expected = t.ref.drive(drive_reference, num_blocks, block_size, script, weak_hash=weak_hash)
     got = t.yours.replay(num_blocks, block_size, script, weak_hash=weak_hash)
     expect_trace(script, got, expected, num_blocks, block_size, case=case)
@@ -309,8 +365,7 @@ def broken_invariant(s: dict, everything: set[int], name: str, block_size: int) 
     if len(set(free)) != len(free):
         return f"the free list {free} holds a block twice"
     if set(free) & set(used) or set(free) | set(used) != everything:
-        return (f"free + used should be every block exactly once: free {sorted(free)}, used {sorted(used)}, "
-                f"{len(everything)} blocks")
+        return f"free + used should be every block exactly once: free {sorted(free)}, used {sorted(used)}, {len(everything)} blocks"
     count = [0] * len(everything)
     for table in s["tables"].values():
         for b in table:
@@ -323,14 +378,18 @@ def broken_invariant(s: dict, everything: set[int], name: str, block_size: int) 
             return f"block {b} has ref_count {r} but is {'not ' * (r > 0)}in used_block_ids"
     for h, b in s["map"].items():
         if s["hash"][b] != h:
-            return (f"hash_to_block_id maps {hx(h)} to block {b}, whose hash is {hx(s['hash'][b])}: every entry must "
-                    "point at a block carrying that hash (evict an entry when its block is reused)")
+            return (
+                f"hash_to_block_id maps {hx(h)} to block {b}, whose hash is {hx(s['hash'][b])}: every entry must "
+                "point at a block carrying that hash (evict an entry when its block is reused)"
+            )
     for n, table in s["tables"].items():
         for i, b in enumerate(table):
-            mine = s["seqs"][n][i * block_size:(i + 1) * block_size]
+            mine = s["seqs"][n][i * block_size : (i + 1) * block_size]
             if s["hash"][b] != -1 and s["tokens"][b] != mine:
-                return (f"{OTHER_TOKENS}: block {b} is {n}'s logical block {i}, whose tokens are {mine}, but it "
-                        f"holds {s['tokens'][b]} (hashed with them, {hx(s['hash'][b])})")
+                return (
+                    f"{OTHER_TOKENS}: block {b} is {n}'s logical block {i}, whose tokens are {mine}, but it "
+                    f"holds {s['tokens'][b]} (hashed with them, {hx(s['hash'][b])})"
+                )
     if s["cached"].get(name, 0) > len(s["seqs"][name]):
         return f"{name}.num_cached_tokens = {s['cached'][name]} exceeds its {len(s['seqs'][name])} tokens"
     return None

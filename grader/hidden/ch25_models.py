@@ -31,8 +31,7 @@ def drive_reference(ref: Any, num_blocks: int, block_size: int, script: list, we
                 walk.append([i, b if hit else None, hit and b in manager.used_block_ids])
                 if not hit:
                     if b is not None:
-                        note["collision"] = {"index": i, "hash": h, "block": b,
-                                             "tokens": list(manager.blocks[b].token_ids)}
+                        note["collision"] = {"index": i, "hash": h, "block": b, "tokens": list(manager.blocks[b].token_ids)}
                     break
             note.update(walk=walk, free=len(manager.free_block_ids))
         elif op[0] == "compute" and seq is not None:
@@ -60,9 +59,15 @@ def slot_variants(ref, block_table: list[int], positions: list[int], block_size:
     block = through(logical)
     if block is None:
         return {"slot_is_position": p.clone()}
-    out = {"slot_is_position": p.clone(), "block_times_offset": block * offset, "slot_is_block": block.clone(),
-           "offset_dropped": block * block_size, "block_plus_offset": block + offset,
-           "position_as_offset": block * block_size + p, "block_added_to_position": p + block}
+    out = {
+        "slot_is_position": p.clone(),
+        "block_times_offset": block * offset,
+        "slot_is_block": block.clone(),
+        "offset_dropped": block * block_size,
+        "block_plus_offset": block + offset,
+        "position_as_offset": block * block_size + p,
+        "block_added_to_position": p + block,
+    }
     ceiling = through((p + block_size - 1) // block_size)
     if ceiling is not None:
         out["ceiling_block"] = ceiling * block_size + offset

@@ -24,6 +24,7 @@ from grader.checks.ch26 import (
 
 # -- ch26.1 pack_varlen / unpack_varlen -------------------------------------------------------------------
 
+
 @hidden("ch26.1", "random batches: pack, unpack and the round trip")
 def random_round_trips(t: Trial) -> None:
     for i in range(10):
@@ -37,8 +38,10 @@ def random_round_trips(t: Trial) -> None:
         keep = torch.arange(T_max)[None, :, None] < torch.tensor(lengths)[:, None, None]
         idx = first_wrong(back, padded * keep)
         if idx is not None:
-            raise CheckFailed(f"{case}: unpack_varlen(pack_varlen(padded, lengths)) should give padded back with "
-                              f"zeros at padding; position {list(idx)} differs")
+            raise CheckFailed(
+                f"{case}: unpack_varlen(pack_varlen(padded, lengths)) should give padded back with "
+                f"zeros at padding; position {list(idx)} differs"
+            )
 
 
 @hidden("ch26.1", "zero-length requests, and a batch of only empty requests")
@@ -67,6 +70,7 @@ def long_requests(t: Trial) -> None:
 
 # -- ch26.2 varlen_metadata -----------------------------------------------------------------------------
 
+
 @hidden("ch26.2", "nano-vllm's worked example: A 300 new; B 512 cached + 88 new")
 def nano_vllm_example(t: Trial) -> None:
     # reference/nanovllm.md §12: cu_seqlens_q [0, 300, 388], cu_seqlens_k [0, 300, 900], max 300 / 600.
@@ -91,6 +95,7 @@ def metadata_edges(t: Trial) -> None:
 
 # -- ch26.3 graph_batch_size / pad_decode_batch -----------------------------------------------------------
 
+
 @hidden("ch26.3", "nano-vllm's captured sizes: batches 1 … 64 and random ones up to 512")
 def nano_vllm_sizes(t: Trial) -> None:
     batches = list(range(1, 65)) + [t.random.randint(65, 512) for _ in range(30)] + [511, 512]
@@ -112,8 +117,9 @@ def no_graph_for_large_batches(t: Trial) -> None:
     sizes = [1, 2, 4, 8, 16]
     explain_graph_size(t.yours.graph_batch_size(16, sizes), 16, sizes)
     for bs in (17, 20):
-        t.expect_raises(ValueError, t.yours.graph_batch_size, bs, sizes,
-                        because=f"no captured size holds {bs} sequences (the largest is 16)")
+        t.expect_raises(
+            ValueError, t.yours.graph_batch_size, bs, sizes, because=f"no captured size holds {bs} sequences (the largest is 16)"
+        )
     t.expect_raises(ValueError, t.yours.graph_batch_size, 1, [], because="nothing was captured")
 
 
@@ -132,12 +138,12 @@ def random_padding(t: Trial) -> None:
 @hidden("ch26.3", "inputs as int32 tensors, as nano-vllm holds them")
 def tensor_inputs(t: Trial) -> None:
     slots, ctx, tables = [10, 18, 12], [7, 3, 9], [[7, 2], [4], [1, 6, 3]]
-    got = t.yours.pad_decode_batch(torch.tensor(slots, dtype=torch.int32), torch.tensor(ctx, dtype=torch.int32),
-                                   tables, 4)
+    got = t.yours.pad_decode_batch(torch.tensor(slots, dtype=torch.int32), torch.tensor(ctx, dtype=torch.int32), tables, 4)
     explain_padded(got, slots, ctx, tables, 4, "int32 tensor inputs", 4)
 
 
 # -- ch26.4 fill_static_buffers ---------------------------------------------------------------------------
+
 
 @hidden("ch26.4", "a decode loop on the same buffers: batches that grow, shrink and change width")
 def static_loop(t: Trial) -> None:
@@ -152,7 +158,7 @@ def static_loop(t: Trial) -> None:
 
 @hidden("ch26.4", "nano-vllm's sizes: buffers of 512 rows, batches of 1, 37 and 512")
 def static_nano_sizes(t: Trial) -> None:
-    max_bs, max_blocks, block_size = 512, 32, 256     # max_model_len 8192 in blocks of 256
+    max_bs, max_blocks, block_size = 512, 32, 256  # max_model_len 8192 in blocks of 256
     state = stale(t, max_bs, max_blocks)
     for bs in (512, 37, 1):
         batch = random_decode_batch(t, bs, max_blocks, block_size)
@@ -163,12 +169,15 @@ def static_nano_sizes(t: Trial) -> None:
 
 @hidden("ch26.4", "batch tensors of other integer dtypes are converted by the copy")
 def static_dtypes(t: Trial) -> None:
-    batch = {k: v.to(torch.int64 if v.dtype == torch.int32 else torch.int32)
-             for k, v in decode_batch([(9, [7, 2, 11], 412), (4, [4], 77), (2, [5], 8)]).items()}
+    batch = {
+        k: v.to(torch.int64 if v.dtype == torch.int32 else torch.int32)
+        for k, v in decode_batch([(9, [7, 2, 11], 412), (4, [4], 77), (2, [5], 8)]).items()
+    }
     run_static_case(t, static_buffers(4, 3, stale(t, 4, 3)), batch, "int64 slots, lengths and tables; int32 ids")
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------
+
 
 def random_decode_batch(t: Trial, bs: int, max_blocks: int, block_size: int) -> dict[str, torch.Tensor]:
     """bs sequences with distinct random blocks and lengths that fit max_blocks blocks."""
@@ -178,6 +187,7 @@ def random_decode_batch(t: Trial, bs: int, max_blocks: int, block_size: int) -> 
         c = t.random.randint(1, max_blocks * block_size)
         seqs.append((c, [pool.pop() for _ in range(-(-c // block_size))], t.random.randint(0, 151_935)))
     return decode_batch(seqs, block_size)
+
 
 def random_lengths(t: Trial, B: int, T_max: int) -> list[int]:
     return [t.random.choice([0, T_max, t.random.randint(0, T_max)]) for _ in range(B)]

@@ -5,26 +5,19 @@ of requests."""
 from __future__ import annotations
 
 from grader.authoring import CheckFailed, Trial, error_lines, expect_records, hidden, mistakes, raised
-from grader.checks.ch27_explain import (
-    check_structure,
-    drive_reference,
-    drive_spec,
-    rollback_hint,
-    run_case,
-    run_spec_case,
-)
+from grader.checks.ch27_explain import check_structure, drive_reference, drive_spec, rollback_hint, run_case, run_spec_case
 
 NAMES = [chr(c) for c in range(ord("A"), ord("Z") + 1)]
 M = mistakes("ch27")
 EDGES: list[tuple[dict, list[tuple]]] = [
     ({"budget": 1, "max_num_seqs": 2}, [("add", "A", 3, 2, None), ("add", "B", 1, 2, None), ("drain",)]),
     ({"budget": 4, "max_num_seqs": 1}, [("add", "A", 1, 1, None), ("add", "B", 5, 3, 0), ("drain",)]),
-    ({"budget": 2, "max_num_seqs": 3}, [("add", "A", 4, 3, 2), ("step", 1), ("add", "B", 2, 1, 0), ("drain",),
-                                        ("step", 2)]),
+    ({"budget": 2, "max_num_seqs": 3}, [("add", "A", 4, 3, 2), ("step", 1), ("add", "B", 2, 1, 0), ("drain",), ("step", 2)]),
 ]
 
 
 # -- ch27.1 ---------------------------------------------------------------------------------------------------
+
 
 @hidden("ch27.1", "random request mixes from the grading seed")
 def random_mixes(t: Trial) -> None:
@@ -49,6 +42,7 @@ def hundreds(t: Trial) -> None:
 
 
 # -- ch27.2 ---------------------------------------------------------------------------------------------------
+
 
 @hidden("ch27.2", "random request mixes from the grading seed")
 def async_random_mixes(t: Trial) -> None:
@@ -80,26 +74,30 @@ def same_tokens(t: Trial) -> None:
     if got != want:
         rid = next((r for r in want if not isinstance(got, dict) or got.get(r) != want[r]), None)
         yours = got.get(rid) if isinstance(got, dict) else got
-        raise CheckFailed(f'case "same tokens": {config}, 12 requests\nwith or without async scheduling every request '
-                          f"gets the same tokens: {rid} gets {want[rid]} from the synchronous engine; your async run() "
-                          f"gave it {yours!r:.200}")
+        raise CheckFailed(
+            f'case "same tokens": {config}, 12 requests\nwith or without async scheduling every request '
+            f"gets the same tokens: {rid} gets {want[rid]} from the synchronous engine; your async run() "
+            f"gave it {yours!r:.200}"
+        )
 
 
 @hidden("ch27.2", "hundreds of requests through run()", time_limit=5.0)
 def async_hundreds(t: Trial) -> None:
     run_many(t, True)
 
+
 SPEC_EDGES: list[tuple[tuple, list[tuple[int, int]]]] = [
-    (("A", 1, 6, None), [(0, 0)] + [(3, 0)] * 6),              # every draft rejected
-    (("B", 5, 20, None), [(0, 0), (4, 4), (4, 4), (4, 4)]),     # every draft accepted: the bonus each time
-    (("C", 3, 1, None), [(0, 0), (3, 3)]),                      # max_tokens 1: the prefill finishes it
-    (("D", 2, 10, 3), [(0, 0), (2, 2), (2, 2)]),                # EOS is the bonus token
-    (("E", 2, 10, 2), [(0, 0), (3, 1)]),                        # EOS is the correction of a rejected draft
-    (("F", 4, 2, None), [(0, 0), (5, 5)]),                      # the length cap at the first accepted draft
+    (("A", 1, 6, None), [(0, 0)] + [(3, 0)] * 6),  # every draft rejected
+    (("B", 5, 20, None), [(0, 0), (4, 4), (4, 4), (4, 4)]),  # every draft accepted: the bonus each time
+    (("C", 3, 1, None), [(0, 0), (3, 3)]),  # max_tokens 1: the prefill finishes it
+    (("D", 2, 10, 3), [(0, 0), (2, 2), (2, 2)]),  # EOS is the bonus token
+    (("E", 2, 10, 2), [(0, 0), (3, 1)]),  # EOS is the correction of a rejected draft
+    (("F", 4, 2, None), [(0, 0), (5, 5)]),  # the length cap at the first accepted draft
 ]
 
 
 # -- ch27.3 ---------------------------------------------------------------------------------------------------
+
 
 @hidden("ch27.3", "random speculating requests from the grading seed")
 def spec_random(t: Trial) -> None:
@@ -128,9 +126,9 @@ def spec_edges(t: Trial) -> None:
 
 # -- helpers --------------------------------------------------------------------------------------------------
 
+
 def random_config(t: Trial, asyn: bool) -> dict:
-    return {"budget": t.random.choice([1, 2, 3, 4, 6, 8, 16, 32]), "max_num_seqs": t.random.randint(1, 4),
-            "async": asyn}
+    return {"budget": t.random.choice([1, 2, 3, 4, 6, 8, 16, 32]), "max_num_seqs": t.random.randint(1, 4), "async": asyn}
 
 
 def random_script(t: Trial, n: int, *, max_prompt: int = 12, max_out: int = 6, names: list | None = None) -> list[tuple]:
@@ -168,8 +166,9 @@ def check_invariants(trace: list, ops: list, head: str, asyn: bool, drained: boo
         for o in entry.get("outputs", []):
             rid = o["request_id"]
             if rid in finished_at:
-                raise CheckFailed(f"{where}: {rid} emitted {o['new_token_ids']} although it finished at step "
-                                  f"{finished_at[rid]}", hint=M.stale_emitted)
+                raise CheckFailed(
+                    f"{where}: {rid} emitted {o['new_token_ids']} although it finished at step {finished_at[rid]}", hint=M.stale_emitted
+                )
             emitted.setdefault(rid, []).extend(o["new_token_ids"])
             if o["finished"]:
                 finished_at[rid] = k
@@ -177,45 +176,57 @@ def check_invariants(trace: list, ops: list, head: str, asyn: bool, drained: boo
             _, _, prompt, max_tokens, eos = info[rid]
             outs = s["output_token_ids"]
             if "run" not in entry and emitted.get(rid, []) != outs:
-                raise CheckFailed(f"{where}: {rid} has emitted {emitted.get(rid, [])} in all, but its "
-                                  f"output_token_ids are {outs}: every appended token is emitted exactly once")
+                raise CheckFailed(
+                    f"{where}: {rid} has emitted {emitted.get(rid, [])} in all, but its "
+                    f"output_token_ids are {outs}: every appended token is emitted exactly once"
+                )
             for i, tok in enumerate(outs):
                 if samples.get((rid, len(prompt) + i)) != tok:
-                    raise CheckFailed(f"{where}: {rid}'s output {i} is {tok}, but the worker sampled "
-                                      f"{samples.get((rid, len(prompt) + i))} for position {len(prompt) + i}: tokens "
-                                      "are appended in position order (oldest batch first), each exactly once")
+                    raise CheckFailed(
+                        f"{where}: {rid}'s output {i} is {tok}, but the worker sampled "
+                        f"{samples.get((rid, len(prompt) + i))} for position {len(prompt) + i}: tokens "
+                        "are appended in position order (oldest batch first), each exactly once"
+                    )
             for what in problems(rid, s, max_tokens, eos, asyn):
-                raise CheckFailed(f"{where}: request {rid}: {what}", hint=M.length_first if what.startswith(
-                    "FINISHED_LENGTH_CAPPED, but its last output is EOS") else "")
+                raise CheckFailed(
+                    f"{where}: request {rid}: {what}",
+                    hint=M.length_first if what.startswith("FINISHED_LENGTH_CAPPED, but its last output is EOS") else "",
+                )
     last = trace[-1]["requests"] if trace and drained else {}
     left = [rid for rid, s in last.items() if not s["status"].startswith("FINISHED") or s["num_output_placeholders"]]
     if left:
-        raise CheckFailed(f"{head}\nat the end, {left[0]} is {last[left[0]]['status']} with "
-                          f"{last[left[0]]['num_output_placeholders']} placeholders; a drained engine has finished "
-                          "every request and resolved every placeholder")
+        raise CheckFailed(
+            f"{head}\nat the end, {left[0]} is {last[left[0]]['status']} with "
+            f"{last[left[0]]['num_output_placeholders']} placeholders; a drained engine has finished "
+            "every request and resolved every placeholder"
+        )
 
 
 def problems(rid: str, s: dict, max_tokens: int, eos: int | None, asyn: bool):
     """What is wrong with one request's state (generated lazily, first problem first)."""
     outs, ph, done = s["output_token_ids"], s["num_output_placeholders"], s["status"].startswith("FINISHED")
     if outs and s["num_tokens"] > s["num_computed_tokens"] + 1:
-        yield (f"num_tokens {s['num_tokens']} > num_computed_tokens {s['num_computed_tokens']} + 1: an output "
-               "beyond the scheduled boundary")
+        yield (
+            f"num_tokens {s['num_tokens']} > num_computed_tokens {s['num_computed_tokens']} + 1: an output beyond the scheduled boundary"
+        )
     if s["num_computed_tokens"] > s["num_tokens"] + ph:
-        yield (f"num_computed_tokens {s['num_computed_tokens']} > num_tokens {s['num_tokens']} + placeholders {ph}: "
-               "scheduled beyond every token known or in flight")
+        yield (
+            f"num_computed_tokens {s['num_computed_tokens']} > num_tokens {s['num_tokens']} + placeholders {ph}: "
+            "scheduled beyond every token known or in flight"
+        )
     if len(outs) > max_tokens:
         yield f"{len(outs)} outputs, more than max_tokens {max_tokens}"
     if ph < 0 or ph > (2 if asyn else 0):
         yield f"num_output_placeholders {ph} (at most {2 if asyn else 0} batches are in flight)"
     if not done and outs and s["num_computed_tokens"] != s["num_tokens"] + ph - 1:
-        yield (f"num_computed_tokens {s['num_computed_tokens']} ≠ num_tokens {s['num_tokens']} + placeholders {ph} "
-               "− 1, the invariant of a generating request once its output is reconciled")
+        yield (
+            f"num_computed_tokens {s['num_computed_tokens']} ≠ num_tokens {s['num_tokens']} + placeholders {ph} "
+            "− 1, the invariant of a generating request once its output is reconciled"
+        )
     if s["status"] == "FINISHED_LENGTH_CAPPED" and len(outs) != max_tokens:
         yield f"FINISHED_LENGTH_CAPPED with {len(outs)} of max_tokens {max_tokens} outputs"
     if s["status"] == "FINISHED_LENGTH_CAPPED" and outs and outs[-1] == eos:
-        yield (f"FINISHED_LENGTH_CAPPED, but its last output is EOS {eos}: EOS is checked before the length cap, "
-               "so it is FINISHED_STOPPED")
+        yield (f"FINISHED_LENGTH_CAPPED, but its last output is EOS {eos}: EOS is checked before the length cap, so it is FINISHED_STOPPED")
     if s["status"] == "FINISHED_STOPPED" and (not outs or outs[-1] != eos or len(outs) > max_tokens):
         yield f"FINISHED_STOPPED, but its outputs {outs[-3:]} do not end in EOS {eos} within max_tokens"
     if not done and outs and (len(outs) >= max_tokens or outs[-1] == eos):
@@ -265,18 +276,28 @@ def check_spec_invariants(trace: list, head: str) -> None:
         b, s, u = r["before"], r["after_schedule"], r["after_update"]
         n = r["scheduled"]["num_scheduled_tokens"] if isinstance(r["scheduled"], dict) else r["scheduled"]
         if n != b["num_tokens_with_spec"] - b["num_computed_tokens"]:
-            raise CheckFailed(where, f"scheduled {n!r} tokens; num_tokens_with_spec − num_computed_tokens = "
-                              f"{b['num_tokens_with_spec']} − {b['num_computed_tokens']}", hint=M.drafts_not_scheduled)
+            raise CheckFailed(
+                where,
+                f"scheduled {n!r} tokens; num_tokens_with_spec − num_computed_tokens = "
+                f"{b['num_tokens_with_spec']} − {b['num_computed_tokens']}",
+                hint=M.drafts_not_scheduled,
+            )
         if s["spec_token_ids"]:
-            raise CheckFailed(where, f"spec_token_ids is still {s['spec_token_ids']} right after schedule_spec",
-                              hint=M.spec_not_cleared)
+            raise CheckFailed(where, f"spec_token_ids is still {s['spec_token_ids']} right after schedule_spec", hint=M.spec_not_cleared)
         generated += r["generated"]
         outs = u["output_token_ids"]
-        if outs != generated[:len(outs)] or (u["status"] == "RUNNING" and outs != generated):
-            raise CheckFailed(where, f"the target model generated {generated[-8:]} so far; your outputs end "
-                              f"{outs[-8:]}: every generated token is appended in order, until a stop")
+        if outs != generated[: len(outs)] or (u["status"] == "RUNNING" and outs != generated):
+            raise CheckFailed(
+                where,
+                f"the target model generated {generated[-8:]} so far; your outputs end "
+                f"{outs[-8:]}: every generated token is appended in order, until a stop",
+            )
         if u["status"] == "RUNNING" and u["num_computed_tokens"] != u["num_tokens"] - 1:
-            raise CheckFailed(where, f"num_computed_tokens {u['num_computed_tokens']} ≠ num_tokens {u['num_tokens']} "
-                              "− 1: after a verified step a running request has computed every token but its newest",
-                              hint=rollback_hint(u["num_computed_tokens"], s["num_computed_tokens"], len(r["drafts"]),
-                                                 len(r["generated"]), len(r["generated"])))
+            raise CheckFailed(
+                where,
+                f"num_computed_tokens {u['num_computed_tokens']} ≠ num_tokens {u['num_tokens']} "
+                "− 1: after a verified step a running request has computed every token but its newest",
+                hint=rollback_hint(
+                    u["num_computed_tokens"], s["num_computed_tokens"], len(r["drafts"]), len(r["generated"]), len(r["generated"])
+                ),
+            )

@@ -6,16 +6,10 @@ from __future__ import annotations
 import torch
 
 from grader.authoring import CheckFailed, Trial, hidden
-from grader.checks.ch28 import (
-    expect_cached,
-    expect_hashes,
-    fmt_keys,
-    reference_variants,
-    run_hash_case,
-    run_indices_case,
-)
+from grader.checks.ch28 import expect_cached, expect_hashes, fmt_keys, reference_variants, run_hash_case, run_indices_case
 
 # -- ch28.1 block hashes ---------------------------------------------------------------------------------------
+
 
 @hidden("ch28.1", "random requests, block sizes and identity keys")
 def random_hashes(t: Trial) -> None:
@@ -29,19 +23,24 @@ def key_sensitivity(t: Trial) -> None:
     bs = 4
     tokens = [t.random.randrange(1000) for _ in range(32)]
     base = {"mm_hashes": [("cat", 9, 6)], "lora_id": 2}
-    changes = [("cache_salt", {**base, "cache_salt": "s"}, 0), ("lora_id", {**base, "lora_id": 3}, 0),
-               ("the image", {**base, "mm_hashes": [("dog", 9, 6)]}, 9 // bs),
-               ("the image's place", {**base, "mm_hashes": [("cat", 10, 6)]}, 9 // bs),
-               ("a second image", {**base, "mm_hashes": [("cat", 9, 6), ("cow", 21, 3)]}, 21 // bs)]
+    changes = [
+        ("cache_salt", {**base, "cache_salt": "s"}, 0),
+        ("lora_id", {**base, "lora_id": 3}, 0),
+        ("the image", {**base, "mm_hashes": [("dog", 9, 6)]}, 9 // bs),
+        ("the image's place", {**base, "mm_hashes": [("cat", 10, 6)]}, 9 // bs),
+        ("a second image", {**base, "mm_hashes": [("cat", 9, 6), ("cow", 21, 3)]}, 21 // bs),
+    ]
     before = run_hash_case(t, tokens, bs, base, case="the base request")
     for what, keys, first in changes:
         after = run_hash_case(t, tokens, bs, keys, case=f"the request with {what} changed")
         same = [i for i in range(len(after)) if (after[i] == before[i]) != (i < first)]
         if same:
             i = same[0]
-            raise CheckFailed(f"changing {what} ({fmt_keys(keys)}) should change block {first}'s hash and every later "
-                              f"one, and no earlier one; yours {'kept' if after[i] == before[i] else 'changed'} "
-                              f"block {i}'s")
+            raise CheckFailed(
+                f"changing {what} ({fmt_keys(keys)}) should change block {first}'s hash and every later "
+                f"one, and no earlier one; yours {'kept' if after[i] == before[i] else 'changed'} "
+                f"block {i}'s"
+            )
 
 
 @hidden("ch28.1", "a long prompt: 8192 tokens in blocks of 16")
@@ -59,6 +58,7 @@ def short_prompts(t: Trial) -> None:
 
 
 # -- ch28.2 the last-token rule -------------------------------------------------------------------------------------
+
 
 @hidden("ch28.2", "prompts ending just before, on and just after a block boundary")
 def block_boundaries(t: Trial) -> None:
@@ -80,6 +80,7 @@ def large_prompts(t: Trial) -> None:
 
 # -- ch28.3 logits indices --------------------------------------------------------------------------------------------
 
+
 @hidden("ch28.3", "random batches")
 def random_batches(t: Trial) -> None:
     for k in range(20):
@@ -100,6 +101,7 @@ def empty_batch(t: Trial) -> None:
 
 
 # -- helpers --------------------------------------------------------------------------------------------------
+
 
 def random_request(t: Trial, *, max_len: int = 80) -> tuple[list[int], int, dict]:
     """Tokens, a block size and a random set of identity keys (images at random places)."""

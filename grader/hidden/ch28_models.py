@@ -16,7 +16,7 @@ def salt_everywhere(ref, token_ids: list[int], block_size: int, cache_salt: str)
     extra = b"salt" + struct.pack("<I", len(salt)) + salt
     out, parent = [], ref.NONE_HASH
     for i in range(len(token_ids) // block_size):
-        block = token_ids[i * block_size:(i + 1) * block_size]
+        block = token_ids[i * block_size : (i + 1) * block_size]
         parent = hashlib.sha256(parent + struct.pack(f"<{len(block)}q", *block) + extra).digest()
         out.append(parent)
     return out

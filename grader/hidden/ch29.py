@@ -11,6 +11,7 @@ from grader.hidden.ch29_models import per_request
 
 # -- ch29.1 prepare_inputs ----------------------------------------------------------------------------------
 
+
 @hidden("ch29.1", "random batches: chunks, prefix hits and decodes mixed")
 def random_batches(t: Trial) -> None:
     for i in range(15):
@@ -26,13 +27,19 @@ def large_batch(t: Trial) -> None:
 @hidden("ch29.1", "edge cases: an empty batch, block_size 1, a 1-token step after a full-block prefix hit")
 def metadata_edges(t: Trial) -> None:
     run_metadata_case(t, [], 4, "empty batch")
-    run_metadata_case(t, [{"token_ids": [7, 8, 9], "num_computed_tokens": 0, "num_scheduled_tokens": 3,
-                           "block_table": [5, 0, 3]}], 1, "block_size 1")
-    run_metadata_case(t, [{"token_ids": list(range(33)), "num_computed_tokens": 32, "num_scheduled_tokens": 1,
-                           "block_table": [4, 9, 1]}], 16, "prefix hit of 32, one token left")
+    run_metadata_case(
+        t, [{"token_ids": [7, 8, 9], "num_computed_tokens": 0, "num_scheduled_tokens": 3, "block_table": [5, 0, 3]}], 1, "block_size 1"
+    )
+    run_metadata_case(
+        t,
+        [{"token_ids": list(range(33)), "num_computed_tokens": 32, "num_scheduled_tokens": 1, "block_table": [4, 9, 1]}],
+        16,
+        "prefix hit of 32, one token left",
+    )
 
 
 # -- ch29.2 latency_metrics ---------------------------------------------------------------------------------
+
 
 @hidden("ch29.2", "random timestamp sets from the grading seed")
 def random_timestamps(t: Trial) -> None:
@@ -61,6 +68,7 @@ def metric_edges(t: Trial) -> None:
 
 # -- helpers ------------------------------------------------------------------------------------------------
 
+
 def random_batch(t: Trial, num_requests: int, block_size: int, pool: int = 4096) -> list[dict]:
     """Prefill chunks, prefix hits and decodes mixed; tables of distinct random blocks, sometimes longer than needed."""
     blocks = t.random.sample(range(pool), k=pool)
@@ -68,13 +76,18 @@ def random_batch(t: Trial, num_requests: int, block_size: int, pool: int = 4096)
     for r in range(num_requests):
         known = t.random.randint(1, 40)
         kind = t.random.choice(["prompt", "chunk", "decode", "hit"])
-        c = {"prompt": 0, "decode": known - 1, "hit": (known - 1) // block_size * block_size}.get(
-            kind, t.random.randint(0, known - 1))
+        c = {"prompt": 0, "decode": known - 1, "hit": (known - 1) // block_size * block_size}.get(kind, t.random.randint(0, known - 1))
         n = t.random.randint(1, known - c) if kind == "chunk" else known - c
         need = -(-(c + n) // block_size) + t.random.randint(0, 2)
         table, blocks = blocks[:need], blocks[need:]
-        requests.append({"token_ids": [t.random.randint(0, 151_935) for _ in range(known)], "num_computed_tokens": c,
-                         "num_scheduled_tokens": n, "block_table": table})
+        requests.append(
+            {
+                "token_ids": [t.random.randint(0, 151_935) for _ in range(known)],
+                "num_computed_tokens": c,
+                "num_scheduled_tokens": n,
+                "block_table": table,
+            }
+        )
     return requests
 
 
@@ -87,24 +100,36 @@ def random_times(t: Trial, n: int) -> list[dict]:
         for _ in range(t.random.choice([0, 0, 1, 3, 8, 20])):
             chunks.append(chunks[-1] + round(t.random.expovariate(40), 4))
         output_len = len(chunks) + sum(t.random.choice([0, 0, 1, 2]) for _ in chunks[1:])
-        out.append({"start": start, "chunk_times": chunks, "input_len": t.random.randint(0, 2000),
-                    "output_len": output_len})
+        out.append({"start": start, "chunk_times": chunks, "input_len": t.random.randint(0, 2000), "output_len": output_len})
     return out
 
 
 def numpy_metrics(requests: list[dict]) -> dict:
     """vLLM's benchmark statistics computed with numpy itself (np.mean / np.median / np.percentile, `x or 0`)."""
     rows = per_request(requests)
-    series = {"ttft": [r["ttft"] for r in rows], "e2el": [r["e2el"] for r in rows],
-              "itl": [x for r in rows for x in r["itl"]], "tpot": [r["tpot"] for r in rows if r["tpot"] is not None]}
+    series = {
+        "ttft": [r["ttft"] for r in rows],
+        "e2el": [r["e2el"] for r in rows],
+        "itl": [x for r in rows for x in r["itl"]],
+        "tpot": [r["tpot"] for r in rows if r["tpot"] is not None],
+    }
     duration = max(q["chunk_times"][-1] for q in requests) - min(q["start"] for q in requests)
     total_in, total_out = sum(q["input_len"] for q in requests), sum(q["output_len"] for q in requests)
-    out = {"completed": len(requests), "duration": duration, "total_input_tokens": total_in,
-           "total_output_tokens": total_out, "request_throughput": len(requests) / duration,
-           "output_throughput": total_out / duration, "total_token_throughput": (total_in + total_out) / duration}
+    out = {
+        "completed": len(requests),
+        "duration": duration,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": len(requests) / duration,
+        "output_throughput": total_out / duration,
+        "total_token_throughput": (total_in + total_out) / duration,
+    }
     for m in METRICS:
         xs = series[m] or 0
-        out |= {f"mean_{m}_ms": float(np.mean(xs)) * 1000, f"median_{m}_ms": float(np.median(xs)) * 1000,
-                f"p99_{m}_ms": float(np.percentile(xs, 99)) * 1000}
+        out |= {
+            f"mean_{m}_ms": float(np.mean(xs)) * 1000,
+            f"median_{m}_ms": float(np.median(xs)) * 1000,
+            f"p99_{m}_ms": float(np.percentile(xs, 99)) * 1000,
+        }
     assert {f"{s}_{m}_ms" for s in STATS for m in METRICS} <= set(out)
     return out

@@ -13,8 +13,14 @@ def per_request(requests: list[dict]) -> list[dict]:
     for q in requests:
         ch = q["chunk_times"]
         ttft, e2e = ch[0] - q["start"], ch[-1] - q["start"]
-        rows.append({"ttft": ttft, "e2el": e2e, "itl": [b - a for a, b in zip(ch, ch[1:])],
-                     "tpot": (e2e - ttft) / (q["output_len"] - 1) if q["output_len"] > 1 else None})
+        rows.append(
+            {
+                "ttft": ttft,
+                "e2el": e2e,
+                "itl": [b - a for a, b in zip(ch, ch[1:])],
+                "tpot": (e2e - ttft) / (q["output_len"] - 1) if q["output_len"] > 1 else None,
+            }
+        )
     return rows
 
 

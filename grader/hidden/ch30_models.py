@@ -15,17 +15,31 @@ def support_rows(config: dict, matrix: dict) -> list[dict]:
     quant = config.get("quantization_config")
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     dtype = config.get("dtype") or config.get("torch_dtype")
-    rows = [dict(key="architecture", value=a, allowed=matrix["architectures"], ok=a in matrix["architectures"])
-            for a in config["architectures"]]
-    rows += [dict(key="dtype", value=dtype, allowed=matrix["dtypes"], ok=dtype in matrix["dtypes"]),
-             dict(key="quantization", value=method if quant is not None else "none", allowed=matrix["quantization"],
-                  ok=quant is None or method in matrix["quantization"]),
-             dict(key="head_dim", value=head_dim, allowed=matrix["head_dims"], ok=head_dim in matrix["head_dims"]),
-             dict(key="max_position_embeddings", value=config["max_position_embeddings"],
-                  allowed=f"≤ {matrix['max_context']}", ok=config["max_position_embeddings"] <= matrix["max_context"]),
-             dict(key="tensor_parallel_size", value=config.get("tensor_parallel_size", 1),
-                  allowed=matrix["tensor_parallel_sizes"],
-                  ok=config.get("tensor_parallel_size", 1) in matrix["tensor_parallel_sizes"])]
+    rows = [
+        dict(key="architecture", value=a, allowed=matrix["architectures"], ok=a in matrix["architectures"]) for a in config["architectures"]
+    ]
+    rows += [
+        dict(key="dtype", value=dtype, allowed=matrix["dtypes"], ok=dtype in matrix["dtypes"]),
+        dict(
+            key="quantization",
+            value=method if quant is not None else "none",
+            allowed=matrix["quantization"],
+            ok=quant is None or method in matrix["quantization"],
+        ),
+        dict(key="head_dim", value=head_dim, allowed=matrix["head_dims"], ok=head_dim in matrix["head_dims"]),
+        dict(
+            key="max_position_embeddings",
+            value=config["max_position_embeddings"],
+            allowed=f"≤ {matrix['max_context']}",
+            ok=config["max_position_embeddings"] <= matrix["max_context"],
+        ),
+        dict(
+            key="tensor_parallel_size",
+            value=config.get("tensor_parallel_size", 1),
+            allowed=matrix["tensor_parallel_sizes"],
+            ok=config.get("tensor_parallel_size", 1) in matrix["tensor_parallel_sizes"],
+        ),
+    ]
     for f in dict.fromkeys(config.get("features", [])):
         allowed = ("yes" if matrix["features"][f] else "no") if f in matrix["features"] else "not listed"
         rows.append(dict(key=f, value="requested", allowed=allowed, ok=allowed == "yes", feature=True))

@@ -20,6 +20,7 @@ from grader.checks.ch31 import (
 
 # -- ch31.1 ----------------------------------------------------------------------------------------------------------
 
+
 @hidden("ch31.1", "random router logits")
 def random_routes(t: Trial) -> None:
     for i in range(25):
@@ -45,6 +46,7 @@ def route_many_ties(t: Trial) -> None:
 
 # -- ch31.2 ----------------------------------------------------------------------------------------------------------
 
+
 @hidden("ch31.2", "random routing: rows and handle")
 def random_dispatch(t: Trial) -> None:
     for i in range(15):
@@ -54,8 +56,7 @@ def random_dispatch(t: Trial) -> None:
         N, H = t.random.randint(0, 30), t.random.choice([1, 3, 8])
         x = torch.randn(N, H, generator=t.rng)
         ids = random_routing(t, N, E, k)
-        expect_dispatch(t.yours.dispatch(x, ids, E, R), t.ref.dispatch(x, ids, E, R), x, ids, E, R,
-                        f"random case {i}")
+        expect_dispatch(t.yours.dispatch(x, ids, E, R), t.ref.dispatch(x, ids, E, R), x, ids, E, R, f"random case {i}")
 
 
 @hidden("ch31.2", "round trips through your dispatch and combine, checked against a dense MoE")
@@ -71,19 +72,19 @@ def random_round_trips(t: Trial) -> None:
         mats = torch.randn(E, H, H, generator=t.rng)
         rows, handle = dispatch_structure(t.yours.dispatch(x, ids, E, R), x, R, f"round trip {i}")
         out_rows = [r @ mats[e].T for r, e in zip(torch.cat(rows).split(1), handle["expert"].clamp(0, E - 1).tolist())]
-        outputs = list(torch.cat(out_rows).split(handle["rows_per_rank"].tolist())) if out_rows else \
-            [torch.zeros(0, H)] * R
+        outputs = list(torch.cat(out_rows).split(handle["rows_per_rank"].tolist())) if out_rows else [torch.zeros(0, H)] * R
         got = t.yours.combine(outputs, handle, w)
-        dense = sum((w[:, j:j + 1] * torch.einsum("nh,noh->no", x, mats[ids[:, j]]) for j in range(k)),
-                    torch.zeros(N, H))
+        dense = sum((w[:, j : j + 1] * torch.einsum("nh,noh->no", x, mats[ids[:, j]]) for j in range(k)), torch.zeros(N, H))
         out = expect_tensor(got, what=f"round trip {i}: the output", shape=[N, H], dtype=torch.float32)
         idx = first_wrong(out, dense, atol=COMBINE_TOL, rtol=COMBINE_TOL)
         if idx is not None:
             tok = idx[0]
-            raise CheckFailed(f"round trip {i} ({N} tokens, {E} experts on {R} ranks, top-{k}; expert e computes "
-                              f"x·W_eᵀ): token {tok} routes to experts {ids[tok].tolist()} with weights {vec(w[tok])}, "
-                              f"so out[{tok}] = Σ_j w_j · x W_eᵀ = {vec(dense[tok])}; yours: {vec(out[tok])}",
-                              hint="your handle and your combine must agree on where each row came from")
+            raise CheckFailed(
+                f"round trip {i} ({N} tokens, {E} experts on {R} ranks, top-{k}; expert e computes "
+                f"x·W_eᵀ): token {tok} routes to experts {ids[tok].tolist()} with weights {vec(w[tok])}, "
+                f"so out[{tok}] = Σ_j w_j · x W_eᵀ = {vec(dense[tok])}; yours: {vec(out[tok])}",
+                hint="your handle and your combine must agree on where each row came from",
+            )
 
 
 @hidden("ch31.2", "combine alone on random expert outputs")
@@ -108,6 +109,7 @@ def dispatch_edges(t: Trial) -> None:
 
 
 # -- ch31.3 ----------------------------------------------------------------------------------------------------------
+
 
 @hidden("ch31.3", "random loads, hierarchical policy")
 def eplb_random_hierarchical(t: Trial) -> None:
@@ -146,14 +148,22 @@ def balancedness_random(t: Trial) -> None:
 
 # -- ch31.4 ----------------------------------------------------------------------------------------------------------
 
+
 @hidden("ch31.4", "random traces from an empty window, several layers and replicas")
 def window_random_traces(t: Trial) -> None:
     for i in range(8):
         W, L, E = t.random.randint(2, 6), t.random.randint(1, 3), t.random.randint(2, 8)
         phy2log = random_placement(t, L, E, E + t.random.randint(0, 4))
         passes = [random_pass(t, phy2log.shape) for _ in range(t.random.randint(W + 1, 3 * W + 2))]
-        run_window_trace(t, torch.zeros(W, *phy2log.shape, dtype=torch.int64), 0, passes, phy2log, E,
-                         f"random trace {i} (W = {W}, {L} layer(s), {phy2log.shape[1]} slots of {E} experts)")
+        run_window_trace(
+            t,
+            torch.zeros(W, *phy2log.shape, dtype=torch.int64),
+            0,
+            passes,
+            phy2log,
+            E,
+            f"random trace {i} (W = {W}, {L} layer(s), {phy2log.shape[1]} slots of {E} experts)",
+        )
 
 
 @hidden("ch31.4", "random full windows, the cursor anywhere")
@@ -162,15 +172,21 @@ def window_random_cases(t: Trial) -> None:
         W, L, E = t.random.randint(1, 8), t.random.randint(1, 4), t.random.randint(1, 10)
         phy2log = random_placement(t, L, E, E + t.random.randint(0, 6))
         window = torch.stack([random_pass(t, phy2log.shape) for _ in range(W)])
-        run_window_case(t, window, t.random.randrange(W), random_pass(t, phy2log.shape), phy2log, E,
-                        f"random case {i}")
+        run_window_case(t, window, t.random.randrange(W), random_pass(t, phy2log.shape), phy2log, E, f"random case {i}")
 
 
 @hidden("ch31.4", "a window of one pass, and DeepSeek-V3's 288 slots of 256 experts")
 def window_edges(t: Trial) -> None:
     phy2log = random_placement(t, 2, 6, 8)
-    run_window_trace(t, torch.zeros(1, 2, 8, dtype=torch.int64), 0, [random_pass(t, (2, 8)) for _ in range(3)],
-                     phy2log, 6, "W = 1: the window is the last pass")
+    run_window_trace(
+        t,
+        torch.zeros(1, 2, 8, dtype=torch.int64),
+        0,
+        [random_pass(t, (2, 8)) for _ in range(3)],
+        phy2log,
+        6,
+        "W = 1: the window is the last pass",
+    )
     phy2log = random_placement(t, 2, 256, 288)
     window = torch.stack([random_pass(t, (2, 288), 4096) for _ in range(5)])
     run_window_case(t, window, 3, random_pass(t, (2, 288), 4096), phy2log, 256, "W = 5, 2 layers, 288 slots")
@@ -178,11 +194,11 @@ def window_edges(t: Trial) -> None:
 
 # -- helpers: random routings, loads and shapes from the grading seed ------------------------------------------------
 
+
 def random_routing(t: Trial, N: int, E: int, k: int) -> torch.Tensor:
     """int64 [N, k]: k distinct experts per token, skewed towards a few hot experts."""
     hot = torch.rand(E, generator=t.rng) ** 3 + 0.01
-    return torch.multinomial(hot.expand(N, E), k, replacement=False, generator=t.rng) if N else \
-        torch.zeros(0, k, dtype=torch.int64)
+    return torch.multinomial(hot.expand(N, E), k, replacement=False, generator=t.rng) if N else torch.zeros(0, k, dtype=torch.int64)
 
 
 def random_loads(t: Trial, L: int, E: int) -> torch.Tensor:

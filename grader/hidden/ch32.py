@@ -30,10 +30,11 @@ QWEN3_VOCAB, QWEN3_HIDDEN = 151_936, 1024
 CHI_P = [0.05, 0.15, 0.30, 0.50, 0.00]
 CHI_Q = [0.40, 0.30, 0.20, 0.00, 0.10]
 CHI_DRAWS = 400
-BATCH_SIZES = [1, 2, 3, 4, 5, 7, 8, 16, 17, 32, 33, 64]      # random_invariance's batches
+BATCH_SIZES = [1, 2, 3, 4, 5, 7, 8, 16, 17, 32, 33, 64]  # random_invariance's batches
 
 
 # -- ch32.1 ----------------------------------------------------------------------------------------------------------
+
 
 @hidden("ch32.1", "random verifications: exact agreement with the given uniforms and noise")
 def random_verifications(t: Trial) -> None:
@@ -56,7 +57,7 @@ def first_token_distribution(t: Trial) -> None:
         c = Case(drafts[d].tolist(), q[d].float(), p[d].float(), u[d], e[d])
         got = t.yours.verify_draft(*c.args())
         if type(got) not in (list, tuple) or not got or type(got[0]) is not int or not 0 <= got[0] < V:
-            expect_emitted(got, c, simulate(c), case="chi-square draw")   # explains the structure problem
+            expect_emitted(got, c, simulate(c), case="chi-square draw")  # explains the structure problem
         firsts.append(got[0])
         cases.append(c)
     counts = torch.bincount(torch.tensor(firsts), minlength=V)
@@ -68,46 +69,70 @@ def first_token_distribution(t: Trial) -> None:
     off = (counts.double() - CHI_DRAWS * p0).abs() / sd.clamp_min(1e-12)
     off[~live] = torch.where(counts[~live] > 0, torch.inf, 0.0)
     j = int(off.argmax())
-    lines = [f'case "chi-square": {CHI_DRAWS} verifications of k = 2 drafts, position 0 always with '
-             f"q_0 = {vec(CHI_Q)}, p_0 = {vec(CHI_P)}, drafts drawn from q_0, uniforms and noise from the grading seed",
-             f"the first emitted token must be distributed as p_0 (lossless); counts {counts.tolist()}",
-             f"token {j} was emitted {int(counts[j])} times; expected N·p_0({j}) = {fmt(CHI_DRAWS * CHI_P[j], 4)}"
-             + (f" ± {fmt(float(sd[j]), 3)}" if CHI_P[j] > 0 else " (the target never emits it)"),
-             f"chi-square = {fmt(stat, 5)} > {fmt(limit, 4)}, a level a lossless verifier exceeds with probability "
-             f"< 1e-06"]
+    lines = [
+        f'case "chi-square": {CHI_DRAWS} verifications of k = 2 drafts, position 0 always with '
+        f"q_0 = {vec(CHI_Q)}, p_0 = {vec(CHI_P)}, drafts drawn from q_0, uniforms and noise from the grading seed",
+        f"the first emitted token must be distributed as p_0 (lossless); counts {counts.tolist()}",
+        f"token {j} was emitted {int(counts[j])} times; expected N·p_0({j}) = {fmt(CHI_DRAWS * CHI_P[j], 4)}"
+        + (f" ± {fmt(float(sd[j]), 3)}" if CHI_P[j] > 0 else " (the target never emits it)"),
+        f"chi-square = {fmt(stat, 5)} > {fmt(limit, 4)}, a level a lossless verifier exceeds with probability < 1e-06",
+    ]
     right = [simulate(c)[0] for c in cases]
     for name in VARIANTS:
         alt = [simulate(c, **VARIANT_KNOBS[name])[0] for c in cases]
         share = sum(a == y for a, y in zip(alt, firsts)) / CHI_DRAWS
         if share >= 0.9 and sum(a == r for a, r in zip(alt, right)) / CHI_DRAWS < 0.9:
-            raise CheckFailed(*lines, f"likely cause: your first tokens are those of '{name}' on "
-                                      f"{fmt(100 * share, 3)}% of the draws", hint=variant_hint(name))
+            raise CheckFailed(
+                *lines,
+                f"likely cause: your first tokens are those of '{name}' on {fmt(100 * share, 3)}% of the draws",
+                hint=variant_hint(name),
+            )
     raise CheckFailed(*lines)
 
 
 @hidden("ch32.1", "edge cases: k = 0, q = p, disjoint supports, p(x) = 0 with u = 0, q(x) = 0, zero noise")
 def edge_cases(t: Trial) -> None:
     V = 6
-    run_verify(t, make_case([], [], [distribution(t, V).tolist()], [], [[1.3, 0.2, 0.9, 1.1, 0.5, 2.0]]),
-               case='case "k = 0": no drafts, only the bonus token')
+    run_verify(
+        t,
+        make_case([], [], [distribution(t, V).tolist()], [], [[1.3, 0.2, 0.9, 1.1, 0.5, 2.0]]),
+        case='case "k = 0": no drafts, only the bonus token',
+    )
     same = torch.stack([distribution(t, V) for _ in range(4)])
     tokens = [int(torch.multinomial(same[i], 1, generator=t.rng)) for i in range(3)]
-    run_verify(t, make_case(tokens, same[:3].tolist(), same.tolist(), [0.9999, 0.5, 0.99],
-                            torch.empty(4, V).exponential_(generator=t.rng).tolist()),
-               case='case "q = p": every draft accepted whatever u')
+    run_verify(
+        t,
+        make_case(tokens, same[:3].tolist(), same.tolist(), [0.9999, 0.5, 0.99], torch.empty(4, V).exponential_(generator=t.rng).tolist()),
+        case='case "q = p": every draft accepted whatever u',
+    )
     p, q = [0.5, 0.3, 0.2, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.3, 0.3, 0.4]
     for token in (3, 5):
-        run_verify(t, make_case([token, 1], [q, q], [p, p, p], [0.0, 0.1], torch.empty(3, V).exponential_(
-            generator=t.rng).tolist()), case=f'case "disjoint supports": draft {token} has p = 0, always rejected')
-    run_verify(t, make_case([2], [[0.2, 0.2, 0.6, 0, 0, 0]], [[0.5, 0.5, 0, 0, 0, 0], [1 / 6] * 6], [0.0],
-                            [[1.0, 0.5, 1.0, 1.0, 1.0, 1.0], [1.0] * 6]),
-               case='case "p(x) = 0, u = 0": u < min(1, 0 / 0.6) is false, so the draft is rejected')
-    run_verify(t, make_case([4], [[0.5, 0.5, 0, 0, 0, 0]], [[0.2, 0.2, 0.2, 0.1, 0.2, 0.1], [1 / 6] * 6], [0.3],
-                            [[1.0, 1.0, 1.0, 0.4, 2.0, 3.0], [1.0] * 6]),
-               case='case "q(x) = 0": a draft the drafter could not have proposed is rejected')
-    run_verify(t, make_case([0], [[0.7, 0.3, 0, 0, 0, 0]], [[0.2, 0.3, 0.5, 0, 0, 0], [1 / 6] * 6], [0.8],
-                            [[1.0, 1.0, 2.0, 0.5, 0.5, 0.0], [1.0] * 6]),
-               case='case "zero noise": E = 0 on token 5, whose weight max(0, p − q) is 0 (0 / 0 if unclamped)')
+        run_verify(
+            t,
+            make_case([token, 1], [q, q], [p, p, p], [0.0, 0.1], torch.empty(3, V).exponential_(generator=t.rng).tolist()),
+            case=f'case "disjoint supports": draft {token} has p = 0, always rejected',
+        )
+    run_verify(
+        t,
+        make_case(
+            [2], [[0.2, 0.2, 0.6, 0, 0, 0]], [[0.5, 0.5, 0, 0, 0, 0], [1 / 6] * 6], [0.0], [[1.0, 0.5, 1.0, 1.0, 1.0, 1.0], [1.0] * 6]
+        ),
+        case='case "p(x) = 0, u = 0": u < min(1, 0 / 0.6) is false, so the draft is rejected',
+    )
+    run_verify(
+        t,
+        make_case(
+            [4], [[0.5, 0.5, 0, 0, 0, 0]], [[0.2, 0.2, 0.2, 0.1, 0.2, 0.1], [1 / 6] * 6], [0.3], [[1.0, 1.0, 1.0, 0.4, 2.0, 3.0], [1.0] * 6]
+        ),
+        case='case "q(x) = 0": a draft the drafter could not have proposed is rejected',
+    )
+    run_verify(
+        t,
+        make_case(
+            [0], [[0.7, 0.3, 0, 0, 0, 0]], [[0.2, 0.3, 0.5, 0, 0, 0], [1 / 6] * 6], [0.8], [[1.0, 1.0, 2.0, 0.5, 0.5, 0.0], [1.0] * 6]
+        ),
+        case='case "zero noise": E = 0 on token 5, whose weight max(0, p − q) is 0 (0 / 0 if unclamped)',
+    )
 
 
 @hidden("ch32.1", "Qwen3's vocabulary: 151,936 tokens per row")
@@ -127,12 +152,12 @@ def dtypes(t: Trial) -> None:
 
 # -- ch32.2 ----------------------------------------------------------------------------------------------------------
 
+
 @hidden("ch32.2", "random confidences and thresholds, as tensors and lists")
 def random_counts(t: Trial) -> None:
     for i in range(40):
         k = t.random.randint(0, 12)
-        conf = (1 - torch.rand(k, generator=t.rng) ** t.random.choice([1, 3, 8])).to(
-            t.random.choice([torch.float32, torch.float64]))
+        conf = (1 - torch.rand(k, generator=t.rng) ** t.random.choice([1, 3, 8])).to(t.random.choice([torch.float32, torch.float64]))
         th = far_threshold(t, conf.double().tolist())
         arg = conf if t.random.random() < 0.7 else conf.double().tolist()
         run_count(t, arg, th, case=f"random case {i + 1}: k = {k}")
@@ -155,6 +180,7 @@ def long_drafts(t: Trial) -> None:
 
 # -- ch32.3 ----------------------------------------------------------------------------------------------------------
 
+
 @hidden("ch32.3", "random shapes: every row keeps its bits across 12 batch sizes, positions and neighbours")
 def random_invariance(t: Trial) -> None:
     for i in range(3):
@@ -166,9 +192,14 @@ def random_invariance(t: Trial) -> None:
 @hidden("ch32.3", "a decode batch growing from 1 to 16 requests at Qwen3-0.6B's hidden size")
 def growing_decode_batch(t: Trial) -> None:
     pool = torch.randn(16, QWEN3_HIDDEN, generator=t.rng) * 0.5
-    w = torch.randn(QWEN3_HIDDEN, 48, generator=t.rng) * QWEN3_HIDDEN ** -0.5
-    run_invariance(t, pool, w, [list(range(B)) for B in (1, 2, 3, 4, 6, 8, 12, 16)],
-                   case=f'case "decode batch": K = {QWEN3_HIDDEN}, N = 48, request 0 joined by 1 … 15 others')
+    w = torch.randn(QWEN3_HIDDEN, 48, generator=t.rng) * QWEN3_HIDDEN**-0.5
+    run_invariance(
+        t,
+        pool,
+        w,
+        [list(range(B)) for B in (1, 2, 3, 4, 6, 8, 12, 16)],
+        case=f'case "decode batch": K = {QWEN3_HIDDEN}, N = 48, request 0 joined by 1 … 15 others',
+    )
 
 
 @hidden("ch32.3", "float64, bfloat16 and float16: output dtype, values and bitwise invariance")
@@ -176,24 +207,30 @@ def invariance_dtypes(t: Trial) -> None:
     for dtype in (torch.float64, torch.bfloat16, torch.float16):
         K, N = t.random.choice([48, 200]), t.random.choice([8, 24])
         pool = torch.randn(40, K, generator=t.rng).to(dtype)
-        w = (torch.randn(K, N, generator=t.rng) * K ** -0.5).to(dtype)
+        w = (torch.randn(K, N, generator=t.rng) * K**-0.5).to(dtype)
         run_invariance(t, pool, w, random_batches(t, 40), case=f'case "{str(dtype)[6:]}": K = {K}, N = {N}')
 
 
 @hidden("ch32.3", "views: w as the transpose of a [N, K] weight, x a strided slice; empty and K = 0 shapes")
 def views_and_edges(t: Trial) -> None:
-    W = torch.randn(20, 72, generator=t.rng)               # nn.Linear stores [out, in]; x @ W.T is a view
+    W = torch.randn(20, 72, generator=t.rng)  # nn.Linear stores [out, in]; x @ W.T is a view
     big = torch.randn(30, 72, generator=t.rng)
-    run_invariance(t, big, W.T, [[0], list(range(0, 30, 3)), list(range(30))],
-                   case='case "views": w = W.T for W [20, 72], rows of a [30, 72] batch')
+    run_invariance(
+        t, big, W.T, [[0], list(range(0, 30, 3)), list(range(30))], case='case "views": w = W.T for W [20, 72], rows of a [30, 72] batch'
+    )
     x = big[::3]
     want = t.ref.batch_invariant_matmul(x, W.T)
-    expect_invariant([expect_product(t.yours.batch_invariant_matmul(x, W.T), x, W.T, case='case "strided x": big[::3]')],
-                     x, W.T, [list(range(x.shape[0]))], case='case "strided x": big[::3]', wants=[want])
+    expect_invariant(
+        [expect_product(t.yours.batch_invariant_matmul(x, W.T), x, W.T, case='case "strided x": big[::3]')],
+        x,
+        W.T,
+        [list(range(x.shape[0]))],
+        case='case "strided x": big[::3]',
+        wants=[want],
+    )
     for B, K, N in ((0, 5, 3), (4, 0, 3), (2, 3, 0)):
         a, b = torch.randn(B, K, generator=t.rng), torch.randn(K, N, generator=t.rng)
-        run_invariance(t, a, b, [list(range(B))], case=f'case "empty": B = {B}, K = {K}, N = {N} (K = 0 sums nothing: '
-                                                        f'zeros)')
+        run_invariance(t, a, b, [list(range(B))], case=f'case "empty": B = {B}, K = {K}, N = {N} (K = 0 sums nothing: zeros)')
 
 
 @hidden("ch32.3", "float32 terms of very different sizes: any other grouping of the sum rounds differently")
@@ -207,14 +244,22 @@ def wide_terms(t: Trial) -> None:
 
 # -- ch32.4 ----------------------------------------------------------------------------------------------------------
 
+
 @hidden("ch32.4", "random hidden sizes and blocks: every row keeps the fixed split's bits across 12 batch sizes")
 def rms_random(t: Trial) -> None:
     for i in range(3):
         H, block = t.random.choice([7, 40, 100, 257, 512]), t.random.choice([2, 4, 8, 16, 64, 256])
         pool = torch.randn(64, H, generator=t.rng) * t.random.choice([0.01, 1.0, 30.0])
         weight = torch.randn(H, generator=t.rng)
-        run_rms(t, pool, weight, t.random.choice([1e-6, 1e-5]), block, random_batches(t, 64),
-                case=f"random case {i + 1}: H = {H}, block = {block}, float32")
+        run_rms(
+            t,
+            pool,
+            weight,
+            t.random.choice([1e-6, 1e-5]),
+            block,
+            random_batches(t, 64),
+            case=f"random case {i + 1}: H = {H}, block = {block}, float32",
+        )
 
 
 @hidden("ch32.4", "Qwen3 hidden sizes with vLLM's block of 1024: one chunk (0.6B, 1024) and three (4B, 2560)")
@@ -222,8 +267,15 @@ def rms_qwen3(t: Trial) -> None:
     for H in (QWEN3_HIDDEN, 2560):
         pool = torch.randn(16, H, generator=t.rng)
         weight = 1 + 0.1 * torch.randn(H, generator=t.rng)
-        run_rms(t, pool, weight, 1e-6, 1024, [list(range(B)) for B in (1, 2, 3, 4, 6, 8, 12, 16)],
-                case=f'case "Qwen3": H = {H}, block = 1024, request 0 joined by 1 … 15 others')
+        run_rms(
+            t,
+            pool,
+            weight,
+            1e-6,
+            1024,
+            [list(range(B)) for B in (1, 2, 3, 4, 6, 8, 12, 16)],
+            case=f'case "Qwen3": H = {H}, block = 1024, request 0 joined by 1 … 15 others',
+        )
 
 
 @hidden("ch32.4", "each dtype (float64, bfloat16, float16): output dtype, values and the fixed split's bits")
@@ -232,8 +284,7 @@ def rms_dtypes(t: Trial) -> None:
         H, block = t.random.choice([48, 200]), t.random.choice([8, 32])
         pool = torch.randn(40, H, generator=t.rng).to(dtype)
         weight = (1 + 0.3 * torch.randn(H, generator=t.rng)).to(dtype)
-        run_rms(t, pool, weight, 1e-6, block, random_batches(t, 40),
-                case=f'case "{str(dtype)[6:]}": H = {H}, block = {block}')
+        run_rms(t, pool, weight, 1e-6, block, random_batches(t, 40), case=f'case "{str(dtype)[6:]}": H = {H}, block = {block}')
 
 
 @hidden("ch32.4", "edge rows: all zeros (1 / sqrt(eps)), one huge entry, a strided batch")
@@ -242,14 +293,22 @@ def rms_edges(t: Trial) -> None:
     pool[2] = 0
     pool[5, 17] = 1e4
     weight = torch.randn(50, generator=t.rng)
-    run_rms(t, pool, weight, 1e-5, 16, [[2], [5], list(range(10)), [9, 5, 2]],
-            case='case "edges": a zero row, a row with one entry of 1e4, H = 50, block = 16')
+    run_rms(
+        t,
+        pool,
+        weight,
+        1e-5,
+        16,
+        [[2], [5], list(range(10)), [9, 5, 2]],
+        case='case "edges": a zero row, a row with one entry of 1e4, H = 50, block = 16',
+    )
     big = torch.randn(30, 33, generator=t.rng)
     x, w = big[::3], torch.randn(33, generator=t.rng)
     run_rms(t, x, w, 1e-6, 4, [list(range(x.shape[0]))], case='case "strided x": big[::3], H = 33, block = 4')
 
 
 # -- helpers: random cases from the grading seed ---------------------------------------------------------------------
+
 
 def distribution(t: Trial, V: int, *, sparse: float = 0.0) -> torch.Tensor:
     """A random probability row (float64), some entries exactly 0 when sparse > 0."""
@@ -262,8 +321,11 @@ def distribution(t: Trial, V: int, *, sparse: float = 0.0) -> torch.Tensor:
 
 def random_case(t: Trial, k: int, V: int, dtype=torch.float32) -> Case:
     """Drafts drawn from q, target rows random: near q (mostly accepted), unrelated, sparse, or equal to q."""
-    q = torch.stack([distribution(t, V, sparse=t.random.choice([0.0, 0.0, 0.5])) for _ in range(k)]) \
-        if k else torch.zeros(0, V, dtype=torch.float64)
+    q = (
+        torch.stack([distribution(t, V, sparse=t.random.choice([0.0, 0.0, 0.5])) for _ in range(k)])
+        if k
+        else torch.zeros(0, V, dtype=torch.float64)
+    )
     rows = []
     for i in range(k + 1):
         kind = t.random.choice(["near", "other", "same"]) if i < k else "other"

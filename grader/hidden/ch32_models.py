@@ -15,13 +15,20 @@ import torch
 
 from grader.checks.ch32 import CLAMP, UNIT, VARIANTS, Case, near
 
-VARIANT_KNOBS: dict[str, dict[str, Any]] = {"no bonus": {"bonus": False}, "no stop": {"stop": False},
-                 "rejected draft kept": {"keep_rejected": True},
-                 "replacement from p": {"recover": "p"}, "residual q − p": {"recover": "reverse"},
-                 "ratio q/p": {"accept": "inverse"}, "accept when u ≥ p/q": {"accept": "flipped"},
-                 "greedy": {"accept": "greedy", "recover": "argmax"}, "next noise row": {"shift": 1},
-                 "bonus from row k − 1": {"bonus_row": 1}, "unclamped noise": {"clamp": False},
-                 "q(x) = 0 accepted": {"accept": "q0"}}
+VARIANT_KNOBS: dict[str, dict[str, Any]] = {
+    "no bonus": {"bonus": False},
+    "no stop": {"stop": False},
+    "rejected draft kept": {"keep_rejected": True},
+    "replacement from p": {"recover": "p"},
+    "residual q − p": {"recover": "reverse"},
+    "ratio q/p": {"accept": "inverse"},
+    "accept when u ≥ p/q": {"accept": "flipped"},
+    "greedy": {"accept": "greedy", "recover": "argmax"},
+    "next noise row": {"shift": 1},
+    "bonus from row k − 1": {"bonus_row": 1},
+    "unclamped noise": {"clamp": False},
+    "q(x) = 0 accepted": {"accept": "q0"},
+}
 """simulate's keywords for each classic mistake of `grader.checks.ch32.VARIANTS`."""
 
 
@@ -31,16 +38,29 @@ def race(weights: torch.Tensor, noise: torch.Tensor, clamp: bool = True) -> tupl
     return int(scores.argmax()), scores
 
 
-def simulate(c: Case, accept: str = "ratio", recover: str = "residual", stop: bool = True, bonus: bool = True,
-             shift: int = 0, bonus_row: int = 0, clamp: bool = True, keep_rejected: bool = False) -> list[int]:
+def simulate(
+    c: Case,
+    accept: str = "ratio",
+    recover: str = "residual",
+    stop: bool = True,
+    bonus: bool = True,
+    shift: int = 0,
+    bonus_row: int = 0,
+    clamp: bool = True,
+    keep_rejected: bool = False,
+) -> list[int]:
     """Verification in float64, right (the defaults) or with one classic mistake."""
     p, q = c.p.double(), c.q.double()
     out = []
     for i, x in enumerate(c.tokens):
         px, qx, u = float(p[i, x]), float(q[i, x]), float(c.u[i])
-        ok = {"ratio": qx > 0 and u < min(1.0, px / qx), "inverse": px > 0 and u < min(1.0, qx / px),
-              "flipped": qx > 0 and u >= min(1.0, px / qx), "greedy": x == int(p[i].argmax()),
-              "q0": qx == 0 or u < min(1.0, px / qx)}[accept]
+        ok = {
+            "ratio": qx > 0 and u < min(1.0, px / qx),
+            "inverse": px > 0 and u < min(1.0, qx / px),
+            "flipped": qx > 0 and u >= min(1.0, px / qx),
+            "greedy": x == int(p[i].argmax()),
+            "q0": qx == 0 or u < min(1.0, px / qx),
+        }[accept]
         if ok:
             out.append(x)
             continue
@@ -75,9 +95,8 @@ def verify_models(ref, c: Case) -> dict:
             ratio = min(1.0, px / qx) if qx > 0 else None
             pos.update(accept=ratio is not None and u < ratio, near=ratio is not None and near(u, ratio), ratio=ratio)
         positions.append(pos)
-    stop = next((i for i, pos in enumerate(positions[:c.k]) if not pos["accept"]), c.k)
-    return {"positions": positions, "stop": stop,
-            "variants": {name: simulate(c, **VARIANT_KNOBS[name]) for name in VARIANTS}}
+    stop = next((i for i, pos in enumerate(positions[: c.k]) if not pos["accept"]), c.k)
+    return {"positions": positions, "stop": stop, "variants": {name: simulate(c, **VARIANT_KNOBS[name]) for name in VARIANTS}}
 
 
 def count_models(ref, conf: list[float], threshold: float) -> dict:
@@ -88,9 +107,12 @@ def count_models(ref, conf: list[float], threshold: float) -> dict:
         s *= c
         out.append(s)
     k = len(conf)
-    return {"survivals": out, "first alone below": next((j for j, c in enumerate(conf) if c < threshold), k),
-            "alone at or above": sum(c >= threshold for c in conf),
-            "first at or below": next((j for j, v in enumerate(out) if v <= threshold), k)}
+    return {
+        "survivals": out,
+        "first alone below": next((j for j, c in enumerate(conf) if c < threshold), k),
+        "alone at or above": sum(c >= threshold for c in conf),
+        "first at or below": next((j for j, v in enumerate(out) if v <= threshold), k),
+    }
 
 
 def product_models(ref, x: torch.Tensor, w: torch.Tensor) -> dict:
@@ -101,17 +123,17 @@ def product_models(ref, x: torch.Tensor, w: torch.Tensor) -> dict:
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     exact = x.double() @ w.double()
     bound = 2 * K * UNIT[acc] * (x.double().abs() @ w.double().abs()) + 2 * UNIT[x.dtype] * exact.abs() + 1e-30
-    out = {"exact": exact, "bound": bound.float()}      # the bound needs no float64 precision
+    out = {"exact": exact, "bound": bound.float()}  # the bound needs no float64 precision
     if x.dtype in (torch.bfloat16, torch.float16):
         low = torch.zeros(x.shape[0], w.shape[1], dtype=x.dtype)
         for k in range(K):
-            low = low + x[:, k:k + 1] * w[k]
+            low = low + x[:, k : k + 1] * w[k]
         out["low"] = low
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     fma = torch.zeros(x.shape[0], w.shape[1], dtype=acc)
     xa, wa = x.to(acc), w.to(acc)
     for k in range(K):
-        fma = torch.addcmul(fma, xa[:, k:k + 1], wa[k])
+        fma = torch.addcmul(fma, xa[:, k : k + 1], wa[k])
     out["fma"] = fma.to(x.dtype)
     if x.dtype != torch.float64:
         out["upcast"] = (x.double() @ w.double()).to(x.dtype)
@@ -133,11 +155,11 @@ def rms_models(ref, x: torch.Tensor, weight: torch.Tensor, eps: float, block: in
     squares = xa * xa
     chunks, chunk_torch = [], []
     for start in range(0, H, block):
-        chunk = squares[:, start:start + block]
+        chunk = squares[:, start : start + block]
         chunk_torch.append(chunk.sum(dim=1))
         chunk = torch.cat([chunk, chunk.new_zeros(B, block - chunk.shape[1])], dim=1)
         while chunk.shape[1] > 1:
-            chunk = chunk[:, :chunk.shape[1] // 2] + chunk[:, chunk.shape[1] // 2:]
+            chunk = chunk[:, : chunk.shape[1] // 2] + chunk[:, chunk.shape[1] // 2 :]
         chunks.append(chunk[:, 0])
 
     def running(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -149,13 +171,20 @@ def rms_models(ref, x: torch.Tensor, weight: torch.Tensor, eps: float, block: in
 
     totals = running(chunks)
     scale = lambda total, rsqrt=False: (torch.rsqrt if rsqrt else lambda v: 1 / torch.sqrt(v))(total / H + eps)
-    final = lambda inv, first=False: ((xa * inv[:, None]).to(x.dtype) * weight if first
-                                      else (xa * inv[:, None] * weight.to(acc)).to(x.dtype))
+    final = lambda inv, first=False: (xa * inv[:, None]).to(x.dtype) * weight if first else (xa * inv[:, None] * weight.to(acc)).to(x.dtype)
     plain = squares.sum(dim=1)
-    return {"exact": exact, "bound": bound, "block": block, "squares": squares, "chunk sums": torch.stack(chunks, 1),
-            "totals": totals, "rsqrt": final(scale(totals[:, -1], True)),
-            "plain sum": final(scale(plain)), "chunk sum": final(scale(running(chunk_torch)[:, -1])),
-            "cast first": final(scale(totals[:, -1]), True)}
+    return {
+        "exact": exact,
+        "bound": bound,
+        "block": block,
+        "squares": squares,
+        "chunk sums": torch.stack(chunks, 1),
+        "totals": totals,
+        "rsqrt": final(scale(totals[:, -1], True)),
+        "plain sum": final(scale(plain)),
+        "chunk sum": final(scale(running(chunk_torch)[:, -1])),
+        "cast first": final(scale(totals[:, -1]), True),
+    }
 
 
 def one_thread(fn):
@@ -173,8 +202,7 @@ def plain_models(ref, x: torch.Tensor, w: torch.Tensor, batches: list[list[int]]
     return [one_thread(lambda idx=idx: x[idx] @ w) for idx in batches]
 
 
-def plain_rms_models(ref, x: torch.Tensor, weight: torch.Tensor, eps: float,
-                     batches: list[list[int]]) -> list[torch.Tensor]:
+def plain_rms_models(ref, x: torch.Tensor, weight: torch.Tensor, eps: float, batches: list[list[int]]) -> list[torch.Tensor]:
     """RMSNorm of each batch of x's rows with the library's own mean of the squares, on one thread."""
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
 

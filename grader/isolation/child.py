@@ -35,8 +35,7 @@ class _Refuse(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         if any(name == n or name.startswith(n + ".") for n in self.names):
-            raise ImportError(f"importing {name!r} is not allowed while grading: "
-                              "your code must not use the reference solutions")
+            raise ImportError(f"importing {name!r} is not allowed while grading: your code must not use the reference solutions")
         return None
 
 
@@ -123,17 +122,21 @@ class Child:
         except BaseException:
             message = "<the exception's message could not be printed>"
         own = _own_files(self.module)
-        frames = [[f.filename, f.lineno, f.name, f.line or ""] for f in traceback.extract_tb(e.__traceback__)
-                  if f.filename in own]
+        frames = [[f.filename, f.lineno, f.name, f.line or ""] for f in traceback.extract_tb(e.__traceback__) if f.filename in own]
         if isinstance(e, SyntaxError) and e.filename:
             frames.append([e.filename, e.lineno or 0, "<module>", (e.text or "").rstrip()])
-        oom = isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "alloc" in message.lower()
-                                             and "memory" in message.lower())
+        oom = isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "alloc" in message.lower() and "memory" in message.lower())
         flood = isinstance(e, OSError) and e.errno == errno.EFBIG  # Python ignores SIGXFSZ: writes fail
-        return {"types": [f"{c.__module__}.{c.__qualname__}" for c in type(e).__mro__],
-                "name": type(e).__name__, "message": message[:4000], "frames": frames[-5:],
-                "missing": isinstance(e, _Missing), "out_of_memory": oom, "output_limit": flood,
-                "exit_code": repr(e.code) if isinstance(e, SystemExit) else None}
+        return {
+            "types": [f"{c.__module__}.{c.__qualname__}" for c in type(e).__mro__],
+            "name": type(e).__name__,
+            "message": message[:4000],
+            "frames": frames[-5:],
+            "missing": isinstance(e, _Missing),
+            "out_of_memory": oom,
+            "output_limit": flood,
+            "exit_code": repr(e.code) if isinstance(e, SystemExit) else None,
+        }
 
 
 class _Missing(Exception):

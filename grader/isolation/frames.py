@@ -46,8 +46,7 @@ class FrameTooLarge(WireError):
     """The other side announced more bytes than the reader accepts."""
 
 
-def write_frame(fd: int, header: Any, buffers: Sequence[bytes | bytearray | memoryview] = (), *,
-                deadline: float | None = None) -> None:
+def write_frame(fd: int, header: Any, buffers: Sequence[bytes | bytearray | memoryview] = (), *, deadline: float | None = None) -> None:
     """Write one frame; with a `deadline` (a time.monotonic value) the pipe must take it in time.
 
     Buffers may be bytes, bytearrays or memoryviews; they are written as they are, never joined.
@@ -69,7 +68,7 @@ def write_frame(fd: int, header: Any, buffers: Sequence[bytes | bytearray | memo
                     if left <= 0 or not select.select([], [fd], [], left)[1]:
                         raise WireTimeout("the other side did not read in time")
                 try:
-                    view = view[os.write(fd, view[:1 << 20]):]
+                    view = view[os.write(fd, view[: 1 << 20]) :]
                 except BlockingIOError:
                     continue
                 except (BrokenPipeError, ConnectionResetError):

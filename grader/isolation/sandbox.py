@@ -58,12 +58,13 @@ KINDS = ("bwrap", "uid")
 LIMITS = {"processes": 128, "open_files": 512, "file_size": 32 << 20, "tmp_size": 64 << 20}
 ENV_ALLOWED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 """Host variables passed through (this machine's BLAS needs them); everything else is set here."""
-SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/ld.so.conf",
-          "/etc/ld.so.conf.d", "/etc/localtime")
-FIX = {"bwrap": "install Debian's bubblewrap (apt-get install bubblewrap)",
-       "userns": "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, or a container "
-                 "started without a seccomp profile that refuses them)",
-       "uid": "run the grader as root so it can drop student code to an unprivileged uid (setpriv)"}
+SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime")
+FIX = {
+    "bwrap": "install Debian's bubblewrap (apt-get install bubblewrap)",
+    "userns": "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, or a container "
+    "started without a seccomp profile that refuses them)",
+    "uid": "run the grader as root so it can drop student code to an unprivileged uid (setpriv)",
+}
 
 
 class SandboxUnavailable(RuntimeError):
@@ -72,9 +73,20 @@ class SandboxUnavailable(RuntimeError):
 
 def environment(home: str = HOME) -> dict[str, str]:
     """The student's processes' whole environment: an allow-list, never the grader's own variables."""
-    env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": "/tmp", "LANG": "C.UTF-8", "USER": "student",
-           "LOGNAME": "student", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-           "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": home,
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        "USER": "student",
+        "LOGNAME": "student",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
     env.update({k: os.environ[k] for k in ENV_ALLOWED if k in os.environ})
     return env
 
@@ -92,9 +104,15 @@ def probe(kind: str = "bwrap") -> str:
         raise SandboxUnavailable(f"bubblewrap (bwrap) is not installed: {FIX['bwrap']}")
     box = Box("bwrap")
     try:
-        out = subprocess.run(box.wrap(["/bin/sh", "-c", "id -u; test -w /usr && echo writable; echo ok"]),
-                             capture_output=True, text=True, timeout=30, env=environment(),
-                             preexec_fn=box.limit, pass_fds=())
+        out = subprocess.run(
+            box.wrap(["/bin/sh", "-c", "id -u; test -w /usr && echo writable; echo ok"]),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=environment(),
+            preexec_fn=box.limit,
+            pass_fds=(),
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SandboxUnavailable(f"bwrap could not start ({e}): {FIX['userns']}") from None
     finally:
@@ -104,8 +122,10 @@ def probe(kind: str = "bwrap") -> str:
         raise SandboxUnavailable(f"bwrap cannot make the sandbox here ({why}): {FIX['userns']}")
     version = subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout.strip()
     who = f"host uid {HOST_UID_BASE}+" if os.geteuid() == 0 else "this user's uid"
-    return (f"{version}: one sandbox per submission (user, pid, network, IPC namespaces; uid {INSIDE_UID} inside, "
-            f"{who} outside; no capabilities; only Python, {', '.join(STUDENT_PACKAGES)} and the submission visible)")
+    return (
+        f"{version}: one sandbox per submission (user, pid, network, IPC namespaces; uid {INSIDE_UID} inside, "
+        f"{who} outside; no capabilities; only Python, {', '.join(STUDENT_PACKAGES)} and the submission visible)"
+    )
 
 
 class Box:
@@ -134,7 +154,7 @@ class Box:
                 raise ValueError(f"not a plain file name: {name!r}")
             (self.inbox / name).write_bytes(data)
             os.chmod(self.inbox / name, 0o644)
-        self.logs = self.root / "logs"   # the grader's side only: never mounted
+        self.logs = self.root / "logs"  # the grader's side only: never mounted
         self.logs.mkdir(mode=0o700)
         if uid is None:
             uid = HOST_UID_BASE + (os.getpid() * 64 + Box._count) % 1_000_000 if os.geteuid() == 0 else os.getuid()
@@ -159,10 +179,18 @@ class Box:
             return list(argv)
         if self.kind == "uid":
             return [*_setpriv(self.uid), *argv]
-        inner = ["--unshare-user", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID), "--disable-userns",
-                 "--cap-drop", "ALL"]
-        args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                "--die-with-parent", "--new-session", "--clearenv"]
+        inner = ["--unshare-user", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID), "--disable-userns", "--cap-drop", "ALL"]
+        args = [
+            "bwrap",
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--die-with-parent",
+            "--new-session",
+            "--clearenv",
+        ]
         if self._info_r is not None:
             args += ["--info-fd", str(self._info_w)]
         for k, v in environment().items():
@@ -192,9 +220,17 @@ class Box:
             self._info_r, self._info_w = os.pipe()
             pass_fds = (*pass_fds, self._info_w)
         try:
-            self.proc = subprocess.Popen(self.wrap(argv), pass_fds=pass_fds, stdin=subprocess.DEVNULL, stdout=stdout,
-                                         stderr=subprocess.STDOUT, env=environment(self.home), start_new_session=True,
-                                         preexec_fn=self.limit, cwd="/" if self.kind else None)
+            self.proc = subprocess.Popen(
+                self.wrap(argv),
+                pass_fds=pass_fds,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=subprocess.STDOUT,
+                env=environment(self.home),
+                start_new_session=True,
+                preexec_fn=self.limit,
+                cwd="/" if self.kind else None,
+            )
         finally:
             if self._info_r is not None:
                 os.close(self._info_w)
@@ -227,8 +263,11 @@ class Box:
         """Kill the box's processes outside `keep` and `frame`; name the ones that were running."""
         found = []
         for _ in range(5):
-            extra = [p for p in self.processes(zombies=True) if p not in keep and p not in self.frame
-                     and not (not _alive(p) and _parent(p) in self.frame)]  # a killed worker not yet reaped
+            extra = [
+                p
+                for p in self.processes(zombies=True)
+                if p not in keep and p not in self.frame and not (not _alive(p) and _parent(p) in self.frame)
+            ]  # a killed worker not yet reaped
             if not extra:
                 break
             for pid in extra:
@@ -301,9 +340,24 @@ def _mounts(harness: Path, inbox: Path) -> list[str]:
         made.add(path)
         args.extend(["--ro-bind", path, path])
 
-    args += ["--proc", "/proc", "--dev", "/dev",  # first: what is bound below may live under /tmp
-             "--size", str(LIMITS["tmp_size"]), "--perms", "1777", "--tmpfs", "/tmp",
-             "--size", str(LIMITS["tmp_size"]), "--perms", "1777", "--tmpfs", HOME]
+    args += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",  # first: what is bound below may live under /tmp
+        "--size",
+        str(LIMITS["tmp_size"]),
+        "--perms",
+        "1777",
+        "--tmpfs",
+        "/tmp",
+        "--size",
+        str(LIMITS["tmp_size"]),
+        "--perms",
+        "1777",
+        "--tmpfs",
+        HOME,
+    ]
     made.update({"/tmp", HOME})
     for path in SYSTEM:
         if os.path.islink(path):
@@ -325,9 +379,15 @@ def _mounts(harness: Path, inbox: Path) -> list[str]:
 @functools.cache
 def python_paths() -> list[str]:
     """The Python installation: the interpreter, the standard library, a venv's bin/ and pyvenv.cfg."""
-    paths = [sys.base_prefix + "/bin", sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
-             sysconfig.get_config_var("LIBDIR") or "", sys.prefix + "/bin", sys.prefix + "/pyvenv.cfg",
-             str(Path(sys.executable).resolve().parent)]
+    paths = [
+        sys.base_prefix + "/bin",
+        sysconfig.get_paths()["stdlib"],
+        sysconfig.get_paths()["platstdlib"],
+        sysconfig.get_config_var("LIBDIR") or "",
+        sys.prefix + "/bin",
+        sys.prefix + "/pyvenv.cfg",
+        str(Path(sys.executable).resolve().parent),
+    ]
     return [p for p in dict.fromkeys(paths) if p and os.path.exists(p) and not p.startswith(("/usr/", "/etc/"))]
 
 
@@ -365,8 +425,16 @@ def _closure(names: tuple[str, ...]) -> list[metadata.Distribution]:
 
 # -- processes ------------------------------------------------------------------------------------------
 def _setpriv(uid: int) -> list[str]:
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
-            "--inh-caps=-all", "--bounding-set=-all", "--"]
+    return [
+        "setpriv",
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--no-new-privs",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--",
+    ]
 
 
 def _child_pid(fd: int, timeout: float = 30.0) -> int | None:
@@ -383,7 +451,7 @@ def _child_pid(fd: int, timeout: float = 30.0) -> int | None:
             break
         data += chunk
     try:
-        return int(json.loads(data[:data.index(b"}") + 1])["child-pid"])
+        return int(json.loads(data[: data.index(b"}") + 1])["child-pid"])
     except (ValueError, KeyError):
         return None
 

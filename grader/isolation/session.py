@@ -78,8 +78,7 @@ class Call:
 class Session:
     """The student's chapter module loaded in a child process, restarted after a kill."""
 
-    def __init__(self, path: Path, *, spawn: Callable[..., Worker], worker: Worker | None = None,
-                 time_limit: float) -> None:
+    def __init__(self, path: Path, *, spawn: Callable[..., Worker], worker: Worker | None = None, time_limit: float) -> None:
         """`spawn(memory_extra=0)` starts a fresh student process (with `memory_extra`, one whose address
         space is capped at its size plus that many bytes); `worker`, if given, is one already starting."""
         self.path, self.spawn, self.time_limit = path, spawn, time_limit
@@ -115,8 +114,12 @@ class Session:
             self._spawn()
         if not self.loaded:
             try:
-                self._request({"op": "load", "path": str(self.path), "name": f"student_{self.path.stem}"},
-                              [], f"importing {self.path.name}", self.time_limit)
+                self._request(
+                    {"op": "load", "path": str(self.path), "name": f"student_{self.path.stem}"},
+                    [],
+                    f"importing {self.path.name}",
+                    self.time_limit,
+                )
             except StudentRaised as e:  # not the call's exception: no check may accept it
                 self.load_failure = StudentError("error", e.explain())
                 raise self.load_failure from None
@@ -132,16 +135,19 @@ class Session:
             reply, out = worker.request(header, buffers, timeout=max(timeout, 0.0))
         except frames.WireTimeout:
             self._kill()
-            raise StudentError("timeout", f"{label} did not finish within {self.time_limit:g} s "
-                                          "(an endless loop, a sleep, or far too much work?)") from None
+            raise StudentError(
+                "timeout", f"{label} did not finish within {self.time_limit:g} s (an endless loop, a sleep, or far too much work?)"
+            ) from None
         except frames.WireClosed:
             reason = worker.exit_reason()
             self._kill()
             raise StudentError("error", f"{label} {reason}") from None
         except frames.FrameTooLarge as e:
             self._kill()
-            raise StudentError("error", f"{label} sent back a result far too large ({e}): graded functions "
-                                        "return tensors of the sizes their docstrings give") from None
+            raise StudentError(
+                "error",
+                f"{label} sent back a result far too large ({e}): graded functions return tensors of the sizes their docstrings give",
+            ) from None
         except frames.WireError as e:
             self._kill()
             raise StudentError("error", f"{label}: the grading process sent back something unreadable ({e})") from None
@@ -151,8 +157,9 @@ class Session:
             error = reply.get("error") or {}
             if error.get("output_limit"):
                 self._kill()  # its log is full: the next check gets a fresh process
-                raise StudentError("error", f"{label} printed more than {OUTPUT_LIMIT >> 20} MiB: "
-                                            "the output limit was reached (print less)")
+                raise StudentError(
+                    "error", f"{label} printed more than {OUTPUT_LIMIT >> 20} MiB: the output limit was reached (print less)"
+                )
             raise StudentRaised(label, error)
         return reply, out
 
@@ -197,8 +204,7 @@ class Session:
 
     def attributes(self, handle: wire.Handle, names: list[str]) -> dict:
         """Read attributes of an object the module made (its observable state)."""
-        return self._timed({"op": "getattr", "handle": handle.id, "names": list(names)}, [],
-                           f"{handle.type_name}.{'/'.join(names)}").value
+        return self._timed({"op": "getattr", "handle": handle.id, "names": list(names)}, [], f"{handle.type_name}.{'/'.join(names)}").value
 
     def _timed(self, header: dict, buffers: list, label: str) -> Call:
         self._ensure_loaded()

@@ -67,8 +67,7 @@ def encode(value: Any, keep: Callable[[Any], int] | None = None) -> tuple[Any, l
         if isinstance(v, Handle):
             return {"$": "handle", "id": v.id, "type": v.type_name}
         if isinstance(v, torch.Tensor) and v.layout == torch.strided and v.device.type == "cpu":
-            node: dict[str, Any] = {"$": "tensor", "dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape),
-                    "cls": t.__name__}
+            node: dict[str, Any] = {"$": "tensor", "dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape), "cls": t.__name__}
             v = v.detach()
             if v.is_contiguous() or v.numel() == 0 or min(v.stride(), default=0) < 0:
                 flat = v.contiguous().reshape(-1)
@@ -151,9 +150,10 @@ def _hashable(key: Any) -> Any:
     return key
 
 
-_DTYPES: dict[Any, torch.dtype] = {name: getattr(torch, name) for name in (
-    "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16",
-    "float32", "float64", "complex64", "complex128")}
+_DTYPES: dict[Any, torch.dtype] = {
+    name: getattr(torch, name)
+    for name in ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
+}
 
 
 def _tensor(node: dict, data: bytes | bytearray) -> torch.Tensor:

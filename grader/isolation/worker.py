@@ -33,8 +33,6 @@ OUTPUT_LIMIT = 16 << 20
 """Bytes the student's process may print (RLIMIT_FSIZE on its output file)."""
 
 
-
-
 class Process(Protocol):
     """What a Worker needs of the process it talks to."""
 
@@ -55,8 +53,7 @@ class _Popen:
             return None
 
 
-def start(*, root: Path, workdir: Path, memory_limit: int, output_limit: int, memory_extra: int = 0,
-          **_: object) -> "Worker":
+def start(*, root: Path, workdir: Path, memory_limit: int, output_limit: int, memory_extra: int = 0, **_: object) -> "Worker":
     """A student process in a fresh interpreter, with no sandbox (about a second: it imports torch).
 
     For the student's own exercises and the tests; somebody else's code runs in a
@@ -69,10 +66,27 @@ def start(*, root: Path, workdir: Path, memory_limit: int, output_limit: int, me
     log_path = workdir / f"output-{time.monotonic_ns()}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-B", "-c", BOOT, str(root), str(req_r), str(rep_w),
-             str(memory_limit), str(memory_extra), str(output_limit)],
-            pass_fds=(req_r, rep_w), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            cwd=workdir, env=environment(str(workdir)), start_new_session=True)
+            [
+                sys.executable,
+                "-I",
+                "-B",
+                "-c",
+                BOOT,
+                str(root),
+                str(req_r),
+                str(rep_w),
+                str(memory_limit),
+                str(memory_extra),
+                str(output_limit),
+            ],
+            pass_fds=(req_r, rep_w),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+            env=environment(str(workdir)),
+            start_new_session=True,
+        )
     os.close(req_r)
     os.close(rep_w)
     return Worker(_Popen(proc), req_w, rep_r, log_path)
@@ -90,8 +104,9 @@ class Worker:
     def pid(self) -> int:
         return self.process.pid
 
-    def request(self, header: dict, buffers: Sequence[bytes | bytearray | memoryview] = (), *, timeout: float,
-                max_bytes: int = MAX_REPLY_BYTES) -> tuple[dict, list[bytearray]]:
+    def request(
+        self, header: dict, buffers: Sequence[bytes | bytearray | memoryview] = (), *, timeout: float, max_bytes: int = MAX_REPLY_BYTES
+    ) -> tuple[dict, list[bytearray]]:
         """Send one request; raise frames.WireTimeout / WireClosed / FrameTooLarge / WireError.
 
         Both directions have deadlines: the request must be taken in within WRITE_TIMEOUT

@@ -30,8 +30,10 @@ from grader.isolation.worker import Worker
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-BOOT = ("import sys; sys.dont_write_bytecode = True; sys.path.insert(0, sys.argv[1]); "
-        "from grader.isolation.zygote import serve; serve(int(sys.argv[2]))")
+BOOT = (
+    "import sys; sys.dont_write_bytecode = True; sys.path.insert(0, sys.argv[1]); "
+    "from grader.isolation.zygote import serve; serve(int(sys.argv[2]))"
+)
 READY_TIMEOUT = 120.0
 REPLY_TIMEOUT = 5.0
 """Seconds the warm process may take to answer (it only forks and waits; a stopped one is given up)."""
@@ -58,8 +60,9 @@ class Zygote:
         out = open(log or self.box.logs / "zygote.log", "ab")
         root = self.box.harness if self.box.kind else HARNESS_ROOT
         try:
-            self.proc = self.box.popen([sys.executable, "-I", "-B", "-c", BOOT, str(root), str(theirs.fileno())],
-                                       pass_fds=(theirs.fileno(),), stdout=out)
+            self.proc = self.box.popen(
+                [sys.executable, "-I", "-B", "-c", BOOT, str(root), str(theirs.fileno())], pass_fds=(theirs.fileno(),), stdout=out
+            )
         finally:
             theirs.close()
             out.close()
@@ -90,8 +93,7 @@ class Zygote:
             except (TimeoutError, OSError) as e:
                 raise ZygoteError(f"the warm process stopped answering ({e})") from None
             if not chunk:
-                raise ZygoteError(f"the warm process ended (exit status {self.proc.poll()}; its output: "
-                                  f"{self._log_tail()!r})")
+                raise ZygoteError(f"the warm process ended (exit status {self.proc.poll()}; its output: {self._log_tail()!r})")
             self._buffer += chunk
             if len(self._buffer) > 1 << 16:
                 raise ZygoteError("the warm process sent a reply far too long")
@@ -117,8 +119,7 @@ class Zygote:
         except OSError as e:
             raise ZygoteError(f"the warm process is gone ({e})") from None
 
-    def start(self, *, workdir: Path | None = None, memory_limit: int, output_limit: int, memory_extra: int = 0,
-              **_: object) -> Worker:
+    def start(self, *, workdir: Path | None = None, memory_limit: int, output_limit: int, memory_extra: int = 0, **_: object) -> Worker:
         """Fork a student process (what `grader.isolation.worker.start` makes, in milliseconds)."""
         self._await_ready()
         req_r, req_w = os.pipe()
@@ -126,8 +127,10 @@ class Zygote:
         log_path = self.box.logs / f"output-{time.monotonic_ns()}.log"
         log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
         try:
-            self._send({"op": "spawn", "cwd": self.workdir, "memory": memory_limit, "memory_extra": memory_extra,
-                        "output": output_limit}, [req_r, rep_w, log])
+            self._send(
+                {"op": "spawn", "cwd": self.workdir, "memory": memory_limit, "memory_extra": memory_extra, "output": output_limit},
+                [req_r, rep_w, log],
+            )
             inner = self._receive().get("pid")
         except ZygoteError:
             for fd in (req_w, rep_r):
@@ -213,8 +216,7 @@ def serve(sock_fd: int) -> None:
                 os.dup2(fds[2], 2)
                 os.close(fds[2])
                 os.chdir(message["cwd"])
-                child.run(fds[0], fds[1], memory=message["memory"], memory_extra=message.get("memory_extra", 0),
-                          output=message["output"])
+                child.run(fds[0], fds[1], memory=message["memory"], memory_extra=message.get("memory_extra", 0), output=message["output"])
             except BaseException:
                 import traceback
 

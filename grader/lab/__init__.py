@@ -35,6 +35,7 @@ class ParamError(ValueError):
 
 # -- parameters ------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Param:
     """One control of an experiment: its name in the body, its label on the page and its default."""
@@ -152,11 +153,11 @@ class Numbers(Param):
         return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
 
     def to_json(self) -> dict:
-        return {**super().to_json(), "min": self.low, "max": self.high, "min_len": self.min_len,
-                "max_len": self.max_len}
+        return {**super().to_json(), "min": self.low, "max": self.high, "min_len": self.min_len, "max_len": self.max_len}
 
 
 # -- experiments -----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Experiment:
@@ -200,21 +201,49 @@ class Experiment:
         return values
 
     def to_json(self) -> dict:
-        return {"id": self.id, "chapter": self.chapter, "title": self.title, "about": self.about,
-                "figures": list(self.figures), "calls": list(self.calls), "varies": self.varies,
-                "params": [p.to_json() for p in self.params]}
+        return {
+            "id": self.id,
+            "chapter": self.chapter,
+            "title": self.title,
+            "about": self.about,
+            "figures": list(self.figures),
+            "calls": list(self.calls),
+            "varies": self.varies,
+            "params": [p.to_json() for p in self.params],
+        }
 
 
-def experiment(experiment_id: str, *, title: str, about: str, figures: tuple[str, ...], params: list[Param],
-               calls: tuple[str, ...], constraints: Callable[[dict], dict[str, str]] | None = None,
-               captions: Callable[[dict], dict[str, tuple[str, ...]]] | None = None, varies: str = "",
-               time_limit: float | None = None) -> Callable:
+def experiment(
+    experiment_id: str,
+    *,
+    title: str,
+    about: str,
+    figures: tuple[str, ...],
+    params: list[Param],
+    calls: tuple[str, ...],
+    constraints: Callable[[dict], dict[str, str]] | None = None,
+    captions: Callable[[dict], dict[str, tuple[str, ...]]] | None = None,
+    varies: str = "",
+    time_limit: float | None = None,
+) -> Callable:
     """Mark `body(t, p)` as an experiment of the chapter whose lab module defines it (its id: "ch25-<id>")."""
 
     def wrap(body: Callable[["Trial", dict], None]) -> Callable[["Trial", dict], None]:
         chapter = body.__module__.rsplit(".", 1)[-1]
-        body.__experiment__ = Experiment(f"{chapter}-{experiment_id}", chapter, title, about, tuple(figures), tuple(params),  # type: ignore[attr-defined]
-                                         tuple(calls), body, constraints, captions, varies, time_limit)
+        body.__experiment__ = Experiment(  # type: ignore[attr-defined]
+            f"{chapter}-{experiment_id}",
+            chapter,
+            title,
+            about,
+            tuple(figures),
+            tuple(params),
+            tuple(calls),
+            body,
+            constraints,
+            captions,
+            varies,
+            time_limit,
+        )
         return body
 
     return wrap

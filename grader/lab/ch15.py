@@ -25,8 +25,10 @@ def table(V: int, H: int) -> torch.Tensor:
 def _constraints(p: dict) -> dict[str, str]:
     V, ids = p["V"], p["ids"]
     if max(ids) >= V:
-        return {"ids": f"id {max(ids)} is not a row of E (V = {V} rows, ids 0 … {V - 1}); an id ≥ vocab_size is "
-                       "an error your function raises (check ch15.1), not something to draw"}
+        return {
+            "ids": f"id {max(ids)} is not a row of E (V = {V} rows, ids 0 … {V - 1}); an id ≥ vocab_size is "
+            "an error your function raises (check ch15.1), not something to draw"
+        }
     if len(ids) > room_for_ids(V):
         return {"ids": f"with V = {V} rows the figure has room for {room_for_ids(V)} ids; add rows or remove ids"}
     return {}
@@ -35,20 +37,27 @@ def _constraints(p: dict) -> dict[str, str]:
 def _captions(p: dict) -> dict[str, tuple[str, ...]]:
     V, H, ids = p["V"], p["H"], p["ids"]
     n = len(ids)
-    return {"ch15-dim-embedding": (
-        f"ids = {ids} 从 E[{V}, {H}] 中读出第 {'、'.join(map(str, ids))} 行,得到 X[1, {n}, {H}]:输入是 {n} 个整数下标,"
-        f"输出是 {n} × {H} = {n * H} 个浮点数。查表按 id 选行,而不是把 E 重新排成另一个形状。",
-        f"ids = {ids} read rows {', '.join(map(str, ids))} of E[{V}, {H}] to give X[1, {n}, {H}]: {n} integer "
-        f"indices go in, {n} × {H} = {n * H} floats come out. A lookup selects rows by id; it is not a reshape of E.")}
+    return {
+        "ch15-dim-embedding": (
+            f"ids = {ids} 从 E[{V}, {H}] 中读出第 {'、'.join(map(str, ids))} 行,得到 X[1, {n}, {H}]:输入是 {n} 个整数下标,"
+            f"输出是 {n} × {H} = {n * H} 个浮点数。查表按 id 选行,而不是把 E 重新排成另一个形状。",
+            f"ids = {ids} read rows {', '.join(map(str, ids))} of E[{V}, {H}] to give X[1, {n}, {H}]: {n} integer "
+            f"indices go in, {n} × {H} = {n * H} floats come out. A lookup selects rows by id; it is not a reshape of E.",
+        )
+    }
 
 
-@experiment("embedding", title="查表 · embedding lookup",
-            about="Edit the ids and the table's shape: your embedding_lookup reads one whole row of E per id, in "
-                  "the order of the ids (a repeated id reads its row twice).",
-            figures=("ch15-dim-embedding",), calls=("embedding_lookup",),
-            params=[Int("V", "V (rows of E)", 6, 2, 8), Int("H", "H (row width)", 4, 1, 6),
-                    Numbers("ids", "ids", [2, 0, 4], 1, 5, 0, 7)],
-            constraints=_constraints, captions=_captions)
+@experiment(
+    "embedding",
+    title="查表 · embedding lookup",
+    about="Edit the ids and the table's shape: your embedding_lookup reads one whole row of E per id, in "
+    "the order of the ids (a repeated id reads its row twice).",
+    figures=("ch15-dim-embedding",),
+    calls=("embedding_lookup",),
+    params=[Int("V", "V (rows of E)", 6, 2, 8), Int("H", "H (row width)", 4, 1, 6), Numbers("ids", "ids", [2, 0, 4], 1, 5, 0, 7)],
+    constraints=_constraints,
+    captions=_captions,
+)
 def embedding(t: Trial, p: dict) -> None:
     weight, ids = table(p["V"], p["H"]), torch.tensor([p["ids"]])
     got = t.yours.embedding_lookup(weight, ids)
@@ -56,8 +65,7 @@ def embedding(t: Trial, p: dict) -> None:
     shape = [1, len(p["ids"]), p["H"]]
     if isinstance(got, torch.Tensor) and list(got.shape) == shape and got.dtype == weight.dtype:
         expected = expected_or_own(want, got)
-        t.figure("ch15-dim-embedding", table=weight, ids=ids, out=got, expected=expected,
-                 wrong=wrong_mask(got, expected))
+        t.figure("ch15-dim-embedding", table=weight, ids=ids, out=got, expected=expected, wrong=wrong_mask(got, expected))
     if want is not None:
         expect_lookup(got, want, weight, ids, "your instance")
     else:

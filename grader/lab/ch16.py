@@ -29,8 +29,10 @@ def _constraints(p: dict) -> dict[str, str]:
     if k >= n:
         return {"traced": f"x holds the numbers 0 … {n - 1}; pick one of them"}
     if _panels_width(T, H, d) > MAX_WIDTH:
-        return {"d": f"T = {T}, H = {H}, d = {d} make the split figure {_panels_width(T, H, d)} px wide (at most "
-                     f"{MAX_WIDTH}); make T, H or d smaller"}
+        return {
+            "d": f"T = {T}, H = {H}, d = {d} make the split figure {_panels_width(T, H, d)} px wide (at most "
+            f"{MAX_WIDTH}); make T, H or d smaller"
+        }
     return {}
 
 
@@ -39,16 +41,20 @@ def _captions(p: dict) -> dict[str, tuple[str, ...]]:
     W, n = H * d, B * T * H * d
     shown = f"(图中画出编号 {k} 所在的那条序列)" if B > 1 else ""
     shown_en = f" (the figure draws the sequence that holds #{k})" if B > 1 else ""
-    return {"ch16-dim-split-heads": (
-        f"编号 0 至 {n - 1} 的 [{B}, {T}, {W}] 先 view 成 [{B}, {T}, {H}, {d}],再 transpose 成 [{B}, {H}, {T}, {d}];"
-        f"逐 head 画出矩阵,并追踪编号 {k} 的三套坐标{shown}。",
-        f"The numbers 0–{n - 1} as [{B}, {T}, {W}] are viewed as [{B}, {T}, {H}, {d}], then transposed to "
-        f"[{B}, {H}, {T}, {d}]; each head is drawn as a matrix, and element #{k} is traced through its three "
-        f"coordinate triples{shown_en}."),
+    return {
+        "ch16-dim-split-heads": (
+            f"编号 0 至 {n - 1} 的 [{B}, {T}, {W}] 先 view 成 [{B}, {T}, {H}, {d}],再 transpose 成 [{B}, {H}, {T}, {d}];"
+            f"逐 head 画出矩阵,并追踪编号 {k} 的三套坐标{shown}。",
+            f"The numbers 0–{n - 1} as [{B}, {T}, {W}] are viewed as [{B}, {T}, {H}, {d}], then transposed to "
+            f"[{B}, {H}, {T}, {d}]; each head is drawn as a matrix, and element #{k} is traced through its three "
+            f"coordinate triples{shown_en}.",
+        ),
         "ch16-dim-merge-heads": (
-        f"同一组 {T * W} 个编号分别按 transpose 后合头与直接 reshape 排列:直接 reshape 把不同 token 的值混到一行{shown}。",
-        f"The same {T * W} numbers merged back by transpose-then-reshape and by a bare reshape: the bare reshape "
-        f"mixes values of different tokens into one row{shown_en}.")}
+            f"同一组 {T * W} 个编号分别按 transpose 后合头与直接 reshape 排列:直接 reshape 把不同 token 的值混到一行{shown}。",
+            f"The same {T * W} numbers merged back by transpose-then-reshape and by a bare reshape: the bare reshape "
+            f"mixes values of different tokens into one row{shown_en}.",
+        ),
+    }
 
 
 def _layout(got, shape: list[int], what: str, header: str, hint) -> torch.Tensor:
@@ -59,35 +65,56 @@ def _layout(got, shape: list[int], what: str, header: str, hint) -> torch.Tensor
         raise CheckFailed(header, *e.lines, hint=hint(got) if isinstance(got, torch.Tensor) else "") from None
 
 
-@experiment("heads", title="拆头与合头 · split and merge heads",
-            about="Change B, T, H and d and pick a number of x: follow it through your split_heads (view, then "
-                  "transpose) and back through your merge_heads, beside the bare reshape that mixes tokens.",
-            figures=("ch16-dim-split-heads", "ch16-dim-merge-heads"), calls=("split_heads", "merge_heads"),
-            params=[Int("B", "B (sequences)", 1, 1, 2), Int("T", "T (tokens)", 3, 1, 4),
-                    Int("H", "H (heads)", 2, 1, 4), Int("d", "d (head width)", 2, 1, 3),
-                    Int("traced", "traced number", 2, 0, 95)],
-            constraints=_constraints, captions=_captions,
-            varies="With B = 2 the figures draw one sequence of the batch, the one holding the traced number; their "
-                   "coordinates index it as sequence 0.")
+@experiment(
+    "heads",
+    title="拆头与合头 · split and merge heads",
+    about="Change B, T, H and d and pick a number of x: follow it through your split_heads (view, then "
+    "transpose) and back through your merge_heads, beside the bare reshape that mixes tokens.",
+    figures=("ch16-dim-split-heads", "ch16-dim-merge-heads"),
+    calls=("split_heads", "merge_heads"),
+    params=[
+        Int("B", "B (sequences)", 1, 1, 2),
+        Int("T", "T (tokens)", 3, 1, 4),
+        Int("H", "H (heads)", 2, 1, 4),
+        Int("d", "d (head width)", 2, 1, 3),
+        Int("traced", "traced number", 2, 0, 95),
+    ],
+    constraints=_constraints,
+    captions=_captions,
+    varies="With B = 2 the figures draw one sequence of the batch, the one holding the traced number; their "
+    "coordinates index it as sequence 0.",
+)
 def heads(t: Trial, p: dict) -> None:
     B, T, H, d, k = p["B"], p["T"], p["H"], p["d"], p["traced"]
     W, case = H * d, "your instance"
-    b = k // (T * W)                       # the sequence the figures draw
+    b = k // (T * W)  # the sequence the figures draw
     x = numbered((B, T, W))
     header = f'case "{case}": x [{B}, {T}, {W}] = [B, T, H·d], num_heads={H} → [B, H, T, d] = [{B}, {H}, {T}, {d}]'
     out = _layout(t.yours.split_heads(x, H), [B, H, T, d], "the heads", header, lambda g: split_hint(g, x, H))
     want = t.ref.split_heads(x, H) if t.ref else None
     expected = expected_or_own(want, out)
-    t.figure("ch16-dim-split-heads", x=x[b:b + 1], num_heads=H, traced=k, yours=out[b:b + 1],
-             expected=expected[b:b + 1], wrong=wrong_mask(out, expected)[b:b + 1])
+    t.figure(
+        "ch16-dim-split-heads",
+        x=x[b : b + 1],
+        num_heads=H,
+        traced=k,
+        yours=out[b : b + 1],
+        expected=expected[b : b + 1],
+        wrong=wrong_mask(out, expected)[b : b + 1],
+    )
     heads_in = numbered_heads(B, H, T, d)
     header = f'case "{case}": x [{B}, {H}, {T}, {d}] = [B, H, T, d] → [B, T, H·d] = [{B}, {T}, {W}]'
-    merged = _layout(call_merge(t, heads_in, case), [B, T, W], "the merged heads", header,
-                     lambda g: merge_hint(g, heads_in))
+    merged = _layout(call_merge(t, heads_in, case), [B, T, W], "the merged heads", header, lambda g: merge_hint(g, heads_in))
     want_m = t.ref.merge_heads(heads_in) if t.ref else None
     expected_m = expected_or_own(want_m, merged)
-    t.figure("ch16-dim-merge-heads", heads=heads_in[b:b + 1], yours=merged[b:b + 1], expected=expected_m[b:b + 1],
-             wrong=wrong_mask(merged, expected_m)[b:b + 1], bare=heads_in.reshape(B, T, W)[b:b + 1])
+    t.figure(
+        "ch16-dim-merge-heads",
+        heads=heads_in[b : b + 1],
+        yours=merged[b : b + 1],
+        expected=expected_m[b : b + 1],
+        wrong=wrong_mask(merged, expected_m)[b : b + 1],
+        bare=heads_in.reshape(B, T, W)[b : b + 1],
+    )
     if want is not None and want_m is not None:
         explain_split(out, x, want, H, case)
         explain_merge(merged, heads_in, want_m, case)

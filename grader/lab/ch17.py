@@ -20,39 +20,54 @@ def _captions(p: dict) -> dict[str, tuple[str, ...]]:
     c, n = p["num_cached"], p["num_new"]
     s = c + n
     positions = "、".join(str(c + i) for i in range(n))
-    return {"ch17-causal-mask": (
-        f"{s} 个 token 的完整序列:第 i 行是位置 i 的 query,只能看见第 0…i 列的 key。上三角(j > i,未来的 token)被屏蔽;"
-        "对角线保留,因为位置 i 的输出要预测第 i + 1 个 token,它必须看见自己。",
-        f"The causal mask of a whole sequence of {s} tokens: row i is the query at position i and may attend keys "
-        "0 … i. The upper triangle (j > i, the future) is masked; the diagonal is kept, because the output at "
-        "position i predicts token i + 1 and must see token i itself."),
+    return {
+        "ch17-causal-mask": (
+            f"{s} 个 token 的完整序列:第 i 行是位置 i 的 query,只能看见第 0…i 列的 key。上三角(j > i,未来的 token)被屏蔽;"
+            "对角线保留,因为位置 i 的输出要预测第 i + 1 个 token,它必须看见自己。",
+            f"The causal mask of a whole sequence of {s} tokens: row i is the query at position i and may attend keys "
+            "0 … i. The upper triangle (j > i, the future) is masked; the diagonal is kept, because the output at "
+            "position i predicts token i + 1 and must see token i itself.",
+        ),
         "ch17-offset-mask": (
-        f"{c} 个 token 已在 KV 缓存中,这一步只算 {n} 个新 token:它们的绝对位置是 {positions},所以 [{n}, {s}] 的 mask 是"
-        f"完整 {s} × {s} 因果遮罩的最后 {n} 行(tril 取 diagonal = {c},对齐右下角),不能照搬从左上角开始的 tril。",
-        f"A chunk after a cached prefix needs its position offset: {c} tokens are cached and {n} new ones are "
-        f"computed, at absolute positions {', '.join(str(c + i) for i in range(n))}, so the [{n}, {s}] mask is the "
-        f"last {n} rows of the full {s} × {s} causal mask (tril with diagonal = {c}, aligned to the bottom-right), "
-        "not a tril taken from the top-left corner.")}
+            f"{c} 个 token 已在 KV 缓存中,这一步只算 {n} 个新 token:它们的绝对位置是 {positions},所以 [{n}, {s}] 的 mask 是"
+            f"完整 {s} × {s} 因果遮罩的最后 {n} 行(tril 取 diagonal = {c},对齐右下角),不能照搬从左上角开始的 tril。",
+            f"A chunk after a cached prefix needs its position offset: {c} tokens are cached and {n} new ones are "
+            f"computed, at absolute positions {', '.join(str(c + i) for i in range(n))}, so the [{n}, {s}] mask is the "
+            f"last {n} rows of the full {s} × {s} causal mask (tril with diagonal = {c}, aligned to the bottom-right), "
+            "not a tril taken from the top-left corner.",
+        ),
+    }
 
 
-@experiment("masks", title="因果遮罩与偏移 · causal mask with an offset",
-            about="Change how many tokens are cached and how many are new: your causal_mask draws the whole "
-                  "sequence, your causal_mask_with_offset the chunk, which must be its last rows.",
-            figures=("ch17-causal-mask", "ch17-offset-mask"), calls=("causal_mask", "causal_mask_with_offset"),
-            params=[Int("num_cached", "num_cached", 3, 0, 8), Int("num_new", "num_new", 2, 1, 8)],
-            constraints=_constraints, captions=_captions)
+@experiment(
+    "masks",
+    title="因果遮罩与偏移 · causal mask with an offset",
+    about="Change how many tokens are cached and how many are new: your causal_mask draws the whole "
+    "sequence, your causal_mask_with_offset the chunk, which must be its last rows.",
+    figures=("ch17-causal-mask", "ch17-offset-mask"),
+    calls=("causal_mask", "causal_mask_with_offset"),
+    params=[Int("num_cached", "num_cached", 3, 0, 8), Int("num_new", "num_new", 2, 1, 8)],
+    constraints=_constraints,
+    captions=_captions,
+)
 def masks(t: Trial, p: dict) -> None:
     c, n = p["num_cached"], p["num_new"]
     s = c + n
     whole = t.yours.causal_mask(s)
     want = t.ref.causal_mask(s) if t.ref else None
-    whole = expect_mask_structure(whole, want, s, 0, whole=True) if want is not None else \
-        expect_tensor(whole, what="the mask", shape=[s, s], dtype=torch.bool)
+    whole = (
+        expect_mask_structure(whole, want, s, 0, whole=True)
+        if want is not None
+        else expect_tensor(whole, what="the mask", shape=[s, s], dtype=torch.bool)
+    )
     t.figure("ch17-causal-mask", num_tokens=s, yours=whole, expected=expected_or_own(want, whole))
     chunk = t.yours.causal_mask_with_offset(n, c)
     want_c = t.ref.causal_mask_with_offset(n, c) if t.ref else None
-    chunk = expect_mask_structure(chunk, want_c, n, c, whole=False) if want_c is not None else \
-        expect_tensor(chunk, what="the mask", shape=[n, s], dtype=torch.bool)
+    chunk = (
+        expect_mask_structure(chunk, want_c, n, c, whole=False)
+        if want_c is not None
+        else expect_tensor(chunk, what="the mask", shape=[n, s], dtype=torch.bool)
+    )
     t.figure("ch17-offset-mask", num_new=n, num_cached=c, yours=chunk, expected=expected_or_own(want_c, chunk))
     if want is not None and want_c is not None:
         expect_mask(whole, want, s, 0, whole=True)

@@ -25,8 +25,7 @@ def _constraints(p: dict) -> dict[str, str]:
     if len(cached) != len(query):
         return {"cached_lens": f"one prefix hit per request: {len(query)} numbers, as many as query_lens"}
     if sum(query) + sum(cached) > MAX_KEYS:
-        return {"cached_lens": f"{sum(query) + sum(cached)} keys in all are too many to draw in one row (at most "
-                               f"{MAX_KEYS})"}
+        return {"cached_lens": f"{sum(query) + sum(cached)} keys in all are too many to draw in one row (at most {MAX_KEYS})"}
     return {}
 
 
@@ -40,29 +39,46 @@ def _captions(p: dict) -> dict[str, tuple[str, ...]]:
     keys = [c + q for c, q in zip(cached, query)]
     hits = [f"{chr(65 + b)} 命中 {c} 个 token 的前缀" for b, c in enumerate(cached) if c]
     hits_en = [f"{chr(65 + b)} hits a {c}-token prefix" for b, c in enumerate(cached) if c]
-    return {"ch26-dim-varlen-pack": (
-        f"长度为 {query} 的 {B} 条请求从 padded [{B}, {T}, {H}] 收集到 packed [{N}, {H}],逐行标出来源;"
-        f"用 cu_seqlens = {_cu(query)} 恢复请求边界。",
-        f"{B} requests of lengths {query} gathered from padded [{B}, {T}, {H}] into packed [{N}, {H}], each row "
-        f"labelled with its source; the request boundaries are recovered from cu_seqlens = {_cu(query)}."),
+    return {
+        "ch26-dim-varlen-pack": (
+            f"长度为 {query} 的 {B} 条请求从 padded [{B}, {T}, {H}] 收集到 packed [{N}, {H}],逐行标出来源;"
+            f"用 cu_seqlens = {_cu(query)} 恢复请求边界。",
+            f"{B} requests of lengths {query} gathered from padded [{B}, {T}, {H}] into packed [{N}, {H}], each row "
+            f"labelled with its source; the request boundaries are recovered from cu_seqlens = {_cu(query)}.",
+        ),
         "ch26-flatten": (
-        f"{B} 条序列压平成一个 batch,边界仍记在 cu_seqlens 里。" +
-        ("、".join(hits) + f":query 长度 {query},key 长度 cached + query = {keys}。" if hits else
-         "没有命中前缀:key 长度等于 query 长度。"),
-        f"{B} sequences flattened without losing their boundaries, which cu_seqlens keeps. " +
-        ("; ".join(hits_en) + f": query lengths {query}, key lengths cached + query = {keys}." if hits_en else
-         "No prefix hit: the key lengths equal the query lengths."))}
+            f"{B} 条序列压平成一个 batch,边界仍记在 cu_seqlens 里。"
+            + (
+                "、".join(hits) + f":query 长度 {query},key 长度 cached + query = {keys}。"
+                if hits
+                else "没有命中前缀:key 长度等于 query 长度。"
+            ),
+            f"{B} sequences flattened without losing their boundaries, which cu_seqlens keeps. "
+            + (
+                "; ".join(hits_en) + f": query lengths {query}, key lengths cached + query = {keys}."
+                if hits_en
+                else "No prefix hit: the key lengths equal the query lengths."
+            ),
+        ),
+    }
 
 
-@experiment("varlen", title="变长打包 · varlen packing and cu_seqlens",
-            about="Edit the requests' lengths (their new tokens) and their prefix hits (tokens already cached): "
-                  "your pack_varlen and unpack_varlen move the rows, your varlen_metadata gives cu_seqlens_q and "
-                  "cu_seqlens_k.",
-            figures=("ch26-dim-varlen-pack", "ch26-flatten"), calls=("pack_varlen", "unpack_varlen", "varlen_metadata"),
-            params=[Numbers("query_lens", "query_lens (new tokens)", [3, 2], 1, 4, 1, 6),
-                    Numbers("cached_lens", "cached_lens (prefix hits)", [0, 4], 1, 4, 0, 12),
-                    Int("H", "H (channels)", 4, 1, 4)],
-            constraints=_constraints, captions=_captions)
+@experiment(
+    "varlen",
+    title="变长打包 · varlen packing and cu_seqlens",
+    about="Edit the requests' lengths (their new tokens) and their prefix hits (tokens already cached): "
+    "your pack_varlen and unpack_varlen move the rows, your varlen_metadata gives cu_seqlens_q and "
+    "cu_seqlens_k.",
+    figures=("ch26-dim-varlen-pack", "ch26-flatten"),
+    calls=("pack_varlen", "unpack_varlen", "varlen_metadata"),
+    params=[
+        Numbers("query_lens", "query_lens (new tokens)", [3, 2], 1, 4, 1, 6),
+        Numbers("cached_lens", "cached_lens (prefix hits)", [0, 4], 1, 4, 0, 12),
+        Int("H", "H (channels)", 4, 1, 4),
+    ],
+    constraints=_constraints,
+    captions=_captions,
+)
 def varlen(t: Trial, p: dict) -> None:
     query, cached, H = p["query_lens"], p["cached_lens"], p["H"]
     T, N, case = max(query), sum(query), "your instance"
@@ -72,30 +88,47 @@ def varlen(t: Trial, p: dict) -> None:
         raise CheckFailed(f"pack_varlen returns a pair (packed, cu_seqlens); yours: {describe(got)}")
     packed, cu = got
     want = t.ref.pack_varlen(padded, query) if t.ref else (None, None)
-    if isinstance(packed, torch.Tensor) and isinstance(cu, torch.Tensor) and list(packed.shape) == [N, H] and \
-            packed.dtype == padded.dtype and list(cu.shape) == [len(query) + 1] and cu.dtype == torch.int32:
+    if (
+        isinstance(packed, torch.Tensor)
+        and isinstance(cu, torch.Tensor)
+        and list(packed.shape) == [N, H]
+        and packed.dtype == padded.dtype
+        and list(cu.shape) == [len(query) + 1]
+        and cu.dtype == torch.int32
+    ):
         expected, expected_cu = expected_or_own(want[0], packed), expected_or_own(want[1], cu)
-        t.figure("ch26-dim-varlen-pack", padded=padded, lengths=query, packed=packed, expected=expected,
-                 wrong=wrong_mask(packed, expected), cu_seqlens=cu, expected_cu=expected_cu,
-                 cu_wrong=wrong_mask(cu, expected_cu))
+        t.figure(
+            "ch26-dim-varlen-pack",
+            padded=padded,
+            lengths=query,
+            packed=packed,
+            expected=expected,
+            wrong=wrong_mask(packed, expected),
+            cu_seqlens=cu,
+            expected_cu=expected_cu,
+            cu_wrong=wrong_mask(cu, expected_cu),
+        )
     try:  # the chapter's explanations know the answer without the reference: running sums, rows in order
         explain_packed(packed, padded, query, case)
         expect_cu(cu, query, "cu_seqlens")
         wrong_pack = None
     except CheckFailed as e:
         wrong_pack = e
-    if wrong_pack is None:                                     # unpack the (correct) packed batch back
+    if wrong_pack is None:  # unpack the (correct) packed batch back
         unpacked = t.yours.unpack_varlen(packed, cu, T)
         out = expect_tensor(unpacked, what="the unpacked batch", shape=list(padded.shape), dtype=padded.dtype)
         t.figure("ch26-dim-varlen-pack", unpacked=out, unpacked_expected=padded, unpacked_wrong=wrong_mask(out, padded))
     meta = expect_metadata(t.yours.varlen_metadata(list(query), list(cached)))
     parts = {k: meta[k] for k in META_KEYS}
     want_meta = t.ref.varlen_metadata(query, cached) if t.ref else None
-    if all(isinstance(parts[k], torch.Tensor) and list(parts[k].shape) == [len(query) + 1] and
-           parts[k].dtype == torch.int32 for k in META_KEYS[:2]) and all(type(parts[k]) is int for k in META_KEYS[2:]):
+    if all(
+        isinstance(parts[k], torch.Tensor) and list(parts[k].shape) == [len(query) + 1] and parts[k].dtype == torch.int32
+        for k in META_KEYS[:2]
+    ) and all(type(parts[k]) is int for k in META_KEYS[2:]):
         expected_meta = expected_or_own(want_meta, parts)
-        t.figure("ch26-flatten", query=query, cached=cached, yours=parts, expected=expected_meta,
-                 wrong=metadata_wrong(parts, expected_meta))
+        t.figure(
+            "ch26-flatten", query=query, cached=cached, yours=parts, expected=expected_meta, wrong=metadata_wrong(parts, expected_meta)
+        )
     if wrong_pack is not None:
         raise wrong_pack
     explain_unpacked(out, packed, cu.tolist(), T, case)

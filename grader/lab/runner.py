@@ -98,8 +98,8 @@ class Lane:
     def __init__(self) -> None:
         self.session = None
         self.stamp: str | None = None
-        self._turn = threading.Lock()     # one request at a time in the student's process
-        self._state = threading.Lock()    # guards the fields below
+        self._turn = threading.Lock()  # one request at a time in the student's process
+        self._state = threading.Lock()  # guards the fields below
         self._latest = 0
         self._running: int | None = None
 
@@ -138,9 +138,16 @@ class Lane:
 class Lab:
     """The experiments of every chapter, run on one target: exercises/, a submission folder or the solutions."""
 
-    def __init__(self, *, solutions: bool = False, submission: Path | None = None,
-                 time_limit: float = DEFAULT_TIME_LIMIT, memory_limit: int = DEFAULT_MEMORY_LIMIT,
-                 launcher: Callable[..., Worker] | None = None, sandbox: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        solutions: bool = False,
+        submission: Path | None = None,
+        time_limit: float = DEFAULT_TIME_LIMIT,
+        memory_limit: int = DEFAULT_MEMORY_LIMIT,
+        launcher: Callable[..., Worker] | None = None,
+        sandbox: str | None = None,
+    ) -> None:
         """`sandbox` ("bwrap") runs the code in a sandbox made for this lab (for a submission: somebody
         else's code); its chapter files are copied in, without following links, as they change."""
         import torch
@@ -168,8 +175,7 @@ class Lab:
                 from grader.isolation import worker
 
                 launcher = functools.partial(worker.start, root=chapters.ROOT)
-        self.spawn = functools.partial(launcher, workdir=self.workdir, memory_limit=memory_limit,
-                                       output_limit=OUTPUT_LIMIT)
+        self.spawn = functools.partial(launcher, workdir=self.workdir, memory_limit=memory_limit, output_limit=OUTPUT_LIMIT)
         self._lanes: dict[str, Lane] = {}
         self._lanes_lock = threading.Lock()
         self._seq = itertools.count(1)
@@ -190,12 +196,15 @@ class Lab:
         groups: dict[str, dict] = {}
         for exp in self.catalog.experiments.values():
             ch = chapters.find(exp.chapter)
-            group = groups.setdefault(ch.id, {"id": ch.id, "title": ch.title, "file": ch.filename,
-                                              "experiments": []})
+            group = groups.setdefault(ch.id, {"id": ch.id, "title": ch.title, "file": ch.filename, "experiments": []})
             group["experiments"].append(exp.to_json())
-        return {"target": str(folder), "mode": "solutions" if self.solutions else
-                "submission" if self.submission else "exercises", "checked": self.checked,
-                "time_limit": self.time_limit, "chapters": list(groups.values())}
+        return {
+            "target": str(folder),
+            "mode": "solutions" if self.solutions else "submission" if self.submission else "exercises",
+            "checked": self.checked,
+            "time_limit": self.time_limit,
+            "chapters": list(groups.values()),
+        }
 
     # -- running -------------------------------------------------------------------------------------
     def run(self, experiment_id: str, raw: dict | None) -> dict:
@@ -260,8 +269,7 @@ class Lab:
         ref = self._reference(ch)
         records: dict[str, dict] = {}
         spec = CheckSpec(task, exp.id, lambda t: exp.body(t, params), hidden=False)
-        trial = Trial(spec, session=session, ref=ref, seed=0,
-                      params={n: p for t in ch.tasks for n, p in t.params.items()}, figures=records)
+        trial = Trial(spec, session=session, ref=ref, seed=0, params={n: p for t in ch.tasks for n, p in t.params.items()}, figures=records)
         session.begin_check(exp.time_limit or self.time_limit)
         out: dict[str, Any] = {"status": "passed" if ref is not None else "unchecked", "message": ""}
         try:
@@ -277,9 +285,11 @@ class Lab:
         except StudentError as e:
             out.update(status=e.status, message=str(e))
         except Exception as e:  # a result the experiment did not foresee (or a lab bug): shown, never a crash
-            out.update(status="error", message="the lab could not interpret your result; if your answer looks "
-                                                f"right, show this to your instructor ({type(e).__name__}: {e})\n"
-                                                + traceback.format_exc(limit=-3))
+            out.update(
+                status="error",
+                message="the lab could not interpret your result; if your answer looks "
+                f"right, show this to your instructor ({type(e).__name__}: {e})\n" + traceback.format_exc(limit=-3),
+            )
         out["printed"] = session.take_printed()
         out["figures"], out["notes"] = self._draw(exp, ch, params, records)
         out["calls"] = [f"{name} ({path.name})" for name in exp.calls]

@@ -41,9 +41,9 @@ FONTS = Path(__file__).resolve().parents[2] / "figures" / "fonts"
 machine without a CJK font shows Chinese too."""
 HOST = "127.0.0.1"
 MAX_BODY = 64 << 10
-TOKEN_META = '<meta name="course-token" content="">'   # in index.html; filled in when the page is served
+TOKEN_META = '<meta name="course-token" content="">'  # in index.html; filled in when the page is served
 TOKEN_HEADER = "x-course-token"
-TOO_LARGE = {"Connection": "close"}   # with a 413 uvicorn closes the connection rather than read the rest
+TOO_LARGE = {"Connection": "close"}  # with a 413 uvicorn closes the connection rather than read the rest
 
 
 class OnlyHosts:
@@ -128,13 +128,16 @@ def app(lab: Lab, port: int) -> Starlette:
         result = await run_in_threadpool(lab.run, request.path_params["experiment"], params)
         return JSONResponse(result)
 
-    return Starlette(routes=[
-        Route("/", page),
-        Route("/fonts/{name}", font),
-        Route("/api/experiments", experiments),
-        Route("/api/run/{experiment}", run, methods=["POST"]),
-        Mount("/static", StaticFiles(directory=STATIC), name="static"),
-    ], middleware=[Middleware(OnlyHosts, hosts=hosts)])
+    return Starlette(
+        routes=[
+            Route("/", page),
+            Route("/fonts/{name}", font),
+            Route("/api/experiments", experiments),
+            Route("/api/run/{experiment}", run, methods=["POST"]),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        ],
+        middleware=[Middleware(OnlyHosts, hosts=hosts)],
+    )
 
 
 def bind(port: int = 0) -> socket.socket:
@@ -146,8 +149,7 @@ def bind(port: int = 0) -> socket.socket:
     return sock
 
 
-def serve(lab: Lab, *, port: int = 0, open_browser: bool = True,
-          on_ready: Callable[[str], None] | None = None) -> None:
+def serve(lab: Lab, *, port: int = 0, open_browser: bool = True, on_ready: Callable[[str], None] | None = None) -> None:
     """Serve the lab until Ctrl-C (or SIGTERM); `on_ready(url)` is called once it listens."""
     import uvicorn
 

