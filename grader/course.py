@@ -22,9 +22,10 @@ from typing import Any, Callable
 from grader import chapters
 from grader.report import Report
 
-COST = {"ch15": 9, "ch16": 8, "ch23": 7, "ch22": 7, "ch32": 6, "ch25": 6, "ch24": 5, "ch27": 5, "ch31": 5}
-"""Rough relative cost of a chapter's full run (measured once on 2 cores; others count 3): the pool starts
-the longest first, so the slowest chapter never starts last."""
+COST = {"ch22": 6.2, "ch15": 5.5, "ch18": 5.5, "ch20": 5.2, "ch19": 5.0, "ch16": 4.9, "ch32": 4.0}
+"""Rough relative cost of a chapter's full run: seconds of `course check chNN --solutions`, measured by
+tests/bench/check_all.py on 2 cores (others count 3). The pool starts the longest first, so the slowest chapter
+never starts last."""
 
 
 @dataclass
