@@ -695,11 +695,16 @@ def replay(config: dict, ops: list) -> list[dict]:
     except NotImplementedError:
         raise
     except Exception as e:  # noqa: BLE001 (the grader reports it with the step that raised)
-        frames = traceback.extract_tb(e.__traceback__)
-        where = f"line {frames[-1].lineno} in {frames[-1].name}: {frames[-1].line}" if frames else ""
-        trace.append({"error": f"{type(e).__name__}: {e}", "where": where})
+        trace.append(_error_record(e))
     return trace
 
+
+
+def _error_record(e: Exception) -> dict:
+    """The record that ends a replay's trace when an operation raises: the error and the line that raised it."""
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f"line {frames[-1].lineno} in {frames[-1].name}: {frames[-1].line}" if frames else ""
+    return {"error": f"{type(e).__name__}: {e}", "where": where}
 
 WRONG_DRAFT = 50
 """The course's drafter guesses wrong by this much: a wrong draft for position p is fake_token(·, p) + 50."""
@@ -775,7 +780,5 @@ def replay_spec(config: dict, rounds: list) -> list[dict]:
     except NotImplementedError:
         raise
     except Exception as e:  # noqa: BLE001 (the grader reports it with the step that raised)
-        frames = traceback.extract_tb(e.__traceback__)
-        where = f"line {frames[-1].lineno} in {frames[-1].name}: {frames[-1].line}" if frames else ""
-        trace.append({"error": f"{type(e).__name__}: {e}", "where": where})
+        trace.append(_error_record(e))
     return trace

@@ -142,13 +142,7 @@ def relative_position(t: Trial) -> None:
 
 @hidden("ch19.3", "agreement with transformers' Qwen3Attention (q_norm, k_norm, RoPE; V untouched)")
 def hf_qwen3_attention(t: Trial) -> None:
-    config, qwen3 = tiny_qwen3(t, head_dim=16, base=1e6, heads=4, kv_heads=2)
-    attn = qwen3.Qwen3Attention(config, layer_idx=0).eval()
-    with torch.no_grad():  # weights from the grading seed; learned-looking norm weights, not the initial ones
-        for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
-            proj.weight.copy_(torch.randn(proj.weight.shape, generator=t.rng) * 0.3)
-        for norm in (attn.q_norm, attn.k_norm):
-            norm.weight.copy_(random_weight(t, 16))
+    config, qwen3, attn = hf_attention(t)
     n = 7
     positions = [t.random.randint(0, 3) + i for i in range(n)]
     x = torch.randn(1, n, 32, generator=t.rng)
@@ -277,13 +271,7 @@ def chunk_equals_prefill(t: Trial) -> None:
 
 @hidden("ch19.4", "agreement with transformers' Qwen3Attention: a chunk after a cached prefix")
 def hf_attention_with_cache(t: Trial) -> None:
-    config, qwen3 = tiny_qwen3(t, head_dim=16, base=1e6, heads=4, kv_heads=2)
-    attn = qwen3.Qwen3Attention(config, layer_idx=0).eval()
-    with torch.no_grad():
-        for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
-            proj.weight.copy_(torch.randn(proj.weight.shape, generator=t.rng) * 0.3)
-        for norm in (attn.q_norm, attn.k_norm):
-            norm.weight.copy_(random_weight(t, 16))
+    config, qwen3, attn = hf_attention(t)
     c, n = 6, 3
     x = torch.randn(1, c + n, 32, generator=t.rng)
     cos, sin = hf_cos_sin(qwen3, config, list(range(c + n)))
@@ -295,9 +283,8 @@ def hf_attention_with_cache(t: Trial) -> None:
         v = attn.v_proj(x[0]).view(c + n, 2, 16)
         wq, wk = attn.q_norm.weight.detach().clone(), attn.k_norm.weight.detach().clone()
         # the cache as Qwen3Attention leaves it: k_norm, then RoPE, at positions 0 … c − 1; v as projected
-        _, k_cache = qwen3.apply_rotary_pos_emb(
-            attn.k_norm(k[:c]).transpose(0, 1)[None], attn.k_norm(k[:c]).transpose(0, 1)[None], cos[None, :c], sin[None, :c]
-        )
+        normed = attn.k_norm(k[:c]).transpose(0, 1)[None]
+        _, k_cache = qwen3.apply_rotary_pos_emb(normed, normed, cos[None, :c], sin[None, :c])
     got = t.yours.rope_attention(
         q[c:], k[c:], v[c:], wq, wk, 1e6, config.rms_norm_eps, k_cache[0].transpose(0, 1).contiguous(), v[:c].contiguous()
     )
@@ -333,6 +320,19 @@ def qwen3_decode_bf16(t: Trial) -> None:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
+
+
+def hf_attention(t: Trial):
+    """transformers' Qwen3Attention on a tiny config (Hq=4, Hkv=2, d=16, hidden 32, base 1e6) with weights from the
+    grading seed: (config, the qwen3 module, the attention layer). Norm weights look learned, not initial."""
+    config, qwen3 = tiny_qwen3(t, head_dim=16, base=1e6, heads=4, kv_heads=2)
+    attn = qwen3.Qwen3Attention(config, layer_idx=0).eval()
+    with torch.no_grad():
+        for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
+            proj.weight.copy_(torch.randn(proj.weight.shape, generator=t.rng) * 0.3)
+        for norm in (attn.q_norm, attn.k_norm):
+            norm.weight.copy_(random_weight(t, 16))
+    return config, qwen3, attn
 
 
 def tiny_qwen3(t: Trial, *, head_dim: int, base: float, heads: int = 4, kv_heads: int = 2):
