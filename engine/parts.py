@@ -174,8 +174,12 @@ def _warm_processes() -> Iterator[Callable[..., Any] | None]:
     """A launcher forking the checks' student processes from one warm process (grader.isolation.zygote): ten chapters'
     checks then cost about a second in all, not one interpreter start each. None (fresh interpreters) if it
     cannot start."""
+    from grader.isolation import portable
     from grader.isolation.zygote import Zygote, ZygoteError
 
+    if not portable.can_fork():  # macOS, Windows, COURSE_PORTABLE=1: fresh interpreters
+        yield None
+        return
     try:
         zygote = Zygote()
     except (ZygoteError, OSError):

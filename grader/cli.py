@@ -15,7 +15,7 @@ from typing import Any, Callable, Collection, Sequence
 
 import click
 
-from grader import chapters, progress
+from grader import chapters, doctor, progress
 from grader.chapters import Chapter, UnknownName
 
 ALL = "all"
@@ -54,7 +54,13 @@ class ByteSize(click.ParamType):
 
 
 def memory_limit_option(whose: str) -> Callable[[Callable], Callable]:
-    return click.option("--memory-limit", type=ByteSize(), default="2G", show_default=True, help=f"Address-space limit of {whose} process.")
+    return click.option(
+        "--memory-limit",
+        type=ByteSize(),
+        default="2G",
+        show_default=True,
+        help=f"Memory {whose} processes may use, all together (what they use, not the address space they reserve).",
+    )
 
 
 solutions_option = click.option("--solutions", is_flag=True, help="Run the reference solutions (instructors).")
@@ -117,11 +123,25 @@ def _default(command: click.Command, param: click.Parameter) -> object:
 
 
 @click.group(cls=CourseGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(doctor.version(), "--version", prog_name="course", message="%(prog)s %(version)s")
 def main() -> None:
     """Exercises and autograder of the LLM inference engine course (`course list` shows its chapters).
 
     Implement the TODOs in exercises/chNN_*.py, then run `course check chNN`.
     """
+
+
+@main.command("doctor")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as one JSON document.")
+@click.option("--quick", is_flag=True, help="Do not start a student process (saves a second or two).")
+def doctor_command(as_json: bool, quick: bool) -> None:
+    """What this installation can do: Python, torch and its devices, the memory budget, the sandbox, fonts.
+
+    Paste its output into a question. Exit status 1 when something blocks `course check`.
+    """
+    findings = doctor.examine(start_process=not quick)
+    click.echo(json.dumps(doctor.to_json(findings), ensure_ascii=False, indent=2) if as_json else doctor.report(findings))
+    sys.exit(doctor.exit_code(findings))
 
 
 @main.command("list")

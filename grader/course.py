@@ -133,11 +133,19 @@ def check_all(
             for chapter_id in order:
                 finished(chapter_id, _run_chapter(chapter_id, options))
         finally:
-            _WARM.close()
+            if _WARM is not None:
+                _WARM.close()
             _WARM = None
     else:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["torch", "grader.run", "grader.authoring", "figures"])
+        from grader.isolation import portable
+
+        context: multiprocessing.context.BaseContext
+        if portable.can_fork():
+            forkserver = multiprocessing.get_context("forkserver")
+            forkserver.set_forkserver_preload(["torch", "grader.run", "grader.authoring", "figures"])
+            context = forkserver
+        else:  # macOS, Windows, COURSE_PORTABLE=1: each worker a fresh interpreter
+            context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_warm_worker) as pool:
             pending: dict[Future, str] = {pool.submit(_run_chapter, c, options): c for c in order}
             while pending:
@@ -163,10 +171,11 @@ def _warm_worker() -> None:
     global _WARM
     import torch
 
+    from grader.isolation import portable
     from grader.isolation.zygote import Zygote
 
     torch.set_num_threads(1)
-    if _WARM is None:
+    if _WARM is None and portable.can_fork():
         _WARM = Zygote(lazy=True)  # its torch import overlaps the rest of this worker's start
         multiprocessing.util.Finalize(_WARM, _WARM.close, exitpriority=10)  # ended with the worker
 

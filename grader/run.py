@@ -20,11 +20,11 @@ from typing import Callable, Mapping
 
 from grader import chapters, checks
 from grader.chapters import Chapter
-from grader.isolation import procs, worker
+from grader.isolation import budget, portable, procs, worker
 from grader.isolation.worker import OUTPUT_LIMIT, Worker
 from grader.report import CheckResult, Report
 
-DEFAULT_MEMORY_LIMIT = 2 << 30
+DEFAULT_MEMORY_LIMIT = budget.DEFAULT_LIMIT
 DEFAULT_FIGURES_DIR = Path("course-figures")
 
 
@@ -78,13 +78,15 @@ def check(
         public: run the public checks (False with hidden=True runs the hidden ones alone).
         figures_dir: where figures go (as <dir>/<chapter>/<figure>.svg); None draws nothing.
         time_limit: seconds each check may spend in student code.
-        memory_limit: bytes of address space for the student's process.
+        memory_limit: bytes the student's code may use, all its processes together (`grader.isolation.budget`:
+            memory in use, never address space reserved).
         on_result: called with each result as soon as it is known.
         on_start: called with (task, check name) as each check begins.
         refs: who answers a check's `t.ref` (check key -> object); by default the reference
             solutions, or in a student release the recorded answers.
-        launcher: starts a student process (keywords workdir, memory_limit, output_limit,
-            memory_extra); by default a fresh interpreter; `Zygote.start` forks one. Ignored with `sandbox`.
+        launcher: starts a student process (keywords workdir, output_limit); by default one forked from a
+            warm process made for this run (`grader.isolation.zygote`), or on the portable route a fresh
+            interpreter (`grader.isolation.worker.start`). Ignored with `sandbox`.
         time_limits: per-check limits by check key, overriding `time_limit` (see grader.delivery.grade).
         sandbox: "bwrap" or "uid": the code runs in a sandbox made for this one run and torn down
             (every process of it ended) before this returns; SandboxUnavailable if none can be made.
@@ -104,22 +106,25 @@ def check(
     procs.become_subreaper()
     baseline = procs.children()
     workdir = Path(tempfile.mkdtemp(prefix="course-run-"))
-    box = zygote = None
+    box = zygote = own_budget = None
     try:
         if sandbox:
             from grader.isolation.sandbox import Box, probe
             from grader.isolation.zygote import Zygote
 
             probe(sandbox)
-            box = Box(sandbox, {ch.filename: read_module(path) if source is None else source}, uid=uid)
+            box = Box(sandbox, {ch.filename: read_module(path) if source is None else source}, uid=uid, memory=memory_limit)
             path = box.inbox / ch.filename
             zygote = Zygote(box=box, lazy=True)  # its torch import overlaps ours
             launcher = zygote.start
+        elif launcher is None and portable.can_fork():  # a warm process: a fresh student process (the hidden checks'
+            from grader.isolation.zygote import Zygote  # own, one after a crash) then costs a fork, not an interpreter
+
+            zygote = Zygote(lazy=True)
+            launcher = zygote.start
+        run_budget = box.budget if box is not None and box.budget is not None else (own_budget := budget.make(memory_limit))
         spawn = functools.partial(
-            launcher or functools.partial(worker.start, root=chapters.ROOT),
-            workdir=workdir,
-            memory_limit=memory_limit,
-            output_limit=OUTPUT_LIMIT,
+            launcher or functools.partial(worker.start, root=chapters.ROOT), workdir=workdir, output_limit=OUTPUT_LIMIT
         )
         strays = _stray_finder(launcher, baseline)
         first = None if zygote else spawn()  # a lazy zygote is waited for once torch is imported here
@@ -142,12 +147,15 @@ def check(
             strays,
             time_limits,
             started,
+            run_budget,
         )
     finally:
         if zygote is not None:
             zygote.close()
         if box is not None:
             box.close()  # every process of the submission is gone before its result is used
+        if own_budget is not None:
+            own_budget.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -170,6 +178,7 @@ def _run(
     strays,
     time_limits,
     started,
+    run_budget,
 ) -> Report:
     import gc
 
@@ -179,7 +188,7 @@ def _run(
     from grader.authoring.trial import not_run, run_one
     from grader.isolation.session import Session
 
-    session = Session(path, spawn=spawn, worker=first, time_limit=time_limit)
+    session = Session(path, spawn=spawn, worker=first, time_limit=time_limit, budget=run_budget)
     gc.freeze()  # torch's many objects stay out of full garbage collections (about 0.1 s each)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the student's process computes beside us on a small machine

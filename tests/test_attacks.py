@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import missing, require_root, require_sandbox
 from linkedvenv import link_distributions
 
 from grader import chapters, checks
@@ -158,12 +159,7 @@ class User:
 
 @pytest.fixture(scope="session")
 def sandbox_works():
-    from grader.isolation.sandbox import SandboxUnavailable, probe
-
-    try:
-        return probe("bwrap")
-    except SandboxUnavailable as e:
-        pytest.skip(f"no sandbox can be made here: {e}")
+    return require_sandbox("bwrap")
 
 
 @pytest.fixture(scope="session")
@@ -193,15 +189,14 @@ def root_user(base):
 def nobody_user(base):
     """uid 65534 with a venv of its own: /usr/bin/python3 -m venv, then a regular pip install of a copy
     of the checkout (and nbgrader, for the nbgrader channel)."""
+    require_root("the unprivileged variants become uid 65534")
     setpriv = shutil.which("setpriv")
-    if not setpriv or os.getuid() != 0:
-        pytest.skip("the unprivileged variants need root and setpriv (to become uid 65534)")
     prefix = [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
     userns = subprocess.run(
         [*prefix, "bwrap", "--unshare-user", "--unshare-pid", "--ro-bind", "/", "/", "true"], capture_output=True, text=True
     )
     if userns.returncode:
-        pytest.skip(f"uid {NOBODY} cannot make user namespaces here: {userns.stderr.strip()[:200]}")
+        missing(f"uid {NOBODY} cannot make user namespaces here: {userns.stderr.strip()[:200]}")
     src, venv, home = base / "src", base / "venv", base / "home-nobody"
     home.mkdir()
     (home / "state").mkdir()

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import require_chromium
 from mutate import mutant, row
 
 import figures
@@ -19,7 +20,6 @@ from grader import chapters
 from grader.delivery.book import write_book
 
 pytestmark = pytest.mark.slow
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 IDS = [s.id for ch in chapters.all_chapters() for s in figures.catalog(ch.id)] + ["overview"]
 
 
@@ -93,13 +93,12 @@ def test_a_students_book_draws_their_passing_tasks_marks_the_wrong_and_waits_for
 # -- in a real browser ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def browser():
-    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-        pytest.skip("needs Debian's chromium and chromium-driver (.ci/run installs them)")
+    chromium, chromedriver = require_chromium()
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
+    options.binary_location = chromium
     profile = tempfile.mkdtemp(prefix="course-book-chromium-")
     for flag in (
         "--headless",
@@ -115,7 +114,7 @@ def browser():
         "--hide-scrollbars",
     ):
         options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
     yield driver
     driver.quit()
     shutil.rmtree(profile, ignore_errors=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import require_sandbox
 
 import figures
 from grader import chapters, checks
@@ -98,6 +99,7 @@ def test_task_filter_runs_one_task(cli):
 
 
 def test_a_submission_folder_is_graded(cli, tmp_path):
+    require_sandbox()  # somebody else's code: graded in the sandbox, or refused
     sub = tmp_path / "alice"
     sub.mkdir()
     shutil.copy(chapters.SOLUTIONS / "ch25_paged_kv.py", sub)

@@ -24,6 +24,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import require_sandbox
 from mutate import mutant
 
 from grader import chapters, checks
@@ -262,8 +263,8 @@ ESCAPES = {
 }
 
 
-@pytest.mark.skipif(not SANDBOX, reason=WHY)
 def test_each_escape_fails_with_no_credit(tmp_path):
+    require_sandbox()
     server = socket.create_server(("127.0.0.1", 0))
     target = chapters.ROOT / "grader" / "escaped.py"
     subs = tmp_path / "subs"

@@ -28,6 +28,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from conftest import missing, require_root, require_sandbox
 from linkedvenv import link_distributions
 
 from grader import chapters
@@ -74,10 +75,10 @@ def _dependencies() -> list[metadata.Distribution]:
 
 @pytest.fixture(scope="session")
 def installed() -> Installed:
-    if os.geteuid() != 0 or not shutil.which("bwrap") or not shutil.which("setpriv"):
-        pytest.skip("the bundle's sandboxes need root, bubblewrap and setpriv, as in Gradescope's container")
+    require_root("the bundle's sandboxes, as in Gradescope's container")
+    require_sandbox("bwrap")
     if not os.path.exists(SYSTEM_PYTHON):
-        pytest.skip(f"no {SYSTEM_PYTHON} to make the bundle's venv with")
+        missing(f"no {SYSTEM_PYTHON} to make the bundle's venv with (Debian's python3)")
     base = Path(tempfile.mkdtemp(prefix="course-gradescope-test-"))
     os.chmod(base, 0o755)
     try:

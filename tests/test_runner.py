@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FRESH
+from conftest import FRESH, require_sandbox
 
+from grader import chapters
 from grader.chapters import EXERCISES, ROOT
-from grader.isolation import procs
+from grader.isolation import portable, procs
 from grader.run import check
 
 pytestmark = pytest.mark.slow  # grades submissions, builds releases or runs real tools: not in the fast loop
@@ -47,7 +48,7 @@ HOSTILE = {
     "endless loop": ("while True:\n    pass", "timeout", "did not finish within 2 s"),
     "sleep": ("import time\ntime.sleep(60)", "timeout", "did not finish within 2 s"),
     "huge allocation": ("torch.empty(10**12)", "error", "ran out of memory"),
-    "growing allocation": ("x = []\nwhile True:\n    x.append(bytearray(10**7))", "error", "ran out of memory"),
+    "growing allocation": ("x = []\nwhile True:\n    x.append(b'x' * 10**8)", "error", "ran out of memory: it was stopped at"),
     "sys.exit": ("import sys\nsys.exit(3)", "error", "called sys.exit(3)"),
     "os._exit": ("import os\nos._exit(0)", "error", "ended the grading process with exit code 0"),
     "output flood": ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", "error", "output limit was reached"),
@@ -102,15 +103,20 @@ IN_THE_SANDBOX = {"reading the reference by path": "No such file or directory"}
 """What an attack meets in the sandbox instead, where the file is simply not there."""
 
 
-@pytest.mark.parametrize("how", ["fresh", "zygote", "sandbox"])
+@pytest.mark.parametrize("how", ["fresh", "zygote", "sandbox", "portable"])
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_hostile_behaviour_costs_only_its_check(tmp_path, name, how, request):
+def test_hostile_behaviour_costs_only_its_check(tmp_path, name, how, request, monkeypatch):
+    """Each behaviour in each way a student's process runs: a fresh interpreter, forked from the warm process,
+    in the sandbox, and on the portable route (spawn, stdin/stdout pipes, the memory watchdog through psutil:
+    what macOS and Windows get, forced here with COURSE_PORTABLE's switch)."""
     code, status, words = HOSTILE[name]
     if how == "sandbox":
-        pytest.importorskip("grader.isolation.sandbox").probe()
+        require_sandbox()
         words = IN_THE_SANDBOX.get(name, words)
     elif name in IN_THE_SANDBOX:
         pytest.skip("only the sandbox keeps a submission from the reference's files")
+    if how == "portable":
+        monkeypatch.setattr(portable, "FORCED", True)
     launcher = request.getfixturevalue("warm_students").start if how == "zygote" else FRESH
     started = time.monotonic()
     report = check(
@@ -132,6 +138,28 @@ def test_hostile_behaviour_costs_only_its_check(tmp_path, name, how, request):
     expected = "not run" if status == "timeout" else "passed"
     assert [r.status for r in rest] == [expected] * len(rest), [(r.name, r.message) for r in rest]
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("how", ["fresh", "zygote", "sandbox", "portable"])
+def test_reserved_address_space_is_not_memory_in_use(tmp_path, how, request, monkeypatch):
+    """A right answer that reserves 8 GiB of address space when it is imported, as a CUDA build of torch does when
+    it loads, and never touches it, gets full marks in every way a student's process runs; one that touches a
+    quarter of its budget's worth more than it may is stopped, and the message names the budget."""
+    if how == "sandbox":
+        require_sandbox()
+    if how == "portable":
+        monkeypatch.setattr(portable, "FORCED", True)
+    launcher = request.getfixturevalue("warm_students").start if how == "zygote" else FRESH
+    answer = (chapters.SOLUTIONS / "ch17_causal_masks.py").read_text()
+    options = dict(hidden=True, seed=5, figures_dir=None, launcher=launcher, sandbox="bwrap" if how == "sandbox" else None)
+    (tmp_path / "ch17_causal_masks.py").write_text("import mmap\n_reserved = mmap.mmap(-1, 8 << 30)\n" + answer)
+    report = check("ch17", submission=tmp_path, memory_limit=512 << 20, **options)
+    assert report.score == report.max_score > 0, [(r.name, r.message) for r in report.results if r.status != "passed"]
+    (tmp_path / "ch17_causal_masks.py").write_text(answer + "\n_touched = b'x' * (640 << 20)\n")
+    report = check("ch17", submission=tmp_path, memory_limit=512 << 20, **options)
+    assert report.score == 0 and report.results[0].import_failed
+    assert "importing ch17_causal_masks.py ran out of memory: it was stopped at" in report.results[0].message
+    assert "all of the 512 MiB it may use" in report.results[0].message, report.results[0].message
 
 
 def test_no_process_outlives_the_run(tmp_path):

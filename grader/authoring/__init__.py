@@ -7,6 +7,7 @@
     trace.py           scripts run on both sides, compared step by step (ch24, ch25, ch27): the student's side runs the
                        whole script in one call (a provided `replay`), compare_trace explains the first step that differs
     reference.py       what t.ref is: the reference module, or in a student release a replay of its answers
+    source.py          the student's code read as text (never run) on this side: where a hint should point
 
 Writing a first check: grader/checks/README.md.
 """
@@ -30,7 +31,7 @@ from grader.authoring.misconceptions import Mistake, mistake, mistakes
 from grader.authoring.spec import CheckSpec, hidden, hidden_model, if_hidden, public
 from grader.authoring.trace import compare_trace, error_lines, expect_records, raised, walk
 from grader.authoring.trial import Remote, StudentCallable, Trial
-from grader.isolation.session import StudentRaised
+from grader.isolation.session import OverBudget, StudentRaised
 
 __all__ = [
     "Blocked",
@@ -51,6 +52,7 @@ __all__ = [
     "Mistake",
     "mistake",
     "mistakes",
+    "OverBudget",
     "plural",
     "public",
     "raised",

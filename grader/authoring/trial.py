@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from grader.authoring.compare import Blocked, CheckFailed, describe, same
+from grader.authoring.source import function_lines
 from grader.authoring.spec import CheckSpec
 from grader.isolation.session import Call, Session, StudentError, StudentRaised
 from grader.isolation.wire import Handle
@@ -63,6 +64,11 @@ class Trial:
                 f"{fn.label} should raise {error.__name__} because {because}; yours raised {e.error.get('name')}: {e.error.get('message')}"
             ) from None
         raise CheckFailed(f"{fn.label} should raise {error.__name__} because {because}; yours returned {describe(value)} instead")
+
+    def lines_of(self, name: str) -> list[tuple[int, str]]:
+        """The lines of the student's function (or class) `name`, read as text by this side, for hints about
+        where a measured property was lost (`grader.authoring.source`); empty if it cannot be read."""
+        return function_lines(self.session.path, name)
 
     def require(self, module: str, extra: str = "oracle") -> ModuleType:
         """Import an optional package an oracle check needs, or block the check (status "blocked")."""
@@ -126,10 +132,10 @@ class StudentCallable:
         """The whole call: its value and its arguments afterwards (`call.args`), for functions that write into
         the inputs named in `mutates` (any other input changed fails the check).
 
-        With `memory` (bytes) the call runs in a fresh process whose address space the kernel caps at the warm
-        process's size plus `memory` (the module, the inputs, the call and its reply all count): a property
-        like "no [T, S] tensor" is then measured outside the student's process. Going over raises
-        StudentRaised with `error["out_of_memory"]`, or StudentError.
+        With `memory` (bytes) the call's memory is measured from outside (`Session.call`): it runs in a fresh
+        process, and the inputs, the call, every process it starts and its reply count (`call.peak`), so a
+        property like "no [T, S] tensor" is measured, not believed. Going over raises `OverBudget` (its `used`
+        and `allowed`), after the call or when a budget stopped it.
         """
         return self._trial._call(self._target, self.label, args, kwargs, mutates=mutates, memory=memory)
 

@@ -74,9 +74,11 @@ their student process from it in milliseconds instead of starting an interpreter
 def _launcher():
     """A launcher forking from this kernel's warm process (started now, before any check runs,
     so that no check takes it for a process the student left behind)."""
-    from grader.isolation import worker
+    from grader.isolation import portable, worker
     from grader.isolation.zygote import Zygote, ZygoteError
 
+    if not portable.can_fork():  # macOS, Windows, COURSE_PORTABLE=1: a fresh interpreter per process
+        return functools.partial(worker.start, root=chapters.ROOT)
     try:
         if "zygote" not in _warm or _warm["zygote"].proc.poll() is not None:
             _warm["zygote"] = Zygote()

@@ -160,11 +160,16 @@ def _readme(chosen: list[Chapter]) -> str:
     rows = "".join(f"| {ch.id} | {ch.title} | `exercises/{ch.filename}` |\n" for ch in chosen)
     return f"""# LLM inference engines — exercises (student release)
 
-Install (Python 3.11 and pip; about a minute, once):
+Install (Python 3.11, 3.12 or 3.13 and pip; about a minute, once):
 
 ```
 python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/course list
 ```
+
+On Linux pip takes torch's CUDA build (4–5 GB), which works, GPU or not. Without a GPU the CPU-only
+wheel is about 200 MB: install it first (`.venv/bin/pip install torch --index-url
+https://download.pytorch.org/whl/cpu`) and the command above keeps it. `.venv/bin/course doctor` says
+what your installation can do; paste its output into any question you ask.
 
 Then implement the `TODO`s of a chapter in `exercises/` and check your work:
 
@@ -175,7 +180,8 @@ Then implement the `TODO`s of a chapter in `exercises/` and check your work:
 ```
 
 Each docstring gives the convention, the shapes and a small example. `course check` runs
-your code in a separate process with time and memory limits, explains every failing check,
+your code in a separate process with a time limit and a memory budget (memory in use, not the
+address space a GPU build reserves), explains every failing check,
 says how many hidden checks will run at grading time, and draws the chapter's figures from
 your own outputs (wrong values marked next to the expected ones).
 

@@ -3,13 +3,11 @@ model shapes, agreement with torch's scaled_dot_product_attention, no copy of K/
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 
-from grader.authoring import CheckFailed, StudentRaised, Trial, hidden, mistakes
+from grader.authoring import CheckFailed, OverBudget, Trial, hidden, mistakes
+from grader.authoring.source import first_line_with
 from grader.checks.ch18 import expect_output, explain_output, random_qkv, run_attention_case, run_bytes_case, run_mapping_case
 from grader.hidden.ch18_models import end_aligned
 
@@ -103,12 +101,11 @@ def qwen3_shapes(t: Trial) -> None:
 def no_kv_copy(t: Trial) -> None:
     for T, S, Hq, Hkv, d, causal in KV_CASES:
         q, k, v = random_qkv(t, T, S, Hq, Hkv, d)
+        inputs = q.nbytes + k.nbytes + v.nbytes
         try:
-            call = t.yours.gqa_attention.run(q, k, v, causal=causal, memory=q.nbytes + k.nbytes + v.nbytes + KV_SPARE)
-        except StudentRaised as e:
-            if not e.error.get("out_of_memory"):
-                raise
-            raise explain_copy(e, T, S, Hq, Hkv, d, k.element_size()) from None
+            call = t.yours.gqa_attention.run(q, k, v, causal=causal, memory=inputs + KV_SPARE)
+        except OverBudget as e:
+            raise explain_copy(e, t.lines_of("gqa_attention"), inputs, T, S, Hq, Hkv, d, k.element_size()) from None
         out = expect_output(call.value, q)
         # No hints here (they would model every misconception at this size): the smaller checks explain values.
         explain_output(
@@ -205,34 +202,34 @@ def mib(n: int) -> str:
     return f"{n / 2**20:,.4g} MiB"
 
 
-def explain_copy(e: StudentRaised, T: int, S: int, Hq: int, Hkv: int, d: int, itemsize: int) -> CheckFailed:
-    """The GQA lesson for a call that ran out of memory under the limit (it fits easily without copies)."""
+def explain_copy(
+    e: OverBudget, code: list[tuple[int, str]], inputs: int, T: int, S: int, Hq: int, Hkv: int, d: int, itemsize: int
+) -> CheckFailed:
+    """The GQA lesson for a call that used more memory than the check allows (it fits easily without copies);
+    `code` is the student's gqa_attention as text, where the copying line is looked for."""
     group = Hq // Hkv
-    m = re.search(r"tried to allocate (\d+) bytes", str(e.error.get("message", "")))
-    asked = f", asking for {mib(int(m.group(1)))}" if m else ""
-    frames = e.error.get("frames") or []
-    file, line, _, code = frames[-1] if frames else ("", 0, "", "")
-    code = re.sub(r"\s+#.*$", "", str(code).strip())  # the line as written, without its comment
-    where = f"; it ran out at {Path(str(file)).name}:{line}, {code}{asked}" if frames else asked
+    repeat = first_line_with(code, "repeat_interleave", "repeat(", "index_select", "cat(", "stack(")
+    expand = first_line_with(code, "expand(")
+    matmul = first_line_with(code, "@", "matmul")
+    found = repeat or expand or matmul
+    where = f" (line {found[1]}: {found[2]})" if found else ""
     kv, per_head = S * Hkv * d, S * Hq * d
     lines = [
         f"case: T={T} queries, S={S} keys, Hq={Hq} query heads over Hkv={Hkv} K/V head{'s' * (Hkv > 1)} "
         f"(group {group}), d={d}; K and V hold S·Hkv·d = {kv:,} numbers each ({mib(kv * itemsize)})",
-        f"your gqa_attention needed more than {mib(KV_SPARE)} beyond its inputs, all this check "
-        f"allows{where}. A copy of K or V for every query head is S·Hq·d = {per_head:,} numbers "
-        f"({mib(per_head * itemsize)}) and does not fit.",
+        f"your gqa_attention used {e.beyond(inputs)} beyond its inputs, where this check allows {mib(KV_SPARE)}{where}. "
+        f"A copy of K or V for every query head is S·Hq·d = {per_head:,} numbers ({mib(per_head * itemsize)}) and does not fit.",
         "The point of GQA is that the query heads of a group share one K/V head: view q as "
         "[Hkv, group·T, d] (or [Hkv, group, T, d]) and multiply by k of its group instead of repeating "
         "k and v (a library call that repeats them internally counts too).",
     ]
-    op = next((op for op in ("repeat_interleave", "repeat", "index_select", "cat", "stack") if op in code), None)
     hint = (
-        M.broadcast_matmul.format(kv_heads=Hkv, group=group, d=d, S=S)
-        if "@" in code or "matmul" in code
+        M.repeat_kv.format(op=repeat[0].rstrip("("))
+        if repeat
         else M.expand_kv
-        if "expand" in code
-        else M.repeat_kv.format(op=op)
-        if op
+        if expand
+        else M.broadcast_matmul.format(kv_heads=Hkv, group=group, d=d, S=S)
+        if matmul
         else ""
     )
     return CheckFailed(*lines, hint=hint)

@@ -2,10 +2,11 @@
 
 It is started by `grader.isolation.worker.start` or forked by `grader.isolation.zygote`,
 never imported by the grader itself. Before any student code runs it sets its own
-limits (address space, output file size, one thread), then reports every call's
-value and the arguments as they were after the call. Verdicts are never made here,
-and nothing it says about itself is believed: its limits are read back from /proc by
-the grader, its leftover processes are found from outside (`grader.isolation.sandbox`).
+limits (output file size, one thread), then reports every call's value and the
+arguments as they were after the call. Verdicts are never made here, and nothing it
+says about itself is believed: the memory it uses is counted by the grader's budget
+(`grader.isolation.budget`), its leftover processes are found from outside
+(`grader.isolation.sandbox`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import gc
 import importlib.abc
 import importlib.util
 import os
-import resource
 import sys
 import time
 import traceback
@@ -25,6 +25,11 @@ from typing import Any, cast
 import torch
 
 from grader.isolation import frames, wire
+
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None  # type: ignore[assignment]
 
 
 class _Refuse(importlib.abc.MetaPathFinder):
@@ -172,38 +177,68 @@ def _flush() -> None:
 
 
 def main(argv: list[str]) -> None:
-    """Entry point of a fresh interpreter: fds and limits from the command line."""
-    req_fd, rep_fd, memory, extra, output = (int(a) for a in argv[:5])
-    run(req_fd, rep_fd, memory=memory, memory_extra=extra, output=output)
+    """Entry point of a fresh interpreter given its pipes (`grader.isolation.worker.start`): fds and the
+    output limit from the command line."""
+    req_fd, rep_fd, output = (int(a) for a in argv[:3])
+    run(req_fd, rep_fd, output=output)
 
 
-def run(req_fd: int, rep_fd: int, *, memory: int, memory_extra: int = 0, output: int) -> None:
+def main_stdio(argv: list[str]) -> None:
+    """Entry point of a fresh interpreter on the portable route: requests arrive on stdin, replies leave on
+    stdout, and from here on whatever the student's code prints (stdout and stderr) goes to stderr, the
+    log the grader opened. No extra file descriptor needs passing, which Windows cannot do."""
+    req_fd, rep_fd = os.dup(0), os.dup(1)
+    os.dup2(2, 1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    run(req_fd, rep_fd, output=int(argv[0]))
+
+
+def run(req_fd: int, rep_fd: int, *, output: int) -> None:
     """Become the student's process: one thread, limits, then serve requests.
 
-    `memory` caps the address space (bytes, 0: no cap); `memory_extra`, when given, caps it
-    instead at this process's present size plus that many bytes, so that loading the
-    student's module, the inputs and the call all count against it. Both are hard limits:
-    the student's code cannot raise them.
+    `output` caps what it may print (bytes; 0: no cap). Memory is not limited here: the grader's budget
+    (`grader.isolation.budget`) counts what this process and its children use, from outside. Address space
+    is never limited (a CUDA build of torch reserves gigabytes of it without using them).
     """
     torch.set_num_threads(1)
     gc.freeze()  # torch's many objects: keep them out of every full garbage collection (0.1 s each)
     for fd in (req_fd, rep_fd):
         os.set_inheritable(fd, False)
     sys.meta_path.insert(0, _Refuse(["solutions", "grader.hidden", "grader.checks"]))
-    if memory_extra > 0:
-        memory = address_space() + memory_extra
-    if memory > 0:
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    if output > 0:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (output, output))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _first_to_go()
+    if resource is not None:  # hard limits: the student's code cannot raise them
+        if output > 0:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (output, output))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    elif output > 0:  # no resource module (Windows): cap what Python prints instead
+        sys.stdout, sys.stderr = _Capped(sys.stdout, output), _Capped(sys.stderr, output)
     Child(req_fd, rep_fd).serve()
 
 
-def address_space(pid: int | str = "self") -> int:
-    """A process's virtual size in bytes (VmSize from /proc)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return 0
+def _first_to_go() -> None:
+    """Make this process the one the kernel ends first when memory runs out (Linux): the runaway, not the
+    warm process beside it. Raising one's own score needs no privilege."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+
+
+class _Capped:
+    """A text stream that refuses to write past `limit` characters in all (raising EFBIG, as a file over
+    RLIMIT_FSIZE does), for platforms without `resource`."""
+
+    def __init__(self, stream: Any, limit: int) -> None:
+        self._stream, self._left = stream, limit
+
+    def write(self, text: str) -> int:
+        self._left -= len(text)
+        if self._left < 0:
+            raise OSError(errno.EFBIG, "the output limit was reached")
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)

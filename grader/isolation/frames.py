@@ -94,7 +94,12 @@ def read_frame(fd: int, *, deadline: float | None = None, max_bytes: int = 1 << 
         view, got = memoryview(buf), 0
         while got < len(buf):
             wait()
-            n = os.readv(fd, [view[got:]])
+            if hasattr(os, "readv"):
+                n = os.readv(fd, [view[got:]])
+            else:  # Windows: no readv; read a piece and copy it in
+                chunk = os.read(fd, min(len(buf) - got, 1 << 20))
+                n = len(chunk)
+                view[got : got + n] = chunk
             if not n:
                 raise WireClosed("pipe closed")
             got += n

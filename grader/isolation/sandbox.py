@@ -46,7 +46,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import cast
 
-from grader.isolation import procs
+from grader.isolation import budget, procs
 
 STUDENT_PACKAGES = ("torch", "numpy")
 """What a student's code may import besides the standard library (with what these need)."""
@@ -54,6 +54,9 @@ INSIDE_UID = 65534
 HOST_UID_BASE = 200_000
 """As root, box k runs as host uid HOST_UID_BASE + k: a uid with no files, no other processes."""
 HOME = "/home/student"
+WARM_ALLOWANCE = 4 << 30
+"""Bytes the box may hold while its warm process imports torch (a CUDA build's libraries included), before
+`settle` sets its budget to the submission's memory on top of what the warm process then holds."""
 KINDS = ("bwrap", "uid")
 LIMITS = {"processes": 128, "open_files": 512, "file_size": 32 << 20, "tmp_size": 64 << 20}
 ENV_ALLOWED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
@@ -133,11 +136,15 @@ class Box:
 
     _count = 0
 
-    def __init__(self, kind: str | None, files: dict[str, bytes] | None = None, *, uid: int | None = None) -> None:
+    def __init__(
+        self, kind: str | None, files: dict[str, bytes] | None = None, *, uid: int | None = None, memory: int = budget.DEFAULT_LIMIT
+    ) -> None:
         """`kind` "bwrap", "uid" or None (no sandbox: the student's own exercises); `files` the
         submission (file name -> bytes), written into a folder the box sees read-only; `uid` the
         host uid the box's processes run as (root only; by default HOST_UID_BASE + k): a uid of
-        its own, e.g. a dedicated user's, that no other process or box uses meanwhile."""
+        its own, e.g. a dedicated user's, that no other process or box uses meanwhile; `memory` the
+        bytes the submission's processes may use on top of the warm process (one budget for the
+        whole box, `grader.isolation.budget`; a box of kind None has none: each run brings its own)."""
         if kind is not None and kind not in KINDS:
             raise SandboxUnavailable(f"unknown sandbox kind {kind!r}: one of {', '.join(KINDS)}")
         if uid is not None and (os.geteuid() != 0 or uid <= 0):
@@ -166,6 +173,8 @@ class Box:
             if kind == "uid":
                 os.chown(scratch, self.uid, self.uid)
             self.home = str(scratch)
+        self.memory = memory
+        self.budget: budget.Budget | None = budget.make(memory + WARM_ALLOWANCE) if kind is not None else None
         self.proc: subprocess.Popen | None = None
         self.init_pid: int | None = None
         self.frame: set[int] = set()
@@ -213,6 +222,14 @@ class Box:
         resource.setrlimit(resource.RLIMIT_NOFILE, (LIMITS["open_files"], LIMITS["open_files"]))
         resource.setrlimit(resource.RLIMIT_FSIZE, (LIMITS["file_size"], LIMITS["file_size"]))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if self.budget is not None:
+            self.budget.enter()  # before exec: every process of the box is born inside its budget
+
+    def settle(self) -> None:
+        """Once the warm process is ready: the budget becomes `memory` on top of what the box holds now."""
+        if self.budget is not None:
+            self.budget.base = self.budget.usage()
+            self.budget.set_limit(self.budget.base + self.memory)
 
     def popen(self, argv: list[str], *, pass_fds: tuple[int, ...], stdout) -> subprocess.Popen:
         """Start `argv` as the box's first process; remember how to find (and end) everything it starts."""
@@ -240,6 +257,8 @@ class Box:
             os.close(self._info_r)
         else:
             self.init_pid = self.proc.pid
+        if self.budget is not None:
+            self.budget.admit(self.proc.pid)  # a watchdog starts counting here; a cgroup holds it already
         return self.proc
 
     # -- what runs in it ---------------------------------------------------------------------------------
@@ -306,6 +325,8 @@ class Box:
                 except ChildProcessError:
                     pass
         finally:
+            if self.budget is not None:
+                self.budget.close()
             shutil.rmtree(self.root, ignore_errors=True)
 
 

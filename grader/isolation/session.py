@@ -3,8 +3,9 @@
 A `Session` loads the module in a `Worker` process, sends calls, turns whatever
 comes back (values, exceptions, timeouts, crashes, oversized replies) into data or
 into `StudentRaised` / `StudentError`, and starts a fresh process after one is
-killed, when asked (`fresh()`, before the hidden checks), and for a call that runs
-under a memory budget of its own.
+killed, when asked (`fresh()`, before the hidden checks), and for a call whose
+memory is measured. Every process it starts counts against the run's memory budget
+(`grader.isolation.budget`), which is measured from outside.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grader.isolation import frames, wire
+from grader.isolation.budget import DEFAULT_LIMIT, Budget
+from grader.isolation.budget import make as make_budget
 from grader.isolation.worker import OUTPUT_LIMIT, Worker
 
 PRINTED_KEEP = 600
@@ -52,7 +55,7 @@ class StudentRaised(Exception):
             return f"{self.label} called sys.exit({e['exit_code']}); a graded function must return its result"
         head = f"{self.label} raised {e.get('name')}: {e.get('message')}"
         if e.get("out_of_memory"):
-            head = f"{self.label} ran out of memory (the limit is set by the grader): {e.get('message')}"
+            head = f"{self.label} ran out of memory (the system refused to give it that much): {e.get('message')}"
         where = "".join(f"\n    at {_place(f, line)} in {fn}: {code.strip()}" for f, line, fn, code in e.get("frames", []))
         return head + where
 
@@ -65,6 +68,28 @@ class StudentError(Exception):
         super().__init__(message)
 
 
+class OverBudget(StudentError):
+    """A call used more memory than it may: `used` bytes (at least, where it was stopped: `stopped`) against
+    `allowed`, both measured by the budget from outside the student's processes."""
+
+    def __init__(self, label: str, used: int, allowed: int, *, stopped: bool, what: str = "") -> None:
+        self.label, self.used, self.allowed, self.stopped = label, used, allowed, stopped
+        what = what or "it may use"
+        if stopped:
+            message = f"{label} ran out of memory: it was stopped at {size(used)}, all of the {size(allowed)} {what}"
+        else:
+            message = f"{label} used {size(used)}, more than the {size(allowed)} {what}"
+        super().__init__("error", message)
+
+    def beyond(self, inputs: int) -> str:
+        """What the call used beyond `inputs` bytes (its inputs cross into its process and count), in words:
+        "about 17 MiB" (measured: rounded, so that a regrade says the same), "at least 2 GiB" (stopped)."""
+        n = max(self.used - inputs, 0)
+        if self.stopped:
+            return "at least " + size(n)
+        return "about " + (f"{n / 2**30:.2g} GiB" if n >= 1 << 30 else f"{round(n / 2**20):,} MiB" if n >= 10 << 20 else size(n))
+
+
 @dataclass
 class Call:
     """One call of student code: its value and its arguments afterwards."""
@@ -73,16 +98,24 @@ class Call:
     args: list = field(default_factory=list)
     kwargs: dict = field(default_factory=dict)
     elapsed: float = 0.0
+    peak: int | None = None
+    """Bytes the call used at most (inputs and reply included), for a call whose memory was measured."""
 
 
 class Session:
     """The student's chapter module loaded in a child process, restarted after a kill."""
 
-    def __init__(self, path: Path, *, spawn: Callable[..., Worker], worker: Worker | None = None, time_limit: float) -> None:
-        """`spawn(memory_extra=0)` starts a fresh student process (with `memory_extra`, one whose address
-        space is capped at its size plus that many bytes); `worker`, if given, is one already starting."""
+    def __init__(
+        self, path: Path, *, spawn: Callable[[], Worker], worker: Worker | None = None, time_limit: float, budget: Budget | None = None
+    ) -> None:
+        """`spawn()` starts a fresh student process; `worker`, if given, is one already starting; `budget`
+        counts the memory of every process started (by default one of its own, `budget.make`)."""
         self.path, self.spawn, self.time_limit = path, spawn, time_limit
+        self._own_budget = budget is None
+        self.budget = budget if budget is not None else make_budget(DEFAULT_LIMIT)
         self.worker: Worker | None = worker
+        if worker is not None:
+            self.budget.admit(worker.pid)
         self.loaded = False
         self.load_failure: StudentError | None = None
         self.printed: list[str] = []
@@ -91,12 +124,13 @@ class Session:
         if worker is None:
             self._spawn()
 
-    def _spawn(self, memory_extra: int = 0) -> None:
+    def _spawn(self) -> None:
         try:
-            self.worker = self.spawn(memory_extra=memory_extra) if memory_extra else self.spawn()
+            self.worker = self.spawn()
         except Exception as e:  # the warm process is gone or stopped (the student's code may have signalled it)
             self.worker = None
             raise StudentError("error", f"no process could be started for your code ({e})") from None
+        self.budget.admit(self.worker.pid)  # before the module loads: everything the student's code does counts
         self.loaded, self._log_offset = False, 0
 
     def fresh(self) -> None:
@@ -128,19 +162,40 @@ class Session:
                 raise
             self.loaded = True
 
-    def _request(self, header: dict, buffers: list[bytes], label: str, timeout: float) -> tuple[dict, list[bytearray]]:
+    def _request(
+        self, header: dict, buffers: list[bytes], label: str, timeout: float, budget: Budget | None = None
+    ) -> tuple[dict, list[bytearray]]:
         worker = self.worker
         assert worker is not None  # started by _ensure_loaded
+        budgets = [self.budget] + ([budget] if budget is not None else [])  # a measured call's, nested in the run's
+        kills = [b.kills() for b in budgets]
+
+        def over_budget(*, full: bool = False) -> OverBudget | None:
+            """The budget that stopped the process since the request was sent, if one did; with `full`, also one that
+            is nearly full now (a process out of time while the kernel, with no memory left to give, kept it waiting)."""
+            stopped = [
+                b for b, before in zip(budgets, kills) if b.kills() > before or (full and b.usage() - b.base >= 0.9 * (b.limit - b.base))
+            ]
+            if not stopped:
+                return None
+            b = stopped[0]  # what the submission used, on top of what the budget held before it ran (`Budget.base`)
+            return OverBudget(label, max(b.peak(), b.usage()) - b.base, b.limit - b.base, stopped=True)
+
         try:
             reply, out = worker.request(header, buffers, timeout=max(timeout, 0.0))
         except frames.WireTimeout:
+            over = over_budget(full=True)  # stopped by a budget, or out of time at the end of one (read before the kill)
             self._kill()
+            if over:
+                raise over from None
             raise StudentError(
                 "timeout", f"{label} did not finish within {self.time_limit:g} s (an endless loop, a sleep, or far too much work?)"
             ) from None
         except frames.WireClosed:
             reason = worker.exit_reason()
             self._kill()
+            if over := over_budget():  # killed for its memory, by the kernel (cgroup) or the watchdog
+                raise over from None
             raise StudentError("error", f"{label} {reason}") from None
         except frames.FrameTooLarge as e:
             self._kill()
@@ -180,9 +235,11 @@ class Session:
     def call(self, target: str | tuple[wire.Handle, str], args: list, kwargs: dict, *, memory: int = 0) -> Call:
         """Call a function of the module, or a method of an object it made, within the check's time left.
 
-        With `memory` (bytes), the call runs in a process of its own whose address space is capped
-        at the warm process's size plus `memory`: loading the module, the inputs, the call and its
-        reply all count, and the kernel refuses anything beyond (objects of earlier calls are gone).
+        With `memory` (bytes), the call's memory is measured: it runs in a fresh process (objects of
+        earlier calls are gone) that loads the module, then gets a budget of its own nested in the run's
+        (`Budget.measure`): the inputs, the call, every process it starts and its reply count, and
+        `Call.peak` is what they used at most. Over `memory`, OverBudget (raised after the call; also
+        when the run's whole budget stopped it first).
         """
         where: str | dict[str, object]
         if isinstance(target, str):
@@ -193,24 +250,38 @@ class Session:
         header = {"op": "call", "target": where, "args": args_tree, "kwargs": kwargs_tree}
         if not memory:
             return self._timed(header, buffers, label)
-        failure = self.load_failure  # an import that does not fit the budget fails this call only
+        failure = self.load_failure  # the fresh process's import fails this call only
         self._kill()
-        self._spawn(memory_extra=memory)
+        self.load_failure = None
+        self._spawn()
+        measured: Budget | None = None
         try:
-            return self._timed(header, buffers, label)
+            self._ensure_loaded()
+            assert self.worker is not None  # loaded above
+            measured = self.budget.measure(self.worker.pid)
+            call = self._timed(header, buffers, label, measured)
+            call.peak = measured.peak()
+        except OverBudget as e:  # stopped by a budget: the measured one, or the run's
+            used = max(e.used, measured.peak() if measured else 0)
+            raise OverBudget(label, used, memory, stopped=True, what="this check allows") from None
         finally:
+            if measured is not None:
+                measured.close()
             self._kill()
             self.load_failure = failure
+        if call.peak > memory:
+            raise OverBudget(label, call.peak, memory, stopped=False, what="this check allows")
+        return call
 
     def attributes(self, handle: wire.Handle, names: list[str]) -> dict:
         """Read attributes of an object the module made (its observable state)."""
         return self._timed({"op": "getattr", "handle": handle.id, "names": list(names)}, [], f"{handle.type_name}.{'/'.join(names)}").value
 
-    def _timed(self, header: dict, buffers: list, label: str) -> Call:
+    def _timed(self, header: dict, buffers: list, label: str, budget: Budget | None = None) -> Call:
         self._ensure_loaded()
         started = time.monotonic()
         try:  # reading the reply counts in the check's time
-            reply, out = self._request(header, buffers, label, self.time_left)
+            reply, out = self._request(header, buffers, label, self.time_left, budget)
             result = wire.decode(reply["result"], out)
             return Call(result["value"], result["args"], result["kwargs"], float(reply.get("elapsed", 0.0)))
         except (frames.WireError, KeyError, TypeError, ValueError, RecursionError, MemoryError) as e:
@@ -237,6 +308,16 @@ class Session:
     def close(self) -> None:
         """End the student's process (killed: it holds nothing worth a clean exit)."""
         self._kill()
+        if self._own_budget:
+            self.budget.close()
+
+
+def size(n: int) -> str:
+    """Bytes for people: 2 GiB, 16.25 MiB, 512 KiB."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):,.4g} {unit}"
+    return f"{n} bytes"
 
 
 def _place(filename: str, line: int) -> str:

@@ -85,6 +85,7 @@ class Zygote:
         # Found now, before any student code has run: the box's one process that is this pid inside.
         self.host_pid = self.box.host_pid(ready["pid"]) or self.proc.pid
         self.box.frame = set(self.box.processes())
+        self.box.settle()  # the box's memory budget: its limit on top of what the warm process holds now
 
     def _receive(self) -> dict:
         while b"\n" not in self._buffer:
@@ -119,7 +120,7 @@ class Zygote:
         except OSError as e:
             raise ZygoteError(f"the warm process is gone ({e})") from None
 
-    def start(self, *, workdir: Path | None = None, memory_limit: int, output_limit: int, memory_extra: int = 0, **_: object) -> Worker:
+    def start(self, *, workdir: Path | None = None, output_limit: int, **_: object) -> Worker:
         """Fork a student process (what `grader.isolation.worker.start` makes, in milliseconds)."""
         self._await_ready()
         req_r, req_w = os.pipe()
@@ -127,10 +128,7 @@ class Zygote:
         log_path = self.box.logs / f"output-{time.monotonic_ns()}.log"
         log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
         try:
-            self._send(
-                {"op": "spawn", "cwd": self.workdir, "memory": memory_limit, "memory_extra": memory_extra, "output": output_limit},
-                [req_r, rep_w, log],
-            )
+            self._send({"op": "spawn", "cwd": self.workdir, "output": output_limit}, [req_r, rep_w, log])
             inner = self._receive().get("pid")
         except ZygoteError:
             for fd in (req_w, rep_r):
@@ -216,7 +214,7 @@ def serve(sock_fd: int) -> None:
                 os.dup2(fds[2], 2)
                 os.close(fds[2])
                 os.chdir(message["cwd"])
-                child.run(fds[0], fds[1], memory=message["memory"], memory_extra=message.get("memory_extra", 0), output=message["output"])
+                child.run(fds[0], fds[1], output=message["output"])
             except BaseException:
                 import traceback
 

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from grader import chapters, checks
 from grader.chapters import Chapter
-from grader.isolation import procs
+from grader.isolation import budget, portable, procs
 from grader.isolation.worker import OUTPUT_LIMIT, Worker
 from grader.lab import Experiment, ParamError, catalog
 from grader.lab.draw import TooWide, fit
@@ -59,11 +59,11 @@ def _session_class():
                 except OSError:
                     pass
 
-        def _timed(self, header: dict, buffers: list[bytes], label: str):
+        def _timed(self, header: dict, buffers: list[bytes], label: str, budget=None):
             if self.cancelled:
                 raise Superseded()
             try:
-                return super()._timed(header, buffers, label)
+                return super()._timed(header, buffers, label, budget)
             except StudentError:
                 if self.cancelled:
                     raise Superseded() from None
@@ -162,20 +162,24 @@ class Lab:
         if sandbox:
             from grader.isolation.sandbox import Box
 
-            self.box = Box(sandbox)
+            self.box = Box(sandbox, memory=memory_limit)
             self._zygote = shared_zygote(self.box)
             launcher = self._zygote.start
-        if launcher is None:
+        if launcher is None and portable.can_fork():
             from grader.isolation.zygote import ZygoteError
 
             try:
                 self._zygote = shared_zygote()
                 launcher = self._zygote.start
             except ZygoteError:
-                from grader.isolation import worker
+                pass
+        if launcher is None:  # the portable route, or no warm process could start: a fresh interpreter each time
+            from grader.isolation import worker
 
-                launcher = functools.partial(worker.start, root=chapters.ROOT)
-        self.spawn = functools.partial(launcher, workdir=self.workdir, memory_limit=memory_limit, output_limit=OUTPUT_LIMIT)
+            launcher = functools.partial(worker.start, root=chapters.ROOT)
+        self.budget = self.box.budget if self.box is not None and self.box.budget is not None else budget.make(memory_limit)
+        """One memory budget for every student process of this lab (`grader.isolation.budget`)."""
+        self.spawn = functools.partial(launcher, workdir=self.workdir, output_limit=OUTPUT_LIMIT)
         self._lanes: dict[str, Lane] = {}
         self._lanes_lock = threading.Lock()
         self._seq = itertools.count(1)
@@ -249,7 +253,7 @@ class Lab:
                 os.replace(temp, copy)
             path = copy
         if lane.session is None or lane.stamp != stamp:
-            lane.replace_session(_session_class()(path, spawn=self.spawn, time_limit=self.time_limit))
+            lane.replace_session(_session_class()(path, spawn=self.spawn, time_limit=self.time_limit, budget=self.budget))
             lane.stamp = stamp
         return lane.session
 
@@ -329,6 +333,8 @@ class Lab:
             self._zygote.close()
             self._zygote = None
         if self.box is not None:
-            self.box.close()
+            self.box.close()  # its budget with it
             self.box = None
+        else:
+            self.budget.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
