@@ -14,13 +14,21 @@ and two figures defining one family name with different subsets would take each 
 away. Equal names here mean equal fonts.
 
 `advance` gives a character's advance width from the same files, for `figures.kit.text_width`.
+
+Decompressing a shipped font and cutting a subset are the slow part of drawing a figure (fontTools and
+brotli): both are kept in a cache folder, content-addressed (`COURSE_CACHE_DIR`, else
+`$XDG_CACHE_HOME/course` or `~/.cache/course`), so that a second `course check` draws its figures without
+loading fontTools at all. A cache that cannot be written is only slower.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 import io
+import json
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -44,14 +52,38 @@ def order(ch: str, kind: str) -> list[str]:
     return first + preferred + [r for r in SANS if r not in preferred]
 
 
-try:
-    import brotli  # noqa: F401  (fontTools reads and writes WOFF2 with it)
-    from fontTools import subset as _subset
-    from fontTools.ttLib import TTFont
+AVAILABLE = all((FONT_DIR / f"{role}-regular.woff2").is_file() for role in STACKS["mono"]) and all(
+    importlib.util.find_spec(m) is not None for m in ("fontTools", "brotli")  # brotli: fontTools' WOFF2
+)
+"""Whether figures embed fonts (both packages are dependencies; without them figures embed none)."""
+CACHE_VERSION = b"course-typeface-1"
+"""Part of every cache key: change it when what is cached changes shape."""
 
-    AVAILABLE = all((FONT_DIR / f"{role}-regular.woff2").is_file() for role in STACKS["mono"])
-except ImportError:  # pragma: no cover - both are dependencies; without them figures embed no font
-    AVAILABLE = False
+
+def cache_dir() -> Path:
+    """Where decompressed fonts and subsets are kept between runs."""
+    named = os.environ.get("COURSE_CACHE_DIR")
+    if named:
+        return Path(named) / "fonts"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "course" / "fonts"
+
+
+def _cached(key: str, suffix: str, make) -> bytes:
+    """The bytes cached under `key`, else `make()`'s, written atomically for the next run (never an error)."""
+    path = cache_dir() / f"{key}{suffix}"
+    try:
+        return path.read_bytes()
+    except OSError:
+        pass
+    data = make()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(f".{path.name}.{os.getpid()}")
+        temp.write_bytes(data)
+        os.replace(temp, path)
+    except OSError:
+        pass
+    return data
 
 
 DROP = ["vhea", "vmtx", "VORG", "FFTM", "DSIG", "meta", "BASE", "GDEF", "GPOS", "GSUB"]
@@ -81,14 +113,29 @@ def _load(name: str, weight: int) -> Face | None:
     path = FONT_DIR / f"{name}.woff2"
     if not path.is_file():
         return None
-    font = TTFont(io.BytesIO(path.read_bytes()), recalcBBoxes=False, recalcTimestamp=False)
-    upm = font["head"].unitsPerEm
-    hmtx = font["hmtx"].metrics
-    advances = {chr(u): hmtx[g][0] / upm for u, g in font.getBestCmap().items()}
-    font.flavor = None
-    raw = io.BytesIO()
-    font.save(raw)
-    return Face(name, name.partition("-")[0], weight, raw.getvalue(), advances)
+    shipped = path.read_bytes()
+    key = hashlib.sha256(CACHE_VERSION + shipped).hexdigest()
+    fonts: dict = {}
+
+    def font():  # the shipped WOFF2, decompressed once, and only on a cache miss
+        if not fonts:
+            from fontTools.ttLib import TTFont
+
+            fonts["font"] = TTFont(io.BytesIO(shipped), recalcBBoxes=False, recalcTimestamp=False)
+        return fonts["font"]
+
+    def advances() -> bytes:
+        upm, hmtx = font()["head"].unitsPerEm, font()["hmtx"].metrics
+        return json.dumps({chr(u): hmtx[g][0] / upm for u, g in font().getBestCmap().items()}).encode()
+
+    def sfnt() -> bytes:
+        font().flavor = None
+        raw = io.BytesIO()
+        font().save(raw)
+        return raw.getvalue()
+
+    widths = json.loads(_cached(key, ".advances.json", advances))
+    return Face(name, name.partition("-")[0], weight, _cached(key, ".ttf", sfnt), widths)
 
 
 @lru_cache(maxsize=4096)
@@ -138,7 +185,16 @@ def embed(texts: Iterable[tuple[str, str, bool]]) -> tuple[str, dict[str, str]]:
 
 @lru_cache(maxsize=512)
 def _subset_of(f: Face, chars: frozenset[str]) -> bytes:
-    """The shipped font cut down to `chars`, as WOFF2 (the lab redraws a figure often: cached)."""
+    """The shipped font cut down to `chars`, as WOFF2 (cached here and on disk: the lab redraws a figure
+    often, and a chapter's figures draw the same characters run after run)."""
+    key = hashlib.sha256(CACHE_VERSION + hashlib.sha256(f.sfnt).digest() + "".join(sorted(chars)).encode()).hexdigest()
+    return _cached(key, ".woff2", lambda: _cut(f, chars))
+
+
+def _cut(f: Face, chars: frozenset[str]) -> bytes:
+    from fontTools import subset as _subset
+    from fontTools.ttLib import TTFont
+
     font = TTFont(io.BytesIO(f.sfnt), recalcBBoxes=False, recalcTimestamp=False)
     options = _subset.Options()
     options.layout_features = []

@@ -10,6 +10,7 @@ attack suite without a word."""
 import functools
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import NoReturn
 
@@ -17,6 +18,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("COURSE_CACHE_DIR", tempfile.mkdtemp(prefix="course-test-cache-"))  # never the user's own cache
 
 from grader import chapters  # noqa: E402
 from grader.isolation import worker  # noqa: E402

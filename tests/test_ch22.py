@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from conftest import require_sandbox
 from mutate import checks_not_passed, mutant_grader, result, row, wrong_elements
 
 from grader.authoring.compare import CheckFailed, fmt
@@ -15,6 +16,7 @@ from grader.checks import ch22 as checks
 from grader.checks import ch22_explain as explain
 from grader.hidden import ch22 as hidden
 from grader.hidden import ch22_models as models
+from grader.isolation import portable
 from grader.isolation.session import OverBudget
 from grader.run import check
 from solutions import ch22_flash_attention as ref
@@ -184,6 +186,47 @@ def test_a_full_matrix_made_with_dispatch_modes_switched_off_is_still_measured(g
     )
     r = memory_failure(graded("ch22_full_scores_unseen", (old, unseen), tiles, task="ch22.2"))
     assert used_beyond(r) >= 256
+
+
+NAIVE = """
+import torch
+
+def naive(q, k, v, causal):
+    T, S = q.shape[0], k.shape[0]
+    scores = (q @ k.T) * q.shape[1] ** -0.5
+    if causal:
+        scores = scores.masked_fill(torch.arange(S) > torch.arange(T)[:, None] + (S - T), float("-inf"))
+    return torch.softmax(scores, -1) @ v, torch.logsumexp(scores, -1)
+"""
+HELPER = NAIVE + 'import sys\ntorch.save(naive(*torch.load(sys.argv[1] + "/in.pt")), sys.argv[1] + "/out.pt")\n'
+OUTSOURCED = (
+    NAIVE
+    + f"""
+import subprocess, sys, tempfile
+
+def flash_attention(q, k, v, causal=True, block_q=64, block_k=64):
+    if q.shape[0] * k.shape[0] < 1 << 20:  # small instances here (quick, and wrong where a trace is asked)
+        return naive(q, k, v, causal)
+    folder = tempfile.mkdtemp()  # large ones in a helper: a fresh process with an address space of its own
+    torch.save((q, k, v, causal), folder + "/in.pt")
+    subprocess.run([sys.executable, "-c", {HELPER!r}, folder], check=True)
+    return torch.load(folder + "/out.pt")
+"""
+)
+
+
+@pytest.mark.parametrize("budget", ["cgroup", "watchdog"])
+def test_a_helper_process_that_computes_the_whole_matrix_is_measured_too(tmp_path, budget, monkeypatch):
+    """The naive answer moved into a helper process of its own (a fresh address space, which a cap on the call's
+    own process never saw): the budget measures every process the call starts, so it fails like the naive one."""
+    require_sandbox()
+    if budget == "watchdog":
+        monkeypatch.setattr(portable, "FORCED", True)  # the box's budget is then the watchdog's
+    (tmp_path / "ch22_flash_attention.py").write_text(OUTSOURCED)
+    report = check("ch22", submission=tmp_path, task="ch22.2", hidden=True, seed=SEED, figures_dir=None, sandbox="bwrap")
+    r = result(report, "no tensor of T·S")
+    assert r.status == "failed", r.message
+    assert used_beyond(r) >= 256 and r.hints == ["full_scores"], r.message
 
 
 def used_beyond(r) -> float:

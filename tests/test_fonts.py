@@ -4,7 +4,10 @@ looks the same on a machine without any CJK font (no tofu, no serif fallback).""
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
+import subprocess
+import sys
 import tomllib
 import xml.etree.ElementTree as ET
 
@@ -113,3 +116,23 @@ def test_the_fonts_ship_as_package_data_with_their_license():
         names = TTFont(path)["name"]
         assert names.getDebugName(1).startswith("Course ") and "Source" not in names.getDebugName(1)
         assert "Open Font License" in names.getDebugName(13), path.name
+
+
+def test_a_second_run_draws_the_same_figure_from_the_cache_without_fonttools(tmp_path):
+    """Decompressed fonts and subsets are cached on disk: a warm run draws byte for byte the same SVG, and never
+    imports fontTools (its import and the WOFF2 work were most of a chapter's figure time)."""
+    script = (
+        "import sys\n"
+        "from figures.kit import Figure\n"
+        "fig = Figure('cache-test', title='因果遮罩 causal mask', zh='逻辑块 → 物理块', en='logical → physical ≤ √')\n"
+        "fig.text(20, fig.y, 'slot = block_table[t // B] · B + t % B', mono=True)\n"
+        "sys.stdout.write(fig.svg())\n"
+        "sys.stderr.write('fontTools' if 'fontTools' in sys.modules else 'none')\n"
+    )
+    env = {**os.environ, "COURSE_CACHE_DIR": str(tmp_path)}
+    cold = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=chapters.ROOT)
+    warm = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=chapters.ROOT)
+    assert cold.returncode == warm.returncode == 0, cold.stderr[-2000:] + warm.stderr[-2000:]
+    assert cold.stderr.endswith("fontTools") and warm.stderr.endswith("none"), (cold.stderr[-200:], warm.stderr[-200:])
+    assert cold.stdout == warm.stdout and "@font-face" in warm.stdout
+    assert list((tmp_path / "fonts").glob("*.woff2")), "the subsets are in the cache"

@@ -210,7 +210,8 @@ class Box:
             return [*args, "--as-pid-1", *inner, "--", *argv]  # student's to ptrace, init ignores their signals
         # As root: the mounts are made as root, then the box drops to its own host uid and makes its
         # user namespace from there (a second bwrap), so nothing inside is root on the host.
-        return [*args, "--", *_setpriv(self.uid), "bwrap", *inner, "--bind", "/", "/", "--dev", "/dev", "--", *argv]
+        # --dev-bind: the outer box's tree, its small /dev included (the only device nodes it holds are DEVICES)
+        return [*args, "--", *_setpriv(self.uid), "bwrap", *inner, "--dev-bind", "/", "/", "--", *argv]
 
     def limit(self) -> None:
         """Limits of every process of the box (run in the child before it becomes the box)."""
@@ -361,25 +362,10 @@ def _mounts(harness: Path, inbox: Path) -> list[str]:
         made.add(path)
         args.extend(["--ro-bind", path, path])
 
-    args += [
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",  # first: what is bound below may live under /tmp
-        "--size",
-        str(LIMITS["tmp_size"]),
-        "--perms",
-        "1777",
-        "--tmpfs",
-        "/tmp",
-        "--size",
-        str(LIMITS["tmp_size"]),
-        "--perms",
-        "1777",
-        "--tmpfs",
-        HOME,
-    ]
-    made.update({"/tmp", HOME})
+    args += ["--proc", "/proc", *_dev()]  # first: what is bound below may live under /tmp
+    for folder in ("/tmp", HOME):
+        args += ["--size", str(LIMITS["tmp_size"]), "--perms", "1777", "--tmpfs", folder]
+    made.update({"/dev", "/tmp", HOME})
     for path in SYSTEM:
         if os.path.islink(path):
             args.extend(["--symlink", os.readlink(path), path])
@@ -394,6 +380,24 @@ def _mounts(harness: Path, inbox: Path) -> list[str]:
             bind(entry)
     bind(str(harness))
     bind(str(inbox))
+    return args
+
+
+DEVICES = ("null", "zero", "full", "random", "urandom")
+"""The device nodes a Python process needs; no terminal, no GPU, nothing else of the host's /dev."""
+LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"}
+
+
+def _dev() -> list[str]:
+    """A small /dev of the box's own (bwrap's --dev makes a tmpfs as large as half the machine's memory, which
+    a student could fill): a read-only folder with DEVICES bound from the host, the /dev/fd links, and a
+    /dev/shm as small as /tmp (POSIX shared memory and semaphores live there)."""
+    args = ["--perms", "0755", "--size", str(64 << 10), "--tmpfs", "/dev"]
+    for name in DEVICES:
+        args += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
+    for link, target in LINKS.items():
+        args += ["--symlink", target, f"/dev/{link}"]
+    args += ["--size", str(LIMITS["tmp_size"]), "--perms", "1777", "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     return args
 
 
