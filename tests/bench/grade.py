@@ -3,13 +3,14 @@ and by `nbgrader autograde` on the equivalent notebooks, in one run.
 
 Run:  .venv/bin/python tests/bench/grade.py [N]      (N submissions, default 200; nbgrader takes long)
 
-The class: 60 % correct, 30 % wrong (three misconceptions), 10 % hostile (half hang,
-half allocate 4 TB). All graders use the same per-check time limit (2 s). `course grade`
-runs every submission in a sandbox of its own (a fresh warm process each) and runs the
-hidden checks; `nbgrader autograde` runs the notebooks' test cells, whose hidden cells
-no longer grade in the kernel (they score 0: the score of record is `course grade
---nbgrader`, timed too, on the same submitted notebooks). Peak memory is the largest sum of PSS (proportional set size: shared
-pages split between the processes sharing them) over the grader's process tree.
+The class: 60 % correct, 30 % wrong (three misconceptions, rows of ch25's table of mistakes),
+10 % hostile (half hang, half allocate 4 TB); tests/test_bench.py checks that it is built so.
+All graders use the same per-check time limit (2 s). `course grade` runs every submission in a
+sandbox of its own (a fresh warm process each) and runs the hidden checks; `nbgrader autograde`
+runs the notebooks' test cells, whose hidden cells no longer grade in the kernel (they score 0:
+the score of record is `course grade --nbgrader`, timed too, on the same submitted notebooks,
+which must score as the modules do). Peak memory is the largest sum of PSS (proportional set
+size: shared pages split between the processes sharing them) over the grader's process tree.
 """
 
 from __future__ import annotations
