@@ -302,7 +302,9 @@ def _check_request(request: dict) -> None:
     if not isinstance(sp, dict):
         raise ValueError("sampling_params must be a dict")
     temperature = _real_field("temperature", sp.get("temperature", 1.0))
-    if temperature < 0 or not np.isfinite(np.float32(temperature)):
+    with np.errstate(over="ignore"):  # a temperature beyond float32's range becomes inf: the test below, not an error
+        fits = bool(np.isfinite(np.float32(temperature)))
+    if temperature < 0 or not fits:
         raise ValueError(f"temperature={temperature} must be ≥ 0 and fit float32")
     top_p = _real_field("top_p", sp.get("top_p", 1.0))
     if not 0 < top_p <= 1:

@@ -25,15 +25,21 @@ def mutant(folder: Path, chapter_id: str, *edits: tuple[str, str]) -> Path:
     `grader.run.check(chapter_id, submission=folder)`.
     """
     ch = chapters.find(chapter_id)
-    path = chapters.SOLUTIONS / ch.filename
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ch.filename).write_text(edited(chapter_id, *edits), encoding="utf-8")
+    return folder
+
+
+def edited(chapter_id: str, *edits: tuple[str, str]) -> str:
+    """The text of `chapter_id`'s reference with each `(old, new)` edit applied, in order (each `old` must
+    occur exactly once, as `mutant` says)."""
+    path = chapters.SOLUTIONS / chapters.find(chapter_id).filename
     source = path.read_text(encoding="utf-8")
     for old, new in edits:
         count = source.count(old)
         assert count == 1, f"{path.relative_to(chapters.ROOT)}: the text to edit should occur once, found {count} times: {old!r}"
         source = source.replace(old, new)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / ch.filename).write_text(source, encoding="utf-8")
-    return folder
+    return source
 
 
 def mutant_grader(tmp_path_factory, chapter_id: str, seed: int):

@@ -20,6 +20,12 @@ from grader import chapters
 from grader.delivery.book import write_book
 
 pytestmark = pytest.mark.slow
+HANG = 600
+"""Seconds a page may take to load and settle before the browser is deemed hung. Not a speed check: alone the book
+loads and settles in about a second, but the renderer slows with the machine's load. With chromium's CPU throttled
+50× it took 52 s to load and 50 s to settle, near the 60 s this test once allowed the settling (the likely cause of
+its failure in a full parallel run); throttled 80× on a busy machine, 135 s and 152 s, past selenium's own 120 s wait
+for a reply from chromedriver, which the fixture lengthens too. Every assertion held at every speed."""
 IDS = [s.id for ch in chapters.all_chapters() for s in figures.catalog(ch.id)] + ["overview"]
 
 
@@ -115,6 +121,9 @@ def browser():
     ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(chromedriver), options=options)
+    driver.command_executor.client_config.timeout = HANG + 60  # selenium's wait for chromedriver's reply (120 s) comes after
+    driver.set_page_load_timeout(HANG)
+    driver.set_script_timeout(HANG)
     yield driver
     driver.quit()
     shutil.rmtree(profile, ignore_errors=True)
@@ -124,6 +133,8 @@ LOADED = """
 const done = arguments[arguments.length - 1];
 const imgs = [...document.images];
 imgs.forEach(i => { i.loading = "eager"; });
+// Lay the page out now, so the fonts its text needs are loading: fonts.ready waits only for fonts a layout asked for.
+document.body.getBoundingClientRect();
 Promise.all(imgs.map(i => i.complete ? null : new Promise(r => { i.onload = i.onerror = r; })))
   .then(() => document.fonts.ready)
   .then(() => done({
@@ -142,7 +153,6 @@ Promise.all(imgs.map(i => i.complete ? null : new Promise(r => { i.onload = i.on
 def test_the_page_holds_in_a_browser(browser, request, book_name, width, height):
     book = request.getfixturevalue(book_name)
     browser.set_window_size(width, height)
-    browser.set_script_timeout(60)
     browser.get(book.index.resolve().as_uri())
     state = browser.execute_async_script(LOADED)
     broken = [src for src, complete, natural in state["images"] if not complete or not natural]

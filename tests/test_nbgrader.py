@@ -226,7 +226,8 @@ def test_release_notebooks_carry_no_solution_and_no_hidden_test(course):
 def test_gradebook_scores_are_exactly_the_expected_ones(course):
     from nbgrader.api import Gradebook
 
-    rows = {(r["assignment"], r["student_id"]): r for r in csv.DictReader(open(course / "grades.csv"))}
+    with open(course / "grades.csv", newline="") as f:
+        rows = {(r["assignment"], r["student_id"]): r for r in csv.DictReader(f)}
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
         for cid in ROUND_TRIP:
             for student in STUDENTS:

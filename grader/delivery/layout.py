@@ -53,6 +53,7 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from grader.chapters import Chapter
 from grader.delivery.submission import (
@@ -199,7 +200,7 @@ def open_zip(dir_fd: int, name: str) -> zipfile.ZipFile:
             raise SubmissionError(f"{name} is {_size(info.st_size)}, over the {_size(MAX_ZIP_BYTES)} a student's zip may have")
         _check_directory(f, info.st_size, name)
         try:
-            archive = zipfile.ZipFile(f)
+            archive = _OwnZip(f)
         except Exception as e:  # BadZipFile, and whatever else a crafted directory makes zipfile raise
             raise SubmissionError(f"{name} is not a zip file that can be read ({type(e).__name__}: {str(e)[:200]})") from None
         try:
@@ -211,6 +212,20 @@ def open_zip(dir_fd: int, name: str) -> zipfile.ZipFile:
     except BaseException:
         f.close()
         raise
+
+
+class _OwnZip(zipfile.ZipFile):
+    """A ZipFile on a file object that closing it closes too (zipfile leaves a file object it was given open)."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._file = f  # first: a ZipFile that fails to open is closed when collected
+        super().__init__(f)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._file.close()
 
 
 def _check_directory(f, size: int, name: str) -> None:

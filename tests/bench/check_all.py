@@ -20,6 +20,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 COURSE = [sys.executable, "-m", "grader.cli"]
+sys.path.insert(0, str(ROOT))
+from grader import chapters  # noqa: E402
+
+
+def commands() -> list[list[str]]:
+    """The `course` arguments timed, in order: `check chNN --solutions` for every chapter, then `check all
+    --solutions` (each run is also given `--figures` into a scratch folder)."""
+    return [["check", ch.id, "--solutions"] for ch in chapters.all_chapters()] + [["check", "all", "--solutions"]]
 
 
 def timed(args: list[str], figures: Path) -> float:
@@ -41,16 +49,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs of each command; the median is reported")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
-    from grader import chapters
-
+    *alone_runs, whole_run = commands()
     with tempfile.TemporaryDirectory() as tmp:
         figures = Path(tmp)
         alone = {}
-        for ch in chapters.all_chapters():
-            alone[ch.id] = statistics.median(timed(["check", ch.id, "--solutions"], figures) for _ in range(args.repeat))
-            print(f"course check {ch.id} --solutions   {alone[ch.id]:6.1f} s", flush=True)
-        whole = [timed(["check", "all", "--solutions"], figures) for _ in range(args.repeat)]
+        for run in alone_runs:
+            alone[run[1]] = statistics.median(timed(run, figures) for _ in range(args.repeat))
+            print(f"course {' '.join(run)}   {alone[run[1]]:6.1f} s", flush=True)
+        whole = [timed(whole_run, figures) for _ in range(args.repeat)]
     slowest = max(alone, key=alone.__getitem__)
     median = statistics.median(whole)
     print(f"\none chapter after another (sum of the {len(alone)} commands): {sum(alone.values()):.1f} s")

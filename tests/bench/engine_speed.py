@@ -29,6 +29,15 @@ CASES = (("tiny", 8, 32, 64), ("qwen3-0.6b-shape", 4, 32, 32))
 """(preset, requests, prompt tokens, generated tokens per request)."""
 
 
+def inputs(name: str, requests: int, prompt_len: int) -> tuple[Model, list[list[int]]]:
+    """A case's model (the preset `name`, random weights from seed 0) and its prompts: `requests` prompts of
+    `prompt_len` token ids each, drawn uniformly from the vocabulary (seed 1)."""
+    model = random_model(PRESETS[name], seed=0)
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(0, model.config.vocab_size, (requests, prompt_len), generator=g).tolist()
+    return model, prompts
+
+
 def hf_twin(model: Model):
     """transformers' Qwen3ForCausalLM holding the same weights."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -67,9 +76,7 @@ def main() -> None:
     print("| model | parameters | requests × prompt → new | engine tok/s | transformers tok/s | ratio | same tokens |")
     print("|---|---|---|---|---|---|---|")
     for name, requests, prompt_len, new in CASES[:1] if args.skip_large else CASES:
-        model = random_model(PRESETS[name], seed=0)
-        g = torch.Generator().manual_seed(1)
-        prompts = torch.randint(0, model.config.vocab_size, (requests, prompt_len), generator=g).tolist()
+        model, prompts = inputs(name, requests, prompt_len)
         engine_s, engine_out = time_engine(model, prompts, new)
         hf = hf_twin(model)
         hf_s, hf_out = time_transformers(hf, prompts, new)
