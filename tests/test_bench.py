@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 import pytest
 import torch
-from bench import check, check_all, engine_speed, flash, grade
+from bench import budget, check, check_all, engine_speed, flash, grade
 from mutate import row
 
 from grader import chapters
@@ -36,6 +36,17 @@ def definitions(source: str) -> dict[str, str]:
     """The source of each top-level function and class of a module, by name."""
     tree = ast.parse(source)
     return {n.name: ast.get_source_segment(source, n) or "" for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+
+# -- budget.py ----------------------------------------------------------------------------------------------------
+def test_budget_times_a_real_submission_under_each_kind():
+    runs = budget.inputs()
+    assert set(runs) == set(budget.KINDS)
+    for argv in runs.values():
+        ctx = parsed(argv[1:])
+        assert ctx.params["submission"] is not None and ctx.params["chapter"].id == "ch17"
+        answer = ctx.params["submission"] / ctx.params["chapter"].filename
+        assert answer.read_text() == (chapters.SOLUTIONS / answer.name).read_text(), "the reference: every check runs"
 
 
 # -- check.py -----------------------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def main() -> None:
 
     path = chapters.SOLUTIONS / CHAPTER.filename
     t0 = time.perf_counter()
-    spawn = lambda **kw: worker.start(root=chapters.ROOT, workdir=Path(figs), memory_limit=2 << 30, output_limit=worker.OUTPUT_LIMIT, **kw)
+    spawn = lambda **kw: worker.start(root=chapters.ROOT, workdir=Path(figs), output_limit=worker.OUTPUT_LIMIT, **kw)
     session = Session(path, spawn=spawn, time_limit=10.0)
     session.begin_check(1e9)
     session.call("slot_mapping", [[0], [0], 1], {})
