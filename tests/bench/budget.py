@@ -120,9 +120,8 @@ def main() -> None:
             start = time.perf_counter()
             subprocess.run(argv, capture_output=True, env=env)
             times.append(time.perf_counter() - start)
-        print(
-            f"course check ch17 --submission ({kind}{', COURSE_PORTABLE=1' * (kind == 'watchdog')}): median {statistics.median(times):.2f} s"
-        )
+        label = f"course check ch17 --submission ({kind}{', COURSE_PORTABLE=1' * (kind == 'watchdog')})"
+        print(f"{label}: median {statistics.median(times):.2f} s")
 
 
 if __name__ == "__main__":
