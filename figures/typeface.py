@@ -53,7 +53,8 @@ def order(ch: str, kind: str) -> list[str]:
 
 
 AVAILABLE = all((FONT_DIR / f"{role}-regular.woff2").is_file() for role in STACKS["mono"]) and all(
-    importlib.util.find_spec(m) is not None for m in ("fontTools", "brotli")  # brotli: fontTools' WOFF2
+    importlib.util.find_spec(m) is not None
+    for m in ("fontTools", "brotli")  # brotli: fontTools' WOFF2
 )
 """Whether figures embed fonts (both packages are dependencies; without them figures embed none)."""
 CACHE_VERSION = b"course-typeface-1"
