@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from grader.authoring.compare import same
-from grader.isolation import frames, wire
+from grader.isolation import frames, wire, worker
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text() | st.binary()
 values = st.recursive(
@@ -107,3 +107,18 @@ def test_oversized_frames_are_refused():
         frames.read_frame(r, max_bytes=1000)
     os.close(r)
     os.close(w)
+
+
+def test_a_tensor_larger_than_the_reply_bound_is_refused_whatever_its_strides():
+    """A stride-0 view of one element crosses as four bytes and stands for 4 GiB: the trusted side must never be
+    handed it (a comparison or a hint would make it real). One at the bound still crosses, views included."""
+    huge = {"$": "tensor", "dtype": "float32", "shape": [1 << 20, 1 << 10], "stride": [0, 0], "buf": 0}
+    with pytest.raises(wire.WireError, match="larger than the 128 MiB"):
+        wire.decode(huge, [bytearray(4)])
+    tree, buffers = wire.encode(torch.zeros(1).expand(1 << 20, 1 << 10))
+    with pytest.raises(wire.WireError, match="whatever its strides"):
+        wire.decode(tree, buffers)
+    n = wire.MAX_TENSOR_BYTES // 4
+    tree, buffers = wire.encode(torch.ones(1).expand(n))
+    assert wire.decode(tree, buffers).shape == (n,)
+    assert wire.MAX_TENSOR_BYTES == worker.MAX_REPLY_BYTES, "no value may describe more than a whole reply may carry"

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 MAX_DEPTH = 64
 MAX_NODES = 2_000_000
 """Parts (numbers, strings, lists, ...) a decoded value may have: decoding stays within a budget."""
+MAX_TENSOR_BYTES = 128 << 20
+"""Bytes a decoded tensor may describe (elements × item size), whatever its strides: a view with a stride of 0
+crosses as a few bytes and could stand for gigabytes that any later work on it (a comparison, a hint) would
+make real in the trusted process. Equal to the bound on a whole reply (`grader.isolation.worker.MAX_REPLY_BYTES`)."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,11 @@ def _tensor(node: dict, data: bytes | bytearray) -> torch.Tensor:
     for s in shape:
         numel *= s
     itemsize = torch.empty((), dtype=dtype).element_size()
+    if numel * itemsize > MAX_TENSOR_BYTES:
+        raise WireError(
+            f"a tensor of shape {shape} ({numel:,} elements, {numel * itemsize / 2**20:,.0f} MiB) is larger than the "
+            f"{MAX_TENSOR_BYTES >> 20} MiB any value may be, whatever its strides"
+        )
     stride = node.get("stride")
     if stride is not None:
         if type(stride) is not list or len(stride) != len(shape) or not all(type(s) is int and s >= 0 for s in stride):

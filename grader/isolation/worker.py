@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from grader.isolation.child import main; main(sys.argv[2:])"
 BOOT_STDIO = "import sys; sys.path.insert(0, sys.argv[1]); from grader.isolation.child import main_stdio; main_stdio(sys.argv[2:])"
 MAX_REPLY_BYTES = 128 << 20
-"""Bytes a reply may have in all: larger is a failed check, refused before it is read."""
+"""Bytes a reply may have in all: larger is a failed check, refused before it is read (a tensor may not describe
+more either, whatever its strides: `grader.isolation.wire.MAX_TENSOR_BYTES`; this module imports no torch)."""
 START_TIMEOUT = 120.0
 WRITE_TIMEOUT = 10.0
 """Seconds the student's process has to take in a request (a stopped one never does)."""
