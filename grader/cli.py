@@ -680,7 +680,7 @@ def lab(solutions: bool, submission: Path | None, port: int, no_open: bool, time
     laboratory = Lab(solutions=solutions, submission=submission, time_limit=time_limit, memory_limit=limit, sandbox=sandbox)
     try:
         what = "the reference solutions" if solutions else f"{submission or chapters.EXERCISES}"
-        checked = "" if laboratory.checked else " (student release: your values are drawn unchecked)"
+        checked = "" if laboratory.checked else " (student release: compared where an answer ships with it, else unmarked)"
         serve(
             laboratory,
             port=port,
