@@ -14,7 +14,10 @@
   (`python -I -m grader.delivery.gradescope`, never the source tree) grades /autograder/submission;
 - the package source, `course/`.
 
-`run` grades the submission in one sandbox made for it and torn down before `grader.run.check`
+`run` finds the answer in /autograder/submission by the layout rules of `course grade`
+(`grader.delivery.layout`: the chapter's file name, one folder down, or one file naming the
+chapter such as `ch25_paged_kv (1).py`); when none fits, the output says what was expected and
+what the submission holds, and none of it runs. It grades the answer in one sandbox made for it and torn down before `grader.run.check`
 returns: bubblewrap where the container allows user namespaces, else the uid boundary (the
 student's code runs as `course-student`, no privileges, no capabilities, seeing the host's
 files: before any of it runs, `run` checks as that user that the source, the course package and
@@ -256,7 +259,8 @@ class Refused(RuntimeError):
 def run(root: Path, chapter_id: str, seed: int) -> tuple[dict, int]:
     """Grade the submission under `root` and write `root/results/results.json` (never raises);
     the document and the exit status (1 when grading was refused or broke, else 0)."""
-    from grader.delivery.submission import SubmissionError, find_answer, open_folder, read_answer
+    from grader.delivery.layout import folder_tree, locate, read_in, shown_name
+    from grader.delivery.submission import SubmissionError, open_folder
     from grader.isolation.sandbox import SandboxUnavailable
     from grader.run import MissingModule, check
 
@@ -284,13 +288,10 @@ def run(root: Path, chapter_id: str, seed: int) -> tuple[dict, int]:
                     f"(it installs the course package non-editably and makes it root's alone)"
                 )
         folder_fd = open_folder(root / "submission", follow=True)
-        try:
-            name = find_answer(folder_fd, ch)
-            if name is None:
-                raise SubmissionError(
-                    f"the submission has neither {ch.filename} nor a chapter notebook ({ch.id}.ipynb or {ch.filename[:-3]}.ipynb)"
-                )
-            answer = read_answer(folder_fd, name, ch)
+        try:  # where the answer is: the layout rules of `course grade` (grader.delivery.layout)
+            located = locate(folder_tree(folder_fd), ch, "your submission")
+            name = "/".join(located.path)
+            answer = read_in(folder_fd, name, ch)
         finally:
             os.close(folder_fd)
         (private / ch.filename).write_bytes(answer.source)
@@ -298,9 +299,10 @@ def run(root: Path, chapter_id: str, seed: int) -> tuple[dict, int]:
             ch.id, submission=private, source=answer.source, hidden=True, seed=seed, figures_dir=results / "figures", sandbox=kind, uid=uid
         )
         doc = report.to_json()
-        doc.update(stdout_visibility="hidden", output=f"{ch.id} · {ch.title}: {report.score:g}/{report.max_score:g}\n{boundary}")
-    except (SubmissionError, MissingModule) as e:  # the submission's own problem: graded 0, said why
-        doc = {"score": 0, "output": f"could not grade this submission: {e}" + f"\n{boundary}" * bool(boundary), "tests": []}
+        graded = f"graded {shown_name(name)}" + (f" as {ch.filename}: name it {ch.filename} next time" if located.renamed else "")
+        doc.update(stdout_visibility="hidden", output=f"{ch.id} · {ch.title}: {report.score:g}/{report.max_score:g}\n{graded}\n{boundary}")
+    except (SubmissionError, MissingModule) as e:  # the submission's own problem: graded 0, said why; none of it ran
+        doc = {"score": 0, "output": f"could not grade this submission: {e}\n(none of its code was run)", "tests": []}
     except (Refused, SandboxUnavailable) as e:
         doc = {"score": 0, "output": f"not graded: {e}", "tests": []}
         status = 1
