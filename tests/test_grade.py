@@ -4,6 +4,7 @@ and odd student folder, and the sandbox against each escape a student might try.
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import json
@@ -21,6 +22,7 @@ import threading
 import time
 import xml.etree.ElementTree as ET
 import zipfile
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -118,6 +120,44 @@ def test_results_are_gradescope_documents_with_figures_beside_them(graded):
     assert doc["score"] == doc["max_score"] == FULL and doc["seed"] == 3
     assert {"name", "score", "max_score", "status", "output"} <= set(doc["tests"][0])
     assert doc["figures"] and all((out / "ada" / "ch25" / f).is_file() for f in doc["figures"])
+
+
+class Tags(HTMLParser):
+    """Every start tag of an HTML page with its attributes, and its text."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.text: list[str] = []
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_every_student_gets_a_feedback_page_with_the_messages_and_the_figures_inline(graded):
+    _, out, result = graded
+    for student in (r["student"] for r in result.rows):
+        assert (out / student / "ch25" / "feedback.html").is_file(), student
+    cy = (out / "cy" / "ch25").joinpath
+    doc, page = json.loads(cy("results.json").read_text()), Tags(cy("feedback.html").read_text())
+    text = "".join(page.text)
+    failing = [t for t in doc["tests"] if t["status"] != "passed"]
+    public = [t for t in failing if "hidden" not in t["tags"]]
+    hidden = [t for t in failing if "hidden" in t["tags"]]
+    assert public and hidden
+    assert all(t["output"] in text for t in public)  # the public checks' messages, whole
+    assert all(t["name"] in text and t["output"] not in text for t in hidden)  # hidden ones: name and verdict only
+    images = [a["src"] for tag, a in page.tags if tag == "img"]
+    assert len(images) == len(doc["figures"]) > 0  # every figure, inline: the page needs no other file
+    drawn = {base64.b64decode(src.removeprefix("data:image/svg+xml;base64,")).decode() for src in images}
+    assert drawn == {cy(f).read_text() for f in doc["figures"]}
+    assert not [a for tag, a in page.tags if tag in ("link", "script") or (tag == "img" and not a["src"].startswith("data:"))]
+    gu = "".join(Tags((out / "gu" / "ch25" / "feedback.html").read_text()).text)
+    assert "not graded: no ch25_paged_kv.py or ch25.ipynb" in gu and "score 0/" in gu
 
 
 def test_the_summary_names_the_misconception_to_teach_again(graded):
@@ -379,6 +419,7 @@ SPECIAL = {  # student: words its error row must have (made by make_odd_class)
 RESERVED = ["grades.csv", "grading.json", "summary.md", "summary.json", "_grades.csv"]
 FORMULAS = ['=HYPERLINK("evil.example","x")', "+1+1", "-2+3", "@SUM(A1)", "\tx", "\rx"]
 STRANGE = 'o\'neil, "jr"\n名 ü'
+MARKUP = "<img src=x onerror=alert(1)> & <script>alert(2)<\\script>"
 
 
 def make_odd_class(root: Path) -> Path:
@@ -409,6 +450,9 @@ def make_odd_class(root: Path) -> Path:
     for name in FORMULAS:
         (subs / name).mkdir()
     write(subs / STRANGE, CH17.filename, SOLUTION17)
+    write(
+        subs / MARKUP, CH17.filename, SOLUTION17.replace("return torch.ones(num_tokens, num_tokens, dtype=torch.bool).tril()", "return 0")
+    )
     os.mkdir(os.fsencode(subs) + b"/\xff-not-utf8")
     (subs / "a-file-beside-the-folders.txt").write_text("not a student")
     for student, files in LAYOUTS.items():
@@ -511,6 +555,16 @@ def test_any_student_name_works(odd):
         if p.is_dir() or p.is_symlink() or p.name.endswith((".zip", ".tar.gz"))
     }
     assert len(result.rows) == len(students) == len(table)  # one row per student folder or zip, nothing else
+
+
+def test_a_name_that_is_markup_is_text_in_the_feedback_page(odd):
+    _, out, _, rows, _ = odd
+    assert rows[MARKUP]["status"] == "failed"
+    page = Tags((out / MARKUP / "ch17" / "feedback.html").read_text())
+    figures = json.loads((out / MARKUP / "ch17" / "results.json").read_text())["figures"]
+    assert [tag for tag, _ in page.tags if tag in ("script", "img")] == ["img"] * len(figures)  # the figures, nothing the name made
+    assert not [a for _, a in page.tags if any(k.startswith("on") for k in a)]
+    assert MARKUP in "".join(page.text)
 
 
 def test_each_accepted_layout_is_graded_like_the_reference(odd):

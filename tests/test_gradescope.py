@@ -223,6 +223,9 @@ def test_the_reference_scores_full_marks(installed, kind):
     assert any("hidden" in t["tags"] for t in doc["tests"]) and all(t["status"] == "passed" for t in doc["tests"])
     boundary = {"bwrap": "sandbox: bubblewrap", "uid": "sandbox: uid boundary"}[kind]
     assert boundary in doc["output"] and f"uid {STUDENT}" in doc["output"]
+    # The output is HTML with the figures inline (Gradescope shows nothing of results/figures/), the tests' own text.
+    assert (doc["output_format"], doc["test_output_format"]) == ("html", "text")
+    assert doc["output"].count("<svg") == len(doc["figures"]) > 0 and "<style" not in doc["output"]
     assert not processes_of(STUDENT)
 
 

@@ -24,7 +24,8 @@ files: before any of it runs, `run` checks as that user that the source, the cou
 the chapter's reference and hidden checks cannot be read, and the results folder cannot be
 written). Where neither boundary can be had it refuses to grade: score 0, a message naming the
 fix, exit status 1. The results folder is made root's alone to write (0755) before any student
-code runs; results.json says which boundary graded ("output") and is written only after the
+code runs; results.json says which boundary graded ("output", HTML with the figures inline:
+`grader.delivery.feedback`; every test's own output stays text) and is written only after the
 sandbox is gone: every process of the student's uid is killed right before, and the file is
 written atomically (a temporary file, then `os.replace`). The grading seed is fixed when the
 bundle is made, so every student meets the same hidden instances.
@@ -300,28 +301,39 @@ def run(root: Path, chapter_id: str, seed: int) -> tuple[dict, int]:
         )
         doc = report.to_json()
         graded = f"graded {shown_name(name)}" + (f" as {ch.filename}: name it {ch.filename} next time" if located.renamed else "")
-        doc.update(stdout_visibility="hidden", output=f"{ch.id} · {ch.title}: {report.score:g}/{report.max_score:g}\n{graded}\n{boundary}")
+        figures = {Path(p).stem: Path(p).read_text(encoding="utf-8") for p in report.figures}
+        doc.update(_output([f"{ch.id} · {ch.title}: {report.score:g}/{report.max_score:g}", graded, boundary], figures))
+        doc.update(stdout_visibility="hidden")
     except (SubmissionError, MissingModule) as e:  # the submission's own problem: graded 0, said why; none of it ran
-        doc = {"score": 0, "output": f"could not grade this submission: {e}\n(none of its code was run)", "tests": []}
+        doc = {"score": 0, **_output([f"could not grade this submission: {e}", "(none of its code was run)"]), "tests": []}
     except (Refused, SandboxUnavailable) as e:
-        doc = {"score": 0, "output": f"not graded: {e}", "tests": []}
+        doc = {"score": 0, **_output([f"not graded: {e}"]), "tests": []}
         status = 1
     except Exception as e:  # the grader's own failure: still a document, and a status that says so
-        doc = {
-            "score": 0,
-            "output": f"could not grade this submission ({type(e).__name__}: {e})" + f"\n{boundary}" * bool(boundary),
-            "tests": [],
-        }
+        doc = {"score": 0, **_output([f"could not grade this submission ({type(e).__name__}: {e})", boundary]), "tests": []}
         status = 1
     finally:
         shutil.rmtree(private, ignore_errors=True)
     if uid is not None:
         left = end_processes(uid)
         if left:
-            doc = {"score": 0, "output": f"not graded: processes of uid {uid} ({left[:10]}) outlived the sandbox", "tests": []}
+            doc = {"score": 0, **_output([f"not graded: processes of uid {uid} ({left[:10]}) outlived the sandbox"]), "tests": []}
             status = 1
     write_results(results, doc)
     return doc, status
+
+
+def _output(lines: list[str], figures: dict[str, str] | None = None) -> dict:
+    """results.json's top-level output: `lines` (escaped) and the figures inline, as HTML
+    (`grader.delivery.feedback.gradescope_output`); the lines again, as text, for run_autograder's stdout."""
+    from grader.delivery.feedback import gradescope_output
+
+    return {
+        "output": gradescope_output(lines, figures or {}),
+        "output_format": "html",
+        "test_output_format": "text",
+        "extra_data": {"summary": "\n".join(line for line in lines if line)},
+    }
 
 
 def write_results(results: Path, doc: dict) -> None:
@@ -351,7 +363,7 @@ def main(argv: list[str]) -> int:
         return 2
     started = time.monotonic()
     doc, status = run(Path(argv[0]), argv[1], int(seed))
-    print(doc["output"], f"({time.monotonic() - started:.1f} s)")
+    print(doc["extra_data"]["summary"], f"({time.monotonic() - started:.1f} s)")
     return status
 
 
