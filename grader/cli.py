@@ -540,11 +540,7 @@ def grade(
             f"nbgrader generate_feedback <chapter>, nbgrader export (in {nbgrader_course})"
         )
         result = result.graded
-    errors = sum(r["status"].startswith("error") for r in result.rows)
-    click.echo(
-        f"{len(result.rows)} results ({result.graded_now} graded now, {errors} could not be graded): "
-        f"{out / 'grades.csv'}, {out / 'summary.md'}"
-    )
+    click.echo(f"{result.count_line()}: {out / 'grades.csv'}, {out / 'summary.md'}")
 
 
 @main.command()

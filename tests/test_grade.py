@@ -220,12 +220,17 @@ def test_wrong_answers_are_grouped_by_their_hint_and_counted_among_wrong_answers
     assert first["not_implemented"] == 1 and first["wrong"] == 1  # bo's stub apart from cy's wrong answer
     assert first["most_common_message"] == "hint: the slot uses the physical block from the table, not the logical position"
     md = (out / "summary.md").read_text()
-    row = next(line for line in md.splitlines() if line.startswith("| ch25.1 slot_mapping: figure instance"))
-    assert f"| {first['percent_failing']}% (2 of {first['graded']}) | 1 | 1 of 1: `{first['most_common_message']}` |" in row
-    for line in md.splitlines():  # every message shown whole, or cut at a word boundary
-        for shown in re.findall(r"`([^`]*)…`", line):
-            full = next(c["most_common_message"] for c in s["checks"] if c["check"] in line.replace("\\|", "|"))
-            assert full.startswith(shown) and not (shown[-1].isalnum() and full[len(shown)].isalnum()), line
+    row = next(line for line in md.splitlines() if line.startswith(f"| `{first['most_common_message']}` |"))
+    assert row.startswith(f"| `{first['most_common_message']}` | 1 | ch25.1 slot_mapping: figure instance")  # cy alone
+    assert "(2)" in row  # the check's failing students: cy, and bo's stub
+    for d in s["diagnoses"]:  # every diagnosis shown whole, or cut at a word boundary
+        line = next(
+            line for line in md.splitlines() if line.startswith("| `") and d["diagnosis"].startswith(line[3:].split("`")[0].rstrip("…"))
+        )
+        shown = line[3:].split("`")[0]
+        if shown.endswith("…"):
+            shown = shown[:-1]
+            assert not (shown[-1].isalnum() and d["diagnosis"][len(shown)].isalnum()), line
 
 
 def test_the_histogram_is_beside_the_summary_and_counts_everybody(graded):
@@ -530,6 +535,12 @@ def test_a_dot_folder_gets_a_row_saying_it_was_skipped(odd):
     assert rows[".alice"]["score"] == 0
     assert "was skipped: its name starts with a dot" in rows[".alice"]["status"]
     assert not (out / ".alice").exists()
+    _, _, result, _, _ = odd
+    summary = json.loads((out / "summary.json").read_text())["ch17"]  # no student: counted nowhere
+    assert summary["students"] == len(result.rows) - 1 and [r["student"] for r in summary["skipped"]] == [".alice"]
+    line = result.count_line()
+    total, graded, errors = map(int, re.match(r"(\d+) results = (\d+) graded \+ (\d+) could not be graded", line).groups())
+    assert total == graded + errors == summary["students"] and line.endswith("skipped, not students: .alice/")
 
 
 def test_csv_cells_a_spreadsheet_would_run_are_escaped(odd):
@@ -763,16 +774,35 @@ def test_the_summary_of_a_made_up_class():
         sum(min(9, int(10 * d["score"] / 6.0 + 1e-9)) == band for d in docs) for band in range(10)
     ]
     md = summary_markdown(summarize(items, [CH17], docs))
-    assert f"| t1 | {t1['percent_failing']}% (4 of 5) | 1 | 2 of 3: `hint: use the block table` (+1 other) |" in md
-    assert (
-        f"| t3 | {round(100 * failing['t3'] / 5)}% ({failing['t3']} of 5) | 1 | no two alike (2 different); one: "
-        "`the mask is upside down` |" in md
-    )
-    t2 = next(line for line in md.splitlines() if line.startswith("| t2 |"))
+    assert "6 students = 1 passed + 3 failed + 1 not implemented + 1 not graded." in md
+    assert f"| `hint: use the block table` | {len(HINTED)} | t1 (4) |" in md  # one row, the check it covers failed by 4
+    assert "| `the mask is upside down` | 1 | t3 (3) |" in md and "| `the mask has the wrong shape` | 1 | t3 (3) |" in md
+    t2 = next(line for line in md.splitlines() if "| t2 (2) |" in line)
     shown = re.search(r"`([^`]*)…`", t2).group(1)
     assert LONG.startswith(shown) and not LONG[len(shown)].isalnum() and len(shown) < len(LONG)
     assert "- `f\\|'x y`: no file" in md and not any(line.startswith("y") for line in md.splitlines())
     assert "- `d`: `d/ch17_causal_masks.py` graded as the chapter's module" in md
+
+
+def test_a_dot_folder_is_no_student_and_a_diagnosis_is_one_row_whatever_it_fails():
+    items, docs = made_up_class()
+    items.insert(0, Item(".DS_Store_dir", "ch17", "subs", problem="skipped: its name starts with a dot", recorded=False))
+    docs.insert(0, {"chapter": "ch17", "score": 0.0, "max_score": 6.0, "status": "error", "error": "skipped", "tests": []})
+    same = "hint: free the tail first"
+    items.append(Item("g", "ch17", "subs", CH17.filename))
+    tests = [
+        {"name": t, "status": "failed", "output": f"step {n}: the free list differs\n{same}"} for n, t in enumerate(("t1", "t2", "t3"))
+    ]
+    docs.append({"chapter": "ch17", "score": 0.0, "max_score": 6.0, "status": "failed", "tests": tests})
+    s = summarize(items, [CH17], docs)["ch17"]
+    assert s["students"] == 7 and s["skipped"] == [{"student": ".DS_Store_dir", "reason": "skipped"}]
+    assert s["mean_score"] == round(statistics.fmean([d["score"] for d in docs[1:]]), 2)  # the dot folder's 0 not in it
+    assert sum(sum(b[k] for k in ("graded", "not_implemented", "not_graded")) for b in s["histogram"]) == 7
+    md = summary_markdown(s and {"ch17": s})
+    assert "7 students = 1 passed + 4 failed + 1 not implemented + 1 not graded." in md  # it adds up
+    assert "Not students, skipped: `.DS_Store_dir/`" in md and "- `.DS_Store_dir`" not in md
+    rows = [line for line in md.splitlines() if same in line]
+    assert rows == [f"| `{same}` | 1 | t1 (5), t2 (3), t3 (4) |"]  # one row, every check it covers
 
 
 def test_messages_group_by_hint_or_by_first_line_whatever_their_numbers():

@@ -65,7 +65,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Callable
@@ -600,9 +600,20 @@ def _run_jobs(
 @dataclass
 class ClassResult:
     rows: list[dict]
+    """grades.csv's rows (a skipped dot folder's included, saying it was skipped)."""
     graded_now: int
     sandbox: str
     out: Path
+    skipped: list[str] = field(default_factory=list)
+    """The entries that are no students (names starting with a dot), as shown: not counted anywhere."""
+
+    def count_line(self) -> str:
+        """What `course grade` ends with: the results, adding up, and what was skipped."""
+        counted = [r for r in self.rows if r["student"] not in self.skipped]
+        errors = sum(r["status"].startswith("error") for r in counted)
+        line = f"{len(counted)} results = {len(counted) - errors} graded + {errors} could not be graded (0 points)"
+        line += f"; {self.graded_now} new in this run" if self.graded_now < len(counted) else ""
+        return line + (f"; skipped, not students: {', '.join(name + '/' for name in self.skipped)}" if self.skipped else "")
 
 
 def grade(
@@ -660,7 +671,7 @@ def grade(
     _write_atomic(out / "summary.json", json.dumps(summary, ensure_ascii=False, indent=1))
     _write_atomic(out / HISTOGRAM, histogram_svg(summary))
     _write_atomic(out / "summary.md", summary_markdown(summary, histogram=HISTOGRAM))
-    return ClassResult(rows, len(todo), how, out)
+    return ClassResult(rows, len(todo), how, out, sorted({_text(i.student) for i in items if not i.recorded}))
 
 
 class InOrder:
