@@ -540,7 +540,7 @@ def grade(
             f"nbgrader generate_feedback <chapter>, nbgrader export (in {nbgrader_course})"
         )
         result = result.graded
-    click.echo(f"{result.count_line()}: {out / 'grades.csv'}, {out / 'summary.md'}")
+    click.echo(f"{result.count_line()} · {out / 'grades.csv'}, {out / 'summary.md'}")
 
 
 @main.command()
