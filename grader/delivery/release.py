@@ -188,7 +188,10 @@ figures = {json.dumps(_package_data("figures"))}
 
 
 def _readme(chosen: list[Chapter]) -> str:
+    from grader.delivery.grade import FLOOR, SLACK
+
     rows = "".join(f"| {ch.id} | {ch.title} | `exercises/{ch.filename}` |\n" for ch in chosen)
+    limit, slack, floor = checks.DEFAULT_TIME_LIMIT, SLACK, FLOOR
     return f"""# LLM inference engines — exercises (student release)
 
 Install (Python 3.11 and pip; about a minute, once):
@@ -208,7 +211,9 @@ Then implement the `TODO`s of a chapter in `exercises/` and check your work:
 Each docstring gives the convention, the shapes and a small example. `course check` runs
 your code in a separate process with time and memory limits, explains every failing check,
 says how many hidden checks will run at grading time, and draws the chapter's figures from
-your own outputs (wrong values marked next to the expected ones).
+your own outputs (wrong values marked next to the expected ones). Here a check may take
+{limit:g} s; at grading it may get less, down to {slack:g} times what the reference solution needs
+in it (at least {floor:g} s), so code far slower than the reference can time out there.
 
 The chapters add up to an inference engine. Once their tasks pass, run it on your own code
 (a small Qwen3 model, paged KV blocks, prefix caching, chunked prefill, preemption):
