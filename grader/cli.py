@@ -171,7 +171,7 @@ def _points(public: float, hidden: float) -> str:
 
 def _table(rows: Sequence[Sequence[str]], right: Collection[int] = (), flex: int | None = None) -> None:
     """Print rows in columns aligned by display width, fitted to the terminal by wrapping column `flex`."""
-    from grader.tables import table
+    from grader.terminal import table
 
     for line in table(rows, right=right, flex=flex):
         click.echo(line)
