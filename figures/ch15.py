@@ -59,7 +59,8 @@ def embedding_figure(f: Figure, r: dict) -> None:
     names = f.table([[(f"row {i}", {"color": INK if i in read else MUTED})] for i in range(V)], h=ROW, size=LABEL_SMALL)
     rows_of_e = f.matrix(table, role=lambda i, j: "token" if i in read else "plain", w=46, h=ROW)
     outs = [f.matrix([out[t]], role="token", expected=[expected[t]], wrong=[wrong[t]], w=46, h=ROW) for t in range(n)]
-    sources = f.table([[f"= E[{tok}]"] for tok in ids], h=OUT_STEP, size=LABEL_SMALL, mono=True, color=MUTED)
+    should = "" if r.get("checked", True) else "should be "  # not compared: the rule, not a claim about yours
+    sources = f.table([[f"{should or '= '}E[{tok}]"] for tok in ids], h=OUT_STEP, size=LABEL_SMALL, mono=True, color=MUTED)
     f.place(
         row(
             column(_title(f, "ids[0, t]"), ids_cells, count(f"{n} ints in"), gap=8, align="center"),

@@ -134,6 +134,7 @@ def offset_mask_figure(f: Figure, r: dict) -> None:
     n, c, yours, expected = r["num_new"], r["num_cached"], r["yours"], r["expected"]
     s = n + c
     wrong = yours != expected
+    vouched = not wrong and r.get("checked", True)  # only then may the text below call the mask yours
     top_left = [[j <= i for j in range(s)] for i in range(n)]
 
     f.instance_row(
@@ -155,7 +156,8 @@ def offset_mask_figure(f: Figure, r: dict) -> None:
         column(
             pad(row(yours_mask, sees(yours, stroke("wrong") if wrong else INK), gap=10), top=22),
             f.lines(
-                f"= tril(ones({n}, {s}), diagonal={c}): row i sees keys 0 … {c} + i", "the last rows of the full causal mask (bottom-right)"
+                f"{'=' if vouched else 'should be'} tril(ones({n}, {s}), diagonal={c}): row i sees keys 0 … {c} + i",
+                "the last rows of the full causal mask (bottom-right)",
             ),
             gap=8,
         ),
@@ -199,7 +201,8 @@ def offset_mask_figure(f: Figure, r: dict) -> None:
             right,
             full.cell_box(c, 0)[1],
             full.cell_box(s, 0)[1],
-            f"positions {c}–{s - 1}: this chunk's queries\n= your [{n}, {s}] mask (bottom-right aligned)",
+            f"positions {c}–{s - 1}: this chunk's queries\n= "
+            + (f"your [{n}, {s}] mask (bottom-right aligned)" if vouched else f"the [{n}, {s}] mask it needs (bottom-right aligned)"),
             color=INK,
         )
     if c and n:

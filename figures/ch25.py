@@ -115,8 +115,9 @@ def slot_mapping_figure(f: Figure, r: dict) -> None:
     )
     outside = [f"t{j} → {s}" for j, s in enumerate(slots) if s != expected[j] and not 0 <= s < num_blocks * bs]
     f.y += 4
+    arrows = "the slot each token belongs in" if r.get("checked", True) else "the slot your slot_mapping gives each token"
     f.note(
-        f"Arrows: the slot each token belongs in; {source}."
+        f"Arrows: {arrows}; {source}."
         + (" ✗ tN under a slot: your slot_mapping sends token N there instead." if misplaced else "")
         + (f" Yours outside the pool (slots 0–{num_blocks * bs - 1}): {', '.join(outside)}." if outside else ""),
         size=LABEL_SMALL,

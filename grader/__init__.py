@@ -24,7 +24,9 @@ through `isolation/session.py` (values as plain data, `isolation/wire.py`).
 The other ways in, in delivery/: `stubs.py` (solutions/ → exercises/), `release.py` (the student package and
 the nbgrader course), `notebook.py` (chapter notebooks, graded cell by cell), `grade.py` (a whole class,
 with `layout.py` and `submission.py` reading what students handed in, `summary.py` its report,
-`gradebook.py` nbgrader's gradebook), `gradescope.py` (the autograder bundle). `lab/` serves `course lab`.
+`gradebook.py` nbgrader's gradebook), `gradescope.py` (the autograder bundle, which finds the answer by the
+same `layout.py`), `feedback.py` (what a graded student gets back: a page with the figures inline, and
+Gradescope's HTML output). `lab/` serves `course lab`.
 
 This module stays import-light: the student's process imports `grader.isolation` too.
 """

@@ -165,21 +165,21 @@ def list_command(chapter: Chapter | None) -> None:
                 progress.status(chapters.EXERCISES, ch.id, [t.id for t in ch.tasks]),
             )
         )
-    _table(rows, right={2})
-    click.echo("`course list ch25` lists a chapter's tasks; hidden points are scored at grading time")
+    _table(rows, right={2}, flex=1)
+    _say("`course list ch25` lists a chapter's tasks; hidden points are scored at grading time")
 
 
 def _list_tasks(ch: Chapter, worth: dict[str, tuple[float, float]]) -> None:
     """`course list CHAPTER`: each task with what it grades, its points and its last status."""
     last = progress.tasks(chapters.EXERCISES, ch.id)
-    click.echo(f"{ch.id} · {ch.title}    exercises/{ch.filename}")
+    _say(f"{ch.id} · {ch.title}    exercises/{ch.filename}")
     rows = [("task", "implement", "points", "status")]
     for t in ch.tasks:
         graded = ", ".join(f"{name}({', '.join(t.params.get(name, ()))})" for name in t.names)
         rows.append((t.id, graded, _points(*worth.get(t.id, (0.0, 0.0))), progress.task_status(last.get(t.id))))
-    _table(rows)
+    _table(rows, flex=1)
     todo = next((t.id for t in ch.tasks if not last.get(t.id) or last[t.id]["passed"] != last[t.id]["checks"]), None)
-    click.echo(
+    _say(
         (f"next: `course check {ch.id} --task {todo}`" if todo else "every task passes its public checks")
         + "; hidden points are scored at grading time"
     )
@@ -189,16 +189,20 @@ def _points(public: float, hidden: float) -> str:
     return f"{public:g}" + (f" + {hidden:g} hidden" if hidden else "")
 
 
-def _table(rows: Sequence[Sequence[str]], right: Collection[int] = ()) -> None:
-    """Print rows in columns aligned by display width (a CJK character takes two)."""
-    widths = [max(_width(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        cells = [" " * (w - _width(c)) + c if i in right else c + " " * (w - _width(c)) for i, (c, w) in enumerate(zip(row, widths))]
-        click.echo("  ".join(cells).rstrip())
+def _table(rows: Sequence[Sequence[str]], right: Collection[int] = (), flex: int | None = None) -> None:
+    """Print rows in columns aligned by display width, fitted to the terminal by wrapping column `flex`."""
+    from grader.terminal import table
+
+    for line in table(rows, right=right, flex=flex):
+        click.echo(line)
 
 
-def _width(s: str) -> int:
-    return sum(2 if ord(c) >= 0x2E80 else 1 for c in s)
+def _say(text: str) -> None:
+    """Print a line of prose wrapped to the terminal."""
+    from grader.terminal import terminal_width, wrap
+
+    for line in wrap(text, terminal_width()):
+        click.echo(line)
 
 
 @main.command()
@@ -399,7 +403,7 @@ def _check_all(
                 break
     if screen:
         if submission and missing:
-            click.echo(f"  · not in {submission}: {', '.join(missing)}")
+            screen.say(f"· not in {submission}: {', '.join(missing)}", "  ")
         screen.finish(course, figures_dir)
     else:
         click.echo(json.dumps(course.to_json(), ensure_ascii=False, indent=2))
@@ -560,11 +564,7 @@ def grade(
             f"nbgrader generate_feedback <chapter>, nbgrader export (in {nbgrader_course})"
         )
         result = result.graded
-    errors = sum(r["status"].startswith("error") for r in result.rows)
-    click.echo(
-        f"{len(result.rows)} results ({result.graded_now} graded now, {errors} could not be graded): "
-        f"{out / 'grades.csv'}, {out / 'summary.md'}"
-    )
+    click.echo(f"{result.count_line()} · {out / 'grades.csv'}, {out / 'summary.md'}")
 
 
 @main.command()
@@ -700,7 +700,7 @@ def lab(solutions: bool, submission: Path | None, port: int, no_open: bool, time
     laboratory = Lab(solutions=solutions, submission=submission, time_limit=time_limit, memory_limit=limit, sandbox=sandbox)
     try:
         what = "the reference solutions" if solutions else f"{submission or chapters.EXERCISES}"
-        checked = "" if laboratory.checked else " (student release: your values are drawn unchecked)"
+        checked = "" if laboratory.checked else " (student release: compared where an answer ships with it, else unmarked)"
         serve(
             laboratory,
             port=port,

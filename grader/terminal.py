@@ -5,7 +5,8 @@ Each thing is said once: an import error of the module once for the chapter,
 failures with the same diagnosis (the same "hint:" lines, or the same message)
 once per task, followed by the names of the other checks it covers. Every line is
 wrapped to the terminal with a hanging indent; text that came from the student's
-process is shown with its control characters escaped.
+process is shown with its control characters escaped. `CourseScreen` (`course check all`)
+and `table` (`course list`) fit their lines to the terminal's width too.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 import unicodedata
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Callable
 
@@ -362,13 +364,33 @@ def relative(path: str) -> str:
 class CourseScreen:
     """`course check all` on a terminal: one line per chapter, in course order, each printed as soon as the
     chapters before it are done (a line for a chapter names its failing tasks, not their explanations:
-    `course check chNN` gives those), then the total."""
+    `course check chNN` gives those), then the total.
 
-    def __init__(self, ids: list[str], what: str, *, jobs: int, seed: int) -> None:
+    Fitted to the terminal's width: the chapters' titles are bilingual where that fits, else English,
+    else Chinese (the same form for every line, so that the scores align); a line's list of failing tasks
+    that does not fit goes on the lines below it, wrapped with an indent. `width` 0: not a terminal, so
+    nothing is fitted (the bilingual titles, one line per chapter)."""
+
+    INDENT = " " * 8
+
+    def __init__(self, ids: list[str], what: str, *, jobs: int, seed: int, width: int | None = None) -> None:
         self.ids, self.next = ids, 0
         self.done: dict[str, Report | str] = {}
-        self.width = max((len(ch.title_en) for ch in _chapters(ids)), default=0)
-        click.echo(f"course · {_plural(len(ids), 'chapter')} · {what} · {_plural(jobs, 'worker')}, grading seed {seed}")
+        self.width = terminal_width() if width is None else width
+        found = _chapters(ids)
+        forms = [
+            {ch.id: t for ch, t in zip(found, titles)}
+            for titles in ([c.title for c in found], [c.title_en for c in found], [c.title_zh for c in found])
+        ]
+        room = lambda titles: max((columns(t) for t in titles.values()), default=0)
+        self.titles = next((f for f in forms if not self.width or room(f) + 19 <= self.width), forms[1])
+        self.title_width = room(self.titles)
+        self.say(f"course · {_plural(len(ids), 'chapter')} · {what} · {_plural(jobs, 'worker')}, grading seed {seed}")
+
+    def say(self, text: str, indent: str = "") -> None:
+        """Print a line wrapped to the width, its continuation lines indented past `indent`."""
+        for line in wrap(text, self.width, indent):
+            click.echo(line)
 
     def add(self, report: Report) -> None:
         self.done[report.chapter.id] = report
@@ -384,31 +406,93 @@ class CourseScreen:
             outcome = self.done[chapter_id]
             self.next += 1
             if isinstance(outcome, str):
-                click.echo(f"  ✗ {chapter_id}  not run: {sanitize(outcome)}")
+                self.say(f"✗ {chapter_id}  not run: {sanitize(outcome)}", "  ")
                 continue
-            title = outcome.chapter.title_en.ljust(self.width)
+            title = self.titles[chapter_id]
+            title += " " * (self.title_width - columns(title))
             score = f"{_pts(outcome.score)}/{_pts(outcome.max_score)}".rjust(7)
             bad = [task for task, rs in outcome.by_task() if any(r.status != "passed" for r in rs)]
             mark = "✓" if not bad else "✗"
-            tail = f"  ({outcome.elapsed:.1f} s)" if not bad else f"  {', '.join(bad)} not passing → course check {chapter_id}"
-            click.echo(f"  {mark} {chapter_id}  {title}  {score}{tail}")
+            tail = f"({outcome.elapsed:.1f} s)" if not bad else f"{', '.join(bad)} not passing → course check {chapter_id}"
+            head = f"  {mark} {chapter_id}  {title}  {score}"
+            if not self.width or columns(f"{head}  {tail}") <= self.width:
+                click.echo(f"{head}  {tail}")
+            else:
+                click.echo(head.rstrip())
+                self.say(tail, self.INDENT)
 
     def finish(self, course: Any, figures: Path | None) -> None:
         self._flush()
         hidden = sum(r.hidden_not_run for r in course.reports)
-        line = click.style(f"score {_pts(course.score)}/{_pts(course.max_score)}", bold=True)
+        line = f"score {_pts(course.score)}/{_pts(course.max_score)}"
         line += f" · {_plural(len(course.reports), 'chapter')} in {course.elapsed:.1f} s"
         if hidden:
             line += f" · {_plural(hidden, 'hidden check')} run at grading time"
-        click.echo(line)
+        first, *rest = wrap(line, self.width)
+        click.echo(click.style(first, bold=True))
+        for more in rest:
+            click.echo(more)
         if any(r.hidden for rep in course.reports for r in rep.results):
-            click.echo(f"  · hidden checks ran on grading seed {course.seed} (repeat with --seed {course.seed})")
+            self.say(f"· hidden checks ran on grading seed {course.seed} (repeat with --seed {course.seed})", "  ")
         drawn = sum(len(r.figures) for r in course.reports)
         if figures is not None and drawn:
-            click.echo(f"  · {_plural(drawn, 'figure')} in {relative(str(figures))}/<chapter>/")
+            self.say(f"· {_plural(drawn, 'figure')} in {relative(str(figures))}/<chapter>/", "  ")
 
 
 def _chapters(ids: list[str]) -> list[Chapter]:
     from grader import chapters
 
     return [chapters.find(i) for i in ids]
+
+
+# -- columns (`course list`) ---------------------------------------------------------------------------------
+# Cells are measured in terminal columns (a CJK character takes two). When the rows are wider than the
+# terminal, one column, the one holding prose (a chapter's title, a task's signature), wraps within its own
+# width and the others keep theirs; a bilingual title breaks at its " · " first (its Chinese half above its
+# English half), then at spaces. Not a terminal (width 0): as wide as the rows are, one line per row.
+GAP = "  "
+"""Between two columns."""
+MIN_FLEX = 16
+"""The wrapping column never gets narrower than this: below it, a line overflows instead."""
+
+
+def fit(text: str, width: int) -> list[str]:
+    """`text` as lines of at most `width` columns: whole " · "-separated parts where they fit (a line
+    that continues ends in " ·"), a part too long by itself broken at spaces."""
+    if columns(text) <= width:
+        return [text]
+    lines: list[str] = []
+    line = ""
+    for part in text.split(" · "):
+        joined = f"{line} · {part}" if line else part
+        if columns(joined) <= width:
+            line = joined
+            continue
+        if line:
+            lines.append(line + " ·")
+        pieces = wrap(part, width) if columns(part) > width else [part]
+        lines += pieces[:-1]
+        line = pieces[-1]
+    return lines + [line]
+
+
+def table(rows: Sequence[Sequence[str]], *, right: Collection[int] = (), flex: int | None = None, width: int | None = None) -> list[str]:
+    """`rows` (the first a header) as aligned lines, fitted to `width` columns (default: the terminal's;
+    0: unfitted) by wrapping column `flex`; the columns in `right` are aligned to the right."""
+    width = terminal_width() if width is None else width
+    n = len(rows[0])
+    widths = [max(columns(r[i]) for r in rows) for i in range(n)]
+    if width and flex is not None and sum(widths) + len(GAP) * (n - 1) > width:
+        room = width - (sum(widths) - widths[flex]) - len(GAP) * (n - 1)
+        widths[flex] = max(room, min(widths[flex], MIN_FLEX))
+    lines = []
+    for row in rows:
+        cells = [fit(c, widths[i]) if i == flex else [c] for i, c in enumerate(row)]
+        for k in range(max(len(c) for c in cells)):
+            parts = []
+            for i, cell in enumerate(cells):
+                text = cell[k] if k < len(cell) else ""
+                pad = " " * max(0, widths[i] - columns(text))
+                parts.append(pad + text if i in right else text + pad)
+            lines.append(GAP.join(parts).rstrip())
+    return lines

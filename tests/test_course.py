@@ -50,7 +50,9 @@ def student(tmp_path_factory):
 
 def test_a_submission_gets_a_line_per_chapter_and_a_total(student, tmp_path):
     out = CliRunner().invoke(
-        main, ["check", "all", "--submission", str(student), "--no-sandbox", "--jobs", "2", "--seed", "3", "--figures", str(tmp_path)]
+        main,
+        ["check", "all", "--submission", str(student), "--no-sandbox", "--jobs", "2", "--seed", "3", "--figures", str(tmp_path)],
+        env={"COLUMNS": None},  # not a terminal: one line per chapter (test_terminal fits them to a width)
     )
     assert out.exit_code == 1, out.output
     assert re.search(r"^  ✗ ch17 .*ch17\.1, ch17\.2 not passing → course check ch17$", out.output, re.M), out.output

@@ -4,6 +4,7 @@ and odd student folder, and the sandbox against each escape a student might try.
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import json
@@ -21,6 +22,7 @@ import threading
 import time
 import xml.etree.ElementTree as ET
 import zipfile
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -121,6 +123,44 @@ def test_results_are_gradescope_documents_with_figures_beside_them(graded):
     assert doc["figures"] and all((out / "ada" / "ch25" / f).is_file() for f in doc["figures"])
 
 
+class Tags(HTMLParser):
+    """Every start tag of an HTML page with its attributes, and its text."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.text: list[str] = []
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_every_student_gets_a_feedback_page_with_the_messages_and_the_figures_inline(graded):
+    _, out, result = graded
+    for student in (r["student"] for r in result.rows):
+        assert (out / student / "ch25" / "feedback.html").is_file(), student
+    cy = (out / "cy" / "ch25").joinpath
+    doc, page = json.loads(cy("results.json").read_text()), Tags(cy("feedback.html").read_text())
+    text = "".join(page.text)
+    failing = [t for t in doc["tests"] if t["status"] != "passed"]
+    public = [t for t in failing if "hidden" not in t["tags"]]
+    hidden = [t for t in failing if "hidden" in t["tags"]]
+    assert public and hidden
+    assert all(t["output"] in text for t in public)  # the public checks' messages, whole
+    assert all(t["name"] in text and t["output"] not in text for t in hidden)  # hidden ones: name and verdict only
+    images = [a["src"] for tag, a in page.tags if tag == "img"]
+    assert len(images) == len(doc["figures"]) > 0  # every figure, inline: the page needs no other file
+    drawn = {base64.b64decode(src.removeprefix("data:image/svg+xml;base64,")).decode() for src in images}
+    assert drawn == {cy(f).read_text() for f in doc["figures"]}
+    assert not [a for tag, a in page.tags if tag in ("link", "script") or (tag == "img" and not a["src"].startswith("data:"))]
+    gu = "".join(Tags((out / "gu" / "ch25" / "feedback.html").read_text()).text)
+    assert "not graded: no ch25_paged_kv.py or ch25.ipynb" in gu and "score 0/" in gu
+
+
 def test_the_summary_names_the_misconception_to_teach_again(graded):
     _, out, _ = graded
     summary = json.loads((out / "summary.json").read_text())["ch25"]
@@ -181,12 +221,17 @@ def test_wrong_answers_are_grouped_by_their_hint_and_counted_among_wrong_answers
     assert first["not_implemented"] == 1 and first["wrong"] == 1  # bo's stub apart from cy's wrong answer
     assert first["most_common_message"] == "hint: the slot uses the physical block from the table, not the logical position"
     md = (out / "summary.md").read_text()
-    row = next(line for line in md.splitlines() if line.startswith("| ch25.1 slot_mapping: figure instance"))
-    assert f"| {first['percent_failing']}% (2 of {first['graded']}) | 1 | 1 of 1: `{first['most_common_message']}` |" in row
-    for line in md.splitlines():  # every message shown whole, or cut at a word boundary
-        for shown in re.findall(r"`([^`]*)…`", line):
-            full = next(c["most_common_message"] for c in s["checks"] if c["check"] in line.replace("\\|", "|"))
-            assert full.startswith(shown) and not (shown[-1].isalnum() and full[len(shown)].isalnum()), line
+    row = next(line for line in md.splitlines() if line.startswith(f"| `{first['most_common_message']}` |"))
+    assert row.startswith(f"| `{first['most_common_message']}` | 1 | ch25.1 slot_mapping: figure instance")  # cy alone
+    assert "(2)" in row  # the check's failing students: cy, and bo's stub
+    for d in s["diagnoses"]:  # every diagnosis shown whole, or cut at a word boundary
+        line = next(
+            line for line in md.splitlines() if line.startswith("| `") and d["diagnosis"].startswith(line[3:].split("`")[0].rstrip("…"))
+        )
+        shown = line[3:].split("`")[0]
+        if shown.endswith("…"):
+            shown = shown[:-1]
+            assert not (shown[-1].isalnum() and d["diagnosis"][len(shown)].isalnum()), line
 
 
 def test_the_histogram_is_beside_the_summary_and_counts_everybody(graded):
@@ -380,6 +425,7 @@ SPECIAL = {  # student: words its error row must have (made by make_odd_class)
 RESERVED = ["grades.csv", "grading.json", "summary.md", "summary.json", "_grades.csv"]
 FORMULAS = ['=HYPERLINK("evil.example","x")', "+1+1", "-2+3", "@SUM(A1)", "\tx", "\rx"]
 STRANGE = 'o\'neil, "jr"\n名 ü'
+MARKUP = "<img src=x onerror=alert(1)> & <script>alert(2)<\\script>"
 
 
 def make_odd_class(root: Path) -> Path:
@@ -410,6 +456,9 @@ def make_odd_class(root: Path) -> Path:
     for name in FORMULAS:
         (subs / name).mkdir()
     write(subs / STRANGE, CH17.filename, SOLUTION17)
+    write(
+        subs / MARKUP, CH17.filename, SOLUTION17.replace("return torch.ones(num_tokens, num_tokens, dtype=torch.bool).tril()", "return 0")
+    )
     os.mkdir(os.fsencode(subs) + b"/\xff-not-utf8")
     (subs / "a-file-beside-the-folders.txt").write_text("not a student")
     for student, files in LAYOUTS.items():
@@ -487,6 +536,12 @@ def test_a_dot_folder_gets_a_row_saying_it_was_skipped(odd):
     assert rows[".alice"]["score"] == 0
     assert "was skipped: its name starts with a dot" in rows[".alice"]["status"]
     assert not (out / ".alice").exists()
+    _, _, result, _, _ = odd
+    summary = json.loads((out / "summary.json").read_text())["ch17"]  # no student: counted nowhere
+    assert summary["students"] == len(result.rows) - 1 and [r["student"] for r in summary["skipped"]] == [".alice"]
+    line = result.count_line()
+    total, graded, errors = map(int, re.match(r"(\d+) results = (\d+) graded \+ (\d+) could not be graded", line).groups())
+    assert total == graded + errors == summary["students"] and line.endswith("skipped, not students: .alice/")
 
 
 def test_csv_cells_a_spreadsheet_would_run_are_escaped(odd):
@@ -512,6 +567,16 @@ def test_any_student_name_works(odd):
         if p.is_dir() or p.is_symlink() or p.name.endswith((".zip", ".tar.gz"))
     }
     assert len(result.rows) == len(students) == len(table)  # one row per student folder or zip, nothing else
+
+
+def test_a_name_that_is_markup_is_text_in_the_feedback_page(odd):
+    _, out, _, rows, _ = odd
+    assert rows[MARKUP]["status"] == "failed"
+    page = Tags((out / MARKUP / "ch17" / "feedback.html").read_text())
+    figures = json.loads((out / MARKUP / "ch17" / "results.json").read_text())["figures"]
+    assert [tag for tag, _ in page.tags if tag in ("script", "img")] == ["img"] * len(figures)  # the figures, nothing the name made
+    assert not [a for _, a in page.tags if any(k.startswith("on") for k in a)]
+    assert MARKUP in "".join(page.text)
 
 
 def test_each_accepted_layout_is_graded_like_the_reference(odd):
@@ -710,16 +775,35 @@ def test_the_summary_of_a_made_up_class():
         sum(min(9, int(10 * d["score"] / 6.0 + 1e-9)) == band for d in docs) for band in range(10)
     ]
     md = summary_markdown(summarize(items, [CH17], docs))
-    assert f"| t1 | {t1['percent_failing']}% (4 of 5) | 1 | 2 of 3: `hint: use the block table` (+1 other) |" in md
-    assert (
-        f"| t3 | {round(100 * failing['t3'] / 5)}% ({failing['t3']} of 5) | 1 | no two alike (2 different); one: "
-        "`the mask is upside down` |" in md
-    )
-    t2 = next(line for line in md.splitlines() if line.startswith("| t2 |"))
+    assert "6 students = 1 passed + 3 failed + 1 not implemented + 1 not graded." in md
+    assert f"| `hint: use the block table` | {len(HINTED)} | t1 (4) |" in md  # one row, the check it covers failed by 4
+    assert "| `the mask is upside down` | 1 | t3 (3) |" in md and "| `the mask has the wrong shape` | 1 | t3 (3) |" in md
+    t2 = next(line for line in md.splitlines() if "| t2 (2) |" in line)
     shown = re.search(r"`([^`]*)…`", t2).group(1)
     assert LONG.startswith(shown) and not LONG[len(shown)].isalnum() and len(shown) < len(LONG)
     assert "- `f\\|'x y`: no file" in md and not any(line.startswith("y") for line in md.splitlines())
     assert "- `d`: `d/ch17_causal_masks.py` graded as the chapter's module" in md
+
+
+def test_a_dot_folder_is_no_student_and_a_diagnosis_is_one_row_whatever_it_fails():
+    items, docs = made_up_class()
+    items.insert(0, Item(".DS_Store_dir", "ch17", "subs", problem="skipped: its name starts with a dot", recorded=False))
+    docs.insert(0, {"chapter": "ch17", "score": 0.0, "max_score": 6.0, "status": "error", "error": "skipped", "tests": []})
+    same = "hint: free the tail first"
+    items.append(Item("g", "ch17", "subs", CH17.filename))
+    tests = [
+        {"name": t, "status": "failed", "output": f"step {n}: the free list differs\n{same}"} for n, t in enumerate(("t1", "t2", "t3"))
+    ]
+    docs.append({"chapter": "ch17", "score": 0.0, "max_score": 6.0, "status": "failed", "tests": tests})
+    s = summarize(items, [CH17], docs)["ch17"]
+    assert s["students"] == 7 and s["skipped"] == [{"student": ".DS_Store_dir", "reason": "skipped"}]
+    assert s["mean_score"] == round(statistics.fmean([d["score"] for d in docs[1:]]), 2)  # the dot folder's 0 not in it
+    assert sum(sum(b[k] for k in ("graded", "not_implemented", "not_graded")) for b in s["histogram"]) == 7
+    md = summary_markdown(s and {"ch17": s})
+    assert "7 students = 1 passed + 4 failed + 1 not implemented + 1 not graded." in md  # it adds up
+    assert "Not students, skipped: `.DS_Store_dir/`" in md and "- `.DS_Store_dir`" not in md
+    rows = [line for line in md.splitlines() if same in line]
+    assert rows == [f"| `{same}` | 1 | t1 (5), t2 (3), t3 (4) |"]  # one row, every check it covers
 
 
 def test_messages_group_by_hint_or_by_first_line_whatever_their_numbers():

@@ -224,6 +224,9 @@ def test_the_reference_scores_full_marks(installed, kind):
     assert any("hidden" in t["tags"] for t in doc["tests"]) and all(t["status"] == "passed" for t in doc["tests"])
     boundary = {"bwrap": "sandbox: bubblewrap", "uid": "sandbox: uid boundary"}[kind]
     assert boundary in doc["output"] and f"uid {STUDENT}" in doc["output"]
+    # The output is HTML with the figures inline (Gradescope shows nothing of results/figures/), the tests' own text.
+    assert (doc["output_format"], doc["test_output_format"]) == ("html", "text")
+    assert doc["output"].count("<svg") == len(doc["figures"]) > 0 and "<style" not in doc["output"]
     assert not processes_of(STUDENT)
 
 
@@ -465,5 +468,25 @@ def test_the_uid_boundary_refuses_a_course_package_the_student_could_read(instal
 
 def test_an_empty_submission_still_gets_a_document(installed):
     run = grade(installed, "uid", {"notes.txt": "nothing"})
-    assert run.proc.returncode == 0 and run.doc["score"] == 0 and "neither" in run.doc["output"]
-    assert "sandbox: uid boundary" in run.doc["output"]
+    assert run.proc.returncode == 0 and run.doc["score"] == 0
+    assert f"no {CH25.filename} or {CH25.id}.ipynb in your submission" in run.doc["output"] and "found: notes.txt" in run.doc["output"]
+    assert "none of its code was run" in run.doc["output"] and "ran as" not in run.doc["output"]  # nothing ran
+
+
+def test_uploads_are_found_by_the_layout_rules_of_course_grade(installed):
+    """A browser's re-download name is graded (and the output says under what name); a name that does not
+    name the chapter is not, and the output says what was expected and what was found, as `course grade` does."""
+    solution = (chapters.SOLUTIONS / CH25.filename).read_text()
+    run = grade(installed, "bwrap", {"ch25_paged_kv (1).py": solution})
+    assert run.doc["score"] == run.doc["max_score"] > 0, run.doc["output"]
+    assert f"graded ch25_paged_kv (1).py as {CH25.filename}" in run.doc["output"]
+    notebook = json.dumps({"cells": [{"cell_type": "code", "source": solution}]})
+    run = grade(installed, "bwrap", {"homework.ipynb": notebook})
+    assert run.proc.returncode == 0 and run.doc["score"] == 0
+    assert f"no {CH25.filename} or {CH25.id}.ipynb in your submission, nor one folder down" in run.doc["output"]
+    assert "found: homework.ipynb" in run.doc["output"] and f"name your file {CH25.filename}" in run.doc["output"]
+    root = autograder(installed)
+    (root / "submission" / "ch25").mkdir()  # one folder down, as a zipped project folder unpacks
+    (root / "submission" / "ch25" / CH25.filename).write_text(solution)
+    run = run_autograder(installed, root, "bwrap")
+    assert run.doc["score"] == run.doc["max_score"] > 0 and f"graded ch25/{CH25.filename}" in run.doc["output"]

@@ -25,7 +25,7 @@ from grader.cli import main
 from grader.lab import Float, Int, Numbers, ParamError, catalog
 from grader.lab.runner import Lab
 from grader.lab.server import MAX_BODY, app, bind
-from tests.mutate import mutant
+from tests.mutate import mutant, row
 
 pytestmark = pytest.mark.slow  # grades submissions, builds releases or runs real tools: not in the fast loop
 
@@ -106,6 +106,57 @@ def test_the_reference_passes_and_draws_at_the_defaults_and_at_random_instances(
         if drawn == 6:
             break
     assert drawn >= 4, f"{exp.id}: the bounds admit too few drawable instances"
+
+
+@pytest.fixture(scope="module")
+def answerless_lab():
+    """The reference's code with no expected values at all: what a student release has off its recorded instances."""
+    lab = Lab(solutions=True, time_limit=5, reference=lambda exp: None)
+    yield lab
+    lab.close()
+
+
+@pytest.mark.parametrize("exp", EXPERIMENTS, ids=[e.id for e in EXPERIMENTS])
+def test_the_rules_that_need_no_answer_hold_for_the_reference_and_its_figures_say_they_were_not_compared(exp, answerless_lab):
+    rng, drawn = random.Random(exp.id + " rules"), 0
+    for raw in [{}] + [random_instance(exp, rng) for _ in range(400)]:
+        try:
+            exp.parse(raw)
+        except ParamError:
+            continue
+        result = answerless_lab.run(exp.id, raw)
+        assert result["status"] in ("passed", "unchecked"), (raw, result["message"])
+        assert (result["status"] == "passed") is result["compared"]
+        for f in result["figures"]:
+            assert not cells(f["svg"], "wrong")
+        if not result["compared"]:
+            assert any(cells(f["svg"], "unchecked") for f in result["figures"]), raw
+        drawn += 1
+        if drawn == 4:
+            break
+    assert drawn == 4
+
+
+@pytest.mark.parametrize(
+    "chapter, mistake_id, experiment",
+    [
+        ("ch15", "reshape", "ch15-embedding"),
+        ("ch16", "reshape_no_transpose", "ch16-heads"),
+        ("ch17", "topleft", "ch17-masks"),
+        ("ch18", "interleaved", "ch18-groups"),
+    ],
+)
+def test_without_an_answer_a_common_mistake_breaks_a_rule_and_nothing_is_marked(tmp_path, chapter, mistake_id, experiment):
+    folder = mutant(tmp_path, chapter, *row(chapter, mistake_id).edits)
+    lab = Lab(submission=folder, time_limit=5, reference=lambda exp: None)
+    try:
+        result = lab.run(experiment, {})
+    finally:
+        lab.close()
+    assert result["status"] == "failed", result["message"]
+    assert "hint: " in result["message"], result["message"]
+    if not result["compared"]:  # ch16's numbered instance knows its answer: there the cells are marked
+        assert result["figures"] and all(cells(f["svg"], "unchecked") and not cells(f["svg"], "wrong") for f in result["figures"])
 
 
 def test_an_instance_changes_the_drawing(reference_lab):
@@ -394,40 +445,93 @@ def test_the_command_line():
     assert out.exit_code == 2 and "exclude each other" in out.output
 
 
-def test_the_lab_serves_in_a_student_release_without_expected_values(tmp_path):
+RELEASE_LAB = """
+import json, sys
+from grader.lab.runner import Lab
+lab = Lab(time_limit=5)
+try:
+    out = {"checked": lab.describe()["checked"], "ids": sorted(lab.catalog.experiments)}
+    for name, (exp, params) in json.loads(sys.argv[1]).items():
+        r = lab.run(exp, params)
+        svgs = [f["svg"] for f in r.get("figures", [])]
+        out[name] = {"status": r["status"], "compared": r.get("compared"), "message": r["message"], "svgs": svgs}
+    print(json.dumps(out))
+finally:
+    lab.close()
+"""
+
+
+def release_lab(student, runs: dict) -> dict:
+    """Run the lab of a student release on `runs` ({name: (experiment, instance)}) in a process of the release's own."""
+    env = dict(os.environ, PYTHONPATH=str(student))
+    proc = subprocess.run(
+        [sys.executable, "-c", RELEASE_LAB, __import__("json").dumps(runs)],
+        cwd=student,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return __import__("json").loads(proc.stdout)
+
+
+def text(svg: str) -> str:
+    return " ".join("".join(e.itertext()) for e in ET.fromstring(svg).iter() if e.tag.endswith("text"))
+
+
+def test_the_lab_in_a_student_release_marks_against_recorded_answers_and_vouches_for_nothing_else(tmp_path):
     from grader.delivery.release import build
 
-    built = build(tmp_path / "rel", chapter_list=[chapters.find("ch25"), chapters.find("ch26")], nbgrader=False)
+    built = build(tmp_path / "rel", chapter_list=[chapters.find(c) for c in ("ch17", "ch25", "ch26")], nbgrader=False)
     student = built.student
     assert (student / "grader" / "lab" / "static" / "lab.js").is_file()
     assert not (student / "grader" / "lab" / "ch15.py").exists()
     for cid in ("ch25", "ch26"):
         ch = chapters.find(cid)
         shutil.copy(chapters.SOLUTIONS / ch.filename, student / "exercises" / ch.filename)
-    script = """
-import json
-from grader.lab.runner import Lab
-lab = Lab(time_limit=5)
-try:
-    out = {"checked": lab.describe()["checked"], "ids": sorted(lab.catalog.experiments)}
-    for exp in out["ids"]:
-        r = lab.run(exp, {})
-        out[exp] = [r["status"], r["message"], [f["svg"] for f in r["figures"]]]
-    print(json.dumps(out))
-finally:
-    lab.close()
-"""
-    env = dict(os.environ, PYTHONPATH=str(student))
-    proc = subprocess.run([sys.executable, "-c", script], cwd=student, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    out = __import__("json").loads(proc.stdout)
-    assert out["checked"] is False and out["ids"] == ["ch25-paged-kv", "ch26-varlen"]
-    for exp in out["ids"]:
-        status, message, svgs = out[exp]
-        assert status == "unchecked" and svgs, (exp, message)
-        assert not any(cells(svg, "wrong") for svg in svgs)
-    # A wrong cu_seqlens is still explained there: running sums need no reference answer.
+    mutant(student / "exercises", "ch17", *row("ch17", "topleft").edits)  # a chunk's mask taken from the top-left
+    runs = {
+        "masks": ("ch17-masks", {}),
+        "masks elsewhere": ("ch17-masks", {"num_cached": 4, "num_new": 3}),
+        "paged": ("ch25-paged-kv", {}),
+        "paged elsewhere": ("ch25-paged-kv", {"T": 4, "block_table": "1, 3"}),
+        "varlen": ("ch26-varlen", {}),
+    }
+    out = release_lab(student, runs)
+    assert out["checked"] is False and out["ids"] == ["ch17-masks", "ch25-paged-kv", "ch26-varlen"]
+
+    # The starting instance: its answers ship with the release, so the wrong mask is marked and explained.
+    masks = out["masks"]
+    assert masks["status"] == "failed" and masks["compared"] is True, masks
+    assert "hint: a chunk after a cached prefix is offset by num_cached" in masks["message"], masks["message"]
+    offset = next(svg for svg in masks["svgs"] if 'id="ch17-offset-mask"' in svg)
+    assert cells(offset, "wrong") and "your [2, 5] mask" not in text(offset) and "the [2, 5] mask it needs" in text(offset)
+    # Elsewhere no answer ships: the rules that need none explain the mask; nothing is marked, nothing vouched for.
+    elsewhere = out["masks elsewhere"]
+    assert elsewhere["status"] == "failed" and elsewhere["compared"] is False, elsewhere
+    assert "query 0 is the token at absolute position 4 + 0 = 4, so it sees keys 0–4" in elsewhere["message"]
+    assert "hint: a chunk after a cached prefix is offset by num_cached" in elsewhere["message"]
+    offset = next(svg for svg in elsewhere["svgs"] if 'id="ch17-offset-mask"' in svg)
+    assert not cells(offset, "wrong") and cells(offset, "unchecked") and "your [3, 7] mask" not in text(offset)
+
+    for name in ("paged", "varlen"):  # a right answer at the starting instance: compared, and it matches
+        assert out[name]["status"] == "passed" and out[name]["compared"] is True, (name, out[name])
+        assert out[name]["svgs"] and not any(cells(svg, "wrong") or cells(svg, "unchecked") for svg in out[name]["svgs"])
+    paged = out["paged elsewhere"]
+    assert paged["status"] == "unchecked" and paged["compared"] is False, paged
+    assert all(cells(svg, "unchecked") and not cells(svg, "wrong") for svg in paged["svgs"])
+    assert "the slot each token belongs in" not in text(paged["svgs"][0])
+
+    # A wrong cu_seqlens is explained at any instance: running sums need no answer.
     mutant(student / "exercises", "ch26", ("    cu_seqlens[1:] = lens.cumsum(0)", "    cu_seqlens[1:] = lens"))
-    proc = subprocess.run([sys.executable, "-c", script], cwd=student, env=env, capture_output=True, text=True, timeout=120)
-    wrong = __import__("json").loads(proc.stdout)["ch26-varlen"]
-    assert wrong[0] == "failed" and "hint: cu_seqlens are cumulative" in wrong[1], wrong[1]
+    wrong = release_lab(student, {"varlen": ("ch26-varlen", {"query_lens": "2, 2, 1", "cached_lens": "0, 4, 0"})})["varlen"]
+    assert wrong["status"] == "failed" and "hint: cu_seqlens are cumulative" in wrong["message"], wrong["message"]
+    # And a wrong slot, by the rule that a slot is its physical block times block_size plus the offset.
+    mutant(student / "exercises", "ch25", WRONG_SLOTS)
+    wrong = release_lab(student, {"paged": ("ch25-paged-kv", {"T": 4, "block_table": "1, 3"})})["paged"]
+    assert (
+        wrong["status"] == "failed"
+        and wrong["compared"] is False
+        and "block_table[0] = 1, so its slot lies in physical block 1" in wrong["message"]
+    ), wrong["message"]

@@ -19,7 +19,8 @@ CHAPTERS = chapters.all_chapters()
 def cli(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
-    return lambda *args: runner.invoke(main, list(args), catch_exceptions=False)
+    # not a terminal and no COLUMNS: one line per row, whatever an earlier test or the shell exported
+    return lambda *args: runner.invoke(main, list(args), catch_exceptions=False, env={"COLUMNS": None})
 
 
 @pytest.fixture

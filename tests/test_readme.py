@@ -29,3 +29,18 @@ def test_the_readme_names_the_chapters_there_are():
 
 def test_the_readme_names_the_fast_loop():
     assert 'pytest -m "not slow"' in (ROOT / "README.md").read_text()
+
+
+def test_the_readme_states_the_time_limits_that_run():
+    """`course check`'s flat limit, and the class grader's: SLACK times the reference's own time, FLOOR at least,
+    `course grade --time-limit` at most (the numbers the code uses, not the ones once written)."""
+    from grader import checks
+    from grader.cli import main
+    from grader.delivery.grade import FLOOR, SLACK
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    check = next(p.default for p in main.commands["check"].params if p.name == "time_limit")
+    grade = next(p.default for p in main.commands["grade"].params if p.name == "time_limit")
+    assert check == checks.DEFAULT_TIME_LIMIT and f"time limit ({check:g} s per check, `--time-limit`;" in text
+    assert f"{SLACK:g} times what the reference solution needs in it, at least {FLOOR:g} s and at most {grade:g} s" in text
+    assert f"at least {FLOOR:g} s and at most `--time-limit` ({grade:g} s by default)" in text

@@ -162,7 +162,7 @@ def test_the_whole_course_and_its_figure_book_in_the_release_come_from_the_stude
     figure a placeholder naming its task), then two chapters answered (their figures drawn from that code)."""
     student = tmp_path / "student"
     shutil.copytree(release.student, student)
-    env = dict(os.environ, PYTHONPATH=str(student))
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"PYTHONPATH": str(student)}  # not a terminal: unwrapped
     run = lambda *args: subprocess.run([sys.executable, "-m", "grader.cli", *args], cwd=student, env=env, capture_output=True, text=True)
     out = run("check", "all", "--jobs", "2")
     assert out.returncode == 1, out.stderr
@@ -186,7 +186,7 @@ def test_the_release_speaks_to_students(release):
     """Its --help lists no instructor command or option, and `course list` shows the hidden points it recorded."""
     from grader.cli import INSTRUCTOR_COMMANDS
 
-    env = dict(os.environ, PYTHONPATH=str(release.student))
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"PYTHONPATH": str(release.student)}  # not a terminal
     run = lambda *args: subprocess.run(
         [sys.executable, "-m", "grader.cli", *args], cwd=release.student, env=env, capture_output=True, text=True
     )

@@ -251,3 +251,61 @@ def test_a_pseudo_terminal_shows_the_running_check(tmp_path):
     running = text.index("… running ch17.1")
     erased = re.compile(r"\r\x1b\[K(?!  …)").search(text, running)
     assert erased and erased.start() < text.index("ch17.1 causal_mask"), "the running line is erased before the report"
+
+
+# -- the whole course and the chapter list, fitted to the terminal --------------------------------------------
+def _course_reports() -> list:
+    """Every chapter as `course check all` reports it on the untouched stubs: every task failing."""
+    from grader import chapters
+    from grader.report import CheckResult, Report
+
+    reports = []
+    for ch in chapters.all_chapters():
+        report = Report(ch, "exercises", 0, elapsed=1.5)
+        report.results = [CheckResult(t.id, t.names[0], "a check", False, 1.0, "failed", todo=True) for t in ch.tasks]
+        reports.append(report)
+    return reports
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_check_all_fits_the_terminal_and_keeps_every_task_and_title(width, capsys):
+    from types import SimpleNamespace
+
+    from grader.terminal import CourseScreen
+
+    reports = _course_reports()
+    screen = CourseScreen([r.chapter.id for r in reports], "your exercises/", jobs=2, seed=4, width=width)
+    for r in reports:
+        screen.add(r)
+    screen.finish(SimpleNamespace(reports=reports, score=0, max_score=100, elapsed=9.0, seed=4), None)
+    out = capsys.readouterr().out
+    assert max(columns(line) for line in out.splitlines()) <= width, out
+    for r in reports:
+        tasks = ", ".join(t.id for t in r.chapter.tasks)
+        assert f"{tasks} not passing → course check {r.chapter.id}" in " ".join(out.split()), r.chapter.id  # nothing lost
+        assert (r.chapter.title if width == 200 else r.chapter.title_en) in out  # bilingual where it fits
+    heads = [line for line in out.splitlines() if line.startswith("  ✗ ch")]
+    assert len(heads) == len(reports) and len({line.rstrip().rindex("/") for line in heads if width == 80}) <= 1  # scores align
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_the_chapter_list_fits_the_terminal_and_wraps_titles_at_their_halves(width, monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from grader import chapters
+    from grader.cli import main
+
+    monkeypatch.setenv("COLUMNS", str(width))
+    monkeypatch.setenv("COURSE_STATE_DIR", str(tmp_path))
+    for args in (["list"], ["list", "ch25"]):
+        out = CliRunner().invoke(main, args).output
+        assert max(columns(line) for line in out.splitlines()) <= width, out
+    out = CliRunner().invoke(main, ["list"]).output
+    lines = out.splitlines()
+    for ch in chapters.all_chapters():
+        at = next(i for i, line in enumerate(lines) if line.startswith(ch.id + " "))
+        if width == 200:
+            assert ch.title in lines[at]  # one line each
+        else:  # the Chinese half on the chapter's line, the English one below it where both do not fit
+            shown = " ".join(" ".join(line.split()) for line in lines[at : at + 3])
+            assert ch.title_zh in lines[at] and " ".join(ch.title_en.split()) in shown, ch.id

@@ -410,17 +410,25 @@ def expect_lookup(got, want: torch.Tensor, weight: torch.Tensor, ids: torch.Tens
         where = "ids" + str([int(w) for w in torch.unravel_index(torch.tensor(i), tuple(ids.shape))]) + f" = {tok}"
     else:
         where = f"the id is {tok}"
+    raise CheckFailed(
+        head,
+        f"{where}, so its embedding is row {tok} of E = {vec(weight[tok])}; yours: {vec(rows[i])}",
+        hint=row_hint(rows, weight, i, tok),
+    )
+
+
+def row_hint(rows: torch.Tensor, weight: torch.Tensor, i: int, tok: int) -> str:
+    """Why looked-up row i ([n, H] rows, one per id) is not row `tok` of E: the misconception it comes from."""
+    V, H = weight.shape
     same = [r for r in range(V) if torch.equal(weight[r], rows[i])]
     n = rows.shape[0]
     if 1 < n <= V and torch.equal(rows, weight[:n]):
-        hint = M.reshape.format(last=n - 1, n=n, H=H)
-    elif same and same[0] in (tok - 1, tok + 1):
-        hint = M.off_by_one.format(row=same[0])
-    elif same:
-        hint = f"yours is row {same[0]} of E; read row ids[…] = {tok}"
-    else:
-        hint = M.not_a_row
-    raise CheckFailed(head, f"{where}, so its embedding is row {tok} of E = {vec(weight[tok])}; yours: {vec(rows[i])}", hint=hint)
+        return M.reshape.format(last=n - 1, n=n, H=H)
+    if same and same[0] in (tok - 1, tok + 1):
+        return M.off_by_one.format(row=same[0])
+    if same:
+        return f"yours is row {same[0]} of E; read row ids[…] = {tok}"
+    return M.not_a_row
 
 
 def ids_text(ids: torch.Tensor) -> str:

@@ -210,3 +210,30 @@ def run_offset_case(t: Trial, num_new: int, num_cached: int) -> torch.Tensor:
     """The student's causal_mask_with_offset(num_new, num_cached), compared with the reference."""
     got = t.yours.causal_mask_with_offset(num_new, num_cached)
     return expect_mask(got, t.ref.causal_mask_with_offset(num_new, num_cached), num_new, num_cached, whole=False)
+
+
+def expect_causal(mask: torch.Tensor, num_cached: int, *, whole: bool) -> None:
+    """Check a bool mask of the right shape against the rules that need no answer: query i, the token at
+    position num_cached + i, sees itself and every key before it and no key after it (the lab's instances
+    that have no recorded answer). Explains the first row that breaks a rule, as `expect_mask` does."""
+    n, s = mask.shape
+    for i in range(n):
+        p = num_cached + i
+        row = mask[i]
+        future, past = row[p + 1 :], row[: p + 1]
+        if bool(future.any()) or not bool(past.all()):
+            where = f"absolute position {num_cached} + {i} = {p}" if num_cached else f"position {p}"
+            broken = (
+                f"key {p + 1 + int(future.nonzero()[0])} is in its future"
+                if bool(future.any())
+                else "it must see itself"
+                if not bool(row[p])
+                else f"key {int((~past).nonzero()[0])} is in its past"
+            )
+            ones = torch.ones(n, s, dtype=torch.bool)
+            hint = M.topleft if num_cached and not whole and torch.equal(mask, ones.tril()) else ""
+            raise CheckFailed(
+                inputs_line(n, num_cached, whole),
+                f"query {i} is the token at {where}, so it sees {visible_text(p)}; your row {i} sees {keys_text(row)} ({broken})",
+                hint=hint,
+            )

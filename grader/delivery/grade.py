@@ -17,7 +17,8 @@ Order. The items are graded in parallel jobs; grades.csv, the rows `on_item` hea
 then by chapter (`InOrder` says why and what it costs).
 
 Results. `OUT/<student>/<chapter>/results.json` (the Gradescope document) is written
-atomically, with the figures beside it. A student folder whose name is one of OUT's own
+atomically, with the figures beside it and `feedback.html`, the page to hand back to the student
+(`grader.delivery.feedback`: the messages and the figures inline, self-contained). A student folder whose name is one of OUT's own
 files (`grades.csv`, `grading.json`, `summary.md`, `summary.json`, `summary-histogram.svg`,
 `nbgrader-staged.json`, compared case-insensitively), or such a name after leading
 underscores, is stored under that name with one more `_` in front (`OUT/_grades.csv/ch17/`),
@@ -64,7 +65,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Callable
@@ -404,12 +405,32 @@ def _write(out: Path, item: Item, doc: dict, partial: Path | None = None) -> dic
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     (partial / "results.json").write_bytes(_utf8(json.dumps(doc, ensure_ascii=False, indent=1)))
+    (partial / "feedback.html").write_bytes(_utf8(feedback_page(item, doc, partial)))
     if final.is_dir() and not final.is_symlink():
         shutil.rmtree(final)
     elif final.exists() or final.is_symlink():
         final.unlink()
     os.replace(partial, final)
     return row(item.student, doc)
+
+
+def feedback_page(item: Item, doc: dict, folder: Path) -> str:
+    """The student's feedback.html (`grader.delivery.feedback.page`): the document and the figures in `folder`.
+    A page that cannot be made never costs the grade: it then says so, and results.json holds everything."""
+    import html
+
+    from grader.delivery.feedback import page
+
+    try:
+        figures = {Path(rel).stem: (folder / rel).read_text(encoding="utf-8") for rel in doc.get("figures", []) if (folder / rel).is_file()}
+        return page(doc, figures, student=_text(item.student))
+    except Exception as e:
+        print(f"course grade: {_text(item.student)}/{item.chapter}: feedback.html:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        return (
+            f'<!doctype html>\n<html><head><meta charset="utf-8"><title>{html.escape(item.chapter)}</title></head><body>'
+            f"<p>score {float(doc.get('score', 0)):g}/{float(doc.get('max_score', 0)):g}; this page could not be made "
+            f"({html.escape(type(e).__name__)}): results.json beside it holds the grade and every message.</p></body></html>\n"
+        )
 
 
 def row(student: str, doc: dict) -> dict:
@@ -579,9 +600,20 @@ def _run_jobs(
 @dataclass
 class ClassResult:
     rows: list[dict]
+    """grades.csv's rows (a skipped dot folder's included, saying it was skipped)."""
     graded_now: int
     sandbox: str
     out: Path
+    skipped: list[str] = field(default_factory=list)
+    """The entries that are no students (names starting with a dot), as shown: not counted anywhere."""
+
+    def count_line(self) -> str:
+        """What `course grade` ends with: the results, adding up, and what was skipped."""
+        counted = [r for r in self.rows if r["student"] not in self.skipped]
+        errors = sum(r["status"].startswith("error") for r in counted)
+        line = f"{len(counted)} results = {len(counted) - errors} graded + {errors} could not be graded (0 points)"
+        line += f"; {self.graded_now} new in this run" if self.graded_now < len(counted) else ""
+        return line + (f"; skipped, not students: {', '.join(name + '/' for name in self.skipped)}" if self.skipped else "")
 
 
 def grade(
@@ -639,7 +671,7 @@ def grade(
     _write_atomic(out / "summary.json", json.dumps(summary, ensure_ascii=False, indent=1))
     _write_atomic(out / HISTOGRAM, histogram_svg(summary))
     _write_atomic(out / "summary.md", summary_markdown(summary, histogram=HISTOGRAM))
-    return ClassResult(rows, len(todo), how, out)
+    return ClassResult(rows, len(todo), how, out, sorted({_text(i.student) for i in items if not i.recorded}))
 
 
 class InOrder:

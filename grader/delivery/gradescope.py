@@ -14,14 +14,18 @@
   (`python -I -m grader.delivery.gradescope`, never the source tree) grades /autograder/submission;
 - the package source, `course/`.
 
-`run` grades the submission in one sandbox made for it and torn down before `grader.run.check`
+`run` finds the answer in /autograder/submission by the layout rules of `course grade`
+(`grader.delivery.layout`: the chapter's file name, one folder down, or one file naming the
+chapter such as `ch25_paged_kv (1).py`); when none fits, the output says what was expected and
+what the submission holds, and none of it runs. It grades the answer in one sandbox made for it and torn down before `grader.run.check`
 returns: bubblewrap where the container allows user namespaces, else the uid boundary (the
 student's code runs as `course-student`, no privileges, no capabilities, seeing the host's
 files: before any of it runs, `run` checks as that user that the source, the course package and
 the chapter's reference and hidden checks cannot be read, and the results folder cannot be
 written). Where neither boundary can be had it refuses to grade: score 0, a message naming the
 fix, exit status 1. The results folder is made root's alone to write (0755) before any student
-code runs; results.json says which boundary graded ("output") and is written only after the
+code runs; results.json says which boundary graded ("output", HTML with the figures inline:
+`grader.delivery.feedback`; every test's own output stays text) and is written only after the
 sandbox is gone: every process of the student's uid is killed right before, and the file is
 written atomically (a temporary file, then `os.replace`). The grading seed is fixed when the
 bundle is made, so every student meets the same hidden instances.
@@ -256,7 +260,8 @@ class Refused(RuntimeError):
 def run(root: Path, chapter_id: str, seed: int) -> tuple[dict, int]:
     """Grade the submission under `root` and write `root/results/results.json` (never raises);
     the document and the exit status (1 when grading was refused or broke, else 0)."""
-    from grader.delivery.submission import SubmissionError, find_answer, open_folder, read_answer
+    from grader.delivery.layout import folder_tree, locate, read_in, shown_name
+    from grader.delivery.submission import SubmissionError, open_folder
     from grader.isolation.sandbox import SandboxUnavailable
     from grader.run import MissingModule, check
 
@@ -284,13 +289,10 @@ def run(root: Path, chapter_id: str, seed: int) -> tuple[dict, int]:
                     f"(it installs the course package non-editably and makes it root's alone)"
                 )
         folder_fd = open_folder(root / "submission", follow=True)
-        try:
-            name = find_answer(folder_fd, ch)
-            if name is None:
-                raise SubmissionError(
-                    f"the submission has neither {ch.filename} nor a chapter notebook ({ch.id}.ipynb or {ch.filename[:-3]}.ipynb)"
-                )
-            answer = read_answer(folder_fd, name, ch)
+        try:  # where the answer is: the layout rules of `course grade` (grader.delivery.layout)
+            located = locate(folder_tree(folder_fd), ch, "your submission")
+            name = "/".join(located.path)
+            answer = read_in(folder_fd, name, ch)
         finally:
             os.close(folder_fd)
         (private / ch.filename).write_bytes(answer.source)
@@ -298,28 +300,40 @@ def run(root: Path, chapter_id: str, seed: int) -> tuple[dict, int]:
             ch.id, submission=private, source=answer.source, hidden=True, seed=seed, figures_dir=results / "figures", sandbox=kind, uid=uid
         )
         doc = report.to_json()
-        doc.update(stdout_visibility="hidden", output=f"{ch.id} · {ch.title}: {report.score:g}/{report.max_score:g}\n{boundary}")
-    except (SubmissionError, MissingModule) as e:  # the submission's own problem: graded 0, said why
-        doc = {"score": 0, "output": f"could not grade this submission: {e}" + f"\n{boundary}" * bool(boundary), "tests": []}
+        graded = f"graded {shown_name(name)}" + (f" as {ch.filename}: name it {ch.filename} next time" if located.renamed else "")
+        figures = {Path(p).stem: Path(p).read_text(encoding="utf-8") for p in report.figures}
+        doc.update(_output([f"{ch.id} · {ch.title}: {report.score:g}/{report.max_score:g}", graded, boundary], figures))
+        doc.update(stdout_visibility="hidden")
+    except (SubmissionError, MissingModule) as e:  # the submission's own problem: graded 0, said why; none of it ran
+        doc = {"score": 0, **_output([f"could not grade this submission: {e}", "(none of its code was run)"]), "tests": []}
     except (Refused, SandboxUnavailable) as e:
-        doc = {"score": 0, "output": f"not graded: {e}", "tests": []}
+        doc = {"score": 0, **_output([f"not graded: {e}"]), "tests": []}
         status = 1
     except Exception as e:  # the grader's own failure: still a document, and a status that says so
-        doc = {
-            "score": 0,
-            "output": f"could not grade this submission ({type(e).__name__}: {e})" + f"\n{boundary}" * bool(boundary),
-            "tests": [],
-        }
+        doc = {"score": 0, **_output([f"could not grade this submission ({type(e).__name__}: {e})", boundary]), "tests": []}
         status = 1
     finally:
         shutil.rmtree(private, ignore_errors=True)
     if uid is not None:
         left = end_processes(uid)
         if left:
-            doc = {"score": 0, "output": f"not graded: processes of uid {uid} ({left[:10]}) outlived the sandbox", "tests": []}
+            doc = {"score": 0, **_output([f"not graded: processes of uid {uid} ({left[:10]}) outlived the sandbox"]), "tests": []}
             status = 1
     write_results(results, doc)
     return doc, status
+
+
+def _output(lines: list[str], figures: dict[str, str] | None = None) -> dict:
+    """results.json's top-level output: `lines` (escaped) and the figures inline, as HTML
+    (`grader.delivery.feedback.gradescope_output`); the lines again, as text, for run_autograder's stdout."""
+    from grader.delivery.feedback import gradescope_output
+
+    return {
+        "output": gradescope_output(lines, figures or {}),
+        "output_format": "html",
+        "test_output_format": "text",
+        "extra_data": {"summary": "\n".join(line for line in lines if line)},
+    }
 
 
 def write_results(results: Path, doc: dict) -> None:
@@ -349,7 +363,7 @@ def main(argv: list[str]) -> int:
         return 2
     started = time.monotonic()
     doc, status = run(Path(argv[0]), argv[1], int(seed))
-    print(doc["output"], f"({time.monotonic() - started:.1f} s)")
+    print(doc["extra_data"]["summary"], f"({time.monotonic() - started:.1f} s)")
     return status
 
 

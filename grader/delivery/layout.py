@@ -1,8 +1,10 @@
-"""Where a student's chapter answer is in what they handed in: the layouts `course grade` accepts.
+"""Where a student's chapter answer is in what they handed in: the layouts `course grade` and the
+Gradescope bundle accept (one set of rules, here).
 
 A class download holds one entry per student: a folder (`SUBMISSIONS/alice/`) or one zip
-(`SUBMISSIONS/alice.zip`). Inside it (for a zip: at its root, or inside the one folder that
-holds everything else, as zipping a folder makes) the answer to a chapter is, by these rungs in order:
+(`SUBMISSIONS/alice.zip`); Gradescope hands over one folder, /autograder/submission. Inside
+it (for a zip: at its root, or inside the one folder that holds everything else, as zipping a
+folder makes) the answer to a chapter is, by these rungs in order:
 
 1. a file of the chapter's own name at the top: `ch25_paged_kv.py`, `ch25.ipynb` or
    `ch25_paged_kv.ipynb` (`grader.delivery.submission.answer_names`, the first present wins);
@@ -449,13 +451,23 @@ def read_found(dir_fd: int, entry: str, name: str, ch: Chapter, *, archive: bool
                 return read_answer(private, as_name, ch)
             except SubmissionError as e:
                 raise SubmissionError(_relabel(str(e), as_name, f"{entry}: {name}")) from None
+    folder_fd = open_folder(entry, dir_fd=dir_fd)
+    try:
+        return read_in(folder_fd, name, ch)
+    finally:
+        os.close(folder_fd)
+
+
+def read_in(folder_fd: int, name: str, ch: Chapter) -> Answer:
+    """Read the located answer `name` (`folder/file` or `file`) of the student's open folder `folder_fd`,
+    each folder on the way opened without following a link; a SubmissionError names the file by its path."""
     *folders, base = name.split("/")
-    fds = [open_folder(entry, dir_fd=dir_fd)]
+    fds: list[int] = []
     try:
         for folder in folders:
-            fds.append(open_folder(folder, dir_fd=fds[-1]))
+            fds.append(open_folder(folder, dir_fd=fds[-1] if fds else folder_fd))
         try:
-            return read_answer(fds[-1], base, ch)
+            return read_answer(fds[-1] if fds else folder_fd, base, ch)
         except SubmissionError as e:
             raise SubmissionError(_relabel(str(e), base, name)) from None
     finally:

@@ -4,7 +4,8 @@ The student release is an installable copy of the package without `solutions/`,
 without `grader/hidden/` and without `tests/`: the stubs, the grader's public
 part, the figures, the engine (`course engine run`, which there runs the student's
 own chapter functions only), and `grader/answers/chNN.json` (the reference's answers
-to the public checks, recorded here, plus how many hidden checks each task has).
+to the public checks and to the lab's starting instances, recorded here, plus how many
+hidden checks each task has).
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ def write_student(dest: Path, chosen: list[Chapter]) -> None:
         _copy_package(chapters.ROOT / package, dest / package, ids)
     answers = dest / chapters.ANSWERS.relative_to(chapters.ROOT)
     answers.mkdir()
+    lab = record_lab(chosen)
     for ch in chosen:
-        record = record_answers(ch)
+        record = {**record_answers(ch), "lab": lab.get(ch.id, {})}
         (answers / f"{ch.id}.json").write_text(json.dumps(record, separators=(",", ":")), encoding="utf-8")
     (dest / "pyproject.toml").write_text(_pyproject(), encoding="utf-8")
     (dest / "README.md").write_text(_readme(chosen), encoding="utf-8")
@@ -128,6 +130,35 @@ def record_answers(ch: Chapter) -> dict:
     }
 
 
+def record_lab(chosen: list[Chapter]) -> dict[str, dict[str, list]]:
+    """Run every experiment of `course lab` at its starting instance on the reference, recording every answer
+    `t.ref` gives ({chapter: {experiment: calls}}): in the release the lab compares that instance with them."""
+    from grader.authoring.reference import Recorder
+    from grader.lab import of_chapter
+    from grader.lab.runner import Lab
+    from grader.run import solutions_module
+
+    experiments = [exp for ch in chosen for exp in of_chapter(ch.id)]
+    if not experiments:
+        return {}
+    recorders: dict[str, Recorder] = {}
+
+    def recorder(exp):
+        return recorders.setdefault(exp.id, Recorder(solutions_module(chapters.find(exp.chapter))))
+
+    lab = Lab(solutions=True, reference=recorder)
+    try:
+        failed = [f"{exp.id}: {r['message']}" for exp in experiments if (r := lab.run(exp.id, {}))["status"] != "passed"]
+    finally:
+        lab.close()
+    if failed:
+        raise ReleaseError("the reference fails the lab at its starting instances:\n" + "\n".join(failed))
+    out: dict[str, dict[str, list]] = {}
+    for exp in experiments:
+        out.setdefault(exp.chapter, {})[exp.id] = recorders[exp.id].calls if exp.id in recorders else []
+    return out
+
+
 def _pyproject() -> str:
     project = tomllib.loads((chapters.ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     deps = "".join(f'  "{d}",\n' for d in project["dependencies"])
@@ -157,7 +188,10 @@ figures = {json.dumps(_package_data("figures"))}
 
 
 def _readme(chosen: list[Chapter]) -> str:
+    from grader.delivery.grade import FLOOR, SLACK
+
     rows = "".join(f"| {ch.id} | {ch.title} | `exercises/{ch.filename}` |\n" for ch in chosen)
+    limit, slack, floor = checks.DEFAULT_TIME_LIMIT, SLACK, FLOOR
     return f"""# LLM inference engines — exercises (student release)
 
 Install (Python 3.11, 3.12 or 3.13 and pip; about a minute, once):
@@ -183,7 +217,9 @@ Each docstring gives the convention, the shapes and a small example. `course che
 your code in a separate process with a time limit and a memory budget (memory in use, not the
 address space a GPU build reserves), explains every failing check,
 says how many hidden checks will run at grading time, and draws the chapter's figures from
-your own outputs (wrong values marked next to the expected ones).
+your own outputs (wrong values marked next to the expected ones). Here a check may take
+{limit:g} s; at grading it may get less, down to {slack:g} times what the reference solution needs
+in it (at least {floor:g} s), so code far slower than the reference can time out there.
 
 The chapters add up to an inference engine. Once their tasks pass, run it on your own code
 (a small Qwen3 model, paged KV blocks, prefix caching, chunked prefill, preemption):

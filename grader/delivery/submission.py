@@ -101,20 +101,6 @@ def open_folder(name: str | os.PathLike, *, dir_fd: int | None = None, follow: b
         raise SubmissionError(f"cannot open the folder {os.fsdecode(name)} ({e.strerror})") from None
 
 
-def find_answer(folder_fd: int, ch: Chapter) -> str | None:
-    """The first of `answer_names(ch)` present in the folder, whatever it is (a link counts: it is
-    found, and refused when read); None when there is none."""
-    for name in answer_names(ch):
-        try:
-            os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return name  # there, but not even its type can be read: reading it says why
-        return name
-    return None
-
-
 def read_file(folder: int | str | os.PathLike, name: str, limit: int) -> bytes:
     """The bytes of the regular file `name` in `folder` (an open folder descriptor, or a path
     that is followed), read without following a link and at most `limit` bytes long."""

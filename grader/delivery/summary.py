@@ -3,16 +3,19 @@ score histogram, summary-histogram.svg.
 
 Per chapter it gives:
 
-- every student counted: one who could not be graded (no answer, a file that does not parse,
+- every student counted, in a count line that adds up (`8 students = 1 passed + 4 failed + 1 not
+  implemented + 2 not graded`): one who could not be graded (no answer, a file that does not parse,
   a broken zip) scores 0 and is listed by name with the reason. The mean and the median are
   over all the chapter's students, those at 0 included, as grades.csv has them (and the mean
-  over the graded alone beside them);
-- each check some graded student did not pass: the share of graded students failing it, how
-  many of those met the stub's NotImplementedError ("not implemented"), and the most common
-  wrong answer among the others. Messages are grouped by their hint line (`hint: ...`) when
-  they have one, else by their first line with its numbers left out, since the numbers are each
-  student's own; the count is how many wrong answers fall in that group, and a message is cut
-  at a word boundary;
+  over the graded alone beside them). A folder whose name starts with a dot (`.DS_Store_dir`,
+  `.ipynb_checkpoints`) is no student: it is listed as skipped and counted nowhere;
+- the wrong answers, one row per diagnosis: a diagnosis is a message's hint line (`hint: ...`)
+  when it has one, else its first line with its numbers left out, since the numbers are each
+  student's own. Each row says how many graded students had it and which checks it covers, each
+  with how many graded students failed that check; a message is cut at a word boundary. So a
+  mistake that fails ten checks is one row, not ten. summary.json also keeps, per check, the
+  share failing it, how many met the stub's NotImplementedError ("not implemented") and its
+  most common wrong answer;
 - the students whose answer was found under another name (`grader.delivery.layout`, rung 3), so that
   they can be told to rename it;
 - a histogram of the scores in ten bands of the chapter's points (summary-histogram.svg, drawn
@@ -37,6 +40,12 @@ MESSAGE_CHARS = 160
 """A message in summary.md is cut at the last word boundary before this many characters."""
 REASON_CHARS = 300
 """So is the reason a student could not be graded."""
+DIAGNOSES = 25
+"""Rows of the table of wrong answers in summary.md (the rest, each of fewer students, in summary.json)."""
+NAMED_CHECKS = 3
+"""Checks of one task a diagnosis names in its row; more are counted."""
+CHECK_CHARS = 48
+"""A check's name in that row is cut at a word boundary before this many characters."""
 KINDS = (
     ("graded", "q", "graded"),
     ("not_implemented", "k", "not implemented (the stub as given)"),
@@ -51,7 +60,8 @@ def summarize(items: list, chosen: list[Chapter], docs: list[dict]) -> dict:
     and their results documents, in the same order."""
     summary = {}
     for ch in chosen:
-        mine = [(i, d) for i, d in zip(items, docs) if i.chapter == ch.id]
+        everyone = [(i, d) for i, d in zip(items, docs) if i.chapter == ch.id]
+        mine = [(i, d) for i, d in everyone if i.recorded]  # a dot folder's row is no student's
         max_score = mine[0][1]["max_score"] if mine else 0
         graded = [(i, d) for i, d in mine if d["status"] != "error"]
         scores = [float(d["score"]) for _, d in mine]
@@ -68,7 +78,9 @@ def summarize(items: list, chosen: list[Chapter], docs: list[dict]) -> dict:
             "mean_score_graded": round(statistics.fmean([float(d["score"]) for _, d in graded]), 2) if graded else 0.0,
             "not_graded": [{"student": i.student, "reason": d.get("error", "")} for i, d in mine if d["status"] == "error"],
             "renamed": [{"student": i.student, "answer": d.get("answer") or i.where} for i, d in graded if i.renamed],
+            "skipped": [{"student": i.student, "reason": d.get("error", "")} for i, d in everyone if not i.recorded],
             "checks": _checks([d for _, d in graded]),
+            "diagnoses": _diagnoses([d for _, d in graded]),
             "not_implemented": _not_implemented([d for _, d in graded]),
             "histogram": _bands(mine, max_score),
         }
@@ -113,6 +125,35 @@ def _checks(graded: list[dict]) -> list[dict]:
         )
     result.sort(key=lambda c: (-c["failed"], order[c["check"]]))
     return result
+
+
+def _diagnoses(graded: list[dict]) -> list[dict]:
+    """The wrong answers (not the stub's NotImplementedError) grouped by diagnosis (`message_group`), over
+    the graded documents: each group's first message, how many students had it, and the checks it covers
+    with how many of the graded failed each (for any reason); most students first."""
+    failing: dict[str, int] = collections.Counter()
+    groups: dict[str, dict[str, Any]] = {}
+    for n, doc in enumerate(graded):
+        for test in doc["tests"]:
+            if test["status"] == "passed":
+                continue
+            failing[test["name"]] += 1
+            if test.get("todo"):
+                continue
+            kind, key, shown = message_group(test.get("output", ""))
+            group = groups.setdefault(key, {"diagnosis": shown, "kind": kind, "students": set(), "checks": {}})
+            group["students"].add(n)
+            group["checks"][test["name"]] = group["checks"].get(test["name"], 0) + 1
+    result = [
+        {
+            "diagnosis": g["diagnosis"],
+            "kind": g["kind"],
+            "students": len(g["students"]),
+            "checks": [{"check": name, "with_it": k, "failed": failing[name]} for name, k in g["checks"].items()],
+        }
+        for g in groups.values()
+    ]
+    return sorted(result, key=lambda g: -g["students"])  # stable: the first seen wins a tie
 
 
 def _not_implemented(graded: list[dict]) -> list[dict]:
@@ -175,12 +216,14 @@ def summary_markdown(summary: dict, *, histogram: str | None = HISTOGRAM) -> str
         lines += [f"![Scores of each chapter, in bands of a tenth of its points]({histogram})", ""]
     for cid, s in summary.items():
         n, max_score = s["students"], s["max_score"]
-        counts = ", ".join(f"{v} {k}" for k, v in sorted(s["statuses"].items(), key=lambda kv: _status_rank(kv[0])))
+        counts = " + ".join(f"{v} {k}" for k, v in sorted(s["statuses"].items(), key=lambda kv: _status_rank(kv[0])))
+        lines += [f"## {cid} · {s['title']}", "", f"{n} student{'s' * (n != 1)}" + (f" = {counts}." if counts else "."), ""]
+        if s.get("skipped"):
+            lines += [
+                f"Not students, skipped: {', '.join(_code(r['student'] + '/') for r in s['skipped'])} (a name starting with a dot).",
+                "",
+            ]
         lines += [
-            f"## {cid} · {s['title']}",
-            "",
-            f"{n} students: {counts or 'none'}.",
-            "",
             f"Mean **{s['mean_score']:g}** / {max_score:g} over all {n} students"
             + (f" (the {s['errors']} not graded count as 0)" if s["errors"] else "")
             + f", median **{s['median_score']:g}**"
@@ -197,21 +240,22 @@ def summary_markdown(summary: dict, *, histogram: str | None = HISTOGRAM) -> str
             lines.append("")
         wrong = [c for c in s["checks"] if c["wrong"]]
         only_todo = [c for c in s["checks"] if c["failed"] and not c["wrong"]]
-        if s["graded"]:
-            lines += [f"### Checks failed, as a share of the {s['graded']} graded students", ""]
-        if wrong:
+        diagnoses = s.get("diagnoses", [])
+        if diagnoses:
+            g = s["graded"]
             lines += [
-                "Wrong answers are grouped by their hint line, or else by their first line with its numbers "
-                "left out; a count is out of the check's wrong answers, checks not implemented aside.",
+                f"### Wrong answers, one row per diagnosis ({g} graded student{'s' * (g != 1)})",
                 "",
-                "| check | failing | not implemented | most common wrong answer |",
-                "|---|---:|---:|---|",
+                "A diagnosis is a wrong answer's hint line, or else its first line with its numbers left out. Each check "
+                f"it covers is followed by how many of the {g} graded students failed that check, for any reason.",
+                "",
+                "| diagnosis | students | checks it covers (failing) |",
+                "|---|---:|---|",
             ]
-            for c in wrong:
-                lines.append(
-                    f"| {_cell(c['check'])} | {c['percent_failing']}% ({c['failed']} of {c['graded']}) | "
-                    f"{c['not_implemented']} | {_common(c)} |"
-                )
+            for d in diagnoses[:DIAGNOSES]:
+                lines.append(f"| {_code(clip(d['diagnosis'], MESSAGE_CHARS))} | {d['students']} | {_covers(d['checks'])} |")
+            if len(diagnoses) > DIAGNOSES:
+                lines.append(f"| ({len(diagnoses) - DIAGNOSES} more, each of fewer students: summary.json) | | |")
             lines.append("")
         if s["not_implemented"]:
             lines.append(
@@ -228,6 +272,22 @@ def summary_markdown(summary: dict, *, histogram: str | None = HISTOGRAM) -> str
                 "",
             ]
     return "\n".join(lines)
+
+
+def _covers(checks: list[dict]) -> str:
+    """The checks a diagnosis covers, by task: `ch25.3 BlockManager: figure instance… (3), nano-vllm's
+    example… (3) and 8 more`; the number is how many graded students failed the check."""
+    tasks: dict[str, list[tuple[str, int]]] = {}
+    for c in checks:
+        task, sep, name = c["check"].partition(":")
+        task, name = (task, name.strip()) if sep else ("", task)
+        tasks.setdefault(task, []).append((name, c["failed"]))
+    parts = []
+    for task, mine in tasks.items():
+        named = [f"{_cell(clip(name, CHECK_CHARS))} ({failed})" for name, failed in mine[:NAMED_CHECKS]]
+        more = f" and {len(mine) - NAMED_CHECKS} more" if len(mine) > NAMED_CHECKS else ""
+        parts.append((f"{_cell(task)}: " if task else "") + ", ".join(named) + more)
+    return "; ".join(parts)
 
 
 def _status_rank(status: str) -> tuple[int, str]:

@@ -3,11 +3,14 @@
 `grader/lab/chNN.py` holds chapter NN's experiments, found by file name like the checks
 and the figures. An experiment is a function of a `Trial` and the instance the page asks
 for, marked with `@experiment(...)`: it calls the student's functions through the trial
-(in the student's process, with the limits of `course check`), consults the reference
-where this installation has one (`t.ref` is None in a student release), records the
-figure parts with `t.figure`, and explains a wrong answer with the chapter's own check
-helpers. Its parameters are declared with bounds, so the server refuses an instance the
-figure cannot show before any student code runs.
+(in the student's process, with the limits of `course check`), asks for the expected
+values with `ask` (the reference where this installation has one; in a student release
+the answers recorded at release time, for the instances some public check or the lab's
+default asked about), records the figure parts with `t.figure` (with `checked=False` where
+it had no expected value: the figure then says so and marks nothing), and explains a
+wrong answer with the chapter's own check helpers, or where there is no expected value
+with the properties that need none. Its parameters are declared with bounds, so the
+server refuses an instance the figure cannot show before any student code runs.
 """
 
 from __future__ import annotations
@@ -277,6 +280,19 @@ def catalog() -> Catalog:
         for exp in of_chapter(ch.id):
             found.experiments[exp.id] = exp
     return found
+
+
+def ask(t: "Trial", question: Callable[[Any], Any]) -> Any:
+    """`question(t.ref)`: the reference's answer, or the one recorded for these inputs in a student release;
+    None where this installation has neither (the experiment then checks what needs no answer)."""
+    from grader.authoring.reference import NoAnswer
+
+    if t.ref is None:
+        return None
+    try:
+        return question(t.ref)
+    except NoAnswer:
+        return None
 
 
 def expected_or_own(want: Any, got: Any) -> Any:

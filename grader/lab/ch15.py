@@ -7,9 +7,9 @@ import math
 import torch
 
 from figures.ch15 import ID_STEP, OUT_STEP, ROW
-from grader.authoring import Trial, expect_tensor, wrong_mask
-from grader.checks.ch15 import expect_lookup
-from grader.lab import Int, Numbers, expected_or_own, experiment
+from grader.authoring import CheckFailed, Trial, expect_tensor, wrong_mask
+from grader.checks.ch15 import expect_lookup, row_hint
+from grader.lab import Int, Numbers, ask, expected_or_own, experiment
 
 
 def room_for_ids(V: int) -> int:
@@ -61,12 +61,34 @@ def _captions(p: dict) -> dict[str, tuple[str, ...]]:
 def embedding(t: Trial, p: dict) -> None:
     weight, ids = table(p["V"], p["H"]), torch.tensor([p["ids"]])
     got = t.yours.embedding_lookup(weight, ids)
-    want = t.ref.embedding_lookup(weight, ids) if t.ref else None
+    want = ask(t, lambda ref: ref.embedding_lookup(weight, ids))
     shape = [1, len(p["ids"]), p["H"]]
     if isinstance(got, torch.Tensor) and list(got.shape) == shape and got.dtype == weight.dtype:
         expected = expected_or_own(want, got)
-        t.figure("ch15-dim-embedding", table=weight, ids=ids, out=got, expected=expected, wrong=wrong_mask(got, expected))
+        t.figure(
+            "ch15-dim-embedding",
+            table=weight,
+            ids=ids,
+            out=got,
+            expected=expected,
+            wrong=wrong_mask(got, expected),
+            checked=want is not None,
+        )
     if want is not None:
         expect_lookup(got, want, weight, ids, "your instance")
     else:
-        expect_tensor(got, what=f"the embeddings of ids {shape[:2]}", shape=shape, dtype=weight.dtype)
+        explain_rows(expect_tensor(got, what=f"the embeddings of ids {shape[:2]}", shape=shape, dtype=weight.dtype), weight, p["ids"])
+
+
+def explain_rows(out: torch.Tensor, weight: torch.Tensor, ids: list[int]) -> None:
+    """What a lookup must do, checked without an answer: row t of X is a whole row of E, the row ids[t] names
+    (E's rows hold distinct values, so a row of X says which row of E it is)."""
+    for t, tok in enumerate(ids):
+        found = [r for r in range(len(weight)) if torch.equal(out[0, t], weight[r])]
+        if found != [tok]:
+            what = f"row {found[0]} of E" if found else "not a row of E: a lookup copies whole rows"
+            raise CheckFailed(
+                f'case "your instance": ids = {ids}, E [{len(weight)}, {len(weight[0])}]',
+                f"ids[0, {t}] = {tok}, so X[0, {t}] is row {tok} of E; yours is {what}",
+                hint=row_hint(out[0], weight, t, tok),
+            )

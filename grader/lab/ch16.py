@@ -6,7 +6,7 @@ import torch
 
 from grader.authoring import CheckFailed, Trial, expect_tensor, wrong_mask
 from grader.checks.ch16 import call_merge, explain_merge, explain_split, merge_hint, numbered, split_hint
-from grader.lab import Int, expected_or_own, experiment
+from grader.lab import Int, ask, experiment
 from grader.lab.draw import MAX_WIDTH
 
 
@@ -91,8 +91,9 @@ def heads(t: Trial, p: dict) -> None:
     x = numbered((B, T, W))
     header = f'case "{case}": x [{B}, {T}, {W}] = [B, T, H·d], num_heads={H} → [B, H, T, d] = [{B}, {H}, {T}, {d}]'
     out = _layout(t.yours.split_heads(x, H), [B, H, T, d], "the heads", header, lambda g: split_hint(g, x, H))
-    want = t.ref.split_heads(x, H) if t.ref else None
-    expected = expected_or_own(want, out)
+    heads_in = numbered_heads(B, H, T, d)  # x's numbers name their places: its heads are known without a reference
+    want = ask(t, lambda ref: ref.split_heads(x, H))
+    expected = heads_in if want is None else want
     t.figure(
         "ch16-dim-split-heads",
         x=x[b : b + 1],
@@ -102,11 +103,10 @@ def heads(t: Trial, p: dict) -> None:
         expected=expected[b : b + 1],
         wrong=wrong_mask(out, expected)[b : b + 1],
     )
-    heads_in = numbered_heads(B, H, T, d)
     header = f'case "{case}": x [{B}, {H}, {T}, {d}] = [B, H, T, d] → [B, T, H·d] = [{B}, {T}, {W}]'
     merged = _layout(call_merge(t, heads_in, case), [B, T, W], "the merged heads", header, lambda g: merge_hint(g, heads_in))
-    want_m = t.ref.merge_heads(heads_in) if t.ref else None
-    expected_m = expected_or_own(want_m, merged)
+    want_m = ask(t, lambda ref: ref.merge_heads(heads_in))
+    expected_m = x if want_m is None else want_m  # the heads of x merge back to x
     t.figure(
         "ch16-dim-merge-heads",
         heads=heads_in[b : b + 1],
@@ -115,6 +115,5 @@ def heads(t: Trial, p: dict) -> None:
         wrong=wrong_mask(merged, expected_m)[b : b + 1],
         bare=heads_in.reshape(B, T, W)[b : b + 1],
     )
-    if want is not None and want_m is not None:
-        explain_split(out, x, want, H, case)
-        explain_merge(merged, heads_in, want_m, case)
+    explain_split(out, x, expected, H, case)
+    explain_merge(merged, heads_in, expected_m, case)

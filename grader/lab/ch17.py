@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from grader.authoring import Trial, expect_tensor
-from grader.checks.ch17 import expect_mask, expect_mask_structure
-from grader.lab import Int, expected_or_own, experiment
+from grader.checks.ch17 import expect_causal, expect_mask, expect_mask_structure
+from grader.lab import Int, ask, expected_or_own, experiment
 
 MAX_KEYS = 8
 
@@ -54,21 +54,26 @@ def masks(t: Trial, p: dict) -> None:
     c, n = p["num_cached"], p["num_new"]
     s = c + n
     whole = t.yours.causal_mask(s)
-    want = t.ref.causal_mask(s) if t.ref else None
+    want = ask(t, lambda ref: ref.causal_mask(s))
     whole = (
         expect_mask_structure(whole, want, s, 0, whole=True)
         if want is not None
         else expect_tensor(whole, what="the mask", shape=[s, s], dtype=torch.bool)
     )
-    t.figure("ch17-causal-mask", num_tokens=s, yours=whole, expected=expected_or_own(want, whole))
+    t.figure("ch17-causal-mask", num_tokens=s, yours=whole, expected=expected_or_own(want, whole), checked=want is not None)
     chunk = t.yours.causal_mask_with_offset(n, c)
-    want_c = t.ref.causal_mask_with_offset(n, c) if t.ref else None
+    want_c = ask(t, lambda ref: ref.causal_mask_with_offset(n, c))
     chunk = (
         expect_mask_structure(chunk, want_c, n, c, whole=False)
         if want_c is not None
         else expect_tensor(chunk, what="the mask", shape=[n, s], dtype=torch.bool)
     )
-    t.figure("ch17-offset-mask", num_new=n, num_cached=c, yours=chunk, expected=expected_or_own(want_c, chunk))
-    if want is not None and want_c is not None:
+    t.figure("ch17-offset-mask", num_new=n, num_cached=c, yours=chunk, expected=expected_or_own(want_c, chunk), checked=want_c is not None)
+    if want is not None:
         expect_mask(whole, want, s, 0, whole=True)
+    else:
+        expect_causal(whole, 0, whole=True)
+    if want_c is not None:
         expect_mask(chunk, want_c, n, c, whole=False)
+    else:
+        expect_causal(chunk, c, whole=False)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from grader.authoring import Trial, expect_int
-from grader.checks.ch18 import explain_mapping
-from grader.lab import Int, expected_or_own, experiment
+from grader.authoring import CheckFailed, Trial, expect_int
+from grader.checks.ch18 import explain_mapping, mapping_hint
+from grader.lab import Int, ask, expected_or_own, experiment
 
 
 def _constraints(p: dict) -> dict[str, str]:
@@ -44,7 +44,38 @@ def groups(t: Trial, p: dict) -> None:
     nh, nkv = p["num_heads"], p["num_kv_heads"]
     heads = list(range(nh))
     got = [expect_int(t.yours.kv_head_for(h, nh, nkv), what=f"kv_head_for({h}, {nh}, {nkv})") for h in heads]
-    want = [t.ref.kv_head_for(h, nh, nkv) for h in heads] if t.ref else None
-    t.figure("ch18-gqa-groups", num_heads=nh, num_kv_heads=nkv, mapping=got, expected=expected_or_own(want, got))
+
+    def answer(h: int) -> int | None:
+        return ask(t, lambda ref: ref.kv_head_for(h, nh, nkv))
+
+    answers = [answer(h) for h in heads]
+    want = [a for a in answers if a is not None] if None not in answers else None
+    t.figure("ch18-gqa-groups", num_heads=nh, num_kv_heads=nkv, mapping=got, expected=expected_or_own(want, got), checked=want is not None)
     if want is not None:
         explain_mapping(heads, got, want, nh, nkv)
+    else:
+        explain_group_rules(got, nh, nkv)
+
+
+def explain_group_rules(got: list[int], num_heads: int, num_kv_heads: int) -> None:
+    """What GQA's grouping must be, checked without an answer: every K/V head exists, consecutive query heads
+    share one, and every K/V head serves the same number of query heads."""
+    group = num_heads // num_kv_heads
+    header = f"{num_heads} query heads share {num_kv_heads} K/V head{'s' if num_kv_heads > 1 else ''}: groups of {group}"
+    hint = mapping_hint(list(range(num_heads)), got, num_heads, num_kv_heads)
+    outside = [h for h, kv in enumerate(got) if not 0 <= kv < num_kv_heads]
+    if outside:
+        h = outside[0]
+        raise CheckFailed(header, f"query head {h} reads K/V head {got[h]}, which does not exist (0 … {num_kv_heads - 1})", hint=hint)
+    back = [h for h in range(1, num_heads) if got[h] < got[h - 1]]
+    if back:
+        h = back[0]
+        raise CheckFailed(
+            header,
+            f"query heads are grouped in order; yours sends head {h - 1} to K/V head {got[h - 1]} and head {h} back to {got[h]}",
+            hint=hint,
+        )
+    sizes = [got.count(kv) for kv in range(num_kv_heads)]
+    if any(n != group for n in sizes):
+        kv = next(kv for kv, n in enumerate(sizes) if n != group)
+        raise CheckFailed(header, f"every K/V head serves {group} query heads; yours sends {sizes[kv]} to K/V head {kv}", hint=hint)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from grader.authoring import CheckFailed, Trial, expect_tensor, wrong_mask
 from grader.checks.ch25 import expect_cache, expect_slots, token_keys
-from grader.lab import Int, Numbers, expected_or_own, experiment
+from grader.lab import Int, Numbers, ask, expected_or_own, experiment
 
 MAX_POOL_SLOTS = 16
 
@@ -60,7 +62,7 @@ def paged_kv(t: Trial, p: dict) -> None:
     T, bs, table, nb = p["T"], p["block_size"], p["block_table"], p["num_blocks"]
     positions = list(range(T))
     got = t.yours.slot_mapping(list(table), positions, bs)
-    want = t.ref.slot_mapping(list(table), positions, bs) if t.ref else None
+    want = ask(t, lambda ref: ref.slot_mapping(list(table), positions, bs))
     slots = expect_tensor(got, what=f"the slots of {T} tokens", shape=[T], dtype=torch.int64)
     keys = token_keys(T)
     expected = expected_or_own(want, slots)
@@ -74,27 +76,70 @@ def paged_kv(t: Trial, p: dict) -> None:
         slots=slots,
         expected=expected,
         wrong=wrong_mask(slots, expected),
+        checked=want is not None,
     )
     if want is not None:
         expect_slots(slots, want, table, positions, bs)
+    else:
+        explain_slot_rules(slots.tolist(), table, positions, bs)
     written = (want if want is not None else slots).tolist()
     if any(not 0 <= s < nb * bs for s in written):
         raise CheckFailed(f"your slots {written} point outside the pool of {nb} × {bs} = {nb * bs} slots: store_kv is not called")
     shape = (nb, bs, 1, 2)
     call = t.yours.store_kv.run(torch.zeros(shape), torch.zeros(shape), keys, -keys, written, mutates=("k_cache", "v_cache"))
     pool = expect_tensor(call.args[0], what="k_cache", shape=list(shape), dtype=torch.float32)
-    want_k = want_v = None
-    if t.ref:
-        want_k, want_v = torch.zeros(shape), torch.zeros(shape)
-        t.ref.store_kv(want_k, want_v, keys, -keys, written)
-    pool_expected = expected_or_own(want_k, pool)
+
+    def stored(ref):
+        k, v = torch.zeros(shape), torch.zeros(shape)
+        ref.store_kv(k, v, keys, -keys, written)
+        return k, v
+
+    want_kv = ask(t, stored)
+    pool_expected = expected_or_own(None if want_kv is None else want_kv[0], pool)
     t.figure(
         "ch25-dim-slot-mapping",
         pool=pool.reshape(-1, 2),
         pool_expected=pool_expected.reshape(-1, 2),
         pool_wrong=wrong_mask(pool, pool_expected).reshape(-1, 2).any(dim=1),
+        checked=want is not None and want_kv is not None,
     )
     if call.value is not None:
         raise CheckFailed("store_kv writes the caches in place and returns None; yours returned a value")
-    if want_k is not None and want_v is not None:
-        expect_cache(pool, call.args[1], want_k, want_v, written, bs)
+    if want_kv is not None:
+        expect_cache(pool, call.args[1], want_kv[0], want_kv[1], written, bs)
+    else:
+        explain_pool_rules(pool, call.args[1], keys, written)
+
+
+def explain_slot_rules(slots: list[int], table: list[int], positions: list[int], block_size: int) -> None:
+    """What a slot must be, checked without an answer: slot // block_size is the physical block the table gives
+    the token's logical block, and slot % block_size its offset in it."""
+    for i, (s, p) in enumerate(zip(slots, positions)):
+        logical, offset = divmod(p, block_size)
+        if divmod(s, block_size) != (table[logical], offset):
+            block, off = divmod(s, block_size)
+            raise CheckFailed(
+                f"inputs: block_size={block_size}, block_table={table}, positions={positions}",
+                f"token {i} is at position {p} → logical block {logical}, offset {offset}; block_table[{logical}] = "
+                f"{table[logical]}, so its slot lies in physical block {table[logical]} at offset {offset}",
+                f"yours: {s} = {block}·{block_size} + {off}, which is block {block}, offset {off}",
+            )
+
+
+def explain_pool_rules(k_pool: torch.Tensor, v_pool: Any, keys: torch.Tensor, slots: list[int]) -> None:
+    """What store_kv must do, checked without an answer: token i's K (and V = −K here) in slot slots[i], every
+    other slot left as it was (zero)."""
+    v = expect_tensor(v_pool, what="v_cache", shape=list(k_pool.shape), dtype=torch.float32)
+    for name, pool, sign in (("k_cache", k_pool, 1), ("v_cache", v, -1)):
+        flat = pool.reshape(-1, *pool.shape[2:])
+        for i, s in enumerate(slots):
+            if not torch.equal(flat[s], sign * keys[i]):
+                raise CheckFailed(
+                    f"slots={slots}: {name} slot {s} should hold token {i}'s {name[0].upper()}; yours holds {flat[s].tolist()}"
+                )
+        others = [s for s in range(flat.shape[0]) if s not in slots and bool(flat[s].any())]
+        if others:
+            s = others[0]
+            raise CheckFailed(
+                f"slots={slots}: {name} slot {s} is not the slot of any token, so it must stay 0; yours holds {flat[s].tolist()}"
+            )

@@ -15,7 +15,7 @@ from grader.checks.ch26 import (
     metadata_wrong,
     padded_batch,
 )
-from grader.lab import Int, Numbers, expected_or_own, experiment
+from grader.lab import Int, Numbers, ask, expected_or_own, experiment
 
 MAX_KEYS = 24  # ch26-flatten draws one cell per key, all sequences in one row
 
@@ -87,7 +87,7 @@ def varlen(t: Trial, p: dict) -> None:
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         raise CheckFailed(f"pack_varlen returns a pair (packed, cu_seqlens); yours: {describe(got)}")
     packed, cu = got
-    want = t.ref.pack_varlen(padded, query) if t.ref else (None, None)
+    want = ask(t, lambda ref: ref.pack_varlen(padded, query)) or (None, None)
     if (
         isinstance(packed, torch.Tensor)
         and isinstance(cu, torch.Tensor)
@@ -107,6 +107,7 @@ def varlen(t: Trial, p: dict) -> None:
             cu_seqlens=cu,
             expected_cu=expected_cu,
             cu_wrong=wrong_mask(cu, expected_cu),
+            checked=want[0] is not None,
         )
     try:  # the chapter's explanations know the answer without the reference: running sums, rows in order
         explain_packed(packed, padded, query, case)
@@ -120,14 +121,20 @@ def varlen(t: Trial, p: dict) -> None:
         t.figure("ch26-dim-varlen-pack", unpacked=out, unpacked_expected=padded, unpacked_wrong=wrong_mask(out, padded))
     meta = expect_metadata(t.yours.varlen_metadata(list(query), list(cached)))
     parts = {k: meta[k] for k in META_KEYS}
-    want_meta = t.ref.varlen_metadata(query, cached) if t.ref else None
+    want_meta = ask(t, lambda ref: ref.varlen_metadata(query, cached))
     if all(
         isinstance(parts[k], torch.Tensor) and list(parts[k].shape) == [len(query) + 1] and parts[k].dtype == torch.int32
         for k in META_KEYS[:2]
     ) and all(type(parts[k]) is int for k in META_KEYS[2:]):
         expected_meta = expected_or_own(want_meta, parts)
         t.figure(
-            "ch26-flatten", query=query, cached=cached, yours=parts, expected=expected_meta, wrong=metadata_wrong(parts, expected_meta)
+            "ch26-flatten",
+            query=query,
+            cached=cached,
+            yours=parts,
+            expected=expected_meta,
+            wrong=metadata_wrong(parts, expected_meta),
+            checked=want_meta is not None,
         )
     if wrong_pack is not None:
         raise wrong_pack

@@ -4,6 +4,10 @@ The catalog's figures are laid out for their canonical instance at the course's 
 width. A lab instance may be a little wider (more tokens, more heads); `fit` draws the
 figure, measures how far its cells, arrows and labels reach, and draws it again on a
 wider canvas when they pass the right margin, up to `MAX_WIDTH`.
+
+A record whose values were not compared with expected ones (`checked=False`: a student
+release has no answer for this instance) is drawn under a line that says so, and
+marks nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import xml.etree.ElementTree as ET
 
 from figures import FigureSpec
 from figures.kit import Figure, text_width
-from figures.style import MARGIN, WIDTH
+from figures.style import INK, LABEL, MARGIN, WIDTH
 
 MAX_WIDTH = 1400
 SLACK = 20
@@ -25,6 +29,13 @@ WRAPPED = {"title", "caption-zh", "caption-en", "figure-id", "note", "legend", "
 """Text that follows the canvas width (wrapped or right-aligned), so it never decides it."""
 
 
+UNCHECKED = (
+    "未与答案比较 · not compared with an answer: none ships with the student release for this instance, so these "
+    "are your values as they came, nothing is marked and no text below vouches for them; only the chapter's "
+    "rules that need no answer were checked (see the status). The lab's starting instance has its answer recorded."
+)
+
+
 class TooWide(ValueError):
     """The instance needs a wider figure than the page can show."""
 
@@ -32,6 +43,9 @@ class TooWide(ValueError):
 def render(spec: FigureSpec, record: dict, width: int = WIDTH) -> str:
     zh, en = spec.captions(record)
     fig = Figure(spec.id, title=spec.title, zh=zh, en=en, width=width)
+    if record.get("checked") is False:
+        size = LABEL + 1
+        fig.y = fig.paragraph(MARGIN, fig.y, UNCHECKED, width=width - 2 * MARGIN, size=size, color=INK, cls="note unchecked") + size + 16
     spec.draw(fig, record)
     return fig.svg()
 

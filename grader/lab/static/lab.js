@@ -7,15 +7,19 @@ const DEBOUNCE_MS = 120;
 // Code runs only for this page: the session token the server put in it goes back with every run.
 const TOKEN = document.querySelector('meta[name="course-token"]').content;
 const STATUS = {
-  passed: "✓ 与参考答案一致 · your outputs match the reference",
-  unchecked: "已画出你的输出 · drawn from your outputs (unchecked: the student release has no reference answers)",
-  failed: "✗ 与参考答案不同 · your outputs differ from the reference (wrong cells are marked in the figure)",
+  passed: "✓ 与答案一致 · your outputs match the expected ones",
+  unchecked: "已画出你的输出 · drawn from your outputs: the chapter's rules that need no answer hold, but no answer " +
+    "to this instance ships with the release, so the values are not compared and nothing is marked",
+  failed: "✗ 与答案不同 · your outputs differ from the expected ones (wrong cells are marked in the figure)",
   error: "✗ 你的代码出错 · your code raised an error",
   todo: "尚未实现 · not implemented yet",
   timeout: "✗ 超时 · your code did not finish in time (the page stays usable: change the instance or fix the code)",
   invalid: "这个实例画不出来 · this instance cannot be drawn",
   blocked: "无法在本机运行 · cannot run on this machine",
 };
+// A failure found by a rule that needs no answer (no answer to this instance ships with the release).
+const FAILED_BY_RULE = "✗ 不符合本章的规则 · your outputs break a rule of the chapter (below); no answer to this " +
+  "instance ships with the release, so the figure marks nothing";
 
 const lab = { experiments: new Map(), current: null, seq: 0, inflight: null, timer: null, changedAt: null };
 window.labLatencies = [];   // ms from a control change to its figures on the page (read by the browser tests)
@@ -31,10 +35,11 @@ async function start() {
       "are marked with the expected value.";
   } else {
     mode.classList.add("release");
-    mode.textContent = "学生版 · Student release: the reference answers do not ship, so the figures show your " +
-      "outputs without marks. The chapter's explanations still run where they need no reference (cu_seqlens are " +
-      "running sums, a sample wins the race); `course check chNN` compares the canonical instances with the " +
-      "recorded reference answers.";
+    mode.textContent = "学生版 · Student release: the reference solutions do not ship, only the answers recorded " +
+      "with the release: an instance that has one (each experiment's starting instance, and those of the public " +
+      "checks) is compared with it and wrong cells are marked. Any other instance is checked against the rules " +
+      "that need no answer (a mask hides the future, cu_seqlens are running sums, a sample wins the race) and " +
+      "drawn unmarked, under a line saying so.";
   }
   const nav = $("nav");
   for (const ch of info.chapters) {
@@ -159,7 +164,8 @@ async function run() {
 function show(data, seq) {
   const status = $("status");
   status.dataset.state = data.status;
-  status.textContent = data.status === "running" ? "运行中 · running your code…" : (STATUS[data.status] || data.status);
+  status.textContent = data.status === "running" ? "运行中 · running your code…"
+    : data.status === "failed" && data.compared === false ? FAILED_BY_RULE : (STATUS[data.status] || data.status);
   if (data.elapsed !== undefined) {
     const t = document.createElement("span");
     t.className = "time";
