@@ -79,10 +79,14 @@ def draw_overview(result: Run, model: Model, folder: Path) -> str | None:
     except Exception as e:  # noqa: BLE001 (a drawing error never hides the run)
         result.notes.append(f"overview figure not drawn ({type(e).__name__}: {e})")
         return None
-    path = Path(folder) / "engine" / "overview.svg"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(svg, encoding="utf-8")
-    return str(path)
+    from grader.delivery.files import Folder
+
+    try:
+        with Folder.open(Path(folder), "engine") as out:  # no link followed below `folder`
+            return str(out.write("overview.svg", svg))
+    except OSError as e:
+        result.notes.append(f"overview figure not written ({e.strerror or e})")
+        return None
 
 
 def summary(result: Run, prompts: list[list[int]], figure: str | None) -> str:

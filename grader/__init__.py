@@ -26,7 +26,7 @@ the nbgrader course), `notebook.py` (chapter notebooks, graded cell by cell), `g
 with `layout.py` and `submission.py` reading what students handed in, `summary.py` its report,
 `gradebook.py` nbgrader's gradebook), `gradescope.py` (the autograder bundle, which finds the answer by the
 same `layout.py`), `feedback.py` (what a graded student gets back: a page with the figures inline, and
-Gradescope's HTML output). `lab/` serves `course lab`.
+Gradescope's HTML output), `doctor.py` (`course doctor`: what this installation can do). `lab/` serves `course lab`.
 
 This module stays import-light: the student's process imports `grader.isolation` too.
 """

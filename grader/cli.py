@@ -15,8 +15,9 @@ from typing import Any, Callable, Collection, Sequence
 
 import click
 
-from grader import chapters, doctor, progress
+from grader import chapters, progress
 from grader.chapters import Chapter, UnknownName
+from grader.delivery import doctor
 
 ALL = "all"
 """`course check all`: every chapter."""
@@ -225,7 +226,8 @@ def _say(text: str) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     metavar="DIR",
     help="Write the figures to DIR/<chapter>/<figure>.svg (default: course-figures/ in the project "
-    "folder, the one holding exercises/). A run replaces that chapter's figures there.",
+    "folder, the one holding exercises/; for --submission and --notebook, in the current folder). A run "
+    "replaces that chapter's figures there; links are never followed.",
 )
 @click.option(
     "--time-limit", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds each check may spend in your code."
@@ -311,7 +313,7 @@ def check(
     except MissingModule as e:
         raise click.ClickException(str(e)) from None
     if figures_dir is None:
-        figures_dir = default_figures_dir(notebook if notebook else target)
+        figures_dir = default_figures_dir(notebook if notebook else target, others=bool(submission or notebook))
     sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
     screen = None if as_json else TerminalReport(chapter, str(target), verbose=verbose)
     try:
@@ -374,7 +376,7 @@ def _check_all(
     if submission and len(missing) == len(ids):
         raise click.ClickException(f"{submission} holds no chapter module (file names as in exercises/)")
     only = [i for i in ids if i not in missing] if submission else None
-    figures_dir = figures_dir or default_figures_dir(Path(folder) / "x.py")
+    figures_dir = figures_dir or default_figures_dir(Path(folder) / "x.py", others=submission is not None)
     sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
     seed = seed if seed is not None else secrets.randbelow(2**31)
     workers = min(jobs or default_jobs(), len(only or ids))

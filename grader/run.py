@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, cast
 
 from grader import chapters, checks
 from grader.chapters import Chapter
@@ -311,10 +311,14 @@ def project_root(start: Path) -> Path | None:
     return None
 
 
-def default_figures_dir(module: Path, cwd: Path | None = None) -> Path:
-    """Where `course check` puts figures unless told: course-figures/ at the project root, found from
-    the graded module's folder, else by walking up from `cwd`; the cwd itself outside any project."""
+def default_figures_dir(module: Path, cwd: Path | None = None, *, others: bool = False) -> Path:
+    """Where `course check` puts figures unless told: for one's own code (exercises/, the solutions), course-figures/
+    at the project root, found from the graded module's folder, else by walking up from `cwd`; the cwd itself
+    outside any project. For somebody else's code (`others`: --submission, --notebook) always `cwd`/course-figures:
+    a folder is never looked for inside a submission, which could carry a pyproject.toml and planted links."""
     cwd = Path.cwd() if cwd is None else cwd
+    if others:
+        return cwd.absolute() / DEFAULT_FIGURES_DIR
     root = project_root(Path(module).absolute().parent) or project_root(cwd.absolute()) or cwd
     return root / DEFAULT_FIGURES_DIR
 
@@ -329,54 +333,81 @@ def draw(report: Report, out_dir: Path) -> None:
     """Render every figure whose data the checks recorded into out_dir/<chapter>/<id>.svg, and remove
     that chapter's figures this run did not draw although it ran their tasks (an older file could
     show a right answer beside wrong code); files other than the chapter's own figures are never
-    touched. A figure that cannot be drawn or written is a note: a drawing error never hides a verdict."""
+    touched. Folders are opened and files written without following a link (`grader.delivery.files`):
+    a planted link is refused, never written through. A figure that cannot be drawn or written is a
+    note: a drawing error never hides a verdict."""
     import figures
+    from grader.delivery.files import Folder
 
     chapter_dir = out_dir / report.chapter.id
     ran = {r.task for r in report.results}
     drawn: set[str] = set()
     unwritable = None
     specs = figures.catalog(report.chapter.id)
+    opened: list[Folder] = []
+
+    def folder(create: bool) -> Folder | None:
+        if not opened:
+            try:
+                opened.append(Folder.open(out_dir, report.chapter.id, create=create))
+            except FileNotFoundError:
+                return None
+        return opened[0]
+
+    try:
+        for spec in specs:
+            record = report.records.get(spec.id)
+            missing = spec.missing(record)
+            if record is None:
+                tasks = list(dict.fromkeys(spec.needs.values()))
+                left_out = [t for t in tasks if t not in ran]
+                report.undrawn[spec.id] = f"{', '.join(left_out)} left out of this run" if left_out else f"waits for {', '.join(tasks)}"
+                continue
+            if missing:
+                verb = "passes its" if len(missing) == 1 else "pass their"
+                report.figure_notes.append(f"{spec.id}: drawn once {', '.join(missing)} {verb} shape and type checks")
+                continue
+            if unwritable:
+                continue
+            try:
+                svg = spec.render(record)
+            except Exception as e:
+                report.figure_notes.append(f"{spec.id}: could not be drawn ({type(e).__name__}: {e})")
+                continue
+            try:
+                path = cast(Folder, folder(True)).write(f"{spec.id}.svg", svg)
+            except OSError as e:
+                unwritable = f"figures not written: {chapter_dir} cannot be written ({e.strerror or e})"
+                report.figure_notes.append(unwritable)
+                continue
+            drawn.add(spec.id)
+            report.figures.append(str(path))
+            if _WRONG_MARK.search(svg):
+                report.marked.append(str(path))
+        _remove_stale(report, specs, ran, drawn, chapter_dir, folder)
+    finally:
+        for f in opened:
+            f.close()
+
+
+def _remove_stale(report: Report, specs, ran: set[str], drawn: set[str], chapter_dir: Path, folder) -> None:
+    """Remove the chapter's figures this run did not draw although it ran their tasks (never through a link)."""
+    try:
+        here = folder(False)
+    except OSError:
+        return  # a link or not a folder: nothing of ours to remove there
+    if here is None:
+        return
     for spec in specs:
-        record = report.records.get(spec.id)
-        missing = spec.missing(record)
-        if record is None:
-            tasks = list(dict.fromkeys(spec.needs.values()))
-            left_out = [t for t in tasks if t not in ran]
-            report.undrawn[spec.id] = f"{', '.join(left_out)} left out of this run" if left_out else f"waits for {', '.join(tasks)}"
-            continue
-        if missing:
-            verb = "passes its" if len(missing) == 1 else "pass their"
-            report.figure_notes.append(f"{spec.id}: drawn once {', '.join(missing)} {verb} shape and type checks")
-            continue
-        if unwritable:
-            continue
-        try:
-            svg = spec.render(record)
-        except Exception as e:
-            report.figure_notes.append(f"{spec.id}: could not be drawn ({type(e).__name__}: {e})")
-            continue
-        path = chapter_dir / f"{spec.id}.svg"
-        try:
-            chapter_dir.mkdir(parents=True, exist_ok=True)
-            path.write_text(svg, encoding="utf-8")
-        except OSError as e:
-            unwritable = f"figures not written: {chapter_dir} cannot be written ({e.strerror or e})"
-            report.figure_notes.append(unwritable)
-            continue
-        drawn.add(spec.id)
-        report.figures.append(str(path))
-        if _WRONG_MARK.search(svg):
-            report.marked.append(str(path))
-    for spec in specs:
-        old = chapter_dir / f"{spec.id}.svg"
+        name = f"{spec.id}.svg"
+        old, kind = chapter_dir / name, here.kind(name)
         if not set(spec.needs.values()) <= ran:  # `--task`: the figure of a task not run now stays as it was
-            if old.is_file() and spec.id in report.undrawn:
+            if kind == "file" and spec.id in report.undrawn:
                 report.undrawn[spec.id] += ", its file from an earlier run kept"
             continue
-        if spec.id not in drawn and (old.is_file() or old.is_symlink()):
+        if spec.id not in drawn and kind in ("file", "link"):
             try:
-                old.unlink()
+                here.unlink(name)
             except OSError as e:
                 report.figure_notes.append(
                     f"{spec.id}: not drawn, and its older file could not be removed ({e.strerror or e}): {old} is out of date"

@@ -15,13 +15,13 @@ of the shipped fonts its own text needs (`figures.typeface`), as every SVG does:
 from __future__ import annotations
 
 import html
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from grader import chapters
+from grader.delivery.files import Folder
 from grader.report import Report
 
 LAB_PAGE = "lab.html"
@@ -82,7 +82,6 @@ def write_book(
     from grader.course import check_all
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     release = not any(chapters.SOLUTIONS.glob("ch[0-9][0-9]_*.py"))
     folder = submission or (chapters.EXERCISES if release else chapters.SOLUTIONS)
     ids = [ch.id for ch in chapters.all_chapters() if (Path(folder) / ch.filename).is_file()]
@@ -93,7 +92,8 @@ def write_book(
         if folder == chapters.EXERCISES
         else f"the submission in {submission}"
     )
-    with tempfile.TemporaryDirectory(prefix="course-book-") as tmp:
+    # made if missing; no link followed below out's parent: a planted link is refused, never written through
+    with Folder.open(out) as book, tempfile.TemporaryDirectory(prefix="course-book-") as tmp:
         course = check_all(
             solutions=folder == chapters.SOLUTIONS,
             submission=None if folder in (chapters.SOLUTIONS, chapters.EXERCISES) else submission,
@@ -104,17 +104,16 @@ def write_book(
             only=ids,
             on_report=on_report,
         )
-        entries = _chapter_entries(course.reports, Path(tmp), out, folder)
-    entries.insert(0, _overview_entry(out, course.reports, folder, release))
-    dims = [e for e in entries if e.dimension]
-    ordered = dims + [e for e in entries if not e.dimension]
-    index = out / "index.html"
-    index.write_text(page(ordered, source), encoding="utf-8")
-    (out / LAB_PAGE).write_text(lab_page(), encoding="utf-8")
+        entries = _chapter_entries(course.reports, Path(tmp), book, folder)
+        entries.insert(0, _overview_entry(book, course.reports, folder, release))
+        dims = [e for e in entries if e.dimension]
+        ordered = dims + [e for e in entries if not e.dimension]
+        index = book.write("index.html", page(ordered, source))
+        book.write(LAB_PAGE, lab_page())
     return Book(index, ordered, source, course.reports)
 
 
-def _chapter_entries(reports: list[Report], drawn_in: Path, out: Path, folder: Path) -> list[Entry]:
+def _chapter_entries(reports: list[Report], drawn_in: Path, out: Folder, folder: Path) -> list[Entry]:
     """Every chapter figure, drawn or as a placeholder, written flat into `out`."""
     import figures
 
@@ -128,7 +127,7 @@ def _chapter_entries(reports: list[Report], drawn_in: Path, out: Path, folder: P
             drawn = drawn_in / ch.id / f"{spec.id}.svg"
             entry = Entry(spec.id, ch.id, spec.title, zh, en, "drawn")
             if drawn.is_file():
-                shutil.copyfile(drawn, out / entry.file)
+                out.write(entry.file, drawn.read_bytes())
                 if report and any(p.endswith(f"/{spec.id}.svg") for p in report.marked):
                     entry.status, entry.note = "marked", "your wrong values are marked"
             else:
@@ -142,7 +141,7 @@ def _chapter_entries(reports: list[Report], drawn_in: Path, out: Path, folder: P
                     )
                 )
                 entry.status, entry.note = "placeholder", why
-                (out / entry.file).write_text(placeholder(spec.id, spec.title, zh, en, tasks, why), encoding="utf-8")
+                out.write(entry.file, placeholder(spec.id, spec.title, zh, en, tasks, why))
             entries.append(entry)
     return entries
 
@@ -152,7 +151,7 @@ def _static(spec: Any) -> tuple[str, str]:
     return tuple(c if isinstance(c, str) else spec.title for c in (spec.zh, spec.en))  # type: ignore[return-value]
 
 
-def _overview_entry(out: Path, reports: list[Report], folder: Path, release: bool) -> Entry:
+def _overview_entry(out: Folder, reports: list[Report], folder: Path, release: bool) -> Entry:
     """The course map, from a short engine run: the reference's functions in the instructor's repository and
     for a submission (whose code never runs outside its sandbox: the map then lights the chapters whose
     engine tasks pass its public checks), the student's own functions in a student release."""
@@ -171,12 +170,12 @@ def _overview_entry(out: Path, reports: list[Report], folder: Path, release: boo
         if folder not in (chapters.SOLUTIONS, chapters.EXERCISES):
             _light_passing(record, reports)
         zh, en = spec.captions(record)
-        (out / "overview.svg").write_text(spec.render(record), encoding="utf-8")
+        out.write("overview.svg", spec.render(record))
         return Entry("overview", "", spec.title, zh, en, "drawn")
     except Exception as e:  # noqa: BLE001 (the engine needs every task it uses: say which are missing)
         zh, en = _static(spec)
         why = str(e).split(". Run")[0]
-        (out / "overview.svg").write_text(placeholder("overview", spec.title, zh, en, [], why), encoding="utf-8")
+        out.write("overview.svg", placeholder("overview", spec.title, zh, en, [], why))
         return Entry("overview", "", spec.title, zh, en, "placeholder", why)
 
 

@@ -214,12 +214,15 @@ class Box:
         return [*args, "--", *_setpriv(self.uid), "bwrap", *inner, "--dev-bind", "/", "/", "--", *argv]
 
     def limit(self) -> None:
-        """Limits of every process of the box (run in the child before it becomes the box)."""
-        nproc = LIMITS["processes"]
-        if self.kind is not None and os.geteuid() != 0:  # the count is this user's: leave the grader its own
-            nproc += sum(1 for p in os.listdir("/proc") if p.isdigit())
-        if self.kind is not None:
-            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        """Limits of every process of the box (run in the child before it becomes the box).
+
+        Processes: as root each box runs as a host uid of its own, so RLIMIT_NPROC, which counts per uid, counts
+        this box alone. Without root every box runs as the grader's uid; there the box's warm process sets the
+        limit inside the box's user namespace (`grader.isolation.zygote.serve`), where the kernel counts the
+        namespace's processes apart from every other box's, and the namespace itself is made under the
+        grader's own limit. A pids cgroup, where the budget has one, counts the box too."""
+        if self.kind is not None and os.geteuid() == 0:
+            resource.setrlimit(resource.RLIMIT_NPROC, (LIMITS["processes"], LIMITS["processes"]))
         resource.setrlimit(resource.RLIMIT_NOFILE, (LIMITS["open_files"], LIMITS["open_files"]))
         resource.setrlimit(resource.RLIMIT_FSIZE, (LIMITS["file_size"], LIMITS["file_size"]))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 BOOT = (
     "import sys; sys.dont_write_bytecode = True; sys.path.insert(0, sys.argv[1]); "
-    "from grader.isolation.zygote import serve; serve(int(sys.argv[2]))"
+    "from grader.isolation.zygote import serve; serve(int(sys.argv[2]), processes=int(sys.argv[3]))"
 )
 READY_TIMEOUT = 120.0
 REPLY_TIMEOUT = 5.0
@@ -52,16 +52,20 @@ class Zygote:
         no sandbox, for the student's own exercises and the tests); `log` collects what the warm process
         itself prints; `lazy` returns at once and waits for it to be ready on the first fork (so that
         its torch import overlaps the caller's)."""
-        from grader.isolation.sandbox import Box
+        from grader.isolation.sandbox import LIMITS, Box
 
         self.box = box if box is not None else Box(None)
         self._own_box = box is None
+        # in a bubblewrap box, a limit on the processes of the box's own user namespace (0: none, as on one's own machine)
+        processes = LIMITS["processes"] if self.box.kind == "bwrap" else 0
         mine, theirs = socket.socketpair()
         out = open(log or self.box.logs / "zygote.log", "ab")
         root = self.box.harness if self.box.kind else HARNESS_ROOT
         try:
             self.proc = self.box.popen(
-                [sys.executable, "-I", "-B", "-c", BOOT, str(root), str(theirs.fileno())], pass_fds=(theirs.fileno(),), stdout=out
+                [sys.executable, "-I", "-B", "-c", BOOT, str(root), str(theirs.fileno()), str(processes)],
+                pass_fds=(theirs.fileno(),),
+                stdout=out,
             )
         finally:
             theirs.close()
@@ -179,8 +183,16 @@ class _Forked:
 
 
 # -- inside the warm process ------------------------------------------------------------------------------
-def serve(sock_fd: int) -> None:
-    """Import torch, then fork a student process for every request until told to stop."""
+def serve(sock_fd: int, *, processes: int = 0) -> None:
+    """Import torch, then fork a student process for every request until told to stop.
+
+    `processes` > 0 (in a bubblewrap box): first a hard limit on the processes (and threads) this process and
+    everything it forks may have, which the kernel counts per user namespace: per box, whatever uid it runs as.
+    """
+    if processes > 0:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
     from grader.isolation import child  # imports torch: nothing may be computed here before forking
     from grader.isolation.procs import become_subreaper, children
 
