@@ -79,6 +79,8 @@ class Report:
     """Figure files of this chapter left by an earlier run and removed, since this run did not draw them."""
     hidden_not_run: int = 0
     elapsed: float = 0.0
+    limits: str = ""
+    """Where the sandbox's budget could not be a cgroup, the limits that held instead (`Box.instead`)."""
 
     @property
     def score(self) -> float:
@@ -111,4 +113,5 @@ class Report:
             "tests": [r.to_json() for r in self.results],
             "figures": self.figures,
             "figure_notes": self.figure_notes,
+            **({"limits": self.limits} if self.limits else {}),
         }

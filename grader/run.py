@@ -128,7 +128,7 @@ def check(
         )
         strays = _stray_finder(launcher, baseline)
         first = None if zygote else spawn()  # a lazy zygote is waited for once torch is imported here
-        return _run(
+        report = _run(
             ch,
             only,
             path,
@@ -149,6 +149,8 @@ def check(
             started,
             run_budget,
         )
+        report.limits = box.instead() if box is not None else ""
+        return report
     finally:
         if zygote is not None:
             zygote.close()

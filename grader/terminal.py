@@ -351,6 +351,8 @@ class TerminalReport:
         for note in report.figure_notes:
             figure_id = note.split(":", 1)[0]
             self._echo("  ", f"· {note}" if note.startswith("figures ") else f"· figure {note}{gone(figure_id)}")
+        if report.limits:
+            self._echo("  ", f"· sandbox limits: {report.limits}")
 
 
 def relative(path: str) -> str:

@@ -118,17 +118,26 @@ def _package(topic: str, module: str, *, fix: str = "", block: bool = False) -> 
 
 
 def _budget(budget) -> Finding:
+    import os
+
+    from grader.isolation.sandbox import LIMITS
+
     kind = budget.probe()
-    text = f"{kind}: what the student's processes use is counted, never the address space they reserve"
-    if kind.startswith("watchdog"):
-        return Finding(
-            "memory budget",
-            text + "; sampled every few milliseconds, so the measured checks are exact only with a cgroup",
-            "info",
-            "a cgroup makes it exact: run as root, or in a delegated cgroup v2 subtree (systemd's Delegate=yes), "
-            "or name one with COURSE_CGROUP=DIR",
+    if not kind.startswith("watchdog"):
+        text = (
+            f"{kind}: one budget per run and per sandbox, for all its processes and its tmpfs pages together "
+            f"(memory in use, never the address space reserved), and {LIMITS['processes']} processes per sandbox"
         )
-    return Finding("memory budget", text)
+        return Finding("memory budget", text)
+    processes = "per host uid" if os.geteuid() == 0 else "inside each sandbox's user namespace"
+    text = (
+        f"{kind}: the resident memory of a run's processes, sampled every {budget.Watchdog.PERIOD * 1000:.0f} ms "
+        f"(the measured checks are exact only with a cgroup); a sandbox's tmpfs folders hold at most "
+        f"{LIMITS['tmp_size'] >> 20} MiB each; {LIMITS['processes']} processes per sandbox (RLIMIT_NPROC {processes})"
+    )
+    fix = "a cgroup makes it exact: run as root, or in a delegated cgroup v2 subtree (systemd's Delegate=yes), or name one"
+    fix += " with COURSE_CGROUP=DIR"
+    return Finding("memory budget", text, "info", fix)
 
 
 def _student_process() -> Finding:

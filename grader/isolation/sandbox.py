@@ -229,6 +229,18 @@ class Box:
         if self.budget is not None:
             self.budget.enter()  # before exec: every process of the box is born inside its budget
 
+    def instead(self) -> str:
+        """Where the box's budget is not a cgroup's, the limits that hold instead, in words ("" where it is): what
+        `course doctor` and a run's output say."""
+        if self.kind is None or self.budget is None or self.budget.kind != "watchdog":
+            return ""
+        processes = "RLIMIT_NPROC per host uid" if os.geteuid() == 0 else "RLIMIT_NPROC inside the box's user namespace"
+        return (
+            f"no cgroup here ({self.budget.why_not_cgroup}): memory is a watchdog on the resident memory of the box's "
+            f"processes, sampled every {budget.Watchdog.PERIOD * 1000:.0f} ms; its tmpfs folders hold at most "
+            f"{LIMITS['tmp_size'] >> 20} MiB each; processes: {LIMITS['processes']} per box ({processes})"
+        )
+
     def settle(self) -> None:
         """Once the warm process is ready: the budget becomes `memory` on top of what the box holds now."""
         if self.budget is not None:
