@@ -334,3 +334,17 @@ def test_objects_stay_in_the_students_process_and_are_driven_by_handle(tmp_path)
     assert {k: seen[k] for k in ("n", "log", "twice")} == {"n": 10, "log": [3, 2], "twice": 20}
     assert seen["handle"].type_name == "Counter"
     assert result.status == "error" and "your Counter has no method 'nothing'" in result.message
+
+
+def test_where_the_box_has_no_cgroup_the_run_says_which_limits_hold_instead(tmp_path, monkeypatch):
+    require_sandbox()
+    (tmp_path / "ch17_causal_masks.py").write_text((chapters.SOLUTIONS / "ch17_causal_masks.py").read_text())
+    options = dict(submission=tmp_path, task="ch17.1", hidden=False, figures_dir=None, sandbox="bwrap")
+    with_cgroup = check("ch17", **options)
+    monkeypatch.setattr(portable, "FORCED", True)  # no cgroup: the watchdog
+    without = check("ch17", **options)
+    assert without.score == without.max_score > 0
+    assert "memory is a watchdog" in without.limits and "processes: 128 per box" in without.limits
+    assert without.to_json()["limits"] == without.limits
+    if with_cgroup.limits == "":  # this machine gives a cgroup (root): nothing to say
+        assert "limits" not in with_cgroup.to_json()
