@@ -26,8 +26,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterator
 
-from grader import chapters
-
 USED: tuple[tuple[str, str], ...] = (
     ("ch15", "embedding_lookup"),
     ("ch15", "linear"),
@@ -106,6 +104,8 @@ class Parts:
 
 
 def _task_of(chapter_id: str, name: str) -> str:
+    from grader import chapters  # here, not above: the engine also runs in a sandbox, which has no grader.chapters
+
     for task in chapters.find(chapter_id).tasks:
         if name in task.names:
             return task.id
@@ -113,6 +113,8 @@ def _task_of(chapter_id: str, name: str) -> str:
 
 
 def _reference_module(chapter_id: str) -> ModuleType | None:
+    from grader import chapters
+
     ch = chapters.find(chapter_id)
     if not (chapters.SOLUTIONS / ch.filename).is_file():
         return None
@@ -152,9 +154,16 @@ def reference_parts() -> Parts:
 
 
 def passing_tasks(
-    folder: Path, chapter_id: str, *, launcher: Callable[..., Any] | None = None, on_chapter: Callable[[str], None] | None = None
+    folder: Path,
+    chapter_id: str,
+    *,
+    launcher: Callable[..., Any] | None = None,
+    on_chapter: Callable[[str], None] | None = None,
+    sandbox: str | None = None,
 ) -> tuple[set[str], str]:
-    """The tasks of a student's chapter file whose public checks all pass, and a note on the rest."""
+    """The tasks of a student's chapter file whose public checks all pass, and a note on the rest (the checks run in
+    a sandbox of `sandbox`'s kind when given: somebody else's code)."""
+    from grader import chapters
     from grader.run import check
 
     ch = chapters.find(chapter_id)
@@ -162,7 +171,7 @@ def passing_tasks(
         return set(), f"{chapter_id}: no {ch.filename} in {folder}"
     if on_chapter:
         on_chapter(chapter_id)
-    report = check(chapter_id, submission=folder, hidden=False, figures_dir=None, launcher=launcher)
+    report = check(chapter_id, submission=folder, hidden=False, figures_dir=None, launcher=launcher, sandbox=sandbox)
     failing = {r.task for r in report.results if r.status != "passed"}
     passed = {r.task for r in report.results} - failing
     note = f"{chapter_id}: " + (f"{', '.join(sorted(failing))} not passing yet" if failing else "every task passes")
@@ -201,6 +210,8 @@ def student_parts(folder: Path, *, on_chapter: Callable[[str], None] | None = No
     Raises:
         PartsUnavailable: a stage whose task does not pass, in a release without reference solutions.
     """
+    from grader import chapters
+
     folder = Path(folder).resolve()
     absent = sorted({ch for ch, _ in USED} - {ch.id for ch in chapters.all_chapters()})
     if absent:

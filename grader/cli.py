@@ -754,7 +754,27 @@ def engine_group() -> None:
     "--submission",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     metavar="DIR",
-    help="Your chapter files: your functions run wherever their public checks pass.",
+    help="Chapter files (somebody else's): their functions run wherever their public checks pass, the whole "
+    "engine in a sandbox (bubblewrap); without one the command refuses unless --no-sandbox.",
+)
+@click.option(
+    "--no-sandbox",
+    is_flag=True,
+    help="UNSAFE: run a --submission's functions in this process (its code can then read and change this user's files).",
+)
+@click.option(
+    "--memory-limit",
+    type=ByteSize(),
+    default="8G",
+    show_default=True,
+    help="With --submission: memory the sandboxed engine's processes may use, all together.",
+)
+@click.option(
+    "--time-limit",
+    type=click.FloatRange(min=1),
+    default=600.0,
+    show_default=True,
+    help="With --submission: seconds the sandboxed engine may run.",
 )
 @click.option(
     "--save-model",
@@ -781,11 +801,18 @@ def engine_run(
     max_num_seqs: int,
     max_batched_tokens: int,
     submission: Path | None,
+    no_sandbox: bool,
+    memory_limit: int,
+    time_limit: float,
     save_model: Path | None,
     as_json: bool,
     figures_dir: Path | None,
 ) -> None:
-    """Generate with the chapters' functions, measure the run, and draw the course overview from it."""
+    """Generate with the chapters' functions, measure the run, and draw the course overview from it.
+
+    With --submission the chapter files are somebody else's code: their public checks and then the whole engine
+    run in sandboxes, and only the tokens, the metrics and the trace come back.
+    """
     import engine
 
     if figures_dir is None:
@@ -804,21 +831,46 @@ def engine_run(
                 return
             raise click.UsageError("give --prompts FILE (or only --save-model DIR)")
         prompts = read_prompts(prompts_file)
+        sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
         with progress(enabled=not as_json and sys.stderr.isatty()) as show:
-            result = engine.run(
-                model=model,
-                prompts=prompts,
-                max_tokens=max_tokens,
-                temperature=temperature,
-                seed=seed,
-                block_size=block_size,
-                num_blocks=num_blocks,
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_batched_tokens,
-                submission=submission,
-                on_chapter=show.chapter,
-                on_step=show.step,
-            )
+            if sandbox is not None and submission is not None:
+                from engine.boxed import run_boxed
+
+                result = run_boxed(
+                    model=model,
+                    model_name=model_name,
+                    seed=seed,
+                    prompts=prompts,
+                    max_tokens=max_tokens,
+                    settings=engine.Settings(
+                        block_size=block_size,
+                        num_blocks=num_blocks,
+                        max_num_seqs=max_num_seqs,
+                        max_num_batched_tokens=max_batched_tokens,
+                        temperature=temperature,
+                        seed=seed,
+                    ),
+                    submission=submission,
+                    sandbox=sandbox,
+                    memory_limit=memory_limit,
+                    time_limit=time_limit,
+                    on_chapter=show.chapter,
+                )
+            else:
+                result = engine.run(
+                    model=model,
+                    prompts=prompts,
+                    max_tokens=max_tokens,
+                    temperature=temperature,
+                    seed=seed,
+                    block_size=block_size,
+                    num_blocks=num_blocks,
+                    max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_batched_tokens,
+                    submission=submission,
+                    on_chapter=show.chapter,
+                    on_step=show.step,
+                )
     except (engine.ModelError, engine.PartsUnavailable, engine.EngineError) as e:
         raise click.ClickException(str(e)) from None
     figure = draw_overview(result, model, figures_dir)

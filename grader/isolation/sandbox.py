@@ -137,14 +137,25 @@ class Box:
     _count = 0
 
     def __init__(
-        self, kind: str | None, files: dict[str, bytes] | None = None, *, uid: int | None = None, memory: int = budget.DEFAULT_LIMIT
+        self,
+        kind: str | None,
+        files: dict[str, bytes] | None = None,
+        *,
+        uid: int | None = None,
+        memory: int = budget.DEFAULT_LIMIT,
+        packages: tuple[str, ...] = STUDENT_PACKAGES,
+        code: tuple[str, ...] = (),
+        binds: dict[str, str] | None = None,
     ) -> None:
         """`kind` "bwrap", "uid" or None (no sandbox: the student's own exercises); `files` the
         submission (file name -> bytes), written into a folder the box sees read-only; `uid` the
         host uid the box's processes run as (root only; by default HOST_UID_BASE + k): a uid of
         its own, e.g. a dedicated user's, that no other process or box uses meanwhile; `memory` the
         bytes the submission's processes may use on top of the warm process (one budget for the
-        whole box, `grader.isolation.budget`; a box of kind None has none: each run brings its own)."""
+        whole box, `grader.isolation.budget`; a box of kind None has none: each run brings its own).
+        `packages` the installed packages the box sees (with what they need); `code` folders of the course
+        copied in beside grader/isolation (the engine, for `course engine run --submission`); `binds` host
+        folders seen read-only at the given paths (a model's files)."""
         if kind is not None and kind not in KINDS:
             raise SandboxUnavailable(f"unknown sandbox kind {kind!r}: one of {', '.join(KINDS)}")
         if uid is not None and (os.geteuid() != 0 or uid <= 0):
@@ -153,7 +164,8 @@ class Box:
         self.kind = kind
         self.root = Path(tempfile.mkdtemp(prefix="course-box-"))
         os.chmod(self.root, 0o711)
-        self.harness = write_harness(self.root / "harness")
+        self.harness = write_harness(self.root / "harness", code)
+        self.packages, self.binds = packages, dict(binds or {})
         self.inbox = self.root / "inbox"
         self.inbox.mkdir(mode=0o755)
         for name, data in (files or {}).items():
@@ -204,7 +216,7 @@ class Box:
             args += ["--info-fd", str(self._info_w)]
         for k, v in environment().items():
             args += ["--setenv", k, v]
-        args += _mounts(self.harness, self.inbox)
+        args += _mounts(self.harness, self.inbox, self.packages, self.binds)
         args += ["--chdir", HOME, "--remount-ro", "/"]
         if os.geteuid() != 0:  # the warm process is the namespace's init: bwrap's own reaper would be the
             return [*args, "--as-pid-1", *inner, "--", *argv]  # student's to ptrace, init ignores their signals
@@ -347,21 +359,28 @@ class Box:
 
 
 # -- the file system ------------------------------------------------------------------------------------
-def write_harness(dest: Path) -> Path:
+def write_harness(dest: Path, code: tuple[str, ...] = ()) -> Path:
     """Copy `grader/isolation/` (the whole folder: it is what enters the sandbox) into
-    `dest/grader/isolation/`; `dest` is the root the student's processes import from."""
+    `dest/grader/isolation/`, and each folder of the course named in `code` (its .py files) into `dest/`;
+    `dest` is the root the student's processes import from."""
     package = dest / "grader" / "isolation"
     package.mkdir(parents=True)
     (dest / "grader" / "__init__.py").write_text("")
     for path in Path(__file__).resolve().parent.glob("*.py"):
         shutil.copyfile(path, package / path.name)
+    course = Path(__file__).resolve().parents[2]
+    for folder in code:
+        (dest / folder).mkdir()
+        for path in (course / folder).glob("*.py"):
+            shutil.copyfile(path, dest / folder / path.name)
     for path in [dest, dest / "grader", package, *dest.rglob("*")]:
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
     return dest
 
 
-def _mounts(harness: Path, inbox: Path) -> list[str]:
-    """Mount options: system libraries, Python, the allowed packages, the harness, the submission."""
+def _mounts(harness: Path, inbox: Path, packages: tuple[str, ...] = STUDENT_PACKAGES, binds: dict[str, str] | None = None) -> list[str]:
+    """Mount options: system libraries, Python, the allowed packages, the harness, the submission, and any
+    host folder to be seen read-only (`binds`: host path -> path in the box)."""
     args: list[str] = []
     made: set[str] = set()
 
@@ -388,13 +407,17 @@ def _mounts(harness: Path, inbox: Path) -> list[str]:
             bind(path)
     for path in python_paths():
         bind(path)
-    for site_dir, entries in package_paths().items():
+    for site_dir, entries in package_paths(packages).items():
         args.extend(["--perms", "0755", "--tmpfs", site_dir])  # hides whatever else is installed there
         made.add(site_dir)
         for entry in entries:
             bind(entry)
     bind(str(harness))
     bind(str(inbox))
+    for source, dest in (binds or {}).items():
+        parents(dest)
+        made.add(dest)
+        args.extend(["--ro-bind", source, dest])
     return args
 
 
@@ -432,11 +455,11 @@ def python_paths() -> list[str]:
 
 
 @functools.cache
-def package_paths() -> dict[str, list[str]]:
-    """Per site-packages folder, its files and folders that STUDENT_PACKAGES need (nothing else)."""
+def package_paths(names: tuple[str, ...] = STUDENT_PACKAGES) -> dict[str, list[str]]:
+    """Per site-packages folder, its files and folders that the packages `names` need (nothing else)."""
     sites = [s for s in dict.fromkeys(site.getsitepackages() + [site.getusersitepackages()]) if os.path.isdir(s)]
     wanted: dict[str, list[str]] = {s: [] for s in sites}
-    for dist in _closure(STUDENT_PACKAGES):
+    for dist in _closure(names):
         for file in dist.files or ():
             if file.parts and file.parts[0] != "..":
                 top = os.path.normpath(str(dist.locate_file(file.parts[0])))

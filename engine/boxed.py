@@ -1,0 +1,150 @@
+"""`course engine run --submission DIR`: somebody else's code generating, the whole engine inside a sandbox.
+
+The grader's process never runs a submission's code (the trust rule). First each chapter's public checks run on the
+student's file in a sandbox of their own, as `course check --submission` runs them (`engine.parts.passing_tasks`).
+Then one more sandbox runs the engine itself (`engine.inbox`), holding the engine's code, the student's chapter
+files for the stages whose task passes and the reference's for the others (so a student's engine can run before
+every chapter is done; the hidden checks never enter), and the model: a preset made from its seed in there, or a
+model folder seen read-only. Only plain data comes back over the sandbox's pipes (the tokens, the metrics, the trace
+and notes), checked here before anything uses it; whose code ran at each stage is what this side decided, never
+what the box says. The overview is drawn here from that data.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from engine.core import EngineError, Run, Settings
+from engine.model import PRESETS, Model
+from engine.parts import REFERENCE, USED, YOURS, PartsUnavailable, _task_of, passing_tasks
+
+MODEL_IN_BOX = "/model"
+"""Where a model folder is seen in the box (read-only)."""
+
+
+def run_boxed(
+    *,
+    model: Model,
+    model_name: str,
+    seed: int,
+    prompts: list[list[int]],
+    max_tokens: int,
+    settings: Settings,
+    submission: Path,
+    sandbox: str,
+    memory_limit: int,
+    time_limit: float,
+    on_chapter: Callable[[str], None] | None = None,
+) -> Run:
+    """Generate with a submission's chapter functions, every one of them run in a sandbox (see the module).
+
+    Raises:
+        PartsUnavailable: a stage whose task does not pass, where this installation has no reference for it.
+        EngineError: the engine stopped in the sandbox (the student's code raised, ran out of time or memory), or
+            what came back is not what an engine run returns.
+    """
+    from grader import chapters
+    from grader.isolation.sandbox import STUDENT_PACKAGES, Box, probe
+    from grader.isolation.session import Session, StudentError, StudentRaised
+    from grader.isolation.worker import OUTPUT_LIMIT
+    from grader.isolation.zygote import Zygote
+    from grader.run import read_module
+
+    probe(sandbox)
+    folder = Path(submission).resolve()
+    order = list(dict.fromkeys(ch for ch, _ in USED))
+    checked = {ch: passing_tasks(folder, ch, sandbox=sandbox, on_chapter=on_chapter) for ch in order}
+    files: dict[str, bytes] = {}
+    chosen: list[dict[str, str]] = []
+    notes, missing = [], []
+    for chapter_id, (passed, note) in checked.items():
+        notes.append(note)
+        ch = chapters.find(chapter_id)
+        for name in (n for c, n in USED if c == chapter_id):
+            task = _task_of(chapter_id, name)
+            if task in passed:
+                source, file = YOURS, f"yours_{ch.filename}"
+                files.setdefault(file, read_module(folder / ch.filename))
+            elif (chapters.SOLUTIONS / ch.filename).is_file():
+                source, file = REFERENCE, f"reference_{ch.filename}"
+                files.setdefault(file, (chapters.SOLUTIONS / ch.filename).read_bytes())
+            else:
+                missing.append(f"{task} {name}")
+                continue
+            chosen.append({"chapter": chapter_id, "task": task, "name": name, "file": file, "source": source})
+    if missing:
+        raise PartsUnavailable(
+            "these tasks do not pass their public checks yet, and this installation has no reference to run in their "
+            "place: " + ", ".join(missing)
+        )
+    binds = {} if model_name in PRESETS else {os.path.realpath(model_name): MODEL_IN_BOX}
+    box = Box(
+        sandbox, files, memory=memory_limit, packages=(*STUDENT_PACKAGES, "safetensors"), code=("engine",), binds=binds
+    )
+    config = {
+        "stages": [{**stage, "file": str(box.inbox / stage["file"])} for stage in chosen],
+        "model": {"name": model_name if model_name in PRESETS else MODEL_IN_BOX, "seed": seed},
+        "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
+        "prompts": prompts,
+        "max_tokens": max_tokens,
+    }
+    workdir = Path(tempfile.mkdtemp(prefix="course-engine-"))
+    zygote = session = None
+    try:
+        zygote = Zygote(box=box)
+        spawn = functools.partial(zygote.start, workdir=workdir, output_limit=OUTPUT_LIMIT)
+        session = Session(box.harness / "engine" / "inbox.py", spawn=spawn, time_limit=time_limit, budget=box.budget)
+        session.begin_check(time_limit)
+        try:
+            value = session.call("run", [config], {}).value
+        except StudentRaised as e:
+            raise EngineError(f"the engine stopped in the sandbox: {e.explain()}") from None
+        except StudentError as e:
+            raise EngineError(f"the engine stopped in the sandbox: {e}") from None
+    finally:
+        if session is not None:
+            session.close()
+        if zygote is not None:
+            zygote.close()
+        box.close()  # every process of the submission is gone before anything it returned is used
+    data = _checked(value, prompts, max_tokens, model.config.vocab_size)
+    sources = {f"{s['task']} {s['name']}": s["source"] for s in chosen}
+    return Run(data["outputs"], data["metrics"], sources, data["trace"], notes=notes + data["notes"], model=model.source)
+
+
+def _checked(value: Any, prompts: list[list[int]], max_tokens: int, vocab: int) -> dict[str, Any]:
+    """What the box returned, if it has the shape of an engine run's data (never believed further than that)."""
+
+    def fail(why: str) -> EngineError:
+        return EngineError(f"the engine in the sandbox sent back something that is not a run: {why}")
+
+    if type(value) is not dict or set(value) != {"outputs", "metrics", "sources", "trace", "notes"}:
+        raise fail("not the five parts of a run")
+    outputs = value["outputs"]
+    if type(outputs) is not list or len(outputs) != len(prompts):
+        raise fail(f"{len(prompts)} outputs expected")
+    for out in outputs:
+        if type(out) is not list or len(out) > max_tokens or not all(type(t) is int and 0 <= t < vocab for t in out):
+            raise fail(f"an output is not a list of at most {max_tokens} token ids below {vocab}")
+    metrics = value["metrics"]
+    if type(metrics) is not dict or not all(type(k) is str and type(v) in (int, float, type(None)) for k, v in metrics.items()):
+        raise fail("metrics are not named numbers")
+    trace = value["trace"]
+    if type(trace) is not list or len(trace) > 10_000 or not all(_plain(e) for e in trace):
+        raise fail("the trace is not a list of plain records")
+    notes = value["notes"]
+    if type(notes) is not list or not all(type(n) is str and len(n) < 2000 for n in notes) or len(notes) > 100:
+        raise fail("notes are not short texts")
+    return {"outputs": outputs, "metrics": metrics, "trace": trace, "notes": notes}
+
+
+def _plain(record: Any) -> bool:
+    """A trace record: a dict of strings, numbers and lists of them."""
+    simple = (str, int, float, bool, type(None))
+    return type(record) is dict and all(
+        type(k) is str and (type(v) in simple or (type(v) is list and all(type(x) in simple for x in v))) for k, v in record.items()
+    )
