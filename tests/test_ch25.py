@@ -79,6 +79,33 @@ def test_a_written_padding_row_is_explained_and_only_then(graded):
     assert "padding_written" not in hints(dropped)
 
 
+STORE_INDEXED = "    k_cache[block, offset] = k[keep].to(k_cache.dtype)\n    v_cache[block, offset] = v[keep].to(v_cache.dtype)\n"
+
+
+def test_writing_through_a_reshaped_copy_loses_points_on_pool_views(graded):
+    report = graded.mistake("reshape_copy", task="ch25.2")  # k_cache.reshape(-1, H, D)[slots] = k
+    r = result(report, "caches that are views of one pool")
+    assert r.status == "failed" and r.hints == ["reshape_copy"]
+    assert "K = pool[:, 0] and V = pool[:, 1] of one pool" in r.message and "left both caches exactly as they were" in r.message
+    assert result(report, "figure instance: the five tokens").status == "passed", "a fresh cache reshapes to a view"
+    assert result(report, "random pools").status == "failed"
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        "    k_cache.index_put_((block, offset), k[keep].to(k_cache.dtype))\n"
+        "    v_cache.index_put_((block, offset), v[keep].to(v_cache.dtype))\n",
+        "    for i, (b, o) in enumerate(zip(block.tolist(), offset.tolist())):\n"
+        "        k_cache[b, o], v_cache[b, o] = k[keep][i], v[keep][i]\n",
+    ],
+)
+def test_writes_into_the_given_views_keep_every_point(graded, write):
+    report = graded(f"store {write[:20]}", (STORE_INDEXED, write), task="ch25.2")
+    failed = [f"{r.name}: {r.message}" for r in report.results if r.status != "passed"]
+    assert not failed, failed
+
+
 def _crossings(lines: list[tuple[float, float, float, float]]) -> int:
     """Pairs of segments that cross (not merely touch)."""
 

@@ -82,7 +82,7 @@ def beyond_table_hidden(t: Trial) -> None:
 # -- ch25.2 ---------------------------------------------------------------------------------------------------
 
 
-@hidden("ch25.2", "random pools, slots and padding")
+@hidden("ch25.2", "random pools, slots and padding; fresh caches, slices of one pool, permuted layouts")
 def random_stores(t: Trial) -> None:
     for _ in range(10):
         num_blocks, block_size = t.random.randint(1, 6), t.random.choice([1, 2, 4, 16])
@@ -90,12 +90,13 @@ def random_stores(t: Trial) -> None:
         n = t.random.randint(0, num_blocks * block_size)
         slots = torch.randperm(num_blocks * block_size, generator=t.rng)[:n].tolist()
         slots = [s if t.random.random() > 0.2 else -1 for s in slots]
-        run_store_case(t, (num_blocks, block_size, heads, dim), slots)
+        run_store_case(t, (num_blocks, block_size, heads, dim), slots, layout=t.random.choice(["fresh", "pool", "permuted"]))
 
 
-@hidden("ch25.2", "a bfloat16 cache, as in nano-vllm")
+@hidden("ch25.2", "a bfloat16 cache, as in nano-vllm, fresh and sliced from one pool")
 def bf16_cache(t: Trial) -> None:
     run_store_case(t, (4, 16, 8, 16), [0, 17, 63, -1, 5], dtype=torch.bfloat16)
+    run_store_case(t, (4, 16, 8, 16), [63, 2, -1, 40], dtype=torch.bfloat16, layout="pool")
 
 
 @hidden("ch25.2", "the last slot of the pool is a real slot")
