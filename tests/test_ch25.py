@@ -13,6 +13,7 @@ import torch
 from mutate import figure, hints, mutant_grader, result, wrong_elements
 
 from figures.kit import text_width
+from grader.authoring import CheckFailed
 from grader.authoring.misconceptions import table
 from grader.checks import ch25 as public_checks
 from grader.checks import ch25_explain as traces
@@ -63,10 +64,14 @@ def test_a_slot_misconception_gets_its_own_hint_and_no_other(graded, mistake):
 
 def test_a_slot_fitting_two_misconceptions_gets_no_hint(graded):
     # a decode step at position 0: slot 0 is both "the position" and "block × offset"
-    report = graded.mistake("block_times_offset", task="ch25.1")
-    decode = result(report, "the decode step")
-    assert decode.status == "failed" and "yours: 0" in decode.message
-    assert decode.hints == [] and "hint:" not in decode.message and "slots is" not in decode.message
+    table, positions = [19], [0]
+    variants = slot_variants(None, table, positions, 256)
+    with pytest.raises(CheckFailed) as e:
+        public_checks.expect_slots(torch.tensor([0]), ref.slot_mapping(table, positions, 256), table, positions, 256, variants)
+    assert "yours: 0" in str(e.value) and e.value.hints == [] and "hint:" not in str(e.value) and "slots is" not in str(e.value)
+    # the hidden check of decode steps goes on to a length whose slot tells the two apart
+    decode = result(graded.mistake("block_times_offset", task="ch25.1"), "the decode step")
+    assert decode.status == "failed" and decode.hints == ["block_times_offset"]
 
 
 def test_a_written_padding_row_is_explained_and_only_then(graded):

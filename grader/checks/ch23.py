@@ -435,6 +435,8 @@ def processed_hint(mine: torch.Tensor, want: torch.Tensor, logits_row: torch.Ten
             return M.temperature_ignored.format(b=b, T=fmt(T))
         if close(yours, float(want.softmax(-1)[j])):
             return M.probabilities
+    if bool(torch.isfinite(mine).all()) and torch.allclose(mine, want.softmax(-1), atol=ATOL, rtol=RTOL):
+        return M.probabilities  # the whole row is softmax of the processed logits (0 where filtered)
     if torch.equal(mk, wk):
         return ""
     kept = {name: _kept(row) for name, row in steps.items()}

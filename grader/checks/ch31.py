@@ -297,8 +297,10 @@ def expect_routing(got, logits: torch.Tensor, k: int, renormalize: bool, want: t
             hint = M.no_renormalize
         elif torch.allclose(w[t], p[ids[t]] / p[ids[t]].sum(), atol=1e-6) and not renormalize:
             hint = M.always_renormalize
-        elif torch.allclose(w[t], logits[t][ids[t]].float(), atol=1e-6):
-            hint = M.logit_weights
+        elif torch.allclose(w[t], logits[t][ids[t]].float(), atol=1e-6) or (
+            renormalize and torch.allclose(w[t], logits[t][ids[t]].float() / logits[t][ids[t]].float().sum(), atol=1e-6, rtol=1e-5)
+        ):
+            hint = M.logit_weights  # the logits themselves, or divided by their sum
     raise CheckFailed(*lines, hint=hint)
 
 
@@ -433,6 +435,8 @@ def combine_hint(out: torch.Tensor, outputs: list, weights: torch.Tensor, handle
         return torch.zeros(out.shape, dtype=torch.float64).index_add_(0, src, y * row_weights[:, None])
 
     close = lambda alt: torch.allclose(out.double(), alt, atol=COMBINE_TOL, rtol=COMBINE_TOL)
+    if y.shape == out.shape and close(y):
+        return M.concatenated  # the ranks' rows as they came back (top-1: one per token, in rank order)
     if close(summed(torch.ones(len(src), dtype=torch.float64))):
         return M.unweighted
     if close(summed(weights.double().reshape(-1))):

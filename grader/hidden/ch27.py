@@ -5,7 +5,16 @@ of requests."""
 from __future__ import annotations
 
 from grader.authoring import CheckFailed, Trial, error_lines, expect_records, hidden, mistakes, raised
-from grader.checks.ch27_explain import check_structure, drive_reference, drive_spec, rollback_hint, run_case, run_spec_case
+from grader.checks.ch27_explain import (
+    check_spec_trace,
+    check_structure,
+    check_trace,
+    drive_reference,
+    drive_spec,
+    rollback_hint,
+    run_case,
+    run_spec_case,
+)
 
 NAMES = [chr(c) for c in range(ord("A"), ord("Z") + 1)]
 M = mistakes("ch27")
@@ -115,7 +124,16 @@ def spec_invariants(t: Trial) -> None:
         head = f'case "spec invariants {i + 1}": {request[0]}, prompt {request[1]}, max_tokens {request[2]}'
         yours = expect_records(t.yours.replay_spec(drafts["config"], drafts["rounds"]), what="replay_spec")
         mine = [r for r in yours if not raised(r)]
-        check_spec_invariants(mine, head)
+        try:
+            check_spec_invariants(mine, head)
+        except CheckFailed as broken:
+            if broken.hints:
+                raise
+            try:  # named by the first difference from the reference's trace of the same steps
+                check_spec_trace(yours, drafts["rounds"], drafts["trace"], head)
+            except CheckFailed as failure:
+                raise broken.named_by(failure) from None
+            raise
         if len(mine) < len(yours):
             raise CheckFailed(head, f"step {len(yours)} of your own trace:", *error_lines(yours[-1]))
 
@@ -238,14 +256,27 @@ def problems(rid: str, s: dict, max_tokens: int, eos: int | None, asyn: bool):
 def invariants_case(t: Trial, asyn: bool) -> None:
     config = random_config(t, asyn) | {"budget": t.random.choice([3, 5, 8, 13])}
     script = random_script(t, 24)
-    ops = t.ref.drive(drive_reference, config, script)["ops"]
+    expected = t.ref.drive(drive_reference, config, script)
+    ops = expected["ops"]
     head = f'case "invariants": {config}, 24 random requests'
     yours = expect_records(t.yours.replay(config, ops))
     mine = [r for r in yours if not raised(r)]
     check_structure(mine, head)
-    check_invariants(mine, ops, head, asyn, drained=len(mine) == len(yours))
+
+    def named() -> CheckFailed | None:
+        """The first difference from the reference's trace of the same operations, with the mistake it names."""
+        try:
+            check_trace(yours, ops, expected["trace"], head, asyn)
+        except CheckFailed as failure:
+            return failure
+        return None
+
+    try:
+        check_invariants(mine, ops, head, asyn, drained=len(mine) == len(yours))
+    except CheckFailed as broken:
+        raise broken.named_by(named()) from None
     if len(mine) < len(yours):
-        raise CheckFailed(head, f"step {len(yours)} of your own trace:", *error_lines(yours[-1]))
+        raise CheckFailed(head, f"step {len(yours)} of your own trace:", *error_lines(yours[-1])).named_by(named())
 
 
 def run_many(t: Trial, asyn: bool) -> None:

@@ -6,9 +6,11 @@ import math
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, expect_tensor, first_wrong, hidden, vec
+from grader.authoring import CheckFailed, Trial, describe, expect_tensor, first_wrong, hidden, vec
 from grader.checks.ch31 import (
     COMBINE_TOL,
+    M,
+    combine_hint,
     dispatch_structure,
     expect_balancedness,
     expect_dispatch,
@@ -73,20 +75,26 @@ def random_round_trips(t: Trial) -> None:
         ids = random_routing(t, N, E, k)
         w = torch.rand(N, k, generator=t.rng)
         mats = torch.randn(E, H, H, generator=t.rng)
-        rows, handle = dispatch_structure(t.yours.dispatch(x, ids, E, R), x, R, f"round trip {i}")
+        dispatched = t.yours.dispatch(x, ids, E, R)
+        want = t.ref.dispatch(x, ids, E, R)
+        rows, handle = dispatch_structure(dispatched, x, R, f"round trip {i}")
         out_rows = [r @ mats[e].T for r, e in zip(torch.cat(rows).split(1), handle["expert"].clamp(0, E - 1).tolist())]
         outputs = list(torch.cat(out_rows).split(handle["rows_per_rank"].tolist())) if out_rows else [torch.zeros(0, H)] * R
         got = t.yours.combine(outputs, handle, w)
         dense = sum((w[:, j : j + 1] * torch.einsum("nh,noh->no", x, mats[ids[:, j]]) for j in range(k)), torch.zeros(N, H))
+        case = f"round trip {i} ({N} tokens, {E} experts on {R} ranks, top-{k}; expert e computes x·W_eᵀ)"
+        if isinstance(got, torch.Tensor) and got.dim() == 2 and got.shape[0] == N * k != N:
+            raise CheckFailed(f"{case}: expected one row per token, [{N}, {H}]; yours: {describe(got)}", hint=M.concatenated)
         out = expect_tensor(got, what=f"round trip {i}: the output", shape=[N, H], dtype=torch.float32)
         idx = first_wrong(out, dense, atol=COMBINE_TOL, rtol=COMBINE_TOL)
         if idx is not None:
             tok = idx[0]
+            # A dispatch other than the reference's explains itself (with its mistake); else combine is at fault.
+            expect_dispatch(dispatched, want, x, ids, E, R, case)
             raise CheckFailed(
-                f"round trip {i} ({N} tokens, {E} experts on {R} ranks, top-{k}; expert e computes "
-                f"x·W_eᵀ): token {tok} routes to experts {ids[tok].tolist()} with weights {vec(w[tok])}, "
+                f"{case}: token {tok} routes to experts {ids[tok].tolist()} with weights {vec(w[tok])}, "
                 f"so out[{tok}] = Σ_j w_j · x W_eᵀ = {vec(dense[tok])}; yours: {vec(out[tok])}",
-                hint="your handle and your combine must agree on where each row came from",
+                hint=combine_hint(out, outputs, w, handle) or "your handle and your combine must agree on where each row came from",
             )
 
 
