@@ -71,7 +71,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     With a residual: s = float32(x) + float32(residual);
     new_residual = s cast to x's dtype (the residual stream goes on with the sum);
     normed = RMSNorm of the **float32** s (not of the rounded copy), cast to x's
-    dtype, times the weight. With residual None (layer 0's input_layernorm):
+    dtype, times the weight. That is nano-vllm's order; vLLM's fused kernel and
+    transformers normalise the rounded sum instead, which differs in the last
+    bits. With residual None (layer 0's input_layernorm):
     normed = rms_norm(x) and the new residual is x itself, the embedding.
     Inputs are not modified.
 

@@ -58,7 +58,10 @@ def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: int |
        when the probability of i and of all entries smaller than it adds up to
        ≤ 1 − p. Equivalently, i stays when the entries *larger* than i hold
        less than p. The entry whose probability crosses p therefore stays, and
-       so does the row's largest entry. p = 1 keeps everything.
+       so does the row's largest entry. p = 1 keeps everything. The test is
+       ≤, equality included: four equal entries with p = 0.5 keep two. Among
+       equal entries the order of the sort decides which go (the checks
+       accept any such choice).
 
     The provided first lines check the inputs and hand you k and p as one value
     per row (int64 [B] and float32 [B]), or None when that filter is off.
@@ -100,7 +103,10 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, noise: torch.Tensor)
     """One token per row by the exponential race argmax(p / E). Task ch23.2.
 
     For each row b: p = softmax(logits[b] / temperature[b]) in float32, and the
-    token is argmax_i p_i / E_i with E = noise[b]. If the E_i are i.i.d.
+    token is argmax_i p_i / E_i with E = noise[b]. Logits may come in bfloat16
+    or float16 (a 16-bit LM head): upcast them first, as nano-vllm
+    (`logits.float()`) and vLLM's sampler do, or probabilities closer than
+    bfloat16 can tell round to one value and the race favours the lower index. If the E_i are i.i.d.
     Exp(1), the winner is token i with probability exactly p_i. It is *not*
     argmax p: a likely token with a large E can lose to a less likely one with
     a small E. Following nano-vllm, E is clamped to ≥ 1e-10 first, so E = 0

@@ -209,18 +209,20 @@ def rebalance_experts(weight: torch.Tensor, num_replicas: int, num_groups: int, 
        node·(num_replicas/num_nodes) + gpu_in_node·(num_replicas/num_gpus) +
        rank_in_pack holds the replica; slot s lives on GPU s // (num_replicas/num_gpus).
 
-    **Equal loads.** EPLB orders the items with torch's `sort(descending=True)`,
-    which is not stable: items of equal load (always the replicas of one expert,
-    which share load / count, and often experts whose integer token counts
-    coincide) may come in any order, so which of them lands in which slot is not
-    fixed. The reference takes them lower index first (a stable sort); that rule
-    is the course's, not EPLB's. The checks accept any order of equal-load
-    replicas in step 3 that the greedy packing allows, and any order of an
-    expert's slots in log2phy; their loads never tie between groups (step 1) or
-    between experts' load / count (step 2). DeepSeek's own `rebalance_experts`
-    scores full marks. vLLM's port
-    (`vllm/distributed/eplb/policy/default.py`) sorts with numpy's default,
-    equally unstable sort and sums the pack totals in float64.
+    **Equal loads.** Real loads are token counts, so they tie. Where EPLB
+    decides, the course follows it: a tie of load / count in step 2 goes to
+    the lower node-local index (EPLB's `max(dim=-1).indices`, like vLLM's
+    `np.argmax`, returns the first maximum), and a tie of pack totals to the
+    lower pack. Where it does not, any choice is accepted: EPLB sorts the
+    items of steps 1 and 3 with torch's `sort(descending=True)`, which is not
+    stable, so groups of equal load (step 1) and replicas of equal load
+    (step 3, always the replicas of one expert and often experts whose counts
+    coincide) may come in any order, each giving its own placement, and any
+    order of an expert's slots in log2phy is accepted too. The reference takes
+    them lower index first (a stable sort). DeepSeek's own `rebalance_experts`
+    scores full marks. vLLM's port (`vllm/distributed/eplb/policy/default.py`)
+    sorts with numpy's default, equally unstable sort and sums the pack totals
+    in float64.
 
     Args:
         weight: [L, E] non-negative, finite load per (layer, logical expert).

@@ -644,22 +644,27 @@ def _attention_stage(f: Figure, r: dict, box_x: float, box_w: float, cw: float, 
     right = column(*heads, gap=10)
     f.place(row(keys, right, gap=48), after=14)
     if stage_of:
-        if stage_of == "rope":  # stage ③ above: the rotations attention uses
-            x0, y0 = out[0].right - out[0].w - 6, out[0].bottom - out[0].h - 5
-            f.outline(x0, y0, out[-1].right - x0 + 6, out[-1].bottom - y0 + 5, role="wrong", dashed=True)
-        else:
-            target = value_rows if stage_of == "v" else right
-            f.outline(target.right - target.w - 6, target.bottom - target.h - 5, target.w + 12, target.h + 10, role="wrong", dashed=True)
-        where = {"v": "V's path", "rope": "the RoPE step (③)", "attention": "the attention step (④)"}[stage_of]
+        # A rotation gone wrong inside rope_attention is outlined where attention reads it, on the keys: stage ③ above
+        # is the student's qk_norm_rope, judged by its own check (its cells marked only where that check failed).
+        target = {"v": value_rows, "rope": key_rows, "attention": right}[stage_of]
+        f.outline(target.right - target.w - 6, target.bottom - target.h - 5, target.w + 12, target.h + 10, role="wrong", dashed=True)
+        where = {"v": "V's path", "rope": "the rotated keys it should read", "attention": "the attention step (④)"}[stage_of]
         named = MISTAKE_WORDS.get(r.get("attn_mistake", ""), "a mistake")
+        lines = [f"✗ your rope_attention's output is what {named} gives: {where} outlined"]
+        if text_width(lines[0], LABEL, bold=True) > f.width - 2 * MARGIN:
+            lines = [f"✗ your rope_attention's output is what {named} gives:", f"{where} outlined"]
         f.y += 8
-        f.text(
-            MARGIN,
-            f.y,
-            f"✗ your rope_attention's output is what {named} gives: {where} outlined",
-            size=LABEL,
-            color=stroke("wrong"),
-            weight="bold",
-            cls="label wrong",
-        )
-        f.y += 24
+        for line in lines:
+            f.text(MARGIN, f.y, line, size=LABEL, color=stroke("wrong"), weight="bold", cls="label wrong")
+            f.y += 20
+        f.y += 4
+        if stage_of == "rope" and not any(any(bad) for bad in r["q_wrong"] + r["k_wrong"]):
+            f.text(
+                MARGIN,
+                f.y - 4,
+                "③ shows your qk_norm_rope, and its values are right: the rotation goes wrong inside rope_attention",
+                size=SMALL + 1,
+                color=INK,
+                cls="label",
+            )
+            f.y += 20

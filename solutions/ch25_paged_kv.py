@@ -92,7 +92,10 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 
     Token i goes to block slots[i] // block_size, offset slots[i] % block_size.
     A slot of −1 (`PAD_SLOT`) marks a padding row: nothing is written for it.
-    Every other cache entry is left exactly as it was.
+    Every other cache entry is left exactly as it was. The caches may be views
+    of one bigger pool, not contiguous (vLLM slices each layer's K and V out of
+    one allocation, and some backends permute the layout): write into the
+    tensors given, since a reshape of such a view is a copy.
 
     Args:
         k_cache: [num_blocks, block_size, num_kv_heads, head_dim], written in place.

@@ -610,7 +610,10 @@ def update_spec(request: Request, scheduled_spec_token_ids: list[int], generated
         num_rejected = k + 1 − len(generated_token_ids)      (= k − a)
         num_computed_tokens −= num_rejected
 
-    (only when there were drafts and something was generated). Then each generated
+    (only when there were drafts and something was generated: a step's output can
+    come back empty for a request whose sample was discarded, e.g. one preempted or
+    aborted while the step ran; nothing was verified then, and k + 1 − 0 would take
+    back positions no one rejected). Then each generated
     token is appended with update_from_output's stop checks (EOS first, then the
     length cap); a stop drops the tokens after it, as vLLM trims new_token_ids. The
     roll-back counts from what was generated, before any stop trims it. A request
@@ -737,7 +740,10 @@ def replay_spec(config: dict, rounds: list) -> list[dict]:
         rounds: one list of draft tokens per step ([] for a step without drafts, such as the prefill). Each
             step: the drafts become the request's spec_token_ids, `schedule_spec`, the fake target model
             (`verify_drafts`, which keeps its own count of the tokens it produced), `update_spec`. Steps
-            after the request finished are not run.
+            after the request finished are not run. A step given as {"drafts": [...], "discarded": True}
+            runs the same, but its output comes back empty (its sample discarded: the request was
+            preempted or aborted meanwhile), so `update_spec` gets no generated tokens; the replay ends
+            after it, the request having left the batch.
 
     Returns:
         One record per step: {"drafts", "before": the counters before it, "scheduled": what schedule_spec
@@ -763,20 +769,24 @@ def replay_spec(config: dict, rounds: list) -> list[dict]:
                           config["eos_token_id"])
         request.status = RUNNING
         produced = request.num_prompt_tokens  # the target model's own count of the tokens it knows
-        for drafts in rounds:
+        for step in rounds:
             if request.is_finished:
                 break
+            discarded = isinstance(step, dict) and bool(step.get("discarded"))
+            drafts = list(step["drafts"]) if isinstance(step, dict) else step
             if drafts:
                 request.spec_token_ids = list(drafts)
             record: dict = {"drafts": list(drafts), "before": counters(request)}
             record["scheduled"] = schedule_spec(request)
             record["after_schedule"] = counters(request)
             spec = list(record["scheduled"]["scheduled_spec_token_ids"])
-            record["generated"] = verify_drafts(request.request_id, produced, spec)
+            record["generated"] = [] if discarded else verify_drafts(request.request_id, produced, spec)
             produced += len(record["generated"])
             record["new_token_ids"] = update_spec(request, spec, list(record["generated"]))
             record["after_update"] = counters(request)
             trace.append(record)
+            if discarded:
+                break
     except NotImplementedError:
         raise
     except Exception as e:  # noqa: BLE001 (the grader reports it with the step that raised)

@@ -253,8 +253,11 @@ def batch_invariant_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float =
 
     The halving tree stands in for Triton's tl.sum inside a chunk, whose
     tree the course does not reproduce; what matters is that neither the
-    chunk size nor the tree depends on the batch. The checks compare yours
-    with this order bit for bit, alone and in batches of every size.
+    chunk size nor the tree depends on the batch. Half of the checks grade
+    batch invariance: each row the same bits in batches of every size, in
+    any order you write out (not a library's torch.sum or .mean, whose
+    order is the library's). The other half compare yours with this order
+    bit for bit.
 
     Args:
         x: [B, H] floating tensor (float32, float64, bfloat16 or float16), B ≥ 0, H ≥ 1.

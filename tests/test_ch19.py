@@ -9,10 +9,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 import torch
-from mutate import mutant_grader, result, tasks_not_passed, wrong_elements
+from mutate import figure, mutant_grader, result, tasks_not_passed, wrong_elements
 
 import figures
 from figures import ch19 as rope_figures
+from figures.style import stroke
 from grader.checks import ch19 as checks
 from grader.hidden import ch19_models as models
 from solutions import ch19_rope as ref
@@ -202,6 +203,19 @@ def test_each_wrong_order_is_named(graded, mistake_id, stage, public_failing):
     assert all(x.hints == [mistake_id] for x in failed), [(x.name, x.hints) for x in failed]
     record = report.records["ch19-nanovllm-order"]
     assert record["attn_stage"] == (stage or "")
+
+
+def test_a_rotation_gone_wrong_in_rope_attention_does_not_frame_a_right_qk_norm_rope(graded):
+    # Only q rotated inside rope_attention; qk_norm_rope (stage ③, the student's ch19.3 values) is right, so the
+    # outline goes on the keys attention should read, below stage ④'s heading, and the figure says ③ is right.
+    report = graded.mistake("one_rotated")
+    assert result(report, "figure instance", task="ch19.3").status == "passed"
+    root = figure(report, "ch19-nanovllm-order")
+    text = {"".join(el.itertext()): el for el in root.iter(f"{SVG}text")}
+    heading = next(el for s, el in text.items() if s.startswith("④ in numbers"))
+    outlines = [el for el in root.iter(f"{SVG}rect") if el.get("class") == "outline" and el.get("stroke") == stroke("wrong")]
+    assert outlines and all(float(el.get("y")) > float(heading.get("y")) for el in outlines), [el.attrib for el in outlines]
+    assert any(s.startswith("③ shows your qk_norm_rope, and its values are right") for s in text)
 
 
 def test_a_decode_step_without_the_offset(graded):

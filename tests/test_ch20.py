@@ -4,10 +4,12 @@ the documented numbers and with transformers' Qwen3RMSNorm / Qwen3MLP."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from figure_layout import cramped, off_canvas, rects, reference_figures, reference_records, texts, transposes
-from mutate import figure_file, mutant_grader, result, tasks_not_passed, wrong_elements
+from mutate import figure_file, mutant_grader, result, row, tasks_not_passed, wrong_elements
 
 from figures import ch20 as drawn
 from figures.style import MARGIN
@@ -84,6 +86,14 @@ def test_normalising_the_rounded_sum(graded):
     r = result(report, "bf16: the float32 sum", task="ch20.2")
     assert r.status == "failed"
     assert r.hints == ["rounded_sum"]
+
+
+def test_the_rounded_sum_hint_names_a_convention_not_an_error():
+    # Normalising the rounded sum is what vLLM's fused kernel and transformers do: the hint says which convention the
+    # course follows, and calls the other one neither wrong nor a mistake.
+    text = row("ch20", "rounded_sum").message
+    assert "follows nano-vllm" in text and "vLLM" in text and "transformers" in text
+    assert not re.search(r"wrong|mistake|not its|instead of", text), text
 
 
 # -- 20.3 silu_and_mul ---------------------------------------------------------------------------------

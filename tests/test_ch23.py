@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from local_trial import reference_trial
 from mutate import figure, mutant_grader, result, wrong_elements
 
 from grader.authoring import CheckFailed
@@ -49,6 +50,34 @@ def test_topk_keeping_one_more_is_explained(graded):
     assert wrong_elements(report, "ch23-sampling-path")
     k1 = result(report, "k = 1 leaves only the row max")
     assert k1.status == "failed" and k1.hints == ["topk_off_by_one"]
+
+
+def test_topp_with_a_strict_comparison_is_explained(graded):
+    report = graded.mistake("topp_strict")  # drop = mass < 1 − p: an entry whose mass is exactly 1 − p stays
+    r = result(report, "top-p on exact boundaries")
+    assert r.status == "failed" and r.hints == ["topp_strict"]
+    assert "stays ≤ 1 − top_p = 0.5 over 2 of the equal entries, which go, so top-p keeps 2 of the 4" in r.message
+    hidden = result(report, "exact top-p boundaries")
+    assert hidden.status == "failed" and hidden.hints == ["topp_strict"]
+    assert {x.name for x in report.results if x.status != "passed"} == {r.name, hidden.name}, "off the boundaries < and ≤ agree"
+
+
+def test_any_choice_among_equal_entries_is_accepted(graded):
+    # The same ≤, with the ties taken from the other end: a descending stable sort removes other equal entries.
+    report = graded(
+        "other_ties",
+        (
+            "ascending, order = z.sort(dim=-1)",
+            "descending, order = z.sort(dim=-1, descending=True, stable=True)\n"
+            "        ascending, order = descending.flip(-1), order.flip(-1)",
+        ),
+        task="ch23.1",
+    )
+    boundary = [result(report, "top-p on exact boundaries"), result(report, "exact top-p boundaries")]
+    assert all(r.status == "passed" for r in boundary), [r.message for r in boundary]
+    # ... which the reference does not remove: the choice differs, and it is accepted.
+    kept = ref.process_logits(torch.tensor([[0.3] * 8]), torch.ones(1), None, 0.25)[0] != NEG_INF
+    assert kept.nonzero()[:, 0].tolist() != [0, 1], "the stable descending sort keeps tokens 0 and 1; the reference must keep others"
 
 
 def test_topp_dropping_the_crossing_token_is_explained(graded):
@@ -281,6 +310,38 @@ def test_reference_race_matches_the_documented_instance():
     assert torch.allclose(p, torch.tensor([[0.866813, 0.117310, 0.015876]]), atol=1e-6)
     assert torch.allclose(scores, torch.tensor([[0.288938, 2.346200, 0.015876]]), atol=1e-5)
     assert ref.sample(torch.tensor([[2.0, 1.0, 0.0]]), torch.tensor([0.5]), torch.tensor([[3.0, 0.05, 1.0]])).item() == 1
+
+
+def test_a_sampler_that_never_upcasts_is_explained(graded):
+    report = graded.mistake("no_upcast")  # temperature, softmax and race in the logits' bfloat16 / float16
+    r = result(report, "bfloat16 and float16 logits")
+    assert r.status == "failed" and r.hints == ["no_upcast"]
+    assert 'case "bfloat16"' in r.message and "so the race draws token" in r.message
+    assert {x.name for x in report.results if x.status != "passed"} == {r.name}, "on float32 logits it is the race"
+
+
+def test_a_race_on_float16_probabilities_with_float32_noise_fails_too(graded):
+    report = graded(
+        "half_probs",
+        ("probs = (logits.to(torch.float32) / temp[:, None])", "probs = (logits / temp.to(logits.dtype)[:, None])"),
+        task="ch23.2",
+    )
+    r = result(report, "bfloat16 and float16 logits")
+    assert r.status == "failed" and r.hints == ["no_upcast"]
+
+
+def test_the_close_races_are_decided_by_float32_on_many_seeds():
+    for seed in range(150):
+        t = reference_trial(hidden_checks.half_logits, seed, ref)
+        for dtype in models.HALF:
+            row, T, noise = hidden_checks.close_race(t, dtype, 32)
+            right = int(ref.sample(row[None], torch.tensor([T]), noise[None]))
+            p, scores = checks.race_scores(row[None], torch.tensor([T]), noise[None])
+            a, b = sorted(scores[0].topk(2).indices.tolist())
+            assert right == b and float(scores[0, b]) > float(scores[0, a]) * (1 + 10 * checks.TIE), "float32 decides, beyond the tie"
+            assert int(models.half_race(row[None], torch.tensor([T]), noise[None])) == a
+        hidden_checks.half_logits(t)
+        hidden_checks.topp_exact_boundaries(reference_trial(hidden_checks.topp_exact_boundaries, seed, ref))
 
 
 # -- the provided input checks (outside the solution regions: unit tests, no graded checks) ---------------------

@@ -13,6 +13,7 @@ import torch
 from mutate import figure, hints, mutant_grader, result, wrong_elements
 
 from figures.kit import text_width
+from grader.authoring import CheckFailed
 from grader.authoring.misconceptions import table
 from grader.checks import ch25 as public_checks
 from grader.checks import ch25_explain as traces
@@ -63,10 +64,14 @@ def test_a_slot_misconception_gets_its_own_hint_and_no_other(graded, mistake):
 
 def test_a_slot_fitting_two_misconceptions_gets_no_hint(graded):
     # a decode step at position 0: slot 0 is both "the position" and "block × offset"
-    report = graded.mistake("block_times_offset", task="ch25.1")
-    decode = result(report, "the decode step")
-    assert decode.status == "failed" and "yours: 0" in decode.message
-    assert decode.hints == [] and "hint:" not in decode.message and "slots is" not in decode.message
+    table, positions = [19], [0]
+    variants = slot_variants(None, table, positions, 256)
+    with pytest.raises(CheckFailed) as e:
+        public_checks.expect_slots(torch.tensor([0]), ref.slot_mapping(table, positions, 256), table, positions, 256, variants)
+    assert "yours: 0" in str(e.value) and e.value.hints == [] and "hint:" not in str(e.value) and "slots is" not in str(e.value)
+    # the hidden check of decode steps goes on to a length whose slot tells the two apart
+    decode = result(graded.mistake("block_times_offset", task="ch25.1"), "the decode step")
+    assert decode.status == "failed" and decode.hints == ["block_times_offset"]
 
 
 def test_a_written_padding_row_is_explained_and_only_then(graded):
@@ -77,6 +82,33 @@ def test_a_written_padding_row_is_explained_and_only_then(graded):
         ("block, offset = s[keep] // block_size, s[keep] % block_size", "block, offset = s[keep] // block_size, 0 * s[keep]"),
     )
     assert "padding_written" not in hints(dropped)
+
+
+STORE_INDEXED = "    k_cache[block, offset] = k[keep].to(k_cache.dtype)\n    v_cache[block, offset] = v[keep].to(v_cache.dtype)\n"
+
+
+def test_writing_through_a_reshaped_copy_loses_points_on_pool_views(graded):
+    report = graded.mistake("reshape_copy", task="ch25.2")  # k_cache.reshape(-1, H, D)[slots] = k
+    r = result(report, "caches that are views of one pool")
+    assert r.status == "failed" and r.hints == ["reshape_copy"]
+    assert "K = pool[:, 0] and V = pool[:, 1] of one pool" in r.message and "left both caches exactly as they were" in r.message
+    assert result(report, "figure instance: the five tokens").status == "passed", "a fresh cache reshapes to a view"
+    assert result(report, "random pools").status == "failed"
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        "    k_cache.index_put_((block, offset), k[keep].to(k_cache.dtype))\n"
+        "    v_cache.index_put_((block, offset), v[keep].to(v_cache.dtype))\n",
+        "    for i, (b, o) in enumerate(zip(block.tolist(), offset.tolist())):\n"
+        "        k_cache[b, o], v_cache[b, o] = k[keep][i], v[keep][i]\n",
+    ],
+)
+def test_writes_into_the_given_views_keep_every_point(graded, write):
+    report = graded(f"store {write[:20]}", (STORE_INDEXED, write), task="ch25.2")
+    failed = [f"{r.name}: {r.message}" for r in report.results if r.status != "passed"]
+    assert not failed, failed
 
 
 def _crossings(lines: list[tuple[float, float, float, float]]) -> int:

@@ -207,6 +207,40 @@ def test_a_stop_among_the_drafts_trims_and_counts_the_rollback_from_what_was_gen
     assert r["after_update"]["num_computed_tokens"] == r["after_schedule"]["num_computed_tokens"]  # 0 rejected
 
 
+def test_a_discarded_output_rolls_nothing_back():
+    r = spec_trace(("G", 3, 10, None), [(0, 0), (2, 1), (3, None)])[-1]
+    assert r["generated"] == [] and r["new_token_ids"] == [] and r["after_update"] == r["after_schedule"]
+    assert r["after_schedule"]["num_computed_tokens"] == r["before"]["num_computed_tokens"] + 4  # 1 + 3 drafts, all kept
+    # The replay ends there (the request left the batch), whatever steps follow.
+    assert len(spec_trace(("G", 3, 10, None), [(0, 0), (3, None), (2, 2)])) == 2
+
+
+@pytest.mark.parametrize(
+    "guard",
+    [
+        "    if scheduled_spec_token_ids:\n",  # the row: drafts alone (vLLM's crash: k + 1 − 0)
+        "    if True:\n",  # no guard at all: even a step without drafts takes back 1
+    ],
+)
+def test_a_rollback_without_output_loses_points(graded, guard):
+    report = graded(f"guard {guard.strip()}", ("    if scheduled_spec_token_ids and generated_token_ids:\n", guard), task="ch27.3")
+    r = result(report, "an output that comes back empty")
+    assert r.status == "failed" and r.hints == ["rollback_without_output"]
+    assert "the step's output came back empty for it" in r.message
+    edges = result(report, "edge cases")
+    assert edges.status == "failed" and edges.hints == ["rollback_without_output"]
+    assert result(report, "figure instance").status == "passed", "with something generated, the guard changes nothing"
+
+
+def test_the_spec_invariants_hold_on_a_discarded_step_and_name_a_rollback_there():
+    trace = copy.deepcopy(spec_trace(("G", 3, 10, None), [(0, 0), (2, 1), (3, None)]))
+    hidden_checks.check_spec_invariants(trace, "case")
+    trace[-1]["after_update"]["num_computed_tokens"] -= 4
+    with pytest.raises(CheckFailed, match="must leave the request as schedule_spec left it") as e:
+        hidden_checks.check_spec_invariants(trace, "case")
+    assert e.value.hints == ["rollback_without_output"]
+
+
 def test_a_forgotten_rollback_is_explained_and_marked(graded):
     report = graded.mistake("no_rollback")
     r = result(report, "figure instance", task="ch27.3")

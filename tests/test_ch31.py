@@ -9,11 +9,14 @@ from itertools import combinations
 import pytest
 import torch
 from figure_layout import curves, lines, off_canvas, overlap, rects, reference_figures, reference_records, texts
+from local_trial import reference_trial
 from mutate import figure_file, mutant_grader, result, tasks_not_passed, wrong_elements
 
 from figures.style import MARGIN
 from grader import chapters
 from grader.checks import ch31 as checks
+from grader.hidden import ch31 as hidden_checks
+from grader.hidden import ch31_models as models
 from solutions import ch31_moe_eplb as ref
 
 SEED = 31
@@ -253,6 +256,25 @@ def test_another_order_of_equal_loads_passes_every_eplb_check(graded):
     ours, _, logcnt = ref.rebalance_experts(weight, *args)
     assert not torch.equal(theirs, ours), "the tie between e5 and e0's replicas goes the other way"
     assert checks.packed_in_some_order(theirs, logcnt, weight, ours, args)
+    # Step 1: groups of equal load taken the other way put other experts on each node, and that is EPLB's too.
+    weight, args = torch.tensor([[10.0, 20.0, 30.0, 0.0, 12.0, 8.0, 4.0, 6.0]]), (8, 4, 2, 4)
+    theirs = namespace["rebalance_experts"](weight, *args)[0]
+    placements = models.step1_orders(ref, weight, args)[0]
+    assert not torch.equal(theirs, ref.rebalance_experts(weight, *args)[0]) and len(placements) == 2
+    assert any(torch.equal(theirs[0], p) for p, _ in placements)
+
+
+def test_a_step2_tie_to_the_higher_index_is_explained(graded):
+    report = graded.mistake("step2_tie_high", task="ch31.3")
+    r = result(report, "integer token counts with equal loads")
+    assert r.status == "failed" and r.hints == ["step2_tie_high"]
+    assert "expert 0 gets 3 replica(s)" in r.message
+
+
+def test_the_reference_keeps_every_eplb_point_on_integer_loads_over_many_seeds():
+    for seed in range(40):
+        for check in (hidden_checks.eplb_random_hierarchical, hidden_checks.eplb_random_global):
+            check(reference_trial(check, seed, ref))
 
 
 def test_a_placement_no_greedy_order_gives_is_still_refused():

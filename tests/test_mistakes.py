@@ -85,3 +85,47 @@ def test_hints_are_filled_and_carry_their_id():
     assert hint == row.message and hint.id == row.id
     with pytest.raises(KeyError, match="no mistake"):
         mistakes(chapter_id).hint("no_such_mistake")
+
+
+HIDDEN_NAMED = [
+    ("ch15", "reshape", "random tables and ids of any shape"),  # a 0-d case cannot tell; a later one does
+    ("ch15", "out_in_swapped", "agreement with transformers' Qwen3ForCausalLM"),
+    ("ch15", "shard_zero", "loading real tensors"),
+    ("ch19", "one_sign", "a rotation keeps every head's length"),
+    ("ch19", "no_offset", "a chunk after a cache gives the rows"),
+    ("ch19", "rotated_v", "agreement with transformers' Qwen3Attention: a chunk"),
+    ("ch20", "mixes_tokens", "random widths, leading shapes and bf16"),
+    ("ch21", "last_index", "appends of 0 tokens"),
+    ("ch21", "swapped_kv", "agrees with transformers' DynamicLayer"),
+    ("ch23", "probabilities", "random batches with per-row top_k and top_p"),
+    ("ch24", "budget_used_up", "invariants of your own trace"),
+    ("ch24", "cached_is_computed", "invariants of your counters"),
+    ("ch25", "slot_is_position", "random chunks after a cached prefix"),
+    ("ch25", "hash_bytes", "memory pressure"),
+    ("ch25", "revived_ref", "invariants hold on your own trace"),
+    ("ch27", "length_cap_missed", "invariants on your own trace: tokens in order"),
+    ("ch27", "no_launch_ahead", "invariants on your own trace: placeholders"),
+    ("ch28", "unchained", "random requests, block sizes and identity keys"),
+    ("ch28", "salt_everywhere", "a long prompt"),
+    ("ch29", "itl_mean_of_means", "random timestamp sets"),
+    ("ch31", "logit_weights", "random router logits"),
+    ("ch31", "weights_in_row_order", "round trips through your dispatch and combine"),
+    ("ch31", "concatenated", "bfloat16 rows, top-1, one rank"),
+]
+"""Hidden checks that once failed these mistakes without naming them: a property of the student's own trace, an
+oracle other than the reference, or a first random case that fits several mistakes. Each now names the row."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter_id, mistake_id, check_name", HIDDEN_NAMED, ids=lambda v: v if isinstance(v, str) else None)
+def test_hidden_checks_name_the_mistake_that_fails_them(tmp_path, chapter_id: str, mistake_id: str, check_name: str):
+    row = next(m for m in table(chapter_id) if m.id == mistake_id)
+    submission = mutant(tmp_path / "submission", chapter_id, *row.edits)
+    found = []
+    for task in row.tasks:
+        report = check(
+            chapter_id, submission=submission, task=task, public=False, hidden=True, seed=SEED, figures_dir=None, time_limit=TIME_LIMIT
+        )
+        found += [r for r in report.results if r.name.startswith(check_name)]
+    assert len(found) == 1, [r.name for r in found]
+    assert found[0].status == "failed" and found[0].hints == [mistake_id], (found[0].status, found[0].hints, found[0].message[:400])

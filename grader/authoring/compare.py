@@ -8,7 +8,7 @@ Every helper raises `CheckFailed` with the message to show.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -47,12 +47,39 @@ class CheckFailed(Exception):
         self.hints = [h.id for h in named if isinstance(h, Hint) and h.id]
         super().__init__("\n".join(self.lines + ([f"hint: {self.hint}"] if self.hint else [])))
 
+    def named_by(self, other: "CheckFailed | None") -> "CheckFailed":
+        """The same failure with `other`'s hint: a property of the student's own trace that fails is named by the
+        mistake a comparison with the reference on the same inputs finds (itself when it names one already, or when
+        `other` names none)."""
+        if self.hints or other is None or not other.hints:
+            return self
+        failed = type(self).__new__(type(self))
+        CheckFailed.__init__(failed, *self.lines, hint=other.hint)
+        failed.hints = list(other.hints)
+        return failed
+
     def within(self, *lines: str) -> "CheckFailed":
         """The same failure with `lines` of context before it (the inputs, the case, the step)."""
         failed = type(self).__new__(type(self))
         CheckFailed.__init__(failed, *lines, *self.lines, hint=self.hint)
         failed.hints = list(self.hints)
         return failed
+
+
+def first_named(cases: Iterable[Callable[[], object]]) -> None:
+    """Run every case of a check; re-raise the first failure that names a mistake of the chapter's table (a hint id),
+    else the first failure. A random case whose wrong answer fits several mistakes, or none in float precision, then
+    does not hide a later case that names the one it is."""
+    first: CheckFailed | None = None
+    for case in cases:
+        try:
+            case()
+        except CheckFailed as failure:
+            if failure.hints:
+                raise
+            first = first or failure
+    if first is not None:
+        raise first
 
 
 class Blocked(Exception):

@@ -689,6 +689,16 @@ def attention_hint(
     )
 
 
+def reference_hint(t: Trial, y: torch.Tensor, q, k, v, wq, wk, base: float, eps: float, k_cache=None, v_cache=None) -> str:
+    """The hint for a wrong rope_attention output `y` judged by another oracle (a whole prefill, transformers): the
+    misconception of `attention_models` that reproduces it on the same inputs, as the reference comparison names it."""
+    want = t.ref.rope_attention(q, k, v, wq, wk, base, eps, k_cache, v_cache)
+    models = t.ref.drive(attention_models, q, k, v, wq, wk, base, eps, k_cache, v_cache)
+    qk = t.ref.qk_norm_rope(q, k, wq, wk, models["positions"], base, eps)
+    mistake = attention_mistake(y, want, models["variants"])
+    return attention_hint(t, mistake, q, k, wq, wk, base, eps, models["positions"], qk) if mistake or not agrees(y, want) else ""
+
+
 def explain_attention(
     t: Trial,
     y: torch.Tensor,

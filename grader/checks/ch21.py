@@ -151,10 +151,18 @@ def explain_length(label: str, got, length: int, n: int) -> int:
     value = expect_int(got, what=f"append_kv's return value (the new length) {label}")
     if value == length + n:
         return value
-    hint = M.old_length if value == length else M.count_only if value == n else M.last_index if value == length + n - 1 else ""
     raise CheckFailed(
-        f"{label}: {length} cached + {n} new → the new length is {length} + {n} = {length + n}; yours: {value}", hint=hint if n else ""
+        f"{label}: {length} cached + {n} new → the new length is {length} + {n} = {length + n}; yours: {value}",
+        hint=length_hint(value, length, n),
     )
+
+
+def length_hint(value: int, length: int, n: int) -> str:
+    """The misreading of the returned length that gives `value` after appending n tokens at `length`, when exactly one
+    does ('' otherwise: with n = 0 the old length is the right one, and misreadings may coincide)."""
+    readings = [(M.old_length, length), (M.count_only, n), (M.last_index, length + n - 1)]
+    fits = [hint for hint, v in readings if v == value != length + n]
+    return fits[0] if len(fits) == 1 else ""
 
 
 def explain_append(

@@ -32,11 +32,14 @@ ATOL, RTOL = 1e-6, 1e-5  # processed logits: one float32 rounding of logits / T
 TIE = 1e-6  # a drawn token is accepted when its p / E is this close (relative) to the best
 ALPHA = 1e-6  # a correct sampler fails a goodness-of-fit test with probability < ALPHA
 CLAMP = 1e-10  # nano-vllm clamps the exponential noise to ≥ 1e-10
+HALF_RACE = "the race in the logits' 16-bit dtype (never upcast to float32)"
 
 race_variants = hidden_model("ch23_models.race_variants")
 """`t.ref.drive(race_variants, logits, temperature, noise)`: {wrong sampler: its tokens on the same noise}."""
 strict_top_k = hidden_model("ch23_models.strict_top_k")
 """`t.ref.drive(strict_top_k, scaled, ks)`: top-k read as exactly k indices."""
+strict_top_p = hidden_model("ch23_models.strict_top_p")
+"""`t.ref.drive(strict_top_p, processed, ps)`: top-p read with < for ≤."""
 
 # ch23-sampling-path: one row of 8 logits through temperature, top-k, top-p and the race.
 PATH_LOGITS = [1.2, 3.0, -0.5, 2.2, 0.3, 2.6, -1.4, 1.7]
@@ -122,6 +125,27 @@ def topp_crossing(t: Trial) -> None:
     got = t.yours.process_logits(logits, temp, top_p=top_p)
     expect_processed(
         t, got, logits, temp, None, top_p, case='case "top-p crossing": softmax = [0.5, 0.3, 0.2], top_p = [0.6, 1.0] (per row), T = 1'
+    )
+
+
+@public("ch23.1", "top-p on exact boundaries: an entry whose mass equals 1 − top_p is removed (≤)")
+def topp_boundary(t: Trial) -> None:
+    # Equal logits have probabilities 1/4 or 1/8, and their running masses and 1 − top_p are exact in float32. Row 0:
+    # top_k = 4 leaves four equal entries, and top_p = 0.5 keeps two (the second holds exactly 1 − 0.5 with the
+    # first); rows 1 and 2: eight equal entries, top_p = 0.25 keeps two, 0.75 keeps six; row 3: four of eight, 0.75
+    # keeps three. Which of the equal entries go is the sort's choice, not graded.
+    logits = torch.tensor([[2.0, -1.0, 2.0, 0.5, 2.0, -3.0, 2.0, 1.0], [0.3] * 8, [-1.2] * 8, [1.0, 1.0, 0.0, 1.0, -2.0, 0.0, 1.0, 0.5]])
+    temp = torch.tensor([1.0, 0.7, 1.3, 1.0])
+    top_k, top_p = torch.tensor([4, 8, 8, 4]), torch.tensor([0.5, 0.25, 0.75, 0.75])
+    got = t.yours.process_logits(logits, temp, top_k, top_p)
+    expect_processed(
+        t,
+        got,
+        logits,
+        temp,
+        top_k,
+        top_p,
+        case='case "exact boundaries": 4 or 8 equal entries, top_k = [4, 8, 8, 4], top_p = [0.5, 0.25, 0.75, 0.75]: they keep 2, 2, 6, 3',
     )
 
 
@@ -266,7 +290,7 @@ def expect_processed(
     steps = reference_steps(t, logits, temperature, top_k, top_p)
     mine = expect_tensor(got, what=f"the processed logits of {plural(B, 'row')} × {V} tokens", shape=[B, V], dtype=torch.float32)
     bad = wrong_entries(mine, want)
-    if not bad.any():
+    if not bad.any() or only_ties_swapped(mine, want, steps["scaled"]):
         return mine
     b, j = (int(i) for i in bad.nonzero()[0])
     raise explain_processed(mine, want, steps, logits, temperature, top_k, top_p, b, j, case=case)
@@ -278,7 +302,7 @@ def reference_steps(t: Trial, logits: torch.Tensor, temperature: torch.Tensor, t
     Computed for every row before comparing, whatever the answer (a student release replays t.ref in
     order): "scaled" (temperature only), "after k" (+ top-k), and the misreadings that `processed_hint`
     recognises: top-k with k ∓ 1, exactly k indices ("strict k"), top-p before top-k, top-p at T = 1 and
-    at 1 / T.
+    at 1 / T, top-p with < for ≤ ("strict p").
     """
     B, V = logits.shape
     run = lambda x=logits, T=temperature, k=top_k, p=top_p: t.ref.process_logits(x, T, k, p)
@@ -295,7 +319,22 @@ def reference_steps(t: Trial, logits: torch.Tensor, temperature: torch.Tensor, t
             steps["top-p first"] = run(run(k=None), ones, p=None)
     if top_p is not None:
         steps["T = 1"], steps["1 / T"] = run(T=ones), run(T=1 / temperature)
+        steps["strict p"] = t.ref.drive(strict_top_p, steps["after k"], [_row_value(top_p, b, B) for b in range(B)])
     return steps
+
+
+def only_ties_swapped(mine: torch.Tensor, want: torch.Tensor, scaled: torch.Tensor) -> bool:
+    """Whether `mine` differs from `want` only in which of several equal entries top-p removed: in every row each
+    finite entry is that entry's logits / T, every other entry is −∞, and the values kept are the same (as a
+    multiset). Among equal entries the sort decides, so any choice is right."""
+    keep_mine, keep_want = mine != NEG_INF, want != NEG_INF
+    if bool(wrong_entries(mine[keep_mine], scaled[keep_mine]).any()) or bool((mine[~keep_mine] != NEG_INF).any()):
+        return False
+    for b in range(mine.shape[0]):
+        kept = lambda keep: scaled[b][keep[b]].sort().values
+        if not torch.equal(kept(keep_mine), kept(keep_want)):
+            return False
+    return True
 
 
 def wrong_entries(mine: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
@@ -327,7 +366,7 @@ def explain_processed(
     row = f"row {b}{f' of {B}' if B > 1 else ''} ({row_setting(temperature, top_k, top_p, b, B, V)}): logits {vec(logits[b])}"
     expected, yours = float(want[b, j]), float(mine[b, j])
     if want[b, j] != NEG_INF:
-        reasons = [r for r in (_topk_reason(scaled, k, j, V), _topp_reason(after_k, k, p, j)) if r]
+        reasons = [r for r in (_topk_reason(scaled, k, j, V), _topp_reason(after_k, k, p, j, want[b])) if r]
         token = (
             f"token {j}: logits / T = {fmt(float(logits[b, j]))} / {fmt(T)} = {fmt(expected)}"
             + (f"; it stays: {'; '.join(reasons)}" if reasons else "")
@@ -335,7 +374,7 @@ def explain_processed(
         )
     else:
         removed_by_k = k is not None and after_k[j] == NEG_INF
-        reason = _topk_reason(scaled, k, j, V) if removed_by_k else _topp_reason(after_k, k, p, j)
+        reason = _topk_reason(scaled, k, j, V) if removed_by_k else _topp_reason(after_k, k, p, j, want[b])
         token = f"token {j} (logits / T = {fmt(float(scaled[j]))}) should be −∞: {reason}; yours: {fmt(yours)}"
     hint = processed_hint(mine[b], want[b], logits[b], T, b, k, p, j, {name: x[b] for name, x in steps.items()})
     return CheckFailed(case, row, token, hint=hint)
@@ -351,7 +390,7 @@ def _topk_reason(scaled: torch.Tensor, k, j: int, V: int) -> str:
     return f"top-k = {k} removes it ({fmt(v)} < {fmt(kth)}, the {ordinal(k)} largest value of logits / T)"
 
 
-def _topp_reason(after_k: torch.Tensor, k, p, j: int) -> str:
+def _topp_reason(after_k: torch.Tensor, k, p, j: int, want: torch.Tensor) -> str:
     if p is None or p >= 1 or after_k[j] == NEG_INF:
         return ""
     q = after_k.softmax(-1)
@@ -362,6 +401,15 @@ def _topp_reason(after_k: torch.Tensor, k, p, j: int) -> str:
         if k is not None
         else f"its probability softmax(logits / T) is {fmt(float(q[j]))}"
     )
+    tied = after_k == after_k[j]
+    if int(tied.sum()) > 1:
+        n, kept = int(tied.sum()), int((tied & (want != NEG_INF)).sum())
+        return (
+            f"{first}, as for {plural(n - 1, 'other equal entry', 'other equal entries')}; the larger tokens hold {fmt(above)}; "
+            f"counted in the order of the sort, the running mass (the smaller entries included) stays ≤ 1 − top_p = "
+            f"{fmt(1 - p)} over {n - kept} of the equal entries, which go, so top-p keeps {kept} of the {n} (which ones is the "
+            "sort's choice)"
+        )
     if above < p:
         return f"{first}; the larger tokens hold {fmt(above)} < top_p = {fmt(p)}, so top-p keeps it"
     return (
@@ -387,6 +435,8 @@ def processed_hint(mine: torch.Tensor, want: torch.Tensor, logits_row: torch.Ten
             return M.temperature_ignored.format(b=b, T=fmt(T))
         if close(yours, float(want.softmax(-1)[j])):
             return M.probabilities
+    if bool(torch.isfinite(mine).all()) and torch.allclose(mine, want.softmax(-1), atol=ATOL, rtol=RTOL):
+        return M.probabilities  # the whole row is softmax of the processed logits (0 where filtered)
     if torch.equal(mk, wk):
         return ""
     kept = {name: _kept(row) for name, row in steps.items()}
@@ -401,6 +451,8 @@ def processed_hint(mine: torch.Tensor, want: torch.Tensor, logits_row: torch.Ten
         kept["crossing dropped"] = wk.clone()
         kept["crossing dropped"][torch.where(wk, want, torch.full_like(want, math.inf)).argmin()] = False
         misreadings.append(("crossing dropped", M.crossing_dropped))
+        # < for ≤ differs from the reference only on an exact boundary, where it is the likeliest cause.
+        misreadings.insert(0, ("strict p", M.topp_strict))
         if k is not None:
             misreadings.append(("top-p first", M.topp_first))
         misreadings += [("T = 1", M.topp_before_temperature), ("1 / T", M.temperature_multiplied)]
@@ -426,6 +478,7 @@ def race_hints() -> dict[str, Hint]:
         "the race on softmax(logits) (temperature left out)": M.race_temperature_ignored,
         "argmax((logits / T) / E)": M.race_logits,
         "the race with unclamped noise": M.unclamped,
+        HALF_RACE: M.no_upcast,
     }
 
 

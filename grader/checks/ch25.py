@@ -124,6 +124,15 @@ def others_untouched(t: Trial) -> None:
     run_store_case(t, (4, 4, 2, 3), [13, 2, 7])
 
 
+@public("ch25.2", "caches that are views of one pool: K and V sliced from [num_blocks, 2, block_size, H, D], or permuted")
+def pool_views(t: Trial) -> None:
+    # vLLM allocates each layer's KV as one tensor and hands the attention backend views of it: K = pool[:, 0] and
+    # V = pool[:, 1] (FlashInfer's [num_blocks, 2, block_size, H, D]), or a [num_blocks, H, block_size, D] layout
+    # permuted to [num_blocks, block_size, H, D]. Neither view is contiguous.
+    run_store_case(t, (4, 4, 2, 3), [13, 2, -1, 7, 0], layout="pool")
+    run_store_case(t, (3, 2, 2, 4), [5, 1, 2], layout="permuted")
+
+
 # -- ch25.3 ---------------------------------------------------------------------------------------------------
 
 
@@ -387,19 +396,44 @@ def run_slot_case(t: Trial, table: list[int], positions: list[int], block_size: 
     return expect_slots(got, want, table, positions, block_size, variants)
 
 
+LAYOUTS = {
+    "fresh": "fresh contiguous caches",
+    "pool": "K = pool[:, 0] and V = pool[:, 1] of one pool [num_blocks, 2, block_size, H, D]",
+    "permuted": "caches stored [num_blocks, H, block_size, D], permuted to [num_blocks, block_size, H, D]",
+}
+
+
 def run_store_case(
-    t: Trial, cache_shape: tuple[int, int, int, int], slots: list[int], *, fill: float | None = None, dtype: torch.dtype = torch.float32
+    t: Trial,
+    cache_shape: tuple[int, int, int, int],
+    slots: list[int],
+    *,
+    fill: float | None = None,
+    dtype: torch.dtype = torch.float32,
+    layout: str = "fresh",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Call the student's store_kv on fresh caches and compare both caches with the reference's."""
-    n, (_, block_size, heads, dim) = len(slots), cache_shape
+    """Call the student's store_kv on caches laid out as `layout` (one of LAYOUTS) and compare both caches with the
+    reference's."""
+    n, (num_blocks, block_size, heads, dim) = len(slots), cache_shape
     k = torch.randn(n, heads, dim, generator=t.rng).to(dtype)
     v = torch.randn(n, heads, dim, generator=t.rng).to(dtype)
-    if fill is None:
+    if layout == "pool":
+        pool = torch.randn(num_blocks, 2, block_size, heads, dim, generator=t.rng).to(dtype)
+        k_cache, v_cache = pool[:, 0], pool[:, 1]
+    elif layout == "permuted":
+        stored = [torch.randn(num_blocks, heads, block_size, dim, generator=t.rng).to(dtype) for _ in range(2)]
+        k_cache, v_cache = (x.permute(0, 2, 1, 3) for x in stored)
+    elif fill is None:
         k_cache = torch.randn(cache_shape, generator=t.rng).to(dtype)
         v_cache = torch.randn(cache_shape, generator=t.rng).to(dtype)
     else:
         k_cache, v_cache = torch.full(cache_shape, fill, dtype=dtype), torch.full(cache_shape, fill, dtype=dtype)
-    return check_store(t, k_cache, v_cache, k, v, slots, block_size)
+    if fill is not None and layout != "fresh":
+        k_cache.fill_(fill), v_cache.fill_(fill)
+    try:
+        return check_store(t, k_cache, v_cache, k, v, slots, block_size)
+    except CheckFailed as failure:
+        raise failure.within(f"{LAYOUTS[layout]} {list(cache_shape)}") if layout != "fresh" else failure
 
 
 def check_store(
@@ -411,7 +445,14 @@ def check_store(
     want_k, want_v = k_cache.clone(), v_cache.clone()
     t.ref.store_kv(want_k, want_v, k, v, list(slots))
     got_k, got_v = call.args[0], call.args[1]
-    expect_cache(got_k, got_v, want_k, want_v, list(slots), block_size, (k, v))
+    try:
+        expect_cache(got_k, got_v, want_k, want_v, list(slots), block_size, (k, v))
+    except CheckFailed as failure:
+        # Nothing written into a view that is not contiguous: reshape copied it, and the copy took the writes.
+        untouched = isinstance(got_k, torch.Tensor) and torch.equal(got_k, k_cache) and torch.equal(got_v, v_cache)
+        if untouched and not k_cache.is_contiguous() and not failure.hints:
+            raise CheckFailed(*failure.lines, "your store_kv left both caches exactly as they were", hint=M.reshape_copy) from None
+        raise
     return got_k, want_k
 
 

@@ -246,6 +246,8 @@ def explain_table(op: list, before: dict, w: dict, y: dict, bs: int) -> CheckFai
             hint = M.lifo
         elif got[:n] != want[:n]:
             hint = M.cached_blocks_not_reused
+        elif any(b in got[n:] for b in want[:n] if b in free):
+            hint = M.revived_stays_free  # a hit on a free block left it in the free list, which hands it out again
         return CheckFailed(line, why, hint=hint)
     if kind == "may_append":
         n = len(before["seqs"][name])
@@ -308,7 +310,13 @@ def explain_hash(op: list, j: int, before: dict, w: dict, y: dict, note: dict) -
             line,
             f"block {j} is {name}'s logical block {i}, tokens {w['tokens'][j]}: full, and this step "
             f"computed its last token, so hash_blocks hashes it with compute_hash(tokens, prefix = {prev})",
-            hint=M.unchained if got == note.get("unchained", {}).get(j) and i else M.hash_not_all if got == -1 else "",
+            hint=M.unchained
+            if got == note.get("unchained", {}).get(j) and i
+            else M.hash_not_all
+            if got == -1
+            else M.hash_bytes
+            if got == int.from_bytes(want.to_bytes(8, "little"), "big")
+            else "",
         )
     if want == -1 and kind in ("allocate", "may_append") and before["hash"][j] != -1:
         return CheckFailed(line, f"block {j} was taken from the free list for new tokens: its old hash goes (ref 1, hash −1)")

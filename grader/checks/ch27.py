@@ -166,6 +166,14 @@ def spec_stops(t: Trial) -> None:
     run_spec_case(t, "EOS on the last allowed token", ("E", 2, 3, 2), [(0, 0), (3, 3)])
 
 
+@public("ch27.3", "an output that comes back empty (its sample discarded): nothing rolled back, nothing appended")
+def spec_discarded(t: Trial) -> None:
+    # The request is preempted or aborted while its step runs, so the runner hands back no token for it: with
+    # drafts, k + 1 − 0 would take back k + 1 positions that were never rejected; without, 1.
+    run_spec_case(t, "discarded with drafts", ("G", 3, 10, None), [(0, 0), (2, 1), (3, None)])
+    run_spec_case(t, "discarded prefill", ("H", 5, 10, None), [(0, None)])
+
+
 # -- helpers ------------------------------------------------------------------------------------------------
 def drive_pieces(ref, config: dict) -> dict:
     """Reference for 'piece by piece': schedule, execute, update by hand, with states in between."""

@@ -252,7 +252,8 @@ def drive_spec(ref, request: tuple, rounds: list) -> dict:
     """The concrete config and draft lists of a spec script, and the reference's trace of them (its
     `replay_spec`). `request` is (request_id, prompt length, max_tokens, EOS position among the outputs or
     None); each round (k, a) is k drafts of which the first a are right (the rest are wrong by WRONG_DRAFT);
-    (0, 0) is a step without drafts."""
+    (0, 0) is a step without drafts; (k, None) a step with k drafts whose output comes back empty (discarded),
+    the replay's last."""
     rid, plen, max_tokens, eos_after = request
     config = {
         "request_id": rid,
@@ -260,12 +261,21 @@ def drive_spec(ref, request: tuple, rounds: list) -> dict:
         "max_tokens": max_tokens,
         "eos_token_id": None if eos_after is None else ref.fake_token(rid, plen + eos_after),
     }
-    drafts, known = [], plen
+    drafts: list = []
+    known = plen
     for k, a in rounds:
         right = [ref.fake_token(rid, known + i) for i in range(k)]
+        if a is None:
+            drafts.append({"drafts": right, "discarded": True})
+            continue
         drafts.append([tok if i < a else tok + ref.WRONG_DRAFT for i, tok in enumerate(right)])
         known += min(a, k) + 1
     return {"config": config, "rounds": drafts, "trace": ref.replay_spec(config, drafts)}
+
+
+def round_drafts(step: list | dict) -> list:
+    """The drafts of a round of `drive_spec`'s rounds (a list, or a discarded step's dict)."""
+    return step["drafts"] if isinstance(step, dict) else step
 
 
 def run_spec_case(t: Trial, case: str, request: tuple, rounds: list, figure: str | None = None) -> list:
@@ -294,7 +304,10 @@ def check_spec_trace(yours: object, drafts: list, want: list, head: str) -> list
 
 def describe_spec_case(config: dict, drafts: list, limit: int = 6) -> str:
     eos = "" if config["eos_token_id"] is None else f", eos {config['eos_token_id']}"
-    steps = [f"{len(d)} drafts" if d else "no drafts" for d in drafts]
+    steps = [
+        (f"{len(round_drafts(d))} drafts" if round_drafts(d) else "no drafts") + (" (output discarded)" if isinstance(d, dict) else "")
+        for d in drafts
+    ]
     more = f", … {len(steps) - limit} more" if len(steps) > limit else ""
     return (
         f"{config['request_id']}: prompt {len(config['prompt_token_ids'])}, max_tokens {config['max_tokens']}{eos}; "
@@ -303,8 +316,10 @@ def describe_spec_case(config: dict, drafts: list, limit: int = 6) -> str:
 
 
 def spec_step_what(drafts: list, k: int) -> str:
-    d = drafts[k] if k < len(drafts) else []
-    return f"drafts {d}, then schedule_spec and update_spec" if d else "no drafts, then schedule_spec and update_spec"
+    step = drafts[k] if k < len(drafts) else []
+    d = round_drafts(step)
+    what = f"drafts {d}, then schedule_spec and update_spec" if d else "no drafts, then schedule_spec and update_spec"
+    return what + (" with no generated token (the output was discarded)" if isinstance(step, dict) else "")
 
 
 def spec_str(s: dict) -> str:
@@ -347,10 +362,15 @@ def spec_difference(k: int, m: dict, w: dict) -> CheckFailed | None:
     if mu == wu and new == wnew:
         return None
     accepted = len(gen) - 1
+    verified = (
+        f"the target model generated {gen} ({accepted} of {len(drafts)} drafts accepted, {len(drafts) - accepted} rejected)"
+        if gen
+        else "the step's output came back empty for it (its sample discarded: preempted or aborted meanwhile), so nothing was "
+        "verified: nothing to roll back, nothing to append"
+    )
     lines = [
         ctx,
-        f"scheduled {wsched['num_scheduled_tokens']} tokens with drafts {drafts}; the target model "
-        f"generated {gen} ({accepted} of {len(drafts)} drafts accepted, {len(drafts) - accepted} rejected)",
+        f"scheduled {wsched['num_scheduled_tokens']} tokens with drafts {drafts}; {verified}",
         f"update_spec should return {wnew} and leave it {spec_str(wu)}",
         f"yours: {new!r:.120}, {spec_str(mu) if isinstance(mu, dict) else repr(mu)[:200]}",
     ]
@@ -361,6 +381,9 @@ def spec_update_hint(m: dict, w: dict) -> str:
     """The mistake a wrong update_spec most likely is, from what it returned and the counters it left."""
     drafts, gen, mu, wu = w["drafts"], w["generated"], m["after_update"], w["after_update"]
     new, wnew = m["new_token_ids"], w["new_token_ids"]
+    if not gen:
+        moved = mu["num_computed_tokens"] != w["after_schedule"]["num_computed_tokens"]
+        return M.rollback_without_output if moved and mu["output_token_ids"] == wu["output_token_ids"] else ""
     if drafts and new == gen[:-1] and wnew != new:
         return M.bonus_rejected
     if isinstance(new, list) and len(new) > len(wnew) and new[: len(wnew)] == wnew:

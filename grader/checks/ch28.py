@@ -43,8 +43,9 @@ FIGURE_HIT = (8, 4, 2)
 
 M = mistakes("ch28")
 
-salt_everywhere = hidden_model("ch28_models.salt_everywhere")
-"""`t.ref.drive(salt_everywhere, tokens, block_size, cache_salt)`: the hashes with the salt in every block."""
+variant_hashes = hidden_model("ch28_models.variant_hashes")
+"""`t.ref.drive(variant_hashes, tokens, block_size, keys, chained=False | salt_all=True)`: the hashes unchained, or with
+the salt in every block."""
 
 
 # -- ch28.1 block hashes ---------------------------------------------------------------------------------------
@@ -190,10 +191,9 @@ def reference_variants(t: Trial, tokens: list[int], bs: int, keys: dict) -> tupl
     variants = {"keys": t.ref.block_hashes(tokens, bs)} if len(keys) > 1 else {}
     for k in keys:
         variants[k] = t.ref.block_hashes(tokens, bs, **{n: v for n, v in keys.items() if n != k})
-    n = len(tokens) // bs
-    variants["unchained"] = [t.ref.block_hashes(tokens[i * bs : (i + 1) * bs], bs)[0] for i in range(n)] if not keys and n <= 64 else []
-    if keys.keys() == {"cache_salt"} and keys["cache_salt"] is not None:
-        variants["salt everywhere"] = t.ref.drive(salt_everywhere, list(tokens), bs, keys["cache_salt"])
+    variants["unchained"] = t.ref.drive(variant_hashes, list(tokens), bs, dict(keys), chained=False)
+    if keys.get("cache_salt") is not None:
+        variants["salt everywhere"] = t.ref.drive(variant_hashes, list(tokens), bs, dict(keys), salt_all=True)
     return want, variants
 
 

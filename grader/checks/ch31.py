@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, describe, expect_tensor, first_wrong, fmt, mistakes, plural, public, vec, wrong_mask
+from grader.authoring import (
+    CheckFailed,
+    Trial,
+    describe,
+    expect_tensor,
+    first_wrong,
+    fmt,
+    hidden_model,
+    mistakes,
+    plural,
+    public,
+    vec,
+    wrong_mask,
+)
 
 ATOL, RTOL = 1e-6, 1e-5  # route_topk's weights
 COMBINE_TOL = 1e-4  # combine's outputs, absolute and relative
@@ -29,6 +42,12 @@ W4_PHY2LOG = [[0, 1, 2, 3, 0, 2]]
 W4_EXPERTS = 4
 
 M = mistakes("ch31")
+
+step2_ties_high = hidden_model("ch31_models.step2_ties_high")
+"""`t.ref.drive(step2_ties_high, weight, args)`: logcnt when step 2 gives ties to the higher node-local index."""
+step1_orders = hidden_model("ch31_models.step1_orders")
+"""`t.ref.drive(step1_orders, weight, args)`: per layer, every placement (phy2log, logcnt) EPLB gives when groups of
+equal load arrive in another order in step 1 (its sort is unstable), the reference's first."""
 
 
 # -- ch31.1 ----------------------------------------------------------------------------------------------------------
@@ -177,6 +196,16 @@ def eplb_no_redundancy(t: Trial) -> None:
     )
 
 
+@public("ch31.3", "integer token counts with equal loads: any order of equal groups (step 1), the lower index on a tie (step 2)")
+def eplb_equal_loads(t: Trial) -> None:
+    # Real loads are token counts, so loads tie. Step 1: the groups of 2 experts hold 30, 30, 20 and 10 tokens; EPLB
+    # sorts them with an unstable sort, so either order of the two 30s is EPLB's, and each puts other groups together.
+    # Step 2: one node, loads 40, 20, 20, 10 and 2 spare slots: expert 0 takes the first (40); then 40 / 2, 20 and
+    # 20 tie, and EPLB's max takes the first maximum, expert 0 again.
+    run_placement_case(t, torch.tensor([[10.0, 20.0, 30.0, 0.0, 12.0, 8.0, 4.0, 6.0]]), (8, 4, 2, 4), "equal group loads, 1 layer")
+    run_placement_case(t, torch.tensor([[40.0, 20.0, 20.0, 10.0]]), (6, 1, 1, 2), "a tie of load / count, 1 layer")
+
+
 @public("ch31.3", "balancedness over layers is Σ mean / Σ max")
 def balancedness_layers(t: Trial) -> None:
     loads = torch.tensor([[100.0, 60.0, 90.0, 50.0], [10.0, 10.0, 10.0, 30.0]])
@@ -268,8 +297,10 @@ def expect_routing(got, logits: torch.Tensor, k: int, renormalize: bool, want: t
             hint = M.no_renormalize
         elif torch.allclose(w[t], p[ids[t]] / p[ids[t]].sum(), atol=1e-6) and not renormalize:
             hint = M.always_renormalize
-        elif torch.allclose(w[t], logits[t][ids[t]].float(), atol=1e-6):
-            hint = M.logit_weights
+        elif torch.allclose(w[t], logits[t][ids[t]].float(), atol=1e-6) or (
+            renormalize and torch.allclose(w[t], logits[t][ids[t]].float() / logits[t][ids[t]].float().sum(), atol=1e-6, rtol=1e-5)
+        ):
+            hint = M.logit_weights  # the logits themselves, or divided by their sum
     raise CheckFailed(*lines, hint=hint)
 
 
@@ -404,6 +435,8 @@ def combine_hint(out: torch.Tensor, outputs: list, weights: torch.Tensor, handle
         return torch.zeros(out.shape, dtype=torch.float64).index_add_(0, src, y * row_weights[:, None])
 
     close = lambda alt: torch.allclose(out.double(), alt, atol=COMBINE_TOL, rtol=COMBINE_TOL)
+    if y.shape == out.shape and close(y):
+        return M.concatenated  # the ranks' rows as they came back (top-1: one per token, in rank order)
     if close(summed(torch.ones(len(src), dtype=torch.float64))):
         return M.unweighted
     if close(summed(weights.double().reshape(-1))):
@@ -472,10 +505,10 @@ def expect_log2phy(got, phy2log: torch.Tensor, E: int, width: int, case: str) ->
     return log2phy
 
 
-def expect_placement(got, want: tuple, weight: torch.Tensor, args: tuple, case: str, global_hint=None):
+def expect_placement(got, want: tuple, weight: torch.Tensor, args: tuple, case: str, global_hint=None, ties_high=None):
     """Require the student's EPLB placement to equal the reference's, in the terms of EPLB's three steps."""
     num_replicas, num_groups, num_nodes, num_gpus = args
-    w_phy, w_log2phy, w_cnt = want
+    w_phy, _, w_cnt = want
     phy2log, log2phy, logcnt = placement_structure(got, weight, num_replicas, case)
     policy = "hierarchical" if num_groups % num_nodes == 0 else "global"
     inputs = (
@@ -491,6 +524,8 @@ def expect_placement(got, want: tuple, weight: torch.Tensor, args: tuple, case: 
         hint = ""
         if global_hint is not None and torch.equal(logcnt, global_hint[2]) and policy == "hierarchical":
             hint = M.always_global.format(groups=num_groups, nodes=num_nodes)
+        elif ties_high is not None and torch.equal(logcnt, ties_high):
+            hint = M.step2_tie_high
         elif (logcnt[layer] > 1).sum() < (w_cnt[layer] > 1).sum():
             hint = M.raw_load
         raise CheckFailed(
@@ -526,7 +561,7 @@ def expect_placement(got, want: tuple, weight: torch.Tensor, args: tuple, case: 
             f"yours: {int(phy2log[layer, s])} (your GPU loads are right; the order inside a GPU is "
             f"the order in which balanced packing gave it its replicas)",
         )
-    return phy2log, expect_log2phy(log2phy, phy2log, weight.shape[1], w_log2phy.shape[2], case), logcnt
+    return phy2log, expect_log2phy(log2phy, phy2log, weight.shape[1], int(w_cnt.max()), case), logcnt
 
 
 def packed_in_some_order(phy2log: torch.Tensor, logcnt: torch.Tensor, weight: torch.Tensor, w_phy: torch.Tensor, args: tuple) -> bool:
@@ -595,7 +630,28 @@ def run_placement_case(t: Trial, weight: torch.Tensor, args: tuple, case: str):
     got = t.yours.rebalance_experts(weight, *args)
     want = t.ref.rebalance_experts(weight, *args)
     glob = t.ref.rebalance_experts(weight, args[0], 1, 1, args[3])
-    return expect_placement(got, want, weight, args, case, glob)
+    orders, high = t.ref.drive(step1_orders, weight, args), t.ref.drive(step2_ties_high, weight, args)
+    return expect_placement(got, closest_placement(got, want, orders, weight, args), weight, args, case, glob, high)
+
+
+def closest_placement(got, want: tuple, orders: list, weight: torch.Tensor, args: tuple) -> tuple:
+    """The placement to hold the student's to: in each layer, the first of EPLB's placements for an order of equal
+    group loads (`step1_orders`' answer) that theirs equals (up to step 3's order of equal replicas), else the
+    reference's. Only (phy2log, logcnt) are used, and log2phy's width follows logcnt."""
+    try:
+        phy2log, _, logcnt = placement_structure(got, weight, args[0], "")
+    except CheckFailed:
+        return want
+    phys, cnts = list(want[0]), list(want[2])
+    for layer, candidates in enumerate(orders):
+        for w_phy, w_cnt in candidates:
+            rows = (phy2log[layer : layer + 1], logcnt[layer : layer + 1])
+            if torch.equal(rows[1][0], w_cnt) and (
+                torch.equal(rows[0][0], w_phy) or packed_in_some_order(*rows, weight[layer : layer + 1], w_phy[None], args)
+            ):
+                phys[layer], cnts[layer] = w_phy, w_cnt
+                break
+    return torch.stack(phys), None, torch.stack(cnts)
 
 
 def balancedness_wrong(got: float, want: float) -> bool:

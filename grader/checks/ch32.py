@@ -64,6 +64,7 @@ VARIANTS = [
     "bonus from row k − 1",
     "unclamped noise",
     "q(x) = 0 accepted",
+    "float16 arithmetic",
 ]
 """The classic mistakes of verification, as `verify_models` names what each emits, in the order they are tried
 (each is a row of the table of mistakes: `variant_hint`)."""
@@ -325,13 +326,22 @@ def rms_instance(t: Trial) -> None:
     )
 
 
-@public("ch32.4", "a row keeps its bits at any position, beside any neighbours; a last chunk of 4 padded to 8")
+@public("ch32.4", "batch invariance: a row keeps its bits at any position, beside any neighbours (in any order written out by hand)")
 def rms_any_position(t: Trial) -> None:
+    # Invariance alone: an answer that fixes another order than the split's keeps this check's point (the checks
+    # of the order take the others).
     pool = torch.randn(12, 44, generator=t.rng)
     weight = torch.rand(44, generator=t.rng) + 0.5
     batches = [[0], [3, 0], [5, 1, 0, 7], [11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0], [0, 0, 0, 4, 4], [4], [7, 3, 11]]
     run_rms(
-        t, pool, weight, 1e-6, 8, batches, case='case "positions": 12 rows of H = 44 (chunks 8 × 5 + 4), block = 8, shuffled into 7 batches'
+        t,
+        pool,
+        weight,
+        1e-6,
+        8,
+        batches,
+        case='case "positions": 12 rows of H = 44 (chunks 8 × 5 + 4), block = 8, shuffled into 7 batches',
+        order=False,
     )
 
 
@@ -412,6 +422,7 @@ def variant_hint(name: str) -> Hint:
         "bonus from row k − 1": M.bonus_row,
         "unclamped noise": M.unclamped_noise,
         "q(x) = 0 accepted": M.zero_q_accepted,
+        "float16 arithmetic": M.half_precision,
     }[name]
 
 
@@ -758,9 +769,12 @@ def expect_rms(
     models: dict,
     *,
     case: str,
+    order: bool = True,
 ) -> None:
-    """Values close to RMSNorm, each pool row with the same bits in every batch, and those bits the fixed split's
-    (`wants`: the reference's outputs; `models`: `rms_models`' answer for the pool)."""
+    """Values close to RMSNorm, each pool row with the same bits in every batch, and (`order`) those bits the fixed
+    split's (`wants`: the reference's outputs; `models`: `rms_models`' answer for the pool). Without `order`, any
+    order written out by hand passes, but not the library's own sums (`models["library orders"]`), which nothing
+    makes keep their bits on another machine."""
     H = pool.shape[1]
     per_batch = rows_of(models, batches)
     for idx, out, model in zip(batches, outs, per_batch):
@@ -777,6 +791,21 @@ def expect_rms(
     moved = moved_row(outs, batches, case=case, what="over the hidden size")
     if moved:
         raise CheckFailed(*moved[0], hint=M.rms_batch_split)
+    # A hint names a mistake whose bits are the student's in every batch, not in one row by chance.
+    everywhere = lambda key: all(bool(same_bits(out, model[key]).all()) for out, model in zip(outs, per_batch))
+    if not order:
+        library = next((key for key in models["library orders"] if everywhere(key)), None)
+        if library is None:
+            return
+        what = "torch.sum (or .mean) of the squares" if library == "plain sum" else f"torch.sum over each chunk of {models['block']}"
+        raise CheckFailed(
+            case,
+            f"your rows keep their bits from batch to batch here, but they are the bits of {what}: the library picks "
+            "that order from the shape (a GPU kernel splits a lone row across blocks), so nothing makes it stay the "
+            "same in another batch or on another machine",
+            "write the sum out in an order that depends only on H and block",
+            hint=M.rms_plain_sum if library == "plain sum" else M.rms_chunk_sum,
+        )
     for idx, out, want, model in zip(batches, outs, wants, per_batch):
         same = same_bits(out, want)
         if bool(same.all()) or bool(same_bits(out, model["rsqrt"]).all()):
@@ -792,14 +821,20 @@ def expect_rms(
             f"{int((~same).sum())} of {same.numel()} entries differ",
             "your values are right and keep their bits from batch to batch here, but they are not the bits of that order",
         ]
-        # With one chunk, torch.sum over the chunk is torch.sum over the row: name the row's.
+        # With one chunk, torch.sum over the chunk is torch.sum over the row: name the row's. A library sum is named
+        # only where its bits differ from every order written out by hand (a loop over j may give torch.sum's bits).
         sums = [("chunk sum", M.rms_chunk_sum), ("plain sum", M.rms_plain_sum)][:: 1 if H > block else -1]
-        hint = next((h for key, h in [*sums, ("cast first", M.rms_cast_first)] if bool(same_bits(out, model[key]).all())), "")
+        sums = [(key, h) for key, h in sums if key in models["library orders"]]
+        hint = next((h for key, h in [*sums, ("cast first", M.rms_cast_first)] if everywhere(key)), "")
         raise CheckFailed(*lines, hint=hint)
 
 
-def run_rms(t: Trial, pool: torch.Tensor, weight: torch.Tensor, eps: float, block: int, batches: list[list[int]], *, case: str) -> None:
+def run_rms(
+    t: Trial, pool: torch.Tensor, weight: torch.Tensor, eps: float, block: int, batches: list[list[int]], *, case: str, order: bool = True
+) -> None:
+    """The student's RMSNorm of each batch: right values, each row's bits the same in every batch, and (`order`)
+    the bits of the fixed split; without `order`, the bits of any order written out by hand."""
     wants = [t.ref.batch_invariant_rms_norm(pool[idx], weight, eps, block) for idx in batches]
     models = t.ref.drive(rms_models, pool, weight, eps, block)
     outs = collect_rms(t, pool, weight, eps, block, batches)
-    expect_rms(outs, wants, pool, weight, batches, models, case=case)
+    expect_rms(outs, wants, pool, weight, batches, models, case=case, order=order)

@@ -3,10 +3,12 @@ configs, agreement with torch's F.linear and with transformers' Qwen3ForCausalLM
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
-from grader.authoring import CheckFailed, Trial, first_wrong, hidden, vec, wrong_mask
+from grader.authoring import CheckFailed, Trial, first_named, first_wrong, hidden, vec, wrong_mask
 from grader.checks.ch15 import (
     NAMES,
     QWEN3_06B,
@@ -16,6 +18,7 @@ from grader.checks.ch15 import (
     expect_value_error_naming,
     explain_column,
     explain_row,
+    explain_shards,
     row_structure,
     run_checkpoints_case,
     run_column_case,
@@ -26,8 +29,10 @@ from grader.checks.ch15 import (
     run_shard_case,
     run_split_case,
     run_vocab_case,
+    shapes_hint,
     shapes_structure,
     shard_structure,
+    trap_shapes,
 )
 
 # Public config.json values (Hugging Face model cards); Llama-3-8B's head_dim is implied (4096 / 32).
@@ -104,12 +109,14 @@ QWEN3_06B_FULL = dict(
 
 @hidden("ch15.1", "random tables and ids of any shape (0-d to 3-d, int64 and int32)")
 def embed_random(t: Trial) -> None:
-    for i in range(12):
+    def case(i: int) -> None:
         V, H = t.random.randint(1, 40), t.random.randint(1, 12)
         dtype = [torch.float32, torch.bfloat16, torch.float64][i % 3]
         shape = [[], [t.random.randint(1, 9)], [2, t.random.randint(1, 5)], [2, 3, t.random.randint(1, 4)]][i % 4]
         ids = torch.randint(0, V, shape, generator=t.rng, dtype=torch.int32 if i % 2 else torch.int64)
         run_lookup_case(t, torch.randn(V, H, generator=t.rng).to(dtype), ids, f"V={V}, H={H}, ids {shape}")
+
+    first_named(functools.partial(case, i) for i in range(12))  # one id cannot tell a reshape of E from a wrong row
 
 
 @hidden("ch15.1", "the first and last rows, and no ids at all")
@@ -279,9 +286,12 @@ def shapes_transformers(t: Trial) -> None:
                     f"transformers' Qwen3ForCausalLM built from it holds q_proj {list(q)}, k_proj {list(k)}, "
                     f"v_proj {list(v)}, gate_proj {list(gate)}, up_proj {list(up)}",
                     f"packed as nano-vllm packs them, {name} is {list(oracle[name])}; yours: {list(got[name])}",
-                    hint="qkv_proj stacks q_proj, k_proj, v_proj along the output rows; gate_up_proj stacks gate_proj and up_proj"
-                    if name in ("qkv_proj", "gate_up_proj")
-                    else "",
+                    hint=shapes_hint(name, got[name], oracle[name], config, trap_shapes(t, config))
+                    or (
+                        "qkv_proj stacks q_proj, k_proj, v_proj along the output rows; gate_up_proj stacks gate_proj and up_proj"
+                        if name in ("qkv_proj", "gate_up_proj")
+                        else ""
+                    ),
                 )
 
 
@@ -469,21 +479,37 @@ def shard_real(t: Trial) -> None:
 def shard_load(t: Trial) -> None:
     heads, kv, d, H, tp = 8, 2, 4, 5, 2
     loaded = {s: torch.randn(n * d, H, generator=t.rng) for s, n in (("q", heads), ("k", kv), ("v", kv))}
+    triples = {
+        (rank, s): shard_structure(t.yours.qkv_shard(s, heads, kv, d, tp, rank), s, rank, "loading") for rank in range(tp) for s in "qkv"
+    }
+    wants = {(rank, s): t.ref.qkv_shard(s, heads, kv, d, tp, rank) for rank in range(tp) for s in "qkv"}
+
+    def failed(*lines: str) -> CheckFailed:
+        """The loading's failure, named by the shard misreading of the triples when one fits (explain_shards)."""
+        try:
+            explain_shards(triples, wants, heads, kv, d, tp, "loading")
+        except CheckFailed as named:
+            if named.hints:
+                failure = CheckFailed(*lines, hint=named.hint)
+                failure.hints = list(named.hints)
+                return failure
+        return CheckFailed(*lines)
+
     for rank in range(tp):
         param = torch.full(((heads + 2 * kv) // tp * d, H), float("nan"))
         for s in "qkv":
-            got = shard_structure(t.yours.qkv_shard(s, heads, kv, d, tp, rank), s, rank, "loading")
+            got = triples[rank, s]
             offset, start, size = got
             if not (0 <= offset and offset + size <= param.shape[0] and 0 <= start and start + size <= loaded[s].shape[0] and size > 0):
-                raise CheckFailed(
-                    f"rank {rank}, {s}_proj [{loaded[s].shape[0]}, {H}] into the fused "
-                    f"[{param.shape[0]}, {H}]: (offset, start, size) = {got} does not fit"
+                raise failed(
+                    f"rank {rank}, {s}_proj [{loaded[s].shape[0]}, {H}] into the fused [{param.shape[0]}, {H}]: "
+                    f"(offset, start, size) = {got} does not fit"
                 )
             param[offset : offset + size] = loaded[s][start : start + size]
         want = torch.cat([loaded[s].chunk(tp)[rank] for s in "qkv"])  # rank r's own heads, packed q | k | v
         if not torch.equal(param, want):
             bad = int(wrong_mask(param, want).any(-1).nonzero()[0])
-            raise CheckFailed(
+            raise failed(
                 f"num_heads={heads}, num_kv_heads={kv}, head_dim={d}, tp={tp}: rank {rank}'s fused "
                 f"weight should be chunk {rank} of q_proj, then of k_proj, then of v_proj",
                 f"its row {bad} is wrong after loading with your (offset, start, size)",

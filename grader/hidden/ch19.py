@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, fmt, hidden, short
+from grader.authoring import CheckFailed, Trial, first_named, fmt, hidden, short
 from grader.checks.ch19 import (
     ATTN_TOL,
     EPS,
@@ -21,6 +21,9 @@ from grader.checks.ch19 import (
     explain_qk,
     explain_rotated,
     random_weight,
+    reference_hint,
+    rope_hints,
+    rope_variants,
     run_attention_case,
     run_cos_sin_case,
     run_qk_case,
@@ -33,11 +36,13 @@ from grader.checks.ch19 import (
 
 @hidden("ch19.1", "random head_dims, bases and positions")
 def random_cos_sin(t: Trial) -> None:
-    for _ in range(12):
+    def case() -> None:
         d = t.random.choice([2, 4, 8, 16, 64, 128, 256])
         base = t.random.choice([10000.0, 500000.0, 1e6, float(t.random.randint(100, 10**6))])
         positions = [t.random.randrange(2048) for _ in range(t.random.randint(1, 20))]
         run_cos_sin_case(t, positions, d, base, f"d={d}, base {fmt(base, 8)}", as_tensor=t.random.random() < 0.7)
+
+    first_named(case for _ in range(12))  # large angles may hide a mistake in float32 that a small case names
 
 
 @hidden("ch19.1", "agreement with transformers' Qwen3RotaryEmbedding")
@@ -99,6 +104,7 @@ def norm_preserved(t: Trial) -> None:
     positions = [t.random.randrange(10000) for _ in range(12)]
     cos, sin = t.ref.rope_cos_sin(positions, 64, 1e6)
     y = expect_rotated(t.yours.apply_rope(x, cos, sin), x)
+    variants = t.ref.drive(rope_variants, x, cos, sin)
     before, after = x.double().norm(dim=-1), y.double().norm(dim=-1)
     bad = ((after - before).abs() > 1e-5 * before).nonzero()
     if len(bad):
@@ -106,7 +112,8 @@ def norm_preserved(t: Trial) -> None:
         raise CheckFailed(
             f"token {n} (position {positions[n]}), head {h}: |x| = {fmt(before[n, h], 7)} but "
             f"|apply_rope(x)| = {fmt(after[n, h], 7)}; every pair is rotated, and a rotation keeps "
-            f"lengths: (x1·cos − x2·sin)² + (x2·cos + x1·sin)² = x1² + x2²"
+            f"lengths: (x1·cos − x2·sin)² + (x2·cos + x1·sin)² = x1² + x2²",
+            hint=rope_hints(y, x, variants),
         )
 
 
@@ -118,9 +125,13 @@ def relative_position(t: Trial) -> None:
     pk = [t.random.randrange(500) for _ in range(n)]
     shift = t.random.randint(100, 3000)
 
+    named: list = []
+
     def scores(offset: int) -> torch.Tensor:
-        rq = expect_rotated(t.yours.apply_rope(q, *t.ref.rope_cos_sin([p + offset for p in pq], d, 10000.0)), q)
+        cos_q, sin_q = t.ref.rope_cos_sin([p + offset for p in pq], d, 10000.0)
+        rq = expect_rotated(t.yours.apply_rope(q, cos_q, sin_q), q)
         rk = expect_rotated(t.yours.apply_rope(k, *t.ref.rope_cos_sin([p + offset for p in pk], d, 10000.0)), k)
+        named.append(rope_hints(rq, q, t.ref.drive(rope_variants, q, cos_q, sin_q)))  # the mistake q's rotation is
         return (rq.double() * rk.double()).sum((1, 2))
 
     near, far = scores(0), scores(shift)
@@ -132,8 +143,9 @@ def relative_position(t: Trial) -> None:
             f"(positions {pq[i] + shift} and {pk[i] + shift}) the score becomes {fmt(far[i])}. "
             f"RoPE rotates both by angles p·θ, so q·k depends only on p − p′ = {pq[i] - pk[i]} and "
             f"must not change",
-            hint="rotate every pair by its own angle p·θ_j with cos and sin of the same position; do not "
-            "add or mix anything else into q and k",
+            hint=named[0]
+            or "rotate every pair by its own angle p·θ_j with cos and sin of the same position; do not add or mix anything else "
+            "into q and k",
         )
 
 
@@ -259,13 +271,18 @@ def chunk_equals_prefill(t: Trial) -> None:
     bad = wrong_values(part, whole[c:], ATTN_TOL, ATTN_TOL)
     if bad.any():
         i, h, _ = (int(x) for x in bad.nonzero()[0])
+        # The chunk's (or else the prefill's) output compared with the reference's names the mistake, if one fits.
+        named = reference_hint(t, part, q[c:], k[c:], v[c:], wq, wk, base, EPS, k_cache, v[:c]) or reference_hint(
+            t, whole, q, k, v, wq, wk, base, EPS
+        )
         raise CheckFailed(
             f"{c + n} tokens: one prefill of all of them, then the last {n} again as a chunk after "
             f"a cache of the first {c} (keys normalised and rotated at positions 0 … {c - 1})",
             f"token at position {c + i}, query head {h}: the prefill gives {fmt(whole[c + i, h, 0])} "
             f"in channel 0, your chunk {fmt(part[i, h, 0])}; the same token at the same position "
             f"must give the same output either way",
-            hint="the chunk's tokens stand at positions C … C + N − 1 after the C cached ones, and the cached keys are used as stored",
+            hint=named
+            or "the chunk's tokens stand at positions C … C + N − 1 after the C cached ones, and the cached keys are used as stored",
         )
 
 
@@ -291,12 +308,15 @@ def hf_attention_with_cache(t: Trial) -> None:
     y = expect_attention(got, q[c:])
     out = attn.o_proj(y.reshape(n, 64)).detach()
     if not agrees(out, want, atol=1e-4, rtol=1e-4):
+        cache = k_cache[0].transpose(0, 1).contiguous(), v[:c].contiguous()
+        named = reference_hint(t, y, q[c:], k[c:], v[c:], wq, wk, 1e6, config.rms_norm_eps, *cache)
         raise CheckFailed(
             f"transformers Qwen3Attention, {c} cached tokens and {n} new, Hq=4, Hkv=2, d=16: after "
             f"o_proj, your attention output differs from Qwen3Attention's by up to "
             f"{fmt((out - want).abs().max())}",
-            hint="q_norm/k_norm, then RoPE on q and k at positions C … C + N − 1, cached keys as "
-            "stored, V untouched, causal attention aligned to the end",
+            hint=named
+            or "q_norm/k_norm, then RoPE on q and k at positions C … C + N − 1, cached keys as stored, V untouched, causal "
+            "attention aligned to the end",
         )
 
 

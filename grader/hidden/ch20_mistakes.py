@@ -101,8 +101,9 @@ MISTAKES = [
     mistake(
         "rounded_sum",
         "ch20.2",
-        "normalise the float32 sum s, not its {dtype} copy (the new residual): nano-vllm rounds s for the "
-        "residual stream but normalises the unrounded one",
+        "the course follows nano-vllm, which normalises the float32 sum s and rounds only the copy carried on as the "
+        "residual; vLLM's fused add + RMSNorm kernel and transformers normalise the {dtype} sum instead, an equally "
+        "common convention that differs in the last bits, so here normalise s before rounding",
         ("    s = x.float() + residual.float()", "    s = (x + residual).float()"),
     ),
     mistake(

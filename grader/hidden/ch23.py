@@ -5,10 +5,12 @@ from __future__ import annotations
 import torch
 
 from grader.authoring import CheckFailed, Trial, hidden, vec
-from grader.checks.ch23 import NEG_INF, expect_distribution, expect_in_vocab, expect_processed, expect_tokens
+from grader.checks.ch23 import NEG_INF, expect_distribution, expect_in_vocab, expect_processed, expect_tokens, race_scores
+from grader.hidden.ch23_models import HALF, half_race
 
 QWEN3_VOCAB = 151_936
 CHI_LOGITS, CHI_T, CHI_DRAWS = [1.0, 0.2, -0.5, 2.0, 0.0, -1.5], 0.7, 20_000
+CLOSE_ROWS = 6  # half_logits: rows that only a race in float32 draws right
 MARGIN = 1e-4  # random top_p values stay this far from every row's cumulative masses (no float coin flips)
 
 
@@ -72,6 +74,30 @@ def extreme_settings(t: Trial) -> None:
             want=t.ref.process_logits(logits, temp),
             case=f'case "{label}": nothing is filtered, the result is logits / T',
         )
+
+
+@hidden("ch23.1", "exact top-p boundaries: n = 2, 4, 8 or 16 equal entries, top_p = j / n, after top-k or among −∞")
+def topp_exact_boundaries(t: Trial) -> None:
+    # The running masses of n = 2^m equal entries are j / n, exact in float32, as is 1 − top_p: the entry whose mass
+    # equals 1 − top_p goes (≤). The other entries are smaller ones that top-k removes, or −∞ (already filtered).
+    for i in range(8):
+        B, V = t.random.randint(1, 4), t.random.choice([16, 24, 40])
+        logits, ks, ps = torch.empty(B, V), [], []
+        for b in range(B):
+            n = t.random.choice([2, 4, 8, 16])
+            row = torch.randn(V, generator=t.rng) * 0.5 - 6  # all below the equal entries
+            if t.random.random() < 0.5:
+                ks.append(n)
+            else:
+                ks.append(V)
+                row[:] = NEG_INF  # the others already filtered
+            row[torch.randperm(V, generator=t.rng)[:n]] = round(t.random.uniform(-1.0, 2.0), 2)
+            logits[b] = row
+            ps.append(t.random.randint(1, n - 1) / n)
+        temp = torch.rand(B, generator=t.rng) * 1.7 + 0.3
+        top_k, top_p = torch.tensor(ks), torch.tensor(ps)
+        got = t.yours.process_logits(logits, temp, top_k, top_p)
+        expect_processed(t, got, logits, temp, top_k, top_p, case=f"boundary case {i + 1}: B = {B}, V = {V}, top_k = {ks}, top_p = {ps}")
 
 
 @hidden("ch23.1", "Qwen3's vocabulary: 151,936 logits per row")
@@ -161,6 +187,27 @@ def zero_noise(t: Trial) -> None:
     )
 
 
+@hidden("ch23.2", "bfloat16 and float16 logits, as a 16-bit LM head hands them over: the race runs in float32")
+def half_logits(t: Trial) -> None:
+    V, B = 32, 40
+    for dtype in HALF:
+        close = [close_race(t, dtype, V) for _ in range(CLOSE_ROWS)]
+        logits = torch.cat(
+            [torch.stack([c[0] for c in close]), (torch.randn(B, V, generator=t.rng) * t.random.choice([1.0, 3.0])).to(dtype)]
+        )
+        temp = torch.cat([torch.tensor([c[1] for c in close]), torch.rand(B, generator=t.rng) * 1.7 + 0.3])
+        noise = torch.cat([torch.stack([c[2] for c in close]), torch.empty(B, V).exponential_(generator=t.rng)])
+        got = t.yours.sample(logits, temp, noise)
+        expect_tokens(
+            got,
+            logits,
+            temp,
+            noise,
+            case=f'case "{str(dtype)[6:]}": {CLOSE_ROWS + B} rows of {V} {str(dtype)[6:]} logits; in rows 0 … {CLOSE_ROWS - 1} two '
+            f"tokens' probabilities differ by less than {str(dtype)[6:]} can tell, and float32 decides",
+        )
+
+
 @hidden("ch23.2", "Qwen3's vocabulary: 151,936 tokens per row")
 def real_vocab_race(t: Trial) -> None:
     B = 3
@@ -169,6 +216,34 @@ def real_vocab_race(t: Trial) -> None:
     noise = torch.empty(B, QWEN3_VOCAB).exponential_(generator=t.rng)
     got = t.yours.sample(logits, temp, noise)
     expect_tokens(got, logits, temp, noise, case=f'case "Qwen3 vocabulary": B = 3, V = {QWEN3_VOCAB}')
+
+
+# -- helpers: random instances whose answers no float rounding decides ------------------------------
+
+
+def close_race(t: Trial, dtype: torch.dtype, V: int) -> tuple[torch.Tensor, float, torch.Tensor]:
+    """One row of `dtype` logits, its temperature and its noise, on which the race in float32 draws token b and the
+    race in `dtype` (the noise in float32 or in `dtype`) draws token a < b: the two tokens' logits are one step of
+    `dtype` apart, so their probabilities round to one `dtype` value, and b's noise is larger than a's by half the
+    ratio of their probabilities. The others' noise is kept out of the way."""
+    for _ in range(100):
+        a, b = sorted(t.random.sample(range(V), 2))
+        row = (torch.randn(V, generator=t.rng) * 0.5 - 3).to(dtype)
+        row[a] = torch.tensor(t.random.uniform(0.1, 0.2)).to(dtype)
+        row[b] = (row[a].view(torch.int16) + 1).view(dtype)  # the next value of dtype
+        T = t.random.choice([0.5, 1.0, 2.0])  # a power of two: logits / T is exact in dtype too
+        p = (row.float() / T).softmax(-1)
+        noise = torch.empty(V).exponential_(generator=t.rng) * 0.5 + 0.5
+        noise[a] = noise[a] + 0.5
+        noise[b] = noise[a] * float(p[b] / p[a]) ** 0.5
+        others = torch.ones(V, dtype=torch.bool)
+        others[[a, b]] = False
+        noise[others] = torch.maximum(noise[others], 4 * p[others] * noise[a] / p[a])
+        right = int(race_scores(row[None], torch.tensor([T]), noise[None])[1].argmax())
+        low = [int(half_race(row[None], torch.tensor([T]), noise[None], noise_too=n)) for n in (True, False)]
+        if right == b and low == [a, a]:
+            return row, T, noise
+    raise AssertionError(f"no close race in {dtype} found in 100 tries")
 
 
 # -- helpers: random instances whose answers no float rounding decides ------------------------------

@@ -63,6 +63,13 @@ MISTAKES = [
         ("drop[:, -1] = False", "drop[:, 0] = False"),
     ),
     mistake(
+        "topp_strict",
+        "ch23.1",
+        "an entry goes when it and the smaller entries hold ≤ 1 − top_p, equality included (vLLM: probs_sum <= 1 − p): "
+        "where the mass lands exactly on 1 − top_p, as with 2ⁿ equal entries, that entry is removed",
+        ("drop = mass <= (1 - p)[:, None]", "drop = mass < (1 - p)[:, None]"),
+    ),
+    mistake(
         "topp_first",
         "ch23.1",
         "run top-k first: top-p works on the softmax of what top-k kept (renormalised), not on the full row",
@@ -112,6 +119,18 @@ MISTAKES = [
         "the token must be argmax(p / E) with the noise passed in; a sampler with its own randomness "
         "(torch.multinomial, a fresh exponential_()) cannot reproduce the race",
         (RACE + ".argmax(dim=-1)", "torch.multinomial(probs, 1)[:, 0]"),
+    ),
+    mistake(
+        "no_upcast",
+        "ch23.2",
+        "upcast the logits to float32 before the temperature and the softmax, as nano-vllm (logits.float()) and vLLM's "
+        "sampler do: bfloat16 keeps 8 significant bits (float16 11), so two probabilities less than 1 part in 256 "
+        "(in 2048) apart round to one value and the race then favours the lower index",
+        (
+            "temp = temperature.to(torch.float32)\n    probs = (logits.to(torch.float32) / temp[:, None])",
+            "temp = temperature.to(logits.dtype)\n    probs = (logits / temp[:, None])",
+        ),
+        ("noise.to(torch.float32).clamp_min(1e-10))", "noise.to(probs.dtype).clamp_min(1e-10))"),
     ),
     mistake("same_token", "ch23.2", "every row drew the same token: the race must use each row's own noise, argmax(p / E) per row"),
     # -- ch23.2 sample: the temperature ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from grader.checks.ch24 import expect_progress, run_lifecycle
 from grader.checks.ch24_explain import (
     FINISHED,
     KEYS,
+    check_trace,
     describe_case,
     expect_trace,
     explain_progress,
@@ -165,17 +166,27 @@ def invariants(t: Trial) -> None:
         budget=9,
         arrivals=30,
     )
-    limit = 2 * len(t.ref.replay(sc)) + 20
+    expected = t.ref.replay(sc)
+    limit = 2 * len(expected) + 20
     yours = expect_records(t.yours.replay(sc, limit))
+
+    def named() -> CheckFailed | None:
+        """The first difference from the reference's trace of the same script, with the mistake it names."""
+        try:
+            check_trace(sc, yours, expected)
+        except CheckFailed as failure:
+            return failure
+        return None
+
     for k, rec in enumerate(yours):
         for phase, part in (("schedule", "sched"), ("after", "after")):
             bad = part in rec and invariant_failure(sc, phase, rec)
             if bad:
-                raise CheckFailed(describe_case(sc), bad)
+                raise CheckFailed(describe_case(sc), bad).named_by(named())
         if raised(rec):
             raise CheckFailed(describe_case(sc), f"step {k + 1} of your own trace:", *error_lines(rec))
     if yours and yours[-1].get("step", 0) >= limit:
-        raise CheckFailed(describe_case(sc), f"after {limit} steps some requests have not finished")
+        raise CheckFailed(describe_case(sc), f"after {limit} steps some requests have not finished").named_by(named())
 
 
 # -- ch24.2 ---------------------------------------------------------------------------------------------------
@@ -203,25 +214,28 @@ def progress_invariants(t: Trial) -> None:
         for k, step in enumerate(case["steps"]):
             args, kwargs = step_args(step)
             got = expect_progress(t.yours.progress_after_step(dict(p), *args, **kwargs), case["name"])
+            want = t.ref.progress_after_step(dict(p), *args, **kwargs)
             where = f'case "{case["name"]}" step {k + 1} ({", ".join(f"{x} {p[x]}" for x in KEYS)} before)'
+            # A broken property is named by the mistake the step's comparison with the reference finds.
+            named = explain_progress(case, k, p, step, want, got) if any(got[x] != want[x] for x in KEYS) else None
             if not 0 <= got["num_computed_tokens"] <= got["num_tokens"]:
                 raise CheckFailed(
                     f"{where}: num_computed_tokens {got['num_computed_tokens']} must stay within 0 … num_tokens {got['num_tokens']}"
-                )
+                ).named_by(named)
             if got["num_tokens"] < p["num_tokens"] or got["num_tokens"] > p["num_tokens"] + 1:
                 raise CheckFailed(
                     f"{where}: num_tokens went from {p['num_tokens']} to {got['num_tokens']}; "
                     "a step appends at most one token and never removes one"
-                )
+                ).named_by(named)
             if got["num_prompt_tokens"] != p["num_prompt_tokens"]:
-                raise CheckFailed(f"{where}: num_prompt_tokens changed")
+                raise CheckFailed(f"{where}: num_prompt_tokens changed").named_by(named)
             if cached_set and got["num_cached_tokens"] != p["num_cached_tokens"]:
                 raise CheckFailed(
                     f"{where}: num_cached_tokens changed from {p['num_cached_tokens']} to "
                     f"{got['num_cached_tokens']}; it is set once, at the first admission"
-                )
+                ).named_by(named)
             cached_set = got["num_cached_tokens"] >= 0
-            p = t.ref.progress_after_step(dict(p), *args, **kwargs)  # go on from the right state
+            p = want  # go on from the right state
 
 
 @hidden("ch24.2", "the counters agree with the scheduler's trace (no prefix cache: hits are 0)")

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import torch
 
-from grader.authoring import CheckFailed, Trial, describe, hidden, mistakes
+from grader.authoring import CheckFailed, Trial, describe, first_named, hidden, mistakes
 from grader.checks.ch25 import check_store, expect_slots, run_slot_case, run_store_case, slot_variants
 from grader.checks.ch25_explain import describe_op, drive_reference, expect_trace, hx, states
 
@@ -20,29 +20,37 @@ M = mistakes("ch25")
 
 @hidden("ch25.1", "random sequences, whole prompts")
 def random_prompts(t: Trial) -> None:
-    for _ in range(20):
+    def case() -> None:
         block_size = t.random.choice([1, 2, 3, 4, 8, 16, 256])
         length = t.random.randint(1, 5 * block_size)
         table = random_table(t, -(-length // block_size), 64)
         run_slot_case(t, table, list(range(length)), block_size, as_tensor=t.random.random() < 0.5)
 
+    first_named(case for _ in range(20))  # a case where two misreadings give the same slots does not hide one that tells
+
 
 @hidden("ch25.1", "random chunks after a cached prefix, in shuffled order")
 def random_chunks(t: Trial) -> None:
-    for _ in range(20):
+    def case() -> None:
         block_size = t.random.choice([2, 4, 16])
         start, length = t.random.randint(0, 40), t.random.randint(1, 30)
         table = random_table(t, -(-(start + length) // block_size), 128)
         positions = [start + int(i) for i in torch.randperm(length, generator=t.rng)]
         run_slot_case(t, table, positions, block_size, as_tensor=True)
 
+    first_named(case for _ in range(20))
+
 
 @hidden("ch25.1", "the decode step: the newest token's slot")
 def decode_step(t: Trial) -> None:
     # nano-vllm's prepare_decode: slot = block_table[-1]·bs + last_block_num_tokens − 1.
-    for length in (1, 255, 256, 257, 300, 512):
-        table = random_table(t, -(-length // 256), 40)
-        run_slot_case(t, table, [length - 1], 256)
+    lengths = iter((1, 255, 256, 257, 300, 512))
+
+    def case() -> None:
+        length = next(lengths)
+        run_slot_case(t, random_table(t, -(-length // 256), 40), [length - 1], 256)
+
+    first_named(case for _ in range(6))
 
 
 @hidden("ch25.1", "a long prompt (100k tokens)")
@@ -82,7 +90,7 @@ def beyond_table_hidden(t: Trial) -> None:
 # -- ch25.2 ---------------------------------------------------------------------------------------------------
 
 
-@hidden("ch25.2", "random pools, slots and padding")
+@hidden("ch25.2", "random pools, slots and padding; fresh caches, slices of one pool, permuted layouts")
 def random_stores(t: Trial) -> None:
     for _ in range(10):
         num_blocks, block_size = t.random.randint(1, 6), t.random.choice([1, 2, 4, 16])
@@ -90,12 +98,13 @@ def random_stores(t: Trial) -> None:
         n = t.random.randint(0, num_blocks * block_size)
         slots = torch.randperm(num_blocks * block_size, generator=t.rng)[:n].tolist()
         slots = [s if t.random.random() > 0.2 else -1 for s in slots]
-        run_store_case(t, (num_blocks, block_size, heads, dim), slots)
+        run_store_case(t, (num_blocks, block_size, heads, dim), slots, layout=t.random.choice(["fresh", "pool", "permuted"]))
 
 
-@hidden("ch25.2", "a bfloat16 cache, as in nano-vllm")
+@hidden("ch25.2", "a bfloat16 cache, as in nano-vllm, fresh and sliced from one pool")
 def bf16_cache(t: Trial) -> None:
     run_store_case(t, (4, 16, 8, 16), [0, 17, 63, -1, 5], dtype=torch.bfloat16)
+    run_store_case(t, (4, 16, 8, 16), [63, 2, -1, 40], dtype=torch.bfloat16, layout="pool")
 
 
 @hidden("ch25.2", "the last slot of the pool is a real slot")
@@ -187,15 +196,48 @@ def own_trace_invariants(t: Trial, requests: list, *, weak_hash: bool = False) -
     except Stop:
         pass
     everything = set(range(num_blocks))
+
+    def named() -> CheckFailed | None:
+        """The first difference from the reference on the same operations, with the mistake it names. Your answers may
+        have driven operations the reference refuses (an allocation with no free block): then the longest prefix of
+        the operations it runs is compared."""
+
+        def drive(n: int) -> dict | None:
+            try:
+                return t.ref.drive(drive_reference, num_blocks, bs, ops[:n], weak_hash=weak_hash)
+            except Exception:  # noqa: BLE001 (the reference refused one of the first n operations)
+                return None
+
+        expected = drive(len(ops))
+        if expected is None:  # the longest prefix that runs: ops[:lo] runs, ops[:hi + 1] does not
+            lo, hi = 0, len(ops) - 1
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                run = drive(mid)
+                if run is None:
+                    hi = mid - 1
+                else:
+                    lo, expected = mid, run
+        if expected is None:
+            return None
+        n = len(expected["trace"])
+        try:
+            expect_trace(ops[:n], trace[:n], expected, num_blocks, bs, case="")
+        except CheckFailed as failure:
+            return failure
+        return None
+
     for i, (before, s) in enumerate(states(ops, trace, num_blocks)):
         head = (
             f"invariants on your own trace{' (hashing with colliding_hash)' * weak_hash}, step {i + 1}: {describe_op(ops[i], before, bs)}"
         )
         if "error" in s:
-            raise CheckFailed(head, f"your code raised {s['error']}")
+            raise CheckFailed(head, f"your code raised {s['error']}").named_by(named())
         problem = broken_invariant(s, everything, ops[i][1], bs)
         if problem:
-            raise CheckFailed(head, problem, hint=M.hash_only if problem.startswith(OTHER_TOKENS) else "")
+            raise CheckFailed(head, problem, hint=M.hash_only if problem.startswith(OTHER_TOKENS) else "").named_by(
+                None if problem.startswith(OTHER_TOKENS) else named()
+            )
 
 
 def random_table(t: Trial, num_blocks: int, pool: int) -> list[int]:

@@ -70,6 +70,18 @@ MISTAKES = [
         "a slot of −1 marks a padding row: skip it (in Python, index −1 is the last row)",
         ("keep = s != PAD_SLOT", "keep = s == s"),
     ),
+    mistake(
+        "reshape_copy",
+        "ch25.2",
+        "write into the caches you were given, whatever their strides: a cache is often a view of one bigger pool "
+        "(vLLM slices K and V out of one allocation, or permutes its layout), and reshape (or flatten, or .contiguous()) "
+        "of a view that is not contiguous returns a copy, so writing into it leaves the cache unchanged",
+        (
+            "    k_cache[block, offset] = k[keep].to(k_cache.dtype)\n    v_cache[block, offset] = v[keep].to(v_cache.dtype)\n",
+            "    k_cache.reshape(-1, *k_cache.shape[2:])[s[keep]] = k[keep].to(k_cache.dtype)\n"
+            "    v_cache.reshape(-1, *v_cache.shape[2:])[s[keep]] = v[keep].to(v_cache.dtype)\n",
+        ),
+    ),
     # -- ch25.3: hashes --------------------------------------------------------------------------------------------
     mistake(
         "hash_ignores_prefix",

@@ -5,7 +5,16 @@ of requests."""
 from __future__ import annotations
 
 from grader.authoring import CheckFailed, Trial, error_lines, expect_records, hidden, mistakes, raised
-from grader.checks.ch27_explain import check_structure, drive_reference, drive_spec, rollback_hint, run_case, run_spec_case
+from grader.checks.ch27_explain import (
+    check_spec_trace,
+    check_structure,
+    check_trace,
+    drive_reference,
+    drive_spec,
+    rollback_hint,
+    run_case,
+    run_spec_case,
+)
 
 NAMES = [chr(c) for c in range(ord("A"), ord("Z") + 1)]
 M = mistakes("ch27")
@@ -86,13 +95,15 @@ def async_hundreds(t: Trial) -> None:
     run_many(t, True)
 
 
-SPEC_EDGES: list[tuple[tuple, list[tuple[int, int]]]] = [
+SPEC_EDGES: list[tuple[tuple, list]] = [  # rounds (k, a), or (k, None): an output discarded
     (("A", 1, 6, None), [(0, 0)] + [(3, 0)] * 6),  # every draft rejected
     (("B", 5, 20, None), [(0, 0), (4, 4), (4, 4), (4, 4)]),  # every draft accepted: the bonus each time
     (("C", 3, 1, None), [(0, 0), (3, 3)]),  # max_tokens 1: the prefill finishes it
     (("D", 2, 10, 3), [(0, 0), (2, 2), (2, 2)]),  # EOS is the bonus token
     (("E", 2, 10, 2), [(0, 0), (3, 1)]),  # EOS is the correction of a rejected draft
     (("F", 4, 2, None), [(0, 0), (5, 5)]),  # the length cap at the first accepted draft
+    (("G", 2, 10, None), [(0, 0), (4, 4), (1, None)]),  # one draft, its output discarded
+    (("H", 6, 10, None), [(0, 0), (0, 0), (0, None)]),  # a decode without drafts, its output discarded
 ]
 
 
@@ -113,12 +124,21 @@ def spec_invariants(t: Trial) -> None:
         head = f'case "spec invariants {i + 1}": {request[0]}, prompt {request[1]}, max_tokens {request[2]}'
         yours = expect_records(t.yours.replay_spec(drafts["config"], drafts["rounds"]), what="replay_spec")
         mine = [r for r in yours if not raised(r)]
-        check_spec_invariants(mine, head)
+        try:
+            check_spec_invariants(mine, head)
+        except CheckFailed as broken:
+            if broken.hints:
+                raise
+            try:  # named by the first difference from the reference's trace of the same steps
+                check_spec_trace(yours, drafts["rounds"], drafts["trace"], head)
+            except CheckFailed as failure:
+                raise broken.named_by(failure) from None
+            raise
         if len(mine) < len(yours):
             raise CheckFailed(head, f"step {len(yours)} of your own trace:", *error_lines(yours[-1]))
 
 
-@hidden("ch27.3", "edge cases: drafts all rejected or all accepted, max_tokens 1, EOS as the bonus or the correction")
+@hidden("ch27.3", "edge cases: drafts all rejected or all accepted, max_tokens 1, EOS as the bonus or the correction, outputs discarded")
 def spec_edges(t: Trial) -> None:
     for i, (request, rounds) in enumerate(SPEC_EDGES):
         run_spec_case(t, f"spec edge {i + 1}", request, rounds)
@@ -236,14 +256,27 @@ def problems(rid: str, s: dict, max_tokens: int, eos: int | None, asyn: bool):
 def invariants_case(t: Trial, asyn: bool) -> None:
     config = random_config(t, asyn) | {"budget": t.random.choice([3, 5, 8, 13])}
     script = random_script(t, 24)
-    ops = t.ref.drive(drive_reference, config, script)["ops"]
+    expected = t.ref.drive(drive_reference, config, script)
+    ops = expected["ops"]
     head = f'case "invariants": {config}, 24 random requests'
     yours = expect_records(t.yours.replay(config, ops))
     mine = [r for r in yours if not raised(r)]
     check_structure(mine, head)
-    check_invariants(mine, ops, head, asyn, drained=len(mine) == len(yours))
+
+    def named() -> CheckFailed | None:
+        """The first difference from the reference's trace of the same operations, with the mistake it names."""
+        try:
+            check_trace(yours, ops, expected["trace"], head, asyn)
+        except CheckFailed as failure:
+            return failure
+        return None
+
+    try:
+        check_invariants(mine, ops, head, asyn, drained=len(mine) == len(yours))
+    except CheckFailed as broken:
+        raise broken.named_by(named()) from None
     if len(mine) < len(yours):
-        raise CheckFailed(head, f"step {len(yours)} of your own trace:", *error_lines(yours[-1]))
+        raise CheckFailed(head, f"step {len(yours)} of your own trace:", *error_lines(yours[-1])).named_by(named())
 
 
 def run_many(t: Trial, asyn: bool) -> None:
@@ -257,14 +290,17 @@ def sync_outputs(ref, config: dict, script: list) -> dict:
     return drive_reference(ref, config | {"async": False}, script)["trace"][-1]["run"]
 
 
-def random_spec(t: Trial, steps: int | None = None) -> tuple[tuple, list[tuple[int, int]]]:
-    """A random speculating request and its steps: the prefill, then (k drafts, a right), a often 0 or k."""
+def random_spec(t: Trial, steps: int | None = None) -> tuple[tuple, list[tuple[int, int | None]]]:
+    """A random speculating request and its steps: the prefill, then (k drafts, a right), a often 0 or k; at times a
+    last step whose output is discarded (k, None)."""
     max_tokens = t.random.randint(1, 24)
     eos = t.random.randrange(max_tokens) if t.random.random() < 0.4 else None
-    rounds = [(0, 0)]
+    rounds: list[tuple[int, int | None]] = [(0, 0)]
     for _ in range(steps or t.random.randint(2, 8)):
         k = t.random.randint(0, 5)
         rounds.append((k, t.random.choice([0, k, t.random.randint(0, k)])))
+    if t.random.random() < 0.3:  # the last step's output comes back empty (preempted or aborted meanwhile)
+        rounds.append((t.random.randint(0, 5), None))
     return (t.random.choice(NAMES), t.random.randint(1, 12), max_tokens, eos), rounds
 
 
@@ -284,6 +320,17 @@ def check_spec_invariants(trace: list, head: str) -> None:
             )
         if s["spec_token_ids"]:
             raise CheckFailed(where, f"spec_token_ids is still {s['spec_token_ids']} right after schedule_spec", hint=M.spec_not_cleared)
+        if not r["generated"]:  # the output was discarded: nothing verified, nothing to roll back or append
+            if u != s or r["new_token_ids"]:
+                raise CheckFailed(
+                    where,
+                    "the step's output came back empty (discarded): update_spec must leave the request as schedule_spec "
+                    f"left it, {s['num_computed_tokens']} computed and outputs ending {s['output_token_ids'][-4:]}; yours: "
+                    f"{u['num_computed_tokens']} computed, outputs ending {u['output_token_ids'][-4:]}, "
+                    f"returned {r['new_token_ids']!r:.80}",
+                    hint=M.rollback_without_output if u["num_computed_tokens"] != s["num_computed_tokens"] else "",
+                )
+            continue
         generated += r["generated"]
         outs = u["output_token_ids"]
         if outs != generated[: len(outs)] or (u["status"] == "RUNNING" and outs != generated):

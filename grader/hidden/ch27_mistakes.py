@@ -226,6 +226,14 @@ MISTAKES = [
         (SPEC_ROLLBACK, ""),
     ),
     mistake(
+        "rollback_without_output",
+        "ch27.3",
+        "roll back only when there were drafts and something was generated: an output that comes back empty "
+        "(its sample discarded, the request preempted or aborted meanwhile) verified nothing, and k + 1 − 0 "
+        "would take back positions that were never rejected (vLLM's update_from_output has this guard)",
+        ("    if scheduled_spec_token_ids and generated_token_ids:\n", "    if scheduled_spec_token_ids:\n"),
+    ),
+    mistake(
         "rollback_one_too_many",
         "ch27.3",
         "rolled back one position too many: the target's own token (the bonus, or the correction at the first "

@@ -10,13 +10,21 @@ import hashlib
 import struct
 
 
-def salt_everywhere(ref, token_ids: list[int], block_size: int, cache_salt: str) -> list[bytes]:
-    """The chained block hashes with the salt in every block's extra keys, not in block 0's alone."""
-    salt = cache_salt.encode("utf-8")
-    extra = b"salt" + struct.pack("<I", len(salt)) + salt
+def variant_hashes(ref, token_ids: list[int], block_size: int, keys: dict, *, chained: bool = True, salt_all: bool = False) -> list[bytes]:
+    """The block hashes with the request's extra keys (`keys`: cache_salt, lora_id, mm_hashes, as block_hashes takes
+    them), unchained (every parent NONE_HASH) or with the salt in every block: what those misreadings hash."""
+    salt, lora, items = keys.get("cache_salt"), keys.get("lora_id"), keys.get("mm_hashes") or []
     out, parent = [], ref.NONE_HASH
     for i in range(len(token_ids) // block_size):
-        block = token_ids[i * block_size : (i + 1) * block_size]
-        parent = hashlib.sha256(parent + struct.pack(f"<{len(block)}q", *block) + extra).digest()
-        out.append(parent)
+        s, e = i * block_size, (i + 1) * block_size
+        extra = b"" if lora is None else b"lora" + struct.pack("<q", lora)
+        for ident, offset, length in items:
+            if offset < e and offset + length > s:
+                name = ident.encode()
+                extra += b"mm" + struct.pack("<I", len(name)) + name + struct.pack("<q", offset - s)
+        if salt is not None and (i == 0 or salt_all):
+            extra += b"salt" + struct.pack("<I", len(salt.encode())) + salt.encode()
+        digest = hashlib.sha256((parent if chained else ref.NONE_HASH) + struct.pack(f"<{block_size}q", *token_ids[s:e]) + extra).digest()
+        out.append(digest)
+        parent = digest
     return out

@@ -112,6 +112,12 @@ MISTAKES = [
         ("best = int((loads / count).argmax())", "best = int(loads.argmax())"),
     ),
     mistake(
+        "step2_tie_high",
+        "ch31.3",
+        "a tie of load / count goes to the lower node-local index: EPLB's max(dim=-1) (and vLLM's np.argmax) returns the first maximum",
+        ("best = int((loads / count).argmax())", "best = len(experts) - 1 - int((loads / count).flip(0).argmax())"),
+    ),
+    mistake(
         "round_robin",
         "ch31.3",
         "each group goes to the lightest node that still has room (equal loads: the lower node)",

@@ -101,6 +101,17 @@ MISTAKES = [
         "a draft with q(x) = 0 could not have been drafted: reject it (vLLM does, since p(x) / q(x) is undefined)",
         (ACCEPT, "if qx == 0 or float(uniforms[i]) < min(1.0, px / qx):"),
     ),
+    mistake(
+        "half_precision",
+        "ch32.1",
+        "compute in float32 (float64 for float64 inputs), whatever the probabilities come in: in float16 a score p / E above "
+        "65504 is inf, and the 1e-10 clamp of the noise is 0, so two tokens with small noise tie and the lower index "
+        "wins whatever their probabilities",
+        (
+            "dtype = torch.promote_types(torch.promote_types(draft_probs.dtype, target_probs.dtype), torch.float32)",
+            "dtype = torch.promote_types(draft_probs.dtype, target_probs.dtype)",
+        ),
+    ),
     # -- 32.2 num_drafts_to_verify
     mistake(
         "per_item",

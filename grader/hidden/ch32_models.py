@@ -15,6 +15,10 @@ import torch
 
 from grader.checks.ch32 import CLAMP, UNIT, VARIANTS, Case, near
 
+TINY = {dtype: torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps for dtype in UNIT}
+"""The spacing of each dtype's subnormal numbers (float16: 2⁻²⁴): below the smallest normal number a rounding
+errs by up to half of it whatever the value, so every bound adds it beside its relative part."""
+
 VARIANT_KNOBS: dict[str, dict[str, Any]] = {
     "no bonus": {"bonus": False},
     "no stop": {"stop": False},
@@ -28,13 +32,14 @@ VARIANT_KNOBS: dict[str, dict[str, Any]] = {
     "bonus from row k − 1": {"bonus_row": 1},
     "unclamped noise": {"clamp": False},
     "q(x) = 0 accepted": {"accept": "q0"},
+    "float16 arithmetic": {"low": True},
 }
 """simulate's keywords for each classic mistake of `grader.checks.ch32.VARIANTS`."""
 
 
-def race(weights: torch.Tensor, noise: torch.Tensor, clamp: bool = True) -> tuple[int, torch.Tensor]:
-    """The exponential race in float64: (winner, weights / E)."""
-    scores = weights.double() / (noise.double().clamp_min(CLAMP) if clamp else noise.double())
+def race(weights: torch.Tensor, noise: torch.Tensor, clamp: bool = True, dtype: torch.dtype = torch.float64) -> tuple[int, torch.Tensor]:
+    """The exponential race in float64 (or `dtype`): (winner, weights / E)."""
+    scores = weights.to(dtype) / (noise.to(dtype).clamp_min(CLAMP) if clamp else noise.to(dtype))
     return int(scores.argmax()), scores
 
 
@@ -48,9 +53,13 @@ def simulate(
     bonus_row: int = 0,
     clamp: bool = True,
     keep_rejected: bool = False,
+    low: bool = False,
 ) -> list[int]:
-    """Verification in float64, right (the defaults) or with one classic mistake."""
-    p, q = c.p.double(), c.q.double()
+    """Verification in float64, right (the defaults) or with one classic mistake (`low`: the residuals and races in
+    the probabilities' own 16-bit dtype instead of float32, where a score p / E above 65504 is inf)."""
+    dtype = torch.promote_types(c.p.dtype, c.q.dtype)
+    dtype = dtype if low and dtype in (torch.float16, torch.bfloat16) else torch.float64
+    p, q = c.p.to(dtype), c.q.to(dtype)
     out = []
     for i, x in enumerate(c.tokens):
         px, qx, u = float(p[i, x]), float(q[i, x]), float(c.u[i])
@@ -70,11 +79,11 @@ def simulate(
         if recover == "argmax":
             out.append(int(p[i].argmax()))
         else:
-            out.append(race(weights[recover], c.e[min(i + shift, c.k)], clamp)[0])
+            out.append(race(weights[recover], c.e[min(i + shift, c.k)], clamp, dtype)[0])
         if stop:
             return out
     if bonus:
-        out.append(race(p[c.k - bonus_row], c.e[c.k - bonus_row], clamp)[0])
+        out.append(race(p[c.k - bonus_row], c.e[c.k - bonus_row], clamp, dtype)[0])
     return out
 
 
@@ -122,7 +131,10 @@ def product_models(ref, x: torch.Tensor, w: torch.Tensor) -> dict:
     K = x.shape[1]
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     exact = x.double() @ w.double()
-    bound = 2 * K * UNIT[acc] * (x.double().abs() @ w.double().abs()) + 2 * UNIT[x.dtype] * exact.abs() + 1e-30
+    # Each of the K products and sums, and the final cast, errs by its relative unit or, among subnormals, by half
+    # their spacing.
+    relative = 2 * K * UNIT[acc] * (x.double().abs() @ w.double().abs()) + 2 * UNIT[x.dtype] * exact.abs()
+    bound = relative + 2 * K * TINY[acc] + TINY[x.dtype] + 1e-30
     out = {"exact": exact, "bound": bound.float()}  # the bound needs no float64 precision
     if x.dtype in (torch.bfloat16, torch.float16):
         low = torch.zeros(x.shape[0], w.shape[1], dtype=x.dtype)
@@ -145,18 +157,23 @@ def rms_models(ref, x: torch.Tensor, weight: torch.Tensor, eps: float, block: in
     may make ("bound"); the split of each row ("squares", "chunk sums", "totals": the running total after each
     chunk); the accepted variant with torch.rsqrt ("rsqrt"); and what the classic mistakes give: the library's
     sum of the squares ("plain sum"), torch.sum inside each chunk ("chunk sum"), the cast to x's dtype before the
-    weight multiply ("cast first")."""
+    weight multiply ("cast first"). "library orders" names those of the library's sums ("plain sum", "chunk sum")
+    whose bits differ somewhere from every order written out by hand that the course knows (the fixed split, with
+    1 / sqrt or rsqrt; left to right over the row; a halving tree over the whole row; left to right inside each
+    chunk): an answer with exactly those bits in every batch left the order to the library."""
     B, H = x.shape
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     xd = x.double()
     exact = xd / torch.sqrt((xd * xd).mean(dim=1, keepdim=True) + eps) * weight.double()
-    bound = (exact.abs() * ((H + 8) * UNIT[acc] + 2 * UNIT[x.dtype]) + 1e-30).float()
+    # Relative: the sum of H squares, the square root and the products, and the cast. Absolute: a product or the cast
+    # that lands among subnormals errs by up to half their spacing (a float16 result below 2⁻¹⁴ is a multiple of 2⁻²⁴).
+    absolute = TINY[x.dtype] + TINY[acc] * (2 + weight.double().abs())
+    bound = (exact.abs() * ((H + 8) * UNIT[acc] + 2 * UNIT[x.dtype]) + absolute + 1e-30).float()
     xa = x.to(acc)
     squares = xa * xa
-    chunks, chunk_torch = [], []
+    chunks = []
     for start in range(0, H, block):
         chunk = squares[:, start : start + block]
-        chunk_torch.append(chunk.sum(dim=1))
         chunk = torch.cat([chunk, chunk.new_zeros(B, block - chunk.shape[1])], dim=1)
         while chunk.shape[1] > 1:
             chunk = chunk[:, : chunk.shape[1] // 2] + chunk[:, chunk.shape[1] // 2 :]
@@ -172,7 +189,12 @@ def rms_models(ref, x: torch.Tensor, weight: torch.Tensor, eps: float, block: in
     totals = running(chunks)
     scale = lambda total, rsqrt=False: (torch.rsqrt if rsqrt else lambda v: 1 / torch.sqrt(v))(total / H + eps)
     final = lambda inv, first=False: (xa * inv[:, None]).to(x.dtype) * weight if first else (xa * inv[:, None] * weight.to(acc)).to(x.dtype)
-    plain = squares.sum(dim=1)
+    plain, chunk_sum = one_thread(lambda: (squares.sum(dim=1), running([c.sum(dim=1) for c in squares.split(block, dim=1)])[:, -1]))
+    library = {"plain sum": final(scale(plain)), "chunk sum": final(scale(chunk_sum))}
+    by_hand = [final(scale(totals[:, -1])), final(scale(totals[:, -1], True))]
+    chunked = running([sequential(c) for c in squares.split(block, dim=1)])[:, -1]
+    by_hand += [final(scale(total)) for total in (sequential(squares), chunked)]
+    by_hand.append(final(scale(halving(squares))))
     return {
         "exact": exact,
         "bound": bound,
@@ -181,10 +203,27 @@ def rms_models(ref, x: torch.Tensor, weight: torch.Tensor, eps: float, block: in
         "chunk sums": torch.stack(chunks, 1),
         "totals": totals,
         "rsqrt": final(scale(totals[:, -1], True)),
-        "plain sum": final(scale(plain)),
-        "chunk sum": final(scale(running(chunk_torch)[:, -1])),
+        **library,
         "cast first": final(scale(totals[:, -1]), True),
+        "library orders": [key for key, out in library.items() if B and all(not torch.equal(out, mine) for mine in by_hand)],
     }
+
+
+def sequential(parts: torch.Tensor) -> torch.Tensor:
+    """Each row of parts [B, n] summed left to right (0 for n = 0)."""
+    total = parts.new_zeros(parts.shape[0])
+    for j in range(parts.shape[1]):
+        total = total + parts[:, j]
+    return total
+
+
+def halving(parts: torch.Tensor) -> torch.Tensor:
+    """Each row of parts [B, n] padded with zeros to a power of two and summed by halving."""
+    width = 1 << max(parts.shape[1] - 1, 0).bit_length()
+    parts = torch.cat([parts, parts.new_zeros(parts.shape[0], width - parts.shape[1])], dim=1)
+    while parts.shape[1] > 1:
+        parts = parts[:, : parts.shape[1] // 2] + parts[:, parts.shape[1] // 2 :]
+    return parts[:, 0]
 
 
 def one_thread(fn):
