@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import require_sandbox
 from figure_layout import height, off_canvas, overlap, texts
 
 import engine
@@ -156,6 +157,94 @@ def test_a_submission_runs_where_its_tasks_pass_and_the_reference_elsewhere(tmp_
         engine.Engine(model, parts).generate(PROMPTS, 4).outputs
         == engine.Engine(model, engine.reference_parts()).generate(PROMPTS, 4).outputs
     )
+
+
+MARK = "import pathlib\ntry:\n    pathlib.Path({path!r}).write_text('ran outside the sandbox')\nexcept OSError:\n    pass\n"
+"""A line a chapter file runs at import: it leaves a file where only an unboxed process could write."""
+
+
+def test_a_submissions_engine_runs_in_the_sandbox_and_only_data_comes_back(tmp_path):
+    """`course engine run --submission`: the public checks and the engine itself run in sandboxes; the student's
+    functions where their tasks pass (ch15, ch20), the reference's elsewhere; the tokens are the reference run's."""
+    from engine.boxed import run_boxed
+
+    require_sandbox()
+    marker = tmp_path / "outside.txt"
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    for name in ("ch15_token_to_logits.py", "ch20_norms_swiglu.py"):
+        (sub / name).write_text(MARK.format(path=str(marker)) + (chapters.SOLUTIONS / name).read_text())
+    shutil.copy(chapters.EXERCISES / "ch19_rope.py", sub)
+    model = load("tiny")
+    run = run_boxed(
+        model=model,
+        model_name="tiny",
+        seed=0,
+        prompts=PROMPTS,
+        max_tokens=4,
+        settings=FORCING,
+        submission=sub,
+        sandbox="bwrap",
+        memory_limit=2 << 30,
+        time_limit=120,
+    )
+    assert not marker.exists(), "the student's files were imported in the sandbox only"
+    assert run.outputs == engine.Engine(model, engine.reference_parts(), FORCING).generate(PROMPTS, 4).outputs
+    assert {k for k, v in run.sources.items() if v == "yours"} == {
+        "ch15.1 embedding_lookup",
+        "ch15.2 linear",
+        "ch15.3 split_qkv",
+        "ch20.2 add_rms_norm",
+        "ch20.4 swiglu_mlp",
+    }
+    assert run.sources["ch19.3 qk_norm_rope"] == "reference" and run.trace, "the trace comes back for the overview"
+    assert run.metrics["preemptions"] > 0 and run.metrics["prefix_cache_hits"] > 0
+
+
+def test_what_a_sandboxed_engine_sends_back_is_checked_not_believed(tmp_path):
+    """A chapter file that rewrites the engine inside the box so that it returns something else: refused here."""
+    from engine.boxed import run_boxed
+
+    require_sandbox()
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    forged = (  # the public checks' sandbox has no engine: there the file is an honest one, and its tasks pass
+        "try:\n    import engine.core\n    engine.core.Engine.generate = lambda self, *a, **k: None\nexcept ImportError:\n    pass\n"
+    )
+    (sub / "ch15_token_to_logits.py").write_text(forged + (chapters.SOLUTIONS / "ch15_token_to_logits.py").read_text())
+    with pytest.raises(engine.EngineError, match="the engine stopped in the sandbox|not a run"):
+        run_boxed(
+            model=load("tiny"),
+            model_name="tiny",
+            seed=0,
+            prompts=PROMPTS,
+            max_tokens=4,
+            settings=FORCING,
+            submission=sub,
+            sandbox="bwrap",
+            memory_limit=2 << 30,
+            time_limit=120,
+        )
+
+
+def test_engine_run_refuses_a_submission_without_a_sandbox_unless_told(tmp_path, monkeypatch):
+    from grader.isolation import sandbox
+
+    monkeypatch.setattr(sandbox, "probe", lambda kind="bwrap": (_ for _ in ()).throw(sandbox.SandboxUnavailable("no bwrap here")))
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    marker = tmp_path / "outside.txt"
+    (sub / "ch15_token_to_logits.py").write_text(
+        MARK.format(path=str(marker)) + (chapters.SOLUTIONS / "ch15_token_to_logits.py").read_text()
+    )
+    (tmp_path / "prompts.json").write_text(json.dumps(PROMPTS))
+    runner = CliRunner()
+    args = ["engine", "run", "--prompts", str(tmp_path / "prompts.json"), "--max-tokens", "2", "--submission", str(sub)]
+    out = runner.invoke(main, [*args, "--figures", str(tmp_path / "figs")])
+    assert out.exit_code == 1 and "refusing to run somebody else's code without a sandbox" in out.output, out.output
+    assert not marker.exists()
+    out = runner.invoke(main, [*args, "--figures", str(tmp_path / "figs"), "--no-sandbox"])
+    assert out.exit_code == 0 and "--no-sandbox" in out.output and marker.exists(), "told: it runs, and says so"
 
 
 @pytest.fixture
