@@ -78,8 +78,8 @@ def run_boxed(
             chosen.append({"chapter": chapter_id, "task": task, "name": name, "file": file, "source": source})
     if missing:
         raise PartsUnavailable(
-            "these tasks do not pass their public checks yet, and this installation has no reference to run in their "
-            "place: " + ", ".join(missing)
+            "the engine runs the submission's own code here (this installation has no reference solutions), and "
+            "these tasks do not pass their public checks yet: " + ", ".join(missing) + ". Run `course check <chapter>` for each."
         )
     binds = {} if model_name in PRESETS else {os.path.realpath(model_name): MODEL_IN_BOX}
     box = Box(

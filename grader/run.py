@@ -349,10 +349,13 @@ def draw(report: Report, out_dir: Path) -> None:
     opened: list[Folder] = []
 
     def folder(create: bool) -> Folder | None:
+        """The chapter's folder, opened once (made when `create`; None when it is absent and not to be made)."""
         if not opened:
             try:
                 opened.append(Folder.open(out_dir, report.chapter.id, create=create))
             except FileNotFoundError:
+                if create:
+                    raise
                 return None
         return opened[0]
 

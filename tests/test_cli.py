@@ -184,23 +184,28 @@ def test_figures_unwritable_is_one_line_and_the_report_is_kept(cli, tmp_path, mo
     assert re.search(r"^score (\d+)/\1 ", out.stdout, re.M), "the footer is kept"
 
 
-def test_the_default_figures_folder_is_the_projects(cli, tmp_path, monkeypatch):
+def test_the_default_figures_folder_is_the_projects_and_for_a_submission_the_current_one(cli, tmp_path, monkeypatch):
+    """One's own code draws into the project's course-figures/ (found from the module, wherever the cwd is);
+    somebody else's code into the current folder's: a folder is never looked for inside a submission."""
     project = tmp_path / "project"
     (project / "exercises").mkdir(parents=True)
-    sub = solution_with(project, "mine")
-    deep = sub / "somewhere" / "deeper"
+    (project / "exercises" / "ch17_causal_masks.py").write_text((chapters.SOLUTIONS / "ch17_causal_masks.py").read_text())
+    monkeypatch.setattr(chapters, "EXERCISES", project / "exercises")
+    deep = project / "somewhere" / "deeper"
     deep.mkdir(parents=True)
     monkeypatch.chdir(deep)
+    ids = [f.id for f in figures.catalog("ch17")]
+    listed = lambda base: "· figures: " + ", ".join(f"{base}/ch17/{i}.svg" for i in ids) + "\n"
+    out = cli("check", "ch17")
+    assert out.exit_code == 0, out.output
+    assert sorted(p.stem for p in (project / "course-figures" / "ch17").glob("*.svg")) == sorted(ids)
+    assert listed(project / "course-figures") in out.stdout, "absolute where the cwd is not above it"
+    sub = solution_with(project, "mine")  # a submission inside the project, with a project file of its own
+    (sub / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
     out = cli("check", "ch17", "--submission", str(sub), "--no-sandbox", "--no-hidden")
     assert out.exit_code == 0, out.output
-    home = project / "course-figures"
-    ids = [f.id for f in figures.catalog("ch17")]
-    assert sorted(p.stem for p in (home / "ch17").glob("*.svg")) == sorted(ids)
-    assert not (deep / "course-figures").exists()
-    listed = lambda base: "· figures: " + ", ".join(f"{base}/ch17/{i}.svg" for i in ids) + "\n"
-    assert listed(home) in out.stdout, "absolute where the cwd is not above it"
-    monkeypatch.chdir(project)
-    out = cli("check", "ch17", "--submission", str(sub), "--no-sandbox", "--no-hidden")
+    assert sorted(p.stem for p in (deep / "course-figures" / "ch17").glob("*.svg")) == sorted(ids)
+    assert not (sub / "course-figures").exists()
     assert listed("course-figures") in out.stdout, "relative below the cwd"
     assert "DIR/<chapter>/<figure>.svg" in cli("check", "--help").stdout
 

@@ -348,3 +348,27 @@ def test_where_the_box_has_no_cgroup_the_run_says_which_limits_hold_instead(tmp_
     assert without.to_json()["limits"] == without.limits
     if with_cgroup.limits == "":  # this machine gives a cgroup (root): nothing to say
         assert "limits" not in with_cgroup.to_json()
+
+
+def test_a_grader_killed_outright_takes_its_sandbox_along(tmp_path):
+    """SIGKILL leaves the grader no moment to close its boxes: the kernel ends them (bwrap's own process included),
+    and the next grader removes what budget folders are left."""
+    require_sandbox()
+    script = (
+        "import os, sys, time\n"
+        "from grader.isolation.sandbox import Box\n"
+        "from grader.isolation.zygote import Zygote\n"
+        "box = Box('bwrap', {})\n"
+        "zygote = Zygote(box=box)\n"
+        "print(' '.join(map(str, box.processes())), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    grader = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    pids = [int(p) for p in grader.stdout.readline().split()]
+    assert pids, "the box's processes, seen from outside"
+    grader.kill()
+    grader.wait()
+    deadline = time.monotonic() + 10
+    while (alive := [p for p in pids if procs.describe(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive, [procs.describe(p) for p in alive]

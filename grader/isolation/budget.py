@@ -39,6 +39,7 @@ DEFAULT_LIMIT = 2 << 30
 PROCESSES = 128
 """Processes and threads a budget's processes may have at once, where a pids controller counts them."""
 _names = itertools.count()
+_tidied: list[int] = []
 
 
 class Budget:
@@ -94,6 +95,8 @@ def make(limit: int, *, processes: int = PROCESSES, prefer: str | None = None) -
     why = "the portable path was asked for (COURSE_PORTABLE=1)" if portable.FORCED else ""
     if prefer != "watchdog" and not why:
         try:
+            if not _tidied:
+                _tidied.append(stale())  # once per process: what a grader killed outright left behind
             return Cgroup(limit, processes=processes)
         except CgroupUnavailable as e:
             why = str(e)
@@ -484,7 +487,8 @@ def _size(n: int) -> str:
 
 
 def stale(prefix: str = "course-") -> int:
-    """Remove empty budget folders that a grader killed before it could tidy left behind; how many."""
+    """Remove the budget folders a grader killed outright left behind (its pid is gone), ending any process still
+    in them (a sandbox of that grader); how many were removed."""
     removed = 0
     try:
         version, bases = _bases()
@@ -493,11 +497,19 @@ def stale(prefix: str = "course-") -> int:
     for base in bases.values():
         for folder in base.glob(prefix + "*-*"):
             pid = folder.name.split("-")[1]
-            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-                for sub in sorted((p for p in folder.glob("*") if p.is_dir()), reverse=True) + [folder]:
+            if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+                continue
+            for inner, _, _ in os.walk(folder):
+                for p in _words(Path(inner) / "cgroup.procs"):
+                    portable.kill(int(p))
+            for sub in sorted((p for p in folder.glob("*") if p.is_dir()), reverse=True) + [folder]:
+                for _ in range(50):  # a killed process leaves its cgroup a moment later
                     try:
                         sub.rmdir()
                         removed += sub == folder
-                    except OSError:
                         break
+                    except FileNotFoundError:
+                        break
+                    except OSError:
+                        time.sleep(0.01)
     return removed

@@ -21,6 +21,16 @@ def become_subreaper() -> None:
         pass
 
 
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when the thread that started it ends (PR_SET_PDEATHSIG); Linux only."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+    except Exception:
+        pass
+
+
 def children() -> set[int]:
     """The pids of this process's children (empty where /proc is missing)."""
     pids: set[int] = set()

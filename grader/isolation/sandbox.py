@@ -41,6 +41,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -188,6 +189,7 @@ class Box:
         self.memory = memory
         self.budget: budget.Budget | None = budget.make(memory + WARM_ALLOWANCE) if kind is not None else None
         self.proc: subprocess.Popen | None = None
+        self._die_with_grader = False
         self.init_pid: int | None = None
         self.frame: set[int] = set()
         """The box's own processes (bwrap's, the warm one), noted before any student code ran."""
@@ -240,6 +242,8 @@ class Box:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if self.budget is not None:
             self.budget.enter()  # before exec: every process of the box is born inside its budget
+        if self._die_with_grader:  # a grader killed outright (SIGKILL) takes its boxes along, bwrap's own included
+            procs.die_with_parent()
 
     def instead(self) -> str:
         """Where the box's budget is not a cgroup's, the limits that hold instead, in words ("" where it is): what
@@ -261,6 +265,9 @@ class Box:
 
     def popen(self, argv: list[str], *, pass_fds: tuple[int, ...], stdout) -> subprocess.Popen:
         """Start `argv` as the box's first process; remember how to find (and end) everything it starts."""
+        # The kernel sends the parent-death signal when the *thread* that started the box ends: only where that is
+        # the main thread does it mean the grader's process ended.
+        self._die_with_grader = self.kind is not None and threading.current_thread() is threading.main_thread()
         if self.kind == "bwrap":
             self._info_r, self._info_w = os.pipe()
             pass_fds = (*pass_fds, self._info_w)
