@@ -20,8 +20,11 @@ within `BROWSER_TOKEN_TTL` seconds, not the printed one.
 any secret is looked at (a DNS-rebinding page names its own host).
 
 What this does not defend: a user who can read this user's terminal, files or memory (root, or the same
-account); and the cookie goes, like every 127.0.0.1 cookie, to whatever listens at another port of
-127.0.0.1 when this browser opens a URL there itself (typed, or clicked outside any web page).
+account); a user who reads the browser's command line and uses its token before the browser does (a race
+the browser, which asks at once, usually wins; then the owner's browser gets the 403 page; `--no-open`
+puts no token on any command line); and the cookie goes, like every 127.0.0.1 cookie, to whatever
+listens at another port of 127.0.0.1 when this browser opens a URL there itself (typed, or clicked
+outside any web page).
 """
 
 from __future__ import annotations
