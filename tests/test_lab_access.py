@@ -291,6 +291,9 @@ def test_nothing_the_lab_prints_or_logs_holds_a_secret_but_its_first_line():
         assert httpx.get(f"{served.base}/?token={served.token}", headers={"Host": "evil.example"}).status_code == 403
         assert raw(served.port, f"BREW /?token={served.token} HTTP/1.1\nHost: 127.0.0.1:{served.port}\n").startswith(b"HTTP/1.1 ")
         assert raw(served.port, f"GET /?token={served.token} HTTP/9\nHost: x\n").startswith(b"HTTP/1.1 400")
+        upgrade = "Upgrade: websocket\nConnection: Upgrade\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\nSec-WebSocket-Version: 13"
+        for path in ("/", f"/?token={served.token}"):  # the lab speaks no WebSocket, to anybody
+            assert raw(served.port, f"GET {path} HTTP/1.1\nHost: 127.0.0.1:{served.port}\n{upgrade}\n").startswith(b"HTTP/1.1 403 ")
     finally:
         out = stop_lab(proc)
-    assert served.token not in out and cookie not in out, out
+    assert served.token not in out and cookie not in out and "Traceback" not in out, out

@@ -100,7 +100,12 @@ def labs(browser, servers):
 
 
 def test_the_lab_opens_through_the_printed_url_only(browser, servers):
-    browser.delete_all_cookies()
+    open_printed(browser, servers["good"])
+    seq = open_experiment(browser, bare(servers["good"]), "ch25-paged-kv")
+    browser.delete_all_cookies()  # as if the lab had been started again at this port: the page's cookie is no more
+    type_into(browser, "T", "4")
+    wait_for_result(browser, seq)
+    assert state(browser) == "refused" and "printed in the terminal" in browser.find_element(By.ID, "message").text
     for printed in servers.values():
         browser.get(bare(printed))
         body = browser.find_element(By.TAG_NAME, "body").text

@@ -116,6 +116,9 @@ class OnlyOwner:
         if scope["type"] == "lifespan":
             await self.app(scope, receive, send)
             return
+        if scope["type"] != "http":  # the lab speaks no WebSocket: refused before it is accepted (403)
+            await send({"type": "websocket.close", "code": 1008})
+            return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         if "token" in query:
             tokens = query["token"]
