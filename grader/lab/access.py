@@ -4,9 +4,10 @@
 comes from there says nothing about whose it is. So, as Jupyter does, the lab makes a secret token when
 it starts and prints it, in the lab's URL, on the terminal, which only the user who started it sees. The
 first request for the page that presents it (`/?token=…`) exchanges it for a cookie and is redirected to
-the bare URL, so the token leaves the address bar and the history. The cookie is `HttpOnly` (the page's
-script never sees it), `SameSite=Strict` (no other site's page sends it), `Path=/`, and named after the
-port: a browser sends 127.0.0.1's cookies to every port, so a second lab reads only its own. Its value is
+the bare URL, so the token leaves the address bar. The cookie is `HttpOnly` (the page's script never
+sees it), `SameSite=Strict` (no page of another site sends it; pages at other ports of 127.0.0.1 count as
+this site, and the server's Origin and JSON checks stop their runs), `Path=/`, and named after the port:
+a browser sends 127.0.0.1's cookies to every port, so a second lab reads only its own. Its value is
 a second secret, not the token. Every request (the page, its static files and fonts, the API, the figures
 it returns) must carry that cookie, or the token itself in `?token=`; anything else gets 403 and a short
 page saying to open the URL printed in the terminal. Nothing served, no refusal and no log line carries
