@@ -690,7 +690,8 @@ def figures(out: Path, submission: Path | None, jobs: int | None, no_sandbox: bo
 def lab(solutions: bool, submission: Path | None, port: int, no_open: bool, time_limit: float, memory_limit: int, no_sandbox: bool) -> None:
     """Interactive experiments: change an instance in the page, see your functions' outputs drawn.
 
-    Serves http://127.0.0.1:PORT/ until Ctrl-C. Your code runs with the limits of `course check`.
+    Serves http://127.0.0.1:PORT/ until Ctrl-C, only to the browser that opens the URL it prints (that URL holds the
+    session's key: other users of this machine cannot use the lab). Your code runs with the limits of `course check`.
     """
     from grader.lab.runner import Lab
     from grader.lab.server import serve
@@ -707,7 +708,10 @@ def lab(solutions: bool, submission: Path | None, port: int, no_open: bool, time
             laboratory,
             port=port,
             open_browser=not no_open,
-            on_ready=lambda url: click.echo(f"course lab: {url}  running {what}{checked}; Ctrl-C stops", err=False),
+            on_ready=lambda url: click.echo(
+                f"course lab: {url}  running {what}{checked}; the URL holds this session's key: keep it to yourself; Ctrl-C stops",
+                err=False,
+            ),
         )
     except OSError as e:
         raise click.ClickException(f"cannot listen on 127.0.0.1:{port} ({e.strerror or e})") from None

@@ -14,6 +14,9 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
+from contextlib import closing
+from dataclasses import dataclass
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -23,6 +26,7 @@ from starlette.testclient import TestClient
 from grader import chapters
 from grader.cli import main
 from grader.lab import Float, Int, Numbers, ParamError, catalog
+from grader.lab.access import Session
 from grader.lab.runner import Lab
 from grader.lab.server import MAX_BODY, app, bind
 from tests.mutate import mutant, row
@@ -245,38 +249,69 @@ def test_an_edited_file_is_loaded_again(tmp_path):
         lab.close()
 
 
-def start_lab(*args: str) -> tuple[subprocess.Popen, str]:
-    """`course lab --no-open ARGS` as the CLI starts it; the process and its URL."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "grader.cli", "lab", "--no-open", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+def start_lab(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """`course lab --no-open ARGS` as the CLI starts it (`env`: its environment); the process and the URL it
+    printed, which carries the session's token."""
+    argv = [sys.executable, "-m", "grader.cli", "lab", *(() if env and "BROWSER" in env else ("--no-open",)), *args]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     line = proc.stdout.readline()
     assert line.startswith("course lab: http://127.0.0.1:"), line + proc.stdout.read()
-    return proc, line.split()[2]
+    url = line.split()[2]
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/\?token=[\w-]{40,}", url), line
+    return proc, url
 
 
-def stop_lab(proc: subprocess.Popen) -> None:
+def stop_lab(proc: subprocess.Popen) -> str:
+    """Ctrl-C to a lab of `start_lab`: it stops cleanly; everything it printed after its first line."""
     proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
     out, _ = proc.communicate(timeout=15)
     assert proc.returncode == 0 and "course lab stopped" in out, out
+    return out
+
+
+@dataclass
+class Served:
+    """A running `course lab` and the URL it printed on its terminal (with the session's token)."""
+
+    proc: subprocess.Popen
+    url: str
+
+    @property
+    def port(self) -> int:
+        return int(urlsplit(self.url).port or 0)
+
+    @property
+    def token(self) -> str:
+        return parse_qs(urlsplit(self.url).query)["token"][0]
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def owner(self, host: str = "127.0.0.1") -> httpx.Client:
+        """A client that opened the printed URL at `host`: it holds the lab's cookie, as its owner's browser does."""
+        client = httpx.Client(base_url=f"http://{host}:{self.port}", timeout=30)
+        opened = client.get(f"/?token={self.token}")
+        assert opened.status_code == 303 and opened.headers["location"] == "/", opened
+        assert f"course-lab-{self.port}" in client.cookies, opened.headers
+        return client
+
+    def cookie(self) -> str:
+        """The value of the cookie the printed URL buys."""
+        return self.owner().cookies[f"course-lab-{self.port}"]
 
 
 @pytest.fixture(scope="module")
 def served():
-    """A `course lab --solutions` server: its port."""
+    """A `course lab --solutions` server."""
     proc, url = start_lab("--solutions", "--time-limit", "5")
-    yield int(url.rstrip("/").rsplit(":", 1)[1])
+    yield Served(proc, url)
     stop_lab(proc)
 
 
-def token_of(page: str) -> str:
-    (token,) = re.findall(r'<meta name="course-token" content="([^"]+)">', page)
-    return token
-
-
-def honest(page: str, origin: str) -> dict[str, str]:
-    """The headers the page's own script sends with a run: JSON, its Origin, the token the page carries."""
-    return {"Content-Type": "application/json", "Origin": origin, "X-Course-Token": token_of(page)}
+def honest(origin: str) -> dict[str, str]:
+    """The headers the page's own script sends with a run (its cookie goes by itself): JSON and its Origin."""
+    return {"Content-Type": "application/json", "Origin": origin}
 
 
 def raw(port: int, head: str, first: bytes = b"", *more: bytes) -> bytes:
@@ -293,8 +328,9 @@ def raw(port: int, head: str, first: bytes = b"", *more: bytes) -> bytes:
 
 
 def test_the_server_serves_its_page_and_nothing_outside_the_package(reference_lab):
-    client = TestClient(app(reference_lab, 8765), base_url="http://127.0.0.1:8765")
-    page = client.get("/").text
+    session = Session(8765)
+    client = TestClient(app(reference_lab, session), base_url="http://127.0.0.1:8765")
+    page = client.get(session.url).text  # redirected to the bare URL, with the cookie
     assert "course lab" in page
     assert client.get("/static/lab.js").status_code == 200
     for path in (
@@ -313,52 +349,56 @@ def test_the_server_serves_its_page_and_nothing_outside_the_package(reference_la
         assert client.get(path).status_code == 404, path
     info = client.get("/api/experiments").json()
     assert info["checked"] and {c["id"] for c in info["chapters"]} >= {"ch15", "ch16", "ch25", "ch26"}
-    headers = honest(page, "http://127.0.0.1:8765")
+    headers = honest("http://127.0.0.1:8765")
     for body in (b"not json", b"[1]", b'{"params": 3}'):
         assert client.post("/api/run/ch25-paged-kv", content=body, headers=headers).status_code == 400, body
     run = client.post("/api/run/ch25-paged-kv", json={"params": {"T": 6}}, headers=headers)
     assert run.json()["status"] == "passed"
-    assert TestClient(app(reference_lab, 8765)).get("/").status_code == 403  # Host: testserver
+    assert TestClient(app(reference_lab, session)).get(f"/?token={session.token}").status_code == 403  # Host: testserver
     sock = bind(0)
     assert sock.getsockname()[0] == "127.0.0.1"
     sock.close()
 
 
 def test_the_server_answers_only_for_its_own_host_and_port(served):
+    port, cookie = served.port, {f"course-lab-{served.port}": served.cookie()}
     for host in (
-        f"evil.example:{served}",
+        f"evil.example:{port}",
         "evil.example",
-        f"127.0.0.1:{served + 1}",
+        f"127.0.0.1:{port + 1}",
         "localhost",
-        f"127.0.0.1.evil.example:{served}",
-        f"[::1]:{served}",
+        f"127.0.0.1.evil.example:{port}",
+        f"[::1]:{port}",
     ):
-        for path in ("/", "/api/experiments", "/static/lab.js"):
-            r = httpx.get(f"http://127.0.0.1:{served}{path}", headers={"Host": host})
+        for path in ("/", "/api/experiments", "/static/lab.js", f"/?token={served.token}"):
+            r = httpx.get(served.base + path, headers={"Host": host}, cookies=cookie)
             assert r.status_code == 403 and "forbidden" in r.text and "token" not in r.text, (host, path)
-        r = httpx.post(f"http://127.0.0.1:{served}/api/run/ch25-paged-kv", headers={"Host": host}, json={})
+            assert "set-cookie" not in r.headers, (host, path)
+        r = httpx.post(served.base + "/api/run/ch25-paged-kv", headers={"Host": host}, json={}, cookies=cookie)
         assert r.status_code == 403 and "forbidden" in r.text, host
-    assert raw(served, "GET / HTTP/1.0\n").startswith(b"HTTP/1.1 403 ")  # no Host at all
-    for host in (f"127.0.0.1:{served}", f"localhost:{served}"):
-        base = f"http://{host}"
-        page = httpx.get(base + "/")
-        assert page.status_code == 200 and "course lab" in page.text
-        assert httpx.get(base + "/static/lab.js").status_code == 200
-        assert httpx.get(base + "/api/experiments").json()["checked"]
-        r = httpx.post(base + "/api/run/ch15-embedding", json={"params": {"ids": "2, 0"}}, headers=honest(page.text, base))
-        assert r.status_code == 200 and r.json()["status"] == "passed"
+    assert raw(port, "GET / HTTP/1.0\n").startswith(b"HTTP/1.1 403 ")  # no Host at all
+    for host in ("127.0.0.1", "localhost"):
+        with closing(served.owner(host)) as client:
+            page = client.get("/")
+            assert page.status_code == 200 and "course lab" in page.text
+            assert client.get("/static/lab.js").status_code == 200
+            assert client.get("/api/experiments").json()["checked"]
+            r = client.post("/api/run/ch15-embedding", json={"params": {"ids": "2, 0"}}, headers=honest(f"http://{host}:{port}"))
+            assert r.status_code == 200 and r.json()["status"] == "passed"
 
 
-def refused(port: int, status: int, *changes: dict[str, str | None]) -> None:
+def refused(served: Served, status: int, *changes: dict[str, str | None]) -> None:
     """The page's own run passes; with each of `changes` to its headers (None: left out) it is refused."""
-    base = f"http://127.0.0.1:{port}"
-    url, good, body = base + "/api/run/ch25-paged-kv", honest(httpx.get(base + "/").text, base), b'{"params": {"T": 6}}'
-    assert httpx.post(url, content=body, headers=good).json()["status"] == "passed"
-    for change in changes:
-        headers = {k: v for k, v in {**good, **change}.items() if v is not None}
-        r = httpx.post(url, content=body, headers=headers)
-        assert r.status_code == status, change
-        assert r.json()["status"] == "invalid" and r.json()["errors"] == {} and r.json()["message"], change
+    with closing(served.owner()) as client:
+        url, good, body = "/api/run/ch25-paged-kv", honest(served.base), b'{"params": {"T": 6}}'
+        assert client.post(url, content=body, headers=good).json()["status"] == "passed"
+        for change in changes:
+            headers = {k: v for k, v in {**good, **change}.items() if v is not None}
+            if "Cookie" in change:
+                client.cookies.clear()
+            r = client.post(url, content=body, headers=headers)
+            assert r.status_code == status, change
+            assert r.json()["status"] in ("invalid", "refused") and r.json()["errors"] == {} and r.json()["message"], change
 
 
 def test_a_run_must_be_sent_as_json(served):
@@ -380,34 +420,36 @@ def test_a_run_must_come_from_the_page_s_own_origin(served):
         {"Origin": "http://evil.example"},
         {"Origin": "null"},
         {"Origin": None},
-        {"Origin": f"http://127.0.0.1:{served + 1}"},
-        {"Origin": f"https://127.0.0.1:{served}"},
+        {"Origin": f"http://127.0.0.1:{served.port + 1}"},
+        {"Origin": f"https://127.0.0.1:{served.port}"},
     )
 
 
-def test_a_run_must_carry_the_session_token(served):
-    token = token_of(httpx.get(f"http://127.0.0.1:{served}/").text)
+def test_a_run_must_carry_the_lab_s_cookie(served):
+    name, cookie = f"course-lab-{served.port}", served.cookie()
     refused(
         served,
         403,
-        {"X-Course-Token": None},
-        {"X-Course-Token": ""},
-        {"X-Course-Token": "not-the-token"},
-        {"X-Course-Token": token[:-1]},
-        {"X-Course-Token": token + "x"},
+        {"Cookie": None},
+        {"Cookie": ""},
+        {"Cookie": f"{name}="},
+        {"Cookie": f"{name}=not-the-cookie"},
+        {"Cookie": f"{name}={cookie[:-1]}"},
+        {"Cookie": f"{name}={cookie}x"},
+        {"Cookie": f"course-lab-{served.port + 1}={cookie}"},  # its value, under another lab's name
+        {"Cookie": f"{name}={served.token}"},  # the token is not the cookie
     )
 
 
-def run_head(port: int, *lines: str) -> str:
-    """The head of a POST /api/run the page could send, with the page's token, and `lines` of its own."""
-    token = token_of(httpx.get(f"http://127.0.0.1:{port}/").text)
+def run_head(served: Served, *lines: str) -> str:
+    """The head of a POST /api/run the page could send, with the lab's cookie, and `lines` of its own."""
     return "\n".join(
         [
             "POST /api/run/ch25-paged-kv HTTP/1.1",
-            f"Host: 127.0.0.1:{port}",
-            f"Origin: http://127.0.0.1:{port}",
+            f"Host: 127.0.0.1:{served.port}",
+            f"Origin: http://127.0.0.1:{served.port}",
             "Content-Type: application/json",
-            f"X-Course-Token: {token}",
+            f"Cookie: course-lab-{served.port}={served.cookie()}",
             *lines,
             "",
         ]
@@ -416,7 +458,7 @@ def run_head(port: int, *lines: str) -> str:
 
 def test_a_body_announced_over_the_cap_is_refused_before_it_is_read(served):
     # 300 MiB announced, 10 bytes sent: the 413 comes at once (reading the body first would wait for the rest).
-    answer = raw(served, run_head(served, f"Content-Length: {300 << 20}"), b'{"params":')
+    answer = raw(served.port, run_head(served, f"Content-Length: {300 << 20}"), b'{"params":')
     assert answer.startswith(b"HTTP/1.1 413 ") and b'"status":"invalid"' in answer and b"too large" in answer
 
 
@@ -424,11 +466,11 @@ def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_cap(served):
     chunk = b"%x\r\n%s\r\n" % (16 << 10, b" " * (16 << 10))
     head = run_head(served, "Transfer-Encoding: chunked")
     # MAX_BODY bytes, then one more: the 413 comes though the body has not ended (its last chunk is never sent).
-    answer = raw(served, head, chunk * (MAX_BODY // (16 << 10)), b"1\r\n \r\n")
+    answer = raw(served.port, head, chunk * (MAX_BODY // (16 << 10)), b"1\r\n \r\n")
     assert answer.startswith(b"HTTP/1.1 413 ") and b'"status":"invalid"' in answer and b"too large" in answer
     # A chunked body under the cap is read and run.
     answer = raw(
-        served,
+        served.port,
         run_head(served, "Transfer-Encoding: chunked", "Connection: close"),
         b'6\r\n{"para\r\n',
         b'e\r\nms": {"T": 6}}\r\n',

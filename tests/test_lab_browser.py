@@ -2,6 +2,8 @@
 
 Two `course lab` servers run as the CLI starts them: one on the reference solutions, one on a student
 folder with a wrong slot_mapping (ch25) and an embedding_lookup that hangs on more than 3 ids (ch15).
+The browser opens each through the URL it printed (the session's token buys a cookie for that port),
+then drives both at their bare URLs, side by side.
 Screenshots of every experiment go to $COURSE_LAB_SCREENSHOTS when set. The median time from a
 control change to the new figure is printed (run with -s to see it).
 """
@@ -39,7 +41,7 @@ def servers(tmp_path_factory):
     mutant(folder, "ch25", WRONG_SLOTS)
     good = start_lab("--solutions", "--time-limit", "5")
     bad = start_lab("--submission", str(folder), "--time-limit", "1")
-    yield {"good": good[1], "bad": bad[1]}
+    yield {"good": good[1], "bad": bad[1]}  # the URLs they printed, with their tokens
     stop_lab(good[0])
     stop_lab(bad[0])
 
@@ -70,6 +72,58 @@ def browser():
     yield driver
     driver.quit()
     shutil.rmtree(profile, ignore_errors=True)
+
+
+def token_of(printed: str) -> str:
+    return printed.split("?token=", 1)[1]
+
+
+def bare(printed: str) -> str:
+    """The lab's URL without its token: where the printed one redirects."""
+    return printed.split("?", 1)[0]
+
+
+def open_printed(driver, printed: str) -> None:
+    """Open the URL a lab printed, as its owner does: the token buys the cookie and leaves the address bar."""
+    driver.get("about:blank")
+    driver.get(printed)
+    WebDriverWait(driver, WAIT).until(lambda d: d.find_elements(By.CSS_SELECTOR, "nav button"))
+    assert driver.current_url == bare(printed), driver.current_url
+
+
+@pytest.fixture(scope="module")
+def labs(browser, servers):
+    """Both labs opened through their printed URLs: their bare URLs, which this browser may now use."""
+    for printed in servers.values():
+        open_printed(browser, printed)
+    return {name: bare(printed) for name, printed in servers.items()}
+
+
+def test_the_lab_opens_through_the_printed_url_only(browser, servers):
+    open_printed(browser, servers["good"])
+    seq = open_experiment(browser, bare(servers["good"]), "ch25-paged-kv")
+    browser.delete_all_cookies()  # as if the lab had been started again at this port: the page's cookie is no more
+    type_into(browser, "T", "4")
+    wait_for_result(browser, seq)
+    assert state(browser) == "refused" and "printed in the terminal" in browser.find_element(By.ID, "message").text
+    for printed in servers.values():
+        browser.get(bare(printed))
+        body = browser.find_element(By.TAG_NAME, "body").text
+        assert "open the URL that course lab printed in the terminal" in body
+        assert not any(token_of(p) in browser.page_source for p in servers.values())
+        assert not browser.find_elements(By.CSS_SELECTOR, "nav button")
+    for printed in servers.values():
+        open_printed(browser, printed)
+        assert browser.execute_script("return document.cookie") == ""  # HttpOnly: the page's script never sees it
+        assert not any(token_of(p) in browser.page_source for p in servers.values())
+    cookies = {c["name"]: c for c in browser.get_cookies()}
+    ports = sorted(printed.split(":")[2].split("/")[0] for printed in servers.values())
+    assert sorted(cookies) == [f"course-lab-{port}" for port in ports], cookies  # one per lab: they do not clash
+    for c in cookies.values():
+        assert c["httpOnly"] and c["sameSite"] == "Strict" and c["path"] == "/" and c["domain"] == "127.0.0.1", c
+    for url in (bare(printed) for printed in servers.values()):  # each lab, with both cookies sent, takes its own
+        open_experiment(browser, url, "ch25-paged-kv")
+        assert state(browser) in ("passed", "failed")
 
 
 def open_experiment(driver, url: str, experiment: str) -> str:
@@ -103,8 +157,8 @@ def state(driver) -> str:
     return driver.find_element(By.ID, "status").get_attribute("data-state")
 
 
-def test_a_changed_control_redraws_the_figure_from_the_new_instance(browser, servers):
-    seq = open_experiment(browser, servers["good"], "ch15-embedding")
+def test_a_changed_control_redraws_the_figure_from_the_new_instance(browser, labs):
+    seq = open_experiment(browser, labs["good"], "ch15-embedding")
     assert state(browser) == "passed"
     assert {"31", "32", "33", "34"} <= set(svg_values(browser, "ch15-dim-embedding"))
     type_into(browser, "ids", "5, 1")
@@ -119,8 +173,8 @@ def test_a_changed_control_redraws_the_figure_from_the_new_instance(browser, ser
     assert "X[1, 2, 2]" in browser.find_element(By.ID, "figures").get_attribute("innerHTML")
 
 
-def test_a_bound_is_explained_beside_its_control_and_the_figure_stays(browser, servers):
-    seq = open_experiment(browser, servers["good"], "ch25-paged-kv")
+def test_a_bound_is_explained_beside_its_control_and_the_figure_stays(browser, labs):
+    seq = open_experiment(browser, labs["good"], "ch25-paged-kv")
     type_into(browser, "T", "60")
     wait_for_result(browser, seq)
     assert state(browser) == "invalid"
@@ -128,8 +182,8 @@ def test_a_bound_is_explained_beside_its_control_and_the_figure_stays(browser, s
     assert browser.find_elements(By.CSS_SELECTOR, '[data-figure="ch25-dim-slot-mapping"] svg')
 
 
-def test_slots_follow_the_block_table_and_the_median_latency(browser, servers):
-    seq = open_experiment(browser, servers["good"], "ch25-paged-kv")
+def test_slots_follow_the_block_table_and_the_median_latency(browser, labs):
+    seq = open_experiment(browser, labs["good"], "ch25-paged-kv")
     browser.execute_script("window.labLatencies = []")
     for n, table in enumerate(["1, 2, 0", "4, 3, 2", "0, 1, 2", "2, 4, 1", "3, 0, 4"] * 2):
         type_into(browser, "block_table", table)
@@ -148,8 +202,8 @@ def test_slots_follow_the_block_table_and_the_median_latency(browser, servers):
     assert median < 2000
 
 
-def test_a_wrong_function_shows_the_message_and_the_marked_cells(browser, servers):
-    open_experiment(browser, servers["bad"], "ch25-paged-kv")
+def test_a_wrong_function_shows_the_message_and_the_marked_cells(browser, labs):
+    open_experiment(browser, labs["bad"], "ch25-paged-kv")
     assert state(browser) == "failed"
     message = browser.find_element(By.ID, "message").text
     assert "yours: 0" in message and "hint: the slot uses the physical block from the table" in message
@@ -158,8 +212,8 @@ def test_a_wrong_function_shows_the_message_and_the_marked_cells(browser, server
     shoot(browser, "wrong-ch25-paged-kv")
 
 
-def test_a_hanging_function_times_out_and_the_page_stays_usable(browser, servers):
-    seq = open_experiment(browser, servers["bad"], "ch15-embedding")
+def test_a_hanging_function_times_out_and_the_page_stays_usable(browser, labs):
+    seq = open_experiment(browser, labs["bad"], "ch15-embedding")
     assert state(browser) == "passed"
     type_into(browser, "ids", "1, 2, 3, 4")
     seq = wait_for_result(browser, seq)
@@ -176,8 +230,8 @@ def test_a_hanging_function_times_out_and_the_page_stays_usable(browser, servers
 
 
 @pytest.mark.parametrize("experiment", sorted(catalog().experiments))
-def test_screenshot_of_every_experiment(browser, servers, experiment):
-    open_experiment(browser, servers["good"], experiment)
+def test_screenshot_of_every_experiment(browser, labs, experiment):
+    open_experiment(browser, labs["good"], experiment)
     assert state(browser) == "passed", browser.find_element(By.ID, "message").text
     figures = browser.find_elements(By.CSS_SELECTOR, "#figures svg")
     assert len(figures) == len(catalog().find(experiment).figures)

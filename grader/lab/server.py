@@ -5,19 +5,19 @@ threads (one request per experiment at a time, see `grader.lab.runner`), so a sl
 hanging function never holds up the server's other requests. Only the files of
 `grader/lab/static/` are ever served.
 
-Other web pages in the student's browser must not read the lab or run code through it. Every
-request whose Host is not `127.0.0.1:PORT` or `localhost:PORT` gets 403 (a DNS-rebinding page
-names its own host). Running code needs what a cross-site form or fetch cannot send: `Content-Type:
-application/json`, the page's own `Origin`, and the session's token (made at start, put in the page's
-`<meta name="course-token">`, sent back as `X-Course-Token`). A body over `MAX_BODY` is refused with
-413 from its Content-Length, or as soon as a chunked body passes the cap; it is never read whole.
+Nobody but the user who started the lab may read it or run code through it (`grader.lab.access`):
+every request whose Host is not `127.0.0.1:PORT` or `localhost:PORT` gets 403 (a DNS-rebinding page
+names its own host), and every other one needs the session's cookie, bought with the token printed on
+the terminal, or that token. Other web pages in that user's browser must not run code either: running
+code needs what a cross-site form or fetch cannot send, `Content-Type: application/json` and the page's
+own `Origin` (and the cookie, which is `SameSite=Strict`). The page may not be framed. A body over
+`MAX_BODY` is refused with 413 from its Content-Length, or as soon as a chunked body passes the cap; it
+is never read whole. uvicorn logs no request line (a first one carries the token).
 """
 
 from __future__ import annotations
 
-import hmac
 import json
-import secrets
 import socket
 import threading
 import webbrowser
@@ -31,35 +31,17 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Receive, Scope, Send
 
+from grader.lab.access import HOST, OnlyHosts, OnlyOwner, Session
 from grader.lab.runner import Lab
 
 STATIC = Path(__file__).resolve().parent / "static"
 FONTS = Path(__file__).resolve().parents[2] / "figures" / "fonts"
 """The shipped fonts (figures/fonts/*.woff2): lab.css draws the page with them, as the figures do, so a
 machine without a CJK font shows Chinese too."""
-HOST = "127.0.0.1"
 MAX_BODY = 64 << 10
-TOKEN_META = '<meta name="course-token" content="">'  # in index.html; filled in when the page is served
-TOKEN_HEADER = "x-course-token"
+PAGE_HEADERS = {"Cache-Control": "no-store", "Content-Security-Policy": "frame-ancestors 'none'", "X-Frame-Options": "DENY"}
 TOO_LARGE = {"Connection": "close"}  # with a 413 uvicorn closes the connection rather than read the rest
-
-
-class OnlyHosts:
-    """403 for every request whose Host header is not exactly one of `hosts`."""
-
-    def __init__(self, app: ASGIApp, hosts: set[str]) -> None:
-        self.app, self.hosts = app, {h.encode() for h in hosts}
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "lifespan":
-            host = [value for name, value in scope["headers"] if name == b"host"]
-            if len(host) != 1 or host[0] not in self.hosts:
-                forbidden = PlainTextResponse("forbidden: course lab answers only 127.0.0.1 and localhost", 403)
-                await forbidden(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 def invalid(message: str, status_code: int, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -76,22 +58,15 @@ async def capped_body(request: Request) -> bytes | None:
     return bytes(body)
 
 
-def app(lab: Lab, port: int) -> Starlette:
-    """The lab's routes, for requests to 127.0.0.1:`port` or localhost:`port`, with a new session token."""
-    token = secrets.token_urlsafe(32)
-    hosts = {f"{HOST}:{port}", f"localhost:{port}"}
-    origins = {f"http://{h}" for h in hosts}
+def app(lab: Lab, session: Session) -> Starlette:
+    """The lab's routes, for requests to 127.0.0.1 or localhost at the session's port that carry its cookie or token."""
+    origins = {f"http://{h}" for h in session.hosts}
     html = (STATIC / "index.html").read_text(encoding="utf-8")
-    if TOKEN_META not in html:
-        raise RuntimeError(f"{STATIC / 'index.html'} lacks {TOKEN_META}")
-    html = html.replace(TOKEN_META, f'<meta name="course-token" content="{token}">')
 
     def refusal(request: Request) -> JSONResponse | None:
         """Why a request to run code is refused, if it is: it must come from our page, as small JSON."""
         if request.headers.get("origin") not in origins:
             return invalid("refused: code runs only from the lab's own page (Origin)", 403)
-        if not hmac.compare_digest(request.headers.get(TOKEN_HEADER, "").encode("latin-1"), token.encode()):
-            return invalid("refused: missing or wrong session token (reload the page)", 403)
         if request.headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
             return invalid("send the parameters as application/json", 415)
         try:
@@ -101,7 +76,7 @@ def app(lab: Lab, port: int) -> Starlette:
         return invalid("request too large", 413, TOO_LARGE) if length > MAX_BODY else None
 
     async def page(request: Request) -> HTMLResponse:
-        return HTMLResponse(html, headers={"Cache-Control": "no-store"})
+        return HTMLResponse(html, headers=PAGE_HEADERS)
 
     async def font(request: Request) -> Response:
         name = request.path_params["name"]
@@ -136,7 +111,7 @@ def app(lab: Lab, port: int) -> Starlette:
             Route("/api/run/{experiment}", run, methods=["POST"]),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
-        middleware=[Middleware(OnlyHosts, hosts=hosts)],
+        middleware=[Middleware(OnlyHosts, hosts=session.hosts), Middleware(OnlyOwner, session=session)],
     )
 
 
@@ -150,18 +125,18 @@ def bind(port: int = 0) -> socket.socket:
 
 
 def serve(lab: Lab, *, port: int = 0, open_browser: bool = True, on_ready: Callable[[str], None] | None = None) -> None:
-    """Serve the lab until Ctrl-C (or SIGTERM); `on_ready(url)` is called once it listens."""
+    """Serve the lab until Ctrl-C (or SIGTERM); `on_ready(url)` is called once it listens, with the URL that
+    carries the session's token (for the terminal only). A browser is opened on a one-time token of its own."""
     import uvicorn
 
     sock = bind(port)
-    port = sock.getsockname()[1]
-    url = f"http://{HOST}:{port}/"
-    config = uvicorn.Config(app(lab, port), log_level="warning", timeout_graceful_shutdown=2, lifespan="off")
+    session = Session(sock.getsockname()[1])
+    config = uvicorn.Config(app(lab, session), log_level="warning", access_log=False, timeout_graceful_shutdown=2, lifespan="off")
     server = uvicorn.Server(config)
     if on_ready:
-        on_ready(url)
+        on_ready(session.url)
     if open_browser:
-        threading.Timer(0.3, webbrowser.open, args=(url,)).start()
+        threading.Timer(0.3, webbrowser.open, args=(session.browser_url(),)).start()
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn shuts down gracefully, then raises the signal again

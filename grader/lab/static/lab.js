@@ -4,8 +4,8 @@
 
 const $ = (id) => document.getElementById(id);
 const DEBOUNCE_MS = 120;
-// Code runs only for this page: the session token the server put in it goes back with every run.
-const TOKEN = document.querySelector('meta[name="course-token"]').content;
+// The lab answers only its owner's browser: the cookie it gave for the token printed in the terminal goes with
+// every request by itself (same origin); this script never sees it.
 const STATUS = {
   passed: "✓ 与答案一致 · your outputs match the expected ones",
   unchecked: "已画出你的输出 · drawn from your outputs: the chapter's rules that need no answer hold, but no answer " +
@@ -16,6 +16,7 @@ const STATUS = {
   timeout: "✗ 超时 · your code did not finish in time (the page stays usable: change the instance or fix the code)",
   invalid: "这个实例画不出来 · this instance cannot be drawn",
   blocked: "无法在本机运行 · cannot run on this machine",
+  refused: "✗ course lab 拒绝了这个页面 · course lab refused this page (below)",
 };
 // A failure found by a rule that needs no answer (no answer to this instance ships with the release).
 const FAILED_BY_RULE = "✗ 不符合本章的规则 · your outputs break a rule of the chapter (below); no answer to this " +
@@ -25,7 +26,12 @@ const lab = { experiments: new Map(), current: null, seq: 0, inflight: null, tim
 window.labLatencies = [];   // ms from a control change to its figures on the page (read by the browser tests)
 
 async function start() {
-  const info = await (await fetch("/api/experiments")).json();
+  const res = await fetch("/api/experiments");
+  const info = await res.json();
+  if (!res.ok) {  // a lab started again at this port: this page's cookie is not its own
+    show(info, null);
+    return;
+  }
   $("target").textContent = `running ${info.mode === "solutions" ? "the reference solutions" : info.target}` +
     ` · time limit ${info.time_limit} s per change`;
   const mode = $("mode");
@@ -147,7 +153,7 @@ async function run() {
   let data;
   try {
     const res = await fetch(`/api/run/${encodeURIComponent(exp.id)}`, {
-      method: "POST", headers: { "Content-Type": "application/json", "X-Course-Token": TOKEN },
+      method: "POST", headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ params: values() }), signal: ctrl.signal,
     });
     data = await res.json();
