@@ -457,8 +457,13 @@ def _sandbox_for(*, others: bool, no_sandbox: bool) -> str | None:
     "(required, except with --nbgrader: COURSE_DIR/course-grade).",
 )
 @click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Submissions graded at once.")
-@click.option("--force", is_flag=True, help="Grade again what OUT already holds (with a new seed unless --seed).")
-@click.option("--seed", type=int, help="Grading seed of the hidden checks (recorded in OUT/grading.json).")
+@click.option("--force", is_flag=True, help="Grade again what OUT already holds (with a new secret unless --seed).")
+@click.option(
+    "--seed",
+    type=int,
+    help="The run's secret, as a number (repeatable, and guessable); by default a random one of 256 bits. Each "
+    "student's hidden checks run on a seed derived from it and the student's name (all recorded in OUT/grading.json).",
+)
 @click.option(
     "--time-limit",
     type=click.FloatRange(min=0.1),
