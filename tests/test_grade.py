@@ -375,6 +375,7 @@ def test_each_student_has_a_seed_of_their_own_recorded_twice(graded):
     students = {r["student"] for r in result.rows}
     assert set(state["seeds"]) == students and len(set(state["seeds"].values())) == len(students)
     assert state["seeds"] == {s: student_seed("3", s) for s in students}
+    assert (out / "grading.json").stat().st_mode & 0o077 == 0  # the secret: the instructor's alone
     for student in students:
         assert json.loads((out / student / "ch25" / "results.json").read_text())["seed"] == state["seeds"][student]
 
