@@ -18,15 +18,18 @@ Where a verdict is computed: `authoring/trial.py:run_one` runs one check (a func
 hidden/chNN.py) in the trusted process and turns what it raised into a status; the comparisons and
 teaching messages are `authoring/compare.py` and the chapter's own helpers. Where a student's code runs:
 `isolation/child.py`, in a process started by `isolation/worker.py` or forked by `isolation/zygote.py`,
-inside `isolation/sandbox.py`'s sandbox when it is somebody else's code; the trusted side talks to it only
-through `isolation/session.py` (values as plain data, `isolation/wire.py`).
+inside `isolation/sandbox.py`'s sandbox when it is somebody else's code (its uid boundary without network by
+`isolation/netfilter.py`'s seccomp filter); the trusted side talks to it only through `isolation/session.py`
+(values as plain data, `isolation/wire.py`).
 
 The other ways in, in delivery/: `stubs.py` (solutions/ → exercises/), `release.py` (the student package and
 the nbgrader course), `notebook.py` (chapter notebooks, graded cell by cell), `grade.py` (a whole class,
 with `layout.py` and `submission.py` reading what students handed in, `summary.py` its report,
-`gradebook.py` nbgrader's gradebook), `gradescope.py` (the autograder bundle, which finds the answer by the
-same `layout.py`), `feedback.py` (what a graded student gets back: a page with the figures inline, and
-Gradescope's HTML output), `doctor.py` (`course doctor`: what this installation can do). `lab/` serves `course lab`.
+`gradebook.py` nbgrader's gradebook, `seeds.py` each student's grading seed), `gradescope.py` (the autograder
+bundle, which finds the answer by the same `layout.py` and checks its uid boundary with `uidprobe.py`),
+`feedback.py` (what a graded student gets back: a page with the figures inline, and Gradescope's HTML output),
+`doctor.py` (`course doctor`: what this installation can do), `files.py` (writing only where the grader chose).
+`lab/` serves `course lab`.
 
 This module stays import-light: the student's process imports `grader.isolation` too.
 """

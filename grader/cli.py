@@ -459,8 +459,13 @@ def _sandbox_for(*, others: bool, no_sandbox: bool) -> str | None:
     "(required, except with --nbgrader: COURSE_DIR/course-grade).",
 )
 @click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Submissions graded at once.")
-@click.option("--force", is_flag=True, help="Grade again what OUT already holds (with a new seed unless --seed).")
-@click.option("--seed", type=int, help="Grading seed of the hidden checks (recorded in OUT/grading.json).")
+@click.option("--force", is_flag=True, help="Grade again what OUT already holds (with a new secret unless --seed).")
+@click.option(
+    "--seed",
+    type=int,
+    help="The run's secret, as a number (repeatable, and guessable); by default a random one of 256 bits. Each "
+    "student's hidden checks run on a seed derived from it and the student's name (all recorded in OUT/grading.json).",
+)
 @click.option(
     "--time-limit",
     type=click.FloatRange(min=0.1),
@@ -613,14 +618,26 @@ def export() -> None:
     metavar="ZIP",
     help="The autograder bundle to write (upload it as the assignment's autograder).",
 )
-@click.option("--seed", type=int, help="Grading seed of the hidden checks (random, fixed in the bundle, by default).")
-def export_gradescope(chapter: Chapter, out: Path, seed: int | None) -> None:
+@click.option(
+    "--seed",
+    type=int,
+    help="The bundle's secret, as a number (repeatable, and guessable: for tests); by default a random one of 256 bits. "
+    "Each student's hidden checks run on a seed derived from it and the student's Gradescope id.",
+)
+@click.option(
+    "--hidden-visibility",
+    type=click.Choice(["after_due_date", "after_published", "visible", "hidden"]),
+    default="after_due_date",
+    show_default=True,
+    help="When students see the hidden checks' results (Gradescope's visibility).",
+)
+def export_gradescope(chapter: Chapter, out: Path, seed: int | None, hidden_visibility: str) -> None:
     """A Gradescope autograder bundle for CHAPTER: setup.sh, run_autograder and the package with its hidden checks."""
     from grader.delivery.gradescope import export as build
 
     if not any(chapters.SOLUTIONS.glob("ch[0-9][0-9]_*.py")):
         raise click.ClickException("a Gradescope bundle carries the hidden checks: build it from the instructor's repository")
-    build(chapter, out, seed=seed)
+    build(chapter, out, seed=seed, hidden_visibility=hidden_visibility)
     click.echo(
         f"{out} ({out.stat().st_size / 1024:.0f} KiB): upload it as the autograder of {chapter.id}; "
         "students submit exercises/" + chapter.filename + " or their chapter notebook"

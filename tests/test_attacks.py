@@ -10,7 +10,10 @@ The hostile submissions are ch17 modules in tests/attacks/ (data, never imported
   the venvs, other students' folders and results, /tmp: S2, S6), opening grader files and other
   students' files for writing, /proc/<pid>/mem read-write and ptrace on its ancestors and the grader's
   processes (H2, M3), the grader's environment and process list (M1, M2), an earlier student's
-  leftovers (H3), filling /tmp and the home folder past the box's 64 MiB (M4), and processes left
+  leftovers (H3), filling /tmp and the home folder past the box's 64 MiB (M4), the network (TCP and
+  UDP to this module's own servers on 127.0.0.1, and without a network namespace any socket but AF_UNIX
+  and io_uring), the files a channel keeps from its students (Gradescope's submission_metadata.json with
+  earlier results, the results folder, run_autograder with the bundle's secret), and processes left
   behind (a session leader, a double fork, sleeps: S3, H1, D5) that rewrite results files with full
   marks, plant files and kill later students' processes. Whatever works turns its answers right, so
   any score above 0 is a hole (its "HOLE ..." lines, when the channel kept them, say which);
@@ -44,8 +47,9 @@ their argv, by the pids seen in the run's process tree in a pid namespace of the
 the box uids seen); no file outside the boxes changed (every folder the attacks aimed at, the
 unprivileged venv file by file, anything new in /tmp or the checkout that carries this session's
 token); the grader's canary variable, the solution regions of the reference, the hidden checks' lines
-and the victim's secret never reach what a channel printed or wrote; results files are the same 1 s
-after the run (S3); and the trusted side's memory stays bounded (D4). One more test: without
+and the victim's secret and the earlier results of Gradescope's metadata never reach what a channel
+printed or wrote; this module's servers hear nothing; results files are the same 1 s after the run
+(S3); and the trusted side's memory stays bounded (D4). One more test: without
 bubblewrap, grading somebody else's code refuses, naming the fix, unless --no-sandbox (which warns).
 
 The whole module takes about 5 minutes on this 2-core machine (each sandboxed run 3 to 6 s, the
@@ -73,6 +77,7 @@ from pathlib import Path
 import pytest
 from conftest import missing, require_root, require_sandbox
 from linkedvenv import link_distributions
+from netlisten import Listener
 
 from grader import chapters, checks
 
@@ -99,6 +104,10 @@ HOST_UID_BASE = 200_000
 RUN_BOUND = 150.0
 """Seconds one student's run may take, whatever it does (this 2-core machine is often shared)."""
 SEED = 1
+PREVIOUS = f"previousresults{TOKEN}"
+"""In every Gradescope submission_metadata.json, as an earlier submission's hidden message: no student may see it."""
+SERVERS: list[Listener] = []
+"""This module's TCP and UDP servers on 127.0.0.1 (started with `base`): the attacks aim at them."""
 
 HOSTILE = ("kitchen_sink", "stopper", "killer")
 
@@ -170,7 +179,9 @@ def base(sandbox_works):
 
     folder = Path(tempfile.mkdtemp(prefix=f"attacks-{TOKEN}-", dir="/tmp"))
     os.chmod(folder, 0o755)
+    SERVERS.append(Listener())
     yield folder
+    SERVERS.pop().close()
     for pid in _marked_processes():
         _kill(pid)
     for path in _planted(_all_targets_seen):
@@ -338,6 +349,8 @@ def hostile_text(kind: str, targets: "Targets", nonce: str, *, fill_cap: int = 7
         "existing_files": [str(p) for p in targets.existing],
         "result_files": [str(p) for p in targets.results],
         "secret_paths": [str(p) for p in targets.secrets],
+        "private_files": [str(p) for p in targets.private],
+        "net": [*SERVERS[0].ports, SERVERS[0].reply.decode()],
     }
     text = (ATTACKS / f"{kind}.py").read_text()
     assert "__CFG_JSON__" in text
@@ -370,6 +383,8 @@ class Targets:
     existing: list[Path] = field(default_factory=list)
     results: list[Path] = field(default_factory=list)
     secrets: list[Path] = field(default_factory=list)
+    private: list[Path] = field(default_factory=list)
+    """Files the channel keeps from its students: any byte read is a hole (Gradescope's /autograder)."""
 
 
 _all_targets_seen: list[Path] = []
@@ -421,6 +436,7 @@ def common_targets(user: User, extra: Targets) -> Targets:
         [p for p in dict.fromkeys(existing + extra.existing) if p.exists()],
         list(extra.results),
         [p for p in dict.fromkeys(secret + extra.secrets)],
+        list(extra.private),
     )
     _all_targets_seen.extend(t.write_dirs)
     return t
@@ -688,6 +704,8 @@ class Campaign:
     planted: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     rewritten: list[str] = field(default_factory=list)
+    heard: list[bytes] = field(default_factory=list)
+    """What this module's servers heard during the campaign."""
     bound: float = RUN_BOUND
 
     def holes(self, student: str) -> list[str]:
@@ -878,8 +896,12 @@ def campaign_gradescope(user: User, c: Campaign, folder: Path, bundle: Bundle, k
                     bundle.site / "solutions" / CH.filename,
                     bundle.site / "grader" / "hidden" / "ch17.py",
                 ],
+                [root, root / "submission_metadata.json", root / "results", root / "run_autograder", root / "source"],
             ),
         )
+        users = [{"email": f"{student}@example.com", "id": 5000 + len(c.runs), "name": student}]
+        earlier = [{"submission_time": "2025-02-28T14:24:48.087023-08:00", "score": 0.0, "results": {"output": PREVIOUS}}]
+        (root / "submission_metadata.json").write_text(json.dumps({"id": 1, "users": users, "previous_submissions": earlier}))
         # the uid boundary has no tmpfs of its own: its /tmp is the container's, one per submission on Gradescope
         options = {"fill_cap": 1 << 40} if kind == "uid" else {}
         (root / "submission" / CH.filename).write_text(module_for(role, c.targets, student, **options))
@@ -978,7 +1000,9 @@ def campaign(request, base):
     venv_before = _tree_stat(user.venv) if user.venv else None
     tmp_before = set(os.listdir("/tmp"))
     since = time.time_ns()
+    heard = len(SERVERS[0].heard)
     RUNNERS[channel](user, c, folder, request)
+    c.heard = SERVERS[0].heard[heard:]
     time.sleep(1)  # S3: a leftover process would rewrite results now (it tries every 0.3 s)
     later = {}
     first_read = {s: c.docs.get(s) for s in c.roles}
@@ -1066,6 +1090,11 @@ def test_no_secret_reaches_what_the_channel_printed_or_wrote(campaign):
         assert not leaked, f"{where} carries lines of the reference or the hidden checks: {leaked[:3]}"
         if campaign.roles.get(owner) not in ("victim", "honest"):
             assert VICTIM not in text, f"{where} carries the victim's secret (an earlier student's output)"
+        assert PREVIOUS not in text, f"{where} carries an earlier submission's results (Gradescope's metadata)"
+
+
+def test_no_submission_reaches_the_network(campaign):
+    assert campaign.heard == [], f"this module's servers on 127.0.0.1 heard: {campaign.heard[:5]}"
 
 
 def test_results_stay_as_the_grader_wrote_them(campaign):

@@ -30,8 +30,10 @@ from conftest import require_sandbox
 from mutate import mutant
 
 from grader import chapters, checks
-from grader.delivery.grade import InOrder, Item, _Config, _grade, _needs_grading, grade, results_dir
+from grader.delivery import grade as grade_module
+from grader.delivery.grade import GradeError, InOrder, Item, _Config, _grade, _needs_grading, _state, grade, results_dir
 from grader.delivery.notebook import chapter_notebook
+from grader.delivery.seeds import student_seed
 from grader.delivery.summary import HISTOGRAM, clip, message_group, summarize, summary_markdown
 from grader.isolation.sandbox import SandboxUnavailable, probe
 
@@ -118,7 +120,7 @@ def test_every_student_gets_one_row_and_malformed_ones_a_clear_error(graded):
 def test_results_are_gradescope_documents_with_figures_beside_them(graded):
     _, out, _ = graded
     doc = json.loads((out / "ada" / "ch25" / "results.json").read_text())
-    assert doc["score"] == doc["max_score"] == FULL and doc["seed"] == 3
+    assert doc["score"] == doc["max_score"] == FULL and doc["seed"] == student_seed("3", "ada")
     assert {"name", "score", "max_score", "status", "output"} <= set(doc["tests"][0])
     assert doc["figures"] and all((out / "ada" / "ch25" / f).is_file() for f in doc["figures"])
 
@@ -360,9 +362,66 @@ def test_time_limits_follow_the_reference_and_are_recorded(graded):
     _, out, _ = graded
     state = json.loads((out / "grading.json").read_text())
     limits = state["time_limits"]["ch25"]
-    assert state["seed"] == 3 and limits["max"] == 5.0
+    assert state["secret"] == "3" and "seed" not in state and limits["max"] == 5.0
     assert set(limits["checks"]) == {s.key for s in checks.load("ch25", with_hidden=True)}
     assert all(0.5 <= v <= 5.0 for v in limits["checks"].values())
+
+
+def test_each_student_has_a_seed_of_their_own_recorded_twice(graded):
+    """grading.json records every student's seed (the HMAC of the name under the run's secret, "3"
+    here), and each results.json the seed its hidden checks ran on: the same one."""
+    _, out, result = graded
+    state = json.loads((out / "grading.json").read_text())
+    students = {r["student"] for r in result.rows}
+    assert set(state["seeds"]) == students and len(set(state["seeds"].values())) == len(students)
+    assert state["seeds"] == {s: student_seed("3", s) for s in students}
+    assert (out / "grading.json").stat().st_mode & 0o077 == 0  # the secret: the instructor's alone
+    for student in students:
+        assert json.loads((out / student / "ch25" / "results.json").read_text())["seed"] == state["seeds"][student]
+
+
+INSTANCES17 = SOLUTION17.replace(
+    "def causal_mask(num_tokens: int) -> torch.Tensor:",
+    'def causal_mask(num_tokens: int) -> torch.Tensor:\n    raise ValueError(f"instance: {num_tokens!r}")\n\n\n'
+    "def _unused(num_tokens: int) -> torch.Tensor:",
+)
+"""The reference, whose causal_mask shows each check's instance in its output."""
+
+
+def test_two_students_meet_their_own_hidden_instances_and_a_rerun_the_same(tmp_path):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    for student in ("xia", "yan"):
+        write(subs / student, CH17.filename, INSTANCES17)
+    grade(subs, [CH17], out, jobs=2, sandbox=SANDBOX)  # a secret of its own, recorded
+
+    def hidden(student: str) -> list[str]:
+        doc = json.loads((out / student / "ch17" / "results.json").read_text())
+        found = [t["output"] for t in doc["tests"] if "hidden" in t["tags"] and "instance: " in t["output"]]
+        assert len(found) >= 2, doc["tests"]
+        return found
+
+    state = json.loads((out / "grading.json").read_text())
+    assert len(state["secret"]) == 64 and state["seeds"]["xia"] != state["seeds"]["yan"]
+    assert hidden("xia") != hidden("yan")  # what yan could show of hers is of no use to xia
+    before = (out / "yan" / "ch17" / "results.json").read_bytes()
+    shutil.rmtree(out / "yan")  # as if the run had been killed before yan: the rerun resumes
+    again = grade(subs, [CH17], out, jobs=1, sandbox=SANDBOX)
+    assert again.graded_now == 1 and (out / "yan" / "ch17" / "results.json").read_bytes() == before
+
+
+def test_the_recorded_secret_is_kept_and_an_older_record_is_read(tmp_path, monkeypatch):
+    """A rerun keeps the recorded secret and seeds (another --seed is refused); a grading.json written
+    before seeds were per student (one "seed") has its seed taken as the secret."""
+    monkeypatch.setattr(grade_module, "calibrate", lambda ch, seed, limit: {"max": limit, "checks": {}})
+    seeds, _ = _state(tmp_path, None, False, [CH17], 5.0, ["ada", "bo"])
+    state = json.loads((tmp_path / "grading.json").read_text())
+    assert seeds == state["seeds"] == {s: student_seed(state["secret"], s) for s in ("ada", "bo")} and seeds["ada"] != seeds["bo"]
+    later = _state(tmp_path, None, False, [CH17], 5.0, ["ada", "bo", "cy"])[0]  # a student added: the others keep theirs
+    assert later == {**seeds, "cy": student_seed(state["secret"], "cy")}
+    with pytest.raises(GradeError, match="another secret"):
+        _state(tmp_path, 5, False, [CH17], 5.0, ["ada"])
+    (tmp_path / "grading.json").write_text(json.dumps({"seed": 5, "time_limits": {}, "chapters": []}))
+    assert _state(tmp_path, 5, False, [CH17], 5.0, ["ada"])[0] == {"ada": student_seed("5", "ada")}
 
 
 # -- one student never ends the run (ch17, the quickest chapter) ----------------------------------------------
@@ -518,7 +577,7 @@ def test_a_notebooks_outputs_and_prose_do_not_count_against_the_bound(odd):
 def test_reserved_folder_names_neither_collide_nor_overwrite(odd):
     _, out, _, rows, _ = odd
     assert (out / "grades.csv").read_bytes().startswith(b"student,chapter,score,max_score,status\r\n")
-    assert json.loads((out / "grading.json").read_text())["seed"] == 7
+    assert json.loads((out / "grading.json").read_text())["secret"] == "7"
     assert "ch17" in json.loads((out / "summary.json").read_text())
     assert (out / "summary.md").read_text().startswith("# Class summary")
     assert rows["grades.csv"]["score"] == FULL17
@@ -625,7 +684,12 @@ def test_an_unexpected_exception_is_that_items_error_row(tmp_path, monkeypatch):
     write(tmp_path / "subs" / "ada", CH17.filename, SOLUTION17)
     out = tmp_path / "out"
     config = _Config(
-        out=str(out), seed=1, limits={"ch17": {"max": 1.0, "checks": {}}}, memory_limit=2 << 30, sandbox=None, scratch=str(tmp_path)
+        out=str(out),
+        seeds={"ada": 1},
+        limits={"ch17": {"max": 1.0, "checks": {}}},
+        memory_limit=2 << 30,
+        sandbox=None,
+        scratch=str(tmp_path),
     )
     item = Item("ada", "ch17", str(tmp_path / "subs"), CH17.filename)
     result = _grade(item, config)

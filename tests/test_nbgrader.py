@@ -285,16 +285,23 @@ def test_feedback_and_autograded_notebooks_keep_secrets(course):
 
 def test_course_check_grades_a_notebook_like_the_gradebook(course):
     """`course check --notebook` on a submitted file (run here, forking from the tests' warm process)
-    gives what the gradebook holds, on the class's grading seed."""
+    gives what the gradebook holds, on the student's own grading seed (the HMAC of the nbgrader student
+    id under the class's secret), recorded in grading.json and in the student's results.json."""
     from click.testing import CliRunner
     from nbgrader.api import Gradebook
 
     from grader.cli import main
+    from grader.delivery.seeds import student_seed
 
-    seed = json.loads((course / "course-grade" / "grading.json").read_text())["seed"]
+    state = json.loads((course / "course-grade" / "grading.json").read_text())
+    assert state["seeds"] == {s: student_seed(state["secret"], s) for s in STUDENTS}
+    assert len(set(state["seeds"].values())) == len(STUDENTS)  # each student's hidden instances their own
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
         for cid in ROUND_TRIP:
             for student in HONEST:
+                seed = state["seeds"][student]
+                recorded = json.loads((course / "course-grade" / student / cid / "results.json").read_text())
+                assert recorded["seed"] == seed
                 limit = ["--time-limit", "0.5"] if student == "broken" else []  # it hangs: every check times out
                 path = course / "submitted" / student / cid / f"{cid}.ipynb"
                 out = CliRunner().invoke(

@@ -25,8 +25,13 @@ underscores, is stored under that name with one more `_` in front (`OUT/_grades.
 so that no two students share a folder and no student's folder takes the place of OUT's
 files (`results_dir`). Everything else (`grades.csv`, the class summary of `grader.delivery.summary`)
 is rebuilt from those files, so a run killed at any moment and started again ends with
-exactly what one uninterrupted run writes. The grading seed and the per-check time limits
-are fixed for the whole class in `OUT/grading.json`.
+exactly what one uninterrupted run writes. The run's secret, each student's grading seed and the
+per-check time limits are fixed for the whole class in `OUT/grading.json`.
+
+Seeds. Each student's hidden checks run on a seed of their own (`grader.delivery.seeds`): the HMAC of
+the student's name (the folder or zip name) under the run's secret, recorded in grading.json and in
+the student's results.json. A rerun or a resumed run uses the recorded seed, so it meets the same
+instances; hidden instances one student leaks help nobody else.
 
 One student never ends the run. Every malformed answer (no file, a link, a FIFO, too
 large, not UTF-8, not a notebook, not Python) is one row with status "error: <why>",
@@ -58,7 +63,6 @@ import io
 import json
 import multiprocessing
 import os
-import secrets
 import shutil
 import signal
 import sys
@@ -88,7 +92,7 @@ STOP_GRACE = 15.0
 
 
 class GradeError(RuntimeError):
-    """The class cannot be graded as asked (an unknown folder, a seed that differs from the recorded one)."""
+    """The class cannot be graded as asked (an unknown folder, a secret that differs from the recorded one)."""
 
 
 @dataclass(frozen=True)
@@ -250,7 +254,8 @@ def read_item(item: Item):
 @dataclass(frozen=True)
 class _Config:
     out: str
-    seed: int
+    seeds: dict[str, int]
+    """Each student's grading seed (`grader.delivery.seeds`), as recorded in grading.json."""
     limits: dict
     memory_limit: int
     sandbox: str | None
@@ -295,7 +300,7 @@ def _grade(item: Item, config: _Config) -> dict:
         doc = error_doc(
             item,
             f"the grader failed on this submission ({type(e).__name__}: {str(e)[:300]}); a rerun grades it again",
-            seed=config.seed,
+            seed=config.seeds[item.student],
             retry=True,
         )
         try:
@@ -314,7 +319,7 @@ def _document(item: Item, config: _Config, partial: Path) -> dict:
     try:
         answer = read_item(item)
     except SubmissionError as e:
-        return error_doc(item, str(e), seed=config.seed)
+        return error_doc(item, str(e), seed=config.seeds[item.student])
     inbox = Path(tempfile.mkdtemp(prefix="inbox-", dir=config.scratch))
     try:
         (inbox / ch.filename).write_bytes(answer.source)
@@ -324,7 +329,7 @@ def _document(item: Item, config: _Config, partial: Path) -> dict:
             submission=inbox,
             source=answer.source,
             hidden=True,
-            seed=config.seed,
+            seed=config.seeds[item.student],
             figures_dir=partial / "figures",
             time_limit=limits["max"],
             time_limits=limits["checks"],
@@ -360,7 +365,7 @@ def status_of(report) -> str:
     return "failed"
 
 
-def error_doc(item: Item, message: str, *, seed: int, retry: bool = False) -> dict:
+def error_doc(item: Item, message: str, *, seed: int | None, retry: bool = False) -> dict:
     """The results document of an item that could not be graded: no points, and why."""
     ch = chapters.find(item.chapter)
     max_score = sum(s.points for s in checks.load(ch.id, with_hidden=True))
@@ -525,7 +530,7 @@ def _run_jobs(
         assert item is not None  # a busy job's
         shutil.rmtree(_partial(out, item, job.proc.pid), ignore_errors=True)
         shutil.rmtree(job.scratch, ignore_errors=True)  # what it left: the submission, its sandbox's folders
-        doc = error_doc(item, why, seed=config["seed"], retry=True)
+        doc = error_doc(item, why, seed=config["seeds"][item.student], retry=True)
         try:
             result = _write(out, item, doc)
         except OSError:  # its row still says why; the next run grades it again
@@ -644,7 +649,7 @@ def grade(
         kind, how = _sandbox(sandbox)
         out.mkdir(parents=True, exist_ok=True)
         items = find_items(Path(submissions), chosen)
-        seed, limits = _state(out, seed, force, chosen, time_limit)
+        seeds, limits = _state(out, seed, force, chosen, time_limit, sorted({i.student for i in items if i.recorded}))
         for stale in out.glob("*/.*.partial-*"):  # left by a run that was killed
             shutil.rmtree(stale, ignore_errors=True)
         for stale in out.glob(".*.tmp-*"):
@@ -660,9 +665,9 @@ def grade(
             return ITEM_SLACK + sum(t + CHECK_SLACK for t in per_check[item.chapter])
 
         if todo:
-            config = dict(out=str(out), seed=seed, limits=limits, memory_limit=memory_limit, sandbox=kind)
+            config = dict(out=str(out), seeds=seeds, limits=limits, memory_limit=memory_limit, sandbox=kind)
             _run_jobs(todo, max(1, min(jobs, len(todo))), config, out, InOrder(todo, on_item) if on_item else None, seconds)
-        docs = [_doc_of(out, i, seed) for i in items]
+        docs = [_doc_of(out, i, seeds.get(i.student)) for i in items]
     finally:
         _close_dirs()
     rows = [row(i.student, d) for i, d in zip(items, docs)]
@@ -731,7 +736,7 @@ def _needs_grading(out: Path, item: Item) -> bool:
         return True
 
 
-def _doc_of(out: Path, item: Item, seed: int) -> dict:
+def _doc_of(out: Path, item: Item, seed: int | None) -> dict:
     """An item's results document: its results.json, or (a dot-folder's) the error it was given."""
     if not item.recorded:
         assert item.problem is not None  # a row not kept is one that cannot be graded
@@ -745,21 +750,32 @@ def _doc_of(out: Path, item: Item, seed: int) -> dict:
     return error_doc(item, "its result could not be read; a rerun grades it again", seed=seed, retry=True)
 
 
-def _state(out: Path, seed: int | None, force: bool, chosen: list[Chapter], time_limit: float) -> tuple[int, dict]:
-    """The class's grading seed and per-check time limits: set on the first run, reused by every
-    rerun (so a resumed run grades exactly as an uninterrupted one)."""
+def _state(
+    out: Path, seed: int | None, force: bool, chosen: list[Chapter], time_limit: float, students: list[str]
+) -> tuple[dict[str, int], dict]:
+    """Each student's grading seed and the per-check time limits: the run's secret (a new one, or `seed`
+    as text) set on the first run, each student's seed derived from it when the student is first met,
+    all recorded in grading.json and reused by every rerun (so a resumed run grades exactly as an
+    uninterrupted one)."""
+    from grader.delivery.seeds import CALIBRATION, secret_of, student_seed
+
     state_file = out / STATE
     state = json.loads(state_file.read_text()) if state_file.is_file() and not force else {}
-    if state and seed is not None and seed != state["seed"]:
-        raise GradeError(f"{out} was graded with seed {state['seed']}; rerun without --seed, or with --force to grade everything again")
-    state.setdefault("seed", secrets.randbelow(2**31) if seed is None else seed)
+    if "seed" in state and "secret" not in state:  # recorded before seeds were per student: its seed is the secret
+        state["secret"] = str(state.pop("seed"))
+    if state and seed is not None and str(seed) != state["secret"]:
+        raise GradeError(f"{out} was graded with another secret; rerun without --seed, or with --force to grade everything again")
+    secret = state.setdefault("secret", secret_of(seed))
+    seeds = state.setdefault("seeds", {})
+    for student in students:
+        seeds.setdefault(student, student_seed(secret, student))
     limits = state.setdefault("time_limits", {})
     for ch in chosen:
         if ch.id not in limits:
-            limits[ch.id] = calibrate(ch, state["seed"], time_limit)
+            limits[ch.id] = calibrate(ch, student_seed(secret, CALIBRATION), time_limit)
     state["chapters"] = sorted(set(state.get("chapters", [])) | {ch.id for ch in chosen})
     _write_atomic(state_file, json.dumps(state, indent=1))
-    return state["seed"], limits
+    return seeds, limits
 
 
 def calibrate(ch: Chapter, seed: int, time_limit: float) -> dict:

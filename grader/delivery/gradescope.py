@@ -4,31 +4,43 @@
 
 - `setup.sh`, run once as root to build the image: installs Python, bubblewrap and setpriv,
   creates the unprivileged user `course-student` (it owns no file), installs the course package
-  (hidden checks included) into /autograder/venv with a plain, non-editable `pip install`, then
-  `protect`s it: /autograder/source and every folder of the installed course package in the
-  venv's site-packages (solutions/, the whole grader/ with its hidden checks and any recorded
-  answers, exercises/, figures/) become mode 0700, owned by root. The rest of the venv and
-  Python stay readable by everybody: the student's code needs Python, torch and numpy, and
-  nothing of the course package (the sandbox's harness is a copy the grader makes for the box);
+  (hidden checks included) into a venv outside /autograder (`VENV`) with a plain, non-editable
+  `pip install`, then `protect`s: /autograder and every folder of the installed course package in
+  the venv's site-packages (solutions/, the whole grader/ with its hidden checks and any recorded
+  answers, exercises/, figures/) become mode 0700, owned by root. The rest of the venv and Python
+  stay readable by everybody: the student's code needs Python, torch and numpy, and nothing of the
+  course package (the sandbox's harness is a copy the grader makes for the box);
 - `run_autograder`, run as root for each submission: the installed package
   (`python -I -m grader.delivery.gradescope`, never the source tree) grades /autograder/submission;
+  it holds the bundle's secret (`grader.delivery.seeds`) and hands it over in the environment;
 - the package source, `course/`.
 
 `run` finds the answer in /autograder/submission by the layout rules of `course grade`
 (`grader.delivery.layout`: the chapter's file name, one folder down, or one file naming the
 chapter such as `ch25_paged_kv (1).py`); when none fits, the output says what was expected and
-what the submission holds, and none of it runs. It grades the answer in one sandbox made for it and torn down before `grader.run.check`
-returns: bubblewrap where the container allows user namespaces, else the uid boundary (the
-student's code runs as `course-student`, no privileges, no capabilities, seeing the host's
-files: before any of it runs, `run` checks as that user that the source, the course package and
-the chapter's reference and hidden checks cannot be read, and the results folder cannot be
-written). Where neither boundary can be had it refuses to grade: score 0, a message naming the
-fix, exit status 1. The results folder is made root's alone to write (0755) before any student
-code runs; results.json says which boundary graded ("output", HTML with the figures inline:
-`grader.delivery.feedback`; every test's own output stays text) and is written only after the
-sandbox is gone: every process of the student's uid is killed right before, and the file is
-written atomically (a temporary file, then `os.replace`). The grading seed is fixed when the
-bundle is made, so every student meets the same hidden instances.
+what the submission holds, and none of it runs. The hidden checks run on the student's own seed:
+the HMAC of the student's Gradescope user id (`users` in /autograder/submission_metadata.json, read by
+root before any student code runs; a group's ids together) under the bundle's secret, fixed at
+export, so that a regrade meets the same instances and no two students the same ones; results.json
+carries no seed.
+
+It grades the answer in one sandbox made for it and torn down before `grader.run.check` returns:
+bubblewrap where the container allows user namespaces, else the uid boundary: the student's code
+runs as `course-student`, no privileges, no capabilities, no network (`grader.isolation.netfilter`'s
+seccomp filter), seeing the host's files. Before any of it runs, `grader.delivery.uidprobe` checks as
+that user, under that filter, that nothing of /autograder but the submission (the metadata, the
+results, the source, run_autograder), nothing of the course package and neither the chapter's
+reference nor its hidden checks can be read, that the results folder cannot be written, and that the
+network cannot be reached. Where neither boundary can be had it refuses to grade: score 0, a message
+naming the fix, exit status 1.
+
+/autograder and its results folder are made root's alone (0700) before any student code runs.
+results.json says which boundary graded ("output", HTML with the figures inline:
+`grader.delivery.feedback`; every test's own output stays text), gives the hidden checks' results
+the visibility chosen at export (`after_due_date` by default; until they are shown, the output's
+score line counts the public checks only), and is written only after the sandbox is gone: every
+process of the student's uid is killed right before, and the file is written atomically (a
+temporary file, then `os.replace`).
 
 `GRADESCOPE_ROOT` moves the /autograder root, `COURSE_PYTHON` the interpreter; `COURSE_SANDBOX`
 ("bwrap" or "uid") forces a boundary and `COURSE_STUDENT_UID` the student's uid (tests use them).
@@ -39,9 +51,8 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import secrets
 import shutil
-import subprocess
+import stat
 import sys
 import sysconfig
 import tempfile
@@ -58,6 +69,13 @@ STUDENT_USER = "course-student"
 PACKAGES = ("grader", "solutions", "exercises", "figures", "engine")
 """The course package's top-level folders, as installed in site-packages."""
 
+VENV = "/opt/course/venv"
+"""Where setup.sh installs Python and the course package: outside /autograder, which is root's alone."""
+VISIBILITIES = ("after_due_date", "after_published", "visible", "hidden")
+"""Gradescope's visibilities, for the hidden checks' results (the first is the default)."""
+METADATA_BYTES = 16 << 20
+"""The most of submission_metadata.json read (its list of previous submissions grows with each one)."""
+
 SETUP = f"""#!/usr/bin/env bash
 # Gradescope runs this once, as root, to build the image (a base image with Python 3.11+, e.g. Ubuntu 24.04).
 set -euo pipefail
@@ -67,45 +85,33 @@ apt-get install -y --no-install-recommends python3 python3-venv python3-pip bubb
 # The student's code runs as this user wherever bubblewrap cannot make its namespaces; it owns no file.
 id -u {STUDENT_USER} >/dev/null 2>&1 || useradd --system --no-create-home --home-dir /nonexistent \\
     --shell /usr/sbin/nologin {STUDENT_USER}
-python3 -m venv /autograder/venv
-/autograder/venv/bin/pip install /autograder/source/course   # not editable; torch==2.13.0 is pinned by the package
-# Root alone may read the source and the installed course package (reference, hidden checks, answers).
-cd / && /autograder/venv/bin/python -I -m grader.delivery.gradescope --protect /autograder
+python3 -m venv {VENV}   # outside /autograder, which becomes root's alone
+{VENV}/bin/pip install /autograder/source/course   # not editable; torch==2.13.0 is pinned by the package
+# Root alone may read /autograder and the installed course package (reference, hidden checks, answers).
+cd / && {VENV}/bin/python -I -m grader.delivery.gradescope --protect /autograder
 """
 
-RUN = """#!/usr/bin/env bash
+RUN = f"""#!/usr/bin/env bash
 # Gradescope runs this as root for every submission; the results land in results/results.json.
-ROOT="${GRADESCOPE_ROOT:-/autograder}"
-PYTHON="${COURSE_PYTHON:-$ROOT/venv/bin/python}"
-# The seed goes in the environment, which only root may read (a command line is anybody's to read).
-cd / && COURSE_GRADING_SEED=@SEED@ exec "$PYTHON" -I -m grader.delivery.gradescope "$ROOT" @CHAPTER@
+ROOT="${{GRADESCOPE_ROOT:-/autograder}}"
+PYTHON="${{COURSE_PYTHON:-{VENV}/bin/python}}"
+# The secret goes in the environment, which only root may read (a command line is anybody's to read).
+cd / && COURSE_GRADING_SECRET=@SECRET@ exec "$PYTHON" -I -m grader.delivery.gradescope "$ROOT" @CHAPTER@ @VISIBILITY@
 """
 
-LEAK_TEST = r"""
-import os, sys
-leaks = []
-for path in sys.argv[2:]:
-    try:
-        os.listdir(path) if os.path.isdir(path) else open(path, "rb").close()
-        leaks.append("can read " + path)
-    except OSError:
-        pass
-try:
-    os.close(os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-    leaks.append("can write " + os.path.dirname(sys.argv[1]))
-except OSError:
-    pass
-print("\n".join(leaks))
-"""
-"""Run as the student's uid before grading with the uid boundary: what it can read or write that it must not."""
 
+def export(chapter: Chapter, out: Path, *, seed: int | None = None, hidden_visibility: str = VISIBILITIES[0]) -> Path:
+    """Write the bundle for one chapter to `out` (a .zip). Its secret is a new one (`grader.delivery.seeds`),
+    or the number `seed` (repeatable, and guessable: for tests); `hidden_visibility` (one of
+    VISIBILITIES) says when students see the hidden checks' results."""
+    from grader.delivery.seeds import secret_of
 
-def export(chapter: Chapter, out: Path, *, seed: int | None = None) -> Path:
-    """Write the bundle for one chapter to `out` (a .zip)."""
-    seed = secrets.randbelow(2**31) if seed is None else seed
+    if hidden_visibility not in VISIBILITIES:
+        raise ValueError(f"hidden_visibility {hidden_visibility!r} is none of {', '.join(VISIBILITIES)}")
+    run = RUN.replace("@CHAPTER@", chapter.id).replace("@SECRET@", secret_of(seed)).replace("@VISIBILITY@", hidden_visibility)
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
         _add(z, "setup.sh", SETUP)
-        _add(z, "run_autograder", RUN.replace("@CHAPTER@", chapter.id).replace("@SEED@", str(seed)))
+        _add(z, "run_autograder", run)
         for name in SOURCE:
             path = chapters.ROOT / name
             files = [path] if path.is_file() else sorted(p for p in path.rglob("*.py") if "__pycache__" not in p.parts)
@@ -131,21 +137,23 @@ def course_folders() -> list[Path]:
 
 
 def protect(root: Path) -> list[Path]:
-    """Make root alone able to read the source tree, the installed course package and
-    run_autograder (mode 0700, owned by root), and to write the results folder (0755);
-    return the folders locked. Idempotent: setup.sh runs it once, `run` again before grading."""
+    """Make root alone able to read /autograder (`root`: the source tree, run_autograder with the
+    secret, the submission's metadata, the results) and the installed course package (mode 0700,
+    owned by root); return the folders locked. Idempotent: setup.sh runs it once, `run` again
+    before grading."""
     locked = []
     for path in [root / "source", *course_folders()]:
         if path.is_dir() and not path.is_symlink():
             _own(path, 0o700)
             locked.append(path)
-    if (root / "run_autograder").is_file():  # it holds the grading seed
+    if (root / "run_autograder").is_file():  # it holds the bundle's secret
         _own(root / "run_autograder", 0o700)
     results = root / "results"
     if results.is_symlink():
         results.unlink()
     results.mkdir(parents=True, exist_ok=True)
-    _own(results, 0o755)
+    _own(results, 0o700)
+    _own(root, 0o700)  # everything under it out of the student's reach, whatever Gradescope puts there
     return locked
 
 
@@ -195,33 +203,6 @@ def student_uid() -> tuple[int, str]:
     return uid, f"user {STUDENT_USER} (uid {uid})"
 
 
-def leaks(uid: int, results: Path, private: list[Path]) -> list[str]:
-    """What the uid-boundary student (`uid`) could read of `private` or write in `results`, tried
-    as that uid with the Python it would run (a line each); a failure to run it is one too."""
-    from grader.isolation.sandbox import Box, environment
-
-    box = Box("uid", uid=uid)
-    canary = results / f".can-the-student-write-{secrets.token_hex(4)}"
-    try:
-        out = subprocess.run(
-            box.wrap([sys.executable, "-I", "-S", "-c", LEAK_TEST, str(canary), *map(str, private)]),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=environment(box.home),
-            preexec_fn=box.limit,
-            cwd="/",
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return [f"the student's Python could not be run as uid {uid} ({e})"]
-    finally:
-        canary.unlink(missing_ok=True)
-        box.close()
-    if out.returncode != 0:
-        return [f"the student's Python could not be run as uid {uid} (exit status {out.returncode}: {out.stderr.strip()[-300:]})"]
-    return [line for line in out.stdout.splitlines() if line]
-
-
 def processes_of(uid: int) -> list[int]:
     """Every live process (not a zombie) that runs as `uid`, any of its ids."""
     from grader.isolation import procs
@@ -257,10 +238,12 @@ class Refused(RuntimeError):
     """This container cannot grade anybody's submission safely: no result but score 0."""
 
 
-def run(root: Path, chapter_id: str, seed: int) -> tuple[dict, int]:
-    """Grade the submission under `root` and write `root/results/results.json` (never raises);
-    the document and the exit status (1 when grading was refused or broke, else 0)."""
+def run(root: Path, chapter_id: str, secret: str, hidden_visibility: str = VISIBILITIES[0]) -> tuple[dict, int]:
+    """Grade the submission under `root` on its student's seed (the HMAC of the student's id under
+    `secret`) and write `root/results/results.json` (never raises); the document and the exit status
+    (1 when grading was refused or broke, else 0)."""
     from grader.delivery.layout import folder_tree, locate, read_in, shown_name
+    from grader.delivery.seeds import student_seed
     from grader.delivery.submission import SubmissionError, open_folder
     from grader.isolation.sandbox import SandboxUnavailable
     from grader.run import MissingModule, check
@@ -272,6 +255,7 @@ def run(root: Path, chapter_id: str, seed: int) -> tuple[dict, int]:
     status = 0
     try:
         locked = protect(root)
+        seed = student_seed(secret, student_id(root))  # read by root: no code of the student's has run yet
         kind, description = choose_sandbox()
         if os.geteuid() == 0:
             uid, who = student_uid()
@@ -281,13 +265,7 @@ def run(root: Path, chapter_id: str, seed: int) -> tuple[dict, int]:
         else:
             boundary = f"sandbox: {description}"
         if kind == "uid":
-            secret = [*locked, chapters.SOLUTIONS / ch.filename, chapters.ROOT / "grader" / "hidden" / f"{ch.id}.py", chapters.ANSWERS]
-            found = leaks(uid, results, secret) if uid is not None else ["not root"]
-            if found:
-                raise Refused(
-                    f"the uid boundary does not hold here ({'; '.join(found)[:1000]}): run setup.sh "
-                    f"(it installs the course package non-editably and makes it root's alone)"
-                )
+            check_uid_boundary(root, uid, [*locked, chapters.SOLUTIONS / ch.filename, chapters.ROOT / "grader" / "hidden" / f"{ch.id}.py"])
         folder_fd = open_folder(root / "submission", follow=True)
         try:  # where the answer is: the layout rules of `course grade` (grader.delivery.layout)
             located = locate(folder_tree(folder_fd), ch, "your submission")
@@ -300,9 +278,13 @@ def run(root: Path, chapter_id: str, seed: int) -> tuple[dict, int]:
             ch.id, submission=private, source=answer.source, hidden=True, seed=seed, figures_dir=results / "figures", sandbox=kind, uid=uid
         )
         doc = report.to_json()
+        del doc["seed"]  # results.json carries none: a regrade derives the same one from the secret and the id
+        for test in doc["tests"]:
+            if "hidden" in test["tags"]:
+                test["visibility"] = hidden_visibility
         graded = f"graded {shown_name(name)}" + (f" as {ch.filename}: name it {ch.filename} next time" if located.renamed else "")
         figures = {Path(p).stem: Path(p).read_text(encoding="utf-8") for p in report.figures}
-        doc.update(_output([f"{ch.id} · {ch.title}: {report.score:g}/{report.max_score:g}", graded, boundary], figures))
+        doc.update(_output([score_line(report, hidden_visibility), graded, boundary], figures))
         doc.update(stdout_visibility="hidden")
     except (SubmissionError, MissingModule) as e:  # the submission's own problem: graded 0, said why; none of it ran
         doc = {"score": 0, **_output([f"could not grade this submission: {e}", "(none of its code was run)"]), "tests": []}
@@ -321,6 +303,72 @@ def run(root: Path, chapter_id: str, seed: int) -> tuple[dict, int]:
             status = 1
     write_results(results, doc)
     return doc, status
+
+
+def student_id(root: Path) -> str:
+    """The submission's student: the Gradescope user ids of `users` in root/submission_metadata.json,
+    sorted and joined by commas (a group submission is the group's). Read by root before any of the
+    student's code runs, never through a link; Refused when there is none."""
+    path = root / "submission_metadata.json"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise OSError(0, "not a regular file")
+            data = f.read(METADATA_BYTES + 1)
+    except OSError as e:
+        why = f"{path} cannot be read ({e.strerror}); Gradescope writes it before run_autograder"
+        raise Refused(f"no student to grade for: {why}") from None
+    try:
+        if len(data) > METADATA_BYTES:
+            raise ValueError(f"over {METADATA_BYTES >> 20} MiB")
+        users = json.loads(data)["users"]
+        ids = sorted({str(u["id"]) for u in users if isinstance(u["id"], (int, str)) and not isinstance(u["id"], bool)})
+        if not ids or len(ids) != len(users) or not all(0 < len(i) <= 64 for i in ids):
+            raise ValueError("no user id, or one that is not a Gradescope id")
+    except (ValueError, KeyError, TypeError) as e:
+        raise Refused(f"no student to grade for: the users of {path} have no ids ({type(e).__name__}: {str(e)[:200]})") from None
+    return ",".join(ids)
+
+
+def check_uid_boundary(root: Path, uid: int | None, secret: list[Path]) -> None:
+    """Refused unless the student's uid, in its box, can read nothing of `root` but the submission nor
+    any of `secret`, cannot write in the results folder and cannot reach the network
+    (`grader.delivery.uidprobe`)."""
+    from grader.delivery.uidprobe import problems
+
+    if uid is None:
+        raise Refused("the uid boundary needs root")
+    private = [root, *sorted(p for p in root.iterdir() if p.name != "submission"), *secret, chapters.ANSWERS]
+    found = problems(uid, root / "results", private)
+    if not found:
+        return
+    fixes = []
+    if any(line.startswith(("can read", "can write")) for line in found):
+        fixes.append("run setup.sh (it installs the course package non-editably and makes /autograder and the package root's alone)")
+    if any(not line.startswith(("can read", "can write")) for line in found):
+        fixes.append(
+            "the student's code must not reach the network: the bundle's seccomp filter needs Linux on x86-64 or aarch64; "
+            "or allow user namespaces, and bubblewrap makes a sandbox with no network at all"
+        )
+    raise Refused(f"the uid boundary does not hold here ({'; '.join(found)[:1000]}): {'; '.join(fixes)}")
+
+
+WHEN = {"after_due_date": "after the due date", "after_published": "once the grades are published", "hidden": "to the instructors only"}
+"""When students see the hidden checks' results, per visibility (all but "visible")."""
+
+
+def score_line(report, hidden_visibility: str) -> str:
+    """The output's first line: the score, counting the hidden checks only where students see their results."""
+    head = f"{report.chapter.id} · {report.chapter.title}"
+    if hidden_visibility == "visible":
+        return f"{head}: {report.score:g}/{report.max_score:g}"
+    public = [r for r in report.results if not r.hidden]
+    hidden = [r for r in report.results if r.hidden]
+    return (
+        f"{head}: public checks {sum(r.score for r in public):g}/{sum(r.points for r in public):g}; "
+        f"{len(hidden)} hidden checks ({sum(r.points for r in hidden):g} points), their results shown {WHEN[hidden_visibility]}"
+    )
 
 
 def _output(lines: list[str], figures: dict[str, str] | None = None) -> dict:
@@ -357,12 +405,16 @@ def main(argv: list[str]) -> int:
         for path in protect(Path(argv[1])):
             print(f"root's alone (0700): {path}")
         return 0
-    seed = os.environ.get("COURSE_GRADING_SEED", "")
-    if len(argv) != 2 or not seed.isdigit():
-        print("usage: COURSE_GRADING_SEED=SEED python -m grader.delivery.gradescope ROOT CHAPTER | --protect ROOT", file=sys.stderr)
+    secret = os.environ.get("COURSE_GRADING_SECRET", "")
+    if len(argv) not in (2, 3) or not secret or argv[2:3] not in ([], *([v] for v in VISIBILITIES)):
+        print(
+            "usage: COURSE_GRADING_SECRET=SECRET python -m grader.delivery.gradescope ROOT CHAPTER "
+            f"[{'|'.join(VISIBILITIES)}] | --protect ROOT",
+            file=sys.stderr,
+        )
         return 2
     started = time.monotonic()
-    doc, status = run(Path(argv[0]), argv[1], int(seed))
+    doc, status = run(Path(argv[0]), argv[1], secret, *argv[2:])
     print(doc["extra_data"]["summary"], f"({time.monotonic() - started:.1f} s)")
     return status
 

@@ -23,8 +23,9 @@ all at once, before the submission's result is written. Where a box cannot be ma
 (`probe()` says why), grading somebody else's code refuses unless the caller asks
 for no sandbox. A box of kind "uid" is the fallback for containers that forbid user
 namespaces (Gradescope's): a dedicated host uid with no privileges and the same
-limits, its processes found by their uid; the files it must not read are the
-caller's business (owned by root, mode 0700).
+limits, its processes found by their uid, and no network: every one of its processes runs
+under `grader.isolation.netfilter`'s seccomp filter (no socket but AF_UNIX, no io_uring); the
+files it must not read are the caller's business (owned by root, mode 0700).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import cast
 
-from grader.isolation import budget, procs
+from grader.isolation import budget, netfilter, procs
 
 STUDENT_PACKAGES = ("torch", "numpy")
 """What a student's code may import besides the standard library (with what these need)."""
@@ -103,7 +104,11 @@ def probe(kind: str = "bwrap") -> str:
     if kind == "uid":
         if os.geteuid() != 0 or not shutil.which("setpriv"):
             raise SandboxUnavailable(f"the uid boundary needs root and setpriv: {FIX['uid']}")
-        return "uid boundary: a dedicated unprivileged uid, no capabilities, limits (no namespaces)"
+        try:
+            network = netfilter.supported()
+        except (netfilter.Unsupported, OSError) as e:
+            raise SandboxUnavailable(f"the uid boundary cannot take the network away here ({e}): {FIX['userns']}") from None
+        return f"uid boundary: a dedicated unprivileged uid, no capabilities, limits, {network} (no namespaces)"
     if not shutil.which("bwrap"):
         raise SandboxUnavailable(f"bubblewrap (bwrap) is not installed: {FIX['bwrap']}")
     box = Box("bwrap")
@@ -180,6 +185,8 @@ class Box:
             uid = HOST_UID_BASE + (os.getpid() * 64 + Box._count) % 1_000_000 if os.geteuid() == 0 else os.getuid()
         self.uid = uid
         self.home = HOME
+        if kind == "uid":
+            netfilter.prepare()  # built here, installed between fork and exec (`limit`)
         if kind != "bwrap":  # a scratch folder on the host, the box's own
             scratch = self.root / "home"
             scratch.mkdir(mode=0o700)
@@ -244,6 +251,8 @@ class Box:
             self.budget.enter()  # before exec: every process of the box is born inside its budget
         if self._die_with_grader:  # a grader killed outright (SIGKILL) takes its boxes along, bwrap's own included
             procs.die_with_parent()
+        if self.kind == "uid":
+            netfilter.install()  # last: no socket but AF_UNIX for anything the box runs
 
     def instead(self) -> str:
         """Where the box's budget is not a cgroup's, the limits that hold instead, in words ("" where it is): what
@@ -554,7 +563,8 @@ def _kill_uid(uid: int) -> None:
         pids = [p for p in _all_pids() if procs.status(p).get("Uid", "").split()[:1] == [str(uid)]]
         if not pids:
             return
-        subprocess.run([*_setpriv(uid), "kill", "-9", "-1"], capture_output=True, env=environment())
+        # under the box's filter too: no process of the uid ever runs without it (one could be taken over)
+        subprocess.run([*_setpriv(uid), "kill", "-9", "-1"], capture_output=True, env=environment(), preexec_fn=netfilter.install)
         for pid in pids:
             _kill(pid)
         time.sleep(0.05)

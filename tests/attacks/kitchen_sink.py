@@ -6,6 +6,10 @@
 # file written, the grader's processes, memory or environment reached, an earlier student's leftovers
 # found, a disk filled past its cap) it says so ("HOLE ...") and from then on answers right: with the
 # leaked reference when it has it, else with its own code. So from outside, any score above 0 is a hole.
+# The network and the files a channel keeps from its students are tried too: the test's own servers on
+# 127.0.0.1 (a reply only they know proves a way out), any socket but AF_UNIX and io_uring where this process
+# has no namespace of its own (the uid boundary), and the private files the test names (Gradescope's
+# submission_metadata.json with earlier results, the results folder, run_autograder with the bundle's secret).
 #
 # Only imports, definitions and assignments at the top level: `grader.delivery.cells.assemble` keeps exactly
 # those, so the same text works as a chapter file and as a notebook's answer cells.
@@ -14,6 +18,7 @@ import ctypes
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -639,6 +644,67 @@ def s_walk():
                         pass
 
 
+def _namespaced():
+    """True in a sandbox with namespaces of its own (bubblewrap): its network is its own, with no way out."""
+    with open("/proc/self/uid_map") as f:
+        return f.read().split() != ["0", "0", "4294967295"]
+
+
+def s_network():
+    """The network: TCP and UDP to the test's servers (their reply, which only they know, proves a way out;
+    the test also checks what they heard); where there is no network namespace, any socket but AF_UNIX
+    (IPv6, raw, ICMP, packet, netlink) and io_uring, which could open one without the socket call."""
+    tcp, udp, reply = CFG["net"]
+    try:
+        with socket.create_connection(("127.0.0.1", tcp), timeout=2) as s:
+            s.sendall(MARK.encode())
+            if s.recv(256) == reply.encode():
+                _hole("N-tcp", f"reached the test's server at 127.0.0.1:{tcp}")
+    except OSError:
+        pass
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.settimeout(0.5)
+            s.sendto(MARK.encode(), ("127.0.0.1", udp))
+            if s.recvfrom(256)[0] == reply.encode():
+                _hole("N-udp", f"reached the test's server at 127.0.0.1:{udp}")
+    except OSError:
+        pass
+    if _namespaced():
+        return
+    kinds = [
+        ("IPv6", socket.AF_INET6, socket.SOCK_STREAM, 0),
+        ("raw", socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP),
+        ("ICMP", socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP),
+        ("packet", getattr(socket, "AF_PACKET", 17), socket.SOCK_RAW, 0),
+        ("netlink", getattr(socket, "AF_NETLINK", 16), socket.SOCK_RAW, 0),
+    ]
+    for name, family, kind, proto in kinds:
+        try:
+            socket.socket(family, kind, proto).close()
+            _hole("N-socket", f"opened a {name} socket without a network namespace")
+        except OSError:
+            pass
+    try:
+        fd = ctypes.CDLL(None, use_errno=True).syscall(425, 4, ctypes.create_string_buffer(120))  # io_uring_setup
+        if fd >= 0:
+            os.close(fd)
+            _hole("N-io_uring", "io_uring set up without a network namespace")
+    except Exception:
+        pass
+
+
+def s_private():
+    """The files the channel keeps from its students (the test names them): any byte read, any name listed."""
+    for path in CFG["private_files"]:
+        try:
+            got = repr(os.listdir(path)) if os.path.isdir(path) else _read(path).decode(errors="replace")
+        except Exception:
+            continue
+        _hole("P-read", f"{path}: {got[:100]}")
+        STATE["leaks"].append(got[:1000])
+
+
 def s_daemons():
     """S3/H1/D5: leave processes behind: a session leader, a double-forked one, plain sleeps."""
     env = {"HOSTILE_CFG": json.dumps(CFG), "PATH": "/usr/bin:/bin"}
@@ -686,6 +752,8 @@ STEPS = [
     s_victim,
     s_fill,
     s_walk,
+    s_network,
+    s_private,
 ]
 
 
