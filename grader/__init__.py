@@ -26,7 +26,9 @@ the nbgrader course), `notebook.py` (chapter notebooks, graded cell by cell), `g
 with `layout.py` and `submission.py` reading what students handed in, `summary.py` its report,
 `gradebook.py` nbgrader's gradebook), `gradescope.py` (the autograder bundle, which finds the answer by the
 same `layout.py`), `feedback.py` (what a graded student gets back: a page with the figures inline, and
-Gradescope's HTML output). `lab/` serves `course lab`.
+Gradescope's HTML output), `escape.py` (every text a submission chose, such as a name, a message quoting its
+values or what its code printed, escaped for where it goes: the terminal, CSV, Markdown, HTML, SVG, JSON; the
+terminal report and the figure kit use it too). `lab/` serves `course lab`.
 
 This module stays import-light: the student's process imports `grader.isolation` too.
 """
