@@ -825,7 +825,7 @@ def engine_run(
                 on_step=show.step,
             )
     except (engine.ModelError, engine.PartsUnavailable, engine.EngineError) as e:
-        raise click.ClickException(str(e)) from None
+        raise click.ClickException(escape.terminal(e)) from None  # may quote a submission's exception
     figure = draw_overview(result, model, figures_dir)
     if figure is not None:
         from grader.terminal import relative
