@@ -82,9 +82,7 @@ def run_boxed(
             "these tasks do not pass their public checks yet: " + ", ".join(missing) + ". Run `course check <chapter>` for each."
         )
     binds = {} if model_name in PRESETS else {os.path.realpath(model_name): MODEL_IN_BOX}
-    box = Box(
-        sandbox, files, memory=memory_limit, packages=(*STUDENT_PACKAGES, "safetensors"), code=("engine",), binds=binds
-    )
+    box = Box(sandbox, files, memory=memory_limit, packages=(*STUDENT_PACKAGES, "safetensors"), code=("engine",), binds=binds)
     config = {
         "stages": [{**stage, "file": str(box.inbox / stage["file"])} for stage in chosen],
         "model": {"name": model_name if model_name in PRESETS else MODEL_IN_BOX, "seed": seed},

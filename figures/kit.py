@@ -11,7 +11,8 @@ A wrong cell shows the student's value struck through and the expected value
 under it, on a hatched vermillion background with a ✗.
 
 `Figure.svg()` embeds the fonts the figure's text needs (figures.typeface), and `text_width`
-measures with those same fonts, so what a layout computes is what every viewer draws.
+measures with those same fonts, so what a layout computes is what every viewer draws. It also writes every
+text with its control and format characters escaped (a value or a name may come from a submission).
 """
 
 from __future__ import annotations
@@ -722,6 +723,7 @@ class Figure:
         """The finished document, its height fitted to what was drawn, with its fonts embedded."""
         self.dwg["height"] = math.ceil(self.y + MARGIN)
         self.dwg["viewBox"] = f"0 0 {self.width} {math.ceil(self.y + MARGIN)}"
+        _escape_texts(self.dwg)
         self._embed_fonts()
         return self.dwg.tostring()
 
@@ -746,6 +748,25 @@ class Figure:
         if css:
             self._fonts = self.dwg.style(css)
             self.dwg.defs.add(self._fonts)
+
+
+def _escape_texts(element) -> None:
+    """Every text of the document (text and tspan elements, title and desc, attribute values) with its
+    control and format characters as escapes (`grader.delivery.escape.plain`): a value or a name drawn from a
+    submission may hold them, and XML has no place for most (the file would not parse) nor a page for a bidi
+    override. svgwrite escapes markup (`<`, `&`, quotes) when it writes the document."""
+    from grader.delivery.escape import plain
+
+    for child in getattr(element, "elements", []):
+        if isinstance(getattr(child, "text", None), str):
+            child.text = plain(child.text)
+        xml = getattr(child, "xml", None)  # svgwrite's title and desc hold their own element
+        if xml is not None and isinstance(xml.text, str):
+            xml.text = plain(xml.text)
+        for name, value in getattr(child, "attribs", {}).items():
+            if isinstance(value, str):
+                child.attribs[name] = plain(value)
+        _escape_texts(child)
 
 
 def _texts(element) -> list:

@@ -28,8 +28,10 @@ with `layout.py` and `submission.py` reading what students handed in, `summary.p
 `gradebook.py` nbgrader's gradebook, `seeds.py` each student's grading seed), `gradescope.py` (the autograder
 bundle, which finds the answer by the same `layout.py` and checks its uid boundary with `uidprobe.py`),
 `feedback.py` (what a graded student gets back: a page with the figures inline, and Gradescope's HTML output),
-`doctor.py` (`course doctor`: what this installation can do), `files.py` (writing only where the grader chose).
-`lab/` serves `course lab`.
+`doctor.py` (`course doctor`: what this installation can do), `files.py` (writing only where the grader chose),
+`escape.py` (every text a submission chose, such as a name, a message quoting its values or what its code
+printed, escaped for where it goes: the terminal, CSV, Markdown, HTML, SVG, JSON; the terminal report and the
+figure kit use it too). `lab/` serves `course lab`.
 
 This module stays import-light: the student's process imports `grader.isolation` too.
 """

@@ -17,7 +17,7 @@ import click
 
 from grader import chapters, progress
 from grader.chapters import Chapter, UnknownName
-from grader.delivery import doctor
+from grader.delivery import doctor, escape
 
 ALL = "all"
 """`course check all`: every chapter."""
@@ -300,7 +300,7 @@ def check(
         try:
             cells = cells_of(notebook)
         except ValueError as e:
-            raise click.ClickException(str(e)) from None
+            raise click.ClickException(escape.terminal(e)) from None
         scratch = Path(tempfile.mkdtemp(prefix="course-notebook-"))
         submission = submission_from_cells(chapter, cells, scratch)
     if task:
@@ -311,7 +311,7 @@ def check(
     try:
         target = module_path(chapter, solutions=solutions, submission=submission)
     except MissingModule as e:
-        raise click.ClickException(str(e)) from None
+        raise click.ClickException(escape.terminal(e)) from None
     if figures_dir is None:
         figures_dir = default_figures_dir(notebook if notebook else target, others=bool(submission or notebook))
     sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
@@ -332,7 +332,7 @@ def check(
             sandbox=sandbox,
         )
     except MissingModule as e:
-        raise click.ClickException(str(e)) from None
+        raise click.ClickException(escape.terminal(e)) from None
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -346,7 +346,7 @@ def check(
     if screen:
         screen.finish(report)
     else:
-        click.echo(json.dumps(report.to_json(), ensure_ascii=False, indent=2))
+        click.echo(escape.json_document(json.dumps(report.to_json(), ensure_ascii=False, indent=2)))
     sys.exit(report.exit_code)
 
 
@@ -374,13 +374,13 @@ def _check_all(
     folder = chapters.SOLUTIONS if solutions else submission if submission else chapters.EXERCISES
     missing = [ch.id for ch in chapters.all_chapters() if not (Path(folder) / ch.filename).is_file()]
     if submission and len(missing) == len(ids):
-        raise click.ClickException(f"{submission} holds no chapter module (file names as in exercises/)")
+        raise click.ClickException(f"{escape.terminal(submission)} holds no chapter module (file names as in exercises/)")
     only = [i for i in ids if i not in missing] if submission else None
     figures_dir = figures_dir or default_figures_dir(Path(folder) / "x.py", others=submission is not None)
     sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
     seed = seed if seed is not None else secrets.randbelow(2**31)
     workers = min(jobs or default_jobs(), len(only or ids))
-    what = "the reference solutions" if solutions else f"{submission}" if submission else "your exercises/"
+    what = "the reference solutions" if solutions else escape.terminal(submission) if submission else "your exercises/"
     screen = None if as_json else CourseScreen(only or ids, what, jobs=workers, seed=seed)
     course = check_all(
         solutions=solutions,
@@ -405,10 +405,10 @@ def _check_all(
                 break
     if screen:
         if submission and missing:
-            screen.say(f"· not in {submission}: {', '.join(missing)}", "  ")
+            screen.say(f"· not in {escape.terminal(submission)}: {', '.join(missing)}", "  ")
         screen.finish(course, figures_dir)
     else:
-        click.echo(json.dumps(course.to_json(), ensure_ascii=False, indent=2))
+        click.echo(escape.json_document(json.dumps(course.to_json(), ensure_ascii=False, indent=2)))
     sys.exit(course.exit_code)
 
 
@@ -437,6 +437,12 @@ def _sandbox_for(*, others: bool, no_sandbox: bool) -> str | None:
             f"refusing to run somebody else's code without a sandbox: {e}; or give --no-sandbox to run it anyway (unsafe)"
         ) from None
     return "bwrap"
+
+
+def grade_line(row: dict) -> str:
+    """A grades row as `course grade` prints it: the student's name and the status (which may quote their
+    files) escaped, so that nothing of a submission acts on the terminal."""
+    return f"{escape.terminal(row['student'])}  {row['chapter']}  {row['score']:g}/{row['max_score']:g}  {escape.terminal(row['status'])}"
 
 
 @main.command()
@@ -536,7 +542,7 @@ def grade(
         if bar:
             bar.update(1)
         else:
-            click.echo(f"{r['student']}  {r['chapter']}  {r['score']:g}/{r['max_score']:g}  {r['status']}")
+            click.echo(grade_line(r))
 
     try:
         result = grade_class(
@@ -553,7 +559,7 @@ def grade(
             on_item=item,
         )
     except GradeError as e:
-        raise click.ClickException(str(e)) from None
+        raise click.ClickException(escape.terminal(e)) from None
     except KeyboardInterrupt:
         if bar:
             bar.__exit__(None, None, None)
@@ -565,13 +571,13 @@ def grade(
             bar.__exit__(None, None, None)
     if nbgrader_course:
         for note in result.notes:
-            click.echo(f"note: {note}", err=True)
+            click.echo(f"note: {escape.terminal(note)}", err=True)
         click.echo(
             f"gradebook: {len(result.recorded)} submissions scored, autograded/ written; next: "
             f"nbgrader generate_feedback <chapter>, nbgrader export (in {nbgrader_course})"
         )
         result = result.graded
-    click.echo(f"{result.count_line()} · {out / 'grades.csv'}, {out / 'summary.md'}")
+    click.echo(f"{result.count_line()} · {escape.terminal(out / 'grades.csv')}, {escape.terminal(out / 'summary.md')}")
 
 
 @main.command()
@@ -667,7 +673,7 @@ def figures(out: Path, submission: Path | None, jobs: int | None, no_sandbox: bo
     from grader.delivery.book import write_book
 
     if submission and not any((submission / ch.filename).is_file() for ch in chapters.all_chapters()):
-        raise click.ClickException(f"{submission} holds no chapter module (file names as in exercises/)")
+        raise click.ClickException(f"{escape.terminal(submission)} holds no chapter module (file names as in exercises/)")
     sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
     done: list[str] = []
 
@@ -682,7 +688,7 @@ def figures(out: Path, submission: Path | None, jobs: int | None, no_sandbox: bo
     waiting = [e for e in book.entries if e.status == "placeholder"]
     marked = [e for e in book.entries if e.status == "marked"]
     click.echo(
-        f"{book.index}: {book.drawn} of {len(book.entries)} figures drawn from {book.source}"
+        f"{book.index}: {book.drawn} of {len(book.entries)} figures drawn from {escape.terminal(book.source)}"
         + (f", {len(marked)} with wrong values marked" if marked else "")
     )
     if waiting:
@@ -719,7 +725,7 @@ def lab(solutions: bool, submission: Path | None, port: int, no_open: bool, time
     sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
     laboratory = Lab(solutions=solutions, submission=submission, time_limit=time_limit, memory_limit=limit, sandbox=sandbox)
     try:
-        what = "the reference solutions" if solutions else f"{submission or chapters.EXERCISES}"
+        what = "the reference solutions" if solutions else escape.terminal(submission or chapters.EXERCISES)
         checked = "" if laboratory.checked else " (student release: compared where an answer ships with it, else unmarked)"
         serve(
             laboratory,
@@ -893,7 +899,7 @@ def engine_run(
                     on_step=show.step,
                 )
     except (engine.ModelError, engine.PartsUnavailable, engine.EngineError) as e:
-        raise click.ClickException(str(e)) from None
+        raise click.ClickException(escape.terminal(e)) from None  # may quote a submission's exception
     figure = draw_overview(result, model, figures_dir)
     if figure is not None:
         from grader.terminal import relative

@@ -7,6 +7,7 @@ from itertools import groupby
 from typing import Literal
 
 from grader.chapters import Chapter
+from grader.delivery import escape
 
 Status = Literal["passed", "failed", "error", "timeout", "not run", "blocked"]
 """How a check ended: its answer right, wrong, raising, out of time, not run (a task's time already spent),
@@ -41,7 +42,11 @@ class CheckResult:
         return self.points if self.status == "passed" else 0.0
 
     def to_json(self) -> dict:
-        output = self.message
+        """The check as a Gradescope test. Its `output` is text shown by other programs (Gradescope, the
+        feedback page, the class summary): the message's control and format characters escaped
+        (`grader.delivery.escape.plain`; it may quote the student's values or exception), what the code printed
+        as a Python literal."""
+        output = escape.plain(self.message, lines=True)
         if self.printed:
             output += f"\n(your code printed: {self.printed.strip()[:300]!r})"
         return {
@@ -112,6 +117,6 @@ class Report:
             "hidden_not_run": self.hidden_not_run,
             "tests": [r.to_json() for r in self.results],
             "figures": self.figures,
-            "figure_notes": self.figure_notes,
-            **({"limits": self.limits} if self.limits else {}),
+            "figure_notes": [escape.plain(note) for note in self.figure_notes],  # may quote an exception's message
+            **({"limits": escape.plain(self.limits)} if self.limits else {}),
         }

@@ -5,8 +5,10 @@ Each thing is said once: an import error of the module once for the chapter,
 failures with the same diagnosis (the same "hint:" lines, or the same message)
 once per task, followed by the names of the other checks it covers. Every line is
 wrapped to the terminal with a hanging indent; text that came from the student's
-process is shown with its control characters escaped. `CourseScreen` (`course check all`)
-and `table` (`course list`) fit their lines to the terminal's width too.
+process or names a submission's files (messages, what it printed, paths, figure notes) is
+shown through `grader.delivery.escape.terminal`: no control or format character of it reaches the
+terminal. `CourseScreen` (`course check all`) and `table` (`course list`) fit their lines
+to the terminal's width too.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Callable
 import click
 
 from grader.chapters import Chapter
+from grader.delivery import escape
 from grader.report import CheckResult, Report
 
 MAX_MESSAGES = 3
@@ -119,15 +122,6 @@ def _bind(text: str, short: int = 12) -> str:
                     if chars[j] == " ":
                         chars[j] = _BOUND
     return "".join(chars)
-
-
-def sanitize(text: str) -> str:
-    """Text from the student's process, safe to print: tabs as spaces, control and format characters
-    (terminal escapes, bidirectional overrides) as their escapes, e.g. \\x1b."""
-    out = []
-    for c in text.replace("\t", "    "):
-        out.append(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co") else c)
-    return "".join(out)
 
 
 def _diagnosis(r: CheckResult) -> tuple:
@@ -232,14 +226,14 @@ class TerminalReport:
 
     def _message(self, r: CheckResult, indent: str = " " * 10) -> None:
         """A failure's explanation, then what the student's code printed as indented lines (bounded)."""
-        for line in r.message.splitlines():
-            self._echo(indent, sanitize(line))
+        for line in escape.terminal_lines(r.message):
+            self._echo(indent, line)
         printed = r.printed.strip("\n")
         if printed.strip():
-            lines = printed.splitlines()
+            lines = escape.terminal_lines(printed)
             self._echo(indent, "your code printed:")
             for line in lines[:PRINTED_LINES]:
-                self._echo(indent + "  ", sanitize(line.rstrip()))
+                self._echo(indent + "  ", line.rstrip())
             if len(lines) > PRINTED_LINES:
                 self._echo(indent + "  ", f"… ({_plural(len(lines) - PRINTED_LINES, 'more line')})")
 
@@ -264,7 +258,7 @@ class TerminalReport:
         if unimported and not self._import_shown:
             self._import_failure(unimported[0])
         if bad and all(r.todo for r in bad):
-            self._echo("", f"{line}  {sanitize(bad[0].message)}")
+            self._echo("", f"{line}  {escape.terminal(bad[0].message)}")
             return
         if bad and len(unimported) == len(bad):
             self._echo("", f"{line}  not run: your module could not be imported (above)")
@@ -277,7 +271,7 @@ class TerminalReport:
             and not any(r.printed.strip() for r in bad)
             and not self.verbose
         ):
-            self._echo("", f"{line}  {sanitize(bad[0].message)}")  # e.g. a renamed function: every check alike
+            self._echo("", f"{line}  {escape.terminal(bad[0].message)}")  # e.g. a renamed function: every check alike
             return
         self._echo("", line)
         if ok and not self.verbose:
@@ -341,14 +335,14 @@ class TerminalReport:
         removed = {Path(p).stem for p in report.removed}
         gone = lambda f: ", its older file removed" if f in removed else ""
         if report.undrawn:
-            undrawn = ", ".join(f"{f} ({why}{gone(f)})" for f, why in report.undrawn.items())
+            undrawn = ", ".join(f"{f} ({escape.terminal(why)}{gone(f)})" for f, why in report.undrawn.items())
             waits = any(why.startswith("waits") for why in report.undrawn.values())
             self._echo(
                 "  ",
                 f"· not drawn: {undrawn}"
                 + ("; a figure is drawn once its task returns an output of the right shape and type" if waits else ""),
             )
-        for note in report.figure_notes:
+        for note in map(escape.terminal, report.figure_notes):  # a drawing error may quote the student's values
             figure_id = note.split(":", 1)[0]
             self._echo("  ", f"· {note}" if note.startswith("figures ") else f"· figure {note}{gone(figure_id)}")
         if report.limits:
@@ -356,11 +350,13 @@ class TerminalReport:
 
 
 def relative(path: str) -> str:
-    """`path` relative to the working directory when it lies below it, else as given."""
+    """`path` to show on the terminal: relative to the working directory when it lies below it, else as
+    given; escaped (`grader.delivery.escape.terminal`), since a folder of it may be named by a student."""
     try:
-        return str(Path(path).resolve().relative_to(Path.cwd()))
+        shown = str(Path(path).resolve().relative_to(Path.cwd()))
     except ValueError:
-        return str(path)
+        shown = str(path)
+    return escape.terminal(shown)
 
 
 class CourseScreen:
@@ -408,7 +404,7 @@ class CourseScreen:
             outcome = self.done[chapter_id]
             self.next += 1
             if isinstance(outcome, str):
-                self.say(f"✗ {chapter_id}  not run: {sanitize(outcome)}", "  ")
+                self.say(f"✗ {chapter_id}  not run: {escape.terminal(outcome)}", "  ")
                 continue
             title = self.titles[chapter_id]
             title += " " * (self.title_width - columns(title))

@@ -17,8 +17,9 @@ import click
 import pytest
 
 from grader import chapters
+from grader.delivery import escape
 from grader.report import CheckResult, Report
-from grader.terminal import MAX_MESSAGES, PRINTED_LINES, SLOW, TerminalReport, columns, sanitize, wrap
+from grader.terminal import MAX_MESSAGES, PRINTED_LINES, SLOW, TerminalReport, columns, wrap
 
 CH17 = chapters.find("ch17")
 HINT = "hint: keep the diagonal: the output at position i predicts token i + 1 and must see token i itself"
@@ -66,10 +67,6 @@ def test_wrap_keeps_aligned_columns_and_counts_wide_characters():
     title = "因果遮罩 " * 6
     assert columns("因果遮罩") == 8 and columns(click.style("✗", fg="red")) == 1
     assert all(columns(part) <= 20 for part in wrap(title.strip(), 20))
-
-
-def test_control_characters_from_the_student_are_escaped():
-    assert sanitize("a\x1b[2Jb\u202ec\td") == "a\\x1b[2Jb\\u202ec    d"
 
 
 def test_identical_diagnoses_are_explained_once_and_the_budget_goes_to_different_ones(capsys):
@@ -134,7 +131,7 @@ def test_printed_output_is_shown_as_indented_lines_bounded(capsys):
     head = next(i for i, line in enumerate(lines) if line.strip() == "your code printed:")
     indent = lines[head].index("your")
     for i in range(PRINTED_LINES):
-        assert lines[head + 1 + i] == " " * (indent + 2) + sanitize(rows[i])
+        assert lines[head + 1 + i] == " " * (indent + 2) + escape.terminal(rows[i])
     assert lines[head + 1 + PRINTED_LINES].strip() == f"… ({len(rows) - PRINTED_LINES} more lines)"
     assert "\\n" not in out and "\x1b" not in out and "debug row 0\\x1b[2J" in out
 

@@ -10,6 +10,10 @@ submission folder (in its sandbox) or, in a student release, from the student's 
 as drawn, wrong values marked as `course check` marks them, and a figure whose task does not yet return an
 output of the right shape and type as a placeholder naming the task that draws it. The page embeds the subset
 of the shipped fonts its own text needs (`figures.typeface`), as every SVG does: nothing is fetched.
+
+A submission's folder name, the captions that name its values and the notes that say why a figure was not
+drawn (an exception's message) are escaped for HTML by `grader.delivery.escape.html`, control characters included; the
+placeholders' SVG text by the figure kit.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grader import chapters
+from grader.delivery import escape
 from grader.delivery.files import Folder
 from grader.report import Report
 
@@ -250,10 +255,10 @@ def page(entries: list[Entry], source: str) -> str:
         own = [e for e in entries if e.chapter == ch_id and not e.dimension]
         if own:
             sections.append((f"{int(ch_id[2:])} · {ch.title_zh} · {ch.title_en}", ch_id, own))
-    body = ["<header>", f"<h1>{html.escape(head[0])}</h1>"] + [f"<p>{html.escape(s)}</p>" for s in head[1:]]
+    body = ["<header>", f"<h1>{escape.html(head[0])}</h1>"] + [f"<p>{escape.html(s)}</p>" for s in head[1:]]
     body += [f'<p><a class="open" href="{LAB_PAGE}">交互实验 · the interactive experiments (course lab) →</a></p>', "</header>"]
     for title, anchor, items in sections:
-        body.append(f'<h2 id="{anchor or _slug(title)}">{html.escape(title)}</h2>')
+        body.append(f'<h2 id="{anchor or _slug(title)}">{escape.html(title)}</h2>')
         body.append('<div class="grid">')
         body += [_card(e, wide=e.id == "overview") for e in items]
         body.append("</div>")
@@ -274,7 +279,7 @@ def lab_page() -> str:
     items = []
     for ch in chapters.all_chapters():
         for exp in of_chapter(ch.id):
-            items.append(f"<li><b>{html.escape(ch.id)}</b> · {html.escape(exp.title)}: {html.escape(exp.about)}</li>")
+            items.append(f"<li><b>{escape.html(ch.id)}</b> · {escape.html(exp.title)}: {escape.html(exp.about)}</li>")
     body = (
         "<header><h1>交互实验 · course lab</h1><p>The experiments run your own functions: start them with</p>"
         "<p><code>course lab</code></p><p>which serves them on http://127.0.0.1 and opens your browser "
@@ -286,13 +291,13 @@ def lab_page() -> str:
 
 def _card(e: Entry, *, wide: bool = False) -> str:
     label = {"drawn": "drawn", "marked": "wrong values marked", "placeholder": "not drawn yet", "reference": "reference"}[e.status]
-    note = f'<p class="en">{html.escape(e.note)}</p>' if e.note and e.status == "placeholder" else ""
-    alt = html.escape(f"{e.title} · {e.en}")
+    note = f'<p class="en">{escape.html(e.note)}</p>' if e.note and e.status == "placeholder" else ""
+    alt = escape.html(f"{e.title} · {e.en}")
     return (
         f'<div class="card{" wide" if wide else ""}" id="{e.id}"><div class="id">{e.id}'
-        f'<span class="status {e.status}">{label}</span></div><h3>{html.escape(e.title)}</h3>'
+        f'<span class="status {e.status}">{label}</span></div><h3>{escape.html(e.title)}</h3>'
         f'<a href="{e.file}"><img src="{e.file}" alt="{alt}" loading="lazy"></a>'
-        f'<p class="zh">{html.escape(e.zh)}</p><p class="en">{html.escape(e.en)}</p>{note}'
+        f'<p class="zh">{escape.html(e.zh)}</p><p class="en">{escape.html(e.en)}</p>{note}'
         f'<a class="open" href="{e.file}">打开原图放大 ↗ open the full figure</a></div>'
     )
 
@@ -312,7 +317,7 @@ def _document(title: str, body: str) -> str:
     return (
         f'<!doctype html>\n<html lang="zh-Hans"><head><meta charset="utf-8">'
         f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{html.escape(title)}</title>\n<style>\n{css}\n{STYLE % {'sans': sans, 'mono': mono}}</style>"
+        f"<title>{escape.html(title)}</title>\n<style>\n{css}\n{STYLE % {'sans': sans, 'mono': mono}}</style>"
         f"</head>\n<body>\n{body}\n</body></html>\n"
     )
 

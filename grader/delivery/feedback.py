@@ -16,7 +16,8 @@ what `course grade` writes to results.json) and the SVG figures beside it:
   its text then draws with the reader's own fonts.
 
 Every string that can come from a submission (the student's folder and file names, messages
-quoting the student's values, text their code printed) is escaped for HTML here; the figures
+quoting the student's values, text their code printed) is escaped for HTML here (`grader.delivery.escape.html`:
+its control and bidi characters shown as escapes too); the figures
 are SVG documents whose text svgwrite escaped when they were drawn, and they are read again
 as XML (a file that does not parse is left out) before anything of them is embedded.
 """
@@ -28,6 +29,8 @@ import html
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping
+
+from grader.delivery import escape
 
 SVG_NS = "http://www.w3.org/2000/svg"
 VERDICT = {"passed": "✓", "failed": "✗"}
@@ -45,14 +48,10 @@ figcaption { color: #666; font-size: 0.9em; } ul.hidden { padding-left: 1.2em; }
 """
 
 
-def _e(text: object) -> str:
-    """Text for HTML content."""
-    return html.escape(str(text), quote=False)
-
-
-def _a(text: object) -> str:
-    """Text for a quoted HTML attribute."""
-    return html.escape(str(text), quote=True)
+def _e(text: object, *, lines: bool = False) -> str:
+    """Text for HTML content or a quoted attribute (`grader.delivery.escape.html`: markup and control characters
+    escaped; line breaks kept when `lines`)."""
+    return escape.html(text, lines=lines)
 
 
 def _points(test: Mapping) -> str:
@@ -88,7 +87,7 @@ def page(doc: Mapping, figures: Mapping[str, str], *, student: str) -> str:
     body.append(f'<p class="meta">{" · ".join(meta)}</p>')
     body.append(f'<p class="score">score {float(doc.get("score", 0)):g}/{float(doc.get("max_score", 0)):g}</p>')
     if doc.get("error"):
-        body.append(f'<p class="error">not graded: {_e(doc["error"])}</p>')
+        body.append(f'<p class="error">not graded: {_e(doc["error"], lines=True)}</p>')
     if public and not doc.get("error"):
         body.append("<h2>检查 · checks</h2>")
         for t in public:
@@ -98,7 +97,7 @@ def page(doc: Mapping, figures: Mapping[str, str], *, student: str) -> str:
             summary = f'<summary>{mark} {_e(t.get("name", ""))}<span class="points">{_points(t)}</span></summary>'
             body.append(f'<details class="check {state}"{"" if state == "passed" else " open"}>{summary}')
             if out:
-                body.append(f"<pre>{_e(out)}</pre>")
+                body.append(f"<pre>{_e(out, lines=True)}</pre>")
             body.append("</details>")
     if hidden:
         body.append(f"<h2>隐藏检查 · hidden checks ({len(hidden)}): names and verdicts</h2>")
@@ -114,7 +113,7 @@ def page(doc: Mapping, figures: Mapping[str, str], *, student: str) -> str:
         body.append("<h2>图 · figures drawn from your code</h2>")
         for fid, svg in shown:
             src = "data:image/svg+xml;base64," + base64.b64encode(svg.encode("utf-8")).decode("ascii")
-            body.append(f'<figure id="{_a(fid)}"><img alt="{_a(fid)}" src="{src}"><figcaption>{_e(fid)}</figcaption></figure>')
+            body.append(f'<figure id="{_e(fid)}"><img alt="{_e(fid)}" src="{src}"><figcaption>{_e(fid)}</figcaption></figure>')
     return _document(f"{chapter} · {student}", "\n".join(body))
 
 

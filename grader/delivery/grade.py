@@ -45,8 +45,10 @@ Other entries of SUBMISSIONS_DIR that are not folders or zips are ignored, excep
 link, which gets an error row (links are never followed), an archive of another kind
 (`alice.tar.gz`), whose row says to zip it, and a folder and a zip of the same student
 (`alice/`, `alice.zip`), whose row says to keep one. Student names may hold any
-character; in grades.csv a cell that a spreadsheet would run as a formula (starting with
-= + - @, a tab or a carriage return) starts with a single quote instead.
+character: OUT's folders keep the name as it is, and every text shows it escaped for where it
+goes (`grader.delivery.escape`): a control or format character as its escape (`\\x1b`) in grades.csv, in
+results.json's messages, on the terminal, in summary.md and feedback.html; in grades.csv a cell that
+a spreadsheet would run as a formula (starting with = + - @) starts with a single quote instead.
 
 The job processes are plain processes of this one, each grading one item at a time (a
 process that dies is replaced). Each keeps all its temporary files (the submission it
@@ -76,6 +78,7 @@ from typing import Callable
 
 from grader import chapters, checks
 from grader.chapters import Chapter
+from grader.delivery import escape
 from grader.delivery.summary import HISTOGRAM, histogram_svg, summarize, summary_markdown
 
 STATE = "grading.json"
@@ -296,7 +299,7 @@ def _grade(item: Item, config: _Config) -> dict:
         return _write(out, item, _document(item, config, partial), partial)
     except Exception as e:
         shutil.rmtree(partial, ignore_errors=True)
-        print(f"course grade: {_text(item.student)}/{item.chapter}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        _complain(item, "", traceback.format_exc())
         doc = error_doc(
             item,
             f"the grader failed on this submission ({type(e).__name__}: {str(e)[:300]}); a rerun grades it again",
@@ -369,7 +372,7 @@ def error_doc(item: Item, message: str, *, seed: int | None, retry: bool = False
     """The results document of an item that could not be graded: no points, and why."""
     ch = chapters.find(item.chapter)
     max_score = sum(s.points for s in checks.load(ch.id, with_hidden=True))
-    message = _text(message)
+    message = escape.plain(_text(message), lines=True)  # results.json's text: no control character of a name
     doc = {
         "chapter": ch.id,
         "score": 0.0,
@@ -409,7 +412,7 @@ def _write(out: Path, item: Item, doc: dict, partial: Path | None = None) -> dic
         partial = _partial(out, item, os.getpid())
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
-    (partial / "results.json").write_bytes(_utf8(json.dumps(doc, ensure_ascii=False, indent=1)))
+    (partial / "results.json").write_bytes(_utf8(escape.json_document(json.dumps(doc, ensure_ascii=False, indent=1))))
     (partial / "feedback.html").write_bytes(_utf8(feedback_page(item, doc, partial)))
     if final.is_dir() and not final.is_symlink():
         shutil.rmtree(final)
@@ -430,12 +433,19 @@ def feedback_page(item: Item, doc: dict, folder: Path) -> str:
         figures = {Path(rel).stem: (folder / rel).read_text(encoding="utf-8") for rel in doc.get("figures", []) if (folder / rel).is_file()}
         return page(doc, figures, student=_text(item.student))
     except Exception as e:
-        print(f"course grade: {_text(item.student)}/{item.chapter}: feedback.html:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        _complain(item, ": feedback.html", traceback.format_exc())
         return (
             f'<!doctype html>\n<html><head><meta charset="utf-8"><title>{html.escape(item.chapter)}</title></head><body>'
             f"<p>score {float(doc.get('score', 0)):g}/{float(doc.get('max_score', 0)):g}; this page could not be made "
             f"({html.escape(type(e).__name__)}): results.json beside it holds the grade and every message.</p></body></html>\n"
         )
+
+
+def _complain(item: Item, what: str, trace: str) -> None:
+    """Say on stderr that the grader failed on an item: its student escaped for the terminal, and the
+    traceback too (its exception may quote the submission)."""
+    lines = [escape.terminal(line) for line in trace.splitlines()]
+    print(f"course grade: {escape.terminal(_text(item.student))}/{item.chapter}{what}:", *lines, sep="\n", file=sys.stderr, flush=True)
 
 
 def row(student: str, doc: dict) -> dict:
@@ -613,12 +623,14 @@ class ClassResult:
     """The entries that are no students (names starting with a dot), as shown: not counted anywhere."""
 
     def count_line(self) -> str:
-        """What `course grade` ends with: the results, adding up, and what was skipped."""
+        """What `course grade` ends with: the results, adding up, and what was skipped (names escaped for
+        the terminal)."""
         counted = [r for r in self.rows if r["student"] not in self.skipped]
         errors = sum(r["status"].startswith("error") for r in counted)
         line = f"{len(counted)} results = {len(counted) - errors} graded + {errors} could not be graded (0 points)"
         line += f"; {self.graded_now} new in this run" if self.graded_now < len(counted) else ""
-        return line + (f"; skipped, not students: {', '.join(name + '/' for name in self.skipped)}" if self.skipped else "")
+        skipped = ", ".join(escape.terminal(name) + "/" for name in self.skipped)
+        return line + (f"; skipped, not students: {skipped}" if self.skipped else "")
 
 
 def grade(
@@ -673,7 +685,7 @@ def grade(
     rows = [row(i.student, d) for i, d in zip(items, docs)]
     _write_atomic(out / "grades.csv", _csv(rows))
     summary = summarize(items, chosen, docs)
-    _write_atomic(out / "summary.json", json.dumps(summary, ensure_ascii=False, indent=1))
+    _write_atomic(out / "summary.json", escape.json_document(json.dumps(summary, ensure_ascii=False, indent=1)))
     _write_atomic(out / HISTOGRAM, histogram_svg(summary))
     _write_atomic(out / "summary.md", summary_markdown(summary, histogram=HISTOGRAM))
     return ClassResult(rows, len(todo), how, out, sorted({_text(i.student) for i in items if not i.recorded}))
@@ -797,19 +809,11 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(f.name, path)
 
 
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-"""A spreadsheet runs a cell that starts with one of these as a formula (OWASP's CSV injection list)."""
-
-
-def csv_cell(value: object) -> object:
-    """A grades.csv cell: text a spreadsheet would take for a formula gets a single quote in front."""
-    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
-
-
 def _csv(rows: list[dict]) -> str:
+    """grades.csv: every cell through `grader.delivery.escape.csv_cell` (no control character, no formula)."""
     buffer = io.StringIO()
-    # RFC 4180's CRLF rows: the csv module then quotes a cell holding a CR (a name may), not only one with a LF
+    # RFC 4180's CRLF rows (a cell's own CR or LF is escaped by csv_cell)
     writer = csv.DictWriter(buffer, ["student", "chapter", "score", "max_score", "status"], lineterminator="\r\n")
     writer.writeheader()
-    writer.writerows({k: csv_cell(v) for k, v in r.items()} for r in rows)
+    writer.writerows({k: escape.csv_cell(v) for k, v in r.items()} for r in rows)
     return buffer.getvalue()

@@ -49,6 +49,7 @@ from traitlets.config.loader import PyFileConfigLoader
 
 from grader import checks
 from grader.chapters import Chapter
+from grader.delivery import escape
 from grader.delivery.grade import ClassResult, GradeError, grade, results_dir
 from grader.delivery.notebook import figure_output, wrap_lines
 from grader.delivery.submission import MAX_NOTEBOOK_BYTES, SubmissionError, read_file
@@ -315,7 +316,7 @@ def task_report(doc: dict, task_id: str, hidden: bool) -> str:
     tests = _tests(doc, task_id, hidden)
     kind = "hidden" if hidden else "public"
     if doc.get("status") == "error":
-        why = "" if hidden else f": {doc.get('error', '')}"
+        why = "" if hidden else f": {escape.plain(doc.get('error', ''), lines=True)}"
         return wrap_lines(f"{task_id}: your notebook could not be graded{why}\n0 points\n")
     lines = [f"{task_id}, {kind} checks, graded by the course grader:"]
     for t in tests:
@@ -323,7 +324,7 @@ def task_report(doc: dict, task_id: str, hidden: bool) -> str:
         outcome = "" if t["status"] == "passed" else f" ({t.get('outcome', t['status'])})"
         lines.append(f"{verdict} {'hidden check: ' if hidden else ''}{t['name']}{outcome}")
         if not hidden and t["status"] != "passed" and t.get("output"):
-            lines += ["    " + line for line in t["output"].splitlines()]
+            lines += ["    " + escape.plain(line) for line in t["output"].splitlines()]  # a notebook obeys ANSI escapes
     passed = sum(t["status"] == "passed" for t in tests)
     score, total = sum(t["score"] for t in tests), sum(t["max_score"] for t in tests)
     lines.append(f"{passed}/{len(tests)} {kind} checks passed: {score:g}/{total:g} points")

@@ -62,6 +62,7 @@ from pathlib import Path
 
 from grader import chapters
 from grader.chapters import Chapter
+from grader.delivery import escape
 
 SOURCE = ("pyproject.toml", "README.md", "grader", "figures", "solutions", "exercises")
 STUDENT_USER = "course-student"
@@ -380,7 +381,7 @@ def _output(lines: list[str], figures: dict[str, str] | None = None) -> dict:
         "output": gradescope_output(lines, figures or {}),
         "output_format": "html",
         "test_output_format": "text",
-        "extra_data": {"summary": "\n".join(line for line in lines if line)},
+        "extra_data": {"summary": "\n".join(escape.plain(line) for line in lines if line)},  # printed to Gradescope's log
     }
 
 

@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from grader.chapters import Chapter
+from grader.delivery import escape
 from grader.delivery.submission import (
     MAX_MODULE_BYTES,
     MAX_NOTEBOOK_BYTES,
@@ -423,12 +424,13 @@ def found_list(tree: Tree, ch: Chapter, *, most: int = 12) -> str:
 
 
 def shown_name(name: str) -> str:
-    """A file name as printable text: bytes that are not UTF-8 as \\xNN, control characters escaped."""
+    """A file name as printable text: bytes that are not UTF-8 as \\xNN, control and format characters
+    escaped (`grader.delivery.escape.visible`)."""
     try:
         text = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     except UnicodeEncodeError:
         text = name.encode("utf-8", "backslashreplace").decode("utf-8")
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return escape.visible(text)
 
 
 # -- reading the answer that was found ------------------------------------------------------------------------

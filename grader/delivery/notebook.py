@@ -21,7 +21,6 @@ import ast
 import base64
 import contextlib
 import functools
-import html
 import io
 import json
 import math
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from grader import chapters, checks
 from grader.chapters import Chapter
+from grader.delivery import escape
 from grader.delivery.cells import defines, segment, submission_from_cells
 
 if TYPE_CHECKING:
@@ -199,7 +199,7 @@ def figure_output(spec, svg: str) -> dict:
     text (what HTML renderers, nbgrader's feedback included, show), and the caption as plain text."""
     alt = f"{spec.title} · {spec.en}" if isinstance(spec.en, str) else spec.title
     src = "data:image/svg+xml;base64," + base64.b64encode(svg.encode("utf-8")).decode("ascii")
-    return {"text/html": f'<img alt="{html.escape(alt)}" src="{src}">', "image/svg+xml": svg, "text/plain": alt}
+    return {"text/html": f'<img alt="{escape.html(alt)}" src="{src}">', "image/svg+xml": svg, "text/plain": alt}
 
 
 def _figures_of(report, task_id: str) -> list[dict]:

@@ -20,6 +20,10 @@ Per chapter it gives:
   they can be told to rename it;
 - a histogram of the scores in ten bands of the chapter's points (summary-histogram.svg, drawn
   with the course's figure kit), students not graded and not implemented shown apart.
+
+Names and messages come from the submissions: in summary.md each is a code span or escaped prose
+(`grader.delivery.escape`), so that no markup, link, image, table cell or HTML comes of it, and no control
+character of it is written.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import statistics
 from typing import Any
 
 from grader.chapters import Chapter
+from grader.delivery import escape
 
 HISTOGRAM = "summary-histogram.svg"
 """The histogram's file in OUT, beside summary.md."""
@@ -232,7 +237,7 @@ def summary_markdown(summary: dict, *, histogram: str | None = HISTOGRAM) -> str
         ]
         if s["not_graded"]:
             lines += [f"### Not graded ({len(s['not_graded'])}, 0 points each)", ""]
-            lines += [f"- {_code(r['student'])}: {_escape(clip(r['reason'], REASON_CHARS))}" for r in s["not_graded"]]
+            lines += [f"- {_code(r['student'])}: {escape.markdown(clip(r['reason'], REASON_CHARS))}" for r in s["not_graded"]]
             lines.append("")
         if s["renamed"]:
             lines += ["### Graded under another name (ask them to rename the file)", ""]
@@ -253,7 +258,7 @@ def summary_markdown(summary: dict, *, histogram: str | None = HISTOGRAM) -> str
                 "|---|---:|---|",
             ]
             for d in diagnoses[:DIAGNOSES]:
-                lines.append(f"| {_code(clip(d['diagnosis'], MESSAGE_CHARS))} | {d['students']} | {_covers(d['checks'])} |")
+                lines.append(f"| {_code(clip(d['diagnosis'], MESSAGE_CHARS), table=True)} | {d['students']} | {_covers(d['checks'])} |")
             if len(diagnoses) > DIAGNOSES:
                 lines.append(f"| ({len(diagnoses) - DIAGNOSES} more, each of fewer students: summary.json) | | |")
             lines.append("")
@@ -295,33 +300,15 @@ def _status_rank(status: str) -> tuple[int, str]:
     return (known.index(status) if status in known else len(known), status)
 
 
-def _common(c: dict) -> str:
-    if not c["wrong"]:
-        return "(all not implemented)"
-    message = _code(clip(c["most_common_message"], MESSAGE_CHARS))
-    if c["students_with_it"] == 1 and c["wrong"] > 1:
-        return f"no two alike ({c['wrong']} different); one: {message}"
-    others = c["kinds_of_message"] - 1
-    return f"{c['students_with_it']} of {c['wrong']}: {message}" + (f" (+{others} other)" if others else "")
-
-
-def _code(text: str) -> str:
-    """Text as a Markdown code span that survives a table cell: no backtick, no bare pipe, one line."""
-    text = re.sub(r"[\r\n\t]+", " ", text).replace("`", "'").replace("|", "\\|")
-    return f"`{text}`"
+def _code(text: str, *, table: bool = False) -> str:
+    """Text a submission chose (a student's name, a file name, a message quoting their values) as a
+    Markdown code span: shown as it is, nothing in it read as markup (`grader.delivery.escape.markdown_code`)."""
+    return escape.markdown_code(text, table=table)
 
 
 def _cell(text: str) -> str:
     """The course's own text (a check's name) in a table cell: one line, no bare pipe."""
     return re.sub(r"[\r\n\t]+", " ", text).replace("|", "\\|")
-
-
-def _escape(text: str) -> str:
-    """Text a student's files chose (a reason naming their files) for a Markdown line: one line,
-    and what Markdown would read as markup (emphasis, a link, HTML, a cell's end) escaped; `_` is
-    left alone, since inside a word (`slot_mapping`) it is no emphasis."""
-    text = re.sub(r"[\r\n\t]+", " ", text)
-    return re.sub(r"([\\`*\[\]<>|])", r"\\\1", text)
 
 
 # -- the histogram -------------------------------------------------------------------------------------------

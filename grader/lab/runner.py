@@ -7,7 +7,8 @@ it: the waiting one returns at once as superseded, the running one is stopped by
 its process (the next request gets a fresh one in milliseconds). A hang therefore costs
 its own request the time limit and never holds up another experiment or a newer request.
 The chapter module is loaded again whenever its file changes, so an edit shows on the
-next change of a control.
+next change of a control. What a result says in words (a message, what the code printed, a note)
+goes to the page with its control and format characters escaped (`shown`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any, Callable
 
 from grader import chapters, checks
 from grader.chapters import Chapter
+from grader.delivery import escape
 from grader.isolation import budget, portable, procs
 from grader.isolation.worker import OUTPUT_LIMIT, Worker
 from grader.lab import Experiment, ParamError, catalog
@@ -39,6 +41,18 @@ DEFAULT_TIME_LIMIT = checks.DEFAULT_TIME_LIMIT
 
 class Superseded(Exception):
     """A newer request for the same experiment replaced this one."""
+
+
+def shown(result: dict) -> dict:
+    """A run's result as the page shows it (as text, in `textContent`): its message, what the student's
+    code printed and the notes on its figures with their control and format characters escaped
+    (`grader.delivery.escape.plain`), line breaks kept."""
+    for key in ("message", "printed"):
+        if isinstance(result.get(key), str):
+            result[key] = escape.plain(result[key], lines=True)
+    if isinstance(result.get("notes"), list):
+        result["notes"] = [escape.plain(note, lines=True) for note in result["notes"]]
+    return result
 
 
 def _session_class():
@@ -208,7 +222,7 @@ class Lab:
             group = groups.setdefault(ch.id, {"id": ch.id, "title": ch.title, "file": ch.filename, "experiments": []})
             group["experiments"].append(exp.to_json())
         return {
-            "target": str(folder),
+            "target": escape.plain(folder),  # a submission's folder: named by its student
             "mode": "solutions" if self.solutions else "submission" if self.submission else "exercises",
             "checked": self.checked,
             "time_limit": self.time_limit,
@@ -229,7 +243,7 @@ class Lab:
             return {"status": "invalid", "message": "this instance cannot be drawn: " + str(e), "errors": e.errors}
         result = self._lane(exp.id).submit(next(self._seq), lambda lane: self._execute(exp, params, lane))
         result["elapsed"] = round(time.monotonic() - started, 4)
-        return result
+        return shown(result)
 
     def _lane(self, experiment_id: str) -> Lane:
         with self._lanes_lock:
