@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import re
 import secrets
 import shutil
@@ -107,6 +108,7 @@ def check(
     baseline = procs.children()
     workdir = Path(tempfile.mkdtemp(prefix="course-run-"))
     box = zygote = own_budget = None
+    warm = False
     try:
         if sandbox:
             from grader.isolation.sandbox import Box, probe
@@ -118,16 +120,14 @@ def check(
             zygote = Zygote(box=box, lazy=True)  # its torch import overlaps ours
             launcher = zygote.start
         elif launcher is None and portable.can_fork():  # a warm process: a fresh student process (the hidden checks'
-            from grader.isolation.zygote import Zygote  # own, one after a crash) then costs a fork, not an interpreter
-
-            zygote = Zygote(lazy=True)
-            launcher = zygote.start
+            launcher = warm_launcher()  # own, one after a crash) then costs a fork, not an interpreter
+            warm = launcher is not None
         run_budget = box.budget if box is not None and box.budget is not None else (own_budget := budget.make(memory_limit))
         spawn = functools.partial(
             launcher or functools.partial(worker.start, root=chapters.ROOT), workdir=workdir, output_limit=OUTPUT_LIMIT
         )
         strays = _stray_finder(launcher, baseline)
-        first = None if zygote else spawn()  # a lazy zygote is waited for once torch is imported here
+        first = None if zygote or warm else spawn()  # a warm process is waited for once torch is imported here
         report = _run(
             ch,
             only,
@@ -246,6 +246,29 @@ def _run(
     return report
 
 
+_WARM: dict[int, object] = {}
+"""This process's warm process for runs without a sandbox (by pid: a forked copy of this process makes its own)."""
+
+
+def warm_launcher() -> Callable[..., Worker] | None:
+    """The launcher of this process's warm process (grader.isolation.zygote), made on first use and kept for the
+    runs that follow (ended when the process exits); None where none can start (fresh interpreters then)."""
+    import atexit
+
+    from grader.isolation.zygote import Zygote, ZygoteError
+
+    zygote = _WARM.get(os.getpid())
+    if zygote is None or cast(Zygote, zygote).proc.poll() is not None:
+        try:
+            zygote = Zygote(lazy=True)  # its torch import overlaps the caller's
+        except (ZygoteError, OSError):
+            return None
+        _WARM.clear()
+        _WARM[os.getpid()] = zygote
+        atexit.register(zygote.close)
+    return cast(Zygote, zygote).start
+
+
 def _stray_finder(launcher, baseline: set[int]) -> Callable[[set[int]], list[str]]:
     """Who finds the processes student code left running: the box the warm process runs in (all
     of its processes, seen from outside), or for a fresh interpreter this process, a subreaper."""
@@ -269,8 +292,6 @@ def _stray_finder(launcher, baseline: set[int]) -> Callable[[set[int]], list[str
 
 def read_module(path: Path, max_bytes: int = 1 << 20) -> bytes:
     """A chapter module's bytes, read without following a link, at most `max_bytes`."""
-    import os
-
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         info = os.fstat(fd)

@@ -171,9 +171,13 @@ def test_stale_folders_of_a_killed_grader_are_removed():
     b = cgroup_or_skip()
     base = b.dirs["memory"].parent  # type: ignore[attr-defined]
     b.close()
-    dead = base / "course-999999999-0"  # no process has that pid
+    dead = base / f"course-{budget._pid_namespace()}-999999999-0"  # no process of this namespace has that pid
+    elsewhere = base / "course-1-999999999-0"  # a grader of another pid namespace: never judged from here
+    elsewhere.mkdir()
     (dead / "main").mkdir(parents=True)
     assert budget.stale() >= 1 and not dead.exists()
+    assert elsewhere.exists()
+    elsewhere.rmdir()
 
 
 def test_the_portable_route_reads_processes_through_psutil(monkeypatch):

@@ -133,7 +133,7 @@ class Cgroup(Budget):
             self.leaves = dict(self.dirs)
         else:
             self.version, bases = _bases()
-            name = f"course-{os.getpid()}-{next(_names)}"
+            name = f"course-{_pid_namespace()}-{os.getpid()}-{next(_names)}"
             self.dirs = {c: base / name for c, base in bases.items()}
             try:
                 for d in self.dirs.values():
@@ -486,18 +486,28 @@ def _size(n: int) -> str:
     return f"{n / 2**30:.3g} GiB" if n >= 1 << 30 else f"{n / 2**20:.4g} MiB"
 
 
+def _pid_namespace() -> int:
+    """This process's pid namespace (its inode): a budget's name carries it, so that `stale` only ever judges the
+    budgets of graders whose pids it can see (a grader in a container of its own shares the cgroup tree, not the pids)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
 def stale(prefix: str = "course-") -> int:
-    """Remove the budget folders a grader killed outright left behind (its pid is gone), ending any process still
-    in them (a sandbox of that grader); how many were removed."""
+    """Remove the budget folders that a grader of this pid namespace, killed outright, left behind (its pid is gone),
+    ending any process still in them (a sandbox of that grader); how many were removed."""
     removed = 0
     try:
         version, bases = _bases()
     except CgroupUnavailable:
         return 0
+    ours = str(_pid_namespace())
     for base in bases.values():
-        for folder in base.glob(prefix + "*-*"):
-            pid = folder.name.split("-")[1]
-            if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+        for folder in base.glob(prefix + "*-*-*"):
+            _, namespace, pid, _ = (folder.name.split("-") + ["", "", "", ""])[:4]
+            if namespace != ours or not pid.isdigit() or Path(f"/proc/{pid}").exists():
                 continue
             for inner, _, _ in os.walk(folder):
                 for p in _words(Path(inner) / "cgroup.procs"):
