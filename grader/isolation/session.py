@@ -113,6 +113,8 @@ class Session:
         self.path, self.spawn, self.time_limit = path, spawn, time_limit
         self._own_budget = budget is None
         self.budget = budget if budget is not None else make_budget(DEFAULT_LIMIT)
+        self._kills_seen: dict[int, int] = {id(self.budget): self.budget.kills()}
+        """Per budget (by id), its kills when last read: a failed request blames memory only for kills since."""
         self.worker: Worker | None = worker
         if worker is not None:
             self.budget.admit(worker.pid)
@@ -168,14 +170,17 @@ class Session:
         worker = self.worker
         assert worker is not None  # started by _ensure_loaded
         budgets = [self.budget] + ([budget] if budget is not None else [])  # a measured call's, nested in the run's
-        kills = [b.kills() for b in budgets]
 
         def over_budget(*, full: bool = False) -> OverBudget | None:
-            """The budget that stopped the process since the request was sent, if one did; with `full`, also one that
-            is nearly full now (a process out of time while the kernel, with no memory left to give, kept it waiting)."""
-            stopped = [
-                b for b, before in zip(budgets, kills) if b.kills() > before or (full and b.usage() - b.base >= 0.9 * (b.limit - b.base))
-            ]
+            """The budget that stopped the process since it was last asked, if one did (its kills are read only when a
+            request fails: every process counted there is this run's); with `full`, also one that is nearly full now (a
+            process out of time while the kernel, with no memory left to give, kept it waiting)."""
+            stopped = []
+            for b in budgets:
+                kills, seen = b.kills(), self._kills_seen.get(id(b), 0)
+                self._kills_seen[id(b)] = kills
+                if kills > seen or (full and b.usage() - b.base >= 0.9 * (b.limit - b.base)):
+                    stopped.append(b)
             if not stopped:
                 return None
             b = stopped[0]  # what the submission used, on top of what the budget held before it ran (`Budget.base`)
@@ -267,6 +272,7 @@ class Session:
         finally:
             if measured is not None:
                 measured.close()
+                self._kills_seen.pop(id(measured), None)  # a later budget may take its id
             self._kill()
             self.load_failure = failure
         if call.peak > memory:
