@@ -5,8 +5,8 @@ Run:  .venv/bin/python tests/bench/budget.py [RUNS]      (RUNS of each measure, 
 Per kind (the cgroup where this machine gives one, and the watchdog): making and closing a budget (once per run or
 box), admitting a process (once per student process), what a failed call adds (a read of the kernel's or watchdog's
 kill count; a call that succeeds adds nothing) and one measured call's budget (made, admitted, read, closed); the
-watchdog's own CPU per second of watching a process. Then whole runs side by side: a box started until its warm process is ready, with its budget
-and with none, and `course check ch17 --submission` under each kind.
+watchdog's own CPU per second of watching a process. Then whole runs side by side: a box started until its warm
+process is ready, with its budget and with none, and `course check ch17 --submission` under each kind.
 """
 
 from __future__ import annotations
