@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grader.authoring.compare import Hint
+from grader.i18n import tr_in
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class Mistakes:
             raise KeyError(
                 f"{self.chapter_id} has no mistake {id!r} in its table (grader/hidden/{self.chapter_id}_mistakes.py): {sorted(self.rows)}"
             ) from None
-        text = Hint(row.message, row.id)
+        text = Hint(tr_in(f"{self.chapter_id}.{row.id}", row.message), row.id)
         return text.format(**fields) if fields else text
 
 

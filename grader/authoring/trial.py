@@ -20,6 +20,7 @@ import torch
 from grader.authoring.compare import Blocked, CheckFailed, describe, same
 from grader.authoring.source import function_lines
 from grader.authoring.spec import CheckSpec
+from grader.i18n import tr
 from grader.isolation.session import Call, Session, StudentError, StudentRaised
 from grader.isolation.wire import Handle
 from grader.report import CheckResult
@@ -224,11 +225,11 @@ def not_run(spec: CheckSpec, function: str, reason: str) -> CheckResult:
     return CheckResult(
         spec.task,
         function,
-        spec.name,
+        tr(spec.name),
         spec.hidden,
         spec.points,
         "not run",
-        f"not run: {reason}, and each task gets one time limit (fix that first)",
+        tr("not run: {reason}, and each task gets one time limit (fix that first)", reason=reason),
     )
 
 
@@ -248,7 +249,7 @@ def run_one(
 
     `strays(keep)` kills and names the processes the student's code left running, apart from `keep`
     (found from outside the student's process)."""
-    result = CheckResult(spec.task, function, spec.name, spec.hidden, spec.points, "passed")
+    result = CheckResult(spec.task, function, tr(spec.name), spec.hidden, spec.points, "passed")
     trial = Trial(spec, session=session, ref=ref, seed=seed, params=params, figures=figures)
     session.begin_check(time_limit)
     t0 = time.monotonic()
