@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import inspect
 import json
 import re
 import secrets
@@ -18,6 +19,7 @@ import click
 from grader import chapters, progress
 from grader.chapters import Chapter, UnknownName
 from grader.delivery import doctor, escape
+from grader.i18n import LANGUAGES, commands, tr
 
 ALL = "all"
 """`course check all`: every chapter."""
@@ -81,7 +83,20 @@ INSTRUCTOR_OPTIONS = {"check": ("solutions", "hidden", "seed"), "lab": ("solutio
 
 class CourseGroup(click.Group):
     """`course`'s commands. In a student release (no solutions/) the instructor parts are absent: neither listed
-    in --help nor parsed nor suggested, so one command line serves both installations."""
+    in --help nor parsed nor suggested, so one command line serves both installations. Every command speaks the
+    run's language (`--lang`, anywhere on the line; `grader.i18n.commands`)."""
+
+    def main(self, args: Sequence[str] | None = None, *a: Any, **kw: Any) -> Any:
+        commands.install()
+        commands.choose_from(sys.argv[1:] if args is None else list(args))
+        return super().main(args, *a, **kw)
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        original, self.help = self.help, tr(inspect.cleandoc(self.help)) if self.help else self.help
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self.help = original
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         names = super().list_commands(ctx)
@@ -90,10 +105,10 @@ class CourseGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         command = super().get_command(ctx, name)
         if command is None or chapters.has_solutions():
-            return command
+            return None if command is None else commands.translated(command)
         if name in INSTRUCTOR_COMMANDS:
             return None
-        return _without(command, INSTRUCTOR_OPTIONS.get(name, ()))
+        return commands.translated(_without(command, INSTRUCTOR_OPTIONS.get(name, ())))
 
     def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple:
         name = click.utils.make_str(args[0])
@@ -124,6 +139,7 @@ def _default(command: click.Command, param: click.Parameter) -> object:
 
 
 @click.group(cls=CourseGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--lang", type=click.Choice(LANGUAGES), expose_value=False, is_eager=True, help=commands.LANG_HELP)
 @click.version_option(doctor.version(), "--version", prog_name="course", message="%(prog)s %(version)s")
 def main() -> None:
     """Exercises and autograder of the LLM inference engine course (`course list` shows its chapters).

@@ -13,6 +13,7 @@ matching), for a translator to confirm, and counts as missing until then.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import io
@@ -21,6 +22,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
+import click
 from babel.messages.catalog import Catalog
 from babel.messages.extract import extract_python
 from babel.messages.pofile import read_po, write_po
@@ -61,6 +63,14 @@ def extract() -> dict[tuple[str, bool], dict[Message, list[tuple[str, int]]]]:
                 for line, funcname, found, _comments in extract_python(f, KEYWORDS, [], {}):
                     for context, text in _texts(funcname, found):  # type: ignore[arg-type]
                         add(domain_of(path), (context, text), (rel, line))
+    for context, doc, line in command_docstrings(ROOT / "grader" / "cli.py"):
+        add(("course", False), (context, doc), ("grader/cli.py", line))
+    for path in sorted(Path(click.__file__).parent.glob("*.py")):
+        with path.open("rb") as f:
+            for line, funcname, found, _comments in extract_python(f, {"_": None, "ngettext": (1, 2)}, [], {}):
+                for piece in found if isinstance(found, tuple) else (found,):
+                    if isinstance(piece, str):
+                        add(("click", False), (None, piece), (f"click/{path.name}", line))
     for path in sorted((ROOT / "grader" / "hidden").glob("ch*_mistakes.py")):
         chapter = CHAPTER.match(path.name).group(1)  # type: ignore[union-attr]
         module = importlib.import_module(f"grader.hidden.{path.stem}")
@@ -73,6 +83,16 @@ def extract() -> dict[tuple[str, bool], dict[Message, list[tuple[str, int]]]]:
             for context, text, line in docstrings.messages(path.read_text(encoding="utf-8"), path.stem):
                 add((chapter, False), (context, text), (rel, line))
     return out
+
+
+def command_docstrings(path: Path) -> Iterator[tuple[None, str, int]]:
+    """The help texts of the command line's commands: the docstrings of functions decorated as click commands,
+    as click shows them (`inspect.cleandoc`)."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.FunctionDef) and any("command" in ast.unparse(d) or "group" in ast.unparse(d) for d in node.decorator_list):
+            doc = ast.get_docstring(node, clean=True)
+            if doc:
+                yield None, doc, node.lineno
 
 
 def _texts(funcname: str, found: object) -> Iterator[Message]:
