@@ -19,7 +19,7 @@ import click
 from grader import chapters, progress
 from grader.chapters import Chapter, UnknownName
 from grader.delivery import doctor, escape
-from grader.i18n import LANGUAGES, commands, tr
+from grader.i18n import LANGUAGES, choose, commands, tr
 
 ALL = "all"
 """`course check all`: every chapter."""
@@ -540,9 +540,11 @@ def grade(
         except ImportError as e:
             raise click.ClickException(f"--nbgrader needs nbgrader installed ({e})") from None
         submissions, out = nbgrader_course, out or nbgrader_course / "course-grade"
+        choose.for_grading(choose.course_setting(nbgrader_course / choose.SETTING.name))
     elif out is None:
         raise click.UsageError("missing option '--out'")
     assert submissions is not None and out is not None
+    choose.for_grading()  # a grading machine's locale is its container's: the course's language instead
     bar = None
     tty = sys.stdout.isatty()
 
@@ -611,7 +613,7 @@ def release(out: Path, chapter_names: tuple[Chapter, ...], no_nbgrader: bool) ->
     from grader.delivery.release import ReleaseError, build
 
     try:
-        built = build(out, chapter_list=list(chapter_names) or None, nbgrader=not no_nbgrader)
+        built = build(out, chapter_list=list(chapter_names) or None, nbgrader=not no_nbgrader, lang=choose.for_grading())
     except ReleaseError as e:
         raise click.ClickException(str(e)) from None
     click.echo(
@@ -659,7 +661,7 @@ def export_gradescope(chapter: Chapter, out: Path, seed: int | None, hidden_visi
 
     if not any(chapters.SOLUTIONS.glob("ch[0-9][0-9]_*.py")):
         raise click.ClickException("a Gradescope bundle carries the hidden checks: build it from the instructor's repository")
-    build(chapter, out, seed=seed, hidden_visibility=hidden_visibility)
+    build(chapter, out, seed=seed, hidden_visibility=hidden_visibility, lang=choose.for_grading())
     click.echo(
         f"{out} ({out.stat().st_size / 1024:.0f} KiB): upload it as the autograder of {chapter.id}; "
         "students submit exercises/" + chapter.filename + " or their chapter notebook"

@@ -63,6 +63,7 @@ from pathlib import Path
 from grader import chapters
 from grader.chapters import Chapter
 from grader.delivery import escape
+from grader.i18n.choose import COURSE_LANGUAGE, normalize
 
 SOURCE = ("pyproject.toml", "README.md", "grader", "figures", "solutions", "exercises")
 STUDENT_USER = "course-student"
@@ -97,25 +98,30 @@ RUN = f"""#!/usr/bin/env bash
 ROOT="${{GRADESCOPE_ROOT:-/autograder}}"
 PYTHON="${{COURSE_PYTHON:-{VENV}/bin/python}}"
 # The secret goes in the environment, which only root may read (a command line is anybody's to read).
-cd / && COURSE_GRADING_SECRET=@SECRET@ exec "$PYTHON" -I -m grader.delivery.gradescope "$ROOT" @CHAPTER@ @VISIBILITY@
+cd / && COURSE_GRADING_SECRET=@SECRET@ COURSE_LANG=@LANG@ exec "$PYTHON" -I -m grader.delivery.gradescope "$ROOT" @CHAPTER@ @VISIBILITY@
 """
 
 
-def export(chapter: Chapter, out: Path, *, seed: int | None = None, hidden_visibility: str = VISIBILITIES[0]) -> Path:
+def export(
+    chapter: Chapter, out: Path, *, seed: int | None = None, hidden_visibility: str = VISIBILITIES[0], lang: str = COURSE_LANGUAGE
+) -> Path:
     """Write the bundle for one chapter to `out` (a .zip). Its secret is a new one (`grader.delivery.seeds`),
     or the number `seed` (repeatable, and guessable: for tests); `hidden_visibility` (one of
-    VISIBILITIES) says when students see the hidden checks' results."""
+    VISIBILITIES) says when students see the hidden checks' results; its feedback speaks `lang` (never the
+    container's locale)."""
     from grader.delivery.seeds import secret_of
 
     if hidden_visibility not in VISIBILITIES:
         raise ValueError(f"hidden_visibility {hidden_visibility!r} is none of {', '.join(VISIBILITIES)}")
     run = RUN.replace("@CHAPTER@", chapter.id).replace("@SECRET@", secret_of(seed)).replace("@VISIBILITY@", hidden_visibility)
+    run = run.replace("@LANG@", normalize(lang))
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
         _add(z, "setup.sh", SETUP)
         _add(z, "run_autograder", run)
         for name in SOURCE:
             path = chapters.ROOT / name
-            files = [path] if path.is_file() else sorted(p for p in path.rglob("*.py") if "__pycache__" not in p.parts)
+            shipped = (p for p in path.rglob("*") if p.suffix in (".py", ".po") and "__pycache__" not in p.parts)  # code, catalogs
+            files = [path] if path.is_file() else sorted(shipped)
             for f in files:
                 z.write(f, f"course/{f.relative_to(chapters.ROOT)}")  # Gradescope unzips into /autograder/source
     return out

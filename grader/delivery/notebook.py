@@ -38,6 +38,7 @@ from grader import chapters, checks
 from grader.chapters import Chapter
 from grader.delivery import escape
 from grader.delivery.cells import defines, segment, submission_from_cells
+from grader.i18n import docstrings, language
 
 if TYPE_CHECKING:
     from grader.report import Report
@@ -265,6 +266,7 @@ def chapter_notebook(ch: Chapter) -> dict:
     "provided" cell after that task's answer cell.
     """
     source = (chapters.SOLUTIONS / ch.filename).read_text(encoding="utf-8")
+    source = docstrings.translate_source(source, Path(ch.filename).stem, language())  # the release's language
     tree = ast.parse(source)
     prose = (ast.get_docstring(tree) or "").split("\n", 1)[-1].strip()
     setup, provided = _provided_code(ch, source, tree)

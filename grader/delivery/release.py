@@ -19,6 +19,7 @@ from pathlib import Path
 
 from grader import chapters, checks
 from grader.chapters import Chapter
+from grader.i18n import choose, docstrings
 
 MARKER = ".course-release"
 CHAPTER_FILE = re.compile(r"^(ch\d{2})(_\w+)?\.py$")
@@ -42,19 +43,23 @@ class Release:
         return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def build(out: Path, *, chapter_list: list[Chapter] | None = None, nbgrader: bool = True) -> Release:
-    """Write `out/student/` (and `out/nbgrader/`) for every chapter, or the given ones."""
+def build(out: Path, *, chapter_list: list[Chapter] | None = None, nbgrader: bool = True, lang: str | None = None) -> Release:
+    """Write `out/student/` (and `out/nbgrader/`) for every chapter, or the given ones, in `lang` (the course's
+    language, Chinese, by default): its docstrings, notebooks and README in it, and `lang` recorded as the
+    course's setting in both (`grader.i18n.choose`)."""
     if not chapters.has_solutions():
         raise ReleaseError("this installation has no solutions/: a release is built from the instructor's repository")
+    lang = choose.set_language(lang or choose.COURSE_LANGUAGE)
     chosen = sorted(chapter_list or chapters.all_chapters(), key=lambda ch: ch.id)
     student = _fresh(Path(out) / "student")
-    write_student(student, chosen)
+    write_student(student, chosen, lang)
     course = None
     if nbgrader:
         from grader.delivery.notebook import write_course
 
         course = _fresh(Path(out) / "nbgrader")
         write_course(course, chosen)
+        choose.write_setting(course, lang)
     return Release(student, course, [ch.id for ch in chosen])
 
 
@@ -69,12 +74,13 @@ def _fresh(path: Path) -> Path:
     return path
 
 
-def write_student(dest: Path, chosen: list[Chapter]) -> None:
+def write_student(dest: Path, chosen: list[Chapter], lang: str = choose.COURSE_LANGUAGE) -> None:
     ids = {ch.id for ch in chosen}
     for package in PUBLIC_PACKAGES:
-        _copy_package(chapters.ROOT / package, dest / package, ids)
+        _copy_package(chapters.ROOT / package, dest / package, ids, lang)
     answers = dest / chapters.ANSWERS.relative_to(chapters.ROOT)
     answers.mkdir()
+    choose.write_setting(answers, lang)
     lab = record_lab(chosen)
     for ch in chosen:
         record = {**record_answers(ch), "lab": lab.get(ch.id, {})}
@@ -89,9 +95,9 @@ def _package_data(package: str) -> list[str]:
     return list(tool.get("setuptools", {}).get("package-data", {}).get(package, []))
 
 
-def _copy_package(src: Path, dest: Path, ids: set[str]) -> None:
+def _copy_package(src: Path, dest: Path, ids: set[str], lang: str) -> None:
     """Copy a package's Python files and declared data files, leaving out hidden checks, recorded answers
-    and other chapters."""
+    and other chapters; the exercises' docstrings in `lang`."""
     data = [p for pattern in _package_data(src.name) for p in src.glob(pattern) if p.is_file()]
     for path in sorted(src.rglob("*.py")) + sorted(data):
         rel = path.relative_to(src)
@@ -100,7 +106,11 @@ def _copy_package(src: Path, dest: Path, ids: set[str]) -> None:
             continue
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target)
+        if chapter and src.name == "exercises":
+            text = docstrings.translate_source(path.read_text(encoding="utf-8"), path.stem, lang)
+            target.write_text(text, encoding="utf-8")
+        else:
+            shutil.copy2(path, target)
 
 
 def record_answers(ch: Chapter) -> dict:

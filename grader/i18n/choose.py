@@ -69,9 +69,12 @@ def resolve(env: os._Environ | dict[str, str], *, grading: bool = False) -> str:
     return COURSE_LANGUAGE if grading else from_locale(env)
 
 
-def for_grading(flag: str | None = None) -> str:
-    """Set and return the language of a grading run: `flag`, `COURSE_LANG`, the course's setting, Chinese."""
-    return set_language(flag or resolve(os.environ, grading=True))
+def for_grading(setting: str | None = None) -> str:
+    """Set and return the language of a grading run or a release: `--lang` or `COURSE_LANG`, else `setting` (an
+    nbgrader course's), the installed course's setting, Chinese; never the locale."""
+    if not os.environ.get(ENV) and setting:
+        return set_language(setting)
+    return set_language(resolve(os.environ, grading=True))
 
 
 def from_locale(env: os._Environ | dict[str, str]) -> str:
