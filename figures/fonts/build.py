@@ -11,7 +11,8 @@ or, without installing them system-wide (the machine keeps its own fonts):
 
 Each shipped file is a subset holding the characters the course's figures, the lab's page and the
 figure book can draw: every character of a string literal in figures/*.py, grader/lab/*.py and
-grader/delivery/book.py and of the lab's static files, the chapters' titles, printable ASCII and
+grader/delivery/book.py and of the lab's static files, of the translations of texts written there
+(`drawn_translations`: the catalogs, grader/locale/), the chapters' titles, printable ASCII and
 `EXTRA` (what the figure code builds at run time: minus signs, infinities, subscripts, arrows).
 `figures.typeface` subsets these files again per figure, to what that figure uses, and embeds
 the result in the SVG.
@@ -81,7 +82,25 @@ def course_characters(extra: bool = True) -> set[str]:
 
     for ch in chapters.all_chapters():
         chars |= set(ch.title)  # the overview draws the chapters' titles
+    chars |= drawn_translations()
     return {c for c in chars if c.isprintable() or c in "\u00a0\u3000"}
+
+
+DRAWN_FROM = ("figures/", "grader/lab/", "grader/delivery/book.py", "grader/delivery/summary.py")
+"""Where the texts a figure or a page draws are written: their translations need glyphs too."""
+
+
+def drawn_translations() -> set[str]:
+    """The characters of every translation (grader/locale/*/LC_MESSAGES/*.po) of a text written in `DRAWN_FROM`."""
+    from babel.messages.pofile import read_po
+
+    chars: set[str] = set()
+    for path in sorted((ROOT / "grader" / "locale").glob("*/LC_MESSAGES/*.po")):
+        with path.open("rb") as f:
+            for m in read_po(f):
+                if isinstance(m.string, str) and any(p.startswith(DRAWN_FROM) for p, _ in m.locations):
+                    chars |= set(m.string)
+    return chars
 
 
 def _literals(path: Path) -> set[str]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, overload
 
 from grader import chapters
+from grader.i18n import tr
 
 if TYPE_CHECKING:
     from grader.authoring.trial import Trial
@@ -53,7 +54,7 @@ class Param:
         raise NotImplementedError
 
     def to_json(self) -> dict:
-        return {"name": self.name, "label": self.label, "kind": self.kind, "default": self.shown(self.default)}
+        return {"name": self.name, "label": tr(self.label), "kind": self.kind, "default": self.shown(self.default)}
 
     def shown(self, value: Any) -> Any:
         """The value as the page's control holds it."""
@@ -68,23 +69,25 @@ def _number(raw: Any, *, integer: Literal[False]) -> float: ...
 def _number(raw: Any, *, integer: bool) -> float | int: ...
 def _number(raw: Any, *, integer: bool) -> float | int:
     if isinstance(raw, bool):
-        raise ValueError("a number, please")
+        raise ValueError(tr("a number, please"))
     if isinstance(raw, (int, float)):
         value = raw
     else:
         text = str(raw).strip().replace("−", "-")
         if not text:
-            raise ValueError("a number, please")
+            raise ValueError(tr("a number, please"))
         try:
             value = int(text) if integer else float(text)
         except ValueError:
-            raise ValueError(f"{str(raw).strip()!r} is not {'a whole number' if integer else 'a number'}") from None
+            shown = repr(str(raw).strip())
+            wrong = tr("{value} is not a whole number", value=shown) if integer else tr("{value} is not a number", value=shown)
+            raise ValueError(wrong) from None
     if integer:
         if isinstance(value, float) and not value.is_integer():
-            raise ValueError(f"{value:g} is not a whole number")
+            raise ValueError(tr("{value} is not a whole number", value=f"{value:g}"))
         return int(value)
     if not math.isfinite(value):
-        raise ValueError("a finite number, please")
+        raise ValueError(tr("a finite number, please"))
     return float(value)
 
 
@@ -99,7 +102,8 @@ class Int(Param):
     def parse(self, raw: Any) -> int:
         value = _number(raw, integer=True)
         if not self.low <= value <= self.high:
-            raise ValueError(f"between {self.low} and {self.high} (the figure shows at most {self.high}); got {value}")
+            bounds = tr("between {low} and {high} (the figure shows at most {high}); got {value}", low=self.low, high=self.high, value=value)
+            raise ValueError(bounds)
         return value
 
     def to_json(self) -> dict:
@@ -118,7 +122,7 @@ class Float(Param):
     def parse(self, raw: Any) -> float:
         value = _number(raw, integer=False)
         if not self.low <= value <= self.high:
-            raise ValueError(f"between {self.low:g} and {self.high:g}; got {value:g}")
+            raise ValueError(tr("between {low:g} and {high:g}; got {value:g}", low=self.low, high=self.high, value=value))
         return value
 
     def to_json(self) -> dict:
@@ -139,16 +143,18 @@ class Numbers(Param):
     def parse(self, raw: Any) -> list:
         items = raw if isinstance(raw, list) else [s for s in re.split(r"[\s,;\[\]]+", str(raw)) if s]
         if not self.min_len <= len(items) <= self.max_len:
-            many = f"{self.min_len}" if self.min_len == self.max_len else f"{self.min_len} to {self.max_len}"
-            raise ValueError(f"{many} numbers separated by commas; got {len(items)}")
+            if self.min_len == self.max_len:
+                raise ValueError(tr("{n} numbers separated by commas; got {got}", n=self.min_len, got=len(items)))
+            many = tr("{low} to {high} numbers separated by commas; got {got}", low=self.min_len, high=self.max_len, got=len(items))
+            raise ValueError(many)
         values = []
         for i, item in enumerate(items):
             try:
                 v = _number(item, integer=self.integer)
             except ValueError as e:
-                raise ValueError(f"item {i}: {e}") from None
+                raise ValueError(tr("item {i}: {error}", i=i, error=e)) from None
             if not self.low <= v <= self.high:
-                raise ValueError(f"item {i} is {v:g}; each must be between {self.low:g} and {self.high:g}")
+                raise ValueError(tr("item {i} is {v:g}; each must be between {low:g} and {high:g}", i=i, v=v, low=self.low, high=self.high))
             values.append(v)
         return values
 
@@ -196,7 +202,7 @@ class Experiment:
                 errors[p.name] = str(e)
         unknown = sorted(set(raw) - {p.name for p in self.params})
         if unknown:
-            errors[unknown[0]] = f"this experiment has no control {unknown[0]!r}"
+            errors[unknown[0]] = tr("this experiment has no control {name}", name=repr(unknown[0]))
         if not errors and self.constraints:
             errors = self.constraints(values)
         if errors:
@@ -207,11 +213,11 @@ class Experiment:
         return {
             "id": self.id,
             "chapter": self.chapter,
-            "title": self.title,
-            "about": self.about,
+            "title": tr(self.title),
+            "about": tr(self.about),
             "figures": list(self.figures),
             "calls": list(self.calls),
-            "varies": self.varies,
+            "varies": tr(self.varies) if self.varies else "",
             "params": [p.to_json() for p in self.params],
         }
 
