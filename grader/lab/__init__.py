@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, overload
 
 from grader import chapters
-from grader.i18n import tr
+from grader.i18n import mark, tr
 
 if TYPE_CHECKING:
     from grader.authoring.trial import Trial
@@ -102,7 +102,8 @@ class Int(Param):
     def parse(self, raw: Any) -> int:
         value = _number(raw, integer=True)
         if not self.low <= value <= self.high:
-            bounds = tr("between {low} and {high} (the figure shows at most {high}); got {value}", low=self.low, high=self.high, value=value)
+            text = mark("between {low} and {high} (the figure shows at most {high}); got {value}")
+            bounds = tr(text, low=self.low, high=self.high, value=value)
             raise ValueError(bounds)
         return value
 
