@@ -19,6 +19,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("COURSE_CACHE_DIR", tempfile.mkdtemp(prefix="course-test-cache-"))  # never the user's own cache
+# Tests assert ids, and English where they read prose, whatever the machine's locale; tests/test_i18n.py asks for
+# Chinese where it checks it.
+os.environ["COURSE_LANG"] = "en"
 
 from grader import chapters  # noqa: E402
 from grader.isolation import worker  # noqa: E402

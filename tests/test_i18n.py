@@ -50,7 +50,10 @@ def test_every_text_has_its_chinese(extracted):
     """Every marked text, check name, mistake and docstring paragraph has a Chinese translation (not fuzzy)."""
     zh = catalog.table("zh")
     missing = [
-        f"{domain}{' (hidden)' if hidden else ''}: {text[:70]!r}" for (domain, hidden), found in extracted.items() for text in found if text not in zh
+        f"{domain}{' (hidden)' if hidden else ''}: {text[:70]!r}"
+        for (domain, hidden), found in extracted.items()
+        for text in found
+        if text not in zh
     ]
     assert not missing, f"{len(missing)} texts without Chinese (python -m grader.i18n todo DOMAIN):\n" + "\n".join(missing[:40])
 
@@ -91,12 +94,13 @@ def test_catalogs_are_not_stale(extracted):
     assert not stale, "\n".join(stale[:30])
 
 
-def test_a_translation_falls_back_to_the_english(monkeypatch):
+def test_a_translation_falls_back_to_the_english():
     choose.set_language("zh")
     try:
         assert catalog.tr("a text nobody translated, {n} times", n=3) == "a text nobody translated, 3 times"
+        assert catalog.tr("a number, please") != "a number, please", "a translated one is translated"
     finally:
-        choose.set_language(None)
+        choose.set_language("en")
 
 
 # -- choosing the language ----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ hidden checks each task has).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tomllib
@@ -44,22 +45,26 @@ class Release:
 
 
 def build(out: Path, *, chapter_list: list[Chapter] | None = None, nbgrader: bool = True, lang: str | None = None) -> Release:
-    """Write `out/student/` (and `out/nbgrader/`) for every chapter, or the given ones, in `lang` (the course's
-    language, Chinese, by default): its docstrings, notebooks and README in it, and `lang` recorded as the
+    """Write `out/student/` (and `out/nbgrader/`) for every chapter, or the given ones, in `lang` (by default
+    `COURSE_LANG`, else the course's language, Chinese): its docstrings, notebooks and README in it, and `lang` recorded as the
     course's setting in both (`grader.i18n.choose`)."""
     if not chapters.has_solutions():
         raise ReleaseError("this installation has no solutions/: a release is built from the instructor's repository")
-    lang = choose.set_language(lang or choose.COURSE_LANGUAGE)
-    chosen = sorted(chapter_list or chapters.all_chapters(), key=lambda ch: ch.id)
-    student = _fresh(Path(out) / "student")
-    write_student(student, chosen, lang)
-    course = None
-    if nbgrader:
-        from grader.delivery.notebook import write_course
+    before = os.environ.get(choose.ENV)
+    lang = choose.set_language(lang) if lang else choose.for_grading()
+    try:
+        chosen = sorted(chapter_list or chapters.all_chapters(), key=lambda ch: ch.id)
+        student = _fresh(Path(out) / "student")
+        write_student(student, chosen, lang)
+        course = None
+        if nbgrader:
+            from grader.delivery.notebook import write_course
 
-        course = _fresh(Path(out) / "nbgrader")
-        write_course(course, chosen)
-        choose.write_setting(course, lang)
+            course = _fresh(Path(out) / "nbgrader")
+            write_course(course, chosen)
+            choose.write_setting(course, lang)
+    finally:
+        choose.set_language(before)  # this process speaks what it spoke before
     return Release(student, course, [ch.id for ch in chosen])
 
 
