@@ -40,10 +40,22 @@ TRANSLATED = ("zh",)
 Message = tuple[str | None, str]  # (context, English)
 
 
+DOMAINS = {"grader/delivery": "documents", "grader/lab": "lab"}
+"""Folders whose files (other than a chapter's) have a domain of their own: the documents a release, a grading
+run or the figure book writes, and the lab's page and runner."""
+OWN_DOMAIN = {"grader/delivery/doctor.py": "course"}
+
+
 def domain_of(path: Path) -> tuple[str, bool]:
-    """(domain, hidden) of a source file: its chapter's, or "course"; hidden when under grader/hidden/."""
+    """(domain, hidden) of a source file: its chapter's, its folder's (`DOMAINS`), or "course"; hidden when under
+    grader/hidden/."""
+    rel = path.relative_to(ROOT)
+    hidden = "hidden" in rel.parts[:2]
     m = CHAPTER.match(path.name)
-    return (m.group(1) if m else "course"), "hidden" in path.relative_to(ROOT).parts[:2]
+    if m:
+        return m.group(1), hidden
+    folder = str(rel.parent)
+    return OWN_DOMAIN.get(str(rel), DOMAINS.get(folder, "course")), hidden
 
 
 def extract() -> dict[tuple[str, bool], dict[Message, list[tuple[str, int]]]]:
@@ -100,9 +112,9 @@ def _texts(funcname: str, found: object) -> Iterator[Message]:
     if funcname == "tr_in":
         if len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
             yield args[0], args[1]
-    elif funcname in ("public", "hidden"):
-        if args and isinstance(args[-1], str):
-            yield None, args[-1]
+    elif funcname in ("public", "hidden"):  # (task, name, keywords …): the name is the second argument
+        if len(args) >= 2 and isinstance(args[1], str):
+            yield None, args[1]
     elif args and isinstance(args[0], str):
         yield None, args[0]
 
