@@ -6,6 +6,7 @@ from figures import figure
 from figures.kit import Figure, num, text_width
 from figures.layout import Part, column, pad, row
 from figures.style import CELL, INK, LABEL, LABEL_SMALL, MARGIN, MUTED, SMALL, VALUE, stroke
+from grader.i18n import tr
 
 
 def _pair(v: list) -> str:
@@ -28,18 +29,18 @@ def slot_mapping_figure(f: Figure, r: dict) -> None:
     num_blocks, n = r["num_blocks"], len(positions)
     f.instance_row(
         [(f"T = {n}", "token"), (f"block_size = {bs}", "plain"), (f"block_table = {table}", "block")],
-        note="logical block i → physical block block_table[i]",
+        note=tr("logical block i → physical block block_table[i]"),
     )
 
     # The derivation: one column per token, top to bottom; the slot row marked where the check found it wrong.
-    f.heading("每个 token 的推导 · how each token's slot is derived")
+    f.heading(tr("how each token's slot is derived"))
     rows = [
-        ("token / position", [f"t{i} · {p}" for i, p in enumerate(positions)], "token"),
-        (f"logical block = pos // {bs}", [p // bs for p in positions], "token"),
-        (f"offset = pos % {bs}", [p % bs for p in positions], "token"),
-        ("physical = block_table[logical]", [table[p // bs] for p in positions], "block"),
-        (f"slot = physical · {bs} + offset", slots, "block"),
-        ("K of the token (2 wide)", [_pair(k) for k in keys], "k"),
+        (tr("token / position"), [f"t{i} · {p}" for i, p in enumerate(positions)], "token"),
+        (tr("logical block = pos // {bs}", bs=bs), [p // bs for p in positions], "token"),
+        (tr("offset = pos % {bs}", bs=bs), [p % bs for p in positions], "token"),
+        (tr("physical = block_table[logical]"), [table[p // bs] for p in positions], "block"),
+        (tr("slot = physical · {bs} + offset", bs=bs), slots, "block"),
+        (tr("K of the token (2 wide)"), [_pair(k) for k in keys], "k"),
     ]
     derivation = f.matrix(
         [values for _, values, _ in rows],
@@ -82,7 +83,8 @@ def slot_mapping_figure(f: Figure, r: dict) -> None:
                 cells[s] = _slot_cell(
                     f, s, _pair(keys[j]) if j is not None else "", role="k" if j is not None else "plain" if used else "masked"
                 )
-        title = f.label(f"block {b}" + ("" if used else " (not in table)"), size=LABEL_SMALL, color=INK if used else MUTED)
+        name = tr("block {b}", b=b) if used else tr("block {b} (not in table)", b=b)
+        title = f.label(name, size=LABEL_SMALL, color=INK if used else MUTED)
         blocks.append(column(title, row(*(cells[b * bs + o] for o in range(bs)), gap=4), gap=4, align="center"))
     strip = row(*blocks, gap=18)
     f.y += 90
@@ -107,28 +109,29 @@ def slot_mapping_figure(f: Figure, r: dict) -> None:
             )
     deepest = max((len(t) for t in misplaced.values()), default=0)
     f.y += 26 + (12 * deepest + 8 if deepest else 0)
-    f.heading(f"物理池 · the physical pool: {num_blocks} blocks × {bs} slots; each token's K lands in its slot")
+    f.heading(tr("the physical pool: {nb} blocks × {bs} slots; each token's K lands in its slot", nb=num_blocks, bs=bs))
     source = (
-        "the K values are what your store_kv wrote, given these slots"
+        tr("the K values are what your store_kv wrote, given these slots")
         if pool is not None
-        else "the K values are placed in them (store_kv not checked yet)"
+        else tr("the K values are placed in them (store_kv not checked yet)")
     )
     outside = [f"t{j} → {s}" for j, s in enumerate(slots) if s != expected[j] and not 0 <= s < num_blocks * bs]
     f.y += 4
-    arrows = "the slot each token belongs in" if r.get("checked", True) else "the slot your slot_mapping gives each token"
+    arrows = tr("the slot each token belongs in") if r.get("checked", True) else tr("the slot your slot_mapping gives each token")
+    last = num_blocks * bs - 1
     f.note(
-        f"Arrows: {arrows}; {source}."
-        + (" ✗ tN under a slot: your slot_mapping sends token N there instead." if misplaced else "")
-        + (f" Yours outside the pool (slots 0–{num_blocks * bs - 1}): {', '.join(outside)}." if outside else ""),
+        tr("Arrows: {arrows}; {source}.", arrows=arrows, source=source)
+        + (tr(" ✗ tN under a slot: your slot_mapping sends token N there instead.") if misplaced else "")
+        + (tr(" Yours outside the pool (slots 0–{last}): {outside}.", last=last, outside=", ".join(outside)) if outside else ""),
         size=LABEL_SMALL,
     )
     wrong = any(r["wrong"]) or (pool_wrong is not None and any(pool_wrong))
     f.legend(
         [
-            ("token", "token, position, logical block"),
-            ("block", "physical block and slot"),
-            ("k", "K written into the cache"),
-            ("masked", "block not in this sequence's table"),
+            ("token", tr("token, position, logical block")),
+            ("block", tr("physical block and slot")),
+            ("k", tr("K written into the cache")),
+            ("masked", tr("block not in this sequence's table")),
         ],
         wrong=wrong,
     )
@@ -169,7 +172,7 @@ def blocks_figure(f: Figure, r: dict) -> None:
     num_blocks, n = r["num_blocks"], len(r["slots"])
     cw, block_gap = 40, 18
     # The logical sequence, one strip, grouped by logical block.
-    f.heading("逻辑序列 · the logical sequence, grouped into logical blocks")
+    f.heading(tr("the logical sequence, grouped into logical blocks"))
     strip = len(table) * (bs * cw + block_gap) - block_gap
     lx, ly = MARGIN + (f.width - 2 * MARGIN - strip) / 2, f.y + 30
     for p in range(len(table) * bs):
@@ -177,7 +180,8 @@ def blocks_figure(f: Figure, r: dict) -> None:
         x = lx + p * cw + lb * block_gap
         f.cell(x, ly, p if p < n else "", role="token" if p < n else "masked", w=cw - 3, h=cw - 6, dashed=p >= n)
         if off == 0:
-            f.bracket(x, x + bs * cw - 3, ly - 6, f"logical {lb} → block_table[{lb}] = {table[lb]}", below=False, size=SMALL)
+            text = tr("logical {lb} → block_table[{lb}] = {phys}", lb=lb, phys=table[lb])
+            f.bracket(x, x + bs * cw - 3, ly - 6, text, below=False, size=SMALL)
     # The pool, physical blocks in id order: each cell shows the position your slots put there.
     py = ly + cw + 100
     pw = (f.width - 2 * MARGIN) / num_blocks
@@ -186,7 +190,7 @@ def blocks_figure(f: Figure, r: dict) -> None:
     for b in range(num_blocks):
         bx = MARGIN + b * pw
         used = b in table
-        label = f"block {b}" + (f" ← logical {table.index(b)}" if used else "")
+        label = tr("block {b} ← logical {lb}", b=b, lb=table.index(b)) if used else tr("block {b}", b=b)
         f.text(bx + bs * cell / 2, py + cell + 16, label, anchor="middle", size=SMALL + 0.5, color=INK if used else MUTED, cls="label")
         for o in range(bs):
             s = b * bs + o
@@ -227,22 +231,27 @@ def blocks_figure(f: Figure, r: dict) -> None:
         )
         f.arrow((l0 + l1) / 2, top + 2, (p0 + p1) / 2, bottom - 1, color=stroke("block"), width=1.6, head=7)
     f.y = py + cell + 42
-    f.heading("物理池 · the pool (small numbers: slot ids; cells show the position your slots put there)")
+    f.heading(tr("the pool (small numbers: slot ids; cells show the position your slots put there)"))
     f.y += 14
     # The slots as a row, marked where wrong.
-    f.heading(f"slot_mapping · your slots for positions 0–{n - 1}")
+    f.heading(tr("slot_mapping: your slots for positions 0–{last}", last=n - 1))
     f.place(
         f.matrix([slots], expected=[expected], wrong=[r["wrong"]], role="block", w=40, h=30, col_labels=[f"p{p}" for p in range(n)]),
         after=26,
     )
     outside = [f"p{p} → {s}" for p, s in enumerate(slots) if not 0 <= s < num_blocks * bs]
+    last = num_blocks * bs - 1
     f.note(
-        "Arrows: logical block i lives in physical block block_table[i], and each token keeps its offset there."
-        + (f" Yours outside the pool (slots 0–{num_blocks * bs - 1}): {', '.join(outside)}." if outside else ""),
+        tr("Arrows: logical block i lives in physical block block_table[i], and each token keeps its offset there.")
+        + (tr(" Yours outside the pool (slots 0–{last}): {outside}.", last=last, outside=", ".join(outside)) if outside else ""),
         size=SMALL + 1,
     )
     f.legend(
-        [("token", "a token (its position)"), ("block", "a slot of this sequence's blocks"), ("masked", "blocks and slots not in use")],
+        [
+            ("token", tr("a token (its position)")),
+            ("block", tr("a slot of this sequence's blocks")),
+            ("masked", tr("blocks and slots not in use")),
+        ],
         wrong=any(r["wrong"]),
     )
 
@@ -285,12 +294,12 @@ def _state(m: dict | None) -> str:
 def lifecycle_figure(f: Figure, r: dict) -> None:
     block, bs, moments = r["block"], r["block_size"], r["moments"]
     # The instance: the pool and the four requests.
-    f.heading(f"实例 · {r['num_blocks']} blocks × {bs} slots; four requests, one after another")
+    f.heading(tr("instance: {nb} blocks × {bs} slots; four requests, one after another", nb=r["num_blocks"], bs=bs))
     reqs = [
-        ("A", "[1 … 9]", "9 tokens"),
-        ("B", "[1 2 3 4 | 20 21 22]", "shares A's first block"),
-        ("C", "[1 2 3 4 | 30 31]", "arrives after A, B finished"),
-        ("D", "[40 … 55]", "16 new tokens"),
+        ("A", "[1 … 9]", tr("{n} tokens", n=9)),
+        ("B", "[1 2 3 4 | 20 21 22]", tr("shares A's first block")),
+        ("C", "[1 2 3 4 | 30 31]", tr("arrives after A, B finished")),
+        ("D", "[40 … 55]", tr("{n} new tokens", n=16)),
     ]
     f.place(
         row(
@@ -317,10 +326,10 @@ def lifecycle_figure(f: Figure, r: dict) -> None:
     f.y += 2 * ph + gap + 24
     f.legend(
         [
-            ("masked", "free, ref 0 (dashed): recyclable, not zeroed"),
-            ("block", "in use, ref ≥ 1"),
-            ("k", "K/V of these tokens, still in the block"),
-            ("accent", f"block {block} in the free list (head on the left)"),
+            ("masked", tr("free, ref 0 (dashed): recyclable, not zeroed")),
+            ("block", tr("in use, ref ≥ 1")),
+            ("k", tr("K/V of these tokens, still in the block")),
+            ("accent", tr("block {b} in the free list (head on the left)", b=block)),
         ],
         wrong=wrong,
     )
@@ -338,13 +347,14 @@ def _panel(
     f.dwg.add(f.dwg.rect((x, y), (w, h), rx=6, fill="none", stroke=MUTED, stroke_width=0.8, class_="panel"))
     f.text(x + 10, y + 20, f"{_CIRCLED[k]} {m['label']}", size=title_size, weight="bold", cls="label panel-title")
     f.paragraph(x + 10, y + 37, m["what"], width=w - 20, size=SMALL, color=MUTED)
-    f.text(x + 10, y + 86, f"after {m['op']}" if m["op"] else "at the start", size=SMALL, mono=True, color=INK, cls="note")
+    f.text(x + 10, y + 86, tr("after {op}", op=m["op"]) if m["op"] else tr("at the start"), size=SMALL, mono=True, color=INK, cls="note")
     shown = yours if yours is not None else want
     state = _state(shown)
     role = "masked" if state.startswith("FREE") else "block" if shown else "plain"
     cy = y + 94
     f.box(x + 10, cy, w - 20, 44, role=role, dashed=state.startswith("FREE"))
-    f.text(x + 18, cy + 14, f"block {block} · {state if yours is not None else 'not reached'}", size=SMALL, mono=True, cls="label")
+    head = f"block {block} · {state}" if yours is not None else tr("block {b} · not reached", b=block)
+    f.text(x + 18, cy + 14, head, size=SMALL, mono=True, cls="label")
     cw = (w - 36 - 3 * (bs - 1)) / bs
     toks = shown["tokens"] if shown else []
     for s in range(bs):
@@ -358,7 +368,7 @@ def _panel(
             size=SMALL,
             dashed=not toks,
         )
-    rows = [("ref_count", "ref"), ("hash", "hash"), ("map entry → it", "mapped"), ("held by", "holders")]
+    rows = [("ref_count", "ref"), ("hash", "hash"), (tr("map entry → it"), "mapped"), (tr("held by"), "holders")]
     ry, bad_any = cy + 54, False
     for label, key in rows:
         got = _show(yours, key)
@@ -370,7 +380,7 @@ def _panel(
         ry += 32
     free = yours["free"] if yours else []
     free_want = want["free"] if want else []
-    f.text(x + 12, ry + 18, "free list", size=SMALL + 0.5, color=MUTED, cls="label")
+    f.text(x + 12, ry + 18, tr("free list"), size=SMALL + 0.5, color=MUTED, cls="label")
     fx = x + 112
     n = max(len(free), len(free_want), 1)
     fw = min(26, (w - 122) / n - 2)
@@ -391,7 +401,7 @@ def _panel(
             expected=exp if bad else None,
         )
     if not free and not free_want:
-        f.text(fx, ry + 18, "(empty)", size=SMALL, color=MUTED, cls="note")
+        f.text(fx, ry + 18, tr("(empty)"), size=SMALL, color=MUTED, cls="note")
     return bad_any
 
 
@@ -400,7 +410,7 @@ def _show(m: dict | None, key: str) -> str:
         return "—"
     v = m[key]
     if key == "mapped":
-        return "yes" if v else "no"
+        return tr("yes") if v else tr("no")
     if key == "holders":
         return ", ".join(v) if v else "—"
     if key == "hash":

@@ -9,6 +9,7 @@ from figures import figure
 from figures.kit import Figure, Grid
 from figures.layout import Part, column, pad, row, wide
 from figures.style import INK, LABEL, LABEL_SMALL, MUTED, SMALL, fill, stroke
+from grader.i18n import tr
 
 REQUEST_ROLES = ("token", "accent")
 
@@ -36,7 +37,7 @@ def varlen_pack_figure(f: Figure, r: dict) -> None:
     wrong_any = any(map(any, r["wrong"])) or any(r["cu_wrong"])
     f.instance_row(
         [(f"B = {B}", "plain", 70), (f"T_max = {T}", "plain", 90), (f"H = {H}", "plain", 64), (f"lengths = {lengths}", "token", 150)],
-        note="value = 100·(request + 1) + 10·token + channel",
+        note=tr("value = 100·(request + 1) + 10·token + channel"),
     )
 
     cells: dict[str, Any] = {"w": 41, "h": 28, "gap": 3}
@@ -48,11 +49,14 @@ def varlen_pack_figure(f: Figure, r: dict) -> None:
     # Left: the padded batch, one block per request, padding rows grey.
     blocks = [
         f.matrix(
-            padded[b], role=request_role(b, lengths[b]), **cells, row_labels=[f"t{t}" if t < lengths[b] else f"t{t} pad" for t in range(T)]
+            padded[b],
+            role=request_role(b, lengths[b]),
+            **cells,
+            row_labels=[f"t{t}" if t < lengths[b] else tr("t{t} pad", t=t) for t in range(T)],
         )
         for b in range(B)
     ]
-    request_titles = [f.label(f"request {b}", color=INK) for b in range(B)]
+    request_titles = [f.label(tr("request {b}", b=b), color=INK) for b in range(B)]
     width = max(block.w for block in blocks)
     left = column(*(column(wide(title, width), block, gap=4, align="right") for title, block in zip(request_titles, blocks)), gap=14)
     # Right: the student's packed rows, each labelled with the padded row it equals, and their boundaries.
@@ -65,13 +69,13 @@ def varlen_pack_figure(f: Figure, r: dict) -> None:
         wrong=r["wrong"],
         **cells,
         role=lambda i, _: roles[i],
-        row_labels=[f"row {i} ← req {s[0]} · t{s[1]}" if s else f"row {i} ← ?" for i, s in enumerate(got_src)],
+        row_labels=[tr("row {i} ← req {b} · t{t}", i=i, b=s[0], t=s[1]) if s else tr("row {i} ← ?", i=i) for i, s in enumerate(got_src)],
     )
     cu_grid = f.matrix([cu], expected=[cu_want], wrong=[r["cu_wrong"]], w=44, h=28, col_labels=[f"[{j}]" for j in range(len(cu))])
     cu_row = row(
-        pad(f.label("your cu_seqlens", size=LABEL, color=INK), top=21),
+        pad(f.label(tr("your cu_seqlens"), size=LABEL, color=INK), top=21),
         cu_grid,
-        pad(f.lines("int32 [B + 1]: 0, then the", f"running sums of {lengths}"), top=20),
+        pad(f.lines(tr("int32 [B + 1]: 0, then the"), tr("running sums of {lengths}", lengths=lengths)), top=20),
         gap=12,
     )
     heading = lambda s: f.label(s, size=LABEL + 1, color=INK, bold=True, cls="heading")  # noqa: E731
@@ -79,7 +83,9 @@ def varlen_pack_figure(f: Figure, r: dict) -> None:
     f.place(
         row(
             column(heading(f"padded [{B}, {T}, {H}]"), left, gap=6),
-            column(heading(f"your packed [{N}, {H}]"), pad(packed_grid, top=request_titles[0].h + 4), pad(cu_row, top=8), gap=6),
+            column(
+                heading(tr("your packed [{N}, {H}]", N=N, H=H)), pad(packed_grid, top=request_titles[0].h + 4), pad(cu_row, top=8), gap=6
+            ),
             gap=120,
         )
     )
@@ -108,7 +114,7 @@ def varlen_pack_figure(f: Figure, r: dict) -> None:
                 bx,
                 packed_grid.cell_box(a, 0)[1],
                 packed_grid.cell_box(e, 0)[1] - 3,
-                f"request {b}: rows\ncu[{b}] … cu[{b + 1}] − 1\n= {cu[b]} … {cu[b + 1] - 1}",
+                tr("request {b}: rows\ncu[{b}] … cu[{next}] − 1\n= {first} … {last}", b=b, next=b + 1, first=cu[b], last=cu[b + 1] - 1),
                 color=MUTED if ok else stroke("wrong"),
             )
 
@@ -116,13 +122,13 @@ def varlen_pack_figure(f: Figure, r: dict) -> None:
     if unpacked is not None:
         want_u = r["unpacked_expected"]
         wrong_any = wrong_any or any(any(map(any, b)) for b in r["unpacked_wrong"])
-        f.heading(f"your unpack_varlen(packed, cu_seqlens, T_max={T}) · back to [{B}, {T}, {H}], padding = 0")
+        f.heading(tr("your unpack_varlen(packed, cu_seqlens, T_max={T}): back to [{B}, {T}, {H}], padding = 0", T=T, B=B, H=H))
         f.place(
             pad(
                 row(
                     *(
                         f.titled(
-                            f"request {b} (rows {cu_want[b]} … {cu_want[b + 1] - 1} of packed)",
+                            tr("request {b} (rows {first} … {last} of packed)", b=b, first=cu_want[b], last=cu_want[b + 1] - 1),
                             f.matrix(
                                 unpacked[b],
                                 expected=want_u[b],
@@ -144,9 +150,9 @@ def varlen_pack_figure(f: Figure, r: dict) -> None:
         )
     f.legend(
         [
-            ("token", "request 0's tokens"),
-            ("accent", "request 1's tokens"),
-            ("masked", "padding position (dropped when packing, 0 when unpacking)"),
+            ("token", tr("request {b}'s tokens", b=0)),
+            ("accent", tr("request {b}'s tokens", b=1)),
+            ("masked", tr("padding position (dropped when packing, 0 when unpacking)")),
         ],
         wrong=wrong_any,
     )
@@ -172,7 +178,11 @@ def flatten_figure(f: Figure, r: dict) -> None:
     wrong_any = any(any(v) if isinstance(v, list) else v for v in r["wrong"].values())
     f.instance_row(
         [
-            (f"{n}: {c} cached + {q} new" if c else f"{n}: {q} new, nothing cached", "cached" if c else "new", 230)
+            (
+                tr("{name}: {c} cached + {q} new", name=n, c=c, q=q) if c else tr("{name}: {q} new, nothing cached", name=n, q=q),
+                "cached" if c else "new",
+                230,
+            )
             for n, q, c in zip(names, query, cached)
         ]
     )
@@ -185,9 +195,9 @@ def flatten_figure(f: Figure, r: dict) -> None:
         return f.matrix([[f"{n}{p}" for n, p, _ in cells]], role=lambda _, j: cells[j][2], w=39, h=32, gap=3, fmt=str)
 
     qs, ks = token_strip(q_cells), token_strip(k_cells)
-    f.heading("flattened batch · one row of queries and one of keys, each sequence after the other")
+    f.heading(tr("flattened batch: one row of queries and one of keys, each sequence after the other"))
     f.y += 30
-    for label, strip, after in (("queries q", qs, 96), ("keys k", ks, 56)):
+    for label, strip, after in ((tr("queries q"), qs, 96), (tr("keys k"), ks, 56)):
         f.place(
             row(
                 wide(pad(f.label(label, size=LABEL, color=INK), left=110 - 12 - f.label(label, size=LABEL).w), 110),
@@ -216,7 +226,7 @@ def flatten_figure(f: Figure, r: dict) -> None:
         f.text(
             (qa + qb + ka + kb) / 4,
             (qy + ky) / 2 + 4,
-            f"{n}: {query[b]} queries → {keys[b]} keys",
+            tr("{name}: {q} queries → {k} keys", name=n, q=query[b], k=keys[b]),
             size=SMALL + 1.5,
             anchor="middle",
             color=INK,
@@ -243,10 +253,10 @@ def flatten_figure(f: Figure, r: dict) -> None:
             )
 
     # The values, with their derivations.
-    f.heading("your varlen_metadata · what flash_attn_varlen_func receives")
+    f.heading(tr("your varlen_metadata: what flash_attn_varlen_func receives"))
     derivs = {
-        "cu_seqlens_q": "0, then running sums of the query lengths " + str(query),
-        "cu_seqlens_k": f"0, then running sums of cached + query = {keys}",
+        "cu_seqlens_q": tr("0, then running sums of the query lengths {lens}", lens=query),
+        "cu_seqlens_k": tr("0, then running sums of cached + query = {keys}", keys=keys),
         "max_seqlen_q": f"max{tuple(query)}",
         "max_seqlen_k": f"max{tuple(keys)}",
     }
@@ -265,17 +275,25 @@ def flatten_figure(f: Figure, r: dict) -> None:
     f.place(pad(column(*lines, gap=8), top=6), after=26)
     q_end, k_end = yours["cu_seqlens_q"][-1], yours["cu_seqlens_k"][-1]
     rule = (
-        f"cu_seqlens_k[-1] = {k_end} > cu_seqlens_q[-1] = {q_end}: some sequence has more keys than queries, so "
-        f"nano-vllm passes block_tables and flash-attn reads all K/V from the paged cache (this step's new K/V "
-        f"were stored there first)."
+        tr(
+            "cu_seqlens_k[-1] = {k_end} > cu_seqlens_q[-1] = {q_end}: some sequence has more keys than queries, so "
+            "nano-vllm passes block_tables and flash-attn reads all K/V from the paged cache (this step's new K/V "
+            "were stored there first).",
+            k_end=k_end,
+            q_end=q_end,
+        )
         if k_end > q_end
-        else f"cu_seqlens_k[-1] = cu_seqlens_q[-1] = {q_end}: no sequence has cached keys, so flash-attn uses the "
-        f"freshly computed K/V directly."
+        else tr(
+            "cu_seqlens_k[-1] = cu_seqlens_q[-1] = {q_end}: no sequence has cached keys, so flash-attn uses the "
+            "freshly computed K/V directly.",
+            q_end=q_end,
+        )
     )
-    f.note(("With your values: " if wrong_any else "") + rule, size=LABEL_SMALL)
+    f.note(tr("With your values: {rule}", rule=rule) if wrong_any else rule, size=LABEL_SMALL)
     f.y += 4
     f.legend(
-        [("new", "computed this step (query, and its key)"), ("cached", "key from the prefix cache: read, not recomputed")], wrong=wrong_any
+        [("new", tr("computed this step (query, and its key)")), ("cached", tr("key from the prefix cache: read, not recomputed"))],
+        wrong=wrong_any,
     )
 
 
@@ -298,22 +316,22 @@ def graph_replay_figure(f: Figure, r: dict) -> None:
     bs, graph_bs = len(r["slots"]), r["graph_bs"]
 
     # Captured sizes.
-    f.heading("captured graphs · nano-vllm: [1, 2, 4, 8], then every 16 up to max_bs = 512")
+    f.heading(tr("captured graphs: nano-vllm's [1, 2, 4, 8], then every 16 up to max_bs = 512"))
     shown = [f.matrix([[s]], role="block", w=54, h=30) for s in sizes[:9]] + [
         wide(f.label("…", size=LABEL), 20),
         f.matrix([[sizes[-1]]], role="block", w=54, h=30),
     ]
-    f.place(pad(row(*shown, f.label(f"{len(sizes)} graphs"), gap=8, align="middle"), left=20, top=6), after=30)
+    f.place(pad(row(*shown, f.label(tr("{n} graphs", n=len(sizes))), gap=8, align="middle"), left=20, top=6), after=30)
 
     # The student's choice for several batch sizes.
-    f.heading("your graph_batch_size(bs, sizes) · the smallest captured size ≥ bs (round up, never down)")
+    f.heading(tr("your graph_batch_size(bs, sizes): the smallest captured size ≥ bs (round up, never down)"))
     n = len(batches)
     choice = f.matrix(
         [batches, chosen],
         role=lambda i, _: "block" if i else "token",
         expected=[batches, chosen_want],
         wrong=[[False] * n, r["chosen_wrong"]],
-        row_labels=["batch bs", "graph"],
+        row_labels=[tr("batch bs"), tr("graph")],
         w=60,
         h=30,
         gap=30,
@@ -323,7 +341,7 @@ def graph_replay_figure(f: Figure, r: dict) -> None:
         x, y, cw, ch = choice.cell_box(0, j)
         f.arrow(x + cw / 2, y + ch + 2, x + cw / 2, y + ch + 28, color=stroke("wrong") if r["chosen_wrong"][j] else MUTED, width=1.1)
         if not r["chosen_wrong"][j] and c > b:
-            f.text(x + cw / 2, y + 2 * ch + 30 + 14, f"+{c - b} pad", size=SMALL, anchor="middle", color=MUTED, cls="label")
+            f.text(x + cw / 2, y + 2 * ch + 30 + 14, tr("+{n} pad", n=c - b), size=SMALL, anchor="middle", color=MUTED, cls="label")
         if b == bs:  # the batch whose buffers follow
             f.outline(*choice.span_box(0, j, 1, j), role="accent", inset=-4, width=1.6, dashed=True)
 
@@ -331,7 +349,13 @@ def graph_replay_figure(f: Figure, r: dict) -> None:
     padded, expected, wrong = r["padded"], r["padded_expected"], r["padded_wrong"]
     wrong_any = wrong_any or any(any(map(any, v)) if v and isinstance(v[0], list) else any(v) for v in wrong.values())
     width = len(expected["block_tables"][0]) if expected["block_tables"] else 0
-    f.heading(f"the graph's input buffers for a batch of {bs} replayed in the graph of {graph_bs} · your pad_decode_batch")
+    f.heading(
+        tr(
+            "the graph's input buffers for a batch of {bs} replayed in the graph of {graph_bs}: your pad_decode_batch",
+            bs=bs,
+            graph_bs=graph_bs,
+        )
+    )
     cells: dict[str, Any] = {"h": 30, "gap": 3}
 
     def buffer(name: str, shape: str, grid: Part) -> Part:
@@ -364,7 +388,7 @@ def graph_replay_figure(f: Figure, r: dict) -> None:
     )
     header = columns[0].h - 33 * graph_bs + 3
     labels = f.table(
-        [[(f"pad row {i}" if i >= bs else f"seq {i}", {"color": MUTED if i >= bs else INK})] for i in range(graph_bs)],
+        [[(tr("pad row {i}", i=i) if i >= bs else tr("seq {i}", i=i), {"color": MUTED if i >= bs else INK})] for i in range(graph_bs)],
         h=33,
         size=LABEL_SMALL + 0.5,
     )
@@ -377,34 +401,43 @@ def graph_replay_figure(f: Figure, r: dict) -> None:
         bx,
         table.cell_box(0, 0)[1],
         table.cell_box(bs, 0)[1] - 3,
-        f"{bs} valid rows: this step's values,\ncopied into the first bs rows\n(they change every step)",
+        tr("{bs} valid rows: this step's values,\ncopied into the first bs rows\n(they change every step)", bs=bs),
     )
     if graph_bs > bs:
         f.vbracket(
             bx,
             table.cell_box(bs, 0)[1],
             table.cell_box(graph_bs, 0)[1] - 3,
-            f"{graph_bs - bs} padding rows: slot −1 writes\nno cache, context_len 0 reads none,\nblock table −1",
+            tr("{n} padding rows: slot −1 writes\nno cache, context_len 0 reads none,\nblock table −1", n=graph_bs - bs),
         )
     owner = [(i, j) for i, row in enumerate(r["tables"]) for j, b in enumerate(row) if b == 0]
     zero = (
-        f" Block 0 is sequence {owner[0][0]}'s block_table[{owner[0][1]}]: slot 0 holds its token "
-        f"{owner[0][1] * r['block_size']}, so padding with 0 would overwrite it."
+        tr(
+            " Block 0 is sequence {seq}'s block_table[{j}]: slot 0 holds its token {token}, so padding with 0 would overwrite it.",
+            seq=owner[0][0],
+            j=owner[0][1],
+            token=owner[0][1] * r["block_size"],
+        )
         if owner
         else ""
     )
     f.note(
-        f"The graph recorded its kernels for {graph_bs} rows at fixed addresses: each replay copies new values "
-        f"into the same buffers, runs all {graph_bs} rows, and keeps outputs[:{bs}].{zero}",
+        tr(
+            "The graph recorded its kernels for {graph_bs} rows at fixed addresses: each replay copies new values "
+            "into the same buffers, runs all {graph_bs} rows, and keeps outputs[:{bs}].",
+            graph_bs=graph_bs,
+            bs=bs,
+        )
+        + zero,
         size=LABEL_SMALL,
     )
     f.y += 4
     f.legend(
         [
-            ("token", "a sequence's value this step"),
-            ("block", "a physical block id"),
-            ("masked", "padding (−1 slot / 0 length / −1 block)"),
-            ("accent", f"dashed: the batch of {bs} whose buffers are shown"),
+            ("token", tr("a sequence's value this step")),
+            ("block", tr("a physical block id")),
+            ("masked", tr("padding (−1 slot / 0 length / −1 block)")),
+            ("accent", tr("dashed: the batch of {bs} whose buffers are shown", bs=bs)),
         ],
         wrong=wrong_any,
     )
@@ -435,14 +468,14 @@ def static_buffers_figure(f: Figure, r: dict) -> None:
     wrong_any = any(swapped.values()) or any(any(map(any, v)) if v and isinstance(v[0], list) else any(v) for v in wrong.values())
     f.instance_row(
         [
-            (f"buffers: {max_bs} rows, {blocks} blocks", "plain", 190),
-            (f"previous step: {previous} sequences", "accent", 200),
-            (f"this step: bs = {bs}", "token", 150),
+            (tr("buffers: {rows} rows, {blocks} blocks", rows=max_bs, blocks=blocks), "plain", 190),
+            (tr("previous step: {n} sequences", n=previous), "accent", 200),
+            (tr("this step: bs = {bs}", bs=bs), "token", 150),
         ],
         note="block_size 4",
     )
     cells: dict[str, Any] = {"w": 36, "h": 28, "gap": 2}
-    labels = [f"row {i}" for i in range(max_bs)]
+    labels = [tr("row {i}", i=i) for i in range(max_bs)]
 
     def panel(values: dict, role: Callable[[str, int, int], str], *, marks: bool, row_labels: bool) -> tuple[Part, dict]:
         grids = {}
@@ -491,8 +524,8 @@ def static_buffers_figure(f: Figure, r: dict) -> None:
     heading = lambda s: f.label(s, size=LABEL, color=INK, bold=True, cls="heading")  # noqa: E731
     f.place(
         row(
-            column(heading("before · what the previous step left"), left, gap=8),
-            column(heading("after · your fill_static_buffers"), right, gap=8),
+            column(heading(tr("before: what the previous step left")), left, gap=8),
+            column(heading(tr("after: your fill_static_buffers")), right, gap=8),
             gap=44,
         ),
         after=16,
@@ -500,9 +533,9 @@ def static_buffers_figure(f: Figure, r: dict) -> None:
     # Row brackets beside the buffers written this step.
     table = grids["block_tables"]
     bx = table.cell_box(0, blocks)[0] + 6
-    f.vbracket(bx, table.cell_box(0, 0)[1], table.cell_box(bs, 0)[1] - 2, f"bs = {bs}:\nthis step's\nvalues")
+    f.vbracket(bx, table.cell_box(0, 0)[1], table.cell_box(bs, 0)[1] - 2, tr("bs = {bs}:\nthis step's\nvalues", bs=bs))
     if max_bs > bs:
-        f.vbracket(bx, table.cell_box(bs, 0)[1], table.cell_box(max_bs, 0)[1] - 2, "padding:\nslot −1,\nlen 0")
+        f.vbracket(bx, table.cell_box(bs, 0)[1], table.cell_box(max_bs, 0)[1] - 2, tr("padding:\nslot −1,\nlen 0"))
     # A buffer put in place of the captured one: the graph never reads it.
     for key, grid in grids.items():
         if swapped[key]:
@@ -512,24 +545,30 @@ def static_buffers_figure(f: Figure, r: dict) -> None:
     if any(swapped.values()):
         f.y += 14
         f.note(
-            f"✗ {', '.join(k for k in swapped if swapped[k])}: yours is a new tensor in place of the captured "
-            "buffer (other strides, or other memory around it); the graph would replay on the old buffer.",
+            tr(
+                "✗ {keys}: yours is a new tensor in place of the captured buffer (other strides, or other memory around "
+                "it); the graph would replay on the old buffer.",
+                keys=", ".join(k for k in swapped if swapped[k]),
+            ),
             color=stroke("wrong"),
             size=LABEL_SMALL,
         )
     f.note(
-        "ids = input_ids, pos = positions, slot = slot_mapping, len = context_lens, bt j = block_tables[:, j]. "
-        f"The graph of any captured size ≥ {bs} reads these tensors at the addresses it was captured with, so "
-        "every value is copied in place; a new tensor, however right, would never be read.",
+        tr(
+            "ids = input_ids, pos = positions, slot = slot_mapping, len = context_lens, bt j = block_tables[:, j]. "
+            "The graph of any captured size ≥ {bs} reads these tensors at the addresses it was captured with, so "
+            "every value is copied in place; a new tensor, however right, would never be read.",
+            bs=bs,
+        ),
         size=LABEL_SMALL,
     )
     f.legend(
         [
-            ("token", "this step's value"),
-            ("block", "a block id"),
-            ("masked", "padding: −1 slot / 0 length / −1 block"),
-            ("accent", "a real slot or length left in a row now padding"),
-            ("plain", "old value a replay never uses (dashed: may stay)"),
+            ("token", tr("this step's value")),
+            ("block", tr("a block id")),
+            ("masked", tr("padding: −1 slot / 0 length / −1 block")),
+            ("accent", tr("a real slot or length left in a row now padding")),
+            ("plain", tr("old value a replay never uses (dashed: may stay)")),
         ],
         wrong=wrong_any,
     )

@@ -34,6 +34,7 @@ from grader.checks.ch25_explain import (
     run_trace,
     states,
 )
+from grader.i18n import mark, tr
 
 FIGURE_TABLE, FIGURE_BLOCK_SIZE, FIGURE_TOKENS = [3, 0, 4], 2, 5
 M = mistakes("ch25")
@@ -51,7 +52,7 @@ def figure_instance(t: Trial) -> None:
     got = t.yours.slot_mapping(list(FIGURE_TABLE), positions, FIGURE_BLOCK_SIZE)
     want = t.ref.slot_mapping(FIGURE_TABLE, positions, FIGURE_BLOCK_SIZE)
     variants = t.ref.drive(slot_variants, list(FIGURE_TABLE), positions, FIGURE_BLOCK_SIZE)
-    slots = expect_tensor(got, what=f"the slots of {FIGURE_TOKENS} tokens", shape=[FIGURE_TOKENS], dtype=torch.int64)
+    slots = expect_tensor(got, what=tr("the slots of {n} tokens", n=FIGURE_TOKENS), shape=[FIGURE_TOKENS], dtype=torch.int64)
     t.figure(
         "ch25-dim-slot-mapping",
         table=FIGURE_TABLE,
@@ -72,7 +73,7 @@ def sequence_across_blocks(t: Trial) -> None:
     got = t.yours.slot_mapping(table, positions, block_size)
     want = t.ref.slot_mapping(table, positions, block_size)
     variants = t.ref.drive(slot_variants, table, positions, block_size)
-    slots = expect_tensor(got, what="the slots of 11 tokens", shape=[11], dtype=torch.int64)
+    slots = expect_tensor(got, what=tr("the slots of {n} tokens", n=11), shape=[11], dtype=torch.int64)
     t.figure("ch25-blocks", table=table, block_size=block_size, num_blocks=6, slots=slots, expected=want, wrong=wrong_mask(slots, want))
     expect_slots(slots, want, table, positions, block_size, variants)
 
@@ -85,13 +86,18 @@ def chunk_mid_block(t: Trial) -> None:
 @public("ch25.1", "no positions at all")
 def no_positions(t: Trial) -> None:
     got = t.yours.slot_mapping([1, 2], [], 4)
-    expect_tensor(got, what="the slots of 0 tokens", shape=[0], dtype=torch.int64)
+    expect_tensor(got, what=tr("the slots of {n} tokens", n=0), shape=[0], dtype=torch.int64)
 
 
 @public("ch25.1", "a position beyond the block table raises ValueError")
 def beyond_table(t: Trial) -> None:
     t.expect_raises(
-        ValueError, t.yours.slot_mapping, [3, 0, 4], [0, 6], 2, because="position 6 is in logical block 3, but the table has only 3 blocks"
+        ValueError,
+        t.yours.slot_mapping,
+        [3, 0, 4],
+        [0, 6],
+        2,
+        because=tr("position {p} is in logical block {block}, but the table has only {n} blocks", p=6, block=3, n=3),
     )
 
 
@@ -110,7 +116,7 @@ def store_figure_instance(t: Trial) -> None:
     pool, pool_expected = got.reshape(-1, 2), want_k.reshape(-1, 2)
     t.figure("ch25-dim-slot-mapping", pool=pool, pool_expected=pool_expected, pool_wrong=wrong_mask(pool, pool_expected).any(dim=1))
     if call.value is not None:
-        raise CheckFailed("store_kv writes the caches in place and returns None; yours returned a value")
+        raise CheckFailed(tr("store_kv writes the caches in place and returns None; yours returned a value"))
     expect_cache(got, call.args[1], want_k, want_v, slots, FIGURE_BLOCK_SIZE, (keys, -keys))
 
 
@@ -148,7 +154,7 @@ def hash_format(t: Trial) -> None:
         call = f"compute_hash({tokens}{'' if chained is None else ', prefix=' + hx(prefix)})"
         if got != h:
             raise CheckFailed(
-                f"{call} should be {hx(h)} ({h}); yours: {got!r}",
+                tr("{call} should be {want} ({value}); yours: {got}", call=call, want=hx(h), value=h, got=repr(got)),
                 hint=M.hash_ignores_prefix if got == unchained and chained is not None else M.hash_bytes,
             )
         prefix = h
@@ -161,7 +167,7 @@ def lifecycle(t: Trial) -> None:
     at = {k: i for i, (k, _, _) in enumerate(MOMENTS)}
     start = {"ref": 0, "hash": "none", "mapped": False, "free": [0, 1, 2, 3], "holders": [], "tokens": []}
     moments: list[dict[str, Any]] = [
-        {"label": label, "what": what, "op": "", "yours": start if k == 0 else None, "expected": start if k == 0 else None}
+        {"label": tr(label), "what": tr(what), "op": "", "yours": start if k == 0 else None, "expected": start if k == 0 else None}
         for k, label, what in MOMENTS
     ]
     for whose, trace in (("expected", expected["trace"]), ("yours", got)):
@@ -170,7 +176,7 @@ def lifecycle(t: Trial) -> None:
                 moments[at[k]][whose] = block_moment(s, 0)
                 moments[at[k]]["op"] = op_label(LIFECYCLE[k - 1])
     t.figure("ch25-block-lifecycle", block=0, block_size=4, num_blocks=4, moments=moments)
-    expect_trace(LIFECYCLE, got, expected, 4, 4, case="the life of block 0")
+    expect_trace(LIFECYCLE, got, expected, 4, 4, case=tr("the life of block {block}", block=0))
 
 
 @public("ch25.3", "nano-vllm's example: a shared prefix, a duplicate hash, the last block never hits")
@@ -187,7 +193,7 @@ def worked_example(t: Trial) -> None:
         ["deallocate", "C"],
         *add("D", [1, 2, 3, 4, 5, 6, 7, 8, 9], 2),
     ]
-    run_trace(t, script, 8, 4, "nano-vllm's worked example")
+    run_trace(t, script, 8, 4, tr("nano-vllm's worked example"))
 
 
 @public("ch25.3", "preemption with 4 blocks: a reused block loses its hash, a freed one is revived")
@@ -223,7 +229,7 @@ def preemption(t: Trial) -> None:
         ["compute", "B", 5, 25],
         ["can_allocate", "C"],
     ]
-    run_trace(t, script, 4, 4, "preemption with 4 blocks")
+    run_trace(t, script, 4, 4, tr("preemption with {n} blocks", n=4))
 
 
 @public("ch25.3", "identical prompts in one step: the later hash wins, a stale entry survives another block's reuse")
@@ -243,7 +249,7 @@ def duplicates(t: Trial) -> None:
         *add("C", list(range(70, 86))),
         *add("D", [1, 2, 3, 4, 5, 6, 9], 1),
     ]
-    run_trace(t, script, 6, 4, "identical prompts")
+    run_trace(t, script, 6, 4, tr("identical prompts"))
 
 
 @public("ch25.3", "a chunked prefill, decode across a block boundary, a full prompt that hits all but its last block")
@@ -263,7 +269,7 @@ def chunks_and_decode(t: Trial) -> None:
         *add("E", prompt + [14, 15, 16], 3),
         ["compute", "E", 4, 1],
     ]
-    run_trace(t, script, 6, 4, "chunks and decode")
+    run_trace(t, script, 6, 4, tr("chunks and decode"))
 
 
 @public("ch25.3", "hash collisions (compute_hash replaced by the weak colliding_hash): a hit compares the tokens")
@@ -284,7 +290,7 @@ def collisions(t: Trial) -> None:
         ["deallocate", "B"],
         *add("D", [1, 2, 3, 4, 5, 6, 7, 8, 20]),
     ]
-    run_trace(t, script, 8, 4, "colliding hashes", weak_hash=True)
+    run_trace(t, script, 8, 4, tr("colliding hashes"), weak_hash=True)
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------
@@ -319,9 +325,9 @@ def slot_hint(slots: torch.Tensor, variants: dict, block_size: int) -> tuple[str
     if len(matching) != 1:
         return "", ""
     formula, hint = slot_misconceptions()[matching[0]]
-    n = slots.numel()
-    every = "your slot is" if n == 1 else f"each of your {n} slots is"
-    return f"{every} {formula.format(bs=block_size)}", hint
+    n, shown = slots.numel(), formula.format(bs=block_size)
+    line = tr("your slot is {formula}", formula=shown) if n == 1 else tr("each of your {n} slots is {formula}", n=n, formula=shown)
+    return line, hint
 
 
 def expect_slots(
@@ -331,7 +337,7 @@ def expect_slots(
     misconception whose slots (`variants`, asked of `slot_variants` before comparing; asked of the hidden side
     when not given, so a student release's lab names none) are all of the student's."""
     n = len(positions)
-    slots = expect_tensor(got, what=f"the slots of {n} tokens", shape=[n], dtype=torch.int64)
+    slots = expect_tensor(got, what=tr("the slots of {n} tokens", n=n), shape=[n], dtype=torch.int64)
     idx = first_wrong(slots, want)
     if idx is None:
         return slots
@@ -343,9 +349,24 @@ def expect_slots(
         variants = if_hidden(slot_variants, list(table), list(positions), block_size) or {}
     formula, hint = slot_hint(slots, variants, block_size)
     raise CheckFailed(
-        f"inputs: block_size={block_size}, block_table={table}, positions={short(positions)}",
-        f"token {i} is at position {p} → logical block {p} // {block_size} = {logical}, offset {p} % {block_size} = {offset}",
-        f"block_table[{logical}] = {phys}, so its slot is {phys}·{block_size} + {offset} = {int(want[i])}; yours: {yours}",
+        tr("inputs: block_size={bs}, block_table={table}, positions={positions}", bs=block_size, table=table, positions=short(positions)),
+        tr(
+            "token {i} is at position {p} → logical block {p} // {bs} = {logical}, offset {p} % {bs} = {offset}",
+            i=i,
+            p=p,
+            bs=block_size,
+            logical=logical,
+            offset=offset,
+        ),
+        tr(
+            "block_table[{logical}] = {phys}, so its slot is {phys}·{bs} + {offset} = {want}; yours: {got}",
+            logical=logical,
+            phys=phys,
+            bs=block_size,
+            offset=offset,
+            want=int(want[i]),
+            got=yours,
+        ),
         formula,
         hint=hint,
     )
@@ -370,16 +391,25 @@ def expect_cache(
             continue
         slot = idx[0]
         block, offset = divmod(slot, block_size)
-        where = f"{name} slot {slot} (block {block}, offset {offset})"
         tokens = [i for i, s in enumerate(slots) if s == slot]
+        fields = dict(slots=slots, name=name, slot=slot, block=block, offset=offset, want=vec(flat_want[slot], limit=6))
+        fields.update(got=vec(flat_got[slot], limit=6))
         if tokens:
-            what = f"should hold token {tokens[0]}'s {name[0].upper()} {vec(flat_want[slot], limit=6)}"
+            line = tr(
+                "slots={slots}: {name} slot {slot} (block {block}, offset {offset}) should hold token {token}'s {kv} {want}; "
+                "yours holds {got}",
+                token=tokens[0],
+                kv=name[0].upper(),
+                **fields,
+            )
         else:
-            what = f"is not the slot of any token, so it must keep its old value {vec(flat_want[slot], limit=6)}"
+            line = tr(
+                "slots={slots}: {name} slot {slot} (block {block}, offset {offset}) is not the slot of any token, so it must "
+                "keep its old value {want}; yours holds {got}",
+                **fields,
+            )
         padding = new is not None and slot == flat_want.shape[0] - 1 and holds_padding(flat_got[slot], new[name[0] == "v"], slots)
-        raise CheckFailed(
-            f"slots={slots}: {where} {what}; yours holds {vec(flat_got[slot], limit=6)}", hint=M.padding_written if padding else ""
-        )
+        raise CheckFailed(line, hint=M.padding_written if padding else "")
 
 
 def holds_padding(row: torch.Tensor, written: torch.Tensor, slots: list[int]) -> bool:
@@ -397,9 +427,9 @@ def run_slot_case(t: Trial, table: list[int], positions: list[int], block_size: 
 
 
 LAYOUTS = {
-    "fresh": "fresh contiguous caches",
-    "pool": "K = pool[:, 0] and V = pool[:, 1] of one pool [num_blocks, 2, block_size, H, D]",
-    "permuted": "caches stored [num_blocks, H, block_size, D], permuted to [num_blocks, block_size, H, D]",
+    "fresh": mark("fresh contiguous caches"),
+    "pool": mark("K = pool[:, 0] and V = pool[:, 1] of one pool [num_blocks, 2, block_size, H, D]"),
+    "permuted": mark("caches stored [num_blocks, H, block_size, D], permuted to [num_blocks, block_size, H, D]"),
 }
 
 
@@ -433,7 +463,7 @@ def run_store_case(
     try:
         return check_store(t, k_cache, v_cache, k, v, slots, block_size)
     except CheckFailed as failure:
-        raise failure.within(f"{LAYOUTS[layout]} {list(cache_shape)}") if layout != "fresh" else failure
+        raise failure.within(f"{tr(LAYOUTS[layout])} {list(cache_shape)}") if layout != "fresh" else failure
 
 
 def check_store(
@@ -441,7 +471,7 @@ def check_store(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     call = t.yours.store_kv.run(k_cache, v_cache, k, v, list(slots), mutates=("k_cache", "v_cache"))
     if call.value is not None:
-        raise CheckFailed("store_kv writes the caches in place and returns None; yours returned a value")
+        raise CheckFailed(tr("store_kv writes the caches in place and returns None; yours returned a value"))
     want_k, want_v = k_cache.clone(), v_cache.clone()
     t.ref.store_kv(want_k, want_v, k, v, list(slots))
     got_k, got_v = call.args[0], call.args[1]
@@ -451,7 +481,7 @@ def check_store(
         # Nothing written into a view that is not contiguous: reshape copied it, and the copy took the writes.
         untouched = isinstance(got_k, torch.Tensor) and torch.equal(got_k, k_cache) and torch.equal(got_v, v_cache)
         if untouched and not k_cache.is_contiguous() and not failure.hints:
-            raise CheckFailed(*failure.lines, "your store_kv left both caches exactly as they were", hint=M.reshape_copy) from None
+            raise CheckFailed(*failure.lines, tr("your store_kv left both caches exactly as they were"), hint=M.reshape_copy) from None
         raise
     return got_k, want_k
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from grader.authoring import CheckFailed, Trial, compare_trace, describe, expect_records, hidden_model, mistakes, plural, short, walk
+from grader.authoring import CheckFailed, Trial, compare_trace, describe, expect_records, hidden_model, mistakes, short, walk
+from grader.i18n import mark, tr
 
 drive_reference = hidden_model("ch25_models.drive_reference")
 """`t.ref.drive(drive_reference, num_blocks, block_size, script)`: the reference's trace of a script, plus per step
@@ -92,9 +93,13 @@ def states(script: list, trace: list[dict], num_blocks: int) -> Iterator[tuple[d
                     s["map"][h] = b
             yield before, s
     except (KeyError, TypeError, IndexError, ValueError) as e:
+        error = f"{type(e).__name__}: {e}"
         raise CheckFailed(
-            f"your replay's trace is not in the documented form ({type(e).__name__}: {e}); "
-            "replay, run_op and snapshot are provided: keep them as they are"
+            tr(
+                "your replay's trace is not in the documented form ({error}); replay, run_op and snapshot are provided: "
+                "keep them as they are",
+                error=error,
+            )
         ) from None
 
 
@@ -113,22 +118,43 @@ def describe_op(op: list, s: dict, bs: int) -> str:
     """One operation of a script in the chapter's terms, given the state before it."""
     kind, name = op[0], op[1]
     toks = s["seqs"].get(name, op[2] if kind == "add" else [])
+    n, blocks = len(toks), -(-len(toks) // bs)
+    call = f"allocate({name}, num_cached_blocks={op[2]})" if kind == "allocate" else f"{kind}({name})"
     if kind == "add":
-        return f"request {name} arrives: {len(toks)} tokens {short(toks)}, {plural(-(-len(toks) // bs), 'logical block')} of {bs}"
+        if blocks == 1:
+            return tr("request {name} arrives: {n} tokens {tokens}, 1 logical block of {bs}", name=name, n=n, tokens=short(toks), bs=bs)
+        return tr(
+            "request {name} arrives: {n} tokens {tokens}, {blocks} logical blocks of {bs}",
+            name=name,
+            n=n,
+            tokens=short(toks),
+            blocks=blocks,
+            bs=bs,
+        )
     if kind == "allocate":
-        return f"allocate({name}, num_cached_blocks={op[2]}) with {name} = {short(toks)}"
+        return tr("{call} with {name} = {tokens}", call=call, name=name, tokens=short(toks))
     if kind == "compute":
         c = s["cached"].get(name, 0)
-        end = "appends the sampled token " + str(op[3]) if op[3] is not None else "discards its sample (prompt unfinished)"
-        where = f"position {c}" if op[2] == 1 else f"positions {c}–{c + op[2] - 1}"
-        return f"{name}'s step computes {where} (num_scheduled_tokens {op[2]}), then hash_blocks({name}); the scheduler {end}"
+        end = (
+            tr("the scheduler appends the sampled token {token}", token=op[3])
+            if op[3] is not None
+            else tr("the scheduler discards its sample (prompt unfinished)")
+        )
+        where = tr("position {p}", p=c) if op[2] == 1 else tr("positions {first}–{last}", first=c, last=c + op[2] - 1)
+        return tr(
+            "{name}'s step computes {where} (num_scheduled_tokens {k}), then hash_blocks({name}); {end}",
+            name=name,
+            where=where,
+            k=op[2],
+            end=end,
+        )
     if kind in ("can_append", "may_append"):
-        return f"{kind}({name}) with len({name}) = {len(toks)}, {len(toks)} % {bs} = {len(toks) % bs}"
-    return (
-        f"{kind}({name}) with {name}'s block_table {s['tables'].get(name, [])}"
-        if kind == "deallocate"
-        else f"{kind}({name}) with {name} = {short(toks)} ({len(toks)} tokens, {plural(-(-len(toks) // bs), 'block')})"
-    )
+        return tr("{call} with len({name}) = {n}, {n} % {bs} = {rest}", call=call, name=name, n=n, bs=bs, rest=n % bs)
+    if kind == "deallocate":
+        return tr("{call} with {name}'s block_table {table}", call=call, name=name, table=s["tables"].get(name, []))
+    if blocks == 1:
+        return tr("{call} with {name} = {tokens} ({n} tokens, 1 block)", call=call, name=name, tokens=short(toks), n=n)
+    return tr("{call} with {name} = {tokens} ({n} tokens, {blocks} blocks)", call=call, name=name, tokens=short(toks), n=n, blocks=blocks)
 
 
 def holders(s: dict, block: int) -> list[str]:
@@ -144,33 +170,50 @@ def explain_step(op: list, before: dict, w: dict, y: dict, note: dict, bs: int) 
     if y["tables"][name] != w["tables"][name]:
         return explain_table(op, before, w, y, bs)
     if y["cached"][name] != w["cached"][name]:
-        rule = {
-            "allocate": f"allocate sets it to the hit: num_cached_blocks · block_size = {op[2]}·{bs}",
-            "deallocate": "deallocate resets it to 0",
-        }.get(kind, "it counts the leading tokens already cached")
-        return CheckFailed(f"{name}.num_cached_tokens should be {w['cached'][name]} ({rule}); yours: {y['cached'][name]}")
+        if kind == "allocate":
+            rule = tr("allocate sets it to the hit: num_cached_blocks · block_size = {n}·{bs}", n=op[2], bs=bs)
+        else:
+            rule = tr("deallocate resets it to 0") if kind == "deallocate" else tr("it counts the leading tokens already cached")
+        return CheckFailed(
+            tr(
+                "{name}.num_cached_tokens should be {want} ({rule}); yours: {got}",
+                name=name,
+                want=w["cached"][name],
+                rule=rule,
+                got=y["cached"][name],
+            )
+        )
     if y["free"] != w["free"]:
         return explain_free(op, before, w, y)
     if y["used"] != w["used"]:
-        return CheckFailed(f"used_block_ids should be {w['used']} (every block with ref_count ≥ 1); yours: {y['used']}")
+        return CheckFailed(
+            tr("used_block_ids should be {want} (every block with ref_count ≥ 1); yours: {got}", want=w["used"], got=y["used"])
+        )
     for j in range(len(w["ref"])):
         if y["ref"][j] != w["ref"][j]:
             hold = holders(w, j)
             hit = kind == "allocate" and j in w["tables"][name][: op[2]]
-            return CheckFailed(
-                f"block {j} is held by {plural(len(hold), 'block table')}"
-                f"{' (' + ', '.join(hold) + ')' if hold else ''}, so its ref_count is {w['ref'][j]}; "
-                f"yours: {y['ref'][j]}",
-                hint=(M.shared_ref_not_counted if before["ref"][j] else M.revived_ref) if hit else "",
-            )
+            fields = dict(j=j, k=len(hold), names=", ".join(hold), want=w["ref"][j], got=y["ref"][j])
+            if len(hold) == 1:
+                line = tr("block {j} is held by 1 block table ({names}), so its ref_count is {want}; yours: {got}", **fields)
+            elif hold:
+                line = tr("block {j} is held by {k} block tables ({names}), so its ref_count is {want}; yours: {got}", **fields)
+            else:
+                line = tr("block {j} is held by no block table, so its ref_count is {want}; yours: {got}", **fields)
+            return CheckFailed(line, hint=(M.shared_ref_not_counted if before["ref"][j] else M.revived_ref) if hit else "")
     for j in range(len(w["hash"])):
         if y["hash"][j] != w["hash"][j]:
             return explain_hash(op, j, before, w, y, note)
     for j in range(len(w["tokens"])):
         if w["hash"][j] != -1 and y["tokens"][j] != w["tokens"][j]:
             return CheckFailed(
-                f"block {j} stores the tokens it was hashed with, {w['tokens'][j]} (can_allocate "
-                f"compares them on a hit, against hash collisions); yours: {y['tokens'][j]}"
+                tr(
+                    "block {j} stores the tokens it was hashed with, {want} (can_allocate compares them on a hit, against "
+                    "hash collisions); yours: {got}",
+                    j=j,
+                    want=w["tokens"][j],
+                    got=y["tokens"][j],
+                )
             )
     if y["map"] != w["map"]:
         return explain_map(op, before, w, y)
@@ -187,25 +230,44 @@ def explain_value(op: list, before: dict, want: Any, got: Any, note: dict, bs: i
         for i, b, in_use in note["walk"]:
             if collision and collision["index"] == i:
                 lines.append(
-                    f"  logical block {i} {toks[i * bs : (i + 1) * bs]}: its hash {hx(collision['hash'])} maps "
-                    f"to block {collision['block']}, which holds other tokens {collision['tokens']}: a hash "
-                    "collision, so a miss: the walk stops"
+                    "  "
+                    + tr(
+                        "logical block {i} {tokens}: its hash {hash} maps to block {block}, which holds other tokens {other}: "
+                        "a hash collision, so a miss: the walk stops",
+                        i=i,
+                        tokens=toks[i * bs : (i + 1) * bs],
+                        hash=hx(collision["hash"]),
+                        block=collision["block"],
+                        other=collision["tokens"],
+                    )
                 )
                 continue
-            lines.append(
-                f"  logical block {i} {toks[i * bs : (i + 1) * bs]}: "
-                + (
-                    "miss: the walk stops"
-                    if b is None
-                    else f"hit, block {b} ({'in use: shared for free' if in_use else 'free but cached: revived, still takes a free block'})"
+            here = dict(i=i, tokens=toks[i * bs : (i + 1) * bs], block=b)
+            if b is None:
+                lines.append("  " + tr("logical block {i} {tokens}: miss: the walk stops", **here))
+            elif in_use:
+                lines.append("  " + tr("logical block {i} {tokens}: hit, block {block} (in use: shared for free)", **here))
+            else:
+                lines.append(
+                    "  " + tr("logical block {i} {tokens}: hit, block {block} (free but cached: revived, still takes a free block)", **here)
                 )
-            )
         hits = sum(b is not None for _, b, _ in note["walk"])
         shared = sum(1 for _, b, u in note["walk"] if b is not None and u)
-        lines.append(f"  logical block {nblocks - 1} is the last one: never a hit")
+        lines.append("  " + tr("logical block {i} is the last one: never a hit", i=nblocks - 1))
+        if want < 0:
+            result = tr("−1 (does not fit)")
+        else:
+            result = tr("1 hit") if hits == 1 else tr("{n} hits", n=hits)
         lines.append(
-            f"  blocks to take from the free list: {nblocks} − {shared} shared = {nblocks - shared}; "
-            f"{note['free']} free → " + (f"{plural(hits, 'hit')}" if want >= 0 else "−1 (does not fit)")
+            "  "
+            + tr(
+                "blocks to take from the free list: {blocks} − {shared} shared = {need}; {free} free → {result}",
+                blocks=nblocks,
+                shared=shared,
+                need=nblocks - shared,
+                free=note["free"],
+                result=result,
+            )
         )
         hint = ""
         if collision and isinstance(got, int) and got > collision["index"]:  # went on past the colliding block
@@ -218,27 +280,56 @@ def explain_value(op: list, before: dict, want: Any, got: Any, note: dict, bs: i
             hint = M.free_hit_costless
         elif got == 0 and want > 0:
             hint = M.no_lookup
-        return CheckFailed(f"can_allocate({name}) should return {want}:", *lines, f"yours: {got!r}", hint=hint)
+        return CheckFailed(
+            tr("can_allocate({name}) should return {want}:", name=name, want=want), *lines, tr("yours: {got}", got=repr(got)), hint=hint
+        )
     if kind == "can_append":
         n = len(toks)
         need = 1 if n % bs == 1 else 0
+        fields = dict(name=name, want=want, n=n, bs=bs, rest=n % bs, free=len(before["free"]), got=repr(got))
         return CheckFailed(
-            f"can_append({name}) should be {want}: len = {n}, {n} % {bs} = {n % bs}, so "
-            f"{plural(need, 'free block')} needed and {len(before['free'])} free; yours: {got!r}",
+            tr(
+                "can_append({name}) should be {want}: len = {n}, {n} % {bs} = {rest}, so 1 free block needed and {free} free; yours: {got}",
+                **fields,
+            )
+            if need
+            else tr(
+                "can_append({name}) should be {want}: len = {n}, {n} % {bs} = {rest}"
+                ", so no free block needed and {free} free; yours: {got}",
+                **fields,
+            ),
             hint=M.append_off_by_one if n % bs in (0, 1) else "",
         )
-    return CheckFailed(f"{kind} returns nothing; yours returned {describe(got)}")
+    return CheckFailed(tr("{kind} returns nothing; yours returned {what}", kind=kind, what=describe(got)))
 
 
 def explain_table(op: list, before: dict, w: dict, y: dict, bs: int) -> CheckFailed:
     kind, name = op[0], op[1]
     want, got, free = w["tables"][name], y["tables"][name], before["free"]
-    line = f"{name}.block_table should be {want}; yours: {got}"
+    line = tr("{name}.block_table should be {want}; yours: {got}", name=name, want=want, got=got)
     if kind == "allocate":
         n, new = op[2], len(want) - op[2]
-        why = (
-            f"logical blocks 0–{n - 1} are the prefix hit {want[:n]}, found through the hash chain; the other " if n else "all "
-        ) + f"{new} come{'s' * (new == 1)} from the head of the free list {short(free)}"
+        fields = dict(last=n - 1, hit=want[:n], new=new, free=short(free))
+        if n:
+            why = (
+                tr(
+                    "logical blocks 0–{last} are the prefix hit {hit}, found through the hash chain;"
+                    " the other 1 comes from the head of the free list {free}",
+                    **fields,
+                )
+                if new == 1
+                else tr(
+                    "logical blocks 0–{last} are the prefix hit {hit}, found through the hash chain;"
+                    " the other {new} come from the head of the free list {free}",
+                    **fields,
+                )
+            )
+        else:
+            why = (
+                tr("all 1 comes from the head of the free list {free}", **fields)
+                if new == 1
+                else tr("all {new} come from the head of the free list {free}", **fields)
+            )
         hint = ""
         if len(got) < len(want):
             hint = M.partial_table
@@ -252,9 +343,15 @@ def explain_table(op: list, before: dict, w: dict, y: dict, bs: int) -> CheckFai
     if kind == "may_append":
         n = len(before["seqs"][name])
         why = (
-            f"{n} % {bs} == 1: the newest token starts logical block {n // bs}, so the head of the free list, block {free[0]}, is appended"
+            tr(
+                "{n} % {bs} == 1: the newest token starts logical block {block}, so the head of the free list, block {head}, is appended",
+                n=n,
+                bs=bs,
+                block=n // bs,
+                head=free[0],
+            )
             if n % bs == 1
-            else f"{n} % {bs} = {n % bs}: the last block still has room, nothing is appended"
+            else tr("{n} % {bs} = {rest}: the last block still has room, nothing is appended", n=n, bs=bs, rest=n % bs)
         )
         hint = ""
         if len(got) != len(want):
@@ -263,53 +360,88 @@ def explain_table(op: list, before: dict, w: dict, y: dict, bs: int) -> CheckFai
             hint = M.lifo
         return CheckFailed(line, why, hint=hint)
     if kind == "deallocate":
-        return CheckFailed(line, "deallocate clears the block table")
+        return CheckFailed(line, tr("deallocate clears the block table"))
     return CheckFailed(line)
 
 
 def explain_free(op: list, before: dict, w: dict, y: dict) -> CheckFailed:
     kind, name = op[0], op[1]
     want, got, free = w["free"], y["free"], before["free"]
-    lines = [f"the free list should be {short(want, 16)}; yours: {short(got, 16)}"]
+    lines = [tr("the free list should be {want}; yours: {got}", want=short(want, 16), got=short(got, 16))]
     cut = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
     if cut > 10:
-        lines.append(f"(they differ from position {cut} on: expected …{want[cut : cut + 8]}, yours …{got[cut : cut + 8]})")
+        lines.append(
+            tr(
+                "(they differ from position {cut} on: expected …{want}, yours …{got})",
+                cut=cut,
+                want=want[cut : cut + 8],
+                got=got[cut : cut + 8],
+            )
+        )
     if kind == "deallocate":
         table = before["tables"][name]
         freed = [b for b in table[::-1] if w["ref"][b] == 0 and before["ref"][b] > 0]
-        steps = ", ".join(f"block {b}: ref {before['ref'][b]}→{before['ref'][b] - 1}" for b in table[::-1])
+        steps = ", ".join(
+            tr("block {block}: ref {old}→{new}", block=b, old=before["ref"][b], new=before["ref"][b] - 1) for b in table[::-1]
+        )
         hint = ""
         if got == free + freed[::-1]:
             hint = M.forward_free
         elif got[: len(freed)] == freed or got[: len(freed)] == freed[::-1]:
             hint = M.freed_to_front
         return CheckFailed(
-            *lines, f"{name}'s table {table} is walked in reverse ({steps}); blocks reaching 0 are appended: {freed}", hint=hint
+            *lines,
+            tr(
+                "{name}'s table {table} is walked in reverse ({steps}); blocks reaching 0 are appended: {freed}",
+                name=name,
+                table=table,
+                steps=steps,
+                freed=freed,
+            ),
+            hint=hint,
         )
     if kind == "allocate":
         revived = [b for b in w["tables"][name][: op[2]] if b in free]
-        why = "new blocks leave from the head of the free list" + (
-            f"; the hit{'s' * (len(revived) > 1)} on free block{'s' * (len(revived) > 1)} {revived} "
-            "revive them: they leave the free list too"
-            if revived
-            else ""
-        )
+        if len(revived) > 1:
+            why = tr(
+                "new blocks leave from the head of the free list;"
+                " the hits on free blocks {revived} revive them: they leave the free list too",
+                revived=revived,
+            )
+        elif revived:
+            why = tr(
+                "new blocks leave from the head of the free list; the hit on free block {revived} revives it: it leaves the free list too",
+                revived=revived,
+            )
+        else:
+            why = tr("new blocks leave from the head of the free list")
         return CheckFailed(*lines, why, hint=M.revived_stays_free if any(b in got for b in revived) else "")
-    return CheckFailed(*lines, "the new block is the head of the free list" if kind == "may_append" else "")
+    return CheckFailed(*lines, tr("the new block is the head of the free list") if kind == "may_append" else "")
 
 
 def explain_hash(op: list, j: int, before: dict, w: dict, y: dict, note: dict) -> CheckFailed:
     kind, name = op[0], op[1]
     want, got = w["hash"][j], y["hash"][j]
-    line = f"block {j}'s hash should be {hx(want)}; yours: {hx(got)}"
+    line = tr("block {j}'s hash should be {want}; yours: {got}", j=j, want=hx(want), got=hx(got))
     table = w["tables"].get(name, [])
     if kind == "compute" and want != -1 and before["hash"][j] == -1:
         i = table.index(j)
-        prev = f"the hash of {name}'s logical block {i - 1}, physical {table[i - 1]}" if i else "−1: it is the first block"
+        prev = (
+            tr("the hash of {name}'s logical block {i}, physical {phys}", name=name, i=i - 1, phys=table[i - 1])
+            if i
+            else tr("−1: it is the first block")
+        )
         return CheckFailed(
             line,
-            f"block {j} is {name}'s logical block {i}, tokens {w['tokens'][j]}: full, and this step "
-            f"computed its last token, so hash_blocks hashes it with compute_hash(tokens, prefix = {prev})",
+            tr(
+                "block {j} is {name}'s logical block {i}, tokens {tokens}: full, and this step computed its last token, so "
+                "hash_blocks hashes it with compute_hash(tokens, prefix = {prev})",
+                j=j,
+                name=name,
+                i=i,
+                tokens=w["tokens"][j],
+                prev=prev,
+            ),
             hint=M.unchained
             if got == note.get("unchained", {}).get(j) and i
             else M.hash_not_all
@@ -319,17 +451,19 @@ def explain_hash(op: list, j: int, before: dict, w: dict, y: dict, note: dict) -
             else "",
         )
     if want == -1 and kind in ("allocate", "may_append") and before["hash"][j] != -1:
-        return CheckFailed(line, f"block {j} was taken from the free list for new tokens: its old hash goes (ref 1, hash −1)")
+        return CheckFailed(line, tr("block {j} was taken from the free list for new tokens: its old hash goes (ref 1, hash −1)", j=j))
     if want == -1:
         return CheckFailed(
             line,
-            "only full blocks whose last token has been computed get a hash, and only in "
-            "hash_blocks (allocate and may_append hash nothing)",
+            tr(
+                "only full blocks whose last token has been computed get a hash, and only in hash_blocks (allocate and "
+                "may_append hash nothing)"
+            ),
         )
     if kind == "deallocate" and got == -1:
         return CheckFailed(line, hint=M.zeroed_on_free)
     if kind == "deallocate":
-        return CheckFailed(line, "deallocate changes no hash: a free block keeps its hash until it is reused")
+        return CheckFailed(line, tr("deallocate changes no hash: a free block keeps its hash until it is reused"))
     return CheckFailed(line)
 
 
@@ -340,23 +474,33 @@ def explain_map(op: list, before: dict, w: dict, y: dict) -> CheckFailed:
     extra = [h for h in got if h not in want]
     if missing:
         h = missing[0]
-        line = f"hash_to_block_id[{hx(h)}] should be {want[h]}; yours: " + (f"{got[h]}" if h in got else "no entry")
+        line = (
+            tr("hash_to_block_id[{hash}] should be {want}; yours: {got}", hash=hx(h), want=want[h], got=got[h])
+            if h in got
+            else tr("hash_to_block_id[{hash}] should be {want}; yours: no entry", hash=hx(h), want=want[h])
+        )
         if kind == "compute" and h in got and got[h] == before["map"].get(h):  # the older entry kept
             return CheckFailed(line, hint=M.first_hash_wins)
         if kind == "compute":
-            return CheckFailed(line, "hash_blocks publishes every block it hashes: hash_to_block_id[hash] = block id")
+            return CheckFailed(line, tr("hash_blocks publishes every block it hashes: hash_to_block_id[hash] = block id"))
         if kind == "deallocate" and h not in got:
             return CheckFailed(line, hint=M.map_entry_dropped_on_free)
         if kind == "deallocate":
-            return CheckFailed(line, "deallocate changes no map entry")
+            return CheckFailed(line, tr("deallocate changes no map entry"))
         reused = [b for b in w["tables"].get(op[1], []) if before["hash"][b] == h]
         if h not in got and reused:  # the entry of another block deleted with the reused block's equal hash
-            return CheckFailed(line, f"the entry points to block {want[h]}, not to the reused block {reused[0]}", hint=M.evict_any)
-        return CheckFailed(line, "only the entry of a reused block's own old hash goes, and only if it points to that block")
+            return CheckFailed(
+                line,
+                tr("the entry points to block {block}, not to the reused block {reused}", block=want[h], reused=reused[0]),
+                hint=M.evict_any,
+            )
+        return CheckFailed(line, tr("only the entry of a reused block's own old hash goes, and only if it points to that block"))
     h = extra[0]
-    line = f"hash_to_block_id should have no entry {hx(h)}; yours maps it to {got[h]}"
+    line = tr("hash_to_block_id should have no entry {hash}; yours maps it to {block}", hash=hx(h), block=got[h])
     if kind in ("allocate", "may_append"):
-        return CheckFailed(line, f"block {got[h]} was taken from the free list for new tokens, so the entry of its old hash is evicted")
+        return CheckFailed(
+            line, tr("block {block} was taken from the free list for new tokens, so the entry of its old hash is evicted", block=got[h])
+        )
     return CheckFailed(line)
 
 
@@ -386,16 +530,16 @@ LIFECYCLE = [
     ["deallocate", "C"],
     *add("D", list(range(40, 56))),
 ]
-MOMENTS = [
-    (0, "free · 空闲", "every block starts free: ref 0, no hash, in the free list"),
-    (4, "allocated · 已分配", "A's logical block 0; A's prefill computed it, so hash_blocks hashed it"),
-    (7, "shared · 前缀命中共享", "B's first block hits it: B takes no new block for it, ref_count 2"),
-    (10, "freed, still cached · 已释放仍可命中", "A, then B finished: ref 0, back in the free list, hash and map entry kept"),
-    (13, "revived · 被前缀命中复活", "C's first block hits it in the free list: taken out of it, ref 1"),
+MOMENTS = [  # (step, label, what): marked, translated where the figure's moments are made
+    (0, mark("free"), mark("every block starts free: ref 0, no hash, in the free list")),
+    (4, mark("allocated"), mark("A's logical block 0; A's prefill computed it, so hash_blocks hashed it")),
+    (7, mark("shared by a prefix hit"), mark("B's first block hits it: B takes no new block for it, ref_count 2")),
+    (10, mark("freed, still cached"), mark("A, then B finished: ref 0, back in the free list, hash and map entry kept")),
+    (13, mark("revived by a prefix hit"), mark("C's first block hits it in the free list: taken out of it, ref 1")),
     (
         18,
-        "evicted on reuse · 复用时驱逐",
-        "D takes all 4 free blocks; block 0 comes last: its old hash is evicted, D's tokens 52–55 will overwrite it",
+        mark("evicted on reuse"),
+        mark("D takes all 4 free blocks; block 0 comes last: its old hash is evicted, D's tokens 52–55 will overwrite it"),
     ),
 ]
 
@@ -403,7 +547,7 @@ MOMENTS = [
 def op_label(op: list) -> str:
     """An operation in a few characters: allocate(B, 1), compute(A, 9 tokens)."""
     if op[0] == "compute":
-        return f"compute({op[1]}, {op[2]} token{'s' * (op[2] != 1)})"
+        return tr("compute({name}, 1 token)", name=op[1]) if op[2] == 1 else tr("compute({name}, {n} tokens)", name=op[1], n=op[2])
     return f"{op[0]}({', '.join(map(str, op[1:2] + op[2:3] if op[0] == 'allocate' else op[1:2]))})"
 
 

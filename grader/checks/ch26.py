@@ -4,20 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from grader.authoring import (
-    CheckFailed,
-    Hint,
-    Trial,
-    describe,
-    expect_int,
-    expect_tensor,
-    first_wrong,
-    mistakes,
-    plural,
-    public,
-    vec,
-    wrong_mask,
-)
+from grader.authoring import CheckFailed, Hint, Trial, describe, expect_int, expect_tensor, first_wrong, mistakes, public, vec, wrong_mask
+from grader.i18n import tr
 
 # ch26-dim-varlen-pack: two requests of lengths 3 and 2 in padded [2, 3, 4].
 PACK_LENGTHS, PACK_T, PACK_H = [3, 2], 3, 4
@@ -59,7 +47,7 @@ def pack_figure_instance(t: Trial) -> None:
     padded = padded_batch(PACK_LENGTHS, PACK_T, PACK_H)
     got = t.yours.pack_varlen(padded, list(PACK_LENGTHS))
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
-        raise CheckFailed(f"pack_varlen returns a pair (packed, cu_seqlens); yours: {describe(got)}")
+        raise CheckFailed(tr("pack_varlen returns a pair (packed, cu_seqlens); yours: {what}", what=describe(got)))
     want_packed, want_cu = t.ref.pack_varlen(padded, PACK_LENGTHS)
     packed, cu = got
     if (
@@ -81,7 +69,7 @@ def pack_figure_instance(t: Trial) -> None:
             expected_cu=want_cu,
             cu_wrong=wrong_mask(cu, want_cu),
         )
-    explain_packed(packed, padded, PACK_LENGTHS, "figure instance")
+    explain_packed(packed, padded, PACK_LENGTHS, tr("figure instance"))
     expect_cu(cu, PACK_LENGTHS, "cu_seqlens")
 
 
@@ -90,20 +78,20 @@ def unpack_figure_instance(t: Trial) -> None:
     padded = padded_batch(PACK_LENGTHS, PACK_T, PACK_H)
     packed, cu = t.ref.pack_varlen(padded, PACK_LENGTHS)
     got = t.yours.unpack_varlen(packed, cu, PACK_T)
-    out = expect_tensor(got, what="the unpacked batch", shape=list(padded.shape), dtype=padded.dtype)
+    out = expect_tensor(got, what=tr("the unpacked batch"), shape=list(padded.shape), dtype=padded.dtype)
     t.figure("ch26-dim-varlen-pack", unpacked=out, unpacked_expected=padded, unpacked_wrong=wrong_mask(out, padded))
-    explain_unpacked(out, packed, cu.tolist(), PACK_T, "figure instance")
+    explain_unpacked(out, packed, cu.tolist(), PACK_T, tr("figure instance"))
 
 
 @public("ch26.1", "a request of length 0 between two others")
 def zero_length_request(t: Trial) -> None:
     padded = torch.randn(3, 4, 2, generator=t.rng)
-    run_pack_case(t, padded, [2, 0, 3], "a zero-length request")
+    run_pack_case(t, padded, [2, 0, 3], tr("a zero-length request"))
 
 
 @public("ch26.1", "unpack fills padding positions with zeros (T_max larger than every request)")
 def unpack_padding_zero(t: Trial) -> None:
-    run_unpack_case(t, torch.randn(5, 3, generator=t.rng), [0, 1, 5], 6, "T_max 6")
+    run_unpack_case(t, torch.randn(5, 3, generator=t.rng), [0, 1, 5], 6, "T_max = 6")
 
 
 # -- ch26.2 varlen_metadata -----------------------------------------------------------------------------
@@ -118,17 +106,17 @@ def flatten_figure_instance(t: Trial) -> None:
         isinstance(parts[k], torch.Tensor) and parts[k].shape == want[k].shape and parts[k].dtype == torch.int32 for k in META_KEYS[:2]
     ) and all(type(parts[k]) is int for k in META_KEYS[2:]):
         t.figure("ch26-flatten", query=FLAT_QUERY, cached=FLAT_CACHED, yours=parts, expected=want, wrong=metadata_wrong(parts, want))
-    explain_metadata(got, FLAT_QUERY, FLAT_CACHED, "figure instance")
+    explain_metadata(got, FLAT_QUERY, FLAT_CACHED, tr("figure instance"))
 
 
 @public("ch26.2", "no prefix hit: cu_seqlens_k equals cu_seqlens_q")
 def no_prefix_hit(t: Trial) -> None:
-    run_metadata_case(t, [4, 1, 6], [0, 0, 0], "no prefix hit")
+    run_metadata_case(t, [4, 1, 6], [0, 0, 0], tr("no prefix hit"))
 
 
 @public("ch26.2", "a continuing chunk of a chunked prefill: 16 new after 32 computed")
 def continuing_chunk(t: Trial) -> None:
-    run_metadata_case(t, [16], [32], "a continuing chunk")
+    run_metadata_case(t, [16], [32], tr("a continuing chunk"))
 
 
 # -- ch26.3 graph_batch_size / pad_decode_batch -----------------------------------------------------------
@@ -169,12 +157,12 @@ def pad_figure_instance(t: Trial) -> None:
             padded_expected=want,
             padded_wrong={k: wrong_mask(got[k], want[k]) for k in want},
         )
-    explain_padded(got, slots, REPLAY_CTX, REPLAY_TABLES, 8, "figure instance", REPLAY_BS)
+    explain_padded(got, slots, REPLAY_CTX, REPLAY_TABLES, 8, tr("figure instance"), REPLAY_BS)
 
 
 @public("ch26.3", "a batch that fills its graph exactly has no padding rows")
 def no_padding_rows(t: Trial) -> None:
-    run_pad_case(t, [5, 9, 14, 2], [6, 2, 7, 3], [[1, 0], [2], [3, 4], [0]], 4, "a full graph")
+    run_pad_case(t, [5, 9, 14, 2], [6, 2, 7, 3], [[1, 0], [2], [3, 4], [0]], 4, tr("a full graph"))
 
 
 @public("ch26.3", "a batch larger than every captured graph raises ValueError")
@@ -184,7 +172,7 @@ def no_graph_fits(t: Trial) -> None:
         t.yours.graph_batch_size,
         20,
         [1, 2, 4, 8, 16],
-        because="no captured size holds 20 sequences: the batch must run eagerly",
+        because=tr("no captured size holds {bs} sequences: the batch must run eagerly", bs=20),
     )
 
 
@@ -194,20 +182,20 @@ def no_graph_fits(t: Trial) -> None:
 @public("ch26.4", "figure instance: a batch of 5 into buffers of 8 rows that last held a batch of 7")
 def static_figure_instance(t: Trial) -> None:
     previous = t.ref.drive(filled_buffers, static_buffers(STATIC_MAX_BS, STATIC_BLOCKS), decode_batch(STATIC_PREVIOUS))
-    run_static_case(t, static_buffers(STATIC_MAX_BS, STATIC_BLOCKS, previous), decode_batch(STATIC_NOW), "figure instance", figure=True)
+    run_static_case(t, static_buffers(STATIC_MAX_BS, STATIC_BLOCKS, previous), decode_batch(STATIC_NOW), tr("figure instance"), figure=True)
 
 
 @public("ch26.4", "a batch that fills every row of the buffers")
 def static_full_batch(t: Trial) -> None:
     seqs = [(c, [b, b + 8][: -(-c // 4)], 100 + c) for b, c in enumerate([5, 8, 1, 3, 7, 2])]
-    run_static_case(t, static_buffers(6, 2, stale(t, 6, 2)), decode_batch(seqs), "a full batch")
+    run_static_case(t, static_buffers(6, 2, stale(t, 6, 2)), decode_batch(seqs), tr("a full batch"))
 
 
 @public("ch26.4", "one sequence after a full batch: every other row becomes padding")
 def static_shrinks(t: Trial) -> None:
     full = decode_batch([(c, [c, c + 10, c + 20][: -(-c // 4)], 7 * c) for c in range(1, 9)])
     previous = t.ref.drive(filled_buffers, static_buffers(8, 3, stale(t, 8, 3)), full)
-    run_static_case(t, static_buffers(8, 3, previous), decode_batch([(6, [30, 31], 5)]), "one sequence after 8")
+    run_static_case(t, static_buffers(8, 3, previous), decode_batch([(6, [30, 31], 5)]), tr("one sequence after {n}", n=8))
 
 
 # -- helpers: the instances --------------------------------------------------------------------------------------
@@ -295,27 +283,44 @@ def filled_buffers(ref: object, buffers: dict[str, torch.Tensor], batch: dict[st
 # -- helpers: ch26.1 -------------------------------------------------------------------------------------------
 
 
-def expect_cu(
-    got: object, lens: list[int], what: str, hints_from: tuple[tuple[Hint, list[int]], ...] = (), of: str = "lengths"
-) -> torch.Tensor:
+def expect_cu(got: object, lens: list[int], what: str, hints_from: tuple[tuple[Hint, list[int]], ...] = (), of: str = "") -> torch.Tensor:
     """Require cu_seqlens as int32 [B + 1] equal to the running sums of `lens`, explaining the difference;
-    `hints_from`: (hint, other lengths) for a cu_seqlens that is the running sums of other lengths."""
+    `hints_from`: (hint, other lengths) for a cu_seqlens that is the running sums of other lengths; `of`: what the
+    lengths are, in the run's language (default: "lengths")."""
+    of = of or tr("lengths")
     want = running(lens)
     if isinstance(got, torch.Tensor) and got.dim() == 1 and got.numel() == len(lens) and got.tolist() == want[1:] and lens:
         raise CheckFailed(
-            f"expected {what} with B + 1 = {len(lens) + 1} entries, {_running(lens)}; yours: {vec(got)}", hint=M.no_leading_zero
+            tr(
+                "expected {what} with B + 1 = {n} entries, {sums}; yours: {got}",
+                what=what,
+                n=len(lens) + 1,
+                sums=_running(lens),
+                got=vec(got),
+            ),
+            hint=M.no_leading_zero,
         )
     if isinstance(got, torch.Tensor) and got.dtype != torch.int32 and got.shape == (len(lens) + 1,):
         raise CheckFailed(
-            f"expected {what} as an int32 tensor; yours: {describe(got)}",
-            hint=M.int64_cu if got.dtype == torch.int64 else "flash-attn and nano-vllm take cu_seqlens as int32",
+            tr("expected {what} as an int32 tensor; yours: {got}", what=what, got=describe(got)),
+            hint=M.int64_cu if got.dtype == torch.int64 else tr("flash-attn and nano-vllm take cu_seqlens as int32"),
         )
     cu = expect_tensor(got, what=what, shape=[len(lens) + 1], dtype=torch.int32)
     yours = cu.tolist()
     if yours == want:
         return cu
     hint = M.not_cumulative if yours == [0] + list(lens) else next((h for h, other in hints_from if yours == running(other)), "")
-    raise CheckFailed(f"{what} = 0, then running sums of the {of} {lens} = {_running(lens)}; yours: {vec(cu)}", hint=hint)
+    raise CheckFailed(
+        tr(
+            "{what} = 0, then running sums of the {of} {lens} = {sums}; yours: {got}",
+            what=what,
+            of=of,
+            lens=lens,
+            sums=_running(lens),
+            got=vec(cu),
+        ),
+        hint=hint,
+    )
 
 
 def explain_packed(got: object, padded: torch.Tensor, lengths: list[int], case: str) -> torch.Tensor:
@@ -324,7 +329,14 @@ def explain_packed(got: object, padded: torch.Tensor, lengths: list[int], case: 
     N = sum(lengths)
     if isinstance(got, torch.Tensor) and got.dim() == 2 and got.shape[0] == B * T_max != N:
         raise CheckFailed(
-            f"{case}: expected packed as [N, H] = [{N}, {H}] with N = Σ lengths = {' + '.join(map(str, lengths))}; yours: {describe(got)}",
+            tr(
+                "{case}: expected packed as [N, H] = [{N}, {H}] with N = Σ lengths = {sum}; yours: {got}",
+                case=case,
+                N=N,
+                H=H,
+                sum=" + ".join(map(str, lengths)),
+                got=describe(got),
+            ),
             hint=M.padding_kept.format(rows=B * T_max),
         )
     packed = expect_tensor(got, what="packed", shape=[N, H], dtype=padded.dtype)
@@ -338,8 +350,15 @@ def explain_packed(got: object, padded: torch.Tensor, lengths: list[int], case: 
     keep = torch.arange(T_max)[None, :] < torch.tensor(lengths)[:, None]
     raise CheckFailed(
         f"{case}: lengths={lengths}, T_max={T_max}",
-        f"packed row {r} is request {b}'s token {t} (rows of request {b} start at {sum(lengths[:b])}), "
-        f"padded[{b}, {t}] = {vec(want[r])}; yours: {vec(packed[r])}",
+        tr(
+            "packed row {r} is request {b}'s token {t} (rows of request {b} start at {start}), padded[{b}, {t}] = {want}; yours: {got}",
+            r=r,
+            b=b,
+            t=t,
+            start=sum(lengths[:b]),
+            want=vec(want[r]),
+            got=vec(packed[r]),
+        ),
         hint=M.token_major if torch.equal(packed, padded.transpose(0, 1)[keep.T]) else "",
     )
 
@@ -347,7 +366,7 @@ def explain_packed(got: object, padded: torch.Tensor, lengths: list[int], case: 
 def explain_unpacked(got: object, packed: torch.Tensor, cu: list[int], T_max: int, case: str) -> torch.Tensor:
     """Require the unpacked batch: each request's packed rows on top, zeros below."""
     B, H = len(cu) - 1, packed.shape[1]
-    out = expect_tensor(got, what="the unpacked batch", shape=[B, T_max, H], dtype=packed.dtype)
+    out = expect_tensor(got, what=tr("the unpacked batch"), shape=[B, T_max, H], dtype=packed.dtype)
     want = packed.new_zeros(B, T_max, H)
     for b in range(B):
         want[b, : cu[b + 1] - cu[b]] = packed[cu[b] : cu[b + 1]]
@@ -357,14 +376,19 @@ def explain_unpacked(got: object, packed: torch.Tensor, cu: list[int], T_max: in
     b, t = idx[0], idx[1]
     n = cu[b + 1] - cu[b]
     real = torch.arange(T_max)[None, :] < torch.tensor([cu[i + 1] - cu[i] for i in range(B)])[:, None]
+    fields = dict(b=b, t=t, n=n, row=cu[b] + t, got=vec(out[b, t]))
     if t < n:
-        what = f"padded[{b}, {t}] is request {b}'s token {t}, packed row cu_seqlens[{b}] + {t} = {cu[b] + t}: {vec(want[b, t])}"
+        line = tr(
+            "padded[{b}, {t}] is request {b}'s token {t}, packed row cu_seqlens[{b}] + {t} = {row}: {want}; yours: {got}",
+            want=vec(want[b, t]),
+            **fields,
+        )
+    elif n == 1:
+        line = tr("padded[{b}, {t}] is padding (request {b} has 1 token), so it must be 0; yours: {got}", **fields)
     else:
-        what = f"padded[{b}, {t}] is padding (request {b} has {plural(n, 'token')}), so it must be 0"
+        line = tr("padded[{b}, {t}] is padding (request {b} has {n} tokens), so it must be 0; yours: {got}", **fields)
     only_padding = not bool(wrong_mask(out, want)[real].any())
-    raise CheckFailed(
-        f"{case}: cu_seqlens={cu}, T_max={T_max}", f"{what}; yours: {vec(out[b, t])}", hint=M.padding_not_zero if only_padding else ""
-    )
+    raise CheckFailed(f"{case}: cu_seqlens={cu}, T_max={T_max}", line, hint=M.padding_not_zero if only_padding else "")
 
 
 def run_pack_case(
@@ -373,7 +397,7 @@ def run_pack_case(
     arg = torch.tensor(lengths, dtype=torch.int64) if as_tensor else list(lengths)
     got = t.yours.pack_varlen(padded, arg)
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
-        raise CheckFailed(f"pack_varlen returns a pair (packed, cu_seqlens); yours: {describe(got)}")
+        raise CheckFailed(tr("pack_varlen returns a pair (packed, cu_seqlens); yours: {what}", what=describe(got)))
     packed = explain_packed(got[0], padded, lengths, case)
     return packed, expect_cu(got[1], lengths, "cu_seqlens")
 
@@ -389,8 +413,9 @@ def run_unpack_case(t: Trial, packed: torch.Tensor, cu: list[int], T_max: int, c
 def expect_metadata(got: object) -> dict:
     if type(got) is not dict or any(k not in got for k in META_KEYS):
         raise CheckFailed(
-            f"expected a dict with keys {', '.join(META_KEYS)}; yours: "
-            f"{'keys ' + ', '.join(map(str, got)) if type(got) is dict else describe(got)}"
+            tr("expected a dict with keys {keys}; yours: keys {got}", keys=", ".join(META_KEYS), got=", ".join(map(str, got)))
+            if type(got) is dict
+            else tr("expected a dict with keys {keys}; yours: {got}", keys=", ".join(META_KEYS), got=describe(got))
         )
     return got
 
@@ -402,11 +427,17 @@ def metadata_wrong(got: dict, want: dict) -> dict:
 
 def explain_metadata(got: dict, query: list[int], cached: list[int], case: str) -> None:
     keys = [c + q for c, q in zip(cached, query)]
-    pre = f'case "{case}": query_lens={query}, cached_lens={cached} → key lengths cached + query = {keys}'
+    pre = tr(
+        'case "{case}": query_lens={query}, cached_lens={cached} → key lengths cached + query = {keys}',
+        case=case,
+        query=query,
+        cached=cached,
+        keys=keys,
+    )
     try:
-        expect_cu(got["cu_seqlens_q"], query, "cu_seqlens_q", ((M.queries_with_cache, keys),), of="query lengths")
+        expect_cu(got["cu_seqlens_q"], query, "cu_seqlens_q", ((M.queries_with_cache, keys),), of=tr("query lengths"))
         expect_cu(
-            got["cu_seqlens_k"], keys, "cu_seqlens_k", ((M.keys_without_cache, query), (M.keys_without_new, cached)), of="key lengths"
+            got["cu_seqlens_k"], keys, "cu_seqlens_k", ((M.keys_without_cache, query), (M.keys_without_new, cached)), of=tr("key lengths")
         )
     except CheckFailed as e:
         raise e.within(pre) from None
@@ -421,7 +452,7 @@ def explain_metadata(got: dict, query: list[int], cached: list[int], case: str) 
                 if value == max(other, default=0)
                 else ""
             )
-            raise CheckFailed(pre, f"{key} = max({lens}) = {want}; yours: {value}", hint=hint)
+            raise CheckFailed(pre, tr("{key} = max({lens}) = {want}; yours: {got}", key=key, lens=lens, want=want, got=value), hint=hint)
 
 
 def run_metadata_case(t: Trial, query: list[int], cached: list[int], case: str) -> dict:
@@ -445,7 +476,13 @@ def explain_graph_size(got: object, bs: int, sizes: list[int]) -> int:
         return value
     hint = M.round_down if value < bs else M.not_captured if value not in sizes else M.not_smallest
     raise CheckFailed(
-        f"batch of {bs}, captured sizes {_sizes(sizes)}: the smallest captured size ≥ {bs} is {want}; yours: {value}",
+        tr(
+            "batch of {bs}, captured sizes {sizes}: the smallest captured size ≥ {bs} is {want}; yours: {got}",
+            bs=bs,
+            sizes=_sizes(sizes),
+            want=want,
+            got=value,
+        ),
         hint=hint.format(value=value, bs=bs),
     )
 
@@ -455,9 +492,14 @@ def explain_padded(
 ) -> dict:
     """Require the three padded buffers, explaining the first wrong entry in row terms."""
     if type(got) is not dict or any(k not in got for k in PAD_KEYS):
-        raise CheckFailed(f"expected a dict with keys {', '.join(PAD_KEYS)}; yours: {describe(got)}")
+        raise CheckFailed(tr("expected a dict with keys {keys}; yours: {got}", keys=", ".join(PAD_KEYS), got=describe(got)))
     bs, width = len(slots), max((len(r) for r in tables), default=0)
-    pre = f'case "{case}": {bs} sequences in the graph of {graph_bs} rows ({plural(graph_bs - bs, "padding row")})'
+    fields = dict(case=case, bs=bs, graph_bs=graph_bs, pad=graph_bs - bs)
+    pre = (
+        tr('case "{case}": {bs} sequences in the graph of {graph_bs} rows (1 padding row)', **fields)
+        if graph_bs - bs == 1
+        else tr('case "{case}": {bs} sequences in the graph of {graph_bs} rows ({pad} padding rows)', **fields)
+    )
     for key, shape in (("slot_mapping", [graph_bs]), ("context_lens", [graph_bs]), ("block_tables", [graph_bs, width])):
         v = got[key]
         hint: str = ""
@@ -478,34 +520,46 @@ def explain_padded(
         s, c = int(got["slot_mapping"][i]), int(got["context_lens"][i])
         if s != (-1 if pad else slots[i]):
             if not pad:
-                raise CheckFailed(pre, f"row {i} is sequence {i}: slot_mapping[{i}] = slots[{i}] = {slots[i]}; yours: {s}")
+                raise CheckFailed(
+                    pre, tr("row {i} is sequence {i}: slot_mapping[{i}] = slots[{i}] = {want}; yours: {got}", i=i, want=slots[i], got=s)
+                )
             hint = ""
             if s >= 0:
                 b = s // block_size if block_size else None
-                where = f" (block {b} is sequence {owner[b][0]}'s block_table[{owner[b][1]}])" if b is not None and b in owner else ""
+                where = (
+                    tr(" (block {b} is sequence {seq}'s block_table[{j}])", b=b, seq=owner[b][0], j=owner[b][1])
+                    if b is not None and b in owner
+                    else ""
+                )
                 hint = M.pad_slot_real.format(slot=s, where=where)
-            raise CheckFailed(pre, f"row {i} is a padding row: its slot must be −1 so the cache write skips it; yours: {s}", hint=hint)
+            raise CheckFailed(
+                pre, tr("row {i} is a padding row: its slot must be −1 so the cache write skips it; yours: {got}", i=i, got=s), hint=hint
+            )
         if c != (0 if pad else ctx[i]):
             raise CheckFailed(
                 pre,
-                f"row {i} is a padding row: its context_len must be 0 so attention reads nothing; yours: {c}"
+                tr("row {i} is a padding row: its context_len must be 0 so attention reads nothing; yours: {got}", i=i, got=c)
                 if pad
-                else f"row {i} is sequence {i}: context_lens[{i}] = {ctx[i]}; yours: {c}",
+                else tr("row {i} is sequence {i}: context_lens[{i}] = {want}; yours: {got}", i=i, want=ctx[i], got=c),
             )
         row = got["block_tables"][i].tolist()
         want = [-1] * width if pad else tables[i] + [-1] * (width - len(tables[i]))
         if row != want:
             j = next(j for j in range(width) if row[j] != want[j])
-            why = (
-                "a padding row has no blocks"
-                if pad
-                else f"sequence {i} has {plural(len(tables[i]), 'block')}; the rest of its row is padding"
-                if j >= len(tables[i])
-                else f"it is sequence {i}'s block_table[{j}]"
-            )
+            n = len(tables[i])
+            if pad:
+                why = tr("a padding row has no blocks")
+            elif j >= n:
+                why = (
+                    tr("sequence {i} has 1 block; the rest of its row is padding", i=i)
+                    if n == 1
+                    else tr("sequence {i} has {n} blocks; the rest of its row is padding", i=i, n=n)
+                )
+            else:
+                why = tr("it is sequence {i}'s block_table[{j}]", i=i, j=j)
             raise CheckFailed(
                 pre,
-                f"block_tables[{i}, {j}] = {want[j]} ({why}); yours: {row[j]}",
+                tr("block_tables[{i}, {j}] = {want} ({why}); yours: {got}", i=i, j=j, want=want[j], why=why, got=row[j]),
                 hint=M.pad_block_zero if row[j] == 0 and want[j] == -1 else "",
             )
     return got
@@ -553,16 +607,26 @@ def replaced(got: torch.Tensor, buffer: torch.Tensor) -> bool:
 def expect_static_structure(got: object, buffers: dict[str, torch.Tensor], pre: str) -> dict[str, torch.Tensor]:
     """Require the buffers dict afterwards with the same five keys, each a tensor of the buffer's shape and dtype."""
     if type(got) is not dict or set(got) != set(buffers):
-        have = f"keys {', '.join(map(str, got))}" if type(got) is dict else describe(got)
-        raise CheckFailed(pre, f"afterwards, buffers should still hold exactly {', '.join(STATIC_KEYS)}; yours: {have}", hint=M.new_buffer)
+        keys = ", ".join(STATIC_KEYS)
+        line = (
+            tr("afterwards, buffers should still hold exactly {keys}; yours: keys {got}", keys=keys, got=", ".join(map(str, got)))
+            if type(got) is dict
+            else tr("afterwards, buffers should still hold exactly {keys}; yours: {got}", keys=keys, got=describe(got))
+        )
+        raise CheckFailed(pre, line, hint=M.new_buffer)
     for k in STATIC_KEYS:
         v, b = got[k], buffers[k]
         if not (isinstance(v, torch.Tensor) and v.shape == b.shape and v.dtype == b.dtype):
             raise CheckFailed(
                 pre,
-                f"buffers[{k!r}] was {str(b.dtype).removeprefix('torch.')} {list(b.shape)}, the "
-                f"graph's captured buffer; afterwards yours is {describe(v)}: it was replaced, not "
-                f"written into",
+                tr(
+                    "buffers[{key}] was {dtype} {shape}, the graph's captured buffer; afterwards yours is {got}: it was "
+                    "replaced, not written into",
+                    key=repr(k),
+                    dtype=str(b.dtype).removeprefix("torch."),
+                    shape=list(b.shape),
+                    got=describe(v),
+                ),
                 hint=M.new_buffer,
             )
     return got
@@ -587,19 +651,22 @@ def explain_static(got: dict, want: dict, before: dict, batch: dict, case: str, 
                 else {"input_ids": "input_id", "positions": "position", "slot_mapping": "slot"}.get(k, "context_len")
             )
             all_padding = bool((got["slot_mapping"] == -1).all()) and bool((got["context_lens"] == 0).all())
-            why = (
-                " (every row of yours is padding)"
-                if all_padding and k in ("slot_mapping", "context_lens")
-                else " (the previous step's value)"
-                if yours == old != expected
-                else ""
-            )
-            raise CheckFailed(
-                pre,
-                f"{cell} is sequence {i}'s {what} this step: batch[{k!r}][{', '.join(map(str, idx))}] = {expected}; yours: {yours}{why}",
-                hint=M.reset_order if why.startswith(" (every") else "",
-            )
-        role = "slot −1 so the cache write skips it" if k == "slot_mapping" else "context_len 0 so attention reads nothing"
+            every = all_padding and k in ("slot_mapping", "context_lens")
+            fields = dict(cell=cell, i=i, what=what, key=repr(k), idx=", ".join(map(str, idx)), want=expected, got=yours)
+            if every:
+                line = tr(
+                    "{cell} is sequence {i}'s {what} this step: batch[{key}][{idx}] = {want}; yours: {got} (every row of yours is padding)",
+                    **fields,
+                )
+            elif yours == old != expected:
+                line = tr(
+                    "{cell} is sequence {i}'s {what} this step: batch[{key}][{idx}] = {want}; yours: {got} (the previous step's value)",
+                    **fields,
+                )
+            else:
+                line = tr("{cell} is sequence {i}'s {what} this step: batch[{key}][{idx}] = {want}; yours: {got}", **fields)
+            raise CheckFailed(pre, line, hint=M.reset_order if every else "")
+        role = tr("slot −1 so the cache write skips it") if k == "slot_mapping" else tr("context_len 0 so attention reads nothing")
         hint: Hint | str = ""
         if yours == old:
             hint = M.stale_rows.format(row=i, key=k, value=old)
@@ -607,7 +674,14 @@ def explain_static(got: dict, want: dict, before: dict, batch: dict, case: str, 
             hint = M.pad_slot_real.format(slot=yours, where="")
         raise CheckFailed(
             pre,
-            f"row {i} is beyond the batch of {bs}, a padding row in any graph that replays it: {role}; yours: {cell} = {yours}",
+            tr(
+                "row {i} is beyond the batch of {bs}, a padding row in any graph that replays it: {role}; yours: {cell} = {got}",
+                i=i,
+                bs=bs,
+                role=role,
+                cell=cell,
+                got=yours,
+            ),
             hint=hint,
         )
 
@@ -619,7 +693,14 @@ def run_static_case(t: Trial, buffers: dict[str, torch.Tensor], batch: dict[str,
     before = {k: v.clone() for k, v in buffers.items()}
     bs, width = batch["block_tables"].shape
     max_bs, max_blocks = buffers["block_tables"].shape
-    pre = f'case "{case}": a batch of {bs} (block tables {width} wide) into buffers of {max_bs} rows and {max_blocks} blocks'
+    pre = tr(
+        'case "{case}": a batch of {bs} (block tables {width} wide) into buffers of {max_bs} rows and {max_blocks} blocks',
+        case=case,
+        bs=bs,
+        width=width,
+        max_bs=max_bs,
+        max_blocks=max_blocks,
+    )
     call = t.yours.fill_static_buffers.run(buffers, batch, mutates=("buffers",))
     got = expect_static_structure(call.args[0], buffers, pre)
     swapped = [k for k in STATIC_KEYS if replaced(got[k], buffers[k])]
@@ -641,15 +722,25 @@ def run_static_case(t: Trial, buffers: dict[str, torch.Tensor], batch: dict[str,
         k = swapped[0]
         raise CheckFailed(
             pre,
-            f"buffers[{k!r}] afterwards is a tensor of your own, not the captured buffer written "
-            f"in place (the buffers here are views into one pool; yours has "
-            f"{'other strides' if got[k].stride() != buffers[k].stride() else 'other memory around it'}"
-            f"): the graph would replay on the old buffer's contents",
+            tr(
+                "buffers[{key}] afterwards is a tensor of your own, not the captured buffer written in place (the buffers "
+                "here are views into one pool; yours has other strides): the graph would replay on the old buffer's contents",
+                key=repr(k),
+            )
+            if got[k].stride() != buffers[k].stride()
+            else tr(
+                "buffers[{key}] afterwards is a tensor of your own, not the captured buffer written in place (the buffers "
+                "here are views into one pool; yours has other memory around it): the graph would replay on the old "
+                "buffer's contents",
+                key=repr(k),
+            ),
             hint=M.new_buffer,
         )
     if call.value is not None:
         raise CheckFailed(
-            pre, f"fill_static_buffers writes into the buffers and returns None; yours returned {describe(call.value)}", hint=M.new_buffer
+            pre,
+            tr("fill_static_buffers writes into the buffers and returns None; yours returned {what}", what=describe(call.value)),
+            hint=M.new_buffer,
         )
     explain_static(got, want, before, batch, case, pre)
     return got

@@ -11,6 +11,7 @@ import torch
 from grader.authoring import CheckFailed, Trial, describe, first_named, hidden, mistakes
 from grader.checks.ch25 import check_store, expect_slots, run_slot_case, run_store_case, slot_variants
 from grader.checks.ch25_explain import describe_op, drive_reference, expect_trace, hx, states
+from grader.i18n import mark, tr
 
 M = mistakes("ch25")
 
@@ -71,7 +72,7 @@ def long_prompt(t: Trial) -> None:
 
 @hidden("ch25.1", "positions beyond the block table raise ValueError")
 def beyond_table_hidden(t: Trial) -> None:
-    t.expect_raises(ValueError, t.yours.slot_mapping, [], [0], 4, because="an empty block table holds no position")
+    t.expect_raises(ValueError, t.yours.slot_mapping, [], [0], 4, because=tr("an empty block table holds no position"))
     block_size = t.random.choice([2, 4, 16])
     table = random_table(t, t.random.randint(1, 6), 64)
     end = len(table) * block_size
@@ -83,7 +84,12 @@ def beyond_table_hidden(t: Trial) -> None:
         table,
         positions,
         block_size,
-        because=f"position {max(positions)} is in logical block {max(positions) // block_size}, but the table has only {len(table)} blocks",
+        because=tr(
+            "position {p} is in logical block {block}, but the table has only {n} blocks",
+            p=max(positions),
+            block=max(positions) // block_size,
+            n=len(table),
+        ),
     )
 
 
@@ -119,21 +125,41 @@ def last_slot(t: Trial) -> None:
 @hidden("ch25.3", "200 requests sharing four system prompts")
 def many_requests(t: Trial) -> None:
     random_trace(
-        t, num_blocks=48, block_size=4, num_requests=200, max_new=4, max_seqs=8, budget=32, per_step=2, case="200 requests over 48 blocks"
+        t,
+        num_blocks=48,
+        block_size=4,
+        num_requests=200,
+        max_new=4,
+        max_seqs=8,
+        budget=32,
+        per_step=2,
+        case=tr("{requests} requests over {blocks} blocks", requests=200, blocks=48),
     )
 
 
 @hidden("ch25.3", "memory pressure: 60 requests over 12 blocks, preemption and re-admission")
 def memory_pressure(t: Trial) -> None:
     random_trace(
-        t, num_blocks=12, block_size=4, num_requests=60, max_new=12, max_seqs=6, budget=24, per_step=2, case="60 requests over 12 blocks"
+        t,
+        num_blocks=12,
+        block_size=4,
+        num_requests=60,
+        max_new=12,
+        max_seqs=6,
+        budget=24,
+        per_step=2,
+        case=tr("{requests} requests over {blocks} blocks", requests=60, blocks=12),
     )
 
 
 @hidden("ch25.3", "block sizes 2 and 16, long prompts prefilled in chunks")
 def block_sizes(t: Trial) -> None:
-    random_trace(t, num_blocks=40, block_size=2, num_requests=30, max_new=6, max_seqs=4, budget=10, per_step=1, case="block_size 2")
-    random_trace(t, num_blocks=12, block_size=16, num_requests=24, max_new=18, max_seqs=4, budget=20, per_step=1, case="block_size 16")
+    random_trace(
+        t, num_blocks=40, block_size=2, num_requests=30, max_new=6, max_seqs=4, budget=10, per_step=1, case=tr("block_size {bs}", bs=2)
+    )
+    random_trace(
+        t, num_blocks=12, block_size=16, num_requests=24, max_new=18, max_seqs=4, budget=20, per_step=1, case=tr("block_size {bs}", bs=16)
+    )
 
 
 @hidden("ch25.3", "invariants hold on your own trace, driven by your own answers")
@@ -156,7 +182,7 @@ def weak_hash_collisions(t: Trial) -> None:
         max_seqs=6,
         budget=24,
         per_step=2,
-        case="colliding hashes, 60 requests over 24 blocks",
+        case=tr("colliding hashes, {requests} requests over {blocks} blocks", requests=60, blocks=24),
         weak_hash=True,
     )
     # and driven by your own answers: a block table never holds a hashed block with other tokens
@@ -179,16 +205,16 @@ def own_trace_invariants(t: Trial, requests: list, *, weak_hash: bool = False) -
     def do(op: list):
         records = runner.run([op])
         if not isinstance(records, list) or len(records) != 1 or not isinstance(records[0], dict):
-            raise CheckFailed(f"ScriptRunner.run should return one record per operation; yours: {describe(records)}")
+            raise CheckFailed(tr("ScriptRunner.run should return one record per operation; yours: {what}", what=describe(records)))
         ops.append(op)
         trace.append(records[0])
         if "error" in records[0]:
             raise Stop
         value = records[0]["value"]
         if op[0] == "can_allocate" and not (type(value) is int and value >= -1):
-            raise CheckFailed(f"can_allocate({op[1]}) should return an int ≥ −1; yours: {describe(value)}")
+            raise CheckFailed(tr("can_allocate({name}) should return an int ≥ −1; yours: {what}", name=op[1], what=describe(value)))
         if op[0] == "can_append" and type(value) is not bool:
-            raise CheckFailed(f"can_append({op[1]}) should return a bool; yours: {describe(value)}")
+            raise CheckFailed(tr("can_append({name}) should return a bool; yours: {what}", name=op[1], what=describe(value)))
         return value
 
     try:
@@ -228,16 +254,18 @@ def own_trace_invariants(t: Trial, requests: list, *, weak_hash: bool = False) -
         return None
 
     for i, (before, s) in enumerate(states(ops, trace, num_blocks)):
+        step = describe_op(ops[i], before, bs)
         head = (
-            f"invariants on your own trace{' (hashing with colliding_hash)' * weak_hash}, step {i + 1}: {describe_op(ops[i], before, bs)}"
+            tr("invariants on your own trace (hashing with colliding_hash), step {k}: {step}", k=i + 1, step=step)
+            if weak_hash
+            else tr("invariants on your own trace, step {k}: {step}", k=i + 1, step=step)
         )
         if "error" in s:
-            raise CheckFailed(head, f"your code raised {s['error']}").named_by(named())
+            raise CheckFailed(head, tr("your code raised {error}", error=s["error"])).named_by(named())
         problem = broken_invariant(s, everything, ops[i][1], bs)
         if problem:
-            raise CheckFailed(head, problem, hint=M.hash_only if problem.startswith(OTHER_TOKENS) else "").named_by(
-                None if problem.startswith(OTHER_TOKENS) else named()
-            )
+            other = problem.startswith(tr(OTHER_TOKENS))
+            raise CheckFailed(head, problem, hint=M.hash_only if other else "").named_by(None if other else named())
 
 
 def random_table(t: Trial, num_blocks: int, pool: int) -> list[int]:
@@ -398,16 +426,22 @@ class Stop(Exception):
     """The manager raised: the scheduler stops and the trace so far is judged."""
 
 
-OTHER_TOKENS = "a block holding other tokens was handed out"
+OTHER_TOKENS = mark("a block holding other tokens was handed out")
+"""The start of the invariant a colliding hash breaks (translated with `tr` where it is used)."""
 
 
 def broken_invariant(s: dict, everything: set[int], name: str, block_size: int) -> str | None:
     """The first invariant this state breaks (they hold whatever the allocation order), or None."""
     free, used = s["free"], s["used"]
     if len(set(free)) != len(free):
-        return f"the free list {free} holds a block twice"
+        return tr("the free list {free} holds a block twice", free=free)
     if set(free) & set(used) or set(free) | set(used) != everything:
-        return f"free + used should be every block exactly once: free {sorted(free)}, used {sorted(used)}, {len(everything)} blocks"
+        return tr(
+            "free + used should be every block exactly once: free {free}, used {used}, {n} blocks",
+            free=sorted(free),
+            used=sorted(used),
+            n=len(everything),
+        )
     count = [0] * len(everything)
     for table in s["tables"].values():
         for b in table:
@@ -415,23 +449,41 @@ def broken_invariant(s: dict, everything: set[int], name: str, block_size: int) 
     for b, (r, c) in enumerate(zip(s["ref"], count)):
         if r != c:
             held = [n for n, tb in s["tables"].items() if b in tb]
-            return f"block {b} has ref_count {r}, but {c} block table{'s' * (c != 1)} hold it {held or ''}".rstrip()
+            if not held:
+                return tr("block {b} has ref_count {r}, but no block table holds it", b=b, r=r)
+            if c == 1:
+                return tr("block {b} has ref_count {r}, but 1 block table holds it {held}", b=b, r=r, held=held)
+            return tr("block {b} has ref_count {r}, but {c} block tables hold it {held}", b=b, r=r, c=c, held=held)
         if (r > 0) != (b in used):
-            return f"block {b} has ref_count {r} but is {'not ' * (r > 0)}in used_block_ids"
+            return (
+                tr("block {b} has ref_count {r} but is not in used_block_ids", b=b, r=r)
+                if r > 0
+                else tr("block {b} has ref_count {r} but is in used_block_ids", b=b, r=r)
+            )
     for h, b in s["map"].items():
         if s["hash"][b] != h:
-            return (
-                f"hash_to_block_id maps {hx(h)} to block {b}, whose hash is {hx(s['hash'][b])}: every entry must "
-                "point at a block carrying that hash (evict an entry when its block is reused)"
+            return tr(
+                "hash_to_block_id maps {hash} to block {b}, whose hash is {other}: every entry must point at a block "
+                "carrying that hash (evict an entry when its block is reused)",
+                hash=hx(h),
+                b=b,
+                other=hx(s["hash"][b]),
             )
     for n, table in s["tables"].items():
         for i, b in enumerate(table):
             mine = s["seqs"][n][i * block_size : (i + 1) * block_size]
             if s["hash"][b] != -1 and s["tokens"][b] != mine:
-                return (
-                    f"{OTHER_TOKENS}: block {b} is {n}'s logical block {i}, whose tokens are {mine}, but it "
-                    f"holds {s['tokens'][b]} (hashed with them, {hx(s['hash'][b])})"
+                return tr(
+                    "{other_tokens}: block {b} is {name}'s logical block {i}, whose tokens are {mine}, but it holds {held} "
+                    "(hashed with them, {hash})",
+                    other_tokens=tr(OTHER_TOKENS),
+                    b=b,
+                    name=n,
+                    i=i,
+                    mine=mine,
+                    held=s["tokens"][b],
+                    hash=hx(s["hash"][b]),
                 )
     if s["cached"].get(name, 0) > len(s["seqs"][name]):
-        return f"{name}.num_cached_tokens = {s['cached'][name]} exceeds its {len(s['seqs'][name])} tokens"
+        return tr("{name}.num_cached_tokens = {cached} exceeds its {n} tokens", name=name, cached=s["cached"][name], n=len(s["seqs"][name]))
     return None

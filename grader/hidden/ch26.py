@@ -21,6 +21,7 @@ from grader.checks.ch26 import (
     stale,
     static_buffers,
 )
+from grader.i18n import tr
 
 # -- ch26.1 pack_varlen / unpack_varlen -------------------------------------------------------------------
 
@@ -32,31 +33,35 @@ def random_round_trips(t: Trial) -> None:
         dtype = torch.bfloat16 if i % 3 == 2 else torch.float32
         lengths = random_lengths(t, B, T_max)
         padded = torch.randn(B, T_max, H, generator=t.rng).to(dtype)
-        case = f"random batch {i + 1}: B {B}, T_max {T_max}, H {H}, {str(dtype).removeprefix('torch.')}"
+        case = tr("random batch {k}", k=i + 1) + f": B {B}, T_max {T_max}, H {H}, {str(dtype).removeprefix('torch.')}"
         packed, cu = run_pack_case(t, padded, lengths, case, as_tensor=i % 2 == 1)
         back = run_unpack_case(t, packed, cu.tolist(), T_max, case)
         keep = torch.arange(T_max)[None, :, None] < torch.tensor(lengths)[:, None, None]
         idx = first_wrong(back, padded * keep)
         if idx is not None:
             raise CheckFailed(
-                f"{case}: unpack_varlen(pack_varlen(padded, lengths)) should give padded back with "
-                f"zeros at padding; position {list(idx)} differs"
+                tr(
+                    "{case}: unpack_varlen(pack_varlen(padded, lengths)) should give padded back with zeros at padding; "
+                    "position {idx} differs",
+                    case=case,
+                    idx=list(idx),
+                )
             )
 
 
 @hidden("ch26.1", "zero-length requests, and a batch of only empty requests")
 def zero_lengths(t: Trial) -> None:
     padded = torch.randn(4, 3, 2, generator=t.rng)
-    run_pack_case(t, padded, [0, 3, 0, 1], "lengths [0, 3, 0, 1]")
-    run_pack_case(t, padded, [0, 0, 0, 0], "lengths [0, 0, 0, 0]")
-    run_unpack_case(t, torch.zeros(0, 2), [0, 0, 0], 3, "two empty requests")
-    run_unpack_case(t, torch.randn(2, 2, generator=t.rng), [0, 0, 2, 2], 2, "empty requests around one of 2")
+    run_pack_case(t, padded, [0, 3, 0, 1], tr("lengths {lengths}", lengths=[0, 3, 0, 1]))
+    run_pack_case(t, padded, [0, 0, 0, 0], tr("lengths {lengths}", lengths=[0, 0, 0, 0]))
+    run_unpack_case(t, torch.zeros(0, 2), [0, 0, 0], 3, tr("two empty requests"))
+    run_unpack_case(t, torch.randn(2, 2, generator=t.rng), [0, 0, 2, 2], 2, tr("empty requests around one of {n}", n=2))
 
 
 @hidden("ch26.1", "cu_seqlens is int32 even when the lengths come as an int64 tensor")
 def int32_from_int64(t: Trial) -> None:
     padded = torch.randn(3, 5, 4, generator=t.rng)
-    run_pack_case(t, padded, [5, 2, 4], "lengths as an int64 tensor", as_tensor=True)
+    run_pack_case(t, padded, [5, 2, 4], tr("lengths as an int64 tensor"), as_tensor=True)
 
 
 @hidden("ch26.1", "unpack works from the packed rows of a real prefill (long requests)")
@@ -65,7 +70,7 @@ def long_requests(t: Trial) -> None:
     packed = torch.randn(sum(lengths), H, generator=t.rng)
     cu = [0] + torch.tensor(lengths).cumsum(0).tolist()
     got = t.yours.unpack_varlen(packed, torch.tensor(cu, dtype=torch.int32), 512)
-    explain_unpacked(got, packed, cu, 512, "lengths [300, 88, 1, 512], T_max 512")
+    explain_unpacked(got, packed, cu, 512, tr("lengths {lengths}", lengths=lengths) + ", T_max 512")
 
 
 # -- ch26.2 varlen_metadata -----------------------------------------------------------------------------
@@ -74,7 +79,7 @@ def long_requests(t: Trial) -> None:
 @hidden("ch26.2", "nano-vllm's worked example: A 300 new; B 512 cached + 88 new")
 def nano_vllm_example(t: Trial) -> None:
     # reference/nanovllm.md §12: cu_seqlens_q [0, 300, 388], cu_seqlens_k [0, 300, 900], max 300 / 600.
-    run_metadata_case(t, [300, 88], [0, 512], "nano-vllm's worked prefill")
+    run_metadata_case(t, [300, 88], [0, 512], tr("nano-vllm's worked prefill"))
 
 
 @hidden("ch26.2", "random batches with prefix hits and continuing chunks")
@@ -83,14 +88,14 @@ def random_metadata(t: Trial) -> None:
         B = t.random.randint(1, 8)
         query = [t.random.randint(1, 600) for _ in range(B)]
         cached = [t.random.choice([0, 0, 256 * t.random.randint(1, 4), t.random.randint(1, 2000)]) for _ in range(B)]
-        run_metadata_case(t, query, cached, f"random batch {i + 1}")
+        run_metadata_case(t, query, cached, tr("random batch {k}", k=i + 1))
 
 
 @hidden("ch26.2", "edge cases: one sequence, zero new tokens, nothing cached")
 def metadata_edges(t: Trial) -> None:
-    run_metadata_case(t, [1], [0], "one token, nothing cached")
-    run_metadata_case(t, [7, 0, 2], [3, 256, 0], "a sequence with 0 new tokens (nano-vllm issue #144)")
-    run_metadata_case(t, [512], [0], "one full prompt")
+    run_metadata_case(t, [1], [0], tr("one token, nothing cached"))
+    run_metadata_case(t, [7, 0, 2], [3, 256, 0], tr("a sequence with 0 new tokens (nano-vllm issue #144)"))
+    run_metadata_case(t, [512], [0], tr("one full prompt"))
 
 
 # -- ch26.3 graph_batch_size / pad_decode_batch -----------------------------------------------------------
@@ -118,9 +123,13 @@ def no_graph_for_large_batches(t: Trial) -> None:
     explain_graph_size(t.yours.graph_batch_size(16, sizes), 16, sizes)
     for bs in (17, 20):
         t.expect_raises(
-            ValueError, t.yours.graph_batch_size, bs, sizes, because=f"no captured size holds {bs} sequences (the largest is 16)"
+            ValueError,
+            t.yours.graph_batch_size,
+            bs,
+            sizes,
+            because=tr("no captured size holds {bs} sequences (the largest is {largest})", bs=bs, largest=16),
         )
-    t.expect_raises(ValueError, t.yours.graph_batch_size, 1, [], because="nothing was captured")
+    t.expect_raises(ValueError, t.yours.graph_batch_size, 1, [], because=tr("nothing was captured"))
 
 
 @hidden("ch26.3", "random decode batches padded to their graph")
@@ -132,14 +141,14 @@ def random_padding(t: Trial) -> None:
         pool = torch.randperm(400, generator=t.rng).tolist()
         tables = [[pool.pop() for _ in range(-(-c // block_size))] for c in ctx]
         slots = [tab[(c - 1) // block_size] * block_size + (c - 1) % block_size for c, tab in zip(ctx, tables)]
-        run_pad_case(t, slots, ctx, tables, graph_bs, f"random batch {i + 1}", block_size)
+        run_pad_case(t, slots, ctx, tables, graph_bs, tr("random batch {k}", k=i + 1), block_size)
 
 
 @hidden("ch26.3", "inputs as int32 tensors, as nano-vllm holds them")
 def tensor_inputs(t: Trial) -> None:
     slots, ctx, tables = [10, 18, 12], [7, 3, 9], [[7, 2], [4], [1, 6, 3]]
     got = t.yours.pad_decode_batch(torch.tensor(slots, dtype=torch.int32), torch.tensor(ctx, dtype=torch.int32), tables, 4)
-    explain_padded(got, slots, ctx, tables, 4, "int32 tensor inputs", 4)
+    explain_padded(got, slots, ctx, tables, 4, tr("int32 tensor inputs"), 4)
 
 
 # -- ch26.4 fill_static_buffers ---------------------------------------------------------------------------
@@ -152,7 +161,7 @@ def static_loop(t: Trial) -> None:
     for step, bs in enumerate([16, 9, 12, 3, 1, 7, 16, 2]):
         batch = random_decode_batch(t, bs, max_blocks, block_size)
         buffers = static_buffers(max_bs, max_blocks, state)
-        run_static_case(t, buffers, batch, f"decode step {step + 1} of a loop: {bs} sequences")
+        run_static_case(t, buffers, batch, tr("decode step {k} of a loop: {bs} sequences", k=step + 1, bs=bs))
         state = t.ref.drive(filled_buffers, buffers, batch)
 
 
@@ -163,7 +172,7 @@ def static_nano_sizes(t: Trial) -> None:
     for bs in (512, 37, 1):
         batch = random_decode_batch(t, bs, max_blocks, block_size)
         buffers = static_buffers(max_bs, max_blocks, state)
-        run_static_case(t, buffers, batch, f"a batch of {bs} after a larger one")
+        run_static_case(t, buffers, batch, tr("a batch of {bs} after a larger one", bs=bs))
         state = t.ref.drive(filled_buffers, buffers, batch)
 
 
@@ -173,7 +182,7 @@ def static_dtypes(t: Trial) -> None:
         k: v.to(torch.int64 if v.dtype == torch.int32 else torch.int32)
         for k, v in decode_batch([(9, [7, 2, 11], 412), (4, [4], 77), (2, [5], 8)]).items()
     }
-    run_static_case(t, static_buffers(4, 3, stale(t, 4, 3)), batch, "int64 slots, lengths and tables; int32 ids")
+    run_static_case(t, static_buffers(4, 3, stale(t, 4, 3)), batch, tr("int64 slots, lengths and tables; int32 ids"))
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------

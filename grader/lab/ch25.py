@@ -8,6 +8,7 @@ import torch
 
 from grader.authoring import CheckFailed, Trial, expect_tensor, wrong_mask
 from grader.checks.ch25 import expect_cache, expect_slots, token_keys
+from grader.i18n import mark, tr
 from grader.lab import Int, Numbers, ask, expected_or_own, experiment
 
 MAX_POOL_SLOTS = 16
@@ -17,14 +18,26 @@ def _constraints(p: dict) -> dict[str, str]:
     T, bs, table, nb = p["T"], p["block_size"], p["block_table"], p["num_blocks"]
     need = -(-T // bs)
     if len(table) < need:
-        return {"block_table": f"T = {T} tokens in blocks of {bs} need {need} blocks; the table lists {len(table)}"}
+        return {
+            "block_table": tr(
+                "T = {T} tokens in blocks of {bs} need {need} blocks; the table lists {n}", T=T, bs=bs, need=need, n=len(table)
+            )
+        }
     if any(b >= nb for b in table):
-        return {"block_table": f"block {max(table)} is not in a pool of {nb} blocks (0 … {nb - 1})"}
+        return {"block_table": tr("block {b} is not in a pool of {nb} blocks (0 … {last})", b=max(table), nb=nb, last=nb - 1)}
     if len(set(table)) < len(table):
         twice = next(b for b in table if table.count(b) > 1)
-        return {"block_table": f"physical block {twice} appears twice: one block holds one logical block"}
+        return {"block_table": tr("physical block {b} appears twice: one block holds one logical block", b=twice)}
     if nb * bs > MAX_POOL_SLOTS:
-        return {"num_blocks": f"a pool of {nb} × {bs} = {nb * bs} slots is too wide to draw (at most {MAX_POOL_SLOTS} slots)"}
+        return {
+            "num_blocks": tr(
+                "a pool of {nb} × {bs} = {slots} slots is too wide to draw (at most {most} slots)",
+                nb=nb,
+                bs=bs,
+                slots=nb * bs,
+                most=MAX_POOL_SLOTS,
+            )
+        }
     return {}
 
 
@@ -43,17 +56,19 @@ def _captions(p: dict) -> dict[str, tuple[str, ...]]:
 
 @experiment(
     "paged-kv",
-    title="分页 KV · slot mapping and the pool",
-    about="Change T, the block size and the block table: every token's logical block, offset, physical "
-    "block and slot are recomputed by your slot_mapping, and your store_kv writes each token's K "
-    "into its slot of the pool.",
+    title=mark("Paged KV: slot mapping and the pool"),
+    about=mark(
+        "Change T, the block size and the block table: every token's logical block, offset, physical "
+        "block and slot are recomputed by your slot_mapping, and your store_kv writes each token's K "
+        "into its slot of the pool."
+    ),
     figures=("ch25-dim-slot-mapping",),
     calls=("slot_mapping", "store_kv"),
     params=[
-        Int("T", "T (tokens)", 5, 1, 10),
+        Int("T", mark("T (tokens)"), 5, 1, 10),
         Int("block_size", "block_size", 2, 1, 4),
         Numbers("block_table", "block_table", [3, 0, 4], 1, 8, 0, 7),
-        Int("num_blocks", "blocks in the pool", 5, 1, 8),
+        Int("num_blocks", mark("blocks in the pool"), 5, 1, 8),
     ],
     constraints=_constraints,
     captions=_captions,
@@ -63,7 +78,7 @@ def paged_kv(t: Trial, p: dict) -> None:
     positions = list(range(T))
     got = t.yours.slot_mapping(list(table), positions, bs)
     want = ask(t, lambda ref: ref.slot_mapping(list(table), positions, bs))
-    slots = expect_tensor(got, what=f"the slots of {T} tokens", shape=[T], dtype=torch.int64)
+    slots = expect_tensor(got, what=tr("the slots of {n} tokens", n=T), shape=[T], dtype=torch.int64)
     keys = token_keys(T)
     expected = expected_or_own(want, slots)
     t.figure(
@@ -84,7 +99,15 @@ def paged_kv(t: Trial, p: dict) -> None:
         explain_slot_rules(slots.tolist(), table, positions, bs)
     written = (want if want is not None else slots).tolist()
     if any(not 0 <= s < nb * bs for s in written):
-        raise CheckFailed(f"your slots {written} point outside the pool of {nb} × {bs} = {nb * bs} slots: store_kv is not called")
+        raise CheckFailed(
+            tr(
+                "your slots {slots} point outside the pool of {nb} × {bs} = {n} slots: store_kv is not called",
+                slots=written,
+                nb=nb,
+                bs=bs,
+                n=nb * bs,
+            )
+        )
     shape = (nb, bs, 1, 2)
     call = t.yours.store_kv.run(torch.zeros(shape), torch.zeros(shape), keys, -keys, written, mutates=("k_cache", "v_cache"))
     pool = expect_tensor(call.args[0], what="k_cache", shape=list(shape), dtype=torch.float32)
@@ -104,7 +127,7 @@ def paged_kv(t: Trial, p: dict) -> None:
         checked=want is not None and want_kv is not None,
     )
     if call.value is not None:
-        raise CheckFailed("store_kv writes the caches in place and returns None; yours returned a value")
+        raise CheckFailed(tr("store_kv writes the caches in place and returns None; yours returned a value"))
     if want_kv is not None:
         expect_cache(pool, call.args[1], want_kv[0], want_kv[1], written, bs)
     else:
@@ -119,10 +142,17 @@ def explain_slot_rules(slots: list[int], table: list[int], positions: list[int],
         if divmod(s, block_size) != (table[logical], offset):
             block, off = divmod(s, block_size)
             raise CheckFailed(
-                f"inputs: block_size={block_size}, block_table={table}, positions={positions}",
-                f"token {i} is at position {p} → logical block {logical}, offset {offset}; block_table[{logical}] = "
-                f"{table[logical]}, so its slot lies in physical block {table[logical]} at offset {offset}",
-                f"yours: {s} = {block}·{block_size} + {off}, which is block {block}, offset {off}",
+                tr("inputs: block_size={bs}, block_table={table}, positions={positions}", bs=block_size, table=table, positions=positions),
+                tr(
+                    "token {i} is at position {p} → logical block {logical}, offset {offset}; block_table[{logical}] = {phys}, "
+                    "so its slot lies in physical block {phys} at offset {offset}",
+                    i=i,
+                    p=p,
+                    logical=logical,
+                    offset=offset,
+                    phys=table[logical],
+                ),
+                tr("yours: {s} = {block}·{bs} + {off}, which is block {block}, offset {off}", s=s, block=block, bs=block_size, off=off),
             )
 
 
@@ -135,11 +165,25 @@ def explain_pool_rules(k_pool: torch.Tensor, v_pool: Any, keys: torch.Tensor, sl
         for i, s in enumerate(slots):
             if not torch.equal(flat[s], sign * keys[i]):
                 raise CheckFailed(
-                    f"slots={slots}: {name} slot {s} should hold token {i}'s {name[0].upper()}; yours holds {flat[s].tolist()}"
+                    tr(
+                        "slots={slots}: {name} slot {s} should hold token {i}'s {kv}; yours holds {got}",
+                        slots=slots,
+                        name=name,
+                        s=s,
+                        i=i,
+                        kv=name[0].upper(),
+                        got=flat[s].tolist(),
+                    )
                 )
         others = [s for s in range(flat.shape[0]) if s not in slots and bool(flat[s].any())]
         if others:
             s = others[0]
             raise CheckFailed(
-                f"slots={slots}: {name} slot {s} is not the slot of any token, so it must stay 0; yours holds {flat[s].tolist()}"
+                tr(
+                    "slots={slots}: {name} slot {s} is not the slot of any token, so it must stay 0; yours holds {got}",
+                    slots=slots,
+                    name=name,
+                    s=s,
+                    got=flat[s].tolist(),
+                )
             )

@@ -15,6 +15,7 @@ from grader.checks.ch26 import (
     metadata_wrong,
     padded_batch,
 )
+from grader.i18n import mark, tr
 from grader.lab import Int, Numbers, ask, expected_or_own, experiment
 
 MAX_KEYS = 24  # ch26-flatten draws one cell per key, all sequences in one row
@@ -23,9 +24,11 @@ MAX_KEYS = 24  # ch26-flatten draws one cell per key, all sequences in one row
 def _constraints(p: dict) -> dict[str, str]:
     query, cached = p["query_lens"], p["cached_lens"]
     if len(cached) != len(query):
-        return {"cached_lens": f"one prefix hit per request: {len(query)} numbers, as many as query_lens"}
+        return {"cached_lens": tr("one prefix hit per request: {n} numbers, as many as query_lens", n=len(query))}
     if sum(query) + sum(cached) > MAX_KEYS:
-        return {"cached_lens": f"{sum(query) + sum(cached)} keys in all are too many to draw in one row (at most {MAX_KEYS})"}
+        return {
+            "cached_lens": tr("{n} keys in all are too many to draw in one row (at most {most})", n=sum(query) + sum(cached), most=MAX_KEYS)
+        }
     return {}
 
 
@@ -65,27 +68,29 @@ def _captions(p: dict) -> dict[str, tuple[str, ...]]:
 
 @experiment(
     "varlen",
-    title="变长打包 · varlen packing and cu_seqlens",
-    about="Edit the requests' lengths (their new tokens) and their prefix hits (tokens already cached): "
-    "your pack_varlen and unpack_varlen move the rows, your varlen_metadata gives cu_seqlens_q and "
-    "cu_seqlens_k.",
+    title=mark("Varlen packing and cu_seqlens"),
+    about=mark(
+        "Edit the requests' lengths (their new tokens) and their prefix hits (tokens already cached): "
+        "your pack_varlen and unpack_varlen move the rows, your varlen_metadata gives cu_seqlens_q and "
+        "cu_seqlens_k."
+    ),
     figures=("ch26-dim-varlen-pack", "ch26-flatten"),
     calls=("pack_varlen", "unpack_varlen", "varlen_metadata"),
     params=[
-        Numbers("query_lens", "query_lens (new tokens)", [3, 2], 1, 4, 1, 6),
-        Numbers("cached_lens", "cached_lens (prefix hits)", [0, 4], 1, 4, 0, 12),
-        Int("H", "H (channels)", 4, 1, 4),
+        Numbers("query_lens", mark("query_lens (new tokens)"), [3, 2], 1, 4, 1, 6),
+        Numbers("cached_lens", mark("cached_lens (prefix hits)"), [0, 4], 1, 4, 0, 12),
+        Int("H", mark("H (channels)"), 4, 1, 4),
     ],
     constraints=_constraints,
     captions=_captions,
 )
 def varlen(t: Trial, p: dict) -> None:
     query, cached, H = p["query_lens"], p["cached_lens"], p["H"]
-    T, N, case = max(query), sum(query), "your instance"
+    T, N, case = max(query), sum(query), tr("your instance")
     padded = padded_batch(query, T, H)
     got = t.yours.pack_varlen(padded, list(query))
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
-        raise CheckFailed(f"pack_varlen returns a pair (packed, cu_seqlens); yours: {describe(got)}")
+        raise CheckFailed(tr("pack_varlen returns a pair (packed, cu_seqlens); yours: {what}", what=describe(got)))
     packed, cu = got
     want = ask(t, lambda ref: ref.pack_varlen(padded, query)) or (None, None)
     if (
@@ -117,7 +122,7 @@ def varlen(t: Trial, p: dict) -> None:
         wrong_pack = e
     if wrong_pack is None:  # unpack the (correct) packed batch back
         unpacked = t.yours.unpack_varlen(packed, cu, T)
-        out = expect_tensor(unpacked, what="the unpacked batch", shape=list(padded.shape), dtype=padded.dtype)
+        out = expect_tensor(unpacked, what=tr("the unpacked batch"), shape=list(padded.shape), dtype=padded.dtype)
         t.figure("ch26-dim-varlen-pack", unpacked=out, unpacked_expected=padded, unpacked_wrong=wrong_mask(out, padded))
     meta = expect_metadata(t.yours.varlen_metadata(list(query), list(cached)))
     parts = {k: meta[k] for k in META_KEYS}
