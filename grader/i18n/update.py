@@ -138,6 +138,7 @@ def update(domains: list[str] | None = None, langs: tuple[str, ...] = TRANSLATED
             if path.exists():
                 with path.open("rb") as f:
                     catalog = read_po(f, locale=lang, domain=domain)
+                template.creation_date = catalog.creation_date  # an unchanged catalog stays byte for byte the same
                 catalog.update(template, update_header_comment=False)
             else:
                 catalog = Catalog(locale=lang, domain=domain, project="course")
