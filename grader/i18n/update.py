@@ -40,9 +40,9 @@ TRANSLATED = ("zh",)
 Message = tuple[str | None, str]  # (context, English)
 
 
-DOMAINS = {"grader/delivery": "documents", "grader/lab": "lab"}
+DOMAINS = {"grader/delivery": "documents", "grader/lab": "lab", "figures": "figures", "engine": "engine"}
 """Folders whose files (other than a chapter's) have a domain of their own: the documents a release, a grading
-run or the figure book writes, and the lab's page and runner."""
+run or the figure book writes, the lab's page and runner, the figures' shared parts, the engine."""
 OWN_DOMAIN = {"grader/delivery/doctor.py": "course"}
 
 
