@@ -407,21 +407,17 @@ def lowered_structure(got: Any, case: str) -> tuple[np.ndarray, np.ndarray, np.n
         raise CheckFailed(tr("{case}: expected (record, input_ids, positions); yours: {got}", case=case, got=describe(got)))
     rec, ids, pos = got
     if not isinstance(rec, np.ndarray) or rec.dtype.names is None or rec.shape != (1,):
-        raise CheckFailed(
-            tr(
-                "{case}: expected the record as a numpy structured array of shape [1]; yours: {got}",
-                case=case,
-                got=f"ndarray {rec.dtype} {list(rec.shape)}" if isinstance(rec, np.ndarray) else describe(rec),
-            )
-        )
+        yours = f"ndarray {rec.dtype} {list(rec.shape)}" if isinstance(rec, np.ndarray) else describe(rec)
+        raise CheckFailed(tr("{case}: expected the record as a numpy structured array of shape [1]; yours: {got}", case=case, got=yours))
     for what, arr in (("input_ids", ids), ("positions", pos)):
         if not isinstance(arr, np.ndarray) or arr.dtype != np.int32 or arr.ndim != 1:
+            yours = f"ndarray {arr.dtype} {list(arr.shape)}" if isinstance(arr, np.ndarray) else describe(arr)
             raise CheckFailed(
                 tr(
                     "{case}: expected {what} as a 1-D int32 numpy array (the core reads int32); yours: {got}",
                     case=case,
                     what=what,
-                    got=f"ndarray {arr.dtype} {list(arr.shape)}" if isinstance(arr, np.ndarray) else describe(arr),
+                    got=yours,
                 )
             )
     return rec, ids, pos
