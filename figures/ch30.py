@@ -7,6 +7,8 @@ from figures import figure
 from figures.kit import Figure, num, text_width
 from figures.layout import Part, centred, column, narrow, pad, row, space
 from figures.style import INK, LABEL, LABEL_SMALL, MARGIN, MUTED, SMALL, VALUE
+from grader.checks.ch30 import feature_verdict
+from grader.i18n import tr, tr_in
 
 LENGTHS = {"prompt_len", "num_tokens", "num_computed_tokens", "num_new_tokens"}
 C_TYPES = {"<i8": "int64", "<i4": "int32", "|b1": "bool", "<f4": "float32"}
@@ -40,7 +42,7 @@ def request_path_figure(f: Figure, r: dict) -> None:
     )
 
     # 1. The request as Python holds it.
-    f.heading("① Python 前端 · the request as the front end holds it (request A)")
+    f.heading(tr("① the Python front end: the request as it holds it (request A)"))
     sp = req["sampling_params"]
     code = f.table(
         [
@@ -56,22 +58,29 @@ def request_path_figure(f: Figure, r: dict) -> None:
     )
     f.place(f.framed(column(f.label("dict · lists · None · str"), code, gap=4), w=f.width - 2 * MARGIN), after=12)
     f.note(
-        "lower_request keeps what the core needs and encodes what C cannot hold: top_k −1 → 0 (off), "
-        "seed None → −1; the prompt text stays in Python.",
+        tr(
+            "lower_request keeps what the core needs and encodes what C cannot hold: top_k −1 → 0 (off), "
+            "seed None → −1; the prompt text stays in Python."
+        ),
         size=LABEL_SMALL,
     )
     f.arrow(f.width / 2, f.y - 6, f.width / 2, f.y + 20, color=INK)
-    f.text(f.width / 2 + 10, f.y + 12, "pybind11 / ctypes: one buffer, no Python objects", size=LABEL_SMALL, color=MUTED, cls="label")
+    f.text(f.width / 2 + 10, f.y + 12, tr("pybind11 / ctypes: one buffer, no Python objects"), size=LABEL_SMALL, color=MUTED, cls="label")
     f.y += 40
 
     # 2. The record's bytes, 8 per row, beside the struct C declares.
-    f.heading(f"② 记录的字节 · your record: {r['itemsize']} bytes (the C struct: {r['itemsize_expected']}), 8 bytes per row")
+    f.heading(
+        tr("② the record's bytes: yours is {n} bytes (the C struct: {want}), 8 bytes per row", n=r["itemsize"], want=r["itemsize_expected"])
+    )
     mine = {entry[0]: entry for entry in layout}
     slots: dict[int, Part] = {}  # first byte → the field (or padding byte) there
     for name, tstr, off, size in layout_want:
         got = mine.get(name)
         if got is None or got[1] != tstr or got[2] != off:  # your field is elsewhere: where, against where
-            cell, expected = ("missing" if got is None else f"@{got[2]} {C_TYPES.get(got[1], got[1])}", f"@{off} {C_TYPES.get(tstr, tstr)}")
+            cell, expected = (
+                tr("missing") if got is None else f"@{got[2]} {C_TYPES.get(got[1], got[1])}",
+                f"@{off} {C_TYPES.get(tstr, tstr)}",
+            )
         else:
             cell, expected = _value(rec.get(name)), _value(want[name])
         label = f.label(f"{name} · {C_TYPES.get(tstr, tstr)}", size=SMALL, color=INK)
@@ -87,7 +96,7 @@ def request_path_figure(f: Figure, r: dict) -> None:
     gutter = 62
 
     def byte_row(i: int) -> Part:
-        name = f.label(f"byte {8 * i}", size=SMALL + 0.5, mono=True)
+        name = f.label(tr("byte {n}", n=8 * i), size=SMALL + 0.5, mono=True)
         return row(
             pad(name, left=gutter - name.w, bottom=(FIELD_H - name.h) / 2),
             row(*(slots[b] for b in sorted(slots) if b // 8 == i), gap=4, align="bottom"),
@@ -111,7 +120,7 @@ def request_path_figure(f: Figure, r: dict) -> None:
         f.label("};", size=SMALL + 0.5, mono=True, color=INK, cls="value"),
         pad(
             f.text_block(
-                "np.dtype(fields, align=True) and ctypes.Structure compute these same offsets.",
+                tr("np.dtype(fields, align=True) and ctypes.Structure compute these same offsets."),
                 width=f.width - 2 * MARGIN - offsets.w - 22,
                 size=SMALL + 0.5,
             ),
@@ -121,14 +130,16 @@ def request_path_figure(f: Figure, r: dict) -> None:
     )
     f.place(row(column(offsets, *(byte_row(i) for i in range(rows)), gap=6), struct, gap=22), after=24)
     f.note(
-        "A field of s bytes starts at a multiple of s: is_prompt (1 byte at 24) leaves 3 padding bytes before "
-        "max_tokens at 28, top_k ends at 44 so seed waits for 48; the size, 56, is a multiple of 8.",
+        tr(
+            "A field of s bytes starts at a multiple of s: is_prompt (1 byte at 24) leaves 3 padding bytes before "
+            "max_tokens at 28, top_k ends at 44 so seed waits for 48; the size, 56, is a multiple of 8."
+        ),
         size=LABEL_SMALL,
     )
     f.y += 8
 
     # 3. The flat arrays: the student's against the expected, cell by cell.
-    f.heading("③ 扁平数组 · the int32 arrays of the step: the tokens without KV and their positions")
+    f.heading(tr("③ flat arrays: the int32 arrays of the step, the tokens without KV and their positions"))
     arrays = [(r["input_ids"], r["input_ids_expected"]), (r["positions"], r["positions_expected"])]
     n = max(max(len(a), len(b)) for a, b in arrays) or 1
     filled = lambda xs: list(xs) + ["—"] * (n - len(xs))
@@ -150,7 +161,7 @@ def request_path_figure(f: Figure, r: dict) -> None:
     )
 
     # 4. The core's phase selection.
-    f.heading("④ C++ 核心 · select_phase: the records of three requests, two batches")
+    f.heading(tr("④ the C++ core: select_phase on the records of three requests, two batches"))
     cols = ["request_id", "prompt_len", "num_tokens", "num_computed_tokens", "num_new_tokens", "is_prompt"]
     batch = f.matrix(
         [[_value(vals[c]) for c in cols] for vals in r["batch"].values()],
@@ -162,7 +173,7 @@ def request_path_figure(f: Figure, r: dict) -> None:
         gap=6,
         fmt=str,
     )
-    phases = r.get("phases") or ["(select_phase raised)"] * len(r["batches"])
+    phases = r.get("phases") or [tr("(select_phase raised)")] * len(r["batches"])
     room = f.width - 2 * MARGIN - 40 - batch.w - 14
     calls = column(
         *(
@@ -177,16 +188,18 @@ def request_path_figure(f: Figure, r: dict) -> None:
     )
     f.place(pad(row(batch, calls, gap=14), left=40, top=4), after=20)
     f.note(
-        "A still has 5 prompt tokens, so [A, B, C] runs a prompt step and B, C wait one step (prefill first, "
-        "as in vLLM v0 and nano-vllm); [B, C] has only newest output tokens left: a decode step.",
+        tr(
+            "A still has 5 prompt tokens, so [A, B, C] runs a prompt step and B, C wait one step (prefill first, "
+            "as in vLLM v0 and nano-vllm); [B, C] has only newest output tokens left: a decode step."
+        ),
         size=LABEL_SMALL,
     )
     f.legend(
         [
-            ("token", "lengths and the token arrays"),
-            ("accent", "phase"),
-            ("plain", "id and sampling parameters"),
-            ("masked", "padding bytes"),
+            ("token", tr("lengths and the token arrays")),
+            ("accent", tr("phase")),
+            ("plain", tr("id and sampling parameters")),
+            ("masked", tr("padding bytes")),
         ],
         wrong=wrong_any,
     )
@@ -218,7 +231,7 @@ def system_boundary_figure(f: Figure, r: dict) -> None:
     extra = [k for k in named if k not in seen]
     wrong_any = any(ok != req["ok"] for req, ok, _ in verdicts) or bool(extra)
 
-    f.heading(f"支持矩阵 · the support matrix of {matrix['release']} (its README at a pinned commit)")
+    f.heading(tr("the support matrix of {release} (its README at a pinned commit)", release=matrix["release"]))
     items = [
         ("architectures", ", ".join(matrix["architectures"])),
         ("dtypes", ", ".join(matrix["dtypes"])),
@@ -226,7 +239,10 @@ def system_boundary_figure(f: Figure, r: dict) -> None:
         ("head_dims", ", ".join(map(str, matrix["head_dims"]))),
         ("max_context", str(matrix["max_context"])),
         ("tensor_parallel_sizes", ", ".join(map(str, matrix["tensor_parallel_sizes"]))),
-        ("features", ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in matrix["features"].items())),
+        (
+            "features",
+            ", ".join(f"{k}: {tr_in('ch30.matrix', 'yes') if v else tr_in('ch30.matrix', 'no')}" for k, v in matrix["features"].items()),
+        ),
     ]
     f.place(
         pad(
@@ -239,12 +255,12 @@ def system_boundary_figure(f: Figure, r: dict) -> None:
     )
 
     # The boundary: supported rows inside the release, unsupported ones outside, as your list says.
-    f.heading("边界 · each requirement of the config, placed by your check_support")
+    f.heading(tr("the boundary: each requirement of the config, placed by your check_support"))
     inner_w = 420
     outer_w = f.width - 2 * MARGIN - inner_w - 24
     inside = f.framed(
         column(
-            f.label(f"inside {matrix['release']}: supported", size=LABEL, color=INK, bold=True),
+            f.label(tr("inside {release}: supported", release=matrix["release"]), size=LABEL, color=INK, bold=True),
             *([_chip(f, req, ok, inner_w - 24) for req, ok, _ in verdicts if ok] or [space(h=30)]),
             gap=8,
         ),
@@ -254,7 +270,7 @@ def system_boundary_figure(f: Figure, r: dict) -> None:
         rx=10,
     )
     outside = column(
-        f.label("outside: your reasons", size=LABEL, color=INK, bold=True),
+        f.label(tr("outside: your reasons"), size=LABEL, color=INK, bold=True),
         *(
             column(
                 _chip(f, req, ok, outer_w),
@@ -265,7 +281,14 @@ def system_boundary_figure(f: Figure, r: dict) -> None:
             if not ok
         ),
         *(
-            f.matrix([[f"{k}: not a requirement of this config"]], expected=[["(no entry)"]], wrong=[[True]], w=outer_w, h=30, fmt=str)
+            f.matrix(
+                [[tr("{key}: not a requirement of this config", key=k)]],
+                expected=[[tr("(no entry)")]],
+                wrong=[[True]],
+                w=outer_w,
+                h=30,
+                fmt=str,
+            )
             for k in extra
         ),
         gap=8,
@@ -273,15 +296,15 @@ def system_boundary_figure(f: Figure, r: dict) -> None:
     f.place(row(inside, pad(outside, top=10), gap=24), after=32)
 
     # Local KV cache versus a KV service.
-    f.heading("本地 KV 缓存 ≠ KV 服务 · a local prefix cache lives inside one engine; a KV service spans engines")
+    f.heading(tr("a local KV cache ≠ a KV service: a local prefix cache lives inside one engine; a KV service spans engines"))
     y = f.y + 6
     kv = {req["key"]: req for req in rows}
     w = 250
-    for i, name in enumerate(("engine instance 1", "engine instance 2")):
+    for i, name in enumerate((tr("engine instance {n}", n=1), tr("engine instance {n}", n=2))):
         x = MARGIN if i == 0 else f.width - MARGIN - w
         f.box(x, y, w, 86, role="cached", rx=8)
         f.text(x + 10, y + 18, name, size=LABEL_SMALL, weight="bold", cls="label")
-        f.box(x + 10, y + 28, w - 20, 48, role="block", label="paged KV pool + prefix reuse (local)", size=SMALL + 0.5)
+        f.box(x + 10, y + 28, w - 20, 48, role="block", label=tr("paged KV pool + prefix reuse (local)"), size=SMALL + 0.5)
     cx = f.width / 2
     service_ok = kv.get("kv_service", {}).get("ok", False)
     f.box(
@@ -292,19 +315,19 @@ def system_boundary_figure(f: Figure, r: dict) -> None:
         role="plain" if service_ok else "masked",
         dashed=not service_ok,
         rx=8,
-        label="KV service (shared store)",
+        label=tr("KV service (shared store)"),
         size=LABEL_SMALL,
     )
     f.arrow(MARGIN + w + 4, y + 43, cx - 99, y + 43, color=MUTED, dashed=True)
     f.arrow(f.width - MARGIN - w - 4, y + 43, cx + 99, y + 43, color=MUTED, dashed=True)
-    status = "in this release" if service_ok else f"not in {matrix['release']}"
+    status = tr("in this release") if service_ok else tr("not in {release}", release=matrix["release"])
     f.text(cx, y + 86, status, size=LABEL_SMALL, anchor="middle", color=MUTED, cls="label")
     f.y = y + 86 + 26
     f.legend(
         [
-            ("cached", "inside the release boundary"),
-            ("block", "local KV cache (every candidate engine has one)"),
-            ("masked", "outside: unsupported"),
+            ("cached", tr("inside the release boundary")),
+            ("block", tr("local KV cache (every candidate engine has one)")),
+            ("masked", tr("outside: unsupported")),
         ],
         wrong=wrong_any,
     )
@@ -332,7 +355,7 @@ CHIP_PAD = 8
 def _chip_texts(row: dict, ok: bool, w: float) -> tuple[str, str, bool]:
     """A requirement chip's two texts, "✓ key = value" and what the matrix allows, and whether the second needs a
     line of its own: it does when the whole list does not fit beside the first."""
-    text = f"feature {row['key']}" if row.get("feature") else f"{row['key']} = {row['value']}"
+    text = tr("feature {key}", key=row["key"]) if row.get("feature") else f"{row['key']} = {row['value']}"
     shown = ("✓ " if ok else "✗ ") + text
     beside = w - 3 * CHIP_PAD - text_width(shown, SMALL + 1.5, mono=True)
     whole = allowed_note(row, float("inf"))
@@ -350,8 +373,8 @@ def _chip_height(row: dict, placed_inside: bool, w: float, h: float) -> float:
 
 def _chip(f: Figure, row: dict, placed_inside: bool, w: float) -> Part:
     """A requirement (key = value, what the matrix allows) `w` wide; wrong when your verdict differs."""
-    text = f"feature {row['key']}" if row.get("feature") else f"{row['key']} = {row['value']}"
-    allowed = row["allowed"] if isinstance(row["allowed"], str) else ", ".join(map(str, row["allowed"])) or "—"
+    text = tr("feature {key}", key=row["key"]) if row.get("feature") else f"{row['key']} = {row['value']}"
+    allowed = feature_verdict(row["allowed"]) if isinstance(row["allowed"], str) else ", ".join(map(str, row["allowed"])) or "—"
     h = _chip_height(row, placed_inside, w, 30)
 
     def draw(x: float, y: float) -> None:
@@ -366,7 +389,7 @@ def _chip(f: Figure, row: dict, placed_inside: bool, w: float) -> Part:
                 wrong=True,
                 fmt=str,
                 size=SMALL + 1,
-                expected="supported" if row["ok"] else f"unsupported (allowed: {allowed})",
+                expected=tr("supported") if row["ok"] else tr("unsupported (allowed: {allowed})", allowed=allowed),
             )
             return
         f.cell(x, y, "", role="cached" if row["ok"] else "masked", w=w, h=h)
@@ -384,10 +407,10 @@ def _chip(f: Figure, row: dict, placed_inside: bool, w: float) -> Part:
 def allowed_note(row: dict, room: float) -> str:
     """What the matrix allows, in `room` pixels: the whole list if it fits; else the config's own value first
     (the one the reader looks for) and how many others there are; never a name cut short."""
-    allowed = row["allowed"] if isinstance(row["allowed"], str) else [str(a) for a in row["allowed"]]
+    allowed = feature_verdict(row["allowed"]) if isinstance(row["allowed"], str) else [str(a) for a in row["allowed"]]
     if isinstance(allowed, str) or not allowed:
-        return f"allowed: {allowed or '—'}"
-    note = f"allowed: {', '.join(allowed)}"
+        return tr("allowed: {allowed}", allowed=allowed or "—")
+    note = tr("allowed: {allowed}", allowed=", ".join(allowed))
     if text_width(note, SMALL) <= room:
         return note
     value = str(row["value"])
@@ -396,7 +419,11 @@ def allowed_note(row: dict, room: float) -> str:
     for keep in range(len(rest), -1, -1):
         shown = first + rest[:keep]
         more = len(allowed) - len(shown)
-        note = "allowed: " + ", ".join(shown) + (f" + {more} more" if more else "")
+        note = (
+            tr("allowed: {allowed} + {more} more", allowed=", ".join(shown), more=more)
+            if more
+            else tr("allowed: {allowed}", allowed=", ".join(shown))
+        )
         if text_width(note, SMALL) <= room or not shown[1:]:
             return note
     return note

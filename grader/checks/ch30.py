@@ -7,7 +7,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from grader.authoring import CheckFailed, Remote, Trial, describe, fmt, hidden_model, mistakes, plural, public
+from grader.authoring import CheckFailed, Remote, Trial, describe, fmt, hidden_model, mistakes, public
+from grader.i18n import mark, tr, tr_in
 
 # ch30-request-path: three requests; A is lowered in detail, [A, B, C] and [B, C] are the two batches.
 REQ_A = {
@@ -74,7 +75,7 @@ def figure_instance(t: Trial) -> None:
     batches = [batch_of([wants[k][0] for k in b]) for b in FIGURE_BATCHES]
     want_phases = [t.ref.select_phase(b) for b in batches]
     got = t.yours.lower_request(REQ_A)
-    rec, ids, pos = lowered_structure(got, "request A (a fresh prompt)")
+    rec, ids, pos = lowered_structure(got, tr("request A (a fresh prompt)"))
     w_rec, w_ids, w_pos = wants["A"]
     t.figure(
         "ch30-request-path",
@@ -95,35 +96,38 @@ def figure_instance(t: Trial) -> None:
     )
     phases = [t.yours.select_phase(b) for b in batches]
     t.figure("ch30-request-path", phases=[p if isinstance(p, str) else describe(p) for p in phases])
-    expect_lowered(got, wants["A"], REQ_A, "request A (a fresh prompt)")
-    expect_lowered(t.yours.lower_request(REQ_B), wants["B"], REQ_B, "request B (decode)")
+    expect_lowered(got, wants["A"], REQ_A, tr("request A (a fresh prompt)"))
+    expect_lowered(t.yours.lower_request(REQ_B), wants["B"], REQ_B, tr("request B (decode)"))
     for b, p, w in zip(FIGURE_BATCHES, phases, want_phases):
         if p != w:
+            reason = (
+                tr("request A still has 5 prompt tokens to compute, and prompt work goes first")
+                if w == "prompt"
+                else tr("every request has only its newest (output) token left: a decode step")
+            )
             raise CheckFailed(
-                f"select_phase of the batch {b}: "
-                + (
-                    "request A still has 5 prompt tokens to compute, and prompt work goes first"
-                    if w == "prompt"
-                    else "every request has only its newest (output) token left: a decode step"
-                )
-                + f", so {w!r}; yours: {p!r}",
-                hint="select_phase returns the string 'prompt' or 'decode'" if not isinstance(p, str) else "",
+                tr("select_phase of the batch {batch}: {reason}, so {want!r}; yours: {got!r}", batch=b, reason=reason, want=w, got=p),
+                hint=tr("select_phase returns the string 'prompt' or 'decode'") if not isinstance(p, str) else "",
             )
 
 
 @public("ch30.1", "defaults and encodings: top_k −1 → 0, seed None → −1, max_tokens 16")
 def defaults(t: Trial) -> None:
-    run_lower_case(t, {"request_id": 3, "prompt_token_ids": [1, 2]}, "a request without sampling_params")
-    run_lower_case(t, {"request_id": 4, "prompt_token_ids": [9], "sampling_params": {"top_k": -1, "seed": None}}, "top_k −1 and seed None")
+    run_lower_case(t, {"request_id": 3, "prompt_token_ids": [1, 2]}, tr("a request without sampling_params"))
+    run_lower_case(
+        t, {"request_id": 4, "prompt_token_ids": [9], "sampling_params": {"top_k": -1, "seed": None}}, tr("top_k −1 and seed None")
+    )
 
 
 @public("ch30.1", "a preempted request recomputes prompt and outputs in a prompt step")
 def preempted(t: Trial) -> None:
     run_lower_case(
-        t, {"request_id": 5, "prompt_token_ids": [4, 5, 6], "output_token_ids": [7, 8], "num_computed_tokens": 0}, "a preempted request"
+        t, {"request_id": 5, "prompt_token_ids": [4, 5, 6], "output_token_ids": [7, 8], "num_computed_tokens": 0}, tr("a preempted request")
     )
     run_lower_case(
-        t, {"request_id": 6, "prompt_token_ids": [4, 5, 6, 7, 8, 9], "num_computed_tokens": 4}, "a prompt after a 4-token prefix-cache hit"
+        t,
+        {"request_id": 6, "prompt_token_ids": [4, 5, 6, 7, 8, 9], "num_computed_tokens": 4},
+        tr("a prompt after a 4-token prefix-cache hit"),
     )
 
 
@@ -136,7 +140,7 @@ def packed_batch(t: Trial) -> None:
         ValueError,
         t.yours.select_phase,
         rec.astype(packed),
-        because="a packed record has max_tokens at byte 25, not 28: the bytes are not the C struct's",
+        because=tr("a packed record has max_tokens at byte 25, not 28: the bytes are not the C struct's"),
     )
 
 
@@ -146,7 +150,7 @@ def lower_unknown_parameter(t: Trial) -> None:
         ValueError,
         t.yours.lower_request,
         {"request_id": 1, "prompt_token_ids": [1], "sampling_params": {"min_p": 0.1}},
-        because="the record has no field for min_p, and dropping it would change the sampling",
+        because=tr("the record has no field for min_p, and dropping it would change the sampling"),
     )
 
 
@@ -165,7 +169,7 @@ def support_figure_instance(t: Trial) -> None:
 @public("ch30.2", "a context exactly at max_context is supported")
 def everything_supported(t: Trial) -> None:
     config = dict(QWEN3_CONFIG, max_position_embeddings=32768, features=["prefix_caching"])
-    run_support_case(t, config, MATRIX, "Qwen3-0.6B at 32768 tokens")
+    run_support_case(t, config, MATRIX, tr("Qwen3-0.6B at 32768 tokens"))
 
 
 @public("ch30.2", "every row unsupported at once")
@@ -181,7 +185,7 @@ def everything_unsupported(t: Trial) -> None:
         "tensor_parallel_size": 3,
         "features": ["kv_service", "lora"],
     }
-    run_support_case(t, config, MATRIX, "a config outside every row")
+    run_support_case(t, config, MATRIX, tr("a config outside every row"))
 
 
 @public("ch30.2", "head_dim from the config, derived only when absent")
@@ -193,8 +197,8 @@ def head_dim_source(t: Trial) -> None:
         "num_attention_heads": 32,
         "max_position_embeddings": 8192,
     }
-    run_support_case(t, llama, MATRIX, "Llama without head_dim (4096 / 32 = 128)")
-    run_support_case(t, dict(QWEN3_CONFIG, head_dim=96, features=[]), MATRIX, "head_dim 96 (1024 / 16 would be 64)")
+    run_support_case(t, llama, MATRIX, tr("Llama without head_dim (4096 / 32 = 128)"))
+    run_support_case(t, dict(QWEN3_CONFIG, head_dim=96, features=[]), MATRIX, tr("head_dim 96 (1024 / 16 would be 64)"))
 
 
 # -- helpers: the record's layout ------------------------------------------------------------------------------
@@ -205,10 +209,15 @@ C_NAMES = {
     "|b1": "bool",
     "<f4": "float32",
     "<f8": "float64",
-    ">i4": "big-endian int32",
-    ">i8": "big-endian int64",
-    ">f4": "big-endian float32",
+    ">i4": mark("big-endian int32"),
+    ">i8": mark("big-endian int64"),
+    ">f4": mark("big-endian float32"),
 }
+
+
+def c_name(t: str) -> str:
+    """The C type of numpy's type string `t`, in the run's language ("int64", "大端 int32")."""
+    return tr(C_NAMES[t]) if t in C_NAMES else t
 
 
 def reference_layout(ref) -> list:
@@ -231,41 +240,66 @@ def explain_layout(got: np.dtype, want: np.dtype, what: str) -> None:
     """Require `got` to have `want`'s field names, types, offsets and itemsize, explaining the first difference."""
     want_names = list(want.names or ())
     if got.names is None:
-        raise CheckFailed(f"expected {what} as a structured dtype with fields {want_names}; yours: {got}")
+        raise CheckFailed(
+            tr("expected {what} as a structured dtype with fields {names}; yours: {got}", what=what, names=want_names, got=got)
+        )
     got_names = list(got.names)
     if got_names != want_names:
         missing = [n for n in want_names if n not in got_names]
         extra = [n for n in got_names if n not in want_names]
         raise CheckFailed(
-            f"{what}: expected the fields {want_names} in this order; yours: {got_names}"
-            + (f" (missing {missing})" if missing else "")
-            + (f" (not in the struct: {extra})" if extra else ""),
+            tr("{what}: expected the fields {names} in this order; yours: {got}", what=what, names=want_names, got=got_names)
+            + (tr(" (missing {missing})", missing=missing) if missing else "")
+            + (tr(" (not in the struct: {extra})", extra=extra) if extra else ""),
             hint=M.padding_fields if any(n.startswith(("pad", "_")) for n in extra) else "",
         )
     rows = layout_rows(want)
     for i, ((name, t_want, off_want, size), (_, t_got, off_got, _)) in enumerate(zip(rows, layout_rows(got))):
         if t_got != t_want:
             raise CheckFailed(
-                f"{what}: field {name} is a {C_NAMES.get(t_want, t_want)} ({t_want!r}); yours is {C_NAMES.get(t_got, t_got)} ({t_got!r})",
+                tr(
+                    "{what}: field {name} is a {want} ({want_code!r}); yours is {got} ({got_code!r})",
+                    what=what,
+                    name=name,
+                    want=c_name(t_want),
+                    want_code=t_want,
+                    got=c_name(t_got),
+                    got_code=t_got,
+                ),
                 hint=M.big_endian if t_got[0] == ">" else "",
             )
         if off_got != off_want:
             prev = rows[i - 1]
             end = prev[2] + prev[3]
             gap = off_want - end
+            fields = dict(prev=prev[0], end=end, size=size, gap=gap, name=name, offset=off_want)
             raise CheckFailed(
-                f"{what}: field {name} should be at byte offset {off_want}; yours: {off_got}",
-                f"{prev[0]} ends at byte {end}; a {size}-byte field starts at a multiple of {size}, so "
-                + (f"{plural(gap, 'padding byte')} come first and " if gap else "")
-                + f"{name} starts at {off_want}",
+                tr("{what}: field {name} should be at byte offset {want}; yours: {got}", what=what, name=name, want=off_want, got=off_got),
+                tr(
+                    "{prev} ends at byte {end}; a {size}-byte field starts at a multiple of {size}, so {gap} padding bytes "
+                    "come first and {name} starts at {offset}",
+                    **fields,
+                )
+                if gap
+                else tr(
+                    "{prev} ends at byte {end}; a {size}-byte field starts at a multiple of {size}, so {name} starts at {offset}", **fields
+                ),
                 hint=M.packed if off_got == end else "",
             )
     if got.itemsize != want.itemsize:
         last = rows[-1]
         widest = max(r[3] for r in rows)
         raise CheckFailed(
-            f"{what}: the record is {want.itemsize} bytes ({last[0]} ends at {last[2] + last[3]}, and the "
-            f"size is a multiple of the widest field, {widest} bytes); yours: {got.itemsize}",
+            tr(
+                "{what}: the record is {want} bytes ({last} ends at {end}, and the size is a multiple of the widest "
+                "field, {widest} bytes); yours: {got}",
+                what=what,
+                want=want.itemsize,
+                last=last[0],
+                end=last[2] + last[3],
+                widest=widest,
+                got=got.itemsize,
+            ),
             hint=M.tail_padding if got.itemsize < want.itemsize else "",
         )
 
@@ -273,12 +307,14 @@ def explain_layout(got: np.dtype, want: np.dtype, what: str) -> None:
 def student_dtype(t: Trial, value: Any) -> np.dtype:
     """The dtype the student's record_dtype() returned (it stays in their process; read its descr)."""
     if not isinstance(value, Remote) or not value.type_name.endswith("DType"):
-        raise CheckFailed(f"expected record_dtype() to return a numpy dtype (np.dtype([...], align=True)); yours: {describe(value)}")
+        raise CheckFailed(
+            tr("expected record_dtype() to return a numpy dtype (np.dtype([...], align=True)); yours: {got}", got=describe(value))
+        )
     descr = t.attrs(value, "descr")["descr"]
     try:
         return np.lib.format.descr_to_dtype(descr)
     except (TypeError, ValueError) as e:
-        raise CheckFailed(f"your dtype's layout could not be read ({e})") from None
+        raise CheckFailed(tr("your dtype's layout could not be read ({error})", error=e)) from None
 
 
 # -- helpers: lower_request and select_phase -------------------------------------------------------------------
@@ -298,9 +334,13 @@ def record_values(rec: np.ndarray) -> dict:
 
 def request_summary(req: dict) -> str:
     p, o = req.get("prompt_token_ids", []), req.get("output_token_ids", [])
-    return (
-        f"request {req.get('request_id')}: {len(p)} prompt + {len(o)} output tokens, "
-        f"num_computed_tokens={req.get('num_computed_tokens', 0)}, sampling_params={req.get('sampling_params', {})}"
+    return tr(
+        "request {id}: {prompt} prompt + {output} output tokens, num_computed_tokens={computed}, sampling_params={params}",
+        id=req.get("request_id"),
+        prompt=len(p),
+        output=len(o),
+        computed=req.get("num_computed_tokens", 0),
+        params=req.get("sampling_params", {}),
     )
 
 
@@ -309,22 +349,33 @@ def derivation(name: str, req: dict, want: dict) -> str:
     p, o = len(req["prompt_token_ids"]), len(req.get("output_token_ids", []))
     nc, sp = req.get("num_computed_tokens", 0), req.get("sampling_params", {})
     n = p + o
+    if name == "is_prompt":
+        if not want["is_prompt"]:
+            return tr("decode: only the newest token (an output token) lacks KV")
+        if nc < n - 1 and o:
+            return tr(
+                "prompt: {n} tokens from position {start} on lack KV (a preempted request recomputes its outputs too)", n=n - nc, start=nc
+            )
+        if n - nc == 1:
+            return tr("prompt: 1 token from position {start} on lacks KV", start=nc)
+        return tr("prompt: {n} tokens from position {start} on lack KV", n=n - nc, start=nc)
+    if name == "max_tokens":
+        if "max_tokens" in sp:
+            return tr("max_tokens = {value}", value=sp["max_tokens"])
+        return tr("max_tokens = {value} (the default)", value=16)
+    if name == "top_k" and sp.get("top_k") == -1:
+        return tr("top_k = {value}, lowered to 0 (the core's 'off')", value=sp["top_k"])
+    if name == "seed" and sp.get("seed") is None:
+        return tr("seed None is lowered to −1")
     return {
         "prompt_len": f"prompt_len = len(prompt_token_ids) = {p}",
         "num_tokens": f"num_tokens = prompt + output = {p} + {o} = {n}",
-        "num_computed_tokens": f"num_computed_tokens is the request's own, {nc}",
+        "num_computed_tokens": tr("num_computed_tokens is the request's own, {n}", n=nc),
         "num_new_tokens": f"num_new_tokens = num_tokens − num_computed_tokens = {n} − {nc} = {n - nc}",
-        "is_prompt": (
-            "decode: only the newest token (an output token) lacks KV"
-            if not want["is_prompt"]
-            else f"prompt: {plural(n - nc, 'token')} from position {nc} on lack KV"
-            + (" (a preempted request recomputes its outputs too)" if nc < n - 1 and o else "")
-        ),
-        "max_tokens": f"max_tokens = {sp.get('max_tokens', 16)}" + ("" if "max_tokens" in sp else " (the default)"),
-        "temperature": f"temperature = {sp.get('temperature', 1.0)} as float32",
-        "top_p": f"top_p = {sp.get('top_p', 1.0)} as float32",
-        "top_k": f"top_k = {sp.get('top_k', 0)}" + (", lowered to 0 (the core's 'off')" if sp.get("top_k") == -1 else ""),
-        "seed": "seed None is lowered to −1" if sp.get("seed") is None else f"seed = {sp.get('seed')}",
+        "temperature": tr("temperature = {value} as float32", value=sp.get("temperature", 1.0)),
+        "top_p": tr("top_p = {value} as float32", value=sp.get("top_p", 1.0)),
+        "top_k": f"top_k = {sp.get('top_k', 0)}",
+        "seed": f"seed = {sp.get('seed')}",
         "request_id": f"request_id = {req['request_id']}",
     }[name]
 
@@ -353,18 +404,21 @@ def lowered_structure(got: Any, case: str) -> tuple[np.ndarray, np.ndarray, np.n
     """Require (record, input_ids, positions) with the record a structured array of shape [1] and the
     arrays 1-D int32 numpy arrays; their layout and values are compared by `expect_lowered`."""
     if not isinstance(got, tuple) or len(got) != 3:
-        raise CheckFailed(f"{case}: expected (record, input_ids, positions); yours: {describe(got)}")
+        raise CheckFailed(tr("{case}: expected (record, input_ids, positions); yours: {got}", case=case, got=describe(got)))
     rec, ids, pos = got
     if not isinstance(rec, np.ndarray) or rec.dtype.names is None or rec.shape != (1,):
-        raise CheckFailed(
-            f"{case}: expected the record as a numpy structured array of shape [1]; yours: "
-            + (f"ndarray {rec.dtype} {list(rec.shape)}" if isinstance(rec, np.ndarray) else describe(rec))
-        )
+        yours = f"ndarray {rec.dtype} {list(rec.shape)}" if isinstance(rec, np.ndarray) else describe(rec)
+        raise CheckFailed(tr("{case}: expected the record as a numpy structured array of shape [1]; yours: {got}", case=case, got=yours))
     for what, arr in (("input_ids", ids), ("positions", pos)):
         if not isinstance(arr, np.ndarray) or arr.dtype != np.int32 or arr.ndim != 1:
+            yours = f"ndarray {arr.dtype} {list(arr.shape)}" if isinstance(arr, np.ndarray) else describe(arr)
             raise CheckFailed(
-                f"{case}: expected {what} as a 1-D int32 numpy array (the core reads int32); yours: "
-                + (f"ndarray {arr.dtype} {list(arr.shape)}" if isinstance(arr, np.ndarray) else describe(arr))
+                tr(
+                    "{case}: expected {what} as a 1-D int32 numpy array (the core reads int32); yours: {got}",
+                    case=case,
+                    what=what,
+                    got=yours,
+                )
             )
     return rec, ids, pos
 
@@ -373,13 +427,19 @@ def expect_lowered(got: Any, want: tuple, req: dict, case: str) -> tuple[np.ndar
     """Require (record [1], input_ids int32, positions int32) equal to the reference's, field by field."""
     w_rec, w_ids, w_pos = want
     rec, ids, pos = lowered_structure(got, case)
-    explain_layout(rec.dtype, w_rec.dtype, f"{case}: the record's dtype")
+    explain_layout(rec.dtype, w_rec.dtype, tr("{case}: the record's dtype", case=case))
     yours, expected = record_values(rec), record_values(w_rec)
     for name in expected:
         if yours[name] != expected[name]:
             raise CheckFailed(
                 f"{case}: {request_summary(req)}",
-                f"field {name}: {derivation(name, req, expected)}, so {fmt(expected[name])}; yours: {fmt(yours[name])}",
+                tr(
+                    "field {name}: {derivation}, so {want}; yours: {got}",
+                    name=name,
+                    derivation=derivation(name, req, expected),
+                    want=fmt(expected[name]),
+                    got=fmt(yours[name]),
+                ),
                 hint=field_hint(name, yours[name], expected, req),
             )
     for what, arr, w in (("input_ids", ids, w_ids), ("positions", pos, w_pos)):
@@ -387,7 +447,13 @@ def expect_lowered(got: Any, want: tuple, req: dict, case: str) -> tuple[np.ndar
             nc = req.get("num_computed_tokens", 0)
             raise CheckFailed(
                 f"{case}: {request_summary(req)}",
-                f"{what} of the step: the tokens from position {nc} on, {w.tolist()}; yours: {arr.tolist()}",
+                tr(
+                    "{what} of the step: the tokens from position {start} on, {want}; yours: {got}",
+                    what=what,
+                    start=nc,
+                    want=w.tolist(),
+                    got=arr.tolist(),
+                ),
                 hint=M.feed_all_tokens if len(arr) > len(w) else "",
             )
     return rec, ids, pos
@@ -403,14 +469,23 @@ def run_lower_case(t: Trial, req: dict, case: str) -> tuple[np.ndarray, np.ndarr
 
 def split_entries(got: Any, case: str) -> list[tuple[str, str]]:
     if not isinstance(got, list) or not all(isinstance(s, str) for s in got):
-        raise CheckFailed(f'{case}: expected a list of str, one "<key>: <reason>" per unsupported feature; yours: {describe(got)}')
+        raise CheckFailed(
+            tr('{case}: expected a list of str, one "<key>: <reason>" per unsupported feature; yours: {got}', case=case, got=describe(got))
+        )
     out = []
     for s in got:
         if ":" not in s:
-            raise CheckFailed(f'{case}: each entry is "<key>: <reason>"; yours has {s!r}')
+            raise CheckFailed(tr('{case}: each entry is "<key>: <reason>"; yours has {entry!r}', case=case, entry=s))
         key, reason = s.split(":", 1)
         out.append((key.strip(), reason.strip()))
     return out
+
+
+def feature_verdict(allowed: str) -> str:
+    """What a matrix says of a requested feature (`support_models`' "allowed": yes, no, not listed), in words."""
+    return {"yes": tr_in("ch30.matrix", "yes"), "no": tr_in("ch30.matrix", "no"), "not listed": tr_in("ch30.matrix", "not listed")}.get(
+        allowed, allowed
+    )
 
 
 def support_hint(row: dict, config: dict, matrix: dict) -> str:
@@ -450,29 +525,50 @@ def expect_support(got: Any, config: dict, matrix: dict, case: str, rows: list[d
         bad = next((x for x in rows if x["key"] == key and x["ok"] != missing), None)
         if bad is None:
             raise CheckFailed(
-                f"{case}: expected {plural(want[key], 'entry', 'entries')} for {key}; yours has {have[key]}",
-                hint="one entry per unsupported value",
+                tr("{case}: expected {n} entries for {key}; yours has {got}", case=case, n=want[key], key=key, got=have[key]),
+                hint=tr("one entry per unsupported value"),
             )
-        verdict = "is not supported" if missing else "is supported"
-        what = f"feature {key}" if bad.get("feature") else f"{key} = {bad['value']}"
-        allowed = f"the matrix says {bad['allowed']}" if bad.get("feature") else f"allowed: {bad['allowed']}"
-        raise CheckFailed(
-            f"{case}: {what} {verdict} by {matrix['release']} ({allowed}); "
-            + ("yours does not name it" if missing else "yours lists it as unsupported"),
-            hint=support_hint(bad, config, matrix),
-        )
+        allowed = feature_verdict(bad["allowed"]) if bad.get("feature") else bad["allowed"]
+        fields = dict(case=case, key=key, value=bad["value"], allowed=allowed, release=matrix["release"])
+        if bad.get("feature"):
+            message = (
+                tr("{case}: feature {key} is not supported by {release} (the matrix says {allowed}); yours does not name it", **fields)
+                if missing
+                else tr(
+                    "{case}: feature {key} is supported by {release} (the matrix says {allowed}); yours lists it as unsupported", **fields
+                )
+            )
+        else:
+            message = (
+                tr("{case}: {key} = {value} is not supported by {release} (allowed: {allowed}); yours does not name it", **fields)
+                if missing
+                else tr("{case}: {key} = {value} is supported by {release} (allowed: {allowed}); yours lists it as unsupported", **fields)
+            )
+        raise CheckFailed(message, hint=support_hint(bad, config, matrix))
     extra = [k for k in have if k not in want]
     if extra:
         raise CheckFailed(
-            f"{case}: yours names {extra[0]!r}, which is not a key of an unsupported feature "
-            f"(expected keys: {sorted(want) or 'none, everything is supported'})",
-            hint=f"keys are {', '.join(SUPPORT_ORDER)} or the feature's own name",
+            tr(
+                "{case}: yours names {key!r}, which is not a key of an unsupported feature (expected keys: {keys})",
+                case=case,
+                key=extra[0],
+                keys=sorted(want),
+            )
+            if want
+            else tr("{case}: yours names {key!r}, but everything is supported: expected no entry", case=case, key=extra[0]),
+            hint=tr("keys are {keys} or the feature's own name", keys=", ".join(SUPPORT_ORDER)),
         )
     for key, reason in entries:
         values = [str(r["value"]) for r in rows if r["key"] == key and not r["ok"]]
         if len(reason) < 3 or (key in SUPPORT_ORDER and not any(v in reason for v in values)):
             raise CheckFailed(
-                f"{case}: the reason for {key} must say what is unsupported and name the value ({' or '.join(values)}); yours: {reason!r}"
+                tr(
+                    "{case}: the reason for {key} must say what is unsupported and name the value ({values}); yours: {reason!r}",
+                    case=case,
+                    key=key,
+                    values=" / ".join(values),
+                    reason=reason,
+                )
             )
     return entries
 

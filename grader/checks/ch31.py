@@ -4,20 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from grader.authoring import (
-    CheckFailed,
-    Trial,
-    describe,
-    expect_tensor,
-    first_wrong,
-    fmt,
-    hidden_model,
-    mistakes,
-    plural,
-    public,
-    vec,
-    wrong_mask,
-)
+from grader.authoring import CheckFailed, Trial, describe, expect_tensor, first_wrong, fmt, hidden_model, mistakes, public, vec, wrong_mask
+from grader.i18n import tr
 
 ATOL, RTOL = 1e-6, 1e-5  # route_topk's weights
 COMBINE_TOL = 1e-4  # combine's outputs, absolute and relative
@@ -56,17 +44,17 @@ equal load arrive in another order in step 1 (its sort is unstable), the referen
 @public("ch31.1", "four tokens, four experts, top-2")
 def route_small(t: Trial) -> None:
     logits = torch.tensor([[2.0, 0.5, 1.0, -1.0], [1.5, 2.5, 0.0, 0.2], [-0.3, 0.1, 1.1, 1.6], [0.0, 3.0, -2.0, 1.0]])
-    run_routing_case(t, logits, 2, True, "router logits [4, 4]")
+    run_routing_case(t, logits, 2, True, tr("router logits [4, 4]"))
 
 
 @public("ch31.1", "ties go to the lower expert id")
 def route_ties(t: Trial) -> None:
-    run_routing_case(t, torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [0.0, 1.0, 0.0, 1.0]]), 2, True, "tied logits")
+    run_routing_case(t, torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [0.0, 1.0, 0.0, 1.0]]), 2, True, tr("tied logits"))
 
 
 @public("ch31.1", "renormalize=False keeps the softmax probabilities")
 def route_raw(t: Trial) -> None:
-    run_routing_case(t, torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]]), 3, False, "one token, 6 experts, top-3")
+    run_routing_case(t, torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]]), 3, False, tr("one token, 6 experts, top-3"))
 
 
 @public("ch31.1", "k = E routes to every expert")
@@ -82,7 +70,7 @@ def dispatch_figure_instance(t: Trial) -> None:
     x, ids, w = g3_instance()
     want = t.ref.dispatch(x, ids, G3_EXPERTS, G3_RANKS)
     got = t.yours.dispatch(x, ids, G3_EXPERTS, G3_RANKS)
-    per_rank, handle = dispatch_structure(got, x, G3_RANKS, "figure instance")
+    per_rank, handle = dispatch_structure(got, x, G3_RANKS, tr("figure instance"))
     t.figure(
         "ch31-moe-roundtrip",
         x=x,
@@ -93,7 +81,7 @@ def dispatch_figure_instance(t: Trial) -> None:
         rows=per_rank,
         rows_expected=want[0],
     )
-    expect_dispatch(got, want, x, ids, G3_EXPERTS, G3_RANKS, "figure instance")
+    expect_dispatch(got, want, x, ids, G3_EXPERTS, G3_RANKS, tr("figure instance"))
 
 
 @public("ch31.2", "figure instance: combine with experts y = (e + 1)·x")
@@ -107,7 +95,7 @@ def combine_figure_instance(t: Trial) -> None:
         t.figure(
             "ch31-moe-roundtrip", out=got, out_expected=want, out_wrong=wrong_mask(got, want, atol=COMBINE_TOL, rtol=COMBINE_TOL).any(dim=1)
         )
-    expect_combined(got, want, outputs, w, handle, "figure instance", " with y = (e + 1)·x")
+    expect_combined(got, want, outputs, w, handle, tr("figure instance"), tr(" with y = (e + 1)·x"))
 
 
 @public("ch31.2", "identity experts: the round trip gives x · Σ weights")
@@ -115,19 +103,27 @@ def identity_round_trip(t: Trial) -> None:
     x = torch.arange(12, dtype=torch.float32).view(6, 2) + 1
     ids = torch.tensor([[3, 0], [1, 2], [2, 3], [0, 1], [3, 1], [2, 0]])
     w = torch.tensor([[0.5, 0.25], [1.0, 0.5], [0.25, 0.25], [0.75, 0.5], [0.5, 0.5], [1.0, 1.0]])
-    rows, handle = dispatch_structure(t.yours.dispatch(x, ids, 4, 2), x, 2, "6 tokens, 4 experts, 2 ranks")
+    rows, handle = dispatch_structure(t.yours.dispatch(x, ids, 4, 2), x, 2, tr("6 tokens, 4 experts, 2 ranks"))
     got = t.yours.combine(rows, handle, w)
     want = x * w.sum(1, keepdim=True)
-    out = expect_tensor(got, what="the round trip", shape=[6, 2], dtype=torch.float32)
+    out = expect_tensor(got, what=tr("the round trip"), shape=[6, 2], dtype=torch.float32)
     idx = first_wrong(out, want, atol=1e-5, rtol=1e-5)
     if idx is not None:
         tok = idx[0]
         raise CheckFailed(
-            f"identity experts return their inputs, so combine(dispatch(x)) = x · Σ_j w: token {tok}: "
-            f"{vec(x[tok])} · ({' + '.join(fmt(v) for v in w[tok].tolist())}) = {vec(want[tok])}; "
-            f"yours: {vec(out[tok])}",
-            "your handle and your combine must agree: row i goes back to token src_token[i] with weight "
-            "topk_weights[src_token[i], topk_slot[i]]",
+            tr(
+                "identity experts return their inputs, so combine(dispatch(x)) = x · Σ_j w: token {tok}: {x} · ({sum}) = {want}; "
+                "yours: {got}",
+                tok=tok,
+                x=vec(x[tok]),
+                sum=" + ".join(fmt(v) for v in w[tok].tolist()),
+                want=vec(want[tok]),
+                got=vec(out[tok]),
+            ),
+            tr(
+                "your handle and your combine must agree: row i goes back to token src_token[i] with weight "
+                "topk_weights[src_token[i], topk_slot[i]]"
+            ),
             hint=combine_hint(out, rows, w, handle),
         )
 
@@ -137,7 +133,7 @@ def empty_rank(t: Trial) -> None:
     x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     ids = torch.tensor([[1, 0], [0, 1]])
     want = t.ref.dispatch(x, ids, 4, 2)
-    expect_dispatch(t.yours.dispatch(x, ids, 4, 2), want, x, ids, 4, 2, "every token on rank 0's experts")
+    expect_dispatch(t.yours.dispatch(x, ids, 4, 2), want, x, ids, 4, 2, tr("every token on rank 0's experts"))
 
 
 # -- ch31.3 ----------------------------------------------------------------------------------------------------------
@@ -149,7 +145,8 @@ def eplb_figure_instance(t: Trial) -> None:
     want = t.ref.rebalance_experts(weight, *H3_ARGS)
     glob = t.ref.rebalance_experts(weight, H3_ARGS[0], 1, 1, H3_ARGS[3])
     got = t.yours.rebalance_experts(weight, *H3_ARGS)
-    phy2log, _, logcnt = placement_structure(got, weight, H3_ARGS[0], "figure instance (EPLB's worked example)")
+    case = tr("figure instance (EPLB's worked example)")
+    phy2log, _, logcnt = placement_structure(got, weight, H3_ARGS[0], case)
     other_order = torch.equal(logcnt, want[2]) and packed_in_some_order(phy2log, logcnt, weight, want[0], H3_ARGS)
     t.figure(
         "ch31-eplb-load",
@@ -160,7 +157,7 @@ def eplb_figure_instance(t: Trial) -> None:
         phy2log_expected=(phy2log if other_order else want[0])[0],
         logcnt_expected=want[2][0],
     )
-    expect_placement(got, want, weight, H3_ARGS, "figure instance (EPLB's worked example)", glob)
+    expect_placement(got, want, weight, H3_ARGS, case, glob)
 
 
 @public("ch31.3", "balancedness before and after EPLB: 0.75 and 0.9375")
@@ -177,13 +174,13 @@ def balancedness_instance(t: Trial) -> None:
         balancedness_expected=wants,
         balancedness_wrong=[type(g) is not float or balancedness_wrong(g, w) for g, w in zip(gots, wants)],
     )
-    for got, loads, want, case in zip(gots, (before, after), wants, ("static placement", "EPLB placement")):
+    for got, loads, want, case in zip(gots, (before, after), wants, (tr("static placement"), tr("EPLB placement"))):
         expect_balancedness(got, loads, want, case)
 
 
 @public("ch31.3", "the global policy when groups do not divide over nodes")
 def eplb_global(t: Trial) -> None:
-    run_placement_case(t, torch.tensor([H3_LOADS]), (12, 1, 2, 4), "one group, two nodes")
+    run_placement_case(t, torch.tensor([H3_LOADS]), (12, 1, 2, 4), tr("one group, two nodes"))
 
 
 @public("ch31.3", "no redundant slots: placement only")
@@ -192,7 +189,7 @@ def eplb_no_redundancy(t: Trial) -> None:
         t,
         torch.tensor([[5.0, 80.0, 20.0, 41.0, 7.0, 66.0], [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]]),
         (6, 3, 1, 2),
-        "6 experts in 6 slots, 2 layers",
+        tr("6 experts in 6 slots, 2 layers"),
     )
 
 
@@ -202,16 +199,16 @@ def eplb_equal_loads(t: Trial) -> None:
     # sorts them with an unstable sort, so either order of the two 30s is EPLB's, and each puts other groups together.
     # Step 2: one node, loads 40, 20, 20, 10 and 2 spare slots: expert 0 takes the first (40); then 40 / 2, 20 and
     # 20 tie, and EPLB's max takes the first maximum, expert 0 again.
-    run_placement_case(t, torch.tensor([[10.0, 20.0, 30.0, 0.0, 12.0, 8.0, 4.0, 6.0]]), (8, 4, 2, 4), "equal group loads, 1 layer")
-    run_placement_case(t, torch.tensor([[40.0, 20.0, 20.0, 10.0]]), (6, 1, 1, 2), "a tie of load / count, 1 layer")
+    run_placement_case(t, torch.tensor([[10.0, 20.0, 30.0, 0.0, 12.0, 8.0, 4.0, 6.0]]), (8, 4, 2, 4), tr("equal group loads, 1 layer"))
+    run_placement_case(t, torch.tensor([[40.0, 20.0, 20.0, 10.0]]), (6, 1, 1, 2), tr("a tie of load / count, 1 layer"))
 
 
 @public("ch31.3", "balancedness over layers is Σ mean / Σ max")
 def balancedness_layers(t: Trial) -> None:
     loads = torch.tensor([[100.0, 60.0, 90.0, 50.0], [10.0, 10.0, 10.0, 30.0]])
-    expect_balancedness(t.yours.balancedness(loads), loads, t.ref.balancedness(loads), "two layers")
+    expect_balancedness(t.yours.balancedness(loads), loads, t.ref.balancedness(loads), tr("two layers"))
     zeros = torch.zeros(3)
-    expect_balancedness(t.yours.balancedness(zeros), zeros, t.ref.balancedness(zeros), "no load at all")
+    expect_balancedness(t.yours.balancedness(zeros), zeros, t.ref.balancedness(zeros), tr("no load at all"))
 
 
 # -- ch31.4 ----------------------------------------------------------------------------------------------------------
@@ -222,7 +219,7 @@ def window_figure_instance(t: Trial) -> None:
     window, step, load_pass, phy2log = (torch.tensor(W4_WINDOW), W4_STEP, torch.tensor(W4_PASS), torch.tensor(W4_PHY2LOG))
     want = t.ref.record_expert_load(window, step, load_pass, phy2log, W4_EXPERTS)
     got = t.yours.record_expert_load(window, step, load_pass, phy2log, W4_EXPERTS)
-    case = "figure instance"
+    case = tr("figure instance")
     mine = window_structure(got, window, W4_EXPERTS, case)
     t.figure(
         "ch31-eplb-window",
@@ -242,7 +239,7 @@ def window_figure_instance(t: Trial) -> None:
 def window_wraps(t: Trial) -> None:
     window = torch.tensor([[[3, 1, 4], [1, 5, 9]], [[2, 6, 5], [3, 5, 8]], [[9, 7, 9], [3, 2, 3]]])
     load_pass, phy2log = torch.tensor([[8, 4, 6], [2, 6, 4]]), torch.tensor([[0, 1, 0], [1, 0, 1]])
-    run_window_case(t, window, 2, load_pass, phy2log, 2, "a full window of 3 passes, 2 layers, step 2 (the last row)")
+    run_window_case(t, window, 2, load_pass, phy2log, 2, tr("a full window of 3 passes, 2 layers, step 2 (the last row)"))
 
 
 @public("ch31.4", "seven passes through a window of three, from an empty window")
@@ -258,7 +255,7 @@ def window_trace(t: Trial) -> None:
         [[5, 0, 6, 2], [3, 4, 0, 0]],
     ]
     run_window_trace(
-        t, torch.zeros(3, 2, 4, dtype=torch.int64), 0, [torch.tensor(p) for p in passes], phy2log, 3, "2 layers, 4 slots of 3 experts"
+        t, torch.zeros(3, 2, 4, dtype=torch.int64), 0, [torch.tensor(p) for p in passes], phy2log, 3, tr("2 layers, 4 slots of 3 experts")
     )
 
 
@@ -268,7 +265,7 @@ def window_trace(t: Trial) -> None:
 def expect_routing(got, logits: torch.Tensor, k: int, renormalize: bool, want: tuple, case: str):
     N = logits.shape[0]
     if not isinstance(got, tuple) or len(got) != 2:
-        raise CheckFailed(f"{case}: expected (topk_ids, topk_weights); yours: {describe(got)}")
+        raise CheckFailed(tr("{case}: expected (topk_ids, topk_weights); yours: {got}", case=case, got=describe(got)))
     ids = expect_tensor(got[0], what=f"{case}: topk_ids", shape=[N, k], dtype=torch.int64)
     w = expect_tensor(got[1], what=f"{case}: topk_weights", shape=[N, k], dtype=torch.float32)
     want_ids, want_w = want
@@ -279,11 +276,17 @@ def expect_routing(got, logits: torch.Tensor, k: int, renormalize: bool, want: t
         return ids, w
     t = bad[0]
     p = logits[t].float().softmax(-1)
+    fields = dict(case=case, t=t, logits=vec(logits[t]), k=k, p=vec(p), experts=want_ids[t].tolist(), weights=vec(want_w[t]))
     lines = [
-        f"{case}: token {t}, logits {vec(logits[t])}, k={k}, renormalize={renormalize}",
-        f"p = softmax(logits) = {vec(p)}; the {k} largest (ties: lower id first) are experts "
-        f"{want_ids[t].tolist()} with weights {vec(want_w[t])}" + (" (divided by their sum)" if renormalize else ""),
-        f"yours: experts {ids[t].tolist()}, weights {vec(w[t])}",
+        tr("{case}: token {t}, logits {logits}, k={k}, renormalize={renormalize}", renormalize=renormalize, **fields),
+        tr(
+            "p = softmax(logits) = {p}; the {k} largest (ties: lower id first) are experts {experts} with weights {weights} "
+            "(divided by their sum)",
+            **fields,
+        )
+        if renormalize
+        else tr("p = softmax(logits) = {p}; the {k} largest (ties: lower id first) are experts {experts} with weights {weights}", **fields),
+        tr("yours: experts {experts}, weights {weights}", experts=ids[t].tolist(), weights=vec(w[t])),
     ]
     hint = ""
     if ids[t].tolist() == want_ids[t].flip(0).tolist() and k > 1 and p[ids[t][0]] < p[ids[t][-1]]:
@@ -326,22 +329,44 @@ def scaled_experts(per_rank: list[torch.Tensor], handle: dict) -> list[torch.Ten
 
 def dispatch_structure(got, x: torch.Tensor, R: int, case: str) -> tuple[list, dict]:
     if not isinstance(got, tuple) or len(got) != 2:
-        raise CheckFailed(f"{case}: expected (per_rank_inputs, handle); yours: {describe(got)}")
+        raise CheckFailed(tr("{case}: expected (per_rank_inputs, handle); yours: {got}", case=case, got=describe(got)))
     per_rank, handle = got
     if not isinstance(per_rank, (list, tuple)) or len(per_rank) != R:
-        raise CheckFailed(f"{case}: expected per_rank_inputs as a list of {R} tensors, one per rank; yours: {describe(per_rank)}")
+        raise CheckFailed(
+            tr(
+                "{case}: expected per_rank_inputs as a list of {R} tensors, one per rank; yours: {got}",
+                case=case,
+                R=R,
+                got=describe(per_rank),
+            )
+        )
     for r, rows in enumerate(per_rank):
         if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or rows.shape[1] != x.shape[1] or rows.dtype != x.dtype:
             raise CheckFailed(
-                f"{case}: expected rank {r}'s rows as a {str(x.dtype).removeprefix('torch.')} tensor "
-                f"[n_{r}, {x.shape[1]}]; yours: {describe(rows)}"
+                tr(
+                    "{case}: expected rank {r}'s rows as a {dtype} tensor [n_{r}, {H}]; yours: {got}",
+                    case=case,
+                    r=r,
+                    dtype=str(x.dtype).removeprefix("torch."),
+                    H=x.shape[1],
+                    got=describe(rows),
+                )
             )
     if not isinstance(handle, dict):
-        raise CheckFailed(f"{case}: expected the handle as a dict of tensors {list(HANDLE_KEYS)}; yours: {describe(handle)}")
+        raise CheckFailed(
+            tr(
+                "{case}: expected the handle as a dict of tensors {keys}; yours: {got}",
+                case=case,
+                keys=list(HANDLE_KEYS),
+                got=describe(handle),
+            )
+        )
     for key in HANDLE_KEYS:
         if key not in handle or not isinstance(handle[key], torch.Tensor) or handle[key].dtype != torch.int64 or handle[key].dim() != 1:
             raise CheckFailed(
-                f"{case}: the handle needs {key!r} as a 1-D int64 tensor; yours: " + (describe(handle[key]) if key in handle else "missing")
+                tr("{case}: the handle needs {key!r} as a 1-D int64 tensor; yours: {got}", case=case, key=key, got=describe(handle[key]))
+                if key in handle
+                else tr("{case}: the handle needs {key!r} as a 1-D int64 tensor; yours has none", case=case, key=key)
             )
     return list(per_rank), handle
 
@@ -355,18 +380,39 @@ def expect_dispatch(got, want: tuple, x: torch.Tensor, ids: torch.Tensor, E: int
     per_rank, handle = dispatch_structure(got, x, R, case)
     want_rows, want_h = want
     counts = want_h["rows_per_rank"].tolist()
-    inputs = f"{case}: {plural(x.shape[0], 'token')}, top-{ids.shape[1]}, {E} experts on {plural(R, 'rank')} ({E // R} per rank)"
+    inputs = tr(
+        "{case}: {N} tokens, top-{k}, {E} experts on {R} ranks ({per} per rank)",
+        case=case,
+        N=x.shape[0],
+        k=ids.shape[1],
+        E=E,
+        R=R,
+        per=E // R,
+    )
     for key in ("rows_per_rank", "tokens_per_expert"):
         if handle[key].tolist() != want_h[key].tolist():
             dedup = [int(((ids // (E // R)) == r).any(dim=1).sum()) for r in range(R)]
             raise CheckFailed(
                 inputs,
-                f"handle[{key!r}] = {want_h[key].tolist()}: one row per (token, expert) pair; yours: {handle[key].tolist()}",
+                tr(
+                    "handle[{key!r}] = {want}: one row per (token, expert) pair; yours: {got}",
+                    key=key,
+                    want=want_h[key].tolist(),
+                    got=handle[key].tolist(),
+                ),
                 hint=M.dedup_per_rank if key == "rows_per_rank" and handle[key].tolist() == dedup else "",
             )
     for key in ("src_token", "topk_slot", "expert"):
         if handle[key].shape != want_h[key].shape:
-            raise CheckFailed(inputs, f"handle[{key!r}] has one entry per row, {want_h[key].numel()}; yours: {handle[key].numel()}")
+            raise CheckFailed(
+                inputs,
+                tr(
+                    "handle[{key!r}] has one entry per row, {want}; yours: {got}",
+                    key=key,
+                    want=want_h[key].numel(),
+                    got=handle[key].numel(),
+                ),
+            )
     start = 0
     for r in range(R):
         lo, hi = start, start + counts[r]
@@ -385,9 +431,17 @@ def expect_dispatch(got, want: tuple, x: torch.Tensor, ids: torch.Tensor, E: int
                 hint = M.by_token
             raise CheckFailed(
                 inputs,
-                f"rank {r} should receive, grouped by expert then token: {rows_text(want_h, lo, hi)}",
-                f"row {i} (rank {r}'s row {i - lo}): handle[{key!r}] = {int(want_h[key][i])}; yours: "
-                f"{int(handle[key][i])} (your rank {r}: {rows_text(handle, lo, hi)})",
+                tr("rank {r} should receive, grouped by expert then token: {rows}", r=r, rows=rows_text(want_h, lo, hi)),
+                tr(
+                    "row {i} (rank {r}'s row {j}): handle[{key!r}] = {want}; yours: {got} (your rank {r}: {rows})",
+                    i=i,
+                    r=r,
+                    j=i - lo,
+                    key=key,
+                    want=int(want_h[key][i]),
+                    got=int(handle[key][i]),
+                    rows=rows_text(handle, lo, hi),
+                ),
                 hint=hint,
             )
         idx = first_wrong(per_rank[r], want_rows[r])
@@ -395,7 +449,15 @@ def expect_dispatch(got, want: tuple, x: torch.Tensor, ids: torch.Tensor, E: int
             j = idx[0]
             src = int(want_h["src_token"][lo + j])
             raise CheckFailed(
-                inputs, f"rank {r}'s row {j} is a copy of token {src}'s hidden row x[{src}] = {vec(x[src])}; yours: {vec(per_rank[r][j])}"
+                inputs,
+                tr(
+                    "rank {r}'s row {j} is a copy of token {src}'s hidden row x[{src}] = {want}; yours: {got}",
+                    r=r,
+                    j=j,
+                    src=src,
+                    want=vec(x[src]),
+                    got=vec(per_rank[r][j]),
+                ),
             )
     return per_rank, handle
 
@@ -406,20 +468,29 @@ def expect_combined(
     N, k = weights.shape
     H = want.shape[1]
     if isinstance(got, torch.Tensor) and got.dim() == 2 and got.shape[0] == N * k != N:
-        raise CheckFailed(f"{case}: expected one row per token, [{N}, {H}]; yours: {describe(got)}", hint=M.concatenated)
-    out = expect_tensor(got, what=f"{case}: the combined output", shape=[N, H], dtype=want.dtype)
+        raise CheckFailed(
+            tr("{case}: expected one row per token, [{N}, {H}]; yours: {got}", case=case, N=N, H=H, got=describe(got)), hint=M.concatenated
+        )
+    out = expect_tensor(got, what=tr("{case}: the combined output", case=case), shape=[N, H], dtype=want.dtype)
     idx = first_wrong(out, want, atol=COMBINE_TOL, rtol=COMBINE_TOL)
     if idx is None:
         return out
     tok = idx[0]
     rows = [i for i, s in enumerate(handle["src_token"].tolist()) if s == tok]
     terms = " + ".join(
-        f"{fmt(float(weights[tok, handle['topk_slot'][i]]))}·y(row {i}, e{int(handle['expert'][i])})"
+        tr("{w}·y(row {i}, e{e})", w=fmt(float(weights[tok, handle["topk_slot"][i]])), i=i, e=int(handle["expert"][i]))
         for i in sorted(rows, key=lambda i: int(handle["topk_slot"][i]))
     )
     raise CheckFailed(
-        f"{case}: out[{tok}] = Σ_j topk_weights[{tok}, j] · its expert output = {terms}{scale_note} = "
-        f"{vec(want[tok])}; yours: {vec(out[tok])}",
+        tr(
+            "{case}: out[{tok}] = Σ_j topk_weights[{tok}, j] · its expert output = {terms}{note} = {want}; yours: {got}",
+            case=case,
+            tok=tok,
+            terms=terms,
+            note=scale_note,
+            want=vec(want[tok]),
+            got=vec(out[tok]),
+        ),
         hint=combine_hint(out, outputs, weights, handle),
     )
 
@@ -468,18 +539,32 @@ def placement_structure(got, weight: torch.Tensor, num_replicas: int, case: str)
     """(phy2log, log2phy, logcnt) as a tuple with phy2log [L, num_replicas] and logcnt [L, E] consistent."""
     L, E = weight.shape
     if not isinstance(got, tuple) or len(got) != 3:
-        raise CheckFailed(f"{case}: expected (phy2log, log2phy, logcnt); yours: {describe(got)}")
+        raise CheckFailed(tr("{case}: expected (phy2log, log2phy, logcnt); yours: {got}", case=case, got=describe(got)))
     phy2log = expect_tensor(got[0], what=f"{case}: phy2log", shape=[L, num_replicas], dtype=torch.int64)
     logcnt = expect_tensor(got[2], what=f"{case}: logcnt", shape=[L, E], dtype=torch.int64)
     if int(phy2log.min()) < 0 or int(phy2log.max()) >= E:
-        raise CheckFailed(f"{case}: phy2log holds logical expert ids 0 … {E - 1}; yours has {int(phy2log.min())} … {int(phy2log.max())}")
+        raise CheckFailed(
+            tr(
+                "{case}: phy2log holds logical expert ids 0 … {last}; yours has {low} … {high}",
+                case=case,
+                last=E - 1,
+                low=int(phy2log.min()),
+                high=int(phy2log.max()),
+            )
+        )
     for layer in range(L):
         counts = torch.bincount(phy2log[layer], minlength=E)
         if not torch.equal(counts, logcnt[layer]):
             e = int((counts != logcnt[layer]).nonzero()[0])
             raise CheckFailed(
-                f"{case}: layer {layer}: your phy2log places expert {e} in {int(counts[e])} slots but "
-                f"your logcnt says {int(logcnt[layer, e])}"
+                tr(
+                    "{case}: layer {layer}: your phy2log places expert {e} in {n} slots but your logcnt says {count}",
+                    case=case,
+                    layer=layer,
+                    e=e,
+                    n=int(counts[e]),
+                    count=int(logcnt[layer, e]),
+                )
             )
     return phy2log, got[1], logcnt
 
@@ -489,8 +574,15 @@ def expect_log2phy(got, phy2log: torch.Tensor, E: int, width: int, case: str) ->
     L = phy2log.shape[0]
     if not isinstance(got, torch.Tensor) or got.dtype != torch.int64 or list(got.shape) != [L, E, width]:
         raise CheckFailed(
-            f"{case}: expected log2phy as an int64 tensor [L, E, X] = [{L}, {E}, {width}], X being "
-            f"the largest replica count over all layers; yours: {describe(got)}"
+            tr(
+                "{case}: expected log2phy as an int64 tensor [L, E, X] = [{L}, {E}, {X}], X being the largest replica count over "
+                "all layers; yours: {got}",
+                case=case,
+                L=L,
+                E=E,
+                X=width,
+                got=describe(got),
+            )
         )
     log2phy = got
     for layer in range(L):
@@ -499,8 +591,15 @@ def expect_log2phy(got, phy2log: torch.Tensor, E: int, width: int, case: str) ->
             row = log2phy[layer, e].tolist()
             if sorted(s for s in row if s >= 0) != slots or row[len(slots) :] != [-1] * (width - len(slots)):
                 raise CheckFailed(
-                    f"{case}: layer {layer}: expert {e} is in slots {slots} of your phy2log; your "
-                    f"log2phy[{layer}, {e}] = {row} (its slots, then −1 padding)"
+                    tr(
+                        "{case}: layer {layer}: expert {e} is in slots {slots} of your phy2log; your log2phy[{layer}, {e}] = {row} "
+                        "(its slots, then −1 padding)",
+                        case=case,
+                        layer=layer,
+                        e=e,
+                        slots=slots,
+                        row=row,
+                    )
                 )
     return log2phy
 
@@ -511,9 +610,11 @@ def expect_placement(got, want: tuple, weight: torch.Tensor, args: tuple, case: 
     w_phy, _, w_cnt = want
     phy2log, log2phy, logcnt = placement_structure(got, weight, num_replicas, case)
     policy = "hierarchical" if num_groups % num_nodes == 0 else "global"
+    fields = dict(case=case, E=weight.shape[1], groups=num_groups, slots=num_replicas, gpus=num_gpus, nodes=num_nodes)
     inputs = (
-        f"{case}: {weight.shape[1]} experts in {plural(num_groups, 'group')}, {num_replicas} slots on "
-        f"{plural(num_gpus, 'GPU')} in {plural(num_nodes, 'node')} ({policy} policy)"
+        tr("{case}: {E} experts in {groups} groups, {slots} slots on {gpus} GPUs in {nodes} nodes (hierarchical policy)", **fields)
+        if policy == "hierarchical"
+        else tr("{case}: {E} experts in {groups} groups, {slots} slots on {gpus} GPUs in {nodes} nodes (global policy)", **fields)
     )
     if policy == "hierarchical" and num_nodes > 1:
         global_phy = global_hint[0] if global_hint is not None else None
@@ -530,10 +631,16 @@ def expect_placement(got, want: tuple, weight: torch.Tensor, args: tuple, case: 
             hint = M.raw_load
         raise CheckFailed(
             inputs,
-            f"layer {layer}, loads {vec(weight[layer])}: expert {e} gets {int(w_cnt[layer, e])} "
-            f"replica(s) (step 2: spare slots go, one by one, to the largest load / count); "
-            f"yours: {int(logcnt[layer, e])}",
-            f"expected logcnt {vec(w_cnt[layer], 16)}; yours {vec(logcnt[layer], 16)}",
+            tr(
+                "layer {layer}, loads {loads}: expert {e} gets {want} replica(s) (step 2: spare slots go, one by one, to the "
+                "largest load / count); yours: {got}",
+                layer=layer,
+                loads=vec(weight[layer]),
+                e=e,
+                want=int(w_cnt[layer, e]),
+                got=int(logcnt[layer, e]),
+            ),
+            tr("expected logcnt {want}; yours {got}", want=vec(w_cnt[layer], 16), got=vec(logcnt[layer], 16)),
             hint=hint,
         )
     loads, w_loads = gpu_loads(weight, phy2log, logcnt, num_gpus), gpu_loads(weight, w_phy, w_cnt, num_gpus)
@@ -546,10 +653,18 @@ def expect_placement(got, want: tuple, weight: torch.Tensor, args: tuple, case: 
         same_loads = torch.allclose(loads[layer].sort().values, w_loads[layer].sort().values, rtol=LOAD_RTOL)
         raise CheckFailed(
             inputs,
-            f"layer {layer}: GPU {g} (slots {g * per_gpu}–{(g + 1) * per_gpu - 1}) should carry "
-            f"experts {theirs} = {fmt(float(w_loads[layer, g]))}; yours: {mine} = "
-            f"{fmt(float(loads[layer, g]))}",
-            f"expected GPU loads {vec(w_loads[layer])}; yours {vec(loads[layer])}",
+            tr(
+                "layer {layer}: GPU {g} (slots {first}–{last}) should carry experts {want} = {want_load}; yours: {got} = {got_load}",
+                layer=layer,
+                g=g,
+                first=g * per_gpu,
+                last=(g + 1) * per_gpu - 1,
+                want=theirs,
+                want_load=fmt(float(w_loads[layer, g])),
+                got=mine,
+                got_load=fmt(float(loads[layer, g])),
+            ),
+            tr("expected GPU loads {want}; yours {got}", want=vec(w_loads[layer]), got=vec(loads[layer])),
             hint=M.packing_order if same_loads else "",
         )
     idx = first_wrong(phy2log, w_phy)
@@ -557,9 +672,15 @@ def expect_placement(got, want: tuple, weight: torch.Tensor, args: tuple, case: 
         layer, s = idx
         raise CheckFailed(
             inputs,
-            f"layer {layer}: slot {s} (GPU {s // per_gpu}) holds expert {int(w_phy[layer, s])}; "
-            f"yours: {int(phy2log[layer, s])} (your GPU loads are right; the order inside a GPU is "
-            f"the order in which balanced packing gave it its replicas)",
+            tr(
+                "layer {layer}: slot {s} (GPU {g}) holds expert {want}; yours: {got} (your GPU loads are right; the order inside a "
+                "GPU is the order in which balanced packing gave it its replicas)",
+                layer=layer,
+                s=s,
+                g=s // per_gpu,
+                want=int(w_phy[layer, s]),
+                got=int(phy2log[layer, s]),
+            ),
         )
     return phy2log, expect_log2phy(log2phy, phy2log, weight.shape[1], int(w_cnt.max()), case), logcnt
 
@@ -614,10 +735,13 @@ def explain_nodes(
                 order = sorted(range(num_groups), key=lambda g: -float(loads[g]))
                 raise CheckFailed(
                     inputs,
-                    f"layer {layer}: step 1 packs the groups onto the nodes, heaviest first, "
-                    f"each to the lightest node with room: group loads "
-                    f"{', '.join(f'g{g} {fmt(float(loads[g]))}' for g in order)}",
-                    f"node {n} should hold groups {want}; yours holds experts of groups {mine}",
+                    tr(
+                        "layer {layer}: step 1 packs the groups onto the nodes, heaviest first, each to the lightest node with "
+                        "room: group loads {loads}",
+                        layer=layer,
+                        loads=", ".join(f"g{g} {fmt(float(loads[g]))}" for g in order),
+                    ),
+                    tr("node {n} should hold groups {want}; yours holds experts of groups {got}", n=n, want=want, got=mine),
                     hint=M.always_global.format(groups=num_groups, nodes=num_nodes)
                     if global_phy is not None and torch.equal(phy2log, global_phy)
                     else M.round_robin
@@ -661,7 +785,7 @@ def balancedness_wrong(got: float, want: float) -> bool:
 
 def expect_balancedness(got, loads: torch.Tensor, want: float, case: str) -> float:
     if type(got) is not float:
-        raise CheckFailed(f"{case}: expected balancedness as a Python float; yours: {describe(got)}")
+        raise CheckFailed(tr("{case}: expected balancedness as a Python float; yours: {got}", case=case, got=describe(got)))
     if balancedness_wrong(got, want):
         rows = loads.double().reshape(-1, loads.shape[-1])
         mean, top = rows.mean(1).sum().item(), rows.max(1).values.sum().item()
@@ -672,8 +796,15 @@ def expect_balancedness(got, loads: torch.Tensor, want: float, case: str) -> flo
             hint = M.ratio_mean
         shown = vec(loads, 16) if loads.dim() == 1 else "[" + ", ".join(vec(row) for row in loads) + "]"
         raise CheckFailed(
-            f"{case}: loads {shown}: Σ_layers mean = {fmt(mean)}, Σ_layers max = {fmt(top)}, so "
-            f"balancedness = {fmt(want, 6)}; yours: {fmt(got, 6)}",
+            tr(
+                "{case}: loads {loads}: Σ_layers mean = {mean}, Σ_layers max = {max}, so balancedness = {want}; yours: {got}",
+                case=case,
+                loads=shown,
+                mean=fmt(mean),
+                max=fmt(top),
+                want=fmt(want, 6),
+                got=fmt(got, 6),
+            ),
             hint=hint,
         )
     return got
@@ -691,16 +822,22 @@ def window_structure(got, window: torch.Tensor, num_experts: int, case: str) -> 
     """(window, next_step, load) as a tuple of an int64 [W, L, P] tensor, an int and an int64 [L, E] tensor."""
     W, L, P = window.shape
     if not isinstance(got, tuple) or len(got) != 3:
-        raise CheckFailed(f"{case}: expected (window, next_step, load); yours: {describe(got)}")
-    mine = expect_tensor(got[0], what=f"{case}: the window", shape=[W, L, P], dtype=torch.int64)
+        raise CheckFailed(tr("{case}: expected (window, next_step, load); yours: {got}", case=case, got=describe(got)))
+    mine = expect_tensor(got[0], what=tr("{case}: the window", case=case), shape=[W, L, P], dtype=torch.int64)
     if type(got[1]) is not int:
-        raise CheckFailed(f"{case}: expected next_step as a Python int; yours: {describe(got[1])}")
+        raise CheckFailed(tr("{case}: expected next_step as a Python int; yours: {got}", case=case, got=describe(got[1])))
     if isinstance(got[2], torch.Tensor) and list(got[2].shape) == [L, P] and P != num_experts:
         raise CheckFailed(
-            f"{case}: expected the load per logical expert, [L, E] = [{L}, {num_experts}]; yours: {describe(got[2])}, one entry per slot",
+            tr(
+                "{case}: expected the load per logical expert, [L, E] = [{L}, {E}]; yours: {got}, one entry per slot",
+                case=case,
+                L=L,
+                E=num_experts,
+                got=describe(got[2]),
+            ),
             hint=M.physical_loads,
         )
-    load = expect_tensor(got[2], what=f"{case}: the load", shape=[L, num_experts], dtype=torch.int64)
+    load = expect_tensor(got[2], what=tr("{case}: the load", case=case), shape=[L, num_experts], dtype=torch.int64)
     return mine, got[1], load
 
 
@@ -711,23 +848,40 @@ def expect_window(
     mine, next_step, load = window_structure(got, window, num_experts, case)
     w_window, w_step, w_load = want
     W = window.shape[0]
-    inputs = f"{case}: a window of {plural(W, 'pass', 'passes')}, cursor at row {step}, this pass {vec(load_pass, 12)}"
+    inputs = (
+        tr("{case}: a window of {W} passes, cursor at row {step}, this pass {load}", case=case, W=W, step=step, load=vec(load_pass, 12))
+        if W != 1
+        else tr("{case}: a window of 1 pass, cursor at row {step}, this pass {load}", case=case, step=step, load=vec(load_pass, 12))
+    )
     idx = first_wrong(mine, w_window)
     if idx is not None:
         row, layer, p = idx
         shifted = torch.cat([window[1:], load_pass[None]])
         raise CheckFailed(
             inputs,
-            f"row {step} (the oldest pass) becomes this pass's counts and the other rows stay: "
-            f"window[{row}, {layer}, {p}] = {int(w_window[row, layer, p])}; yours: "
-            f"{int(mine[row, layer, p])}",
+            tr(
+                "row {step} (the oldest pass) becomes this pass's counts and the other rows stay: window[{row}, {layer}, {p}] = {want}; "
+                "yours: {got}",
+                step=step,
+                row=row,
+                layer=layer,
+                p=p,
+                want=int(w_window[row, layer, p]),
+                got=int(mine[row, layer, p]),
+            ),
             hint=M.shifted_window if torch.equal(mine, shifted) else "",
         )
     if next_step != w_step:
         raise CheckFailed(
             inputs,
-            f"the cursor moves to the next row, back to 0 after row {W - 1}: next_step = "
-            f"({step} + 1) mod {W} = {w_step}; yours: {next_step}",
+            tr(
+                "the cursor moves to the next row, back to 0 after row {last}: next_step = ({step} + 1) mod {W} = {want}; yours: {got}",
+                last=W - 1,
+                step=step,
+                W=W,
+                want=w_step,
+                got=next_step,
+            ),
             hint=M.not_wrapped if next_step == step + 1 == W else "",
         )
     idx = first_wrong(load, w_load)
@@ -741,10 +895,17 @@ def expect_window(
             hint = M.window_mean
         raise CheckFailed(
             inputs,
-            f"layer {layer}: expert {e} is in slots {slots}, so its load is the sum of those "
-            f"slots over all {plural(W, 'row')} of the new window = {int(w_load[layer, e])}; "
-            f"yours: {int(load[layer, e])}",
-            f"expected load {vec(w_load[layer], 16)}; yours {vec(load[layer], 16)}",
+            tr(
+                "layer {layer}: expert {e} is in slots {slots}, so its load is the sum of those slots over all {W} rows of the new "
+                "window = {want}; yours: {got}",
+                layer=layer,
+                e=e,
+                slots=slots,
+                W=W,
+                want=int(w_load[layer, e]),
+                got=int(load[layer, e]),
+            ),
+            tr("expected load {want}; yours {got}", want=vec(w_load[layer], 16), got=vec(load[layer], 16)),
             hint=hint,
         )
     return mine, next_step, load
@@ -771,8 +932,16 @@ def run_window_trace(
     for i, (load_pass, want) in enumerate(zip(passes, wants)):
         if not (type(my_step) is int and 0 <= my_step < window.shape[0]):
             raise CheckFailed(
-                f"{case}: before pass {i} your cursor is {my_step}, outside the window's rows 0 … {window.shape[0] - 1}",
+                tr(
+                    "{case}: before pass {i} your cursor is {step}, outside the window's rows 0 … {last}",
+                    case=case,
+                    i=i,
+                    step=my_step,
+                    last=window.shape[0] - 1,
+                ),
                 hint=M.not_wrapped if my_step == window.shape[0] else "",
             )
         got = t.yours.record_expert_load(mine, my_step, load_pass, phy2log, num_experts)
-        mine, my_step, _ = expect_window(got, want, mine, my_step, load_pass, phy2log, num_experts, f"{case}, pass {i} of {len(passes)}")
+        mine, my_step, _ = expect_window(
+            got, want, mine, my_step, load_pass, phy2log, num_experts, tr("{case}, pass {i} of {n}", case=case, i=i, n=len(passes))
+        )

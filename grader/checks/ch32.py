@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from grader.authoring import CheckFailed, Hint, Trial, describe, expect_int, expect_tensor, fmt, hidden_model, mistakes, public, vec
+from grader.i18n import tr
 
 CLAMP = 1e-10  # the race clamps its noise to ≥ 1e-10, as in ch23
 NEAR = 1e-5  # a verdict u < p/q or a race this close (relative) to a tie may go either way
@@ -136,7 +137,9 @@ def spec_instance(t: Trial) -> None:
             emitted=list(got),
             emitted_expected=want,
         )
-    expect_emitted(got, c, want, case=f'case "figure instance": drafts {c.tokens}, uniforms {SPEC_U[:n]}', models=models)
+    expect_emitted(
+        got, c, want, case=tr('case "figure instance": drafts {tokens}, uniforms {u}', tokens=c.tokens, u=SPEC_U[:n]), models=models
+    )
 
 
 @public("ch32.1", "the worked example of vLLM's rejection sampler: q = (0.6, 0.3, 0.1), p = (0.3, 0.5, 0.2)")
@@ -145,7 +148,7 @@ def worked_example(t: Trial) -> None:
     # follows; u = 0.7 rejects it, and max(0, p − q) = (0, 0.2, 0.1) races with the noise (0.2, 1.5, 0.6).
     for u in (0.4, 0.7):
         c = make_case([0], [[0.6, 0.3, 0.1]], [[0.3, 0.5, 0.2], [0.2, 0.2, 0.6]], [u], [[0.2, 1.5, 0.6], [1.3, 0.4, 0.9]])
-        run_verify(t, c, case=f'case "worked example": draft A = token 0, u = {u}')
+        run_verify(t, c, case=tr('case "worked example": draft A = token 0, u = {u}', u=u))
 
 
 @public("ch32.1", "all k drafts accepted: k + 1 tokens, the bonus from target_probs[k] with noise[k]")
@@ -157,14 +160,14 @@ def all_accepted(t: Trial) -> None:
         [0.1, 0.9, 0.3],
         [[1.0] * 4, [1.0] * 4, [1.0] * 4, [0.3, 2.0, 0.5, 1.9]],
     )
-    run_verify(t, c, case='case "all accepted": every u < min(1, p/q)')
+    run_verify(t, c, case=tr('case "all accepted": every u < min(1, p/q)'))
 
 
 @public("ch32.1", "q = p: every draft is accepted, even with u = 0.999")
 def same_distributions(t: Trial) -> None:
     p = [[0.25, 0.25, 0.5], [0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]
     c = make_case([2, 1], p[:2], p, [0.999, 0.999], [[1.0, 0.5, 2.0], [0.5, 1.0, 1.0], [2.0, 0.3, 1.0]])
-    run_verify(t, c, case='case "q = p": p(x) / q(x) = 1 > u')
+    run_verify(t, c, case=tr('case "q = p": p(x) / q(x) = 1 > u'))
 
 
 # -- ch32.2 ----------------------------------------------------------------------------------------------------------
@@ -176,17 +179,17 @@ def count_instance(t: Trial) -> None:
     got = t.yours.num_drafts_to_verify(conf, SPEC_THRESHOLD)
     want = t.ref.num_drafts_to_verify(conf, SPEC_THRESHOLD)
     models = t.ref.drive(count_models, conf.double().tolist(), SPEC_THRESHOLD)
-    n = expect_int(got, what="the number of drafts to verify")
+    n = expect_int(got, what=tr("the number of drafts to verify"))
     t.figure(
         "ch32-spec-confidence", confidences=conf.double(), threshold=SPEC_THRESHOLD, survivals=models["survivals"], n=n, n_expected=want
     )
-    expect_count(n, conf.double().tolist(), SPEC_THRESHOLD, want, case='case "figure instance"', models=models)
+    expect_count(n, conf.double().tolist(), SPEC_THRESHOLD, want, case=tr('case "figure instance"'), models=models)
 
 
 @public("ch32.2", "the adaptive-verification example: R1 = (0.9, 0.8, 0.5), R2 = (0.6, 0.5, 0.9), threshold 0.35")
 def two_requests(t: Trial) -> None:
-    run_count(t, [0.9, 0.8, 0.5], 0.35, case='case "R1": survivals 0.9, 0.72, 0.36')
-    run_count(t, [0.6, 0.5, 0.9], 0.35, case='case "R2": survivals 0.6, 0.30, 0.27 (the 0.9 comes too late)')
+    run_count(t, [0.9, 0.8, 0.5], 0.35, case=tr('case "R1": survivals 0.9, 0.72, 0.36'))
+    run_count(t, [0.6, 0.5, 0.9], 0.35, case=tr('case "R2": survivals 0.6, 0.30, 0.27 (the 0.9 comes too late)'))
 
 
 @public("ch32.2", "a survival exactly equal to the threshold is still verified")
@@ -195,20 +198,20 @@ def equal_threshold(t: Trial) -> None:
         t,
         torch.tensor([0.5, 0.5, 0.5], dtype=torch.float64),
         0.25,
-        case='case "equal": survivals 0.5, 0.25, 0.125 (exact in binary), threshold 0.25',
+        case=tr('case "equal": survivals 0.5, 0.25, 0.125 (exact in binary), threshold 0.25'),
     )
 
 
 @public("ch32.2", "no drafts, and a first draft below the threshold: nothing to verify")
 def nothing_to_verify(t: Trial) -> None:
-    run_count(t, torch.zeros(0), 0.5, case='case "k = 0"')
-    run_count(t, torch.tensor([0.2, 1.0, 1.0]), 0.5, case='case "weak first draft": c0 = 0.2 < 0.5')
+    run_count(t, torch.zeros(0), 0.5, case=tr('case "k = 0"'))
+    run_count(t, torch.tensor([0.2, 1.0, 1.0]), 0.5, case=tr('case "weak first draft": c0 = 0.2 < 0.5'))
 
 
 # -- ch32.3 ----------------------------------------------------------------------------------------------------------
 
 
-@public("ch32.3", f"figure instance: row 0 in batches of {FIG_BATCHES[0]} … {FIG_BATCHES[-1]}, beside plain x @ w")
+@public("ch32.3", "figure instance: row 0 in batches of 1 … 64, beside plain x @ w")
 def determinism_instance(t: Trial) -> None:
     x = torch.randn(max(FIG_BATCHES), FIG_K, generator=t.rng)
     w = torch.randn(FIG_K, FIG_N, generator=t.rng)
@@ -242,7 +245,9 @@ def determinism_instance(t: Trial) -> None:
         x,
         w,
         batches,
-        case=f'case "figure instance": row 0 of x [64, {FIG_K}], w [{FIG_K}, {FIG_N}], in batches of B = {FIG_BATCHES}',
+        case=tr(
+            'case "figure instance": row 0 of x [64, {K}], w [{K}, {N}], in batches of B = {batches}', K=FIG_K, N=FIG_N, batches=FIG_BATCHES
+        ),
         models=models,
         wants=wants,
         plains=plains,
@@ -253,21 +258,21 @@ def determinism_instance(t: Trial) -> None:
 def any_position(t: Trial) -> None:
     pool, w = torch.randn(12, 96, generator=t.rng), torch.randn(96, 40, generator=t.rng)
     batches = [[0], [3, 0], [5, 1, 0, 7], [11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0], [0, 0, 0, 4, 4], [4], [7, 3, 11]]
-    run_invariance(t, pool, w, batches, case='case "positions": 12 rows of K = 96, N = 40, shuffled into 7 batches')
+    run_invariance(t, pool, w, batches, case=tr('case "positions": 12 rows of K = 96, N = 40, shuffled into 7 batches'))
 
 
 @public("ch32.3", "the bits of the order k = 0 … K − 1 in float32, K = 1 and odd sizes included")
 def agrees(t: Trial) -> None:
     for B, K, N in ((3, 5, 7), (1, 1, 4), (9, 130, 33), (0, 8, 3)):
         x, w = torch.randn(B, K, generator=t.rng), torch.randn(K, N, generator=t.rng)
-        run_invariance(t, x, w, [list(range(B))], case=f'case "agrees": B = {B}, K = {K}, N = {N}')
+        run_invariance(t, x, w, [list(range(B))], case=tr('case "agrees": B = {B}, K = {K}, N = {N}', B=B, K=K, N=N))
 
 
 @public("ch32.3", "bfloat16 in, bfloat16 out, summed in float32")
 def bf16(t: Trial) -> None:
     x = torch.randn(6, 512, generator=t.rng).to(torch.bfloat16)
     w = (torch.randn(512, 24, generator=t.rng) * 0.05).to(torch.bfloat16)
-    run_invariance(t, x, w, [list(range(6))], case='case "bfloat16": B = 6, K = 512, N = 24')
+    run_invariance(t, x, w, [list(range(6))], case=tr('case "bfloat16": B = 6, K = 512, N = 24'))
 
 
 @public("ch32.3", "float64 in: the same order, in a float64 accumulator")
@@ -275,16 +280,13 @@ def float64(t: Trial) -> None:
     # Terms of very different sizes, so that any other grouping of the sum rounds differently.
     x = (torch.randn(8, 300, generator=t.rng) * torch.logspace(0, 6, 300)[torch.randperm(300, generator=t.rng)]).double()
     w = torch.randn(300, 16, generator=t.rng, dtype=torch.float64)
-    run_invariance(t, x, w, [[0], list(range(8)), [5, 0, 2]], case='case "float64": B = 8, K = 300 terms from 1 to 1e6 in size, N = 16')
+    run_invariance(t, x, w, [[0], list(range(8)), [5, 0, 2]], case=tr('case "float64": B = 8, K = 300 terms from 1 to 1e6 in size, N = 16'))
 
 
 # -- ch32.4 ----------------------------------------------------------------------------------------------------------
 
 
-@public(
-    "ch32.4",
-    f"figure instance: row 0 of [{max(RMS_BATCHES)}, {RMS_H}] with block = {RMS_BLOCK}, in batches of {RMS_BATCHES[0]} … {RMS_BATCHES[-1]}",
-)
+@public("ch32.4", "figure instance: row 0 of [16, 40] with block = 16, in batches of 1 … 16")
 def rms_instance(t: Trial) -> None:
     x = torch.randn(max(RMS_BATCHES), RMS_H, generator=t.rng) * 2
     weight = 1 + 0.25 * torch.randn(RMS_H, generator=t.rng)
@@ -322,7 +324,13 @@ def rms_instance(t: Trial) -> None:
         weight,
         batches,
         models,
-        case=f'case "figure instance": row 0 of x [{max(RMS_BATCHES)}, {RMS_H}], block = {RMS_BLOCK}, in batches of B = {RMS_BATCHES}',
+        case=tr(
+            'case "figure instance": row 0 of x [{B}, {H}], block = {block}, in batches of B = {batches}',
+            B=max(RMS_BATCHES),
+            H=RMS_H,
+            block=RMS_BLOCK,
+            batches=RMS_BATCHES,
+        ),
     )
 
 
@@ -340,7 +348,7 @@ def rms_any_position(t: Trial) -> None:
         1e-6,
         8,
         batches,
-        case='case "positions": 12 rows of H = 44 (chunks 8 × 5 + 4), block = 8, shuffled into 7 batches',
+        case=tr('case "positions": 12 rows of H = 44 (chunks 8 × 5 + 4), block = 8, shuffled into 7 batches'),
         order=False,
     )
 
@@ -358,14 +366,22 @@ def rms_shapes(t: Trial) -> None:
     ):
         pool = torch.randn(B, H, generator=t.rng)
         weight = torch.randn(H, generator=t.rng)
-        run_rms(t, pool, weight, eps, block, [list(range(B))], case=f'case "shapes": B = {B}, H = {H}, block = {block}, eps = {eps}')
+        run_rms(
+            t,
+            pool,
+            weight,
+            eps,
+            block,
+            [list(range(B))],
+            case=tr('case "shapes": B = {B}, H = {H}, block = {block}, eps = {eps}', B=B, H=H, block=block, eps=eps),
+        )
 
 
 @public("ch32.4", "a bfloat16 RMSNorm: (x · inv_rms) · weight in float32, one cast at the end")
 def rms_bf16(t: Trial) -> None:
     pool = (torch.randn(16, 96, generator=t.rng) * 3).to(torch.bfloat16)
     weight = (1 + 0.5 * torch.randn(96, generator=t.rng)).to(torch.bfloat16)
-    run_rms(t, pool, weight, 1e-6, 32, [list(range(16)), [3], [9, 3]], case='case "bfloat16": 16 rows of H = 96, block = 32')
+    run_rms(t, pool, weight, 1e-6, 32, [list(range(16)), [3], [9, 3]], case=tr('case "bfloat16": 16 rows of H = 96, block = 32'))
 
 
 # -- helpers: verification -------------------------------------------------------------------------------------------
@@ -464,21 +480,46 @@ def describe_position(c: Case, i: int, positions: list[dict]) -> tuple[str, int]
     p, q, pos = c.p.double(), c.q.double(), positions[min(i, c.k)]
     if i >= c.k:
         return (
-            f"all {c.k} drafts were accepted, so the bonus token is the race on target_probs[{c.k}] = "
-            f"{vec(p[c.k])} with noise[{c.k}] = {vec(c.e[c.k])}: p / E = {vec(pos['scores'])} → token "
-            f"{pos['winner']}",
+            tr(
+                "all {k} drafts were accepted, so the bonus token is the race on target_probs[{k}] = {p} with noise[{k}] = {e}: "
+                "p / E = {scores} → token {winner}",
+                k=c.k,
+                p=vec(p[c.k]),
+                e=vec(c.e[c.k]),
+                scores=vec(pos["scores"]),
+                winner=pos["winner"],
+            ),
             pos["winner"],
         )
     x, u = c.tokens[i], float(c.u[i])
     px, qx = float(p[i, x]), float(q[i, x])
-    head = f"position {i}: draft token {x}, q_{i}({x}) = {fmt(qx)}, p_{i}({x}) = {fmt(px)}"
+    head = tr("position {i}: draft token {x}, q_{i}({x}) = {q}, p_{i}({x}) = {p}", i=i, x=x, q=fmt(qx), p=fmt(px))
     if pos["accept"]:
-        return f"{head}, u_{i} = {fmt(u)} < min(1, p/q) = {fmt(pos['ratio'])} → accepted: emit {x} and go on", -1
-    verdict = (f"u_{i} = {fmt(u)} ≥ min(1, p/q) = {fmt(pos['ratio'])}" if pos["ratio"] is not None else "q(x) = 0") + " → rejected"
+        return tr(
+            "{head}, u_{i} = {u} < min(1, p/q) = {ratio} → accepted: emit {x} and go on",
+            head=head,
+            i=i,
+            u=fmt(u),
+            ratio=fmt(pos["ratio"]),
+            x=x,
+        ), -1
+    verdict = (
+        tr("u_{i} = {u} ≥ min(1, p/q) = {ratio} → rejected", i=i, u=fmt(u), ratio=fmt(pos["ratio"]))
+        if pos["ratio"] is not None
+        else tr("q(x) = 0 → rejected")
+    )
     return (
-        f"{head}, {verdict}; the recovered token is the race on max(0, p_{i} − q_{i}) = {vec(pos['weights'])} "
-        f"with noise[{i}] = {vec(c.e[i])}: scores {vec(pos['scores'])} → token {pos['winner']}, and verification "
-        f"stops",
+        tr(
+            "{head}, {verdict}; the recovered token is the race on max(0, p_{i} − q_{i}) = {weights} with noise[{i}] = {e}: "
+            "scores {scores} → token {winner}, and verification stops",
+            head=head,
+            verdict=verdict,
+            i=i,
+            weights=vec(pos["weights"]),
+            e=vec(c.e[i]),
+            scores=vec(pos["scores"]),
+            winner=pos["winner"],
+        ),
         pos["winner"],
     )
 
@@ -490,8 +531,9 @@ def expect_emitted(got, c: Case, want: list[int], *, case: str, models: dict | N
     if type(got) not in (list, tuple) or any(type(y) is not int for y in got):
         raise CheckFailed(
             case,
-            f"expected the emitted tokens as a list of Python ints; yours: {describe(got)}"
-            + ("  (use .tolist())" if isinstance(got, torch.Tensor) else ""),
+            tr("expected the emitted tokens as a list of Python ints; yours: {got}  (use .tolist())", got=describe(got))
+            if isinstance(got, torch.Tensor)
+            else tr("expected the emitted tokens as a list of Python ints; yours: {got}", got=describe(got)),
         )
     tokens = list(got)
     if tokens == want:
@@ -499,29 +541,44 @@ def expect_emitted(got, c: Case, want: list[int], *, case: str, models: dict | N
     models = models if models is not None else verify_models(None, c)
     i, problem = None, ""
     if not 1 <= len(tokens) <= c.k + 1:
-        problem = f"{len(tokens)} tokens, but a verification of k = {c.k} drafts emits " + (
-            "exactly 1 (the bonus)" if c.k == 0 else f"1 … {c.k + 1}"
+        problem = (
+            tr("{n} tokens, but a verification of k = 0 drafts emits exactly 1 (the bonus)", n=len(tokens))
+            if c.k == 0
+            else tr("{n} tokens, but a verification of k = {k} drafts emits 1 … {most}", n=len(tokens), k=c.k, most=c.k + 1)
         )
     elif any(not 0 <= y < V for y in tokens):
-        problem = f"token {next(y for y in tokens if not 0 <= y < V)} is outside the vocabulary 0 … {V - 1}"
+        problem = tr("token {y} is outside the vocabulary 0 … {last}", y=next(y for y in tokens if not 0 <= y < V), last=V - 1)
     else:
         i = first_problem(c, tokens, models["positions"])
         if i is None:
             return tokens
-    lines = [case, f"expected {want}; yours {tokens}" + (f": {problem}" if problem else "")]
+    lines = [
+        case,
+        tr("expected {want}; yours {got}: {problem}", want=want, got=tokens, problem=problem)
+        if problem
+        else tr("expected {want}; yours {got}", want=want, got=tokens),
+    ]
     if i is not None:
         text, w = describe_position(c, i, models["positions"])
         y, rest = tokens[i], len(tokens) - i - 1
         if w >= 0 and y != w:
             weights = models["positions"][i]["weights"]
-            zero = f" (its weight {'p' if i >= c.k else 'max(0, p − q)'} is 0: it can never win)" if float(weights[y]) == 0 else ""
+            zero = (
+                tr(" (its weight {weight} is 0: it can never win)", weight="p" if i >= c.k else "max(0, p − q)")
+                if float(weights[y]) == 0
+                else ""
+            )
             if i < c.k and y == c.tokens[i] and rest:
-                zero = " (you accepted the draft)"
-            text += f"; yours: token {y}{zero}" + (f", then {rest} more" if rest else "")
+                zero = tr(" (you accepted the draft)")
+            text += (
+                tr("; yours: token {y}{note}, then {rest} more", y=y, note=zero, rest=rest)
+                if rest
+                else tr("; yours: token {y}{note}", y=y, note=zero)
+            )
         elif w >= 0:
-            text += f"; yours: token {y}, then {rest} more"
+            text += tr("; yours: token {y}, then {rest} more", y=y, note="", rest=rest)
         else:
-            text += f"; yours: token {y}" if y != c.tokens[i] else "; yours: your list ends there"
+            text += tr("; yours: token {y}{note}", y=y, note="") if y != c.tokens[i] else tr("; yours: your list ends there")
         lines.append(text)
     raise CheckFailed(*lines, hint=emitted_hint(tokens, want, models["variants"]))
 
@@ -539,20 +596,33 @@ def run_verify(t: Trial, c: Case, *, case: str) -> list[int]:
 def expect_count(got, conf: list[float], threshold: float, want: int, *, case: str, models: dict | None = None) -> int:
     """Require the number of drafts to verify; explain with the survivals (`models`: `count_models`' answer;
     asked of the hidden side when needed if not given)."""
-    n = expect_int(got, what="the number of drafts to verify")
+    n = expect_int(got, what=tr("the number of drafts to verify"))
     if n == want:
         return n
     models = models if models is not None else count_models(None, conf, threshold)
     k, surv = len(conf), models["survivals"]
     lines = [
         case,
-        f"confidences {vec(conf, limit=10)}, threshold {fmt(threshold)}",
-        "survival = running product: " + ", ".join(f"s{j} = {fmt(s)}" for j, s in enumerate(surv[:10])) + (", …" if k > 10 else ""),
+        tr("confidences {conf}, threshold {threshold}", conf=vec(conf, limit=10), threshold=fmt(threshold)),
+        tr(
+            "survival = running product: {survivals}",
+            survivals=", ".join(f"s{j} = {fmt(s)}" for j, s in enumerate(surv[:10])) + (", …" if k > 10 else ""),
+        ),
     ]
     if want < k:
-        lines.append(f"s{want} = {fmt(surv[want])} < {fmt(threshold)} is the first survival below the threshold, so n = {want}; yours: {n}")
+        lines.append(
+            tr(
+                "s{want} = {s} < {threshold} is the first survival below the threshold, so n = {want}; yours: {n}",
+                want=want,
+                s=fmt(surv[want]),
+                threshold=fmt(threshold),
+                n=n,
+            )
+        )
     else:
-        lines.append(f"every survival stays ≥ {fmt(threshold)}, so all {k} drafts are verified; yours: {n}")
+        lines.append(
+            tr("every survival stays ≥ {threshold}, so all {k} drafts are verified; yours: {n}", threshold=fmt(threshold), k=k, n=n)
+        )
     hint = ""
     if n in (models["first alone below"], models["alone at or above"]) and n != want:
         hint = M.per_item
@@ -603,14 +673,19 @@ def probe_matmul(gen: torch.Generator, batches: list[int] = FIG_BATCHES) -> list
 
 
 def machine() -> str:
-    return f"{platform.machine() or 'cpu'}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
+    return tr(
+        "{machine}, torch {version}, {threads} thread(s)",
+        machine=platform.machine() or "cpu",
+        version=torch.__version__,
+        threads=torch.get_num_threads(),
+    )
 
 
 def expect_product(got, x: torch.Tensor, w: torch.Tensor, *, case: str, models: dict | None = None) -> torch.Tensor:
     """Require x @ w within the rounding of a float32 (float64) accumulation and a cast to x's dtype
     (`models`: `product_models`' answer; asked of the hidden side if not given)."""
     B, K, N = x.shape[0], x.shape[1], w.shape[1]
-    out = expect_tensor(got, what=f"x @ w for a batch of {B} rows", shape=[B, N], dtype=x.dtype)
+    out = expect_tensor(got, what=tr("x @ w for a batch of {B} rows", B=B), shape=[B, N], dtype=x.dtype)
     models = models if models is not None else product_models(None, x, w)
     exact, bound = models["exact"], models["bound"]
     bad = ~((out.double() - exact).abs() <= bound)
@@ -619,9 +694,18 @@ def expect_product(got, x: torch.Tensor, w: torch.Tensor, *, case: str, models: 
     i, n = (int(v) for v in bad.nonzero()[0])
     lines = [
         case,
-        f"out[{i}, {n}] = Σ_k x[{i}, k] · w[k, {n}] over K = {K} terms = {fmt(float(exact[i, n]), 8)} "
-        f"(float64), allowed error {fmt(float(bound[i, n]), 2)}; yours: {fmt(float(out[i, n]), 8)} "
-        f"({int(bad.sum())} of {bad.numel()} entries are off)",
+        tr(
+            "out[{i}, {n}] = Σ_k x[{i}, k] · w[k, {n}] over K = {K} terms = {exact} (float64), allowed error {bound}; yours: {got} "
+            "({bad} of {total} entries are off)",
+            i=i,
+            n=n,
+            K=K,
+            exact=fmt(float(exact[i, n]), 8),
+            bound=fmt(float(bound[i, n]), 2),
+            got=fmt(float(out[i, n]), 8),
+            bad=int(bad.sum()),
+            total=bad.numel(),
+        ),
     ]
     low = "low" in models and bool((models["low"] == out).float().mean() > 0.9)
     raise CheckFailed(*lines, hint=M.low_precision_acc.format(dtype=str(x.dtype)[6:]) if low else "")
@@ -646,7 +730,7 @@ def collect(t: Trial, pool: torch.Tensor, w: torch.Tensor, batches: list[list[in
     return [
         expect_tensor(
             t.yours.batch_invariant_matmul(pool[idx], w),
-            what=f"x @ w for a batch of {len(idx)} rows",
+            what=tr("x @ w for a batch of {B} rows", B=len(idx)),
             shape=[len(idx), w.shape[1]],
             dtype=pool.dtype,
         )
@@ -671,11 +755,25 @@ def moved_row(outs: list[torch.Tensor], batches: list[list[int]], *, case: str, 
             a, b = out0[pos0, n], out[pos, n]
             lines = [
                 case,
-                f"pool row {r} computed in a batch of B = {B0} (position {pos0}) and of B = {len(idx)} "
-                f"(position {pos}) must come out with the same bits; column {n}: {fmt(float(a), 9)} ({bits(a)}) "
-                f"vs {fmt(float(b), 9)} ({bits(b)}), {ulps(a, b)} ulp apart; {int((~same).sum())} of "
-                f"{same.numel()} columns differ",
-                f"the order in which your function sums {what} depends on the batch",
+                tr(
+                    "pool row {r} computed in a batch of B = {B0} (position {pos0}) and of B = {B1} (position {pos1}) must come out "
+                    "with the same bits; column {n}: {a} ({a_bits}) vs {b} ({b_bits}), {ulps} ulp apart; {bad} of {total} columns "
+                    "differ",
+                    r=r,
+                    B0=B0,
+                    pos0=pos0,
+                    B1=len(idx),
+                    pos1=pos,
+                    n=n,
+                    a=fmt(float(a), 9),
+                    a_bits=bits(a),
+                    b=fmt(float(b), 9),
+                    b_bits=bits(b),
+                    ulps=ulps(a, b),
+                    bad=int((~same).sum()),
+                    total=same.numel(),
+                ),
+                what,
             ]
             return lines, ((B0, pos0), (len(idx), pos))
     return None
@@ -698,8 +796,8 @@ def expect_invariant(
     models = models if models is not None else [product_models(None, pool[idx], w) for idx in batches]
     plains = plains if plains is not None else plain_models(None, pool, w, batches)
     for n, (idx, out) in enumerate(zip(batches, outs)):
-        expect_product(out, pool[idx], w, case=f"{case}, batch of B = {len(idx)}", models=models[n])
-    moved = moved_row(outs, batches, case=case, what="over k")
+        expect_product(out, pool[idx], w, case=tr("{case}, batch of B = {B}", case=case, B=len(idx)), models=models[n])
+    moved = moved_row(outs, batches, case=case, what=tr("the order in which your function sums over k depends on the batch"))
     if moved:
         plain = all(bool(same_bits(out, p).all()) for out, p in zip(outs, plains))
         raise CheckFailed(*moved[0], hint=M.plain_matmul if plain else M.batch_dependent)
@@ -712,13 +810,27 @@ def expect_invariant(
         i, n = (int(v) for v in (~same).nonzero()[0])
         acc = "float64" if pool.dtype == torch.float64 else "float32"
         lines = [
-            f"{case}, batch of B = {len(idx)}",
-            f"out[{i}, {n}] must have the bits of the fixed order (k = 0, 1, …, {w.shape[0] - 1} in turn, a "
-            f"multiply then an add in {acc}, one cast at the end): {fmt(float(want[i, n]), 9)} "
-            f"({bits(want[i, n])}); yours {fmt(float(out[i, n]), 9)} ({bits(out[i, n])}), "
-            f"{ulps(want[i, n], out[i, n])} ulp apart; {int((~same).sum())} of {same.numel()} entries differ",
-            "your values are right and keep their bits from batch to batch here, but they are not the bits of "
-            "that order: another machine (or library version) may sum them another way",
+            tr("{case}, batch of B = {B}", case=case, B=len(idx)),
+            tr(
+                "out[{i}, {n}] must have the bits of the fixed order (k = 0, 1, …, {last} in turn, a multiply then an add in {acc}, "
+                "one cast at the end): {want} ({want_bits}); yours {got} ({got_bits}), {ulps} ulp apart; {bad} of {total} entries "
+                "differ",
+                i=i,
+                n=n,
+                last=w.shape[0] - 1,
+                acc=acc,
+                want=fmt(float(want[i, n]), 9),
+                want_bits=bits(want[i, n]),
+                got=fmt(float(out[i, n]), 9),
+                got_bits=bits(out[i, n]),
+                ulps=ulps(want[i, n], out[i, n]),
+                bad=int((~same).sum()),
+                total=same.numel(),
+            ),
+            tr(
+                "your values are right and keep their bits from batch to batch here, but they are not the bits of that order: "
+                "another machine (or library version) may sum them another way"
+            ),
         ]
         hint = ""
         if "upcast" in model and bool(same_bits(out, model["upcast"]).all()):
@@ -752,7 +864,7 @@ def collect_rms(t: Trial, pool: torch.Tensor, weight: torch.Tensor, eps: float, 
     return [
         expect_tensor(
             t.yours.batch_invariant_rms_norm(pool[idx], weight, eps, block),
-            what=f"the RMSNorm of a batch of {len(idx)} rows",
+            what=tr("the RMSNorm of a batch of {B} rows", B=len(idx)),
             shape=[len(idx), pool.shape[1]],
             dtype=pool.dtype,
         )
@@ -782,13 +894,20 @@ def expect_rms(
         if bool(bad.any()):
             i, n = (int(v) for v in bad.nonzero()[0])
             raise CheckFailed(
-                f"{case}, batch of B = {len(idx)}",
-                f"out[{i}, {n}] = x[{i}, {n}] / sqrt(mean_j x[{i}, j]² + eps) · weight[{n}] = "
-                f"{fmt(float(model['exact'][i, n]), 8)} (float64), allowed error "
-                f"{fmt(float(model['bound'][i, n]), 2)}; yours: {fmt(float(out[i, n]), 8)} "
-                f"({int(bad.sum())} of {bad.numel()} entries are off)",
+                tr("{case}, batch of B = {B}", case=case, B=len(idx)),
+                tr(
+                    "out[{i}, {n}] = x[{i}, {n}] / sqrt(mean_j x[{i}, j]² + eps) · weight[{n}] = {exact} (float64), allowed error "
+                    "{bound}; yours: {got} ({bad} of {total} entries are off)",
+                    i=i,
+                    n=n,
+                    exact=fmt(float(model["exact"][i, n]), 8),
+                    bound=fmt(float(model["bound"][i, n]), 2),
+                    got=fmt(float(out[i, n]), 8),
+                    bad=int(bad.sum()),
+                    total=bad.numel(),
+                ),
             )
-    moved = moved_row(outs, batches, case=case, what="over the hidden size")
+    moved = moved_row(outs, batches, case=case, what=tr("the order in which your function sums over the hidden size depends on the batch"))
     if moved:
         raise CheckFailed(*moved[0], hint=M.rms_batch_split)
     # A hint names a mistake whose bits are the student's in every batch, not in one row by chance.
@@ -797,13 +916,20 @@ def expect_rms(
         library = next((key for key in models["library orders"] if everywhere(key)), None)
         if library is None:
             return
-        what = "torch.sum (or .mean) of the squares" if library == "plain sum" else f"torch.sum over each chunk of {models['block']}"
+        what = (
+            tr("torch.sum (or .mean) of the squares")
+            if library == "plain sum"
+            else tr("torch.sum over each chunk of {block}", block=models["block"])
+        )
         raise CheckFailed(
             case,
-            f"your rows keep their bits from batch to batch here, but they are the bits of {what}: the library picks "
-            "that order from the shape (a GPU kernel splits a lone row across blocks), so nothing makes it stay the "
-            "same in another batch or on another machine",
-            "write the sum out in an order that depends only on H and block",
+            tr(
+                "your rows keep their bits from batch to batch here, but they are the bits of {what}: the library picks that order "
+                "from the shape (a GPU kernel splits a lone row across blocks), so nothing makes it stay the same in another batch "
+                "or on another machine",
+                what=what,
+            ),
+            tr("write the sum out in an order that depends only on H and block"),
             hint=M.rms_plain_sum if library == "plain sum" else M.rms_chunk_sum,
         )
     for idx, out, want, model in zip(batches, outs, wants, per_batch):
@@ -813,13 +939,24 @@ def expect_rms(
         i, n = (int(v) for v in (~same).nonzero()[0])
         block = models["block"]
         lines = [
-            f"{case}, batch of B = {len(idx)}",
-            f"out[{i}, {n}] must have the bits of the fixed split (squares in chunks of {block} columns, each "
-            f"chunk summed by halving, the chunk sums added in order, 1 / sqrt(total / {H} + eps), "
-            f"(x · inv_rms) · weight, one cast at the end): {fmt(float(want[i, n]), 9)} ({bits(want[i, n])}); "
-            f"yours {fmt(float(out[i, n]), 9)} ({bits(out[i, n])}), {ulps(want[i, n], out[i, n])} ulp apart; "
-            f"{int((~same).sum())} of {same.numel()} entries differ",
-            "your values are right and keep their bits from batch to batch here, but they are not the bits of that order",
+            tr("{case}, batch of B = {B}", case=case, B=len(idx)),
+            tr(
+                "out[{i}, {n}] must have the bits of the fixed split (squares in chunks of {block} columns, each chunk summed by "
+                "halving, the chunk sums added in order, 1 / sqrt(total / {H} + eps), (x · inv_rms) · weight, one cast at the "
+                "end): {want} ({want_bits}); yours {got} ({got_bits}), {ulps} ulp apart; {bad} of {total} entries differ",
+                i=i,
+                n=n,
+                block=block,
+                H=H,
+                want=fmt(float(want[i, n]), 9),
+                want_bits=bits(want[i, n]),
+                got=fmt(float(out[i, n]), 9),
+                got_bits=bits(out[i, n]),
+                ulps=ulps(want[i, n], out[i, n]),
+                bad=int((~same).sum()),
+                total=same.numel(),
+            ),
+            tr("your values are right and keep their bits from batch to batch here, but they are not the bits of that order"),
         ]
         # With one chunk, torch.sum over the chunk is torch.sum over the row: name the row's. A library sum is named
         # only where its bits differ from every order written out by hand (a loop over j may give torch.sum's bits).

@@ -6,6 +6,7 @@ import numpy as np
 
 from grader.authoring import CheckFailed, Trial, hidden
 from grader.checks.ch30 import MATRIX, QWEN3_CONFIG, batch_of, expect_lowered, record_fields, run_support_case
+from grader.i18n import tr
 
 # -- ch30.1 ---------------------------------------------------------------------------------------------------
 
@@ -14,15 +15,15 @@ from grader.checks.ch30 import MATRIX, QWEN3_CONFIG, batch_of, expect_lowered, r
 def random_requests(t: Trial) -> None:
     for i in range(40):
         req = random_request(t, i)
-        expect_lowered(t.yours.lower_request(req), t.ref.lower_request(req), req, f"random request {i}")
+        expect_lowered(t.yours.lower_request(req), t.ref.lower_request(req), req, tr("random request {i}", i=i))
 
 
 @hidden("ch30.1", "edge values that still fit")
 def edge_values(t: Trial) -> None:
     cases = [
-        ({"request_id": 2**63 - 1, "prompt_token_ids": [2**31 - 1, 0]}, "the largest request_id and token id"),
-        ({"request_id": 0, "prompt_token_ids": [5]}, "a one-token prompt"),
-        ({"request_id": 1, "prompt_token_ids": [5, 6], "num_computed_tokens": 1}, "one prompt token left"),
+        ({"request_id": 2**63 - 1, "prompt_token_ids": [2**31 - 1, 0]}, tr("the largest request_id and token id")),
+        ({"request_id": 0, "prompt_token_ids": [5]}, tr("a one-token prompt")),
+        ({"request_id": 1, "prompt_token_ids": [5, 6], "num_computed_tokens": 1}, tr("one prompt token left")),
         (
             {
                 "request_id": 2,
@@ -31,13 +32,13 @@ def edge_values(t: Trial) -> None:
                 "num_computed_tokens": 1,
                 "sampling_params": {"max_tokens": 3},
             },
-            "a preempted request after a partial hit",
+            tr("a preempted request after a partial hit"),
         ),
         (
             {"request_id": 3, "prompt_token_ids": [5], "sampling_params": {"temperature": 0, "top_p": 1, "top_k": 1, "seed": 2**63 - 1}},
-            "greedy, ints for floats, the largest seed",
+            tr("greedy, ints for floats, the largest seed"),
         ),
-        ({"request_id": 4, "prompt_token_ids": [1, 2], "arrival_time": 3.5, "prompt": "hi"}, "front-end keys stay in Python"),
+        ({"request_id": 4, "prompt_token_ids": [1, 2], "arrival_time": 3.5, "prompt": "hi"}, tr("front-end keys stay in Python")),
     ]
     for req, case in cases:
         expect_lowered(t.yours.lower_request(req), t.ref.lower_request(req), req, case)
@@ -52,7 +53,7 @@ def lower_unknown_parameters(t: Trial) -> None:
             ValueError,
             t.yours.lower_request,
             dict(base, sampling_params=params),
-            because=f"the record has no field for {key}, and dropping it would change the sampling",
+            because=tr("the record has no field for {key}, and dropping it would change the sampling", key=key),
         )
 
 
@@ -63,10 +64,15 @@ def random_batches(t: Trial) -> None:
         batch = batch_of(t.random.sample(pool, t.random.randint(1, 8)))
         got, want = t.yours.select_phase(batch), t.ref.select_phase(batch)
         if got != want:
+            fields = dict(n=len(batch), is_prompt=batch["is_prompt"].tolist(), want=want, got=got)
             raise CheckFailed(
-                f"a batch of {len(batch)} records, is_prompt = {batch['is_prompt'].tolist()}: "
-                + ("some record has prompt work, and prompt goes first" if want == "prompt" else "no record has prompt work")
-                + f", so {want!r}; yours: {got!r}"
+                tr(
+                    "a batch of {n} records, is_prompt = {is_prompt}: some record has prompt work, and prompt goes first, "
+                    "so {want!r}; yours: {got!r}",
+                    **fields,
+                )
+                if want == "prompt"
+                else tr("a batch of {n} records, is_prompt = {is_prompt}: no record has prompt work, so {want!r}; yours: {got!r}", **fields)
             )
 
 
@@ -78,19 +84,22 @@ def layout_violations(t: Trial) -> None:
     swapped = names[:]
     swapped[2], swapped[3] = swapped[3], swapped[2]
     cases = [
-        (_rebuilt(rec, names, top_k=">i4", prompt_len=">i4"), "its prompt_len and top_k are big-endian: the right names, the wrong bytes"),
-        (_rebuilt(rec, names, top_k="<i8"), "its top_k is an int64, which moves seed and the size"),
-        (_rebuilt(rec, names, temperature="<f8"), "its temperature is a float64"),
+        (
+            _rebuilt(rec, names, top_k=">i4", prompt_len=">i4"),
+            tr("its prompt_len and top_k are big-endian: the right names, the wrong bytes"),
+        ),
+        (_rebuilt(rec, names, top_k="<i8"), tr("its top_k is an int64, which moves seed and the size")),
+        (_rebuilt(rec, names, temperature="<f8"), tr("its temperature is a float64")),
         (
             rec.astype(
                 np.dtype(
                     {"names": names, "formats": [fields[n][0] for n in names], "offsets": [fields[n][1] for n in names], "itemsize": 64}
                 )
             ),
-            "its records are 64 bytes apart: the right offsets, the wrong stride",
+            tr("its records are 64 bytes apart: the right offsets, the wrong stride"),
         ),
-        (_rebuilt(rec, swapped), "num_tokens and num_computed_tokens are swapped: the same sizes, another meaning"),
-        (_rebuilt(rec, names[:-1]), "its records have no seed"),
+        (_rebuilt(rec, swapped), tr("num_tokens and num_computed_tokens are swapped: the same sizes, another meaning")),
+        (_rebuilt(rec, names[:-1]), tr("its records have no seed")),
     ]
     for batch, because in cases:
         t.expect_raises(ValueError, t.yours.select_phase, batch, because=because)
@@ -105,11 +114,11 @@ def inconsistent_records(t: Trial) -> None:
         ValueError,
         t.yours.select_phase,
         flipped,
-        because="is_prompt says prompt, but only the newest output token lacks KV: that is a decode step",
+        because=tr("is_prompt says prompt, but only the newest output token lacks KV: that is a decode step"),
     )
     stale = rec.copy()
     stale["num_new_tokens"] = 3
-    t.expect_raises(ValueError, t.yours.select_phase, stale, because="num_new_tokens 3 ≠ num_tokens − num_computed_tokens = 1")
+    t.expect_raises(ValueError, t.yours.select_phase, stale, because=tr("num_new_tokens 3 ≠ num_tokens − num_computed_tokens = 1"))
 
 
 # -- ch30.2 ---------------------------------------------------------------------------------------------------
@@ -119,20 +128,23 @@ def inconsistent_records(t: Trial) -> None:
 def random_support(t: Trial) -> None:
     for i in range(30):
         matrix = random_matrix(t)
-        run_support_case(t, random_config(t, matrix), matrix, f"random case {i}")
+        run_support_case(t, random_config(t, matrix), matrix, tr("random case {i}", i=i))
 
 
 @hidden("ch30.2", "the edges of each row")
 def support_edges(t: Trial) -> None:
     cases = [
-        (dict(QWEN3_CONFIG, max_position_embeddings=32769, features=[]), "one token over max_context"),
-        (dict(QWEN3_CONFIG, tensor_parallel_size=8, features=[]), "the largest listed tp"),
-        (dict(QWEN3_CONFIG, tensor_parallel_size=16, features=[]), "tp 16, past the list"),
+        (dict(QWEN3_CONFIG, max_position_embeddings=32769, features=[]), tr("one token over max_context")),
+        (dict(QWEN3_CONFIG, tensor_parallel_size=8, features=[]), tr("the largest listed tp")),
+        (dict(QWEN3_CONFIG, tensor_parallel_size=16, features=[]), tr("tp 16, past the list")),
         (dict(QWEN3_CONFIG, quantization_config=None, features=[]), "quantization_config None"),
-        (dict(QWEN3_CONFIG, quantization_config={"quant_method": "fp8"}, features=[]), "a listed method"),
-        (dict(QWEN3_CONFIG, features=["speculative_decoding", "prefix_caching", "lora"]), "features marked False and unlisted"),
-        (dict(QWEN3_CONFIG, architectures=["Qwen3ForCausalLM", "Qwen3MoeForCausalLM"], features=[]), "two architectures, one verified"),
-        ({**{k: v for k, v in QWEN3_CONFIG.items() if k != "torch_dtype"}, "dtype": "float16", "features": []}, "the newer 'dtype' key"),
+        (dict(QWEN3_CONFIG, quantization_config={"quant_method": "fp8"}, features=[]), tr("a listed method")),
+        (dict(QWEN3_CONFIG, features=["speculative_decoding", "prefix_caching", "lora"]), tr("features marked False and unlisted")),
+        (dict(QWEN3_CONFIG, architectures=["Qwen3ForCausalLM", "Qwen3MoeForCausalLM"], features=[]), tr("two architectures, one verified")),
+        (
+            {**{k: v for k, v in QWEN3_CONFIG.items() if k != "torch_dtype"}, "dtype": "float16", "features": []},
+            tr("the newer 'dtype' key"),
+        ),
     ]
     for config, case in cases:
         run_support_case(t, config, MATRIX, case)
@@ -141,7 +153,7 @@ def support_edges(t: Trial) -> None:
         t,
         dict(QWEN3_CONFIG, max_position_embeddings=4096),
         local_only,
-        "a release with a local prefix cache that does not list a KV service",
+        tr("a release with a local prefix cache that does not list a KV service"),
     )
 
 

@@ -22,6 +22,7 @@ from grader.checks.ch31 import (
     scaled_experts,
 )
 from grader.hidden.ch31_models import ORDERS_LIMIT
+from grader.i18n import tr
 
 # -- ch31.1 ----------------------------------------------------------------------------------------------------------
 
@@ -32,13 +33,15 @@ def random_routes(t: Trial) -> None:
         N, E = t.random.randint(1, 40), t.random.choice([2, 4, 8, 16, 64])
         k = t.random.randint(1, min(E, 8))
         logits = torch.randn(N, E, generator=t.rng) * t.random.choice([0.5, 2.0, 6.0])
-        run_routing_case(t, logits, k, t.random.random() < 0.7, f"random case {i} ({N} tokens, {E} experts, top-{k})")
+        run_routing_case(
+            t, logits, k, t.random.random() < 0.7, tr("random case {i} ({N} tokens, {E} experts, top-{k})", i=i, N=N, E=E, k=k)
+        )
 
 
 @hidden("ch31.1", "DeepSeek-V3's shape: 256 experts, top-8, bfloat16 logits")
 def route_deepseek(t: Trial) -> None:
     logits = (torch.randn(64, 256, generator=t.rng) * 2).to(torch.bfloat16)
-    run_routing_case(t, logits, 8, True, "64 tokens, 256 experts, top-8, bfloat16")
+    run_routing_case(t, logits, 8, True, tr("64 tokens, 256 experts, top-8, bfloat16"))
 
 
 @hidden("ch31.1", "many ties")
@@ -46,7 +49,7 @@ def route_many_ties(t: Trial) -> None:
     for i in range(10):
         E = t.random.choice([4, 6, 8])
         logits = torch.randint(0, 3, (12, E), generator=t.rng).float()
-        run_routing_case(t, logits, t.random.randint(1, E), t.random.random() < 0.5, f"integer logits {i}")
+        run_routing_case(t, logits, t.random.randint(1, E), t.random.random() < 0.5, tr("integer logits {i}", i=i))
 
 
 # -- ch31.2 ----------------------------------------------------------------------------------------------------------
@@ -61,7 +64,7 @@ def random_dispatch(t: Trial) -> None:
         N, H = t.random.randint(0, 30), t.random.choice([1, 3, 8])
         x = torch.randn(N, H, generator=t.rng)
         ids = random_routing(t, N, E, k)
-        expect_dispatch(t.yours.dispatch(x, ids, E, R), t.ref.dispatch(x, ids, E, R), x, ids, E, R, f"random case {i}")
+        expect_dispatch(t.yours.dispatch(x, ids, E, R), t.ref.dispatch(x, ids, E, R), x, ids, E, R, tr("random case {i}", i=i))
 
 
 @hidden("ch31.2", "round trips through your dispatch and combine, checked against a dense MoE")
@@ -77,24 +80,35 @@ def random_round_trips(t: Trial) -> None:
         mats = torch.randn(E, H, H, generator=t.rng)
         dispatched = t.yours.dispatch(x, ids, E, R)
         want = t.ref.dispatch(x, ids, E, R)
-        rows, handle = dispatch_structure(dispatched, x, R, f"round trip {i}")
+        rows, handle = dispatch_structure(dispatched, x, R, tr("round trip {i}", i=i))
         out_rows = [r @ mats[e].T for r, e in zip(torch.cat(rows).split(1), handle["expert"].clamp(0, E - 1).tolist())]
         outputs = list(torch.cat(out_rows).split(handle["rows_per_rank"].tolist())) if out_rows else [torch.zeros(0, H)] * R
         got = t.yours.combine(outputs, handle, w)
         dense = sum((w[:, j : j + 1] * torch.einsum("nh,noh->no", x, mats[ids[:, j]]) for j in range(k)), torch.zeros(N, H))
-        case = f"round trip {i} ({N} tokens, {E} experts on {R} ranks, top-{k}; expert e computes x·W_eᵀ)"
+        case = tr("round trip {i} ({N} tokens, {E} experts on {R} ranks, top-{k}; expert e computes x·W_eᵀ)", i=i, N=N, E=E, R=R, k=k)
         if isinstance(got, torch.Tensor) and got.dim() == 2 and got.shape[0] == N * k != N:
-            raise CheckFailed(f"{case}: expected one row per token, [{N}, {H}]; yours: {describe(got)}", hint=M.concatenated)
-        out = expect_tensor(got, what=f"round trip {i}: the output", shape=[N, H], dtype=torch.float32)
+            raise CheckFailed(
+                tr("{case}: expected one row per token, [{N}, {H}]; yours: {got}", case=case, N=N, H=H, got=describe(got)),
+                hint=M.concatenated,
+            )
+        out = expect_tensor(got, what=tr("round trip {i}: the output", i=i), shape=[N, H], dtype=torch.float32)
         idx = first_wrong(out, dense, atol=COMBINE_TOL, rtol=COMBINE_TOL)
         if idx is not None:
             tok = idx[0]
             # A dispatch other than the reference's explains itself (with its mistake); else combine is at fault.
             expect_dispatch(dispatched, want, x, ids, E, R, case)
             raise CheckFailed(
-                f"{case}: token {tok} routes to experts {ids[tok].tolist()} with weights {vec(w[tok])}, "
-                f"so out[{tok}] = Σ_j w_j · x W_eᵀ = {vec(dense[tok])}; yours: {vec(out[tok])}",
-                hint=combine_hint(out, outputs, w, handle) or "your handle and your combine must agree on where each row came from",
+                tr(
+                    "{case}: token {tok} routes to experts {experts} with weights {weights}, so out[{tok}] = Σ_j w_j · x W_eᵀ = {want}; "
+                    "yours: {got}",
+                    case=case,
+                    tok=tok,
+                    experts=ids[tok].tolist(),
+                    weights=vec(w[tok]),
+                    want=vec(dense[tok]),
+                    got=vec(out[tok]),
+                ),
+                hint=combine_hint(out, outputs, w, handle) or tr("your handle and your combine must agree on where each row came from"),
             )
 
 
@@ -106,7 +120,7 @@ def random_combine(t: Trial) -> None:
         ids = random_routing(t, N, E, k)
         rows, handle = t.ref.dispatch(torch.zeros(N, H), ids, E, R)
         outputs = [torch.randn(r.shape, generator=t.rng) for r in rows]
-        run_combine_case(t, outputs, handle, torch.rand(N, k, generator=t.rng), f"random case {i}")
+        run_combine_case(t, outputs, handle, torch.rand(N, k, generator=t.rng), tr("random case {i}", i=i))
 
 
 @hidden("ch31.2", "bfloat16 rows, top-1, one rank")
@@ -114,9 +128,9 @@ def dispatch_edges(t: Trial) -> None:
     x = torch.randn(9, 8, generator=t.rng).to(torch.bfloat16)
     ids = random_routing(t, 9, 4, 1)
     want = t.ref.dispatch(x, ids, 4, 1)
-    rows, handle = expect_dispatch(t.yours.dispatch(x, ids, 4, 1), want, x, ids, 4, 1, "bfloat16, top-1, R = 1")
+    rows, handle = expect_dispatch(t.yours.dispatch(x, ids, 4, 1), want, x, ids, 4, 1, tr("bfloat16, top-1, R = 1"))
     outputs = scaled_experts(want[0], want[1])
-    run_combine_case(t, outputs, want[1], torch.ones(9, 1), "bfloat16, top-1", " with y = (e + 1)·x")
+    run_combine_case(t, outputs, want[1], torch.ones(9, 1), tr("bfloat16, top-1"), tr(" with y = (e + 1)·x"))
 
 
 # -- ch31.3 ----------------------------------------------------------------------------------------------------------
@@ -126,25 +140,25 @@ def dispatch_edges(t: Trial) -> None:
 def eplb_random_hierarchical(t: Trial) -> None:
     for i in range(12):
         E, args = random_shape(t, True)
-        run_placement_case(t, random_loads(t, t.random.choice([1, 2]), E, args), args, f"random case {i}")
+        run_placement_case(t, random_loads(t, t.random.choice([1, 2]), E, args), args, tr("random case {i}", i=i))
 
 
 @hidden("ch31.3", "random loads, global policy (some integer token counts, ties judged as EPLB decides them)")
 def eplb_random_global(t: Trial) -> None:
     for i in range(10):
         E, args = random_shape(t, False)
-        run_placement_case(t, random_loads(t, t.random.choice([1, 2]), E, args), args, f"random case {i}")
+        run_placement_case(t, random_loads(t, t.random.choice([1, 2]), E, args), args, tr("random case {i}", i=i))
 
 
 @hidden("ch31.3", "DeepSeek-V3's shape: 256 experts in 8 groups, 288 slots on 32 GPUs in 4 nodes")
 def eplb_deepseek(t: Trial) -> None:
-    run_placement_case(t, random_loads(t, 2, 256), (288, 8, 4, 32), "256 experts, 2 layers")
+    run_placement_case(t, random_loads(t, 2, 256), (288, 8, 4, 32), tr("256 experts, 2 layers"))
 
 
 @hidden("ch31.3", "one slot per GPU and one group per node keep the identity")
 def eplb_identity(t: Trial) -> None:
-    run_placement_case(t, random_loads(t, 1, 4), (4, 4, 4, 4), "4 experts, 4 nodes, 4 GPUs")
-    run_placement_case(t, random_loads(t, 1, 8), (8, 4, 2, 8), "8 experts on 8 GPUs, one slot each")
+    run_placement_case(t, random_loads(t, 1, 4), (4, 4, 4, 4), tr("4 experts, 4 nodes, 4 GPUs"))
+    run_placement_case(t, random_loads(t, 1, 8), (8, 4, 2, 8), tr("8 experts on 8 GPUs, one slot each"))
 
 
 @hidden("ch31.3", "balancedness on random loads")
@@ -154,7 +168,7 @@ def balancedness_random(t: Trial) -> None:
         loads = torch.rand(shape, generator=t.rng) * 100
         if t.random.random() < 0.3:
             loads = loads.round()
-        expect_balancedness(t.yours.balancedness(loads), loads, t.ref.balancedness(loads), f"random loads {i}")
+        expect_balancedness(t.yours.balancedness(loads), loads, t.ref.balancedness(loads), tr("random loads {i}", i=i))
 
 
 # -- ch31.4 ----------------------------------------------------------------------------------------------------------
@@ -173,7 +187,7 @@ def window_random_traces(t: Trial) -> None:
             passes,
             phy2log,
             E,
-            f"random trace {i} (W = {W}, {L} layer(s), {phy2log.shape[1]} slots of {E} experts)",
+            tr("random trace {i} (W = {W}, {L} layer(s), {P} slots of {E} experts)", i=i, W=W, L=L, P=phy2log.shape[1], E=E),
         )
 
 
@@ -183,7 +197,7 @@ def window_random_cases(t: Trial) -> None:
         W, L, E = t.random.randint(1, 8), t.random.randint(1, 4), t.random.randint(1, 10)
         phy2log = random_placement(t, L, E, E + t.random.randint(0, 6))
         window = torch.stack([random_pass(t, phy2log.shape) for _ in range(W)])
-        run_window_case(t, window, t.random.randrange(W), random_pass(t, phy2log.shape), phy2log, E, f"random case {i}")
+        run_window_case(t, window, t.random.randrange(W), random_pass(t, phy2log.shape), phy2log, E, tr("random case {i}", i=i))
 
 
 @hidden("ch31.4", "a window of one pass, and DeepSeek-V3's 288 slots of 256 experts")
@@ -196,11 +210,11 @@ def window_edges(t: Trial) -> None:
         [random_pass(t, (2, 8)) for _ in range(3)],
         phy2log,
         6,
-        "W = 1: the window is the last pass",
+        tr("W = 1: the window is the last pass"),
     )
     phy2log = random_placement(t, 2, 256, 288)
     window = torch.stack([random_pass(t, (2, 288), 4096) for _ in range(5)])
-    run_window_case(t, window, 3, random_pass(t, (2, 288), 4096), phy2log, 256, "W = 5, 2 layers, 288 slots")
+    run_window_case(t, window, 3, random_pass(t, (2, 288), 4096), phy2log, 256, tr("W = 5, 2 layers, 288 slots"))
 
 
 # -- helpers: random routings, loads and shapes from the grading seed ------------------------------------------------
