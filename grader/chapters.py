@@ -42,7 +42,8 @@ def missing_exercise(chapter: "Chapter") -> str:
     return f"{rel} is missing (renamed, moved or deleted?): {how}"
 
 
-TASK_RE = re.compile(r"\bTask (ch\d{2}\.\d+)\b")
+TASK_RE = re.compile(r"(?:\bTask|任务) ?(ch\d{2}\.\d+)\b")
+"""What marks a task in a docstring: "Task ch25.1", or in a Chinese docstring "任务 ch25.1"."""
 
 
 @dataclass(frozen=True)

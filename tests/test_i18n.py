@@ -179,6 +179,21 @@ def test_a_chinese_exercise_keeps_its_code_and_translates_its_prose(path: Path):
     assert not left, f"{len(left)} English paragraphs left: {left[0][:200]!r}"
 
 
+def test_a_translated_docstring_keeps_what_the_grader_reads_in_it(extracted):
+    """`Task chNN.k` marks a task (grader/chapters.py; "任务 chNN.k" in Chinese) and code is in backticks: a
+    translation keeps both."""
+    zh = catalog.table("zh")
+    wrong = []
+    for (domain, _hidden), found in extracted.items():
+        for context, text in found:
+            if context and context.startswith(domain + "_") and (context, text) in zh:
+                got = zh[(context, text)]
+                if chapters.TASK_RE.findall(text) != chapters.TASK_RE.findall(got):
+                    wrong.append(f"{context}: {chapters.TASK_RE.findall(text)} marked, {chapters.TASK_RE.findall(got)} kept")
+                wrong += [f"{context}: {w!r} lost" for w in sorted(set(re.findall(r"`[^`]+`", text))) if w not in got]
+    assert not wrong, "\n".join(wrong[:30])
+
+
 def test_the_release_writes_its_language(tmp_path):
     for lang in ("zh", "en"):
         dest = tmp_path / lang
