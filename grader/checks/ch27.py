@@ -51,7 +51,7 @@ def pieces(t: Trial) -> None:
         if so != want[2 * k]["schedule"]:
             raise CheckFailed(
                 head,
-                tr("schedule() call {n} should return {want}; yours: {yours}", n=k + 1, want=want[2 * k]["schedule"], yours=f"{so!r:.300}"),
+                tr("schedule() call {n} should return {want}; yours: {yours}", n=k + 1, want=want[2 * k]["schedule"], yours=repr(so)[:300]),
                 hint=M.prompt_every_time if isinstance(so, dict) and so.get("scheduled_new_reqs") and k else "",
             )
         if state["num_computed_tokens"] != ws["num_computed_tokens"] or state["status"] != ws["status"]:

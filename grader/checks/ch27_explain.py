@@ -192,7 +192,7 @@ def step_difference(k: int, m: dict, w: dict, want: list, asyn: bool) -> CheckFa
                 tr(
                     "run() should return every request's output tokens, {want}; yours: {yours}",
                     want=w["run"],
-                    yours=f"{m.get('run')!r:.300}",
+                    yours=repr(m.get("run"))[:300],
                 )
             )
     elif out_key(m["outputs"]) != out_key(w["outputs"]):
@@ -419,7 +419,7 @@ def spec_difference(k: int, m: dict, w: dict) -> CheckFailed | None:
                 want=wsched,
                 with_spec=before["num_tokens_with_spec"],
                 computed=before["num_computed_tokens"],
-                yours=f"{sched!r:.200}",
+                yours=repr(sched)[:200],
             ),
             hint=M.drafts_not_scheduled if fewer else "",
         )
@@ -458,7 +458,7 @@ def spec_difference(k: int, m: dict, w: dict) -> CheckFailed | None:
         ctx,
         tr("scheduled {n} tokens with drafts {drafts}; {verified}", n=wsched["num_scheduled_tokens"], drafts=drafts, verified=verified),
         tr("update_spec should return {want} and leave it {state}", want=wnew, state=spec_str(wu)),
-        tr("yours: {returned}, {state}", returned=f"{new!r:.120}", state=spec_str(mu) if isinstance(mu, dict) else repr(mu)[:200]),
+        tr("yours: {returned}, {state}", returned=repr(new)[:120], state=spec_str(mu) if isinstance(mu, dict) else repr(mu)[:200]),
     ]
     return CheckFailed(*lines, hint=spec_update_hint(m, w) if isinstance(mu, dict) else "")
 

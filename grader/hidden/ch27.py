@@ -91,7 +91,7 @@ def same_tokens(t: Trial) -> None:
                 "engine; your async run() gave it {yours}",
                 rid=rid,
                 want=want[rid],
-                yours=f"{yours!r:.200}",
+                yours=repr(yours)[:200],
             ),
         )
 
@@ -403,7 +403,7 @@ def check_spec_invariants(trace: list, head: str) -> None:
                         outs=s["output_token_ids"][-4:],
                         yours_computed=u["num_computed_tokens"],
                         yours_outs=u["output_token_ids"][-4:],
-                        returned=f"{r['new_token_ids']!r:.80}",
+                        returned=repr(r["new_token_ids"])[:80],
                     ),
                     hint=M.rollback_without_output if u["num_computed_tokens"] != s["num_computed_tokens"] else "",
                 )
