@@ -7,8 +7,10 @@ from figures import figure
 from figures.kit import Figure, text_width, wrap
 from figures.layout import Part, row
 from figures.style import INK, LABEL, MARGIN, MUTED, SMALL, stroke
+from grader.i18n import mark, tr
 
-STATUS = {"WAITING": "waiting", "RUNNING": "running", "FINISHED_LENGTH_CAPPED": "length", "FINISHED_STOPPED": "EOS"}
+STATUS = {"WAITING": mark("waiting"), "RUNNING": mark("running"), "FINISHED_LENGTH_CAPPED": mark("length"), "FINISHED_STOPPED": "EOS"}
+"""A status as a cell shows it (translated where it is drawn)."""
 
 
 def _requests(ops: list) -> list[tuple[str, int, int, int]]:
@@ -24,8 +26,16 @@ def _requests(ops: list) -> list[tuple[str, int, int, int]]:
 
 def _instance(f: Figure, config: dict, ops: list) -> None:
     f.instance_row(
-        [(f"budget = {config['budget']} tokens/step", "plain"), (f"max_num_seqs = {config['max_num_seqs']}", "plain")]
-        + [(f"{rid}: prompt {p}, max_tokens {m}" + (f", added after step {s}" if s else ""), "token") for rid, p, m, s in _requests(ops)]
+        [(tr("budget = {n} tokens/step", n=config["budget"]), "plain"), (f"max_num_seqs = {config['max_num_seqs']}", "plain")]
+        + [
+            (
+                tr("{rid}: prompt {p}, max_tokens {m}, added after step {s}", rid=rid, p=p, m=m, s=s)
+                if s
+                else tr("{rid}: prompt {p}, max_tokens {m}", rid=rid, p=p, m=m),
+                "token",
+            )
+            for rid, p, m, s in _requests(ops)
+        ]
     )
 
 
@@ -35,21 +45,21 @@ GAP_PAD = 5
 """The room, at least, between a contract's text under an arrow and the boxes on either side."""
 
 LOOP = [
-    ("Scheduler", "schedule()", "counters advance now", "block"),
-    ("Executor → worker", "execute_model()", "runs the model", "k"),
-    ("Scheduler", "update_from_output()", "append, check stop", "block"),
+    (mark("Scheduler"), "schedule()", mark("counters advance now"), "block"),
+    (mark("Executor → worker"), "execute_model()", mark("runs the model"), "k"),
+    (mark("Scheduler"), "update_from_output()", mark("append, check stop"), "block"),
 ]
-"""The loop's three boxes: who, the call, what it does (its state change)."""
+"""The loop's three boxes: who, the call, what it does (its state change); the words translated where drawn."""
 
 CONTRACTS = [
     (
         "SchedulerOutput",
-        ["num_scheduled_tokens {id: n};", "new requests with their prompt", "(scheduled_new_reqs), the", "others as diffs"],
+        ["num_scheduled_tokens {id: n};", mark("new requests with their prompt (scheduled_new_reqs), the others as diffs")],
     ),
-    ("ModelRunnerOutput", ["{id: [sampled token]};", "[] for a non-final prefill chunk", "(the runner blanks it)"]),
+    ("ModelRunnerOutput", ["{id: [sampled token]};", mark("[] for a non-final prefill chunk (the runner blanks it)")]),
 ]
 """What crosses each arrow between two boxes: its name and its contents, line by line (a line wider than
-the gap between the boxes wraps)."""
+the gap between the boxes wraps; the words translated where drawn)."""
 
 
 def _box_width(who: str, call: str, does: str) -> float:
@@ -80,14 +90,14 @@ def _lines(
 def _loop_diagram(f: Figure) -> None:
     """schedule() → execute_model() → update_from_output(), the contracts on the arrows, the way back, and the
     outputs leaving for the client. Every box is as wide as its text; the gaps share what is left."""
-    boxes = [_three_line_box(f, who, call, does, role) for who, call, does, role in LOOP]
+    boxes = [_three_line_box(f, tr(who), call, tr(does), role) for who, call, does, role in LOOP]
     gap = (f.width - 2 * MARGIN - sum(b.w for b in boxes)) / (len(LOOP) - 1)
     # The outputs leave update_from_output() upwards, to the client; the loop closes below.
     out_y = f.y + 10
     f.text(
         f.width - MARGIN,
         out_y,
-        "EngineCoreOutputs → client: new_token_ids, finished",
+        tr("EngineCoreOutputs → client: new_token_ids, finished"),
         anchor="end",
         size=SMALL + 0.5,
         color=INK,
@@ -103,7 +113,7 @@ def _loop_diagram(f: Figure) -> None:
         a, b = xs[i] + widths[i], xs[i + 1]
         f.arrow(a + 4, y + h / 2, b - 4, y + h / 2, color=INK, width=1.6)
         f.text((a + b) / 2, y + h / 2 - 8, name, anchor="middle", size=size, color=INK, cls="label")
-        lines = [part for line in contents for part in wrap(line, b - a - 2 * GAP_PAD, size)]
+        lines = [part for line in contents for part in wrap(tr(line), b - a - 2 * GAP_PAD, size)]
         _lines(f, (a + b) / 2, y + h / 2 + 18, lines, size=size)
         bottom = max(bottom, y + h / 2 + 18 + (len(lines) - 1) * (size + 4) + 4)
     # The way back: from update_from_output down, left, and up into schedule().
@@ -116,7 +126,7 @@ def _loop_diagram(f: Figure) -> None:
         )
     )
     f.arrow(x_end, y + h + 10, x_end, y + h + 3, color=color, width=1.6)
-    note = "the next step is scheduled only after this step's result is back (a normal step waits, even with non_block=True)"
+    note = tr("the next step is scheduled only after this step's result is back (a normal step waits, even with non_block=True)")
     for i, line in enumerate(wrap(note, f.width - 2 * MARGIN, SMALL + 1)):
         f.text(f.width / 2, by + 16 + i * (SMALL + 5), line, anchor="middle", size=SMALL + 1, color=color, cls="label")
     count = len(wrap(note, f.width - 2 * MARGIN, SMALL + 1))
@@ -128,18 +138,23 @@ def _cells(step: dict | None, rid: str) -> list[str]:
     if step is None:
         return ["", "", "", ""]
     if rid not in step["requests"]:
-        return ["·", "·", "·", "later"]
+        return ["·", "·", "·", tr("later")]
     sched, sampled = "—", "—"
     for b in step["batches"]:
         if rid in b["num_scheduled_tokens"]:
             a, e = b["positions"][rid]
             sched = f"{b['num_scheduled_tokens'][rid]} · {a}" + (f"–{e - 1}" if e - 1 > a else "")
             s = b["sampled_token_ids"].get(rid, [])
-            sampled = str(s[0]) if s else "blank"
+            sampled = str(s[0]) if s else tr("blank")
     s = step["requests"].get(rid)
     if s is None:
         return [sched, sampled, "", ""]
-    return [sched, sampled, f"{s['num_computed_tokens']} / {s['num_tokens']}", STATUS.get(s["status"], s["status"])]
+    return [
+        sched,
+        sampled,
+        f"{s['num_computed_tokens']} / {s['num_tokens']}",
+        tr(STATUS[s["status"]]) if s["status"] in STATUS else s["status"],
+    ]
 
 
 def _emitted(step: dict | None) -> str:
@@ -169,7 +184,7 @@ def enginecore_loop_figure(f: Figure, r: dict) -> None:
     _instance(f, config, ops)
     _loop_diagram(f)
 
-    f.heading("你的每一步 · your steps (C / N = num_computed_tokens / num_tokens after the step)")
+    f.heading(tr("your steps (C / N = num_computed_tokens / num_tokens after the step)"))
     rids = [rid for rid, *_ in _requests(ops)]
     widths = [76, 58, 66, 62]
     step_w, emit_w, gap = 46, 170, 12
@@ -177,12 +192,13 @@ def enginecore_loop_figure(f: Figure, r: dict) -> None:
     top = f.y + 8
     for i, rid in enumerate(rids):
         gx = x0 + step_w + i * (sum(widths) + gap)
-        f.chip(f"request {rid}", role="token", w=sum(widths) - 4, h=20).at(gx, top)
-        for j, label in enumerate(["scheduled · pos", "sampled", "C / N", "status"]):
+        f.chip(tr("request {rid}", rid=rid), role="token", w=sum(widths) - 4, h=20).at(gx, top)
+        for j, label in enumerate([tr("scheduled · pos"), tr("sampled"), "C / N", tr("status")]):
             f.text(gx + sum(widths[:j]) + (widths[j] - 4) / 2, top + 36, label, anchor="middle", size=SMALL, color=MUTED, cls="label")
     ex = x0 + step_w + len(rids) * (sum(widths) + gap)
-    f.text(ex + emit_w / 2, top + 36, "emitted (■ finished)", anchor="middle", size=SMALL, color=MUTED, cls="label")
-    f.text(x0 + 18, top + 36, "step", anchor="middle", size=SMALL, color=MUTED, cls="label")
+    f.text(ex + emit_w / 2, top + 36, tr("emitted (■ finished)"), anchor="middle", size=SMALL, color=MUTED, cls="label")
+    f.text(x0 + 18, top + 36, tr("step"), anchor="middle", size=SMALL, color=MUTED, cls="label")
+    quiet, finished = ("·", tr("later"), tr("blank")), (tr("length"), "EOS")
     y = top + 44
     wrong = False
     for k in range(max(len(trace), len(expected))):
@@ -197,12 +213,12 @@ def enginecore_loop_figure(f: Figure, r: dict) -> None:
                 wrong |= bad
                 role = (
                     "masked"
-                    if g in ("·", "later", "blank")
+                    if g in quiet
                     else ("block" if g not in ("—", "") else "plain")
                     if j == 0
                     else ("k" if g not in ("—", "") else "plain")
                     if j == 1
-                    else ("accent" if g in ("length", "EOS") else "plain")
+                    else ("accent" if g in finished else "plain")
                 )
                 f.cell(
                     gx + sum(widths[:j]),
@@ -234,20 +250,23 @@ def enginecore_loop_figure(f: Figure, r: dict) -> None:
     f.y = y + 16
     blanks = [(k + 1, rid) for k, s in enumerate(trace) for b in s["batches"] for rid, v in b["sampled_token_ids"].items() if not v]
     if blanks:
-        steps = ", ".join(f"step {k} ({rid})" for k, rid in blanks)
+        steps = tr(", ").join(tr("step {k} ({rid})", k=k, rid=rid) for k, rid in blanks)
         f.note(
-            f"Blank samples, {steps}: the chunk ends before the request's last known token (seq_len < num_tokens), "
-            "so the runner returns [] and nothing is appended or emitted. Every other sample is appended at once: "
-            "after each step a generating request has C = N − 1.",
+            tr(
+                "Blank samples, {steps}: the chunk ends before the request's last known token (seq_len < num_tokens), "
+                "so the runner returns [] and nothing is appended or emitted. Every other sample is appended at once: "
+                "after each step a generating request has C = N − 1.",
+                steps=steps,
+            ),
             size=SMALL + 1.5,
         )
     f.legend(
         [
-            ("block", "scheduler: tokens scheduled (positions)"),
-            ("k", "worker: sampled and kept"),
-            ("masked", "blank: a non-final chunk's sample"),
-            ("new", "emitted to the client"),
-            ("accent", "finished"),
+            ("block", tr("scheduler: tokens scheduled (positions)")),
+            ("k", tr("worker: sampled and kept")),
+            ("masked", tr("blank: a non-final chunk's sample")),
+            ("new", tr("emitted to the client")),
+            ("accent", tr("finished")),
         ],
         wrong=wrong,
     )
@@ -256,12 +275,18 @@ def enginecore_loop_figure(f: Figure, r: dict) -> None:
 # -- ch27.2 -------------------------------------------------------------------------------------------
 def _row_label(step: dict, k: int) -> list[str]:
     launched = [
-        f"launch S{b['batch']} {{" + ", ".join(f"{r}: {n}" for r, n in b["num_scheduled_tokens"].items()) + "}" for b in step["batches"]
+        tr(
+            "step {k}: launch S{batch} {plan}",
+            k=k,
+            batch=b["batch"],
+            plan="{" + ", ".join(f"{r}: {n}" for r, n in b["num_scheduled_tokens"].items()) + "}",
+        )
+        for b in step["batches"]
     ]
     got = [f"{o['request_id']} +{' '.join(map(str, o['new_token_ids']))}" for o in step.get("outputs") or []]
     return [
-        f"step {k}: " + (launched[0] if launched else "launch nothing"),
-        ("outputs back: " + ", ".join(got)) if got else "no output yet",
+        launched[0] if launched else tr("step {k}: launch nothing", k=k),
+        tr("outputs back: {outputs}", outputs=", ".join(got)) if got else tr("no output yet"),
     ]
 
 
@@ -279,7 +304,7 @@ def three_boundaries_figure(f: Figure, r: dict) -> None:
     config, ops, trace, expected = r["config"], r["ops"], r["trace"], r["expected"]
     _instance(f, config, ops)
     rid, plen, _, _ = _requests(ops)[0]
-    f.heading(f"请求 {rid} 每步之后 · request {rid} after each step (async: a batch queue of 2)")
+    f.heading(tr("request {rid} after each step (async: a batch queue of 2)", rid=rid))
     label_w, cw = 196, 33
     sx = MARGIN + label_w
     npos = (
@@ -377,18 +402,20 @@ def three_boundaries_figure(f: Figure, r: dict) -> None:
         y += 46
     f.y = y + 6
     f.note(
-        "The purple bar ends at C, the scheduled/computed boundary (advanced when a batch is launched); the black "
-        "line is N, the output boundary (advanced when a batch's output is reconciled); each ? is a placeholder, a "
-        "token sampled by a batch still in flight. A ringed token arrived in this step: until its batch was reconciled "
-        "it was still a ?, so right after the launch two tokens were in flight. A non-final chunk (step 1) adds no placeholder.",
+        tr(
+            "The purple bar ends at C, the scheduled/computed boundary (advanced when a batch is launched); the black "
+            "line is N, the output boundary (advanced when a batch's output is reconciled); each ? is a placeholder, a "
+            "token sampled by a batch still in flight. A ringed token arrived in this step: until its batch was reconciled "
+            "it was still a ?, so right after the launch two tokens were in flight. A non-final chunk (step 1) adds no placeholder."
+        ),
         size=SMALL + 1.5,
     )
     f.legend(
         [
-            ("token", "prompt token (p0, p1, …)"),
-            ("k", "output token (reconciled)"),
-            ("accent", "placeholder ?: in flight"),
-            ("block", "computed / scheduled (C)"),
+            ("token", tr("prompt token (p0, p1, …)")),
+            ("k", tr("output token (reconciled)")),
+            ("accent", tr("placeholder ?: in flight")),
+            ("block", tr("computed / scheduled (C)")),
         ],
         wrong=wrong,
     )
@@ -400,10 +427,10 @@ def _spec_steps(rounds: list, expected: list) -> list[str]:
     out = []
     for k, drafts in enumerate(rounds):
         if not drafts:
-            out.append("no drafts")
+            out.append(tr("no drafts"))
             continue
         a = len(expected[k]["generated"]) - 1 if k < len(expected) else "?"
-        out.append(f"{len(drafts)} drafts, {a} right")
+        out.append(tr("{n} drafts, {a} right", n=len(drafts), a=a))
     return out
 
 
@@ -439,10 +466,10 @@ def spec_counters_figure(f: Figure, r: dict) -> None:
     config, rounds, trace, expected = r["config"], r["rounds"], r["trace"], r["expected"]
     rid, plen = config["request_id"], len(config["prompt_token_ids"])
     f.instance_row(
-        [(f"{rid}: prompt {plen}, max_tokens {config['max_tokens']}", "token")]
-        + [(f"step {k + 1}: {s}", "plain") for k, s in enumerate(_spec_steps(rounds, expected))]
+        [(tr("{rid}: prompt {p}, max_tokens {m}", rid=rid, p=plen, m=config["max_tokens"]), "token")]
+        + [(tr("step {k}: {what}", k=k + 1, what=s), "plain") for k, s in enumerate(_spec_steps(rounds, expected))]
     )
-    f.heading(f"请求 {rid} 每步两行 · request {rid}, each step twice: after schedule_spec, after update_spec")
+    f.heading(tr("request {rid}, each step twice: after schedule_spec, after update_spec", rid=rid))
     label_w, cw, cgap = 150, 30, 44
     sx = MARGIN + label_w
     npos = max([s[key]["num_tokens"] + len(s["drafts"]) for s in trace + expected for key in ("before",)] + [plen]) + 1
@@ -467,7 +494,7 @@ def spec_counters_figure(f: Figure, r: dict) -> None:
             f,
             MARGIN,
             y + 11,
-            [f"step {k + 1}: schedule_spec", f"{len(drafts)} drafts" if drafts else "no drafts"],
+            [tr("step {k}: {what}", k=k + 1, what="schedule_spec"), tr("{n} drafts", n=len(drafts)) if drafts else tr("no drafts")],
             anchor="start",
             color=INK,
             size=SMALL + 1,
@@ -507,7 +534,7 @@ def spec_counters_figure(f: Figure, r: dict) -> None:
             f,
             MARGIN,
             y + 11,
-            ["update_spec", f"{a} accepted, {rejected} rejected" if drafts else "1 generated"],
+            ["update_spec", tr("{a} accepted, {r} rejected", a=a, r=rejected) if drafts else tr("1 generated")],
             anchor="start",
             color=INK,
             size=SMALL + 1,
@@ -562,20 +589,22 @@ def spec_counters_figure(f: Figure, r: dict) -> None:
         y += 48
     f.y = y + 4
     f.note(
-        "Each step twice. After schedule_spec the drafts (dashed) sit beyond the newest token and the purple bar, "
-        "C = num_computed_tokens, already covers them: n = num_tokens_with_spec − C tokens were scheduled. After "
-        "update_spec the ringed tokens are the step's outputs (the accepted drafts, then the target's own token), "
-        "✗ marks the other rejected drafts, and the dashed outline under the bar is what was rolled back: "
-        "k + 1 − len(generated) positions, after which C = N − 1.",
+        tr(
+            "Each step twice. After schedule_spec the drafts (dashed) sit beyond the newest token and the purple bar, "
+            "C = num_computed_tokens, already covers them: n = num_tokens_with_spec − C tokens were scheduled. After "
+            "update_spec the ringed tokens are the step's outputs (the accepted drafts, then the target's own token), "
+            "✗ marks the other rejected drafts, and the dashed outline under the bar is what was rolled back: "
+            "k + 1 − len(generated) positions, after which C = N − 1."
+        ),
         size=SMALL + 1.5,
     )
     f.legend(
         [
-            ("token", "prompt token (p0, p1, …)"),
-            ("k", "output token"),
-            ("accent", "draft, scheduled"),
-            ("masked", "rejected draft"),
-            ("block", "computed / scheduled (C)"),
+            ("token", tr("prompt token (p0, p1, …)")),
+            ("k", tr("output token")),
+            ("accent", tr("draft, scheduled")),
+            ("masked", tr("rejected draft")),
+            ("block", tr("computed / scheduled (C)")),
         ],
         wrong=wrong,
     )

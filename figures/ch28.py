@@ -9,6 +9,7 @@ from figures import figure
 from figures.kit import Figure
 from figures.layout import column, pad, row, wide
 from figures.style import INK, LABEL, LABEL_SMALL, MUTED, SMALL, stroke
+from grader.i18n import tr
 
 
 def roles(of_column: list[str]) -> Callable[[int, int], str]:
@@ -32,7 +33,7 @@ def identity_figure(f: Figure, r: dict) -> None:
     label_w, block_w, gap = 236, 159, 31
     prefix = lambda h: h[:8] if h else "—"  # noqa: E731  (a hash's first 4 bytes)
     # The tokens, grouped into blocks, the image's placeholders marked.
-    f.heading(f"同一串 token · the same {len(tokens)} token ids in every request, blocks of {bs}; 99 = image placeholder")
+    f.heading(tr("the same {n} token ids in every request, blocks of {bs}; 99 = image placeholder", n=len(tokens), bs=bs))
     blocks = [
         f.matrix([block], role=roles(["accent" if tok == 99 else "plain" for tok in block]), w=(block_w + 3) / bs - 3, h=26, gap=3)
         for block in (tokens[b * bs : (b + 1) * bs] for b in range(nblocks))
@@ -40,8 +41,8 @@ def identity_figure(f: Figure, r: dict) -> None:
     f.place(pad(row(*blocks, gap=gap), left=label_w, top=8), after=44)
     for b, block in enumerate(blocks):
         x, y, _, h = block.span_box(0, 0, 0, bs - 1)
-        f.bracket(x, x + block.w, y + h + 4, f"block {b}: tokens {b * bs}–{(b + 1) * bs - 1}", size=SMALL)
-    f.heading("每个块的 hash(前 4 字节)· each block's hash, first 4 bytes; → the parent chain")
+        f.bracket(x, x + block.w, y + h + 4, tr("block {b}: tokens {s}–{e}", b=b, s=b * bs, e=(b + 1) * bs - 1), size=SMALL)
+    f.heading(tr("each block's hash, first 4 bytes; → the parent chain"))
     f.y += 6
     base = rows[0]["yours"] or rows[0]["expected"]
     for line in rows:
@@ -60,21 +61,25 @@ def identity_figure(f: Figure, r: dict) -> None:
         f.place(row(wide(pad(names, left=label_w - 14 - names.w), label_w), hashes, gap=0), after=30)
         for b in range(nblocks):
             x, y, w, h = hashes.cell_box(0, b)
-            f.text(x + w / 2, y + h + 14, "keys: " + line["keys"][b], anchor="middle", size=SMALL - 1, color=MUTED, cls="note")
+            f.text(
+                x + w / 2, y + h + 14, tr("keys: {keys}", keys=line["keys"][b]), anchor="middle", size=SMALL - 1, color=MUTED, cls="note"
+            )
             if b:
                 f.arrow(x - gap + 1, y + h / 2, x - 2, y + h / 2, color=MUTED, head=5)
     f.y += 6
     f.note(
-        "A hash covers its block's tokens, its parent's hash and the block's identity keys. Changing the image "
-        "changes block 1 (which overlaps it) and block 2 (through the chain), never block 0; the salt enters block 0 "
-        "and the adapter every block, so the whole chain changes. Only the repeated request A can share A's blocks.",
+        tr(
+            "A hash covers its block's tokens, its parent's hash and the block's identity keys. Changing the image "
+            "changes block 1 (which overlaps it) and block 2 (through the chain), never block 0; the salt enters block 0 "
+            "and the adapter every block, so the whole chain changes. Only the repeated request A can share A's blocks."
+        ),
         size=LABEL_SMALL,
     )
     f.legend(
         [
-            ("cached", "same hash as A's block: its K/V can be reused"),
-            ("new", "another hash: computed again"),
-            ("accent", "image placeholder token"),
+            ("cached", tr("same hash as A's block: its K/V can be reused")),
+            ("new", tr("another hash: computed again")),
+            ("accent", tr("image placeholder token")),
         ],
         wrong=any(any(line["wrong"]) for line in rows),
     )
@@ -100,7 +105,7 @@ def logits_figure(f: Figure, r: dict) -> None:
     hits = prompt // bs
     side = 120  # the labels' column
     # R1's prompt: the prefix hit capped by the last-token rule (from num_cached_tokens_on_hit).
-    f.heading(f"R1 的前缀命中 · R1: a prompt of {prompt} tokens whose {hits} full blocks of {bs} are all in the cache")
+    f.heading(tr("R1: a prompt of {prompt} tokens whose {hits} full blocks of {bs} are all in the cache", prompt=prompt, hits=hits, bs=bs))
     blocks = [
         f.matrix([positions], w=30, h=28, gap=4, role=roles(["cached" if p < cached else "new" for p in positions]))
         for positions in (list(range(b * bs, min((b + 1) * bs, prompt))) for b in range(hits))
@@ -115,25 +120,45 @@ def logits_figure(f: Figure, r: dict) -> None:
         ),
         gap=4,
     )
-    f.place(pad(row(wide(f.label("positions", size=LABEL), side), *blocks, pad(call, left=14), gap=14, align="bottom"), top=2), after=50)
+    f.place(
+        pad(row(wide(f.label(tr("positions"), size=LABEL), side), *blocks, pad(call, left=14), gap=14, align="bottom"), top=2), after=50
+    )
     for b, block in enumerate(blocks):
         x, y, _, h = block.cell_box(0, 0)
-        f.bracket(x, x + block.w, y + h + 4, f"block {b}: hit, " + ("cached" if (b + 1) * bs <= cached else "recomputed"), size=SMALL)
-    yours = f" Yours: {cached} cached, {prompt - cached} to compute" + (": no row, no logits." if cached >= prompt else ".")
+        f.bracket(
+            x,
+            x + block.w,
+            y + h + 4,
+            tr("block {b}: hit, cached", b=b) if (b + 1) * bs <= cached else tr("block {b}: hit, recomputed", b=b),
+            size=SMALL,
+        )
+    yours = (
+        tr(" Yours: {cached} cached, {left} to compute: no row, no logits.", cached=cached, left=prompt - cached)
+        if cached >= prompt
+        else tr(" Yours: {cached} cached, {left} to compute.", cached=cached, left=prompt - cached)
+    )
     f.note(
-        f"The hit is capped at {prompt} − 1 = {prompt - 1} tokens so that R1 computes at least its last token, and "
-        f"hits are whole blocks: {cached_want} cached, {prompt - cached_want} recomputed, the last of them gives "
-        "R1's first output token." + (yours if cached_wrong else ""),
+        tr(
+            "The hit is capped at {prompt} − 1 = {capped} tokens so that R1 computes at least its last token, and "
+            "hits are whole blocks: {cached} cached, {left} recomputed, the last of them gives R1's first output token.",
+            prompt=prompt,
+            capped=prompt - 1,
+            cached=cached_want,
+            left=prompt - cached_want,
+        )
+        + (yours if cached_wrong else ""),
         size=LABEL_SMALL,
     )
     # The flattened batch.
     f.y += 6
-    f.heading(f"压平的批 · the flattened batch: query_lens {lens}, cu_seqlens_q {cu}")
+    f.heading(tr("the flattened batch: query_lens {lens}, cu_seqlens_q {cu}", lens=lens, cu=cu))
     f.place(
         pad(
             f.lines(
                 *(
-                    f"{name} · {what}: positions {c}–{c + n - 1}" if n > 1 else f"{name} · {what}: position {c}"
+                    tr("{name} · {what}: positions {c}–{e}", name=name, what=what, c=c, e=c + n - 1)
+                    if n > 1
+                    else tr("{name} · {what}: position {c}", name=name, what=what, c=c)
                     for name, what, c, n in reqs
                 ),
                 size=LABEL_SMALL,
@@ -151,15 +176,21 @@ def logits_figure(f: Figure, r: dict) -> None:
         h=36,
         gap=7,
         role=lambda _, j: "accent" if j in last else "new",
-        col_labels=[f"row {j}" for j in range(cu[-1])],
+        col_labels=[tr("row {j}", j=j) for j in range(cu[-1])],
     )
-    f.place(row(wide(pad(f.label("rows", size=LABEL), top=24), side), cells, gap=0), after=30)
+    f.place(row(wide(pad(f.label(tr("rows"), size=LABEL), top=24), side), cells, gap=0), after=30)
     for i, (name, _, _, n) in enumerate(reqs):
         x, y, w, h = cells.span_box(0, cu[i], 0, cu[i + 1] - 1)
-        f.bracket(x, x + w, y + h + 6, f"{name}: rows {cu[i]}–{cu[i + 1] - 1}" if n > 1 else f"{name}: row {cu[i]}", size=SMALL)
+        f.bracket(
+            x,
+            x + w,
+            y + h + 6,
+            tr("{name}: rows {a}–{e}", name=name, a=cu[i], e=cu[i + 1] - 1) if n > 1 else tr("{name}: row {a}", name=name, a=cu[i]),
+            size=SMALL,
+        )
     # The logits rows, as the student computed them.
     picked = f.matrix([idx], role="accent", expected=[want], wrong=[r["wrong"]], w=70, h=36, gap=67)
-    head = f.chip(f"→ LM head → sample: {len(reqs)} candidates", w=250)
+    head = f.chip(tr("→ LM head → sample: {n} candidates", n=len(reqs)), w=250)
     f.place(
         pad(
             row(
@@ -187,11 +218,19 @@ def logits_figure(f: Figure, r: dict) -> None:
             src_x, src_y, src_w, src_h = cells.cell_box(0, got)
             f.curve(src_x + src_w / 2, src_y + src_h + 28, x + w / 2, y - 4, color=stroke("wrong") if bad else stroke("accent"), width=1.2)
     f.note(
-        f"{cu[-1]} inputs, {len(reqs)} candidate outputs. R0's chunk ends at position 7 of a 10-token prompt, so its "
-        "sample is discarded; R1 and R2 keep theirs.",
+        tr(
+            "{inputs} inputs, {n} candidate outputs. R0's chunk ends at position 7 of a 10-token prompt, so its "
+            "sample is discarded; R1 and R2 keep theirs.",
+            inputs=cu[-1],
+            n=len(reqs),
+        ),
         size=LABEL_SMALL,
     )
     f.legend(
-        [("cached", "K/V taken from the prefix cache"), ("new", "computed in this step"), ("accent", "the row whose logits are sampled")],
+        [
+            ("cached", tr("K/V taken from the prefix cache")),
+            ("new", tr("computed in this step")),
+            ("accent", tr("the row whose logits are sampled")),
+        ],
         wrong=cached_wrong or any(r["wrong"]),
     )

@@ -10,6 +10,7 @@ from figures import figure
 from figures.kit import Figure
 from figures.layout import column, pad, row, wide
 from figures.style import CELL, INK, LABEL, LABEL_SMALL, MARGIN, MUTED, SMALL, fill, stroke
+from grader.i18n import tr
 
 LABELS = 236  # the column of row labels: every grid's cells start there
 
@@ -24,13 +25,13 @@ def _n(x: float) -> str:
 # -- ch29.1 -------------------------------------------------------------------------------------------
 def rows_of(a: int, e: int) -> str:
     """The rows a … e − 1 of the flattened batch as a reader writes them: "row 4", "rows 0–3"."""
-    return f"row {a}" if e - a == 1 else f"rows {a}–{e - 1}"
+    return tr("row {a}", a=a) if e - a == 1 else tr("rows {a}–{e}", a=a, e=e - 1)
 
 
 def _situation(q: dict) -> str:
     c, n, known = q["num_computed_tokens"], q["num_scheduled_tokens"], len(q["token_ids"])
-    what = "non-final chunk" if c + n < known else "1 token left" if n == 1 and c > 0 else "to the end"
-    return f"{what}: c {c}, n {n}, {known} known"
+    what = tr("non-final chunk") if c + n < known else tr("1 token left") if n == 1 and c > 0 else tr("to the end")
+    return tr("{what}: c {c}, n {n}, {known} known", what=what, c=c, n=n, known=known)
 
 
 @figure(
@@ -46,12 +47,16 @@ def _situation(q: dict) -> str:
 def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
     reqs, B, mine, want, wrong = r["requests"], r["block_size"], r["yours"], r["expected"], r["wrong"]
     # 1. The plan, request by request: computed, scheduled and not-yet-run tokens over their blocks.
-    f.heading(f"调度计划 · the plan, block_size B = {B} (purple: KV already computed; blue: scheduled this step)")
+    f.heading(tr("the plan, block_size B = {B} (purple: KV already computed; blue: scheduled this step)", B=B))
     f.y += 8
     for i, q in enumerate(reqs):
         c, n, tokens, table = q["num_computed_tokens"], q["num_scheduled_tokens"], q["token_ids"], q["block_table"]
         who = column(
-            row(f.label(f"R{i}", size=LABEL + 1, color=INK, bold=True), pad(f.label(f"table {table}", mono=True), top=3), gap=8),
+            row(
+                f.label(f"R{i}", size=LABEL + 1, color=INK, bold=True),
+                pad(f.label(tr("table {table}", table=table), mono=True), top=3),
+                gap=8,
+            ),
             f.label(_situation(q), size=SMALL),
             gap=2,
         )
@@ -65,16 +70,16 @@ def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
         for b in range(-(-len(tokens) // B)):
             x1, y, _, h = plan.cell_box(0, b * B)
             x2 = plan.cell_box(0, min((b + 1) * B, len(tokens)))[0] - 3
-            f.bracket(x1, x2, y + h + 3, f"block {table[b]}" if b < len(table) else "(no block yet)", size=SMALL)
+            f.bracket(x1, x2, y + h + 3, tr("block {b}", b=table[b]) if b < len(table) else tr("(no block yet)"), size=SMALL)
     f.y += 8
 
     # 2. The flattened batch: one column per input.
     T = len(want["positions"])
-    f.heading(f"执行元数据 · the flattened batch: {T} inputs, one column each (the values are yours)")
+    f.heading(tr("the flattened batch: {T} inputs, one column each (the values are yours)", T=T))
     qsl, qsl_want = mine["query_start_loc"], want["query_start_loc"]
     req_of = [max(i for i in range(len(reqs)) if qsl_want[i] <= t) for t in range(T)]
     lines = [
-        ("request", [f"R{i}" for i in req_of], [f"R{i}" for i in req_of], [False] * T, "plain"),
+        (tr("request"), [f"R{i}" for i in req_of], [f"R{i}" for i in req_of], [False] * T, "plain"),
         ("position = c + j", mine["positions"], want["positions"], wrong["positions"], "token"),
         ("input_id = token_ids[pos]", mine["input_ids"], want["input_ids"], wrong["input_ids"], "new"),
         (f"slot = table[pos // {B}]·{B} + pos % {B}", mine["slot_mapping"], want["slot_mapping"], wrong["slot_mapping"], "block"),
@@ -105,13 +110,13 @@ def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
     # logits rows: the student's logits_indices, each a "sample" in its column.
     li, li_want = mine["logits_indices"], want["logits_indices"]
     samples = f.matrix(
-        [["sample" if t in li else "" for t in range(T)]],
+        [[tr("sample") if t in li else "" for t in range(T)]],
         fmt=str,
         w=66,
         h=CELL - 6,
         gap=5,
         role=lambda _, t: "accent" if t in li else "plain",
-        expected=[["sample" if t in li_want else "·" for t in range(T)]],
+        expected=[[tr("sample") if t in li_want else "·" for t in range(T)]],
         wrong=[[(t in li) != (t in li_want) for t in range(T)]],
         row_labels=["logits_indices = qsl[1:] − 1"],
         label_w=LABELS,
@@ -119,11 +124,12 @@ def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
     f.place(pad(samples, top=24), after=24)
 
     # 3. Per request: query_start_loc, seq_lens and whether the candidate is kept.
-    f.heading("每个请求 · per request: seq_len = c + n; the candidate is kept only if seq_len reaches num_tokens")
+    f.heading(tr("per request: seq_len = c + n; the candidate is kept only if seq_len reaches num_tokens"))
     R = len(reqs)
     known = [len(q["token_ids"]) for q in reqs]
-    kept = ["keep" if k else "discard" for k in mine["kept"]]
-    kept_want = ["keep" if k else "discard" for k in want["kept"]]
+    keep, discard = tr("keep"), tr("discard")
+    kept = [keep if k else discard for k in mine["kept"]]
+    kept_want = [keep if k else discard for k in want["kept"]]
     cells: dict[str, Any] = {"w": 66, "h": 30, "gap": 6}
     starts = f.matrix(
         [qsl],
@@ -141,25 +147,30 @@ def schedule_to_metadata_figure(f: Figure, r: dict) -> None:
         wrong=[wrong["seq_lens"], [False] * R, wrong["kept"]],
         fmt=str,
         **cells,
-        role=lambda i, j: "plain" if i < 2 else "accent" if kept[j] == "keep" else "masked",
-        row_labels=["seq_len = c + n", "num_tokens known", "kept (sample at logits row)"],
+        role=lambda i, j: "plain" if i < 2 else "accent" if kept[j] == keep else "masked",
+        row_labels=["seq_len = c + n", tr("num_tokens known"), tr("kept (sample at logits row)")],
         col_labels=[f"R{i}" for i in range(R)],
         label_w=LABELS,
     )
     f.place(column(pad(starts, top=4), per_request, gap=10), after=22)
     appended = sum(1 for k in mine["kept"] if k)
     f.note(
-        f"{T} inputs, {len(li)} candidate outputs (logits rows {', '.join(map(str, li))}), {appended} tokens "
-        f"appended. A non-final chunk still gets a logits row (the runner samples every request at its last "
-        f"scheduled row); its token is thrown away.",
+        tr(
+            "{T} inputs, {n} candidate outputs (logits rows {rows}), {appended} tokens appended. A non-final chunk still "
+            "gets a logits row (the runner samples every request at its last scheduled row); its token is thrown away.",
+            T=T,
+            n=len(li),
+            rows=", ".join(map(str, li)),
+            appended=appended,
+        ),
         size=LABEL_SMALL + 0.5,
     )
     f.legend(
         [
-            ("cached", "KV side: computed prefix, slots in the pool"),
-            ("new", "scheduled this step, input ids"),
-            ("accent", "sampled and kept"),
-            ("masked", "sample discarded"),
+            ("cached", tr("KV side: computed prefix, slots in the pool")),
+            ("new", tr("scheduled this step, input ids")),
+            ("accent", tr("sampled and kept")),
+            ("masked", tr("sample discarded")),
         ],
         wrong=any(any(v) for v in wrong.values()),
     )
@@ -182,7 +193,7 @@ def latency_metrics_figure(f: Figure, r: dict) -> None:
     t1 = max(q["chunk_times"][-1] for q in reqs)
     ax0, ax1 = MARGIN + 60, 600
     X = lambda t: ax0 + (t - t0) / (t1 - t0) * (ax1 - ax0)
-    f.heading("每个请求的时间线 · each request as the client saw it (a box per streamed chunk, its token count inside)")
+    f.heading(tr("each request as the client saw it (a box per streamed chunk, its token count inside)"))
     y = f.y + 26
     for i, q in enumerate(reqs):
         s, ch, out = q["start"], q["chunk_times"], q["output_len"]
@@ -202,14 +213,14 @@ def latency_metrics_figure(f: Figure, r: dict) -> None:
         tp = (
             f"TPOT ({_n(e2e * 1000)} − {_n(ttft * 1000)}) / ({out} − 1) = {_n((e2e - ttft) / (out - 1) * 1000)} ms"
             if out > 1
-            else f"one token: no TPOT; E2E {_n(e2e * 1000)} ms"
+            else tr("one token: no TPOT; E2E {e2e} ms", e2e=_n(e2e * 1000))
         )
         gaps = [b - a for a, b in zip(ch, ch[1:])]
         f.text(ax1 + 20, y + 9, tp, size=SMALL, mono=True, cls="label")
         f.text(
             ax1 + 20,
             y + 23,
-            f"ITLs {', '.join(_n(g * 1000) for g in gaps[:5]) or 'none'}" + (" ms" if gaps else ""),
+            f"ITLs {', '.join(_n(g * 1000) for g in gaps[:5])} ms" if gaps else tr("ITLs none"),
             size=SMALL,
             mono=True,
             color=MUTED,
@@ -224,14 +235,14 @@ def latency_metrics_figure(f: Figure, r: dict) -> None:
         f.dwg.add(f.dwg.line((X(tick), y), (X(tick), y + 4), stroke=MUTED, stroke_width=1))
         f.text(X(tick), y + 15, f"{tick:.1f}", anchor="middle", size=SMALL - 0.5, color=MUTED, mono=True, cls="label")
         tick += step
-    f.text(ax1 + 8, y + 4, "time (s)", size=SMALL, color=MUTED, cls="label")
-    f.bracket(ax0, ax1, y + 22, f"duration = last chunk − first start = {_n(want['duration'])} s", size=SMALL + 1)
+    f.text(ax1 + 8, y + 4, tr("time (s)"), size=SMALL, color=MUTED, cls="label")
+    f.bracket(ax0, ax1, y + 22, tr("duration = last chunk − first start = {d} s", d=_n(want["duration"])), size=SMALL + 1)
     f.y = y + 64
 
     # the aggregates, the student's values, marked where the check found them wrong
     wrong = r["wrong"]
-    f.heading("你的统计量 · your statistics (ms), and the throughputs")
-    metrics = [("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL (pooled)"), ("e2el", "E2E")]
+    f.heading(tr("your statistics (ms), and the throughputs"))
+    metrics = [("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", tr("ITL (pooled)")), ("e2el", "E2E")]
     keys = [[f"{s}_{m}_ms" for s in ("mean", "median", "p99")] for m, _ in metrics]
     stats = f.matrix(
         [[mine[k] for k in line] for line in keys],
@@ -243,13 +254,17 @@ def latency_metrics_figure(f: Figure, r: dict) -> None:
         fmt=_n,
         role=lambda i, _: "q" if i in (1, 2) else "plain",
         row_labels=[label for _, label in metrics],
-        col_labels=["mean", "median", "p99"],
+        col_labels=[tr("mean"), tr("median"), "p99"],
     )
     duration = _n(want["duration"])
     rates = [
-        ("request_throughput", f"{want['completed']} requests / {duration} s", "req/s"),
-        ("output_throughput", f"{want['total_output_tokens']} output tokens / {duration} s", "tok/s"),
-        ("total_token_throughput", f"({want['total_input_tokens']} + {want['total_output_tokens']}) tokens / {duration} s", "tok/s"),
+        ("request_throughput", tr("{n} requests / {d} s", n=want["completed"], d=duration), "req/s"),
+        ("output_throughput", tr("{n} output tokens / {d} s", n=want["total_output_tokens"], d=duration), "tok/s"),
+        (
+            "total_token_throughput",
+            tr("({i} + {o}) tokens / {d} s", i=want["total_input_tokens"], o=want["total_output_tokens"], d=duration),
+            "tok/s",
+        ),
     ]
     throughputs = column(
         *(
@@ -265,18 +280,20 @@ def latency_metrics_figure(f: Figure, r: dict) -> None:
         gap=6,
     )
     f.place(pad(row(stats, pad(throughputs, top=16), gap=36), top=4), after=20)
-    note = (
-        f"Mean TPOT {_n(mine['mean_tpot_ms'])} ms and mean ITL {_n(mine['mean_itl_ms'])} ms differ: a chunk "
-        "that carries 2 tokens is one ITL but two tokens of TPOT. A one-token request has no TPOT and no ITL; it "
-        "still counts in TTFT, E2E and the throughputs. These are measuring rules, not a benchmark result."
+    note = tr(
+        "Mean TPOT {tpot} ms and mean ITL {itl} ms differ: a chunk that carries 2 tokens is one ITL but two tokens of "
+        "TPOT. A one-token request has no TPOT and no ITL; it still counts in TTFT, E2E and the throughputs. These are "
+        "measuring rules, not a benchmark result.",
+        tpot=_n(mine["mean_tpot_ms"]),
+        itl=_n(mine["mean_itl_ms"]),
     )
     f.note(note, size=LABEL_SMALL + 0.5)
     f.legend(
         [
-            ("token", "request in flight (start ◆ to last chunk)"),
-            ("k", "streamed chunk (tokens in it)"),
-            ("q", "per-token / per-chunk latency"),
-            ("v", "throughput over the whole run"),
+            ("token", tr("request in flight (start ◆ to last chunk)")),
+            ("k", tr("streamed chunk (tokens in it)")),
+            ("q", tr("per-token / per-chunk latency")),
+            ("v", tr("throughput over the whole run")),
         ],
         wrong=any(wrong.values()),
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from grader.authoring import CheckFailed, Trial, mistakes, public
 from grader.checks.ch27_explain import check_structure, out_key, run_case, run_spec_case, state_str
+from grader.i18n import tr
 
 # ch27-enginecore-loop: §A.5's request (prompt 10, max_tokens 2, budget 4), B arriving after step 2.
 LOOP = {"budget": 4, "max_num_seqs": 2, "async": False}
@@ -32,7 +33,7 @@ M = mistakes("ch27")
 
 @public("ch27.1", "figure instance: A (prompt 10, max_tokens 2), B arriving after step 2, budget 4")
 def loop_figure_instance(t: Trial) -> None:
-    run_case(t, "figure instance", LOOP, LOOP_SCRIPT, figure="ch27-enginecore-loop")
+    run_case(t, tr("figure instance"), LOOP, LOOP_SCRIPT, figure="ch27-enginecore-loop")
 
 
 @public("ch27.1", "the contract piece by piece: schedule, execute_model, update_from_output")
@@ -40,7 +41,7 @@ def pieces(t: Trial) -> None:
     config = {"budget": 4, "max_num_seqs": 2, "async": False}
     expected = t.ref.drive(drive_pieces, config)
     want = expected["trace"]
-    head = 'case "piece by piece": budget 4; A: prompt 6, max_tokens 3'
+    head = tr('case "piece by piece": budget 4; A: prompt 6, max_tokens 3')
     engine = t.yours.make_engine_core(4, 2, async_scheduling=False)
     executor = t.attrs(engine, "executor")["executor"]
     engine.add_request("A", expected["prompt"], 3)
@@ -50,15 +51,19 @@ def pieces(t: Trial) -> None:
         if so != want[2 * k]["schedule"]:
             raise CheckFailed(
                 head,
-                f"schedule() call {k + 1} should return {want[2 * k]['schedule']}; yours: {so!r:.300}",
+                tr("schedule() call {n} should return {want}; yours: {yours}", n=k + 1, want=want[2 * k]["schedule"], yours=repr(so)[:300]),
                 hint=M.prompt_every_time if isinstance(so, dict) and so.get("scheduled_new_reqs") and k else "",
             )
         if state["num_computed_tokens"] != ws["num_computed_tokens"] or state["status"] != ws["status"]:
             before = want[2 * k - 1]["requests"]["A"]["num_computed_tokens"] if k else 0
             raise CheckFailed(
                 head,
-                f"right after schedule() call {k + 1}, before the model runs, A should be "
-                f"{state_str(ws, False)}; yours: {state_str(state, False)}",
+                tr(
+                    "right after schedule() call {n}, before the model runs, A should be {want}; yours: {yours}",
+                    n=k + 1,
+                    want=state_str(ws, False),
+                    yours=state_str(state, False),
+                ),
                 hint=M.computed_at_update
                 if state["num_computed_tokens"] == before != ws["num_computed_tokens"]
                 else M.status_not_running
@@ -72,9 +77,16 @@ def pieces(t: Trial) -> None:
         if out_key(got) != out_key(want[2 * k + 1]["update"]) or state != ws:
             raise CheckFailed(
                 head,
-                f"update_from_output after batch {k + 1} (runner output {ro}) should return "
-                f"{out_key(want[2 * k + 1]['update']) or '[]'} and leave A {state_str(ws, False)}; "
-                f"yours: {out_key(got) or '[]'}, A {state_str(state, False)}",
+                tr(
+                    "update_from_output after batch {n} (runner output {runner}) should return {want} and leave A {state}; "
+                    "yours: {yours}, A {yours_state}",
+                    n=k + 1,
+                    runner=ro,
+                    want=out_key(want[2 * k + 1]["update"]) or "[]",
+                    state=state_str(ws, False),
+                    yours=out_key(got) or "[]",
+                    yours_state=state_str(state, False),
+                ),
                 hint=M.partial_reported
                 if not ro.get("A") and (out_key(got) or state["output_token_ids"] != ws["output_token_ids"])
                 else "",
@@ -84,7 +96,10 @@ def pieces(t: Trial) -> None:
 @public("ch27.1", "EOS stops a request, also on its last allowed token (EOS is checked before the length cap)")
 def eos_and_length(t: Trial) -> None:
     run_case(
-        t, "eos and length", {"budget": 8, "max_num_seqs": 2, "async": False}, [("add", "A", 3, 5, 1), ("add", "B", 2, 3, 2), ("drain",)]
+        t,
+        tr("eos and length"),
+        {"budget": 8, "max_num_seqs": 2, "async": False},
+        [("add", "A", 3, 5, 1), ("add", "B", 2, 3, 2), ("drain",)],
     )
 
 
@@ -92,7 +107,7 @@ def eos_and_length(t: Trial) -> None:
 def seats(t: Trial) -> None:
     run_case(
         t,
-        "two seats",
+        tr("two seats"),
         {"budget": 16, "max_num_seqs": 2, "async": False},
         [("add", "A", 4, 2, None), ("add", "B", 3, 3, None), ("add", "C", 2, 2, None), ("drain",)],
     )
@@ -102,7 +117,7 @@ def seats(t: Trial) -> None:
 def run_all(t: Trial) -> None:
     run_case(
         t,
-        "run",
+        tr("run"),
         {"budget": 5, "max_num_seqs": 3, "async": False},
         [("add", "A", 7, 3, None), ("add", "B", 2, 4, 0), ("add", "C", 4, 1, None), ("run",)],
     )
@@ -113,24 +128,24 @@ def run_all(t: Trial) -> None:
 
 @public("ch27.2", "figure instance: prompt 5 chunked by a budget of 3, max_tokens 4")
 def bounds_figure_instance(t: Trial) -> None:
-    run_case(t, "figure instance", BOUNDS, BOUNDS_SCRIPT, figure="ch27-three-boundaries")
+    run_case(t, tr("figure instance"), BOUNDS, BOUNDS_SCRIPT, figure="ch27-three-boundaries")
 
 
 @public("ch27.2", "one step ahead: step 2 launches before step 1's output is back")
 def one_ahead(t: Trial) -> None:
-    run_case(t, "one ahead", ASYNC, [("add", "A", 5, 3, None), ("step", 2)])
+    run_case(t, tr("one ahead"), ASYNC, [("add", "A", 5, 3, None), ("step", 2)])
 
 
 @public("ch27.2", "an output that arrives after EOS is stale and dropped")
 def stale_after_eos(t: Trial) -> None:
-    run_case(t, "stale after eos", ASYNC, [("add", "A", 3, 5, 1), ("drain",)])
+    run_case(t, tr("stale after eos"), ASYNC, [("add", "A", 3, 5, 1), ("drain",)])
 
 
 @public("ch27.2", "two requests, chunked prefill and decodes interleaved")
 def two_requests(t: Trial) -> None:
     run_case(
         t,
-        "two requests",
+        tr("two requests"),
         {"budget": 4, "max_num_seqs": 2, "async": True},
         [("add", "A", 6, 3, None), ("add", "B", 3, 3, 1), ("step", 3), ("add", "C", 2, 2, None), ("drain",)],
     )
@@ -140,7 +155,7 @@ def two_requests(t: Trial) -> None:
 def async_run(t: Trial) -> None:
     run_case(
         t,
-        "run",
+        tr("run"),
         {"budget": 6, "max_num_seqs": 3, "async": True},
         [("add", "A", 7, 3, None), ("add", "B", 2, 4, 0), ("add", "C", 4, 2, None), ("run",)],
     )
@@ -151,27 +166,27 @@ def async_run(t: Trial) -> None:
 
 @public("ch27.3", "figure instance: prompt 4, then 3 drafts (1 right), 3 (all right), 2 (none right), 4 (2 right)")
 def spec_figure_instance(t: Trial) -> None:
-    run_spec_case(t, "figure instance", SPEC_REQUEST, SPEC_ROUNDS, figure="ch27-spec-counters")
+    run_spec_case(t, tr("figure instance"), SPEC_REQUEST, SPEC_ROUNDS, figure="ch27-spec-counters")
 
 
 @public("ch27.3", "steps without drafts between steps with drafts: nothing to roll back, no stale draft")
 def spec_mixed(t: Trial) -> None:
-    run_spec_case(t, "mixed", ("B", 3, 10, None), [(0, 0), (0, 0), (2, 1), (0, 0), (1, 1), (0, 0)])
+    run_spec_case(t, tr("mixed"), ("B", 3, 10, None), [(0, 0), (0, 0), (2, 1), (0, 0), (1, 1), (0, 0)])
 
 
 @public("ch27.3", "a stop among the accepted drafts drops the tokens after it (EOS first, then the length cap)")
 def spec_stops(t: Trial) -> None:
-    run_spec_case(t, "EOS among the drafts", ("C", 3, 10, 2), [(0, 0), (4, 4)])
-    run_spec_case(t, "length cap among the drafts", ("D", 2, 3, None), [(0, 0), (4, 3)])
-    run_spec_case(t, "EOS on the last allowed token", ("E", 2, 3, 2), [(0, 0), (3, 3)])
+    run_spec_case(t, tr("EOS among the drafts"), ("C", 3, 10, 2), [(0, 0), (4, 4)])
+    run_spec_case(t, tr("length cap among the drafts"), ("D", 2, 3, None), [(0, 0), (4, 3)])
+    run_spec_case(t, tr("EOS on the last allowed token"), ("E", 2, 3, 2), [(0, 0), (3, 3)])
 
 
 @public("ch27.3", "an output that comes back empty (its sample discarded): nothing rolled back, nothing appended")
 def spec_discarded(t: Trial) -> None:
     # The request is preempted or aborted while its step runs, so the runner hands back no token for it: with
     # drafts, k + 1 − 0 would take back k + 1 positions that were never rejected; without, 1.
-    run_spec_case(t, "discarded with drafts", ("G", 3, 10, None), [(0, 0), (2, 1), (3, None)])
-    run_spec_case(t, "discarded prefill", ("H", 5, 10, None), [(0, None)])
+    run_spec_case(t, tr("discarded with drafts"), ("G", 3, 10, None), [(0, 0), (2, 1), (3, None)])
+    run_spec_case(t, tr("discarded prefill"), ("H", 5, 10, None), [(0, None)])
 
 
 # -- helpers ------------------------------------------------------------------------------------------------

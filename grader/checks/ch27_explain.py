@@ -7,6 +7,7 @@ explained in the chapter's terms.
 from __future__ import annotations
 
 from grader.authoring import CheckFailed, Trial, compare_trace, describe, expect_records, mistakes, raised
+from grader.i18n import tr
 
 MAX_STEPS = 2000
 FIELDS = ("status", "num_computed_tokens", "num_tokens", "num_output_placeholders")
@@ -44,7 +45,7 @@ def run_case(t: Trial, case: str, config: dict, script: list, figure: str | None
     expected = t.ref.drive(drive_reference, config, script)
     ops, want = expected["ops"], expected["trace"]
     yours = expect_records(t.yours.replay(config, ops))
-    head = f'case "{case}": {describe_case(config, ops)}'
+    head = tr('case "{case}": {what}', case=case, what=describe_case(config, ops))
     mine = [r for r in yours if not raised(r)]
     check_structure(mine, head)
     if figure:
@@ -68,9 +69,12 @@ def check_structure(trace: list, head: str) -> None:
         ):
             raise CheckFailed(
                 head,
-                f"step {k}: step() returns a list with one dict {{'request_id', "
-                f"'new_token_ids', 'finished'}} per request that got new tokens; yours: {describe(outs)}"
-                f"{' ' + repr(outs)[:120] if isinstance(outs, list) else ''}",
+                tr(
+                    "step {k}: step() returns a list with one dict {keys} per request that got new tokens; yours: {yours}",
+                    k=k,
+                    keys="{'request_id', 'new_token_ids', 'finished'}",
+                    yours=describe(outs) + (" " + repr(outs)[:120] if isinstance(outs, list) else ""),
+                ),
             )
 
 
@@ -81,11 +85,17 @@ def describe_case(config: dict, ops: list, limit: int = 4) -> str:
         if op[0] == "step":
             steps += 1
         elif op[0] == "add":
-            eos = "" if op[4] is None else f", eos {op[4]}"
-            parts.append(f"{op[1]}: prompt {len(op[2])}, max_tokens {op[3]}{eos}" + (f" (added after step {steps})" if steps else ""))
-    more = f"; … {len(parts) - limit} more requests" if len(parts) > limit else ""
-    mode = "async scheduling, " if config["async"] else ""
-    return f"{mode}budget {config['budget']} tokens/step, max_num_seqs {config['max_num_seqs']}; " + "; ".join(parts[:limit]) + more
+            part = tr("{rid}: prompt {prompt}, max_tokens {max_tokens}", rid=op[1], prompt=len(op[2]), max_tokens=op[3])
+            part += "" if op[4] is None else tr(", eos {eos}", eos=op[4])
+            parts.append(part + (tr(" (added after step {n})", n=steps) if steps else ""))
+    sep = tr("; ")
+    more = sep + tr("… {n} more requests", n=len(parts) - limit) if len(parts) > limit else ""
+    mode = (
+        tr("async scheduling, budget {budget} tokens/step, max_num_seqs {seqs}", budget=config["budget"], seqs=config["max_num_seqs"])
+        if config["async"]
+        else tr("budget {budget} tokens/step, max_num_seqs {seqs}", budget=config["budget"], seqs=config["max_num_seqs"])
+    )
+    return mode + sep + sep.join(parts[:limit]) + more
 
 
 def step_what(ops: list, k: int) -> str:
@@ -97,21 +107,33 @@ def step_what(ops: list, k: int) -> str:
     if not added:
         return call
     return (
-        f"add_request({added[0]}), then {call}"
+        tr("add_request({rid}), then {call}", rid=added[0], call=call)
         if len(added) == 1
-        else f"{len(added)} requests added ({', '.join(added[:4])}{', …' if len(added) > 4 else ''}), then {call}"
+        else tr(
+            "{n} requests added ({rids}), then {call}",
+            n=len(added),
+            rids=", ".join(added[:4]) + (", …" if len(added) > 4 else ""),
+            call=call,
+        )
     )
 
 
 def plan_str(plan: dict) -> str:
-    return "{" + ", ".join(f"{k}: {v}" for k, v in plan.items()) + "}" if plan else "nothing"
+    return "{" + ", ".join(f"{k}: {v}" for k, v in plan.items()) + "}" if plan else tr("nothing")
 
 
 def state_str(s: dict, placeholders: bool) -> str:
     outs = s["output_token_ids"]
     shown = str(outs) if len(outs) <= 6 else f"[… {outs[-4:]}]"
     ph = f", num_output_placeholders {s['num_output_placeholders']}" if placeholders else ""
-    return f"{s['status']}, num_computed_tokens {s['num_computed_tokens']}, num_tokens {s['num_tokens']} (outputs {shown}){ph}"
+    return tr(
+        "{status}, num_computed_tokens {computed}, num_tokens {tokens} (outputs {outputs}){placeholders}",
+        status=s["status"],
+        computed=s["num_computed_tokens"],
+        tokens=s["num_tokens"],
+        outputs=shown,
+        placeholders=ph,
+    )
 
 
 def out_key(outputs: list) -> list:
@@ -122,13 +144,21 @@ def batch_line(w: dict, rid: str | None = None, limit: int = 3) -> str:
     """The batches of a step (or, for a whole run(), the last `limit` that scheduled `rid`)."""
     parts, batches = [], [b for b in w["batches"] if rid is None or rid in b["num_scheduled_tokens"]]
     if len(batches) > limit:
-        parts.append(f"… {len(batches) - limit} earlier batches")
+        parts.append(tr("… {n} earlier batches", n=len(batches) - limit))
         batches = batches[-limit:]
     for b in batches:
-        sampled = ", ".join(f"{r}: {v[0] if v else 'blank'}" for r, v in b["sampled_token_ids"].items())
+        sampled = ", ".join(f"{r}: {v[0] if v else tr('blank')}" for r, v in b["sampled_token_ids"].items())
         pos = ", ".join(f"{r} {a}…{e - 1}" for r, (a, e) in b["positions"].items())
-        parts.append(f"batch {b['batch']} {plan_str(b['num_scheduled_tokens'])} (positions {pos}; sampled {sampled})")
-    return "; ".join(parts) if parts else "no batch"
+        parts.append(
+            tr(
+                "batch {batch} {plan} (positions {positions}; sampled {sampled})",
+                batch=b["batch"],
+                plan=plan_str(b["num_scheduled_tokens"]),
+                positions=pos,
+                sampled=sampled,
+            )
+        )
+    return tr("; ").join(parts) if parts else tr("no batch")
 
 
 # -- comparing one step ---------------------------------------------------------------------------------------
@@ -136,14 +166,19 @@ def step_difference(k: int, m: dict, w: dict, want: list, asyn: bool) -> CheckFa
     """The first difference of step k (0-based) in the chapter's terms: the batches it launched, each
     request's counters, then its outputs (or run()'s result); None when the step agrees."""
     prev = want[k - 1]["requests"] if k else {}
-    where = f"step {k + 1}" if "run" not in w else "run()"
+    where = tr("step {n}", n=k + 1) if "run" not in w else "run()"
     mb, wb = [b["num_scheduled_tokens"] for b in m["batches"]], [b["num_scheduled_tokens"] for b in w["batches"]]
     if mb != wb and "run" in w:
         i = next((i for i, (x, y) in enumerate(zip(mb, wb)) if x != y), min(len(mb), len(wb)))
         return CheckFailed(
-            f"run() launched {len(mb)} batches, the reference {len(wb)}; batch {i + 1} should be "
-            f"{plan_str(wb[i]) if i < len(wb) else 'none'}; yours: "
-            f"{plan_str(mb[i]) if i < len(mb) else 'none'}"
+            tr(
+                "run() launched {n} batches, the reference {want}; batch {i} should be {plan}; yours: {yours}",
+                n=len(mb),
+                want=len(wb),
+                i=i + 1,
+                plan=plan_str(wb[i]) if i < len(wb) else tr("none"),
+                yours=plan_str(mb[i]) if i < len(mb) else tr("none"),
+            )
         )
     if mb != wb:
         return batches_difference(where, mb, wb, prev, asyn)
@@ -153,7 +188,13 @@ def step_difference(k: int, m: dict, w: dict, want: list, asyn: bool) -> CheckFa
             return request_difference(where, rid, ms, ws, prev.get(rid), w, asyn)
     if "run" in w:
         if m.get("run") != w["run"]:
-            return CheckFailed(f"run() should return every request's output tokens, {w['run']}; yours: {m.get('run')!r:.300}")
+            return CheckFailed(
+                tr(
+                    "run() should return every request's output tokens, {want}; yours: {yours}",
+                    want=w["run"],
+                    yours=repr(m.get("run"))[:300],
+                )
+            )
     elif out_key(m["outputs"]) != out_key(w["outputs"]):
         return outputs_difference(where, m["outputs"], w["outputs"], w)
     return None
@@ -161,17 +202,27 @@ def step_difference(k: int, m: dict, w: dict, want: list, asyn: bool) -> CheckFa
 
 def batches_difference(where: str, mb: list, wb: list, prev: dict, asyn: bool) -> CheckFailed:
     lines = [
-        f"{where} should launch {' and '.join(map(plan_str, wb)) or 'no batch'}; "
-        f"yours launched {' and '.join(map(plan_str, mb)) or 'no batch'}"
+        tr(
+            "{where} should launch {want}; yours launched {yours}",
+            where=where,
+            want=tr(" and ").join(map(plan_str, wb)) or tr("no batch"),
+            yours=tr(" and ").join(map(plan_str, mb)) or tr("no batch"),
+        )
     ]
     for plan in wb[:1]:
         for rid, n in plan.items():
             p = prev.get(rid)
             if p is not None:
                 lines.append(
-                    f"  {rid} needs num_tokens + placeholders − computed = {p['num_tokens']} + "
-                    f"{p['num_output_placeholders']} − {p['num_computed_tokens']} = "
-                    f"{p['num_tokens'] + p['num_output_placeholders'] - p['num_computed_tokens']}, gets {n}"
+                    tr(
+                        "  {rid} needs num_tokens + placeholders − computed = {tokens} + {ph} − {computed} = {need}, gets {n}",
+                        rid=rid,
+                        tokens=p["num_tokens"],
+                        ph=p["num_output_placeholders"],
+                        computed=p["num_computed_tokens"],
+                        need=p["num_tokens"] + p["num_output_placeholders"] - p["num_computed_tokens"],
+                        n=n,
+                    )
                 )
     hint = ""
     if asyn and wb and not mb:
@@ -186,9 +237,9 @@ def batches_difference(where: str, mb: list, wb: list, prev: dict, asyn: bool) -
 def request_difference(where: str, rid: str, ms: dict | None, ws: dict, p: dict | None, w: dict, asyn: bool) -> CheckFailed:
     hints = request_hints(rid, ms, ws, p, w)
     return CheckFailed(
-        f"{where} ran {batch_line(w, rid if 'run' in w else None)}",
-        f"after {where} request {rid} should be {state_str(ws, asyn)}",
-        f"yours: {'missing from snapshot()' if ms is None else state_str(ms, asyn)}",
+        tr("{where} ran {batches}", where=where, batches=batch_line(w, rid if "run" in w else None)),
+        tr("after {where} request {rid} should be {state}", where=where, rid=rid, state=state_str(ws, asyn)),
+        tr("yours: {state}", state=tr("missing from snapshot()") if ms is None else state_str(ms, asyn)),
         hint=hints[0] if hints else "",
     )
 
@@ -238,8 +289,13 @@ def outputs_difference(where: str, mo: list, wo: list, w: dict) -> CheckFailed:
     elif [o[:2] for o in out_key(mo)] == [o[:2] for o in out_key(wo)]:
         hint = M.finished_flag
     return CheckFailed(
-        f"{where} ran {batch_line(w)}",
-        f"{where} should return {out_key(wo) or '[] (nothing new)'} as (request_id, new_token_ids, finished); yours: {out_key(mo) or '[]'}",
+        tr("{where} ran {batches}", where=where, batches=batch_line(w)),
+        tr(
+            "{where} should return {want} as (request_id, new_token_ids, finished); yours: {yours}",
+            where=where,
+            want=out_key(wo) or tr("[] (nothing new)"),
+            yours=out_key(mo) or "[]",
+        ),
         hint=hint,
     )
 
@@ -284,7 +340,7 @@ def run_spec_case(t: Trial, case: str, request: tuple, rounds: list, figure: str
     config, drafts, want = expected["config"], expected["rounds"], expected["trace"]
     yours = expect_records(t.yours.replay_spec(config, drafts), what="replay_spec")
     mine = [r for r in yours if not raised(r)]
-    head = f'case "{case}": {describe_spec_case(config, drafts)}'
+    head = tr('case "{case}": {what}', case=case, what=describe_spec_case(config, drafts))
     if figure:
         t.figure(figure, config=config, rounds=drafts, trace=mine, expected=want)
     return check_spec_trace(yours, drafts, want, head)
@@ -303,31 +359,47 @@ def check_spec_trace(yours: object, drafts: list, want: list, head: str) -> list
 
 
 def describe_spec_case(config: dict, drafts: list, limit: int = 6) -> str:
-    eos = "" if config["eos_token_id"] is None else f", eos {config['eos_token_id']}"
+    eos = "" if config["eos_token_id"] is None else tr(", eos {eos}", eos=config["eos_token_id"])
     steps = [
-        (f"{len(round_drafts(d))} drafts" if round_drafts(d) else "no drafts") + (" (output discarded)" if isinstance(d, dict) else "")
+        (tr("{n} drafts", n=len(round_drafts(d))) if round_drafts(d) else tr("no drafts"))
+        + (tr(" (output discarded)") if isinstance(d, dict) else "")
         for d in drafts
     ]
-    more = f", … {len(steps) - limit} more" if len(steps) > limit else ""
-    return (
-        f"{config['request_id']}: prompt {len(config['prompt_token_ids'])}, max_tokens {config['max_tokens']}{eos}; "
-        f"steps: {', '.join(steps[:limit])}{more}"
+    more = tr(", … {n} more", n=len(steps) - limit) if len(steps) > limit else ""
+    return tr(
+        "{rid}: prompt {prompt}, max_tokens {max_tokens}{eos}; steps: {steps}",
+        rid=config["request_id"],
+        prompt=len(config["prompt_token_ids"]),
+        max_tokens=config["max_tokens"],
+        eos=eos,
+        steps=tr(", ").join(steps[:limit]) + more,
     )
 
 
 def spec_step_what(drafts: list, k: int) -> str:
     step = drafts[k] if k < len(drafts) else []
     d = round_drafts(step)
-    what = f"drafts {d}, then schedule_spec and update_spec" if d else "no drafts, then schedule_spec and update_spec"
-    return what + (" with no generated token (the output was discarded)" if isinstance(step, dict) else "")
+    if isinstance(step, dict):
+        return (
+            tr("drafts {drafts}, then schedule_spec and update_spec with no generated token (the output was discarded)", drafts=d)
+            if d
+            else tr("no drafts, then schedule_spec and update_spec with no generated token (the output was discarded)")
+        )
+    return tr("drafts {drafts}, then schedule_spec and update_spec", drafts=d) if d else tr("no drafts, then schedule_spec and update_spec")
 
 
 def spec_str(s: dict) -> str:
     outs = s["output_token_ids"]
     shown = str(outs) if len(outs) <= 6 else f"[… {outs[-4:]}]"
-    return (
-        f"{s['status']}, num_computed_tokens {s['num_computed_tokens']}, num_tokens {s['num_tokens']}, "
-        f"num_tokens_with_spec {s['num_tokens_with_spec']}, spec_token_ids {s['spec_token_ids']} (outputs {shown})"
+    return tr(
+        "{status}, num_computed_tokens {computed}, num_tokens {tokens}, num_tokens_with_spec {with_spec}, "
+        "spec_token_ids {spec} (outputs {outputs})",
+        status=s["status"],
+        computed=s["num_computed_tokens"],
+        tokens=s["num_tokens"],
+        with_spec=s["num_tokens_with_spec"],
+        spec=s["spec_token_ids"],
+        outputs=shown,
     )
 
 
@@ -335,14 +407,20 @@ def spec_difference(k: int, m: dict, w: dict) -> CheckFailed | None:
     """The first difference of spec step k (0-based): what schedule_spec returned, the counters right after it,
     then what update_spec returned and the counters after it; None when the step agrees."""
     drafts, before, gen = w["drafts"], w["before"], w["generated"]
-    ctx = f"before it: {spec_str(before)}"
+    ctx = tr("before it: {state}", state=spec_str(before))
     sched, wsched = m.get("scheduled"), w["scheduled"]
     if sched != wsched:
         fewer = isinstance(sched, dict) and drafts and sched.get("num_scheduled_tokens") == wsched["num_scheduled_tokens"] - len(drafts)
         return CheckFailed(
             ctx,
-            f"schedule_spec should return {wsched} (n = num_tokens_with_spec − num_computed_tokens "
-            f"= {before['num_tokens_with_spec']} − {before['num_computed_tokens']}); yours: {sched!r:.200}",
+            tr(
+                "schedule_spec should return {want} (n = num_tokens_with_spec − num_computed_tokens = {with_spec} − {computed}); "
+                "yours: {yours}",
+                want=wsched,
+                with_spec=before["num_tokens_with_spec"],
+                computed=before["num_computed_tokens"],
+                yours=repr(sched)[:200],
+            ),
             hint=M.drafts_not_scheduled if fewer else "",
         )
     ms, ws = m.get("after_schedule"), w["after_schedule"]
@@ -354,8 +432,8 @@ def spec_difference(k: int, m: dict, w: dict) -> CheckFailed | None:
             hint = M.computed_not_advanced
         return CheckFailed(
             ctx,
-            f"right after schedule_spec (returned {wsched}) the request should be {spec_str(ws)}",
-            f"yours: {spec_str(ms) if isinstance(ms, dict) else repr(ms)[:200]}",
+            tr("right after schedule_spec (returned {returned}) the request should be {state}", returned=wsched, state=spec_str(ws)),
+            tr("yours: {state}", state=spec_str(ms) if isinstance(ms, dict) else repr(ms)[:200]),
             hint=hint,
         )
     mu, wu, new, wnew = m.get("after_update"), w["after_update"], m.get("new_token_ids"), w["new_token_ids"]
@@ -363,16 +441,24 @@ def spec_difference(k: int, m: dict, w: dict) -> CheckFailed | None:
         return None
     accepted = len(gen) - 1
     verified = (
-        f"the target model generated {gen} ({accepted} of {len(drafts)} drafts accepted, {len(drafts) - accepted} rejected)"
+        tr(
+            "the target model generated {generated} ({accepted} of {k} drafts accepted, {rejected} rejected)",
+            generated=gen,
+            accepted=accepted,
+            k=len(drafts),
+            rejected=len(drafts) - accepted,
+        )
         if gen
-        else "the step's output came back empty for it (its sample discarded: preempted or aborted meanwhile), so nothing was "
-        "verified: nothing to roll back, nothing to append"
+        else tr(
+            "the step's output came back empty for it (its sample discarded: preempted or aborted meanwhile), so nothing was "
+            "verified: nothing to roll back, nothing to append"
+        )
     )
     lines = [
         ctx,
-        f"scheduled {wsched['num_scheduled_tokens']} tokens with drafts {drafts}; {verified}",
-        f"update_spec should return {wnew} and leave it {spec_str(wu)}",
-        f"yours: {new!r:.120}, {spec_str(mu) if isinstance(mu, dict) else repr(mu)[:200]}",
+        tr("scheduled {n} tokens with drafts {drafts}; {verified}", n=wsched["num_scheduled_tokens"], drafts=drafts, verified=verified),
+        tr("update_spec should return {want} and leave it {state}", want=wnew, state=spec_str(wu)),
+        tr("yours: {returned}, {state}", returned=repr(new)[:120], state=spec_str(mu) if isinstance(mu, dict) else repr(mu)[:200]),
     ]
     return CheckFailed(*lines, hint=spec_update_hint(m, w) if isinstance(mu, dict) else "")
 

@@ -16,28 +16,29 @@ from grader.authoring import (
     first_wrong,
     hidden_model,
     mistakes,
-    plural,
     public,
     wrong_mask,
 )
+from grader.i18n import mark, tr
 
 # ch28-cache-identity: the same 12 tokens (an image behind placeholders 4–7) under five identities, block 4.
 IDENTITY_TOKENS = [11, 12, 13, 14, 99, 99, 99, 99, 21, 22, 23, 24]
 IDENTITY_BS = 4
 IDENTITY_ROWS: list[tuple[str, str, dict[str, Any]]] = [
-    ("A", "image cat", {"mm_hashes": [("cat", 4, 4)]}),
-    ("A again", "image cat (the same request)", {"mm_hashes": [("cat", 4, 4)]}),
-    ("other image", "image dog behind the same placeholders", {"mm_hashes": [("dog", 4, 4)]}),
-    ("salted", 'image cat, cache_salt "tenant-b"', {"mm_hashes": [("cat", 4, 4)], "cache_salt": "tenant-b"}),
-    ("LoRA 7", "image cat, lora_id 7", {"mm_hashes": [("cat", 4, 4)], "lora_id": 7}),
+    ("A", mark("image cat"), {"mm_hashes": [("cat", 4, 4)]}),
+    (mark("A again"), mark("image cat (the same request)"), {"mm_hashes": [("cat", 4, 4)]}),
+    (mark("other image"), mark("image dog behind the same placeholders"), {"mm_hashes": [("dog", 4, 4)]}),
+    (mark("salted"), mark('image cat, cache_salt "tenant-b"'), {"mm_hashes": [("cat", 4, 4)], "cache_salt": "tenant-b"}),
+    ("LoRA 7", mark("image cat, lora_id 7"), {"mm_hashes": [("cat", 4, 4)], "lora_id": 7}),
 ]
+"""(label, what, keys) per request; the label and the words are translated where they are shown (`tr`)."""
 
 # ch28-last-token-logits: three requests flattened into 9 rows, block size 4 (after vllm_and_beyond.md §D.2,
 # with R1 a full-prompt hit so that the last-token rule shows): (name, situation, computed before, scheduled).
 LOGITS_REQUESTS = [
-    ("R0", "chunked prefill: 10-token prompt, 4 done, the next 4", 4, 4),
-    ("R1", "full-prompt hit: 8-token prompt, both blocks of 4 cached", 4, 4),
-    ("R2", "decode: 7 tokens, the newest not yet fed", 6, 1),
+    ("R0", mark("chunked prefill: 10-token prompt, 4 done, the next 4"), 4, 4),
+    ("R1", mark("full-prompt hit: 8-token prompt, both blocks of 4 cached"), 4, 4),
+    ("R2", mark("decode: 7 tokens, the newest not yet fed"), 6, 1),
 ]
 FIGURE_HIT = (8, 4, 2)
 
@@ -57,7 +58,7 @@ def identity_figure(t: Trial) -> None:
     for label, what, keys in IDENTITY_ROWS:
         want, variants = reference_variants(t, IDENTITY_TOKENS, IDENTITY_BS, keys)
         got = t.yours.block_hashes(list(IDENTITY_TOKENS), IDENTITY_BS, **keys)
-        rows.append((label, what, keys, got, want, variants))
+        rows.append((tr(label), tr(what), keys, got, want, variants))
     t.figure(
         "ch28-cache-identity",
         tokens=IDENTITY_TOKENS,
@@ -75,24 +76,24 @@ def identity_figure(t: Trial) -> None:
         ],
     )
     for label, _, keys, got, want, variants in rows:
-        expect_hashes(got, want, variants, IDENTITY_TOKENS, IDENTITY_BS, keys, case=f"request {label!r}")
+        expect_hashes(got, want, variants, IDENTITY_TOKENS, IDENTITY_BS, keys, case=tr("request {label}", label=repr(label)))
 
 
 @public("ch28.1", "a plain chain over the full blocks only")
 def plain_chain(t: Trial) -> None:
-    run_hash_case(t, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 4, {}, case="10 tokens, no keys")
+    run_hash_case(t, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 4, {}, case=tr("10 tokens, no keys"))
 
 
 @public("ch28.1", "the salt enters block 0 and reaches the rest through the chain")
 def salt_chain(t: Trial) -> None:
-    run_hash_case(t, [7, 7, 7, 7, 7, 7, 7, 7], 4, {"cache_salt": "s1"}, case="a salted request")
+    run_hash_case(t, [7, 7, 7, 7, 7, 7, 7, 7], 4, {"cache_salt": "s1"}, case=tr("a salted request"))
 
 
 @public("ch28.1", "an image that starts in the middle of a block, and an adapter")
 def image_across_blocks(t: Trial) -> None:
     tokens = [1, 2, 9, 9, 9, 9, 3, 4, 5, 6, 7]
-    run_hash_case(t, tokens, 4, {"mm_hashes": [("img-1", 2, 4)]}, case="an image at tokens 2–5")
-    run_hash_case(t, tokens, 4, {"mm_hashes": [("img-1", 2, 4)], "lora_id": 3}, case="the same under LoRA 3")
+    run_hash_case(t, tokens, 4, {"mm_hashes": [("img-1", 2, 4)]}, case=tr("an image at tokens 2–5"))
+    run_hash_case(t, tokens, 4, {"mm_hashes": [("img-1", 2, 4)], "lora_id": 3}, case=tr("the same under LoRA 3"))
 
 
 # -- ch28.2 the last-token rule -------------------------------------------------------------------------------------
@@ -131,33 +132,33 @@ def logits_figure(t: Trial) -> None:
     lens = [n for *_, n in LOGITS_REQUESTS]
     want = t.ref.logits_indices(lens)
     got = t.yours.logits_indices(lens)
-    idx = expect_tensor(got, what="the logits rows of 3 requests", shape=[3], dtype=torch.int64)
+    idx = expect_tensor(got, what=tr("the logits rows of {n} requests", n=3), shape=[3], dtype=torch.int64)
     t.figure(
         "ch28-last-token-logits",
-        requests=[[name, what, c, n] for name, what, c, n in LOGITS_REQUESTS],
+        requests=[[name, tr(what), c, n] for name, what, c, n in LOGITS_REQUESTS],
         indices=idx,
         expected=want,
         wrong=wrong_mask(idx, want),
         block_size=4,
         prompt=FIGURE_HIT[0],
     )
-    expect_indices(idx, want, lens, case=f"query_lens {lens}")
+    expect_indices(idx, want, lens, case=tr("query_lens {lens}", lens=lens))
 
 
 @public("ch28.3", "a decode-only batch: every row is sampled")
 def decode_batch(t: Trial) -> None:
-    run_indices_case(t, [1, 1, 1, 1, 1], case="five decodes")
+    run_indices_case(t, [1, 1, 1, 1, 1], case=tr("five decodes"))
 
 
 @public("ch28.3", "one prefill chunk, then requests of several lengths")
 def mixed_lengths(t: Trial) -> None:
-    run_indices_case(t, [16], case="one 16-token chunk")
-    run_indices_case(t, [3, 5, 1, 2], case="query_lens [3, 5, 1, 2]")
+    run_indices_case(t, [16], case=tr("one 16-token chunk"))
+    run_indices_case(t, [3, 5, 1, 2], case=tr("query_lens {lens}", lens=[3, 5, 1, 2]))
 
 
 @public("ch28.3", "query_lens as an int32 tensor give int64 indices")
 def int32_lengths(t: Trial) -> None:
-    run_indices_case(t, torch.tensor([2, 7, 1], dtype=torch.int32), case="int32 query_lens [2, 7, 1]")
+    run_indices_case(t, torch.tensor([2, 7, 1], dtype=torch.int32), case=tr("int32 query_lens {lens}", lens=[2, 7, 1]))
 
 
 # -- helpers: ch28.1 --------------------------------------------------------------------------------------------
@@ -167,9 +168,13 @@ def key_list(i: int, bs: int, keys: dict) -> str:
     """The identity keys that enter block i, in the chapter's words."""
     s, e = i * bs, (i + 1) * bs
     out = [f"lora {keys['lora_id']}"] if keys.get("lora_id") is not None else []
-    out += [f"mm ({ident!r}, offset {o} − {s} = {o - s})" for ident, o, n in keys.get("mm_hashes") or [] if o < e and o + n > s]
+    out += [
+        tr("mm ({ident}, offset {o} − {s} = {d})", ident=repr(ident), o=o, s=s, d=o - s)
+        for ident, o, n in keys.get("mm_hashes") or []
+        if o < e and o + n > s
+    ]
     out += [f"salt {keys['cache_salt']!r}"] if i == 0 and keys.get("cache_salt") is not None else []
-    return ", ".join(out) or "none"
+    return ", ".join(out) or tr("none")
 
 
 def hash_prefix(h: object) -> str:
@@ -200,15 +205,22 @@ def reference_variants(t: Trial, tokens: list[int], bs: int, keys: dict) -> tupl
 def expect_hashes(got: object, want: list[bytes], variants: dict, tokens: list[int], bs: int, keys: dict, *, case: str) -> list:
     """Require your hashes to equal the reference's; explain the first wrong block."""
     n = len(tokens) // bs
-    head = f"{case} ({len(tokens)} tokens, block_size {bs}{', ' + fmt_keys(keys) if keys else ''})"
+    head = tr("{case} ({n} tokens, block_size {bs}{keys})", case=case, n=len(tokens), bs=bs, keys=", " + fmt_keys(keys) if keys else "")
     if not isinstance(got, list) or not are_hashes(got):
         raise CheckFailed(
-            f"{head}: expected a list of {n} hashes as 32-byte bytes objects; yours: {describe(got)}",
+            tr("{head}: expected a list of {n} hashes as 32-byte bytes objects; yours: {yours}", head=head, n=n, yours=describe(got)),
             hint=M.hex_strings if isinstance(got, list) and got and all(isinstance(h, str) for h in got) else "",
         )
     if len(got) != n:
         raise CheckFailed(
-            f"{head}: expected {n} hashes ({len(tokens)} // {bs} full blocks); yours: {len(got)}",
+            tr(
+                "{head}: expected {n} hashes ({tokens} // {bs} full blocks); yours: {yours}",
+                head=head,
+                n=n,
+                tokens=len(tokens),
+                bs=bs,
+                yours=len(got),
+            ),
             hint=M.partial_block.format(n=len(tokens) % bs) if len(got) == n + 1 else "",
         )
     i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
@@ -231,14 +243,31 @@ def expect_hashes(got: object, want: list[bytes], variants: dict, tokens: list[i
     elif i and got == variants.get("salt everywhere"):
         hint = M.salt_everywhere
     raise CheckFailed(
-        f"{head}: block {i}'s hash should be {want[i].hex()}; yours: {got[i].hex() if len(got[i]) < 64 else hash_prefix(got[i])}",
-        f"block {i} = tokens {s}–{s + bs - 1} {tokens[s : s + bs]}, parent "
-        + (
-            f"hash_{i - 1} ({hash_prefix(want[i - 1])}, which yours matches)"
-            if i
-            else 'NONE_HASH (SHA-256 of the pickled "vllm-none-hash", vLLM\'s default)'
+        tr(
+            "{head}: block {i}'s hash should be {want}; yours: {yours}",
+            head=head,
+            i=i,
+            want=want[i].hex(),
+            yours=got[i].hex() if len(got[i]) < 64 else hash_prefix(got[i]),
         ),
-        f"its extra keys: {key_list(i, bs, keys)}",
+        tr(
+            "block {i} = tokens {s}–{e} {tokens}, parent hash_{p} ({parent}, which yours matches)",
+            i=i,
+            s=s,
+            e=s + bs - 1,
+            tokens=tokens[s : s + bs],
+            p=i - 1,
+            parent=hash_prefix(want[i - 1]),
+        )
+        if i
+        else tr(
+            'block {i} = tokens {s}–{e} {tokens}, parent NONE_HASH (SHA-256 of the pickled "vllm-none-hash", vLLM\'s default)',
+            i=i,
+            s=s,
+            e=s + bs - 1,
+            tokens=tokens[s : s + bs],
+        ),
+        tr("its extra keys: {keys}", keys=key_list(i, bs, keys)),
         hint=hint,
     )
 
@@ -254,14 +283,23 @@ def run_hash_case(t: Trial, tokens: list[int], bs: int, keys: dict, *, case: str
 
 def expect_cached(t: Trial, prompt_len: int, bs: int, hits: int) -> int:
     want = t.ref.num_cached_tokens_on_hit(prompt_len, bs, hits)
-    got = expect_int(t.yours.num_cached_tokens_on_hit(prompt_len, bs, hits), what="the number of cached tokens")
+    got = expect_int(t.yours.num_cached_tokens_on_hit(prompt_len, bs, hits), what=tr("the number of cached tokens"))
     if got != want:
         cap = (prompt_len - 1) // bs
         raise CheckFailed(
-            f"prompt_len={prompt_len}, block_size={bs}, {plural(hits, 'leading block')} hit: "
-            f"the hit is capped at {prompt_len} − 1 = {prompt_len - 1} tokens, i.e. {prompt_len - 1} // "
-            f"{bs} = {plural(cap, 'whole block')}, so min({hits}, {cap})·{bs} = {want} tokens are "
-            f"cached and {prompt_len - want} computed; yours: {got}",
+            tr(
+                "prompt_len={prompt_len}, block_size={bs}, leading blocks hit: {hits}; the hit is capped at {prompt_len} − 1 = "
+                "{capped} tokens, i.e. {capped} // {bs} = {cap} whole blocks, so min({hits}, {cap})·{bs} = {want} tokens are "
+                "cached and {computed} computed; yours: {got}",
+                prompt_len=prompt_len,
+                bs=bs,
+                hits=hits,
+                capped=prompt_len - 1,
+                cap=cap,
+                want=want,
+                computed=prompt_len - want,
+                got=got,
+            ),
             hint=M.uncapped if got == hits * bs else M.token_cap if got == min(hits * bs, prompt_len - 1) else "",
         )
     return got
@@ -272,7 +310,7 @@ def expect_cached(t: Trial, prompt_len: int, bs: int, hits: int) -> int:
 
 def expect_indices(got: object, want: torch.Tensor, lens: list[int], *, case: str) -> torch.Tensor:
     b = len(lens)
-    idx = expect_tensor(got, what=f"the logits rows of {plural(b, 'request')}", shape=[b], dtype=torch.int64)
+    idx = expect_tensor(got, what=tr("the logits rows of {n} requests", n=b), shape=[b], dtype=torch.int64)
     wrong = first_wrong(idx, want)
     if wrong is None:
         return idx
@@ -289,9 +327,18 @@ def expect_indices(got: object, want: torch.Tensor, lens: list[int], *, case: st
         else ""
     )
     raise CheckFailed(
-        f"{case}: request {r} has {plural(lens[r], 'scheduled token')}, rows "
-        f"cu_seqlens_q[{r}] … cu_seqlens_q[{r + 1}] − 1 = {start} … {end - 1}; its logits row is the last, "
-        f"{end} − 1 = {end - 1}; yours: {yours}",
+        tr(
+            "{case}: request {r} has {n} scheduled tokens, rows cu_seqlens_q[{r}] … cu_seqlens_q[{r1}] − 1 = {start} … {last}; "
+            "its logits row is the last, {end} − 1 = {last}; yours: {yours}",
+            case=case,
+            r=r,
+            n=lens[r],
+            r1=r + 1,
+            start=start,
+            last=end - 1,
+            end=end,
+            yours=yours,
+        ),
         hint=hint,
     )
 

@@ -7,21 +7,8 @@ import math
 
 import torch
 
-from grader.authoring import (
-    CheckFailed,
-    Hint,
-    Trial,
-    describe,
-    expect_tensor,
-    fmt,
-    hidden_model,
-    mistakes,
-    plural,
-    public,
-    short,
-    vec,
-    wrong_mask,
-)
+from grader.authoring import CheckFailed, Hint, Trial, describe, expect_tensor, fmt, hidden_model, mistakes, public, short, vec, wrong_mask
+from grader.i18n import tr
 
 # ch29-schedule-to-metadata: reference §D.2 (checked): R0 mid-way through a chunked prefill, R1 a prefix hit
 # whose last prompt token is left, R2 a decode; B = 4. Token ids: request r's token at position p is 100(r+1) + p.
@@ -55,22 +42,22 @@ request_latencies = hidden_model("ch29_models.request_latencies")
 
 @public("ch29.1", "figure instance: a prefill chunk, a prefix hit and a decode; 6 inputs, at most 3 candidates (B = 4)")
 def d2_instance(t: Trial) -> None:
-    run_metadata_case(t, make_requests(D2), D2_BLOCK, "figure instance", figure="ch29-schedule-to-metadata")
+    run_metadata_case(t, make_requests(D2), D2_BLOCK, tr("figure instance"), figure="ch29-schedule-to-metadata")
 
 
 @public("ch29.1", "a decode batch: one input per request, every sample kept")
 def decode_batch(t: Trial) -> None:
-    run_metadata_case(t, make_requests([(5, 4, 1, [3, 1]), (9, 8, 1, [0, 2, 6]), (1, 0, 1, [5])]), 4, "decodes")
+    run_metadata_case(t, make_requests([(5, 4, 1, [3, 1]), (9, 8, 1, [0, 2, 6]), (1, 0, 1, [5])]), 4, tr("decodes"))
 
 
 @public("ch29.1", "whole prompts in one step, crossing block boundaries")
 def whole_prompts(t: Trial) -> None:
-    run_metadata_case(t, make_requests([(6, 0, 6, [2, 0]), (3, 0, 3, [1])]), 4, "whole prompts")
+    run_metadata_case(t, make_requests([(6, 0, 6, [2, 0]), (3, 0, 3, [1])]), 4, tr("whole prompts"))
 
 
 @public("ch29.1", "a chunk that starts mid-block, block_size 2")
 def mid_block(t: Trial) -> None:
-    run_metadata_case(t, make_requests([(9, 3, 4, [6, 1, 4, 0, 3]), (4, 3, 1, [2, 5])]), 2, "mid-block")
+    run_metadata_case(t, make_requests([(9, 3, 4, [6, 1, 4, 0, 3]), (4, 3, 1, [2, 5])]), 2, tr("mid-block"))
 
 
 # -- ch29.2 latency_metrics -----------------------------------------------------------------------------------
@@ -78,22 +65,22 @@ def mid_block(t: Trial) -> None:
 
 @public("ch29.2", "figure instance: three requests, two tokens per chunk, a one-token answer")
 def metrics_instance(t: Trial) -> None:
-    run_metrics_case(t, make_times(TIMES), "figure instance", figure="ch29-latency-metrics")
+    run_metrics_case(t, make_times(TIMES), tr("figure instance"), figure="ch29-latency-metrics")
 
 
 @public("ch29.2", "one request streaming one token per chunk")
 def one_request(t: Trial) -> None:
-    run_metrics_case(t, make_times([(1.0, [1.25, 1.5, 1.75, 2.0], 10, 4)]), "one request")
+    run_metrics_case(t, make_times([(1.0, [1.25, 1.5, 1.75, 2.0], 10, 4)]), tr("one request"))
 
 
 @public("ch29.2", "throughput divides by the whole run, idle gaps included")
 def idle_gap(t: Trial) -> None:
-    run_metrics_case(t, make_times([(0.0, [0.2, 0.4], 5, 2), (3.0, [3.1, 3.3, 3.4], 7, 3)]), "idle gap")
+    run_metrics_case(t, make_times([(0.0, [0.2, 0.4], 5, 2), (3.0, [3.1, 3.3, 3.4], 7, 3)]), tr("idle gap"))
 
 
 @public("ch29.2", "only one-token answers: no TPOT and no ITL at all")
 def single_tokens(t: Trial) -> None:
-    run_metrics_case(t, make_times([(0.0, [0.3], 4, 1), (0.1, [0.5], 2, 1)]), "single tokens")
+    run_metrics_case(t, make_times([(0.0, [0.3], 4, 1), (0.1, [0.5], 2, 1)]), tr("single tokens"))
 
 
 # -- helpers: the instances -------------------------------------------------------------------------------------
@@ -121,24 +108,31 @@ def make_times(spec: list[tuple[float, list[float], int, int]]) -> list[dict]:
 
 def describe_batch(requests: list[dict], block_size: int) -> str:
     parts = [
-        f"R{r}: knows {len(q['token_ids'])}, computed {q['num_computed_tokens']}, scheduled "
-        f"{q['num_scheduled_tokens']}, table {short(q['block_table'], limit=5)}"
+        tr(
+            "R{r}: knows {known}, computed {computed}, scheduled {scheduled}, table {table}",
+            r=r,
+            known=len(q["token_ids"]),
+            computed=q["num_computed_tokens"],
+            scheduled=q["num_scheduled_tokens"],
+            table=short(q["block_table"], limit=5),
+        )
         for r, q in enumerate(requests[:4])
     ]
-    more = f"; … {len(requests) - 4} more" if len(requests) > 4 else ""
-    return f"block_size {block_size}; " + "; ".join(parts) + more
+    sep = tr("; ")
+    more = sep + tr("… {n} more", n=len(requests) - 4) if len(requests) > 4 else ""
+    return sep.join([f"block_size {block_size}", *parts]) + more
 
 
 def expect_structure(got: object, requests: list[dict]) -> dict:
     """Require the dict of seven tensors with the documented dtypes and shapes."""
     if not isinstance(got, dict) or not set(FIELDS) <= set(got):
-        have = f"a dict with keys {sorted(got)}" if isinstance(got, dict) else describe(got)
-        raise CheckFailed(f"expected a dict with the keys {', '.join(FIELDS)}; yours: {have}")
+        have = tr("a dict with keys {keys}", keys=sorted(got)) if isinstance(got, dict) else describe(got)
+        raise CheckFailed(tr("expected a dict with the keys {keys}; yours: {yours}", keys=", ".join(FIELDS), yours=have))
     T, R = sum(q["num_scheduled_tokens"] for q in requests), len(requests)
     shapes = {"query_start_loc": R + 1, "seq_lens": R, "logits_indices": R, "kept": R}
     for k in FIELDS:
         n = shapes.get(k, T)
-        what = f"{k} ({'one per input token' if n == T and k not in shapes else 'per request'})"
+        what = tr("{k} (one per input token)", k=k) if n == T and k not in shapes else tr("{k} (per request)", k=k)
         expect_tensor(got[k], what=what, shape=[n], dtype=torch.bool if k == "kept" else torch.int64)
     return got
 
@@ -154,22 +148,39 @@ def explain_field(k: str, yours: list, want: dict, requests: list[dict], block_s
         q = requests[r]
         c, j = q["num_computed_tokens"], i - qsl[r]
         p = c + j
-        line = (
-            f"input {i} is request R{r}'s token {j} of this step (R{r} owns inputs {qsl[r]}…{qsl[r + 1] - 1}), "
-            f"at position num_computed_tokens + {j} = {c} + {j} = {p}"
+        line = tr(
+            "input {i} is request R{r}'s token {j} of this step (R{r} owns inputs {a}…{e}), at position "
+            "num_computed_tokens + {j} = {c} + {j} = {p}",
+            i=i,
+            r=r,
+            j=j,
+            a=qsl[r],
+            e=qsl[r + 1] - 1,
+            c=c,
+            p=p,
         )
         if k == "positions":
-            return [f"{line}; yours: {yours[i]}"], M.positions_from_zero if yours[i] == j else ""
+            return [line + tr("; yours: {yours}", yours=yours[i])], M.positions_from_zero if yours[i] == j else ""
         if k == "input_ids":
-            return [line, f"input_ids[{i}] = R{r}'s token_ids[{p}] = {exp[i]}; yours: {yours[i]}"], M.input_ids_from_zero if yours[i] == q[
-                "token_ids"
-            ][j] else ""
+            return [
+                line,
+                tr("input_ids[{i}] = R{r}'s token_ids[{p}] = {want}; yours: {yours}", i=i, r=r, p=p, want=exp[i], yours=yours[i]),
+            ], M.input_ids_from_zero if yours[i] == q["token_ids"][j] else ""
         table, b = q["block_table"], p // block_size
         hint = M.slot_from_position if yours[i] == p else M.slot_not_scaled if yours[i] == table[b] + p % block_size else ""
         return [
             line,
-            f"logical block {p} // {block_size} = {b}, block_table[{b}] = {table[b]}, so the slot is "
-            f"{table[b]}·{block_size} + {p % block_size} = {exp[i]}; yours: {yours[i]}",
+            tr(
+                "logical block {p} // {bs} = {b}, block_table[{b}] = {block}, so the slot is {block}·{bs} + {offset} = {want}; "
+                "yours: {yours}",
+                p=p,
+                bs=block_size,
+                b=b,
+                block=table[b],
+                offset=p % block_size,
+                want=exp[i],
+                yours=yours[i],
+            ),
         ], hint
     ns = [q["num_scheduled_tokens"] for q in requests]
     if k == "query_start_loc":
@@ -181,21 +192,43 @@ def explain_field(k: str, yours: list, want: dict, requests: list[dict], block_s
             if yours == [sum(known_lens[:j]) for j in range(len(known_lens) + 1)]
             else ""
         )
-        return [f"query_start_loc = [0] + running sums of num_scheduled_tokens {ns} = {exp}; yours: {yours}"], hint
+        return [
+            tr("query_start_loc = [0] + running sums of num_scheduled_tokens {ns} = {want}; yours: {yours}", ns=ns, want=exp, yours=yours)
+        ], hint
     q = requests[i]
     c, n = q["num_computed_tokens"], q["num_scheduled_tokens"]
     if k == "seq_lens":
         hint = M.seq_len_query if yours[i] == n else M.seq_len_known if yours[i] == len(q["token_ids"]) else ""
-        return [f"seq_lens[{i}] = R{i}'s num_computed_tokens + num_scheduled_tokens = {c} + {n} = {exp[i]}; yours: {yours[i]}"], hint
+        return [
+            tr(
+                "seq_lens[{i}] = R{i}'s num_computed_tokens + num_scheduled_tokens = {c} + {n} = {want}; yours: {yours}",
+                i=i,
+                c=c,
+                n=n,
+                want=exp[i],
+                yours=yours[i],
+            )
+        ], hint
     if k == "logits_indices":
         return [
-            f"logits_indices[{i}] = query_start_loc[{i + 1}] − 1 = {qsl[i + 1]} − 1 = {exp[i]}, R{i}'s last input; yours: {yours[i]}"
+            tr(
+                "logits_indices[{i}] = query_start_loc[{i1}] − 1 = {end} − 1 = {want}, R{i}'s last input; yours: {yours}",
+                i=i,
+                i1=i + 1,
+                end=qsl[i + 1],
+                want=exp[i],
+                yours=yours[i],
+            )
         ], M.first_row_logits if yours[i] in (qsl[i], qsl[i + 1]) else ""
     known = len(q["token_ids"])
-    verdict = f"= its {known} known tokens" if exp[i] else f"< its {known} known tokens"
+    fields = {"i": i, "c": c, "n": n, "seq_len": c + n, "known": known, "yours": yours[i]}
     return [
-        f"kept[{i}]: R{i}'s seq_len = {c} + {n} = {c + n} {verdict}, so its sample is "
-        f"{'kept' if exp[i] else 'discarded'}; yours: {yours[i]}"
+        tr("kept[{i}]: R{i}'s seq_len = {c} + {n} = {seq_len} = its {known} known tokens, so its sample is kept; yours: {yours}", **fields)
+        if exp[i]
+        else tr(
+            "kept[{i}]: R{i}'s seq_len = {c} + {n} = {seq_len} < its {known} known tokens, so its sample is discarded; yours: {yours}",
+            **fields,
+        )
     ], M.kept_final if exp[i] else M.kept_partial
 
 
@@ -203,7 +236,7 @@ def expect_metadata(got: dict, want: dict, requests: list[dict], block_size: int
     for k in FIELDS:
         if got[k].tolist() != want[k].tolist():
             lines, hint = explain_field(k, got[k].tolist(), want, requests, block_size)
-            raise CheckFailed(f'case "{case}": {describe_batch(requests, block_size)}', *lines, hint=hint)
+            raise CheckFailed(tr('case "{case}": {what}', case=case, what=describe_batch(requests, block_size)), *lines, hint=hint)
 
 
 def run_metadata_case(t: Trial, requests: list[dict], block_size: int, case: str, figure: str | None = None) -> dict:
@@ -212,7 +245,7 @@ def run_metadata_case(t: Trial, requests: list[dict], block_size: int, case: str
     try:
         expect_structure(got, requests)
     except CheckFailed as e:
-        raise e.within(f'case "{case}": {describe_batch(requests, block_size)}') from None
+        raise e.within(tr('case "{case}": {what}', case=case, what=describe_batch(requests, block_size))) from None
     if figure:
         t.figure(
             figure,
@@ -232,14 +265,14 @@ def run_metadata_case(t: Trial, requests: list[dict], block_size: int, case: str
 def expect_metric_structure(got: object, head: str) -> dict:
     """Require a dict with every metric as a number."""
     if not isinstance(got, dict):
-        raise CheckFailed(head, f"expected a dict of metrics; yours: {describe(got)}")
+        raise CheckFailed(head, tr("expected a dict of metrics; yours: {yours}", yours=describe(got)))
     for k in KEYS:
         v = got.get(k)
         if type(v) is bool or not isinstance(v, (int, float)):
             raise CheckFailed(
                 head,
-                f"expected {k!r} as a number; yours: {'missing' if k not in got else describe(v)}"
-                + ("  (use .item())" if isinstance(v, torch.Tensor) else ""),
+                tr("expected {k} as a number; yours: {yours}", k=repr(k), yours=tr("missing") if k not in got else describe(v))
+                + (tr("  (use .item())") if isinstance(v, torch.Tensor) else ""),
             )
     return got
 
@@ -252,7 +285,7 @@ def metric_wrong(value: float, want: float) -> bool:
 def expect_metrics(got: object, want: dict, requests: list[dict], case: str, rows: list | None = None) -> None:
     """Require every metric within tolerance, explaining the first wrong one with its derivation (`rows`:
     `request_latencies`' answer; asked of the hidden side when needed if not given)."""
-    head = f'case "{case}": {plural(len(requests), "request")}'
+    head = tr('case "{case}": {n} requests', case=case, n=len(requests))
     metrics = expect_metric_structure(got, head)
     for k in KEYS:
         if metric_wrong(metrics[k], want[k]):
@@ -273,15 +306,21 @@ def explain_metric(k: str, v: float, want: dict, requests: list[dict], rows: lis
         first, last = min(q["start"] for q in requests), max(q["chunk_times"][-1] for q in requests)
         n, tin, tout = want["completed"], want["total_input_tokens"], want["total_output_tokens"]
         how = {
-            "completed": f"completed = the number of requests = {n}",
-            "duration": f"duration = last chunk − first start = {fmt(last)} − {fmt(first)} = {fmt(dur)} s",
+            "completed": tr("completed = the number of requests = {n}", n=n),
+            "duration": tr(
+                "duration = last chunk − first start = {last} − {first} = {dur} s", last=fmt(last), first=fmt(first), dur=fmt(dur)
+            ),
             "total_input_tokens": f"total_input_tokens = Σ input_len = {tin}",
             "total_output_tokens": f"total_output_tokens = Σ output_len = {tout}",
             "request_throughput": f"request_throughput = completed / duration = {n} / {fmt(dur)} s",
             "output_throughput": f"output_throughput = Σ output_len / duration = {tout} / {fmt(dur)} s",
             "total_token_throughput": f"total_token_throughput = (Σ input_len + Σ output_len) / duration = ({tin} + {tout}) / {fmt(dur)} s",
         }[k]
-        line = f"{how}; yours: {fmt(v)}" if k in ("completed", "duration") else f"{how} = {fmt(want[k])}; yours: {fmt(v)}"
+        line = (
+            how + tr("; yours: {yours}", yours=fmt(v))
+            if k in ("completed", "duration")
+            else how + tr(" = {want}; yours: {yours}", want=fmt(want[k]), yours=fmt(v))
+        )
         latencies = sum(r["e2el"] for r in rows)
         hint: Hint | str = ""
         if "throughput" in k and close(v, want[k] * dur / latencies):
@@ -296,12 +335,15 @@ def explain_metric(k: str, v: float, want: dict, requests: list[dict], rows: lis
     stat, metric = k.split("_")[0], k.split("_")[1]
     values = [x for r in rows for x in r["itl"]] if metric == "itl" else [r[metric] for r in rows if r[metric] is not None]
     how = {
-        "ttft": "TTFT = first chunk − start, per request",
-        "e2el": "E2E = last chunk − start, per request",
-        "itl": "ITLs = gaps between successive chunks, of all requests pooled",
-        "tpot": "TPOT = (E2E − TTFT) / (output_len − 1), per request with output_len > 1",
+        "ttft": tr("TTFT = first chunk − start, per request"),
+        "e2el": tr("E2E = last chunk − start, per request"),
+        "itl": tr("ITLs = gaps between successive chunks, of all requests pooled"),
+        "tpot": tr("TPOT = (E2E − TTFT) / (output_len − 1), per request with output_len > 1"),
     }[metric]
-    lines = [f"{how}: {_ms(values) if values else 'none, so 0.0 (vLLM’s np.mean(x or 0))'}", f"{k} = {fmt(want[k])}; yours: {fmt(v)}"]
+    lines = [
+        tr("{how}: {values}", how=how, values=_ms(values) if values else tr("none, so 0.0 (vLLM’s np.mean(x or 0))")),
+        tr("{k} = {want}; yours: {yours}", k=k, want=fmt(want[k]), yours=fmt(v)),
+    ]
     hint = ""
     if close(v, want[k] / 1000):
         hint = M.seconds
@@ -348,7 +390,7 @@ def per_request_mean_stat(rows: list[dict], stat: str) -> float:
 def run_metrics_case(t: Trial, requests: list[dict], case: str, figure: str | None = None) -> dict:
     want = t.ref.latency_metrics(requests)
     rows = t.ref.drive(request_latencies, requests)
-    got = expect_metric_structure(t.yours.latency_metrics(requests), f'case "{case}": {plural(len(requests), "request")}')
+    got = expect_metric_structure(t.yours.latency_metrics(requests), tr('case "{case}": {n} requests', case=case, n=len(requests)))
     if figure:
         t.figure(
             figure,

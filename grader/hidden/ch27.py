@@ -15,6 +15,7 @@ from grader.checks.ch27_explain import (
     run_case,
     run_spec_case,
 )
+from grader.i18n import tr
 
 NAMES = [chr(c) for c in range(ord("A"), ord("Z") + 1)]
 M = mistakes("ch27")
@@ -31,7 +32,7 @@ EDGES: list[tuple[dict, list[tuple]]] = [
 @hidden("ch27.1", "random request mixes from the grading seed")
 def random_mixes(t: Trial) -> None:
     for i in range(3):
-        run_case(t, f"random mix {i + 1}", random_config(t, False), random_script(t, t.random.randint(3, 7)))
+        run_case(t, tr("random mix {n}", n=i + 1), random_config(t, False), random_script(t, t.random.randint(3, 7)))
 
 
 @hidden("ch27.1", "invariants on your own trace: tokens in order, each emitted once, counters consistent")
@@ -42,7 +43,7 @@ def invariants(t: Trial) -> None:
 @hidden("ch27.1", "edge cases: a budget of 1, max_tokens 1, one-token prompts, EOS first, idle steps")
 def edges(t: Trial) -> None:
     for i, (config, script) in enumerate(EDGES):
-        run_case(t, f"edge {i + 1}", config | {"async": False}, script)
+        run_case(t, tr("edge {n}", n=i + 1), config | {"async": False}, script)
 
 
 @hidden("ch27.1", "hundreds of requests through run()", time_limit=5.0)
@@ -56,7 +57,7 @@ def hundreds(t: Trial) -> None:
 @hidden("ch27.2", "random request mixes from the grading seed")
 def async_random_mixes(t: Trial) -> None:
     for i in range(3):
-        run_case(t, f"random mix {i + 1}", random_config(t, True), random_script(t, t.random.randint(3, 7)))
+        run_case(t, tr("random mix {n}", n=i + 1), random_config(t, True), random_script(t, t.random.randint(3, 7)))
 
 
 @hidden("ch27.2", "invariants on your own trace: placeholders resolve in order, nothing emitted twice")
@@ -67,7 +68,7 @@ def async_invariants(t: Trial) -> None:
 @hidden("ch27.2", "edge cases: a budget of 1, max_tokens 1, one-token prompts, EOS first, idle steps")
 def async_edges(t: Trial) -> None:
     for i, (config, script) in enumerate(EDGES):
-        run_case(t, f"edge {i + 1}", config | {"async": True}, script)
+        run_case(t, tr("edge {n}", n=i + 1), config | {"async": True}, script)
 
 
 @hidden("ch27.2", "async scheduling changes when tokens arrive, not which tokens", time_limit=3.0)
@@ -78,15 +79,20 @@ def same_tokens(t: Trial) -> None:
     ops = t.ref.drive(drive_reference, config, script)["ops"]
     mine = expect_records(t.yours.replay(config, ops))
     if mine and raised(mine[-1]):
-        raise CheckFailed(f'case "same tokens": {config}, 12 requests', "your async run():", *error_lines(mine[-1]))
+        raise CheckFailed(tr('case "same tokens": {config}, 12 requests', config=config), tr("your async run():"), *error_lines(mine[-1]))
     got = mine[-1].get("run") if mine else None
     if got != want:
         rid = next((r for r in want if not isinstance(got, dict) or got.get(r) != want[r]), None)
         yours = got.get(rid) if isinstance(got, dict) else got
         raise CheckFailed(
-            f'case "same tokens": {config}, 12 requests\nwith or without async scheduling every request '
-            f"gets the same tokens: {rid} gets {want[rid]} from the synchronous engine; your async run() "
-            f"gave it {yours!r:.200}"
+            tr('case "same tokens": {config}, 12 requests', config=config),
+            tr(
+                "with or without async scheduling every request gets the same tokens: {rid} gets {want} from the synchronous "
+                "engine; your async run() gave it {yours}",
+                rid=rid,
+                want=want[rid],
+                yours=repr(yours)[:200],
+            ),
         )
 
 
@@ -113,7 +119,7 @@ SPEC_EDGES: list[tuple[tuple, list]] = [  # rounds (k, a), or (k, None): an outp
 @hidden("ch27.3", "random speculating requests from the grading seed")
 def spec_random(t: Trial) -> None:
     for i in range(4):
-        run_spec_case(t, f"random {i + 1}", *random_spec(t))
+        run_spec_case(t, tr("random {n}", n=i + 1), *random_spec(t))
 
 
 @hidden("ch27.3", "invariants on your own trace: 1 + k scheduled, drafts cleared, C = N − 1 after each step")
@@ -121,7 +127,13 @@ def spec_invariants(t: Trial) -> None:
     for i in range(3):
         request, rounds = random_spec(t, steps=12)
         drafts = t.ref.drive(drive_spec, request, rounds)
-        head = f'case "spec invariants {i + 1}": {request[0]}, prompt {request[1]}, max_tokens {request[2]}'
+        head = tr(
+            'case "spec invariants {n}": {rid}, prompt {prompt}, max_tokens {max_tokens}',
+            n=i + 1,
+            rid=request[0],
+            prompt=request[1],
+            max_tokens=request[2],
+        )
         yours = expect_records(t.yours.replay_spec(drafts["config"], drafts["rounds"]), what="replay_spec")
         mine = [r for r in yours if not raised(r)]
         try:
@@ -135,13 +147,13 @@ def spec_invariants(t: Trial) -> None:
                 raise broken.named_by(failure) from None
             raise
         if len(mine) < len(yours):
-            raise CheckFailed(head, f"step {len(yours)} of your own trace:", *error_lines(yours[-1]))
+            raise CheckFailed(head, tr("step {n} of your own trace:", n=len(yours)), *error_lines(yours[-1]))
 
 
 @hidden("ch27.3", "edge cases: drafts all rejected or all accepted, max_tokens 1, EOS as the bonus or the correction, outputs discarded")
 def spec_edges(t: Trial) -> None:
     for i, (request, rounds) in enumerate(SPEC_EDGES):
-        run_spec_case(t, f"spec edge {i + 1}", request, rounds)
+        run_spec_case(t, tr("spec edge {n}", n=i + 1), request, rounds)
 
 
 # -- helpers --------------------------------------------------------------------------------------------------
@@ -178,7 +190,7 @@ def check_invariants(trace: list, ops: list, head: str, asyn: bool, drained: boo
     samples: dict[tuple[str, int], int] = {}
     finished_at: dict[str, int] = {}
     for k, entry in enumerate(trace, 1):
-        where = f"{head}\nafter step {k}"
+        where = head + "\n" + tr("after step {k}", k=k)
         for b in entry["batches"]:
             for rid, (_, end) in b["positions"].items():
                 if b["sampled_token_ids"].get(rid):
@@ -187,7 +199,11 @@ def check_invariants(trace: list, ops: list, head: str, asyn: bool, drained: boo
             rid = o["request_id"]
             if rid in finished_at:
                 raise CheckFailed(
-                    f"{where}: {rid} emitted {o['new_token_ids']} although it finished at step {finished_at[rid]}", hint=M.stale_emitted
+                    where
+                    + tr(
+                        ": {rid} emitted {tokens} although it finished at step {k}", rid=rid, tokens=o["new_token_ids"], k=finished_at[rid]
+                    ),
+                    hint=M.stale_emitted,
                 )
             emitted.setdefault(rid, []).extend(o["new_token_ids"])
             if o["finished"]:
@@ -197,60 +213,109 @@ def check_invariants(trace: list, ops: list, head: str, asyn: bool, drained: boo
             outs = s["output_token_ids"]
             if "run" not in entry and emitted.get(rid, []) != outs:
                 raise CheckFailed(
-                    f"{where}: {rid} has emitted {emitted.get(rid, [])} in all, but its "
-                    f"output_token_ids are {outs}: every appended token is emitted exactly once"
+                    where
+                    + tr(
+                        ": {rid} has emitted {emitted} in all, but its output_token_ids are {outs}: every appended token is emitted "
+                        "exactly once",
+                        rid=rid,
+                        emitted=emitted.get(rid, []),
+                        outs=outs,
+                    )
                 )
             for i, tok in enumerate(outs):
                 if samples.get((rid, len(prompt) + i)) != tok:
                     raise CheckFailed(
-                        f"{where}: {rid}'s output {i} is {tok}, but the worker sampled "
-                        f"{samples.get((rid, len(prompt) + i))} for position {len(prompt) + i}: tokens "
-                        "are appended in position order (oldest batch first), each exactly once"
+                        where
+                        + tr(
+                            ": {rid}'s output {i} is {tok}, but the worker sampled {sampled} for position {p}: tokens are appended "
+                            "in position order (oldest batch first), each exactly once",
+                            rid=rid,
+                            i=i,
+                            tok=tok,
+                            sampled=samples.get((rid, len(prompt) + i)),
+                            p=len(prompt) + i,
+                        )
                     )
-            for what in problems(rid, s, max_tokens, eos, asyn):
-                raise CheckFailed(
-                    f"{where}: request {rid}: {what}",
-                    hint=M.length_first if what.startswith("FINISHED_LENGTH_CAPPED, but its last output is EOS") else "",
-                )
+            for what, length_first in problems(rid, s, max_tokens, eos, asyn):
+                raise CheckFailed(where + tr(": request {rid}: {what}", rid=rid, what=what), hint=M.length_first if length_first else "")
     last = trace[-1]["requests"] if trace and drained else {}
     left = [rid for rid, s in last.items() if not s["status"].startswith("FINISHED") or s["num_output_placeholders"]]
     if left:
         raise CheckFailed(
-            f"{head}\nat the end, {left[0]} is {last[left[0]]['status']} with "
-            f"{last[left[0]]['num_output_placeholders']} placeholders; a drained engine has finished "
-            "every request and resolved every placeholder"
+            head,
+            tr(
+                "at the end, {rid} is {status} with {ph} placeholders; a drained engine has finished every request and resolved "
+                "every placeholder",
+                rid=left[0],
+                status=last[left[0]]["status"],
+                ph=last[left[0]]["num_output_placeholders"],
+            ),
         )
 
 
 def problems(rid: str, s: dict, max_tokens: int, eos: int | None, asyn: bool):
-    """What is wrong with one request's state (generated lazily, first problem first)."""
+    """What is wrong with one request's state, and whether it is the EOS-after-length-cap mistake (generated lazily,
+    first problem first)."""
     outs, ph, done = s["output_token_ids"], s["num_output_placeholders"], s["status"].startswith("FINISHED")
-    if outs and s["num_tokens"] > s["num_computed_tokens"] + 1:
+    computed, tokens, status = s["num_computed_tokens"], s["num_tokens"], s["status"]
+    if outs and tokens > computed + 1:
         yield (
-            f"num_tokens {s['num_tokens']} > num_computed_tokens {s['num_computed_tokens']} + 1: an output beyond the scheduled boundary"
+            tr(
+                "num_tokens {tokens} > num_computed_tokens {computed} + 1: an output beyond the scheduled boundary",
+                tokens=tokens,
+                computed=computed,
+            ),
+            False,
         )
-    if s["num_computed_tokens"] > s["num_tokens"] + ph:
+    if computed > tokens + ph:
         yield (
-            f"num_computed_tokens {s['num_computed_tokens']} > num_tokens {s['num_tokens']} + placeholders {ph}: "
-            "scheduled beyond every token known or in flight"
+            tr(
+                "num_computed_tokens {computed} > num_tokens {tokens} + placeholders {ph}: scheduled beyond every token known or in flight",
+                computed=computed,
+                tokens=tokens,
+                ph=ph,
+            ),
+            False,
         )
     if len(outs) > max_tokens:
-        yield f"{len(outs)} outputs, more than max_tokens {max_tokens}"
+        yield tr("{n} outputs, more than max_tokens {max_tokens}", n=len(outs), max_tokens=max_tokens), False
     if ph < 0 or ph > (2 if asyn else 0):
-        yield f"num_output_placeholders {ph} (at most {2 if asyn else 0} batches are in flight)"
-    if not done and outs and s["num_computed_tokens"] != s["num_tokens"] + ph - 1:
+        yield tr("num_output_placeholders {ph} (at most {most} batches are in flight)", ph=ph, most=2 if asyn else 0), False
+    if not done and outs and computed != tokens + ph - 1:
         yield (
-            f"num_computed_tokens {s['num_computed_tokens']} ≠ num_tokens {s['num_tokens']} + placeholders {ph} "
-            "− 1, the invariant of a generating request once its output is reconciled"
+            tr(
+                "num_computed_tokens {computed} ≠ num_tokens {tokens} + placeholders {ph} − 1, the invariant of a generating request "
+                "once its output is reconciled",
+                computed=computed,
+                tokens=tokens,
+                ph=ph,
+            ),
+            False,
         )
-    if s["status"] == "FINISHED_LENGTH_CAPPED" and len(outs) != max_tokens:
-        yield f"FINISHED_LENGTH_CAPPED with {len(outs)} of max_tokens {max_tokens} outputs"
-    if s["status"] == "FINISHED_LENGTH_CAPPED" and outs and outs[-1] == eos:
-        yield (f"FINISHED_LENGTH_CAPPED, but its last output is EOS {eos}: EOS is checked before the length cap, so it is FINISHED_STOPPED")
-    if s["status"] == "FINISHED_STOPPED" and (not outs or outs[-1] != eos or len(outs) > max_tokens):
-        yield f"FINISHED_STOPPED, but its outputs {outs[-3:]} do not end in EOS {eos} within max_tokens"
+    if status == "FINISHED_LENGTH_CAPPED" and len(outs) != max_tokens:
+        yield tr("FINISHED_LENGTH_CAPPED with {n} of max_tokens {max_tokens} outputs", n=len(outs), max_tokens=max_tokens), False
+    if status == "FINISHED_LENGTH_CAPPED" and outs and outs[-1] == eos:
+        yield (
+            tr(
+                "FINISHED_LENGTH_CAPPED, but its last output is EOS {eos}: EOS is checked before the length cap, so it is FINISHED_STOPPED",
+                eos=eos,
+            ),
+            True,
+        )
+    if status == "FINISHED_STOPPED" and (not outs or outs[-1] != eos or len(outs) > max_tokens):
+        yield tr("FINISHED_STOPPED, but its outputs {outs} do not end in EOS {eos} within max_tokens", outs=outs[-3:], eos=eos), False
     if not done and outs and (len(outs) >= max_tokens or outs[-1] == eos):
-        yield f"still {s['status']} after output {outs[-1]} (eos {eos}, {len(outs)} of max_tokens {max_tokens})"
+        yield (
+            tr(
+                "still {status} after output {tok} (eos {eos}, {n} of max_tokens {max_tokens})",
+                status=status,
+                tok=outs[-1],
+                eos=eos,
+                n=len(outs),
+                max_tokens=max_tokens,
+            ),
+            False,
+        )
 
 
 def invariants_case(t: Trial, asyn: bool) -> None:
@@ -258,7 +323,7 @@ def invariants_case(t: Trial, asyn: bool) -> None:
     script = random_script(t, 24)
     expected = t.ref.drive(drive_reference, config, script)
     ops = expected["ops"]
-    head = f'case "invariants": {config}, 24 random requests'
+    head = tr('case "invariants": {config}, 24 random requests', config=config)
     yours = expect_records(t.yours.replay(config, ops))
     mine = [r for r in yours if not raised(r)]
     check_structure(mine, head)
@@ -276,14 +341,14 @@ def invariants_case(t: Trial, asyn: bool) -> None:
     except CheckFailed as broken:
         raise broken.named_by(named()) from None
     if len(mine) < len(yours):
-        raise CheckFailed(head, f"step {len(yours)} of your own trace:", *error_lines(yours[-1])).named_by(named())
+        raise CheckFailed(head, tr("step {n} of your own trace:", n=len(yours)), *error_lines(yours[-1])).named_by(named())
 
 
 def run_many(t: Trial, asyn: bool) -> None:
     n = t.random.randint(150, 250)
     config = {"budget": t.random.choice([8, 16, 32]), "max_num_seqs": t.random.choice([4, 8, 16]), "async": asyn}
     script = [op for op in random_script(t, n, names=many(n)) if op[0] == "add"] + [("run",)]
-    run_case(t, f"{n} requests", config, script)
+    run_case(t, tr("{n} requests", n=n), config, script)
 
 
 def sync_outputs(ref, config: dict, script: list) -> dict:
@@ -308,26 +373,38 @@ def check_spec_invariants(trace: list, head: str) -> None:
     """Properties of any correct spec trace, checked on the student's own one."""
     generated: list[int] = []
     for k, r in enumerate(trace, 1):
-        where = f"{head}\nafter step {k} (drafts {r['drafts']})"
+        where = head + "\n" + tr("after step {k} (drafts {drafts})", k=k, drafts=r["drafts"])
         b, s, u = r["before"], r["after_schedule"], r["after_update"]
         n = r["scheduled"]["num_scheduled_tokens"] if isinstance(r["scheduled"], dict) else r["scheduled"]
         if n != b["num_tokens_with_spec"] - b["num_computed_tokens"]:
             raise CheckFailed(
                 where,
-                f"scheduled {n!r} tokens; num_tokens_with_spec − num_computed_tokens = "
-                f"{b['num_tokens_with_spec']} − {b['num_computed_tokens']}",
+                tr(
+                    "scheduled {n} tokens; num_tokens_with_spec − num_computed_tokens = {with_spec} − {computed}",
+                    n=repr(n),
+                    with_spec=b["num_tokens_with_spec"],
+                    computed=b["num_computed_tokens"],
+                ),
                 hint=M.drafts_not_scheduled,
             )
         if s["spec_token_ids"]:
-            raise CheckFailed(where, f"spec_token_ids is still {s['spec_token_ids']} right after schedule_spec", hint=M.spec_not_cleared)
+            raise CheckFailed(
+                where, tr("spec_token_ids is still {spec} right after schedule_spec", spec=s["spec_token_ids"]), hint=M.spec_not_cleared
+            )
         if not r["generated"]:  # the output was discarded: nothing verified, nothing to roll back or append
             if u != s or r["new_token_ids"]:
                 raise CheckFailed(
                     where,
-                    "the step's output came back empty (discarded): update_spec must leave the request as schedule_spec "
-                    f"left it, {s['num_computed_tokens']} computed and outputs ending {s['output_token_ids'][-4:]}; yours: "
-                    f"{u['num_computed_tokens']} computed, outputs ending {u['output_token_ids'][-4:]}, "
-                    f"returned {r['new_token_ids']!r:.80}",
+                    tr(
+                        "the step's output came back empty (discarded): update_spec must leave the request as schedule_spec left "
+                        "it, {computed} computed and outputs ending {outs}; yours: {yours_computed} computed, outputs ending "
+                        "{yours_outs}, returned {returned}",
+                        computed=s["num_computed_tokens"],
+                        outs=s["output_token_ids"][-4:],
+                        yours_computed=u["num_computed_tokens"],
+                        yours_outs=u["output_token_ids"][-4:],
+                        returned=repr(r["new_token_ids"])[:80],
+                    ),
                     hint=M.rollback_without_output if u["num_computed_tokens"] != s["num_computed_tokens"] else "",
                 )
             continue
@@ -336,14 +413,22 @@ def check_spec_invariants(trace: list, head: str) -> None:
         if outs != generated[: len(outs)] or (u["status"] == "RUNNING" and outs != generated):
             raise CheckFailed(
                 where,
-                f"the target model generated {generated[-8:]} so far; your outputs end "
-                f"{outs[-8:]}: every generated token is appended in order, until a stop",
+                tr(
+                    "the target model generated {generated} so far; your outputs end {outs}: every generated token is appended in "
+                    "order, until a stop",
+                    generated=generated[-8:],
+                    outs=outs[-8:],
+                ),
             )
         if u["status"] == "RUNNING" and u["num_computed_tokens"] != u["num_tokens"] - 1:
             raise CheckFailed(
                 where,
-                f"num_computed_tokens {u['num_computed_tokens']} ≠ num_tokens {u['num_tokens']} "
-                "− 1: after a verified step a running request has computed every token but its newest",
+                tr(
+                    "num_computed_tokens {computed} ≠ num_tokens {tokens} − 1: after a verified step a running request has computed "
+                    "every token but its newest",
+                    computed=u["num_computed_tokens"],
+                    tokens=u["num_tokens"],
+                ),
                 hint=rollback_hint(
                     u["num_computed_tokens"], s["num_computed_tokens"], len(r["drafts"]), len(r["generated"]), len(r["generated"])
                 ),

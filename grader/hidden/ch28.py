@@ -7,6 +7,7 @@ import torch
 
 from grader.authoring import CheckFailed, Trial, hidden
 from grader.checks.ch28 import expect_cached, expect_hashes, fmt_keys, reference_variants, run_hash_case, run_indices_case
+from grader.i18n import tr
 
 # -- ch28.1 block hashes ---------------------------------------------------------------------------------------
 
@@ -15,7 +16,7 @@ from grader.checks.ch28 import expect_cached, expect_hashes, fmt_keys, reference
 def random_hashes(t: Trial) -> None:
     for k in range(25):
         tokens, bs, keys = random_request(t)
-        run_hash_case(t, tokens, bs, keys, case=f"random request {k}")
+        run_hash_case(t, tokens, bs, keys, case=tr("random request {k}", k=k))
 
 
 @hidden("ch28.1", "changing one key changes its first block and every later one, never an earlier one")
@@ -26,27 +27,41 @@ def key_sensitivity(t: Trial) -> None:
     changes = [
         ("cache_salt", {**base, "cache_salt": "s"}, 0),
         ("lora_id", {**base, "lora_id": 3}, 0),
-        ("the image", {**base, "mm_hashes": [("dog", 9, 6)]}, 9 // bs),
-        ("the image's place", {**base, "mm_hashes": [("cat", 10, 6)]}, 9 // bs),
-        ("a second image", {**base, "mm_hashes": [("cat", 9, 6), ("cow", 21, 3)]}, 21 // bs),
+        (tr("the image"), {**base, "mm_hashes": [("dog", 9, 6)]}, 9 // bs),
+        (tr("the image's place"), {**base, "mm_hashes": [("cat", 10, 6)]}, 9 // bs),
+        (tr("a second image"), {**base, "mm_hashes": [("cat", 9, 6), ("cow", 21, 3)]}, 21 // bs),
     ]
-    before = run_hash_case(t, tokens, bs, base, case="the base request")
+    before = run_hash_case(t, tokens, bs, base, case=tr("the base request"))
     for what, keys, first in changes:
-        after = run_hash_case(t, tokens, bs, keys, case=f"the request with {what} changed")
+        after = run_hash_case(t, tokens, bs, keys, case=tr("the request with {what} changed", what=what))
         same = [i for i in range(len(after)) if (after[i] == before[i]) != (i < first)]
         if same:
             i = same[0]
             raise CheckFailed(
-                f"changing {what} ({fmt_keys(keys)}) should change block {first}'s hash and every later "
-                f"one, and no earlier one; yours {'kept' if after[i] == before[i] else 'changed'} "
-                f"block {i}'s"
+                tr(
+                    "changing {what} ({keys}) should change block {first}'s hash and every later one, and no earlier one; yours "
+                    "kept block {i}'s",
+                    what=what,
+                    keys=fmt_keys(keys),
+                    first=first,
+                    i=i,
+                )
+                if after[i] == before[i]
+                else tr(
+                    "changing {what} ({keys}) should change block {first}'s hash and every later one, and no earlier one; yours "
+                    "changed block {i}'s",
+                    what=what,
+                    keys=fmt_keys(keys),
+                    first=first,
+                    i=i,
+                )
             )
 
 
 @hidden("ch28.1", "a long prompt: 8192 tokens in blocks of 16")
 def long_prompt(t: Trial) -> None:
     tokens = [t.random.randrange(151_936) for _ in range(8192)]
-    run_hash_case(t, tokens, 16, {"cache_salt": "long", "mm_hashes": [("video", 100, 5000)]}, case="8192 tokens")
+    run_hash_case(t, tokens, 16, {"cache_salt": "long", "mm_hashes": [("video", 100, 5000)]}, case=tr("{n} tokens", n=8192))
 
 
 @hidden("ch28.1", "short prompts: no full block means no hash; block size 1")
@@ -54,7 +69,7 @@ def short_prompts(t: Trial) -> None:
     for tokens, bs in (([], 4), ([5, 6, 7], 4), ([5, 6, 7], 1), ([0], 1)):
         want, variants = reference_variants(t, tokens, bs, {"cache_salt": "s"})
         got = t.yours.block_hashes(list(tokens), bs, cache_salt="s")
-        expect_hashes(got, want, variants, tokens, bs, {"cache_salt": "s"}, case=f"{len(tokens)} tokens")
+        expect_hashes(got, want, variants, tokens, bs, {"cache_salt": "s"}, case=tr("{n} tokens", n=len(tokens)))
 
 
 # -- ch28.2 the last-token rule -------------------------------------------------------------------------------------
@@ -86,18 +101,18 @@ def random_batches(t: Trial) -> None:
     for k in range(20):
         lens = [t.random.choice([1, 1, 1, t.random.randint(1, 600)]) for _ in range(t.random.randint(1, 64))]
         as_tensor = t.random.random() < 0.5
-        run_indices_case(t, torch.tensor(lens) if as_tensor else lens, case=f"random batch {k} of {len(lens)} requests")
+        run_indices_case(t, torch.tensor(lens) if as_tensor else lens, case=tr("random batch {k} of {n} requests", k=k, n=len(lens)))
 
 
 @hidden("ch28.3", "a batch of 4096 requests")
 def large_batch(t: Trial) -> None:
     lens = torch.randint(1, 512, (4096,), generator=t.rng)
-    run_indices_case(t, lens, case="4096 requests")
+    run_indices_case(t, lens, case=tr("{n} requests", n=4096))
 
 
 @hidden("ch28.3", "an empty batch has no logits rows")
 def empty_batch(t: Trial) -> None:
-    run_indices_case(t, [], case="no requests")
+    run_indices_case(t, [], case=tr("no requests"))
 
 
 # -- helpers --------------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import numpy as np
 from grader.authoring import Trial, hidden
 from grader.checks.ch29 import METRICS, STATS, expect_metrics, make_times, run_metadata_case, run_metrics_case
 from grader.hidden.ch29_models import per_request
+from grader.i18n import tr
 
 # -- ch29.1 prepare_inputs ----------------------------------------------------------------------------------
 
@@ -16,25 +17,25 @@ from grader.hidden.ch29_models import per_request
 def random_batches(t: Trial) -> None:
     for i in range(15):
         block_size = t.random.choice([1, 2, 4, 16])
-        run_metadata_case(t, random_batch(t, t.random.randint(1, 8), block_size), block_size, f"random batch {i + 1}")
+        run_metadata_case(t, random_batch(t, t.random.randint(1, 8), block_size), block_size, tr("random batch {n}", n=i + 1))
 
 
 @hidden("ch29.1", "a large batch: 300 requests, block_size 16")
 def large_batch(t: Trial) -> None:
-    run_metadata_case(t, random_batch(t, 300, 16, pool=20_000), 16, "300 requests")
+    run_metadata_case(t, random_batch(t, 300, 16, pool=20_000), 16, tr("{n} requests", n=300))
 
 
 @hidden("ch29.1", "edge cases: an empty batch, block_size 1, a 1-token step after a full-block prefix hit")
 def metadata_edges(t: Trial) -> None:
-    run_metadata_case(t, [], 4, "empty batch")
+    run_metadata_case(t, [], 4, tr("empty batch"))
     run_metadata_case(
-        t, [{"token_ids": [7, 8, 9], "num_computed_tokens": 0, "num_scheduled_tokens": 3, "block_table": [5, 0, 3]}], 1, "block_size 1"
+        t, [{"token_ids": [7, 8, 9], "num_computed_tokens": 0, "num_scheduled_tokens": 3, "block_table": [5, 0, 3]}], 1, tr("block_size 1")
     )
     run_metadata_case(
         t,
         [{"token_ids": list(range(33)), "num_computed_tokens": 32, "num_scheduled_tokens": 1, "block_table": [4, 9, 1]}],
         16,
-        "prefix hit of 32, one token left",
+        tr("prefix hit of 32, one token left"),
     )
 
 
@@ -44,26 +45,26 @@ def metadata_edges(t: Trial) -> None:
 @hidden("ch29.2", "random timestamp sets from the grading seed")
 def random_timestamps(t: Trial) -> None:
     for i in range(10):
-        run_metrics_case(t, random_times(t, t.random.randint(1, 12)), f"random set {i + 1}")
+        run_metrics_case(t, random_times(t, t.random.randint(1, 12)), tr("random set {n}", n=i + 1))
 
 
 @hidden("ch29.2", "agreement with numpy's mean, median and percentile, as vLLM's benchmark computes them")
 def numpy_agreement(t: Trial) -> None:
     for i in range(5):
         requests = random_times(t, t.random.randint(2, 30))
-        expect_metrics(t.yours.latency_metrics(requests), numpy_metrics(requests), requests, f"numpy set {i + 1}")
+        expect_metrics(t.yours.latency_metrics(requests), numpy_metrics(requests), requests, tr("numpy set {n}", n=i + 1))
 
 
 @hidden("ch29.2", "p99 over 200 requests: linear interpolation between neighbours")
 def many_requests(t: Trial) -> None:
-    run_metrics_case(t, random_times(t, 200), "200 requests")
+    run_metrics_case(t, random_times(t, 200), tr("{n} requests", n=200))
 
 
 @hidden("ch29.2", "edge cases: one one-token request, one chunk carrying every token, equal chunk times")
 def metric_edges(t: Trial) -> None:
-    run_metrics_case(t, make_times([(0.5, [0.9], 3, 1)]), "one token")
-    run_metrics_case(t, make_times([(0.0, [0.4], 3, 6), (0.1, [0.3, 0.6], 5, 2)]), "one chunk, six tokens")
-    run_metrics_case(t, make_times([(0.0, [0.2, 0.2, 0.5], 1, 3)]), "equal chunk times")
+    run_metrics_case(t, make_times([(0.5, [0.9], 3, 1)]), tr("one token"))
+    run_metrics_case(t, make_times([(0.0, [0.4], 3, 6), (0.1, [0.3, 0.6], 5, 2)]), tr("one chunk, six tokens"))
+    run_metrics_case(t, make_times([(0.0, [0.2, 0.2, 0.5], 1, 3)]), tr("equal chunk times"))
 
 
 # -- helpers ------------------------------------------------------------------------------------------------
