@@ -15,6 +15,7 @@ import torch
 
 from grader.i18n import language, tr
 from grader.isolation.wire import Handle
+from grader.report import hint_line
 
 
 class Hint(str):
@@ -81,16 +82,6 @@ def first_named(cases: Iterable[Callable[[], object]]) -> None:
             first = first or failure
     if first is not None:
         raise first
-
-
-def hint_line(hint: str) -> str:
-    """The line that names a hint under a failure's explanation: "hint: …" (in the run's language)."""
-    return tr("hint: {hint}", hint=hint)
-
-
-def is_hint_line(line: str) -> bool:
-    """Whether `line` (stripped) is a hint's line, in English or in the run's language."""
-    return line.startswith(("hint:", hint_line("").rstrip()))
 
 
 class Blocked(Exception):

@@ -146,7 +146,9 @@ def documented(what: str = "replay", k: int | None = None) -> Iterator[None]:
                 error=error,
             )
         else:
-            line = tr("your {what}'s record is not in the documented form ({error}); {what} is provided: keep it as it is", what=what, error=error)
+            line = tr(
+                "your {what}'s record is not in the documented form ({error}); {what} is provided: keep it as it is", what=what, error=error
+            )
         raise CheckFailed(line) from None
 
 
