@@ -133,6 +133,12 @@ class UnknownName(LookupError):
         fields = {"name": repr(name), "known": ", ".join(known), "hint": hint}
         if kind == "task":
             message = tr("No task {name}. {hint} Known: {known}.", **fields) if hint else tr("No task {name}. Known: {known}.", **fields)
+        elif kind == "experiment":
+            message = (
+                tr("No experiment {name}. {hint} Known: {known}.", **fields)
+                if hint
+                else tr("No experiment {name}. Known: {known}.", **fields)
+            )
         else:
             message = (
                 tr("No chapter {name}. {hint} Known: {known}.", **fields) if hint else tr("No chapter {name}. Known: {known}.", **fields)

@@ -753,7 +753,8 @@ def figures(out: Path, submission: Path | None, jobs: int | None, no_sandbox: bo
             click.echo("  · " + tr("not drawn yet: {ids} and {more} more (placeholders on the page)", ids=ids, more=len(waiting) - 6))
         else:
             click.echo("  · " + tr("not drawn yet: {ids} (placeholders on the page)", ids=ids))
-    click.echo("  · " + tr("open it in a browser: {url}", url=f"file://{book.index.resolve()}"))
+    url = f"file://{book.index.resolve()}"
+    click.echo("  · " + tr("open it in a browser: {url}", url=url))
 
 
 @main.command()
