@@ -254,7 +254,6 @@ def report(findings: list[Finding], *, width: int | None = None) -> str:
     """The findings as the terminal shows them: a mark, the topic, what was found (wrapped to the terminal's
     width), the fix beneath."""
     import shutil
-    import textwrap
 
     width = max(width or shutil.get_terminal_size((100, 24)).columns, 60)
     marks = {"ok": "✓", "info": "·", "warn": "!", "block": "✗"}
@@ -267,12 +266,21 @@ def report(findings: list[Finding], *, width: int | None = None) -> str:
     for f in findings:
         topic = topics[f.topic]
         head = f"{marks[f.state]} {topic}{' ' * (pad - columns(topic))}  "
-        lines += textwrap.wrap(f.found, width, initial_indent=head, subsequent_indent=indent) or [head.rstrip()]
+        found = _fitted(f.found, width - len(indent))
+        lines += [head + found[0], *(indent + line for line in found[1:])] if f.found else [head.rstrip()]
         if f.fix:
-            lines += textwrap.wrap(f"→ {f.fix}", width, initial_indent=indent, subsequent_indent=indent + "  ")
+            fix = _fitted(f"→ {f.fix}", width - len(indent) - 2)
+            lines += [indent + fix[0], *(indent + "  " + line for line in fix[1:])]
     blocked = [topics[f.topic] for f in findings if f.state == "block"]
     lines.append(tr("✗ blocked: {topics}", topics=", ".join(blocked)) if blocked else tr("ready: `course check chNN` runs here"))
     return "\n".join(lines)
+
+
+def _fitted(text: str, room: int) -> list[str]:
+    """`text` as lines of at most `room` terminal columns (a Chinese character takes two; it breaks between them)."""
+    from grader.terminal import wrap
+
+    return [line.lstrip(" ") for line in wrap(text, max(room, 20))]
 
 
 def exit_code(findings: list[Finding]) -> int:
