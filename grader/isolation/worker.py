@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol, TypeVar
 
-from grader.i18n import tr
 from grader.isolation import frames, portable
 
 if TYPE_CHECKING:
@@ -188,6 +187,8 @@ class Worker:
     def exit_reason(self, label: str = "") -> str:
         """Why the process ended, in words, once it has ended: a sentence about `label` (what was running: "causal_mask",
         "importing ch17_causal_masks.py"), or about the process without one."""
+        from grader.i18n import tr  # here, not at the top: the sandbox's harness imports this module without grader.i18n
+
         code = self.process.wait(timeout=2)
         if code is None:
             return tr("{label} stopped answering", label=label) if label else tr("the process stopped answering")
