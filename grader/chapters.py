@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from grader.i18n import tr
+
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
@@ -33,13 +35,17 @@ def missing_exercise(chapter: "Chapter") -> str:
     """What a student whose exercises/ lacks the chapter's file is told: how to get it back."""
     rel = f"exercises/{chapter.filename}"
     if has_solutions():
-        how = f"`course stubs {chapter.id}` writes a fresh stub, or `git checkout -- {rel}` restores the committed one"
-    else:
-        how = (
-            f"copy it back from the release you were given (the same file in its exercises/), or, if you keep "
-            f"your work in git, `git checkout -- {rel}`"
+        return tr(
+            "{file} is missing (renamed, moved or deleted?): `course stubs {chapter}` writes a fresh stub, "
+            "or `git checkout -- {file}` restores the committed one",
+            file=rel,
+            chapter=chapter.id,
         )
-    return f"{rel} is missing (renamed, moved or deleted?): {how}"
+    return tr(
+        "{file} is missing (renamed, moved or deleted?): copy it back from the release you were given (the same file "
+        "in its exercises/), or, if you keep your work in git, `git checkout -- {file}`",
+        file=rel,
+    )
 
 
 TASK_RE = re.compile(r"(?:\bTask|任务) ?(ch\d{2}\.\d+)\b")
@@ -103,13 +109,14 @@ class Chapter:
         )
         if elsewhere:
             ch, t = elsewhere
-            what = f"{t.id} is a task" if t.id == wanted else f"{task_id} is task {t.id}"
-            raise UnknownName(
-                "task",
-                task_id,
-                known,
-                note=f"{what} of {ch.id} ({ch.title_en}), not of {self.id}: run `course check {ch.id} --task {t.id}`.",
-            )
+            fields = {"task": t.id, "name": task_id, "chapter": ch.id, "title": ch.title_en, "this": self.id}
+            if t.id == wanted:
+                note = tr("{task} is a task of {chapter} ({title}), not of {this}: run `course check {chapter} --task {task}`.", **fields)
+            else:
+                note = tr(
+                    "{name} is task {task} of {chapter} ({title}), not of {this}: run `course check {chapter} --task {task}`.", **fields
+                )
+            raise UnknownName("task", task_id, known, note=note)
         raise UnknownName("task", task_id, known)
 
 
@@ -119,9 +126,25 @@ class UnknownName(LookupError):
     def __init__(self, kind: str, name: str, known: list[str], *, suggestions: list[str] | None = None, note: str = "") -> None:
         self.kind, self.name = kind, name
         self.suggestions = difflib.get_close_matches(name, known, n=3, cutoff=0.6) if suggestions is None else suggestions
-        options = ", ".join(self.suggestions[:-1]) + " or " * (len(self.suggestions) > 1) + "".join(self.suggestions[-1:])
-        hint = f" {note}" if note else f" Did you mean {options}?" if self.suggestions else ""
-        super().__init__(f"No {kind} {name!r}.{hint} Known: {', '.join(known)}.")
+        if len(self.suggestions) > 1:
+            options = tr("{some} or {last}", some=", ".join(self.suggestions[:-1]), last=self.suggestions[-1])
+        else:
+            options = "".join(self.suggestions)
+        hint = note if note else tr("Did you mean {options}?", options=options) if self.suggestions else ""
+        fields = {"name": repr(name), "known": ", ".join(known), "hint": hint}
+        if kind == "task":
+            message = tr("No task {name}. {hint} Known: {known}.", **fields) if hint else tr("No task {name}. Known: {known}.", **fields)
+        elif kind == "experiment":
+            message = (
+                tr("No experiment {name}. {hint} Known: {known}.", **fields)
+                if hint
+                else tr("No experiment {name}. Known: {known}.", **fields)
+            )
+        else:
+            message = (
+                tr("No chapter {name}. {hint} Known: {known}.", **fields) if hint else tr("No chapter {name}. Known: {known}.", **fields)
+            )
+        super().__init__(message)
 
 
 @cache
@@ -167,9 +190,8 @@ def find(name: str) -> Chapter:
     if len(matches) == 1:
         return matches[0]
     if matches:
-        raise UnknownName(
-            "chapter", name, known, note=f"{name!r} fits " + ", ".join(f"{ch.id} ({ch.title_en})" for ch in matches) + ": name one of them."
-        )
+        fits = ", ".join(f"{ch.id} ({ch.title_en})" for ch in matches)
+        raise UnknownName("chapter", name, known, note=tr("{name} fits {chapters}: name one of them.", name=repr(name), chapters=fits))
     raise UnknownName("chapter", name, known)
 
 

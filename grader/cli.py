@@ -19,7 +19,7 @@ import click
 from grader import chapters, progress
 from grader.chapters import Chapter, UnknownName
 from grader.delivery import doctor, escape
-from grader.i18n import LANGUAGES, choose, commands, tr
+from grader.i18n import LANGUAGES, choose, commands, mark, tr
 
 ALL = "all"
 """`course check all`: every chapter."""
@@ -52,26 +52,25 @@ class ByteSize(click.ParamType):
             return value
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)i?[bB]?\s*", str(value))
         if not m:
-            self.fail(f"{value!r} is not a size like 2G, 512M or 1073741824", param, ctx)
+            self.fail(tr("{value} is not a size like 2G, 512M or 1073741824", value=repr(value)), param, ctx)
         return int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()])
 
 
-def memory_limit_option(whose: str) -> Callable[[Callable], Callable]:
-    return click.option(
-        "--memory-limit",
-        type=ByteSize(),
-        default="2G",
-        show_default=True,
-        help=f"Memory {whose} processes may use, all together (what they use, not the address space they reserve).",
-    )
+def memory_limit_option(help: str) -> Callable[[Callable], Callable]:
+    """`--memory-limit`, its `help` a marked text (translated when shown)."""
+    return click.option("--memory-limit", type=ByteSize(), default="2G", show_default=True, help=help)
 
 
-solutions_option = click.option("--solutions", is_flag=True, help="Run the reference solutions (instructors).")
+YOUR_MEMORY = mark("Memory your code's processes may use, all together (what they use, not the address space they reserve).")
+STUDENT_MEMORY = mark("Memory a student's processes may use, all together (what they use, not the address space they reserve).")
+
+
+solutions_option = click.option("--solutions", is_flag=True, help=mark("Run the reference solutions (instructors)."))
 submission_option = click.option(
     "--submission",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     metavar="DIR",
-    help="Run the chapter module(s) in DIR (same file names as exercises/).",
+    help=mark("Run the chapter module(s) in DIR (same file names as exercises/)."),
 )
 
 
@@ -116,7 +115,9 @@ class CourseGroup(click.Group):
         if chapters.has_solutions() or name in shown or name.startswith("-") or ctx.resilient_parsing:
             return super().resolve_command(ctx, args)
         close = difflib.get_close_matches(name, shown, n=1)  # never an instructor command
-        ctx.fail(f"No such command {name!r}." + (f" Did you mean {close[0]!r}?" if close else ""))
+        if close:
+            ctx.fail(tr("No such command {name}. Did you mean {close}?", name=repr(name), close=repr(close[0])))
+        ctx.fail(tr("No such command {name}.", name=repr(name)))
 
 
 def _without(command: click.Command, names: tuple[str, ...]) -> click.Command:
@@ -149,8 +150,8 @@ def main() -> None:
 
 
 @main.command("doctor")
-@click.option("--json", "as_json", is_flag=True, help="Print the findings as one JSON document.")
-@click.option("--quick", is_flag=True, help="Do not start a student process (saves a second or two).")
+@click.option("--json", "as_json", is_flag=True, help=mark("Print the findings as one JSON document."))
+@click.option("--quick", is_flag=True, help=mark("Do not start a student process (saves a second or two)."))
 def doctor_command(as_json: bool, quick: bool) -> None:
     """What this installation can do: Python, torch and its devices, the memory budget, the sandbox, fonts.
 
@@ -170,7 +171,7 @@ def list_command(chapter: Chapter | None) -> None:
     if chapter is not None:
         _list_tasks(chapter, checks.points(chapter.id))
         return
-    rows = [("chapter", "title", "tasks", "points", "status")]
+    rows = [(tr("chapter"), tr("title"), tr("tasks"), tr("points"), tr("status"))]
     for ch in chapters.all_chapters():
         worth = checks.points(ch.id)
         rows.append(
@@ -183,27 +184,27 @@ def list_command(chapter: Chapter | None) -> None:
             )
         )
     _table(rows, right={2}, flex=1)
-    _say("`course list ch25` lists a chapter's tasks; hidden points are scored at grading time")
+    _say(tr("`course list ch25` lists a chapter's tasks; hidden points are scored at grading time"))
 
 
 def _list_tasks(ch: Chapter, worth: dict[str, tuple[float, float]]) -> None:
     """`course list CHAPTER`: each task with what it grades, its points and its last status."""
     last = progress.tasks(chapters.EXERCISES, ch.id)
     _say(f"{ch.id} · {ch.title}    exercises/{ch.filename}")
-    rows = [("task", "implement", "points", "status")]
+    rows = [(tr("task"), tr("implement"), tr("points"), tr("status"))]
     for t in ch.tasks:
         graded = ", ".join(f"{name}({', '.join(t.params.get(name, ()))})" for name in t.names)
         rows.append((t.id, graded, _points(*worth.get(t.id, (0.0, 0.0))), progress.task_status(last.get(t.id))))
     _table(rows, flex=1)
     todo = next((t.id for t in ch.tasks if not last.get(t.id) or last[t.id]["passed"] != last[t.id]["checks"]), None)
-    _say(
-        (f"next: `course check {ch.id} --task {todo}`" if todo else "every task passes its public checks")
-        + "; hidden points are scored at grading time"
-    )
+    if todo:
+        _say(tr("next: `course check {chapter} --task {task}`; hidden points are scored at grading time", chapter=ch.id, task=todo))
+    else:
+        _say(tr("every task passes its public checks; hidden points are scored at grading time"))
 
 
 def _points(public: float, hidden: float) -> str:
-    return f"{public:g}" + (f" + {hidden:g} hidden" if hidden else "")
+    return tr("{public:g} + {hidden:g} hidden", public=public, hidden=hidden) if hidden else f"{public:g}"
 
 
 def _table(rows: Sequence[Sequence[str]], right: Collection[int] = (), flex: int | None = None) -> None:
@@ -224,44 +225,48 @@ def _say(text: str) -> None:
 
 @main.command()
 @click.argument("chapter", type=ChapterType(whole=True))
-@click.option("--task", metavar="ID", help="Only this task, e.g. ch25.1.")
+@click.option("--task", metavar="ID", help=mark("Only this task, e.g. ch25.1."))
 @solutions_option
 @submission_option
 @click.option(
     "--notebook",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     metavar="PATH.ipynb",
-    help="Grade the answer cells of a chapter notebook.",
+    help=mark("Grade the answer cells of a chapter notebook."),
 )
-@click.option("--seed", type=int, help="Grading seed of the hidden checks (printed after each run).")
-@click.option("--hidden/--no-hidden", default=None, help="Run the hidden checks (default: with --solutions or --submission).")
-@click.option("--json", "as_json", is_flag=True, help="Print one results.json document (Gradescope format) only.")
+@click.option("--seed", type=int, help=mark("Grading seed of the hidden checks (printed after each run)."))
+@click.option("--hidden/--no-hidden", default=None, help=mark("Run the hidden checks (default: with --solutions or --submission)."))
+@click.option("--json", "as_json", is_flag=True, help=mark("Print one results.json document (Gradescope format) only."))
 @click.option(
     "--figures",
     "figures_dir",
     type=click.Path(file_okay=False, path_type=Path),
     metavar="DIR",
-    help="Write the figures to DIR/<chapter>/<figure>.svg (default: course-figures/ in the project "
-    "folder, the one holding exercises/; for --submission and --notebook, in the current folder). A run "
-    "replaces that chapter's figures there; links are never followed.",
+    help=mark(
+        "Write the figures to DIR/<chapter>/<figure>.svg (default: course-figures/ in the project "
+        "folder, the one holding exercises/; for --submission and --notebook, in the current folder). A run "
+        "replaces that chapter's figures there; links are never followed."
+    ),
 )
 @click.option(
-    "--time-limit", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds each check may spend in your code."
+    "--time-limit", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help=mark("Seconds each check may spend in your code.")
 )
-@memory_limit_option("your code's")
+@memory_limit_option(YOUR_MEMORY)
 @click.option(
     "-v",
     "--verbose",
     is_flag=True,
-    help="Explain every failing check (by default: each different explanation once, at most three per task).",
+    help=mark("Explain every failing check (by default: each different explanation once, at most three per task)."),
 )
 @click.option(
     "--no-sandbox",
     is_flag=True,
-    help="UNSAFE: run a --submission or --notebook without the sandbox (its code can then read and "
-    "change this user's files, the reference included).",
+    help=mark(
+        "UNSAFE: run a --submission or --notebook without the sandbox (its code can then read and "
+        "change this user's files, the reference included)."
+    ),
 )
-@click.option("--jobs", type=click.IntRange(min=1), metavar="N", help="With `all`: chapters checked at once (default: one per core).")
+@click.option("--jobs", type=click.IntRange(min=1), metavar="N", help=mark("With `all`: chapters checked at once (default: one per core)."))
 def check(
     chapter: Chapter | str,
     task: str | None,
@@ -288,7 +293,7 @@ def check(
     """
     if not isinstance(chapter, Chapter):
         if task or notebook:
-            raise click.UsageError("`course check all` checks whole chapters: --task and --notebook name one chapter")
+            raise click.UsageError(tr("`course check all` checks whole chapters: --task and --notebook name one chapter"))
         _check_all(
             solutions=solutions,
             submission=submission,
@@ -310,7 +315,7 @@ def check(
     from grader.terminal import TerminalReport
 
     if sum(map(bool, (solutions, submission, notebook))) > 1:
-        raise click.UsageError("--solutions, --submission and --notebook exclude each other")
+        raise click.UsageError(tr("--solutions, --submission and --notebook exclude each other"))
     scratch = None
     if notebook:
         try:
@@ -356,7 +361,7 @@ def check(
         try:
             progress.record(report)
         except OSError as e:  # only `course list` reads it: never worth losing the report for
-            click.echo(f"note: your progress could not be saved for `course list` ({e})", err=True)
+            click.echo(tr("note: your progress could not be saved for `course list` ({error})", error=e), err=True)
     if notebook:
         report.target = str(notebook)
     if screen:
@@ -385,18 +390,18 @@ def _check_all(
     from grader.terminal import CourseScreen
 
     if solutions and submission:
-        raise click.UsageError("--solutions and --submission exclude each other")
+        raise click.UsageError(tr("--solutions and --submission exclude each other"))
     ids = [ch.id for ch in chapters.all_chapters()]
     folder = chapters.SOLUTIONS if solutions else submission if submission else chapters.EXERCISES
     missing = [ch.id for ch in chapters.all_chapters() if not (Path(folder) / ch.filename).is_file()]
     if submission and len(missing) == len(ids):
-        raise click.ClickException(f"{escape.terminal(submission)} holds no chapter module (file names as in exercises/)")
+        raise click.ClickException(tr("{folder} holds no chapter module (file names as in exercises/)", folder=escape.terminal(submission)))
     only = [i for i in ids if i not in missing] if submission else None
     figures_dir = figures_dir or default_figures_dir(Path(folder) / "x.py", others=submission is not None)
     sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
     seed = seed if seed is not None else secrets.randbelow(2**31)
     workers = min(jobs or default_jobs(), len(only or ids))
-    what = "the reference solutions" if solutions else escape.terminal(submission) if submission else "your exercises/"
+    what = tr("the reference solutions") if solutions else escape.terminal(submission) if submission else tr("your exercises/")
     screen = None if as_json else CourseScreen(only or ids, what, jobs=workers, seed=seed)
     course = check_all(
         solutions=solutions,
@@ -417,11 +422,11 @@ def _check_all(
             try:
                 progress.record(report)
             except OSError as e:
-                click.echo(f"note: your progress could not be saved for `course list` ({e})", err=True)
+                click.echo(tr("note: your progress could not be saved for `course list` ({error})", error=e), err=True)
                 break
     if screen:
         if submission and missing:
-            screen.say(f"· not in {escape.terminal(submission)}: {', '.join(missing)}", "  ")
+            screen.say("· " + tr("not in {folder}: {chapters}", folder=escape.terminal(submission), chapters=", ".join(missing)), "  ")
         screen.finish(course, figures_dir)
     else:
         click.echo(escape.json_document(json.dumps(course.to_json(), ensure_ascii=False, indent=2)))
@@ -438,8 +443,10 @@ def _sandbox_for(*, others: bool, no_sandbox: bool) -> str | None:
     if no_sandbox:
         click.echo(
             click.style(
-                "warning: --no-sandbox: this code runs with your own rights and can read and change "
-                "your files, the reference and the hidden checks included",
+                tr(
+                    "warning: --no-sandbox: this code runs with your own rights and can read and change "
+                    "your files, the reference and the hidden checks included"
+                ),
                 fg="yellow",
                 bold=True,
             ),
@@ -450,7 +457,7 @@ def _sandbox_for(*, others: bool, no_sandbox: bool) -> str | None:
         probe("bwrap")
     except SandboxUnavailable as e:
         raise click.ClickException(
-            f"refusing to run somebody else's code without a sandbox: {e}; or give --no-sandbox to run it anyway (unsafe)"
+            tr("refusing to run somebody else's code without a sandbox: {error}; or give --no-sandbox to run it anyway (unsafe)", error=e)
         ) from None
     return "bwrap"
 
@@ -463,45 +470,54 @@ def grade_line(row: dict) -> str:
 
 @main.command()
 @click.argument("submissions", type=click.Path(exists=True, file_okay=False, path_type=Path), required=False)
-@click.option("--chapter", "chapter_names", multiple=True, required=True, type=ChapterType(), help="A chapter to grade (repeatable).")
+@click.option("--chapter", "chapter_names", multiple=True, required=True, type=ChapterType(), help=mark("A chapter to grade (repeatable)."))
 @click.option(
     "--nbgrader",
     "nbgrader_course",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     metavar="COURSE_DIR",
-    help="Grade an nbgrader course's submitted/<student>/<chapter>/ notebooks "
-    "(no SUBMISSIONS) and write the scores into its gradebook and autograded/, for generate_feedback "
-    "and export (instead of nbgrader autograde).",
+    help=mark(
+        "Grade an nbgrader course's submitted/<student>/<chapter>/ notebooks "
+        "(no SUBMISSIONS) and write the scores into its gradebook and autograded/, for generate_feedback "
+        "and export (instead of nbgrader autograde)."
+    ),
 )
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     metavar="OUT",
-    help="Results: OUT/<student>/<chapter>/results.json, OUT/grades.csv, OUT/summary.md "
-    "(required, except with --nbgrader: COURSE_DIR/course-grade).",
+    help=mark(
+        "Results: OUT/<student>/<chapter>/results.json, OUT/grades.csv, OUT/summary.md "
+        "(required, except with --nbgrader: COURSE_DIR/course-grade)."
+    ),
 )
-@click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Submissions graded at once.")
-@click.option("--force", is_flag=True, help="Grade again what OUT already holds (with a new secret unless --seed).")
+@click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help=mark("Submissions graded at once."))
+@click.option("--force", is_flag=True, help=mark("Grade again what OUT already holds (with a new secret unless --seed)."))
 @click.option(
     "--seed",
     type=int,
-    help="The run's secret, as a number (repeatable, and guessable); by default a random one of 256 bits. Each "
-    "student's hidden checks run on a seed derived from it and the student's name (all recorded in OUT/grading.json).",
+    help=mark(
+        "The run's secret, as a number (repeatable, and guessable); by default a random one of 256 bits. Each "
+        "student's hidden checks run on a seed derived from it and the student's name (all recorded in OUT/grading.json)."
+    ),
 )
 @click.option(
     "--time-limit",
     type=click.FloatRange(min=0.1),
     default=5.0,
     show_default=True,
-    help="The most a check may spend in a student's code; each check gets 50x what the reference "
-    "needs in it, at least 0.5 s, at most this (recorded in OUT/grading.json).",
+    help=mark(
+        "The most a check may spend in a student's code; each check gets 50x what the reference "
+        "needs in it, at least 0.5 s, at most this (recorded in OUT/grading.json)."
+    ),
 )
-@memory_limit_option("a student's")
+@memory_limit_option(STUDENT_MEMORY)
 @click.option(
     "--no-sandbox",
     is_flag=True,
-    help="Process isolation only (unsafe: a student's code could read your "
-    "files); without it grading refuses where no sandbox can be made.",
+    help=mark(
+        "Process isolation only (unsafe: a student's code could read your files); without it grading refuses where no sandbox can be made."
+    ),
 )
 def grade(
     submissions: Path | None,
@@ -528,9 +544,9 @@ def grade(
 
     if (submissions is None) == (nbgrader_course is None):
         raise click.UsageError(
-            "give SUBMISSIONS or --nbgrader COURSE_DIR, not both"
+            tr("give SUBMISSIONS or --nbgrader COURSE_DIR, not both")
             if submissions
-            else "missing argument SUBMISSIONS (or --nbgrader COURSE_DIR)"
+            else tr("missing argument SUBMISSIONS (or --nbgrader COURSE_DIR)")
         )
     if nbgrader_course:
         try:
@@ -538,11 +554,11 @@ def grade(
 
             grade_class = grade_course
         except ImportError as e:
-            raise click.ClickException(f"--nbgrader needs nbgrader installed ({e})") from None
+            raise click.ClickException(tr("--nbgrader needs nbgrader installed ({error})", error=e)) from None
         submissions, out = nbgrader_course, out or nbgrader_course / "course-grade"
         choose.for_grading(choose.course_setting(nbgrader_course / choose.SETTING.name))
     elif out is None:
-        raise click.UsageError("missing option '--out'")
+        raise click.UsageError(tr("missing option '--out'"))
     assert submissions is not None and out is not None
     choose.for_grading()  # a grading machine's locale is its container's: the course's language instead
     bar = None
@@ -551,10 +567,13 @@ def grade(
     def plan(n: int, total: int, how: str) -> None:
         nonlocal bar
         unsafe = how.startswith("none")
-        click.echo(click.style(f"sandbox: {how}", fg="yellow" if unsafe else None, bold=unsafe), err=unsafe)
-        click.echo(f"{n} of {total} chapter submissions to grade" + (f" ({total - n} graded already)" if n < total else ""))
+        click.echo(click.style(tr("sandbox: {how}", how=how), fg="yellow" if unsafe else None, bold=unsafe), err=unsafe)
+        if n < total:
+            click.echo(tr("{n} of {total} chapter submissions to grade ({done} graded already)", n=n, total=total, done=total - n))
+        else:
+            click.echo(tr("{n} of {total} chapter submissions to grade", n=n, total=total))
         if tty and n:
-            bar = click.progressbar(length=n, label="grading").__enter__()
+            bar = click.progressbar(length=n, label=tr("grading")).__enter__()
 
     def item(r: dict) -> None:
         if bar:
@@ -582,17 +601,21 @@ def grade(
         if bar:
             bar.__exit__(None, None, None)
             bar = None
-        click.echo("\ninterrupted: what was graded is kept, nothing half-written; run the same command again to resume", err=True)
+        click.echo("\n" + tr("interrupted: what was graded is kept, nothing half-written; run the same command again to resume"), err=True)
         sys.exit(130)
     finally:
         if bar:
             bar.__exit__(None, None, None)
     if nbgrader_course:
         for note in result.notes:
-            click.echo(f"note: {escape.terminal(note)}", err=True)
+            click.echo(tr("note: {note}", note=escape.terminal(note)), err=True)
         click.echo(
-            f"gradebook: {len(result.recorded)} submissions scored, autograded/ written; next: "
-            f"nbgrader generate_feedback <chapter>, nbgrader export (in {nbgrader_course})"
+            tr(
+                "gradebook: {n} submissions scored, autograded/ written; next: "
+                "nbgrader generate_feedback <chapter>, nbgrader export (in {course})",
+                n=len(result.recorded),
+                course=nbgrader_course,
+            )
         )
         result = result.graded
     click.echo(f"{result.count_line()} · {escape.terminal(out / 'grades.csv')}, {escape.terminal(out / 'summary.md')}")
@@ -604,10 +627,10 @@ def grade(
     type=click.Path(file_okay=False, path_type=Path),
     required=True,
     metavar="DIR",
-    help="Writes DIR/student/ (the student package) and DIR/nbgrader/ (the nbgrader course).",
+    help=mark("Writes DIR/student/ (the student package) and DIR/nbgrader/ (the nbgrader course)."),
 )
-@click.option("--chapter", "chapter_names", multiple=True, type=ChapterType(), help="Only these chapters (repeatable).")
-@click.option("--no-nbgrader", is_flag=True, help="Write only the student package.")
+@click.option("--chapter", "chapter_names", multiple=True, type=ChapterType(), help=mark("Only these chapters (repeatable)."))
+@click.option("--no-nbgrader", is_flag=True, help=mark("Write only the student package."))
 def release(out: Path, chapter_names: tuple[Chapter, ...], no_nbgrader: bool) -> None:
     """Build the student release and the nbgrader course (no solutions, no hidden checks in the former)."""
     from grader.delivery.release import ReleaseError, build
@@ -617,13 +640,20 @@ def release(out: Path, chapter_names: tuple[Chapter, ...], no_nbgrader: bool) ->
     except ReleaseError as e:
         raise click.ClickException(str(e)) from None
     click.echo(
-        f"student package: {built.student} ({built.size(built.student) / 1024:.0f} KiB, "
-        f"chapters {', '.join(built.chapters)}); install with: pip install -e {built.student}"
+        tr(
+            "student package: {folder} ({kib:.0f} KiB, chapters {chapters}); install with: pip install -e {folder}",
+            folder=built.student,
+            kib=built.size(built.student) / 1024,
+            chapters=", ".join(built.chapters),
+        )
     )
     if built.nbgrader:
         click.echo(
-            f"nbgrader course: {built.nbgrader} (assignments {', '.join(built.chapters)}); "
-            f"cd there and run: nbgrader generate_assignment <chapter>"
+            tr(
+                "nbgrader course: {folder} (assignments {chapters}); cd there and run: nbgrader generate_assignment <chapter>",
+                folder=built.nbgrader,
+                chapters=", ".join(built.chapters),
+            )
         )
 
 
@@ -640,31 +670,38 @@ def export() -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     required=True,
     metavar="ZIP",
-    help="The autograder bundle to write (upload it as the assignment's autograder).",
+    help=mark("The autograder bundle to write (upload it as the assignment's autograder)."),
 )
 @click.option(
     "--seed",
     type=int,
-    help="The bundle's secret, as a number (repeatable, and guessable: for tests); by default a random one of 256 bits. "
-    "Each student's hidden checks run on a seed derived from it and the student's Gradescope id.",
+    help=mark(
+        "The bundle's secret, as a number (repeatable, and guessable: for tests); by default a random one of 256 bits. "
+        "Each student's hidden checks run on a seed derived from it and the student's Gradescope id."
+    ),
 )
 @click.option(
     "--hidden-visibility",
     type=click.Choice(["after_due_date", "after_published", "visible", "hidden"]),
     default="after_due_date",
     show_default=True,
-    help="When students see the hidden checks' results (Gradescope's visibility).",
+    help=mark("When students see the hidden checks' results (Gradescope's visibility)."),
 )
 def export_gradescope(chapter: Chapter, out: Path, seed: int | None, hidden_visibility: str) -> None:
     """A Gradescope autograder bundle for CHAPTER: setup.sh, run_autograder and the package with its hidden checks."""
     from grader.delivery.gradescope import export as build
 
     if not any(chapters.SOLUTIONS.glob("ch[0-9][0-9]_*.py")):
-        raise click.ClickException("a Gradescope bundle carries the hidden checks: build it from the instructor's repository")
+        raise click.ClickException(tr("a Gradescope bundle carries the hidden checks: build it from the instructor's repository"))
     build(chapter, out, seed=seed, hidden_visibility=hidden_visibility, lang=choose.for_grading())
     click.echo(
-        f"{out} ({out.stat().st_size / 1024:.0f} KiB): upload it as the autograder of {chapter.id}; "
-        "students submit exercises/" + chapter.filename + " or their chapter notebook"
+        tr(
+            "{zip} ({kib:.0f} KiB): upload it as the autograder of {chapter}; students submit exercises/{file} or their chapter notebook",
+            zip=out,
+            kib=out.stat().st_size / 1024,
+            chapter=chapter.id,
+            file=chapter.filename,
+        )
     )
 
 
@@ -675,11 +712,11 @@ def export_gradescope(chapter: Chapter, out: Path, seed: int | None, hidden_visi
     default=Path("course-book"),
     show_default=True,
     metavar="DIR",
-    help="Where index.html and the figures go.",
+    help=mark("Where index.html and the figures go."),
 )
 @submission_option
-@click.option("--jobs", type=click.IntRange(min=1), metavar="N", help="Chapters checked at once (default: one per core).")
-@click.option("--no-sandbox", is_flag=True, help="UNSAFE: run a --submission without the sandbox.")
+@click.option("--jobs", type=click.IntRange(min=1), metavar="N", help=mark("Chapters checked at once (default: one per core)."))
+@click.option("--no-sandbox", is_flag=True, help=mark("UNSAFE: run a --submission without the sandbox."))
 def figures(out: Path, submission: Path | None, jobs: int | None, no_sandbox: bool) -> None:
     """Draw the figure book: every figure of the course, and OUT/index.html showing them in course order.
 
@@ -691,43 +728,51 @@ def figures(out: Path, submission: Path | None, jobs: int | None, no_sandbox: bo
     from grader.delivery.book import write_book
 
     if submission and not any((submission / ch.filename).is_file() for ch in chapters.all_chapters()):
-        raise click.ClickException(f"{escape.terminal(submission)} holds no chapter module (file names as in exercises/)")
+        raise click.ClickException(tr("{folder} holds no chapter module (file names as in exercises/)", folder=escape.terminal(submission)))
     sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
     done: list[str] = []
 
     def report(r) -> None:
         done.append(r.chapter.id)
         if sys.stderr.isatty():
-            click.echo(f"\rdrawing the figures · {len(done)} chapters done", nl=False, err=True)
+            click.echo("\r" + tr("drawing the figures · {n} chapters done", n=len(done)), nl=False, err=True)
 
     book = write_book(out, submission=submission, sandbox=sandbox, jobs=jobs, on_report=report)
     if sys.stderr.isatty():
         click.echo("", err=True)
     waiting = [e for e in book.entries if e.status == "placeholder"]
     marked = [e for e in book.entries if e.status == "marked"]
-    click.echo(
-        f"{book.index}: {book.drawn} of {len(book.entries)} figures drawn from {escape.terminal(book.source)}"
-        + (f", {len(marked)} with wrong values marked" if marked else "")
-    )
-    if waiting:
+    fields = {"index": book.index, "drawn": book.drawn, "n": len(book.entries), "source": escape.terminal(book.source)}
+    if marked:
         click.echo(
-            f"  · not drawn yet: {', '.join(e.id for e in waiting[:6])}"
-            + (f" and {len(waiting) - 6} more" if len(waiting) > 6 else "")
-            + " (placeholders on the page)"
+            tr("{index}: {drawn} of {n} figures drawn from {source}, {marked} with wrong values marked", marked=len(marked), **fields)
         )
-    click.echo(f"  · open it in a browser: file://{book.index.resolve()}")
+    else:
+        click.echo(tr("{index}: {drawn} of {n} figures drawn from {source}", **fields))
+    if waiting:
+        ids = ", ".join(e.id for e in waiting[:6])
+        if len(waiting) > 6:
+            click.echo("  · " + tr("not drawn yet: {ids} and {more} more (placeholders on the page)", ids=ids, more=len(waiting) - 6))
+        else:
+            click.echo("  · " + tr("not drawn yet: {ids} (placeholders on the page)", ids=ids))
+    url = f"file://{book.index.resolve()}"
+    click.echo("  · " + tr("open it in a browser: {url}", url=url))
 
 
 @main.command()
 @solutions_option
 @submission_option
-@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default="a free port", help="Port on 127.0.0.1.")
-@click.option("--no-open", is_flag=True, help="Do not open a browser.")
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default="a free port", help=mark("Port on 127.0.0.1."))
+@click.option("--no-open", is_flag=True, help=mark("Do not open a browser."))
 @click.option(
-    "--time-limit", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds each experiment may spend in your code."
+    "--time-limit",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help=mark("Seconds each experiment may spend in your code."),
 )
-@memory_limit_option("your code's")
-@click.option("--no-sandbox", is_flag=True, help="UNSAFE: run a --submission without the sandbox.")
+@memory_limit_option(YOUR_MEMORY)
+@click.option("--no-sandbox", is_flag=True, help=mark("UNSAFE: run a --submission without the sandbox."))
 def lab(solutions: bool, submission: Path | None, port: int, no_open: bool, time_limit: float, memory_limit: int, no_sandbox: bool) -> None:
     """Interactive experiments: change an instance in the page, see your functions' outputs drawn.
 
@@ -738,27 +783,25 @@ def lab(solutions: bool, submission: Path | None, port: int, no_open: bool, time
     from grader.lab.server import serve
 
     if solutions and submission:
-        raise click.UsageError("--solutions and --submission exclude each other")
+        raise click.UsageError(tr("--solutions and --submission exclude each other"))
     limit = memory_limit
     sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
     laboratory = Lab(solutions=solutions, submission=submission, time_limit=time_limit, memory_limit=limit, sandbox=sandbox)
     try:
-        what = "the reference solutions" if solutions else escape.terminal(submission or chapters.EXERCISES)
-        checked = "" if laboratory.checked else " (student release: compared where an answer ships with it, else unmarked)"
-        serve(
-            laboratory,
-            port=port,
-            open_browser=not no_open,
-            on_ready=lambda url: click.echo(
-                f"course lab: {url}  running {what}{checked}; the URL holds this session's key: keep it to yourself; Ctrl-C stops",
-                err=False,
-            ),
-        )
+        what = tr("the reference solutions") if solutions else escape.terminal(submission or chapters.EXERCISES)
+        if laboratory.checked:
+            ready = mark("course lab: {url}  running {what}; the URL holds this session's key: keep it to yourself; Ctrl-C stops")
+        else:
+            ready = mark(
+                "course lab: {url}  running {what} (student release: compared where an answer ships with it, else unmarked); "
+                "the URL holds this session's key: keep it to yourself; Ctrl-C stops"
+            )
+        serve(laboratory, port=port, open_browser=not no_open, on_ready=lambda url: click.echo(tr(ready, url=url, what=what), err=False))
     except OSError as e:
-        raise click.ClickException(f"cannot listen on 127.0.0.1:{port} ({e.strerror or e})") from None
+        raise click.ClickException(tr("cannot listen on 127.0.0.1:{port} ({error})", port=port, error=e.strerror or e)) from None
     finally:
         laboratory.close()
-    click.echo("course lab stopped")
+    click.echo(tr("course lab stopped"))
 
 
 @main.group("engine")
@@ -773,67 +816,73 @@ def engine_group() -> None:
     default="tiny",
     show_default=True,
     metavar="tiny|DIR",
-    help="A preset (tiny, qwen3-0.6b-shape; weights from --seed) or a folder with config.json and model.safetensors.",
+    help=mark("A preset (tiny, qwen3-0.6b-shape; weights from --seed) or a folder with config.json and model.safetensors."),
 )
 @click.option(
     "--prompts",
     "prompts_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     metavar="FILE",
-    help="A JSON list of token-id lists, e.g. [[1, 2, 3], [1, 2, 4]].",
+    help=mark("A JSON list of token-id lists, e.g. [[1, 2, 3], [1, 2, 4]]."),
 )
-@click.option("--max-tokens", type=click.IntRange(min=1), default=16, show_default=True, help="Completion tokens per request.")
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 is greedy.")
-@click.option("--seed", type=int, default=0, show_default=True, help="A preset's weights and the sampler's noise.")
-@click.option("--block-size", type=click.IntRange(min=2), default=16, show_default=True, help="Tokens per KV block.")
-@click.option("--num-blocks", type=click.IntRange(min=1), help="KV blocks (default: enough for every request; fewer force preemption).")
-@click.option("--max-num-seqs", type=click.IntRange(min=1), default=16, show_default=True, help="Sequences per step at most.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=16, show_default=True, help=mark("Completion tokens per request."))
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help=mark("0 is greedy."))
+@click.option("--seed", type=int, default=0, show_default=True, help=mark("A preset's weights and the sampler's noise."))
+@click.option("--block-size", type=click.IntRange(min=2), default=16, show_default=True, help=mark("Tokens per KV block."))
+@click.option(
+    "--num-blocks", type=click.IntRange(min=1), help=mark("KV blocks (default: enough for every request; fewer force preemption).")
+)
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=16, show_default=True, help=mark("Sequences per step at most."))
 @click.option(
     "--max-batched-tokens",
     type=click.IntRange(min=1),
     default=512,
     show_default=True,
-    help="Prefill tokens per step (fewer force chunked prefill).",
+    help=mark("Prefill tokens per step (fewer force chunked prefill)."),
 )
 @click.option(
     "--submission",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     metavar="DIR",
-    help="Chapter files (somebody else's): their functions run wherever their public checks pass, the whole "
-    "engine in a sandbox (bubblewrap); without one the command refuses unless --no-sandbox.",
+    help=mark(
+        "Chapter files (somebody else's): their functions run wherever their public checks pass, the whole "
+        "engine in a sandbox (bubblewrap); without one the command refuses unless --no-sandbox."
+    ),
 )
 @click.option(
     "--no-sandbox",
     is_flag=True,
-    help="UNSAFE: run a --submission's functions in this process (its code can then read and change this user's files).",
+    help=mark("UNSAFE: run a --submission's functions in this process (its code can then read and change this user's files)."),
 )
 @click.option(
     "--memory-limit",
     type=ByteSize(),
     default="8G",
     show_default=True,
-    help="With --submission: memory the sandboxed engine's processes may use, all together.",
+    help=mark("With --submission: memory the sandboxed engine's processes may use, all together."),
 )
 @click.option(
     "--time-limit",
     type=click.FloatRange(min=1),
     default=600.0,
     show_default=True,
-    help="With --submission: seconds the sandboxed engine may run.",
+    help=mark("With --submission: seconds the sandboxed engine may run."),
 )
 @click.option(
     "--save-model",
     type=click.Path(file_okay=False, path_type=Path),
     metavar="DIR",
-    help="Also write the model to DIR (config.json + model.safetensors, Hugging Face's format).",
+    help=mark("Also write the model to DIR (config.json + model.safetensors, Hugging Face's format)."),
 )
-@click.option("--json", "as_json", is_flag=True, help='Print {"outputs": …, "metrics": …} only.')
+@click.option("--json", "as_json", is_flag=True, help=mark('Print {"outputs": …, "metrics": …} only.'))
 @click.option(
     "--figures",
     "figures_dir",
     type=click.Path(file_okay=False, path_type=Path),
     metavar="DIR",
-    help="Write the overview to DIR/engine/overview.svg (default: course-figures/ in the project folder, the one holding exercises/).",
+    help=mark(
+        "Write the overview to DIR/engine/overview.svg (default: course-figures/ in the project folder, the one holding exercises/)."
+    ),
 )
 def engine_run(
     model_name: str,
@@ -870,11 +919,11 @@ def engine_run(
         model = engine.load(model_name, seed=seed)
         if save_model:
             model.save(save_model)
-            click.echo(f"model written to {save_model} (config.json, model.safetensors)", err=as_json)
+            click.echo(tr("model written to {folder} (config.json, model.safetensors)", folder=save_model), err=as_json)
         if prompts_file is None:
             if save_model:
                 return
-            raise click.UsageError("give --prompts FILE (or only --save-model DIR)")
+            raise click.UsageError(tr("give --prompts FILE (or only --save-model DIR)"))
         prompts = read_prompts(prompts_file)
         sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
         with progress(enabled=not as_json and sys.stderr.isatty()) as show:
@@ -928,19 +977,19 @@ def engine_run(
 
 @main.command()
 @click.argument("chapter_names", metavar="[CHAPTER]...", nargs=-1, type=ChapterType())
-@click.option("--check", "check_only", is_flag=True, help="Only report stubs that differ; exit 1 if any do.")
+@click.option("--check", "check_only", is_flag=True, help=mark("Only report stubs that differ; exit 1 if any do."))
 def stubs(chapter_names: tuple[Chapter, ...], check_only: bool) -> None:
     """Regenerate exercises/ from solutions/ (all chapters by default)."""
     from grader.delivery.stubs import write_stubs
 
     if not any(chapters.SOLUTIONS.glob("ch[0-9][0-9]_*.py")):
-        raise click.ClickException("this installation has no solutions/ to generate stubs from")
+        raise click.ClickException(tr("this installation has no solutions/ to generate stubs from"))
     changed = write_stubs(list(chapter_names) or list(chapters.all_chapters()), check_only=check_only)
-    verb = "differs" if check_only else "written"
     for path in changed:
-        click.echo(f"{path.relative_to(chapters.ROOT)} {verb}")
+        where = path.relative_to(chapters.ROOT)
+        click.echo(tr("{path} differs", path=where) if check_only else tr("{path} written", path=where))
     if not changed:
-        click.echo("all stubs up to date")
+        click.echo(tr("all stubs up to date"))
     sys.exit(1 if check_only and changed else 0)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grader import chapters
+from grader.i18n import tr
 from grader.report import Report
 
 COST = {"ch22": 6.2, "ch15": 5.5, "ch18": 5.5, "ch20": 5.2, "ch19": 5.0, "ch16": 4.9, "ch32": 4.0}
@@ -155,7 +156,8 @@ def check_all(
                     try:
                         finished(chapter_id, future.result())
                     except Exception as e:  # a worker that died: that chapter's failure, never the run's
-                        finished(chapter_id, f"its grading process failed ({type(e).__name__}: {e})")
+                        error = f"{type(e).__name__}: {e}"
+                        finished(chapter_id, tr("its grading process failed ({error})", error=error))
     course.reports = [done[c] for c in ids if c in done]
     course.elapsed = time.monotonic() - started
     return course

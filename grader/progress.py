@@ -11,6 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from grader.i18n import tr
 from grader.report import Report
 
 
@@ -65,10 +66,10 @@ def tasks(folder: Path, chapter_id: str) -> dict[str, dict]:
 def task_status(last: dict | None) -> str:
     """A task's status for `course list CHAPTER`: "not run", "not implemented yet" or "3/5 passed" (checks)."""
     if not last:
-        return "not run"
+        return tr("not run")
     if last.get("not_implemented"):
-        return "not implemented yet"
-    return f"{last['passed']}/{last['checks']} passed"
+        return tr("not implemented yet")
+    return tr("{passed}/{checks} passed", passed=last["passed"], checks=last["checks"])
 
 
 def status(folder: Path, chapter_id: str, task_ids: list[str]) -> str:
@@ -76,7 +77,9 @@ def status(folder: Path, chapter_id: str, task_ids: list[str]) -> str:
     "1/3 passed, 1 not run"."""
     last = tasks(folder, chapter_id)
     if not any(t in last for t in task_ids):
-        return "not run"
+        return tr("not run")
     passed = sum(1 for t in task_ids if t in last and last[t]["passed"] == last[t]["checks"])
     not_run = sum(1 for t in task_ids if t not in last)
-    return f"{passed}/{len(task_ids)} passed" + (f", {not_run} not run" if not_run else "")
+    if not_run:
+        return tr("{passed}/{n} passed, {not_run} not run", passed=passed, n=len(task_ids), not_run=not_run)
+    return tr("{passed}/{n} passed", passed=passed, n=len(task_ids))

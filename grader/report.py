@@ -8,6 +8,7 @@ from typing import Literal
 
 from grader.chapters import Chapter
 from grader.delivery import escape
+from grader.i18n import tr
 
 Status = Literal["passed", "failed", "error", "timeout", "not run", "blocked"]
 """How a check ended: its answer right, wrong, raising, out of time, not run (a task's time already spent),
@@ -48,7 +49,7 @@ class CheckResult:
         as a Python literal."""
         output = escape.plain(self.message, lines=True)
         if self.printed:
-            output += f"\n(your code printed: {self.printed.strip()[:300]!r})"
+            output += "\n" + tr("(your code printed: {printed})", printed=repr(self.printed.strip()[:300]))
         return {
             "name": f"{self.task} {self.function}: {self.name}",
             "number": self.task,
@@ -120,3 +121,23 @@ class Report:
             "figure_notes": [escape.plain(note) for note in self.figure_notes],  # may quote an exception's message
             **({"limits": escape.plain(self.limits)} if self.limits else {}),
         }
+
+
+def waits_for(tasks: str) -> str:
+    """Why a figure was not drawn: `tasks` returned no output of the right shape and type yet."""
+    return tr("waits for {tasks}", tasks=tasks)
+
+
+def waiting(why: str) -> bool:
+    """Whether a figure's `why` (in `Report.undrawn`) is `waits_for`'s, in English or the run's language."""
+    return why.startswith(("waits for ", waits_for("\0").split("\0")[0]))
+
+
+def hint_line(hint: str) -> str:
+    """The line that names a hint under a failure's explanation: "hint: …" (in the run's language)."""
+    return tr("hint: {hint}", hint=hint)
+
+
+def is_hint_line(line: str) -> bool:
+    """Whether `line` (stripped) is a hint's line, in English or in the run's language."""
+    return line.startswith(("hint:", hint_line("").rstrip()))

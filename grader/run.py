@@ -21,9 +21,10 @@ from typing import Callable, Mapping, cast
 
 from grader import chapters, checks
 from grader.chapters import Chapter
+from grader.i18n import tr
 from grader.isolation import budget, portable, procs, worker
 from grader.isolation.worker import OUTPUT_LIMIT, Worker
-from grader.report import CheckResult, Report
+from grader.report import CheckResult, Report, waits_for
 
 DEFAULT_MEMORY_LIMIT = budget.DEFAULT_LIMIT
 DEFAULT_FIGURES_DIR = Path("course-figures")
@@ -41,7 +42,11 @@ def module_path(chapter: Chapter, *, solutions: bool = False, submission: Path |
         if not solutions and submission is None:  # the student's own exercises/: say how to get the stub back
             raise MissingModule(chapters.missing_exercise(chapter))
         raise MissingModule(
-            f"{folder} has no {chapter.filename}; a submission holds the chapter modules under the same file names as exercises/"
+            tr(
+                "{folder} has no {file}; a submission holds the chapter modules under the same file names as exercises/",
+                folder=folder,
+                file=chapter.filename,
+            )
         )
     return path
 
@@ -227,9 +232,9 @@ def _run(
                 )
                 if result.status == "timeout":
                     hung[spec.task] = (
-                        f"importing {path.name} ran out of time"
+                        tr("importing {file} ran out of time", file=path.name)
                         if session.load_failure
-                        else f"{result.function} ran out of time in “{result.name}”"
+                        else tr("{function} ran out of time in “{check}”", function=result.function, check=result.name)
                     )
             failure = session.load_failure
             if failure is not None and result.status != "passed" and (str(failure) in result.message or result.status == "not run"):
@@ -298,9 +303,16 @@ def read_module(path: Path, max_bytes: int = 1 << 20) -> bytes:
         import stat
 
         if not stat.S_ISREG(info.st_mode):
-            raise MissingModule(f"{path.name} is not a regular file")
+            raise MissingModule(tr("{file} is not a regular file", file=path.name))
         if info.st_size > max_bytes:
-            raise MissingModule(f"{path.name} is {info.st_size / 2**20:.1f} MiB, over the {max_bytes >> 20} MiB a chapter file may have")
+            raise MissingModule(
+                tr(
+                    "{file} is {size:.1f} MiB, over the {limit} MiB a chapter file may have",
+                    file=path.name,
+                    size=info.st_size / 2**20,
+                    limit=max_bytes >> 20,
+                )
+            )
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read(max_bytes + 1)
     finally:
@@ -387,23 +399,29 @@ def draw(report: Report, out_dir: Path) -> None:
             if record is None:
                 tasks = list(dict.fromkeys(spec.needs.values()))
                 left_out = [t for t in tasks if t not in ran]
-                report.undrawn[spec.id] = f"{', '.join(left_out)} left out of this run" if left_out else f"waits for {', '.join(tasks)}"
+                report.undrawn[spec.id] = (
+                    tr("{tasks} left out of this run", tasks=", ".join(left_out)) if left_out else waits_for(", ".join(tasks))
+                )
                 continue
             if missing:
-                verb = "passes its" if len(missing) == 1 else "pass their"
-                report.figure_notes.append(f"{spec.id}: drawn once {', '.join(missing)} {verb} shape and type checks")
+                if len(missing) == 1:
+                    note = tr("{figure}: drawn once {task} passes its shape and type checks", figure=spec.id, task=missing[0])
+                else:
+                    note = tr("{figure}: drawn once {tasks} pass their shape and type checks", figure=spec.id, tasks=", ".join(missing))
+                report.figure_notes.append(note)
                 continue
             if unwritable:
                 continue
             try:
                 svg = spec.render(record)
             except Exception as e:
-                report.figure_notes.append(f"{spec.id}: could not be drawn ({type(e).__name__}: {e})")
+                error = f"{type(e).__name__}: {e}"
+                report.figure_notes.append(tr("{figure}: could not be drawn ({error})", figure=spec.id, error=error))
                 continue
             try:
                 path = cast(Folder, folder(True)).write(f"{spec.id}.svg", svg)
             except OSError as e:
-                unwritable = f"figures not written: {chapter_dir} cannot be written ({e.strerror or e})"
+                unwritable = tr("figures not written: {folder} cannot be written ({error})", folder=chapter_dir, error=e.strerror or e)
                 report.figure_notes.append(unwritable)
                 continue
             drawn.add(spec.id)
@@ -429,14 +447,19 @@ def _remove_stale(report: Report, specs, ran: set[str], drawn: set[str], chapter
         old, kind = chapter_dir / name, here.kind(name)
         if not set(spec.needs.values()) <= ran:  # `--task`: the figure of a task not run now stays as it was
             if kind == "file" and spec.id in report.undrawn:
-                report.undrawn[spec.id] += ", its file from an earlier run kept"
+                report.undrawn[spec.id] = tr("{why}, its file from an earlier run kept", why=report.undrawn[spec.id])
             continue
         if spec.id not in drawn and kind in ("file", "link"):
             try:
                 here.unlink(name)
             except OSError as e:
                 report.figure_notes.append(
-                    f"{spec.id}: not drawn, and its older file could not be removed ({e.strerror or e}): {old} is out of date"
+                    tr(
+                        "{figure}: not drawn, and its older file could not be removed ({error}): {old} is out of date",
+                        figure=spec.id,
+                        error=e.strerror or e,
+                        old=old,
+                    )
                 )
                 continue
             report.removed.append(str(old))

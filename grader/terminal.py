@@ -28,7 +28,8 @@ import click
 
 from grader.chapters import Chapter
 from grader.delivery import escape
-from grader.report import CheckResult, Report
+from grader.i18n import mark, tr
+from grader.report import CheckResult, Report, is_hint_line, waiting
 
 MAX_MESSAGES = 3
 """Different explanations shown per task (--verbose shows every failing check's)."""
@@ -40,11 +41,22 @@ NAMES_SHOWN = 3
 """Checks named in "(same for N more checks: …)" before "and N more"."""
 NAME_CHARS = 64
 MIN_WIDTH = 40
-TAGS = {"timeout": "timed out", "error": "error", "failed": "wrong", "not run": "not run"}
-"""A failing check's status as its tag: `✗ name  [wrong]`."""
+TAGS = {
+    "timeout": mark("timed out"),
+    "error": mark("error"),
+    "failed": mark("wrong"),
+    "not run": mark("not run"),
+    "blocked": mark("blocked"),
+}
+"""A failing check's status as its tag: `✗ name  [wrong]` (translated when shown)."""
 
-_LABEL = re.compile(r"(?:[a-z][a-z ]{0,14}: |[✗✓·…] )")
-"""A line's own lead ("hint: ", "inputs: ", a mark): its continuation lines are indented past it."""
+_LABEL = re.compile(r"(?:[a-z][a-z ]{0,14}: |[\u4e00-\u9fff]{1,8}：|[✗✓·…] )")
+"""A line's own lead ("hint: ", "提示：", "inputs: ", a mark): its continuation lines are indented past it."""
+
+_CJK = "\u2e80-\u9fff\uf900-\ufaff\uff01-\uff60"
+_PIECE = re.compile(f"(?:[{_CJK}]|[^{_CJK}]+)[，。：；、！？）》」』”’]*")
+"""The pieces of a word a line may break between: each CJK character (Chinese has no spaces), a run of
+anything else; closing punctuation stays with what it closes."""
 
 
 def _pts(x: float) -> str:
@@ -52,9 +64,9 @@ def _pts(x: float) -> str:
     return str(int(x)) if x == int(x) else f"{x:.1f}"
 
 
-def _plural(n: int, word: str) -> str:
-    """`n word`, the word in the plural unless n is 1: "1 check", "2 checks"."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+def _count(n: int, one: str, many: str, **fields: Any) -> str:
+    """`one` (a marked text with `{n}`) when n is 1, else `many`, translated and filled: "1 check", "2 checks"."""
+    return tr(one if n == 1 else many, n=n, **fields)
 
 
 def terminal_width() -> int:
@@ -90,16 +102,17 @@ def wrap(text: str, width: int, indent: str = "") -> list[str]:
         hang = indent + own + "  "
     lines, line, gap = [], indent + own, ""
     for i, part in enumerate(re.split(r"( +)", _bind(body))):
-        part = part.replace(_BOUND, " ")
         if i % 2:  # a run of spaces: kept inside a line (aligned columns), dropped at a break
-            gap = part
+            gap = part.replace(_BOUND, " ")
         elif part:
-            if gap and columns(line + gap + part) > width:
-                lines.append(line)
-                line = hang + part
-            else:
-                line += gap + part
-            gap = ""
+            for j, piece in enumerate(_PIECE.findall(part) or [part]):  # Chinese breaks between characters too
+                piece = piece.replace(_BOUND, " ")
+                if (gap or j) and columns(line + gap + piece) > width:
+                    lines.append(line)
+                    line = hang + piece
+                else:
+                    line += gap + piece
+                gap = ""
     lines.append(line)
     return lines
 
@@ -129,7 +142,7 @@ def _diagnosis(r: CheckResult) -> tuple:
     message, where for an exception the numbers of its first line do not count (the same IndexError
     at the same line of the student's code, whatever the index)."""
     lines = [line.strip() for line in r.message.splitlines()]
-    hints = tuple(line for line in lines if line.startswith("hint:"))
+    hints = tuple(line for line in lines if is_hint_line(line))
     if not hints and r.status == "error" and lines:
         lines[0] = re.sub(r"\d+", "#", lines[0])
     return (r.status, hints or tuple(lines))
@@ -139,8 +152,10 @@ def _names(rs: list[CheckResult]) -> str:
     """Check names, compactly: quoted, each cut to NAME_CHARS, at most NAMES_SHOWN and "N more"."""
     cut = [f"“{r.name if len(r.name) <= NAME_CHARS else r.name[:NAME_CHARS].rsplit(' ', 1)[0] + ' …'}”" for r in rs]
     if len(cut) > NAMES_SHOWN:
-        cut = cut[: NAMES_SHOWN - 1] + [f"{len(cut) - NAMES_SHOWN + 1} more"]
-    return ", ".join(cut[:-1]) + (" and " if len(cut) > 1 else "") + cut[-1]
+        cut = cut[: NAMES_SHOWN - 1] + [tr("{n} more", n=len(cut) - NAMES_SHOWN + 1)]
+    if len(cut) == 1:
+        return cut[0]
+    return tr("{names} and {last}", names=tr(", ").join(cut[:-1]), last=cut[-1])
 
 
 class TerminalReport:
@@ -187,7 +202,7 @@ class TerminalReport:
     def start(self, task: str, name: str) -> None:
         """A check begins (on a terminal, it is named once it has run for SLOW seconds)."""
         with self._lock:
-            self._running = (f"running {task} {name}", self.clock())
+            self._running = (tr("running {task} {name}", task=task, name=name), self.clock())
 
     def tick(self) -> None:
         """On a terminal, show (or refresh) the line naming the check that has run over SLOW seconds."""
@@ -198,7 +213,7 @@ class TerminalReport:
             room = (self.width or 100) - 12
             if len(label) > room:
                 label = label[: room - 1] + "…"
-            text = f"  … {label} ({int(self.clock() - since)} s)"
+            text = "  … " + tr("{label} ({s} s)", label=label, s=int(self.clock() - since))
             if text != self._shown:
                 click.echo(f"\r\033[K{text}", nl=False, color=True)  # cursor control, kept whatever the colours
                 self._shown = text
@@ -231,16 +246,16 @@ class TerminalReport:
         printed = r.printed.strip("\n")
         if printed.strip():
             lines = escape.terminal_lines(printed)
-            self._echo(indent, "your code printed:")
+            self._echo(indent, tr("your code printed:"))
             for line in lines[:PRINTED_LINES]:
                 self._echo(indent + "  ", line.rstrip())
             if len(lines) > PRINTED_LINES:
-                self._echo(indent + "  ", f"… ({_plural(len(lines) - PRINTED_LINES, 'more line')})")
+                self._echo(indent + "  ", _count(len(lines) - PRINTED_LINES, mark("… (1 more line)"), mark("… ({n} more lines)")))
 
     def _import_failure(self, r: CheckResult) -> None:
         """The module's import failed: said once for the chapter, before the first task's line."""
         self._import_shown = True
-        self._echo("  ", click.style("✗", fg="red") + " your module could not be imported, so no check could run:")
+        self._echo("  ", click.style("✗", fg="red") + " " + tr("your module could not be imported, so no check could run:"))
         self._message(r, " " * 6)
 
     def flush(self) -> None:
@@ -250,9 +265,9 @@ class TerminalReport:
         rs, self.pending = self.pending, []
         score, total = sum(r.score for r in rs), sum(r.points for r in rs)
         ok = all(r.status == "passed" for r in rs)
-        label = f"{rs[0].task} {rs[0].function}".ljust(self.label_width) + (" hidden" if rs[0].hidden else "")
-        mark = click.style("✓", fg="green") if ok else click.style("✗", fg="red")
-        line = f"  {mark} {label} {_pts(score)}/{_pts(total)}"
+        label = f"{rs[0].task} {rs[0].function}".ljust(self.label_width) + (" " + tr("hidden") if rs[0].hidden else "")
+        sign = click.style("✓", fg="green") if ok else click.style("✗", fg="red")
+        line = f"  {sign} {label} {_pts(score)}/{_pts(total)}"
         bad = [r for r in rs if r.status != "passed"]
         unimported = [r for r in bad if r.import_failed]
         if unimported and not self._import_shown:
@@ -261,7 +276,7 @@ class TerminalReport:
             self._echo("", f"{line}  {escape.terminal(bad[0].message)}")
             return
         if bad and len(unimported) == len(bad):
-            self._echo("", f"{line}  not run: your module could not be imported (above)")
+            self._echo("", f"{line}  " + tr("not run: your module could not be imported (above)"))
             return
         if (
             bad
@@ -283,7 +298,7 @@ class TerminalReport:
         explained: set[tuple] = set()
         unexplained = 0
         for r in rs:
-            hidden = " (hidden)" if r.hidden else ""
+            hidden = " " + tr("(hidden)") if r.hidden else ""
             if r.status == "passed":
                 self._echo(" " * 6, f"{click.style('✓', fg='green')} {r.name}{hidden}")
                 continue
@@ -292,25 +307,43 @@ class TerminalReport:
             key = _diagnosis(r)
             if key in explained and not self.verbose:
                 continue  # named under the first check with this diagnosis
-            tag = TAGS.get(r.status, r.status)
+            tag = tr(TAGS[r.status]) if r.status in TAGS else r.status
             self._echo(" " * 6, f"{click.style('✗', fg='red')} {r.name}{hidden}  " + click.style(f"[{tag}]", fg="yellow"))
             if len(explained) < MAX_MESSAGES or self.verbose or key in explained:
                 self._message(r)
                 same = groups[key][1:]
                 if same and not self.verbose:
-                    named = (
-                        f"all {len(same)} other checks of {r.task}"
-                        if len(same) == len(rs) - 1 > 1
-                        else f"{_plural(len(same), 'more check')}: {_names(same)}"
-                    )
-                    self._echo(" " * 10, f"(same for {named})")
+                    if len(same) == len(rs) - 1 > 1:
+                        named = tr("(same for all {n} other checks of {task})", n=len(same), task=r.task)
+                    else:
+                        named = _count(
+                            len(same),
+                            mark("(same for 1 more check: {names})"),
+                            mark("(same for {n} more checks: {names})"),
+                            names=_names(same),
+                        )
+                    self._echo(" " * 10, named)
                 explained.add(key)
             else:
                 unexplained += 1
         if unimported:
-            self._echo(" " * 6, f"({_plural(len(unimported), 'more check')} not run: your module could not be imported, above)")
+            self._echo(
+                " " * 6,
+                _count(
+                    len(unimported),
+                    mark("(1 more check not run: your module could not be imported, above)"),
+                    mark("({n} more checks not run: your module could not be imported, above)"),
+                ),
+            )
         if unexplained:
-            self._echo(" " * 6, f"({_plural(unexplained, 'more failing check')} not explained; --verbose explains all)")
+            self._echo(
+                " " * 6,
+                _count(
+                    unexplained,
+                    mark("(1 more failing check not explained; --verbose explains all)"),
+                    mark("({n} more failing checks not explained; --verbose explains all)"),
+                ),
+            )
 
     def finish(self, report: Report) -> None:
         """The rest of the run, then the footer: the score (which half it is), the figures drawn
@@ -319,34 +352,51 @@ class TerminalReport:
         self._clear()
         self.flush()
         if not report.hidden_not_run and any(r.hidden for r in report.results):
-            self._echo("  ", f"· hidden checks ran on grading seed {report.seed} (repeat with --seed {report.seed})")
-        summary = click.style(f"score {_pts(report.score)}/{_pts(report.max_score)}", bold=True)
+            self._echo("  ", "· " + tr("hidden checks ran on grading seed {seed} (repeat with --seed {seed})", seed=report.seed))
+        score = tr("score {score}/{total}", score=_pts(report.score), total=_pts(report.max_score))
         if report.hidden_not_run:
-            n = report.hidden_not_run
-            summary += f" on the public checks · {_plural(n, 'hidden check')} {'runs' if n == 1 else 'run'} at grading time"
-        self._echo("", summary)
+            score = _count(
+                report.hidden_not_run,
+                mark("{score} on the public checks · 1 hidden check runs at grading time"),
+                mark("{score} on the public checks · {n} hidden checks run at grading time"),
+                score=score,
+            )
+        self._echo("", click.style(score, bold=True))
         if report.figures:
             marked = set(report.marked)
             if marked >= set(report.figures):
-                self._echo("  ", "· figures (your wrong values marked): " + ", ".join(map(relative, report.figures)))
+                self._echo(
+                    "  ", "· " + tr("figures (your wrong values marked): {paths}", paths=tr(", ").join(map(relative, report.figures)))
+                )
             else:
-                shown = [relative(p) + (" (your wrong values marked)" if p in marked else "") for p in report.figures]
-                self._echo("  ", "· figures: " + ", ".join(shown))
+                shown = [relative(p) + (" " + tr("(your wrong values marked)") if p in marked else "") for p in report.figures]
+                self._echo("  ", "· " + tr("figures: {paths}", paths=tr(", ").join(shown)))
         removed = {Path(p).stem for p in report.removed}
-        gone = lambda f: ", its older file removed" if f in removed else ""
         if report.undrawn:
-            undrawn = ", ".join(f"{f} ({escape.terminal(why)}{gone(f)})" for f, why in report.undrawn.items())
-            waits = any(why.startswith("waits") for why in report.undrawn.values())
-            self._echo(
-                "  ",
-                f"· not drawn: {undrawn}"
-                + ("; a figure is drawn once its task returns an output of the right shape and type" if waits else ""),
+            undrawn = tr(", ").join(
+                tr("{figure} ({why}, its older file removed)", figure=f, why=escape.terminal(why))
+                if f in removed
+                else tr("{figure} ({why})", figure=f, why=escape.terminal(why))
+                for f, why in report.undrawn.items()
             )
+            waits = any(map(waiting, report.undrawn.values()))
+            if waits:
+                line = tr(
+                    "not drawn: {figures}; a figure is drawn once its task returns an output of the right shape and type", figures=undrawn
+                )
+            else:
+                line = tr("not drawn: {figures}", figures=undrawn)
+            self._echo("  ", "· " + line)
         for note in map(escape.terminal, report.figure_notes):  # a drawing error may quote the student's values
             figure_id = note.split(":", 1)[0]
-            self._echo("  ", f"· {note}" if note.startswith("figures ") else f"· figure {note}{gone(figure_id)}")
+            if " " in figure_id:  # not a figure's own note ("figures not written: …"): ids have no spaces
+                self._echo("  ", f"· {note}")
+            elif figure_id in removed:
+                self._echo("  ", "· " + tr("figure {note}, its older file removed", note=note))
+            else:
+                self._echo("  ", "· " + tr("figure {note}", note=note))
         if report.limits:
-            self._echo("  ", f"· sandbox limits: {report.limits}")
+            self._echo("  ", "· " + tr("sandbox limits: {limits}", limits=report.limits))
 
 
 def relative(path: str) -> str:
@@ -383,7 +433,10 @@ class CourseScreen:
         room = lambda titles: max((columns(t) for t in titles.values()), default=0)
         self.titles = next((f for f in forms if not self.width or room(f) + 19 <= self.width), forms[1])
         self.title_width = room(self.titles)
-        self.say(f"course · {_plural(len(ids), 'chapter')} · {what} · {_plural(jobs, 'worker')}, grading seed {seed}")
+        n_chapters = _count(len(ids), mark("1 chapter"), mark("{n} chapters"))
+        workers = _count(jobs, mark("1 worker"), mark("{n} workers"))
+        head = tr("course · {chapters} · {what} · {workers}, grading seed {seed}", chapters=n_chapters, what=what, workers=workers, seed=seed)
+        self.say(head)
 
     def say(self, text: str, indent: str = "") -> None:
         """Print a line wrapped to the width, its continuation lines indented past `indent`."""
@@ -404,15 +457,18 @@ class CourseScreen:
             outcome = self.done[chapter_id]
             self.next += 1
             if isinstance(outcome, str):
-                self.say(f"✗ {chapter_id}  not run: {escape.terminal(outcome)}", "  ")
+                self.say(f"✗ {chapter_id}  " + tr("not run: {reason}", reason=escape.terminal(outcome)), "  ")
                 continue
             title = self.titles[chapter_id]
             title += " " * (self.title_width - columns(title))
             score = f"{_pts(outcome.score)}/{_pts(outcome.max_score)}".rjust(7)
             bad = [task for task, rs in outcome.by_task() if any(r.status != "passed" for r in rs)]
-            mark = "✓" if not bad else "✗"
-            tail = f"({outcome.elapsed:.1f} s)" if not bad else f"{', '.join(bad)} not passing → course check {chapter_id}"
-            head = f"  {mark} {chapter_id}  {title}  {score}"
+            sign = "✓" if not bad else "✗"
+            if bad:
+                tail = tr("{tasks} not passing → course check {chapter}", tasks=", ".join(bad), chapter=chapter_id)
+            else:
+                tail = f"({outcome.elapsed:.1f} s)"
+            head = f"  {sign} {chapter_id}  {title}  {score}"
             if not self.width or columns(f"{head}  {tail}") <= self.width:
                 click.echo(f"{head}  {tail}")
             else:
@@ -422,19 +478,20 @@ class CourseScreen:
     def finish(self, course: Any, figures: Path | None) -> None:
         self._flush()
         hidden = sum(r.hidden_not_run for r in course.reports)
-        line = f"score {_pts(course.score)}/{_pts(course.max_score)}"
-        line += f" · {_plural(len(course.reports), 'chapter')} in {course.elapsed:.1f} s"
+        line = tr("score {score}/{total}", score=_pts(course.score), total=_pts(course.max_score))
+        line += " · " + _count(len(course.reports), mark("1 chapter in {s:.1f} s"), mark("{n} chapters in {s:.1f} s"), s=course.elapsed)
         if hidden:
-            line += f" · {_plural(hidden, 'hidden check')} run at grading time"
+            line += " · " + _count(hidden, mark("1 hidden check run at grading time"), mark("{n} hidden checks run at grading time"))
         first, *rest = wrap(line, self.width)
         click.echo(click.style(first, bold=True))
         for more in rest:
             click.echo(more)
         if any(r.hidden for rep in course.reports for r in rep.results):
-            self.say(f"· hidden checks ran on grading seed {course.seed} (repeat with --seed {course.seed})", "  ")
+            self.say("· " + tr("hidden checks ran on grading seed {seed} (repeat with --seed {seed})", seed=course.seed), "  ")
         drawn = sum(len(r.figures) for r in course.reports)
         if figures is not None and drawn:
-            self.say(f"· {_plural(drawn, 'figure')} in {relative(str(figures))}/<chapter>/", "  ")
+            where = f"{relative(str(figures))}/<chapter>/"
+            self.say("· " + _count(drawn, mark("1 figure in {folder}"), mark("{n} figures in {folder}"), folder=where), "  ")
 
 
 def _chapters(ids: list[str]) -> list[Chapter]:

@@ -13,7 +13,9 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
+from grader.i18n import language, tr
 from grader.isolation.wire import Handle
+from grader.report import hint_line
 
 
 class Hint(str):
@@ -43,9 +45,9 @@ class CheckFailed(Exception):
     def __init__(self, *lines: str, hint: str | Sequence[str] | None = None) -> None:
         named = [h for h in ([hint] if isinstance(hint, str) or hint is None else list(hint)) if h]
         self.lines = [str(line) for line in lines if line]
-        self.hint = "; ".join(named) or None
+        self.hint = tr("; ").join(named) or None
         self.hints = [h.id for h in named if isinstance(h, Hint) and h.id]
-        super().__init__("\n".join(self.lines + ([f"hint: {self.hint}"] if self.hint else [])))
+        super().__init__("\n".join(self.lines + ([hint_line(self.hint)] if self.hint else [])))
 
     def named_by(self, other: "CheckFailed | None") -> "CheckFailed":
         """The same failure with `other`'s hint: a property of the student's own trace that fails is named by the
@@ -89,12 +91,14 @@ class Blocked(Exception):
 def describe(v: Any) -> str:
     """A short description of a value's type and shape: "float32 [5, 1]", "int 3"."""
     if isinstance(v, torch.Tensor):
-        return f"{str(v.dtype).removeprefix('torch.')} tensor {list(v.shape)}"
+        return tr("{dtype} tensor {shape}", dtype=str(v.dtype).removeprefix("torch."), shape=list(v.shape))
     if isinstance(v, Handle):
-        return f"an object of type {v.type_name}"
+        return tr("an object of type {type}", type=v.type_name)
     if type(v) in (list, tuple):
         kinds = sorted({type(x).__name__ for x in v})
-        return f"{type(v).__name__} of {len(v)}" + (f" {'/'.join(kinds)}" if kinds else "")
+        if kinds:
+            return tr("{kind} of {n} {types}", kind=type(v).__name__, n=len(v), types="/".join(kinds))
+        return tr("{kind} of {n}", kind=type(v).__name__, n=len(v))
     if v is None:
         return "None"
     return f"{type(v).__name__} {fmt(v) if type(v) in (int, float, bool) else ''}".rstrip()
@@ -120,7 +124,7 @@ def vec(xs: Any, limit: int = 8, digits: int = 4) -> str:
         xs = xs.reshape(-1).tolist()
     xs = list(xs)
     shown = ", ".join(fmt(x, digits) for x in xs[:limit])
-    return f"[{shown}]" if len(xs) <= limit else f"[{shown}, … ({len(xs)} in all)]"
+    return f"[{shown}]" if len(xs) <= limit else tr("[{shown}, … ({n} in all)]", shown=shown, n=len(xs))
 
 
 def short(xs: Any, limit: int = 12) -> str:
@@ -128,41 +132,43 @@ def short(xs: Any, limit: int = 12) -> str:
     xs = list(xs)
     if len(xs) <= limit:
         return str(xs)
-    return f"[{', '.join(map(str, xs[: limit - 2]))}, … ({len(xs)} in all)]"
+    return tr("[{shown}, … ({n} in all)]", shown=", ".join(map(str, xs[: limit - 2])), n=len(xs))
 
 
 def plural(n: int, word: str, words: str | None = None) -> str:
-    """ "1 block", "3 blocks" ("2 indices" with `words`)."""
+    """ "1 block", "3 blocks" ("2 indices" with `words`); in Chinese, which has no plural, `n word` (the chapter
+    passes `word` translated: `plural(n, tr("block"))`)."""
+    if language() != "en":
+        return f"{n} {word}"
     return f"{n} {word if n == 1 else words or word + 's'}"
 
 
 def expect_tensor(v: Any, *, what: str, shape: tuple[int, ...] | list[int] | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Require a tensor of the given shape and dtype; `what` names it ("slots")."""
-    want = " ".join(
-        filter(
-            None,
-            [
-                f"a {len(shape)}-D" if shape is not None else "a",
-                str(dtype).removeprefix("torch.") if dtype is not None else "",
-                f"tensor of shape {list(shape)}" if shape is not None else "tensor",
-            ],
-        )
+    wrong = not isinstance(v, torch.Tensor) or (
+        (shape is not None and list(v.shape) != list(shape)) or (dtype is not None and v.dtype != dtype)
     )
-    if not isinstance(v, torch.Tensor):
-        raise CheckFailed(f"expected {what} as {want}; yours: {describe(v)}")
-    if (shape is not None and list(v.shape) != list(shape)) or (dtype is not None and v.dtype != dtype):
-        raise CheckFailed(f"expected {what} as {want}; yours: {describe(v)}")
+    if wrong:
+        kind = str(dtype).removeprefix("torch.") if dtype is not None else ""
+        if shape is not None and kind:
+            want = tr("a {ndim}-D {dtype} tensor of shape {shape}", ndim=len(shape), dtype=kind, shape=list(shape))
+        elif shape is not None:
+            want = tr("a {ndim}-D tensor of shape {shape}", ndim=len(shape), shape=list(shape))
+        elif kind:
+            want = tr("a {dtype} tensor", dtype=kind)
+        else:
+            want = tr("a tensor")
+        raise CheckFailed(tr("expected {what} as {want}; yours: {yours}", what=what, want=want, yours=describe(v)))
     return v
 
 
 def expect_int(v: Any, *, what: str, hint: str = "") -> int:
     """Require a plain Python int (not a bool, a float or a tensor); `hint` ends the message if not."""
     if type(v) is not int:
-        raise CheckFailed(
-            f"expected {what} as a Python int; yours: {describe(v)}"
-            + ("  (use .item() to turn a one-element tensor into a number)" if isinstance(v, torch.Tensor) else "")
-            + hint
-        )
+        message = tr("expected {what} as a Python int; yours: {yours}", what=what, yours=describe(v))
+        if isinstance(v, torch.Tensor):
+            message += tr("  (use .item() to turn a one-element tensor into a number)")
+        raise CheckFailed(message + hint)
     return v
 
 

@@ -81,7 +81,8 @@ class Mistakes:
             raise KeyError(
                 f"{self.chapter_id} has no mistake {id!r} in its table (grader/hidden/{self.chapter_id}_mistakes.py): {sorted(self.rows)}"
             ) from None
-        text = Hint(tr_in(f"{self.chapter_id}.{row.id}", row.message), row.id)
+        context = f"{self.chapter_id}.{row.id}"  # extracted from the tables themselves (grader.i18n.update)
+        text = Hint(tr_in(context, row.message), row.id)
         return text.format(**fields) if fields else text
 
 

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from grader.authoring.compare import CheckFailed, plural
 from grader.authoring.compare import describe as describe_value
+from grader.i18n import tr
 
 Explain = Callable[[int, dict, dict], "CheckFailed | None"]
 """`explain(k, yours, expected)`: why the records of step k (0-based) differ, or None when they agree."""
@@ -42,8 +43,11 @@ def expect_records(value: Any, *, what: str = "replay") -> list[dict]:
     `what`, the provided function that made it)."""
     if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
         raise CheckFailed(
-            f"{what} should return a list of dicts, one per step; yours returned {describe_value(value)} "
-            f"({what} is provided: keep it as it is)"
+            tr(
+                "{what} should return a list of dicts, one per step; yours returned {value} ({what} is provided: keep it as it is)",
+                what=what,
+                value=describe_value(value),
+            )
         )
     return value
 
@@ -56,7 +60,7 @@ def raised(record: dict) -> bool:
 def error_lines(record: dict) -> list[str]:
     """What the student's code raised in a step, and where."""
     where = record.get("where")
-    return [f"your code raised {record['error']}"] + ([f"    at {where}"] if where else [])
+    return [tr("your code raised {error}", error=record["error"])] + ([tr("    at {where}", where=where)] if where else [])
 
 
 def compare_trace(
@@ -93,11 +97,11 @@ def compare_trace(
     n = len(expected)
 
     def failure(k: int, *lines: str) -> CheckFailed:
-        return CheckFailed(case, f"step {k + 1} of {n}: {describe(k)}", *lines)
+        return CheckFailed(case, _step(k, n, describe(k)), *lines)
 
     for k, want in enumerate(expected):
         if k >= len(mine):
-            raise failure(k, f"your trace stopped after {plural(k, 'step')}, before this one")
+            raise failure(k, tr("your trace stopped after {steps}, before this one", steps=plural(k, tr("step"))))
         got = mine[k]
         if raised(got) and not partial:
             raise failure(k, *error_lines(got))
@@ -107,16 +111,23 @@ def compare_trace(
         except CheckFailed as e:
             found = e
         if found is not None:
-            raise found.within(case, f"step {k + 1} of {n}: {describe(k)}")
+            raise found.within(case, _step(k, n, describe(k)))
         if raised(got):
             raise failure(k, *error_lines(got))
     if len(mine) > n:
         extra = mine[n]
         said = " ".join(error_lines(extra)) if raised(extra) else beyond(extra) if beyond else ""
-        raise CheckFailed(
-            case, f"the reference's trace ends after step {n}; yours goes on to a step {n + 1}" + (f": {said}" if said else "")
-        )
+        if said:
+            line = tr("the reference's trace ends after step {n}; yours goes on to a step {m}: {said}", n=n, m=n + 1, said=said)
+        else:
+            line = tr("the reference's trace ends after step {n}; yours goes on to a step {m}", n=n, m=n + 1)
+        raise CheckFailed(case, line)
     return mine
+
+
+def _step(k: int, n: int, what: str) -> str:
+    """ "step k+1 of n: what step k did"."""
+    return tr("step {k} of {n}: {what}", k=k + 1, n=n, what=what)
 
 
 @contextlib.contextmanager
@@ -126,10 +137,19 @@ def documented(what: str = "replay", k: int | None = None) -> Iterator[None]:
     try:
         yield
     except MALFORMED as e:
-        step = f" of step {k + 1}" if k is not None else ""
-        raise CheckFailed(
-            f"your {what}'s record{step} is not in the documented form ({type(e).__name__}: {e}); {what} is provided: keep it as it is"
-        ) from None
+        error = f"{type(e).__name__}: {e}"
+        if k is not None:
+            line = tr(
+                "your {what}'s record of step {k} is not in the documented form ({error}); {what} is provided: keep it as it is",
+                what=what,
+                k=k + 1,
+                error=error,
+            )
+        else:
+            line = tr(
+                "your {what}'s record is not in the documented form ({error}); {what} is provided: keep it as it is", what=what, error=error
+            )
+        raise CheckFailed(line) from None
 
 
 def walk(items: Iterator[Any]) -> Callable[[int], Any]:

@@ -62,9 +62,24 @@ class Trial:
             if e.is_a(error.__name__):
                 return
             raise CheckFailed(
-                f"{fn.label} should raise {error.__name__} because {because}; yours raised {e.error.get('name')}: {e.error.get('message')}"
+                tr(
+                    "{fn} should raise {error} because {because}; yours raised {name}: {message}",
+                    fn=fn.label,
+                    error=error.__name__,
+                    because=because,
+                    name=e.error.get("name"),
+                    message=e.error.get("message"),
+                )
             ) from None
-        raise CheckFailed(f"{fn.label} should raise {error.__name__} because {because}; yours returned {describe(value)} instead")
+        raise CheckFailed(
+            tr(
+                "{fn} should raise {error} because {because}; yours returned {value} instead",
+                fn=fn.label,
+                error=error.__name__,
+                because=because,
+                value=describe(value),
+            )
+        )
 
     def lines_of(self, name: str) -> list[tuple[int, str]]:
         """The lines of the student's function (or class) `name`, read as text by this side, for hints about
@@ -76,7 +91,9 @@ class Trial:
         try:
             return importlib.import_module(module)
         except ImportError:
-            raise Blocked(f"needs the {module} package, which this installation lacks (pip install -e '.[{extra}]')") from None
+            raise Blocked(
+                tr("needs the {module} package, which this installation lacks (pip install -e '.[{extra}]')", module=module, extra=extra)
+            ) from None
 
     def figure(self, figure_id: str, **parts: Any) -> None:
         """Record data for a figure (tensors become nested lists); hidden checks draw nothing.
@@ -94,15 +111,21 @@ class Trial:
             call = self.session.call(target, [_unwrap(a) for a in args], {k: _unwrap(v) for k, v in kwargs.items()}, memory=memory)
         names = self.params.get(target, ()) if isinstance(target, str) else ()
         for i, (before, after) in enumerate(zip(args, call.args)):
-            name = names[i] if i < len(names) else f"argument {i + 1}"
+            name = names[i] if i < len(names) else tr("argument {i}", i=i + 1)
             if name not in mutates and not same(_unwrap(before), after):
                 raise CheckFailed(
-                    f"{label} changed its input `{name}`: functions in this course leave their "
-                    f"inputs untouched (build a new tensor instead of writing into `{name}`)"
+                    tr(
+                        "{label} changed its input `{name}`: functions in this course leave their "
+                        "inputs untouched (build a new tensor instead of writing into `{name}`)",
+                        label=label,
+                        name=name,
+                    )
                 )
         for name, before in kwargs.items():
             if name not in mutates and not same(_unwrap(before), call.kwargs.get(name)):
-                raise CheckFailed(f"{label} changed its input `{name}`: functions in this course leave their inputs untouched")
+                raise CheckFailed(
+                    tr("{label} changed its input `{name}`: functions in this course leave their inputs untouched", label=label, name=name)
+                )
         call.value = self._wrap(call.value)
         return call
 
@@ -266,13 +289,15 @@ def run_one(
     except Exception as e:  # a result the check did not foresee (or a grader bug): never a crash
         where = f"({type(e).__name__}: {e})" if spec.hidden else "\n" + traceback.format_exc(limit=-3)
         result.status = "error"
-        result.message = f"the grader could not interpret your result; if your answer looks right, show this to your instructor {where}"
+        result.message = tr(
+            "the grader could not interpret your result; if your answer looks right, show this to your instructor {where}", where=where
+        )
     result.elapsed = time.monotonic() - t0
     result.student_seconds = session.time_used
     left = strays(session.pids)
     if left:
         session.fresh()  # the next check meets a process with no children of its own
-        note = f"your code left a process running ({left[0]}); graded code must not start processes"
+        note = tr("your code left a process running ({process}); graded code must not start processes", process=left[0])
         result.message = "\n".join(filter(None, [result.message, note]))
         if result.status in ("passed", "failed"):
             result.status = "error"

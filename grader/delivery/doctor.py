@@ -16,9 +16,28 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from grader.i18n import mark, tr
+
 PYTHONS = ((3, 11), (3, 12), (3, 13))
 """The Python versions the course is tested on (pyproject.toml's classifiers say the same)."""
 CPU_WHEEL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+TOPICS = (
+    mark("course"),
+    mark("python"),
+    mark("platform"),
+    mark("torch"),
+    mark("devices"),
+    mark("numpy"),
+    mark("student processes"),
+    mark("memory budget"),
+    mark("limits in force"),
+    mark("a student process"),
+    mark("sandbox (somebody else's code)"),
+    mark("fonts for figures"),
+    mark("transformers (the oracle checks)"),
+    mark("nbgrader (the nbgrader course)"),
+)
+"""The findings' topics: English in the JSON (its keys), translated on the screen (`report`)."""
 
 
 @dataclass
@@ -37,7 +56,7 @@ def version() -> str:
     try:
         return importlib.metadata.version("course")
     except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed: run from a checkout without `pip install`)"
+        return tr("unknown (not installed: run from a checkout without `pip install`)")
 
 
 def examine(*, start_process: bool = True) -> list[Finding]:
@@ -46,25 +65,34 @@ def examine(*, start_process: bool = True) -> list[Finding]:
     from grader.isolation import budget, portable, sandbox
     from grader.isolation.worker import OUTPUT_LIMIT
 
-    where = "the repository (reference and hidden checks)" if chapters.has_solutions() else "a student release"
-    found = [Finding("course", f"{version()}, {where} at {chapters.ROOT}")]
+    if chapters.has_solutions():
+        course = tr("{version}, the repository (reference and hidden checks) at {root}", version=version(), root=chapters.ROOT)
+    else:
+        course = tr("{version}, a student release at {root}", version=version(), root=chapters.ROOT)
+    found = [Finding("course", course)]
     found.append(_python())
     found.append(Finding("platform", f"{platform.system()} {platform.release()} ({platform.machine()})", "info"))
     torch_finding, torch_ok = _torch()
     found += torch_finding
     found.append(_package("numpy", "numpy", block=True))
-    route = "warm process (fork after importing torch; pipes)"
+    route = tr("warm process (fork after importing torch; pipes)")
     if not portable.can_fork():
-        route = "portable (a fresh interpreter per process; stdin/stdout pipes)"
+        route = tr("portable (a fresh interpreter per process; stdin/stdout pipes)")
     if portable.FORCED:
-        route += ", asked for by COURSE_PORTABLE=1"
+        route = tr("{route}, asked for by COURSE_PORTABLE=1", route=route)
     found.append(Finding("student processes", route, "info"))
     found.append(_budget(budget))
-    limits = (
-        f"time per check: 10 s for your own `course check` (--time-limit), 50× the reference's time within 0.5–5 s "
-        f"when `course grade` grades; memory: {budget.DEFAULT_LIMIT >> 30} GiB in use (--memory-limit); output: "
-        f"{OUTPUT_LIMIT >> 20} MiB; in the sandbox: {sandbox.LIMITS['processes']} processes, {sandbox.LIMITS['open_files']} "
-        f"open files, files of {sandbox.LIMITS['file_size'] >> 20} MiB, /tmp and home of {sandbox.LIMITS['tmp_size'] >> 20} MiB each"
+    limits = tr(
+        "time per check: 10 s for your own `course check` (--time-limit), 50× the reference's time within 0.5–5 s "
+        "when `course grade` grades; memory: {memory} GiB in use (--memory-limit); output: "
+        "{output} MiB; in the sandbox: {processes} processes, {files} "
+        "open files, files of {file_size} MiB, /tmp and home of {tmp_size} MiB each",
+        memory=budget.DEFAULT_LIMIT >> 30,
+        output=OUTPUT_LIMIT >> 20,
+        processes=sandbox.LIMITS["processes"],
+        files=sandbox.LIMITS["open_files"],
+        file_size=sandbox.LIMITS["file_size"] >> 20,
+        tmp_size=sandbox.LIMITS["tmp_size"] >> 20,
     )
     found.append(Finding("limits in force", limits, "info"))
     if start_process and torch_ok:
@@ -78,11 +106,14 @@ def examine(*, start_process: bool = True) -> list[Finding]:
 
 def _python() -> Finding:
     v = sys.version_info
-    text = f"{platform.python_version()} ({platform.python_implementation()}) at {sys.executable}"
+    fields = {"version": platform.python_version(), "kind": platform.python_implementation(), "path": sys.executable}
+    text = tr("{version} ({kind}) at {path}", **fields)
     if (v.major, v.minor) < PYTHONS[0]:
-        return Finding("python", text, "block", f"the course needs Python {PYTHONS[0][0]}.{PYTHONS[0][1]} or newer")
+        oldest = f"{PYTHONS[0][0]}.{PYTHONS[0][1]}"
+        return Finding("python", text, "block", tr("the course needs Python {oldest} or newer", oldest=oldest))
     if (v.major, v.minor) not in PYTHONS:
-        return Finding("python", text + " (newer than the versions the course is tested on)", "warn", "Python 3.11–3.13 are tested")
+        newer = tr("{version} ({kind}) at {path} (newer than the versions the course is tested on)", **fields)
+        return Finding("python", newer, "warn", tr("Python 3.11–3.13 are tested"))
     return Finding("python", text)
 
 
@@ -90,8 +121,14 @@ def _torch() -> tuple[list[Finding], bool]:
     try:
         import torch
     except Exception as e:  # a broken install says so here, not in a traceback
+        error = f"{type(e).__name__}: {e}"
         return [
-            Finding("torch", f"cannot be imported ({type(e).__name__}: {e})", "block", f"pip install torch (or, CPU only: {CPU_WHEEL})")
+            Finding(
+                "torch",
+                tr("cannot be imported ({error})", error=error),
+                "block",
+                tr("pip install torch (or, CPU only: {wheel})", wheel=CPU_WHEEL),
+            )
         ], False
     cuda, hip = getattr(torch.version, "cuda", None), getattr(torch.version, "hip", None)
     build = f"CUDA {cuda}" if cuda else f"ROCm {hip}" if hip else "CPU"
@@ -104,17 +141,22 @@ def _torch() -> tuple[list[Finding], bool]:
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         devices.append("mps")
-    note = "" if build == "CPU" else " (a GPU build works as well; the course computes on the CPU)"
-    return [Finding("torch", f"{torch.__version__}, {build} build{note}"), Finding("devices", ", ".join(devices), "info")], True
+    if build == "CPU":
+        text = tr("{version}, {build} build", version=torch.__version__, build=build)
+    else:
+        text = tr(
+            "{version}, {build} build (a GPU build works as well; the course computes on the CPU)", version=torch.__version__, build=build
+        )
+    return [Finding("torch", text), Finding("devices", ", ".join(devices), "info")], True
 
 
 def _package(topic: str, module: str, *, fix: str = "", block: bool = False) -> Finding:
     if importlib.util.find_spec(module) is None:
-        return Finding(topic, "not installed", "block" if block else "info", fix or f"pip install {module}")
+        return Finding(topic, tr("not installed"), "block" if block else "info", fix or f"pip install {module}")
     try:
         return Finding(topic, importlib.metadata.version(module), "ok" if block else "info")
     except importlib.metadata.PackageNotFoundError:
-        return Finding(topic, "installed", "ok" if block else "info")
+        return Finding(topic, tr("installed"), "ok" if block else "info")
 
 
 def _budget(budget) -> Finding:
@@ -124,19 +166,32 @@ def _budget(budget) -> Finding:
 
     kind = budget.probe()
     if not kind.startswith("watchdog"):
-        text = (
-            f"{kind}: one budget per run and per sandbox, for all its processes and its tmpfs pages together "
-            f"(memory in use, never the address space reserved), and {LIMITS['processes']} processes per sandbox"
+        text = tr(
+            "{kind}: one budget per run and per sandbox, for all its processes and its tmpfs pages together "
+            "(memory in use, never the address space reserved), and {processes} processes per sandbox",
+            kind=kind,
+            processes=LIMITS["processes"],
         )
         return Finding("memory budget", text)
-    processes = "per host uid" if os.geteuid() == 0 else "inside each sandbox's user namespace"
-    text = (
-        f"{kind}: the resident memory of a run's processes, sampled every {budget.Watchdog.PERIOD * 1000:.0f} ms "
-        f"(the measured checks are exact only with a cgroup); a sandbox's tmpfs folders hold at most "
-        f"{LIMITS['tmp_size'] >> 20} MiB each; {LIMITS['processes']} processes per sandbox (RLIMIT_NPROC {processes})"
+    fields = {"kind": kind, "ms": budget.Watchdog.PERIOD * 1000, "tmp": LIMITS["tmp_size"] >> 20, "processes": LIMITS["processes"]}
+    if os.geteuid() == 0:
+        text = tr(
+            "{kind}: the resident memory of a run's processes, sampled every {ms:.0f} ms (the measured checks are exact only "
+            "with a cgroup); a sandbox's tmpfs folders hold at most {tmp} MiB each; {processes} processes per sandbox "
+            "(RLIMIT_NPROC per host uid)",
+            **fields,
+        )
+    else:
+        text = tr(
+            "{kind}: the resident memory of a run's processes, sampled every {ms:.0f} ms (the measured checks are exact only "
+            "with a cgroup); a sandbox's tmpfs folders hold at most {tmp} MiB each; {processes} processes per sandbox "
+            "(RLIMIT_NPROC inside each sandbox's user namespace)",
+            **fields,
+        )
+    fix = tr(
+        "a cgroup makes it exact: run as root, or in a delegated cgroup v2 subtree (systemd's Delegate=yes), or name one "
+        "with COURSE_CGROUP=DIR"
     )
-    fix = "a cgroup makes it exact: run as root, or in a delegated cgroup v2 subtree (systemd's Delegate=yes), or name one"
-    fix += " with COURSE_CGROUP=DIR"
     return Finding("memory budget", text, "info", fix)
 
 
@@ -158,12 +213,17 @@ def _student_process() -> Finding:
             proc.request({"op": "getattr", "handle": 0, "names": []}, timeout=60)  # an unknown handle: any reply will do
         except Exception as e:
             reason = proc.exit_reason() if proc is not None and proc.process.wait(timeout=0.1) is not None else str(e)
-            return Finding("a student process", f"could not start ({reason})", "block", "`course doctor` above names what is missing")
+            return Finding(
+                "a student process",
+                tr("could not start ({reason})", reason=reason),
+                "block",
+                tr("`course doctor` above names what is missing"),
+            )
         finally:
             if proc is not None:
                 proc.kill()
             budget.close()
-    return Finding("a student process", f"starts, imports torch and answers in {time.monotonic() - started:.1f} s")
+    return Finding("a student process", tr("starts, imports torch and answers in {s:.1f} s", s=time.monotonic() - started))
 
 
 def _sandbox(sandbox) -> Finding:
@@ -172,39 +232,55 @@ def _sandbox(sandbox) -> Finding:
     try:
         return Finding("sandbox (somebody else's code)", sandbox.probe("bwrap"))
     except sandbox.SandboxUnavailable as e:
-        who = "grading a submission" if chapters.has_solutions() else "running somebody else's code (`--submission`)"
-        return Finding(
-            "sandbox (somebody else's code)", f"none: {e}", "warn", f"{who} refuses until it can be made; your own exercises need none"
-        )
+        if chapters.has_solutions():
+            fix = tr("grading a submission refuses until it can be made; your own exercises need none")
+        else:
+            fix = tr("running somebody else's code (`--submission`) refuses until it can be made; your own exercises need none")
+        return Finding("sandbox (somebody else's code)", tr("none: {error}", error=e), "warn", fix)
 
 
 def _fonts() -> Finding:
     from figures import typeface
 
     if typeface.AVAILABLE:
-        return Finding("fonts for figures", f"embedded in every figure (Noto subsets in {typeface.FONT_DIR}): no font needs installing")
-    return Finding("fonts for figures", f"missing from {typeface.FONT_DIR}", "warn", "reinstall the course package")
+        return Finding(
+            "fonts for figures",
+            tr("embedded in every figure (Noto subsets in {folder}): no font needs installing", folder=typeface.FONT_DIR),
+        )
+    return Finding("fonts for figures", tr("missing from {folder}", folder=typeface.FONT_DIR), "warn", tr("reinstall the course package"))
 
 
 def report(findings: list[Finding], *, width: int | None = None) -> str:
     """The findings as the terminal shows them: a mark, the topic, what was found (wrapped to the terminal's
     width), the fix beneath."""
     import shutil
-    import textwrap
 
     width = max(width or shutil.get_terminal_size((100, 24)).columns, 60)
     marks = {"ok": "✓", "info": "·", "warn": "!", "block": "✗"}
-    pad = max(len(f.topic) for f in findings)
+    from grader.terminal import columns
+
+    topics = {f.topic: tr(f.topic) for f in findings}
+    pad = max(columns(t) for t in topics.values())
     indent = " " * (pad + 4)
     lines = []
     for f in findings:
-        head = f"{marks[f.state]} {f.topic.ljust(pad)}  "
-        lines += textwrap.wrap(f.found, width, initial_indent=head, subsequent_indent=indent) or [head.rstrip()]
+        topic = topics[f.topic]
+        head = f"{marks[f.state]} {topic}{' ' * (pad - columns(topic))}  "
+        found = _fitted(f.found, width - len(indent))
+        lines += [head + found[0], *(indent + line for line in found[1:])] if f.found else [head.rstrip()]
         if f.fix:
-            lines += textwrap.wrap(f"→ {f.fix}", width, initial_indent=indent, subsequent_indent=indent + "  ")
-    blocked = [f.topic for f in findings if f.state == "block"]
-    lines.append(f"✗ blocked: {', '.join(blocked)}" if blocked else "ready: `course check chNN` runs here")
+            fix = _fitted(f"→ {f.fix}", width - len(indent) - 2)
+            lines += [indent + fix[0], *(indent + "  " + line for line in fix[1:])]
+    blocked = [topics[f.topic] for f in findings if f.state == "block"]
+    lines.append(tr("✗ blocked: {topics}", topics=", ".join(blocked)) if blocked else tr("ready: `course check chNN` runs here"))
     return "\n".join(lines)
+
+
+def _fitted(text: str, room: int) -> list[str]:
+    """`text` as lines of at most `room` terminal columns (a Chinese character takes two; it breaks between them)."""
+    from grader.terminal import wrap
+
+    return [line.lstrip(" ") for line in wrap(text, max(room, 20))]
 
 
 def exit_code(findings: list[Finding]) -> int:

@@ -91,12 +91,17 @@ class Child:
         if isinstance(target, str):
             fn = getattr(self.module, target, None)
             if fn is None:
-                raise _Missing(f"your module has no function {target!r}")
+                raise _Missing(f"your module has no function {target!r}", kind="function", name=target)
         else:  # a method of an object that stayed here: {"handle": id, "method": name}
             obj = self.resolve(target["handle"])
             fn = getattr(obj, target["method"], None)
             if fn is None:
-                raise _Missing(f"your {type(obj).__name__} has no method {target['method']!r}")
+                raise _Missing(
+                    f"your {type(obj).__name__} has no method {target['method']!r}",
+                    kind="method",
+                    name=target["method"],
+                    owner=type(obj).__name__,
+                )
         saved = dict(vars(builtins))
         start = time.perf_counter()
         try:
@@ -114,7 +119,9 @@ class Child:
         try:  # properties run student code too
             values = {name: getattr(obj, name) for name in header["names"]}
         except AttributeError as e:
-            raise _Missing(f"your {type(obj).__name__} has no attribute {e.name!r}") from None
+            raise _Missing(
+                f"your {type(obj).__name__} has no attribute {e.name!r}", kind="attribute", name=e.name, owner=type(obj).__name__
+            ) from None
         finally:
             _restore(vars(builtins), saved)
         tree, out = wire.encode({"value": values, "args": [], "kwargs": {}}, self.keep)
@@ -138,6 +145,7 @@ class Child:
             "message": message[:4000],
             "frames": frames[-5:],
             "missing": isinstance(e, _Missing),
+            "missing_of": e.fields if isinstance(e, _Missing) else None,  # the parent says it in the run's language
             "out_of_memory": oom,
             "output_limit": flood,
             "exit_code": repr(e.code) if isinstance(e, SystemExit) else None,
@@ -145,7 +153,11 @@ class Child:
 
 
 class _Missing(Exception):
-    """The module lacks the function the check calls."""
+    """The module lacks the function the check calls; `fields`: what is missing (kind, name, owner)."""
+
+    def __init__(self, message: str, *, kind: str, name: object, owner: str = "") -> None:
+        super().__init__(message)
+        self.fields = {"kind": kind, "name": repr(name), "owner": owner}
 
 
 def _own_files(module: Any) -> set:

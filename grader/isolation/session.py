@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from grader.i18n import tr
 from grader.isolation import frames, wire
 from grader.isolation.budget import DEFAULT_LIMIT, Budget
 from grader.isolation.budget import make as make_budget
@@ -29,7 +30,7 @@ class StudentRaised(Exception):
 
     def __init__(self, label: str, error: dict) -> None:
         self.label, self.error = label, error
-        super().__init__(f"{label} raised {error.get('name')}: {error.get('message')}")
+        super().__init__(tr("{label} raised {name}: {message}", label=label, name=error.get("name"), message=error.get("message")))
 
     def is_a(self, name: str) -> bool:
         return f"builtins.{name}" in self.error.get("types", ())
@@ -46,18 +47,43 @@ class StudentRaised(Exception):
         """The exception in a student's words; `task` names a stub whose message names none."""
         e = self.error
         if e.get("missing"):
-            return f"{e['message']} (was it renamed or deleted?)"
+            return _missing(e)
         if self.not_implemented:
-            m = re.search(r"\((about \d+ lines?)\)", e.get("message", ""))
-            todo = task if self.not_implemented == "?" else self.not_implemented
-            return f"not implemented yet (ch{todo}{': ' + m.group(1) if m else ''})"
+            m = re.search(r"\(about (\d+) lines?\)", e.get("message", ""))
+            todo = "ch" + (task if self.not_implemented == "?" else self.not_implemented)
+            if not m:
+                return tr("not implemented yet ({task})", task=todo)
+            n = int(m.group(1))
+            return (
+                tr("not implemented yet ({task}: about 1 line)", task=todo)
+                if n == 1
+                else tr("not implemented yet ({task}: about {n} lines)", task=todo, n=n)
+            )
         if e.get("exit_code") is not None:
-            return f"{self.label} called sys.exit({e['exit_code']}); a graded function must return its result"
-        head = f"{self.label} raised {e.get('name')}: {e.get('message')}"
+            return tr("{label} called sys.exit({code}); a graded function must return its result", label=self.label, code=e["exit_code"])
+        head = tr("{label} raised {name}: {message}", label=self.label, name=e.get("name"), message=e.get("message"))
         if e.get("out_of_memory"):
-            head = f"{self.label} ran out of memory (the system refused to give it that much): {e.get('message')}"
-        where = "".join(f"\n    at {_place(f, line)} in {fn}: {code.strip()}" for f, line, fn, code in e.get("frames", []))
+            head = tr(
+                "{label} ran out of memory (the system refused to give it that much): {message}", label=self.label, message=e.get("message")
+            )
+        where = "".join(
+            "\n    " + tr("at {place} in {function}: {code}", place=_place(f, line), function=fn, code=code.strip())
+            for f, line, fn, code in e.get("frames", [])
+        )
         return head + where
+
+
+def _missing(e: dict) -> str:
+    """A function, method or attribute the student's module lacks, in words (the child's English when it names none)."""
+    fields = e.get("missing_of") or {}
+    kind = fields.get("kind")
+    if kind == "function":
+        return tr("your module has no function {name} (was it renamed or deleted?)", name=fields["name"])
+    if kind == "method":
+        return tr("your {owner} has no method {name} (was it renamed or deleted?)", owner=fields["owner"], name=fields["name"])
+    if kind == "attribute":
+        return tr("your {owner} has no attribute {name} (was it renamed or deleted?)", owner=fields["owner"], name=fields["name"])
+    return tr("{message} (was it renamed or deleted?)", message=e.get("message"))
 
 
 class StudentError(Exception):
@@ -74,11 +100,16 @@ class OverBudget(StudentError):
 
     def __init__(self, label: str, used: int, allowed: int, *, stopped: bool, what: str = "") -> None:
         self.label, self.used, self.allowed, self.stopped = label, used, allowed, stopped
-        what = what or "it may use"
-        if stopped:
-            message = f"{label} ran out of memory: it was stopped at {size(used)}, all of the {size(allowed)} {what}"
+        fields = {"label": label, "used": size(used), "allowed": size(allowed)}
+        if what == "this check allows":
+            if stopped:
+                message = tr("{label} ran out of memory: it was stopped at {used}, all of the {allowed} this check allows", **fields)
+            else:
+                message = tr("{label} used {used}, more than the {allowed} this check allows", **fields)
+        elif stopped:
+            message = tr("{label} ran out of memory: it was stopped at {used}, all of the {allowed} it may use", **fields)
         else:
-            message = f"{label} used {size(used)}, more than the {size(allowed)} {what}"
+            message = tr("{label} used {used}, more than the {allowed} it may use", **fields)
         super().__init__("error", message)
 
     def beyond(self, inputs: int) -> str:
@@ -86,8 +117,9 @@ class OverBudget(StudentError):
         "about 17 MiB" (measured: rounded, so that a regrade says the same), "at least 2 GiB" (stopped)."""
         n = max(self.used - inputs, 0)
         if self.stopped:
-            return "at least " + size(n)
-        return "about " + (f"{n / 2**30:.2g} GiB" if n >= 1 << 30 else f"{round(n / 2**20):,} MiB" if n >= 10 << 20 else size(n))
+            return tr("at least {size}", size=size(n))
+        rounded = f"{n / 2**30:.2g} GiB" if n >= 1 << 30 else f"{round(n / 2**20):,} MiB" if n >= 10 << 20 else size(n)
+        return tr("about {size}", size=rounded)
 
 
 @dataclass
@@ -131,7 +163,7 @@ class Session:
             self.worker = self.spawn()
         except Exception as e:  # the warm process is gone or stopped (the student's code may have signalled it)
             self.worker = None
-            raise StudentError("error", f"no process could be started for your code ({e})") from None
+            raise StudentError("error", tr("no process could be started for your code ({error})", error=e)) from None
         self.budget.admit(self.worker.pid)  # before the module loads: everything the student's code does counts
         self.loaded, self._log_offset = False, 0
 
@@ -153,7 +185,7 @@ class Session:
                 self._request(
                     {"op": "load", "path": str(self.path), "name": f"student_{self.path.stem}"},
                     [],
-                    f"importing {self.path.name}",
+                    tr("importing {file}", file=self.path.name),
                     self.time_limit,
                 )
             except StudentRaised as e:  # not the call's exception: no check may accept it
@@ -194,23 +226,35 @@ class Session:
             if over:
                 raise over from None
             raise StudentError(
-                "timeout", f"{label} did not finish within {self.time_limit:g} s (an endless loop, a sleep, or far too much work?)"
+                "timeout",
+                tr(
+                    "{label} did not finish within {limit:g} s (an endless loop, a sleep, or far too much work?)",
+                    label=label,
+                    limit=self.time_limit,
+                ),
             ) from None
         except frames.WireClosed:
-            reason = worker.exit_reason()
+            reason = worker.exit_reason(label)
             self._kill()
             if over := over_budget():  # killed for its memory, by the kernel (cgroup) or the watchdog
                 raise over from None
-            raise StudentError("error", f"{label} {reason}") from None
+            raise StudentError("error", reason) from None
         except frames.FrameTooLarge as e:
             self._kill()
             raise StudentError(
                 "error",
-                f"{label} sent back a result far too large ({e}): graded functions return tensors of the sizes their docstrings give",
+                tr(
+                    "{label} sent back a result far too large ({error}): "
+                    "graded functions return tensors of the sizes their docstrings give",
+                    label=label,
+                    error=e,
+                ),
             ) from None
         except frames.WireError as e:
             self._kill()
-            raise StudentError("error", f"{label}: the grading process sent back something unreadable ({e})") from None
+            raise StudentError(
+                "error", tr("{label}: the grading process sent back something unreadable ({error})", label=label, error=e)
+            ) from None
         finally:
             self._collect_output()
         if not reply.get("ok"):
@@ -218,7 +262,12 @@ class Session:
             if error.get("output_limit"):
                 self._kill()  # its log is full: the next check gets a fresh process
                 raise StudentError(
-                    "error", f"{label} printed more than {OUTPUT_LIMIT >> 20} MiB: the output limit was reached (print less)"
+                    "error",
+                    tr(
+                        "{label} printed more than {limit} MiB: the output limit was reached (print less)",
+                        label=label,
+                        limit=OUTPUT_LIMIT >> 20,
+                    ),
                 )
             raise StudentRaised(label, error)
         return reply, out
@@ -292,7 +341,8 @@ class Session:
             return Call(result["value"], result["args"], result["kwargs"], float(reply.get("elapsed", 0.0)))
         except (frames.WireError, KeyError, TypeError, ValueError, RecursionError, MemoryError) as e:
             self._kill()
-            raise StudentError("error", f"{label}: its result could not be read ({type(e).__name__}: {e})") from None
+            error = f"{type(e).__name__}: {e}"
+            raise StudentError("error", tr("{label}: its result could not be read ({error})", label=label, error=error)) from None
         finally:
             self.time_left -= time.monotonic() - started
 
@@ -323,12 +373,12 @@ def size(n: int) -> str:
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if n >= 1 << shift:
             return f"{n / (1 << shift):,.4g} {unit}"
-    return f"{n} bytes"
+    return tr("{n} bytes", n=n)
 
 
 def _place(filename: str, line: int) -> str:
     """Where a frame is, for a student: "ch25_paged_kv.py:76", or "answer cell ch25.2, line 31" for a
     notebook cell (grader.delivery.cells labels each cell's code with its name)."""
     if filename.startswith(("answer cell ", "code cell ", "In [")):
-        return f"{filename}, line {line}"
+        return tr("{cell}, line {line}", cell=filename, line=line)
     return f"{Path(filename).name}:{line}"

@@ -184,21 +184,34 @@ class Worker:
         except OSError:
             return ""
 
-    def exit_reason(self) -> str:
-        """Why the process ended, in words, once it has ended."""
+    def exit_reason(self, label: str = "") -> str:
+        """Why the process ended, in words, once it has ended: a sentence about `label` (what was running: "causal_mask",
+        "importing ch17_causal_masks.py"), or about the process without one."""
+        from grader.i18n import tr  # here, not at the top: the sandbox's harness imports this module without grader.i18n
+
         code = self.process.wait(timeout=2)
         if code is None:
-            return "stopped answering"
+            return tr("{label} stopped answering", label=label) if label else tr("the process stopped answering")
         if code >= 0:
             last = self.printed_since(max(self.printed_size() - 300, 0)).strip().splitlines()
-            said = f"; its last output: {last[-1]!r}" if code and last else ""
-            return f"ended the grading process with exit code {code} (os._exit or sys.exit?){said}"
+            if code and last:
+                return tr(
+                    "{label} ended the grading process with exit code {code} (os._exit or sys.exit?); its last output: {last}",
+                    label=label or tr("the student process"),
+                    code=code,
+                    last=repr(last[-1]),
+                )
+            return tr(
+                "{label} ended the grading process with exit code {code} (os._exit or sys.exit?)",
+                label=label or tr("the student process"),
+                code=code,
+            )
         sig = -code
         if sig == signal.SIGXFSZ:
-            return "printed so much output that the output limit was reached"
+            return tr("{label} printed so much output that the output limit was reached", label=label or tr("the student process"))
         if sig == signal.SIGKILL and not self.killed_by_us:
-            return "was killed by the system (out of memory?)"
-        return f"crashed (signal {signal.Signals(sig).name})"
+            return tr("{label} was killed by the system (out of memory?)", label=label or tr("the student process"))
+        return tr("{label} crashed (signal {signal})", label=label or tr("the student process"), signal=signal.Signals(sig).name)
 
     def kill(self) -> None:
         """Kill the process and everything in its session."""
