@@ -415,7 +415,9 @@ def expect_bytes(got: object, want: int, num_layers: int, num_kv_heads: int, hea
             want=f"{want:,}",
             got=f"{count:,}",
         ),
-        hint=functools.reduce(lambda a, b: tr("{first}; or, as it gives the same count here: {second}", first=a, second=b), hints)
+        hint=functools.reduce(
+            lambda a, b: tr("{first}; or, as it gives the same count here: {second}", first=a, second=b), hints[1:], str(hints[0])
+        )
         if hints
         else "",
     )
