@@ -7,6 +7,7 @@ from figures import figure
 from figures.kit import Figure
 from figures.layout import column, pad, row
 from figures.style import CELL, INK, LABEL_SMALL, MUTED, stroke
+from grader.i18n import tr
 
 CW = 44  # mask cell width
 
@@ -15,7 +16,7 @@ def _keys(row: list[bool]) -> str:
     """The keys a row lets its query see, as k-ranges: 'k0–k3', 'k0', 'none'."""
     idx = [j for j, v in enumerate(row) if v]
     if not idx:
-        return "none"
+        return tr("none")
     ranges, start, prev = [], idx[0], idx[0]
     for j in idx[1:]:
         if j != prev + 1:
@@ -44,28 +45,34 @@ def causal_mask_figure(f: Figure, r: dict) -> None:
     wrong = yours != expected
     f.instance_row(
         [(f"T = {n}", "token"), (f"causal_mask({n})", "plain")],
-        note=f"bool [{n}, {n}]; True = may attend (the scaled_dot_product_attention convention)",
+        note=tr("bool [{n}, {n}]; True = may attend (the scaled_dot_product_attention convention)", n=n),
     )
 
-    f.heading(f"你的 mask · your causal_mask({n}): row i = query at position i, column j = key at position j")
-    mask = f.mask(yours, expected=expected, row_labels=[f"q{i} · pos {i}" for i in range(n)], col_labels=[f"k{j}" for j in range(n)], w=CW)
+    f.heading(tr("your causal_mask({n}): row i = query at position i, column j = key at position j", n=n))
+    mask = f.mask(
+        yours,
+        expected=expected,
+        row_labels=[tr("q{i} · pos {p}", i=i, p=i) for i in range(n)],
+        col_labels=[f"k{j}" for j in range(n)],
+        w=CW,
+    )
     seen = f.table(
         [
             [
                 (_keys(yours[i]), {} if yours[i] == expected[i] else {"color": stroke("wrong"), "bold": True}),
                 (f"k0–k{i}" if i else "k0", {"color": MUTED}),
-                (f"{i + 1} key" + ("s" if i else ""), {"color": MUTED, "mono": False}),
+                (tr("{n} keys", n=i + 1) if i else tr("1 key"), {"color": MUTED, "mono": False}),
             ]
             for i in range(n)
         ],
-        header=["your row sees", "rule: j ≤ i", ""],
+        header=[tr("your row sees"), tr("rule: j ≤ i"), ""],
         mono=True,
     )
     parts = column(
-        f.lines("上三角 j > i: 未来, 屏蔽", size=LABEL_SMALL + 0.5, color=INK),
-        f.lines("upper triangle: the future,", "False (hidden)"),
-        pad(f.lines("对角线 j = i: 保留", size=LABEL_SMALL + 0.5, color=stroke("accent")), top=26),
-        f.lines("diagonal: kept, position i", "sees itself"),
+        f.lines(tr("upper triangle j > i: the future"), size=LABEL_SMALL + 0.5, color=INK),
+        f.lines(tr("False (hidden)")),
+        pad(f.lines(tr("diagonal j = i: kept"), size=LABEL_SMALL + 0.5, color=stroke("accent")), top=26),
+        f.lines(tr("position i sees itself")),
         gap=3,
     )
     f.place(row(mask, seen, pad(parts, top=18), gap=22))
@@ -74,8 +81,8 @@ def causal_mask_figure(f: Figure, r: dict) -> None:
 
     # One row in use: what SDPA does with it.
     i = min(3, n - 1)
-    f.heading(f"一行的用法 · row {i} in attention: a False key gets score −∞ before softmax, so probability 0")
-    labels = ["your mask row", "masked score", "softmax weight"]
+    f.heading(tr("row {i} in attention: a False key gets score −∞ before softmax, so probability 0", i=i))
+    labels = [tr("your mask row"), tr("masked score"), tr("softmax weight")]
     use = f.matrix(
         [yours[i], [f"s{i}{j}" if v else "−∞" for j, v in enumerate(yours[i])], ["> 0" if v else "0" for v in yours[i]]],
         role=lambda k, j: ("attend" if yours[i][j] else "masked") if k != 1 else ("plain" if yours[i][j] else "masked"),
@@ -90,7 +97,11 @@ def causal_mask_figure(f: Figure, r: dict) -> None:
         row(
             use,
             f.table(
-                [[""], [f"s{i}j = q{i}·k_j / √d where True, −∞ where False"], [f"q{i} mixes the values of {_keys(yours[i])} only"]],
+                [
+                    [""],
+                    [tr("s{i}j = q{i}·k_j / √d where True, −∞ where False", i=i)],
+                    [tr("q{i} mixes the values of {keys} only", i=i, keys=_keys(yours[i]))],
+                ],
                 h=CELL + 6,
                 size=LABEL_SMALL,
                 color=MUTED,
@@ -100,17 +111,20 @@ def causal_mask_figure(f: Figure, r: dict) -> None:
         after=10,
     )
     f.note(
-        f"torch.tril(torch.ones({n}, {n}, dtype=torch.bool)) builds this mask; for a square mask it is also "
-        "what scaled_dot_product_attention(..., is_causal=True) applies. A float mask would be added to the "
-        "scores instead, so the answer must be bool.",
+        tr(
+            "torch.tril(torch.ones({n}, {n}, dtype=torch.bool)) builds this mask; for a square mask it is also "
+            "what scaled_dot_product_attention(..., is_causal=True) applies. A float mask would be added to the "
+            "scores instead, so the answer must be bool.",
+            n=n,
+        ),
         size=LABEL_SMALL + 0.5,
     )
     f.y += 6
     f.legend(
         [
-            ("attend", "T: may attend (j ≤ i)"),
-            ("masked", "F: hidden, the future (j > i)"),
-            ("accent", "pink outline: the diagonal j = i, kept"),
+            ("attend", tr("T: may attend (j ≤ i)")),
+            ("masked", tr("F: hidden, the future (j > i)")),
+            ("accent", tr("pink outline: the diagonal j = i, kept")),
         ],
         wrong=wrong,
     )
@@ -138,37 +152,39 @@ def offset_mask_figure(f: Figure, r: dict) -> None:
     top_left = [[j <= i for j in range(s)] for i in range(n)]
 
     f.instance_row(
-        [(f"num_cached = {c}", "cached"), (f"num_new = {n}", "new"), (f"S = {c} + {n} = {s} keys", "plain")],
-        note=f"query i is the token at absolute position {c} + i, so it sees keys 0 … {c} + i",
+        [(f"num_cached = {c}", "cached"), (f"num_new = {n}", "new"), (tr("S = {c} + {n} = {s} keys", c=c, n=n, s=s), "plain")],
+        note=tr("query i is the token at absolute position {c} + i, so it sees keys 0 … {c} + i", c=c),
     )
 
     # Two panels: yours, and the top-left tril.
-    rows = [f"q{i} · pos {c + i}" for i in range(n)]
+    rows = [tr("q{i} · pos {p}", i=i, p=c + i) for i in range(n)]
     cols = [f"k{j}" for j in range(s)]
     yours_mask = f.mask(yours, expected=expected, row_labels=rows, col_labels=cols, w=CW)
     tril_mask = f.mask(top_left, row_labels=rows, col_labels=cols, w=CW)
     sees = lambda values, color: f.table(
-        [[("sees " + _keys(v), {"color": color})] for v in values], header=[""], size=LABEL_SMALL + 0.5, mono=True
+        [[(tr("sees {keys}", keys=_keys(v)), {"color": color})] for v in values], header=[""], size=LABEL_SMALL + 0.5, mono=True
     )
     panel_w = (f.width - 2 * 28) / 2 - 12
     mine = f.titled(
-        f"你的 mask · yours: causal_mask_with_offset({n}, {c})",
+        tr("yours: causal_mask_with_offset({n}, {c})", n=n, c=c),
         column(
             pad(row(yours_mask, sees(yours, stroke("wrong") if wrong else INK), gap=10), top=22),
             f.lines(
-                f"{'=' if vouched else 'should be'} tril(ones({n}, {s}), diagonal={c}): row i sees keys 0 … {c} + i",
-                "the last rows of the full causal mask (bottom-right)",
+                tr("= tril(ones({n}, {s}), diagonal={c}): row i sees keys 0 … {c} + i", n=n, s=s, c=c)
+                if vouched
+                else tr("should be tril(ones({n}, {s}), diagonal={c}): row i sees keys 0 … {c} + i", n=n, s=s, c=c),
+                tr("the last rows of the full causal mask (bottom-right)"),
             ),
             gap=8,
         ),
     )
     theirs = f.titled(
-        f"错误 · wrong: torch.tril(torch.ones({n}, {s}))",
+        tr("wrong: torch.tril(torch.ones({n}, {s}))", n=n, s=s),
         column(
             pad(row(tril_mask, sees(top_left, stroke("accent")), gap=10), top=22),
             column(
-                f.label(f"q0 (pos {c}) sees only k0: the cached prefix is lost", color=stroke("accent")),
-                f.label("SDPA's is_causal=True with L ≠ S aligns here (top-left)"),
+                f.label(tr("q0 (pos {c}) sees only k0: the cached prefix is lost", c=c), color=stroke("accent")),
+                f.label(tr("SDPA's is_causal=True with L ≠ S aligns here (top-left)")),
                 gap=3,
             ),
             gap=8,
@@ -184,12 +200,12 @@ def offset_mask_figure(f: Figure, r: dict) -> None:
                 f.outline(*tril_mask.cell_box(i, j), role="accent", inset=3, width=1.6, dashed=True)
 
     # The full sequence: where both sets of rows come from.
-    f.heading(f"从完整序列看 · the full {s} × {s} causal mask (j ≤ i): which rows each mask takes")
+    f.heading(tr("the full {s} × {s} causal mask (j ≤ i): which rows each mask takes", s=s))
     full = f.mask(
         [[j <= i for j in range(s)] for i in range(s)],
         col_labels=cols,
         w=CW,
-        row_labels=[f"pos {i}" + (f" · q{i - c}" if i >= c else "") for i in range(s)],
+        row_labels=[tr("q{i} · pos {p}", i=i - c, p=i) if i >= c else tr("pos {p}", p=i) for i in range(s)],
     )
     f.place(pad(full, left=60, top=26), after=26)
     _prefix_brackets(f, full, c, n, short=True)
@@ -201,8 +217,11 @@ def offset_mask_figure(f: Figure, r: dict) -> None:
             right,
             full.cell_box(c, 0)[1],
             full.cell_box(s, 0)[1],
-            f"positions {c}–{s - 1}: this chunk's queries\n= "
-            + (f"your [{n}, {s}] mask (bottom-right aligned)" if vouched else f"the [{n}, {s}] mask it needs (bottom-right aligned)"),
+            tr("positions {a}–{b}: this chunk's queries\n= your [{n}, {s}] mask (bottom-right aligned)", a=c, b=s - 1, n=n, s=s)
+            if vouched
+            else tr(
+                "positions {a}–{b}: this chunk's queries\n= the [{n}, {s}] mask it needs (bottom-right aligned)", a=c, b=s - 1, n=n, s=s
+            ),
             color=INK,
         )
     if c and n:
@@ -212,26 +231,32 @@ def offset_mask_figure(f: Figure, r: dict) -> None:
             right,
             y,
             full.cell_box(k, 0)[1],
-            f"positions 0–{k - 1}: what torch.tril(ones({n}, {s})) copies\n(top-left aligned: rows of other tokens)",
+            tr("positions 0–{b}: what torch.tril(ones({n}, {s})) copies\n(top-left aligned: rows of other tokens)", b=k - 1, n=n, s=s),
             color=stroke("accent"),
         )
     if c > n:
-        span = f"position {n}" if c - n == 1 else f"positions {n}–{c - 1}"
-        f.vbracket(right, full.cell_box(n, 0)[1], full.cell_box(c, 0)[1], span + ": cached, computed in an earlier step", color=MUTED)
+        span = (
+            tr("position {a}: cached, computed in an earlier step", a=n)
+            if c - n == 1
+            else tr("positions {a}–{b}: cached, computed in an earlier step", a=n, b=c - 1)
+        )
+        f.vbracket(right, full.cell_box(n, 0)[1], full.cell_box(c, 0)[1], span, color=MUTED)
     f.note(
-        "nano-vllm passes causal=True to flash_attn_varlen_func; since flash-attn 2.1 the triangle of a "
-        "query block shorter than its keys is aligned to the bottom-right, as here. PyTorch's "
-        "scaled_dot_product_attention(..., is_causal=True) aligns it to the top-left when L ≠ S: for a chunk, "
-        "pass this mask (or torch.nn.attention.bias.causal_lower_right) instead.",
+        tr(
+            "nano-vllm passes causal=True to flash_attn_varlen_func; since flash-attn 2.1 the triangle of a "
+            "query block shorter than its keys is aligned to the bottom-right, as here. PyTorch's "
+            "scaled_dot_product_attention(..., is_causal=True) aligns it to the top-left when L ≠ S: for a chunk, "
+            "pass this mask (or torch.nn.attention.bias.causal_lower_right) instead."
+        ),
         size=LABEL_SMALL + 0.5,
     )
     f.legend(
         [
-            ("cached", "cached prefix keys (K/V already in the cache)"),
-            ("new", "new tokens of this step"),
-            ("attend", "T: may attend"),
-            ("masked", "F: hidden"),
-            ("accent", "dashed: keys the top-left tril hides by mistake"),
+            ("cached", tr("cached prefix keys (K/V already in the cache)")),
+            ("new", tr("new tokens of this step")),
+            ("attend", tr("T: may attend")),
+            ("masked", tr("F: hidden")),
+            ("accent", tr("dashed: keys the top-left tril hides by mistake")),
         ],
         wrong=wrong,
     )
@@ -246,7 +271,7 @@ def _prefix_brackets(f: Figure, grid, c: int, n: int, *, short: bool = False) ->
             grid.cell_box(0, 0)[0],
             grid.cell_box(0, c)[0],
             top,
-            "cached" if short else f"cached 0–{c - 1}" if c > 1 else "cached 0",
+            tr("cached") if short else tr("cached 0–{b}", b=c - 1) if c > 1 else tr("cached 0"),
             below=False,
             color=stroke("cached"),
         )
@@ -255,7 +280,7 @@ def _prefix_brackets(f: Figure, grid, c: int, n: int, *, short: bool = False) ->
             grid.cell_box(0, c)[0],
             grid.cell_box(0, c + n)[0],
             top,
-            "new" if short else f"new {c}–{c + n - 1}" if n > 1 else f"new {c}",
+            tr("new") if short else tr("new {a}–{b}", a=c, b=c + n - 1) if n > 1 else tr("new {a}", a=c),
             below=False,
             color=stroke("new"),
         )

@@ -8,6 +8,7 @@ from figures.ch16 import text_t
 from figures.kit import Figure, num, text_width
 from figures.layout import Part, column, row, wide
 from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, stroke
+from grader.i18n import tr
 
 ARROW_ROOM = 14
 """The room, at least, between an arrow's label and the boxes on either side of the arrow."""
@@ -27,7 +28,12 @@ def dim_gqa_figure(f: Figure, r: dict) -> None:
     weights, out, expected, wrong, d = r["weights"], r["out"], r["expected"], r["wrong"], r["head_dim"]
     heads, T, S = len(q), len(q[0]), len(k)
     f.instance_row(
-        [(f"T = S = {T}", "token"), (f"d = {d}", "plain"), (f"{heads} query heads → 1 K/V head", "q"), (f"causal, scale = 1/√{d}", "plain")]
+        [
+            (f"T = S = {T}", "token"),
+            (f"d = {d}", "plain"),
+            (tr("{heads} query heads → 1 K/V head", heads=heads), "q"),
+            (tr("causal, scale = 1/√{d}", d=d), "plain"),
+        ]
     )
 
     # A row per query head: Q_h → q·k → its own softmax weights → out_h, arrows between (one part each).
@@ -53,10 +59,10 @@ def dim_gqa_figure(f: Figure, r: dict) -> None:
         )
 
     captions = [
-        caption((f"query head {h}", {}), (f"kv_head_for({h}, {heads}, 1)", {"mono": True}), ("= 0 → reads K/V head 0", {}))
+        caption((tr("query head {h}", h=h), {}), (f"kv_head_for({h}, {heads}, 1)", {"mono": True}), (tr("= 0 → reads K/V head 0"), {}))
         for h in range(heads)
     ]
-    kv_caption = caption(("K/V head 0", {}), ("stored once,", {}), ("read by both heads", {}))
+    kv_caption = caption((tr("K/V head 0"), {}), (tr("stored once,"), {}), (tr("read by both heads"), {}))
     left_w = max(p.w for p in captions + [kv_caption]) + 8
     # Each gap is as wide as its arrow's label and ARROW_ROOM on either side; what is left (less the room of
     # V's dashed box) widens the gaps.
@@ -81,7 +87,7 @@ def dim_gqa_figure(f: Figure, r: dict) -> None:
 
     f.y += 16  # the columns' titles
     top = f.place(head_row(0), after=0)
-    for block, label in zip(rows[0], ("Q of the head", "q · k (future: −∞)", "its own weights", "out = weights · V")):
+    for block, label in zip(rows[0], (tr("Q of the head"), tr("q · k (future: −∞)"), tr("its own weights"), tr("out = weights · V"))):
         x, y, w, _ = block.span_box(0, 0, 0, block.cols - 1)
         f.text(x + w / 2, y - 10, label, size=SMALL + 1, anchor="middle", color=INK, cls="label")
 
@@ -115,26 +121,38 @@ def dim_gqa_figure(f: Figure, r: dict) -> None:
     w0 = ", ".join(num(round(x, 2)) for x in weights[0][t][: S - T + t + 1])
     w1 = ", ".join(num(round(x, 2)) for x in weights[1][t][: S - T + t + 1])
     f.note(
-        f"Same K, same V, different weights: token {t} weighs keys 0 … {S - T + t} as [{w0}] in head 0 and "
-        f"[{w1}] in head 1, because each head brings its own q. Only K and V are shared.",
+        tr(
+            "Same K, same V, different weights: token {t} weighs keys 0 … {last} as [{w0}] in head 0 and "
+            "[{w1}] in head 1, because each head brings its own q. Only K and V are shared.",
+            t=t,
+            last=S - T + t,
+            w0=w0,
+            w1=w1,
+        ),
         color=INK,
         size=SMALL + 2,
     )
     stored, copied = 2 * S * d, 2 * S * d * heads
     f.note(
-        f"Memory: this layer stores K and V of 1 head: 2 × {S} × {d} = {stored} numbers. Repeating them for "
-        f"each query head would store {copied} and compute nothing new; GQA kernels index K/V head "
-        f"h // group instead.",
+        tr(
+            "Memory: this layer stores K and V of 1 head: 2 × {S} × {d} = {stored} numbers. Repeating them for "
+            "each query head would store {copied} and compute nothing new; GQA kernels index K/V head "
+            "h // group instead.",
+            S=S,
+            d=d,
+            stored=stored,
+            copied=copied,
+        ),
         size=SMALL + 2,
     )
     f.y += 4
     f.legend(
         [
-            ("q", "query head"),
-            ("k", "shared K"),
-            ("v", "shared V, output"),
-            ("attend", "attention weight"),
-            ("masked", "masked (future key)"),
+            ("q", tr("query head")),
+            ("k", tr("shared K")),
+            ("v", tr("shared V, output")),
+            ("attend", tr("attention weight")),
+            ("masked", tr("masked (future key)")),
         ],
         wrong=any(any(any(c) for c in rw) for rw in wrong),
     )
@@ -176,17 +194,21 @@ def gqa_groups_figure(f: Figure, r: dict) -> None:
     qw = min(120, slot - 24)
     qx = [x0 + i * slot + (slot - qw) / 2 for i in range(nh)]
     y = f.y + 22
-    f.text(MARGIN, y + 24, "query heads", size=LABEL, weight="bold", cls="label")
+    f.text(MARGIN, y + 24, tr("query heads"), size=LABEL, weight="bold", cls="label")
     for g in range(nkv):
         f.bracket(
-            qx[g * group], qx[g * group + group - 1] + qw, y - 6, f"group {g}: heads {g * group} … {g * group + group - 1}", below=False
+            qx[g * group],
+            qx[g * group + group - 1] + qw,
+            y - 6,
+            tr("group {g}: heads {a} … {b}", g=g, a=g * group, b=g * group + group - 1),
+            below=False,
         )
     for h in range(nh):
-        f.box(qx[h], y, qw, 38, role="q", label=f"Q head {h}")
+        f.box(qx[h], y, qw, 38, role="q", label=tr("Q head {h}", h=h))
     # The student's mapping, one cell per head.
     my = y + 38 + 26
     f.text(MARGIN, my + 20, f"kv_head_for(h, {nh}, {nkv})", size=SMALL + 1, mono=True, color=INK, cls="label")
-    f.text(MARGIN, my + 36, "(your values)", size=SMALL + 1, color=MUTED, cls="label")
+    f.text(MARGIN, my + 36, tr("(your values)"), size=SMALL + 1, color=MUTED, cls="label")
     cw = 44
     for h in range(nh):
         bad = mapping[h] != expected[h]
@@ -197,15 +219,15 @@ def gqa_groups_figure(f: Figure, r: dict) -> None:
         f.text(qx[h] + qw / 2 + cw / 2 + 6, my + CELL / 2 + 4, f"= {h} // {group}", size=SMALL, mono=True, color=MUTED, cls="label")
     # K/V heads, centred under their groups.
     ky = my + CELL + 90
-    f.text(MARGIN, ky + 24, "K/V heads", size=LABEL, weight="bold", cls="label")
-    f.text(MARGIN, ky + 40, "(in the cache)", size=SMALL + 1, color=MUTED, cls="label")
+    f.text(MARGIN, ky + 24, tr("K/V heads"), size=LABEL, weight="bold", cls="label")
+    f.text(MARGIN, ky + 40, tr("(in the cache)"), size=SMALL + 1, color=MUTED, cls="label")
     kw = 84
     kv_center = {}
     for g in range(nkv):
         cx = (qx[g * group] + qx[g * group + group - 1] + qw) / 2
         kv_center[g] = cx
-        f.box(cx - kw - 3, ky, kw, 38, role="k", label=f"K head {g}")
-        f.box(cx + 3, ky, kw, 38, role="v", label=f"V head {g}")
+        f.box(cx - kw - 3, ky, kw, 38, role="k", label=tr("K head {g}", g=g))
+        f.box(cx + 3, ky, kw, 38, role="v", label=tr("V head {g}", g=g))
     for h in range(nh):
         target = mapping[h]
         if target in kv_center:
@@ -221,33 +243,47 @@ def gqa_groups_figure(f: Figure, r: dict) -> None:
     f.y = ky + 38 + 40
 
     # The cache: what is stored vs the copy no kernel needs.
-    f.heading("一层的 KV 缓存(每个 token)· one layer's KV cache per token")
+    f.heading(tr("one layer's KV cache per token"))
     cell_w = 62
     sx = x0
-    f.text(MARGIN, f.y + 22, "stored", size=LABEL, weight="bold", cls="label")
-    f.text(MARGIN, f.y + 38, f"{nkv} heads", size=SMALL + 1, color=MUTED, cls="label")
+    f.text(MARGIN, f.y + 22, tr("stored"), size=LABEL, weight="bold", cls="label")
+    f.text(MARGIN, f.y + 38, _heads(nkv), size=SMALL + 1, color=MUTED, cls="label")
     items = [(f"K{g}", "k") for g in range(nkv)] + [(f"V{g}", "v") for g in range(nkv)]
     for i, (label, role) in enumerate(items):
         f.cell(sx + i * cell_w, f.y + 6, label, role=role, w=cell_w - 4, h=32, fmt=str, bold=True)
-    f.text(sx + len(items) * cell_w + 10, f.y + 27, f"2 × {nkv} × d numbers", size=SMALL + 1, color=INK, cls="label")
+    f.text(sx + len(items) * cell_w + 10, f.y + 27, tr("2 × {nkv} × d numbers", nkv=nkv), size=SMALL + 1, color=INK, cls="label")
     f.y += 56
-    f.text(MARGIN, f.y + 22, "not needed", size=LABEL, weight="bold", color=MUTED, cls="label")
-    f.text(MARGIN, f.y + 38, f"{nh} heads", size=SMALL + 1, color=MUTED, cls="label")
+    f.text(MARGIN, f.y + 22, tr("not needed"), size=LABEL, weight="bold", color=MUTED, cls="label")
+    f.text(MARGIN, f.y + 38, _heads(nh), size=SMALL + 1, color=MUTED, cls="label")
     copies = [(f"K{h // group}", "masked") for h in range(nh)] + [(f"V{h // group}", "masked") for h in range(nh)]
     cwc = min(cell_w, (f.width - MARGIN - sx - 150) / len(copies))
     for i, (label, role) in enumerate(copies):
         f.cell(sx + i * cwc, f.y + 6, label, role=role, w=cwc - 4, h=32, fmt=str, dashed=True)
-    f.text(sx + len(copies) * cwc + 10, f.y + 27, f"2 × {nh} × d: {group}× the memory", size=SMALL + 1, color=MUTED, cls="label")
+    f.text(
+        sx + len(copies) * cwc + 10,
+        f.y + 27,
+        tr("2 × {nh} × d: {group}× the memory", nh=nh, group=group),
+        size=SMALL + 1,
+        color=MUTED,
+        cls="label",
+    )
     f.y += 62
     f.note(
-        f"A repeat_interleave copy gives the same numbers but spends the memory GQA saves. flash-attn (as "
-        f"nano-vllm calls it) reads K/V head h // (num_heads / num_kv_heads) = h // {group} directly from the "
-        f"{nkv} K/V heads it is given: the step's fresh k, v in a prefill without a cached prefix, the paged "
-        f"cache otherwise.",
+        tr(
+            "A repeat_interleave copy gives the same numbers but spends the memory GQA saves. flash-attn (as "
+            "nano-vllm calls it) reads K/V head h // (num_heads / num_kv_heads) = h // {group} directly from the "
+            "{nkv} K/V heads it is given: the step's fresh k, v in a prefill without a cached prefix, the paged "
+            "cache otherwise.",
+            group=group,
+            nkv=nkv,
+        ),
         size=SMALL + 2,
     )
     f.y += 4
-    f.legend([("q", "query head"), ("k", "K head"), ("v", "V head"), ("masked", "a repeated copy (not needed)")], wrong=mapping != expected)
+    f.legend(
+        [("q", tr("query head")), ("k", tr("K head")), ("v", tr("V head")), ("masked", tr("a repeated copy (not needed)"))],
+        wrong=mapping != expected,
+    )
 
 
 @figure(
@@ -263,11 +299,11 @@ def kv_capacity_figure(f: Figure, r: dict) -> None:
     L, d, T, b = r["num_layers"], r["head_dim"], r["num_tokens"], r["dtype_bytes"]
     f.instance_row(
         [
-            (f"L = {L} layers", "plain"),
+            (tr("L = {L} layers", L=L), "plain"),
             (f"d = {d}", "plain"),
-            (f"T = {T:,} tokens", "token"),
-            (f"bf16: {b} bytes", "plain"),
-            (f"{nh} query heads", "q"),
+            (tr("T = {T} tokens", T=f"{T:,}"), "token"),
+            (tr("bf16: {b} bytes", b=b), "plain"),
+            (tr("{nh} query heads", nh=nh), "q"),
         ]
     )
 
@@ -276,8 +312,8 @@ def kv_capacity_figure(f: Figure, r: dict) -> None:
     bx = MARGIN + 90 + (f.width - 2 * MARGIN - 90 - total) / 2
     # Head schematics: 8 query heads above, their K/V heads below, consecutive groups.
     y = f.y + 8
-    f.text(MARGIN, y + 12, "query heads", size=SMALL + 1, color=MUTED, cls="label")
-    f.text(MARGIN, y + 68, "K/V heads", size=SMALL + 1, color=MUTED, cls="label")
+    f.text(MARGIN, y + 12, tr("query heads"), size=SMALL + 1, color=MUTED, cls="label")
+    f.text(MARGIN, y + 68, tr("K/V heads"), size=SMALL + 1, color=MUTED, cls="label")
     sq = (bar_w - 4) / nh
     for i, (name, nkv) in enumerate(configs):
         x = bx + i * (bar_w + gap)
@@ -295,8 +331,8 @@ def kv_capacity_figure(f: Figure, r: dict) -> None:
     def mib(x) -> str:
         return f"{x / 2**20:,.0f} MiB" if isinstance(x, (int, float)) else str(x)
 
-    f.text(MARGIN, f.y + 70, "KV cache", size=SMALL + 1, color=MUTED, cls="label")
-    f.text(MARGIN, f.y + 86, "(your bytes)", size=SMALL + 1, color=MUTED, cls="label")
+    f.text(MARGIN, f.y + 70, tr("KV cache"), size=SMALL + 1, color=MUTED, cls="label")
+    f.text(MARGIN, f.y + 86, tr("(your bytes)"), size=SMALL + 1, color=MUTED, cls="label")
     _, bars_h = f.bars(
         bx,
         f.y,
@@ -329,11 +365,20 @@ def kv_capacity_figure(f: Figure, r: dict) -> None:
     smallest = min(sizes) if all(isinstance(s, int) and s > 0 for s in sizes) else None
     ratio = " : ".join(num(s / smallest) for s in sizes) if smallest else "—"
     f.note(
-        f"Ratio of your sizes: {ratio} (expected {' : '.join(str(nkv) for _, nkv in configs)}). The query heads "
-        f"never enter the formula 2 · L · num_kv_heads · d · T · bytes: only K/V heads are cached, so at a fixed "
-        f"memory budget MQA holds {configs[0][1] // configs[-1][1]}× as many tokens as MHA.",
+        tr(
+            "Ratio of your sizes: {ratio} (expected {expected}). The query heads "
+            "never enter the formula 2 · L · num_kv_heads · d · T · bytes: only K/V heads are cached, so at a fixed "
+            "memory budget MQA holds {times}× as many tokens as MHA.",
+            ratio=ratio,
+            expected=" : ".join(str(nkv) for _, nkv in configs),
+            times=configs[0][1] // configs[-1][1],
+        ),
         color=INK,
         size=SMALL + 2,
     )
     f.y += 2
-    f.legend([("q", "query head"), ("k", "K/V head, and the bytes its cache takes")], wrong=sizes != expected)
+    f.legend([("q", tr("query head")), ("k", tr("K/V head, and the bytes its cache takes"))], wrong=sizes != expected)
+
+
+def _heads(n: int) -> str:
+    return tr("1 head") if n == 1 else tr("{n} heads", n=n)

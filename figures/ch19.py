@@ -15,6 +15,7 @@ from figures import figure
 from figures.kit import Figure, num, text_width
 from figures.layout import Part, centred, column, pad, row, space, wide
 from figures.style import CELL, INK, LABEL, MARGIN, MUTED, RULE, SMALL, VALUE, stroke
+from grader.i18n import mark, tr
 
 PAIR_ROLES = ("accent", "token")  # pair 0, pair 1 (channels j and j + d/2 share a colour)
 POS_COLORS = ("#5f5f5f", "#0072B2", "#CC79A7", "#009E73")
@@ -244,21 +245,21 @@ def _plane(
         _zoom(f, zoom, cx, cy, R, scale, vectors, theta)
     # Captions under the panel, never over the circle.
     y = top + size + 15
-    f.text(left, y, f"pair {j}: θ_{j} = {num(theta, 4)} rad per position", size=SMALL + 0.5, color=INK, cls="label")
+    f.text(left, y, tr("pair {j}: θ_{j} = {theta} rad per position", j=j, theta=num(theta, 4)), size=SMALL + 0.5, color=INK, cls="label")
     if any(bad for *_, bad, _ in vectors):
-        f.text(left + size, y, "dashed: expected", size=SMALL, anchor="end", color=INK, cls="label")
+        f.text(left + size, y, tr("dashed: expected"), size=SMALL, anchor="end", color=INK, cls="label")
     if not spread:
         y += 14
         f.text(
             left,
             y,
-            f"≈ {num(math.degrees(theta), 2)}° per position: the arrows overlap (zoomed in the inset);",
+            tr("≈ {degrees}° per position: the arrows overlap (zoomed in the inset);", degrees=num(math.degrees(theta), 2)),
             size=SMALL,
             color=MUTED,
             cls="label",
         )
         y += 13
-        f.text(left, y, "slow pairs tell far positions apart", size=SMALL, color=MUTED, cls="label")
+        f.text(left, y, tr("slow pairs tell far positions apart"), size=SMALL, color=MUTED, cls="label")
     return y
 
 
@@ -344,7 +345,7 @@ def _zoom(f: Figure, box: Box, cx: float, cy: float, R: float, scale: float, vec
             f.text(lx, ly, label, size=SMALL, anchor="middle", mono=True, color=c, weight="bold", cls="label zoomed")
             taken.append(lbox)
     # the magnification, in a corner no arrow or label uses
-    note = f"zoom ×{zoom:.0f}"
+    note = tr("zoom ×{zoom}", zoom=f"{zoom:.0f}")
     for nx, ny, anchor in ((x0 + 4, y1 - 5, "start"), (x1 - 4, y1 - 5, "end"), (x0 + 4, y0 + 12, "start"), (x1 - 4, y0 + 12, "end")):
         nbox = label_box(nx, ny, note, SMALL - 1, anchor, mono=False)
         if (
@@ -375,14 +376,14 @@ def rope_pair_figure(f: Figure, r: dict) -> None:
     f.instance_row(
         [
             (f"x = [{', '.join(num(v) for v in x)}]", "plain"),
-            (f"head_dim d = {d} → {half} pairs", "plain"),
+            (tr("head_dim d = {d} → {half} pairs", d=d, half=half), "plain"),
             (f"base = {num(base)}", "plain"),
-            (f"positions {', '.join(map(str, positions))}", "token"),
+            (tr("positions {positions}", positions=", ".join(map(str, positions))), "token"),
         ]
     )
 
     # 1. One frequency per pair, and the student's cos / sin of each position's angle.
-    f.heading("每一对一个频率 · one frequency per pair: θ_j = 1 / base^(2j/d); your cos and sin of p·θ_j")
+    f.heading(tr("one frequency per pair: θ_j = 1 / base^(2j/d); your cos and sin of p·θ_j"))
     cw = 60
 
     def position(i: int, p: int) -> Part:
@@ -402,13 +403,13 @@ def rope_pair_figure(f: Figure, r: dict) -> None:
             ),
             gap=8,
         )
-        return column(centred(f.label(f"position {p}"), names.w), names, values, gap=2)
+        return column(centred(f.label(tr("position {p}", p=p)), names.w), names, values, gap=2)
 
     tables = [position(i, p) for i, p in enumerate(positions)]
     pairs = column(
         *(
             row(
-                f.vector([f"pair {j} = (x[{j}], x[{j + half}])"], role=PAIR_ROLES[j % 2], w=150, size=SMALL + 1, fmt=str),
+                f.vector([tr("pair {j} = (x[{j}], x[{j2}])", j=j, j2=j + half)], role=PAIR_ROLES[j % 2], w=150, size=SMALL + 1, fmt=str),
                 f.label(f"θ_{j} = {num(thetas[j], 4)}", mono=True, color=INK),
                 gap=10,
                 align="middle",
@@ -420,7 +421,7 @@ def rope_pair_figure(f: Figure, r: dict) -> None:
     f.place(row(pad(pairs, top=tables[0].h - pairs.h, right=12), *tables, gap=22, align="top"), after=28)
 
     # 2. The pairs in the plane, turned by the student's apply_rope.
-    f.heading("在平面里旋转 · each pair turns in its own plane (your apply_rope outputs)")
+    f.heading(tr("each pair turns in its own plane (your apply_rope outputs)"))
     size = 300
     gap = (f.width - 2 * MARGIN - 2 * size) / 1
     ptop = f.y + 8
@@ -428,13 +429,13 @@ def rope_pair_figure(f: Figure, r: dict) -> None:
     for j in range(min(half, 2)):
         bottom = max(bottom, _plane(f, MARGIN + j * (size + gap), ptop, size, j, half, x, rotated, expected, wrong, positions, thetas[j]))
     mid = MARGIN + size + gap / 2
-    notes = ("same x,", "other frequency", "", "dashed circle:", "a rotation keeps", "the pair's length")
+    notes = (tr("same x,"), tr("other frequency"), "", tr("dashed circle:"), tr("a rotation keeps"), tr("the pair's length"))
     for i, line in enumerate(notes):
         f.text(mid, ptop + size / 2 - 40 + 16 * i, line, size=SMALL + 1, anchor="middle", color=MUTED, cls="label")
     f.y = round(bottom) + 26
 
     # 3. The rotated vectors, cell by cell, under the tables of part 1.
-    f.heading("旋转结果 · y = apply_rope(x): y[j] = x[j]·cos − x[j+d/2]·sin, y[j+d/2] = x[j+d/2]·cos + x[j]·sin")
+    f.heading(tr("y = apply_rope(x): y[j] = x[j]·cos − x[j+d/2]·sin, y[j+d/2] = x[j+d/2]·cos + x[j]·sin"))
     ys = f.matrix(
         rotated,
         role=lambda i, c: PAIR_ROLES[(c % half) % 2],
@@ -443,20 +444,28 @@ def rope_pair_figure(f: Figure, r: dict) -> None:
         w=74,
         gap=4,
         fmt=_num4,
-        col_labels=[f"y[{c}] (pair {c % half})" for c in range(d)],
-        row_labels=[f"position {p}: angles {', '.join(num(p * t, 3) for t in thetas[:2])}" for p in positions],
+        col_labels=[tr("y[{c}] (pair {j})", c=c, j=c % half) for c in range(d)],
+        row_labels=[tr("position {p}: angles {angles}", p=p, angles=", ".join(num(p * t, 3) for t in thetas[:2])) for p in positions],
     )
     f.place(ys, x=max(MARGIN, tables[0].right - tables[0].w - ys.label_w), after=22)
     f.note(
-        f"Position {positions[1]}: pair 0 = ({num(x[0])}, {num(x[half])}) turned by {num(thetas[0], 3)} rad gives "
-        f"({num(expected[1][0], 4)}, {num(expected[1][half], 4)}); pair 1 barely moves. Pair j of a real head "
-        f"turns by θ_j = base^(−2j/d): Qwen3-0.6B has d = 128, i.e. 64 pairs, with base 1,000,000 their "
-        f"frequencies run from 1 down to {1e6 ** (-126 / 128):.7f} rad per position.",
+        tr(
+            "Position {p}: pair 0 = ({a}, {b}) turned by {theta} rad gives ({ya}, {yb}); pair 1 barely moves. Pair j of a "
+            "real head turns by θ_j = base^(−2j/d): Qwen3-0.6B has d = 128, i.e. 64 pairs, with base 1,000,000 their "
+            "frequencies run from 1 down to {lowest} rad per position.",
+            p=positions[1],
+            a=num(x[0]),
+            b=num(x[half]),
+            theta=num(thetas[0], 3),
+            ya=num(expected[1][0], 4),
+            yb=num(expected[1][half], 4),
+            lowest=f"{1e6 ** (-126 / 128):.7f}",
+        ),
         size=SMALL + 2,
         color=INK,
     )
     bad = any(any(row) for row in wrong + r["cos_wrong"] + r["sin_wrong"])
-    f.legend([("accent", "pair 0: channels 0 and 2"), ("token", "pair 1: channels 1 and 3")], wrong=bad)
+    f.legend([("accent", tr("pair 0: channels 0 and 2")), ("token", tr("pair 1: channels 1 and 3"))], wrong=bad)
 
 
 @figure(
@@ -490,10 +499,10 @@ def order_figure(f: Figure, r: dict) -> None:
 
     # One column per stage, one row per head: q heads, the k head, then v (split only).
     heads = [
-        (f"q head {h}", "q", q[h], r["q_normed"][h], r["q_out"][h], r["q_expected"][h], r["q_wrong"][h], r["q_weight"])
+        (tr("q head {h}", h=h), "q", q[h], r["q_normed"][h], r["q_out"][h], r["q_expected"][h], r["q_wrong"][h], r["q_weight"])
         for h in range(len(q))
     ]
-    heads += [("k head 0", "k", k[0], r["k_normed"][0], r["k_out"][0], r["k_expected"][0], r["k_wrong"][0], r["k_weight"])]
+    heads += [(tr("k head 0"), "k", k[0], r["k_normed"][0], r["k_out"][0], r["k_expected"][0], r["k_wrong"][0], r["k_weight"])]
     cw, row_h = 48, CELL + 26
     raw = [f.vector(x, role=role, w=cw, fmt=_small, size=VALUE - 1) for _, role, x, *_ in heads] + [
         f.vector(v, role="v", w=cw, fmt=_small, size=VALUE - 1)
@@ -515,16 +524,16 @@ def order_figure(f: Figure, r: dict) -> None:
         label = f.label(s, size=LABEL, color=stroke(role), bold=True)
         return pad(label, top=(CELL - label.h) / 2, bottom=row_h - (CELL + label.h) / 2)
 
-    names = [name(s, role) for s, role, *_ in heads] + [name("v head 0", "v")]
+    names = [name(s, role) for s, role, *_ in heads] + [name(tr("v head 0"), "v")]
     labels = column(space(h=stage("", "", []).h), *names, gap=2)
     stages = row(
-        stage("① split into heads", f"views of qkv: q [N, {len(q)}, {d}], k, v [N, 1, {d}]", raw),
+        stage(tr("① split into heads"), tr("views of qkv: q [N, {hq}, {d}], k, v [N, 1, {d}]", hq=len(q), d=d), raw),
         stage(
             "② q_norm / k_norm",
-            "per head, over head_dim: x / rms(x) · w",
+            tr("per head, over head_dim: x / rms(x) · w"),
             [column(n, f.label(note, size=SMALL, mono=True), gap=4) for n, note in zip(normed, rms)],
         ),
-        stage(f"③ RoPE at position {p}", f"pairs (x[j], x[j+{d // 2}]) turn by p·θ_j", out),
+        stage(tr("③ RoPE at position {p}", p=p), tr("pairs (x[j], x[j+{half}]) turn by p·θ_j", half=d // 2), out),
         gap=52,
     )
     f.place(row(wide(labels, 100), stages, gap=0), after=0)
@@ -550,7 +559,7 @@ def order_figure(f: Figure, r: dict) -> None:
     f.text(
         normed[0].right - normed[0].w / 2,
         vy - 6,
-        "V: no norm, no rotation",
+        tr("V: no norm, no rotation"),
         size=SMALL + 1,
         anchor="middle",
         color=stroke("v"),
@@ -562,41 +571,46 @@ def order_figure(f: Figure, r: dict) -> None:
     f.text(vx + 6, ay - 8, "v", size=SMALL + 1, color=v_color, cls="label")
     box_x, box_w = out[-1].right - out[-1].w - 20, out[-1].w + 40
     if "attn_out" not in r:
-        f.box(box_x, ay, box_w, 34, role="attend", label="④ attention(q, k, v), then o_proj")
+        f.box(box_x, ay, box_w, 34, role="attend", label=tr("④ attention(q, k, v), then o_proj"))
         f.y = round(ay) + 34 + 28
     else:
         f.y = round(ay)
         _attention_stage(f, r, box_x, box_w, cw, stage_of, out)
     f.note(
-        "Order matters: the norm weight w scales channel j and channel j + d/2 differently, so it acts before "
-        "RoPE mixes them. With w = 1 both orders would agree, because a rotation keeps the rms. Hugging Face's "
-        "Qwen3Attention does the same: q_norm(q_proj(x).view(…)), then apply_rotary_pos_emb on q and k only.",
+        tr(
+            "Order matters: the norm weight w scales channel j and channel j + d/2 differently, so it acts before "
+            "RoPE mixes them. With w = 1 both orders would agree, because a rotation keeps the rms. Hugging Face's "
+            "Qwen3Attention does the same: q_norm(q_proj(x).view(…)), then apply_rotary_pos_emb on q and k only."
+        ),
         size=SMALL + 2,
         color=INK,
     )
     wrong = any(any(bad) for *_, bad, _ in heads) or any(any(bad) for bad in r.get("attn_wrong", []))
     f.legend(
-        [("q", "query heads"), ("k", "key head"), ("v", "value head (untouched)"), ("attend", "attention")], wrong=wrong or bool(stage_of)
+        [("q", tr("query heads")), ("k", tr("key head")), ("v", tr("value head (untouched)")), ("attend", tr("attention"))],
+        wrong=wrong or bool(stage_of),
     )
 
 
 MISTAKE_WORDS = {
-    "rotated v": "V rotated too",
-    "rotated cached v": "V (cached too) rotated",
-    "normed v": "V through k_norm",
-    "v like k": "V normalised and rotated like k",
-    "only q": "only q rotated",
-    "only k": "only k rotated",
-    "no offset": "positions not offset by the cache",
-    "cache rotated again": "cached keys rotated a second time",
-    "after attention": "the attention output rotated instead of q, k",
-    "top-left mask": "a causal mask not offset by the cache",
-    "no mask": "no causal mask",
-    "grouped by repeat": "K/V heads grouped by repeat",
-    "no scale": "scores not scaled by 1/√d",
-    "attention in low precision": "attention computed in low precision",
+    "rotated v": mark("V rotated too"),
+    "rotated cached v": mark("V (cached too) rotated"),
+    "normed v": mark("V through k_norm"),
+    "v like k": mark("V normalised and rotated like k"),
+    "only q": mark("only q rotated"),
+    "only k": mark("only k rotated"),
+    "no offset": mark("positions not offset by the cache"),
+    "cache rotated again": mark("cached keys rotated a second time"),
+    "after attention": mark("the attention output rotated instead of q, k"),
+    "top-left mask": mark("a causal mask not offset by the cache"),
+    "no mask": mark("no causal mask"),
+    "grouped by repeat": mark("K/V heads grouped by repeat"),
+    "no scale": mark("scores not scaled by 1/√d"),
+    "attention in low precision": mark("attention computed in low precision"),
 }
 """How the figure names the misconception the check found in a student's ch19.4 output (its record's key)."""
+A_MISTAKE = mark("a mistake")
+"""How it names one it does not know."""
 
 
 def _attention_stage(f: Figure, r: dict, box_x: float, box_w: float, cw: float, stage_of: str, out: Sequence[Part]) -> None:
@@ -604,8 +618,8 @@ def _attention_stage(f: Figure, r: dict, box_x: float, box_w: float, cw: float, 
     and the values (untouched), each query head's weights over them and its output; the stage a recognised
     mistake gets wrong is outlined, with the mistake named."""
     p, c = r["position"], len(r["attn_probs"][0]) - 1
-    title = f"④ in numbers (your rope_attention): the token at position {p} attends to keys 0 … {p}, {c} of them cached"
-    f.box(box_x, f.y, box_w, 34, role="attend", label="④ attention(q, k, v), then o_proj")
+    title = tr("④ in numbers (your rope_attention): the token at position {p} attends to keys 0 … {p}, {c} of them cached", p=p, c=c)
+    f.box(box_x, f.y, box_w, 34, role="attend", label=tr("④ attention(q, k, v), then o_proj"))
     f.y += 34 + 22
     f.heading(title)
     f.y += 4
@@ -613,10 +627,10 @@ def _attention_stage(f: Figure, r: dict, box_x: float, box_w: float, cw: float, 
     def cells(values: Sequence[float], role: str, wrong: Sequence[bool] | None = None, expected: Sequence[float] | None = None) -> Part:
         return f.vector(values, role=role, wrong=wrong, expected=expected, w=cw, fmt=_small, size=VALUE - 1)
 
-    kv_rows = [(f"k, position {i} (cached, stored rotated)", "k", r["k_cache"][i]) for i in range(c)]
-    kv_rows += [(f"k, position {p} (rotated in ③)", "k", r["k_expected"][0])]
-    kv_rows += [(f"v, position {i} (cached)", "v", r["v_cache"][i]) for i in range(c)]
-    kv_rows += [(f"v, position {p} (untouched)", "v", r["v"][0])]
+    kv_rows = [(tr("k, position {i} (cached, stored rotated)", i=i), "k", r["k_cache"][i]) for i in range(c)]
+    kv_rows += [(tr("k, position {p} (rotated in ③)", p=p), "k", r["k_expected"][0])]
+    kv_rows += [(tr("v, position {i} (cached)", i=i), "v", r["v_cache"][i]) for i in range(c)]
+    kv_rows += [(tr("v, position {p} (untouched)", p=p), "v", r["v"][0])]
     gutter = max(text_width(s, SMALL + 1) for s, *_ in kv_rows) + 10
 
     def listed(rows: list) -> Part:
@@ -636,7 +650,7 @@ def _attention_stage(f: Figure, r: dict, box_x: float, box_w: float, cw: float, 
         result = cells(y, "q", wrong=bad, expected=want)
         heads.append(
             column(
-                f.label(f"q head {h}: weights over keys 0 … {p}, then out = Σ weight · v", size=SMALL + 1, color=stroke("q")),
+                f.label(tr("q head {h}: weights over keys 0 … {p}, then out = Σ weight · v", h=h, p=p), size=SMALL + 1, color=stroke("q")),
                 row(weights, f.label("→", size=LABEL, color=INK), result, gap=10, align="middle"),
                 gap=4,
             )
@@ -648,11 +662,11 @@ def _attention_stage(f: Figure, r: dict, box_x: float, box_w: float, cw: float, 
         # is the student's qk_norm_rope, judged by its own check (its cells marked only where that check failed).
         target = {"v": value_rows, "rope": key_rows, "attention": right}[stage_of]
         f.outline(target.right - target.w - 6, target.bottom - target.h - 5, target.w + 12, target.h + 10, role="wrong", dashed=True)
-        where = {"v": "V's path", "rope": "the rotated keys it should read", "attention": "the attention step (④)"}[stage_of]
-        named = MISTAKE_WORDS.get(r.get("attn_mistake", ""), "a mistake")
-        lines = [f"✗ your rope_attention's output is what {named} gives: {where} outlined"]
+        where = {"v": tr("V's path"), "rope": tr("the rotated keys it should read"), "attention": tr("the attention step (④)")}[stage_of]
+        named = tr(MISTAKE_WORDS.get(r.get("attn_mistake", ""), A_MISTAKE))
+        lines = [tr("✗ your rope_attention's output is what {named} gives: {where} outlined", named=named, where=where)]
         if text_width(lines[0], LABEL, bold=True) > f.width - 2 * MARGIN:
-            lines = [f"✗ your rope_attention's output is what {named} gives:", f"{where} outlined"]
+            lines = [tr("✗ your rope_attention's output is what {named} gives:", named=named), tr("{where} outlined", where=where)]
         f.y += 8
         for line in lines:
             f.text(MARGIN, f.y, line, size=LABEL, color=stroke("wrong"), weight="bold", cls="label wrong")
@@ -662,7 +676,7 @@ def _attention_stage(f: Figure, r: dict, box_x: float, box_w: float, cw: float, 
             f.text(
                 MARGIN,
                 f.y - 4,
-                "③ shows your qk_norm_rope, and its values are right: the rotation goes wrong inside rope_attention",
+                tr("③ shows your qk_norm_rope, and its values are right: the rotation goes wrong inside rope_attention"),
                 size=SMALL + 1,
                 color=INK,
                 cls="label",

@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 
 from grader.authoring import CheckFailed, Trial, expect_tensor, first_wrong, mistakes, public, wrong_mask
+from grader.i18n import mark, tr
 
 FIGURE_TOKENS = 6
 FIGURE_NEW, FIGURE_CACHED = 2, 3
 
-CONVENTION = "True = may attend, the scaled_dot_product_attention convention"
+CONVENTION = mark("True = may attend, the scaled_dot_product_attention convention")
 M = mistakes("ch17")
 
 
@@ -75,9 +76,9 @@ def keys_text(row: list[bool] | torch.Tensor) -> str:
     """The keys a mask row lets its query see, as ranges: 'keys 0–3', 'only key 0', 'no key at all'."""
     idx = [j for j, v in enumerate(row.tolist() if isinstance(row, torch.Tensor) else row) if v]
     if not idx:
-        return "no key at all"
+        return tr("no key at all")
     if len(idx) == 1:
-        return f"only key {idx[0]}"
+        return tr("only key {j}", j=idx[0])
     ranges, start, prev = [], idx[0], idx[0]
     for j in idx[1:]:
         if j != prev + 1:
@@ -87,37 +88,48 @@ def keys_text(row: list[bool] | torch.Tensor) -> str:
     ranges.append((start, prev))
     parts = [str(a) if a == b else f"{a}–{b}" for a, b in ranges]
     if len(parts) > 4:
-        parts = parts[:4] + [f"… ({len(idx)} keys in all)"]
-    return "keys " + ", ".join(parts)
+        parts = parts[:4] + [tr("… ({n} keys in all)", n=len(idx))]
+    return tr("keys {ranges}", ranges=", ".join(parts))
 
 
 def visible_text(position: int) -> str:
     """What the query at `position` must see, in words."""
-    return "only key 0 (itself)" if position == 0 else f"keys 0–{position}"
+    return tr("only key 0 (itself)") if position == 0 else tr("keys 0–{p}", p=position)
+
+
+def where_text(i: int, num_cached: int, whole: bool) -> str:
+    """Where query i of a mask stands, in words: 'position 4', 'absolute position 3 + 1 = 4'."""
+    p = num_cached + i
+    if whole or not num_cached:
+        return tr("position {p}", p=p)
+    return tr("absolute position {num_cached} + {i} = {p}", num_cached=num_cached, i=i, p=p)
 
 
 def inputs_line(num_new: int, num_cached: int, whole: bool) -> str:
     if whole:
-        return f"inputs: num_tokens={num_new} → a [{num_new}, {num_new}] mask, one row per query, one column per key"
+        return tr("inputs: num_tokens={n} → a [{n}, {n}] mask, one row per query, one column per key", n=num_new)
     s = num_new + num_cached
 
     def span(a: int, b: int) -> str:
-        return f"key {a}" if a == b else f"keys {a}–{b}"
+        return tr("key {a}", a=a) if a == b else tr("keys {a}–{b}", a=a, b=b)
 
-    keys = (
-        f"{span(0, num_cached - 1)} cached, {span(num_cached, s - 1)} new"
-        if num_cached and num_new
-        else "no cached keys"
-        if num_new
-        else "no queries"
-    )
-    return f"inputs: num_new={num_new}, num_cached={num_cached} → a [{num_new}, {s}] mask ({keys})"
+    fields = {"num_new": num_new, "num_cached": num_cached, "s": s}
+    if num_cached and num_new:
+        return tr(
+            "inputs: num_new={num_new}, num_cached={num_cached} → a [{num_new}, {s}] mask ({cached} cached, {new} new)",
+            cached=span(0, num_cached - 1),
+            new=span(num_cached, s - 1),
+            **fields,
+        )
+    if num_new:
+        return tr("inputs: num_new={num_new}, num_cached={num_cached} → a [{num_new}, {s}] mask (no cached keys)", **fields)
+    return tr("inputs: num_new={num_new}, num_cached={num_cached} → a [{num_new}, {s}] mask (no queries)", **fields)
 
 
 def structure_hint(got: object, shape: list[int], want: torch.Tensor, num_new: int, num_cached: int, whole: bool) -> str:
     """Why a mask of the wrong type or shape is wrong ('' when nothing specific fits)."""
     if not isinstance(got, torch.Tensor):
-        return f"return a torch.Tensor of dtype torch.bool ({CONVENTION})"
+        return tr("return a torch.Tensor of dtype torch.bool ({convention})", convention=tr(CONVENTION))
     if list(got.shape) == list(shape):
         if (
             got.dtype.is_floating_point
@@ -129,10 +141,10 @@ def structure_hint(got: object, shape: list[int], want: torch.Tensor, num_new: i
             return M.additive
         if bool((got.to(torch.float64) == want.to(torch.float64)).all()):
             return M.float_values if got.dtype.is_floating_point else M.int_values
-        return f"a mask is a bool tensor: {CONVENTION}"
+        return tr("a mask is a bool tensor: {convention}", convention=tr(CONVENTION))
     got_shape, s = list(got.shape), num_new + num_cached
     if whole:
-        return "one row per query and one column per key: a square [T, T] mask" if got.dim() != 2 else ""
+        return tr("one row per query and one column per key: a square [T, T] mask") if got.dim() != 2 else ""
     if num_cached and got_shape == [num_new, num_new]:
         return M.new_keys_only
     if num_cached and got_shape == [s, s]:
@@ -171,11 +183,16 @@ def mask_problem(mask: torch.Tensor, want: torch.Tensor, num_new: int, num_cache
     if idx is None:
         return None
     i, p = idx[0], num_cached + idx[0]
-    where = f"position {p}" if whole else f"absolute position {num_cached} + {i} = {p}" if num_cached else f"position {p}"
     count = int(wrong_mask(mask, want).sum())
     return CheckFailed(
-        f"query {i} is the token at {where}, so it sees {visible_text(p)}; your row {i} sees {keys_text(mask[i])}",
-        f"({count} of {want.numel()} entries of your mask differ)" if count > 1 else "",
+        tr(
+            "query {i} is the token at {where}, so it sees {visible}; your row {i} sees {yours}",
+            i=i,
+            where=where_text(i, num_cached, whole),
+            visible=visible_text(p),
+            yours=keys_text(mask[i]),
+        ),
+        tr("({count} of {total} entries of your mask differ)", count=count, total=want.numel()) if count > 1 else "",
         hint=mask_hint(mask, want, num_new, num_cached, whole),
     )
 
@@ -184,7 +201,7 @@ def expect_mask_structure(got: object, want: torch.Tensor, num_new: int, num_cac
     """Require a 2-D bool tensor of the expected shape, explaining a wrong type or shape."""
     shape = list(want.shape)
     try:
-        return expect_tensor(got, what="the mask", shape=shape, dtype=torch.bool)
+        return expect_tensor(got, what=tr("the mask"), shape=shape, dtype=torch.bool)
     except CheckFailed as e:
         raise CheckFailed(
             inputs_line(num_new, num_cached, whole), *e.lines, hint=structure_hint(got, shape, want, num_new, num_cached, whole)
@@ -222,18 +239,24 @@ def expect_causal(mask: torch.Tensor, num_cached: int, *, whole: bool) -> None:
         row = mask[i]
         future, past = row[p + 1 :], row[: p + 1]
         if bool(future.any()) or not bool(past.all()):
-            where = f"absolute position {num_cached} + {i} = {p}" if num_cached else f"position {p}"
             broken = (
-                f"key {p + 1 + int(future.nonzero()[0])} is in its future"
+                tr("key {k} is in its future", k=p + 1 + int(future.nonzero()[0]))
                 if bool(future.any())
-                else "it must see itself"
+                else tr("it must see itself")
                 if not bool(row[p])
-                else f"key {int((~past).nonzero()[0])} is in its past"
+                else tr("key {k} is in its past", k=int((~past).nonzero()[0]))
             )
             ones = torch.ones(n, s, dtype=torch.bool)
             hint = M.topleft if num_cached and not whole and torch.equal(mask, ones.tril()) else ""
             raise CheckFailed(
                 inputs_line(n, num_cached, whole),
-                f"query {i} is the token at {where}, so it sees {visible_text(p)}; your row {i} sees {keys_text(row)} ({broken})",
+                tr(
+                    "query {i} is the token at {where}, so it sees {visible}; your row {i} sees {yours} ({broken})",
+                    i=i,
+                    where=where_text(i, num_cached, False),
+                    visible=visible_text(p),
+                    yours=keys_text(row),
+                    broken=broken,
+                ),
                 hint=hint,
             )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
+import unicodedata
 
 import torch
 
@@ -16,11 +18,11 @@ from grader.authoring import (
     fmt,
     hidden_model,
     mistakes,
-    plural,
     public,
     short,
     wrong_mask,
 )
+from grader.i18n import tr
 
 # Tolerances for float32 attention outputs.
 ATOL, RTOL = 1e-5, 1e-5
@@ -102,31 +104,31 @@ def dim_gqa_instance(t: Trial) -> None:
         head_dim=q.shape[-1],
         wrong=wrong_mask(out, want, atol=ATOL, rtol=RTOL).transpose(0, 1),
     )
-    explain_output(out, want, q, k, v, causal=True, scale=None, case="figure instance", variants=variants)
+    explain_output(out, want, q, k, v, causal=True, scale=None, case=tr("figure instance"), variants=variants)
 
 
 @public("ch18.2", "MHA: every query head has its own K/V head (T = S = 4)")
 def mha_case(t: Trial) -> None:
     q, k, v = random_qkv(t, 4, 4, 3, 3, 4)
-    run_attention_case(t, q, k, v, case="MHA, T = S = 4")
+    run_attention_case(t, q, k, v, case="MHA, T = S = 4")  # a name, not a sentence
 
 
 @public("ch18.2", "GQA: a chunk of 3 queries after 4 cached tokens (S = 7)")
 def chunk_after_prefix(t: Trial) -> None:
     q, k, v = random_qkv(t, 3, 7, 4, 2, 8)
-    run_attention_case(t, q, k, v, case="3 new tokens after 4 cached")
+    run_attention_case(t, q, k, v, case=tr("3 new tokens after 4 cached"))
 
 
 @public("ch18.2", "not causal, with a custom scale")
 def not_causal_custom_scale(t: Trial) -> None:
     q, k, v = random_qkv(t, 2, 5, 6, 3, 4)
-    run_attention_case(t, q, k, v, causal=False, scale=0.25, case="not causal, scale 0.25")
+    run_attention_case(t, q, k, v, causal=False, scale=0.25, case=tr("not causal, scale {scale}", scale=0.25))
 
 
 @public("ch18.2", "MQA decode step: one query sees every cached key")
 def mqa_decode(t: Trial) -> None:
     q, k, v = random_qkv(t, 1, 6, 4, 1, 8)
-    run_attention_case(t, q, k, v, case="MQA decode, 1 query over 6 keys")
+    run_attention_case(t, q, k, v, case=tr("MQA decode, 1 query over 6 keys"))
 
 
 # -- ch18.3 kv_cache_bytes -----------------------------------------------------------------------------
@@ -180,18 +182,29 @@ def explain_mapping(heads: list[int], got: list[int], want: list[int], num_heads
     i = wrong[0]
     h, yours, kv = heads[i], got[i], want[i]
     group = num_heads // num_kv_heads
+    labels = [tr("query heads"), tr("expected K/V heads"), tr("yours")]
+    width = max(map(text_width, labels))
     table = (
-        [
-            f"  query heads        {short(heads, limit=16)}",
-            f"  expected K/V heads {short(want, limit=16)}",
-            f"  yours              {short(got, limit=16)}",
-        ]
+        [f"  {label}{' ' * (width - text_width(label))} {short(values, limit=16)}" for label, values in zip(labels, (heads, want, got))]
         if len(heads) > 1
         else []
     )
     raise CheckFailed(
-        f"{num_heads} query heads share {plural(num_kv_heads, 'K/V head')} → group size {num_heads} // {num_kv_heads} = {group}",
-        f"query head {h} is in group {h} // {group} = {kv}, so it reads K/V head {kv}; yours: {yours}",
+        tr("{num_heads} query heads share 1 K/V head → group size {num_heads} // 1 = {group}", num_heads=num_heads, group=group)
+        if num_kv_heads == 1
+        else tr(
+            "{num_heads} query heads share {num_kv_heads} K/V heads → group size {num_heads} // {num_kv_heads} = {group}",
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            group=group,
+        ),
+        tr(
+            "query head {h} is in group {h} // {group} = {kv}, so it reads K/V head {kv}; yours: {yours}",
+            h=h,
+            group=group,
+            kv=kv,
+            yours=yours,
+        ),
         *table,
         hint=mapping_hint(heads, got, num_heads, num_kv_heads),
     )
@@ -243,7 +256,7 @@ def run_attention_case(
 def expect_output(got: object, q: torch.Tensor) -> torch.Tensor:
     """Require a [T, Hq, d] tensor in q's dtype (the token-major layout)."""
     T, Hq, d = q.shape
-    what = f"the output of {T} queries × {Hq} heads × head_dim {d}"
+    what = tr("the output of {T} queries × {Hq} heads × head_dim {d}", T=T, Hq=Hq, d=d)
     try:
         return expect_tensor(got, what=what, shape=[T, Hq, d], dtype=q.dtype)
     except CheckFailed as e:
@@ -274,20 +287,52 @@ def explain_output(
     group = Hq // Hkv
     t, h, j = idx
     count = int(wrong_mask(out, want, atol=atol, rtol=rtol).sum())
-    scale_txt = f"1/√{d} (default)" if scale is None else fmt(scale)
+    scale_txt = tr("1/√{d} (default)", d=d) if scale is None else fmt(scale)
     kind = "MHA" if Hkv == Hq else "MQA" if Hkv == 1 else "GQA"
-    sees = f"is at position {S} − {T} + {t} = {S - T + t} and sees keys 0 … {S - T + t}" if causal else f"sees all {S} keys"
+    shapes = dict(case=case, T=T, Hq=Hq, d=d, S=S, Hkv=Hkv, kind=kind, group=group, causal=causal, scale=scale_txt)
     if not torch.isfinite(out).all() and torch.isfinite(want).all():
         hints = [M.overflow]
     else:
         variants = variants if variants is not None else gqa_variants(None, q, k, v, causal, scale)
         hints = attention_hints(out, q, k, v, causal, scale, variants)
     raise CheckFailed(
-        f'case "{case}": q [{T}, {Hq}, {d}], k/v [{S}, {Hkv}, {d}] ({kind}: {Hq} query heads over '
-        f"{plural(Hkv, 'K/V head')}, group {group}), causal={causal}, scale={scale_txt}",
-        f"query head {h} reads K/V head {h} // {group} = {h // group}; token {t} {sees}",
-        f"out[{t}, {h}, {j}]: expected {fmt(want[t, h, j])}, yours {fmt(out[t, h, j])} "
-        f"({count} of {want.numel()} elements differ beyond {atol:g} + {rtol:g}·|expected|)",
+        tr(
+            'case "{case}": q [{T}, {Hq}, {d}], k/v [{S}, {Hkv}, {d}] ({kind}: {Hq} query heads over 1 K/V head, '
+            "group {group}), causal={causal}, scale={scale}",
+            **shapes,
+        )
+        if Hkv == 1
+        else tr(
+            'case "{case}": q [{T}, {Hq}, {d}], k/v [{S}, {Hkv}, {d}] ({kind}: {Hq} query heads over {Hkv} K/V heads, '
+            "group {group}), causal={causal}, scale={scale}",
+            **shapes,
+        ),
+        tr(
+            "query head {h} reads K/V head {h} // {group} = {kv}; token {t} is at position {S} − {T} + {t} = {p} and sees keys 0 … {p}",
+            h=h,
+            group=group,
+            kv=h // group,
+            t=t,
+            S=S,
+            T=T,
+            p=S - T + t,
+        )
+        if causal
+        else tr(
+            "query head {h} reads K/V head {h} // {group} = {kv}; token {t} sees all {S} keys", h=h, group=group, kv=h // group, t=t, S=S
+        ),
+        tr(
+            "out[{t}, {h}, {j}]: expected {expected}, yours {yours} ({count} of {total} elements differ beyond {atol} + {rtol}·|expected|)",
+            t=t,
+            h=h,
+            j=j,
+            expected=fmt(want[t, h, j]),
+            yours=fmt(out[t, h, j]),
+            count=count,
+            total=want.numel(),
+            atol=f"{atol:g}",
+            rtol=f"{rtol:g}",
+        ),
         hint=hints,
     )
 
@@ -332,6 +377,11 @@ def dim_gqa_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return (torch.tensor(DIM_Q, dtype=torch.float32), torch.tensor(DIM_K, dtype=torch.float32), torch.tensor(DIM_V, dtype=torch.float32))
 
 
+def text_width(text: str) -> int:
+    """Columns `text` takes in a terminal: a wide (Chinese) character counts 2."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
 # -- helpers: ch18.3, bytes ----------------------------------------------------------------------------
 
 
@@ -347,17 +397,29 @@ def expect_bytes(got: object, want: int, num_layers: int, num_kv_heads: int, hea
         f"num_layers={num_layers}, num_kv_heads={num_kv_heads}, head_dim={head_dim}, num_tokens={num_tokens:,}, dtype_bytes={dtype_bytes}"
     )
     try:
-        count = expect_int(got, what=f"the byte count for {inputs}")
+        count = expect_int(got, what=tr("the byte count for {inputs}", inputs=inputs))
     except CheckFailed as e:
         raise CheckFailed(*e.lines, hint=M.float_bytes if isinstance(got, float) else "") from None
     if count == want:
         return count
     hints = bytes_hints(count, want, num_layers, dtype_bytes, num_tokens)
     failure = CheckFailed(
-        f"inputs: {inputs}",
-        f"expected 2 (K and V) · {num_layers} · {num_kv_heads} · {head_dim} · {num_tokens:,} · {dtype_bytes} "
-        f"= {want:,} bytes; yours: {count:,}",
-        hint="; or, as it gives the same count here: ".join(hints),
+        tr("inputs: {inputs}", inputs=inputs),
+        tr(
+            "expected 2 (K and V) · {num_layers} · {num_kv_heads} · {head_dim} · {num_tokens} · {dtype_bytes} = {want} bytes; yours: {got}",
+            num_layers=num_layers,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            num_tokens=f"{num_tokens:,}",
+            dtype_bytes=dtype_bytes,
+            want=f"{want:,}",
+            got=f"{count:,}",
+        ),
+        hint=functools.reduce(
+            lambda a, b: tr("{first}; or, as it gives the same count here: {second}", first=a, second=b), hints[1:], str(hints[0])
+        )
+        if hints
+        else "",
     )
     failure.hints = [h.id for h in hints]  # both mistakes give this count
     raise failure

@@ -12,6 +12,7 @@ import math
 import torch
 
 from grader.authoring import CheckFailed, Hint, Trial, describe, expect_tensor, fmt, hidden_model, mistakes, public, short, vec, wrong_mask
+from grader.i18n import tr
 
 # ch19-rope-pair: the worked example of reference/nanovllm.md §4 at positions 0, 1, 2.
 PAIR_X, PAIR_POSITIONS, PAIR_D, PAIR_BASE = [1.0, 2.0, 3.0, 4.0], [0, 1, 2], 4, 10000.0
@@ -69,24 +70,24 @@ def cos_sin_figure_instance(t: Trial) -> None:
             cos_wrong=wrong_mask(got[0], want[0], atol=atol),
             sin_wrong=wrong_mask(got[1], want[1], atol=atol),
         )
-    expect_cos_sin(got, PAIR_POSITIONS, PAIR_D, PAIR_BASE, want, "figure instance", variants)
+    expect_cos_sin(got, PAIR_POSITIONS, PAIR_D, PAIR_BASE, want, tr("figure instance"), variants)
 
 
 @public("ch19.1", "Qwen3: head_dim 128, base 1,000,000, positions 0–7")
 def qwen3_cos_sin(t: Trial) -> None:
-    run_cos_sin_case(t, list(range(8)), 128, 1e6, "Qwen3, positions 0–7")
+    run_cos_sin_case(t, list(range(8)), 128, 1e6, tr("Qwen3, positions 0–7"))
 
 
 @public("ch19.1", "positions as a list, out of order (a chunk after a prefix)")
 def list_positions(t: Trial) -> None:
-    run_cos_sin_case(t, [7, 5, 6, 100], 8, 10000.0, "positions [7, 5, 6, 100]", as_tensor=False)
+    run_cos_sin_case(t, [7, 5, 6, 100], 8, 10000.0, tr("positions [7, 5, 6, 100]"), as_tensor=False)
 
 
 @public("ch19.1", "no positions at all")
 def no_positions(t: Trial) -> None:
     got = t.yours.rope_cos_sin(torch.zeros(0, dtype=torch.int64), 8, 10000.0)
     want = t.ref.rope_cos_sin([], 8, 10000.0)
-    expect_cos_sin(got, [], 8, 10000.0, want, "no positions", t.ref.drive(cos_sin_variants, [], 8, 10000.0))
+    expect_cos_sin(got, [], 8, 10000.0, want, tr("no positions"), t.ref.drive(cos_sin_variants, [], 8, 10000.0))
 
 
 # -- ch19.2 apply_rope --------------------------------------------------------------------------------
@@ -100,23 +101,23 @@ def rope_figure_instance(t: Trial) -> None:
     want = t.ref.apply_rope(x, cos, sin)
     variants = t.ref.drive(rope_variants, x, cos, sin)
     t.figure("ch19-rope-pair", x=PAIR_X, rotated=y[:, 0], expected=want[:, 0], wrong=wrong_values(y, want)[:, 0])
-    explain_rotated(y, want, x, cos, sin, "figure instance", PAIR_POSITIONS, variants)
+    explain_rotated(y, want, x, cos, sin, tr("figure instance"), PAIR_POSITIONS, variants)
 
 
 @public("ch19.2", "two tokens, three heads: each token's angles rotate all its heads")
 def heads_share_angles(t: Trial) -> None:
-    run_rope_case(t, torch.randn(2, 3, 8, generator=t.rng), [3, 10], 10000.0, "2 tokens at positions 3, 10, 3 heads")
+    run_rope_case(t, torch.randn(2, 3, 8, generator=t.rng), [3, 10], 10000.0, tr("2 tokens at positions 3, 10, 3 heads"))
 
 
 @public("ch19.2", "position 0 leaves x unchanged")
 def position_zero(t: Trial) -> None:
-    run_rope_case(t, torch.randn(1, 2, 6, generator=t.rng), [0], 10000.0, "position 0")
+    run_rope_case(t, torch.randn(1, 2, 6, generator=t.rng), [0], 10000.0, tr("position 0"))
 
 
 @public("ch19.2", "bf16 queries: rotated in float32, cast back to bf16")
 def bf16_rope(t: Trial) -> None:
     x = (torch.randn(16, 4, 64, generator=t.rng) * 4).bfloat16()
-    run_rope_case(t, x, list(range(100, 116)), 1e6, "16 bf16 tokens at positions 100–115")
+    run_rope_case(t, x, list(range(100, 116)), 1e6, tr("16 bf16 tokens at positions 100–115"))
 
 
 # -- ch19.3 qk_norm_rope ------------------------------------------------------------------------------
@@ -149,21 +150,21 @@ def order_figure_instance(t: Trial) -> None:
         q_wrong=wrong_values(yq, want_q)[0],
         k_wrong=wrong_values(yk, want_k)[0],
     )
-    explain_qk("q", yq, want_q, q, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS, "figure instance", models_q)
-    explain_qk("k", yk, want_k, k, wk, wq, ORDER_POSITIONS, ORDER_BASE, EPS, "figure instance", models_k)
+    explain_qk("q", yq, want_q, q, wq, wk, ORDER_POSITIONS, ORDER_BASE, EPS, tr("figure instance"), models_q)
+    explain_qk("k", yk, want_k, k, wk, wq, ORDER_POSITIONS, ORDER_BASE, EPS, tr("figure instance"), models_k)
 
 
 @public("ch19.3", "the order: normalise, then rotate (weights that tell the orders apart)")
 def order_matters(t: Trial) -> None:
     q, k = torch.randn(3, 2, 8, generator=t.rng), torch.randn(3, 1, 8, generator=t.rng)
     wq = torch.tensor([2.0, 1.0, 0.5, 1.0, 0.25, 1.5, 1.0, 3.0])
-    run_qk_case(t, q, k, wq, wq.flip(0), [5, 6, 7], 10000.0, "3 tokens at positions 5–7")
+    run_qk_case(t, q, k, wq, wq.flip(0), [5, 6, 7], 10000.0, tr("3 tokens at positions 5–7"))
 
 
 @public("ch19.3", "GQA shapes: 4 query heads, 2 K/V heads, base 1,000,000")
 def gqa_shapes(t: Trial) -> None:
     q, k = torch.randn(4, 4, 16, generator=t.rng) * 3, torch.randn(4, 2, 16, generator=t.rng) * 3
-    run_qk_case(t, q, k, random_weight(t, 16), random_weight(t, 16), [0, 1, 2, 3], 1e6, "4 tokens, Hq=4, Hkv=2")
+    run_qk_case(t, q, k, random_weight(t, 16), random_weight(t, 16), [0, 1, 2, 3], 1e6, tr("4 tokens, Hq=4, Hkv=2"))
 
 
 @public("ch19.3", "bf16 q and k, as in nano-vllm")
@@ -178,7 +179,7 @@ def bf16_qk(t: Trial) -> None:
         random_weight(t, 32, torch.bfloat16),
         [11, 12, 13, 14, 15],
         1e6,
-        "5 bf16 tokens at positions 11–15",
+        tr("5 bf16 tokens at positions 11–15"),
     )
 
 
@@ -207,14 +208,14 @@ def attention_figure_instance(t: Trial) -> None:
         attn_stage=STAGES.get(mistake, ""),
         attn_mistake=mistake,
     )
-    explain_attention(t, y, want, q, k, v, wq, wk, ORDER_BASE, EPS, k_cache, v_cache, "figure instance", models, qk)
+    explain_attention(t, y, want, q, k, v, wq, wk, ORDER_BASE, EPS, k_cache, v_cache, tr("figure instance"), models, qk)
 
 
 @public("ch19.4", "a prefill of 5 tokens, no cache: 4 query heads over 2 K/V heads")
 def attention_prefill(t: Trial) -> None:
     q, k, v = (torch.randn(5, h, 8, generator=t.rng) * 2 for h in (4, 2, 2))
     run_attention_case(
-        t, q, k, v, random_weight(t, 8), random_weight(t, 8), 10000.0, None, None, "a prefill of 5 tokens at positions 0–4, Hq=4, Hkv=2"
+        t, q, k, v, random_weight(t, 8), random_weight(t, 8), 10000.0, None, None, tr("a prefill of 5 tokens at positions 0–4, Hq=4, Hkv=2")
     )
 
 
@@ -232,7 +233,7 @@ def attention_decode(t: Trial) -> None:
         10000.0,
         k_cache,
         v_cache,
-        "a decode step: 6 cached tokens, the new one at position 6",
+        tr("a decode step: 6 cached tokens, the new one at position 6"),
     )
 
 
@@ -250,7 +251,7 @@ def attention_chunk(t: Trial) -> None:
         1e6,
         k_cache,
         v_cache,
-        "a chunk at positions 4–6 after 4 cached tokens, Hq=4, Hkv=2, base 1,000,000",
+        tr("a chunk at positions 4–6 after 4 cached tokens, Hq=4, Hkv=2, base 1,000,000"),
     )
 
 
@@ -269,7 +270,7 @@ def attention_bf16(t: Trial) -> None:
         1e6,
         k_cache.bfloat16(),
         v_cache.bfloat16(),
-        "12 cached tokens, the new one at position 12, bf16",
+        tr("12 cached tokens, the new one at position 12, bf16"),
     )
 
 
@@ -315,10 +316,15 @@ def rounding_failure(what: str, share: float, hint: str | list[Hint] = "") -> Ch
     """Every value within one rounding step, but too many rounded differently; `hint` names the mistake that
     does it (a `Hint`), else the general advice."""
     return CheckFailed(
-        f"{what}: every value is within one bf16 rounding step of the reference, but {share:.0%} "
-        f"of them are rounded differently (a faithful float32 computation rounded once at the "
-        f"end differs in at most {ROUNDING_SHARE:.0%})",
-        hint=hint or "compute in float32 and cast to bf16 once, at the end, as nano-vllm does",
+        tr(
+            "{what}: every value is within one bf16 rounding step of the reference, but {share} "
+            "of them are rounded differently (a faithful float32 computation rounded once at the "
+            "end differs in at most {most})",
+            what=what,
+            share=f"{share:.0%}",
+            most=f"{ROUNDING_SHARE:.0%}",
+        ),
+        hint=hint or tr("compute in float32 and cast to bf16 once, at the end, as nano-vllm does"),
     )
 
 
@@ -350,17 +356,31 @@ def expect_cos_sin(
     """Require (cos, sin) as two float32 [N, d/2] tensors equal to the reference's, explaining the first miss
     (`variants`: `cos_sin_variants`' answer; asked of the hidden side when needed if not given)."""
     n, half = len(positions), d // 2
-    what = f"(cos, sin) for {n} positions at head_dim {d}"
     if type(got) not in (tuple, list) or len(got) != 2:
-        raise CheckFailed(f"expected {what} as a tuple of two float32 tensors [{n}, {half}]; yours: {describe(got)}")
+        raise CheckFailed(
+            tr(
+                "expected (cos, sin) for {n} positions at head_dim {d} as a tuple of two float32 tensors [{n}, {half}]; yours: {yours}",
+                n=n,
+                d=d,
+                half=half,
+                yours=describe(got),
+            )
+        )
     out = []
     for name, g in zip(("cos", "sin"), got):
         if isinstance(g, torch.Tensor) and list(g.shape) == [n, d]:
             raise CheckFailed(
-                f"expected {name} as a 2-D float32 tensor of shape [{n}, {half}]; yours: {describe(g)}",
+                tr(
+                    "expected {name} as a 2-D float32 tensor of shape [{n}, {half}]; yours: {yours}",
+                    name=name,
+                    n=n,
+                    half=half,
+                    yours=describe(g),
+                ),
                 hint=M.full_width.format(d=d, half=half),
             )
-        out.append(expect_tensor(g, what=f"{name} ({n} positions × d/2 = {half} pairs)", shape=[n, half], dtype=torch.float32))
+        what = tr("{name} ({n} positions × d/2 = {half} pairs)", name=name, n=n, half=half)
+        out.append(expect_tensor(g, what=what, shape=[n, half], dtype=torch.float32))
     atol = angle_atol(positions)
     for name, g, w in zip(("cos", "sin"), out, want):
         bad = wrong_mask(g, w, atol=atol)
@@ -371,12 +391,34 @@ def expect_cos_sin(
         inv = 1.0 / base ** (2 * j / d)
         variants = variants if variants is not None else cos_sin_variants(None, positions, d, base)
         raise CheckFailed(
-            f'case "{case}": positions {short(positions, limit=10)}, head_dim {d}, base {fmt(base, 8)}',
-            f"pair j = {j}: inv_freq[{j}] = 1 / {fmt(base, 8)}^(2·{j}/{d}) = {fmt(inv, 6)}; position "
-            f"{p} → angle {p} · {fmt(inv, 6)} = {fmt(p * inv, 6)} rad",
-            f"{name}[{i}, {j}] = {name}({fmt(p * inv, 6)}) = {fmt(w[i, j], 6)}; yours: "
-            f"{fmt(g[i, j], 6)} ({int(bad.sum())} of {bad.numel()} {name} values differ beyond "
-            f"{atol:.2g})",
+            tr(
+                'case "{case}": positions {positions}, head_dim {d}, base {base}',
+                case=case,
+                positions=short(positions, limit=10),
+                d=d,
+                base=fmt(base, 8),
+            ),
+            tr(
+                "pair j = {j}: inv_freq[{j}] = 1 / {base}^(2·{j}/{d}) = {inv}; position {p} → angle {p} · {inv} = {angle} rad",
+                j=j,
+                base=fmt(base, 8),
+                d=d,
+                inv=fmt(inv, 6),
+                p=p,
+                angle=fmt(p * inv, 6),
+            ),
+            tr(
+                "{name}[{i}, {j}] = {name}({angle}) = {expected}; yours: {yours} ({count} of {total} {name} values differ beyond {atol})",
+                name=name,
+                i=i,
+                j=j,
+                angle=fmt(p * inv, 6),
+                expected=fmt(w[i, j], 6),
+                yours=fmt(g[i, j], 6),
+                count=int(bad.sum()),
+                total=bad.numel(),
+                atol=f"{atol:.2g}",
+            ),
             hint=cos_sin_hint(out[0], out[1], want, atol, variants),
         )
     return out[0], out[1]
@@ -409,9 +451,10 @@ def run_rope_case(t: Trial, x: torch.Tensor, positions: list[int], base: float, 
     return y
 
 
-def expect_rotated(got, x: torch.Tensor, what: str = "the rotated x") -> torch.Tensor:
+def expect_rotated(got, x: torch.Tensor, what: str = "") -> torch.Tensor:
     n, h, d = x.shape
-    return expect_tensor(got, what=f"{what} ({n} tokens × {h} heads × head_dim {d}, in x's dtype)", shape=[n, h, d], dtype=x.dtype)
+    what = tr("{what} ({n} tokens × {h} heads × head_dim {d}, in x's dtype)", what=what or tr("the rotated x"), n=n, h=h, d=d)
+    return expect_tensor(got, what=what, shape=[n, h, d], dtype=x.dtype)
 
 
 def explain_rotated(
@@ -429,7 +472,15 @@ def explain_rotated(
     bad = wrong_values(y, want)
     hints = lambda: rope_hints(y, x, variants if variants is not None else rope_variants(None, x, cos, sin))
     n, h, d = x.shape
-    head = f'case "{case}": x [{n}, {h}, {d}] {dtype_name(x.dtype)}, pairs (x[j], x[j + {d // 2}])'
+    head = tr(
+        'case "{case}": x [{n}, {h}, {d}] {dtype}, pairs (x[j], x[j + {half}])',
+        case=case,
+        n=n,
+        h=h,
+        d=d,
+        dtype=dtype_name(x.dtype),
+        half=d // 2,
+    )
     if not bad.any():
         share = rounding_share(y, want)
         if share > ROUNDING_SHARE:
@@ -441,17 +492,34 @@ def explain_rotated(
     j = i % half
     a, b = float(x[t, hh, j]), float(x[t, hh, j + half])
     c, s = float(cos[t, j]), float(sin[t, j])
-    where = f"token {t}" + (f" (position {positions[t]})" if positions else "")
     if i < half:
         formula = f"y[{i}] = x[{j}]·cos − x[{j + half}]·sin = {par(a)}·{par(c)} − {par(b)}·{par(s)}"
     else:
         formula = f"y[{i}] = x[{i}]·cos + x[{j}]·sin = {par(b)}·{par(c)} + {par(a)}·{par(s)}"
     named = hints()
+    pair = dict(hh=hh, i=i, j=j, j2=j + half, a=fmt(a), b=fmt(b), t=t, c=fmt(c), s=fmt(s))
     raise CheckFailed(
         head,
-        f"{where}, head {hh}, channel {i} belongs to pair {j} = (x[{j}], x[{j + half}]) = "
-        f"({fmt(a)}, {fmt(b)}); cos[{t}, {j}] = {fmt(c)}, sin[{t}, {j}] = {fmt(s)}",
-        f"{formula} = {fmt(want[t, hh, i])}; yours: {fmt(y[t, hh, i])} ({int(bad.sum())} of {bad.numel()} values differ)",
+        tr(
+            "token {t} (position {p}), head {hh}, channel {i} belongs to pair {j} = (x[{j}], x[{j2}]) = ({a}, {b}); "
+            "cos[{t}, {j}] = {c}, sin[{t}, {j}] = {s}",
+            p=positions[t],
+            **pair,
+        )
+        if positions
+        else tr(
+            "token {t}, head {hh}, channel {i} belongs to pair {j} = (x[{j}], x[{j2}]) = ({a}, {b}); "
+            "cos[{t}, {j}] = {c}, sin[{t}, {j}] = {s}",
+            **pair,
+        ),
+        tr(
+            "{formula} = {expected}; yours: {yours} ({count} of {total} values differ)",
+            formula=formula,
+            expected=fmt(want[t, hh, i]),
+            yours=fmt(y[t, hh, i]),
+            count=int(bad.sum()),
+            total=bad.numel(),
+        ),
         hint=named,
     )
 
@@ -498,12 +566,22 @@ def run_qk_case(
 def expect_qk(got, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if type(got) not in (tuple, list) or len(got) != 2:
         raise CheckFailed(
-            f"expected (q, k) as a tuple of two tensors shaped like the inputs; yours: {describe(got)}",
+            tr("expected (q, k) as a tuple of two tensors shaped like the inputs; yours: {yours}", yours=describe(got)),
             hint=M.returns_v if type(got) in (tuple, list) and len(got) == 3 else "",
         )
     return (
-        expect_tensor(got[0], what=f"q (shape {list(q.shape)}, {dtype_name(q.dtype)} like the input)", shape=list(q.shape), dtype=q.dtype),
-        expect_tensor(got[1], what=f"k (shape {list(k.shape)}, {dtype_name(k.dtype)} like the input)", shape=list(k.shape), dtype=k.dtype),
+        expect_tensor(
+            got[0],
+            what=tr("q (shape {shape}, {dtype} like the input)", shape=list(q.shape), dtype=dtype_name(q.dtype)),
+            shape=list(q.shape),
+            dtype=q.dtype,
+        ),
+        expect_tensor(
+            got[1],
+            what=tr("k (shape {shape}, {dtype} like the input)", shape=list(k.shape), dtype=dtype_name(k.dtype)),
+            shape=list(k.shape),
+            dtype=k.dtype,
+        ),
     )
 
 
@@ -528,7 +606,17 @@ def explain_qk(
         return
     models = models if models is not None else qk_models(None, x, w, other_w, positions, base, eps)
     cos, sin = models["cos"], models["sin"]
-    head = f'case "{case}": {name} [{n}, {h}, {d}] {dtype_name(x.dtype)}, positions {short(positions, limit=10)}, base {fmt(base, 8)}'
+    head = tr(
+        'case "{case}": {name} [{n}, {h}, {d}] {dtype}, positions {positions}, base {base}',
+        case=case,
+        name=name,
+        n=n,
+        h=h,
+        d=d,
+        dtype=dtype_name(x.dtype),
+        positions=short(positions, limit=10),
+        base=fmt(base, 8),
+    )
     hint = qk_hint(y, x, models["variants"])
     if not bad.any():
         raise rounding_failure(head, rounding_share(y, want), hint)
@@ -544,11 +632,31 @@ def explain_qk(
     c, s = float(cos[t, j]), float(sin[t, j])
     raise CheckFailed(
         head,
-        f"token {t} (position {p}), {name} head {hh} = {vec(x[t, hh])}: rms = √(mean(x²) + eps) = {fmt(rms)}",
-        f"normalised and weighted: x / {fmt(rms)} · {name}_norm_weight = {vec(normed)}",
-        f"channel {i} is in pair {j} = ({j}, {j + half}), angle {p} · {fmt(inv, 6)} = {fmt(p * inv, 6)}: "
-        f"{par(first)}·{par(c)} {sign} {par(second)}·{par(s)} = {fmt(want[t, hh, i])}; "
-        f"yours: {fmt(y[t, hh, i])} ({int(bad.sum())} of {bad.numel()} values differ)",
+        tr(
+            "token {t} (position {p}), {name} head {hh} = {x}: rms = √(mean(x²) + eps) = {rms}",
+            t=t,
+            p=p,
+            name=name,
+            hh=hh,
+            x=vec(x[t, hh]),
+            rms=fmt(rms),
+        ),
+        tr("normalised and weighted: x / {rms} · {name}_norm_weight = {normed}", rms=fmt(rms), name=name, normed=vec(normed)),
+        tr(
+            "channel {i} is in pair {j} = ({j}, {j2}), angle {p} · {inv} = {angle}: {formula} = {expected}; "
+            "yours: {yours} ({count} of {total} values differ)",
+            i=i,
+            j=j,
+            j2=j + half,
+            p=p,
+            inv=fmt(inv, 6),
+            angle=fmt(p * inv, 6),
+            formula=f"{par(first)}·{par(c)} {sign} {par(second)}·{par(s)}",
+            expected=fmt(want[t, hh, i]),
+            yours=fmt(y[t, hh, i]),
+            count=int(bad.sum()),
+            total=bad.numel(),
+        ),
         hint=hint,
     )
 
@@ -632,7 +740,13 @@ def expect_attention(got, q: torch.Tensor) -> torch.Tensor:
     n, h, d = q.shape
     return expect_tensor(
         got,
-        what=f"the attention output ({n} tokens × {h} query heads × head_dim {d}, in {dtype_name(q.dtype)} like q)",
+        what=tr(
+            "the attention output ({n} tokens × {h} query heads × head_dim {d}, in {dtype} like q)",
+            n=n,
+            h=h,
+            d=d,
+            dtype=dtype_name(q.dtype),
+        ),
         shape=[n, h, d],
         dtype=q.dtype,
     )
@@ -685,7 +799,7 @@ def attention_hint(
     return (
         ""
         if fine
-        else ("rope_attention builds on qk_norm_rope (step 1), and yours gives other q, k on these inputs: make ch19.3 pass first")
+        else tr("rope_attention builds on qk_norm_rope (step 1), and yours gives other q, k on these inputs: make ch19.3 pass first")
     )
 
 
@@ -726,10 +840,19 @@ def explain_attention(
     c = k_cache.shape[0] if k_cache is not None else 0  # tokens already cached
     positions = models["positions"]
     hint = attention_hint(t, attention_mistake(y, want, models["variants"]), q, k, wq, wk, base, eps, positions, qk)
+    fields = dict(case=case, n=n, hq=hq, hkv=k.shape[1], d=d, dtype=dtype_name(q.dtype), c=c, positions=short(positions, limit=10))
     head = (
-        f'case "{case}": q [{n}, {hq}, {d}], k, v [{n}, {k.shape[1]}, {d}] {dtype_name(q.dtype)}, '
-        f"{c} cached token{'' if c == 1 else 's'}, so the new tokens stand at positions "
-        f"{short(positions, limit=10)}"
+        tr(
+            'case "{case}": q [{n}, {hq}, {d}], k, v [{n}, {hkv}, {d}] {dtype}, 1 cached token, '
+            "so the new tokens stand at positions {positions}",
+            **fields,
+        )
+        if c == 1
+        else tr(
+            'case "{case}": q [{n}, {hq}, {d}], k, v [{n}, {hkv}, {d}] {dtype}, {c} cached tokens, '
+            "so the new tokens stand at positions {positions}",
+            **fields,
+        )
     )
     if not bad.any():
         raise rounding_failure(head, share, hint)
@@ -740,9 +863,26 @@ def explain_attention(
     probs = models["probs"][h, i, : c + i + 1]
     raise CheckFailed(
         head,
-        f"token {i} (position {positions[i]}), query head {h} reads K/V head {g} and sees keys 0 … "
-        f"{c + i}; its weights softmax(q·k / √{d}) = {vec(probs)}",
-        f"out = Σ weight · v over those keys, the values as given, neither normalised nor rotated (head {g}: {shown})",
-        f"out[{i}, {h}] = {vec(want[i, h])}; yours: {vec(y[i, h])} ({int(bad.sum())} of {bad.numel()} values differ)",
+        tr(
+            "token {i} (position {p}), query head {h} reads K/V head {g} and sees keys 0 … {last}; "
+            "its weights softmax(q·k / √{d}) = {probs}",
+            i=i,
+            p=positions[i],
+            h=h,
+            g=g,
+            last=c + i,
+            d=d,
+            probs=vec(probs),
+        ),
+        tr("out = Σ weight · v over those keys, the values as given, neither normalised nor rotated (head {g}: {shown})", g=g, shown=shown),
+        tr(
+            "out[{i}, {h}] = {expected}; yours: {yours} ({count} of {total} values differ)",
+            i=i,
+            h=h,
+            expected=vec(want[i, h]),
+            yours=vec(y[i, h]),
+            count=int(bad.sum()),
+            total=bad.numel(),
+        ),
         hint=hint,
     )

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from grader.authoring import CheckFailed, Trial, first_wrong, fmt, hidden
 from grader.checks.ch17 import expect_mask, expect_mask_structure, inputs_line, mask_problem, run_offset_case, run_whole_case
+from grader.i18n import tr
 
 # -- 17.1 -------------------------------------------------------------------------------------
 
@@ -89,24 +90,46 @@ def sdpa_agreement(t: Trial, num_new: int, num_cached: int, heads: int, dim: int
         return
     h, i, d = idx
     call = (
-        "scaled_dot_product_attention(q, k, v, attn_mask=your mask)"
+        tr("scaled_dot_product_attention(q, k, v, attn_mask=your mask)")
         if whole
-        else f"scaled_dot_product_attention(q[{num_cached}:], k, v, attn_mask=your mask)"
+        else tr("scaled_dot_product_attention(q[{c}:], k, v, attn_mask=your mask)", c=num_cached)
     )
     problem = mask_problem(mask, want, num_new, num_cached, whole) or CheckFailed()
+    setup = (
+        tr(
+            "{inputs}; {heads} heads of head_dim {dim}, random float64 q, k, v",
+            inputs=inputs_line(num_new, num_cached, whole),
+            heads=heads,
+            dim=dim,
+        )
+        if heads > 1
+        else tr("{inputs}; 1 head of head_dim {dim}, random float64 q, k, v", inputs=inputs_line(num_new, num_cached, whole), dim=dim)
+    )
     raise problem.within(
-        inputs_line(num_new, num_cached, whole) + f"; {heads} head{'s' if heads > 1 else ''} of head_dim {dim}, random float64 q, k, v",
-        f"{call} must equal "
-        + (
-            f"is_causal=True attention over the {s} tokens"
-            if whole
-            else f"the last {num_new} rows of scaled_dot_product_attention(q, k, v, is_causal=True) over all {s} tokens"
+        setup,
+        tr("{call} must equal is_causal=True attention over the {s} tokens", call=call, s=s)
+        if whole
+        else tr(
+            "{call} must equal the last {n} rows of scaled_dot_product_attention(q, k, v, is_causal=True) over all {s} tokens",
+            call=call,
+            n=num_new,
+            s=s,
         ),
-        f"head {h}, output row {i} (position {num_cached + i}), component {d}: expected {fmt(full[idx])}, yours {fmt(out[idx])}",
+        tr(
+            "head {h}, output row {i} (position {p}), component {d}: expected {expected}, yours {yours}",
+            h=h,
+            i=i,
+            p=num_cached + i,
+            d=d,
+            expected=fmt(full[idx]),
+            yours=fmt(out[idx]),
+        ),
         *(
             [
-                "note: this top-left triangle is what SDPA's own is_causal=True uses when L ≠ S; flash-attn ≥ 2.1, "
-                "and nano-vllm through it, aligns the triangle to the bottom-right"
+                tr(
+                    "note: this top-left triangle is what SDPA's own is_causal=True uses when L ≠ S; flash-attn ≥ 2.1, "
+                    "and nano-vllm through it, aligns the triangle to the bottom-right"
+                )
             ]
             if num_cached and torch.equal(mask, torch.ones_like(mask).tril())
             else []

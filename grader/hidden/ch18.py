@@ -10,6 +10,8 @@ from grader.authoring import CheckFailed, OverBudget, Trial, hidden, mistakes
 from grader.authoring.source import first_line_with
 from grader.checks.ch18 import expect_output, explain_output, random_qkv, run_attention_case, run_bytes_case, run_mapping_case
 from grader.hidden.ch18_models import end_aligned
+from grader.i18n import tr
+from grader.isolation.session import size
 
 # (name, num_layers, num_heads, num_kv_heads, head_dim) of real models, from their config.json.
 REAL_MODELS = [
@@ -67,7 +69,8 @@ def sdpa_causal(t: Trial) -> None:
     fixed = [(4, 4, 4, 4, 16), (4, 9, 8, 2, 16), (3, 11, 8, 1, 32)]  # MHA, GQA, MQA
     for T, S, Hq, Hkv, d in fixed + [random_shape(t) for _ in range(7)]:
         q, k, v = random_qkv(t, T, S, Hq, Hkv, d)
-        run_attention_case(t, q, k, v, case=f"T={T}, S={S}, Hq={Hq}, Hkv={Hkv}, d={d}, causal", want=sdpa(q, k, v, True, None))
+        case = tr("T={T}, S={S}, Hq={Hq}, Hkv={Hkv}, d={d}, causal", T=T, S=S, Hq=Hq, Hkv=Hkv, d=d)
+        run_attention_case(t, q, k, v, case=case, want=sdpa(q, k, v, True, None))
 
 
 @hidden("ch18.2", "agreement with scaled_dot_product_attention: not causal, custom scales")
@@ -84,7 +87,7 @@ def sdpa_not_causal(t: Trial) -> None:
             v,
             causal=False,
             scale=scale,
-            case=f"T={T}, S={S}, Hq={Hq}, Hkv={Hkv}, d={d}, not causal, scale {scale}",
+            case=tr("T={T}, S={S}, Hq={Hq}, Hkv={Hkv}, d={d}, not causal, scale {scale}", T=T, S=S, Hq=Hq, Hkv=Hkv, d=d, scale=scale),
             want=sdpa(q, k, v, False, scale),
         )
 
@@ -94,7 +97,7 @@ def qwen3_shapes(t: Trial) -> None:
     # A chunked prefill (5 new after 7 cached) and a decode step; the default scale is 1/√128.
     for T, S in ((5, 12), (1, 30)):
         q, k, v = random_qkv(t, T, S, 16, 8, 128)
-        run_attention_case(t, q, k, v, case=f"Qwen3-0.6B heads, T={T}, S={S}")
+        run_attention_case(t, q, k, v, case=tr("Qwen3-0.6B heads, T={T}, S={S}", T=T, S=S))
 
 
 @hidden("ch18.2", "no per-query-head copy of K or V is created (measured)")
@@ -128,7 +131,7 @@ def large_scores(t: Trial) -> None:
     got = t.yours.gqa_attention(q, k, v)
     out = expect_output(got, q)
     explain_output(
-        out, t.ref.gqa_attention(q, k, v), q, k, v, causal=True, scale=None, case="scores up to about ±150", atol=1e-4, rtol=1e-4
+        out, t.ref.gqa_attention(q, k, v), q, k, v, causal=True, scale=None, case=tr("scores up to about ±150"), atol=1e-4, rtol=1e-4
     )
 
 
@@ -202,6 +205,16 @@ def mib(n: int) -> str:
     return f"{n / 2**20:,.4g} MiB"
 
 
+def used_text(e: OverBudget, inputs: int) -> str:
+    """What the call used beyond its inputs, in words ("about 17 MiB", "at least 2 GiB"), as `OverBudget.beyond`."""
+    n = max(e.used - inputs, 0)
+    exact = size(n) if n >= 1 << 10 else tr("{n} bytes", n=n)
+    if e.stopped:
+        return tr("at least {amount}", amount=exact)
+    amount = f"{n / 2**30:.2g} GiB" if n >= 1 << 30 else f"{round(n / 2**20):,} MiB" if n >= 10 << 20 else exact
+    return tr("about {amount}", amount=amount)
+
+
 def explain_copy(
     e: OverBudget, code: list[tuple[int, str]], inputs: int, T: int, S: int, Hq: int, Hkv: int, d: int, itemsize: int
 ) -> CheckFailed:
@@ -212,16 +225,39 @@ def explain_copy(
     expand = first_line_with(code, "expand(")
     matmul = first_line_with(code, "@", "matmul")
     found = repeat or expand or matmul
-    where = f" (line {found[1]}: {found[2]})" if found else ""
     kv, per_head = S * Hkv * d, S * Hq * d
+    fields = dict(T=T, S=S, Hq=Hq, Hkv=Hkv, group=group, d=d, kv=f"{kv:,}", kv_size=mib(kv * itemsize))
+    used = dict(used=used_text(e, inputs), allowed=mib(KV_SPARE), per_head=f"{per_head:,}", per_head_size=mib(per_head * itemsize))
     lines = [
-        f"case: T={T} queries, S={S} keys, Hq={Hq} query heads over Hkv={Hkv} K/V head{'s' * (Hkv > 1)} "
-        f"(group {group}), d={d}; K and V hold S·Hkv·d = {kv:,} numbers each ({mib(kv * itemsize)})",
-        f"your gqa_attention used {e.beyond(inputs)} beyond its inputs, where this check allows {mib(KV_SPARE)}{where}. "
-        f"A copy of K or V for every query head is S·Hq·d = {per_head:,} numbers ({mib(per_head * itemsize)}) and does not fit.",
-        "The point of GQA is that the query heads of a group share one K/V head: view q as "
-        "[Hkv, group·T, d] (or [Hkv, group, T, d]) and multiply by k of its group instead of repeating "
-        "k and v (a library call that repeats them internally counts too).",
+        tr(
+            "case: T={T} queries, S={S} keys, Hq={Hq} query heads over Hkv={Hkv} K/V head (group {group}), d={d}; "
+            "K and V hold S·Hkv·d = {kv} numbers each ({kv_size})",
+            **fields,
+        )
+        if Hkv == 1
+        else tr(
+            "case: T={T} queries, S={S} keys, Hq={Hq} query heads over Hkv={Hkv} K/V heads (group {group}), d={d}; "
+            "K and V hold S·Hkv·d = {kv} numbers each ({kv_size})",
+            **fields,
+        ),
+        tr(
+            "your gqa_attention used {used} beyond its inputs, where this check allows {allowed} (line {line}: {code}). "
+            "A copy of K or V for every query head is S·Hq·d = {per_head} numbers ({per_head_size}) and does not fit.",
+            line=found[1],
+            code=found[2],
+            **used,
+        )
+        if found
+        else tr(
+            "your gqa_attention used {used} beyond its inputs, where this check allows {allowed}. "
+            "A copy of K or V for every query head is S·Hq·d = {per_head} numbers ({per_head_size}) and does not fit.",
+            **used,
+        ),
+        tr(
+            "The point of GQA is that the query heads of a group share one K/V head: view q as "
+            "[Hkv, group·T, d] (or [Hkv, group, T, d]) and multiply by k of its group instead of repeating "
+            "k and v (a library call that repeats them internally counts too)."
+        ),
     ]
     hint = (
         M.repeat_kv.format(op=repeat[0].rstrip("("))

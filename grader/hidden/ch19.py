@@ -30,6 +30,7 @@ from grader.checks.ch19 import (
     run_rope_case,
     wrong_values,
 )
+from grader.i18n import tr
 
 # -- ch19.1 -------------------------------------------------------------------------------------------
 
@@ -40,7 +41,7 @@ def random_cos_sin(t: Trial) -> None:
         d = t.random.choice([2, 4, 8, 16, 64, 128, 256])
         base = t.random.choice([10000.0, 500000.0, 1e6, float(t.random.randint(100, 10**6))])
         positions = [t.random.randrange(2048) for _ in range(t.random.randint(1, 20))]
-        run_cos_sin_case(t, positions, d, base, f"d={d}, base {fmt(base, 8)}", as_tensor=t.random.random() < 0.7)
+        run_cos_sin_case(t, positions, d, base, tr("d={d}, base {base}", d=d, base=fmt(base, 8)), as_tensor=t.random.random() < 0.7)
 
     first_named(case for _ in range(12))  # large angles may hide a mistake in float32 that a small case names
 
@@ -52,7 +53,7 @@ def hf_rotary_table(t: Trial) -> None:
         positions = sorted(t.random.sample(range(4096), 12))
         cos, sin = hf_cos_sin(qwen3, config, positions)
         if not torch.equal(cos[:, : d // 2], cos[:, d // 2 :]):  # HF repeats the d/2 angles: cat((freqs, freqs))
-            raise CheckFailed("grader error: transformers' table is not cat((freqs, freqs)); tell your instructor")
+            raise CheckFailed(tr("grader error: transformers' table is not cat((freqs, freqs)); tell your instructor"))
         got = t.yours.rope_cos_sin(torch.tensor(positions), d, base)
         expect_cos_sin(
             got,
@@ -60,14 +61,14 @@ def hf_rotary_table(t: Trial) -> None:
             d,
             base,
             (cos[:, : d // 2], sin[:, : d // 2]),
-            f"transformers Qwen3RotaryEmbedding, head_dim {d}, rope_theta {fmt(base, 8)}",
+            tr("transformers Qwen3RotaryEmbedding, head_dim {d}, rope_theta {base}", d=d, base=fmt(base, 8)),
         )
 
 
 @hidden("ch19.1", "long context: positions up to Qwen3's 40960, in float32")
 def long_context(t: Trial) -> None:
     positions = [257, 4097, 32767, 40959] + [t.random.randrange(40960) for _ in range(8)]
-    run_cos_sin_case(t, positions, 128, 1e6, "Qwen3-0.6B, max_position_embeddings 40960")
+    run_cos_sin_case(t, positions, 128, 1e6, tr("Qwen3-0.6B, max_position_embeddings 40960"))
 
 
 # -- ch19.2 -------------------------------------------------------------------------------------------
@@ -84,8 +85,9 @@ def hf_apply_rotary(t: Trial) -> None:
         want_q, want_k = qwen3.apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos[None], sin[None])
         half = (cos[:, : d // 2], sin[:, : d // 2])
         for name, x, want in (("q", q, want_q), ("k", k, want_k)):
-            y = expect_rotated(t.yours.apply_rope(x, *half), x, f"the rotated {name}")
-            explain_rotated(y, want[0].transpose(0, 1), x, *half, f"transformers apply_rotary_pos_emb, {name}, d={d}", positions)
+            y = expect_rotated(t.yours.apply_rope(x, *half), x, tr("the rotated {name}", name=name))
+            case = tr("transformers apply_rotary_pos_emb, {name}, d={d}", name=name, d=d)
+            explain_rotated(y, want[0].transpose(0, 1), x, *half, case, positions)
 
 
 @hidden("ch19.2", "random shapes and positions, float32 and bf16")
@@ -95,7 +97,13 @@ def random_rope(t: Trial) -> None:
         x = torch.randn(n, h, d, generator=t.rng) * t.random.choice([0.1, 1.0, 30.0])
         x = x.bfloat16() if i % 2 else x
         positions = [t.random.randrange(4096) for _ in range(n)]
-        run_rope_case(t, x, positions, t.random.choice([10000.0, 1e6]), f"{n} tokens, {h} heads, d={d}, {str(x.dtype)[6:]}")
+        run_rope_case(
+            t,
+            x,
+            positions,
+            t.random.choice([10000.0, 1e6]),
+            tr("{n} tokens, {h} heads, d={d}, {dtype}", n=n, h=h, d=d, dtype=str(x.dtype)[6:]),
+        )
 
 
 @hidden("ch19.2", "a rotation keeps every head's length")
@@ -110,9 +118,15 @@ def norm_preserved(t: Trial) -> None:
     if len(bad):
         n, h = (int(v) for v in bad[0])
         raise CheckFailed(
-            f"token {n} (position {positions[n]}), head {h}: |x| = {fmt(before[n, h], 7)} but "
-            f"|apply_rope(x)| = {fmt(after[n, h], 7)}; every pair is rotated, and a rotation keeps "
-            f"lengths: (x1·cos − x2·sin)² + (x2·cos + x1·sin)² = x1² + x2²",
+            tr(
+                "token {n} (position {p}), head {h}: |x| = {before} but |apply_rope(x)| = {after}; every pair is rotated, "
+                "and a rotation keeps lengths: (x1·cos − x2·sin)² + (x2·cos + x1·sin)² = x1² + x2²",
+                n=n,
+                p=positions[n],
+                h=h,
+                before=fmt(before[n, h], 7),
+                after=fmt(after[n, h], 7),
+            ),
             hint=rope_hints(y, x, variants),
         )
 
@@ -139,13 +153,24 @@ def relative_position(t: Trial) -> None:
     if len(bad):
         i = int(bad[0])
         raise CheckFailed(
-            f"q at position {pq[i]} and k at {pk[i]} score q·k = {fmt(near[i])}; shifted by {shift} "
-            f"(positions {pq[i] + shift} and {pk[i] + shift}) the score becomes {fmt(far[i])}. "
-            f"RoPE rotates both by angles p·θ, so q·k depends only on p − p′ = {pq[i] - pk[i]} and "
-            f"must not change",
+            tr(
+                "q at position {pq} and k at {pk} score q·k = {near}; shifted by {shift} (positions {pq2} and {pk2}) "
+                "the score becomes {far}. RoPE rotates both by angles p·θ, so q·k depends only on p − p′ = {diff} and "
+                "must not change",
+                pq=pq[i],
+                pk=pk[i],
+                near=fmt(near[i]),
+                shift=shift,
+                pq2=pq[i] + shift,
+                pk2=pk[i] + shift,
+                far=fmt(far[i]),
+                diff=pq[i] - pk[i],
+            ),
             hint=named[0]
-            or "rotate every pair by its own angle p·θ_j with cos and sin of the same position; do not add or mix anything else "
-            "into q and k",
+            or tr(
+                "rotate every pair by its own angle p·θ_j with cos and sin of the same position; do not add or mix anything else "
+                "into q and k"
+            ),
         )
 
 
@@ -172,7 +197,7 @@ def hf_qwen3_attention(t: Trial) -> None:
         )
     got = t.yours.qk_norm_rope(q, k, wq, wk, torch.tensor(positions), 1e6, config.rms_norm_eps)
     yq, yk = expect_qk(got, q, k)
-    case = "transformers Qwen3Attention, 7 tokens, Hq=4, Hkv=2, d=16"
+    case = tr("transformers Qwen3Attention, 7 tokens, Hq=4, Hkv=2, d=16")
     explain_qk("q", yq, hq[0].transpose(0, 1), q, wq, wk, positions, 1e6, config.rms_norm_eps, case)
     explain_qk("k", yk, hk[0].transpose(0, 1), k, wk, wq, positions, 1e6, config.rms_norm_eps, case)
     # The whole block: attention over your q, k and the untouched v, then o_proj, equals Qwen3Attention's output.
@@ -181,8 +206,12 @@ def hf_qwen3_attention(t: Trial) -> None:
     out = attn.o_proj(torch.einsum("hnm,mhd->nhd", scores.softmax(-1), vv).reshape(n, 64)).detach()
     if not agrees(out, want_out, atol=1e-4, rtol=1e-4):
         raise CheckFailed(
-            f"{case}: with your q and k (and V neither normalised nor rotated), the attention block's "
-            f"output differs from Qwen3Attention's by up to {fmt((out - want_out).abs().max())}"
+            tr(
+                "{case}: with your q and k (and V neither normalised nor rotated), the attention block's "
+                "output differs from Qwen3Attention's by up to {diff}",
+                case=case,
+                diff=fmt((out - want_out).abs().max()),
+            )
         )
 
 
@@ -204,7 +233,7 @@ def random_qk(t: Trial) -> None:
             random_weight(t, d, dtype),
             positions,
             t.random.choice([10000.0, 1e6]),
-            f"{n} tokens from position {start}, d={d}, {str(dtype)[6:]}",
+            tr("{n} tokens from position {start}, d={d}, {dtype}", n=n, start=start, d=d, dtype=str(dtype)[6:]),
             eps=t.random.choice([1e-6, 1e-5]),
         )
 
@@ -221,7 +250,7 @@ def qwen3_shapes(t: Trial) -> None:
         random_weight(t, 128, torch.bfloat16),
         [40, 41, 42],
         1e6,
-        "Qwen3-0.6B, a chunk at positions 40–42",
+        tr("Qwen3-0.6B, a chunk at positions 40–42"),
     )
 
 
@@ -229,7 +258,9 @@ def qwen3_shapes(t: Trial) -> None:
 def unordered_positions(t: Trial) -> None:
     positions = [9, 0, 4, 4, 30]
     q, k = torch.randn(5, 2, 8, generator=t.rng), torch.randn(5, 2, 8, generator=t.rng)
-    run_qk_case(t, q, k, random_weight(t, 8), random_weight(t, 8), positions, 10000.0, f"positions {short(positions)}")
+    run_qk_case(
+        t, q, k, random_weight(t, 8), random_weight(t, 8), positions, 10000.0, tr("positions {positions}", positions=short(positions))
+    )
 
 
 # -- ch19.4 -------------------------------------------------------------------------------------------
@@ -254,7 +285,7 @@ def random_attention(t: Trial) -> None:
             base,
             k_cache,
             v_cache,
-            f"{n} new tokens after {c} cached, Hq={kv * group}, Hkv={kv}, d={d}",
+            tr("{n} new tokens after {c} cached, Hq={hq}, Hkv={kv}, d={d}", n=n, c=c, hq=kv * group, kv=kv, d=d),
             eps=t.random.choice([1e-6, 1e-5]),
         )
 
@@ -276,13 +307,24 @@ def chunk_equals_prefill(t: Trial) -> None:
             t, whole, q, k, v, wq, wk, base, EPS
         )
         raise CheckFailed(
-            f"{c + n} tokens: one prefill of all of them, then the last {n} again as a chunk after "
-            f"a cache of the first {c} (keys normalised and rotated at positions 0 … {c - 1})",
-            f"token at position {c + i}, query head {h}: the prefill gives {fmt(whole[c + i, h, 0])} "
-            f"in channel 0, your chunk {fmt(part[i, h, 0])}; the same token at the same position "
-            f"must give the same output either way",
+            tr(
+                "{s} tokens: one prefill of all of them, then the last {n} again as a chunk after "
+                "a cache of the first {c} (keys normalised and rotated at positions 0 … {last})",
+                s=c + n,
+                n=n,
+                c=c,
+                last=c - 1,
+            ),
+            tr(
+                "token at position {p}, query head {h}: the prefill gives {whole} in channel 0, your chunk {part}; "
+                "the same token at the same position must give the same output either way",
+                p=c + i,
+                h=h,
+                whole=fmt(whole[c + i, h, 0]),
+                part=fmt(part[i, h, 0]),
+            ),
             hint=named
-            or "the chunk's tokens stand at positions C … C + N − 1 after the C cached ones, and the cached keys are used as stored",
+            or tr("the chunk's tokens stand at positions C … C + N − 1 after the C cached ones, and the cached keys are used as stored"),
         )
 
 
@@ -311,12 +353,18 @@ def hf_attention_with_cache(t: Trial) -> None:
         cache = k_cache[0].transpose(0, 1).contiguous(), v[:c].contiguous()
         named = reference_hint(t, y, q[c:], k[c:], v[c:], wq, wk, 1e6, config.rms_norm_eps, *cache)
         raise CheckFailed(
-            f"transformers Qwen3Attention, {c} cached tokens and {n} new, Hq=4, Hkv=2, d=16: after "
-            f"o_proj, your attention output differs from Qwen3Attention's by up to "
-            f"{fmt((out - want).abs().max())}",
+            tr(
+                "transformers Qwen3Attention, {c} cached tokens and {n} new, Hq=4, Hkv=2, d=16: after "
+                "o_proj, your attention output differs from Qwen3Attention's by up to {diff}",
+                c=c,
+                n=n,
+                diff=fmt((out - want).abs().max()),
+            ),
             hint=named
-            or "q_norm/k_norm, then RoPE on q and k at positions C … C + N − 1, cached keys as stored, V untouched, causal "
-            "attention aligned to the end",
+            or tr(
+                "q_norm/k_norm, then RoPE on q and k at positions C … C + N − 1, cached keys as stored, V untouched, causal "
+                "attention aligned to the end"
+            ),
         )
 
 
@@ -335,7 +383,7 @@ def qwen3_decode_bf16(t: Trial) -> None:
         1e6,
         k_cache.bfloat16(),
         v_cache.bfloat16(),
-        "Qwen3-0.6B, decode at position 40, bf16",
+        tr("Qwen3-0.6B, decode at position 40, bf16"),
     )
 
 

@@ -6,6 +6,7 @@ import torch
 
 from grader.authoring import Trial, expect_tensor
 from grader.checks.ch17 import expect_causal, expect_mask, expect_mask_structure
+from grader.i18n import mark, tr
 from grader.lab import Int, ask, expected_or_own, experiment
 
 MAX_KEYS = 8
@@ -13,7 +14,7 @@ MAX_KEYS = 8
 
 def _constraints(p: dict) -> dict[str, str]:
     S = p["num_cached"] + p["num_new"]
-    return {"num_new": f"{S} keys in all are too many to draw (at most {MAX_KEYS})"} if S > MAX_KEYS else {}
+    return {"num_new": tr("{s} keys in all are too many to draw (at most {most})", s=S, most=MAX_KEYS)} if S > MAX_KEYS else {}
 
 
 def _captions(p: dict) -> dict[str, tuple[str, ...]]:
@@ -41,9 +42,11 @@ def _captions(p: dict) -> dict[str, tuple[str, ...]]:
 
 @experiment(
     "masks",
-    title="因果遮罩与偏移 · causal mask with an offset",
-    about="Change how many tokens are cached and how many are new: your causal_mask draws the whole "
-    "sequence, your causal_mask_with_offset the chunk, which must be its last rows.",
+    title=mark("causal mask with an offset"),
+    about=mark(
+        "Change how many tokens are cached and how many are new: your causal_mask draws the whole "
+        "sequence, your causal_mask_with_offset the chunk, which must be its last rows."
+    ),
     figures=("ch17-causal-mask", "ch17-offset-mask"),
     calls=("causal_mask", "causal_mask_with_offset"),
     params=[Int("num_cached", "num_cached", 3, 0, 8), Int("num_new", "num_new", 2, 1, 8)],
@@ -58,7 +61,7 @@ def masks(t: Trial, p: dict) -> None:
     whole = (
         expect_mask_structure(whole, want, s, 0, whole=True)
         if want is not None
-        else expect_tensor(whole, what="the mask", shape=[s, s], dtype=torch.bool)
+        else expect_tensor(whole, what=tr("the mask"), shape=[s, s], dtype=torch.bool)
     )
     t.figure("ch17-causal-mask", num_tokens=s, yours=whole, expected=expected_or_own(want, whole), checked=want is not None)
     chunk = t.yours.causal_mask_with_offset(n, c)
@@ -66,7 +69,7 @@ def masks(t: Trial, p: dict) -> None:
     chunk = (
         expect_mask_structure(chunk, want_c, n, c, whole=False)
         if want_c is not None
-        else expect_tensor(chunk, what="the mask", shape=[n, s], dtype=torch.bool)
+        else expect_tensor(chunk, what=tr("the mask"), shape=[n, s], dtype=torch.bool)
     )
     t.figure("ch17-offset-mask", num_new=n, num_cached=c, yours=chunk, expected=expected_or_own(want_c, chunk), checked=want_c is not None)
     if want is not None:
