@@ -435,7 +435,8 @@ class CourseScreen:
         self.title_width = room(self.titles)
         n_chapters = _count(len(ids), mark("1 chapter"), mark("{n} chapters"))
         workers = _count(jobs, mark("1 worker"), mark("{n} workers"))
-        head = tr("course · {chapters} · {what} · {workers}, grading seed {seed}", chapters=n_chapters, what=what, workers=workers, seed=seed)
+        head = mark("course · {chapters} · {what} · {workers}, grading seed {seed}")
+        head = tr(head, chapters=n_chapters, what=what, workers=workers, seed=seed)
         self.say(head)
 
     def say(self, text: str, indent: str = "") -> None:
