@@ -91,11 +91,13 @@ class CourseGroup(click.Group):
         return super().main(args, *a, **kw)
 
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        original, self.help = self.help, tr(inspect.cleandoc(self.help)) if self.help else self.help
+        original, params = self.help, self.params
+        self.help = tr(inspect.cleandoc(self.help)) if self.help else self.help
+        self.params = commands.translated_params(self.params)
         try:
             super().format_help(ctx, formatter)
         finally:
-            self.help = original
+            self.help, self.params = original, params
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         names = super().list_commands(ctx)
@@ -762,7 +764,7 @@ def figures(out: Path, submission: Path | None, jobs: int | None, no_sandbox: bo
 @main.command()
 @solutions_option
 @submission_option
-@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default="a free port", help=mark("Port on 127.0.0.1."))
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=mark("a free port"), help=mark("Port on 127.0.0.1."))
 @click.option("--no-open", is_flag=True, help=mark("Do not open a browser."))
 @click.option(
     "--time-limit",

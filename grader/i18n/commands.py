@@ -15,13 +15,13 @@ from collections.abc import Sequence
 
 import click
 
-from grader.i18n.catalog import tr
+from grader.i18n.catalog import mark, tr
 from grader.i18n.choose import LANGUAGES, normalize, set_language
 
 CLICK_MODULES = ("core", "decorators", "exceptions", "formatting", "parser", "types", "termui", "utils", "shell_completion")
 """The click modules whose `_` and `ngettext` become ours (their English texts are the catalog's ids)."""
 
-LANG_HELP = "Language of the output: zh (中文) or en (English); default: COURSE_LANG, the course's setting, the locale."
+LANG_HELP = mark("Language of the output: zh (中文) or en (English); default: COURSE_LANG, the course's setting, the locale.")
 
 
 def scan(args: Sequence[str]) -> str | None:
@@ -80,13 +80,19 @@ def translated(command: click.Command) -> click.Command:
         out.help = tr(inspect.cleandoc(command.help))
     if command.short_help:
         out.short_help = tr(inspect.cleandoc(command.short_help))
-    params = []
-    for p in command.params:
+    out.params = translated_params(command.params)
+    if not any(p.name == "lang" for p in out.params):
+        out.params.append(lang_option())
+    return out
+
+
+def translated_params(params: list[click.Parameter]) -> list[click.Parameter]:
+    """Copies of `params` with their help (and a worded default) in the run's language."""
+    out = []
+    for p in params:
         q = copy.copy(p)
-        if isinstance(q, click.Option) and q.help:
-            q.help = tr(q.help)
-        params.append(q)
-    if not any(p.name == "lang" for p in params):
-        params.append(lang_option())
-    out.params = params
+        if isinstance(q, click.Option):
+            q.help = tr(q.help) if q.help else q.help
+            q.show_default = tr(q.show_default) if isinstance(q.show_default, str) else q.show_default
+        out.append(q)
     return out

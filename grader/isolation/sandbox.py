@@ -48,6 +48,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import cast
 
+from grader.i18n import mark, tr
 from grader.isolation import budget, netfilter, procs
 
 STUDENT_PACKAGES = ("torch", "numpy")
@@ -65,11 +66,14 @@ ENV_ALLOWED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 """Host variables passed through (this machine's BLAS needs them); everything else is set here."""
 SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime")
 FIX = {
-    "bwrap": "install Debian's bubblewrap (apt-get install bubblewrap)",
-    "userns": "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, or a container "
-    "started without a seccomp profile that refuses them)",
-    "uid": "run the grader as root so it can drop student code to an unprivileged uid (setpriv)",
+    "bwrap": mark("install Debian's bubblewrap (apt-get install bubblewrap)"),
+    "userns": mark(
+        "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, or a container "
+        "started without a seccomp profile that refuses them)"
+    ),
+    "uid": mark("run the grader as root so it can drop student code to an unprivileged uid (setpriv)"),
 }
+"""What makes a sandbox possible where it is not, per missing piece (translated where it is said)."""
 
 
 class SandboxUnavailable(RuntimeError):
@@ -103,14 +107,15 @@ def probe(kind: str = "bwrap") -> str:
         raise SandboxUnavailable(f"unknown sandbox kind {kind!r}: one of {', '.join(KINDS)}")
     if kind == "uid":
         if os.geteuid() != 0 or not shutil.which("setpriv"):
-            raise SandboxUnavailable(f"the uid boundary needs root and setpriv: {FIX['uid']}")
+            raise SandboxUnavailable(tr("the uid boundary needs root and setpriv: {fix}", fix=tr(FIX["uid"])))
         try:
             network = netfilter.supported()
         except (netfilter.Unsupported, OSError) as e:
-            raise SandboxUnavailable(f"the uid boundary cannot take the network away here ({e}): {FIX['userns']}") from None
-        return f"uid boundary: a dedicated unprivileged uid, no capabilities, limits, {network} (no namespaces)"
+            why = tr("the uid boundary cannot take the network away here ({error}): {fix}", error=e, fix=tr(FIX["userns"]))
+            raise SandboxUnavailable(why) from None
+        return tr("uid boundary: a dedicated unprivileged uid, no capabilities, limits, {network} (no namespaces)", network=network)
     if not shutil.which("bwrap"):
-        raise SandboxUnavailable(f"bubblewrap (bwrap) is not installed: {FIX['bwrap']}")
+        raise SandboxUnavailable(tr("bubblewrap (bwrap) is not installed: {fix}", fix=tr(FIX["bwrap"])))
     box = Box("bwrap")
     try:
         out = subprocess.run(
@@ -123,17 +128,21 @@ def probe(kind: str = "bwrap") -> str:
             pass_fds=(),
         )
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise SandboxUnavailable(f"bwrap could not start ({e}): {FIX['userns']}") from None
+        raise SandboxUnavailable(tr("bwrap could not start ({error}): {fix}", error=e, fix=tr(FIX["userns"]))) from None
     finally:
         box.close()
     if out.returncode != 0 or out.stdout.split() != [str(INSIDE_UID), "ok"]:
         why = (out.stderr.strip() or out.stdout.strip())[:300]
-        raise SandboxUnavailable(f"bwrap cannot make the sandbox here ({why}): {FIX['userns']}")
+        raise SandboxUnavailable(tr("bwrap cannot make the sandbox here ({why}): {fix}", why=why, fix=tr(FIX["userns"])))
     version = subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout.strip()
-    who = f"host uid {HOST_UID_BASE}+" if os.geteuid() == 0 else "this user's uid"
-    return (
-        f"{version}: one sandbox per submission (user, pid, network, IPC namespaces; uid {INSIDE_UID} inside, "
-        f"{who} outside; no capabilities; only Python, {', '.join(STUDENT_PACKAGES)} and the submission visible)"
+    who = tr("host uid {uid}+", uid=HOST_UID_BASE) if os.geteuid() == 0 else tr("this user's uid")
+    return tr(
+        "{version}: one sandbox per submission (user, pid, network, IPC namespaces; uid {inside} inside, "
+        "{who} outside; no capabilities; only Python, {packages} and the submission visible)",
+        version=version,
+        inside=INSIDE_UID,
+        who=who,
+        packages=", ".join(STUDENT_PACKAGES),
     )
 
 
@@ -259,11 +268,15 @@ class Box:
         `course doctor` and a run's output say."""
         if self.kind is None or self.budget is None or self.budget.kind != "watchdog":
             return ""
-        processes = "RLIMIT_NPROC per host uid" if os.geteuid() == 0 else "RLIMIT_NPROC inside the box's user namespace"
-        return (
-            f"no cgroup here ({self.budget.why_not_cgroup}): memory is a watchdog on the resident memory of the box's "
-            f"processes, sampled every {budget.Watchdog.PERIOD * 1000:.0f} ms; its tmpfs folders hold at most "
-            f"{LIMITS['tmp_size'] >> 20} MiB each; processes: {LIMITS['processes']} per box ({processes})"
+        processes = tr("RLIMIT_NPROC per host uid") if os.geteuid() == 0 else tr("RLIMIT_NPROC inside the box's user namespace")
+        return tr(
+            "no cgroup here ({why}): memory is a watchdog on the resident memory of the box's processes, sampled every "
+            "{ms:.0f} ms; its tmpfs folders hold at most {tmp} MiB each; processes: {n} per box ({processes})",
+            why=self.budget.why_not_cgroup,
+            ms=budget.Watchdog.PERIOD * 1000,
+            tmp=LIMITS["tmp_size"] >> 20,
+            n=LIMITS["processes"],
+            processes=processes,
         )
 
     def settle(self) -> None:
