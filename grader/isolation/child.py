@@ -40,7 +40,10 @@ class _Refuse(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         if any(name == n or name.startswith(n + ".") for n in self.names):
-            raise ImportError(f"importing {name!r} is not allowed while grading: your code must not use the reference solutions")
+            from grader.i18n import tr
+
+            refused = tr("importing {name} is not allowed while grading: your code must not use the reference solutions", name=repr(name))
+            raise ImportError(refused)
         return None
 
 

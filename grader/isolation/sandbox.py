@@ -62,8 +62,9 @@ WARM_ALLOWANCE = 4 << 30
 `settle` sets its budget to the submission's memory on top of what the warm process then holds."""
 KINDS = ("bwrap", "uid")
 LIMITS = {"processes": 128, "open_files": 512, "file_size": 32 << 20, "tmp_size": 64 << 20}
-ENV_ALLOWED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-"""Host variables passed through (this machine's BLAS needs them); everything else is set here."""
+ENV_ALLOWED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "COURSE_LANG")
+"""Host variables passed through (this machine's BLAS needs them; the language of the few messages the student's
+process words itself); everything else is set here."""
 SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime")
 FIX = {
     "bwrap": mark("install Debian's bubblewrap (apt-get install bubblewrap)"),
