@@ -93,7 +93,11 @@ class Chapter:
 
     @property
     def title(self) -> str:
-        return f"{self.title_zh} · {self.title_en}"
+        """The title as a report shows it: Chinese alone in a Chinese run, "中文 · English" otherwise (the
+        course's titles are Chinese; an English reader keeps both, as the figure index has them)."""
+        from grader.i18n import language
+
+        return self.title_zh if language() == "zh" else f"{self.title_zh} · {self.title_en}"
 
     def task(self, task_id: str) -> Task:
         """Look a task up by "ch25.1" (also "25.1" or "1"); raise UnknownName otherwise."""
