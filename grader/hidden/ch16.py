@@ -68,7 +68,7 @@ def split_no_copy(t: Trial) -> None:
         used = dict(used=e.beyond(x.nbytes), spare=mib(SPLIT_SPARE))
         if found:
             line = tr(
-                "your split_heads used {used} beyond x (line {n}: {code}), where this check allows {spare}",
+                "your split_heads used {used} beyond x, where this check allows {spare} (line {n}: {code})",
                 n=found[1],
                 code=found[2],
                 **used,
