@@ -292,7 +292,14 @@ def qwen3_widths_figure(f: Figure, r: dict) -> None:
             )
         if len(got) < len(want):
             wrong = True
-            f.text(x_cells + len(got) * cw + 2, y + ch / 2 + 4, tr("✗ expected {want}", want=want), size=SMALL, color=stroke("wrong"), cls="label")
+            f.text(
+                x_cells + len(got) * cw + 2,
+                y + ch / 2 + 4,
+                tr("✗ expected {want}", want=want),
+                size=SMALL,
+                color=stroke("wrong"),
+                cls="label",
+            )
         f.text(x_sym, y + ch / 2 + 4, sym, size=SMALL + 1, mono=True, color=MUTED, cls="label")
         f.text(x_note, y + ch / 2 + 4, note, size=SMALL + 1, color=MUTED, cls="label")
         y += ch + 6
@@ -412,8 +419,8 @@ def checkpoints_figure(f: Figure, r: dict) -> None:
     x_name, x_shape, x_strip = MARGIN, MARGIN + 215, MARGIN + 450
     row_h, sq = 52, 30
     y = f.y + 10
-    f.text(x_shape, y - 4, "your shape", size=SMALL + 1, color=MUTED, cls="label")
-    f.text(x_strip, y - 4, "rows of the tensor (colour: request)", size=SMALL + 1, color=MUTED, cls="label")
+    f.text(x_shape, y - 4, tr("your shape"), size=SMALL + 1, color=MUTED, cls="label")
+    f.text(x_strip, y - 4, tr("rows of the tensor (colour: request)"), size=SMALL + 1, color=MUTED, cls="label")
     y += 8
     wrong = False
     centers_above: list[float] = []
@@ -435,7 +442,9 @@ def checkpoints_figure(f: Figure, r: dict) -> None:
             )
         if len(shape) < len(want):
             wrong = True
-            f.text(x_shape + len(shape) * 76 + 4, y + 22, tr("✗ expected {want}", want=want), size=SMALL, color=stroke("wrong"), cls="label")
+            f.text(
+                x_shape + len(shape) * 76 + 4, y + 22, tr("✗ expected {want}", want=want), size=SMALL, color=stroke("wrong"), cls="label"
+            )
         rows = shape[0] if shape else 0
         ok_rows = bool(want) and rows == want[0]
         shown = min(rows, 12)
@@ -465,9 +474,9 @@ def checkpoints_figure(f: Figure, r: dict) -> None:
                 )
             centers.append(cx + sq / 2)
         if k == 5:
-            f.text(x_strip + shown * (sq + 6) + 4, y + 22, f"each row {V} logits wide", size=SMALL, color=MUTED, cls="label")
+            f.text(x_strip + shown * (sq + 6) + 4, y + 22, tr("each row {V} logits wide", V=V), size=SMALL, color=MUTED, cls="label")
         elif k in (1, 2, 3, 4):
-            f.text(x_strip + shown * (sq + 6) + 4, y + 22, f"each row {H} wide", size=SMALL, color=MUTED, cls="label")
+            f.text(x_strip + shown * (sq + 6) + 4, y + 22, tr("each row {H} wide", H=H), size=SMALL, color=MUTED, cls="label")
         if k == 4 and len(centers_above) >= N:
             for b, center in enumerate(centers[:B]):
                 f.arrow(centers_above[last[b]], y - row_h + sq + 4, center, y, color=stroke("accent"), width=1.4)
@@ -497,7 +506,7 @@ def checkpoints_figure(f: Figure, r: dict) -> None:
             (RANK[0], tr("request 0's tokens")),
             (RANK[1], tr("request 1's tokens")),
             ("accent", tr("arrows: the last-token rows kept")),
-            ("plain", "shape dimensions"),
+            ("plain", tr("shape dimensions")),
         ],
         wrong=wrong,
     )
@@ -527,7 +536,7 @@ def tensor_parallel_figure(f: Figure, r: dict) -> None:
     c = 32
     f.instance_row(
         [
-            (f"tp = {tp} ranks", "plain"),
+            (tr("tp = {tp} ranks", tp=tp), "plain"),
             (f"x [{N}, {in1}]", "plain"),
             (f"W1 [in {in1}, out {out1}]", "plain"),
             (f"W2 [in {len(w2)}, out {out2}]", "plain"),
@@ -601,7 +610,7 @@ def tensor_parallel_figure(f: Figure, r: dict) -> None:
         f,
         [
             [
-                (f"shard {rk} [{N}, {b2}]", f.matrix(x_shards[rk], role=RANK[rk % 2], w=c, h=c)),
+                (tr("shard {rk} [{N}, {b}]", rk=rk, N=N, b=b2), f.matrix(x_shards[rk], role=RANK[rk % 2], w=c, h=c)),
                 (f"W2[{rk * b2}:{(rk + 1) * b2}, :]", f.matrix(w2[rk * b2 : (rk + 1) * b2], role=RANK[rk % 2], w=c, h=c)),
                 (tr("your partial {rk} [{N}, {o}]", rk=rk, N=N, o=out2), results[rk]),
             ]
@@ -658,7 +667,9 @@ def tensor_parallel_figure(f: Figure, r: dict) -> None:
         size=SMALL + 1.5,
     )
     wrong = row_out is None or any(_any(r[key]) for key in ("shards_wrong", "col_out_wrong", "partials_wrong", "row_out_wrong"))
-    f.legend([("plain", "replicated input, summed output"), (RANK[0], "rank 0's slice"), (RANK[1], "rank 1's slice")], wrong=wrong)
+    f.legend(
+        [("plain", tr("replicated input, summed output")), (RANK[0], tr("rank 0's slice")), (RANK[1], tr("rank 1's slice"))], wrong=wrong
+    )
 
 
 def _by_row(roles: list[str]) -> Callable[[int, int], str]:
@@ -716,9 +727,9 @@ def vocab_parallel_figure(f: Figure, r: dict) -> None:
     c, h = 34, 28
     f.instance_row(
         [
-            (f"E [{V}, {H}], tp = {tp}: rank r holds rows [{per}r, {per}r + {per})", "plain"),
+            (tr("E [{V}, {H}], tp = {tp}: rank r holds rows [{per}r, {per}r + {per})", V=V, H=H, tp=tp, per=per), "plain"),
             (f"ids = {ids}", "token"),
-            ("all-reduce = sum over ranks", "plain"),
+            (tr("all-reduce = sum over ranks"), "plain"),
         ]
     )
     f.heading(tr("vocab-parallel embedding: every rank looks up every id (ch15.7)"))
@@ -728,7 +739,9 @@ def vocab_parallel_figure(f: Figure, r: dict) -> None:
         start = rk * per
         own = [start <= tok < start + per for tok in ids]
         roles = [RANK[rk % 2] if o else "masked" for o in own]
-        shard = f.matrix(table[start : start + per], role=RANK[rk % 2], w=c, h=h, row_labels=[f"E row {start + i}" for i in range(per)])
+        shard = f.matrix(
+            table[start : start + per], role=RANK[rk % 2], w=c, h=h, row_labels=[tr("E row {r}", r=start + i) for i in range(per)]
+        )
         mask = f.matrix(
             [[int(o)] for o in own],
             role=_by_row(["attend" if o else "masked" for o in own]),
@@ -861,7 +874,17 @@ def qkv_shards_figure(f: Figure, r: dict) -> None:
             (f"num_kv_heads = {kv}", "k"),
             (f"head_dim = {d}", "plain"),
             (f"tp = {tp}", "plain"),
-            (f"per rank: [({heads}/{tp} + 2·{kv}/{tp})·{d}, H] = [{(heads + 2 * kv) // tp * d}, H]", "plain"),
+            (
+                tr(
+                    "per rank: [({heads}/{tp} + 2·{kv}/{tp})·{d}, H] = [{rows}, H]",
+                    heads=heads,
+                    tp=tp,
+                    kv=kv,
+                    d=d,
+                    rows=(heads + 2 * kv) // tp * d,
+                ),
+                "plain",
+            ),
         ]
     )
     sizes = {"q": heads * d, "k": kv * d, "v": kv * d}
