@@ -11,7 +11,7 @@ from figures import figure
 from figures.kit import Figure, Grid, num, text_width
 from figures.layout import Part, column, pad, row, space, wide
 from figures.style import FONT, INK, LABEL, LABEL_SMALL, MARGIN, MONO, MUTED, SMALL, stroke
-from grader.i18n import tr
+from grader.i18n import tr, tr_in
 
 TRACED = 2  # the element followed through split_heads
 
@@ -310,7 +310,8 @@ def merge_heads_figure(f: Figure, r: dict) -> None:
             for v in bare[i][::d]:
                 t, hh = origin[v]
                 by_head.setdefault(hh, []).append(t)
-            groups = [tr("{tokens} of head {h}", tokens=", ".join("t" + str(t) for t in ts), h=hh) for hh, ts in by_head.items()]
+            sep = tr_in("ch16.tokens", " and ")  # between the tokens of one head: "t0 and t1"
+            groups = [tr("{tokens} of head {h}", tokens=sep.join("t" + str(t) for t in ts), h=hh) for hh, ts in by_head.items()]
             lines = [tr("row {i} holds {group}", i=i, group=groups[0])] + [tr("and {group}", group=g) for g in groups[1:]]
             bare_notes.append([(line, stroke("accent"), "label mixed") for line in lines])
         else:
