@@ -11,6 +11,7 @@ from figures import figure
 from figures.kit import Figure, Grid, num, text_width
 from figures.layout import Part, column, pad, row, space, wide
 from figures.style import INK, LABEL, LABEL_SMALL, MARGIN, MUTED, SMALL, stroke
+from grader.i18n import tr
 
 RANK = ("token", "block")  # the kit has no rank roles: rank 0 sky blue, rank 1 purple, always labelled
 ROW, ID_STEP, OUT_STEP = 34, 1.6, 46
@@ -49,28 +50,34 @@ def embedding_figure(f: Figure, r: dict) -> None:
     read = set(ids)
     f.instance_row(
         [
-            (f"E: V = {V} rows × H = {H}", "plain"),
+            (tr("E: V = {V} rows × H = {H}", V=V, H=H), "plain"),
             (f"ids [1, {n}] = [[{', '.join(map(str, ids))}]]", "token"),
             (f"X = E[ids]: [1, {n}, {H}]", "plain"),
         ]
     )
     count = lambda s: f.label(s, size=LABEL_SMALL + 0.5, color=stroke("token"), bold=True)
     ids_cells = f.matrix([[tok] for tok in ids], role="token", row_labels=[f"t{t}" for t in range(n)], w=40, h=ROW, gap=(ID_STEP - 1) * ROW)
-    names = f.table([[(f"row {i}", {"color": INK if i in read else MUTED})] for i in range(V)], h=ROW, size=LABEL_SMALL)
+    names = f.table([[(tr("row {i}", i=i), {"color": INK if i in read else MUTED})] for i in range(V)], h=ROW, size=LABEL_SMALL)
     rows_of_e = f.matrix(table, role=lambda i, j: "token" if i in read else "plain", w=46, h=ROW)
     outs = [f.matrix([out[t]], role="token", expected=[expected[t]], wrong=[wrong[t]], w=46, h=ROW) for t in range(n)]
-    should = "" if r.get("checked", True) else "should be "  # not compared: the rule, not a claim about yours
-    sources = f.table([[f"{should or '= '}E[{tok}]"] for tok in ids], h=OUT_STEP, size=LABEL_SMALL, mono=True, color=MUTED)
+    checked = r.get("checked", True)  # not compared: the rule, not a claim about yours
+    sources = f.table(
+        [[f"= E[{tok}]" if checked else tr("should be E[{tok}]", tok=tok)] for tok in ids],
+        h=OUT_STEP,
+        size=LABEL_SMALL,
+        mono=True,
+        color=MUTED,
+    )
     f.place(
         row(
-            column(_title(f, "ids[0, t]"), ids_cells, count(f"{n} ints in"), gap=8, align="center"),
-            f.titled(f"E [{V}, {H}] (row r holds 10(r+1)+1 … 10(r+1)+{H})", row(names, rows_of_e, gap=8), size=TITLE),
+            column(_title(f, "ids[0, t]"), ids_cells, count(tr("{n} ints in", n=n)), gap=8, align="center"),
+            f.titled(tr("E [{V}, {H}] (row r holds 10(r+1)+1 … 10(r+1)+{H})", V=V, H=H), row(names, rows_of_e, gap=8), size=TITLE),
             f.titled(
-                f"your X[0] (X is [1, {n}, {H}])",
+                tr("your X[0] (X is [1, {n}, {H}])", n=n, H=H),
                 row(
                     column(
                         pad(column(*outs, gap=OUT_STEP - ROW), top=ROW / 2),
-                        count(f"{n} × {H} = {n * H} floats out"),
+                        count(tr("{n} × {H} = {total} floats out", n=n, H=H, total=n * H)),
                         gap=14,
                         align="center",
                     ),
@@ -91,15 +98,22 @@ def embedding_figure(f: Figure, r: dict) -> None:
         f.arrow(ix + iw + 2, iy + ROW / 2, ex - names.w - 20, ey + ROW / 2, color=stroke("token"), width=1.3)
         f.arrow(rows_of_e.cell_box(tok, H)[0] + 4, ey + ROW / 2, ox - 6, oy + ROW / 2, color=stroke("token"), width=1.3)
     f.note(
-        f"In: {n} integer ids (shape [1, {n}]). Out: {n} rows × {H} = {n * H} floats (shape [1, {n}, {H}]). "
-        f"E itself holds {V} × {H} = {V * H} floats. A reshape keeps every number and only regroups them; a "
-        f"lookup copies one whole row of H = {H} per id, in the order of the ids, and repeats a row when an id "
-        f"repeats.",
+        tr(
+            "In: {n} integer ids (shape [1, {n}]). Out: {n} rows × {H} = {total} floats (shape [1, {n}, {H}]). "
+            "E itself holds {V} × {H} = {size} floats. A reshape keeps every number and only regroups them; a "
+            "lookup copies one whole row of H = {H} per id, in the order of the ids, and repeats a row when an id "
+            "repeats.",
+            n=n,
+            H=H,
+            V=V,
+            total=n * H,
+            size=V * H,
+        ),
         color=INK,
         size=SMALL + 2,
     )
     f.y += 4
-    f.legend([("token", "the ids and the rows they read"), ("plain", "rows no id reads")], wrong=_any(wrong))
+    f.legend([("token", tr("the ids and the rows they read")), ("plain", tr("rows no id reads"))], wrong=_any(wrong))
 
 
 # -- ch15-dim-qkv-linear ---------------------------------------------------------------------------------
@@ -142,13 +156,13 @@ def qkv_linear_figure(f: Figure, r: dict) -> None:
     f.place(
         row(
             f.titled(
-                f"W as stored: [out, in] = [{out_f}, {in_f}]",
-                column(row(stored_rows, stored, gap=6), f.label("row j = output feature j"), gap=8, align="center"),
+                tr("W as stored: [out, in] = [{o}, {i}]", o=out_f, i=in_f),
+                column(row(stored_rows, stored, gap=6), f.label(tr("row j = output feature j")), gap=8, align="center"),
                 size=TITLE,
             ),
             column(
                 row(space(x_panel.w), f.titled(f"Wᵀ = W.T: [in, out] = [{in_f}, {out_f}]", wt, size=TITLE), gap=40),
-                row(x_panel, f.titled(f"your Y = X·Wᵀ = linear(X, W): [{T}, {out_f}]", ys, size=TITLE), gap=40),
+                row(x_panel, f.titled(tr("your Y = X·Wᵀ = linear(X, W): [{T}, {o}]", T=T, o=out_f), ys, size=TITLE), gap=40),
                 gap=16,
             ),
             gap=70,
@@ -158,22 +172,27 @@ def qkv_linear_figure(f: Figure, r: dict) -> None:
     wx, wy, _, _ = wt.cell_box(0, 0)
     f.vbracket(wx - 6, wy, wt.cell_box(in_f, 0)[1], f"in = {in_f}", side="left", color=stroke("accent"))
     f.arrow(stored.right + 8, stored.cell_box(1, 0)[1], wx - 24 - text_width(f"in = {in_f}", LABEL_SMALL), wy + in_f * c / 2, width=1.2)
-    f.text((stored.right + wx) / 2 - 20, stored.cell_box(1, 0)[1] - 12, "transpose (a view)", size=SMALL, anchor="middle", color=MUTED)
+    f.text((stored.right + wx) / 2 - 20, stored.cell_box(1, 0)[1] - 12, tr("transpose (a view)"), size=SMALL, anchor="middle", color=MUTED)
     # The contraction axis under X; the column groups of Y, and the student's split below them.
-    f.bracket(xs.cell_box(0, 0)[0], xs.right, xs.bottom + 4, f"in = {in_f}: summed", color=stroke("accent"))
+    f.bracket(xs.cell_box(0, 0)[0], xs.right, xs.bottom + 4, tr("in = {n}: summed", n=in_f), color=stroke("accent"))
     first = [sum(sizes[:k]) for k in range(3)]
     for name, start, size in zip("qkv", first, sizes):
         f.bracket(ys.cell_box(0, start)[0] + 2, ys.cell_box(0, start + size)[0] - 2, ys.bottom + 6, f"{name}: {size}", color=stroke(name))
     parts = [f.matrix(r[name], role=name, expected=r[f"{name}_expected"], wrong=r[f"{name}_wrong"], w=c, h=c) for name in "qkv"]
     caption = column(
         f.label(f"split_qkv(Y, {nh}, {nkv}, {d})", size=LABEL_SMALL + 0.5, mono=True, color=INK),
-        f.label("your split of the expected Y", size=SMALL),
+        f.label(tr("your split of the expected Y"), size=SMALL),
         gap=4,
         align="right",
     )
     split = row(
         *(
-            column(_title(f, f"your {name.upper()} [{T}, {size}]", color=stroke(name)), part, gap=8, align="center")
+            column(
+                _title(f, tr("your {name} [{T}, {size}]", name=name.upper(), T=T, size=size), color=stroke(name)),
+                part,
+                gap=8,
+                align="center",
+            )
             for name, size, part in zip("qkv", sizes, parts)
         ),
         gap=18,
@@ -184,14 +203,19 @@ def qkv_linear_figure(f: Figure, r: dict) -> None:
         f.arrow(ys.cell_box(0, start)[0] + size * c / 2, ys.bottom + 32, px + size * c / 2, py - 24, color=stroke(name), width=1.2)
     terms = " + ".join(f"{num(a)}·{num(b)}" for a, b in zip(x[0], w[0]))
     f.note(
-        f"Y[0, 0] = Σ_c X[0, c]·W[0, c] = {terms} = {num(y_want[0][0])} (yours: {num(y[0][0])}). The sum runs "
-        f"over in, the last axis of X and of the stored W: row j of W is output feature j.",
+        tr(
+            "Y[0, 0] = Σ_c X[0, c]·W[0, c] = {terms} = {want} (yours: {yours}). The sum runs "
+            "over in, the last axis of X and of the stored W: row j of W is output feature j.",
+            terms=terms,
+            want=num(y_want[0][0]),
+            yours=num(y[0][0]),
+        ),
         color=INK,
         size=SMALL + 2,
     )
     f.y += 4
     f.legend(
-        [("token", "X: one row per token"), ("q", "Q columns"), ("k", "K columns"), ("v", "V columns")],
+        [("token", tr("X: one row per token")), ("q", tr("Q columns")), ("k", tr("K columns")), ("v", tr("V columns"))],
         wrong=any(_any(r[key]) for key in ("y_wrong", "q_wrong", "k_wrong", "v_wrong")),
     )
 
@@ -215,40 +239,47 @@ def qwen3_widths_figure(f: Figure, r: dict) -> None:
     Hq, Hkv, tied = c["num_attention_heads"], c["num_key_value_heads"], c["tie_word_embeddings"]
     f.instance_row(
         [
-            (f"hidden H = {H}", "plain"),
-            (f"heads Hq = {Hq}", "q"),
-            (f"kv heads Hkv = {Hkv}", "k"),
+            (tr("hidden H = {H}", H=H), "plain"),
+            (tr("heads Hq = {Hq}", Hq=Hq), "q"),
+            (tr("kv heads Hkv = {Hkv}", Hkv=Hkv), "k"),
             (f"head_dim d = {d}", "accent"),
-            (f"intermediate I = {I}", "plain"),
-            (f"vocab V = {V}", "token"),
+            (tr("intermediate I = {I}", I=I), "plain"),
+            (tr("vocab V = {V}", V=V), "token"),
             (f"tie_word_embeddings = {tied}", "token"),
         ]
     )
     f.note(
-        f"head_dim comes from the config: d = {d}. Deriving it as H / Hq = {H} / {Hq} = {H // Hq} would shrink "
-        f"qkv_proj to [{(Hq + 2 * Hkv) * (H // Hq)}, {H}], o_proj to [{H}, {Hq * (H // Hq)}] and change the "
-        f"attention scale from 1/√{d} to 1/√{H // Hq}.",
+        tr(
+            "head_dim comes from the config: d = {d}. Deriving it as H / Hq = {H} / {Hq} = {g} would shrink "
+            "qkv_proj to [{qkv}, {H}], o_proj to [{H}, {o}] and change the attention scale from 1/√{d} to 1/√{g}.",
+            d=d,
+            H=H,
+            Hq=Hq,
+            g=H // Hq,
+            qkv=(Hq + 2 * Hkv) * (H // Hq),
+            o=Hq * (H // Hq),
+        ),
         color=INK,
         size=SMALL + 2,
     )
     f.y += 6
-    f.heading("每个权重的形状 · each weight as stored, [out, in] (your values)")
+    f.heading(tr("each weight as stored, [out, in] (your values)"))
     rows = [
-        ("embed_tokens", "a table: one row per token id", "[V, H]", "token"),
-        ("qkv_proj", f"q | k | v packed: ({Hq} + 2·{Hkv})·{d} rows", "[(Hq + 2·Hkv)·d, H]", "q"),
-        ("o_proj", f"attention output {Hq}·{d} → H", "[H, Hq·d]", "q"),
-        ("q_norm", "RMSNorm weight over one head", "[d]", "accent"),
-        ("k_norm", "RMSNorm weight over one head", "[d]", "accent"),
-        ("gate_up_proj", f"gate | up packed: 2·{I} rows", "[2·I, H]", "plain"),
-        ("down_proj", f"intermediate {I} → H", "[H, I]", "plain"),
-        ("lm_head", "tied: it is embed_tokens.weight" if tied else "untied: its own matrix", "[V, H]", "token"),
+        ("embed_tokens", tr("a table: one row per token id"), "[V, H]", "token"),
+        ("qkv_proj", tr("q | k | v packed: ({Hq} + 2·{Hkv})·{d} rows", Hq=Hq, Hkv=Hkv, d=d), "[(Hq + 2·Hkv)·d, H]", "q"),
+        ("o_proj", tr("attention output {Hq}·{d} → H", Hq=Hq, d=d), "[H, Hq·d]", "q"),
+        ("q_norm", tr("RMSNorm weight over one head"), "[d]", "accent"),
+        ("k_norm", tr("RMSNorm weight over one head"), "[d]", "accent"),
+        ("gate_up_proj", tr("gate | up packed: 2·{I} rows", I=I), "[2·I, H]", "plain"),
+        ("down_proj", tr("intermediate {I} → H", I=I), "[H, I]", "plain"),
+        ("lm_head", tr("tied: it is embed_tokens.weight") if tied else tr("untied: its own matrix"), "[V, H]", "token"),
     ]
     x_name, x_cells, x_sym, x_note = MARGIN, MARGIN + 120, MARGIN + 300, MARGIN + 450
     cw, ch = 84, 28
     y = f.y + 20
     for k, label in enumerate(("out", "in")):
         f.text(x_cells + k * cw + (cw - 4) / 2, y - 6, label, size=SMALL + 1, anchor="middle", color=MUTED, cls="label")
-    f.text(x_sym, y - 6, "from the config", size=SMALL + 1, color=MUTED, cls="label")
+    f.text(x_sym, y - 6, tr("from the config"), size=SMALL + 1, color=MUTED, cls="label")
     wrong = False
     for name, note, sym, role in rows:
         f.text(x_name, y + ch / 2 + 4, name, size=LABEL, mono=True, weight="bold", cls="label")
@@ -261,13 +292,20 @@ def qwen3_widths_figure(f: Figure, r: dict) -> None:
             )
         if len(got) < len(want):
             wrong = True
-            f.text(x_cells + len(got) * cw + 2, y + ch / 2 + 4, f"✗ expected {want}", size=SMALL, color=stroke("wrong"), cls="label")
+            f.text(
+                x_cells + len(got) * cw + 2,
+                y + ch / 2 + 4,
+                tr("✗ expected {want}", want=want),
+                size=SMALL,
+                color=stroke("wrong"),
+                cls="label",
+            )
         f.text(x_sym, y + ch / 2 + 4, sym, size=SMALL + 1, mono=True, color=MUTED, cls="label")
         f.text(x_note, y + ch / 2 + 4, note, size=SMALL + 1, color=MUTED, cls="label")
         y += ch + 6
     f.y = y + 22
     # One token's widths through a layer, to scale, read from the student's shapes.
-    f.heading("一个 token 在一层里的宽度(按比例)· one token's width through a layer, to scale (your shapes)")
+    f.heading(tr("one token's width through a layer, to scale (your shapes)"))
     q_w, kv_w = Hq * d, Hkv * d
     bars = [
         ("hidden h", H, H, [(H, "plain", f"H = {H}")]),
@@ -277,7 +315,12 @@ def qwen3_widths_figure(f: Figure, r: dict) -> None:
             expected["qkv_proj"][0],
             [(q_w, "q", f"q {Hq}·{d} = {q_w}"), (kv_w, "k", f"k {Hkv}·{d}"), (kv_w, "v", f"v {Hkv}·{d}")],
         ),
-        ("attention output", shapes["o_proj"][-1], expected["o_proj"][-1], [(q_w, "q", f"{Hq} heads · {d} = {q_w}")]),
+        (
+            tr("attention output"),
+            shapes["o_proj"][-1],
+            expected["o_proj"][-1],
+            [(q_w, "q", tr("{Hq} heads · {d} = {w}", Hq=Hq, d=d, w=q_w))],
+        ),
         ("o_proj(·)", shapes["o_proj"][0], expected["o_proj"][0], [(H, "plain", f"{H}")]),
         ("gate_up_proj(h)", shapes["gate_up_proj"][0], expected["gate_up_proj"][0], [(I, "plain", f"gate {I}"), (I, "plain", f"up {I}")]),
         ("SiLU(gate) · up", shapes["down_proj"][-1], expected["down_proj"][-1], [(I, "plain", f"I = {I}")]),
@@ -314,7 +357,7 @@ def qwen3_widths_figure(f: Figure, r: dict) -> None:
             f.text(
                 x0 + max(got, want) * scale + 8,
                 y + 15,
-                f"yours {got}, expected {want}",
+                tr("yours {got}, expected {want}", got=got, want=want),
                 size=SMALL,
                 color=stroke("wrong"),
                 cls="value wrong",
@@ -323,12 +366,12 @@ def qwen3_widths_figure(f: Figure, r: dict) -> None:
     f.y = y + 14
     f.legend(
         [
-            ("q", "q and the attention width"),
+            ("q", tr("q and the attention width")),
             ("k", "k"),
             ("v", "v"),
-            ("accent", "head_dim, from the config"),
-            ("token", "vocabulary-sized"),
-            ("plain", "hidden and MLP widths"),
+            ("accent", tr("head_dim, from the config")),
+            ("token", tr("vocabulary-sized")),
+            ("plain", tr("hidden and MLP widths")),
         ],
         wrong=wrong,
     )
@@ -359,25 +402,25 @@ def checkpoints_figure(f: Figure, r: dict) -> None:
     f.instance_row(
         [
             (f"prompt_lens = {lens}", "token"),
-            (f"N = {' + '.join(map(str, lens))} = {N} tokens", "plain"),
-            (f"B = {B} requests", "plain"),
+            (tr("N = {sum} = {N} tokens", sum=" + ".join(map(str, lens)), N=N), "plain"),
+            (tr("B = {B} requests", B=B), "plain"),
             (f"cu_seqlens_q = {cu}", "plain"),
             (f"H = {H}, V = {V}", "plain"),
         ]
     )
     steps = [
-        "the prompts, concatenated",
-        "embed_tokens: a row per id",
-        "through every decoder layer",
-        "the final RMSNorm",
-        f"rows cu_seqlens_q[1:] − 1 = {last}",
-        "lm_head: x @ W.T (W [V, H])",
+        tr("the prompts, concatenated"),
+        tr("embed_tokens: a row per id"),
+        tr("through every decoder layer"),
+        tr("the final RMSNorm"),
+        tr("rows cu_seqlens_q[1:] − 1 = {last}", last=last),
+        tr("lm_head: x @ W.T (W [V, H])"),
     ]
     x_name, x_shape, x_strip = MARGIN, MARGIN + 215, MARGIN + 450
     row_h, sq = 52, 30
     y = f.y + 10
-    f.text(x_shape, y - 4, "your shape", size=SMALL + 1, color=MUTED, cls="label")
-    f.text(x_strip, y - 4, "rows of the tensor (colour: request)", size=SMALL + 1, color=MUTED, cls="label")
+    f.text(x_shape, y - 4, tr("your shape"), size=SMALL + 1, color=MUTED, cls="label")
+    f.text(x_strip, y - 4, tr("rows of the tensor (colour: request)"), size=SMALL + 1, color=MUTED, cls="label")
     y += 8
     wrong = False
     centers_above: list[float] = []
@@ -399,7 +442,9 @@ def checkpoints_figure(f: Figure, r: dict) -> None:
             )
         if len(shape) < len(want):
             wrong = True
-            f.text(x_shape + len(shape) * 76 + 4, y + 22, f"✗ expected {want}", size=SMALL, color=stroke("wrong"), cls="label")
+            f.text(
+                x_shape + len(shape) * 76 + 4, y + 22, tr("✗ expected {want}", want=want), size=SMALL, color=stroke("wrong"), cls="label"
+            )
         rows = shape[0] if shape else 0
         ok_rows = bool(want) and rows == want[0]
         shown = min(rows, 12)
@@ -429,9 +474,9 @@ def checkpoints_figure(f: Figure, r: dict) -> None:
                 )
             centers.append(cx + sq / 2)
         if k == 5:
-            f.text(x_strip + shown * (sq + 6) + 4, y + 22, f"each row {V} logits wide", size=SMALL, color=MUTED, cls="label")
+            f.text(x_strip + shown * (sq + 6) + 4, y + 22, tr("each row {V} logits wide", V=V), size=SMALL, color=MUTED, cls="label")
         elif k in (1, 2, 3, 4):
-            f.text(x_strip + shown * (sq + 6) + 4, y + 22, f"each row {H} wide", size=SMALL, color=MUTED, cls="label")
+            f.text(x_strip + shown * (sq + 6) + 4, y + 22, tr("each row {H} wide", H=H), size=SMALL, color=MUTED, cls="label")
         if k == 4 and len(centers_above) >= N:
             for b, center in enumerate(centers[:B]):
                 f.arrow(centers_above[last[b]], y - row_h + sq + 4, center, y, color=stroke("accent"), width=1.4)
@@ -441,19 +486,27 @@ def checkpoints_figure(f: Figure, r: dict) -> None:
         y += row_h
     f.y = y + 6
     f.note(
-        f"The LM head keeps {B} rows of {N}: the last token of each request ({', '.join(f't{i}' for i in last)}), "
-        f"because only that token predicts the request's next token. Logits for all {N} tokens would be "
-        f"[{N}, {V}], {N * V:,} numbers instead of {B * V:,}.",
+        tr(
+            "The LM head keeps {B} rows of {N}: the last token of each request ({rows}), "
+            "because only that token predicts the request's next token. Logits for all {N} tokens would be "
+            "[{N}, {V}], {all} numbers instead of {kept}.",
+            B=B,
+            N=N,
+            V=V,
+            rows=", ".join("t" + str(i) for i in last),
+            all=format(N * V, ","),
+            kept=format(B * V, ","),
+        ),
         color=INK,
         size=SMALL + 2,
     )
     f.y += 4
     f.legend(
         [
-            (RANK[0], "request 0's tokens"),
-            (RANK[1], "request 1's tokens"),
-            ("accent", "arrows: the last-token rows kept"),
-            ("plain", "shape dimensions"),
+            (RANK[0], tr("request 0's tokens")),
+            (RANK[1], tr("request 1's tokens")),
+            ("accent", tr("arrows: the last-token rows kept")),
+            ("plain", tr("shape dimensions")),
         ],
         wrong=wrong,
     )
@@ -483,16 +536,16 @@ def tensor_parallel_figure(f: Figure, r: dict) -> None:
     c = 32
     f.instance_row(
         [
-            (f"tp = {tp} ranks", "plain"),
+            (tr("tp = {tp} ranks", tp=tp), "plain"),
             (f"x [{N}, {in1}]", "plain"),
             (f"W1 [in {in1}, out {out1}]", "plain"),
             (f"W2 [in {len(w2)}, out {out2}]", "plain"),
-            ("math view: y = x @ W, W is [in, out]", "accent"),
+            (tr("math view: y = x @ W, W is [in, out]"), "accent"),
         ]
     )
 
     # Column-parallel: x @ W1's column block = a shard; the shards side by side are the output.
-    f.heading(f"列切分 · column-parallel: every rank gets all of x and a block of {b1} output columns of W1")
+    f.heading(tr("column-parallel: every rank gets all of x and a block of {b} output columns of W1", b=b1))
     f.y += 6
     results = [
         f.matrix(s, role=RANK[rk % 2], expected=r["shards_expected"][rk], wrong=r["shards_wrong"][rk], w=c, h=c)
@@ -502,12 +555,12 @@ def tensor_parallel_figure(f: Figure, r: dict) -> None:
         f,
         [
             [
-                ("x (replicated)", f.matrix(x, w=c, h=c)),
+                (tr("x (replicated)"), f.matrix(x, w=c, h=c)),
                 (
                     f"W1[:, {rk * b1}:{(rk + 1) * b1}]",
                     f.matrix([row_[rk * b1 : (rk + 1) * b1] for row_ in w1], role=RANK[rk % 2], w=c, h=c),
                 ),
-                (f"your shard {rk} [{N}, {b1}]", results[rk]),
+                (tr("your shard {rk} [{N}, {b}]", rk=rk, N=N, b=b1), results[rk]),
             ]
             for rk in range(tp)
         ],
@@ -520,8 +573,8 @@ def tensor_parallel_figure(f: Figure, r: dict) -> None:
             row(
                 out,
                 column(
-                    f.label(f"your out [{N}, {out1}]", size=LABEL_SMALL + 0.5, color=INK, bold=True),
-                    f.lines("concatenate", "(all-gather)"),
+                    f.label(tr("your out [{N}, {o}]", N=N, o=out1), size=LABEL_SMALL + 0.5, color=INK, bold=True),
+                    f.lines(tr("concatenate"), tr("(all-gather)")),
                     gap=3,
                 ),
                 gap=10,
@@ -538,14 +591,16 @@ def tensor_parallel_figure(f: Figure, r: dict) -> None:
         tx = out.cell_box(0, rk * b1)[0] + b1 * c / 2
         f.arrow(sx + 6, sy + N * c / 2, tx, out.cell_box(0, 0)[1] - 2 if below else out.bottom + 4, color=stroke(RANK[rk % 2]), width=1.3)
     f.note(
-        "No communication inside the layer: each shard is a finished slice of the output (qkv_proj, "
-        "gate_up_proj). nano-vllm stores W as [out, in] and splits its dim 0, the same blocks.",
+        tr(
+            "No communication inside the layer: each shard is a finished slice of the output (qkv_proj, "
+            "gate_up_proj). nano-vllm stores W as [out, in] and splits its dim 0, the same blocks."
+        ),
         size=SMALL + 1.5,
     )
 
     # Row-parallel: a block of the input @ the same rows of W2 = a partial of the whole output; the partials summed.
     f.y += 6
-    f.heading(f"行切分 · row-parallel: rank r holds input columns [{b2}r, {b2}r + {b2}) of y and the same rows of W2")
+    f.heading(tr("row-parallel: rank r holds input columns [{b}r, {b}r + {b}) of y and the same rows of W2", b=b2))
     f.y += 6
     results = [
         f.matrix(p, role=RANK[rk % 2], expected=r["partials_expected"][rk], wrong=r["partials_wrong"][rk], w=c, h=c)
@@ -555,9 +610,9 @@ def tensor_parallel_figure(f: Figure, r: dict) -> None:
         f,
         [
             [
-                (f"shard {rk} [{N}, {b2}]", f.matrix(x_shards[rk], role=RANK[rk % 2], w=c, h=c)),
+                (tr("shard {rk} [{N}, {b}]", rk=rk, N=N, b=b2), f.matrix(x_shards[rk], role=RANK[rk % 2], w=c, h=c)),
                 (f"W2[{rk * b2}:{(rk + 1) * b2}, :]", f.matrix(w2[rk * b2 : (rk + 1) * b2], role=RANK[rk % 2], w=c, h=c)),
-                (f"your partial {rk} [{N}, {out2}]", results[rk]),
+                (tr("your partial {rk} [{N}, {o}]", rk=rk, N=N, o=out2), results[rk]),
             ]
             for rk in range(tp)
         ],
@@ -566,7 +621,7 @@ def tensor_parallel_figure(f: Figure, r: dict) -> None:
     sums = f"out[0, 0] = {' + '.join(num(p[0][0]) for p in r['partials_expected'])} = {num(row_want[0][0])}"
     if row_out is None:
         total: Part = Part(
-            150, c, lambda x0, y0: f.cell(x0, y0, "not a 2-D tensor", w=150, h=c, wrong=True, expected=f"[{N}, {out2}]", fmt=str)
+            150, c, lambda x0, y0: f.cell(x0, y0, tr("not a 2-D tensor"), w=150, h=c, wrong=True, expected=f"[{N}, {out2}]", fmt=str)
         )
         shape_note = None
     else:
@@ -580,12 +635,12 @@ def tensor_parallel_figure(f: Figure, r: dict) -> None:
         shape_note = (
             None
             if (len(row_out), len(row_out[0])) == (N, out2)
-            else f.label(f"yours [{len(row_out)}, {len(row_out[0])}]; expected [{N}, {out2}]", color=stroke("wrong"))
+            else f.label(tr("yours [{a}, {b}]; expected [{N}, {o}]", a=len(row_out), b=len(row_out[0]), N=N, o=out2), color=stroke("wrong"))
         )
     f.place(
         row(
             lanes,
-            column(_title(f, "your out: sum (all-reduce)"), total, f.label(sums, size=SMALL, mono=True), shape_note, gap=6),
+            column(_title(f, tr("your out: sum (all-reduce)")), total, f.label(sums, size=SMALL, mono=True), shape_note, gap=6),
             gap=150,
             align="middle",
         ),
@@ -602,13 +657,19 @@ def tensor_parallel_figure(f: Figure, r: dict) -> None:
             width=1.3,
         )
     f.note(
-        f"Each partial already has the full output shape [{N}, {out2}]: the all-reduce adds them, it does not "
-        f"concatenate. Column then row (o_proj after attention, down_proj after gate_up) needs this one "
-        f"all-reduce per pair.",
+        tr(
+            "Each partial already has the full output shape [{N}, {o}]: the all-reduce adds them, it does not "
+            "concatenate. Column then row (o_proj after attention, down_proj after gate_up) needs this one "
+            "all-reduce per pair.",
+            N=N,
+            o=out2,
+        ),
         size=SMALL + 1.5,
     )
     wrong = row_out is None or any(_any(r[key]) for key in ("shards_wrong", "col_out_wrong", "partials_wrong", "row_out_wrong"))
-    f.legend([("plain", "replicated input, summed output"), (RANK[0], "rank 0's slice"), (RANK[1], "rank 1's slice")], wrong=wrong)
+    f.legend(
+        [("plain", tr("replicated input, summed output")), (RANK[0], tr("rank 0's slice")), (RANK[1], tr("rank 1's slice"))], wrong=wrong
+    )
 
 
 def _by_row(roles: list[str]) -> Callable[[int, int], str]:
@@ -666,19 +727,21 @@ def vocab_parallel_figure(f: Figure, r: dict) -> None:
     c, h = 34, 28
     f.instance_row(
         [
-            (f"E [{V}, {H}], tp = {tp}: rank r holds rows [{per}r, {per}r + {per})", "plain"),
+            (tr("E [{V}, {H}], tp = {tp}: rank r holds rows [{per}r, {per}r + {per})", V=V, H=H, tp=tp, per=per), "plain"),
             (f"ids = {ids}", "token"),
-            ("all-reduce = sum over ranks", "plain"),
+            (tr("all-reduce = sum over ranks"), "plain"),
         ]
     )
-    f.heading("vocab 并行 embedding · vocab-parallel embedding: every rank looks up every id (ch15.7)")
+    f.heading(tr("vocab-parallel embedding: every rank looks up every id (ch15.7)"))
     f.y += 8
     lanes = []
     for rk in range(tp):
         start = rk * per
         own = [start <= tok < start + per for tok in ids]
         roles = [RANK[rk % 2] if o else "masked" for o in own]
-        shard = f.matrix(table[start : start + per], role=RANK[rk % 2], w=c, h=h, row_labels=[f"E row {start + i}" for i in range(per)])
+        shard = f.matrix(
+            table[start : start + per], role=RANK[rk % 2], w=c, h=h, row_labels=[tr("E row {r}", r=start + i) for i in range(per)]
+        )
         mask = f.matrix(
             [[int(o)] for o in own],
             role=_by_row(["attend" if o else "masked" for o in own]),
@@ -693,24 +756,29 @@ def vocab_parallel_figure(f: Figure, r: dict) -> None:
             row(
                 column(
                     f.label(f"rank {rk}", size=LABEL, color=stroke(RANK[rk % 2]), bold=True),
-                    f.titled("its shard", shard, size=TITLE),
+                    f.titled(tr("its shard"), shard, size=TITLE),
                     gap=10,
                 ),
                 f.titled("mask", mask, size=TITLE),
-                f.titled("local row", local, size=TITLE),
-                f.titled(f"your partial {rk}", part, size=TITLE),
+                f.titled(tr("local row"), local, size=TITLE),
+                f.titled(tr("your partial {rk}", rk=rk), part, size=TITLE),
                 gap=16,
             )
         )
     total = f.matrix(
         r["summed"], role="token", expected=r["summed_expected"], wrong=r["summed_wrong"], w=c, h=h, row_labels=[f"id {tok}" for tok in ids]
     )
-    right = column(_title(f, "all-reduce: Σ your partials"), total, f.label("= E[ids] when each partial is right", size=SMALL), gap=8)
+    right = column(
+        _title(f, tr("all-reduce: Σ your partials")), total, f.label(tr("= E[ids] when each partial is right"), size=SMALL), gap=8
+    )
     f.place(row(column(*lanes, gap=26), right, gap=48, align="middle"), after=16)
     f.note(
-        f"A rank never indexes its shard with a global id: id − {per}·r for the ids it owns, local row 0 as a "
-        f"placeholder for the others (x = mask · (x − start)), and the placeholder rows zeroed after the lookup "
-        f"(y = mask · y). Each id has one owner, so the sum over ranks is exactly its row.",
+        tr(
+            "A rank never indexes its shard with a global id: id − {per}·r for the ids it owns, local row 0 as a "
+            "placeholder for the others (x = mask · (x − start)), and the placeholder rows zeroed after the lookup "
+            "(y = mask · y). Each id has one owner, so the sum over ranks is exactly its row.",
+            per=per,
+        ),
         color=INK,
         size=SMALL + 1.5,
     )
@@ -718,7 +786,7 @@ def vocab_parallel_figure(f: Figure, r: dict) -> None:
     hidden, cu, local_logits, logits = r["hidden"], r["cu_seqlens_q"], r["local"], r["logits"]
     last = [e - 1 for e in cu[1:]]
     f.y += 8
-    f.heading("并行 LM head · the LM head (tied: the same shards of E): local logits gathered in rank order (ch15.8)")
+    f.heading(tr("the LM head (tied: the same shards of E): local logits gathered in rank order (ch15.8)"))
     f.y += 8
     hid = f.matrix(hidden, role=lambda i, j: "accent" if i in last else "plain", w=c, h=h, row_labels=[f"t{i}" for i in range(len(hidden))])
     blocks = [
@@ -739,7 +807,7 @@ def vocab_parallel_figure(f: Figure, r: dict) -> None:
         row(
             f.titled(f"hidden [{len(hidden)}, {H}], cu_seqlens_q = {cu}", hid, size=TITLE),
             column(*(f.titled(f"rank {rk}: x · E[{rk * per}:{rk * per + per}]ᵀ", b, size=TITLE) for rk, b in enumerate(blocks)), gap=14),
-            f.titled(f"your logits on rank 0 [{len(logits)}, {len(logits[0])}]", gathered, size=TITLE),
+            f.titled(tr("your logits on rank 0 [{a}, {b}]", a=len(logits), b=len(logits[0])), gathered, size=TITLE),
             gap=56,
             align="middle",
         ),
@@ -759,16 +827,26 @@ def vocab_parallel_figure(f: Figure, r: dict) -> None:
         x1, x2 = gathered.cell_box(0, rk * per)[0], gathered.cell_box(0, rk * per + per)[0]
         f.bracket(x1 + 2, x2 - 2, gathered.bottom + 6, f"rank {rk}", color=stroke(RANK[rk % 2]))
     f.note(
-        f"Only rows {', '.join(f't{i}' for i in last)} (cu_seqlens_q[1:] − 1) reach the LM head in prefill. Rank r's "
-        f"block holds token ids {per}r … {per}r + {per - 1}: a gather concatenates the blocks along the vocabulary "
-        f"in rank order; adding them would mix different tokens' logits.",
+        tr(
+            "Only rows {rows} (cu_seqlens_q[1:] − 1) reach the LM head in prefill. Rank r's "
+            "block holds token ids {per}r … {per}r + {last}: a gather concatenates the blocks along the vocabulary "
+            "in rank order; adding them would mix different tokens' logits.",
+            rows=", ".join("t" + str(i) for i in last),
+            per=per,
+            last=per - 1,
+        ),
         color=INK,
         size=SMALL + 1.5,
     )
     f.y += 4
     wrong = any(_any(r[k]) for k in ("partials_wrong", "summed_wrong", "logits_wrong"))
     f.legend(
-        [(RANK[0], "rank 0's rows"), (RANK[1], "rank 1's rows"), ("masked", "masked: not this rank's id"), ("accent", "last-token rows")],
+        [
+            (RANK[0], tr("rank 0's rows")),
+            (RANK[1], tr("rank 1's rows")),
+            ("masked", tr("masked: not this rank's id")),
+            ("accent", tr("last-token rows")),
+        ],
         wrong=wrong,
     )
 
@@ -796,7 +874,17 @@ def qkv_shards_figure(f: Figure, r: dict) -> None:
             (f"num_kv_heads = {kv}", "k"),
             (f"head_dim = {d}", "plain"),
             (f"tp = {tp}", "plain"),
-            (f"per rank: [({heads}/{tp} + 2·{kv}/{tp})·{d}, H] = [{(heads + 2 * kv) // tp * d}, H]", "plain"),
+            (
+                tr(
+                    "per rank: [({heads}/{tp} + 2·{kv}/{tp})·{d}, H] = [{rows}, H]",
+                    heads=heads,
+                    tp=tp,
+                    kv=kv,
+                    d=d,
+                    rows=(heads + 2 * kv) // tp * d,
+                ),
+                "plain",
+            ),
         ]
     )
     sizes = {"q": heads * d, "k": kv * d, "v": kv * d}
@@ -836,20 +924,31 @@ def qkv_shards_figure(f: Figure, r: dict) -> None:
         )
         ranks.append(
             column(
-                _title(f, f"rank {rk}: your fused qkv_proj", color=stroke(RANK[rk % 2])),
-                row(fused, f.titled("your (offset, start, size)", triples, size=TITLE), gap=22),
+                _title(f, tr("rank {rk}: your fused qkv_proj", rk=rk), color=stroke(RANK[rk % 2])),
+                row(fused, f.titled(tr("your (offset, start, size)"), triples, size=TITLE), gap=22),
                 gap=8,
             )
         )
     f.place(row(column(*sources, gap=14), *ranks, gap=46), after=16)
     f.note(
-        f"Rank r copies rows [r·size, (r+1)·size) of each loaded weight (its chunk) to rows "
-        f"[offset, offset + size) of its fused weight. Offsets count this rank's rows only: q at 0, k at "
-        f"({heads}/{tp})·{d} = {heads // tp * d}, v at ({heads}/{tp} + {kv}/{tp})·{d} = {(heads + kv) // tp * d}. "
-        f"A cell shows the loaded row it holds (q5: row 5 of q_proj).",
+        tr(
+            "Rank r copies rows [r·size, (r+1)·size) of each loaded weight (its chunk) to rows "
+            "[offset, offset + size) of its fused weight. Offsets count this rank's rows only: q at 0, k at "
+            "({heads}/{tp})·{d} = {k}, v at ({heads}/{tp} + {kv}/{tp})·{d} = {v}. "
+            "A cell shows the loaded row it holds (q5: row 5 of q_proj).",
+            heads=heads,
+            tp=tp,
+            d=d,
+            kv=kv,
+            k=heads // tp * d,
+            v=(heads + kv) // tp * d,
+        ),
         color=INK,
         size=SMALL + 1.5,
     )
     f.y += 4
     wrong = _any(r["layout_wrong"]) or r["triples"] != r["triples_expected"]
-    f.legend([("q", "rows of q_proj"), ("k", "rows of k_proj"), ("v", "rows of v_proj"), ("masked", "a row nothing fills")], wrong=wrong)
+    f.legend(
+        [("q", tr("rows of q_proj")), ("k", tr("rows of k_proj")), ("v", tr("rows of v_proj")), ("masked", tr("a row nothing fills"))],
+        wrong=wrong,
+    )

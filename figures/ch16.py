@@ -11,6 +11,7 @@ from figures import figure
 from figures.kit import Figure, Grid, num, text_width
 from figures.layout import Part, column, pad, row, space, wide
 from figures.style import FONT, INK, LABEL, LABEL_SMALL, MARGIN, MONO, MUTED, SMALL, stroke
+from grader.i18n import tr, tr_in
 
 TRACED = 2  # the element followed through split_heads
 
@@ -139,7 +140,7 @@ def split_heads_figure(f: Figure, r: dict) -> None:
         [
             (f"x: [1, {T}, {W}] = [B, T, H·d]", "q"),
             (f"num_heads = {H} → d = {W} // {H} = {d}", "plain"),
-            (f"element #{traced} traced", "accent"),
+            (tr("element #{n} traced", n=traced), "accent"),
         ]
     )
     found = _where(x, traced)
@@ -197,7 +198,7 @@ def split_heads_figure(f: Figure, r: dict) -> None:
             space(67),
             panel(f"x.view(1, {T}, {H}, {d})", f"[B, T, H, d] = [1, {T}, {H}, {d}]", tokens, 18),
             space(81),
-            panel("transpose(1, 2): yours", f"[B, H, T, d] = [1, {H}, {T}, {d}]", heads, 24),
+            panel(tr("transpose(1, 2): yours"), f"[B, H, T, d] = [1, {H}, {T}, {d}]", heads, 24),
             gap=0,
         ),
         x=MARGIN + 4,
@@ -213,12 +214,12 @@ def split_heads_figure(f: Figure, r: dict) -> None:
             f.text((a.right + b.right - b.w) / 2, mid - 8 - n * 13, line, size=SMALL, anchor="middle", color=MUTED, mono=True)
 
     # The traced element through its three coordinate triples.
-    f.heading(f"编号 {traced} 的三套坐标 · element #{traced} in the three shapes")
+    f.heading(tr("element #{n} in the three shapes", n=traced))
     f.y += 4
     triples = [
-        (f"x[0, {tt}, {tc}]", f"token {tt}, column {tc}"),
-        (f"view[0, {tt}, {th}, {tj}]", f"column {tc} = {th}·{d} + {tj}: head {th}, j = {tj}"),
-        (f"out[0, {th}, {tt}, {tj}]", "transpose swaps the T and H indices"),
+        (f"x[0, {tt}, {tc}]", tr("token {t}, column {c}", t=tt, c=tc)),
+        (f"view[0, {tt}, {th}, {tj}]", tr("column {c} = {h}·{d} + {j}: head {h}, j = {j}", c=tc, h=th, d=d, j=tj)),
+        (f"out[0, {th}, {tt}, {tj}]", tr("transpose swaps the T and H indices")),
     ]
     chips = [f.chip(coord, role="accent", mono=True, w=210) for coord, _ in triples]
     f.place(row(*(column(chip, f.label(why), gap=8, align="center") for chip, (_, why) in zip(chips, triples)), gap=60), after=20)
@@ -227,19 +228,34 @@ def split_heads_figure(f: Figure, r: dict) -> None:
     mine = _where(yours, traced)
     if mine is not None and mine != [th, tt, tj]:
         f.note(
-            f"In your result #{traced} sits at out[0, {mine[0]}, {mine[1]}, {mine[2]}], not at [0, {th}, {tt}, {tj}].",
+            tr(
+                "In your result #{n} sits at out[0, {a}, {b}, {c}], not at [0, {h}, {t}, {j}].",
+                n=traced,
+                a=mine[0],
+                b=mine[1],
+                c=mine[2],
+                h=th,
+                t=tt,
+                j=tj,
+            ),
             color=stroke("wrong"),
             size=SMALL + 2,
         )
     st = _strides([1, T, H, d])
     moved = [st[0], st[2], st[1], st[3]]
     f.note(
-        f"Nothing is copied: the view has strides ({', '.join(map(str, st))}) and transpose(1, 2) only swaps "
-        f"two of them, ({', '.join(map(str, moved))}). Head h of token t is still the numbers at "
-        f"t·{W} + h·{d} + j in memory, as in x.",
+        tr(
+            "Nothing is copied: the view has strides ({st}) and transpose(1, 2) only swaps "
+            "two of them, ({moved}). Head h of token t is still the numbers at "
+            "t·{W} + h·{d} + j in memory, as in x.",
+            st=", ".join(map(str, st)),
+            moved=", ".join(map(str, moved)),
+            W=W,
+            d=d,
+        ),
         size=SMALL + 2,
     )
-    f.legend([("q", "a number of x (its value = its position in x)"), ("accent", f"element #{traced}")], wrong=_any(wrong))
+    f.legend([("q", tr("a number of x (its value = its position in x)")), ("accent", tr("element #{n}", n=traced))], wrong=_any(wrong))
 
 
 # -- ch16.2 ------------------------------------------------------------------------------------------
@@ -260,7 +276,7 @@ def merge_heads_figure(f: Figure, r: dict) -> None:
     origin = {heads[h][t][j]: (t, h) for h in range(H) for t in range(T) for j in range(d)}
 
     # The input: one [T, d] matrix per head.
-    f.heading("输入 · the heads, one [T, d] matrix each")
+    f.heading(tr("the heads, one [T, d] matrix each"))
     inputs = [
         f.matrix(heads[h], role="q", row_labels=[f"t{t}" for t in range(T)], col_labels=[f"j{j}" for j in range(d)], w=40, h=40)
         for h in range(H)
@@ -268,11 +284,11 @@ def merge_heads_figure(f: Figure, r: dict) -> None:
     block = pad(row(*inputs, gap=40), top=4, bottom=24)
     given = f.place(block, x=(f.width - block.w) / 2, after=40)
     for h, grid in enumerate(inputs):
-        f.bracket(grid.cell_box(0, 0)[0], grid.right, grid.bottom + 6, f"head {h}", size=SMALL)
+        f.bracket(grid.cell_box(0, 0)[0], grid.right, grid.bottom + 6, tr("head {h}", h=h), size=SMALL)
 
     # Left: the student's transpose-then-reshape; right: the bare reshape, its mixed rows outlined.
     w, h = 48, 44
-    rows = [f"row {i}" for i in range(T)]
+    rows = [tr("row {i}", i=i) for i in range(T)]
     mine = f.matrix(yours, role="q", expected=expected, wrong=wrong, row_labels=rows, w=w, h=h)
     theirs = f.matrix(bare, role="q", row_labels=rows, w=w, h=h)
     mine_notes, bare_notes = [], []
@@ -281,9 +297,9 @@ def merge_heads_figure(f: Figure, r: dict) -> None:
         ok = not any(wrong[i])
         mine_notes.append(
             [
-                (f"token {toks[0]}: heads 0…{H - 1}", MUTED, "label")
+                (tr("token {t}: heads 0…{last}", t=toks[0], last=H - 1), MUTED, "label")
                 if ok and len(toks) == 1
-                else ("✗ mixed", stroke("wrong"), "label")
+                else (tr("✗ mixed"), stroke("wrong"), "label")
                 if len(toks) > 1
                 else ("", MUTED, "label")
             ]
@@ -294,15 +310,15 @@ def merge_heads_figure(f: Figure, r: dict) -> None:
             for v in bare[i][::d]:
                 t, hh = origin[v]
                 by_head.setdefault(hh, []).append(t)
-            groups = [" and ".join(f"t{t}" for t in ts) + f" of head {hh}" for hh, ts in by_head.items()]
-            bare_notes.append(
-                [(line, stroke("accent"), "label mixed") for line in [f"row {i} holds {groups[0]}"] + [f"and {g}" for g in groups[1:]]]
-            )
+            sep = tr_in("ch16.tokens", " and ")  # between the tokens of one head: "t0 and t1"
+            groups = [tr("{tokens} of head {h}", tokens=sep.join("t" + str(t) for t in ts), h=hh) for hh, ts in by_head.items()]
+            lines = [tr("row {i} holds {group}", i=i, group=groups[0])] + [tr("and {group}", group=g) for g in groups[1:]]
+            bare_notes.append([(line, stroke("accent"), "label mixed") for line in lines])
         else:
-            bare_notes.append([(f"token {toks[0]} only", MUTED, "label")])
+            bare_notes.append([(tr("token {t} only", t=toks[0]), MUTED, "label")])
     titled = lambda title, grid, notes: f.titled(title, row(grid, _row_notes(f, notes, h), gap=10), size=LABEL)
-    left = titled(f"yours: transpose(1, 2) → reshape(1, {T}, {H * d})", mine, mine_notes)
-    right = titled(f"bare reshape(1, {T}, {H * d}), no transpose", theirs, bare_notes)
+    left = titled(tr("yours: transpose(1, 2) → reshape(1, {T}, {W})", T=T, W=H * d), mine, mine_notes)
+    right = titled(tr("bare reshape(1, {T}, {W}), no transpose", T=T, W=H * d), theirs, bare_notes)
     f.place(row(wide(left, (f.width - 2 * MARGIN) / 2 - 40), right, gap=20), x=MARGIN + 8, after=30)
     for part, grid in ((left, mine), (right, theirs)):
         f.curve(f.width / 2, given.bottom, grid.cell_box(0, 0)[0] + grid.cols * w / 2, part.bottom - part.h - 6, width=1.1)
@@ -316,14 +332,21 @@ def merge_heads_figure(f: Figure, r: dict) -> None:
                     tag = f"t{origin[v][0]}·h{origin[v][1]}" if v in origin else "?"
                     f.text(x0 + w / 2, y0 + h - 6, tag, size=SMALL - 1.5, anchor="middle", color=MUTED, mono=True)
     f.note(
-        f"transpose(1, 2) first brings every token's heads together ([1, {T}, {H}, {d}]); the reshape then lays "
-        f"them side by side, so row t is token t: column h·{d} + j = head h, j. A bare reshape reads the numbers "
-        f"in [B, H, T, d] order (head 0's tokens 0 … {T - 1}, then head 1's, …) and cuts rows of {H * d}: same "
-        f"shape, rows of mixed tokens.",
+        tr(
+            "transpose(1, 2) first brings every token's heads together ([1, {T}, {H}, {d}]); the reshape then lays "
+            "them side by side, so row t is token t: column h·{d} + j = head h, j. A bare reshape reads the numbers "
+            "in [B, H, T, d] order (head 0's tokens 0 … {last}, then head 1's, …) and cuts rows of {W}: same "
+            "shape, rows of mixed tokens.",
+            T=T,
+            H=H,
+            d=d,
+            last=T - 1,
+            W=H * d,
+        ),
         size=SMALL + 2,
     )
     f.legend(
-        [("q", "a number; tag tT·hH = the token and head it came from"), ("accent", "a row that mixes tokens (bare reshape)")],
+        [("q", tr("a number; tag tT·hH = the token and head it came from")), ("accent", tr("a row that mixes tokens (bare reshape)"))],
         wrong=_any(wrong),
     )
 
@@ -363,14 +386,19 @@ def one_head_figure(f: Figure, r: dict) -> None:
     T, d, S, dv = len(q), len(q[0]), len(k), len(v[0])
     dots = [[sum(a * b for a, b in zip(q[i], k[j])) for j in range(S)] for i in range(T)]
     f.instance_row(
-        [(f"T = {T} tokens", "token"), (f"d = {d}", "plain"), ("causal mask", "attend"), (f"scale = 1/√{d} ≈ {num(d**-0.5)}", "plain")]
+        [
+            (tr("T = {T} tokens", T=T), "token"),
+            (f"d = {d}", "plain"),
+            (tr("causal mask"), "attend"),
+            (f"scale = 1/√{d} ≈ {num(d**-0.5)}", "plain"),
+        ]
     )
     tl, kl, dl = [f"t{i}" for i in range(T)], [f"k{j}" for j in range(S)], [f"d{c}" for c in range(dv)]
     cw, sw = 36, 52
     attend = lambda a, b: "attend" if mask[a][b] else "masked"
 
     # Step 1: Q · Kᵀ, a sum over d, then the scale.
-    _step(f, "①", f"scores = Q · K.T × 1/√{d}   (第一次求和:沿 d · first sum, over d)")
+    _step(f, "①", tr("scores = Q · K.T × 1/√{d}   (first sum, over d)", d=d))
     qs = f.matrix(q, role="q", row_labels=tl, col_labels=[f"d{c}" for c in range(d)], w=cw, h=cw)
     kt = f.matrix(
         [[k[j][c] for j in range(S)] for c in range(d)], role="k", row_labels=[f"d{c}" for c in range(d)], col_labels=kl, w=cw, h=cw
@@ -402,7 +430,7 @@ def one_head_figure(f: Figure, r: dict) -> None:
 
     # Step 2: the causal mask, −∞, softmax along each row.
     f.y += 8
-    _step(f, "②", "probs = softmax(scores, masked) per row   (每行归一 · each row sums to 1)")
+    _step(f, "②", tr("probs = softmax(scores, masked) per row   (each row sums to 1)"))
     ms = f.mask(mask, row_labels=tl, col_labels=kl, w=cw, h=cw)
     hidden = f.matrix(
         [[scores[a][b] if mask[a][b] else "−∞" for b in range(S)] for a in range(T)],
@@ -425,9 +453,9 @@ def one_head_figure(f: Figure, r: dict) -> None:
     at = ms.label_h + cw * 1.5
     f.place(
         row(
-            _captioned(f, ms, "causal mask (T = may attend)"),
+            _captioned(f, ms, tr("causal mask (T = may attend)")),
             _arrow(f, "mask", 56, at),
-            _captioned(f, hidden, "masked scores"),
+            _captioned(f, hidden, tr("masked scores")),
             _arrow(f, "softmax", 74, at),
             _captioned(f, ps, "probs [T, Tk]"),
             sums,
@@ -440,18 +468,24 @@ def one_head_figure(f: Figure, r: dict) -> None:
     m = max(want["scores"][i][b] for b in vis)
     exps = [math.exp(want["scores"][i][b] - m) for b in vis]
     f.note(
-        f"probs[{i}] = softmax over the keys query {i} may see (k{vis[0]}…k{vis[-1]}), row max m = {num(m)}: "
-        + ", ".join(f"e^({num(want['scores'][i][b])} − {num(m)}) = {num(e)}" for b, e in zip(vis, exps))
-        + f"; divided by their sum {num(sum(exps))} → ["
-        + ", ".join(num(e / sum(exps)) for e in exps)
-        + "]; the hidden keys get exactly 0",
+        tr(
+            "probs[{i}] = softmax over the keys query {i} may see (k{a}…k{b}), row max m = {m}: {exps}; "
+            "divided by their sum {sum} → [{probs}]; the hidden keys get exactly 0",
+            i=i,
+            a=vis[0],
+            b=vis[-1],
+            m=num(m),
+            exps=", ".join("e^(" + num(want["scores"][i][b]) + " − " + num(m) + ") = " + num(e) for b, e in zip(vis, exps)),
+            sum=num(sum(exps)),
+            probs=", ".join(num(e / sum(exps)) for e in exps),
+        ),
         color=INK,
         size=SMALL + 2,
     )
 
     # Step 3: probs · V, a sum over the keys.
     f.y += 8
-    _step(f, "③", "out = probs · V   (第二次求和:沿 Tk · second sum, over the keys)")
+    _step(f, "③", tr("out = probs · V   (second sum, over the keys)"))
     ps3 = f.matrix(probs, role=attend, expected=want["probs"], wrong=wrong["probs"], row_labels=tl, col_labels=kl, w=sw, h=cw)
     vs = f.matrix(v, role="v", row_labels=kl, col_labels=dl, w=cw, h=cw)
     os_ = f.matrix(out, role="v", expected=want["out"], wrong=wrong["out"], row_labels=tl, col_labels=dl, w=sw, h=cw)
@@ -470,10 +504,15 @@ def one_head_figure(f: Figure, r: dict) -> None:
     )
     c = dv - 1
     terms = " + ".join(f"{num(want['probs'][i][b])}·{num(v[b][c])}" for b in range(S))
-    f.note(f"out[{i}, {c}] = Σ over the keys of probs[{i}, k] · v[k, {c}] = {terms} = {num(want['out'][i][c])}", color=INK, size=SMALL + 2)
+    out_ic = num(want["out"][i][c])
+    f.note(
+        tr("out[{i}, {c}] = Σ over the keys of probs[{i}, k] · v[k, {c}] = {terms} = {out}", i=i, c=c, terms=terms, out=out_ic),
+        color=INK,
+        size=SMALL + 2,
+    )
     f.y += 2
     f.legend(
-        [("q", "Q"), ("k", "K"), ("v", "V, output"), ("attend", "may attend, probability"), ("masked", "hidden (future) key")],
+        [("q", "Q"), ("k", "K"), ("v", tr("V, output")), ("attend", tr("may attend, probability")), ("masked", tr("hidden (future) key"))],
         wrong=_any(wrong) or _any(r["sums_wrong"]),
     )
 
@@ -497,7 +536,14 @@ def three_steps_figure(f: Figure, r: dict) -> None:
     scores, probs, out, out2 = r["scores"], r["probs"], r["out"], r["out2"]
     want, want2, wrong = r["expected"], r["expected_out2"], r["wrong"]
     T, d, S, dv = len(q), len(q[0]), len(k), len(v[0])
-    f.instance_row([(f"T = {T} queries", "q"), (f"S = {S} keys", "k"), (f"d = {d}", "plain"), (f"no mask, scale = 1/√{d}", "plain")])
+    f.instance_row(
+        [
+            (tr("T = {T} queries", T=T), "q"),
+            (tr("S = {S} keys", S=S), "k"),
+            (f"d = {d}", "plain"),
+            (tr("no mask, scale = 1/√{d}", d=d), "plain"),
+        ]
+    )
     cw, sw, ow = 34, 50, 46
     xq = MARGIN + 40
     xs = xq + d * cw + 40
@@ -510,9 +556,9 @@ def three_steps_figure(f: Figure, r: dict) -> None:
     yb = y2 + T * cw + 34  # the "same probs" line
     # Frames: the weights (Q, K) and the content (V).
     f.outline(xq - 36, y0 - 34, xs + S * sw - xq + 52, yb + 26 - y0 + 34, role="q", dashed=True, width=1.2)
-    f.text(xq - 28, y0 - 18, "Q、K 决定权重 · Q and K decide the weights", size=SMALL + 1, color=stroke("q"), weight="bold", cls="label")
+    f.text(xq - 28, y0 - 18, tr("Q and K decide the weights"), size=SMALL + 1, color=stroke("q"), weight="bold", cls="label")
     f.outline(xo - 24, yv - 52, xo2 + dv * ow - xo + 44, yb + 26 - yv + 52, role="v", dashed=True, width=1.2)
-    f.text(xo - 16, yv - 36, "V 提供内容 · V supplies the content", size=SMALL + 1, color=stroke("v"), weight="bold", cls="label")
+    f.text(xo - 16, yv - 36, tr("V supplies the content"), size=SMALL + 1, color=stroke("v"), weight="bold", cls="label")
     kl, tl = [f"k{j}" for j in range(S)], [f"q{i}" for i in range(T)]
     _at(
         f.matrix(
@@ -527,7 +573,9 @@ def three_steps_figure(f: Figure, r: dict) -> None:
     _at(f.matrix(scores, expected=want["scores"], wrong=wrong["scores"], w=sw, h=cw), xs, y1)
     _at(f.matrix(probs, role="attend", expected=want["probs"], wrong=wrong["probs"], row_labels=tl, w=sw, h=cw), xs, y2)
     f.arrow(xs + S * sw / 2, y1 + T * cw + 24, xs + S * sw / 2, y2 - 6)
-    f.text(xs + S * sw / 2 - 8, (y1 + T * cw + y2) / 2 + 12, "softmax, row by row", size=SMALL + 1, color=MUTED, anchor="end", cls="label")
+    f.text(
+        xs + S * sw / 2 - 8, (y1 + T * cw + y2) / 2 + 12, tr("softmax, row by row"), size=SMALL + 1, color=MUTED, anchor="end", cls="label"
+    )
     for yy, label in ((y1, f"① scores [{T}, {S}]"), (y2, f"② probs [{T}, {S}]")):
         f.text(xs + S * sw / 2, yy + T * cw + 16, label, size=SMALL + 1, anchor="middle", color=INK, cls="label")
     # Step 3, twice: the same probs with V and with V′.
@@ -549,12 +597,12 @@ def three_steps_figure(f: Figure, r: dict) -> None:
         )
     )
     f.arrow(xo2 - 20, y2 + T * cw / 2, xo2 - 6, y2 + T * cw / 2, color=stroke("attend"))
-    f.text((xs + S * sw + xo2) / 2, yb + 16, "the same probs, reused with V′", size=SMALL, anchor="middle", color=MUTED, cls="label")
+    f.text((xs + S * sw + xo2) / 2, yb + 16, tr("the same probs, reused with V′"), size=SMALL, anchor="middle", color=MUTED, cls="label")
     f.y = yb + 42
     rows = [
-        ("①", f"scores = Q · K.T / √{d}, [T, S] = [{T}, {S}]: one dot product per (query, key), a sum over d = {d}"),
-        ("②", f"probs = softmax of each row, [{T}, {S}]: query i's weights over the {S} keys, summing to 1"),
-        ("③", f"out = probs · V, [T, dv] = [{T}, {dv}]: each query's weighted average of the rows of V"),
+        ("①", tr("scores = Q · K.T / √{d}, [T, S] = [{T}, {S}]: one dot product per (query, key), a sum over d = {d}", d=d, T=T, S=S)),
+        ("②", tr("probs = softmax of each row, [{T}, {S}]: query i's weights over the {S} keys, summing to 1", T=T, S=S)),
+        ("③", tr("out = probs · V, [T, dv] = [{T}, {dv}]: each query's weighted average of the rows of V", T=T, dv=dv)),
     ]
     f.place(
         column(
@@ -572,12 +620,16 @@ def three_steps_figure(f: Figure, r: dict) -> None:
         after=16,
     )
     f.note(
-        "Only step ③ reads V: with V′ the scores and probs stay as they are and the output follows V′."
-        + ("" if not _any(wrong["probs"]) else " (Your probs differ from the expected ones: see the marked cells.)"),
+        tr("Only step ③ reads V: with V′ the scores and probs stay as they are and the output follows V′.")
+        if not _any(wrong["probs"])
+        else tr(
+            "Only step ③ reads V: with V′ the scores and probs stay as they are and the output follows V′. "
+            "(Your probs differ from the expected ones: see the marked cells.)"
+        ),
         size=SMALL + 2,
     )
     f.legend(
-        [("q", "Q"), ("k", "K"), ("attend", "probabilities (the weights)"), ("v", "V and the output")],
+        [("q", "Q"), ("k", "K"), ("attend", tr("probabilities (the weights)")), ("v", tr("V and the output"))],
         wrong=_any(wrong) or _any(r["out2_wrong"]),
     )
 
@@ -595,7 +647,7 @@ def three_steps_figure(f: Figure, r: dict) -> None:
 def prob_rows_figure(f: Figure, r: dict) -> None:
     mask, probs, want, wrong = r["mask"], r["probs"], r["expected"], r["wrong"]
     T, S = len(mask), len(mask[0])
-    f.instance_row([(f"T = S = {T} tokens", "token"), ("causal mask", "attend"), ("random q, k (d = 4)", "plain")])
+    f.instance_row([(tr("T = S = {T} tokens", T=T), "token"), (tr("causal mask"), "attend"), (tr("random q, k (d = 4)"), "plain")])
     pw, h = 58, 38
     ql, kl = [f"q{i}" for i in range(T)], [f"k{j}" for j in range(S)]
     shown = lambda p: num(p, 2) if p else "0"
@@ -623,16 +675,19 @@ def prob_rows_figure(f: Figure, r: dict) -> None:
     seen = [sum(1 for m in line if m) for line in mask]
     f.place(
         row(
-            f.titled("可见性 · the mask (visibility)", f.mask(mask, row_labels=ql, col_labels=kl, w=34, h=h)),
-            _arrow(f, "softmax", 80, f.label("", size=LABEL).h + 8 + 16 + T * h / 2, below="per row"),
+            f.titled(tr("the mask (visibility)"), f.mask(mask, row_labels=ql, col_labels=kl, w=34, h=h)),
+            _arrow(f, "softmax", 80, f.label("", size=LABEL).h + 8 + 16 + T * h / 2, below=tr("per row")),
             f.titled(
-                "概率 · your probs, one row per query",
+                tr("your probs, one row per query"),
                 row(
                     ps,
                     sums,
                     pad(
                         f.table(
-                            [[f"q{i} sees {n} key{'s' if n > 1 else ''}"] for i, n in enumerate(seen)],
+                            [
+                                [tr("q{i} sees {n} keys", i=i, n=n) if n > 1 else tr("q{i} sees {n} key", i=i, n=n)]
+                                for i, n in enumerate(seen)
+                            ],
                             h=h,
                             size=LABEL_SMALL - 0.5,
                             color=MUTED,
@@ -665,23 +720,28 @@ def prob_rows_figure(f: Figure, r: dict) -> None:
             mono=True,
         )
     if r["over_queries"]:
-        f.text(ps.right + 10, yc, "← your columns sum to 1", size=SMALL + 0.5, color=stroke("wrong"), weight="bold")
+        f.text(ps.right + 10, yc, tr("← your columns sum to 1"), size=SMALL + 0.5, color=stroke("wrong"), weight="bold")
     else:
-        f.text(ps.right + 10, yc, "← column sums: no meaning", size=SMALL + 0.5, color=MUTED)
+        f.text(ps.right + 10, yc, tr("← column sums: no meaning"), size=SMALL + 0.5, color=MUTED)
     f.y = math.ceil(yc + 28)
     if r["over_queries"]:
         f.note(
-            "Your columns sum to 1, your rows do not: the softmax ran over the queries (dim=0) instead of over each query's keys (dim=-1).",
+            tr(
+                "Your columns sum to 1, your rows do not: the softmax ran over the queries (dim=0) "
+                "instead of over each query's keys (dim=-1)."
+            ),
             color=stroke("wrong"),
             size=SMALL + 2,
         )
     f.note(
-        "The mask says which keys each query may see; the probabilities are computed row by row from that "
-        "query's own scores (the bar under each number is its size). Row i spreads exactly 1 over keys 0 … i; "
-        "the future keys get 0, not a small number.",
+        tr(
+            "The mask says which keys each query may see; the probabilities are computed row by row from that "
+            "query's own scores (the bar under each number is its size). Row i spreads exactly 1 over keys 0 … i; "
+            "the future keys get 0, not a small number."
+        ),
         size=SMALL + 2,
     )
     f.legend(
-        [("attend", "a key the query may see"), ("masked", "a hidden (future) key: probability 0")],
+        [("attend", tr("a key the query may see")), ("masked", tr("a hidden (future) key: probability 0"))],
         wrong=_any(wrong) or _any(r["sums_wrong"]),
     )

@@ -19,6 +19,7 @@ from grader.authoring import (
     vec,
     wrong_mask,
 )
+from grader.i18n import mark, tr
 
 ATOL = RTOL = 1e-5  # float32 products may sum in another order than the reference's
 
@@ -72,6 +73,7 @@ SHARD_HEADS, SHARD_KV_HEADS, SHARD_HEAD_DIM, SHARD_RANKS = 4, 2, 2, 2
 
 NAMES = ["embed_tokens", "qkv_proj", "o_proj", "q_norm", "k_norm", "gate_up_proj", "down_proj", "lm_head"]
 M = mistakes("ch15")
+FIGURE = mark("figure instance")  # a case's name, translated where a message names it
 
 
 # -- ch15.1 embedding_lookup --------------------------------------------------------------------------
@@ -84,18 +86,18 @@ def embed_figure_instance(t: Trial) -> None:
     want = t.ref.embedding_lookup(weight, ids)
     if isinstance(got, torch.Tensor) and list(got.shape) == list(want.shape) and got.dtype == want.dtype:
         t.figure("ch15-dim-embedding", table=weight, ids=ids, out=got, expected=want, wrong=wrong_mask(got, want))
-    expect_lookup(got, want, weight, ids, "figure instance")
+    expect_lookup(got, want, weight, ids, FIGURE)
 
 
 @public("ch15.1", "a flattened batch: ids [N] → [N, H], a repeated id reads its row twice")
 def embed_flat(t: Trial) -> None:
     weight = torch.randn(10, 5, generator=t.rng)
-    run_lookup_case(t, weight, torch.tensor([7, 7, 3, 0, 9]), "ids [5] with a repeat")
+    run_lookup_case(t, weight, torch.tensor([7, 7, 3, 0, 9]), mark("ids [5] with a repeat"))
 
 
 @public("ch15.1", "one id (a 0-d tensor) gives one row [H]")
 def embed_scalar(t: Trial) -> None:
-    run_lookup_case(t, torch.randn(6, 3, generator=t.rng), torch.tensor(5), "one id")
+    run_lookup_case(t, torch.randn(6, 3, generator=t.rng), torch.tensor(5), mark("one id"))
 
 
 # -- ch15.2 linear ------------------------------------------------------------------------------------
@@ -118,20 +120,20 @@ def linear_figure_instance(t: Trial) -> None:
             num_kv_heads=QKV_KV_HEADS,
             head_dim=QKV_HEAD_DIM,
         )
-    expect_linear(got, want, x, weight, None, "figure instance")
+    expect_linear(got, want, x, weight, None, FIGURE)
 
 
 @public("ch15.2", "a square weight: y = x @ W.T, not x @ W")
 def linear_square(t: Trial) -> None:
     x = torch.tensor([[1.0, 2.0, 3.0]])
     weight = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 2.0]])
-    run_linear_case(t, x, weight, None, "square weight [3, 3]")
+    run_linear_case(t, x, weight, None, mark("square weight [3, 3]"))
 
 
 @public("ch15.2", "leading batch axes and a bias: x [2, 3, 5], W [4, 5], b [4]")
 def linear_batched_bias(t: Trial) -> None:
     x, weight, bias = (torch.randn(s, generator=t.rng) for s in ((2, 3, 5), (4, 5), (4,)))
-    run_linear_case(t, x, weight, bias, "x [2, 3, 5] with bias")
+    run_linear_case(t, x, weight, bias, mark("x [2, 3, 5] with bias"))
 
 
 @public("ch15.2", "a weight passed as [in, out] raises ValueError naming the convention")
@@ -141,7 +143,7 @@ def linear_transposed_weight(t: Trial) -> None:
         t.yours.linear,
         torch.zeros(3, 4),
         torch.zeros(4, 8),
-        because="x has 4 features and the weight [4, 8] is [in, out], not [out, in]",
+        because=tr("x has 4 features and the weight [4, 8] is [in, out], not [out, in]"),
         words="[out, in]",
     )
 
@@ -152,7 +154,7 @@ def linear_transposed_weight(t: Trial) -> None:
 @public("ch15.3", "figure instance: Y [3, 8] split into q 4 | k 2 | v 2")
 def split_figure_instance(t: Trial) -> None:
     y = t.ref.linear(torch.tensor(QKV_X, dtype=torch.float32), torch.tensor(QKV_W, dtype=torch.float32))
-    case = "figure instance"
+    case = FIGURE
     got = t.yours.split_qkv(y, QKV_HEADS, QKV_KV_HEADS, QKV_HEAD_DIM)
     parts = split_structure(got, y, QKV_HEADS, QKV_KV_HEADS, QKV_HEAD_DIM, case)
     want = t.ref.split_qkv(y, QKV_HEADS, QKV_KV_HEADS, QKV_HEAD_DIM)
@@ -171,7 +173,7 @@ def split_figure_instance(t: Trial) -> None:
 
 @public("ch15.3", "Qwen3-0.6B: 4096 = 2048 | 1024 | 1024")
 def split_qwen3(t: Trial) -> None:
-    run_split_case(t, coded_qkv([2], 4096), 16, 8, 128, "Qwen3-0.6B, 2 tokens")
+    run_split_case(t, coded_qkv([2], 4096), 16, 8, 128, mark("Qwen3-0.6B, 2 tokens"))
 
 
 @public("ch15.3", "MHA (equal parts) with leading axes [2, 3]")
@@ -205,7 +207,7 @@ def shapes_synthetic(t: Trial) -> None:
             vocab_size=100,
             tie_word_embeddings=False,
         ),
-        "hidden 48, 4 heads × 16",
+        mark("hidden 48, 4 heads × 16"),
     )
 
 
@@ -222,7 +224,7 @@ def shapes_llama(t: Trial) -> None:
             vocab_size=128256,
             tie_word_embeddings=False,
         ),
-        "Llama-3-8B sizes",
+        mark("Llama-3-8B sizes"),
     )
 
 
@@ -231,7 +233,7 @@ def shapes_llama(t: Trial) -> None:
 
 @public("ch15.5", "figure instance: Qwen3-0.6B, two prompts of 3 and 2 tokens")
 def checkpoints_figure_instance(t: Trial) -> None:
-    case, want = "figure instance", t.ref.forward_checkpoints(QWEN3_06B, CHECKPOINT_LENS)
+    case, want = FIGURE, t.ref.forward_checkpoints(QWEN3_06B, CHECKPOINT_LENS)
     got = checkpoints_structure(t.yours.forward_checkpoints(dict(QWEN3_06B), list(CHECKPOINT_LENS)), want, case)
     t.figure(
         "ch15-checkpoints",
@@ -247,12 +249,12 @@ def checkpoints_figure_instance(t: Trial) -> None:
 
 @public("ch15.5", "one request of 7 tokens")
 def checkpoints_one_request(t: Trial) -> None:
-    run_checkpoints_case(t, QWEN3_06B, [7], "one request")
+    run_checkpoints_case(t, QWEN3_06B, [7], mark("one request"))
 
 
 @public("ch15.5", "a synthetic config, three requests of different lengths")
 def checkpoints_three(t: Trial) -> None:
-    run_checkpoints_case(t, dict(hidden_size=64, vocab_size=1000), [5, 1, 4], "three requests")
+    run_checkpoints_case(t, dict(hidden_size=64, vocab_size=1000), [5, 1, 4], mark("three requests"))
 
 
 # -- ch15.6 column_parallel_linear, row_parallel_linear -----------------------------------------------
@@ -261,7 +263,7 @@ def checkpoints_three(t: Trial) -> None:
 @public("ch15.6", "figure instance: column-parallel x [2, 3] · W1 [3, 4] over 2 ranks")
 def column_figure_instance(t: Trial) -> None:
     x, w1, _ = tp_tensors()
-    case = "figure instance, column-parallel"
+    case = mark("figure instance, column-parallel")
     shards, out = column_structure(t.yours.column_parallel_linear(x, w1, TP_RANKS), x, w1, TP_RANKS, case)
     want_shards, want_out = t.ref.column_parallel_linear(x, w1, TP_RANKS)
     t.figure(
@@ -282,7 +284,7 @@ def column_figure_instance(t: Trial) -> None:
 def row_figure_instance(t: Trial) -> None:
     x, w1, w2 = tp_tensors()
     x_shards, _ = t.ref.column_parallel_linear(x, w1, TP_RANKS)
-    case = "figure instance, row-parallel"
+    case = mark("figure instance, row-parallel")
     partials, out = row_structure(t.yours.row_parallel_linear(list(x_shards), w2, TP_RANKS), x_shards, w2, TP_RANKS, case)
     want_partials, want_out = t.ref.row_parallel_linear(x_shards, w2, TP_RANKS)
     drawable = isinstance(out, torch.Tensor) and out.dim() == 2 and out.dtype == want_out.dtype
@@ -318,7 +320,7 @@ def row_four_ranks(t: Trial) -> None:
 
 @public("ch15.7", "figure instance: ids [4, 1, 5, 0, 3, 2] over 2 ranks of E [6, 3]; the all-reduce adds the partials")
 def vocab_figure_instance(t: Trial) -> None:
-    run_vocab_case(t, torch.tensor(VP_TABLE, dtype=torch.float32), torch.tensor(VP_IDS), VP_RANKS, "figure instance", figure=True)
+    run_vocab_case(t, torch.tensor(VP_TABLE, dtype=torch.float32), torch.tensor(VP_IDS), VP_RANKS, FIGURE, figure=True)
 
 
 @public("ch15.7", "tp = 1: the one rank owns every id, the plain lookup")
@@ -342,14 +344,14 @@ def head_figure_instance(t: Trial) -> None:
         torch.tensor(VP_TABLE, dtype=torch.float32),
         VP_RANKS,
         torch.tensor(HEAD_CU, dtype=torch.int32),
-        "figure instance",
+        FIGURE,
         figure=True,
     )
 
 
 @public("ch15.8", "decode: every row is one sequence's newest token, 4 rows over 2 ranks")
 def head_decode(t: Trial) -> None:
-    run_head_case(t, torch.randn(4, 5, generator=t.rng), torch.randn(8, 5, generator=t.rng), 2, None, "decode")
+    run_head_case(t, torch.randn(4, 5, generator=t.rng), torch.randn(8, 5, generator=t.rng), 2, None, mark("decode"))
 
 
 @public("ch15.8", "prefill over 4 ranks: prompts of 1, 4 and 2 tokens")
@@ -369,7 +371,7 @@ def head_four_ranks(t: Trial) -> None:
 
 @public("ch15.9", "figure instance: 4 query heads, 2 KV heads, head_dim 2, over 2 ranks")
 def shard_figure_instance(t: Trial) -> None:
-    run_shard_case(t, SHARD_HEADS, SHARD_KV_HEADS, SHARD_HEAD_DIM, SHARD_RANKS, "figure instance", figure=True)
+    run_shard_case(t, SHARD_HEADS, SHARD_KV_HEADS, SHARD_HEAD_DIM, SHARD_RANKS, FIGURE, figure=True)
 
 
 @public("ch15.9", "Qwen3-0.6B (16 query heads, 8 KV heads, head_dim 128) at tp = 2 and tp = 4")
@@ -389,7 +391,7 @@ def shard_one_rank(t: Trial) -> None:
 def expect_lookup(got, want: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, case: str) -> torch.Tensor:
     """Require the looked-up rows, explaining the first wrong one in table terms."""
     (V, H), shape = weight.shape, [*ids.shape, weight.shape[1]]
-    head = f'case "{case}": table E [{V}, {H}], ids {list(ids.shape)} = {ids_text(ids)}'
+    head = tr('case "{case}": table E [{V}, {H}], ids {shape} = {ids}', case=tr(case), V=V, H=H, shape=list(ids.shape), ids=ids_text(ids))
     if isinstance(got, torch.Tensor) and list(got.shape) != shape:
         hint = ""
         if list(got.shape) == list(ids.shape):
@@ -398,8 +400,17 @@ def expect_lookup(got, want: torch.Tensor, weight: torch.Tensor, ids: torch.Tens
             hint = M.flattened_ids
         elif list(got.shape) == [H, *ids.shape]:
             hint = M.column_lookup
-        raise CheckFailed(head, f"expected a {len(shape)}-D tensor of shape {shape} ([*ids.shape, H]); yours: {describe(got)}", hint=hint)
-    out = expect_tensor(got, what=f"the embeddings of ids {list(ids.shape)}", shape=shape, dtype=weight.dtype)
+        raise CheckFailed(
+            head,
+            tr(
+                "expected a {dim}-D tensor of shape {shape} ([*ids.shape, H]); yours: {yours}",
+                dim=len(shape),
+                shape=shape,
+                yours=describe(got),
+            ),
+            hint=hint,
+        )
+    out = expect_tensor(got, what=tr("the embeddings of ids {shape}", shape=list(ids.shape)), shape=shape, dtype=weight.dtype)
     rows, flat_ids = out.reshape(-1, H), ids.reshape(-1)
     bad = wrong_mask(rows, want.reshape(-1, H)).any(-1)
     if not bad.any():
@@ -409,10 +420,16 @@ def expect_lookup(got, want: torch.Tensor, weight: torch.Tensor, ids: torch.Tens
     if ids.dim():
         where = "ids" + str([int(w) for w in torch.unravel_index(torch.tensor(i), tuple(ids.shape))]) + f" = {tok}"
     else:
-        where = f"the id is {tok}"
+        where = tr("the id is {tok}", tok=tok)
     raise CheckFailed(
         head,
-        f"{where}, so its embedding is row {tok} of E = {vec(weight[tok])}; yours: {vec(rows[i])}",
+        tr(
+            "{where}, so its embedding is row {tok} of E = {row}; yours: {yours}",
+            where=where,
+            tok=tok,
+            row=vec(weight[tok]),
+            yours=vec(rows[i]),
+        ),
         hint=row_hint(rows, weight, i, tok),
     )
 
@@ -427,7 +444,7 @@ def row_hint(rows: torch.Tensor, weight: torch.Tensor, i: int, tok: int) -> str:
     if same and same[0] in (tok - 1, tok + 1):
         return M.off_by_one.format(row=same[0])
     if same:
-        return f"yours is row {same[0]} of E; read row ids[…] = {tok}"
+        return tr("yours is row {row} of E; read row ids[…] = {tok}", row=same[0], tok=tok)
     return M.not_a_row
 
 
@@ -447,14 +464,29 @@ def run_lookup_case(t: Trial, weight: torch.Tensor, ids: torch.Tensor, case: str
 def expect_linear(got, want: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, case: str) -> torch.Tensor:
     """Require y = x·Wᵀ + b, explaining the first wrong element as its sum over the `in` axis."""
     out_f, in_f = weight.shape
-    head = (
-        f'case "{case}": x {list(x.shape)}, weight stored [out, in] = {list(weight.shape)}'
-        f"{', bias [' + str(out_f) + ']' if bias is not None else ''}"
-    )
+    if bias is not None:
+        head = tr(
+            'case "{case}": x {x}, weight stored [out, in] = {w}, bias [{out}]',
+            case=tr(case),
+            x=list(x.shape),
+            w=list(weight.shape),
+            out=out_f,
+        )
+    else:
+        head = tr('case "{case}": x {x}, weight stored [out, in] = {w}', case=tr(case), x=list(x.shape), w=list(weight.shape))
     shape = list(want.shape)
     if isinstance(got, torch.Tensor) and list(got.shape) != shape:
         hint = M.w_at_xt if x.dim() == 2 and list(got.shape) == [out_f, x.shape[0]] else ""
-        raise CheckFailed(head, f"expected y as a {len(shape)}-D tensor of shape {shape} ([..., out]); yours: {describe(got)}", hint=hint)
+        raise CheckFailed(
+            head,
+            tr(
+                "expected y as a {dim}-D tensor of shape {shape} ([..., out]); yours: {yours}",
+                dim=len(shape),
+                shape=shape,
+                yours=describe(got),
+            ),
+            hint=hint,
+        )
     y = expect_tensor(got, what="y", shape=shape, dtype=want.dtype)
     idx = first_wrong(y, want, atol=ATOL, rtol=RTOL)
     if idx is None:
@@ -463,9 +495,10 @@ def expect_linear(got, want: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
     xr = x[tuple(row)]
     terms = " + ".join(f"{factor(a)}·{factor(b)}" for a, b in zip(xr.tolist(), weight[j].tolist())) if in_f <= 6 else "…"
     b_sym, b_val = (f" + b[{j}]", f" + {factor(bias[j].item())}") if bias is not None else ("", "")
+    formula = f"y{list(idx)} = Σ_c x[{', '.join(map(str, row))}, c]·W[{j}, c]{b_sym} = {terms}{b_val}"
     raise CheckFailed(
         head,
-        f"y{list(idx)} = Σ_c x[{', '.join(map(str, row))}, c]·W[{j}, c]{b_sym} = {terms}{b_val} = {fmt(want[idx])}; yours: {fmt(y[idx])}",
+        tr("{formula} = {want}; yours: {yours}", formula=formula, want=fmt(want[idx]), yours=fmt(y[idx])),
         hint=linear_hint(y, x, weight, bias),
     )
 
@@ -499,12 +532,14 @@ def expect_value_error_naming(t: Trial, fn: StudentCallable, *args, because: str
         message = e.error.get("message", "")
         if words.replace(" ", "") not in message.replace(" ", ""):
             raise CheckFailed(
-                f"{fn.label} raised ValueError because {because}, but its message does not name the convention",
-                f"your message: {message!r}",
+                tr("{fn} raised ValueError ({because}), but its message does not name the convention", fn=fn.label, because=because),
+                tr("your message: {message}", message=repr(message)),
                 hint=M.vague_error.format(words=words),
             ) from None
         return
-    raise CheckFailed(f"{fn.label} should raise ValueError because {because}; yours returned {describe(value)} instead")
+    raise CheckFailed(
+        tr("{fn} should raise ValueError: {because}; yours returned {value} instead", fn=fn.label, because=because, value=describe(value))
+    )
 
 
 def run_linear_case(t: Trial, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, case: str) -> None:
@@ -522,7 +557,14 @@ def coded_qkv(lead: list[int], width: int) -> torch.Tensor:
 
 
 def split_case(qkv: torch.Tensor, heads: int, kv_heads: int, d: int, case: str) -> str:
-    return f'case "{case}": qkv {list(qkv.shape)}, num_heads={heads}, num_kv_heads={kv_heads}, head_dim={d}'
+    return tr(
+        'case "{case}": qkv {shape}, num_heads={heads}, num_kv_heads={kv_heads}, head_dim={d}',
+        case=tr(case),
+        shape=list(qkv.shape),
+        heads=heads,
+        kv_heads=kv_heads,
+        d=d,
+    )
 
 
 def split_structure(got, qkv: torch.Tensor, heads: int, kv_heads: int, d: int, case: str) -> list[torch.Tensor]:
@@ -531,7 +573,7 @@ def split_structure(got, qkv: torch.Tensor, heads: int, kv_heads: int, d: int, c
     sizes = [heads * d, kv_heads * d, kv_heads * d]
     head = split_case(qkv, heads, kv_heads, d, case)
     if type(got) not in (tuple, list) or len(got) != 3 or not all(isinstance(p, torch.Tensor) for p in got):
-        raise CheckFailed(head, f"expected (q, k, v), a tuple of three tensors; yours: {describe(got)}")
+        raise CheckFailed(head, tr("expected (q, k, v), a tuple of three tensors; yours: {yours}", yours=describe(got)))
     widths = [p.shape[-1] if p.dim() else None for p in got]
     if not all(list(p.shape) == lead + [s] for p, s in zip(got, sizes)):
         hint = ""
@@ -544,10 +586,23 @@ def split_structure(got, qkv: torch.Tensor, heads: int, kv_heads: int, d: int, c
             hint = M.thirds.format(heads=heads, kv_heads=kv_heads, q=sizes[0], kv=sizes[1])
         raise CheckFailed(
             head,
-            f"q is num_heads·head_dim = {heads}·{d} = {sizes[0]} wide, k and v num_kv_heads·head_dim = "
-            f"{kv_heads}·{d} = {sizes[1]} each ({sizes[0]} + 2·{sizes[1]} = {qkv.shape[-1]})",
-            f"expected shapes q {lead + [sizes[0]]}, k {lead + [sizes[1]]}, v {lead + [sizes[2]]}; "
-            f"yours: {', '.join(describe(p) for p in got)}",
+            tr(
+                "q is num_heads·head_dim = {heads}·{d} = {q} wide, k and v num_kv_heads·head_dim = {kv_heads}·{d} = {kv} each "
+                "({q} + 2·{kv} = {total})",
+                heads=heads,
+                d=d,
+                q=sizes[0],
+                kv_heads=kv_heads,
+                kv=sizes[1],
+                total=qkv.shape[-1],
+            ),
+            tr(
+                "expected shapes q {q}, k {k}, v {v}; yours: {yours}",
+                q=lead + [sizes[0]],
+                k=lead + [sizes[1]],
+                v=lead + [sizes[2]],
+                yours=", ".join(describe(p) for p in got),
+            ),
             hint=hint,
         )
     for name, p, size in zip("qkv", got, sizes):
@@ -568,8 +623,15 @@ def explain_split(parts: list[torch.Tensor], want: tuple, qkv: torch.Tensor, hea
         other = [o for o in "qkv" if o != name and cols and cols[0] == starts[o]]
         raise CheckFailed(
             split_case(qkv, heads, kv_heads, d, case),
-            f"the packing is q | k | v = {q_size} | {kv_size} | {kv_size} columns, so {name} is columns "
-            f"{a}–{a + w.shape[-1] - 1} of qkv; yours holds {span(cols)}",
+            tr(
+                "the packing is q | k | v = {q} | {kv} | {kv} columns, so {name} is columns {a}–{b} of qkv; yours holds {span}",
+                q=q_size,
+                kv=kv_size,
+                name=name,
+                a=a,
+                b=a + w.shape[-1] - 1,
+                span=span(cols),
+            ),
             hint=M.block_swapped.format(name=name, other=other[0]) if other else "",
         )
 
@@ -578,9 +640,9 @@ def span(cols: list[int | None]) -> str:
     """Columns as 'columns a–b' when contiguous, else a short list."""
     known = [c for c in cols if c is not None]
     if known and len(known) == len(cols) and known == list(range(known[0], known[0] + len(known))):
-        return f"columns {known[0]}–{known[-1]}" if len(known) > 1 else f"column {known[0]}"
+        return tr("columns {a}–{b}", a=known[0], b=known[-1]) if len(known) > 1 else tr("column {a}", a=known[0])
     shown = ", ".join("?" if c is None else str(c) for c in cols[:8])
-    return f"columns [{shown}{', …' if len(cols) > 8 else ''}]"
+    return tr("columns [{cols}]", cols=shown + (", …" if len(cols) > 8 else ""))
 
 
 def run_split_case(t: Trial, qkv: torch.Tensor, heads: int, kv_heads: int, d: int, case: str) -> list[torch.Tensor]:
@@ -596,40 +658,43 @@ def run_split_case(t: Trial, qkv: torch.Tensor, heads: int, kv_heads: int, d: in
 def shape_derivations(c: dict) -> dict[str, str]:
     H, I, V, d = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["head_dim"]
     Hq, Hkv = c["num_attention_heads"], c["num_key_value_heads"]
-    tie = "tied: the same tensor as embed_tokens" if c["tie_word_embeddings"] else "untied: its own matrix"
+    tie = tr("tied: the same tensor as embed_tokens") if c["tie_word_embeddings"] else tr("untied: its own matrix")
     return {
-        "embed_tokens": f"[V, H] = [{V}, {H}] (one row per token id)",
+        "embed_tokens": tr("[V, H] = [{V}, {H}] (one row per token id)", V=V, H=H),
         "qkv_proj": f"[(Hq + 2·Hkv)·d, H] = [({Hq} + 2·{Hkv})·{d}, {H}] = [{(Hq + 2 * Hkv) * d}, {H}]",
         "o_proj": f"[H, Hq·d] = [{H}, {Hq}·{d}] = [{H}, {Hq * d}]",
-        "q_norm": f"[d] = [{d}] (head_dim from the config)",
-        "k_norm": f"[d] = [{d}] (head_dim from the config)",
-        "gate_up_proj": f"[2·I, H] = [2·{I}, {H}] = [{2 * I}, {H}] (gate | up packed)",
+        "q_norm": tr("[d] = [{d}] (head_dim from the config)", d=d),
+        "k_norm": tr("[d] = [{d}] (head_dim from the config)", d=d),
+        "gate_up_proj": tr("[2·I, H] = [2·{I}, {H}] = [{I2}, {H}] (gate | up packed)", I=I, H=H, I2=2 * I),
         "down_proj": f"[H, I] = [{H}, {I}]",
-        "lm_head": f"[V, H] = [{V}, {H}] ({tie})",
+        "lm_head": tr("[V, H] = [{V}, {H}] ({tie})", V=V, H=H, tie=tie),
     }
 
 
 def shapes_structure(got, want: dict, case: str) -> dict:
     if type(got) is not dict:
-        raise CheckFailed(f'case "{case}": expected a dict of weight shapes; yours: {describe(got)}')
+        raise CheckFailed(tr('case "{case}": expected a dict of weight shapes; yours: {yours}', case=tr(case), yours=describe(got)))
     missing, extra = [n for n in want if n not in got], [n for n in got if n not in want]
     if missing or extra:
         raise CheckFailed(
-            f'case "{case}": expected exactly the keys {", ".join(want)}',
-            f"missing: {', '.join(map(str, missing))}" if missing else "",
-            f"not expected: {', '.join(map(str, extra))}" if extra else "",
+            tr('case "{case}": expected exactly the keys {keys}', case=tr(case), keys=", ".join(want)),
+            tr("missing: {names}", names=", ".join(map(str, missing))) if missing else "",
+            tr("not expected: {names}", names=", ".join(map(str, extra))) if extra else "",
         )
     for name in want:
         v = got[name]
         if type(v) is not tuple or not all(type(s) is int for s in v):
             hint = (
-                "use a tuple of Python ints, e.g. (4096, 1024)"
+                tr("use a tuple of Python ints, e.g. (4096, 1024)")
                 if type(v) in (list, tuple)
-                else "convert a torch.Size (or tensor) to a tuple of ints"
+                else tr("convert a torch.Size (or tensor) to a tuple of ints")
                 if "Size" in describe(v)
                 else ""
             )
-            raise CheckFailed(f'case "{case}": {name} should be a tuple of ints; yours: {describe(v)}', hint=hint)
+            raise CheckFailed(
+                tr('case "{case}": {name} should be a tuple of ints; yours: {yours}', case=tr(case), name=name, yours=describe(v)),
+                hint=hint,
+            )
     return got
 
 
@@ -645,11 +710,15 @@ def explain_shapes(got: dict, want: dict, config: dict, case: str, trap: dict | 
     for name in want:
         if got[name] != want[name]:
             raise CheckFailed(
-                f'case "{case}": hidden_size={c["hidden_size"]}, intermediate_size={c["intermediate_size"]}, '
-                f"num_attention_heads={c['num_attention_heads']}, "
-                f"num_key_value_heads={c['num_key_value_heads']}, head_dim={c['head_dim']}, "
-                f"vocab_size={c['vocab_size']}",
-                f"{name} is stored {derivations[name]}; yours: {list(got[name])}",
+                tr(
+                    'case "{case}": {inputs}',
+                    case=tr(case),
+                    inputs=f"hidden_size={c['hidden_size']}, intermediate_size={c['intermediate_size']}, "
+                    f"num_attention_heads={c['num_attention_heads']}, "
+                    f"num_key_value_heads={c['num_key_value_heads']}, head_dim={c['head_dim']}, "
+                    f"vocab_size={c['vocab_size']}",
+                ),
+                tr("{name} is stored {derivation}; yours: {yours}", name=name, derivation=derivations[name], yours=list(got[name])),
                 hint=shapes_hint(name, got[name], want[name], config, trap),
             )
 
@@ -687,15 +756,35 @@ def checkpoints_structure(got, want: list, case: str) -> list:
     names = [n for n, _ in want]
     ok = type(got) in (list, tuple) and len(got) == len(want) and all(type(p) in (list, tuple) and len(p) == 2 for p in got)
     if not ok:
-        raise CheckFailed(f'case "{case}": expected a list of {len(want)} (name, shape) pairs: {names}; yours: {describe(got)}')
+        raise CheckFailed(
+            tr(
+                'case "{case}": expected a list of {n} (name, shape) pairs: {names}; yours: {yours}',
+                case=tr(case),
+                n=len(want),
+                names=names,
+                yours=describe(got),
+            )
+        )
     got_names = [p[0] for p in got]
     if got_names != names:
-        raise CheckFailed(f'case "{case}": expected the checkpoints named {names}, in this order; yours: {got_names}')
+        raise CheckFailed(
+            tr(
+                'case "{case}": expected the checkpoints named {names}, in this order; yours: {yours}',
+                case=tr(case),
+                names=names,
+                yours=got_names,
+            )
+        )
     for name, shape in got:
         if type(shape) is not tuple or not all(type(s) is int for s in shape):
             raise CheckFailed(
-                f'case "{case}": the shape of {name} should be a tuple of ints; yours: {describe(shape)}',
-                hint="convert a torch.Size or list with tuple(...)" if type(shape) is list or "Size" in describe(shape) else "",
+                tr(
+                    'case "{case}": the shape of {name} should be a tuple of ints; yours: {yours}',
+                    case=tr(case),
+                    name=name,
+                    yours=describe(shape),
+                ),
+                hint=tr("convert a torch.Size or list with tuple(...)") if type(shape) is list or "Size" in describe(shape) else "",
             )
     return list(got)
 
@@ -724,9 +813,13 @@ def explain_checkpoints(got: list, want: list, config: dict, lens: list[int], ca
         elif name != "logits" and V in shape:
             hint = M.vocab_width
         raise CheckFailed(
-            f'case "{case}": prompt_lens={lens}, hidden_size={H}, vocab_size={V}',
-            (f"N = {' + '.join(map(str, lens))} = {N} tokens flattened, B = {B} requests" if B > 1 else f"N = {N} tokens, B = 1 request"),
-            f"{name} is {meaning[name]} = {list(expected)}; yours: {list(shape)}",
+            tr('case "{case}": {inputs}', case=tr(case), inputs=f"prompt_lens={lens}, hidden_size={H}, vocab_size={V}"),
+            (
+                tr("N = {sum} = {N} tokens flattened, B = {B} requests", sum=" + ".join(map(str, lens)), N=N, B=B)
+                if B > 1
+                else tr("N = {N} tokens, B = 1 request", N=N)
+            ),
+            tr("{name} is {meaning} = {want}; yours: {yours}", name=name, meaning=meaning[name], want=list(expected), yours=list(shape)),
             hint=hint,
         )
 
@@ -756,29 +849,37 @@ def tp_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def column_structure(got, x: torch.Tensor, weight: torch.Tensor, tp: int, case: str):
     """Require (shards, out): tp shards [N, out/tp] and out [N, out]."""
     (N, _), out_f = x.shape, weight.shape[1]
-    head = f'case "{case}": x {list(x.shape)}, weight [in, out] = {list(weight.shape)}, tp={tp}'
+    head = column_head(x, weight, tp, case)
     if type(got) not in (tuple, list) or len(got) != 2 or type(got[0]) not in (list, tuple):
-        raise CheckFailed(head, f"expected (shards, out): a list of {tp} tensors and one tensor; yours: {describe(got)}")
+        raise CheckFailed(
+            head, tr("expected (shards, out): a list of {tp} tensors and one tensor; yours: {yours}", tp=tp, yours=describe(got))
+        )
     shards, out = got
     if len(shards) != tp:
-        raise CheckFailed(head, f"expected one shard per rank, {tp} shards; yours: {len(shards)}")
+        raise CheckFailed(head, tr("expected one shard per rank, {tp} shards; yours: {n}", tp=tp, n=len(shards)))
     for r, s in enumerate(shards):
         if isinstance(s, torch.Tensor) and list(s.shape) == [N, out_f] and tp > 1:
             raise CheckFailed(
                 head,
-                f"rank {r}'s shard should be [N, out/tp] = [{N}, {out_f // tp}]; yours: {describe(s)}",
+                tr("rank {r}'s shard should be [N, out/tp] = [{N}, {w}]; yours: {yours}", r=r, N=N, w=out_f // tp, yours=describe(s)),
                 hint=M.full_shard.format(w=out_f // tp),
             )
-        expect_tensor(s, what=f"rank {r}'s shard", shape=[N, out_f // tp], dtype=x.dtype)
+        expect_tensor(s, what=tr("rank {r}'s shard", r=r), shape=[N, out_f // tp], dtype=x.dtype)
     if isinstance(out, torch.Tensor) and list(out.shape) == [N, out_f // tp] and tp > 1:
-        raise CheckFailed(head, f"out should be [N, out] = [{N}, {out_f}]; yours: {describe(out)}", hint=M.summed_shards)
+        raise CheckFailed(
+            head, tr("out should be [N, out] = [{N}, {out}]; yours: {yours}", N=N, out=out_f, yours=describe(out)), hint=M.summed_shards
+        )
     return list(shards), expect_tensor(out, what="out", shape=[N, out_f], dtype=x.dtype)
+
+
+def column_head(x: torch.Tensor, weight: torch.Tensor, tp: int, case: str) -> str:
+    return tr('case "{case}": x {x}, weight [in, out] = {w}, tp={tp}', case=tr(case), x=list(x.shape), w=list(weight.shape), tp=tp)
 
 
 def explain_column(shards: list, out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, tp: int, case: str, ref) -> None:
     want_shards, want_out = ref.column_parallel_linear(x, weight, tp)
     w = weight.shape[1] // tp
-    head = f'case "{case}": x {list(x.shape)}, weight [in, out] = {list(weight.shape)}, tp={tp}'
+    head = column_head(x, weight, tp, case)
     for r, (s, ws) in enumerate(zip(shards, want_shards)):
         idx = first_wrong(s, ws, atol=ATOL, rtol=RTOL)
         if idx is None:
@@ -791,9 +892,17 @@ def explain_column(shards: list, out: torch.Tensor, x: torch.Tensor, weight: tor
             hint = M.block_start.format(start=r * w)
         raise CheckFailed(
             head,
-            f"rank {r} owns the output columns [{r}·{w}, {r + 1}·{w}) = [{r * w}, {(r + 1) * w}) "
-            f"of W; its column {j} is y[:, {r * w + j}] = x @ W[:, {r * w + j}]",
-            f"shard {r}[{i}, {j}]: expected {fmt(ws[i, j])}; yours: {fmt(s[i, j])}",
+            tr(
+                "rank {r} owns the output columns [{r}·{w}, {r1}·{w}) = [{a}, {b}) of W; its column {j} is y[:, {c}] = x @ W[:, {c}]",
+                r=r,
+                r1=r + 1,
+                w=w,
+                a=r * w,
+                b=(r + 1) * w,
+                j=j,
+                c=r * w + j,
+            ),
+            tr("shard {r}[{i}, {j}]: expected {want}; yours: {yours}", r=r, i=i, j=j, want=fmt(ws[i, j]), yours=fmt(s[i, j])),
             hint=hint,
         )
     idx = first_wrong(out, want_out, atol=ATOL, rtol=RTOL)
@@ -801,39 +910,66 @@ def explain_column(shards: list, out: torch.Tensor, x: torch.Tensor, weight: tor
         i, j = idx
         raise CheckFailed(
             head,
-            f"out is the shards concatenated in rank order: out[{i}, {j}] is shard {j // w}"
-            f"[{i}, {j % w}] = {fmt(want_out[i, j])}; yours: {fmt(out[i, j])}",
+            tr(
+                "out is the shards concatenated in rank order: out[{i}, {j}] is shard {s}[{i}, {k}] = {want}; yours: {yours}",
+                i=i,
+                j=j,
+                s=j // w,
+                k=j % w,
+                want=fmt(want_out[i, j]),
+                yours=fmt(out[i, j]),
+            ),
         )
 
 
 def row_structure(got, x_shards: list, weight: torch.Tensor, tp: int, case: str):
     """Require tp partials [N, out]; returns them and out unchecked (explain_row checks it after the figure)."""
     N, out_f = x_shards[0].shape[0], weight.shape[1]
-    head = f'case "{case}": {tp} input shards {list(x_shards[0].shape)}, weight [in, out] = {list(weight.shape)}'
+    head = row_head(x_shards, weight, tp, case)
     if type(got) not in (tuple, list) or len(got) != 2 or type(got[0]) not in (list, tuple):
-        raise CheckFailed(head, f"expected (partials, out): a list of {tp} tensors and one tensor; yours: {describe(got)}")
+        raise CheckFailed(
+            head, tr("expected (partials, out): a list of {tp} tensors and one tensor; yours: {yours}", tp=tp, yours=describe(got))
+        )
     partials, out = got
     if len(partials) != tp:
-        raise CheckFailed(head, f"expected one partial per rank, {tp} partials; yours: {len(partials)}")
+        raise CheckFailed(head, tr("expected one partial per rank, {tp} partials; yours: {n}", tp=tp, n=len(partials)))
     for r, p in enumerate(partials):
         if isinstance(p, torch.Tensor) and list(p.shape) != [N, out_f]:
             raise CheckFailed(
                 head,
-                f"rank {r}'s partial should have the full output shape [N, out] = [{N}, {out_f}]; yours: {describe(p)}",
+                tr(
+                    "rank {r}'s partial should have the full output shape [N, out] = [{N}, {out}]; yours: {yours}",
+                    r=r,
+                    N=N,
+                    out=out_f,
+                    yours=describe(p),
+                ),
                 hint=M.partial_shape,
             )
-        expect_tensor(p, what=f"rank {r}'s partial", shape=[N, out_f], dtype=weight.dtype)
+        expect_tensor(p, what=tr("rank {r}'s partial", r=r), shape=[N, out_f], dtype=weight.dtype)
     return list(partials), out
+
+
+def row_head(x_shards: list, weight: torch.Tensor, tp: int, case: str) -> str:
+    return tr(
+        'case "{case}": {tp} input shards {shape}, weight [in, out] = {w}',
+        case=tr(case),
+        tp=tp,
+        shape=list(x_shards[0].shape),
+        w=list(weight.shape),
+    )
 
 
 def explain_row(partials: list, got_out, x_shards: list, weight: torch.Tensor, tp: int, case: str, ref) -> None:
     want_partials, want_out = ref.row_parallel_linear(x_shards, weight, tp)
     N, out_f = want_out.shape
     part = weight.size(0) // tp  # input rows per shard
-    head = f'case "{case}": {tp} input shards {list(x_shards[0].shape)}, weight [in, out] = {list(weight.shape)}'
+    head = row_head(x_shards, weight, tp, case)
     if isinstance(got_out, torch.Tensor) and list(got_out.shape) == [N, tp * out_f] and tp > 1:
         raise CheckFailed(
-            head, f"out should be [N, out] = [{N}, {out_f}]; yours: {describe(got_out)}", hint=M.concat_partials.format(tp=tp)
+            head,
+            tr("out should be [N, out] = [{N}, {out}]; yours: {yours}", N=N, out=out_f, yours=describe(got_out)),
+            hint=M.concat_partials.format(tp=tp),
         )
     out = expect_tensor(got_out, what="out", shape=[N, out_f], dtype=weight.dtype)
     for r, (p, wp) in enumerate(zip(partials, want_partials)):
@@ -842,9 +978,17 @@ def explain_row(partials: list, got_out, x_shards: list, weight: torch.Tensor, t
             i, j = idx
             raise CheckFailed(
                 head,
-                f"rank {r} holds input block [{r * part}, {(r + 1) * part}) (x_shards[{r}]) and the "
-                f"same rows of W: partial {r}[{i}, {j}] = Σ_k x_shards[{r}][{i}, k]·"
-                f"W[{r * part} + k, {j}] = {fmt(wp[i, j])}; yours: {fmt(p[i, j])}",
+                tr(
+                    "rank {r} holds input block [{a}, {b}) (x_shards[{r}]) and the same rows of W: "
+                    "partial {r}[{i}, {j}] = Σ_k x_shards[{r}][{i}, k]·W[{a} + k, {j}] = {want}; yours: {yours}",
+                    r=r,
+                    a=r * part,
+                    b=(r + 1) * part,
+                    i=i,
+                    j=j,
+                    want=fmt(wp[i, j]),
+                    yours=fmt(p[i, j]),
+                ),
             )
     idx = first_wrong(out, want_out, atol=ATOL, rtol=RTOL)
     if idx is not None:
@@ -856,9 +1000,14 @@ def explain_row(partials: list, got_out, x_shards: list, weight: torch.Tensor, t
             hint = M.rank0_only
         raise CheckFailed(
             head,
-            f"out[{i}, {j}] is the sum of the partials: "
-            f"{' + '.join(fmt(p[i, j]) for p in want_partials)} = {fmt(want_out[i, j])}; "
-            f"yours: {fmt(out[i, j])}",
+            tr(
+                "out[{i}, {j}] is the sum of the partials: {terms} = {want}; yours: {yours}",
+                i=i,
+                j=j,
+                terms=" + ".join(fmt(p[i, j]) for p in want_partials),
+                want=fmt(want_out[i, j]),
+                yours=fmt(out[i, j]),
+            ),
             hint=hint,
         )
 
@@ -895,9 +1044,16 @@ def all_reduce(partials: list[torch.Tensor]) -> torch.Tensor:
 
 def vocab_head(ids: torch.Tensor, per: int, rank: int, tp: int, case: str) -> str:
     start = rank * per
-    return (
-        f'case "{case}": V = {tp * per} rows over tp = {tp} ranks of {per}; rank {rank} holds rows '
-        f"[{start}, {start + per}); ids {ids_text(ids)}"
+    return tr(
+        'case "{case}": V = {V} rows over tp = {tp} ranks of {per}; rank {rank} holds rows [{start}, {end}); ids {ids}',
+        case=tr(case),
+        V=tp * per,
+        tp=tp,
+        per=per,
+        rank=rank,
+        start=start,
+        end=start + per,
+        ids=ids_text(ids),
     )
 
 
@@ -912,7 +1068,7 @@ def call_vocab(t: Trial, shard: torch.Tensor, ids: torch.Tensor, rank: int, tp: 
             raise
         per = shard.shape[0]
         start, head = rank * per, vocab_head(ids, per, rank, tp, case)
-        line = f"your function raised IndexError on rank {rank}: {e.error.get('message', '')}"
+        line = tr("your function raised IndexError on rank {rank}: {message}", rank=rank, message=e.error.get("message", ""))
         owned = ids[(ids >= start) & (ids < start + per)]
         try:
             t.yours.vocab_parallel_embedding(shard, owned, rank, tp)
@@ -923,7 +1079,7 @@ def call_vocab(t: Trial, shard: torch.Tensor, ids: torch.Tensor, rank: int, tp: 
         raise CheckFailed(
             head,
             line,
-            f"with only the ids it owns ({short(owned.tolist())}) it raises nothing",
+            tr("with only the ids it owns ({ids}) it raises nothing", ids=short(owned.tolist())),
             hint=M.end_inclusive.format(end=start + per, rank=rank, next=rank + 1),
         ) from None
 
@@ -933,9 +1089,14 @@ def vocab_structure(got, ids: torch.Tensor, shard: torch.Tensor, rank: int, tp: 
     if isinstance(got, torch.Tensor) and list(got.shape) != shape:
         raise CheckFailed(
             vocab_head(ids, shard.shape[0], rank, tp, case),
-            f"rank {rank}'s partial is one row per id, [N, H] = {shape}, zeros where the rank does not own the id; yours: {describe(got)}",
+            tr(
+                "rank {rank}'s partial is one row per id, [N, H] = {shape}, zeros where the rank does not own the id; yours: {yours}",
+                rank=rank,
+                shape=shape,
+                yours=describe(got),
+            ),
         )
-    return expect_tensor(got, what=f"rank {rank}'s partial", shape=shape, dtype=shard.dtype)
+    return expect_tensor(got, what=tr("rank {r}'s partial", r=rank), shape=shape, dtype=shard.dtype)
 
 
 def explain_vocab(got: torch.Tensor, want: torch.Tensor, shard: torch.Tensor, ids: torch.Tensor, rank: int, tp: int, case: str) -> None:
@@ -947,14 +1108,25 @@ def explain_vocab(got: torch.Tensor, want: torch.Tensor, shard: torch.Tensor, id
     i = int(bad.nonzero()[0])
     tok = int(ids[i])
     if start <= tok < start + per:
-        line = (
-            f"ids[{i}] = {tok} is this rank's: local row {tok} − {start} = {tok - start} of its shard, {vec(want[i])}; yours: {vec(got[i])}"
+        line = tr(
+            "ids[{i}] = {tok} is this rank's: local row {tok} − {start} = {local} of its shard, {row}; yours: {yours}",
+            i=i,
+            tok=tok,
+            start=start,
+            local=tok - start,
+            row=vec(want[i]),
+            yours=vec(got[i]),
         )
         hint = ""
     else:
-        line = (
-            f"ids[{i}] = {tok} belongs to rank {tok // per}, so row {i} of rank {rank}'s partial is zeros (the all-reduce "
-            f"adds the owner's row); yours: {vec(got[i])}"
+        line = tr(
+            "ids[{i}] = {tok} belongs to rank {owner}, so row {i} of rank {rank}'s partial is zeros "
+            "(the all-reduce adds the owner's row); yours: {yours}",
+            i=i,
+            tok=tok,
+            owner=tok // per,
+            rank=rank,
+            yours=vec(got[i]),
         )
         hint = vocab_hint(got, shard, ids, start)
     raise CheckFailed(vocab_head(ids, per, rank, tp, case), line, hint=hint)
@@ -1001,8 +1173,14 @@ def run_vocab_case(t: Trial, table: torch.Tensor, ids: torch.Tensor, tp: int, ca
     idx = first_wrong(total, full)
     if idx is not None:
         raise CheckFailed(
-            f'case "{case}": the all-reduce of your partials should be E[ids]',
-            f"row {idx[0]} (id {int(ids[idx[0]])}): expected {vec(full[idx[0]])}; yours: {vec(total[idx[0]])}",
+            tr('case "{case}": the all-reduce of your partials should be E[ids]', case=tr(case)),
+            tr(
+                "row {row} (id {id}): expected {want}; yours: {yours}",
+                row=idx[0],
+                id=int(ids[idx[0]]),
+                want=vec(full[idx[0]]),
+                yours=vec(total[idx[0]]),
+            ),
         )
 
 
@@ -1011,10 +1189,16 @@ def run_vocab_case(t: Trial, table: torch.Tensor, ids: torch.Tensor, tp: int, ca
 
 def head_head(hidden: torch.Tensor, shards: list[torch.Tensor], cu: torch.Tensor | None, case: str) -> str:
     per, tp = shards[0].shape[0], len(shards)
-    step = f"prefill, cu_seqlens_q = {cu.tolist()}" if cu is not None else "decode (no cu_seqlens_q)"
-    return (
-        f'case "{case}": hidden {list(hidden.shape)}, {step}; V = {tp * per} over tp = {tp} ranks, rank r '
-        f"computes the logits of tokens [{per}·r, {per}·r + {per})"
+    step = tr("prefill, cu_seqlens_q = {cu}", cu=cu.tolist()) if cu is not None else tr("decode (no cu_seqlens_q)")
+    return tr(
+        'case "{case}": hidden {shape}, {step}; V = {V} over tp = {tp} ranks, '
+        "rank r computes the logits of tokens [{per}·r, {per}·r + {per})",
+        case=tr(case),
+        shape=list(hidden.shape),
+        step=step,
+        V=tp * per,
+        tp=tp,
+        per=per,
     )
 
 
@@ -1030,13 +1214,19 @@ def head_structure(
             hint = M.gather_rows.format(tp=tp)
         elif cu is not None and list(got.shape) == [hidden.shape[0], shape[1]] != shape:
             hint = M.lm_head_all_rows.format(last=(cu[1:] - 1).tolist(), B=shape[0], N=hidden.shape[0])
-        rows = "one row per sequence's last token" if cu is not None else "one row per sequence"
+        rows = tr("one row per sequence's last token") if cu is not None else tr("one row per sequence")
         raise CheckFailed(
             head_head(hidden, shards, cu, case),
-            f"expected logits {shape}: {rows}, all V = {shape[1]} token ids; yours: {describe(got)}",
+            tr(
+                "expected logits {shape}: {rows}, all V = {V} token ids; yours: {yours}",
+                shape=shape,
+                rows=rows,
+                V=shape[1],
+                yours=describe(got),
+            ),
             hint=hint,
         )
-    return expect_tensor(got, what="the logits", shape=shape, dtype=want.dtype)
+    return expect_tensor(got, what=tr("the logits"), shape=shape, dtype=want.dtype)
 
 
 def explain_head(
@@ -1048,18 +1238,30 @@ def explain_head(
     i, j = idx
     tp, per = len(shards), shards[0].shape[0]
     row = int(cu[i + 1]) - 1 if cu is not None else i
-    source = f"sequence {i}'s last token, row cu_seqlens_q[{i + 1}] − 1 = {row} of hidden" if cu is not None else f"row {i} of hidden"
+    source = (
+        tr("sequence {i}'s last token, row cu_seqlens_q[{i1}] − 1 = {row} of hidden", i=i, i1=i + 1, row=row)
+        if cu is not None
+        else tr("row {i} of hidden", i=i)
+    )
     close = lambda v: v.shape == got.shape and torch.allclose(got.double(), v.double(), atol=1e-4, rtol=1e-4)
-    kept = hidden if cu is None else hidden[cu[1:].long() - 1]
+    kept = hidden if cu is None else hidden.index_select(0, cu[1:].long() - 1)
     hint = ""
     if tp > 1 and close(torch.cat([kept @ w.T for w in shards[::-1]], dim=-1)):
         hint = M.rank_order.format(tp=tp)
-    elif cu is not None and close(torch.cat([hidden[cu[:-1].long()] @ w.T for w in shards], dim=-1)):
+    elif cu is not None and close(torch.cat([hidden.index_select(0, cu[:-1].long()) @ w.T for w in shards], dim=-1)):
         hint = M.first_token_rows
     raise CheckFailed(
         head_head(hidden, shards, cu, case),
-        f"logits[{i}, {j}] is token {j}'s logit: rank {j // per}'s local column {j % per}, for "
-        f"{source}: expected {fmt(want[i, j])}; yours: {fmt(got[i, j])}",
+        tr(
+            "logits[{i}, {j}] is token {j}'s logit: rank {rank}'s local column {col}, for {source}: expected {want}; yours: {yours}",
+            i=i,
+            j=j,
+            rank=j // per,
+            col=j % per,
+            source=source,
+            want=fmt(want[i, j]),
+            yours=fmt(got[i, j]),
+        ),
         hint=hint,
     )
 
@@ -1071,7 +1273,7 @@ def run_head_case(
     want = t.ref.parallel_lm_head(hidden, shards, cu)
     got = head_structure(t.yours.parallel_lm_head(hidden, list(shards), cu), want, hidden, shards, cu, case)
     if figure:
-        kept = hidden if cu is None else hidden[cu[1:].long() - 1]
+        kept = hidden if cu is None else hidden.index_select(0, cu[1:].long() - 1)
         t.figure(
             "ch15-vocab-parallel",
             hidden=hidden,
@@ -1098,10 +1300,16 @@ def shard_derivation(s: str, heads: int, kv: int, d: int, tp: int, rank: int) ->
 
 def shard_structure(got, s: str, rank: int, case: str) -> tuple[int, int, int]:
     if type(got) is not tuple or len(got) != 3 or not all(type(v) is int for v in got):
-        hint = "return a tuple of three Python ints, (offset, start, size)" if type(got) in (list, tuple) else ""
+        hint = tr("return a tuple of three Python ints, (offset, start, size)") if type(got) in (list, tuple) else ""
         raise CheckFailed(
-            f'case "{case}": qkv_shard("{s}", …, rank={rank}) should return (offset, start, size), a '
-            f"tuple of three ints; yours: {describe(got)}",
+            tr(
+                'case "{case}": qkv_shard("{s}", …, rank={rank}) should return (offset, start, size), '
+                "a tuple of three ints; yours: {yours}",
+                case=tr(case),
+                s=s,
+                rank=rank,
+                yours=describe(got),
+            ),
             hint=hint,
         )
     return got
@@ -1122,11 +1330,18 @@ def explain_shards(got: dict, want: dict, heads: int, kv: int, d: int, tp: int, 
         elif rank > 0 and g[1] == 0 and w[1] > 0:
             hint = M.shard_zero.format(rank=rank, start=w[1])
         raise CheckFailed(
-            f'case "{case}": num_heads={heads}, num_kv_heads={kv}, head_dim={d}, tp={tp}; each rank '
-            f"holds a fused [({heads}/{tp} + 2·{kv}/{tp})·{d}, H] = [{(heads + 2 * kv) // tp * d}, H] "
-            f"weight packed q | k | v",
-            f'rank {rank}, "{s}": {shard_derivation(s, heads, kv, d, tp, rank)}',
-            f"(offset, start, size): expected {w}; yours: {g}",
+            tr(
+                'case "{case}": num_heads={heads}, num_kv_heads={kv}, head_dim={d}, tp={tp}; each rank holds a fused '
+                "[({heads}/{tp} + 2·{kv}/{tp})·{d}, H] = [{rows}, H] weight packed q | k | v",
+                case=tr(case),
+                heads=heads,
+                kv=kv,
+                d=d,
+                tp=tp,
+                rows=(heads + 2 * kv) // tp * d,
+            ),
+            tr('rank {rank}, "{s}": {derivation}', rank=rank, s=s, derivation=shard_derivation(s, heads, kv, d, tp, rank)),
+            tr("(offset, start, size): expected {want}; yours: {yours}", want=w, yours=g),
             hint=hint,
         )
 

@@ -25,6 +25,7 @@ from grader.authoring import (
     vec,
     wrong_mask,
 )
+from grader.i18n import mark, tr, tr_in
 
 ATOL, RTOL = 1e-5, 1e-5  # float32 attention outputs
 NEG_INF = float("-inf")
@@ -44,13 +45,14 @@ STEPS_V2 = [[2.0, 2.0, 0.0], [0.0, 0.0, 3.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
 ROWS_T, ROWS_D = 5, 4
 
 SPLIT_AXES, MERGE_AXES = ("B", "T", "H", "d"), ("B", "H", "T", "d")
-CONVENTION = "True = may attend, the scaled_dot_product_attention convention"
+CONVENTION = mark("True = may attend, the scaled_dot_product_attention convention")
 
 causal_mask = hidden_model("ch16_models.causal_mask")
 """`t.ref.drive(causal_mask, T, S)`: the end-aligned causal mask [T, S] a check passes as an input."""
 steps_variants = hidden_model("ch16_models.steps_variants")
 """`t.ref.drive(steps_variants, q, k, v, mask, scale, want)`: {scores | probs | out: {misconception: tensor}}."""
 M = mistakes("ch16")
+FIGURE = mark("figure instance")  # a case's name, translated where a message names it
 
 
 # -- ch16.1 split_heads ------------------------------------------------------------------------------
@@ -58,7 +60,7 @@ M = mistakes("ch16")
 
 @public("ch16.1", "figure instance: the numbers 0 … 11 as [1, 3, 4], 2 heads of width 2")
 def split_figure_instance(t: Trial) -> None:
-    x, case = numbered(), "figure instance"
+    x, case = numbered(), FIGURE
     want = t.ref.split_heads(x, NUMBERED_HEADS)
     out = expect_split(t.yours.split_heads(x, NUMBERED_HEADS), x, want, NUMBERED_HEADS, case, values=False)
     t.figure("ch16-dim-split-heads", x=x, num_heads=NUMBERED_HEADS, yours=out, expected=want, wrong=wrong_mask(out, want))
@@ -68,17 +70,17 @@ def split_figure_instance(t: Trial) -> None:
 @public("ch16.1", "Qwen3-0.6B's queries: [2, 3, 2048] into 16 heads of width 128")
 def split_qwen3(t: Trial) -> None:
     # q_size = num_attention_heads · head_dim = 16 · 128 = 2048 (head_dim from the config, not 1024 / 16).
-    run_split_case(t, torch.randn(2, 3, 2048, generator=t.rng), 16, "Qwen3-0.6B q, 2 sequences of 3 tokens")
+    run_split_case(t, torch.randn(2, 3, 2048, generator=t.rng), 16, mark("Qwen3-0.6B q, 2 sequences of 3 tokens"))
 
 
 @public("ch16.1", "a batch of 2 sequences, 3 heads of width 4, T = 5")
 def split_batch(t: Trial) -> None:
-    run_split_case(t, torch.randn(2, 5, 12, generator=t.rng), 3, "B=2, T=5, 3 heads of width 4")
+    run_split_case(t, torch.randn(2, 5, 12, generator=t.rng), 3, mark("B=2, T=5, 3 heads of width 4"))
 
 
 @public("ch16.1", "one head: [B, 1, T, d] holds the same rows")
 def split_one_head(t: Trial) -> None:
-    run_split_case(t, numbered((2, 3, 5)), 1, "a single head of width 5")
+    run_split_case(t, numbered((2, 3, 5)), 1, mark("a single head of width 5"))
 
 
 # -- ch16.2 merge_heads ------------------------------------------------------------------------------
@@ -88,21 +90,21 @@ def split_one_head(t: Trial) -> None:
 def merge_figure_instance(t: Trial) -> None:
     heads = t.ref.split_heads(numbered(), NUMBERED_HEADS).contiguous()  # a fresh [B, H, T, d], as attention makes
     want = t.ref.merge_heads(heads)
-    out = expect_merge(call_merge(t, heads, "figure instance"), heads, want, "figure instance", values=False)
+    out = expect_merge(call_merge(t, heads, FIGURE), heads, want, FIGURE, values=False)
     t.figure("ch16-dim-merge-heads", heads=heads, yours=out, expected=want, wrong=wrong_mask(out, want), bare=heads.reshape(NUMBERED_SHAPE))
-    explain_merge(out, heads, want, "figure instance")
+    explain_merge(out, heads, want, FIGURE)
 
 
 @public("ch16.2", "merge undoes split: Qwen3-0.6B's 16 heads of width 128 back to [2, 3, 2048]")
 def merge_qwen3(t: Trial) -> None:
     x = torch.randn(2, 3, 2048, generator=t.rng)
     heads = t.ref.split_heads(x, 16).contiguous()
-    run_merge_case(t, heads, "Qwen3-0.6B attention output, 2 sequences of 3 tokens", want=x)
+    run_merge_case(t, heads, mark("Qwen3-0.6B attention output, 2 sequences of 3 tokens"), want=x)
 
 
 @public("ch16.2", "2 sequences, 3 heads of width 4, T = 5")
 def merge_batch(t: Trial) -> None:
-    run_merge_case(t, torch.randn(2, 3, 5, 4, generator=t.rng), "B=2, 3 heads, T=5, d=4")
+    run_merge_case(t, torch.randn(2, 3, 5, 4, generator=t.rng), mark("B=2, 3 heads, T=5, d=4"))
 
 
 # -- ch16.3 attention_steps ------------------------------------------------------------------------------
@@ -110,7 +112,7 @@ def merge_batch(t: Trial) -> None:
 
 @public("ch16.3", "figure instance: one causal head, T = 3, d = 2, small integers")
 def one_head_instance(t: Trial) -> None:
-    q, k, v, mask, case = tensor(ONE_Q), tensor(ONE_K), tensor(ONE_V), t.ref.drive(causal_mask, 3), "figure instance"
+    q, k, v, mask, case = tensor(ONE_Q), tensor(ONE_K), tensor(ONE_V), t.ref.drive(causal_mask, 3), FIGURE
     want = t.ref.attention_steps(q, k, v, mask=mask)
     variants = t.ref.drive(steps_variants, q, k, v, mask, None, want)
     parts = call_steps(t, q, k, v, mask, case=case)
@@ -133,8 +135,8 @@ def three_steps(t: Trial) -> None:
     q, k, v, v2 = tensor(STEPS_Q), tensor(STEPS_K), tensor(STEPS_V), tensor(STEPS_V2)
     want, want2 = t.ref.attention_steps(q, k, v), t.ref.attention_steps(q, k, v2)
     variants = [t.ref.drive(steps_variants, q, k, x, None, None, w) for x, w in ((v, want), (v2, want2))]
-    parts = call_steps(t, q, k, v, case="three steps, V")
-    parts2 = call_steps(t, q, k, v2, case="three steps, another V")
+    parts = call_steps(t, q, k, v, case=mark("three steps, V"))
+    parts2 = call_steps(t, q, k, v2, case=mark("three steps, another V"))
     t.figure(
         "ch16-three-steps",
         q=q,
@@ -148,18 +150,20 @@ def three_steps(t: Trial) -> None:
         wrong=steps_wrong(parts, want, None),
         out2_wrong=steps_wrong(parts2, want2, None)["out"],
     )
-    explain_steps(parts, want, q, k, v, None, None, "three steps, V", variants=variants[0])
-    explain_steps(parts2, want2, q, k, v2, None, None, "three steps, another V", variants=variants[1])
+    explain_steps(parts, want, q, k, v, None, None, mark("three steps, V"), variants=variants[0])
+    explain_steps(parts2, want2, q, k, v2, None, None, mark("three steps, another V"), variants=variants[1])
     if not (torch.equal(parts["scores"], parts2["scores"]) and torch.equal(parts["probs"], parts2["probs"])):
         raise CheckFailed(
-            "the same q and k with another v gave different scores or probs: Q and K alone decide "
-            "the weights; V only supplies the content they average"
+            tr(
+                "the same q and k with another v gave different scores or probs: Q and K alone decide "
+                "the weights; V only supplies the content they average"
+            )
         )
 
 
 @public("ch16.3", "causal, 5 queries: one row of probabilities per query")
 def prob_rows(t: Trial) -> None:
-    (q, k, v), mask, case = rows_inputs(), t.ref.drive(causal_mask, ROWS_T), "5 causal queries"
+    (q, k, v), mask, case = rows_inputs(), t.ref.drive(causal_mask, ROWS_T), mark("5 causal queries")
     want = t.ref.attention_steps(q, k, v, mask=mask)
     variants = t.ref.drive(steps_variants, q, k, v, mask, None, want)
     parts = call_steps(t, q, k, v, mask, case=case)
@@ -178,15 +182,15 @@ def prob_rows(t: Trial) -> None:
 @public("ch16.3", "Qwen3-0.6B's head_dim 128: the default scale is 1/√128; a given scale is used as given")
 def qwen3_scale(t: Trial) -> None:
     q, k, v = (torch.randn(n, 128, generator=t.rng) for n in (2, 3, 3))
-    run_steps_case(t, q, k, v, t.ref.drive(causal_mask, 2, 3), case="head_dim 128, 2 new tokens after 1 cached")
-    run_steps_case(t, q, k, v, scale=0.5, case="head_dim 128, scale 0.5")
+    run_steps_case(t, q, k, v, t.ref.drive(causal_mask, 2, 3), case=mark("head_dim 128, 2 new tokens after 1 cached"))
+    run_steps_case(t, q, k, v, scale=0.5, case=mark("head_dim 128, scale 0.5"))
 
 
 @public("ch16.3", "a padding mask: the last key is hidden from every query")
 def padding_mask(t: Trial) -> None:
     q, k, v = (torch.randn(n, 4, generator=t.rng) for n in (3, 4, 4))
     mask = torch.tensor([[True, True, True, False]] * 3)
-    run_steps_case(t, q, k, v, mask, case="key 3 is padding")
+    run_steps_case(t, q, k, v, mask, case=mark("key 3 is padding"))
 
 
 @public("ch16.3", "a query that may attend no key raises ValueError")
@@ -199,7 +203,7 @@ def blind_query(t: Trial) -> None:
         k,
         k,
         mask=torch.tensor([[True, False, False], [False] * 3]),
-        because="query 1 may attend no key, and a softmax over no keys is undefined (0/0)",
+        because=tr("query 1 may attend no key, and a softmax over no keys is undefined (0/0)"),
     )
 
 
@@ -256,9 +260,15 @@ def expect_layout(got, want: torch.Tensor, header: str, what: str, hint_of) -> t
 
 def split_case(x: torch.Tensor, num_heads: int, case: str) -> str:
     B, T, W = x.shape
-    return (
-        f'case "{case}": x [{B}, {T}, {W}] = [B, T, H·d], num_heads={num_heads} → d = {W} // {num_heads} = '
-        f"{W // num_heads}; the result is [B, H, T, d] = [{B}, {num_heads}, {T}, {W // num_heads}]"
+    return tr(
+        'case "{case}": x [{B}, {T}, {W}] = [B, T, H·d], num_heads={H} → d = {W} // {H} = {d}; '
+        "the result is [B, H, T, d] = [{B}, {H}, {T}, {d}]",
+        case=tr(case),
+        B=B,
+        T=T,
+        W=W,
+        H=num_heads,
+        d=W // num_heads,
     )
 
 
@@ -280,7 +290,7 @@ def split_hint(got: torch.Tensor, x: torch.Tensor, num_heads: int) -> str:
 
 def expect_split(got, x: torch.Tensor, want: torch.Tensor, num_heads: int, case: str, *, values: bool = True) -> torch.Tensor:
     """Require the student's split to be a [B, H, T, d] tensor in x's dtype (and, with `values`, to equal `want`)."""
-    out = expect_layout(got, want, split_case(x, num_heads, case), "the heads", lambda g: split_hint(g, x, num_heads))
+    out = expect_layout(got, want, split_case(x, num_heads, case), tr("the heads"), lambda g: split_hint(g, x, num_heads))
     if values:
         explain_split(out, x, want, num_heads, case)
     return out
@@ -294,17 +304,28 @@ def explain_split(out: torch.Tensor, x: torch.Tensor, want: torch.Tensor, num_he
     B, T, W = x.shape
     d = W // num_heads
     hits = (x.reshape(B, T, num_heads, d).double() == out[b, h, t].double()).all(-1).nonzero().tolist()
-    origin = (
-        f", which is head {hits[0][2]} of token {hits[0][1]} (x[{hits[0][0]}, {hits[0][1]}, {hits[0][2] * d}:{(hits[0][2] + 1) * d}])"
-        if hits
-        else ", which is not one head of one token of x"
-    )
+    if hits:
+        src = f"x[{hits[0][0]}, {hits[0][1]}, {hits[0][2] * d}:{(hits[0][2] + 1) * d}]"
+        yours = tr(
+            "yours: {yours}, which is head {h} of token {tok} ({src})", yours=vec(out[b, h, t]), h=hits[0][2], tok=hits[0][1], src=src
+        )
+    else:
+        yours = tr("yours: {yours}, which is not one head of one token of x", yours=vec(out[b, h, t]))
+    src = f"x[{b}, {t}, {h * d}:{(h + 1) * d}]"
     raise CheckFailed(
         split_case(x, num_heads, case),
-        f"out[{b}, {h}, {t}, :] is head {h} of token {t}, the columns h·d … h·d + d − 1 = {h * d} … "
-        f"{h * d + d - 1} of row {t}: x[{b}, {t}, {h * d}:{(h + 1) * d}] = {vec(want[b, h, t])}; "
-        f"yours: {vec(out[b, h, t])}{origin}",
-        f"({int(wrong_mask(out, want).sum())} of {want.numel()} numbers differ)",
+        tr(
+            "out[{b}, {h}, {t}, :] is head {h} of token {t}, the columns h·d … h·d + d − 1 = {a} … {z} of row {t}: {src} = {want}; {yours}",
+            b=b,
+            h=h,
+            t=t,
+            a=h * d,
+            z=h * d + d - 1,
+            src=src,
+            want=vec(want[b, h, t]),
+            yours=yours,
+        ),
+        tr("({n} of {total} numbers differ)", n=int(wrong_mask(out, want).sum()), total=want.numel()),
         hint=split_hint(out, x, num_heads),
     )
 
@@ -319,9 +340,15 @@ def run_split_case(t: Trial, x: torch.Tensor, num_heads: int, case: str) -> torc
 
 def merge_case(x: torch.Tensor, case: str) -> str:
     B, H, T, d = x.shape
-    return (
-        f'case "{case}": x [{B}, {H}, {T}, {d}] = [B, H, T, d] → the result is [B, T, H·d] = '
-        f"[{B}, {T}, {H * d}], token t's heads side by side in row t"
+    return tr(
+        'case "{case}": x [{B}, {H}, {T}, {d}] = [B, H, T, d] → the result is [B, T, H·d] = [{B}, {T}, {Hd}], '
+        "token t's heads side by side in row t",
+        case=tr(case),
+        B=B,
+        H=H,
+        T=T,
+        d=d,
+        Hd=H * d,
     )
 
 
@@ -342,7 +369,7 @@ def merge_hint(got: torch.Tensor, x: torch.Tensor) -> str:
 
 def expect_merge(got, x: torch.Tensor, want: torch.Tensor, case: str, *, values: bool = True) -> torch.Tensor:
     """Require the student's merge to be a [B, T, H·d] tensor in x's dtype (and, with `values`, to equal `want`)."""
-    out = expect_layout(got, want, merge_case(x, case), "the merged heads", lambda g: merge_hint(g, x))
+    out = expect_layout(got, want, merge_case(x, case), tr("the merged heads"), lambda g: merge_hint(g, x))
     if values:
         explain_merge(out, x, want, case)
     return out
@@ -357,18 +384,38 @@ def explain_merge(out: torch.Tensor, x: torch.Tensor, want: torch.Tensor, case: 
     h, j = divmod(c, d)
     lines = [
         merge_case(x, case),
-        f"out[{b}, {t}, {c}] is column {c} = {h}·{d} + {j} of token {t}'s row, i.e. head {h} of token {t}: "
-        f"x[{b}, {h}, {t}, {j}] = {fmt(want[idx])}; yours: {fmt(out[idx])}",
+        tr(
+            "out[{b}, {t}, {c}] is column {c} = {h}·{d} + {j} of token {t}'s row, i.e. head {h} of token {t}: "
+            "x[{b}, {h}, {t}, {j}] = {want}; yours: {yours}",
+            b=b,
+            t=t,
+            c=c,
+            h=h,
+            d=d,
+            j=j,
+            want=fmt(want[idx]),
+            yours=fmt(out[idx]),
+        ),
     ]
     rows = x.reshape(B * H * T, d).double()
     origins = [(rows == piece).all(-1).nonzero().flatten().tolist() for piece in out[b, t].reshape(H, d).double()]
     origins = [divmod(hit[0] % (H * T), T) if hit else None for hit in origins]  # (head, token) of each piece
     if H <= 8 and any(origins):
         tokens = {o[1] for o in origins if o is not None}
-        pieces = ", ".join("?" if o is None else f"head {o[0]} of token {o[1]}" for o in origins)
-        mixed = f" — values of {len(tokens)} different tokens in one row" if len(tokens) > 1 else ""
-        lines.append(f"your row {t} holds, piece by piece: {pieces}{mixed}")
-    raise CheckFailed(*lines, f"({int(wrong_mask(out, want).sum())} of {want.numel()} numbers differ)", hint=merge_hint(out, x))
+        pieces = ", ".join("?" if o is None else tr("head {h} of token {tok}", h=o[0], tok=o[1]) for o in origins)
+        if len(tokens) > 1:
+            lines.append(
+                tr(
+                    "your row {t} holds, piece by piece: {pieces} — values of {n} different tokens in one row",
+                    t=t,
+                    pieces=pieces,
+                    n=len(tokens),
+                )
+            )
+        else:
+            lines.append(tr("your row {t} holds, piece by piece: {pieces}", t=t, pieces=pieces))
+    differ = tr("({n} of {total} numbers differ)", n=int(wrong_mask(out, want).sum()), total=want.numel())
+    raise CheckFailed(*lines, differ, hint=merge_hint(out, x))
 
 
 def call_merge(t: Trial, x: torch.Tensor, case: str):
@@ -392,10 +439,21 @@ def run_merge_case(t: Trial, x: torch.Tensor, case: str, want: torch.Tensor | No
 
 def steps_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None, case: str) -> str:
     (T, d), S = q.shape, k.shape[0]
-    m = "none" if mask is None else "causal" if is_causal(mask) else f"bool [{T}, {S}], {int(mask.sum())} of {mask.numel()} True"
-    return (
-        f'case "{case}": q [{T}, {d}], k [{S}, {d}], v {list(v.shape)}, mask: {m}, scale = '
-        f"{f'1/√{d} (default)' if scale is None else fmt(scale)}"
+    if mask is None:
+        m = tr_in("ch16.mask", "none")
+    elif is_causal(mask):
+        m = tr_in("ch16.mask", "causal")
+    else:
+        m = tr("bool [{T}, {S}], {n} of {total} True", T=T, S=S, n=int(mask.sum()), total=mask.numel())
+    return tr(
+        'case "{case}": q [{T}, {d}], k [{S}, {d}], v {v}, mask: {mask}, scale = {scale}',
+        case=tr(case),
+        T=T,
+        S=S,
+        d=d,
+        v=list(v.shape),
+        mask=m,
+        scale=tr("1/√{d} (default)", d=d) if scale is None else fmt(scale),
     )
 
 
@@ -411,23 +469,31 @@ def call_steps(
         if e.not_implemented or not e.is_a("ValueError"):
             raise
         full = [] if mask is None else mask.all(-1).nonzero().flatten().tolist()
+        if mask is None:
+            why = ""
+        elif full:
+            why = tr(
+                "every query may attend at least one key here ({convention}); read as True = hidden, "
+                "query {q}'s row (all True) would hide every key",
+                convention=tr(CONVENTION),
+                q=full[0],
+            )
+        else:
+            why = tr("every query may attend at least one key here ({convention})", convention=tr(CONVENTION))
         raise CheckFailed(
-            head,
-            f"your attention_steps raised ValueError ({e.error.get('message')}), but these inputs are valid",
-            ""
-            if mask is None
-            else f"every query may attend at least one key here ({CONVENTION})"
-            + (f"; read as True = hidden, query {full[0]}'s row (all True) would hide every key" if full else ""),
+            head, tr("your attention_steps raised ValueError ({message}), but these inputs are valid", message=e.error.get("message")), why
         ) from None
     if not isinstance(got, dict) or not {"scores", "probs", "out"} <= set(got):
-        have = f"a dict with the keys {', '.join(map(repr, got))}" if isinstance(got, dict) else describe(got)
-        raise CheckFailed(head, f"expected a dict with the keys 'scores', 'probs' and 'out'; yours: {have}", hint=M.missing_steps)
+        have = tr("a dict with the keys {keys}", keys=", ".join(map(repr, got))) if isinstance(got, dict) else describe(got)
+        raise CheckFailed(
+            head, tr("expected a dict with the keys 'scores', 'probs' and 'out'; yours: {have}", have=have), hint=M.missing_steps
+        )
     T, S = q.shape[0], k.shape[0]
     parts = {}
     for key, shape, what in (
-        ("scores", [T, S], "scores (one row per query, one column per key)"),
-        ("probs", [T, S], "probs (one row per query, one column per key)"),
-        ("out", [T, v.shape[1]], "out (one row per query, v's width)"),
+        ("scores", [T, S], tr("scores (one row per query, one column per key)")),
+        ("probs", [T, S], tr("probs (one row per query, one column per key)")),
+        ("out", [T, v.shape[1]], tr("out (one row per query, v's width)")),
     ):
         try:
             parts[key] = expect_tensor(got[key], what=what, shape=shape, dtype=q.dtype)
@@ -440,7 +506,7 @@ def call_steps(
                 if not isinstance(g, torch.Tensor)
                 else M.keys_by_queries
                 if list(g.shape) == shape[::-1] and T != S and key != "out"
-                else f"keep q's dtype ({str(q.dtype).removeprefix('torch.')})"
+                else tr("keep q's dtype ({dtype})", dtype=str(q.dtype).removeprefix("torch."))
                 if list(g.shape) == shape
                 else "",
             ) from None
@@ -450,10 +516,10 @@ def call_steps(
 def keys_text(row: torch.Tensor) -> str:
     idx = row.nonzero().flatten().tolist()
     if len(idx) == len(row):
-        return f"all {len(row)} keys"
+        return tr("all {n} keys", n=len(row))
     if idx == list(range(idx[0], idx[-1] + 1)):
-        return f"key {idx[0]}" if len(idx) == 1 else f"keys {idx[0]}–{idx[-1]}"
-    return "keys " + ", ".join(map(str, idx[:8])) + (", …" if len(idx) > 8 else "")
+        return tr("key {a}", a=idx[0]) if len(idx) == 1 else tr("keys {a}–{b}", a=idx[0], b=idx[-1])
+    return tr("keys {keys}", keys=", ".join(map(str, idx[:8])) + (", …" if len(idx) > 8 else ""))
 
 
 def term(x: float) -> str:
@@ -534,13 +600,27 @@ def explain_steps(
             if d <= 4
             else fmt(float(q[i].double() @ k[j].double()))
         )
-        where = "" if d <= 4 else f" (q[{i}] · k[{j}] is a sum of d = {d} products)"
+        fields = dict(
+            i=i,
+            j=j,
+            terms=terms,
+            scale=f"1/√{d}" if scale is None else fmt(scale),
+            want=fmt(want["scores"][i, j]),
+            d=d,
+            yours=fmt(scores[i, j]),
+        )
+        if d <= 4:
+            line = tr("step 1: scores[{i}, {j}] = (q[{i}] · k[{j}]) × scale = {terms} × {scale} = {want}; yours: {yours}", **fields)
+        else:
+            line = tr(
+                "step 1: scores[{i}, {j}] = (q[{i}] · k[{j}]) × scale = {terms} × {scale} = {want} "
+                "(q[{i}] · k[{j}] is a sum of d = {d} products); yours: {yours}",
+                **fields,
+            )
         raise CheckFailed(
             head,
-            f"step 1: scores[{i}, {j}] = (q[{i}] · k[{j}]) × scale = {terms} × "
-            f"{f'1/√{d}' if scale is None else fmt(scale)} = {fmt(want['scores'][i, j])}{where}; "
-            f"yours: {fmt(scores[i, j])}",
-            f"({int(wrong_mask(scores, want['scores'], **tol).sum())} of {T * S} scores differ)",
+            line,
+            tr("({n} of {total} scores differ)", n=int(wrong_mask(scores, want["scores"], **tol).sum()), total=T * S),
             hint=scores_hint(scores, want["scores"], q, k, mask, scale, hints()["scores"]),
         )
     if (idx := first_wrong(probs, want["probs"], **tol)) is not None:
@@ -548,18 +628,32 @@ def explain_steps(
         m = want["scores"][i].double().masked_fill(~allowed[i], NEG_INF).max()
         raise CheckFailed(
             head,
-            f"step 2: query {i} may attend {keys_text(allowed[i])}; probs[{i}, j] = "
-            f"exp(scores[{i}, j] − m) / Σ exp(scores[{i}, j'] − m) over those keys, m = the row's "
-            f"max = {fmt(m)}",
-            f"expected row {i}: {vec(want['probs'][i])} (sums to 1); yours: {vec(probs[i])} (sums to {fmt(probs[i].double().sum())})",
+            tr(
+                "step 2: query {i} may attend {keys}; probs[{i}, j] = exp(scores[{i}, j] − m) / Σ exp(scores[{i}, j'] − m) "
+                "over those keys, m = the row's max = {m}",
+                i=i,
+                keys=keys_text(allowed[i]),
+                m=fmt(m),
+            ),
+            tr(
+                "expected row {i}: {want} (sums to 1); yours: {yours} (sums to {sum})",
+                i=i,
+                want=vec(want["probs"][i]),
+                yours=vec(probs[i]),
+                sum=fmt(probs[i].double().sum()),
+            ),
             hint=probs_hint(probs, mask, hints()["probs"]),
         )
     if leak := ((~allowed) & (probs != 0)).nonzero().tolist():
         i, j = leak[0]
         raise CheckFailed(
             head,
-            f"step 2: query {i} may not attend key {j} (mask[{i}, {j}] is False), so "
-            f"probs[{i}, {j}] must be exactly 0; yours: {fmt(probs[i, j])}",
+            tr(
+                "step 2: query {i} may not attend key {j} (mask[{i}, {j}] is False), so probs[{i}, {j}] must be exactly 0; yours: {yours}",
+                i=i,
+                j=j,
+                yours=fmt(probs[i, j]),
+            ),
             hint=M.finite_fill,
         )
     if (idx := first_wrong(out, want["out"], **tol)) is not None:
@@ -567,12 +661,19 @@ def explain_steps(
         terms = (
             " + ".join(f"{fmt(a, 3)}·{term(b)}" for a, b in zip(want["probs"][i].tolist(), v[:, c].tolist()))
             if S <= 4
-            else f"a sum over the S = {S} keys"
+            else tr("a sum over the S = {S} keys", S=S)
         )
         raise CheckFailed(
             head,
-            f"step 3: out[{i}, {c}] = Σ_j probs[{i}, j] · v[j, {c}] = {terms} = {fmt(want['out'][i, c])}; yours: {fmt(out[i, c])}",
-            f"({int(wrong_mask(out, want['out'], **tol).sum())} of {out.numel()} outputs differ)",
+            tr(
+                "step 3: out[{i}, {c}] = Σ_j probs[{i}, j] · v[j, {c}] = {terms} = {want}; yours: {yours}",
+                i=i,
+                c=c,
+                terms=terms,
+                want=fmt(want["out"][i, c]),
+                yours=fmt(out[i, c]),
+            ),
+            tr("({n} of {total} outputs differ)", n=int(wrong_mask(out, want["out"], **tol).sum()), total=out.numel()),
             hint=out_hint(out, hints()["out"]),
         )
 

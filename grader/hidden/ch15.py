@@ -34,6 +34,7 @@ from grader.checks.ch15 import (
     shard_structure,
     trap_shapes,
 )
+from grader.i18n import mark, tr
 
 # Public config.json values (Hugging Face model cards); Llama-3-8B's head_dim is implied (4096 / 32).
 REAL_CONFIGS = {
@@ -122,8 +123,8 @@ def embed_random(t: Trial) -> None:
 @hidden("ch15.1", "the first and last rows, and no ids at all")
 def embed_edges(t: Trial) -> None:
     weight = torch.randn(7, 3, generator=t.rng)
-    run_lookup_case(t, weight, torch.tensor([[6, 0], [0, 6]]), "ids 0 and V − 1")
-    run_lookup_case(t, weight, torch.zeros(0, dtype=torch.int64), "no ids")
+    run_lookup_case(t, weight, torch.tensor([[6, 0], [0, 6]]), mark("ids 0 and V − 1"))
+    run_lookup_case(t, weight, torch.zeros(0, dtype=torch.int64), mark("no ids"))
 
 
 @hidden("ch15.1", "a vocabulary of 151,936 rows (Qwen3's), narrow rows")
@@ -154,7 +155,7 @@ def linear_square_random(t: Trial) -> None:
     for n in (2, 5, 16):
         x, weight = torch.randn(3, n, generator=t.rng), torch.randn(n, n, generator=t.rng)
         got = t.yours.linear(x, weight)
-        expect_linear(got, F.linear(x, weight), x, weight, None, f"square W [{n}, {n}]")
+        expect_linear(got, F.linear(x, weight), x, weight, None, tr("square W [{n}, {n}]", n=n))
 
 
 @hidden("ch15.2", "Qwen3-0.6B's o_proj: [1024, 2048] applied to 3 tokens")
@@ -173,7 +174,7 @@ def linear_bad(t: Trial) -> None:
             t.yours.linear,
             torch.zeros(*lead, in_f),
             torch.zeros(in_f, out_f),
-            because=f"the weight [{in_f}, {out_f}] is [in, out] for x with {in_f} features",
+            because=tr("the weight [{in_f}, {out_f}] is [in, out] for x with {in_f} features", in_f=in_f, out_f=out_f),
             words="[out, in]",
         )
 
@@ -193,7 +194,7 @@ def split_random(t: Trial) -> None:
             heads,
             kv,
             d,
-            f"{heads} heads over {kv}, head_dim {d}, qkv {lead + [(heads + 2 * kv) * d]}",
+            tr("{heads} heads over {kv}, head_dim {d}, qkv {shape}", heads=heads, kv=kv, d=d, shape=lead + [(heads + 2 * kv) * d]),
         )
 
 
@@ -203,8 +204,8 @@ def split_real(t: Trial) -> None:
         ("Qwen3-4B", 32, 8, 128),
         ("Qwen3-32B", 64, 8, 128),
         ("Llama-3-8B", 32, 8, 128),
-        ("Qwen3-0.6B, one of 2 ranks", 8, 4, 128),
-        ("an MQA model", 8, 1, 64),
+        (mark("Qwen3-0.6B, one of 2 ranks"), 8, 4, 128),
+        (mark("an MQA model"), 8, 1, 64),
     ):
         run_split_case(t, coded_qkv([3], (heads + 2 * kv) * d), heads, kv, d, name)
 
@@ -228,7 +229,7 @@ def shapes_real(t: Trial) -> None:
 def shapes_random(t: Trial) -> None:
     for _ in range(12):
         config = random_config(t)
-        run_shapes_case(t, config, f"synthetic {config}")
+        run_shapes_case(t, config, tr("synthetic {config}", config=config))
 
 
 @hidden("ch15.4", "a whole config.json dict: extra keys are ignored")
@@ -278,17 +279,29 @@ def shapes_transformers(t: Trial) -> None:
             "down_proj": tuple(mlp.down_proj.weight.shape),
             "lm_head": tuple(model.lm_head.weight.shape),
         }
-        got = shapes_structure(t.yours.projection_shapes(dict(config)), oracle, "transformers oracle")
+        got = shapes_structure(t.yours.projection_shapes(dict(config)), oracle, mark("transformers oracle"))
         for name in NAMES:
             if got[name] != oracle[name]:
                 raise CheckFailed(
-                    f"config {config}",
-                    f"transformers' Qwen3ForCausalLM built from it holds q_proj {list(q)}, k_proj {list(k)}, "
-                    f"v_proj {list(v)}, gate_proj {list(gate)}, up_proj {list(up)}",
-                    f"packed as nano-vllm packs them, {name} is {list(oracle[name])}; yours: {list(got[name])}",
+                    tr("config {config}", config=config),
+                    tr(
+                        "transformers' Qwen3ForCausalLM built from it holds q_proj {q}, k_proj {k}, v_proj {v}, "
+                        "gate_proj {gate}, up_proj {up}",
+                        q=list(q),
+                        k=list(k),
+                        v=list(v),
+                        gate=list(gate),
+                        up=list(up),
+                    ),
+                    tr(
+                        "packed as nano-vllm packs them, {name} is {want}; yours: {yours}",
+                        name=name,
+                        want=list(oracle[name]),
+                        yours=list(got[name]),
+                    ),
                     hint=shapes_hint(name, got[name], oracle[name], config, trap_shapes(t, config))
                     or (
-                        "qkv_proj stacks q_proj, k_proj, v_proj along the output rows; gate_up_proj stacks gate_proj and up_proj"
+                        tr("qkv_proj stacks q_proj, k_proj, v_proj along the output rows; gate_up_proj stacks gate_proj and up_proj")
                         if name in ("qkv_proj", "gate_up_proj")
                         else ""
                     ),
@@ -314,7 +327,7 @@ def checkpoints_real(t: Trial) -> None:
 
 @hidden("ch15.5", "every request one token long (N = B)")
 def checkpoints_one_token_each(t: Trial) -> None:
-    run_checkpoints_case(t, QWEN3_06B, [1] * 8, "eight one-token requests")
+    run_checkpoints_case(t, QWEN3_06B, [1] * 8, mark("eight one-token requests"))
 
 
 # -- ch15.6 -------------------------------------------------------------------------------------------
@@ -353,14 +366,21 @@ def row_random(t: Trial) -> None:
 def column_then_row(t: Trial) -> None:
     for tp in (2, 4):
         x, w1, w2 = (torch.randn(s, generator=t.rng) for s in ((3, 6), (6, 8), (8, 5)))
-        case = f"MLP-shaped pair, tp={tp}"
+        case = tr("MLP-shaped pair, tp={tp}", tp=tp)
         shards, col_out = column_structure(t.yours.column_parallel_linear(x, w1, tp), x, w1, tp, case)
         explain_column(shards, col_out, x, w1, tp, case, t.ref)
         partials, out = row_structure(t.yours.row_parallel_linear(shards, w2, tp), shards, w2, tp, case)
         explain_row(partials, out, shards, w2, tp, case, t.ref)
         want = x @ w1 @ w2
         if first_wrong(out, want, atol=1e-4, rtol=1e-4) is not None:
-            raise CheckFailed(f'case "{case}": the pair must equal the unsharded x @ W1 @ W2; row 0 is {vec(want[0])}, yours {vec(out[0])}')
+            raise CheckFailed(
+                tr(
+                    'case "{case}": the pair must equal the unsharded x @ W1 @ W2; row 0 is {want}, yours {yours}',
+                    case=case,
+                    want=vec(want[0]),
+                    yours=vec(out[0]),
+                )
+            )
 
 
 @hidden("ch15.6", "Qwen3-0.6B's o_proj at tp = 2: each rank's 8 heads · 128 = 1024 inputs")
@@ -403,9 +423,9 @@ def vocab_random(t: Trial) -> None:
 @hidden("ch15.7", "every id on one rank (the others all zeros), the shards' edges, and no ids at all")
 def vocab_edges(t: Trial) -> None:
     table = torch.randn(12, 3, generator=t.rng)
-    run_vocab_case(t, table, torch.tensor([9, 11, 10, 9]), 3, "every id on the last rank")
-    run_vocab_case(t, table, torch.tensor([0, 3, 4, 7, 8, 11]), 3, "first and last row of every shard")
-    run_vocab_case(t, table, torch.zeros(0, dtype=torch.int64), 2, "no ids")
+    run_vocab_case(t, table, torch.tensor([9, 11, 10, 9]), 3, mark("every id on the last rank"))
+    run_vocab_case(t, table, torch.tensor([0, 3, 4, 7, 8, 11]), 3, mark("first and last row of every shard"))
+    run_vocab_case(t, table, torch.zeros(0, dtype=torch.int64), 2, mark("no ids"))
 
 
 @hidden("ch15.7", "Qwen3's vocabulary of 151,936 rows at tp = 2, 4 and 8 (narrow rows)")
@@ -441,8 +461,8 @@ def head_random(t: Trial) -> None:
 @hidden("ch15.8", "one-token prompts (N = B), and one long prompt")
 def head_edges(t: Trial) -> None:
     weight = torch.randn(8, 4, generator=t.rng)
-    run_head_case(t, torch.randn(3, 4, generator=t.rng), weight, 2, torch.tensor([0, 1, 2, 3]), "three 1-token prompts")
-    run_head_case(t, torch.randn(9, 4, generator=t.rng), weight, 4, torch.tensor([0, 9]), "one prompt of 9 tokens")
+    run_head_case(t, torch.randn(3, 4, generator=t.rng), weight, 2, torch.tensor([0, 1, 2, 3]), mark("three 1-token prompts"))
+    run_head_case(t, torch.randn(9, 4, generator=t.rng), weight, 4, torch.tensor([0, 9]), mark("one prompt of 9 tokens"))
 
 
 @hidden("ch15.8", "Qwen3's vocabulary of 151,936 at tp = 4, narrow rows")
@@ -466,7 +486,7 @@ def shard_random(t: Trial) -> None:
         tp = t.random.choice([1, 2, 4, 8])
         kv = tp * t.random.choice([1, 2])
         heads, d = kv * t.random.choice([1, 2, 4]), t.random.choice([1, 4, 64, 128])
-        run_shard_case(t, heads, kv, d, tp, f"{heads} heads over {kv}, head_dim {d}, tp = {tp}")
+        run_shard_case(t, heads, kv, d, tp, tr("{heads} heads over {kv}, head_dim {d}, tp = {tp}", heads=heads, kv=kv, d=d, tp=tp))
 
 
 @hidden("ch15.9", "real models: Qwen3-0.6B at tp = 8, Qwen3-32B at tp = 8, Llama-3-8B at tp = 4")
@@ -480,7 +500,9 @@ def shard_load(t: Trial) -> None:
     heads, kv, d, H, tp = 8, 2, 4, 5, 2
     loaded = {s: torch.randn(n * d, H, generator=t.rng) for s, n in (("q", heads), ("k", kv), ("v", kv))}
     triples = {
-        (rank, s): shard_structure(t.yours.qkv_shard(s, heads, kv, d, tp, rank), s, rank, "loading") for rank in range(tp) for s in "qkv"
+        (rank, s): shard_structure(t.yours.qkv_shard(s, heads, kv, d, tp, rank), s, rank, mark("loading"))
+        for rank in range(tp)
+        for s in "qkv"
     }
     wants = {(rank, s): t.ref.qkv_shard(s, heads, kv, d, tp, rank) for rank in range(tp) for s in "qkv"}
 
@@ -502,15 +524,29 @@ def shard_load(t: Trial) -> None:
             offset, start, size = got
             if not (0 <= offset and offset + size <= param.shape[0] and 0 <= start and start + size <= loaded[s].shape[0] and size > 0):
                 raise failed(
-                    f"rank {rank}, {s}_proj [{loaded[s].shape[0]}, {H}] into the fused [{param.shape[0]}, {H}]: "
-                    f"(offset, start, size) = {got} does not fit"
+                    tr(
+                        "rank {rank}, {s}_proj [{n}, {H}] into the fused [{rows}, {H}]: (offset, start, size) = {got} does not fit",
+                        rank=rank,
+                        s=s,
+                        n=loaded[s].shape[0],
+                        H=H,
+                        rows=param.shape[0],
+                        got=got,
+                    )
                 )
             param[offset : offset + size] = loaded[s][start : start + size]
         want = torch.cat([loaded[s].chunk(tp)[rank] for s in "qkv"])  # rank r's own heads, packed q | k | v
         if not torch.equal(param, want):
             bad = int(wrong_mask(param, want).any(-1).nonzero()[0])
             raise failed(
-                f"num_heads={heads}, num_kv_heads={kv}, head_dim={d}, tp={tp}: rank {rank}'s fused "
-                f"weight should be chunk {rank} of q_proj, then of k_proj, then of v_proj",
-                f"its row {bad} is wrong after loading with your (offset, start, size)",
+                tr(
+                    "num_heads={heads}, num_kv_heads={kv}, head_dim={d}, tp={tp}: rank {rank}'s fused weight should be "
+                    "chunk {rank} of q_proj, then of k_proj, then of v_proj",
+                    heads=heads,
+                    kv=kv,
+                    d=d,
+                    tp=tp,
+                    rank=rank,
+                ),
+                tr("its row {bad} is wrong after loading with your (offset, start, size)", bad=bad),
             )

@@ -21,6 +21,7 @@ from grader.checks.ch16 import (
     steps_case,
 )
 from grader.hidden.ch16_models import causal
+from grader.i18n import mark, tr
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64)
 
@@ -53,23 +54,35 @@ def split_square(t: Trial) -> None:
 @hidden("ch16.1", "Qwen3-0.6B's keys: [1, 5, 1024] into 8 K/V heads of width 128")
 def split_qwen3_kv(t: Trial) -> None:
     # kv_size = num_key_value_heads · head_dim = 8 · 128 = 1024.
-    run_split_case(t, torch.randn(1, 5, 1024, generator=t.rng), 8, "Qwen3-0.6B k, 5 tokens")
+    run_split_case(t, torch.randn(1, 5, 1024, generator=t.rng), 8, mark("Qwen3-0.6B k, 5 tokens"))
 
 
 @hidden("ch16.1", "the split is a view: no number is copied (measured)")
 def split_no_copy(t: Trial) -> None:
     x, H = torch.randn(*SPLIT_X, generator=t.rng), SPLIT_HEADS
-    (B, T, W), case = x.shape, f"B={SPLIT_X[0]}, T={SPLIT_X[1]}, {H} heads of width {SPLIT_X[2] // H}"
+    (B, T, W), case = x.shape, tr("B={B}, T={T}, {H} heads of width {d}", B=SPLIT_X[0], T=SPLIT_X[1], H=H, d=SPLIT_X[2] // H)
     try:
         call = t.yours.split_heads.run(x, H, memory=x.nbytes + SPLIT_SPARE)
     except OverBudget as e:
         found = first_line_with(t.lines_of("split_heads"), *COPIES)
+        used = dict(used=e.beyond(x.nbytes), spare=mib(SPLIT_SPARE))
+        if found:
+            line = tr(
+                "your split_heads used {used} beyond x, where this check allows {spare} (line {n}: {code})",
+                n=found[1],
+                code=found[2],
+                **used,
+            )
+        else:
+            line = tr("your split_heads used {used} beyond x, where this check allows {spare}", **used)
         raise CheckFailed(
-            f"case: {case}; x [{B}, {T}, {W}] float32 is {mib(x.nbytes)}",
-            f"your split_heads used {e.beyond(x.nbytes)} beyond x, where this check allows {mib(SPLIT_SPARE)}"
-            f"{f' (line {found[1]}: {found[2]})' if found else ''}: it copied the numbers. Splitting heads moves no number: "
-            f"view(B, T, H, d) changes the shape and transpose(1, 2) swaps two strides, both without "
-            f"copying (nano-vllm's q.view(-1, num_heads, head_dim) is a view of the qkv output)",
+            tr('case "{case}": x [{B}, {T}, {W}] float32 is {size}', case=case, B=B, T=T, W=W, size=mib(x.nbytes)),
+            line,
+            tr(
+                "it copied the numbers. Splitting heads moves no number: view(B, T, H, d) changes the shape and "
+                "transpose(1, 2) swaps two strides, both without copying (nano-vllm's q.view(-1, num_heads, head_dim) "
+                "is a view of the qkv output)"
+            ),
             hint=COPIES[found[0]] if found else "",
         ) from None
     expect_split(call.value, x, t.ref.split_heads(x, H), H, case)
@@ -98,19 +111,19 @@ def merge_like_nanovllm(t: Trial) -> None:
     # nano-vllm's attention output is o [N, nh, hd]; Qwen3Attention flattens it from dim 1 for o_proj.
     o = torch.randn(7, 16, 128, generator=t.rng)
     heads = o.transpose(0, 1)[None]
-    run_merge_case(t, heads, "Qwen3-0.6B: 7 tokens, 16 heads of width 128", want=o.flatten(1)[None])
+    run_merge_case(t, heads, mark("Qwen3-0.6B: 7 tokens, 16 heads of width 128"), want=o.flatten(1)[None])
 
 
 @hidden("ch16.2", "a non-contiguous input: [B, H, T, d] as a transposed view of [B, T, H, d]")
 def merge_view(t: Trial) -> None:
     x = torch.randn(2, 5, 3, 4, generator=t.rng).transpose(1, 2)  # crosses to the student as a view
-    run_merge_case(t, x, f"B=2, H=3, T=5, d=4, a view with strides {list(x.stride())}")
+    run_merge_case(t, x, tr("B=2, H=3, T=5, d=4, a view with strides {strides}", strides=list(x.stride())))
 
 
 @hidden("ch16.2", "one token, one head: the edges")
 def merge_edges(t: Trial) -> None:
-    run_merge_case(t, torch.randn(4, 8, 1, 16, generator=t.rng), "a decode step: 4 sequences of 1 token")
-    run_merge_case(t, numbered((2, 1, 3, 5)), "a single head")
+    run_merge_case(t, torch.randn(4, 8, 1, 16, generator=t.rng), mark("a decode step: 4 sequences of 1 token"))
+    run_merge_case(t, numbered((2, 1, 3, 5)), mark("a single head"))
 
 
 # -- ch16.3 -----------------------------------------------------------------------------------------
@@ -133,7 +146,8 @@ def sdpa_masks(t: Trial) -> None:
         S = T + t.random.choice([0, 0, 1, 5])
         d = t.random.choice([4, 16, 64])
         mask = causal(T, S) if i % 2 else random_mask(t, T, S)
-        sdpa_case(t, *random_qkv(t, T, S, d, d), mask, None, f"T={T}, S={S}, d={d}, {'causal' if i % 2 else 'random'} mask")
+        name = tr("T={T}, S={S}, d={d}, causal mask", T=T, S=S, d=d) if i % 2 else tr("T={T}, S={S}, d={d}, random mask", T=T, S=S, d=d)
+        sdpa_case(t, *random_qkv(t, T, S, d, d), mask, None, name)
 
 
 @hidden("ch16.3", "masked keys get probability exactly 0, rows sum to 1 (scores near 0)")
@@ -141,7 +155,7 @@ def exact_zeros(t: Trial) -> None:
     # Scores near 0: a finite fill such as −100 would leave exp(−100) ≈ 3.7e−44, not 0, in float32.
     for _ in range(4):
         q, k, v = random_qkv(t, 6, 9, 16, 16)
-        sdpa_case(t, q * 0.1, k, v, random_mask(t, 6, 9), None, "6 queries over 9 keys, scores near 0")
+        sdpa_case(t, q * 0.1, k, v, random_mask(t, 6, 9), None, mark("6 queries over 9 keys, scores near 0"))
 
 
 @hidden("ch16.3", "large scores (about 1e4) stay finite: a stable softmax")
@@ -150,9 +164,9 @@ def large_scores(t: Trial) -> None:
     c = torch.tensor([10000.0, 9999.0, 9998.0, 5000.0])
     k, v = c[:, None].expand(4, 4).contiguous(), torch.randn(4, 3, generator=t.rng)
     q = torch.tensor([[0.5] * 4, [-0.5] * 4])
-    run_steps_case(t, q, k, v, case="scores 1e4, 9999, 9998, 5000 and their negatives")
+    run_steps_case(t, q, k, v, case=mark("scores 1e4, 9999, 9998, 5000 and their negatives"))
     mask = torch.tensor([[False, True, True, True], [True, True, True, False]])
-    run_steps_case(t, q, k, v, mask, case="scores about ±1e4, the largest key hidden")
+    run_steps_case(t, q, k, v, mask, case=mark("scores about ±1e4, the largest key hidden"))
 
 
 @hidden("ch16.3", "blind queries (an inverted causal mask, no keys at all) raise ValueError")
@@ -165,10 +179,10 @@ def steps_blind_queries(t: Trial) -> None:
         z(3, 4),
         z(3, 4),
         mask=~causal(3),
-        because="in this (inverted causal) mask query 2 may attend no key: its row is all False",
+        because=tr("in this (inverted causal) mask query 2 may attend no key: its row is all False"),
     )
     t.expect_raises(
-        ValueError, t.yours.attention_steps, z(2, 4), z(0, 4), z(0, 4), because="with no keys at all no query has anything to attend"
+        ValueError, t.yours.attention_steps, z(2, 4), z(0, 4), z(0, 4), because=tr("with no keys at all no query has anything to attend")
     )
 
 
@@ -218,5 +232,9 @@ def sdpa_case(t: Trial, q, k, v, mask, scale, case: str) -> None:
     if bad is not None:
         raise CheckFailed(
             steps_case(q, k, v, mask, scale, case),
-            f"row {bad[0]} of your probs sums to {fmt(sums[bad])}: each query's probabilities over the keys must sum to 1",
+            tr(
+                "row {row} of your probs sums to {sum}: each query's probabilities over the keys must sum to 1",
+                row=bad[0],
+                sum=fmt(sums[bad]),
+            ),
         )

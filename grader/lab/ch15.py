@@ -9,6 +9,7 @@ import torch
 from figures.ch15 import ID_STEP, OUT_STEP, ROW
 from grader.authoring import CheckFailed, Trial, expect_tensor, wrong_mask
 from grader.checks.ch15 import expect_lookup, row_hint
+from grader.i18n import mark, tr
 from grader.lab import Int, Numbers, ask, expected_or_own, experiment
 
 
@@ -26,11 +27,16 @@ def _constraints(p: dict) -> dict[str, str]:
     V, ids = p["V"], p["ids"]
     if max(ids) >= V:
         return {
-            "ids": f"id {max(ids)} is not a row of E (V = {V} rows, ids 0 … {V - 1}); an id ≥ vocab_size is "
-            "an error your function raises (check ch15.1), not something to draw"
+            "ids": tr(
+                "id {id} is not a row of E (V = {V} rows, ids 0 … {last}); an id ≥ vocab_size is "
+                "an error your function raises (check ch15.1), not something to draw",
+                id=max(ids),
+                V=V,
+                last=V - 1,
+            )
         }
     if len(ids) > room_for_ids(V):
-        return {"ids": f"with V = {V} rows the figure has room for {room_for_ids(V)} ids; add rows or remove ids"}
+        return {"ids": tr("with V = {V} rows the figure has room for {n} ids; add rows or remove ids", V=V, n=room_for_ids(V))}
     return {}
 
 
@@ -49,12 +55,18 @@ def _captions(p: dict) -> dict[str, tuple[str, ...]]:
 
 @experiment(
     "embedding",
-    title="查表 · embedding lookup",
-    about="Edit the ids and the table's shape: your embedding_lookup reads one whole row of E per id, in "
-    "the order of the ids (a repeated id reads its row twice).",
+    title=mark("embedding lookup"),
+    about=mark(
+        "Edit the ids and the table's shape: your embedding_lookup reads one whole row of E per id, in "
+        "the order of the ids (a repeated id reads its row twice)."
+    ),
     figures=("ch15-dim-embedding",),
     calls=("embedding_lookup",),
-    params=[Int("V", "V (rows of E)", 6, 2, 8), Int("H", "H (row width)", 4, 1, 6), Numbers("ids", "ids", [2, 0, 4], 1, 5, 0, 7)],
+    params=[
+        Int("V", mark("V (rows of E)"), 6, 2, 8),
+        Int("H", mark("H (row width)"), 4, 1, 6),
+        Numbers("ids", "ids", [2, 0, 4], 1, 5, 0, 7),
+    ],
     constraints=_constraints,
     captions=_captions,
 )
@@ -75,9 +87,11 @@ def embedding(t: Trial, p: dict) -> None:
             checked=want is not None,
         )
     if want is not None:
-        expect_lookup(got, want, weight, ids, "your instance")
+        expect_lookup(got, want, weight, ids, mark("your instance"))
     else:
-        explain_rows(expect_tensor(got, what=f"the embeddings of ids {shape[:2]}", shape=shape, dtype=weight.dtype), weight, p["ids"])
+        explain_rows(
+            expect_tensor(got, what=tr("the embeddings of ids {shape}", shape=shape[:2]), shape=shape, dtype=weight.dtype), weight, p["ids"]
+        )
 
 
 def explain_rows(out: torch.Tensor, weight: torch.Tensor, ids: list[int]) -> None:
@@ -86,9 +100,9 @@ def explain_rows(out: torch.Tensor, weight: torch.Tensor, ids: list[int]) -> Non
     for t, tok in enumerate(ids):
         found = [r for r in range(len(weight)) if torch.equal(out[0, t], weight[r])]
         if found != [tok]:
-            what = f"row {found[0]} of E" if found else "not a row of E: a lookup copies whole rows"
+            what = tr("row {r} of E", r=found[0]) if found else tr("not a row of E: a lookup copies whole rows")
             raise CheckFailed(
-                f'case "your instance": ids = {ids}, E [{len(weight)}, {len(weight[0])}]',
-                f"ids[0, {t}] = {tok}, so X[0, {t}] is row {tok} of E; yours is {what}",
+                tr('case "{case}": {inputs}', case=tr("your instance"), inputs=f"ids = {ids}, E [{len(weight)}, {len(weight[0])}]"),
+                tr("ids[0, {t}] = {tok}, so X[0, {t}] is row {tok} of E; yours is {what}", t=t, tok=tok, what=what),
                 hint=row_hint(out[0], weight, t, tok),
             )

@@ -6,6 +6,7 @@ import torch
 
 from grader.authoring import CheckFailed, Trial, expect_tensor, wrong_mask
 from grader.checks.ch16 import call_merge, explain_merge, explain_split, merge_hint, numbered, split_hint
+from grader.i18n import mark, tr
 from grader.lab import Int, ask, experiment
 from grader.lab.draw import MAX_WIDTH
 
@@ -27,11 +28,17 @@ def _constraints(p: dict) -> dict[str, str]:
     B, T, H, d, k = p["B"], p["T"], p["H"], p["d"], p["traced"]
     n = B * T * H * d
     if k >= n:
-        return {"traced": f"x holds the numbers 0 … {n - 1}; pick one of them"}
+        return {"traced": tr("x holds the numbers 0 … {last}; pick one of them", last=n - 1)}
     if _panels_width(T, H, d) > MAX_WIDTH:
         return {
-            "d": f"T = {T}, H = {H}, d = {d} make the split figure {_panels_width(T, H, d)} px wide (at most "
-            f"{MAX_WIDTH}); make T, H or d smaller"
+            "d": tr(
+                "T = {T}, H = {H}, d = {d} make the split figure {width} px wide (at most {most}); make T, H or d smaller",
+                T=T,
+                H=H,
+                d=d,
+                width=_panels_width(T, H, d),
+                most=MAX_WIDTH,
+            )
         }
     return {}
 
@@ -67,30 +74,35 @@ def _layout(got, shape: list[int], what: str, header: str, hint) -> torch.Tensor
 
 @experiment(
     "heads",
-    title="拆头与合头 · split and merge heads",
-    about="Change B, T, H and d and pick a number of x: follow it through your split_heads (view, then "
-    "transpose) and back through your merge_heads, beside the bare reshape that mixes tokens.",
+    title=mark("split and merge heads"),
+    about=mark(
+        "Change B, T, H and d and pick a number of x: follow it through your split_heads (view, then "
+        "transpose) and back through your merge_heads, beside the bare reshape that mixes tokens."
+    ),
     figures=("ch16-dim-split-heads", "ch16-dim-merge-heads"),
     calls=("split_heads", "merge_heads"),
     params=[
-        Int("B", "B (sequences)", 1, 1, 2),
-        Int("T", "T (tokens)", 3, 1, 4),
-        Int("H", "H (heads)", 2, 1, 4),
-        Int("d", "d (head width)", 2, 1, 3),
-        Int("traced", "traced number", 2, 0, 95),
+        Int("B", mark("B (sequences)"), 1, 1, 2),
+        Int("T", mark("T (tokens)"), 3, 1, 4),
+        Int("H", mark("H (heads)"), 2, 1, 4),
+        Int("d", mark("d (head width)"), 2, 1, 3),
+        Int("traced", mark("traced number"), 2, 0, 95),
     ],
     constraints=_constraints,
     captions=_captions,
-    varies="With B = 2 the figures draw one sequence of the batch, the one holding the traced number; their "
-    "coordinates index it as sequence 0.",
+    varies=mark(
+        "With B = 2 the figures draw one sequence of the batch, the one holding the traced number; their "
+        "coordinates index it as sequence 0."
+    ),
 )
 def heads(t: Trial, p: dict) -> None:
     B, T, H, d, k = p["B"], p["T"], p["H"], p["d"], p["traced"]
-    W, case = H * d, "your instance"
+    W, case = H * d, mark("your instance")
     b = k // (T * W)  # the sequence the figures draw
     x = numbered((B, T, W))
-    header = f'case "{case}": x [{B}, {T}, {W}] = [B, T, H·d], num_heads={H} → [B, H, T, d] = [{B}, {H}, {T}, {d}]'
-    out = _layout(t.yours.split_heads(x, H), [B, H, T, d], "the heads", header, lambda g: split_hint(g, x, H))
+    inputs = f"x [{B}, {T}, {W}] = [B, T, H·d], num_heads={H} → [B, H, T, d] = [{B}, {H}, {T}, {d}]"
+    header = tr('case "{case}": {inputs}', case=tr(case), inputs=inputs)
+    out = _layout(t.yours.split_heads(x, H), [B, H, T, d], tr("the heads"), header, lambda g: split_hint(g, x, H))
     heads_in = numbered_heads(B, H, T, d)  # x's numbers name their places: its heads are known without a reference
     want = ask(t, lambda ref: ref.split_heads(x, H))
     expected = heads_in if want is None else want
@@ -103,8 +115,8 @@ def heads(t: Trial, p: dict) -> None:
         expected=expected[b : b + 1],
         wrong=wrong_mask(out, expected)[b : b + 1],
     )
-    header = f'case "{case}": x [{B}, {H}, {T}, {d}] = [B, H, T, d] → [B, T, H·d] = [{B}, {T}, {W}]'
-    merged = _layout(call_merge(t, heads_in, case), [B, T, W], "the merged heads", header, lambda g: merge_hint(g, heads_in))
+    header = tr('case "{case}": {inputs}', case=tr(case), inputs=f"x [{B}, {H}, {T}, {d}] = [B, H, T, d] → [B, T, H·d] = [{B}, {T}, {W}]")
+    merged = _layout(call_merge(t, heads_in, case), [B, T, W], tr("the merged heads"), header, lambda g: merge_hint(g, heads_in))
     want_m = ask(t, lambda ref: ref.merge_heads(heads_in))
     expected_m = x if want_m is None else want_m  # the heads of x merge back to x
     t.figure(
