@@ -83,6 +83,19 @@ def test_the_reader_reads_what_babel_reads(path: Path):
     assert catalog.read(path) == babel
 
 
+def test_a_text_has_one_translation_in_every_catalog():
+    """All catalogs make one table: a text written the same way in two chapters is translated the same way (or
+    given a context with `tr_in` where it means something else)."""
+    seen: dict[tuple[str | None, str], tuple[str, str]] = {}
+    differ = []
+    for path in CATALOGS:
+        for key, text in catalog.read(path).items():
+            if key in seen and seen[key][1] != text:
+                differ.append(f"{key[1][:50]!r}: {seen[key][0]} {seen[key][1][:40]!r}, {path.stem} {text[:40]!r}")
+            seen.setdefault(key, (path.stem, text))
+    assert not differ, "\n".join(differ)
+
+
 def test_catalogs_are_not_stale(extracted):
     """No catalog keeps a text the code no longer has (`python -m grader.i18n update` drops them)."""
     live = {(domain, hidden, key) for (domain, hidden), found in extracted.items() for key in found}

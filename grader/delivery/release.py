@@ -112,10 +112,25 @@ def _copy_package(src: Path, dest: Path, ids: set[str], lang: str) -> None:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         if chapter and src.name == "exercises":
-            text = docstrings.translate_source(path.read_text(encoding="utf-8"), path.stem, lang)
-            target.write_text(text, encoding="utf-8")
+            target.write_text(exercise_in(path, chapter.group(1), lang), encoding="utf-8")
         else:
             shutil.copy2(path, target)
+
+
+def exercise_in(path: Path, chapter_id: str, lang: str) -> str:
+    """A chapter's exercise file in `lang`: the stub of its solution with the docstrings and the TODO comments
+    translated (the code, and the stub's exception text the grader reads, as they are)."""
+    from grader.delivery.stubs import make_stub
+
+    solution = chapters.SOLUTIONS / path.name
+    if not solution.is_file():
+        return docstrings.translate_source(path.read_text(encoding="utf-8"), path.stem, lang)
+    before = os.environ.get(choose.ENV)
+    choose.set_language(lang)
+    try:
+        return make_stub(docstrings.translate_source(solution.read_text(encoding="utf-8"), path.stem, lang), chapter_id)
+    finally:
+        choose.set_language(before)
 
 
 def record_answers(ch: Chapter) -> dict:

@@ -12,6 +12,7 @@ import ast
 from pathlib import Path
 
 from grader import chapters
+from grader.i18n import tr
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 
@@ -25,7 +26,9 @@ def make_stub(source: str, chapter_id: str) -> str:
     owners = _task_owners(source)
     lines = source.splitlines(keepends=True)
     sizes = _task_sizes(lines, owners)
-    out = [f"# {chapter_id} exercises: replace each TODO with your code, then run `course check {chapter_id}`.\n"]
+    out = [
+        "# " + tr("{chapter} exercises: replace each TODO with your code, then run `course check {chapter}`.", chapter=chapter_id) + "\n"
+    ]
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -47,8 +50,13 @@ def make_stub(source: str, chapter_id: str) -> str:
         n = _code_lines(lines[i + 1 : end])
         total, places = sizes[task[0]]
         size = _about(total)
-        here = size if places == 1 else f"about {n} of the task's {total} lines, in {places} places"
-        out.append(f"{indent}# TODO({task[0]}): your code here ({here})\n")
+        here = (
+            _about(total, words=True)
+            if places == 1
+            else tr("about {n} of the task's {total} lines, in {places} places", n=n, total=total, places=places)
+        )
+        out.append(f"{indent}# TODO({task[0]}): " + tr("your code here ({size})", size=here) + "\n")
+        # the exception's text stays English: the grader reads the task and the size back from it (isolation/session.py)
         out.append(f'{indent}raise NotImplementedError("{task[0]} {task[1]}: not implemented yet ({size})")\n')
         i = end + 1
     return "".join(out)
@@ -58,8 +66,12 @@ def _code_lines(region: list[str]) -> int:
     return sum(1 for ln in region if ln.strip() and not ln.strip().startswith("#"))
 
 
-def _about(n: int) -> str:
-    return f"about {n} line{'s' if n != 1 else ''}"
+def _about(n: int, *, words: bool = False) -> str:
+    """ "about 3 lines": in English for the stub's exception (which the grader parses), in the run's language for
+    its comment (`words`)."""
+    if not words:
+        return f"about {n} line{'s' if n != 1 else ''}"
+    return tr("about 1 line") if n == 1 else tr("about {n} lines", n=n)
 
 
 def _task_sizes(lines: list[str], owners: dict[int, tuple[str, str]]) -> dict[str, tuple[int, int]]:
