@@ -209,7 +209,7 @@ def path_draw(t: Trial) -> None:
     )
 
 
-@public("ch23.2", f"{RACE_DRAWS} races on [2, 1, 0] at T = 0.5 follow p")
+@public("ch23.2", "4000 races on [2, 1, 0] at T = 0.5 follow p")  # 4000 = RACE_DRAWS
 def race_frequencies(t: Trial) -> None:
     logits = torch.tensor([RACE_LOGITS]).expand(RACE_DRAWS, 3).contiguous()
     temp = torch.full((RACE_DRAWS,), RACE_T)
