@@ -81,8 +81,9 @@ def _texts(funcname: str, found: object) -> Iterator[Message]:
         if len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
             yield args[0], args[1]
     elif funcname in ("public", "hidden"):
-        if args and isinstance(args[-1], str):
-            yield None, args[-1]
+        # the name is the 2nd argument; keyword arguments after it (time_limit=30) come as None in `args`
+        if len(args) >= 2 and isinstance(args[1], str):
+            yield None, args[1]
     elif args and isinstance(args[0], str):
         yield None, args[0]
 
