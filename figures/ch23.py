@@ -9,6 +9,7 @@ from figures import figure
 from figures.kit import Figure, Grid, num, text_width
 from figures.layout import Part, column, pad, row, wide
 from figures.style import CELL, INK, LABEL, LABEL_SMALL, MARGIN, MUTED, RULE, SMALL, VALUE, fill, stroke
+from grader.i18n import tr
 
 NEG_INF = float("-inf")
 
@@ -82,15 +83,15 @@ def sampling_path(f: Figure, r: dict) -> None:
     V = len(logits)
     has_draw = "token" in r
     f.instance_row(
-        [(f"logits z: {V} tokens", "plain"), (f"T = {num(T)}", "token"), (f"top_k = {k}", "token"), (f"top_p = {num(p)}", "token")]
-        + ([("noise E ~ Exp(1)", "plain")] if has_draw else []),
+        [(tr("logits z: {V} tokens", V=V), "plain"), (f"T = {num(T)}", "token"), (f"top_k = {k}", "token"), (f"top_p = {num(p)}", "token")]
+        + ([(tr("noise E ~ Exp(1)"), "plain")] if has_draw else []),
         mono=True,
     )
 
     kth = sorted(r["scaled_expected"], reverse=True)[k - 1]
     kept = lambda i, v: "token" if v is not None and v != NEG_INF else "masked"
     step = lambda *a, **kw: _step(f, 290, *a, col_w=68, **kw)[0]
-    f.heading("每一步都是一行 · one row per step; ①②③ are your process_logits, ④ your row's softmax")
+    f.heading(tr("one row per step; ①②③ are your process_logits, ④ your row's softmax"))
     q = [v if v > 0 else None for v in r["q"]]
     above = [None if v == NEG_INF else v for v in r["above"]]
     steps = [
@@ -104,19 +105,23 @@ def sampling_path(f: Figure, r: dict) -> None:
             **_row(r["scaled"], r["scaled_wrong"], kept, r["scaled_expected"]),
         ),
         step(
-            f"② top-k = {k}: keep ≥ {num(kth)}",
-            f"the {k}th largest of ①; + top_k",
+            tr("② top-k = {k}: keep ≥ {kth}", k=k, kth=num(kth)),
+            tr("the {k}th largest of ①; + top_k", k=k),
             r["topk"],
             bold=True,
             fmt=_n4,
             **_row(r["topk"], r["topk_wrong"], kept, r["topk_expected"]),
         ),
         step(
-            "q = softmax(②)", "probabilities after top-k", q, fmt=_p3, **_row(q, role=lambda i, v: "plain" if v is not None else "masked")
+            "q = softmax(②)",
+            tr("probabilities after top-k"),
+            q,
+            fmt=_p3,
+            **_row(q, role=lambda i, v: "plain" if v is not None else "masked"),
         ),
         step(
-            "mass of larger tokens",
-            f"top-p keeps a token if < {num(p)}",
+            tr("mass of larger tokens"),
+            tr("top-p keeps a token if < {p}", p=num(p)),
             above,
             fmt=_p3,
             **_row(above, role=lambda i, v: "masked" if v is None or v >= p else "plain"),
@@ -124,7 +129,7 @@ def sampling_path(f: Figure, r: dict) -> None:
         step(f"③ top-p = {num(p)}", "+ top_p", r["topp"], bold=True, fmt=_n4, **_row(r["topp"], r["topp_wrong"], kept, r["topp_expected"])),
         step(
             "④ p = softmax(③)",
-            "the distribution sampled",
+            tr("the distribution sampled"),
             r["probs"],
             bold=True,
             fmt=_p3,
@@ -134,21 +139,21 @@ def sampling_path(f: Figure, r: dict) -> None:
     wrong = any(any(r[f"{key}_wrong"]) for key in ("scaled", "topk", "topp", "probs"))
     if not has_draw:
         f.place(column(*steps, gap=8), after=6)
-        f.note("⑤ the race (p / E and the drawn token) is drawn once ch23.2 passes.", size=LABEL_SMALL)
+        f.note(tr("⑤ the race (p / E and the drawn token) is drawn once ch23.2 passes."), size=LABEL_SMALL)
     else:
         scores, noise, token, want = r["race_scores"], r["noise"], r["token"], r["token_expected"]
         race, race_grid = _step(
             f,
             290,
             "⑤ p / E",
-            "the race: the largest wins",
+            tr("the race: the largest wins"),
             scores,
             col_w=68,
             bold=True,
             fmt=_p3,
             **_row(scores, role=lambda i, v: "accent" if i == want else "plain" if v > 0 else "masked"),
         )
-        f.place(column(*steps, step("noise E", "", noise, fmt=num, **_row(noise)), race, gap=8), after=28)
+        f.place(column(*steps, step(tr("noise E"), "", noise, fmt=num, **_row(noise)), race, gap=8), after=28)
         # The winner, drawn below its column: yours, struck through where it is not the race's.
         x, y, w, h = race_grid.cell_box(0, want)
         label = f"sample(③, T = 1, E) → token {token}" if token == want else f"token {token}"
@@ -164,17 +169,22 @@ def sampling_path(f: Figure, r: dict) -> None:
         f.place(drawn, x=min(x + w / 2 - drawn.w / 2, f.width - MARGIN - drawn.w), after=24)
         wrong = wrong or token != want
         f.note(
-            f"p / E of token {want}: {_p3(r['race_p'][want])} / {num(noise[want])} = {_p3(scores[want])}; "
-            f"a filtered token has p = 0 and cannot win, whatever its noise.",
+            tr(
+                "p / E of token {token}: {p} / {e} = {score}; a filtered token has p = 0 and cannot win, whatever its noise.",
+                token=want,
+                p=_p3(r["race_p"][want]),
+                e=num(noise[want]),
+                score=_p3(scores[want]),
+            ),
             size=LABEL_SMALL,
         )
     f.y += 6
     f.legend(
         [
-            ("token", "kept: z / T"),
-            ("masked", "filtered: −∞, probability 0"),
-            ("plain", "inputs and derivations"),
-            ("accent", "the race's winner"),
+            ("token", tr("kept: z / T")),
+            ("masked", tr("filtered: −∞, probability 0")),
+            ("plain", tr("inputs and derivations")),
+            ("accent", tr("the race's winner")),
         ],
         wrong=wrong,
     )
@@ -202,13 +212,13 @@ def exponential_race(f: Figure, r: dict) -> None:
         [
             (f"logits z = [{', '.join(num(x) for x in logits)}]", "plain"),
             (f"T = {num(T)}", "token"),
-            (f"noise E = [{', '.join(num(x) for x in noise)}]", "plain"),
+            (tr("noise E = {values}", values="[" + ", ".join(num(x) for x in noise) + "]"), "plain"),
         ],
         mono=True,
     )
 
     # The derivation, one column per token.
-    f.heading("逐 token 推导 · per token")
+    f.heading(tr("the derivation, token by token"))
     top_p = max(range(V), key=lambda i: p[i])
     six = lambda v: f"{v:.6f}"
     step = lambda *a, **kw: _step(f, 236, *a, col_w=120, **kw)[0]
@@ -223,10 +233,10 @@ def exponential_race(f: Figure, r: dict) -> None:
                 fmt=six,
                 **_row(p, role=lambda i, v: "token" if i == top_p else "plain"),
             ),
-            step("E ~ Exp(1)", "the noise", noise, fmt=num, **_row(noise)),
+            step("E ~ Exp(1)", tr("the noise"), noise, fmt=num, **_row(noise)),
             step(
                 "p / E",
-                "the race: largest wins",
+                tr("the race: the largest wins"),
                 scores,
                 fmt=six,
                 bold=True,
@@ -245,20 +255,22 @@ def exponential_race(f: Figure, r: dict) -> None:
         role="accent",
         w=text_width(f"sample(z, T, E) → token {want}", VALUE, mono=True) + 28,
     )
-    why = f.label(f"p_{want} / E_{want} = {p[want]:.6f} / {num(noise[want])} = {scores[want]:.6f} is the largest")
-    name = f.label("your sample", size=LABEL, color=INK, bold=True)
+    formula = f"p_{want} / E_{want} = {p[want]:.6f} / {num(noise[want])} = {scores[want]:.6f}"
+    why = f.label(tr("{formula} is the largest", formula=formula))
+    name = f.label(tr("your sample"), size=LABEL, color=INK, bold=True)
     f.place(row(pad(name, left=236 - name.w), drawn, why, gap=12, align="middle"), after=30)
 
     # Two bar panels: p and p / E.
-    f.heading("argmax p 与 argmax p / E 不是一回事 · the race is not argmax p")
+    f.heading(tr("the race is not argmax p"))
     half = (f.width - 2 * MARGIN) / 2
     bar: dict[str, Any] = dict(height=110, bar_w=56, gap=22, labels=[f"token {i}" for i in range(V)], fmt=lambda v: f"{v:.3f}")
     panels = [
         f.titled(
-            f"p: the most likely token is {top_p}", f.bar_chart(p, role=["token" if i == top_p else "plain" for i in range(V)], **bar)
+            tr("p: the most likely token is {token}", token=top_p),
+            f.bar_chart(p, role=["token" if i == top_p else "plain" for i in range(V)], **bar),
         ),
         f.titled(
-            f"p / E: token {token} {'wins (yours)' if token == want else '(yours)'}",
+            tr("p / E: token {token} wins (yours)", token=token) if token == want else tr("p / E: token {token} (yours)", token=token),
             f.bar_chart(scores, role=["accent" if i == want else "plain" for i in range(V)], **bar),
             color=stroke("wrong") if token != want else INK,
         ),
@@ -269,7 +281,7 @@ def exponential_race(f: Figure, r: dict) -> None:
         f.text(
             right.right - right.w + token * (56 + 22) + 28,
             placed.bottom + 8,
-            "▲ yours",
+            tr("▲ yours"),
             anchor="middle",
             size=LABEL_SMALL,
             color=stroke("wrong"),
@@ -281,9 +293,9 @@ def exponential_race(f: Figure, r: dict) -> None:
     if "counts" in r:
         _race_frequencies(f, r["counts"], r["n"], p, r["chi2"], r["limit"], r["intervals"], r["wrong"])
     else:
-        f.note("The panel of many races is drawn once the check of many races passes its shape check.", size=LABEL_SMALL)
+        f.note(tr("The panel of many races is drawn once the check of many races passes its shape check."), size=LABEL_SMALL)
     f.legend(
-        [("token", "argmax p / how often a token won"), ("accent", "the race's winner"), ("plain", "p and other values")],
+        [("token", tr("argmax p / how often a token won")), ("accent", tr("the race's winner")), ("plain", tr("p and other values"))],
         wrong=token != want or any(r.get("wrong", [])),
     )
 
@@ -297,7 +309,7 @@ def _race_frequencies(
     V = len(p)
     freq = [c / n for c in counts]
     ok = chi2 <= limit
-    f.heading(f"{n} 次竞赛(固定种子)· {n} races from a fixed seed: how often each token won, against p")
+    f.heading(tr("{n} races from a fixed seed: how often each token won, against p", n=n))
     f.y += 8
     bw, g, group_gap, height = 52, 24, 100, 110
     total = V * (2 * bw + g) + (V - 1) * group_gap
@@ -348,32 +360,45 @@ def _race_frequencies(
             f.text(cx, label_y, f"{p[i]:.3f} ± {half[i]:.3f}", size=SMALL, anchor="middle", mono=True, weight="bold", cls="expected")
         else:
             f.text(cx, label_y, f"{freq[i]:.3f}", size=SMALL, anchor="middle", mono=True, cls="value")
-        for x, label in ((gx, "p"), (wx, "won")):
+        for x, label in ((gx, "p"), (wx, tr("won"))):
             f.text(x + bw / 2, base + 15, label, size=SMALL + 0.5, anchor="middle", color=MUTED, cls="label")
-        f.text(wx - g / 2, base + 32, f"token {i}: {counts[i]} of {n}", anchor="middle", size=LABEL_SMALL, color=INK, cls="label")
+        f.text(
+            wx - g / 2,
+            base + 32,
+            tr("token {i}: {count} of {n}", i=i, count=counts[i], n=n),
+            anchor="middle",
+            size=LABEL_SMALL,
+            color=INK,
+            cls="label",
+        )
     f.dwg.add(f.dwg.line((x0 - 4, base), (x0 + total + 4, base), stroke=RULE, stroke_width=1))
     f.y = base + 56
     verdict = "≤" if ok else ">"
-    text = (
-        f"chi-square = Σ (count − N·p)² / (N·p) = {chi2:.2f} {verdict} {limit:.1f} (a correct sampler exceeds "
-        f"{limit:.1f} with probability < 1e-6; {V - 1} degrees of freedom). The whisker on each won bar is "
-        f"p ± √({limit:.1f} · p(1 − p) / N): a share outside it alone exceeds the limit"
+    text = tr(
+        "chi-square = Σ (count − N·p)² / (N·p) = {chi2} {verdict} {limit} (a correct sampler exceeds {limit} with probability "
+        "< 1e-6; {df} degrees of freedom). The whisker on each won bar is p ± √({limit} · p(1 − p) / N): a share outside it "
+        "alone exceeds the limit.",
+        chi2=format(chi2, ".2f"),
+        verdict=verdict,
+        limit=format(limit, ".1f"),
+        df=V - 1,
     )
     if not ok:
         tokens = [i for i in range(V) if marked[i]]
         off = [i for i in tokens if abs(freq[i] - p[i]) > half[i]]
         names = _tokens_phrase(tokens)
-        one = len(tokens) == 1
-        text += (
-            f"; {names} {'is' if one else 'are'} outside {'its interval' if one else 'their intervals'}"
-            if off
-            else f"; every share is inside its interval, but together they exceed it: {names} is furthest off"
-        )
-    f.note(text + ".", size=LABEL_SMALL, color=MUTED if ok else stroke("wrong"))
+        if not off:
+            verdict_text = tr("Every share is inside its interval, but together they exceed it: {tokens} is furthest off.", tokens=names)
+        elif len(tokens) == 1:
+            verdict_text = tr("{tokens} is outside its interval.", tokens=names)
+        else:
+            verdict_text = tr("{tokens} are outside their intervals.", tokens=names)
+        text = tr("{text} {verdict}", text=text, verdict=verdict_text)
+    f.note(text, size=LABEL_SMALL, color=MUTED if ok else stroke("wrong"))
 
 
 def _tokens_phrase(tokens: list[int]) -> str:
     """ "token 2", "tokens 0 and 2", "tokens 0, 1 and 2"."""
     if len(tokens) == 1:
         return f"token {tokens[0]}"
-    return "tokens " + ", ".join(map(str, tokens[:-1])) + f" and {tokens[-1]}"
+    return tr("tokens {first} and {last}", first=", ".join(map(str, tokens[:-1])), last=tokens[-1])

@@ -9,6 +9,7 @@ from figures import figure
 from figures.kit import Figure, num, text_width
 from figures.layout import Part, column, pad, row
 from figures.style import INK, LABEL, LABEL_SMALL, MARGIN, MUTED, SMALL, VALUE, stroke
+from grader.i18n import tr
 
 ROW_H = 30
 SAME = object()
@@ -37,28 +38,28 @@ def control_loop_figure(f: Figure, r: dict) -> None:
 
     f.instance_row(
         [
-            (f"A: {P}-token prompt, max_tokens {max_tokens}", "token"),
+            (tr("A: {n}-token prompt, max_tokens {max_tokens}", n=P, max_tokens=max_tokens), "token"),
             (f"max_num_batched_tokens = {cfg['max_num_batched_tokens']}", "plain"),
             (f"block_size = {cfg['block_size']}", "plain"),
             (f"eos = {cfg['eos']}", "plain"),
         ]
     )
 
-    f.heading("控制环 · the loop every round goes through")
+    f.heading(tr("the loop every round goes through"))
     f.y += 6
     _loop_diagram(
         f,
         [
-            ("schedule()", "picks the batch, sets num_scheduled_tokens"),
-            ("model runner", "computes the chunk, samples 1 token"),
-            ("postprocess()", "counts the chunk; appends or discards"),
+            ("schedule()", tr("picks the batch, sets num_scheduled_tokens")),
+            ("model runner", tr("computes the chunk, samples 1 token")),
+            ("postprocess()", tr("counts the chunk; appends or discards")),
         ],
-        "next round: the same loop again",
+        tr("next round: the same loop again"),
     )
 
-    f.heading("请求 A 的每一轮 · request A, round by round (your scheduler's trace)")
+    f.heading(tr("request A, round by round (your scheduler's trace)"))
     span = max([P + max_tokens] + [x["num_tokens"] for x in rounds + expected])
-    columns = [("runner", 66), ("postprocess", 126), ("status", 88), ("computed", 70), ("num_tokens", 76)]
+    columns = [("runner", 66), ("postprocess", 126), (tr("status"), 88), (tr("computed"), 70), ("num_tokens", 76)]
     token = lambda rd: None if rd is None else f"{rd['token']} EOS" if rd["token"] == cfg["eos"] else rd["token"]
     table, wrong = [], len(rounds) != len(expected)
     for i in range(max(len(rounds), len(expected))):
@@ -79,8 +80,8 @@ def control_loop_figure(f: Figure, r: dict) -> None:
         strip = _Strip(f, _round_roles(got, span), 22) if got else None
         table.append(
             (
-                f"round {i + 1}",
-                f"step {shown['step']} · {'prefill' if shown['prefill'] else 'decode'}",
+                tr("round {i}", i=i + 1),
+                tr("step {s} · {kind}", s=shown["step"], kind="prefill" if shown["prefill"] else "decode"),
                 strip,
                 [
                     _cell(f, g, w=w - 8, expected=e, role=role, fmt=fmt, bold=bold)
@@ -93,19 +94,21 @@ def control_loop_figure(f: Figure, r: dict) -> None:
             strip.then = lambda s=strip, a=start, b=start + n: f.outline(*s.span(a, b), role="new", width=1.8, inset=-1.5)
     _rows(f, table, label_w=112, span=span, cw=22, columns=columns, prompt=P, pitch=12)
     f.note(
-        "Each round's chunk is outlined. The runner samples a token for every scheduled sequence, but a "
-        "token sampled before the prompt is complete (computed < num_tokens) is a candidate that postprocess "
-        "throws away; the status turns RUNNING when the last chunk is scheduled, FINISHED when max_tokens "
-        "completion tokens exist (or EOS is appended).",
+        tr(
+            "Each round's chunk is outlined. The runner samples a token for every scheduled sequence, but a "
+            "token sampled before the prompt is complete (computed < num_tokens) is a candidate that postprocess "
+            "throws away; the status turns RUNNING when the last chunk is scheduled, FINISHED when max_tokens "
+            "completion tokens exist (or EOS is appended)."
+        ),
         size=LABEL_SMALL,
     )
     f.legend(
         [
-            ("cached", "K/V computed in earlier rounds"),
-            ("new", "this round's chunk"),
-            ("plain", "known token, no K/V yet"),
-            ("accent", "token sampled and kept"),
-            ("masked", "not generated yet / discarded"),
+            ("cached", tr("K/V computed in earlier rounds")),
+            ("new", tr("this round's chunk")),
+            ("plain", tr("known token, no K/V yet")),
+            ("accent", tr("token sampled and kept")),
+            ("masked", tr("not generated yet / discarded")),
         ],
         wrong=wrong,
     )
@@ -135,7 +138,7 @@ def _verdict(rd: dict | None) -> str | None:
         return None
     end, total = rd["start"] + rd["n"], rd["num_tokens_before"]
     why = f"{end} < {total}" if end < total else f"{end} = {total}" if rd["prefill"] else "(decode)"
-    return f"{'append' if rd['appended'] else 'discard'} {why}"
+    return tr("append {why}", why=why) if rd["appended"] else tr("discard {why}", why=why)
 
 
 def _loop_diagram(f: Figure, labels: list[tuple[str, str]], back: str) -> None:
@@ -193,11 +196,11 @@ def three_progress_figure(f: Figure, r: dict) -> None:
     P, steps, yours, expected = r["prompt"], r["steps"], r["yours"], r["expected"]
     span = max([P + 1] + [s["num_tokens"] for s in yours + expected]) + 1
     f.instance_row(
-        [(f"a {P}-token prompt", "token", 170)],
-        note="vLLM v1 counters (request.py), one synchronous step at a time; the prefix cache serves whole blocks of 4 tokens",
+        [(tr("a {n}-token prompt", n=P), "token", 170)],
+        note=tr("vLLM v1 counters (request.py), one synchronous step at a time; the prefix cache serves whole blocks of 4 tokens"),
     )
 
-    columns = [("computed", 74), ("num_tokens", 82), ("cached", 70)]
+    columns = [(tr("computed"), 74), ("num_tokens", 82), (tr("cached"), 70)]
     roles = {"num_computed_tokens": "new", "num_tokens": "plain", "num_cached_tokens": "block"}
     start = {"num_prompt_tokens": P, "num_tokens": P, "num_computed_tokens": 0, "num_cached_tokens": -1}
     table, wrong, before = [], False, start
@@ -208,7 +211,7 @@ def three_progress_figure(f: Figure, r: dict) -> None:
         if want["num_cached_tokens"] < 0:  # vLLM's −1: not set yet
             note = _centered(
                 f,
-                f"{num(want['num_cached_tokens'])}: not set until admitted",
+                tr("{value}: not set until admitted", value=num(want["num_cached_tokens"])),
                 columns[-1][1] - 8,
                 size=SMALL - 1,
                 color=stroke("block"),
@@ -218,8 +221,10 @@ def three_progress_figure(f: Figure, r: dict) -> None:
         strip = _Strip(f, [(role, "") for role in _progress_roles(step, before, got, span)], 24)
         if step and step["n"] and before["num_computed_tokens"] == 0 and step["hit"]:  # the prefix hit, bracketed
             first = want["num_cached_tokens"] == step["hit"] and before["num_cached_tokens"] < 0
-            label = f"prefix hit {step['hit']}" + (
-                " → num_cached_tokens" if first else f" (num_cached_tokens stays {want['num_cached_tokens']})"
+            label = (
+                tr("prefix hit {hit} → num_cached_tokens", hit=step["hit"])
+                if first
+                else tr("prefix hit {hit} (num_cached_tokens stays {cached})", hit=step["hit"], cached=want["num_cached_tokens"])
             )
             strip.then = lambda s=strip, hit=step["hit"], label=label: f.bracket(
                 s.span(0, hit)[0], s.span(0, hit)[0] + s.span(0, hit)[2], s.bottom + 3, label, color=stroke("block"), size=SMALL
@@ -228,18 +233,21 @@ def three_progress_figure(f: Figure, r: dict) -> None:
         before = want
     _rows(f, table, label_w=196, span=span, cw=24, columns=columns, prompt=P, pitch=26)
     f.note(
-        _moral(steps, expected) + " num_cached_tokens starts at −1, vLLM's mark for “not set yet”: the first "
-        "time the request is scheduled it becomes the prefix hit found then, and it never changes afterwards.",
+        tr(
+            "{moral} num_cached_tokens starts at −1, vLLM's mark for “not set yet”: the first time the request is "
+            "scheduled it becomes the prefix hit found then, and it never changes afterwards.",
+            moral=_moral(steps, expected),
+        ),
         size=LABEL_SMALL,
     )
     f.legend(
         [
-            ("cached", "K/V computed before this step (or a prefix hit)"),
-            ("new", "computed in this step"),
-            ("plain", "known, no K/V"),
-            ("accent", "sampled and kept in this step"),
-            ("block", "num_cached_tokens and the prefix hits"),
-            ("masked", "no token yet"),
+            ("cached", tr("K/V computed before this step (or a prefix hit)")),
+            ("new", tr("computed in this step")),
+            ("plain", tr("known, no K/V")),
+            ("accent", tr("sampled and kept in this step")),
+            ("block", tr("num_cached_tokens and the prefix hits")),
+            ("masked", tr("no token yet")),
         ],
         wrong=wrong,
     )
@@ -247,14 +255,15 @@ def three_progress_figure(f: Figure, r: dict) -> None:
 
 def _step_title(i: int, step: dict | None, before: dict) -> tuple[str, str]:
     if step is None:
-        return "before the first step", "new request, WAITING"
+        return tr("before the first step"), tr("new request, WAITING")
     if step["preempted"]:
-        return f"step {i}: preempted", "KV blocks freed"
+        return tr("step {i}: preempted", i=i), tr("KV blocks freed")
     if not step["n"]:
-        return f"step {i}: waits", "not scheduled"
+        return tr("step {i}: waits", i=i), tr("not scheduled")
+    scheduled = tr("step {i}: +{n} scheduled", i=i, n=step["n"])
     if before["num_computed_tokens"] == 0:
-        return f"step {i}: +{step['n']} scheduled", f"admitted, prefix hit {step['hit']}"
-    return f"step {i}: +{step['n']} scheduled", ("decode" if before["num_computed_tokens"] >= before["num_prompt_tokens"] else "next chunk")
+        return scheduled, tr("admitted, prefix hit {hit}", hit=step["hit"])
+    return scheduled, ("decode" if before["num_computed_tokens"] >= before["num_prompt_tokens"] else tr("next chunk"))
 
 
 def _progress_roles(step: dict | None, before: dict, got: dict, span: int) -> list[str]:
@@ -273,14 +282,16 @@ def _moral(steps: list[dict], expected: list[dict]) -> str:
     """The instance's lesson in its own numbers (from the expected counters)."""
     k = next((i for i, s in enumerate(steps) if s["preempted"]), None)
     if k is None:
-        return "Read the counters, not the picture's boundary."
+        return tr("Read the counters, not the picture's boundary.")
     after = expected[k]
     again = next((s["hit"] for s in steps[k + 1 :] if s["n"]), 0)
-    return (
-        f"Read the counters, not the picture's boundary: after the preemption nothing is computed although "
-        f"{after['num_tokens']} tokens exist, and num_cached_tokens still says {after['num_cached_tokens']}, "
-        f"the hit of the first admission, even though the re-admission found {again} tokens in the prefix "
-        "cache."
+    return tr(
+        "Read the counters, not the picture's boundary: after the preemption nothing is computed although {n} tokens "
+        "exist, and num_cached_tokens still says {cached}, the hit of the first admission, even though the "
+        "re-admission found {again} tokens in the prefix cache.",
+        n=after["num_tokens"],
+        cached=after["num_cached_tokens"],
+        again=again,
     )
 
 
@@ -347,7 +358,7 @@ def _rows(
     `span` positions, the value cells in `columns`; then the prompt | output line across the strips."""
     positions = row(*(_centered(f, str(p), cw - 3, size=SMALL - 0.5) for p in range(span)), gap=3)
     names = row(*(_centered(f, name, w - 8, size=LABEL_SMALL) for name, w in columns), gap=8)
-    f.place(pad(f.label("token positions", size=SMALL + 0.5), left=label_w), after=2)
+    f.place(pad(f.label(tr("token positions"), size=SMALL + 0.5), left=label_w), after=2)
     f.place(row(pad(positions, left=label_w), names, gap=14), after=4)
     strips = []
     for title, sub, strip, cells in table:
@@ -359,7 +370,7 @@ def _rows(
     x = strips[0].right - strips[0].w + prompt * cw - 1.5
     top, bottom = strips[0].bottom - ROW_H - 4, strips[-1].bottom + 4
     f.dwg.add(f.dwg.line((x, top), (x, bottom), stroke=INK, stroke_width=1.2, class_="boundary", stroke_dasharray="5,3"))
-    f.text(x + 3, bottom + 12, "← prompt | output →", size=SMALL, anchor="middle", color=MUTED, cls="label")
+    f.text(x + 3, bottom + 12, tr("← prompt | output →"), size=SMALL, anchor="middle", color=MUTED, cls="label")
     f.y = bottom + 34
 
 

@@ -12,27 +12,15 @@ from typing import Any
 
 import torch
 
-from grader.authoring import (
-    CheckFailed,
-    Hint,
-    Trial,
-    expect_tensor,
-    fmt,
-    hidden_model,
-    if_hidden,
-    mistakes,
-    plural,
-    public,
-    vec,
-    wrong_mask,
-)
+from grader.authoring import CheckFailed, Hint, Trial, expect_tensor, fmt, hidden_model, if_hidden, mistakes, public, vec, wrong_mask
+from grader.i18n import language, mark, tr
 
 NEG_INF = float("-inf")
 ATOL, RTOL = 1e-6, 1e-5  # processed logits: one float32 rounding of logits / T
 TIE = 1e-6  # a drawn token is accepted when its p / E is this close (relative) to the best
 ALPHA = 1e-6  # a correct sampler fails a goodness-of-fit test with probability < ALPHA
 CLAMP = 1e-10  # nano-vllm clamps the exponential noise to ≥ 1e-10
-HALF_RACE = "the race in the logits' 16-bit dtype (never upcast to float32)"
+HALF_RACE = mark("the race in the logits' 16-bit dtype (never upcast to float32)")
 
 race_variants = hidden_model("ch23_models.race_variants")
 """`t.ref.drive(race_variants, logits, temperature, noise)`: {wrong sampler: its tokens on the same noise}."""
@@ -60,14 +48,14 @@ M = mistakes("ch23")
 def path_instance(t: Trial) -> None:
     logits, temp = torch.tensor([PATH_LOGITS]), torch.tensor([PATH_T])
     stages: list[tuple[str, dict[str, Any]]] = [
-        ("temperature only", {}),
-        (f"temperature and top_k = {PATH_K}", {"top_k": PATH_K}),
-        (f"temperature, top_k = {PATH_K} and top_p = {PATH_P}", {"top_k": PATH_K, "top_p": PATH_P}),
+        (tr("temperature only"), {}),
+        (tr("temperature and top_k = {k}", k=PATH_K), {"top_k": PATH_K}),
+        (tr("temperature, top_k = {k} and top_p = {p}", k=PATH_K, p=PATH_P), {"top_k": PATH_K, "top_p": PATH_P}),
     ]
     got, want = [], []
     for label, kw in stages:
         mine = t.yours.process_logits(logits, temp, **kw)
-        got.append(expect_tensor(mine, what=f"the processed logits ({label})", shape=[1, 8], dtype=torch.float32))
+        got.append(expect_tensor(mine, what=tr("the processed logits ({label})", label=label), shape=[1, 8], dtype=torch.float32))
         want.append(t.ref.process_logits(logits, temp, **kw))
     after_k = want[1][0]
     q = after_k.softmax(-1)
@@ -95,7 +83,9 @@ def path_instance(t: Trial) -> None:
         probs_wrong=wrong_entries(probs, probs_expected),
     )
     for (label, kw), mine, w in zip(stages, got, want):
-        expect_processed(t, mine, logits, temp, kw.get("top_k"), kw.get("top_p"), want=w, case=f'case "figure instance", {label}')
+        expect_processed(
+            t, mine, logits, temp, kw.get("top_k"), kw.get("top_p"), want=w, case=tr('case "figure instance", {label}', label=label)
+        )
 
 
 @public("ch23.1", "each row is divided by its own temperature")
@@ -103,7 +93,7 @@ def per_row_temperature(t: Trial) -> None:
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [2.0, 1.0, 0.0, -1.0], [0.5, -0.5, 3.0, 1.5]])
     temp = torch.tensor([0.5, 2.0, 1.0])
     got = t.yours.process_logits(logits, temp)
-    expect_processed(t, got, logits, temp, case='case "per-row temperature": T = [0.5, 2, 1], no top-k, no top-p')
+    expect_processed(t, got, logits, temp, case=tr('case "per-row temperature": T = [0.5, 2, 1], no top-k, no top-p'))
 
 
 @public("ch23.1", "top-k keeps every entry tied with the k-th largest; k per row")
@@ -112,7 +102,7 @@ def topk_ties(t: Trial) -> None:
     temp = torch.ones(3)
     k = torch.tensor([2, 1, 5])
     got = t.yours.process_logits(logits, temp, top_k=k)
-    expect_processed(t, got, logits, temp, k, case='case "top-k ties": top_k = [2, 1, 5] (per row), T = 1')
+    expect_processed(t, got, logits, temp, k, case=tr('case "top-k ties": top_k = [2, 1, 5] (per row), T = 1'))
 
 
 @public("ch23.1", "top-p keeps the token that crosses p; p = 1 is off")
@@ -124,7 +114,7 @@ def topp_crossing(t: Trial) -> None:
     top_p = torch.tensor([0.6, 1.0])
     got = t.yours.process_logits(logits, temp, top_p=top_p)
     expect_processed(
-        t, got, logits, temp, None, top_p, case='case "top-p crossing": softmax = [0.5, 0.3, 0.2], top_p = [0.6, 1.0] (per row), T = 1'
+        t, got, logits, temp, None, top_p, case=tr('case "top-p crossing": softmax = [0.5, 0.3, 0.2], top_p = [0.6, 1.0] (per row), T = 1')
     )
 
 
@@ -145,7 +135,9 @@ def topp_boundary(t: Trial) -> None:
         temp,
         top_k,
         top_p,
-        case='case "exact boundaries": 4 or 8 equal entries, top_k = [4, 8, 8, 4], top_p = [0.5, 0.25, 0.75, 0.75]: they keep 2, 2, 6, 3',
+        case=tr(
+            'case "exact boundaries": 4 or 8 equal entries, top_k = [4, 8, 8, 4], top_p = [0.5, 0.25, 0.75, 0.75]: they keep 2, 2, 6, 3'
+        ),
     )
 
 
@@ -161,7 +153,7 @@ def bf16_logits(t: Trial) -> None:
         temp,
         3,
         0.9,
-        case='case "bfloat16": the logits arrive in bfloat16 (as from the LM head); compute and return float32',
+        case=tr('case "bfloat16": the logits arrive in bfloat16 (as from the LM head); compute and return float32'),
     )
 
 
@@ -186,7 +178,7 @@ def race_instance(t: Trial) -> None:
         token_expected=int(want[0]),
     )
     expect_tokens(
-        tokens, logits, temp, noise, case='case "figure instance": the exponential race, token = argmax(p / E)', variants=variants
+        tokens, logits, temp, noise, case=tr('case "figure instance": the exponential race, token = argmax(p / E)'), variants=variants
     )
 
 
@@ -204,12 +196,12 @@ def path_draw(t: Trial) -> None:
         processed,
         temp,
         noise,
-        case=f'case "sampling path": the processed row (filtered entries −∞), T = 1, noise {vec(PATH_NOISE)}',
+        case=tr('case "sampling path": the processed row (filtered entries −∞), T = 1, noise {noise}', noise=vec(PATH_NOISE)),
         variants=variants,
     )
 
 
-@public("ch23.2", f"{RACE_DRAWS} races on [2, 1, 0] at T = 0.5 follow p")
+@public("ch23.2", "4000 races on [2, 1, 0] at T = 0.5 follow p")  # 4000 = RACE_DRAWS
 def race_frequencies(t: Trial) -> None:
     logits = torch.tensor([RACE_LOGITS]).expand(RACE_DRAWS, 3).contiguous()
     temp = torch.full((RACE_DRAWS,), RACE_T)
@@ -222,7 +214,7 @@ def race_frequencies(t: Trial) -> None:
         RACE_LOGITS,
         RACE_T,
         noise,
-        case=f'case "{RACE_DRAWS} races": one row, logits [2, 1, 0], T = 0.5, Exp(1) noise from a fixed seed',
+        case=tr('case "{n} races": one row, logits [2, 1, 0], T = 0.5, Exp(1) noise from a fixed seed', n=RACE_DRAWS),
         variants=variants,
     )
 
@@ -238,7 +230,7 @@ def batch_rows(t: Trial) -> None:
         logits,
         temp,
         noise,
-        case='case "batch": 4 rows, T = [0.5, 1, 2, 0.25]',
+        case=tr('case "batch": 4 rows, T = [0.5, 1, 2, 0.25]'),
         variants=t.ref.drive(race_variants, logits, temp, noise),
     )
 
@@ -247,6 +239,9 @@ def batch_rows(t: Trial) -> None:
 
 
 def ordinal(n: int) -> str:
+    """ "3rd" in English; the bare number in Chinese, whose messages write 第 {kth} 大 around it."""
+    if language() != "en":
+        return str(n)
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
@@ -263,9 +258,9 @@ def row_setting(temperature: torch.Tensor, top_k, top_p, b: int, B: int, V: int)
     k, p = _row_value(top_k, b, B), _row_value(top_p, b, B)
     parts = [f"T = {fmt(float(temperature[b]))}"]
     if k is not None:
-        parts.append(f"top_k = {k}" + (" (= V, off)" if k == V else ""))
+        parts.append(tr("top_k = {k} (= V, off)", k=k) if k == V else f"top_k = {k}")
     if p is not None:
-        parts.append(f"top_p = {fmt(p)}" + (" (off)" if p >= 1 else ""))
+        parts.append(tr("top_p = {p} (off)", p=fmt(p)) if p >= 1 else f"top_p = {fmt(p)}")
     return ", ".join(parts)
 
 
@@ -288,7 +283,10 @@ def expect_processed(
     if want is None:
         want = t.ref.process_logits(logits, temperature, top_k, top_p)
     steps = reference_steps(t, logits, temperature, top_k, top_p)
-    mine = expect_tensor(got, what=f"the processed logits of {plural(B, 'row')} × {V} tokens", shape=[B, V], dtype=torch.float32)
+    what = (
+        tr("the processed logits of 1 row × {V} tokens", V=V) if B == 1 else tr("the processed logits of {B} rows × {V} tokens", B=B, V=V)
+    )
+    mine = expect_tensor(got, what=what, shape=[B, V], dtype=torch.float32)
     bad = wrong_entries(mine, want)
     if not bad.any() or only_ties_swapped(mine, want, steps["scaled"]):
         return mine
@@ -363,19 +361,32 @@ def explain_processed(
     k, p = _row_value(top_k, b, B), _row_value(top_p, b, B)
     T = float(temperature[b])
     scaled, after_k = steps["scaled"][b], steps["after k"][b]
-    row = f"row {b}{f' of {B}' if B > 1 else ''} ({row_setting(temperature, top_k, top_p, b, B, V)}): logits {vec(logits[b])}"
+    setting, row_logits = row_setting(temperature, top_k, top_p, b, B, V), vec(logits[b])
+    row = (
+        tr("row {b} of {B} ({setting}): logits {logits}", b=b, B=B, setting=setting, logits=row_logits)
+        if B > 1
+        else tr("row {b} ({setting}): logits {logits}", b=b, setting=setting, logits=row_logits)
+    )
     expected, yours = float(want[b, j]), float(mine[b, j])
     if want[b, j] != NEG_INF:
         reasons = [r for r in (_topk_reason(scaled, k, j, V), _topp_reason(after_k, k, p, j, want[b])) if r]
+        fields = {"j": j, "logit": fmt(float(logits[b, j])), "T": fmt(T), "want": fmt(expected), "yours": fmt(yours)}
+        if len(reasons) == 2:
+            reasons = [tr("{first}; {second}", first=reasons[0], second=reasons[1])]
         token = (
-            f"token {j}: logits / T = {fmt(float(logits[b, j]))} / {fmt(T)} = {fmt(expected)}"
-            + (f"; it stays: {'; '.join(reasons)}" if reasons else "")
-            + f"; yours: {fmt(yours)}"
+            tr("token {j}: logits / T = {logit} / {T} = {want}; it stays: {reasons}; yours: {yours}", reasons=reasons[0], **fields)
+            if reasons
+            else tr("token {j}: logits / T = {logit} / {T} = {want}; yours: {yours}", **fields)
         )
     else:
         removed_by_k = k is not None and after_k[j] == NEG_INF
         reason = _topk_reason(scaled, k, j, V) if removed_by_k else _topp_reason(after_k, k, p, j, want[b])
-        token = f"token {j} (logits / T = {fmt(float(scaled[j]))}) should be −∞: {reason}; yours: {fmt(yours)}"
+        fields = {"j": j, "scaled": fmt(float(scaled[j])), "yours": fmt(yours)}
+        token = (
+            tr("token {j} (logits / T = {scaled}) should be −∞: {reason}; yours: {yours}", reason=reason, **fields)
+            if reason
+            else tr("token {j} (logits / T = {scaled}) should be −∞; yours: {yours}", **fields)
+        )
     hint = processed_hint(mine[b], want[b], logits[b], T, b, k, p, j, {name: x[b] for name, x in steps.items()})
     return CheckFailed(case, row, token, hint=hint)
 
@@ -385,9 +396,10 @@ def _topk_reason(scaled: torch.Tensor, k, j: int, V: int) -> str:
         return ""
     kth = float(scaled.sort(descending=True).values[k - 1])
     v = float(scaled[j])
+    fields = {"k": k, "v": fmt(v), "kth_value": fmt(kth), "kth": ordinal(k)}
     if v >= kth:
-        return f"top-k = {k} keeps it ({fmt(v)} ≥ {fmt(kth)}, the {ordinal(k)} largest value of logits / T)"
-    return f"top-k = {k} removes it ({fmt(v)} < {fmt(kth)}, the {ordinal(k)} largest value of logits / T)"
+        return tr("top-k = {k} keeps it ({v} ≥ {kth_value}, the {kth} largest value of logits / T)", **fields)
+    return tr("top-k = {k} removes it ({v} < {kth_value}, the {kth} largest value of logits / T)", **fields)
 
 
 def _topp_reason(after_k: torch.Tensor, k, p, j: int, want: torch.Tensor) -> str:
@@ -397,24 +409,38 @@ def _topp_reason(after_k: torch.Tensor, k, p, j: int, want: torch.Tensor) -> str
     above = float(q[after_k > after_k[j]].sum())
     below = float(q[after_k <= after_k[j]].sum())
     first = (
-        f"after top-k its probability is {fmt(float(q[j]))}"
+        tr("after top-k its probability is {q}", q=fmt(float(q[j])))
         if k is not None
-        else f"its probability softmax(logits / T) is {fmt(float(q[j]))}"
+        else tr("its probability softmax(logits / T) is {q}", q=fmt(float(q[j])))
     )
     tied = after_k == after_k[j]
     if int(tied.sum()) > 1:
         n, kept = int(tied.sum()), int((tied & (want != NEG_INF)).sum())
-        return (
-            f"{first}, as for {plural(n - 1, 'other equal entry', 'other equal entries')}; the larger tokens hold {fmt(above)}; "
-            f"counted in the order of the sort, the running mass (the smaller entries included) stays ≤ 1 − top_p = "
-            f"{fmt(1 - p)} over {n - kept} of the equal entries, which go, so top-p keeps {kept} of the {n} (which ones is the "
-            "sort's choice)"
+        fields = {"first": first, "above": fmt(above), "rest": fmt(1 - p), "gone": n - kept, "kept": kept, "n": n}
+        if n == 2:
+            return tr(
+                "{first}, as for 1 other equal entry; the larger tokens hold {above}; counted in the order of the sort, "
+                "the running mass (the smaller entries included) stays ≤ 1 − top_p = {rest} over {gone} of the equal "
+                "entries, which go, so top-p keeps {kept} of the {n} (which ones is the sort's choice)",
+                **fields,
+            )
+        return tr(
+            "{first}, as for {others} other equal entries; the larger tokens hold {above}; counted in the order of the "
+            "sort, the running mass (the smaller entries included) stays ≤ 1 − top_p = {rest} over {gone} of the equal "
+            "entries, which go, so top-p keeps {kept} of the {n} (which ones is the sort's choice)",
+            others=n - 1,
+            **fields,
         )
     if above < p:
-        return f"{first}; the larger tokens hold {fmt(above)} < top_p = {fmt(p)}, so top-p keeps it"
-    return (
-        f"{first}; it and the smaller tokens hold {fmt(below)} ≤ 1 − top_p = {fmt(1 - p)} "
-        f"(the larger ones already hold {fmt(above)} ≥ {fmt(p)}), so top-p removes it"
+        return tr("{first}; the larger tokens hold {above} < top_p = {p}, so top-p keeps it", first=first, above=fmt(above), p=fmt(p))
+    return tr(
+        "{first}; it and the smaller tokens hold {below} ≤ 1 − top_p = {rest} (the larger ones already hold {above} ≥ {p}), "
+        "so top-p removes it",
+        first=first,
+        below=fmt(below),
+        rest=fmt(1 - p),
+        above=fmt(above),
+        p=fmt(p),
     )
 
 
@@ -474,20 +500,21 @@ def race_hints() -> dict[str, Hint]:
         "argmax(p)": M.argmax_p,
         "argmax(E / p)": M.noise_over_p,
         "argmax(p · E)": M.times_noise,
-        "the race on softmax(logits · T)": M.race_temperature_multiplied,
-        "the race on softmax(logits) (temperature left out)": M.race_temperature_ignored,
+        mark("the race on softmax(logits · T)"): M.race_temperature_multiplied,
+        mark("the race on softmax(logits) (temperature left out)"): M.race_temperature_ignored,
         "argmax((logits / T) / E)": M.race_logits,
-        "the race with unclamped noise": M.unclamped,
+        mark("the race with unclamped noise"): M.unclamped,
         HALF_RACE: M.no_upcast,
     }
 
 
 def expect_in_vocab(got, B: int, V: int, *, case: str = "") -> torch.Tensor:
-    tokens = expect_tensor(got, what=f"the drawn tokens of {plural(B, 'row')}", shape=[B], dtype=torch.int64)
+    what = tr("the drawn tokens of 1 row") if B == 1 else tr("the drawn tokens of {B} rows", B=B)
+    tokens = expect_tensor(got, what=what, shape=[B], dtype=torch.int64)
     out = ((tokens < 0) | (tokens >= V)).nonzero()
     if len(out):
         b = int(out[0])
-        raise CheckFailed(case, f"row {b}: token {int(tokens[b])} is not in the vocabulary 0 … {V - 1}")
+        raise CheckFailed(case, tr("row {b}: token {token} is not in the vocabulary 0 … {last}", b=b, token=int(tokens[b]), last=V - 1))
     return tokens
 
 
@@ -507,13 +534,28 @@ def expect_tokens(
     b = int((~ok).nonzero()[0])
     w, y = int(scores[b].argmax()), int(tokens[b])
     E = noise[b].float()
-    lines = [case, f"row {b}{f' of {B}' if B > 1 else ''}: T = {fmt(float(temperature[b]))}, logits {vec(logits[b])}, noise E {vec(E)}"]
+    fields = {"b": b, "T": fmt(float(temperature[b])), "logits": vec(logits[b]), "noise": vec(E)}
+    lines = [
+        case,
+        tr("row {b} of {B}: T = {T}, logits {logits}, noise E {noise}", B=B, **fields)
+        if B > 1
+        else tr("row {b}: T = {T}, logits {logits}, noise E {noise}", **fields),
+    ]
     if V <= 8:
         lines.append(f"p = softmax(logits / T) = {vec(p[b])}; p / E = {vec(scores[b])}")
     lines.append(
-        f"the largest p / E is token {w}'s: {fmt(float(p[b, w]))} / {fmt(float(E[w]))} = "
-        f"{fmt(float(scores[b, w]))}, so the race draws token {w}; yours: token {y} "
-        f"(p / E = {fmt(float(p[b, y]))} / {fmt(float(E[y]))} = {fmt(float(scores[b, y]))})"
+        tr(
+            "the largest p / E is token {w}'s: {pw} / {ew} = {sw}, so the race draws token {w}; yours: token {y} "
+            "(p / E = {py} / {ey} = {sy})",
+            w=w,
+            pw=fmt(float(p[b, w])),
+            ew=fmt(float(E[w])),
+            sw=fmt(float(scores[b, w])),
+            y=y,
+            py=fmt(float(p[b, y])),
+            ey=fmt(float(E[y])),
+            sy=fmt(float(scores[b, y])),
+        )
     )
     # The wrong sampler that explains this row and agrees with the most other rows.
     variants = variants if variants is not None else if_hidden(race_variants, logits, temperature, noise)
@@ -530,7 +572,15 @@ def expect_tokens(
     twins = own_randomness(tokens, logits, temperature, noise)  # no deterministic sampler, whatever it matches
     if twins:
         (i, a), (j, c) = twins
-        lines.append(f"rows {i} and {j} have the same logits, T and noise, yet yours drew token {a} for one and token {c} for the other")
+        lines.append(
+            tr(
+                "rows {i} and {j} have the same logits, T and noise, yet yours drew token {a} for one and token {c} for the other",
+                i=i,
+                j=j,
+                a=a,
+                c=c,
+            )
+        )
         hint = M.own_randomness
     raise CheckFailed(*lines, hint=hint)
 
@@ -632,11 +682,26 @@ def expect_distribution(
     raise CheckFailed(
         case,
         f"logits {vec(z)}, T = {fmt(T)}: p = softmax(logits / T) = {vec(p)}",
-        f"token {i} was drawn {int(counts[i])} times ({fmt(100 * float(counts[i]) / n, 3)}%); expected "
-        f"N·p_{i} = {n} · {fmt(float(p[i]))} = {fmt(n * float(p[i]), 5)} ± {fmt(float(sd[i]), 3)} "
-        f"(one standard deviation √(N·p·(1 − p)))",
-        f"chi-square over {V} tokens = {fmt(stat, 5)} > {fmt(limit, 4)}, a level a correct sampler "
-        f"exceeds with probability < {ALPHA:g} ({df} degrees of freedom)",
+        tr(
+            "token {i} was drawn {count} times ({share}%); expected N·p_{i} = {n} · {p} = {mean} ± {sd} "
+            "(one standard deviation √(N·p·(1 − p)))",
+            i=i,
+            count=int(counts[i]),
+            share=fmt(100 * float(counts[i]) / n, 3),
+            n=n,
+            p=fmt(float(p[i])),
+            mean=fmt(n * float(p[i]), 5),
+            sd=fmt(float(sd[i]), 3),
+        ),
+        tr(
+            "chi-square over {V} tokens = {stat} > {limit}, a level a correct sampler exceeds with probability < {alpha} "
+            "({df} degrees of freedom)",
+            V=V,
+            stat=fmt(stat, 5),
+            limit=fmt(limit, 4),
+            alpha=format(ALPHA, "g"),
+            df=df,
+        ),
         hint=likely_cause(tokens, counts, z, T, noise, variants),
     )
 
@@ -654,14 +719,17 @@ def likely_cause(
         alt = variants[name]
         share = float((alt == tokens).double().mean())
         if share >= 0.9 and float((alt == correct).double().mean()) < 0.9:
-            return Hint(f"your tokens are those of {name} on {fmt(100 * share, 3)}% of the rows; {hint}", hint.id)
+            text = tr(
+                "your tokens are those of {name} on {share}% of the rows; {hint}", name=tr(name), share=fmt(100 * share, 3), hint=hint
+            )
+            return Hint(text, hint.id)
     limit = chi2_threshold(V - 1)
     if chi2(counts, z.softmax(-1)) <= limit:
         hint = M.race_temperature_ignored
-        return Hint(f"your draws follow softmax(logits), i.e. the temperature was not applied: {hint}", hint.id)
+        return Hint(tr("your draws follow softmax(logits), i.e. the temperature was not applied: {hint}", hint=hint), hint.id)
     if chi2(counts, (z * T).softmax(-1)) <= limit:
         hint = M.race_temperature_multiplied
-        return Hint(f"your draws follow softmax(logits · T): {hint}", hint.id)
+        return Hint(tr("your draws follow softmax(logits · T): {hint}", hint=hint), hint.id)
     if int(counts.max()) == n:
         return M.same_token
-    return "use the noise as given: one E per token and row, p / E, argmax over each row"
+    return tr("use the noise as given: one E per token and row, p / E, argmax over each row")

@@ -23,10 +23,11 @@ from grader.checks.ch24_explain import (
     start_progress,
     step_args,
 )
+from grader.i18n import mark, tr
 
 LOOP_EOS = 0
 LOOP_CASE = script(
-    "figure instance: one request through the loop",
+    mark("figure instance: one request through the loop"),
     [request("A", list(range(11, 21)), 3, [61, 62, 63], candidates={4: 37, 8: LOOP_EOS})],
     num_blocks=8,
     block_size=4,
@@ -34,7 +35,7 @@ LOOP_CASE = script(
     max_num_batched_tokens=4,
     eos=LOOP_EOS,
 )
-PROGRESS_CASE = lifecycle("figure instance", 10, [(4, 4), (2,), (1,), ("preempt",), (0,), (4, 8), (1,)])
+PROGRESS_CASE = lifecycle(mark("figure instance"), 10, [(4, 4), (2,), (1,), ("preempt",), (0,), (4, 8), (1,)])
 
 
 # -- ch24.1 ---------------------------------------------------------------------------------------------------
@@ -61,7 +62,7 @@ def prefill_first(t: Trial) -> None:
     expect_trace(
         t,
         script(
-            "prefill first",
+            mark("prefill first"),
             [
                 request("A", [3, 1, 4], 4, [15, 92, 65, 35]),
                 request("B", [8, 9, 7, 9, 3], 2, [23, 84], arrive=2),
@@ -81,7 +82,7 @@ def first_sequence_chunked(t: Trial) -> None:
     expect_trace(
         t,
         script(
-            "chunking and FCFS",
+            mark("chunking and FCFS"),
             [request("A", [5, 5, 5, 5], 2, [41, 42]), request("B", list(range(20, 29)), 2, [43, 44]), request("C", [7, 7], 2, [45, 46])],
             num_blocks=16,
             block_size=4,
@@ -100,7 +101,7 @@ def preemption_from_tail(t: Trial) -> None:
     expect_trace(
         t,
         script(
-            "preemption",
+            mark("preemption"),
             [
                 request("A", [1, 2, 3, 4], 6, [11, 12, 13, 14, 15, 16]),
                 request("B", [5, 6, 7, 8], 6, [21, 22, 23, 24, 25, 26]),
@@ -121,7 +122,7 @@ def finishing(t: Trial) -> None:
     expect_trace(
         t,
         script(
-            "finishing",
+            mark("finishing"),
             [
                 request("A", [4, 4], 1, [71]),
                 request("B", [5, 5, 5], 4, [72, 0, 73, 74]),
@@ -147,30 +148,30 @@ def progress_figure_instance(t: Trial) -> None:
 
 @public("ch24.2", "vLLM's worked example: a 10-token prompt in chunks of 4, max_tokens 2")
 def vllm_worked_example(t: Trial) -> None:
-    run_lifecycle(t, lifecycle("vLLM A.5", 10, [(4,), (4,), (2,), (1,)]))
+    run_lifecycle(t, lifecycle(mark("vLLM A.5"), 10, [(4,), (4,), (2,), (1,)]))
 
 
 @public("ch24.2", "an unfinished chunk advances the computed count only")
 def partial_chunk(t: Trial) -> None:
-    run_lifecycle(t, lifecycle("partial chunks", 7, [(3,), (0,), (3,), (1,), (1,)]))
+    run_lifecycle(t, lifecycle(mark("partial chunks"), 7, [(3,), (0,), (3,), (1,), (1,)]))
 
 
 @public("ch24.2", "num_cached_tokens is set once, at the first admission")
 def cached_set_once(t: Trial) -> None:
-    run_lifecycle(t, lifecycle("cached once", 9, [(5, 4), ("preempt",), (2, 8), (1,), ("preempt",), (12,)]))
+    run_lifecycle(t, lifecycle(mark("cached once"), 9, [(5, 4), ("preempt",), (2, 8), (1,), ("preempt",), (12,)]))
 
 
 @public("ch24.2", "impossible steps raise ValueError")
 def bad_progress(t: Trial) -> None:
     p = start_progress(8)
-    t.expect_raises(ValueError, t.yours.progress_after_step, p, 9, because="9 tokens cannot be computed when only 8 exist")
+    t.expect_raises(ValueError, t.yours.progress_after_step, p, 9, because=tr("9 tokens cannot be computed when only 8 exist"))
     t.expect_raises(
         ValueError,
         t.yours.progress_after_step,
         p,
         1,
         prefix_hit=8,
-        because="a hit of all 8 tokens leaves nothing to compute (the last token is never a hit)",
+        because=tr("a hit of all 8 tokens leaves nothing to compute (the last token is never a hit)"),
     )
 
 
@@ -215,9 +216,15 @@ def expected_progress(t: Trial, case: dict) -> list[dict]:
 def expect_progress(got: Any, where: str) -> dict:
     """Require a dict with exactly the four int counters."""
     if not (isinstance(got, dict) and set(got) == set(KEYS) and all(type(got[k]) is int for k in KEYS)):
+        fields = {"where": where, "keys": list(KEYS), "got": describe(got)}
         raise CheckFailed(
-            f"{where}: progress_after_step should return a dict with the int counters {list(KEYS)}; "
-            f"yours returned {describe(got)}" + (f" with keys {sorted(got)}" if isinstance(got, dict) else "")
+            tr(
+                "{where}: progress_after_step should return a dict with the int counters {keys}; yours returned {got} with keys {got_keys}",
+                got_keys=sorted(got),
+                **fields,
+            )
+            if isinstance(got, dict)
+            else tr("{where}: progress_after_step should return a dict with the int counters {keys}; yours returned {got}", **fields)
         )
     return got
 
@@ -228,7 +235,8 @@ def run_lifecycle(t: Trial, case: dict, *, figure: bool = False) -> None:
     before, got_all, failure = start_progress(case["prompt"]), [], None
     for k, step in enumerate(case["steps"]):
         args, kwargs = step_args(step)
-        got = expect_progress(t.yours.progress_after_step(dict(before), *args, **kwargs), f'case "{case["name"]}", step {k + 1}')
+        where = tr('case "{name}", step {k}', name=tr(case["name"]), k=k + 1)
+        got = expect_progress(t.yours.progress_after_step(dict(before), *args, **kwargs), where)
         got_all.append(got)
         if failure is None and got != want[k]:
             failure = explain_progress(case, k, before, step, want[k], got)

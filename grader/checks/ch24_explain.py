@@ -9,6 +9,7 @@ schedule() ("sched") and after postprocess() ("after"); the schedule phase is co
 from __future__ import annotations
 
 from grader.authoring import CheckFailed, Trial, compare_trace, mistakes
+from grader.i18n import tr, tr_in
 
 WAITING, RUNNING, FINISHED = "WAITING", "RUNNING", "FINISHED"
 FIELDS = ("num_computed_tokens", "num_tokens", "completion", "status", "num_scheduled_tokens", "blocks")
@@ -75,9 +76,17 @@ def check_trace(sc: dict, yours: object, expected: list[dict]) -> list[dict]:
         describe=lambda k: step_text(expected[k], expected[k - 1] if k else None),
         explain=lambda k, mine, want: first_difference(sc, want, mine, expected[k - 1] if k else None),
         beyond=lambda rec: (
-            f"every request has finished after step {n} (is_finished() is True); yours "
-            f"schedules {'a prefill' if rec['prefill'] else 'a decode'} of "
-            f"{names(rec['batch'])}"
+            tr(
+                "every request has finished after step {n} (is_finished() is True); yours schedules a prefill of {batch}",
+                n=n,
+                batch=names(rec["batch"]),
+            )
+            if rec["prefill"]
+            else tr(
+                "every request has finished after step {n} (is_finished() is True); yours schedules a decode of {batch}",
+                n=n,
+                batch=names(rec["batch"]),
+            )
         ),
     )
 
@@ -89,43 +98,58 @@ def names(xs: list[str]) -> str:
 
 def describe_case(sc: dict) -> str:
     c, reqs = sc["config"], sc["requests"]
-    cfg = (
-        f"block_size {c['block_size']}, {c['num_blocks']} blocks, max_num_seqs {c['max_num_seqs']}, "
-        f"max_num_batched_tokens {c['max_num_batched_tokens']}, eos {c['eos']}"
+    cfg = tr(
+        "block_size {block_size}, {num_blocks} blocks, max_num_seqs {max_num_seqs}, "
+        "max_num_batched_tokens {max_num_batched_tokens}, eos {eos}",
+        **c,
     )
     if len(reqs) <= 5:
-        who = "; ".join(
-            f"{r['name']}: {len(r['prompt'])}-token prompt, max_tokens {r['max_tokens']}"
-            + (", ignore_eos" if r["ignore_eos"] else "")
-            + (f", arrives at round {r['arrive']}" if r["arrive"] else "")
-            for r in reqs
-        )
+        who = tr_in("ch24.separator", "; ").join(request_text(r) for r in reqs)
     else:
         lens, mts = [len(r["prompt"]) for r in reqs], [r["max_tokens"] for r in reqs]
-        who = (
-            f"{len(reqs)} requests, prompts of {min(lens)}–{max(lens)} tokens, max_tokens {min(mts)}–{max(mts)}, "
-            f"arriving over rounds 0–{max(r['arrive'] for r in reqs)}"
+        who = tr(
+            "{n} requests, prompts of {shortest}–{longest} tokens, max_tokens {least}–{most}, arriving over rounds 0–{last}",
+            n=len(reqs),
+            shortest=min(lens),
+            longest=max(lens),
+            least=min(mts),
+            most=max(mts),
+            last=max(r["arrive"] for r in reqs),
         )
-    return f'case "{sc["name"]}": {cfg}\n  {who}'
+    return tr('case "{name}": {config}', name=tr(sc["name"]), config=cfg) + f"\n  {who}"
+
+
+def request_text(r: dict) -> str:
+    """One request of a case: "A: 3-token prompt, max_tokens 4, arrives at round 2"."""
+    text = tr("{name}: {n}-token prompt, max_tokens {max_tokens}", name=r["name"], n=len(r["prompt"]), max_tokens=r["max_tokens"])
+    if r["ignore_eos"]:
+        text = tr("{request}, ignore_eos", request=text)
+    if r["arrive"]:
+        text = tr("{request}, arrives at round {round}", request=text, round=r["arrive"])
+    return text
 
 
 def chunk_text(n: str, s: dict) -> str:
     c, k, total = s["num_computed_tokens"], s["num_scheduled_tokens"], s["num_tokens"]
-    return f"{n}: tokens {c}–{c + k - 1} of {total}" if k > 1 else f"{n}: token {c} of {total}"
+    if k > 1:
+        return tr("{name}: tokens {first}–{last} of {total}", name=n, first=c, last=c + k - 1, total=total)
+    return tr("{name}: token {first} of {total}", name=n, first=c, total=total)
 
 
 def step_text(rec: dict, prev: dict | None) -> str:
     """What the reference did in a step: its schedule(), the queues before it, what the runner returned."""
     kind = "prefill" if rec["prefill"] else "decode"
-    chunks = ", ".join(chunk_text(n, rec["sched"]["seqs"][n]) for n in rec["batch"][:6])
-    more = f", … ({len(rec['batch'])} sequences)" if len(rec["batch"]) > 6 else ""
-    lines = [f"schedule() → {kind} [{chunks}{more}]", "  " + before_text(prev, rec)]
+    chunks = [chunk_text(n, rec["sched"]["seqs"][n]) for n in rec["batch"][:6]]
+    if len(rec["batch"]) > 6:
+        chunks.append(tr("… ({n} sequences in all)", n=len(rec["batch"])))
+    lines = [f"schedule() → {kind} [{', '.join(chunks)}]", "  " + before_text(prev, rec)]
     said = []
     for n, tok in list(zip(rec["batch"], rec["tokens"]))[:6]:
         s = rec["sched"]["seqs"][n]
         partial = s["num_computed_tokens"] + s["num_scheduled_tokens"] < s["num_tokens"]
-        said.append(f"{n} → {tok}" + (" (candidate of an unfinished chunk)" if partial else ""))
-    lines.append("  the runner returned " + ", ".join(said) + (", …" if len(rec["batch"]) > 6 else ""))
+        said.append(tr("{name} → {token} (candidate of an unfinished chunk)", name=n, token=tok) if partial else f"{n} → {tok}")
+    returned = ", ".join(said) + (", …" if len(rec["batch"]) > 6 else "")
+    lines.append("  " + tr("the runner returned {tokens}", tokens=returned))
     return "\n".join(lines)
 
 
@@ -133,7 +157,11 @@ def before_text(prev: dict | None, rec: dict) -> str:
     waiting = (prev["after"]["waiting"] if prev else []) + rec["added"]
     running = prev["after"]["running"] if prev else []
     free = prev["after"]["free"] if prev else None
-    return f"before it: waiting {names(waiting)}, running {names(running)}" + (f", {free} free blocks" if free is not None else "")
+    if free is None:
+        return tr("before it: waiting {waiting}, running {running}", waiting=names(waiting), running=names(running))
+    return tr(
+        "before it: waiting {waiting}, running {running}, {free} free blocks", waiting=names(waiting), running=names(running), free=free
+    )
 
 
 # -- comparing one step and explaining the first difference ----------------------------------------------
@@ -157,10 +185,11 @@ def schedule_difference(sc: dict, want: dict, got: dict, prev: dict | None) -> C
         head = (prev["after"]["waiting"] if prev else []) + want["added"]
         if want["prefill"]:
             return CheckFailed(
-                f"step {s} should be a prefill of {names(want['batch'])}; yours decodes {names(got['batch'])}", hint=M.decode_first
+                tr("step {s} should be a prefill of {want}; yours decodes {got}", s=s, want=names(want["batch"]), got=names(got["batch"])),
+                hint=M.decode_first,
             )
         return CheckFailed(
-            f"step {s} should decode {names(want['batch'])}; yours prefills {names(got['batch'])}",
+            tr("step {s} should decode {want}; yours prefills {got}", s=s, want=names(want["batch"]), got=names(got["batch"])),
             hint=M.prefill_without_blocks.format(head=head[0], free=prev["after"]["free"] if prev else "?") if head else "",
         )
     if want["batch"] != got["batch"]:
@@ -171,25 +200,39 @@ def schedule_difference(sc: dict, want: dict, got: dict, prev: dict | None) -> C
             st = ws["seqs"][n]
             if not want["prefill"]:
                 return CheckFailed(
-                    f"after step {s}'s schedule() request {n} should have num_scheduled_tokens 1; yours has {b}", hint=M.decode_one_token
+                    tr(
+                        "after step {s}'s schedule() request {name} should have num_scheduled_tokens 1; yours has {got}", s=s, name=n, got=b
+                    ),
+                    hint=M.decode_one_token,
                 )
             left = st["num_tokens"] - st["num_computed_tokens"]
             used = sum(ws["seqs"][m]["num_scheduled_tokens"] for m in want["batch"][: want["batch"].index(n)])
             budget = cfg["max_num_batched_tokens"] - used
             return CheckFailed(
-                f"after step {s}'s schedule() request {n} should have num_scheduled_tokens "
-                f"min(tokens left {left}, budget left {budget}) = {a}; yours has {b}",
+                tr(
+                    "after step {s}'s schedule() request {name} should have num_scheduled_tokens "
+                    "min(tokens left {left}, budget left {budget}) = {want}; yours has {got}",
+                    s=s,
+                    name=n,
+                    left=left,
+                    budget=budget,
+                    want=a,
+                    got=b,
+                ),
                 hint=M.chunk_over_budget if b > budget else M.chunk_recounts_prompt if b > left else "",
             )
     if (ws["waiting"], ws["running"]) != (gs["waiting"], gs["running"]):
         return queue_difference(want, got, before_running)
-    return fields_difference(want, got, ws, gs, f"after step {s}'s schedule()", sc, "schedule")
+    return fields_difference(want, got, ws, gs, tr("after step {s}'s schedule()", s=s), sc, "schedule")
 
 
 def batch_difference(cfg: dict, want: dict, got: dict, before_running: list[str]) -> CheckFailed:
     s, w, g = want["step"], want["batch"], got["batch"]
-    kind = "prefill" if want["prefill"] else "decode"
-    what = f"step {s}'s {kind} batch should be {names(w)}; yours is {names(g)}"
+    what = (
+        tr("step {s}'s prefill batch should be {want}; yours is {got}", s=s, want=names(w), got=names(g))
+        if want["prefill"]
+        else tr("step {s}'s decode batch should be {want}; yours is {got}", s=s, want=names(w), got=names(g))
+    )
     k = next((i for i, (a, b) in enumerate(zip(w, g)) if a != b), min(len(w), len(g)))
     ws = want["sched"]
     if not want["prefill"]:
@@ -236,10 +279,7 @@ def batch_difference(cfg: dict, want: dict, got: dict, before_running: list[str]
 
 def queue_difference(want: dict, got: dict, before_running: list[str]) -> CheckFailed:
     s, ws, gs = want["step"], want["sched"], got["sched"]
-    what = (
-        f"after step {s}'s schedule() waiting should be {names(ws['waiting'])} and running "
-        f"{names(ws['running'])}; yours: waiting {names(gs['waiting'])}, running {names(gs['running'])}"
-    )
+    what = queues_text(tr("after step {s}'s schedule()", s=s), ws, gs)
     victims_w = [n for n in ws["waiting"] if n in before_running]
     victims_g = [n for n in gs["waiting"] if n in before_running]
     if set(victims_w) != set(victims_g) and victims_g:
@@ -266,9 +306,15 @@ def fields_difference(want: dict, got: dict, ws: dict, gs: dict, when: str, sc: 
         if f:
             return field_message(when, n, f, ws["seqs"][n], gs["seqs"][n], want, sc, phase)
     if ws["free"] != gs["free"]:
-        return CheckFailed(f"{when} the pool should have {ws['free']} free blocks; yours has {gs['free']}", hint=M.blocks_lost)
+        return CheckFailed(
+            tr("{when} the pool should have {want} free blocks; yours has {got}", when=when, want=ws["free"], got=gs["free"]),
+            hint=M.blocks_lost,
+        )
     if ws["finished"] != gs["finished"]:
-        return CheckFailed(f"{when} is_finished() should be {ws['finished']}; yours is {gs['finished']}", hint=M.is_finished)
+        return CheckFailed(
+            tr("{when} is_finished() should be {want}; yours is {got}", when=when, want=ws["finished"], got=gs["finished"]),
+            hint=M.is_finished,
+        )
     return None
 
 
@@ -289,15 +335,20 @@ def field_message(when: str, n: str, f: str, a: dict, b: dict, want: dict, sc: d
     partial = in_batch and want["prefill"] and before + chunk < sched["num_tokens"]
     tok = want["tokens"][want["batch"].index(n)] if in_batch else None
     after = phase == "after"
-    head = f"{when} request {n} should be {a['status']}"
     show = lambda v: names([str(x) for x in v]) if isinstance(v, list) else str(v)
-    what = f"{head} with {f} {show(a[f])}; yours has {show(b[f])}" if f != "status" else f"{head}; yours is {b['status']}"
+    fields = {"when": when, "name": n, "status": a["status"], "field": f, "want": show(a[f]), "got": show(b[f])}
+    what = (
+        tr("{when} request {name} should be {status} with {field} {want}; yours has {got}", **fields)
+        if f != "status"
+        else tr("{when} request {name} should be {status}; yours is {got}", when=when, name=n, status=a["status"], got=b["status"])
+    )
     hint = ""
     if f == "num_computed_tokens":
         if not after and b[f] == before + chunk and chunk:
             hint = M.computed_in_schedule
         elif after and b[f] == before and chunk:
-            what, hint = what + ": the chunk was not counted", M.chunk_not_counted
+            what = tr("{when} request {name} should be {status} with {field} {want}; yours has {got}: the chunk was not counted", **fields)
+            hint = M.chunk_not_counted
         elif b[f] == before + 1 and chunk > 1:
             hint = M.count_one.format(chunk=chunk)
         elif a[f] == 0 and b[f] > 0:
@@ -306,13 +357,27 @@ def field_message(when: str, n: str, f: str, a: dict, b: dict, want: dict, sc: d
             hint = M.computed_includes_sample
     elif f == "num_tokens" or f == "completion":
         if b["num_tokens"] == a["num_tokens"] + 1 and partial:
-            what = (
-                f"{head} with num_tokens {a['num_tokens']}; yours has {b['num_tokens']}: "
-                f"the candidate token of an unfinished chunk was appended"
+            what = tr(
+                "{when} request {name} should be {status} with num_tokens {want}; yours has {got}: "
+                "the candidate token of an unfinished chunk was appended",
+                when=when,
+                name=n,
+                status=a["status"],
+                want=a["num_tokens"],
+                got=b["num_tokens"],
             )
             hint = M.append_candidate.format(name=n, computed=before + chunk, total=sched["num_tokens"])
         elif b["num_tokens"] == a["num_tokens"] - 1:
-            what = f"{head} with num_tokens {a['num_tokens']}; yours has {b['num_tokens']}: the sampled token {tok} was not appended"
+            what = tr(
+                "{when} request {name} should be {status} with num_tokens {want}; yours has {got}: "
+                "the sampled token {token} was not appended",
+                when=when,
+                name=n,
+                status=a["status"],
+                want=a["num_tokens"],
+                got=b["num_tokens"],
+                token=tok,
+            )
             hint = M.eos_not_appended if tok == sc["config"]["eos"] and b["status"] == FINISHED else M.token_not_appended
         elif f == "completion":
             hint = M.wrong_token
@@ -354,19 +419,26 @@ def field_message(when: str, n: str, f: str, a: dict, b: dict, want: dict, sc: d
 
 def after_difference(sc: dict, want: dict, got: dict) -> CheckFailed | None:
     wa, ga = want["after"], got["after"]
-    when = f"after step {want['step']}"
+    when = tr("after step {s}", s=want["step"])
     for n in want["batch"] + [n for n in wa["seqs"] if n not in want["batch"]]:
         f = differing_field(wa["seqs"][n], ga["seqs"][n])
         if f:
             return field_message(when, n, f, wa["seqs"][n], ga["seqs"][n], want, sc, "after")
     if (wa["waiting"], wa["running"]) != (ga["waiting"], ga["running"]):
         gone = [n for n in ga["running"] if n in wa["seqs"] and wa["seqs"][n]["status"] == FINISHED]
-        return CheckFailed(
-            f"{when} waiting should be {names(wa['waiting'])} and running {names(wa['running'])}; "
-            f"yours: waiting {names(ga['waiting'])}, running {names(ga['running'])}",
-            hint=M.finished_in_running.format(name=gone[0]) if gone else "",
-        )
+        return CheckFailed(queues_text(when, wa, ga), hint=M.finished_in_running.format(name=gone[0]) if gone else "")
     return fields_difference(want, got, wa, ga, when, sc, "after")
+
+
+def queues_text(when: str, want: dict, got: dict) -> str:
+    return tr(
+        "{when} waiting should be {waiting} and running {running}; yours: waiting {got_waiting}, running {got_running}",
+        when=when,
+        waiting=names(want["waiting"]),
+        running=names(want["running"]),
+        got_waiting=names(got["waiting"]),
+        got_running=names(got["running"]),
+    )
 
 
 # -- ch24.2: a request's life through progress_after_step --------------------------------------------------
@@ -395,12 +467,14 @@ def step_args(step: dict) -> tuple[tuple, dict]:
 
 def event_text(step: dict, before: dict) -> str:
     if step["preempted"]:
-        return "preempted"
+        return tr("preempted")
     if not step["n"]:
-        return "not scheduled (waiting)"
-    admit = before["num_computed_tokens"] == 0
-    hit = f"admitted with a prefix hit of {step['hit']}, " if step["hit"] else "admitted (no prefix hit), "
-    return (hit if admit else "") + f"{step['n']} tokens scheduled"
+        return tr("not scheduled (waiting)")
+    if before["num_computed_tokens"] != 0:
+        return tr("{n} tokens scheduled", n=step["n"])
+    if step["hit"]:
+        return tr("admitted with a prefix hit of {hit}, {n} tokens scheduled", hit=step["hit"], n=step["n"])
+    return tr("admitted (no prefix hit), {n} tokens scheduled", n=step["n"])
 
 
 def explain_progress(case: dict, k: int, before: dict, step: dict, want: dict, got: dict) -> CheckFailed:
@@ -412,15 +486,15 @@ def explain_progress(case: dict, k: int, before: dict, step: dict, want: dict, g
     hint = ""
     if key == "num_computed_tokens":
         if step["preempted"]:
-            why = "a preemption frees the request's KV: it is recomputed from 0"
+            why = tr("a preemption frees the request's KV: it is recomputed from 0")
             hint = M.progress_preempt_keeps
         elif not n:
-            why = "the request was not scheduled, so nothing changes"
+            why = tr("the request was not scheduled, so nothing changes")
         else:
             why = (
-                f"admission starts from the prefix hit: {hit} + {n} = {want[key]}"
+                tr("admission starts from the prefix hit: {hit} + {n} = {total}", hit=hit, n=n, total=want[key])
                 if admit
-                else f"{c} computed + {n} scheduled = {want[key]}"
+                else tr("{c} computed + {n} scheduled = {total}", c=c, n=n, total=want[key])
             )
             if admit and got[key] == n:
                 hint = M.hit_ignored
@@ -430,29 +504,38 @@ def explain_progress(case: dict, k: int, before: dict, step: dict, want: dict, g
                 hint = M.progress_computed_includes_sample
     elif key == "num_tokens":
         if step["preempted"]:
-            why = "a preemption keeps every token the request has (prompt and outputs)"
+            why = tr("a preemption keeps every token the request has (prompt and outputs)")
             hint = M.preempt_resets_only_computed
         elif not n:
-            why = "the request was not scheduled, so nothing changes"
+            why = tr("the request was not scheduled, so nothing changes")
         elif want[key] == total + 1:
-            why = (
-                f"{start} + {n} = {start + n} = num_tokens: the step computed every known token, so its "
-                f"sampled token is kept: {total} + 1 = {want[key]}"
+            why = tr(
+                "{start} + {n} = {end} = num_tokens: the step computed every known token, so its sampled token is kept: "
+                "{total} + 1 = {want}",
+                start=start,
+                n=n,
+                end=start + n,
+                total=total,
+                want=want[key],
             )
             hint = M.progress_sample_dropped if got[key] == total else ""
         else:
-            why = (
-                f"{start} + {n} = {start + n} < num_tokens {total}: an unfinished prefill chunk, its sample is "
-                f"thrown away, num_tokens stays {total}"
+            why = tr(
+                "{start} + {n} = {end} < num_tokens {total}: an unfinished prefill chunk, its sample is thrown away, "
+                "num_tokens stays {total}",
+                start=start,
+                n=n,
+                end=start + n,
+                total=total,
             )
             hint = M.keep_every_sample if got[key] == total + 1 else M.progress_tokens_computed if got[key] == total + n else ""
     elif key == "num_cached_tokens":
         if admit and cached < 0:
-            why = f"the first admission sets it, once, to the prefix hit: {hit}"
+            why = tr("the first admission sets it, once, to the prefix hit: {hit}", hit=hit)
             if got[key] == want["num_computed_tokens"]:
                 hint = M.cached_is_computed
         else:
-            why = f"it was set at the first admission and never changes: {cached}"
+            why = tr("it was set at the first admission and never changes: {cached}", cached=cached)
             if got[key] == got["num_computed_tokens"] or got[key] == want["num_computed_tokens"]:
                 hint = M.cached_is_computed
             elif admit and got[key] == hit:
@@ -460,10 +543,11 @@ def explain_progress(case: dict, k: int, before: dict, step: dict, want: dict, g
             elif step["preempted"]:
                 hint = M.preempt_resets_only_computed
     else:
-        why = "the prompt's length never changes"
+        why = tr("the prompt's length never changes")
+    counters = ", ".join(f"{x} {before[x]}" for x in KEYS)
     return CheckFailed(
-        f'case "{case["name"]}": a {case["prompt"]}-token prompt',
-        f"step {k + 1}: {event_text(step, before)}; before it: " + ", ".join(f"{x} {before[x]}" for x in KEYS),
-        f"{key} after step {k + 1} should be {want[key]} ({why}); yours: {got[key]}",
+        tr('case "{name}": a {n}-token prompt', name=tr(case["name"]), n=case["prompt"]),
+        tr("step {k}: {event}; before it: {counters}", k=k + 1, event=event_text(step, before), counters=counters),
+        tr("{key} after step {k} should be {want} ({why}); yours: {got}", key=key, k=k + 1, want=want[key], why=why, got=got[key]),
         hint=hint,
     )

@@ -7,6 +7,7 @@ import torch
 from grader.authoring import CheckFailed, Trial, hidden, vec
 from grader.checks.ch23 import NEG_INF, expect_distribution, expect_in_vocab, expect_processed, expect_tokens, race_scores
 from grader.hidden.ch23_models import HALF, half_race
+from grader.i18n import tr
 
 QWEN3_VOCAB = 151_936
 CHI_LOGITS, CHI_T, CHI_DRAWS = [1.0, 0.2, -0.5, 2.0, 0.0, -1.5], 0.7, 20_000
@@ -41,12 +42,10 @@ def random_batches(t: Trial) -> None:
         else:
             top_p = None
         got = t.yours.process_logits(logits, temp, top_k, top_p)
-        what = (
-            {"none": "no top_k", "int": f"top_k = {top_k}", "rows": "top_k per row"}[k_mode]
-            + ", "
-            + {"none": "no top_p", "float": f"top_p = {top_p}", "rows": "top_p per row"}[p_mode]
-        )
-        expect_processed(t, got, logits, temp, top_k, top_p, case=f"random case {i + 1}: B = {B}, V = {V}, {what}")
+        k_what = {"none": tr("no top_k"), "int": f"top_k = {top_k}", "rows": tr("top_k per row")}[k_mode]
+        p_what = {"none": tr("no top_p"), "float": f"top_p = {top_p}", "rows": tr("top_p per row")}[p_mode]
+        case = tr("random case {i}: B = {B}, V = {V}, {k_what}, {p_what}", i=i + 1, B=B, V=V, k_what=k_what, p_what=p_what)
+        expect_processed(t, got, logits, temp, top_k, top_p, case=case)
 
 
 @hidden("ch23.1", "k = 1 leaves only the row max; k = V and p = 1 change nothing but the temperature")
@@ -54,14 +53,14 @@ def extreme_settings(t: Trial) -> None:
     B, V = 5, 17
     logits, temp = random_logits(t, B, V)
     got = t.yours.process_logits(logits, temp, 1)
-    mine = expect_processed(t, got, logits, temp, 1, case='case "top_k = 1": only each row\'s largest entry stays')
+    mine = expect_processed(t, got, logits, temp, 1, case=tr('case "top_k = 1": only each row\'s largest entry stays'))
     if not bool(((mine != NEG_INF).sum(-1) == 1).all()):
-        raise CheckFailed("top_k = 1 must leave exactly one finite entry per row")
+        raise CheckFailed(tr("top_k = 1 must leave exactly one finite entry per row"))
     for top_k, top_p, label in (
         (V, None, f"top_k = V = {V}"),
         (None, 1.0, "top_p = 1.0"),
-        (torch.full((B,), V), torch.ones(B), "per-row top_k = V and top_p = 1"),
-        (V, 1.0, f"top_k = {V} and top_p = 1.0"),
+        (torch.full((B,), V), torch.ones(B), tr("per-row top_k = V and top_p = 1")),
+        (V, 1.0, tr("top_k = {V} and top_p = 1.0", V=V)),
     ):
         got = t.yours.process_logits(logits, temp, top_k, top_p)
         expect_processed(
@@ -72,7 +71,7 @@ def extreme_settings(t: Trial) -> None:
             top_k,
             top_p,
             want=t.ref.process_logits(logits, temp),
-            case=f'case "{label}": nothing is filtered, the result is logits / T',
+            case=tr('case "{label}": nothing is filtered, the result is logits / T', label=label),
         )
 
 
@@ -97,7 +96,15 @@ def topp_exact_boundaries(t: Trial) -> None:
         temp = torch.rand(B, generator=t.rng) * 1.7 + 0.3
         top_k, top_p = torch.tensor(ks), torch.tensor(ps)
         got = t.yours.process_logits(logits, temp, top_k, top_p)
-        expect_processed(t, got, logits, temp, top_k, top_p, case=f"boundary case {i + 1}: B = {B}, V = {V}, top_k = {ks}, top_p = {ps}")
+        expect_processed(
+            t,
+            got,
+            logits,
+            temp,
+            top_k,
+            top_p,
+            case=tr("boundary case {i}: B = {B}, V = {V}, top_k = {ks}, top_p = {ps}", i=i + 1, B=B, V=V, ks=ks, ps=ps),
+        )
 
 
 @hidden("ch23.1", "Qwen3's vocabulary: 151,936 logits per row")
@@ -113,7 +120,7 @@ def real_vocab(t: Trial) -> None:
         temp,
         top_k,
         top_p,
-        case=f'case "Qwen3 vocabulary": B = 2, V = {QWEN3_VOCAB}, top_k = [50, 1000], top_p = {vec(top_p)}',
+        case=tr('case "Qwen3 vocabulary": B = 2, V = {V}, top_k = [50, 1000], top_p = {p}', V=QWEN3_VOCAB, p=vec(top_p)),
     )
 
 
@@ -125,7 +132,7 @@ def random_races(t: Trial) -> None:
     # one row 16 times: a sampler with its own randomness draws different tokens for equal rows
     logits, noise = torch.randn(1, 12, generator=t.rng), torch.empty(1, 12).exponential_(generator=t.rng)
     got = t.yours.sample(logits.repeat(16, 1), torch.ones(16), noise.repeat(16, 1))
-    expect_tokens(got, logits.repeat(16, 1), torch.ones(16), noise.repeat(16, 1), case="one row, repeated 16 times")
+    expect_tokens(got, logits.repeat(16, 1), torch.ones(16), noise.repeat(16, 1), case=tr("one row, repeated 16 times"))
     for i in range(24):
         B, V = t.random.randint(1, 16), t.random.randint(2, 300)
         logits = torch.randn(B, V, generator=t.rng) * t.random.choice([0.5, 1.0, 3.0])
@@ -137,10 +144,10 @@ def random_races(t: Trial) -> None:
                 logits[b, drop] = NEG_INF
         noise = torch.empty(B, V).exponential_(generator=t.rng)
         got = t.yours.sample(logits, temp, noise)
-        expect_tokens(got, logits, temp, noise, case=f"random case {i + 1}: B = {B}, V = {V}")
+        expect_tokens(got, logits, temp, noise, case=tr("random case {i}: B = {B}, V = {V}", i=i + 1, B=B, V=V))
 
 
-@hidden("ch23.2", f"chi-square: {CHI_DRAWS} races on one row follow softmax(logits / T)")
+@hidden("ch23.2", "chi-square: 20000 races on one row follow softmax(logits / T)")  # 20000 = CHI_DRAWS
 def chi_square(t: Trial) -> None:
     V = len(CHI_LOGITS)
     logits = torch.tensor([CHI_LOGITS]).expand(CHI_DRAWS, V).contiguous()
@@ -152,7 +159,7 @@ def chi_square(t: Trial) -> None:
         CHI_LOGITS,
         CHI_T,
         noise,
-        case=f'case "chi-square": {CHI_DRAWS} rows of the same logits, T = {CHI_T}, Exp(1) noise from the grading seed',
+        case=tr('case "chi-square": {n} rows of the same logits, T = {T}, Exp(1) noise from the grading seed', n=CHI_DRAWS, T=CHI_T),
     )
 
 
@@ -166,7 +173,7 @@ def not_argmax(t: Trial) -> None:
     rows = differ.nonzero()[:, 0][:32]
     logits, temp, noise = logits[rows], temp[rows], noise[rows]
     got = t.yours.sample(logits, temp, noise)
-    expect_tokens(got, logits, temp, noise, case=f'case "not argmax": {len(rows)} rows on which the race and argmax(p) disagree')
+    expect_tokens(got, logits, temp, noise, case=tr('case "not argmax": {n} rows on which the race and argmax(p) disagree', n=len(rows)))
 
 
 @hidden("ch23.2", "noise 0 is clamped to 1e-10 (nano-vllm); a filtered token never wins")
@@ -183,7 +190,7 @@ def zero_noise(t: Trial) -> None:
         logits,
         temp,
         noise,
-        case='case "zero noise": row 0 p = [0.3, 0.6, 0.1], E = [0, 0, 1]; row 1 logits [−∞, 1, 0.5], E = [0, 1, 2]',
+        case=tr('case "zero noise": row 0 p = [0.3, 0.6, 0.1], E = [0, 0, 1]; row 1 logits [−∞, 1, 0.5], E = [0, 1, 2]'),
     )
 
 
@@ -203,8 +210,14 @@ def half_logits(t: Trial) -> None:
             logits,
             temp,
             noise,
-            case=f'case "{str(dtype)[6:]}": {CLOSE_ROWS + B} rows of {V} {str(dtype)[6:]} logits; in rows 0 … {CLOSE_ROWS - 1} two '
-            f"tokens' probabilities differ by less than {str(dtype)[6:]} can tell, and float32 decides",
+            case=tr(
+                'case "{dtype}": {rows} rows of {V} {dtype} logits; in rows 0 … {last} two tokens\' probabilities differ by '
+                "less than {dtype} can tell, and float32 decides",
+                dtype=str(dtype)[6:],
+                rows=CLOSE_ROWS + B,
+                V=V,
+                last=CLOSE_ROWS - 1,
+            ),
         )
 
 
@@ -215,7 +228,7 @@ def real_vocab_race(t: Trial) -> None:
     temp = torch.tensor([0.6, 0.8, 1.0])
     noise = torch.empty(B, QWEN3_VOCAB).exponential_(generator=t.rng)
     got = t.yours.sample(logits, temp, noise)
-    expect_tokens(got, logits, temp, noise, case=f'case "Qwen3 vocabulary": B = 3, V = {QWEN3_VOCAB}')
+    expect_tokens(got, logits, temp, noise, case=tr('case "Qwen3 vocabulary": B = 3, V = {V}', V=QWEN3_VOCAB))
 
 
 # -- helpers: random instances whose answers no float rounding decides ------------------------------

@@ -21,6 +21,7 @@ from grader.checks.ch24_explain import (
     start_progress,
     step_args,
 )
+from grader.i18n import mark, tr
 
 # -- ch24.1 ---------------------------------------------------------------------------------------------------
 
@@ -31,7 +32,7 @@ def random_memory_pressure(t: Trial) -> None:
         t,
         random_script(
             t.random,
-            "memory pressure",
+            mark("memory pressure"),
             n=150,
             prompts=(1, 20),
             max_tokens=(1, 8),
@@ -50,7 +51,7 @@ def random_small_budgets(t: Trial) -> None:
         t,
         random_script(
             t.random,
-            "token budget 1",
+            mark("token budget 1"),
             n=10,
             prompts=(1, 12),
             max_tokens=(1, 4),
@@ -65,7 +66,7 @@ def random_small_budgets(t: Trial) -> None:
         t,
         random_script(
             t.random,
-            "token budget 5",
+            mark("token budget 5"),
             n=16,
             prompts=(1, 30),
             max_tokens=(1, 6),
@@ -84,7 +85,7 @@ def random_many_short(t: Trial) -> None:
         t,
         random_script(
             t.random,
-            "short requests",
+            mark("short requests"),
             n=60,
             prompts=(1, 6),
             max_tokens=(1, 8),
@@ -99,7 +100,7 @@ def random_many_short(t: Trial) -> None:
         t,
         random_script(
             t.random,
-            "one sequence per batch",
+            mark("one sequence per batch"),
             n=20,
             prompts=(1, 9),
             max_tokens=(1, 5),
@@ -117,7 +118,7 @@ def edge_cases(t: Trial) -> None:
     expect_trace(
         t,
         script(
-            "block_size 1",
+            mark("block_size 1"),
             [request("A", [5, 6, 7], 4, [8, 9, 10, 11]), request("B", [1, 2], 3, [3, 4, 5])],
             num_blocks=7,
             block_size=1,
@@ -129,7 +130,7 @@ def edge_cases(t: Trial) -> None:
     expect_trace(
         t,
         script(
-            "block-aligned prompts",
+            mark("block-aligned prompts"),
             [request("A", list(range(10, 18)), 3, [30, 31, 32]), request("B", list(range(20, 24)), 3, [33, 34, 35])],
             num_blocks=6,
             block_size=4,
@@ -141,7 +142,7 @@ def edge_cases(t: Trial) -> None:
     expect_trace(
         t,
         script(
-            "fills the pool",
+            mark("fills the pool"),
             [request("A", list(range(10, 19)), 4, [30, 31, 32, 33]), request("B", [1, 2], 2, [0, 7], arrive=1)],
             num_blocks=3,
             block_size=4,
@@ -156,7 +157,7 @@ def edge_cases(t: Trial) -> None:
 def invariants(t: Trial) -> None:
     sc = random_script(
         t.random,
-        "invariants",
+        mark("invariants"),
         n=40,
         prompts=(1, 24),
         max_tokens=(1, 12),
@@ -184,9 +185,9 @@ def invariants(t: Trial) -> None:
             if bad:
                 raise CheckFailed(describe_case(sc), bad).named_by(named())
         if raised(rec):
-            raise CheckFailed(describe_case(sc), f"step {k + 1} of your own trace:", *error_lines(rec))
+            raise CheckFailed(describe_case(sc), tr("step {k} of your own trace:", k=k + 1), *error_lines(rec))
     if yours and yours[-1].get("step", 0) >= limit:
-        raise CheckFailed(describe_case(sc), f"after {limit} steps some requests have not finished").named_by(named())
+        raise CheckFailed(describe_case(sc), tr("after {limit} steps some requests have not finished", limit=limit)).named_by(named())
 
 
 # -- ch24.2 ---------------------------------------------------------------------------------------------------
@@ -195,44 +196,58 @@ def invariants(t: Trial) -> None:
 @hidden("ch24.2", "random request lives from the grading seed")
 def random_lives(t: Trial) -> None:
     for i in range(25):
-        run_lifecycle(t, random_lifecycle(t.random, f"random life {i + 1}"))
+        run_lifecycle(t, random_lifecycle(t.random, tr("random life {i}", i=i + 1)))
 
 
 @hidden("ch24.2", "edge cases: the largest allowed hit, a 1-token prompt, preemption before any output")
 def progress_edges(t: Trial) -> None:
-    run_lifecycle(t, lifecycle("hit of num_tokens − 1", 13, [(1, 12), (1,)]))
-    run_lifecycle(t, lifecycle("1-token prompt", 1, [(1,), (1,), ("preempt",), (2,), (1,)]))
-    run_lifecycle(t, lifecycle("preempted mid-prefill", 12, [(5,), ("preempt",), (0,), (8, 4), (1,)]))
+    run_lifecycle(t, lifecycle(mark("hit of num_tokens − 1"), 13, [(1, 12), (1,)]))
+    run_lifecycle(t, lifecycle(mark("1-token prompt"), 1, [(1,), (1,), ("preempt",), (2,), (1,)]))
+    run_lifecycle(t, lifecycle(mark("preempted mid-prefill"), 12, [(5,), ("preempt",), (0,), (8, 4), (1,)]))
 
 
 @hidden("ch24.2", "invariants of your counters along random lives")
 def progress_invariants(t: Trial) -> None:
     for i in range(12):
-        case = random_lifecycle(t.random, f"life {i + 1}")
+        case = random_lifecycle(t.random, tr("life {i}", i=i + 1))
         p = start_progress(case["prompt"])
         cached_set = False
         for k, step in enumerate(case["steps"]):
             args, kwargs = step_args(step)
             got = expect_progress(t.yours.progress_after_step(dict(p), *args, **kwargs), case["name"])
             want = t.ref.progress_after_step(dict(p), *args, **kwargs)
-            where = f'case "{case["name"]}" step {k + 1} ({", ".join(f"{x} {p[x]}" for x in KEYS)} before)'
+            counters = ", ".join(f"{x} {p[x]}" for x in KEYS)
+            where = tr('case "{name}" step {k} ({counters} before)', name=case["name"], k=k + 1, counters=counters)
             # A broken property is named by the mistake the step's comparison with the reference finds.
             named = explain_progress(case, k, p, step, want, got) if any(got[x] != want[x] for x in KEYS) else None
             if not 0 <= got["num_computed_tokens"] <= got["num_tokens"]:
                 raise CheckFailed(
-                    f"{where}: num_computed_tokens {got['num_computed_tokens']} must stay within 0 … num_tokens {got['num_tokens']}"
+                    tr(
+                        "{where}: num_computed_tokens {computed} must stay within 0 … num_tokens {tokens}",
+                        where=where,
+                        computed=got["num_computed_tokens"],
+                        tokens=got["num_tokens"],
+                    )
                 ).named_by(named)
             if got["num_tokens"] < p["num_tokens"] or got["num_tokens"] > p["num_tokens"] + 1:
                 raise CheckFailed(
-                    f"{where}: num_tokens went from {p['num_tokens']} to {got['num_tokens']}; "
-                    "a step appends at most one token and never removes one"
+                    tr(
+                        "{where}: num_tokens went from {before} to {after}; a step appends at most one token and never removes one",
+                        where=where,
+                        before=p["num_tokens"],
+                        after=got["num_tokens"],
+                    )
                 ).named_by(named)
             if got["num_prompt_tokens"] != p["num_prompt_tokens"]:
-                raise CheckFailed(f"{where}: num_prompt_tokens changed").named_by(named)
+                raise CheckFailed(tr("{where}: num_prompt_tokens changed", where=where)).named_by(named)
             if cached_set and got["num_cached_tokens"] != p["num_cached_tokens"]:
                 raise CheckFailed(
-                    f"{where}: num_cached_tokens changed from {p['num_cached_tokens']} to "
-                    f"{got['num_cached_tokens']}; it is set once, at the first admission"
+                    tr(
+                        "{where}: num_cached_tokens changed from {before} to {after}; it is set once, at the first admission",
+                        where=where,
+                        before=p["num_cached_tokens"],
+                        after=got["num_cached_tokens"],
+                    )
                 ).named_by(named)
             cached_set = got["num_cached_tokens"] >= 0
             p = want  # go on from the right state
@@ -242,7 +257,7 @@ def progress_invariants(t: Trial) -> None:
 def agrees_with_scheduler(t: Trial) -> None:
     sc = random_script(
         t.random,
-        "scheduler trace",
+        mark("scheduler trace"),
         n=12,
         prompts=(1, 14),
         max_tokens=(1, 6),
@@ -272,7 +287,8 @@ def agrees_with_scheduler(t: Trial) -> None:
                 "num_cached_tokens": 0 if before["num_cached_tokens"] >= 0 or step["n"] else -1,
             }
             if got != want:
-                case = {"name": f"{sc['name']}, request {n} at step {rec['step']}", "prompt": prompts[n]}
+                name = tr("{case}, request {name} at step {s}", case=tr(sc["name"]), name=n, s=rec["step"])
+                case = {"name": name, "prompt": prompts[n]}
                 raise explain_progress(case, rec["step"] - 1, before, step, want, got)
             progress[n] = want
 
@@ -326,51 +342,74 @@ def invariant_failure(sc: dict, phase: str, rec: dict) -> str | None:
     """The first invariant the student's state breaks after this phase of a step, or None."""
     cfg = sc["config"]
     st = rec["sched"] if phase == "schedule" else rec["after"]
-    when = f"after step {rec['step']}'s {'schedule()' if phase == 'schedule' else 'postprocess()'}"
+    when = tr("after step {s}'s {call}", s=rec["step"], call="schedule()" if phase == "schedule" else "postprocess()")
     reqs = {r["name"]: r for r in sc["requests"]}
     for n, s in st["seqs"].items():
         if not 0 <= s["num_computed_tokens"] <= s["num_tokens"]:
-            return f"{when} request {n} has num_computed_tokens {s['num_computed_tokens']} > num_tokens {s['num_tokens']}"
+            return tr(
+                "{when} request {name} has num_computed_tokens {computed} > num_tokens {tokens}",
+                when=when,
+                name=n,
+                computed=s["num_computed_tokens"],
+                tokens=s["num_tokens"],
+            )
         if s["num_computed_tokens"] + s["num_scheduled_tokens"] > s["num_tokens"]:
-            return (
-                f"{when} request {n} schedules {s['num_scheduled_tokens']} tokens after {s['num_computed_tokens']} "
-                f"computed, beyond its {s['num_tokens']} tokens"
+            return tr(
+                "{when} request {name} schedules {scheduled} tokens after {computed} computed, beyond its {tokens} tokens",
+                when=when,
+                name=n,
+                scheduled=s["num_scheduled_tokens"],
+                computed=s["num_computed_tokens"],
+                tokens=s["num_tokens"],
             )
         if len(s["completion"]) > reqs[n]["max_tokens"]:
-            return f"{when} request {n} has {len(s['completion'])} completion tokens, more than max_tokens"
+            return tr("{when} request {name} has {n} completion tokens, more than max_tokens", when=when, name=n, n=len(s["completion"]))
         queued = st["waiting"].count(n) + st["running"].count(n)
         if s["status"] == FINISHED and (queued or s["blocks"]):
-            return f"{when} request {n} is FINISHED but is still queued or holds {s['blocks']} blocks"
+            return tr(
+                "{when} request {name} is FINISHED but is still queued or holds {blocks} blocks", when=when, name=n, blocks=s["blocks"]
+            )
         if s["status"] != FINISHED and queued != 1:
-            return f"{when} request {n} ({s['status']}) is in waiting/running {queued} times; it should be in one, once"
+            return tr(
+                "{when} request {name} ({status}) is in waiting/running {queued} times; it should be in one, once",
+                when=when,
+                name=n,
+                status=s["status"],
+                queued=queued,
+            )
         if phase == "after" and s["num_scheduled_tokens"]:
-            return f"{when} request {n} still has num_scheduled_tokens {s['num_scheduled_tokens']}"
+            return tr("{when} request {name} still has num_scheduled_tokens {n}", when=when, name=n, n=s["num_scheduled_tokens"])
         if (
             phase == "after"
             and n in rec["batch"]
             and s["status"] != FINISHED
             and s["num_computed_tokens"] <= rec["sched"]["seqs"][n]["num_computed_tokens"]
         ):
-            return (
-                f"{when} request {n} was scheduled but its num_computed_tokens did not grow "
-                f"({s['num_computed_tokens']}): the loop makes no progress"
+            return tr(
+                "{when} request {name} was scheduled but its num_computed_tokens did not grow ({computed}): the loop makes no progress",
+                when=when,
+                name=n,
+                computed=s["num_computed_tokens"],
             )
     ids = st["free_ids"] + [b for s in st["seqs"].values() for b in s["table"]]
     if len(ids) != cfg["num_blocks"] or sorted(ids) != list(range(cfg["num_blocks"])):
-        return (
-            f"{when} free blocks + blocks in block tables should be every block exactly once "
-            f"({cfg['num_blocks']}); yours: {st['free']} free + {len(ids) - st['free']} held"
+        return tr(
+            "{when} free blocks + blocks in block tables should be every block exactly once ({n}); yours: {free} free + {held} held",
+            when=when,
+            n=cfg["num_blocks"],
+            free=st["free"],
+            held=len(ids) - st["free"],
         )
     if phase == "schedule":
         if len(rec["batch"]) > cfg["max_num_seqs"]:
-            return f"step {rec['step']} schedules {len(rec['batch'])} sequences, more than max_num_seqs"
+            return tr("step {s} schedules {n} sequences, more than max_num_seqs", s=rec["step"], n=len(rec["batch"]))
         chunks = [st["seqs"].get(n, {}).get("num_scheduled_tokens", 0) for n in rec["batch"]]
         if rec["prefill"] and sum(chunks) > cfg["max_num_batched_tokens"]:
-            return f"step {rec['step']}'s prefill schedules {sum(chunks)} tokens, more than max_num_batched_tokens"
+            return tr("step {s}'s prefill schedules {n} tokens, more than max_num_batched_tokens", s=rec["step"], n=sum(chunks))
         if not rec["prefill"] and any(c != 1 for c in chunks):
-            return f"step {rec['step']} decodes with num_scheduled_tokens {chunks}; a decode computes 1 token each"
+            return tr("step {s} decodes with num_scheduled_tokens {chunks}; a decode computes 1 token each", s=rec["step"], chunks=chunks)
         if not rec["batch"]:
-            return f"step {rec['step']} schedules nothing although requests are waiting or running"
+            return tr("step {s} schedules nothing although requests are waiting or running", s=rec["step"])
     return None
 
 

@@ -6,6 +6,7 @@ import torch
 
 from grader.authoring import Trial
 from grader.checks.ch23 import expect_distribution, expect_in_vocab, expect_tokens, frequencies_figure, race_scores
+from grader.i18n import mark, tr
 from grader.lab import Float, Numbers, ask, experiment
 
 RACES = 4000  # the panel of many races: one call with this many rows of fresh Exp(1) noise
@@ -13,7 +14,7 @@ RACES = 4000  # the panel of many races: one call with this many rows of fresh E
 
 def _constraints(p: dict) -> dict[str, str]:
     if len(p["noise"]) != len(p["logits"]):
-        return {"noise": f"one E per token: {len(p['logits'])} numbers, as many as logits"}
+        return {"noise": tr("one E per token: {n} numbers, as many as logits", n=len(p["logits"]))}
     return {}
 
 
@@ -38,16 +39,19 @@ def _captions(p: dict) -> dict[str, tuple[str, ...]]:
 
 @experiment(
     "race",
-    title="指数竞赛 · the sampler's exponential race",
-    about="Edit the logits, the temperature and the noise E: your sample must return argmax(p / E). "
-    "Lower T sharpens p; a small E makes its token a strong runner whatever its p. Below, "
-    f"{RACES} races with fresh noise: each token wins about as often as its p.",
+    # title, about and the labels are marked for the catalogs; the lab shows them with tr() (4000 = RACES)
+    title=mark("the sampler's exponential race"),
+    about=mark(
+        "Edit the logits, the temperature and the noise E: your sample must return argmax(p / E). "
+        "Lower T sharpens p; a small E makes its token a strong runner whatever its p. Below, "
+        "4000 races with fresh noise: each token wins about as often as its p."
+    ),
     figures=("ch23-exponential-race",),
     calls=("sample",),
     params=[
-        Numbers("logits", "logits z", [2.0, 1.0, 0.0], 2, 5, -9.9, 9.9, integer=False),
-        Float("temperature", "temperature T", 0.5, 0.05, 5.0, 0.05),
-        Numbers("noise", "noise E", [3.0, 0.05, 1.0], 2, 5, 0.01, 9.9, integer=False),
+        Numbers("logits", mark("logits z"), [2.0, 1.0, 0.0], 2, 5, -9.9, 9.9, integer=False),
+        Float("temperature", mark("temperature T"), 0.5, 0.05, 5.0, 0.05),
+        Numbers("noise", mark("noise E"), [3.0, 0.05, 1.0], 2, 5, 0.01, 9.9, integer=False),
     ],
     constraints=_constraints,
     captions=_captions,
@@ -60,8 +64,10 @@ def race(t: Trial, p: dict) -> None:
     answer = ask(t, lambda ref: ref.sample(logits, temp, noise))
     want = int(answer[0]) if answer is not None else int(scores[0].argmax())  # the race's winner needs no reference
     t.figure("ch23-exponential-race", logits=z, T=T, noise=E, p=probs[0], scores=scores[0], token=int(tokens[0]), token_expected=want)
-    expect_tokens(tokens, logits, temp, noise, case=f'case "your instance": logits {z}, T = {T:g}, noise {E}')
+    expect_tokens(tokens, logits, temp, noise, case=tr('case "your instance": logits {z}, T = {T}, noise {E}', z=z, T=format(T, "g"), E=E))
     many = torch.empty(RACES, len(z)).exponential_(generator=t.rng)
     drawn = expect_in_vocab(t.yours.sample(logits.expand(RACES, -1).contiguous(), temp.expand(RACES).contiguous(), many), RACES, len(z))
     t.figure("ch23-exponential-race", **frequencies_figure(drawn, z, T))
-    expect_distribution(drawn, z, T, many, case=f'case "{RACES} races": logits {z}, T = {T:g}, Exp(1) noise from a fixed seed')
+    expect_distribution(
+        drawn, z, T, many, case=tr('case "{n} races": logits {z}, T = {T}, Exp(1) noise from a fixed seed', n=RACES, z=z, T=format(T, "g"))
+    )
