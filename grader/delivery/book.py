@@ -141,10 +141,7 @@ def _chapter_entries(reports: list[Report], drawn_in: Path, out: Folder, folder:
                 why = (
                     tr("{file} is not in {folder}", file=ch.filename, folder=folder)
                     if report is None
-                    else (
-                        report.undrawn.get(spec.id)
-                        or next((n for n in report.figure_notes if n.startswith(spec.id)), _waits_for(tasks))
-                    )
+                    else (report.undrawn.get(spec.id) or next((n for n in report.figure_notes if n.startswith(spec.id)), _waits_for(tasks)))
                 )
                 entry.status, entry.note = "placeholder", why
                 out.write(entry.file, placeholder(spec.id, spec.title, zh, en, tasks, why))
@@ -306,12 +303,9 @@ def lab_page() -> str:
 
 def _card(e: Entry, *, wide: bool = False) -> str:
     label = escape.html(
-        {
-            "drawn": tr("drawn"),
-            "marked": tr("wrong values marked"),
-            "placeholder": tr("not drawn yet"),
-            "reference": tr("reference"),
-        }[e.status]
+        {"drawn": tr("drawn"), "marked": tr("wrong values marked"), "placeholder": tr("not drawn yet"), "reference": tr("reference")}[
+            e.status
+        ]
     )
     note = f'<p class="en">{escape.html(e.note)}</p>' if e.note and e.status == "placeholder" else ""
     alt = escape.html(f"{e.title} · {e.en}")
