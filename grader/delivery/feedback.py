@@ -94,9 +94,10 @@ def page(doc: Mapping, figures: Mapping[str, str], *, student: str) -> str:
     score = tr("score {score:g}/{max_score:g}", score=float(doc.get("score", 0)), max_score=float(doc.get("max_score", 0)))
     body.append(f'<p class="score">{score}</p>')
     if doc.get("error"):
-        body.append(f'<p class="error">{tr("not graded: {error}", error=_e(doc["error"], lines=True))}</p>')
+        error = tr("not graded: {error}", error=_e(doc["error"], lines=True))
+        body.append(f'<p class="error">{error}</p>')
     if public and not doc.get("error"):
-        body.append(f"<h2>{_e(tr('Checks'))}</h2>")
+        body.append("<h2>" + _e(tr("Checks")) + "</h2>")
         for t in public:
             state = "passed" if t.get("status") == "passed" else "failed"
             mark = VERDICT[state]
@@ -107,7 +108,8 @@ def page(doc: Mapping, figures: Mapping[str, str], *, student: str) -> str:
                 body.append(f"<pre>{_e(out, lines=True)}</pre>")
             body.append("</details>")
     if hidden:
-        body.append(f"<h2>{_e(tr('Hidden checks ({n}): names and verdicts', n=len(hidden)))}</h2>")
+        count = len(hidden)  # outside tr(): Babel takes `hidden` for the check decorator's keyword
+        body.append("<h2>" + _e(tr("Hidden checks ({n}): names and verdicts", n=count)) + "</h2>")
         items = [
             f'<li class="{"passed" if t.get("status") == "passed" else "failed"}">'
             f"{VERDICT['passed' if t.get('status') == 'passed' else 'failed']} {_e(t.get('name', ''))}"
@@ -117,7 +119,7 @@ def page(doc: Mapping, figures: Mapping[str, str], *, student: str) -> str:
         body.append('<ul class="hidden">' + "".join(items) + "</ul>")
     shown = [(fid, svg) for fid, svg in figures.items() if checked_svg(svg) is not None]
     if shown:
-        body.append(f"<h2>{_e(tr('Figures drawn from your code'))}</h2>")
+        body.append("<h2>" + _e(tr("Figures drawn from your code")) + "</h2>")
         for fid, svg in shown:
             src = "data:image/svg+xml;base64," + base64.b64encode(svg.encode("utf-8")).decode("ascii")
             body.append(f'<figure id="{_e(fid)}"><img alt="{_e(fid)}" src="{src}"><figcaption>{_e(fid)}</figcaption></figure>')
@@ -164,6 +166,6 @@ def gradescope_output(lines: Iterable[str], figures: Mapping[str, str]) -> str:
     out = [f"<p>{_e(line)}</p>" for line in lines if line]
     drawn = [(fid, inline_svg(svg)) for fid, svg in figures.items()]
     if any(markup for _, markup in drawn):
-        out.append(f"<p><strong>{_e(tr('Figures drawn from your code'))}</strong></p>")
+        out.append("<p><strong>" + _e(tr("Figures drawn from your code")) + "</strong></p>")
         out += [f"<div>{markup}</div>" for _, markup in drawn if markup]
     return "\n".join(out)

@@ -386,16 +386,17 @@ def score_line(report, hidden_visibility: str) -> str:
     head = f"{ch.id} · {ch.title_zh if language() == 'zh' else ch.title_en}"
     if hidden_visibility == "visible":
         return f"{head}: {report.score:g}/{report.max_score:g}"
-    public = [r for r in report.results if not r.hidden]
-    hidden = [r for r in report.results if r.hidden]
+    open_ = [r for r in report.results if not r.hidden]
+    secret = [r for r in report.results if r.hidden]  # not `public`/`hidden`: Babel takes those for the checks' decorators
+    when = tr(WHEN[hidden_visibility])
     return tr(
         "{head}: public checks {score:g}/{points:g}; {n} hidden checks ({hidden_points:g} points), their results shown {when}",
         head=head,
-        score=sum(r.score for r in public),
-        points=sum(r.points for r in public),
-        n=len(hidden),
-        hidden_points=sum(r.points for r in hidden),
-        when=tr(WHEN[hidden_visibility]),
+        score=sum(r.score for r in open_),
+        points=sum(r.points for r in open_),
+        n=len(secret),
+        hidden_points=sum(r.points for r in secret),
+        when=when,
     )
 
 
