@@ -43,6 +43,7 @@ from figures.style import (
     fill,
     stroke,
 )
+from grader.i18n import tr
 
 
 def text_width(s: str, size: float, mono: bool = False, bold: bool = False) -> float:
@@ -375,7 +376,7 @@ class Figure:
         """Swatches with labels in a row (wrapping); `wrong=True` adds the swatch of wrong cells."""
         cx, y = x, self.y
         if wrong:
-            items = [*items, ("wrong", "wrong: yours struck through, expected below")]
+            items = [*items, ("wrong", tr("wrong: yours struck through, expected below"))]
         for role, label in items:
             width = 18 + 6 + text_width(label, SMALL + 1) + 18
             if cx + width > self.width - MARGIN:

@@ -13,16 +13,18 @@ import re
 from figures import figure
 from figures.kit import Figure, text_width, wrap
 from figures.style import FONT, INK, LABEL, MARGIN, MUTED, SMALL, fill, stroke
+from grader.i18n import language, mark, tr
 
 ROLE = {"yours": "accent", "partly yours": "accent", "reference": "token", "override": "wrong", "engine": "plain", None: "masked"}
 TAG = {
-    "yours": "yours ✓",
-    "partly yours": "partly yours",
-    "reference": "reference",
-    "override": "planted",
-    "engine": "engine's own",
-    None: "not called",
+    "yours": mark("yours ✓"),
+    "partly yours": mark("partly yours"),
+    "reference": mark("reference"),
+    "override": mark("planted"),
+    "engine": mark("engine's own"),
+    None: mark("not called"),
 }
+"""A chapter's part in the run as its tile says it (translated where drawn)."""
 LAYER_STAGES = (
     "input_layernorm",
     "qkv_proj",
@@ -58,39 +60,52 @@ def overview_figure(f: Figure, r: dict) -> None:
     _course_map(f, r["course"], r["path"])
     _path(f, r)
     m, n = r["model"], r["counts"]
-    note = (
-        f"This run: {_count(n['steps'], 'step')} ({n['prefill_steps']} prefill, {n['decode_steps']} decode), "
-        f"{n['chunked_prefill_steps']} with a chunked prefill, "
-        f"{_count(n['prefix_cache_hits'], 'prefix-cache hit')}, {_count(n['preemptions'], 'preemption')}. "
-        f"Model: {m['layers']} layers, hidden {m['hidden']}, {m['heads']} query / {m['kv_heads']} KV heads of "
-        f"head_dim {m['head_dim']}, vocab {m['vocab']} ({m['source']}). "
-        f"Request {r['request']} generated {_tokens(r['output'])}"
+    run = tr(
+        "This run: steps {steps} ({prefill} prefill, {decode} decode; {chunked} with a chunked prefill), "
+        "prefix-cache hits {hits}, preemptions {preemptions}.",
+        steps=n["steps"],
+        prefill=n["prefill_steps"],
+        decode=n["decode_steps"],
+        chunked=n["chunked_prefill_steps"],
+        hits=n["prefix_cache_hits"],
+        preemptions=n["preemptions"],
+    )
+    model = tr(
+        "Model: {layers} layers, hidden {hidden}, {heads} query / {kv_heads} KV heads of head_dim {head_dim}, vocab {vocab} ({source}).",
+        layers=m["layers"],
+        hidden=m["hidden"],
+        heads=m["heads"],
+        kv_heads=m["kv_heads"],
+        head_dim=m["head_dim"],
+        vocab=m["vocab"],
+        source=m["source"],
     )
     if "random weights" in m["source"]:
-        note += ": random weights, so the tokens mean nothing and often repeat."
+        output = tr(
+            "Request {request} generated {tokens}: random weights, so the tokens mean nothing and often repeat.",
+            request=r["request"],
+            tokens=_tokens(r["output"]),
+        )
     else:
-        note += "."
+        output = tr("Request {request} generated {tokens}.", request=r["request"], tokens=_tokens(r["output"]))
+    note = " ".join((run, model, output))
     own = [e for e in r["path"] if e["source"] == "engine"]
     if any(e["fn"] == "argmax" for e in own):
-        note += (
-            " At temperature 0 the engine takes the argmax itself (greedy, as real engines do); ch23's sample "
+        note += " " + tr(
+            "At temperature 0 the engine takes the argmax itself (greedy, as real engines do); ch23's sample "
             "runs only at a temperature above 0 (--temperature)."
         )
     f.note(note, size=SMALL + 1)
     f.y -= 4
     f.legend(
         [
-            ("accent", "your function (its task's checks pass)"),
-            ("token", "the reference solution"),
-            ("plain", "the engine's own step"),
-            ("masked", "a chapter the engine does not call"),
+            ("accent", tr("your function (its task's checks pass)")),
+            ("token", tr("the reference solution")),
+            ("plain", tr("the engine's own step")),
+            ("masked", tr("a chapter the engine does not call")),
         ]
-        + ([("wrong", "planted (a test's override)")] if any(c["part"] == "override" for c in r["course"]) else [])
+        + ([("wrong", tr("planted (a test's override)"))] if any(c["part"] == "override" for c in r["course"]) else [])
     )
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _tokens(ids: list[int]) -> str:
@@ -114,10 +129,11 @@ MAP_PER_ROW = 6
 def _course_map(f: Figure, course: list[dict], path: list[dict]) -> None:
     """The chapters as tiles, six to a row, lit by their part in the run: the id and the part on the first line,
     the title under them."""
-    f.heading("课程地图 · the course map: which chapters' functions the engine ran, and whose they were")
+    f.heading(tr("The course map: which chapters' functions the engine ran, and whose they were"))
     gap, pad = 8, 7
     w = (f.width - 2 * MARGIN - (MAP_PER_ROW - 1) * gap) / MAP_PER_ROW
-    titles = [wrap(ch["zh"], w - 2 * pad, SMALL) for ch in course]
+    zh = language() == "zh"
+    titles = [wrap(ch["zh"] if zh else ch.get("en") or ch["zh"], w - 2 * pad, SMALL) for ch in course]
     h = 22 + 12 * max(len(t) for t in titles)
     y0 = f.y + 2
     for i, (ch, part, lines) in enumerate(zip(course, parts_in_run(course, path), titles)):
@@ -127,7 +143,7 @@ def _course_map(f: Figure, course: list[dict], path: list[dict]) -> None:
         f.text(
             x + w - pad,
             y + 14,
-            TAG[part],
+            tr(TAG[part]),
             size=SMALL - 0.5,
             anchor="end",
             color=stroke(ROLE[part]) if part not in (None, "engine") else MUTED,
@@ -150,7 +166,7 @@ def _path(f: Figure, r: dict) -> None:
     stages = list(dict.fromkeys(e["stage"] for e in r["path"] if e["kind"] == "prefill"))
     stages += [e["stage"] for e in r["path"] if e["kind"] == "run"]
     i = r["request"]
-    f.heading(f"请求 {i} 的路径 · request {i}'s path: its first prefill step, then its first decode step (layer 0 stands for every layer)")
+    f.heading(tr("Request {i}'s path: its first prefill step, then its first decode step (layer 0 stands for every layer)", i=i))
     firsts = [events[("run", s)] if ("run", s) in events else events[("prefill", s)] for s in stages]
     badge_w, gap = 44, 14
     x_stage = MARGIN + badge_w + 8
@@ -159,7 +175,7 @@ def _path(f: Figure, r: dict) -> None:
     col_w = (f.width - MARGIN - x_pre - gap) / 2
     x_dec = x_pre + col_w + gap
     y = f.y + 10
-    for x, label in ((x_stage, "stage"), (x_fn, "function"), (x_pre, "prefill"), (x_dec, "decode")):
+    for x, label in ((x_stage, tr("stage")), (x_fn, tr("function")), (x_pre, tr("prefill")), (x_dec, tr("decode"))):
         f.text(x, y, label, size=SMALL - 0.5, color=MUTED, cls="label column")
     y += 6
     layer_rows = []
@@ -205,7 +221,7 @@ def _path(f: Figure, r: dict) -> None:
             )
         )
         label = f.dwg.text(
-            f"× {r['model']['layers']} layers",
+            tr("× {layers} layers", layers=r["model"]["layers"]),
             insert=(x - 4, (top + bottom) / 2),
             font_size=SMALL,
             font_family=FONT,

@@ -27,6 +27,7 @@ from typing import Any, Callable
 from grader import chapters
 from grader.delivery import escape
 from grader.delivery.files import Folder
+from grader.i18n import choose, tr
 from grader.report import Report
 
 LAB_PAGE = "lab.html"
@@ -91,11 +92,11 @@ def write_book(
     folder = submission or (chapters.EXERCISES if release else chapters.SOLUTIONS)
     ids = [ch.id for ch in chapters.all_chapters() if (Path(folder) / ch.filename).is_file()]
     source = (
-        "the reference solutions"
+        tr("the reference solutions")
         if folder == chapters.SOLUTIONS
-        else "your exercises/"
+        else tr("your exercises/")
         if folder == chapters.EXERCISES
-        else f"the submission in {submission}"
+        else tr("the submission in {folder}", folder=submission)
     )
     # made if missing; no link followed below out's parent: a planted link is refused, never written through
     with Folder.open(out) as book, tempfile.TemporaryDirectory(prefix="course-book-") as tmp:
@@ -134,16 +135,13 @@ def _chapter_entries(reports: list[Report], drawn_in: Path, out: Folder, folder:
             if drawn.is_file():
                 out.write(entry.file, drawn.read_bytes())
                 if report and any(p.endswith(f"/{spec.id}.svg") for p in report.marked):
-                    entry.status, entry.note = "marked", "your wrong values are marked"
+                    entry.status, entry.note = "marked", tr("your wrong values are marked")
             else:
                 tasks = list(dict.fromkeys(spec.needs.values()))
                 why = (
-                    f"{ch.filename} is not in {folder}"
+                    tr("{file} is not in {folder}", file=ch.filename, folder=folder)
                     if report is None
-                    else (
-                        report.undrawn.get(spec.id)
-                        or next((n for n in report.figure_notes if n.startswith(spec.id)), f"waits for {', '.join(tasks)}")
-                    )
+                    else (report.undrawn.get(spec.id) or next((n for n in report.figure_notes if n.startswith(spec.id)), _waits_for(tasks)))
                 )
                 entry.status, entry.note = "placeholder", why
                 out.write(entry.file, placeholder(spec.id, spec.title, zh, en, tasks, why))
@@ -192,21 +190,25 @@ def _light_passing(record: dict, reports: list[Report]) -> None:
             entry["part"] = "yours" if passing.get(entry["id"]) else "reference"
 
 
+def _waits_for(tasks: list[str]) -> str:
+    return tr("waits for {tasks}", tasks=", ".join(tasks))
+
+
 def placeholder(figure_id: str, title: str, zh: str, en: str, tasks: list[str], why: str) -> str:
     """A figure not drawn yet: its header, and a dashed frame saying which task draws it."""
     from figures.kit import Figure, wrap
     from figures.style import LABEL, MARGIN
 
     f = Figure(figure_id, title=title, zh=zh, en=en)
-    lines = [f"drawn by {', '.join(tasks)} once it returns an output of the right shape and type"] if tasks else []
-    if why and not why.startswith("waits for"):
+    lines = [tr("drawn by {tasks} once it returns an output of the right shape and type", tasks=", ".join(tasks))] if tasks else []
+    if why and why != _waits_for(tasks):
         lines.append(why)
     width = f.width - 2 * MARGIN - 40
     wrapped = [piece for line in lines for piece in wrap(line, width, LABEL)]
     height = 34 + 26 + 20 * len(wrapped) + 16
     f.box(MARGIN, f.y, f.width - 2 * MARGIN, height, role="masked", dashed=True)
     y = f.y + 34
-    f.text(f.width / 2, y, "尚未绘制 · not drawn yet", size=LABEL + 3, anchor="middle", weight="bold", cls="placeholder")
+    f.text(f.width / 2, y, tr("not drawn yet"), size=LABEL + 3, anchor="middle", weight="bold", cls="placeholder")
     for k, line in enumerate(wrapped):
         f.text(f.width / 2, y + 28 + 20 * k, line, size=LABEL, anchor="middle", cls="note")
     f.y += height + 8
@@ -242,34 +244,41 @@ def page(entries: list[Entry], source: str) -> str:
     """The book's index.html: sections of cards, the embedded fonts, nothing fetched."""
     titles = {ch.id: ch for ch in chapters.all_chapters()}
     drawn = sum(e.status != "placeholder" for e in entries)
+    zh = choose.language() == "zh"
     head = [
-        f"图解索引 · {len(entries)} 张离线 SVG 图",
-        "先看元素与坐标,再看完整计算流程。 First the elements and their coordinates, then the whole computation.",
-        f"Drawn from {source}: {drawn} of {len(entries)} figures so far.",
+        tr("Figure index · {n} offline SVG figures", n=len(entries)),
+        tr("First the elements and their coordinates, then the whole computation."),
+        tr("Drawn from {source}: {drawn} of {total} figures so far.", source=source, drawn=drawn, total=len(entries)),
     ]
     sections: list[tuple[str, str, list[Entry]]] = [
-        ("逐格拆解维度转换 · dimensions, cell by cell", "", [e for e in entries if e.dimension]),
-        ("课程概览图 · the course map", "", [e for e in entries if e.id == "overview"]),
+        (tr("Dimensions, cell by cell"), "dimensions-cell-by-cell", [e for e in entries if e.dimension]),
+        (tr("The course map"), "the-course-map", [e for e in entries if e.id == "overview"]),
     ]
     for ch_id, ch in titles.items():
         own = [e for e in entries if e.chapter == ch_id and not e.dimension]
         if own:
-            sections.append((f"{int(ch_id[2:])} · {ch.title_zh} · {ch.title_en}", ch_id, own))
+            sections.append((f"{int(ch_id[2:])} · {ch.title_zh if zh else ch.title_en}", ch_id, own))
     body = ["<header>", f"<h1>{escape.html(head[0])}</h1>"] + [f"<p>{escape.html(s)}</p>" for s in head[1:]]
-    body += [f'<p><a class="open" href="{LAB_PAGE}">交互实验 · the interactive experiments (course lab) →</a></p>', "</header>"]
+    lab_link = escape.html(tr("The interactive experiments (course lab) →"))
+    body += [f'<p><a class="open" href="{LAB_PAGE}">{lab_link}</a></p>', "</header>"]
     for title, anchor, items in sections:
         body.append(f'<h2 id="{anchor or _slug(title)}">{escape.html(title)}</h2>')
         body.append('<div class="grid">')
         body += [_card(e, wide=e.id == "overview") for e in items]
         body.append("</div>")
+    lab_heading = escape.html(tr("Interactive experiments"))
+    lab_text = tr(
+        "Run {command}: it opens the experiments in your browser, where you change an instance and the figure is drawn "
+        "again from your functions.",
+        command="<code>course lab</code>",
+    )
+    holds = escape.html(tr("What the lab holds →"))
     body.append(
-        f'<h2 id="lab">交互实验 · interactive experiments</h2><div class="grid"><div class="card lab wide">'
-        f"<p>Run <code>course lab</code>: it opens the experiments in your browser, where you change an "
-        f'instance and the figure is drawn again from your functions. <a class="open" href="{LAB_PAGE}">'
-        f"What the lab holds →</a></p></div></div>"
+        f'<h2 id="lab">{lab_heading}</h2><div class="grid"><div class="card lab wide">'
+        f'<p>{lab_text} <a class="open" href="{LAB_PAGE}">{holds}</a></p></div></div>'
     )
     text = "\n".join(body)
-    return _document("图解索引 · course figures", text)
+    return _document(tr("Course figures"), text)
 
 
 def lab_page() -> str:
@@ -279,18 +288,25 @@ def lab_page() -> str:
     items = []
     for ch in chapters.all_chapters():
         for exp in of_chapter(ch.id):
-            items.append(f"<li><b>{escape.html(ch.id)}</b> · {escape.html(exp.title)}: {escape.html(exp.about)}</li>")
+            items.append(f"<li><b>{escape.html(ch.id)}</b> · {escape.html(tr(exp.title))}: {escape.html(tr(exp.about))}</li>")
+    heading = escape.html(tr("Interactive experiments (course lab)"))
+    start = escape.html(tr("The experiments run your own functions: start them with"))
+    serves = escape.html(tr("which serves them on {address} and opens your browser (Ctrl-C stops it).", address="http://127.0.0.1"))
+    back = escape.html(tr("← Back to the figures"))
     body = (
-        "<header><h1>交互实验 · course lab</h1><p>The experiments run your own functions: start them with</p>"
-        "<p><code>course lab</code></p><p>which serves them on http://127.0.0.1 and opens your browser "
-        "(Ctrl-C stops it).</p></header><ul>" + "\n".join(items) + '</ul><p><a class="open" href="index.html">'
-        "← 图解索引 · back to the figures</a></p>"
+        f"<header><h1>{heading}</h1><p>{start}</p>"
+        f"<p><code>course lab</code></p><p>{serves}</p></header><ul>" + "\n".join(items) + '</ul><p><a class="open" href="index.html">'
+        f"{back}</a></p>"
     )
     return _document("course lab", body)
 
 
 def _card(e: Entry, *, wide: bool = False) -> str:
-    label = {"drawn": "drawn", "marked": "wrong values marked", "placeholder": "not drawn yet", "reference": "reference"}[e.status]
+    label = escape.html(
+        {"drawn": tr("drawn"), "marked": tr("wrong values marked"), "placeholder": tr("not drawn yet"), "reference": tr("reference")}[
+            e.status
+        ]
+    )
     note = f'<p class="en">{escape.html(e.note)}</p>' if e.note and e.status == "placeholder" else ""
     alt = escape.html(f"{e.title} · {e.en}")
     return (
@@ -298,7 +314,7 @@ def _card(e: Entry, *, wide: bool = False) -> str:
         f'<span class="status {e.status}">{label}</span></div><h3>{escape.html(e.title)}</h3>'
         f'<a href="{e.file}"><img src="{e.file}" alt="{alt}" loading="lazy"></a>'
         f'<p class="zh">{escape.html(e.zh)}</p><p class="en">{escape.html(e.en)}</p>{note}'
-        f'<a class="open" href="{e.file}">打开原图放大 ↗ open the full figure</a></div>'
+        f'<a class="open" href="{e.file}">{escape.html(tr("Open the full figure ↗"))}</a></div>'
     )
 
 
@@ -315,7 +331,7 @@ def _document(title: str, body: str) -> str:
     sans = ", ".join(filter(None, [prefix.get("sans", ""), "sans-serif"]))
     mono = ", ".join(filter(None, [prefix.get("mono", ""), "monospace"]))
     return (
-        f'<!doctype html>\n<html lang="zh-Hans"><head><meta charset="utf-8">'
+        f'<!doctype html>\n<html lang="{"zh-Hans" if choose.language() == "zh" else "en"}"><head><meta charset="utf-8">'
         f'<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{escape.html(title)}</title>\n<style>\n{css}\n{STYLE % {'sans': sans, 'mono': mono}}</style>"
         f"</head>\n<body>\n{body}\n</body></html>\n"

@@ -31,6 +31,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping
 
 from grader.delivery import escape
+from grader.i18n import choose, tr
 
 SVG_NS = "http://www.w3.org/2000/svg"
 VERDICT = {"passed": "✓", "failed": "✗"}
@@ -81,15 +82,22 @@ def page(doc: Mapping, figures: Mapping[str, str], *, student: str) -> str:
     body = [f"<h1>{_e(chapter)} · {_e(title)}</h1>" if title else f"<h1>{_e(chapter)}</h1>"]
     meta = [_e(student)]
     if doc.get("answer"):
-        meta.append(f"graded: {_e(doc['answer'])}" + (" (under another name than the chapter's own)" if doc.get("renamed") else ""))
+        graded = (
+            tr("graded: {answer} (under another name than the chapter's own)", answer=_e(doc["answer"]))
+            if doc.get("renamed")
+            else tr("graded: {answer}", answer=_e(doc["answer"]))
+        )
+        meta.append(graded)
     if doc.get("seed") is not None:
-        meta.append(f"grading seed {_e(doc['seed'])}")
+        meta.append(tr("grading seed {seed}", seed=_e(doc["seed"])))
     body.append(f'<p class="meta">{" · ".join(meta)}</p>')
-    body.append(f'<p class="score">score {float(doc.get("score", 0)):g}/{float(doc.get("max_score", 0)):g}</p>')
+    score = tr("score {score:g}/{max_score:g}", score=float(doc.get("score", 0)), max_score=float(doc.get("max_score", 0)))
+    body.append(f'<p class="score">{score}</p>')
     if doc.get("error"):
-        body.append(f'<p class="error">not graded: {_e(doc["error"], lines=True)}</p>')
+        error = tr("not graded: {error}", error=_e(doc["error"], lines=True))
+        body.append(f'<p class="error">{error}</p>')
     if public and not doc.get("error"):
-        body.append("<h2>检查 · checks</h2>")
+        body.append("<h2>" + _e(tr("Checks")) + "</h2>")
         for t in public:
             state = "passed" if t.get("status") == "passed" else "failed"
             mark = VERDICT[state]
@@ -100,7 +108,8 @@ def page(doc: Mapping, figures: Mapping[str, str], *, student: str) -> str:
                 body.append(f"<pre>{_e(out, lines=True)}</pre>")
             body.append("</details>")
     if hidden:
-        body.append(f"<h2>隐藏检查 · hidden checks ({len(hidden)}): names and verdicts</h2>")
+        count = len(hidden)  # outside tr(): Babel takes `hidden` for the check decorator's keyword
+        body.append("<h2>" + _e(tr("Hidden checks ({n}): names and verdicts", n=count)) + "</h2>")
         items = [
             f'<li class="{"passed" if t.get("status") == "passed" else "failed"}">'
             f"{VERDICT['passed' if t.get('status') == 'passed' else 'failed']} {_e(t.get('name', ''))}"
@@ -110,7 +119,7 @@ def page(doc: Mapping, figures: Mapping[str, str], *, student: str) -> str:
         body.append('<ul class="hidden">' + "".join(items) + "</ul>")
     shown = [(fid, svg) for fid, svg in figures.items() if checked_svg(svg) is not None]
     if shown:
-        body.append("<h2>图 · figures drawn from your code</h2>")
+        body.append("<h2>" + _e(tr("Figures drawn from your code")) + "</h2>")
         for fid, svg in shown:
             src = "data:image/svg+xml;base64," + base64.b64encode(svg.encode("utf-8")).decode("ascii")
             body.append(f'<figure id="{_e(fid)}"><img alt="{_e(fid)}" src="{src}"><figcaption>{_e(fid)}</figcaption></figure>')
@@ -128,8 +137,9 @@ def _document(title: str, body: str) -> str:
         kind: ", ".join(filter(None, [prefix.get(kind, ""), fallback]))
         for kind, fallback in (("sans", "sans-serif"), ("mono", "monospace"))
     }
+    lang = "zh-Hans" if choose.language() == "zh" else "en"
     return (
-        '<!doctype html>\n<html lang="zh-Hans"><head><meta charset="utf-8">'
+        f'<!doctype html>\n<html lang="{lang}"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{_e(title)}</title><style>\n{css}\n{STYLE % fonts}</style></head>\n<body>\n{body}\n</body></html>\n"
     )
@@ -156,6 +166,6 @@ def gradescope_output(lines: Iterable[str], figures: Mapping[str, str]) -> str:
     out = [f"<p>{_e(line)}</p>" for line in lines if line]
     drawn = [(fid, inline_svg(svg)) for fid, svg in figures.items()]
     if any(markup for _, markup in drawn):
-        out.append("<p><strong>图 · figures drawn from your code</strong></p>")
+        out.append("<p><strong>" + _e(tr("Figures drawn from your code")) + "</strong></p>")
         out += [f"<div>{markup}</div>" for _, markup in drawn if markup]
     return "\n".join(out)

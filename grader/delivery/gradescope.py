@@ -63,6 +63,7 @@ from pathlib import Path
 from grader import chapters
 from grader.chapters import Chapter
 from grader.delivery import escape
+from grader.i18n import language, mark, tr
 from grader.i18n.choose import COURSE_LANGUAGE, normalize
 
 SOURCE = ("pyproject.toml", "README.md", "grader", "figures", "solutions", "exercises")
@@ -268,9 +269,9 @@ def run(root: Path, chapter_id: str, secret: str, hidden_visibility: str = VISIB
             uid, who = student_uid()
             if end_processes(uid):  # a dedicated uid runs nothing before the submission does
                 raise Refused(f"uid {uid} runs processes that cannot be ended: the student's uid must be its own")
-            boundary = f"sandbox: {description}; the student's code ran as {who} on the host"
+            boundary = tr("sandbox: {description}; the student's code ran as {who} on the host", description=description, who=who)
         else:
-            boundary = f"sandbox: {description}"
+            boundary = tr("sandbox: {description}", description=description)
         if kind == "uid":
             check_uid_boundary(root, uid, [*locked, chapters.SOLUTIONS / ch.filename, chapters.ROOT / "grader" / "hidden" / f"{ch.id}.py"])
         folder_fd = open_folder(root / "submission", follow=True)
@@ -289,24 +290,34 @@ def run(root: Path, chapter_id: str, secret: str, hidden_visibility: str = VISIB
         for test in doc["tests"]:
             if "hidden" in test["tags"]:
                 test["visibility"] = hidden_visibility
-        graded = f"graded {shown_name(name)}" + (f" as {ch.filename}: name it {ch.filename} next time" if located.renamed else "")
+        graded = (
+            tr("graded {name} as {file}: name it {file} next time", name=shown_name(name), file=ch.filename)
+            if located.renamed
+            else tr("graded {name}", name=shown_name(name))
+        )
         figures = {Path(p).stem: Path(p).read_text(encoding="utf-8") for p in report.figures}
         doc.update(_output([score_line(report, hidden_visibility), graded, boundary], figures))
         doc.update(stdout_visibility="hidden")
     except (SubmissionError, MissingModule) as e:  # the submission's own problem: graded 0, said why; none of it ran
-        doc = {"score": 0, **_output([f"could not grade this submission: {e}", "(none of its code was run)"]), "tests": []}
+        doc = {
+            "score": 0,
+            **_output([tr("could not grade this submission: {error}", error=e), tr("(none of its code was run)")]),
+            "tests": [],
+        }
     except (Refused, SandboxUnavailable) as e:
-        doc = {"score": 0, **_output([f"not graded: {e}"]), "tests": []}
+        doc = {"score": 0, **_output([tr("not graded: {error}", error=e)]), "tests": []}
         status = 1
     except Exception as e:  # the grader's own failure: still a document, and a status that says so
-        doc = {"score": 0, **_output([f"could not grade this submission ({type(e).__name__}: {e})", boundary]), "tests": []}
+        failure = tr("could not grade this submission ({kind}: {error})", kind=type(e).__name__, error=e)
+        doc = {"score": 0, **_output([failure, boundary]), "tests": []}
         status = 1
     finally:
         shutil.rmtree(private, ignore_errors=True)
     if uid is not None:
         left = end_processes(uid)
         if left:
-            doc = {"score": 0, **_output([f"not graded: processes of uid {uid} ({left[:10]}) outlived the sandbox"]), "tests": []}
+            outlived = tr("not graded: processes of uid {uid} ({pids}) outlived the sandbox", uid=uid, pids=left[:10])
+            doc = {"score": 0, **_output([outlived]), "tests": []}
             status = 1
     write_results(results, doc)
     return doc, status
@@ -361,20 +372,31 @@ def check_uid_boundary(root: Path, uid: int | None, secret: list[Path]) -> None:
     raise Refused(f"the uid boundary does not hold here ({'; '.join(found)[:1000]}): {'; '.join(fixes)}")
 
 
-WHEN = {"after_due_date": "after the due date", "after_published": "once the grades are published", "hidden": "to the instructors only"}
+WHEN = {
+    "after_due_date": mark("after the due date"),
+    "after_published": mark("once the grades are published"),
+    "hidden": mark("to the instructors only"),
+}
 """When students see the hidden checks' results, per visibility (all but "visible")."""
 
 
 def score_line(report, hidden_visibility: str) -> str:
     """The output's first line: the score, counting the hidden checks only where students see their results."""
-    head = f"{report.chapter.id} · {report.chapter.title}"
+    ch = report.chapter
+    head = f"{ch.id} · {ch.title_zh if language() == 'zh' else ch.title_en}"
     if hidden_visibility == "visible":
         return f"{head}: {report.score:g}/{report.max_score:g}"
-    public = [r for r in report.results if not r.hidden]
-    hidden = [r for r in report.results if r.hidden]
-    return (
-        f"{head}: public checks {sum(r.score for r in public):g}/{sum(r.points for r in public):g}; "
-        f"{len(hidden)} hidden checks ({sum(r.points for r in hidden):g} points), their results shown {WHEN[hidden_visibility]}"
+    open_ = [r for r in report.results if not r.hidden]
+    secret = [r for r in report.results if r.hidden]  # not `public`/`hidden`: Babel takes those for the checks' decorators
+    when = tr(WHEN[hidden_visibility])
+    return tr(
+        "{head}: public checks {score:g}/{points:g}; {n} hidden checks ({hidden_points:g} points), their results shown {when}",
+        head=head,
+        score=sum(r.score for r in open_),
+        points=sum(r.points for r in open_),
+        n=len(secret),
+        hidden_points=sum(r.points for r in secret),
+        when=when,
     )
 
 

@@ -38,7 +38,7 @@ from grader import chapters, checks
 from grader.chapters import Chapter
 from grader.delivery import escape
 from grader.delivery.cells import defines, segment, submission_from_cells
-from grader.i18n import docstrings, language
+from grader.i18n import docstrings, language, tr
 
 if TYPE_CHECKING:
     from grader.report import Report
@@ -62,7 +62,7 @@ def _kernel_cells() -> tuple[list[str], list[str]]:
     except ImportError:
         shell = None
     if shell is None:
-        raise RuntimeError("grader.delivery.notebook.check_task runs inside a Jupyter notebook; use `course check` elsewhere")
+        raise RuntimeError(tr("grader.delivery.notebook.check_task runs inside a Jupyter notebook; use `course check` elsewhere"))
     ran = [(f"In [{n}]", c) for n, c in enumerate(shell.user_ns.get("In", [])) if c]
     return [c for _, c in ran], [n for n, _ in ran]
 
@@ -144,8 +144,11 @@ def check_task(chapter_id: str, task_id: str, *, hidden: bool = False) -> float:
     task = ch.task(task_id)
     if hidden:
         print(
-            f"The hidden checks of {task.id} run when the instructor grades the class with "
-            "`course grade --nbgrader`, in a sandbox, not in this notebook: this cell gives 0 points here."
+            tr(
+                "The hidden checks of {task} run when the instructor grades the class with "
+                "`course grade --nbgrader`, in a sandbox, not in this notebook: this cell gives 0 points here.",
+                task=task.id,
+            )
         )
         return 0.0
     from IPython.display import display
@@ -198,7 +201,8 @@ def wrap_lines(text: str, width: int = WIDTH) -> str:
 def figure_output(spec, svg: str) -> dict:
     """Display data of a figure: the SVG, and an HTML image of it with the figure's caption as its alt
     text (what HTML renderers, nbgrader's feedback included, show), and the caption as plain text."""
-    alt = f"{spec.title} · {spec.en}" if isinstance(spec.en, str) else spec.title
+    caption = spec.zh if language() == "zh" else spec.en
+    alt = f"{spec.title} · {caption}" if isinstance(caption, str) else spec.title
     src = "data:image/svg+xml;base64," + base64.b64encode(svg.encode("utf-8")).decode("ascii")
     return {"text/html": f'<img alt="{escape.html(alt)}" src="{src}">', "image/svg+xml": svg, "text/plain": alt}
 
@@ -273,12 +277,14 @@ def chapter_notebook(ch: Chapter) -> dict:
     specs = checks.load(ch.id, with_hidden=True)
     cells = [
         _markdown(
-            f"# {ch.id} · {ch.title}\n\n{prose}\n\n"
-            "Write your code in the answer cells, run them, then run the test cell under each. "
-            "The test cells run the public checks on your machine and draw the chapter's figures from "
-            "your outputs: they are your feedback. Your grade comes from the instructor's grader "
-            "(`course grade --nbgrader`), which runs the public and the hidden checks on your notebook "
-            "in a sandbox; run by `nbgrader autograde` instead, the hidden test cells give 0 points.",
+            f"# {ch.id} · {ch.title_zh if language() == 'zh' else ch.title_en}\n\n{prose}\n\n"
+            + tr(
+                "Write your code in the answer cells, run them, then run the test cell under each. "
+                "The test cells run the public checks on your machine and draw the chapter's figures from "
+                "your outputs: they are your feedback. Your grade comes from the instructor's grader "
+                "(`course grade --nbgrader`), which runs the public and the hidden checks on your notebook "
+                "in a sandbox; run by `nbgrader autograde` instead, the hidden test cells give 0 points."
+            ),
             "intro",
         ),
         _code(setup, "setup", locked=True),

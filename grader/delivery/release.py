@@ -20,7 +20,7 @@ from pathlib import Path
 
 from grader import chapters, checks
 from grader.chapters import Chapter
-from grader.i18n import choose, docstrings
+from grader.i18n import choose, docstrings, tr
 
 MARKER = ".course-release"
 CHAPTER_FILE = re.compile(r"^(ch\d{2})(_\w+)?\.py$")
@@ -218,49 +218,71 @@ figures = {json.dumps(_package_data("figures"))}
 
 
 def _readme(chosen: list[Chapter]) -> str:
+    """The release's README.md, in the run's language (`course release` sets it); the commands stay as they are."""
     from grader.delivery.grade import FLOOR, SLACK
 
-    rows = "".join(f"| {ch.id} | {ch.title} | `exercises/{ch.filename}` |\n" for ch in chosen)
+    zh = choose.language() == "zh"
+    rows = "".join(f"| {ch.id} | {ch.title_zh if zh else ch.title_en} | `exercises/{ch.filename}` |\n" for ch in chosen)
     limit, slack, floor = checks.DEFAULT_TIME_LIMIT, SLACK, FLOOR
-    return f"""# LLM inference engines — exercises (student release)
+    torch_cpu = "`.venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu`"
+    title = tr("LLM inference engines — exercises (student release)")
+    install = tr("Install (Python 3.11, 3.12 or 3.13 and pip; about a minute, once):")
+    cuda = tr(
+        "On Linux pip takes torch's CUDA build (4–5 GB), which works, GPU or not. Without a GPU the CPU-only\n"
+        "wheel is about 200 MB: install it first ({command}) and the command above keeps it.\n"
+        "`.venv/bin/course doctor` says what your installation can do; paste its output into any question you ask.",
+        command=torch_cpu,
+    )
+    then = tr("Then implement the `TODO`s of a chapter in `exercises/` and check your work:")
+    c_check = tr("public checks, and your figures in course-figures/ch25/")
+    c_list = tr("its tasks, their points (public + hidden) and your last results")
+    explains = tr(
+        "Each docstring gives the convention, the shapes and a small example. `course check` runs\n"
+        "your code in a separate process with a time limit and a memory budget (memory in use, not the\n"
+        "address space a GPU build reserves), explains every failing check,\n"
+        "says how many hidden checks will run at grading time, and draws the chapter's figures from\n"
+        "your own outputs (wrong values marked next to the expected ones). Here a check may take\n"
+        "{limit:g} s; at grading it may get less, down to {slack:g} times what the reference solution needs\n"
+        "in it (at least {floor:g} s), so code far slower than the reference can time out there.",
+        limit=limit,
+        slack=slack,
+        floor=floor,
+    )
+    engine = tr(
+        "The chapters add up to an inference engine. Once their tasks pass, run it on your own code\n"
+        "(a small Qwen3 model, paged KV blocks, prefix caching, chunked prefill, preemption):"
+    )
+    until = tr("Until then it lists the tasks it still needs; it draws `course-figures/engine/overview.svg`.")
+    header = tr("| chapter | title | your file |")
+    return f"""# {title}
 
-Install (Python 3.11, 3.12 or 3.13 and pip; about a minute, once):
+{install}
 
 ```
 python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/course list
 ```
 
-On Linux pip takes torch's CUDA build (4–5 GB), which works, GPU or not. Without a GPU the CPU-only
-wheel is about 200 MB: install it first (`.venv/bin/pip install torch --index-url
-https://download.pytorch.org/whl/cpu`) and the command above keeps it. `.venv/bin/course doctor` says
-what your installation can do; paste its output into any question you ask.
+{cuda}
 
-Then implement the `TODO`s of a chapter in `exercises/` and check your work:
+{then}
 
 ```
-.venv/bin/course check ch25            # public checks, and your figures in course-figures/ch25/
+.venv/bin/course check ch25            # {c_check}
 .venv/bin/course check ch25 --task ch25.1
-.venv/bin/course list ch25             # its tasks, their points (public + hidden) and your last results
+.venv/bin/course list ch25             # {c_list}
 ```
 
-Each docstring gives the convention, the shapes and a small example. `course check` runs
-your code in a separate process with a time limit and a memory budget (memory in use, not the
-address space a GPU build reserves), explains every failing check,
-says how many hidden checks will run at grading time, and draws the chapter's figures from
-your own outputs (wrong values marked next to the expected ones). Here a check may take
-{limit:g} s; at grading it may get less, down to {slack:g} times what the reference solution needs
-in it (at least {floor:g} s), so code far slower than the reference can time out there.
+{explains}
 
-The chapters add up to an inference engine. Once their tasks pass, run it on your own code
-(a small Qwen3 model, paged KV blocks, prefix caching, chunked prefill, preemption):
+{engine}
 
 ```
 echo '[[1, 2, 3, 4, 5], [1, 2, 3, 9]]' > prompts.json
 .venv/bin/course engine run --prompts prompts.json --max-tokens 16
 ```
 
-Until then it lists the tasks it still needs; it draws `course-figures/engine/overview.svg`.
+{until}
 
-| chapter | title | your file |
+{header}
 |---|---|---|
 {rows}"""

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import click
 from babel.messages.catalog import Catalog
-from babel.messages.extract import extract_python
+from babel.messages.extract import extract_javascript, extract_python
 from babel.messages.pofile import read_po, write_po
 
 from grader.i18n import docstrings
@@ -75,6 +75,8 @@ def extract() -> dict[tuple[str, bool], dict[Message, list[tuple[str, int]]]]:
                 for line, funcname, found, _comments in extract_python(f, KEYWORDS, [], {}):
                     for context, text in _texts(funcname, found):  # type: ignore[arg-type]
                         add(domain_of(path), (context, text), (rel, line))
+    for message, where in lab_page_texts():
+        add(("lab", False), message, where)
     for context, doc, line in command_docstrings(ROOT / "grader" / "cli.py"):
         add(("course", False), (context, doc), ("grader/cli.py", line))
     for path in sorted(Path(click.__file__).parent.glob("*.py")):
@@ -95,6 +97,27 @@ def extract() -> dict[tuple[str, bool], dict[Message, list[tuple[str, int]]]]:
             for context, text, line in docstrings.messages(path.read_text(encoding="utf-8"), path.stem):
                 add((chapter, False), (context, text), (rel, line))
     return out
+
+
+LAB_STATIC = ROOT / "grader" / "lab" / "static"
+
+
+def lab_page_texts() -> Iterator[tuple[Message, tuple[str, int]]]:
+    """The lab page's own words: lab.js's `t("…")` (Babel's JavaScript extractor) and index.html's elements
+    marked `data-t` (as `grader.lab.server` translates them when it serves the page)."""
+    from grader.lab.server import MARKED
+
+    for path in sorted(LAB_STATIC.glob("*.js")):
+        rel = str(path.relative_to(ROOT))
+        with path.open("rb") as f:
+            for line, funcname, found, _comments in extract_javascript(f, {"t": None}, [], {}):
+                text = found[0] if isinstance(found, tuple) else found
+                if funcname == "t" and isinstance(text, str):
+                    yield (None, text), (rel, line)
+    for path in sorted(LAB_STATIC.glob("*.html")):
+        rel, source = str(path.relative_to(ROOT)), path.read_text(encoding="utf-8")
+        for m in MARKED.finditer(source):
+            yield (None, m.group(3)), (rel, source.count("\n", 0, m.start()) + 1)
 
 
 def command_docstrings(path: Path) -> Iterator[tuple[None, str, int]]:

@@ -84,7 +84,7 @@ def _number(raw: Any, *, integer: bool) -> float | int:
             raise ValueError(wrong) from None
     if integer:
         if isinstance(value, float) and not value.is_integer():
-            raise ValueError(tr("{value} is not a whole number", value=f"{value:g}"))
+            raise ValueError(tr("{value} is not a whole number", value=format(value, "g")))
         return int(value)
     if not math.isfinite(value):
         raise ValueError(tr("a finite number, please"))

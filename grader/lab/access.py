@@ -31,6 +31,7 @@ outside any web page).
 from __future__ import annotations
 
 import hmac
+import html
 import secrets
 import time
 from urllib.parse import parse_qs
@@ -39,18 +40,24 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from grader.i18n import language, mark, tr
+
 HOST = "127.0.0.1"
 BROWSER_TOKEN_TTL = 120.0
 """Seconds a browser's one-time token stays good: long enough for a browser to start, short enough that a
 token left on the command line of a browser that never used it is soon worth nothing."""
-REFUSED = (
-    "course lab: 请打开 course lab 运行时给出的地址 · open the URL that course lab printed in the terminal "
-    "where it was started (it carries this session's key)"
-)
-REFUSAL_PAGE = f"""<!doctype html>
-<html lang="zh-Hans"><head><meta charset="utf-8"><title>course lab · 403</title></head>
-<body><h1>course lab · 403</h1><p>{REFUSED}.</p></body></html>
+REFUSED = mark("course lab: open the URL that course lab printed in the terminal where it was started (it carries this session's key)")
+
+
+def refusal_page() -> str:
+    """The page a refused browser gets, in the run's language."""
+    lang = "zh-Hans" if language() == "zh" else "en"
+    return f"""<!doctype html>
+<html lang="{lang}"><head><meta charset="utf-8"><title>course lab · 403</title></head>
+<body><h1>course lab · 403</h1><p>{html.escape(tr(REFUSED))}</p></body></html>
 """
+
+
 CLOSE = {"Connection": "close", "Cache-Control": "no-store"}  # a refused request's body is never read
 
 
@@ -103,8 +110,8 @@ class Session:
 def refusal(scope: Scope) -> Response:
     """403 for a request without the session's cookie or token: JSON for the page's API, else a short page."""
     if scope["path"].startswith("/api/"):
-        return JSONResponse({"status": "refused", "message": REFUSED, "errors": {}}, 403, CLOSE)
-    return HTMLResponse(REFUSAL_PAGE, 403, CLOSE)
+        return JSONResponse({"status": "refused", "message": tr(REFUSED), "errors": {}}, 403, CLOSE)
+    return HTMLResponse(refusal_page(), 403, CLOSE)
 
 
 class OnlyOwner:

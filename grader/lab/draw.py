@@ -19,6 +19,7 @@ import xml.etree.ElementTree as ET
 from figures import FigureSpec
 from figures.kit import Figure, text_width
 from figures.style import INK, LABEL, MARGIN, WIDTH
+from grader.i18n import mark, tr
 
 MAX_WIDTH = 1400
 SLACK = 20
@@ -29,8 +30,8 @@ WRAPPED = {"title", "caption-zh", "caption-en", "figure-id", "note", "legend", "
 """Text that follows the canvas width (wrapped or right-aligned), so it never decides it."""
 
 
-UNCHECKED = (
-    "未与答案比较 · not compared with an answer: none ships with the student release for this instance, so these "
+UNCHECKED = mark(
+    "Not compared with an answer: none ships with the student release for this instance, so these "
     "are your values as they came, nothing is marked and no text below vouches for them; only the chapter's "
     "rules that need no answer were checked (see the status). The lab's starting instance has its answer recorded."
 )
@@ -45,7 +46,9 @@ def render(spec: FigureSpec, record: dict, width: int = WIDTH) -> str:
     fig = Figure(spec.id, title=spec.title, zh=zh, en=en, width=width)
     if record.get("checked") is False:
         size = LABEL + 1
-        fig.y = fig.paragraph(MARGIN, fig.y, UNCHECKED, width=width - 2 * MARGIN, size=size, color=INK, cls="note unchecked") + size + 16
+        fig.y = (
+            fig.paragraph(MARGIN, fig.y, tr(UNCHECKED), width=width - 2 * MARGIN, size=size, color=INK, cls="note unchecked") + size + 16
+        )
     spec.draw(fig, record)
     return fig.svg()
 
@@ -64,7 +67,7 @@ def fit(spec: FigureSpec, record: dict) -> str:
         if width >= MAX_WIDTH:
             break
         width = min(MAX_WIDTH, needed + (needed - width))
-    raise TooWide(f"this instance needs a figure wider than {MAX_WIDTH} px: choose a smaller one")
+    raise TooWide(tr("this instance needs a figure wider than {width} px: choose a smaller one", width=MAX_WIDTH))
 
 
 def reach(svg: str, width: float) -> float:

@@ -30,6 +30,7 @@ from typing import Any, Callable
 from grader import chapters, checks
 from grader.chapters import Chapter
 from grader.delivery import escape
+from grader.i18n import language, tr
 from grader.isolation import budget, portable, procs
 from grader.isolation.worker import OUTPUT_LIMIT, Worker
 from grader.lab import Experiment, ParamError, catalog
@@ -219,7 +220,9 @@ class Lab:
         groups: dict[str, dict] = {}
         for exp in self.catalog.experiments.values():
             ch = chapters.find(exp.chapter)
-            group = groups.setdefault(ch.id, {"id": ch.id, "title": ch.title, "file": ch.filename, "experiments": []})
+            group = groups.setdefault(
+                ch.id, {"id": ch.id, "title": ch.title_zh if language() == "zh" else ch.title_en, "file": ch.filename, "experiments": []}
+            )
             group["experiments"].append(exp.to_json())
         return {
             "target": escape.plain(folder),  # a submission's folder: named by its student
@@ -240,7 +243,7 @@ class Lab:
         try:
             params = exp.parse(raw)
         except ParamError as e:
-            return {"status": "invalid", "message": "this instance cannot be drawn: " + str(e), "errors": e.errors}
+            return {"status": "invalid", "message": tr("this instance cannot be drawn: {error}", error=e), "errors": e.errors}
         result = self._lane(exp.id).submit(next(self._seq), lambda lane: self._execute(exp, params, lane))
         result["elapsed"] = round(time.monotonic() - started, 4)
         return shown(result)
@@ -314,8 +317,13 @@ class Lab:
         except Exception as e:  # a result the experiment did not foresee (or a lab bug): shown, never a crash
             out.update(
                 status="error",
-                message="the lab could not interpret your result; if your answer looks "
-                f"right, show this to your instructor ({type(e).__name__}: {e})\n" + traceback.format_exc(limit=-3),
+                message=tr(
+                    "the lab could not interpret your result; if your answer looks right, show this to your instructor ({kind}: {error})",
+                    kind=type(e).__name__,
+                    error=e,
+                )
+                + "\n"
+                + traceback.format_exc(limit=-3),
             )
         out["printed"] = session.take_printed()
         # Compared: every figure's values were set beside expected ones (the reference's, the answers recorded
@@ -339,7 +347,7 @@ class Lab:
                 continue
             missing = spec.missing(record)
             if missing:
-                notes.append(f"{fid}: drawn once {', '.join(missing)} return the right shapes")
+                notes.append(tr("{figure}: drawn once {names} return the right shapes", figure=fid, names=", ".join(missing)))
                 continue
             if fid in captions:  # (zh, en) or (zh, en, title) of this instance
                 spec = replace(spec, zh=captions[fid][0], en=captions[fid][1], title=(*captions[fid], spec.title)[2])
@@ -348,7 +356,7 @@ class Lab:
             except TooWide as e:
                 notes.append(f"{fid}: {e}")
             except Exception as e:  # a drawing error never hides the verdict
-                notes.append(f"{fid}: could not be drawn ({type(e).__name__}: {e})")
+                notes.append(tr("{figure}: could not be drawn ({kind}: {error})", figure=fid, kind=type(e).__name__, error=e))
         return drawn, notes
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ is never read whole. uvicorn logs no request line (a first one carries the token
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import webbrowser
@@ -32,6 +33,7 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainT
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from grader.i18n import catalog, language, tr
 from grader.lab.access import HOST, OnlyHosts, OnlyOwner, Session
 from grader.lab.runner import Lab
 
@@ -42,6 +44,31 @@ machine without a CJK font shows Chinese too."""
 MAX_BODY = 64 << 10
 PAGE_HEADERS = {"Cache-Control": "no-store", "Content-Security-Policy": "frame-ancestors 'none'", "X-Frame-Options": "DENY"}
 TOO_LARGE = {"Connection": "close"}  # with a 413 uvicorn closes the connection rather than read the rest
+
+
+MARKED = re.compile(r"(<(\w+)[^>]*\bdata-t\b[^>]*>)([^<]*)(</\2>)")
+"""An element of index.html whose text is translated when the page is served (`<h1 data-t>…</h1>`); the same
+pattern extracts those texts into the lab's catalog (`grader.i18n.update`)."""
+
+
+def page_text(lang: str) -> dict[str, str]:
+    """The translations lab.js's `t(…)` looks up: the lab catalog's messages in `lang` ({} in English)."""
+    if lang == "en":
+        return {}
+    path = catalog.LOCALE_DIRS[0] / lang / "LC_MESSAGES" / "lab.po"
+    return {m: s for (c, m), s in catalog.read(path).items() if c is None} if path.is_file() else {}
+
+
+def localized_page(html: str, lang: str) -> str:
+    """index.html in `lang`: its `data-t` texts translated, its `lang`, and lab.js's words as an inline object."""
+    html = MARKED.sub(lambda m: m.group(1) + escape_html(tr(m.group(3))) + m.group(4), html)
+    html = html.replace('<html lang="zh-Hans">', f'<html lang="{"zh-Hans" if lang == "zh" else "en"}">')
+    words = json.dumps(page_text(lang), ensure_ascii=False).replace("<", "\\u003c")
+    return html.replace('<script src="/static/lab.js">', f'<script>window.LAB_TEXT = {words};</script>\n<script src="/static/lab.js">')
+
+
+def escape_html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def invalid(message: str, status_code: int, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -61,7 +88,7 @@ async def capped_body(request: Request) -> bytes | None:
 def app(lab: Lab, session: Session) -> Starlette:
     """The lab's routes, for requests to 127.0.0.1 or localhost at the session's port that carry its cookie or token."""
     origins = {f"http://{h}" for h in session.hosts}
-    html = (STATIC / "index.html").read_text(encoding="utf-8")
+    html = localized_page((STATIC / "index.html").read_text(encoding="utf-8"), language())
 
     def refusal(request: Request) -> JSONResponse | None:
         """Why a request to run code is refused, if it is: it must come from our page, as small JSON."""

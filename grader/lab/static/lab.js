@@ -3,24 +3,32 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
+// The page's words in the run's language: the server writes their translations into window.LAB_TEXT (English
+// when it has none). Every text of this script goes through t("English {field}", {field: value}), which
+// `python -m grader.i18n update` extracts into the lab's catalog.
+const TEXT = window.LAB_TEXT || {};
+function t(text, fields = {}) {
+  return (TEXT[text] || text).replace(/\{(\w+)\}/g, (m, k) => (k in fields ? String(fields[k]) : m));
+}
 const DEBOUNCE_MS = 120;
 // The lab answers only its owner's browser: the cookie it gave for the token printed in the terminal goes with
 // every request by itself (same origin); this script never sees it.
 const STATUS = {
-  passed: "✓ 与答案一致 · your outputs match the expected ones",
-  unchecked: "已画出你的输出 · drawn from your outputs: the chapter's rules that need no answer hold, but no answer " +
-    "to this instance ships with the release, so the values are not compared and nothing is marked",
-  failed: "✗ 与答案不同 · your outputs differ from the expected ones (wrong cells are marked in the figure)",
-  error: "✗ 你的代码出错 · your code raised an error",
-  todo: "尚未实现 · not implemented yet",
-  timeout: "✗ 超时 · your code did not finish in time (the page stays usable: change the instance or fix the code)",
-  invalid: "这个实例画不出来 · this instance cannot be drawn",
-  blocked: "无法在本机运行 · cannot run on this machine",
-  refused: "✗ course lab 拒绝了这个页面 · course lab refused this page (below)",
+  passed: t("✓ your outputs match the expected ones"),
+  unchecked: t("Drawn from your outputs: the chapter's rules that need no answer hold, but no answer " +
+    "to this instance ships with the release, so the values are not compared and nothing is marked"),
+  failed: t("✗ your outputs differ from the expected ones (wrong cells are marked in the figure)"),
+  error: t("✗ your code raised an error"),
+  todo: t("not implemented yet"),
+  timeout: t("✗ your code did not finish in time (the page stays usable: change the instance or fix the code)"),
+  invalid: t("this instance cannot be drawn"),
+  blocked: t("cannot run on this machine"),
+  refused: t("✗ course lab refused this page (below)"),
 };
 // A failure found by a rule that needs no answer (no answer to this instance ships with the release).
-const FAILED_BY_RULE = "✗ 不符合本章的规则 · your outputs break a rule of the chapter (below); no answer to this " +
-  "instance ships with the release, so the figure marks nothing";
+const FAILED_BY_RULE = t("✗ your outputs break a rule of the chapter (below); no answer to this " +
+  "instance ships with the release, so the figure marks nothing");
+const RUNNING = t("running your code…");
 
 const lab = { experiments: new Map(), current: null, seq: 0, inflight: null, timer: null, changedAt: null };
 window.labLatencies = [];   // ms from a control change to its figures on the page (read by the browser tests)
@@ -32,20 +40,21 @@ async function start() {
     show(info, null);
     return;
   }
-  $("target").textContent = `running ${info.mode === "solutions" ? "the reference solutions" : info.target}` +
-    ` · time limit ${info.time_limit} s per change`;
+  $("target").textContent = info.mode === "solutions"
+    ? t("running the reference solutions · time limit {limit} s per change", { limit: info.time_limit })
+    : t("running {target} · time limit {limit} s per change", { target: info.target, limit: info.time_limit });
   const mode = $("mode");
   if (info.checked) {
-    mode.textContent = "每次改动都在隔离进程里运行你的函数,并与参考答案比较 · Every change runs your functions in a " +
+    mode.textContent = t("Every change runs your functions in a " +
       "separate process (the limits of course check) and compares them with the reference solutions; wrong cells " +
-      "are marked with the expected value.";
+      "are marked with the expected value.");
   } else {
     mode.classList.add("release");
-    mode.textContent = "学生版 · Student release: the reference solutions do not ship, only the answers recorded " +
+    mode.textContent = t("Student release: the reference solutions do not ship, only the answers recorded " +
       "with the release: an instance that has one (each experiment's starting instance, and those of the public " +
       "checks) is compared with it and wrong cells are marked. Any other instance is checked against the rules " +
       "that need no answer (a mask hides the future, cu_seqlens are running sums, a sample wins the race) and " +
-      "drawn unmarked, under a line saying so.";
+      "drawn unmarked, under a line saying so.");
   }
   const nav = $("nav");
   for (const ch of info.chapters) {
@@ -76,7 +85,8 @@ function select(id) {
   }
   $("title").textContent = exp.title;
   $("about").textContent = exp.about;
-  $("calls").textContent = `calls your ${exp.calls.join(", ")} (${exp.file}) · draws ${exp.figures.join(", ")}`;
+  $("calls").textContent = t("calls your {calls} ({file}) · draws {figures}",
+    { calls: exp.calls.join(", "), file: exp.file, figures: exp.figures.join(", ") });
   $("varies").hidden = !exp.varies;
   $("varies").textContent = exp.varies;
   buildControls(exp);
@@ -109,7 +119,8 @@ function buildControls(exp) {
     }
     const hint = document.createElement("span");
     hint.className = "hint";
-    hint.textContent = p.kind === "list" ? `${p.min_len}–${p.max_len} numbers in ${p.min} … ${p.max}`
+    hint.textContent = p.kind === "list"
+      ? t("{low}–{high} numbers in {min} … {max}", { low: p.min_len, high: p.max_len, min: p.min, max: p.max })
       : `${p.min} … ${p.max}`;
     const error = document.createElement("span");
     error.className = "error";
@@ -120,7 +131,7 @@ function buildControls(exp) {
   }
   const reset = document.createElement("button");
   reset.type = "button";
-  reset.textContent = "重置 · reset";
+  reset.textContent = t("reset");
   reset.addEventListener("click", () => { buildControls(exp); change(0); });
   form.append(reset);
 }
@@ -149,7 +160,7 @@ async function run() {
   lab.inflight = ctrl;
   $("figures").classList.add("stale");
   $("status").dataset.state = "running";
-  $("status").textContent = "运行中 · running your code…";
+  $("status").textContent = RUNNING;
   let data;
   try {
     const res = await fetch(`/api/run/${encodeURIComponent(exp.id)}`, {
@@ -159,7 +170,7 @@ async function run() {
     data = await res.json();
   } catch (e) {
     if (ctrl.signal.aborted) return;
-    data = { status: "error", message: `the lab server did not answer (${e}); is course lab still running?` };
+    data = { status: "error", message: t("the lab server did not answer ({error}); is course lab still running?", { error: e }) };
   }
   if (seq !== lab.seq || exp !== lab.current || data.status === "superseded") return;
   lab.inflight = null;
@@ -170,7 +181,7 @@ async function run() {
 function show(data, seq) {
   const status = $("status");
   status.dataset.state = data.status;
-  status.textContent = data.status === "running" ? "运行中 · running your code…"
+  status.textContent = data.status === "running" ? RUNNING
     : data.status === "failed" && data.compared === false ? FAILED_BY_RULE : (STATUS[data.status] || data.status);
   if (data.elapsed !== undefined) {
     const t = document.createElement("span");
