@@ -128,7 +128,8 @@ def surfaces(with_figures: bool) -> dict[str, list[str]]:
             report += lines(course("check", cid, "--submission", str(sub), "--no-sandbox", "-v", "--seed", "1"))
     got["check report of wrong answers (5 chapters)"] = report
 
-    got["exercise docstrings"] = [p for path in sorted(chapters.EXERCISES.glob("ch*.py")) for p in paragraphs_of_docstrings(translated_source(path))]
+    exercises = sorted(chapters.EXERCISES.glob("ch*.py"))
+    got["exercise docstrings"] = [p for path in exercises for p in paragraphs_of_docstrings(translated_source(path))]
 
     cli = lines(course("--help")) + lines(course("check", "ch99")) + lines(course("check"))
     for command in ("check", "list", "doctor", "lab", "engine", "grade", "release", "book"):
