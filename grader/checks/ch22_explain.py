@@ -144,7 +144,7 @@ def explain_flash(
     this instance; without it (hidden checks only) the hints ask the hidden side once they are needed."""
     (T, d), S = q.shape, k.shape[0]
     need = lambda: models if models is not None else flash_models(None, q, k, v, causal, bq, bk)
-    blocks = f", block_q={bq}, block_k={bk}"
+    blocks = tr(", block_q={bq}, block_k={bk}", bq=bq, bk=bk)
     idx = first_wrong(out, want_out, atol=atol, rtol=rtol)
     if idx is not None:
         i, j = idx
