@@ -239,7 +239,9 @@ def explain_append(
                 got=vec(got[r]),
             )
         raise CheckFailed(
-            f"{label}: length={length}, n={n}, L_max={got.shape[0]}", what, hint=append_hint(got, want, before, new, other, length)
+            tr("{label}: length={length}, n={n}, L_max={l_max}", label=label, length=length, n=n, l_max=got.shape[0]),
+            what,
+            hint=append_hint(got, want, before, new, other, length),
         )
 
 

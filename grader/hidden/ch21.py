@@ -114,7 +114,7 @@ def block_boundaries(t: Trial) -> None:
     # reference/nanovllm.md §12: a sequence that has just reached len 257 with table [9, 4] → slot 1024.
     for length, table in ((257, [9, 4]), (256, [3]), (1, [6]), (512, [2, 8]), (513, [2, 8, 0])):
         ids = [t.random.randrange(151_936) for _ in range(length)]
-        run_decode_case(t, ids, table, 256, f"len {length}, table {table}, block_size 256")
+        run_decode_case(t, ids, table, 256, tr("len {n}, table {table}, block_size 256", n=length, table=table))
 
 
 @hidden("ch21.2", "random sequences, block sizes and tables")
