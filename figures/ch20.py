@@ -11,6 +11,7 @@ from figures.ch16 import text_t
 from figures.kit import Figure, num, text_width
 from figures.layout import Part, centred, column, pad, row, wide
 from figures.style import CELL, INK, LABEL, MARGIN, MUTED, SMALL, VALUE, stroke
+from grader.i18n import tr
 
 FUSED_SIZE = VALUE - 1.5
 """The size of the values in the fused add + norm rows."""
@@ -56,7 +57,7 @@ def prenorm_figure(f: Figure, r: dict) -> None:
     normed_want, residual_want = r["normed_expected"], r["residual_expected"]
 
     # 1. The logical view.
-    f.heading("逻辑视图 · the logical view of one sublayer: h′ = h + Sublayer(RMSNorm(h))")
+    f.heading(tr("the logical view of one sublayer: h′ = h + Sublayer(RMSNorm(h))"))
     y = f.y + 30
     boxes = [("h", "block", 70), ("RMSNorm", "plain", 110), ("Attention / MLP", "attend", 150), ("+", "plain", 40), ("h′", "block", 70)]
     x, centers = MARGIN + 40, []
@@ -70,12 +71,13 @@ def prenorm_figure(f: Figure, r: dict) -> None:
     skip = f.dwg.polyline([(hx, y), (hx, y - 20), (px, y - 20)], fill="none", stroke=stroke("block"), stroke_width=1.6, class_="arrow")
     f.dwg.add(skip)
     f.arrow(px, y - 20, px, y - 2, color=stroke("block"), width=1.6)
-    f.text((hx + px) / 2, y - 26, "residual: h goes on un-normalised", size=SMALL + 1, anchor="middle", color=stroke("block"), cls="label")
-    f.text(centers[1][0], y + 52, "only the sublayer's input is normalised", size=SMALL + 1, color=MUTED, cls="label")
+    skip_label = tr("residual: h goes on un-normalised")
+    f.text((hx + px) / 2, y - 26, skip_label, size=SMALL + 1, anchor="middle", color=stroke("block"), cls="label")
+    f.text(centers[1][0], y + 52, tr("only the sublayer's input is normalised"), size=SMALL + 1, color=MUTED, cls="label")
     f.y = y + 84
 
     # 2. The fused form, with the student's add_rms_norm: one row of four groups per call.
-    f.heading("nano-vllm 的融合形式 · the fused add + RMSNorm, three calls of your add_rms_norm (hidden 4, weight 1)")
+    f.heading(tr("nano-vllm's fused add + RMSNorm: three calls of your add_rms_norm (hidden 4, weight 1)"))
     shown = [
         v
         for rows in (inputs, [r for r in res_in if r is not None], residual, residual_want, normed, normed_want)
@@ -102,9 +104,9 @@ def prenorm_figure(f: Figure, r: dict) -> None:
         return Part(gap, CELL, draw)
 
     calls = [
-        ("layer 0 · input_layernorm", "add_rms_norm(e, None): x = the embedding e, no residual yet"),
-        ("layer 0 · post_attention_layernorm", "add_rms_norm(a, residual): a = attention output (given)"),
-        ("layer 1 · input_layernorm", "add_rms_norm(m, residual): m = MLP output, its add deferred"),
+        (tr("layer 0 · input_layernorm"), tr("add_rms_norm(e, None): x = the embedding e, no residual yet")),
+        (tr("layer 0 · post_attention_layernorm"), tr("add_rms_norm(a, residual): a = attention output (given)")),
+        (tr("layer 1 · input_layernorm"), tr("add_rms_norm(m, residual): m = MLP output, its add deferred")),
     ]
     given, new = [], []  # each call's residual in, and the new residual it returns
     rows = []
@@ -141,7 +143,7 @@ def prenorm_figure(f: Figure, r: dict) -> None:
     titles = row(
         *(
             wide(f.label(t), n * cw - 2 + gap)
-            for t in ["x (sublayer output)", "residual in", "new residual = x + residual", "normed → the next sublayer"]
+            for t in [tr("x (sublayer output)"), tr("residual in"), tr("new residual = x + residual"), tr("normed → the next sublayer")]
         ),
         gap=0,
     )
@@ -149,18 +151,20 @@ def prenorm_figure(f: Figure, r: dict) -> None:
     for a, b in zip(new, given[1:]):  # the new residual is the next call's residual input
         f.curve(a.right - a.w / 2, a.bottom + 2, b.right - b.w / 2, b.bottom - b.h - 2, color=stroke("block"), width=1.2)
     f.note(
-        "Layer 0 returns (MLP output, residual) without adding them; layer 1's input_layernorm performs that add "
-        "(after the last layer, the final norm does). Every residual equals the logical h + sublayer outputs; "
-        "the normalised value never enters the residual stream.",
+        tr(
+            "Layer 0 returns (MLP output, residual) without adding them; layer 1's input_layernorm performs that add "
+            "(after the last layer, the final norm does). Every residual equals the logical h + sublayer outputs; "
+            "the normalised value never enters the residual stream."
+        ),
         size=SMALL + 2,
         color=INK,
     )
     f.legend(
         [
-            ("token", "x: the sublayer output"),
-            ("block", "the residual stream (raw sums)"),
-            ("attend", "normalised: into the next sublayer only"),
-            ("masked", "no residual yet (layer 0)"),
+            ("token", tr("x: the sublayer output")),
+            ("block", tr("the residual stream (raw sums)")),
+            ("attend", tr("normalised: into the next sublayer only")),
+            ("masked", tr("no residual yet (layer 0)")),
         ],
         wrong=any(any(w) for w in r["normed_wrong"] + r["residual_wrong"]),
     )
@@ -221,13 +225,13 @@ def swiglu_figure(f: Figure, r: dict) -> None:
     weights = [f.vector([w_gu[c][i] for c in range(two_i)], w=cw - 2, gap=2, h=CELL - 8, size=SMALL + 1, fmt=_fmt) for i in range(hdim)]
     gate_up = f.vector(gu, role=role, w=cw - 2, gap=2, size=VALUE, fmt=_fmt, bold=True)
     f.place(column(names, column(*weights, gap=2), gate_up, gap=8), x=left, after=44)
-    labelled([(f"x[{i}] = {_fmt(x[i])}  ×  Wᵀ row {i}", w) for i, w in enumerate(weights)])
-    labelled([("gate_up (12 wide)", gate_up)], size=LABEL, mono=False, bold=True)
-    f.bracket(left, left + inter * cw - 2, gate_up.bottom + 4, "gate = gate_up[:6] (first half)", size=SMALL + 1)
-    f.bracket(left + inter * cw, left + two_i * cw - 2, gate_up.bottom + 4, "up = gate_up[6:] (second half)", size=SMALL + 1)
+    labelled([(tr("x[{i}] = {x}  ×  Wᵀ row {i}", i=i, x=_fmt(x[i])), w) for i, w in enumerate(weights)])
+    labelled([(tr("gate_up ({n} wide)", n=two_i), gate_up)], size=LABEL, mono=False, bold=True)
+    f.bracket(left, left + inter * cw - 2, gate_up.bottom + 4, tr("gate = gate_up[:{i}] (first half)", i=inter), size=SMALL + 1)
+    f.bracket(left + inter * cw, left + two_i * cw - 2, gate_up.bottom + 4, tr("up = gate_up[{i}:] (second half)", i=inter), size=SMALL + 1)
 
     # ② SiLU(gate) · up, under the gate columns.
-    f.heading("② act = SiLU(gate) · up, with SiLU(z) = z · sigmoid(z)  (your silu_and_mul)")
+    f.heading(tr("② act = SiLU(gate) · up, with SiLU(z) = z · sigmoid(z)  (your silu_and_mul)"))
     f.y += 8
     silu = [g / (1 + math.exp(-g)) for g in gu[:inter]]
     steps = [
@@ -239,12 +243,12 @@ def swiglu_figure(f: Figure, r: dict) -> None:
     labelled(steps, size=LABEL, mono=False, bold=True)
     up = steps[1][1]
     f.curve(left + (inter + 0.5) * cw, up.bottom - up.h - CELL - 46, up.right + 8, up.bottom - CELL / 2, color=stroke("block"), width=1.1)
-    f.lines("up[c] meets gate[c]: channel c of gate_up", f"pairs with channel c + {inter}", size=SMALL, color=stroke("block"), gap=1).at(
-        left + (inter + 1.2) * cw, up.bottom - up.h - CELL - 6 + 4
-    )
+    f.lines(
+        tr("up[c] meets gate[c]: channel c of gate_up"), tr("pairs with channel c + {i}", i=inter), size=SMALL, color=stroke("block"), gap=1
+    ).at(left + (inter + 1.2) * cw, up.bottom - up.h - CELL - 6 + 4)
 
     # ③ the down projection: out[i] = Σ_j W_down[i, j] · act[j].
-    _heading_t(f, "③ out = act · W_downᵀ: out[i] = Σ_j W_down[i, j] · act[j]  (your swiglu_mlp)")
+    _heading_t(f, tr("③ out = act · W_downᵀ: out[i] = Σ_j W_down[i, j] · act[j]  (your swiglu_mlp)"))
     f.y += 8
     downs = [
         row(
@@ -268,20 +272,25 @@ def swiglu_figure(f: Figure, r: dict) -> None:
         for i in range(hdim)
     ]
     f.place(column(*downs, gap=2), x=left, after=18)
-    labelled([(f"W_down row {i}", part) for i, part in enumerate(downs)])
+    labelled([(tr("W_down row {i}", i=i), part) for i, part in enumerate(downs)])
     f.note(
-        f"Widths: H = {hdim} → 2I = {two_i} → I = {inter} → H = {hdim}. Qwen3-0.6B: 1024 → 6144 → 3072 → 1024, "
-        f"the same three steps for every token.",
+        tr(
+            "Widths: H = {h} → 2I = {two_i} → I = {i} → H = {h}. Qwen3-0.6B: 1024 → 6144 → 3072 → 1024, "
+            "the same three steps for every token.",
+            h=hdim,
+            two_i=two_i,
+            i=inter,
+        ),
         size=SMALL + 2,
         color=INK,
     )
     f.legend(
         [
-            ("token", "hidden (x, out)"),
-            ("accent", "gate half"),
-            ("block", "up half"),
+            ("token", tr("hidden (x, out)")),
+            ("accent", tr("gate half")),
+            ("block", tr("up half")),
             ("attend", "act = SiLU(gate)·up"),
-            ("plain", "weights"),
+            ("plain", tr("weights")),
         ],
         wrong=any(r["act_wrong"]) or any(r["out_wrong"]),
     )
@@ -305,7 +314,7 @@ def branches_figure(f: Figure, r: dict) -> None:
     xl = MARGIN + 30
     bl = xl + hdim * cw + 60
     yl = bl + inter * cw + 66
-    f.heading("两条支路 · two branches, one row per token")
+    f.heading(tr("two branches, one row per token"))
     top = f.y + 40
     band = n * (CELL - 4)
     gate_y, up_y = top, top + band + 56
@@ -349,25 +358,26 @@ def branches_figure(f: Figure, r: dict) -> None:
     f.text(
         bl,
         gate_y - 10,
-        f"gate branch: SiLU(gate_proj(x))  [{n}, {inter}]",
+        tr("gate branch: SiLU(gate_proj(x))  [{n}, {i}]", n=n, i=inter),
         size=SMALL + 1,
         color=stroke("accent"),
         weight="bold",
         cls="label",
     )
     token_rows(bl, gate_y, gate, "accent")
-    f.text(bl, up_y - 10, f"up branch: up_proj(x)  [{n}, {inter}]", size=SMALL + 1, color=stroke("block"), weight="bold", cls="label")
+    up_label = tr("up branch: up_proj(x)  [{n}, {i}]", n=n, i=inter)
+    f.text(bl, up_y - 10, up_label, size=SMALL + 1, color=stroke("block"), weight="bold", cls="label")
     token_rows(bl, up_y, up, "block")
     for yy, role in ((gate_y, "accent"), (up_y, "block")):
         f.arrow(xl + hdim * cw + 6, mid + band / 2, bl - 8, yy + band / 2, color=stroke(role), width=1.4)
         f.arrow(bl + inter * cw + 4, yy + band / 2, yl - 10, mid + band / 2, color=stroke(role), width=1.4)
-    f.text(yl, mid - 10, f"Y = your swiglu_mlp(X)  [{n}, {hdim}]", size=SMALL + 1, color=MUTED, cls="label")
+    f.text(yl, mid - 10, tr("Y = your swiglu_mlp(X)  [{n}, {h}]", n=n, h=hdim), size=SMALL + 1, color=MUTED, cls="label")
     token_rows(yl, mid, out, "token", r["wrong"], want)
     f.text(yl, mid + band + 18, "Y = down_proj(gate ⊙ up)", size=SMALL + 1, color=INK, cls="label")
     f.y = up_y + band + 36
 
     # The same tokens in another order: the outputs follow their tokens.
-    f.heading(f"换一个顺序 · the same tokens in the order {order}: each output row follows its token")
+    f.heading(tr("the same tokens in the order {order}: each output row follows its token", order=order))
     top = f.y + 26
     f.text(xl, top - 10, "X[order]", size=SMALL + 1, color=MUTED, cls="label")
     token_rows(xl, top, [x[t] for t in order], "token", labels=[f"t{t}" for t in order])
@@ -375,13 +385,13 @@ def branches_figure(f: Figure, r: dict) -> None:
     f.text(
         (xl + hdim * cw + yl) / 2,
         top + band / 2 - 8,
-        "the same swiglu_mlp, the same weights",
+        tr("the same swiglu_mlp, the same weights"),
         size=SMALL + 1,
         anchor="middle",
         color=MUTED,
         cls="label",
     )
-    f.text(yl, top - 10, "your swiglu_mlp(X[order])", size=SMALL + 1, color=MUTED, cls="label")
+    f.text(yl, top - 10, tr("your swiglu_mlp(X[order])"), size=SMALL + 1, color=MUTED, cls="label")
     token_rows(yl, top, out_p, "token", r["wrong_permuted"], want_p)
     for k, t in enumerate(order):
         f.text(
@@ -389,12 +399,14 @@ def branches_figure(f: Figure, r: dict) -> None:
         )
     f.y = top + band + 24
     f.note(
-        "Both projections and SiLU act along the channels of one row; nothing reduces over the token axis. "
-        "Tokens meet only in attention, so the MLP of a batch is the MLP of each token.",
+        tr(
+            "Both projections and SiLU act along the channels of one row; nothing reduces over the token axis. "
+            "Tokens meet only in attention, so the MLP of a batch is the MLP of each token."
+        ),
         size=SMALL + 2,
         color=INK,
     )
     f.legend(
-        [("token", "tokens: X and Y rows"), ("accent", "gate branch (after SiLU)"), ("block", "up branch")],
+        [("token", tr("tokens: X and Y rows")), ("accent", tr("gate branch (after SiLU)")), ("block", tr("up branch"))],
         wrong=any(any(w) for w in r["wrong"] + r["wrong_permuted"]),
     )

@@ -9,6 +9,7 @@ from figures import figure
 from figures.kit import Figure, num
 from figures.layout import column, pad, row
 from figures.style import CELL, INK, LABEL, LABEL_SMALL, MUTED, stroke
+from grader.i18n import tr
 
 
 def _pair(v: list, shown: bool = False) -> str:
@@ -34,15 +35,20 @@ def cache_growth_figure(f: Figure, r: dict) -> None:
     l_max, steps, caches, expected, wrong, lengths = (r["l_max"], r["steps"], r["caches"], r["expected"], r["wrong"], r["lengths"])
     layers = len(caches)
     f.instance_row(
-        [(f"{layers} layers", "plain"), (f"L_max = {l_max}", "plain"), ("1 kv head, head_dim 2", "plain")],
-        note="K of layer ℓ, token t = [100ℓ + 10(t+1) + 1, … + 2]; V = −K; every cache starts as zeros",
+        [(tr("{n} layers", n=layers), "plain"), (f"L_max = {l_max}", "plain"), (tr("1 kv head, head_dim 2"), "plain")],
+        note=tr("K of layer ℓ, token t = [100ℓ + 10(t+1) + 1, … + 2]; V = −K; every cache starts as zeros"),
     )
 
     cw, ch = 88, 28
     length = 0
     for s, n in enumerate(steps):
-        kind = "prefill" if s == 0 else f"decode step {s}"
-        f.heading(f"{'①②③④⑤'[s] if s < 5 else s + 1} {kind}: append_kv(…, length={length}, n={n} new tokens)")
+        mark = "①②③④⑤"[s] if s < 5 else s + 1
+        call = {"mark": mark, "length": length, "n": n}
+        f.heading(
+            tr("{mark} prefill: append_kv(…, length={length}, n={n} new tokens)", **call)
+            if s == 0
+            else tr("{mark} decode step {s}: append_kv(…, length={length}, n={n} new tokens)", s=s, **call)
+        )
         # One row of cells per layer and K/V, one column per cache row (token).
         rows = [(layer, kv) for layer in range(layers) for kv in (0, 1)]
         role = lambda i, j: "cached" if j < length else ("kv"[rows[i][1]] if j < length + n else "masked")
@@ -55,8 +61,8 @@ def cache_growth_figure(f: Figure, r: dict) -> None:
             w=cw,
             h=ch,
             gap=5,
-            row_labels=[f"layer {layer} · {'KV'[kv]}" for layer, kv in rows],
-            col_labels=[f"row {j}" for j in range(l_max)],
+            row_labels=[tr("layer {layer} · {kv}", layer=layer, kv="KV"[kv]) for layer, kv in rows],
+            col_labels=[tr("row {j}", j=j) for j in range(l_max)],
         )
         # Beside each layer's K row: the length its append_kv returned.
         returned = []
@@ -68,10 +74,13 @@ def cache_growth_figure(f: Figure, r: dict) -> None:
                     f"→ {'?' if got is None else got}",
                     {"bold": True, "color": INK if ok else stroke("wrong"), "cls": "value" if ok else "value wrong"},
                 ),
-                ("returned" if ok else f"expected {length + n}", {"color": MUTED if ok else INK, "cls": "label" if ok else "expected"}),
+                (
+                    tr("returned") if ok else tr("expected {n}", n=length + n),
+                    {"color": MUTED if ok else INK, "cls": "label" if ok else "expected"},
+                ),
             ]
         f.place(
-            row(cache, f.table([[x] for x in returned], header=["token axis →" if s == 0 else ""], h=ch + 5, size=LABEL_SMALL), gap=10),
+            row(cache, f.table([[x] for x in returned], header=[tr("token axis →") if s == 0 else ""], h=ch + 5, size=LABEL_SMALL), gap=10),
             after=30,
         )
         end = length + n
@@ -81,15 +90,19 @@ def cache_growth_figure(f: Figure, r: dict) -> None:
                 x,
                 cache.cell_box(0, end - 1)[0] + cw,
                 y + h + 4,
-                f"valid prefix: rows 0 … {end - 1} (length {end})" + (" — grew by 1 row" if s else ""),
+                tr("valid prefix: rows 0 … {last} (length {n}) — grew by 1 row", last=end - 1, n=end)
+                if s
+                else tr("valid prefix: rows 0 … {last} (length {n})", last=end - 1, n=end),
             )
         f.y += 12
         length = end
 
     f.note(
-        "Rows 0 … length − 1 are the sequence's tokens in order; each append writes rows length … "
-        "length + n − 1 and nothing else. The two layers never share rows: layer 1's cache holds layer 1's "
-        "K/V (values 1xx), computed from layer 0's output.",
+        tr(
+            "Rows 0 … length − 1 are the sequence's tokens in order; each append writes rows length … "
+            "length + n − 1 and nothing else. The two layers never share rows: layer 1's cache holds layer 1's "
+            "K/V (values 1xx), computed from layer 0's output."
+        ),
         size=LABEL_SMALL,
     )
     f.y += 4
@@ -98,10 +111,10 @@ def cache_growth_figure(f: Figure, r: dict) -> None:
     )
     f.legend(
         [
-            ("cached", "written by an earlier step"),
-            ("k", "K appended by this step"),
-            ("v", "V appended by this step"),
-            ("masked", "free row, beyond the length"),
+            ("cached", tr("written by an earlier step")),
+            ("k", tr("K appended by this step")),
+            ("v", tr("V appended by this step")),
+            ("masked", tr("free row, beyond the length")),
         ],
         wrong=wrong_any,
     )
@@ -127,15 +140,15 @@ def decode_step_figure(f: Figure, r: dict) -> None:
     wrong_any = yours != want
     f.instance_row(
         [(f"len = {n}", "token"), (f"block_size = {bs}", "plain"), (f"block_table = {table}", "block")],
-        note=f"nano-vllm's {table} example, with blocks of {bs} instead of 256",
+        note=tr("nano-vllm's {table} example, with blocks of {bs} instead of 256", table=table, bs=bs),
     )
 
     # token_ids: the cached prefix and the newest token.
-    f.heading("token_ids · the sequence as the scheduler holds it after the previous step")
+    f.heading(tr("token_ids: the sequence as the scheduler holds it after the previous step"))
     tokens = f.matrix(
         [ids],
         role=lambda i, j: "cached" if j < pos else "new",
-        row_labels=["token id"],
+        row_labels=[tr("token id")],
         w=58,
         gap=6,
         col_labels=[f"pos {j}" for j in range(n)],
@@ -144,19 +157,19 @@ def decode_step_figure(f: Figure, r: dict) -> None:
     f.outline(*tokens.cell_box(0, pos), inset=-2)
     x, y, w, h = tokens.cell_box(0, pos)
     if pos:
-        f.bracket(tokens.cell_box(0, 0)[0], x - 6, y + h + 4, f"{pos} tokens with K/V in the cache (num_cached = len − 1)")
-    for k, line in enumerate(("sampled last step:", "no K/V yet")):
+        f.bracket(tokens.cell_box(0, 0)[0], x - 6, y + h + 4, tr("{n} tokens with K/V in the cache (num_cached = len − 1)", n=pos))
+    for k, line in enumerate((tr("sampled last step:"), tr("no K/V yet"))):
         f.text(x + w / 2, y + h + 18 + 13 * k, line, size=LABEL_SMALL, anchor="middle", color=stroke("accent"), cls="label")
 
     # The four inputs, each beside the rule that derives it.
-    f.heading("your decode_inputs · what this step feeds the model")
+    f.heading(tr("your decode_inputs: what this step feeds the model"))
     lb, off = divmod(pos, bs)
     phys = table[lb] if lb < len(table) else "?"
     keys = ("input_id", "position", "context_len", "slot")
     rules = [
-        "= token_ids[-1]  (the newest token)",
-        f"= len − 1 = {n} − 1  (positions count from 0)",
-        f"= len = {n}  (the cache entries attention reads, the new one included)",
+        tr("= token_ids[-1]  (the newest token)"),
+        tr("= len − 1 = {n} − 1  (positions count from 0)", n=n),
+        tr("= len = {n}  (the cache entries attention reads, the new one included)", n=n),
         f"= block_table[{pos} // {bs} = {lb}] · {bs} + {pos} % {bs} = {phys} · {bs} + {off}",
     ]
     inputs = f.matrix(
@@ -188,12 +201,12 @@ def decode_step_figure(f: Figure, r: dict) -> None:
     pool = column(
         row(
             *(
-                column(grid, pad(f.label(f"block {b} = block_table[{i}]", color=INK), top=30), gap=0, align="center")
+                column(grid, pad(f.label(tr("block {b} = block_table[{i}]", b=b, i=i), color=INK), top=30), gap=0, align="center")
                 for i, (grid, b) in enumerate(zip(blocks, table))
             ),
             gap=40,
         ),
-        f.label("the sequence's blocks in the pool (each cell: the position whose K/V it holds)", size=LABEL, color=INK, bold=True),
+        f.label(tr("the sequence's blocks in the pool (each cell: the position whose K/V it holds)"), size=LABEL, color=INK, bold=True),
         gap=14,
         align="center",
     )
@@ -211,7 +224,7 @@ def decode_step_figure(f: Figure, r: dict) -> None:
         f.text(
             x + w / 2 + 8,
             y - 23,
-            "① store the new K/V here" if slot == want["slot"] else "① yours writes here",
+            tr("① store the new K/V here") if slot == want["slot"] else tr("① yours writes here"),
             size=LABEL_SMALL,
             color=color,
             cls="label",
@@ -222,20 +235,31 @@ def decode_step_figure(f: Figure, r: dict) -> None:
         read = [o for o in range(bs) if i * bs + o < ctx]
         if read:
             x, y, _, h = grid.cell_box(0, read[0])
-            f.bracket(x, grid.cell_box(0, read[-1])[0] + grid.cw, y + h + 4, f"② read by attention: {len(read)}")
-    expect_ctx = "" if ctx == want["context_len"] else f" (expected {want['context_len']})"
-    missing = "" if slot in cells else f" Your slot {slot} is in none of this sequence's blocks."
-    f.note(
-        f"Attention reads context_len = {ctx} entries{expect_ctx}: the {pos} cached ones and the one this "
-        f"step just wrote. The sampler then draws the token at position {n}; it joins token_ids without K/V, "
-        f"and the next step starts from len = {n + 1}.{missing}",
-        size=LABEL_SMALL,
+            f.bracket(x, grid.cell_box(0, read[-1])[0] + grid.cw, y + h + 4, tr("② read by attention: {n}", n=len(read)))
+    shown = {"ctx": ctx, "pos": pos, "n": n, "next": n + 1}
+    note = (
+        tr(
+            "Attention reads context_len = {ctx} entries: the {pos} cached ones and the one this step just wrote. The sampler "
+            "then draws the token at position {n}; it joins token_ids without K/V, and the next step starts from len = {next}.",
+            **shown,
+        )
+        if ctx == want["context_len"]
+        else tr(
+            "Attention reads context_len = {ctx} entries (expected {want}): the {pos} cached ones and the one this step just "
+            "wrote. The sampler then draws the token at position {n}; it joins token_ids without K/V, and the next step starts "
+            "from len = {next}.",
+            want=want["context_len"],
+            **shown,
+        )
     )
+    if slot not in cells:
+        note += tr(" Your slot {slot} is in none of this sequence's blocks.", slot=slot)
+    f.note(note, size=LABEL_SMALL)
     f.y += 10
 
     examples = r.get("examples")
     if examples:
-        f.heading("nano-vllm's examples (block_size 256) · your values")
+        f.heading(tr("nano-vllm's examples (block_size 256): your values"))
         cols = ("position", "context_len", "slot")
         bad = [[False, False] + [e["yours"][c] != e["expected"][c] for c in cols] for e in examples]
         grid = f.matrix(
@@ -260,9 +284,9 @@ def decode_step_figure(f: Figure, r: dict) -> None:
         wrong_any = wrong_any or any(any(b) for b in bad)
     f.legend(
         [
-            ("cached", "token whose K/V is already in the cache"),
-            ("new", "the newest token: computed and written this step"),
-            ("masked", "free slot"),
+            ("cached", tr("token whose K/V is already in the cache")),
+            ("new", tr("the newest token: computed and written this step")),
+            ("masked", tr("free slot")),
         ],
         wrong=wrong_any,
     )

@@ -11,6 +11,7 @@ from figures import figure
 from figures.kit import Figure, Grid, num
 from figures.layout import Part, column, pad, row, wide
 from figures.style import CELL, INK, LABEL, LABEL_SMALL, MUTED, SMALL, fill, stroke
+from grader.i18n import tr
 
 
 def _n3(x) -> str:
@@ -70,7 +71,7 @@ def naive_figure(f: Figure, r: dict) -> None:
             (f"d = {d}", "plain"),
             ("causal", "plain"),
             (f"scale = 1/√{d} ≈ {num(d**-0.5, 3)}", "plain"),
-            (f"fp32: {b} bytes per element", "plain"),
+            (tr("fp32: {b} bytes per element", b=b), "plain"),
         ]
     )
     visible = [[j <= S - T + i for j in range(S)] for i in range(T)]
@@ -81,10 +82,10 @@ def naive_figure(f: Figure, r: dict) -> None:
         f.heading(title)
         big = write[0] in ("scores", "probs")
         traffic = f.table(
-            [[("HBM traffic of this kernel", {"mono": False, "color": MUTED})]]
-            + [[f"read  {name}: {n} elements"] for name, n in reads]
+            [[(tr("HBM traffic of this kernel"), {"mono": False, "color": MUTED})]]
+            + [[tr("read  {name}: {n} elements", name=name, n=n)] for name, n in reads]
             + [
-                [(f"write {write[0]}: {write[1]} elements", {"color": stroke("accent") if big else INK, "bold": big})],
+                [(tr("write {name}: {n} elements", name=write[0], n=write[1]), {"color": stroke("accent") if big else INK, "bold": big})],
                 [(f"= {sum(n for _, n in reads) + write[1]} × {b} B = {(sum(n for _, n in reads) + write[1]) * b} B", {"color": MUTED})],
             ],
             h=18,
@@ -119,23 +120,23 @@ def naive_figure(f: Figure, r: dict) -> None:
         align="middle",
     )
     kernel(
-        f"① kernel 1: scores = Q·Kᵀ/√{d}, future keys −∞ → a full [{T}, {S}] matrix written to HBM",
+        tr("① kernel 1: scores = Q·Kᵀ/√{d}, future keys −∞ → a full [{T}, {S}] matrix written to HBM", d=d, T=T, S=S),
         inputs,
         matrix("scores", lambda i, j: "plain" if visible[i][j] else "masked", 58),
         [("Q", T * d), ("K", S * d)],
         ("scores", T * S),
     )
     kernel(
-        f"② kernel 2: probs = softmax(scores) row by row → another [{T}, {S}] matrix",
-        pad(_ghost(f, 170, rows - 20, f"scores [{T}, {S}]", "read back from HBM"), left=30),
+        tr("② kernel 2: probs = softmax(scores) row by row → another [{T}, {S}] matrix", T=T, S=S),
+        pad(_ghost(f, 170, rows - 20, f"scores [{T}, {S}]", tr("read back from HBM")), left=30),
         matrix("probs", lambda i, j: "attend" if visible[i][j] else "masked", 58),
         [("scores", T * S)],
         ("probs", T * S),
     )
     kernel(
-        f"③ kernel 3: out = probs · V → [{T}, {d}]",
+        tr("③ kernel 3: out = probs · V → [{T}, {d}]", T=T, d=d),
         row(
-            _ghost(f, 110, rows - 20, f"probs [{T}, {S}]", "read back from HBM"),
+            _ghost(f, 110, rows - 20, f"probs [{T}, {S}]", tr("read back from HBM")),
             name("V"),
             f.matrix(v, role="v", w=34),
             gap=8,
@@ -148,7 +149,7 @@ def naive_figure(f: Figure, r: dict) -> None:
 
     # The model's totals for this instance and for a real prompt, from the student's attention_hbm_bytes.
     f.y += 12
-    f.heading("访存模型 · the traffic model, attention_hbm_bytes (your values)")
+    f.heading(tr("the traffic model, attention_hbm_bytes (your values)"))
     formulas = f.table(
         [
             [
@@ -175,13 +176,13 @@ def naive_figure(f: Figure, r: dict) -> None:
 
     big = r["big"]
     bT, bS, bd, bb = big["T"], big["S"], big["d"], big["dtype_bytes"]
-    f.heading(f"一个 4k prompt · one head, T = S = {bT:,}, d = {bd}, bf16 ({bb} bytes)")
+    f.heading(tr("a 4k prompt: one head, T = S = {T:,}, d = {d}, bf16 ({b} bytes)", T=bT, d=bd, b=bb))
     io, sp = (2 * bT * bd + 2 * bS * bd) * bb, 4 * bT * bS * bb
     want_naive, want_flash = r["big_expected"]
     mib = lambda x: f"{x / 2**20:,.1f} MiB" if isinstance(x, (int, float)) else str(x)
     bars = f.bar_chart(
         r["big_bytes"],
-        labels=["naive", "FlashAttention"],
+        labels=[tr("naive"), "FlashAttention"],
         height=160,
         bar_w=96,
         gap=44,
@@ -194,17 +195,17 @@ def naive_figure(f: Figure, r: dict) -> None:
         [
             [(line, {"color": color, "mono": False})]
             for line, color in [
-                (f"Q, K, V read, O written: (2·T·d + 2·S·d)·{bb} = {io:,} B", INK),
-                (f"S and P written + read back: 4·T·S·{bb} = {sp:,} B", stroke("accent")),
-                (f"→ {sp / want_naive:.0%} of the naive traffic is [T, S] round trips", stroke("accent")),
-                (f"FlashAttention keeps tiles on chip, adds lse: 4·T = {4 * bT:,} B", INK),
-                (f"→ {want_naive / want_flash:.0f}× less traffic, the same T·S·d arithmetic", INK),
+                (tr("Q, K, V read, O written: (2·T·d + 2·S·d)·{b} = {io:,} B", b=bb, io=io), INK),
+                (tr("S and P written + read back: 4·T·S·{b} = {sp:,} B", b=bb, sp=sp), stroke("accent")),
+                (tr("→ {share:.0%} of the naive traffic is [T, S] round trips", share=sp / want_naive), stroke("accent")),
+                (tr("FlashAttention keeps tiles on chip, adds lse: 4·T = {lse:,} B", lse=4 * bT), INK),
+                (tr("→ {ratio:.0f}× less traffic, the same T·S·d arithmetic", ratio=want_naive / want_flash), INK),
             ]
         ],
         h=20,
         size=SMALL + 1.5,
     )
-    f.place(row(pad(f.lines("bytes moved", "(your values)"), top=90), bars, pad(lines, top=30), gap=20), after=24)
+    f.place(row(pad(f.lines(tr("bytes moved"), tr("(your values)")), top=90), bars, pad(lines, top=30), gap=20), after=24)
     wrong = any(any(any(x) for x in r[f"{key}_wrong"]) for key in ("scores", "probs", "out"))
     wrong = wrong or small != small_want or r["big_bytes"] != r["big_expected"]
     f.legend(
@@ -212,10 +213,10 @@ def naive_figure(f: Figure, r: dict) -> None:
             ("q", "Q"),
             ("k", "K"),
             ("v", "V, out"),
-            ("plain", "score"),
-            ("attend", "probability"),
-            ("masked", "future key: −∞ / 0"),
-            ("accent", "the [T, S] round trips"),
+            ("plain", tr("score")),
+            ("attend", tr("probability")),
+            ("masked", tr("future key: −∞ / 0")),
+            ("accent", tr("the [T, S] round trips")),
         ],
         wrong=wrong,
     )
@@ -245,15 +246,15 @@ def flash_tiles_figure(f: Figure, r: dict) -> None:
         order.setdefault((x[0], x[1]), []).append(n + 1)
     f.instance_row(
         [
-            (f"T = {T} new after {S - T} cached", "token"),
-            (f"S = {S} keys", "k"),
+            (tr("T = {T} new after {cached} cached", T=T, cached=S - T), "token"),
+            (tr("S = {S} keys", S=S), "k"),
             (f"d = {d}", "plain"),
             (f"block_q = {bq}, block_k = {bk}", "accent"),
-            ("causal (end-aligned)" if causal else "not causal", "plain"),
+            (tr("causal (end-aligned)") if causal else tr("not causal"), "plain"),
         ]
     )
 
-    f.heading(f"分块与访问顺序 · scores q·k/√{d} of each tile, computed inside the tile; your visiting order")
+    f.heading(tr("scores q·k/√{d} of each tile, computed inside the tile; your visiting order", d=d))
     # Per query block: its rows' labels, its tiles, and the final statistics of its rows from your trace.
     last = {x[0]: x for x in trace}
     tiles: dict[tuple[int, int], Grid] = {}
@@ -290,7 +291,7 @@ def flash_tiles_figure(f: Figure, r: dict) -> None:
                     ("—" if l is None else _n3(l), ""),
                     (_n3(m + math.log(l)) if m is not None and l is not None and l > 0 else "—", ""),
                     _pair(lse, lse_want, bad),
-                    (f"Δ {diff:.2g}" if r["out_wrong"][i] else "= naive", "= naive"),
+                    (f"Δ {diff:.2g}" if r["out_wrong"][i] else tr("= naive"), tr("= naive")),
                 ]
             )
         final = f.matrix(
@@ -301,7 +302,7 @@ def flash_tiles_figure(f: Figure, r: dict) -> None:
             w=66,
             h=32,
             fmt=str,
-            col_labels=["final m", "final l", "m + log l", "your lse", "out vs naive"] if first else None,
+            col_labels=[tr("final m"), tr("final l"), "m + log l", tr("your lse"), tr("out vs naive")] if first else None,
         )
         labels = f.table([[f"q{i} · pos {S - T + i}"] for i in range(q0, q1)], h=32, size=LABEL_SMALL, header=[""] if first else None)
         blocks.append(row(wide(labels, 74), row(*(tiles[qb, kb] for kb in range(nk)), gap=14), pad(final, left=18), gap=4))
@@ -317,7 +318,7 @@ def flash_tiles_figure(f: Figure, r: dict) -> None:
             f.text(
                 x + w / 2,
                 y + h / 2 + 4,
-                "future: skip it" if visited else "not visited",
+                tr("future: skip it") if visited else tr("not visited"),
                 size=LABEL_SMALL,
                 anchor="middle",
                 color=stroke("wrong"),
@@ -328,7 +329,7 @@ def flash_tiles_figure(f: Figure, r: dict) -> None:
             f.outline(*box, color=INK, width=1.6)
         else:
             f.outline(*box, role="masked", width=1, dashed=True)
-            f.text(x + w / 2, y + min(h, 32) / 2 + 4, "skipped", size=LABEL_SMALL, anchor="middle", color=MUTED, cls="label")
+            f.text(x + w / 2, y + min(h, 32) / 2 + 4, tr("skipped"), size=LABEL_SMALL, anchor="middle", color=MUTED, cls="label")
         if visited:
             nums = ",".join(map(str, order[qb, kb]))
             f.dwg.add(
@@ -337,7 +338,7 @@ def flash_tiles_figure(f: Figure, r: dict) -> None:
             f.text(x - 3, y + 2, nums, size=SMALL + 0.5, anchor="middle", weight="bold", mono=True, cls="label")
 
     # The trace, tile by tile: the running statistics after each, and the rescaling when a max grew.
-    f.heading("每个 tile 之后 · after each visited tile (your trace): running max m and sum l of the block's rows")
+    f.heading(tr("after each visited tile (your trace): running max m and sum l of the block's rows"))
     rh, notes = 28, []
     prev: dict[int, list[float]] = {}
     values, expects, bad = [], [], []
@@ -348,7 +349,7 @@ def flash_tiles_figure(f: Figure, r: dict) -> None:
             for k in range(bq):
                 exp = ref[idx][k] if ref and k < len(ref[idx]) else None
                 mine, theirs = _pair(stat[k], exp, stat_bad[k]) if k < len(stat) else ("", "")
-                cells.append((mine, "skip" if exp is None else theirs, k < len(stat) and stat_bad[k]))
+                cells.append((mine, tr("skip") if exp is None else theirs, k < len(stat) and stat_bad[k]))
         values.append([c[0] for c in cells])
         expects.append([c[1] for c in cells])
         bad.append([c[2] for c in cells])
@@ -360,11 +361,11 @@ def flash_tiles_figure(f: Figure, r: dict) -> None:
         )
         notes.append(
             [
-                ("first tile: m from −∞", {"color": MUTED})
+                (tr("first tile: m from −∞"), {"color": MUTED})
                 if before is None
-                else ", ".join(f"row {k}: ×{a:.2f}" for k, a in grew)
+                else tr(", ").join(tr("row {k}: ×{a:.2f}", k=k, a=a) for k, a in grew)
                 if grew
-                else "max unchanged: α = 1"
+                else tr("max unchanged: α = 1")
             ]
         )
         prev[qb] = m
@@ -376,8 +377,8 @@ def flash_tiles_figure(f: Figure, r: dict) -> None:
     )
     table = row(
         f.matrix(spans[0], role="accent", w=30, h=rh, gap=4, fmt=str, col_labels=["#"]),
-        f.matrix(spans[1], w=96, h=rh, gap=4, fmt=str, col_labels=["tile (qb, kb)"]),
-        f.matrix(spans[2], w=110, h=rh, gap=4, fmt=str, col_labels=["queries · keys"]),
+        f.matrix(spans[1], w=96, h=rh, gap=4, fmt=str, col_labels=[tr("tile (qb, kb)")]),
+        f.matrix(spans[2], w=110, h=rh, gap=4, fmt=str, col_labels=[tr("queries · keys")]),
         f.matrix(
             values,
             expected=expects,
@@ -387,7 +388,7 @@ def flash_tiles_figure(f: Figure, r: dict) -> None:
             gap=4,
             fmt=str,
             role=lambda i, j: "masked" if values[i][j] == "" else "plain",
-            col_labels=[f"{s} row {k}" for s in "ml" for k in range(bq)],
+            col_labels=[tr("{s} row {k}", s=s, k=k) for s in "ml" for k in range(bq)],
         ),
         pad(f.table(notes, header=["l, acc × α = exp(m − m_new)"], h=rh + 4, size=LABEL_SMALL), top=-2),
         gap=4,
@@ -396,20 +397,31 @@ def flash_tiles_figure(f: Figure, r: dict) -> None:
 
     computed = sum((min(qb * bq + bq, T) - qb * bq) * (min(kb * bk + bk, S) - kb * bk) for qb, kb in order if 0 <= qb < nq and 0 <= kb < nk)
     f.note(
-        f"Scores computed: {computed} of the {T}·{S} = {T * S} pairs, in {len(order)} of {nq * nk} tiles, each "
-        f"followed by α = exp(m − m_new) rescaling of l and acc where a row's max grew. The largest tensors alive "
-        f"are one [{bq}, {bk}] tile and the accumulator [{bq}, {d}]: the [{T}, {S}] matrix never exists. "
-        f"The arithmetic is still about T·S·d multiply-adds twice (q·k and p·V): quadratic in the length.",
+        tr(
+            "Scores computed: {computed} of the {T}·{S} = {pairs} pairs, in {visited} of {tiles} tiles, each "
+            "followed by α = exp(m − m_new) rescaling of l and acc where a row's max grew. The largest tensors alive "
+            "are one [{bq}, {bk}] tile and the accumulator [{bq}, {d}]: the [{T}, {S}] matrix never exists. "
+            "The arithmetic is still about T·S·d multiply-adds twice (q·k and p·V): quadratic in the length.",
+            computed=computed,
+            T=T,
+            S=S,
+            pairs=T * S,
+            visited=len(order),
+            tiles=nq * nk,
+            bq=bq,
+            bk=bk,
+            d=d,
+        ),
         color=INK,
         size=SMALL + 2,
     )
     f.y += 6
     f.legend(
         [
-            ("attend", "visible score, computed in its tile"),
-            ("masked", "future key inside a visited tile (−∞)"),
-            ("plain", "skipped tile: entirely in the future"),
-            ("accent", "visit order / your lse"),
+            ("attend", tr("visible score, computed in its tile")),
+            ("masked", tr("future key inside a visited tile (−∞)")),
+            ("plain", tr("skipped tile: entirely in the future")),
+            ("accent", tr("visit order / your lse")),
         ],
         wrong=wrong,
     )

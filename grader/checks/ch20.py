@@ -10,6 +10,7 @@ import torch
 
 from grader.authoring import CheckFailed, Hint, Trial, describe, expect_tensor, fmt, hidden_model, mistakes, public, vec, wrong_mask
 from grader.checks.ch19 import ROUNDING_SHARE, agrees, dtype_name, par, rounding_failure, rounding_share, ulp, wrong_values
+from grader.i18n import tr
 
 EPS = 1e-6
 
@@ -57,20 +58,20 @@ mlp_models = hidden_model("ch20_models.mlp_models")
 @public("ch20.1", "the worked example: x = [1, 2, 3, 4], weight 1 and [1, 0.5, 2, 1]")
 def norm_worked_example(t: Trial) -> None:
     x = tensor([[1.0, 2.0, 3.0, 4.0]])
-    run_norm_case(t, x, torch.ones(4), "x = [1, 2, 3, 4], weight 1")
-    run_norm_case(t, x, tensor([1.0, 0.5, 2.0, 1.0]), "x = [1, 2, 3, 4], weight [1, 0.5, 2, 1]")
+    run_norm_case(t, x, torch.ones(4), tr("x = [1, 2, 3, 4], weight 1"))
+    run_norm_case(t, x, tensor([1.0, 0.5, 2.0, 1.0]), tr("x = [1, 2, 3, 4], weight [1, 0.5, 2, 1]"))
 
 
 @public("ch20.1", "each token normalised over its own hidden channels")
 def norm_per_token(t: Trial) -> None:
     x = torch.randn(4, 8, generator=t.rng) * tensor([[0.1], [1.0], [10.0], [100.0]])
-    run_norm_case(t, x, torch.rand(8, generator=t.rng) + 0.5, "4 tokens of very different sizes, H = 8")
+    run_norm_case(t, x, torch.rand(8, generator=t.rng) + 0.5, tr("4 tokens of very different sizes, H = 8"))
 
 
 @public("ch20.1", "bf16: cast back before multiplying by the weight")
 def norm_bf16_order(t: Trial) -> None:
     x = (torch.randn(16, 64, generator=t.rng) * 3).bfloat16()
-    run_norm_case(t, x, (torch.rand(64, generator=t.rng) + 0.5).bfloat16(), "16 bf16 tokens, H = 64")
+    run_norm_case(t, x, (torch.rand(64, generator=t.rng) + 0.5).bfloat16(), tr("16 bf16 tokens, H = 64"))
 
 
 @public("ch20.1", "a batch [B, T, H]")
@@ -104,27 +105,27 @@ def prenorm_figure_instance(t: Trial) -> None:
         normed_wrong=[wrong_values(g[0], w[0])[0] for g, w in calls],
         residual_wrong=[wrong_values(g[1], w[1])[0] for g, w in calls],
     )
-    explain_add(*got0, e, None, w, EPS, want0, "layer 0: input_layernorm(embedding, None)", variants[0])
-    explain_add(*got1, a, want0[1], w, EPS, want1, "layer 0: post_attention_layernorm(attention output, residual)", variants[1])
-    explain_add(*got2, m, want1[1], w, EPS, want2, "layer 1: input_layernorm(MLP output, residual)", variants[2])
+    explain_add(*got0, e, None, w, EPS, want0, tr("layer 0: input_layernorm(embedding, None)"), variants[0])
+    explain_add(*got1, a, want0[1], w, EPS, want1, tr("layer 0: post_attention_layernorm(attention output, residual)"), variants[1])
+    explain_add(*got2, m, want1[1], w, EPS, want2, tr("layer 1: input_layernorm(MLP output, residual)"), variants[2])
 
 
 @public("ch20.2", "residual None (layer 0): the embedding becomes the residual")
 def add_layer0(t: Trial) -> None:
-    run_add_case(t, torch.randn(3, 8, generator=t.rng), None, torch.rand(8, generator=t.rng) + 0.5, "layer 0")
+    run_add_case(t, torch.randn(3, 8, generator=t.rng), None, torch.rand(8, generator=t.rng) + 0.5, tr("layer 0"))
 
 
 @public("ch20.2", "the sum goes on as the residual, its norm into the sublayer")
 def add_with_residual(t: Trial) -> None:
     x, r = torch.randn(4, 16, generator=t.rng), torch.randn(4, 16, generator=t.rng) * 5
-    run_add_case(t, x, r, torch.rand(16, generator=t.rng) + 0.5, "4 tokens, H = 16")
+    run_add_case(t, x, r, torch.rand(16, generator=t.rng) + 0.5, tr("4 tokens, H = 16"))
 
 
 @public("ch20.2", "bf16: the float32 sum is normalised, its bf16 copy carried")
 def add_bf16(t: Trial) -> None:
     x = (torch.randn(16, 64, generator=t.rng) * 0.5).bfloat16()
     r = (torch.randn(16, 64, generator=t.rng) * 8).bfloat16()
-    run_add_case(t, x, r, (torch.rand(64, generator=t.rng) + 0.5).bfloat16(), "16 bf16 tokens, H = 64")
+    run_add_case(t, x, r, (torch.rand(64, generator=t.rng) + 0.5).bfloat16(), tr("16 bf16 tokens, H = 64"))
 
 
 # -- ch20.3 silu_and_mul ------------------------------------------------------------------------------
@@ -138,7 +139,7 @@ def act_worked_example(t: Trial) -> None:
 @public("ch20.3", "figure instance: one token's 12-wide gate_up (intermediate 6)")
 def act_figure_instance(t: Trial) -> None:
     gu = tensor([SWIGLU_X]) @ tensor(SWIGLU_GATE_UP).T
-    y = expect_tensor(t.yours.silu_and_mul(gu), what="SiLU(gate)·up of gate_up [1, 12]", shape=[1, 6], dtype=torch.float32)
+    y = expect_tensor(t.yours.silu_and_mul(gu), what=tr("SiLU(gate)·up of gate_up [1, 12]"), shape=[1, 6], dtype=torch.float32)
     want = t.ref.silu_and_mul(gu)
     variants = t.ref.drive(act_variants, gu)
     t.figure(
@@ -151,7 +152,7 @@ def act_figure_instance(t: Trial) -> None:
         act_expected=want[0],
         act_wrong=act_wrong(y, want)[0],
     )
-    explain_act(y, want, gu, "figure instance", variants)
+    explain_act(y, want, gu, tr("figure instance"), variants)
 
 
 @public("ch20.3", "leading dimensions are kept: [2, 3, 8] → [2, 3, 4]")
@@ -170,18 +171,19 @@ def act_bf16(t: Trial) -> None:
 @public("ch20.4", "figure instance: one token, hidden 4, intermediate 6")
 def mlp_figure_instance(t: Trial) -> None:
     x, w_gu, w_down = tensor([SWIGLU_X]), tensor(SWIGLU_GATE_UP), tensor(SWIGLU_DOWN)
-    y = expect_tensor(t.yours.swiglu_mlp(x, w_gu, w_down), what="the MLP output [1, 4]", shape=[1, 4], dtype=torch.float32)
+    y = expect_tensor(t.yours.swiglu_mlp(x, w_gu, w_down), what=tr("the MLP output [1, 4]"), shape=[1, 4], dtype=torch.float32)
     want = t.ref.swiglu_mlp(x, w_gu, w_down)
     models = t.ref.drive(mlp_models, x, w_gu, w_down)
     t.figure("ch20-dim-swiglu", out=y[0], out_expected=want[0], out_wrong=mlp_wrong(y, want)[0])
-    explain_mlp(y, want, x, w_gu, w_down, "figure instance", models)
+    explain_mlp(y, want, x, w_gu, w_down, tr("figure instance"), models)
 
 
 @public("ch20.4", "three tokens, then the same tokens in another order")
 def mlp_branches_instance(t: Trial) -> None:
     x, w_gu, w_down = tensor(BRANCH_X), tensor(SWIGLU_GATE_UP), tensor(SWIGLU_DOWN)
-    y = expect_tensor(t.yours.swiglu_mlp(x, w_gu, w_down), what="the MLP output [3, 4]", shape=[3, 4], dtype=torch.float32)
-    y2 = expect_tensor(t.yours.swiglu_mlp(x[BRANCH_ORDER], w_gu, w_down), what="the MLP output [3, 4]", shape=[3, 4], dtype=torch.float32)
+    what = tr("the MLP output [3, 4]")
+    y = expect_tensor(t.yours.swiglu_mlp(x, w_gu, w_down), what=what, shape=[3, 4], dtype=torch.float32)
+    y2 = expect_tensor(t.yours.swiglu_mlp(x[BRANCH_ORDER], w_gu, w_down), what=what, shape=[3, 4], dtype=torch.float32)
     want = t.ref.swiglu_mlp(x, w_gu, w_down)
     models = t.ref.drive(mlp_models, x, w_gu, w_down)
     models_permuted = t.ref.drive(mlp_models, x[BRANCH_ORDER], w_gu, w_down)
@@ -198,8 +200,9 @@ def mlp_branches_instance(t: Trial) -> None:
         expected_permuted=want[BRANCH_ORDER],
         wrong_permuted=mlp_wrong(y2, want[BRANCH_ORDER]),
     )
-    explain_mlp(y, want, x, w_gu, w_down, "3 tokens", models)
-    explain_mlp(y2, want[BRANCH_ORDER], x[BRANCH_ORDER], w_gu, w_down, f"the same 3 tokens in the order {BRANCH_ORDER}", models_permuted)
+    explain_mlp(y, want, x, w_gu, w_down, tr("3 tokens"), models)
+    again = tr("the same 3 tokens in the order {order}", order=BRANCH_ORDER)
+    explain_mlp(y2, want[BRANCH_ORDER], x[BRANCH_ORDER], w_gu, w_down, again, models_permuted)
 
 
 @public("ch20.4", "Qwen3-like proportions (H = 32, I = 96) with leading dims [2, 3]")
@@ -226,7 +229,10 @@ def run_norm_case(
     t: Trial, x: torch.Tensor, w: torch.Tensor, case: str, eps: float = EPS, want: torch.Tensor | None = None
 ) -> torch.Tensor:
     y = expect_tensor(
-        t.yours.rms_norm(x, w, eps), what=f"rms_norm of x {list(x.shape)} (x's shape and dtype)", shape=list(x.shape), dtype=x.dtype
+        t.yours.rms_norm(x, w, eps),
+        what=tr("rms_norm of x {shape} (x's shape and dtype)", shape=list(x.shape)),
+        shape=list(x.shape),
+        dtype=x.dtype,
     )
     want = t.ref.rms_norm(x, w, eps) if want is None else want
     variants = t.ref.drive(norm_variants, x, w, eps)
@@ -248,24 +254,50 @@ def explain_norm(
 ) -> None:
     """Raise at the first wrong element of a normalised tensor: its row's mean square, root, weight."""
     bad = wrong_values(y, want)
-    head = f'case "{case}": {source} {list(s.shape)} {dtype_name(y.dtype)}, eps {fmt(eps)}'
+    head = tr(
+        'case "{case}": {source} {shape} {dtype}, eps {eps}',
+        case=case,
+        source=source,
+        shape=list(s.shape),
+        dtype=dtype_name(y.dtype),
+        eps=fmt(eps),
+    )
     if not bad.any():
         share = rounding_share(y, want)
         if share > ROUNDING_SHARE:
-            raise rounding_failure(f"{head}, {what}", share, hint)
+            raise rounding_failure(tr("{head}, {what}", head=head, what=what), share, hint)
         return
     idx = tuple(int(v) for v in bad.nonzero()[0])
     row, c = idx[:-1], idx[-1]
     v = s[row].double()
     ms = float(v.pow(2).mean())
     r = (ms + eps) ** -0.5
-    where = f"row {list(row)}" if len(row) > 1 else f"token {row[0]}" if row else "the vector"
+    where = tr("row {row}", row=list(row)) if len(row) > 1 else tr("token {i}", i=row[0]) if row else tr("the vector")
     raise CheckFailed(
         head,
-        f"{where} of {source} = {vec(v)}: mean({source[0]}²) over its {v.numel()} channels = {fmt(ms)}, rsqrt({fmt(ms)} + eps) = {fmt(r)}",
-        f"{what}[{', '.join(map(str, idx))}] = {par(float(v[c]))}·{fmt(r)}·w[{c}] = {par(float(v[c]))}·"
-        f"{fmt(r)}·{par(float(w[c]))} = {fmt(want[idx])}; yours: {fmt(y[idx])} ({int(bad.sum())} of "
-        f"{bad.numel()} values differ)",
+        tr(
+            "{where} of {source} = {v}: mean({s}²) over its {n} channels = {ms}, rsqrt({ms} + eps) = {r}",
+            where=where,
+            source=source,
+            v=vec(v),
+            s=source[0],
+            n=v.numel(),
+            ms=fmt(ms),
+            r=fmt(r),
+        ),
+        tr(
+            "{what}[{idx}] = {x}·{r}·w[{c}] = {x}·{r}·{w} = {want}; yours: {got} ({bad} of {total} values differ)",
+            what=what,
+            idx=", ".join(map(str, idx)),
+            x=par(float(v[c])),
+            r=fmt(r),
+            c=c,
+            w=par(float(w[c])),
+            want=fmt(want[idx]),
+            got=fmt(y[idx]),
+            bad=int(bad.sum()),
+            total=bad.numel(),
+        ),
         hint=hint,
     )
 
@@ -300,17 +332,17 @@ def run_add_case(
 def expect_pair(got, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Require (normed, new_residual), two tensors shaped like x (`residual`: the residual add_rms_norm was given)."""
     if type(got) not in (tuple, list) or len(got) != 2:
-        raise CheckFailed(f"expected (normed, new_residual) as a tuple of two tensors shaped like x; yours: {describe(got)}")
+        raise CheckFailed(tr("expected (normed, new_residual) as a tuple of two tensors shaped like x; yours: {got}", got=describe(got)))
     for name, g in zip(("new_residual", "normed"), (got[1], got[0])):
         if g is None:
             raise CheckFailed(
-                f"expected (normed, new_residual); yours returned None as {name}",
+                tr("expected (normed, new_residual); yours returned None as {name}", name=name),
                 hint=M.layer0_none if name == "new_residual" and residual is None else "",
             )
-    what = f"shaped like x {list(x.shape)}, {dtype_name(x.dtype)}"
+    like = {"shape": list(x.shape), "dtype": dtype_name(x.dtype)}
     return (
-        expect_tensor(got[0], what=f"normed ({what})", shape=list(x.shape), dtype=x.dtype),
-        expect_tensor(got[1], what=f"new_residual ({what})", shape=list(x.shape), dtype=x.dtype),
+        expect_tensor(got[0], what=tr("normed (shaped like x {shape}, {dtype})", **like), shape=list(x.shape), dtype=x.dtype),
+        expect_tensor(got[1], what=tr("new_residual (shaped like x {shape}, {dtype})", **like), shape=list(x.shape), dtype=x.dtype),
     )
 
 
@@ -332,14 +364,20 @@ def explain_add(
     if wrong_values(res, want_r).any() or rounding_share(res, want_r) > ROUNDING_SHARE:
         idx = tuple(int(v) for v in (wrong_values(res, want_r) | (res != want_r)).nonzero()[0])
         if residual is None:
-            line = (
-                f"residual None (layer 0): the new residual is x itself; new_residual{list(idx)} should be "
-                f"x{list(idx)} = {fmt(x[idx])}; yours: {fmt(res[idx])}"
+            line = tr(
+                "residual None (layer 0): the new residual is x itself; new_residual{idx} should be x{idx} = {want}; yours: {got}",
+                idx=list(idx),
+                want=fmt(x[idx]),
+                got=fmt(res[idx]),
             )
         else:
-            line = (
-                f"new_residual{list(idx)} = x + residual = {par(float(x[idx]))} + {par(float(residual[idx]))} = "
-                f"{fmt(want_r[idx])}; yours: {fmt(res[idx])}"
+            line = tr(
+                "new_residual{idx} = x + residual = {x} + {r} = {want}; yours: {got}",
+                idx=list(idx),
+                x=par(float(x[idx])),
+                r=par(float(residual[idx])),
+                want=fmt(want_r[idx]),
+                got=fmt(res[idx]),
             )
         hint: str = ""
         if agrees(normed, want_r) and agrees(res, want_n):
@@ -350,9 +388,13 @@ def explain_add(
             hint = M.old_residual
         elif residual is not None and agrees(res, x):
             hint = M.x_as_residual
-        raise CheckFailed(
-            f'case "{case}": x {list(x.shape)} {dtype_name(x.dtype)}' + (", residual None" if residual is None else ""), line, hint=hint
+        shown = {"case": case, "shape": list(x.shape), "dtype": dtype_name(x.dtype)}
+        head = (
+            tr('case "{case}": x {shape} {dtype}, residual None', **shown)
+            if residual is None
+            else tr('case "{case}": x {shape} {dtype}', **shown)
         )
+        raise CheckFailed(head, line, hint=hint)
     if not wrong_values(normed, want_n).any() and rounding_share(normed, want_n) <= ROUNDING_SHARE:
         return
     hint = add_hint(normed, x, residual, variants if variants is not None else add_variants(None, x, residual, w, eps))
@@ -379,7 +421,7 @@ def run_act_case(t: Trial, gu: torch.Tensor, case: str) -> torch.Tensor:
     shape = [*gu.shape[:-1], gu.shape[-1] // 2]
     y = expect_tensor(
         t.yours.silu_and_mul(gu),
-        what=f"SiLU(gate)·up of gate_up {list(gu.shape)} (last dim halved, {dtype_name(gu.dtype)})",
+        what=tr("SiLU(gate)·up of gate_up {shape} (last dim halved, {dtype})", shape=list(gu.shape), dtype=dtype_name(gu.dtype)),
         shape=shape,
         dtype=gu.dtype,
     )
@@ -404,10 +446,27 @@ def explain_act(y: torch.Tensor, want: torch.Tensor, gu: torch.Tensor, case: str
     g, u = float(gu[idx[:-1] + (i,)]), float(gu[idx[:-1] + (i + half,)])
     silu = g / (1 + torch.exp(torch.tensor(-g, dtype=torch.float64)).item())
     raise CheckFailed(
-        f'case "{case}": gate_up {list(gu.shape)} {dtype_name(gu.dtype)} → gate = [..., :{half}], up = [..., {half}:]',
-        f"output{list(idx)}: gate = gate_up[..., {i}] = {fmt(g)}, up = gate_up[..., {i + half}] = "
-        f"{fmt(u)}; SiLU({fmt(g)}) = {fmt(g)}·sigmoid({fmt(g)}) = {fmt(silu)}, times up: "
-        f"{fmt(want[idx])}; yours: {fmt(y[idx])} ({int(bad.sum())} of {bad.numel()} values differ)",
+        tr(
+            'case "{case}": gate_up {shape} {dtype} → gate = [..., :{half}], up = [..., {half}:]',
+            case=case,
+            shape=list(gu.shape),
+            dtype=dtype_name(gu.dtype),
+            half=half,
+        ),
+        tr(
+            "output{idx}: gate = gate_up[..., {i}] = {g}, up = gate_up[..., {j}] = {u}; SiLU({g}) = {g}·sigmoid({g}) = "
+            "{silu}, times up: {want}; yours: {got} ({bad} of {total} values differ)",
+            idx=list(idx),
+            i=i,
+            j=i + half,
+            g=fmt(g),
+            u=fmt(u),
+            silu=fmt(silu),
+            want=fmt(want[idx]),
+            got=fmt(y[idx]),
+            bad=int(bad.sum()),
+            total=bad.numel(),
+        ),
         hint=act_hint(y, variants if variants is not None else act_variants(None, gu)),
     )
 
@@ -441,7 +500,7 @@ def run_mlp_case(
 ) -> torch.Tensor:
     y = expect_tensor(
         t.yours.swiglu_mlp(x, w_gu, w_down),
-        what=f"the MLP output ({list(x.shape)} like x, {dtype_name(x.dtype)})",
+        what=tr("the MLP output ({shape} like x, {dtype})", shape=list(x.shape), dtype=dtype_name(x.dtype)),
         shape=list(x.shape),
         dtype=x.dtype,
     )
@@ -455,7 +514,7 @@ def run_mlp_case(
         first = x.reshape(-1, x.shape[-1])[:1]
         alone = t.yours.swiglu_mlp(first, w_gu, w_down)
         if isinstance(alone, torch.Tensor) and alone.shape == first.shape and mlp_wrong(alone, y.reshape(-1, x.shape[-1])[:1]).any():
-            raise CheckFailed(*failure.lines, "token 0 alone gives another output than in the batch", hint=M.mixes_tokens) from None
+            raise CheckFailed(*failure.lines, tr("token 0 alone gives another output than in the batch"), hint=M.mixes_tokens) from None
         raise
     return y
 
@@ -483,11 +542,29 @@ def explain_mlp(
     half = w_gu.shape[0] // 2
     gu, act = models["gate_up"][tok], models["act"][tok]
     raise CheckFailed(
-        f'case "{case}": x {list(x.shape)} {dtype_name(x.dtype)}, gate_up_weight {list(w_gu.shape)} = '
-        f"[2I, H], down_weight {list(w_down.shape)} = [H, I]",
-        f"token {tok[0] if len(tok) == 1 else list(tok)}: gate_up = x·gate_up_weightᵀ → gate {vec(gu[:half], 6)}, up {vec(gu[half:], 6)}",
-        f"SiLU(gate)·up = {vec(act, 6)}; out[{i}] = Σ_j down_weight[{i}, j]·act[j] = {fmt(want[idx])}; "
-        f"yours: {fmt(y[idx])} ({int(bad.sum())} of {bad.numel()} values differ)",
+        tr(
+            'case "{case}": x {shape} {dtype}, gate_up_weight {gu_shape} = [2I, H], down_weight {down_shape} = [H, I]',
+            case=case,
+            shape=list(x.shape),
+            dtype=dtype_name(x.dtype),
+            gu_shape=list(w_gu.shape),
+            down_shape=list(w_down.shape),
+        ),
+        tr(
+            "token {tok}: gate_up = x·gate_up_weightᵀ → gate {gate}, up {up}",
+            tok=tok[0] if len(tok) == 1 else list(tok),
+            gate=vec(gu[:half], 6),
+            up=vec(gu[half:], 6),
+        ),
+        tr(
+            "SiLU(gate)·up = {act}; out[{i}] = Σ_j down_weight[{i}, j]·act[j] = {want}; yours: {got} ({bad} of {total} values differ)",
+            act=vec(act, 6),
+            i=i,
+            want=fmt(want[idx]),
+            got=fmt(y[idx]),
+            bad=int(bad.sum()),
+            total=bad.numel(),
+        ),
         hint=mlp_hint(y, models["variants"]),
     )
 

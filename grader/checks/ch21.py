@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from grader.authoring import CheckFailed, Trial, describe, expect_int, expect_tensor, mistakes, public, short, vec, wrong_mask
+from grader.i18n import tr
 
 # ch21-cache-growth: two layers, each with its own cache of L_max 6 rows, one K/V head of width 2;
 # a prefill of 3 tokens, then two decode steps of one token each.
@@ -52,7 +53,11 @@ def growth_figure_instance(t: Trial) -> None:
         "ch21-cache-growth", l_max=GROWTH_LMAX, steps=list(GROWTH_STEPS), caches=yours, expected=expected, wrong=wrong, lengths=lengths
     )
     for layer, length, n, call, (before_k, before_v), want_k, want_v, k_new, v_new in calls:
-        label = f"layer {layer}, " + ("prefill" if length == 0 else f"decode step {length - GROWTH_STEPS[0] + 1}")
+        label = (
+            tr("layer {layer}, prefill", layer=layer)
+            if length == 0
+            else tr("layer {layer}, decode step {step}", layer=layer, step=length - GROWTH_STEPS[0] + 1)
+        )
         explain_length(label, call.value, length, n)
         explain_append(label, call.args[0], call.args[1], want_k, want_v, before_k, before_v, k_new, v_new, length)
 
@@ -60,7 +65,7 @@ def growth_figure_instance(t: Trial) -> None:
 @public("ch21.1", "rows beyond the new length keep their values")
 def rows_beyond_untouched(t: Trial) -> None:
     k_cache, v_cache = torch.randn(8, 2, 4, generator=t.rng), torch.randn(8, 2, 4, generator=t.rng)
-    run_appends(t, k_cache, v_cache, 2, [3], "a cache of L_max 8 with 2 cached rows (random contents)")
+    run_appends(t, k_cache, v_cache, 2, [3], tr("a cache of L_max 8 with 2 cached rows (random contents)"))
 
 
 # -- ch21.2 decode_inputs -----------------------------------------------------------------------------
@@ -72,7 +77,7 @@ def decode_figure_instance(t: Trial) -> None:
     want = t.ref.decode_inputs(DECODE_TOKENS, DECODE_TABLE, DECODE_BS)
     neighbours = t.ref.drive(neighbour_slots, DECODE_TOKENS, DECODE_TABLE, DECODE_BS)
     t.figure("ch21-decode-step", token_ids=DECODE_TOKENS, table=DECODE_TABLE, block_size=DECODE_BS, yours=got, expected=want)
-    explain_decode(got, want, DECODE_TOKENS, DECODE_TABLE, DECODE_BS, "figure instance", neighbours)
+    explain_decode(got, want, DECODE_TOKENS, DECODE_TABLE, DECODE_BS, tr("figure instance"), neighbours)
 
 
 @public("ch21.2", "nano-vllm's examples (block_size 256): len 300 with table [7, 2], len 10 with table [5]")
@@ -86,22 +91,22 @@ def nano_vllm_examples(t: Trial) -> None:
         checks.append((got, want, ids, table, t.ref.drive(neighbour_slots, ids, table, 256)))
     t.figure("ch21-decode-step", examples=rows)
     for got, want, ids, table, neighbours in checks:
-        explain_decode(got, want, ids, table, 256, f"nano-vllm, len {len(ids)}, table {table}", neighbours)
+        explain_decode(got, want, ids, table, 256, tr("nano-vllm, len {n}, table {table}", n=len(ids), table=table), neighbours)
 
 
 @public("ch21.2", "the first token of a new block: len 5, block_size 4, block_table [3, 6]")
 def new_block(t: Trial) -> None:
-    run_decode_case(t, [4, 4, 1, 9, 7], [3, 6], 4, "the first token of a new block")
+    run_decode_case(t, [4, 4, 1, 9, 7], [3, 6], 4, tr("the first token of a new block"))
 
 
 @public("ch21.2", "a block table with a spare block (pre-allocated, as in vLLM)")
 def spare_block(t: Trial) -> None:
-    run_decode_case(t, [1, 2, 3, 4, 5, 6], [4, 0, 9], 4, "a block table with a spare block")
+    run_decode_case(t, [1, 2, 3, 4, 5, 6], [4, 0, 9], 4, tr("a block table with a spare block"))
 
 
 @public("ch21.2", "a block table too short for position len − 1 raises ValueError")
 def table_too_short(t: Trial) -> None:
-    expect_short_table(t, [1, 2, 3, 4, 5], [3], 4, "position 4 is in logical block 1, but the table has only block 0")
+    expect_short_table(t, [1, 2, 3, 4, 5], [3], 4, tr("position 4 is in logical block 1, but the table has only block 0"))
 
 
 # -- helpers of ch21.1: the caches an append wrote, explained ------------------------------------------------
@@ -128,7 +133,13 @@ def run_appends(
         k_new = torch.randn(n, heads, dim, generator=t.rng).to(k_cache.dtype)
         v_new = torch.randn(n, heads, dim, generator=t.rng).to(k_cache.dtype)
         k_cache, v_cache = append_once(
-            t, k_cache, v_cache, length, k_new, v_new, f"{what}, append {step + 1} of {len(sizes)} (sizes {list(sizes)})"
+            t,
+            k_cache,
+            v_cache,
+            length,
+            k_new,
+            v_new,
+            tr("{what}, append {step} of {count} (sizes {sizes})", what=what, step=step + 1, count=len(sizes), sizes=list(sizes)),
         )
         length += n
     return k_cache, v_cache
@@ -148,11 +159,18 @@ def append_once(
 
 def explain_length(label: str, got, length: int, n: int) -> int:
     """Require the returned length to be the Python int length + n."""
-    value = expect_int(got, what=f"append_kv's return value (the new length) {label}")
+    value = expect_int(got, what=tr("append_kv's return value (the new length), {label}", label=label))
     if value == length + n:
         return value
     raise CheckFailed(
-        f"{label}: {length} cached + {n} new → the new length is {length} + {n} = {length + n}; yours: {value}",
+        tr(
+            "{label}: {length} cached + {n} new → the new length is {length} + {n} = {total}; yours: {value}",
+            label=label,
+            length=length,
+            n=n,
+            total=length + n,
+            value=value,
+        ),
         hint=length_hint(value, length, n),
     )
 
@@ -190,17 +208,39 @@ def explain_append(
         r = int(bad.nonzero()[0])
         kv = name[0].upper()
         if length <= r < length + n:
-            what = (
-                f"row {r} is new token {r - length} of this append (new rows go to length … length + n − 1 = "
-                f"{length} … {length + n - 1}), so it should hold its {kv} {vec(want[r])}"
+            what = tr(
+                "{name} row {r} is new token {i} of this append (new rows go to length … length + n − 1 = "
+                "{first} … {last}), so it should hold its {kv} {want}; yours holds {got}",
+                name=name,
+                r=r,
+                i=r - length,
+                first=length,
+                last=length + n - 1,
+                kv=kv,
+                want=vec(want[r]),
+                got=vec(got[r]),
             )
         elif r < length:
-            what = f"row {r} holds a token cached before this append and must keep its {kv} {vec(want[r])}"
+            what = tr(
+                "{name} row {r} holds a token cached before this append and must keep its {kv} {want}; yours holds {got}",
+                name=name,
+                r=r,
+                kv=kv,
+                want=vec(want[r]),
+                got=vec(got[r]),
+            )
         else:
-            what = f"row {r} is beyond the new length {length + n} and must keep its old value {vec(want[r])}"
+            what = tr(
+                "{name} row {r} is beyond the new length {total} and must keep its old value {want}; yours holds {got}",
+                name=name,
+                r=r,
+                total=length + n,
+                want=vec(want[r]),
+                got=vec(got[r]),
+            )
         raise CheckFailed(
-            f"{label}: length={length}, n={n}, L_max={got.shape[0]}",
-            f"{name} {what}; yours holds {vec(got[r])}",
+            tr("{label}: length={length}, n={n}, L_max={l_max}", label=label, length=length, n=n, l_max=got.shape[0]),
+            what,
             hint=append_hint(got, want, before, new, other, length),
         )
 
@@ -214,9 +254,9 @@ def append_hint(
         return M.swapped_kv
     if n and length and torch.equal(got[:n], new.to(got.dtype)):
         rows = (
-            f"row length = {length}, not row 0"
+            tr("row length = {length}, not row 0", length=length)
             if n == 1
-            else f"rows length … length + n − 1 = {length} … {length + n - 1}, not 0 … {n - 1}"
+            else tr("rows length … length + n − 1 = {length} … {last}, not 0 … {n1}", length=length, last=length + n - 1, n1=n - 1)
         )
         return M.row_zero.format(length=length, rows=rows)
     if n and length and torch.equal(got[length - 1 : length - 1 + n], new.to(got.dtype)):
@@ -235,10 +275,17 @@ def append_hint(
 def expect_decode(got, token_ids: list[int], table: list[int], block_size: int) -> dict:
     """Require a dict of the four Python ints; return it (values not yet compared)."""
     if type(got) is not dict:
-        raise CheckFailed(f"expected a dict with keys {', '.join(DECODE_KEYS)}; yours: {describe(got)}")
+        raise CheckFailed(tr("expected a dict with keys {keys}; yours: {got}", keys=", ".join(DECODE_KEYS), got=describe(got)))
     missing = [k for k in DECODE_KEYS if k not in got]
     if missing:
-        raise CheckFailed(f"the dict lacks {', '.join(missing)}; expected keys {', '.join(DECODE_KEYS)}, yours: {', '.join(map(str, got))}")
+        raise CheckFailed(
+            tr(
+                "the dict lacks {missing}; expected keys {keys}, yours: {got}",
+                missing=", ".join(missing),
+                keys=", ".join(DECODE_KEYS),
+                got=", ".join(map(str, got)),
+            )
+        )
     return {k: expect_int(got[k], what=f"{k}") for k in DECODE_KEYS}
 
 
@@ -280,32 +327,56 @@ def explain_decode(got: dict, want: dict, token_ids: list[int], table: list[int]
     if not wrong:
         return
     lines = [
-        f'case "{case}": token_ids={short(token_ids, limit=10)} (len {n}), block_table={table}, block_size={bs}',
-        f"the newest token, token_ids[-1] = {token_ids[-1]}, was sampled by the previous step and has no K/V yet: this step computes it",
+        tr(
+            'case "{case}": token_ids={ids} (len {n}), block_table={table}, block_size={bs}',
+            case=case,
+            ids=short(token_ids, limit=10),
+            n=n,
+            table=table,
+            bs=bs,
+        ),
+        tr(
+            "the newest token, token_ids[-1] = {last}, was sampled by the previous step and has no K/V yet: this step computes it",
+            last=token_ids[-1],
+        ),
     ]
     hints: list[str] = []
     for k in wrong:
         y = got[k]
         if k == "input_id":
-            lines.append(f"input_id = token_ids[-1] = {want[k]}; yours: {y}")
+            lines.append(tr("input_id = token_ids[-1] = {want}; yours: {got}", want=want[k], got=y))
             if n > 1 and y == token_ids[-2]:
                 hints.append(M.previous_token)
         elif k == "position":
-            lines.append(f"position = len − 1 = {n} − 1 = {want[k]}; yours: {y}")
+            lines.append(tr("position = len − 1 = {n} − 1 = {want}; yours: {got}", n=n, want=want[k], got=y))
             if y == n:
                 hints.append(M.position_len)
             elif y == n - 2:
                 hints.append(M.position_previous)
         elif k == "context_len":
-            lines.append(f"context_len = len = {want[k]}: attention reads every cached entry, the newest one included; yours: {y}")
+            lines.append(
+                tr(
+                    "context_len = len = {want}: attention reads every cached entry, the newest one included; yours: {got}",
+                    want=want[k],
+                    got=y,
+                )
+            )
             if y == n - 1:
                 hints.append(M.context_short)
         else:
             lb, off = divmod(pos, bs)
             lines.append(
-                f"position {pos} → logical block {pos} // {bs} = {lb}, offset {pos} % {bs} = {off}; "
-                f"block_table[{lb}] = {table[lb]}, so slot = {table[lb]}·{bs} + {off} = {want[k]}; "
-                f"yours: {y}"
+                tr(
+                    "position {pos} → logical block {pos} // {bs} = {lb}, offset {pos} % {bs} = {off}; "
+                    "block_table[{lb}] = {block}, so slot = {block}·{bs} + {off} = {want}; yours: {got}",
+                    pos=pos,
+                    bs=bs,
+                    lb=lb,
+                    off=off,
+                    block=table[lb],
+                    want=want[k],
+                    got=y,
+                )
             )
             fits = []  # every misconception this one slot fits; a hint only when it fits just one
             if y == neighbours["previous"]:

@@ -23,6 +23,7 @@ from grader.authoring import (
     wrong_mask,
 )
 from grader.checks.ch22_explain import ATOL, RTOL, case_line, check_trace, close_to_variant, run_flash_case, sees
+from grader.i18n import tr
 
 # ch22-naive: one head, T = S = 4, d = 2, small integers a reader can recompute; fp32 (4 bytes).
 NAIVE_Q = [[1, 0], [0, 1], [1, 1], [2, 0]]
@@ -68,20 +69,20 @@ def naive_figure_instance(t: Trial) -> None:
         },
     )
     explain_naive(
-        (scores, probs, out), (mid["scores"], mid["probs"], want_out), q, k, v, causal=True, case="figure instance", variants=variants
+        (scores, probs, out), (mid["scores"], mid["probs"], want_out), q, k, v, causal=True, case=tr("figure instance"), variants=variants
     )
 
 
 @public("ch22.1", "a chunk of 3 queries after 4 cached keys: the mask is aligned to the end")
 def naive_chunk(t: Trial) -> None:
     q, k, v = random_qkv(t, 3, 7, 8)
-    run_naive_case(t, q, k, v, case="3 new tokens after 4 cached")
+    run_naive_case(t, q, k, v, case=tr("3 new tokens after 4 cached"))
 
 
 @public("ch22.1", "not causal: 5 queries over 3 keys")
 def naive_not_causal(t: Trial) -> None:
     q, k, v = random_qkv(t, 5, 3, 4)
-    run_naive_case(t, q, k, v, causal=False, case="not causal, T=5, S=3")
+    run_naive_case(t, q, k, v, causal=False, case=tr("not causal, T=5, S=3"))
 
 
 @public("ch22.1", "figure instance: HBM bytes of the 4 × 4 example and of a 4k prompt (bf16)")
@@ -118,38 +119,38 @@ def traffic_rectangular(t: Trial) -> None:
 @public("ch22.2", "figure instance: 6 queries after 2 cached, tiles of 2 × 3 (trace of running max and sum)")
 def flash_figure_instance(t: Trial) -> None:
     q, k, v = flash_tensors()
-    check_trace(t, q, k, v, causal=True, bq=FLASH_BQ, bk=FLASH_BK, case="figure instance", figure="ch22-flash-tiles")
+    check_trace(t, q, k, v, causal=True, bq=FLASH_BQ, bk=FLASH_BK, case=tr("figure instance"), figure="ch22-flash-tiles")
 
 
 @public("ch22.2", "agrees with naive attention: T = S = 16, tiles of 4 × 4, causal")
 def flash_square(t: Trial) -> None:
     q, k, v = random_qkv(t, 16, 16, 8)
-    run_flash_case(t, q, k, v, bq=4, bk=4, case="T = S = 16, 4 × 4 tiles")
+    run_flash_case(t, q, k, v, bq=4, bk=4, case=tr("T = S = 16, 4 × 4 tiles"))
 
 
 @public("ch22.2", "ragged tiles: T = S = 10, tiles of 4 × 3")
 def flash_ragged(t: Trial) -> None:
     q, k, v = random_qkv(t, 10, 10, 8)
-    run_flash_case(t, q, k, v, bq=4, bk=3, case="ragged tiles")
+    run_flash_case(t, q, k, v, bq=4, bk=3, case=tr("ragged tiles"))
 
 
 @public("ch22.2", "a chunk of 5 queries after 7 cached keys: causal aligned to the end")
 def flash_chunk(t: Trial) -> None:
     q, k, v = random_qkv(t, 5, 12, 8)
-    run_flash_case(t, q, k, v, bq=2, bk=4, case="5 new tokens after 7 cached")
+    run_flash_case(t, q, k, v, bq=2, bk=4, case=tr("5 new tokens after 7 cached"))
 
 
 @public("ch22.2", "not causal: 7 queries over 5 keys, every tile visited")
 def flash_not_causal(t: Trial) -> None:
     q, k, v = random_qkv(t, 7, 5, 4)
-    run_flash_case(t, q, k, v, causal=False, bq=3, bk=2, case="not causal, T=7, S=5")
+    run_flash_case(t, q, k, v, causal=False, bq=3, bk=2, case=tr("not causal, T=7, S=5"))
 
 
 @public("ch22.2", "large scores: the online softmax stays finite, lse = m + log l")
 def flash_large_scores(t: Trial) -> None:
     # Scores up to about ±100: exp(score) overflows float32 (above ~88) unless the running max is subtracted.
     q, k, v = random_qkv(t, 8, 8, 16, magnitude=40.0)
-    run_flash_case(t, q, k, v, bq=4, bk=4, case="scores up to about ±100", atol=1e-4, rtol=1e-4)
+    run_flash_case(t, q, k, v, bq=4, bk=4, case=tr("scores up to about ±100"), atol=1e-4, rtol=1e-4)
 
 
 # -- helpers: the instances -------------------------------------------------------------------------
@@ -178,17 +179,24 @@ def expect_naive(got, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, t
     (T, d), S = q.shape, k.shape[0]
     dt = str(q.dtype).removeprefix("torch.")
     if type(got) not in (tuple, list) or len(got) != 2:
-        raise CheckFailed(f"naive_attention returns a pair (out, intermediates); yours: {describe(got)}")
+        raise CheckFailed(tr("naive_attention returns a pair (out, intermediates); yours: {got}", got=describe(got)))
     out, mid = got
-    out = expect_tensor(out, what=f"out, the output of {T} queries (d = {d})", shape=[T, d], dtype=q.dtype)
+    out = expect_tensor(out, what=tr("out, the output of {T} queries (d = {d})", T=T, d=d), shape=[T, d], dtype=q.dtype)
     if type(mid) is not dict or not {"scores", "probs"} <= set(mid):
         keys = sorted(map(str, mid)) if type(mid) is dict else describe(mid)
         raise CheckFailed(
-            f'expected the intermediates as a dict with the keys "scores" and "probs" (the two '
-            f"[{T}, {S}] matrices a naive kernel writes to HBM); yours: {keys}"
+            tr(
+                'expected the intermediates as a dict with the keys "scores" and "probs" (the two '
+                "[{T}, {S}] matrices a naive kernel writes to HBM); yours: {keys}",
+                T=T,
+                S=S,
+                keys=keys,
+            )
         )
     scores, probs = (
-        expect_tensor(mid[n], what=f'intermediates["{n}"] ({T} queries × {S} keys, {dt})', shape=[T, S], dtype=q.dtype)
+        expect_tensor(
+            mid[n], what=tr('intermediates["{n}"] ({T} queries × {S} keys, {dt})', n=n, T=T, S=S, dt=dt), shape=[T, S], dtype=q.dtype
+        )
         for n in ("scores", "probs")
     )
     return out, scores, probs
@@ -244,27 +252,58 @@ def explain_naive(
         visible = not causal or j <= S - T + i
         if name == "scores":
             dot = float(q[i].double() @ k[j].double())
-            how = (
-                f"q[{i}]·k[{j}]/√{d} = {fmt(dot)}/{fmt(math.sqrt(d))} = {fmt(dot / math.sqrt(d))}"
-                if visible
-                else f"−∞ (key {j} is in the future of query {i})"
-            )
-            line = f"scores[{i}, {j}]: expected {how}; yours {fmt(g[i, j])}"
-        elif name == "probs":
             line = (
-                f"probs[{i}, {j}]: expected softmax(scores[{i}])[{j}] = {fmt(w[i, j])}"
-                + ("" if visible else " (a future key gets probability 0)")
-                + f"; yours {fmt(g[i, j])} (your row {i} sums to {fmt(g[i].sum())}, a softmax row to 1)"
+                tr(
+                    "scores[{i}, {j}]: expected q[{i}]·k[{j}]/√{d} = {dot}/{root} = {want}; yours {got}",
+                    i=i,
+                    j=j,
+                    d=d,
+                    dot=fmt(dot),
+                    root=fmt(math.sqrt(d)),
+                    want=fmt(dot / math.sqrt(d)),
+                    got=fmt(g[i, j]),
+                )
+                if visible
+                else tr("scores[{i}, {j}]: expected −∞ (key {j} is in the future of query {i}); yours {got}", i=i, j=j, got=fmt(g[i, j]))
+            )
+        elif name == "probs":
+            shown = {"i": i, "j": j, "want": fmt(w[i, j]), "got": fmt(g[i, j]), "sum": fmt(g[i].sum())}
+            line = (
+                tr(
+                    "probs[{i}, {j}]: expected softmax(scores[{i}])[{j}] = {want}; yours {got} (your row {i} sums to {sum}, "
+                    "a softmax row to 1)",
+                    **shown,
+                )
+                if visible
+                else tr(
+                    "probs[{i}, {j}]: expected softmax(scores[{i}])[{j}] = {want} (a future key gets probability 0); yours {got} "
+                    "(your row {i} sums to {sum}, a softmax row to 1)",
+                    **shown,
+                )
             )
         else:
-            line = f"out[{i}, {j}]: expected Σ_keys probs[{i}, key]·v[key, {j}] = {fmt(w[i, j])}; yours {fmt(g[i, j])}"
+            line = tr(
+                "out[{i}, {j}]: expected Σ_keys probs[{i}, key]·v[key, {j}] = {want}; yours {got}",
+                i=i,
+                j=j,
+                want=fmt(w[i, j]),
+                got=fmt(g[i, j]),
+            )
         hints = naive_hint(which, g, variants, T, S, d, causal)
         if not hints and name != "scores" and not torch.isfinite(g[torch.isfinite(w)]).all():
             hints = [M.unstable_softmax]
         raise CheckFailed(
             case_line(case, q, k, causal),
             sees(T, S, i, causal),
-            f"{line}  ({count} of {w.numel()} {name} differ beyond {atol:g} + {rtol:g}·|expected|)",
+            tr(
+                "{line}  ({count} of {total} {name} differ beyond {atol} + {rtol}·|expected|)",
+                line=line,
+                count=count,
+                total=w.numel(),
+                name=name,
+                atol=format(atol, "g"),
+                rtol=format(rtol, "g"),
+            ),
             hint=hints,
         )
 
@@ -295,14 +334,24 @@ def run_naive_case(
 
 def traffic_derivation(T: int, S: int, d: int, b: int, flash: bool, want: int) -> str:
     if flash:
-        return (
-            f"FlashAttention reads Q, K, V once and writes O: (2·T·d + 2·S·d)·dtype_bytes, plus the lse in "
-            f"float32, 4·T: (2·{T:,}·{d} + 2·{S:,}·{d})·{b} + 4·{T:,} = {want:,} bytes"
+        return tr(
+            "FlashAttention reads Q, K, V once and writes O: (2·T·d + 2·S·d)·dtype_bytes, plus the lse in "
+            "float32, 4·T: (2·{T:,}·{d} + 2·{S:,}·{d})·{b} + 4·{T:,} = {want:,} bytes",
+            T=T,
+            S=S,
+            d=d,
+            b=b,
+            want=want,
         )
-    return (
-        f"naive: read Q, K (T·d + S·d), write and read back the scores (2·T·S), write and read back the "
-        f"probabilities (2·T·S), read V (S·d), write O (T·d): (2·T·d + 2·S·d + 4·T·S)·dtype_bytes = "
-        f"(2·{T:,}·{d} + 2·{S:,}·{d} + 4·{T:,}·{S:,})·{b} = {want:,} bytes"
+    return tr(
+        "naive: read Q, K (T·d + S·d), write and read back the scores (2·T·S), write and read back the "
+        "probabilities (2·T·S), read V (S·d), write O (T·d): (2·T·d + 2·S·d + 4·T·S)·dtype_bytes = "
+        "(2·{T:,}·{d} + 2·{S:,}·{d} + 4·{T:,}·{S:,})·{b} = {want:,} bytes",
+        T=T,
+        S=S,
+        d=d,
+        b=b,
+        want=want,
     )
 
 
@@ -341,15 +390,15 @@ def expect_traffic(got, want: int, T: int, S: int, d: int, b: int, flash: bool, 
     `traffic_variants`' answer, which public checks ask for before comparing)."""
     inputs = f"T={T:,}, S={S:,}, d={d}, dtype_bytes={b}, flash={flash}"
     try:
-        expect_int(got, what=f"the byte count for {inputs}")
+        expect_int(got, what=tr("the byte count for {inputs}", inputs=inputs))
     except CheckFailed as e:
         raise CheckFailed(*e.lines, hint=M.float_bytes if isinstance(got, float) else "") from None
     if got == want:
         return got
     raise CheckFailed(
-        f"inputs: {inputs}",
+        tr("inputs: {inputs}", inputs=inputs),
         traffic_derivation(T, S, d, b, flash, want),
-        f"yours: {got:,}",
+        tr("yours: {got:,}", got=got),
         hint=traffic_hint(got, T, S, d, b, flash, variants),
     )
 

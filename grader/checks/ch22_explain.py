@@ -13,7 +13,8 @@ import math
 
 import torch
 
-from grader.authoring import CheckFailed, Hint, Trial, describe, expect_tensor, first_wrong, fmt, hidden_model, mistakes, plural, wrong_mask
+from grader.authoring import CheckFailed, Hint, Trial, describe, expect_tensor, first_wrong, fmt, hidden_model, mistakes, wrong_mask
+from grader.i18n import tr
 
 # Tolerances for float32 attention (flash_attention must agree with naive attention to these).
 ATOL, RTOL = 1e-5, 1e-5
@@ -26,13 +27,21 @@ M = mistakes("ch22")
 
 def sees(T: int, S: int, i: int, causal: bool) -> str:
     if not causal:
-        return f"query {i} sees all {S} keys (not causal)"
-    return f"query {i} is at position {S} − {T} + {i} = {S - T + i} and sees keys 0 … {S - T + i}"
+        return tr("query {i} sees all {S} keys (not causal)", i=i, S=S)
+    return tr("query {i} is at position {S} − {T} + {i} = {p} and sees keys 0 … {p}", i=i, S=S, T=T, p=S - T + i)
 
 
 def case_line(case: str, q: torch.Tensor, k: torch.Tensor, causal: bool, extra: str = "") -> str:
     (T, d), S = q.shape, k.shape[0]
-    return f'case "{case}": q [{T}, {d}], k/v [{S}, {d}], causal={causal}, scale 1/√{d}{extra}'
+    return tr(
+        'case "{case}": q [{T}, {d}], k/v [{S}, {d}], causal={causal}, scale 1/√{d}{extra}',
+        case=case,
+        T=T,
+        d=d,
+        S=S,
+        causal=causal,
+        extra=extra,
+    )
 
 
 def close_to_variant(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-4) -> bool:
@@ -52,9 +61,9 @@ def expect_flash(got, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     T, d = q.shape
     dt = str(q.dtype).removeprefix("torch.")
     if type(got) not in (tuple, list) or len(got) != 2:
-        raise CheckFailed(f"flash_attention returns a pair (out, lse); yours: {describe(got)}")
-    out = expect_tensor(got[0], what=f"out, the output of {T} queries (d = {d})", shape=[T, d], dtype=q.dtype)
-    lse = expect_tensor(got[1], what=f"lse, one {dt} log-sum-exp per query row", shape=[T], dtype=q.dtype)
+        raise CheckFailed(tr("flash_attention returns a pair (out, lse); yours: {got}", got=describe(got)))
+    out = expect_tensor(got[0], what=tr("out, the output of {T} queries (d = {d})", T=T, d=d), shape=[T, d], dtype=q.dtype)
+    lse = expect_tensor(got[1], what=tr("lse, one {dt} log-sum-exp per query row", dt=dt), shape=[T], dtype=q.dtype)
     return out, lse
 
 
@@ -135,7 +144,7 @@ def explain_flash(
     this instance; without it (hidden checks only) the hints ask the hidden side once they are needed."""
     (T, d), S = q.shape, k.shape[0]
     need = lambda: models if models is not None else flash_models(None, q, k, v, causal, bq, bk)
-    blocks = f", block_q={bq}, block_k={bk}"
+    blocks = tr(", block_q={bq}, block_k={bk}", bq=bq, bk=bk)
     idx = first_wrong(out, want_out, atol=atol, rtol=rtol)
     if idx is not None:
         i, j = idx
@@ -146,10 +155,21 @@ def explain_flash(
             hint = M.flash_unstable
         raise CheckFailed(
             case_line(case, q, k, causal, blocks),
-            f"{sees(T, S, i, causal)}: query block {i // bq} (its row {i % bq}), key blocks 0 … {last}",
-            f"out[{i}, {j}]: expected {fmt(want_out[i, j])} (naive attention); yours {fmt(out[i, j])}  "
-            f"({int(bad.sum())} of {want_out.numel()} elements differ beyond {atol:g} + "
-            f"{rtol:g}·|expected|)",
+            tr(
+                "{sees}: query block {qb} (its row {r}), key blocks 0 … {last}", sees=sees(T, S, i, causal), qb=i // bq, r=i % bq, last=last
+            ),
+            tr(
+                "out[{i}, {j}]: expected {want} (naive attention); yours {got}  ({bad} of {total} elements differ beyond "
+                "{atol} + {rtol}·|expected|)",
+                i=i,
+                j=j,
+                want=fmt(want_out[i, j]),
+                got=fmt(out[i, j]),
+                bad=int(bad.sum()),
+                total=want_out.numel(),
+                atol=format(atol, "g"),
+                rtol=format(rtol, "g"),
+            ),
             hint=hint,
         )
     idx = first_wrong(lse, want_lse, atol=atol, rtol=rtol)
@@ -159,8 +179,15 @@ def explain_flash(
         raise CheckFailed(
             case_line(case, q, k, causal, blocks),
             sees(T, S, i, causal),
-            f"lse[{i}]: expected log Σ_visible exp(q[{i}]·k/√{d}) = {fmt(want_lse[i])}; yours "
-            f"{fmt(lse[i])}  ({int(bad.sum())} of {T} rows differ)",
+            tr(
+                "lse[{i}]: expected log Σ_visible exp(q[{i}]·k/√{d}) = {want}; yours {got}  ({bad} of {T} rows differ)",
+                i=i,
+                d=d,
+                want=fmt(want_lse[i]),
+                got=fmt(lse[i]),
+                bad=int(bad.sum()),
+                T=T,
+            ),
             hint=(
                 lse_hint(lse, want_lse, need(), T, S, d, bk, causal) or ragged_rows_hint(sorted(int(r) for r in bad.nonzero()[:, 0]), T, bq)
             ),
@@ -186,42 +213,64 @@ def run_flash_case(
 
 # -- ch22.2 flash_attention: the trace ---------------------------------------------------------------
 
-TRACE_FORMAT = (
-    'one dict per visited tile, {"qb": query block, "kb": key block, "m": [running max of each row], "l": [running sum of each row]}'
-)
+
+def trace_format() -> str:
+    """The documented record format of a trace, in the run's language (no fields: `format` only undoes the doubled
+    braces)."""
+    return tr(
+        'one dict per visited tile, {{"qb": query block, "kb": key block, "m": [running max of each row], "l": [running sum of each row]}}'
+    ).format()
 
 
 def tile_text(qb: int, kb: int, T: int, S: int, bq: int, bk: int) -> str:
     q0, q1, k0, k1 = qb * bq, min(qb * bq + bq, T), kb * bk, min(kb * bk + bk, S)
-    span = lambda one, many, a, b: f"{one} {a}" if a == b else f"{many} {a}–{b}"
-    return f"tile (qb={qb}, kb={kb}): {span('query', 'queries', q0, q1 - 1)}, {span('key', 'keys', k0, k1 - 1)}"
+    queries = tr("query {a}", a=q0) if q0 == q1 - 1 else tr("queries {a}–{b}", a=q0, b=q1 - 1)
+    keys = tr("key {a}", a=k0) if k0 == k1 - 1 else tr("keys {a}–{b}", a=k0, b=k1 - 1)
+    return tr("tile (qb={qb}, kb={kb}): {queries}, {keys}", qb=qb, kb=kb, queries=queries, keys=keys)
 
 
 def expect_trace(raw, T: int, S: int, bq: int, bk: int) -> list[tuple[int, int, list[float], list[float]]]:
     """Require the documented record format; return [(qb, kb, m, l)] with m, l as lists of floats."""
     if type(raw) is not list:
-        raise CheckFailed(f"trace: append to the list passed as `trace` ({TRACE_FORMAT}); it came back as {describe(raw)}")
+        raise CheckFailed(
+            tr("trace: append to the list passed as `trace` ({format}); it came back as {got}", format=trace_format(), got=describe(raw))
+        )
     if not raw and T:
         raise CheckFailed(
-            f"trace: your flash_attention appended nothing to the list passed as `trace`; expected "
-            f"{TRACE_FORMAT} (append to the caller's list, do not rebind the name)"
+            tr(
+                "trace: your flash_attention appended nothing to the list passed as `trace`; expected "
+                "{format} (append to the caller's list, do not rebind the name)",
+                format=trace_format(),
+            )
         )
     records = []
     for n, r in enumerate(raw):
         if type(r) is not dict or not {"qb", "kb", "m", "l"} <= set(r):
-            raise CheckFailed(f"trace[{n}] should be {TRACE_FORMAT}; yours: {sorted(map(str, r)) if type(r) is dict else describe(r)}")
+            yours = sorted(map(str, r)) if type(r) is dict else describe(r)
+            raise CheckFailed(tr("trace[{n}] should be {format}; yours: {got}", n=n, format=trace_format(), got=yours))
         qb, kb = r["qb"], r["kb"]
         if type(qb) is not int or type(kb) is not int:
-            raise CheckFailed(f'trace[{n}]: "qb" and "kb" are block indices as Python ints; yours: {describe(qb)}, {describe(kb)}')
+            raise CheckFailed(
+                tr('trace[{n}]: "qb" and "kb" are block indices as Python ints; yours: {qb}, {kb}', n=n, qb=describe(qb), kb=describe(kb))
+            )
         rows = min(qb * bq + bq, T) - qb * bq if 0 <= qb < -(-T // bq) else None
         stats: list[list[float]] = []
         for key in ("m", "l"):
             x = r[key]
             x = x.tolist() if isinstance(x, torch.Tensor) and x.dim() == 1 else x
             if type(x) not in (list, tuple) or not all(type(e) in (int, float) for e in x) or (rows is not None and len(x) != rows):
+                shown = {"n": n, "qb": qb, "kb": kb, "key": key, "rows": rows, "got": describe(x)}
                 raise CheckFailed(
-                    f'trace[{n}] ("qb": {qb}, "kb": {kb}): "{key}" should list one float per row of '
-                    f"query block {qb}" + (f" ({rows} rows)" if rows else "") + f"; yours: {describe(x)}"
+                    tr(
+                        'trace[{n}] ("qb": {qb}, "kb": {kb}): "{key}" should list one float per row of query block {qb} '
+                        "({rows} rows); yours: {got}",
+                        **shown,
+                    )
+                    if rows
+                    else tr(
+                        'trace[{n}] ("qb": {qb}, "kb": {kb}): "{key}" should list one float per row of query block {qb}; yours: {got}',
+                        **shown,
+                    )
                 )
             stats.append([float(e) for e in x])
         records.append((qb, kb, stats[0], stats[1]))
@@ -233,23 +282,37 @@ def explain_tiles(records: list, tiles: dict, T: int, S: int, bq: int, bk: int, 
     (`tiles` is `flash_models(...)["tiles"]`)."""
     want = tiles["visit"]
     got = [(r[0], r[1]) for r in records]
-    head = f'case "{case}": T={T}, S={S}, block_q={bq}, block_k={bk}, causal={causal}'
+    head = tr('case "{case}": T={T}, S={S}, block_q={bq}, block_k={bk}, causal={causal}', case=case, T=T, S=S, bq=bq, bk=bk, causal=causal)
     nq, nk = -(-T // bq), -(-S // bk)
     for qb, kb in got:
         if not (0 <= qb < nq and 0 <= kb < nk):
             raise CheckFailed(
                 head,
-                f"your trace has tile (qb={qb}, kb={kb}), which does not exist: ⌈{T}/{bq}⌉ = "
-                f"{nq} query blocks (0 … {nq - 1}) and ⌈{S}/{bk}⌉ = {nk} key blocks "
-                f"(0 … {nk - 1})",
+                tr(
+                    "your trace has tile (qb={qb}, kb={kb}), which does not exist: ⌈{T}/{bq}⌉ = {nq} query blocks (0 … {lq}) "
+                    "and ⌈{S}/{bk}⌉ = {nk} key blocks (0 … {lk})",
+                    qb=qb,
+                    kb=kb,
+                    T=T,
+                    bq=bq,
+                    nq=nq,
+                    lq=nq - 1,
+                    S=S,
+                    bk=bk,
+                    nk=nk,
+                    lk=nk - 1,
+                ),
             )
     twice = [x for x in dict.fromkeys(got) if got.count(x) > 1]
     if twice:
         qb, kb = twice[0]
         raise CheckFailed(
             head,
-            f"{tile_text(qb, kb, T, S, bq, bk)} appears {got.count(twice[0])} times in your "
-            f"trace: each tile is visited once, its scores folded into m, l and acc once",
+            tr(
+                "{tile} appears {n} times in your trace: each tile is visited once, its scores folded into m, l and acc once",
+                tile=tile_text(qb, kb, T, S, bq, bk),
+                n=got.count(twice[0]),
+            ),
         )
     hint = tiles_hint(set(got), tiles, T, S, bq, bk, causal)
     extra = [x for x in got if x not in want]
@@ -258,25 +321,38 @@ def explain_tiles(records: list, tiles: dict, T: int, S: int, bq: int, bk: int, 
         p = S - T + min(qb * bq + bq, T) - 1
         raise CheckFailed(
             head,
-            f"your trace visits {tile_text(qb, kb, T, S, bq, bk)}; its last query, at position "
-            f"{p}, sees keys 0 … {p} < {kb * bk}: the whole tile is in the future, so "
-            f"FlashAttention skips it (no scores, no exp, no record). "
-            f"{plural(len(extra), 'future tile')} visited",
+            tr(
+                "your trace visits {tile}; its last query, at position {p}, sees keys 0 … {p} < {k0}: the whole tile is in "
+                "the future, so FlashAttention skips it (no scores, no exp, no record). {n} future tiles visited",
+                tile=tile_text(qb, kb, T, S, bq, bk),
+                p=p,
+                k0=kb * bk,
+                n=len(extra),
+            )
+            if len(extra) > 1
+            else tr(
+                "your trace visits {tile}; its last query, at position {p}, sees keys 0 … {p} < {k0}: the whole tile is in "
+                "the future, so FlashAttention skips it (no scores, no exp, no record)",
+                tile=tile_text(qb, kb, T, S, bq, bk),
+                p=p,
+                k0=kb * bk,
+            ),
             hint=hint,
         )
     missing = [x for x in want if x not in got]
     if missing:
         qb, kb = missing[0]
         why = (
-            f"its last query, at position {S - T + min(qb * bq + bq, T) - 1}, sees key {kb * bk}"
+            tr("its last query, at position {p}, sees key {k0}", p=S - T + min(qb * bq + bq, T) - 1, k0=kb * bk)
             if causal
-            else "not causal: every tile holds visible scores"
+            else tr("not causal: every tile holds visible scores")
         )
+        shown = {"tile": tile_text(qb, kb, T, S, bq, bk), "why": why, "n": len(missing), "total": len(want)}
         raise CheckFailed(
             head,
-            f"{tile_text(qb, kb, T, S, bq, bk)} is missing from your trace ({why}); "
-            f"{len(missing)} of the {len(want)} tiles with visible scores "
-            f"{'was' if len(missing) == 1 else 'were'} not visited",
+            tr("{tile} is missing from your trace ({why}); {n} of the {total} tiles with visible scores was not visited", **shown)
+            if len(missing) == 1
+            else tr("{tile} is missing from your trace ({why}); {n} of the {total} tiles with visible scores were not visited", **shown),
             hint=hint,
         )
     for qb in range(nq):
@@ -284,8 +360,12 @@ def explain_tiles(records: list, tiles: dict, T: int, S: int, bq: int, bk: int, 
         if kbs != sorted(kbs):
             raise CheckFailed(
                 head,
-                f"query block {qb} visits key blocks in the order {kbs}: visit them in "
-                f"increasing order, so each row's first tile holds key 0 (visible to every query)",
+                tr(
+                    "query block {qb} visits key blocks in the order {kbs}: visit them in increasing order, so each row's "
+                    "first tile holds key 0 (visible to every query)",
+                    qb=qb,
+                    kbs=kbs,
+                ),
             )
 
 
@@ -318,11 +398,20 @@ def explain_final_stats(records: list, lse: torch.Tensor, T: int, bq: int, case:
             from_trace = mi + math.log(li) if li > 0 else -math.inf
             if not math.isclose(from_trace, float(lse[i]), rel_tol=1e-4, abs_tol=1e-4):
                 raise CheckFailed(
-                    f'case "{case}": your trace ends query block {qb} (kb={mine[-1][1]}) with row {r} '
-                    f"(query {i}) at m = {fmt(mi)}, l = {fmt(li)}, so lse = m + log l = "
-                    f"{fmt(mi)} + log {fmt(li)} = {fmt(from_trace)}; your flash_attention returned "
-                    f"lse[{i}] = {fmt(lse[i])}. Record m and l right after each tile's update, and "
-                    f"return lse = m + log l from those running values"
+                    tr(
+                        'case "{case}": your trace ends query block {qb} (kb={kb}) with row {r} (query {i}) at m = {m}, l = {l}, '
+                        "so lse = m + log l = {m} + log {l} = {lse}; your flash_attention returned lse[{i}] = {got}. Record m and l "
+                        "right after each tile's update, and return lse = m + log l from those running values",
+                        case=case,
+                        qb=qb,
+                        kb=mine[-1][1],
+                        r=r,
+                        i=i,
+                        m=fmt(mi),
+                        l=fmt(li),
+                        lse=fmt(from_trace),
+                        got=fmt(lse[i]),
+                    )
                 )
 
 
@@ -352,11 +441,29 @@ def explain_stats(records: list, models: dict, *, T: int, S: int, d: int, causal
             if not (m_bad[r] or l_bad[r]):
                 continue
             raise CheckFailed(
-                f'case "{case}": T={T}, S={S}, d={d}, block_q={bq}, block_k={bk}, causal={causal}',
-                f"after {tile_text(qb, kb, T, S, bq, bk)}, row {r} (query {qb * bq + r}): expected the "
-                f"running max m = {fmt(want[2][r])} (the largest visible q·k/√{d} over key blocks "
-                f"0 … {kb}) and the running sum l = {fmt(want[3][r])} (Σ exp(score − m) over the same "
-                f"keys); yours m = {fmt(m[r])}, l = {fmt(l[r])}",
+                tr(
+                    'case "{case}": T={T}, S={S}, d={d}, block_q={bq}, block_k={bk}, causal={causal}',
+                    case=case,
+                    T=T,
+                    S=S,
+                    d=d,
+                    bq=bq,
+                    bk=bk,
+                    causal=causal,
+                ),
+                tr(
+                    "after {tile}, row {r} (query {i}): expected the running max m = {m} (the largest visible q·k/√{d} over key "
+                    "blocks 0 … {kb}) and the running sum l = {l} (Σ exp(score − m) over the same keys); yours m = {got_m}, l = {got_l}",
+                    tile=tile_text(qb, kb, T, S, bq, bk),
+                    r=r,
+                    i=qb * bq + r,
+                    m=fmt(want[2][r]),
+                    d=d,
+                    kb=kb,
+                    l=fmt(want[3][r]),
+                    got_m=fmt(m[r]),
+                    got_l=fmt(l[r]),
+                ),
                 hint=stats_hint(qb, kb, r, m[r], l[r], d, models),
             )
 

@@ -20,6 +20,7 @@ from grader.checks.ch20 import (
     run_mlp_case,
     run_norm_case,
 )
+from grader.i18n import tr
 
 M = mistakes("ch20")
 
@@ -72,7 +73,9 @@ def random_adds(t: Trial) -> None:
             x,
             r,
             (torch.rand(h, generator=t.rng) + 0.5).to(dtype),
-            f"{n} tokens, H = {h}, {str(dtype)[6:]}, residual {'None' if r is None else 'given'}",
+            tr("{n} tokens, H = {h}, {dtype}, residual None", n=n, h=h, dtype=str(dtype)[6:])
+            if r is None
+            else tr("{n} tokens, H = {h}, {dtype}, residual given", n=n, h=h, dtype=str(dtype)[6:]),
         )
 
 
@@ -88,7 +91,7 @@ def residual_stream(t: Trial) -> None:
     residual: torch.Tensor | None = None
     stream = emb  # the residual each call returns
     for k in range(2 * layers + 1):  # the last call is the model's final norm
-        case = f"sublayer {k} of a {layers}-layer stack" if k < 2 * layers else "the final norm"
+        case = tr("sublayer {k} of a {layers}-layer stack", k=k, layers=layers) if k < 2 * layers else tr("the final norm")
         got = expect_pair(t.yours.add_rms_norm(hidden_out, residual, weights[k], EPS), hidden_out, residual)
         explain_add(*got, hidden_out, residual, weights[k], EPS, t.ref.add_rms_norm(hidden_out, residual, weights[k], EPS), case)
         if k:
@@ -100,9 +103,13 @@ def residual_stream(t: Trial) -> None:
     gap = float((stream.double() - logical).abs().max())
     if gap > 1e-4 * float(logical.abs().max()) + 1e-5:
         raise CheckFailed(
-            f"after {layers} layers (the final norm adds the last MLP output), your residual differs "
-            f"from the logical sum embedding + every sublayer output by up to {fmt(gap)}",
-            hint="each add_rms_norm returns the new sum as the residual; nothing is added twice or dropped",
+            tr(
+                "after {layers} layers (the final norm adds the last MLP output), your residual differs "
+                "from the logical sum embedding + every sublayer output by up to {gap}",
+                layers=layers,
+                gap=fmt(gap),
+            ),
+            hint=tr("each add_rms_norm returns the new sum as the residual; nothing is added twice or dropped"),
         )
 
 
@@ -120,7 +127,7 @@ def random_acts(t: Trial) -> None:
 @hidden("ch20.3", "large gates: SiLU saturates without inf or nan")
 def large_gates(t: Trial) -> None:
     gate = torch.tensor([[-500.0, -90.0, -20.0, 0.0, 20.0, 90.0, 500.0]])
-    run_act_case(t, torch.cat((gate, torch.full_like(gate, 2.0)), dim=-1), "gates from −500 to 500, up = 2")
+    run_act_case(t, torch.cat((gate, torch.full_like(gate, 2.0)), dim=-1), tr("gates from −500 to 500, up = 2"))
 
 
 @hidden("ch20.3", "agreement with transformers' SiLU (ACT2FN['silu']) on Qwen3-0.6B's width")
@@ -131,7 +138,7 @@ def hf_silu(t: Trial) -> None:
     gu = torch.randn(3, 2 * 3072, generator=t.rng) * 3
     want = ACT2FN["silu"](gu[:, :3072]) * gu[:, 3072:]
     got = expect_tensor(t.yours.silu_and_mul(gu), what="SiLU(gate)·up [3, 3072]", shape=[3, 3072], dtype=torch.float32)
-    explain_act(got, want, gu, "Qwen3-0.6B width, I = 3072")
+    explain_act(got, want, gu, tr("Qwen3-0.6B width, I = 3072"))
 
 
 # -- ch20.4 -------------------------------------------------------------------------------------------
@@ -168,20 +175,25 @@ def token_independence(t: Trial) -> None:
     w_gu, w_down = random_mlp(t, 16, 40)
     x = torch.randn(9, 16, generator=t.rng)
     perm = torch.randperm(9, generator=t.rng)
-    y = expect_tensor(t.yours.swiglu_mlp(x, w_gu, w_down), what="the MLP output [9, 16]", shape=[9, 16], dtype=torch.float32)
-    y_perm = expect_tensor(t.yours.swiglu_mlp(x[perm], w_gu, w_down), what="the MLP output [9, 16]", shape=[9, 16], dtype=torch.float32)
+    what = tr("the MLP output [9, 16]")
+    y = expect_tensor(t.yours.swiglu_mlp(x, w_gu, w_down), what=what, shape=[9, 16], dtype=torch.float32)
+    y_perm = expect_tensor(t.yours.swiglu_mlp(x[perm], w_gu, w_down), what=what, shape=[9, 16], dtype=torch.float32)
     bad = mlp_wrong(y_perm, y[perm]).any(dim=-1).nonzero()
     if len(bad):
         row = int(bad[0])
         raise CheckFailed(
-            f"token {int(perm[row])} gives a different output when the tokens come in another order "
-            f"(row {row} of the permuted batch): the MLP transforms every token on its own and must "
-            f"never mix tokens",
+            tr(
+                "token {token} gives a different output when the tokens come in another order "
+                "(row {row} of the permuted batch): the MLP transforms every token on its own and must "
+                "never mix tokens",
+                token=int(perm[row]),
+                row=row,
+            ),
             hint=M.mixes_tokens,
         )
-    explain_mlp(y, t.ref.swiglu_mlp(x, w_gu, w_down), x, w_gu, w_down, "9 tokens")
-    alone = expect_tensor(t.yours.swiglu_mlp(x[3:4], w_gu, w_down), what="the MLP output [1, 16]", shape=[1, 16], dtype=torch.float32)
-    explain_mlp(alone, y[3:4], x[3:4], w_gu, w_down, "token 3 alone must give its row of the batch")
+    explain_mlp(y, t.ref.swiglu_mlp(x, w_gu, w_down), x, w_gu, w_down, tr("9 tokens"))
+    alone = expect_tensor(t.yours.swiglu_mlp(x[3:4], w_gu, w_down), what=tr("the MLP output [1, 16]"), shape=[1, 16], dtype=torch.float32)
+    explain_mlp(alone, y[3:4], x[3:4], w_gu, w_down, tr("token 3 alone must give its row of the batch"))
 
 
 @hidden("ch20.4", "random widths, leading shapes and bf16")

@@ -16,6 +16,7 @@ from grader.checks.ch21 import (
     run_appends,
     run_decode_case,
 )
+from grader.i18n import tr
 
 # -- ch21.1 append_kv ---------------------------------------------------------------------------------
 
@@ -29,7 +30,8 @@ def random_append_case(t: Trial) -> None:
     l_max, heads, dim = t.random.randint(1, 24), t.random.choice([1, 2, 4, 8]), t.random.choice([1, 4, 16, 64])
     length = t.random.randint(0, l_max // 2)
     k_cache, v_cache = torch.randn(l_max, heads, dim, generator=t.rng), torch.randn(l_max, heads, dim, generator=t.rng)
-    case = f"L_max {l_max}, {heads} kv heads, head_dim {dim}, starting at length {length}"
+    shown = {"l_max": l_max, "heads": heads, "dim": dim, "length": length}
+    case = tr("L_max {l_max}, {heads} kv heads, head_dim {dim}, starting at length {length}", **shown)
     run_appends(t, k_cache, v_cache, length, random_sizes(t, l_max - length), case)
 
 
@@ -37,22 +39,22 @@ def random_append_case(t: Trial) -> None:
 def empty_appends(t: Trial) -> None:
     for l_max, length in ((5, 0), (5, 3), (5, 5)):
         k_cache, v_cache = torch.randn(l_max, 2, 3, generator=t.rng), torch.randn(l_max, 2, 3, generator=t.rng)
-        run_appends(t, k_cache, v_cache, length, [0], f"an empty append at length {length} of L_max {l_max}")
+        run_appends(t, k_cache, v_cache, length, [0], tr("an empty append at length {length} of L_max {l_max}", length=length, l_max=l_max))
 
 
 @hidden("ch21.1", "appends that fill the cache exactly to L_max")
 def exact_fill(t: Trial) -> None:
     k_cache, v_cache = torch.randn(7, 1, 4, generator=t.rng), torch.randn(7, 1, 4, generator=t.rng)
-    run_appends(t, k_cache, v_cache, 0, [7], "a prefill of exactly L_max = 7 tokens")
+    run_appends(t, k_cache, v_cache, 0, [7], tr("a prefill of exactly L_max = 7 tokens"))
     k_cache, v_cache = torch.randn(7, 1, 4, generator=t.rng), torch.randn(7, 1, 4, generator=t.rng)
-    run_appends(t, k_cache, v_cache, 4, [2, 1], "decode steps up to the last row of L_max = 7")
+    run_appends(t, k_cache, v_cache, 4, [2, 1], tr("decode steps up to the last row of L_max = 7"))
 
 
 @hidden("ch21.1", "a bfloat16 cache, as engines keep it")
 def bf16_cache(t: Trial) -> None:
     k_cache = torch.randn(16, 8, 16, generator=t.rng).to(torch.bfloat16)
     v_cache = torch.randn(16, 8, 16, generator=t.rng).to(torch.bfloat16)
-    run_appends(t, k_cache, v_cache, 0, [9, 1, 1], "a bfloat16 cache of L_max 16, 8 kv heads, head_dim 16")
+    run_appends(t, k_cache, v_cache, 0, [9, 1, 1], tr("a bfloat16 cache of L_max 16, 8 kv heads, head_dim 16"))
 
 
 @hidden("ch21.1", "agrees with transformers' DynamicLayer over a prefill and decode steps")
@@ -70,11 +72,15 @@ def agrees_with_transformers(t: Trial) -> None:
         t.ref.append_kv(ref_k, ref_v, length, k_new, v_new)
         # transformers keeps [batch, heads, tokens, head_dim] and concatenates along the tokens.
         keys, values = layer.update(k_new.transpose(0, 1)[None], v_new.transpose(0, 1)[None])
-        before, length = length, expect_int(call.value, what=f"append_kv's return value after append {step + 1}")
+        before, length = length, expect_int(call.value, what=tr("append_kv's return value after append {step}", step=step + 1))
         if length != layer.get_seq_length():
             raise CheckFailed(
-                f"after appends of {[5, 1, 1, 1][: step + 1]} transformers' DynamicLayer holds "
-                f"{layer.get_seq_length()} tokens; your append_kv returned the length {length}",
+                tr(
+                    "after appends of {sizes} transformers' DynamicLayer holds {n} tokens; your append_kv returned the length {length}",
+                    sizes=[5, 1, 1, 1][: step + 1],
+                    n=layer.get_seq_length(),
+                    length=length,
+                ),
                 hint=length_hint(length, before, n),
             )
         for name, got, want, ref_after, old, new, other in (
@@ -86,9 +92,15 @@ def agrees_with_transformers(t: Trial) -> None:
             idx = first_wrong(got[:length], want)
             if idx is not None:
                 raise CheckFailed(
-                    f"after appends of {[5, 1, 1, 1][: step + 1]}: row {idx[0]} of your {name} "
-                    f"differs from token {idx[0]} of transformers' DynamicLayer (kv head {idx[1]}); "
-                    f"rows 0 … {length - 1} must hold the tokens in the order they were appended",
+                    tr(
+                        "after appends of {sizes}: row {row} of your {name} differs from token {row} of transformers' "
+                        "DynamicLayer (kv head {head}); rows 0 … {last} must hold the tokens in the order they were appended",
+                        sizes=[5, 1, 1, 1][: step + 1],
+                        row=idx[0],
+                        name=name,
+                        head=idx[1],
+                        last=length - 1,
+                    ),
                     hint=append_hint(got, ref_after, old, new, other, before),
                 )
         k_cache, v_cache = call.args[0], call.args[1]
@@ -102,7 +114,7 @@ def block_boundaries(t: Trial) -> None:
     # reference/nanovllm.md §12: a sequence that has just reached len 257 with table [9, 4] → slot 1024.
     for length, table in ((257, [9, 4]), (256, [3]), (1, [6]), (512, [2, 8]), (513, [2, 8, 0])):
         ids = [t.random.randrange(151_936) for _ in range(length)]
-        run_decode_case(t, ids, table, 256, f"len {length}, table {table}, block_size 256")
+        run_decode_case(t, ids, table, 256, tr("len {n}, table {table}, block_size 256", n=length, table=table))
 
 
 @hidden("ch21.2", "random sequences, block sizes and tables")
@@ -113,7 +125,7 @@ def random_decodes(t: Trial) -> None:
         needed = -(-length // bs)
         table = torch.randperm(64, generator=t.rng)[: needed + t.random.choice([0, 0, 0, 1, 2])].tolist()
         ids = [t.random.randrange(1000) for _ in range(length)]
-        run_decode_case(t, ids, table, bs, f"random, block_size {bs}")
+        run_decode_case(t, ids, table, bs, tr("random, block_size {bs}", bs=bs))
 
 
 @hidden("ch21.2", "a whole generation: 30 decode steps, the table growing as nano-vllm's may_append grows it")
@@ -133,20 +145,24 @@ def whole_generation(t: Trial) -> None:
             ids,
             table,
             bs,
-            f"decode step {len(ids) - 6} of a generation",
+            tr("decode step {step} of a generation", step=len(ids) - 6),
             t.ref.drive(neighbour_slots, ids, table, bs),
         )
         if got["slot"] in written:
             raise CheckFailed(
-                f"decode steps at len {written[got['slot']]} and {len(ids)} both wrote slot "
-                f"{got['slot']}: the second overwrote the K/V of the first"
+                tr(
+                    "decode steps at len {first} and {second} both wrote slot {slot}: the second overwrote the K/V of the first",
+                    first=written[got["slot"]],
+                    second=len(ids),
+                    slot=got["slot"],
+                )
             )
         written[got["slot"]] = len(ids)
 
 
 @hidden("ch21.2", "tables too short for the newest position raise ValueError")
 def tables_too_short(t: Trial) -> None:
-    expect_short_table(t, [1] * 257, [9], 256, "position 256 is in logical block 1, but the table has only block 0")
+    expect_short_table(t, [1] * 257, [9], 256, tr("position 256 is in logical block 1, but the table has only block 0"))
     bs = t.random.choice([2, 4, 16])
     blocks = t.random.randint(1, 4)
     ids = [t.random.randrange(1000) for _ in range(blocks * bs + 1)]
@@ -155,10 +171,15 @@ def tables_too_short(t: Trial) -> None:
         ids,
         list(range(blocks)),
         bs,
-        f"position {blocks * bs} is the first token of logical block {blocks}, and the table holds "
-        f"blocks 0 … {blocks - 1} only (may_append has not run)",
+        tr(
+            "position {pos} is the first token of logical block {blocks}, and the table holds blocks 0 … {last} only "
+            "(may_append has not run)",
+            pos=blocks * bs,
+            blocks=blocks,
+            last=blocks - 1,
+        ),
     )
-    expect_short_table(t, [5], [], 4, "an empty table holds no block, not even block 0 for position 0")
+    expect_short_table(t, [5], [], 4, tr("an empty table holds no block, not even block 0 for position 0"))
 
 
 # -- helpers ------------------------------------------------------------------------------------------

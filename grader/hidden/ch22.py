@@ -10,6 +10,7 @@ from grader.authoring import CheckFailed, OverBudget, Trial, expect_int, first_w
 from grader.checks.ch22 import expect_naive, expect_traffic, explain_naive, naive_variants, random_qkv, run_naive_case, run_traffic_case
 from grader.checks.ch22_explain import check_trace, expect_flash, run_flash_case
 from grader.hidden.ch22_models import end_aligned
+from grader.i18n import tr
 
 # (T, S, causal) at d = 16 with 256 × 256 tiles (256 KiB of float32 scores each): the whole T × S float32 score
 # matrix is 256 MiB at T = S = 8192 (its bool causal mask 64 MiB) and 64 MiB at T = 1024, S = 16384. The call may
@@ -54,7 +55,7 @@ def naive_sdpa(t: Trial) -> None:
             k,
             v,
             causal=causal,
-            case=f"T={T}, S={S}, d={d}, against SDPA",
+            case=tr("T={T}, S={S}, d={d}, against SDPA", T=T, S=S, d=d),
             variants=t.ref.drive(naive_variants, q, k, v, causal),
         )
 
@@ -62,7 +63,7 @@ def naive_sdpa(t: Trial) -> None:
 @hidden("ch22.1", "naive attention: large scores stay finite (a stable softmax)")
 def naive_large(t: Trial) -> None:
     q, k, v = random_qkv(t, 6, 9, 16, magnitude=60.0)
-    run_naive_case(t, q, k, v, case="scores up to about ±150", atol=1e-4, rtol=1e-4)
+    run_naive_case(t, q, k, v, case=tr("scores up to about ±150"), atol=1e-4, rtol=1e-4)
 
 
 @hidden("ch22.1", "HBM bytes: random sizes and dtypes, exact Python ints")
@@ -83,22 +84,37 @@ def traffic_properties(t: Trial) -> None:
         cases = [(T, S, False), (T, S, True), (2 * T, 2 * S, True)]
         got = [
             expect_int(
-                t.yours.attention_hbm_bytes(x, y, d, b, flash=f), what=f"the byte count for T={x}, S={y}, d={d}, dtype_bytes={b}, flash={f}"
+                t.yours.attention_hbm_bytes(x, y, d, b, flash=f),
+                what=tr("the byte count for {inputs}", inputs="T={}, S={}, d={}, dtype_bytes={}, flash={}".format(x, y, d, b, f)),
             )
             for x, y, f in cases
         ]
         naive, flash, doubled = got
         if not flash < naive:
             raise CheckFailed(
-                f"T={T:,}, S={S:,}, d={d}, dtype_bytes={b}: FlashAttention must move fewer bytes than the "
-                f"naive kernels, which also write and read back two [T, S] matrices; yours: flash "
-                f"{flash:,} vs naive {naive:,}"
+                tr(
+                    "T={T:,}, S={S:,}, d={d}, dtype_bytes={b}: FlashAttention must move fewer bytes than the naive kernels, "
+                    "which also write and read back two [T, S] matrices; yours: flash {flash:,} vs naive {naive:,}",
+                    T=T,
+                    S=S,
+                    d=d,
+                    b=b,
+                    flash=flash,
+                    naive=naive,
+                )
             )
         if doubled != 2 * flash:
             raise CheckFailed(
-                f"d={d}, dtype_bytes={b}: doubling T and S (from {T:,}, {S:,}) must double "
-                f"FlashAttention's traffic, which is linear (no [T, S] matrix reaches HBM); yours goes "
-                f"from {flash:,} to {doubled:,} bytes"
+                tr(
+                    "d={d}, dtype_bytes={b}: doubling T and S (from {T:,}, {S:,}) must double FlashAttention's traffic, "
+                    "which is linear (no [T, S] matrix reaches HBM); yours goes from {flash:,} to {doubled:,} bytes",
+                    d=d,
+                    b=b,
+                    T=T,
+                    S=S,
+                    flash=flash,
+                    doubled=doubled,
+                )
             )
         for (x, y, f), g in zip(cases, got):
             expect_traffic(g, t.ref.attention_hbm_bytes(x, y, d, b, flash=f), x, y, d, b, f)
@@ -113,7 +129,7 @@ def flash_tilings_causal(t: Trial) -> None:
         T, S, d = random_causal_shape(t, most=20)
         bq, bk = t.random.randint(1, 8), t.random.randint(1, 8)
         q, k, v = random_qkv(t, T, S, d)
-        run_flash_case(t, q, k, v, bq=bq, bk=bk, case=f"T={T}, S={S}, d={d}, {bq} × {bk} tiles")
+        run_flash_case(t, q, k, v, bq=bq, bk=bk, case=tr("T={T}, S={S}, d={d}, {bq} × {bk} tiles", T=T, S=S, d=d, bq=bq, bk=bk))
 
 
 @hidden("ch22.2", "many tilings, not causal (S may be < T)")
@@ -122,17 +138,18 @@ def flash_tilings_not_causal(t: Trial) -> None:
         T, S, d = t.random.randint(1, 16), t.random.randint(1, 16), t.random.choice([4, 8])
         bq, bk = t.random.randint(1, 7), t.random.randint(1, 7)
         q, k, v = random_qkv(t, T, S, d)
-        run_flash_case(t, q, k, v, causal=False, bq=bq, bk=bk, case=f"T={T}, S={S}, not causal, {bq} × {bk} tiles")
+        case = tr("T={T}, S={S}, not causal, {bq} × {bk} tiles", T=T, S=S, bq=bq, bk=bk)
+        run_flash_case(t, q, k, v, causal=False, bq=bq, bk=bk, case=case)
 
 
 @hidden("ch22.2", "extreme tilings: one tile for everything, one element per tile, a decode step")
 def flash_extreme_tilings(t: Trial) -> None:
     q, k, v = random_qkv(t, 9, 13, 8)
-    run_flash_case(t, q, k, v, bq=64, bk=64, case="blocks larger than T and S: one tile")
+    run_flash_case(t, q, k, v, bq=64, bk=64, case=tr("blocks larger than T and S: one tile"))
     q, k, v = random_qkv(t, 5, 7, 4)
-    run_flash_case(t, q, k, v, bq=1, bk=1, case="1 × 1 tiles")
+    run_flash_case(t, q, k, v, bq=1, bk=1, case=tr("1 × 1 tiles"))
     q, k, v = random_qkv(t, 1, 37, 16)
-    run_flash_case(t, q, k, v, bq=4, bk=8, case="decode: 1 query over 37 keys")
+    run_flash_case(t, q, k, v, bq=4, bk=8, case=tr("decode: 1 query over 37 keys"))
 
 
 @hidden("ch22.2", "the trace: every visible tile once, no future tile, running max/sum per tile, lse = m + log l")
@@ -143,7 +160,7 @@ def flash_trace(t: Trial) -> None:
         shapes.append((T, S, t.random.randint(1, 6), t.random.randint(1, 6)))
     for n, (T, S, bq, bk) in enumerate(shapes):
         q, k, v = random_qkv(t, T, S, 8, magnitude=3.0)  # spread scores: running maxima change from tile to tile
-        check_trace(t, q, k, v, causal=n != 2, bq=bq, bk=bk, case=f"T={T}, S={S}, {bq} × {bk} tiles")
+        check_trace(t, q, k, v, causal=n != 2, bq=bq, bk=bk, case=tr("T={T}, S={S}, {bq} × {bk} tiles", T=T, S=S, bq=bq, bk=bk))
 
 
 @hidden("ch22.2", "no tensor of T·S elements is ever created (measured)")
@@ -166,11 +183,28 @@ def flash_memory(t: Trial) -> None:
                 bad = int(wrong_mask(got, want, atol=1e-4, rtol=1e-4).sum())
                 where = ", ".join(map(str, idx))
                 raise CheckFailed(
-                    f"case: T={T} queries, S={S} keys, d={d}, causal={causal}, block_q={b}, block_k={b}",
-                    f"{name}[{where}]: expected {fmt(want[idx])}; yours {fmt(got[idx])} ({bad} of "
-                    f"{want.numel()} differ beyond 1e-4 + 1e-4·|expected|)",
-                    "your flash_attention fits in memory here, but its values are wrong: the checks on "
-                    "small instances show where they first differ",
+                    tr(
+                        "case: T={T} queries, S={S} keys, d={d}, causal={causal}, block_q={bq}, block_k={bk}",
+                        T=T,
+                        S=S,
+                        d=d,
+                        causal=causal,
+                        bq=b,
+                        bk=b,
+                    ),
+                    tr(
+                        "{name}[{where}]: expected {want}; yours {got} ({bad} of {total} differ beyond 1e-4 + 1e-4·|expected|)",
+                        name=name,
+                        where=where,
+                        want=fmt(want[idx]),
+                        got=fmt(got[idx]),
+                        bad=bad,
+                        total=want.numel(),
+                    ),
+                    tr(
+                        "your flash_attention fits in memory here, but its values are wrong: the checks on "
+                        "small instances show where they first differ"
+                    ),
                 )
 
 
@@ -178,7 +212,7 @@ def flash_memory(t: Trial) -> None:
 def flash_large(t: Trial) -> None:
     for T, S, bq, bk in ((7, 11, 3, 4), (9, 9, 2, 5)):
         q, k, v = random_qkv(t, T, S, 16, magnitude=60.0)
-        run_flash_case(t, q, k, v, bq=bq, bk=bk, case=f"T={T}, S={S}, scores up to about ±150", atol=1e-4, rtol=1e-4)
+        run_flash_case(t, q, k, v, bq=bq, bk=bk, case=tr("T={T}, S={S}, scores up to about ±150", T=T, S=S), atol=1e-4, rtol=1e-4)
 
 
 # -- helpers ------------------------------------------------------------------------------------------
@@ -198,19 +232,45 @@ def explain_memory(e: OverBudget, inputs: int, T: int, S: int, d: int, causal: b
     easily); the hint follows what it used: a whole score matrix, a whole causal mask, or more than one tile."""
     used = e.used - inputs
     lines = [
-        f"case: T={T} queries, S={S} keys, d={d}, causal={causal}, block_q={bq}, block_k={bk}",
-        f"your flash_attention used {e.beyond(inputs)} beyond its inputs, where this check allows "
-        f"{mib(FLASH_SPARE)}; the whole T × S score matrix alone is {mib(T * S * itemsize)}"
-        + (f" (a [T, S] bool mask {mib(T * S)})." if causal else "."),
-        f"FlashAttention never holds it: each step works on one tile [{bq}, {bk}] of scores "
-        f"({mib(bq * bk * itemsize)}) and keeps only the running max m and sum l [{bq}] and the accumulator "
-        f"acc [{bq}, {d}] of its query block, so memory stays linear in T and S (the arithmetic is still "
-        f"T·S·d).",
+        tr(
+            "case: T={T} queries, S={S} keys, d={d}, causal={causal}, block_q={bq}, block_k={bk}",
+            T=T,
+            S=S,
+            d=d,
+            causal=causal,
+            bq=bq,
+            bk=bk,
+        ),
+        tr(
+            "your flash_attention used {used} beyond its inputs, where this check allows {allowed}; the whole T × S score "
+            "matrix alone is {matrix} (a [T, S] bool mask {mask}).",
+            used=e.beyond(inputs),
+            allowed=mib(FLASH_SPARE),
+            matrix=mib(T * S * itemsize),
+            mask=mib(T * S),
+        )
+        if causal
+        else tr(
+            "your flash_attention used {used} beyond its inputs, where this check allows {allowed}; the whole T × S score "
+            "matrix alone is {matrix}.",
+            used=e.beyond(inputs),
+            allowed=mib(FLASH_SPARE),
+            matrix=mib(T * S * itemsize),
+        ),
+        tr(
+            "FlashAttention never holds it: each step works on one tile [{bq}, {bk}] of scores ({tile}) and keeps only the "
+            "running max m and sum l [{bq}] and the accumulator acc [{bq}, {d}] of its query block, so memory stays linear "
+            "in T and S (the arithmetic is still T·S·d).",
+            bq=bq,
+            bk=bk,
+            tile=mib(bq * bk * itemsize),
+            d=d,
+        ),
     ]
     if used >= T * S * itemsize:
         hint = M.full_scores
     elif used >= T * S and causal:
         hint = M.full_mask
     else:
-        hint = M.one_tile.format(mask=f"; and {M.full_mask}" if causal else "")
+        hint = M.one_tile.format(mask=tr("; and {also}", also=M.full_mask) if causal else "")
     return CheckFailed(*lines, hint=hint)
