@@ -64,8 +64,8 @@ def test_a_translation_keeps_the_placeholders(path: Path):
         cat = read_po(f)
     wrong = []
     for m in cat:
-        if not m.id or not m.string or not isinstance(m.id, str):
-            continue
+        if not m.id or not m.string or not isinstance(m.id, str) or re.match(r"ch\d{2}_", m.context or ""):
+            continue  # a docstring's paragraph is never formatted: its braces are prose
         try:
             same = fields(m.id) == fields(m.string)
         except ValueError as e:  # an unbalanced brace

@@ -202,7 +202,7 @@ def todo(domain: str, lang: str = "zh", hidden: bool | None = None) -> list[dict
 
 def fill(domain: str, translations: dict[str, str], lang: str = "zh") -> tuple[int, list[str]]:
     """Write `translations` ({key: text}) into `domain`'s catalogs; (filled, keys not found)."""
-    left = dict(translations)
+    found: set[str] = set()
     filled = 0
     for h in (False, True):
         path = path_of(domain, h, lang)
@@ -212,11 +212,12 @@ def fill(domain: str, translations: dict[str, str], lang: str = "zh") -> tuple[i
             catalog = read_po(f, locale=lang)
         for m in catalog:
             k = key(m.context, m.id) if isinstance(m.id, str) and m.id else ""
-            if k in left:
-                m.string = left.pop(k)
+            if k in translations:  # the same text can be in the public and the hidden catalog
+                found.add(k)
+                m.string = translations[k]
                 m.flags.discard("fuzzy")
                 filled += 1
         buffer = io.BytesIO()
         write_po(buffer, catalog, width=100, include_lineno=False, sort_output=False)
         path.write_bytes(buffer.getvalue())
-    return filled, sorted(left)
+    return filled, sorted(set(translations) - found)
