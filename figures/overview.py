@@ -38,6 +38,23 @@ LAYER_STAGES = (
 )
 
 
+STAGE_NAMES = (
+    mark("split q | k | v"),
+    mark("q/k norm + RoPE"),
+    mark("write K/V to the cache"),
+    mark("attention (GQA, causal)"),
+    mark("mlp (SwiGLU)"),
+    mark("final norm"),
+    mark("schedule"),
+    mark("blocks (prefix cache)"),
+    mark("postprocess"),
+    mark("measure the run"),
+    mark("greedy (temperature 0)"),
+)
+"""The engine's stages that are described in words (the others are the model's module names, kept as code): the
+engine names them in English, the overview draws them in the run's language."""
+
+
 def _chapter_span(r: dict) -> str:
     """The chapters of the record's course map, as "15–32"."""
     numbers = [int(c["id"][2:]) for c in r["course"]]
@@ -170,7 +187,7 @@ def _path(f: Figure, r: dict) -> None:
     firsts = [events[("run", s)] if ("run", s) in events else events[("prefill", s)] for s in stages]
     badge_w, gap = 44, 14
     x_stage = MARGIN + badge_w + 8
-    x_fn = x_stage + max(text_width(s, PATH["stage"]) for s in stages) + gap
+    x_fn = x_stage + max(text_width(tr(s), PATH["stage"]) for s in stages) + gap
     x_pre = x_fn + max(text_width(_function(e), PATH["fn"], mono=True) for e in firsts) + gap
     col_w = (f.width - MARGIN - x_pre - gap) / 2
     x_dec = x_pre + col_w + gap
@@ -199,7 +216,7 @@ def _path(f: Figure, r: dict) -> None:
             bold=True,
         )
         base = y + 3 + PATH["line"] - 3
-        f.text(x_stage, base, stage, size=PATH["stage"], cls="label")
+        f.text(x_stage, base, tr(stage), size=PATH["stage"], cls="label")
         f.text(x_fn, base, _function(first), size=PATH["fn"], mono=True, color=MUTED, cls="function")
         for (x, _, _), shown in zip(cells, lines):
             for j, line in enumerate(shown):

@@ -241,9 +241,11 @@ def test_a_chinese_report_of_wrong_answers_has_no_english_sentence(tmp_path, cha
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout + out.stderr
     assert len(re.findall(r"[\u4e00-\u9fff]", text)) > 100, text[-2000:]
-    # What the student's own code says is theirs: its exception's message and the lines of code it names.
+    # What the student's own code says is theirs: its exception's message, the lines of code it names, and the
+    # warnings Python or torch print while it runs.
     theirs = re.sub(r"(抛出了 \w+[:：]).*", r"\1", text)
-    theirs = re.sub(r"(?m)^\s*位置：.*$", "", theirs)
+    theirs = re.sub(r"(?m)^\s*(位置：|位于 \S+:\d+，).*$", "", theirs)
+    theirs = re.sub(r"(?m)^\s*\S+:\d+: \w*Warning: .*$", "", theirs)
     found = english(theirs)
     assert not found, f"English in the Chinese report of {chapter_id}:\n" + "\n".join(found[:20]) + "\n---\n" + text[-4000:]
 
