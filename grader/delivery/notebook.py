@@ -140,6 +140,7 @@ def check_task(chapter_id: str, task_id: str, *, hidden: bool = False) -> float:
     them). The cell says where they run and returns 0; `course grade --nbgrader` writes their points
     into the gradebook.
     """
+    _speak_the_course()
     ch = chapters.find(chapter_id)
     task = ch.task(task_id)
     if hidden:
@@ -159,6 +160,23 @@ def check_task(chapter_id: str, task_id: str, *, hidden: bool = False) -> float:
     for data in graded.figures:
         display(data, raw=True)
     return graded.score
+
+
+def _speak_the_course() -> None:
+    """A test cell speaks the course's language: `COURSE_LANG`, the installed release's setting, else the setting
+    `course release` wrote at the root of the nbgrader course this notebook sits in (where `nbgrader autograde`
+    runs it), else the locale."""
+    from grader.i18n import choose
+
+    if os.environ.get(choose.ENV) or choose.course_setting():
+        return
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / "nbgrader_config.py").is_file():
+            setting = choose.course_setting(folder / choose.SETTING.name)
+            if setting:
+                choose.set_language(setting)
+            return
 
 
 def _time_limit() -> float:
