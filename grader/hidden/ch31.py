@@ -83,9 +83,14 @@ def random_round_trips(t: Trial) -> None:
         rows, handle = dispatch_structure(dispatched, x, R, tr("round trip {i}", i=i))
         out_rows = [r @ mats[e].T for r, e in zip(torch.cat(rows).split(1), handle["expert"].clamp(0, E - 1).tolist())]
         outputs = list(torch.cat(out_rows).split(handle["rows_per_rank"].tolist())) if out_rows else [torch.zeros(0, H)] * R
-        got = t.yours.combine(outputs, handle, w)
-        dense = sum((w[:, j : j + 1] * torch.einsum("nh,noh->no", x, mats[ids[:, j]]) for j in range(k)), torch.zeros(N, H))
         case = tr("round trip {i} ({N} tokens, {E} experts on {R} ranks, top-{k}; expert e computes x·W_eᵀ)", i=i, N=N, E=E, R=R, k=k)
+        try:
+            got = t.yours.combine(outputs, handle, w)
+        except Exception:
+            # combine may reject a wrong handle: a dispatch other than the reference's explains itself first.
+            expect_dispatch(dispatched, want, x, ids, E, R, case)
+            raise
+        dense = sum((w[:, j : j + 1] * torch.einsum("nh,noh->no", x, mats[ids[:, j]]) for j in range(k)), torch.zeros(N, H))
         if isinstance(got, torch.Tensor) and got.dim() == 2 and got.shape[0] == N * k != N:
             raise CheckFailed(
                 tr("{case}: expected one row per token, [{N}, {H}]; yours: {got}", case=case, N=N, H=H, got=describe(got)),
