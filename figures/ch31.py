@@ -8,6 +8,7 @@ from figures import figure
 from figures.kit import Figure, num, row_label_width, text_width
 from figures.layout import column, pad, row, wide
 from figures.style import INK, LABEL, LABEL_SMALL, MARGIN, MUTED, PAPER, RULE, SMALL, fill, stroke
+from grader.i18n import tr
 
 
 def _pair(v) -> str:
@@ -50,11 +51,11 @@ def roundtrip_figure(f: Figure, r: dict) -> None:
     flat_w = [row for rank in rows_w for row in rank]
     wrong_any = h != hw or rows != rows_w or bool(out_wrong and any(out_wrong))
     bands = {
-        "tokens": ("① tokens", "x, top-k"),
-        "handle": ("② expert", "handle"),
+        "tokens": (tr("① tokens"), "x, top-k"),
+        "handle": (tr("② expert"), "handle"),
         "slot": ("", "src · slot"),
-        "rows": ("rows x", "(dispatched)"),
-        "experts": ("③ y = (e+1)·x", "(expert output)"),
+        "rows": (tr("rows x"), tr("(dispatched)")),
+        "experts": ("③ y = (e+1)·x", tr("(expert output)")),
         "combine": ("④ combine", "Σ w · y"),
     }
     left = (
@@ -80,7 +81,7 @@ def roundtrip_figure(f: Figure, r: dict) -> None:
                 cls="label",
             )
 
-    f.heading("① route_topk → ② dispatch (labels from your handle) → ③ experts → ④ combine, back in token order")
+    f.heading(tr("① route_topk → ② dispatch (labels from your handle) → ③ experts → ④ combine, back in token order"))
     # 1. The tokens and their routing.
     gap = 14
     tw = (f.width - MARGIN - left - (N - 1) * gap) / N
@@ -131,7 +132,16 @@ def roundtrip_figure(f: Figure, r: dict) -> None:
     ranks = [
         column(
             grid,
-            f.label(f"rank {rank} · experts e{rank * per_rank}–e{(rank + 1) * per_rank - 1} · {counts[rank]} rows", size=LABEL_SMALL),
+            f.label(
+                tr(
+                    "rank {rank} · experts e{first}–e{last} · {n} rows",
+                    rank=rank,
+                    first=rank * per_rank,
+                    last=(rank + 1) * per_rank - 1,
+                    n=counts[rank],
+                ),
+                size=LABEL_SMALL,
+            ),
             gap=10,
         )
         for grid, (rank, _, _) in zip(grids, spans)
@@ -198,17 +208,26 @@ def roundtrip_figure(f: Figure, r: dict) -> None:
             fmt=str,
         )
     else:
-        combined = f.matrix([["combine not checked yet"] * N], role="masked", w=tw, h=30, gap=gap, fmt=str)
+        combined = f.matrix([[tr("combine not checked yet")] * N], role="masked", w=tw, h=30, gap=gap, fmt=str)
     f.place(combined, x=left, after=28)
     order = ", ".join(f"T{hw['src_token'][i]}" for i in range(len(hw["src_token"])))
     f.note(
-        f"In physical order the rows are [{order}]: {len(hw['src_token'])} rows for {N} tokens, some twice and "
-        f"out of place. Concatenating them is wrong; the handle puts each one back. (The course keeps one row per "
-        f"(token, expert), like DeepEP's low-latency mode; its normal mode sends a token once per rank.)",
+        tr(
+            "In physical order the rows are [{order}]: {rows} rows for {N} tokens, some twice and "
+            "out of place. Concatenating them is wrong; the handle puts each one back. (The course keeps one row per "
+            "(token, expert), like DeepEP's low-latency mode; its normal mode sends a token once per rank.)",
+            order=order,
+            rows=len(hw["src_token"]),
+            N=N,
+        ),
         size=LABEL_SMALL,
     )
     f.legend(
-        [("token", "tokens and combined outputs, in token order"), ("block", "rows on a rank (handle, x)"), ("accent", "expert outputs")],
+        [
+            ("token", tr("tokens and combined outputs, in token order")),
+            ("block", tr("rows on a rank (handle, x)")),
+            ("accent", tr("expert outputs")),
+        ],
         wrong=wrong_any,
     )
 
@@ -235,8 +254,15 @@ def eplb_load_figure(f: Figure, r: dict) -> None:
 
     # The instance: loads per logical expert, in groups.
     f.heading(
-        f"一层的专家负载 · loads of {E} logical experts in {num_groups} groups; {num_nodes} nodes, "
-        f"{num_gpus} GPUs, {num_replicas} slots ({per_gpu} per GPU)"
+        tr(
+            "one layer's loads: {E} logical experts in {groups} groups; {nodes} nodes, {gpus} GPUs, {slots} slots ({per} per GPU)",
+            E=E,
+            groups=num_groups,
+            nodes=num_nodes,
+            gpus=num_gpus,
+            slots=num_replicas,
+            per=per_gpu,
+        )
     )
     gs = E // num_groups
     groups = [
@@ -246,7 +272,7 @@ def eplb_load_figure(f: Figure, r: dict) -> None:
     f.place(row(*groups, gap=10), after=44)
     for g, grid in enumerate(groups):
         x, y, w, h = grid.span_box(0, 0, 0, gs - 1)
-        f.bracket(x, x + w, y + h + 6, f"group {g} = {num(sum(loads[g * gs : (g + 1) * gs]))}", size=SMALL + 0.5)
+        f.bracket(x, x + w, y + h + 6, tr("group {g} = {load}", g=g, load=num(sum(loads[g * gs : (g + 1) * gs]))), size=SMALL + 0.5)
 
     # Two panels of stacked bars.
     static = [[(e, loads[e]) for e in range(g * static_per, (g + 1) * static_per)] for g in range(num_gpus)]
@@ -263,8 +289,8 @@ def eplb_load_figure(f: Figure, r: dict) -> None:
     )  # the lines' labels
     for p, (title, data, want) in enumerate(
         (
-            (f"不做 EPLB · static: {static_per} contiguous experts per GPU", static, None),
-            ("EPLB 之后 · your placement: replicas of hot experts, packed", stacks, stacks_w),
+            (tr("without EPLB: {n} contiguous experts per GPU", n=static_per), static, None),
+            (tr("after EPLB, your placement: replicas of hot experts, packed"), stacks, stacks_w),
         )
     ):
         px = MARGIN + p * (panel_w + 30)
@@ -273,7 +299,7 @@ def eplb_load_figure(f: Figure, r: dict) -> None:
     f.y = base + 92
 
     # Balancedness: the check's verdict on each of your two values.
-    f.heading("balancedness = mean / max · the slowest GPU sets the step time; the average hides it")
+    f.heading(tr("balancedness = mean / max: the slowest GPU sets the step time; the average hides it"))
     gots = r.get("balancedness") or [None, None]
     wants = r.get("balancedness_expected") or [None, None]
     panels = []
@@ -285,7 +311,7 @@ def eplb_load_figure(f: Figure, r: dict) -> None:
             if want is None
             else row(
                 f.matrix(
-                    [["not run" if got is None else f"{got:.4g}"]],
+                    [[tr("not run") if got is None else f"{got:.4g}"]],
                     expected=[[f"{want:.4g}"]],
                     wrong=[[bad]],
                     role="accent",
@@ -293,7 +319,7 @@ def eplb_load_figure(f: Figure, r: dict) -> None:
                     h=30,
                     fmt=str,
                 ),
-                f.label("your balancedness()", size=LABEL_SMALL),
+                f.label(tr("your balancedness()"), size=LABEL_SMALL),
                 gap=10,
                 align="middle",
             )
@@ -302,16 +328,18 @@ def eplb_load_figure(f: Figure, r: dict) -> None:
     f.place(pad(row(*panels, gap=0), top=4), after=26)
     f.legend(
         [
-            ("block", "an expert with one replica"),
-            ("accent", "a replica of a hot expert (load / count)"),
-            ("plain", "dashed line: the mean GPU load; solid: the max, the step time"),
+            ("block", tr("an expert with one replica")),
+            ("accent", tr("a replica of a hot expert (load / count)")),
+            ("plain", tr("dashed line: the mean GPU load; solid: the max, the step time")),
         ],
         wrong=wrong_any,
     )
 
 
 def line_label(name: str, value: float) -> str:
-    return f"{name} {num(round(value, 2))}"
+    """The label of the max or the mean line: its name in the run's language, then its value."""
+    words = {"max": tr("max"), "mean": tr("mean")}
+    return f"{words.get(name, name)} {num(round(value, 2))}"
 
 
 LABEL_H = SMALL + 2
@@ -376,7 +404,7 @@ def _stacked(
             outline = f.dwg.rect((bx - 3, base - hw), (bw + 6, hw), fill="none", stroke=INK, stroke_width=1, class_="expected-bar")
             outline["stroke-dasharray"] = "3,2"
             f.dwg.add(outline)
-            f.text(bx + bw / 2, base + 58, "expected", size=SMALL - 1.5, anchor="middle", cls="expected")
+            f.text(bx + bw / 2, base + 58, tr("expected"), size=SMALL - 1.5, anchor="middle", cls="expected")
             f.text(
                 bx + bw / 2,
                 base + 69,
@@ -388,7 +416,7 @@ def _stacked(
         f.text(
             bx + bw / 2,
             base + 14,
-            f"GPU {g}: {num(round(totals[g], 2))}",
+            tr("GPU {g}: {load}", g=g, load=num(round(totals[g], 2))),
             size=SMALL + 1,
             anchor="middle",
             weight="bold",
@@ -426,7 +454,7 @@ def _stacked(
     per_node = num_gpus // num_nodes
     for n in range(num_nodes):
         a = x0 + n * per_node * (bw + gap)
-        f.bracket(a, a + per_node * (bw + gap) - gap, base + 22, f"node {n}", size=SMALL)
+        f.bracket(a, a + per_node * (bw + gap) - gap, base + 22, tr("node {n}", n=n), size=SMALL)
     f.dwg.add(f.dwg.line((x0 - 4, base), (x0 + width + 4, base), stroke=RULE, stroke_width=1))
 
 
@@ -470,11 +498,12 @@ def eplb_window_figure(f: Figure, r: dict) -> None:
     def labels(cursor: int, newest: int) -> list[str]:
         """Row i: its pass (t is this pass, t−1 the one before), and the cursor, which points at the oldest row."""
         ages = {(cursor - 1 - k) % W: newest + k for k in range(W)}
-        return [f"row {i} · pass t" + (f"−{ages[i]}" if ages[i] else "") + ("  ← cursor" if i == cursor else "") for i in range(W)]
+        age = {i: "−" + str(ages[i]) if ages[i] else "" for i in range(W)}
+        return [tr("row {i} · pass t{age}", i=i, age=age[i]) + ("  " + tr("← cursor") if i == cursor else "") for i in range(W)]
 
-    f.heading(f"layer 0 · the window before pass t: {W} rows (passes) × {P} slots; column s·e is slot s, a replica of expert e")
+    f.heading(tr("layer 0: the window before pass t, {W} rows (passes) × {P} slots; column s·e is slot s, a replica of expert e", W=W, P=P))
     before_labels, after_labels = labels(step, 1), labels(w_step, 0)
-    gutter = max(row_label_width(before_labels + after_labels + ["pass t", "next_step"]), 0)
+    gutter = max(row_label_width(before_labels + after_labels + [tr("pass t"), "next_step"]), 0)
     cell_w, cell_h = 42, 28
     before = f.matrix(
         [row_[0] for row_ in old],
@@ -485,12 +514,12 @@ def eplb_window_figure(f: Figure, r: dict) -> None:
         h=cell_h,
         label_w=gutter,
     )
-    incoming = f.matrix([this_pass[0]], role="accent", row_labels=["pass t"], w=cell_w, h=cell_h, label_w=gutter)
+    incoming = f.matrix([this_pass[0]], role="accent", row_labels=[tr("pass t")], w=cell_w, h=cell_h, label_w=gutter)
     left = column(
-        f.label(f"before: the cursor (step = {step}) is at the oldest pass", size=LABEL, color=INK, bold=True),
+        f.label(tr("before: the cursor (step = {step}) is at the oldest pass", step=step), size=LABEL, color=INK, bold=True),
         before,
         pad(incoming, top=6),
-        f.label(f"pass t is written over row {step}", size=LABEL_SMALL),
+        f.label(tr("pass t is written over row {step}", step=step), size=LABEL_SMALL),
         gap=8,
     )
     after = f.matrix(
@@ -514,40 +543,42 @@ def eplb_window_figure(f: Figure, r: dict) -> None:
         row_labels=["next_step"],
         label_w=gutter,
     )
-    right = column(f.label("after: your window and cursor", size=LABEL, color=INK, bold=True), after, pad(cursor, top=6), gap=8)
+    right = column(f.label(tr("after: your window and cursor"), size=LABEL, color=INK, bold=True), after, pad(cursor, top=6), gap=8)
     f.place(row(left, right, gap=28), after=30)
 
     # The sums: per slot, then per logical expert, beside the same sum of pass t alone.
-    f.heading("Σ over the rows → per logical expert (slots added through phy2log) = the weight of rebalance_experts")
+    f.heading(tr("Σ over the rows → per logical expert (slots added through phy2log) = the weight of rebalance_experts"))
     per_slot = [sum(row_[0][p] for row_ in want) for p in range(P)]
     alone = [sum(this_pass[0][p] for p in range(P) if phy2log[0][p] == e) for e in range(E)]
     total, total_alone = sum(w_load[0]) or 1, sum(alone) or 1
-    slots = f.matrix([per_slot], role="block", row_labels=["Σ rows, per slot"], col_labels=cols, w=cell_w, h=cell_h, label_w=gutter)
-    expert_gutter = row_label_width(["your load (Σ rows)", "pass t alone"])
+    slots = f.matrix([per_slot], role="block", row_labels=[tr("Σ rows, per slot")], col_labels=cols, w=cell_w, h=cell_h, label_w=gutter)
+    expert_labels = [tr("your load (Σ rows)"), tr("pass t alone")]
+    expert_gutter = row_label_width(expert_labels)
     experts = f.matrix(
         [my_load[0], alone],
         expected=[w_load[0], alone],
         wrong=[wrong_load[0], [False] * E],
         role=lambda i, j: "token" if i == 0 else "plain",
-        row_labels=["your load (Σ rows)", "pass t alone"],
+        row_labels=expert_labels,
         col_labels=[f"e{e}" for e in range(E)],
         w=cell_w + 8,
         h=cell_h,
         label_w=expert_gutter,
     )
     hot = max(range(E), key=lambda e: alone[e] / total_alone - w_load[0][e] / total)
-    note = (
-        f"e{hot} has {num(round(100 * alone[hot] / total_alone))} % of pass t's tokens but "
-        f"{num(round(100 * w_load[0][hot] / total))} % of the window's: rebalancing from one pass would chase "
-        f"that spike."
+    note = tr(
+        "e{e} has {one} % of pass t's tokens but {all} % of the window's: rebalancing from one pass would chase that spike.",
+        e=hot,
+        one=num(round(100 * alone[hot] / total_alone)),
+        all=num(round(100 * w_load[0][hot] / total)),
     )
     f.place(column(row(slots, experts, gap=30, align="bottom"), f.label(note, size=LABEL_SMALL), gap=12), after=26)
     f.legend(
         [
-            ("block", "a past pass"),
-            ("masked", "the oldest pass (overwritten)"),
-            ("accent", "pass t, in row step"),
-            ("token", "load per logical expert"),
+            ("block", tr("a past pass")),
+            ("masked", tr("the oldest pass (overwritten)")),
+            ("accent", tr("pass t, in row step")),
+            ("token", tr("load per logical expert")),
         ],
         wrong=wrong_any,
     )
