@@ -8,6 +8,7 @@ from figures import figure
 from figures.kit import Figure, Grid, num
 from figures.layout import Part, column, pad, row
 from figures.style import CELL, INK, LABEL, LABEL_SMALL, MARGIN, MUTED, SMALL, VALUE, stroke
+from grader.i18n import language, tr
 
 
 def row_label(f: Figure, text: str, sub: str = "", *, bold: bool = False, mono: bool = False, h: float = CELL) -> Part:
@@ -32,6 +33,11 @@ def _p(x) -> str:
     return "—" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
 
 
+def num3(x: float) -> str:
+    """A value to three significant digits, as the figure's cells show it."""
+    return format(x, ".3g")
+
+
 def _dashed_line(f: Figure, x1: float, y: float, x2: float, color: str) -> None:
     line = f.dwg.line((x1, y), (x2, y), stroke=color, stroke_width=1.4, class_="threshold")
     line["stroke-dasharray"] = "5,3"
@@ -53,16 +59,20 @@ def spec_confidence(f: Figure, r: dict) -> None:
     n, n_want, sent = r["n"], r["n_expected"], r["verified"]
     k = len(tokens)
     f.instance_row(
-        [(f"k = {k} drafts", "token"), (f"V = {len(r['race_weights'])} tokens", "plain"), (f"threshold θ = {num(theta)}", "accent")],
-        note="confidence c_i = max_j q_i(j): a function of q_i, not of the draft x_i",
+        [
+            (tr("k = {k} drafts", k=k), "token"),
+            (tr("V = {V} tokens", V=len(r["race_weights"])), "plain"),
+            (tr("threshold θ = {theta}", theta=num(theta)), "accent"),
+        ],
+        note=tr("confidence c_i = max_j q_i(j): a function of q_i, not of the draft x_i"),
     )
     gutter, cw, gap = 262, 102, 10  # the row labels' room; a draft's column
 
     # 1. The workload: confidences, survivals, and your n.
-    f.heading("① 置信度决定验证多少 · confidence sets the workload: your num_drafts_to_verify")
+    f.heading(tr("① confidence sets the workload: your num_drafts_to_verify"))
     workload = f.matrix(
-        [[f"token {x}" for x in tokens], conf, surv],
-        col_labels=[f"draft {i}" for i in range(k)],
+        [[tr("token {x}", x=x) for x in tokens], conf, surv],
+        col_labels=[tr("draft {i}", i=i) for i in range(k)],
         role=lambda i, j: "plain" if i == 1 else "masked" if i == 2 and surv[j] < theta else "token",
         w=cw,
         h=CELL,
@@ -74,9 +84,9 @@ def spec_confidence(f: Figure, r: dict) -> None:
             f,
             workload,
             [
-                row_label(f, "draft token x_i"),
-                row_label(f, "confidence c_i", "largest probability of q_i"),
-                row_label(f, "survival s_i = c_0 · … · c_i", f"sent while s_i ≥ θ = {num(theta)}", bold=True),
+                row_label(f, tr("draft token x_i")),
+                row_label(f, tr("confidence c_i"), tr("largest probability of q_i")),
+                row_label(f, tr("survival s_i = c_0 · … · c_i"), tr("sent while s_i ≥ θ = {theta}", theta=num(theta)), bold=True),
             ],
             gutter,
         ),
@@ -89,7 +99,7 @@ def spec_confidence(f: Figure, r: dict) -> None:
         cols[0],
         f.y,
         surv,
-        labels=["sent" if i < n_want else "not sent" for i in range(k)],
+        labels=[tr("sent") if i < n_want else tr("not sent") for i in range(k)],
         height=height,
         bar_w=cw,
         gap=gap,
@@ -100,22 +110,24 @@ def spec_confidence(f: Figure, r: dict) -> None:
     ty = f.y + height * (1 - theta / top)
     _dashed_line(f, cols[0] - 6, ty, cols[-1] + cw + 6, stroke("accent"))
     f.text(cols[0] - 10, ty + 4, f"θ = {num(theta)}", anchor="end", size=LABEL_SMALL, color=stroke("accent"), weight="bold", cls="label")
-    label = row_label(f, "survival against θ")
+    label = row_label(f, tr("survival against θ"))
     label.at(cols[0] - 12 - label.w, f.y - 10)
     f.y += height + 28
     answer = f.matrix([[f"n = {n}"]], expected=[[f"n = {n_want}"]], role="token", w=cw, h=CELL, fmt=str)
-    f.place(labelled(f, answer, [row_label(f, "num_drafts_to_verify → n", "drafts sent for verification", bold=True)], gutter), after=52)
+    f.place(
+        labelled(f, answer, [row_label(f, "num_drafts_to_verify → n", tr("drafts sent for verification"), bold=True)], gutter), after=52
+    )
     below = answer.cell_box(1, 0)[1] + 4
-    f.bracket(cols[0], cols[sent - 1] + cw, below, f"the {sent} drafts sent to the target model")
+    f.bracket(cols[0], cols[sent - 1] + cw, below, tr("the {n} drafts sent to the target model", n=sent))
     if sent < k:
-        f.bracket(cols[sent], cols[k - 1] + cw, below, "trimmed: never verified")
+        f.bracket(cols[sent], cols[k - 1] + cw, below, tr("trimmed: never verified"))
 
     # 2. The verdicts on the drafts sent.
-    f.heading(f"② 验证决定接受 · verification decides: your verify_draft on the {sent} drafts sent")
+    f.heading(tr("② verification decides: your verify_draft on the {n} drafts sent", n=sent))
     f.y += 6
     q_x, p_x, u, stop = r["q_x"], r["p_x"], r["u"], r["stop"]
     ratio = [min(1.0, p / q) if q > 0 else 0.0 for p, q in zip(p_x, q_x)]
-    verdict = ["accept ✓" if i < stop else ("reject ✗" if i == stop else "discarded") for i in range(sent)]
+    verdict = [tr("accept ✓") if i < stop else (tr("reject ✗") if i == stop else tr("discarded")) for i in range(sent)]
     verdicts = f.matrix(
         [q_x, p_x, ratio, u, verdict],
         w=cw,
@@ -129,11 +141,11 @@ def spec_confidence(f: Figure, r: dict) -> None:
             f,
             verdicts,
             [
-                row_label(f, "q_i(x_i)", "draft probability of x_i"),
-                row_label(f, "p_i(x_i)", "target probability of x_i"),
-                row_label(f, "min(1, p/q)", "the acceptance probability"),
-                row_label(f, "u_i ~ U(0, 1)", "accept when u_i < min(1, p/q)"),
-                row_label(f, "verdict", bold=True),
+                row_label(f, "q_i(x_i)", tr("draft probability of x_i")),
+                row_label(f, "p_i(x_i)", tr("target probability of x_i")),
+                row_label(f, "min(1, p/q)", tr("the acceptance probability")),
+                row_label(f, "u_i ~ U(0, 1)", tr("accept when u_i < min(1, p/q)")),
+                row_label(f, tr("verdict"), bold=True),
             ],
             gutter,
         ),
@@ -143,17 +155,20 @@ def spec_confidence(f: Figure, r: dict) -> None:
     # The emitted tokens, against the expected ones.
     emitted, want = r["emitted"], r["emitted_expected"]
     width = max(len(emitted), len(want))
-    shown = lambda xs: [f"token {xs[i]}" if i < len(xs) else "—" for i in range(width)]
+    shown = lambda xs: [tr("token {x}", x=xs[i]) if i < len(xs) else "—" for i in range(width)]
     out = f.matrix(
         [shown(emitted)], expected=[shown(want)], role=lambda i, j: "attend" if j < stop else "accent", w=cw, h=CELL, gap=gap, fmt=str
     )
-    f.place(labelled(f, out, [row_label(f, "your verify_draft → tokens", f"{len(want)} = accepted + 1", bold=True)], gutter), after=48)
+    f.place(
+        labelled(f, out, [row_label(f, tr("your verify_draft → tokens"), tr("{n} = accepted + 1", n=len(want)), bold=True)], gutter),
+        after=48,
+    )
     for i in range(len(want)):
         x, y, w, h = out.cell_box(0, i)
         f.text(
             x + w / 2,
             y + h + 14,
-            "accepted draft" if i < stop else ("recovered" if stop < sent else "bonus"),
+            tr("accepted draft") if i < stop else (tr("recovered") if stop < sent else tr("bonus")),
             anchor="middle",
             size=SMALL + 0.5,
             color=MUTED,
@@ -165,8 +180,11 @@ def spec_confidence(f: Figure, r: dict) -> None:
     winner = max(range(len(scores)), key=lambda j: scores[j])
     V = len(weights)
     recovered = r.get("race_q") is not None
-    what = f"拒绝后的补发 · the recovered token at position {stop}" if recovered else "全部接受后的 bonus · the bonus token"
-    f.heading(f"{what}: the exponential race of ch23, argmax weight / E")
+    f.heading(
+        tr("the recovered token at position {i}: the exponential race of ch23, argmax weight / E", i=stop)
+        if recovered
+        else tr("the bonus token, all drafts accepted: the exponential race of ch23, argmax weight / E")
+    )
     f.y += 4
     race_rows: list[tuple[str, list]] = (
         [(f"p_{stop}", r["race_p"]), (f"q_{stop}", r["race_q"]), (f"max(0, p_{stop} − q_{stop})", weights)]
@@ -184,7 +202,7 @@ def spec_confidence(f: Figure, r: dict) -> None:
     race = f.matrix(
         [values for _, values in race_rows],
         role=race_role,
-        col_labels=[f"token {j}" for j in range(V)],
+        col_labels=[tr("token {x}", x=j) for j in range(V)],
         w=74,
         h=CELL,
         gap=8,
@@ -197,7 +215,7 @@ def spec_confidence(f: Figure, r: dict) -> None:
         f.text(
             x + w / 2,
             y + h + 10,
-            "▲ yours",
+            tr("▲ yours"),
             anchor="middle",
             size=LABEL_SMALL,
             color=stroke("wrong"),
@@ -205,20 +223,31 @@ def spec_confidence(f: Figure, r: dict) -> None:
             cls="label wrong-pick",
         )
         f.y += 14
-    notes = [
-        f"Draft {stop} had confidence {num(conf[stop])} (survival {surv[stop]:.3g} ≥ θ) and was still rejected: "
-        f"u = {num(u[stop])} ≥ min(1, p/q) = {ratio[stop]:.3g}."
-        if stop < sent
-        else f"All {sent} drafts sent were accepted, so the bonus token follows.",
-        (
-            f"Draft{'s' if sent - stop > 2 else ''} {', '.join(str(i) for i in range(stop + 1, sent))} "
-            f"{'were' if sent - stop > 2 else 'was'} verified but discarded: verification stops at the first "
-            f"rejection. "
-            if stop + 1 < sent
-            else ""
+    later = ", ".join(str(i) for i in range(stop + 1, sent))
+    tail = []  # the second note, one whole sentence at a time
+    if stop + 1 < sent:
+        tail.append(
+            tr("Drafts {ids} were verified but discarded: verification stops at the first rejection.", ids=later)
+            if sent - stop > 2
+            else tr("Draft {ids} was verified but discarded: verification stops at the first rejection.", ids=later)
         )
-        + (f"Drafts {sent}–{k - 1} were never sent. " if sent < k - 1 else (f"Draft {sent} was never sent. " if sent == k - 1 else ""))
-        + f"Tokens emitted: {len(want)} = {stop} accepted + 1.",
+    if sent < k - 1:
+        tail.append(tr("Drafts {first}–{last} were never sent.", first=sent, last=k - 1))
+    elif sent == k - 1:
+        tail.append(tr("Draft {i} was never sent.", i=sent))
+    tail.append(tr("Tokens emitted: {n} = {stop} accepted + 1.", n=len(want), stop=stop))
+    notes = [
+        tr(
+            "Draft {i} had confidence {c} (survival {s} ≥ θ) and was still rejected: u = {u} ≥ min(1, p/q) = {ratio}.",
+            i=stop,
+            c=num(conf[stop]),
+            s=num3(surv[stop]),
+            u=num(u[stop]),
+            ratio=num3(ratio[stop]),
+        )
+        if stop < sent
+        else tr("All {n} drafts sent were accepted, so the bonus token follows.", n=sent),
+        ("" if language() == "zh" else " ").join(tail),  # Chinese sentences follow one another without a space
     ]
     for line in notes:
         f.note(line, size=SMALL + 1.5)
@@ -226,10 +255,10 @@ def spec_confidence(f: Figure, r: dict) -> None:
     wrong = n != n_want or emitted != want
     f.legend(
         [
-            ("token", "sent / draft tokens"),
-            ("masked", "not sent, discarded, zero weight"),
-            ("attend", "accepted"),
-            ("accent", "rejected, threshold, the race's winner"),
+            ("token", tr("sent / draft tokens")),
+            ("masked", tr("not sent, discarded, zero weight")),
+            ("attend", tr("accepted")),
+            ("accent", tr("rejected, threshold, the race's winner")),
         ],
         wrong=wrong,
     )
@@ -251,7 +280,7 @@ def determinism(f: Figure, r: dict) -> None:
     K, N, batches, col = r["K"], r["N"], r["batches"], r["column"]
     f.instance_row(
         [(f"x: [{max(batches)}, {K}] float32", "token"), (f"w: [{K}, {N}]", "plain")],
-        note=f"row 0 computed in batches of B = {', '.join(map(str, batches))}",
+        note=tr("row 0 computed in batches of B = {sizes}", sizes=", ".join(map(str, batches))),
     )
     label_w = 232
     left = MARGIN + label_w
@@ -259,7 +288,7 @@ def determinism(f: Figure, r: dict) -> None:
     cw = col_w - 6
     cols = lambda i: left + i * col_w
 
-    f.heading(f"① 同一行,不同批大小 · the bits of out[0, {col}] for each batch size B")
+    f.heading(tr("① one row, different batch sizes: the bits of out[0, {col}] for each batch size B", col=col))
     f.y += 4
     for i, B in enumerate(batches):
         f.text(cols(i) + cw / 2, f.y + 8, f"B = {B}", anchor="middle", size=SMALL + 1, color=MUTED, cls="label")
@@ -269,16 +298,16 @@ def determinism(f: Figure, r: dict) -> None:
     expected_bits = r.get("expected_bits", mine_bits)
     wrong_at = r.get("wrong", [False] * len(batches))
     rows = [
-        ("yours: batch_invariant_matmul", "bits of out[0, %d]" % col, mine_bits, "token", True),
-        ("", "value", [f"{v:.7g}" for v in r["yours"]], "token", False),
-        ("", "columns of row 0 changed vs B = 1", r["yours_changed"], "token", False),
-        ("", "the fixed order k = 0 … K − 1", expected_bits, "plain", False),
-        ("plain x @ w (measured here)", "bits of (x @ w)[0, %d]" % col, plain_bits, "plain", False),
-        ("", "value", [f"{v:.7g}" for v in r["plain"]], "plain", False),
-        ("", "columns of row 0 changed vs B = 1", r["plain_changed"], "plain", False),
+        (tr("yours: batch_invariant_matmul"), tr("bits of out[0, {col}]", col=col), mine_bits, "token", True, True),
+        ("", tr("value"), [f"{v:.7g}" for v in r["yours"]], "token", False, False),
+        ("", tr("columns of row 0 changed vs B = 1"), r["yours_changed"], "token", False, False),
+        ("", tr("the fixed order k = 0 … K − 1"), expected_bits, "plain", False, True),
+        (tr("plain x @ w (measured here)"), tr("bits of (x @ w)[0, {col}]", col=col), plain_bits, "plain", False, True),
+        ("", tr("value"), [f"{v:.7g}" for v in r["plain"]], "plain", False, False),
+        ("", tr("columns of row 0 changed vs B = 1"), r["plain_changed"], "plain", False, False),
     ]
     wrong = False
-    for label, sub, values, role, graded in rows:
+    for label, sub, values, role, graded, bits in rows:
         if label:
             f.text(MARGIN, y + 14, label, size=LABEL, weight="bold", cls="label")
             y += 24
@@ -295,23 +324,27 @@ def determinism(f: Figure, r: dict) -> None:
                 w=cw,
                 h=CELL - 4,
                 fmt=str,
-                size=hex_size if sub.startswith(("bits", "the fixed")) else SMALL,
+                size=hex_size if bits else SMALL,
                 wrong=bad,
                 expected=expected_bits[i] if graded else None,
             )
         y += CELL + 2
     f.y = y + 12
     f.note(
-        f"Σ_k x[0, k] · w[k, {col}] in float64 = {r['exact']:.9g}. Both functions are within float32 rounding of "
-        f"it; a changed bit pattern only means that the terms were added in another order. Yours is graded "
-        f"against the bits of the fixed order, in every batch.",
+        tr(
+            "Σ_k x[0, k] · w[k, {col}] in float64 = {exact}. Both functions are within float32 rounding of "
+            "it; a changed bit pattern only means that the terms were added in another order. Yours is graded "
+            "against the bits of the fixed order, in every batch.",
+            col=col,
+            exact=format(r["exact"], ".9g"),
+        ),
         size=SMALL + 1.5,
     )
     f.y += 8
-    f.heading("② 在这台机器上测得 · measured here: batch sizes at which plain x @ w changes row 0's bits")
+    f.heading(tr("② measured on this machine: batch sizes at which plain x @ w changes row 0's bits"))
     probes = r["probe"]
     probed = f.matrix(
-        [["changed" if B in p["changed"] else "same" for B in batches] for p in probes],
+        [[tr("changed") if B in p["changed"] else tr("same") for B in batches] for p in probes],
         role=lambda i, j: "accent" if batches[j] in probes[i]["changed"] else "plain",
         col_labels=[f"B = {B}" for B in batches],
         w=cw,
@@ -324,7 +357,7 @@ def determinism(f: Figure, r: dict) -> None:
         after=24,
     )
     any_changed = any(p["changed"] for p in probes)
-    gpu = (
+    gpu = tr(
         "On GPUs the same happens through cuBLAS split-K and tile choices made by the number of rows, "
         "FlashDecoding's number of KV splits chosen by batch size, and NCCL's all-reduce algorithm chosen by "
         "message size."
@@ -332,40 +365,49 @@ def determinism(f: Figure, r: dict) -> None:
     if any_changed:
         shapes = [p for p in r["probe"] if p["changed"]]
         f.note(
-            f"On this machine ({r['machine']}) plain x @ w gave row 0 other bits in {len(shapes)} of "
-            f"{len(r['probe'])} shapes, from B = {min(min(p['changed']) for p in shapes)} on. {gpu}",
+            tr(
+                "On this machine ({machine}) plain x @ w gave row 0 other bits in {n} of {total} shapes, from B = {B} on. {gpu}",
+                machine=r["machine"],
+                n=len(shapes),
+                total=len(r["probe"]),
+                B=min(min(p["changed"]) for p in shapes),
+                gpu=gpu,
+            ),
             size=SMALL + 1.5,
         )
     else:
         f.note(
-            f"None found on this machine ({r['machine']}) for these shapes. That does not make x @ w batch-invariant: {gpu}",
+            tr(
+                "None found on this machine ({machine}) for these shapes. That does not make x @ w batch-invariant: {gpu}",
+                machine=r["machine"],
+                gpu=gpu,
+            ),
             size=SMALL + 1.5,
         )
     f.y += 8
-    f.heading("③ 确定性的前提 · the preconditions")
+    f.heading(tr("③ the preconditions of determinism"))
     f.y += 6
     half = (f.width - 2 * MARGIN - 16) / 2
     panels = [
         (
-            "inside the kernels: batch invariance",
+            tr("inside the kernels: batch invariance"),
             "token",
             [
-                "matmul: one tile config for every B, no split-K",
-                "RMSNorm, softmax, mean: one row per core, no split",
-                "attention: a fixed split size (not a fixed number",
-                "  of splits); cached and new KV in one order",
-                "collectives: a fixed reduction order",
+                tr("matmul: one tile config for every B, no split-K"),
+                tr("RMSNorm, softmax, mean: one row per core, no split"),
+                *tr("attention: a fixed split size (not a fixed number\n  of splits); cached and new KV in one order").split("\n"),
+                tr("collectives: a fixed reduction order"),
             ],
         ),
         (
-            "around them: a recipe at a pinned commit",
+            tr("around them: a recipe at a pinned commit"),
             "plain",
             [
-                "the same weights, dtype and quantisation",
-                "the same GPU architecture",
-                "the same engine, torch, CUDA, cuBLAS, NCCL, Triton",
-                "the same TP / PP / EP layout",
-                "greedy or seeded sampling",
+                tr("the same weights, dtype and quantisation"),
+                tr("the same GPU architecture"),
+                tr("the same engine, torch, CUDA, cuBLAS, NCCL, Triton"),
+                tr("the same TP / PP / EP layout"),
+                tr("greedy or seeded sampling"),
             ],
         ),
     ]
@@ -384,15 +426,17 @@ def determinism(f: Figure, r: dict) -> None:
         part.at(MARGIN + j * (half + 16) + 12, f.y + 10)
     f.y += round(h) + 18
     f.note(
-        "Not promised: bitwise equality across hardware, library versions or parallel layouts (vLLM's "
-        "VLLM_BATCH_INVARIANT=1 and SGLang's --enable-deterministic-inference hold within one fixed setup).",
+        tr(
+            "Not promised: bitwise equality across hardware, library versions or parallel layouts (vLLM's "
+            "VLLM_BATCH_INVARIANT=1 and SGLang's --enable-deterministic-inference hold within one fixed setup)."
+        ),
         size=SMALL + 1.5,
     )
     f.legend(
         [
-            ("token", "your function: bits equal to B = 1"),
-            ("plain", "plain x @ w: same bits as B = 1"),
-            ("accent", "bits changed with the batch size"),
+            ("token", tr("your function: bits equal to B = 1")),
+            ("plain", tr("plain x @ w: same bits as B = 1")),
+            ("accent", tr("bits changed with the batch size")),
         ],
         wrong=wrong,
     )
@@ -416,11 +460,13 @@ def rms_split(f: Figure, r: dict) -> None:
     n_chunks = len(chunk_sums)
     f.instance_row(
         [(f"x: [{max(batches)}, {H}] float32", "token"), (f"block = {block}", "accent"), (f"eps = {r['eps']:g}", "plain")],
-        note=f"row 0 normalised in batches of B = {', '.join(map(str, batches))}",
+        note=tr("row 0 normalised in batches of B = {sizes}", sizes=", ".join(map(str, batches))),
     )
 
     # 1. The fixed split of row 0.
-    f.heading(f"① 固定的切分 · row 0's {H} squares in {n_chunks} chunks of {block} (the last padded with zeros)")
+    f.heading(
+        tr("① a fixed split: row 0's {H} squares in {n} chunks of {block} (the last padded with zeros)", H=H, n=n_chunks, block=block)
+    )
     f.y += 6
     padded = n_chunks * block
     w = min(15.0, (f.width - 2 * MARGIN) / padded - 1)
@@ -437,9 +483,13 @@ def rms_split(f: Figure, r: dict) -> None:
         x2 = x1 + block * (w + 1) - 1
         real = min(block, H - c * block)
         f.bracket(
-            x1, x2, f.y, f"chunk {c}: columns {c * block}–{c * block + real - 1}" + (f" + {block - real} zeros" if real < block else "")
+            x1,
+            x2,
+            f.y,
+            tr("chunk {c}: columns {first}–{last}", c=c, first=c * block, last=c * block + real - 1)
+            + (tr(" + {n} zeros", n=block - real) if real < block else ""),
         )
-    f.text(MARGIN, top - 4, "x[0, j]² in float32", size=SMALL + 1, color=MUTED, cls="label")
+    f.text(MARGIN, top - 4, tr("x[0, j]² in float32"), size=SMALL + 1, color=MUTED, cls="label")
     f.y += 50
 
     # The halving tree of chunk 0, level by level.
@@ -447,11 +497,11 @@ def rms_split(f: Figure, r: dict) -> None:
     while len(levels[-1]) > 1:
         half = len(levels[-1]) // 2
         levels.append([levels[-1][j] + levels[-1][j + half] for j in range(half)])
-    f.heading("inside chunk 0: halving, s = s[:h] + s[h:] with h = width / 2, while wider than 1 (values to 3 digits)")
+    f.heading(tr("inside chunk 0: halving, s = s[:h] + s[h:] with h = width / 2, while wider than 1 (values to 3 digits)"))
     f.y += 4
     cw = min(46.0, (f.width - 2 * MARGIN - 90) / block - 2)
     for depth, level in enumerate(levels):
-        f.text(MARGIN + 80, f.y + 14, f"width {len(level)}", size=SMALL + 1, anchor="end", color=MUTED, cls="label")
+        f.text(MARGIN + 80, f.y + 14, tr("width {n}", n=len(level)), size=SMALL + 1, anchor="end", color=MUTED, cls="label")
         for j, v in enumerate(level):
             f.cell(
                 MARGIN + 90 + j * (cw + 2),
@@ -468,7 +518,7 @@ def rms_split(f: Figure, r: dict) -> None:
 
     running = f.matrix(
         [[f"{v:.6g}" for v in chunk_sums], [f"{v:.6g}" for v in totals]],
-        col_labels=[f"chunk {c}" for c in range(n_chunks)],
+        col_labels=[tr("chunk {c}", c=c) for c in range(n_chunks)],
         role=lambda i, j: "plain" if i == 0 else "token",
         w=110,
         h=CELL - 6,
@@ -480,19 +530,26 @@ def rms_split(f: Figure, r: dict) -> None:
         labelled(
             f,
             running,
-            [row_label(f, "chunk sum (by halving)", h=CELL - 6), row_label(f, "running total, chunk 0 first", h=CELL - 6, bold=True)],
+            [
+                row_label(f, tr("chunk sum (by halving)"), h=CELL - 6),
+                row_label(f, tr("running total, chunk 0 first"), h=CELL - 6, bold=True),
+            ],
             262,
         ),
         after=22,
     )
     f.note(
-        f"inv_rms = 1 / sqrt({totals[-1]:.6g} / {H} + eps); out[0] = (x[0] · inv_rms) · weight in float32, cast once at the end.",
+        tr(
+            "inv_rms = 1 / sqrt({total} / {H} + eps); out[0] = (x[0] · inv_rms) · weight in float32, cast once at the end.",
+            total=format(totals[-1], ".6g"),
+            H=H,
+        ),
         size=SMALL + 1.5,
     )
     f.y += 10
 
     # 2. The bits of out[0, col] in every batch.
-    f.heading(f"② 同一行,不同批大小 · the bits of out[0, {col}] for each batch size B")
+    f.heading(tr("② one row, different batch sizes: the bits of out[0, {col}] for each batch size B", col=col))
     label_w = 232
     left = MARGIN + label_w
     col_w = (f.width - MARGIN - left) / len(batches)
@@ -503,9 +560,9 @@ def rms_split(f: Figure, r: dict) -> None:
     y = f.y + 16
     expected = r["expected_bits"]
     rows = [
-        ("yours: batch_invariant_rms_norm", r["yours_bits"], "token", r["wrong"]),
-        ("the fixed split (expected)", expected, "plain", None),
-        ("torch's own mean (measured here)", r["plain_bits"], "plain", None),
+        (tr("yours: batch_invariant_rms_norm"), r["yours_bits"], "token", r["wrong"]),
+        (tr("the fixed split (expected)"), expected, "plain", None),
+        (tr("torch's own mean (measured here)"), r["plain_bits"], "plain", None),
     ]
     wrong = False
     for label, values, role, graded in rows:
@@ -528,20 +585,29 @@ def rms_split(f: Figure, r: dict) -> None:
         y += CELL + 2
     f.y = y + 10
     differs = sum(bool(d) for d in r["plain_differs"])
+    fields = {"col": col, "exact": f"{r['exact']:.9g}", "n": differs, "total": len(batches)}
     f.note(
-        f"RMSNorm of row 0, column {col}, in float64: {r['exact']:.9g}. torch's mean of the squares gave other "
-        f"bits than the fixed split in {differs} of {len(batches)} batches here"
-        + (
-            " (the same bits in every batch: this CPU sums a row alike whatever B; a GPU kernel splitting a row "
-            "when rows are few would not)"
-            if len(set(r["plain_bits"])) == 1
-            else ""
+        tr(
+            "RMSNorm of row 0, column {col}, in float64: {exact}. torch's mean of the squares gave other bits than the "
+            "fixed split in {n} of {total} batches here (the same bits in every batch: this CPU sums a row alike "
+            "whatever B; a GPU kernel splitting a row when rows are few would not). Only a prescribed order makes "
+            "the bits a property of the row.",
+            **fields,
         )
-        + ". Only a prescribed order makes the bits a property of the row.",
+        if len(set(r["plain_bits"])) == 1
+        else tr(
+            "RMSNorm of row 0, column {col}, in float64: {exact}. torch's mean of the squares gave other bits than the "
+            "fixed split in {n} of {total} batches here. Only a prescribed order makes the bits a property of the row.",
+            **fields,
+        ),
         size=SMALL + 1.5,
     )
     f.y += 4
     f.legend(
-        [("token", "your bits"), ("plain", "the fixed split / torch's mean, same bits"), ("accent", "other bits than the fixed split")],
+        [
+            ("token", tr("your bits")),
+            ("plain", tr("the fixed split / torch's mean, same bits")),
+            ("accent", tr("other bits than the fixed split")),
+        ],
         wrong=wrong,
     )
