@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from grader.authoring import CheckFailed, Hint, Trial, describe, expect_int, expect_tensor, fmt, hidden_model, mistakes, public, vec
-from grader.i18n import tr
+from grader.i18n import mark, tr
 
 CLAMP = 1e-10  # the race clamps its noise to ≥ 1e-10, as in ch23
 NEAR = 1e-5  # a verdict u < p/q or a race this close (relative) to a tie may go either way
@@ -52,20 +52,20 @@ SPEC_NOISE = [
 SPEC_CONF = [max(row) for row in SPEC_Q]  # 0.7, 0.8, 0.6, 0.5, 0.6
 SPEC_THRESHOLD = 0.3  # survivals 0.7, 0.56, 0.336 | 0.168, 0.1008 → 3 drafts
 
-VARIANTS = [
-    "no bonus",
-    "no stop",
-    "rejected draft kept",
-    "replacement from p",
-    "residual q − p",
-    "ratio q/p",
-    "accept when u ≥ p/q",
-    "greedy",
-    "next noise row",
-    "bonus from row k − 1",
-    "unclamped noise",
-    "q(x) = 0 accepted",
-    "float16 arithmetic",
+VARIANTS = [  # names shown to the student (mark: translated where shown); the keys of VARIANT_KNOBS
+    mark("no bonus"),
+    mark("no stop"),
+    mark("rejected draft kept"),
+    mark("replacement from p"),
+    mark("residual q − p"),
+    mark("ratio q/p"),
+    mark("accept when u ≥ p/q"),
+    mark("greedy"),
+    mark("next noise row"),
+    mark("bonus from row k − 1"),
+    mark("unclamped noise"),
+    mark("q(x) = 0 accepted"),
+    mark("float16 arithmetic"),
 ]
 """The classic mistakes of verification, as `verify_models` names what each emits, in the order they are tried
 (each is a row of the table of mistakes: `variant_hint`)."""
@@ -587,7 +587,7 @@ def run_verify(t: Trial, c: Case, *, case: str) -> list[int]:
     got = t.yours.verify_draft(*c.args())
     want = t.ref.verify_draft(*c.args())
     models = t.ref.drive(verify_models, c)
-    return expect_emitted(got, c, want, case=f"{case} (k = {c.k}, V = {c.p.shape[1]})", models=models)
+    return expect_emitted(got, c, want, case=tr("{case} (k = {k}, V = {V})", case=case, k=c.k, V=c.p.shape[1]), models=models)
 
 
 # -- helpers: how many drafts to verify ------------------------------------------------------------------------------

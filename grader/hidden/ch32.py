@@ -106,7 +106,11 @@ def first_token_distribution(t: Trial) -> None:
         if share >= 0.9 and sum(a == r for a, r in zip(alt, right)) / CHI_DRAWS < 0.9:
             raise CheckFailed(
                 *lines,
-                tr("likely cause: your first tokens are those of '{name}' on {share}% of the draws", name=name, share=fmt(100 * share, 3)),
+                tr(
+                    "likely cause: your first tokens are those of '{name}' on {share}% of the draws",
+                    name=tr(name),
+                    share=fmt(100 * share, 3),
+                ),
                 hint=variant_hint(name),
             )
     raise CheckFailed(*lines)
