@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import require_sandbox
 from releaselike import as_in_a_release
 
 import figures
@@ -208,6 +209,8 @@ def test_the_release_speaks_to_students(release):
 
 def test_the_engine_in_the_release_runs_the_students_own_code_only(release, tmp_path):
     from engine.parts import USED
+
+    require_sandbox()  # --submission: somebody else's code, boxed
 
     env = dict(os.environ, PYTHONPATH=str(release.student))
     (tmp_path / "prompts.json").write_text("[[1, 2, 3, 4, 5], [1, 2, 3, 9]]")

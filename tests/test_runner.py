@@ -242,6 +242,7 @@ def test_printing_is_allowed_and_shown(tmp_path):
 
 
 def test_json_output_is_one_document_whatever_the_student_prints(tmp_path):
+    require_sandbox()  # --submission runs in the sandbox
     code = HOSTILE["fake results on stdout and stderr"][0]
     out = subprocess.run(
         [
