@@ -48,8 +48,15 @@ def missing_exercise(chapter: "Chapter") -> str:
     )
 
 
-TASK_RE = re.compile(r"(?:\bTask|任务) ?(ch\d{2}\.\d+)\b")
-"""What marks a task in a docstring: "Task ch25.1", or in a Chinese docstring "任务 ch25.1"."""
+TASK_RE = re.compile(r"\bTask (ch\d{2}\.\d+)\b|任务 ?(ch\d{2}\.\d+)。")
+"""What marks a task in a docstring: "Task ch25.1", or in a Chinese docstring "任务 ch25.1。" (a sentence of its
+own: "（任务 ch19.4 加上 V）" only mentions one)."""
+
+
+def task_of(docstring: str | None) -> str | None:
+    """The task a docstring marks ("ch25.1"), or None."""
+    m = TASK_RE.search(docstring or "")
+    return (m.group(1) or m.group(2)) if m else None
 
 
 @dataclass(frozen=True)
@@ -216,11 +223,11 @@ def parse(source: str, chapter_id: str, slug: str) -> Chapter:
     graded: dict[str, dict[str, tuple[str, ...]]] = {}  # task id -> {name: params}, in source order
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            m = TASK_RE.search(ast.get_docstring(node) or "")
-            if m:
-                if not m.group(1).startswith(chapter_id + "."):
-                    raise ValueError(f"{node.name} in {chapter_id} is marked as task {m.group(1)}")
-                graded.setdefault(m.group(1), {})[node.name] = _params(node)
+            task = task_of(ast.get_docstring(node))
+            if task:
+                if not task.startswith(chapter_id + "."):
+                    raise ValueError(f"{node.name} in {chapter_id} is marked as task {task}")
+                graded.setdefault(task, {})[node.name] = _params(node)
     tasks = tuple(Task(tid, tuple(fns), fns) for tid, fns in graded.items())
     return Chapter(chapter_id, slug, zh.strip(), (en or zh).strip(), tasks)
 

@@ -96,10 +96,10 @@ def _task_owners(source: str) -> dict[int, tuple[str, str]]:
     owners = {}
     for node in ast.parse(source).body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            m = chapters.TASK_RE.search(ast.get_docstring(node) or "")
-            if m:
+            task = chapters.task_of(ast.get_docstring(node))
+            if task:
                 for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):  # set for every parsed node
-                    owners[line] = (m.group(1), node.name)
+                    owners[line] = (task, node.name)
     return owners
 
 
