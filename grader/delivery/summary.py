@@ -297,7 +297,7 @@ def summary_markdown(summary: dict, *, histogram: str | None = HISTOGRAM) -> str
                 lines.append(f"| {more} | | |")
             lines.append("")
         if s["not_implemented"]:
-            tasks = tr_in("summary.list", ", ").join(_task_students(t["task"], t["students"]) for t in s["not_implemented"])
+            tasks = tr_in("list", ", ").join(_task_students(t["task"], t["students"]) for t in s["not_implemented"])
             lines.append(
                 tr(
                     "Not implemented (the stub's NotImplementedError): {tasks}; {n} checks failed for no other reason.",
@@ -347,11 +347,11 @@ def _covers(checks: list[dict]) -> str:
         tasks.setdefault(task, []).append((name, c["failed"]))
     parts = []
     for task, mine in tasks.items():
-        named = tr_in("summary.list", ", ").join(f"{_cell(clip(name, CHECK_CHARS))} ({failed})" for name, failed in mine[:NAMED_CHECKS])
+        named = tr_in("list", ", ").join(f"{_cell(clip(name, CHECK_CHARS))} ({failed})" for name, failed in mine[:NAMED_CHECKS])
         if len(mine) > NAMED_CHECKS:
             named = tr("{checks} and {n} more", checks=named, n=len(mine) - NAMED_CHECKS)
         parts.append((f"{_cell(task)}: " if task else "") + named)
-    return tr_in("summary.list", "; ").join(parts)
+    return tr_in("list", "; ").join(parts)
 
 
 def _status_rank(status: str) -> tuple[int, str]:
