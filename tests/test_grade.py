@@ -920,3 +920,20 @@ def test_printed_rows_are_sorted_and_a_layout_fixed_later_is_graded_on_rerun(tmp
     assert "1 of 4 chapter submissions to grade (3 graded already)" in again.stdout
     rows = {r["student"]: r for r in table_of(out)}
     assert (float(rows["d-fixed-later"]["score"]), rows["d-fixed-later"]["status"]) == (FULL17, "passed")
+
+
+def test_a_chinese_class_summary_groups_by_hint_and_speaks_chinese():
+    from grader.i18n import choose
+
+    choose.set_language("zh")
+    try:
+        hinted = ["槽 3 应为 7；你的：2\n提示：使用 block table", "槽 9 应为 11；你的：0\n提示：使用 block table"]
+        assert message_group(hinted[0])[:2] == message_group(hinted[1])[:2] and message_group(hinted[0])[0] == "hint"
+        assert message_group("错了\n（你的代码输出：'提示：假的'）")[0] == "first line"  # the student's print is not a hint
+        assert message_group("输入：block_size=2\n槽 1 应为 7；你的：1")[2] == "槽 1 应为 7；你的：1"
+        items, docs = made_up_class()
+        md = summary_markdown(summarize(items, [CH17], docs))
+    finally:
+        choose.set_language("en")
+    assert md.startswith("# 全班汇总") and "6 名学生 = 1 名通过 + 3 名未通过 + 1 名未实现 + 1 名未批改。" in md
+    assert f"| `hint: use the block table` | {len(HINTED)} | t1 (4) |" in md  # an English report's hints still group

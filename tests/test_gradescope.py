@@ -89,7 +89,7 @@ def installed() -> Installed:
     base = Path(tempfile.mkdtemp(prefix="course-gradescope-test-"))
     os.chmod(base, 0o755)
     try:
-        zipfile.ZipFile(export(CH25, base / "autograder.zip", seed=SEED)).extractall(base / "bundle")
+        zipfile.ZipFile(export(CH25, base / "autograder.zip", seed=SEED, lang="en")).extractall(base / "bundle")  # the tests read English
         venv = base / "venv"
         subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True)
         python = venv / "bin" / "python"
@@ -199,7 +199,7 @@ def texts(doc) -> str:
 
 # -- the bundle -------------------------------------------------------------------------------------------
 def test_the_bundle_has_what_gradescope_runs(tmp_path):
-    z = zipfile.ZipFile(export(CH25, tmp_path / "a.zip", seed=SEED))
+    z = zipfile.ZipFile(export(CH25, tmp_path / "a.zip", seed=SEED, lang="en"))
     names = z.namelist()
     assert {"setup.sh", "run_autograder", "course/pyproject.toml"} <= set(names)
     assert "course/grader/hidden/ch25.py" in names and not [n for n in names if n.startswith("course/tests")]
@@ -209,7 +209,7 @@ def test_the_bundle_has_what_gradescope_runs(tmp_path):
     assert f"{VENV}/bin/pip install /autograder/source/course" in setup and "-e " not in setup  # not editable
     assert setup.index("pip install") < setup.index("-m grader.delivery.gradescope --protect /autograder")
     # the secret in the environment, never in argv
-    assert "COURSE_GRADING_SECRET=9 exec" in run and '-I -m grader.delivery.gradescope "$ROOT" ch25 after_due_date\n' in run
+    assert "COURSE_GRADING_SECRET=9 COURSE_LANG=en exec" in run and '-I -m grader.delivery.gradescope "$ROOT" ch25 after_due_date\n' in run
     assert "cd / &&" in run  # the installed package
     secrets = set()
     for visibility in ("after_published", "hidden", "visible", None):

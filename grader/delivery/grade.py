@@ -80,6 +80,7 @@ from grader import chapters, checks
 from grader.chapters import Chapter
 from grader.delivery import escape
 from grader.delivery.summary import HISTOGRAM, histogram_svg, summarize, summary_markdown
+from grader.i18n import tr, tr_in
 
 STATE = "grading.json"
 RESERVED = ("grades.csv", "grading.json", "summary.md", "summary.json", HISTOGRAM, "nbgrader-staged.json")
@@ -146,7 +147,7 @@ def find_items(submissions: Path, chosen: list[Chapter]) -> list[Item]:
     from grader.delivery.layout import OTHER_ARCHIVES
 
     if not submissions.is_dir():
-        raise GradeError(f"{submissions} is not a folder of student folders")
+        raise GradeError(tr("{folder} is not a folder of student folders", folder=submissions))
     students: dict[str, list[tuple[str, str]]] = collections.defaultdict(list)  # student -> (entry, kind)
     with os.scandir(submissions) as listing:
         for entry in listing:
@@ -182,16 +183,24 @@ def _items_of(submissions: Path, student: str, entries: list[tuple[str, str]], c
     if student.startswith("."):
         shown = _text(entries[0][0]) + ("/" if entries[0][1] == "folder" else "")
         return problem(
-            f"{shown} was skipped: its name starts with a dot (a hidden folder, such as .ipynb_checkpoints); rename it to grade it",
+            tr(
+                "{name} was skipped: its name starts with a dot (a hidden folder, such as .ipynb_checkpoints); rename it to grade it",
+                name=shown,
+            ),
             recorded=False,
         )
     if len(entries) > 1:
-        shown = " and ".join(_text(e) + ("/" if kind == "folder" else "") for e, kind in sorted(entries))
-        return problem(f"{shown} are both in {submissions.name}/, each could be {_text(student)}'s submission: keep one of them")
+        names = [_text(e) + ("/" if kind == "folder" else "") for e, kind in sorted(entries)]
+        fields = {"first": tr_in("list", ", ").join(names[:-1]), "last": names[-1], "folder": submissions.name, "student": _text(student)}
+        return problem(tr("{first} and {last} are both in {folder}/, each could be {student}'s submission: keep one of them", **fields))
     ((entry, kind),) = entries
     if kind == "other archive":
         return problem(
-            f"{_text(entry)}: only zip files are opened; make it {_text(student)}.zip, or unpack it into a folder {_text(student)}/"
+            tr(
+                "{entry}: only zip files are opened; make it {student}.zip, or unpack it into a folder {student}/",
+                entry=_text(entry),
+                student=_text(student),
+            )
         )
     archive = entry if kind == "zip" or entry.lower().endswith(".zip") else None
     top = _open_dir(submissions)
@@ -202,7 +211,7 @@ def _items_of(submissions: Path, student: str, entries: list[tuple[str, str]], c
                 tree = zip_tree(zipped)
             finally:
                 zipped.close()
-            where = _text(entry) + (f" (in its folder {_text(tree.top)}/)" if tree.top else "")
+            where = tr("{zip} (in its folder {folder}/)", zip=_text(entry), folder=_text(tree.top)) if tree.top else _text(entry)
         else:
             folder_fd = open_folder(entry, dir_fd=top)
             try:
@@ -300,9 +309,10 @@ def _grade(item: Item, config: _Config) -> dict:
     except Exception as e:
         shutil.rmtree(partial, ignore_errors=True)
         _complain(item, "", traceback.format_exc())
+        error = f"{type(e).__name__}: {str(e)[:300]}"
         doc = error_doc(
             item,
-            f"the grader failed on this submission ({type(e).__name__}: {str(e)[:300]}); a rerun grades it again",
+            tr("the grader failed on this submission ({error}); a rerun grades it again", error=error),
             seed=config.seeds[item.student],
             retry=True,
         )
@@ -382,7 +392,7 @@ def error_doc(item: Item, message: str, *, seed: int | None, retry: bool = False
         "seed": seed,
         "tests": [
             {
-                "name": f"{ch.id} submission",
+                "name": tr("{chapter} submission", chapter=ch.id),
                 "score": 0,
                 "max_score": max_score,
                 "status": "failed",
@@ -434,10 +444,16 @@ def feedback_page(item: Item, doc: dict, folder: Path) -> str:
         return page(doc, figures, student=_text(item.student))
     except Exception as e:
         _complain(item, ": feedback.html", traceback.format_exc())
+        said = tr(
+            "score {score:g}/{max_score:g}; this page could not be made ({error}): results.json beside it holds the grade "
+            "and every message.",
+            score=float(doc.get("score", 0)),
+            max_score=float(doc.get("max_score", 0)),
+            error=type(e).__name__,
+        )
         return (
             f'<!doctype html>\n<html><head><meta charset="utf-8"><title>{html.escape(item.chapter)}</title></head><body>'
-            f"<p>score {float(doc.get('score', 0)):g}/{float(doc.get('max_score', 0)):g}; this page could not be made "
-            f"({html.escape(type(e).__name__)}): results.json beside it holds the grade and every message.</p></body></html>\n"
+            f"<p>{html.escape(said)}</p></body></html>\n"
         )
 
 
@@ -511,12 +527,27 @@ class _Job:
 
 
 def _death(exitcode: int | None) -> str:
+    """Why an item was lost when its grading process died, one whole sentence (in the run's language)."""
     if exitcode is not None and exitcode < 0:
         try:
-            return f"killed by signal {-exitcode} ({signal.Signals(-exitcode).name})"
+            name = signal.Signals(-exitcode).name
         except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit status {exitcode}"
+            return tr(
+                "the grading process died (killed by signal {signal}) while grading this submission; the rest of the class "
+                "was graded, a rerun grades it again",
+                signal=-exitcode,
+            )
+        return tr(
+            "the grading process died (killed by signal {signal} ({name})) while grading this submission; the rest of "
+            "the class was graded, a rerun grades it again",
+            signal=-exitcode,
+            name=name,
+        )
+    return tr(
+        "the grading process died (exit status {status}) while grading this submission; the rest of the class was "
+        "graded, a rerun grades it again",
+        status=exitcode,
+    )
 
 
 def _run_jobs(
@@ -582,22 +613,19 @@ def _run_jobs(
                     if job.proc.is_alive():
                         job.proc.kill()
                         job.proc.join()
-                    lost(
-                        job,
-                        f"the grading process died ({_death(job.proc.exitcode)}) while grading this "
-                        "submission; the rest of the class was graded, a rerun grades it again",
-                    )
+                    lost(job, _death(job.proc.exitcode))
                     job.item = None
                     running.remove(job)
                     job.stop(0)
                 elif time.monotonic() > job.deadline:
                     job.proc.kill()
                     job.proc.join()
-                    lost(
-                        job,
-                        f"grading took over {seconds(job.item):.0f} s, so its process was stopped; the rest "
-                        "of the class was graded, a rerun grades it again",
+                    took = tr(
+                        "grading took over {seconds:.0f} s, so its process was stopped; the rest of the class was graded, "
+                        "a rerun grades it again",
+                        seconds=seconds(job.item),
                     )
+                    lost(job, took)
                     job.item = None
                     running.remove(job)
                     job.stop(0)
@@ -627,10 +655,20 @@ class ClassResult:
         the terminal)."""
         counted = [r for r in self.rows if r["student"] not in self.skipped]
         errors = sum(r["status"].startswith("error") for r in counted)
-        line = f"{len(counted)} results = {len(counted) - errors} graded + {errors} could not be graded (0 points)"
-        line += f"; {self.graded_now} new in this run" if self.graded_now < len(counted) else ""
-        skipped = ", ".join(escape.terminal(name) + "/" for name in self.skipped)
-        return line + (f"; skipped, not students: {skipped}" if self.skipped else "")
+        fields = {"n": len(counted), "graded": len(counted) - errors, "errors": errors, "new": self.graded_now}
+        fields["skipped"] = tr_in("list", ", ").join(escape.terminal(name) + "/" for name in self.skipped)
+        new, skipped = self.graded_now < len(counted), bool(self.skipped)
+        if new and skipped:
+            return tr(
+                "{n} results = {graded} graded + {errors} could not be graded (0 points); {new} new in this run; "
+                "skipped, not students: {skipped}",
+                **fields,
+            )
+        if new:
+            return tr("{n} results = {graded} graded + {errors} could not be graded (0 points); {new} new in this run", **fields)
+        if skipped:
+            return tr("{n} results = {graded} graded + {errors} could not be graded (0 points); skipped, not students: {skipped}", **fields)
+        return tr("{n} results = {graded} graded + {errors} could not be graded (0 points)", **fields)
 
 
 def grade(
@@ -715,7 +753,7 @@ class InOrder:
 def _sandbox(sandbox: bool | str | None) -> tuple[str | None, str]:
     """The sandbox kind to grade in and a sentence describing it; GradeError when none can be made."""
     if not sandbox:
-        return None, (
+        return None, tr(
             "none: sandbox switched off (--no-sandbox): student code runs with process isolation only "
             "and could read this user's files and reach the network"
         )
@@ -730,9 +768,10 @@ def _sandbox(sandbox: bool | str | None) -> tuple[str | None, str]:
         except SandboxUnavailable as e:
             reasons.append(str(e))
     raise GradeError(
-        "no sandbox can be made here for the students' code: "
-        + "; ".join(reasons)
-        + "; or pass --no-sandbox to grade with process isolation only"
+        tr(
+            "no sandbox can be made here for the students' code: {reasons}; or pass --no-sandbox to grade with process isolation only",
+            reasons=tr_in("list", "; ").join(reasons),
+        )
     )
 
 
@@ -759,7 +798,7 @@ def _doc_of(out: Path, item: Item, seed: int | None) -> dict:
             return doc
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    return error_doc(item, "its result could not be read; a rerun grades it again", seed=seed, retry=True)
+    return error_doc(item, tr("its result could not be read; a rerun grades it again"), seed=seed, retry=True)
 
 
 def _state(
@@ -776,7 +815,9 @@ def _state(
     if "seed" in state and "secret" not in state:  # recorded before seeds were per student: its seed is the secret
         state["secret"] = str(state.pop("seed"))
     if state and seed is not None and str(seed) != state["secret"]:
-        raise GradeError(f"{out} was graded with another secret; rerun without --seed, or with --force to grade everything again")
+        raise GradeError(
+            tr("{out} was graded with another secret; rerun without --seed, or with --force to grade everything again", out=out)
+        )
     secret = state.setdefault("secret", secret_of(seed))
     seeds = state.setdefault("seeds", {})
     for student in students:

@@ -53,6 +53,7 @@ from grader.delivery import escape
 from grader.delivery.grade import ClassResult, GradeError, grade, results_dir
 from grader.delivery.notebook import figure_output, wrap_lines
 from grader.delivery.submission import MAX_NOTEBOOK_BYTES, SubmissionError, read_file
+from grader.i18n import tr, tr_in
 
 STAGED = "nbgrader-staged.json"
 """In OUT: the hash of each notebook last staged, so that a resubmitted notebook is graded again."""
@@ -104,9 +105,11 @@ def grade_course(root: Path, chosen: list[Chapter], out: Path | None = None, **o
     with tempfile.TemporaryDirectory(prefix="course-nbgrader-") as tmp:
         staged = _stage(coursedir, chosen, Path(tmp))
         if not staged:
-            raise GradeError(
-                f"no submissions of {', '.join(c.id for c in chosen)} in {coursedir.format_path(coursedir.submitted_directory, '*', '*')}"
-            )
+            fields = {
+                "chapters": tr_in("list", ", ").join(c.id for c in chosen),
+                "where": coursedir.format_path(coursedir.submitted_directory, "*", "*"),
+            }
+            raise GradeError(tr("no submissions of {chapters} in {where}", **fields))
         _forget_changed(out, staged, Path(tmp))
         graded = grade(Path(tmp), chosen, out, **options)
     result = NbgraderResult(graded)
@@ -119,14 +122,14 @@ def grade_course(root: Path, chosen: list[Chapter], out: Path | None = None, **o
         if not item.staged:
             doc = {"chapter": cid, "score": 0.0, "status": "error", "error": item.problem, "tests": []}
         if doc.get("retry") or "tests" not in doc:  # the grader failed on it, not the student: no score
-            result.notes.append(
-                f"{student}/{cid}: not graded ({doc.get('error', 'no result')}); the gradebook keeps what it had: run this command again"
-            )
+            fields = {"item": f"{student}/{cid}", "error": doc.get("error") or tr("no result")}
+            result.notes.append(tr("{item}: not graded ({error}); the gradebook keeps what it had: run this command again", **fields))
             continue
         _record(coursedir, config, by_id[cid], item, doc)
         result.recorded.append((student, cid))
         if item.notebook is None:
-            result.notes.append(f"{student}/{cid}: {item.problem}: {doc['score']:g} points, no autograded notebook (so no feedback)")
+            fields = {"item": f"{student}/{cid}", "problem": item.problem, "score": doc["score"]}
+            result.notes.append(tr("{item}: {problem}: {score:g} points, no autograded notebook (so no feedback)", **fields))
             stale = Path(coursedir.format_path(coursedir.autograded_directory, student, cid)) / f"{cid}.ipynb"
             stale.unlink(missing_ok=True)  # as autograde removes a notebook it failed on
         else:
@@ -140,16 +143,24 @@ def _check_assignment(coursedir: CourseDirectory, ch: Chapter) -> None:
     database = coursedir.db_url.removeprefix("sqlite:///")
     if database != coursedir.db_url and not Path(database).is_file():  # opening it would create it
         raise GradeError(
-            f"{coursedir.root} has no gradebook ({database}): is it an nbgrader course? "
-            f"Run `nbgrader generate_assignment {ch.id}` there first"
+            tr(
+                "{root} has no gradebook ({database}): is it an nbgrader course? Run `nbgrader generate_assignment {chapter}` there first",
+                root=coursedir.root,
+                database=database,
+                chapter=ch.id,
+            )
         )
     with Gradebook(coursedir.db_url, coursedir.course_id) as gb:
         try:
             notebook = gb.find_notebook(ch.id, ch.id)
         except MissingEntry:
             raise GradeError(
-                f"the gradebook {coursedir.db_url} has no notebook {ch.id} in assignment {ch.id}: "
-                f"run `nbgrader generate_assignment {ch.id}` first"
+                tr(
+                    "the gradebook {db} has no notebook {chapter} in assignment {chapter}: "
+                    "run `nbgrader generate_assignment {chapter}` first",
+                    db=coursedir.db_url,
+                    chapter=ch.id,
+                )
             ) from None
         cells = {c.name: c.max_score for c in notebook.grade_cells}
     specs = checks.load(ch.id, with_hidden=True)
@@ -158,9 +169,21 @@ def _check_assignment(coursedir: CourseDirectory, ch: Chapter) -> None:
             name = f"{kind}_{_tid(task.id)}"
             points = sum(s.points for s in specs if s.task == task.id and s.hidden == is_hidden)
             if name not in cells or abs(cells[name] - points) > 1e-9:
+                fields = {"chapter": ch.id, "cell": name, "worth": cells.get(name), "points": points}
+                if name not in cells:
+                    raise GradeError(
+                        tr(
+                            "the gradebook's {chapter} has no cell {cell}, the checks give {points:g}: release the course again "
+                            "and rerun generate_assignment",
+                            **fields,
+                        )
+                    )
                 raise GradeError(
-                    f"the gradebook's {ch.id} cell {name} is worth {cells.get(name, 'nothing')}, the "
-                    f"checks give {points:g}: release the course again and rerun generate_assignment"
+                    tr(
+                        "the gradebook's {chapter} cell {cell} is worth {worth}, the checks give {points:g}: release the course "
+                        "again and rerun generate_assignment",
+                        **fields,
+                    )
                 )
 
 
@@ -182,9 +205,11 @@ def _stage(coursedir: CourseDirectory, chosen: list[Chapter], subs: Path) -> dic
             target = subs / student / f"{ch.id}.ipynb"
             try:  # never through a link (to solutions/, to the hidden checks), never unbounded
                 if folder.is_symlink() or folder.parent.is_symlink():
-                    raise SubmissionError(f"{student}/{ch.id} is a symbolic link: links are never followed")
+                    where = f"{student}/{ch.id}"
+                    raise SubmissionError(tr("{item} is a symbolic link: links are never followed", item=where))
                 if not os.path.lexists(folder / f"{ch.id}.ipynb"):
-                    raise SubmissionError(f"no {ch.id}.ipynb submitted")
+                    notebook = f"{ch.id}.ipynb"
+                    raise SubmissionError(tr("no {name} submitted", name=notebook))
                 data = read_file(folder, f"{ch.id}.ipynb", MAX_NOTEBOOK_BYTES)
             except SubmissionError as e:
                 staged[student, ch.id] = _Staged(student, ch.id, None, str(e), staged=False)
@@ -194,9 +219,8 @@ def _stage(coursedir: CourseDirectory, chosen: list[Chapter], subs: Path) -> dic
                 nb = _sanitize(coursedir, ch, student, nbformat.reads(data.decode("utf-8-sig"), as_version=4))
             except Exception as e:  # not JSON, not a notebook, nbgrader metadata broken: graded as it is
                 why = str(e).splitlines()[0][:200] if str(e) else ""
-                staged[student, ch.id] = _Staged(
-                    student, ch.id, None, f"{ch.id}.ipynb is not a notebook nbgrader can read ({type(e).__name__}: {why})"
-                )
+                fields = {"name": f"{ch.id}.ipynb", "error": f"{type(e).__name__}: {why}"}
+                staged[student, ch.id] = _Staged(student, ch.id, None, tr("{name} is not a notebook nbgrader can read ({error})", **fields))
                 continue
             nbformat.write(nb, str(target))
             staged[student, ch.id] = _Staged(student, ch.id, nb)
@@ -314,20 +338,36 @@ def task_report(doc: dict, task_id: str, hidden: bool) -> str:
     messages, or the hidden checks with their names and verdicts only (never their inputs, expected
     values or messages)."""
     tests = _tests(doc, task_id, hidden)
-    kind = "hidden" if hidden else "public"
     if doc.get("status") == "error":
-        why = "" if hidden else f": {escape.plain(doc.get('error', ''), lines=True)}"
-        return wrap_lines(f"{task_id}: your notebook could not be graded{why}\n0 points\n")
-    lines = [f"{task_id}, {kind} checks, graded by the course grader:"]
+        if hidden:
+            return wrap_lines(tr("{task}: your notebook could not be graded", task=task_id) + "\n" + tr("0 points") + "\n")
+        why = escape.plain(doc.get("error", ""), lines=True)
+        return wrap_lines(tr("{task}: your notebook could not be graded: {why}", task=task_id, why=why) + "\n" + tr("0 points") + "\n")
+    if hidden:
+        lines = [tr("{task}, hidden checks, graded by the course grader:", task=task_id)]
+    else:
+        lines = [tr("{task}, public checks, graded by the course grader:", task=task_id)]
     for t in tests:
         verdict = "✓" if t["status"] == "passed" else "✗"
-        outcome = "" if t["status"] == "passed" else f" ({t.get('outcome', t['status'])})"
-        lines.append(f"{verdict} {'hidden check: ' if hidden else ''}{t['name']}{outcome}")
+        fields = {"verdict": verdict, "name": t["name"], "outcome": t.get("outcome", t["status"])}
+        if t["status"] == "passed":
+            lines.append(tr("{verdict} hidden check: {name}", **fields) if hidden else f"{verdict} {t['name']}")
+        else:
+            lines.append(
+                tr("{verdict} hidden check: {name} ({outcome})", **fields) if hidden else f"{verdict} {t['name']} ({fields['outcome']})"
+            )
         if not hidden and t["status"] != "passed" and t.get("output"):
             lines += ["    " + escape.plain(line) for line in t["output"].splitlines()]  # a notebook obeys ANSI escapes
-    passed = sum(t["status"] == "passed" for t in tests)
-    score, total = sum(t["score"] for t in tests), sum(t["max_score"] for t in tests)
-    lines.append(f"{passed}/{len(tests)} {kind} checks passed: {score:g}/{total:g} points")
+    fields = {
+        "passed": sum(t["status"] == "passed" for t in tests),
+        "n": len(tests),
+        "score": sum(t["score"] for t in tests),
+        "total": sum(t["max_score"] for t in tests),
+    }
+    if hidden:
+        lines.append(tr("{passed}/{n} hidden checks passed: {score:g}/{total:g} points", **fields))
+    else:
+        lines.append(tr("{passed}/{n} public checks passed: {score:g}/{total:g} points", **fields))
     return wrap_lines("\n".join(lines) + "\n")
 
 

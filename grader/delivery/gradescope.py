@@ -276,7 +276,7 @@ def run(root: Path, chapter_id: str, secret: str, hidden_visibility: str = VISIB
             check_uid_boundary(root, uid, [*locked, chapters.SOLUTIONS / ch.filename, chapters.ROOT / "grader" / "hidden" / f"{ch.id}.py"])
         folder_fd = open_folder(root / "submission", follow=True)
         try:  # where the answer is: the layout rules of `course grade` (grader.delivery.layout)
-            located = locate(folder_tree(folder_fd), ch, "your submission")
+            located = locate(folder_tree(folder_fd), ch, tr("your submission"))
             name = "/".join(located.path)
             answer = read_in(folder_fd, name, ch)
         finally:

@@ -65,10 +65,12 @@ from grader.delivery.submission import (
     Answer,
     SubmissionError,
     answer_names,
+    is_not,
     open_folder,
     read_answer,
     what_it_is,
 )
+from grader.i18n import tr, tr_in
 
 MAX_ZIP_BYTES = 128 << 20
 """A student's zip file, as stored."""
@@ -192,20 +194,22 @@ def open_zip(dir_fd: int, name: str) -> zipfile.ZipFile:
         fd = os.open(name, _FLAGS, dir_fd=dir_fd)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise SubmissionError(f"{name} is a symbolic link: links are never followed; submit the zip itself") from None
-        raise SubmissionError(f"cannot read {name} ({e.strerror})") from None
+            raise SubmissionError(tr("{name} is a symbolic link: links are never followed; submit the zip itself", name=name)) from None
+        raise SubmissionError(tr("cannot read {name} ({error})", name=name, error=e.strerror)) from None
     f = os.fdopen(fd, "rb")
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise SubmissionError(f"{name} is {what_it_is(info.st_mode)}, not a zip file")
+            raise SubmissionError(is_not(name, what_it_is(info.st_mode), "zip"))
         if info.st_size > MAX_ZIP_BYTES:
-            raise SubmissionError(f"{name} is {_size(info.st_size)}, over the {_size(MAX_ZIP_BYTES)} a student's zip may have")
+            fields = {"name": name, "size": _size(info.st_size), "limit": _size(MAX_ZIP_BYTES)}
+            raise SubmissionError(tr("{name} is {size}, over the {limit} a student's zip may have", **fields))
         _check_directory(f, info.st_size, name)
         try:
             archive = _OwnZip(f)
         except Exception as e:  # BadZipFile, and whatever else a crafted directory makes zipfile raise
-            raise SubmissionError(f"{name} is not a zip file that can be read ({type(e).__name__}: {str(e)[:200]})") from None
+            error = f"{type(e).__name__}: {str(e)[:200]}"
+            raise SubmissionError(tr("{name} is not a zip file that can be read ({error})", name=name, error=error)) from None
         try:
             _check_members(archive, name)
         except BaseException:
@@ -238,7 +242,7 @@ def _check_directory(f, size: int, name: str) -> None:
     tail = f.read(tail_size)
     at = tail.rfind(b"PK\x05\x06")
     if at < 0 or len(tail) - at < _END.size:
-        raise SubmissionError(f"{name} is not a zip file (it has no end of central directory record)")
+        raise SubmissionError(tr("{name} is not a zip file (it has no end of central directory record)", name=name))
     _, _, _, _, entries, directory, offset, _ = _END.unpack_from(tail, at)
     if entries == 0xFFFF or directory == 0xFFFFFFFF or offset == 0xFFFFFFFF:  # zip64: the real numbers are elsewhere
         record = b""
@@ -248,51 +252,67 @@ def _check_directory(f, size: int, name: str) -> None:
                 f.seek(where)
                 record = f.read(56)
         if len(record) < 56 or record[:4] != b"PK\x06\x06":
-            raise SubmissionError(f"{name} is a zip64 file whose directory cannot be found: zip it again")
+            raise SubmissionError(tr("{name} is a zip64 file whose directory cannot be found: zip it again", name=name))
         entries, directory = struct.unpack_from("<QQ", record, 32)
     if entries > MAX_ZIP_MEMBERS:
-        raise SubmissionError(f"{name} holds {entries} files and folders, over the {MAX_ZIP_MEMBERS} a student's zip may have")
+        raise SubmissionError(_too_many(name, entries))
     if directory > MAX_ZIP_DIRECTORY_BYTES:
-        raise SubmissionError(
-            f"{name} has a list of files of {_size(directory)}, over the {_size(MAX_ZIP_DIRECTORY_BYTES)} a student's zip may have"
-        )
+        fields = {"name": name, "size": _size(directory), "limit": _size(MAX_ZIP_DIRECTORY_BYTES)}
+        raise SubmissionError(tr("{name} has a list of files of {size}, over the {limit} a student's zip may have", **fields))
 
 
-def member_path(member: str) -> tuple[str, ...]:
+def _too_many(name: str, entries: int) -> str:
+    return tr("{name} holds {n} files and folders, over the {most} a student's zip may have", name=name, n=entries, most=MAX_ZIP_MEMBERS)
+
+
+def member_path(member: str, name: str = "the zip") -> tuple[str, ...]:
     """A member's path as names from the zip's root (`\\` taken as `/`, as Windows tools write it);
-    SubmissionError for a path that is absolute or leaves the zip."""
+    SubmissionError for a path that is absolute or leaves the zip (`name`: the zip, as the message names it)."""
     path = member.replace("\\", "/")
+    fields = {"name": name, "member": repr(member)}
     if "\0" in path:
-        raise SubmissionError(f"holds {member!r}, a name with a NUL byte")
+        raise SubmissionError(tr("{name} holds {member}, a name with a NUL byte; zip the files themselves", **fields))
     if path.startswith("/") or re.match(r"[A-Za-z]:", path):
-        raise SubmissionError(f"holds {member!r}, an absolute path: a zip's files must be relative to its root")
+        raise SubmissionError(
+            tr("{name} holds {member}, an absolute path: a zip's files must be relative to its root; zip the files themselves", **fields)
+        )
     parts = tuple(p for p in path.split("/") if p not in ("", "."))
     if ".." in parts:
-        raise SubmissionError(f"holds {member!r}, a path that leaves the zip (..)")
+        raise SubmissionError(tr("{name} holds {member}, a path that leaves the zip (..); zip the files themselves", **fields))
     return parts
 
 
 def _check_members(archive: zipfile.ZipFile, name: str) -> None:
     members = archive.infolist()
     if len(members) > MAX_ZIP_MEMBERS:
-        raise SubmissionError(f"{name} holds {len(members)} files and folders, over the {MAX_ZIP_MEMBERS} a student's zip may have")
+        raise SubmissionError(_too_many(name, len(members)))
     unpacked = sum(m.file_size for m in members)
     if unpacked > MAX_ZIP_UNPACKED:
-        raise SubmissionError(f"{name} would unpack to {_size(unpacked)}, over the {_size(MAX_ZIP_UNPACKED)} a student's zip may hold")
+        fields = {"name": name, "size": _size(unpacked), "limit": _size(MAX_ZIP_UNPACKED)}
+        raise SubmissionError(tr("{name} would unpack to {size}, over the {limit} a student's zip may hold", **fields))
     seen = set()
     for m in members:
-        try:
-            path = member_path(m.filename)
-        except SubmissionError as e:
-            raise SubmissionError(f"{name} {e}; zip the files themselves") from None
+        path = member_path(m.filename, name)
         kind = stat.S_IFMT(m.external_attr >> 16)
+        fields = {"name": name, "member": repr(m.filename)}
         if kind and kind not in (stat.S_IFREG, stat.S_IFDIR):
+            if kind == stat.S_IFLNK:
+                raise SubmissionError(
+                    tr(
+                        "{name} holds {member}, a symbolic link: a zip may hold files and folders only (links are never followed); "
+                        "zip the files themselves",
+                        **fields,
+                    )
+                )
             raise SubmissionError(
-                f"{name} holds {m.filename!r}, {what_it_is(kind)}: a zip may hold files and "
-                "folders only (links are never followed); zip the files themselves"
+                tr(
+                    "{name} holds {member}, which is neither a file nor a folder: a zip may hold files and folders only "
+                    "(links are never followed); zip the files themselves",
+                    **fields,
+                )
             )
         if path in seen and not m.is_dir():
-            raise SubmissionError(f"{name} holds {m.filename!r} twice: zip it again")
+            raise SubmissionError(tr("{name} holds {member} twice: zip it again", **fields))
         seen.add(path)
 
 
@@ -336,25 +356,26 @@ def read_member(archive: zipfile.ZipFile, member: str, limit: int, name: str) ->
         info = archive.getinfo(member)
     except KeyError:
         if any(m.startswith(member + "/") for m in archive.namelist()):
-            raise SubmissionError(f"{where} is a folder, not a file: submit the file itself") from None
-        raise SubmissionError(f"{name} no longer holds {member!r}") from None
+            raise SubmissionError(tr("{name} is a folder, not a file: submit the file itself", name=where)) from None
+        raise SubmissionError(tr("{name} no longer holds {member}", name=name, member=repr(member))) from None
     if info.flag_bits & 0x1:
-        raise SubmissionError(f"{where} is encrypted: zip it without a password")
+        raise SubmissionError(tr("{name} is encrypted: zip it without a password", name=where))
+    notebook = member.endswith(".ipynb")
+    fields = {"name": where, "size": _size(info.file_size), "limit": _size(limit)}
     if info.file_size > limit:
-        raise SubmissionError(
-            f"{where} is {_size(info.file_size)}, over the {_size(limit)} a "
-            + ("notebook" if member.endswith(".ipynb") else "chapter file")
-            + " may have"
-        )
+        if notebook:
+            raise SubmissionError(tr("{name} is {size}, over the {limit} a notebook may have", **fields))
+        raise SubmissionError(tr("{name} is {size}, over the {limit} a chapter file may have", **fields))
     try:
         with archive.open(info) as f:
             data = f.read(limit + 1)
     except Exception as e:  # a bad checksum, a damaged stream, a compression zipfile does not know
-        raise SubmissionError(f"{where} cannot be read from the zip ({type(e).__name__}: {str(e)[:200]}): zip it again") from None
+        error = f"{type(e).__name__}: {str(e)[:200]}"
+        raise SubmissionError(tr("{name} cannot be read from the zip ({error}): zip it again", name=where, error=error)) from None
     if len(data) > limit:
-        raise SubmissionError(
-            f"{where} is over the {_size(limit)} a " + ("notebook" if member.endswith(".ipynb") else "chapter file") + " may have"
-        )
+        if notebook:
+            raise SubmissionError(tr("{name} is over the {limit} a notebook may have", **fields))
+        raise SubmissionError(tr("{name} is over the {limit} a chapter file may have", **fields))
     return data
 
 
@@ -375,22 +396,28 @@ def locate(tree: Tree, ch: Chapter, where: str) -> Found:
     if len(down) == 1:
         return Found(down[0])
     if len(down) > 1:
-        raise SubmissionError(f"{_doubt(down)} in {where} could each be the {ch.id} answer: keep one of them")
+        raise SubmissionError(
+            tr("{files} in {where} could each be the {chapter} answer: keep one of them", files=_doubt(down), where=where, chapter=ch.id)
+        )
     candidates = sorted(p for p, k in tree.kinds.items() if k != FOLDER and p[-1].endswith((".py", ".ipynb")) and names_chapter(p[-1], ch))
     if len(candidates) == 1:
         return Found(candidates[0], renamed=True)
     if len(candidates) > 1:
-        raise SubmissionError(f"{_doubt(candidates)} in {where} could each be the {ch.id} answer: keep one of them, named {ch.filename}")
+        fields = {"files": _doubt(candidates), "where": where, "chapter": ch.id, "filename": ch.filename}
+        raise SubmissionError(tr("{files} in {where} could each be the {chapter} answer: keep one of them, named {filename}", **fields))
+    fields = {"file": names[0], "notebook": names[1], "where": where, "found": found_list(tree, ch), "filename": ch.filename}
     raise SubmissionError(
-        f"no {names[0]} or {names[1]} in {where}, nor one folder down; {found_list(tree, ch)}: "
-        f"name your file {ch.filename} (or your notebook {names[1]})"
+        tr(
+            "no {file} or {notebook} in {where}, nor one folder down; {found}: name your file {filename} (or your notebook {notebook})",
+            **fields,
+        )
     )
 
 
 def _doubt(paths: Sequence[tuple[str, ...]]) -> str:
     shown = ["/".join(shown_name(p) for p in path) for path in paths[:5]]
-    more = f" (and {len(paths) - 5} more)" if len(paths) > 5 else ""
-    return ", ".join(shown[:-1]) + f" and {shown[-1]}{more}"
+    both = tr("{first} and {last}", first=tr_in("list", ", ").join(shown[:-1]), last=shown[-1])
+    return tr("{files} (and {n} more)", files=both, n=len(paths) - 5) if len(paths) > 5 else both
 
 
 def found_list(tree: Tree, ch: Chapter, *, most: int = 12) -> str:
@@ -401,25 +428,30 @@ def found_list(tree: Tree, ch: Chapter, *, most: int = 12) -> str:
     for (name,) in top[:most]:
         kind = tree.kinds[(name,)]
         text = shown_name(name)
+        comma = tr_in("list", ", ")
         if kind == FOLDER:
             inside = sorted(p[1] for p in tree.kinds if len(p) == 2 and p[0] == name)
             listed = [shown_name(n) + ("/" if tree.kinds[(name, n)] == FOLDER else "") for n in inside[:4]]
-            listed += [f"{len(inside) - 4} more"] if len(inside) > 4 else []
-            text += "/" + (f" ({', '.join(listed)})" if listed else " (empty)")
+            listed += [tr("{n} more", n=len(inside) - 4)] if len(inside) > 4 else []
+            text = tr("{folder}/ ({files})", folder=text, files=comma.join(listed)) if listed else tr("{folder}/ (empty)", folder=text)
         elif kind == LINK:
-            text += " (a symbolic link, not followed)"
+            text = tr("{name} (a symbolic link, not followed)", name=text)
         elif kind != FILE:
-            text += f" ({kind})"
+            text = tr("{name} (neither a file nor a folder)", name=text)
         elif names_chapter(name, ch):
-            text += f" (rename it {ch.filename})"
+            text = tr("{name} (rename it {filename})", name=text, filename=ch.filename)
         elif name.lower().endswith(".zip"):
-            text += " (a zip inside a student's folder is not opened: unzip it)"
+            text = tr("{name} (a zip inside a student's folder is not opened: unzip it)", name=text)
         shown.append(text)
-    if len(top) > most or tree.cut:
-        shown.append(f"and {len(top) - most if len(top) > most else 'more'} more")
-    found = "found: " + (", ".join(shown) if shown else "nothing")
+    comma = tr_in("list", ", ")
+    if len(top) > most:
+        shown.append(tr("and {n} more", n=len(top) - most))
+    elif tree.cut:
+        shown.append(tr("and more"))
+    found = tr("found: {files}", files=comma.join(shown)) if shown else tr("found: nothing")
     if tree.not_searched:
-        found += "; not searched: " + ", ".join(shown_name(n) for n in tree.not_searched[:6])
+        skipped = comma.join(shown_name(n) for n in tree.not_searched[:6])
+        found = tr("{found}; not searched: {names}", found=found, names=skipped)
     return found
 
 

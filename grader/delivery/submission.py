@@ -37,12 +37,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grader.chapters import Chapter
+from grader.i18n import mark, tr, tr_in
 
 MAX_MODULE_BYTES = 1 << 20
 """A chapter module, or all the code cells of a notebook together."""
 MAX_NOTEBOOK_BYTES = 64 << 20
 """A notebook file, outputs (figures, printed text) included: larger is refused unread."""
-NOTEBOOK_SHAPE = 'a notebook is a JSON object whose "cells" is a list of cells, each with a "source" string or list of strings (nbformat)'
+NOTEBOOK_SHAPE = mark(
+    'a notebook is a JSON object whose "cells" is a list of cells, each with a "source" string or list of strings (nbformat)'
+)
+"""What a notebook must be, said after each way one is broken (marked: `tr` it where said)."""
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -83,6 +87,44 @@ def what_it_is(mode: int) -> str:
     return "not a regular file"
 
 
+NOT_A = {
+    "folder": {
+        "a regular file": mark("{name} is a regular file, not a folder"),
+        "a symbolic link": mark("{name} is a symbolic link, not a folder: links are never followed"),
+        "a FIFO (named pipe)": mark("{name} is a FIFO (named pipe), not a folder"),
+        "a character device": mark("{name} is a character device, not a folder"),
+        "a block device": mark("{name} is a block device, not a folder"),
+        "a socket": mark("{name} is a socket, not a folder"),
+        "": mark("{name} is not a folder"),
+    },
+    "file": {
+        "a folder": mark("{name} is a folder, not a regular file: submit the file itself"),
+        "a FIFO (named pipe)": mark("{name} is a FIFO (named pipe), not a regular file: submit the file itself"),
+        "a character device": mark("{name} is a character device, not a regular file: submit the file itself"),
+        "a block device": mark("{name} is a block device, not a regular file: submit the file itself"),
+        "a socket": mark("{name} is a socket, not a regular file: submit the file itself"),
+        "": mark("{name} is not a regular file: submit the file itself"),
+    },
+    "zip": {
+        "a folder": mark("{name} is a folder, not a zip file"),
+        "a FIFO (named pipe)": mark("{name} is a FIFO (named pipe), not a zip file"),
+        "a character device": mark("{name} is a character device, not a zip file"),
+        "a block device": mark("{name} is a block device, not a zip file"),
+        "a socket": mark("{name} is a socket, not a zip file"),
+        "": mark("{name} is not a regular file, so not a zip file"),
+    },
+}
+"""What the student reads when `name` is of `what_it_is` kind (the key) where a "folder", a regular "file" or a
+"zip" was wanted: one whole sentence each, so that each language words it its own way (marked: see `is_not`)."""
+
+
+def is_not(name: str, kind: str, wanted: str) -> str:
+    """The sentence saying that `name`, of `what_it_is` kind `kind`, is not the `wanted` ("folder", "file" or
+    "zip"), in the run's language."""
+    sentences = NOT_A[wanted]
+    return tr(sentences.get(kind, sentences[""]), name=name)
+
+
 def open_folder(name: str | os.PathLike, *, dir_fd: int | None = None, follow: bool = False) -> int:
     """A file descriptor of the folder `name` (relative to `dir_fd` when given), opened without
     following a link unless `follow`; SubmissionError when it is not a folder (a link, a file...)."""
@@ -95,10 +137,8 @@ def open_folder(name: str | os.PathLike, *, dir_fd: int | None = None, follow: b
         except OSError:
             kind = ""
         if kind and kind != "a folder":
-            raise SubmissionError(
-                f"{os.fsdecode(name)} is {kind}, not a folder" + (": links are never followed" if kind == "a symbolic link" else "")
-            ) from None
-        raise SubmissionError(f"cannot open the folder {os.fsdecode(name)} ({e.strerror})") from None
+            raise SubmissionError(is_not(os.fsdecode(name), kind, "folder")) from None
+        raise SubmissionError(tr("cannot open the folder {name} ({error})", name=os.fsdecode(name), error=e.strerror)) from None
 
 
 def read_file(folder: int | str | os.PathLike, name: str, limit: int) -> bytes:
@@ -110,14 +150,14 @@ def read_file(folder: int | str | os.PathLike, name: str, limit: int) -> bytes:
         try:
             info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except OSError as e:
-            raise SubmissionError(f"cannot read {name} ({e.strerror})") from None
+            raise SubmissionError(tr("cannot read {name} ({error})", name=name, error=e.strerror)) from None
         if not stat.S_ISREG(info.st_mode):
             raise SubmissionError(_not_a_file(name, info.st_mode, dir_fd))
         _bound(name, info.st_size, limit)
         try:
             fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
         except OSError as e:  # replaced since (by a link: ELOOP), or unreadable
-            raise SubmissionError(f"cannot read {name} ({e.strerror}): links are never followed") from None
+            raise SubmissionError(tr("cannot read {name} ({error}): links are never followed", name=name, error=e.strerror)) from None
         with os.fdopen(fd, "rb", buffering=0) as f:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
@@ -144,17 +184,20 @@ def _not_a_file(name: str, mode: int, dir_fd: int) -> str:
             target = os.readlink(name, dir_fd=dir_fd)
         except OSError:
             target = "?"
-        return f"{name} is a symbolic link (to {target[:200]!r}), not a file: links are never followed; submit the file itself"
-    return f"{name} is {kind}, not a regular file: submit the file itself"
+        return tr(
+            "{name} is a symbolic link (to {target}), not a file: links are never followed; submit the file itself",
+            name=name,
+            target=repr(target[:200]),
+        )
+    return is_not(name, kind, "file")
 
 
 def _bound(name: str, size: int, limit: int) -> None:
     if size > limit:
-        raise SubmissionError(
-            f"{name} is {_size(size)}, over the {_size(limit)} a "
-            + ("notebook" if name.endswith(".ipynb") else "chapter file")
-            + " may have"
-        )
+        fields = {"name": name, "size": _size(size), "limit": _size(limit)}
+        if name.endswith(".ipynb"):
+            raise SubmissionError(tr("{name} is {size}, over the {limit} a notebook may have", **fields))
+        raise SubmissionError(tr("{name} is {size}, over the {limit} a chapter file may have", **fields))
 
 
 def _size(n: int) -> str:
@@ -173,10 +216,13 @@ def decode_module(data: bytes, name: str) -> str:
         text = data.decode(encoding)
     except (UnicodeDecodeError, LookupError) as e:
         what = "UTF-8" if encoding.startswith("utf-8") else encoding
-        where = f" (byte {e.start})" if isinstance(e, UnicodeDecodeError) else ""
-        raise SubmissionError(f"{name} is not {what} text{where}: save it as UTF-8") from None
+        if isinstance(e, UnicodeDecodeError):
+            raise SubmissionError(
+                tr("{name} is not {encoding} text (byte {byte}): save it as UTF-8", name=name, encoding=what, byte=e.start)
+            ) from None
+        raise SubmissionError(tr("{name} is not {encoding} text: save it as UTF-8", name=name, encoding=what)) from None
     if problem:
-        raise SubmissionError(f"{name} cannot be read as Python source: {problem}")
+        raise SubmissionError(tr("{name} cannot be read as Python source: {problem}", name=name, problem=problem))
     return text
 
 
@@ -186,31 +232,36 @@ def notebook_cells(data: bytes, name: str, *, limit: int = MAX_MODULE_BYTES) -> 
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise SubmissionError(f"{name} is not a notebook: not UTF-8 text (byte {e.start})") from None
+        raise SubmissionError(tr("{name} is not a notebook: not UTF-8 text (byte {byte})", name=name, byte=e.start)) from None
     try:
         nb = json.loads(text)
     except RecursionError:
         raise SubmissionError(
-            f"{name} is not a notebook: its JSON is nested too deeply to read (RecursionError); {NOTEBOOK_SHAPE}"
+            tr(
+                "{name} is not a notebook: its JSON is nested too deeply to read (RecursionError); {shape}",
+                name=name,
+                shape=tr(NOTEBOOK_SHAPE),
+            )
         ) from None
     except MemoryError:
-        raise SubmissionError(f"{name} is not a notebook: its JSON does not fit in memory (MemoryError)") from None
+        raise SubmissionError(tr("{name} is not a notebook: its JSON does not fit in memory (MemoryError)", name=name)) from None
     except ValueError as e:
-        raise SubmissionError(f"{name} is not a notebook: not JSON ({str(e)[:200]})") from None
+        raise SubmissionError(tr("{name} is not a notebook: not JSON ({error})", name=name, error=str(e)[:200])) from None
 
-    def broken(what: str) -> SubmissionError:
-        return SubmissionError(f"{name} is not a notebook: {what}; {NOTEBOOK_SHAPE}")
+    def broken(sentence: str, **fields: object) -> SubmissionError:
+        """`sentence` (marked, with {name} and {shape}) filled: a notebook of the wrong shape."""
+        return SubmissionError(tr(sentence, name=name, shape=tr(NOTEBOOK_SHAPE), **fields))
 
     if not isinstance(nb, dict):
-        raise broken(f"it is {_json_kind(nb)}, not a JSON object")
+        raise broken(mark("{name} is not a notebook: it is {kind}, not a JSON object; {shape}"), kind=_json_kind(nb))
     if "cells" not in nb:
-        raise broken('it has no "cells"')
+        raise broken(mark('{name} is not a notebook: it has no "cells"; {shape}'))
     if not isinstance(nb["cells"], list):
-        raise broken(f'its "cells" is {_json_kind(nb["cells"])}')
+        raise broken(mark('{name} is not a notebook: its "cells" is {kind}; {shape}'), kind=_json_kind(nb["cells"]))
     sources, total = [], 0
     for i, cell in enumerate(nb["cells"], 1):
         if not isinstance(cell, dict):
-            raise broken(f"cell {i} is {_json_kind(cell)}, not a JSON object")
+            raise broken(mark("{name} is not a notebook: cell {i} is {kind}, not a JSON object; {shape}"), i=i, kind=_json_kind(cell))
         if cell.get("cell_type") != "code":
             continue
         source = cell.get("source")
@@ -218,56 +269,75 @@ def notebook_cells(data: bytes, name: str, *, limit: int = MAX_MODULE_BYTES) -> 
             source = "".join(source)
         elif not isinstance(source, str):
             if "source" not in cell:
-                what = "missing"
-            elif isinstance(source, list):
-                what = f"a list holding {_json_kind(next(s for s in source if not isinstance(s, str)))}"
-            else:
-                what = _json_kind(source)
-            raise broken(f'the "source" of code cell {i} is {what}')
+                raise broken(mark('{name} is not a notebook: the "source" of code cell {i} is missing; {shape}'), i=i)
+            if isinstance(source, list):
+                kind = _json_kind(next(s for s in source if not isinstance(s, str)))
+                raise broken(
+                    mark('{name} is not a notebook: the "source" of code cell {i} is a list holding {kind}; {shape}'), i=i, kind=kind
+                )
+            raise broken(mark('{name} is not a notebook: the "source" of code cell {i} is {kind}; {shape}'), i=i, kind=_json_kind(source))
         try:
             total += len(source.encode("utf-8"))
         except UnicodeEncodeError as e:
-            raise SubmissionError(f"{name}: code cell {i} holds {source[e.start]!r}, a lone UTF-16 surrogate, not text") from None
+            raise SubmissionError(
+                tr("{name}: code cell {i} holds {char}, a lone UTF-16 surrogate, not text", name=name, i=i, char=repr(source[e.start]))
+            ) from None
         if total > limit:
-            raise SubmissionError(f"{name}: its code cells hold over {_size(limit)} of code, more than a chapter file may have")
+            raise SubmissionError(
+                tr("{name}: its code cells hold over {limit} of code, more than a chapter file may have", name=name, limit=_size(limit))
+            )
         sources.append(source)
     return sources
 
 
 def _json_kind(value: object) -> str:
+    """A JSON value's kind as a notebook's errors name it, a noun in the run's language ("a number")."""
     if value is None:
-        return "null"
+        return tr_in("json", "null")
     if isinstance(value, bool):
-        return f"{str(value).lower()} (a boolean)"
+        return tr_in("json", "true (a boolean)") if value else tr_in("json", "false (a boolean)")
     if isinstance(value, (int, float)):
-        return "NaN (a number)" if isinstance(value, float) and math.isnan(value) else "a number"
+        return tr_in("json", "NaN (a number)") if isinstance(value, float) and math.isnan(value) else tr_in("json", "a number")
     if isinstance(value, str):
-        return "a string"
+        return tr_in("json", "a string")
     if isinstance(value, list):
-        return "a list"
+        return tr_in("json", "a list")
     if isinstance(value, dict):
-        return "an object"
+        return tr_in("json", "an object")
     return type(value).__name__
 
 
-def compile_module(text: str, name: str, filename: str, *, where: str = "") -> None:
+def compile_module(text: str, name: str, filename: str, *, assembled: bool = False) -> None:
     """Compile a chapter module once, here; SubmissionError for any reason Python cannot (a
-    SyntaxError, a NUL byte, an expression nested too deeply for its compiler)."""
+    SyntaxError, a NUL byte, an expression nested too deeply for its compiler). `assembled`: the module
+    was made of a notebook's code cells (so a SyntaxError in it is the grader's)."""
     try:
         compile(text, filename, "exec", dont_inherit=True)
     except SyntaxError as e:
         if "null bytes" in str(e.msg):
-            raise SubmissionError(f"{name} contains a NUL byte, which Python source cannot hold") from None
-        raise SubmissionError(f"{name} does not parse: SyntaxError at line {e.lineno}{where}: {e.msg}") from None
+            raise SubmissionError(tr("{name} contains a NUL byte, which Python source cannot hold", name=name)) from None
+        fields = {"name": name, "line": e.lineno, "error": e.msg}
+        if assembled:
+            raise SubmissionError(
+                tr(
+                    "{name} does not parse: SyntaxError at line {line} of the module your code cells amount to "
+                    "(a grader error: show it to your instructor): {error}",
+                    **fields,
+                )
+            ) from None
+        raise SubmissionError(tr("{name} does not parse: SyntaxError at line {line}: {error}", **fields)) from None
     except ValueError as e:  # a NUL byte, on Pythons before 3.11.4
-        raise SubmissionError(f"{name} cannot be compiled: {e}") from None
+        raise SubmissionError(tr("{name} cannot be compiled: {error}", name=name, error=e)) from None
     except RecursionError:
         raise SubmissionError(
-            f"{name} cannot be compiled: an expression is nested too deeply for Python's compiler (RecursionError)"
+            tr("{name} cannot be compiled: an expression is nested too deeply for Python's compiler (RecursionError)", name=name)
         ) from None
     except MemoryError:
         raise SubmissionError(
-            f"{name} cannot be compiled: Python's parser ran out of memory on it (MemoryError: an expression nested too deeply?)"
+            tr(
+                "{name} cannot be compiled: Python's parser ran out of memory on it (MemoryError: an expression nested too deeply?)",
+                name=name,
+            )
         ) from None
 
 
@@ -281,10 +351,11 @@ def module_of_notebook(ch: Chapter, cells: list[str], name: str) -> str:
     try:
         return assemble(ch, cells, strict=True)
     except CompilerLimit as e:
-        raise SubmissionError(f"{name} cannot be compiled: {e}") from None
+        raise SubmissionError(tr("{name} cannot be compiled: {error}", name=name, error=e)) from None
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        error = f"{type(e).__name__}: {str(e)[:200]}"
         raise SubmissionError(
-            f"{name}: its code cells cannot be made into the chapter module ({type(e).__name__}: {str(e)[:200]})"
+            tr("{name}: its code cells cannot be made into the chapter module ({error})", name=name, error=error)
         ) from None
 
 
@@ -296,16 +367,14 @@ def read_answer(folder: int | str | os.PathLike, name: str, ch: Chapter) -> Answ
     if name.endswith(".ipynb"):
         cells = notebook_cells(read_file(folder, name, MAX_NOTEBOOK_BYTES), name)
         text = module_of_notebook(ch, cells, name)
-        where = " of the module your code cells amount to (a grader error: show it to your instructor)"
         try:
             source = text.encode("utf-8")
         except UnicodeEncodeError:  # cannot happen: notebook_cells refused lone surrogates
-            raise SubmissionError(f"{name}: its code cells are not text") from None
+            raise SubmissionError(tr("{name}: its code cells are not text", name=name)) from None
     else:
         source = read_file(folder, name, MAX_MODULE_BYTES)
         text = decode_module(source, name)
-        where = ""
-    compile_module(text, name, ch.filename, where=where)
+    compile_module(text, name, ch.filename, assembled=name.endswith(".ipynb"))
     return Answer(name, source, text)
 
 
@@ -323,5 +392,5 @@ def read_module(path: str | os.PathLike) -> Answer:
     path = Path(path)
     ch = next((c for c in chapters.all_chapters() if c.filename == path.name), None)
     if ch is None:
-        raise SubmissionError(f"{path.name} is not the file name of a chapter module")
+        raise SubmissionError(tr("{name} is not the file name of a chapter module", name=path.name))
     return read_answer(path.parent, path.name, ch)

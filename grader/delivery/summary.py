@@ -36,6 +36,8 @@ from typing import Any
 
 from grader.chapters import Chapter
 from grader.delivery import escape
+from grader.i18n import language, mark, tr, tr_in
+from grader.report import is_hint_line
 
 HISTOGRAM = "summary-histogram.svg"
 """The histogram's file in OUT, beside summary.md."""
@@ -52,11 +54,20 @@ NAMED_CHECKS = 3
 CHECK_CHARS = 48
 """A check's name in that row is cut at a word boundary before this many characters."""
 KINDS = (
-    ("graded", "q", "graded"),
-    ("not_implemented", "k", "not implemented (the stub as given)"),
-    ("not_graded", "masked", "not graded: 0 points"),
+    ("graded", "q", mark("graded")),
+    ("not_implemented", "k", mark("not implemented (the stub as given)")),
+    ("not_graded", "masked", mark("not graded: 0 points")),
 )
-"""The histogram's stacked segments: summary key, figure role (colour), legend."""
+"""The histogram's stacked segments: summary key, figure role (colour), legend (marked: `tr` it where drawn)."""
+STATUS_COUNTS = {
+    "passed": mark("{n} passed"),
+    "incomplete": mark("{n} incomplete"),
+    "failed": mark("{n} failed"),
+    "not implemented": mark("{n} not implemented"),
+    "blocked": mark("{n} blocked"),
+    "not graded": mark("{n} not graded"),
+}
+"""How the count line of summary.md names the students of each status (marked: `tr` it where written)."""
 _NUMBER = re.compile(r"[-−]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
 
@@ -176,10 +187,12 @@ def message_group(output: str) -> tuple[str, str, str]:
     it, the line to show). The key is the hint line, else the first line, with numbers left out;
     a leading `inputs: ...` line (the checks' way of stating the case, the same for every student)
     does not count as the first, and neither does what the student's code printed."""
-    text = output.split("\n(your code printed")[0]
+    printed = tr("(your code printed: {printed})", printed="\0").split("\0")[0]
+    text = output.split("\n(your code printed")[0].split("\n" + printed)[0]
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    hint = next((line for line in lines if line.casefold().startswith("hint:")), None)
-    first = next((line for line in lines if not line.startswith("inputs:")), lines[0] if lines else "(no message)")
+    hint = next((line for line in lines if is_hint_line(line) or line.casefold().startswith("hint:")), None)
+    inputs = ("inputs:", tr("inputs:"))  # a check's statement of its case, in English or the run's language
+    first = next((line for line in lines if not line.startswith(inputs)), lines[0] if lines else tr("(no message)"))
     kind, line = ("hint", hint) if hint else ("first line", first)
     return kind, f"{kind}: {_NUMBER.sub('#', line)}", line
 
@@ -210,73 +223,118 @@ def _bands(mine: list, max_score: float) -> list[dict]:
 # -- summary.md -------------------------------------------------------------------------------------------------
 def summary_markdown(summary: dict, *, histogram: str | None = HISTOGRAM) -> str:
     """summary.md: per chapter, the counts, mean and median over all students, who was not
-    graded and why, and the checks students fail with their most common wrong answer."""
+    graded and why, and the checks students fail with their most common wrong answer (in the run's language)."""
     lines = [
-        "# Class summary",
+        "# " + tr("Class summary"),
         "",
-        "A student who could not be graded scores 0, and means and medians are over all of a chapter's students, as in grades.csv.",
+        tr("A student who could not be graded scores 0, and means and medians are over all of a chapter's students, as in grades.csv."),
         "",
     ]
     if histogram:
-        lines += [f"![Scores of each chapter, in bands of a tenth of its points]({histogram})", ""]
+        lines += ["![" + tr("Scores of each chapter, in bands of a tenth of its points") + f"]({histogram})", ""]
     for cid, s in summary.items():
         n, max_score = s["students"], s["max_score"]
-        counts = " + ".join(f"{v} {k}" for k, v in sorted(s["statuses"].items(), key=lambda kv: _status_rank(kv[0])))
-        lines += [f"## {cid} · {s['title']}", "", f"{n} student{'s' * (n != 1)}" + (f" = {counts}." if counts else "."), ""]
+        counts = " + ".join(_status_count(k, v) for k, v in sorted(s["statuses"].items(), key=lambda kv: _status_rank(kv[0])))
+        lines += [f"## {cid} · {s['title']}", "", _count_line(n, counts), ""]
         if s.get("skipped"):
-            lines += [
-                f"Not students, skipped: {', '.join(_code(r['student'] + '/') for r in s['skipped'])} (a name starting with a dot).",
-                "",
-            ]
-        lines += [
-            f"Mean **{s['mean_score']:g}** / {max_score:g} over all {n} students"
-            + (f" (the {s['errors']} not graded count as 0)" if s["errors"] else "")
-            + f", median **{s['median_score']:g}**"
-            + (f"; mean {s['mean_score_graded']:g} over the {s['graded']} graded." if s["errors"] else "."),
-            "",
-        ]
+            names = ", ".join(_code(r["student"] + "/") for r in s["skipped"])
+            lines += [tr("Not students, skipped: {names} (a name starting with a dot).", names=names), ""]
+        fields = {
+            "mean": s["mean_score"],
+            "max_score": max_score,
+            "n": n,
+            "median": s["median_score"],
+            "errors": s["errors"],
+            "mean_graded": s["mean_score_graded"],
+            "graded": s["graded"],
+        }
+        if s["errors"]:
+            mean = tr(
+                "Mean **{mean:g}** / {max_score:g} over all {n} students (the {errors} not graded count as 0), "
+                "median **{median:g}**; mean {mean_graded:g} over the {graded} graded.",
+                **fields,
+            )
+        else:
+            mean = tr("Mean **{mean:g}** / {max_score:g} over all {n} students, median **{median:g}**.", **fields)
+        lines += [mean, ""]
         if s["not_graded"]:
-            lines += [f"### Not graded ({len(s['not_graded'])}, 0 points each)", ""]
+            lines += ["### " + tr("Not graded ({n}, 0 points each)", n=len(s["not_graded"])), ""]
             lines += [f"- {_code(r['student'])}: {escape.markdown(clip(r['reason'], REASON_CHARS))}" for r in s["not_graded"]]
             lines.append("")
         if s["renamed"]:
-            lines += ["### Graded under another name (ask them to rename the file)", ""]
-            lines += [f"- {_code(r['student'])}: {_code(r['answer'])} graded as the chapter's module" for r in s["renamed"]]
+            lines += ["### " + tr("Graded under another name (ask them to rename the file)"), ""]
+            lines += [
+                f"- {_code(r['student'])}: " + tr("{answer} graded as the chapter's module", answer=_code(r["answer"]))
+                for r in s["renamed"]
+            ]
             lines.append("")
         wrong = [c for c in s["checks"] if c["wrong"]]
         only_todo = [c for c in s["checks"] if c["failed"] and not c["wrong"]]
         diagnoses = s.get("diagnoses", [])
         if diagnoses:
             g = s["graded"]
+            heading = (
+                tr("Wrong answers, one row per diagnosis ({g} graded student)", g=g)
+                if g == 1
+                else tr("Wrong answers, one row per diagnosis ({g} graded students)", g=g)
+            )
             lines += [
-                f"### Wrong answers, one row per diagnosis ({g} graded student{'s' * (g != 1)})",
+                "### " + heading,
                 "",
-                "A diagnosis is a wrong answer's hint line, or else its first line with its numbers left out. Each check "
-                f"it covers is followed by how many of the {g} graded students failed that check, for any reason.",
+                tr(
+                    "A diagnosis is a wrong answer's hint line, or else its first line with its numbers left out. Each check "
+                    "it covers is followed by how many of the {g} graded students failed that check, for any reason.",
+                    g=g,
+                ),
                 "",
-                "| diagnosis | students | checks it covers (failing) |",
+                "| " + tr("diagnosis") + " | " + tr("students") + " | " + tr("checks it covers (failing)") + " |",
                 "|---|---:|---|",
             ]
             for d in diagnoses[:DIAGNOSES]:
                 lines.append(f"| {_code(clip(d['diagnosis'], MESSAGE_CHARS), table=True)} | {d['students']} | {_covers(d['checks'])} |")
             if len(diagnoses) > DIAGNOSES:
-                lines.append(f"| ({len(diagnoses) - DIAGNOSES} more, each of fewer students: summary.json) | | |")
+                more = tr("({n} more, each of fewer students: summary.json)", n=len(diagnoses) - DIAGNOSES)
+                lines.append(f"| {more} | | |")
             lines.append("")
         if s["not_implemented"]:
+            tasks = tr_in("list", ", ").join(_task_students(t["task"], t["students"]) for t in s["not_implemented"])
             lines.append(
-                "Not implemented (the stub's NotImplementedError): "
-                + ", ".join(f"{_cell(t['task'])} by {t['students']} student{'s' * (t['students'] != 1)}" for t in s["not_implemented"])
-                + (f"; {len(only_todo)} checks failed for no other reason." if only_todo else ".")
+                tr(
+                    "Not implemented (the stub's NotImplementedError): {tasks}; {n} checks failed for no other reason.",
+                    tasks=tasks,
+                    n=len(only_todo),
+                )
+                if only_todo
+                else tr("Not implemented (the stub's NotImplementedError): {tasks}.", tasks=tasks)
             )
             lines.append("")
         passed = len(s["checks"]) - len(wrong) - len(only_todo)
         if s["graded"] and passed:
             lines += [
-                (f"All {passed} checks" if passed == len(s["checks"]) else f"The other {passed} checks")
-                + " passed for every graded student.",
+                tr("All {n} checks passed for every graded student.", n=passed)
+                if passed == len(s["checks"])
+                else tr("The other {n} checks passed for every graded student.", n=passed),
                 "",
             ]
     return "\n".join(lines)
+
+
+def _status_count(status: str, n: int) -> str:
+    """One term of the count line: `4 failed`."""
+    return tr(STATUS_COUNTS[status], n=n) if status in STATUS_COUNTS else f"{n} {status}"
+
+
+def _count_line(n: int, counts: str) -> str:
+    """`8 students = 1 passed + 4 failed + 1 not implemented + 2 not graded.`"""
+    if not counts:
+        return tr("{n} student.", n=n) if n == 1 else tr("{n} students.", n=n)
+    return tr("{n} student = {counts}.", n=n, counts=counts) if n == 1 else tr("{n} students = {counts}.", n=n, counts=counts)
+
+
+def _task_students(task: str, n: int) -> str:
+    """`ch25.1 slot_mapping by 3 students`, in the line of tasks left as the stub gave them."""
+    fields = {"task": _cell(task), "n": n}
+    return tr("{task} by {n} student", **fields) if n == 1 else tr("{task} by {n} students", **fields)
 
 
 def _covers(checks: list[dict]) -> str:
@@ -289,10 +347,11 @@ def _covers(checks: list[dict]) -> str:
         tasks.setdefault(task, []).append((name, c["failed"]))
     parts = []
     for task, mine in tasks.items():
-        named = [f"{_cell(clip(name, CHECK_CHARS))} ({failed})" for name, failed in mine[:NAMED_CHECKS]]
-        more = f" and {len(mine) - NAMED_CHECKS} more" if len(mine) > NAMED_CHECKS else ""
-        parts.append((f"{_cell(task)}: " if task else "") + ", ".join(named) + more)
-    return "; ".join(parts)
+        named = tr_in("list", ", ").join(f"{_cell(clip(name, CHECK_CHARS))} ({failed})" for name, failed in mine[:NAMED_CHECKS])
+        if len(mine) > NAMED_CHECKS:
+            named = tr("{checks} and {n} more", checks=named, n=len(mine) - NAMED_CHECKS)
+        parts.append((f"{_cell(task)}: " if task else "") + named)
+    return tr_in("list", "; ").join(parts)
 
 
 def _status_rank(status: str) -> tuple[int, str]:
@@ -317,13 +376,12 @@ def histogram_svg(summary: dict) -> str:
     stacked by graded / not implemented / not graded, with the mean (dashed) and median (solid)."""
     from figures.kit import Figure
 
-    fig = Figure(
-        "summary-histogram",
-        title="Class scores",
-        zh="",
-        en="Students in each band of a tenth of the chapter's points (full marks in the last band); a "
-        "student who could not be graded counts as 0. Dashed line: the mean; solid line: the median.",
+    caption = tr(
+        "Students in each band of a tenth of the chapter's points (full marks in the last band); a "
+        "student who could not be graded counts as 0. Dashed line: the mean; solid line: the median."
     )
+    zh = language() == "zh"  # one caption, in the run's language
+    fig = Figure("summary-histogram", title=tr("Class scores"), zh=caption if zh else "", en="" if zh else caption)
     for cid, s in summary.items():
         _panel(fig, cid, s)
     return fig.svg()
@@ -333,8 +391,9 @@ def _panel(fig, cid: str, s: dict) -> None:
     from figures.kit import text_width
     from figures.style import LABEL, MARGIN, MUTED, RULE, SMALL, fill, stroke
 
-    title = s["title"].split(" · ", 1)[-1]  # the English half: the Chinese one needs a CJK font to render
-    fig.heading(f"{cid} · {title}: {s['students']} students, {s['max_score']:g} points")
+    title = s["title"].split(" · ", 1)[-1]  # one language: the English half of "中文 · English", else the Chinese
+    chapter = f"{cid} · {title}"
+    fig.heading(tr("{chapter}: {n} students, {points:g} points", chapter=chapter, n=s["students"], points=s["max_score"]))
     bar_w, gap, height = 64, 12, 150
     x0 = MARGIN + 12
     top_y = fig.y + 52
@@ -345,7 +404,8 @@ def _panel(fig, cid: str, s: dict) -> None:
         share = value / s["max_score"] if s["max_score"] else 0.0
         marks.append((x0 + min(max(share * BANDS * (bar_w + gap) - gap / 2, 0), width), name, value, dash))
     marks.sort()
-    labels = [f"{name} {value:g}" for _, name, value, _ in marks]
+    said = {"mean": mark("mean {value:g}"), "median": mark("median {value:g}")}
+    labels = [tr(said[name], value=value) for _, name, value, _ in marks]
     wide = [text_width(label, LABEL - 1) for label in labels]
     (xl, *_), (xr, *_) = marks
     if xr - xl >= (wide[0] + wide[1]) / 2 + 8:  # apart: each label centred over its line
@@ -386,12 +446,12 @@ def _panel(fig, cid: str, s: dict) -> None:
     fig.text(
         x0 + width / 2,
         base + 37,
-        f"score, as a share of the {s['max_score']:g} points",
+        tr("score, as a share of the {points:g} points", points=s["max_score"]),
         size=LABEL - 1,
         anchor="middle",
         color=MUTED,
         cls="label",
     )
     fig.y = base + 62
-    fig.legend([(role, label) for _, role, label in KINDS])
+    fig.legend([(role, tr(label)) for _, role, label in KINDS])
     fig.y += 26
