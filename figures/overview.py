@@ -150,11 +150,16 @@ def _course_map(f: Figure, course: list[dict], path: list[dict]) -> None:
     gap, pad = 8, 7
     w = (f.width - 2 * MARGIN - (MAP_PER_ROW - 1) * gap) / MAP_PER_ROW
     zh = language() == "zh"
-    titles = [wrap(ch["zh"] if zh else ch.get("en") or ch["zh"], w - 2 * pad, SMALL) for ch in course]
-    h = 22 + 12 * max(len(t) for t in titles)
+    size = SMALL if zh else SMALL - 0.5  # Latin titles wrap more: a little smaller, closer lines, one slide still
+    titles = [wrap(ch["zh"] if zh else ch.get("en") or ch["zh"], w - 2 * pad, size) for ch in course]
+    rows = [titles[k : k + MAP_PER_ROW] for k in range(0, len(titles), MAP_PER_ROW)]
+    pitch = 12 if zh else 11
+    heights = [22 + pitch * max(len(t) for t in row) for row in rows]  # a row as tall as its longest title
+    tops = [sum(heights[:k]) + k * gap for k in range(len(rows))]
     y0 = f.y + 2
     for i, (ch, part, lines) in enumerate(zip(course, parts_in_run(course, path), titles)):
-        x, y = MARGIN + (i % MAP_PER_ROW) * (w + gap), y0 + (i // MAP_PER_ROW) * (h + gap)
+        h = heights[i // MAP_PER_ROW]
+        x, y = MARGIN + (i % MAP_PER_ROW) * (w + gap), y0 + tops[i // MAP_PER_ROW]
         f.box(x, y, w, h, role=ROLE[part], dashed=part is None, rx=4)
         f.text(x + pad, y + 15, ch["id"], size=LABEL, weight="bold", mono=True, cls="label")
         f.text(
@@ -168,8 +173,8 @@ def _course_map(f: Figure, course: list[dict], path: list[dict]) -> None:
             cls="status",
         )
         for j, line in enumerate(lines):
-            f.text(x + pad, y + 29 + j * 12, line, size=SMALL, color=INK if part else MUTED, cls="label")
-    f.y = y0 + -(-len(course) // MAP_PER_ROW) * (h + gap) + 14
+            f.text(x + pad, y + 29 + j * pitch, line, size=size, color=INK if part else MUTED, cls="label")
+    f.y = y0 + sum(heights) + len(rows) * gap + 14
 
 
 PATH = {"stage": LABEL - 2, "fn": SMALL - 1, "shapes": SMALL - 1, "line": 12}

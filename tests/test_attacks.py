@@ -1117,7 +1117,7 @@ def test_grading_others_code_refuses_without_bubblewrap_unless_no_sandbox(root_u
     (folder / "bin").mkdir()
     (folder / "subs" / "a" / CH.filename).write_text((chapters.EXERCISES / CH.filename).read_text())
     (folder / "ch17.ipynb").write_text(json.dumps(chapter_notebook(CH)))
-    env = dict(root_user.env(), PATH=str(folder / "bin"))  # no bwrap (and nothing else) to be found
+    env = dict(root_user.env(), PATH=str(folder / "bin"), COURSE_LANG="en")  # no bwrap (and nothing else) to be found
     commands = {
         "check --submission": root_user.course(
             "check", "ch17", "--submission", folder / "subs" / "a", "--json", "--figures", folder / "figs"
