@@ -80,9 +80,17 @@ def translated(command: click.Command) -> click.Command:
         out.help = tr(inspect.cleandoc(command.help))
     if command.short_help:
         out.short_help = tr(inspect.cleandoc(command.short_help))
-    out.params = translated_params(command.params)
-    if not any(p.name == "lang" for p in out.params):
-        out.params.append(lang_option())
+    params = list(command.params)
+    if not any(p.name == "lang" for p in params):
+        params.append(lang_option())
+    out.params = translated_params(params)
+    if isinstance(command, click.Group):  # `course engine run`: a group's commands speak too
+
+        def get_command(ctx: click.Context, name: str) -> click.Command | None:
+            sub = command.get_command(ctx, name)
+            return None if sub is None else translated(sub)
+
+        out.get_command = get_command  # type: ignore[attr-defined]
     return out
 
 

@@ -4,7 +4,8 @@
 
 Each surface is cut into units a reader reads at once (a hint, a report line, a docstring paragraph, a help
 line, a notebook paragraph, a lab text, a figure's text element, a README paragraph, a page's text node). A
-unit without prose (only code, identifiers, numbers) is left out; a unit is Chinese when it has Chinese
+unit without prose (only code, identifiers, numbers, or one or two words: the terms the course keeps in English,
+"token 2", "rank 0", "block table") is left out; a unit is Chinese when it has Chinese
 characters and no run of four English words outside code (`tests/test_i18n.py`'s test), English otherwise.
 The share is Chinese units over all. It runs on code from before the catalogs too (it then reads the texts as
 they were), so the same command measures before and after. --figures adds the figures (a `check all`, a minute).
@@ -38,10 +39,10 @@ def english_runs(text: str) -> list[str]:
 def kind(unit: str) -> str | None:
     """'zh', 'en', or None for a unit without prose."""
     prose = re.sub(r"`[^`\n]*`", " ", unit)
-    has_words = any(re.fullmatch(r"[A-Za-z][a-z]{2,}[,;:.!?]?", w) for w in prose.split())
+    words = sum(bool(re.fullmatch(r"[A-Za-z][a-z]+[,;:.!?]?", w)) for w in prose.split())
     if CJK.search(prose):
         return "en" if english_runs(prose) else "zh"
-    return "en" if has_words else None
+    return "en" if words >= 3 else None  # a label of a term or two ("token 2", "rank 0", "block table") is no prose
 
 
 def share(units: list[str]) -> tuple[int, int]:
@@ -152,9 +153,19 @@ def surfaces(with_figures: bool) -> dict[str, list[str]]:
     for exp in lab.catalog().experiments.values():
         doc = exp.to_json()
         labs += [doc["title"], doc["about"], doc.get("varies", "")] + [str(p.get("label", p.get("help", ""))) for p in doc["params"]]
-    labs += html_units((ROOT / "grader" / "lab" / "static" / "index.html").read_text(encoding="utf-8"))
+    html = (ROOT / "grader" / "lab" / "static" / "index.html").read_text(encoding="utf-8")
     js = (ROOT / "grader" / "lab" / "static" / "lab.js").read_text(encoding="utf-8")
-    labs += [s for s in re.findall(r"[\"'`]([^\"'`\n]{12,})[\"'`]", js) if " " in s]
+    try:  # the page as the lab serves it, and lab.js's words as it shows them
+        from grader.lab import server
+
+        html, shown = server.localized_page(html, "zh"), server.page_text("zh")
+    except (ImportError, AttributeError):
+        shown = {}
+    labs += html_units(html)
+    js = re.sub(r"(?m)^\s*//.*$", "", js)  # comments are for developers
+    js = re.sub(r"([\"'])\s*\+\s*\1", "", js)  # "a " + "b": one text
+    literals = re.findall(r'"((?:[^"\\\n]|\\.){12,}?)"|\'((?:[^\'\\\n]|\\.){12,}?)\'|`((?:[^`\\]|\\.){12,}?)`', js)
+    labs += [shown.get(s, s) for group in literals for s in group if " " in s and "${" not in s]
     got["lab page and experiments"] = labs
 
     from grader.delivery import release
