@@ -819,13 +819,7 @@ def expect_invariant(
                 n=n,
                 last=w.shape[0] - 1,
                 acc=acc,
-                want=fmt(float(want[i, n]), 9),
-                want_bits=bits(want[i, n]),
-                got=fmt(float(out[i, n]), 9),
-                got_bits=bits(out[i, n]),
-                ulps=ulps(want[i, n], out[i, n]),
-                bad=int((~same).sum()),
-                total=same.numel(),
+                **_bits_apart(want, out, i, n, same),
             ),
             tr(
                 "your values are right and keep their bits from batch to batch here, but they are not the bits of that order: "
@@ -948,13 +942,7 @@ def expect_rms(
                 n=n,
                 block=block,
                 H=H,
-                want=fmt(float(want[i, n]), 9),
-                want_bits=bits(want[i, n]),
-                got=fmt(float(out[i, n]), 9),
-                got_bits=bits(out[i, n]),
-                ulps=ulps(want[i, n], out[i, n]),
-                bad=int((~same).sum()),
-                total=same.numel(),
+                **_bits_apart(want, out, i, n, same),
             ),
             tr("your values are right and keep their bits from batch to batch here, but they are not the bits of that order"),
         ]
@@ -975,3 +963,17 @@ def run_rms(
     models = t.ref.drive(rms_models, pool, weight, eps, block)
     outs = collect_rms(t, pool, weight, eps, block, batches)
     expect_rms(outs, wants, pool, weight, batches, models, case=case, order=order)
+
+
+def _bits_apart(want: torch.Tensor, out: torch.Tensor, i: int, n: int, same: torch.Tensor) -> dict:
+    """The fields of a message on entry [i, n] that is not bit for bit the fixed order's: both values and their bits,
+    how many ulps apart, how many entries differ."""
+    return {
+        "want": fmt(float(want[i, n]), 9),
+        "want_bits": bits(want[i, n]),
+        "got": fmt(float(out[i, n]), 9),
+        "got_bits": bits(out[i, n]),
+        "ulps": ulps(want[i, n], out[i, n]),
+        "bad": int((~same).sum()),
+        "total": same.numel(),
+    }
