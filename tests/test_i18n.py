@@ -238,7 +238,9 @@ def test_a_chinese_report_of_wrong_answers_has_no_english_sentence(tmp_path, cha
         submission = mutant(tmp_path / "sub", chapter_id, *edits)
     except AssertionError:  # two rows edit the same line: one per task is enough
         submission = mutant(tmp_path / "sub", chapter_id, *rows[0].edits)
-    out = course("check", chapter_id, "--submission", str(submission), "--no-sandbox", "-v", "--seed", "1", "--lang", "zh")
+    out = course(  # unwrapped lines, so the student's own words are told apart line by line
+        "check", chapter_id, "--submission", str(submission), "--no-sandbox", "-v", "--seed", "1", "--lang", "zh", env={"COLUMNS": "1000"}
+    )
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout + out.stderr
     assert len(re.findall(r"[\u4e00-\u9fff]", text)) > 100, text[-2000:]
