@@ -147,6 +147,13 @@ def test_a_release_speaks_its_setting_and_grading_never_reads_the_locale(tmp_pat
         choose.normalize("fr")
 
 
+def test_a_language_the_course_does_not_speak_is_refused_naming_both():
+    out = course("list", env={"COURSE_LANG": "fr"})
+    assert out.returncode == 2 and "COURSE_LANG" in out.stderr and "zh" in out.stderr and "en" in out.stderr, out.stderr
+    bad = course("list", "--lang", "fr")
+    assert bad.returncode == 2 and "zh" in bad.stderr, bad.stderr
+
+
 def test_lang_is_read_anywhere_on_the_command_line():
     assert commands.scan(["check", "ch17", "--lang", "en", "-v"]) == "en"
     assert commands.scan(["--lang=zh", "list"]) == "zh"

@@ -11,12 +11,14 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Sequence
 
 import click
 
 from grader.i18n.catalog import mark, tr
-from grader.i18n.choose import LANGUAGES, normalize, set_language
+from grader.i18n.choose import ENV, LANGUAGES, UnknownLanguage, normalize, set_language
 
 CLICK_MODULES = ("core", "decorators", "exceptions", "formatting", "parser", "types", "termui", "utils", "shell_completion")
 """The click modules whose `_` and `ngettext` become ours (their English texts are the catalog's ids)."""
@@ -38,7 +40,14 @@ def scan(args: Sequence[str]) -> str | None:
 
 
 def choose_from(args: Sequence[str]) -> None:
-    """Speak what `args` asks for with `--lang`, if it names a language of the course."""
+    """Speak what `args` asks for with `--lang`, if it names a language of the course; a `COURSE_LANG` the course
+    does not speak stops here with the convention it broke (exit status 2, as for any usage error)."""
+    if os.environ.get(ENV) and not scan(args):
+        try:
+            normalize(os.environ[ENV])
+        except UnknownLanguage as e:
+            print(f"Error: {ENV}: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
     value = scan(args)
     if value:
         try:
