@@ -1,8 +1,10 @@
 """The catalogs kept in step with the code (Babel): what `python -m grader.i18n update` does.
 
-Extracted, per domain (a chapter's files, `chNN`, or `course` for the rest):
+Extracted, per domain (a chapter's files, `chNN`; `documents` for grader/delivery/, `lab` for the lab and its
+page, `figures` for the figures' shared parts, `engine`; `click` for click's own words; `course` for the rest):
 - the texts marked in the code: `tr(...)`, `tr_in(context, ...)`, `mark(...)`, and the names of checks
-  (`@public(task, name)`, `@hidden(task, name)`), in `grader/`, `figures/` and `engine/`;
+  (`@public(task, name)`, `@hidden(task, name)`), in `grader/`, `figures/` and `engine/`; the lab page's
+  `t(...)` and `data-t` texts; the commands' docstrings (their help);
 - the rows of each chapter's table of mistakes (`grader/hidden/chNN_mistakes.py`), their id as context
   ("ch17.topleft"): the release records them, so their Chinese is public;
 - the paragraphs of the exercises' and solutions' docstrings (`grader.i18n.docstrings`).
