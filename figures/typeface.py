@@ -34,6 +34,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
 
+from grader.delivery.files import cache_folder
+
 FONT_DIR = Path(__file__).resolve().parent / "fonts"
 
 SANS = ("sans", "latin", "math", "symbols")
@@ -63,10 +65,7 @@ CACHE_VERSION = b"course-typeface-1"
 
 def cache_dir() -> Path:
     """Where decompressed fonts and subsets are kept between runs."""
-    named = os.environ.get("COURSE_CACHE_DIR")
-    if named:
-        return Path(named) / "fonts"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "course" / "fonts"
+    return cache_folder("fonts")
 
 
 def _cached(key: str, suffix: str, make) -> bytes:

@@ -100,3 +100,12 @@ class Folder:
     def unlink(self, name: str) -> None:
         """Remove `name` itself (a link is removed, not what it points to)."""
         os.unlink(name, dir_fd=self.fd)
+
+
+def cache_folder(kind: str) -> Path:
+    """Where the course keeps what it can make again between runs (decompressed fonts and their subsets, read
+    catalogs), one folder per `kind`: `COURSE_CACHE_DIR/kind`, else `$XDG_CACHE_HOME/course/kind`, else
+    `~/.cache/course/kind`; not created here."""
+    named = os.environ.get("COURSE_CACHE_DIR")
+    base = Path(named) if named else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "course"
+    return base / kind

@@ -11,7 +11,6 @@ from grader.authoring.source import first_line_with
 from grader.checks.ch18 import expect_output, explain_output, random_qkv, run_attention_case, run_bytes_case, run_mapping_case
 from grader.hidden.ch18_models import end_aligned
 from grader.i18n import tr
-from grader.isolation.session import size
 
 # (name, num_layers, num_heads, num_kv_heads, head_dim) of real models, from their config.json.
 REAL_MODELS = [
@@ -205,16 +204,6 @@ def mib(n: int) -> str:
     return f"{n / 2**20:,.4g} MiB"
 
 
-def used_text(e: OverBudget, inputs: int) -> str:
-    """What the call used beyond its inputs, in words ("about 17 MiB", "at least 2 GiB"), as `OverBudget.beyond`."""
-    n = max(e.used - inputs, 0)
-    exact = size(n) if n >= 1 << 10 else tr("{n} bytes", n=n)
-    if e.stopped:
-        return tr("at least {amount}", amount=exact)
-    amount = f"{n / 2**30:.2g} GiB" if n >= 1 << 30 else f"{round(n / 2**20):,} MiB" if n >= 10 << 20 else exact
-    return tr("about {amount}", amount=amount)
-
-
 def explain_copy(
     e: OverBudget, code: list[tuple[int, str]], inputs: int, T: int, S: int, Hq: int, Hkv: int, d: int, itemsize: int
 ) -> CheckFailed:
@@ -227,7 +216,7 @@ def explain_copy(
     found = repeat or expand or matmul
     kv, per_head = S * Hkv * d, S * Hq * d
     fields = dict(T=T, S=S, Hq=Hq, Hkv=Hkv, group=group, d=d, kv=f"{kv:,}", kv_size=mib(kv * itemsize))
-    used = dict(used=used_text(e, inputs), allowed=mib(KV_SPARE), per_head=f"{per_head:,}", per_head_size=mib(per_head * itemsize))
+    used = dict(used=e.beyond(inputs), allowed=mib(KV_SPARE), per_head=f"{per_head:,}", per_head_size=mib(per_head * itemsize))
     lines = [
         tr(
             "case: T={T} queries, S={S} keys, Hq={Hq} query heads over Hkv={Hkv} K/V head (group {group}), d={d}; "

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from grader.delivery.files import cache_folder
 from grader.i18n.choose import language
 
 PACKAGE = Path(__file__).resolve().parent.parent
@@ -66,7 +67,7 @@ def _cached(paths: list[Path]) -> Table:
     for p in paths:
         st = p.stat()
         stamp.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
-    cache = _cache_dir() / f"{stamp.hexdigest()}.marshal"
+    cache = cache_folder("catalogs") / f"{stamp.hexdigest()}.marshal"
     try:
         loaded = marshal.loads(cache.read_bytes())
         return {(c or None, m): s for c, m, s in loaded}
@@ -83,12 +84,6 @@ def _cached(paths: list[Path]) -> Table:
     except OSError:
         pass  # a read-only home: parse again next time
     return merged
-
-
-def _cache_dir() -> Path:
-    named = os.environ.get("COURSE_CACHE_DIR")
-    base = Path(named) if named else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "course"
-    return base / "catalogs"
 
 
 def read(path: Path) -> Table:

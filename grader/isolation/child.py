@@ -40,15 +40,16 @@ class _Refuse(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         if any(name == n or name.startswith(n + ".") for n in self.names):
-            try:  # the sandbox shows the student's process grader.isolation only: there it speaks English
+            try:
                 from grader.i18n import tr
+            except ImportError:  # the sandbox shows the student's process grader.isolation only: there it speaks English
 
-                refused = tr(
-                    "importing {name} is not allowed while grading: your code must not use the reference solutions", name=repr(name)
-                )
-            except ImportError:
-                refused = f"importing {name!r} is not allowed while grading: your code must not use the reference solutions"
-            raise ImportError(refused)
+                def tr(message: str, /, **fields: Any) -> str:
+                    return message.format(**fields)
+
+            raise ImportError(
+                tr("importing {name} is not allowed while grading: your code must not use the reference solutions", name=repr(name))
+            )
         return None
 
 
