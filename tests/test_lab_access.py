@@ -289,7 +289,9 @@ def test_nothing_the_lab_prints_or_logs_holds_a_secret_but_its_first_line():
             assert owner.get(f"/?token={served.token}x").status_code == 403
             assert owner.get(f"/api/run/x?token={served.token}").status_code == 405
         assert httpx.get(f"{served.base}/?token={served.token}", headers={"Host": "evil.example"}).status_code == 403
-        assert raw(served.port, f"BREW /?token={served.token} HTTP/1.1\nHost: 127.0.0.1:{served.port}\n").startswith(b"HTTP/1.1 ")
+        # Connection: close: the answer ends the exchange, not the server's keep-alive timeout (5 s, the socket's own)
+        brew = f"BREW /?token={served.token} HTTP/1.1\nHost: 127.0.0.1:{served.port}\nConnection: close\n"
+        assert raw(served.port, brew).startswith(b"HTTP/1.1 ")
         assert raw(served.port, f"GET /?token={served.token} HTTP/9\nHost: x\n").startswith(b"HTTP/1.1 400")
         upgrade = "Upgrade: websocket\nConnection: Upgrade\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\nSec-WebSocket-Version: 13"
         for path in ("/", f"/?token={served.token}"):  # the lab speaks no WebSocket, to anybody
