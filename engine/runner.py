@@ -142,7 +142,7 @@ class ModelRunner:
             o = self._attention(layer, q, step, read_slots, traced_seq)
             h = self.call("o_proj", "linear", o.reshape(N, Hq * d), lw.o_proj)
             x, residual = self.call("post_attention_layernorm", "add_rms_norm", h, residual, lw.post_norm, c.rms_norm_eps)
-            h = self.call("mlp (SwiGLU)", "swiglu_mlp", x, lw.gate_up, lw.down)
+            h = self._mlp(layer, lw, x)
             if probe is not None:
                 probe.stages[f"layer {layer}"] = (h.float() + residual.float()).clone()
         h, _ = self.call("final norm", "add_rms_norm", h, residual, w.norm, c.rms_norm_eps)
@@ -152,6 +152,10 @@ class ModelRunner:
         if probe is not None:
             probe.logits = logits.float().clone()
         return logits
+
+    def _mlp(self, layer: int, lw: Any, x: torch.Tensor) -> torch.Tensor:
+        """The layer's feed-forward block: ch20's SwiGLU MLP (a mixture of experts, ch31, where the layer has one)."""
+        return self.call("mlp (SwiGLU)", "swiglu_mlp", x, lw.gate_up, lw.down)
 
     def _read_slots(self, step: Step, traced_seq: int | None) -> list[torch.Tensor]:
         """Per sequence, the cache slots of all its keys, positions 0 … seqlen_k − 1, through its block table
