@@ -152,8 +152,8 @@ def _first_divergence(run: Run, states: list[dict[str, torch.Tensor]]) -> tuple[
                         float(mine[i, ch]),
                         float(theirs[i, ch]),
                     ), max_logit_diff
-        for b, (seq_id, positions, _) in enumerate(spans):
-            mine, theirs = probe["logits"][b : b + 1], states[seq_id]["logits"][positions[-1] : positions[-1] + 1]
+        for b, (seq_id, position) in enumerate(probe["sampled_positions"]):
+            mine, theirs = probe["logits"][b : b + 1], states[seq_id]["logits"][position : position + 1]
             max_logit_diff = max(max_logit_diff, float((mine - theirs).abs().max()))
             found = _first_bad(mine, theirs)
             if found:
@@ -161,9 +161,9 @@ def _first_divergence(run: Run, states: list[dict[str, torch.Tensor]]) -> tuple[
                     number,
                     probe["kind"],
                     seq_id,
-                    (positions[0], positions[-1]),
+                    (position, position),
                     "logits",
-                    positions[-1],
+                    position,
                     found[1],
                     float(mine[0, found[1]]),
                     float(theirs[0, found[1]]),

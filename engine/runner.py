@@ -3,10 +3,10 @@
 The step's N tokens run as one [N, H] batch through every token-wise layer (ch15's
 linear, ch20's norms and MLP, ch19's q/k norm and RoPE); only attention needs the
 sequences apart. Each layer writes the step's K/V into the paged cache with ch25's
-`store_kv`, then, per sequence, reads all its keys back from the cache slots of its
-block table (ch25's `slot_mapping` over positions 0 … seqlen_k − 1, the same for every
-layer) and runs ch18's `gqa_attention` with the end-aligned causal mask. Logits are computed only for the
-rows at ch28's `logits_indices`.
+`store_kv`, then attends sequence by sequence on the path its rows take (`engine.attention`:
+ch22's FlashAttention for a first chunk, the dense masked path of ch16 and ch17 for a chunk
+after cached tokens, ch18's GQA for a decode). Logits are computed only for the rows the
+step samples (ch28's `logits_indices`, and every row of a request with drafts).
 """
 
 from __future__ import annotations
@@ -16,22 +16,27 @@ from typing import Any, Callable
 
 import torch
 
+from engine.attention import attend
 from engine.model import Model
 from engine.parts import Parts
 
 
 @dataclass
 class Step:
-    """One step's execution metadata (from ch29's prepare_inputs, ch26's varlen_metadata, ch28's logits_indices)."""
+    """One step's execution metadata (ch29's prepare_inputs, ch26's varlen_metadata, ch28's logits_indices, and the
+    attention paths of `engine.attention`)."""
 
     input_ids: torch.Tensor  # [N] int64
     positions: torch.Tensor  # [N] int64
     slot_mapping: torch.Tensor  # [N] int64
-    cu_seqlens_q: torch.Tensor  # [B + 1]
-    cu_seqlens_k: torch.Tensor  # [B + 1]
-    block_tables: list[list[int]]  # B tables
-    logits_indices: torch.Tensor  # [B] int64
+    cu_q: list[int]  # B + 1 row offsets (cu_seqlens_q)
+    cu_k: list[int]  # B + 1 key offsets (cu_seqlens_k)
+    paths: list[str]  # B attention paths: prefill, chunk or decode
+    read_slots: list[torch.Tensor | None]  # B: the cache slots of every key a chunk or decode row reads
+    kv_heads: list[int]  # Hq: the K/V head of each query head (ch18's kv_head_for)
+    sample_rows: torch.Tensor  # rows whose logits are computed: ch28's, and every row of a request with drafts
     seq_ids: list[int]  # B request ids, in row order
+    traced_seq: int | None = None
 
 
 @dataclass
@@ -103,11 +108,10 @@ class ModelRunner:
         return out
 
     @torch.inference_mode()
-    def forward(self, step: Step, *, traced_seq: int | None = None, probe: Probe | None = None) -> torch.Tensor:
-        """Logits [B, V] of the rows at step.logits_indices; `probe` collects every stage's rows."""
+    def forward(self, step: Step, *, probe: Probe | None = None) -> torch.Tensor:
+        """Logits [R, V] of the rows at step.sample_rows; `probe` collects every stage's rows."""
         c, w = self.model.config, self.model
         N, Hq, Hkv, d = step.input_ids.numel(), c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        read_slots = self._read_slots(step, traced_seq)
         h = self.call("embed_tokens", "embedding_lookup", w.embed, step.input_ids)
         if probe is not None:
             probe.stages["embedding"] = h.float().clone()
@@ -139,7 +143,7 @@ class ModelRunner:
                 step.slot_mapping,
                 shapes=lambda _: f"{shape(k)} ×2 → cache {shape(self.k_cache[layer])}",
             )
-            o = self._attention(layer, q, step, read_slots, traced_seq)
+            o = attend(self, layer, q, k, v, step)
             h = self.call("o_proj", "linear", o.reshape(N, Hq * d), lw.o_proj)
             x, residual = self.call("post_attention_layernorm", "add_rms_norm", h, residual, lw.post_norm, c.rms_norm_eps)
             h = self._mlp(layer, lw, x)
@@ -148,7 +152,7 @@ class ModelRunner:
         h, _ = self.call("final norm", "add_rms_norm", h, residual, w.norm, c.rms_norm_eps)
         if probe is not None:
             probe.stages["final norm"] = h.float().clone()
-        logits = self.call("lm_head", "linear", h[step.logits_indices], w.lm_head)
+        logits = self.call("lm_head", "linear", h[step.sample_rows], w.lm_head)
         if probe is not None:
             probe.logits = logits.float().clone()
         return logits
@@ -156,33 +160,3 @@ class ModelRunner:
     def _mlp(self, layer: int, lw: Any, x: torch.Tensor) -> torch.Tensor:
         """The layer's feed-forward block: ch20's SwiGLU MLP (a mixture of experts, ch31, where the layer has one)."""
         return self.call("mlp (SwiGLU)", "swiglu_mlp", x, lw.gate_up, lw.down)
-
-    def _read_slots(self, step: Step, traced_seq: int | None) -> list[torch.Tensor]:
-        """Per sequence, the cache slots of all its keys, positions 0 … seqlen_k − 1, through its block table
-        (the same in every layer, so computed once per step)."""
-        cu_k, traced, slots = step.cu_seqlens_k.tolist(), self.trace.on, []
-        for b, table in enumerate(step.block_tables):
-            self.trace.on = traced and step.seq_ids[b] == traced_seq
-            slots.append(
-                self.call(
-                    "K/V slots by block table",
-                    "slot_mapping",
-                    table,
-                    torch.arange(cu_k[b + 1] - cu_k[b]),
-                    self.block_size,
-                    shapes=lambda out: f"table {ints(table)} → slots {ints(out)}",
-                )
-            )
-        self.trace.on = traced
-        return slots
-
-    def _attention(self, layer: int, q: torch.Tensor, step: Step, read_slots: list[torch.Tensor], traced_seq: int | None) -> torch.Tensor:
-        """Per sequence: its queries against all its keys, read back from the paged cache."""
-        k_flat = self.k_cache[layer].flatten(0, 1)  # [num_blocks · block_size, Hkv, d]
-        v_flat = self.v_cache[layer].flatten(0, 1)
-        cu_q, traced, outs = step.cu_seqlens_q.tolist(), self.trace.on, []
-        for b, slots in enumerate(read_slots):
-            self.trace.on = traced and step.seq_ids[b] == traced_seq
-            outs.append(self.call("attention (GQA, causal)", "gqa_attention", q[cu_q[b] : cu_q[b + 1]], k_flat[slots], v_flat[slots]))
-        self.trace.on = traced
-        return torch.cat(outs) if outs else q.new_zeros(q.shape)
