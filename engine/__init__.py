@@ -96,8 +96,9 @@ def overview_record(result: Run, model: Model, *, trace_request: int = 0) -> dic
     from grader import chapters
 
     used: dict[str, set[str]] = {}
-    for label, source in result.sources.items():  # "ch19.3 qk_norm_rope" → "yours"
-        used.setdefault(label[:4], set()).add(source)
+    for label, source in result.sources.items():  # "ch19.3 qk_norm_rope" → "yours", for the functions that ran
+        if result.calls.get(label):
+            used.setdefault(label[:4], set()).add(source)
     course = [{"id": ch.id, "zh": ch.title_zh, "en": ch.title_en, "part": _part_of(used.get(ch.id))} for ch in chapters.all_chapters()]
     c = model.config
     m = result.metrics
@@ -116,7 +117,19 @@ def overview_record(result: Run, model: Model, *, trace_request: int = 0) -> dic
             "source": model.source,
         },
         "counts": {
-            k: m[k] for k in ("steps", "prefill_steps", "decode_steps", "chunked_prefill_steps", "prefix_cache_hits", "preemptions")
+            k: m[k]
+            for k in (
+                "steps",
+                "prefill_steps",
+                "decode_steps",
+                "chunked_prefill_steps",
+                "prefix_cache_hits",
+                "preemptions",
+                "speculative_steps",
+                "draft_tokens",
+                "accepted_tokens",
+            )
+            if k in m
         },
     }
 

@@ -61,7 +61,7 @@ def _prefill(runner: ModelRunner, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     heads = []
     for h, kv in enumerate(kv_heads):
         out, _ = runner.call(
-            "attention · prefill (FlashAttention)",
+            "attention: prefill (FlashAttention)",
             "flash_attention",
             q[:, h],
             k[:, kv],
@@ -90,7 +90,7 @@ def _chunk(runner: ModelRunner, q: torch.Tensor, keys: torch.Tensor, values: tor
     group = Hq // Hkv
     outs = [
         runner.call(
-            "attention · chunk (dense, masked)",
+            "attention: chunk (dense, masked)",
             "attention_steps",
             qh[h],
             kh[h // group],
@@ -106,7 +106,7 @@ def _chunk(runner: ModelRunner, q: torch.Tensor, keys: torch.Tensor, values: tor
 
 def _decode(runner: ModelRunner, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """ch18's grouped-query attention of the new token over every key of its sequence."""
-    return runner.call("attention · decode (GQA over the cache)", "gqa_attention", q, keys, values)
+    return runner.call("attention: decode (GQA over the cache)", "gqa_attention", q, keys, values)
 
 
 def _dims(t: torch.Tensor) -> str:

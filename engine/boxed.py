@@ -109,19 +109,22 @@ def run_boxed(
         if zygote is not None:
             zygote.close()
         box.close()  # every process of the submission is gone before anything it returned is used
-    data = _checked(value, prompts, max_tokens, model.config.vocab_size)
     sources = {f"{s['task']} {s['name']}": s["source"] for s in chosen}
-    return Run(data["outputs"], data["metrics"], sources, data["trace"], notes=notes + data["notes"], model=model.source)
+    data = _checked(value, prompts, max_tokens, model.config.vocab_size, set(sources))
+    return Run(
+        data["outputs"], data["metrics"], sources, data["trace"], notes=notes + data["notes"], model=model.source, calls=data["calls"]
+    )
 
 
-def _checked(value: Any, prompts: list[list[int]], max_tokens: int, vocab: int) -> dict[str, Any]:
-    """What the box returned, if it has the shape of an engine run's data (never believed further than that)."""
+def _checked(value: Any, prompts: list[list[int]], max_tokens: int, vocab: int, labels: set[str]) -> dict[str, Any]:
+    """What the box returned, if it has the shape of an engine run's data (never believed further than that: the
+    call counts, like the trace, are the box's account of its run, drawn on the overview and graded nowhere)."""
 
     def fail(why: str) -> EngineError:
         return EngineError(f"the engine in the sandbox sent back something that is not a run: {why}")
 
-    if type(value) is not dict or set(value) != {"outputs", "metrics", "sources", "trace", "notes"}:
-        raise fail("not the five parts of a run")
+    if type(value) is not dict or set(value) != {"outputs", "metrics", "sources", "calls", "trace", "notes"}:
+        raise fail("not the six parts of a run")
     outputs = value["outputs"]
     if type(outputs) is not list or len(outputs) != len(prompts):
         raise fail(f"{len(prompts)} outputs expected")
@@ -137,7 +140,10 @@ def _checked(value: Any, prompts: list[list[int]], max_tokens: int, vocab: int) 
     notes = value["notes"]
     if type(notes) is not list or not all(type(n) is str and len(n) < 2000 for n in notes) or len(notes) > 100:
         raise fail("notes are not short texts")
-    return {"outputs": outputs, "metrics": metrics, "trace": trace, "notes": notes}
+    calls = value["calls"]
+    if type(calls) is not dict or not all(k in labels and type(v) is int and v >= 0 for k, v in calls.items()):
+        raise fail("call counts are not counts of the engine's stages")
+    return {"outputs": outputs, "metrics": metrics, "trace": trace, "notes": notes, "calls": calls}
 
 
 def _plain(record: Any) -> bool:

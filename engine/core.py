@@ -60,9 +60,18 @@ class Run:
     notes: list[str] = field(default_factory=list)
     model: str = ""
     """Where the model came from (a preset and its seed, or a folder)."""
+    calls: dict[str, int] = field(default_factory=dict)
+    """How often each chapter function ran ("ch22.2 flash_attention" → 96); a stage never run is absent."""
 
     def to_json(self) -> dict:
-        return {"outputs": self.outputs, "metrics": self.metrics, "parts": self.sources, "notes": self.notes, "model": self.model}
+        return {
+            "outputs": self.outputs,
+            "metrics": self.metrics,
+            "parts": self.sources,
+            "calls": self.calls,
+            "notes": self.notes,
+            "model": self.model,
+        }
 
 
 class Engine:
@@ -108,6 +117,7 @@ class Engine:
         drafts = counts["draft_tokens"]
         counts["acceptance_rate"] = round(counts["accepted_tokens"] / drafts, 4) if drafts else None
         outputs = loop.result_outputs()
+        loop.trace.count(self.parts["latency_metrics"])
         metrics = self.parts.fn("latency_metrics")(
             [
                 {"start": 0.0, "chunk_times": times, "input_len": len(p), "output_len": len(out)}
@@ -121,7 +131,15 @@ class Engine:
             f"{len(prompts)} requests → TTFT {metrics['mean_ttft_ms']:.1f} ms, "
             f"TPOT {metrics['mean_tpot_ms']:.1f} ms, {metrics['output_throughput']:.0f} tok/s",
         )
-        return Run(outputs, {**metrics, **counts}, self.parts.sources(), loop.trace.events, loop.probes or [], list(self.parts.notes))
+        return Run(
+            outputs,
+            {**metrics, **counts},
+            self.parts.sources(),
+            loop.trace.events,
+            loop.probes or [],
+            list(self.parts.notes),
+            calls=dict(loop.trace.calls),
+        )
 
     def _validate(self, prompts: list[list[int]], max_tokens: int) -> None:
         c = self.model.config

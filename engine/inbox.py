@@ -34,7 +34,14 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     spec = config["model"]
     model = load(spec["name"], seed=spec["seed"])
     result = Engine(model, Parts(parts), Settings(**config["settings"])).generate(config["prompts"], config["max_tokens"])
-    return {"outputs": result.outputs, "metrics": result.metrics, "sources": result.sources, "trace": result.trace, "notes": result.notes}
+    return {
+        "outputs": result.outputs,
+        "metrics": result.metrics,
+        "sources": result.sources,
+        "calls": result.calls,
+        "trace": result.trace,
+        "notes": result.notes,
+    }
 
 
 def _import(path: Path, name: str) -> ModuleType:

@@ -83,7 +83,7 @@ class Loop:
             prompt = list(seq.token_ids)
             request = {"request_id": seq.seq_id, "prompt_token_ids": prompt, "sampling_params": self.sampling}
             try:
-                _, ids, positions = self._lower(request, seq.seq_id == self.traced.seq_id, "admit")
+                _, ids, positions = self._lower(request, seq.seq_id == self.traced.seq_id, "admit", "admit the request")
             except ValueError as e:
                 raise EngineError(f"request {seq.seq_id}: ch30's lower_request refused it: {e}") from None
             if ids.tolist() != prompt or positions.tolist() != list(range(len(prompt))):
@@ -97,11 +97,12 @@ class Loop:
             except ValueError as e:
                 raise EngineError(f"request {seq.seq_id}: {e} (raise --num-blocks)") from None
 
-    def _lower(self, request: dict, traced: bool, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _lower(self, request: dict, traced: bool, kind: str, stage: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         part = self.parts["lower_request"]
         out = part.fn(request)
+        self.trace.count(part)
         if traced:
-            self.note(kind, "lower the request", "lower_request", f"record of {out[0].dtype.itemsize} bytes · input_ids [{len(out[1])}]")
+            self.note(kind, stage, "lower_request", f"record of {out[0].dtype.itemsize} bytes · input_ids [{len(out[1])}]")
         return out
 
     # -- ch27's core, driven by ch24's scheduler ----------------------------------------------------------------------
@@ -161,6 +162,7 @@ class Loop:
             if rid in drafts:
                 request.spec_token_ids = list(drafts[rid])
                 planned = schedule_spec(request)
+                self.trace.count(self.parts["schedule_spec"])
                 if (
                     planned.get("num_scheduled_tokens") != 1 + len(drafts[rid])
                     or list(planned.get("scheduled_spec_token_ids", [])) != drafts[rid]
@@ -206,11 +208,12 @@ class Loop:
                 "sampling_params": self.sampling,
             }
             try:
-                records.append(self._lower(request, self.trace.on and seq is self.traced, kind)[0])
+                records.append(self._lower(request, self.trace.on and seq is self.traced, kind, "lower the request")[0])
             except ValueError as e:
                 raise EngineError(f"request {seq.seq_id}: ch30's lower_request refused it mid-run: {e}") from None
         batch_records = np.concatenate(records)
         phase = self.parts.fn("select_phase")(batch_records)
+        self.trace.count(self.parts["select_phase"])
         if self.trace.on:
             self.note(kind, "the step's phase", "select_phase", f"{len(records)} records → {phase!r}")
         # A decode record is one whose only token without KV is an output token; a resumed sequence's last prefill
@@ -237,6 +240,7 @@ class Loop:
         for rid, drafts in spec.items():
             request = core.requests[rid]
             new = update_spec(request, drafts, list(runner_output.get(rid, [])))
+            self.trace.count(self.parts["update_spec"])
             if new:
                 outputs.append({"request_id": rid, "new_token_ids": list(new), "finished": request.is_finished})
         self._postprocess(scheduler_output, runner_output)
@@ -313,6 +317,8 @@ class Loop:
 
     def run(self, core: Any) -> None:
         """ch27's run: step until every request has finished."""
+        for name in ("EngineCore", "Scheduler", "BlockManager"):  # classes: they run in every step
+            self.trace.count(self.parts[name])
         self.trace.kind = "run"
         self.note("run", "engine core loop", "EngineCore", f"{len(self.seqs)} requests: step until none is unfinished")
         core.run()

@@ -54,6 +54,11 @@ class Trace:
         self.on = False
         self.kind = ""
         self.events: list[dict] = []
+        self.calls: dict[str, int] = {}
+        """How often each chapter function ran in the whole run, by its label ("ch22.2 flash_attention")."""
+
+    def count(self, part: Any) -> None:
+        self.calls[part.label] = self.calls.get(part.label, 0) + 1
 
     def record(self, stage: str, part: Any, shapes: str) -> None:
         """Keep the first call of each stage per traced step (layer 0 stands for every layer)."""
@@ -102,6 +107,7 @@ class ModelRunner:
         """Call the part `name` for `stage`, recording the shapes it saw when this step is traced."""
         part = self.parts[name]
         out = part.fn(*args)
+        self.trace.count(part)
         if self.trace.on:
             seen = shapes(out) if shapes else " · ".join(shape(a) for a in args if isinstance(a, torch.Tensor))
             self.trace.record(stage, part, seen if shapes else f"{seen} → {shape(out)}")

@@ -31,7 +31,12 @@ LAYER_STAGES = (
     "split q | k | v",
     "q/k norm + RoPE",
     "write K/V to the cache",
-    "attention (GQA, causal)",
+    "attention: prefill (FlashAttention)",
+    "split heads",
+    "mask (chunk after a cached prefix)",
+    "attention: chunk (dense, masked)",
+    "merge heads",
+    "attention: decode (GQA over the cache)",
     "o_proj",
     "post_attention_layernorm",
     "mlp (SwiGLU)",
@@ -42,7 +47,25 @@ STAGE_NAMES = (
     mark("split q | k | v"),
     mark("q/k norm + RoPE"),
     mark("write K/V to the cache"),
-    mark("attention (GQA, causal)"),
+    mark("attention: prefill (FlashAttention)"),
+    mark("split heads"),
+    mark("mask (chunk after a cached prefix)"),
+    mark("attention: chunk (dense, masked)"),
+    mark("merge heads"),
+    mark("attention: decode (GQA over the cache)"),
+    mark("engine core loop"),
+    mark("engine core step"),
+    mark("lower the request"),
+    mark("admit the request"),
+    mark("the step's phase"),
+    mark("count the drafts"),
+    mark("verify drafts"),
+    mark("decode inputs"),
+    mark("decode batch size"),
+    mark("padded decode batch"),
+    mark("static decode buffers"),
+    mark("K/V slots by block table"),
+    mark("query head → K/V head"),
     mark("mlp (SwiGLU)"),
     mark("final norm"),
     mark("schedule"),
@@ -87,6 +110,13 @@ def overview_figure(f: Figure, r: dict) -> None:
         hits=n["prefix_cache_hits"],
         preemptions=n["preemptions"],
     )
+    if n.get("draft_tokens"):
+        run += " " + tr(
+            "Speculative decoding: {accepted} of {drafts} drafts accepted in {steps} steps.",
+            accepted=n["accepted_tokens"],
+            drafts=n["draft_tokens"],
+            steps=n["speculative_steps"],
+        )
     model = tr(
         "Model: {layers} layers, hidden {hidden}, {heads} query / {kv_heads} KV heads of head_dim {head_dim}, vocab {vocab} ({source}).",
         layers=m["layers"],
@@ -132,12 +162,10 @@ def _tokens(ids: list[int]) -> str:
 
 def parts_in_run(course: list[dict], path: list[dict]) -> list[str | None]:
     """Each chapter's part in the run as the map shows it: its part (whose functions) when one of its functions
-    ran on the traced path, "engine" when the engine did that chapter's job itself (the argmax at temperature 0
-    instead of ch23's sample), None when nothing of it ran. The engine calls every function it holds on every
-    step but ch23's sample, so the path (one request's first prefill and decode steps) tells which ran."""
-    ran = {e["chapter"] for e in path if e["source"] != "engine"}
+    ran anywhere in the run (the record's "part", None when none did), "engine" when the engine did that chapter's
+    job itself on the traced path (the argmax at temperature 0 instead of ch23's sample), None otherwise."""
     own = {e["chapter"] for e in path if e["source"] == "engine"}
-    return [ch["part"] if ch["id"] in ran else "engine" if ch["id"] in own else None for ch in course]
+    return [ch["part"] if ch["part"] else "engine" if ch["id"] in own else None for ch in course]
 
 
 MAP_PER_ROW = 6
@@ -181,31 +209,60 @@ PATH = {"stage": LABEL - 2, "fn": SMALL - 1, "shapes": SMALL - 1, "line": 12}
 """The path table's text sizes and its line pitch."""
 
 
+STEP_KINDS = (("prefill", mark("prefill")), ("decode", mark("decode")), ("speculative", mark("speculative decode")))
+"""The step kinds of the path table's columns, in order (a column only when the traced request had such a step)."""
+
+
+def path_rows(path: list[dict]) -> tuple[list[str], list[str], list[str]]:
+    """The path table's rows: the stages before the first step (the loop, the admission), the stages of the steps
+    in the order they run (each kind's own order kept, merged), and the stages after the last step."""
+    steps = [i for i, e in enumerate(path) if e["kind"] in dict(STEP_KINDS)]
+    if not steps:
+        return [], [], list(dict.fromkeys(e["stage"] for e in path))
+    before = list(dict.fromkeys(e["stage"] for e in path[: steps[0]]))
+    after = list(dict.fromkeys(e["stage"] for e in path[steps[-1] + 1 :] if e["kind"] not in dict(STEP_KINDS)))
+    merged: list[str] = []
+    for kind, _ in STEP_KINDS:
+        previous = None
+        for stage in dict.fromkeys(e["stage"] for e in path if e["kind"] == kind):
+            if stage not in merged:
+                merged.insert(merged.index(previous) + 1 if previous in merged else len(merged) if previous else 0, stage)
+            previous = stage
+    return before, merged, after
+
+
 def _path(f: Figure, r: dict) -> None:
-    """One row per stage: the chapter badge, the stage, the function, and the shapes it saw in the prefill and in
-    the decode step side by side (a long one wraps in its column)."""
-    events = {(e["kind"], e["stage"]): e for e in r["path"]}
-    stages = list(dict.fromkeys(e["stage"] for e in r["path"] if e["kind"] == "prefill"))
-    stages += [e["stage"] for e in r["path"] if e["kind"] == "run"]
+    """One row per stage: the chapter badge, the stage, the function, and the shapes it saw in each kind of step
+    side by side (a long one wraps in its column)."""
+    path = r["path"]
+    events: dict[tuple[str, str], dict] = {}
+    for e in path:
+        events.setdefault((e["kind"], e["stage"]), e)
+    before, step_stages, after = path_rows(path)
+    kinds = [(k, label) for k, label in STEP_KINDS if any(e["kind"] == k for e in path)]
+    whole = {s: next(e for e in path if e["stage"] == s and e["kind"] not in dict(STEP_KINDS)) for s in before + after}
+    stages = before + step_stages + after
     i = r["request"]
-    f.heading(tr("Request {i}'s path: its first prefill step, then its first decode step (layer 0 stands for every layer)", i=i))
-    firsts = [events[("run", s)] if ("run", s) in events else events[("prefill", s)] for s in stages]
-    badge_w, gap = 44, 14
+    f.heading(tr("Request {i}'s path: its first step of each kind (layer 0 stands for every layer)", i=i))
+    firsts = [whole.get(s) or next(e for e in path if e["stage"] == s and e["kind"] in dict(kinds)) for s in stages]
+    badge_w, gap = 44, 12
     x_stage = MARGIN + badge_w + 8
     x_fn = x_stage + max(text_width(tr(s), PATH["stage"]) for s in stages) + gap
-    x_pre = x_fn + max(text_width(_function(e), PATH["fn"], mono=True) for e in firsts) + gap
-    col_w = (f.width - MARGIN - x_pre - gap) / 2
-    x_dec = x_pre + col_w + gap
+    x_cols = x_fn + max(text_width(_function(e), PATH["fn"], mono=True) for e in firsts) + gap
+    n = max(1, len(kinds))
+    col_w = (f.width - MARGIN - x_cols - (n - 1) * gap) / n
+    xs = [x_cols + j * (col_w + gap) for j in range(n)]
     y = f.y + 10
-    for x, label in ((x_stage, tr("stage")), (x_fn, tr("function")), (x_pre, tr("prefill")), (x_dec, tr("decode"))):
+    heads = [(x_stage, tr("stage")), (x_fn, tr("function"))] + [(x, tr(label)) for x, (_, label) in zip(xs, kinds)]
+    for x, label in heads:
         f.text(x, y, label, size=SMALL - 0.5, color=MUTED, cls="label column")
     y += 6
     layer_rows = []
     for stage, first in zip(stages, firsts):
-        if ("run", stage) in events:
-            cells = [(x_pre, f.width - MARGIN - x_pre, _shown(events[("run", stage)]))]
+        if stage in whole:
+            cells = [(x_cols, f.width - MARGIN - x_cols, _shown(whole[stage]))]
         else:
-            cells = [(x, col_w, _shown(events.get((kind, stage)), kind)) for x, kind in ((x_pre, "prefill"), (x_dec, "decode"))]
+            cells = [(x, col_w, _shown(events.get((kind, stage)), kind)) for x, (kind, _) in zip(xs, kinds)]
         lines = [wrap_shapes(s, w) for _, w, s in cells]
         h = 7 + PATH["line"] * max(1, *map(len, lines))
         own = first["source"] == "engine"
