@@ -38,7 +38,7 @@ def path_of(num_new: int, num_cached: int) -> str:
 def attend(runner: ModelRunner, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: Step) -> torch.Tensor:
     """One layer's attention output [N, Hq, d] for the step's queries q [N, Hq, d] (k, v: the step's own [N, Hkv, d],
     already written to the cache)."""
-    cu_q, cu_k = step.cu_q, step.cu_k
+    cu_q = step.cu_q
     k_flat = runner.k_cache[layer].flatten(0, 1)  # [num_blocks · block_size, Hkv, d]
     v_flat = runner.v_cache[layer].flatten(0, 1)
     trace, traced = runner.trace, runner.trace.on

@@ -111,7 +111,7 @@ class Engine:
 
     def _finish(self, loop: Loop, prompts: list[list[int]]) -> Run:
         """Measure the run with ch29's latency_metrics and hand everything back."""
-        counts = loop.counts
+        counts: dict[str, Any] = dict(loop.counts)
         counts["prefix_cache_hits"] = len(loop.blocks.hits)
         counts["prefix_cached_tokens"] = sum(loop.blocks.hits)
         drafts = counts["draft_tokens"]

@@ -223,11 +223,13 @@ def path_rows(path: list[dict]) -> tuple[list[str], list[str], list[str]]:
     after = list(dict.fromkeys(e["stage"] for e in path[steps[-1] + 1 :] if e["kind"] not in dict(STEP_KINDS)))
     merged: list[str] = []
     for kind, _ in STEP_KINDS:
-        previous = None
+        at = 0  # a stage this kind adds goes right after the stage that precedes it in this kind's own order
         for stage in dict.fromkeys(e["stage"] for e in path if e["kind"] == kind):
-            if stage not in merged:
-                merged.insert(merged.index(previous) + 1 if previous in merged else len(merged) if previous else 0, stage)
-            previous = stage
+            if stage in merged:
+                at = merged.index(stage) + 1
+            else:
+                merged.insert(at, stage)
+                at += 1
     return before, merged, after
 
 
