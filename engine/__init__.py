@@ -50,12 +50,8 @@ def run(
     model: str | Path | Model = "tiny",
     prompts: list[list[int]],
     max_tokens: int,
-    temperature: float = 0.0,
+    settings: Settings | None = None,
     seed: int = 0,
-    block_size: int = 16,
-    num_blocks: int | None = None,
-    max_num_seqs: int = 16,
-    max_num_batched_tokens: int = 512,
     submission: Path | None = None,
     parts: Parts | None = None,
     on_chapter: Callable[[str], None] | None = None,
@@ -65,26 +61,20 @@ def run(
 
     Args:
         model: a preset name ("tiny", "qwen3-0.6b-shape"), a Hugging Face–format folder, or a loaded Model.
+        settings: the engine's limits and modes (`Settings()` by default; its seed also draws a preset's weights).
+        seed: a preset's weights when no settings are given.
         submission: the student's chapter files: their functions run wherever their public checks pass.
             Without it, the reference solutions, or in a student release the student's exercises/.
         parts: the functions to use, overriding `submission` (tests plant wrong ones this way).
-        seed: the weights of a preset and the sampler's noise.
     """
     from grader import chapters
 
+    settings = settings or Settings(seed=seed)
     if parts is None:
         if submission is None and not any(chapters.SOLUTIONS.glob("ch[0-9][0-9]_*.py")):
             submission = chapters.EXERCISES
         parts = reference_parts() if submission is None else student_parts(submission, on_chapter=on_chapter)
-    loaded = model if isinstance(model, Model) else load(model, seed=seed)
-    settings = Settings(
-        block_size=block_size,
-        num_blocks=num_blocks,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        temperature=temperature,
-        seed=seed,
-    )
+    loaded = model if isinstance(model, Model) else load(model, seed=settings.seed)
     result = Engine(loaded, parts, settings).generate(prompts, max_tokens, on_step=on_step)
     result.model = loaded.source
     return result

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from engine.async_loop import AsyncLoop
 from engine.errors import EngineError
 from engine.loop import Loop
 from engine.model import Model
@@ -32,6 +33,9 @@ class Settings:
     seed: int = 0
     speculative_tokens: int = 0
     """Drafts per decode step (n-gram prompt lookup, verified by ch32); 0 turns speculative decoding off."""
+    async_scheduling: bool = False
+    """Run ch27's AsyncEngineCore (one step ahead, output placeholders) instead of ch24's scheduler under ch27's
+    EngineCore; see `engine.async_loop`."""
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -43,6 +47,8 @@ class Settings:
             raise ValueError(f"num_blocks must be a positive int; got {self.num_blocks!r}")
         if type(self.speculative_tokens) is not int or self.speculative_tokens < 0:
             raise ValueError(f"speculative_tokens must be an int ≥ 0; got {self.speculative_tokens!r}")
+        if self.async_scheduling and self.speculative_tokens:
+            raise ValueError("speculative decoding and async scheduling are not combined here: choose one")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be ≥ 0 (0 is greedy); got {self.temperature}")
 
@@ -102,7 +108,8 @@ class Engine:
             EngineError: bad prompts, a pool too small for some request, or two chapters that disagree.
         """
         self._validate(prompts, max_tokens)
-        loop = Loop(self.model, self.parts, self.settings, prompts, max_tokens, trace_request, probe)
+        kind = AsyncLoop if self.settings.async_scheduling else Loop
+        loop = kind(self.model, self.parts, self.settings, prompts, max_tokens, trace_request, probe)
         loop.on_step = on_step
         core = loop.core()
         loop.admit(core)

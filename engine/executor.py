@@ -88,12 +88,15 @@ class Executor:
         return Done(out) if non_block else out
 
     def _step(self, batch: list, kind: str, drafts: dict[str, list[int]]) -> dict[str, list[int]]:
-        rows = self._rows(batch, drafts)
+        return self.run_rows(self._rows(batch, drafts), kind, [str(seq.seq_id) for seq in batch])
+
+    def run_rows(self, rows: list[Row], kind: str, rids: list[str]) -> dict[str, list[int]]:
+        """Compute `rows` (the scheduled requests `rids`, minus those with nothing to compute) and sample."""
         loop = self.loop
         if loop.trace.on:
-            self._note_schedule(batch, rows, kind)
+            self._note_schedule(rids, rows, kind)
         loop.counts["computed_tokens"] += sum(r.n for r in rows)
-        out: dict[str, list[int]] = {str(seq.seq_id): [] for seq in batch}
+        out: dict[str, list[int]] = dict.fromkeys(rids, [])
         if not rows:
             return out
         step, kept = self._metadata(rows)
@@ -118,7 +121,7 @@ class Executor:
         """(seq, first position, tokens) to compute: the scheduled chunk minus what the prefix cache holds, plus drafts."""
         rows = []
         for seq in batch:
-            first = max(seq.num_computed_tokens, self.loop.blocks.cached_tokens.get(seq.seq_id, 0))
+            first = max(seq.num_computed_tokens, self.loop.cached(seq))
             extra = drafts.get(str(seq.seq_id), [])
             end = seq.num_computed_tokens + seq.num_scheduled_tokens + len(extra)
             if first < end:
@@ -175,7 +178,7 @@ class Executor:
             self._heads(),
             torch.tensor(sample_rows, dtype=torch.int64),
             [r.seq.seq_id for r in rows],
-            self.loop.traced.seq_id,
+            self.loop.traced_id,
         )
         return step, [bool(k) for k in meta["kept"].tolist()]
 
@@ -187,7 +190,7 @@ class Executor:
         on, cu = trace.on, meta["query_start_loc"].long().tolist()
         for b in decode:
             r = rows[b]
-            trace.on = on and r.seq.seq_id == self.loop.traced.seq_id
+            trace.on = on and r.seq.seq_id == self.loop.traced_id
             d = call(
                 "decode inputs",
                 "decode_inputs",
@@ -244,7 +247,7 @@ class Executor:
         """ch25's slots of positions 0 … length − 1 through `table`: where a sequence's keys are read back from."""
         trace = self.loop.trace
         on = trace.on
-        trace.on = on and seq_id == self.loop.traced.seq_id
+        trace.on = on and seq_id == self.loop.traced_id
         out = self.runner.call(
             "K/V slots by block table",
             "slot_mapping",
@@ -344,18 +347,15 @@ class Executor:
 
     # -- the trace -------------------------------------------------------------------------------------------------------
 
-    def _note_schedule(self, batch: list, rows: list[Row], kind: str) -> None:
+    def _note_schedule(self, rids: list[str], rows: list[Row], kind: str) -> None:
         loop = self.loop
-        mine = next((r for r in rows if r.seq is loop.traced), None)
+        mine = next((r for r in rows if r.seq.seq_id == loop.traced_id), None)
         what = f"positions {mine.first}–{mine.first + mine.n - 1}" if mine else "nothing (prefix-cached)"
-        plural = "s" * (len(batch) > 1)
-        loop.note(kind, "schedule", "Scheduler", f"{kind}: {len(batch)} sequence{plural}; request {loop.traced.seq_id} computes {what}")
-        loop.note(
-            kind,
-            "blocks (prefix cache)",
-            "BlockManager",
-            f"block table {ints(loop.traced.block_table)}, {loop.blocks.cached_tokens.get(loop.traced.seq_id, 0)} tokens cached",
-        )
+        plural = "s" * (len(rids) > 1)
+        loop.note(kind, "schedule", loop.scheduler_part, f"{kind}: {len(rids)} sequence{plural}; request {loop.traced_id} computes {what}")
+        if mine is not None:
+            table, cached = ints(mine.seq.block_table), loop.cached(mine.seq)
+            loop.note(kind, "blocks (prefix cache)", "BlockManager", f"block table {table}, {cached} tokens cached")
 
 
 def _agree(meta: dict, varlen: dict, indices: torch.Tensor) -> None:

@@ -67,6 +67,8 @@ class Loop:
         sequence = parts["Scheduler"].companion
         self.seqs = [sequence(p, max_tokens=max_tokens, ignore_eos=c.eos_token_id is None, seq_id=i) for i, p in enumerate(prompts)]
         self.traced = self.seqs[trace_request]
+        self.traced_id = trace_request
+        self.scheduler_part = "Scheduler"
         self.executor = Executor(self, num_blocks=num_blocks)
         self.chunk_times: list[list[float]] = [[] for _ in prompts]
         self.sampling = {"temperature": float(s.temperature), "max_tokens": max_tokens, "seed": s.seed}
@@ -96,6 +98,10 @@ class Loop:
                 self.scheduler.add(seq)
             except ValueError as e:
                 raise EngineError(f"request {seq.seq_id}: {e} (raise --num-blocks)") from None
+
+    def cached(self, seq: Any) -> int:
+        """Tokens of `seq` the prefix cache served when it was last admitted."""
+        return self.blocks.cached_tokens.get(seq.seq_id, 0)
 
     def _lower(self, request: dict, traced: bool, kind: str, stage: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         part = self.parts["lower_request"]

@@ -51,6 +51,7 @@ USED: tuple[tuple[str, str], ...] = (
     ("ch26", "pad_decode_batch"),
     ("ch26", "fill_static_buffers"),
     ("ch27", "EngineCore"),
+    ("ch27", "AsyncEngineCore"),
     ("ch27", "schedule_spec"),
     ("ch27", "update_spec"),
     ("ch28", "logits_indices"),

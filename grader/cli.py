@@ -843,6 +843,20 @@ def engine_group() -> None:
     help=mark("Prefill tokens per step (fewer force chunked prefill)."),
 )
 @click.option(
+    "--speculative-tokens",
+    type=click.IntRange(min=0),
+    metavar="K",
+    help=mark(
+        "Drafts per decode step (n-gram prompt lookup, verified by ch32); 0 turns speculative decoding off. "
+        "Default: 3, or 0 with --async-scheduling."
+    ),
+)
+@click.option(
+    "--async-scheduling",
+    is_flag=True,
+    help=mark("Run ch27's AsyncEngineCore (one step ahead, output placeholders) instead of ch24's scheduler; never preempts."),
+)
+@click.option(
     "--submission",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     metavar="DIR",
@@ -896,6 +910,8 @@ def engine_run(
     num_blocks: int | None,
     max_num_seqs: int,
     max_batched_tokens: int,
+    speculative_tokens: int | None,
+    async_scheduling: bool,
     submission: Path | None,
     no_sandbox: bool,
     memory_limit: int,
@@ -927,6 +943,20 @@ def engine_run(
                 return
             raise click.UsageError(tr("give --prompts FILE (or only --save-model DIR)"))
         prompts = read_prompts(prompts_file)
+        if speculative_tokens is None:
+            speculative_tokens = 0 if async_scheduling else 3
+        if async_scheduling and speculative_tokens:
+            raise click.UsageError(tr("--async-scheduling and --speculative-tokens are not combined: choose one"))
+        settings = engine.Settings(
+            block_size=block_size,
+            num_blocks=num_blocks,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_batched_tokens,
+            temperature=temperature,
+            seed=seed,
+            speculative_tokens=speculative_tokens,
+            async_scheduling=async_scheduling,
+        )
         sandbox = _sandbox_for(others=submission is not None, no_sandbox=no_sandbox)
         with progress(enabled=not as_json and sys.stderr.isatty()) as show:
             if sandbox is not None and submission is not None:
@@ -938,14 +968,7 @@ def engine_run(
                     seed=seed,
                     prompts=prompts,
                     max_tokens=max_tokens,
-                    settings=engine.Settings(
-                        block_size=block_size,
-                        num_blocks=num_blocks,
-                        max_num_seqs=max_num_seqs,
-                        max_num_batched_tokens=max_batched_tokens,
-                        temperature=temperature,
-                        seed=seed,
-                    ),
+                    settings=settings,
                     submission=submission,
                     sandbox=sandbox,
                     memory_limit=memory_limit,
@@ -957,12 +980,7 @@ def engine_run(
                     model=model,
                     prompts=prompts,
                     max_tokens=max_tokens,
-                    temperature=temperature,
-                    seed=seed,
-                    block_size=block_size,
-                    num_blocks=num_blocks,
-                    max_num_seqs=max_num_seqs,
-                    max_num_batched_tokens=max_batched_tokens,
+                    settings=settings,
                     submission=submission,
                     on_chapter=show.chapter,
                     on_step=show.step,

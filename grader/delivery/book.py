@@ -168,7 +168,9 @@ def _overview_entry(out: Folder, reports: list[Report], folder: Path, release: b
         else:
             parts = engine.reference_parts()
         model = engine.load("tiny", seed=0)
-        result = engine.run(model=model, prompts=[[1, 2, 3, 4, 5, 6], [1, 2, 3, 7]], max_tokens=4, parts=parts, block_size=4)
+        settings = engine.Settings(block_size=4, max_num_batched_tokens=4, speculative_tokens=3)  # chunks, drafts: every path
+        prompts = [[1, 2, 3, 4, 5, 1, 2, 3], [1, 2, 3, 7]]
+        result = engine.run(model=model, prompts=prompts, max_tokens=6, parts=parts, settings=settings)
         record = engine.overview_record(result, model)
         if folder not in (chapters.SOLUTIONS, chapters.EXERCISES):
             _light_passing(record, reports)
