@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from engine.errors import EngineError
 from engine.executor import Done, Row
 from engine.loop import Loop
@@ -88,7 +86,7 @@ class AsyncLoop(Loop):
             prompt = list(seq.token_ids)
             request = {"request_id": seq.seq_id, "prompt_token_ids": prompt, "sampling_params": self.sampling}
             try:
-                self._lower(request, seq.seq_id == self.traced_id, "admit", "admit the request")
+                self.records[seq.seq_id] = self._lower(request, seq.seq_id == self.traced_id, "admit", "admit the request")[0]
             except ValueError as e:
                 raise EngineError(f"request {seq.seq_id}: ch30's lower_request refused it: {e}") from None
             core.add_request(str(seq.seq_id), prompt, seq.max_tokens, None if seq.ignore_eos else self.scheduler.eos)
@@ -166,26 +164,10 @@ class AsyncLoop(Loop):
         return Track(seq_id, prompt, twin, num_cached_blocks * self.settings.block_size)
 
     def _phase(self, tracks: list[Track], kind: str) -> None:
-        """ch30: the step's records, as the worker's copies stand, and the phase select_phase reads from them."""
-        records = []
-        for t in tracks:
-            request = {
-                "request_id": t.seq_id,
-                "prompt_token_ids": t.token_ids[: t.num_prompt_tokens],
-                "output_token_ids": t.token_ids[t.num_prompt_tokens :],
-                "num_computed_tokens": t.num_computed_tokens,
-                "sampling_params": self.sampling,
-            }
-            try:
-                records.append(self._lower(request, self.trace.on and t.seq_id == self.traced_id, kind, "lower the request")[0])
-            except ValueError as e:
-                raise EngineError(f"request {t.seq_id}: ch30's lower_request refused it mid-run: {e}") from None
-        phase = self.parts.fn("select_phase")(np.concatenate(records))
-        self.trace.count(self.parts["select_phase"])
-        if self.trace.on:
-            self.note(kind, "the step's phase", "select_phase", f"{len(records)} records → {phase!r}")
-        if phase != ("prompt" if kind == "prefill" else "decode"):
-            raise EngineError(f"ch30's select_phase says {phase!r} for a {kind} step")
+        """ch30's select_phase over the step's records, as the worker's copies stand."""
+        phase, expected = self.phase([(t.seq_id, len(t.token_ids), t.num_computed_tokens, t.num_prompt_tokens) for t in tracks], kind)
+        if phase != expected:
+            raise EngineError(f"ch30's select_phase says {phase!r} for a step whose records are in the {expected} phase")
 
     def reconciled(self, core: Any, outputs: list[dict]) -> None:
         """After ch27's reconcile: the tokens it reported, their times, and the blocks of finished requests freed."""

@@ -39,18 +39,30 @@ def attend(runner: ModelRunner, layer: int, q: torch.Tensor, k: torch.Tensor, v:
     """One layer's attention output [N, Hq, d] for the step's queries q [N, Hq, d] (k, v: the step's own [N, Hkv, d],
     already written to the cache)."""
     cu_q = step.cu_q
-    k_flat = runner.k_cache[layer].flatten(0, 1)  # [num_blocks · block_size, Hkv, d]
-    v_flat = runner.v_cache[layer].flatten(0, 1)
+    spans: list[tuple[int, int] | None] = []  # every cached key the step reads, gathered once per layer, then cut
+    read: list[torch.Tensor] = []
+    start = 0
+    for slots in step.read_slots:
+        if slots is None:
+            spans.append(None)
+            continue
+        spans.append((start, start + len(slots)))
+        start += len(slots)
+        read.append(slots)
+    if read:
+        index = torch.cat(read)
+        k_read = runner.k_cache[layer].flatten(0, 1)[index]  # [keys read, Hkv, d]
+        v_read = runner.v_cache[layer].flatten(0, 1)[index]
     trace, traced = runner.trace, runner.trace.on
     outs = []
     for b, path in enumerate(step.paths):
         runner.trace.on = traced and step.seq_ids[b] == step.traced_seq
         rows = slice(cu_q[b], cu_q[b + 1])
-        if path == PREFILL:
+        span = spans[b]
+        if path == PREFILL or span is None:
             outs.append(_prefill(runner, q[rows], k[rows], v[rows], step.kv_heads))
         else:
-            slots = step.read_slots[b]
-            keys, values = k_flat[slots], v_flat[slots]
+            keys, values = k_read[span[0] : span[1]], v_read[span[0] : span[1]]
             outs.append(_chunk(runner, q[rows], keys, values) if path == CHUNK else _decode(runner, q[rows], keys, values))
     trace.on = traced
     return torch.cat(outs) if outs else q.new_zeros(q.shape)

@@ -6,7 +6,8 @@ requests and checks their stop conditions. Two methods are this engine's: `sched
 (paged blocks, chunked prefill, preemption) decides and ch27's counters follow it (vLLM's scheduler does both, the
 course teaches them in two chapters), and the tail of `update_from_output`, which folds the same tokens into ch24's
 sequences with `postprocess` and checks that the two chapters agree on every request. ch30's lowering admits each
-request (`lower_request`: its record and first step's inputs) and checks the phase of every step (`select_phase`).
+request (`lower_request`: its record and first step's inputs); the engine keeps each record's counters up to date,
+and ch30's `select_phase` reads every step's phase from the records of its batch.
 
 Speculative decoding (`Settings.speculative_tokens` > 0): in a decode step each request proposes up to k drafts
 (`engine.drafter`, n-gram prompt lookup), trimmed to the room its blocks already have (ch25's block manager allocates
@@ -68,6 +69,8 @@ class Loop:
         self.seqs = [sequence(p, max_tokens=max_tokens, ignore_eos=c.eos_token_id is None, seq_id=i) for i, p in enumerate(prompts)]
         self.traced = self.seqs[trace_request]
         self.traced_id = trace_request
+        self.records: dict[int, np.ndarray] = {}
+        """seq_id → its ch30 record (lowered on admission, its counters kept up to date by the engine)."""
         self.scheduler_part = "Scheduler"
         self.executor = Executor(self, num_blocks=num_blocks)
         self.chunk_times: list[list[float]] = [[] for _ in prompts]
@@ -85,7 +88,7 @@ class Loop:
             prompt = list(seq.token_ids)
             request = {"request_id": seq.seq_id, "prompt_token_ids": prompt, "sampling_params": self.sampling}
             try:
-                _, ids, positions = self._lower(request, seq.seq_id == self.traced.seq_id, "admit", "admit the request")
+                record, ids, positions = self._lower(request, seq.seq_id == self.traced.seq_id, "admit", "admit the request")
             except ValueError as e:
                 raise EngineError(f"request {seq.seq_id}: ch30's lower_request refused it: {e}") from None
             if ids.tolist() != prompt or positions.tolist() != list(range(len(prompt))):
@@ -93,6 +96,7 @@ class Loop:
                     f"request {seq.seq_id}: ch30's lower_request gives input ids {ids.tolist()[:8]}… at positions "
                     f"{positions.tolist()[:8]}…, not its prompt at 0 … {len(prompt) - 1}"
                 )
+            self.records[seq.seq_id] = record
             core.add_request(str(seq.seq_id), prompt, seq.max_tokens, None if seq.ignore_eos else self.scheduler.eos)
             try:
                 self.scheduler.add(seq)
@@ -203,34 +207,33 @@ class Loop:
         return out
 
     def _check_phase(self, batch: list, is_prefill: bool, kind: str) -> None:
-        """ch30's select_phase over the batch's lowered records must name the phase ch24 chose."""
-        records = []
-        for seq in batch:
-            request = {
-                "request_id": seq.seq_id,
-                "prompt_token_ids": seq.token_ids[: seq.num_prompt_tokens],
-                "output_token_ids": seq.completion_token_ids,
-                "num_computed_tokens": seq.num_computed_tokens,
-                "sampling_params": self.sampling,
-            }
-            try:
-                records.append(self._lower(request, self.trace.on and seq is self.traced, kind, "lower the request")[0])
-            except ValueError as e:
-                raise EngineError(f"request {seq.seq_id}: ch30's lower_request refused it mid-run: {e}") from None
-        batch_records = np.concatenate(records)
-        phase = self.parts.fn("select_phase")(batch_records)
-        self.trace.count(self.parts["select_phase"])
-        if self.trace.on:
-            self.note(kind, "the step's phase", "select_phase", f"{len(records)} records → {phase!r}")
-        # A decode record is one whose only token without KV is an output token; a resumed sequence's last prefill
-        # chunk of one token looks like that too, so the phase expected is the records', not always ch24's.
-        decoding = all(s.num_computed_tokens == s.num_tokens - 1 and s.num_tokens > s.num_prompt_tokens for s in batch)
-        expected = "decode" if decoding else "prompt"
+        """ch30's select_phase over the batch's records must name the phase the records are in."""
+        phase, expected = self.phase([(seq.seq_id, seq.num_tokens, seq.num_computed_tokens, seq.num_prompt_tokens) for seq in batch], kind)
         if phase != expected:
             raise EngineError(
                 f"ch30's select_phase says {phase!r} for a batch whose records are in the {expected} phase "
                 f"(ch24's scheduler made it a {'prefill' if is_prefill else 'decode'} step)"
             )
+
+    def phase(self, entries: list[tuple[int, int, int, int]], kind: str) -> tuple[str, str]:
+        """The records of this step's requests, brought up to date as the native core's front end keeps them (the
+        counters of (seq_id, num_tokens, num_computed_tokens, prompt_len); each was lowered by ch30 on admission),
+        then ch30's select_phase over them: (its phase, the phase the records are in). A decode record is one whose
+        only token without KV is an output token (a resumed sequence's last prefill chunk of one token is one too,
+        so the phase expected is the records', not always the scheduler's)."""
+        rows = []
+        for seq_id, num_tokens, computed, prompt_len in entries:
+            record = self.records[seq_id]
+            decode = computed == num_tokens - 1 and num_tokens > prompt_len
+            record["num_tokens"], record["num_computed_tokens"] = num_tokens, computed
+            record["num_new_tokens"], record["is_prompt"] = num_tokens - computed, not decode
+            rows.append(record)
+        phase = self.parts.fn("select_phase")(np.concatenate(rows))
+        self.trace.count(self.parts["select_phase"])
+        if self.trace.on:
+            self.note(kind, "the step's phase", "select_phase", f"{len(rows)} records → {phase!r}")
+        expected = "prompt" if any(bool(r["is_prompt"][0]) for r in rows) else "decode"
+        return phase, expected
 
     def update(
         self, core: Any, scheduler_output: dict, runner_output: dict, chapter_update: Callable[[dict, dict], list[dict]]

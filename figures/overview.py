@@ -55,7 +55,6 @@ STAGE_NAMES = (
     mark("attention: decode (GQA over the cache)"),
     mark("engine core loop"),
     mark("engine core step"),
-    mark("lower the request"),
     mark("admit the request"),
     mark("the step's phase"),
     mark("count the drafts"),
