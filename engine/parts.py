@@ -59,6 +59,12 @@ USED: tuple[tuple[str, str], ...] = (
     ("ch29", "latency_metrics"),
     ("ch30", "lower_request"),
     ("ch30", "select_phase"),
+    ("ch31", "route_topk"),
+    ("ch31", "dispatch"),
+    ("ch31", "combine"),
+    ("ch31", "rebalance_experts"),
+    ("ch31", "balancedness"),
+    ("ch31", "record_expert_load"),
     ("ch32", "verify_draft"),
 )
 """(chapter, graded name) of every function or class the engine calls, in chapter order."""

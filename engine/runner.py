@@ -18,6 +18,7 @@ import torch
 
 from engine.attention import attend
 from engine.model import Model
+from engine.moe import ExpertParallel, ExpertParallelSettings
 from engine.parts import Parts
 
 
@@ -163,6 +164,14 @@ class ModelRunner:
             probe.logits = logits.float().clone()
         return logits
 
+    expert_parallel: ExpertParallel | None = None
+    """A Qwen3-MoE run's expert placement and load history (set by the loop; engine.moe)."""
+
     def _mlp(self, layer: int, lw: Any, x: torch.Tensor) -> torch.Tensor:
-        """The layer's feed-forward block: ch20's SwiGLU MLP (a mixture of experts, ch31, where the layer has one)."""
-        return self.call("mlp (SwiGLU)", "swiglu_mlp", x, lw.gate_up, lw.down)
+        """The layer's feed-forward block: ch20's SwiGLU MLP, or where the layer has one a mixture of experts over
+        simulated expert-parallel ranks (ch31's route_topk, dispatch, combine; engine.moe)."""
+        if lw.moe is None:
+            return self.call("mlp (SwiGLU)", "swiglu_mlp", x, lw.gate_up, lw.down)
+        if self.expert_parallel is None:
+            self.expert_parallel = ExpertParallel(self.model.config, ExpertParallelSettings(), self.call)
+        return self.expert_parallel.forward(layer, lw.moe, x)
