@@ -14,6 +14,7 @@ from engine.async_loop import AsyncLoop
 from engine.errors import EngineError
 from engine.loop import Loop
 from engine.model import Model
+from engine.moe import ExpertParallel, ExpertParallelSettings
 from engine.parts import Parts
 
 __all__ = ["Engine", "EngineError", "Run", "Settings"]
@@ -36,6 +37,10 @@ class Settings:
     async_scheduling: bool = False
     """Run ch27's AsyncEngineCore (one step ahead, output placeholders) instead of ch24's scheduler under ch27's
     EngineCore; see `engine.async_loop`."""
+    expert_parallel_ranks: int = 4
+    """A Qwen3-MoE model's experts are spread over this many simulated ranks (engine.moe)."""
+    eplb_interval: int = 8
+    """Steps between two EPLB rearrangements of the experts (0: never)."""
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -110,6 +115,10 @@ class Engine:
         self._validate(prompts, max_tokens)
         kind = AsyncLoop if self.settings.async_scheduling else Loop
         loop = kind(self.model, self.parts, self.settings, prompts, max_tokens, trace_request, probe)
+        if self.model.config.is_moe:
+            s, runner = self.settings, loop.executor.runner
+            ep = ExpertParallelSettings(num_ranks=s.expert_parallel_ranks, rebalance_interval=s.eplb_interval)
+            runner.expert_parallel = ExpertParallel(self.model.config, ep, runner.call)
         loop.on_step = on_step
         core = loop.core()
         loop.admit(core)
@@ -138,9 +147,10 @@ class Engine:
             f"{len(prompts)} requests → TTFT {metrics['mean_ttft_ms']:.1f} ms, "
             f"TPOT {metrics['mean_tpot_ms']:.1f} ms, {metrics['output_throughput']:.0f} tok/s",
         )
+        experts = loop.executor.runner.expert_parallel
         return Run(
             outputs,
-            {**metrics, **counts},
+            {**metrics, **counts, **(experts.metrics() if experts else {})},
             self.parts.sources(),
             loop.trace.events,
             loop.probes or [],
