@@ -1,4 +1,5 @@
-"""The engine against an independent Qwen3: transformers' `Qwen3ForCausalLM` with eager attention.
+"""The engine against an independent Qwen3: transformers' `Qwen3ForCausalLM` (`Qwen3MoeForCausalLM` for a
+Qwen3-MoE folder) with eager attention and, for experts, transformers' eager loop over them.
 
 `compare` runs the engine on a saved model folder with every stage's values kept, then
 runs transformers on each request's final tokens (prompt and the engine's completion,
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -88,13 +90,11 @@ def compare(
 
     Greedy decoding only (settings.temperature must be 0): sampled tokens have nothing to agree with.
     """
-    from transformers import Qwen3ForCausalLM
-
     if settings.temperature != 0:
         raise ValueError("the comparison decodes greedily: use temperature 0")
     model = load(folder)
     run = Engine(model, parts or reference_parts(), settings).generate(prompts, max_tokens, probe=True)
-    hf = Qwen3ForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32).eval()
+    hf = transformers_model(folder, moe=model.config.is_moe)
     states = [_states(hf, prompt + out[:-1]) for prompt, out in zip(prompts, run.outputs)]
     divergence, max_logit_diff = _first_divergence(run, states)
     generated = []
@@ -103,6 +103,18 @@ def compare(
         out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
         generated.append(out[0, len(prompt) :].tolist())
     return Comparison(run, generated, divergence, max_logit_diff)
+
+
+def transformers_model(folder: Path, *, moe: bool) -> Any:
+    """transformers' own model of `folder` in float32, eager attention (and eager experts for a mixture of experts)."""
+    if moe:
+        from transformers import Qwen3MoeForCausalLM
+
+        experts: dict[str, Any] = {"experts_implementation": "eager"}  # transformers' own loop over the experts
+        return Qwen3MoeForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32, **experts).eval()
+    from transformers import Qwen3ForCausalLM
+
+    return Qwen3ForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32).eval()
 
 
 @torch.inference_mode()

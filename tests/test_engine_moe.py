@@ -1,0 +1,124 @@
+"""The engine runs Qwen3-MoE through ch31: routing, dispatch and combine over simulated expert-parallel ranks,
+EPLB rearranging the experts mid-run, token for token and layer by layer what transformers' Qwen3MoeForCausalLM
+computes; a wrong ch31 function is named by step and layer; what the engine does not implement is refused by name."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import engine
+from engine import oracle
+from engine.core import Settings
+from engine.model import PRESETS, ModelError, load, random_model
+from solutions import ch31_moe_eplb
+
+pytestmark = pytest.mark.slow  # transformers' model against the engine's, runs of a few seconds each
+
+PROMPTS = [list(range(1, 12)), list(range(1, 9)) + [20, 21], list(range(1, 14)), [50, 51], list(range(1, 10))]
+"""Five requests, four sharing the prefix 1 … 8: with block_size 4 the later ones hit the cached blocks."""
+FORCING = Settings(block_size=4, num_blocks=9, max_num_seqs=2, max_num_batched_tokens=8, eplb_interval=3)
+"""Chunked prefill (budget 8 < prompt lengths), preemption (9 blocks of 4), and EPLB every 3 steps."""
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    return load("tiny-moe", seed=1).save(tmp_path_factory.mktemp("tiny-moe"))
+
+
+def test_a_saved_moe_preset_loads_back_and_transformers_forms_load_too(moe_dir, tmp_path):
+    from transformers import Qwen3MoeForCausalLM
+
+    model = load(moe_dir)
+    assert model.config == PRESETS["tiny-moe"] and model.config.is_moe
+    names = set(model.hf_state_dict())
+    assert {"model.layers.1.mlp.gate.weight", "model.layers.1.mlp.experts.7.down_proj.weight"} <= names
+    assert not any(".mlp.gate_proj." in n for n in names)
+    hf = Qwen3MoeForCausalLM.from_pretrained(moe_dir, dtype=torch.float32)
+    assert sum(p.numel() for p in hf.parameters()) == model.config.num_parameters
+    hf.save_pretrained(tmp_path / "hf")  # per-expert names, and num_local_experts in config.json
+    assert "num_local_experts" in json.loads((tmp_path / "hf" / "config.json").read_text())
+    # the stacked form transformers holds in memory: [E, 2I, H] gate | up and [E, H, I] down
+    tensors = load_file(moe_dir / "model.safetensors")
+    stacked = {n: t for n, t in tensors.items() if ".experts." not in n}
+    for i, lw in enumerate(model.layers):
+        assert lw.moe is not None and lw.gate_up is None
+        stacked[f"model.layers.{i}.mlp.experts.gate_up_proj"] = lw.moe.gate_up.contiguous()
+        stacked[f"model.layers.{i}.mlp.experts.down_proj"] = lw.moe.down.contiguous()
+    (tmp_path / "stacked").mkdir()
+    save_file(stacked, tmp_path / "stacked" / "model.safetensors")
+    (tmp_path / "stacked" / "config.json").write_text((moe_dir / "config.json").read_text())
+    for again in (load(tmp_path / "hf"), load(tmp_path / "stacked")):
+        assert again.config == model.config
+        for a, b in zip(model.hf_state_dict().values(), again.hf_state_dict().values()):
+            assert torch.equal(a, b)
+
+
+def test_unsupported_moe_features_are_refused_by_name(tmp_path):
+    hf = PRESETS["tiny-moe"].to_hf()
+    for field, value, words in [
+        ("shared_expert_intermediate_size", 64, "shared_expert_intermediate_size=64: shared experts"),
+        ("n_group", 2, "n_group=2: grouped top-k"),
+        ("scoring_func", "sigmoid", "scoring_func='sigmoid'"),
+    ]:
+        (tmp_path / "config.json").write_text(json.dumps({**hf, field: value}))
+        with pytest.raises(ModelError, match=words):
+            load(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**hf, "num_experts_per_tok": 9}))
+    with pytest.raises(ModelError, match="num_experts_per_tok=9 exceeds num_experts=8"):
+        load(tmp_path)
+
+
+def test_the_moe_engine_matches_transformers_while_eplb_moves_the_experts(moe_dir):
+    result = oracle.compare(moe_dir, PROMPTS, 10, settings=FORCING)
+    m = result.run.metrics
+    assert m["chunked_prefill_steps"] > 0 and m["prefix_cache_hits"] > 0 and m["preemptions"] > 0, m
+    assert result.ok, result.message
+    assert result.run.outputs == result.transformers_tokens
+    assert len({tuple(out) for out in result.run.outputs}) > 1  # the requests do not all say the same thing
+    # EPLB rearranged the experts mid-run: the placement changed, the tokens did not
+    assert m["eplb_rebalances"] >= 2 and m["eplb_slots_moved"] > 0, m
+    assert m["moe_physical_experts"] == 12 and m["moe_ep_ranks"] == 4
+    assert 0 < m["moe_balancedness_before"] <= m["moe_balancedness_after"] <= 1, m
+    fixed = engine.Engine(load(moe_dir), engine.reference_parts(), replace(FORCING, eplb_interval=0)).generate(PROMPTS, 10)
+    assert fixed.metrics["eplb_rebalances"] == 0 and fixed.metrics["eplb_slots_moved"] == 0
+    assert fixed.outputs == result.run.outputs
+    stages = {e["stage"]: e for e in result.run.trace}
+    assert stages["route top-k"]["chapter"] == "ch31" and stages["route top-k"]["shapes"].startswith("logits [")
+    assert stages["dispatch to ranks"]["fn"] == "dispatch" and "4 ranks of [" in stages["dispatch to ranks"]["shapes"]
+    assert {"combine to tokens", "expert (SwiGLU)", "EPLB load window"} <= set(stages)
+
+
+def test_dense_layers_of_a_moe_model_and_a_single_rank_match_too(tmp_path):
+    config = replace(PRESETS["tiny-moe"], num_hidden_layers=3, mlp_only_layers=(1,), norm_topk_prob=False)
+    folder = random_model(config, seed=2).save(tmp_path)
+    model = load(folder)
+    assert [lw.moe is not None for lw in model.layers] == [True, False, True]
+    result = oracle.compare(folder, PROMPTS[:3], 6, settings=replace(FORCING, expert_parallel_ranks=1))
+    assert result.ok, result.message
+    assert result.run.metrics["moe_ep_ranks"] == 1 and result.run.metrics["moe_balancedness"] == 1.0
+
+
+def _without_renormalising(router_logits, k, renormalize=True):
+    return ch31_moe_eplb.route_topk(router_logits, k, renormalize=False)
+
+
+def _concatenated(per_rank_outputs, handle, topk_weights):
+    """The mistake ch31's docstring warns of: the ranks' outputs in their physical order, summed k rows at a time."""
+    y = torch.cat(list(per_rank_outputs))
+    return (y.view(topk_weights.shape[0], topk_weights.shape[1], -1) * topk_weights[..., None]).sum(1).to(y.dtype)
+
+
+@pytest.mark.parametrize("name, wrong", [("route_topk", _without_renormalising), ("combine", _concatenated)], ids=["route_topk", "combine"])
+def test_a_wrong_ch31_function_is_named_by_step_and_layer(moe_dir, name, wrong):
+    parts = engine.reference_parts().replaced(**{name: wrong})
+    result = oracle.compare(moe_dir, PROMPTS[:2], 3, parts=parts, settings=FORCING)
+    assert not result.ok and result.divergence is not None
+    d = result.divergence
+    assert (d.step, d.kind, d.stage) == (1, "prefill", "decoder layer 0 (its output, the residual stream)"), d.message
+    assert "first divergence at step 1 (prefill, request 0" in result.message
+    assert result.run.sources[f"{'ch31.1' if name == 'route_topk' else 'ch31.2'} {name}"] == "override"
