@@ -122,3 +122,28 @@ def test_a_wrong_ch31_function_is_named_by_step_and_layer(moe_dir, name, wrong):
     assert (d.step, d.kind, d.stage) == (1, "prefill", "decoder layer 0 (its output, the residual stream)"), d.message
     assert "first divergence at step 1 (prefill, request 0" in result.message
     assert result.run.sources[f"{'ch31.1' if name == 'route_topk' else 'ch31.2'} {name}"] == "override"
+
+
+def test_a_students_ch31_runs_where_its_checks_pass(tmp_path):
+    from grader import chapters
+
+    source = (chapters.SOLUTIONS / "ch31_moe_eplb.py").read_text(encoding="utf-8")
+    renormalise = "        weights = weights / weights.sum(dim=-1, keepdim=True)\n"
+    assert renormalise in source
+    wrong = source.replace(renormalise, "        pass\n")  # never renormalises: ch31.1 fails, the rest passes
+    (tmp_path / "ch31_moe_eplb.py").write_text(wrong, encoding="utf-8")
+    parts = engine.student_parts(tmp_path)
+    sources = {label: s for label, s in parts.sources().items() if label.startswith("ch31")}
+    assert sources == {
+        "ch31.1 route_topk": "reference",
+        "ch31.2 dispatch": "yours",
+        "ch31.2 combine": "yours",
+        "ch31.3 rebalance_experts": "yours",
+        "ch31.3 balancedness": "yours",
+        "ch31.4 record_expert_load": "yours",
+    }
+    assert any(note.startswith("ch31: ch31.1 not passing") for note in parts.notes), parts.notes
+    model = load("tiny-moe")
+    theirs = engine.Engine(model, parts, FORCING).generate(PROMPTS, 6)
+    assert theirs.metrics["eplb_rebalances"] > 0
+    assert theirs.outputs == engine.Engine(model, engine.reference_parts(), FORCING).generate(PROMPTS, 6).outputs
