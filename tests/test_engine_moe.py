@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 import engine
 from engine import oracle
 from engine.core import Settings
-from engine.model import PRESETS, ModelError, load, random_model
+from engine.model import PRESETS, ModelConfig, ModelError, load, random_model
 from solutions import ch31_moe_eplb
 
 pytestmark = pytest.mark.slow  # transformers' model against the engine's, runs of a few seconds each
@@ -56,6 +56,23 @@ def test_a_saved_moe_preset_loads_back_and_transformers_forms_load_too(moe_dir, 
         assert again.config == model.config
         for a, b in zip(model.hf_state_dict().values(), again.hf_state_dict().values()):
             assert torch.equal(a, b)
+
+
+def test_a_qwen3_30b_a3b_config_reads_as_transformers_builds_it():
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    hf = {  # Qwen3-30B-A3B's widths, with one dense layer (mlp_only_layers) to count that path too
+        "model_type": "qwen3_moe",
+        **dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48, head_dim=128),
+        **dict(num_attention_heads=32, num_key_value_heads=4, num_experts=128, num_experts_per_tok=8),
+        **dict(moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[3]),
+        **dict(tie_word_embeddings=False, rope_theta=1e6, rope_scaling=None, router_aux_loss_coef=0.001),
+    }
+    config = ModelConfig.from_hf(hf)
+    assert config.is_moe and not config.is_moe_layer(3) and config.is_moe_layer(4)
+    with torch.device("meta"):  # no memory: only the parameters' shapes
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**{k: v for k, v in hf.items() if k not in ("model_type", "rope_theta")}))
+    assert config.num_parameters == sum(p.numel() for p in model.parameters())
 
 
 def test_unsupported_moe_features_are_refused_by_name(tmp_path):
