@@ -5,7 +5,8 @@ One layer of experts, for the step's N tokens (all ch31's graded functions but t
 1. router logits [N, E] with ch15's `linear`; ch31's `route_topk` keeps each token's k most probable
    experts (softmax over the experts, renormalised when the config's `norm_topk_prob`: Qwen3-MoE's rule);
 2. each (token, expert) choice picks one *physical* replica of its expert (below), and ch31's `dispatch`
-   sends the token's row to the rank that holds it, grouped by slot;
+   sends the token's row to the rank that holds it, grouped by slot (dispatch's "experts" are the P
+   physical slots, placed contiguously on the ranks as its contract says);
 3. every rank runs each of its slots' expert (ch20's `swiglu_mlp`) on that slot's rows;
 4. ch31's `combine` brings the outputs home and sums the k of each token, weighted by the routing weights.
 

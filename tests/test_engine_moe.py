@@ -110,14 +110,24 @@ def test_the_moe_engine_matches_transformers_while_eplb_moves_the_experts(moe_di
     assert {"combine to tokens", "expert (SwiGLU)", "EPLB load window"} <= set(stages)
 
 
-def test_dense_layers_of_a_moe_model_and_a_single_rank_match_too(tmp_path):
-    config = replace(PRESETS["tiny-moe"], num_hidden_layers=3, mlp_only_layers=(1,), norm_topk_prob=False)
+@pytest.mark.parametrize(
+    "layers, sparse_step, mlp_only, ranks",
+    [(3, 1, (1,), 1), (4, 2, (), 2)],
+    ids=["mlp_only_layers, one rank", "decoder_sparse_step 2, two ranks"],
+)
+def test_dense_layers_of_a_moe_model_match_too(tmp_path, layers, sparse_step, mlp_only, ranks):
+    config = replace(
+        PRESETS["tiny-moe"], num_hidden_layers=layers, decoder_sparse_step=sparse_step, mlp_only_layers=mlp_only, norm_topk_prob=False
+    )
     folder = random_model(config, seed=2).save(tmp_path)
     model = load(folder)
-    assert [lw.moe is not None for lw in model.layers] == [True, False, True]
-    result = oracle.compare(folder, PROMPTS[:3], 6, settings=replace(FORCING, expert_parallel_ranks=1))
+    moe = [i for i, lw in enumerate(model.layers) if lw.moe is not None]
+    assert moe == ([0, 2] if mlp_only else [1, 3])
+    result = oracle.compare(folder, PROMPTS[:3], 6, settings=replace(FORCING, expert_parallel_ranks=ranks))
     assert result.ok, result.message
-    assert result.run.metrics["moe_ep_ranks"] == 1 and result.run.metrics["moe_balancedness"] == 1.0
+    m = result.run.metrics
+    assert m["moe_ep_ranks"] == ranks and m["moe_physical_experts"] == 12 and m["eplb_rebalances"] > 0
+    assert (m["moe_balancedness"] == 1.0) == (ranks == 1)  # one rank is always balanced; two seldom are
 
 
 def _without_renormalising(router_logits, k, renormalize=True):
