@@ -6,22 +6,28 @@ runs transformers on each request's final tokens (prompt and the engine's comple
 teacher-forced, one full causal forward) and walks the engine's steps in order: at each
 step, for the positions that step computed, the embedding, every decoder layer's
 output (the residual stream), the final norm and the sampled logits must agree within
-the tolerance. The first stage that does not is reported with its step and layer.
-Separately, transformers' own greedy `generate` must give the engine's tokens exactly.
+the tolerance. The first stage that does not is reported with its step and layer. When
+that layer has experts, the comparison looks inside it: it runs the engine's router,
+ch31's route_topk and the engine's dispatch → experts → combine on transformers' own
+input to that layer's experts, and says which half disagrees (the routing, the experts,
+or neither: then the difference arose before them, in attention). Separately,
+transformers' own greedy `generate` must give the engine's tokens exactly.
 
 Needs the oracle extra (`pip install -e '.[oracle]'`); nothing is downloaded.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from engine.core import Engine, Run, Settings
-from engine.model import load
+from engine.model import Model, load
+from engine.moe import ExpertParallel, ExpertParallelSettings
 from engine.parts import Parts, reference_parts
 
 ATOL, RTOL = 1e-4, 1e-4
@@ -41,6 +47,8 @@ class Divergence:
     channel: int
     engine: float
     transformers: float
+    detail: str = ""
+    """Where inside the layer, when the comparison could tell (a layer of experts: its routing or its experts)."""
 
     @property
     def message(self) -> str:
@@ -49,7 +57,7 @@ class Divergence:
             f"first divergence at step {self.step} ({self.kind}, request {self.request}, positions "
             f"{self.positions[0]}–{self.positions[1]}), {self.stage}: at position {self.position}, {where} "
             f"{self.channel} the engine has {self.engine:.6g}, transformers {self.transformers:.6g} "
-            f"(|Δ| {abs(self.engine - self.transformers):.3g} > {ATOL:g} + {RTOL:g}·|x|)"
+            f"(|Δ| {abs(self.engine - self.transformers):.3g} > {ATOL:g} + {RTOL:g}·|x|)" + (f"; {self.detail}" if self.detail else "")
         )
 
 
@@ -92,11 +100,16 @@ def compare(
     """
     if settings.temperature != 0:
         raise ValueError("the comparison decodes greedily: use temperature 0")
-    model = load(folder)
-    run = Engine(model, parts or reference_parts(), settings).generate(prompts, max_tokens, probe=True)
+    model, parts = load(folder), parts or reference_parts()
+    run = Engine(model, parts, settings).generate(prompts, max_tokens, probe=True)
     hf = transformers_model(folder, moe=model.config.is_moe)
-    states = [_states(hf, prompt + out[:-1]) for prompt, out in zip(prompts, run.outputs)]
-    divergence, max_logit_diff = _first_divergence(run, states)
+    tokens = [prompt + out[:-1] for prompt, out in zip(prompts, run.outputs)]
+    divergence, max_logit_diff = _first_divergence(run, [_states(hf, t) for t in tokens])
+    layer = re.match(r"decoder layer (\d+) ", divergence.stage) if divergence else None
+    if divergence and layer and model.config.is_moe_layer(int(layer[1])):
+        first, last = divergence.positions
+        detail = _inside_experts(hf, model, parts, tokens[divergence.request], int(layer[1]), list(range(first, last + 1)))
+        divergence = replace(divergence, detail=detail)
     generated = []
     for prompt in prompts:
         ids = torch.tensor([prompt])
@@ -115,6 +128,50 @@ def transformers_model(folder: Path, *, moe: bool) -> Any:
     from transformers import Qwen3ForCausalLM
 
     return Qwen3ForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32).eval()
+
+
+@torch.inference_mode()
+def _inside_experts(hf: Any, model: Model, parts: Parts, tokens: list[int], layer: int, positions: list[int]) -> str:
+    """Which half of a diverging layer of experts is wrong: the engine's router and ch31's route_topk, then its
+    dispatch, experts and combine, each run on transformers' own input to that layer's experts and compared with
+    transformers' router and experts (so the layers before, and attention, are out of the question)."""
+    c, moe = model.config, model.layers[layer].moe
+    assert moe is not None  # a layer of experts
+    seen: dict[str, torch.Tensor] = {}
+    block = hf.model.layers[layer].mlp
+
+    def keep_block(module, args, output):
+        seen["x"], seen["y"] = args[0].reshape(-1, c.hidden_size), output.reshape(-1, c.hidden_size)
+
+    def keep_router(module, args, output):
+        seen["weights"], seen["ids"] = output[1], output[2]
+
+    hooks = [block.register_forward_hook(keep_block), block.gate.register_forward_hook(keep_router)]
+    try:
+        hf(torch.tensor([tokens]), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    x = seen["x"][positions].to(c.torch_dtype)
+    logits = parts.fn("linear")(x, moe.router)
+    ids, weights = parts.fn("route_topk")(logits, c.num_experts_per_tok, c.norm_topk_prob)
+    theirs, order, their_order = seen["ids"][positions], ids.argsort(dim=-1), seen["ids"][positions].argsort(dim=-1)
+    if not torch.equal(ids.gather(1, order), theirs.gather(1, their_order)):
+        return f"inside it, routing: on transformers' input ch31's route_topk chooses experts {_few(ids)}, transformers {_few(theirs)}"
+    w, their_w = weights.float().gather(1, order), seen["weights"][positions].float().gather(1, their_order)
+    if _first_bad(w, their_w):
+        return f"inside it, routing: the experts agree but ch31's route_topk weighs them {_few(w)}, transformers {_few(their_w)}"
+    call = lambda stage, name, *args, shapes=None: parts.fn(name)(*args)
+    out = ExpertParallel(c, ExpertParallelSettings(rebalance_interval=0), call).forward(layer, moe, x)
+    if _first_bad(out.float(), seen["y"][positions].float()):
+        return "inside it, the experts: routing agrees with transformers', the output of dispatch → experts → combine does not"
+    return "inside it, routing and experts agree with transformers' on its input: the difference comes before them (attention)"
+
+
+def _few(t: torch.Tensor, rows: int = 2) -> str:
+    """The first rows of a small tensor, floats to 3 decimals."""
+    values = [[round(v, 3) if isinstance(v, float) else v for v in row] for row in t[:rows].tolist()]
+    return str(values)[:-1] + (", …]" if t.shape[0] > rows else "]")
 
 
 @torch.inference_mode()

@@ -15,7 +15,7 @@ import engine
 from engine import oracle
 from engine.core import Settings
 from engine.model import PRESETS, ModelConfig, ModelError, load, random_model
-from solutions import ch31_moe_eplb
+from solutions import ch19_rope, ch31_moe_eplb
 
 pytestmark = pytest.mark.slow  # transformers' model against the engine's, runs of a few seconds each
 
@@ -140,15 +140,33 @@ def _concatenated(per_rank_outputs, handle, topk_weights):
     return (y.view(topk_weights.shape[0], topk_weights.shape[1], -1) * topk_weights[..., None]).sum(1).to(y.dtype)
 
 
-@pytest.mark.parametrize("name, wrong", [("route_topk", _without_renormalising), ("combine", _concatenated)], ids=["route_topk", "combine"])
-def test_a_wrong_ch31_function_is_named_by_step_and_layer(moe_dir, name, wrong):
+def _least_likely(router_logits, k, renormalize=True):
+    return ch31_moe_eplb.route_topk(-router_logits, k, renormalize)
+
+
+def _q_norm_too_strong(q, k, q_norm_weight, k_norm_weight, positions, base, eps=1e-6):
+    return ch19_rope.qk_norm_rope(q, k, q_norm_weight * 1.5, k_norm_weight, positions, base, eps)
+
+
+@pytest.mark.parametrize(
+    "name, wrong, label, inside",
+    [
+        ("route_topk", _without_renormalising, "ch31.1 route_topk", "inside it, routing: the experts agree but ch31's route_topk weighs"),
+        ("route_topk", _least_likely, "ch31.1 route_topk", "inside it, routing: on transformers' input ch31's route_topk chooses"),
+        ("combine", _concatenated, "ch31.2 combine", "inside it, the experts: routing agrees"),
+        ("qk_norm_rope", _q_norm_too_strong, "ch19.3 qk_norm_rope", "inside it, routing and experts agree"),
+    ],
+    ids=["weights", "experts", "combine", "attention"],
+)
+def test_a_wrong_function_is_named_by_step_layer_and_half_of_the_layer(moe_dir, name, wrong, label, inside):
     parts = engine.reference_parts().replaced(**{name: wrong})
     result = oracle.compare(moe_dir, PROMPTS[:2], 3, parts=parts, settings=FORCING)
     assert not result.ok and result.divergence is not None
     d = result.divergence
     assert (d.step, d.kind, d.stage) == (1, "prefill", "decoder layer 0 (its output, the residual stream)"), d.message
     assert "first divergence at step 1 (prefill, request 0" in result.message
-    assert result.run.sources[f"{'ch31.1' if name == 'route_topk' else 'ch31.2'} {name}"] == "override"
+    assert d.detail.startswith(inside) and d.detail in result.message, d.detail
+    assert result.run.sources[label] == "override"
 
 
 def test_a_students_ch31_runs_where_its_checks_pass(tmp_path):
