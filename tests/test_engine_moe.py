@@ -56,6 +56,11 @@ def test_a_saved_moe_preset_loads_back_and_transformers_forms_load_too(moe_dir, 
         assert again.config == model.config
         for a, b in zip(model.hf_state_dict().values(), again.hf_state_dict().values()):
             assert torch.equal(a, b)
+    # weights shipped in bfloat16 under a float32 config (as a small shipped model may be) compute in float32
+    save_file({n: t.to(torch.bfloat16) for n, t in stacked.items()}, tmp_path / "stacked" / "model.safetensors")
+    half = load(tmp_path / "stacked")
+    assert half.layers[0].moe is not None and half.layers[0].moe.gate_up.dtype == torch.float32
+    assert torch.equal(half.layers[0].moe.gate_up, model.layers[0].moe.gate_up.to(torch.bfloat16).float())
 
 
 def test_a_qwen3_30b_a3b_config_reads_as_transformers_builds_it():
