@@ -197,3 +197,25 @@ def test_a_students_ch31_runs_where_its_checks_pass(tmp_path):
     theirs = engine.Engine(model, parts, FORCING).generate(PROMPTS, 6)
     assert theirs.metrics["eplb_rebalances"] > 0
     assert theirs.outputs == engine.Engine(model, engine.reference_parts(), FORCING).generate(PROMPTS, 6).outputs
+
+
+REPEATING = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9, 7, 8, 9, 7, 8], list(range(1, 12)), [50, 51, 50, 51, 50]]
+"""Prompts whose ends recur in them: the n-gram drafter proposes from the first decode step on."""
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [replace(FORCING, num_blocks=12, speculative_tokens=3), replace(FORCING, num_blocks=None, async_scheduling=True)],
+    ids=["speculative", "async"],
+)
+def test_the_moe_engine_matches_transformers_speculating_and_scheduling_ahead(moe_dir, settings):
+    result = oracle.compare(moe_dir, REPEATING, 8, settings=settings)
+    assert result.ok, result.message
+    m = result.run.metrics
+    assert m["eplb_rebalances"] > 0 and m["eplb_slots_moved"] > 0, m
+    called = {label[:4] for label, n in result.run.calls.items() if n}
+    if settings.speculative_tokens:  # every chapter in one run but ch23's sampler (greedy: the engine's argmax)
+        assert m["draft_tokens"] > 0 and m["accepted_tokens"] > 0, m
+        assert called == {f"ch{n}" for n in range(15, 33)} - {"ch23"}, sorted(called)
+    for label in ("ch31.1 route_topk", "ch31.2 dispatch", "ch31.2 combine", "ch31.3 rebalance_experts", "ch31.4 record_expert_load"):
+        assert result.run.calls[label] > 0, label
