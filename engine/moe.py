@@ -194,7 +194,8 @@ class ExpertParallel:
         """EPLB: a new placement from the window's load [L, E]; balancedness before and after."""
         L, R, P = len(self.layers), self.num_ranks, self.num_slots
         measured = self.window.sum(0).view(L, R, P // R).sum(-1)
-        before = self.call("EPLB balancedness (before)", "balancedness", measured)
+        ran = lambda b: f"rank loads {_shape(measured)} as they ran → {b:.3f}"
+        before = self.call("EPLB balancedness", "balancedness", measured, shapes=ran)
         phy2log, log2phy, logcnt = self.call(
             "EPLB rebalance",
             "rebalance_experts",
@@ -206,7 +207,7 @@ class ExpertParallel:
             shapes=lambda out: f"load {_shape(load)} → phy2log {_shape(out[0])} on {R} ranks",
         )
         expected = (load.double() / logcnt).gather(1, phy2log).view(L, R, P // R).sum(-1)
-        after = self.call("EPLB balancedness (after)", "balancedness", expected)
+        after = self.call("EPLB balancedness", "balancedness", expected)
         self.slots_moved += int((phy2log != self.phy2log).sum())
         self._place(phy2log, log2phy, logcnt)
         self.window = torch.zeros_like(self.window)
@@ -221,7 +222,7 @@ class ExpertParallel:
         return {
             "moe_ep_ranks": self.num_ranks,
             "moe_physical_experts": self.num_slots,
-            "moe_balancedness": float(self.call("EPLB balancedness (run)", "balancedness", self.rank_load)),
+            "moe_balancedness": float(self.call("EPLB balancedness", "balancedness", self.rank_load)),
             "eplb_rebalances": self.rebalances,
             "moe_balancedness_before": self.balancedness_before,
             "moe_balancedness_after": self.balancedness_after,
