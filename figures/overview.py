@@ -40,6 +40,11 @@ LAYER_STAGES = (
     "o_proj",
     "post_attention_layernorm",
     "mlp (SwiGLU)",
+    "router logits",
+    "route top-k",
+    "dispatch to ranks",
+    "expert (SwiGLU)",
+    "combine to tokens",
 )
 
 
@@ -66,6 +71,14 @@ STAGE_NAMES = (
     mark("K/V slots by block table"),
     mark("query head → K/V head"),
     mark("mlp (SwiGLU)"),
+    mark("router logits"),
+    mark("route top-k"),
+    mark("dispatch to ranks"),
+    mark("expert (SwiGLU)"),
+    mark("combine to tokens"),
+    mark("EPLB load window"),
+    mark("EPLB balancedness"),
+    mark("EPLB rebalance"),
     mark("final norm"),
     mark("schedule"),
     mark("blocks (prefix cache)"),
