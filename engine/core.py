@@ -31,6 +31,10 @@ class Settings:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
     temperature: float = 0.0
+    top_k: int = 0
+    """Sample among the k most likely tokens only (ch23's process_logits); 0 turns it off."""
+    top_p: float = 1.0
+    """Sample among the most likely tokens that hold p of the probability (ch23's process_logits); 1 turns it off."""
     seed: int = 0
     speculative_tokens: int = 0
     """Drafts per decode step (n-gram prompt lookup, verified by ch32); 0 turns speculative decoding off."""
@@ -54,6 +58,10 @@ class Settings:
             raise ValueError(f"speculative_tokens must be an int ≥ 0; got {self.speculative_tokens!r}")
         if self.async_scheduling and self.speculative_tokens:
             raise ValueError("speculative decoding and async scheduling are not combined here: choose one")
+        if type(self.top_k) is not int or self.top_k < 0:
+            raise ValueError(f"top_k must be an int ≥ 0 (0 is off); got {self.top_k!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1 is off); got {self.top_p!r}")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be ≥ 0 (0 is greedy); got {self.temperature}")
 

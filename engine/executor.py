@@ -7,9 +7,10 @@ drafts. The metadata comes from the chapters: ch29's `prepare_inputs`, ch26's `v
 `logits_indices`; for the decode rows ch21's `decode_inputs` and ch26's padded decode buffers (`graph_batch_size`,
 `pad_decode_batch`, `fill_static_buffers`: the buffers a CUDA graph would replay on; the CPU runs no graph and reads
 their first rows); ch25's `slot_mapping` gives the slots each sequence's keys are read back from. The runner computes
-the logits; ch23's `sample` draws (temperature 0 is greedy argmax, as in vLLM, which samples greedily below a
-temperature of 1e-5, `_SAMPLING_EPS` in vllm/sampling_params.py; ch23's sampler has no greedy path, so this
-engine's greedy step is its own); ch32's `verify_draft` decides which drafts a speculative request keeps.
+the logits; ch23's `process_logits` applies the temperature, top-k and top-p and ch23's `sample` draws (temperature 0
+is greedy argmax, as in vLLM, which samples greedily below a temperature of 1e-5, `_SAMPLING_EPS` in
+vllm/sampling_params.py; ch23's sampler has no greedy path, so this engine's greedy step is its own); ch32's
+`verify_draft` decides which drafts a speculative request keeps.
 """
 
 from __future__ import annotations
@@ -312,8 +313,24 @@ class Executor:
                 )
             return tokens
         noise = torch.empty(logits.shape, dtype=torch.float32).exponential_(generator=self.generator)
-        temperature = torch.full((logits.shape[0],), t, dtype=torch.float32)
-        return self.runner.call("sample", "sample", logits, temperature, noise)
+        processed = self._processed(logits)
+        return self.runner.call("sample", "sample", processed, torch.ones(logits.shape[0]), noise)
+
+    def _processed(self, logits: torch.Tensor) -> torch.Tensor:
+        """ch23's process_logits: logits / temperature, then top-k and top-p (filtered entries −∞), as vLLM's sampler
+        does before it draws; `sample` then runs at temperature 1 on what it left."""
+        s = self.settings
+        temperature = torch.full((logits.shape[0],), s.temperature, dtype=torch.float32)
+        top_k, top_p = s.top_k or None, s.top_p if s.top_p < 1 else None
+        return self.runner.call(
+            "temperature, top-k, top-p",
+            "process_logits",
+            logits,
+            temperature,
+            top_k,
+            top_p,
+            shapes=lambda out: f"{shape(logits)} ÷ {s.temperature:g}, top-k {s.top_k or 'off'}, top-p {s.top_p:g} → {shape(out)}",
+        )
 
     def _verify(self, row: Row, logits: torch.Tensor) -> list[int]:
         """ch32's lossless rule over the drafts: the n-gram drafter is certain of its tokens (probability 1), the
@@ -325,7 +342,7 @@ class Executor:
         if t == 0:
             target = torch.zeros(k + 1, V).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
         else:
-            target = (logits / t).softmax(dim=-1)
+            target = self._processed(logits).softmax(dim=-1)
         drafts = torch.tensor(row.drafts, dtype=torch.int64)
         draft_probs = torch.zeros(k, V).scatter_(1, drafts[:, None], 1.0)
         uniforms = torch.rand(k, generator=self.generator)

@@ -41,6 +41,7 @@ USED: tuple[tuple[str, str], ...] = (
     ("ch20", "swiglu_mlp"),
     ("ch21", "decode_inputs"),
     ("ch22", "flash_attention"),
+    ("ch23", "process_logits"),
     ("ch23", "sample"),
     ("ch24", "Scheduler"),
     ("ch25", "slot_mapping"),

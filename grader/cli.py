@@ -829,6 +829,16 @@ def engine_group() -> None:
 )
 @click.option("--max-tokens", type=click.IntRange(min=1), default=16, show_default=True, help=mark("Completion tokens per request."))
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help=mark("0 is greedy."))
+@click.option(
+    "--top-k", type=click.IntRange(min=0), default=0, show_default=True, help=mark("Sample among the k most likely tokens (0: off).")
+)
+@click.option(
+    "--top-p",
+    type=click.FloatRange(min=0, max=1, min_open=True),
+    default=1.0,
+    show_default=True,
+    help=mark("Sample among the most likely tokens holding this much probability (1: off)."),
+)
 @click.option("--seed", type=int, default=0, show_default=True, help=mark("A preset's weights and the sampler's noise."))
 @click.option("--block-size", type=click.IntRange(min=2), default=16, show_default=True, help=mark("Tokens per KV block."))
 @click.option(
@@ -905,6 +915,8 @@ def engine_run(
     prompts_file: Path | None,
     max_tokens: int,
     temperature: float,
+    top_k: int,
+    top_p: float,
     seed: int,
     block_size: int,
     num_blocks: int | None,
@@ -953,6 +965,8 @@ def engine_run(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_batched_tokens,
             temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
             seed=seed,
             speculative_tokens=speculative_tokens,
             async_scheduling=async_scheduling,
