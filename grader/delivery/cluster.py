@@ -383,11 +383,11 @@ class Cluster:
         on_item: Callable[[Item, dict], None] | None,
         seconds: Callable[[Item], float],
         *,
-        task_function: Callable[[Task], str] = grade_task,
+        task_function: Callable[[Task], str] | None = None,
     ) -> None:
         """Grade `todo` on the cluster, writing each result into `out` as it arrives and telling `on_item(item,
-        row)` (in the order they finish). `task_function` is what the workers run (a trivial one measures the
-        client's own cost per item: tests/bench/grade_dask.py)."""
+        row)` (in the order they finish). `task_function` is what the workers run, `grade_task` unless told (a
+        trivial one measures the client's own cost per item: tests/bench/grade_dask.py)."""
         from distributed import as_completed
         from distributed.scheduler import KilledWorker
 
@@ -412,7 +412,9 @@ class Cluster:
             nonlocal counter
             counter += 1
             key = f"course-grade-{os.getpid()}-{counter}"
-            future = self.client.submit(task_function, task, key=key, pure=False, workers=self.allowed(), allow_other_workers=False)
+            future = self.client.submit(
+                task_function or grade_task, task, key=key, pure=False, workers=self.allowed(), allow_other_workers=False
+            )
             running[future] = (item, attempt, task)
             finished.add(future)
 
