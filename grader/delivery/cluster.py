@@ -397,7 +397,7 @@ class Cluster:
         lang = language()
         pending = collections.deque((item, 0) for item in todo)
         running: dict[Any, tuple[Item, int, Task]] = {}
-        finished = as_completed(loop=self.client.loop)
+        finished = as_completed(loop=self.client.loop, with_results=True, raise_errors=False)  # results fetched as they end
         counter = 0
 
         def done(item: Item, result: dict) -> None:
@@ -446,10 +446,9 @@ class Cluster:
                     send(item, attempt, task)
                 if not running:
                     continue
-                future = next(finished)
+                future, text = next(finished)
                 item, attempt, task = running.pop(future)
                 if future.status == "finished":
-                    text = future.result()
                     future.release()
                     try:
                         refused = json.loads(text) if isinstance(text, str) and text.startswith('{"refused"') else None
