@@ -49,7 +49,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeGuard
 
 from grader import chapters
 from grader.delivery import grade as grading
@@ -68,7 +68,7 @@ STATUSES = ("passed", "blocked", "not implemented", "incomplete", "failed", "err
 WINDOW_MIN, WINDOW_EVERY = 32, 2.0
 """Items sent ahead: four per worker thread, at least WINDOW_MIN (counted again every WINDOW_EVERY seconds), so
 that the client holds few answers in memory and a worker that joins gets work at once."""
-CONNECT_TIMEOUT = 60.0
+CONNECT_TIMEOUT = 30.0
 """Seconds to reach the scheduler and for a first worker to join it."""
 FINGERPRINTED = ("grader", "solutions", "figures")
 """The course's folders whose files decide a grade: the checks (hidden ones included), the reference, the figures."""
@@ -237,14 +237,12 @@ def parse_result(text: object, item: Item) -> tuple[dict, dict[str, str], str, f
         raise BadResult(tr("not a JSON object"))
     worker, seconds = data.get("worker"), data.get("seconds")
     doc, figures = data.get("doc"), data.get("figures")
-    if not isinstance(worker, str) or len(worker) > 300 or not isinstance(seconds, (int, float)) or not _number(seconds):
+    if not isinstance(worker, str) or len(worker) > 300 or not _number(seconds):
         raise BadResult(tr("no worker address or time"))
     if not isinstance(doc, dict) or doc.get("chapter") != item.chapter:
         raise BadResult(tr("no results document of {chapter}", chapter=item.chapter))
     score, max_score, status, tests = doc.get("score"), doc.get("max_score"), doc.get("status"), doc.get("tests")
-    if not (isinstance(score, (int, float)) and isinstance(max_score, (int, float)) and _number(score) and _number(max_score)) or not (
-        0 <= score <= max_score
-    ):
+    if not (_number(score) and _number(max_score) and 0 <= score <= max_score):
         raise BadResult(tr("its score is not a number from 0 to the maximum"))
     if status not in STATUSES or (status == "error") != isinstance(doc.get("error"), str):
         raise BadResult(tr("its status is not one of the grader's"))
@@ -260,7 +258,8 @@ def parse_result(text: object, item: Item) -> tuple[dict, dict[str, str], str, f
     return doc, figures, worker, float(seconds)
 
 
-def _number(x: object) -> bool:
+def _number(x: object) -> TypeGuard[float]:
+    """A JSON number that is one (not a boolean, not NaN or infinite)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
@@ -314,11 +313,13 @@ class Cluster:
         inputs as here, and the sandbox `sandbox` (a kind, or None for none). GradeError when no worker is fit."""
         try:
             from distributed import Client
+            from distributed.comm import get_address_host_port
         except ImportError as e:
             raise GradeError(tr("--scheduler needs dask.distributed: pip install 'course[grading]' ({error})", error=e)) from None
         try:
+            get_address_host_port(address)  # before a Client, which would hang at exit over an address it cannot use
             client = Client(address, timeout=CONNECT_TIMEOUT, set_as_default=False)
-        except OSError as e:
+        except (OSError, ValueError) as e:  # unreachable (a timeout is an OSError), or no address
             raise GradeError(tr("cannot reach the scheduler at {address}: {error}", address=address, error=e)) from None
         try:
             try:

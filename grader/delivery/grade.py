@@ -51,7 +51,9 @@ results.json's messages, on the terminal, in summary.md and feedback.html; in gr
 a spreadsheet would run as a formula (starting with = + - @) starts with a single quote instead.
 
 The job processes are plain processes of this one, each grading one item at a time (a
-process that dies is replaced). Each keeps all its temporary files (the submission it
+process that dies is replaced); with `scheduler`, a Dask cluster's workers grade instead, each item
+as a job process would (`grade_answer`), and this process writes what they send back
+(`grader.delivery.cluster`). Each keeps all its temporary files (the submission it
 grades, what `grader.run.check` and the sandbox make) in one folder of its own, which
 the run removes when the process dies and when the run ends, also when it is interrupted
 (Ctrl-C, SIGTERM).
