@@ -172,8 +172,8 @@ def grade_task(task: Task) -> str:
         if why:
             return json.dumps({"refused": why, "worker": worker.address, "identity": me})
         set_language(task.lang)
-        scratch = tempfile.mkdtemp(prefix="course-grade-", dir=worker.local_directory)
-        os.chmod(scratch, 0o711)  # as a local job's folder
+        scratch = tempfile.mkdtemp(prefix="course-grade-")  # where a local job's goes (TMPDIR, /tmp)
+        os.chmod(scratch, 0o711)  # as a local job's: a sandbox of kind "uid" reaches its own folder inside
         partial = Path(scratch) / "result"
         partial.mkdir()
         item = task.item
