@@ -82,7 +82,7 @@ class LocalDask:
         self.procs.append(proc)
         return proc
 
-    def add_worker(self, name: str) -> None:
+    def add_worker(self, name: str, **env: str) -> None:
         folder = self.root / name
         folder.mkdir(exist_ok=True)
         n = len(self.client.scheduler_info(n_workers=-1)["workers"])
@@ -100,12 +100,16 @@ class LocalDask:
                 "--local-directory",
                 str(folder),
             ],
-            TMPDIR=str(folder),  # its gradings' folders: `grading` sees them
+            **{"TMPDIR": str(folder), **env},  # its gradings' folders: `grading` sees them
         )
         self.client.wait_for_workers(n + 1, timeout=120)
 
     def kill(self, name: str) -> None:
+        """Kill worker `name` and its nanny; return once the scheduler knows it is gone."""
         os.killpg(self.workers.pop(name).pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and name in {w["name"] for w in self.client.scheduler_info(n_workers=-1)["workers"].values()}:
+            time.sleep(0.1)
 
     def grading(self, name: str) -> bool:
         """Whether worker `name` is grading an item now (its scratch folder is there)."""
@@ -210,6 +214,29 @@ def test_a_rerun_after_the_client_was_killed_resumes_without_grading_anything_tw
     assert {p: (p.stat().st_ino, p.read_bytes()) for p in before} == before  # kept, not graded again
     same_results(out, local, students)
     assert not list(out.glob("*/.*.partial-*"))
+
+
+def test_a_worker_of_other_hidden_checks_is_refused_by_name_and_the_others_grade(dask_cluster, tmp_path):
+    other = tmp_path / "course"  # the same course, but one hidden check changed
+    for folder in ("grader", "solutions", "figures", "exercises"):
+        shutil.copytree(chapters.ROOT / folder, other / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(other / "grader" / "hidden" / "ch17.py", "a") as f:
+        f.write("\n# another version of the hidden checks\n")
+    dask_cluster.add_worker("w-other", PYTHONPATH=str(other))
+    try:
+        (address,) = (a for a, w in dask_cluster.client.scheduler_info(n_workers=-1)["workers"].items() if w["name"] == "w-other")
+        subs = tmp_path / "subs"
+        for student in ("ada", "bo"):
+            write(subs / student, CH17.filename, SOLUTION17)
+        notes: list[str] = []
+        result = grade(subs, [CH17], tmp_path / "out", seed=1, scheduler=dask_cluster.address, sandbox=SANDBOX, on_note=notes.append)
+    finally:
+        dask_cluster.kill("w-other")
+    version = cluster_module.course_version()
+    ((note,),) = [notes]
+    assert note.startswith(f"worker {address} refused: it has course {version} (grading inputs ")
+    assert f"this client course {version} (grading inputs {cluster_module.fingerprint()[:12]})" in note
+    assert [r["status"] for r in result.rows] == ["passed", "passed"] and address not in result.workers
 
 
 def test_a_worker_of_another_course_is_refused_by_name(dask_cluster, tmp_path, monkeypatch):

@@ -348,9 +348,20 @@ class Cluster:
 
     def vet(self) -> list[tuple[str, dict]]:
         """Ask every worker what it is; refuse (and say so, once) those unfit. The fit ones, with their identity."""
-        answers = self.client.run(identity, self.sandbox)
+        answers = self.client.run(identity, self.sandbox, on_error="return")
         fit = []
         for worker, theirs in sorted(answers.items()):
+            if not isinstance(theirs, dict):  # it could not even say (a course without this module, say)
+                error = _short(theirs) if isinstance(theirs, BaseException) else type(theirs).__name__
+                self.refuse(
+                    worker,
+                    tr(
+                        "worker {worker} refused: it cannot say which course it has ({error}); install the same course there",
+                        worker=worker,
+                        error=error,
+                    ),
+                )
+                continue
             why = refusal(worker, theirs, self.ours)
             if why:
                 self.refuse(worker, why)
