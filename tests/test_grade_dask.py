@@ -20,6 +20,7 @@ from test_grade import CH17, SANDBOX, SOLUTION17, hang, write
 
 from grader import chapters
 from grader.delivery import cluster as cluster_module
+from grader.delivery import grade as grade_module
 from grader.delivery.cluster import MAX_FIGURE, BadResult, parse_result, refusal
 from grader.delivery.grade import GradeError, Item, grade
 
@@ -262,6 +263,17 @@ def test_a_submission_that_kills_every_worker_it_meets_is_one_error_row(dask_clu
     assert row["status"].startswith("error: the workers grading this submission died each time (KilledWorker")
     assert json.loads((out / "killer" / "ch17" / "results.json").read_text())["retry"] is True  # a rerun grades it
     dask_cluster.client.wait_for_workers(2, timeout=120)  # their nannies start them again
+
+
+def test_a_worker_past_the_items_deadline_ends_itself_and_the_item_is_one_error_row(dask_cluster, tmp_path, monkeypatch):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    write(subs / "slow", CH17.filename, SOLUTION17)
+    monkeypatch.setattr(grade_module, "ITEM_SLACK", -1e6)  # every item's deadline long past: each worker ends at once
+    result = grade(subs, [CH17], out, seed=1, scheduler=dask_cluster.address, sandbox=SANDBOX)
+    (row,) = result.rows
+    assert row["status"].startswith("error: the workers grading this submission died each time (KilledWorker")
+    dask_cluster.client.wait_for_workers(2, timeout=120)
+    assert any("grading took over" in log.read_text() for log in dask_cluster.root.glob("worker-*.log"))
 
 
 def test_a_worker_killed_mid_item_costs_nothing(graded_locally, dask_cluster, tmp_path):
