@@ -72,6 +72,9 @@ CONNECT_TIMEOUT = 30.0
 """Seconds to reach the scheduler and for a first worker to join it."""
 FINGERPRINTED = ("grader", "solutions", "figures")
 """The course's folders whose files decide a grade: the checks (hidden ones included), the reference, the figures."""
+FINGERPRINTED_KINDS = (".py", ".po", ".json", ".woff2")
+"""The files among them that do: code, the messages' translations, recorded answers, the figures' fonts (not an
+editor's backup or the lab's page)."""
 
 
 # -- what each side is ---------------------------------------------------------------------------------------
@@ -87,13 +90,14 @@ def course_version() -> str:
 
 @functools.cache
 def fingerprint() -> str:
-    """The SHA-256 of the grading inputs: every file under `FINGERPRINTED` (compiled files aside), by path and
-    content. Two machines grade alike when their fingerprints are equal."""
+    """The SHA-256 of the grading inputs: every file of `FINGERPRINTED_KINDS` under `FINGERPRINTED` (hidden files
+    and __pycache__ aside), by path and content. Two machines grade alike when their fingerprints are equal."""
     digest = hashlib.sha256()
     for top in FINGERPRINTED:
         base = chapters.ROOT / top
         for path in sorted(base.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            inside = path.relative_to(base).parts
+            if path.suffix in FINGERPRINTED_KINDS and path.is_file() and not any(p.startswith(".") or p == "__pycache__" for p in inside):
                 digest.update(str(path.relative_to(chapters.ROOT)).encode() + b"\0")
                 digest.update(hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()
