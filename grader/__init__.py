@@ -25,8 +25,9 @@ inside `isolation/sandbox.py`'s sandbox when it is somebody else's code (its uid
 The other ways in, in delivery/: `stubs.py` (solutions/ → exercises/), `release.py` (the student package and
 the nbgrader course), `notebook.py` (chapter notebooks, graded cell by cell), `grade.py` (a whole class,
 with `layout.py` and `submission.py` reading what students handed in, `summary.py` its report,
-`gradebook.py` nbgrader's gradebook, `seeds.py` each student's grading seed), `gradescope.py` (the autograder
-bundle, which finds the answer by the same `layout.py` and checks its uid boundary with `uidprobe.py`),
+`gradebook.py` nbgrader's gradebook, `seeds.py` each student's grading seed, `cluster.py` the same on a Dask
+cluster's workers), `gradescope.py` (the autograder bundle, which finds the answer by the same `layout.py` and
+checks its uid boundary with `uidprobe.py`),
 `feedback.py` (what a graded student gets back: a page with the figures inline, and Gradescope's HTML output),
 `doctor.py` (`course doctor`: what this installation can do), `files.py` (writing only where the grader chose),
 `escape.py` (every text a submission chose, such as a name, a message quoting its values or what its code

@@ -494,6 +494,14 @@ def grade_line(row: dict) -> str:
     ),
 )
 @click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help=mark("Submissions graded at once."))
+@click.option(
+    "--scheduler",
+    metavar="ADDRESS",
+    help=mark(
+        "Grade on a running Dask cluster (tcp://HOST:PORT of its scheduler; needs course[grading]) instead of --jobs "
+        "local processes: each worker grades in its own sandbox, the results come back here (see the README)."
+    ),
+)
 @click.option("--force", is_flag=True, help=mark("Grade again what OUT already holds (with a new secret unless --seed)."))
 @click.option(
     "--seed",
@@ -527,6 +535,7 @@ def grade(
     nbgrader_course: Path | None,
     out: Path | None,
     jobs: int,
+    scheduler: str | None,
     force: bool,
     seed: int | None,
     time_limit: float,
@@ -564,7 +573,7 @@ def grade(
     assert submissions is not None and out is not None
     choose.for_grading()  # a grading machine's locale is its container's: the course's language instead
     bar = None
-    tty = sys.stdout.isatty()
+    tty = sys.stdout.isatty() if not scheduler else sys.stderr.isatty()  # on a cluster the bar is on stderr
 
     def plan(n: int, total: int, how: str) -> None:
         nonlocal bar
@@ -575,7 +584,7 @@ def grade(
         else:
             click.echo(tr("{n} of {total} chapter submissions to grade", n=n, total=total))
         if tty and n:
-            bar = click.progressbar(length=n, label=tr("grading")).__enter__()
+            bar = click.progressbar(length=n, label=tr("grading"), file=sys.stderr if scheduler else None).__enter__()
 
     def item(r: dict) -> None:
         if bar:
@@ -583,11 +592,16 @@ def grade(
         else:
             click.echo(grade_line(r))
 
+    def note(text: str) -> None:
+        click.echo(tr("note: {note}", note=escape.terminal(text)), err=True)
+
+    cluster = dict(scheduler=scheduler, on_note=note) if scheduler else {}
     try:
         result = grade_class(
             submissions,
             list(chapter_names),
             out,
+            **cluster,
             jobs=jobs,
             force=force,
             seed=seed,
@@ -620,6 +634,20 @@ def grade(
             )
         )
         result = result.graded
+    for worker, did in result.workers.items():
+        student, chapter, slowest = did["slowest"]
+        click.echo(
+            tr(
+                "worker {worker}: {n} graded in {seconds:.1f} s ({mean:.2f} s each; slowest {student}/{chapter}, {slowest:.1f} s)",
+                worker=escape.terminal(worker),
+                n=did["items"],
+                seconds=did["seconds"],
+                mean=did["seconds"] / did["items"],
+                student=escape.terminal(student),
+                chapter=chapter,
+                slowest=slowest,
+            )
+        )
     click.echo(f"{result.count_line()} · {escape.terminal(out / 'grades.csv')}, {escape.terminal(out / 'summary.md')}")
 
 

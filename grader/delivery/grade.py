@@ -51,7 +51,9 @@ results.json's messages, on the terminal, in summary.md and feedback.html; in gr
 a spreadsheet would run as a formula (starting with = + - @) starts with a single quote instead.
 
 The job processes are plain processes of this one, each grading one item at a time (a
-process that dies is replaced). Each keeps all its temporary files (the submission it
+process that dies is replaced); with `scheduler`, a Dask cluster's workers grade instead, each item
+as a job process would (`grade_answer`), and this process writes what they send back
+(`grader.delivery.cluster`). Each keeps all its temporary files (the submission it
 grades, what `grader.run.check` and the sandbox make) in one folder of its own, which
 the run removes when the process dies and when the run ends, also when it is interrupted
 (Ctrl-C, SIGTERM).
@@ -324,23 +326,31 @@ def _grade(item: Item, config: _Config) -> dict:
 
 def _document(item: Item, config: _Config, partial: Path) -> dict:
     from grader.delivery.submission import SubmissionError
-    from grader.run import check
 
-    ch = chapters.find(item.chapter)
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     try:
         answer = read_item(item)
     except SubmissionError as e:
         return error_doc(item, str(e), seed=config.seeds[item.student])
+    return grade_answer(item, answer.source, config, partial)
+
+
+def grade_answer(item: Item, source: bytes, config: _Config, partial: Path) -> dict:
+    """The results document of an item whose answer (`source`, read by `read_item`) is graded here, in the
+    sandbox `config` names, its figures drawn into the folder `partial`. A job process runs it, and so does
+    a cluster's worker (`grader.delivery.cluster`), which gets the answer's bytes from the client."""
+    from grader.run import check
+
+    ch = chapters.find(item.chapter)
     inbox = Path(tempfile.mkdtemp(prefix="inbox-", dir=config.scratch))
     try:
-        (inbox / ch.filename).write_bytes(answer.source)
+        (inbox / ch.filename).write_bytes(source)
         limits = config.limits[ch.id]
         report = check(
             ch.id,
             submission=inbox,
-            source=answer.source,
+            source=source,
             hidden=True,
             seed=config.seeds[item.student],
             figures_dir=partial / "figures",
@@ -649,6 +659,8 @@ class ClassResult:
     out: Path
     skipped: list[str] = field(default_factory=list)
     """The entries that are no students (names starting with a dot), as shown: not counted anywhere."""
+    workers: dict[str, dict] = field(default_factory=dict)
+    """On a cluster (`scheduler`): which worker graded what and how long each took (`Cluster.summary`)."""
 
     def count_line(self) -> str:
         """What `course grade` ends with: the results, adding up, and what was skipped (names escaped for
@@ -684,6 +696,8 @@ def grade(
     sandbox: bool | str | None = True,
     on_plan: Callable[[int, int, str], None] | None = None,
     on_item: Callable[[dict], None] | None = None,
+    scheduler: str | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> ClassResult:
     """Grade every student's chapters; write results, grades.csv and the class summary into `out`.
 
@@ -693,10 +707,22 @@ def grade(
     how they are isolated; `on_item(row)` hears the grades row of each item graded now, in the
     order of grades.csv (alphabetically by student), each as soon as it and every row before it
     are written (`InOrder`).
+
+    `scheduler`: the address of a Dask scheduler (tcp://HOST:PORT) whose workers grade instead of `jobs`
+    local job processes (`grader.delivery.cluster`): the same results, the sandbox made on each worker;
+    `on_note(text)` hears each worker refused (another course version, no sandbox).
     """
     out = Path(out)
+    cluster = None
     try:
-        kind, how = _sandbox(sandbox)
+        if scheduler:
+            from grader.delivery.cluster import Cluster
+
+            wanted = ("bwrap" if sandbox is True else sandbox) or None
+            cluster = Cluster.connect(scheduler, wanted, on_note)
+            kind, how = wanted, cluster.how
+        else:
+            kind, how = _sandbox(sandbox)
         out.mkdir(parents=True, exist_ok=True)
         items = find_items(Path(submissions), chosen)
         seeds, limits = _state(out, seed, force, chosen, time_limit, sorted({i.student for i in items if i.recorded}))
@@ -716,17 +742,24 @@ def grade(
 
         if todo:
             config = dict(out=str(out), seeds=seeds, limits=limits, memory_limit=memory_limit, sandbox=kind)
-            _run_jobs(todo, max(1, min(jobs, len(todo))), config, out, InOrder(todo, on_item) if on_item else None, seconds)
+            ordered = InOrder(todo, on_item) if on_item else None
+            if cluster:
+                cluster.grade(todo, config, out, ordered, seconds)
+            else:
+                _run_jobs(todo, max(1, min(jobs, len(todo))), config, out, ordered, seconds)
         docs = [_doc_of(out, i, seeds.get(i.student)) for i in items]
     finally:
         _close_dirs()
+        if cluster:
+            cluster.close()
     rows = [row(i.student, d) for i, d in zip(items, docs)]
     _write_atomic(out / "grades.csv", _csv(rows))
     summary = summarize(items, chosen, docs)
     _write_atomic(out / "summary.json", escape.json_document(json.dumps(summary, ensure_ascii=False, indent=1)))
     _write_atomic(out / HISTOGRAM, histogram_svg(summary))
     _write_atomic(out / "summary.md", summary_markdown(summary, histogram=HISTOGRAM))
-    return ClassResult(rows, len(todo), how, out, sorted({_text(i.student) for i in items if not i.recorded}))
+    skipped = sorted({_text(i.student) for i in items if not i.recorded})
+    return ClassResult(rows, len(todo), how, out, skipped, cluster.summary() if cluster else {})
 
 
 class InOrder:
