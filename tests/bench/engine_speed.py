@@ -224,12 +224,7 @@ def run_generate(hf, work: Workload, pad_id: int = 0) -> Timing:
     completions = [row[width : width + n] for row, n in zip(out.tolist(), work.max_tokens)]
     decode_steps = out.shape[1] - width - 1
     return Timing(
-        seconds,
-        completions,
-        len(work.prompts) * (width + decode_steps),
-        decode_steps,
-        0,
-        [b - a for a, b in zip(stamps, stamps[1:])],
+        seconds, completions, len(work.prompts) * (width + decode_steps), decode_steps, 0, [b - a for a, b in zip(stamps, stamps[1:])]
     )
 
 
@@ -261,8 +256,10 @@ def bench(name: str, config: ModelConfig, repeats: int, bandwidth: float) -> dic
 def report(rows: list[dict], bandwidth: float, repeats: int) -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, greedy, medians of {repeats}")
     print(f"memory bandwidth (sum of 1 GiB): {bandwidth / 1e9:.1f} GB/s\n")
-    print("| shape | weights | side | wall s | output tok/s | ratio | computed tokens | decode steps | prefix hits "
-          "| decode step ms | bound ms | of bound |")
+    print(
+        "| shape | weights | side | wall s | output tok/s | ratio | computed tokens | decode steps | prefix hits "
+        "| decode step ms | bound ms | of bound |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         c, work = row["config"], row["work"]
