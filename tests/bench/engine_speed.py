@@ -31,10 +31,15 @@ alternates too), after one warm-up run each; the table gives medians. Per shape 
 prints wall time and output tokens/s of each side and their ratio; the work each did:
 tokens computed (engine: its `computed_tokens`; generate: batch × padded prompt + batch
 × decode steps), decode steps, prefix-cache hits; and decode against this machine's
-bound: the weights a decode step must read (every linear and the LM head; the
-embedding lookup reads only rows) over the memory bandwidth measured here (sum of a
-1 GiB tensor) is the fastest possible decode step, and the fraction of it each side
-achieved (median decode step). The tokens of the two must be identical.
+bound. A decode step of B rows must read every weight once (every linear and the LM
+head; the embedding lookup reads only B rows) and multiply B rows by them (2·B
+flops per weight; attention's flops left out), so it takes at least
+max(bytes / bandwidth, flops / peak), with the memory bandwidth (sum of a 1 GiB tensor)
+and the matrix-multiply peak (the best of a few large float32 GEMMs) measured here, with
+the threads the two sides use. "of bound" is that least time summed over the run's
+decode steps, over the decode steps' measured time. On one core, a batch of 32 rows is
+already compute-bound at the 0.6B shape (the LM head alone is 10 GFLOP a step), so the
+table shows both limits. The tokens of the two must be identical.
 """
 
 from __future__ import annotations
@@ -95,7 +100,8 @@ class Timing:
     computed_tokens: int
     decode_steps: int
     prefix_hits: int
-    decode_step_seconds: list[float]
+    decode: list[tuple[float, int]]
+    """Every decode step: (seconds, rows)."""
 
 
 def workload(vocab_size: int, seed: int = 1) -> Workload:
@@ -115,6 +121,26 @@ def workload(vocab_size: int, seed: int = 1) -> Workload:
     return Workload(prompts, max_tokens)
 
 
+@dataclass
+class Machine:
+    bandwidth: float
+    """bytes per second read from memory"""
+    peak: float
+    """float32 flops per second of a large matrix multiply"""
+
+
+def gemm_peak(repeats: int = 3) -> float:
+    """Float32 flops per second of this process's best large matrix multiply ([512, 2048] · [2048, 2048])."""
+    a, b = torch.randn(512, 2048), torch.randn(2048, 2048)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * 512 * 2048 * 2048 / best
+
+
 def memory_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
     """Bytes per second this process reads from memory: the best of `repeats` sums of a `gib` GiB float32 tensor
     (with the threads torch uses here, as the two sides do)."""
@@ -128,17 +154,25 @@ def memory_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
     return x.numel() * 4 / best
 
 
-def decode_bytes(c: ModelConfig) -> int:
-    """Bytes of weights one decode step reads: every layer's weights, the final norm and the LM head (the embedding
-    lookup reads B rows only; with tied embeddings the LM head is the embedding matrix, read once)."""
+def decode_weights(c: ModelConfig) -> int:
+    """Weights one decode step reads: every layer's, the final norm and the LM head (the embedding lookup reads B
+    rows only; with tied embeddings the LM head is the embedding matrix, read once)."""
     untied_embedding = 0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size
-    return (c.num_parameters - untied_embedding) * torch.empty((), dtype=c.torch_dtype).element_size()
+    return c.num_parameters - untied_embedding
 
 
-def engine_parts(max_tokens: list[int], kinds: list[bool]) -> Parts:
+def decode_bound(c: ModelConfig, rows: int, machine: Machine) -> float:
+    """The least seconds a decode step of `rows` rows can take here: its weight bytes over the bandwidth, or its
+    matrix flops (2 per weight per row) over the GEMM peak, whichever is more."""
+    weights = decode_weights(c)
+    weight_bytes = weights * torch.empty((), dtype=c.torch_dtype).element_size()
+    return max(weight_bytes / machine.bandwidth, 2 * rows * weights / machine.peak)
+
+
+def engine_parts(max_tokens: list[int], kinds: list[tuple[bool, int]]) -> Parts:
     """The reference parts, with two instruments that change no function that runs: the Sequence class the scheduler
     builds requests with gets each request's own max_tokens (`Engine.generate` takes one for all), and the
-    Scheduler records whether each step is a prefill (True) or a decode (False)."""
+    Scheduler records whether each step is a prefill (True) or a decode (False), and its batch size."""
     parts = engine.reference_parts()
     scheduler_part = parts["Scheduler"]
     sequence = scheduler_part.companion
@@ -150,7 +184,7 @@ def engine_parts(max_tokens: list[int], kinds: list[bool]) -> Parts:
     class Recording(scheduler_part.fn):  # type: ignore[misc, name-defined]
         def schedule(self):
             batch, is_prefill = super().schedule()
-            kinds.append(is_prefill)
+            kinds.append((is_prefill, len(batch)))
             return batch, is_prefill
 
     max_tokens_of = dict(enumerate(max_tokens))
@@ -160,7 +194,7 @@ def engine_parts(max_tokens: list[int], kinds: list[bool]) -> Parts:
 
 
 def run_engine(model: Model, work: Workload) -> Timing:
-    kinds: list[bool] = []
+    kinds: list[tuple[bool, int]] = []
     stamps: list[float] = []
     settings = engine.Settings(block_size=BLOCK_SIZE, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS)
     eng = engine.Engine(model, engine_parts(work.max_tokens, kinds), settings)
@@ -176,7 +210,7 @@ def run_engine(model: Model, work: Workload) -> Timing:
         m["computed_tokens"],
         m["decode_steps"],
         m["prefix_cache_hits"],
-        [s for s, prefill in zip(steps, kinds) if not prefill],
+        [(s, rows) for s, (prefill, rows) in zip(steps, kinds) if not prefill],
     )
 
 
@@ -224,18 +258,26 @@ def run_generate(hf, work: Workload, pad_id: int = 0) -> Timing:
     completions = [row[width : width + n] for row, n in zip(out.tolist(), work.max_tokens)]
     decode_steps = out.shape[1] - width - 1
     return Timing(
-        seconds, completions, len(work.prompts) * (width + decode_steps), decode_steps, 0, [b - a for a, b in zip(stamps, stamps[1:])]
+        seconds,
+        completions,
+        len(work.prompts) * (width + decode_steps),
+        decode_steps,
+        0,
+        [(b - a, len(work.prompts)) for a, b in zip(stamps, stamps[1:])],
     )
 
 
-def median_timing(runs: list[Timing]) -> Timing:
-    """The run of median wall time, with the median decode step over all runs."""
-    mid = sorted(runs, key=lambda t: t.seconds)[len(runs) // 2]
-    steps = [s for t in runs for s in t.decode_step_seconds]
-    return replace(mid, decode_step_seconds=[statistics.median(steps)] if steps else [])
+def median_run(runs: list[Timing]) -> Timing:
+    """The run of median wall time."""
+    return sorted(runs, key=lambda t: t.seconds)[len(runs) // 2]
 
 
-def bench(name: str, config: ModelConfig, repeats: int, bandwidth: float) -> dict:
+def of_bound(t: Timing, c: ModelConfig, machine: Machine) -> float:
+    """The least time of the run's decode steps over their measured time."""
+    return sum(decode_bound(c, rows, machine) for _, rows in t.decode) / sum(s for s, _ in t.decode)
+
+
+def bench(name: str, config: ModelConfig, repeats: int) -> dict:
     model = random_model(config, seed=0)
     work = workload(config.vocab_size)
     hf = hf_twin(model)
@@ -247,32 +289,38 @@ def bench(name: str, config: ModelConfig, repeats: int, bandwidth: float) -> dic
         for side, fn, m, runs in order if r % 2 == 0 else order[::-1]:
             runs.append(fn(m, work))
             print(f"  {name} repeat {r + 1}/{repeats} {side}: {runs[-1].seconds:.2f} s", file=sys.stderr, flush=True)
-    e, g = median_timing(engine_runs), median_timing(hf_runs)
+    e, g = median_run(engine_runs), median_run(hf_runs)
     same = sum(a == b for a, b in zip(e.outputs, g.outputs))
-    fastest_step = decode_bytes(config) / bandwidth
-    return {"name": name, "config": config, "work": work, "engine": e, "generate": g, "same": same, "fastest_step": fastest_step}
+    return {"name": name, "config": config, "work": work, "engine": e, "generate": g, "same": same}
 
 
-def report(rows: list[dict], bandwidth: float, repeats: int) -> None:
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, greedy, medians of {repeats}")
-    print(f"memory bandwidth (sum of 1 GiB): {bandwidth / 1e9:.1f} GB/s\n")
+def report(row: dict, machine: Machine, repeats: int) -> None:
+    """One shape's Markdown table."""
+    c, work = row["config"], row["work"]
     print(
-        "| shape | weights | side | wall s | output tok/s | ratio | computed tokens | decode steps | prefix hits "
-        "| decode step ms | bound ms | of bound |"
+        f"### {row['name']}: {c.num_hidden_layers} layers, hidden {c.hidden_size}, vocab {c.vocab_size}, "
+        f"{decode_weights(c) / 1e6:.1f} M weights read per decode step; {len(work.prompts)} requests, "
+        f"{sum(map(len, work.prompts))} prompt tokens, {work.output_tokens} output tokens; medians of {repeats}\n"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        c, work = row["config"], row["work"]
-        for side in ("engine", "generate"):
-            t: Timing = row[side]
-            ratio = row["generate"].seconds / row["engine"].seconds if side == "engine" else 1.0
-            step = t.decode_step_seconds[0] if t.decode_step_seconds else float("nan")
-            print(
-                f"| {row['name']} ({c.num_hidden_layers} layers) | {decode_bytes(c) / 1e6:.0f} MB | {side} | {t.seconds:.2f} | "
-                f"{work.output_tokens / t.seconds:.0f} | {ratio:.2f}× | {t.computed_tokens} | {t.decode_steps} | "
-                f"{t.prefix_hits} | {step * 1e3:.1f} | {row['fastest_step'] * 1e3:.1f} | {row['fastest_step'] / step:.0%} |"
-            )
-        print(f"| {row['name']} | same tokens: {row['same']}/{len(work.prompts)} requests |||||||||||", flush=True)
+    print(
+        "| side | wall s | output tok/s | speed-up | computed tokens | decode steps | rows / decode step | prefix hits "
+        "| decode step ms (median) | of bound |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for side in ("engine", "generate"):
+        t: Timing = row[side]
+        rows = sum(r for _, r in t.decode) / max(len(t.decode), 1)
+        print(
+            f"| {side} | {t.seconds:.2f} | {work.output_tokens / t.seconds:.1f} | "
+            f"{row['generate'].seconds / t.seconds:.2f}× | {t.computed_tokens} | {t.decode_steps} | {rows:.1f} | "
+            f"{t.prefix_hits} | {statistics.median(s for s, _ in t.decode) * 1e3:.1f} | {of_bound(t, c, machine):.0%} |"
+        )
+    bound32 = decode_bound(c, len(work.prompts), machine)
+    print(
+        f"\nsame tokens: {row['same']}/{len(work.prompts)} requests; a decode step of {len(work.prompts)} rows takes at "
+        f"least {bound32 * 1e3:.1f} ms here (memory alone: {decode_bound(c, 0, machine) * 1e3:.1f} ms)\n",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -281,15 +329,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per side (medians)")
     parser.add_argument("--large-layers", type=int, default=28, help="layers of the 0.6B-class shape (Qwen3-0.6B: 28)")
     args = parser.parse_args()
-    bandwidth = memory_bandwidth()
+    machine = Machine(memory_bandwidth(), gemm_peak())
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, greedy; measured here: memory "
+        f"{machine.bandwidth / 1e9:.1f} GB/s, GEMM {machine.peak / 1e9:.1f} GFLOP/s\n"
+    )
     shapes = [("small", SMALL)]
     if not args.skip_large:
         shapes.append(("qwen3-0.6b", replace(PRESETS["qwen3-0.6b-shape"], num_hidden_layers=args.large_layers)))
-    rows = []
     for name, config in shapes:
-        rows.append(bench(name, config, args.repeats, bandwidth))
-        report(rows[-1:], bandwidth, args.repeats)
-        print()
+        report(bench(name, config, args.repeats), machine, args.repeats)
 
 
 if __name__ == "__main__":
