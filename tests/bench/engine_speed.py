@@ -28,10 +28,12 @@ Each side is run as its user would run it:
 
 Each repeat runs the engine and transformers alternately (the first of the pair
 alternates too), after one warm-up run each; the table gives medians. Per shape it
-prints wall time and output tokens/s of each side and their ratio; the work each did:
-tokens computed (engine: its `computed_tokens`; generate: batch × padded prompt + batch
-× decode steps), decode steps, prefix-cache hits; and decode against this machine's
-bound. A decode step of B rows must read every weight once (every linear and the LM
+prints wall time and output tokens/s of each side, the speed-up (the median over the
+repeats of generate's time over the engine's in the same repeat, which a machine whose
+load changes between repeats disturbs least), the work each did (tokens computed,
+engine: its `computed_tokens`, generate: batch × padded prompt + batch × decode steps;
+decode steps; rows per decode step; prefix-cache hits), and decode against this
+machine's bound. A decode step of B rows must read every weight once (every linear and the LM
 head; the embedding lookup reads only B rows) and multiply B rows by them (2·B
 flops per weight; attention's flops left out), so it takes at least
 max(bytes / bandwidth, flops / peak), with the memory bandwidth (sum of a 1 GiB tensor)
@@ -291,7 +293,8 @@ def bench(name: str, config: ModelConfig, repeats: int) -> dict:
             print(f"  {name} repeat {r + 1}/{repeats} {side}: {runs[-1].seconds:.2f} s", file=sys.stderr, flush=True)
     e, g = median_run(engine_runs), median_run(hf_runs)
     same = sum(a == b for a, b in zip(e.outputs, g.outputs))
-    return {"name": name, "config": config, "work": work, "engine": e, "generate": g, "same": same}
+    ratio = statistics.median(h.seconds / e.seconds for e, h in zip(engine_runs, hf_runs))
+    return {"name": name, "config": config, "work": work, "engine": e, "generate": g, "same": same, "ratio": ratio}
 
 
 def report(row: dict, machine: Machine, repeats: int) -> None:
@@ -307,12 +310,12 @@ def report(row: dict, machine: Machine, repeats: int) -> None:
         "| decode step ms (median) | of bound |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for side in ("engine", "generate"):
+    for side, speedup in (("engine", row["ratio"]), ("generate", 1.0)):
         t: Timing = row[side]
         rows = sum(r for _, r in t.decode) / max(len(t.decode), 1)
         print(
             f"| {side} | {t.seconds:.2f} | {work.output_tokens / t.seconds:.1f} | "
-            f"{row['generate'].seconds / t.seconds:.2f}× | {t.computed_tokens} | {t.decode_steps} | {rows:.1f} | "
+            f"{speedup:.2f}× | {t.computed_tokens} | {t.decode_steps} | {rows:.1f} | "
             f"{t.prefix_hits} | {statistics.median(s for s, _ in t.decode) * 1e3:.1f} | {of_bound(t, c, machine):.0%} |"
         )
     bound32 = decode_bound(c, len(work.prompts), machine)
