@@ -107,19 +107,18 @@ class Timing:
 
 
 def workload(vocab_size: int, seed: int = 1) -> Workload:
-    """The mixed workload, drawn from `seed`: token ids uniform over the vocabulary; the shared prefix is followed
-    by at least one token of the request's own (a prompt of 65 or more tokens)."""
+    """The mixed workload, drawn from `seed`: lengths and max_tokens first (the same for every vocabulary), then
+    token ids uniform over the vocabulary; the shared prefix is followed by at least one token of the request's
+    own (a prompt of 65 or more tokens)."""
     rng = random.Random(seed)
+    shared_first = max(PROMPT_LENS[0], SHARED_LEN + 1)
+    lengths = [rng.randint(shared_first if i % SHARED_EVERY == 0 else PROMPT_LENS[0], PROMPT_LENS[1]) for i in range(REQUESTS)]
+    max_tokens = [rng.randint(*MAX_TOKENS) for _ in range(REQUESTS)]
     shared = [rng.randrange(vocab_size) for _ in range(SHARED_LEN)]
-    prompts, max_tokens = [], []
-    for i in range(REQUESTS):
-        if i % SHARED_EVERY == 0:
-            n = rng.randint(max(PROMPT_LENS[0], SHARED_LEN + 1), PROMPT_LENS[1])
-            prompts.append(shared + [rng.randrange(vocab_size) for _ in range(n - SHARED_LEN)])
-        else:
-            n = rng.randint(*PROMPT_LENS)
-            prompts.append([rng.randrange(vocab_size) for _ in range(n)])
-        max_tokens.append(rng.randint(*MAX_TOKENS))
+    prompts = []
+    for i, n in enumerate(lengths):
+        head = shared if i % SHARED_EVERY == 0 else []
+        prompts.append(head + [rng.randrange(vocab_size) for _ in range(n - len(head))])
     return Workload(prompts, max_tokens)
 
 
@@ -329,6 +328,7 @@ def report(row: dict, machine: Machine, repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-large", action="store_true", help="only the small shape")
+    parser.add_argument("--skip-small", action="store_true", help="only the 0.6B-class shape")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per side (medians)")
     parser.add_argument("--large-layers", type=int, default=28, help="layers of the 0.6B-class shape (Qwen3-0.6B: 28)")
     args = parser.parse_args()
@@ -337,7 +337,7 @@ def main() -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, greedy; measured here: memory "
         f"{machine.bandwidth / 1e9:.1f} GB/s, GEMM {machine.peak / 1e9:.1f} GFLOP/s\n"
     )
-    shapes = [("small", SMALL)]
+    shapes = [] if args.skip_small else [("small", SMALL)]
     if not args.skip_large:
         shapes.append(("qwen3-0.6b", replace(PRESETS["qwen3-0.6b-shape"], num_hidden_layers=args.large_layers)))
     for name, config in shapes:
