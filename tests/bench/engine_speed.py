@@ -1,12 +1,12 @@
 """Benchmark (not a test): the course engine against transformers' `generate` on a mixed workload, same tokens.
 
-Run:  .venv/bin/python tests/bench/engine_speed.py [--skip-large] [--repeats N] [--large-layers L]
+Run:  .venv/bin/python tests/bench/engine_speed.py [--skip-large | --skip-small] [--repeats N] [--large-layers L]
 Needs the oracle extra (transformers). Issue 25, item 3: 32 requests, prompt lengths
 16–256, `max_tokens` 8–64, every 4th request opening with the same 64 tokens (a shared
 system prompt), seeded; greedy, float32, on the CPU, random weights, two shapes:
 
 - `small` (vocab 8192, hidden 256, 4 layers, 8 query / 4 KV heads of 64): a step's matrix
-  work (about 5 M weights, 21 MB read per decode step, more than the L2 cache) is of the
+  work (6 M weights, 24 MB read per decode step, more than the L2 cache) is of the
   same order as the Python work of the ~20 chapter calls per layer, so both the per-step
   overhead and the real work show; `tiny` (34 k weights) measures only the overhead.
 - `qwen3-0.6b` (Qwen3-0.6B's widths: vocab 151936, hidden 1024, 16 / 8 heads of 128),
@@ -33,8 +33,8 @@ repeats of generate's time over the engine's in the same repeat, which a machine
 load changes between repeats disturbs least), the work each did (tokens computed,
 engine: its `computed_tokens`, generate: batch × padded prompt + batch × decode steps;
 decode steps; rows per decode step; prefix-cache hits), and decode against this
-machine's bound. A decode step of B rows must read every weight once (every linear and the LM
-head; the embedding lookup reads only B rows) and multiply B rows by them (2·B
+machine's bound. A decode step of B rows must read every weight once (every linear and
+the LM head; the embedding lookup reads only B rows) and multiply B rows by them (2·B
 flops per weight; attention's flops left out), so it takes at least
 max(bytes / bandwidth, flops / peak), with the memory bandwidth (sum of a 1 GiB tensor)
 and the matrix-multiply peak (the best of a few large float32 GEMMs) measured here, with
