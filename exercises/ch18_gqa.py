@@ -114,8 +114,8 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         torch.Size([3, 4, 8])
     """
     _check_qkv(q, k, v, causal)
-    # TODO(ch18.2): your code here (about 10 lines)
-    raise NotImplementedError("ch18.2 gqa_attention: not implemented yet (about 10 lines)")
+    # TODO(ch18.2): your code here (about 11 lines)
+    raise NotImplementedError("ch18.2 gqa_attention: not implemented yet (about 11 lines)")
 
 
 def kv_cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, num_tokens: int, dtype_bytes: int) -> int:

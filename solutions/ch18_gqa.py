@@ -120,10 +120,11 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     scale = d ** -0.5 if scale is None else scale
     # Rows of group g of K/V head j: [Hkv, group·T, d], ordered (query head in group, token).
     qg = q.reshape(T, Hkv, group, d).permute(1, 2, 0, 3).reshape(Hkv, group * T, d)
-    scores = (qg @ k.permute(1, 2, 0)) * scale                      # [Hkv, group·T, S]; K is never copied
+    scores = (qg @ k.permute(1, 2, 0)).mul_(scale)                  # [Hkv, group·T, S]; K is never copied
     if causal:
-        allowed = torch.arange(S) <= torch.arange(T)[:, None] + (S - T)    # [T, S], aligned to the end
-        scores = scores.view(Hkv, group, T, S).masked_fill(~allowed, float("-inf")).view(Hkv, group * T, S)
+        if T > 1:                                                    # a decode step's one query sees every key
+            allowed = torch.arange(S) <= torch.arange(T)[:, None] + (S - T)    # [T, S], aligned to the end
+            scores = scores.view(Hkv, group, T, S).masked_fill_(~allowed, float("-inf")).view(Hkv, group * T, S)
     out = scores.softmax(dim=-1) @ v.permute(1, 0, 2)               # [Hkv, group·T, d]
     return out.view(Hkv, group, T, d).permute(2, 0, 1, 3).reshape(T, Hq, d)
     ### END SOLUTION

@@ -88,27 +88,49 @@ def test_check_all_times_every_chapter_then_the_whole_course(tmp_path):
 
 
 # -- engine_speed.py ----------------------------------------------------------------------------------------------
-def test_engine_speed_prompts_have_the_sizes_asked_and_its_cases_name_presets():
-    assert {name for name, *_ in engine_speed.CASES} <= set(engine_speed.PRESETS)
-    name = engine_speed.CASES[0][0]
-    model, prompts = engine_speed.inputs(name, 3, 5)
-    assert len(prompts) == 3 and {len(p) for p in prompts} == {5}, "equal lengths: transformers batches them unpadded"
-    assert all(0 <= t < model.config.vocab_size for p in prompts for t in p)
-    assert len({tuple(p) for p in prompts}) == 3, "different prompts"
-    assert engine_speed.inputs(name, 3, 5)[1] == prompts, "the same prompts on every run"
+def test_engine_speeds_workload_is_issue_25s_mixed_one():
+    work = engine_speed.workload(1000)
+    lo, hi = engine_speed.PROMPT_LENS
+    assert len(work.prompts) == len(work.max_tokens) == 32
+    assert all(lo <= len(p) <= hi for p in work.prompts) and len({len(p) for p in work.prompts}) > 16, "mixed lengths"
+    assert all(engine_speed.MAX_TOKENS[0] <= n <= engine_speed.MAX_TOKENS[1] for n in work.max_tokens)
+    assert all(0 <= t < 1000 for p in work.prompts for t in p)
+    shared = {tuple(p[: engine_speed.SHARED_LEN]) for p in work.prompts[:: engine_speed.SHARED_EVERY]}
+    assert len(shared) == 1 and all(len(p) > engine_speed.SHARED_LEN for p in work.prompts[:: engine_speed.SHARED_EVERY])
+    assert len({tuple(p[:8]) for p in work.prompts}) > 8, "the others do not share it"
+    assert engine_speed.workload(1000) == work, "the same workload on every run"
+    assert [len(p) for p in engine_speed.workload(151936).prompts] == [len(p) for p in work.prompts], "at every shape"
+
+
+def test_engine_speed_gives_every_request_its_own_max_tokens_and_times_each_decode_step():
+    model = engine_speed.random_model(engine_speed.PRESETS["tiny"], seed=0)
+    work = engine_speed.Workload([[1, 2, 3], [4, 5, 6, 7, 8], [9] * 20], [2, 5, 3])
+    run = engine_speed.run_engine(model, work)
+    assert [len(out) for out in run.outputs] == [2, 5, 3]
+    assert run.decode_steps == 4 == len(run.decode), "one prefill step, then decodes until the longest is done"
+    assert [rows for _, rows in run.decode] == [3, 2, 1, 1], "a finished request leaves the batch"
+    assert run.computed_tokens == 28 + 4 + 3
+    config = model.config
+    machine = engine_speed.Machine(bandwidth=1e9, peak=1e9)
+    weights = engine_speed.decode_weights(config)
+    assert engine_speed.decode_bound(config, 1, machine) == max(4 * weights, 2 * weights) / 1e9
+    assert engine_speed.decode_bound(config, 32, machine) == 64 * weights / 1e9
 
 
 @pytest.mark.slow  # importing transformers takes seconds
-def test_engine_speeds_transformers_twin_holds_the_engines_weights():
+def test_engine_speeds_generate_runs_the_engines_weights_padded_and_cuts_each_completion():
     pytest.importorskip("transformers")
-    model, prompts = engine_speed.inputs("tiny", 2, 4)
+    model = engine_speed.random_model(engine_speed.PRESETS["tiny"], seed=0)
     hf = engine_speed.hf_twin(model)  # asserts that every weight found its place
     theirs = hf.state_dict()
     for key, value in model.hf_state_dict().items():
         assert torch.equal(theirs[key], value), key
-    with torch.inference_mode():
-        logits = hf(torch.tensor(prompts)).logits
-    assert logits.shape == (2, 4, model.config.vocab_size)
+    work = engine_speed.Workload([[1, 2, 3], [4, 5, 6, 7, 8], [9] * 20], [2, 5, 3])
+    run = engine_speed.run_generate(hf, work)
+    assert [len(out) for out in run.outputs] == [2, 5, 3]
+    assert run.decode_steps == 4 == len(run.decode) and {rows for _, rows in run.decode} == {3}, "every row decodes"
+    assert run.computed_tokens == 3 * 20 + 3 * 4, "padding included"
+    assert run.outputs == engine_speed.run_engine(model, work).outputs
 
 
 # -- flash.py -----------------------------------------------------------------------------------------------------
