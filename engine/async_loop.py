@@ -84,7 +84,7 @@ class AsyncLoop(Loop):
     def admit(self, core: Any) -> None:
         for seq in self.seqs:
             prompt = list(seq.token_ids)
-            request = {"request_id": seq.seq_id, "prompt_token_ids": prompt, "sampling_params": self.sampling}
+            request = {"request_id": seq.seq_id, "prompt_token_ids": prompt, "sampling_params": self.sampling_of(seq)}
             try:
                 self.records[seq.seq_id] = self._lower(request, seq.seq_id == self.traced_id, "admit", "admit the request")[0]
             except ValueError as e:

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from engine.runner import ModelRunner, Step
 
 PREFILL, CHUNK, DECODE = "prefill", "chunk", "decode"
+FLASH_BLOCK = 128
+"""Rows per query and key tile of ch22's FlashAttention (flash-attn's own tiles are 64–128 rows; on a CPU a larger
+tile means fewer Python iterations, the same values)."""
 
 
 def path_of(num_new: int, num_cached: int) -> str:
@@ -51,8 +54,8 @@ def attend(runner: ModelRunner, layer: int, q: torch.Tensor, k: torch.Tensor, v:
         read.append(slots)
     if read:
         index = torch.cat(read)
-        k_read = runner.k_cache[layer].flatten(0, 1)[index]  # [keys read, Hkv, d]
-        v_read = runner.v_cache[layer].flatten(0, 1)[index]
+        k_read = runner.k_cache[layer].flatten(0, 1).index_select(0, index)  # [keys read, Hkv, d]
+        v_read = runner.v_cache[layer].flatten(0, 1).index_select(0, index)
     trace, traced = runner.trace, runner.trace.on
     outs = []
     for b, path in enumerate(step.paths):
@@ -78,6 +81,9 @@ def _prefill(runner: ModelRunner, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             q[:, h],
             k[:, kv],
             v[:, kv],
+            True,
+            FLASH_BLOCK,
+            FLASH_BLOCK,
             shapes=lambda r: f"head {h} ← K/V head {kv}: q {_dims(q[:, 0])} · k {_dims(k[:, 0])} → out {_dims(r[0])} + lse",
         )
         heads.append(out)

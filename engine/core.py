@@ -102,7 +102,7 @@ class Engine:
     def generate(
         self,
         prompts: list[list[int]],
-        max_tokens: int,
+        max_tokens: int | list[int],
         *,
         trace_request: int = 0,
         probe: bool = False,
@@ -112,7 +112,8 @@ class Engine:
 
         Args:
             prompts: token-id lists, each non-empty, ids in [0, vocab_size).
-            max_tokens: completion tokens per request (≥ 1).
+            max_tokens: completion tokens per request (≥ 1): one for all, or one per prompt (as vLLM takes sampling
+                parameters per request).
             trace_request: the request whose path the trace (and the overview figure) follows.
             probe: keep every stage's values of every step (for the comparison with transformers).
             on_step: called after each step with (tokens generated so far, tokens at most).
@@ -120,9 +121,9 @@ class Engine:
         Raises:
             EngineError: bad prompts, a pool too small for some request, or two chapters that disagree.
         """
-        self._validate(prompts, max_tokens)
+        limits = self._validate(prompts, max_tokens)
         kind = AsyncLoop if self.settings.async_scheduling else Loop
-        loop = kind(self.model, self.parts, self.settings, prompts, max_tokens, trace_request, probe)
+        loop = kind(self.model, self.parts, self.settings, prompts, limits, trace_request, probe)
         if self.model.config.is_moe:
             s, runner = self.settings, loop.executor.runner
             ep = ExpertParallelSettings(num_ranks=s.expert_parallel_ranks, rebalance_interval=s.eplb_interval)
@@ -166,14 +167,19 @@ class Engine:
             calls=dict(loop.trace.calls),
         )
 
-    def _validate(self, prompts: list[list[int]], max_tokens: int) -> None:
+    def _validate(self, prompts: list[list[int]], max_tokens: int | list[int]) -> list[int]:
+        """Each prompt's max_tokens, once the prompts and limits are checked."""
         c = self.model.config
-        if type(max_tokens) is not int or max_tokens < 1:
-            raise EngineError(f"max_tokens must be a positive int; got {max_tokens!r}")
         if not prompts:
             raise EngineError("no prompts: give a JSON list of token-id lists")
-        for i, p in enumerate(prompts):
+        limits = [max_tokens] * len(prompts) if not isinstance(max_tokens, list) else list(max_tokens)
+        if len(limits) != len(prompts):
+            raise EngineError(f"{len(limits)} max_tokens for {len(prompts)} prompts: give one, or one per prompt")
+        for i, (p, m) in enumerate(zip(prompts, limits)):
+            if type(m) is not int or m < 1:
+                raise EngineError(f"max_tokens must be a positive int; got {m!r}")
             if not isinstance(p, list) or not p or not all(type(t) is int and 0 <= t < c.vocab_size for t in p):
                 raise EngineError(f"prompt {i} must be a non-empty list of token ids in [0, {c.vocab_size})")
-            if len(p) + max_tokens > c.max_position_embeddings:
-                raise EngineError(f"prompt {i}: {len(p)} + {max_tokens} tokens exceed max_position_embeddings {c.max_position_embeddings}")
+            if len(p) + m > c.max_position_embeddings:
+                raise EngineError(f"prompt {i}: {len(p)} + {m} tokens exceed max_position_embeddings {c.max_position_embeddings}")
+        return limits

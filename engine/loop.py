@@ -38,11 +38,11 @@ class Loop:
     """One generate call's state: ch24's scheduler over ch25's blocks, the executor, the requests, what is counted."""
 
     def __init__(
-        self, model: Model, parts: Any, settings: Any, prompts: list[list[int]], max_tokens: int, trace_request: int, probe: bool
+        self, model: Model, parts: Any, settings: Any, prompts: list[list[int]], max_tokens: list[int], trace_request: int, probe: bool
     ) -> None:
         self.model, self.parts, self.settings = model, parts, settings
         c, s, bs = model.config, settings, settings.block_size
-        num_blocks = s.num_blocks or sum(-(-(len(p) + max_tokens + s.speculative_tokens) // bs) for p in prompts)
+        num_blocks = s.num_blocks or sum(-(-(len(p) + m + s.speculative_tokens) // bs) for p, m in zip(prompts, max_tokens))
         self.trace = Trace()
         self.probes: list[dict] | None = [] if probe else None
         self.counts = dict.fromkeys(
@@ -66,7 +66,9 @@ class Loop:
         self.blocks = PagedBlocks(parts.fn("BlockManager")(num_blocks, bs), parts["BlockManager"].companion, num_blocks, bs)
         self.scheduler.block_manager = self.blocks  # the course's scheduler holds its allocator as state
         sequence = parts["Scheduler"].companion
-        self.seqs = [sequence(p, max_tokens=max_tokens, ignore_eos=c.eos_token_id is None, seq_id=i) for i, p in enumerate(prompts)]
+        self.seqs = [
+            sequence(p, max_tokens=m, ignore_eos=c.eos_token_id is None, seq_id=i) for i, (p, m) in enumerate(zip(prompts, max_tokens))
+        ]
         self.traced = self.seqs[trace_request]
         self.traced_id = trace_request
         self.records: dict[int, np.ndarray] = {}
@@ -74,11 +76,11 @@ class Loop:
         self.scheduler_part = "Scheduler"
         self.executor = Executor(self, num_blocks=num_blocks)
         self.chunk_times: list[list[float]] = [[] for _ in prompts]
-        self.sampling = {"temperature": float(s.temperature), "max_tokens": max_tokens, "seed": s.seed}
+        self.sampling = {"temperature": float(s.temperature), "top_p": float(s.top_p), "top_k": s.top_k, "seed": s.seed}
         self.start = time.perf_counter()
         self.on_step: Callable[[int, int], None] | None = None
-        self.total = len(prompts) * max_tokens
-        self.max_steps = sum(len(p) + max_tokens for p in prompts) * 4 + 100
+        self.total = sum(max_tokens)
+        self.max_steps = sum(len(p) + m for p, m in zip(prompts, max_tokens)) * 4 + 100
 
     # -- admission --------------------------------------------------------------------------------------------------
 
@@ -86,7 +88,7 @@ class Loop:
         """Lower each request (ch30) and add it to ch27's core and ch24's scheduler."""
         for seq in self.seqs:
             prompt = list(seq.token_ids)
-            request = {"request_id": seq.seq_id, "prompt_token_ids": prompt, "sampling_params": self.sampling}
+            request = {"request_id": seq.seq_id, "prompt_token_ids": prompt, "sampling_params": self.sampling_of(seq)}
             try:
                 record, ids, positions = self._lower(request, seq.seq_id == self.traced.seq_id, "admit", "admit the request")
             except ValueError as e:
@@ -102,6 +104,10 @@ class Loop:
                 self.scheduler.add(seq)
             except ValueError as e:
                 raise EngineError(f"request {seq.seq_id}: {e} (raise --num-blocks)") from None
+
+    def sampling_of(self, seq: Any) -> dict:
+        """The request's sampling parameters, as ch30's lowering takes them."""
+        return {**self.sampling, "max_tokens": seq.max_tokens}
 
     def cached(self, seq: Any) -> int:
         """Tokens of `seq` the prefix cache served when it was last admitted."""

@@ -16,9 +16,8 @@ Each side is run as its user would run it:
 - the engine with the reference chapter functions, `max_num_seqs` 32 (the whole workload
   in flight) and a `max_num_batched_tokens` budget of 2048 (a long prompt is chunked, a
   prefill step's activations stay a few MB per layer; later admissions find the shared
-  prefix already hashed, so prefix-cache hits happen). `Engine.generate` takes one
-  `max_tokens` for all requests, so the bench hands the scheduler each request's own
-  (through the Sequence class it builds them with; the functions that run are unchanged).
+  prefix already hashed, so prefix-cache hits happen), each request with its own
+  `max_tokens` (as vLLM and nano-vllm take sampling parameters per request).
 - transformers' `Qwen3ForCausalLM.generate` (SDPA attention, its dynamic KV cache) called
   once with all 32 prompts, left-padded to the longest with an attention mask: one
   `generate` call takes one `max_new_tokens`, so a user batching requests of different
@@ -170,17 +169,11 @@ def decode_bound(c: ModelConfig, rows: int, machine: Machine) -> float:
     return max(weight_bytes / machine.bandwidth, 2 * rows * weights / machine.peak)
 
 
-def engine_parts(max_tokens: list[int], kinds: list[tuple[bool, int]]) -> Parts:
-    """The reference parts, with two instruments that change no function that runs: the Sequence class the scheduler
-    builds requests with gets each request's own max_tokens (`Engine.generate` takes one for all), and the
-    Scheduler records whether each step is a prefill (True) or a decode (False), and its batch size."""
+def engine_parts(kinds: list[tuple[bool, int]]) -> Parts:
+    """The reference parts, with an instrument that changes no function that runs: the Scheduler records whether each
+    step is a prefill (True) or a decode (False), and its batch size."""
     parts = engine.reference_parts()
     scheduler_part = parts["Scheduler"]
-    sequence = scheduler_part.companion
-
-    def own_max_tokens(token_ids: list[int], max_tokens: int = 64, ignore_eos: bool = False, seq_id: int | None = None):
-        assert seq_id is not None
-        return sequence(token_ids, max_tokens=max_tokens_of[seq_id], ignore_eos=ignore_eos, seq_id=seq_id)
 
     class Recording(scheduler_part.fn):  # type: ignore[misc, name-defined]
         def schedule(self):
@@ -188,9 +181,8 @@ def engine_parts(max_tokens: list[int], kinds: list[tuple[bool, int]]) -> Parts:
             kinds.append((is_prefill, len(batch)))
             return batch, is_prefill
 
-    max_tokens_of = dict(enumerate(max_tokens))
     swapped = {p.name: p for p in parts}
-    swapped["Scheduler"] = replace(scheduler_part, fn=Recording, companion=own_max_tokens)
+    swapped["Scheduler"] = replace(scheduler_part, fn=Recording)
     return Parts(swapped, parts.notes)
 
 
@@ -198,10 +190,10 @@ def run_engine(model: Model, work: Workload) -> Timing:
     kinds: list[tuple[bool, int]] = []
     stamps: list[float] = []
     settings = engine.Settings(block_size=BLOCK_SIZE, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS)
-    eng = engine.Engine(model, engine_parts(work.max_tokens, kinds), settings)
+    eng = engine.Engine(model, engine_parts(kinds), settings)
     start = time.perf_counter()
     stamps.append(start)
-    run = eng.generate(work.prompts, max(work.max_tokens), on_step=lambda *_: stamps.append(time.perf_counter()))
+    run = eng.generate(work.prompts, work.max_tokens, on_step=lambda *_: stamps.append(time.perf_counter()))
     seconds = time.perf_counter() - start
     steps = [b - a for a, b in zip(stamps, stamps[1:])]
     m = run.metrics
