@@ -249,6 +249,18 @@ PRESETS = {
 """Models whose weights are drawn from a seed: `tiny` (head_dim 32 ≠ hidden 64 / 4 heads), Qwen3-0.6B's shape, and
 `tiny-moe`, tiny's shape as a Qwen3-MoE (8 experts of width 32 in both layers, top-2, renormalised)."""
 
+SHIPPED = {"qwen3-course": Path(__file__).resolve().parent / "models" / "qwen3-course"}
+"""Trained models in the package, by name: `qwen3-course` (the engine's default) is a tiny Qwen3-MoE that writes the
+course's English prose, with its tokenizer (engine/models/train_qwen3_course.py made it)."""
+
+
+def folder_of(name_or_folder: str | Path) -> Path | None:
+    """The folder a model is read from: a shipped model's, or the folder given; None for a preset."""
+    name = str(name_or_folder)
+    if name in PRESETS:
+        return None
+    return SHIPPED.get(name, Path(name_or_folder))
+
 
 @dataclass(slots=True)
 class LayerWeights:
@@ -374,7 +386,7 @@ def random_model(config: ModelConfig, seed: int = 0) -> Model:
 
 
 def load(name_or_folder: str | Path, *, seed: int = 0, dtype: str | None = None) -> Model:
-    """A preset by name (weights from `seed`) or a local Hugging Face–format folder.
+    """A preset by name (weights from `seed`), a shipped model by name (`SHIPPED`) or a local Hugging Face–format folder.
 
     Raises:
         ModelError: neither a preset nor a folder with config.json and safetensors weights, a config the
@@ -386,9 +398,11 @@ def load(name_or_folder: str | Path, *, seed: int = 0, dtype: str | None = None)
         model = random_model(config, seed)
         model.source = f"preset {name!r}, {model.source}"
         return model
-    folder = Path(name_or_folder)
+    folder = SHIPPED.get(name, Path(name_or_folder))
     if not (folder / "config.json").is_file():
-        raise ModelError(f"{name!r} is neither a preset ({', '.join(PRESETS)}) nor a folder with config.json")
+        raise ModelError(
+            f"{name!r} is neither a preset ({', '.join(PRESETS)}), a shipped model ({', '.join(SHIPPED)}) nor a folder with config.json"
+        )
     config = ModelConfig.from_hf(json.loads((folder / "config.json").read_text(encoding="utf-8")))
     if dtype is not None:
         config = replace(config, dtype=dtype)

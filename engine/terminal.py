@@ -12,26 +12,59 @@ import click
 
 from engine.core import Run
 from engine.model import Model
+from engine.text import Text, load_text
+from grader.delivery import escape
+from grader.i18n import tr
 
 if TYPE_CHECKING:
     from click._termui_impl import ProgressBar
 
 
-def read_prompts(path: Path) -> list[list[int]]:
-    """A JSON list of token-id lists (click.BadParameter otherwise)."""
+def read_prompts(path: Path) -> list[list[int]] | list[str]:
+    """A JSON list of token-id lists, or a JSON list of texts (click.BadParameter otherwise)."""
     try:
         prompts = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise click.BadParameter(f"{path} is not a JSON file: {e}", param_hint="--prompts") from None
+        raise click.BadParameter(tr("{path} is not a JSON file: {error}", path=path, error=e), param_hint="--prompts") from None
+    if isinstance(prompts, list) and prompts and all(isinstance(p, str) and p for p in prompts):
+        return prompts
     if (
         not isinstance(prompts, list)
         or not prompts
         or not all(isinstance(p, list) and p and all(type(t) is int for t in p) for p in prompts)
     ):
         raise click.BadParameter(
-            f"{path} must hold a non-empty JSON list of non-empty token-id lists, e.g. [[1, 2, 3], [1, 2, 4]]", param_hint="--prompts"
+            tr(
+                "{path} must hold a non-empty JSON list of non-empty token-id lists, e.g. [[1, 2, 3], [1, 2, 4]], or of texts, "
+                'e.g. ["The KV cache", "Paged attention"]',
+                path=path,
+            ),
+            param_hint="--prompts",
         )
     return prompts
+
+
+def encode_prompts(prompts: list[list[int]] | list[str], text: Text | None, model_name: str) -> list[list[int]]:
+    """Token ids for the engine: texts through the model's tokenizer, id lists as they are.
+
+    Raises:
+        ModelError: texts for a model without a tokenizer.json (`engine.text.load_text` says which file is missing).
+        click.UsageError: a text that encodes to no token at all.
+    """
+    if not prompts or not isinstance(prompts[0], str):
+        return [list(p) for p in prompts if not isinstance(p, str)]
+    if text is None:
+        text = load_text(model_name)  # raises, naming the missing tokenizer.json
+    ids = [text.encode(p) for p in prompts if isinstance(p, str)]
+    for prompt, encoded in zip(prompts, ids):
+        if not encoded:
+            raise click.UsageError(tr("the prompt {prompt!r} encodes to no token", prompt=prompt))
+    return ids
+
+
+def texts(result: Run, prompts: list[list[int]], text: Text) -> list[dict[str, str]]:
+    """Each request's prompt and completion as text ({"prompt", "completion"}), special tokens left out."""
+    return [{"prompt": text.decode(p), "completion": text.completion(p, out)} for p, out in zip(prompts, result.outputs)]
 
 
 class _Progress:
@@ -89,12 +122,18 @@ def draw_overview(result: Run, model: Model, folder: Path) -> str | None:
         return None
 
 
-def summary(result: Run, prompts: list[list[int]], figure: str | None) -> str:
-    """The run for a person: outputs, whose code ran, the counts and the latency metrics."""
+def summary(result: Run, prompts: list[list[int]], figure: str | None, text: Text | None = None) -> str:
+    """The run for a person: outputs (as text where the model has a tokenizer, else token ids), whose code ran, the
+    counts and the latency metrics."""
     m = result.metrics
-    lines = [click.style(f"engine · {result.model}", bold=True)]
+    lines = [click.style(f"engine · {escape.terminal(result.model)}", bold=True)]
     for i, (prompt, out) in enumerate(zip(prompts, result.outputs)):
-        lines.append(f"  request {i}  prompt {len(prompt):>3} tokens → {out}")
+        if text is None:
+            lines.append(f"  request {i}  prompt {len(prompt):>3} tokens → {out}")
+            continue
+        ended = text.eos_token_id is not None and out[-1:] == [text.eos_token_id]
+        lines.append(f"  request {i}  prompt {len(prompt):>3} tokens → {len(out)} tokens" + (tr(" (ended by EOS)") if ended else ""))
+        lines += ["    " + line for line in _continued(text.decode(prompt), text.completion(prompt, out))]
     yours = [label for label, source in result.sources.items() if source == "yours"]
     lines.append(f"your code: {', '.join(yours) if yours else 'none (every stage ran the reference)'}")
     if yours and len(yours) < len(result.sources):
@@ -113,3 +152,11 @@ def summary(result: Run, prompts: list[list[int]], figure: str | None) -> str:
     if figure:
         lines.append(f"figure: {figure}")
     return "\n".join(lines)
+
+
+def _continued(prompt: str, completion: str) -> list[str]:
+    """The prompt, then its completion in green where the prompt ends, line by line, escaped for the terminal (a
+    submission's engine chose the completion's tokens: nothing in them acts on the terminal)."""
+    lines = escape.terminal_lines(prompt)
+    more = [click.style(line, fg="green") if line else line for line in escape.terminal_lines(completion)]
+    return lines[:-1] + [lines[-1] + more[0], *more[1:]]

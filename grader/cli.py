@@ -843,17 +843,27 @@ def engine_group() -> None:
 @click.option(
     "--model",
     "model_name",
-    default="tiny",
+    default="qwen3-course",
     show_default=True,
-    metavar="tiny|DIR",
-    help=mark("A preset (tiny, qwen3-0.6b-shape; weights from --seed) or a folder with config.json and model.safetensors."),
+    metavar="NAME|DIR",
+    help=mark(
+        "qwen3-course (a tiny Qwen3-MoE trained on the course's prose, with its tokenizer), a preset (tiny, tiny-moe, qwen3-0.6b-shape; "
+        "random weights from --seed, no tokenizer) or a folder with config.json, model.safetensors and tokenizer.json."
+    ),
+)
+@click.option(
+    "--prompt",
+    "prompt_texts",
+    multiple=True,
+    metavar="TEXT",
+    help=mark("A prompt as text, through the model's tokenizer.json (repeat for several requests)."),
 )
 @click.option(
     "--prompts",
     "prompts_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     metavar="FILE",
-    help=mark("A JSON list of token-id lists, e.g. [[1, 2, 3], [1, 2, 4]]."),
+    help=mark('A JSON list of token-id lists, e.g. [[1, 2, 3], [1, 2, 4]], or of texts, e.g. ["The KV cache", "A block table"].'),
 )
 @click.option("--max-tokens", type=click.IntRange(min=1), default=16, show_default=True, help=mark("Completion tokens per request."))
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help=mark("0 is greedy."))
@@ -928,7 +938,9 @@ def engine_group() -> None:
     metavar="DIR",
     help=mark("Also write the model to DIR (config.json + model.safetensors, Hugging Face's format)."),
 )
-@click.option("--json", "as_json", is_flag=True, help=mark('Print {"outputs": …, "metrics": …} only.'))
+@click.option(
+    "--json", "as_json", is_flag=True, help=mark('Print {"outputs": …, "metrics": …} only (with "texts" where the model has a tokenizer).')
+)
 @click.option(
     "--figures",
     "figures_dir",
@@ -940,6 +952,7 @@ def engine_group() -> None:
 )
 def engine_run(
     model_name: str,
+    prompt_texts: tuple[str, ...],
     prompts_file: Path | None,
     max_tokens: int,
     temperature: float,
@@ -963,26 +976,39 @@ def engine_run(
     """Generate with the chapters' functions, measure the run, and draw the course overview from it.
 
     With --submission the chapter files are somebody else's code: their public checks and then the whole engine
-    run in sandboxes, and only the tokens, the metrics and the trace come back.
+    run in sandboxes, and only the tokens, the metrics and the trace come back. Text is encoded and decoded here,
+    outside any sandbox: the engine sees token ids only.
     """
+    import dataclasses
+
     import engine
+    from engine.model import folder_of
+    from engine.text import TOKENIZER_FILE, has_tokenizer, load_text
 
     if figures_dir is None:
         from grader.run import default_figures_dir
 
         figures_dir = default_figures_dir(chapters.EXERCISES / "__init__.py")
-    from engine.terminal import draw_overview, progress, read_prompts, summary
+    from engine.terminal import draw_overview, encode_prompts, progress, read_prompts, summary, texts
 
+    if prompt_texts and prompts_file is not None:
+        raise click.UsageError(tr("give --prompt TEXT or --prompts FILE, not both"))
+    given = read_prompts(prompts_file) if prompts_file is not None else list(prompt_texts) if prompt_texts else None
+    if given is None and not save_model:
+        raise click.UsageError(tr('give --prompt TEXT (e.g. --prompt "The KV cache") or --prompts FILE (or only --save-model DIR)'))
     try:
         model = engine.load(model_name, seed=seed)
+        text = load_text(model_name, config_eos=model.config.eos_token_id) if has_tokenizer(model_name) else None
+        if text is not None and model.config.eos_token_id is None and text.eos_token_id is not None:
+            model.config = dataclasses.replace(model.config, eos_token_id=text.eos_token_id)  # the tokenizer's EOS ends requests
         if save_model:
             model.save(save_model)
+            if text is not None and (folder := folder_of(model_name)) is not None:
+                shutil.copyfile(folder / TOKENIZER_FILE, Path(save_model) / TOKENIZER_FILE)
             click.echo(tr("model written to {folder} (config.json, model.safetensors)", folder=save_model), err=as_json)
-        if prompts_file is None:
-            if save_model:
-                return
-            raise click.UsageError(tr("give --prompts FILE (or only --save-model DIR)"))
-        prompts = read_prompts(prompts_file)
+        if given is None:
+            return
+        prompts = encode_prompts(given, text, model_name)
         if speculative_tokens is None:
             speculative_tokens = 0 if async_scheduling else 3
         if async_scheduling and speculative_tokens:
@@ -1006,7 +1032,7 @@ def engine_run(
 
                 result = run_boxed(
                     model=model,
-                    model_name=model_name,
+                    model_name=str(folder_of(model_name) or model_name),  # a shipped model is a folder seen read-only
                     seed=seed,
                     prompts=prompts,
                     max_tokens=max_tokens,
@@ -1034,7 +1060,13 @@ def engine_run(
         from grader.terminal import relative
 
         figure = relative(figure)
-    click.echo(json.dumps(result.to_json()) if as_json else summary(result, prompts, figure))
+    if as_json:
+        doc = result.to_json()
+        if text is not None:
+            doc["texts"] = texts(result, prompts, text)
+        click.echo(json.dumps(doc))
+    else:
+        click.echo(summary(result, prompts, figure, text))
 
 
 @main.command()

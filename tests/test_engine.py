@@ -239,7 +239,7 @@ def test_engine_run_refuses_a_submission_without_a_sandbox_unless_told(tmp_path,
     )
     (tmp_path / "prompts.json").write_text(json.dumps(PROMPTS))
     runner = CliRunner()
-    args = ["engine", "run", "--prompts", str(tmp_path / "prompts.json"), "--max-tokens", "2", "--submission", str(sub)]
+    args = ["engine", "run", "--model", "tiny", "--prompts", str(tmp_path / "prompts.json"), "--max-tokens", "2", "--submission", str(sub)]
     out = runner.invoke(main, [*args, "--figures", str(tmp_path / "figs")])
     assert out.exit_code == 1 and "refusing to run somebody else's code without a sandbox" in out.output, out.output
     assert not marker.exists()
@@ -262,6 +262,8 @@ def test_engine_run_prints_outputs_and_metrics_as_json(cli, tmp_path):
     out = cli(
         "engine",
         "run",
+        "--model",
+        "tiny",
         "--prompts",
         "prompts.json",
         "--max-tokens",
@@ -293,7 +295,7 @@ def test_engine_run_prints_outputs_and_metrics_as_json(cli, tmp_path):
 
 
 def test_engine_run_for_people(cli):
-    out = cli("engine", "run", "--prompts", "prompts.json", "--max-tokens", "3")
+    out = cli("engine", "run", "--model", "tiny", "--prompts", "prompts.json", "--max-tokens", "3")
     assert out.exit_code == 0, out.output
     assert re.search(r"request 4  prompt   9 tokens → \[\d+, \d+, \d+\]", out.output)
     assert "your code: none (every stage ran the reference)" in out.output
@@ -307,8 +309,8 @@ def test_engine_run_for_people(cli):
         (["--prompts", "bad.json"], 2, "must hold a non-empty JSON list"),
         (["--prompts", "prompts.json", "--model", "nowhere"], 1, "neither a preset"),
         (["--prompts", "prompts.json", "--block-size", "1"], 2, "--block-size"),
-        (["--prompts", "prompts.json", "--block-size", "4", "--num-blocks", "2"], 1, "can never fit"),
-        ([], 2, "give --prompts FILE"),
+        (["--prompts", "prompts.json", "--model", "tiny", "--block-size", "4", "--num-blocks", "2"], 1, "can never fit"),
+        ([], 2, "or --prompts FILE"),
     ],
 )
 def test_engine_run_usage_errors(cli, tmp_path, args, code, words):

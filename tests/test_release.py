@@ -228,6 +228,8 @@ def test_the_engine_in_the_release_runs_the_students_own_code_only(release, tmp_
         command = [
             "engine",
             "run",
+            "--model",
+            "tiny",
             "--prompts",
             str(tmp_path / "prompts.json"),
             "--max-tokens",

@@ -214,6 +214,7 @@ include = {json.dumps([p + "*" for p in PUBLIC_PACKAGES])}
 [tool.setuptools.package-data]
 grader = {json.dumps(["answers/*.json", *_package_data("grader")])}
 figures = {json.dumps(_package_data("figures"))}
+engine = {json.dumps(_package_data("engine"))}
 '''
 
 
