@@ -13,6 +13,8 @@ submission folder they are the student's own wherever that task's public checks 
     runner.py   the forward pass of one flattened step over the paged KV cache
     core.py     the loop: scheduler, paged blocks with prefix caching, sampling, metrics
     terminal.py `course engine run` on a terminal: prompts file, progress, summary, overview figure
+    text.py     a model folder's tokenizer.json: text prompts in, completions out, at the edge (the engine sees ids)
+    models/     qwen3-course, the default model of `course engine run`, and the script that trains it
     oracle.py   the comparison with transformers' Qwen3ForCausalLM (needs `.[oracle]`)
 
 It ships in the student release (no solution code is in it): there, with no reference to
@@ -60,7 +62,8 @@ def run(
     """Generate from `prompts` with the chapters' functions; see `Engine.generate` and `Settings`.
 
     Args:
-        model: a preset name ("tiny", "qwen3-0.6b-shape"), a Hugging Face–format folder, or a loaded Model.
+        model: a preset name ("tiny", "tiny-moe", "qwen3-0.6b-shape"), a shipped model ("qwen3-course"), a Hugging
+            Face–format folder, or a loaded Model.
         settings: the engine's limits and modes (`Settings()` by default; its seed also draws a preset's weights).
         seed: a preset's weights when no settings are given.
         submission: the student's chapter files: their functions run wherever their public checks pass.

@@ -58,7 +58,7 @@ def encode_prompts(prompts: list[list[int]] | list[str], text: Text | None, mode
     ids = [text.encode(p) for p in prompts if isinstance(p, str)]
     for prompt, encoded in zip(prompts, ids):
         if not encoded:
-            raise click.UsageError(tr("the prompt {prompt!r} encodes to no token", prompt=prompt))
+            raise click.UsageError(tr("the prompt {prompt} encodes to no token", prompt=repr(prompt)))
     return ids
 
 
@@ -132,7 +132,7 @@ def summary(result: Run, prompts: list[list[int]], figure: str | None, text: Tex
             lines.append(f"  request {i}  prompt {len(prompt):>3} tokens → {out}")
             continue
         ended = text.eos_token_id is not None and out[-1:] == [text.eos_token_id]
-        lines.append(f"  request {i}  prompt {len(prompt):>3} tokens → {len(out)} tokens" + (tr(" (ended by EOS)") if ended else ""))
+        lines.append(f"  request {i}  prompt {len(prompt):>3} tokens → {len(out)} tokens" + (" " + tr("(ended by EOS)") if ended else ""))
         lines += ["    " + line for line in _continued(text.decode(prompt), text.completion(prompt, out))]
     yours = [label for label, source in result.sources.items() if source == "yours"]
     lines.append(f"your code: {', '.join(yours) if yours else 'none (every stage ran the reference)'}")

@@ -278,8 +278,7 @@ python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/course list
 {engine}
 
 ```
-echo '[[1, 2, 3, 4, 5], [1, 2, 3, 9]]' > prompts.json
-.venv/bin/course engine run --prompts prompts.json --max-tokens 16
+.venv/bin/course engine run --prompt "The KV cache" --prompt "A block table"
 ```
 
 {until}
