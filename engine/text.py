@@ -28,8 +28,9 @@ class Text:
     """The config's `eos_token_id`, else the token `tokenizer_config.json` names as `eos_token`, else None."""
 
     def encode(self, text: str) -> list[int]:
-        """The token ids of `text`, no special tokens added (Qwen3 adds none to a plain prompt either)."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        """The token ids of `text`, with the special tokens the tokenizer's own template adds (as `tokenizer(text)`
+        in transformers): none for Qwen3's, the EOS first as a BOS for qwen3-course's."""
+        return list(self.tokenizer.encode(text).ids)
 
     def decode(self, ids: list[int]) -> str:
         """The text of `ids`, special tokens (EOS among them) left out."""

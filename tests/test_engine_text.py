@@ -4,10 +4,11 @@ and the shipped `qwen3-course` (a tiny Qwen3-MoE trained on the course's prose, 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from click.testing import CliRunner
@@ -158,6 +159,29 @@ def test_engine_run_text_usage_errors(cli, tmp_path, args, code, words):
     assert out.exit_code == code and words in out.output, out.output
 
 
+def test_a_sandboxed_engine_gets_token_ids_and_the_text_is_decoded_outside(cli, tiny_text_dir, tmp_path, monkeypatch):
+    """--submission: the engine in the box receives ids and returns ids; the tokenizer never runs in there."""
+    import engine.boxed
+    from engine import Engine, reference_parts
+    from grader import cli as cli_module
+
+    seen = {}
+
+    def fake_box(*, model, model_name, prompts, max_tokens, settings, **_):
+        seen.update(model_name=model_name, prompts=prompts)
+        return Engine(model, reference_parts(), settings).generate(prompts, max_tokens)
+
+    monkeypatch.setattr(cli_module, "_sandbox_for", lambda **_: "bwrap")
+    monkeypatch.setattr(engine.boxed, "run_boxed", fake_box)
+    (tmp_path / "sub").mkdir()
+    out = cli("engine", "run", "--model", str(tiny_text_dir), "--prompt", "the kv cache", "--submission", "sub", "--json")
+    assert out.exit_code == 0, out.output
+    text = load_text(tiny_text_dir)
+    assert seen == {"model_name": str(tiny_text_dir), "prompts": [text.encode("the kv cache")]}
+    doc = json.loads(out.stdout.splitlines()[-1])
+    assert doc["texts"][0]["completion"] == text.completion(seen["prompts"][0], doc["outputs"][0])
+
+
 def test_a_completion_cannot_act_on_the_terminal():
     """A sandboxed engine chooses the tokens; what they decode to is escaped before it reaches a terminal."""
     from engine.core import Run
@@ -177,6 +201,15 @@ def _metrics() -> dict:
 
 
 # -- the shipped model ---------------------------------------------------------------------------------------
+
+
+def _script() -> ModuleType:
+    """engine/models/train_qwen3_course.py (a script beside the model, not a module of the package)."""
+    spec = importlib.util.spec_from_file_location("train_qwen3_course", COURSE.parent / "train_qwen3_course.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_qwen3_course_is_a_small_qwen3_moe_with_its_tokenizer_and_training_record():
@@ -199,11 +232,7 @@ def test_qwen3_course_is_a_small_qwen3_moe_with_its_tokenizer_and_training_recor
 
 
 def test_the_training_record_names_the_shipped_corpus_and_its_commit():
-    sys.path.insert(0, str(COURSE.parent))
-    try:
-        import train_qwen3_course as script
-    finally:
-        sys.path.remove(str(COURSE.parent))
+    script = _script()
     record = json.loads((COURSE / "training.json").read_text())
     text, commit = script.read_corpus()
     assert record["corpus"]["sha256"] == hashlib.sha256(text.encode()).hexdigest() and record["corpus"]["commit"] == commit
@@ -226,12 +255,7 @@ def test_the_release_ships_the_model_folder():
 
 
 def _course_prose() -> str:
-    sys.path.insert(0, str(COURSE.parent))
-    try:
-        import train_qwen3_course as script
-    finally:
-        sys.path.remove(str(COURSE.parent))
-    return script.read_corpus()[0]
+    return _script().read_corpus()[0]
 
 
 def _greedy_transformers(prompt: str, max_tokens: int) -> list[int]:
@@ -348,3 +372,11 @@ def test_a_qwen3_06b_folder_runs_with_text_prompts(cli, qwen3_06b_dir):
     doc = json.loads(out.stdout.splitlines()[-1])
     assert doc["texts"][0]["prompt"] == "The KV cache stores" and len(doc["outputs"][0]) in (1, 2)
     assert all(0 <= t < c.vocab_size for t in doc["outputs"][0])
+
+
+def test_the_script_trains_the_shipped_tokenizer_again():
+    """The tokenizer is the first thing the script makes from the shipped corpus: the same file, byte for byte."""
+    script = _script()
+    text, _ = script.read_corpus()
+    tokenizer = script.train_tokenizer(text, json.loads((COURSE / "config.json").read_text())["vocab_size"])
+    assert tokenizer.to_str() == load_text("qwen3-course").tokenizer.to_str()

@@ -7,7 +7,8 @@ The corpus is the repository's English prose: the docstrings of `solutions/`, `e
 (paragraphs with Chinese characters left out), read with `git show REV:path` at one recorded commit and shipped
 compressed beside this script (`qwen3-course-corpus.txt.xz`), so the corpus never changes under the script's feet and a
 copy without git history trains the same model. Documents (one docstring, one README section) are separated by
-`<|endoftext|>`, the model's EOS: it learns to end a passage.
+`<|endoftext|>`, the model's EOS: it learns to end a passage, and to start one after it (half the training windows
+start at a document; the tokenizer puts the EOS before a prompt as its BOS).
 
 Everything is seeded (the tokenizer's training is deterministic, the data order and the weights come from SEED) and
 the computation runs on one thread (OpenMP threads on a busy machine slow each other down badly, and one thread is
@@ -148,8 +149,10 @@ def read_corpus() -> tuple[str, str]:
 
 
 def train_tokenizer(text: str, vocab_size: int):  # noqa: ANN201 (tokenizers has no type stubs)
-    """A byte-level BPE (GPT-2's pre-tokenizer regex, as Qwen's tokenizer has), EOS as its one special token."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """A byte-level BPE (GPT-2's pre-tokenizer regex, as Qwen's tokenizer has), EOS as its one special token. Encoding
+    with special tokens (what `engine.text` does) puts the EOS first, as a BOS: a prompt then starts where the model
+    saw every document start, right after an EOS (Qwen's own tokenizer adds nothing)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -158,6 +161,7 @@ def train_tokenizer(text: str, vocab_size: int):  # noqa: ANN201 (tokenizers has
         vocab_size=vocab_size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
     )
     tokenizer.train_from_iterator(text.split(EOS), trainer=trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"{EOS} $A", special_tokens=[(EOS, tokenizer.token_to_id(EOS))])
     return tokenizer
 
 
@@ -179,7 +183,9 @@ def train(out: Path, steps: int) -> dict:
     text, commit = read_corpus()
     tokenizer = train_tokenizer(text, CONFIG["vocab_size"])
     eos = tokenizer.token_to_id(EOS)
-    ids = torch.tensor([t for doc in text.split(EOS) if doc for t in tokenizer.encode(doc).ids + [eos]], dtype=torch.long)
+    docs = [tokenizer.encode(doc, add_special_tokens=False).ids for doc in text.split(EOS) if doc]
+    ids = torch.tensor([t for doc in docs for t in [eos, *doc]], dtype=torch.long)
+    doc_starts = (ids[: len(ids) - SEQ_LEN - 1] == eos).nonzero().flatten()
     print(f"corpus {len(text):,} characters, {len(ids):,} tokens; {steps} steps of {BATCH}×{SEQ_LEN}")
 
     config = {**CONFIG, "eos_token_id": eos, "bos_token_id": eos}
@@ -192,7 +198,9 @@ def train(out: Path, steps: int) -> dict:
     log, start = [], time.monotonic()
     model.train()
     for step in range(steps):
-        starts = torch.randint(0, len(ids) - SEQ_LEN - 1, (BATCH,), generator=order)
+        anywhere = torch.randint(0, len(ids) - SEQ_LEN - 1, (BATCH // 2,), generator=order)
+        at_doc = doc_starts[torch.randint(0, len(doc_starts), (BATCH - BATCH // 2,), generator=order)]
+        starts = torch.cat([anywhere, at_doc])  # half the windows start at a document's EOS, as a prompt does
         batch = torch.stack([ids[s : s + SEQ_LEN] for s in starts.tolist()])
         for group in opt.param_groups:
             group["lr"] = _lr(step)
