@@ -133,7 +133,7 @@ def summary(result: Run, prompts: list[list[int]], figure: str | None, text: Tex
             continue
         ended = text.eos_token_id is not None and out[-1:] == [text.eos_token_id]
         lines.append(f"  request {i}  prompt {len(prompt):>3} tokens → {len(out)} tokens" + (" " + tr("(ended by EOS)") if ended else ""))
-        lines += ["    " + line for line in _continued(text.decode(prompt), text.completion(prompt, out))]
+        lines += [("    " + line if line else "") for line in _continued(text.decode(prompt), text.completion(prompt, out))]
     yours = [label for label, source in result.sources.items() if source == "yours"]
     lines.append(f"your code: {', '.join(yours) if yours else 'none (every stage ran the reference)'}")
     if yours and len(yours) < len(result.sources):
@@ -155,8 +155,9 @@ def summary(result: Run, prompts: list[list[int]], figure: str | None, text: Tex
 
 
 def _continued(prompt: str, completion: str) -> list[str]:
-    """The prompt, then its completion in green where the prompt ends, line by line, escaped for the terminal (a
-    submission's engine chose the completion's tokens: nothing in them acts on the terminal)."""
+    """The prompt, then its completion in green where the prompt ends, line by line (line feeds at its end left out),
+    escaped for the terminal (a submission's engine chose the completion's tokens: nothing in them acts on the
+    terminal)."""
     lines = escape.terminal_lines(prompt)
-    more = [click.style(line, fg="green") if line else line for line in escape.terminal_lines(completion)]
+    more = [click.style(line, fg="green") if line else line for line in escape.terminal_lines(completion.rstrip("\n"))]
     return lines[:-1] + [lines[-1] + more[0], *more[1:]]

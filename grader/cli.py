@@ -865,7 +865,7 @@ def engine_group() -> None:
     metavar="FILE",
     help=mark('A JSON list of token-id lists, e.g. [[1, 2, 3], [1, 2, 4]], or of texts, e.g. ["The KV cache", "A block table"].'),
 )
-@click.option("--max-tokens", type=click.IntRange(min=1), default=16, show_default=True, help=mark("Completion tokens per request."))
+@click.option("--max-tokens", type=click.IntRange(min=1), default=32, show_default=True, help=mark("Completion tokens per request."))
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help=mark("0 is greedy."))
 @click.option(
     "--top-k", type=click.IntRange(min=0), default=0, show_default=True, help=mark("Sample among the k most likely tokens (0: off).")

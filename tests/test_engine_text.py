@@ -277,21 +277,22 @@ def _recognisable(completion: str, prose: str) -> None:
 
 @pytest.mark.slow
 def test_qwen3_course_continues_the_kv_cache_with_the_courses_prose():
-    """Checked with transformers' Qwen3MoeForCausalLM (the engine's MoE is another branch's): greedy, the model
-    writes words of the course; on its corpus it predicts far better than chance; the router uses every expert."""
+    """Checked with transformers' Qwen3MoeForCausalLM: greedy, the model writes words of the course; on its corpus it
+    predicts far better than chance; every layer's router spreads the tokens over most experts, unevenly (as real
+    routers do: what EPLB is for), none taking most of them."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     prose, text = _course_prose(), load_text("qwen3-course")
     _recognisable(text.decode(_greedy_transformers("The KV cache", 32)), prose)
     model = transformers.Qwen3MoeForCausalLM.from_pretrained(COURSE).eval()
-    sample = torch.tensor([text.encode(prose[20_000:24_000])[:512]])
+    sample = torch.tensor([text.encode(prose[start : start + 4000])[:512] for start in (20_000, 100_000, 200_000)])
     with torch.no_grad():
         out = model(input_ids=sample, labels=sample, output_router_logits=True)
-    assert out.loss < 3.0 < torch.log(torch.tensor(float(model.config.vocab_size))), "below chance (ln V ≈ 7.6) by far"
+    assert out.loss < 2.5 < torch.log(torch.tensor(float(model.config.vocab_size))), "below chance (ln V ≈ 7.6) by far"
     k, experts = model.config.num_experts_per_tok, model.config.num_experts
     for logits in out.router_logits:  # one [tokens, experts] per layer
-        share = torch.bincount(logits.topk(k, dim=-1).indices.flatten(), minlength=experts) / (k * sample.shape[1])
-        assert share.min() > 0.02, f"an expert the router (almost) never picks: {share.tolist()}"
+        share = torch.bincount(logits.topk(k, dim=-1).indices.flatten(), minlength=experts) / (k * sample.numel())
+        assert share.max() < 0.4 and (share > 0.01).sum() >= experts - 2, f"a router that favours few experts: {share.tolist()}"
 
 
 @pytest.mark.slow

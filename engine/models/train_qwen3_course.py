@@ -1,6 +1,6 @@
 """Train `qwen3-course`, the engine's default model: a tiny Qwen3-MoE that writes the course's own English prose.
 
-    python engine/models/train_qwen3_course.py --out DIR          # the shipped folder, again (a few minutes, 2 cores)
+    python engine/models/train_qwen3_course.py --out DIR          # the shipped folder, again (~20 minutes, one core)
     python engine/models/train_qwen3_course.py --corpus-from REV  # rebuild the corpus from the repository at REV
 
 The corpus is the repository's English prose: the docstrings of `solutions/`, `engine/` and `figures/` and the README
@@ -76,7 +76,7 @@ CONFIG: dict[str, Any] = {
 """The model, in the names of Qwen3-30B-A3B's config.json (eos_token_id and bos_token_id are added from the tokenizer).
 2.23 M parameters: 4.5 MB in bfloat16, within the package's 5 MB for the whole folder."""
 
-SEQ_LEN, BATCH, STEPS, WARMUP, LR, MIN_LR, WEIGHT_DECAY, THREADS = 256, 16, 800, 40, 3e-3, 3e-4, 0.1, 1
+SEQ_LEN, BATCH, STEPS, WARMUP, LR, MIN_LR, WEIGHT_DECAY, THREADS = 256, 16, 1600, 40, 3e-3, 3e-4, 0.1, 1
 
 CJK = re.compile(r"[\u3000-\u303f\u3400-\u9fff\uff00-\uffef]")
 GLOSS = re.compile(r"\s*[(（][^()（）]*[\u3400-\u9fff][^()（）]*[)）]")
@@ -165,10 +165,11 @@ def train_tokenizer(text: str, vocab_size: int):  # noqa: ANN201 (tokenizers has
     return tokenizer
 
 
-def _lr(step: int) -> float:
+def _lr(step: int, steps: int) -> float:
+    """Linear warmup, then a cosine from LR down to MIN_LR at the last step."""
     if step < WARMUP:
         return LR * (step + 1) / WARMUP
-    progress = (step - WARMUP) / max(1, STEPS - WARMUP)
+    progress = (step - WARMUP) / max(1, steps - WARMUP)
     return MIN_LR + 0.5 * (LR - MIN_LR) * (1 + math.cos(math.pi * progress))
 
 
@@ -203,7 +204,7 @@ def train(out: Path, steps: int) -> dict:
         starts = torch.cat([anywhere, at_doc])  # half the windows start at a document's EOS, as a prompt does
         batch = torch.stack([ids[s : s + SEQ_LEN] for s in starts.tolist()])
         for group in opt.param_groups:
-            group["lr"] = _lr(step)
+            group["lr"] = _lr(step, steps)
         result = model(input_ids=batch, labels=batch)
         result.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
