@@ -406,7 +406,8 @@ def load(name_or_folder: str | Path, *, seed: int = 0, dtype: str | None = None)
     config = ModelConfig.from_hf(json.loads((folder / "config.json").read_text(encoding="utf-8")))
     if dtype is not None:
         config = replace(config, dtype=dtype)
-    return _from_tensors(config, _read_safetensors(folder), str(folder))
+    source = f"{name} (shipped: trained on the course's prose)" if name in SHIPPED else str(folder)
+    return _from_tensors(config, _read_safetensors(folder), source)
 
 
 def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:

@@ -101,14 +101,18 @@ def progress(*, enabled: bool) -> Iterator[_Progress]:
         shown.close()
 
 
-def draw_overview(result: Run, model: Model, folder: Path) -> str | None:
-    """Write the course overview figure of this run to folder/engine/overview.svg; None if it cannot be drawn."""
+def draw_overview(result: Run, model: Model, folder: Path, *, prompt_text: str | None = None, output_text: str | None = None) -> str | None:
+    """Write the course overview figure of this run to folder/engine/overview.svg; None if it cannot be drawn. With a
+    tokenizer, the traced request's prompt and completion as text (decoded on the trusted side)."""
     import figures
     from engine import overview_record
 
     (spec,) = figures.catalog("overview")
     try:
-        svg = spec.render(overview_record(result, model))
+        record = overview_record(result, model)
+        if output_text is not None:
+            record["prompt_text"], record["output_text"] = prompt_text or "", output_text
+        svg = spec.render(record)
     except Exception as e:  # noqa: BLE001 (a drawing error never hides the run)
         result.notes.append(f"overview figure not drawn ({type(e).__name__}: {e})")
         return None
@@ -135,22 +139,63 @@ def summary(result: Run, prompts: list[list[int]], figure: str | None, text: Tex
         lines.append(f"  request {i}  prompt {len(prompt):>3} tokens → {len(out)} tokens" + (" " + tr("(ended by EOS)") if ended else ""))
         lines += [("    " + line if line else "") for line in _continued(text.decode(prompt), text.completion(prompt, out))]
     yours = [label for label, source in result.sources.items() if source == "yours"]
-    lines.append(f"your code: {', '.join(yours) if yours else 'none (every stage ran the reference)'}")
+    if yours:
+        lines.append(tr("your code: {labels}", labels=", ".join(yours)))
+    else:
+        lines.append(tr("your code: none (every stage ran the reference)"))
     if yours and len(yours) < len(result.sources):
-        lines.append("reference: " + ", ".join(label for label, s in result.sources.items() if s != "yours"))
+        lines.append(tr("reference: {labels}", labels=", ".join(label for label, s in result.sources.items() if s != "yours")))
     lines += [f"  · {note}" for note in result.notes]
+    called = sorted({label[:4] for label, n in result.calls.items() if n})
+    if result.calls:
+        lines.append(tr("chapters called: {n} of 18 ({chapters})", n=len(called), chapters=" ".join(called)))
     lines.append(
-        f"steps {m['steps']} ({m['prefill_steps']} prefill, {m['decode_steps']} decode) · chunked prefill "
-        f"steps {m['chunked_prefill_steps']} · prefix-cache hits {m['prefix_cache_hits']} "
-        f"({m['prefix_cached_tokens']} tokens) · preemptions {m['preemptions']}"
+        tr(
+            "steps {steps} ({prefill} prefill, {decode} decode) · chunked prefill steps {chunked} · prefix-cache hits "
+            "{hits} ({cached} tokens) · preemptions {preemptions}",
+            steps=m["steps"],
+            prefill=m["prefill_steps"],
+            decode=m["decode_steps"],
+            chunked=m["chunked_prefill_steps"],
+            hits=m["prefix_cache_hits"],
+            cached=m["prefix_cached_tokens"],
+            preemptions=m["preemptions"],
+        )
     )
+    if m.get("draft_tokens"):
+        lines.append(
+            tr(
+                "speculative decoding: {accepted} of {drafts} drafts accepted in {steps} steps",
+                accepted=m["accepted_tokens"],
+                drafts=m["draft_tokens"],
+                steps=m["speculative_steps"],
+            )
+        )
+    if m.get("moe_ep_ranks"):
+        lines.append(
+            tr(
+                "experts: {slots} slots on {ranks} ranks · EPLB rebalanced {n} times · balancedness {before:.2f} → {after:.2f}",
+                slots=m["moe_physical_experts"],
+                ranks=m["moe_ep_ranks"],
+                n=m.get("eplb_rebalances", 0),
+                before=m.get("moe_balancedness_before") or m.get("moe_balancedness") or 0.0,
+                after=m.get("moe_balancedness_after") or m.get("moe_balancedness") or 0.0,
+            )
+        )
     lines.append(
-        f"TTFT mean {m['mean_ttft_ms']:.1f} ms · TPOT mean {m['mean_tpot_ms']:.1f} ms · "
-        f"ITL mean {m['mean_itl_ms']:.1f} ms · output {m['output_throughput']:.1f} tok/s · "
-        f"total {m['total_token_throughput']:.1f} tok/s over {m['duration']:.2f} s"
+        tr(
+            "TTFT mean {ttft:.1f} ms · TPOT mean {tpot:.1f} ms · ITL mean {itl:.1f} ms · output {output:.1f} tok/s · "
+            "total {total:.1f} tok/s over {duration:.2f} s",
+            ttft=m["mean_ttft_ms"],
+            tpot=m["mean_tpot_ms"],
+            itl=m["mean_itl_ms"],
+            output=m["output_throughput"],
+            total=m["total_token_throughput"],
+            duration=m["duration"],
+        )
     )
     if figure:
-        lines.append(f"figure: {figure}")
+        lines.append(tr("figure: {path}", path=figure))
     return "\n".join(lines)
 
 

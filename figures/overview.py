@@ -149,6 +149,13 @@ def overview_figure(f: Figure, r: dict) -> None:
             request=r["request"],
             tokens=_tokens(r["output"]),
         )
+    elif r.get("output_text") is not None:
+        output = tr(
+            "Request {request} continued “{prompt}” with “{text}”.",
+            request=r["request"],
+            prompt=_clipped(r.get("prompt_text", ""), 40),
+            text=_clipped(r["output_text"], 160),
+        )
     else:
         output = tr("Request {request} generated {tokens}.", request=r["request"], tokens=_tokens(r["output"]))
     note = " ".join((run, model, output))
@@ -169,6 +176,12 @@ def overview_figure(f: Figure, r: dict) -> None:
         ]
         + ([("wrong", tr("planted (a test's override)"))] if any(c["part"] == "override" for c in r["course"]) else [])
     )
+
+
+def _clipped(text: str, most: int) -> str:
+    """A text on one line (its line breaks as spaces), cut to `most` characters with "…"."""
+    one = " ".join(text.split())
+    return one if len(one) <= most else one[: most - 1].rstrip() + "…"
 
 
 def _tokens(ids: list[int]) -> str:

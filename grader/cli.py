@@ -866,14 +866,20 @@ def engine_group() -> None:
     help=mark('A JSON list of token-id lists, e.g. [[1, 2, 3], [1, 2, 4]], or of texts, e.g. ["The KV cache", "A block table"].'),
 )
 @click.option("--max-tokens", type=click.IntRange(min=1), default=32, show_default=True, help=mark("Completion tokens per request."))
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help=mark("0 is greedy."))
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0),
+    default=0.5,
+    show_default=True,
+    help=mark("Sampling temperature (ch23); 0 is greedy (the engine's argmax, as vLLM's)."),
+)
 @click.option(
     "--top-k", type=click.IntRange(min=0), default=0, show_default=True, help=mark("Sample among the k most likely tokens (0: off).")
 )
 @click.option(
     "--top-p",
     type=click.FloatRange(min=0, max=1, min_open=True),
-    default=1.0,
+    default=0.9,
     show_default=True,
     help=mark("Sample among the most likely tokens holding this much probability (1: off)."),
 )
@@ -1055,7 +1061,8 @@ def engine_run(
                 )
     except (engine.ModelError, engine.PartsUnavailable, engine.EngineError) as e:
         raise click.ClickException(escape.terminal(e)) from None  # may quote a submission's exception
-    figure = draw_overview(result, model, figures_dir)
+    shown = text.completion(prompts[0], result.outputs[0]) if text is not None else None
+    figure = draw_overview(result, model, figures_dir, prompt_text=text.decode(prompts[0]) if text else None, output_text=shown)
     if figure is not None:
         from grader.terminal import relative
 

@@ -132,7 +132,8 @@ def test_the_tokenizers_eos_ends_a_request_when_the_config_names_none(cli, tiny_
     ending = next((i for i, out in enumerate(outputs) if 0 in out), None)
     if ending is None:
         pytest.skip("no request samples id 0 from these weights")
-    out = cli("engine", "run", "--model", str(tiny_text_dir), "--prompts", _write(prompts[ending : ending + 1]), "--max-tokens", "12")
+    one = _write(prompts[ending : ending + 1])
+    out = cli("engine", "run", "--model", str(tiny_text_dir), "--prompts", one, "--max-tokens", "12", "--temperature", "0")
     assert out.exit_code == 0, out.output
     assert "(ended by EOS)" in out.output and f"→ {outputs[ending].index(0) + 1} tokens" in out.output
 
@@ -297,18 +298,22 @@ def test_qwen3_course_continues_the_kv_cache_with_the_courses_prose():
 
 @pytest.mark.slow
 def test_the_default_run_writes_course_prose_token_for_token_as_transformers(cli):
-    """`course engine run --prompt "The KV cache"`, nothing else: the README's demo."""
+    """Greedy, the engine writes transformers' tokens; `course engine run --prompt "The KV cache"`, nothing else (the
+    README's demo, sampled), writes course prose and calls every chapter."""
     try:
         load("qwen3-course")
     except ModelError as e:
         pytest.skip(f"the engine does not run Qwen3-MoE yet (issue 25's MoE item, branch cap-moe): {e}")
-    out = cli("engine", "run", "--prompt", "The KV cache", "--max-tokens", "32", "--json")
+    out = cli("engine", "run", "--prompt", "The KV cache", "--max-tokens", "32", "--temperature", "0", "--json")
     assert out.exit_code == 0, out.output
     doc = json.loads(out.stdout.splitlines()[-1])
     assert doc["outputs"][0] == _greedy_transformers("The KV cache", 32)[: len(doc["outputs"][0])]
     _recognisable(doc["texts"][0]["completion"], _course_prose())
     shown = cli("engine", "run", "--prompt", "The KV cache")
     assert shown.exit_code == 0 and re.search(r"^    The KV cache \w+", shown.output, re.M), shown.output
+    assert "chapters called: 18 of 18" in shown.output, shown.output
+    demo = re.search(r"^    (The KV cache .*)$", shown.output, re.M)
+    assert demo and demo.group(1) in (chapters.ROOT / "README.md").read_text(encoding="utf-8"), "the README shows what it prints"
 
 
 QWEN3_06B_CONFIG = {
