@@ -133,10 +133,14 @@ def summary(result: Run, prompts: list[list[int]], figure: str | None, text: Tex
     lines = [click.style(f"engine · {escape.terminal(result.model)}", bold=True)]
     for i, (prompt, out) in enumerate(zip(prompts, result.outputs)):
         if text is None:
-            lines.append(f"  request {i}  prompt {len(prompt):>3} tokens → {out}")
+            lines.append("  " + tr("request {i}  prompt {n:>3} tokens → {ids}", i=i, n=len(prompt), ids=out))
             continue
         ended = text.eos_token_id is not None and out[-1:] == [text.eos_token_id]
-        lines.append(f"  request {i}  prompt {len(prompt):>3} tokens → {len(out)} tokens" + (" " + tr("(ended by EOS)") if ended else ""))
+        lines.append(
+            "  "
+            + tr("request {i}  prompt {n:>3} tokens → {m} tokens", i=i, n=len(prompt), m=len(out))
+            + (" " + tr("(ended by EOS)") if ended else "")
+        )
         lines += [("    " + line if line else "") for line in _continued(text.decode(prompt), text.completion(prompt, out))]
     yours = [label for label, source in result.sources.items() if source == "yours"]
     if yours:
