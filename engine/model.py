@@ -208,18 +208,21 @@ def _moe_fields(config: dict) -> dict:
     }
 
 
+TINY = ModelConfig(
+    vocab_size=100,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    rope_theta=10_000.0,
+    max_position_embeddings=512,
+)
+"""The tiny dense preset: head_dim 32 ≠ hidden 64 / 4 heads."""
+
 PRESETS = {
-    "tiny": ModelConfig(
-        vocab_size=100,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        rope_theta=10_000.0,
-        max_position_embeddings=512,
-    ),
+    "tiny": TINY,
     "qwen3-0.6b-shape": ModelConfig(
         vocab_size=151936,
         hidden_size=1024,
@@ -230,21 +233,7 @@ PRESETS = {
         head_dim=128,
         eos_token_id=None,
     ),
-    "tiny-moe": ModelConfig(
-        vocab_size=100,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        rope_theta=10_000.0,
-        max_position_embeddings=512,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        norm_topk_prob=True,
-    ),
+    "tiny-moe": replace(TINY, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
 }
 """Models whose weights are drawn from a seed: `tiny` (head_dim 32 ≠ hidden 64 / 4 heads), Qwen3-0.6B's shape, and
 `tiny-moe`, tiny's shape as a Qwen3-MoE (8 experts of width 32 in both layers, top-2, renormalised)."""
