@@ -30,6 +30,8 @@ from engine.executor import Executor
 from engine.model import Model
 from engine.runner import Trace
 
+ONE_TOKEN = 1
+"""What one kept token of a speculative step counts as, when ch24's postprocess folds it in."""
 DISCARDED = -1
 """The token handed to ch24's postprocess for a sequence whose step kept no sample (a non-final chunk)."""
 
@@ -280,7 +282,7 @@ class Loop:
             for token in tokens[seq.seq_id][1:]:
                 if seq.status == "FINISHED":
                     break
-                seq.num_scheduled_tokens = 1
+                seq.num_scheduled_tokens = ONE_TOKEN  # each kept token folds in as a step of its own
                 self.blocks.hash_blocks(seq)
                 postprocess([seq], [token], False)
         now = time.perf_counter() - self.start
