@@ -140,3 +140,11 @@ def test_in_a_student_release_the_message_names_the_tasks_still_missing(tmp_path
     assert "do not pass their public checks yet: ch15.1 embedding_lookup, ch15.2 linear" in message, message
     assert "course check" in message and "Traceback" not in message and not message.startswith("Error")
     assert got["command"] == shlex.join(["course", "engine", "run", "--prompt", DEFAULT_PROMPT, "--max-tokens", "2"])
+
+
+def test_a_lab_on_a_submission_runs_the_engine_on_it_sandboxed_as_the_lab_is(tmp_path):
+    boxed, unboxed = EnginePanel(submission=tmp_path), EnginePanel(submission=tmp_path, sandboxed=False)
+    assert boxed.command("The KV cache", 8).endswith(f"--max-tokens 8 --submission {tmp_path}")
+    assert unboxed.command("The KV cache", 8).endswith(f"--submission {tmp_path} --no-sandbox")
+    argv = boxed.argv("The KV cache", 8, tmp_path / "figures")
+    assert argv[:4] == [sys.executable, "-m", "grader.cli", "--lang"] and argv[-3:] == ["--json", "--figures", str(tmp_path / "figures")]

@@ -249,7 +249,7 @@ async function startEngine(nav) {
   h.textContent = t("the engine · every chapter in one run");
   const b = document.createElement("button");
   b.type = "button";
-  b.textContent = t("course engine run");
+  b.textContent = "course engine run";  // the command, as typed
   b.dataset.experiment = ENGINE;
   b.addEventListener("click", () => { location.hash = ENGINE; });
   nav.append(h, b);
