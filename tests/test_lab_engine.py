@@ -140,6 +140,13 @@ def test_in_a_student_release_the_message_names_the_tasks_still_missing(tmp_path
     assert "do not pass their public checks yet: ch15.1 embedding_lookup, ch15.2 linear" in message, message
     assert "course check" in message and "Traceback" not in message and not message.startswith("Error")
     assert got["command"] == shlex.join(["course", "engine", "run", "--prompt", DEFAULT_PROMPT, "--max-tokens", "2"])
+    # Stopped while it checks the student's chapters (a warm process and its student processes): nothing is left.
+    procs.become_subreaper()  # as the lab is: the killed orphans come to this process, which must reap them
+    before = procs.children()
+    panel.time_limit = 2.0
+    got = panel.run({"max_tokens": 2})
+    assert got["status"] == "timeout", got
+    assert procs.children() <= before
 
 
 def test_a_lab_on_a_submission_runs_the_engine_on_it_sandboxed_as_the_lab_is(tmp_path):

@@ -105,6 +105,7 @@ class EnginePanel:
         self._latest = 0
         self._proc: subprocess.Popen | None = None
         self._replaced = False
+        self._killed: list[int] = []  # the descendants of the command last killed
 
     # -- what the page shows ----------------------------------------------------------------------
     def describe(self) -> dict:
@@ -162,7 +163,7 @@ class EnginePanel:
         if proc is None or proc.poll() is not None:
             return
         self._replaced = replaced
-        tree = procs.descendants(proc.pid)
+        self._killed = tree = procs.descendants(proc.pid)
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # its own process group (start_new_session)
         except OSError:
@@ -198,9 +199,10 @@ class EnginePanel:
                         self._stop_running(replaced=False)
                     proc.wait()
                 with self._state:
-                    self._proc = None
-                    if self._replaced:
-                        return superseded
+                    self._proc, killed, self._killed, replaced = None, self._killed, [], self._replaced
+                _reap(killed)
+                if replaced:
+                    return superseded
             base = {"command": escape.plain(command), "prompt": escape.plain(prompt)}
             if timed_out:
                 message = tr("the engine did not finish in {limit:g} s and was stopped", limit=self.time_limit)
@@ -215,6 +217,20 @@ class EnginePanel:
             return {**base, **answer(doc), "status": "passed", "message": "", "figure": _figure(scratch / "engine" / "overview.svg")}
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _reap(pids: list[int], wait: float = 2.0) -> None:
+    """Reap the killed descendants this process adopted (the lab is a subreaper: `procs.become_subreaper`)."""
+    deadline = time.monotonic() + wait
+    for pid in pids:
+        while True:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # not adopted by us, or reaped already
+                break
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
 
 
 def answer(doc: dict) -> dict:
