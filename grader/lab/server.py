@@ -87,8 +87,10 @@ async def capped_body(request: Request) -> bytes | None:
 
 
 def engine_panel(lab: Lab) -> EnginePanel:
-    """The engine panel of this lab: the engine runs what the lab runs (a submission, sandboxed as the lab is)."""
-    return EnginePanel(submission=lab.submission, sandboxed=lab.box is not None)
+    """The engine panel of this lab: the engine runs what the lab runs (a submission, sandboxed as the lab is; the
+    project's own chapters for a lab, or a stand-in of one, without a submission)."""
+    submission = getattr(lab, "submission", None)
+    return EnginePanel(submission=submission, sandboxed=getattr(lab, "box", None) is not None)
 
 
 def app(lab: Lab, session: Session, engine: EnginePanel | None = None) -> Starlette:
