@@ -118,17 +118,27 @@ def test_a_run_past_the_limit_is_killed_and_reported():
 def test_a_newer_request_replaces_a_running_one():
     panel = EnginePanel()
     first: dict = {}
+    second: dict = {}
+
+    def started(other: object = None) -> object:
+        """The panel's running engine once it is not `other`."""
+        deadline = time.monotonic() + 30
+        while (panel._proc is None or panel._proc is other) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return panel._proc
+
     older = threading.Thread(target=lambda: first.update(panel.run({"prompt": "A block table", "max_tokens": 64})))
     older.start()
-    deadline = time.monotonic() + 30
-    while panel._proc is None and time.monotonic() < deadline:  # the older one's engine has started
-        time.sleep(0.05)
-    running = panel._proc
+    running = started()
     assert running is not None
-    got = panel.run({"prompt": "The scheduler", "max_tokens": 3})
+    newer = threading.Thread(target=lambda: second.update(panel.run({"prompt": "The scheduler", "max_tokens": 3})))
+    newer.start()
+    replacing = started(running)
+    assert replacing is not None and running.returncode is not None  # the older engine was gone before the newer began
     older.join(timeout=30)
-    assert first["status"] == "superseded" and running.returncode is not None
-    assert got["status"] == "passed" and got["prompt"] == "The scheduler", got
+    newer.join(timeout=60)
+    assert first["status"] == "superseded"
+    assert second["status"] == "passed" and second["prompt"] == "The scheduler", second
 
 
 def test_in_a_student_release_the_message_names_the_tasks_still_missing(tmp_path):
