@@ -165,3 +165,19 @@ def test_a_lab_on_a_submission_runs_the_engine_on_it_sandboxed_as_the_lab_is(tmp
     assert unboxed.command("The KV cache", 8).endswith(f"--submission {tmp_path} --no-sandbox")
     argv = boxed.argv("The KV cache", 8, tmp_path / "figures")
     assert argv[:4] == [sys.executable, "-m", "grader.cli", "--lang"] and argv[-3:] == ["--json", "--figures", str(tmp_path / "figures")]
+
+
+def test_what_the_engine_printed_reaches_the_page_as_escaped_text_and_a_traceback_as_its_last_line():
+    from grader.lab.engine_panel import _failure, _last_json, answer
+
+    doc = {"texts": [{"prompt": "p", "completion": "\x1b[31m<b>red</b>\u202e\nnext"}], "notes": ["a\x07note"], "metrics": {"steps": 3}}
+    shown = answer(doc)
+    assert "\x1b" not in shown["completion"] and "\u202e" not in shown["completion"] and "\x07" not in shown["notes"][0]
+    assert "<b>red</b>" in shown["completion"] and "\nnext" in shown["completion"]  # text (the page sets textContent)
+    assert shown["numbers"].startswith("3 steps")
+    assert _last_json('printed by the student\n{"metrics": {}}\n') == {"metrics": {}}
+    assert _last_json("no json at all\n") is None
+    crash = 'Traceback (most recent call last):\n  File "x.py", line 1\nRuntimeError: boom\n'
+    assert _failure(crash, 1) == "the engine stopped with an error: RuntimeError: boom"
+    assert _failure("Error: these tasks do not pass\n", 1) == "these tasks do not pass"
+    assert "exit status -9" in _failure("", -9)
