@@ -11,6 +11,7 @@ control change to the new figure is printed (run with -s to see it).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import statistics
 import tempfile
@@ -227,6 +228,30 @@ def test_a_hanging_function_times_out_and_the_page_stays_usable(browser, labs):
     browser.find_element(By.CSS_SELECTOR, 'nav button[data-experiment="ch25-paged-kv"]').click()
     wait_for_result(browser, None)
     assert state(browser) == "failed"
+
+
+def test_the_engine_panel_shows_the_text_and_the_course_map_after_a_click(browser, labs):
+    browser.get("about:blank")
+    browser.get(f"{labs['good']}#engine")
+    WebDriverWait(browser, WAIT).until(lambda d: d.find_element(By.ID, "engine").is_displayed())
+    assert not browser.find_element(By.ID, "experiment").is_displayed()
+    assert browser.find_element(By.ID, "engine-command").text == "course engine run --prompt 'The KV cache' --max-tokens 32"
+    box = browser.find_element(By.ID, "engine-prompt")
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys("A block table")
+    browser.find_element(By.ID, "engine-run").click()
+    browser.find_element(By.ID, "engine-run").click()  # a second click replaces the first run (on the server too)
+    status = browser.find_element(By.ID, "engine-status")
+    WebDriverWait(browser, 120).until(lambda d: status.get_attribute("data-state") not in ("idle", "running"))
+    assert status.get_attribute("data-state") == "passed", browser.find_element(By.ID, "engine-message").text
+    assert browser.find_element(By.ID, "engine-prompt-shown").text == "A block table"
+    assert browser.find_element(By.ID, "engine-completion").text.strip()
+    assert browser.find_element(By.ID, "engine-command").text == "course engine run --prompt 'A block table' --max-tokens 32"
+    assert re.search(r"steps .* chapters called: \d+ of 18", browser.find_element(By.ID, "engine-numbers").text)
+    img = browser.find_element(By.CSS_SELECTOR, "#engine-figure img")
+    WebDriverWait(browser, WAIT).until(lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img))
+    assert browser.execute_script("return arguments[0].naturalWidth", img) > 400  # the course map, drawn
+    shoot(browser, "engine")
 
 
 @pytest.mark.parametrize("experiment", sorted(catalog().experiments))

@@ -35,6 +35,7 @@ from starlette.staticfiles import StaticFiles
 
 from grader.i18n import catalog, language, tr
 from grader.lab.access import HOST, OnlyHosts, OnlyOwner, Session
+from grader.lab.engine_panel import EnginePanel
 from grader.lab.runner import Lab
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -85,9 +86,18 @@ async def capped_body(request: Request) -> bytes | None:
     return bytes(body)
 
 
-def app(lab: Lab, session: Session) -> Starlette:
-    """The lab's routes, for requests to 127.0.0.1 or localhost at the session's port that carry its cookie or token."""
+def engine_panel(lab: Lab) -> EnginePanel:
+    """The engine panel of this lab: the engine runs what the lab runs (a submission, sandboxed as the lab is; the
+    project's own chapters for a lab, or a stand-in of one, without a submission)."""
+    submission = getattr(lab, "submission", None)
+    return EnginePanel(submission=submission, sandboxed=getattr(lab, "box", None) is not None)
+
+
+def app(lab: Lab, session: Session, engine: EnginePanel | None = None) -> Starlette:
+    """The lab's routes, for requests to 127.0.0.1 or localhost at the session's port that carry its cookie or token;
+    `engine`: the engine panel's runner (default: `engine_panel(lab)`)."""
     origins = {f"http://{h}" for h in session.hosts}
+    engine = engine or engine_panel(lab)
     html = localized_page((STATIC / "index.html").read_text(encoding="utf-8"), language())
 
     def refusal(request: Request) -> JSONResponse | None:
@@ -114,7 +124,8 @@ def app(lab: Lab, session: Session) -> Starlette:
     async def experiments(request: Request) -> JSONResponse:
         return JSONResponse(lab.describe())
 
-    async def run(request: Request) -> JSONResponse:
+    async def params_of(request: Request) -> dict | JSONResponse:
+        """The page's {"params": {name: value}}, or the refusal of the request."""
         if refused := refusal(request):
             return refused
         body = await capped_body(request)
@@ -127,8 +138,23 @@ def app(lab: Lab, session: Session) -> Starlette:
                 raise ValueError
         except ValueError:
             return invalid('send {"params": {name: value}}', 400)
+        return params
+
+    async def run(request: Request) -> JSONResponse:
+        params = await params_of(request)
+        if isinstance(params, JSONResponse):
+            return params
         result = await run_in_threadpool(lab.run, request.path_params["experiment"], params)
         return JSONResponse(result)
+
+    async def describe_engine(request: Request) -> JSONResponse:
+        return JSONResponse(engine.describe())
+
+    async def run_engine(request: Request) -> JSONResponse:
+        params = await params_of(request)
+        if isinstance(params, JSONResponse):
+            return params
+        return JSONResponse(await run_in_threadpool(engine.run, params))
 
     return Starlette(
         routes=[
@@ -136,6 +162,8 @@ def app(lab: Lab, session: Session) -> Starlette:
             Route("/fonts/{name}", font),
             Route("/api/experiments", experiments),
             Route("/api/run/{experiment}", run, methods=["POST"]),
+            Route("/api/engine", describe_engine, methods=["GET"]),
+            Route("/api/engine", run_engine, methods=["POST"]),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
         middleware=[Middleware(OnlyHosts, hosts=session.hosts), Middleware(OnlyOwner, session=session)],
@@ -158,7 +186,8 @@ def serve(lab: Lab, *, port: int = 0, open_browser: bool = True, on_ready: Calla
 
     sock = bind(port)
     session = Session(sock.getsockname()[1])
-    config = uvicorn.Config(app(lab, session), log_level="warning", access_log=False, timeout_graceful_shutdown=2, lifespan="off")
+    engine = engine_panel(lab)
+    config = uvicorn.Config(app(lab, session, engine), log_level="warning", access_log=False, timeout_graceful_shutdown=2, lifespan="off")
     server = uvicorn.Server(config)
     if on_ready:
         on_ready(session.url)
@@ -169,4 +198,5 @@ def serve(lab: Lab, *, port: int = 0, open_browser: bool = True, on_ready: Calla
     except KeyboardInterrupt:  # uvicorn shuts down gracefully, then raises the signal again
         pass
     finally:
+        engine.stop()
         sock.close()

@@ -72,11 +72,19 @@ async function start() {
       nav.append(b);
     }
   }
+  await startEngine(nav);
   window.addEventListener("hashchange", () => select(location.hash.slice(1)));
   select(location.hash.slice(1));
 }
 
 function select(id) {
+  const onEngine = id === ENGINE && engine.info !== null;
+  $("experiment").hidden = onEngine;
+  $("engine").hidden = !onEngine;
+  for (const b of document.querySelectorAll("nav button")) {
+    b.setAttribute("aria-current", String(b.dataset.experiment === id));
+  }
+  if (onEngine) return;
   const exp = lab.experiments.get(id) || lab.experiments.values().next().value;
   if (!exp) return;
   lab.current = exp;
@@ -218,6 +226,113 @@ function show(data, seq) {
   figures.classList.toggle("stale", data.status === "invalid");
   figures.dataset.seq = String(seq);
   figures.dataset.status = data.status;
+}
+
+// -- the engine panel: `course engine run` on a prompt (POST /api/engine), its text and its course map ----------
+// It runs when asked (a button), not on every change: a run takes seconds, the first one checks your chapters.
+const ENGINE = "engine";
+const engine = { info: null, seq: 0, inflight: null };
+const ENGINE_STATUS = {
+  passed: t("✓ the engine ran your prompt"),
+  error: t("✗ the engine did not run (below)"),
+  timeout: t("✗ the engine did not finish in time (below)"),
+  invalid: t("the engine cannot run this"),
+  refused: t("✗ course lab refused this page (below)"),
+};
+const ENGINE_RUNNING = t("running the engine… (a first run checks your chapters first: up to a minute)");
+
+async function startEngine(nav) {
+  const res = await fetch("/api/engine");
+  if (!res.ok) return;
+  engine.info = await res.json();
+  const h = document.createElement("h3");
+  h.textContent = t("the engine · every chapter in one run");
+  const b = document.createElement("button");
+  b.type = "button";
+  b.textContent = "course engine run";  // the command, as typed
+  b.dataset.experiment = ENGINE;
+  b.addEventListener("click", () => { location.hash = ENGINE; });
+  nav.append(h, b);
+  const info = engine.info;
+  $("engine-prompt").value = info.prompt;
+  $("engine-prompt").maxLength = info.max_prompt;
+  const tokens = $("engine-max_tokens");
+  tokens.min = info.max_tokens.min; tokens.max = info.max_tokens.max; tokens.value = info.max_tokens.default;
+  $("engine-hint").textContent = `${info.max_tokens.min} … ${info.max_tokens.max}`;
+  $("engine-command").textContent = info.command;
+  $("engine-controls").onsubmit = (e) => { e.preventDefault(); runEngine(); };
+}
+
+async function runEngine() {
+  const seq = ++engine.seq;
+  if (engine.inflight) engine.inflight.abort();  // the server stops the running engine for the newer request
+  const ctrl = new AbortController();
+  engine.inflight = ctrl;
+  const status = $("engine-status");
+  status.dataset.state = "running";
+  status.textContent = ENGINE_RUNNING;
+  $("engine-result").classList.add("stale");
+  let data;
+  try {
+    const res = await fetch("/api/engine", {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ params: { prompt: $("engine-prompt").value, max_tokens: $("engine-max_tokens").value } }),
+      signal: ctrl.signal,
+    });
+    data = await res.json();
+  } catch (e) {
+    if (ctrl.signal.aborted) return;
+    data = { status: "error", message: t("the lab server did not answer ({error}); is course lab still running?", { error: e }) };
+  }
+  if (seq !== engine.seq || data.status === "superseded") return;
+  engine.inflight = null;
+  showEngine(data, seq);
+}
+
+function showEngine(data, seq) {
+  const status = $("engine-status");
+  status.dataset.state = data.status;
+  status.textContent = ENGINE_STATUS[data.status] || data.status;
+  if (data.elapsed !== undefined) {
+    const time = document.createElement("span");
+    time.className = "time";
+    time.textContent = `${(data.elapsed).toFixed(1)} s`;
+    status.append(time);
+  }
+  const message = $("engine-message");
+  message.hidden = !data.message;
+  message.textContent = data.message || "";
+  for (const name of ["prompt", "max_tokens"]) {
+    const err = (data.errors || {})[name] || "";
+    $(`engine-${name}`).setAttribute("aria-invalid", String(Boolean(err)));
+    $(`engine-error-${name}`).textContent = err;
+  }
+  if (data.command) $("engine-command").textContent = data.command;
+  const result = $("engine-result");
+  result.classList.toggle("stale", data.status !== "passed");
+  result.dataset.seq = String(seq);
+  result.dataset.status = data.status;
+  if (data.status !== "passed") {
+    result.hidden = data.status !== "invalid" || result.hidden;  // a refused instance keeps the last run, faded
+    return;
+  }
+  result.hidden = false;
+  // The text the model wrote (and the student's code computed) is text, never markup.
+  $("engine-prompt-shown").textContent = data.prompt;
+  $("engine-completion").textContent = data.completion;
+  $("engine-numbers").textContent = data.numbers;
+  $("engine-notes").replaceChildren(...(data.notes || []).map((n) => { const li = document.createElement("li"); li.textContent = n; return li; }));
+  const figure = $("engine-figure");
+  if (data.figure) {
+    // An <img>: the figure was drawn by the process that ran your code, and an SVG in an <img> runs no script.
+    const img = document.createElement("img");
+    img.src = data.figure.src;
+    img.alt = t("the course map of this run: the chapters each stage of the request ran, with the shapes they saw");
+    figure.replaceChildren(img);
+  } else {
+    figure.replaceChildren();
+    figure.textContent = t("the run drew no course map");
+  }
 }
 
 start();
