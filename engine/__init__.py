@@ -1,25 +1,33 @@
-"""The chapters, assembled: a small nano-vllm-style inference engine that runs a Qwen3 model on the CPU.
+"""The chapters, assembled: a small nano-vllm-style inference engine that runs a Qwen3 (or Qwen3-MoE) model on the CPU.
 
-Every stage calls a chapter's graded function: ch15 (embedding, linear, split_qkv),
-ch18 (GQA attention), ch19 (q/k norm and RoPE), ch20 (fused add + RMSNorm, SwiGLU),
-ch23 (sampling), ch24 (the scheduler), ch25 (slots, the paged KV write, the block
-manager and its prefix cache), ch26 (varlen metadata), ch28 (logits indices) and ch29
-(step metadata, latency metrics). By default they are the reference solutions; with a
-submission folder they are the student's own wherever that task's public checks pass
-(see `engine.parts`). `course engine run` is the command; `run` below is its API.
+Every stage calls a chapter's graded function, all 18 chapters in one run (`parts.USED` lists them): ch27's
+EngineCore drives the loop over ch24's scheduler and ch25's paged blocks with prefix caching; ch30 lowers each
+request; ch29, ch26, ch21 and ch28 describe each step; ch15/19/20's layers and ch31's experts (MoE) compute it;
+attention takes ch22's, ch16+ch17's or ch18's path; ch23 samples; ch32 verifies speculative drafts; ch29
+measures. By default they are the reference solutions; with a submission folder they are the student's own
+wherever that task's public checks pass (see `engine.parts`). `course engine run` is the command; `run` below is
+its API.
 
-    model.py    the model: config, weights, Hugging Face–format load and save, presets
-    parts.py    which chapter function runs each stage, and whose it is
-    runner.py   the forward pass of one flattened step over the paged KV cache
-    core.py     the loop: scheduler, paged blocks with prefix caching, sampling, metrics
-    terminal.py `course engine run` on a terminal: prompts file, progress, summary, overview figure
-    text.py     a model folder's tokenizer.json: text prompts in, completions out, at the edge (the engine sees ids)
-    models/     qwen3-course, the default model of `course engine run`, and the script that trains it
-    oracle.py   the comparison with transformers' Qwen3ForCausalLM (needs `.[oracle]`)
+    model.py      the model: config (dense and MoE), weights, Hugging Face–format load and save, presets
+    parts.py      which chapter function runs each stage, and whose it is
+    core.py       Engine and Settings: one generate call, its metrics
+    loop.py       ch27's EngineCore driving ch24's scheduler; ch30's records; speculative drafts counted
+    async_loop.py ch27's AsyncEngineCore (one step ahead) on a worker that keeps its own copy of each request
+    executor.py   one step: metadata, the forward pass, sampling, ch32's verification
+    runner.py     the forward pass of one flattened step over the paged KV cache
+    attention.py  attention by path: ch22 prefill, ch16 + ch17 chunk, ch18 decode
+    moe.py        a layer of experts through ch31: routing, dispatch, experts, combine, EPLB
+    blocks.py     ch24's allocator interface over ch25's BlockManager
+    drafter.py    n-gram prompt lookup (vLLM's NgramProposer rule)
+    errors.py     EngineError: two chapters disagree, or a request cannot run
+    terminal.py   `course engine run` on a terminal: prompts, progress, summary, overview figure
+    text.py       a model folder's tokenizer.json: text prompts in, completions out, at the edge (the engine sees ids)
+    models/       qwen3-course, the default model of `course engine run`, and the script that trains it
+    boxed.py      `--submission`: the engine in a sandbox (trusted side); inbox.py is what runs in the box
+    oracle.py     the comparison with transformers' Qwen3ForCausalLM / Qwen3MoeForCausalLM (needs `.[oracle]`)
 
 It ships in the student release (no solution code is in it): there, with no reference to
-fall back on, it runs only when the student's own functions pass every task it needs.
-"""
+fall back on, it runs only when the student's own functions pass every task it needs."""
 
 from __future__ import annotations
 
