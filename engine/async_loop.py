@@ -14,6 +14,7 @@ at once; speculative decoding is not combined with async scheduling.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from engine.errors import EngineError
@@ -124,7 +125,7 @@ class AsyncLoop(Loop):
                 self.manager.may_append(track.twin)  # the newest token starts a block
             first = max(c, track.cached)
             if first < c + n:
-                rows.append(Row(track, first, c + n - first, list(track.token_ids), []))
+                rows.append(Row(track, first, c + n - first, track.token_ids, []))
         kind = "prefill" if any(self.tracks[rid].num_computed_tokens < self.tracks[rid].num_prompt_tokens for rid in plan) else "decode"
         self.counts[f"{kind}_steps"] += 1
         self.counts["chunked_prefill_steps"] += any(
@@ -171,8 +172,6 @@ class AsyncLoop(Loop):
 
     def reconciled(self, core: Any, outputs: list[dict]) -> None:
         """After ch27's reconcile: the tokens it reported, their times, and the blocks of finished requests freed."""
-        import time
-
         now = time.perf_counter() - self.start
         for out in outputs:
             rid = out["request_id"]

@@ -126,7 +126,8 @@ class Executor:
             extra = drafts.get(str(seq.seq_id), [])
             end = seq.num_computed_tokens + seq.num_scheduled_tokens + len(extra)
             if first < end:
-                rows.append(Row(seq, first, end - first, list(seq.token_ids) + list(extra), list(extra)))
+                tokens = seq.token_ids + extra if extra else seq.token_ids  # read only: no copy of a long sequence
+                rows.append(Row(seq, first, end - first, tokens, list(extra)))
         return rows
 
     # -- metadata ----------------------------------------------------------------------------------------------------
