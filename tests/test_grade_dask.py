@@ -12,11 +12,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from conftest import require_sandbox
 from test_grade import CH17, SANDBOX, SOLUTION17, hang, write
 
 from grader import chapters
@@ -126,8 +128,13 @@ class LocalDask:
 
 
 @pytest.fixture(scope="module")
-def dask_cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dask")
+def dask_cluster():
+    require_sandbox()  # a worker needs bubblewrap (the README); without it a worker refuses, as a local run would
+    # The workers' folders (their TMPDIR: where each grading's scratch goes) must be reachable by a sandbox that is
+    # another uid (the fallback where bubblewrap is missing), as /tmp is for a worker started by hand; pytest's own
+    # temporary folders are root's alone.
+    root = Path(tempfile.mkdtemp(prefix="course-dask-"))
+    root.chmod(0o711)
     # one death per task is retried; a second is the task's end (KilledWorker): the suicidal test stays short
     cluster = LocalDask(root, {"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "1"})
     try:
@@ -136,6 +143,7 @@ def dask_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
