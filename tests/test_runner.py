@@ -202,6 +202,27 @@ def test_a_module_that_hangs_on_import_times_out(tmp_path):
     )
 
 
+class EveryCheck(dict):
+    """Per-check limits (`grade`'s calibrated ones) of `seconds` for every check."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(every=seconds)  # not empty: an empty mapping reads as none
+        self.seconds = seconds
+
+    def get(self, key, default=None):
+        return self.seconds
+
+
+def test_an_import_gets_the_runs_limit_where_a_checks_own_is_shorter(tmp_path):
+    solution = (chapters.SOLUTIONS / "ch25_paged_kv.py").read_text()
+    (tmp_path / "ch25_paged_kv.py").write_text("import time\ntime.sleep(1.5)\n" + solution)  # a slow table, built once
+    report = check("ch25", submission=tmp_path, task="ch25.1", hidden=False, figures_dir=None, time_limit=5.0, time_limits=EveryCheck(0.5))
+    assert {r.status for r in report.results} == {"passed"}, [r.message for r in report.results]
+    (tmp_path / "ch25_paged_kv.py").write_text("while True:\n    pass\n" + solution)
+    report = check("ch25", submission=tmp_path, task="ch25.1", hidden=False, figures_dir=None, time_limit=2.0, time_limits=EveryCheck(0.5))
+    assert "importing ch25_paged_kv.py did not finish within 2 s" in report.results[0].message  # the limit it had
+
+
 def test_a_missing_function_is_named(tmp_path):
     (tmp_path / "ch25_paged_kv.py").write_text("def store_kv(*a):\n    pass\n")
     report = check("ch25", submission=tmp_path, task="ch25.1", hidden=False, figures_dir=None)

@@ -141,8 +141,13 @@ class Session:
         self, path: Path, *, spawn: Callable[[], Worker], worker: Worker | None = None, time_limit: float, budget: Budget | None = None
     ) -> None:
         """`spawn()` starts a fresh student process; `worker`, if given, is one already starting; `budget`
-        counts the memory of every process started (by default one of its own, `budget.make`)."""
+        counts the memory of every process started (by default one of its own, `budget.make`); `time_limit` is the
+        run's flat limit, which an import gets even where a check's own limit is shorter."""
         self.path, self.spawn, self.time_limit = path, spawn, time_limit
+        self.import_limit = time_limit
+        """Seconds an import may take: the run's flat limit, not the first check's calibrated one (a module that
+        builds a table when imported is not a slow function, and a hog's import must reach its memory limit before
+        its time runs out, on a loaded machine too)."""
         self._own_budget = budget is None
         self.budget = budget if budget is not None else make_budget(DEFAULT_LIMIT)
         self._kills_seen: dict[int, int] = {id(self.budget): self.budget.kills()}
@@ -186,7 +191,7 @@ class Session:
                     {"op": "load", "path": str(self.path), "name": f"student_{self.path.stem}"},
                     [],
                     tr("importing {file}", file=self.path.name),
-                    self.time_limit,
+                    max(self.time_limit, self.import_limit),
                 )
             except StudentRaised as e:  # not the call's exception: no check may accept it
                 self.load_failure = StudentError("error", e.explain())
@@ -230,7 +235,7 @@ class Session:
                 tr(
                     "{label} did not finish within {limit:g} s (an endless loop, a sleep, or far too much work?)",
                     label=label,
-                    limit=self.time_limit,
+                    limit=self.time_limit if header.get("op") != "load" else max(self.time_limit, self.import_limit),
                 ),
             ) from None
         except frames.WireClosed:
