@@ -593,7 +593,8 @@ def grade(
             click.echo(grade_line(r))
 
     def note(text: str) -> None:
-        click.echo(tr("note: {note}", note=escape.terminal(text)), err=True)
+        # on a line of its own below the bar (which is on stderr too, and is drawn again at its next step)
+        click.echo(("\n" if bar else "") + tr("note: {note}", note=escape.terminal(text)), err=True)
 
     cluster = dict(scheduler=scheduler, on_note=note) if scheduler else {}
     try:

@@ -312,6 +312,45 @@ def test_a_worker_killed_mid_item_costs_nothing(graded_locally, dask_cluster, tm
     assert [w for w in done["r"].workers if done["r"].workers[w]["items"]]
 
 
+def test_a_run_left_without_workers_says_so_and_goes_on_when_one_joins(tmp_path, monkeypatch):
+    require_sandbox()
+    monkeypatch.setattr(cluster_module, "NO_WORKER_NOTE", 1.0)
+    monkeypatch.setattr(cluster_module, "WORKERS_EVERY", 0.2)
+    root = Path(tempfile.mkdtemp(prefix="course-dask-"))
+    root.chmod(0o711)
+    lonely = LocalDask(root)
+    try:
+        lonely.add_worker("first")
+        subs, out = tmp_path / "subs", tmp_path / "out"
+        write(subs / "ada", CH17.filename, SOLUTION17)
+        write(subs / "bo", CH17.filename, SOLUTION17)
+        notes: list[str] = []
+        done: dict = {}
+        run = threading.Thread(
+            target=lambda: done.update(r=grade(subs, [CH17], out, seed=1, scheduler=lonely.address, sandbox=SANDBOX, on_note=notes.append)),
+            daemon=True,
+        )
+        run.start()
+        deadline = time.monotonic() + 120
+        while not lonely.grading("first") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert lonely.grading("first"), "the worker never graded"
+        lonely.kill("first")  # the only one, mid-item; no nanny starts it again
+        while not notes and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (note,) = notes
+        assert note.startswith(f"no worker that may grade this class has been connected to the scheduler at {lonely.address} for 1 s")
+        assert "2 items are not graded yet: the run waits for one to join" in note and run.is_alive()
+        lonely.add_worker("second")
+        run.join(120)
+        assert not run.is_alive() and "r" in done, "the run did not end"
+        assert [r["status"] for r in done["r"].rows] == ["passed", "passed"]
+        assert notes[1:] == [f"a worker joined the scheduler at {lonely.address}: grading goes on"]
+    finally:
+        lonely.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 # -- a worker's result, checked on the client ------------------------------------------------------------------
 ITEM = Item("ada", "ch17", "/subs", CH17.filename)
 

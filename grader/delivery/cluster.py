@@ -22,7 +22,9 @@ which is that item's error row (so a submission that kills every worker it meets
 A worker that spends longer than the item's deadline (the local run's, `ITEM_SLACK` plus each check's limit)
 ends its own process, which the scheduler treats the same way. Any other failure of the cluster (a lost
 connection, a cancelled task) is retried up to `ATTEMPTS` times, then is the item's error row. Every such row
-is marked `"retry": true`, so the next run grades the item again.
+is marked `"retry": true`, so the next run grades the item again. A run left with no worker it may use waits
+for one to join (as an adaptive cluster scales up again) and says so after `NO_WORKER_NOTE` seconds, and again
+when one is back: the client is never silent while nothing can move.
 
 Trust. The students' code runs only inside a worker's sandbox; what reaches the client from it is the JSON
 text described above. Dask's own messages between the client, the scheduler and the workers are pickled, so
@@ -70,6 +72,10 @@ WINDOW_MIN, WINDOW_EVERY = 32, 2.0
 that the client holds few answers in memory and a worker that joins gets work at once."""
 CONNECT_TIMEOUT = 30.0
 """Seconds to reach the scheduler and for a first worker to join it."""
+NO_WORKER_NOTE, WORKERS_EVERY = 30.0, 5.0
+"""Seconds with items out and no worker this run may use connected (a worker that died is started again by its
+nanny in seconds) before the run says so; it goes on waiting, as an adaptive cluster scales up again. Asked every
+WORKERS_EVERY seconds while nothing ends."""
 FINGERPRINTED = ("grader", "solutions", "figures")
 """The course's folders whose files decide a grade: the checks (hidden ones included), the reference, the figures."""
 FINGERPRINTED_KINDS = (".py", ".po", ".json", ".woff2")
@@ -302,8 +308,9 @@ class WorkerLog:
 class Cluster:
     """A connection to a Dask scheduler, with the workers vetted for this run (`connect`)."""
 
-    def __init__(self, client, sandbox: str | None, how: str, on_note: Callable[[str], None] | None) -> None:
+    def __init__(self, client, sandbox: str | None, how: str, on_note: Callable[[str], None] | None, address: str = "") -> None:
         self.client = client
+        self.address = address
         self.sandbox = sandbox
         self.how = how
         self.on_note = on_note
@@ -332,7 +339,7 @@ class Cluster:
                 raise GradeError(
                     tr("no worker joined the scheduler at {address} in {seconds:.0f} s", address=address, seconds=CONNECT_TIMEOUT)
                 ) from None
-            self = cls(client, sandbox, "", on_note)
+            self = cls(client, sandbox, "", on_note, address)
             fit = self.vet()
             if not fit:
                 raise GradeError(
@@ -379,11 +386,15 @@ class Cluster:
             if self.on_note:
                 self.on_note(why)
 
+    def usable(self) -> list[str]:
+        """The workers connected now that are not refused."""
+        return [w for w in self.client.scheduler_info(n_workers=-1)["workers"] if w not in self.refused]
+
     def allowed(self) -> list[str] | None:
         """The workers a task may go to: all (None) while none was refused, else the others of those connected."""
         if not self.refused:
             return None
-        workers = [w for w in self.client.scheduler_info(n_workers=-1)["workers"] if w not in self.refused]
+        workers = self.usable()
         if not workers:
             raise GradeError(tr("every worker of the cluster was refused: {reasons}", reasons="; ".join(self.refused.values())))
         return workers
@@ -462,7 +473,7 @@ class Cluster:
                     send(item, attempt, task)
                 if not running:
                     continue
-                future, text = next(finished)
+                future, text = self._next(finished, running, len(running) + len(pending))
                 item, attempt, task = running.pop(future)
                 if future.status == "finished":
                     future.release()
@@ -510,6 +521,41 @@ class Cluster:
                 future.cancel()
             for item, _, _ in running.values():  # interrupted: nothing of it is half-written
                 shutil.rmtree(grading._partial(out, item, os.getpid()), ignore_errors=True)
+
+    def _next(self, finished, running: dict, left: int) -> tuple[Any, Any]:
+        """The next task to end and its result (`finished`: an `as_completed` of the tasks in `running`). While
+        none ends and no worker this run may use is connected, say so once NO_WORKER_NOTE seconds have passed
+        (`left` items not graded yet), and once more when one is back."""
+        from distributed import wait
+
+        alone, said = None, False
+        while not finished.has_ready():
+            try:
+                with self.client.as_current():  # `wait` asks for the current client: this one, never another
+                    wait(list(running), timeout=WORKERS_EVERY, return_when="FIRST_COMPLETED")
+                break  # one ended: its result comes next
+            except TimeoutError:
+                pass
+            if self.usable():
+                if said and self.on_note:
+                    self.on_note(tr("a worker joined the scheduler at {address}: grading goes on", address=self.address))
+                alone, said = None, False
+            elif alone is None:
+                alone = time.monotonic()
+            elif not said and time.monotonic() - alone >= NO_WORKER_NOTE:
+                said = True
+                if self.on_note:
+                    self.on_note(
+                        tr(
+                            "no worker that may grade this class has been connected to the scheduler at {address} for "
+                            "{seconds:.0f} s, and {n} items are not graded yet: the run waits for one to join (start "
+                            "workers, or press Ctrl-C: what was graded is kept, and the same command grades the rest)",
+                            address=self.address,
+                            seconds=NO_WORKER_NOTE,
+                            n=left,
+                        )
+                    )
+        return next(finished)
 
     def summary(self) -> dict[str, dict]:
         """Which worker graded what and how long each took: address -> items, seconds in all, the slowest item."""
