@@ -255,7 +255,9 @@ def start_lab(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess
     argv = [sys.executable, "-m", "grader.cli", "lab", *(() if env and "BROWSER" in env else ("--no-open",)), *args]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     line = proc.stdout.readline()
-    assert line.startswith("course lab: http://127.0.0.1:"), line + proc.stdout.read()
+    if not line.startswith("course lab: http://127.0.0.1:"):  # a lab that printed something else runs on: stop it first
+        proc.kill()
+        pytest.fail(f"course lab printed {line!r} first, then:\n{proc.communicate(timeout=15)[0]}")
     url = line.split()[2]
     assert re.fullmatch(r"http://127\.0\.0\.1:\d+/\?token=[\w-]{40,}", url), line
     return proc, url
