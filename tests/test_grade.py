@@ -36,6 +36,7 @@ from grader.delivery.notebook import chapter_notebook
 from grader.delivery.seeds import student_seed
 from grader.delivery.summary import HISTOGRAM, clip, message_group, summarize, summary_markdown
 from grader.isolation.sandbox import SandboxUnavailable, probe
+from grader.run import warm_launcher
 
 pytestmark = pytest.mark.slow  # grades submissions, builds releases or runs real tools: not in the fast loop
 
@@ -713,6 +714,9 @@ def partial_of(out: Path, student: str, timeout: float = 120) -> Path:
 def test_a_job_process_that_dies_costs_only_its_item_and_a_rerun_grades_it_again(tmp_path, monkeypatch):
     subs, out, tmp = tmp_path / "subs", tmp_path / "out", tmp_path / "tmp"
     tmp.mkdir()
+    # this process's warm process (the calibration's) lives as long as the process, its folder where tempdir was
+    # when it was made: made first, so that it is not in `tmp` when this test is the process's first to grade
+    warm_launcher()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     write(subs / "a-killed", CH17.filename, hang("causal_mask"))
     write(subs / "b-next", CH17.filename, SOLUTION17)
@@ -741,7 +745,9 @@ def test_an_interrupted_run_removes_its_temporary_folders(tmp_path):
     subs, out, tmp = tmp_path / "subs", tmp_path / "out", tmp_path / "tmp"
     tmp.mkdir()
     write(subs / "a-done", CH17.filename, STUB17)
-    write(subs / "b-hangs", CH17.filename, hang("causal_mask"))
+    # loops on import, which may take the run's flat limit (60 s): still being graded when Ctrl-C comes, however
+    # slow the machine (a loop in a function ends at its check's calibrated limit, 0.5 s: the run could end first)
+    write(subs / "b-hangs", CH17.filename, "while True:\n    pass\n" + SOLUTION17)
     command = [
         sys.executable,
         "-m",
@@ -756,6 +762,8 @@ def test_an_interrupted_run_removes_its_temporary_folders(tmp_path):
         "1",
         "--seed",
         "4",
+        "--time-limit",
+        "60",
     ] + ([] if SANDBOX else ["--no-sandbox"])
     proc = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=str(tmp)), start_new_session=True
