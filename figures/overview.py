@@ -143,7 +143,7 @@ def overview_figure(f: Figure, r: dict) -> None:
         vocab=m["vocab"],
         source=m["source"],
     )
-    if "random weights" in m["source"]:
+    if m.get("random_weights"):
         output = tr(
             "Request {request} generated {tokens}: random weights, so the tokens mean nothing and often repeat.",
             request=r["request"],
