@@ -20,6 +20,7 @@ its API.
     blocks.py     ch24's allocator interface over ch25's BlockManager
     drafter.py    n-gram prompt lookup (vLLM's NgramProposer rule)
     errors.py     EngineError: two chapters disagree, or a request cannot run
+    words.py      the engine's words in the run's language (grader.i18n; in the sandbox, the table sent along)
     terminal.py   `course engine run` on a terminal: prompts, progress, summary, overview figure
     text.py       a model folder's tokenizer.json: text prompts in, completions out, at the edge (the engine sees ids)
     models/       qwen3-course, the default model of `course engine run`, and the script that trains it
@@ -116,6 +117,7 @@ def overview_record(result: Run, model: Model, *, trace_request: int = 0) -> dic
             "head_dim": c.head_dim,
             "vocab": c.vocab_size,
             "source": model.source,
+            "random_weights": model.random_weights,
         },
         "counts": {
             k: m[k]

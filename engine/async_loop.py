@@ -20,6 +20,7 @@ from typing import Any
 from engine.errors import EngineError
 from engine.executor import Done, Row
 from engine.loop import Loop
+from engine.words import tr
 
 
 class Track:
@@ -45,8 +46,13 @@ class AsyncLoop(Loop):
         needed = sum(-(-(len(seq.token_ids) + seq.max_tokens) // bs) for seq in self.seqs)
         if s.num_blocks is not None and s.num_blocks < needed:
             raise EngineError(
-                f"async scheduling plans with ch27's plan_tokens, which never preempts: the pool must hold every "
-                f"request at once, {needed} blocks of {bs}; --num-blocks is {s.num_blocks}"
+                tr(
+                    "async scheduling plans with ch27's plan_tokens, which never preempts: the pool must hold every "
+                    "request at once, {needed} blocks of {size}; --num-blocks is {given}",
+                    needed=needed,
+                    size=bs,
+                    given=s.num_blocks,
+                )
             )
         self.manager = self.parts.fn("BlockManager")(s.num_blocks or needed, bs)
         self.twin_class = self.parts["BlockManager"].companion
@@ -89,13 +95,13 @@ class AsyncLoop(Loop):
             try:
                 self.records[seq.seq_id] = self._lower(request, seq.seq_id == self.traced_id, "admit", "admit the request")[0]
             except ValueError as e:
-                raise EngineError(f"request {seq.seq_id}: ch30's lower_request refused it: {e}") from None
+                raise EngineError(tr("request {id}: ch30's lower_request refused it: {error}", id=seq.seq_id, error=e)) from None
             core.add_request(str(seq.seq_id), prompt, seq.max_tokens, None if seq.ignore_eos else self.scheduler.eos)
             self.outputs[str(seq.seq_id)] = []
 
     def run(self, core: Any) -> None:
         self.trace.kind = "run"
-        self.note("run", "engine core loop", "AsyncEngineCore", f"{len(self.seqs)} requests, a batch queue of two")
+        self.note("run", "engine core loop", "AsyncEngineCore", tr("{n} requests, a batch queue of two", n=len(self.seqs)))
         for name in ("AsyncEngineCore", "BlockManager"):
             self.trace.count(self.parts[name])
         core.run()
@@ -103,22 +109,28 @@ class AsyncLoop(Loop):
     def execute(self, scheduler_output: dict) -> dict[str, list[int]]:
         """Run one scheduled step on the worker's own copy of the requests."""
         if self.counts["steps"] >= self.max_steps:
-            raise EngineError(f"no end after {self.counts['steps']} steps: ch27's AsyncEngineCore loop does not finish")
+            raise EngineError(tr("no end after {steps} steps: ch27's AsyncEngineCore loop does not finish", steps=self.counts["steps"]))
         plan, new = scheduler_output["num_scheduled_tokens"], scheduler_output["scheduled_new_reqs"]
         for rid, prompt in new.items():
             if rid in self.tracks:
-                raise EngineError(f"ch27's AsyncEngineCore sent request {rid}'s prompt twice (scheduled_new_reqs)")
+                raise EngineError(tr("ch27's AsyncEngineCore sent request {id}'s prompt twice (scheduled_new_reqs)", id=rid))
             self.tracks[rid] = self._track(int(rid), list(prompt))
         rows = []
         for rid, n in plan.items():
             track = self.tracks.get(rid)
             if track is None:
-                raise EngineError(f"ch27's AsyncEngineCore scheduled request {rid}, whose prompt the worker was never sent")
+                raise EngineError(tr("ch27's AsyncEngineCore scheduled request {id}, whose prompt the worker was never sent", id=rid))
             c = track.num_computed_tokens
             if type(n) is not int or n < 1 or c + n > len(track.token_ids):
                 raise EngineError(
-                    f"ch27's AsyncEngineCore scheduled request {rid} for {n!r} tokens from position {c}; the worker knows "
-                    f"{len(track.token_ids)} (one placeholder too many schedules a token nobody has sampled)"
+                    tr(
+                        "ch27's AsyncEngineCore scheduled request {id} for {n} tokens from position {first}; the worker knows "
+                        "{known} (one placeholder too many schedules a token nobody has sampled)",
+                        id=rid,
+                        n=repr(n),
+                        first=c,
+                        known=len(track.token_ids),
+                    )
                 )
             track.twin.num_tokens = len(track.token_ids)
             if len(track.token_ids) > len(track.block_table) * self.settings.block_size:
@@ -134,7 +146,7 @@ class AsyncLoop(Loop):
         self.trace.kind = kind
         self.trace.on = self.traced_key in plan and not any(e["kind"] == kind for e in self.trace.events)
         if self.trace.on:
-            self.note(kind, "engine core step", "AsyncEngineCore", "schedule N + 1 → execute → reconcile N")
+            self.note(kind, "engine core step", "AsyncEngineCore", tr("schedule N + 1 → execute → reconcile N"))
         self._phase([self.tracks[rid] for rid in plan], kind)
         sampled = self.executor.run_rows(rows, kind, list(plan))
         for rid, n in plan.items():
@@ -158,7 +170,7 @@ class AsyncLoop(Loop):
         twin = self.twin_class(list(prompt), self.settings.block_size)
         num_cached_blocks = self.manager.can_allocate(twin)
         if num_cached_blocks < 0:
-            raise EngineError(f"request {seq_id}: ch25's can_allocate finds no room in a pool sized for every request")
+            raise EngineError(tr("request {id}: ch25's can_allocate finds no room in a pool sized for every request", id=seq_id))
         self.manager.allocate(twin, num_cached_blocks)
         if num_cached_blocks:
             self.blocks.hits.append(num_cached_blocks * self.settings.block_size)
@@ -168,7 +180,13 @@ class AsyncLoop(Loop):
         """ch30's select_phase over the step's records, as the worker's copies stand."""
         phase, expected = self.phase([(t.seq_id, len(t.token_ids), t.num_computed_tokens, t.num_prompt_tokens) for t in tracks], kind)
         if phase != expected:
-            raise EngineError(f"ch30's select_phase says {phase!r} for a step whose records are in the {expected} phase")
+            raise EngineError(
+                tr(
+                    "ch30's select_phase says {phase} for a step whose records are in the {expected} phase",
+                    phase=repr(phase),
+                    expected=expected,
+                )
+            )
 
     def reconciled(self, core: Any, outputs: list[dict]) -> None:
         """After ch27's reconcile: the tokens it reported, their times, and the blocks of finished requests freed."""

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.words import tr
+
 if TYPE_CHECKING:
     from engine.runner import ModelRunner, Step
 
@@ -84,7 +86,14 @@ def _prefill(runner: ModelRunner, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             True,
             FLASH_BLOCK,
             FLASH_BLOCK,
-            shapes=lambda r: f"head {h} ← K/V head {kv}: q {_dims(q[:, 0])} · k {_dims(k[:, 0])} → out {_dims(r[0])} + lse",
+            shapes=lambda r: tr(
+                "head {head} ← K/V head {kv}: q {q} · k {k} → out {out} + lse",
+                head=h,
+                kv=kv,
+                q=_dims(q[:, 0]),
+                k=_dims(k[:, 0]),
+                out=_dims(r[0]),
+            ),
         )
         heads.append(out)
     return torch.stack(heads, dim=1)
@@ -103,7 +112,7 @@ def _chunk(runner: ModelRunner, q: torch.Tensor, keys: torch.Tensor, values: tor
         "causal_mask_with_offset",
         T,
         S - T,
-        shapes=lambda m: f"{T} new after {S - T} cached → mask {_dims(m)}",
+        shapes=lambda m: tr("{new} new after {cached} cached → mask {mask}", new=T, cached=S - T, mask=_dims(m)),
     )
     group = Hq // Hkv
     outs = [

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.errors import EngineError
+from engine.words import tr
 
 
 class PagedBlocks:
@@ -60,7 +61,7 @@ class PagedBlocks:
         twin = self._twin(seq)
         num_cached_blocks = self.manager.can_allocate(twin)
         if num_cached_blocks < 0:
-            raise EngineError("ch24's Scheduler allocated a sequence that ch25's can_allocate says does not fit")
+            raise EngineError(tr("ch24's Scheduler allocated a sequence that ch25's can_allocate says does not fit"))
         self.manager.allocate(twin, num_cached_blocks)
         self._sync_back(seq, twin)
         self.cached_tokens[seq.seq_id] = num_cached_blocks * self.block_size

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from engine.core import EngineError, Run, Settings
 from engine.model import PRESETS, Model
 from engine.parts import REFERENCE, USED, YOURS, PartsUnavailable, _task_of, passing_tasks
+from engine.words import sent_words, tr
 
 MODEL_IN_BOX = "/model"
 """Where a model folder is seen in the box (read-only)."""
@@ -78,8 +79,11 @@ def run_boxed(
             chosen.append({"chapter": chapter_id, "task": task, "name": name, "file": file, "source": source})
     if missing:
         raise PartsUnavailable(
-            "the engine runs the submission's own code here (this installation has no reference solutions), and "
-            "these tasks do not pass their public checks yet: " + ", ".join(missing) + ". Run `course check <chapter>` for each."
+            tr(
+                "the engine runs the submission's own code here (this installation has no reference solutions), and these "
+                "tasks do not pass their public checks yet: {tasks}. Run `course check <chapter>` for each.",
+                tasks=", ".join(missing),
+            )
         )
     binds = {} if model_name in PRESETS else {os.path.realpath(model_name): MODEL_IN_BOX}
     box = Box(sandbox, files, memory=memory_limit, packages=(*STUDENT_PACKAGES, "safetensors"), code=("engine",), binds=binds)
@@ -89,6 +93,7 @@ def run_boxed(
         "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
         "prompts": prompts,
         "max_tokens": max_tokens,
+        "words": sent_words(),  # the box has no catalogs: the engine's words in this run's language go along
     }
     workdir = Path(tempfile.mkdtemp(prefix="course-engine-"))
     zygote = session = None
@@ -100,9 +105,9 @@ def run_boxed(
         try:
             value = session.call("run", [config], {}).value
         except StudentRaised as e:
-            raise EngineError(f"the engine stopped in the sandbox: {e.explain()}") from None
+            raise EngineError(tr("the engine stopped in the sandbox: {error}", error=e.explain())) from None
         except StudentError as e:
-            raise EngineError(f"the engine stopped in the sandbox: {e}") from None
+            raise EngineError(tr("the engine stopped in the sandbox: {error}", error=e)) from None
     finally:
         if session is not None:
             session.close()
@@ -121,28 +126,28 @@ def _checked(value: Any, prompts: list[list[int]], max_tokens: int, vocab: int, 
     call counts, like the trace, are the box's account of its run, drawn on the overview and graded nowhere)."""
 
     def fail(why: str) -> EngineError:
-        return EngineError(f"the engine in the sandbox sent back something that is not a run: {why}")
+        return EngineError(tr("the engine in the sandbox sent back something that is not a run: {why}", why=why))
 
     if type(value) is not dict or set(value) != {"outputs", "metrics", "sources", "calls", "trace", "notes"}:
-        raise fail("not the six parts of a run")
+        raise fail(tr("not the six parts of a run"))
     outputs = value["outputs"]
     if type(outputs) is not list or len(outputs) != len(prompts):
-        raise fail(f"{len(prompts)} outputs expected")
+        raise fail(tr("{n} outputs expected", n=len(prompts)))
     for out in outputs:
         if type(out) is not list or len(out) > max_tokens or not all(type(t) is int and 0 <= t < vocab for t in out):
-            raise fail(f"an output is not a list of at most {max_tokens} token ids below {vocab}")
+            raise fail(tr("an output is not a list of at most {n} token ids below {vocab}", n=max_tokens, vocab=vocab))
     metrics = value["metrics"]
     if type(metrics) is not dict or not all(type(k) is str and type(v) in (int, float, type(None)) for k, v in metrics.items()):
-        raise fail("metrics are not named numbers")
+        raise fail(tr("metrics are not named numbers"))
     trace = value["trace"]
     if type(trace) is not list or len(trace) > 10_000 or not all(_plain(e) for e in trace):
-        raise fail("the trace is not a list of plain records")
+        raise fail(tr("the trace is not a list of plain records"))
     notes = value["notes"]
     if type(notes) is not list or not all(type(n) is str and len(n) < 2000 for n in notes) or len(notes) > 100:
-        raise fail("notes are not short texts")
+        raise fail(tr("notes are not short texts"))
     calls = value["calls"]
     if type(calls) is not dict or not all(k in labels and type(v) is int and v >= 0 for k, v in calls.items()):
-        raise fail("call counts are not counts of the engine's stages")
+        raise fail(tr("call counts are not counts of the engine's stages"))
     return {"outputs": outputs, "metrics": metrics, "trace": trace, "notes": notes, "calls": calls}
 
 

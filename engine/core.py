@@ -16,6 +16,7 @@ from engine.loop import Loop
 from engine.model import Model
 from engine.moe import ExpertParallel, ExpertParallelSettings
 from engine.parts import Parts
+from engine.words import tr
 
 __all__ = ["Engine", "EngineError", "Run", "Settings"]
 
@@ -153,8 +154,13 @@ class Engine:
             "run",
             "measure the run",
             "latency_metrics",
-            f"{len(prompts)} requests → TTFT {metrics['mean_ttft_ms']:.1f} ms, "
-            f"TPOT {metrics['mean_tpot_ms']:.1f} ms, {metrics['output_throughput']:.0f} tok/s",
+            tr(
+                "{n} requests → TTFT {ttft:.1f} ms, TPOT {tpot:.1f} ms, {output:.0f} tok/s",
+                n=len(prompts),
+                ttft=metrics["mean_ttft_ms"],
+                tpot=metrics["mean_tpot_ms"],
+                output=metrics["output_throughput"],
+            ),
         )
         experts = loop.executor.runner.expert_parallel
         return Run(
@@ -171,15 +177,23 @@ class Engine:
         """Each prompt's max_tokens, once the prompts and limits are checked."""
         c = self.model.config
         if not prompts:
-            raise EngineError("no prompts: give a JSON list of token-id lists")
+            raise EngineError(tr("no prompts: give a JSON list of token-id lists"))
         limits = [max_tokens] * len(prompts) if not isinstance(max_tokens, list) else list(max_tokens)
         if len(limits) != len(prompts):
-            raise EngineError(f"{len(limits)} max_tokens for {len(prompts)} prompts: give one, or one per prompt")
+            raise EngineError(tr("{n} max_tokens for {prompts} prompts: give one, or one per prompt", n=len(limits), prompts=len(prompts)))
         for i, (p, m) in enumerate(zip(prompts, limits)):
             if type(m) is not int or m < 1:
-                raise EngineError(f"max_tokens must be a positive int; got {m!r}")
+                raise EngineError(tr("max_tokens must be a positive int; got {value}", value=repr(m)))
             if not isinstance(p, list) or not p or not all(type(t) is int and 0 <= t < c.vocab_size for t in p):
-                raise EngineError(f"prompt {i} must be a non-empty list of token ids in [0, {c.vocab_size})")
+                raise EngineError(tr("prompt {i} must be a non-empty list of token ids in [0, {vocab})", i=i, vocab=c.vocab_size))
             if len(p) + m > c.max_position_embeddings:
-                raise EngineError(f"prompt {i}: {len(p)} + {m} tokens exceed max_position_embeddings {c.max_position_embeddings}")
+                raise EngineError(
+                    tr(
+                        "prompt {i}: {n} + {m} tokens exceed max_position_embeddings {limit}",
+                        i=i,
+                        n=len(p),
+                        m=m,
+                        limit=c.max_position_embeddings,
+                    )
+                )
         return limits

@@ -23,6 +23,7 @@ import torch
 from engine.attention import CHUNK, DECODE, path_of
 from engine.errors import EngineError
 from engine.runner import ModelRunner, Probe, Step, ints, shape
+from engine.words import tr
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,9 @@ class Executor:
             cached_lens,
             shapes=lambda m: f"cu_seqlens_q {ints(m['cu_seqlens_q'])} · cu_seqlens_k {ints(m['cu_seqlens_k'])}",
         )
-        indices = call("rows to sample", "logits_indices", query_lens, shapes=lambda out: f"rows {ints(out)} of {sum(query_lens)}")
+        indices = call(
+            "rows to sample", "logits_indices", query_lens, shapes=lambda out: tr("rows {rows} of {n}", rows=ints(out), n=sum(query_lens))
+        )
         _agree(meta, varlen, indices)
         cu_q, cu_k = varlen["cu_seqlens_q"].long().tolist(), varlen["cu_seqlens_k"].long().tolist()
         paths = [CHUNK if r.drafts else path_of(r.n, r.first) for r in rows]
@@ -205,8 +208,17 @@ class Executor:
             theirs = (int(meta["input_ids"][row]), int(meta["positions"][row]), int(meta["slot_mapping"][row]))
             if (d["input_id"], d["position"], d["slot"]) != theirs:
                 raise EngineError(
-                    f"ch21's decode_inputs (input_id {d['input_id']}, position {d['position']}, slot {d['slot']}) and "
-                    f"ch29's prepare_inputs ({theirs[0]}, {theirs[1]}, {theirs[2]}) disagree on request {r.seq.seq_id}'s decode row"
+                    tr(
+                        "ch21's decode_inputs (input_id {input_id}, position {position}, slot {slot}) and ch29's prepare_inputs "
+                        "({their_id}, {their_position}, {their_slot}) disagree on request {id}'s decode row",
+                        input_id=d["input_id"],
+                        position=d["position"],
+                        slot=d["slot"],
+                        their_id=theirs[0],
+                        their_position=theirs[1],
+                        their_slot=theirs[2],
+                        id=r.seq.seq_id,
+                    )
                 )
             ids.append(d["input_id"])
             positions.append(d["position"])
@@ -215,7 +227,9 @@ class Executor:
             tables.append(list(r.seq.block_table))
         trace.on = on
         n = len(decode)
-        graph_bs = call("decode batch size", "graph_batch_size", n, self.sizes, shapes=lambda g: f"{n} sequences → the graph of {g}")
+        graph_bs = call(
+            "decode batch size", "graph_batch_size", n, self.sizes, shapes=lambda g: tr("{n} sequences → the graph of {size}", n=n, size=g)
+        )
         padded = call(
             "padded decode batch",
             "pad_decode_batch",
@@ -238,7 +252,7 @@ class Executor:
             "fill_static_buffers",
             self.buffers,
             batch,
-            shapes=lambda _: f"{n} rows into buffers of {self.sizes[-1]}",
+            shapes=lambda _: tr("{n} rows into buffers of {size}", n=n, size=self.sizes[-1]),
         )
         for i, b in enumerate(decode):
             length = int(self.buffers["context_lens"][i])
@@ -256,7 +270,7 @@ class Executor:
             table,
             torch.arange(length),
             self.settings.block_size,
-            shapes=lambda s: f"table {ints(table)} → slots {ints(s)}",
+            shapes=lambda s: tr("table {table} → slots {slots}", table=ints(table), slots=ints(s)),
         )
         trace.on = on
         return out
@@ -268,7 +282,12 @@ class Executor:
             self._kv_heads = [
                 int(
                     self.runner.call(
-                        "query head → K/V head", "kv_head_for", h, Hq, Hkv, shapes=lambda g: f"{Hq} query heads → {Hkv} K/V heads"
+                        "query head → K/V head",
+                        "kv_head_for",
+                        h,
+                        Hq,
+                        Hkv,
+                        shapes=lambda g: tr("{query} query heads → {kv} K/V heads", query=Hq, kv=Hkv),
                     )
                 )
                 for h in range(Hq)
@@ -330,7 +349,14 @@ class Executor:
             temperature,
             top_k,
             top_p,
-            shapes=lambda out: f"{shape(logits)} ÷ {s.temperature:g}, top-k {s.top_k or 'off'}, top-p {s.top_p:g} → {shape(out)}",
+            shapes=lambda out: tr(
+                "{logits} ÷ {temperature:g}, top-k {top_k}, top-p {top_p:g} → {out}",
+                logits=shape(logits),
+                temperature=s.temperature,
+                top_k=s.top_k or tr("off"),
+                top_p=s.top_p,
+                out=shape(out),
+            ),
         )
 
     def _verify(self, row: Row, logits: torch.Tensor) -> list[int]:
@@ -356,7 +382,13 @@ class Executor:
             target,
             uniforms,
             noise,
-            shapes=lambda out: f"{k} drafts {ints(row.drafts)} → {len(out) - 1} accepted, emits {ints(out)}",
+            shapes=lambda out: tr(
+                "{n} drafts {drafts} → {accepted} accepted, emits {tokens}",
+                n=k,
+                drafts=ints(row.drafts),
+                accepted=len(out) - 1,
+                tokens=ints(out),
+            ),
         )
         counts = self.loop.counts
         counts["draft_tokens"] += k
@@ -368,12 +400,20 @@ class Executor:
     def _note_schedule(self, rids: list[str], rows: list[Row], kind: str) -> None:
         loop = self.loop
         mine = next((r for r in rows if r.seq.seq_id == loop.traced_id), None)
-        what = f"positions {mine.first}–{mine.first + mine.n - 1}" if mine else "nothing (prefix-cached)"
-        plural = "s" * (len(rids) > 1)
-        loop.note(kind, "schedule", loop.scheduler_part, f"{kind}: {len(rids)} sequence{plural}; request {loop.traced_id} computes {what}")
+        request = loop.traced_id
+        if mine is None:
+            what = tr("request {request} computes nothing (prefix-cached)", request=request)
+        elif mine.n == 1:
+            what = tr("request {request} computes position {position}", request=request, position=mine.first)
+        else:
+            what = tr(
+                "request {request} computes positions {first}–{last}", request=request, first=mine.first, last=mine.first + mine.n - 1
+            )
+        count = tr("{n} sequences", n=len(rids)) if len(rids) > 1 else tr("1 sequence")
+        loop.note(kind, "schedule", loop.scheduler_part, f"{kind}: {count}; {what}")  # the kind: the overview's column says it
         if mine is not None:
             table, cached = ints(mine.seq.block_table), loop.cached(mine.seq)
-            loop.note(kind, "blocks (prefix cache)", "BlockManager", f"block table {table}, {cached} tokens cached")
+            loop.note(kind, "blocks (prefix cache)", "BlockManager", tr("block table {table}, {n} tokens cached", table=table, n=cached))
 
 
 def _agree(meta: dict, varlen: dict, indices: torch.Tensor) -> None:
@@ -381,11 +421,18 @@ def _agree(meta: dict, varlen: dict, indices: torch.Tensor) -> None:
     qsl, cu_q = meta["query_start_loc"].long().tolist(), varlen["cu_seqlens_q"].long().tolist()
     if qsl != cu_q:
         raise EngineError(
-            f"ch29's prepare_inputs (query_start_loc {qsl}) and ch26's varlen_metadata "
-            f"(cu_seqlens_q {cu_q}) disagree on where the sequences start"
+            tr(
+                "ch29's prepare_inputs (query_start_loc {qsl}) and ch26's varlen_metadata (cu_seqlens_q {cu}) disagree on where "
+                "the sequences start",
+                qsl=qsl,
+                cu=cu_q,
+            )
         )
     if meta["logits_indices"].long().tolist() != indices.long().tolist():
         raise EngineError(
-            f"ch29's prepare_inputs (logits_indices {meta['logits_indices'].tolist()}) and ch28's "
-            f"logits_indices ({indices.tolist()}) disagree on the rows to sample"
+            tr(
+                "ch29's prepare_inputs (logits_indices {theirs}) and ch28's logits_indices ({mine}) disagree on the rows to sample",
+                theirs=meta["logits_indices"].tolist(),
+                mine=indices.tolist(),
+            )
         )

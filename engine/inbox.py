@@ -20,6 +20,9 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     from engine.core import Engine, Settings
     from engine.model import load
     from engine.parts import PROVIDED, Part, Parts
+    from engine.words import use
+
+    use(config.get("words") or {})  # the engine's words in the run's language (the box has no catalogs)
 
     modules: dict[str, ModuleType] = {}
     parts = {}

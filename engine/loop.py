@@ -29,6 +29,7 @@ from engine.errors import EngineError
 from engine.executor import Executor
 from engine.model import Model
 from engine.runner import Trace
+from engine.words import tr
 
 ONE_TOKEN = 1
 """What one kept token of a speculative step counts as, when ch24's postprocess folds it in."""
@@ -94,18 +95,23 @@ class Loop:
             try:
                 record, ids, positions = self._lower(request, seq.seq_id == self.traced.seq_id, "admit", "admit the request")
             except ValueError as e:
-                raise EngineError(f"request {seq.seq_id}: ch30's lower_request refused it: {e}") from None
+                raise EngineError(tr("request {id}: ch30's lower_request refused it: {error}", id=seq.seq_id, error=e)) from None
             if ids.tolist() != prompt or positions.tolist() != list(range(len(prompt))):
                 raise EngineError(
-                    f"request {seq.seq_id}: ch30's lower_request gives input ids {ids.tolist()[:8]}… at positions "
-                    f"{positions.tolist()[:8]}…, not its prompt at 0 … {len(prompt) - 1}"
+                    tr(
+                        "request {id}: ch30's lower_request gives input ids {ids}… at positions {positions}…, not its prompt at 0 … {last}",
+                        id=seq.seq_id,
+                        ids=ids.tolist()[:8],
+                        positions=positions.tolist()[:8],
+                        last=len(prompt) - 1,
+                    )
                 )
             self.records[seq.seq_id] = record
             core.add_request(str(seq.seq_id), prompt, seq.max_tokens, None if seq.ignore_eos else self.scheduler.eos)
             try:
                 self.scheduler.add(seq)
             except ValueError as e:
-                raise EngineError(f"request {seq.seq_id}: {e} (raise --num-blocks)") from None
+                raise EngineError(tr("request {id}: {error} (raise --num-blocks)", id=seq.seq_id, error=e)) from None
 
     def sampling_of(self, seq: Any) -> dict:
         """The request's sampling parameters, as ch30's lowering takes them."""
@@ -120,7 +126,9 @@ class Loop:
         out = part.fn(request)
         self.trace.count(part)
         if traced:
-            self.note(kind, stage, "lower_request", f"record of {out[0].dtype.itemsize} bytes · input_ids [{len(out[1])}]")
+            self.note(
+                kind, stage, "lower_request", tr("record of {size} bytes · input_ids [{n}]", size=out[0].dtype.itemsize, n=len(out[1]))
+            )
         return out
 
     # -- ch27's core, driven by ch24's scheduler ----------------------------------------------------------------------
@@ -150,11 +158,14 @@ class Loop:
         if self.scheduler.is_finished():
             left = [rid for rid, r in core.requests.items() if not r.is_finished]
             raise EngineError(
-                f"ch24's scheduler finished every request, but ch27's EngineCore still has {', '.join(left)} unfinished "
-                f"(its update_from_output did not mark them finished)"
+                tr(
+                    "ch24's scheduler finished every request, but ch27's EngineCore still has {requests} unfinished "
+                    "(its update_from_output did not mark them finished)",
+                    requests=", ".join(left),
+                )
             )
         if self.counts["steps"] >= self.max_steps:
-            raise EngineError(f"no end after {self.counts['steps']} steps: ch27's EngineCore loop does not finish")
+            raise EngineError(tr("no end after {steps} steps: ch27's EngineCore loop does not finish", steps=self.counts["steps"]))
         was_running = {seq.seq_id for seq in self.scheduler.running}
         batch, is_prefill = self.scheduler.schedule()
         preempted = [seq for seq in self.scheduler.waiting if seq.seq_id in was_running]
@@ -167,7 +178,7 @@ class Loop:
         self.trace.on = self.traced in batch and not any(e["kind"] == kind for e in self.trace.events)
         self.trace.kind = kind
         if self.trace.on:
-            self.note(kind, "engine core step", "EngineCore", "schedule → execute → update")
+            self.note(kind, "engine core step", "EngineCore", tr("schedule → execute → update"))
         self._check_phase(batch, is_prefill, kind)
         plan, new, spec = {}, {}, {}
         schedule_spec = self.parts.fn("schedule_spec")
@@ -186,12 +197,19 @@ class Loop:
                     or list(planned.get("scheduled_spec_token_ids", [])) != drafts[rid]
                 ):
                     raise EngineError(
-                        f"request {rid}: ch27's schedule_spec planned {planned!r:.120} for its newest token and "
-                        f"{len(drafts[rid])} drafts {drafts[rid]}"
+                        tr(
+                            "request {id}: ch27's schedule_spec planned {planned} for its newest token and {n} drafts {drafts}",
+                            id=rid,
+                            planned=repr(planned)[:120],
+                            n=len(drafts[rid]),
+                            drafts=drafts[rid],
+                        )
                     )
                 plan[rid], spec[rid] = planned["num_scheduled_tokens"], list(drafts[rid])
                 if seq is self.traced and self.trace.on:
-                    self.note(kind, "count the drafts", "schedule_spec", f"{len(drafts[rid])} drafts → {plan[rid]} tokens to compute")
+                    self.note(
+                        kind, "count the drafts", "schedule_spec", tr("{n} drafts → {m} tokens to compute", n=len(drafts[rid]), m=plan[rid])
+                    )
             else:
                 request.num_computed_tokens += seq.num_scheduled_tokens
                 plan[rid] = seq.num_scheduled_tokens
@@ -219,8 +237,13 @@ class Loop:
         phase, expected = self.phase([(seq.seq_id, seq.num_tokens, seq.num_computed_tokens, seq.num_prompt_tokens) for seq in batch], kind)
         if phase != expected:
             raise EngineError(
-                f"ch30's select_phase says {phase!r} for a batch whose records are in the {expected} phase "
-                f"(ch24's scheduler made it a {'prefill' if is_prefill else 'decode'} step)"
+                tr(
+                    "ch30's select_phase says {phase} for a batch whose records are in the {expected} phase (ch24's "
+                    "scheduler made it a {kind} step)",
+                    phase=repr(phase),
+                    expected=expected,
+                    kind="prefill" if is_prefill else "decode",
+                )
             )
 
     def phase(self, entries: list[tuple[int, int, int, int]], kind: str) -> tuple[str, str]:
@@ -239,7 +262,7 @@ class Loop:
         phase = self.parts.fn("select_phase")(np.concatenate(rows))
         self.trace.count(self.parts["select_phase"])
         if self.trace.on:
-            self.note(kind, "the step's phase", "select_phase", f"{len(rows)} records → {phase!r}")
+            self.note(kind, "the step's phase", "select_phase", tr("{n} records → {phase}", n=len(rows), phase=repr(phase)))
         expected = "prompt" if any(bool(r["is_prompt"][0]) for r in rows) else "decode"
         return phase, expected
 
@@ -296,9 +319,9 @@ class Loop:
                 kind,
                 "postprocess",
                 "Scheduler",
-                f"tokens {mine} appended"
+                tr("tokens {tokens} appended", tokens=mine)
                 if kept
-                else f"token {first[batch.index(self.traced)]} discarded: the chunk did not reach the prompt's end",
+                else tr("token {token} discarded: the chunk did not reach the prompt's end", token=first[batch.index(self.traced)]),
             )
 
     def _agree(self, core: Any, batch: list) -> None:
@@ -307,14 +330,32 @@ class Loop:
             request = core.requests[str(seq.seq_id)]
             mine, theirs = list(request.output_token_ids), seq.completion_token_ids
             if mine != theirs:
-                raise EngineError(f"request {seq.seq_id}: ch27's EngineCore holds outputs {mine[-6:]}, ch24's scheduler {theirs[-6:]}")
+                raise EngineError(
+                    tr(
+                        "request {id}: ch27's EngineCore holds outputs {mine}, ch24's scheduler {theirs}",
+                        id=seq.seq_id,
+                        mine=mine[-6:],
+                        theirs=theirs[-6:],
+                    )
+                )
             if request.is_finished != (seq.status == "FINISHED"):
                 raise EngineError(
-                    f"request {seq.seq_id}: ch27's EngineCore says {request.status}, ch24's scheduler {seq.status} after {len(mine)} tokens"
+                    tr(
+                        "request {id}: ch27's EngineCore says {mine}, ch24's scheduler {theirs} after {n} tokens",
+                        id=seq.seq_id,
+                        mine=request.status,
+                        theirs=seq.status,
+                        n=len(mine),
+                    )
                 )
             if not request.is_finished and request.num_computed_tokens != seq.num_computed_tokens:
                 raise EngineError(
-                    f"request {seq.seq_id}: ch27 counts {request.num_computed_tokens} computed tokens, ch24 {seq.num_computed_tokens}"
+                    tr(
+                        "request {id}: ch27 counts {mine} computed tokens, ch24 {theirs}",
+                        id=seq.seq_id,
+                        mine=request.num_computed_tokens,
+                        theirs=seq.num_computed_tokens,
+                    )
                 )
 
     def _count(self, batch: list, is_prefill: bool, preempted: list, drafts: dict) -> None:
@@ -337,7 +378,7 @@ class Loop:
         for name in ("EngineCore", "Scheduler", "BlockManager"):  # classes: they run in every step
             self.trace.count(self.parts[name])
         self.trace.kind = "run"
-        self.note("run", "engine core loop", "EngineCore", f"{len(self.seqs)} requests: step until none is unfinished")
+        self.note("run", "engine core loop", "EngineCore", tr("{n} requests: step until none is unfinished", n=len(self.seqs)))
         core.run()
 
     def result_outputs(self) -> list[list[int]]:

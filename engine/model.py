@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from engine.words import tr
+
 WIDTHS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -286,6 +288,9 @@ class Model:
     norm: torch.Tensor  # [H]
     lm_head: torch.Tensor  # [V, H]
     source: str = field(default="")
+    """Where the model came from, for a person (in the run's language): a preset and its seed, a shipped model, a folder."""
+    random_weights: bool = False
+    """Weights drawn from a seed (a preset): its tokens mean nothing."""
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights in Hugging Face's names, fused ones split back (no lm_head.weight when tied, as HF saves)."""
@@ -371,7 +376,7 @@ def random_model(config: ModelConfig, seed: int = 0) -> Model:
         down = None if moe is not None else linear(H, I, gain=4.0)
         layers.append(LayerWeights(input_norm, qkv, q_norm, k_norm, o_proj, post_norm, gate_up, down, moe))
     lm_head = embed if config.tie_word_embeddings else linear(config.vocab_size, H)
-    return Model(config, embed, layers, norm(H), lm_head, source=f"random weights, seed {seed}")
+    return Model(config, embed, layers, norm(H), lm_head, source=tr("random weights, seed {seed}", seed=seed), random_weights=True)
 
 
 def load(name_or_folder: str | Path, *, seed: int = 0, dtype: str | None = None) -> Model:
@@ -385,17 +390,22 @@ def load(name_or_folder: str | Path, *, seed: int = 0, dtype: str | None = None)
     if name in PRESETS:
         config = PRESETS[name] if dtype is None else replace(PRESETS[name], dtype=dtype)
         model = random_model(config, seed)
-        model.source = f"preset {name!r}, {model.source}"
+        model.source = tr("preset {name}, {source}", name=repr(name), source=model.source)
         return model
     folder = SHIPPED.get(name, Path(name_or_folder))
     if not (folder / "config.json").is_file():
         raise ModelError(
-            f"{name!r} is neither a preset ({', '.join(PRESETS)}), a shipped model ({', '.join(SHIPPED)}) nor a folder with config.json"
+            tr(
+                "{name} is neither a preset ({presets}), a shipped model ({shipped}) nor a folder with config.json",
+                name=repr(name),
+                presets=", ".join(PRESETS),
+                shipped=", ".join(SHIPPED),
+            )
         )
     config = ModelConfig.from_hf(json.loads((folder / "config.json").read_text(encoding="utf-8")))
     if dtype is not None:
         config = replace(config, dtype=dtype)
-    source = f"{name} (shipped: trained on the course's prose)" if name in SHIPPED else str(folder)
+    source = tr("{name} (shipped: trained on the course's prose)", name=name) if name in SHIPPED else str(folder)
     return _from_tensors(config, _read_safetensors(folder), source)
 
 
@@ -408,7 +418,7 @@ def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     elif (folder / "model.safetensors").is_file():
         shards = ["model.safetensors"]
     else:
-        raise ModelError(f"{folder} has no model.safetensors (nor model.safetensors.index.json)")
+        raise ModelError(tr("{folder} has no model.safetensors (nor model.safetensors.index.json)", folder=folder))
     tensors: dict[str, torch.Tensor] = {}
     for shard in shards:
         tensors |= load_file(folder / shard)

@@ -39,6 +39,7 @@ from typing import Any, Callable
 import torch
 
 from engine.model import ModelConfig, ModelError, MoeWeights
+from engine.words import tr
 
 Call = Callable[..., Any]
 """`ModelRunner.call`: (stage, part name, *args, shapes=…) → the part's result, traced."""
@@ -135,7 +136,12 @@ class ExpertParallel:
             router_logits,
             c.num_experts_per_tok,
             c.norm_topk_prob,
-            shapes=lambda out: f"logits {_shape(router_logits)} → experts {_shape(out[0])} · weights {_shape(out[1])}",
+            shapes=lambda out: tr(
+                "logits {logits} → experts {experts} · weights {weights}",
+                logits=_shape(router_logits),
+                experts=_shape(out[0]),
+                weights=_shape(out[1]),
+            ),
         )
         slots = self.physical_ids(layer, topk_ids)
         per_rank, handle = call(
@@ -145,7 +151,9 @@ class ExpertParallel:
             slots,
             P,
             R,
-            shapes=lambda out: f"{_shape(x)} × top-{c.num_experts_per_tok} → {R} ranks of {handle_rows(out[1])} rows",
+            shapes=lambda out: tr(
+                "{x} × top-{k} → {ranks} ranks of {rows} rows", x=_shape(x), k=c.num_experts_per_tok, ranks=R, rows=handle_rows(out[1])
+            ),
         )
         counts, slot_of_row, outputs = handle["tokens_per_expert"], handle["expert"], []
         first = 0
@@ -164,7 +172,7 @@ class ExpertParallel:
             outputs,
             handle,
             topk_weights,
-            shapes=lambda y: f"{R} ranks of {handle_rows(handle)} rows → {_shape(y)}",
+            shapes=lambda y: tr("{ranks} ranks of {rows} rows → {out}", ranks=R, rows=handle_rows(handle), out=_shape(y)),
         )
         if layer == self.layers[-1]:
             self.end_step()
@@ -181,7 +189,12 @@ class ExpertParallel:
             self.load_pass,
             self.phy2log,
             E,
-            shapes=lambda out: f"window {_shape(out[0])} · pass {_shape(self.load_pass)} → load {_shape(out[2])}",
+            shapes=lambda out: tr(
+                "window {window} · pass {load_pass} → load {load}",
+                window=_shape(out[0]),
+                load_pass=_shape(self.load_pass),
+                load=_shape(out[2]),
+            ),
         )
         self.rank_load += self.load_pass.view(L, R, P // R).sum(-1)
         self.load_pass = torch.zeros_like(self.load_pass)
@@ -194,7 +207,7 @@ class ExpertParallel:
         """EPLB: a new placement from the window's load [L, E]; balancedness before and after."""
         L, R, P = len(self.layers), self.num_ranks, self.num_slots
         measured = self.window.sum(0).view(L, R, P // R).sum(-1)
-        ran = lambda b: f"rank loads {_shape(measured)} as they ran → {b:.3f}"
+        ran = lambda b: tr("rank loads {loads} as they ran → {balancedness:.3f}", loads=_shape(measured), balancedness=b)
         before = self.call("EPLB balancedness", "balancedness", measured, shapes=ran)
         phy2log, log2phy, logcnt = self.call(
             "EPLB rebalance",
@@ -204,7 +217,7 @@ class ExpertParallel:
             1,
             1,
             R,
-            shapes=lambda out: f"load {_shape(load)} → phy2log {_shape(out[0])} on {R} ranks",
+            shapes=lambda out: tr("load {load} → phy2log {phy2log} on {ranks} ranks", load=_shape(load), phy2log=_shape(out[0]), ranks=R),
         )
         expected = (load.double() / logcnt).gather(1, phy2log).view(L, R, P // R).sum(-1)
         after = self.call("EPLB balancedness", "balancedness", expected)

@@ -26,6 +26,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterator
 
+from engine.words import tr
+
 USED: tuple[tuple[str, str], ...] = (
     ("ch15", "embedding_lookup"),
     ("ch15", "linear"),
@@ -170,8 +172,10 @@ def reference_parts() -> Parts:
         module = _reference_module(chapter_id)
         if module is None:
             raise PartsUnavailable(
-                "this installation has no reference solutions (a student release): the engine "
-                "runs your own chapter functions; pass --submission or run it from your checkout"
+                tr(
+                    "this installation has no reference solutions (a student release): the engine runs your own chapter "
+                    "functions; pass --submission or run it from your checkout"
+                )
             )
         parts[name] = _part(chapter_id, name, module, REFERENCE)
     return Parts(parts)
@@ -192,13 +196,16 @@ def passing_tasks(
 
     ch = chapters.find(chapter_id)
     if not (folder / ch.filename).is_file():
-        return set(), f"{chapter_id}: no {ch.filename} in {folder}"
+        return set(), tr("{chapter}: no {file} in {folder}", chapter=chapter_id, file=ch.filename, folder=folder)
     if on_chapter:
         on_chapter(chapter_id)
     report = check(chapter_id, submission=folder, hidden=False, figures_dir=None, launcher=launcher, sandbox=sandbox)
     failing = {r.task for r in report.results if r.status != "passed"}
     passed = {r.task for r in report.results} - failing
-    note = f"{chapter_id}: " + (f"{', '.join(sorted(failing))} not passing yet" if failing else "every task passes")
+    if failing:
+        note = tr("{chapter}: {tasks} not passing yet", chapter=chapter_id, tasks=", ".join(sorted(failing)))
+    else:
+        note = tr("{chapter}: every task passes", chapter=chapter_id)
     return passed, note
 
 
@@ -239,7 +246,7 @@ def student_parts(folder: Path, *, on_chapter: Callable[[str], None] | None = No
     folder = Path(folder).resolve()
     absent = sorted({ch for ch, _ in USED} - {ch.id for ch in chapters.all_chapters()})
     if absent:
-        raise PartsUnavailable(f"this installation has no {', '.join(absent)}, which the engine needs")
+        raise PartsUnavailable(tr("this installation has no {chapters}, which the engine needs", chapters=", ".join(absent)))
     parts, notes, missing = {}, [], []
     with _warm_processes() as launcher:
         checked = {ch: passing_tasks(folder, ch, launcher=launcher, on_chapter=on_chapter) for ch in dict.fromkeys(ch for ch, _ in USED)}
@@ -258,9 +265,10 @@ def student_parts(folder: Path, *, on_chapter: Callable[[str], None] | None = No
                 parts[name] = _part(chapter_id, name, reference, REFERENCE)
     if missing:
         raise PartsUnavailable(
-            "the engine runs your own code here (this installation has no reference "
-            "solutions), and these tasks do not pass their public checks yet: "
-            + ", ".join(missing)
-            + ". Run `course check <chapter>` for each."
+            tr(
+                "the engine runs your own code here (this installation has no reference solutions), and these tasks do not "
+                "pass their public checks yet: {tasks}. Run `course check <chapter>` for each.",
+                tasks=", ".join(missing),
+            )
         )
     return Parts(parts, notes)

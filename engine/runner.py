@@ -20,6 +20,7 @@ from engine.attention import attend
 from engine.model import Model
 from engine.moe import ExpertParallel, ExpertParallelSettings
 from engine.parts import Parts
+from engine.words import tr
 
 
 @dataclass
@@ -91,7 +92,7 @@ def shape(x: Any) -> str:
 def ints(x: Any, most: int = 8) -> str:
     """A short integer list or tensor as its values, a longer one as its shape."""
     values = x.tolist() if isinstance(x, torch.Tensor) else list(x)
-    return str(values) if len(values) <= most else f"[{len(values)} values]"
+    return str(values) if len(values) <= most else tr("[{n} values]", n=len(values))
 
 
 class ModelRunner:
@@ -137,7 +138,9 @@ class ModelRunner:
                 step.positions,
                 c.rope_theta,
                 c.rms_norm_eps,
-                shapes=lambda out: f"q {shape(out[0])} · k {shape(out[1])} at positions {ints(step.positions)}; V untouched",
+                shapes=lambda out: tr(
+                    "q {q} · k {k} at positions {positions}; V untouched", q=shape(out[0]), k=shape(out[1]), positions=ints(step.positions)
+                ),
             )
             v = v.reshape(N, Hkv, d)
             self.call(
@@ -148,7 +151,7 @@ class ModelRunner:
                 k,
                 v,
                 step.slot_mapping,
-                shapes=lambda _: f"{shape(k)} ×2 → cache {shape(self.k_cache[layer])}",
+                shapes=lambda _: tr("{kv} ×2 → cache {cache}", kv=shape(k), cache=shape(self.k_cache[layer])),
             )
             o = attend(self, layer, q, k, v, step)
             h = self.call("o_proj", "linear", o.reshape(N, Hq * d), lw.o_proj)

@@ -76,14 +76,14 @@ class _Progress:
 
     def chapter(self, chapter_id: str) -> None:
         if self.enabled:
-            click.echo(f"\rchecking your {chapter_id} (public checks) …", nl=False, err=True)
+            click.echo("\r" + tr("checking your {chapter} (public checks) …", chapter=chapter_id), nl=False, err=True)
 
     def step(self, done: int, total: int) -> None:
         if not self.enabled:
             return
         if self.bar is None:
             click.echo("\r" + " " * 48 + "\r", nl=False, err=True)
-            self.bar = click.progressbar(length=total, label="generating", file=sys.stderr, show_pos=True)
+            self.bar = click.progressbar(length=total, label=tr("generating"), file=sys.stderr, show_pos=True)
             self.bar.__enter__()
         self.bar.update(done - self.bar.pos)
 
@@ -114,7 +114,7 @@ def draw_overview(result: Run, model: Model, folder: Path, *, prompt_text: str |
             record["prompt_text"], record["output_text"] = prompt_text or "", output_text
         svg = spec.render(record)
     except Exception as e:  # noqa: BLE001 (a drawing error never hides the run)
-        result.notes.append(f"overview figure not drawn ({type(e).__name__}: {e})")
+        result.notes.append(tr("overview figure not drawn ({error})", error=f"{type(e).__name__}: {e}"))
         return None
     from grader.delivery.files import Folder
 
@@ -122,7 +122,7 @@ def draw_overview(result: Run, model: Model, folder: Path, *, prompt_text: str |
         with Folder.open(Path(folder), "engine") as out:  # no link followed below `folder`
             return str(out.write("overview.svg", svg))
     except OSError as e:
-        result.notes.append(f"overview figure not written ({e.strerror or e})")
+        result.notes.append(tr("overview figure not written ({error})", error=e.strerror or e))
         return None
 
 
@@ -130,7 +130,7 @@ def summary(result: Run, prompts: list[list[int]], figure: str | None, text: Tex
     """The run for a person: outputs (as text where the model has a tokenizer, else token ids), whose code ran, the
     counts and the latency metrics."""
     m = result.metrics
-    lines = [click.style(f"engine · {escape.terminal(result.model)}", bold=True)]
+    lines = [click.style(tr("engine · {model}", model=escape.terminal(result.model)), bold=True)]
     for i, (prompt, out) in enumerate(zip(prompts, result.outputs)):
         if text is None:
             lines.append("  " + tr("request {i}  prompt {n:>3} tokens → {ids}", i=i, n=len(prompt), ids=out))

@@ -15,6 +15,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from engine.model import ModelError, folder_of
+from engine.words import tr
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -59,16 +60,26 @@ def load_text(name_or_folder: str | Path, *, config_eos: int | None = None) -> T
     folder = folder_of(name_or_folder)
     if folder is None:
         raise ModelError(
-            f"the preset {str(name_or_folder)!r} has random weights and no {TOKENIZER_FILE}: text prompts need a model folder "
-            f"with one (the default, qwen3-course, has it); give token ids with --prompts FILE instead"
+            tr(
+                "the preset {name} has random weights and no {file}: text prompts need a model folder with one (the default, "
+                "qwen3-course, has it); give token ids with --prompts FILE instead",
+                name=repr(str(name_or_folder)),
+                file=TOKENIZER_FILE,
+            )
         )
     path = folder / TOKENIZER_FILE
     if not path.is_file():
-        raise ModelError(f"{folder} has no {TOKENIZER_FILE}, so text prompts cannot be encoded; give token ids with --prompts FILE instead")
+        raise ModelError(
+            tr(
+                "{folder} has no {file}, so text prompts cannot be encoded; give token ids with --prompts FILE instead",
+                folder=folder,
+                file=TOKENIZER_FILE,
+            )
+        )
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as e:  # noqa: BLE001 (the library raises plain Exceptions for files it cannot parse)
-        raise ModelError(f"{path} is not a tokenizer the `tokenizers` library reads: {e}") from None
+        raise ModelError(tr("{path} is not a tokenizer the `tokenizers` library reads: {error}", path=path, error=e)) from None
     return Text(tokenizer, config_eos if config_eos is not None else _named_eos(folder, tokenizer))
 
 

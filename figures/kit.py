@@ -66,7 +66,7 @@ def text_width(s: str, size: float, mono: bool = False, bold: bool = False) -> f
 def wrap(s: str, width: float, size: float) -> list[str]:
     """Break `s` into lines no wider than `width` (at spaces for Latin, anywhere for CJK)."""
     lines, line = [], ""
-    for token in _tokens(s):
+    for token in pieces(s):
         if line and text_width(line + token, size) > width:
             lines.append(line.rstrip())
             line = token.lstrip()
@@ -75,7 +75,8 @@ def wrap(s: str, width: float, size: float) -> list[str]:
     return lines + ([line.rstrip()] if line.strip() else [])
 
 
-def _tokens(s: str) -> list[str]:
+def pieces(s: str) -> list[str]:
+    """`s` cut where a line may break: a word with the space after it, or one CJK character."""
     out, word = [], ""
     for ch in s:
         if ord(ch) >= 0x2E80:

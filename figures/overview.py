@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from figures import figure
-from figures.kit import Figure, text_width, wrap
+from figures.kit import Figure, pieces, text_width, wrap
 from figures.style import FONT, INK, LABEL, MARGIN, MUTED, SMALL, fill, stroke
 from grader.i18n import language, mark, tr
 
@@ -143,7 +143,7 @@ def overview_figure(f: Figure, r: dict) -> None:
         vocab=m["vocab"],
         source=m["source"],
     )
-    if "random weights" in m["source"]:
+    if m.get("random_weights"):
         output = tr(
             "Request {request} generated {tokens}: random weights, so the tokens mean nothing and often repeat.",
             request=r["request"],
@@ -357,17 +357,32 @@ def _shown(e: dict | None, kind: str | None = None) -> str:
     return s[len(kind) + 2 :] if kind and s.startswith(f"{kind}: ") else s
 
 
+CLOSING = set("，。；：、？！）")
+"""Chinese punctuation no line starts with: it stays with the character before it."""
+
+
+def _glued(cut: list[str]) -> list[str]:
+    out: list[str] = []
+    for piece in cut:
+        if out and piece[0] in CLOSING:
+            out[-1] += piece
+        else:
+            out.append(piece)
+    return out
+
+
 def wrap_shapes(s: str, width: float, *, lines: int = 3) -> list[str]:
     """`s` in lines no wider than `width` (monospaced, the table's size), at most `lines` of them (the last one
-    cut short with "…" if even that is not enough)."""
+    cut short with "…" if even that is not enough). Lines break at spaces, and between CJK characters (a Chinese
+    detail has runs without spaces)."""
     out, line = [], ""
-    for word in s.split(" "):
-        if line and text_width(f"{line} {word}", PATH["shapes"], mono=True) > width:
-            out.append(line)
-            line = word
+    for piece in _glued(pieces(s)):
+        if line.strip() and text_width((line + piece).rstrip(), PATH["shapes"], mono=True) > width:
+            out.append(line.rstrip())
+            line = piece.lstrip()
         else:
-            line = f"{line} {word}" if line else word
-    out.append(line)
+            line += piece
+    out.append(line.rstrip())
     if len(out) > lines:
         out = out[:lines]
         while out[-1] and text_width(out[-1] + " …", PATH["shapes"], mono=True) > width:

@@ -393,3 +393,84 @@ def test_the_overview_shows_ch23s_sample_when_the_engine_samples():
     assert status["ch23"] == "reference"
     assert "sample" in [t.s for t in texts(root, cls="function")] and "ch23.2" in [t.s for t in texts(root)]
     assert "argmax" not in " ".join(t.s for t in texts(root))
+
+
+# -- in Chinese --------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def chinese():
+    """The run speaks Chinese (as `--lang zh` or COURSE_LANG=zh make it), English again afterwards."""
+    from grader.i18n import set_language
+
+    set_language("zh")
+    yield
+    set_language("en")
+
+
+def english_words(s: str) -> list[str]:
+    """Runs of three English words in a row: a sentence left untranslated (code names and shapes aside)."""
+    return re.findall(r"\b[A-Za-z][a-z]+ [a-z]{2,} [a-z]{2,}\b", s)
+
+
+def test_engine_run_speaks_chinese_from_its_first_line(cli, chinese):
+    out = cli("engine", "run", "--model", "tiny", "--prompts", "prompts.json", "--max-tokens", "3", "--lang", "zh")
+    assert out.exit_code == 0, out.output
+    assert out.output.splitlines()[0] == "引擎 · 预设 'tiny'，随机权重，seed 0", out.output
+    qwen = load("qwen3-course")
+    assert qwen.source == "qwen3-course（随包附带：用课程的文字训练）" and not qwen.random_weights
+
+
+def test_an_engine_error_a_student_can_cause_is_in_chinese(chinese):
+    tiny = engine.Engine(load("tiny"), engine.reference_parts())
+    with pytest.raises(EngineError, match="^没有 prompt：请给出一个由 token id 列表组成的 JSON 列表$"):
+        tiny.generate([], 3)
+    with pytest.raises(EngineError, match="^max_tokens 必须是正整数；得到的是 0$"):
+        tiny.generate([[1, 2, 3]], 0)
+    with pytest.raises(EngineError, match=r"^prompt 0 必须是非空的 token id 列表，每个 id 在 \[0, 100\) 之内$"):
+        tiny.generate([[1, 100]], 3)
+
+
+def test_the_overview_speaks_chinese_and_still_fits(chinese):
+    record, root = overview_of(engine.reference_parts())
+    assert record["model"]["random_weights"]
+    note = "".join(t.s for t in texts(root, cls="note")).replace(" ", "")
+    assert "词表100（预设'tiny'，随机权重，seed0）" in note and "权重是随机的" in note, note
+    shapes = [t.s for t in texts(root, cls="shapes")]
+    joined = "".join(shapes).replace(" ", "")
+    for detail in ("5个请求：一步步执行，直到全部完成", "调度→执行→更新", "块表[", "追加了token", "V不变", "个K/V头"):
+        assert detail in joined, (detail, shapes)
+    assert not [s for s in shapes if english_words(s)], [s for s in shapes if english_words(s)]
+    assert "speculative" not in joined and "schedule" not in joined
+    # Chinese is wider per character: the page still holds every stage, and no two cells run into each other.
+    assert height(root) <= 2000 and off_canvas(root, margin=MARGIN - 1) == []
+    cells = texts(root, cls="shapes")
+    assert not [(a.s, b.s) for i, a in enumerate(cells) for b in cells[i + 1 :] if overlap(a, b)]
+    assert not [t.s for t in cells if t.s and t.s[0] in "，。；：、）"], "no line starts with a closing mark"
+
+
+def test_a_sandboxed_engine_speaks_the_runs_language(tmp_path, chinese):
+    """The sandbox holds no catalogs: the engine's words in the run's language go in with the run; its trace and its
+    errors come back in Chinese."""
+    from engine.boxed import run_boxed
+
+    require_sandbox()
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    shutil.copy(chapters.SOLUTIONS / "ch15_token_to_logits.py", sub)
+    box = dict(
+        model=load("tiny"),
+        model_name="tiny",
+        seed=0,
+        settings=FORCING,
+        submission=sub,
+        sandbox="bwrap",
+        memory_limit=2 << 30,
+        time_limit=120,
+    )
+    run = run_boxed(prompts=PROMPTS, max_tokens=2, **box)
+    details = " ".join(e["shapes"] for e in run.trace)
+    assert "5 个请求：一步步执行，直到全部完成" in details and "调度 → 执行 → 更新" in details, details
+    assert "ch15：每个任务都通过了" in run.notes, run.notes
+    with pytest.raises(EngineError, match=r"(?s)^引擎在沙箱中停止了：.*prompt 0 必须是非空的 token id 列表"):
+        run_boxed(prompts=[[1, 100]], max_tokens=2, **box)

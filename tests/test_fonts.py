@@ -34,20 +34,28 @@ def test_the_shipped_fonts_draw_every_character_the_figure_code_holds():
     assert not lacking, f"figures/*.py or a chapter's title uses characters the shipped fonts lack: {sorted(set(lacking))}; {REBUILD}"
 
 
-def test_the_overview_draws_every_character_from_the_fonts_it_embeds(tmp_path):
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_overview_draws_every_character_from_the_fonts_it_embeds(tmp_path, lang):
+    """In Chinese too: the engine's trace details and the model's description are drawn in the run's language."""
     import engine
     from engine.core import Settings
     from engine.model import load
+    from grader.i18n import set_language
 
     for name in ("ch15_token_to_logits.py", "ch25_paged_kv.py"):
         shutil.copy(chapters.SOLUTIONS / name, tmp_path)
-    model = load("tiny")
-    run = engine.Engine(
-        model, engine.student_parts(tmp_path), Settings(block_size=4, num_blocks=9, max_num_seqs=2, max_num_batched_tokens=8)
-    )
-    (spec,) = figures.catalog("overview")
-    svg = spec.render(engine.overview_record(run.generate([[1, 2, 3, 4, 5], [1, 2, 9]], 4), model))
+    set_language(lang)
+    try:
+        model = load("tiny")
+        run = engine.Engine(
+            model, engine.student_parts(tmp_path), Settings(block_size=4, num_blocks=9, max_num_seqs=2, max_num_batched_tokens=8)
+        )
+        (spec,) = figures.catalog("overview")
+        svg = spec.render(engine.overview_record(run.generate([[1, 2, 3, 4, 5], [1, 2, 9]], 4), model))
+    finally:
+        set_language("en")
     assert not undrawable(svg), undrawable(svg)
+    assert (lang == "zh") == ("随机权重" in svg)
 
 
 def drawn(fig: Figure) -> tuple[ET.Element, dict[str, dict[int, TTFont]]]:

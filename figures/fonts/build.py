@@ -11,8 +11,8 @@ or, without installing them system-wide (the machine keeps its own fonts):
 
 Each shipped file is a subset holding the characters the course's figures, the lab's page and the
 figure book can draw: every character of a string literal in figures/*.py, grader/lab/*.py and
-grader/delivery/book.py and of the lab's static files, of the translations of texts written there
-(`drawn_translations`: the catalogs, grader/locale/), the chapters' titles, printable ASCII and
+grader/delivery/book.py and of the lab's static files, of the translations of texts written there and in
+engine/ (`drawn_translations`: the catalogs, grader/locale/), the chapters' titles, printable ASCII and
 `EXTRA` (what the figure code builds at run time: minus signs, infinities, subscripts, arrows).
 `figures.typeface` subsets these files again per figure, to what that figure uses, and embeds
 the result in the SVG.
@@ -86,8 +86,9 @@ def course_characters(extra: bool = True) -> set[str]:
     return {c for c in chars if c.isprintable() or c in "\u00a0\u3000"}
 
 
-DRAWN_FROM = ("figures/", "grader/lab/", "grader/delivery/book.py", "grader/delivery/summary.py")
-"""Where the texts a figure or a page draws are written: their translations need glyphs too."""
+DRAWN_FROM = ("figures/", "grader/lab/", "grader/delivery/book.py", "grader/delivery/summary.py", "engine/")
+"""Where the texts a figure or a page draws are written: their translations need glyphs too (engine/: the overview
+draws the details the engine's trace records and the model's description; its catalog is small, its errors included)."""
 
 
 def drawn_translations() -> set[str]:
