@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from engine.core import EngineError, Run, Settings
 from engine.model import PRESETS, Model
-from engine.parts import REFERENCE, USED, YOURS, PartsUnavailable, _task_of, passing_tasks
+from engine.parts import REFERENCE, USED, YOURS, PartsUnavailable, _task_of, by_chapter, passing_tasks
 from engine.words import sent_words, tr
 
 MODEL_IN_BOX = "/model"
@@ -81,8 +81,8 @@ def run_boxed(
         raise PartsUnavailable(
             tr(
                 "the engine runs the submission's own code here (this installation has no reference solutions), and these "
-                "tasks do not pass their public checks yet: {tasks}. Run `course check <chapter>` for each.",
-                tasks=", ".join(missing),
+                "tasks do not pass their public checks yet:\n{tasks}\nRun `course check <chapter>` for each.",
+                tasks=by_chapter(missing),
             )
         )
     binds = {} if model_name in PRESETS else {os.path.realpath(model_name): MODEL_IN_BOX}

@@ -181,6 +181,14 @@ def reference_parts() -> Parts:
     return Parts(parts)
 
 
+def by_chapter(tasks: list[str]) -> str:
+    """Tasks ("ch15.1 embedding_lookup", …) as lines, one per chapter: "  ch15: ch15.1 embedding_lookup, …"."""
+    chapters: dict[str, list[str]] = {}
+    for task in tasks:
+        chapters.setdefault(task.split(".", 1)[0], []).append(task)
+    return "\n".join(f"  {chapter}: {', '.join(names)}" for chapter, names in chapters.items())
+
+
 def passing_tasks(
     folder: Path,
     chapter_id: str,
@@ -267,8 +275,8 @@ def student_parts(folder: Path, *, on_chapter: Callable[[str], None] | None = No
         raise PartsUnavailable(
             tr(
                 "the engine runs your own code here (this installation has no reference solutions), and these tasks do not "
-                "pass their public checks yet: {tasks}. Run `course check <chapter>` for each.",
-                tasks=", ".join(missing),
+                "pass their public checks yet:\n{tasks}\nRun `course check <chapter>` for each.",
+                tasks=by_chapter(missing),
             )
         )
     return Parts(parts, notes)

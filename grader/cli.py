@@ -1061,7 +1061,7 @@ def engine_run(
                     on_step=show.step,
                 )
     except (engine.ModelError, engine.PartsUnavailable, engine.EngineError) as e:
-        raise click.ClickException(escape.terminal(e)) from None  # may quote a submission's exception
+        raise click.ClickException("\n".join(escape.terminal_lines(e))) from None  # may quote a submission's exception
     shown = text.completion(prompts[0], result.outputs[0]) if text is not None else None
     figure = draw_overview(result, model, figures_dir, prompt_text=text.decode(prompts[0]) if text else None, output_text=shown)
     if figure is not None:
