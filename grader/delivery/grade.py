@@ -280,7 +280,8 @@ class _Config:
 def _job_main(conn, config: _Config) -> None:
     """A job process: grade the items the run sends, one at a time, until it sends None."""
     signal.signal(signal.SIGTERM, _stop)  # how the run ends us: as Ctrl-C does, so that every finally runs
-    signal.signal(signal.SIGINT, _stop)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # a run started with Ctrl-C ignored (`… &` in a
+        signal.signal(signal.SIGINT, _stop)  # script) ignores it in every job too, never losing items alone
     tempfile.tempdir = config.scratch  # check()'s folders and sandboxes too: the run removes them even if we die
     try:
         while True:
