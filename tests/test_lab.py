@@ -395,7 +395,9 @@ def refused(served: Served, status: int, *changes: dict[str, str | None]) -> Non
         url, good, body = "/api/run/ch25-paged-kv", honest(served.base), b'{"params": {"T": 6}}'
         assert client.post(url, content=body, headers=good).json()["status"] == "passed"
         for change in changes:
-            headers = {k: v for k, v in {**good, **change}.items() if v is not None}
+            # each on a connection of its own: a refusal may leave the request's body unread and the server close the
+            # connection after it; a client reusing it before that close arrives reads a reset (seen once, loaded)
+            headers = {k: v for k, v in {**good, **change, "Connection": "close"}.items() if v is not None}
             if "Cookie" in change:
                 client.cookies.clear()
             r = client.post(url, content=body, headers=headers)
