@@ -117,7 +117,10 @@ class LocalDask:
 
     def grading(self, name: str) -> bool:
         """Whether worker `name` is grading an item now (its scratch folder is there)."""
-        return any((self.root / name).rglob("course-grade-*"))
+        try:
+            return any((self.root / name).rglob("course-grade-*"))
+        except OSError:  # a folder below went while it was walked (an item ending): ask again next time
+            return False
 
     def stop(self) -> None:
         self.client.close()
