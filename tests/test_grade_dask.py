@@ -122,6 +122,19 @@ class LocalDask:
         except OSError:  # a folder below went while it was walked (an item ending): ask again next time
             return False
 
+    def kill_mid_item(self, name: str, *args, **kwargs) -> tuple[threading.Thread, dict]:
+        """`grade(*args, scheduler=this cluster, **kwargs)` in a thread, and worker `name` killed (with its nanny) as
+        soon as it grades an item; the thread and the dict where its result lands (as "r")."""
+        done: dict = {}
+        run = threading.Thread(target=lambda: done.update(r=grade(*args, scheduler=self.address, **kwargs)), daemon=True)
+        run.start()
+        deadline = time.monotonic() + 120
+        while not self.grading(name) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert self.grading(name), f"{name} never graded"
+        self.kill(name)
+        return run, done
+
     def stop(self) -> None:
         self.client.close()
         for proc in self.procs:
@@ -130,14 +143,19 @@ class LocalDask:
             proc.wait()
 
 
+def cluster_root() -> Path:
+    """A folder for a cluster's logs and its workers' folders (their TMPDIR: where each grading's scratch goes),
+    reachable by a sandbox that is another uid (the fallback where bubblewrap is missing), as /tmp is for a worker
+    started by hand; pytest's own temporary folders are root's alone."""
+    root = Path(tempfile.mkdtemp(prefix="course-dask-"))
+    root.chmod(0o711)
+    return root
+
+
 @pytest.fixture(scope="module")
 def dask_cluster():
     require_sandbox()  # a worker needs bubblewrap (the README); without it a worker refuses, as a local run would
-    # The workers' folders (their TMPDIR: where each grading's scratch goes) must be reachable by a sandbox that is
-    # another uid (the fallback where bubblewrap is missing), as /tmp is for a worker started by hand; pytest's own
-    # temporary folders are root's alone.
-    root = Path(tempfile.mkdtemp(prefix="course-dask-"))
-    root.chmod(0o711)
+    root = cluster_root()
     # one death per task is retried; a second is the task's end (KilledWorker): the suicidal test stays short
     cluster = LocalDask(root, {"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "1"})
     try:
@@ -298,17 +316,8 @@ def test_a_worker_killed_mid_item_costs_nothing(graded_locally, dask_cluster, tm
     subs, local = graded_locally
     subs = some_of(subs, tmp_path, students)
     out = same_start(local, tmp_path / "out")
-    done: dict = {}
-    run = threading.Thread(
-        target=lambda: done.update(r=grade(subs, [CH17], out, scheduler=dask_cluster.address, sandbox=SANDBOX, memory_limit=MEMORY)),
-        daemon=True,
-    )
-    run.start()
-    deadline = time.monotonic() + 120
-    while not dask_cluster.grading("w1") and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert dask_cluster.grading("w1"), "w1 never graded"
-    dask_cluster.kill("w1")  # the worker and its nanny, mid-item: a machine lost
+    # the worker and its nanny, mid-item: a machine lost
+    run, done = dask_cluster.kill_mid_item("w1", subs, [CH17], out, sandbox=SANDBOX, memory_limit=MEMORY)
     run.join(300)
     assert not run.is_alive() and "r" in done, "the run did not end"
     same_results(out, local, students)
@@ -319,8 +328,7 @@ def test_a_run_left_without_workers_says_so_and_goes_on_when_one_joins(tmp_path,
     require_sandbox()
     monkeypatch.setattr(cluster_module, "NO_WORKER_NOTE", 1.0)
     monkeypatch.setattr(cluster_module, "WORKERS_EVERY", 0.2)
-    root = Path(tempfile.mkdtemp(prefix="course-dask-"))
-    root.chmod(0o711)
+    root = cluster_root()
     lonely = LocalDask(root)
     try:
         lonely.add_worker("first")
@@ -328,17 +336,9 @@ def test_a_run_left_without_workers_says_so_and_goes_on_when_one_joins(tmp_path,
         write(subs / "ada", CH17.filename, SOLUTION17)
         write(subs / "bo", CH17.filename, SOLUTION17)
         notes: list[str] = []
-        done: dict = {}
-        run = threading.Thread(
-            target=lambda: done.update(r=grade(subs, [CH17], out, seed=1, scheduler=lonely.address, sandbox=SANDBOX, on_note=notes.append)),
-            daemon=True,
-        )
-        run.start()
+        # the only one, mid-item; no nanny starts it again
+        run, done = lonely.kill_mid_item("first", subs, [CH17], out, seed=1, sandbox=SANDBOX, on_note=notes.append)
         deadline = time.monotonic() + 120
-        while not lonely.grading("first") and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert lonely.grading("first"), "the worker never graded"
-        lonely.kill("first")  # the only one, mid-item; no nanny starts it again
         while not notes and time.monotonic() < deadline:
             time.sleep(0.05)
         (note,) = notes

@@ -180,6 +180,11 @@ class Session:
     def pids(self) -> set[int]:
         return {self.worker.pid} if self.worker else set()
 
+    @property
+    def load_limit(self) -> float:
+        """Seconds the module's import may take now: the run's flat limit, or the check's where that is longer."""
+        return max(self.time_limit, self.import_limit)
+
     def _ensure_loaded(self) -> None:
         if self.load_failure:
             raise self.load_failure
@@ -191,7 +196,7 @@ class Session:
                     {"op": "load", "path": str(self.path), "name": f"student_{self.path.stem}"},
                     [],
                     tr("importing {file}", file=self.path.name),
-                    max(self.time_limit, self.import_limit),
+                    self.load_limit,
                 )
             except StudentRaised as e:  # not the call's exception: no check may accept it
                 self.load_failure = StudentError("error", e.explain())
@@ -235,7 +240,7 @@ class Session:
                 tr(
                     "{label} did not finish within {limit:g} s (an endless loop, a sleep, or far too much work?)",
                     label=label,
-                    limit=self.time_limit if header.get("op") != "load" else max(self.time_limit, self.import_limit),
+                    limit=self.load_limit if header.get("op") == "load" else self.time_limit,
                 ),
             ) from None
         except frames.WireClosed:
